@@ -1,0 +1,114 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// shared holds the servers one test binary (one package) shares. They start
+// on first use and stop when Main returns, so a package that needs no
+// PostgreSQL never starts one.
+var shared struct {
+	mu      sync.Mutex
+	cluster *Cluster
+	pg      *Postgres
+}
+
+// Main runs the package's tests and then stops the shared servers. Use it
+// from TestMain: func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }.
+func Main(m *testing.M) int {
+	code := m.Run()
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	if shared.cluster != nil {
+		shared.cluster.Stop()
+	}
+	if shared.pg != nil {
+		shared.pg.Stop()
+	}
+	return code
+}
+
+// SharedCluster returns the package's 3-master cluster, starting it on first
+// use. Tests sharing it keep apart by using their own SKU ids.
+func SharedCluster(tb testing.TB) *Cluster {
+	tb.Helper()
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	if shared.cluster == nil {
+		c, err := StartCluster(context.Background(), ClusterOptions{})
+		if err != nil {
+			tb.Fatalf("start redis cluster: %v", err)
+		}
+		shared.cluster = c
+	}
+	return shared.cluster
+}
+
+// NewCluster starts a cluster of its own for one test (fault tests that kill
+// nodes) and stops it when the test ends.
+func NewCluster(tb testing.TB, opts ClusterOptions) *Cluster {
+	tb.Helper()
+	c, err := StartCluster(context.Background(), opts)
+	if err != nil {
+		tb.Fatalf("start redis cluster: %v", err)
+	}
+	tb.Cleanup(c.Stop)
+	return c
+}
+
+// PostgresURL returns the URL of a fresh, empty database, dropped when the
+// test ends. The server is shared by the package.
+func PostgresURL(tb testing.TB) string {
+	tb.Helper()
+	shared.mu.Lock()
+	if shared.pg == nil {
+		p, err := StartPostgres(context.Background())
+		if err != nil {
+			shared.mu.Unlock()
+			tb.Fatalf("start postgres: %v", err)
+		}
+		shared.pg = p
+	}
+	pg := shared.pg
+	shared.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	u, drop, err := pg.NewDatabase(ctx)
+	if err != nil {
+		tb.Fatalf("new database: %v", err)
+	}
+	tb.Cleanup(drop)
+	return u
+}
+
+// SQLitePath returns the path of a new SQLite ledger file in the test's temp
+// directory.
+func SQLitePath(tb testing.TB) string {
+	tb.Helper()
+	return filepath.Join(tb.TempDir(), "ledger.db")
+}
+
+// ID returns an id unique to this test run that passes keys.CheckID, for
+// keeping tests on a shared cluster apart.
+func ID(tb testing.TB, prefix string) string {
+	tb.Helper()
+	var b strings.Builder
+	b.WriteString(prefix)
+	for _, r := range tb.Name() {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
+			b.WriteRune(r)
+		}
+	}
+	s := b.String()
+	if len(s) > 40 {
+		s = s[:40]
+	}
+	return fmt.Sprintf("%s-%d-%d", s, os.Getpid()%100000, time.Now().UnixNano()%1_000_000_000)
+}

@@ -1,0 +1,382 @@
+// Package testenv starts the real servers the tests run against: a Redis
+// Cluster made of redis-server processes on free loopback ports, a throwaway
+// PostgreSQL server (or the one STOCKGATE_TEST_DATABASE_URL names), and
+// temp-file SQLite ledgers. Nothing here mocks a server.
+//
+// A missing binary is an error, never a skip: `make test` installs the
+// servers, and a test run that silently skipped them would prove nothing.
+package testenv
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ClusterOptions shapes a test cluster.
+type ClusterOptions struct {
+	Masters int // default 3
+	// ReplicasPerMaster is 0 (default) or more; failover tests ask for 1.
+	ReplicasPerMaster int
+	// NodeTimeout is cluster-node-timeout: how long a silent master may be
+	// unreachable before its replica is promoted. Default 2s, far below the
+	// server's 15s so failover tests finish quickly.
+	NodeTimeout time.Duration
+}
+
+// Node is one redis-server process.
+type Node struct {
+	Addr string
+	Port int
+	ID   string // cluster node id
+	dir  string
+	cmd  *exec.Cmd
+	done chan struct{} // closed when the process has exited
+}
+
+// Cluster is a running Redis Cluster on loopback.
+type Cluster struct {
+	Nodes   []*Node // masters first, then replicas in master order
+	Masters int
+	opts    ClusterOptions
+	dir     string
+}
+
+// Addrs lists every node's address, for a cluster client's seed list.
+func (c *Cluster) Addrs() []string {
+	out := make([]string, len(c.Nodes))
+	for i, n := range c.Nodes {
+		out[i] = n.Addr
+	}
+	return out
+}
+
+// Client returns a new cluster client for the cluster; the caller closes it.
+func (c *Cluster) Client() *redis.ClusterClient {
+	return redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+}
+
+// MasterRanges is the standard even split of the slots over n masters, the
+// one `redis-cli --cluster create` makes: master j serves [r[j], r[j+1]).
+func MasterRanges(n int) []int {
+	r := []int{0}
+	per := 16384.0 / float64(n)
+	for j := 1; j < n; j++ {
+		r = append(r, int(math.Round(per*float64(j)-1))+1)
+	}
+	return append(r, 16384)
+}
+
+// RedisServer returns the path of redis-server or an error that says how to
+// get it.
+func RedisServer() (string, error) {
+	p, err := exec.LookPath("redis-server")
+	if err != nil {
+		return "", errors.New("redis-server not found: run `make test` (it installs redis-server with apt-get) or install it yourself")
+	}
+	return p, nil
+}
+
+// StartCluster starts and joins a Redis Cluster and waits until every node
+// reports cluster_state:ok with the same view of the slots. On error it
+// stops whatever it started.
+func StartCluster(ctx context.Context, opts ClusterOptions) (*Cluster, error) {
+	if opts.Masters == 0 {
+		opts.Masters = 3
+	}
+	if opts.NodeTimeout == 0 {
+		opts.NodeTimeout = 2 * time.Second
+	}
+	bin, err := RedisServer()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "stockgate-redis-")
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{Masters: opts.Masters, opts: opts, dir: dir}
+	total := opts.Masters * (1 + opts.ReplicasPerMaster)
+	for i := range total {
+		n, err := startNode(ctx, bin, filepath.Join(dir, strconv.Itoa(i)), opts.NodeTimeout)
+		if err != nil {
+			c.Stop()
+			return nil, err
+		}
+		c.Nodes = append(c.Nodes, n)
+	}
+	if err := c.join(ctx); err != nil {
+		c.Stop()
+		return nil, err
+	}
+	return c, nil
+}
+
+// startNode starts one cluster-mode redis-server on a free port, retrying
+// with another port when a parallel test package took it first.
+func startNode(ctx context.Context, bin, dir string, nodeTimeout time.Duration) (*Node, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	var lastErr error
+	for range 20 {
+		port, err := freeClusterPort()
+		if err != nil {
+			return nil, err
+		}
+		cmd := exec.Command(bin,
+			"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+			"--cluster-enabled", "yes",
+			"--cluster-config-file", filepath.Join(dir, "nodes.conf"),
+			"--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10),
+			"--dir", dir, "--save", "", "--appendonly", "no",
+			"--logfile", filepath.Join(dir, "redis.log"),
+			"--protected-mode", "no", "--daemonize", "no")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if err := cmd.Start(); err != nil {
+			return nil, fmt.Errorf("start redis-server: %w", err)
+		}
+		n := &Node{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, dir: dir, cmd: cmd, done: make(chan struct{})}
+		go func() { _ = cmd.Wait(); close(n.done) }() // owned by the node; ends with the process
+		if err := n.waitUp(ctx); err != nil {
+			n.kill()
+			lastErr = err
+			_ = os.Remove(filepath.Join(dir, "nodes.conf"))
+			continue
+		}
+		return n, nil
+	}
+	return nil, fmt.Errorf("start redis-server: %w", lastErr)
+}
+
+func (n *Node) waitUp(ctx context.Context) error {
+	cl := n.client()
+	defer cl.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-n.done:
+			return fmt.Errorf("redis-server on %s exited: %s", n.Addr, tail(filepath.Join(n.dir, "redis.log")))
+		default:
+		}
+		if err := cl.Ping(ctx).Err(); err == nil {
+			id, err := cl.ClusterMyID(ctx).Result()
+			if err != nil {
+				return err
+			}
+			n.ID = id
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("redis-server on %s did not answer", n.Addr)
+}
+
+func (n *Node) client() *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: n.Addr, MaxRetries: -1, DialTimeout: time.Second})
+}
+
+// Client returns a single-node client for this node; the caller closes it.
+func (n *Node) Client() *redis.Client { return n.client() }
+
+func (n *Node) kill() {
+	if n.cmd.Process != nil {
+		_ = n.cmd.Process.Kill()
+		<-n.done
+	}
+}
+
+func (c *Cluster) join(ctx context.Context) error {
+	first := c.Nodes[0].client()
+	defer first.Close()
+	for _, n := range c.Nodes[1:] {
+		if err := first.ClusterMeet(ctx, "127.0.0.1", strconv.Itoa(n.Port)).Err(); err != nil {
+			return fmt.Errorf("cluster meet: %w", err)
+		}
+	}
+	ranges := MasterRanges(c.Masters)
+	for j := range c.Masters {
+		cl := c.Nodes[j].client()
+		err := cl.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", ranges[j], ranges[j+1]-1).Err()
+		cl.Close()
+		if err != nil {
+			return fmt.Errorf("cluster addslotsrange: %w", err)
+		}
+	}
+	// A replica can only follow a master it already knows.
+	for k, n := range c.Nodes[c.Masters:] {
+		master := c.Nodes[k%c.Masters]
+		cl := n.client()
+		err := retry(ctx, 10*time.Second, func() error {
+			return cl.ClusterReplicate(ctx, master.ID).Err()
+		})
+		cl.Close()
+		if err != nil {
+			return fmt.Errorf("cluster replicate: %w", err)
+		}
+	}
+	return c.WaitHealthy(ctx, 30*time.Second)
+}
+
+// WaitHealthy waits until every live node says cluster_state:ok, knows every
+// slot, and agrees with the others on which node serves which slot.
+func (c *Cluster) WaitHealthy(ctx context.Context, timeout time.Duration) error {
+	return retry(ctx, timeout, func() error {
+		var view string
+		for _, n := range c.Nodes {
+			if !n.Alive() {
+				continue
+			}
+			cl := n.client()
+			info, err := cl.ClusterInfo(ctx).Result()
+			if err == nil && !strings.Contains(info, "cluster_state:ok") {
+				err = fmt.Errorf("%s: cluster state not ok", n.Addr)
+			}
+			var slots []redis.ClusterSlot
+			if err == nil {
+				slots, err = cl.ClusterSlots(ctx).Result()
+			}
+			cl.Close()
+			if err != nil {
+				return err
+			}
+			v := slotView(slots)
+			if view == "" {
+				view = v
+			} else if v != view {
+				return fmt.Errorf("%s: slot view differs", n.Addr)
+			}
+		}
+		return nil
+	})
+}
+
+func slotView(slots []redis.ClusterSlot) string {
+	var b strings.Builder
+	covered := 0
+	for _, s := range slots {
+		covered += s.End - s.Start + 1
+		fmt.Fprintf(&b, "%d-%d:%s,%d;", s.Start, s.End, s.Nodes[0].Addr, len(s.Nodes))
+	}
+	if covered != 16384 {
+		return fmt.Sprintf("partial %d", covered)
+	}
+	return b.String()
+}
+
+// MasterOf returns the node serving slot, as the cluster itself says.
+func (c *Cluster) MasterOf(ctx context.Context, slot int) (*Node, error) {
+	for _, n := range c.Nodes {
+		if !n.Alive() {
+			continue
+		}
+		cl := n.client()
+		slots, err := cl.ClusterSlots(ctx).Result()
+		cl.Close()
+		if err != nil {
+			continue
+		}
+		for _, s := range slots {
+			if slot >= s.Start && slot <= s.End {
+				for _, m := range c.Nodes {
+					if m.Addr == s.Nodes[0].Addr {
+						return m, nil
+					}
+				}
+			}
+		}
+	}
+	return nil, fmt.Errorf("no node serves slot %d", slot)
+}
+
+// Alive reports whether the node's process is still running.
+func (n *Node) Alive() bool {
+	select {
+	case <-n.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// Kill sends SIGKILL to the node's process and waits for it to exit.
+func (n *Node) Kill() { n.kill() }
+
+// Stop kills every node (by the pid it started) and removes the files.
+func (c *Cluster) Stop() {
+	for _, n := range c.Nodes {
+		n.kill()
+	}
+	_ = os.RemoveAll(c.dir)
+}
+
+// freeClusterPort finds a port that is free together with its cluster bus
+// port (port + 10000).
+func freeClusterPort() (int, error) {
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if port+10000 > 65535 {
+			continue
+		}
+		bus, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+10000))
+		if err != nil {
+			continue
+		}
+		bus.Close()
+		return port, nil
+	}
+	return 0, errors.New("no free port pair on loopback")
+}
+
+func retry(ctx context.Context, timeout time.Duration, f func() error) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := f()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// tail returns the last lines of a log file, for error messages.
+func tail(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return err.Error()
+	}
+	defer f.Close()
+	var lines []string
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		lines = append(lines, s.Text())
+		if len(lines) > 5 {
+			lines = lines[1:]
+		}
+	}
+	return strings.Join(lines, " | ")
+}

@@ -1,0 +1,52 @@
+-- deduct: take between ARGV[2] and ARGV[1] units from one shard, once per
+-- request id.
+--
+-- KEYS[1]  shard stock hash {avail, allot, epoch}
+-- KEYS[2]  deduction record of this request on this shard {q, gen, epoch, restored}
+-- ARGV[1]  quantity wanted (integer, 1 <= q <= ARGV[3])
+-- ARGV[2]  least quantity worth taking (integer, 1 <= min <= q): q for an
+--          exact take, 1 when a purchase is being assembled from several shards
+-- ARGV[3]  the largest quantity one request may ask for
+-- ARGV[4]  record lifetime in milliseconds (integer >= 1000)
+--
+-- Returns {code, taken, avail, gen}:
+--   1  taken units moved; avail is what the shard has left; gen identifies
+--      this deduction for restore
+--   2  this request already deducted here and was not restored: nothing
+--      moved now; taken and gen are the earlier deduction's. A client's or
+--      the Redis client's re-send lands here.
+--   0  fewer than min units left (avail says how many); nothing moved
+--  -1  the shard is not seeded; nothing moved
+--  -2  bad argument; nothing moved
+local function int(s, lo, hi)
+  if type(s) ~= 'string' or #s > 18 or not string.match(s, '^%d+$') then return nil end
+  local n = tonumber(s)
+  if n < lo or n > hi then return nil end
+  return n
+end
+
+local max = int(ARGV[3], 1, 1e9)
+local q = max and int(ARGV[1], 1, max)
+local min = q and int(ARGV[2], 1, q)
+local ttl = int(ARGV[4], 1000, 1e12)
+if not min or not ttl then return {-2, 0, 0, 0} end
+
+local rec = redis.call('HMGET', KEYS[2], 'q', 'gen', 'restored')
+if rec[1] and rec[3] == '0' then
+  return {2, tonumber(rec[1]), -1, tonumber(rec[2])}
+end
+
+local s = redis.call('HMGET', KEYS[1], 'avail', 'epoch')
+if not s[1] then return {-1, 0, 0, 0} end
+local avail = tonumber(s[1])
+if avail < min then return {0, 0, avail, 0} end
+
+local take = math.min(q, avail)
+avail = redis.call('HINCRBY', KEYS[1], 'avail', -take)
+-- A request restored earlier (its ledger commit was refused) may try again;
+-- gen tells the two attempts apart so a late restore of the first cannot
+-- give back the second.
+local gen = (tonumber(rec[2]) or 0) + 1
+redis.call('HSET', KEYS[2], 'q', take, 'gen', gen, 'epoch', s[2] or '0', 'restored', '0')
+redis.call('PEXPIRE', KEYS[2], ttl)
+return {1, take, avail, gen}

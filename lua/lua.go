@@ -1,0 +1,43 @@
+// Package lua embeds the Redis scripts stockgate runs, one operation per
+// file. Each file opens with its KEYS/ARGV contract and its integer return
+// codes; the Go side that calls a script lives in package shard.
+//
+// Every script touches only keys that share one hash tag (package keys makes
+// sure of that), and every script re-checks its numeric arguments, so a bug
+// in a caller cannot move stock by a fraction, a negative or a huge amount.
+package lua
+
+import _ "embed"
+
+// Seed sets a shard's allotment and available stock.
+//
+//go:embed seed.lua
+var Seed string
+
+// Deduct takes stock from a shard, once per request id.
+//
+//go:embed deduct.lua
+var Deduct string
+
+// Restore gives a deduction back, once, capped at the shard's allotment.
+//
+//go:embed restore.lua
+var Restore string
+
+// Read returns a shard's available stock and allotment.
+//
+//go:embed read.lua
+var Read string
+
+// Result codes shared by the scripts. They are small integers so the Go side
+// branches on numbers, never on strings.
+const (
+	OK        = 1  // the operation happened
+	Already   = 2  // it had happened before for this request; nothing moved now
+	Empty     = 0  // not enough stock in this shard; nothing moved
+	NotSeeded = -1 // the shard has no stock hash (never seeded, or Redis lost it)
+	BadArg    = -2 // an argument failed the script's own checks; nothing moved
+	NoRecord  = -3 // restore of a request id that never deducted here
+	Stale     = -4 // restore of a deduction from before the last re-seed
+	Exists    = -5 // seed without overwrite found a live shard; nothing changed
+)

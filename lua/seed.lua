@@ -1,0 +1,30 @@
+-- seed: set one shard's stock from ledger facts.
+--
+-- KEYS[1]  shard stock hash {avail, allot, epoch}
+-- ARGV[1]  units available now (integer, 0 <= avail <= allot)
+-- ARGV[2]  allotment: the most this shard may ever hold (integer >= 0)
+-- ARGV[3]  "1" to overwrite a live shard (re-seed); "0" to seed only if absent
+--
+-- Returns {code, epoch}:
+--   1  seeded; epoch is the shard's new epoch. The epoch goes up on every
+--      seed so that restores of deductions made before it are refused (they
+--      are already counted in the ledger facts the seed was built from).
+--  -5  the shard exists and ARGV[3] was "0"; nothing changed
+--  -2  bad argument; nothing changed
+local function int(s, lo, hi)
+  if type(s) ~= 'string' or #s > 18 or not string.match(s, '^%d+$') then return nil end
+  local n = tonumber(s)
+  if n < lo or n > hi then return nil end
+  return n
+end
+
+local allot = int(ARGV[2], 0, 1e15)
+local avail = allot and int(ARGV[1], 0, allot)
+if not avail or (ARGV[3] ~= '0' and ARGV[3] ~= '1') then return {-2, 0} end
+
+if ARGV[3] == '0' and redis.call('EXISTS', KEYS[1]) == 1 then
+  return {-5, tonumber(redis.call('HGET', KEYS[1], 'epoch')) or 0}
+end
+local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+redis.call('HSET', KEYS[1], 'avail', avail, 'allot', allot)
+return {1, epoch}

@@ -1,0 +1,411 @@
+// Package shard runs a SKU's stock on Redis Cluster: the stock is split over
+// N shards, each a hash in its own slot, and every change is one Lua call on
+// one shard. Package keys names the keys; package lua holds the scripts.
+package shard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/lua"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// ErrScript reports a script answer the Go side did not expect: a bug or a
+// server that is not the one we think, never a stock outcome.
+var ErrScript = errors.New("shard: unexpected script reply")
+
+// EmptyShards remembers shards recently found empty so a purchase can skip
+// them without a round trip. Package cache provides one; nil remembers
+// nothing.
+type EmptyShards interface {
+	IsEmpty(sku stock.SKU, n, i int) bool
+	MarkEmpty(sku stock.SKU, n, i int)
+	MarkStocked(sku stock.SKU, n, i int)
+}
+
+// Options configures a Store.
+type Options struct {
+	// Redis runs the scripts: a *redis.ClusterClient in production; any
+	// redis.Scripter works. Required.
+	Redis redis.Scripter
+	// RecordTTL is how long a deduction record lives, and so how long a
+	// re-sent deduct is recognised and a restore accepted. Default 24h.
+	RecordTTL time.Duration
+	// Empty is the known-empty shard memory. Optional.
+	Empty EmptyShards
+}
+
+// Store is the Redis side of the stock.
+type Store struct {
+	rdb       redis.Scripter
+	recordTTL string // milliseconds, as the scripts take it
+	empty     EmptyShards
+	seed      *redis.Script
+	deduct    *redis.Script
+	restore   *redis.Script
+	read      *redis.Script
+}
+
+// New validates opts and returns a Store.
+func New(opts Options) (*Store, error) {
+	if opts.Redis == nil {
+		return nil, errors.New("shard: Options.Redis is required")
+	}
+	if opts.RecordTTL == 0 {
+		opts.RecordTTL = 24 * time.Hour
+	}
+	if opts.RecordTTL < time.Second {
+		return nil, fmt.Errorf("shard: RecordTTL %v below 1s", opts.RecordTTL)
+	}
+	return &Store{
+		rdb:       opts.Redis,
+		recordTTL: fmt.Sprint(opts.RecordTTL.Milliseconds()),
+		empty:     opts.Empty,
+		seed:      redis.NewScript(lua.Seed),
+		deduct:    redis.NewScript(lua.Deduct),
+		restore:   redis.NewScript(lua.Restore),
+		read:      redis.NewScript(lua.Read),
+	}, nil
+}
+
+// Part is the stock one request took from one shard.
+type Part struct {
+	Shards int   `json:"shards"` // the SKU's shard count when it was taken
+	Shard  int   `json:"shard"`
+	Taken  int64 `json:"taken"`
+	Gen    int64 `json:"gen"` // identifies the deduction for restore
+}
+
+// Request asks for Quantity units of a SKU for one request id.
+type Request struct {
+	SKU         stock.SKU
+	Shards      int    // the SKU's shard count, >= 1
+	RequestID   string // passes keys.CheckID; the same id on a retry
+	Quantity    int64  // 1 <= Quantity <= MaxQuantity
+	MaxQuantity int64  // the SKU's per-order maximum; the script checks it too
+}
+
+func (r Request) validate() error {
+	if err := r.SKU.Validate(); err != nil {
+		return err
+	}
+	if err := keys.CheckID(r.RequestID); err != nil {
+		return fmt.Errorf("%w: request id: %w", stock.ErrInvalid, err)
+	}
+	if r.Shards < 1 || r.Shards > stock.MaxShards {
+		return fmt.Errorf("%w: shards %d", stock.ErrInvalid, r.Shards)
+	}
+	if r.MaxQuantity < 1 || r.Quantity < 1 || r.Quantity > r.MaxQuantity {
+		return fmt.Errorf("%w: quantity %d not in 1..%d", stock.ErrInvalid, r.Quantity, r.MaxQuantity)
+	}
+	return nil
+}
+
+// Deduction is what a successful Deduct took.
+type Deduction struct {
+	Parts []Part
+	// Replayed means every part was taken by an earlier call with the same
+	// request id (a retry or a re-send): nothing moved in this call.
+	Replayed bool
+	// Probes is how many shard scripts the call ran.
+	Probes int
+}
+
+// Start is the shard a request id begins at. It depends on the id alone, so
+// a retry of the same request meets its own deduction record first.
+func Start(requestID string, shards int) int {
+	return int(crc32.ChecksumIEEE([]byte(requestID)) % uint32(shards))
+}
+
+// Deduct takes r.Quantity units for r.RequestID, all or nothing. It tries
+// whole takes first, starting at Start and skipping shards known to be
+// empty; when no single shard has enough but several together might, it
+// assembles the quantity from several shards and gives everything back if
+// that falls short. It returns stock.ErrSoldOut when the SKU cannot supply
+// the quantity and stock.ErrNotSeeded when a shard has no stock in Redis.
+func (s *Store) Deduct(ctx context.Context, r Request) (Deduction, error) {
+	if err := r.validate(); err != nil {
+		return Deduction{}, err
+	}
+	var d Deduction
+	start := Start(r.RequestID, r.Shards)
+	seen := make([]int64, r.Shards) // avail per shard as last seen; -1 unknown
+	for j := range r.Shards {
+		i := (start + j) % r.Shards
+		seen[i] = -1
+		// The start shard is always asked: it is where a retry finds its record.
+		if j > 0 && s.empty != nil && s.empty.IsEmpty(r.SKU, r.Shards, i) {
+			seen[i] = 0
+			continue
+		}
+		res, err := s.deductOne(ctx, r, i, r.Quantity, r.Quantity)
+		d.Probes++
+		if err != nil {
+			return d, err
+		}
+		switch res.code {
+		case lua.OK, lua.Already:
+			d.Parts = []Part{{Shards: r.Shards, Shard: i, Taken: res.taken, Gen: res.gen}}
+			d.Replayed = res.code == lua.Already
+			if res.code == lua.Already && res.taken < r.Quantity {
+				// An earlier attempt assembled the quantity from several
+				// shards; collect its other parts below.
+				return s.assemble(ctx, r, d, seen)
+			}
+			if res.code == lua.OK && res.avail == 0 {
+				s.markEmpty(r, i)
+			}
+			return d, nil
+		case lua.Empty:
+			seen[i] = res.avail
+			if res.avail == 0 {
+				s.markEmpty(r, i)
+			}
+		}
+	}
+	if r.Quantity == 1 {
+		return d, stock.ErrSoldOut
+	}
+	var sum int64
+	for _, v := range seen {
+		if v > 0 {
+			sum += v
+		}
+	}
+	if sum < r.Quantity {
+		return d, stock.ErrSoldOut
+	}
+	return s.assemble(ctx, r, d, seen)
+}
+
+// assemble takes what each non-empty shard has until the quantity is met,
+// then gives back what it took if the total falls short. Parts already in d
+// count toward the quantity. Takes never wait on each other, so assembling
+// purchases cannot deadlock; a shortfall is returned, never kept.
+func (s *Store) assemble(ctx context.Context, r Request, d Deduction, seen []int64) (Deduction, error) {
+	have := int64(0)
+	inD := make(map[int]bool)
+	for _, p := range d.Parts {
+		have += p.Taken
+		inD[p.Shard] = true
+	}
+	var fresh []Part
+	start := Start(r.RequestID, r.Shards)
+	for j := 0; j < r.Shards && have < r.Quantity; j++ {
+		i := (start + j) % r.Shards
+		if inD[i] || seen[i] == 0 {
+			continue
+		}
+		res, err := s.deductOne(ctx, r, i, r.Quantity-have, 1)
+		d.Probes++
+		if err != nil {
+			return d, errors.Join(err, s.Restore(ctx, r.SKU, r.RequestID, fresh))
+		}
+		switch res.code {
+		case lua.OK, lua.Already:
+			p := Part{Shards: r.Shards, Shard: i, Taken: res.taken, Gen: res.gen}
+			d.Parts = append(d.Parts, p)
+			have += res.taken
+			if res.code == lua.OK {
+				fresh = append(fresh, p)
+				d.Replayed = false
+				if res.avail == 0 {
+					s.markEmpty(r, i)
+				}
+			}
+		case lua.Empty:
+			s.markEmpty(r, i)
+		}
+	}
+	if have < r.Quantity {
+		if err := s.Restore(ctx, r.SKU, r.RequestID, fresh); err != nil {
+			return d, fmt.Errorf("give back partial take: %w", err)
+		}
+		return Deduction{Probes: d.Probes}, stock.ErrSoldOut
+	}
+	if len(fresh) == 0 {
+		d.Replayed = true
+	}
+	return d, nil
+}
+
+func (s *Store) markEmpty(r Request, i int) {
+	if s.empty != nil {
+		s.empty.MarkEmpty(r.SKU, r.Shards, i)
+	}
+}
+
+type deductReply struct{ code, taken, avail, gen int64 }
+
+func (s *Store) deductOne(ctx context.Context, r Request, i int, q, min int64) (deductReply, error) {
+	k := keys.Shard(r.SKU.Program, r.SKU.Ticket, i, r.Shards)
+	v, err := s.deduct.Run(ctx, s.rdb, []string{k.Stock(), k.Deduction(r.RequestID)},
+		q, min, r.MaxQuantity, s.recordTTL).Int64Slice()
+	if err != nil {
+		return deductReply{}, fmt.Errorf("deduct shard %d: %w", i, err)
+	}
+	if len(v) != 4 {
+		return deductReply{}, fmt.Errorf("deduct shard %d: %w: %v", i, ErrScript, v)
+	}
+	res := deductReply{v[0], v[1], v[2], v[3]}
+	switch res.code {
+	case lua.OK, lua.Already, lua.Empty:
+		return res, nil
+	case lua.NotSeeded:
+		return res, fmt.Errorf("deduct shard %d: %w", i, stock.ErrNotSeeded)
+	case lua.BadArg:
+		return res, fmt.Errorf("deduct shard %d: %w: script refused arguments", i, stock.ErrInvalid)
+	}
+	return res, fmt.Errorf("deduct shard %d: %w: code %d", i, ErrScript, res.code)
+}
+
+// Restore gives back the parts a request took, each once. A part whose
+// record is gone, or that predates the shard's last seed, is not given back:
+// the ledger facts behind the seed already count it.
+func (s *Store) Restore(ctx context.Context, sku stock.SKU, requestID string, parts []Part) error {
+	var errs []error
+	for _, p := range parts {
+		if _, err := s.RestorePart(ctx, sku, requestID, p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// RestoreResult is one restore's outcome, a lua code and the units moved.
+type RestoreResult struct {
+	Code     int64
+	Restored int64
+	Avail    int64
+}
+
+// RestorePart gives back one part. Refusals (no record, stale, already
+// restored) are results, not errors.
+func (s *Store) RestorePart(ctx context.Context, sku stock.SKU, requestID string, p Part) (RestoreResult, error) {
+	if err := sku.Validate(); err != nil {
+		return RestoreResult{}, err
+	}
+	if err := keys.CheckID(requestID); err != nil {
+		return RestoreResult{}, fmt.Errorf("%w: request id: %w", stock.ErrInvalid, err)
+	}
+	if p.Shards < 1 || p.Shards > stock.MaxShards || p.Shard < 0 || p.Shard >= p.Shards {
+		return RestoreResult{}, fmt.Errorf("%w: shard %d of %d", stock.ErrInvalid, p.Shard, p.Shards)
+	}
+	k := keys.Shard(sku.Program, sku.Ticket, p.Shard, p.Shards)
+	v, err := s.restore.Run(ctx, s.rdb, []string{k.Stock(), k.Deduction(requestID)}, p.Gen).Int64Slice()
+	if err != nil {
+		return RestoreResult{}, fmt.Errorf("restore shard %d: %w", p.Shard, err)
+	}
+	if len(v) != 3 {
+		return RestoreResult{}, fmt.Errorf("restore shard %d: %w: %v", p.Shard, ErrScript, v)
+	}
+	res := RestoreResult{Code: v[0], Restored: v[1], Avail: v[2]}
+	if res.Code == lua.BadArg {
+		return res, fmt.Errorf("restore shard %d: %w", p.Shard, stock.ErrInvalid)
+	}
+	if res.Restored > 0 && s.empty != nil {
+		s.empty.MarkStocked(sku, p.Shards, p.Shard)
+	}
+	return res, nil
+}
+
+// Split divides remaining units over n shards as evenly as possible.
+func Split(remaining int64, n int) []int64 {
+	out := make([]int64, n)
+	for i := range out {
+		out[i] = remaining / int64(n)
+		if int64(i) < remaining%int64(n) {
+			out[i]++
+		}
+	}
+	return out
+}
+
+// Seed writes the SKU's shards from the ledger's remaining stock, split
+// evenly. With overwrite it replaces live shards (a re-seed: the epoch moves
+// on, so restores of older deductions are ignored); without it only absent
+// shards are written, so concurrent seeders cannot clobber live stock.
+func (s *Store) Seed(ctx context.Context, sku stock.SKU, n int, remaining int64, overwrite bool) error {
+	if err := sku.Validate(); err != nil {
+		return err
+	}
+	if n < 1 || n > stock.MaxShards || remaining < 0 {
+		return fmt.Errorf("%w: seed %d units over %d shards", stock.ErrInvalid, remaining, n)
+	}
+	mode := "0"
+	if overwrite {
+		mode = "1"
+	}
+	for i, units := range Split(remaining, n) {
+		k := keys.Shard(sku.Program, sku.Ticket, i, n)
+		v, err := s.seed.Run(ctx, s.rdb, []string{k.Stock()}, units, units, mode).Int64Slice()
+		if err != nil {
+			return fmt.Errorf("seed shard %d: %w", i, err)
+		}
+		if len(v) != 2 || (v[0] != lua.OK && v[0] != lua.Exists) {
+			return fmt.Errorf("seed shard %d: %w: %v", i, ErrScript, v)
+		}
+		if s.empty != nil && v[0] == lua.OK {
+			if units > 0 {
+				s.empty.MarkStocked(sku, n, i)
+			} else {
+				s.empty.MarkEmpty(sku, n, i)
+			}
+		}
+	}
+	return nil
+}
+
+// ShardStock is one shard's state in Redis.
+type ShardStock struct {
+	Seeded bool
+	Avail  int64
+	Allot  int64
+	Epoch  int64
+}
+
+// Read returns every shard's state.
+func (s *Store) Read(ctx context.Context, sku stock.SKU, n int) ([]ShardStock, error) {
+	if err := sku.Validate(); err != nil {
+		return nil, err
+	}
+	if n < 1 || n > stock.MaxShards {
+		return nil, fmt.Errorf("%w: shards %d", stock.ErrInvalid, n)
+	}
+	out := make([]ShardStock, n)
+	for i := range n {
+		k := keys.Shard(sku.Program, sku.Ticket, i, n)
+		v, err := s.read.Run(ctx, s.rdb, []string{k.Stock()}).Int64Slice()
+		if err != nil {
+			return nil, fmt.Errorf("read shard %d: %w", i, err)
+		}
+		if len(v) != 4 {
+			return nil, fmt.Errorf("read shard %d: %w: %v", i, ErrScript, v)
+		}
+		out[i] = ShardStock{Seeded: v[0] == lua.OK, Avail: v[1], Allot: v[2], Epoch: v[3]}
+	}
+	return out, nil
+}
+
+// Remaining is the sum of the shards' available stock and whether every
+// shard is seeded.
+func (s *Store) Remaining(ctx context.Context, sku stock.SKU, n int) (int64, bool, error) {
+	shards, err := s.Read(ctx, sku, n)
+	if err != nil {
+		return 0, false, err
+	}
+	var sum int64
+	seeded := true
+	for _, sh := range shards {
+		sum += sh.Avail
+		seeded = seeded && sh.Seeded
+	}
+	return sum, seeded, nil
+}

@@ -1,0 +1,49 @@
+// Package stock holds the vocabulary every other package shares: the SKU
+// identity and the outcomes callers branch on with errors.Is. It is a leaf:
+// it imports only package keys, for id validation.
+package stock
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/stockgate/stockgate/keys"
+)
+
+// Outcomes. Sold out, limit reached and the like are answers, not failures:
+// the breaker must not count them.
+var (
+	ErrSoldOut     = errors.New("stock: sold out")
+	ErrUnknownSKU  = errors.New("stock: unknown sku")
+	ErrInvalid     = errors.New("stock: invalid request")
+	ErrInFlight    = errors.New("stock: request with this idempotency key in flight")
+	ErrKeyReused   = errors.New("stock: idempotency key reused with a different request")
+	ErrNotSeeded   = errors.New("stock: shard not seeded")
+	ErrUnavailable = errors.New("stock: ledger unavailable")
+)
+
+// SKU is one (program, ticket) pair: the unit of stock.
+type SKU struct {
+	Program string `json:"program"`
+	Ticket  string `json:"ticket"`
+}
+
+// Validate reports ErrInvalid unless both ids are acceptable in keys.
+func (s SKU) Validate() error {
+	if err := keys.CheckID(s.Program); err != nil {
+		return fmt.Errorf("%w: program: %w", ErrInvalid, err)
+	}
+	if err := keys.CheckID(s.Ticket); err != nil {
+		return fmt.Errorf("%w: ticket: %w", ErrInvalid, err)
+	}
+	return nil
+}
+
+func (s SKU) String() string { return s.Program + "/" + s.Ticket }
+
+// Limits that bound what a SKU may be configured with.
+const (
+	MaxShards      = 256
+	MaxPerOrderCap = 1000
+	MaxTotal       = 1_000_000_000
+)

@@ -137,9 +137,11 @@ func (s *Store) Deduct(ctx context.Context, r Request) (Deduction, error) {
 	var d Deduction
 	start := Start(r.RequestID, r.Shards)
 	seen := make([]int64, r.Shards) // avail per shard as last seen; -1 unknown
+	for i := range seen {
+		seen[i] = -1
+	}
 	for j := range r.Shards {
 		i := (start + j) % r.Shards
-		seen[i] = -1
 		// The start shard is always asked: it is where a retry finds its record.
 		if j > 0 && s.empty != nil && s.empty.IsEmpty(r.SKU, r.Shards, i) {
 			seen[i] = 0

@@ -1,0 +1,326 @@
+package shard_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"sync"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/lua"
+	"github.com/stockgate/stockgate/shard"
+	"github.com/stockgate/stockgate/stock"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
+
+func newStore(t *testing.T) (*shard.Store, *redis.ClusterClient) {
+	t.Helper()
+	rdb := testenv.SharedCluster(t).Client()
+	t.Cleanup(func() { rdb.Close() })
+	s, err := shard.New(shard.Options{Redis: rdb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, rdb
+}
+
+func newSKU(t *testing.T) stock.SKU {
+	return stock.SKU{Program: testenv.ID(t, "p"), Ticket: "ga"}
+}
+
+func remaining(t *testing.T, s *shard.Store, sku stock.SKU, n int) int64 {
+	t.Helper()
+	r, seeded, err := s.Remaining(context.Background(), sku, n)
+	if err != nil || !seeded {
+		t.Fatalf("Remaining(%v) = %d, %v, %v", sku, r, seeded, err)
+	}
+	return r
+}
+
+func TestDeductResentMovesOnce(t *testing.T) {
+	ctx := context.Background()
+	s, rdb := newStore(t)
+	sku := newSKU(t)
+	if err := s.Seed(ctx, sku, 1, 10, true); err != nil {
+		t.Fatal(err)
+	}
+	// The script itself, twice with the same request id, as the Redis client
+	// re-sends it after a timeout.
+	k := keys.Shard(sku.Program, sku.Ticket, 0, 1)
+	script := redis.NewScript(lua.Deduct)
+	for n := range 2 {
+		v, err := script.Run(ctx, rdb, []string{k.Stock(), k.Deduction("req-1")}, 3, 3, 4, 60000).Int64Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantCode := int64(lua.OK)
+		if n == 1 {
+			wantCode = lua.Already
+		}
+		if v[0] != wantCode || v[1] != 3 {
+			t.Errorf("deduct #%d = %v, want code %d taken 3", n+1, v, wantCode)
+		}
+	}
+	if got := remaining(t, s, sku, 1); got != 7 {
+		t.Errorf("remaining = %d, want 7", got)
+	}
+	// And through the Store.
+	r := shard.Request{SKU: sku, Shards: 1, RequestID: "req-2", Quantity: 2, MaxQuantity: 4}
+	d1, err := s.Deduct(ctx, r)
+	if err != nil || d1.Replayed {
+		t.Fatalf("Deduct = %+v, %v", d1, err)
+	}
+	d2, err := s.Deduct(ctx, r)
+	if err != nil || !d2.Replayed || d2.Parts[0].Taken != 2 {
+		t.Fatalf("second Deduct = %+v, %v, want replayed 2", d2, err)
+	}
+	if got := remaining(t, s, sku, 1); got != 5 {
+		t.Errorf("remaining = %d, want 5", got)
+	}
+}
+
+func TestScriptsRefuseBadArguments(t *testing.T) {
+	ctx := context.Background()
+	s, rdb := newStore(t)
+	sku := newSKU(t)
+	if err := s.Seed(ctx, sku, 1, 10, true); err != nil {
+		t.Fatal(err)
+	}
+	k := keys.Shard(sku.Program, sku.Ticket, 0, 1)
+	deduct := redis.NewScript(lua.Deduct)
+	for _, args := range [][]any{
+		{0, 0, 4, 60000},
+		{-1, -1, 4, 60000},
+		{"1.5", 1, 4, 60000},
+		{"1e3", 1, 4000, 60000},
+		{5, 5, 4, 60000},                     // over the max
+		{"9223372036854775808", 1, 4, 60000}, // 2^63
+		{" 1", 1, 4, 60000},
+		{1, 2, 4, 60000}, // min above q
+		{1, 1, 4, 10},    // ttl too short
+		{"0x1", 1, 4, 60000},
+	} {
+		v, err := deduct.Run(ctx, rdb, []string{k.Stock(), k.Deduction("bad")}, args...).Int64Slice()
+		if err != nil || v[0] != lua.BadArg {
+			t.Errorf("deduct%v = %v, %v, want code %d", args, v, err, lua.BadArg)
+		}
+	}
+	seed := redis.NewScript(lua.Seed)
+	for _, args := range [][]any{{5, 4, 1}, {-1, 4, 1}, {1, 1, 2}, {"1.0", 2, 1}} {
+		v, err := seed.Run(ctx, rdb, []string{k.Stock()}, args...).Int64Slice()
+		if err != nil || v[0] != lua.BadArg {
+			t.Errorf("seed%v = %v, %v, want code %d", args, v, err, lua.BadArg)
+		}
+	}
+	if got := remaining(t, s, sku, 1); got != 10 {
+		t.Errorf("remaining = %d after refused calls, want 10", got)
+	}
+}
+
+func TestRestoreOnceCappedAndOnlyAfterDeduct(t *testing.T) {
+	ctx := context.Background()
+	s, _ := newStore(t)
+	sku := newSKU(t)
+	if err := s.Seed(ctx, sku, 1, 5, true); err != nil {
+		t.Fatal(err)
+	}
+	d, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: 1, RequestID: "r1", Quantity: 3, MaxQuantity: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	results := make(chan shard.RestoreResult, 10)
+	for range 10 {
+		wg.Go(func() {
+			res, err := s.RestorePart(ctx, sku, "r1", d.Parts[0])
+			if err != nil {
+				t.Error(err)
+			}
+			results <- res
+		})
+	}
+	wg.Wait()
+	close(results)
+	var moved int64
+	for r := range results {
+		moved += r.Restored
+	}
+	if moved != 3 {
+		t.Errorf("10 concurrent restores moved %d, want 3", moved)
+	}
+	if got := remaining(t, s, sku, 1); got != 5 {
+		t.Errorf("remaining = %d, want 5", got)
+	}
+	// A request id that never deducted is refused by the script.
+	res, err := s.RestorePart(ctx, sku, "never", shard.Part{Shards: 1, Shard: 0, Taken: 3, Gen: 1})
+	if err != nil || res.Code != lua.NoRecord || res.Restored != 0 {
+		t.Errorf("restore of unknown request = %+v, %v, want code %d", res, err, lua.NoRecord)
+	}
+	// A deduction made before a re-seed is not given back after it: the
+	// ledger facts the seed used already count it.
+	d2, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: 1, RequestID: "r2", Quantity: 2, MaxQuantity: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Seed(ctx, sku, 1, 4, true); err != nil {
+		t.Fatal(err)
+	}
+	res, err = s.RestorePart(ctx, sku, "r2", d2.Parts[0])
+	if err != nil || res.Code != lua.Stale {
+		t.Errorf("restore across re-seed = %+v, %v, want code %d", res, err, lua.Stale)
+	}
+	if got := remaining(t, s, sku, 1); got != 4 {
+		t.Errorf("remaining = %d, want 4", got)
+	}
+}
+
+func TestDeductProbesAndSellsOut(t *testing.T) {
+	ctx := context.Background()
+	s, _ := newStore(t)
+	sku := newSKU(t)
+	const n = 8
+	if err := s.Seed(ctx, sku, n, 20, true); err != nil {
+		t.Fatal(err)
+	}
+	var taken int64
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for g := range 50 {
+		wg.Go(func() {
+			q := int64(g%4 + 1)
+			d, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: n, RequestID: testenv.ID(t, "r") + string(rune('a'+g%26)) + "-" + string(rune('a'+g/26)), Quantity: q, MaxQuantity: 4})
+			switch {
+			case errors.Is(err, stock.ErrSoldOut):
+			case err != nil:
+				t.Error(err)
+			default:
+				var sum int64
+				for _, p := range d.Parts {
+					sum += p.Taken
+				}
+				if sum != q {
+					t.Errorf("Deduct(q=%d) took %d", q, sum)
+				}
+				mu.Lock()
+				taken += sum
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	left := remaining(t, s, sku, n)
+	if taken+left != 20 {
+		t.Errorf("taken %d + remaining %d != 20", taken, left)
+	}
+	// Drain what is left one unit at a time: the last unit, wherever it sits,
+	// must be found before sold out is answered.
+	for i := range left {
+		if _, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: n, RequestID: "drain-" + string(rune('a'+i)), Quantity: 1, MaxQuantity: 4}); err != nil {
+			t.Fatalf("drain %d of %d: %v", i+1, left, err)
+		}
+	}
+	if _, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: n, RequestID: "after", Quantity: 1, MaxQuantity: 4}); !errors.Is(err, stock.ErrSoldOut) {
+		t.Errorf("Deduct after drain = %v, want ErrSoldOut", err)
+	}
+}
+
+func TestAssembleAcrossShards(t *testing.T) {
+	ctx := context.Background()
+	s, _ := newStore(t)
+	sku := newSKU(t)
+	// 4 units over 4 shards: 1 each, so q=3 needs three shards and q=2
+	// after it must fail with everything given back.
+	if err := s.Seed(ctx, sku, 4, 4, true); err != nil {
+		t.Fatal(err)
+	}
+	d, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: 4, RequestID: "big", Quantity: 3, MaxQuantity: 4})
+	if err != nil || len(d.Parts) != 3 {
+		t.Fatalf("Deduct(3) = %+v, %v, want 3 parts", d, err)
+	}
+	if _, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: 4, RequestID: "two", Quantity: 2, MaxQuantity: 4}); !errors.Is(err, stock.ErrSoldOut) {
+		t.Fatalf("Deduct(2) = %v, want ErrSoldOut", err)
+	}
+	if got := remaining(t, s, sku, 4); got != 1 {
+		t.Errorf("remaining = %d, want 1 (partial take given back)", got)
+	}
+	// A retry of the assembled purchase finds all its parts, moves nothing.
+	d2, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: 4, RequestID: "big", Quantity: 3, MaxQuantity: 4})
+	if err != nil || !d2.Replayed {
+		t.Fatalf("retry = %+v, %v, want replayed", d2, err)
+	}
+	if got := remaining(t, s, sku, 4); got != 1 {
+		t.Errorf("remaining = %d after retry, want 1", got)
+	}
+}
+
+// TestScriptKeysShareSlotOnCluster asks the real cluster for the slot of
+// every key each script is given, and checks that a SKU's 12 shards land on
+// all 3 masters.
+func TestScriptKeysShareSlotOnCluster(t *testing.T) {
+	ctx := context.Background()
+	c := testenv.SharedCluster(t)
+	_, rdb := newStore(t)
+	sku := newSKU(t)
+	for _, n := range []int{1, 12} {
+		masters := map[string]int{}
+		for i := range n {
+			k := keys.Shard(sku.Program, sku.Ticket, i, n)
+			scripts := map[string][]string{
+				"seed":    {k.Stock()},
+				"deduct":  {k.Stock(), k.Deduction("some-request")},
+				"restore": {k.Stock(), k.Deduction("some-request")},
+				"read":    {k.Stock()},
+			}
+			for name, ks := range scripts {
+				var first int64 = -1
+				for _, key := range ks {
+					slot, err := rdb.ClusterKeySlot(ctx, key).Result()
+					if err != nil {
+						t.Fatal(err)
+					}
+					if first == -1 {
+						first = slot
+					}
+					if slot != first || slot != int64(k.Slot()) {
+						t.Errorf("%s shard %d: CLUSTER KEYSLOT %q = %d, want %d", name, i, key, slot, first)
+					}
+				}
+			}
+			m, err := c.MasterOf(ctx, k.Slot())
+			if err != nil {
+				t.Fatal(err)
+			}
+			masters[m.Addr]++
+		}
+		if n == 12 {
+			if len(masters) != 3 {
+				t.Errorf("12 shards on %d masters, want 3: %v", len(masters), masters)
+			}
+			for addr, cnt := range masters {
+				if cnt != 4 {
+					t.Errorf("master %s has %d of 12 shards, want 4", addr, cnt)
+				}
+			}
+		}
+	}
+}
+
+func TestDeductValidates(t *testing.T) {
+	ctx := context.Background()
+	s, _ := newStore(t)
+	for _, r := range []shard.Request{
+		{SKU: stock.SKU{Program: "a{b", Ticket: "x"}, Shards: 1, RequestID: "r", Quantity: 1, MaxQuantity: 1},
+		{SKU: stock.SKU{Program: "a", Ticket: "x"}, Shards: 1, RequestID: "r r", Quantity: 1, MaxQuantity: 1},
+		{SKU: stock.SKU{Program: "a", Ticket: "x"}, Shards: 0, RequestID: "r", Quantity: 1, MaxQuantity: 1},
+		{SKU: stock.SKU{Program: "a", Ticket: "x"}, Shards: 1, RequestID: "r", Quantity: 2, MaxQuantity: 1},
+	} {
+		if _, err := s.Deduct(ctx, r); !errors.Is(err, stock.ErrInvalid) {
+			t.Errorf("Deduct(%+v) = %v, want ErrInvalid", r, err)
+		}
+	}
+}

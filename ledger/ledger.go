@@ -1,0 +1,363 @@
+// Package ledger is the truth about stock: SKU rows with total, sold, held
+// and a version, and orders with a unique idempotency key. Every sale the
+// Redis gate admits is committed here with a conditional update, and that
+// update, not Redis, is what keeps sold + held <= total.
+//
+// The same SQL runs on PostgreSQL (pgx, production) and on an embedded
+// SQLite file (modernc.org/sqlite, pure Go, the zero-setup default). The
+// package knows nothing of Redis or HTTP.
+package ledger
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
+	_ "modernc.org/sqlite"             // registers the "sqlite" driver
+
+	"github.com/stockgate/stockgate/stock"
+)
+
+// Errors of this package; stock outcomes use package stock's errors.
+var (
+	ErrNotFound  = errors.New("ledger: not found")
+	ErrDuplicate = errors.New("ledger: idempotency key already used")
+)
+
+// Drivers.
+const (
+	SQLite   = "sqlite"
+	Postgres = "postgres"
+)
+
+// Options configures Open.
+type Options struct {
+	// Driver is SQLite or Postgres. Required.
+	Driver string
+	// DSN is the SQLite file path, or the PostgreSQL URL. Required.
+	DSN string
+	// MaxConns caps open connections on PostgreSQL. Default 32. SQLite
+	// always uses one: it has a single writer, and one connection queues
+	// writers in Go instead of failing them with SQLITE_BUSY.
+	MaxConns int
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+}
+
+// Ledger is an open ledger database.
+type Ledger struct {
+	db     *sql.DB
+	driver string
+	now    func() time.Time
+}
+
+// Open connects, creates the schema when missing, and returns the ledger.
+func Open(ctx context.Context, opts Options) (*Ledger, error) {
+	if opts.DSN == "" {
+		return nil, errors.New("ledger: Options.DSN is required")
+	}
+	if opts.MaxConns == 0 {
+		opts.MaxConns = 32
+	}
+	if opts.MaxConns < 1 {
+		return nil, fmt.Errorf("ledger: MaxConns %d below 1", opts.MaxConns)
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	var db *sql.DB
+	var err error
+	switch opts.Driver {
+	case SQLite:
+		// WAL with synchronous=FULL: a committed sale survives a power cut.
+		db, err = sql.Open("sqlite", "file:"+opts.DSN+
+			"?_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=busy_timeout(10000)&_pragma=foreign_keys(1)&_txlock=immediate")
+		if err == nil {
+			db.SetMaxOpenConns(1)
+		}
+	case Postgres:
+		db, err = sql.Open("pgx", opts.DSN)
+		if err == nil {
+			db.SetMaxOpenConns(opts.MaxConns)
+			db.SetMaxIdleConns(opts.MaxConns)
+		}
+	default:
+		return nil, fmt.Errorf("ledger: unknown driver %q (want %q or %q)", opts.Driver, SQLite, Postgres)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ledger: open: %w", err)
+	}
+	l := &Ledger{db: db, driver: opts.Driver, now: opts.Now}
+	if err := l.migrate(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// Close closes the database.
+func (l *Ledger) Close() error { return l.db.Close() }
+
+// Driver names the database in use.
+func (l *Ledger) Driver() string { return l.driver }
+
+const schema = `
+CREATE TABLE IF NOT EXISTS skus (
+	program       TEXT    NOT NULL,
+	ticket        TEXT    NOT NULL,
+	total         BIGINT  NOT NULL CHECK (total >= 0),
+	sold          BIGINT  NOT NULL DEFAULT 0 CHECK (sold >= 0),
+	held          BIGINT  NOT NULL DEFAULT 0 CHECK (held >= 0),
+	version       BIGINT  NOT NULL DEFAULT 0,
+	shards        INTEGER NOT NULL CHECK (shards >= 1),
+	max_per_order BIGINT  NOT NULL CHECK (max_per_order >= 1),
+	updated_at    BIGINT  NOT NULL,
+	PRIMARY KEY (program, ticket),
+	CHECK (sold + held <= total)
+);
+CREATE TABLE IF NOT EXISTS orders (
+	id           TEXT   PRIMARY KEY,
+	idem_key     TEXT   NOT NULL UNIQUE,
+	request_hash TEXT   NOT NULL,
+	program      TEXT   NOT NULL,
+	ticket       TEXT   NOT NULL,
+	buyer        TEXT   NOT NULL,
+	quantity     BIGINT NOT NULL CHECK (quantity > 0),
+	gate         TEXT   NOT NULL DEFAULT '',
+	created_at   BIGINT NOT NULL,
+	FOREIGN KEY (program, ticket) REFERENCES skus (program, ticket)
+);
+CREATE INDEX IF NOT EXISTS orders_sku ON orders (program, ticket);
+`
+
+func (l *Ledger) migrate(ctx context.Context) error {
+	tx, err := l.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("ledger: migrate: %w", err)
+	}
+	defer tx.Rollback()
+	if l.driver == Postgres {
+		// Gateways starting together would race on CREATE TABLE.
+		if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(7301)"); err != nil {
+			return fmt.Errorf("ledger: migrate lock: %w", err)
+		}
+	}
+	if _, err := tx.ExecContext(ctx, schema); err != nil {
+		return fmt.Errorf("ledger: migrate: %w", err)
+	}
+	return tx.Commit()
+}
+
+// SKUConfig is what an admin sets on a SKU.
+type SKUConfig struct {
+	stock.SKU
+	Total       int64 `json:"total"`
+	Shards      int   `json:"shards"`
+	MaxPerOrder int64 `json:"max_per_order"`
+}
+
+// Validate reports stock.ErrInvalid for a config no SKU may have.
+func (c SKUConfig) Validate() error {
+	if err := c.SKU.Validate(); err != nil {
+		return err
+	}
+	switch {
+	case c.Total < 0 || c.Total > stock.MaxTotal:
+		return fmt.Errorf("%w: total %d not in 0..%d", stock.ErrInvalid, c.Total, stock.MaxTotal)
+	case c.Shards < 1 || c.Shards > stock.MaxShards:
+		return fmt.Errorf("%w: shards %d not in 1..%d", stock.ErrInvalid, c.Shards, stock.MaxShards)
+	case c.MaxPerOrder < 1 || c.MaxPerOrder > stock.MaxPerOrderCap:
+		return fmt.Errorf("%w: max_per_order %d not in 1..%d", stock.ErrInvalid, c.MaxPerOrder, stock.MaxPerOrderCap)
+	}
+	return nil
+}
+
+// SKUState is a SKU row.
+type SKUState struct {
+	SKUConfig
+	Sold      int64     `json:"sold"`
+	Held      int64     `json:"held"`
+	Version   int64     `json:"version"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// Remaining is what may still be held or sold.
+func (s SKUState) Remaining() int64 { return s.Total - s.Sold - s.Held }
+
+// PutSKU creates a SKU or changes its settings. A total below what is sold
+// and held is refused with stock.ErrInvalid and changes nothing.
+func (l *Ledger) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
+	if err := c.Validate(); err != nil {
+		return SKUState{}, err
+	}
+	now := l.now().UnixMilli()
+	tx, err := l.db.BeginTx(ctx, nil)
+	if err != nil {
+		return SKUState{}, fmt.Errorf("ledger: put sku: %w", err)
+	}
+	defer tx.Rollback()
+	_, err = tx.ExecContext(ctx, `
+		INSERT INTO skus (program, ticket, total, shards, max_per_order, updated_at)
+		VALUES ($1, $2, $3, $4, $5, $6)
+		ON CONFLICT (program, ticket) DO NOTHING`,
+		c.Program, c.Ticket, c.Total, c.Shards, c.MaxPerOrder, now)
+	if err != nil {
+		return SKUState{}, fmt.Errorf("ledger: put sku: %w", err)
+	}
+	res, err := tx.ExecContext(ctx, `
+		UPDATE skus SET total = $3, shards = $4, max_per_order = $5, updated_at = $6, version = version + 1
+		WHERE program = $1 AND ticket = $2 AND sold + held <= $3`,
+		c.Program, c.Ticket, c.Total, c.Shards, c.MaxPerOrder, now)
+	if err != nil {
+		return SKUState{}, fmt.Errorf("ledger: put sku: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return SKUState{}, fmt.Errorf("%w: total %d below sold + held", stock.ErrInvalid, c.Total)
+	}
+	st, err := scanSKU(tx.QueryRowContext(ctx, selectSKU, c.Program, c.Ticket))
+	if err != nil {
+		return SKUState{}, fmt.Errorf("ledger: put sku: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return SKUState{}, fmt.Errorf("ledger: put sku: commit: %w", err)
+	}
+	return st, nil
+}
+
+const selectSKU = `
+	SELECT program, ticket, total, sold, held, version, shards, max_per_order, updated_at
+	FROM skus WHERE program = $1 AND ticket = $2`
+
+type rowScanner interface{ Scan(dest ...any) error }
+
+func scanSKU(r rowScanner) (SKUState, error) {
+	var s SKUState
+	var updated int64
+	err := r.Scan(&s.Program, &s.Ticket, &s.Total, &s.Sold, &s.Held, &s.Version, &s.Shards, &s.MaxPerOrder, &updated)
+	if errors.Is(err, sql.ErrNoRows) {
+		return s, stock.ErrUnknownSKU
+	}
+	s.UpdatedAt = time.UnixMilli(updated).UTC()
+	return s, err
+}
+
+// SKU reads one SKU row; stock.ErrUnknownSKU when there is none.
+func (l *Ledger) SKU(ctx context.Context, sku stock.SKU) (SKUState, error) {
+	st, err := scanSKU(l.db.QueryRowContext(ctx, selectSKU, sku.Program, sku.Ticket))
+	if err != nil && !errors.Is(err, stock.ErrUnknownSKU) {
+		return st, fmt.Errorf("ledger: sku: %w", err)
+	}
+	return st, err
+}
+
+// Order is a confirmed sale.
+type Order struct {
+	ID             string    `json:"order_id"`
+	IdempotencyKey string    `json:"-"`
+	RequestHash    string    `json:"-"`
+	SKU            stock.SKU `json:"sku"`
+	Buyer          string    `json:"buyer"`
+	Quantity       int64     `json:"quantity"`
+	// Gate is the gate's own record of where the stock came from (which
+	// Redis shards), kept so a later refund can give it back there. The
+	// ledger stores it as it is.
+	Gate      string    `json:"-"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// Purchase commits an order: the order row and the conditional update
+// sold + q where sold + held + q <= total, in one transaction. It returns
+// stock.ErrSoldOut when the ledger has not enough left, stock.ErrUnknownSKU,
+// or ErrDuplicate with the order already stored under the key.
+func (l *Ledger) Purchase(ctx context.Context, o Order) (Order, error) {
+	if o.Quantity < 1 || o.IdempotencyKey == "" {
+		return Order{}, fmt.Errorf("%w: order quantity %d key %q", stock.ErrInvalid, o.Quantity, o.IdempotencyKey)
+	}
+	if o.ID == "" {
+		o.ID = NewID()
+	}
+	o.CreatedAt = l.now().UTC().Truncate(time.Millisecond)
+	tx, err := l.db.BeginTx(ctx, nil)
+	if err != nil {
+		return Order{}, fmt.Errorf("ledger: purchase: %w", err)
+	}
+	defer tx.Rollback()
+	// The order first: ON CONFLICT leaves a PostgreSQL transaction usable,
+	// and a duplicate key costs no lock on the SKU row.
+	res, err := tx.ExecContext(ctx, `
+		INSERT INTO orders (id, idem_key, request_hash, program, ticket, buyer, quantity, gate, created_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+		ON CONFLICT (idem_key) DO NOTHING`,
+		o.ID, o.IdempotencyKey, o.RequestHash, o.SKU.Program, o.SKU.Ticket, o.Buyer, o.Quantity, o.Gate, o.CreatedAt.UnixMilli())
+	if err != nil {
+		return Order{}, fmt.Errorf("ledger: purchase: insert order: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		tx.Rollback()
+		prev, err := l.OrderByKey(ctx, o.IdempotencyKey)
+		if err != nil {
+			return Order{}, fmt.Errorf("ledger: purchase: duplicate key: %w", err)
+		}
+		return prev, ErrDuplicate
+	}
+	res, err = tx.ExecContext(ctx, `
+		UPDATE skus SET sold = sold + $3, version = version + 1, updated_at = $4
+		WHERE program = $1 AND ticket = $2 AND sold + held + $3 <= total`,
+		o.SKU.Program, o.SKU.Ticket, o.Quantity, o.CreatedAt.UnixMilli())
+	if err != nil {
+		return Order{}, fmt.Errorf("ledger: purchase: update sku: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return Order{}, stock.ErrSoldOut
+	}
+	if err := tx.Commit(); err != nil {
+		return Order{}, fmt.Errorf("ledger: purchase: commit: %w", err)
+	}
+	return o, nil
+}
+
+// OrderByKey returns the order stored under an idempotency key, or
+// ErrNotFound.
+func (l *Ledger) OrderByKey(ctx context.Context, key string) (Order, error) {
+	var o Order
+	var created int64
+	err := l.db.QueryRowContext(ctx, `
+		SELECT id, idem_key, request_hash, program, ticket, buyer, quantity, gate, created_at
+		FROM orders WHERE idem_key = $1`, key).
+		Scan(&o.ID, &o.IdempotencyKey, &o.RequestHash, &o.SKU.Program, &o.SKU.Ticket, &o.Buyer, &o.Quantity, &o.Gate, &created)
+	if errors.Is(err, sql.ErrNoRows) {
+		return o, ErrNotFound
+	}
+	if err != nil {
+		return o, fmt.Errorf("ledger: order by key: %w", err)
+	}
+	o.CreatedAt = time.UnixMilli(created).UTC()
+	return o, nil
+}
+
+// OrderTotals counts a SKU's orders and the units they hold, straight from
+// the order rows (not from the SKU row), for audits.
+func (l *Ledger) OrderTotals(ctx context.Context, sku stock.SKU) (orders, units int64, err error) {
+	err = l.db.QueryRowContext(ctx, `
+		SELECT COUNT(*), COALESCE(SUM(quantity), 0) FROM orders WHERE program = $1 AND ticket = $2`,
+		sku.Program, sku.Ticket).Scan(&orders, &units)
+	if err != nil {
+		return 0, 0, fmt.Errorf("ledger: order totals: %w", err)
+	}
+	return orders, units, nil
+}
+
+// Ping checks the database answers.
+func (l *Ledger) Ping(ctx context.Context) error { return l.db.PingContext(ctx) }
+
+// NewID returns a random 128-bit id in hex.
+func NewID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

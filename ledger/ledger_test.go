@@ -1,0 +1,173 @@
+package ledger_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+
+	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/stock"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
+
+// eachDriver runs f against a fresh SQLite file and a fresh PostgreSQL
+// database: the same behaviour is required of both.
+func eachDriver(t *testing.T, f func(t *testing.T, l *ledger.Ledger)) {
+	for _, driver := range []string{ledger.SQLite, ledger.Postgres} {
+		t.Run(driver, func(t *testing.T) {
+			dsn := testenv.SQLitePath(t)
+			if driver == ledger.Postgres {
+				dsn = testenv.PostgresURL(t)
+			}
+			l, err := ledger.Open(context.Background(), ledger.Options{Driver: driver, DSN: dsn})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { l.Close() })
+			f(t, l)
+		})
+	}
+}
+
+var sku = stock.SKU{Program: "show-1", Ticket: "ga"}
+
+func TestPutSKU(t *testing.T) {
+	eachDriver(t, func(t *testing.T, l *ledger.Ledger) {
+		ctx := context.Background()
+		st, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 10, Shards: 2, MaxPerOrder: 4})
+		if err != nil || st.Total != 10 || st.Remaining() != 10 || st.Shards != 2 {
+			t.Fatalf("PutSKU = %+v, %v", st, err)
+		}
+		if _, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: "k1", SKU: sku, Buyer: "b", Quantity: 3}); err != nil {
+			t.Fatal(err)
+		}
+		// Lowering the total below what is sold is refused and changes nothing.
+		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 2, Shards: 2, MaxPerOrder: 4}); !errors.Is(err, stock.ErrInvalid) {
+			t.Errorf("PutSKU(total 2 < sold 3) = %v, want ErrInvalid", err)
+		}
+		st, err = l.SKU(ctx, sku)
+		if err != nil || st.Total != 10 || st.Sold != 3 {
+			t.Errorf("SKU = %+v, %v, want total 10 sold 3", st, err)
+		}
+		st, err = l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 3, Shards: 1, MaxPerOrder: 2})
+		if err != nil || st.Remaining() != 0 || st.MaxPerOrder != 2 {
+			t.Errorf("PutSKU(total 3) = %+v, %v", st, err)
+		}
+		if _, err := l.SKU(ctx, stock.SKU{Program: "nope", Ticket: "x"}); !errors.Is(err, stock.ErrUnknownSKU) {
+			t.Errorf("SKU(unknown) = %v, want ErrUnknownSKU", err)
+		}
+		for _, bad := range []ledger.SKUConfig{
+			{SKU: sku, Total: -1, Shards: 1, MaxPerOrder: 1},
+			{SKU: sku, Total: 1, Shards: 0, MaxPerOrder: 1},
+			{SKU: sku, Total: 1, Shards: stock.MaxShards + 1, MaxPerOrder: 1},
+			{SKU: sku, Total: 1, Shards: 1, MaxPerOrder: 0},
+			{SKU: stock.SKU{Program: "a b", Ticket: "x"}, Total: 1, Shards: 1, MaxPerOrder: 1},
+		} {
+			if _, err := l.PutSKU(ctx, bad); !errors.Is(err, stock.ErrInvalid) {
+				t.Errorf("PutSKU(%+v) = %v, want ErrInvalid", bad, err)
+			}
+		}
+	})
+}
+
+func TestPurchaseNeverOversells(t *testing.T) {
+	eachDriver(t, func(t *testing.T, l *ledger.Ledger) {
+		ctx := context.Background()
+		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 50, Shards: 1, MaxPerOrder: 4}); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var units int64
+		soldOut := 0
+		for i := range 200 {
+			wg.Go(func() {
+				q := int64(i%4 + 1)
+				o, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: fmt.Sprintf("key-%d", i), SKU: sku, Buyer: "b", Quantity: q})
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case errors.Is(err, stock.ErrSoldOut):
+					soldOut++
+				case err != nil:
+					t.Error(err)
+				default:
+					units += o.Quantity
+				}
+			})
+		}
+		wg.Wait()
+		st, err := l.SKU(ctx, sku)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, orderUnits, err := l.OrderTotals(ctx, sku)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Sold > st.Total || st.Sold != units || orderUnits != units {
+			t.Errorf("sold %d, order rows %d, acknowledged %d, total %d", st.Sold, orderUnits, units, st.Total)
+		}
+		if soldOut == 0 {
+			t.Errorf("no purchase was refused for 200 buyers of 50 units")
+		}
+	})
+}
+
+func TestPurchaseOncePerKey(t *testing.T) {
+	eachDriver(t, func(t *testing.T, l *ledger.Ledger) {
+		ctx := context.Background()
+		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 10, Shards: 1, MaxPerOrder: 4}); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		ids := make(chan string, 20)
+		for range 20 {
+			wg.Go(func() {
+				o, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: "same", RequestHash: "h", SKU: sku, Buyer: "b", Quantity: 2})
+				if err != nil && !errors.Is(err, ledger.ErrDuplicate) {
+					t.Error(err)
+					return
+				}
+				ids <- o.ID
+			})
+		}
+		wg.Wait()
+		close(ids)
+		first := ""
+		for id := range ids {
+			if first == "" {
+				first = id
+			}
+			if id != first || id == "" {
+				t.Errorf("order id %q, want every answer %q", id, first)
+			}
+		}
+		st, _ := l.SKU(ctx, sku)
+		if st.Sold != 2 {
+			t.Errorf("sold = %d after 20 purchases with one key, want 2", st.Sold)
+		}
+		o, err := l.OrderByKey(ctx, "same")
+		if err != nil || o.ID != first || o.RequestHash != "h" {
+			t.Errorf("OrderByKey = %+v, %v", o, err)
+		}
+		if _, err := l.OrderByKey(ctx, "missing"); !errors.Is(err, ledger.ErrNotFound) {
+			t.Errorf("OrderByKey(missing) = %v, want ErrNotFound", err)
+		}
+	})
+}
+
+func TestOpenValidates(t *testing.T) {
+	ctx := context.Background()
+	for _, o := range []ledger.Options{{Driver: "mysql", DSN: "x"}, {Driver: ledger.SQLite}, {Driver: ledger.Postgres, DSN: "x", MaxConns: -1}} {
+		if l, err := ledger.Open(ctx, o); err == nil {
+			l.Close()
+			t.Errorf("Open(%+v) succeeded", o)
+		}
+	}
+}

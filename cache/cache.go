@@ -1,0 +1,144 @@
+// Package cache is the gateway's local memory, built on otter: SKU settings
+// and stock reads loaded at most once per key at a time, the sold-out flag,
+// and shards recently found empty. Everything has a short TTL, so a replica
+// that missed a change is wrong for a bounded, configured time only; the
+// sold-out TTL is the bound on a false sold-out answer from memory.
+package cache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/maypok86/otter/v2"
+	"github.com/maypok86/otter/v2/stats"
+
+	"github.com/stockgate/stockgate/stock"
+)
+
+// Options configures a Cache. Zero values take the defaults.
+type Options struct {
+	// SoldOutTTL is how long a SKU found sold out is answered sold out from
+	// memory without asking Redis. Default 500ms.
+	SoldOutTTL time.Duration
+	// EmptyShardTTL is how long a shard found empty is skipped. Default 250ms.
+	EmptyShardTTL time.Duration
+	// MaxEntries bounds each of the caches. Default 100,000.
+	MaxEntries int
+	// Stats receives otter's hit, miss and load counts. Optional.
+	Stats stats.Recorder
+}
+
+func (o *Options) defaults() error {
+	if o.SoldOutTTL == 0 {
+		o.SoldOutTTL = 500 * time.Millisecond
+	}
+	if o.EmptyShardTTL == 0 {
+		o.EmptyShardTTL = 250 * time.Millisecond
+	}
+	if o.MaxEntries == 0 {
+		o.MaxEntries = 100_000
+	}
+	switch {
+	case o.SoldOutTTL < 0 || o.EmptyShardTTL < 0:
+		return errors.New("cache: negative TTL")
+	case o.MaxEntries < 1:
+		return fmt.Errorf("cache: MaxEntries %d below 1", o.MaxEntries)
+	}
+	return nil
+}
+
+type shardID struct {
+	sku  stock.SKU
+	n, i int
+}
+
+// Cache holds the sold-out flags and the known-empty shards.
+type Cache struct {
+	soldOut *otter.Cache[stock.SKU, struct{}]
+	empty   *otter.Cache[shardID, struct{}]
+}
+
+// New validates opts and returns a Cache.
+func New(opts Options) (*Cache, error) {
+	if err := opts.defaults(); err != nil {
+		return nil, err
+	}
+	soldOut, err := otter.New(&otter.Options[stock.SKU, struct{}]{
+		MaximumSize:      opts.MaxEntries,
+		ExpiryCalculator: otter.ExpiryWriting[stock.SKU, struct{}](opts.SoldOutTTL),
+		StatsRecorder:    opts.Stats,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cache: %w", err)
+	}
+	empty, err := otter.New(&otter.Options[shardID, struct{}]{
+		MaximumSize:      opts.MaxEntries,
+		ExpiryCalculator: otter.ExpiryWriting[shardID, struct{}](opts.EmptyShardTTL),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cache: %w", err)
+	}
+	return &Cache{soldOut: soldOut, empty: empty}, nil
+}
+
+// SoldOut reports whether the SKU was found sold out within the TTL.
+func (c *Cache) SoldOut(sku stock.SKU) bool {
+	_, ok := c.soldOut.GetIfPresent(sku)
+	return ok
+}
+
+// MarkSoldOut remembers the SKU as sold out for the TTL.
+func (c *Cache) MarkSoldOut(sku stock.SKU) { c.soldOut.Set(sku, struct{}{}) }
+
+// ClearSoldOut forgets a sold-out flag, after stock came back or was added.
+func (c *Cache) ClearSoldOut(sku stock.SKU) { c.soldOut.Invalidate(sku) }
+
+// IsEmpty reports whether shard i of n was found empty within the TTL.
+func (c *Cache) IsEmpty(sku stock.SKU, n, i int) bool {
+	_, ok := c.empty.GetIfPresent(shardID{sku, n, i})
+	return ok
+}
+
+// MarkEmpty remembers shard i of n as empty for the TTL.
+func (c *Cache) MarkEmpty(sku stock.SKU, n, i int) { c.empty.Set(shardID{sku, n, i}, struct{}{}) }
+
+// MarkStocked forgets that shard i of n was empty, and the SKU's sold-out
+// flag with it: stock came back on this replica's watch.
+func (c *Cache) MarkStocked(sku stock.SKU, n, i int) {
+	c.empty.Invalidate(shardID{sku, n, i})
+	c.soldOut.Invalidate(sku)
+}
+
+// Loading is a read-through cache keyed by SKU: concurrent misses for one
+// SKU share one load, and a value lives for the TTL.
+type Loading[V any] struct {
+	c    *otter.Cache[stock.SKU, V]
+	load otter.Loader[stock.SKU, V]
+}
+
+// NewLoading returns a Loading cache that fills itself with load.
+func NewLoading[V any](ttl time.Duration, maxEntries int, rec stats.Recorder,
+	load func(ctx context.Context, sku stock.SKU) (V, error)) (*Loading[V], error) {
+	if ttl <= 0 || maxEntries < 1 || load == nil {
+		return nil, fmt.Errorf("cache: loading cache needs ttl > 0 (%v), maxEntries >= 1 (%d) and a loader", ttl, maxEntries)
+	}
+	c, err := otter.New(&otter.Options[stock.SKU, V]{
+		MaximumSize:      maxEntries,
+		ExpiryCalculator: otter.ExpiryWriting[stock.SKU, V](ttl),
+		StatsRecorder:    rec,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cache: %w", err)
+	}
+	return &Loading[V]{c: c, load: otter.LoaderFunc[stock.SKU, V](load)}, nil
+}
+
+// Get returns the cached value or loads it; load errors are not cached.
+func (l *Loading[V]) Get(ctx context.Context, sku stock.SKU) (V, error) {
+	return l.c.Get(ctx, sku, l.load)
+}
+
+// Invalidate drops a SKU's value so the next Get loads it again.
+func (l *Loading[V]) Invalidate(sku stock.SKU) { l.c.Invalidate(sku) }

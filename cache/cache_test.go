@@ -1,0 +1,98 @@
+package cache_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stockgate/stockgate/cache"
+	"github.com/stockgate/stockgate/stock"
+)
+
+var sku = stock.SKU{Program: "p", Ticket: "t"}
+
+func TestSoldOutAndEmptyShards(t *testing.T) {
+	c, err := cache.New(cache.Options{SoldOutTTL: 50 * time.Millisecond, EmptyShardTTL: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.SoldOut(sku) {
+		t.Fatal("SoldOut before MarkSoldOut")
+	}
+	c.MarkSoldOut(sku)
+	c.MarkEmpty(sku, 4, 2)
+	if !c.SoldOut(sku) || !c.IsEmpty(sku, 4, 2) || c.IsEmpty(sku, 4, 1) || c.IsEmpty(sku, 8, 2) {
+		t.Fatal("flags not remembered per SKU and shard")
+	}
+	c.MarkStocked(sku, 4, 2)
+	if c.SoldOut(sku) || c.IsEmpty(sku, 4, 2) {
+		t.Fatal("MarkStocked left flags set")
+	}
+	c.MarkSoldOut(sku)
+	deadline := time.Now().Add(2 * time.Second)
+	for c.SoldOut(sku) {
+		if time.Now().After(deadline) {
+			t.Fatal("sold-out flag outlived its TTL by over a second")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestLoadingLoadsOncePerKey(t *testing.T) {
+	var loads atomic.Int64
+	release := make(chan struct{})
+	l, err := cache.NewLoading(time.Minute, 100, nil, func(ctx context.Context, s stock.SKU) (int, error) {
+		loads.Add(1)
+		<-release
+		return 42, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for range 50 {
+		wg.Go(func() {
+			v, err := l.Get(context.Background(), sku)
+			if err != nil || v != 42 {
+				t.Errorf("Get = %d, %v, want 42", v, err)
+			}
+		})
+	}
+	time.Sleep(50 * time.Millisecond)
+	close(release)
+	wg.Wait()
+	if n := loads.Load(); n != 1 {
+		t.Errorf("50 concurrent Gets ran the loader %d times, want 1", n)
+	}
+}
+
+func TestLoadingDoesNotCacheErrors(t *testing.T) {
+	var loads atomic.Int64
+	l, err := cache.NewLoading(time.Minute, 100, nil, func(ctx context.Context, s stock.SKU) (int, error) {
+		if loads.Add(1) == 1 {
+			return 0, stock.ErrUnknownSKU
+		}
+		return 7, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Get(context.Background(), sku); !errors.Is(err, stock.ErrUnknownSKU) {
+		t.Fatalf("first Get = %v, want ErrUnknownSKU", err)
+	}
+	if v, err := l.Get(context.Background(), sku); err != nil || v != 7 {
+		t.Fatalf("second Get = %d, %v, want 7", v, err)
+	}
+}
+
+func TestOptionsValidated(t *testing.T) {
+	if _, err := cache.New(cache.Options{SoldOutTTL: -1}); err == nil {
+		t.Error("New accepted a negative TTL")
+	}
+	if _, err := cache.NewLoading[int](0, 1, nil, nil); err == nil {
+		t.Error("NewLoading accepted ttl 0 and no loader")
+	}
+}

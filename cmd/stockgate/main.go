@@ -1,0 +1,231 @@
+// Command stockgate is the composition root: it reads the configuration,
+// builds the Redis cluster client, the ledger, the cache and the HTTP
+// server, serves until SIGTERM, then drains and exits once.
+//
+//	stockgate serve [flags]   every flag also reads STOCKGATE_<FLAG> from the environment
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/peterbourgon/ff/v3"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stockgate/stockgate/cache"
+	"github.com/stockgate/stockgate/gateway"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/shard"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stderr))
+}
+
+// config is every setting, each a flag and an environment variable.
+type config struct {
+	Addr           string
+	RedisAddrs     string
+	RedisPassword  string
+	DialTimeout    time.Duration
+	ReadTimeout    time.Duration
+	WriteTimeout   time.Duration
+	PoolSize       int
+	LedgerDriver   string
+	LedgerDSN      string
+	LedgerMaxConns int
+	AdminToken     string
+	RecordTTL      time.Duration
+	SoldOutTTL     time.Duration
+	EmptyShardTTL  time.Duration
+	WorkTimeout    time.Duration
+	ShutdownGrace  time.Duration
+	LogLevel       string
+}
+
+func flags(fs *flag.FlagSet, c *config) {
+	fs.StringVar(&c.Addr, "addr", ":8080", "HTTP listen address")
+	fs.StringVar(&c.RedisAddrs, "redis-addrs", "127.0.0.1:7000", "comma-separated Redis Cluster seed nodes")
+	fs.StringVar(&c.RedisPassword, "redis-password", "", "Redis password (prefer the environment variable)")
+	fs.DurationVar(&c.DialTimeout, "redis-dial-timeout", time.Second, "Redis dial timeout")
+	fs.DurationVar(&c.ReadTimeout, "redis-read-timeout", 500*time.Millisecond, "Redis read timeout per command")
+	fs.DurationVar(&c.WriteTimeout, "redis-write-timeout", 500*time.Millisecond, "Redis write timeout per command")
+	fs.IntVar(&c.PoolSize, "redis-pool-size", 64, "Redis connections per node")
+	fs.StringVar(&c.LedgerDriver, "ledger-driver", ledger.SQLite, "ledger database: sqlite or postgres")
+	fs.StringVar(&c.LedgerDSN, "ledger-dsn", "stockgate.db", "SQLite file path, or PostgreSQL URL")
+	fs.IntVar(&c.LedgerMaxConns, "ledger-max-conns", 32, "PostgreSQL connection cap")
+	fs.StringVar(&c.AdminToken, "admin-token", "", "bearer token for /v1/admin routes (empty: open, local use only)")
+	fs.DurationVar(&c.RecordTTL, "record-ttl", 24*time.Hour, "lifetime of a deduction record in Redis")
+	fs.DurationVar(&c.SoldOutTTL, "sold-out-ttl", 500*time.Millisecond, "how long a sold-out SKU is answered from memory")
+	fs.DurationVar(&c.EmptyShardTTL, "empty-shard-ttl", 250*time.Millisecond, "how long an empty shard is skipped")
+	fs.DurationVar(&c.WorkTimeout, "work-timeout", 5*time.Second, "time limit of one purchase's work")
+	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 20*time.Second, "time in-flight requests get to finish on SIGTERM")
+	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
+}
+
+// validate names the environment variable of the first bad setting.
+func (c config) validate() error {
+	bad := func(name, why string) error {
+		return fmt.Errorf("STOCKGATE_%s (-%s): %s", strings.ToUpper(strings.ReplaceAll(name, "-", "_")), name, why)
+	}
+	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
+		return bad("addr", "not host:port: "+err.Error())
+	}
+	for _, a := range strings.Split(c.RedisAddrs, ",") {
+		if _, _, err := net.SplitHostPort(strings.TrimSpace(a)); err != nil {
+			return bad("redis-addrs", fmt.Sprintf("%q is not host:port", a))
+		}
+	}
+	for name, d := range map[string]time.Duration{
+		"redis-dial-timeout": c.DialTimeout, "redis-read-timeout": c.ReadTimeout,
+		"redis-write-timeout": c.WriteTimeout, "sold-out-ttl": c.SoldOutTTL, "empty-shard-ttl": c.EmptyShardTTL,
+		"work-timeout": c.WorkTimeout, "shutdown-grace": c.ShutdownGrace,
+	} {
+		if d <= 0 {
+			return bad(name, "must be a positive duration")
+		}
+	}
+	switch {
+	case c.RecordTTL < time.Minute:
+		return bad("record-ttl", "must be at least 1m")
+	case c.PoolSize < 1:
+		return bad("redis-pool-size", "must be at least 1")
+	case c.LedgerDriver != ledger.SQLite && c.LedgerDriver != ledger.Postgres:
+		return bad("ledger-driver", "must be sqlite or postgres")
+	case c.LedgerDSN == "":
+		return bad("ledger-dsn", "must not be empty")
+	case c.LedgerMaxConns < 1:
+		return bad("ledger-max-conns", "must be at least 1")
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(c.LogLevel)); err != nil {
+		return bad("log-level", "must be debug, info, warn or error")
+	}
+	return nil
+}
+
+func usage(w io.Writer, fs *flag.FlagSet) func() {
+	return func() {
+		fmt.Fprintf(w, "Usage: stockgate serve [flags]\n\nEvery flag can be set by the environment variable STOCKGATE_<FLAG>, e.g. STOCKGATE_REDIS_ADDRS.\n\n")
+		fs.PrintDefaults()
+	}
+}
+
+// run returns the exit code: 0 after a clean drain, 2 for bad usage or
+// configuration, 1 for a failure to start or serve.
+func run(args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("stockgate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var c config
+	flags(fs, &c)
+	fs.Usage = usage(stderr, fs)
+	if len(args) == 0 || args[0] != "serve" {
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+			fs.Usage()
+			return 0
+		}
+		fs.Usage()
+		return 2
+	}
+	if err := ff.Parse(fs, args[1:], ff.WithEnvVarPrefix("STOCKGATE")); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintf(stderr, "stockgate: %v\n", err)
+		return 2
+	}
+	if err := c.validate(); err != nil {
+		fmt.Fprintf(stderr, "stockgate: bad configuration: %v\n", err)
+		return 2
+	}
+	var lvl slog.Level
+	_ = lvl.UnmarshalText([]byte(c.LogLevel))
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lvl}))
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := serve(ctx, c, log); err != nil {
+		log.Error("stockgate stopped", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func serve(ctx context.Context, c config, log *slog.Logger) error {
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs:        strings.Split(c.RedisAddrs, ","),
+		Password:     c.RedisPassword,
+		DialTimeout:  c.DialTimeout,
+		ReadTimeout:  c.ReadTimeout,
+		WriteTimeout: c.WriteTimeout,
+		PoolSize:     c.PoolSize,
+		// Reads go to masters only: stock must never be read stale.
+		ReadOnly: false,
+	})
+	defer rdb.Close()
+
+	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	led, err := ledger.Open(openCtx, ledger.Options{Driver: c.LedgerDriver, DSN: c.LedgerDSN, MaxConns: c.LedgerMaxConns})
+	if err != nil {
+		return err
+	}
+	defer led.Close()
+
+	mem, err := cache.New(cache.Options{SoldOutTTL: c.SoldOutTTL, EmptyShardTTL: c.EmptyShardTTL})
+	if err != nil {
+		return err
+	}
+	gate, err := shard.New(shard.Options{Redis: rdb, RecordTTL: c.RecordTTL, Empty: mem})
+	if err != nil {
+		return err
+	}
+	srv, err := gateway.New(gateway.Options{
+		Gate: gate, Ledger: led, Cache: mem, Logger: log,
+		AdminToken: c.AdminToken, WorkTimeout: c.WorkTimeout,
+	})
+	if err != nil {
+		return err
+	}
+
+	ln, err := net.Listen("tcp", c.Addr)
+	if err != nil {
+		return err
+	}
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 2 * time.Minute}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }() // owned here; ends with Shutdown
+	srv.SetReady(true)
+	log.Info("stockgate serving", "addr", ln.Addr().String(), "ledger", c.LedgerDriver)
+
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	// Drain: fail readiness first so load balancers stop sending, then let
+	// in-flight requests finish within the grace period.
+	srv.SetReady(false)
+	log.Info("draining", "grace", c.ShutdownGrace.String())
+	sctx, scancel := context.WithTimeout(context.Background(), c.ShutdownGrace)
+	defer scancel()
+	if err := hs.Shutdown(sctx); err != nil {
+		return fmt.Errorf("drain: %w", err)
+	}
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	log.Info("stopped cleanly")
+	return nil
+}

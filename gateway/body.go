@@ -26,7 +26,11 @@ func (s *Server) decodeBody(c *gin.Context, v any) bool {
 	err := dec.Decode(v)
 	if err == nil {
 		// One value only: anything after it, even within the limit, is an error.
-		if _, terr := dec.Token(); terr != io.EOF {
+		var tooBig *http.MaxBytesError
+		switch _, terr := dec.Token(); {
+		case errors.As(terr, &tooBig):
+			err = terr
+		case terr != io.EOF:
 			err = errors.New("data after the JSON object")
 		}
 	}

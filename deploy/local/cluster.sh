@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Local Redis Cluster for `make run`: 3 masters + 3 replicas on loopback
+# ports 7000-7005, files and pids under .run/redis. `stop` kills only the
+# pids this script wrote.
+set -euo pipefail
+dir="${RUN_DIR:-.run}/redis"
+ports=(7000 7001 7002 7003 7004 7005)
+
+start() {
+  mkdir -p "$dir"
+  for p in "${ports[@]}"; do
+    if [ -f "$dir/$p.pid" ] && kill -0 "$(cat "$dir/$p.pid")" 2>/dev/null; then
+      echo "redis $p already running (pid $(cat "$dir/$p.pid"))"
+      continue
+    fi
+    if redis-cli -p "$p" ping >/dev/null 2>&1; then
+      echo "port $p is taken by a Redis this script did not start; stop it or free ports 7000-7005" >&2
+      exit 1
+    fi
+    rm -f "$dir/nodes-$p.conf"
+    redis-server --port "$p" --bind 127.0.0.1 --cluster-enabled yes \
+      --cluster-config-file "nodes-$p.conf" --cluster-node-timeout 5000 \
+      --dir "$dir" --save "" --appendonly no --daemonize yes \
+      --pidfile "$PWD/$dir/$p.pid" --logfile "$p.log"
+  done
+  for p in "${ports[@]}"; do
+    for _ in $(seq 50); do redis-cli -p "$p" ping >/dev/null 2>&1 && break; sleep 0.1; done
+  done
+  if ! redis-cli -p 7000 cluster info | grep -q cluster_state:ok; then
+    redis-cli --cluster create $(printf '127.0.0.1:%s ' "${ports[@]}") --cluster-replicas 1 --cluster-yes >"$dir/create.log"
+  fi
+  for _ in $(seq 100); do
+    ok=1
+    for p in "${ports[@]}"; do redis-cli -p "$p" cluster info | grep -q cluster_state:ok || ok=0; done
+    [ "$ok" = 1 ] && { echo "redis cluster ready on 127.0.0.1:7000-7005"; return; }
+    sleep 0.2
+  done
+  echo "redis cluster did not become ready; see $dir/*.log" >&2
+  exit 1
+}
+
+stop() {
+  for p in "${ports[@]}"; do
+    f="$dir/$p.pid"
+    [ -f "$f" ] || continue
+    pid=$(cat "$f")
+    kill "$pid" 2>/dev/null && echo "stopped redis $p (pid $pid)"
+    rm -f "$f"
+  done
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop ;;
+  *) echo "usage: $0 start|stop" >&2; exit 2 ;;
+esac

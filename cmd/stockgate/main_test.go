@@ -1,0 +1,67 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+func TestBadConfigExits2NamingTheVariable(t *testing.T) {
+	tests := []struct{ env, value string }{
+		{"STOCKGATE_ADDR", "no-port"},
+		{"STOCKGATE_REDIS_ADDRS", "127.0.0.1:7000,nope"},
+		{"STOCKGATE_REDIS_DIAL_TIMEOUT", "0s"},
+		{"STOCKGATE_REDIS_READ_TIMEOUT", "-1s"},
+		{"STOCKGATE_REDIS_WRITE_TIMEOUT", "0s"},
+		{"STOCKGATE_REDIS_POOL_SIZE", "0"},
+		{"STOCKGATE_LEDGER_DRIVER", "mysql"},
+		{"STOCKGATE_LEDGER_MAX_CONNS", "0"},
+		{"STOCKGATE_RECORD_TTL", "1s"},
+		{"STOCKGATE_SOLD_OUT_TTL", "0s"},
+		{"STOCKGATE_EMPTY_SHARD_TTL", "0s"},
+		{"STOCKGATE_WORK_TIMEOUT", "0s"},
+		{"STOCKGATE_SHUTDOWN_GRACE", "0s"},
+		{"STOCKGATE_LOG_LEVEL", "loud"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.env, func(t *testing.T) {
+			t.Setenv(tt.env, tt.value)
+			var stderr bytes.Buffer
+			if code := run([]string{"serve"}, &stderr); code != 2 {
+				t.Fatalf("run with %s=%q = %d, want 2 (%s)", tt.env, tt.value, code, stderr.String())
+			}
+			if !strings.Contains(stderr.String(), tt.env) {
+				t.Errorf("message %q does not name %s", stderr.String(), tt.env)
+			}
+		})
+	}
+}
+
+// An empty environment variable counts as unset, so an empty DSN can only
+// come from a flag.
+func TestEmptyDSNFlagExits2(t *testing.T) {
+	var stderr bytes.Buffer
+	if code := run([]string{"serve", "-ledger-dsn="}, &stderr); code != 2 || !strings.Contains(stderr.String(), "STOCKGATE_LEDGER_DSN") {
+		t.Fatalf("run = %d (%s), want 2 naming STOCKGATE_LEDGER_DSN", code, stderr.String())
+	}
+}
+
+func TestNotANumberExits2(t *testing.T) {
+	t.Setenv("STOCKGATE_REDIS_POOL_SIZE", "many")
+	var stderr bytes.Buffer
+	if code := run([]string{"serve"}, &stderr); code != 2 {
+		t.Fatalf("run = %d, want 2", code)
+	}
+}
+
+func TestHelpListsEveryVariable(t *testing.T) {
+	var stderr bytes.Buffer
+	if code := run([]string{"--help"}, &stderr); code != 0 {
+		t.Fatalf("--help = %d", code)
+	}
+	for _, flag := range []string{"addr", "redis-addrs", "ledger-driver", "ledger-dsn", "sold-out-ttl", "shutdown-grace"} {
+		if !strings.Contains(stderr.String(), "-"+flag) {
+			t.Errorf("--help does not list -%s", flag)
+		}
+	}
+}

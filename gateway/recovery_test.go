@@ -1,0 +1,90 @@
+package gateway_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/shard"
+)
+
+// TestRetryAfterCrashBetweenRedisAndLedger: a gateway took stock in Redis
+// for a key and died before committing. The client's retry (to any replica)
+// commits that same stock: one movement, not two.
+func TestRetryAfterCrashBetweenRedisAndLedger(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newEnv(t, driver)
+		sku := newSKU(t)
+		e.putSKU(t, sku, 10, 4, 4)
+		d, err := e.gate.Deduct(context.Background(), shard.Request{SKU: sku, Shards: 4, RequestID: "crashed", Quantity: 2, MaxQuantity: 4})
+		if err != nil || d.Replayed {
+			t.Fatalf("Deduct = %+v, %v", d, err)
+		}
+		r := e.buy(t, sku, "crashed", "bob", 2)
+		if r.status != 201 {
+			t.Fatalf("retry = %d %s, want 201", r.status, r.body)
+		}
+		got := e.state(t, sku)
+		if got.Sold != 2 || got.Orders != 1 || got.RedisRemaining != 8 {
+			t.Errorf("state = %+v, want sold 2, 1 order, redis remaining 8", got)
+		}
+	})
+}
+
+// TestLedgerRefusalGivesStockBack: Redis believes in more stock than the
+// ledger has (a lost write, a stale seed). The ledger refuses the excess,
+// buyers get 409, and the stock Redis took for them goes back.
+func TestLedgerRefusalGivesStockBack(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newEnv(t, driver)
+		sku := newSKU(t)
+		e.putSKU(t, sku, 5, 1, 4)
+		// Redis now claims 20 units; the ledger has 5.
+		if err := e.gate.Seed(context.Background(), sku, 1, 20, true); err != nil {
+			t.Fatal(err)
+		}
+		counts := map[int]int{}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for i := range 40 {
+			wg.Go(func() {
+				r := e.buy(t, sku, fmt.Sprintf("over-%d", i), "b", 1)
+				mu.Lock()
+				counts[r.status]++
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+		got := e.state(t, sku)
+		if counts[201] != 5 || got.Sold != 5 || got.Orders != 5 {
+			t.Errorf("answers %v, state %+v; want exactly 5 sold", counts, got)
+		}
+		if counts[201]+counts[409] != 40 {
+			t.Errorf("answers %v, want only 201 and 409", counts)
+		}
+		// 20 seeded − 5 committed; every refused take was given back.
+		if got.RedisRemaining != 15 {
+			t.Errorf("redis remaining = %d, want 15 (refused takes given back)", got.RedisRemaining)
+		}
+	})
+}
+
+// TestSoldOutIsRemembered: after Redis says sold out, further buyers are
+// answered from memory; and a restock clears the flag at once.
+func TestRestockClearsSoldOut(t *testing.T) {
+	e := newEnv(t, ledger.SQLite)
+	sku := newSKU(t)
+	e.putSKU(t, sku, 1, 1, 4)
+	if r := e.buy(t, sku, "one", "b", 1); r.status != 201 {
+		t.Fatalf("buy = %d", r.status)
+	}
+	if r := e.buy(t, sku, "two", "b", 1); r.status != 409 {
+		t.Fatalf("buy after sell-out = %d, want 409", r.status)
+	}
+	e.putSKU(t, sku, 2, 1, 4)
+	if r := e.buy(t, sku, "three", "b", 1); r.status != 201 {
+		t.Errorf("buy after restock = %d %s, want 201", r.status, r.body)
+	}
+}

@@ -117,6 +117,31 @@ func (e *env) buy(t *testing.T, sku stock.SKU, key, buyer string, q int64) reply
 		map[string]string{"Idempotency-Key": key}, fmt.Sprintf(`{"buyer":%q,"quantity":%d}`, buyer, q))
 }
 
+// buyAll sends n purchases from `workers` concurrent clients; buy(i) makes
+// the i-th. It returns the count of each status.
+func (e *env) buyAll(n, workers int, buy func(i int) reply) map[int]int {
+	counts := make(map[int]int)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	work := make(chan int)
+	for range workers {
+		wg.Go(func() {
+			for i := range work {
+				r := buy(i)
+				mu.Lock()
+				counts[r.status]++
+				mu.Unlock()
+			}
+		})
+	}
+	for i := range n {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	return counts
+}
+
 // state is everything a purchase could have changed.
 type state struct {
 	Sold, Held, Version, Orders, OrderUnits, RedisRemaining int64
@@ -150,25 +175,9 @@ func TestFlashSale(t *testing.T) {
 				e := newEnv(t, driver)
 				sku := newSKU(t)
 				e.putSKU(t, sku, 100, shards, 4)
-				counts := make(map[int]int)
-				var mu sync.Mutex
-				var wg sync.WaitGroup
-				work := make(chan int)
-				for range 200 {
-					wg.Go(func() {
-						for i := range work {
-							r := e.buy(t, sku, fmt.Sprintf("flash-%d", i), fmt.Sprintf("buyer-%d", i), 1)
-							mu.Lock()
-							counts[r.status]++
-							mu.Unlock()
-						}
-					})
-				}
-				for i := range 2000 {
-					work <- i
-				}
-				close(work)
-				wg.Wait()
+				counts := e.buyAll(2000, 200, func(i int) reply {
+					return e.buy(t, sku, fmt.Sprintf("flash-%d", i), fmt.Sprintf("buyer-%d", i), 1)
+				})
 				got := e.state(t, sku)
 				t.Logf("%s shards=%d: answers %v; ledger orders %d sold %d; redis remaining %d",
 					driver, shards, counts, got.Orders, got.Sold, got.RedisRemaining)

@@ -3,7 +3,6 @@ package gateway_test
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 
 	"github.com/stockgate/stockgate/ledger"
@@ -45,18 +44,9 @@ func TestLedgerRefusalGivesStockBack(t *testing.T) {
 		if err := e.gate.Seed(context.Background(), sku, 1, 20, true); err != nil {
 			t.Fatal(err)
 		}
-		counts := map[int]int{}
-		var mu sync.Mutex
-		var wg sync.WaitGroup
-		for i := range 40 {
-			wg.Go(func() {
-				r := e.buy(t, sku, fmt.Sprintf("over-%d", i), "b", 1)
-				mu.Lock()
-				counts[r.status]++
-				mu.Unlock()
-			})
-		}
-		wg.Wait()
+		counts := e.buyAll(40, 40, func(i int) reply {
+			return e.buy(t, sku, fmt.Sprintf("over-%d", i), "b", 1)
+		})
 		got := e.state(t, sku)
 		if counts[201] != 5 || got.Sold != 5 || got.Orders != 5 {
 			t.Errorf("answers %v, state %+v; want exactly 5 sold", counts, got)

@@ -33,6 +33,17 @@ func newSKU(t *testing.T) stock.SKU {
 	return stock.SKU{Program: testenv.ID(t, "p"), Ticket: "ga"}
 }
 
+// seeded returns a store and a new SKU seeded with units over n shards.
+func seeded(t *testing.T, n int, units int64) (*shard.Store, *redis.ClusterClient, stock.SKU) {
+	t.Helper()
+	s, rdb := newStore(t)
+	sku := newSKU(t)
+	if err := s.Seed(context.Background(), sku, n, units, true); err != nil {
+		t.Fatal(err)
+	}
+	return s, rdb, sku
+}
+
 func remaining(t *testing.T, s *shard.Store, sku stock.SKU, n int) int64 {
 	t.Helper()
 	r, seeded, err := s.Remaining(context.Background(), sku, n)
@@ -44,11 +55,7 @@ func remaining(t *testing.T, s *shard.Store, sku stock.SKU, n int) int64 {
 
 func TestDeductResentMovesOnce(t *testing.T) {
 	ctx := context.Background()
-	s, rdb := newStore(t)
-	sku := newSKU(t)
-	if err := s.Seed(ctx, sku, 1, 10, true); err != nil {
-		t.Fatal(err)
-	}
+	s, rdb, sku := seeded(t, 1, 10)
 	// The script itself, twice with the same request id, as the Redis client
 	// re-sends it after a timeout.
 	k := keys.Shard(sku.Program, sku.Ticket, 0, 1)
@@ -86,11 +93,7 @@ func TestDeductResentMovesOnce(t *testing.T) {
 
 func TestScriptsRefuseBadArguments(t *testing.T) {
 	ctx := context.Background()
-	s, rdb := newStore(t)
-	sku := newSKU(t)
-	if err := s.Seed(ctx, sku, 1, 10, true); err != nil {
-		t.Fatal(err)
-	}
+	s, rdb, sku := seeded(t, 1, 10)
 	k := keys.Shard(sku.Program, sku.Ticket, 0, 1)
 	deduct := redis.NewScript(lua.Deduct)
 	for _, args := range [][]any{
@@ -124,11 +127,7 @@ func TestScriptsRefuseBadArguments(t *testing.T) {
 
 func TestRestoreOnceCappedAndOnlyAfterDeduct(t *testing.T) {
 	ctx := context.Background()
-	s, _ := newStore(t)
-	sku := newSKU(t)
-	if err := s.Seed(ctx, sku, 1, 5, true); err != nil {
-		t.Fatal(err)
-	}
+	s, _, sku := seeded(t, 1, 5)
 	d, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: 1, RequestID: "r1", Quantity: 3, MaxQuantity: 4})
 	if err != nil {
 		t.Fatal(err)
@@ -231,13 +230,9 @@ func TestDeductProbesAndSellsOut(t *testing.T) {
 
 func TestAssembleAcrossShards(t *testing.T) {
 	ctx := context.Background()
-	s, _ := newStore(t)
-	sku := newSKU(t)
 	// 4 units over 4 shards: 1 each, so q=3 needs three shards and q=2
 	// after it must fail with everything given back.
-	if err := s.Seed(ctx, sku, 4, 4, true); err != nil {
-		t.Fatal(err)
-	}
+	s, _, sku := seeded(t, 4, 4)
 	d, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: 4, RequestID: "big", Quantity: 3, MaxQuantity: 4})
 	if err != nil || len(d.Parts) != 3 {
 		t.Fatalf("Deduct(3) = %+v, %v, want 3 parts", d, err)

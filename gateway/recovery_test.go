@@ -61,7 +61,7 @@ func TestLedgerRefusalGivesStockBack(t *testing.T) {
 	})
 }
 
-// TestSoldOutIsRemembered: after Redis says sold out, further buyers are
+// TestRestockClearsSoldOut: after Redis says sold out, further buyers are
 // answered from memory; and a restock clears the flag at once.
 func TestRestockClearsSoldOut(t *testing.T) {
 	e := newEnv(t, ledger.SQLite)

@@ -103,9 +103,6 @@ func Open(ctx context.Context, opts Options) (*Ledger, error) {
 // Close closes the database.
 func (l *Ledger) Close() error { return l.db.Close() }
 
-// Driver names the database in use.
-func (l *Ledger) Driver() string { return l.driver }
-
 const schema = `
 CREATE TABLE IF NOT EXISTS skus (
 	program       TEXT    NOT NULL,
@@ -351,9 +348,6 @@ func (l *Ledger) OrderTotals(ctx context.Context, sku stock.SKU) (orders, units 
 	}
 	return orders, units, nil
 }
-
-// Ping checks the database answers.
-func (l *Ledger) Ping(ctx context.Context) error { return l.db.PingContext(ctx) }
 
 // NewID returns a random 128-bit id in hex.
 func NewID() string {

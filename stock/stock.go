@@ -13,13 +13,10 @@ import (
 // Outcomes. Sold out, limit reached and the like are answers, not failures:
 // the breaker must not count them.
 var (
-	ErrSoldOut     = errors.New("stock: sold out")
-	ErrUnknownSKU  = errors.New("stock: unknown sku")
-	ErrInvalid     = errors.New("stock: invalid request")
-	ErrInFlight    = errors.New("stock: request with this idempotency key in flight")
-	ErrKeyReused   = errors.New("stock: idempotency key reused with a different request")
-	ErrNotSeeded   = errors.New("stock: shard not seeded")
-	ErrUnavailable = errors.New("stock: ledger unavailable")
+	ErrSoldOut    = errors.New("stock: sold out")
+	ErrUnknownSKU = errors.New("stock: unknown sku")
+	ErrInvalid    = errors.New("stock: invalid request")
+	ErrNotSeeded  = errors.New("stock: shard not seeded")
 )
 
 // SKU is one (program, ticket) pair: the unit of stock.

@@ -27,6 +27,13 @@ import (
 var (
 	ErrNotFound  = errors.New("ledger: not found")
 	ErrDuplicate = errors.New("ledger: idempotency key already used")
+	// ErrConflict: an optimistic purchase found the SKU row's version moved
+	// since it was read. Nothing was written; read again and retry.
+	ErrConflict = errors.New("ledger: version conflict")
+	// ErrNotCommitted wraps a write failure that happened before COMMIT was
+	// sent: the transaction is certainly rolled back. A failure without it
+	// (at COMMIT itself) leaves the outcome unknown until it is looked up.
+	ErrNotCommitted = errors.New("ledger: not committed")
 )
 
 // Drivers.
@@ -113,6 +120,12 @@ CREATE TABLE IF NOT EXISTS skus (
 	version       BIGINT  NOT NULL DEFAULT 0,
 	shards        INTEGER NOT NULL CHECK (shards >= 1),
 	max_per_order BIGINT  NOT NULL CHECK (max_per_order >= 1),
+	-- bypass_seq counts sales that went around the Redis gate (breaker
+	-- fallback); gate_seq is the bypass_seq the gate was last rebuilt from.
+	-- bypass_seq > gate_seq means Redis must be re-seeded before it serves
+	-- the SKU again.
+	bypass_seq    BIGINT  NOT NULL DEFAULT 0,
+	gate_seq      BIGINT  NOT NULL DEFAULT 0,
 	updated_at    BIGINT  NOT NULL,
 	PRIMARY KEY (program, ticket),
 	CHECK (sold + held <= total)
@@ -180,11 +193,17 @@ type SKUState struct {
 	Sold      int64     `json:"sold"`
 	Held      int64     `json:"held"`
 	Version   int64     `json:"version"`
+	BypassSeq int64     `json:"-"`
+	GateSeq   int64     `json:"-"`
 	UpdatedAt time.Time `json:"updated_at"`
 }
 
 // Remaining is what may still be held or sold.
 func (s SKUState) Remaining() int64 { return s.Total - s.Sold - s.Held }
+
+// GateStale reports whether the ledger sold around the Redis gate since it
+// was last rebuilt, so Redis must be re-seeded before it serves the SKU.
+func (s SKUState) GateStale() bool { return s.BypassSeq > s.GateSeq }
 
 // PutSKU creates a SKU or changes its settings. A total below what is sold
 // and held is refused with stock.ErrInvalid and changes nothing.
@@ -226,16 +245,17 @@ func (l *Ledger) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 	return st, nil
 }
 
-const selectSKU = `
-	SELECT program, ticket, total, sold, held, version, shards, max_per_order, updated_at
-	FROM skus WHERE program = $1 AND ticket = $2`
+const skuColumns = `program, ticket, total, sold, held, version, shards, max_per_order, bypass_seq, gate_seq, updated_at`
+
+const selectSKU = `SELECT ` + skuColumns + ` FROM skus WHERE program = $1 AND ticket = $2`
 
 type rowScanner interface{ Scan(dest ...any) error }
 
 func scanSKU(r rowScanner) (SKUState, error) {
 	var s SKUState
 	var updated int64
-	err := r.Scan(&s.Program, &s.Ticket, &s.Total, &s.Sold, &s.Held, &s.Version, &s.Shards, &s.MaxPerOrder, &updated)
+	err := r.Scan(&s.Program, &s.Ticket, &s.Total, &s.Sold, &s.Held, &s.Version, &s.Shards, &s.MaxPerOrder,
+		&s.BypassSeq, &s.GateSeq, &updated)
 	if errors.Is(err, sql.ErrNoRows) {
 		return s, stock.ErrUnknownSKU
 	}
@@ -267,11 +287,28 @@ type Order struct {
 	CreatedAt time.Time `json:"created_at"`
 }
 
-// Purchase commits an order: the order row and the conditional update
-// sold + q where sold + held + q <= total, in one transaction. It returns
-// stock.ErrSoldOut when the ledger has not enough left, stock.ErrUnknownSKU,
-// or ErrDuplicate with the order already stored under the key.
+// Purchase commits an order the Redis gate admitted: the order row and the
+// conditional update sold + q where sold + held + q <= total, in one
+// transaction. It returns stock.ErrSoldOut when the ledger has not enough
+// left, or ErrDuplicate with the order already stored under the key.
 func (l *Ledger) Purchase(ctx context.Context, o Order) (Order, error) {
+	return l.purchase(ctx, o, -1)
+}
+
+// PurchaseDirect commits an order that bypassed the Redis gate (the breaker
+// is open), with optimistic locking: the update applies only while the SKU
+// row still has the version the caller read, and ErrConflict says it moved.
+// It also bumps bypass_seq, so Redis is re-seeded before it serves the SKU
+// again. Other outcomes are as for Purchase.
+func (l *Ledger) PurchaseDirect(ctx context.Context, o Order, version int64) (Order, error) {
+	if version < 0 {
+		return Order{}, fmt.Errorf("%w: version %d", stock.ErrInvalid, version)
+	}
+	return l.purchase(ctx, o, version)
+}
+
+// purchase is Purchase when version < 0 and PurchaseDirect otherwise.
+func (l *Ledger) purchase(ctx context.Context, o Order, version int64) (Order, error) {
 	if o.Quantity < 1 || o.IdempotencyKey == "" {
 		return Order{}, fmt.Errorf("%w: order quantity %d key %q", stock.ErrInvalid, o.Quantity, o.IdempotencyKey)
 	}
@@ -279,9 +316,12 @@ func (l *Ledger) Purchase(ctx context.Context, o Order) (Order, error) {
 		o.ID = NewID()
 	}
 	o.CreatedAt = l.now().UTC().Truncate(time.Millisecond)
+	notCommitted := func(step string, err error) error {
+		return fmt.Errorf("ledger: purchase: %s: %w: %w", step, ErrNotCommitted, err)
+	}
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
-		return Order{}, fmt.Errorf("ledger: purchase: %w", err)
+		return Order{}, notCommitted("begin", err)
 	}
 	defer tx.Rollback()
 	// The order first: ON CONFLICT leaves a PostgreSQL transaction usable,
@@ -292,7 +332,7 @@ func (l *Ledger) Purchase(ctx context.Context, o Order) (Order, error) {
 		ON CONFLICT (idem_key) DO NOTHING`,
 		o.ID, o.IdempotencyKey, o.RequestHash, o.SKU.Program, o.SKU.Ticket, o.Buyer, o.Quantity, o.Gate, o.CreatedAt.UnixMilli())
 	if err != nil {
-		return Order{}, fmt.Errorf("ledger: purchase: insert order: %w", err)
+		return Order{}, notCommitted("insert order", err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		tx.Rollback()
@@ -302,20 +342,77 @@ func (l *Ledger) Purchase(ctx context.Context, o Order) (Order, error) {
 		}
 		return prev, ErrDuplicate
 	}
-	res, err = tx.ExecContext(ctx, `
-		UPDATE skus SET sold = sold + $3, version = version + 1, updated_at = $4
-		WHERE program = $1 AND ticket = $2 AND sold + held + $3 <= total`,
-		o.SKU.Program, o.SKU.Ticket, o.Quantity, o.CreatedAt.UnixMilli())
+	if version < 0 {
+		res, err = tx.ExecContext(ctx, `
+			UPDATE skus SET sold = sold + $3, version = version + 1, updated_at = $4
+			WHERE program = $1 AND ticket = $2 AND sold + held + $3 <= total`,
+			o.SKU.Program, o.SKU.Ticket, o.Quantity, o.CreatedAt.UnixMilli())
+	} else {
+		res, err = tx.ExecContext(ctx, `
+			UPDATE skus SET sold = sold + $3, version = version + 1, updated_at = $4, bypass_seq = bypass_seq + 1
+			WHERE program = $1 AND ticket = $2 AND version = $5 AND sold + held + $3 <= total`,
+			o.SKU.Program, o.SKU.Ticket, o.Quantity, o.CreatedAt.UnixMilli(), version)
+	}
 	if err != nil {
-		return Order{}, fmt.Errorf("ledger: purchase: update sku: %w", err)
+		return Order{}, notCommitted("update sku", err)
 	}
 	if n, _ := res.RowsAffected(); n != 1 {
-		return Order{}, stock.ErrSoldOut
+		if version < 0 {
+			return Order{}, stock.ErrSoldOut
+		}
+		// Either the version moved or the stock ran out; the row tells.
+		st, err := scanSKU(tx.QueryRowContext(ctx, selectSKU, o.SKU.Program, o.SKU.Ticket))
+		switch {
+		case err != nil:
+			return Order{}, notCommitted("reread sku", err)
+		case st.Remaining() < o.Quantity:
+			return Order{}, stock.ErrSoldOut
+		}
+		return Order{}, ErrConflict
 	}
 	if err := tx.Commit(); err != nil {
 		return Order{}, fmt.Errorf("ledger: purchase: commit: %w", err)
 	}
 	return o, nil
+}
+
+// MarkGateSeeded records that the Redis gate was rebuilt from ledger facts
+// that included every bypass sale up to seq. It never moves gate_seq back.
+func (l *Ledger) MarkGateSeeded(ctx context.Context, sku stock.SKU, seq int64) error {
+	_, err := l.db.ExecContext(ctx, `
+		UPDATE skus SET gate_seq = $3 WHERE program = $1 AND ticket = $2 AND gate_seq < $3`,
+		sku.Program, sku.Ticket, seq)
+	if err != nil {
+		return fmt.Errorf("ledger: mark gate seeded: %w", err)
+	}
+	return nil
+}
+
+// SKUs lists SKU rows in (program, ticket) order, starting after the given
+// SKU (the zero SKU starts at the beginning), at most limit of them.
+func (l *Ledger) SKUs(ctx context.Context, after stock.SKU, limit int) ([]SKUState, error) {
+	if limit < 1 {
+		return nil, fmt.Errorf("%w: limit %d", stock.ErrInvalid, limit)
+	}
+	rows, err := l.db.QueryContext(ctx, `SELECT `+skuColumns+` FROM skus
+		WHERE program > $1 OR (program = $1 AND ticket > $2)
+		ORDER BY program, ticket LIMIT $3`, after.Program, after.Ticket, limit)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: skus: %w", err)
+	}
+	defer rows.Close()
+	var out []SKUState
+	for rows.Next() {
+		st, err := scanSKU(rows)
+		if err != nil {
+			return nil, fmt.Errorf("ledger: skus: %w", err)
+		}
+		out = append(out, st)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("ledger: skus: %w", err)
+	}
+	return out, nil
 }
 
 // OrderByKey returns the order stored under an idempotency key, or

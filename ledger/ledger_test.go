@@ -171,3 +171,140 @@ func TestOpenValidates(t *testing.T) {
 		}
 	}
 }
+
+func TestPurchaseDirect(t *testing.T) {
+	eachDriver(t, func(t *testing.T, l *ledger.Ledger) {
+		ctx := context.Background()
+		st, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 5, Shards: 2, MaxPerOrder: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.GateStale() {
+			t.Fatal("a new SKU is gate-stale")
+		}
+		order := func(key string, q int64) ledger.Order {
+			return ledger.Order{IdempotencyKey: key, SKU: sku, Buyer: "b", Quantity: q}
+		}
+		if _, err := l.PurchaseDirect(ctx, order("d1", 1), st.Version); err != nil {
+			t.Fatal(err)
+		}
+		// The same version again: someone moved the row; nothing is written.
+		if _, err := l.PurchaseDirect(ctx, order("d2", 1), st.Version); !errors.Is(err, ledger.ErrConflict) {
+			t.Fatalf("PurchaseDirect(stale version) = %v, want ErrConflict", err)
+		}
+		if _, err := l.OrderByKey(ctx, "d2"); !errors.Is(err, ledger.ErrNotFound) {
+			t.Errorf("conflicting purchase left an order: %v", err)
+		}
+		st, _ = l.SKU(ctx, sku)
+		if st.Sold != 1 || !st.GateStale() || st.BypassSeq != 1 {
+			t.Fatalf("after one direct sale: %+v, want sold 1, bypass_seq 1, gate stale", st)
+		}
+		// Not enough left is sold out, not a conflict, even at the right version.
+		if _, err := l.PurchaseDirect(ctx, order("d3", 5), st.Version); !errors.Is(err, stock.ErrSoldOut) {
+			t.Errorf("PurchaseDirect(5 of 4 left) = %v, want ErrSoldOut", err)
+		}
+		if _, err := l.PurchaseDirect(ctx, order("d1", 1), st.Version); !errors.Is(err, ledger.ErrDuplicate) {
+			t.Errorf("PurchaseDirect(used key) = %v, want ErrDuplicate", err)
+		}
+		if err := l.MarkGateSeeded(ctx, sku, st.BypassSeq); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.MarkGateSeeded(ctx, sku, 0); err != nil {
+			t.Fatal(err)
+		}
+		st, _ = l.SKU(ctx, sku)
+		if st.GateStale() || st.GateSeq != 1 || st.Sold != 1 {
+			t.Errorf("after MarkGateSeeded(1), (0): %+v, want gate_seq 1, not stale", st)
+		}
+	})
+}
+
+func TestPurchaseDirectRacing(t *testing.T) {
+	eachDriver(t, func(t *testing.T, l *ledger.Ledger) {
+		ctx := context.Background()
+		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 30, Shards: 1, MaxPerOrder: 4}); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var units, conflicts int64
+		for i := range 100 {
+			wg.Go(func() {
+				for {
+					st, err := l.SKU(ctx, sku)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					o, err := l.PurchaseDirect(ctx, ledger.Order{IdempotencyKey: fmt.Sprintf("r-%d", i), SKU: sku, Buyer: "b", Quantity: 1}, st.Version)
+					mu.Lock()
+					switch {
+					case errors.Is(err, ledger.ErrConflict):
+						conflicts++
+						mu.Unlock()
+						continue
+					case errors.Is(err, stock.ErrSoldOut):
+					case err != nil:
+						t.Error(err)
+					default:
+						units += o.Quantity
+					}
+					mu.Unlock()
+					return
+				}
+			})
+		}
+		wg.Wait()
+		st, _ := l.SKU(ctx, sku)
+		_, orderUnits, _ := l.OrderTotals(ctx, sku)
+		if st.Sold != 30 || units != 30 || orderUnits != 30 || st.BypassSeq != 30 {
+			t.Errorf("sold %d, acknowledged %d, order rows %d, bypass_seq %d; want 30 each", st.Sold, units, orderUnits, st.BypassSeq)
+		}
+		t.Logf("%d version conflicts retried", conflicts)
+	})
+}
+
+func TestSKUsPages(t *testing.T) {
+	eachDriver(t, func(t *testing.T, l *ledger.Ledger) {
+		ctx := context.Background()
+		for _, p := range []string{"a", "b", "c"} {
+			for _, tk := range []string{"x", "y"} {
+				if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: stock.SKU{Program: p, Ticket: tk}, Total: 1, Shards: 1, MaxPerOrder: 1}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		var got []string
+		after := stock.SKU{}
+		for {
+			page, err := l.SKUs(ctx, after, 4)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, st := range page {
+				got = append(got, st.SKU.String())
+			}
+			if len(page) < 4 {
+				break
+			}
+			after = page[len(page)-1].SKU
+		}
+		if want := "a/x a/y b/x b/y c/x c/y"; fmt.Sprint(got) != "["+want+"]" {
+			t.Errorf("SKUs pages = %v, want [%s]", got, want)
+		}
+	})
+}
+
+func TestWriteFailureBeforeCommitIsNotCommitted(t *testing.T) {
+	eachDriver(t, func(t *testing.T, l *ledger.Ledger) {
+		ctx := context.Background()
+		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 1, Shards: 1, MaxPerOrder: 1}); err != nil {
+			t.Fatal(err)
+		}
+		l.Close()
+		_, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: "k", SKU: sku, Buyer: "b", Quantity: 1})
+		if !errors.Is(err, ledger.ErrNotCommitted) {
+			t.Errorf("Purchase on a closed ledger = %v, want ErrNotCommitted", err)
+		}
+	})
+}

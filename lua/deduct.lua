@@ -1,7 +1,7 @@
 -- deduct: take between ARGV[2] and ARGV[1] units from one shard, once per
 -- request id.
 --
--- KEYS[1]  shard stock hash {avail, allot, epoch}
+-- KEYS[1]  shard stock hash {avail, allot, epoch, fence}
 -- KEYS[2]  deduction record of this request on this shard {q, gen, epoch, restored}
 -- ARGV[1]  quantity wanted (integer, 1 <= q <= ARGV[3])
 -- ARGV[2]  least quantity worth taking (integer, 1 <= min <= q): q for an
@@ -12,12 +12,16 @@
 -- Returns {code, taken, avail, gen}:
 --   1  taken units moved; avail is what the shard has left; gen identifies
 --      this deduction for restore
---   2  this request already deducted here and was not restored: nothing
---      moved now; taken and gen are the earlier deduction's. A client's or
---      the Redis client's re-send lands here.
+--   2  this request already deducted here, since the shard's last seed, and
+--      was not restored: nothing moved now; taken and gen are the earlier
+--      deduction's. A client's or the Redis client's re-send lands here. A
+--      record from before the last seed does not count: the seed was built
+--      from ledger facts that do not include it, so the request takes anew.
 --   0  fewer than min units left (avail says how many); nothing moved
 --  -1  the shard is not seeded; nothing moved
 --  -2  bad argument; nothing moved
+--  -6  the shard is fenced: a re-seed is rebuilding it from the ledger;
+--      nothing moved
 local function int(s, lo, hi)
   if type(s) ~= 'string' or #s > 18 or not string.match(s, '^%d+$') then return nil end
   local n = tonumber(s)
@@ -31,12 +35,14 @@ local min = q and int(ARGV[2], 1, q)
 local ttl = int(ARGV[4], 1000, 1e12)
 if not min or not ttl then return {-2, 0, 0, 0} end
 
-local rec = redis.call('HMGET', KEYS[2], 'q', 'gen', 'restored')
-if rec[1] and rec[3] == '0' then
+local s = redis.call('HMGET', KEYS[1], 'avail', 'epoch', 'fence')
+if s[3] == '1' then return {-6, 0, 0, 0} end
+
+local rec = redis.call('HMGET', KEYS[2], 'q', 'gen', 'restored', 'epoch')
+if rec[1] and rec[3] == '0' and rec[4] == (s[2] or '0') then
   return {2, tonumber(rec[1]), -1, tonumber(rec[2])}
 end
 
-local s = redis.call('HMGET', KEYS[1], 'avail', 'epoch')
 if not s[1] then return {-1, 0, 0, 0} end
 local avail = tonumber(s[1])
 if avail < min then return {0, 0, avail, 0} end

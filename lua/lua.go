@@ -24,7 +24,12 @@ var Deduct string
 //go:embed restore.lua
 var Restore string
 
-// Read returns a shard's available stock and allotment.
+// Fence closes or reopens a shard to deductions during a re-seed.
+//
+//go:embed fence.lua
+var Fence string
+
+// Read returns a shard's available stock, allotment, epoch and fence.
 //
 //go:embed read.lua
 var Read string
@@ -40,4 +45,5 @@ const (
 	NoRecord  = -3 // restore of a request id that never deducted here
 	Stale     = -4 // restore of a deduction from before the last re-seed
 	Exists    = -5 // seed without overwrite found a live shard; nothing changed
+	Fenced    = -6 // the shard is closed while a re-seed rebuilds it; nothing moved
 )

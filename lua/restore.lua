@@ -1,7 +1,7 @@
 -- restore: give one deduction back to its shard, once, never above the
 -- shard's allotment.
 --
--- KEYS[1]  shard stock hash {avail, allot, epoch}
+-- KEYS[1]  shard stock hash {avail, allot, epoch, fence}
 -- KEYS[2]  deduction record {q, gen, epoch, restored}
 -- ARGV[1]  gen of the deduction being given back (integer >= 1)
 --

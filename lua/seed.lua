@@ -1,6 +1,7 @@
 -- seed: set one shard's stock from ledger facts.
 --
--- KEYS[1]  shard stock hash {avail, allot, epoch}
+-- KEYS[1]  shard stock hash {avail, allot, epoch, fence}; the fence is left
+--          as it is, so a fenced re-seed stays closed until it reopens
 -- ARGV[1]  units available now (integer, 0 <= avail <= allot)
 -- ARGV[2]  allotment: the most this shard may ever hold (integer >= 0)
 -- ARGV[3]  "1" to overwrite a live shard (re-seed); "0" to seed only if absent
@@ -22,7 +23,7 @@ local allot = int(ARGV[2], 0, 1e15)
 local avail = allot and int(ARGV[1], 0, allot)
 if not avail or (ARGV[3] ~= '0' and ARGV[3] ~= '1') then return {-2, 0} end
 
-if ARGV[3] == '0' and redis.call('EXISTS', KEYS[1]) == 1 then
+if ARGV[3] == '0' and redis.call('HEXISTS', KEYS[1], 'avail') == 1 then
   return {-5, tonumber(redis.call('HGET', KEYS[1], 'epoch')) or 0}
 end
 local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)

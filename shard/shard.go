@@ -51,6 +51,7 @@ type Store struct {
 	deduct    *redis.Script
 	restore   *redis.Script
 	read      *redis.Script
+	fence     *redis.Script
 }
 
 // New validates opts and returns a Store.
@@ -72,6 +73,7 @@ func New(opts Options) (*Store, error) {
 		deduct:    redis.NewScript(lua.Deduct),
 		restore:   redis.NewScript(lua.Restore),
 		read:      redis.NewScript(lua.Read),
+		fence:     redis.NewScript(lua.Fence),
 	}, nil
 }
 
@@ -208,7 +210,12 @@ func (s *Store) assemble(ctx context.Context, r Request, d Deduction, seen []int
 		res, err := s.deductOne(ctx, r, i, r.Quantity-have, 1)
 		d.Probes++
 		if err != nil {
-			return d, errors.Join(err, s.Restore(ctx, r.SKU, r.RequestID, fresh))
+			if rerr := s.Restore(ctx, r.SKU, r.RequestID, fresh); rerr != nil {
+				// Units stay taken in Redis until a re-seed: say the
+				// outcome is unknown, not that nothing ran.
+				return d, errors.Join(err, fmt.Errorf("give back partial take: %w", rerr))
+			}
+			return d, err
 		}
 		switch res.code {
 		case lua.OK, lua.Already:
@@ -262,6 +269,8 @@ func (s *Store) deductOne(ctx context.Context, r Request, i int, q, min int64) (
 		return res, nil
 	case lua.NotSeeded:
 		return res, fmt.Errorf("deduct shard %d: %w", i, stock.ErrNotSeeded)
+	case lua.Fenced:
+		return res, fmt.Errorf("deduct shard %d: %w", i, stock.ErrFenced)
 	case lua.BadArg:
 		return res, fmt.Errorf("deduct shard %d: %w: script refused arguments", i, stock.ErrInvalid)
 	}
@@ -365,9 +374,37 @@ func (s *Store) Seed(ctx context.Context, sku stock.SKU, n int, remaining int64,
 	return nil
 }
 
+// Fence closes (closed=true) or reopens every shard of a SKU to
+// deductions. A re-seed closes the gate, rebuilds the shards from the ledger,
+// and only then reopens it, so no shard serves a mix of old and new stock.
+func (s *Store) Fence(ctx context.Context, sku stock.SKU, n int, closed bool) error {
+	if err := sku.Validate(); err != nil {
+		return err
+	}
+	if n < 1 || n > stock.MaxShards {
+		return fmt.Errorf("%w: shards %d", stock.ErrInvalid, n)
+	}
+	mode := "0"
+	if closed {
+		mode = "1"
+	}
+	for i := range n {
+		k := keys.Shard(sku.Program, sku.Ticket, i, n)
+		v, err := s.fence.Run(ctx, s.rdb, []string{k.Stock()}, mode).Int64Slice()
+		if err != nil {
+			return fmt.Errorf("fence shard %d: %w", i, err)
+		}
+		if len(v) != 1 || v[0] != lua.OK {
+			return fmt.Errorf("fence shard %d: %w: %v", i, ErrScript, v)
+		}
+	}
+	return nil
+}
+
 // ShardStock is one shard's state in Redis.
 type ShardStock struct {
 	Seeded bool
+	Fenced bool
 	Avail  int64
 	Allot  int64
 	Epoch  int64
@@ -388,10 +425,10 @@ func (s *Store) Read(ctx context.Context, sku stock.SKU, n int) ([]ShardStock, e
 		if err != nil {
 			return nil, fmt.Errorf("read shard %d: %w", i, err)
 		}
-		if len(v) != 4 {
+		if len(v) != 5 {
 			return nil, fmt.Errorf("read shard %d: %w: %v", i, ErrScript, v)
 		}
-		out[i] = ShardStock{Seeded: v[0] == lua.OK, Avail: v[1], Allot: v[2], Epoch: v[3]}
+		out[i] = ShardStock{Seeded: v[0] == lua.OK, Avail: v[1], Allot: v[2], Epoch: v[3], Fenced: v[4] == 1}
 	}
 	return out, nil
 }

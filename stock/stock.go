@@ -17,6 +17,9 @@ var (
 	ErrUnknownSKU = errors.New("stock: unknown sku")
 	ErrInvalid    = errors.New("stock: invalid request")
 	ErrNotSeeded  = errors.New("stock: shard not seeded")
+	// ErrFenced: the SKU's Redis shards are closed while a re-seed rebuilds
+	// them from the ledger.
+	ErrFenced = errors.New("stock: gate fenced for re-seed")
 )
 
 // SKU is one (program, ticket) pair: the unit of stock.

@@ -92,6 +92,17 @@ func (s ShardKeys) Deduction(requestID string) string {
 	return "sg:" + s.tag + ":ded:" + s.base + ":" + requestID
 }
 
+// Lock is the key of a coordination lock named purpose for one SKU (for
+// example "reseed"). It is hashed like the SKU's shard 0, so each SKU's lock
+// lives on a master chosen by the SKU. The ids must have passed CheckID.
+func Lock(program, ticket, purpose string) string {
+	if CheckID(purpose) != nil {
+		panic(fmt.Sprintf("keys.Lock: unchecked purpose %q", purpose))
+	}
+	s := Shard(program, ticket, 0, 1)
+	return "sg:" + s.tag + ":lock:" + purpose + ":" + program + ":" + ticket
+}
+
 // CRC16 is the CCITT/XMODEM checksum Redis Cluster hashes keys with.
 func CRC16(b []byte) uint16 {
 	var crc uint16

@@ -141,3 +141,16 @@ func BenchmarkCheckID(b *testing.B) {
 		_ = CheckID("0f8fad5b-d9cb-469f-a165-70867728950e")
 	}
 }
+
+func TestLockKey(t *testing.T) {
+	k := Lock("show-1", "ga", "reseed")
+	if got, want := KeySlot(k), Shard("show-1", "ga", 0, 1).Slot(); got != want {
+		t.Errorf("lock key %q in slot %d, want the SKU's shard-0 slot %d", k, got, want)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("Lock with a bad purpose did not panic")
+		}
+	}()
+	Lock("show-1", "ga", "re seed")
+}

@@ -34,6 +34,16 @@ var Fence string
 //go:embed read.lua
 var Read string
 
+// Unlock releases a coordination lock by compare-and-delete.
+//
+//go:embed unlock.lua
+var Unlock string
+
+// Renew extends a coordination lock by compare-and-expire.
+//
+//go:embed renew.lua
+var Renew string
+
 // Result codes shared by the scripts. They are small integers so the Go side
 // branches on numbers, never on strings.
 const (

@@ -1,0 +1,208 @@
+// Package lock coordinates one-at-a-time work (re-seeding a SKU, repairing
+// drift) across gateway replicas with a Redis lock, in the manner of the
+// seed lock component: SET NX PX with a random token, release by
+// compare-and-delete in Lua so a late release never frees another owner's
+// lock, renewal while the work runs, and a bounded wait with retry. A holder
+// that crashes simply stops renewing, and its lock expires after TTL.
+//
+// The lock is advisory and best-effort, as any single-Redis lock is: a holder
+// paused for longer than TTL can overlap the next one. Work done under it must
+// therefore be safe to repeat; stockgate's re-seed is (it rebuilds from the
+// ledger, and the ledger is what keeps stock right).
+package lock
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stockgate/stockgate/lua"
+)
+
+// Errors.
+var (
+	// ErrBusy: another owner holds the lock and it was not freed within the
+	// wait.
+	ErrBusy = errors.New("lock: held by another owner")
+	// ErrLost: the lease ended before its release: renewal found another
+	// owner, or could not reach Redis for a whole TTL.
+	ErrLost = errors.New("lock: lease lost")
+)
+
+// Options configures a Locker.
+type Options struct {
+	// Redis holds the locks. Required.
+	Redis redis.Cmdable
+	// TTL is how long a lock outlives its last renewal: how long a crashed
+	// holder blocks the others. Default 10s.
+	TTL time.Duration
+	// RenewEvery is how often a held lock is extended. Default TTL/3, so two
+	// renewals can fail before the lock is at risk.
+	RenewEvery time.Duration
+	// RetryEvery is the mean pause between attempts while waiting; each pause
+	// is jittered ±50% so waiting replicas do not retry in step. Default 50ms.
+	RetryEvery time.Duration
+	// CallTimeout bounds each Redis call. Default 1s.
+	CallTimeout time.Duration
+}
+
+// Locker takes locks.
+type Locker struct {
+	rdb    redis.Cmdable
+	opts   Options
+	unlock *redis.Script
+	renew  *redis.Script
+}
+
+// New validates opts and returns a Locker.
+func New(opts Options) (*Locker, error) {
+	if opts.Redis == nil {
+		return nil, errors.New("lock: Options.Redis is required")
+	}
+	if opts.TTL == 0 {
+		opts.TTL = 10 * time.Second
+	}
+	if opts.RenewEvery == 0 {
+		opts.RenewEvery = opts.TTL / 3
+	}
+	if opts.RetryEvery == 0 {
+		opts.RetryEvery = 50 * time.Millisecond
+	}
+	if opts.CallTimeout == 0 {
+		opts.CallTimeout = time.Second
+	}
+	switch {
+	case opts.TTL < 100*time.Millisecond:
+		return nil, fmt.Errorf("lock: TTL %v below 100ms", opts.TTL)
+	case opts.RenewEvery <= 0 || opts.RenewEvery >= opts.TTL:
+		return nil, fmt.Errorf("lock: RenewEvery %v not in (0, TTL %v)", opts.RenewEvery, opts.TTL)
+	case opts.RetryEvery <= 0 || opts.CallTimeout <= 0:
+		return nil, errors.New("lock: RetryEvery and CallTimeout must be positive")
+	}
+	return &Locker{rdb: opts.Redis, opts: opts,
+		unlock: redis.NewScript(lua.Unlock), renew: redis.NewScript(lua.Renew)}, nil
+}
+
+// Acquire takes the lock at key, retrying for up to wait (0: one attempt).
+// It returns ErrBusy when the lock stayed held, or the Redis or context
+// error that stopped it. The caller must Release the lease.
+func (l *Locker) Acquire(ctx context.Context, key string, wait time.Duration) (*Lease, error) {
+	token := newToken()
+	deadline := time.Now().Add(wait)
+	for {
+		cctx, cancel := context.WithTimeout(ctx, l.opts.CallTimeout)
+		ok, err := l.rdb.SetNX(cctx, key, token, l.opts.TTL).Result()
+		cancel()
+		switch {
+		case err != nil:
+			// A SET whose reply was lost may have taken the lock; it is not
+			// ours to use, and it expires after TTL.
+			return nil, fmt.Errorf("lock: acquire %s: %w", key, err)
+		case ok:
+			return l.start(key, token), nil
+		}
+		pause := l.opts.RetryEvery/2 + rand.N(l.opts.RetryEvery)
+		if time.Now().Add(pause).After(deadline) {
+			return nil, fmt.Errorf("%w: %s", ErrBusy, key)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(pause):
+		}
+	}
+}
+
+// Lease is a held lock. Its renewal goroutine runs until Release or until
+// the lease is lost.
+type Lease struct {
+	l      *Locker
+	key    string
+	token  string
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	stop   chan struct{}
+	done   chan struct{}
+	once   sync.Once
+}
+
+func (l *Locker) start(key, token string) *Lease {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	ls := &Lease{l: l, key: key, token: token, ctx: ctx, cancel: cancel,
+		stop: make(chan struct{}), done: make(chan struct{})}
+	go ls.keepAlive()
+	return ls
+}
+
+// Context is done when the lease ends: released, or lost (context.Cause
+// is then ErrLost). Work under the lock should stop when it is done.
+func (ls *Lease) Context() context.Context { return ls.ctx }
+
+// keepAlive renews the lock every RenewEvery. A renewal that finds another
+// owner ends the lease at once; renewals that cannot reach Redis end it when
+// the lock may have expired.
+func (ls *Lease) keepAlive() {
+	defer close(ls.done)
+	t := time.NewTicker(ls.l.opts.RenewEvery)
+	defer t.Stop()
+	renewed := time.Now()
+	for {
+		select {
+		case <-ls.stop:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(ls.ctx, ls.l.opts.CallTimeout)
+		n, err := ls.l.renew.Run(ctx, ls.l.rdb, []string{ls.key}, ls.token, ls.l.opts.TTL.Milliseconds()).Int64()
+		cancel()
+		switch {
+		case err == nil && n == 1:
+			renewed = time.Now()
+		case err == nil:
+			ls.cancel(ErrLost)
+			return
+		case time.Since(renewed) >= ls.l.opts.TTL:
+			ls.cancel(fmt.Errorf("%w: renew: %w", ErrLost, err))
+			return
+		}
+	}
+}
+
+// Release stops renewal and deletes the lock if it is still this lease's.
+// It returns ErrLost when the lease had already been lost. Calling it more
+// than once is safe.
+func (ls *Lease) Release(ctx context.Context) error {
+	var err error
+	ls.once.Do(func() {
+		close(ls.stop)
+		<-ls.done
+		if cause := context.Cause(ls.ctx); cause != nil {
+			err = cause
+			return
+		}
+		ls.cancel(context.Canceled)
+		cctx, cancel := context.WithTimeout(ctx, ls.l.opts.CallTimeout)
+		defer cancel()
+		n, rerr := ls.l.unlock.Run(cctx, ls.l.rdb, []string{ls.key}, ls.token).Int64()
+		switch {
+		case rerr != nil:
+			err = fmt.Errorf("lock: release %s: %w", ls.key, rerr)
+		case n == 0:
+			err = ErrLost
+		}
+	})
+	return err
+}
+
+func newToken() string {
+	var b [16]byte
+	_, _ = crand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

@@ -1,0 +1,164 @@
+package lock_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/lock"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
+
+func newLocker(t *testing.T, ttl time.Duration) *lock.Locker {
+	t.Helper()
+	rdb := testenv.SharedCluster(t).Client()
+	t.Cleanup(func() { rdb.Close() })
+	l, err := lock.New(lock.Options{Redis: rdb, TTL: ttl, RetryEvery: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func TestOneHolderAtATime(t *testing.T) {
+	l := newLocker(t, time.Second)
+	ctx := context.Background()
+	key := keys.Lock(testenv.ID(t, "p"), "t", "test")
+	var inside, most, entered atomic.Int32
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Go(func() {
+			lease, err := l.Acquire(ctx, key, 10*time.Second)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			n := inside.Add(1)
+			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			}
+			entered.Add(1)
+			time.Sleep(5 * time.Millisecond)
+			inside.Add(-1)
+			if err := lease.Release(ctx); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if most.Load() != 1 || entered.Load() != 20 {
+		t.Errorf("at most %d holders at once, %d of 20 entered; want 1 and 20", most.Load(), entered.Load())
+	}
+}
+
+func TestBusyThenFreed(t *testing.T) {
+	l := newLocker(t, time.Second)
+	ctx := context.Background()
+	key := keys.Lock(testenv.ID(t, "p"), "t", "test")
+	a, err := l.Acquire(ctx, key, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Acquire(ctx, key, 0); !errors.Is(err, lock.ErrBusy) {
+		t.Fatalf("second Acquire = %v, want ErrBusy", err)
+	}
+	time.AfterFunc(100*time.Millisecond, func() { a.Release(ctx) })
+	b, err := l.Acquire(ctx, key, 2*time.Second)
+	if err != nil {
+		t.Fatalf("Acquire while the holder releases = %v", err)
+	}
+	if err := b.Release(ctx); err != nil {
+		t.Error(err)
+	}
+	if err := b.Release(ctx); err != nil {
+		t.Errorf("second Release = %v, want nil", err)
+	}
+}
+
+func TestRenewalOutlivesTTL(t *testing.T) {
+	l := newLocker(t, 300*time.Millisecond)
+	ctx := context.Background()
+	key := keys.Lock(testenv.ID(t, "p"), "t", "test")
+	a, err := l.Acquire(ctx, key, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // more than three TTLs
+	if _, err := l.Acquire(ctx, key, 0); !errors.Is(err, lock.ErrBusy) {
+		t.Errorf("Acquire after 3 TTLs of a renewed lock = %v, want ErrBusy", err)
+	}
+	if a.Context().Err() != nil {
+		t.Errorf("renewed lease ended: %v", context.Cause(a.Context()))
+	}
+	if err := a.Release(ctx); err != nil {
+		t.Error(err)
+	}
+}
+
+// A lease whose key was taken over (it expired during a pause, say) ends
+// itself, and its late release leaves the new owner's lock alone.
+func TestLostLeaseNeverFreesTheNewOwner(t *testing.T) {
+	l := newLocker(t, 300*time.Millisecond)
+	rdb := testenv.SharedCluster(t).Client()
+	defer rdb.Close()
+	ctx := context.Background()
+	key := keys.Lock(testenv.ID(t, "p"), "t", "test")
+	a, err := l.Acquire(ctx, key, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Set(ctx, key, "someone-else", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-a.Context().Done():
+	case <-time.After(2 * time.Second):
+		t.Fatal("lease did not notice it was lost")
+	}
+	if !errors.Is(context.Cause(a.Context()), lock.ErrLost) {
+		t.Errorf("cause = %v, want ErrLost", context.Cause(a.Context()))
+	}
+	if err := a.Release(ctx); !errors.Is(err, lock.ErrLost) {
+		t.Errorf("Release of a lost lease = %v, want ErrLost", err)
+	}
+	if v, _ := rdb.Get(ctx, key).Result(); v != "someone-else" {
+		t.Errorf("lock value after the late release = %q, want the new owner's", v)
+	}
+}
+
+// A holder that dies without releasing (here: a raw SET NX PX with nobody
+// renewing it) blocks others for TTL, then its lock expires.
+func TestCrashedHolderExpires(t *testing.T) {
+	l := newLocker(t, 300*time.Millisecond)
+	rdb := testenv.SharedCluster(t).Client()
+	defer rdb.Close()
+	ctx := context.Background()
+	key := keys.Lock(testenv.ID(t, "p"), "t", "test")
+	if ok, err := rdb.SetNX(ctx, key, "dead-holder", 300*time.Millisecond).Result(); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if _, err := l.Acquire(ctx, key, 0); !errors.Is(err, lock.ErrBusy) {
+		t.Fatalf("Acquire against a live dead holder's lock = %v, want ErrBusy", err)
+	}
+	a, err := l.Acquire(ctx, key, 2*time.Second)
+	if err != nil {
+		t.Fatalf("Acquire after the dead holder's TTL = %v", err)
+	}
+	a.Release(ctx)
+}
+
+func TestNewValidates(t *testing.T) {
+	rdb := testenv.SharedCluster(t).Client()
+	defer rdb.Close()
+	for _, o := range []lock.Options{{}, {Redis: rdb, TTL: time.Millisecond}, {Redis: rdb, TTL: time.Second, RenewEvery: 2 * time.Second}} {
+		if _, err := lock.New(o); err == nil {
+			t.Errorf("New(%+v) succeeded", o)
+		}
+	}
+}

@@ -1,0 +1,11 @@
+-- unlock: release a coordination lock only if this owner still holds it.
+--
+-- KEYS[1]  the lock key (a string holding the owner's random token)
+-- ARGV[1]  the owner's token
+--
+-- Returns 1 when released, 0 when the lock is gone or held by another owner
+-- (it expired and was taken): a late unlock never frees someone else's lock.
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0

@@ -1,0 +1,201 @@
+// Package breaker is the fuse around the Redis gate: a gobreaker circuit
+// breaker that knows which errors are failures. A stock outcome (sold out,
+// not seeded, fenced, bad input) is an answer from a working Redis and counts
+// as a success; a call whose caller went away (client cancellation, the
+// caller's own deadline) counts as nothing at all, so a flood of impatient
+// clients can neither trip the breaker nor hold it half-open; only errors of
+// Redis itself (timeouts, refused connections, CLUSTERDOWN) count as failures.
+//
+// State and transitions are exported as Prometheus metrics.
+package breaker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sony/gobreaker/v2"
+)
+
+// ErrOpen: the breaker refused the call without running it (open, or
+// half-open with its probes already out). Nothing was sent.
+var ErrOpen = errors.New("breaker: open")
+
+// State of a breaker.
+type State = gobreaker.State
+
+// States.
+const (
+	Closed   = gobreaker.StateClosed
+	HalfOpen = gobreaker.StateHalfOpen
+	Open     = gobreaker.StateOpen
+)
+
+// Options configures a Breaker. The defaults trip on a Redis that fails
+// most calls for a second or so, and probe again two seconds later.
+type Options struct {
+	// Name labels the metrics. Default "redis".
+	Name string
+	// ConsecutiveFailures in a row trip the breaker. Default 5.
+	ConsecutiveFailures uint32
+	// FailureRatio of the calls in Window, once there are at least
+	// MinRequests of them, trips it too. Defaults 0.5 and 20.
+	FailureRatio float64
+	MinRequests  uint32
+	// Window is the rolling window the ratio is counted over, in 1s buckets.
+	// Default 10s.
+	Window time.Duration
+	// OpenFor is how long the breaker stays open before it lets probes
+	// through (half-open). Default 2s.
+	OpenFor time.Duration
+	// Probes is how many calls half-open lets through; that many successes
+	// in a row close the breaker, one failure opens it again. Default 3.
+	Probes uint32
+	// IsOutcome reports errors that are answers, not failures. Default none.
+	IsOutcome func(error) bool
+	// OnChange is told of every transition (after the metrics). It runs under
+	// the breaker's lock: it must not call the Breaker.
+	OnChange func(from, to State)
+	// Registerer receives the metrics. Optional.
+	Registerer prometheus.Registerer
+}
+
+// Breaker wraps calls to one dependency.
+type Breaker struct {
+	cb        *gobreaker.CircuitBreaker[struct{}]
+	isOutcome func(error) bool
+	rejected  prometheus.Counter
+}
+
+// New validates opts and returns a closed Breaker.
+func New(opts Options) (*Breaker, error) {
+	if opts.Name == "" {
+		opts.Name = "redis"
+	}
+	if opts.ConsecutiveFailures == 0 {
+		opts.ConsecutiveFailures = 5
+	}
+	if opts.FailureRatio == 0 {
+		opts.FailureRatio = 0.5
+	}
+	if opts.MinRequests == 0 {
+		opts.MinRequests = 20
+	}
+	if opts.Window == 0 {
+		opts.Window = 10 * time.Second
+	}
+	if opts.OpenFor == 0 {
+		opts.OpenFor = 2 * time.Second
+	}
+	if opts.Probes == 0 {
+		opts.Probes = 3
+	}
+	if opts.IsOutcome == nil {
+		opts.IsOutcome = func(error) bool { return false }
+	}
+	switch {
+	case opts.FailureRatio <= 0 || opts.FailureRatio > 1:
+		return nil, fmt.Errorf("breaker: FailureRatio %v not in (0, 1]", opts.FailureRatio)
+	case opts.Window < time.Second:
+		return nil, fmt.Errorf("breaker: Window %v below 1s", opts.Window)
+	case opts.OpenFor < 10*time.Millisecond:
+		return nil, fmt.Errorf("breaker: OpenFor %v below 10ms", opts.OpenFor)
+	}
+
+	b := &Breaker{isOutcome: opts.IsOutcome}
+	transitions := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name:        "stockgate_breaker_transitions_total",
+		Help:        "Circuit breaker state changes, by the state left and the state entered.",
+		ConstLabels: prometheus.Labels{"breaker": opts.Name},
+	}, []string{"from", "to"})
+	b.rejected = prometheus.NewCounter(prometheus.CounterOpts{
+		Name:        "stockgate_breaker_rejected_total",
+		Help:        "Calls the circuit breaker refused without running them.",
+		ConstLabels: prometheus.Labels{"breaker": opts.Name},
+	})
+	b.cb = gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
+		Name:         opts.Name,
+		MaxRequests:  opts.Probes,
+		Interval:     opts.Window,
+		BucketPeriod: time.Second,
+		Timeout:      opts.OpenFor,
+		ReadyToTrip: func(c gobreaker.Counts) bool {
+			if c.ConsecutiveFailures >= opts.ConsecutiveFailures {
+				return true
+			}
+			counted := c.TotalSuccesses + c.TotalFailures
+			return counted >= opts.MinRequests && float64(c.TotalFailures) >= opts.FailureRatio*float64(counted)
+		},
+		IsSuccessful: func(err error) bool { return err == nil || errors.As(err, new(outcome)) },
+		IsExcluded:   func(err error) bool { return errors.As(err, new(excluded)) },
+		OnStateChange: func(_ string, from, to gobreaker.State) {
+			transitions.WithLabelValues(from.String(), to.String()).Inc()
+			if opts.OnChange != nil {
+				opts.OnChange(from, to)
+			}
+		},
+	})
+	if opts.Registerer != nil {
+		state := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "stockgate_breaker_state",
+			Help:        "Circuit breaker state: 0 closed, 1 half-open, 2 open.",
+			ConstLabels: prometheus.Labels{"breaker": opts.Name},
+		}, func() float64 { return float64(b.cb.State()) })
+		for _, c := range []prometheus.Collector{transitions, b.rejected, state} {
+			if err := opts.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("breaker: metrics: %w", err)
+			}
+		}
+	}
+	return b, nil
+}
+
+// State is the breaker's state now.
+func (b *Breaker) State() State { return b.cb.State() }
+
+// excluded carries an error the breaker must not count.
+type excluded struct{ err error }
+
+func (e excluded) Error() string { return e.err.Error() }
+
+// outcome carries an error that is an answer, counted as a success.
+type outcome struct{ err error }
+
+func (e outcome) Error() string { return e.err.Error() }
+
+// Do runs f unless the breaker is open, and counts its result. It returns
+// f's error unchanged, or an error wrapping ErrOpen when f did not run.
+func (b *Breaker) Do(ctx context.Context, f func(ctx context.Context) error) error {
+	_, err := b.cb.Execute(func() (struct{}, error) {
+		err := f(ctx)
+		switch {
+		case err == nil:
+			return struct{}{}, nil
+		case ctx.Err() != nil:
+			// The caller gave up (cancelled or out of time): whatever Redis
+			// did, this call says nothing about it.
+			return struct{}{}, excluded{err}
+		case b.isOutcome(err):
+			return struct{}{}, outcome{err}
+		}
+		return struct{}{}, err
+	})
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, gobreaker.ErrOpenState), errors.Is(err, gobreaker.ErrTooManyRequests):
+		b.rejected.Inc()
+		return fmt.Errorf("%w: %w", ErrOpen, err)
+	}
+	var ex excluded
+	if errors.As(err, &ex) {
+		return ex.err
+	}
+	var oc outcome
+	if errors.As(err, &oc) {
+		return oc.err
+	}
+	return err
+}

@@ -1,0 +1,134 @@
+package breaker_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/stockgate/stockgate/breaker"
+)
+
+var (
+	errRedis   = errors.New("redis: i/o timeout")
+	errSoldOut = errors.New("sold out")
+)
+
+func newBreaker(t *testing.T, reg prometheus.Registerer) *breaker.Breaker {
+	t.Helper()
+	b, err := breaker.New(breaker.Options{
+		ConsecutiveFailures: 3, OpenFor: 50 * time.Millisecond, Probes: 2,
+		IsOutcome:  func(err error) bool { return errors.Is(err, errSoldOut) },
+		Registerer: reg,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func fails(err error) func(context.Context) error {
+	return func(context.Context) error { return err }
+}
+
+func TestTripsOnFailuresOnly(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	b := newBreaker(t, reg)
+	ctx := context.Background()
+	for range 100 {
+		if err := b.Do(ctx, fails(errSoldOut)); !errors.Is(err, errSoldOut) {
+			t.Fatalf("Do = %v, want the outcome back", err)
+		}
+	}
+	if b.State() != breaker.Closed {
+		t.Fatalf("100 outcomes left the breaker %v", b.State())
+	}
+	for range 3 {
+		if err := b.Do(ctx, fails(errRedis)); !errors.Is(err, errRedis) {
+			t.Fatalf("Do = %v, want the failure back", err)
+		}
+	}
+	ran := false
+	err := b.Do(ctx, func(context.Context) error { ran = true; return nil })
+	if !errors.Is(err, breaker.ErrOpen) || ran || b.State() != breaker.Open {
+		t.Fatalf("after 3 failures: Do = %v, ran %v, state %v; want ErrOpen, not run, open", err, ran, b.State())
+	}
+	expect(t, reg, `
+# HELP stockgate_breaker_rejected_total Calls the circuit breaker refused without running them.
+# TYPE stockgate_breaker_rejected_total counter
+stockgate_breaker_rejected_total{breaker="redis"} 1
+# HELP stockgate_breaker_transitions_total Circuit breaker state changes, by the state left and the state entered.
+# TYPE stockgate_breaker_transitions_total counter
+stockgate_breaker_transitions_total{breaker="redis",from="closed",to="open"} 1
+`, "stockgate_breaker_rejected_total", "stockgate_breaker_transitions_total")
+	// Recovery: half-open after OpenFor, closed after Probes successes.
+	time.Sleep(60 * time.Millisecond)
+	for range 2 {
+		if err := b.Do(ctx, fails(nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if b.State() != breaker.Closed {
+		t.Errorf("after 2 successful probes the breaker is %v", b.State())
+	}
+	expect(t, reg, `
+# HELP stockgate_breaker_state Circuit breaker state: 0 closed, 1 half-open, 2 open.
+# TYPE stockgate_breaker_state gauge
+stockgate_breaker_state{breaker="redis"} 0
+`, "stockgate_breaker_state")
+}
+
+// Cancelled callers count neither way: 1,000 of them cannot trip a closed
+// breaker, and in half-open they do not use up the probes.
+func TestCancellationsNeitherTripNorStick(t *testing.T) {
+	b := newBreaker(t, nil)
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	for range 1000 {
+		b.Do(cancelled, func(ctx context.Context) error { return ctx.Err() })
+	}
+	if b.State() != breaker.Closed {
+		t.Fatalf("1000 cancellations left the breaker %v", b.State())
+	}
+	for range 3 {
+		b.Do(context.Background(), fails(errRedis))
+	}
+	time.Sleep(60 * time.Millisecond)
+	// Half-open with 2 probes: many cancelled probes in a row.
+	for range 100 {
+		err := b.Do(cancelled, func(ctx context.Context) error { return ctx.Err() })
+		if errors.Is(err, breaker.ErrOpen) {
+			t.Fatalf("a cancelled probe was refused: the probes are stuck (%v)", err)
+		}
+	}
+	if b.State() != breaker.HalfOpen {
+		t.Fatalf("after cancelled probes the breaker is %v, want half-open", b.State())
+	}
+	for range 2 {
+		if err := b.Do(context.Background(), fails(nil)); err != nil {
+			t.Fatalf("probe after cancellations = %v", err)
+		}
+	}
+	if b.State() != breaker.Closed {
+		t.Errorf("breaker %v after two good probes, want closed", b.State())
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	for _, o := range []breaker.Options{{FailureRatio: 2}, {Window: time.Millisecond}, {OpenFor: time.Microsecond}} {
+		if _, err := breaker.New(o); err == nil {
+			t.Errorf("New(%+v) succeeded", o)
+		}
+	}
+}
+
+func expect(t *testing.T, reg *prometheus.Registry, text string, names ...string) {
+	t.Helper()
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(text), names...); err != nil {
+		t.Error(err)
+	}
+}

@@ -76,18 +76,19 @@ func (s *Server) putSKU(c *gin.Context) {
 		writeProblem(c, http.StatusServiceUnavailable, "unavailable", "ledger unavailable", 1)
 		return
 	}
-	// Rebuild Redis from the ledger row just committed. Deductions in flight
-	// across this moment are safe: the ledger's conditional update refuses
-	// anything Redis admits beyond the truth.
-	if err := s.gate.Seed(ctx, sku, st.Shards, st.Remaining(), true); err != nil {
-		s.log.Error("seed after put sku", "sku", sku.String(), "err", err)
-		writeProblem(c, http.StatusServiceUnavailable, "unavailable",
-			"ledger updated but Redis not seeded; repeat the request", 1)
-		return
-	}
+	// The ledger change marked the gate stale; rebuild Redis from it now.
+	// If that fails, the next purchase or drift check rebuilds it, and until
+	// then the ledger's conditional update refuses anything Redis admits
+	// beyond the truth.
 	s.settings.Invalidate(sku)
 	s.stock.Invalidate(sku)
 	s.cache.ClearSoldOut(sku)
+	if err := s.reseed(ctx, sku, reasonAdmin, true); err != nil {
+		s.log.Error("re-seed after put sku", "sku", sku.String(), "err", err)
+		writeProblem(c, http.StatusServiceUnavailable, "unavailable",
+			"ledger updated but Redis not rebuilt yet; it will be rebuilt before it serves this SKU", 1)
+		return
+	}
 	c.JSON(http.StatusOK, skuViewOf(st))
 }
 

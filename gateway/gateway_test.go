@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -13,37 +14,65 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/stockgate/stockgate/cache"
+	"github.com/stockgate/stockgate/cluster"
 	"github.com/stockgate/stockgate/gateway"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/lock"
 	"github.com/stockgate/stockgate/shard"
 	"github.com/stockgate/stockgate/stock"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
 
-// env is one gateway on the shared Redis Cluster and a fresh ledger.
+// env is one gateway on a real Redis Cluster (the shared one unless the
+// test brings its own) and a real ledger.
 type env struct {
 	url    string
+	srv    *gateway.Server
 	ledger *ledger.Ledger
 	gate   *shard.Store
+	rdb    *redis.ClusterClient
+	reg    *prometheus.Registry
 	client *http.Client
 }
 
-func newEnv(t *testing.T, driver string) *env {
+type envOptions struct {
+	driver  string
+	dsn     string           // an existing ledger (several gateways share it); default a fresh one
+	cluster *testenv.Cluster // default the shared cluster
+	dialer  func(ctx context.Context, network, addr string) (net.Conn, error)
+	drift   bool // run the drift check
+	tune    func(*gateway.Options)
+}
+
+func newEnv(t *testing.T, driver string) *env { return startEnv(t, envOptions{driver: driver}) }
+
+func startEnv(t *testing.T, o envOptions) *env {
 	t.Helper()
 	ctx := context.Background()
-	rdb := testenv.SharedCluster(t).Client()
-	t.Cleanup(func() { rdb.Close() })
-	dsn := testenv.SQLitePath(t)
-	if driver == ledger.Postgres {
-		dsn = testenv.PostgresURL(t)
+	if o.cluster == nil {
+		o.cluster = testenv.SharedCluster(t)
 	}
-	led, err := ledger.Open(ctx, ledger.Options{Driver: driver, DSN: dsn})
+	rdb, err := cluster.New(cluster.Options{Addrs: o.cluster.Addrs(), Dialer: o.dialer})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rdb.Close() })
+	if o.dsn == "" {
+		o.dsn = testenv.SQLitePath(t)
+		if o.driver == ledger.Postgres {
+			o.dsn = testenv.PostgresURL(t)
+		}
+	}
+	led, err := ledger.Open(ctx, ledger.Options{Driver: o.driver, DSN: o.dsn})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,17 +85,48 @@ func newEnv(t *testing.T, driver string) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := gateway.New(gateway.Options{Gate: gate, Ledger: led, Cache: mem,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	locker, err := lock.New(lock.Options{Redis: rdb, TTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	opts := gateway.Options{Gate: gate, Ledger: led, Cache: mem, Locker: locker, Registry: reg,
+		Logger: testLogger(t), FenceSettle: 10 * time.Millisecond, DriftEvery: 200 * time.Millisecond}
+	if o.tune != nil {
+		o.tune(&opts)
+	}
+	srv, err := gateway.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv.SetReady(true)
+	if o.drift {
+		dctx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); srv.RunDrift(dctx) }()
+		t.Cleanup(func() { stop(); <-done })
+	}
 	hs := httptest.NewServer(srv.Handler())
 	t.Cleanup(hs.Close)
 	tr := &http.Transport{MaxIdleConnsPerHost: 256}
 	t.Cleanup(tr.CloseIdleConnections)
-	return &env{url: hs.URL, ledger: led, gate: gate, client: &http.Client{Transport: tr}}
+	return &env{url: hs.URL, srv: srv, ledger: led, gate: gate, rdb: rdb, reg: reg, client: &http.Client{Transport: tr}}
+}
+
+// testLogger shows the gateway's warnings and errors in the test's log
+// when STOCKGATE_TEST_LOG is set, and discards them otherwise.
+func testLogger(t *testing.T) *slog.Logger {
+	if os.Getenv("STOCKGATE_TEST_LOG") == "" {
+		return slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return slog.New(slog.NewTextHandler(tlogWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+type tlogWriter struct{ t *testing.T }
+
+func (w tlogWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
 }
 
 func eachDriver(t *testing.T, f func(t *testing.T, driver string)) {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/stockgate/stockgate/breaker"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/shard"
@@ -131,8 +132,9 @@ func requestHash(sku stock.SKU, buyer string, q int64) string {
 }
 
 // buy is the purchase flow: settings → cached sold-out → Redis deduction →
-// ledger commit → answer. Every path that took stock and did not commit
-// gives it back, and no path answers 201 without a committed order.
+// ledger commit → answer, or straight to the ledger when Redis cannot be
+// used. Every path that took stock and did not commit gives it back, and no
+// path answers 201 without a committed order.
 func (s *Server) buy(ctx context.Context, sku stock.SKU, key, hash, buyer string, q int64) answer {
 	st, err := s.settings.Get(ctx, sku)
 	switch {
@@ -149,21 +151,35 @@ func (s *Server) buy(ctx context.Context, sku stock.SKU, key, hash, buyer string
 	if s.cache.SoldOut(sku) {
 		return ansSoldOut
 	}
+	order := ledger.Order{IdempotencyKey: key, RequestHash: hash, SKU: sku, Buyer: buyer, Quantity: q}
+	if st.GateStale() && s.breaker.State() == breaker.Closed {
+		// The ledger sold around Redis: rebuild before Redis serves again.
+		if err := s.reseed(ctx, sku, reasonBypass, false); err != nil {
+			return s.buyDirect(ctx, order)
+		}
+	}
 
 	req := shard.Request{SKU: sku, Shards: st.Shards, RequestID: key, Quantity: q, MaxQuantity: st.MaxPerOrder}
-	d, err := s.gate.Deduct(ctx, req)
-	if errors.Is(err, stock.ErrNotSeeded) {
-		if err = s.seedAbsent(ctx, sku); err == nil {
-			d, err = s.gate.Deduct(ctx, req)
-		}
+	d, err := s.deduct(ctx, req)
+	if err != nil && !notRun(err) && !isOutcome(err) {
+		// The outcome is unknown: the script may have run and its reply been
+		// lost. Ask again with the same request id: its deduction record
+		// answers for the first attempt, so stock moves at most once.
+		s.log.Warn("deduct outcome unknown; asking again", "sku", sku.String(), "err", err)
+		d, err = s.deduct(ctx, req)
 	}
 	switch {
 	case errors.Is(err, stock.ErrSoldOut):
 		s.cache.MarkSoldOut(sku)
-		return ansSoldOut
+		return s.counted(pathGate, ansSoldOut)
+	case err != nil && notRun(err):
+		// Nothing moved in Redis: the ledger can sell this one directly.
+		return s.buyDirect(ctx, order)
 	case err != nil:
+		// Still unknown: never sell it again by the other path. The client's
+		// retry with the same key meets the deduction record.
 		s.log.Error("deduct", "sku", sku.String(), "err", err)
-		return ansUnavailable
+		return s.counted(pathGate, ansUnavailable)
 	}
 
 	if d.Replayed {
@@ -176,34 +192,40 @@ func (s *Server) buy(ctx context.Context, sku stock.SKU, key, hash, buyer string
 			return replay(prev, hash)
 		case !errors.Is(err, ledger.ErrNotFound):
 			s.log.Error("order by key", "err", err)
-			return ansUnavailable
+			return s.counted(pathGate, ansUnavailable)
 		}
 	}
 
 	gateRecord, _ := json.Marshal(d.Parts)
-	o, err := s.ledger.Purchase(ctx, ledger.Order{
-		IdempotencyKey: key, RequestHash: hash, SKU: sku, Buyer: buyer, Quantity: q, Gate: string(gateRecord),
-	})
+	order.Gate = string(gateRecord)
+	o, err := s.ledger.Purchase(ctx, order)
 	switch {
 	case err == nil:
+		s.count(pathGate, "sold")
 		return answer{status: http.StatusCreated, order: o}
 	case errors.Is(err, ledger.ErrDuplicate):
 		// Another attempt with this key committed first (on another replica,
-		// or before a Redis re-send). Stock this call took fresh goes back.
+		// through the ledger fallback, or before a Redis re-send). Stock
+		// this call took fresh goes back.
 		if !d.Replayed {
 			s.giveBack(ctx, sku, key, d.Parts)
 		}
 		return replay(o, hash)
 	case errors.Is(err, stock.ErrSoldOut):
 		// Redis admitted what the ledger refuses: Redis was ahead of the
-		// truth (a lost write, a re-seed race). The ledger wins.
+		// truth (a write lost in a failover, sales around it). The ledger wins.
+		s.metrics.ledgerRefusals.Inc()
 		s.giveBack(ctx, sku, key, d.Parts)
-		return ansSoldOut
+		return s.counted(pathGate, ansSoldOut)
+	case errors.Is(err, ledger.ErrNotCommitted):
+		s.log.Error("ledger purchase", "sku", sku.String(), "err", err)
+		s.giveBack(ctx, sku, key, d.Parts)
+		return s.counted(pathGate, ansUnavailable)
 	}
-	// The commit failed, or its outcome is unknown (a connection lost during
-	// COMMIT). Look before giving the stock back: restoring stock that was
-	// in fact sold would let Redis admit a buyer the ledger must refuse.
-	s.log.Error("ledger purchase", "sku", sku.String(), "err", err)
+	// COMMIT failed and may have landed. Look before giving the stock back:
+	// restoring stock that was in fact sold would let Redis admit a buyer
+	// the ledger must refuse.
+	s.log.Error("ledger purchase commit", "sku", sku.String(), "err", err)
 	if prev, lerr := s.ledger.OrderByKey(ctx, key); lerr == nil {
 		return replay(prev, hash)
 	} else if errors.Is(lerr, ledger.ErrNotFound) {
@@ -211,7 +233,7 @@ func (s *Server) buy(ctx context.Context, sku stock.SKU, key, hash, buyer string
 	}
 	// Otherwise the stock stays taken in Redis: under-selling until the
 	// drift check repairs it is the safe side of not knowing.
-	return ansUnavailable
+	return s.counted(pathGate, ansUnavailable)
 }
 
 func replay(o ledger.Order, hash string) answer {
@@ -219,23 +241,4 @@ func replay(o ledger.Order, hash string) answer {
 		return ansKeyReused
 	}
 	return answer{status: http.StatusCreated, order: o, replayed: true}
-}
-
-func (s *Server) giveBack(ctx context.Context, sku stock.SKU, key string, parts []shard.Part) {
-	if err := s.gate.Restore(ctx, sku, key, parts); err != nil {
-		// The units stay taken in Redis; the ledger is unaffected and the
-		// drift check will find them.
-		s.log.Error("restore after refused commit", "sku", sku.String(), "err", err)
-	}
-}
-
-// seedAbsent writes any missing shards of a SKU from the ledger, leaving
-// live shards alone. It runs when Redis has no stock for a SKU: first use
-// after creation by another replica, or a Redis that lost its data.
-func (s *Server) seedAbsent(ctx context.Context, sku stock.SKU) error {
-	st, err := s.ledger.SKU(ctx, sku)
-	if err != nil {
-		return fmt.Errorf("seed: %w", err)
-	}
-	return s.gate.Seed(ctx, sku, st.Shards, st.Remaining(), false)
 }

@@ -17,9 +17,14 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/singleflight"
 
+	"github.com/stockgate/stockgate/breaker"
 	"github.com/stockgate/stockgate/cache"
 	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/lock"
 	"github.com/stockgate/stockgate/shard"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -29,6 +34,8 @@ type Gate interface {
 	Deduct(ctx context.Context, r shard.Request) (shard.Deduction, error)
 	Restore(ctx context.Context, sku stock.SKU, requestID string, parts []shard.Part) error
 	Seed(ctx context.Context, sku stock.SKU, n int, remaining int64, overwrite bool) error
+	Fence(ctx context.Context, sku stock.SKU, n int, closed bool) error
+	Read(ctx context.Context, sku stock.SKU, n int) ([]shard.ShardStock, error)
 	Remaining(ctx context.Context, sku stock.SKU, n int) (int64, bool, error)
 }
 
@@ -37,7 +44,10 @@ type Ledger interface {
 	PutSKU(ctx context.Context, c ledger.SKUConfig) (ledger.SKUState, error)
 	SKU(ctx context.Context, sku stock.SKU) (ledger.SKUState, error)
 	Purchase(ctx context.Context, o ledger.Order) (ledger.Order, error)
+	PurchaseDirect(ctx context.Context, o ledger.Order, version int64) (ledger.Order, error)
 	OrderByKey(ctx context.Context, key string) (ledger.Order, error)
+	MarkGateSeeded(ctx context.Context, sku stock.SKU, seq int64) error
+	SKUs(ctx context.Context, after stock.SKU, limit int) ([]ledger.SKUState, error)
 }
 
 // Options configures a Server.
@@ -45,7 +55,36 @@ type Options struct {
 	Gate   Gate         // required
 	Ledger Ledger       // required
 	Cache  *cache.Cache // required; the same one the Gate skips empty shards with
+	// Locker coordinates re-seeds across replicas; it must use the same
+	// Redis Cluster as the Gate. Required.
+	Locker *lock.Locker
 	Logger *slog.Logger // default slog.Default()
+	// Registry receives the metrics and is served at /metrics. Default: a
+	// new registry.
+	Registry *prometheus.Registry
+	// Breaker configures the fuse around Redis; New fills in what counts as
+	// an outcome, the metrics and the transition log.
+	Breaker breaker.Options
+	// RedisTimeout is the deadline of one gate call (a purchase probing
+	// several shards is one call). Default 1s.
+	RedisTimeout time.Duration
+	// FallbackConcurrency caps purchases going straight to the ledger while
+	// the breaker is open; beyond it they get 503 with Retry-After. Default 16.
+	FallbackConcurrency int
+	// FallbackAttempts bounds the optimistic attempts of one such purchase
+	// (version conflicts retried with jittered exponential pauses starting
+	// at FallbackBackoff). Defaults 5 and 2ms.
+	FallbackAttempts int
+	FallbackBackoff  time.Duration
+	// ReseedWait is how long a purchase waits for the re-seed lock of its
+	// SKU before going to the ledger instead. Default 1s.
+	ReseedWait time.Duration
+	// FenceSettle is the pause between closing a SKU's gate and reading the
+	// ledger facts to rebuild it, so purchases already admitted by Redis can
+	// commit first. Default 100ms.
+	FenceSettle time.Duration
+	// DriftEvery is the period of the drift check RunDrift runs. Default 30s.
+	DriftEvery time.Duration
 	// AdminToken, when set, is the bearer token admin routes require.
 	// Empty leaves admin routes open, for local use only.
 	AdminToken string
@@ -68,6 +107,11 @@ type Server struct {
 	gate     Gate
 	ledger   Ledger
 	cache    *cache.Cache
+	locker   *lock.Locker
+	breaker  *breaker.Breaker
+	metrics  *metrics
+	fallback chan struct{} // semaphore of ledger-direct purchases
+	reseeds  singleflight.Group
 	log      *slog.Logger
 	opts     Options
 	settings *cache.Loading[ledger.SKUState]
@@ -98,14 +142,46 @@ func New(opts Options) (*Server, error) {
 	if opts.WorkTimeout == 0 {
 		opts.WorkTimeout = 5 * time.Second
 	}
+	if opts.Registry == nil {
+		opts.Registry = prometheus.NewRegistry()
+	}
+	setDefault(&opts.RedisTimeout, time.Second)
+	setDefault(&opts.FallbackBackoff, 2*time.Millisecond)
+	setDefault(&opts.ReseedWait, time.Second)
+	setDefault(&opts.FenceSettle, 100*time.Millisecond)
+	setDefault(&opts.DriftEvery, 30*time.Second)
+	if opts.FallbackConcurrency == 0 {
+		opts.FallbackConcurrency = 16
+	}
+	if opts.FallbackAttempts == 0 {
+		opts.FallbackAttempts = 5
+	}
 	switch {
+	case opts.Locker == nil:
+		return nil, errors.New("gateway: Options.Locker is required")
 	case opts.MaxBodyBytes < 64:
 		return nil, fmt.Errorf("gateway: MaxBodyBytes %d below 64", opts.MaxBodyBytes)
-	case opts.SettingsTTL < 0 || opts.StockTTL < 0 || opts.WorkTimeout < 0:
+	case opts.SettingsTTL < 0 || opts.StockTTL < 0 || opts.WorkTimeout < 0 || opts.RedisTimeout < 0 ||
+		opts.FallbackBackoff < 0 || opts.ReseedWait < 0 || opts.FenceSettle < 0 || opts.DriftEvery < 0:
 		return nil, errors.New("gateway: negative duration")
+	case opts.FallbackConcurrency < 1 || opts.FallbackAttempts < 1:
+		return nil, errors.New("gateway: FallbackConcurrency and FallbackAttempts must be at least 1")
 	}
-	s := &Server{gate: opts.Gate, ledger: opts.Ledger, cache: opts.Cache, log: opts.Logger, opts: opts}
+	s := &Server{gate: opts.Gate, ledger: opts.Ledger, cache: opts.Cache, locker: opts.Locker, log: opts.Logger, opts: opts,
+		fallback: make(chan struct{}, opts.FallbackConcurrency)}
 	var err error
+	if s.metrics, err = newMetrics(opts.Registry); err != nil {
+		return nil, fmt.Errorf("gateway: metrics: %w", err)
+	}
+	bo := opts.Breaker
+	bo.IsOutcome = isOutcome
+	bo.Registerer = opts.Registry
+	bo.OnChange = func(from, to breaker.State) {
+		s.log.Warn("redis breaker", "from", from.String(), "to", to.String())
+	}
+	if s.breaker, err = breaker.New(bo); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
 	s.settings, err = cache.NewLoading(opts.SettingsTTL, 100_000, nil, s.ledger.SKU)
 	if err != nil {
 		return nil, err
@@ -116,6 +192,12 @@ func New(opts Options) (*Server, error) {
 	}
 	s.engine = s.routes()
 	return s, nil
+}
+
+func setDefault(d *time.Duration, v time.Duration) {
+	if *d == 0 {
+		*d = v
+	}
 }
 
 // Handler is the HTTP handler of the whole API.
@@ -143,6 +225,8 @@ func (s *Server) routes() *gin.Engine {
 		c.String(http.StatusOK, "ok\n")
 	})
 
+	e.GET("/metrics", gin.WrapH(promhttp.HandlerFor(s.opts.Registry, promhttp.HandlerOpts{})))
+
 	v1 := e.Group("/v1")
 	v1.GET("/skus/:program/:ticket/stock", s.getStock)
 	v1.POST("/skus/:program/:ticket/purchases", s.purchase)
@@ -150,6 +234,7 @@ func (s *Server) routes() *gin.Engine {
 	admin := v1.Group("/admin", s.requireAdmin)
 	admin.PUT("/skus/:program/:ticket", s.putSKU)
 	admin.GET("/skus/:program/:ticket", s.getSKU)
+	admin.POST("/skus/:program/:ticket/reconcile", s.reconcile)
 	return e
 }
 

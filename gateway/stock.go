@@ -37,15 +37,20 @@ func (s *Server) getStock(c *gin.Context) {
 	}
 }
 
-// loadStock reads the gate's view (what buyers can still get), falling back
-// to the ledger's when Redis has not been seeded.
+// loadStock reads the gate's view (what buyers can still get), or the
+// ledger's when Redis is unavailable, unseeded or behind ledger sales.
 func (s *Server) loadStock(ctx context.Context, sku stock.SKU) (stockView, error) {
 	st, err := s.settings.Get(ctx, sku)
 	if err != nil {
 		return stockView{}, err
 	}
-	left, seeded, err := s.gate.Remaining(ctx, sku, st.Shards)
-	if err != nil || !seeded {
+	var left int64
+	seeded := false
+	err = s.redis(ctx, func(ctx context.Context) (err error) {
+		left, seeded, err = s.gate.Remaining(ctx, sku, st.Shards)
+		return err
+	})
+	if err != nil || !seeded || st.GateStale() {
 		fresh, lerr := s.ledger.SKU(ctx, sku)
 		if lerr != nil {
 			return stockView{}, errors.Join(err, lerr)

@@ -179,8 +179,14 @@ func TestPurchaseDirect(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.GateStale() {
-			t.Fatal("a new SKU is gate-stale")
+		if !st.GateStale() {
+			t.Fatal("a new SKU is not gate-stale: Redis would serve it unseeded")
+		}
+		if err := l.MarkGateSeeded(ctx, sku, st.BypassSeq); err != nil {
+			t.Fatal(err)
+		}
+		if st, _ = l.SKU(ctx, sku); st.GateStale() {
+			t.Fatal("gate-stale after MarkGateSeeded")
 		}
 		order := func(key string, q int64) ledger.Order {
 			return ledger.Order{IdempotencyKey: key, SKU: sku, Buyer: "b", Quantity: q}
@@ -196,8 +202,8 @@ func TestPurchaseDirect(t *testing.T) {
 			t.Errorf("conflicting purchase left an order: %v", err)
 		}
 		st, _ = l.SKU(ctx, sku)
-		if st.Sold != 1 || !st.GateStale() || st.BypassSeq != 1 {
-			t.Fatalf("after one direct sale: %+v, want sold 1, bypass_seq 1, gate stale", st)
+		if st.Sold != 1 || !st.GateStale() || st.BypassSeq != 2 {
+			t.Fatalf("after one direct sale: %+v, want sold 1, bypass_seq 2 (put, sale), gate stale", st)
 		}
 		// Not enough left is sold out, not a conflict, even at the right version.
 		if _, err := l.PurchaseDirect(ctx, order("d3", 5), st.Version); !errors.Is(err, stock.ErrSoldOut) {
@@ -213,8 +219,8 @@ func TestPurchaseDirect(t *testing.T) {
 			t.Fatal(err)
 		}
 		st, _ = l.SKU(ctx, sku)
-		if st.GateStale() || st.GateSeq != 1 || st.Sold != 1 {
-			t.Errorf("after MarkGateSeeded(1), (0): %+v, want gate_seq 1, not stale", st)
+		if st.GateStale() || st.GateSeq != 2 || st.Sold != 1 {
+			t.Errorf("after MarkGateSeeded(2), (0): %+v, want gate_seq 2, not stale", st)
 		}
 	})
 }
@@ -257,8 +263,8 @@ func TestPurchaseDirectRacing(t *testing.T) {
 		wg.Wait()
 		st, _ := l.SKU(ctx, sku)
 		_, orderUnits, _ := l.OrderTotals(ctx, sku)
-		if st.Sold != 30 || units != 30 || orderUnits != 30 || st.BypassSeq != 30 {
-			t.Errorf("sold %d, acknowledged %d, order rows %d, bypass_seq %d; want 30 each", st.Sold, units, orderUnits, st.BypassSeq)
+		if st.Sold != 30 || units != 30 || orderUnits != 30 || st.BypassSeq != 31 {
+			t.Errorf("sold %d, acknowledged %d, order rows %d, bypass_seq %d; want 30, 30, 30, 31 (put + 30 sales)", st.Sold, units, orderUnits, st.BypassSeq)
 		}
 		t.Logf("%d version conflicts retried", conflicts)
 	})

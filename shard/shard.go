@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"net"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -16,6 +17,32 @@ import (
 	"github.com/stockgate/stockgate/lua"
 	"github.com/stockgate/stockgate/stock"
 )
+
+// errStranded marks a failed Deduct whose partial take could not be given
+// back: stock moved, so the call did run.
+var errStranded = errors.New("shard: partial take not given back")
+
+// NotRun reports whether err shows that no script of the call took effect,
+// so the request may safely go another way (the ledger) without a lookup:
+// no connection could be made or borrowed, the client is closed, or Redis
+// answered with an error reply (CLUSTERDOWN, TRYAGAIN, LOADING, MOVED past
+// the redirect limit) instead of running the script. A timeout or a broken
+// connection after the command was written is not such an error: the
+// script may have run, and only the request's deduction record can tell.
+func NotRun(err error) bool {
+	if err == nil || errors.Is(err, errStranded) {
+		return false
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return true
+	}
+	if errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed) {
+		return true
+	}
+	var reply redis.Error
+	return errors.As(err, &reply)
+}
 
 // ErrScript reports a script answer the Go side did not expect: a bug or a
 // server that is not the one we think, never a stock outcome.
@@ -213,7 +240,7 @@ func (s *Store) assemble(ctx context.Context, r Request, d Deduction, seen []int
 			if rerr := s.Restore(ctx, r.SKU, r.RequestID, fresh); rerr != nil {
 				// Units stay taken in Redis until a re-seed: say the
 				// outcome is unknown, not that nothing ran.
-				return d, errors.Join(err, fmt.Errorf("give back partial take: %w", rerr))
+				return d, errors.Join(err, fmt.Errorf("%w: %w", errStranded, rerr))
 			}
 			return d, err
 		}

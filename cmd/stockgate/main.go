@@ -21,11 +21,15 @@ import (
 	"time"
 
 	"github.com/peterbourgon/ff/v3"
-	"github.com/redis/go-redis/v9"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/stockgate/stockgate/breaker"
 	"github.com/stockgate/stockgate/cache"
+	"github.com/stockgate/stockgate/cluster"
 	"github.com/stockgate/stockgate/gateway"
 	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/lock"
 	"github.com/stockgate/stockgate/shard"
 )
 
@@ -52,6 +56,22 @@ type config struct {
 	WorkTimeout    time.Duration
 	ShutdownGrace  time.Duration
 	LogLevel       string
+
+	RedisTimeout        time.Duration
+	StateReloadEvery    time.Duration
+	BreakerFailures     uint
+	BreakerRatio        float64
+	BreakerMinRequests  uint
+	BreakerWindow       time.Duration
+	BreakerOpenFor      time.Duration
+	BreakerProbes       uint
+	FallbackConcurrency int
+	FallbackAttempts    int
+	FallbackBackoff     time.Duration
+	LockTTL             time.Duration
+	ReseedWait          time.Duration
+	FenceSettle         time.Duration
+	DriftEvery          time.Duration
 }
 
 func flags(fs *flag.FlagSet, c *config) {
@@ -72,6 +92,22 @@ func flags(fs *flag.FlagSet, c *config) {
 	fs.DurationVar(&c.WorkTimeout, "work-timeout", 5*time.Second, "time limit of one purchase's work")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 20*time.Second, "time in-flight requests get to finish on SIGTERM")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
+
+	fs.DurationVar(&c.RedisTimeout, "redis-call-timeout", time.Second, "deadline of one gate call (a purchase probing several shards is one call)")
+	fs.DurationVar(&c.StateReloadEvery, "redis-state-reload", time.Second, "how stale the cluster slot map may get before it is reloaded")
+	fs.UintVar(&c.BreakerFailures, "breaker-failures", 5, "consecutive Redis failures that open the breaker")
+	fs.Float64Var(&c.BreakerRatio, "breaker-failure-ratio", 0.5, "failure ratio within the window that opens the breaker")
+	fs.UintVar(&c.BreakerMinRequests, "breaker-min-requests", 20, "calls in the window before the ratio counts")
+	fs.DurationVar(&c.BreakerWindow, "breaker-window", 10*time.Second, "rolling window the failure ratio is counted over")
+	fs.DurationVar(&c.BreakerOpenFor, "breaker-open-for", 2*time.Second, "time the breaker stays open before probing Redis")
+	fs.UintVar(&c.BreakerProbes, "breaker-probes", 3, "successful half-open probes that close the breaker")
+	fs.IntVar(&c.FallbackConcurrency, "fallback-concurrency", 16, "purchases sent straight to the ledger at once while Redis is out; beyond: 503")
+	fs.IntVar(&c.FallbackAttempts, "fallback-attempts", 5, "optimistic attempts of one ledger-direct purchase")
+	fs.DurationVar(&c.FallbackBackoff, "fallback-backoff", 2*time.Millisecond, "base of the jittered pause between those attempts")
+	fs.DurationVar(&c.LockTTL, "lock-ttl", 10*time.Second, "lifetime of a coordination lock after its holder stops renewing it")
+	fs.DurationVar(&c.ReseedWait, "reseed-wait", time.Second, "how long a purchase waits for another replica's re-seed of its SKU")
+	fs.DurationVar(&c.FenceSettle, "fence-settle", 100*time.Millisecond, "pause between closing a SKU's gate and reading the ledger to rebuild it")
+	fs.DurationVar(&c.DriftEvery, "drift-every", 30*time.Second, "period of the Redis-vs-ledger drift check")
 }
 
 // validate names the environment variable of the first bad setting.
@@ -91,6 +127,10 @@ func (c config) validate() error {
 		"redis-dial-timeout": c.DialTimeout, "redis-read-timeout": c.ReadTimeout,
 		"redis-write-timeout": c.WriteTimeout, "sold-out-ttl": c.SoldOutTTL, "empty-shard-ttl": c.EmptyShardTTL,
 		"work-timeout": c.WorkTimeout, "shutdown-grace": c.ShutdownGrace,
+		"redis-call-timeout": c.RedisTimeout, "redis-state-reload": c.StateReloadEvery,
+		"breaker-window": c.BreakerWindow, "breaker-open-for": c.BreakerOpenFor,
+		"fallback-backoff": c.FallbackBackoff, "lock-ttl": c.LockTTL, "reseed-wait": c.ReseedWait,
+		"fence-settle": c.FenceSettle, "drift-every": c.DriftEvery,
 	} {
 		if d <= 0 {
 			return bad(name, "must be a positive duration")
@@ -107,6 +147,22 @@ func (c config) validate() error {
 		return bad("ledger-dsn", "must not be empty")
 	case c.LedgerMaxConns < 1:
 		return bad("ledger-max-conns", "must be at least 1")
+	case c.BreakerFailures < 1:
+		return bad("breaker-failures", "must be at least 1")
+	case c.BreakerRatio <= 0 || c.BreakerRatio > 1:
+		return bad("breaker-failure-ratio", "must be in (0, 1]")
+	case c.BreakerMinRequests < 1:
+		return bad("breaker-min-requests", "must be at least 1")
+	case c.BreakerWindow < time.Second:
+		return bad("breaker-window", "must be at least 1s")
+	case c.BreakerProbes < 1:
+		return bad("breaker-probes", "must be at least 1")
+	case c.FallbackConcurrency < 1:
+		return bad("fallback-concurrency", "must be at least 1")
+	case c.FallbackAttempts < 1:
+		return bad("fallback-attempts", "must be at least 1")
+	case c.LockTTL < time.Second:
+		return bad("lock-ttl", "must be at least 1s")
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(c.LogLevel)); err != nil {
@@ -163,16 +219,18 @@ func run(args []string, stderr io.Writer) int {
 }
 
 func serve(ctx context.Context, c config, log *slog.Logger) error {
-	rdb := redis.NewClusterClient(&redis.ClusterOptions{
-		Addrs:        strings.Split(c.RedisAddrs, ","),
-		Password:     c.RedisPassword,
-		DialTimeout:  c.DialTimeout,
-		ReadTimeout:  c.ReadTimeout,
-		WriteTimeout: c.WriteTimeout,
-		PoolSize:     c.PoolSize,
-		// Reads go to masters only: stock must never be read stale.
-		ReadOnly: false,
+	var addrs []string
+	for _, a := range strings.Split(c.RedisAddrs, ",") {
+		addrs = append(addrs, strings.TrimSpace(a))
+	}
+	rdb, err := cluster.New(cluster.Options{
+		Addrs: addrs, Password: c.RedisPassword,
+		DialTimeout: c.DialTimeout, ReadTimeout: c.ReadTimeout, WriteTimeout: c.WriteTimeout,
+		PoolSize: c.PoolSize, StateReloadEvery: c.StateReloadEvery,
 	})
+	if err != nil {
+		return err
+	}
 	defer rdb.Close()
 
 	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -191,13 +249,32 @@ func serve(ctx context.Context, c config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	locker, err := lock.New(lock.Options{Redis: rdb, TTL: c.LockTTL})
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	srv, err := gateway.New(gateway.Options{
-		Gate: gate, Ledger: led, Cache: mem, Logger: log,
-		AdminToken: c.AdminToken, WorkTimeout: c.WorkTimeout,
+		Gate: gate, Ledger: led, Cache: mem, Locker: locker, Logger: log, Registry: reg,
+		AdminToken: c.AdminToken, WorkTimeout: c.WorkTimeout, RedisTimeout: c.RedisTimeout,
+		Breaker: breaker.Options{
+			ConsecutiveFailures: uint32(c.BreakerFailures), FailureRatio: c.BreakerRatio,
+			MinRequests: uint32(c.BreakerMinRequests), Window: c.BreakerWindow,
+			OpenFor: c.BreakerOpenFor, Probes: uint32(c.BreakerProbes),
+		},
+		FallbackConcurrency: c.FallbackConcurrency, FallbackAttempts: c.FallbackAttempts,
+		FallbackBackoff: c.FallbackBackoff, ReseedWait: c.ReseedWait, FenceSettle: c.FenceSettle,
+		DriftEvery: c.DriftEvery,
 	})
 	if err != nil {
 		return err
 	}
+	// The drift check runs until the drain starts; serve waits for it.
+	driftCtx, stopDrift := context.WithCancel(context.Background())
+	driftDone := make(chan struct{})
+	go func() { defer close(driftDone); srv.RunDrift(driftCtx) }()
+	defer func() { stopDrift(); <-driftDone }()
 
 	ln, err := net.Listen("tcp", c.Addr)
 	if err != nil {

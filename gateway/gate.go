@@ -1,0 +1,70 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+
+	"github.com/stockgate/stockgate/breaker"
+	"github.com/stockgate/stockgate/shard"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// isOutcome reports the gate errors that are answers from a working Redis;
+// the breaker counts them as successes.
+func isOutcome(err error) bool {
+	return errors.Is(err, stock.ErrSoldOut) || errors.Is(err, stock.ErrNotSeeded) ||
+		errors.Is(err, stock.ErrFenced) || errors.Is(err, stock.ErrInvalid)
+}
+
+// notRun reports that a gate call certainly moved nothing: the breaker
+// refused it, or it failed before any script ran. Such a purchase may go to
+// the ledger at once.
+func notRun(err error) bool {
+	return errors.Is(err, breaker.ErrOpen) || shard.NotRun(err) ||
+		errors.Is(err, stock.ErrNotSeeded) || errors.Is(err, stock.ErrFenced)
+}
+
+// redis runs one gate call through the breaker, with its own deadline.
+func (s *Server) redis(ctx context.Context, f func(ctx context.Context) error) error {
+	return s.breaker.Do(ctx, func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, s.opts.RedisTimeout)
+		defer cancel()
+		return f(ctx)
+	})
+}
+
+// deduct takes a purchase's stock from Redis. When Redis lost the SKU's
+// shards (not seeded) or a re-seed holds them closed (fenced), it rebuilds
+// or waits for the rebuild and tries again; if the gate is still closed it
+// returns that error, which notRun reports as safe to take elsewhere.
+func (s *Server) deduct(ctx context.Context, req shard.Request) (shard.Deduction, error) {
+	for attempt := 0; ; attempt++ {
+		var d shard.Deduction
+		err := s.redis(ctx, func(ctx context.Context) (err error) {
+			d, err = s.gate.Deduct(ctx, req)
+			return err
+		})
+		closed := errors.Is(err, stock.ErrNotSeeded) || errors.Is(err, stock.ErrFenced)
+		if !closed || attempt == 2 {
+			return d, err
+		}
+		reason := reasonNotSeeded
+		if errors.Is(err, stock.ErrFenced) {
+			reason = reasonFenced
+		}
+		if rerr := s.reseed(ctx, req.SKU, reason, false); rerr != nil {
+			s.log.Warn("gate closed and not rebuilt", "sku", req.SKU.String(), "err", rerr)
+			return d, err
+		}
+	}
+}
+
+// giveBack returns the stock a purchase took when it did not commit.
+func (s *Server) giveBack(ctx context.Context, sku stock.SKU, key string, parts []shard.Part) {
+	err := s.redis(ctx, func(ctx context.Context) error { return s.gate.Restore(ctx, sku, key, parts) })
+	if err != nil {
+		// The units stay taken in Redis; the ledger is unaffected, and the
+		// drift check or the next re-seed gives them back.
+		s.log.Error("restore after refused commit", "sku", sku.String(), "err", err)
+	}
+}

@@ -1,0 +1,51 @@
+package gateway
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the gateway's own series. No label takes a user's, a SKU's
+// or a key's value: their number stays fixed however many SKUs exist.
+type metrics struct {
+	purchases      *prometheus.CounterVec // by path and result
+	ledgerRefusals prometheus.Counter     // Redis admitted, the ledger refused
+	reseeds        *prometheus.CounterVec // by reason
+	driftUnits     prometheus.Gauge
+	driftSKUs      prometheus.Gauge
+	driftRepairs   prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		purchases: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "stockgate_purchases_total",
+			Help: "Purchase answers by path (gate: through Redis; ledger: breaker fallback) and result.",
+		}, []string{"path", "result"}),
+		ledgerRefusals: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "stockgate_gate_ledger_refusals_total",
+			Help: "Purchases Redis admitted and the ledger refused (Redis was ahead of the truth); their stock went back.",
+		}),
+		reseeds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "stockgate_reseeds_total",
+			Help: "Fenced rebuilds of a SKU's Redis shards from the ledger, by reason.",
+		}, []string{"reason"}),
+		driftUnits: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "stockgate_drift_units",
+			Help: "Sum over SKUs of |ledger remaining - Redis remaining| at the last drift check.",
+		}),
+		driftSKUs: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "stockgate_drift_skus",
+			Help: "SKUs whose Redis remaining differed from the ledger at the last drift check.",
+		}),
+		driftRepairs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "stockgate_drift_repairs_total",
+			Help: "SKUs re-seeded by the drift check because Redis and the ledger disagreed.",
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.driftRepairs} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,288 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/stockgate/stockgate/breaker"
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/lock"
+	"github.com/stockgate/stockgate/shard"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// Why a SKU's shards were rebuilt; the values label a metric.
+const (
+	reasonBypass    = "bypass"     // the ledger sold around Redis (breaker fallback)
+	reasonNotSeeded = "not-seeded" // Redis lost the shards, or never had them
+	reasonFenced    = "fenced"     // a re-seed closed the gate and did not reopen it
+	reasonAdmin     = "admin"      // the SKU's settings changed
+	reasonReconcile = "reconcile"  // an admin asked
+	reasonDrift     = "drift"      // the drift check found Redis and the ledger apart
+)
+
+// Rebuild is what one re-seed found and did.
+type Rebuild struct {
+	SKU stock.SKU `json:"-"`
+	// RedisBefore is the Redis remaining before the rebuild, -1 when some
+	// shard was missing.
+	RedisBefore int64 `json:"redis_before"`
+	// Ledger is the remaining stock the shards were rebuilt with.
+	Ledger int64 `json:"ledger_remaining"`
+	Shards int   `json:"shards"`
+	// Rebuilt is false when nothing needed doing.
+	Rebuilt bool `json:"rebuilt"`
+}
+
+// reseed makes sure the SKU's Redis shards match the ledger before Redis
+// serves it again, waiting up to ReseedWait for another replica's re-seed.
+// Without force it does nothing when the shards are all present and open and
+// the ledger sold nothing around them. One replica runs one re-seed of a SKU
+// at a time; concurrent callers share its result.
+func (s *Server) reseed(ctx context.Context, sku stock.SKU, reason string, force bool) error {
+	key := sku.String()
+	if force {
+		key += "\x00force"
+	}
+	_, err, _ := s.reseeds.Do(key, func() (any, error) {
+		return s.rebuild(ctx, sku, reason, force, s.opts.ReseedWait)
+	})
+	return err
+}
+
+// rebuild is the fenced re-seed, under the SKU's cross-replica lock:
+//
+//  1. close every shard to deductions (the fence);
+//  2. wait FenceSettle, so purchases Redis admitted before the fence commit;
+//  3. read the ledger facts: remaining = total - sold - held;
+//  4. write the shards from them (the epoch moves on, so restores of older
+//     deductions are refused: the facts already count them);
+//  5. record in the ledger which bypass sales the rebuild includes;
+//  6. reopen.
+//
+// If it stops part-way (a crash, a lost lock, Redis failing), the gate stays
+// closed: deductions answer fenced, and the next purchase or drift check
+// runs the rebuild again. The lock's expiry bounds how long that waits.
+func (s *Server) rebuild(ctx context.Context, sku stock.SKU, reason string, force bool, wait time.Duration) (Rebuild, error) {
+	r := Rebuild{SKU: sku, RedisBefore: -1}
+	lease, err := s.locker.Acquire(ctx, keys.Lock(sku.Program, sku.Ticket, "reseed"), wait)
+	if err != nil {
+		return r, err
+	}
+	defer func() {
+		if err := lease.Release(context.WithoutCancel(ctx)); err != nil {
+			s.log.Warn("release re-seed lock", "sku", sku.String(), "err", err)
+		}
+	}()
+	// Stop if the lock is lost: another replica may be rebuilding now.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(lease.Context(), cancel)()
+
+	st, err := s.ledger.SKU(ctx, sku)
+	if err != nil {
+		return r, err
+	}
+	shards, err := s.gate.Read(ctx, sku, st.Shards)
+	if err != nil {
+		return r, err
+	}
+	open := true
+	var before int64
+	for _, sh := range shards {
+		open = open && sh.Seeded && !sh.Fenced
+		before += sh.Avail
+	}
+	if open {
+		r.RedisBefore = before
+	}
+	if !force && open && !st.GateStale() {
+		r.Ledger, r.Shards = st.Remaining(), st.Shards
+		return r, nil // someone else rebuilt it while we waited for the lock
+	}
+
+	if err := s.gate.Fence(ctx, sku, st.Shards, true); err != nil {
+		return r, err
+	}
+	select {
+	case <-ctx.Done():
+		return r, ctx.Err()
+	case <-time.After(s.opts.FenceSettle):
+	}
+	fresh, err := s.ledger.SKU(ctx, sku)
+	if err != nil {
+		return r, err
+	}
+	if fresh.Shards != st.Shards {
+		// The shard count changed meanwhile: fence the new set too.
+		if err := s.gate.Fence(ctx, sku, fresh.Shards, true); err != nil {
+			return r, err
+		}
+	}
+	if err := lease.Context().Err(); err != nil {
+		return r, context.Cause(lease.Context())
+	}
+	if err := s.gate.Seed(ctx, sku, fresh.Shards, fresh.Remaining(), true); err != nil {
+		return r, err
+	}
+	if err := s.ledger.MarkGateSeeded(ctx, sku, fresh.BypassSeq); err != nil {
+		// Redis is right but the ledger still says stale: the next purchase
+		// rebuilds again, which is wasteful but harmless. Stay closed.
+		return r, err
+	}
+	if err := s.gate.Fence(ctx, sku, fresh.Shards, false); err != nil {
+		return r, err
+	}
+	s.settings.Invalidate(sku)
+	s.stock.Invalidate(sku)
+	if fresh.Remaining() > 0 {
+		s.cache.ClearSoldOut(sku)
+	}
+	s.metrics.reseeds.WithLabelValues(reason).Inc()
+	r.Ledger, r.Shards, r.Rebuilt = fresh.Remaining(), fresh.Shards, true
+	s.log.Info("re-seeded", "sku", sku.String(), "reason", reason, "redis_before", r.RedisBefore,
+		"ledger_remaining", r.Ledger, "shards", r.Shards)
+	return r, nil
+}
+
+// Reconcile rebuilds a SKU's Redis shards from the ledger now, unless
+// another replica is already doing so (lock.ErrBusy).
+func (s *Server) Reconcile(ctx context.Context, sku stock.SKU) (Rebuild, error) {
+	if err := sku.Validate(); err != nil {
+		return Rebuild{}, err
+	}
+	return s.rebuild(ctx, sku, reasonReconcile, true, 0)
+}
+
+// reconcile handles POST /v1/admin/skus/:program/:ticket/reconcile.
+func (s *Server) reconcile(c *gin.Context) {
+	sku, ok := skuParam(c)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request.Context()), s.opts.WorkTimeout)
+	defer cancel()
+	r, err := s.Reconcile(ctx, sku)
+	switch {
+	case err == nil:
+		c.JSON(http.StatusOK, r)
+	case errors.Is(err, stock.ErrUnknownSKU):
+		writeProblem(c, http.StatusNotFound, "unknown-sku", "no such program/ticket", 0)
+	case errors.Is(err, lock.ErrBusy):
+		writeProblem(c, http.StatusConflict, "reseed-in-progress",
+			"another gateway is rebuilding this SKU's stock right now", 1)
+	default:
+		s.log.Error("reconcile", "sku", sku.String(), "err", err)
+		writeProblem(c, http.StatusServiceUnavailable, "unavailable", "reconcile failed: "+err.Error(), 1)
+	}
+}
+
+// RunDrift compares every SKU's Redis remaining with the ledger each
+// DriftEvery until ctx is done, exports the difference, and repairs a SKU
+// whose difference stays the same across two checks while its ledger row
+// does not change (a difference that moves is purchases in flight). It also
+// rebuilds SKUs the ledger sold around Redis, so an idle SKU is right before
+// its next buyer arrives.
+func (s *Server) RunDrift(ctx context.Context) {
+	t := time.NewTicker(s.opts.DriftEvery)
+	defer t.Stop()
+	seen := map[stock.SKU]driftSeen{}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		seen = s.checkDrift(ctx, seen)
+	}
+}
+
+type driftSeen struct{ version, redis int64 }
+
+const driftPage = 500
+
+func (s *Server) checkDrift(ctx context.Context, prev map[stock.SKU]driftSeen) map[stock.SKU]driftSeen {
+	if s.breaker.State() != breaker.Closed {
+		return prev // Redis is not serving; there is nothing to compare
+	}
+	next := map[stock.SKU]driftSeen{}
+	var units, skus int64
+	after := stock.SKU{}
+	for {
+		page, err := s.ledger.SKUs(ctx, after, driftPage)
+		if err != nil {
+			s.log.Warn("drift check", "err", err)
+			return prev
+		}
+		for _, st := range page {
+			if ctx.Err() != nil {
+				return prev
+			}
+			d, ok := s.driftOf(ctx, st)
+			if !ok || d.redis == st.Remaining() {
+				continue
+			}
+			units += abs(st.Remaining() - d.redis)
+			skus++
+			if p, ok := prev[st.SKU]; ok && p == d {
+				if err := s.reseed(ctx, st.SKU, reasonDrift, true); err != nil {
+					s.log.Warn("drift repair", "sku", st.SKU.String(), "err", err)
+					next[st.SKU] = d
+					continue
+				}
+				s.metrics.driftRepairs.Inc()
+				continue
+			}
+			next[st.SKU] = d
+		}
+		if len(page) < driftPage {
+			break
+		}
+		after = page[len(page)-1].SKU
+	}
+	s.metrics.driftUnits.Set(float64(units))
+	s.metrics.driftSKUs.Set(float64(skus))
+	return next
+}
+
+// driftOf reads the SKU's Redis remaining. It rebuilds at once (and reports
+// !ok) when the gate is stale, missing or left closed.
+func (s *Server) driftOf(ctx context.Context, st ledger.SKUState) (driftSeen, bool) {
+	var shards []shard.ShardStock
+	err := s.redis(ctx, func(ctx context.Context) (err error) {
+		shards, err = s.gate.Read(ctx, st.SKU, st.Shards)
+		return err
+	})
+	if err != nil {
+		return driftSeen{}, false
+	}
+	var left int64
+	open := true
+	for _, sh := range shards {
+		open = open && sh.Seeded && !sh.Fenced
+		left += sh.Avail
+	}
+	if st.GateStale() || !open {
+		reason := reasonBypass
+		if !open {
+			reason = reasonNotSeeded
+		}
+		if err := s.reseed(ctx, st.SKU, reason, false); err != nil && !errors.Is(err, lock.ErrBusy) {
+			s.log.Warn("drift check re-seed", "sku", st.SKU.String(), "err", err)
+		}
+		return driftSeen{}, false
+	}
+	return driftSeen{version: st.Version, redis: left}, true
+}
+
+func abs(v int64) int64 {
+	if v < 0 {
+		return -v
+	}
+	return v
+}

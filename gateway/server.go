@@ -203,6 +203,9 @@ func setDefault(d *time.Duration, v time.Duration) {
 // Handler is the HTTP handler of the whole API.
 func (s *Server) Handler() http.Handler { return s.engine }
 
+// BreakerState is the Redis breaker's state now.
+func (s *Server) BreakerState() breaker.State { return s.breaker.State() }
+
 // SetReady flips /readyz: true once warmed up, false when draining.
 func (s *Server) SetReady(ready bool) { s.ready.Store(ready) }
 

@@ -3,12 +3,15 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // shared holds the servers one test binary (one package) shares. They start
@@ -22,7 +25,11 @@ var shared struct {
 
 // Main runs the package's tests and then stops the shared servers. Use it
 // from TestMain: func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }.
+//
+// go-redis's own log (a line per failed dial while a test has killed a
+// node) is silenced: tests read outcomes, not that noise.
 func Main(m *testing.M) int {
+	redis.SetLogger(quietRedis{})
 	code := m.Run()
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
@@ -35,14 +42,19 @@ func Main(m *testing.M) int {
 	return code
 }
 
-// SharedCluster returns the package's 3-master cluster, starting it on first
-// use. Tests sharing it keep apart by using their own SKU ids.
+type quietRedis struct{}
+
+func (quietRedis) Printf(context.Context, string, ...any) {}
+
+// SharedCluster returns the package's cluster of 3 masters, each with a
+// replica, starting it on first use. Tests sharing it keep apart by using
+// their own SKU ids; tests that damage nodes take a NewCluster instead.
 func SharedCluster(tb testing.TB) *Cluster {
 	tb.Helper()
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
 	if shared.cluster == nil {
-		c, err := StartCluster(context.Background(), ClusterOptions{})
+		c, err := StartCluster(context.Background(), ClusterOptions{ReplicasPerMaster: 1})
 		if err != nil {
 			tb.Fatalf("start redis cluster: %v", err)
 		}
@@ -111,4 +123,21 @@ func ID(tb testing.TB, prefix string) string {
 		s = s[:40]
 	}
 	return fmt.Sprintf("%s-%d-%d", s, os.Getpid()%100000, time.Now().UnixNano()%1_000_000_000)
+}
+
+// ProxiedPostgresURL is PostgresURL behind a Proxy the test can cut, to make
+// the ledger unreachable.
+func ProxiedPostgresURL(tb testing.TB) (string, *Proxy) {
+	tb.Helper()
+	u, err := url.Parse(PostgresURL(tb))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	p, err := StartProxy(u.Host)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { p.Close() })
+	u.Host = p.Addr
+	return u.String(), p
 }

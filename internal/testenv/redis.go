@@ -42,6 +42,8 @@ type Node struct {
 	Port int
 	ID   string // cluster node id
 	dir  string
+	bin  string
+	args []string
 	cmd  *exec.Cmd
 	done chan struct{} // closed when the process has exited
 }
@@ -136,20 +138,21 @@ func startNode(ctx context.Context, bin, dir string, nodeTimeout time.Duration) 
 		if err != nil {
 			return nil, err
 		}
-		cmd := exec.Command(bin,
+		args := []string{
 			"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 			"--cluster-enabled", "yes",
 			"--cluster-config-file", filepath.Join(dir, "nodes.conf"),
 			"--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10),
 			"--dir", dir, "--save", "", "--appendonly", "no",
+			// Replicas get their first copy at once, not after the default
+			// 5s wait: a replica that never synced cannot be promoted.
+			"--repl-diskless-sync-delay", "0",
 			"--logfile", filepath.Join(dir, "redis.log"),
-			"--protected-mode", "no", "--daemonize", "no")
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		if err := cmd.Start(); err != nil {
-			return nil, fmt.Errorf("start redis-server: %w", err)
+			"--protected-mode", "no", "--daemonize", "no"}
+		n := &Node{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, dir: dir, bin: bin, args: args}
+		if err := n.start(); err != nil {
+			return nil, err
 		}
-		n := &Node{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, dir: dir, cmd: cmd, done: make(chan struct{})}
-		go func() { _ = cmd.Wait(); close(n.done) }() // owned by the node; ends with the process
 		if err := n.waitUp(ctx); err != nil {
 			n.kill()
 			lastErr = err
@@ -159,6 +162,18 @@ func startNode(ctx context.Context, bin, dir string, nodeTimeout time.Duration) 
 		return n, nil
 	}
 	return nil, fmt.Errorf("start redis-server: %w", lastErr)
+}
+
+func (n *Node) start() error {
+	cmd := exec.Command(n.bin, n.args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start redis-server: %w", err)
+	}
+	n.cmd, n.done = cmd, make(chan struct{})
+	done := n.done
+	go func() { _ = cmd.Wait(); close(done) }() // owned by the node; ends with the process
+	return nil
 }
 
 func (n *Node) waitUp(ctx context.Context) error {
@@ -227,7 +242,32 @@ func (c *Cluster) join(ctx context.Context) error {
 			return fmt.Errorf("cluster replicate: %w", err)
 		}
 	}
-	return c.WaitHealthy(ctx, 30*time.Second)
+	if err := c.WaitHealthy(ctx, 30*time.Second); err != nil {
+		return err
+	}
+	return c.waitReplicasSynced(ctx)
+}
+
+// waitReplicasSynced waits until every live replica has a working link to
+// its master, so a failover test can rely on it being promotable.
+func (c *Cluster) waitReplicasSynced(ctx context.Context) error {
+	return retry(ctx, 30*time.Second, func() error {
+		for _, n := range c.Nodes[c.Masters:] {
+			if !n.Alive() {
+				continue
+			}
+			cl := n.client()
+			info, err := cl.Info(ctx, "replication").Result()
+			cl.Close()
+			if err != nil {
+				return err
+			}
+			if strings.Contains(info, "role:slave") && !strings.Contains(info, "master_link_status:up") {
+				return fmt.Errorf("replica %s not in sync yet", n.Addr)
+			}
+		}
+		return nil
+	})
 }
 
 // WaitHealthy waits until every live node says cluster_state:ok, knows every
@@ -301,6 +341,36 @@ func (c *Cluster) MasterOf(ctx context.Context, slot int) (*Node, error) {
 	return nil, fmt.Errorf("no node serves slot %d", slot)
 }
 
+// WaitFailover waits until every live node agrees that slot is served by
+// a live master other than old (its replica was promoted), then until the
+// cluster is healthy.
+func (c *Cluster) WaitFailover(ctx context.Context, slot int, old *Node, timeout time.Duration) error {
+	start := time.Now()
+	err := retry(ctx, timeout, func() error {
+		for _, n := range c.Nodes {
+			if !n.Alive() || n == old {
+				continue
+			}
+			cl := n.client()
+			slots, err := cl.ClusterSlots(ctx).Result()
+			cl.Close()
+			if err != nil {
+				return err
+			}
+			for _, s := range slots {
+				if slot >= s.Start && slot <= s.End && s.Nodes[0].Addr == old.Addr {
+					return fmt.Errorf("%s still routes slot %d to %s", n.Addr, slot, old.Addr)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return c.WaitHealthy(ctx, timeout-time.Since(start))
+}
+
 // Alive reports whether the node's process is still running.
 func (n *Node) Alive() bool {
 	select {
@@ -313,6 +383,30 @@ func (n *Node) Alive() bool {
 
 // Kill sends SIGKILL to the node's process and waits for it to exit.
 func (n *Node) Kill() { n.kill() }
+
+// Pause stops the node's process with SIGSTOP: it holds its sockets open
+// and answers nothing, like a node cut off by the network. Resume undoes it.
+func (n *Node) Pause() error { return n.cmd.Process.Signal(syscall.SIGSTOP) }
+
+// Resume continues a paused node with SIGCONT.
+func (n *Node) Resume() error { return n.cmd.Process.Signal(syscall.SIGCONT) }
+
+// Restart starts a killed node again on its port with its cluster config
+// file, so it rejoins the cluster in its old role, but with no data: the
+// test nodes keep none on disk, as a node replaced after a crash.
+func (n *Node) Restart(ctx context.Context) error {
+	if n.Alive() {
+		return fmt.Errorf("restart %s: still running", n.Addr)
+	}
+	if err := n.start(); err != nil {
+		return err
+	}
+	if err := n.waitUp(ctx); err != nil {
+		n.kill()
+		return fmt.Errorf("restart %s: %w", n.Addr, err)
+	}
+	return nil
+}
 
 // Stop kills every node (by the pid it started) and removes the files.
 func (c *Cluster) Stop() {

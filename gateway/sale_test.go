@@ -1,0 +1,313 @@
+package gateway_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/stockgate/stockgate/breaker"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// sale drives a flash sale the way real clients do: each worker buys one
+// ticket at a time with a fresh Idempotency-Key, retries a 503 with the same
+// key after a pause, and moves on after a 201 or a 409. It records every
+// answer, and optionally the history for a linearizability check.
+type sale struct {
+	t       *testing.T
+	envs    []*env
+	sku     stock.SKU
+	total   int64
+	started time.Time
+
+	mu       sync.Mutex
+	counts   map[int]int
+	orders   map[string]string // key → order id of its 201
+	pending  map[string]bool   // keys whose last answer was a 503
+	ops      []porcupine.Operation
+	oks      []time.Time // when each 201 arrived
+	stop     chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup
+}
+
+func startSale(t *testing.T, envs []*env, sku stock.SKU, total int64, workers int) *sale {
+	s := &sale{t: t, envs: envs, sku: sku, total: total, started: time.Now(),
+		counts: map[int]int{}, orders: map[string]string{}, pending: map[string]bool{}, stop: make(chan struct{})}
+	for w := range workers {
+		s.wg.Go(func() { s.worker(w) })
+	}
+	t.Cleanup(s.halt)
+	return s
+}
+
+func (s *sale) stopped() bool {
+	select {
+	case <-s.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+func (s *sale) worker(w int) {
+	e := s.envs[w%len(s.envs)]
+	for n := 0; !s.stopped(); n++ {
+		key := fmt.Sprintf("w%d-%d", w, n)
+		call := time.Since(s.started).Nanoseconds()
+		for {
+			r := e.buy(s.t, s.sku, key, fmt.Sprintf("buyer-%d", w), 1)
+			ret := time.Since(s.started).Nanoseconds()
+			s.mu.Lock()
+			s.counts[r.status]++
+			switch r.status {
+			case http.StatusCreated:
+				var v struct {
+					OrderID string `json:"order_id"`
+				}
+				_ = json.Unmarshal(r.body, &v)
+				s.orders[key] = v.OrderID
+				delete(s.pending, key)
+				s.oks = append(s.oks, time.Now())
+				s.ops = append(s.ops, porcupine.Operation{ClientId: w, Input: int64(1), Call: call, Output: true, Return: ret})
+			case http.StatusConflict:
+				delete(s.pending, key)
+				s.ops = append(s.ops, porcupine.Operation{ClientId: w, Input: int64(1), Call: call, Output: false, Return: ret})
+			default:
+				s.pending[key] = true
+			}
+			s.mu.Unlock()
+			if r.status != http.StatusServiceUnavailable || s.stopped() {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if s.soldOutSeen() {
+			// Past the end: slow down, the monitor decides when to stop.
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
+func (s *sale) soldOutSeen() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.counts[http.StatusConflict] > 0
+}
+
+// halt stops the workers and waits for them.
+func (s *sale) halt() {
+	s.stopOnce.Do(func() { close(s.stop) })
+	s.wg.Wait()
+}
+
+// waitSold waits until the ledger has sold at least n units, or fails.
+func (s *sale) waitSold(n int64, within time.Duration) {
+	s.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		st, err := s.envs[0].ledger.SKU(context.Background(), s.sku)
+		if err == nil && st.Sold >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("ledger sold %d (err %v) after %v, want %d", st.Sold, err, within, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// firstOKAfter is how long after t0 the first 201 arrived (-1: none).
+func (s *sale) firstOKAfter(t0 time.Time) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, at := range s.oks {
+		if at.After(t0) {
+			return at.Sub(t0)
+		}
+	}
+	return -1
+}
+
+// oracle is the check every fault test ends with, against the ledger:
+// sold + held <= total, the order rows add up to what the SKU row says,
+// every 201 names an order the ledger has under its key, and no key has
+// more than one order (the ledger's unique key; counted here).
+func (s *sale) oracle() ledger.SKUState {
+	s.t.Helper()
+	s.halt()
+	ctx := context.Background()
+	led := s.envs[0].ledger
+	st, err := led.SKU(ctx, s.sku)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	orders, units, err := led.OrderTotals(ctx, s.sku)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if st.Sold+st.Held > st.Total {
+		s.t.Errorf("OVERSOLD: sold %d + held %d > total %d", st.Sold, st.Held, st.Total)
+	}
+	if units != st.Sold {
+		s.t.Errorf("order rows hold %d units, SKU row says sold %d", units, st.Sold)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for key, id := range s.orders {
+		o, err := led.OrderByKey(ctx, key)
+		if err != nil || o.ID != id {
+			s.t.Errorf("201 for key %s order %s; ledger has %+v, %v", key, id, o, err)
+		}
+	}
+	if int64(len(s.orders)) > orders {
+		s.t.Errorf("%d keys answered 201 but only %d orders", len(s.orders), orders)
+	}
+	s.t.Logf("oracle: total %d sold %d held %d; orders %d (units %d); answers %v; keys left at 503: %d",
+		st.Total, st.Sold, st.Held, orders, units, s.counts, len(s.pending))
+	return st
+}
+
+// linearizable checks the single-shard history against a counter holding
+// the SKU's stock: a 201 takes one unit, which must be there. With strict,
+// a 409 must also be explained by an empty counter; without it, a 409
+// proves nothing (Redis may be behind the ledger for a bounded time after a
+// fault, a false sold-out, which invariant 5 bounds and does not forbid).
+// Keys whose outcome the clients never learned are resolved from the
+// ledger: an order there is a 201 that may have happened any time after
+// the call.
+func (s *sale) linearizable(strict bool) {
+	s.t.Helper()
+	s.halt()
+	s.mu.Lock()
+	ops := append([]porcupine.Operation(nil), s.ops...)
+	for key := range s.pending {
+		if _, err := s.envs[0].ledger.OrderByKey(context.Background(), key); err == nil {
+			ops = append(ops, porcupine.Operation{Input: int64(1), Call: 0, Output: true, Return: time.Since(s.started).Nanoseconds()})
+		} else if !errors.Is(err, ledger.ErrNotFound) {
+			s.t.Fatal(err)
+		}
+	}
+	s.mu.Unlock()
+	model := porcupine.Model{
+		Init: func() any { return s.total },
+		Step: func(state, input, output any) (bool, any) {
+			left, q := state.(int64), input.(int64)
+			if output.(bool) {
+				return left >= q, left - q
+			}
+			return !strict || left < q, left
+		},
+	}
+	res := porcupine.CheckOperationsTimeout(model, ops, time.Minute)
+	s.t.Logf("linearizability (strict=%v) of %d operations: %s", strict, len(ops), res)
+	if res != porcupine.Ok {
+		s.t.Errorf("history of %d operations is %s against the counter model", len(ops), res)
+	}
+}
+
+// counter reads a counter's value from a registry; labels select one series.
+func counter(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				have[lp.GetName()] = lp.GetValue()
+			}
+			for k, v := range labels {
+				if have[k] != v {
+					continue next
+				}
+			}
+			switch {
+			case m.GetCounter() != nil:
+				sum += m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				sum += m.GetGauge().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// watchBreaker records when the breaker first reaches each state after t0.
+type breakerWatch struct {
+	mu    sync.Mutex
+	first map[breaker.State]time.Time
+	stop  chan struct{}
+	done  chan struct{}
+}
+
+func watchBreaker(t *testing.T, e *env) *breakerWatch {
+	w := &breakerWatch{first: map[breaker.State]time.Time{}, stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		for {
+			st := e.srv.BreakerState()
+			w.mu.Lock()
+			if _, ok := w.first[st]; !ok {
+				w.first[st] = time.Now()
+			}
+			w.mu.Unlock()
+			select {
+			case <-w.stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}()
+	t.Cleanup(func() { close(w.stop); <-w.done })
+	return w
+}
+
+func (w *breakerWatch) reached(st breaker.State) (time.Time, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	at, ok := w.first[st]
+	return at, ok
+}
+
+// redisConsistent checks that Redis remaining equals ledger remaining once
+// the sale has settled: purchases that were in flight across a re-seed can
+// leave Redis a few units apart for one drift-check period, so it waits up
+// to 5s for the gateway's own checks to converge, and reports how long.
+func redisConsistent(t *testing.T, e *env, sku stock.SKU) {
+	t.Helper()
+	ctx := context.Background()
+	start := time.Now()
+	for {
+		st, err := e.ledger.SKU(ctx, sku)
+		if err != nil {
+			t.Fatal(err)
+		}
+		left, seeded, err := e.gate.Remaining(ctx, sku, st.Shards)
+		if err == nil && seeded && left == st.Remaining() {
+			t.Logf("redis remaining = ledger remaining = %d after %v", left, time.Since(start).Round(time.Millisecond))
+			return
+		}
+		if time.Since(start) > 5*time.Second {
+			t.Errorf("redis remaining %d (seeded %v, err %v), ledger remaining %d, 5s after the sale", left, seeded, err, st.Remaining())
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

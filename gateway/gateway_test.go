@@ -30,7 +30,12 @@ import (
 	"github.com/stockgate/stockgate/stock"
 )
 
-func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
+func TestMain(m *testing.M) {
+	if os.Getenv("STOCKGATE_TEST_HELPER") == "reseed-holder" {
+		os.Exit(reseedHolder())
+	}
+	os.Exit(testenv.Main(m))
+}
 
 // env is one gateway on a real Redis Cluster (the shared one unless the
 // test brings its own) and a real ledger.

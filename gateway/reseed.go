@@ -207,7 +207,7 @@ type driftSeen struct{ version, redis int64 }
 const driftPage = 500
 
 func (s *Server) checkDrift(ctx context.Context, prev map[stock.SKU]driftSeen) map[stock.SKU]driftSeen {
-	if s.breaker.State() != breaker.Closed {
+	if s.breaker.State() == breaker.Open {
 		return prev // Redis is not serving; there is nothing to compare
 	}
 	next := map[stock.SKU]driftSeen{}

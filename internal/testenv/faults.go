@@ -66,7 +66,7 @@ func (c *dropConn) Write(b []byte) (int, error) {
 }
 
 func (c *dropConn) Read(b []byte) (int, error) {
-	if !c.drop.Load() {
+	if !c.drop.CompareAndSwap(true, false) {
 		return c.Conn.Read(b)
 	}
 	// Wait for the server's answer, so the command surely ran, then lose it.

@@ -177,10 +177,16 @@ func TestFaultAllRedisDown(t *testing.T) {
 	if n := counter(t, e.reg, "stockgate_reseeds_total", nil); n < 1 {
 		t.Error("Redis served again without a re-seed")
 	}
+	// 32 clients against a fallback cap of 4: the excess was turned away
+	// with 503 + Retry-After, not queued on the ledger.
+	overloaded := counter(t, e.reg, "stockgate_purchases_total", map[string]string{"path": "ledger", "result": "overloaded"})
+	if overloaded == 0 {
+		t.Error("no purchase was turned away at the fallback cap")
+	}
 	redisConsistent(t, e, sku)
-	t.Logf("breaker opened %v after the kill; %v sold through the ledger; Redis back (restart→healthy) %v after restart; "+
+	t.Logf("breaker opened %v after the kill; %v sold through the ledger (%v turned away at the cap); Redis back (restart→healthy) %v after restart; "+
 		"%v sold through Redis after; re-seeds %v",
-		opened.Sub(fault), ledgerSold, time.Since(restart), gateAfter-gateBefore, counter(t, e.reg, "stockgate_reseeds_total", nil))
+		opened.Sub(fault), ledgerSold, overloaded, time.Since(restart), gateAfter-gateBefore, counter(t, e.reg, "stockgate_reseeds_total", nil))
 }
 
 // Scenario 4: SCRIPT FLUSH on every node, repeatedly, mid-sale: go-redis

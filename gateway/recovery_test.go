@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/shard"
@@ -77,4 +78,39 @@ func TestRestockClearsSoldOut(t *testing.T) {
 	if r := e.buy(t, sku, "three", "b", 1); r.status != 201 {
 		t.Errorf("buy after restock = %d %s, want 201", r.status, r.body)
 	}
+}
+
+// TestDriftCheckRepairs: Redis shows less than the ledger (stock stranded
+// by a restore that never happened) or more (a write the ledger refused to
+// count): the drift check exports the difference and, once it has held
+// still for two checks, rebuilds the SKU from the ledger.
+func TestDriftCheckRepairs(t *testing.T) {
+	for _, redisLeft := range []int64{5, 15} {
+		t.Run(fmt.Sprintf("redis=%d", redisLeft), func(t *testing.T) {
+			e := startEnv(t, envOptions{driver: ledger.SQLite, drift: true})
+			sku := newSKU(t)
+			e.putSKU(t, sku, 10, 2, 4)
+			if err := e.gate.Seed(context.Background(), sku, 2, redisLeft, true); err != nil {
+				t.Fatal(err)
+			}
+			sawDrift := 0.0
+			waitFor(t, 5*time.Second, "a drift repair", func() bool {
+				sawDrift = max(sawDrift, counter(t, e.reg, "stockgate_drift_units", nil))
+				return counter(t, e.reg, "stockgate_drift_repairs_total", nil) >= 1
+			})
+			if sawDrift != float64(abs(10-redisLeft)) {
+				t.Errorf("drift gauge showed %v, want %d", sawDrift, abs(10-redisLeft))
+			}
+			if left := e.state(t, sku).RedisRemaining; left != 10 {
+				t.Errorf("redis remaining %d after the repair, want 10", left)
+			}
+		})
+	}
+}
+
+func abs(v int64) int64 {
+	if v < 0 {
+		return -v
+	}
+	return v
 }

@@ -3,6 +3,7 @@ package shard_test
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"sync"
 	"testing"
@@ -317,5 +318,82 @@ func TestDeductValidates(t *testing.T) {
 		if _, err := s.Deduct(ctx, r); !errors.Is(err, stock.ErrInvalid) {
 			t.Errorf("Deduct(%+v) = %v, want ErrInvalid", r, err)
 		}
+	}
+}
+
+// A fenced shard moves nothing and says so; reopened, it serves again. Read
+// shows the fence, also on a shard the fence created (not seeded yet).
+func TestFence(t *testing.T) {
+	s, _, sku := seeded(t, 2, 10)
+	ctx := context.Background()
+	req := shard.Request{SKU: sku, Shards: 2, RequestID: "f1", Quantity: 1, MaxQuantity: 4}
+	if err := s.Fence(ctx, sku, 2, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Deduct(ctx, req); !errors.Is(err, stock.ErrFenced) {
+		t.Fatalf("Deduct on a fenced SKU = %v, want ErrFenced", err)
+	}
+	shards, err := s.Read(ctx, sku, 2)
+	if err != nil || !shards[0].Fenced || !shards[0].Seeded || remaining(t, s, sku, 2) != 10 {
+		t.Fatalf("fenced shards = %+v, %v; want fenced, seeded, 10 left", shards, err)
+	}
+	if err := s.Fence(ctx, sku, 2, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Deduct(ctx, req); err != nil {
+		t.Fatalf("Deduct after reopening = %v", err)
+	}
+	fresh := newSKU(t)
+	if err := s.Fence(ctx, fresh, 1, true); err != nil {
+		t.Fatal(err)
+	}
+	shards, _ = s.Read(ctx, fresh, 1)
+	if !shards[0].Fenced || shards[0].Seeded {
+		t.Errorf("fence on an absent shard reads %+v, want fenced and not seeded", shards[0])
+	}
+	if err := s.Seed(ctx, fresh, 1, 3, false); err != nil {
+		t.Fatal(err)
+	}
+	if shards, _ = s.Read(ctx, fresh, 1); !shards[0].Seeded || !shards[0].Fenced || shards[0].Avail != 3 {
+		t.Errorf("seed under a fence reads %+v, want seeded with 3 and still fenced", shards[0])
+	}
+}
+
+// A deduction record from before a re-seed does not replay: the seed was
+// built from ledger facts without it, so a retry of that request takes anew,
+// and a late restore of the old deduction is refused.
+func TestRecordFromBeforeReseedDoesNotReplay(t *testing.T) {
+	s, _, sku := seeded(t, 1, 10)
+	ctx := context.Background()
+	req := shard.Request{SKU: sku, Shards: 1, RequestID: "r1", Quantity: 2, MaxQuantity: 4}
+	first, err := s.Deduct(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Seed(ctx, sku, 1, 10, true); err != nil { // the ledger still says 10
+		t.Fatal(err)
+	}
+	again, err := s.Deduct(ctx, req)
+	if err != nil || again.Replayed || remaining(t, s, sku, 1) != 8 {
+		t.Fatalf("retry after re-seed = %+v, %v, %d left; want a fresh take leaving 8", again, err, remaining(t, s, sku, 1))
+	}
+	res, err := s.RestorePart(ctx, sku, "r1", first.Parts[0])
+	if err != nil || res.Restored != 0 || remaining(t, s, sku, 1) != 8 {
+		t.Errorf("late restore of the pre-seed deduction = %+v, %v; want nothing moved", res, err)
+	}
+}
+
+func TestNotRun(t *testing.T) {
+	if shard.NotRun(nil) || shard.NotRun(errors.New("i/o timeout")) || shard.NotRun(context.DeadlineExceeded) {
+		t.Error("NotRun is true for an error after which the script may have run")
+	}
+	if !shard.NotRun(&net.OpError{Op: "dial", Err: errors.New("connection refused")}) || !shard.NotRun(redis.ErrPoolTimeout) {
+		t.Error("NotRun is false for a dial failure or a pool timeout")
+	}
+	// An error reply from a real server: the script never ran.
+	_, rdb := newStore(t)
+	err := rdb.Do(context.Background(), "EVALSHA", "0000000000000000000000000000000000000000", 0).Err()
+	if err == nil || !shard.NotRun(err) {
+		t.Errorf("NotRun(%v) = false for a server error reply", err)
 	}
 }

@@ -160,7 +160,34 @@ func (l *Ledger) migrate(ctx context.Context) error {
 	if _, err := tx.ExecContext(ctx, schema); err != nil {
 		return fmt.Errorf("ledger: migrate: %w", err)
 	}
+	// Columns added after the first release, for ledgers created before.
+	for _, col := range []struct{ name, def string }{
+		{"bypass_seq", "BIGINT NOT NULL DEFAULT 0"},
+		{"gate_seq", "BIGINT NOT NULL DEFAULT 0"},
+	} {
+		if err := l.addColumn(ctx, tx, "skus", col.name, col.def); err != nil {
+			return fmt.Errorf("ledger: migrate: %w", err)
+		}
+	}
 	return tx.Commit()
+}
+
+// addColumn adds a column unless the table has it. SQLite has no ADD
+// COLUMN IF NOT EXISTS, so both drivers look first.
+func (l *Ledger) addColumn(ctx context.Context, tx *sql.Tx, table, name, def string) error {
+	q := `SELECT COUNT(*) FROM information_schema.columns WHERE table_name = $1 AND column_name = $2`
+	if l.driver == SQLite {
+		q = `SELECT COUNT(*) FROM pragma_table_info($1) WHERE name = $2`
+	}
+	var n int
+	if err := tx.QueryRowContext(ctx, q, table, name).Scan(&n); err != nil {
+		return fmt.Errorf("look for column %s.%s: %w", table, name, err)
+	}
+	if n > 0 {
+		return nil
+	}
+	_, err := tx.ExecContext(ctx, "ALTER TABLE "+table+" ADD COLUMN "+name+" "+def)
+	return err
 }
 
 // SKUConfig is what an admin sets on a SKU.

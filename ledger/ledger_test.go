@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"os"
@@ -313,4 +314,49 @@ func TestWriteFailureBeforeCommitIsNotCommitted(t *testing.T) {
 			t.Errorf("Purchase on a closed ledger = %v, want ErrNotCommitted", err)
 		}
 	})
+}
+
+// A ledger created by the first release (no bypass_seq, gate_seq) is
+// migrated in place on Open, keeping its rows.
+func TestOpenMigratesFirstReleaseSchema(t *testing.T) {
+	for _, driver := range []string{ledger.SQLite, ledger.Postgres} {
+		t.Run(driver, func(t *testing.T) {
+			ctx := context.Background()
+			dsn, sqlDriver, open := testenv.SQLitePath(t), "sqlite", ""
+			if driver == ledger.Postgres {
+				dsn, sqlDriver = testenv.PostgresURL(t), "pgx"
+				open = dsn
+			} else {
+				open = "file:" + dsn
+			}
+			db, err := sql.Open(sqlDriver, open)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = db.ExecContext(ctx, `CREATE TABLE skus (
+				program TEXT NOT NULL, ticket TEXT NOT NULL, total BIGINT NOT NULL, sold BIGINT NOT NULL DEFAULT 0,
+				held BIGINT NOT NULL DEFAULT 0, version BIGINT NOT NULL DEFAULT 0, shards INTEGER NOT NULL,
+				max_per_order BIGINT NOT NULL, updated_at BIGINT NOT NULL, PRIMARY KEY (program, ticket))`)
+			if err == nil {
+				_, err = db.ExecContext(ctx, `INSERT INTO skus (program, ticket, total, sold, shards, max_per_order, updated_at)
+					VALUES ('show-1', 'ga', 10, 3, 1, 4, 0)`)
+			}
+			db.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			l, err := ledger.Open(ctx, ledger.Options{Driver: driver, DSN: dsn})
+			if err != nil {
+				t.Fatalf("Open on a first-release ledger: %v", err)
+			}
+			defer l.Close()
+			st, err := l.SKU(ctx, sku)
+			if err != nil || st.Sold != 3 || st.GateStale() {
+				t.Fatalf("migrated row = %+v, %v; want sold 3, gate not stale", st, err)
+			}
+			if _, err := l.PurchaseDirect(ctx, ledger.Order{IdempotencyKey: "m1", SKU: sku, Buyer: "b", Quantity: 1}, st.Version); err != nil {
+				t.Errorf("PurchaseDirect after migration: %v", err)
+			}
+		})
+	}
 }

@@ -35,6 +35,7 @@ type sale struct {
 	pending  map[string]bool   // keys whose last answer was a 503
 	ops      []porcupine.Operation
 	oks      []time.Time // when each 201 arrived
+	first409 time.Time
 	stop     chan struct{}
 	stopOnce sync.Once
 	wg       sync.WaitGroup
@@ -80,6 +81,9 @@ func (s *sale) worker(w int) {
 				s.oks = append(s.oks, time.Now())
 				s.ops = append(s.ops, porcupine.Operation{ClientId: w, Input: int64(1), Call: call, Output: true, Return: ret})
 			case http.StatusConflict:
+				if s.first409.IsZero() {
+					s.first409 = time.Now()
+				}
 				delete(s.pending, key)
 				s.ops = append(s.ops, porcupine.Operation{ClientId: w, Input: int64(1), Call: call, Output: false, Return: ret})
 			default:
@@ -172,8 +176,14 @@ func (s *sale) oracle() ledger.SKUState {
 	if int64(len(s.orders)) > orders {
 		s.t.Errorf("%d keys answered 201 but only %d orders", len(s.orders), orders)
 	}
-	s.t.Logf("oracle: total %d sold %d held %d; orders %d (units %d); answers %v; keys left at 503: %d",
-		st.Total, st.Sold, st.Held, orders, units, s.counts, len(s.pending))
+	// A 409 before the last 201 was a false sold-out: Redis (or the cached
+	// flag) said none left while the ledger still had stock.
+	window := time.Duration(0)
+	if n := len(s.oks); n > 0 && !s.first409.IsZero() && s.oks[n-1].After(s.first409) {
+		window = s.oks[n-1].Sub(s.first409)
+	}
+	s.t.Logf("oracle: total %d sold %d held %d; orders %d (units %d); answers %v; keys left at 503: %d; false sold-out window %v",
+		st.Total, st.Sold, st.Held, orders, units, s.counts, len(s.pending), window.Round(time.Millisecond))
 	return st
 }
 

@@ -126,6 +126,13 @@ CREATE TABLE IF NOT EXISTS skus (
 	-- the SKU again.
 	bypass_seq    BIGINT  NOT NULL DEFAULT 0,
 	gate_seq      BIGINT  NOT NULL DEFAULT 0,
+	-- per_buyer caps what one buyer holds + owns (0: no cap); ended_at > 0
+	-- once an admin ended the sale; holds last hold_ttl_ms unless asked
+	-- otherwise, at most hold_ttl_max_ms.
+	per_buyer       BIGINT NOT NULL DEFAULT 0,
+	ended_at        BIGINT NOT NULL DEFAULT 0,
+	hold_ttl_ms     BIGINT NOT NULL DEFAULT 900000,
+	hold_ttl_max_ms BIGINT NOT NULL DEFAULT 3600000,
 	updated_at    BIGINT  NOT NULL,
 	PRIMARY KEY (program, ticket),
 	CHECK (sold + held <= total)
@@ -139,10 +146,46 @@ CREATE TABLE IF NOT EXISTS orders (
 	buyer        TEXT   NOT NULL,
 	quantity     BIGINT NOT NULL CHECK (quantity > 0),
 	gate         TEXT   NOT NULL DEFAULT '',
+	-- the request id whose Redis deduction records hold the stock: the
+	-- order's own key, or the key of the hold it confirmed
+	gate_key     TEXT   NOT NULL DEFAULT '',
+	hold_id      TEXT   NOT NULL DEFAULT '',
+	refunded_at  BIGINT NOT NULL DEFAULT 0,
+	restore_pending INTEGER NOT NULL DEFAULT 0,
 	created_at   BIGINT NOT NULL,
 	FOREIGN KEY (program, ticket) REFERENCES skus (program, ticket)
 );
 CREATE INDEX IF NOT EXISTS orders_sku ON orders (program, ticket);
+CREATE TABLE IF NOT EXISTS holds (
+	id              TEXT    PRIMARY KEY,
+	idem_key        TEXT    NOT NULL UNIQUE,
+	request_hash    TEXT    NOT NULL,
+	program         TEXT    NOT NULL,
+	ticket          TEXT    NOT NULL,
+	buyer           TEXT    NOT NULL,
+	quantity        BIGINT  NOT NULL CHECK (quantity > 0),
+	gate            TEXT    NOT NULL DEFAULT '',
+	state           TEXT    NOT NULL,
+	expires_at      BIGINT  NOT NULL,
+	order_id        TEXT    NOT NULL DEFAULT '',
+	-- 1 from the moment the hold's stock came back in the ledger (cancel,
+	-- expiry) until it is given back in Redis too: a sweeper that dies in
+	-- between leaves the work here for the next one.
+	restore_pending INTEGER NOT NULL DEFAULT 0,
+	created_at      BIGINT  NOT NULL,
+	ended_at        BIGINT  NOT NULL DEFAULT 0,
+	FOREIGN KEY (program, ticket) REFERENCES skus (program, ticket)
+);
+CREATE INDEX IF NOT EXISTS holds_expiry ON holds (state, expires_at);
+CREATE INDEX IF NOT EXISTS holds_pending ON holds (restore_pending, ended_at);
+-- What each buyer holds + owns of each SKU, for the per-buyer cap.
+CREATE TABLE IF NOT EXISTS buyer_units (
+	program TEXT   NOT NULL,
+	ticket  TEXT   NOT NULL,
+	buyer   TEXT   NOT NULL,
+	units   BIGINT NOT NULL CHECK (units >= 0),
+	PRIMARY KEY (program, ticket, buyer)
+);
 `
 
 func (l *Ledger) migrate(ctx context.Context) error {
@@ -161,11 +204,19 @@ func (l *Ledger) migrate(ctx context.Context) error {
 		return fmt.Errorf("ledger: migrate: %w", err)
 	}
 	// Columns added after the first release, for ledgers created before.
-	for _, col := range []struct{ name, def string }{
-		{"bypass_seq", "BIGINT NOT NULL DEFAULT 0"},
-		{"gate_seq", "BIGINT NOT NULL DEFAULT 0"},
+	for _, col := range []struct{ table, name, def string }{
+		{"skus", "bypass_seq", "BIGINT NOT NULL DEFAULT 0"},
+		{"skus", "gate_seq", "BIGINT NOT NULL DEFAULT 0"},
+		{"skus", "per_buyer", "BIGINT NOT NULL DEFAULT 0"},
+		{"skus", "ended_at", "BIGINT NOT NULL DEFAULT 0"},
+		{"skus", "hold_ttl_ms", "BIGINT NOT NULL DEFAULT 900000"},
+		{"skus", "hold_ttl_max_ms", "BIGINT NOT NULL DEFAULT 3600000"},
+		{"orders", "gate_key", "TEXT NOT NULL DEFAULT ''"},
+		{"orders", "hold_id", "TEXT NOT NULL DEFAULT ''"},
+		{"orders", "refunded_at", "BIGINT NOT NULL DEFAULT 0"},
+		{"orders", "restore_pending", "INTEGER NOT NULL DEFAULT 0"},
 	} {
-		if err := l.addColumn(ctx, tx, "skus", col.name, col.def); err != nil {
+		if err := l.addColumn(ctx, tx, col.table, col.name, col.def); err != nil {
 			return fmt.Errorf("ledger: migrate: %w", err)
 		}
 	}
@@ -196,7 +247,19 @@ type SKUConfig struct {
 	Total       int64 `json:"total"`
 	Shards      int   `json:"shards"`
 	MaxPerOrder int64 `json:"max_per_order"`
+	// PerBuyer caps what one buyer may hold + own of the SKU; 0 is no cap.
+	PerBuyer int64 `json:"per_buyer"`
+	// HoldTTL is a hold's life unless the buyer asks for another, which
+	// may not exceed HoldTTLMax. Defaults 15m and 1h.
+	HoldTTL    time.Duration `json:"-"`
+	HoldTTLMax time.Duration `json:"-"`
 }
+
+// Hold lifetimes a SKU may be configured with.
+const (
+	MinHoldTTL = time.Second
+	MaxHoldTTL = 24 * time.Hour
+)
 
 // Validate reports stock.ErrInvalid for a config no SKU may have.
 func (c SKUConfig) Validate() error {
@@ -210,8 +273,25 @@ func (c SKUConfig) Validate() error {
 		return fmt.Errorf("%w: shards %d not in 1..%d", stock.ErrInvalid, c.Shards, stock.MaxShards)
 	case c.MaxPerOrder < 1 || c.MaxPerOrder > stock.MaxPerOrderCap:
 		return fmt.Errorf("%w: max_per_order %d not in 1..%d", stock.ErrInvalid, c.MaxPerOrder, stock.MaxPerOrderCap)
+	case c.PerBuyer < 0 || c.PerBuyer > stock.MaxTotal:
+		return fmt.Errorf("%w: per_buyer %d not in 0..%d", stock.ErrInvalid, c.PerBuyer, stock.MaxTotal)
+	case c.HoldTTL != 0 && (c.HoldTTL < MinHoldTTL || c.HoldTTL > MaxHoldTTL):
+		return fmt.Errorf("%w: hold ttl %v not in %v..%v", stock.ErrInvalid, c.HoldTTL, MinHoldTTL, MaxHoldTTL)
+	case c.HoldTTLMax != 0 && (c.HoldTTLMax < max(c.HoldTTL, MinHoldTTL) || c.HoldTTLMax > MaxHoldTTL):
+		return fmt.Errorf("%w: hold ttl max %v not in %v..%v", stock.ErrInvalid, c.HoldTTLMax, max(c.HoldTTL, MinHoldTTL), MaxHoldTTL)
 	}
 	return nil
+}
+
+// withDefaults fills in the hold lifetimes.
+func (c SKUConfig) withDefaults() SKUConfig {
+	if c.HoldTTL == 0 {
+		c.HoldTTL = 15 * time.Minute
+	}
+	if c.HoldTTLMax == 0 {
+		c.HoldTTLMax = max(time.Hour, c.HoldTTL)
+	}
+	return c
 }
 
 // SKUState is a SKU row.
@@ -222,6 +302,8 @@ type SKUState struct {
 	Version   int64     `json:"version"`
 	BypassSeq int64     `json:"-"`
 	GateSeq   int64     `json:"-"`
+	// EndedAt is when an admin ended the sale; zero while it runs.
+	EndedAt time.Time `json:"-"`
 	UpdatedAt time.Time `json:"updated_at"`
 }
 
@@ -240,6 +322,7 @@ func (l *Ledger) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 	if err := c.Validate(); err != nil {
 		return SKUState{}, err
 	}
+	c = c.withDefaults()
 	now := l.now().UnixMilli()
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -251,6 +334,12 @@ func (l *Ledger) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 		VALUES ($1, $2, $3, $4, $5, $6)
 		ON CONFLICT (program, ticket) DO NOTHING`,
 		c.Program, c.Ticket, c.Total, c.Shards, c.MaxPerOrder, now)
+	if err != nil {
+		return SKUState{}, fmt.Errorf("ledger: put sku: %w", err)
+	}
+	_, err = tx.ExecContext(ctx, `
+		UPDATE skus SET per_buyer = $3, hold_ttl_ms = $4, hold_ttl_max_ms = $5 WHERE program = $1 AND ticket = $2`,
+		c.Program, c.Ticket, c.PerBuyer, c.HoldTTL.Milliseconds(), c.HoldTTLMax.Milliseconds())
 	if err != nil {
 		return SKUState{}, fmt.Errorf("ledger: put sku: %w", err)
 	}
@@ -275,7 +364,8 @@ func (l *Ledger) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 	return st, nil
 }
 
-const skuColumns = `program, ticket, total, sold, held, version, shards, max_per_order, bypass_seq, gate_seq, updated_at`
+const skuColumns = `program, ticket, total, sold, held, version, shards, max_per_order, bypass_seq, gate_seq,
+	per_buyer, ended_at, hold_ttl_ms, hold_ttl_max_ms, updated_at`
 
 const selectSKU = `SELECT ` + skuColumns + ` FROM skus WHERE program = $1 AND ticket = $2`
 
@@ -283,13 +373,17 @@ type rowScanner interface{ Scan(dest ...any) error }
 
 func scanSKU(r rowScanner) (SKUState, error) {
 	var s SKUState
-	var updated int64
+	var updated, ended, ttl, ttlMax int64
 	err := r.Scan(&s.Program, &s.Ticket, &s.Total, &s.Sold, &s.Held, &s.Version, &s.Shards, &s.MaxPerOrder,
-		&s.BypassSeq, &s.GateSeq, &updated)
+		&s.BypassSeq, &s.GateSeq, &s.PerBuyer, &ended, &ttl, &ttlMax, &updated)
 	if errors.Is(err, sql.ErrNoRows) {
 		return s, stock.ErrUnknownSKU
 	}
 	s.UpdatedAt = time.UnixMilli(updated).UTC()
+	s.HoldTTL, s.HoldTTLMax = time.Duration(ttl)*time.Millisecond, time.Duration(ttlMax)*time.Millisecond
+	if ended > 0 {
+		s.EndedAt = time.UnixMilli(ended).UTC()
+	}
 	return s, err
 }
 
@@ -313,8 +407,22 @@ type Order struct {
 	// Gate is the gate's own record of where the stock came from (which
 	// Redis shards), kept so a later refund can give it back there. The
 	// ledger stores it as it is.
-	Gate      string    `json:"-"`
-	CreatedAt time.Time `json:"created_at"`
+	Gate string `json:"-"`
+	// GateKey is the request id of the Redis deduction records behind Gate:
+	// the order's own key, or the key of the hold it confirmed. Empty means
+	// IdempotencyKey.
+	GateKey    string    `json:"-"`
+	HoldID     string    `json:"hold_id,omitempty"`
+	RefundedAt time.Time `json:"refunded_at,omitzero"`
+	CreatedAt  time.Time `json:"created_at"`
+}
+
+// GateRequest is the request id the order's Redis stock was deducted under.
+func (o Order) GateRequest() string {
+	if o.GateKey != "" {
+		return o.GateKey
+	}
+	return o.IdempotencyKey
 }
 
 // Purchase commits an order the Redis gate admitted: the order row and the
@@ -346,25 +454,18 @@ func (l *Ledger) purchase(ctx context.Context, o Order, version int64) (Order, e
 		o.ID = NewID()
 	}
 	o.CreatedAt = l.now().UTC().Truncate(time.Millisecond)
-	notCommitted := func(step string, err error) error {
-		return fmt.Errorf("ledger: purchase: %s: %w: %w", step, ErrNotCommitted, err)
-	}
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
-		return Order{}, notCommitted("begin", err)
+		return Order{}, notCommitted("purchase: begin", err)
 	}
 	defer tx.Rollback()
 	// The order first: ON CONFLICT leaves a PostgreSQL transaction usable,
 	// and a duplicate key costs no lock on the SKU row.
-	res, err := tx.ExecContext(ctx, `
-		INSERT INTO orders (id, idem_key, request_hash, program, ticket, buyer, quantity, gate, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-		ON CONFLICT (idem_key) DO NOTHING`,
-		o.ID, o.IdempotencyKey, o.RequestHash, o.SKU.Program, o.SKU.Ticket, o.Buyer, o.Quantity, o.Gate, o.CreatedAt.UnixMilli())
+	inserted, err := insertOrder(ctx, tx, o)
 	if err != nil {
-		return Order{}, notCommitted("insert order", err)
+		return Order{}, err
 	}
-	if n, _ := res.RowsAffected(); n == 0 {
+	if !inserted {
 		tx.Rollback()
 		prev, err := l.OrderByKey(ctx, o.IdempotencyKey)
 		if err != nil {
@@ -372,38 +473,104 @@ func (l *Ledger) purchase(ctx context.Context, o Order, version int64) (Order, e
 		}
 		return prev, ErrDuplicate
 	}
-	if version < 0 {
-		res, err = tx.ExecContext(ctx, `
-			UPDATE skus SET sold = sold + $3, version = version + 1, updated_at = $4
-			WHERE program = $1 AND ticket = $2 AND sold + held + $3 <= total`,
-			o.SKU.Program, o.SKU.Ticket, o.Quantity, o.CreatedAt.UnixMilli())
-	} else {
-		res, err = tx.ExecContext(ctx, `
-			UPDATE skus SET sold = sold + $3, version = version + 1, updated_at = $4, bypass_seq = bypass_seq + 1
-			WHERE program = $1 AND ticket = $2 AND version = $5 AND sold + held + $3 <= total`,
-			o.SKU.Program, o.SKU.Ticket, o.Quantity, o.CreatedAt.UnixMilli(), version)
-	}
-	if err != nil {
-		return Order{}, notCommitted("update sku", err)
-	}
-	if n, _ := res.RowsAffected(); n != 1 {
-		if version < 0 {
-			return Order{}, stock.ErrSoldOut
-		}
-		// Either the version moved or the stock ran out; the row tells.
-		st, err := scanSKU(tx.QueryRowContext(ctx, selectSKU, o.SKU.Program, o.SKU.Ticket))
-		switch {
-		case err != nil:
-			return Order{}, notCommitted("reread sku", err)
-		case st.Remaining() < o.Quantity:
-			return Order{}, stock.ErrSoldOut
-		}
-		return Order{}, ErrConflict
+	if err := l.takeStock(ctx, tx, o.SKU, o.Buyer, o.Quantity, "sold", version, o.CreatedAt.UnixMilli()); err != nil {
+		return Order{}, err
 	}
 	if err := tx.Commit(); err != nil {
 		return Order{}, fmt.Errorf("ledger: purchase: commit: %w", err)
 	}
 	return o, nil
+}
+
+func notCommitted(step string, err error) error {
+	return fmt.Errorf("ledger: %s: %w: %w", step, ErrNotCommitted, err)
+}
+
+func insertOrder(ctx context.Context, tx *sql.Tx, o Order) (bool, error) {
+	res, err := tx.ExecContext(ctx, `
+		INSERT INTO orders (id, idem_key, request_hash, program, ticket, buyer, quantity, gate, gate_key, hold_id, created_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+		ON CONFLICT (idem_key) DO NOTHING`,
+		o.ID, o.IdempotencyKey, o.RequestHash, o.SKU.Program, o.SKU.Ticket, o.Buyer, o.Quantity, o.Gate, o.GateKey,
+		o.HoldID, o.CreatedAt.UnixMilli())
+	if err != nil {
+		return false, notCommitted("insert order", err)
+	}
+	n, _ := res.RowsAffected()
+	return n == 1, nil
+}
+
+// takeStock moves q units of a SKU into column ("sold" or "held") and
+// counts them against the buyer's cap, inside tx. With version >= 0 the
+// update applies only at that row version and bumps bypass_seq (a sale
+// around the Redis gate). It returns stock.ErrSoldOut, stock.ErrLimit,
+// stock.ErrSaleEnded, stock.ErrUnknownSKU or ErrConflict when nothing
+// may move, or an ErrNotCommitted error.
+func (l *Ledger) takeStock(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer string, q int64, column string, version int64, now int64) error {
+	args := []any{sku.Program, sku.Ticket, q, now}
+	extra, cond := "", ""
+	if version >= 0 {
+		extra, cond = ", bypass_seq = bypass_seq + 1", " AND version = $5"
+		args = append(args, version)
+	}
+	res, err := tx.ExecContext(ctx, `UPDATE skus SET `+column+` = `+column+` + $3, version = version + 1, updated_at = $4`+extra+`
+		WHERE program = $1 AND ticket = $2 AND ended_at = 0 AND sold + held + $3 <= total`+cond, args...)
+	if err != nil {
+		return notCommitted("take stock", err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		st, err := scanSKU(tx.QueryRowContext(ctx, selectSKU, sku.Program, sku.Ticket))
+		switch {
+		case errors.Is(err, stock.ErrUnknownSKU):
+			return err
+		case err != nil:
+			return notCommitted("reread sku", err)
+		case !st.EndedAt.IsZero():
+			return stock.ErrSaleEnded
+		case st.Remaining() < q:
+			return stock.ErrSoldOut
+		}
+		return ErrConflict
+	}
+	// The buyer's units, capped by the SKU's per_buyer (0: no cap).
+	res, err = tx.ExecContext(ctx, `
+		INSERT INTO buyer_units (program, ticket, buyer, units)
+		SELECT program, ticket, $3, $4 FROM skus
+		WHERE program = $1 AND ticket = $2 AND (per_buyer = 0 OR per_buyer >= $4)
+		ON CONFLICT (program, ticket, buyer) DO UPDATE SET units = buyer_units.units + excluded.units
+		WHERE (SELECT per_buyer FROM skus WHERE program = $1 AND ticket = $2) = 0
+		   OR buyer_units.units + excluded.units <= (SELECT per_buyer FROM skus WHERE program = $1 AND ticket = $2)`,
+		sku.Program, sku.Ticket, buyer, q)
+	if err != nil {
+		return notCommitted("buyer units", err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return stock.ErrLimit
+	}
+	return nil
+}
+
+// returnStock gives q units of column back and uncounts them from the
+// buyer, inside tx. bypass marks the gate stale: the units were never in
+// Redis (a hold taken around the gate), so Redis must be rebuilt to see them.
+func returnStock(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer string, q int64, column string, bypass bool, now int64) error {
+	extra := ""
+	if bypass {
+		extra = ", bypass_seq = bypass_seq + 1"
+	}
+	res, err := tx.ExecContext(ctx, `UPDATE skus SET `+column+` = `+column+` - $3, version = version + 1, updated_at = $4`+extra+`
+		WHERE program = $1 AND ticket = $2 AND `+column+` >= $3`, sku.Program, sku.Ticket, q, now)
+	if err != nil {
+		return notCommitted("return stock", err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return fmt.Errorf("ledger: return %d %s units of %s: the row has fewer", q, column, sku)
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE buyer_units SET units = units - $4
+		WHERE program = $1 AND ticket = $2 AND buyer = $3 AND units >= $4`, sku.Program, sku.Ticket, buyer, q); err != nil {
+		return notCommitted("buyer units", err)
+	}
+	return nil
 }
 
 // MarkGateSeeded records that the Redis gate was rebuilt from ledger facts
@@ -448,27 +615,40 @@ func (l *Ledger) SKUs(ctx context.Context, after stock.SKU, limit int) ([]SKUSta
 // OrderByKey returns the order stored under an idempotency key, or
 // ErrNotFound.
 func (l *Ledger) OrderByKey(ctx context.Context, key string) (Order, error) {
+	return scanOrder(l.db.QueryRowContext(ctx, selectOrder+` WHERE idem_key = $1`, key))
+}
+
+// OrderByID returns an order by its id, or ErrNotFound.
+func (l *Ledger) OrderByID(ctx context.Context, id string) (Order, error) {
+	return scanOrder(l.db.QueryRowContext(ctx, selectOrder+` WHERE id = $1`, id))
+}
+
+const selectOrder = `SELECT id, idem_key, request_hash, program, ticket, buyer, quantity, gate, gate_key, hold_id,
+	refunded_at, created_at FROM orders`
+
+func scanOrder(r rowScanner) (Order, error) {
 	var o Order
-	var created int64
-	err := l.db.QueryRowContext(ctx, `
-		SELECT id, idem_key, request_hash, program, ticket, buyer, quantity, gate, created_at
-		FROM orders WHERE idem_key = $1`, key).
-		Scan(&o.ID, &o.IdempotencyKey, &o.RequestHash, &o.SKU.Program, &o.SKU.Ticket, &o.Buyer, &o.Quantity, &o.Gate, &created)
+	var created, refunded int64
+	err := r.Scan(&o.ID, &o.IdempotencyKey, &o.RequestHash, &o.SKU.Program, &o.SKU.Ticket, &o.Buyer, &o.Quantity,
+		&o.Gate, &o.GateKey, &o.HoldID, &refunded, &created)
 	if errors.Is(err, sql.ErrNoRows) {
 		return o, ErrNotFound
 	}
 	if err != nil {
-		return o, fmt.Errorf("ledger: order by key: %w", err)
+		return o, fmt.Errorf("ledger: order: %w", err)
 	}
 	o.CreatedAt = time.UnixMilli(created).UTC()
+	if refunded > 0 {
+		o.RefundedAt = time.UnixMilli(refunded).UTC()
+	}
 	return o, nil
 }
 
-// OrderTotals counts a SKU's orders and the units they hold, straight from
-// the order rows (not from the SKU row), for audits.
+// OrderTotals counts a SKU's orders that stand (not refunded) and their
+// units, straight from the order rows (not from the SKU row), for audits.
 func (l *Ledger) OrderTotals(ctx context.Context, sku stock.SKU) (orders, units int64, err error) {
 	err = l.db.QueryRowContext(ctx, `
-		SELECT COUNT(*), COALESCE(SUM(quantity), 0) FROM orders WHERE program = $1 AND ticket = $2`,
+		SELECT COUNT(*), COALESCE(SUM(quantity), 0) FROM orders WHERE program = $1 AND ticket = $2 AND refunded_at = 0`,
 		sku.Program, sku.Ticket).Scan(&orders, &units)
 	if err != nil {
 		return 0, 0, fmt.Errorf("ledger: order totals: %w", err)

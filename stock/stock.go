@@ -20,6 +20,10 @@ var (
 	// ErrFenced: the SKU's Redis shards are closed while a re-seed rebuilds
 	// them from the ledger.
 	ErrFenced = errors.New("stock: gate fenced for re-seed")
+	// ErrLimit: the buyer would hold + own more of the SKU than it allows.
+	ErrLimit = errors.New("stock: per-buyer limit reached")
+	// ErrSaleEnded: an admin ended the SKU's sale.
+	ErrSaleEnded = errors.New("stock: sale ended")
 )
 
 // SKU is one (program, ticket) pair: the unit of stock.

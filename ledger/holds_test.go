@@ -1,0 +1,242 @@
+package ledger_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// clock is a settable time for expiry tests.
+type clock struct{ ns atomic.Int64 }
+
+func (c *clock) now() time.Time          { return time.Unix(0, c.ns.Load()) }
+func (c *clock) advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+func eachDriverClock(t *testing.T, f func(t *testing.T, l *ledger.Ledger, c *clock)) {
+	for _, driver := range []string{ledger.SQLite, ledger.Postgres} {
+		t.Run(driver, func(t *testing.T) {
+			dsn := testenv.SQLitePath(t)
+			if driver == ledger.Postgres {
+				dsn = testenv.PostgresURL(t)
+			}
+			c := &clock{}
+			c.ns.Store(time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC).UnixNano())
+			l, err := ledger.Open(context.Background(), ledger.Options{Driver: driver, DSN: dsn, Now: c.now})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { l.Close() })
+			f(t, l, c)
+		})
+	}
+}
+
+func hold(key, buyer string, q int64, expires time.Time) ledger.Hold {
+	return ledger.Hold{IdempotencyKey: key, SKU: sku, Buyer: buyer, Quantity: q, ExpiresAt: expires, Gate: `[{"shards":1}]`}
+}
+
+func TestHoldConfirmCancelExpire(t *testing.T) {
+	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
+		ctx := context.Background()
+		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 10, Shards: 1, MaxPerOrder: 4}); err != nil {
+			t.Fatal(err)
+		}
+		exp := c.now().Add(time.Minute)
+		a, err := l.Hold(ctx, hold("h-a", "ann", 3, exp), -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.Hold(ctx, hold("h-a", "ann", 3, exp), -1); !errors.Is(err, ledger.ErrDuplicate) {
+			t.Fatalf("same key again = %v, want ErrDuplicate", err)
+		}
+		b, _ := l.Hold(ctx, hold("h-b", "bob", 2, exp), -1)
+		d, _ := l.Hold(ctx, hold("h-d", "dan", 1, exp.Add(time.Hour)), -1)
+		expectSKU(t, l, 0, 6)
+
+		if _, err := l.Confirm(ctx, a.ID, "bob"); !errors.Is(err, ledger.ErrNotOwner) {
+			t.Errorf("confirm by another buyer = %v, want ErrNotOwner", err)
+		}
+		o, err := l.Confirm(ctx, a.ID, "ann")
+		if err != nil || o.Quantity != 3 || o.HoldID != a.ID || o.GateRequest() != "h-a" {
+			t.Fatalf("confirm = %+v, %v", o, err)
+		}
+		if again, err := l.Confirm(ctx, a.ID, "ann"); err != nil || again.ID != o.ID {
+			t.Errorf("confirm retry = %+v, %v; want the same order", again, err)
+		}
+		if _, changed, _ := l.Cancel(ctx, a.ID, "ann"); changed {
+			t.Error("cancel of a confirmed hold moved stock")
+		}
+		expectSKU(t, l, 3, 3)
+
+		if _, changed, err := l.Cancel(ctx, b.ID, "bob"); err != nil || !changed {
+			t.Fatalf("cancel = %v, %v", changed, err)
+		}
+		if _, changed, _ := l.Cancel(ctx, b.ID, "bob"); changed {
+			t.Error("second cancel moved stock")
+		}
+		expectSKU(t, l, 3, 1)
+
+		c.advance(2 * time.Hour)
+		if _, err := l.Confirm(ctx, d.ID, "dan"); !errors.Is(err, ledger.ErrHoldEnded) {
+			t.Errorf("confirm past expiry (before the sweep) = %v, want ErrHoldEnded", err)
+		}
+		done, err := l.ExpireDue(ctx, 100)
+		if err != nil || len(done) != 1 || done[0].ID != d.ID {
+			t.Fatalf("ExpireDue = %v, %v; want hold d", done, err)
+		}
+		if done, _ := l.ExpireDue(ctx, 100); len(done) != 0 {
+			t.Errorf("second sweep expired %d holds", len(done))
+		}
+		expectSKU(t, l, 3, 0)
+		pend, err := l.PendingRestores(ctx, 0, 10)
+		if err != nil || len(pend) != 2 {
+			t.Fatalf("pending restores = %+v, %v; want the cancelled and the expired hold", pend, err)
+		}
+		for _, p := range pend {
+			if err := l.RestoreDone(ctx, p.Kind, p.ID); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if pend, _ := l.PendingRestores(ctx, 0, 10); len(pend) != 0 {
+			t.Errorf("pending after done: %+v", pend)
+		}
+	})
+}
+
+// A confirm and an expiry racing on one hold: exactly one wins, and the
+// stock ends in sold or back in the pool, never both.
+func TestConfirmRacesExpiry(t *testing.T) {
+	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
+		ctx := context.Background()
+		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 100, Shards: 1, MaxPerOrder: 1}); err != nil {
+			t.Fatal(err)
+		}
+		exp := c.now().Add(time.Second)
+		var ids []string
+		for i := range 40 {
+			h, err := l.Hold(ctx, hold(fmt.Sprintf("race-%d", i), "b", 1, exp), -1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, h.ID)
+		}
+		c.advance(time.Second - time.Millisecond)
+		var wg sync.WaitGroup
+		var confirmed atomic.Int64
+		for _, id := range ids {
+			wg.Go(func() {
+				if _, err := l.Confirm(ctx, id, "b"); err == nil {
+					confirmed.Add(1)
+				} else if !errors.Is(err, ledger.ErrHoldEnded) {
+					t.Error(err)
+				}
+			})
+		}
+		wg.Go(func() { c.advance(time.Millisecond); l.ExpireDue(ctx, 1000) })
+		wg.Wait()
+		l.ExpireDue(ctx, 1000)
+		st, _ := l.SKU(ctx, sku)
+		orders, _, _ := l.OrderTotals(ctx, sku)
+		if st.Held != 0 || st.Sold != confirmed.Load() || orders != confirmed.Load() {
+			t.Errorf("sold %d held %d orders %d, confirmed %d", st.Sold, st.Held, orders, confirmed.Load())
+		}
+		t.Logf("%d confirmed, %d expired", confirmed.Load(), 40-confirmed.Load())
+	})
+}
+
+func TestRefundOnce(t *testing.T) {
+	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
+		ctx := context.Background()
+		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 5, Shards: 1, MaxPerOrder: 4}); err != nil {
+			t.Fatal(err)
+		}
+		o, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: "r", SKU: sku, Buyer: "b", Quantity: 2, Gate: "[]"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := l.Refund(ctx, o.ID, "eve"); !errors.Is(err, ledger.ErrNotOwner) {
+			t.Errorf("refund by another buyer = %v", err)
+		}
+		var wg sync.WaitGroup
+		var changed atomic.Int64
+		for range 10 {
+			wg.Go(func() {
+				_, ch, err := l.Refund(ctx, o.ID, "b")
+				if err != nil {
+					t.Error(err)
+				}
+				if ch {
+					changed.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+		if changed.Load() != 1 {
+			t.Errorf("%d of 10 concurrent refunds moved stock, want 1", changed.Load())
+		}
+		expectSKU(t, l, 0, 0)
+		if n, _ := l.BuyerUnits(ctx, sku, "b"); n != 0 {
+			t.Errorf("buyer units after refund = %d", n)
+		}
+	})
+}
+
+func TestPerBuyerLimitAndEndSale(t *testing.T) {
+	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
+		ctx := context.Background()
+		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 100, Shards: 1, MaxPerOrder: 4, PerBuyer: 4}); err != nil {
+			t.Fatal(err)
+		}
+		h, err := l.Hold(ctx, hold("lim-h", "ann", 3, c.now().Add(time.Minute)), -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		buy := func(key, buyer string, q int64) error {
+			_, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: key, SKU: sku, Buyer: buyer, Quantity: q})
+			return err
+		}
+		if err := buy("lim-1", "ann", 2); !errors.Is(err, stock.ErrLimit) {
+			t.Errorf("3 held + 2 = %v, want ErrLimit", err)
+		}
+		if err := buy("lim-2", "bob", 4); err != nil {
+			t.Errorf("another buyer: %v", err)
+		}
+		if _, _, err := l.Cancel(ctx, h.ID, "ann"); err != nil {
+			t.Fatal(err)
+		}
+		if err := buy("lim-3", "ann", 4); err != nil {
+			t.Errorf("after cancel, 4 = %v", err)
+		}
+		if err := buy("lim-4", "ann", 1); !errors.Is(err, stock.ErrLimit) {
+			t.Errorf("5th unit = %v, want ErrLimit", err)
+		}
+		expectSKU(t, l, 8, 0)
+
+		h2, _ := l.Hold(ctx, hold("end-h", "cat", 1, c.now().Add(time.Minute)), -1)
+		if _, err := l.EndSale(ctx, sku); err != nil {
+			t.Fatal(err)
+		}
+		if err := buy("end-1", "dan", 1); !errors.Is(err, stock.ErrSaleEnded) {
+			t.Errorf("purchase after the end = %v, want ErrSaleEnded", err)
+		}
+		if _, err := l.Confirm(ctx, h2.ID, "cat"); err != nil {
+			t.Errorf("confirm of a hold taken before the end = %v", err)
+		}
+	})
+}
+
+func expectSKU(t *testing.T, l *ledger.Ledger, sold, held int64) {
+	t.Helper()
+	st, err := l.SKU(context.Background(), sku)
+	if err != nil || st.Sold != sold || st.Held != held {
+		t.Errorf("sku = sold %d held %d (%v), want sold %d held %d", st.Sold, st.Held, err, sold, held)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"time"
 
 	"github.com/gin-gonic/gin"
 
@@ -15,6 +16,9 @@ type skuBody struct {
 	Total       *int64 `json:"total"`
 	Shards      *int   `json:"shards"`
 	MaxPerOrder *int64 `json:"max_per_order"`
+	PerBuyer    *int64 `json:"per_buyer"`
+	HoldTTL     *int64 `json:"hold_ttl_seconds"`
+	HoldTTLMax  *int64 `json:"hold_ttl_max_seconds"`
 }
 
 type skuView struct {
@@ -27,11 +31,17 @@ type skuView struct {
 	Shards      int    `json:"shards"`
 	MaxPerOrder int64  `json:"max_per_order"`
 	Version     int64  `json:"version"`
+	PerBuyer    int64  `json:"per_buyer"`
+	HoldTTL     int64  `json:"hold_ttl_seconds"`
+	HoldTTLMax  int64  `json:"hold_ttl_max_seconds"`
+	Ended       bool   `json:"ended"`
 }
 
 func skuViewOf(st ledger.SKUState) skuView {
 	return skuView{Program: st.Program, Ticket: st.Ticket, Total: st.Total, Sold: st.Sold, Held: st.Held,
-		Remaining: st.Remaining(), Shards: st.Shards, MaxPerOrder: st.MaxPerOrder, Version: st.Version}
+		Remaining: st.Remaining(), Shards: st.Shards, MaxPerOrder: st.MaxPerOrder, Version: st.Version,
+		PerBuyer: st.PerBuyer, HoldTTL: int64(st.HoldTTL.Seconds()), HoldTTLMax: int64(st.HoldTTLMax.Seconds()),
+		Ended: !st.EndedAt.IsZero()}
 }
 
 // putSKU handles PUT /v1/admin/skus/:program/:ticket: create a SKU or change
@@ -60,6 +70,19 @@ func (s *Server) putSKU(c *gin.Context) {
 	if body.MaxPerOrder != nil {
 		cfg.MaxPerOrder = *body.MaxPerOrder
 	}
+	if body.PerBuyer != nil {
+		cfg.PerBuyer = *body.PerBuyer
+	}
+	secs := func(p *int64) time.Duration {
+		if p == nil {
+			return 0
+		}
+		if *p < 1 || *p > int64(ledger.MaxHoldTTL/time.Second) {
+			return -1 // refused by Validate
+		}
+		return time.Duration(*p) * time.Second
+	}
+	cfg.HoldTTL, cfg.HoldTTLMax = secs(body.HoldTTL), secs(body.HoldTTLMax)
 	if err := cfg.Validate(); err != nil {
 		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", err.Error(), 0)
 		return

@@ -14,15 +14,15 @@ import (
 var ansBusy = answer{status: http.StatusServiceUnavailable, kind: "overloaded",
 	detail: "Redis is unavailable and the ledger is at its fallback capacity; retry with the same Idempotency-Key", retryAfter: 1}
 
-// buyDirect sells straight from the ledger while Redis cannot: read the SKU
-// row, commit with an update conditional on its version, and on a conflict
-// read again after a jittered, growing pause, a bounded number of times.
-// At most FallbackConcurrency of these run at once, so a Redis outage turns
-// into a bounded load on the ledger and 503s beyond it, never a pile-up. A
-// sold-out answer is cached like one from Redis, so a sold-out SKU costs
-// the ledger nothing. Each sale bumps the SKU's bypass_seq: Redis is
-// rebuilt from the ledger before it serves the SKU again.
-func (s *Server) buyDirect(ctx context.Context, o ledger.Order) answer {
+// takeDirect sells or holds straight from the ledger while Redis cannot:
+// read the SKU row, commit with an update conditional on its version, and
+// on a conflict read again after a jittered, growing pause, a bounded number
+// of times. At most FallbackConcurrency of these run at once, so a Redis
+// outage turns into a bounded load on the ledger and 503s beyond it, never
+// a pile-up. A sold-out answer is cached like one from Redis, so a sold-out
+// SKU costs the ledger nothing. Each one bumps the SKU's bypass_seq: Redis
+// is rebuilt from the ledger before it serves the SKU again.
+func (s *Server) takeDirect(ctx context.Context, w want, st ledger.SKUState) answer {
 	select {
 	case s.fallback <- struct{}{}:
 		defer func() { <-s.fallback }()
@@ -38,50 +38,56 @@ func (s *Server) buyDirect(ctx context.Context, o ledger.Order) answer {
 			case <-time.After(pause):
 			}
 		}
-		st, err := s.ledger.SKU(ctx, o.SKU)
+		fresh, err := s.ledger.SKU(ctx, w.sku)
 		if err != nil {
-			s.log.Error("fallback read sku", "sku", o.SKU.String(), "err", err)
+			s.log.Error("fallback read sku", "sku", w.sku.String(), "err", err)
 			return s.counted(pathLedger, ansUnavailable)
 		}
-		if st.Remaining() < o.Quantity {
-			return s.directSoldOut(ctx, o)
+		if fresh.Remaining() < w.q {
+			return s.directRefused(ctx, w, ansSoldOut)
 		}
-		done, err := s.ledger.PurchaseDirect(ctx, o, st.Version)
+		a, err := s.commit(ctx, w, fresh, "", fresh.Version)
 		switch {
 		case err == nil:
 			// This replica's cached settings must show the gate stale now, so
 			// it rebuilds Redis before using it for this SKU again.
-			s.settings.Invalidate(o.SKU)
+			s.settings.Invalidate(w.sku)
 			s.count(pathLedger, "sold")
-			return answer{status: http.StatusCreated, order: done}
+			return a
 		case errors.Is(err, ledger.ErrDuplicate):
-			return replay(done, o.RequestHash)
+			return w.replay(a)
 		case errors.Is(err, ledger.ErrConflict):
 			continue
 		case errors.Is(err, stock.ErrSoldOut):
-			return s.directSoldOut(ctx, o)
+			return s.directRefused(ctx, w, ansSoldOut)
+		case errors.Is(err, stock.ErrLimit):
+			return s.directRefused(ctx, w, ansLimit)
+		case errors.Is(err, stock.ErrSaleEnded):
+			return s.directRefused(ctx, w, ansSaleEnded)
 		case errors.Is(err, ledger.ErrNotCommitted):
-			s.log.Error("fallback purchase", "sku", o.SKU.String(), "err", err)
+			s.log.Error("fallback commit", "sku", w.sku.String(), "err", err)
 			return s.counted(pathLedger, ansUnavailable)
 		}
-		// COMMIT failed: it may have landed. The key's order row tells.
-		s.log.Error("fallback purchase commit", "sku", o.SKU.String(), "err", err)
-		if prev, lerr := s.ledger.OrderByKey(ctx, o.IdempotencyKey); lerr == nil {
-			return replay(prev, o.RequestHash)
+		// COMMIT failed: it may have landed. The key's row tells.
+		s.log.Error("fallback commit", "sku", w.sku.String(), "err", err)
+		if prev, lerr := s.lookup(ctx, w); lerr == nil {
+			return w.replay(prev)
 		}
 		return s.counted(pathLedger, ansUnavailable)
 	}
 	return s.counted(pathLedger, ansBusy)
 }
 
-// directSoldOut answers a purchase the ledger cannot supply: the replay of
-// its order if this key already bought, sold out otherwise.
-func (s *Server) directSoldOut(ctx context.Context, o ledger.Order) answer {
-	if prev, err := s.ledger.OrderByKey(ctx, o.IdempotencyKey); err == nil {
-		return replay(prev, o.RequestHash)
+// directRefused answers a request the ledger cannot supply: the replay of
+// what this key committed before, if anything, the refusal otherwise.
+func (s *Server) directRefused(ctx context.Context, w want, refusal answer) answer {
+	if prev, err := s.lookup(ctx, w); err == nil {
+		return w.replay(prev)
 	}
-	s.cache.MarkSoldOut(o.SKU)
-	return s.counted(pathLedger, ansSoldOut)
+	if refusal.kind == ansSoldOut.kind {
+		s.cache.MarkSoldOut(w.sku)
+	}
+	return s.counted(pathLedger, refusal)
 }
 
 // Purchase paths, for the metric.

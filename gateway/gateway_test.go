@@ -55,6 +55,7 @@ type envOptions struct {
 	cluster *testenv.Cluster // default the shared cluster
 	dialer  func(ctx context.Context, network, addr string) (net.Conn, error)
 	drift   bool // run the drift check
+	sweep   bool // run the hold sweeper
 	tune    func(*gateway.Options)
 }
 
@@ -109,6 +110,12 @@ func startEnv(t *testing.T, o envOptions) *env {
 		dctx, stop := context.WithCancel(ctx)
 		done := make(chan struct{})
 		go func() { defer close(done); srv.RunDrift(dctx) }()
+		t.Cleanup(func() { stop(); <-done })
+	}
+	if o.sweep {
+		sctx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); srv.RunSweeper(sctx) }()
 		t.Cleanup(func() { stop(); <-done })
 	}
 	hs := httptest.NewServer(srv.Handler())

@@ -13,6 +13,7 @@ type metrics struct {
 	driftUnits     prometheus.Gauge
 	driftSKUs      prometheus.Gauge
 	driftRepairs   prometheus.Counter
+	expired        prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -41,8 +42,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "stockgate_drift_repairs_total",
 			Help: "SKUs re-seeded by the drift check because Redis and the ledger disagreed.",
 		}),
+		expired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "stockgate_holds_expired_total",
+			Help: "Holds this gateway's sweeper expired and gave back.",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.driftRepairs} {
+	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.driftRepairs, m.expired} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -43,10 +43,12 @@ func viewOf(o ledger.Order) orderView {
 		Buyer: o.Buyer, Quantity: o.Quantity, CreatedAt: o.CreatedAt}
 }
 
-// answer is the outcome of one purchase, shared by joined duplicates.
+// answer is the outcome of one write, shared by joined duplicates. A 2xx
+// carries an order or a hold.
 type answer struct {
 	status     int
 	order      ledger.Order
+	hold       *ledger.Hold
 	replayed   bool
 	kind       string // problem type when status >= 400
 	detail     string
@@ -61,6 +63,8 @@ var (
 	ansSoldOut     = refuse(http.StatusConflict, "sold-out", "not enough stock left for this quantity")
 	ansKeyReused   = refuse(http.StatusUnprocessableEntity, "idempotency-key-reused", "this Idempotency-Key was used for a different request")
 	ansUnknownSKU  = refuse(http.StatusNotFound, "unknown-sku", "no such program/ticket")
+	ansLimit       = refuse(http.StatusConflict, "limit-reached", "this buyer already holds or owns as many of this ticket as it allows")
+	ansSaleEnded   = refuse(http.StatusConflict, "sale-ended", "the sale of this ticket has ended")
 	ansUnavailable = answer{status: http.StatusServiceUnavailable, kind: "unavailable",
 		detail: "stock service temporarily unavailable; retry with the same Idempotency-Key", retryAfter: 1}
 )
@@ -97,7 +101,7 @@ func (s *Server) purchase(c *gin.Context) {
 		// commit or a restore even if the client hangs up.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request.Context()), s.opts.WorkTimeout)
 		defer cancel()
-		return s.buy(ctx, sku, key, hash, body.Buyer, q)
+		return s.take(ctx, want{sku: sku, key: key, hash: hash, buyer: body.Buyer, q: q})
 	})
 	if mismatch {
 		res = ansKeyReused
@@ -107,12 +111,18 @@ func (s *Server) purchase(c *gin.Context) {
 
 func (s *Server) write(c *gin.Context, a answer) {
 	switch {
-	case a.status == http.StatusCreated:
+	case a.status < 300 && a.hold != nil:
+		if a.replayed {
+			c.Header("Idempotent-Replayed", "true")
+		}
+		c.Header("Location", "/v1/holds/"+a.hold.ID)
+		c.JSON(a.status, holdViewOf(*a.hold))
+	case a.status < 300:
 		if a.replayed {
 			c.Header("Idempotent-Replayed", "true")
 		}
 		c.Header("Location", "/v1/orders/"+a.order.ID)
-		c.JSON(http.StatusCreated, viewOf(a.order))
+		c.JSON(a.status, viewOf(a.order))
 	case a.status >= 400:
 		if a.status >= 500 {
 			s.log.Warn("purchase failed", "route", c.FullPath(), "status", a.status, "detail", a.detail)
@@ -131,54 +141,136 @@ func requestHash(sku stock.SKU, buyer string, q int64) string {
 	return hex.EncodeToString(h[:16])
 }
 
-// buy is the purchase flow: settings → cached sold-out → Redis deduction →
-// ledger commit → answer, or straight to the ledger when Redis cannot be
-// used. Every path that took stock and did not commit gives it back, and no
-// path answers 201 without a committed order.
-func (s *Server) buy(ctx context.Context, sku stock.SKU, key, hash, buyer string, q int64) answer {
-	st, err := s.settings.Get(ctx, sku)
+// want is one request for stock: a purchase, or a hold when hold is set.
+type want struct {
+	sku   stock.SKU
+	key   string // Idempotency-Key, and the request id of the Redis deduction
+	hash  string
+	buyer string
+	q     int64
+	hold  bool
+	ttl   time.Duration // a hold's lifetime; 0 for the SKU's default
+}
+
+func (w want) order(gate string) ledger.Order {
+	return ledger.Order{IdempotencyKey: w.key, RequestHash: w.hash, SKU: w.sku, Buyer: w.buyer, Quantity: w.q, Gate: gate}
+}
+
+// commit records the request in the ledger: through the gate (version < 0)
+// or around it. On ErrDuplicate the answer carries what the key stored.
+func (s *Server) commit(ctx context.Context, w want, st ledger.SKUState, gate string, version int64) (answer, error) {
+	if w.hold {
+		ttl := w.ttl
+		if ttl == 0 {
+			ttl = st.HoldTTL
+		}
+		h, err := s.ledger.Hold(ctx, ledger.Hold{IdempotencyKey: w.key, RequestHash: w.hash, SKU: w.sku, Buyer: w.buyer,
+			Quantity: w.q, Gate: gate, ExpiresAt: time.Now().Add(ttl)}, version)
+		return answer{status: http.StatusCreated, hold: &h}, err
+	}
+	var o ledger.Order
+	var err error
+	if version < 0 {
+		o, err = s.ledger.Purchase(ctx, w.order(gate))
+	} else {
+		o, err = s.ledger.PurchaseDirect(ctx, w.order(gate), version)
+	}
+	return answer{status: http.StatusCreated, order: o}, err
+}
+
+// lookup finds what an earlier attempt with this key committed, if any.
+func (s *Server) lookup(ctx context.Context, w want) (answer, error) {
+	if w.hold {
+		h, err := s.ledger.HoldByKey(ctx, w.key)
+		return answer{status: http.StatusCreated, hold: &h}, err
+	}
+	o, err := s.ledger.OrderByKey(ctx, w.key)
+	return answer{status: http.StatusCreated, order: o}, err
+}
+
+// replay answers a retry with what its key committed, unless the key was
+// used for a different request.
+func (w want) replay(a answer) answer {
+	stored := a.order.RequestHash
+	if a.hold != nil {
+		stored = a.hold.RequestHash
+	}
+	if stored != w.hash {
+		return ansKeyReused
+	}
+	a.replayed = true
+	return a
+}
+
+// take is the flow of a purchase or a hold: settings → cached sold-out →
+// per-buyer quota → Redis deduction → ledger commit → answer, or straight
+// to the ledger when Redis cannot be used. Every path that took stock and
+// did not commit gives it back, and no path answers 2xx without a commit.
+func (s *Server) take(ctx context.Context, w want) answer {
+	st, err := s.settings.Get(ctx, w.sku)
 	switch {
 	case errors.Is(err, stock.ErrUnknownSKU):
 		return ansUnknownSKU
 	case err != nil:
-		s.log.Error("load sku settings", "sku", sku.String(), "err", err)
+		s.log.Error("load sku settings", "sku", w.sku.String(), "err", err)
 		return ansUnavailable
 	}
-	if q > st.MaxPerOrder {
+	if w.q > st.MaxPerOrder {
 		return refuse(http.StatusUnprocessableEntity, "quantity-over-limit",
-			fmt.Sprintf("quantity %d over this ticket's maximum of %d per order", q, st.MaxPerOrder))
+			fmt.Sprintf("quantity %d over this ticket's maximum of %d per order", w.q, st.MaxPerOrder))
 	}
-	if s.cache.SoldOut(sku) {
+	if w.hold && w.ttl != 0 && (w.ttl < ledger.MinHoldTTL || w.ttl > st.HoldTTLMax) {
+		return refuse(http.StatusUnprocessableEntity, "invalid-field",
+			fmt.Sprintf("ttl_seconds must be in %d..%d for this ticket", int(ledger.MinHoldTTL.Seconds()), int(st.HoldTTLMax.Seconds())))
+	}
+	if !st.EndedAt.IsZero() {
+		return ansSaleEnded
+	}
+	if s.cache.SoldOut(w.sku) {
 		return ansSoldOut
 	}
-	order := ledger.Order{IdempotencyKey: key, RequestHash: hash, SKU: sku, Buyer: buyer, Quantity: q}
+	if st.PerBuyer > 0 && w.q > st.PerBuyer {
+		return ansLimit
+	}
 	if st.GateStale() && s.breaker.State() == breaker.Closed {
 		// The ledger sold around Redis: rebuild before Redis serves again.
-		if err := s.reseed(ctx, sku, reasonBypass, false); err != nil {
-			return s.buyDirect(ctx, order)
+		if err := s.reseed(ctx, w.sku, reasonBypass, false); err != nil {
+			return s.takeDirect(ctx, w, st)
 		}
 	}
 
-	req := shard.Request{SKU: sku, Shards: st.Shards, RequestID: key, Quantity: q, MaxQuantity: st.MaxPerOrder}
+	quota, qerr := s.takeQuota(ctx, w, st)
+	switch {
+	case errors.Is(qerr, stock.ErrLimit):
+		return s.counted(pathGate, ansLimit)
+	case qerr != nil && notRun(qerr):
+		return s.takeDirect(ctx, w, st)
+	case qerr != nil:
+		s.log.Error("quota", "sku", w.sku.String(), "err", qerr)
+		return s.counted(pathGate, ansUnavailable)
+	}
+	req := shard.Request{SKU: w.sku, Shards: st.Shards, RequestID: w.key, Quantity: w.q, MaxQuantity: st.MaxPerOrder}
 	d, err := s.deduct(ctx, req)
 	if err != nil && !notRun(err) && !isOutcome(err) {
 		// The outcome is unknown: the script may have run and its reply been
 		// lost. Ask again with the same request id: its deduction record
 		// answers for the first attempt, so stock moves at most once.
-		s.log.Warn("deduct outcome unknown; asking again", "sku", sku.String(), "err", err)
+		s.log.Warn("deduct outcome unknown; asking again", "sku", w.sku.String(), "err", err)
 		d, err = s.deduct(ctx, req)
 	}
 	switch {
 	case errors.Is(err, stock.ErrSoldOut):
-		s.cache.MarkSoldOut(sku)
+		s.cache.MarkSoldOut(w.sku)
+		quota.release(ctx)
 		return s.counted(pathGate, ansSoldOut)
 	case err != nil && notRun(err):
-		// Nothing moved in Redis: the ledger can sell this one directly.
-		return s.buyDirect(ctx, order)
+		// Nothing moved in Redis: the ledger can take this one directly.
+		quota.release(ctx)
+		return s.takeDirect(ctx, w, st)
 	case err != nil:
-		// Still unknown: never sell it again by the other path. The client's
+		// Still unknown: never take it again by the other path. The client's
 		// retry with the same key meets the deduction record.
-		s.log.Error("deduct", "sku", sku.String(), "err", err)
+		s.log.Error("deduct", "sku", w.sku.String(), "err", err)
 		return s.counted(pathGate, ansUnavailable)
 	}
 
@@ -186,59 +278,61 @@ func (s *Server) buy(ctx context.Context, sku stock.SKU, key, hash, buyer string
 		// This key took stock before. If that attempt committed, replay it;
 		// otherwise the stock it took is ours to commit now, and the ledger's
 		// unique key settles a race with the original attempt.
-		prev, err := s.ledger.OrderByKey(ctx, key)
+		prev, err := s.lookup(ctx, w)
 		switch {
 		case err == nil:
-			return replay(prev, hash)
+			return w.replay(prev)
 		case !errors.Is(err, ledger.ErrNotFound):
-			s.log.Error("order by key", "err", err)
+			s.log.Error("lookup by key", "err", err)
 			return s.counted(pathGate, ansUnavailable)
 		}
 	}
 
 	gateRecord, _ := json.Marshal(d.Parts)
-	order.Gate = string(gateRecord)
-	o, err := s.ledger.Purchase(ctx, order)
+	a, err := s.commit(ctx, w, st, string(gateRecord), -1)
+	giveBack := func() {
+		s.giveBack(ctx, w.sku, w.key, d.Parts)
+		quota.release(ctx)
+	}
 	switch {
 	case err == nil:
 		s.count(pathGate, "sold")
-		return answer{status: http.StatusCreated, order: o}
+		return a
 	case errors.Is(err, ledger.ErrDuplicate):
 		// Another attempt with this key committed first (on another replica,
 		// through the ledger fallback, or before a Redis re-send). Stock
 		// this call took fresh goes back.
 		if !d.Replayed {
-			s.giveBack(ctx, sku, key, d.Parts)
+			s.giveBack(ctx, w.sku, w.key, d.Parts)
 		}
-		return replay(o, hash)
+		return w.replay(a)
 	case errors.Is(err, stock.ErrSoldOut):
 		// Redis admitted what the ledger refuses: Redis was ahead of the
 		// truth (a write lost in a failover, sales around it). The ledger wins.
 		s.metrics.ledgerRefusals.Inc()
-		s.giveBack(ctx, sku, key, d.Parts)
+		giveBack()
 		return s.counted(pathGate, ansSoldOut)
+	case errors.Is(err, stock.ErrLimit):
+		giveBack()
+		return s.counted(pathGate, ansLimit)
+	case errors.Is(err, stock.ErrSaleEnded):
+		giveBack()
+		return s.counted(pathGate, ansSaleEnded)
 	case errors.Is(err, ledger.ErrNotCommitted):
-		s.log.Error("ledger purchase", "sku", sku.String(), "err", err)
-		s.giveBack(ctx, sku, key, d.Parts)
+		s.log.Error("ledger commit", "sku", w.sku.String(), "err", err)
+		giveBack()
 		return s.counted(pathGate, ansUnavailable)
 	}
 	// COMMIT failed and may have landed. Look before giving the stock back:
 	// restoring stock that was in fact sold would let Redis admit a buyer
 	// the ledger must refuse.
-	s.log.Error("ledger purchase commit", "sku", sku.String(), "err", err)
-	if prev, lerr := s.ledger.OrderByKey(ctx, key); lerr == nil {
-		return replay(prev, hash)
+	s.log.Error("ledger commit", "sku", w.sku.String(), "err", err)
+	if prev, lerr := s.lookup(ctx, w); lerr == nil {
+		return w.replay(prev)
 	} else if errors.Is(lerr, ledger.ErrNotFound) {
-		s.giveBack(ctx, sku, key, d.Parts)
+		giveBack()
 	}
 	// Otherwise the stock stays taken in Redis: under-selling until the
 	// drift check repairs it is the safe side of not knowing.
 	return s.counted(pathGate, ansUnavailable)
-}
-
-func replay(o ledger.Order, hash string) answer {
-	if o.RequestHash != hash {
-		return ansKeyReused
-	}
-	return answer{status: http.StatusCreated, order: o, replayed: true}
 }

@@ -35,6 +35,8 @@ type Gate interface {
 	Restore(ctx context.Context, sku stock.SKU, requestID string, parts []shard.Part) error
 	Seed(ctx context.Context, sku stock.SKU, n int, remaining int64, overwrite bool) error
 	Fence(ctx context.Context, sku stock.SKU, n int, closed bool) error
+	TakeQuota(ctx context.Context, sku stock.SKU, buyer, requestID string, q, limit int64) error
+	ReleaseQuota(ctx context.Context, sku stock.SKU, buyer, requestID string) error
 	Read(ctx context.Context, sku stock.SKU, n int) ([]shard.ShardStock, error)
 	Remaining(ctx context.Context, sku stock.SKU, n int) (int64, bool, error)
 }
@@ -47,6 +49,17 @@ type Ledger interface {
 	PurchaseDirect(ctx context.Context, o ledger.Order, version int64) (ledger.Order, error)
 	OrderByKey(ctx context.Context, key string) (ledger.Order, error)
 	MarkGateSeeded(ctx context.Context, sku stock.SKU, seq int64) error
+	Hold(ctx context.Context, h ledger.Hold, version int64) (ledger.Hold, error)
+	HoldByID(ctx context.Context, id string) (ledger.Hold, error)
+	HoldByKey(ctx context.Context, key string) (ledger.Hold, error)
+	Confirm(ctx context.Context, holdID, buyer string) (ledger.Order, error)
+	Cancel(ctx context.Context, holdID, buyer string) (ledger.Hold, bool, error)
+	ExpireDue(ctx context.Context, limit int) ([]ledger.Hold, error)
+	Refund(ctx context.Context, orderID, buyer string) (ledger.Order, bool, error)
+	OrderByID(ctx context.Context, id string) (ledger.Order, error)
+	PendingRestores(ctx context.Context, olderThan time.Duration, limit int) ([]ledger.Restore, error)
+	RestoreDone(ctx context.Context, kind, id string) error
+	EndSale(ctx context.Context, sku stock.SKU) (ledger.SKUState, error)
 	SKUs(ctx context.Context, after stock.SKU, limit int) ([]ledger.SKUState, error)
 }
 
@@ -85,6 +98,13 @@ type Options struct {
 	FenceSettle time.Duration
 	// DriftEvery is the period of the drift check RunDrift runs. Default 30s.
 	DriftEvery time.Duration
+	// SweepEvery is the period of RunSweeper, which expires due holds: a
+	// hold's stock is back at most about this long after its expiry.
+	// Default 1s.
+	SweepEvery time.Duration
+	// RestoreGrace is how long a restore may stay half-done (ledger side
+	// done, Redis side not) before any sweeper finishes it. Default 5s.
+	RestoreGrace time.Duration
 	// AdminToken, when set, is the bearer token admin routes require.
 	// Empty leaves admin routes open, for local use only.
 	AdminToken string
@@ -150,6 +170,8 @@ func New(opts Options) (*Server, error) {
 	setDefault(&opts.ReseedWait, time.Second)
 	setDefault(&opts.FenceSettle, 100*time.Millisecond)
 	setDefault(&opts.DriftEvery, 30*time.Second)
+	setDefault(&opts.SweepEvery, time.Second)
+	setDefault(&opts.RestoreGrace, 5*time.Second)
 	if opts.FallbackConcurrency == 0 {
 		opts.FallbackConcurrency = 16
 	}
@@ -162,7 +184,8 @@ func New(opts Options) (*Server, error) {
 	case opts.MaxBodyBytes < 64:
 		return nil, fmt.Errorf("gateway: MaxBodyBytes %d below 64", opts.MaxBodyBytes)
 	case opts.SettingsTTL < 0 || opts.StockTTL < 0 || opts.WorkTimeout < 0 || opts.RedisTimeout < 0 ||
-		opts.FallbackBackoff < 0 || opts.ReseedWait < 0 || opts.FenceSettle < 0 || opts.DriftEvery < 0:
+		opts.FallbackBackoff < 0 || opts.ReseedWait < 0 || opts.FenceSettle < 0 || opts.DriftEvery < 0 ||
+		opts.SweepEvery < 0 || opts.RestoreGrace < 0:
 		return nil, errors.New("gateway: negative duration")
 	case opts.FallbackConcurrency < 1 || opts.FallbackAttempts < 1:
 		return nil, errors.New("gateway: FallbackConcurrency and FallbackAttempts must be at least 1")
@@ -233,11 +256,18 @@ func (s *Server) routes() *gin.Engine {
 	v1 := e.Group("/v1")
 	v1.GET("/skus/:program/:ticket/stock", s.getStock)
 	v1.POST("/skus/:program/:ticket/purchases", s.purchase)
+	v1.POST("/skus/:program/:ticket/holds", s.postHold)
+	v1.GET("/holds/:id", s.getHold)
+	v1.POST("/holds/:id/confirm", s.confirmHold)
+	v1.POST("/holds/:id/cancel", s.cancelHold)
+	v1.GET("/orders/:id", s.getOrder)
+	v1.POST("/orders/:id/refund", s.refundOrder)
 
 	admin := v1.Group("/admin", s.requireAdmin)
 	admin.PUT("/skus/:program/:ticket", s.putSKU)
 	admin.GET("/skus/:program/:ticket", s.getSKU)
 	admin.POST("/skus/:program/:ticket/reconcile", s.reconcile)
+	admin.POST("/skus/:program/:ticket/end", s.endSale)
 	return e
 }
 

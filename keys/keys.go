@@ -103,6 +103,18 @@ func Lock(program, ticket, purpose string) string {
 	return "sg:" + s.tag + ":lock:" + purpose + ":" + program + ":" + ticket
 }
 
+// Quota is the key of what one buyer holds + owns of one SKU at the gate,
+// for the per-buyer cap. It is hashed by SKU and buyer together, so one
+// buyer's flood lands on one master and different buyers spread out. The
+// ids must have passed CheckID.
+func Quota(program, ticket, buyer string) string {
+	if CheckID(program) != nil || CheckID(ticket) != nil || CheckID(buyer) != nil {
+		panic(fmt.Sprintf("keys.Quota(%q, %q, %q): unchecked ids", program, ticket, buyer))
+	}
+	slot := int(CRC16([]byte(program+":"+ticket+":"+buyer))) % Slots
+	return "sg:{" + slotTags()[slot] + "}:quota:" + program + ":" + ticket + ":" + buyer
+}
+
 // CRC16 is the CCITT/XMODEM checksum Redis Cluster hashes keys with.
 func CRC16(b []byte) uint16 {
 	var crc uint16

@@ -318,6 +318,7 @@ type Restore struct {
 	Kind      string // "hold" or "order"
 	ID        string
 	SKU       stock.SKU
+	Buyer     string
 	RequestID string // the request id of the Redis deduction records
 	Gate      string
 }
@@ -327,9 +328,9 @@ type Restore struct {
 func (l *Ledger) PendingRestores(ctx context.Context, olderThan time.Duration, limit int) ([]Restore, error) {
 	before := l.now().Add(-olderThan).UnixMilli()
 	rows, err := l.db.QueryContext(ctx, `
-		SELECT 'hold', id, program, ticket, idem_key, gate FROM holds WHERE restore_pending = 1 AND ended_at <= $1
+		SELECT 'hold', id, program, ticket, buyer, idem_key, gate FROM holds WHERE restore_pending = 1 AND ended_at <= $1
 		UNION ALL
-		SELECT 'order', id, program, ticket, CASE WHEN gate_key = '' THEN idem_key ELSE gate_key END, gate
+		SELECT 'order', id, program, ticket, buyer, CASE WHEN gate_key = '' THEN idem_key ELSE gate_key END, gate
 		FROM orders WHERE restore_pending = 1 AND refunded_at <= $1
 		LIMIT $2`, before, limit)
 	if err != nil {
@@ -339,7 +340,7 @@ func (l *Ledger) PendingRestores(ctx context.Context, olderThan time.Duration, l
 	var out []Restore
 	for rows.Next() {
 		var r Restore
-		if err := rows.Scan(&r.Kind, &r.ID, &r.SKU.Program, &r.SKU.Ticket, &r.RequestID, &r.Gate); err != nil {
+		if err := rows.Scan(&r.Kind, &r.ID, &r.SKU.Program, &r.SKU.Ticket, &r.Buyer, &r.RequestID, &r.Gate); err != nil {
 			return nil, fmt.Errorf("ledger: pending restores: %w", err)
 		}
 		out = append(out, r)
@@ -384,4 +385,14 @@ func (l *Ledger) EndSale(ctx context.Context, sku stock.SKU) (SKUState, error) {
 		return SKUState{}, fmt.Errorf("ledger: end sale: %w", err)
 	}
 	return l.SKU(ctx, sku)
+}
+
+// RestoreOf is the Redis restore a cancelled or expired hold owes.
+func (h Hold) RestoreOf() Restore {
+	return Restore{Kind: "hold", ID: h.ID, SKU: h.SKU, Buyer: h.Buyer, RequestID: h.IdempotencyKey, Gate: h.Gate}
+}
+
+// RestoreOf is the Redis restore a refunded order owes.
+func (o Order) RestoreOf() Restore {
+	return Restore{Kind: "order", ID: o.ID, SKU: o.SKU, Buyer: o.Buyer, RequestID: o.GateRequest(), Gate: o.Gate}
 }

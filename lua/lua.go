@@ -44,6 +44,16 @@ var Unlock string
 //go:embed renew.lua
 var Renew string
 
+// Quota counts a request against a buyer's per-SKU cap, once.
+//
+//go:embed quota.lua
+var Quota string
+
+// Unquota releases a request's count, once.
+//
+//go:embed unquota.lua
+var Unquota string
+
 // Result codes shared by the scripts. They are small integers so the Go side
 // branches on numbers, never on strings.
 const (

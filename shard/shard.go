@@ -79,6 +79,8 @@ type Store struct {
 	restore   *redis.Script
 	read      *redis.Script
 	fence     *redis.Script
+	quota     *redis.Script
+	unquota   *redis.Script
 }
 
 // New validates opts and returns a Store.
@@ -101,6 +103,8 @@ func New(opts Options) (*Store, error) {
 		restore:   redis.NewScript(lua.Restore),
 		read:      redis.NewScript(lua.Read),
 		fence:     redis.NewScript(lua.Fence),
+		quota:     redis.NewScript(lua.Quota),
+		unquota:   redis.NewScript(lua.Unquota),
 	}, nil
 }
 
@@ -474,4 +478,45 @@ func (s *Store) Remaining(ctx context.Context, sku stock.SKU, n int) (int64, boo
 		seeded = seeded && sh.Seeded
 	}
 	return sum, seeded, nil
+}
+
+// TakeQuota counts q units of a request against the buyer's cap on the SKU,
+// once per request id; stock.ErrLimit when the cap would be passed.
+func (s *Store) TakeQuota(ctx context.Context, sku stock.SKU, buyer, requestID string, q, limit int64) error {
+	if err := sku.Validate(); err != nil {
+		return err
+	}
+	if keys.CheckID(buyer) != nil || keys.CheckID(requestID) != nil || q < 1 || limit < 1 {
+		return fmt.Errorf("%w: quota for %q/%q q %d limit %d", stock.ErrInvalid, buyer, requestID, q, limit)
+	}
+	v, err := s.quota.Run(ctx, s.rdb, []string{keys.Quota(sku.Program, sku.Ticket, buyer)},
+		requestID, q, limit, s.recordTTL).Int64Slice()
+	if err != nil {
+		return fmt.Errorf("quota: %w", err)
+	}
+	if len(v) != 2 {
+		return fmt.Errorf("quota: %w: %v", ErrScript, v)
+	}
+	switch v[0] {
+	case lua.OK, lua.Already:
+		return nil
+	case lua.Empty:
+		return stock.ErrLimit
+	}
+	return fmt.Errorf("quota: %w: code %d", ErrScript, v[0])
+}
+
+// ReleaseQuota takes a request's units off the buyer's count, once.
+func (s *Store) ReleaseQuota(ctx context.Context, sku stock.SKU, buyer, requestID string) error {
+	if err := sku.Validate(); err != nil {
+		return err
+	}
+	if keys.CheckID(buyer) != nil || keys.CheckID(requestID) != nil {
+		return fmt.Errorf("%w: quota release for %q/%q", stock.ErrInvalid, buyer, requestID)
+	}
+	_, err := s.unquota.Run(ctx, s.rdb, []string{keys.Quota(sku.Program, sku.Ticket, buyer)}, requestID).Int64Slice()
+	if err != nil {
+		return fmt.Errorf("quota release: %w", err)
+	}
+	return nil
 }

@@ -72,6 +72,7 @@ type config struct {
 	ReseedWait          time.Duration
 	FenceSettle         time.Duration
 	DriftEvery          time.Duration
+	SweepEvery          time.Duration
 }
 
 func flags(fs *flag.FlagSet, c *config) {
@@ -108,6 +109,7 @@ func flags(fs *flag.FlagSet, c *config) {
 	fs.DurationVar(&c.ReseedWait, "reseed-wait", time.Second, "how long a purchase waits for another replica's re-seed of its SKU")
 	fs.DurationVar(&c.FenceSettle, "fence-settle", 100*time.Millisecond, "pause between closing a SKU's gate and reading the ledger to rebuild it")
 	fs.DurationVar(&c.DriftEvery, "drift-every", 30*time.Second, "period of the Redis-vs-ledger drift check")
+	fs.DurationVar(&c.SweepEvery, "sweep-every", time.Second, "period of the hold-expiry sweeper (bounds how late an expired hold's stock comes back)")
 }
 
 // validate names the environment variable of the first bad setting.
@@ -130,7 +132,7 @@ func (c config) validate() error {
 		"redis-call-timeout": c.RedisTimeout, "redis-state-reload": c.StateReloadEvery,
 		"breaker-window": c.BreakerWindow, "breaker-open-for": c.BreakerOpenFor,
 		"fallback-backoff": c.FallbackBackoff, "lock-ttl": c.LockTTL, "reseed-wait": c.ReseedWait,
-		"fence-settle": c.FenceSettle, "drift-every": c.DriftEvery,
+		"fence-settle": c.FenceSettle, "drift-every": c.DriftEvery, "sweep-every": c.SweepEvery,
 	} {
 		if d <= 0 {
 			return bad(name, "must be a positive duration")
@@ -265,16 +267,18 @@ func serve(ctx context.Context, c config, log *slog.Logger) error {
 		},
 		FallbackConcurrency: c.FallbackConcurrency, FallbackAttempts: c.FallbackAttempts,
 		FallbackBackoff: c.FallbackBackoff, ReseedWait: c.ReseedWait, FenceSettle: c.FenceSettle,
-		DriftEvery: c.DriftEvery,
+		DriftEvery: c.DriftEvery, SweepEvery: c.SweepEvery,
 	})
 	if err != nil {
 		return err
 	}
-	// The drift check runs until the drain starts; serve waits for it.
+	// The drift check and the hold sweeper run until serve returns, which
+	// waits for them.
 	driftCtx, stopDrift := context.WithCancel(context.Background())
-	driftDone := make(chan struct{})
+	driftDone, sweepDone := make(chan struct{}), make(chan struct{})
 	go func() { defer close(driftDone); srv.RunDrift(driftCtx) }()
-	defer func() { stopDrift(); <-driftDone }()
+	go func() { defer close(sweepDone); srv.RunSweeper(driftCtx) }()
+	defer func() { stopDrift(); <-driftDone; <-sweepDone }()
 
 	ln, err := net.Listen("tcp", c.Addr)
 	if err != nil {

@@ -1,0 +1,371 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/shard"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// holdView is the body of a hold.
+type holdView struct {
+	HoldID    string    `json:"hold_id"`
+	Program   string    `json:"program"`
+	Ticket    string    `json:"ticket"`
+	Buyer     string    `json:"buyer"`
+	Quantity  int64     `json:"quantity"`
+	State     string    `json:"state"`
+	ExpiresAt time.Time `json:"expires_at"`
+	OrderID   string    `json:"order_id,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+func holdViewOf(h ledger.Hold) holdView {
+	state := h.State
+	if state == ledger.Held && !time.Now().Before(h.ExpiresAt) {
+		state = ledger.Expired // past its time; the sweeper will catch up
+	}
+	return holdView{HoldID: h.ID, Program: h.SKU.Program, Ticket: h.SKU.Ticket, Buyer: h.Buyer, Quantity: h.Quantity,
+		State: state, ExpiresAt: h.ExpiresAt, OrderID: h.OrderID, CreatedAt: h.CreatedAt}
+}
+
+type holdBody struct {
+	Buyer      string `json:"buyer"`
+	Quantity   *int64 `json:"quantity"`
+	TTLSeconds *int64 `json:"ttl_seconds"`
+}
+
+// ownerBody names the buyer acting on a hold or an order.
+type ownerBody struct {
+	Buyer string `json:"buyer"`
+}
+
+var (
+	ansHoldExpired   = refuse(http.StatusGone, "hold-expired", "the hold expired; nothing was sold")
+	ansHoldCancelled = refuse(http.StatusConflict, "hold-cancelled", "the hold was cancelled; nothing was sold")
+	ansNotOwner      = refuse(http.StatusForbidden, "not-owner", "this buyer does not own it")
+	ansNoHold        = refuse(http.StatusNotFound, "unknown-hold", "no such hold")
+	ansNoOrder       = refuse(http.StatusNotFound, "unknown-order", "no such order")
+)
+
+// postHold handles POST /v1/skus/:program/:ticket/holds.
+func (s *Server) postHold(c *gin.Context) {
+	sku, ok := skuParam(c)
+	if !ok {
+		return
+	}
+	key, ok := idempotencyKey(c)
+	if !ok {
+		return
+	}
+	var body holdBody
+	if !s.decodeBody(c, &body) {
+		return
+	}
+	if !validBuyer(c, body.Buyer) {
+		return
+	}
+	if body.Quantity == nil || *body.Quantity < 1 {
+		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "quantity must be an integer >= 1", 0)
+		return
+	}
+	var ttl time.Duration
+	if body.TTLSeconds != nil {
+		if *body.TTLSeconds < 1 || *body.TTLSeconds > int64(ledger.MaxHoldTTL/time.Second) {
+			writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "ttl_seconds out of bounds", 0)
+			return
+		}
+		ttl = time.Duration(*body.TTLSeconds) * time.Second
+	}
+	w := want{sku: sku, key: key, buyer: body.Buyer, q: *body.Quantity, hold: true, ttl: ttl}
+	w.hash = requestHash(sku, body.Buyer, w.q) + "h" + formatTTL(ttl)
+	s.runJoined(c, key, w.hash, func(ctx context.Context) answer { return s.take(ctx, w) })
+}
+
+func formatTTL(d time.Duration) string { return d.String() }
+
+// getHold handles GET /v1/holds/:id.
+func (s *Server) getHold(c *gin.Context) {
+	id := c.Param("id")
+	if keys.CheckID(id) != nil {
+		writeProblem(c, http.StatusBadRequest, "invalid-id", "hold ids match [A-Za-z0-9_-]{1,64}", 0)
+		return
+	}
+	h, err := s.ledger.HoldByID(c.Request.Context(), id)
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		s.write(c, ansNoHold)
+	case err != nil:
+		s.write(c, ansUnavailable)
+	default:
+		c.JSON(http.StatusOK, holdViewOf(h))
+	}
+}
+
+// getOrder handles GET /v1/orders/:id.
+func (s *Server) getOrder(c *gin.Context) {
+	id := c.Param("id")
+	if keys.CheckID(id) != nil {
+		writeProblem(c, http.StatusBadRequest, "invalid-id", "order ids match [A-Za-z0-9_-]{1,64}", 0)
+		return
+	}
+	o, err := s.ledger.OrderByID(c.Request.Context(), id)
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		s.write(c, ansNoOrder)
+	case err != nil:
+		s.write(c, ansUnavailable)
+	default:
+		c.JSON(http.StatusOK, viewOf(o))
+	}
+}
+
+// confirmHold handles POST /v1/holds/:id/confirm: the hold becomes an
+// order, once; a retry gets the same order.
+func (s *Server) confirmHold(c *gin.Context) {
+	s.ownerAction(c, "confirm", func(ctx context.Context, id, buyer string) answer {
+		o, err := s.ledger.Confirm(ctx, id, buyer)
+		switch {
+		case err == nil:
+			return answer{status: http.StatusCreated, order: o}
+		case errors.Is(err, ledger.ErrHoldEnded):
+			h, herr := s.ledger.HoldByID(ctx, id)
+			if herr == nil && h.State == ledger.Cancelled {
+				return ansHoldCancelled
+			}
+			return ansHoldExpired
+		}
+		return s.ownerError(err, ansNoHold)
+	})
+}
+
+// cancelHold handles POST /v1/holds/:id/cancel: the stock goes back, once.
+func (s *Server) cancelHold(c *gin.Context) {
+	s.ownerAction(c, "cancel", func(ctx context.Context, id, buyer string) answer {
+		h, changed, err := s.ledger.Cancel(ctx, id, buyer)
+		if err != nil {
+			return s.ownerError(err, ansNoHold)
+		}
+		if changed {
+			s.returnToRedis(ctx, h.RestoreOf())
+		}
+		return answer{status: http.StatusOK, hold: &h}
+	})
+}
+
+// refundOrder handles POST /v1/orders/:id/refund: the stock goes back once;
+// a second refund answers the same and moves nothing.
+func (s *Server) refundOrder(c *gin.Context) {
+	s.ownerAction(c, "refund", func(ctx context.Context, id, buyer string) answer {
+		o, changed, err := s.ledger.Refund(ctx, id, buyer)
+		if err != nil {
+			return s.ownerError(err, ansNoOrder)
+		}
+		if changed {
+			s.returnToRedis(ctx, o.RestoreOf())
+		}
+		return answer{status: http.StatusOK, order: o}
+	})
+}
+
+func (s *Server) ownerError(err error, notFound answer) answer {
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		return notFound
+	case errors.Is(err, ledger.ErrNotOwner):
+		return ansNotOwner
+	}
+	s.log.Error("hold or order action", "err", err)
+	return ansUnavailable
+}
+
+// ownerAction reads the id from the path and the buyer from the body, and
+// runs f detached from the client, joined with concurrent copies of the
+// same Idempotency-Key.
+func (s *Server) ownerAction(c *gin.Context, verb string, f func(ctx context.Context, id, buyer string) answer) {
+	id := c.Param("id")
+	if keys.CheckID(id) != nil {
+		writeProblem(c, http.StatusBadRequest, "invalid-id", "ids match [A-Za-z0-9_-]{1,64}", 0)
+		return
+	}
+	key, ok := idempotencyKey(c)
+	if !ok {
+		return
+	}
+	var body ownerBody
+	if !s.decodeBody(c, &body) || !validBuyer(c, body.Buyer) {
+		return
+	}
+	s.runJoined(c, key, verb+"\x00"+id+"\x00"+body.Buyer, func(ctx context.Context) answer { return f(ctx, id, body.Buyer) })
+}
+
+// runJoined runs f once per Idempotency-Key at a time on this replica,
+// detached from the client so that work once begun ends in a commit or a
+// give-back, and writes the answer.
+func (s *Server) runJoined(c *gin.Context, key, hash string, f func(ctx context.Context) answer) {
+	res, mismatch := s.inflight.do(key, hash, func() answer {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request.Context()), s.opts.WorkTimeout)
+		defer cancel()
+		return f(ctx)
+	})
+	if mismatch {
+		res = ansKeyReused
+	}
+	s.write(c, res)
+}
+
+func idempotencyKey(c *gin.Context) (string, bool) {
+	key := c.GetHeader("Idempotency-Key")
+	if err := keys.CheckID(key); err != nil {
+		writeProblem(c, http.StatusBadRequest, "invalid-idempotency-key",
+			"an Idempotency-Key header matching [A-Za-z0-9_-]{1,64} is required (a UUID fits)", 0)
+		return "", false
+	}
+	return key, true
+}
+
+func validBuyer(c *gin.Context, buyer string) bool {
+	if err := keys.CheckID(buyer); err != nil {
+		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "buyer must match [A-Za-z0-9_-]{1,64}", 0)
+		return false
+	}
+	return true
+}
+
+// quotaTicket is a request's count against its buyer's cap at the gate;
+// release gives it back when the request did not end in a commit.
+type quotaTicket struct {
+	s        *Server
+	sku      stock.SKU
+	buyer    string
+	key      string
+	released bool
+}
+
+func (q *quotaTicket) release(ctx context.Context) {
+	if q == nil || q.released {
+		return
+	}
+	q.released = true
+	if err := q.s.redis(ctx, func(ctx context.Context) error {
+		return q.s.gate.ReleaseQuota(ctx, q.sku, q.buyer, q.key)
+	}); err != nil {
+		q.s.log.Warn("release quota", "sku", q.sku.String(), "err", err)
+	}
+}
+
+// takeQuota counts the request against the buyer's cap in Redis, so a
+// flood from one buyer is turned away there and never reaches the ledger.
+// The ledger checks the cap again when it commits. No cap, no call.
+func (s *Server) takeQuota(ctx context.Context, w want, st ledger.SKUState) (*quotaTicket, error) {
+	if st.PerBuyer == 0 {
+		return nil, nil
+	}
+	err := s.redis(ctx, func(ctx context.Context) error {
+		return s.gate.TakeQuota(ctx, w.sku, w.buyer, w.key, w.q, st.PerBuyer)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &quotaTicket{s: s, sku: w.sku, buyer: w.buyer, key: w.key}, nil
+}
+
+// returnToRedis gives back in Redis the stock the ledger took back (a
+// cancelled or expired hold, a refund) and the buyer's count, then clears
+// the ledger's pending mark. If Redis cannot be reached the mark stays and
+// a sweeper retries; the scripts make a repeat harmless.
+func (s *Server) returnToRedis(ctx context.Context, r ledger.Restore) {
+	if r.Gate != "" {
+		var parts []shard.Part
+		if err := json.Unmarshal([]byte(r.Gate), &parts); err != nil {
+			s.log.Error("restore: bad gate record", "kind", r.Kind, "id", r.ID, "err", err)
+			return
+		}
+		err := s.redis(ctx, func(ctx context.Context) error {
+			if err := s.gate.Restore(ctx, r.SKU, r.RequestID, parts); err != nil {
+				return err
+			}
+			return s.gate.ReleaseQuota(ctx, r.SKU, r.Buyer, r.RequestID)
+		})
+		if err != nil {
+			s.log.Warn("restore to redis; a sweeper will retry", "kind", r.Kind, "id", r.ID, "err", err)
+			return
+		}
+		s.cache.ClearSoldOut(r.SKU)
+	}
+	if err := s.ledger.RestoreDone(ctx, r.Kind, r.ID); err != nil {
+		s.log.Warn("mark restore done; a sweeper will repeat it", "kind", r.Kind, "id", r.ID, "err", err)
+	}
+}
+
+// RunSweeper expires due holds and finishes restores other gateways left
+// unfinished, every SweepEvery until ctx is done. Any number of gateways
+// run it at once: the ledger gives each hold's stock back once, and the
+// Redis side of a restore is idempotent.
+func (s *Server) RunSweeper(ctx context.Context) {
+	t := time.NewTicker(s.opts.SweepEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.sweep(ctx)
+	}
+}
+
+func (s *Server) sweep(ctx context.Context) {
+	for {
+		done, err := s.ledger.ExpireDue(ctx, 200)
+		if err != nil {
+			s.log.Warn("expire holds", "err", err)
+		}
+		for _, h := range done {
+			s.returnToRedis(ctx, h.RestoreOf())
+		}
+		s.metrics.expired.Add(float64(len(done)))
+		if err != nil || len(done) < 200 {
+			break
+		}
+	}
+	// Work left by a gateway that died between the ledger and Redis halves.
+	pending, err := s.ledger.PendingRestores(ctx, s.opts.RestoreGrace, 200)
+	if err != nil {
+		s.log.Warn("pending restores", "err", err)
+		return
+	}
+	for _, r := range pending {
+		s.returnToRedis(ctx, r)
+	}
+}
+
+// endSale handles POST /v1/admin/skus/:program/:ticket/end.
+func (s *Server) endSale(c *gin.Context) {
+	sku, ok := skuParam(c)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request.Context()), s.opts.WorkTimeout)
+	defer cancel()
+	st, err := s.ledger.EndSale(ctx, sku)
+	switch {
+	case errors.Is(err, stock.ErrUnknownSKU):
+		writeProblem(c, http.StatusNotFound, "unknown-sku", "no such program/ticket", 0)
+		return
+	case err != nil:
+		writeProblem(c, http.StatusServiceUnavailable, "unavailable", "ledger unavailable", 1)
+		return
+	}
+	s.settings.Invalidate(sku)
+	s.stock.Invalidate(sku)
+	c.JSON(http.StatusOK, skuViewOf(st))
+}

@@ -297,13 +297,13 @@ func (c SKUConfig) withDefaults() SKUConfig {
 // SKUState is a SKU row.
 type SKUState struct {
 	SKUConfig
-	Sold      int64     `json:"sold"`
-	Held      int64     `json:"held"`
-	Version   int64     `json:"version"`
-	BypassSeq int64     `json:"-"`
-	GateSeq   int64     `json:"-"`
+	Sold      int64 `json:"sold"`
+	Held      int64 `json:"held"`
+	Version   int64 `json:"version"`
+	BypassSeq int64 `json:"-"`
+	GateSeq   int64 `json:"-"`
 	// EndedAt is when an admin ended the sale; zero while it runs.
-	EndedAt time.Time `json:"-"`
+	EndedAt   time.Time `json:"-"`
 	UpdatedAt time.Time `json:"updated_at"`
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -361,41 +362,59 @@ func TestFaultLedgerUnreachable(t *testing.T) {
 // countingLedger counts every call the gateway makes to the real ledger.
 type countingLedger struct {
 	gateway.Ledger
-	calls atomic.Int64
+	calls   atomic.Int64
+	mu      sync.Mutex
+	methods map[string]int
+}
+
+func (l *countingLedger) note(m string) {
+	l.calls.Add(1)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.methods == nil {
+		l.methods = map[string]int{}
+	}
+	l.methods[m]++
+}
+
+func (l *countingLedger) byMethod() map[string]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return maps.Clone(l.methods)
 }
 
 func (l *countingLedger) PutSKU(ctx context.Context, c ledger.SKUConfig) (ledger.SKUState, error) {
-	l.calls.Add(1)
+	l.note("PutSKU")
 	return l.Ledger.PutSKU(ctx, c)
 }
 
 func (l *countingLedger) SKU(ctx context.Context, sku stock.SKU) (ledger.SKUState, error) {
-	l.calls.Add(1)
+	l.note("SKU")
 	return l.Ledger.SKU(ctx, sku)
 }
 
 func (l *countingLedger) Purchase(ctx context.Context, o ledger.Order) (ledger.Order, error) {
-	l.calls.Add(1)
+	l.note("Purchase")
 	return l.Ledger.Purchase(ctx, o)
 }
 
 func (l *countingLedger) PurchaseDirect(ctx context.Context, o ledger.Order, v int64) (ledger.Order, error) {
-	l.calls.Add(1)
+	l.note("PurchaseDirect")
 	return l.Ledger.PurchaseDirect(ctx, o, v)
 }
 
 func (l *countingLedger) OrderByKey(ctx context.Context, key string) (ledger.Order, error) {
-	l.calls.Add(1)
+	l.note("OrderByKey")
 	return l.Ledger.OrderByKey(ctx, key)
 }
 
 func (l *countingLedger) MarkGateSeeded(ctx context.Context, sku stock.SKU, seq int64) error {
-	l.calls.Add(1)
+	l.note("MarkGateSeeded")
 	return l.Ledger.MarkGateSeeded(ctx, sku, seq)
 }
 
 func (l *countingLedger) SKUs(ctx context.Context, after stock.SKU, limit int) ([]ledger.SKUState, error) {
-	l.calls.Add(1)
+	l.note("SKUs")
 	return l.Ledger.SKUs(ctx, after, limit)
 }
 

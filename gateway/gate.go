@@ -13,7 +13,8 @@ import (
 // the breaker counts them as successes.
 func isOutcome(err error) bool {
 	return errors.Is(err, stock.ErrSoldOut) || errors.Is(err, stock.ErrNotSeeded) ||
-		errors.Is(err, stock.ErrFenced) || errors.Is(err, stock.ErrInvalid)
+		errors.Is(err, stock.ErrFenced) || errors.Is(err, stock.ErrInvalid) ||
+		errors.Is(err, stock.ErrLimit) || errors.Is(err, stock.ErrSaleEnded)
 }
 
 // notRun reports that a gate call certainly moved nothing: the breaker

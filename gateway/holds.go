@@ -329,10 +329,10 @@ func (s *Server) sweep(ctx context.Context) {
 		if err != nil {
 			s.log.Warn("expire holds", "err", err)
 		}
+		s.metrics.expired.Add(float64(len(done)))
 		for _, h := range done {
 			s.returnToRedis(ctx, h.RestoreOf())
 		}
-		s.metrics.expired.Add(float64(len(done)))
 		if err != nil || len(done) < 200 {
 			break
 		}

@@ -1,0 +1,360 @@
+package gateway_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stockgate/stockgate/gateway"
+	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/shard"
+	"github.com/stockgate/stockgate/stock"
+)
+
+type holdReply struct {
+	HoldID    string    `json:"hold_id"`
+	State     string    `json:"state"`
+	ExpiresAt time.Time `json:"expires_at"`
+	OrderID   string    `json:"order_id"`
+}
+
+func (e *env) hold(t *testing.T, sku stock.SKU, key, buyer string, q int64, ttl int) (reply, holdReply) {
+	body := fmt.Sprintf(`{"buyer":%q,"quantity":%d}`, buyer, q)
+	if ttl > 0 {
+		body = fmt.Sprintf(`{"buyer":%q,"quantity":%d,"ttl_seconds":%d}`, buyer, q, ttl)
+	}
+	r := e.do(t, http.MethodPost, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/holds", map[string]string{"Idempotency-Key": key}, body)
+	var h holdReply
+	_ = json.Unmarshal(r.body, &h)
+	return r, h
+}
+
+func (e *env) act(t *testing.T, path, key, buyer string) reply {
+	return e.do(t, http.MethodPost, path, map[string]string{"Idempotency-Key": key}, fmt.Sprintf(`{"buyer":%q}`, buyer))
+}
+
+func orderID(r reply) string {
+	var v struct {
+		OrderID string `json:"order_id"`
+	}
+	_ = json.Unmarshal(r.body, &v)
+	return v.OrderID
+}
+
+// 3 gateways, each running its sweeper, 500 holds expiring together: every
+// unit comes back exactly once, in the ledger and in Redis, and how late is
+// measured against the bound (sweeper period 1s, the default).
+func TestHoldsExpireOnceAcrossGateways(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	var envs []*env
+	for range 3 {
+		envs = append(envs, startEnv(t, envOptions{driver: ledger.Postgres, dsn: dsn, sweep: true}))
+	}
+	sku := newSKU(t)
+	const total, holds = 1000, 500
+	envs[0].putSKU(t, sku, total, 4, 4)
+	counts := envs[0].buyAll(holds, 32, func(i int) reply {
+		r, _ := envs[i%3].hold(t, sku, fmt.Sprintf("exp-%d", i), fmt.Sprintf("b%d", i), 1, 2)
+		return r
+	})
+	if counts[http.StatusCreated] != holds {
+		t.Fatalf("holds: %v", counts)
+	}
+	ctx := context.Background()
+	if st, _ := envs[0].ledger.SKU(ctx, sku); st.Held != holds {
+		t.Fatalf("held %d, want %d", st.Held, holds)
+	}
+	waitFor(t, 20*time.Second, "every hold to expire", func() bool {
+		st, _ := envs[0].ledger.SKU(ctx, sku)
+		return st.Held == 0
+	})
+	var delays []time.Duration
+	for i := range holds {
+		h, err := envs[0].ledger.HoldByKey(ctx, fmt.Sprintf("exp-%d", i))
+		if err != nil || h.State != ledger.Expired {
+			t.Fatalf("hold %d: %+v, %v", i, h, err)
+		}
+		delays = append(delays, h.EndedAt.Sub(h.ExpiresAt))
+	}
+	slices.Sort(delays)
+	var expired float64
+	for _, e := range envs {
+		expired += counter(t, e.reg, "stockgate_holds_expired_total", nil)
+	}
+	if expired != holds {
+		t.Errorf("the sweepers expired %v holds between them, want exactly %d", expired, holds)
+	}
+	waitFor(t, 10*time.Second, "every Redis restore", func() bool {
+		p, err := envs[0].ledger.PendingRestores(ctx, 0, 1)
+		return err == nil && len(p) == 0
+	})
+	st := envs[0].state(t, sku)
+	if st.Sold != 0 || st.Held != 0 || st.RedisRemaining != total {
+		t.Errorf("after expiry: %+v, want nothing sold or held and redis remaining %d", st, total)
+	}
+	t.Logf("500 holds expired by 3 sweepers: delay after expires_at p50 %v, p99 %v, max %v (required: at most 5s)",
+		delays[holds/2], delays[holds*99/100], delays[holds-1])
+	if delays[holds-1] > 5*time.Second {
+		t.Errorf("a hold came back %v after its expiry, beyond the 5s the sweeper promises", delays[holds-1])
+	}
+}
+
+// A confirm sent at the expiry instant races the sweepers, 200 times: each
+// hold ends confirmed or expired, never both, and the stock is exact.
+func TestConfirmRacesExpiryThroughGateways(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	fast := func(o *gateway.Options) { o.SweepEvery = 20 * time.Millisecond }
+	a := startEnv(t, envOptions{driver: ledger.Postgres, dsn: dsn, sweep: true, tune: fast})
+	b := startEnv(t, envOptions{driver: ledger.Postgres, dsn: dsn, sweep: true, tune: fast})
+	sku := newSKU(t)
+	const n = 200
+	a.putSKU(t, sku, 1000, 4, 4)
+	hs := make([]holdReply, n)
+	a.buyAll(n, 32, func(i int) reply {
+		r, h := a.hold(t, sku, fmt.Sprintf("race-%d", i), "b", 1, 1)
+		hs[i] = h
+		return r
+	})
+	var confirmed, gone atomic.Int64
+	var wg sync.WaitGroup
+	for i, h := range hs {
+		wg.Go(func() {
+			// Sent so that it arrives around the expiry instant: up to 30ms
+			// early (request and commit take some of that) or right on it.
+			time.Sleep(time.Until(h.ExpiresAt) - time.Duration(rand.IntN(30))*time.Millisecond)
+			r := b.act(t, "/v1/holds/"+h.HoldID+"/confirm", fmt.Sprintf("c-%d", i), "b")
+			switch r.status {
+			case http.StatusCreated:
+				confirmed.Add(1)
+			case http.StatusGone:
+				gone.Add(1)
+			default:
+				t.Errorf("confirm = %d %s", r.status, r.body)
+			}
+		})
+	}
+	wg.Wait()
+	ctx := context.Background()
+	waitFor(t, 10*time.Second, "the rest to expire", func() bool {
+		st, _ := a.ledger.SKU(ctx, sku)
+		p, _ := a.ledger.PendingRestores(ctx, 0, 1)
+		return st.Held == 0 && len(p) == 0
+	})
+	for i, h := range hs {
+		got, err := a.ledger.HoldByID(ctx, h.HoldID)
+		if err != nil || (got.State == ledger.Confirmed) != (got.OrderID != "") {
+			t.Errorf("hold %d: %+v, %v", i, got, err)
+		}
+	}
+	st := a.state(t, sku)
+	if st.Sold != confirmed.Load() || st.Orders != confirmed.Load() || st.Held != 0 || st.RedisRemaining != 1000-confirmed.Load() {
+		t.Errorf("state %+v with %d confirmed, %d gone", st, confirmed.Load(), gone.Load())
+	}
+	t.Logf("confirm at the expiry instant: %d confirmed, %d expired", confirmed.Load(), gone.Load())
+}
+
+// Refund sent 10 times at once: one restore. A restore of a request id that
+// never deducted is refused by the script.
+func TestRefundConcurrentlyRestoresOnce(t *testing.T) {
+	e := newEnv(t, ledger.Postgres)
+	sku := newSKU(t)
+	e.putSKU(t, sku, 10, 2, 4)
+	r := e.buy(t, sku, "to-refund", "ann", 3)
+	if r.status != http.StatusCreated {
+		t.Fatalf("buy = %d %s", r.status, r.body)
+	}
+	id := orderID(r)
+	counts := e.buyAll(10, 10, func(i int) reply {
+		return e.act(t, "/v1/orders/"+id+"/refund", fmt.Sprintf("refund-%d", i), "ann")
+	})
+	if counts[http.StatusOK] != 10 {
+		t.Errorf("10 refunds: %v, want 10×200", counts)
+	}
+	st := e.state(t, sku)
+	if st.Sold != 0 || st.Orders != 0 || st.RedisRemaining != 10 {
+		t.Errorf("after refunds: %+v, want sold 0 and redis remaining 10 (not 13)", st)
+	}
+	res, err := e.gate.RestorePart(context.Background(), sku, "never-deducted", shard.Part{Shards: 2, Shard: 0, Taken: 5, Gen: 1})
+	if err != nil || res.Code != -3 || res.Restored != 0 {
+		t.Errorf("restore of a request that never deducted = %+v, %v; want refused (-3)", res, err)
+	}
+	if r := e.act(t, "/v1/orders/"+id+"/refund", "refund-eve", "eve"); r.status != http.StatusForbidden {
+		t.Errorf("refund by another buyer = %d, want 403", r.status)
+	}
+}
+
+// One buyer fires 50 purchases at once at a SKU capped at 4 per buyer:
+// exactly 4 units, the rest turned away in Redis without reaching the
+// ledger; another buyer is unaffected.
+func TestPerBuyerCap(t *testing.T) {
+	var counted *countingLedger
+	e := startEnv(t, envOptions{driver: ledger.Postgres, tune: func(o *gateway.Options) {
+		counted = &countingLedger{Ledger: o.Ledger}
+		o.Ledger = counted
+		o.SettingsTTL = time.Minute
+	}})
+	sku := newSKU(t)
+	r := e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program+"/"+sku.Ticket, nil, `{"total":100,"shards":4,"max_per_order":4,"per_buyer":4}`)
+	if r.status != http.StatusOK {
+		t.Fatalf("PUT = %d %s", r.status, r.body)
+	}
+	e.buy(t, sku, "warm", "zed", 1) // loads the settings
+	before := counted.calls.Load()
+	counts := e.buyAll(50, 50, func(i int) reply { return e.buy(t, sku, fmt.Sprintf("flood-%d", i), "ann", 1) })
+	ledgerCalls := counted.calls.Load() - before
+	if counts[http.StatusCreated] != 4 || counts[http.StatusConflict] != 46 {
+		t.Errorf("50 purchases by one buyer capped at 4: %v", counts)
+	}
+	t.Logf("by method: %v", counted.byMethod())
+	if ledgerCalls != 4 {
+		t.Errorf("the flood made %d ledger calls, want 4 (one per admitted purchase)", ledgerCalls)
+	}
+	if r := e.buy(t, sku, "other", "bob", 4); r.status != http.StatusCreated {
+		t.Errorf("another buyer = %d %s", r.status, r.body)
+	}
+	if n, _ := e.ledger.BuyerUnits(context.Background(), sku, "ann"); n != 4 {
+		t.Errorf("ann owns %d, want 4", n)
+	}
+}
+
+// The seed team-stock scenario: a 5-place team, 100 concurrent joiners →
+// exactly 5; one refunds → exactly one more joiner gets in; the next is
+// refused.
+func TestTeamOfFive(t *testing.T) {
+	e := newEnv(t, ledger.Postgres)
+	sku := newSKU(t)
+	e.putSKU(t, sku, 5, 1, 1)
+	var mu sync.Mutex
+	var orders []string
+	counts := e.buyAll(100, 100, func(i int) reply {
+		r := e.buy(t, sku, fmt.Sprintf("join-%d", i), fmt.Sprintf("p%d", i), 1)
+		if r.status == http.StatusCreated {
+			mu.Lock()
+			orders = append(orders, orderID(r))
+			mu.Unlock()
+		}
+		return r
+	})
+	if counts[http.StatusCreated] != 5 {
+		t.Fatalf("100 joiners for 5 places: %v", counts)
+	}
+	var first ledger.Order
+	first, _ = e.ledger.OrderByID(context.Background(), orders[0])
+	if r := e.act(t, "/v1/orders/"+first.ID+"/refund", "leave", first.Buyer); r.status != http.StatusOK {
+		t.Fatalf("refund = %d %s", r.status, r.body)
+	}
+	counts = e.buyAll(20, 20, func(i int) reply {
+		return e.buy(t, sku, fmt.Sprintf("rejoin-%d", i), fmt.Sprintf("q%d", i), 1)
+	})
+	if counts[http.StatusCreated] != 1 {
+		t.Errorf("after one refund, 20 joiners: %v, want exactly one 201", counts)
+	}
+	if r := e.buy(t, sku, "seventh", "late", 1); r.status != http.StatusConflict {
+		t.Errorf("the 7th joiner = %d, want 409", r.status)
+	}
+	st := e.state(t, sku)
+	if st.Sold != 5 || st.Orders != 5 || st.RedisRemaining != 0 {
+		t.Errorf("state %+v, want 5 sold, 5 orders, 0 left", st)
+	}
+}
+
+// Holds and their bad inputs: each refused with a 4xx problem and no stock
+// movement.
+func TestHoldLifecycleAndBadInput(t *testing.T) {
+	e := newEnv(t, ledger.SQLite)
+	sku := newSKU(t)
+	r := e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program+"/"+sku.Ticket, nil,
+		`{"total":20,"shards":2,"max_per_order":4,"per_buyer":6,"hold_ttl_seconds":60,"hold_ttl_max_seconds":120}`)
+	if r.status != http.StatusOK {
+		t.Fatalf("PUT = %d %s", r.status, r.body)
+	}
+	r, h := e.hold(t, sku, "h1", "ann", 2, 0)
+	if r.status != http.StatusCreated || h.State != ledger.Held || time.Until(h.ExpiresAt) < 50*time.Second {
+		t.Fatalf("hold = %d %s", r.status, r.body)
+	}
+	if again, h2 := e.hold(t, sku, "h1", "ann", 2, 0); again.status != http.StatusCreated || h2.HoldID != h.HoldID ||
+		again.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("hold retry = %d %s", again.status, again.body)
+	}
+	_, short := e.hold(t, sku, "h-short", "ann", 1, 1)
+	time.Sleep(1100 * time.Millisecond)
+	before := e.state(t, sku)
+
+	cases := []struct {
+		name   string
+		do     func() reply
+		status int
+	}{
+		{"ttl above the SKU's max", func() reply { r, _ := e.hold(t, sku, "bad-ttl", "ann", 1, 121); return r }, 422},
+		{"ttl 0", func() reply {
+			return e.do(t, http.MethodPost, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/holds",
+				map[string]string{"Idempotency-Key": "ttl0"}, `{"buyer":"ann","quantity":1,"ttl_seconds":0}`)
+		}, 422},
+		{"quantity over max per order", func() reply { r, _ := e.hold(t, sku, "bad-q", "ann", 5, 0); return r }, 422},
+		{"quantity over the buyer's cap", func() reply { r, _ := e.hold(t, sku, "bad-cap", "ann", 4, 0); return r }, 409},
+		{"confirm an expired hold", func() reply { return e.act(t, "/v1/holds/"+short.HoldID+"/confirm", "c-exp", "ann") }, 410},
+		{"confirm an unknown hold", func() reply { return e.act(t, "/v1/holds/nope/confirm", "c-unk", "ann") }, 404},
+		{"confirm another buyer's hold", func() reply { return e.act(t, "/v1/holds/"+h.HoldID+"/confirm", "c-foreign", "eve") }, 403},
+		{"cancel another buyer's hold", func() reply { return e.act(t, "/v1/holds/"+h.HoldID+"/cancel", "x-foreign", "eve") }, 403},
+		{"hold id with a brace", func() reply { return e.act(t, "/v1/holds/a%7Bb/confirm", "c-brace", "ann") }, 400},
+		{"refund an unknown order", func() reply { return e.act(t, "/v1/orders/nope/refund", "r-unk", "ann") }, 404},
+		{"confirm without a buyer", func() reply {
+			return e.do(t, http.MethodPost, "/v1/holds/"+h.HoldID+"/confirm", map[string]string{"Idempotency-Key": "c-nobody"}, `{}`)
+		}, 422},
+		{"confirm without a key", func() reply {
+			return e.do(t, http.MethodPost, "/v1/holds/"+h.HoldID+"/confirm", nil, `{"buyer":"ann"}`)
+		}, 400},
+	}
+	for _, tc := range cases {
+		r := tc.do()
+		if r.status != tc.status || r.header.Get("Content-Type") != "application/problem+json" {
+			t.Errorf("%s: %d %s (%s), want %d problem+json", tc.name, r.status, r.body, r.header.Get("Content-Type"), tc.status)
+		}
+		if got := e.state(t, sku); got != before {
+			t.Errorf("%s moved stock: %+v → %+v", tc.name, before, got)
+		}
+	}
+
+	// The good paths: confirm, cancel, refund of the confirmed order.
+	c := e.act(t, "/v1/holds/"+h.HoldID+"/confirm", "c1", "ann")
+	if c.status != http.StatusCreated {
+		t.Fatalf("confirm = %d %s", c.status, c.body)
+	}
+	if again := e.act(t, "/v1/holds/"+h.HoldID+"/confirm", "c1b", "ann"); again.status != http.StatusCreated || orderID(again) != orderID(c) {
+		t.Errorf("second confirm = %d %s, want the same order", again.status, again.body)
+	}
+	_, h3 := e.hold(t, sku, "h3", "ann", 1, 0)
+	if x := e.act(t, "/v1/holds/"+h3.HoldID+"/cancel", "x3", "ann"); x.status != http.StatusOK {
+		t.Errorf("cancel = %d %s", x.status, x.body)
+	}
+	if c3 := e.act(t, "/v1/holds/"+h3.HoldID+"/confirm", "c3", "ann"); c3.status != http.StatusConflict {
+		t.Errorf("confirm of a cancelled hold = %d, want 409", c3.status)
+	}
+	if rf := e.act(t, "/v1/orders/"+orderID(c)+"/refund", "rf1", "ann"); rf.status != http.StatusOK {
+		t.Errorf("refund of a confirmed hold's order = %d %s", rf.status, rf.body)
+	}
+	waitFor(t, 5*time.Second, "the state to settle", func() bool {
+		st := e.state(t, sku)
+		// The short hold is expired but not swept (no sweeper here): still held.
+		return st.Sold == 0 && st.Held == 1 && st.RedisRemaining == 19
+	})
+	// End of sale: further holds and purchases refused, with nothing moved.
+	if r := e.do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program+"/"+sku.Ticket+"/end", nil, ""); r.status != http.StatusOK {
+		t.Fatalf("end = %d %s", r.status, r.body)
+	}
+	if r := e.buy(t, sku, "after-end", "bob", 1); r.status != http.StatusConflict || !strings.Contains(string(r.body), "sale-ended") {
+		t.Errorf("purchase after the end = %d %s", r.status, r.body)
+	}
+	if r, _ := e.hold(t, sku, "hold-after-end", "bob", 1, 0); r.status != http.StatusConflict {
+		t.Errorf("hold after the end = %d %s", r.status, r.body)
+	}
+}

@@ -89,24 +89,40 @@ func (s *Server) putSKU(c *gin.Context) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request.Context()), s.opts.WorkTimeout)
 	defer cancel()
-	st, err := s.ledger.PutSKU(ctx, cfg)
-	switch {
-	case errors.Is(err, stock.ErrInvalid):
-		writeProblem(c, http.StatusConflict, "total-below-committed", err.Error(), 0)
-		return
-	case err != nil:
-		s.log.Error("put sku", "sku", sku.String(), "err", err)
-		writeProblem(c, http.StatusServiceUnavailable, "unavailable", "ledger unavailable", 1)
-		return
+	// A live SKU changes behind the fence: its gate closes, the ledger
+	// changes, the shards are rebuilt from it, the gate reopens, so Redis
+	// never admits more than the new total allows. A new SKU has no gate yet.
+	var st ledger.SKUState
+	putErr := error(nil)
+	put := func(ctx context.Context) error {
+		st, putErr = s.ledger.PutSKU(ctx, cfg)
+		return putErr
 	}
-	// The ledger change marked the gate stale; rebuild Redis from it now.
-	// If that fails, the next purchase or drift check rebuilds it, and until
-	// then the ledger's conditional update refuses anything Redis admits
-	// beyond the truth.
+	var err error
+	if _, lerr := s.ledger.SKU(ctx, sku); lerr == nil {
+		_, err = s.rebuildWith(ctx, sku, reasonAdmin, true, s.opts.ReseedWait, put)
+	} else if err = put(ctx); err == nil {
+		err = s.reseed(ctx, sku, reasonAdmin, true)
+	}
 	s.settings.Invalidate(sku)
 	s.stock.Invalidate(sku)
 	s.cache.ClearSoldOut(sku)
-	if err := s.reseed(ctx, sku, reasonAdmin, true); err != nil {
+	switch {
+	case errors.Is(putErr, stock.ErrInvalid):
+		writeProblem(c, http.StatusConflict, "total-below-committed", putErr.Error(), 0)
+		return
+	case putErr != nil:
+		s.log.Error("put sku", "sku", sku.String(), "err", putErr)
+		writeProblem(c, http.StatusServiceUnavailable, "unavailable", "ledger unavailable", 1)
+		return
+	case st.Program == "":
+		// The change never ran: the gate could not be closed.
+		s.log.Error("put sku: gate not closed", "sku", sku.String(), "err", err)
+		writeProblem(c, http.StatusServiceUnavailable, "unavailable", "could not close the gate for the change; nothing changed", 1)
+		return
+	case err != nil:
+		// The ledger changed and marked the gate stale; the next purchase or
+		// drift check rebuilds it.
 		s.log.Error("re-seed after put sku", "sku", sku.String(), "err", err)
 		writeProblem(c, http.StatusServiceUnavailable, "unavailable",
 			"ledger updated but Redis not rebuilt yet; it will be rebuilt before it serves this SKU", 1)

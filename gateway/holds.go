@@ -356,16 +356,25 @@ func (s *Server) endSale(c *gin.Context) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request.Context()), s.opts.WorkTimeout)
 	defer cancel()
-	st, err := s.ledger.EndSale(ctx, sku)
-	switch {
-	case errors.Is(err, stock.ErrUnknownSKU):
+	if _, err := s.ledger.SKU(ctx, sku); errors.Is(err, stock.ErrUnknownSKU) {
 		writeProblem(c, http.StatusNotFound, "unknown-sku", "no such program/ticket", 0)
 		return
-	case err != nil:
-		writeProblem(c, http.StatusServiceUnavailable, "unavailable", "ledger unavailable", 1)
-		return
 	}
+	// Behind the fence, so no replica's gate admits anyone after the end.
+	var st ledger.SKUState
+	_, err := s.rebuildWith(ctx, sku, reasonAdmin, true, s.opts.ReseedWait, func(ctx context.Context) (err error) {
+		st, err = s.ledger.EndSale(ctx, sku)
+		return err
+	})
 	s.settings.Invalidate(sku)
 	s.stock.Invalidate(sku)
+	if st.Program == "" {
+		s.log.Error("end sale", "sku", sku.String(), "err", err)
+		writeProblem(c, http.StatusServiceUnavailable, "unavailable", "could not end the sale; repeat the request", 1)
+		return
+	}
+	if err != nil {
+		s.log.Error("end sale: gate not rebuilt", "sku", sku.String(), "err", err)
+	}
 	c.JSON(http.StatusOK, skuViewOf(st))
 }

@@ -358,3 +358,61 @@ func TestHoldLifecycleAndBadInput(t *testing.T) {
 		t.Errorf("hold after the end = %d %s", r.status, r.body)
 	}
 }
+
+// Admin stock changes during a sale: lowering the total, adding stock and
+// ending the sale happen behind the fence, so the gate never admits what
+// the ledger then refuses (no ledger refusals at all), and each is
+// idempotent.
+func TestAdminStockChangesDuringSale(t *testing.T) {
+	e := startEnv(t, envOptions{driver: ledger.Postgres, tune: func(o *gateway.Options) { o.FenceSettle = 100 * time.Millisecond }})
+	sku := newSKU(t)
+	e.putSKU(t, sku, 2000, 4, 4)
+	ctx := context.Background()
+	s := startSale(t, []*env{e}, sku, 2000, 32)
+	s.waitSold(300, 30*time.Second)
+	var lowered int64
+	for {
+		st, _ := e.ledger.SKU(ctx, sku)
+		lowered = st.Sold + st.Held + 100
+		r := e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program+"/"+sku.Ticket, nil,
+			fmt.Sprintf(`{"total":%d,"shards":4,"max_per_order":4}`, lowered))
+		if r.status == http.StatusOK {
+			break
+		}
+		if r.status != http.StatusConflict {
+			t.Fatalf("lower total = %d %s", r.status, r.body)
+		}
+	}
+	s.waitSold(lowered, 30*time.Second)
+	// Add 200 (the same PUT twice: idempotent).
+	for range 2 {
+		e.putSKU(t, sku, lowered+200, 4, 4)
+	}
+	s.waitSold(lowered+200, 30*time.Second)
+	st := s.oracle()
+	if st.Sold != lowered+200 || st.Total != lowered+200 {
+		t.Errorf("sold %d of total %d, want %d", st.Sold, st.Total, lowered+200)
+	}
+	if n := counter(t, e.reg, "stockgate_gate_ledger_refusals_total", nil); n != 0 {
+		t.Errorf("the gate admitted %v purchases the ledger refused: Redis was ahead after an admin change", n)
+	}
+	redisConsistent(t, e, sku)
+
+	// Add 50 more, then end the sale: nobody gets in, twice over.
+	e.putSKU(t, sku, lowered+250, 4, 4)
+	for range 2 {
+		if r := e.do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program+"/"+sku.Ticket+"/end", nil, ""); r.status != http.StatusOK {
+			t.Fatalf("end = %d %s", r.status, r.body)
+		}
+	}
+	counts := e.buyAll(100, 20, func(i int) reply { return e.buy(t, sku, fmt.Sprintf("late-%d", i), "b", 1) })
+	if counts[http.StatusConflict] != 100 {
+		t.Errorf("purchases after the end: %v, want 100×409", counts)
+	}
+	if left, _, _ := e.gate.Remaining(ctx, sku, 4); left != 0 {
+		t.Errorf("redis remaining %d after the end, want 0", left)
+	}
+	if st, _ := e.ledger.SKU(ctx, sku); st.Sold != lowered+200 {
+		t.Errorf("sold %d after the end, want %d", st.Sold, lowered+200)
+	}
+}

@@ -69,6 +69,14 @@ func (s *Server) reseed(ctx context.Context, sku stock.SKU, reason string, force
 // closed: deductions answer fenced, and the next purchase or drift check
 // runs the rebuild again. The lock's expiry bounds how long that waits.
 func (s *Server) rebuild(ctx context.Context, sku stock.SKU, reason string, force bool, wait time.Duration) (Rebuild, error) {
+	return s.rebuildWith(ctx, sku, reason, force, wait, nil)
+}
+
+// rebuildWith is rebuild with a ledger change made while the gate is
+// closed (an admin lowering the total, ending the sale): Redis never shows
+// more than the changed ledger allows, at any moment.
+func (s *Server) rebuildWith(ctx context.Context, sku stock.SKU, reason string, force bool, wait time.Duration,
+	change func(ctx context.Context) error) (Rebuild, error) {
 	r := Rebuild{SKU: sku, RedisBefore: -1}
 	lease, err := s.locker.Acquire(ctx, keys.Lock(sku.Program, sku.Ticket, "reseed"), wait)
 	if err != nil {
@@ -114,6 +122,15 @@ func (s *Server) rebuild(ctx context.Context, sku stock.SKU, reason string, forc
 		return r, ctx.Err()
 	case <-time.After(s.opts.FenceSettle):
 	}
+	if change != nil {
+		if err := change(ctx); err != nil {
+			// Nothing changed in the ledger: reopen as it was.
+			if ferr := s.gate.Fence(ctx, sku, st.Shards, false); ferr != nil {
+				s.log.Warn("reopen after refused change", "sku", sku.String(), "err", ferr)
+			}
+			return r, err
+		}
+	}
 	fresh, err := s.ledger.SKU(ctx, sku)
 	if err != nil {
 		return r, err
@@ -127,7 +144,11 @@ func (s *Server) rebuild(ctx context.Context, sku stock.SKU, reason string, forc
 	if err := lease.Context().Err(); err != nil {
 		return r, context.Cause(lease.Context())
 	}
-	if err := s.gate.Seed(ctx, sku, fresh.Shards, fresh.Remaining(), true); err != nil {
+	left := fresh.Remaining()
+	if !fresh.EndedAt.IsZero() {
+		left = 0 // an ended sale admits no one
+	}
+	if err := s.gate.Seed(ctx, sku, fresh.Shards, left, true); err != nil {
 		return r, err
 	}
 	if err := s.ledger.MarkGateSeeded(ctx, sku, fresh.BypassSeq); err != nil {
@@ -144,7 +165,7 @@ func (s *Server) rebuild(ctx context.Context, sku stock.SKU, reason string, forc
 		s.cache.ClearSoldOut(sku)
 	}
 	s.metrics.reseeds.WithLabelValues(reason).Inc()
-	r.Ledger, r.Shards, r.Rebuilt = fresh.Remaining(), fresh.Shards, true
+	r.Ledger, r.Shards, r.Rebuilt = left, fresh.Shards, true
 	s.log.Info("re-seeded", "sku", sku.String(), "reason", reason, "redis_before", r.RedisBefore,
 		"ledger_remaining", r.Ledger, "shards", r.Shards)
 	return r, nil

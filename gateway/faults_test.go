@@ -32,7 +32,7 @@ import (
 // (it will be damaged), a PostgreSQL ledger, and the drift check running.
 func faultEnv(t *testing.T, tune func(*gateway.Options)) (*env, *testenv.Cluster) {
 	c := testenv.NewCluster(t, testenv.ClusterOptions{ReplicasPerMaster: 1})
-	e := startEnv(t, envOptions{driver: ledger.Postgres, cluster: c, drift: true, tune: tune})
+	e := startEnv(t, envOptions{driver: ledger.Postgres, cluster: c, drift: true, sweep: true, tune: tune})
 	return e, c
 }
 

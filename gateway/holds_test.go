@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockgate/stockgate/breaker"
 	"github.com/stockgate/stockgate/gateway"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/ledger"
@@ -415,4 +416,76 @@ func TestAdminStockChangesDuringSale(t *testing.T) {
 	if st, _ := e.ledger.SKU(ctx, sku); st.Sold != lowered+200 {
 		t.Errorf("sold %d after the end, want %d", st.Sold, lowered+200)
 	}
+}
+
+// Holds, confirms, cancels, expiry and refunds all work with Redis down
+// (straight through the ledger), and Redis is rebuilt to match when it
+// comes back.
+func TestHoldsWhileRedisIsDown(t *testing.T) {
+	e, c := faultEnv(t, func(o *gateway.Options) {
+		o.Breaker.OpenFor = 300 * time.Millisecond
+		o.SweepEvery = 100 * time.Millisecond
+	})
+	sku := newSKU(t)
+	e.putSKU(t, sku, 50, 2, 4)
+	ctx := context.Background()
+	// Before the outage: an order through Redis, to refund during it.
+	pre := e.buy(t, sku, "pre", "ann", 2)
+	if pre.status != http.StatusCreated {
+		t.Fatalf("buy = %d %s", pre.status, pre.body)
+	}
+	for _, n := range c.Nodes {
+		n.Kill()
+	}
+	for i := 0; e.srv.BreakerState() != breaker.Open; i++ {
+		e.buy(t, sku, fmt.Sprintf("trip-%d", i), "zed", 1)
+	}
+	r, h := e.hold(t, sku, "down-h1", "bob", 3, 0)
+	if r.status != http.StatusCreated {
+		t.Fatalf("hold with Redis down = %d %s", r.status, r.body)
+	}
+	if c := e.act(t, "/v1/holds/"+h.HoldID+"/confirm", "down-c1", "bob"); c.status != http.StatusCreated {
+		t.Errorf("confirm with Redis down = %d %s", c.status, c.body)
+	}
+	_, h2 := e.hold(t, sku, "down-h2", "cat", 2, 0)
+	if x := e.act(t, "/v1/holds/"+h2.HoldID+"/cancel", "down-x2", "cat"); x.status != http.StatusOK {
+		t.Errorf("cancel with Redis down = %d %s", x.status, x.body)
+	}
+	r3, h3 := e.hold(t, sku, "down-h3", "dan", 1, 1)
+	if r3.status != http.StatusCreated {
+		t.Fatalf("short hold with Redis down = %d %s", r3.status, r3.body)
+	}
+	if rf := e.act(t, "/v1/orders/"+orderID(pre)+"/refund", "down-rf", "ann"); rf.status != http.StatusOK {
+		t.Errorf("refund with Redis down = %d %s", rf.status, rf.body)
+	}
+	waitFor(t, 5*time.Second, "the short hold to expire", func() bool {
+		got, err := e.ledger.HoldByID(ctx, h3.HoldID)
+		return err == nil && got.State == ledger.Expired
+	})
+	for _, n := range c.Nodes {
+		if err := n.Restart(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.WaitHealthy(ctx, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// The next purchase rebuilds Redis from the ledger before using it, and
+	// the refund's pending restore is finished or overtaken by the rebuild.
+	waitFor(t, 15*time.Second, "a purchase through Redis", func() bool {
+		before := counter(t, e.reg, "stockgate_purchases_total", map[string]string{"path": "gate", "result": "sold"})
+		e.buy(t, sku, fmt.Sprintf("after-%d", time.Now().UnixNano()), "eve", 1)
+		return counter(t, e.reg, "stockgate_purchases_total", map[string]string{"path": "gate", "result": "sold"}) > before
+	})
+	waitFor(t, 10*time.Second, "pending restores to finish", func() bool {
+		p, err := e.ledger.PendingRestores(ctx, 0, 1)
+		return err == nil && len(p) == 0
+	})
+	redisConsistent(t, e, sku)
+	st, _ := e.ledger.SKU(ctx, sku)
+	orders, units, _ := e.ledger.OrderTotals(ctx, sku)
+	if st.Held != 0 || units != st.Sold || st.Sold+st.Held > st.Total {
+		t.Errorf("ledger: %+v with %d orders of %d units", st, orders, units)
+	}
+	t.Logf("with Redis down: hold, confirm, cancel, expiry and refund through the ledger; after: sold %d, %d orders", st.Sold, orders)
 }

@@ -360,6 +360,9 @@ func TestFaultLedgerUnreachable(t *testing.T) {
 }
 
 // countingLedger counts every call the gateway makes to the real ledger.
+// It overrides every method of gateway.Ledger, so none reaches the real
+// ledger through the embedded interface unseen; a method added to the
+// interface must be added here too.
 type countingLedger struct {
 	gateway.Ledger
 	calls   atomic.Int64
@@ -634,4 +637,69 @@ func reseedHolder() int {
 	_, err = srv.Reconcile(ctx, stock.SKU{Program: os.Getenv("HELPER_PROGRAM"), Ticket: os.Getenv("HELPER_TICKET")})
 	fmt.Fprintln(os.Stderr, "reseed holder: Reconcile returned (it should have been killed):", err)
 	return 1
+}
+
+func (l *countingLedger) Hold(ctx context.Context, h ledger.Hold, v int64) (ledger.Hold, error) {
+	l.note("Hold")
+	return l.Ledger.Hold(ctx, h, v)
+}
+
+func (l *countingLedger) HoldByID(ctx context.Context, id string) (ledger.Hold, error) {
+	l.note("HoldByID")
+	return l.Ledger.HoldByID(ctx, id)
+}
+
+func (l *countingLedger) HoldByKey(ctx context.Context, key string) (ledger.Hold, error) {
+	l.note("HoldByKey")
+	return l.Ledger.HoldByKey(ctx, key)
+}
+
+func (l *countingLedger) Confirm(ctx context.Context, id, buyer string) (ledger.Order, error) {
+	l.note("Confirm")
+	return l.Ledger.Confirm(ctx, id, buyer)
+}
+
+func (l *countingLedger) Cancel(ctx context.Context, id, buyer string) (ledger.Hold, bool, error) {
+	l.note("Cancel")
+	return l.Ledger.Cancel(ctx, id, buyer)
+}
+
+func (l *countingLedger) ExpireDue(ctx context.Context, limit int) ([]ledger.Hold, error) {
+	l.note("ExpireDue")
+	return l.Ledger.ExpireDue(ctx, limit)
+}
+
+func (l *countingLedger) Refund(ctx context.Context, id, buyer string) (ledger.Order, bool, error) {
+	l.note("Refund")
+	return l.Ledger.Refund(ctx, id, buyer)
+}
+
+func (l *countingLedger) OrderByID(ctx context.Context, id string) (ledger.Order, error) {
+	l.note("OrderByID")
+	return l.Ledger.OrderByID(ctx, id)
+}
+
+func (l *countingLedger) PendingRestores(ctx context.Context, older time.Duration, limit int) ([]ledger.Restore, error) {
+	l.note("PendingRestores")
+	return l.Ledger.PendingRestores(ctx, older, limit)
+}
+
+func (l *countingLedger) RestoreDone(ctx context.Context, kind, id string) error {
+	l.note("RestoreDone")
+	return l.Ledger.RestoreDone(ctx, kind, id)
+}
+
+func (l *countingLedger) EndSale(ctx context.Context, sku stock.SKU) (ledger.SKUState, error) {
+	l.note("EndSale")
+	return l.Ledger.EndSale(ctx, sku)
+}
+
+func (l *countingLedger) PutProgram(ctx context.Context, program string, perBuyer int64) error {
+	l.note("PutProgram")
+	return l.Ledger.PutProgram(ctx, program, perBuyer)
+}
+
+func (l *countingLedger) ProgramCap(ctx context.Context, program string) (int64, error) {
+	l.note("ProgramCap")
+	return l.Ledger.ProgramCap(ctx, program)
 }

@@ -240,11 +240,12 @@ func validBuyer(c *gin.Context, buyer string) bool {
 	return true
 }
 
-// quotaTicket is a request's count against its buyer's cap at the gate;
-// release gives it back when the request did not end in a commit.
+// quotaTicket is a request's counts against its buyer's caps at the gate
+// (the SKU's, the program's); release gives them back when the request did
+// not end in a commit.
 type quotaTicket struct {
 	s        *Server
-	sku      stock.SKU
+	scopes   []stock.SKU
 	buyer    string
 	key      string
 	released bool
@@ -255,27 +256,80 @@ func (q *quotaTicket) release(ctx context.Context) {
 		return
 	}
 	q.released = true
-	if err := q.s.redis(ctx, func(ctx context.Context) error {
-		return q.s.gate.ReleaseQuota(ctx, q.sku, q.buyer, q.key)
-	}); err != nil {
-		q.s.log.Warn("release quota", "sku", q.sku.String(), "err", err)
+	q.s.releaseQuota(ctx, q.scopes, q.buyer, q.key)
+}
+
+func (s *Server) releaseQuota(ctx context.Context, scopes []stock.SKU, buyer, key string) {
+	for _, scope := range scopes {
+		if err := s.redis(ctx, func(ctx context.Context) error {
+			return s.gate.ReleaseQuota(ctx, scope, buyer, key)
+		}); err != nil {
+			s.log.Warn("release quota", "scope", scope.String(), "err", err)
+		}
 	}
 }
 
-// takeQuota counts the request against the buyer's cap in Redis, so a
-// flood from one buyer is turned away there and never reaches the ledger.
-// The ledger checks the cap again when it commits. No cap, no call.
+// takeQuota counts the request against the buyer's caps in Redis (the
+// SKU's, then the program's), so a flood from one buyer is turned away
+// there and never reaches the ledger. The ledger checks both caps again
+// when it commits. No cap, no call.
 func (s *Server) takeQuota(ctx context.Context, w want, st ledger.SKUState) (*quotaTicket, error) {
-	if st.PerBuyer == 0 {
-		return nil, nil
-	}
-	err := s.redis(ctx, func(ctx context.Context) error {
-		return s.gate.TakeQuota(ctx, w.sku, w.buyer, w.key, w.q, st.PerBuyer)
-	})
+	programCap, err := s.programs.Get(ctx, stock.SKU{Program: w.sku.Program})
 	if err != nil {
 		return nil, err
 	}
-	return &quotaTicket{s: s, sku: w.sku, buyer: w.buyer, key: w.key}, nil
+	if programCap > 0 && w.q > programCap {
+		return nil, stock.ErrLimit
+	}
+	t := &quotaTicket{s: s, buyer: w.buyer, key: w.key}
+	for _, c := range []struct {
+		scope stock.SKU
+		cap   int64
+	}{{w.sku, st.PerBuyer}, {stock.SKU{Program: w.sku.Program}, programCap}} {
+		if c.cap == 0 {
+			continue
+		}
+		err := s.redis(ctx, func(ctx context.Context) error {
+			return s.gate.TakeQuota(ctx, c.scope, w.buyer, w.key, w.q, c.cap)
+		})
+		if err != nil {
+			t.release(ctx)
+			return nil, err
+		}
+		t.scopes = append(t.scopes, c.scope)
+	}
+	if len(t.scopes) == 0 {
+		return nil, nil
+	}
+	return t, nil
+}
+
+// putProgram handles PUT /v1/admin/programs/:program: {"per_buyer": n}
+// caps what one buyer may hold + own of all the program's tickets; 0
+// removes the cap.
+func (s *Server) putProgram(c *gin.Context) {
+	program := c.Param("program")
+	if keys.CheckID(program) != nil {
+		writeProblem(c, http.StatusBadRequest, "invalid-id", "program ids match [A-Za-z0-9_-]{1,64}", 0)
+		return
+	}
+	var body struct {
+		PerBuyer *int64 `json:"per_buyer"`
+	}
+	if !s.decodeBody(c, &body) {
+		return
+	}
+	if body.PerBuyer == nil || *body.PerBuyer < 0 || *body.PerBuyer > stock.MaxTotal {
+		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "per_buyer must be an integer >= 0", 0)
+		return
+	}
+	if err := s.ledger.PutProgram(c.Request.Context(), program, *body.PerBuyer); err != nil {
+		s.log.Error("put program", "program", program, "err", err)
+		writeProblem(c, http.StatusServiceUnavailable, "unavailable", "ledger unavailable", 1)
+		return
+	}
+	s.programs.Invalidate(stock.SKU{Program: program})
+	c.JSON(http.StatusOK, gin.H{"program": program, "per_buyer": *body.PerBuyer})
 }
 
 // returnToRedis gives back in Redis the stock the ledger took back (a
@@ -293,7 +347,10 @@ func (s *Server) returnToRedis(ctx context.Context, r ledger.Restore) {
 			if err := s.gate.Restore(ctx, r.SKU, r.RequestID, parts); err != nil {
 				return err
 			}
-			return s.gate.ReleaseQuota(ctx, r.SKU, r.Buyer, r.RequestID)
+			if err := s.gate.ReleaseQuota(ctx, r.SKU, r.Buyer, r.RequestID); err != nil {
+				return err
+			}
+			return s.gate.ReleaseQuota(ctx, stock.SKU{Program: r.SKU.Program}, r.Buyer, r.RequestID)
 		})
 		if err != nil {
 			s.log.Warn("restore to redis; a sweeper will retry", "kind", r.Kind, "id", r.ID, "err", err)

@@ -489,3 +489,42 @@ func TestHoldsWhileRedisIsDown(t *testing.T) {
 	}
 	t.Logf("with Redis down: hold, confirm, cancel, expiry and refund through the ledger; after: sold %d, %d orders", st.Sold, orders)
 }
+
+// A program-wide cap: what one buyer holds + owns across all the program's
+// tickets, released by a refund; other buyers unaffected.
+func TestProgramCap(t *testing.T) {
+	e := newEnv(t, ledger.Postgres)
+	a := newSKU(t)
+	b := stock.SKU{Program: a.Program, Ticket: "vip"}
+	e.putSKU(t, a, 100, 2, 4)
+	e.putSKU(t, b, 100, 2, 4)
+	if r := e.do(t, http.MethodPut, "/v1/admin/programs/"+a.Program, nil, `{"per_buyer":5}`); r.status != http.StatusOK {
+		t.Fatalf("PUT program = %d %s", r.status, r.body)
+	}
+	first := e.buy(t, a, "pa-1", "ann", 3)
+	if first.status != http.StatusCreated {
+		t.Fatalf("3 of ga = %d %s", first.status, first.body)
+	}
+	if r, _ := e.hold(t, b, "pb-1", "ann", 3, 0); r.status != http.StatusConflict || !strings.Contains(string(r.body), "limit-reached") {
+		t.Errorf("3 more of vip (6 > 5) = %d %s", r.status, r.body)
+	}
+	if r, _ := e.hold(t, b, "pb-2", "ann", 2, 0); r.status != http.StatusCreated {
+		t.Errorf("2 of vip (5) = %d %s", r.status, r.body)
+	}
+	if r := e.buy(t, b, "pb-3", "ann", 1); r.status != http.StatusConflict {
+		t.Errorf("a 6th unit = %d %s", r.status, r.body)
+	}
+	if r := e.buy(t, b, "pb-other", "bob", 4); r.status != http.StatusCreated {
+		t.Errorf("another buyer = %d %s", r.status, r.body)
+	}
+	if r := e.act(t, "/v1/orders/"+orderID(first)+"/refund", "pa-refund", "ann"); r.status != http.StatusOK {
+		t.Fatalf("refund = %d %s", r.status, r.body)
+	}
+	if r := e.buy(t, b, "pb-4", "ann", 3); r.status != http.StatusCreated {
+		t.Errorf("after refunding 3, 3 more = %d %s", r.status, r.body)
+	}
+	n, _ := e.ledger.ProgramUnits(context.Background(), a.Program, "ann")
+	if n != 5 {
+		t.Errorf("ann holds + owns %d of the program, want 5", n)
+	}
+}

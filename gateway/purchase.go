@@ -230,7 +230,7 @@ func (s *Server) take(ctx context.Context, w want) answer {
 		return ansSoldOut
 	}
 	if st.PerBuyer > 0 && w.q > st.PerBuyer {
-		return ansLimit
+		return ansLimit // more than the cap in one request; no count needed
 	}
 	if st.GateStale() && s.breaker.State() == breaker.Closed {
 		// The ledger sold around Redis: rebuild before Redis serves again.

@@ -60,6 +60,8 @@ type Ledger interface {
 	PendingRestores(ctx context.Context, olderThan time.Duration, limit int) ([]ledger.Restore, error)
 	RestoreDone(ctx context.Context, kind, id string) error
 	EndSale(ctx context.Context, sku stock.SKU) (ledger.SKUState, error)
+	PutProgram(ctx context.Context, program string, perBuyer int64) error
+	ProgramCap(ctx context.Context, program string) (int64, error)
 	SKUs(ctx context.Context, after stock.SKU, limit int) ([]ledger.SKUState, error)
 }
 
@@ -135,6 +137,7 @@ type Server struct {
 	log      *slog.Logger
 	opts     Options
 	settings *cache.Loading[ledger.SKUState]
+	programs *cache.Loading[int64] // per-buyer cap of a program, keyed by {program, ""}
 	stock    *cache.Loading[stockView]
 	inflight inflight
 	ready    atomic.Bool
@@ -209,6 +212,12 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.programs, err = cache.NewLoading(opts.SettingsTTL, 100_000, nil, func(ctx context.Context, p stock.SKU) (int64, error) {
+		return s.ledger.ProgramCap(ctx, p.Program)
+	})
+	if err != nil {
+		return nil, err
+	}
 	s.stock, err = cache.NewLoading(opts.StockTTL, 100_000, nil, s.loadStock)
 	if err != nil {
 		return nil, err
@@ -268,6 +277,7 @@ func (s *Server) routes() *gin.Engine {
 	admin.GET("/skus/:program/:ticket", s.getSKU)
 	admin.POST("/skus/:program/:ticket/reconcile", s.reconcile)
 	admin.POST("/skus/:program/:ticket/end", s.endSale)
+	admin.PUT("/programs/:program", s.putProgram)
 	return e
 }
 

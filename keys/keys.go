@@ -104,11 +104,11 @@ func Lock(program, ticket, purpose string) string {
 }
 
 // Quota is the key of what one buyer holds + owns of one SKU at the gate,
-// for the per-buyer cap. It is hashed by SKU and buyer together, so one
-// buyer's flood lands on one master and different buyers spread out. The
-// ids must have passed CheckID.
+// for the per-buyer cap; with ticket "" it counts the whole program. It is
+// hashed by SKU and buyer together, so one buyer's flood lands on one
+// master and different buyers spread out. The ids must have passed CheckID.
 func Quota(program, ticket, buyer string) string {
-	if CheckID(program) != nil || CheckID(ticket) != nil || CheckID(buyer) != nil {
+	if CheckID(program) != nil || (ticket != "" && CheckID(ticket) != nil) || CheckID(buyer) != nil {
 		panic(fmt.Sprintf("keys.Quota(%q, %q, %q): unchecked ids", program, ticket, buyer))
 	}
 	slot := int(CRC16([]byte(program+":"+ticket+":"+buyer))) % Slots

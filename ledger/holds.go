@@ -396,3 +396,38 @@ func (h Hold) RestoreOf() Restore {
 func (o Order) RestoreOf() Restore {
 	return Restore{Kind: "order", ID: o.ID, SKU: o.SKU, Buyer: o.Buyer, RequestID: o.GateRequest(), Gate: o.Gate}
 }
+
+// PutProgram sets the cap on what one buyer may hold + own of all of a
+// program's tickets together; 0 removes it.
+func (l *Ledger) PutProgram(ctx context.Context, program string, perBuyer int64) error {
+	if err := (stock.SKU{Program: program, Ticket: "x"}).Validate(); err != nil {
+		return err
+	}
+	if perBuyer < 0 || perBuyer > stock.MaxTotal {
+		return fmt.Errorf("%w: per_buyer %d", stock.ErrInvalid, perBuyer)
+	}
+	_, err := l.db.ExecContext(ctx, `INSERT INTO programs (program, per_buyer) VALUES ($1, $2)
+		ON CONFLICT (program) DO UPDATE SET per_buyer = excluded.per_buyer`, program, perBuyer)
+	if err != nil {
+		return fmt.Errorf("ledger: put program: %w", err)
+	}
+	return nil
+}
+
+// ProgramCap is a program's per-buyer cap; 0 when it has none.
+func (l *Ledger) ProgramCap(ctx context.Context, program string) (int64, error) {
+	var n int64
+	err := l.db.QueryRowContext(ctx, `SELECT per_buyer FROM programs WHERE program = $1`, program).Scan(&n)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("ledger: program cap: %w", err)
+	}
+	return n, nil
+}
+
+// ProgramUnits is what a buyer holds + owns of all of a program's tickets.
+func (l *Ledger) ProgramUnits(ctx context.Context, program, buyer string) (int64, error) {
+	return l.BuyerUnits(ctx, stock.SKU{Program: program, Ticket: ""}, buyer)
+}

@@ -240,3 +240,40 @@ func expectSKU(t *testing.T, l *ledger.Ledger, sold, held int64) {
 		t.Errorf("sku = sold %d held %d (%v), want sold %d held %d", st.Sold, st.Held, err, sold, held)
 	}
 }
+
+func TestProgramCapAcrossTickets(t *testing.T) {
+	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
+		ctx := context.Background()
+		vip := stock.SKU{Program: sku.Program, Ticket: "vip"}
+		for _, s := range []stock.SKU{sku, vip} {
+			if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: s, Total: 100, Shards: 1, MaxPerOrder: 4}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := l.PutProgram(ctx, sku.Program, 5); err != nil {
+			t.Fatal(err)
+		}
+		buy := func(key string, s stock.SKU, q int64) (ledger.Order, error) {
+			return l.Purchase(ctx, ledger.Order{IdempotencyKey: key, SKU: s, Buyer: "ann", Quantity: q})
+		}
+		o, err := buy("p1", sku, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := buy("p2", vip, 3); !errors.Is(err, stock.ErrLimit) {
+			t.Errorf("3 + 3 across tickets = %v, want ErrLimit", err)
+		}
+		if _, err := buy("p3", vip, 2); err != nil {
+			t.Errorf("3 + 2 = %v", err)
+		}
+		if _, _, err := l.Refund(ctx, o.ID, "ann"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := buy("p4", vip, 3); err != nil {
+			t.Errorf("after the refund, 3 more = %v", err)
+		}
+		if n, _ := l.ProgramUnits(ctx, sku.Program, "ann"); n != 5 {
+			t.Errorf("program units = %d, want 5", n)
+		}
+	})
+}

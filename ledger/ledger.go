@@ -178,7 +178,13 @@ CREATE TABLE IF NOT EXISTS holds (
 );
 CREATE INDEX IF NOT EXISTS holds_expiry ON holds (state, expires_at);
 CREATE INDEX IF NOT EXISTS holds_pending ON holds (restore_pending, ended_at);
--- What each buyer holds + owns of each SKU, for the per-buyer cap.
+-- A cap on what one buyer may hold + own of all of a program's tickets.
+CREATE TABLE IF NOT EXISTS programs (
+	program   TEXT   PRIMARY KEY,
+	per_buyer BIGINT NOT NULL CHECK (per_buyer >= 0)
+);
+-- What each buyer holds + owns of each SKU, for the per-buyer caps; the
+-- row with ticket '' counts the whole program.
 CREATE TABLE IF NOT EXISTS buyer_units (
 	program TEXT   NOT NULL,
 	ticket  TEXT   NOT NULL,
@@ -547,6 +553,22 @@ func (l *Ledger) takeStock(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer
 	if n, _ := res.RowsAffected(); n != 1 {
 		return stock.ErrLimit
 	}
+	// And of the whole program, capped by the program's per_buyer.
+	res, err = tx.ExecContext(ctx, `
+		INSERT INTO buyer_units (program, ticket, buyer, units)
+		SELECT $1, '', $2, $3
+		WHERE COALESCE((SELECT per_buyer FROM programs WHERE program = $1), 0) = 0
+		   OR COALESCE((SELECT per_buyer FROM programs WHERE program = $1), 0) >= $3
+		ON CONFLICT (program, ticket, buyer) DO UPDATE SET units = buyer_units.units + excluded.units
+		WHERE COALESCE((SELECT per_buyer FROM programs WHERE program = $1), 0) = 0
+		   OR buyer_units.units + excluded.units <= (SELECT per_buyer FROM programs WHERE program = $1)`,
+		sku.Program, buyer, q)
+	if err != nil {
+		return notCommitted("program buyer units", err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return stock.ErrLimit
+	}
 	return nil
 }
 
@@ -567,7 +589,7 @@ func returnStock(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer string, q
 		return fmt.Errorf("ledger: return %d %s units of %s: the row has fewer", q, column, sku)
 	}
 	if _, err := tx.ExecContext(ctx, `UPDATE buyer_units SET units = units - $4
-		WHERE program = $1 AND ticket = $2 AND buyer = $3 AND units >= $4`, sku.Program, sku.Ticket, buyer, q); err != nil {
+		WHERE program = $1 AND ticket IN ($2, '') AND buyer = $3 AND units >= $4`, sku.Program, sku.Ticket, buyer, q); err != nil {
 		return notCommitted("buyer units", err)
 	}
 	return nil

@@ -480,10 +480,11 @@ func (s *Store) Remaining(ctx context.Context, sku stock.SKU, n int) (int64, boo
 	return sum, seeded, nil
 }
 
-// TakeQuota counts q units of a request against the buyer's cap on the SKU,
-// once per request id; stock.ErrLimit when the cap would be passed.
+// TakeQuota counts q units of a request against the buyer's cap on the SKU
+// (or on the whole program when sku.Ticket is ""), once per request id;
+// stock.ErrLimit when the cap would be passed.
 func (s *Store) TakeQuota(ctx context.Context, sku stock.SKU, buyer, requestID string, q, limit int64) error {
-	if err := sku.Validate(); err != nil {
+	if err := quotaScope(sku); err != nil {
 		return err
 	}
 	if keys.CheckID(buyer) != nil || keys.CheckID(requestID) != nil || q < 1 || limit < 1 {
@@ -508,7 +509,7 @@ func (s *Store) TakeQuota(ctx context.Context, sku stock.SKU, buyer, requestID s
 
 // ReleaseQuota takes a request's units off the buyer's count, once.
 func (s *Store) ReleaseQuota(ctx context.Context, sku stock.SKU, buyer, requestID string) error {
-	if err := sku.Validate(); err != nil {
+	if err := quotaScope(sku); err != nil {
 		return err
 	}
 	if keys.CheckID(buyer) != nil || keys.CheckID(requestID) != nil {
@@ -519,4 +520,12 @@ func (s *Store) ReleaseQuota(ctx context.Context, sku stock.SKU, buyer, requestI
 		return fmt.Errorf("quota release: %w", err)
 	}
 	return nil
+}
+
+// quotaScope checks a SKU, or a program given as a SKU with no ticket.
+func quotaScope(sku stock.SKU) error {
+	if sku.Ticket == "" {
+		sku.Ticket = "program"
+	}
+	return sku.Validate()
 }

@@ -528,3 +528,38 @@ func TestProgramCap(t *testing.T) {
 		t.Errorf("ann holds + owns %d of the program, want 5", n)
 	}
 }
+
+// A sweeper that dies between the ledger half of an expiry and the Redis
+// half (here: the ledger expiry run by hand, as a sweeper would, and never
+// followed up) leaves restore_pending; another gateway's sweeper finishes
+// it after RestoreGrace, once.
+func TestDeadSweeperRestoreFinishedByAnother(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	a := startEnv(t, envOptions{driver: ledger.Postgres, dsn: dsn})
+	sku := newSKU(t)
+	a.putSKU(t, sku, 10, 2, 4)
+	for i := range 3 {
+		if r, _ := a.hold(t, sku, fmt.Sprintf("dead-%d", i), "b", 2, 1); r.status != http.StatusCreated {
+			t.Fatalf("hold = %d %s", r.status, r.body)
+		}
+	}
+	time.Sleep(1100 * time.Millisecond)
+	ctx := context.Background()
+	done, err := a.ledger.ExpireDue(ctx, 100) // the ledger half, then "death"
+	if err != nil || len(done) != 3 {
+		t.Fatalf("ExpireDue = %d, %v", len(done), err)
+	}
+	if st := a.state(t, sku); st.Held != 0 || st.RedisRemaining != 4 {
+		t.Fatalf("after the ledger half: %+v, want held 0 and redis still 4", st)
+	}
+	startEnv(t, envOptions{driver: ledger.Postgres, dsn: dsn, sweep: true, tune: func(o *gateway.Options) {
+		o.SweepEvery, o.RestoreGrace = 100*time.Millisecond, 300*time.Millisecond
+	}})
+	waitFor(t, 5*time.Second, "another sweeper to finish the restores", func() bool {
+		p, err := a.ledger.PendingRestores(ctx, 0, 1)
+		return err == nil && len(p) == 0
+	})
+	if st := a.state(t, sku); st.RedisRemaining != 10 {
+		t.Errorf("redis remaining %d, want 10 (each restore once)", st.RedisRemaining)
+	}
+}

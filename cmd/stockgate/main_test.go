@@ -37,6 +37,7 @@ func TestBadConfigExits2NamingTheVariable(t *testing.T) {
 		{"STOCKGATE_RESEED_WAIT", "-1s"},
 		{"STOCKGATE_FENCE_SETTLE", "0s"},
 		{"STOCKGATE_DRIFT_EVERY", "0s"},
+		{"STOCKGATE_SWEEP_EVERY", "0s"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.env, func(t *testing.T) {

@@ -44,7 +44,7 @@ func (s *Server) takeDirect(ctx context.Context, w want, st ledger.SKUState) ans
 			return s.counted(pathLedger, ansUnavailable)
 		}
 		if fresh.Remaining() < w.q {
-			return s.directRefused(ctx, w, ansSoldOut)
+			return s.directRefused(ctx, w, ansSoldOut, fresh.Remaining() == 0)
 		}
 		a, err := s.commit(ctx, w, fresh, "", fresh.Version)
 		switch {
@@ -59,11 +59,11 @@ func (s *Server) takeDirect(ctx context.Context, w want, st ledger.SKUState) ans
 		case errors.Is(err, ledger.ErrConflict):
 			continue
 		case errors.Is(err, stock.ErrSoldOut):
-			return s.directRefused(ctx, w, ansSoldOut)
+			return s.directRefused(ctx, w, ansSoldOut, false)
 		case errors.Is(err, stock.ErrLimit):
-			return s.directRefused(ctx, w, ansLimit)
+			return s.directRefused(ctx, w, ansLimit, false)
 		case errors.Is(err, stock.ErrSaleEnded):
-			return s.directRefused(ctx, w, ansSaleEnded)
+			return s.directRefused(ctx, w, ansSaleEnded, false)
 		case errors.Is(err, ledger.ErrNotCommitted):
 			s.log.Error("fallback commit", "sku", w.sku.String(), "err", err)
 			return s.counted(pathLedger, ansUnavailable)
@@ -79,12 +79,13 @@ func (s *Server) takeDirect(ctx context.Context, w want, st ledger.SKUState) ans
 }
 
 // directRefused answers a request the ledger cannot supply: the replay of
-// what this key committed before, if anything, the refusal otherwise.
-func (s *Server) directRefused(ctx context.Context, w want, refusal answer) answer {
+// what this key committed before, if anything, the refusal otherwise. empty
+// remembers the SKU as sold out (only when nothing at all is left).
+func (s *Server) directRefused(ctx context.Context, w want, refusal answer, empty bool) answer {
 	if prev, err := s.lookup(ctx, w); err == nil {
 		return w.replay(prev)
 	}
-	if refusal.kind == ansSoldOut.kind {
+	if empty {
 		s.cache.MarkSoldOut(w.sku)
 	}
 	return s.counted(pathLedger, refusal)

@@ -562,22 +562,8 @@ func TestFaultReseedOneAtATime(t *testing.T) {
 	// A holder in another process takes the lock, fences the gate, and dies.
 	s := startSale(t, []*env{a, b}, sku, total, 16)
 	s.waitSold(total/5, 30*time.Second)
-	holder := exec.Command(os.Args[0], "-test.run=^$")
-	holder.Env = append(os.Environ(), "STOCKGATE_TEST_HELPER=reseed-holder",
-		"HELPER_REDIS="+strings.Join(testenv.SharedCluster(t).Addrs(), ","), "HELPER_DSN="+dsn,
-		"HELPER_PROGRAM="+sku.Program, "HELPER_TICKET="+sku.Ticket)
-	holder.Stderr = os.Stderr
-	if err := holder.Start(); err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
-	waitFor(t, 10*time.Second, "the holder's fence", func() bool {
-		shards, err := a.gate.Read(ctx, sku, 4)
-		return err == nil && shards[0].Fenced
-	})
-	killed := time.Now()
-	holder.Process.Kill()
-	holder.Wait()
+	killed := killHolderMidway(t, a, "reconcile", dsn, sku, 4)
 	waitFor(t, 15*time.Second, "the gate to reopen", func() bool {
 		shards, err := a.gate.Read(ctx, sku, 4)
 		if err != nil {
@@ -634,8 +620,13 @@ func reseedHolder() int {
 	if err != nil {
 		return 1
 	}
-	_, err = srv.Reconcile(ctx, stock.SKU{Program: os.Getenv("HELPER_PROGRAM"), Ticket: os.Getenv("HELPER_TICKET")})
-	fmt.Fprintln(os.Stderr, "reseed holder: Reconcile returned (it should have been killed):", err)
+	sku := stock.SKU{Program: os.Getenv("HELPER_PROGRAM"), Ticket: os.Getenv("HELPER_TICKET")}
+	if os.Getenv("HELPER_MODE") == "collapse" {
+		_, err = srv.Collapse(ctx, sku)
+	} else {
+		_, err = srv.Reconcile(ctx, sku)
+	}
+	fmt.Fprintln(os.Stderr, "reseed holder: returned (it should have been killed):", err)
 	return 1
 }
 
@@ -702,4 +693,28 @@ func (l *countingLedger) PutProgram(ctx context.Context, program string, perBuye
 func (l *countingLedger) ProgramCap(ctx context.Context, program string) (int64, error) {
 	l.note("ProgramCap")
 	return l.Ledger.ProgramCap(ctx, program)
+}
+
+// killHolderMidway starts a gateway in another process that takes the
+// SKU's re-seed lock, closes its gate for a rebuild (mode "reconcile") or a
+// collapse onto one shard ("collapse"), and then waits; once the fence is
+// visible it is killed with SIGKILL. It returns when it died.
+func killHolderMidway(t *testing.T, e *env, mode, dsn string, sku stock.SKU, shards int) time.Time {
+	t.Helper()
+	holder := exec.Command(os.Args[0], "-test.run=^$")
+	holder.Env = append(os.Environ(), "STOCKGATE_TEST_HELPER=reseed-holder", "HELPER_MODE="+mode,
+		"HELPER_REDIS="+strings.Join(testenv.SharedCluster(t).Addrs(), ","), "HELPER_DSN="+dsn,
+		"HELPER_PROGRAM="+sku.Program, "HELPER_TICKET="+sku.Ticket)
+	holder.Stderr = os.Stderr
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the holder's fence", func() bool {
+		st, err := e.gate.Read(context.Background(), sku, shards)
+		return err == nil && st[0].Fenced
+	})
+	killed := time.Now()
+	holder.Process.Kill()
+	holder.Wait()
+	return killed
 }

@@ -57,6 +57,12 @@ func (s *Server) deduct(ctx context.Context, req shard.Request) (shard.Deduction
 			s.log.Warn("gate closed and not rebuilt", "sku", req.SKU.String(), "err", rerr)
 			return d, err
 		}
+		// The rebuild may have changed the layout (a resize): these shards
+		// may be retired ones. Ask with the SKU's current shard count.
+		s.settings.Invalidate(req.SKU)
+		if st, serr := s.settings.Get(ctx, req.SKU); serr == nil {
+			req.Shards = st.Shards
+		}
 	}
 }
 

@@ -14,6 +14,7 @@ type metrics struct {
 	driftSKUs      prometheus.Gauge
 	driftRepairs   prometheus.Counter
 	expired        prometheus.Counter
+	probes         prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -42,12 +43,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "stockgate_drift_repairs_total",
 			Help: "SKUs re-seeded by the drift check because Redis and the ledger disagreed.",
 		}),
+		probes: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "stockgate_purchase_probes",
+			Help:    "Shard scripts one purchase or hold ran in Redis (1 is the best case; more near the end of a sale).",
+			Buckets: []float64{1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256},
+		}),
 		expired: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "stockgate_holds_expired_total",
 			Help: "Holds this gateway's sweeper expired and gave back.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.driftRepairs, m.expired} {
+	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.driftRepairs, m.expired, m.probes} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

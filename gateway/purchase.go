@@ -258,9 +258,16 @@ func (s *Server) take(ctx context.Context, w want) answer {
 		s.log.Warn("deduct outcome unknown; asking again", "sku", w.sku.String(), "err", err)
 		d, err = s.deduct(ctx, req)
 	}
+	if d.Probes > 0 {
+		s.metrics.probes.Observe(float64(d.Probes))
+	}
 	switch {
 	case errors.Is(err, stock.ErrSoldOut):
-		s.cache.MarkSoldOut(w.sku)
+		if d.Left == 0 {
+			// Only an empty SKU is remembered as sold out: 3 left is sold
+			// out for a buyer of 4, not for a buyer of 1.
+			s.cache.MarkSoldOut(w.sku)
+		}
 		quota.release(ctx)
 		return s.counted(pathGate, ansSoldOut)
 	case err != nil && notRun(err):

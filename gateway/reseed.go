@@ -24,6 +24,7 @@ const (
 	reasonAdmin     = "admin"      // the SKU's settings changed
 	reasonReconcile = "reconcile"  // an admin asked
 	reasonDrift     = "drift"      // the drift check found Redis and the ledger apart
+	reasonCollapse  = "collapse"   // the tail of a sale moved onto one shard
 )
 
 // Rebuild is what one re-seed found and did.
@@ -151,6 +152,14 @@ func (s *Server) rebuildWith(ctx context.Context, sku stock.SKU, reason string, 
 	if err := s.gate.Seed(ctx, sku, fresh.Shards, left, true); err != nil {
 		return r, err
 	}
+	if fresh.Shards != st.Shards {
+		// A resize: retire the old layout. Its shards stay closed and the
+		// epoch moves on, so a late restore of a deduction taken there is
+		// refused (the ledger facts above already count it).
+		if err := s.gate.Seed(ctx, sku, st.Shards, 0, true); err != nil {
+			return r, err
+		}
+	}
 	if err := s.ledger.MarkGateSeeded(ctx, sku, fresh.BypassSeq); err != nil {
 		// Redis is right but the ledger still says stale: the next purchase
 		// rebuilds again, which is wasteful but harmless. Stay closed.
@@ -244,6 +253,9 @@ func (s *Server) checkDrift(ctx context.Context, prev map[stock.SKU]driftSeen) m
 			if ctx.Err() != nil {
 				return prev
 			}
+			if s.collapse(ctx, st) {
+				continue
+			}
 			d, ok := s.driftOf(ctx, st)
 			if !ok || d.redis == st.Remaining() {
 				continue
@@ -299,6 +311,34 @@ func (s *Server) driftOf(ctx context.Context, st ledger.SKUState) (driftSeen, bo
 		return driftSeen{}, false
 	}
 	return driftSeen{version: st.Version, redis: left}, true
+}
+
+// collapse moves the tail of a sale onto one shard when a SKU spread over
+// several has CollapseAt units per shard or fewer left: a fenced resize (the
+// gate closes, the ledger records one shard, the shard is built from the
+// ledger facts, the old shards are retired, the gate reopens), so a crash
+// part-way leaves the gate closed until the next rebuild, and nothing is
+// lost or doubled. It reports whether it ran.
+func (s *Server) collapse(ctx context.Context, st ledger.SKUState) bool {
+	left := st.Remaining()
+	if s.opts.CollapseAt < 0 || st.Shards == 1 || left <= 0 || left > s.opts.CollapseAt*int64(st.Shards) || !st.EndedAt.IsZero() {
+		return false
+	}
+	if _, err := s.Collapse(ctx, st.SKU); err != nil && !errors.Is(err, lock.ErrBusy) {
+		s.log.Warn("collapse tail", "sku", st.SKU.String(), "err", err)
+	}
+	return true
+}
+
+// Collapse moves a SKU's Redis stock onto one shard now, behind the fence,
+// unless another replica is rebuilding it (lock.ErrBusy).
+func (s *Server) Collapse(ctx context.Context, sku stock.SKU) (Rebuild, error) {
+	if err := sku.Validate(); err != nil {
+		return Rebuild{}, err
+	}
+	return s.rebuildWith(ctx, sku, reasonCollapse, true, 0, func(ctx context.Context) error {
+		return s.ledger.SetShards(ctx, sku, 1)
+	})
 }
 
 func abs(v int64) int64 {

@@ -62,6 +62,7 @@ type Ledger interface {
 	EndSale(ctx context.Context, sku stock.SKU) (ledger.SKUState, error)
 	PutProgram(ctx context.Context, program string, perBuyer int64) error
 	ProgramCap(ctx context.Context, program string) (int64, error)
+	SetShards(ctx context.Context, sku stock.SKU, n int) error
 	SKUs(ctx context.Context, after stock.SKU, limit int) ([]ledger.SKUState, error)
 }
 
@@ -100,6 +101,11 @@ type Options struct {
 	FenceSettle time.Duration
 	// DriftEvery is the period of the drift check RunDrift runs. Default 30s.
 	DriftEvery time.Duration
+	// CollapseAt: when a SKU spread over several shards has this many units
+	// left per shard or fewer, the drift check collapses it onto one shard
+	// (a fenced resize), so the last units sit together. Default 1;
+	// negative turns it off.
+	CollapseAt int64
 	// SweepEvery is the period of RunSweeper, which expires due holds: a
 	// hold's stock is back at most about this long after its expiry.
 	// Default 1s.
@@ -177,6 +183,9 @@ func New(opts Options) (*Server, error) {
 	setDefault(&opts.RestoreGrace, 5*time.Second)
 	if opts.FallbackConcurrency == 0 {
 		opts.FallbackConcurrency = 16
+	}
+	if opts.CollapseAt == 0 {
+		opts.CollapseAt = 1
 	}
 	if opts.FallbackAttempts == 0 {
 		opts.FallbackAttempts = 5

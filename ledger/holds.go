@@ -431,3 +431,18 @@ func (l *Ledger) ProgramCap(ctx context.Context, program string) (int64, error) 
 func (l *Ledger) ProgramUnits(ctx context.Context, program, buyer string) (int64, error) {
 	return l.BuyerUnits(ctx, stock.SKU{Program: program, Ticket: ""}, buyer)
 }
+
+// SetShards changes only a SKU's Redis shard count (the gate collapsing a
+// sale's tail onto fewer shards). Like any change Redis must follow, it
+// marks the gate stale.
+func (l *Ledger) SetShards(ctx context.Context, sku stock.SKU, n int) error {
+	if n < 1 || n > stock.MaxShards {
+		return fmt.Errorf("%w: shards %d", stock.ErrInvalid, n)
+	}
+	_, err := l.db.ExecContext(ctx, `UPDATE skus SET shards = $3, version = version + 1, bypass_seq = bypass_seq + 1,
+		updated_at = $4 WHERE program = $1 AND ticket = $2`, sku.Program, sku.Ticket, n, l.now().UnixMilli())
+	if err != nil {
+		return fmt.Errorf("ledger: set shards: %w", err)
+	}
+	return nil
+}

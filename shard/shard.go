@@ -149,6 +149,10 @@ type Deduction struct {
 	Replayed bool
 	// Probes is how many shard scripts the call ran.
 	Probes int
+	// Left is, on stock.ErrSoldOut, the units the call saw across the
+	// shards (shards known to be empty count 0): 0 means the SKU is empty,
+	// more means there is stock, just not enough for this quantity.
+	Left int64
 }
 
 // Start is the shard a request id begins at. It depends on the id alone, so
@@ -205,16 +209,14 @@ func (s *Store) Deduct(ctx context.Context, r Request) (Deduction, error) {
 			}
 		}
 	}
-	if r.Quantity == 1 {
-		return d, stock.ErrSoldOut
-	}
 	var sum int64
 	for _, v := range seen {
 		if v > 0 {
 			sum += v
 		}
 	}
-	if sum < r.Quantity {
+	if r.Quantity == 1 || sum < r.Quantity {
+		d.Left = sum
 		return d, stock.ErrSoldOut
 	}
 	return s.assemble(ctx, r, d, seen)
@@ -268,7 +270,7 @@ func (s *Store) assemble(ctx context.Context, r Request, d Deduction, seen []int
 		if err := s.Restore(ctx, r.SKU, r.RequestID, fresh); err != nil {
 			return d, fmt.Errorf("give back partial take: %w", err)
 		}
-		return Deduction{Probes: d.Probes}, stock.ErrSoldOut
+		return Deduction{Probes: d.Probes, Left: have}, stock.ErrSoldOut
 	}
 	if len(fresh) == 0 {
 		d.Replayed = true

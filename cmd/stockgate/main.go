@@ -73,6 +73,7 @@ type config struct {
 	FenceSettle         time.Duration
 	DriftEvery          time.Duration
 	SweepEvery          time.Duration
+	CollapseAt          int64
 }
 
 func flags(fs *flag.FlagSet, c *config) {
@@ -109,6 +110,7 @@ func flags(fs *flag.FlagSet, c *config) {
 	fs.DurationVar(&c.ReseedWait, "reseed-wait", time.Second, "how long a purchase waits for another replica's re-seed of its SKU")
 	fs.DurationVar(&c.FenceSettle, "fence-settle", 100*time.Millisecond, "pause between closing a SKU's gate and reading the ledger to rebuild it")
 	fs.DurationVar(&c.DriftEvery, "drift-every", 30*time.Second, "period of the Redis-vs-ledger drift check")
+	fs.Int64Var(&c.CollapseAt, "collapse-at", 1, "units left per shard at which a sharded SKU's tail collapses onto one shard (negative: never)")
 	fs.DurationVar(&c.SweepEvery, "sweep-every", time.Second, "period of the hold-expiry sweeper (bounds how late an expired hold's stock comes back)")
 }
 
@@ -163,6 +165,8 @@ func (c config) validate() error {
 		return bad("fallback-concurrency", "must be at least 1")
 	case c.FallbackAttempts < 1:
 		return bad("fallback-attempts", "must be at least 1")
+	case c.CollapseAt == 0:
+		return bad("collapse-at", "must be at least 1, or negative to turn collapsing off")
 	case c.LockTTL < time.Second:
 		return bad("lock-ttl", "must be at least 1s")
 	}
@@ -267,7 +271,7 @@ func serve(ctx context.Context, c config, log *slog.Logger) error {
 		},
 		FallbackConcurrency: c.FallbackConcurrency, FallbackAttempts: c.FallbackAttempts,
 		FallbackBackoff: c.FallbackBackoff, ReseedWait: c.ReseedWait, FenceSettle: c.FenceSettle,
-		DriftEvery: c.DriftEvery, SweepEvery: c.SweepEvery,
+		DriftEvery: c.DriftEvery, SweepEvery: c.SweepEvery, CollapseAt: c.CollapseAt,
 	})
 	if err != nil {
 		return err

@@ -38,6 +38,7 @@ func TestBadConfigExits2NamingTheVariable(t *testing.T) {
 		{"STOCKGATE_FENCE_SETTLE", "0s"},
 		{"STOCKGATE_DRIFT_EVERY", "0s"},
 		{"STOCKGATE_SWEEP_EVERY", "0s"},
+		{"STOCKGATE_COLLAPSE_AT", "0"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.env, func(t *testing.T) {

@@ -10,9 +10,11 @@ require (
 	github.com/maypok86/otter/v2 v2.4.0
 	github.com/peterbourgon/ff/v3 v3.4.0
 	github.com/prometheus/client_golang v1.25.0
+	github.com/redis/go-redis/extra/redisprometheus/v9 v9.7.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/sony/gobreaker/v2 v2.4.0
 	golang.org/x/sync v0.24.0
+	golang.org/x/time v0.16.0
 	modernc.org/sqlite v1.61.1
 )
 

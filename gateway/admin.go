@@ -112,18 +112,18 @@ func (s *Server) putSKU(c *gin.Context) {
 		writeProblem(c, http.StatusConflict, "total-below-committed", putErr.Error(), 0)
 		return
 	case putErr != nil:
-		s.log.Error("put sku", "sku", sku.String(), "err", putErr)
+		s.log.ErrorContext(ctx, "put sku", "sku", sku.String(), "err", putErr)
 		writeProblem(c, http.StatusServiceUnavailable, "unavailable", "ledger unavailable", 1)
 		return
 	case st.Program == "":
 		// The change never ran: the gate could not be closed.
-		s.log.Error("put sku: gate not closed", "sku", sku.String(), "err", err)
+		s.log.ErrorContext(ctx, "put sku: gate not closed", "sku", sku.String(), "err", err)
 		writeProblem(c, http.StatusServiceUnavailable, "unavailable", "could not close the gate for the change; nothing changed", 1)
 		return
 	case err != nil:
 		// The ledger changed and marked the gate stale; the next purchase or
 		// drift check rebuilds it.
-		s.log.Error("re-seed after put sku", "sku", sku.String(), "err", err)
+		s.log.ErrorContext(ctx, "re-seed after put sku", "sku", sku.String(), "err", err)
 		writeProblem(c, http.StatusServiceUnavailable, "unavailable",
 			"ledger updated but Redis not rebuilt yet; it will be rebuilt before it serves this SKU", 1)
 		return

@@ -40,7 +40,7 @@ func (s *Server) takeDirect(ctx context.Context, w want, st ledger.SKUState) ans
 		}
 		fresh, err := s.ledger.SKU(ctx, w.sku)
 		if err != nil {
-			s.log.Error("fallback read sku", "sku", w.sku.String(), "err", err)
+			s.log.ErrorContext(ctx, "fallback read sku", "sku", w.sku.String(), "err", err)
 			return s.counted(pathLedger, ansUnavailable)
 		}
 		if fresh.Remaining() < w.q {
@@ -65,11 +65,11 @@ func (s *Server) takeDirect(ctx context.Context, w want, st ledger.SKUState) ans
 		case errors.Is(err, stock.ErrSaleEnded):
 			return s.directRefused(ctx, w, ansSaleEnded, false)
 		case errors.Is(err, ledger.ErrNotCommitted):
-			s.log.Error("fallback commit", "sku", w.sku.String(), "err", err)
+			s.log.ErrorContext(ctx, "fallback commit", "sku", w.sku.String(), "err", err)
 			return s.counted(pathLedger, ansUnavailable)
 		}
 		// COMMIT failed: it may have landed. The key's row tells.
-		s.log.Error("fallback commit", "sku", w.sku.String(), "err", err)
+		s.log.ErrorContext(ctx, "fallback commit", "sku", w.sku.String(), "err", err)
 		if prev, lerr := s.lookup(ctx, w); lerr == nil {
 			return w.replay(prev)
 		}

@@ -54,7 +54,7 @@ func (s *Server) deduct(ctx context.Context, req shard.Request) (shard.Deduction
 			reason = reasonFenced
 		}
 		if rerr := s.reseed(ctx, req.SKU, reason, false); rerr != nil {
-			s.log.Warn("gate closed and not rebuilt", "sku", req.SKU.String(), "err", rerr)
+			s.log.WarnContext(ctx, "gate closed and not rebuilt", "sku", req.SKU.String(), "err", rerr)
 			return d, err
 		}
 		// The rebuild may have changed the layout (a resize): these shards
@@ -72,6 +72,6 @@ func (s *Server) giveBack(ctx context.Context, sku stock.SKU, key string, parts 
 	if err != nil {
 		// The units stay taken in Redis; the ledger is unaffected, and the
 		// drift check or the next re-seed gives them back.
-		s.log.Error("restore after refused commit", "sku", sku.String(), "err", err)
+		s.log.ErrorContext(ctx, "restore after refused commit", "sku", sku.String(), "err", err)
 	}
 }

@@ -18,6 +18,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/extra/redisprometheus/v9"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stockgate/stockgate/cache"
@@ -83,7 +85,14 @@ func startEnv(t *testing.T, o envOptions) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { led.Close() })
-	mem, err := cache.New(cache.Options{})
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		redisprometheus.NewCollector("stockgate", "redis", rdb))
+	cacheMetrics, err := cache.NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem, err := cache.New(cache.Options{Stats: cacheMetrics.Recorder("flags")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,8 +104,7 @@ func startEnv(t *testing.T, o envOptions) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg := prometheus.NewRegistry()
-	opts := gateway.Options{Gate: gate, Ledger: led, Cache: mem, Locker: locker, Registry: reg,
+	opts := gateway.Options{Gate: gate, Ledger: led, Cache: mem, Locker: locker, Registry: reg, CacheMetrics: cacheMetrics,
 		Logger: testLogger(t), FenceSettle: 10 * time.Millisecond, DriftEvery: 200 * time.Millisecond}
 	if o.tune != nil {
 		o.tune(&opts)

@@ -143,7 +143,7 @@ func (s *Server) confirmHold(c *gin.Context) {
 			}
 			return ansHoldExpired
 		}
-		return s.ownerError(err, ansNoHold)
+		return s.ownerError(ctx, err, ansNoHold)
 	})
 }
 
@@ -152,7 +152,7 @@ func (s *Server) cancelHold(c *gin.Context) {
 	s.ownerAction(c, "cancel", func(ctx context.Context, id, buyer string) answer {
 		h, changed, err := s.ledger.Cancel(ctx, id, buyer)
 		if err != nil {
-			return s.ownerError(err, ansNoHold)
+			return s.ownerError(ctx, err, ansNoHold)
 		}
 		if changed {
 			s.returnToRedis(ctx, h.RestoreOf())
@@ -167,7 +167,7 @@ func (s *Server) refundOrder(c *gin.Context) {
 	s.ownerAction(c, "refund", func(ctx context.Context, id, buyer string) answer {
 		o, changed, err := s.ledger.Refund(ctx, id, buyer)
 		if err != nil {
-			return s.ownerError(err, ansNoOrder)
+			return s.ownerError(ctx, err, ansNoOrder)
 		}
 		if changed {
 			s.returnToRedis(ctx, o.RestoreOf())
@@ -176,14 +176,14 @@ func (s *Server) refundOrder(c *gin.Context) {
 	})
 }
 
-func (s *Server) ownerError(err error, notFound answer) answer {
+func (s *Server) ownerError(ctx context.Context, err error, notFound answer) answer {
 	switch {
 	case errors.Is(err, ledger.ErrNotFound):
 		return notFound
 	case errors.Is(err, ledger.ErrNotOwner):
 		return ansNotOwner
 	}
-	s.log.Error("hold or order action", "err", err)
+	s.log.ErrorContext(ctx, "hold or order action", "err", err)
 	return ansUnavailable
 }
 
@@ -264,7 +264,7 @@ func (s *Server) releaseQuota(ctx context.Context, scopes []stock.SKU, buyer, ke
 		if err := s.redis(ctx, func(ctx context.Context) error {
 			return s.gate.ReleaseQuota(ctx, scope, buyer, key)
 		}); err != nil {
-			s.log.Warn("release quota", "scope", scope.String(), "err", err)
+			s.log.WarnContext(ctx, "release quota", "scope", scope.String(), "err", err)
 		}
 	}
 }
@@ -324,7 +324,7 @@ func (s *Server) putProgram(c *gin.Context) {
 		return
 	}
 	if err := s.ledger.PutProgram(c.Request.Context(), program, *body.PerBuyer); err != nil {
-		s.log.Error("put program", "program", program, "err", err)
+		s.log.ErrorContext(c.Request.Context(), "put program", "program", program, "err", err)
 		writeProblem(c, http.StatusServiceUnavailable, "unavailable", "ledger unavailable", 1)
 		return
 	}
@@ -340,7 +340,7 @@ func (s *Server) returnToRedis(ctx context.Context, r ledger.Restore) {
 	if r.Gate != "" {
 		var parts []shard.Part
 		if err := json.Unmarshal([]byte(r.Gate), &parts); err != nil {
-			s.log.Error("restore: bad gate record", "kind", r.Kind, "id", r.ID, "err", err)
+			s.log.ErrorContext(ctx, "restore: bad gate record", "kind", r.Kind, "id", r.ID, "err", err)
 			return
 		}
 		err := s.redis(ctx, func(ctx context.Context) error {
@@ -353,13 +353,13 @@ func (s *Server) returnToRedis(ctx context.Context, r ledger.Restore) {
 			return s.gate.ReleaseQuota(ctx, stock.SKU{Program: r.SKU.Program}, r.Buyer, r.RequestID)
 		})
 		if err != nil {
-			s.log.Warn("restore to redis; a sweeper will retry", "kind", r.Kind, "id", r.ID, "err", err)
+			s.log.WarnContext(ctx, "restore to redis; a sweeper will retry", "kind", r.Kind, "id", r.ID, "err", err)
 			return
 		}
 		s.cache.ClearSoldOut(r.SKU)
 	}
 	if err := s.ledger.RestoreDone(ctx, r.Kind, r.ID); err != nil {
-		s.log.Warn("mark restore done; a sweeper will repeat it", "kind", r.Kind, "id", r.ID, "err", err)
+		s.log.WarnContext(ctx, "mark restore done; a sweeper will repeat it", "kind", r.Kind, "id", r.ID, "err", err)
 	}
 }
 
@@ -384,7 +384,7 @@ func (s *Server) sweep(ctx context.Context) {
 	for {
 		done, err := s.ledger.ExpireDue(ctx, 200)
 		if err != nil {
-			s.log.Warn("expire holds", "err", err)
+			s.log.WarnContext(ctx, "expire holds", "err", err)
 		}
 		s.metrics.expired.Add(float64(len(done)))
 		for _, h := range done {
@@ -397,7 +397,7 @@ func (s *Server) sweep(ctx context.Context) {
 	// Work left by a gateway that died between the ledger and Redis halves.
 	pending, err := s.ledger.PendingRestores(ctx, s.opts.RestoreGrace, 200)
 	if err != nil {
-		s.log.Warn("pending restores", "err", err)
+		s.log.WarnContext(ctx, "pending restores", "err", err)
 		return
 	}
 	for _, r := range pending {
@@ -426,12 +426,12 @@ func (s *Server) endSale(c *gin.Context) {
 	s.settings.Invalidate(sku)
 	s.stock.Invalidate(sku)
 	if st.Program == "" {
-		s.log.Error("end sale", "sku", sku.String(), "err", err)
+		s.log.ErrorContext(ctx, "end sale", "sku", sku.String(), "err", err)
 		writeProblem(c, http.StatusServiceUnavailable, "unavailable", "could not end the sale; repeat the request", 1)
 		return
 	}
 	if err != nil {
-		s.log.Error("end sale: gate not rebuilt", "sku", sku.String(), "err", err)
+		s.log.ErrorContext(ctx, "end sale: gate not rebuilt", "sku", sku.String(), "err", err)
 	}
 	c.JSON(http.StatusOK, skuViewOf(st))
 }

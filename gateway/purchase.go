@@ -125,11 +125,11 @@ func (s *Server) write(c *gin.Context, a answer) {
 		c.JSON(a.status, viewOf(a.order))
 	case a.status >= 400:
 		if a.status >= 500 {
-			s.log.Warn("purchase failed", "route", c.FullPath(), "status", a.status, "detail", a.detail)
+			s.log.WarnContext(c.Request.Context(), "purchase failed", "route", c.FullPath(), "status", a.status, "detail", a.detail)
 		}
 		writeProblem(c, a.status, a.kind, a.detail, a.retryAfter)
 	default:
-		s.log.Error("purchase produced no answer", "route", c.FullPath())
+		s.log.ErrorContext(c.Request.Context(), "purchase produced no answer", "route", c.FullPath())
 		writeProblem(c, http.StatusInternalServerError, "internal", "internal error", 0)
 	}
 }
@@ -212,7 +212,7 @@ func (s *Server) take(ctx context.Context, w want) answer {
 	case errors.Is(err, stock.ErrUnknownSKU):
 		return ansUnknownSKU
 	case err != nil:
-		s.log.Error("load sku settings", "sku", w.sku.String(), "err", err)
+		s.log.ErrorContext(ctx, "load sku settings", "sku", w.sku.String(), "err", err)
 		return ansUnavailable
 	}
 	if w.q > st.MaxPerOrder {
@@ -246,7 +246,7 @@ func (s *Server) take(ctx context.Context, w want) answer {
 	case qerr != nil && notRun(qerr):
 		return s.takeDirect(ctx, w, st)
 	case qerr != nil:
-		s.log.Error("quota", "sku", w.sku.String(), "err", qerr)
+		s.log.ErrorContext(ctx, "quota", "sku", w.sku.String(), "err", qerr)
 		return s.counted(pathGate, ansUnavailable)
 	}
 	req := shard.Request{SKU: w.sku, Shards: st.Shards, RequestID: w.key, Quantity: w.q, MaxQuantity: st.MaxPerOrder}
@@ -255,7 +255,7 @@ func (s *Server) take(ctx context.Context, w want) answer {
 		// The outcome is unknown: the script may have run and its reply been
 		// lost. Ask again with the same request id: its deduction record
 		// answers for the first attempt, so stock moves at most once.
-		s.log.Warn("deduct outcome unknown; asking again", "sku", w.sku.String(), "err", err)
+		s.log.WarnContext(ctx, "deduct outcome unknown; asking again", "sku", w.sku.String(), "err", err)
 		d, err = s.deduct(ctx, req)
 	}
 	if d.Probes > 0 {
@@ -277,7 +277,7 @@ func (s *Server) take(ctx context.Context, w want) answer {
 	case err != nil:
 		// Still unknown: never take it again by the other path. The client's
 		// retry with the same key meets the deduction record.
-		s.log.Error("deduct", "sku", w.sku.String(), "err", err)
+		s.log.ErrorContext(ctx, "deduct", "sku", w.sku.String(), "err", err)
 		return s.counted(pathGate, ansUnavailable)
 	}
 
@@ -290,7 +290,7 @@ func (s *Server) take(ctx context.Context, w want) answer {
 		case err == nil:
 			return w.replay(prev)
 		case !errors.Is(err, ledger.ErrNotFound):
-			s.log.Error("lookup by key", "err", err)
+			s.log.ErrorContext(ctx, "lookup by key", "err", err)
 			return s.counted(pathGate, ansUnavailable)
 		}
 	}
@@ -326,14 +326,14 @@ func (s *Server) take(ctx context.Context, w want) answer {
 		giveBack()
 		return s.counted(pathGate, ansSaleEnded)
 	case errors.Is(err, ledger.ErrNotCommitted):
-		s.log.Error("ledger commit", "sku", w.sku.String(), "err", err)
+		s.log.ErrorContext(ctx, "ledger commit", "sku", w.sku.String(), "err", err)
 		giveBack()
 		return s.counted(pathGate, ansUnavailable)
 	}
 	// COMMIT failed and may have landed. Look before giving the stock back:
 	// restoring stock that was in fact sold would let Redis admit a buyer
 	// the ledger must refuse.
-	s.log.Error("ledger commit", "sku", w.sku.String(), "err", err)
+	s.log.ErrorContext(ctx, "ledger commit", "sku", w.sku.String(), "err", err)
 	if prev, lerr := s.lookup(ctx, w); lerr == nil {
 		return w.replay(prev)
 	} else if errors.Is(lerr, ledger.ErrNotFound) {

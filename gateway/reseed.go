@@ -85,7 +85,7 @@ func (s *Server) rebuildWith(ctx context.Context, sku stock.SKU, reason string, 
 	}
 	defer func() {
 		if err := lease.Release(context.WithoutCancel(ctx)); err != nil {
-			s.log.Warn("release re-seed lock", "sku", sku.String(), "err", err)
+			s.log.WarnContext(ctx, "release re-seed lock", "sku", sku.String(), "err", err)
 		}
 	}()
 	// Stop if the lock is lost: another replica may be rebuilding now.
@@ -127,7 +127,7 @@ func (s *Server) rebuildWith(ctx context.Context, sku stock.SKU, reason string, 
 		if err := change(ctx); err != nil {
 			// Nothing changed in the ledger: reopen as it was.
 			if ferr := s.gate.Fence(ctx, sku, st.Shards, false); ferr != nil {
-				s.log.Warn("reopen after refused change", "sku", sku.String(), "err", ferr)
+				s.log.WarnContext(ctx, "reopen after refused change", "sku", sku.String(), "err", ferr)
 			}
 			return r, err
 		}
@@ -175,7 +175,7 @@ func (s *Server) rebuildWith(ctx context.Context, sku stock.SKU, reason string, 
 	}
 	s.metrics.reseeds.WithLabelValues(reason).Inc()
 	r.Ledger, r.Shards, r.Rebuilt = left, fresh.Shards, true
-	s.log.Info("re-seeded", "sku", sku.String(), "reason", reason, "redis_before", r.RedisBefore,
+	s.log.InfoContext(ctx, "re-seeded", "sku", sku.String(), "reason", reason, "redis_before", r.RedisBefore,
 		"ledger_remaining", r.Ledger, "shards", r.Shards)
 	return r, nil
 }
@@ -207,7 +207,7 @@ func (s *Server) reconcile(c *gin.Context) {
 		writeProblem(c, http.StatusConflict, "reseed-in-progress",
 			"another gateway is rebuilding this SKU's stock right now", 1)
 	default:
-		s.log.Error("reconcile", "sku", sku.String(), "err", err)
+		s.log.ErrorContext(ctx, "reconcile", "sku", sku.String(), "err", err)
 		writeProblem(c, http.StatusServiceUnavailable, "unavailable", "reconcile failed: "+err.Error(), 1)
 	}
 }
@@ -246,7 +246,7 @@ func (s *Server) checkDrift(ctx context.Context, prev map[stock.SKU]driftSeen) m
 	for {
 		page, err := s.ledger.SKUs(ctx, after, driftPage)
 		if err != nil {
-			s.log.Warn("drift check", "err", err)
+			s.log.WarnContext(ctx, "drift check", "err", err)
 			return prev
 		}
 		for _, st := range page {
@@ -264,7 +264,7 @@ func (s *Server) checkDrift(ctx context.Context, prev map[stock.SKU]driftSeen) m
 			skus++
 			if p, ok := prev[st.SKU]; ok && p == d {
 				if err := s.reseed(ctx, st.SKU, reasonDrift, true); err != nil {
-					s.log.Warn("drift repair", "sku", st.SKU.String(), "err", err)
+					s.log.WarnContext(ctx, "drift repair", "sku", st.SKU.String(), "err", err)
 					next[st.SKU] = d
 					continue
 				}
@@ -306,7 +306,7 @@ func (s *Server) driftOf(ctx context.Context, st ledger.SKUState) (driftSeen, bo
 			reason = reasonNotSeeded
 		}
 		if err := s.reseed(ctx, st.SKU, reason, false); err != nil && !errors.Is(err, lock.ErrBusy) {
-			s.log.Warn("drift check re-seed", "sku", st.SKU.String(), "err", err)
+			s.log.WarnContext(ctx, "drift check re-seed", "sku", st.SKU.String(), "err", err)
 		}
 		return driftSeen{}, false
 	}
@@ -325,7 +325,7 @@ func (s *Server) collapse(ctx context.Context, st ledger.SKUState) bool {
 		return false
 	}
 	if _, err := s.Collapse(ctx, st.SKU); err != nil && !errors.Is(err, lock.ErrBusy) {
-		s.log.Warn("collapse tail", "sku", st.SKU.String(), "err", err)
+		s.log.WarnContext(ctx, "collapse tail", "sku", st.SKU.String(), "err", err)
 	}
 	return true
 }

@@ -101,6 +101,19 @@ type Options struct {
 	FenceSettle time.Duration
 	// DriftEvery is the period of the drift check RunDrift runs. Default 30s.
 	DriftEvery time.Duration
+	// TrustedProxies are the addresses or CIDRs whose X-Forwarded-For is
+	// believed when telling clients apart; empty trusts none, so the client
+	// is the TCP peer and the header cannot be spoofed.
+	TrustedProxies []string
+	// RatePerClient and RateBurst limit each client (by address) to a token
+	// bucket; beyond it, 429 with Retry-After. 0 turns limiting off.
+	RatePerClient float64
+	RateBurst     int
+	// SlowRequest is the latency above which a request is logged. Default 1s.
+	SlowRequest time.Duration
+	// CacheMetrics receives the local caches' hit and miss counts; the same
+	// one main gave the Cache. Default: new metrics on Registry.
+	CacheMetrics *cache.Metrics
 	// CollapseAt: when a SKU spread over several shards has this many units
 	// left per shard or fewer, the drift check collapses it onto one shard
 	// (a fenced resize), so the last units sit together. Default 1;
@@ -138,6 +151,8 @@ type Server struct {
 	locker   *lock.Locker
 	breaker  *breaker.Breaker
 	metrics  *metrics
+	http     *httpMetrics
+	limiter  *limiter
 	fallback chan struct{} // semaphore of ledger-direct purchases
 	reseeds  singleflight.Group
 	log      *slog.Logger
@@ -159,6 +174,7 @@ func New(opts Options) (*Server, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	opts.Logger = slog.New(logHandler{opts.Logger.Handler()})
 	if opts.MaxBodyBytes == 0 {
 		opts.MaxBodyBytes = 4 << 10
 	}
@@ -180,6 +196,7 @@ func New(opts Options) (*Server, error) {
 	setDefault(&opts.FenceSettle, 100*time.Millisecond)
 	setDefault(&opts.DriftEvery, 30*time.Second)
 	setDefault(&opts.SweepEvery, time.Second)
+	setDefault(&opts.SlowRequest, time.Second)
 	setDefault(&opts.RestoreGrace, 5*time.Second)
 	if opts.FallbackConcurrency == 0 {
 		opts.FallbackConcurrency = 16
@@ -199,6 +216,8 @@ func New(opts Options) (*Server, error) {
 		opts.FallbackBackoff < 0 || opts.ReseedWait < 0 || opts.FenceSettle < 0 || opts.DriftEvery < 0 ||
 		opts.SweepEvery < 0 || opts.RestoreGrace < 0:
 		return nil, errors.New("gateway: negative duration")
+	case opts.RatePerClient < 0 || opts.RateBurst < 0 || (opts.RatePerClient > 0 && opts.RateBurst < 1):
+		return nil, errors.New("gateway: RatePerClient and RateBurst must be positive together, or RatePerClient 0")
 	case opts.FallbackConcurrency < 1 || opts.FallbackAttempts < 1:
 		return nil, errors.New("gateway: FallbackConcurrency and FallbackAttempts must be at least 1")
 	}
@@ -207,6 +226,17 @@ func New(opts Options) (*Server, error) {
 	var err error
 	if s.metrics, err = newMetrics(opts.Registry); err != nil {
 		return nil, fmt.Errorf("gateway: metrics: %w", err)
+	}
+	if s.http, err = newHTTPMetrics(opts.Registry); err != nil {
+		return nil, fmt.Errorf("gateway: metrics: %w", err)
+	}
+	if opts.CacheMetrics == nil {
+		if opts.CacheMetrics, err = cache.NewMetrics(opts.Registry); err != nil {
+			return nil, fmt.Errorf("gateway: metrics: %w", err)
+		}
+	}
+	if s.limiter, err = newLimiter(opts.RatePerClient, opts.RateBurst); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	bo := opts.Breaker
 	bo.IsOutcome = isOutcome
@@ -217,21 +247,23 @@ func New(opts Options) (*Server, error) {
 	if s.breaker, err = breaker.New(bo); err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
-	s.settings, err = cache.NewLoading(opts.SettingsTTL, 100_000, nil, s.ledger.SKU)
+	s.settings, err = cache.NewLoading(opts.SettingsTTL, 100_000, opts.CacheMetrics.Recorder("settings"), s.ledger.SKU)
 	if err != nil {
 		return nil, err
 	}
-	s.programs, err = cache.NewLoading(opts.SettingsTTL, 100_000, nil, func(ctx context.Context, p stock.SKU) (int64, error) {
+	s.programs, err = cache.NewLoading(opts.SettingsTTL, 100_000, opts.CacheMetrics.Recorder("programs"), func(ctx context.Context, p stock.SKU) (int64, error) {
 		return s.ledger.ProgramCap(ctx, p.Program)
 	})
 	if err != nil {
 		return nil, err
 	}
-	s.stock, err = cache.NewLoading(opts.StockTTL, 100_000, nil, s.loadStock)
+	s.stock, err = cache.NewLoading(opts.StockTTL, 100_000, opts.CacheMetrics.Recorder("stock"), s.loadStock)
 	if err != nil {
 		return nil, err
 	}
-	s.engine = s.routes()
+	if s.engine, err = s.routes(); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -250,10 +282,13 @@ func (s *Server) BreakerState() breaker.State { return s.breaker.State() }
 // SetReady flips /readyz: true once warmed up, false when draining.
 func (s *Server) SetReady(ready bool) { s.ready.Store(ready) }
 
-func (s *Server) routes() *gin.Engine {
+func (s *Server) routes() (*gin.Engine, error) {
 	gin.SetMode(gin.ReleaseMode)
 	e := gin.New()
-	e.Use(s.recoverer)
+	if err := e.SetTrustedProxies(s.opts.TrustedProxies); err != nil {
+		return nil, fmt.Errorf("gateway: trusted proxies: %w", err)
+	}
+	e.Use(s.observe, s.recoverer, s.limit)
 	e.HandleMethodNotAllowed = true
 	e.NoRoute(func(c *gin.Context) { writeProblem(c, http.StatusNotFound, "not-found", "no such route", 0) })
 	e.NoMethod(func(c *gin.Context) {
@@ -287,7 +322,7 @@ func (s *Server) routes() *gin.Engine {
 	admin.POST("/skus/:program/:ticket/reconcile", s.reconcile)
 	admin.POST("/skus/:program/:ticket/end", s.endSale)
 	admin.PUT("/programs/:program", s.putProgram)
-	return e
+	return e, nil
 }
 
 // recoverer turns a panic into a 500 problem and a log line; a panic is a
@@ -295,7 +330,7 @@ func (s *Server) routes() *gin.Engine {
 func (s *Server) recoverer(c *gin.Context) {
 	defer func() {
 		if r := recover(); r != nil {
-			s.log.Error("panic in handler", "route", c.FullPath(), "panic", fmt.Sprint(r))
+			s.log.ErrorContext(c.Request.Context(), "panic in handler", "route", c.FullPath(), "panic", fmt.Sprint(r))
 			writeProblem(c, http.StatusInternalServerError, "internal", "internal error", 0)
 		}
 	}()

@@ -23,6 +23,7 @@ import (
 	"github.com/peterbourgon/ff/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/extra/redisprometheus/v9"
 
 	"github.com/stockgate/stockgate/breaker"
 	"github.com/stockgate/stockgate/cache"
@@ -74,6 +75,11 @@ type config struct {
 	DriftEvery          time.Duration
 	SweepEvery          time.Duration
 	CollapseAt          int64
+	TrustedProxies      string
+	RatePerClient       float64
+	RateBurst           int
+	SlowRequest         time.Duration
+	DrainDelay          time.Duration
 }
 
 func flags(fs *flag.FlagSet, c *config) {
@@ -110,6 +116,11 @@ func flags(fs *flag.FlagSet, c *config) {
 	fs.DurationVar(&c.ReseedWait, "reseed-wait", time.Second, "how long a purchase waits for another replica's re-seed of its SKU")
 	fs.DurationVar(&c.FenceSettle, "fence-settle", 100*time.Millisecond, "pause between closing a SKU's gate and reading the ledger to rebuild it")
 	fs.DurationVar(&c.DriftEvery, "drift-every", 30*time.Second, "period of the Redis-vs-ledger drift check")
+	fs.StringVar(&c.TrustedProxies, "trusted-proxies", "", "comma-separated addresses or CIDRs whose X-Forwarded-For is believed (empty: none)")
+	fs.Float64Var(&c.RatePerClient, "rate-per-client", 0, "requests per second one client address may send (0: no limit; behind a proxy set trusted-proxies first, or every client looks like the proxy)")
+	fs.IntVar(&c.RateBurst, "rate-burst", 100, "burst above rate-per-client a client may send")
+	fs.DurationVar(&c.SlowRequest, "slow-request", time.Second, "latency above which a request is logged")
+	fs.DurationVar(&c.DrainDelay, "drain-delay", 0, "on SIGTERM, time /readyz fails while requests are still served, before connections close (Kubernetes' preStop sleep does this too)")
 	fs.Int64Var(&c.CollapseAt, "collapse-at", 1, "units left per shard at which a sharded SKU's tail collapses onto one shard (negative: never)")
 	fs.DurationVar(&c.SweepEvery, "sweep-every", time.Second, "period of the hold-expiry sweeper (bounds how late an expired hold's stock comes back)")
 }
@@ -165,10 +176,23 @@ func (c config) validate() error {
 		return bad("fallback-concurrency", "must be at least 1")
 	case c.FallbackAttempts < 1:
 		return bad("fallback-attempts", "must be at least 1")
+	case c.RatePerClient < 0:
+		return bad("rate-per-client", "must be >= 0")
+	case c.RatePerClient > 0 && c.RateBurst < 1:
+		return bad("rate-burst", "must be at least 1")
+	case c.SlowRequest <= 0:
+		return bad("slow-request", "must be a positive duration")
+	case c.DrainDelay < 0 || c.DrainDelay >= c.ShutdownGrace:
+		return bad("drain-delay", "must be >= 0 and below the shutdown grace")
 	case c.CollapseAt == 0:
 		return bad("collapse-at", "must be at least 1, or negative to turn collapsing off")
 	case c.LockTTL < time.Second:
 		return bad("lock-ttl", "must be at least 1s")
+	}
+	for _, p := range splitList(c.TrustedProxies) {
+		if _, _, err := net.ParseCIDR(p); err != nil && net.ParseIP(p) == nil {
+			return bad("trusted-proxies", fmt.Sprintf("%q is not an address or CIDR", p))
+		}
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(c.LogLevel)); err != nil {
@@ -247,7 +271,15 @@ func serve(ctx context.Context, c config, log *slog.Logger) error {
 	}
 	defer led.Close()
 
-	mem, err := cache.New(cache.Options{SoldOutTTL: c.SoldOutTTL, EmptyShardTTL: c.EmptyShardTTL})
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		redisprometheus.NewCollector("stockgate", "redis", rdb))
+	cacheMetrics, err := cache.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+	mem, err := cache.New(cache.Options{SoldOutTTL: c.SoldOutTTL, EmptyShardTTL: c.EmptyShardTTL,
+		Stats: cacheMetrics.Recorder("flags")})
 	if err != nil {
 		return err
 	}
@@ -259,10 +291,10 @@ func serve(ctx context.Context, c config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	srv, err := gateway.New(gateway.Options{
-		Gate: gate, Ledger: led, Cache: mem, Locker: locker, Logger: log, Registry: reg,
+		Gate: gate, Ledger: led, Cache: mem, Locker: locker, Logger: log, Registry: reg, CacheMetrics: cacheMetrics,
+		TrustedProxies: splitList(c.TrustedProxies), RatePerClient: c.RatePerClient, RateBurst: c.RateBurst,
+		SlowRequest: c.SlowRequest,
 		AdminToken: c.AdminToken, WorkTimeout: c.WorkTimeout, RedisTimeout: c.RedisTimeout,
 		Breaker: breaker.Options{
 			ConsecutiveFailures: uint32(c.BreakerFailures), FailureRatio: c.BreakerRatio,
@@ -301,8 +333,11 @@ func serve(ctx context.Context, c config, log *slog.Logger) error {
 	}
 	// Drain: fail readiness first so load balancers stop sending, then let
 	// in-flight requests finish within the grace period.
+	// Readiness fails first and the server keeps serving for DrainDelay, so
+	// load balancers stop sending before connections start to close.
 	srv.SetReady(false)
-	log.Info("draining", "grace", c.ShutdownGrace.String())
+	log.Info("draining", "delay", c.DrainDelay.String(), "grace", c.ShutdownGrace.String())
+	time.Sleep(c.DrainDelay)
 	sctx, scancel := context.WithTimeout(context.Background(), c.ShutdownGrace)
 	defer scancel()
 	if err := hs.Shutdown(sctx); err != nil {
@@ -313,4 +348,15 @@ func serve(ctx context.Context, c config, log *slog.Logger) error {
 	}
 	log.Info("stopped cleanly")
 	return nil
+}
+
+// splitList splits a comma-separated setting, dropping blanks.
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
 }

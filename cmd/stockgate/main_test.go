@@ -39,6 +39,11 @@ func TestBadConfigExits2NamingTheVariable(t *testing.T) {
 		{"STOCKGATE_DRIFT_EVERY", "0s"},
 		{"STOCKGATE_SWEEP_EVERY", "0s"},
 		{"STOCKGATE_COLLAPSE_AT", "0"},
+		{"STOCKGATE_TRUSTED_PROXIES", "10.0.0.0/8,nope"},
+		{"STOCKGATE_RATE_PER_CLIENT", "-1"},
+		{"STOCKGATE_RATE_BURST", "0"},
+		{"STOCKGATE_SLOW_REQUEST", "0s"},
+		{"STOCKGATE_DRAIN_DELAY", "1h"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.env, func(t *testing.T) {

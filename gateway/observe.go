@@ -1,0 +1,148 @@
+package gateway
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"log/slog"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/maypok86/otter/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
+
+	"github.com/stockgate/stockgate/keys"
+)
+
+type ctxKey struct{}
+
+// RequestID is the id of the request ctx belongs to ("" outside one).
+func RequestID(ctx context.Context) string {
+	id, _ := ctx.Value(ctxKey{}).(string)
+	return id
+}
+
+// logHandler adds the request id of the context to every record logged
+// with one (s.log.ErrorContext(ctx, ...)), so a 5xx can be traced.
+type logHandler struct{ slog.Handler }
+
+func (h logHandler) Handle(ctx context.Context, r slog.Record) error {
+	if id := RequestID(ctx); id != "" {
+		r.AddAttrs(slog.String("request_id", id))
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h logHandler) WithAttrs(as []slog.Attr) slog.Handler { return logHandler{h.Handler.WithAttrs(as)} }
+func (h logHandler) WithGroup(n string) slog.Handler       { return logHandler{h.Handler.WithGroup(n)} }
+
+// httpMetrics are the RED metrics, by route template (never by the ids in
+// the path).
+type httpMetrics struct {
+	requests *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+	limited  prometheus.Counter
+}
+
+func newHTTPMetrics(reg prometheus.Registerer) (*httpMetrics, error) {
+	m := &httpMetrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "stockgate_http_requests_total", Help: "HTTP requests by route template, method and status code.",
+		}, []string{"route", "method", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "stockgate_http_request_duration_seconds", Help: "HTTP request latency by route template and method.",
+			Buckets: []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5},
+		}, []string{"route", "method"}),
+		limited: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "stockgate_http_rate_limited_total", Help: "Requests refused with 429 because their client was over its rate.",
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.limited} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// observe gives every request an id (a valid X-Request-Id from the client
+// or a new one, echoed back), counts it, and logs it only when it failed
+// with a 5xx or was slow: a successful request on the hot path logs nothing.
+func (s *Server) observe(c *gin.Context) {
+	start := time.Now()
+	id := c.GetHeader("X-Request-Id")
+	if keys.CheckID(id) != nil {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		id = hex.EncodeToString(b[:])
+	}
+	c.Header("X-Request-Id", id)
+	c.Request = c.Request.WithContext(context.WithValue(c.Request.Context(), ctxKey{}, id))
+	c.Next()
+	route := c.FullPath()
+	if route == "" {
+		route = "unmatched"
+	}
+	took := time.Since(start)
+	status := c.Writer.Status()
+	s.http.requests.WithLabelValues(route, c.Request.Method, strconv.Itoa(status)).Inc()
+	s.http.duration.WithLabelValues(route, c.Request.Method).Observe(took.Seconds())
+	switch {
+	case status >= 500:
+		s.log.ErrorContext(c.Request.Context(), "request failed", "route", route, "method", c.Request.Method,
+			"status", status, "duration", took.String())
+	case took >= s.opts.SlowRequest:
+		s.log.WarnContext(c.Request.Context(), "slow request", "route", route, "method", c.Request.Method,
+			"status", status, "duration", took.String())
+	}
+}
+
+// limiter is the per-client rate limit: a token bucket per client address
+// (as gin's ClientIP sees it, which trusts X-Forwarded-For only from the
+// configured proxies), kept in a bounded cache that forgets idle clients.
+type limiter struct {
+	perSec  rate.Limit
+	burst   int
+	clients *otter.Cache[string, *rate.Limiter]
+}
+
+func newLimiter(perSec float64, burst int) (*limiter, error) {
+	if perSec <= 0 {
+		return nil, nil
+	}
+	c, err := otter.New(&otter.Options[string, *rate.Limiter]{
+		MaximumSize:      100_000,
+		ExpiryCalculator: otter.ExpiryAccessing[string, *rate.Limiter](time.Minute),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &limiter{perSec: rate.Limit(perSec), burst: burst, clients: c}, nil
+}
+
+// limit answers 429 with Retry-After to a client over its rate. Health
+// checks and metrics scrapes are not limited.
+func (s *Server) limit(c *gin.Context) {
+	if s.limiter == nil {
+		return
+	}
+	switch c.Request.URL.Path {
+	case "/livez", "/readyz", "/metrics":
+		return
+	}
+	l, _ := s.limiter.clients.Get(c.Request.Context(), c.ClientIP(), otter.LoaderFunc[string, *rate.Limiter](
+		func(context.Context, string) (*rate.Limiter, error) {
+			return rate.NewLimiter(s.limiter.perSec, s.limiter.burst), nil
+		}))
+	if l == nil || l.Allow() {
+		return
+	}
+	s.http.limited.Inc()
+	wait := int(math.Ceil(1 / float64(s.limiter.perSec)))
+	writeProblem(c, http.StatusTooManyRequests, "rate-limited", "too many requests from this client", max(wait, 1))
+	c.Abort()
+}

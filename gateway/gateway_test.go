@@ -80,12 +80,12 @@ func startEnv(t *testing.T, o envOptions) *env {
 			o.dsn = testenv.PostgresURL(t)
 		}
 	}
-	led, err := ledger.Open(ctx, ledger.Options{Driver: o.driver, DSN: o.dsn})
+	reg := prometheus.NewRegistry()
+	led, err := ledger.Open(ctx, ledger.Options{Driver: o.driver, DSN: o.dsn, Metrics: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { led.Close() })
-	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		redisprometheus.NewCollector("stockgate", "redis", rdb))
 	cacheMetrics, err := cache.NewMetrics(reg)

@@ -50,7 +50,8 @@ type Hold struct {
 // a purchase (stock, per-buyer cap, sale not ended). version >= 0 takes it
 // around the Redis gate with optimistic locking, as PurchaseDirect. It
 // returns ErrDuplicate with the hold already stored under the key.
-func (l *Ledger) Hold(ctx context.Context, h Hold, version int64) (Hold, error) {
+func (l *Ledger) Hold(ctx context.Context, h Hold, version int64) (_ Hold, err error) {
+	defer l.observe("hold", time.Now(), &err)
 	if h.Quantity < 1 || h.IdempotencyKey == "" || h.ExpiresAt.IsZero() {
 		return Hold{}, fmt.Errorf("%w: hold quantity %d key %q", stock.ErrInvalid, h.Quantity, h.IdempotencyKey)
 	}
@@ -126,7 +127,8 @@ func (l *Ledger) HoldByKey(ctx context.Context, key string) (Hold, error) {
 // same transaction as the hold's state change. A hold already confirmed
 // returns its order (a retry); one cancelled, expired, or past its expiry
 // returns ErrHoldEnded and sells nothing. buyer must be the hold's.
-func (l *Ledger) Confirm(ctx context.Context, holdID, buyer string) (Order, error) {
+func (l *Ledger) Confirm(ctx context.Context, holdID, buyer string) (_ Order, err error) {
+	defer l.observe("confirm", time.Now(), &err)
 	now := l.now().UTC().Truncate(time.Millisecond)
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -236,7 +238,8 @@ func (l *Ledger) ExpireDue(ctx context.Context, limit int) ([]Hold, error) {
 // endHold moves a live hold to state (cancelled or expired) and returns its
 // stock: held - q, the buyer's count - q, and restore_pending set when Redis
 // holds stock for it. dueOnly refuses holds whose expiry has not passed.
-func (l *Ledger) endHold(ctx context.Context, h Hold, state string, dueOnly bool) (Hold, bool, error) {
+func (l *Ledger) endHold(ctx context.Context, h Hold, state string, dueOnly bool) (_ Hold, _ bool, err error) {
+	defer l.observe(state, time.Now(), &err)
 	now := l.now().UTC().Truncate(time.Millisecond)
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -275,6 +278,7 @@ func (l *Ledger) endHold(ctx context.Context, h Hold, state string, dueOnly bool
 // - q, restore_pending set when Redis holds stock for it. changed is false
 // for an order already refunded: nothing moved. buyer must be the order's.
 func (l *Ledger) Refund(ctx context.Context, orderID, buyer string) (o Order, changed bool, err error) {
+	defer l.observe("refund", time.Now(), &err)
 	o, err = l.OrderByID(ctx, orderID)
 	if err != nil {
 		return o, false, err

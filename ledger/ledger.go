@@ -18,7 +18,8 @@ import (
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
-	_ "modernc.org/sqlite"             // registers the "sqlite" driver
+	"github.com/prometheus/client_golang/prometheus"
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
 
 	"github.com/stockgate/stockgate/stock"
 )
@@ -54,13 +55,17 @@ type Options struct {
 	MaxConns int
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
+	// Metrics receives commit counts and durations by operation. Optional.
+	Metrics prometheus.Registerer
 }
 
 // Ledger is an open ledger database.
 type Ledger struct {
-	db     *sql.DB
-	driver string
-	now    func() time.Time
+	db      *sql.DB
+	driver  string
+	now     func() time.Time
+	commits *prometheus.CounterVec
+	latency *prometheus.HistogramVec
 }
 
 // Open connects, creates the schema when missing, and returns the ledger.
@@ -99,7 +104,25 @@ func Open(ctx context.Context, opts Options) (*Ledger, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ledger: open: %w", err)
 	}
-	l := &Ledger{db: db, driver: opts.Driver, now: opts.Now}
+	l := &Ledger{db: db, driver: opts.Driver, now: opts.Now,
+		commits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "stockgate_ledger_writes_total",
+			Help: "Ledger write transactions by operation and result (ok, duplicate, refused, error). Each commits one order or hold: there is no group commit.",
+		}, []string{"op", "result"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "stockgate_ledger_write_duration_seconds",
+			Help:    "Ledger write transaction time by operation.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}, []string{"op"}),
+	}
+	if opts.Metrics != nil {
+		for _, c := range []prometheus.Collector{l.commits, l.latency} {
+			if err := opts.Metrics.Register(c); err != nil {
+				db.Close()
+				return nil, fmt.Errorf("ledger: metrics: %w", err)
+			}
+		}
+	}
 	if err := l.migrate(ctx); err != nil {
 		db.Close()
 		return nil, err
@@ -435,8 +458,27 @@ func (o Order) GateRequest() string {
 // conditional update sold + q where sold + held + q <= total, in one
 // transaction. It returns stock.ErrSoldOut when the ledger has not enough
 // left, or ErrDuplicate with the order already stored under the key.
-func (l *Ledger) Purchase(ctx context.Context, o Order) (Order, error) {
+func (l *Ledger) Purchase(ctx context.Context, o Order) (_ Order, err error) {
+	defer l.observe("purchase", time.Now(), &err)
 	return l.purchase(ctx, o, -1)
+}
+
+// observe counts one write and its time; deferred with the named error.
+func (l *Ledger) observe(op string, start time.Time, err *error) {
+	result := "ok"
+	switch e := *err; {
+	case e == nil:
+	case errors.Is(e, ErrDuplicate):
+		result = "duplicate"
+	case errors.Is(e, stock.ErrSoldOut), errors.Is(e, stock.ErrLimit), errors.Is(e, stock.ErrSaleEnded),
+		errors.Is(e, ErrConflict), errors.Is(e, ErrHoldEnded), errors.Is(e, ErrNotOwner), errors.Is(e, ErrNotFound),
+		errors.Is(e, stock.ErrUnknownSKU), errors.Is(e, stock.ErrInvalid):
+		result = "refused"
+	default:
+		result = "error"
+	}
+	l.commits.WithLabelValues(op, result).Inc()
+	l.latency.WithLabelValues(op).Observe(time.Since(start).Seconds())
 }
 
 // PurchaseDirect commits an order that bypassed the Redis gate (the breaker
@@ -444,7 +486,8 @@ func (l *Ledger) Purchase(ctx context.Context, o Order) (Order, error) {
 // row still has the version the caller read, and ErrConflict says it moved.
 // It also bumps bypass_seq, so Redis is re-seeded before it serves the SKU
 // again. Other outcomes are as for Purchase.
-func (l *Ledger) PurchaseDirect(ctx context.Context, o Order, version int64) (Order, error) {
+func (l *Ledger) PurchaseDirect(ctx context.Context, o Order, version int64) (_ Order, err error) {
+	defer l.observe("purchase_direct", time.Now(), &err)
 	if version < 0 {
 		return Order{}, fmt.Errorf("%w: version %d", stock.ErrInvalid, version)
 	}

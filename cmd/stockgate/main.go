@@ -263,17 +263,17 @@ func serve(ctx context.Context, c config, log *slog.Logger) error {
 	}
 	defer rdb.Close()
 
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		redisprometheus.NewCollector("stockgate", "redis", rdb))
 	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	led, err := ledger.Open(openCtx, ledger.Options{Driver: c.LedgerDriver, DSN: c.LedgerDSN, MaxConns: c.LedgerMaxConns})
+	led, err := ledger.Open(openCtx, ledger.Options{Driver: c.LedgerDriver, DSN: c.LedgerDSN, MaxConns: c.LedgerMaxConns, Metrics: reg})
 	if err != nil {
 		return err
 	}
 	defer led.Close()
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		redisprometheus.NewCollector("stockgate", "redis", rdb))
 	cacheMetrics, err := cache.NewMetrics(reg)
 	if err != nil {
 		return err

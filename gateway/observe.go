@@ -37,8 +37,10 @@ func (h logHandler) Handle(ctx context.Context, r slog.Record) error {
 	return h.Handler.Handle(ctx, r)
 }
 
-func (h logHandler) WithAttrs(as []slog.Attr) slog.Handler { return logHandler{h.Handler.WithAttrs(as)} }
-func (h logHandler) WithGroup(n string) slog.Handler       { return logHandler{h.Handler.WithGroup(n)} }
+func (h logHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return logHandler{h.Handler.WithAttrs(as)}
+}
+func (h logHandler) WithGroup(n string) slog.Handler { return logHandler{h.Handler.WithGroup(n)} }
 
 // httpMetrics are the RED metrics, by route template (never by the ids in
 // the path).

@@ -295,7 +295,7 @@ func serve(ctx context.Context, c config, log *slog.Logger) error {
 		Gate: gate, Ledger: led, Cache: mem, Locker: locker, Logger: log, Registry: reg, CacheMetrics: cacheMetrics,
 		TrustedProxies: splitList(c.TrustedProxies), RatePerClient: c.RatePerClient, RateBurst: c.RateBurst,
 		SlowRequest: c.SlowRequest,
-		AdminToken: c.AdminToken, WorkTimeout: c.WorkTimeout, RedisTimeout: c.RedisTimeout,
+		AdminToken:  c.AdminToken, WorkTimeout: c.WorkTimeout, RedisTimeout: c.RedisTimeout,
 		Breaker: breaker.Options{
 			ConsecutiveFailures: uint32(c.BreakerFailures), FailureRatio: c.BreakerRatio,
 			MinRequests: uint32(c.BreakerMinRequests), Window: c.BreakerWindow,

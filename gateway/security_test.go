@@ -1,0 +1,89 @@
+package gateway_test
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/stockgate/stockgate/gateway"
+	"github.com/stockgate/stockgate/ledger"
+)
+
+// Admin calls without the token, or with a wrong one, get 401 and change
+// nothing; a body over the limit gets 413; a client over its rate gets 429
+// with Retry-After, and cannot dodge it with a forged X-Forwarded-For.
+func TestSecurityLimits(t *testing.T) {
+	e := startEnv(t, envOptions{driver: ledger.SQLite, tune: func(o *gateway.Options) {
+		o.AdminToken = "s3cret-token"
+	}})
+	sku := newSKU(t)
+	auth := map[string]string{"Authorization": "Bearer s3cret-token"}
+	path := "/v1/admin/skus/" + sku.Program + "/" + sku.Ticket
+	if r := e.do(t, http.MethodPut, path, auth, `{"total":10}`); r.status != http.StatusOK {
+		t.Fatalf("PUT with the token = %d %s", r.status, r.body)
+	}
+	before := e.state(t, sku)
+	for _, h := range []map[string]string{nil, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret-token"}, {"Authorization": "Basic czNjcmV0LXRva2Vu"}} {
+		for _, call := range []struct{ method, path, body string }{
+			{http.MethodPut, path, `{"total":99}`},
+			{http.MethodPost, path + "/end", ""},
+			{http.MethodPost, path + "/reconcile", ""},
+			{http.MethodGet, path, ""},
+			{http.MethodPut, "/v1/admin/programs/" + sku.Program, `{"per_buyer":1}`},
+		} {
+			r := e.do(t, call.method, call.path, h, call.body)
+			if r.status != http.StatusUnauthorized || r.header.Get("WWW-Authenticate") == "" {
+				t.Errorf("%s %s with %v = %d, want 401 with WWW-Authenticate", call.method, call.path, h, r.status)
+			}
+		}
+	}
+	if got := e.state(t, sku); got != before {
+		t.Errorf("refused admin calls changed the SKU: %+v → %+v", before, got)
+	}
+	if st, _ := e.ledger.SKU(t.Context(), sku); !st.EndedAt.IsZero() || st.Total != 10 {
+		t.Errorf("SKU after refused admin calls: %+v", st)
+	}
+
+	big := fmt.Sprintf(`{"buyer":"b","quantity":1,"pad":%q}`, strings.Repeat("x", 5000))
+	if r := e.do(t, http.MethodPost, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/purchases", map[string]string{"Idempotency-Key": "big"}, big); r.status != http.StatusRequestEntityTooLarge {
+		t.Errorf("5 KB body = %d, want 413", r.status)
+	}
+
+	// 20 burst + 5/s: 60 quick reads from one client, many refused; a forged
+	// X-Forwarded-For does not make a new client (no proxy is trusted).
+	e = startEnv(t, envOptions{driver: ledger.SQLite, tune: func(o *gateway.Options) { o.RatePerClient, o.RateBurst = 5, 20 }})
+	e.putSKU(t, sku, 10, 1, 4)
+	limited, retry := 0, ""
+	for i := range 60 {
+		r := e.do(t, http.MethodGet, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/stock",
+			map[string]string{"X-Forwarded-For": fmt.Sprintf("10.0.0.%d", i)}, "")
+		if r.status == http.StatusTooManyRequests {
+			limited++
+			retry = r.header.Get("Retry-After")
+			if r.header.Get("Content-Type") != "application/problem+json" {
+				t.Errorf("429 content type %q", r.header.Get("Content-Type"))
+			}
+		}
+	}
+	if limited < 30 || retry == "" {
+		t.Errorf("%d of 60 requests limited (Retry-After %q), want most of the 40 over the burst, with Retry-After", limited, retry)
+	}
+	if r := e.do(t, http.MethodGet, "/readyz", nil, ""); r.status != http.StatusOK {
+		t.Errorf("/readyz while the client is limited = %d, want 200 (health checks are not limited)", r.status)
+	}
+
+	// Behind a trusted proxy (here the test client's own address), the
+	// forwarded address is the client: 60 different clients, none limited.
+	e = startEnv(t, envOptions{driver: ledger.SQLite, tune: func(o *gateway.Options) {
+		o.RatePerClient, o.RateBurst, o.TrustedProxies = 5, 20, []string{"127.0.0.1"}
+	}})
+	e.putSKU(t, sku, 10, 1, 4)
+	for i := range 60 {
+		r := e.do(t, http.MethodGet, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/stock",
+			map[string]string{"X-Forwarded-For": fmt.Sprintf("10.0.0.%d", i)}, "")
+		if r.status != http.StatusOK {
+			t.Fatalf("client %d behind the trusted proxy = %d", i, r.status)
+		}
+	}
+}

@@ -7,6 +7,7 @@ package gateway
 
 import (
 	"context"
+	_ "embed"
 	"crypto/subtle"
 	"errors"
 	"fmt"
@@ -28,6 +29,21 @@ import (
 	"github.com/stockgate/stockgate/shard"
 	"github.com/stockgate/stockgate/stock"
 )
+
+// OpenAPI is the API's OpenAPI 3.1 document, served at /openapi.json.
+//
+//go:embed openapi.json
+var OpenAPI []byte
+
+// Routes lists the method and path template of every route the server
+// registers, in gin's form (":id").
+func (s *Server) Routes() []string {
+	var out []string
+	for _, r := range s.engine.Routes() {
+		out = append(out, r.Method+" "+r.Path)
+	}
+	return out
+}
 
 // Gate is the Redis side of the stock (package shard).
 type Gate interface {
@@ -305,6 +321,7 @@ func (s *Server) routes() (*gin.Engine, error) {
 	})
 
 	e.GET("/metrics", gin.WrapH(promhttp.HandlerFor(s.opts.Registry, promhttp.HandlerOpts{})))
+	e.GET("/openapi.json", func(c *gin.Context) { c.Data(http.StatusOK, "application/json", OpenAPI) })
 
 	v1 := e.Group("/v1")
 	v1.GET("/skus/:program/:ticket/stock", s.getStock)

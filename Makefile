@@ -4,7 +4,7 @@ RUN_DIR := .run
 GO ?= go
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run stop test deps-redis deps-postgres build vet
+.PHONY: run stop test deps-redis deps-postgres deps-promtool build vet
 
 build:
 	$(GO) build -o $(RUN_DIR)/stockgate ./cmd/stockgate
@@ -21,6 +21,14 @@ deps-postgres:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || [ -n "$$STOCKGATE_TEST_DATABASE_URL" ] || { \
 	  echo "make: PostgreSQL server binaries not found; installing postgresql with apt-get"; \
 	  $(SUDO) apt-get update -q && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; }
+
+# Installs promtool (Debian's prometheus package ships it) when it is
+# missing; the deploy tests check the alert rules with it. The package does
+# not start a Prometheus server here (no init system), and tests start none.
+deps-promtool:
+	@command -v promtool >/dev/null || { \
+	  echo "make: promtool not found; installing prometheus (for promtool) with apt-get"; \
+	  $(SUDO) apt-get update -q && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; }
 
 # A local 3-master + 3-replica Redis Cluster on 127.0.0.1:7000-7005 and the
 # gateway on :8080 with the SQLite ledger in .run/, both in the background.
@@ -51,5 +59,5 @@ vet:
 	$(GO) vet ./...
 
 # Everything, with the race detector, against real servers the tests start.
-test: deps-redis deps-postgres vet
+test: deps-redis deps-postgres deps-promtool vet
 	$(GO) test -race -count=1 -timeout 15m ./...

@@ -12,6 +12,7 @@ type metrics struct {
 	reseeds        *prometheus.CounterVec // by reason
 	driftUnits     prometheus.Gauge
 	driftSKUs      prometheus.Gauge
+	remaining      prometheus.Gauge
 	driftRepairs   prometheus.Counter
 	expired        prometheus.Counter
 	probes         prometheus.Histogram
@@ -39,6 +40,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "stockgate_drift_skus",
 			Help: "SKUs whose Redis remaining differed from the ledger at the last drift check.",
 		}),
+		remaining: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "stockgate_stock_remaining_units",
+			Help: "Units left to hold or sell over all SKUs, per the ledger at the last drift check.",
+		}),
 		driftRepairs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "stockgate_drift_repairs_total",
 			Help: "SKUs re-seeded by the drift check because Redis and the ledger disagreed.",
@@ -53,7 +58,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Holds this gateway's sweeper expired and gave back.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.driftRepairs, m.expired, m.probes} {
+	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -241,7 +241,7 @@ func (s *Server) checkDrift(ctx context.Context, prev map[stock.SKU]driftSeen) m
 		return prev // Redis is not serving; there is nothing to compare
 	}
 	next := map[stock.SKU]driftSeen{}
-	var units, skus int64
+	var units, skus, left int64
 	after := stock.SKU{}
 	for {
 		page, err := s.ledger.SKUs(ctx, after, driftPage)
@@ -253,6 +253,7 @@ func (s *Server) checkDrift(ctx context.Context, prev map[stock.SKU]driftSeen) m
 			if ctx.Err() != nil {
 				return prev
 			}
+			left += st.Remaining()
 			if s.collapse(ctx, st) {
 				continue
 			}
@@ -280,6 +281,7 @@ func (s *Server) checkDrift(ctx context.Context, prev map[stock.SKU]driftSeen) m
 	}
 	s.metrics.driftUnits.Set(float64(units))
 	s.metrics.driftSKUs.Set(float64(skus))
+	s.metrics.remaining.Set(float64(left))
 	return next
 }
 

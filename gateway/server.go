@@ -7,8 +7,8 @@ package gateway
 
 import (
 	"context"
-	_ "embed"
 	"crypto/subtle"
+	_ "embed"
 	"errors"
 	"fmt"
 	"log/slog"

@@ -257,9 +257,6 @@ func New(opts Options) (*Server, error) {
 	bo := opts.Breaker
 	bo.IsOutcome = isOutcome
 	bo.Registerer = opts.Registry
-	bo.OnChange = func(from, to breaker.State) {
-		s.log.Warn("redis breaker", "from", from.String(), "to", to.String())
-	}
 	if s.breaker, err = breaker.New(bo); err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}

@@ -1,0 +1,99 @@
+package gateway_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stockgate/stockgate/gateway"
+	"github.com/stockgate/stockgate/ledger"
+)
+
+// syncBuffer is a log sink safe for the server's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) lines() []map[string]any {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(s.b.String()), "\n") {
+		if l == "" {
+			continue
+		}
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// Successful requests log nothing; slow requests and 5xx are logged as JSON
+// with the request's id, the same id the client got in X-Request-Id.
+func TestLogs(t *testing.T) {
+	var sink syncBuffer
+	slow := 24 * time.Hour
+	e := startEnv(t, envOptions{driver: ledger.SQLite, tune: func(o *gateway.Options) {
+		o.Logger = slog.New(slog.NewJSONHandler(&sink, nil))
+		o.SlowRequest = slow
+	}})
+	sku := newSKU(t)
+	e.putSKU(t, sku, 100, 2, 4)
+	before := len(sink.lines())
+	for i := range 20 {
+		if r := e.buy(t, sku, fmt.Sprintf("quiet-%d", i), "b", 1); r.status != http.StatusCreated {
+			t.Fatalf("buy = %d", r.status)
+		}
+	}
+	if n := len(sink.lines()) - before; n != 0 {
+		t.Errorf("20 successful purchases logged %d lines, want 0: %v", n, sink.lines()[before:])
+	}
+
+	// A 5xx: the ledger is closed under the server.
+	e.ledger.Close()
+	r := e.do(t, http.MethodGet, "/v1/admin/skus/"+sku.Program+"/"+sku.Ticket, map[string]string{"X-Request-Id": "req-fail-1"}, "")
+	if r.status != http.StatusServiceUnavailable || r.header.Get("X-Request-Id") != "req-fail-1" {
+		t.Fatalf("admin get on a closed ledger = %d, id %q", r.status, r.header.Get("X-Request-Id"))
+	}
+	found := false
+	for _, l := range sink.lines() {
+		if l["request_id"] == "req-fail-1" && l["level"] == "ERROR" && l["status"] == float64(503) {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no ERROR line with request_id req-fail-1 and status 503: %v", sink.lines())
+	}
+
+	// A slow request (the threshold at 1ns: every request is slow).
+	var slowSink syncBuffer
+	e2 := startEnv(t, envOptions{driver: ledger.SQLite, tune: func(o *gateway.Options) {
+		o.Logger = slog.New(slog.NewJSONHandler(&slowSink, nil))
+		o.SlowRequest = time.Nanosecond
+	}})
+	e2.do(t, http.MethodGet, "/livez", map[string]string{"X-Request-Id": "req-slow-1"}, "")
+	found = false
+	for _, l := range slowSink.lines() {
+		if l["request_id"] == "req-slow-1" && l["msg"] == "slow request" && l["level"] == "WARN" {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no slow-request line with request_id req-slow-1: %v", slowSink.lines())
+	}
+}

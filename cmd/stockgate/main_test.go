@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"flag"
 	"strings"
 	"testing"
 )
@@ -81,9 +82,24 @@ func TestHelpListsEveryVariable(t *testing.T) {
 	if code := run([]string{"--help"}, &stderr); code != 0 {
 		t.Fatalf("--help = %d", code)
 	}
-	for _, flag := range []string{"addr", "redis-addrs", "ledger-driver", "ledger-dsn", "sold-out-ttl", "shutdown-grace"} {
-		if !strings.Contains(stderr.String(), "-"+flag) {
-			t.Errorf("--help does not list -%s", flag)
+	// Every flag there is, with its default.
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	var c config
+	flags(fs, &c)
+	n := 0
+	fs.VisitAll(func(f *flag.Flag) {
+		n++
+		if !strings.Contains(stderr.String(), "-"+f.Name) {
+			t.Errorf("--help does not list -%s", f.Name)
 		}
+		if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "0s" && !strings.Contains(stderr.String(), f.DefValue) {
+			t.Errorf("--help does not show the default %q of -%s", f.DefValue, f.Name)
+		}
+	})
+	if n < 39 {
+		t.Errorf("only %d settings", n)
+	}
+	if !strings.Contains(stderr.String(), "STOCKGATE_") {
+		t.Error("--help does not say how to set them from the environment")
 	}
 }

@@ -178,7 +178,7 @@ func (c config) validate() error {
 		return bad("fallback-attempts", "must be at least 1")
 	case c.RatePerClient < 0:
 		return bad("rate-per-client", "must be >= 0")
-	case c.RatePerClient > 0 && c.RateBurst < 1:
+	case c.RateBurst < 1:
 		return bad("rate-burst", "must be at least 1")
 	case c.SlowRequest <= 0:
 		return bad("slow-request", "must be a positive duration")

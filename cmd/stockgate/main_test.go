@@ -3,8 +3,12 @@ package main
 import (
 	"bytes"
 	"flag"
+	"os"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
 )
 
 func TestBadConfigExits2NamingTheVariable(t *testing.T) {
@@ -49,12 +53,12 @@ func TestBadConfigExits2NamingTheVariable(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.env, func(t *testing.T) {
 			t.Setenv(tt.env, tt.value)
-			var stderr bytes.Buffer
-			if code := run([]string{"serve"}, &stderr); code != 2 {
-				t.Fatalf("run with %s=%q = %d, want 2 (%s)", tt.env, tt.value, code, stderr.String())
+			code, out := runBounded(t, "serve")
+			if code != 2 {
+				t.Fatalf("run with %s=%q = %d, want 2 (%s)", tt.env, tt.value, code, out)
 			}
-			if !strings.Contains(stderr.String(), tt.env) {
-				t.Errorf("message %q does not name %s", stderr.String(), tt.env)
+			if !strings.Contains(out, tt.env) {
+				t.Errorf("message %q does not name %s", out, tt.env)
 			}
 		})
 	}
@@ -102,4 +106,38 @@ func TestHelpListsEveryVariable(t *testing.T) {
 	if !strings.Contains(stderr.String(), "STOCKGATE_") {
 		t.Error("--help does not say how to set them from the environment")
 	}
+}
+
+// runBounded runs the command line, and if it starts serving (the config
+// was accepted) stops it with SIGINT after 5s rather than hanging the test.
+func runBounded(t *testing.T, args ...string) (int, string) {
+	t.Helper()
+	var stderr syncWriter
+	done := make(chan int, 1)
+	go func() { done <- run(args, &stderr) }()
+	select {
+	case code := <-done:
+		return code, stderr.String()
+	case <-time.After(5 * time.Second):
+		t.Errorf("still running after 5s: the configuration was accepted and it is serving")
+		syscall.Kill(os.Getpid(), syscall.SIGINT)
+		return <-done, stderr.String()
+	}
+}
+
+type syncWriter struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (w *syncWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *syncWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
 }

@@ -67,17 +67,15 @@ func TestBadConfigExits2NamingTheVariable(t *testing.T) {
 // An empty environment variable counts as unset, so an empty DSN can only
 // come from a flag.
 func TestEmptyDSNFlagExits2(t *testing.T) {
-	var stderr bytes.Buffer
-	if code := run([]string{"serve", "-ledger-dsn="}, &stderr); code != 2 || !strings.Contains(stderr.String(), "STOCKGATE_LEDGER_DSN") {
-		t.Fatalf("run = %d (%s), want 2 naming STOCKGATE_LEDGER_DSN", code, stderr.String())
+	if code, out := runBounded(t, "serve", "-ledger-dsn="); code != 2 || !strings.Contains(out, "STOCKGATE_LEDGER_DSN") {
+		t.Fatalf("run = %d (%s), want 2 naming STOCKGATE_LEDGER_DSN", code, out)
 	}
 }
 
 func TestNotANumberExits2(t *testing.T) {
 	t.Setenv("STOCKGATE_REDIS_POOL_SIZE", "many")
-	var stderr bytes.Buffer
-	if code := run([]string{"serve"}, &stderr); code != 2 {
-		t.Fatalf("run = %d, want 2", code)
+	if code, out := runBounded(t, "serve"); code != 2 {
+		t.Fatalf("run = %d (%s), want 2", code, out)
 	}
 }
 

@@ -110,6 +110,11 @@ func New(opts Options) (*Breaker, error) {
 		Help:        "Circuit breaker state changes, by the state left and the state entered.",
 		ConstLabels: prometheus.Labels{"breaker": opts.Name},
 	}, []string{"from", "to"})
+	// The four transitions there are, exported at zero from the start so a
+	// dashboard or alert sees the series before the first one happens.
+	for _, tr := range [][2]State{{Closed, Open}, {Open, HalfOpen}, {HalfOpen, Closed}, {HalfOpen, Open}} {
+		transitions.WithLabelValues(tr[0].String(), tr[1].String())
+	}
 	b.rejected = prometheus.NewCounter(prometheus.CounterOpts{
 		Name:        "stockgate_breaker_rejected_total",
 		Help:        "Calls the circuit breaker refused without running them.",

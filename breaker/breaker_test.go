@@ -64,6 +64,9 @@ stockgate_breaker_rejected_total{breaker="redis"} 1
 # HELP stockgate_breaker_transitions_total Circuit breaker state changes, by the state left and the state entered.
 # TYPE stockgate_breaker_transitions_total counter
 stockgate_breaker_transitions_total{breaker="redis",from="closed",to="open"} 1
+stockgate_breaker_transitions_total{breaker="redis",from="half-open",to="closed"} 0
+stockgate_breaker_transitions_total{breaker="redis",from="half-open",to="open"} 0
+stockgate_breaker_transitions_total{breaker="redis",from="open",to="half-open"} 0
 `, "stockgate_breaker_rejected_total", "stockgate_breaker_transitions_total")
 	// Recovery: half-open after OpenFor, closed after Probes successes.
 	time.Sleep(60 * time.Millisecond)

@@ -82,6 +82,8 @@ func TestMetricsAfterASale(t *testing.T) {
 		{"stockgate_ledger_writes_total", map[string]string{"op": "purchase", "result": "ok"}, eq(19), "19 commits"},
 		{"stockgate_ledger_write_duration_seconds", map[string]string{"op": "hold"}, eq(1), "1 hold write"},
 		{"stockgate_breaker_state", nil, eq(0), "closed"},
+		{"stockgate_breaker_transitions_total", nil, eq(0), "no transition"},
+		{"stockgate_ledger_batch_size", nil, eq(20), "19 orders + 1 hold, one per transaction"},
 		{"stockgate_purchase_probes", nil, atLeast(20), ">= 20 takes probed"},
 		{"stockgate_cache_hits_total", map[string]string{"cache": "settings"}, atLeast(19), "settings from memory"},
 		{"stockgate_cache_misses_total", map[string]string{"cache": "settings"}, atLeast(1), "first load"},

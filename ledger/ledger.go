@@ -66,6 +66,7 @@ type Ledger struct {
 	now     func() time.Time
 	commits *prometheus.CounterVec
 	latency *prometheus.HistogramVec
+	batch   prometheus.Histogram
 }
 
 // Open connects, creates the schema when missing, and returns the ledger.
@@ -114,9 +115,14 @@ func Open(ctx context.Context, opts Options) (*Ledger, error) {
 			Help:    "Ledger write transaction time by operation.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}, []string{"op"}),
+		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "stockgate_ledger_batch_size",
+			Help:    "Orders and holds committed per ledger transaction. Always 1: there is no group commit yet.",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64},
+		}),
 	}
 	if opts.Metrics != nil {
-		for _, c := range []prometheus.Collector{l.commits, l.latency} {
+		for _, c := range []prometheus.Collector{l.commits, l.latency, l.batch} {
 			if err := opts.Metrics.Register(c); err != nil {
 				db.Close()
 				return nil, fmt.Errorf("ledger: metrics: %w", err)
@@ -479,6 +485,9 @@ func (l *Ledger) observe(op string, start time.Time, err *error) {
 	}
 	l.commits.WithLabelValues(op, result).Inc()
 	l.latency.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	if result == "ok" && (op == "purchase" || op == "purchase_direct" || op == "hold") {
+		l.batch.Observe(1) // one order or hold per transaction
+	}
 }
 
 // PurchaseDirect commits an order that bypassed the Redis gate (the breaker

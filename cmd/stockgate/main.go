@@ -176,6 +176,8 @@ func (c config) validate() error {
 		return bad("fallback-concurrency", "must be at least 1")
 	case c.FallbackAttempts < 1:
 		return bad("fallback-attempts", "must be at least 1")
+	case c.AdminToken != "" && len(c.AdminToken) < 16:
+		return bad("admin-token", "must be at least 16 characters (or empty, for local use only)")
 	case c.RatePerClient < 0:
 		return bad("rate-per-client", "must be >= 0")
 	case c.RateBurst < 1:

@@ -49,6 +49,7 @@ func TestBadConfigExits2NamingTheVariable(t *testing.T) {
 		{"STOCKGATE_RATE_BURST", "0"},
 		{"STOCKGATE_SLOW_REQUEST", "0s"},
 		{"STOCKGATE_DRAIN_DELAY", "1h"},
+		{"STOCKGATE_ADMIN_TOKEN", "short"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.env, func(t *testing.T) {

@@ -115,6 +115,17 @@ func Quota(program, ticket, buyer string) string {
 	return "sg:{" + slotTags()[slot] + "}:quota:" + program + ":" + ticket + ":" + buyer
 }
 
+// Bench is the key of a benchmark comparator's stock counter or lock for
+// a SKU (kind names which). Only the benchmark harness uses it; it keeps
+// the rule that key strings are built here.
+func Bench(program, ticket, kind string) string {
+	if CheckID(kind) != nil {
+		panic(fmt.Sprintf("keys.Bench: unchecked kind %q", kind))
+	}
+	s := Shard(program, ticket, 0, 1)
+	return "sg:" + s.tag + ":bench:" + kind + ":" + program + ":" + ticket
+}
+
 // CRC16 is the CCITT/XMODEM checksum Redis Cluster hashes keys with.
 func CRC16(b []byte) uint16 {
 	var crc uint16

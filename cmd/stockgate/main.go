@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"strings"
@@ -80,6 +81,7 @@ type config struct {
 	RateBurst           int
 	SlowRequest         time.Duration
 	DrainDelay          time.Duration
+	PprofAddr           string
 }
 
 func flags(fs *flag.FlagSet, c *config) {
@@ -121,6 +123,7 @@ func flags(fs *flag.FlagSet, c *config) {
 	fs.IntVar(&c.RateBurst, "rate-burst", 100, "burst above rate-per-client a client may send")
 	fs.DurationVar(&c.SlowRequest, "slow-request", time.Second, "latency above which a request is logged")
 	fs.DurationVar(&c.DrainDelay, "drain-delay", 0, "on SIGTERM, time /readyz fails while requests are still served, before connections close (Kubernetes' preStop sleep does this too)")
+	fs.StringVar(&c.PprofAddr, "pprof-addr", "", "host:port of a separate listener for /debug/pprof (empty: off; keep it off the public network)")
 	fs.Int64Var(&c.CollapseAt, "collapse-at", 1, "units left per shard at which a sharded SKU's tail collapses onto one shard (negative: never)")
 	fs.DurationVar(&c.SweepEvery, "sweep-every", time.Second, "period of the hold-expiry sweeper (bounds how late an expired hold's stock comes back)")
 }
@@ -186,6 +189,8 @@ func (c config) validate() error {
 		return bad("slow-request", "must be a positive duration")
 	case c.DrainDelay < 0 || c.DrainDelay >= c.ShutdownGrace:
 		return bad("drain-delay", "must be >= 0 and below the shutdown grace")
+	case c.PprofAddr != "" && !validHostPort(c.PprofAddr):
+		return bad("pprof-addr", "not host:port")
 	case c.CollapseAt == 0:
 		return bad("collapse-at", "must be at least 1, or negative to turn collapsing off")
 	case c.LockTTL < time.Second:
@@ -318,6 +323,19 @@ func serve(ctx context.Context, c config, log *slog.Logger) error {
 	go func() { defer close(sweepDone); srv.RunSweeper(driftCtx) }()
 	defer func() { stopDrift(); <-driftDone; <-sweepDone }()
 
+	if c.PprofAddr != "" {
+		// Profiling on its own listener, never on the API's. Owned by serve;
+		// it ends with the process.
+		pl, err := net.Listen("tcp", c.PprofAddr)
+		if err != nil {
+			return fmt.Errorf("pprof listener: %w", err)
+		}
+		defer pl.Close()
+		mux := http.NewServeMux()
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		go func() { _ = http.Serve(pl, mux) }()
+	}
 	ln, err := net.Listen("tcp", c.Addr)
 	if err != nil {
 		return err
@@ -361,4 +379,9 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+func validHostPort(s string) bool {
+	_, _, err := net.SplitHostPort(s)
+	return err == nil
 }

@@ -50,6 +50,7 @@ func TestBadConfigExits2NamingTheVariable(t *testing.T) {
 		{"STOCKGATE_SLOW_REQUEST", "0s"},
 		{"STOCKGATE_DRAIN_DELAY", "1h"},
 		{"STOCKGATE_ADMIN_TOKEN", "short"},
+		{"STOCKGATE_PPROF_ADDR", "nope"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.env, func(t *testing.T) {

@@ -1,0 +1,482 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stockgate/stockgate/cluster"
+	"github.com/stockgate/stockgate/internal/comparators"
+	"github.com/stockgate/stockgate/internal/loadgen"
+	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/keys"
+)
+
+// suite runs everything side by side and writes the benchmark document.
+type suite struct {
+	ctx     context.Context
+	n       uint64
+	workers uint64
+	plots   string
+	log     io.Writer
+	cl      *testenv.Cluster
+	rdb     *redis.ClusterClient
+	gw      gateway
+	fb      gateway // a second gateway whose Redis is unreachable: the fallback
+	doc     strings.Builder
+	results []loadgen.Result
+}
+
+type gateway struct {
+	base  string
+	pprof string
+	cmd   *exec.Cmd
+	admin adminClient
+}
+
+func suiteCmd(args []string) error {
+	fs := flag.NewFlagSet("suite", flag.ExitOnError)
+	out := fs.String("out", "docs/BENCHMARKS.md", "benchmark document to write")
+	n := fs.Uint64("n", 60_000, "requests of each throughput run")
+	workers := fs.Uint64("workers", 64, "concurrent connections of each throughput run")
+	plots := fs.String("plots", ".run/bench", "directory for the latency-over-time charts")
+	_ = fs.Parse(args)
+	s := &suite{ctx: context.Background(), n: *n, workers: *workers, plots: *plots, log: os.Stderr}
+	if err := os.MkdirAll(s.plots, 0o755); err != nil {
+		return err
+	}
+	defer s.stop()
+	if err := s.start(); err != nil {
+		return err
+	}
+	if err := s.runAll(); err != nil {
+		return err
+	}
+	return os.WriteFile(*out, []byte(s.doc.String()), 0o644)
+}
+
+func freeAddr() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func (s *suite) start() error {
+	fmt.Fprintln(s.log, "starting a 3+3 Redis Cluster and PostgreSQL")
+	var err error
+	if s.cl, err = testenv.StartCluster(s.ctx, testenv.ClusterOptions{ReplicasPerMaster: 1}); err != nil {
+		return err
+	}
+	if s.rdb, err = cluster.New(cluster.Options{Addrs: s.cl.Addrs(), PoolSize: 128}); err != nil {
+		return err
+	}
+	pg, err := testenv.StartPostgres(s.ctx)
+	if err != nil {
+		return err
+	}
+	pgStop = pg.Stop
+	ledgerURL, _, err := pg.NewDatabase(s.ctx)
+	if err != nil {
+		return err
+	}
+	compURL, _, err := pg.NewDatabase(s.ctx)
+	if err != nil {
+		return err
+	}
+	compDB, err = sql.Open("pgx", compURL)
+	if err != nil {
+		return err
+	}
+	compDB.SetMaxOpenConns(64)
+	bin := filepath.Join(s.plots, "stockgate")
+	fmt.Fprintln(s.log, "building stockgate")
+	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/stockgate").CombinedOutput(); err != nil {
+		return fmt.Errorf("build: %v: %s", err, out)
+	}
+	s.gw, err = startGateway(s.ctx, bin, strings.Join(s.cl.Addrs(), ","), ledgerURL, "")
+	if err != nil {
+		return err
+	}
+	fbURL, _, err := pg.NewDatabase(s.ctx)
+	if err != nil {
+		return err
+	}
+	s.fb, err = startGateway(s.ctx, bin, "127.0.0.1:1", fbURL, "STOCKGATE_FALLBACK_CONCURRENCY=32")
+	return err
+}
+
+var (
+	pgStop func()
+	compDB *sql.DB
+)
+
+func startGateway(ctx context.Context, bin, redisAddrs, dsn string, extra ...string) (gateway, error) {
+	g := gateway{base: "http://" + freeAddr(), pprof: freeAddr()}
+	g.admin = adminClient{base: g.base}
+	g.cmd = exec.Command(bin, "serve")
+	g.cmd.Env = append(os.Environ(), "STOCKGATE_ADDR="+strings.TrimPrefix(g.base, "http://"),
+		"STOCKGATE_REDIS_ADDRS="+redisAddrs, "STOCKGATE_LEDGER_DRIVER=postgres", "STOCKGATE_LEDGER_DSN="+dsn,
+		"STOCKGATE_PPROF_ADDR="+g.pprof, "STOCKGATE_LOG_LEVEL=error", "STOCKGATE_LEDGER_MAX_CONNS=64")
+	for _, e := range extra {
+		if e != "" {
+			g.cmd.Env = append(g.cmd.Env, e)
+		}
+	}
+	g.cmd.Stderr = os.Stderr
+	if err := g.cmd.Start(); err != nil {
+		return g, err
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return g, waitReady(wctx, g.base)
+}
+
+func (s *suite) stop() {
+	for _, g := range []gateway{s.gw, s.fb} {
+		if g.cmd != nil && g.cmd.Process != nil {
+			g.cmd.Process.Kill()
+			g.cmd.Wait()
+		}
+	}
+	if s.rdb != nil {
+		s.rdb.Close()
+	}
+	if s.cl != nil {
+		s.cl.Stop()
+	}
+	if pgStop != nil {
+		pgStop()
+	}
+}
+
+// serve runs a comparator on its own loopback listener.
+func serve(h http.Handler) (string, func()) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	srv := &http.Server{Handler: h}
+	go srv.Serve(l) // owned by the returned stop
+	return "http://" + l.Addr().String(), func() { srv.Close() }
+}
+
+func (s *suite) attack(name, base string, sc loadgen.Scenario, rate int, workers uint64, d time.Duration) loadgen.Result {
+	res, err := loadgen.Attack(loadgen.Run{Name: name, BaseURL: base, Scenario: sc, Rate: rate, Workers: workers,
+		Duration: d, Progress: s.log, Plot: filepath.Join(s.plots, slug(name)+".html")})
+	if err != nil {
+		fmt.Fprintln(s.log, "attack:", err)
+	}
+	s.results = append(s.results, res)
+	return res
+}
+
+func slug(s string) string {
+	return strings.Trim(regexp.MustCompile(`[^a-z0-9]+`).ReplaceAllString(strings.ToLower(s), "-"), "-")
+}
+
+// scriptCalls sums the scripts and commands the masters ran.
+func (s *suite) redisCalls() int64 {
+	var total int64
+	re := regexp.MustCompile(`cmdstat_[a-z|]+:calls=(\d+)`)
+	for _, n := range s.cl.Nodes {
+		cl := n.Client()
+		info, err := cl.Info(s.ctx, "commandstats").Result()
+		cl.Close()
+		if err != nil {
+			continue
+		}
+		for _, m := range re.FindAllStringSubmatch(info, -1) {
+			v, _ := strconv.ParseInt(m[1], 10, 64)
+			total += v
+		}
+	}
+	return total
+}
+
+// rss samples the gateway's resident memory until stop, returning the peak.
+func rssPeak(pid int, stop <-chan struct{}) <-chan int64 {
+	out := make(chan int64, 1)
+	go func() {
+		var peak int64
+		for {
+			if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
+				sc := bufio.NewScanner(strings.NewReader(string(b)))
+				for sc.Scan() {
+					if f := strings.Fields(sc.Text()); len(f) >= 2 && f[0] == "VmRSS:" {
+						kb, _ := strconv.ParseInt(f[1], 10, 64)
+						peak = max(peak, kb)
+					}
+				}
+			}
+			select {
+			case <-stop:
+				out <- peak
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}()
+	return out
+}
+
+// profile takes a CPU profile of the gateway for d and returns pprof's top.
+func (s *suite) profile(d time.Duration) <-chan string {
+	out := make(chan string, 1)
+	go func() {
+		file := filepath.Join(s.plots, "cpu.pprof")
+		resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", s.gw.pprof, int(d.Seconds())))
+		if err != nil {
+			out <- err.Error()
+			return
+		}
+		f, _ := os.Create(file)
+		io.Copy(f, resp.Body)
+		resp.Body.Close()
+		f.Close()
+		top, err := exec.Command("go", "tool", "pprof", "-top", "-nodecount=25", filepath.Join(s.plots, "stockgate"), file).CombinedOutput()
+		if err != nil {
+			out <- fmt.Sprintf("pprof: %v %s", err, top)
+			return
+		}
+		out <- string(top)
+	}()
+	return out
+}
+
+func (s *suite) runAll() error {
+	n, w := s.n, s.workers
+	stamp := strconv.FormatInt(time.Now().Unix(), 10)
+	p := func(name string) string { return name + stamp }
+	flashSKU := p("flash") + "/ga"
+	if err := s.gw.admin.putSKU(flashSKU, int64(n/10), 12); err != nil {
+		return err
+	}
+	// Warm the connections and caches; not counted.
+	loadgen.Attack(loadgen.Run{Name: "warm", BaseURL: s.gw.base, Scenario: loadgen.Reads(flashSKU, 2000), Workers: w})
+
+	// 1. Flash sale through stockgate, with the memory and a CPU profile.
+	stop := make(chan struct{})
+	peak := rssPeak(s.gw.cmd.Process.Pid, stop)
+	prof := s.profile(5 * time.Second)
+	flash := s.attack("stockgate flash sale", s.gw.base, loadgen.Purchases([]string{flashSKU}, "flash-", n), 0, w, 0)
+	close(stop)
+	rssKB := <-peak
+	cpuTop := <-prof
+	flashAudit := s.audit(s.gw, []string{flashSKU}, flash)
+
+	// Requests decided in Redis alone: one buyer over a per-buyer cap of 1.
+	capSKU := p("cap") + "/ga"
+	if err := s.gw.admin.putSKUWith(capSKU, fmt.Sprintf(`{"total":%d,"shards":12,"max_per_order":4,"per_buyer":1}`, n)); err != nil {
+		return err
+	}
+	oneBuyer := func(i uint64) (loadgen.Request, bool) {
+		r, ok := loadgen.Purchases([]string{capSKU}, "cap-", n)(i)
+		r.Body = `{"buyer":"one-buyer","quantity":1}`
+		return r, ok
+	}
+	capRun := s.attack("stockgate decided in Redis (per-buyer cap)", s.gw.base, oneBuyer, 0, w, 0)
+
+	// 2. The comparators, same load.
+	comps := []*comparators.Comparator{comparators.Floor(s.rdb), comparators.Bare(), comparators.DecrIncr(s.rdb), comparators.Lock(s.rdb)}
+	opt, err := comparators.Optimistic(compDB)
+	if err != nil {
+		return err
+	}
+	comps = append(comps, opt)
+	compRes := map[string]loadgen.Result{}
+	compOversell := map[string]int64{}
+	for _, c := range comps {
+		reqs := n
+		if c == opt {
+			reqs = n / 10 // it is an order of magnitude slower
+		}
+		stock := int64(reqs / 10)
+		prog := p("cmp" + slug(c.Name)[:4])
+		if err := c.Seed(s.ctx, prog, "ga", stock); err != nil {
+			return err
+		}
+		base, closeFn := serve(c.Handler)
+		r := s.attack(c.Name+" flash sale", base, loadgen.Purchases([]string{prog + "/ga"}, "c-", reqs), 0, w, 0)
+		closeFn()
+		compRes[c.Name] = r
+		if c.Name != "bare gin (no Redis)" {
+			compOversell[c.Name] = max(0, c.Sold.Load()-stock)
+		}
+	}
+	floor, bare := compRes[comps[0].Name], compRes[comps[1].Name]
+
+	// 3. Sold-out storm and stock reads, answered from memory.
+	soldSKU := p("soldout") + "/ga"
+	if err := s.gw.admin.putSKU(soldSKU, 0, 4); err != nil {
+		return err
+	}
+	s.attack("warm sold-out", s.gw.base, loadgen.Purchases([]string{soldSKU}, "warm-", 10), 0, 1, 0)
+	before := s.redisCalls()
+	storm := s.attack("stockgate sold-out storm", s.gw.base, loadgen.Purchases([]string{soldSKU}, "storm-", n), 0, w, 0)
+	stormCalls := s.redisCalls() - before
+	before = s.redisCalls()
+	reads := s.attack("stockgate stock reads", s.gw.base, loadgen.Reads(flashSKU, n), 0, w, 0)
+	readCalls := s.redisCalls() - before
+	bareReads := s.attack("bare gin stock reads", mustServe(comparators.Bare().Handler), loadgen.Reads("x/y", n), 0, w, 0)
+
+	// 4. Steady purchases over 100 SKUs: every request a committed order.
+	var steadySKUs []string
+	for i := range 100 {
+		sku := fmt.Sprintf("%s/t%d", p("steady"), i)
+		steadySKUs = append(steadySKUs, sku)
+		if err := s.gw.admin.putSKU(sku, int64(n), 1); err != nil {
+			return err
+		}
+	}
+	steady := s.attack("stockgate steady purchases (100 SKUs)", s.gw.base, loadgen.Purchases(steadySKUs, "steady-", n/2), 0, w, 0)
+	steadyAudit := s.audit(s.gw, steadySKUs, steady)
+
+	// 5. Holds, then 70 % confirmed, the rest abandoned.
+	holdSKU := p("holds") + "/ga"
+	if err := s.gw.admin.putSKU(holdSKU, int64(n), 4); err != nil {
+		return err
+	}
+	holds, refs := s.holds(holdSKU, n/6)
+	confirm := refs[:len(refs)*7/10]
+	confirms := s.attack("stockgate confirm 70 % of holds", s.gw.base, loadgen.Confirms(confirm, "hold-"), 0, w, 0)
+
+	// 6. The ledger fallback: Redis unreachable, 32 buyers on one SKU.
+	fbSKU := p("fallback") + "/ga"
+	if err := s.fb.admin.putSKU(fbSKU, 1_000_000, 1); err != nil && !strings.Contains(err.Error(), "503") {
+		return err
+	}
+	fallback := s.attack("fallback: ledger only, 32 buyers", s.fb.base, loadgen.Purchases([]string{fbSKU}, "fb-", 0), 0, 32, 10*time.Second)
+	fbAudit := s.audit(s.fb, []string{fbSKU}, fallback)
+
+	// 7. Latency at half the measured maximum, open loop.
+	halfAdmit := int(capRun.Throughput() / 2)
+	capSKU2 := p("cap2") + "/ga"
+	if err := s.gw.admin.putSKUWith(capSKU2, fmt.Sprintf(`{"total":%d,"shards":12,"max_per_order":4,"per_buyer":1}`, n)); err != nil {
+		return err
+	}
+	oneBuyer2 := func(i uint64) (loadgen.Request, bool) {
+		r, ok := loadgen.Purchases([]string{capSKU2}, "cap2-", 0)(i)
+		r.Body = `{"buyer":"one-buyer","quantity":1}`
+		return r, ok
+	}
+	admitLat := s.attack(fmt.Sprintf("admission at %d/s (open loop)", halfAdmit), s.gw.base, oneBuyer2, halfAdmit, w, 10*time.Second)
+	halfBuy := int(steady.Throughput() / 2)
+	buyLat := s.attack(fmt.Sprintf("purchase with commit at %d/s (open loop)", halfBuy), s.gw.base,
+		loadgen.Purchases(steadySKUs, "lat-", 0), halfBuy, w, 10*time.Second)
+
+	// 8. Redis memory per shard and per idempotency record.
+	shardMem, recMem := s.redisMemory(flashSKU)
+
+	micro := microBenchmarks()
+	s.write(docInputs{flash: flash, flashAudit: flashAudit, capRun: capRun, floor: floor, bare: bare, compRes: compRes,
+		compOversell: compOversell, comps: comps, storm: storm, stormCalls: stormCalls, reads: reads, readCalls: readCalls,
+		bareReads: bareReads, steady: steady, steadyAudit: steadyAudit, holds: holds, confirms: confirms, fallback: fallback,
+		fbAudit: fbAudit, admitLat: admitLat, buyLat: buyLat, rssKB: rssKB, cpuTop: cpuTop, shardMem: shardMem,
+		recMem: recMem, micro: micro})
+	return nil
+}
+
+func mustServe(h http.Handler) string { base, _ := serve(h); return base }
+
+type audit struct {
+	sold, total, created int64
+}
+
+func (a audit) String() string {
+	return fmt.Sprintf("ledger sold+held %d of %d, 201 answers %d, oversold: %v", a.sold, a.total, a.created, a.sold > a.total)
+}
+
+func (s *suite) audit(g gateway, skus []string, r loadgen.Result) audit {
+	a := audit{created: int64(r.Count(http.StatusCreated))}
+	for _, sku := range skus {
+		st, err := g.admin.sku(sku)
+		if err != nil {
+			fmt.Fprintln(s.log, "audit:", err)
+			continue
+		}
+		a.sold, a.total = a.sold+st.Sold+st.Held, a.total+st.Total
+	}
+	return a
+}
+
+// holds takes n holds and returns the run and the holds it got.
+func (s *suite) holds(sku string, n uint64) (loadgen.Result, []loadgen.HoldRef) {
+	var mu sync.Mutex
+	var refs []loadgen.HoldRef
+	var got atomic.Int64
+	res, err := loadgen.Attack(loadgen.Run{Name: "stockgate holds", BaseURL: s.gw.base, Scenario: loadgen.Holds(sku, "hold-", n),
+		Workers: s.workers, Progress: s.log, Collect: func(code int, body []byte) {
+			if code != http.StatusCreated {
+				return
+			}
+			var h struct {
+				HoldID string `json:"hold_id"`
+				Buyer  string `json:"buyer"`
+			}
+			if json.Unmarshal(body, &h) == nil {
+				got.Add(1)
+				mu.Lock()
+				refs = append(refs, loadgen.HoldRef{ID: h.HoldID, Buyer: h.Buyer})
+				mu.Unlock()
+			}
+		}})
+	if err != nil {
+		fmt.Fprintln(s.log, "holds:", err)
+	}
+	s.results = append(s.results, res)
+	return res, refs
+}
+
+func (s *suite) redisMemory(sku string) (shard, record int64) {
+	parts := strings.SplitN(sku, "/", 2)
+	k := keys.Shard(parts[0], parts[1], 0, 12)
+	shard, _ = s.rdb.MemoryUsage(s.ctx, k.Stock()).Result()
+	for i := range 5000 {
+		if v, err := s.rdb.MemoryUsage(s.ctx, k.Deduction("flash-"+strconv.Itoa(i))).Result(); err == nil && v > 0 {
+			return shard, v
+		}
+	}
+	return shard, -1
+}
+
+// microBenchmarks runs the hot-path Go benchmarks and returns their output.
+func microBenchmarks() string {
+	out, err := exec.Command("go", "test", "-run", "^$", "-bench", "Micro", "-benchmem", "-benchtime", "200000x",
+		"./keys", "./shard", "./cache", "./gateway").CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("go test -bench failed: %v\n%s", err, out)
+	}
+	var keep []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(l, "Benchmark") {
+			keep = append(keep, l)
+		}
+	}
+	return strings.Join(keep, "\n")
+}
+
+func goVersion() string { return runtime.Version() }
+
+func runtimeNumCPU() int { return runtime.NumCPU() }

@@ -1,0 +1,223 @@
+// Package comparators holds the approaches stockgate is benchmarked
+// against, as HTTP handlers answering the same purchase call
+// (POST /v1/skus/{program}/{ticket}/purchases: 201 sold, 409 sold out,
+// 503 gave up). They live in the benchmark harness, never in the product:
+//
+//   - Bare: no stock at all, the HTTP ceiling;
+//   - Floor: one EVALSHA of a minimal deduct script, the physical floor of a
+//     Redis gate;
+//   - DecrIncr: DECR, then INCR back when it went negative (the seed
+//     team-stock handler's first scheme);
+//   - Lock: SET NX PX lock, GET, SET, compare-and-delete unlock (the seed lock
+//     component around a read-modify-write);
+//   - Optimistic: the ledger alone, read the version, conditional update,
+//     retry on conflict (what the seeds fall back to).
+//
+// Each counts its 201s, so the benchmark can report oversell.
+package comparators
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/lua"
+)
+
+// Comparator is one approach, serving the purchase route.
+type Comparator struct {
+	Name    string
+	Handler http.Handler
+	Sold    atomic.Int64
+	// Seed sets the SKU's stock before a run.
+	Seed func(ctx context.Context, program, ticket string, stock int64) error
+}
+
+func engine(c *Comparator, buy func(ctx context.Context, program, ticket string) (int, error)) http.Handler {
+	gin.SetMode(gin.ReleaseMode)
+	e := gin.New()
+	e.POST("/v1/skus/:program/:ticket/purchases", func(g *gin.Context) {
+		var body struct {
+			Buyer    string `json:"buyer"`
+			Quantity int64  `json:"quantity"`
+		}
+		if err := g.ShouldBindJSON(&body); err != nil || body.Quantity != 1 {
+			g.Status(http.StatusBadRequest)
+			return
+		}
+		code, err := buy(g.Request.Context(), g.Param("program"), g.Param("ticket"))
+		if err != nil {
+			g.Status(http.StatusServiceUnavailable)
+			return
+		}
+		if code == http.StatusCreated {
+			c.Sold.Add(1)
+		}
+		g.Status(code)
+	})
+	e.GET("/v1/skus/:program/:ticket/stock", func(g *gin.Context) {
+		g.JSON(http.StatusOK, gin.H{"remaining": 0})
+	})
+	return e
+}
+
+// Bare answers every purchase 201 without touching anything.
+func Bare() *Comparator {
+	c := &Comparator{Name: "bare gin (no Redis)", Seed: func(context.Context, string, string, int64) error { return nil }}
+	c.Handler = engine(c, func(context.Context, string, string) (int, error) { return http.StatusCreated, nil })
+	return c
+}
+
+const floorScript = `local a = tonumber(redis.call('HGET', KEYS[1], 'avail') or '0')
+if a <= 0 then return 0 end
+redis.call('HINCRBY', KEYS[1], 'avail', -1)
+return 1`
+
+// Floor is one EVALSHA of a minimal deduct script per purchase.
+func Floor(rdb *redis.ClusterClient) *Comparator {
+	script := redis.NewScript(floorScript)
+	c := &Comparator{Name: "floor: one EVALSHA"}
+	c.Seed = func(ctx context.Context, p, t string, stock int64) error {
+		return rdb.HSet(ctx, keys.Shard(p, t, 0, 1).Stock(), "avail", stock).Err()
+	}
+	c.Handler = engine(c, func(ctx context.Context, p, t string) (int, error) {
+		n, err := script.Run(ctx, rdb, []string{keys.Shard(p, t, 0, 1).Stock()}).Int64()
+		if err != nil {
+			return 0, err
+		}
+		if n == 1 {
+			return http.StatusCreated, nil
+		}
+		return http.StatusConflict, nil
+	})
+	return c
+}
+
+// DecrIncr decrements, and increments back when the count went negative.
+func DecrIncr(rdb *redis.ClusterClient) *Comparator {
+	c := &Comparator{Name: "DECR + INCR on negative"}
+	c.Seed = func(ctx context.Context, p, t string, stock int64) error {
+		return rdb.Set(ctx, keys.Bench(p, t, "decr"), stock, 0).Err()
+	}
+	c.Handler = engine(c, func(ctx context.Context, p, t string) (int, error) {
+		k := keys.Bench(p, t, "decr")
+		n, err := rdb.Decr(ctx, k).Result()
+		if err != nil {
+			return 0, err
+		}
+		if n < 0 {
+			if err := rdb.Incr(ctx, k).Err(); err != nil {
+				return 0, err
+			}
+			return http.StatusConflict, nil
+		}
+		return http.StatusCreated, nil
+	})
+	return c
+}
+
+// Lock takes a SET NX PX lock around GET and SET of the stock, waiting for
+// it up to 50 times 1ms.
+func Lock(rdb *redis.ClusterClient) *Comparator {
+	unlock := redis.NewScript(lua.Unlock)
+	c := &Comparator{Name: "SET NX PX lock + GET/SET"}
+	c.Seed = func(ctx context.Context, p, t string, stock int64) error {
+		return rdb.Set(ctx, keys.Bench(p, t, "lockstock"), stock, 0).Err()
+	}
+	c.Handler = engine(c, func(ctx context.Context, p, t string) (int, error) {
+		lk, sk := keys.Bench(p, t, "lock"), keys.Bench(p, t, "lockstock")
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		token := hex.EncodeToString(b[:])
+		for try := 0; ; try++ {
+			ok, err := rdb.SetNX(ctx, lk, token, time.Second).Result()
+			if err != nil {
+				return 0, err
+			}
+			if ok {
+				break
+			}
+			if try == 50 {
+				return http.StatusServiceUnavailable, nil
+			}
+			time.Sleep(time.Millisecond)
+		}
+		defer unlock.Run(context.WithoutCancel(ctx), rdb, []string{lk}, token)
+		v, err := rdb.Get(ctx, sk).Int64()
+		if err != nil {
+			return 0, err
+		}
+		if v <= 0 {
+			return http.StatusConflict, nil
+		}
+		if err := rdb.Set(ctx, sk, strconv.FormatInt(v-1, 10), 0).Err(); err != nil {
+			return 0, err
+		}
+		return http.StatusCreated, nil
+	})
+	return c
+}
+
+// Optimistic sells from a SQL table alone: read remaining and version,
+// update where the version is unchanged and insert the order, retrying a
+// conflict up to 10 times.
+func Optimistic(db *sql.DB) (*Comparator, error) {
+	_, err := db.Exec(`CREATE TABLE IF NOT EXISTS bench_stock (program TEXT, ticket TEXT, remaining BIGINT, version BIGINT,
+		PRIMARY KEY (program, ticket));
+		CREATE TABLE IF NOT EXISTS bench_orders (id BIGSERIAL PRIMARY KEY, program TEXT, ticket TEXT)`)
+	if err != nil {
+		return nil, err
+	}
+	c := &Comparator{Name: "ledger only, optimistic"}
+	c.Seed = func(ctx context.Context, p, t string, stock int64) error {
+		_, err := db.ExecContext(ctx, `INSERT INTO bench_stock VALUES ($1, $2, $3, 0)
+			ON CONFLICT (program, ticket) DO UPDATE SET remaining = $3, version = 0`, p, t, stock)
+		return err
+	}
+	c.Handler = engine(c, func(ctx context.Context, p, t string) (int, error) {
+		for range 10 {
+			var left, version int64
+			if err := db.QueryRowContext(ctx, `SELECT remaining, version FROM bench_stock WHERE program = $1 AND ticket = $2`,
+				p, t).Scan(&left, &version); err != nil {
+				return 0, err
+			}
+			if left <= 0 {
+				return http.StatusConflict, nil
+			}
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				return 0, err
+			}
+			res, err := tx.ExecContext(ctx, `UPDATE bench_stock SET remaining = remaining - 1, version = version + 1
+				WHERE program = $1 AND ticket = $2 AND version = $3`, p, t, version)
+			if err != nil {
+				tx.Rollback()
+				return 0, err
+			}
+			if n, _ := res.RowsAffected(); n != 1 {
+				tx.Rollback()
+				continue
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO bench_orders (program, ticket) VALUES ($1, $2)`, p, t); err != nil {
+				tx.Rollback()
+				return 0, err
+			}
+			if err := tx.Commit(); err != nil {
+				return 0, err
+			}
+			return http.StatusCreated, nil
+		}
+		return 0, errors.New("conflicts")
+	})
+	return c, nil
+}

@@ -1,0 +1,175 @@
+// Package loadgen drives HTTP load at stockgate (or anything that speaks its
+// purchase API) with vegeta: open loop at a fixed rate, or as fast as a fixed
+// set of workers can go, and sums the answers up with an HDR histogram (no
+// coordinated omission in the open-loop mode: a late answer counts from the
+// moment it was due). It also writes a latency-over-time plot.
+package loadgen
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+	vegeta "github.com/tsenart/vegeta/v12/lib"
+	"github.com/tsenart/vegeta/v12/lib/plot"
+)
+
+// Request is one call a scenario makes.
+type Request struct {
+	Method string
+	Path   string
+	Body   string
+	Header http.Header
+}
+
+// Scenario makes the i-th request of a run (i from 0). It returns false
+// when the scenario has no more requests.
+type Scenario func(i uint64) (Request, bool)
+
+// Run configures one attack.
+type Run struct {
+	Name     string
+	BaseURL  string
+	Scenario Scenario
+	// Rate is the open-loop rate in requests per second; 0 runs as fast as
+	// Workers allow (a throughput test, closed loop).
+	Rate     int
+	Workers  uint64        // default 64
+	Duration time.Duration // 0: until the scenario runs out
+	Timeout  time.Duration // per request; default 10s
+	// Progress, when set, receives a progress line every second.
+	Progress io.Writer
+	// Plot, when set, is the path of an HTML latency-over-time chart.
+	Plot string
+	// Collect, when set, sees every answer's status and body.
+	Collect func(code int, body []byte)
+}
+
+// Result sums one attack up.
+type Result struct {
+	Name      string
+	Requests  uint64
+	Elapsed   time.Duration
+	Codes     map[int]uint64 // 0 means a transport error
+	Errors    map[string]uint64
+	latencies *hdrhistogram.Histogram
+}
+
+// Throughput is answered requests per second.
+func (r Result) Throughput() float64 { return float64(r.Requests) / r.Elapsed.Seconds() }
+
+// Quantile is a latency quantile (0..100).
+func (r Result) Quantile(q float64) time.Duration {
+	return time.Duration(r.latencies.ValueAtQuantile(q)) * time.Microsecond
+}
+
+// Count is how many answers had the status code.
+func (r Result) Count(code int) uint64 { return r.Codes[code] }
+
+// CodesString lists the answers by status, "201:1000 409:9000".
+func (r Result) CodesString() string {
+	var codes []int
+	for c := range r.Codes {
+		codes = append(codes, c)
+	}
+	sort.Ints(codes)
+	var parts []string
+	for _, c := range codes {
+		parts = append(parts, fmt.Sprintf("%d:%d", c, r.Codes[c]))
+	}
+	return strings.Join(parts, " ")
+}
+
+var errDone = errors.New("loadgen: scenario done")
+
+// Attack runs r and returns its result.
+func Attack(r Run) (Result, error) {
+	if r.Workers == 0 {
+		r.Workers = 64
+	}
+	if r.Timeout == 0 {
+		r.Timeout = 10 * time.Second
+	}
+	var seq atomic.Uint64
+	targeter := func(t *vegeta.Target) error {
+		req, ok := r.Scenario(seq.Add(1) - 1)
+		if !ok {
+			return errDone
+		}
+		t.Method, t.URL, t.Header = req.Method, r.BaseURL+req.Path, req.Header
+		t.Body = []byte(req.Body)
+		return nil
+	}
+	opts := []func(*vegeta.Attacker){vegeta.Timeout(r.Timeout), vegeta.KeepAlive(true),
+		vegeta.Connections(int(r.Workers)), vegeta.MaxConnections(int(r.Workers) * 2)}
+	var pacer vegeta.Pacer = vegeta.ConstantPacer{Freq: r.Rate, Per: time.Second}
+	if r.Rate == 0 {
+		pacer = vegeta.ConstantPacer{}
+		opts = append(opts, vegeta.Workers(r.Workers), vegeta.MaxWorkers(r.Workers))
+	} else {
+		opts = append(opts, vegeta.Workers(r.Workers), vegeta.MaxWorkers(r.Workers*16))
+	}
+	atk := vegeta.NewAttacker(opts...)
+	res := Result{Name: r.Name, Codes: map[int]uint64{}, Errors: map[string]uint64{},
+		latencies: hdrhistogram.New(1, int64(time.Minute/time.Microsecond), 3)}
+	var p *plot.Plot
+	if r.Plot != "" {
+		p = plot.New(plot.Title(r.Name), plot.Downsample(4000))
+	}
+	start := time.Now()
+	next := start.Add(time.Second)
+	for hit := range atk.Attack(targeter, pacer, r.Duration, r.Name) {
+		res.Requests++
+		res.Codes[int(hit.Code)]++
+		if hit.Error != "" && hit.Code == 0 {
+			res.Errors[hit.Error]++
+		}
+		_ = res.latencies.RecordValue(hit.Latency.Microseconds())
+		if r.Collect != nil {
+			r.Collect(int(hit.Code), hit.Body)
+		}
+		if p != nil {
+			_ = p.Add(hit)
+		}
+		if r.Progress != nil && time.Now().After(next) {
+			el := time.Since(start)
+			fmt.Fprintf(r.Progress, "\r[%s] %5.1fs %9d requests %8.0f/s p99 %v   ", r.Name, el.Seconds(), res.Requests,
+				float64(res.Requests)/el.Seconds(), res.Quantile(99))
+			next = next.Add(time.Second)
+		}
+	}
+	res.Elapsed = time.Since(start)
+	if r.Progress != nil {
+		fmt.Fprintf(r.Progress, "\r[%s] done: %d requests in %v, %.0f/s, %s\n", r.Name, res.Requests,
+			res.Elapsed.Round(time.Millisecond), res.Throughput(), res.CodesString())
+	}
+	if p != nil {
+		f, err := os.Create(r.Plot)
+		if err != nil {
+			return res, err
+		}
+		defer f.Close()
+		if _, err := p.WriteTo(f); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// Table formats results as a Markdown table.
+func Table(rs []Result) string {
+	var b strings.Builder
+	b.WriteString("| run | requests | req/s | answers | p50 | p90 | p99 | p99.9 |\n|---|---|---|---|---|---|---|---|\n")
+	for _, r := range rs {
+		fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %v | %v | %v | %v |\n", r.Name, r.Requests, r.Throughput(), r.CodesString(),
+			r.Quantile(50), r.Quantile(90), r.Quantile(99), r.Quantile(99.9))
+	}
+	return b.String()
+}

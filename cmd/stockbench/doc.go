@@ -13,15 +13,15 @@ import (
 
 type docInputs struct {
 	flash, capRun, floor, bare, storm, reads, bareReads, steady, holds, confirms, fallback, admitLat, buyLat loadgen.Result
-	flashAudit, steadyAudit, fbAudit                                                                      audit
-	compRes                                                                                               map[string]loadgen.Result
-	compOversell                                                                                          map[string]int64
-	comps                                                                                                 []*comparators.Comparator
-	stormCalls, readCalls                                                                                 int64
-	rssKB                                                                                                 int64
-	cpuTop                                                                                                string
-	shardMem, recMem                                                                                      int64
-	micro                                                                                                 string
+	flashAudit, steadyAudit, fbAudit                                                                         audit
+	compRes                                                                                                  map[string]loadgen.Result
+	compOversell                                                                                             map[string]int64
+	comps                                                                                                    []*comparators.Comparator
+	stormCalls, readCalls                                                                                    int64
+	rssKB                                                                                                    int64
+	cpuTop                                                                                                   string
+	shardMem, recMem                                                                                         int64
+	micro                                                                                                    string
 }
 
 func cmdOut(name string, args ...string) string {
@@ -70,7 +70,9 @@ func (s *suite) write(in docInputs) {
 	}
 	lock, decr, opt := in.compRes[in.comps[3].Name], in.compRes[in.comps[2].Name], in.compRes[in.comps[4].Name]
 	d.WriteString("\n## Targets\n\n| target | measured | |\n|---|---|---|\n")
-	row := func(target, measured string, ok bool) { fmt.Fprintf(d, "| %s | %s | %s |\n", target, measured, verdict(ok)) }
+	row := func(target, measured string, ok bool) {
+		fmt.Fprintf(d, "| %s | %s | %s |\n", target, measured, verdict(ok))
+	}
 	row("flash sale ≥ 80 % of the floor", fmt.Sprintf("%.0f %%", 100*ratio(in.flash, in.floor)), ratio(in.flash, in.floor) >= 0.8)
 	row("decided in Redis alone ≥ 90 % of the floor", fmt.Sprintf("%.0f %%", 100*ratio(in.capRun, in.floor)), ratio(in.capRun, in.floor) >= 0.9)
 	row("sold-out storm ≥ 90 % of the HTTP ceiling, no Redis call", fmt.Sprintf("%.0f %%, %d Redis calls", 100*ratio(in.storm, in.bare), in.stormCalls),

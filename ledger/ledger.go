@@ -117,7 +117,7 @@ func Open(ctx context.Context, opts Options) (*Ledger, error) {
 		}, []string{"op"}),
 		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "stockgate_ledger_batch_size",
-			Help:    "Orders and holds committed per ledger transaction. Always 1: there is no group commit yet.",
+			Help:    "Orders and holds committed per ledger transaction (more than 1 when winners are group-committed).",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64},
 		}),
 	}
@@ -590,8 +590,14 @@ func (l *Ledger) takeStock(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer
 		}
 		return ErrConflict
 	}
+	return countBuyer(ctx, tx, sku, buyer, q)
+}
+
+// countBuyer adds q to what the buyer holds + owns of the SKU and of its
+// program, inside tx, refusing (stock.ErrLimit) past either cap.
+func countBuyer(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer string, q int64) error {
 	// The buyer's units, capped by the SKU's per_buyer (0: no cap).
-	res, err = tx.ExecContext(ctx, `
+	res, err := tx.ExecContext(ctx, `
 		INSERT INTO buyer_units (program, ticket, buyer, units)
 		SELECT program, ticket, $3, $4 FROM skus
 		WHERE program = $1 AND ticket = $2 AND (per_buyer = 0 OR per_buyer >= $4)

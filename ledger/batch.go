@@ -1,0 +1,160 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/stockgate/stockgate/stock"
+)
+
+// ErrSplit marks an order of a batch that could not be committed together
+// with the others (its SKU's stock or a buyer's cap would not cover the
+// whole batch); nothing of it was written. Commit it alone with Purchase,
+// which gives its own answer.
+var ErrSplit = errors.New("ledger: commit alone")
+
+// BatchResult is one order's outcome in PurchaseBatch: the stored order
+// and nil, ErrDuplicate with the order the key already had, or ErrSplit.
+type BatchResult struct {
+	Order Order
+	Err   error
+}
+
+// PurchaseBatch commits many orders the Redis gate admitted in one
+// transaction (group commit): the order rows, then one conditional update
+// per SKU for the sum of its new orders, then each buyer's counts under the
+// caps. Winners of a hot SKU then cost one transaction per batch instead of
+// one each, all waiting on one row lock. If a SKU's update or a buyer's cap
+// refuses, the transaction is rolled back and retried without that SKU's
+// orders, which come back as ErrSplit. The error return is for the batch as
+// a whole: ErrNotCommitted before COMMIT, any other error at COMMIT (the
+// outcome is unknown; look the keys up).
+func (l *Ledger) PurchaseBatch(ctx context.Context, orders []Order) (_ []BatchResult, err error) {
+	defer l.observe("purchase_batch", time.Now(), &err)
+	out := make([]BatchResult, len(orders))
+	now := l.now().UTC().Truncate(time.Millisecond)
+	live := make([]int, 0, len(orders))
+	for i, o := range orders {
+		if o.Quantity < 1 || o.IdempotencyKey == "" {
+			return nil, fmt.Errorf("%w: order quantity %d key %q", stock.ErrInvalid, o.Quantity, o.IdempotencyKey)
+		}
+		if o.ID == "" {
+			orders[i].ID = NewID()
+		}
+		orders[i].CreatedAt = now
+		live = append(live, i)
+	}
+	for len(live) > 0 {
+		split, dups, err := l.tryBatch(ctx, orders, live, now)
+		if err != nil {
+			return nil, err
+		}
+		if split.Program == "" {
+			for _, i := range live {
+				out[i] = BatchResult{Order: orders[i]}
+			}
+			l.batch.Observe(float64(len(live) - len(dups)))
+			for _, i := range dups {
+				prev, err := l.OrderByKey(ctx, orders[i].IdempotencyKey)
+				if err != nil {
+					return nil, fmt.Errorf("ledger: batch: duplicate key: %w", err)
+				}
+				out[i] = BatchResult{Order: prev, Err: ErrDuplicate}
+			}
+			return out, nil
+		}
+		// Take the refusing SKU out and try again without it.
+		kept := live[:0:0]
+		for _, i := range live {
+			if orders[i].SKU == split {
+				out[i] = BatchResult{Err: ErrSplit}
+			} else {
+				kept = append(kept, i)
+			}
+		}
+		live = kept
+	}
+	return out, nil
+}
+
+// tryBatch runs one transaction over orders[live]. It returns the SKU that
+// refused (zero when it committed) and the indexes whose key was taken.
+func (l *Ledger) tryBatch(ctx context.Context, orders []Order, live []int, now time.Time) (stock.SKU, []int, error) {
+	tx, err := l.db.BeginTx(ctx, nil)
+	if err != nil {
+		return stock.SKU{}, nil, notCommitted("batch: begin", err)
+	}
+	defer tx.Rollback()
+	var dups []int
+	sums := map[stock.SKU]int64{}
+	buyers := map[stock.SKU]map[string]int64{}
+	for _, i := range live {
+		inserted, err := insertOrder(ctx, tx, orders[i])
+		if err != nil {
+			return stock.SKU{}, nil, err
+		}
+		if !inserted {
+			dups = append(dups, i)
+			continue
+		}
+		o := orders[i]
+		sums[o.SKU] += o.Quantity
+		if buyers[o.SKU] == nil {
+			buyers[o.SKU] = map[string]int64{}
+		}
+		buyers[o.SKU][o.Buyer] += o.Quantity
+	}
+	// SKU rows in a fixed order, so concurrent batches cannot deadlock.
+	skus := make([]stock.SKU, 0, len(sums))
+	for sku := range sums {
+		skus = append(skus, sku)
+	}
+	slices.SortFunc(skus, func(a, b stock.SKU) int {
+		if a.Program != b.Program {
+			return compare(a.Program, b.Program)
+		}
+		return compare(a.Ticket, b.Ticket)
+	})
+	for _, sku := range skus {
+		res, err := tx.ExecContext(ctx, `UPDATE skus SET sold = sold + $3, version = version + 1, updated_at = $4
+			WHERE program = $1 AND ticket = $2 AND ended_at = 0 AND sold + held + $3 <= total`,
+			sku.Program, sku.Ticket, sums[sku], now.UnixMilli())
+		if err != nil {
+			return stock.SKU{}, nil, notCommitted("batch: update sku", err)
+		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			return sku, nil, nil
+		}
+		names := make([]string, 0, len(buyers[sku]))
+		for b := range buyers[sku] {
+			names = append(names, b)
+		}
+		slices.Sort(names)
+		for _, b := range names {
+			err := countBuyer(ctx, tx, sku, b, buyers[sku][b])
+			if errors.Is(err, stock.ErrLimit) {
+				return sku, nil, nil
+			}
+			if err != nil {
+				return stock.SKU{}, nil, err
+			}
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return stock.SKU{}, nil, fmt.Errorf("ledger: batch: commit: %w", err)
+	}
+	return stock.SKU{}, dups, nil
+}
+
+func compare(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}

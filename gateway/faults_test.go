@@ -630,6 +630,11 @@ func reseedHolder() int {
 	return 1
 }
 
+func (l *countingLedger) PurchaseBatch(ctx context.Context, orders []ledger.Order) ([]ledger.BatchResult, error) {
+	l.note("PurchaseBatch")
+	return l.Ledger.PurchaseBatch(ctx, orders)
+}
+
 func (l *countingLedger) Hold(ctx context.Context, h ledger.Hold, v int64) (ledger.Hold, error) {
 	l.note("Hold")
 	return l.Ledger.Hold(ctx, h, v)

@@ -113,6 +113,7 @@ func startEnv(t *testing.T, o envOptions) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(srv.Close)
 	srv.SetReady(true)
 	if o.drift {
 		dctx, stop := context.WithCancel(ctx)

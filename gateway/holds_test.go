@@ -216,8 +216,8 @@ func TestPerBuyerCap(t *testing.T) {
 		t.Errorf("50 purchases by one buyer capped at 4: %v", counts)
 	}
 	t.Logf("by method: %v", counted.byMethod())
-	if ledgerCalls != 4 {
-		t.Errorf("the flood made %d ledger calls, want 4 (one per admitted purchase)", ledgerCalls)
+	if ledgerCalls < 1 || ledgerCalls > 4 {
+		t.Errorf("the flood made %d ledger calls, want 1..4 (the 4 admitted purchases, maybe committed together)", ledgerCalls)
 	}
 	if r := e.buy(t, sku, "other", "bob", 4); r.status != http.StatusCreated {
 		t.Errorf("another buyer = %d %s", r.status, r.body)

@@ -260,3 +260,22 @@ func TestTailCollapse(t *testing.T) {
 	redisConsistent(t, e2, crash)
 	t.Logf("collapse killed half-way; the sale ended %v later with sold = total", time.Since(killed).Round(time.Millisecond))
 }
+
+// Winners of a hot SKU are group-committed: under 64 concurrent buyers some
+// ledger transactions carry several orders, and the sale is still exact.
+func TestGroupCommit(t *testing.T) {
+	e := startEnv(t, envOptions{driver: ledger.Postgres})
+	sku := newSKU(t)
+	e.putSKU(t, sku, 2000, 12, 4)
+	counts := e.buyAll(3000, 64, func(i int) reply { return e.buy(t, sku, fmt.Sprintf("gc-%d", i), fmt.Sprintf("b%d", i), 1) })
+	st := e.state(t, sku)
+	if counts[http.StatusCreated] != 2000 || st.Sold != 2000 || st.Orders != 2000 || st.RedisRemaining != 0 {
+		t.Errorf("answers %v, state %+v; want exactly 2000 sold", counts, st)
+	}
+	h := histogram(t, e.reg, "stockgate_ledger_batch_size")
+	batches := counter(t, e.reg, "stockgate_ledger_writes_total", map[string]string{"op": "purchase_batch", "result": "ok"})
+	if batches == 0 || h.sum <= float64(h.count) {
+		t.Errorf("no group commit: %v batch transactions, %v orders in %d transactions", batches, h.sum, h.count)
+	}
+	t.Logf("2000 winners in %d ledger transactions (%v batches, mean %.1f orders each)", h.count, batches, h.mean())
+}

@@ -171,7 +171,7 @@ func (s *Server) commit(ctx context.Context, w want, st ledger.SKUState, gate st
 	var o ledger.Order
 	var err error
 	if version < 0 {
-		o, err = s.ledger.Purchase(ctx, w.order(gate))
+		o, err = s.committer.commit(w.order(gate))
 	} else {
 		o, err = s.ledger.PurchaseDirect(ctx, w.order(gate), version)
 	}

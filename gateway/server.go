@@ -63,6 +63,7 @@ type Ledger interface {
 	SKU(ctx context.Context, sku stock.SKU) (ledger.SKUState, error)
 	Purchase(ctx context.Context, o ledger.Order) (ledger.Order, error)
 	PurchaseDirect(ctx context.Context, o ledger.Order, version int64) (ledger.Order, error)
+	PurchaseBatch(ctx context.Context, orders []ledger.Order) ([]ledger.BatchResult, error)
 	OrderByKey(ctx context.Context, key string) (ledger.Order, error)
 	MarkGateSeeded(ctx context.Context, sku stock.SKU, seq int64) error
 	Hold(ctx context.Context, h ledger.Hold, version int64) (ledger.Hold, error)
@@ -130,6 +131,9 @@ type Options struct {
 	// CacheMetrics receives the local caches' hit and miss counts; the same
 	// one main gave the Cache. Default: new metrics on Registry.
 	CacheMetrics *cache.Metrics
+	// BatchMax is the most gate-admitted purchases committed in one ledger
+	// transaction (group commit); 1 commits each alone. Default 256.
+	BatchMax int
 	// CollapseAt: when a SKU spread over several shards has this many units
 	// left per shard or fewer, the drift check collapses it onto one shard
 	// (a fenced resize), so the last units sit together. Default 1;
@@ -169,6 +173,8 @@ type Server struct {
 	metrics  *metrics
 	http     *httpMetrics
 	limiter  *limiter
+	// committer group-commits gate-admitted purchases.
+	committer *committer
 	fallback chan struct{} // semaphore of ledger-direct purchases
 	reseeds  singleflight.Group
 	log      *slog.Logger
@@ -217,6 +223,9 @@ func New(opts Options) (*Server, error) {
 	if opts.FallbackConcurrency == 0 {
 		opts.FallbackConcurrency = 16
 	}
+	if opts.BatchMax == 0 {
+		opts.BatchMax = 256
+	}
 	if opts.CollapseAt == 0 {
 		opts.CollapseAt = 1
 	}
@@ -234,6 +243,8 @@ func New(opts Options) (*Server, error) {
 		return nil, errors.New("gateway: negative duration")
 	case opts.RatePerClient < 0 || opts.RateBurst < 0 || (opts.RatePerClient > 0 && opts.RateBurst < 1):
 		return nil, errors.New("gateway: RatePerClient and RateBurst must be positive together, or RatePerClient 0")
+	case opts.BatchMax < 1:
+		return nil, errors.New("gateway: BatchMax must be at least 1")
 	case opts.FallbackConcurrency < 1 || opts.FallbackAttempts < 1:
 		return nil, errors.New("gateway: FallbackConcurrency and FallbackAttempts must be at least 1")
 	}
@@ -277,6 +288,7 @@ func New(opts Options) (*Server, error) {
 	if s.engine, err = s.routes(); err != nil {
 		return nil, err
 	}
+	s.committer = newCommitter(s, 8, opts.BatchMax)
 	return s, nil
 }
 
@@ -288,6 +300,10 @@ func setDefault(d *time.Duration, v time.Duration) {
 
 // Handler is the HTTP handler of the whole API.
 func (s *Server) Handler() http.Handler { return s.engine }
+
+// Close stops the group committer after it has answered what was queued.
+// Call it after the HTTP server has drained.
+func (s *Server) Close() { s.committer.close() }
 
 // BreakerState is the Redis breaker's state now.
 func (s *Server) BreakerState() breaker.State { return s.breaker.State() }

@@ -82,6 +82,7 @@ type config struct {
 	SlowRequest         time.Duration
 	DrainDelay          time.Duration
 	PprofAddr           string
+	BatchMax            int
 }
 
 func flags(fs *flag.FlagSet, c *config) {
@@ -124,6 +125,7 @@ func flags(fs *flag.FlagSet, c *config) {
 	fs.DurationVar(&c.SlowRequest, "slow-request", time.Second, "latency above which a request is logged")
 	fs.DurationVar(&c.DrainDelay, "drain-delay", 0, "on SIGTERM, time /readyz fails while requests are still served, before connections close (Kubernetes' preStop sleep does this too)")
 	fs.StringVar(&c.PprofAddr, "pprof-addr", "", "host:port of a separate listener for /debug/pprof (empty: off; keep it off the public network)")
+	fs.IntVar(&c.BatchMax, "batch-max", 256, "most gate-admitted purchases committed in one ledger transaction (group commit; 1: each alone)")
 	fs.Int64Var(&c.CollapseAt, "collapse-at", 1, "units left per shard at which a sharded SKU's tail collapses onto one shard (negative: never)")
 	fs.DurationVar(&c.SweepEvery, "sweep-every", time.Second, "period of the hold-expiry sweeper (bounds how late an expired hold's stock comes back)")
 }
@@ -191,6 +193,8 @@ func (c config) validate() error {
 		return bad("drain-delay", "must be >= 0 and below the shutdown grace")
 	case c.PprofAddr != "" && !validHostPort(c.PprofAddr):
 		return bad("pprof-addr", "not host:port")
+	case c.BatchMax < 1:
+		return bad("batch-max", "must be at least 1")
 	case c.CollapseAt == 0:
 		return bad("collapse-at", "must be at least 1, or negative to turn collapsing off")
 	case c.LockTTL < time.Second:
@@ -310,7 +314,7 @@ func serve(ctx context.Context, c config, log *slog.Logger) error {
 		},
 		FallbackConcurrency: c.FallbackConcurrency, FallbackAttempts: c.FallbackAttempts,
 		FallbackBackoff: c.FallbackBackoff, ReseedWait: c.ReseedWait, FenceSettle: c.FenceSettle,
-		DriftEvery: c.DriftEvery, SweepEvery: c.SweepEvery, CollapseAt: c.CollapseAt,
+		DriftEvery: c.DriftEvery, SweepEvery: c.SweepEvery, CollapseAt: c.CollapseAt, BatchMax: c.BatchMax,
 	})
 	if err != nil {
 		return err
@@ -366,6 +370,7 @@ func serve(ctx context.Context, c config, log *slog.Logger) error {
 	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
+	srv.Close()
 	log.Info("stopped cleanly")
 	return nil
 }

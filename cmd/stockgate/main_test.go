@@ -51,6 +51,7 @@ func TestBadConfigExits2NamingTheVariable(t *testing.T) {
 		{"STOCKGATE_DRAIN_DELAY", "1h"},
 		{"STOCKGATE_ADMIN_TOKEN", "short"},
 		{"STOCKGATE_PPROF_ADDR", "nope"},
+		{"STOCKGATE_BATCH_MAX", "0"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.env, func(t *testing.T) {

@@ -126,6 +126,9 @@ func Attack(r Run) (Result, error) {
 	start := time.Now()
 	next := start.Add(time.Second)
 	for hit := range atk.Attack(targeter, pacer, r.Duration, r.Name) {
+		if hit.Error == errDone.Error() {
+			continue // the scenario ran out: not a request
+		}
 		res.Requests++
 		res.Codes[int(hit.Code)]++
 		if hit.Error != "" && hit.Code == 0 {

@@ -1,0 +1,126 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"sync"
+
+	"github.com/stockgate/stockgate/ledger"
+)
+
+// committer group-commits the purchases the Redis gate admitted: purchases
+// of one SKU queue on one partition, and each partition commits whatever
+// queued while its previous transaction ran as one ledger transaction. The
+// winners of a hot SKU then wait on one row lock per batch, not per order,
+// so ledger load grows with batches, not with winners; a quiet SKU's
+// purchase still commits at once, alone.
+type committer struct {
+	s      *Server
+	max    int
+	queues []chan *pendingCommit
+	stop   chan struct{}
+	wg     sync.WaitGroup
+}
+
+type pendingCommit struct {
+	order ledger.Order
+	out   chan commitOut
+}
+
+type commitOut struct {
+	order ledger.Order
+	err   error
+}
+
+var errClosing = fmt.Errorf("gateway: shutting down: %w", ledger.ErrNotCommitted)
+
+func newCommitter(s *Server, partitions, max int) *committer {
+	c := &committer{s: s, max: max, stop: make(chan struct{})}
+	for range partitions {
+		q := make(chan *pendingCommit, 4*max)
+		c.queues = append(c.queues, q)
+		c.wg.Go(func() { c.run(q) }) // owned by c; ends with close
+	}
+	return c
+}
+
+// commit waits for o's turn in a batch and returns what Ledger.Purchase
+// would have: the order, ErrDuplicate with the stored one, a refusal, or
+// an error (ErrNotCommitted when nothing was written).
+func (c *committer) commit(o ledger.Order) (ledger.Order, error) {
+	p := &pendingCommit{order: o, out: make(chan commitOut, 1)}
+	q := c.queues[crc32.ChecksumIEEE([]byte(o.SKU.Program+"\x00"+o.SKU.Ticket))%uint32(len(c.queues))]
+	select {
+	case q <- p:
+	case <-c.stop:
+		return ledger.Order{}, errClosing
+	}
+	r := <-p.out
+	return r.order, r.err
+}
+
+func (c *committer) run(q chan *pendingCommit) {
+	for {
+		var first *pendingCommit
+		select {
+		case first = <-q:
+		case <-c.stop:
+			// Answer whatever is still queued before leaving.
+			for {
+				select {
+				case p := <-q:
+					c.flush([]*pendingCommit{p})
+				default:
+					return
+				}
+			}
+		}
+		batch := []*pendingCommit{first}
+	drain:
+		for len(batch) < c.max {
+			select {
+			case p := <-q:
+				batch = append(batch, p)
+			default:
+				break drain
+			}
+		}
+		c.flush(batch)
+	}
+}
+
+func (c *committer) flush(batch []*pendingCommit) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.s.opts.WorkTimeout)
+	defer cancel()
+	if len(batch) == 1 {
+		o, err := c.s.ledger.Purchase(ctx, batch[0].order)
+		batch[0].out <- commitOut{o, err}
+		return
+	}
+	orders := make([]ledger.Order, len(batch))
+	for i, p := range batch {
+		orders[i] = p.order
+	}
+	res, err := c.s.ledger.PurchaseBatch(ctx, orders)
+	for i, p := range batch {
+		switch {
+		case err != nil:
+			p.out <- commitOut{err: err}
+		case errors.Is(res[i].Err, ledger.ErrSplit):
+			// Its SKU could not take the whole batch: the ledger decides
+			// this one alone (sold out, over a cap, or fine after all).
+			o, err := c.s.ledger.Purchase(ctx, p.order)
+			p.out <- commitOut{o, err}
+		default:
+			p.out <- commitOut{res[i].Order, res[i].Err}
+		}
+	}
+}
+
+// close stops the partitions once they have answered what was queued.
+func (c *committer) close() {
+	close(c.stop)
+	c.wg.Wait()
+}

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"math/rand/v2"
 	"sync"
+	"time"
 
 	"github.com/stockgate/stockgate/ledger"
 )
@@ -19,6 +21,7 @@ import (
 type committer struct {
 	s      *Server
 	max    int
+	direct bool // sales around the Redis gate (breaker open): optimistic batches
 	queues []chan *pendingCommit
 	stop   chan struct{}
 	wg     sync.WaitGroup
@@ -36,8 +39,8 @@ type commitOut struct {
 
 var errClosing = fmt.Errorf("gateway: shutting down: %w", ledger.ErrNotCommitted)
 
-func newCommitter(s *Server, partitions, max int) *committer {
-	c := &committer{s: s, max: max, stop: make(chan struct{})}
+func newCommitter(s *Server, partitions, max int, direct bool) *committer {
+	c := &committer{s: s, max: max, direct: direct, stop: make(chan struct{})}
 	for range partitions {
 		q := make(chan *pendingCommit, 4*max)
 		c.queues = append(c.queues, q)
@@ -94,6 +97,10 @@ func (c *committer) run(q chan *pendingCommit) {
 func (c *committer) flush(batch []*pendingCommit) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.s.opts.WorkTimeout)
 	defer cancel()
+	if c.direct {
+		c.flushDirect(ctx, batch)
+		return
+	}
 	if len(batch) == 1 {
 		o, err := c.s.ledger.Purchase(ctx, batch[0].order)
 		batch[0].out <- commitOut{o, err}
@@ -103,7 +110,7 @@ func (c *committer) flush(batch []*pendingCommit) {
 	for i, p := range batch {
 		orders[i] = p.order
 	}
-	res, err := c.s.ledger.PurchaseBatch(ctx, orders)
+	res, err := c.s.ledger.PurchaseBatch(ctx, orders, false)
 	for i, p := range batch {
 		switch {
 		case err != nil:
@@ -116,6 +123,37 @@ func (c *committer) flush(batch []*pendingCommit) {
 		default:
 			p.out <- commitOut{res[i].Order, res[i].Err}
 		}
+	}
+}
+
+// flushDirect commits a batch of sales around the gate, optimistically:
+// the ledger reads each SKU's version in the transaction and updates at it;
+// when another replica moved it meanwhile, the whole batch is retried after
+// a jittered, growing pause, up to FallbackAttempts times. One replica's
+// buyers of a SKU never conflict with each other: they share a batch.
+func (c *committer) flushDirect(ctx context.Context, batch []*pendingCommit) {
+	orders := make([]ledger.Order, len(batch))
+	for i, p := range batch {
+		orders[i] = p.order
+	}
+	var res []ledger.BatchResult
+	var err error
+	for attempt := range c.s.opts.FallbackAttempts {
+		if attempt > 0 {
+			pause := time.Duration(rand.Int64N(int64(c.s.opts.FallbackBackoff) << attempt))
+			time.Sleep(pause)
+		}
+		if res, err = c.s.ledger.PurchaseBatch(ctx, orders, true); !errors.Is(err, ledger.ErrConflict) {
+			break
+		}
+	}
+	for i, p := range batch {
+		if err != nil {
+			p.out <- commitOut{err: err}
+			continue
+		}
+		// A split order's error wraps why (sold out, over a cap, ended).
+		p.out <- commitOut{res[i].Order, res[i].Err}
 	}
 }
 

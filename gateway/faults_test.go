@@ -40,7 +40,9 @@ func faultEnv(t *testing.T, tune func(*gateway.Options)) (*env, *testenv.Cluster
 func TestFaultKillMaster(t *testing.T) {
 	for _, shards := range []int{1, 4} {
 		t.Run(map[int]string{1: "shards=1", 4: "shards=4"}[shards], func(t *testing.T) {
-			e, c := faultEnv(t, nil)
+			// A narrow ledger fallback, so the sale outlasts the failover and
+			// Redis is seen selling again after it.
+			e, c := faultEnv(t, func(o *gateway.Options) { o.FallbackConcurrency = 1 })
 			sku := newSKU(t)
 			const total = 4000
 			e.putSKU(t, sku, total, shards, 4)
@@ -136,7 +138,7 @@ func TestFaultZombieMaster(t *testing.T) {
 func TestFaultAllRedisDown(t *testing.T) {
 	e, c := faultEnv(t, func(o *gateway.Options) {
 		o.Breaker = breaker.Options{OpenFor: 500 * time.Millisecond}
-		o.FallbackConcurrency = 4 // keep the sale going until Redis is back
+		o.FallbackConcurrency = 1 // keep the sale going until Redis is back
 	})
 	sku := newSKU(t)
 	const total = 3000
@@ -630,9 +632,9 @@ func reseedHolder() int {
 	return 1
 }
 
-func (l *countingLedger) PurchaseBatch(ctx context.Context, orders []ledger.Order) ([]ledger.BatchResult, error) {
+func (l *countingLedger) PurchaseBatch(ctx context.Context, orders []ledger.Order, direct bool) ([]ledger.BatchResult, error) {
 	l.note("PurchaseBatch")
-	return l.Ledger.PurchaseBatch(ctx, orders)
+	return l.Ledger.PurchaseBatch(ctx, orders, direct)
 }
 
 func (l *countingLedger) Hold(ctx context.Context, h ledger.Hold, v int64) (ledger.Hold, error) {

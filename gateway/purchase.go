@@ -173,7 +173,10 @@ func (s *Server) commit(ctx context.Context, w want, st ledger.SKUState, gate st
 	if version < 0 {
 		o, err = s.committer.commit(w.order(gate))
 	} else {
-		o, err = s.ledger.PurchaseDirect(ctx, w.order(gate), version)
+		// Around the gate: batched with this replica's other buyers of the
+		// SKU, optimistic against other replicas (the ledger reads the
+		// version in the batch's transaction).
+		o, err = s.direct.commit(w.order(gate))
 	}
 	return answer{status: http.StatusCreated, order: o}, err
 }

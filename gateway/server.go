@@ -63,7 +63,7 @@ type Ledger interface {
 	SKU(ctx context.Context, sku stock.SKU) (ledger.SKUState, error)
 	Purchase(ctx context.Context, o ledger.Order) (ledger.Order, error)
 	PurchaseDirect(ctx context.Context, o ledger.Order, version int64) (ledger.Order, error)
-	PurchaseBatch(ctx context.Context, orders []ledger.Order) ([]ledger.BatchResult, error)
+	PurchaseBatch(ctx context.Context, orders []ledger.Order, direct bool) ([]ledger.BatchResult, error)
 	OrderByKey(ctx context.Context, key string) (ledger.Order, error)
 	MarkGateSeeded(ctx context.Context, sku stock.SKU, seq int64) error
 	Hold(ctx context.Context, h ledger.Hold, version int64) (ledger.Hold, error)
@@ -173,8 +173,10 @@ type Server struct {
 	metrics  *metrics
 	http     *httpMetrics
 	limiter  *limiter
-	// committer group-commits gate-admitted purchases.
+	// committer group-commits gate-admitted purchases; direct, the ones
+	// sold around the gate while the breaker is open.
 	committer *committer
+	direct    *committer
 	fallback chan struct{} // semaphore of ledger-direct purchases
 	reseeds  singleflight.Group
 	log      *slog.Logger
@@ -288,7 +290,8 @@ func New(opts Options) (*Server, error) {
 	if s.engine, err = s.routes(); err != nil {
 		return nil, err
 	}
-	s.committer = newCommitter(s, 8, opts.BatchMax)
+	s.committer = newCommitter(s, 8, opts.BatchMax, false)
+	s.direct = newCommitter(s, 4, opts.BatchMax, true)
 	return s, nil
 }
 
@@ -303,7 +306,10 @@ func (s *Server) Handler() http.Handler { return s.engine }
 
 // Close stops the group committer after it has answered what was queued.
 // Call it after the HTTP server has drained.
-func (s *Server) Close() { s.committer.close() }
+func (s *Server) Close() {
+	s.committer.close()
+	s.direct.close()
+}
 
 // BreakerState is the Redis breaker's state now.
 func (s *Server) BreakerState() breaker.State { return s.breaker.State() }

@@ -12,8 +12,9 @@ import (
 
 // ErrSplit marks an order of a batch that could not be committed together
 // with the others (its SKU's stock or a buyer's cap would not cover the
-// whole batch); nothing of it was written. Commit it alone with Purchase,
-// which gives its own answer.
+// whole batch, or the sale ended); nothing of it was written. It wraps the
+// reason (stock.ErrSoldOut, stock.ErrLimit, ...). Commit it alone to learn
+// its own answer.
 var ErrSplit = errors.New("ledger: commit alone")
 
 // BatchResult is one order's outcome in PurchaseBatch: the stored order
@@ -32,8 +33,18 @@ type BatchResult struct {
 // orders, which come back as ErrSplit. The error return is for the batch as
 // a whole: ErrNotCommitted before COMMIT, any other error at COMMIT (the
 // outcome is unknown; look the keys up).
-func (l *Ledger) PurchaseBatch(ctx context.Context, orders []Order) (_ []BatchResult, err error) {
-	defer l.observe("purchase_batch", time.Now(), &err)
+//
+// With direct, the orders went around the Redis gate (the breaker is open):
+// each SKU's update is optimistic, at the version read in the same
+// transaction, and bumps bypass_seq like PurchaseDirect; a version that
+// moved meanwhile (another replica sold) fails the batch with ErrConflict,
+// nothing written, to be retried.
+func (l *Ledger) PurchaseBatch(ctx context.Context, orders []Order, direct bool) (_ []BatchResult, err error) {
+	op := "purchase_batch"
+	if direct {
+		op = "purchase_direct_batch"
+	}
+	defer l.observe(op, time.Now(), &err)
 	out := make([]BatchResult, len(orders))
 	now := l.now().UTC().Truncate(time.Millisecond)
 	live := make([]int, 0, len(orders))
@@ -48,7 +59,7 @@ func (l *Ledger) PurchaseBatch(ctx context.Context, orders []Order) (_ []BatchRe
 		live = append(live, i)
 	}
 	for len(live) > 0 {
-		split, dups, err := l.tryBatch(ctx, orders, live, now)
+		split, why, dups, err := l.tryBatch(ctx, orders, live, now, direct)
 		if err != nil {
 			return nil, err
 		}
@@ -70,7 +81,7 @@ func (l *Ledger) PurchaseBatch(ctx context.Context, orders []Order) (_ []BatchRe
 		kept := live[:0:0]
 		for _, i := range live {
 			if orders[i].SKU == split {
-				out[i] = BatchResult{Err: ErrSplit}
+				out[i] = BatchResult{Err: fmt.Errorf("%w: %w", ErrSplit, why)}
 			} else {
 				kept = append(kept, i)
 			}
@@ -81,11 +92,12 @@ func (l *Ledger) PurchaseBatch(ctx context.Context, orders []Order) (_ []BatchRe
 }
 
 // tryBatch runs one transaction over orders[live]. It returns the SKU that
-// refused (zero when it committed) and the indexes whose key was taken.
-func (l *Ledger) tryBatch(ctx context.Context, orders []Order, live []int, now time.Time) (stock.SKU, []int, error) {
+// refused and why (zero when it committed), and the indexes whose key was
+// taken.
+func (l *Ledger) tryBatch(ctx context.Context, orders []Order, live []int, now time.Time, direct bool) (stock.SKU, error, []int, error) {
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
-		return stock.SKU{}, nil, notCommitted("batch: begin", err)
+		return stock.SKU{}, nil, nil, notCommitted("batch: begin", err)
 	}
 	defer tx.Rollback()
 	var dups []int
@@ -94,7 +106,7 @@ func (l *Ledger) tryBatch(ctx context.Context, orders []Order, live []int, now t
 	for _, i := range live {
 		inserted, err := insertOrder(ctx, tx, orders[i])
 		if err != nil {
-			return stock.SKU{}, nil, err
+			return stock.SKU{}, nil, nil, err
 		}
 		if !inserted {
 			dups = append(dups, i)
@@ -119,14 +131,22 @@ func (l *Ledger) tryBatch(ctx context.Context, orders []Order, live []int, now t
 		return compare(a.Ticket, b.Ticket)
 	})
 	for _, sku := range skus {
-		res, err := tx.ExecContext(ctx, `UPDATE skus SET sold = sold + $3, version = version + 1, updated_at = $4
-			WHERE program = $1 AND ticket = $2 AND ended_at = 0 AND sold + held + $3 <= total`,
-			sku.Program, sku.Ticket, sums[sku], now.UnixMilli())
-		if err != nil {
-			return stock.SKU{}, nil, notCommitted("batch: update sku", err)
+		var version int64 = -1
+		if direct {
+			st, err := scanSKU(tx.QueryRowContext(ctx, selectSKU, sku.Program, sku.Ticket))
+			if err != nil {
+				return stock.SKU{}, nil, nil, notCommitted("batch: read sku", err)
+			}
+			version = st.Version
 		}
-		if n, _ := res.RowsAffected(); n != 1 {
-			return sku, nil, nil
+		err := updateSKU(ctx, tx, sku, sums[sku], "sold", version, now.UnixMilli())
+		switch {
+		case errors.Is(err, ErrConflict):
+			return stock.SKU{}, nil, nil, ErrConflict
+		case errors.Is(err, stock.ErrSoldOut), errors.Is(err, stock.ErrSaleEnded), errors.Is(err, stock.ErrUnknownSKU):
+			return sku, err, nil, nil
+		case err != nil:
+			return stock.SKU{}, nil, nil, err
 		}
 		names := make([]string, 0, len(buyers[sku]))
 		for b := range buyers[sku] {
@@ -136,17 +156,17 @@ func (l *Ledger) tryBatch(ctx context.Context, orders []Order, live []int, now t
 		for _, b := range names {
 			err := countBuyer(ctx, tx, sku, b, buyers[sku][b])
 			if errors.Is(err, stock.ErrLimit) {
-				return sku, nil, nil
+				return sku, err, nil, nil
 			}
 			if err != nil {
-				return stock.SKU{}, nil, err
+				return stock.SKU{}, nil, nil, err
 			}
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return stock.SKU{}, nil, fmt.Errorf("ledger: batch: commit: %w", err)
+		return stock.SKU{}, nil, nil, fmt.Errorf("ledger: batch: commit: %w", err)
 	}
-	return stock.SKU{}, dups, nil
+	return stock.SKU{}, nil, dups, nil
 }
 
 func compare(a, b string) int {

@@ -565,6 +565,14 @@ func insertOrder(ctx context.Context, tx *sql.Tx, o Order) (bool, error) {
 // stock.ErrSaleEnded, stock.ErrUnknownSKU or ErrConflict when nothing
 // may move, or an ErrNotCommitted error.
 func (l *Ledger) takeStock(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer string, q int64, column string, version int64, now int64) error {
+	if err := updateSKU(ctx, tx, sku, q, column, version, now); err != nil {
+		return err
+	}
+	return countBuyer(ctx, tx, sku, buyer, q)
+}
+
+// updateSKU is takeStock's first half: the conditional update of the row.
+func updateSKU(ctx context.Context, tx *sql.Tx, sku stock.SKU, q int64, column string, version int64, now int64) error {
 	args := []any{sku.Program, sku.Ticket, q, now}
 	extra, cond := "", ""
 	if version >= 0 {
@@ -590,7 +598,7 @@ func (l *Ledger) takeStock(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer
 		}
 		return ErrConflict
 	}
-	return countBuyer(ctx, tx, sku, buyer, q)
+	return nil
 }
 
 // countBuyer adds q to what the buyer holds + owns of the SKU and of its

@@ -165,28 +165,28 @@ type Options struct {
 
 // Server serves the API.
 type Server struct {
-	gate     Gate
-	ledger   Ledger
-	cache    *cache.Cache
-	locker   *lock.Locker
-	breaker  *breaker.Breaker
-	metrics  *metrics
-	http     *httpMetrics
-	limiter  *limiter
+	gate    Gate
+	ledger  Ledger
+	cache   *cache.Cache
+	locker  *lock.Locker
+	breaker *breaker.Breaker
+	metrics *metrics
+	http    *httpMetrics
+	limiter *limiter
 	// committer group-commits gate-admitted purchases; direct, the ones
 	// sold around the gate while the breaker is open.
 	committer *committer
 	direct    *committer
-	fallback chan struct{} // semaphore of ledger-direct purchases
-	reseeds  singleflight.Group
-	log      *slog.Logger
-	opts     Options
-	settings *cache.Loading[ledger.SKUState]
-	programs *cache.Loading[int64] // per-buyer cap of a program, keyed by {program, ""}
-	stock    *cache.Loading[stockView]
-	inflight inflight
-	ready    atomic.Bool
-	engine   *gin.Engine
+	fallback  chan struct{} // semaphore of ledger-direct purchases
+	reseeds   singleflight.Group
+	log       *slog.Logger
+	opts      Options
+	settings  *cache.Loading[ledger.SKUState]
+	programs  *cache.Loading[int64] // per-buyer cap of a program, keyed by {program, ""}
+	stock     *cache.Loading[stockView]
+	inflight  inflight
+	ready     atomic.Bool
+	engine    *gin.Engine
 }
 
 // New validates opts and returns a Server that is not ready yet: call

@@ -4,7 +4,7 @@ RUN_DIR := .run
 GO ?= go
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run stop test deps-redis deps-postgres deps-promtool build vet
+.PHONY: run stop test bench deps-redis deps-postgres deps-promtool build vet
 
 build:
 	$(GO) build -o $(RUN_DIR)/stockgate ./cmd/stockgate
@@ -61,3 +61,9 @@ vet:
 # Everything, with the race detector, against real servers the tests start.
 test: deps-redis deps-postgres deps-promtool vet
 	$(GO) test -race -count=1 -timeout 15m ./...
+
+# The side-by-side benchmark: its own Redis Cluster and PostgreSQL,
+# stockgate as its own process, the comparators; writes docs/BENCHMARKS.md
+# (about 10 minutes on 2 cores). Charts land in .run/bench/.
+bench: deps-redis deps-postgres
+	$(GO) run ./cmd/stockbench suite -out docs/BENCHMARKS.md

@@ -53,7 +53,8 @@ func (s *suite) write(in docInputs) {
 	fmt.Fprintf(d, "## How\n\nThroughput runs send %d requests from %d connections as fast as they are answered (closed loop);\n"+
 		"latency runs send at a fixed rate for 10s (open loop: a late answer counts from when it was due, no coordinated\n"+
 		"omission). Latencies are from an HDR histogram. A flash sale has stock = 10 %% of its requests, one ticket each,\n"+
-		"unique Idempotency-Keys. stockgate runs as its own process (PostgreSQL ledger, 12 shards for the hot SKU); the\n"+
+		"unique Idempotency-Keys. stockgate runs as its own process (PostgreSQL ledger with its default durable settings:\n"+
+		"fsync and synchronous commit on; 12 shards for the hot SKU); the\n"+
 		"comparators are bare gin handlers in the benchmark process using the same Redis Cluster client and the same\n"+
 		"PostgreSQL. Charts of latency over time: `.run/bench/*.html` after a run.\n\n", s.n, s.workers)
 	d.WriteString("## Results\n\n")

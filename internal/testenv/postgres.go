@@ -37,6 +37,16 @@ type Postgres struct {
 // temp directory (as the postgres user when running as root, since initdb
 // refuses root).
 func StartPostgres(ctx context.Context) (*Postgres, error) {
+	return startPostgres(ctx, false)
+}
+
+// StartDurablePostgres is StartPostgres with PostgreSQL's default, durable
+// settings (fsync, synchronous commit): what the benchmark measures against.
+func StartDurablePostgres(ctx context.Context) (*Postgres, error) {
+	return startPostgres(ctx, true)
+}
+
+func startPostgres(ctx context.Context, durable bool) (*Postgres, error) {
 	if u := os.Getenv(DatabaseURLEnv); u != "" {
 		return &Postgres{adminURL: u}, nil
 	}
@@ -68,12 +78,14 @@ func StartPostgres(ctx context.Context) (*Postgres, error) {
 			p.Stop()
 			return nil, err
 		}
-		// Durability is off: these servers hold test data for seconds. The
-		// benchmark runs against default, durable settings instead.
-		cmd := exec.Command(filepath.Join(bin, "postgres"), "-D", data,
-			"-p", strconv.Itoa(port), "-k", dir, "-c", "listen_addresses=127.0.0.1",
-			"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
-			"-c", "max_connections=300")
+		// Durability is off for tests: these servers hold test data for
+		// seconds. The benchmark asks for the default, durable settings.
+		args := []string{"-D", data, "-p", strconv.Itoa(port), "-k", dir, "-c", "listen_addresses=127.0.0.1",
+			"-c", "max_connections=300"}
+		if !durable {
+			args = append(args, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
+		}
+		cmd := exec.Command(filepath.Join(bin, "postgres"), args...)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true}
 		log, err := os.Create(filepath.Join(dir, "postgres.log"))
 		if err != nil {

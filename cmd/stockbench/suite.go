@@ -56,7 +56,7 @@ type gateway struct {
 func suiteCmd(args []string) error {
 	fs := flag.NewFlagSet("suite", flag.ExitOnError)
 	out := fs.String("out", "docs/BENCHMARKS.md", "benchmark document to write")
-	n := fs.Uint64("n", 60_000, "requests of each throughput run")
+	n := fs.Uint64("n", 150_000, "requests of each throughput run")
 	workers := fs.Uint64("workers", 64, "concurrent connections of each throughput run")
 	plots := fs.String("plots", ".run/bench", "directory for the latency-over-time charts")
 	_ = fs.Parse(args)
@@ -391,11 +391,12 @@ func (s *suite) runAll() error {
 	shardMem, recMem := s.redisMemory(flashSKU)
 
 	micro := microBenchmarks()
+	hot := hotSKU()
 	s.write(docInputs{flash: flash, flashAudit: flashAudit, capRun: capRun, floor: floor, bare: bare, compRes: compRes,
 		compOversell: compOversell, comps: comps, storm: storm, stormCalls: stormCalls, reads: reads, readCalls: readCalls,
 		bareReads: bareReads, steady: steady, steadyAudit: steadyAudit, holds: holds, confirms: confirms, fallback: fallback,
 		fbAudit: fbAudit, admitLat: admitLat, buyLat: buyLat, rssKB: rssKB, cpuTop: cpuTop, shardMem: shardMem,
-		recMem: recMem, micro: micro})
+		recMem: recMem, micro: micro, hot: hot})
 	return nil
 }
 
@@ -476,6 +477,29 @@ func microBenchmarks() string {
 		}
 	}
 	return strings.Join(keep, "\n")
+}
+
+// hotSKU runs the shard package's hot-SKU measurements: each master's share
+// of a sale's scripts for 1 and 12 shards, and probes per purchase through
+// a sale's tail.
+func hotSKU() string {
+	var b strings.Builder
+	for _, args := range [][]string{
+		{"test", "-run", "^$", "-bench", "HotSKUMasterShare", "-benchtime", "20000x", "./shard"},
+		{"test", "-count=1", "-run", "TestProbesPerPurchase", "-v", "./shard"},
+	} {
+		out, err := exec.Command("go", args...).CombinedOutput()
+		fmt.Fprintf(&b, "$ go %s\n", strings.Join(args, " "))
+		if err != nil {
+			fmt.Fprintf(&b, "failed: %v\n", err)
+		}
+		for _, l := range strings.Split(string(out), "\n") {
+			if strings.Contains(l, "per master") || strings.Contains(l, "probes per purchase") || strings.HasPrefix(l, "BenchmarkHot") {
+				b.WriteString(strings.TrimSpace(l) + "\n")
+			}
+		}
+	}
+	return b.String()
 }
 
 func goVersion() string { return runtime.Version() }

@@ -234,7 +234,8 @@ func TestTailCollapse(t *testing.T) {
 	}
 	waitFor(t, 5*time.Second, "the collapse onto one shard", func() bool {
 		st, _ := e.ledger.SKU(ctx, sku)
-		return st.Shards == 1
+		sh, err := e.gate.Read(ctx, sku, 1)
+		return st.Shards == 1 && err == nil && sh[0].Seeded && !sh[0].Fenced
 	})
 	if left, _, _ := e.gate.Remaining(ctx, sku, 1); left != 10 {
 		t.Errorf("one shard holds %d after the collapse, want 10", left)

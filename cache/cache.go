@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/maypok86/otter/v2"
@@ -56,8 +57,17 @@ type shardID struct {
 
 // Cache holds the sold-out flags and the known-empty shards.
 type Cache struct {
-	soldOut *otter.Cache[stock.SKU, struct{}]
+	soldOut *otter.Cache[stock.SKU, *flag]
 	empty   *otter.Cache[shardID, struct{}]
+	ttl     time.Duration
+}
+
+// flag is a sold-out flag. It is fresh for the TTL; for one more TTL it is
+// stale: one caller re-checks Redis while everyone else is still told sold
+// out, so the flag's expiry does not let a herd through to Redis.
+type flag struct {
+	fresh      time.Time
+	rechecking atomic.Bool
 }
 
 // New validates opts and returns a Cache.
@@ -65,9 +75,9 @@ func New(opts Options) (*Cache, error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
-	soldOut, err := otter.New(&otter.Options[stock.SKU, struct{}]{
+	soldOut, err := otter.New(&otter.Options[stock.SKU, *flag]{
 		MaximumSize:      opts.MaxEntries,
-		ExpiryCalculator: otter.ExpiryWriting[stock.SKU, struct{}](opts.SoldOutTTL),
+		ExpiryCalculator: otter.ExpiryWriting[stock.SKU, *flag](2 * opts.SoldOutTTL),
 		StatsRecorder:    opts.Stats,
 	})
 	if err != nil {
@@ -80,17 +90,27 @@ func New(opts Options) (*Cache, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cache: %w", err)
 	}
-	return &Cache{soldOut: soldOut, empty: empty}, nil
+	return &Cache{soldOut: soldOut, empty: empty, ttl: opts.SoldOutTTL}, nil
 }
 
-// SoldOut reports whether the SKU was found sold out within the TTL.
+// SoldOut reports whether the SKU was found sold out within the TTL. Past
+// the TTL (and within one more), exactly one caller gets false, to ask Redis
+// again and mark the flag anew or clear it; the others still get true.
 func (c *Cache) SoldOut(sku stock.SKU) bool {
-	_, ok := c.soldOut.GetIfPresent(sku)
-	return ok
+	f, ok := c.soldOut.GetIfPresent(sku)
+	if !ok {
+		return false
+	}
+	if time.Now().Before(f.fresh) {
+		return true
+	}
+	return !f.rechecking.CompareAndSwap(false, true)
 }
 
 // MarkSoldOut remembers the SKU as sold out for the TTL.
-func (c *Cache) MarkSoldOut(sku stock.SKU) { c.soldOut.Set(sku, struct{}{}) }
+func (c *Cache) MarkSoldOut(sku stock.SKU) {
+	c.soldOut.Set(sku, &flag{fresh: time.Now().Add(c.ttl)})
+}
 
 // ClearSoldOut forgets a sold-out flag, after stock came back or was added.
 func (c *Cache) ClearSoldOut(sku stock.SKU) { c.soldOut.Invalidate(sku) }

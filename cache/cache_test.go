@@ -96,3 +96,35 @@ func TestOptionsValidated(t *testing.T) {
 		t.Error("NewLoading accepted ttl 0 and no loader")
 	}
 }
+
+// Past its TTL a sold-out flag lets exactly one caller through to re-check
+// while everyone else is still told sold out; gone after a second TTL.
+func TestStaleSoldOutLetsOneThrough(t *testing.T) {
+	c, err := cache.New(cache.Options{SoldOutTTL: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.MarkSoldOut(sku)
+	time.Sleep(120 * time.Millisecond)
+	var through atomic.Int64
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Go(func() {
+			if !c.SoldOut(sku) {
+				through.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if through.Load() != 1 {
+		t.Errorf("%d of 64 callers let through to re-check a stale flag, want 1", through.Load())
+	}
+	c.MarkSoldOut(sku) // the re-check found it still sold out
+	if !c.SoldOut(sku) {
+		t.Error("a renewed flag is not fresh")
+	}
+	time.Sleep(250 * time.Millisecond)
+	if c.SoldOut(sku) {
+		t.Error("flag alive after two TTLs")
+	}
+}

@@ -284,6 +284,11 @@ func (s *Server) take(ctx context.Context, w want) answer {
 		return s.counted(pathGate, ansUnavailable)
 	}
 
+	if !d.Replayed {
+		// Stock was there: a stale sold-out flag (the one re-check let
+		// through) must not keep telling others it is gone.
+		s.cache.ClearSoldOut(w.sku)
+	}
 	if d.Replayed {
 		// This key took stock before. If that attempt committed, replay it;
 		// otherwise the stock it took is ours to commit now, and the ledger's

@@ -106,9 +106,9 @@ func (s *suite) write(in docInputs) {
   waiting for a durable commit.
 - **Holds** are committed one transaction each (no group commit for holds yet), all on the SKU's one row.
 - **Redis calls in the sold-out storm and the read flood** are not zero. The stock view is cached for 200 ms and
-  each reload reads the SKU's shards (12 scripts for a 12-shard SKU). The sold-out flag lives 500 ms, and when it
-  expires every request in flight at that moment (up to the 64 connections) asks Redis once before the flag is
-  set again; serving the stale flag while one request re-checks would remove that herd.
+  each reload reads the SKU's shards (12 scripts for a 12-shard SKU). The sold-out flag lives 500 ms; when it goes
+  stale one request re-checks Redis (probing the SKU's shards) while the others are still answered from memory,
+  so a storm costs a few scripts per second, not one per request.
 `)
 	fmt.Fprintf(d, "\nRedis memory (`MEMORY USAGE`): one stock shard hash %d bytes; one idempotency (deduction) record %d bytes.\n", in.shardMem, in.recMem)
 	fmt.Fprintf(d, "\nHolds: %s; then confirmed 70 %% of them: %s.\n", in.holds.CodesString(), in.confirms.CodesString())

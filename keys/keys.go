@@ -115,6 +115,19 @@ func Quota(program, ticket, buyer string) string {
 	return "sg:{" + slotTags()[slot] + "}:quota:" + program + ":" + ticket + ":" + buyer
 }
 
+// Seats is the key of one section of a SKU's seat map: a hash of seat id
+// to state, so a hold of several seats of one section is one script on one
+// slot. The section's tag is hashed from the SKU and the section, so the
+// sections of a hot map spread over the masters. Ids must have passed
+// CheckID.
+func Seats(program, ticket, section string) string {
+	if CheckID(program) != nil || CheckID(ticket) != nil || CheckID(section) != nil {
+		panic(fmt.Sprintf("keys.Seats(%q, %q, %q): unchecked ids", program, ticket, section))
+	}
+	slot := int(CRC16([]byte(program+":"+ticket+":"+section))) % Slots
+	return "sg:{" + slotTags()[slot] + "}:seats:" + program + ":" + ticket + ":" + section
+}
+
 // Bench is the key of a benchmark comparator's stock counter or lock for
 // a SKU (kind names which). Only the benchmark harness uses it; it keeps
 // the rule that key strings are built here.

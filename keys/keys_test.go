@@ -154,3 +154,16 @@ func TestLockKey(t *testing.T) {
 	}()
 	Lock("show-1", "ga", "re seed")
 }
+
+func TestSeatsKey(t *testing.T) {
+	a, b := Seats("show-1", "stalls", "A"), Seats("show-1", "stalls", "B")
+	if a == b || KeySlot(a) == KeySlot(b) && KeySlot(a) != KeySlot(Seats("show-1", "stalls", "A")) {
+		t.Errorf("sections share a key: %q %q", a, b)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("Seats with a bad section did not panic")
+		}
+	}()
+	Seats("show-1", "stalls", "A{1}")
+}

@@ -54,6 +54,16 @@ var Quota string
 //go:embed unquota.lua
 var Unquota string
 
+// SeatsHold holds seats of one section, all or nothing.
+//
+//go:embed seats_hold.lua
+var SeatsHold string
+
+// SeatsSet moves seats between states where they are in the expected one.
+//
+//go:embed seats_set.lua
+var SeatsSet string
+
 // Result codes shared by the scripts. They are small integers so the Go side
 // branches on numbers, never on strings.
 const (

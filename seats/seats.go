@@ -1,0 +1,230 @@
+// Package seats runs reserved seating on Redis Cluster: each section of a
+// SKU's seat map is one hash (seat id → state), so holding several seats of
+// a section is one all-or-nothing script on one slot. The ledger is the
+// truth; this is the gate that turns away requests for taken seats, and
+// Repair rewrites it from the ledger's facts.
+//
+// A seat's state in Redis is "" (free), a hold id (held by that hold), or
+// "S:" + hold id (sold through that hold).
+package seats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/lua"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// Errors.
+var (
+	// ErrTaken: some of the seats are held or sold by others; Taken lists them.
+	ErrTaken = errors.New("seats: taken")
+	// ErrUnknownSeat: some seats are not in the section's map.
+	ErrUnknownSeat = errors.New("seats: not in the seat map")
+)
+
+// Seat is one seat of a map.
+type Seat struct {
+	ID      string `json:"id"`
+	Section string `json:"section"`
+	Row     string `json:"row"`
+	Number  int    `json:"number"`
+}
+
+// Validate checks the ids a seat puts into keys.
+func (s Seat) Validate() error {
+	for _, id := range []string{s.ID, s.Section} {
+		if err := keys.CheckID(id); err != nil {
+			return fmt.Errorf("%w: seat %q section %q: %w", stock.ErrInvalid, s.ID, s.Section, err)
+		}
+	}
+	if s.Row == "" || len(s.Row) > 16 || s.Number < 1 {
+		return fmt.Errorf("%w: seat %q row %q number %d", stock.ErrInvalid, s.ID, s.Row, s.Number)
+	}
+	return nil
+}
+
+// SeatError names the seats a hold could not have.
+type SeatError struct {
+	Err   error // ErrTaken or ErrUnknownSeat
+	Seats []string
+}
+
+func (e *SeatError) Error() string { return fmt.Sprintf("%v: %v", e.Err, e.Seats) }
+func (e *SeatError) Unwrap() error { return e.Err }
+
+// Store is the Redis side of seat maps.
+type Store struct {
+	rdb  redis.Scripter
+	hold *redis.Script
+	set  *redis.Script
+}
+
+// New returns a Store on rdb (a *redis.ClusterClient in production).
+func New(rdb redis.Scripter) (*Store, error) {
+	if rdb == nil {
+		return nil, errors.New("seats: a Redis client is required")
+	}
+	return &Store{rdb: rdb, hold: redis.NewScript(lua.SeatsHold), set: redis.NewScript(lua.SeatsSet)}, nil
+}
+
+// State values.
+const free = ""
+
+func sold(hold string) string { return "S:" + hold }
+
+// Load adds the seats of a map that Redis does not have yet, free; seats it
+// has keep their state. Seats are grouped by section.
+func (s *Store) Load(ctx context.Context, sku stock.SKU, seats []Seat) error {
+	for section, ids := range bySection(seats) {
+		if err := s.move(ctx, sku, section, "-", free, ids); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func bySection(seats []Seat) map[string][]string {
+	out := map[string][]string{}
+	for _, st := range seats {
+		out[st.Section] = append(out[st.Section], st.ID)
+	}
+	return out
+}
+
+// Hold holds the given seats of one section for holdID, all or nothing. A
+// retry with the same hold id succeeds again without change. It returns a
+// *SeatError (ErrTaken, ErrUnknownSeat) naming the seats that stopped it.
+func (s *Store) Hold(ctx context.Context, sku stock.SKU, section, holdID string, ids []string) error {
+	if err := checkIDs(sku, section, holdID, ids); err != nil {
+		return err
+	}
+	args := append([]any{holdID}, anys(ids)...)
+	v, err := s.hold.Run(ctx, s.rdb, []string{keys.Seats(sku.Program, sku.Ticket, section)}, args...).Slice()
+	if err != nil {
+		return fmt.Errorf("seats: hold: %w", err)
+	}
+	code, _ := v[0].(int64)
+	switch code {
+	case 1:
+		return nil
+	case 0:
+		return &SeatError{Err: ErrTaken, Seats: strs(v[1:])}
+	case -3:
+		return &SeatError{Err: ErrUnknownSeat, Seats: strs(v[1:])}
+	}
+	return fmt.Errorf("seats: hold: unexpected reply %v", v)
+}
+
+// Release frees the seats holdID holds; seats held by any other hold, or
+// sold, are left alone (release is owner-checked by hold id). It returns
+// how many seats it freed.
+func (s *Store) Release(ctx context.Context, sku stock.SKU, section, holdID string, ids []string) (int, error) {
+	if err := checkIDs(sku, section, holdID, ids); err != nil {
+		return 0, err
+	}
+	return s.count(ctx, sku, section, holdID, free, ids)
+}
+
+// Sell marks the seats holdID holds as sold through it (a confirm).
+func (s *Store) Sell(ctx context.Context, sku stock.SKU, section, holdID string, ids []string) (int, error) {
+	if err := checkIDs(sku, section, holdID, ids); err != nil {
+		return 0, err
+	}
+	return s.count(ctx, sku, section, holdID, sold(holdID), ids)
+}
+
+func (s *Store) count(ctx context.Context, sku stock.SKU, section, from, to string, ids []string) (int, error) {
+	args := append([]any{from, to}, anys(ids)...)
+	v, err := s.set.Run(ctx, s.rdb, []string{keys.Seats(sku.Program, sku.Ticket, section)}, args...).Int64Slice()
+	if err != nil || len(v) != 1 {
+		return 0, fmt.Errorf("seats: set: %v %w", v, err)
+	}
+	return int(v[0]), nil
+}
+
+func (s *Store) move(ctx context.Context, sku stock.SKU, section, from, to string, ids []string) error {
+	_, err := s.count(ctx, sku, section, from, to, ids)
+	return err
+}
+
+// State of one seat: Free, or the hold that holds it, or sold.
+type State struct {
+	Known bool   // the seat is in Redis's map
+	Hold  string // the hold holding it or sold through, "" when free
+	Sold  bool
+}
+
+// Status reads seats of one section.
+func (s *Store) Status(ctx context.Context, sku stock.SKU, section string, ids []string) ([]State, error) {
+	if err := checkIDs(sku, section, "x", ids); err != nil {
+		return nil, err
+	}
+	rdb, ok := s.rdb.(redis.Cmdable)
+	if !ok {
+		return nil, errors.New("seats: status needs a full client")
+	}
+	v, err := rdb.HMGet(ctx, keys.Seats(sku.Program, sku.Ticket, section), ids...).Result()
+	if err != nil {
+		return nil, fmt.Errorf("seats: status: %w", err)
+	}
+	out := make([]State, len(ids))
+	for i, x := range v {
+		str, ok := x.(string)
+		if !ok {
+			continue
+		}
+		out[i].Known = true
+		if len(str) > 2 && str[:2] == "S:" {
+			out[i].Hold, out[i].Sold = str[2:], true
+		} else {
+			out[i].Hold = str
+		}
+	}
+	return out, nil
+}
+
+func checkIDs(sku stock.SKU, section, hold string, ids []string) error {
+	if err := sku.Validate(); err != nil {
+		return err
+	}
+	if keys.CheckID(section) != nil || keys.CheckID(hold) != nil {
+		return fmt.Errorf("%w: section %q hold %q", stock.ErrInvalid, section, hold)
+	}
+	if len(ids) == 0 || len(ids) > stock.MaxPerOrderCap {
+		return fmt.Errorf("%w: %d seats", stock.ErrInvalid, len(ids))
+	}
+	seen := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		if keys.CheckID(id) != nil || seen[id] {
+			return fmt.Errorf("%w: seat %q bad or repeated", stock.ErrInvalid, id)
+		}
+		seen[id] = true
+	}
+	return nil
+}
+
+func anys(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
+}
+
+func strs(vs []any) []string {
+	var out []string
+	for _, v := range vs {
+		if s, ok := v.(string); ok {
+			out = append(out, s)
+		}
+	}
+	slices.Sort(out)
+	return out
+}

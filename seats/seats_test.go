@@ -1,0 +1,142 @@
+package seats_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"testing"
+
+	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/seats"
+	"github.com/stockgate/stockgate/stock"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
+
+func setup(t *testing.T, n int) (*seats.Store, stock.SKU, []string) {
+	t.Helper()
+	rdb := testenv.SharedCluster(t).Client()
+	t.Cleanup(func() { rdb.Close() })
+	s, err := seats.New(rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sku := stock.SKU{Program: testenv.ID(t, "p"), Ticket: "stalls"}
+	var m []seats.Seat
+	var ids []string
+	for i := range n {
+		id := fmt.Sprintf("A-%d", i+1)
+		m = append(m, seats.Seat{ID: id, Section: "A", Row: "A", Number: i + 1})
+		ids = append(ids, id)
+	}
+	if err := s.Load(context.Background(), sku, m); err != nil {
+		t.Fatal(err)
+	}
+	return s, sku, ids
+}
+
+// 500 buyers race for the same 10 seats with overlapping requests of 1 to
+// 3 adjacent seats: each seat ends held by at most one hold, every winning
+// hold has all its seats, and no losing hold has any.
+func TestRaceForTenSeats(t *testing.T) {
+	s, sku, ids := setup(t, 10)
+	ctx := context.Background()
+	type req struct {
+		hold  string
+		seats []string
+	}
+	var mu sync.Mutex
+	var won, lost []req
+	var wg sync.WaitGroup
+	for b := range 500 {
+		wg.Go(func() {
+			n := 1 + rand.IntN(3)
+			start := rand.IntN(len(ids) - n + 1)
+			r := req{hold: fmt.Sprintf("h%d", b), seats: ids[start : start+n]}
+			err := s.Hold(ctx, sku, "A", r.hold, r.seats)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				won = append(won, r)
+			case errors.Is(err, seats.ErrTaken):
+				lost = append(lost, r)
+			default:
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	owner := map[string]string{}
+	for _, r := range won {
+		for _, seat := range r.seats {
+			if prev, ok := owner[seat]; ok {
+				t.Errorf("seat %s won by both %s and %s", seat, prev, r.hold)
+			}
+			owner[seat] = r.hold
+		}
+	}
+	st, err := s.Status(ctx, sku, "A", ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, seat := range ids {
+		if st[i].Hold != owner[seat] {
+			t.Errorf("seat %s held by %q in Redis, %q by the winners", seat, st[i].Hold, owner[seat])
+		}
+	}
+	for _, r := range lost {
+		for _, seat := range r.seats {
+			if owner[seat] == r.hold {
+				t.Errorf("losing hold %s has seat %s", r.hold, seat)
+			}
+		}
+	}
+	t.Logf("500 requests: %d holds won (%d seats), %d refused", len(won), len(owner), len(lost))
+	if len(won) == 0 || len(won)+len(lost) != 500 {
+		t.Errorf("%d won + %d lost", len(won), len(lost))
+	}
+}
+
+func TestReleaseIsOwnerChecked(t *testing.T) {
+	s, sku, ids := setup(t, 4)
+	ctx := context.Background()
+	if err := s.Hold(ctx, sku, "A", "mine", ids[:2]); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Hold(ctx, sku, "A", "mine", ids[:2]); err != nil {
+		t.Errorf("retry of the same hold = %v", err)
+	}
+	var se *seats.SeatError
+	if err := s.Hold(ctx, sku, "A", "theirs", ids[1:3]); !errors.As(err, &se) || !errors.Is(err, seats.ErrTaken) || len(se.Seats) != 1 || se.Seats[0] != ids[1] {
+		t.Errorf("overlapping hold = %v, want ErrTaken naming %s", err, ids[1])
+	}
+	if st, _ := s.Status(ctx, sku, "A", ids); st[2].Hold != "" {
+		t.Errorf("a refused hold took seat %s", ids[2])
+	}
+	if n, err := s.Release(ctx, sku, "A", "theirs", ids[:2]); err != nil || n != 0 {
+		t.Errorf("release by another hold id freed %d (%v)", n, err)
+	}
+	if n, err := s.Sell(ctx, sku, "A", "mine", ids[:1]); err != nil || n != 1 {
+		t.Errorf("sell = %d, %v", n, err)
+	}
+	if n, err := s.Release(ctx, sku, "A", "mine", ids[:2]); err != nil || n != 1 {
+		t.Errorf("release by the owner freed %d (%v), want 1 (the other is sold)", n, err)
+	}
+	st, _ := s.Status(ctx, sku, "A", ids[:2])
+	if !st[0].Sold || st[0].Hold != "mine" || st[1].Hold != "" {
+		t.Errorf("states %+v", st)
+	}
+	if err := s.Hold(ctx, sku, "A", "x", []string{"Z-9"}); !errors.Is(err, seats.ErrUnknownSeat) {
+		t.Errorf("unknown seat = %v", err)
+	}
+	if err := s.Hold(ctx, sku, "A", "x", []string{ids[3], ids[3]}); !errors.Is(err, stock.ErrInvalid) {
+		t.Errorf("repeated seat = %v", err)
+	}
+	if st, _ := s.Status(ctx, sku, "A", ids[3:]); st[0].Hold != "" {
+		t.Error("a refused request changed a seat")
+	}
+}

@@ -157,7 +157,7 @@ func TestLockKey(t *testing.T) {
 
 func TestSeatsKey(t *testing.T) {
 	a, b := Seats("show-1", "stalls", "A"), Seats("show-1", "stalls", "B")
-	if a == b || KeySlot(a) == KeySlot(b) && KeySlot(a) != KeySlot(Seats("show-1", "stalls", "A")) {
+	if a == b || a != Seats("show-1", "stalls", "A") {
 		t.Errorf("sections share a key: %q %q", a, b)
 	}
 	defer func() {

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/stockgate/stockgate/stock"
@@ -44,6 +45,9 @@ type Hold struct {
 	OrderID   string
 	CreatedAt time.Time
 	EndedAt   time.Time
+	// SeatIDs are the seats of a seat hold (reserved seating); empty for
+	// counted stock.
+	SeatIDs []string
 }
 
 // Hold sets stock aside: the hold row and held + q under the same checks as
@@ -67,11 +71,11 @@ func (l *Ledger) Hold(ctx context.Context, h Hold, version int64) (_ Hold, err e
 	}
 	defer tx.Rollback()
 	res, err := tx.ExecContext(ctx, `
-		INSERT INTO holds (id, idem_key, request_hash, program, ticket, buyer, quantity, gate, state, expires_at, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+		INSERT INTO holds (id, idem_key, request_hash, program, ticket, buyer, quantity, gate, state, expires_at, created_at, seat_ids)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
 		ON CONFLICT (idem_key) DO NOTHING`,
 		h.ID, h.IdempotencyKey, h.RequestHash, h.SKU.Program, h.SKU.Ticket, h.Buyer, h.Quantity, h.Gate, Held,
-		h.ExpiresAt.UnixMilli(), h.CreatedAt.UnixMilli())
+		h.ExpiresAt.UnixMilli(), h.CreatedAt.UnixMilli(), strings.Join(h.SeatIDs, ","))
 	if err != nil {
 		return Hold{}, notCommitted("insert hold", err)
 	}
@@ -83,6 +87,14 @@ func (l *Ledger) Hold(ctx context.Context, h Hold, version int64) (_ Hold, err e
 		}
 		return prev, ErrDuplicate
 	}
+	if len(h.SeatIDs) > 0 {
+		if int64(len(h.SeatIDs)) != h.Quantity {
+			return Hold{}, fmt.Errorf("%w: %d seats for quantity %d", stock.ErrInvalid, len(h.SeatIDs), h.Quantity)
+		}
+		if err := takeSeats(ctx, tx, h.SKU, h.ID, h.SeatIDs); err != nil {
+			return Hold{}, err
+		}
+	}
 	if err := l.takeStock(ctx, tx, h.SKU, h.Buyer, h.Quantity, "held", version, h.CreatedAt.UnixMilli()); err != nil {
 		return Hold{}, err
 	}
@@ -93,13 +105,17 @@ func (l *Ledger) Hold(ctx context.Context, h Hold, version int64) (_ Hold, err e
 }
 
 const selectHold = `SELECT id, idem_key, request_hash, program, ticket, buyer, quantity, gate, state, expires_at,
-	order_id, created_at, ended_at FROM holds`
+	order_id, created_at, ended_at, seat_ids FROM holds`
 
 func scanHold(r rowScanner) (Hold, error) {
 	var h Hold
 	var expires, created, ended int64
+	var seatIDs string
 	err := r.Scan(&h.ID, &h.IdempotencyKey, &h.RequestHash, &h.SKU.Program, &h.SKU.Ticket, &h.Buyer, &h.Quantity,
-		&h.Gate, &h.State, &expires, &h.OrderID, &created, &ended)
+		&h.Gate, &h.State, &expires, &h.OrderID, &created, &ended, &seatIDs)
+	if seatIDs != "" {
+		h.SeatIDs = strings.Split(seatIDs, ",")
+	}
 	if errors.Is(err, sql.ErrNoRows) {
 		return h, ErrNotFound
 	}
@@ -161,6 +177,9 @@ func (l *Ledger) Confirm(ctx context.Context, holdID, buyer string) (_ Order, er
 		return Order{}, fmt.Errorf("%w: ended while confirming", ErrHoldEnded)
 	}
 	if _, err := insertOrder(ctx, tx, o); err != nil {
+		return Order{}, err
+	}
+	if err := moveSeats(ctx, tx, h.ID, seatHeld, seatSold); err != nil {
 		return Order{}, err
 	}
 	res, err = tx.ExecContext(ctx, `UPDATE skus SET held = held - $3, sold = sold + $3, version = version + 1, updated_at = $4
@@ -264,6 +283,9 @@ func (l *Ledger) endHold(ctx context.Context, h Hold, state string, dueOnly bool
 		cur, err := l.HoldByID(ctx, h.ID)
 		return cur, false, err
 	}
+	if err := moveSeats(ctx, tx, h.ID, seatHeld, seatFree); err != nil {
+		return h, false, err
+	}
 	if err := returnStock(ctx, tx, h.SKU, h.Buyer, h.Quantity, "held", h.Gate == "", now.UnixMilli()); err != nil {
 		return h, false, err
 	}
@@ -305,6 +327,11 @@ func (l *Ledger) Refund(ctx context.Context, orderID, buyer string) (o Order, ch
 		tx.Rollback()
 		cur, err := l.OrderByID(ctx, o.ID)
 		return cur, false, err
+	}
+	if o.HoldID != "" {
+		if err := moveSeats(ctx, tx, o.HoldID, seatSold, seatFree); err != nil {
+			return o, false, err
+		}
 	}
 	if err := returnStock(ctx, tx, o.SKU, o.Buyer, o.Quantity, "sold", o.Gate == "", now.UnixMilli()); err != nil {
 		return o, false, err

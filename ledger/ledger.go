@@ -207,6 +207,21 @@ CREATE TABLE IF NOT EXISTS holds (
 );
 CREATE INDEX IF NOT EXISTS holds_expiry ON holds (state, expires_at);
 CREATE INDEX IF NOT EXISTS holds_pending ON holds (restore_pending, ended_at);
+-- Reserved seating: a SKU's seat map, each seat free, held by one hold, or
+-- sold through one.
+CREATE TABLE IF NOT EXISTS seats (
+	program   TEXT    NOT NULL,
+	ticket    TEXT    NOT NULL,
+	seat_id   TEXT    NOT NULL,
+	section   TEXT    NOT NULL,
+	row_label TEXT    NOT NULL,
+	number    INTEGER NOT NULL,
+	state     TEXT    NOT NULL DEFAULT 'free',
+	hold_id   TEXT    NOT NULL DEFAULT '',
+	PRIMARY KEY (program, ticket, seat_id),
+	FOREIGN KEY (program, ticket) REFERENCES skus (program, ticket)
+);
+CREATE INDEX IF NOT EXISTS seats_hold ON seats (hold_id);
 -- A cap on what one buyer may hold + own of all of a program's tickets.
 CREATE TABLE IF NOT EXISTS programs (
 	program   TEXT   PRIMARY KEY,
@@ -246,6 +261,7 @@ func (l *Ledger) migrate(ctx context.Context) error {
 		{"skus", "ended_at", "BIGINT NOT NULL DEFAULT 0"},
 		{"skus", "hold_ttl_ms", "BIGINT NOT NULL DEFAULT 900000"},
 		{"skus", "hold_ttl_max_ms", "BIGINT NOT NULL DEFAULT 3600000"},
+		{"holds", "seat_ids", "TEXT NOT NULL DEFAULT ''"},
 		{"orders", "gate_key", "TEXT NOT NULL DEFAULT ''"},
 		{"orders", "hold_id", "TEXT NOT NULL DEFAULT ''"},
 		{"orders", "refunded_at", "BIGINT NOT NULL DEFAULT 0"},

@@ -1,0 +1,146 @@
+package ledger
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/stockgate/stockgate/stock"
+)
+
+// Seat states in the ledger.
+const (
+	seatFree = "free"
+	seatHeld = "held"
+	seatSold = "sold"
+)
+
+// Seat is one seat of a SKU's map, with its state.
+type Seat struct {
+	ID      string `json:"id"`
+	Section string `json:"section"`
+	Row     string `json:"row"`
+	Number  int    `json:"number"`
+	State   string `json:"state"`   // free, held, sold
+	HoldID  string `json:"hold_id"` // the hold holding it, or sold through
+}
+
+// SeatsTakenError names the seats a seat hold could not have.
+type SeatsTakenError struct{ Seats []string }
+
+func (e *SeatsTakenError) Error() string { return fmt.Sprintf("ledger: seats taken: %v", e.Seats) }
+
+// ErrSeatsTaken is matched by errors.Is on a *SeatsTakenError.
+var ErrSeatsTaken = errors.New("ledger: seats taken")
+
+func (e *SeatsTakenError) Is(target error) bool { return target == ErrSeatsTaken }
+
+// LoadSeats adds seats to a SKU's map (seats it has keep their state) and
+// sets the SKU's total to the map's size, refused (stock.ErrInvalid) if
+// that is below what is sold and held.
+func (l *Ledger) LoadSeats(ctx context.Context, sku stock.SKU, seats []Seat) (int64, error) {
+	tx, err := l.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("ledger: load seats: %w", err)
+	}
+	defer tx.Rollback()
+	for _, s := range seats {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO seats (program, ticket, seat_id, section, row_label, number)
+			VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (program, ticket, seat_id) DO NOTHING`,
+			sku.Program, sku.Ticket, s.ID, s.Section, s.Row, s.Number); err != nil {
+			return 0, fmt.Errorf("ledger: load seats: %w", err)
+		}
+	}
+	var n int64
+	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM seats WHERE program = $1 AND ticket = $2`,
+		sku.Program, sku.Ticket).Scan(&n); err != nil {
+		return 0, fmt.Errorf("ledger: load seats: %w", err)
+	}
+	res, err := tx.ExecContext(ctx, `UPDATE skus SET total = $3, version = version + 1, bypass_seq = bypass_seq + 1
+		WHERE program = $1 AND ticket = $2 AND sold + held <= $3`, sku.Program, sku.Ticket, n)
+	if err != nil {
+		return 0, fmt.Errorf("ledger: load seats: %w", err)
+	}
+	if k, _ := res.RowsAffected(); k != 1 {
+		return 0, fmt.Errorf("%w: seat map of %d below sold + held, or no such SKU", stock.ErrInvalid, n)
+	}
+	return n, tx.Commit()
+}
+
+// takeSeats marks the seats held by holdID inside tx, all or none: a
+// *SeatsTakenError names the seats that were not free (or not in the map).
+func takeSeats(ctx context.Context, tx *sql.Tx, sku stock.SKU, holdID string, ids []string) error {
+	args := []any{sku.Program, sku.Ticket, holdID}
+	ph := make([]string, len(ids))
+	for i, id := range ids {
+		args = append(args, id)
+		ph[i] = "$" + strconv.Itoa(i+4)
+	}
+	in := strings.Join(ph, ", ")
+	res, err := tx.ExecContext(ctx, `UPDATE seats SET state = 'held', hold_id = $3
+		WHERE program = $1 AND ticket = $2 AND state = 'free' AND seat_id IN (`+in+`)`, args...)
+	if err != nil {
+		return notCommitted("take seats", err)
+	}
+	if n, _ := res.RowsAffected(); n == int64(len(ids)) {
+		return nil
+	}
+	// Which were not free? Read them (the transaction is rolled back).
+	rows, err := tx.QueryContext(ctx, `SELECT seat_id FROM seats
+		WHERE program = $1 AND ticket = $2 AND (state = 'free' OR hold_id = $3) AND seat_id IN (`+in+`)`, args...)
+	if err != nil {
+		return notCommitted("take seats", err)
+	}
+	defer rows.Close()
+	ok := map[string]bool{}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err == nil {
+			ok[id] = true
+		}
+	}
+	var taken []string
+	for _, id := range ids {
+		if !ok[id] {
+			taken = append(taken, id)
+		}
+	}
+	slices.Sort(taken)
+	return &SeatsTakenError{Seats: taken}
+}
+
+// moveSeats moves the seats of a hold from one state to another inside tx.
+func moveSeats(ctx context.Context, tx *sql.Tx, holdID, from, to string) error {
+	hold := holdID
+	if to == seatFree {
+		hold = ""
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE seats SET state = $3, hold_id = $4 WHERE hold_id = $1 AND state = $2`,
+		holdID, from, to, hold); err != nil {
+		return notCommitted("move seats", err)
+	}
+	return nil
+}
+
+// Seats lists a SKU's seats in a section ("" for all), in seat id order.
+func (l *Ledger) Seats(ctx context.Context, sku stock.SKU, section string) ([]Seat, error) {
+	rows, err := l.db.QueryContext(ctx, `SELECT seat_id, section, row_label, number, state, hold_id FROM seats
+		WHERE program = $1 AND ticket = $2 AND ($3 = '' OR section = $3) ORDER BY seat_id`, sku.Program, sku.Ticket, section)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: seats: %w", err)
+	}
+	defer rows.Close()
+	var out []Seat
+	for rows.Next() {
+		var s Seat
+		if err := rows.Scan(&s.ID, &s.Section, &s.Row, &s.Number, &s.State, &s.HoldID); err != nil {
+			return nil, fmt.Errorf("ledger: seats: %w", err)
+		}
+		out = append(out, s)
+	}
+	return out, rows.Err()
+}

@@ -1,0 +1,152 @@
+package ledger_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/stock"
+)
+
+func seatMap(n int) []ledger.Seat {
+	var out []ledger.Seat
+	for i := range n {
+		out = append(out, ledger.Seat{ID: fmt.Sprintf("A-%02d", i+1), Section: "A", Row: "A", Number: i + 1})
+	}
+	return out
+}
+
+// 500 buyers race for the same 10 seats with overlapping requests: every
+// seat held by at most one hold, every hold complete, the SKU's held count
+// equal to the seats held.
+func TestSeatHoldsRace(t *testing.T) {
+	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
+		ctx := context.Background()
+		seats := stock.SKU{Program: sku.Program, Ticket: "stalls"}
+		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: seats, Total: 0, Shards: 1, MaxPerOrder: 4}); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := l.LoadSeats(ctx, seats, seatMap(10)); err != nil || n != 10 {
+			t.Fatalf("LoadSeats = %d, %v", n, err)
+		}
+		var mu sync.Mutex
+		won := map[string][]string{}
+		var wg sync.WaitGroup
+		for b := range 500 {
+			wg.Go(func() {
+				n := 1 + rand.IntN(3)
+				start := rand.IntN(10 - n + 1)
+				var ids []string
+				for i := start; i < start+n; i++ {
+					ids = append(ids, fmt.Sprintf("A-%02d", i+1))
+				}
+				h, err := l.Hold(ctx, ledger.Hold{IdempotencyKey: fmt.Sprintf("s%d", b), SKU: seats, Buyer: fmt.Sprintf("b%d", b),
+					Quantity: int64(n), SeatIDs: ids, ExpiresAt: c.now().Add(time.Minute)}, -1)
+				switch {
+				case err == nil:
+					mu.Lock()
+					won[h.ID] = ids
+					mu.Unlock()
+				case errors.Is(err, ledger.ErrSeatsTaken):
+				default:
+					t.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+		all, err := l.Seats(ctx, seats, "A")
+		if err != nil {
+			t.Fatal(err)
+		}
+		holder := map[string]string{}
+		for _, s := range all {
+			if s.State == "held" {
+				holder[s.ID] = s.HoldID
+			}
+		}
+		var seatsWon int
+		for id, ids := range won {
+			for _, seat := range ids {
+				if holder[seat] != id {
+					t.Errorf("hold %s won seat %s, which the ledger gives to %q", id, seat, holder[seat])
+				}
+			}
+			seatsWon += len(ids)
+		}
+		st, _ := l.SKU(ctx, seats)
+		if seatsWon != len(holder) || st.Held != int64(seatsWon) || st.Total != 10 {
+			t.Errorf("%d seats won, %d held in the map, SKU held %d of %d", seatsWon, len(holder), st.Held, st.Total)
+		}
+		t.Logf("%d holds won %d seats", len(won), seatsWon)
+	})
+}
+
+// A seat hold's seats follow it: confirm sells them, cancel and expiry free
+// them, a refund of the order frees them; a taken seat is named.
+func TestSeatLifecycle(t *testing.T) {
+	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
+		ctx := context.Background()
+		seats := stock.SKU{Program: sku.Program, Ticket: "stalls"}
+		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: seats, Total: 0, Shards: 1, MaxPerOrder: 4}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.LoadSeats(ctx, seats, seatMap(6)); err != nil {
+			t.Fatal(err)
+		}
+		hold := func(key string, ids ...string) (ledger.Hold, error) {
+			return l.Hold(ctx, ledger.Hold{IdempotencyKey: key, SKU: seats, Buyer: "ann", Quantity: int64(len(ids)),
+				SeatIDs: ids, ExpiresAt: c.now().Add(time.Minute)}, -1)
+		}
+		state := func() map[string]string {
+			all, _ := l.Seats(ctx, seats, "")
+			out := map[string]string{}
+			for _, s := range all {
+				out[s.ID] = s.State
+			}
+			return out
+		}
+		a, err := hold("a", "A-01", "A-02")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var te *ledger.SeatsTakenError
+		if _, err := hold("b", "A-02", "A-03"); !errors.As(err, &te) || len(te.Seats) != 1 || te.Seats[0] != "A-02" {
+			t.Errorf("overlapping hold = %v, want A-02 named", err)
+		}
+		if _, err := hold("z", "Z-99"); !errors.Is(err, ledger.ErrSeatsTaken) {
+			t.Errorf("unknown seat = %v, want it named as not available", err)
+		}
+		o, err := l.Confirm(ctx, a.ID, "ann")
+		if err != nil {
+			t.Fatal(err)
+		}
+		x, _ := hold("x", "A-03")
+		if _, _, err := l.Cancel(ctx, x.ID, "ann"); err != nil {
+			t.Fatal(err)
+		}
+		y, _ := hold("y", "A-04", "A-05")
+		c.advance(2 * time.Minute)
+		if done, err := l.ExpireDue(ctx, 10); err != nil || len(done) != 1 || done[0].ID != y.ID {
+			t.Fatalf("expire = %v, %v", done, err)
+		}
+		got := state()
+		want := map[string]string{"A-01": "sold", "A-02": "sold", "A-03": "free", "A-04": "free", "A-05": "free", "A-06": "free"}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("seats %v, want %v", got, want)
+		}
+		if _, _, err := l.Refund(ctx, o.ID, "ann"); err != nil {
+			t.Fatal(err)
+		}
+		if got := state(); got["A-01"] != "free" || got["A-02"] != "free" {
+			t.Errorf("after the refund %v", got)
+		}
+		if st, _ := l.SKU(ctx, seats); st.Sold != 0 || st.Held != 0 {
+			t.Errorf("SKU %+v, want nothing sold or held", st)
+		}
+	})
+}

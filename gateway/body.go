@@ -15,12 +15,18 @@ import (
 // data and bodies over the limit are refused, each with its own status.
 // It reports whether the handler may go on.
 func (s *Server) decodeBody(c *gin.Context, v any) bool {
+	return s.decodeBodyMax(c, v, s.opts.MaxBodyBytes)
+}
+
+// decodeBodyMax is decodeBody with its own size limit (an admin seat map is
+// larger than any buyer's request).
+func (s *Server) decodeBodyMax(c *gin.Context, v any, maxBytes int64) bool {
 	ct := c.GetHeader("Content-Type")
 	if ct != "" && !strings.HasPrefix(ct, "application/json") {
 		writeProblem(c, http.StatusUnsupportedMediaType, "unsupported-media-type", "send application/json", 0)
 		return false
 	}
-	body := http.MaxBytesReader(c.Writer, c.Request.Body, s.opts.MaxBodyBytes)
+	body := http.MaxBytesReader(c.Writer, c.Request.Body, maxBytes)
 	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()
 	err := dec.Decode(v)

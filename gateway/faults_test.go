@@ -637,6 +637,16 @@ func (l *countingLedger) PurchaseBatch(ctx context.Context, orders []ledger.Orde
 	return l.Ledger.PurchaseBatch(ctx, orders, direct)
 }
 
+func (l *countingLedger) LoadSeats(ctx context.Context, sku stock.SKU, seats []ledger.Seat) (int64, error) {
+	l.note("LoadSeats")
+	return l.Ledger.LoadSeats(ctx, sku, seats)
+}
+
+func (l *countingLedger) Seats(ctx context.Context, sku stock.SKU, section string) ([]ledger.Seat, error) {
+	l.note("Seats")
+	return l.Ledger.Seats(ctx, sku, section)
+}
+
 func (l *countingLedger) Hold(ctx context.Context, h ledger.Hold, v int64) (ledger.Hold, error) {
 	l.note("Hold")
 	return l.Ledger.Hold(ctx, h, v)

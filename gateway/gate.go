@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"github.com/stockgate/stockgate/breaker"
+	"github.com/stockgate/stockgate/seats"
 	"github.com/stockgate/stockgate/shard"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -14,7 +15,8 @@ import (
 func isOutcome(err error) bool {
 	return errors.Is(err, stock.ErrSoldOut) || errors.Is(err, stock.ErrNotSeeded) ||
 		errors.Is(err, stock.ErrFenced) || errors.Is(err, stock.ErrInvalid) ||
-		errors.Is(err, stock.ErrLimit) || errors.Is(err, stock.ErrSaleEnded)
+		errors.Is(err, stock.ErrLimit) || errors.Is(err, stock.ErrSaleEnded) ||
+		errors.Is(err, seats.ErrTaken) || errors.Is(err, seats.ErrUnknownSeat)
 }
 
 // notRun reports that a gate call certainly moved nothing: the breaker

@@ -28,6 +28,7 @@ import (
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/lock"
+	"github.com/stockgate/stockgate/seats"
 	"github.com/stockgate/stockgate/shard"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -42,6 +43,7 @@ func TestMain(m *testing.M) {
 // env is one gateway on a real Redis Cluster (the shared one unless the
 // test brings its own) and a real ledger.
 type env struct {
+	seats  *seats.Store
 	url    string
 	srv    *gateway.Server
 	ledger *ledger.Ledger
@@ -104,7 +106,11 @@ func startEnv(t *testing.T, o envOptions) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := gateway.Options{Gate: gate, Ledger: led, Cache: mem, Locker: locker, Registry: reg, CacheMetrics: cacheMetrics,
+	seatStore, err := seats.New(rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := gateway.Options{Gate: gate, Ledger: led, Cache: mem, Locker: locker, Seats: seatStore, Registry: reg, CacheMetrics: cacheMetrics,
 		Logger: testLogger(t), FenceSettle: 10 * time.Millisecond, DriftEvery: 200 * time.Millisecond}
 	if o.tune != nil {
 		o.tune(&opts)
@@ -131,7 +137,7 @@ func startEnv(t *testing.T, o envOptions) *env {
 	t.Cleanup(hs.Close)
 	tr := &http.Transport{MaxIdleConnsPerHost: 256}
 	t.Cleanup(tr.CloseIdleConnections)
-	return &env{url: hs.URL, srv: srv, ledger: led, gate: gate, rdb: rdb, reg: reg, client: &http.Client{Transport: tr}}
+	return &env{seats: seatStore, url: hs.URL, srv: srv, ledger: led, gate: gate, rdb: rdb, reg: reg, client: &http.Client{Transport: tr}}
 }
 
 // testLogger shows the gateway's warnings and errors in the test's log
@@ -485,3 +491,5 @@ func TestStockRead(t *testing.T) {
 		t.Errorf("readyz = %d", r.status)
 	}
 }
+
+func (e *env) seatStore(t *testing.T) *seats.Store { return e.seats }

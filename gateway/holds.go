@@ -135,6 +135,15 @@ func (s *Server) confirmHold(c *gin.Context) {
 		o, err := s.ledger.Confirm(ctx, id, buyer)
 		switch {
 		case err == nil:
+			if section, ids, ok := parseSeatGate(o.Gate); ok {
+				// The seats are sold: mark them so in the gate too. If this
+				// fails they stay held by the hold's key, which no one else
+				// can take; the consistency check repairs it.
+				_ = s.redis(ctx, func(ctx context.Context) error {
+					_, err := s.seats.Sell(ctx, o.SKU, section, o.GateRequest(), ids)
+					return err
+				})
+			}
 			return answer{status: http.StatusCreated, order: o}
 		case errors.Is(err, ledger.ErrHoldEnded):
 			h, herr := s.ledger.HoldByID(ctx, id)
@@ -337,7 +346,20 @@ func (s *Server) putProgram(c *gin.Context) {
 // the ledger's pending mark. If Redis cannot be reached the mark stays and
 // a sweeper retries; the scripts make a repeat harmless.
 func (s *Server) returnToRedis(ctx context.Context, r ledger.Restore) {
-	if r.Gate != "" {
+	if section, ids, ok := parseSeatGate(r.Gate); ok && s.seats != nil {
+		// Seats come back free, whether held or sold through the hold.
+		err := s.redis(ctx, func(ctx context.Context) error {
+			if _, err := s.seats.Release(ctx, r.SKU, section, r.RequestID, ids); err != nil {
+				return err
+			}
+			_, err := s.seats.ReleaseSold(ctx, r.SKU, section, r.RequestID, ids)
+			return err
+		})
+		if err != nil {
+			s.log.WarnContext(ctx, "release seats in redis; a sweeper will retry", "kind", r.Kind, "id", r.ID, "err", err)
+			return
+		}
+	} else if r.Gate != "" {
 		var parts []shard.Part
 		if err := json.Unmarshal([]byte(r.Gate), &parts); err != nil {
 			s.log.ErrorContext(ctx, "restore: bad gate record", "kind", r.Kind, "id", r.ID, "err", err)

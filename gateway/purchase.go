@@ -229,6 +229,9 @@ func (s *Server) take(ctx context.Context, w want) answer {
 	if !st.EndedAt.IsZero() {
 		return ansSaleEnded
 	}
+	if st.Seated {
+		return refuse(http.StatusConflict, "seated", "this ticket sells specific seats: use seat holds")
+	}
 	if s.cache.SoldOut(w.sku) {
 		return ansSoldOut
 	}

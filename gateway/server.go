@@ -26,6 +26,7 @@ import (
 	"github.com/stockgate/stockgate/cache"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/lock"
+	"github.com/stockgate/stockgate/seats"
 	"github.com/stockgate/stockgate/shard"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -77,6 +78,8 @@ type Ledger interface {
 	PendingRestores(ctx context.Context, olderThan time.Duration, limit int) ([]ledger.Restore, error)
 	RestoreDone(ctx context.Context, kind, id string) error
 	EndSale(ctx context.Context, sku stock.SKU) (ledger.SKUState, error)
+	LoadSeats(ctx context.Context, sku stock.SKU, seats []ledger.Seat) (int64, error)
+	Seats(ctx context.Context, sku stock.SKU, section string) ([]ledger.Seat, error)
 	PutProgram(ctx context.Context, program string, perBuyer int64) error
 	ProgramCap(ctx context.Context, program string) (int64, error)
 	SetShards(ctx context.Context, sku stock.SKU, n int) error
@@ -91,6 +94,9 @@ type Options struct {
 	// Locker coordinates re-seeds across replicas; it must use the same
 	// Redis Cluster as the Gate. Required.
 	Locker *lock.Locker
+	// Seats is the Redis side of reserved seating. Optional: without it
+	// the seat routes answer 501.
+	Seats  *seats.Store
 	Logger *slog.Logger // default slog.Default()
 	// Registry receives the metrics and is served at /metrics. Default: a
 	// new registry.
@@ -183,6 +189,8 @@ type Server struct {
 	opts      Options
 	settings  *cache.Loading[ledger.SKUState]
 	programs  *cache.Loading[int64] // per-buyer cap of a program, keyed by {program, ""}
+	seatMaps  *cache.Loading[seatMap]
+	seats     *seats.Store
 	stock     *cache.Loading[stockView]
 	inflight  inflight
 	ready     atomic.Bool
@@ -283,6 +291,11 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.seats = opts.Seats
+	s.seatMaps, err = cache.NewLoading(opts.SettingsTTL, 1_000, opts.CacheMetrics.Recorder("seatmaps"), s.loadSeatMap)
+	if err != nil {
+		return nil, err
+	}
 	s.stock, err = cache.NewLoading(opts.StockTTL, 100_000, opts.CacheMetrics.Recorder("stock"), s.loadStock)
 	if err != nil {
 		return nil, err
@@ -350,6 +363,8 @@ func (s *Server) routes() (*gin.Engine, error) {
 	v1.POST("/holds/:id/confirm", s.confirmHold)
 	v1.POST("/holds/:id/cancel", s.cancelHold)
 	v1.GET("/orders/:id", s.getOrder)
+	v1.POST("/skus/:program/:ticket/seat-holds", s.postSeatHold)
+	v1.GET("/skus/:program/:ticket/seats", s.getSeats)
 	v1.POST("/orders/:id/refund", s.refundOrder)
 
 	admin := v1.Group("/admin", s.requireAdmin)
@@ -358,6 +373,7 @@ func (s *Server) routes() (*gin.Engine, error) {
 	admin.POST("/skus/:program/:ticket/reconcile", s.reconcile)
 	admin.POST("/skus/:program/:ticket/end", s.endSale)
 	admin.PUT("/programs/:program", s.putProgram)
+	admin.PUT("/skus/:program/:ticket/seats", s.putSeats)
 	return e, nil
 }
 

@@ -262,6 +262,7 @@ func (l *Ledger) migrate(ctx context.Context) error {
 		{"skus", "hold_ttl_ms", "BIGINT NOT NULL DEFAULT 900000"},
 		{"skus", "hold_ttl_max_ms", "BIGINT NOT NULL DEFAULT 3600000"},
 		{"holds", "seat_ids", "TEXT NOT NULL DEFAULT ''"},
+		{"skus", "seated", "INTEGER NOT NULL DEFAULT 0"},
 		{"orders", "gate_key", "TEXT NOT NULL DEFAULT ''"},
 		{"orders", "hold_id", "TEXT NOT NULL DEFAULT ''"},
 		{"orders", "refunded_at", "BIGINT NOT NULL DEFAULT 0"},
@@ -354,7 +355,9 @@ type SKUState struct {
 	BypassSeq int64 `json:"-"`
 	GateSeq   int64 `json:"-"`
 	// EndedAt is when an admin ended the sale; zero while it runs.
-	EndedAt   time.Time `json:"-"`
+	EndedAt time.Time `json:"-"`
+	// Seated: the SKU sells specific seats (a seat map), not counted stock.
+	Seated    bool      `json:"-"`
 	UpdatedAt time.Time `json:"updated_at"`
 }
 
@@ -416,7 +419,7 @@ func (l *Ledger) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 }
 
 const skuColumns = `program, ticket, total, sold, held, version, shards, max_per_order, bypass_seq, gate_seq,
-	per_buyer, ended_at, hold_ttl_ms, hold_ttl_max_ms, updated_at`
+	per_buyer, ended_at, hold_ttl_ms, hold_ttl_max_ms, seated, updated_at`
 
 const selectSKU = `SELECT ` + skuColumns + ` FROM skus WHERE program = $1 AND ticket = $2`
 
@@ -424,9 +427,10 @@ type rowScanner interface{ Scan(dest ...any) error }
 
 func scanSKU(r rowScanner) (SKUState, error) {
 	var s SKUState
-	var updated, ended, ttl, ttlMax int64
+	var updated, ended, ttl, ttlMax, seated int64
 	err := r.Scan(&s.Program, &s.Ticket, &s.Total, &s.Sold, &s.Held, &s.Version, &s.Shards, &s.MaxPerOrder,
-		&s.BypassSeq, &s.GateSeq, &s.PerBuyer, &ended, &ttl, &ttlMax, &updated)
+		&s.BypassSeq, &s.GateSeq, &s.PerBuyer, &ended, &ttl, &ttlMax, &seated, &updated)
+	s.Seated = seated == 1
 	if errors.Is(err, sql.ErrNoRows) {
 		return s, stock.ErrUnknownSKU
 	}

@@ -60,7 +60,7 @@ func (l *Ledger) LoadSeats(ctx context.Context, sku stock.SKU, seats []Seat) (in
 		sku.Program, sku.Ticket).Scan(&n); err != nil {
 		return 0, fmt.Errorf("ledger: load seats: %w", err)
 	}
-	res, err := tx.ExecContext(ctx, `UPDATE skus SET total = $3, version = version + 1, bypass_seq = bypass_seq + 1
+	res, err := tx.ExecContext(ctx, `UPDATE skus SET total = $3, seated = 1, version = version + 1, bypass_seq = bypass_seq + 1
 		WHERE program = $1 AND ticket = $2 AND sold + held <= $3`, sku.Program, sku.Ticket, n)
 	if err != nil {
 		return 0, fmt.Errorf("ledger: load seats: %w", err)

@@ -132,6 +132,14 @@ func (s *Store) Release(ctx context.Context, sku stock.SKU, section, holdID stri
 	return s.count(ctx, sku, section, holdID, free, ids)
 }
 
+// ReleaseSold frees the seats sold through holdID (a refund).
+func (s *Store) ReleaseSold(ctx context.Context, sku stock.SKU, section, holdID string, ids []string) (int, error) {
+	if err := checkIDs(sku, section, holdID, ids); err != nil {
+		return 0, err
+	}
+	return s.count(ctx, sku, section, sold(holdID), free, ids)
+}
+
 // Sell marks the seats holdID holds as sold through it (a confirm).
 func (s *Store) Sell(ctx context.Context, sku stock.SKU, section, holdID string, ids []string) (int, error) {
 	if err := checkIDs(sku, section, holdID, ids); err != nil {

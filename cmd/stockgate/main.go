@@ -32,6 +32,7 @@ import (
 	"github.com/stockgate/stockgate/gateway"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/lock"
+	"github.com/stockgate/stockgate/seats"
 	"github.com/stockgate/stockgate/shard"
 )
 
@@ -302,8 +303,12 @@ func serve(ctx context.Context, c config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	seatStore, err := seats.New(rdb)
+	if err != nil {
+		return err
+	}
 	srv, err := gateway.New(gateway.Options{
-		Gate: gate, Ledger: led, Cache: mem, Locker: locker, Logger: log, Registry: reg, CacheMetrics: cacheMetrics,
+		Gate: gate, Ledger: led, Cache: mem, Locker: locker, Seats: seatStore, Logger: log, Registry: reg, CacheMetrics: cacheMetrics,
 		TrustedProxies: splitList(c.TrustedProxies), RatePerClient: c.RatePerClient, RateBurst: c.RateBurst,
 		SlowRequest: c.SlowRequest,
 		AdminToken:  c.AdminToken, WorkTimeout: c.WorkTimeout, RedisTimeout: c.RedisTimeout,

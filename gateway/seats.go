@@ -1,0 +1,313 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/seats"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// Reserved seating (issue 8, in progress): seat maps, seat holds of given
+// seats in one section, and seat status. A seat hold is a hold like any
+// other (confirm, cancel, expiry, refund through the same routes); its
+// seats are held in Redis under its Idempotency-Key and in the ledger
+// under its hold id, and its gate record is "seats:<section>:<id>,<id>…".
+
+const seatGatePrefix = "seats:"
+
+func seatGate(section string, ids []string) string {
+	return seatGatePrefix + section + ":" + strings.Join(ids, ",")
+}
+
+func parseSeatGate(g string) (section string, ids []string, ok bool) {
+	rest, ok := strings.CutPrefix(g, seatGatePrefix)
+	if !ok {
+		return "", nil, false
+	}
+	section, list, ok := strings.Cut(rest, ":")
+	return section, strings.Split(list, ","), ok
+}
+
+type seatMapBody struct {
+	Seats []seats.Seat `json:"seats"`
+}
+
+// putSeats handles PUT /v1/admin/skus/:program/:ticket/seats: add seats to
+// the SKU's map (seats it has keep their state), in the ledger and Redis.
+func (s *Server) putSeats(c *gin.Context) {
+	sku, ok := skuParam(c)
+	if !ok {
+		return
+	}
+	if s.seats == nil {
+		writeProblem(c, http.StatusNotImplemented, "no-seats", "reserved seating is not configured", 0)
+		return
+	}
+	var body seatMapBody
+	if !s.decodeBodyMax(c, &body, 1<<20) {
+		return
+	}
+	if len(body.Seats) == 0 || len(body.Seats) > 100_000 {
+		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "seats must list 1..100000 seats", 0)
+		return
+	}
+	seen := map[string]bool{}
+	var rows []ledger.Seat
+	for _, st := range body.Seats {
+		if err := st.Validate(); err != nil || seen[st.ID] {
+			writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", fmt.Sprintf("seat %q is invalid or repeated", st.ID), 0)
+			return
+		}
+		seen[st.ID] = true
+		rows = append(rows, ledger.Seat{ID: st.ID, Section: st.Section, Row: st.Row, Number: st.Number})
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request.Context()), s.opts.WorkTimeout)
+	defer cancel()
+	n, err := s.ledger.LoadSeats(ctx, sku, rows)
+	switch {
+	case errors.Is(err, stock.ErrInvalid):
+		writeProblem(c, http.StatusConflict, "seat-map-refused", err.Error(), 0)
+		return
+	case err != nil:
+		s.log.ErrorContext(ctx, "load seats", "sku", sku.String(), "err", err)
+		writeProblem(c, http.StatusServiceUnavailable, "unavailable", "ledger unavailable", 1)
+		return
+	}
+	if err := s.redis(ctx, func(ctx context.Context) error { return s.seats.Load(ctx, sku, body.Seats) }); err != nil {
+		s.log.ErrorContext(ctx, "load seats into redis", "sku", sku.String(), "err", err)
+		writeProblem(c, http.StatusServiceUnavailable, "unavailable", "ledger updated, Redis not; repeat the request", 1)
+		return
+	}
+	s.settings.Invalidate(sku)
+	s.seatMaps.Invalidate(sku)
+	c.JSON(http.StatusOK, gin.H{"program": sku.Program, "ticket": sku.Ticket, "seats": n})
+}
+
+type seatHoldBody struct {
+	Buyer      string   `json:"buyer"`
+	Seats      []string `json:"seats"`
+	TTLSeconds *int64   `json:"ttl_seconds"`
+}
+
+// seatMap is a SKU's seat id → section, loaded once per SettingsTTL.
+type seatMap map[string]string
+
+func (s *Server) loadSeatMap(ctx context.Context, sku stock.SKU) (seatMap, error) {
+	all, err := s.ledger.Seats(ctx, sku, "")
+	if err != nil {
+		return nil, err
+	}
+	m := make(seatMap, len(all))
+	for _, st := range all {
+		m[st.ID] = st.Section
+	}
+	return m, nil
+}
+
+// postSeatHold handles POST /v1/skus/:program/:ticket/seat-holds: hold the
+// given seats, all of one section, all or nothing; 409 names the seats
+// already taken.
+func (s *Server) postSeatHold(c *gin.Context) {
+	sku, ok := skuParam(c)
+	if !ok {
+		return
+	}
+	key, ok := idempotencyKey(c)
+	if !ok {
+		return
+	}
+	var body seatHoldBody
+	if !s.decodeBody(c, &body) || !validBuyer(c, body.Buyer) {
+		return
+	}
+	if len(body.Seats) == 0 {
+		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "seats must list at least one seat id", 0)
+		return
+	}
+	seen := map[string]bool{}
+	for _, id := range body.Seats {
+		if keys.CheckID(id) != nil || seen[id] {
+			writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", fmt.Sprintf("seat %q is invalid or repeated", id), 0)
+			return
+		}
+		seen[id] = true
+	}
+	var ttl time.Duration
+	if body.TTLSeconds != nil {
+		if *body.TTLSeconds < 1 || *body.TTLSeconds > int64(ledger.MaxHoldTTL/time.Second) {
+			writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "ttl_seconds out of bounds", 0)
+			return
+		}
+		ttl = time.Duration(*body.TTLSeconds) * time.Second
+	}
+	ids := slices.Clone(body.Seats)
+	slices.Sort(ids)
+	hash := requestHash(sku, body.Buyer, int64(len(ids))) + "s" + strings.Join(ids, ",") + ttl.String()
+	s.runJoined(c, key, hash, func(ctx context.Context) answer { return s.takeSeats(ctx, sku, key, hash, body.Buyer, ids, ttl) })
+}
+
+func seatsRefused(status int, kind, what string, ids []string) answer {
+	return refuse(status, kind, fmt.Sprintf("%s: %s", what, strings.Join(ids, ", ")))
+}
+
+func (s *Server) takeSeats(ctx context.Context, sku stock.SKU, key, hash, buyer string, ids []string, ttl time.Duration) answer {
+	if s.seats == nil {
+		return refuse(http.StatusNotImplemented, "no-seats", "reserved seating is not configured")
+	}
+	st, err := s.settings.Get(ctx, sku)
+	switch {
+	case errors.Is(err, stock.ErrUnknownSKU):
+		return ansUnknownSKU
+	case err != nil:
+		return ansUnavailable
+	case !st.Seated:
+		return refuse(http.StatusConflict, "not-seated", "this ticket has no seat map; use holds or purchases")
+	case int64(len(ids)) > st.MaxPerOrder:
+		return refuse(http.StatusUnprocessableEntity, "quantity-over-limit",
+			fmt.Sprintf("%d seats over this ticket's maximum of %d per order", len(ids), st.MaxPerOrder))
+	case ttl != 0 && (ttl < ledger.MinHoldTTL || ttl > st.HoldTTLMax):
+		return refuse(http.StatusUnprocessableEntity, "invalid-field", "ttl_seconds out of this ticket's bounds")
+	case !st.EndedAt.IsZero():
+		return ansSaleEnded
+	}
+	m, err := s.seatMaps.Get(ctx, sku)
+	if err != nil {
+		return ansUnavailable
+	}
+	section := ""
+	var unknown []string
+	for _, id := range ids {
+		sec, ok := m[id]
+		switch {
+		case !ok:
+			unknown = append(unknown, id)
+		case section == "":
+			section = sec
+		case sec != section:
+			return refuse(http.StatusUnprocessableEntity, "seats-span-sections", "a seat hold takes seats of one section")
+		}
+	}
+	if len(unknown) > 0 {
+		return seatsRefused(http.StatusUnprocessableEntity, "unknown-seats", "not in this ticket's seat map", unknown)
+	}
+	if ttl == 0 {
+		ttl = st.HoldTTL
+	}
+	h := ledger.Hold{IdempotencyKey: key, RequestHash: hash, SKU: sku, Buyer: buyer, Quantity: int64(len(ids)),
+		SeatIDs: ids, ExpiresAt: time.Now().Add(ttl)}
+
+	// The gate: take the seats in Redis first (all or nothing), so a race for
+	// the same seats is settled there; the ledger decides for good.
+	rerr := s.redis(ctx, func(ctx context.Context) error { return s.seats.Hold(ctx, sku, section, key, ids) })
+	var se *seats.SeatError
+	switch {
+	case errors.As(rerr, &se) && errors.Is(rerr, seats.ErrTaken):
+		if prev, err := s.ledger.HoldByKey(ctx, key); err == nil {
+			return replayHold(prev, hash)
+		}
+		return seatsRefused(http.StatusConflict, "seats-taken", "already held or sold", se.Seats)
+	case errors.As(rerr, &se):
+		return seatsRefused(http.StatusConflict, "seats-not-in-gate", "not in the gate's seat map (reconcile the map)", se.Seats)
+	case rerr != nil && !notRun(rerr):
+		return ansUnavailable
+	}
+	version := int64(-1)
+	if rerr != nil {
+		// Redis is out: straight to the ledger, optimistically.
+		fresh, err := s.ledger.SKU(ctx, sku)
+		if err != nil {
+			return ansUnavailable
+		}
+		version = fresh.Version
+	} else {
+		h.Gate = seatGate(section, ids)
+	}
+	got, err := s.ledger.Hold(ctx, h, version)
+	release := func() {
+		if rerr == nil {
+			_ = s.redis(ctx, func(ctx context.Context) error {
+				_, err := s.seats.Release(ctx, sku, section, key, ids)
+				return err
+			})
+		}
+	}
+	var te *ledger.SeatsTakenError
+	switch {
+	case err == nil:
+		return answer{status: http.StatusCreated, hold: &got}
+	case errors.Is(err, ledger.ErrDuplicate):
+		return replayHold(got, hash)
+	case errors.As(err, &te):
+		release()
+		return seatsRefused(http.StatusConflict, "seats-taken", "already held or sold", te.Seats)
+	case errors.Is(err, stock.ErrLimit):
+		release()
+		return ansLimit
+	case errors.Is(err, stock.ErrSaleEnded):
+		release()
+		return ansSaleEnded
+	case errors.Is(err, ledger.ErrConflict):
+		release()
+		return ansBusy
+	case errors.Is(err, ledger.ErrNotCommitted):
+		release()
+		return ansUnavailable
+	}
+	if prev, lerr := s.ledger.HoldByKey(ctx, key); lerr == nil {
+		return replayHold(prev, hash)
+	}
+	return ansUnavailable
+}
+
+func replayHold(h ledger.Hold, hash string) answer {
+	if h.RequestHash != hash {
+		return ansKeyReused
+	}
+	return answer{status: http.StatusCreated, hold: &h, replayed: true}
+}
+
+type seatView struct {
+	ID      string `json:"id"`
+	Section string `json:"section"`
+	Row     string `json:"row"`
+	Number  int    `json:"number"`
+	State   string `json:"state"`
+}
+
+// getSeats handles GET /v1/skus/:program/:ticket/seats?section=A: the
+// section's seats (or all) and their state, from the ledger.
+func (s *Server) getSeats(c *gin.Context) {
+	sku, ok := skuParam(c)
+	if !ok {
+		return
+	}
+	section := c.Query("section")
+	if section != "" && keys.CheckID(section) != nil {
+		writeProblem(c, http.StatusBadRequest, "invalid-id", "section ids match [A-Za-z0-9_-]{1,64}", 0)
+		return
+	}
+	all, err := s.ledger.Seats(c.Request.Context(), sku, section)
+	if err != nil {
+		writeProblem(c, http.StatusServiceUnavailable, "unavailable", "ledger unavailable", 1)
+		return
+	}
+	out := make([]seatView, len(all))
+	free := 0
+	for i, st := range all {
+		out[i] = seatView{ID: st.ID, Section: st.Section, Row: st.Row, Number: st.Number, State: st.State}
+		if st.State == "free" {
+			free++
+		}
+	}
+	c.JSON(http.StatusOK, gin.H{"program": sku.Program, "ticket": sku.Ticket, "section": section, "free": free, "seats": out})
+}

@@ -1,0 +1,170 @@
+package gateway_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/stock"
+)
+
+func (e *env) loadSeats(t *testing.T, sku stock.SKU, sections map[string]int) {
+	t.Helper()
+	var parts []string
+	for sec, n := range sections {
+		for i := range n {
+			parts = append(parts, fmt.Sprintf(`{"id":"%s-%02d","section":%q,"row":"A","number":%d}`, sec, i+1, sec, i+1))
+		}
+	}
+	r := e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program+"/"+sku.Ticket+"/seats", nil, `{"seats":[`+strings.Join(parts, ",")+`]}`)
+	if r.status != http.StatusOK {
+		t.Fatalf("PUT seats = %d %s", r.status, r.body)
+	}
+}
+
+func (e *env) seatHold(t *testing.T, sku stock.SKU, key, buyer string, seats ...string) (reply, holdReply) {
+	b, _ := json.Marshal(map[string]any{"buyer": buyer, "seats": seats})
+	r := e.do(t, http.MethodPost, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/seat-holds", map[string]string{"Idempotency-Key": key}, string(b))
+	var h holdReply
+	_ = json.Unmarshal(r.body, &h)
+	return r, h
+}
+
+// 500 buyers racing for the same 10 seats with overlapping requests of 1
+// to 3 adjacent seats, through the HTTP API: every seat held by at most one
+// hold, every hold complete, the ledger and Redis agree.
+func TestSeatHoldRaceThroughTheAPI(t *testing.T) {
+	e := newEnv(t, ledger.Postgres)
+	sku := newSKU(t)
+	e.putSKU(t, sku, 0, 1, 4)
+	e.loadSeats(t, sku, map[string]int{"A": 10})
+	var mu sync.Mutex
+	won := map[string][]string{}
+	counts := e.buyAll(500, 64, func(i int) reply {
+		n := 1 + rand.IntN(3)
+		start := rand.IntN(10 - n + 1)
+		var ids []string
+		for k := start; k < start+n; k++ {
+			ids = append(ids, fmt.Sprintf("A-%02d", k+1))
+		}
+		r, h := e.seatHold(t, sku, fmt.Sprintf("race-%d", i), fmt.Sprintf("b%d", i), ids...)
+		if r.status == http.StatusCreated {
+			mu.Lock()
+			won[h.HoldID] = ids
+			mu.Unlock()
+		}
+		return r
+	})
+	if counts[201]+counts[409] != 500 {
+		t.Fatalf("answers %v", counts)
+	}
+	ctx := context.Background()
+	seats, err := e.ledger.Seats(ctx, sku, "A")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ledgerHolder := map[string]string{}
+	for _, s := range seats {
+		if s.State == "held" {
+			ledgerHolder[s.ID] = s.HoldID
+		}
+	}
+	n := 0
+	for hold, ids := range won {
+		h, _ := e.ledger.HoldByID(ctx, hold)
+		for _, id := range ids {
+			n++
+			if ledgerHolder[id] != hold {
+				t.Errorf("seat %s: won by %s, ledger says %q", id, hold, ledgerHolder[id])
+			}
+		}
+		// Redis holds the same seats under the hold's key.
+		st, err := e.seatStore(t).Status(ctx, sku, "A", ids)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, s := range st {
+			if s.Hold != h.IdempotencyKey {
+				t.Errorf("seat %s in Redis held by %q, want %q", ids[i], s.Hold, h.IdempotencyKey)
+			}
+		}
+	}
+	if n != len(ledgerHolder) {
+		t.Errorf("%d seats won, %d held in the ledger: a seat twice or a partial hold", n, len(ledgerHolder))
+	}
+	st, _ := e.ledger.SKU(ctx, sku)
+	if st.Held != int64(n) || st.Total != 10 {
+		t.Errorf("SKU held %d of %d, want %d of 10", st.Held, st.Total, n)
+	}
+	t.Logf("500 requests: %d holds won %d seats; %v", len(won), n, counts)
+}
+
+// Seat holds follow the life of any hold, and bad requests change nothing.
+func TestSeatHoldLifecycleAndBadInput(t *testing.T) {
+	e := newEnv(t, ledger.SQLite)
+	sku := newSKU(t)
+	e.putSKU(t, sku, 0, 1, 3)
+	e.loadSeats(t, sku, map[string]int{"A": 6, "B": 4})
+	ctx := context.Background()
+	r, a := e.seatHold(t, sku, "sh-a", "ann", "A-01", "A-02")
+	if r.status != http.StatusCreated {
+		t.Fatalf("seat hold = %d %s", r.status, r.body)
+	}
+	before := e.state(t, sku)
+	for _, tc := range []struct {
+		name   string
+		do     func() reply
+		status int
+		names  string
+	}{
+		{"a taken seat", func() reply { r, _ := e.seatHold(t, sku, "x1", "bob", "A-02", "A-03"); return r }, 409, "A-02"},
+		{"an unknown seat", func() reply { r, _ := e.seatHold(t, sku, "x2", "bob", "A-03", "Z-99"); return r }, 422, "Z-99"},
+		{"a repeated seat", func() reply { r, _ := e.seatHold(t, sku, "x3", "bob", "A-03", "A-03"); return r }, 422, "A-03"},
+		{"two sections", func() reply { r, _ := e.seatHold(t, sku, "x4", "bob", "A-03", "B-01"); return r }, 422, ""},
+		{"more than the per-order maximum", func() reply { r, _ := e.seatHold(t, sku, "x5", "bob", "A-03", "A-04", "A-05", "A-06"); return r }, 422, ""},
+		{"a counted purchase on a seated ticket", func() reply { return e.buy(t, sku, "x6", "bob", 1) }, 409, ""},
+		{"cancel by another buyer", func() reply { return e.act(t, "/v1/holds/"+a.HoldID+"/cancel", "x7", "eve") }, 403, ""},
+	} {
+		r := tc.do()
+		if r.status != tc.status || !strings.Contains(string(r.body), tc.names) || r.header.Get("Content-Type") != "application/problem+json" {
+			t.Errorf("%s = %d %s, want %d problem naming %q", tc.name, r.status, r.body, tc.status, tc.names)
+		}
+		if got := e.state(t, sku); got != before {
+			t.Errorf("%s changed the SKU: %+v → %+v", tc.name, before, got)
+		}
+	}
+	store := e.seatStore(t)
+	c := e.act(t, "/v1/holds/"+a.HoldID+"/confirm", "c-a", "ann")
+	if c.status != http.StatusCreated {
+		t.Fatalf("confirm = %d %s", c.status, c.body)
+	}
+	if st, _ := store.Status(ctx, sku, "A", []string{"A-01", "A-02"}); !st[0].Sold || !st[1].Sold {
+		t.Errorf("after confirm Redis says %+v, want sold", st)
+	}
+	_, b := e.seatHold(t, sku, "sh-b", "bob", "A-03")
+	if x := e.act(t, "/v1/holds/"+b.HoldID+"/cancel", "x-b", "bob"); x.status != http.StatusOK {
+		t.Fatalf("cancel = %d", x.status)
+	}
+	if rf := e.act(t, "/v1/orders/"+orderID(c)+"/refund", "rf-a", "ann"); rf.status != http.StatusOK {
+		t.Fatalf("refund = %d %s", rf.status, rf.body)
+	}
+	st, _ := store.Status(ctx, sku, "A", []string{"A-01", "A-02", "A-03"})
+	for i, s := range st {
+		if s.Hold != "" || s.Sold {
+			t.Errorf("seat %d after refund and cancel: %+v, want free", i, s)
+		}
+	}
+	r = e.do(t, http.MethodGet, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/seats?section=A", nil, "")
+	if r.status != http.StatusOK || !strings.Contains(string(r.body), `"free":6`) {
+		t.Errorf("GET seats = %d %s, want 6 free", r.status, r.body)
+	}
+	if ss := e.state(t, sku); ss.Sold != 0 || ss.Held != 0 {
+		t.Errorf("SKU after all that: %+v", ss)
+	}
+}

@@ -77,13 +77,9 @@ func (s *Server) postHold(c *gin.Context) {
 		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "quantity must be an integer >= 1", 0)
 		return
 	}
-	var ttl time.Duration
-	if body.TTLSeconds != nil {
-		if *body.TTLSeconds < 1 || *body.TTLSeconds > int64(ledger.MaxHoldTTL/time.Second) {
-			writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "ttl_seconds out of bounds", 0)
-			return
-		}
-		ttl = time.Duration(*body.TTLSeconds) * time.Second
+	ttl, ok := holdTTL(c, body.TTLSeconds)
+	if !ok {
+		return
 	}
 	w := want{sku: sku, key: key, buyer: body.Buyer, q: *body.Quantity, hold: true, ttl: ttl}
 	w.hash = requestHash(sku, body.Buyer, w.q) + "h" + formatTTL(ttl)
@@ -91,6 +87,20 @@ func (s *Server) postHold(c *gin.Context) {
 }
 
 func formatTTL(d time.Duration) string { return d.String() }
+
+// holdTTL reads an optional ttl_seconds: 0 (the SKU's default) when absent,
+// a 422 problem when out of the bounds any SKU allows (each SKU's own
+// maximum is checked with its settings).
+func holdTTL(c *gin.Context, secs *int64) (time.Duration, bool) {
+	if secs == nil {
+		return 0, true
+	}
+	if *secs < 1 || *secs > int64(ledger.MaxHoldTTL/time.Second) {
+		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "ttl_seconds out of bounds", 0)
+		return 0, false
+	}
+	return time.Duration(*secs) * time.Second, true
+}
 
 // getHold handles GET /v1/holds/:id.
 func (s *Server) getHold(c *gin.Context) {

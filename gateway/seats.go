@@ -142,13 +142,9 @@ func (s *Server) postSeatHold(c *gin.Context) {
 		}
 		seen[id] = true
 	}
-	var ttl time.Duration
-	if body.TTLSeconds != nil {
-		if *body.TTLSeconds < 1 || *body.TTLSeconds > int64(ledger.MaxHoldTTL/time.Second) {
-			writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "ttl_seconds out of bounds", 0)
-			return
-		}
-		ttl = time.Duration(*body.TTLSeconds) * time.Second
+	ttl, ok := holdTTL(c, body.TTLSeconds)
+	if !ok {
+		return
 	}
 	ids := slices.Clone(body.Seats)
 	slices.Sort(ids)

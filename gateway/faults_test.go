@@ -647,6 +647,11 @@ func (l *countingLedger) Seats(ctx context.Context, sku stock.SKU, section strin
 	return l.Ledger.Seats(ctx, sku, section)
 }
 
+func (l *countingLedger) SeatFacts(ctx context.Context, sku stock.SKU) ([]ledger.SeatFact, error) {
+	l.note("SeatFacts")
+	return l.Ledger.SeatFacts(ctx, sku)
+}
+
 func (l *countingLedger) Hold(ctx context.Context, h ledger.Hold, v int64) (ledger.Hold, error) {
 	l.note("Hold")
 	return l.Ledger.Hold(ctx, h, v)

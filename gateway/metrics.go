@@ -16,6 +16,8 @@ type metrics struct {
 	driftRepairs   prometheus.Counter
 	expired        prometheus.Counter
 	probes         prometheus.Histogram
+	seatDrift      prometheus.Gauge
+	seatRepairs    prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -53,12 +55,20 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Shard scripts one purchase or hold ran in Redis (1 is the best case; more near the end of a sale).",
 			Buckets: []float64{1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256},
 		}),
+		seatDrift: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "stockgate_seat_drift_seats",
+			Help: "Seats whose Redis state differed from the ledger at the last periodic check.",
+		}),
+		seatRepairs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "stockgate_seat_repairs_total",
+			Help: "Seats whose Redis state was rewritten from the ledger by a consistency check.",
+		}),
 		expired: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "stockgate_holds_expired_total",
 			Help: "Holds this gateway's sweeper expired and gave back.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes} {
+	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes, m.seatDrift, m.seatRepairs} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -241,7 +241,7 @@ func (s *Server) checkDrift(ctx context.Context, prev map[stock.SKU]driftSeen) m
 		return prev // Redis is not serving; there is nothing to compare
 	}
 	next := map[stock.SKU]driftSeen{}
-	var units, skus, left int64
+	var units, skus, left, seatDiffs int64
 	after := stock.SKU{}
 	for {
 		page, err := s.ledger.SKUs(ctx, after, driftPage)
@@ -254,6 +254,10 @@ func (s *Server) checkDrift(ctx context.Context, prev map[stock.SKU]driftSeen) m
 				return prev
 			}
 			left += st.Remaining()
+			if st.Seated {
+				seatDiffs += s.checkSeatsPeriodic(ctx, st.SKU)
+				continue
+			}
 			if s.collapse(ctx, st) {
 				continue
 			}
@@ -282,6 +286,7 @@ func (s *Server) checkDrift(ctx context.Context, prev map[stock.SKU]driftSeen) m
 	s.metrics.driftUnits.Set(float64(units))
 	s.metrics.driftSKUs.Set(float64(skus))
 	s.metrics.remaining.Set(float64(left))
+	s.metrics.seatDrift.Set(float64(seatDiffs))
 	return next
 }
 
@@ -341,6 +346,32 @@ func (s *Server) Collapse(ctx context.Context, sku stock.SKU) (Rebuild, error) {
 	return s.rebuildWith(ctx, sku, reasonCollapse, true, 0, func(ctx context.Context) error {
 		return s.ledger.SetShards(ctx, sku, 1)
 	})
+}
+
+// checkSeatsPeriodic runs the seat consistency check for the drift loop,
+// repairing only what differed the same way at its previous run.
+func (s *Server) checkSeatsPeriodic(ctx context.Context, sku stock.SKU) int64 {
+	if s.seats == nil {
+		return 0
+	}
+	s.seatSeen.mu.Lock()
+	prev := s.seatSeen.m[sku]
+	s.seatSeen.mu.Unlock()
+	if prev == nil {
+		prev = map[string]string{}
+	}
+	r, now, err := s.CheckSeats(ctx, sku, prev)
+	if err != nil {
+		s.log.WarnContext(ctx, "seat check", "sku", sku.String(), "err", err)
+		return 0
+	}
+	s.seatSeen.mu.Lock()
+	if s.seatSeen.m == nil {
+		s.seatSeen.m = map[stock.SKU]map[string]string{}
+	}
+	s.seatSeen.m[sku] = now
+	s.seatSeen.mu.Unlock()
+	return int64(len(r.Differed))
 }
 
 func abs(v int64) int64 {

@@ -307,3 +307,80 @@ func (s *Server) getSeats(c *gin.Context) {
 	}
 	c.JSON(http.StatusOK, gin.H{"program": sku.Program, "ticket": sku.Ticket, "section": section, "free": free, "seats": out})
 }
+
+// SeatCheck is what a consistency check of a seat map found and did.
+type SeatCheck struct {
+	Checked  int      `json:"checked"`
+	Differed []string `json:"differed"`
+	Repaired int      `json:"repaired"`
+}
+
+// CheckSeats compares the gate's seat states with the ledger's and writes
+// the ledger's over every seat that differs (the ledger wins). With
+// confirmOnly it repairs only seats in prev that differed the same way at
+// the previous check, so a hold between its Redis and ledger halves is not
+// "repaired" mid-flight; it returns what differs now, for the next check.
+func (s *Server) CheckSeats(ctx context.Context, sku stock.SKU, prev map[string]string) (SeatCheck, map[string]string, error) {
+	var out SeatCheck
+	if s.seats == nil {
+		return out, nil, errors.New("gateway: reserved seating not configured")
+	}
+	facts, err := s.ledger.SeatFacts(ctx, sku)
+	if err != nil {
+		return out, nil, err
+	}
+	bySection := map[string][]ledger.SeatFact{}
+	for _, f := range facts {
+		bySection[f.Section] = append(bySection[f.Section], f)
+	}
+	now := map[string]string{}
+	for section, fs := range bySection {
+		ids := make([]string, len(fs))
+		for i, f := range fs {
+			ids[i] = f.ID
+		}
+		var raw []string
+		if err := s.redis(ctx, func(ctx context.Context) (err error) {
+			raw, err = s.seats.Raw(ctx, sku, section, ids)
+			return err
+		}); err != nil {
+			return out, nil, err
+		}
+		fix := map[string]string{}
+		for i, f := range fs {
+			out.Checked++
+			want := seats.Gate(f.State, f.HoldKey)
+			if raw[i] == want {
+				continue
+			}
+			out.Differed = append(out.Differed, f.ID)
+			seen := raw[i] + "→" + want
+			now[f.ID] = seen
+			if prev == nil || prev[f.ID] == seen {
+				fix[f.ID] = want
+			}
+		}
+		if err := s.redis(ctx, func(ctx context.Context) error { return s.seats.Repair(ctx, sku, section, fix) }); err != nil {
+			return out, nil, err
+		}
+		out.Repaired += len(fix)
+	}
+	s.metrics.seatRepairs.Add(float64(out.Repaired))
+	return out, now, nil
+}
+
+// checkSeats handles POST /v1/admin/skus/:program/:ticket/seats/check:
+// compare and repair now.
+func (s *Server) checkSeats(c *gin.Context) {
+	sku, ok := skuParam(c)
+	if !ok {
+		return
+	}
+	r, _, err := s.CheckSeats(c.Request.Context(), sku, nil)
+	if err != nil {
+		s.log.ErrorContext(c.Request.Context(), "seat check", "sku", sku.String(), "err", err)
+		writeProblem(c, http.StatusServiceUnavailable, "unavailable", "seat check failed: "+err.Error(), 1)
+		return
+	}
+	c.JSON(http.StatusOK, r)
+}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
@@ -166,5 +167,58 @@ func TestSeatHoldLifecycleAndBadInput(t *testing.T) {
 	}
 	if ss := e.state(t, sku); ss.Sold != 0 || ss.Held != 0 {
 		t.Errorf("SKU after all that: %+v", ss)
+	}
+}
+
+// Seats whose Redis state was corrupted by hand — held with no ledger hold,
+// free while sold in the ledger — are found and repaired: on demand by the
+// admin check at once, and by the periodic check once the difference holds
+// across two checks.
+func TestSeatConsistencyRepair(t *testing.T) {
+	e := startEnv(t, envOptions{driver: ledger.Postgres, drift: true})
+	sku := newSKU(t)
+	e.putSKU(t, sku, 0, 1, 4)
+	e.loadSeats(t, sku, map[string]int{"A": 6})
+	ctx := context.Background()
+	_, h := e.seatHold(t, sku, "sold-hold", "ann", "A-01")
+	if c := e.act(t, "/v1/holds/"+h.HoldID+"/confirm", "c1", "ann"); c.status != http.StatusCreated {
+		t.Fatalf("confirm = %d", c.status)
+	}
+	store := e.seatStore(t)
+	corrupt := func() {
+		if err := store.Hold(ctx, sku, "A", "ghost", []string{"A-05"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := store.Repair(ctx, sku, "A", map[string]string{"A-01": ""}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := func() {
+		t.Helper()
+		raw, err := store.Raw(ctx, sku, "A", []string{"A-01", "A-05"})
+		if err != nil || raw[0] != "S:sold-hold" || raw[1] != "" {
+			t.Errorf("after the repair Redis has %q, want [S:sold-hold, \"\"] (%v)", raw, err)
+		}
+	}
+	corrupt()
+	r := e.do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program+"/"+sku.Ticket+"/seats/check", nil, "")
+	var res struct {
+		Checked  int
+		Differed []string
+		Repaired int
+	}
+	_ = json.Unmarshal(r.body, &res)
+	if r.status != http.StatusOK || res.Checked != 6 || res.Repaired != 2 || strings.Join(res.Differed, ",") != "A-01,A-05" {
+		t.Fatalf("check = %d %s", r.status, r.body)
+	}
+	want()
+	// Again, left to the periodic check (every 200ms in tests).
+	corrupt()
+	waitFor(t, 5*time.Second, "the periodic seat repair", func() bool {
+		raw, _ := store.Raw(ctx, sku, "A", []string{"A-01", "A-05"})
+		return raw[0] == "S:sold-hold" && raw[1] == ""
+	})
+	if n := counter(t, e.reg, "stockgate_seat_repairs_total", nil); n < 4 {
+		t.Errorf("seat repairs counted %v, want >= 4", n)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -80,6 +81,7 @@ type Ledger interface {
 	EndSale(ctx context.Context, sku stock.SKU) (ledger.SKUState, error)
 	LoadSeats(ctx context.Context, sku stock.SKU, seats []ledger.Seat) (int64, error)
 	Seats(ctx context.Context, sku stock.SKU, section string) ([]ledger.Seat, error)
+	SeatFacts(ctx context.Context, sku stock.SKU) ([]ledger.SeatFact, error)
 	PutProgram(ctx context.Context, program string, perBuyer int64) error
 	ProgramCap(ctx context.Context, program string) (int64, error)
 	SetShards(ctx context.Context, sku stock.SKU, n int) error
@@ -190,11 +192,15 @@ type Server struct {
 	settings  *cache.Loading[ledger.SKUState]
 	programs  *cache.Loading[int64] // per-buyer cap of a program, keyed by {program, ""}
 	seatMaps  *cache.Loading[seatMap]
-	seats     *seats.Store
-	stock     *cache.Loading[stockView]
-	inflight  inflight
-	ready     atomic.Bool
-	engine    *gin.Engine
+	seatSeen  struct {
+		mu sync.Mutex
+		m  map[stock.SKU]map[string]string // seat → mismatch at the last periodic check
+	}
+	seats    *seats.Store
+	stock    *cache.Loading[stockView]
+	inflight inflight
+	ready    atomic.Bool
+	engine   *gin.Engine
 }
 
 // New validates opts and returns a Server that is not ready yet: call
@@ -374,6 +380,7 @@ func (s *Server) routes() (*gin.Engine, error) {
 	admin.POST("/skus/:program/:ticket/end", s.endSale)
 	admin.PUT("/programs/:program", s.putProgram)
 	admin.PUT("/skus/:program/:ticket/seats", s.putSeats)
+	admin.POST("/skus/:program/:ticket/seats/check", s.checkSeats)
 	return e, nil
 }
 

@@ -144,3 +144,31 @@ func (l *Ledger) Seats(ctx context.Context, sku stock.SKU, section string) ([]Se
 	}
 	return out, rows.Err()
 }
+
+// SeatFact is what the ledger says a seat's gate state must be: free, or
+// held or sold under the Idempotency-Key of its hold (the id the gate uses).
+type SeatFact struct {
+	ID, Section string
+	State       string // free, held, sold
+	HoldKey     string
+}
+
+// SeatFacts lists a SKU's seats with the key of the hold on each.
+func (l *Ledger) SeatFacts(ctx context.Context, sku stock.SKU) ([]SeatFact, error) {
+	rows, err := l.db.QueryContext(ctx, `SELECT s.seat_id, s.section, s.state, COALESCE(h.idem_key, '')
+		FROM seats s LEFT JOIN holds h ON h.id = s.hold_id
+		WHERE s.program = $1 AND s.ticket = $2 ORDER BY s.seat_id`, sku.Program, sku.Ticket)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: seat facts: %w", err)
+	}
+	defer rows.Close()
+	var out []SeatFact
+	for rows.Next() {
+		var f SeatFact
+		if err := rows.Scan(&f.ID, &f.Section, &f.State, &f.HoldKey); err != nil {
+			return nil, fmt.Errorf("ledger: seat facts: %w", err)
+		}
+		out = append(out, f)
+	}
+	return out, rows.Err()
+}

@@ -236,3 +236,53 @@ func strs(vs []any) []string {
 	slices.Sort(out)
 	return out
 }
+
+// Gate is a seat's state as the gate stores it: "" free, the hold's key
+// (held), "S:" + key (sold).
+func Gate(state, holdKey string) string {
+	switch state {
+	case "held":
+		return holdKey
+	case "sold":
+		return sold(holdKey)
+	}
+	return free
+}
+
+// Raw reads the gate's value of seats of one section ("" free, a key, or
+// "S:" key); absent seats read as "-".
+func (s *Store) Raw(ctx context.Context, sku stock.SKU, section string, ids []string) ([]string, error) {
+	st, err := s.Status(ctx, sku, section, ids)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, len(st))
+	for i, x := range st {
+		switch {
+		case !x.Known:
+			out[i] = "-"
+		case x.Sold:
+			out[i] = sold(x.Hold)
+		default:
+			out[i] = x.Hold
+		}
+	}
+	return out, nil
+}
+
+// Repair writes seats' gate values (seat id → value) as they are: the
+// consistency check's fix, from the ledger's facts.
+func (s *Store) Repair(ctx context.Context, sku stock.SKU, section string, values map[string]string) error {
+	if len(values) == 0 {
+		return nil
+	}
+	rdb, ok := s.rdb.(redis.Cmdable)
+	if !ok {
+		return errors.New("seats: repair needs a full client")
+	}
+	args := make([]any, 0, 2*len(values))
+	for id, v := range values {
+		args = append(args, id, v)
+	}
+	return rdb.HSet(ctx, keys.Seats(sku.Program, sku.Ticket, section), args...).Err()
+}

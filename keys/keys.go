@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 )
 
@@ -126,6 +127,14 @@ func Seats(program, ticket, section string) string {
 	}
 	slot := int(CRC16([]byte(program+":"+ticket+":"+section))) % Slots
 	return "sg:{" + slotTags()[slot] + "}:seats:" + program + ":" + ticket + ":" + section
+}
+
+// SeatLayout is the key of a section's layout (seat id → "row|number"), in
+// the same slot as its Seats key, for best-available selection.
+func SeatLayout(program, ticket, section string) string {
+	k := Seats(program, ticket, section)
+	end := strings.IndexByte(k, '}')
+	return k[:end+1] + ":seatlayout:" + program + ":" + ticket + ":" + section
 }
 
 // Bench is the key of a benchmark comparator's stock counter or lock for

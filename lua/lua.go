@@ -59,6 +59,11 @@ var Unquota string
 //go:embed seats_hold.lua
 var SeatsHold string
 
+// SeatsBest holds the best q adjacent free seats of a section.
+//
+//go:embed seats_best.lua
+var SeatsBest string
+
 // SeatsSet moves seats between states where they are in the expected one.
 //
 //go:embed seats_set.lua

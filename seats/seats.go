@@ -64,6 +64,7 @@ type Store struct {
 	rdb  redis.Scripter
 	hold *redis.Script
 	set  *redis.Script
+	best *redis.Script
 }
 
 // New returns a Store on rdb (a *redis.ClusterClient in production).
@@ -71,7 +72,8 @@ func New(rdb redis.Scripter) (*Store, error) {
 	if rdb == nil {
 		return nil, errors.New("seats: a Redis client is required")
 	}
-	return &Store{rdb: rdb, hold: redis.NewScript(lua.SeatsHold), set: redis.NewScript(lua.SeatsSet)}, nil
+	return &Store{rdb: rdb, hold: redis.NewScript(lua.SeatsHold), set: redis.NewScript(lua.SeatsSet),
+		best: redis.NewScript(lua.SeatsBest)}, nil
 }
 
 // State values.
@@ -87,7 +89,48 @@ func (s *Store) Load(ctx context.Context, sku stock.SKU, seats []Seat) error {
 			return err
 		}
 	}
+	// The layout, for best-available: seat id → "row|number".
+	rdb, ok := s.rdb.(redis.Cmdable)
+	if !ok {
+		return errors.New("seats: load needs a full client")
+	}
+	layout := map[string][]any{}
+	for _, st := range seats {
+		layout[st.Section] = append(layout[st.Section], st.ID, fmt.Sprintf("%s|%d", st.Row, st.Number))
+	}
+	for section, args := range layout {
+		if err := rdb.HSet(ctx, keys.SeatLayout(sku.Program, sku.Ticket, section), args...).Err(); err != nil {
+			return fmt.Errorf("seats: layout: %w", err)
+		}
+	}
 	return nil
+}
+
+// ErrNoAdjacent: no q adjacent free seats in the section.
+var ErrNoAdjacent = errors.New("seats: no adjacent seats free")
+
+// Best holds the best q adjacent free seats of one section for holdID (same
+// row, consecutive, front-most, avoiding a stranded single seat) and returns
+// them; a retry with the same hold id returns the seats it already holds.
+func (s *Store) Best(ctx context.Context, sku stock.SKU, section, holdID string, q int) ([]string, error) {
+	if err := checkIDs(sku, section, holdID, []string{"x"}); err != nil {
+		return nil, err
+	}
+	if q < 1 || q > 64 {
+		return nil, fmt.Errorf("%w: %d seats", stock.ErrInvalid, q)
+	}
+	v, err := s.best.Run(ctx, s.rdb, []string{keys.Seats(sku.Program, sku.Ticket, section),
+		keys.SeatLayout(sku.Program, sku.Ticket, section)}, holdID, q).Slice()
+	if err != nil {
+		return nil, fmt.Errorf("seats: best: %w", err)
+	}
+	switch code, _ := v[0].(int64); code {
+	case 1, 2:
+		return strs(v[1:]), nil
+	case 0:
+		return nil, ErrNoAdjacent
+	}
+	return nil, fmt.Errorf("seats: best: unexpected reply %v", v)
 }
 
 func bySection(seats []Seat) map[string][]string {

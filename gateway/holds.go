@@ -25,6 +25,7 @@ type holdView struct {
 	State     string    `json:"state"`
 	ExpiresAt time.Time `json:"expires_at"`
 	OrderID   string    `json:"order_id,omitempty"`
+	Seats     []string  `json:"seats,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 }
 
@@ -34,7 +35,7 @@ func holdViewOf(h ledger.Hold) holdView {
 		state = ledger.Expired // past its time; the sweeper will catch up
 	}
 	return holdView{HoldID: h.ID, Program: h.SKU.Program, Ticket: h.SKU.Ticket, Buyer: h.Buyer, Quantity: h.Quantity,
-		State: state, ExpiresAt: h.ExpiresAt, OrderID: h.OrderID, CreatedAt: h.CreatedAt}
+		State: state, ExpiresAt: h.ExpiresAt, OrderID: h.OrderID, Seats: h.SeatIDs, CreatedAt: h.CreatedAt}
 }
 
 type holdBody struct {

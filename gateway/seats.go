@@ -94,9 +94,12 @@ func (s *Server) putSeats(c *gin.Context) {
 }
 
 type seatHoldBody struct {
-	Buyer      string   `json:"buyer"`
-	Seats      []string `json:"seats"`
-	TTLSeconds *int64   `json:"ttl_seconds"`
+	Buyer string   `json:"buyer"`
+	Seats []string `json:"seats"`
+	// Or best-available: Quantity adjacent seats in Section.
+	Quantity   *int64 `json:"quantity"`
+	Section    string `json:"section"`
+	TTLSeconds *int64 `json:"ttl_seconds"`
 }
 
 // seatMap is a SKU's seat id → section, loaded once per SettingsTTL.
@@ -131,7 +134,24 @@ func (s *Server) postSeatHold(c *gin.Context) {
 		return
 	}
 	if len(body.Seats) == 0 {
-		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "seats must list at least one seat id", 0)
+		if body.Quantity == nil || *body.Quantity < 1 || *body.Quantity > 64 || keys.CheckID(body.Section) != nil {
+			writeProblem(c, http.StatusUnprocessableEntity, "invalid-field",
+				"give seats (a list of seat ids), or quantity (1..64) and section for the best adjacent seats", 0)
+			return
+		}
+		ttl, ok := holdTTL(c, body.TTLSeconds)
+		if !ok {
+			return
+		}
+		q := *body.Quantity
+		hash := requestHash(sku, body.Buyer, q) + "b" + body.Section + ttl.String()
+		s.runJoined(c, key, hash, func(ctx context.Context) answer {
+			return s.takeBestSeats(ctx, sku, key, hash, body.Buyer, body.Section, int(q), ttl)
+		})
+		return
+	}
+	if body.Quantity != nil || body.Section != "" {
+		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "give either seats, or quantity and section", 0)
 		return
 	}
 	seen := map[string]bool{}
@@ -263,6 +283,82 @@ func (s *Server) takeSeats(ctx context.Context, sku stock.SKU, key, hash, buyer 
 		return replayHold(prev, hash)
 	}
 	return ansUnavailable
+}
+
+// takeBestSeats picks the best q adjacent free seats of a section (in
+// Redis, or from the ledger's map while the breaker is open) and holds them
+// like given seats.
+func (s *Server) takeBestSeats(ctx context.Context, sku stock.SKU, key, hash, buyer, section string, q int, ttl time.Duration) answer {
+	if s.seats == nil {
+		return refuse(http.StatusNotImplemented, "no-seats", "reserved seating is not configured")
+	}
+	if prev, err := s.ledger.HoldByKey(ctx, key); err == nil {
+		return replayHold(prev, hash)
+	}
+	var ids []string
+	err := s.redis(ctx, func(ctx context.Context) (err error) {
+		ids, err = s.seats.Best(ctx, sku, section, key, q)
+		return err
+	})
+	switch {
+	case errors.Is(err, seats.ErrNoAdjacent):
+		return refuse(http.StatusConflict, "no-adjacent-seats", fmt.Sprintf("no %d adjacent seats free in section %s", q, section))
+	case err != nil && notRun(err):
+		all, lerr := s.ledger.Seats(ctx, sku, section)
+		if lerr != nil {
+			return ansUnavailable
+		}
+		if ids = bestAdjacent(all, q); ids == nil {
+			return refuse(http.StatusConflict, "no-adjacent-seats", fmt.Sprintf("no %d adjacent seats free in section %s", q, section))
+		}
+	case err != nil:
+		return ansUnavailable
+	}
+	// The seats are held in Redis under key (or Redis is out); the given-
+	// seats path holds them again (a no-op for the same key) and commits.
+	return s.takeSeats(ctx, sku, key, hash, buyer, ids, ttl)
+}
+
+// bestAdjacent is seats_best.lua's choice over the ledger's map, for when
+// Redis is out: the front-most row with q consecutive free seats, without
+// stranding a single seat where another run allows.
+func bestAdjacent(all []ledger.Seat, q int) []string {
+	rows := map[string][]ledger.Seat{}
+	var names []string
+	for _, st := range all {
+		if _, ok := rows[st.Row]; !ok {
+			names = append(names, st.Row)
+		}
+		rows[st.Row] = append(rows[st.Row], st)
+	}
+	slices.Sort(names)
+	var best []string
+	bestOrphan := true
+	for _, name := range names {
+		row := rows[name]
+		slices.SortFunc(row, func(a, b ledger.Seat) int { return a.Number - b.Number })
+		for i := 0; i < len(row); {
+			if row[i].State != "free" {
+				i++
+				continue
+			}
+			j := i
+			for j+1 < len(row) && row[j+1].State == "free" && row[j+1].Number == row[j].Number+1 {
+				j++
+			}
+			if n := j - i + 1; n >= q && (best == nil || (bestOrphan && n-q != 1)) {
+				best, bestOrphan = nil, n-q == 1
+				for k := i; k < i+q; k++ {
+					best = append(best, row[k].ID)
+				}
+				if !bestOrphan {
+					return best
+				}
+			}
+			i = j + 1
+		}
+	}
+	return best
 }
 
 func replayHold(h ledger.Hold, hash string) answer {

@@ -222,3 +222,39 @@ func TestSeatConsistencyRepair(t *testing.T) {
 		t.Errorf("seat repairs counted %v, want >= 4", n)
 	}
 }
+
+// Best-available through the API: q adjacent seats in one row of the
+// section, held like given seats; a retry returns the same hold.
+func TestBestAvailableThroughTheAPI(t *testing.T) {
+	e := newEnv(t, ledger.SQLite)
+	sku := newSKU(t)
+	e.putSKU(t, sku, 0, 1, 6)
+	e.loadSeats(t, sku, map[string]int{"A": 10})
+	best := func(key string, q int) reply {
+		return e.do(t, http.MethodPost, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/seat-holds",
+			map[string]string{"Idempotency-Key": key}, fmt.Sprintf(`{"buyer":"bo","quantity":%d,"section":"A"}`, q))
+	}
+	var h struct {
+		HoldID string   `json:"hold_id"`
+		Seats  []string `json:"seats"`
+	}
+	r := best("best-1", 4)
+	if err := json.Unmarshal(r.body, &h); err != nil || r.status != http.StatusCreated || len(h.Seats) != 4 {
+		t.Fatalf("best 4 = %d %s", r.status, r.body)
+	}
+	if strings.Join(h.Seats, ",") != "A-01,A-02,A-03,A-04" {
+		t.Errorf("best 4 of an empty row = %v, want A-01..A-04", h.Seats)
+	}
+	if again := best("best-1", 4); again.status != http.StatusCreated || !strings.Contains(string(again.body), h.HoldID) {
+		t.Errorf("retry = %d %s", again.status, again.body)
+	}
+	if r := best("best-2", 7); r.status != http.StatusConflict || !strings.Contains(string(r.body), "no-adjacent-seats") {
+		t.Errorf("7 of the 6 left = %d %s", r.status, r.body)
+	}
+	if r := best("best-3", 6); r.status != http.StatusCreated {
+		t.Errorf("the last 6 = %d %s", r.status, r.body)
+	}
+	if st := e.state(t, sku); st.Held != 10 {
+		t.Errorf("held %d, want 10", st.Held)
+	}
+}

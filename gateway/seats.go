@@ -377,7 +377,8 @@ type seatView struct {
 }
 
 // getSeats handles GET /v1/skus/:program/:ticket/seats?section=A: the
-// section's seats (or all) and their state, from the ledger.
+// section's seats (or all) and their state, from the ledger, served from
+// memory for StockTTL so a read flood costs one ledger query per period.
 func (s *Server) getSeats(c *gin.Context) {
 	sku, ok := skuParam(c)
 	if !ok {
@@ -388,20 +389,40 @@ func (s *Server) getSeats(c *gin.Context) {
 		writeProblem(c, http.StatusBadRequest, "invalid-id", "section ids match [A-Za-z0-9_-]{1,64}", 0)
 		return
 	}
-	all, err := s.ledger.Seats(c.Request.Context(), sku, section)
+	// The loading cache is keyed by SKU; the section rides in the ticket
+	// field after a byte no id may contain.
+	v, err := s.sectionViews.Get(c.Request.Context(), stock.SKU{Program: sku.Program, Ticket: sku.Ticket + "|" + section})
 	if err != nil {
 		writeProblem(c, http.StatusServiceUnavailable, "unavailable", "ledger unavailable", 1)
 		return
 	}
-	out := make([]seatView, len(all))
-	free := 0
+	c.Header("Cache-Control", "max-age=1")
+	c.JSON(http.StatusOK, v)
+}
+
+type sectionView struct {
+	Program string     `json:"program"`
+	Ticket  string     `json:"ticket"`
+	Section string     `json:"section"`
+	Free    int        `json:"free"`
+	Seats   []seatView `json:"seats"`
+}
+
+func (s *Server) loadSectionView(ctx context.Context, key stock.SKU) (sectionView, error) {
+	ticket, section, _ := strings.Cut(key.Ticket, "|")
+	sku := stock.SKU{Program: key.Program, Ticket: ticket}
+	all, err := s.ledger.Seats(ctx, sku, section)
+	if err != nil {
+		return sectionView{}, err
+	}
+	v := sectionView{Program: sku.Program, Ticket: sku.Ticket, Section: section, Seats: make([]seatView, len(all))}
 	for i, st := range all {
-		out[i] = seatView{ID: st.ID, Section: st.Section, Row: st.Row, Number: st.Number, State: st.State}
+		v.Seats[i] = seatView{ID: st.ID, Section: st.Section, Row: st.Row, Number: st.Number, State: st.State}
 		if st.State == "free" {
-			free++
+			v.Free++
 		}
 	}
-	c.JSON(http.StatusOK, gin.H{"program": sku.Program, "ticket": sku.Ticket, "section": section, "free": free, "seats": out})
+	return v, nil
 }
 
 // SeatCheck is what a consistency check of a seat map found and did.

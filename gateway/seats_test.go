@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockgate/stockgate/gateway"
+	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -257,4 +259,64 @@ func TestBestAvailableThroughTheAPI(t *testing.T) {
 	if st := e.state(t, sku); st.Held != 10 {
 		t.Errorf("held %d, want 10", st.Held)
 	}
+}
+
+// Seat holds expiring with 3 gateways sweeping: every seat comes back free
+// exactly once, in the ledger and in Redis.
+func TestSeatHoldsExpireAcrossGateways(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	fast := func(o *gateway.Options) { o.SweepEvery = 100 * time.Millisecond }
+	var envs []*env
+	for range 3 {
+		envs = append(envs, startEnv(t, envOptions{driver: ledger.Postgres, dsn: dsn, sweep: true, tune: fast}))
+	}
+	sku := newSKU(t)
+	envs[0].putSKU(t, sku, 0, 1, 4)
+	envs[0].loadSeats(t, sku, map[string]int{"A": 30})
+	held := 0
+	for i := 0; i < 30; i += 3 {
+		n := 1 + (i/3)%3
+		var ids []string
+		for k := i; k < i+n; k++ {
+			ids = append(ids, fmt.Sprintf("A-%02d", k+1))
+		}
+		b, _ := json.Marshal(map[string]any{"buyer": "b", "seats": ids, "ttl_seconds": 1})
+		r := envs[i%3].do(t, http.MethodPost, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/seat-holds",
+			map[string]string{"Idempotency-Key": fmt.Sprintf("exp-%d", i)}, string(b))
+		if r.status != http.StatusCreated {
+			t.Fatalf("seat hold = %d %s", r.status, r.body)
+		}
+		held += n
+	}
+	ctx := context.Background()
+	waitFor(t, 10*time.Second, "every seat hold to expire and be released", func() bool {
+		st, _ := envs[0].ledger.SKU(ctx, sku)
+		p, _ := envs[0].ledger.PendingRestores(ctx, 0, 1)
+		return st.Held == 0 && len(p) == 0
+	})
+	var expired float64
+	for _, e := range envs {
+		expired += counter(t, e.reg, "stockgate_holds_expired_total", nil)
+	}
+	if expired != 10 {
+		t.Errorf("the sweepers expired %v holds between them, want exactly 10", expired)
+	}
+	all, _ := envs[0].ledger.Seats(ctx, sku, "A")
+	var ids []string
+	for _, s := range all {
+		ids = append(ids, s.ID)
+		if s.State != "free" {
+			t.Errorf("ledger seat %s is %s", s.ID, s.State)
+		}
+	}
+	raw, err := envs[0].seatStore(t).Raw(ctx, sku, "A", ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range raw {
+		if v != "" {
+			t.Errorf("Redis seat %s is %q, want free", ids[i], v)
+		}
+	}
+	t.Logf("%d seats in 10 holds expired by 3 sweepers, each once", held)
 }

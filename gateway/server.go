@@ -192,7 +192,9 @@ type Server struct {
 	settings  *cache.Loading[ledger.SKUState]
 	programs  *cache.Loading[int64] // per-buyer cap of a program, keyed by {program, ""}
 	seatMaps  *cache.Loading[seatMap]
-	seatSeen  struct {
+	// sectionViews serves seat status reads from memory for StockTTL.
+	sectionViews *cache.Loading[sectionView]
+	seatSeen     struct {
 		mu sync.Mutex
 		m  map[stock.SKU]map[string]string // seat → mismatch at the last periodic check
 	}
@@ -299,6 +301,10 @@ func New(opts Options) (*Server, error) {
 	}
 	s.seats = opts.Seats
 	s.seatMaps, err = cache.NewLoading(opts.SettingsTTL, 1_000, opts.CacheMetrics.Recorder("seatmaps"), s.loadSeatMap)
+	if err != nil {
+		return nil, err
+	}
+	s.sectionViews, err = cache.NewLoading(opts.StockTTL, 10_000, opts.CacheMetrics.Recorder("sections"), s.loadSectionView)
 	if err != nil {
 		return nil, err
 	}

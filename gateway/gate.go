@@ -16,7 +16,7 @@ func isOutcome(err error) bool {
 	return errors.Is(err, stock.ErrSoldOut) || errors.Is(err, stock.ErrNotSeeded) ||
 		errors.Is(err, stock.ErrFenced) || errors.Is(err, stock.ErrInvalid) ||
 		errors.Is(err, stock.ErrLimit) || errors.Is(err, stock.ErrSaleEnded) ||
-		errors.Is(err, seats.ErrTaken) || errors.Is(err, seats.ErrUnknownSeat)
+		errors.Is(err, seats.ErrTaken) || errors.Is(err, seats.ErrUnknownSeat) || errors.Is(err, seats.ErrNoAdjacent)
 }
 
 // notRun reports that a gate call certainly moved nothing: the breaker

@@ -134,9 +134,9 @@ func (s *Server) postSeatHold(c *gin.Context) {
 		return
 	}
 	if len(body.Seats) == 0 {
-		if body.Quantity == nil || *body.Quantity < 1 || *body.Quantity > 64 || keys.CheckID(body.Section) != nil {
+		if body.Quantity == nil || *body.Quantity < 1 || *body.Quantity > 64 || (body.Section != "" && keys.CheckID(body.Section) != nil) {
 			writeProblem(c, http.StatusUnprocessableEntity, "invalid-field",
-				"give seats (a list of seat ids), or quantity (1..64) and section for the best adjacent seats", 0)
+				"give seats (a list of seat ids), or quantity (1..64) and optionally a section, for the best adjacent seats", 0)
 			return
 		}
 		ttl, ok := holdTTL(c, body.TTLSeconds)
@@ -295,6 +295,28 @@ func (s *Server) takeBestSeats(ctx context.Context, sku stock.SKU, key, hash, bu
 	if prev, err := s.ledger.HoldByKey(ctx, key); err == nil {
 		return replayHold(prev, hash)
 	}
+	if section == "" {
+		// The whole price tier: the first section, in order, that has them.
+		m, err := s.seatMaps.Get(ctx, sku)
+		if err != nil {
+			return ansUnavailable
+		}
+		var sections []string
+		for _, sec := range m {
+			if !slices.Contains(sections, sec) {
+				sections = append(sections, sec)
+			}
+		}
+		slices.Sort(sections)
+		last := refuse(http.StatusConflict, "no-adjacent-seats", fmt.Sprintf("no %d adjacent seats free in any section", q))
+		for _, sec := range sections {
+			a := s.takeBestSeats(ctx, sku, key, hash, buyer, sec, q, ttl)
+			if a.kind != "no-adjacent-seats" {
+				return a
+			}
+		}
+		return last
+	}
 	var ids []string
 	err := s.redis(ctx, func(ctx context.Context) (err error) {
 		ids, err = s.seats.Best(ctx, sku, section, key, q)
@@ -395,6 +417,26 @@ func (s *Server) getSeats(c *gin.Context) {
 	if err != nil {
 		writeProblem(c, http.StatusServiceUnavailable, "unavailable", "ledger unavailable", 1)
 		return
+	}
+	if list := c.Query("ids"); list != "" {
+		// One seat's or a batch of seats' status.
+		want := strings.Split(list, ",")
+		if len(want) > stock.MaxPerOrderCap {
+			writeProblem(c, http.StatusBadRequest, "invalid-id", "at most 1000 seat ids", 0)
+			return
+		}
+		var out []seatView
+		for _, st := range v.Seats {
+			if slices.Contains(want, st.ID) {
+				out = append(out, st)
+			}
+		}
+		v.Seats, v.Free = out, 0
+		for _, st := range out {
+			if st.State == "free" {
+				v.Free++
+			}
+		}
 	}
 	c.Header("Cache-Control", "max-age=1")
 	c.JSON(http.StatusOK, v)

@@ -409,3 +409,29 @@ func TestSeatHoldsWhileRedisIsDown(t *testing.T) {
 		t.Errorf("held %d, want 5", st.Held)
 	}
 }
+
+// A per-buyer cap counts seats, and changing a seated ticket's settings
+// keeps its total at the seat map's size.
+func TestSeatHoldsCountAgainstTheCap(t *testing.T) {
+	e := newEnv(t, ledger.SQLite)
+	sku := newSKU(t)
+	e.putSKU(t, sku, 0, 1, 4)
+	e.loadSeats(t, sku, map[string]int{"A": 8})
+	r := e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program+"/"+sku.Ticket, nil, `{"total":0,"shards":1,"max_per_order":4,"per_buyer":3}`)
+	if r.status != http.StatusOK || !strings.Contains(string(r.body), `"total":8`) {
+		t.Fatalf("PUT settings of a seated ticket = %d %s, want total kept at 8", r.status, r.body)
+	}
+	if r, _ := e.seatHold(t, sku, "cap-1", "ann", "A-01", "A-02"); r.status != http.StatusCreated {
+		t.Fatalf("2 seats = %d %s", r.status, r.body)
+	}
+	if r, _ := e.seatHold(t, sku, "cap-2", "ann", "A-03", "A-04"); r.status != http.StatusConflict || !strings.Contains(string(r.body), "limit-reached") {
+		t.Errorf("2 more seats (4 > 3) = %d %s", r.status, r.body)
+	}
+	st, _ := e.seatStore(t).Status(context.Background(), sku, "A", []string{"A-03", "A-04"})
+	if st[0].Hold != "" || st[1].Hold != "" {
+		t.Errorf("a refused seat hold left seats held in Redis: %+v", st)
+	}
+	if r, _ := e.seatHold(t, sku, "cap-3", "bob", "A-03", "A-04", "A-05"); r.status != http.StatusCreated {
+		t.Errorf("another buyer = %d %s", r.status, r.body)
+	}
+}

@@ -369,7 +369,8 @@ func (s SKUState) Remaining() int64 { return s.Total - s.Sold - s.Held }
 func (s SKUState) GateStale() bool { return s.BypassSeq > s.GateSeq }
 
 // PutSKU creates a SKU or changes its settings. A total below what is sold
-// and held is refused with stock.ErrInvalid and changes nothing. Like a sale
+// and held is refused with stock.ErrInvalid and changes nothing. A seated
+// SKU's total is its seat map's size and is left alone. Like a sale
 // around the gate, it marks the gate stale: Redis must be rebuilt from the
 // new row before it serves the SKU.
 func (l *Ledger) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
@@ -398,9 +399,9 @@ func (l *Ledger) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 		return SKUState{}, fmt.Errorf("ledger: put sku: %w", err)
 	}
 	res, err := tx.ExecContext(ctx, `
-		UPDATE skus SET total = $3, shards = $4, max_per_order = $5, updated_at = $6, version = version + 1,
-			bypass_seq = bypass_seq + 1
-		WHERE program = $1 AND ticket = $2 AND sold + held <= $3`,
+		UPDATE skus SET total = CASE WHEN seated = 1 THEN total ELSE $3 END, shards = $4, max_per_order = $5,
+			updated_at = $6, version = version + 1, bypass_seq = bypass_seq + 1
+		WHERE program = $1 AND ticket = $2 AND (seated = 1 OR sold + held <= $3)`,
 		c.Program, c.Ticket, c.Total, c.Shards, c.MaxPerOrder, now)
 	if err != nil {
 		return SKUState{}, fmt.Errorf("ledger: put sku: %w", err)

@@ -233,6 +233,11 @@ func (s *Server) take(ctx context.Context, w want) answer {
 		return refuse(http.StatusConflict, "seated", "this ticket sells specific seats: use seat holds")
 	}
 	if s.cache.SoldOut(w.sku) {
+		// A retry of a request this replica completed still gets its answer,
+		// not the sold-out its own success may have caused.
+		if a, ok := s.completed.GetIfPresent(w.key); ok {
+			return w.replay(a)
+		}
 		return ansSoldOut
 	}
 	if st.PerBuyer > 0 && w.q > st.PerBuyer {
@@ -315,6 +320,7 @@ func (s *Server) take(ctx context.Context, w want) answer {
 	switch {
 	case err == nil:
 		s.count(pathGate, "sold")
+		s.completed.Set(w.key, a)
 		return a
 	case errors.Is(err, ledger.ErrDuplicate):
 		// Another attempt with this key committed first (on another replica,

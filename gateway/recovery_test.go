@@ -114,3 +114,25 @@ func abs(v int64) int64 {
 	}
 	return v
 }
+
+// A purchase that sold the last unit, retried while the SKU's sold-out flag
+// is cached, gets its own 201 back (replayed), not a 409.
+func TestRetryOfTheLastSaleIsReplayed(t *testing.T) {
+	e := newEnv(t, ledger.SQLite)
+	sku := newSKU(t)
+	e.putSKU(t, sku, 1, 1, 4)
+	first := e.buy(t, sku, "last-one", "ann", 1)
+	if first.status != 201 {
+		t.Fatalf("buy = %d", first.status)
+	}
+	if r := e.buy(t, sku, "too-late", "bob", 1); r.status != 409 {
+		t.Fatalf("next buyer = %d, want 409 (and the flag cached)", r.status)
+	}
+	again := e.buy(t, sku, "last-one", "ann", 1)
+	if again.status != 201 || again.header.Get("Idempotent-Replayed") != "true" || string(again.body) != string(first.body) {
+		t.Errorf("retry of the last sale = %d %s, want the same 201 replayed", again.status, again.body)
+	}
+	if r := e.buy(t, sku, "last-one", "ann", 2); r.status != 422 {
+		t.Errorf("the same key for another request = %d, want 422", r.status)
+	}
+}

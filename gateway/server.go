@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
+	"github.com/maypok86/otter/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/singleflight"
@@ -201,8 +202,11 @@ type Server struct {
 	seats    *seats.Store
 	stock    *cache.Loading[stockView]
 	inflight inflight
-	ready    atomic.Bool
-	engine   *gin.Engine
+	// completed remembers this replica's recent 2xx answers by key, so a
+	// retry meeting a cached sold-out flag is still replayed.
+	completed *otter.Cache[string, answer]
+	ready     atomic.Bool
+	engine    *gin.Engine
 }
 
 // New validates opts and returns a Server that is not ready yet: call
@@ -297,6 +301,12 @@ func New(opts Options) (*Server, error) {
 		return s.ledger.ProgramCap(ctx, p.Program)
 	})
 	if err != nil {
+		return nil, err
+	}
+	if s.completed, err = otter.New(&otter.Options[string, answer]{
+		MaximumSize:      100_000,
+		ExpiryCalculator: otter.ExpiryWriting[string, answer](10 * time.Minute),
+	}); err != nil {
 		return nil, err
 	}
 	s.seats = opts.Seats

@@ -53,6 +53,7 @@ func (s *Server) takeDirect(ctx context.Context, w want, st ledger.SKUState) ans
 			// it rebuilds Redis before using it for this SKU again.
 			s.settings.Invalidate(w.sku)
 			s.count(pathLedger, "sold")
+			s.completed.Set(w.key, a)
 			return a
 		case errors.Is(err, ledger.ErrDuplicate):
 			return w.replay(a)

@@ -86,7 +86,7 @@ func startPostgres(ctx context.Context, durable bool) (*Postgres, error) {
 			args = append(args, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
 		}
 		cmd := exec.Command(filepath.Join(bin, "postgres"), args...)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true, Pdeathsig: syscall.SIGKILL}
 		log, err := os.Create(filepath.Join(dir, "postgres.log"))
 		if err != nil {
 			p.Stop()

@@ -166,7 +166,9 @@ func startNode(ctx context.Context, bin, dir string, nodeTimeout time.Duration) 
 
 func (n *Node) start() error {
 	cmd := exec.Command(n.bin, n.args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Pdeathsig: if the test binary dies (a -timeout panic, a kill), the
+	// node dies with it instead of outliving the run.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start redis-server: %w", err)
 	}

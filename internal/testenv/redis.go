@@ -251,9 +251,32 @@ func (c *Cluster) join(ctx context.Context) error {
 }
 
 // waitReplicasSynced waits until every live replica has a working link to
-// its master, so a failover test can rely on it being promotable.
+// its master, so a failover test can rely on it being promotable, and until
+// every node's view of the cluster shows all the replicas as replicas (the
+// roles spread by gossip, a little after REPLICATE).
 func (c *Cluster) waitReplicasSynced(ctx context.Context) error {
+	want := len(c.Nodes) - c.Masters
 	return retry(ctx, 30*time.Second, func() error {
+		for _, n := range c.Nodes {
+			if !n.Alive() {
+				continue
+			}
+			cl := n.client()
+			nodes, err := cl.ClusterNodes(ctx).Result()
+			cl.Close()
+			if err != nil {
+				return err
+			}
+			got := 0
+			for _, line := range strings.Split(strings.TrimSpace(nodes), "\n") {
+				if f := strings.Fields(line); len(f) > 2 && strings.Contains(f[2], "slave") {
+					got++
+				}
+			}
+			if got != want {
+				return fmt.Errorf("%s sees %d replicas, want %d", n.Addr, got, want)
+			}
+		}
 		for _, n := range c.Nodes[c.Masters:] {
 			if !n.Alive() {
 				continue

@@ -113,7 +113,13 @@ func (c *Cache) MarkSoldOut(sku stock.SKU) {
 }
 
 // ClearSoldOut forgets a sold-out flag, after stock came back or was added.
-func (c *Cache) ClearSoldOut(sku stock.SKU) { c.soldOut.Invalidate(sku) }
+// It is called after every successful take, so it only writes when there
+// is a flag to forget (a lock-free read otherwise).
+func (c *Cache) ClearSoldOut(sku stock.SKU) {
+	if _, ok := c.soldOut.GetIfPresent(sku); ok {
+		c.soldOut.Invalidate(sku)
+	}
+}
 
 // IsEmpty reports whether shard i of n was found empty within the TTL.
 func (c *Cache) IsEmpty(sku stock.SKU, n, i int) bool {

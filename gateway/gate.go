@@ -5,19 +5,15 @@ import (
 	"errors"
 
 	"github.com/stockgate/stockgate/breaker"
-	"github.com/stockgate/stockgate/seats"
 	"github.com/stockgate/stockgate/shard"
 	"github.com/stockgate/stockgate/stock"
 )
 
-// isOutcome reports the gate errors that are answers from a working Redis;
-// the breaker counts them as successes.
-func isOutcome(err error) bool {
-	return errors.Is(err, stock.ErrSoldOut) || errors.Is(err, stock.ErrNotSeeded) ||
-		errors.Is(err, stock.ErrFenced) || errors.Is(err, stock.ErrInvalid) ||
-		errors.Is(err, stock.ErrLimit) || errors.Is(err, stock.ErrSaleEnded) ||
-		errors.Is(err, seats.ErrTaken) || errors.Is(err, seats.ErrUnknownSeat) || errors.Is(err, seats.ErrNoAdjacent)
-}
+// isOutcome reports the gate errors that are answers from a working Redis
+// (anything that is not Redis failing); the breaker counts them as
+// successes. Classifying failures rather than listing answers means a new
+// kind of answer cannot trip the breaker.
+func isOutcome(err error) bool { return !shard.Failed(err) }
 
 // notRun reports that a gate call certainly moved nothing: the breaker
 // refused it, or it failed before any script ran. Such a purchase may go to

@@ -83,11 +83,9 @@ func (s *Server) postHold(c *gin.Context) {
 		return
 	}
 	w := want{sku: sku, key: key, buyer: body.Buyer, q: *body.Quantity, hold: true, ttl: ttl}
-	w.hash = requestHash(sku, body.Buyer, w.q) + "h" + formatTTL(ttl)
+	w.hash = requestHash(sku, body.Buyer, w.q) + "h" + ttl.String()
 	s.runJoined(c, key, w.hash, func(ctx context.Context) answer { return s.take(ctx, w) })
 }
-
-func formatTTL(d time.Duration) string { return d.String() }
 
 // holdTTL reads an optional ttl_seconds: 0 (the SKU's default) when absent,
 // a 422 problem when out of the bounds any SKU allows (each SKU's own

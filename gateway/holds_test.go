@@ -197,12 +197,7 @@ func TestRefundConcurrentlyRestoresOnce(t *testing.T) {
 // exactly 4 units, the rest turned away in Redis without reaching the
 // ledger; another buyer is unaffected.
 func TestPerBuyerCap(t *testing.T) {
-	var counted *countingLedger
-	e := startEnv(t, envOptions{driver: ledger.Postgres, tune: func(o *gateway.Options) {
-		counted = &countingLedger{Ledger: o.Ledger}
-		o.Ledger = counted
-		o.SettingsTTL = time.Minute
-	}})
+	e, counted := countingEnv(t)
 	sku := newSKU(t)
 	r := e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program+"/"+sku.Ticket, nil, `{"total":100,"shards":4,"max_per_order":4,"per_buyer":4}`)
 	if r.status != http.StatusOK {

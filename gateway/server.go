@@ -65,7 +65,6 @@ type Ledger interface {
 	PutSKU(ctx context.Context, c ledger.SKUConfig) (ledger.SKUState, error)
 	SKU(ctx context.Context, sku stock.SKU) (ledger.SKUState, error)
 	Purchase(ctx context.Context, o ledger.Order) (ledger.Order, error)
-	PurchaseDirect(ctx context.Context, o ledger.Order, version int64) (ledger.Order, error)
 	PurchaseBatch(ctx context.Context, orders []ledger.Order, direct bool) ([]ledger.BatchResult, error)
 	OrderByKey(ctx context.Context, key string) (ledger.Order, error)
 	MarkGateSeeded(ctx context.Context, sku stock.SKU, seq int64) error

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"net"
 	"time"
 
@@ -42,6 +43,23 @@ func NotRun(err error) bool {
 	}
 	var reply redis.Error
 	return errors.As(err, &reply)
+}
+
+// Failed reports whether err is Redis failing rather than answering: a
+// network or timeout error, a broken or closed connection, an exhausted
+// pool, an error reply (CLUSTERDOWN, LOADING, …) or a script reply the Go
+// side did not expect. Everything else a gate call returns (sold out, not
+// seeded, fenced, a per-buyer limit, seats taken, bad input) is an answer
+// from a working Redis. The breaker counts only failures.
+func Failed(err error) bool {
+	if err == nil {
+		return false
+	}
+	var ne net.Error
+	var reply redis.Error
+	return errors.As(err, &ne) || errors.As(err, &reply) || errors.Is(err, ErrScript) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed) || errors.Is(err, errStranded)
 }
 
 // ErrScript reports a script answer the Go side did not expect: a bug or a

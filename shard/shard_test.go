@@ -3,6 +3,8 @@ package shard_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"os"
 	"sync"
@@ -395,5 +397,28 @@ func TestNotRun(t *testing.T) {
 	err := rdb.Do(context.Background(), "EVALSHA", "0000000000000000000000000000000000000000", 0).Err()
 	if err == nil || !shard.NotRun(err) {
 		t.Errorf("NotRun(%v) = false for a server error reply", err)
+	}
+}
+
+// Failed tells Redis failing from Redis answering: the breaker counts only
+// failures, so any new kind of answer is safe by default.
+func TestFailed(t *testing.T) {
+	for _, err := range []error{
+		fmt.Errorf("deduct shard 0: %w", stock.ErrSoldOut), stock.ErrNotSeeded, stock.ErrFenced, stock.ErrLimit,
+		stock.ErrInvalid, errors.New("seats: taken: [A-01]"), nil,
+	} {
+		if shard.Failed(err) {
+			t.Errorf("Failed(%v) = true for an answer", err)
+		}
+	}
+	_, rdb := newStore(t)
+	reply := rdb.Do(context.Background(), "EVALSHA", "0000000000000000000000000000000000000000", 0).Err()
+	for _, err := range []error{
+		&net.OpError{Op: "dial", Err: errors.New("connection refused")}, context.DeadlineExceeded,
+		fmt.Errorf("read: %w", io.ErrUnexpectedEOF), redis.ErrPoolTimeout, fmt.Errorf("x: %w", shard.ErrScript), reply,
+	} {
+		if !shard.Failed(err) {
+			t.Errorf("Failed(%v) = false for Redis failing", err)
+		}
 	}
 }

@@ -4,7 +4,7 @@ RUN_DIR := .run
 GO ?= go
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run stop test bench deps-redis deps-postgres deps-promtool build vet
+.PHONY: run stop test bench fuzz deps-redis deps-postgres deps-promtool build vet
 
 build:
 	$(GO) build -o $(RUN_DIR)/stockgate ./cmd/stockgate
@@ -58,9 +58,24 @@ stop:
 vet:
 	$(GO) vet ./...
 
-# Everything, with the race detector, against real servers the tests start.
+# Everything, with the race detector, against real servers the tests start;
+# then a short run of each fuzz target (their seed inputs already ran above).
 test: deps-redis deps-postgres deps-promtool vet
 	$(GO) test -race -count=1 -timeout 15m ./...
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=1000x
+
+# Each fuzz target for FUZZTIME inputs (default 200000x): request parsing,
+# and every stock script's argument parsing against a real Redis Cluster.
+# Counts, not durations: Go 1.26's fuzz coordinator can fail a run at the
+# end of a -fuzztime duration with "context deadline exceeded" and no
+# crasher (golang/go#75804, fixed in Go 1.27).
+FUZZTIME ?= 200000x
+FUZZ_TARGETS := gateway:FuzzDecodePurchase gateway:FuzzIdempotencyKey shard:FuzzDeductArgs shard:FuzzRefillArgs shard:FuzzSeedArgs
+fuzz: deps-redis
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	  pkg=$${t%%:*}; name=$${t#*:}; echo "fuzz $$pkg $$name for $(FUZZTIME)"; \
+	  $(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -parallel 1 ./$$pkg; \
+	done
 
 # The side-by-side benchmark: its own Redis Cluster and PostgreSQL,
 # stockgate as its own process, the comparators; writes docs/BENCHMARKS.md

@@ -25,6 +25,10 @@ type committer struct {
 	queues []chan *pendingCommit
 	stop   chan struct{}
 	wg     sync.WaitGroup
+	// mu orders commit's enqueue against close: once closed is set, no
+	// request is queued where no partition will take it.
+	mu     sync.RWMutex
+	closed bool
 }
 
 type pendingCommit struct {
@@ -55,11 +59,13 @@ func newCommitter(s *Server, partitions, max int, direct bool) *committer {
 func (c *committer) commit(o ledger.Order) (ledger.Order, error) {
 	p := &pendingCommit{order: o, out: make(chan commitOut, 1)}
 	q := c.queues[crc32.ChecksumIEEE([]byte(o.SKU.Program+"\x00"+o.SKU.Ticket))%uint32(len(c.queues))]
-	select {
-	case q <- p:
-	case <-c.stop:
+	c.mu.RLock()
+	if c.closed {
+		c.mu.RUnlock()
 		return ledger.Order{}, errClosing
 	}
+	q <- p // the partition drains its queue before it stops
+	c.mu.RUnlock()
 	r := <-p.out
 	return r.order, r.err
 }
@@ -148,17 +154,50 @@ func (c *committer) flushDirect(ctx context.Context, batch []*pendingCommit) {
 		}
 	}
 	for i, p := range batch {
-		if err != nil {
+		switch {
+		case err != nil:
 			p.out <- commitOut{err: err}
-			continue
+		case errors.Is(res[i].Err, ledger.ErrSplit):
+			// Its SKU could not take the whole batch: decide this one alone,
+			// so one buyer over a cap or the stock never refuses the others.
+			o, err := c.alone(ctx, p.order)
+			p.out <- commitOut{o, err}
+		default:
+			p.out <- commitOut{res[i].Order, res[i].Err}
 		}
-		// A split order's error wraps why (sold out, over a cap, ended).
-		p.out <- commitOut{res[i].Order, res[i].Err}
 	}
 }
 
-// close stops the partitions once they have answered what was queued.
+// alone commits one order around the gate by itself: read the version,
+// commit at it, and on a conflict read again after a jittered pause.
+func (c *committer) alone(ctx context.Context, o ledger.Order) (ledger.Order, error) {
+	var err error
+	for attempt := range c.s.opts.FallbackAttempts {
+		if attempt > 0 {
+			time.Sleep(time.Duration(rand.Int64N(int64(c.s.opts.FallbackBackoff) << attempt)))
+		}
+		st, rerr := c.s.ledger.SKU(ctx, o.SKU)
+		if rerr != nil {
+			return ledger.Order{}, fmt.Errorf("%w: %w", ledger.ErrNotCommitted, rerr)
+		}
+		var got ledger.Order
+		if got, err = c.s.ledger.PurchaseDirect(ctx, o, st.Version); !errors.Is(err, ledger.ErrConflict) {
+			return got, err
+		}
+	}
+	return ledger.Order{}, err
+}
+
+// close stops the partitions once they have answered what was queued;
+// commits after it return errClosing. A second close does nothing.
 func (c *committer) close() {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.closed = true
+	c.mu.Unlock()
 	close(c.stop)
 	c.wg.Wait()
 }

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,33 +27,33 @@ func (s *Server) decodeBodyMax(c *gin.Context, v any, maxBytes int64) bool {
 		writeProblem(c, http.StatusUnsupportedMediaType, "unsupported-media-type", "send application/json", 0)
 		return false
 	}
-	body := http.MaxBytesReader(c.Writer, c.Request.Body, maxBytes)
-	dec := json.NewDecoder(body)
-	dec.DisallowUnknownFields()
-	err := dec.Decode(v)
+	// Read it whole first (it is small and bounded), so a body over the
+	// limit is noticed even when its first bytes were a complete object.
+	raw, err := io.ReadAll(http.MaxBytesReader(c.Writer, c.Request.Body, maxBytes))
+	var tooBig *http.MaxBytesError
+	if errors.As(err, &tooBig) {
+		writeProblem(c, http.StatusRequestEntityTooLarge, "body-too-large",
+			fmt.Sprintf("request body over %d bytes", maxBytes), 0)
+		return false
+	}
 	if err == nil {
-		// One value only: anything after it, even within the limit, is an error.
-		var tooBig *http.MaxBytesError
-		switch _, terr := dec.Token(); {
-		case errors.As(terr, &tooBig):
-			err = terr
-		case terr != io.EOF:
-			err = errors.New("data after the JSON object")
+		err = duplicateMember(raw)
+	}
+	if err == nil {
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.DisallowUnknownFields()
+		err = dec.Decode(v)
+		if err == nil {
+			// One value only: anything after it is an error.
+			if _, terr := dec.Token(); terr != io.EOF {
+				err = errors.New("data after the JSON object")
+			}
 		}
 	}
-	if err == nil {
-		// Read to the end so a body over the limit is noticed even when its
-		// first bytes were a complete object.
-		_, err = io.Copy(io.Discard, body)
-	}
-	var tooBig *http.MaxBytesError
 	var typeErr *json.UnmarshalTypeError
 	switch {
 	case err == nil:
 		return true
-	case errors.As(err, &tooBig):
-		writeProblem(c, http.StatusRequestEntityTooLarge, "body-too-large",
-			fmt.Sprintf("request body over %d bytes", s.opts.MaxBodyBytes), 0)
 	case errors.As(err, &typeErr):
 		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field",
 			fmt.Sprintf("field %q must be %s", typeErr.Field, kindOf(typeErr)), 0)
@@ -60,6 +61,57 @@ func (s *Server) decodeBodyMax(c *gin.Context, v any, maxBytes int64) bool {
 		writeProblem(c, http.StatusBadRequest, "malformed-json", "malformed JSON body: "+err.Error(), 0)
 	}
 	return false
+}
+
+// duplicateMember refuses an object with the same member name twice, at
+// any depth: encoding/json keeps the last, so {"quantity":1,"quantity":5}
+// would be read as 5 by us and as 1 by whoever checked it first.
+func duplicateMember(raw []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	type frame struct {
+		object bool
+		seen   map[string]bool
+		key    bool // the next string token in this object is a member name
+	}
+	var stack []*frame
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		var top *frame
+		if len(stack) > 0 {
+			top = stack[len(stack)-1]
+		}
+		switch t := tok.(type) {
+		case json.Delim:
+			switch t {
+			case '{', '[':
+				if top != nil && top.object {
+					top.key = true // the object or array was a member's value
+				}
+				stack = append(stack, &frame{object: t == '{', seen: map[string]bool{}, key: t == '{'})
+			default:
+				stack = stack[:len(stack)-1]
+			}
+			continue
+		case string:
+			if top != nil && top.object && top.key {
+				if top.seen[t] {
+					return fmt.Errorf("member %q appears twice", t)
+				}
+				top.seen[t] = true
+				top.key = false
+				continue
+			}
+		}
+		if top != nil && top.object {
+			top.key = true // a scalar value: a member name comes next
+		}
+	}
 }
 
 func kindOf(e *json.UnmarshalTypeError) string {

@@ -46,17 +46,19 @@ func (s *Server) takeDirect(ctx context.Context, w want, st ledger.SKUState) ans
 		if fresh.Remaining() < w.q {
 			return s.directRefused(ctx, w, ansSoldOut, fresh.Remaining() == 0)
 		}
-		a, err := s.commit(ctx, w, fresh, "", fresh.Version)
+		a, err := s.commit(ctx, w, fresh, "", fresh.Version, -1)
 		switch {
 		case err == nil:
 			// This replica's cached settings must show the gate stale now, so
 			// it rebuilds Redis before using it for this SKU again.
 			s.settings.Invalidate(w.sku)
 			s.count(pathLedger, "sold")
-			s.completed.Set(w.key, a)
 			return a
 		case errors.Is(err, ledger.ErrDuplicate):
-			return w.replay(a)
+			a.replayed = true
+			return a
+		case errors.Is(err, ledger.ErrKeyReused):
+			return ansKeyReused
 		case errors.Is(err, ledger.ErrConflict):
 			continue
 		case errors.Is(err, stock.ErrSoldOut):
@@ -69,27 +71,28 @@ func (s *Server) takeDirect(ctx context.Context, w want, st ledger.SKUState) ans
 			s.log.ErrorContext(ctx, "fallback commit", "sku", w.sku.String(), "err", err)
 			return s.counted(pathLedger, ansUnavailable)
 		}
-		// COMMIT failed: it may have landed. The key's row tells.
+		// COMMIT failed: it may have landed. The request's row tells.
 		s.log.ErrorContext(ctx, "fallback commit", "sku", w.sku.String(), "err", err)
-		if prev, lerr := s.lookup(ctx, w); lerr == nil {
-			return w.replay(prev)
-		}
-		return s.counted(pathLedger, ansUnavailable)
+		return s.counted(pathLedger, s.lookupOr(ctx, w.req, ansUnavailable))
 	}
 	return s.counted(pathLedger, ansBusy)
 }
 
 // directRefused answers a request the ledger cannot supply: the replay of
-// what this key committed before, if anything, the refusal otherwise. empty
-// remembers the SKU as sold out (only when nothing at all is left).
+// what this request committed before, if anything, the refusal otherwise.
+// empty remembers the SKU as sold out (only when nothing at all is left).
 func (s *Server) directRefused(ctx context.Context, w want, refusal answer, empty bool) answer {
-	if prev, err := s.lookup(ctx, w); err == nil {
-		return w.replay(prev)
-	}
 	if empty {
-		s.cache.MarkSoldOut(w.sku)
+		s.markSoldOut(w.sku)
 	}
-	return s.counted(pathLedger, refusal)
+	return s.counted(pathLedger, s.lookupOr(ctx, w.req, refusal))
+}
+
+// markSoldOut remembers the SKU as sold out on this replica, and makes the
+// next unknown key read the ledger's committed requests again.
+func (s *Server) markSoldOut(sku stock.SKU) {
+	s.cache.MarkSoldOut(sku)
+	s.replays.unseal(sku)
 }
 
 // Purchase paths, for the metric.

@@ -65,6 +65,14 @@ type envOptions struct {
 
 func newEnv(t *testing.T, driver string) *env { return startEnv(t, envOptions{driver: driver}) }
 
+// ledgerDSN is a fresh ledger of the driver, for replicas to share.
+func ledgerDSN(t *testing.T, driver string) string {
+	if driver == ledger.Postgres {
+		return testenv.PostgresURL(t)
+	}
+	return testenv.SQLitePath(t)
+}
+
 func startEnv(t *testing.T, o envOptions) *env {
 	t.Helper()
 	ctx := context.Background()
@@ -77,10 +85,7 @@ func startEnv(t *testing.T, o envOptions) *env {
 	}
 	t.Cleanup(func() { rdb.Close() })
 	if o.dsn == "" {
-		o.dsn = testenv.SQLitePath(t)
-		if o.driver == ledger.Postgres {
-			o.dsn = testenv.PostgresURL(t)
-		}
+		o.dsn = ledgerDSN(t, o.driver)
 	}
 	reg := prometheus.NewRegistry()
 	led, err := ledger.Open(ctx, ledger.Options{Driver: o.driver, DSN: o.dsn, Metrics: reg})
@@ -111,7 +116,7 @@ func startEnv(t *testing.T, o envOptions) *env {
 		t.Fatal(err)
 	}
 	opts := gateway.Options{Gate: gate, Ledger: led, Cache: mem, Locker: locker, Seats: seatStore, Registry: reg, CacheMetrics: cacheMetrics,
-		Logger: testLogger(t), FenceSettle: 10 * time.Millisecond, DriftEvery: 200 * time.Millisecond}
+		Logger: testLogger(t), DriftEvery: 200 * time.Millisecond}
 	if o.tune != nil {
 		o.tune(&opts)
 	}
@@ -252,6 +257,43 @@ func (e *env) state(t *testing.T, sku stock.SKU) state {
 	return state{st.Sold, st.Held, st.Version, orders, units, left}
 }
 
+// orderOf is the order the request (buyer, key) committed, as the ledger
+// has it now; ledger.ErrNotFound when the request committed nothing.
+func orderOf(ctx context.Context, l *ledger.Ledger, buyer, key string) (ledger.Order, error) {
+	rec, err := l.RequestByKey(ctx, buyer, key)
+	if err != nil {
+		return ledger.Order{}, err
+	}
+	if rec.Order == nil {
+		return ledger.Order{}, fmt.Errorf("request %s/%s answered a %s, not an order", buyer, key, rec.Op)
+	}
+	return l.OrderByID(ctx, rec.Order.ID)
+}
+
+// holdOf is the hold the request (buyer, key) created, as the ledger has
+// it now.
+func holdOf(ctx context.Context, l *ledger.Ledger, buyer, key string) (ledger.Hold, error) {
+	rec, err := l.RequestByKey(ctx, buyer, key)
+	if err != nil {
+		return ledger.Hold{}, err
+	}
+	if rec.Hold == nil {
+		return ledger.Hold{}, fmt.Errorf("request %s/%s answered a %s, not a hold", buyer, key, rec.Op)
+	}
+	return l.HoldByID(ctx, rec.Hold.ID)
+}
+
+// epoch is the SKU's gate epoch in the ledger: a test that writes Redis
+// behind the gateway's back writes at it, as a rebuild would.
+func (e *env) epoch(t *testing.T, sku stock.SKU) int64 {
+	t.Helper()
+	st, err := e.ledger.SKU(context.Background(), sku)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.GateEpoch
+}
+
 func newSKU(t *testing.T) stock.SKU { return stock.SKU{Program: testenv.ID(t, "p"), Ticket: "ga"} }
 
 // TestFlashSale: 2,000 concurrent buyers of one ticket each, stock 100.
@@ -322,7 +364,7 @@ func TestMixedQuantities(t *testing.T) {
 			t.Errorf("sold %d + redis remaining %d != 50", got.Sold, got.RedisRemaining)
 		}
 		for _, key := range created {
-			if _, err := e.ledger.OrderByKey(context.Background(), key); err != nil {
+			if _, err := orderOf(context.Background(), e.ledger, "b", key); err != nil {
 				t.Errorf("201 for key %s but no order row: %v", key, err)
 			}
 		}

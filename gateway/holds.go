@@ -2,9 +2,9 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -55,6 +55,7 @@ var (
 	ansNotOwner      = refuse(http.StatusForbidden, "not-owner", "this buyer does not own it")
 	ansNoHold        = refuse(http.StatusNotFound, "unknown-hold", "no such hold")
 	ansNoOrder       = refuse(http.StatusNotFound, "unknown-order", "no such order")
+	ansHoldConfirmed = refuse(http.StatusConflict, "hold-confirmed", "the hold became an order; refund the order instead")
 )
 
 // postHold handles POST /v1/skus/:program/:ticket/holds.
@@ -82,9 +83,9 @@ func (s *Server) postHold(c *gin.Context) {
 	if !ok {
 		return
 	}
-	w := want{sku: sku, key: key, buyer: body.Buyer, q: *body.Quantity, hold: true, ttl: ttl}
-	w.hash = requestHash(sku, body.Buyer, w.q) + "h" + ttl.String()
-	s.runJoined(c, key, w.hash, func(ctx context.Context) answer { return s.take(ctx, w) })
+	w := want{sku: sku, buyer: body.Buyer, q: *body.Quantity, hold: true, ttl: ttl,
+		req: newRequest(body.Buyer, key, ledger.OpHold, sku.Program, sku.Ticket, strconv.FormatInt(*body.Quantity, 10), ttl.String())}
+	s.runJoined(c, w.req, func(ctx context.Context) answer { return s.take(ctx, w) })
 }
 
 // holdTTL reads an optional ttl_seconds: 0 (the SKU's default) when absent,
@@ -140,20 +141,22 @@ func (s *Server) getOrder(c *gin.Context) {
 // confirmHold handles POST /v1/holds/:id/confirm: the hold becomes an
 // order, once; a retry gets the same order.
 func (s *Server) confirmHold(c *gin.Context) {
-	s.ownerAction(c, "confirm", func(ctx context.Context, id, buyer string) answer {
-		o, err := s.ledger.Confirm(ctx, id, buyer)
+	s.ownerAction(c, ledger.OpConfirm, func(ctx context.Context, id, buyer string, r request) answer {
+		o, err := s.ledger.Confirm(ctx, id, buyer, r.ledger())
 		switch {
 		case err == nil:
 			if section, ids, ok := parseSeatGate(o.Gate); ok {
 				// The seats are sold: mark them so in the gate too. If this
-				// fails they stay held by the hold's key, which no one else
-				// can take; the consistency check repairs it.
+				// fails they stay held by the hold's owner id, which no one
+				// else can take; the consistency check repairs it.
 				_ = s.redis(ctx, func(ctx context.Context) error {
 					_, err := s.seats.Sell(ctx, o.SKU, section, o.GateRequest(), ids)
 					return err
 				})
 			}
 			return answer{status: http.StatusCreated, order: o}
+		case errors.Is(err, ledger.ErrDuplicate):
+			return answer{status: http.StatusCreated, order: o, replayed: true}
 		case errors.Is(err, ledger.ErrHoldEnded):
 			h, herr := s.ledger.HoldByID(ctx, id)
 			if herr == nil && h.State == ledger.Cancelled {
@@ -167,13 +170,18 @@ func (s *Server) confirmHold(c *gin.Context) {
 
 // cancelHold handles POST /v1/holds/:id/cancel: the stock goes back, once.
 func (s *Server) cancelHold(c *gin.Context) {
-	s.ownerAction(c, "cancel", func(ctx context.Context, id, buyer string) answer {
-		h, changed, err := s.ledger.Cancel(ctx, id, buyer)
-		if err != nil {
+	s.ownerAction(c, ledger.OpCancel, func(ctx context.Context, id, buyer string, r request) answer {
+		h, changed, err := s.ledger.Cancel(ctx, id, buyer, r.ledger())
+		switch {
+		case errors.Is(err, ledger.ErrDuplicate):
+			return answer{status: http.StatusOK, hold: &h, replayed: true}
+		case errors.Is(err, ledger.ErrHoldConfirmed):
+			return ansHoldConfirmed
+		case err != nil:
 			return s.ownerError(ctx, err, ansNoHold)
 		}
 		if changed {
-			s.returnToRedis(ctx, h.RestoreOf())
+			s.returnOwed(ctx, "hold", h.ID)
 		}
 		return answer{status: http.StatusOK, hold: &h}
 	})
@@ -182,13 +190,16 @@ func (s *Server) cancelHold(c *gin.Context) {
 // refundOrder handles POST /v1/orders/:id/refund: the stock goes back once;
 // a second refund answers the same and moves nothing.
 func (s *Server) refundOrder(c *gin.Context) {
-	s.ownerAction(c, "refund", func(ctx context.Context, id, buyer string) answer {
-		o, changed, err := s.ledger.Refund(ctx, id, buyer)
-		if err != nil {
+	s.ownerAction(c, ledger.OpRefund, func(ctx context.Context, id, buyer string, r request) answer {
+		o, changed, err := s.ledger.Refund(ctx, id, buyer, r.ledger())
+		switch {
+		case errors.Is(err, ledger.ErrDuplicate):
+			return answer{status: http.StatusOK, order: o, replayed: true}
+		case err != nil:
 			return s.ownerError(ctx, err, ansNoOrder)
 		}
 		if changed {
-			s.returnToRedis(ctx, o.RestoreOf())
+			s.returnOwed(ctx, "order", o.ID)
 		}
 		return answer{status: http.StatusOK, order: o}
 	})
@@ -200,6 +211,8 @@ func (s *Server) ownerError(ctx context.Context, err error, notFound answer) ans
 		return notFound
 	case errors.Is(err, ledger.ErrNotOwner):
 		return ansNotOwner
+	case errors.Is(err, ledger.ErrKeyReused):
+		return ansKeyReused
 	}
 	s.log.ErrorContext(ctx, "hold or order action", "err", err)
 	return ansUnavailable
@@ -207,8 +220,8 @@ func (s *Server) ownerError(ctx context.Context, err error, notFound answer) ans
 
 // ownerAction reads the id from the path and the buyer from the body, and
 // runs f detached from the client, joined with concurrent copies of the
-// same Idempotency-Key.
-func (s *Server) ownerAction(c *gin.Context, verb string, f func(ctx context.Context, id, buyer string) answer) {
+// same request.
+func (s *Server) ownerAction(c *gin.Context, op string, f func(ctx context.Context, id, buyer string, r request) answer) {
 	id := c.Param("id")
 	if keys.CheckID(id) != nil {
 		writeProblem(c, http.StatusBadRequest, "invalid-id", "ids match [A-Za-z0-9_-]{1,64}", 0)
@@ -222,14 +235,16 @@ func (s *Server) ownerAction(c *gin.Context, verb string, f func(ctx context.Con
 	if !s.decodeBody(c, &body) || !validBuyer(c, body.Buyer) {
 		return
 	}
-	s.runJoined(c, key, verb+"\x00"+id+"\x00"+body.Buyer, func(ctx context.Context) answer { return f(ctx, id, body.Buyer) })
+	r := newRequest(body.Buyer, key, op, id)
+	s.runJoined(c, r, func(ctx context.Context) answer { return f(ctx, id, body.Buyer, r) })
 }
 
-// runJoined runs f once per Idempotency-Key at a time on this replica,
-// detached from the client so that work once begun ends in a commit or a
-// give-back, and writes the answer.
-func (s *Server) runJoined(c *gin.Context, key, hash string, f func(ctx context.Context) answer) {
-	res, mismatch := s.inflight.do(key, hash, func() answer {
+// runJoined runs f once per request at a time on this replica, detached
+// from the client so that work once begun ends in a commit or a give-back,
+// and writes the answer. A concurrent request with the same key and
+// another fingerprint is refused at once.
+func (s *Server) runJoined(c *gin.Context, r request, f func(ctx context.Context) answer) {
+	res, mismatch := s.inflight.do(r.joinKey(), r.fp, func() answer {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request.Context()), s.opts.WorkTimeout)
 		defer cancel()
 		return f(ctx)
@@ -240,8 +255,14 @@ func (s *Server) runJoined(c *gin.Context, key, hash string, f func(ctx context.
 	s.write(c, res)
 }
 
+// idempotencyKey reads the Idempotency-Key header: a token, or the quoted
+// string form of the IETF draft (`"abc"`), either matching
+// [A-Za-z0-9_-]{1,64} inside.
 func idempotencyKey(c *gin.Context) (string, bool) {
 	key := c.GetHeader("Idempotency-Key")
+	if len(key) >= 2 && key[0] == '"' && key[len(key)-1] == '"' {
+		key = key[1 : len(key)-1]
+	}
 	if err := keys.CheckID(key); err != nil {
 		writeProblem(c, http.StatusBadRequest, "invalid-idempotency-key",
 			"an Idempotency-Key header matching [A-Za-z0-9_-]{1,64} is required (a UUID fits)", 0)
@@ -299,7 +320,7 @@ func (s *Server) takeQuota(ctx context.Context, w want, st ledger.SKUState) (*qu
 	if programCap > 0 && w.q > programCap {
 		return nil, stock.ErrLimit
 	}
-	t := &quotaTicket{s: s, buyer: w.buyer, key: w.key}
+	t := &quotaTicket{s: s, buyer: w.buyer, key: w.req.gateID()}
 	for _, c := range []struct {
 		scope stock.SKU
 		cap   int64
@@ -308,7 +329,7 @@ func (s *Server) takeQuota(ctx context.Context, w want, st ledger.SKUState) (*qu
 			continue
 		}
 		err := s.redis(ctx, func(ctx context.Context) error {
-			return s.gate.TakeQuota(ctx, c.scope, w.buyer, w.key, w.q, c.cap)
+			return s.gate.TakeQuota(ctx, c.scope, w.buyer, w.req.gateID(), w.q, c.cap)
 		})
 		if err != nil {
 			t.release(ctx)
@@ -350,10 +371,26 @@ func (s *Server) putProgram(c *gin.Context) {
 	c.JSON(http.StatusOK, gin.H{"program": program, "per_buyer": *body.PerBuyer})
 }
 
-// returnToRedis gives back in Redis the stock the ledger took back (a
-// cancelled or expired hold, a refund) and the buyer's count, then clears
-// the ledger's pending mark. If Redis cannot be reached the mark stays and
-// a sweeper retries; the scripts make a repeat harmless.
+// returnOwed finishes a return the ledger just made (a cancel, a refund),
+// if it owes Redis anything.
+func (s *Server) returnOwed(ctx context.Context, kind, id string) {
+	r, ok, err := s.ledger.RestoreOwed(ctx, kind, id)
+	if err != nil {
+		s.log.WarnContext(ctx, "restore owed; a sweeper will do it", "kind", kind, "id", id, "err", err)
+		return
+	}
+	if ok {
+		s.returnToRedis(ctx, r)
+	}
+}
+
+// returnToRedis gives Redis the stock the ledger took back (a cancelled or
+// expired hold, a refund) and the buyer's counts, then clears the ledger's
+// pending mark. Counted units go to the gate of the epoch the return was
+// made under, once (refill.lua): a gate rebuilt since counts them already,
+// one not yet rebuilt to that epoch is tried again by the sweeper. Seats
+// are freed by their owner id. If Redis cannot be reached the mark stays
+// and a sweeper retries; every step is idempotent.
 func (s *Server) returnToRedis(ctx context.Context, r ledger.Restore) {
 	if section, ids, ok := parseSeatGate(r.Gate); ok && s.seats != nil {
 		// Seats come back free, whether held or sold through the hold.
@@ -368,14 +405,11 @@ func (s *Server) returnToRedis(ctx context.Context, r ledger.Restore) {
 			s.log.WarnContext(ctx, "release seats in redis; a sweeper will retry", "kind", r.Kind, "id", r.ID, "err", err)
 			return
 		}
-	} else if r.Gate != "" {
-		var parts []shard.Part
-		if err := json.Unmarshal([]byte(r.Gate), &parts); err != nil {
-			s.log.ErrorContext(ctx, "restore: bad gate record", "kind", r.Kind, "id", r.ID, "err", err)
-			return
-		}
-		err := s.redis(ctx, func(ctx context.Context) error {
-			if err := s.gate.Restore(ctx, r.SKU, r.RequestID, parts); err != nil {
+	} else if !ok {
+		var outcome int
+		err := s.redis(ctx, func(ctx context.Context) (err error) {
+			outcome, err = s.gate.Refill(ctx, r.SKU, max(r.Shards, 1), r.Kind+"-"+r.ID, r.Epoch, r.Quantity)
+			if err != nil || outcome == shard.NotYet {
 				return err
 			}
 			if err := s.gate.ReleaseQuota(ctx, r.SKU, r.Buyer, r.RequestID); err != nil {
@@ -387,7 +421,11 @@ func (s *Server) returnToRedis(ctx context.Context, r ledger.Restore) {
 			s.log.WarnContext(ctx, "restore to redis; a sweeper will retry", "kind", r.Kind, "id", r.ID, "err", err)
 			return
 		}
+		if outcome == shard.NotYet {
+			return // the gate of this epoch is still being built; the sweeper comes back
+		}
 		s.cache.ClearSoldOut(r.SKU)
+		s.stock.Invalidate(r.SKU)
 	}
 	if err := s.ledger.RestoreDone(ctx, r.Kind, r.ID); err != nil {
 		s.log.WarnContext(ctx, "mark restore done; a sweeper will repeat it", "kind", r.Kind, "id", r.ID, "err", err)
@@ -419,13 +457,14 @@ func (s *Server) sweep(ctx context.Context) {
 		}
 		s.metrics.expired.Add(float64(len(done)))
 		for _, h := range done {
-			s.returnToRedis(ctx, h.RestoreOf())
+			s.returnOwed(ctx, "hold", h.ID)
 		}
 		if err != nil || len(done) < 200 {
 			break
 		}
 	}
-	// Work left by a gateway that died between the ledger and Redis halves.
+	// Work left by a gateway that died between the ledger and Redis halves,
+	// or found too early for its epoch's gate.
 	pending, err := s.ledger.PendingRestores(ctx, s.opts.RestoreGrace, 200)
 	if err != nil {
 		s.log.WarnContext(ctx, "pending restores", "err", err)

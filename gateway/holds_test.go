@@ -80,7 +80,7 @@ func TestHoldsExpireOnceAcrossGateways(t *testing.T) {
 	})
 	var delays []time.Duration
 	for i := range holds {
-		h, err := envs[0].ledger.HoldByKey(ctx, fmt.Sprintf("exp-%d", i))
+		h, err := holdOf(ctx, envs[0].ledger, fmt.Sprintf("b%d", i), fmt.Sprintf("exp-%d", i))
 		if err != nil || h.State != ledger.Expired {
 			t.Fatalf("hold %d: %+v, %v", i, h, err)
 		}
@@ -360,7 +360,7 @@ func TestHoldLifecycleAndBadInput(t *testing.T) {
 // the ledger then refuses (no ledger refusals at all), and each is
 // idempotent.
 func TestAdminStockChangesDuringSale(t *testing.T) {
-	e := startEnv(t, envOptions{driver: ledger.Postgres, tune: func(o *gateway.Options) { o.FenceSettle = 100 * time.Millisecond }})
+	e := startEnv(t, envOptions{driver: ledger.Postgres})
 	sku := newSKU(t)
 	e.putSKU(t, sku, 2000, 4, 4)
 	ctx := context.Background()

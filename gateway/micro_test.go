@@ -25,6 +25,6 @@ func BenchmarkMicroParsePurchase(b *testing.B) {
 		if !s.decodeBody(c, &body) || body.Quantity == nil {
 			b.Fatal("decode failed")
 		}
-		_ = requestHash(sku, body.Buyer, *body.Quantity)
+		_ = newRequest(body.Buyer, "k", "purchase", sku.Program, sku.Ticket, "2").gateID()
 	}
 }

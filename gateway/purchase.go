@@ -2,9 +2,6 @@ package gateway
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -14,7 +11,6 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/stockgate/stockgate/breaker"
-	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/shard"
 	"github.com/stockgate/stockgate/stock"
@@ -75,18 +71,12 @@ func (s *Server) purchase(c *gin.Context) {
 	if !ok {
 		return
 	}
-	key := c.GetHeader("Idempotency-Key")
-	if err := keys.CheckID(key); err != nil {
-		writeProblem(c, http.StatusBadRequest, "invalid-idempotency-key",
-			"an Idempotency-Key header matching [A-Za-z0-9_-]{1,64} is required (a UUID fits)", 0)
+	key, ok := idempotencyKey(c)
+	if !ok {
 		return
 	}
 	var body purchaseBody
-	if !s.decodeBody(c, &body) {
-		return
-	}
-	if err := keys.CheckID(body.Buyer); err != nil {
-		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "buyer must match [A-Za-z0-9_-]{1,64}", 0)
+	if !s.decodeBody(c, &body) || !validBuyer(c, body.Buyer) {
 		return
 	}
 	if body.Quantity == nil || *body.Quantity < 1 {
@@ -94,19 +84,9 @@ func (s *Server) purchase(c *gin.Context) {
 		return
 	}
 	q := *body.Quantity
-	hash := requestHash(sku, body.Buyer, q)
-
-	res, mismatch := s.inflight.do(key, hash, func() answer {
-		// Detached from the client: once stock is taken it must end in a
-		// commit or a restore even if the client hangs up.
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request.Context()), s.opts.WorkTimeout)
-		defer cancel()
-		return s.take(ctx, want{sku: sku, key: key, hash: hash, buyer: body.Buyer, q: q})
-	})
-	if mismatch {
-		res = ansKeyReused
-	}
-	s.write(c, res)
+	w := want{sku: sku, buyer: body.Buyer, q: q,
+		req: newRequest(body.Buyer, key, ledger.OpPurchase, sku.Program, sku.Ticket, strconv.FormatInt(q, 10))}
+	s.runJoined(c, w.req, func(ctx context.Context) answer { return s.take(ctx, w) })
 }
 
 func (s *Server) write(c *gin.Context, a answer) {
@@ -134,133 +114,190 @@ func (s *Server) write(c *gin.Context, a answer) {
 	}
 }
 
-// requestHash fingerprints what a purchase asks for, so a reused key with a
-// different request is caught.
-func requestHash(sku stock.SKU, buyer string, q int64) string {
-	h := sha256.Sum256([]byte(sku.Program + "\x00" + sku.Ticket + "\x00" + buyer + "\x00" + strconv.FormatInt(q, 10)))
-	return hex.EncodeToString(h[:16])
-}
-
 // want is one request for stock: a purchase, or a hold when hold is set.
 type want struct {
 	sku   stock.SKU
-	key   string // Idempotency-Key, and the request id of the Redis deduction
-	hash  string
+	req   request
 	buyer string
 	q     int64
 	hold  bool
 	ttl   time.Duration // a hold's lifetime; 0 for the SKU's default
 }
 
-func (w want) order(gate string) ledger.Order {
-	return ledger.Order{IdempotencyKey: w.key, RequestHash: w.hash, SKU: w.sku, Buyer: w.buyer, Quantity: w.q, Gate: gate}
+func (w want) order(gate string, epoch int64) ledger.Order {
+	return ledger.Order{IdempotencyKey: w.req.gateID(), SKU: w.sku, Buyer: w.buyer, Quantity: w.q, Gate: gate,
+		Req: w.req.ledger(), GateEpoch: epoch}
 }
 
-// commit records the request in the ledger: through the gate (version < 0)
-// or around it. On ErrDuplicate the answer carries what the key stored.
-func (s *Server) commit(ctx context.Context, w want, st ledger.SKUState, gate string, version int64) (answer, error) {
+// commit records the request in the ledger: through the gate (version < 0,
+// at the gate epoch it was admitted under) or around it. On ErrDuplicate
+// the answer carries what the request stored.
+func (s *Server) commit(ctx context.Context, w want, st ledger.SKUState, gate string, version, epoch int64) (answer, error) {
 	if w.hold {
 		ttl := w.ttl
 		if ttl == 0 {
 			ttl = st.HoldTTL
 		}
-		h, err := s.ledger.Hold(ctx, ledger.Hold{IdempotencyKey: w.key, RequestHash: w.hash, SKU: w.sku, Buyer: w.buyer,
-			Quantity: w.q, Gate: gate, ExpiresAt: time.Now().Add(ttl)}, version)
+		h, err := s.ledger.Hold(ctx, ledger.Hold{IdempotencyKey: w.req.gateID(), SKU: w.sku, Buyer: w.buyer,
+			Quantity: w.q, Gate: gate, ExpiresAt: time.Now().Add(ttl), Req: w.req.ledger(), GateEpoch: epoch}, version)
 		return answer{status: http.StatusCreated, hold: &h}, err
 	}
 	var o ledger.Order
 	var err error
 	if version < 0 {
-		o, err = s.committer.commit(w.order(gate))
+		o, err = s.committer.commit(w.order(gate, epoch))
 	} else {
 		// Around the gate: batched with this replica's other buyers of the
 		// SKU, optimistic against other replicas (the ledger reads the
 		// version in the batch's transaction).
-		o, err = s.direct.commit(w.order(gate))
+		o, err = s.direct.commit(w.order(gate, epoch))
 	}
 	return answer{status: http.StatusCreated, order: o}, err
 }
 
-// lookup finds what an earlier attempt with this key committed, if any.
-func (s *Server) lookup(ctx context.Context, w want) (answer, error) {
-	if w.hold {
-		h, err := s.ledger.HoldByKey(ctx, w.key)
-		return answer{status: http.StatusCreated, hold: &h}, err
+// recorded is the answer a committed request got, from the ledger's
+// requests table: the replay of a retry from any replica, at any time.
+// ok is false when the key has no committed request; a key used for
+// another request answers 422.
+func (s *Server) recorded(ctx context.Context, r request) (answer, bool, error) {
+	rec, err := s.ledger.RequestByKey(ctx, r.scope, r.key)
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		return answer{}, false, nil
+	case err != nil:
+		return answer{}, false, err
+	case rec.Fingerprint != r.ledger().Fingerprint:
+		return ansKeyReused, true, nil
 	}
-	o, err := s.ledger.OrderByKey(ctx, w.key)
-	return answer{status: http.StatusCreated, order: o}, err
+	return replayed(rec), true, nil
 }
 
-// replay answers a retry with what its key committed, unless the key was
-// used for a different request.
-func (w want) replay(a answer) answer {
-	stored := a.order.RequestHash
-	if a.hold != nil {
-		stored = a.hold.RequestHash
+// replayed is the answer of a committed request, replayed.
+func replayed(rec ledger.Recorded) answer {
+	status := http.StatusCreated
+	if rec.Op == ledger.OpCancel || rec.Op == ledger.OpRefund {
+		status = http.StatusOK
 	}
-	if stored != w.hash {
-		return ansKeyReused
+	a := answer{status: status, replayed: true, hold: rec.Hold}
+	if rec.Order != nil {
+		a.order = *rec.Order
 	}
-	a.replayed = true
+	if a.hold == nil && rec.Order == nil {
+		return ansUnavailable // a row without its answer: a bug, never a guess
+	}
 	return a
 }
 
-// take is the flow of a purchase or a hold: settings → cached sold-out →
-// per-buyer quota → Redis deduction → ledger commit → answer, or straight
-// to the ledger when Redis cannot be used. Every path that took stock and
-// did not commit gives it back, and no path answers 2xx without a commit.
+// closed answers a request refused because its SKU takes no more (sold
+// out, ended): a retry of a request that committed gets its answer, from
+// any replica, without a ledger call per request (see replays); any other
+// request gets the refusal.
+func (s *Server) closed(ctx context.Context, w want, refusal answer) answer {
+	committed, err := s.replays.committed(ctx, w.sku, w.req.scope, w.req.key)
+	if err != nil {
+		s.log.WarnContext(ctx, "committed keys", "sku", w.sku.String(), "err", err)
+		return ansUnavailable
+	}
+	if !committed {
+		return refusal
+	}
+	return s.lookupOr(ctx, w.req, refusal)
+}
+
+// lookupOr answers with the committed request's replay if there is one,
+// else with refusal.
+func (s *Server) lookupOr(ctx context.Context, r request, refusal answer) answer {
+	a, ok, err := s.recorded(ctx, r)
+	switch {
+	case err != nil:
+		s.log.ErrorContext(ctx, "lookup request", "err", err)
+		return ansUnavailable
+	case ok:
+		return a
+	}
+	return refusal
+}
+
+// takeAttempts bounds how often one request is taken again after its
+// gate was rebuilt under it (ErrStaleGate).
+const takeAttempts = 3
+
+// take is the flow of a purchase or a hold: settings → closed SKU (sold
+// out, ended) → per-buyer quota → Redis deduction → ledger commit at the
+// deduction's gate epoch → answer, or straight to the ledger when Redis
+// cannot be used. Every path that took stock and did not commit gives it
+// back, and no path answers 2xx without a commit.
 func (s *Server) take(ctx context.Context, w want) answer {
+	for attempt := 1; ; attempt++ {
+		a, stale := s.takeOnce(ctx, w)
+		if !stale {
+			return a
+		}
+		if attempt == takeAttempts {
+			return s.counted(pathGate, ansUnavailable)
+		}
+		// A rebuild closed the gate this request was admitted by: its stock
+		// went with the old gate and the ledger counts without it. Make
+		// sure the new gate is up, then take again.
+		if err := s.reseed(ctx, w.sku, reasonStale, false); err != nil {
+			s.log.WarnContext(ctx, "rebuild after a stale admission", "sku", w.sku.String(), "err", err)
+		}
+		s.settings.Invalidate(w.sku)
+	}
+}
+
+// takeOnce is one attempt of take; stale reports an admission the ledger
+// refused because the gate was rebuilt meanwhile (nothing moved).
+func (s *Server) takeOnce(ctx context.Context, w want) (_ answer, stale bool) {
 	st, err := s.settings.Get(ctx, w.sku)
 	switch {
 	case errors.Is(err, stock.ErrUnknownSKU):
-		return ansUnknownSKU
+		return ansUnknownSKU, false
 	case err != nil:
 		s.log.ErrorContext(ctx, "load sku settings", "sku", w.sku.String(), "err", err)
-		return ansUnavailable
+		return ansUnavailable, false
 	}
 	if w.q > st.MaxPerOrder {
 		return refuse(http.StatusUnprocessableEntity, "quantity-over-limit",
-			fmt.Sprintf("quantity %d over this ticket's maximum of %d per order", w.q, st.MaxPerOrder))
+			fmt.Sprintf("quantity %d over this ticket's maximum of %d per order", w.q, st.MaxPerOrder)), false
 	}
 	if w.hold && w.ttl != 0 && (w.ttl < ledger.MinHoldTTL || w.ttl > st.HoldTTLMax) {
 		return refuse(http.StatusUnprocessableEntity, "invalid-field",
-			fmt.Sprintf("ttl_seconds must be in %d..%d for this ticket", int(ledger.MinHoldTTL.Seconds()), int(st.HoldTTLMax.Seconds())))
-	}
-	if !st.EndedAt.IsZero() {
-		return ansSaleEnded
+			fmt.Sprintf("ttl_seconds must be in %d..%d for this ticket", int(ledger.MinHoldTTL.Seconds()), int(st.HoldTTLMax.Seconds()))), false
 	}
 	if st.Seated {
-		return refuse(http.StatusConflict, "seated", "this ticket sells specific seats: use seat holds")
+		return refuse(http.StatusConflict, "seated", "this ticket sells specific seats: use seat holds"), false
+	}
+	if !st.EndedAt.IsZero() {
+		return s.closed(ctx, w, ansSaleEnded), false
 	}
 	if s.cache.SoldOut(w.sku) {
-		// A retry of a request this replica completed still gets its answer,
-		// not the sold-out its own success may have caused.
-		if a, ok := s.completed.GetIfPresent(w.key); ok {
-			return w.replay(a)
-		}
-		return ansSoldOut
+		return s.closed(ctx, w, ansSoldOut), false
 	}
 	if st.PerBuyer > 0 && w.q > st.PerBuyer {
-		return ansLimit // more than the cap in one request; no count needed
+		return ansLimit, false // more than the cap in one request; no count needed
 	}
 	if st.GateStale() && s.breaker.State() == breaker.Closed {
 		// The ledger sold around Redis: rebuild before Redis serves again.
 		if err := s.reseed(ctx, w.sku, reasonBypass, false); err != nil {
-			return s.takeDirect(ctx, w, st)
+			return s.takeDirect(ctx, w, st), false
 		}
 	}
 
 	quota, qerr := s.takeQuota(ctx, w, st)
 	switch {
 	case errors.Is(qerr, stock.ErrLimit):
-		return s.counted(pathGate, ansLimit)
+		// A retry of a request that was counted passes (its count is kept
+		// per request id), so a flood from one buyer stops here without a
+		// ledger call.
+		return s.counted(pathGate, ansLimit), false
 	case qerr != nil && notRun(qerr):
-		return s.takeDirect(ctx, w, st)
+		return s.takeDirect(ctx, w, st), false
 	case qerr != nil:
 		s.log.ErrorContext(ctx, "quota", "sku", w.sku.String(), "err", qerr)
-		return s.counted(pathGate, ansUnavailable)
+		return s.counted(pathGate, ansUnavailable), false
 	}
-	req := shard.Request{SKU: w.sku, Shards: st.Shards, RequestID: w.key, Quantity: w.q, MaxQuantity: st.MaxPerOrder}
+	req := shard.Request{SKU: w.sku, Shards: st.Shards, RequestID: w.req.gateID(), Quantity: w.q, MaxQuantity: st.MaxPerOrder}
 	d, err := s.deduct(ctx, req)
 	if err != nil && !notRun(err) && !isOutcome(err) {
 		// The outcome is unknown: the script may have run and its reply been
@@ -274,89 +311,142 @@ func (s *Server) take(ctx context.Context, w want) answer {
 	}
 	switch {
 	case errors.Is(err, stock.ErrSoldOut):
+		quota.release(ctx)
 		if d.Left == 0 {
 			// Only an empty SKU is remembered as sold out: 3 left is sold
 			// out for a buyer of 4, not for a buyer of 1.
-			s.cache.MarkSoldOut(w.sku)
+			s.markSoldOut(w.sku)
+			return s.counted(pathGate, s.closed(ctx, w, ansSoldOut)), false
 		}
-		quota.release(ctx)
-		return s.counted(pathGate, ansSoldOut)
+		return s.counted(pathGate, s.lookupOr(ctx, w.req, ansSoldOut)), false
 	case err != nil && notRun(err):
 		// Nothing moved in Redis: the ledger can take this one directly.
 		quota.release(ctx)
-		return s.takeDirect(ctx, w, st)
+		return s.takeDirect(ctx, w, st), false
 	case err != nil:
 		// Still unknown: never take it again by the other path. The client's
 		// retry with the same key meets the deduction record.
 		s.log.ErrorContext(ctx, "deduct", "sku", w.sku.String(), "err", err)
-		return s.counted(pathGate, ansUnavailable)
+		return s.counted(pathGate, ansUnavailable), false
 	}
-
 	if !d.Replayed {
 		// Stock was there: a stale sold-out flag (the one re-check let
 		// through) must not keep telling others it is gone.
 		s.cache.ClearSoldOut(w.sku)
 	}
+	epoch, same := d.Epoch()
+	if !same {
+		// A shard was rebuilt part-way through the take: the ledger would
+		// refuse it. Give back what this epoch's shards took and go again.
+		s.giveBack(ctx, w.sku, w.req.gateID(), d.Parts)
+		return answer{}, true
+	}
 	if d.Replayed {
-		// This key took stock before. If that attempt committed, replay it;
-		// otherwise the stock it took is ours to commit now, and the ledger's
-		// unique key settles a race with the original attempt.
-		prev, err := s.lookup(ctx, w)
-		switch {
-		case err == nil:
-			return w.replay(prev)
-		case !errors.Is(err, ledger.ErrNotFound):
-			s.log.ErrorContext(ctx, "lookup by key", "err", err)
-			return s.counted(pathGate, ansUnavailable)
+		// This request took stock before. If that attempt committed, replay
+		// it; otherwise the stock it took is ours to commit now, and the
+		// ledger's request row settles a race with the original attempt.
+		if a, ok, err := s.recorded(ctx, w.req); err != nil {
+			s.log.ErrorContext(ctx, "lookup request", "err", err)
+			return s.counted(pathGate, ansUnavailable), false
+		} else if ok {
+			return a, false
 		}
 	}
 
-	gateRecord, _ := json.Marshal(d.Parts)
-	a, err := s.commit(ctx, w, st, string(gateRecord), -1)
+	a, err := s.commit(ctx, w, st, shard.EncodeParts(d.Parts), -1, epoch)
 	giveBack := func() {
-		s.giveBack(ctx, w.sku, w.key, d.Parts)
+		s.giveBack(ctx, w.sku, w.req.gateID(), d.Parts)
 		quota.release(ctx)
 	}
 	switch {
 	case err == nil:
 		s.count(pathGate, "sold")
-		s.completed.Set(w.key, a)
-		return a
+		return a, false
 	case errors.Is(err, ledger.ErrDuplicate):
-		// Another attempt with this key committed first (on another replica,
-		// through the ledger fallback, or before a Redis re-send). Stock
-		// this call took fresh goes back.
-		if !d.Replayed {
-			s.giveBack(ctx, w.sku, w.key, d.Parts)
-		}
-		return w.replay(a)
+		// Another attempt of this request committed first (on another
+		// replica, through the ledger fallback, or before a Redis re-send).
+		// Give back only what its order does not stand on.
+		s.giveBackUnused(ctx, w, d.Parts)
+		a.replayed = true
+		return a, false
+	case errors.Is(err, ledger.ErrKeyReused):
+		giveBack()
+		return ansKeyReused, false
+	case errors.Is(err, ledger.ErrStaleGate):
+		// The gate was rebuilt after it admitted this request: the rebuild
+		// wiped this deduction (a give-back of it is refused as stale).
+		quota.release(ctx)
+		return answer{}, true
 	case errors.Is(err, stock.ErrSoldOut):
 		// Redis admitted what the ledger refuses: Redis was ahead of the
 		// truth (a write lost in a failover, sales around it). The ledger wins.
 		s.metrics.ledgerRefusals.Inc()
 		giveBack()
-		return s.counted(pathGate, ansSoldOut)
+		return s.counted(pathGate, s.lookupOr(ctx, w.req, ansSoldOut)), false
 	case errors.Is(err, stock.ErrLimit):
 		giveBack()
-		return s.counted(pathGate, ansLimit)
+		return s.counted(pathGate, s.lookupOr(ctx, w.req, ansLimit)), false
 	case errors.Is(err, stock.ErrSaleEnded):
 		giveBack()
-		return s.counted(pathGate, ansSaleEnded)
+		return s.counted(pathGate, s.closed(ctx, w, ansSaleEnded)), false
 	case errors.Is(err, ledger.ErrNotCommitted):
 		s.log.ErrorContext(ctx, "ledger commit", "sku", w.sku.String(), "err", err)
 		giveBack()
-		return s.counted(pathGate, ansUnavailable)
+		return s.counted(pathGate, ansUnavailable), false
 	}
 	// COMMIT failed and may have landed. Look before giving the stock back:
 	// restoring stock that was in fact sold would let Redis admit a buyer
 	// the ledger must refuse.
 	s.log.ErrorContext(ctx, "ledger commit", "sku", w.sku.String(), "err", err)
-	if prev, lerr := s.lookup(ctx, w); lerr == nil {
-		return w.replay(prev)
-	} else if errors.Is(lerr, ledger.ErrNotFound) {
+	if a, ok, lerr := s.recorded(ctx, w.req); lerr == nil && ok {
+		return a, false
+	} else if lerr == nil {
 		giveBack()
 	}
 	// Otherwise the stock stays taken in Redis: under-selling until the
 	// drift check repairs it is the safe side of not knowing.
-	return s.counted(pathGate, ansUnavailable)
+	return s.counted(pathGate, ansUnavailable), false
+}
+
+// giveBackUnused returns the parts of this attempt's deduction that the
+// committed row of the same request does not stand on. Two attempts of one
+// request share its deduction records: the first to deduct and the one to
+// commit may differ, and the loser must not give back the winner's stock.
+func (s *Server) giveBackUnused(ctx context.Context, w want, parts []shard.Part) {
+	var gate string
+	if w.hold {
+		h, err := s.ledger.HoldByKey(ctx, w.req.gateID())
+		if err != nil {
+			s.log.WarnContext(ctx, "committed hold of a duplicate", "err", err)
+			return // keep the units: under-selling is the safe side
+		}
+		gate = h.Gate
+	} else {
+		o, err := s.ledger.OrderByKey(ctx, w.req.gateID())
+		if err != nil {
+			s.log.WarnContext(ctx, "committed order of a duplicate", "err", err)
+			return
+		}
+		gate = o.Gate
+	}
+	used := map[shard.Part]bool{}
+	if gate != "" {
+		stored, err := shard.DecodeParts(gate)
+		if err != nil {
+			s.log.ErrorContext(ctx, "committed gate record", "err", err)
+			return
+		}
+		for _, p := range stored {
+			used[p] = true
+		}
+	}
+	var unused []shard.Part
+	for _, p := range parts {
+		if !used[p] {
+			unused = append(unused, p)
+		}
+	}
+	if len(unused) > 0 {
+		s.giveBack(ctx, w.sku, w.req.gateID(), unused)
+	}
 }

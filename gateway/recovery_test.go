@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockgate/stockgate/gateway"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/shard"
 )
@@ -18,7 +19,7 @@ func TestRetryAfterCrashBetweenRedisAndLedger(t *testing.T) {
 		e := newEnv(t, driver)
 		sku := newSKU(t)
 		e.putSKU(t, sku, 10, 4, 4)
-		d, err := e.gate.Deduct(context.Background(), shard.Request{SKU: sku, Shards: 4, RequestID: "crashed", Quantity: 2, MaxQuantity: 4})
+		d, err := e.gate.Deduct(context.Background(), shard.Request{SKU: sku, Shards: 4, RequestID: gateway.PurchaseGateID("bob", "crashed", sku, 2), Quantity: 2, MaxQuantity: 4})
 		if err != nil || d.Replayed {
 			t.Fatalf("Deduct = %+v, %v", d, err)
 		}
@@ -42,7 +43,7 @@ func TestLedgerRefusalGivesStockBack(t *testing.T) {
 		sku := newSKU(t)
 		e.putSKU(t, sku, 5, 1, 4)
 		// Redis now claims 20 units; the ledger has 5.
-		if err := e.gate.Seed(context.Background(), sku, 1, 20, true); err != nil {
+		if err := e.gate.Seed(context.Background(), sku, 1, 20, e.epoch(t, sku), true); err != nil {
 			t.Fatal(err)
 		}
 		counts := e.buyAll(40, 40, func(i int) reply {
@@ -90,7 +91,7 @@ func TestDriftCheckRepairs(t *testing.T) {
 			e := startEnv(t, envOptions{driver: ledger.SQLite, drift: true})
 			sku := newSKU(t)
 			e.putSKU(t, sku, 10, 2, 4)
-			if err := e.gate.Seed(context.Background(), sku, 2, redisLeft, true); err != nil {
+			if err := e.gate.Seed(context.Background(), sku, 2, redisLeft, e.epoch(t, sku), true); err != nil {
 				t.Fatal(err)
 			}
 			sawDrift := 0.0

@@ -25,6 +25,7 @@ const (
 	reasonReconcile = "reconcile"  // an admin asked
 	reasonDrift     = "drift"      // the drift check found Redis and the ledger apart
 	reasonCollapse  = "collapse"   // the tail of a sale moved onto one shard
+	reasonStale     = "stale"      // Redis is at an older gate epoch than the ledger
 )
 
 // Rebuild is what one re-seed found and did.
@@ -58,17 +59,24 @@ func (s *Server) reseed(ctx context.Context, sku stock.SKU, reason string, force
 
 // rebuild is the fenced re-seed, under the SKU's cross-replica lock:
 //
-//  1. close every shard to deductions (the fence);
-//  2. wait FenceSettle, so purchases Redis admitted before the fence commit;
-//  3. read the ledger facts: remaining = total - sold - held;
-//  4. write the shards from them (the epoch moves on, so restores of older
-//     deductions are refused: the facts already count them);
-//  5. record in the ledger which bypass sales the rebuild includes;
-//  6. reopen.
+//  1. close every shard to deductions (the fence in Redis);
+//  2. make the ledger change, if any (an admin lowering the total, ending
+//     the sale, a resize);
+//  3. move the ledger's gate epoch on and read the facts, in one ledger
+//     transaction (AdvanceGate): the update waits for every commit holding
+//     the SKU row, and from then on a request admitted under the old epoch
+//     is refused (ErrStaleGate) and taken again through the new gate, so
+//     the facts are final without waiting for anything to settle;
+//  4. write the shards from the facts, at the new epoch (deduction records,
+//     give-backs and returns of other epochs no longer count);
+//  5. retire the old layout if the shard count changed;
+//  6. record in the ledger which bypass sales the rebuild includes;
+//  7. reopen.
 //
 // If it stops part-way (a crash, a lost lock, Redis failing), the gate stays
-// closed: deductions answer fenced, and the next purchase or drift check
-// runs the rebuild again. The lock's expiry bounds how long that waits.
+// closed or behind the ledger's epoch: deductions answer fenced, or their
+// commits are refused as stale, and the next purchase or drift check runs
+// the rebuild again. The lock's expiry bounds how long that waits.
 func (s *Server) rebuild(ctx context.Context, sku stock.SKU, reason string, force bool, wait time.Duration) (Rebuild, error) {
 	return s.rebuildWith(ctx, sku, reason, force, wait, nil)
 }
@@ -104,7 +112,7 @@ func (s *Server) rebuildWith(ctx context.Context, sku stock.SKU, reason string, 
 	open := true
 	var before int64
 	for _, sh := range shards {
-		open = open && sh.Seeded && !sh.Fenced
+		open = open && sh.Seeded && !sh.Fenced && sh.Epoch == st.GateEpoch
 		before += sh.Avail
 	}
 	if open {
@@ -118,11 +126,6 @@ func (s *Server) rebuildWith(ctx context.Context, sku stock.SKU, reason string, 
 	if err := s.gate.Fence(ctx, sku, st.Shards, true); err != nil {
 		return r, err
 	}
-	select {
-	case <-ctx.Done():
-		return r, ctx.Err()
-	case <-time.After(s.opts.FenceSettle):
-	}
 	if change != nil {
 		if err := change(ctx); err != nil {
 			// Nothing changed in the ledger: reopen as it was.
@@ -132,31 +135,32 @@ func (s *Server) rebuildWith(ctx context.Context, sku stock.SKU, reason string, 
 			return r, err
 		}
 	}
-	fresh, err := s.ledger.SKU(ctx, sku)
+	if err := lease.Context().Err(); err != nil {
+		return r, context.Cause(lease.Context())
+	}
+	fresh, err := s.ledger.AdvanceGate(ctx, sku)
 	if err != nil {
 		return r, err
 	}
 	if fresh.Shards != st.Shards {
-		// The shard count changed meanwhile: fence the new set too.
+		// The shard count changed: fence the new set too before writing it
+		// (a layout used before may still hold old stock, open).
 		if err := s.gate.Fence(ctx, sku, fresh.Shards, true); err != nil {
 			return r, err
 		}
-	}
-	if err := lease.Context().Err(); err != nil {
-		return r, context.Cause(lease.Context())
 	}
 	left := fresh.Remaining()
 	if !fresh.EndedAt.IsZero() {
 		left = 0 // an ended sale admits no one
 	}
-	if err := s.gate.Seed(ctx, sku, fresh.Shards, left, true); err != nil {
+	if err := s.gate.Seed(ctx, sku, fresh.Shards, left, fresh.GateEpoch, true); err != nil {
 		return r, err
 	}
 	if fresh.Shards != st.Shards {
-		// A resize: retire the old layout. Its shards stay closed and the
-		// epoch moves on, so a late restore of a deduction taken there is
-		// refused (the ledger facts above already count it).
-		if err := s.gate.Seed(ctx, sku, st.Shards, 0, true); err != nil {
+		// A resize: retire the old layout. Its shards stay closed at the new
+		// epoch, so a late give-back of a deduction taken there is refused
+		// (the ledger facts above already count it).
+		if err := s.gate.Seed(ctx, sku, st.Shards, 0, fresh.GateEpoch, true); err != nil {
 			return r, err
 		}
 	}
@@ -173,10 +177,11 @@ func (s *Server) rebuildWith(ctx context.Context, sku stock.SKU, reason string, 
 	if fresh.Remaining() > 0 {
 		s.cache.ClearSoldOut(sku)
 	}
+	s.replays.unseal(sku)
 	s.metrics.reseeds.WithLabelValues(reason).Inc()
 	r.Ledger, r.Shards, r.Rebuilt = left, fresh.Shards, true
 	s.log.InfoContext(ctx, "re-seeded", "sku", sku.String(), "reason", reason, "redis_before", r.RedisBefore,
-		"ledger_remaining", r.Ledger, "shards", r.Shards)
+		"ledger_remaining", r.Ledger, "shards", r.Shards, "epoch", fresh.GateEpoch)
 	return r, nil
 }
 
@@ -304,7 +309,7 @@ func (s *Server) driftOf(ctx context.Context, st ledger.SKUState) (driftSeen, bo
 	var left int64
 	open := true
 	for _, sh := range shards {
-		open = open && sh.Seeded && !sh.Fenced
+		open = open && sh.Seeded && !sh.Fenced && sh.Epoch == st.GateEpoch
 		left += sh.Avail
 	}
 	if st.GateStale() || !open {

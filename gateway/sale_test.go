@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -102,6 +103,12 @@ func (s *sale) worker(w int) {
 	}
 }
 
+// saleBuyer is the buyer of a worker's key ("w3-17" is buyer-3's).
+func saleBuyer(key string) string {
+	w, _, _ := strings.Cut(strings.TrimPrefix(key, "w"), "-")
+	return "buyer-" + w
+}
+
 func (s *sale) soldOutSeen() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -168,7 +175,7 @@ func (s *sale) oracle() ledger.SKUState {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for key, id := range s.orders {
-		o, err := led.OrderByKey(ctx, key)
+		o, err := orderOf(ctx, led, saleBuyer(key), key)
 		if err != nil || o.ID != id {
 			s.t.Errorf("201 for key %s order %s; ledger has %+v, %v", key, id, o, err)
 		}
@@ -201,7 +208,7 @@ func (s *sale) linearizable(strict bool) {
 	s.mu.Lock()
 	ops := append([]porcupine.Operation(nil), s.ops...)
 	for key := range s.pending {
-		if _, err := s.envs[0].ledger.OrderByKey(context.Background(), key); err == nil {
+		if _, err := orderOf(context.Background(), s.envs[0].ledger, saleBuyer(key), key); err == nil {
 			ops = append(ops, porcupine.Operation{Input: int64(1), Call: 0, Output: true, Return: time.Since(s.started).Nanoseconds()})
 		} else if !errors.Is(err, ledger.ErrNotFound) {
 			s.t.Fatal(err)

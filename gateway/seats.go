@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -73,6 +74,10 @@ func (s *Server) putSeats(c *gin.Context) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request.Context()), s.opts.WorkTimeout)
 	defer cancel()
+	if _, err := s.ledger.SKU(ctx, sku); errors.Is(err, stock.ErrUnknownSKU) {
+		writeProblem(c, http.StatusNotFound, "unknown-sku", "no such program/ticket: create it (PUT /v1/admin/skus/{program}/{ticket}) before its seat map", 0)
+		return
+	}
 	n, err := s.ledger.LoadSeats(ctx, sku, rows)
 	switch {
 	case errors.Is(err, stock.ErrInvalid):
@@ -144,9 +149,10 @@ func (s *Server) postSeatHold(c *gin.Context) {
 			return
 		}
 		q := *body.Quantity
-		hash := requestHash(sku, body.Buyer, q) + "b" + body.Section + ttl.String()
-		s.runJoined(c, key, hash, func(ctx context.Context) answer {
-			return s.takeBestSeats(ctx, sku, key, hash, body.Buyer, body.Section, int(q), ttl)
+		r := newRequest(body.Buyer, key, ledger.OpSeatHold, sku.Program, sku.Ticket, "best", body.Section,
+			strconv.FormatInt(q, 10), ttl.String())
+		s.runJoined(c, r, func(ctx context.Context) answer {
+			return s.takeBestSeats(ctx, sku, r, body.Buyer, body.Section, int(q), ttl)
 		})
 		return
 	}
@@ -168,15 +174,20 @@ func (s *Server) postSeatHold(c *gin.Context) {
 	}
 	ids := slices.Clone(body.Seats)
 	slices.Sort(ids)
-	hash := requestHash(sku, body.Buyer, int64(len(ids))) + "s" + strings.Join(ids, ",") + ttl.String()
-	s.runJoined(c, key, hash, func(ctx context.Context) answer { return s.takeSeats(ctx, sku, key, hash, body.Buyer, ids, ttl) })
+	r := newRequest(body.Buyer, key, ledger.OpSeatHold, sku.Program, sku.Ticket, "seats", strings.Join(ids, ","), ttl.String())
+	s.runJoined(c, r, func(ctx context.Context) answer { return s.takeSeats(ctx, sku, r, body.Buyer, ids, ttl) })
 }
 
 func seatsRefused(status int, kind, what string, ids []string) answer {
 	return refuse(status, kind, fmt.Sprintf("%s: %s", what, strings.Join(ids, ", ")))
 }
 
-func (s *Server) takeSeats(ctx context.Context, sku stock.SKU, key, hash, buyer string, ids []string, ttl time.Duration) answer {
+// takeSeats holds the given seats of one section for request r. The seats'
+// owner in Redis is the request's gate id (derived from buyer, key and
+// fingerprint), so a reused key with other seats can neither take nor
+// release the first request's seats.
+func (s *Server) takeSeats(ctx context.Context, sku stock.SKU, r request, buyer string, ids []string, ttl time.Duration) answer {
+	owner := r.gateID()
 	if s.seats == nil {
 		return refuse(http.StatusNotImplemented, "no-seats", "reserved seating is not configured")
 	}
@@ -194,7 +205,7 @@ func (s *Server) takeSeats(ctx context.Context, sku stock.SKU, key, hash, buyer 
 	case ttl != 0 && (ttl < ledger.MinHoldTTL || ttl > st.HoldTTLMax):
 		return refuse(http.StatusUnprocessableEntity, "invalid-field", "ttl_seconds out of this ticket's bounds")
 	case !st.EndedAt.IsZero():
-		return ansSaleEnded
+		return s.lookupOr(ctx, r, ansSaleEnded)
 	}
 	m, err := s.seatMaps.Get(ctx, sku)
 	if err != nil {
@@ -219,19 +230,18 @@ func (s *Server) takeSeats(ctx context.Context, sku stock.SKU, key, hash, buyer 
 	if ttl == 0 {
 		ttl = st.HoldTTL
 	}
-	h := ledger.Hold{IdempotencyKey: key, RequestHash: hash, SKU: sku, Buyer: buyer, Quantity: int64(len(ids)),
-		SeatIDs: ids, ExpiresAt: time.Now().Add(ttl)}
+	// GateEpoch -1: seats are not counted stock, and the seat gate has no
+	// epochs (the consistency check rewrites it from the ledger's seats).
+	h := ledger.Hold{IdempotencyKey: owner, SKU: sku, Buyer: buyer, Quantity: int64(len(ids)),
+		SeatIDs: ids, ExpiresAt: time.Now().Add(ttl), Req: r.ledger(), GateEpoch: -1}
 
 	// The gate: take the seats in Redis first (all or nothing), so a race for
 	// the same seats is settled there; the ledger decides for good.
-	rerr := s.redis(ctx, func(ctx context.Context) error { return s.seats.Hold(ctx, sku, section, key, ids) })
+	rerr := s.redis(ctx, func(ctx context.Context) error { return s.seats.Hold(ctx, sku, section, owner, ids) })
 	var se *seats.SeatError
 	switch {
 	case errors.As(rerr, &se) && errors.Is(rerr, seats.ErrTaken):
-		if prev, err := s.ledger.HoldByKey(ctx, key); err == nil {
-			return replayHold(prev, hash)
-		}
-		return seatsRefused(http.StatusConflict, "seats-taken", "already held or sold", se.Seats)
+		return s.lookupOr(ctx, r, seatsRefused(http.StatusConflict, "seats-taken", "already held or sold", se.Seats))
 	case errors.As(rerr, &se):
 		return seatsRefused(http.StatusConflict, "seats-not-in-gate", "not in the gate's seat map (reconcile the map)", se.Seats)
 	case rerr != nil && !notRun(rerr):
@@ -252,7 +262,7 @@ func (s *Server) takeSeats(ctx context.Context, sku stock.SKU, key, hash, buyer 
 	release := func() {
 		if rerr == nil {
 			_ = s.redis(ctx, func(ctx context.Context) error {
-				_, err := s.seats.Release(ctx, sku, section, key, ids)
+				_, err := s.seats.Release(ctx, sku, section, owner, ids)
 				return err
 			})
 		}
@@ -262,7 +272,10 @@ func (s *Server) takeSeats(ctx context.Context, sku stock.SKU, key, hash, buyer 
 	case err == nil:
 		return answer{status: http.StatusCreated, hold: &got}
 	case errors.Is(err, ledger.ErrDuplicate):
-		return replayHold(got, hash)
+		return answer{status: http.StatusCreated, hold: &got, replayed: true}
+	case errors.Is(err, ledger.ErrKeyReused):
+		release()
+		return ansKeyReused
 	case errors.As(err, &te):
 		release()
 		return seatsRefused(http.StatusConflict, "seats-taken", "already held or sold", te.Seats)
@@ -279,21 +292,21 @@ func (s *Server) takeSeats(ctx context.Context, sku stock.SKU, key, hash, buyer 
 		release()
 		return ansUnavailable
 	}
-	if prev, lerr := s.ledger.HoldByKey(ctx, key); lerr == nil {
-		return replayHold(prev, hash)
-	}
-	return ansUnavailable
+	s.log.ErrorContext(ctx, "seat hold commit", "sku", sku.String(), "err", err)
+	return s.lookupOr(ctx, r, ansUnavailable)
 }
 
 // takeBestSeats picks the best q adjacent free seats of a section (in
 // Redis, or from the ledger's map while the breaker is open) and holds them
 // like given seats.
-func (s *Server) takeBestSeats(ctx context.Context, sku stock.SKU, key, hash, buyer, section string, q int, ttl time.Duration) answer {
+func (s *Server) takeBestSeats(ctx context.Context, sku stock.SKU, r request, buyer, section string, q int, ttl time.Duration) answer {
 	if s.seats == nil {
 		return refuse(http.StatusNotImplemented, "no-seats", "reserved seating is not configured")
 	}
-	if prev, err := s.ledger.HoldByKey(ctx, key); err == nil {
-		return replayHold(prev, hash)
+	if a, ok, err := s.recorded(ctx, r); err != nil {
+		return ansUnavailable
+	} else if ok {
+		return a
 	}
 	if section == "" {
 		// The whole price tier: the first section, in order, that has them.
@@ -310,7 +323,7 @@ func (s *Server) takeBestSeats(ctx context.Context, sku stock.SKU, key, hash, bu
 		slices.Sort(sections)
 		last := refuse(http.StatusConflict, "no-adjacent-seats", fmt.Sprintf("no %d adjacent seats free in any section", q))
 		for _, sec := range sections {
-			a := s.takeBestSeats(ctx, sku, key, hash, buyer, sec, q, ttl)
+			a := s.takeBestSeats(ctx, sku, r, buyer, sec, q, ttl)
 			if a.kind != "no-adjacent-seats" {
 				return a
 			}
@@ -319,7 +332,7 @@ func (s *Server) takeBestSeats(ctx context.Context, sku stock.SKU, key, hash, bu
 	}
 	var ids []string
 	err := s.redis(ctx, func(ctx context.Context) (err error) {
-		ids, err = s.seats.Best(ctx, sku, section, key, q)
+		ids, err = s.seats.Best(ctx, sku, section, r.gateID(), q)
 		return err
 	})
 	switch {
@@ -338,7 +351,7 @@ func (s *Server) takeBestSeats(ctx context.Context, sku stock.SKU, key, hash, bu
 	}
 	// The seats are held in Redis under key (or Redis is out); the given-
 	// seats path holds them again (a no-op for the same key) and commits.
-	return s.takeSeats(ctx, sku, key, hash, buyer, ids, ttl)
+	return s.takeSeats(ctx, sku, r, buyer, ids, ttl)
 }
 
 // bestAdjacent is seats_best.lua's choice over the ledger's map, for when
@@ -381,13 +394,6 @@ func bestAdjacent(all []ledger.Seat, q int) []string {
 		}
 	}
 	return best
-}
-
-func replayHold(h ledger.Hold, hash string) answer {
-	if h.RequestHash != hash {
-		return ansKeyReused
-	}
-	return answer{status: http.StatusCreated, hold: &h, replayed: true}
 }
 
 type seatView struct {

@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
-	"github.com/maypok86/otter/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/singleflight"
@@ -52,7 +51,8 @@ func (s *Server) Routes() []string {
 type Gate interface {
 	Deduct(ctx context.Context, r shard.Request) (shard.Deduction, error)
 	Restore(ctx context.Context, sku stock.SKU, requestID string, parts []shard.Part) error
-	Seed(ctx context.Context, sku stock.SKU, n int, remaining int64, overwrite bool) error
+	Seed(ctx context.Context, sku stock.SKU, n int, remaining, epoch int64, overwrite bool) error
+	Refill(ctx context.Context, sku stock.SKU, n int, returnID string, epoch, q int64) (int, error)
 	Fence(ctx context.Context, sku stock.SKU, n int, closed bool) error
 	TakeQuota(ctx context.Context, sku stock.SKU, buyer, requestID string, q, limit int64) error
 	ReleaseQuota(ctx context.Context, sku stock.SKU, buyer, requestID string) error
@@ -66,16 +66,21 @@ type Ledger interface {
 	SKU(ctx context.Context, sku stock.SKU) (ledger.SKUState, error)
 	Purchase(ctx context.Context, o ledger.Order) (ledger.Order, error)
 	PurchaseBatch(ctx context.Context, orders []ledger.Order, direct bool) ([]ledger.BatchResult, error)
+	PurchaseDirect(ctx context.Context, o ledger.Order, version int64) (ledger.Order, error)
 	OrderByKey(ctx context.Context, key string) (ledger.Order, error)
 	MarkGateSeeded(ctx context.Context, sku stock.SKU, seq int64) error
 	Hold(ctx context.Context, h ledger.Hold, version int64) (ledger.Hold, error)
 	HoldByID(ctx context.Context, id string) (ledger.Hold, error)
 	HoldByKey(ctx context.Context, key string) (ledger.Hold, error)
-	Confirm(ctx context.Context, holdID, buyer string) (ledger.Order, error)
-	Cancel(ctx context.Context, holdID, buyer string) (ledger.Hold, bool, error)
+	Confirm(ctx context.Context, holdID, buyer string, req ledger.Request) (ledger.Order, error)
+	Cancel(ctx context.Context, holdID, buyer string, req ledger.Request) (ledger.Hold, bool, error)
 	ExpireDue(ctx context.Context, limit int) ([]ledger.Hold, error)
-	Refund(ctx context.Context, orderID, buyer string) (ledger.Order, bool, error)
+	Refund(ctx context.Context, orderID, buyer string, req ledger.Request) (ledger.Order, bool, error)
 	OrderByID(ctx context.Context, id string) (ledger.Order, error)
+	RequestByKey(ctx context.Context, scope, key string) (ledger.Recorded, error)
+	CommittedSince(ctx context.Context, sku stock.SKU, after int64) (ledger.Committed, error)
+	AdvanceGate(ctx context.Context, sku stock.SKU) (ledger.SKUState, error)
+	RestoreOwed(ctx context.Context, kind, id string) (ledger.Restore, bool, error)
 	PendingRestores(ctx context.Context, olderThan time.Duration, limit int) ([]ledger.Restore, error)
 	RestoreDone(ctx context.Context, kind, id string) error
 	EndSale(ctx context.Context, sku stock.SKU) (ledger.SKUState, error)
@@ -120,10 +125,6 @@ type Options struct {
 	// ReseedWait is how long a purchase waits for the re-seed lock of its
 	// SKU before going to the ledger instead. Default 1s.
 	ReseedWait time.Duration
-	// FenceSettle is the pause between closing a SKU's gate and reading the
-	// ledger facts to rebuild it, so purchases already admitted by Redis can
-	// commit first. Default 100ms.
-	FenceSettle time.Duration
 	// DriftEvery is the period of the drift check RunDrift runs. Default 30s.
 	DriftEvery time.Duration
 	// TrustedProxies are the addresses or CIDRs whose X-Forwarded-For is
@@ -201,11 +202,11 @@ type Server struct {
 	seats    *seats.Store
 	stock    *cache.Loading[stockView]
 	inflight inflight
-	// completed remembers this replica's recent 2xx answers by key, so a
-	// retry meeting a cached sold-out flag is still replayed.
-	completed *otter.Cache[string, answer]
-	ready     atomic.Bool
-	engine    *gin.Engine
+	// replays answers retries of committed requests of SKUs that take no
+	// more requests (sold out, ended) without a ledger call per request.
+	replays *replays
+	ready   atomic.Bool
+	engine  *gin.Engine
 }
 
 // New validates opts and returns a Server that is not ready yet: call
@@ -236,7 +237,6 @@ func New(opts Options) (*Server, error) {
 	setDefault(&opts.RedisTimeout, time.Second)
 	setDefault(&opts.FallbackBackoff, 2*time.Millisecond)
 	setDefault(&opts.ReseedWait, time.Second)
-	setDefault(&opts.FenceSettle, 100*time.Millisecond)
 	setDefault(&opts.DriftEvery, 30*time.Second)
 	setDefault(&opts.SweepEvery, time.Second)
 	setDefault(&opts.SlowRequest, time.Second)
@@ -259,7 +259,7 @@ func New(opts Options) (*Server, error) {
 	case opts.MaxBodyBytes < 64:
 		return nil, fmt.Errorf("gateway: MaxBodyBytes %d below 64", opts.MaxBodyBytes)
 	case opts.SettingsTTL < 0 || opts.StockTTL < 0 || opts.WorkTimeout < 0 || opts.RedisTimeout < 0 ||
-		opts.FallbackBackoff < 0 || opts.ReseedWait < 0 || opts.FenceSettle < 0 || opts.DriftEvery < 0 ||
+		opts.FallbackBackoff < 0 || opts.ReseedWait < 0 || opts.DriftEvery < 0 ||
 		opts.SweepEvery < 0 || opts.RestoreGrace < 0:
 		return nil, errors.New("gateway: negative duration")
 	case opts.RatePerClient < 0 || opts.RateBurst < 0 || (opts.RatePerClient > 0 && opts.RateBurst < 1):
@@ -302,10 +302,7 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	if s.completed, err = otter.New(&otter.Options[string, answer]{
-		MaximumSize:      100_000,
-		ExpiryCalculator: otter.ExpiryWriting[string, answer](10 * time.Minute),
-	}); err != nil {
+	if s.replays, err = newReplays(s.ledger, 10*time.Minute); err != nil {
 		return nil, err
 	}
 	s.seats = opts.Seats

@@ -93,6 +93,13 @@ func (s ShardKeys) Deduction(requestID string) string {
 	return "sg:" + s.tag + ":ded:" + s.base + ":" + requestID
 }
 
+// Refill is the record that a return of stock the ledger took back
+// (returnID, derived by the service from the hold or order) was added to
+// this shard, so it is added once.
+func (s ShardKeys) Refill(returnID string) string {
+	return "sg:" + s.tag + ":refill:" + s.base + ":" + returnID
+}
+
 // Lock is the key of a coordination lock named purpose for one SKU (for
 // example "reseed"). It is hashed like the SKU's shard 0, so each SKU's lock
 // lives on a master chosen by the SKU. The ids must have passed CheckID.

@@ -69,11 +69,7 @@ func (l *Ledger) PurchaseBatch(ctx context.Context, orders []Order, direct bool)
 			}
 			l.batch.Observe(float64(len(live) - len(dups)))
 			for _, i := range dups {
-				prev, err := l.OrderByKey(ctx, orders[i].IdempotencyKey)
-				if err != nil {
-					return nil, fmt.Errorf("ledger: batch: duplicate key: %w", err)
-				}
-				out[i] = BatchResult{Order: prev, Err: ErrDuplicate}
+				out[i] = l.batchReplay(ctx, orders[i])
 			}
 			return out, nil
 		}
@@ -91,9 +87,30 @@ func (l *Ledger) PurchaseBatch(ctx context.Context, orders []Order, direct bool)
 	return out, nil
 }
 
+// batchReplay answers an order of a batch whose request, or row key, was
+// taken: ErrDuplicate with the stored order, or ErrKeyReused.
+func (l *Ledger) batchReplay(ctx context.Context, o Order) BatchResult {
+	if !o.Req.IsZero() {
+		prev, err := l.orderReplay(ctx, o.Req)
+		return BatchResult{Order: prev, Err: err}
+	}
+	prev, err := l.OrderByKey(ctx, o.IdempotencyKey)
+	if err != nil {
+		return BatchResult{Err: fmt.Errorf("ledger: batch: duplicate key: %w", err)}
+	}
+	return BatchResult{Order: prev, Err: ErrDuplicate}
+}
+
+// skuEpoch groups a batch's orders: one conditional update per SKU and gate
+// epoch, so orders admitted by a gate since rebuilt fail alone.
+type skuEpoch struct {
+	sku   stock.SKU
+	epoch int64
+}
+
 // tryBatch runs one transaction over orders[live]. It returns the SKU that
-// refused and why (zero when it committed), and the indexes whose key was
-// taken.
+// refused and why (zero when it committed), and the indexes whose request
+// or row key was taken.
 func (l *Ledger) tryBatch(ctx context.Context, orders []Order, live []int, now time.Time, direct bool) (stock.SKU, error, []int, error) {
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -101,53 +118,115 @@ func (l *Ledger) tryBatch(ctx context.Context, orders []Order, live []int, now t
 	}
 	defer tx.Rollback()
 	var dups []int
-	sums := map[stock.SKU]int64{}
+	// Around the gate, each SKU's version and epoch as read in this
+	// transaction: the updates below apply only at that version, and the
+	// epoch cannot move without the version.
+	read := map[stock.SKU]SKUState{}
+	if direct {
+		for _, i := range live {
+			sku := orders[i].SKU
+			if _, ok := read[sku]; ok {
+				continue
+			}
+			st, err := scanSKU(tx.QueryRowContext(ctx, selectSKU, sku.Program, sku.Ticket))
+			if errors.Is(err, stock.ErrUnknownSKU) {
+				return sku, err, nil, nil
+			}
+			if err != nil {
+				return stock.SKU{}, nil, nil, notCommitted("batch: read sku", err)
+			}
+			read[sku] = st
+		}
+	}
+	sums := map[skuEpoch]int64{}
 	buyers := map[stock.SKU]map[string]int64{}
-	for _, i := range live {
-		inserted, err := insertOrder(ctx, tx, orders[i])
+	// Claims in one global order (scope, key): two batches that share
+	// requests (a retry sent to two replicas) wait on each other's claims
+	// in the same order, never in a cycle.
+	byKey := slices.Clone(live)
+	slices.SortFunc(byKey, func(a, b int) int {
+		ra, rb := orders[a].Req, orders[b].Req
+		if c := compare(ra.Scope, rb.Scope); c != 0 {
+			return c
+		}
+		return compare(ra.Key, rb.Key)
+	})
+	for _, i := range byKey {
+		o := orders[i]
+		if !o.Req.IsZero() {
+			err := claim(ctx, tx, o.Req, o.SKU, encodeSnapshot(&o, nil), now.UnixMilli())
+			if errors.Is(err, errTaken) {
+				dups = append(dups, i)
+				continue
+			}
+			if err != nil {
+				return stock.SKU{}, nil, nil, err
+			}
+		}
+		g := skuEpoch{o.SKU, o.GateEpoch}
+		o.TakeEpoch = o.GateEpoch
+		if direct {
+			g.epoch, o.TakeEpoch = -1, read[o.SKU].GateEpoch
+		}
+		inserted, err := insertOrder(ctx, tx, o)
 		if err != nil {
 			return stock.SKU{}, nil, nil, err
 		}
 		if !inserted {
-			dups = append(dups, i)
+			dups = append(dups, i) // a row key taken: only internal writes get here
 			continue
 		}
-		o := orders[i]
-		sums[o.SKU] += o.Quantity
+		orders[i].TakeEpoch = o.TakeEpoch
+		sums[g] += o.Quantity
 		if buyers[o.SKU] == nil {
 			buyers[o.SKU] = map[string]int64{}
 		}
 		buyers[o.SKU][o.Buyer] += o.Quantity
 	}
-	// SKU rows in a fixed order, so concurrent batches cannot deadlock.
-	skus := make([]stock.SKU, 0, len(sums))
-	for sku := range sums {
-		skus = append(skus, sku)
+	// SKU rows in a fixed order, all before any buyer row, as every write
+	// that moves stock: concurrent batches, refunds and expiries cannot
+	// deadlock.
+	groups := make([]skuEpoch, 0, len(sums))
+	for g := range sums {
+		groups = append(groups, g)
 	}
-	slices.SortFunc(skus, func(a, b stock.SKU) int {
-		if a.Program != b.Program {
-			return compare(a.Program, b.Program)
+	slices.SortFunc(groups, func(a, b skuEpoch) int {
+		if c := compareSKU(a.sku, b.sku); c != 0 {
+			return c
 		}
-		return compare(a.Ticket, b.Ticket)
+		return int(a.epoch - b.epoch)
 	})
-	for _, sku := range skus {
+	versions := map[stock.SKU]int64{}
+	for _, g := range groups {
 		var version int64 = -1
 		if direct {
-			st, err := scanSKU(tx.QueryRowContext(ctx, selectSKU, sku.Program, sku.Ticket))
-			if err != nil {
-				return stock.SKU{}, nil, nil, notCommitted("batch: read sku", err)
-			}
-			version = st.Version
+			version = read[g.sku].Version
 		}
-		err := updateSKU(ctx, tx, sku, sums[sku], "sold", version, now.UnixMilli())
+		v, _, err := updateSKU(ctx, tx, g.sku, sums[g], "sold", version, g.epoch, now.UnixMilli())
 		switch {
 		case errors.Is(err, ErrConflict):
 			return stock.SKU{}, nil, nil, ErrConflict
-		case errors.Is(err, stock.ErrSoldOut), errors.Is(err, stock.ErrSaleEnded), errors.Is(err, stock.ErrUnknownSKU):
-			return sku, err, nil, nil
+		case errors.Is(err, stock.ErrSoldOut), errors.Is(err, stock.ErrSaleEnded), errors.Is(err, stock.ErrUnknownSKU),
+			errors.Is(err, ErrStaleGate):
+			return g.sku, err, nil, nil
 		case err != nil:
 			return stock.SKU{}, nil, nil, err
 		}
+		versions[g.sku] = v
+		if direct {
+			// Two updates of one SKU in a batch cannot happen around the
+			// gate (one group per SKU), but keep the read version true.
+			st := read[g.sku]
+			st.Version = v
+			read[g.sku] = st
+		}
+	}
+	skus := make([]stock.SKU, 0, len(buyers))
+	for sku := range buyers {
+		skus = append(skus, sku)
+	}
+	slices.SortFunc(skus, compareSKU)
+	for _, sku := range skus {
 		names := make([]string, 0, len(buyers[sku]))
 		for b := range buyers[sku] {
 			names = append(names, b)
@@ -163,10 +242,22 @@ func (l *Ledger) tryBatch(ctx context.Context, orders []Order, live []int, now t
 			}
 		}
 	}
+	for sku, v := range versions {
+		if err := stamp(ctx, tx, sku, v); err != nil {
+			return stock.SKU{}, nil, nil, err
+		}
+	}
 	if err := tx.Commit(); err != nil {
 		return stock.SKU{}, nil, nil, fmt.Errorf("ledger: batch: commit: %w", err)
 	}
 	return stock.SKU{}, nil, dups, nil
+}
+
+func compareSKU(a, b stock.SKU) int {
+	if a.Program != b.Program {
+		return compare(a.Program, b.Program)
+	}
+	return compare(a.Ticket, b.Ticket)
 }
 
 func compare(a, b string) int {

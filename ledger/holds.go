@@ -24,21 +24,26 @@ var (
 	// ErrHoldEnded: the hold was cancelled or expired (or its expiry has
 	// passed and the sweeper has not got to it yet); it cannot be confirmed.
 	ErrHoldEnded = errors.New("ledger: hold ended")
+	// ErrHoldConfirmed: the hold became an order; it cannot be cancelled
+	// (refund the order instead).
+	ErrHoldConfirmed = errors.New("ledger: hold confirmed")
 	// ErrNotOwner: the buyer named is not the hold's or the order's.
 	ErrNotOwner = errors.New("ledger: not the owner")
 )
 
 // Hold is stock set aside for a buyer until ExpiresAt.
 type Hold struct {
-	ID             string
+	ID string
+	// IdempotencyKey is the hold row's unique key, derived by the service
+	// (the hold's gate request id), and the id of its Redis records.
 	IdempotencyKey string
 	RequestHash    string
 	SKU            stock.SKU
 	Buyer          string
 	Quantity       int64
 	// Gate is the gate's record of the Redis stock behind the hold (its
-	// deduction parts, under IdempotencyKey); empty for a hold taken
-	// straight from the ledger.
+	// deduction parts, or its seats); empty for a hold taken straight from
+	// the ledger.
 	Gate      string
 	State     string
 	ExpiresAt time.Time
@@ -48,16 +53,28 @@ type Hold struct {
 	// SeatIDs are the seats of a seat hold (reserved seating); empty for
 	// counted stock.
 	SeatIDs []string
+	// Req is the client request that creates the hold (zero for an
+	// internal write).
+	Req Request
+	// GateEpoch is the gate epoch a gate-admitted hold was admitted under;
+	// -1 checks none (seats, which have no gate epochs).
+	GateEpoch int64
+	// TakeEpoch is the epoch its stock was taken under, as stored.
+	TakeEpoch int64
 }
 
-// Hold sets stock aside: the hold row and held + q under the same checks as
-// a purchase (stock, per-buyer cap, sale not ended). version >= 0 takes it
-// around the Redis gate with optimistic locking, as PurchaseDirect. It
-// returns ErrDuplicate with the hold already stored under the key.
+// Hold sets stock aside: the request's row, the hold row and held + q under
+// the same checks as a purchase (stock, per-buyer cap, sale not ended, gate
+// epoch). version >= 0 takes it around the Redis gate with optimistic
+// locking, as PurchaseDirect. It returns ErrDuplicate with the hold stored
+// for the request, or ErrKeyReused.
 func (l *Ledger) Hold(ctx context.Context, h Hold, version int64) (_ Hold, err error) {
 	defer l.observe("hold", time.Now(), &err)
 	if h.Quantity < 1 || h.IdempotencyKey == "" || h.ExpiresAt.IsZero() {
 		return Hold{}, fmt.Errorf("%w: hold quantity %d key %q", stock.ErrInvalid, h.Quantity, h.IdempotencyKey)
+	}
+	if len(h.SeatIDs) > 0 && int64(len(h.SeatIDs)) != h.Quantity {
+		return Hold{}, fmt.Errorf("%w: %d seats for quantity %d", stock.ErrInvalid, len(h.SeatIDs), h.Quantity)
 	}
 	if h.ID == "" {
 		h.ID = NewID()
@@ -70,12 +87,37 @@ func (l *Ledger) Hold(ctx context.Context, h Hold, version int64) (_ Hold, err e
 		return Hold{}, notCommitted("hold: begin", err)
 	}
 	defer tx.Rollback()
+	if !h.Req.IsZero() {
+		if err := claim(ctx, tx, h.Req, h.SKU, encodeSnapshot(nil, &h), h.CreatedAt.UnixMilli()); err != nil {
+			if !errors.Is(err, errTaken) {
+				return Hold{}, err
+			}
+			tx.Rollback()
+			return l.holdReplay(ctx, h.Req)
+		}
+	}
+	// Seats before stock: a seat hold that cannot have its seats is told
+	// which, whether or not the SKU has other seats left.
+	if len(h.SeatIDs) > 0 {
+		if err := takeSeats(ctx, tx, h.SKU, h.ID, h.SeatIDs); err != nil {
+			return Hold{}, err
+		}
+	}
+	epoch := h.GateEpoch
+	if version >= 0 {
+		epoch = -1
+	}
+	v, e, err := l.takeStock(ctx, tx, h.SKU, h.Buyer, h.Quantity, "held", version, epoch, h.CreatedAt.UnixMilli())
+	if err != nil {
+		return Hold{}, err
+	}
+	h.TakeEpoch = e
 	res, err := tx.ExecContext(ctx, `
-		INSERT INTO holds (id, idem_key, request_hash, program, ticket, buyer, quantity, gate, state, expires_at, created_at, seat_ids)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+		INSERT INTO holds (id, idem_key, request_hash, program, ticket, buyer, quantity, gate, state, expires_at, created_at, seat_ids, take_epoch)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
 		ON CONFLICT (idem_key) DO NOTHING`,
 		h.ID, h.IdempotencyKey, h.RequestHash, h.SKU.Program, h.SKU.Ticket, h.Buyer, h.Quantity, h.Gate, Held,
-		h.ExpiresAt.UnixMilli(), h.CreatedAt.UnixMilli(), strings.Join(h.SeatIDs, ","))
+		h.ExpiresAt.UnixMilli(), h.CreatedAt.UnixMilli(), strings.Join(h.SeatIDs, ","), h.TakeEpoch)
 	if err != nil {
 		return Hold{}, notCommitted("insert hold", err)
 	}
@@ -87,15 +129,7 @@ func (l *Ledger) Hold(ctx context.Context, h Hold, version int64) (_ Hold, err e
 		}
 		return prev, ErrDuplicate
 	}
-	if len(h.SeatIDs) > 0 {
-		if int64(len(h.SeatIDs)) != h.Quantity {
-			return Hold{}, fmt.Errorf("%w: %d seats for quantity %d", stock.ErrInvalid, len(h.SeatIDs), h.Quantity)
-		}
-		if err := takeSeats(ctx, tx, h.SKU, h.ID, h.SeatIDs); err != nil {
-			return Hold{}, err
-		}
-	}
-	if err := l.takeStock(ctx, tx, h.SKU, h.Buyer, h.Quantity, "held", version, h.CreatedAt.UnixMilli()); err != nil {
+	if err := stamp(ctx, tx, h.SKU, v); err != nil {
 		return Hold{}, err
 	}
 	if err := tx.Commit(); err != nil {
@@ -104,15 +138,27 @@ func (l *Ledger) Hold(ctx context.Context, h Hold, version int64) (_ Hold, err e
 	return h, nil
 }
 
+// holdReplay answers a hold whose request was committed before.
+func (l *Ledger) holdReplay(ctx context.Context, r Request) (Hold, error) {
+	rec, err := l.replayOf(ctx, r)
+	if errors.Is(err, ErrDuplicate) && rec.Hold == nil {
+		return Hold{}, fmt.Errorf("%w: key was used for a %s", ErrKeyReused, rec.Op)
+	}
+	if rec.Hold == nil {
+		return Hold{}, err
+	}
+	return *rec.Hold, err
+}
+
 const selectHold = `SELECT id, idem_key, request_hash, program, ticket, buyer, quantity, gate, state, expires_at,
-	order_id, created_at, ended_at, seat_ids FROM holds`
+	order_id, created_at, ended_at, seat_ids, take_epoch FROM holds`
 
 func scanHold(r rowScanner) (Hold, error) {
 	var h Hold
 	var expires, created, ended int64
 	var seatIDs string
 	err := r.Scan(&h.ID, &h.IdempotencyKey, &h.RequestHash, &h.SKU.Program, &h.SKU.Ticket, &h.Buyer, &h.Quantity,
-		&h.Gate, &h.State, &expires, &h.OrderID, &created, &ended, &seatIDs)
+		&h.Gate, &h.State, &expires, &h.OrderID, &created, &ended, &seatIDs, &h.TakeEpoch)
 	if seatIDs != "" {
 		h.SeatIDs = strings.Split(seatIDs, ",")
 	}
@@ -134,37 +180,74 @@ func (l *Ledger) HoldByID(ctx context.Context, id string) (Hold, error) {
 	return scanHold(l.db.QueryRowContext(ctx, selectHold+` WHERE id = $1`, id))
 }
 
-// HoldByKey returns the hold stored under an idempotency key, or ErrNotFound.
+// HoldByKey returns the hold stored under its row key, or ErrNotFound.
 func (l *Ledger) HoldByKey(ctx context.Context, key string) (Hold, error) {
 	return scanHold(l.db.QueryRowContext(ctx, selectHold+` WHERE idem_key = $1`, key))
+}
+
+// begin opens a transaction and claims req in it (when req is not zero).
+// taken reports a key already used: the transaction is rolled back and the
+// caller answers from replayOf.
+func (l *Ledger) begin(ctx context.Context, req Request, sku stock.SKU, now time.Time, step string) (tx *sql.Tx, taken bool, err error) {
+	tx, err = l.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, false, notCommitted(step+": begin", err)
+	}
+	if req.IsZero() {
+		return tx, false, nil
+	}
+	if err := claim(ctx, tx, req, sku, "", now.UnixMilli()); err != nil {
+		tx.Rollback()
+		if errors.Is(err, errTaken) {
+			return nil, true, nil
+		}
+		return nil, false, err
+	}
+	return tx, false, nil
 }
 
 // Confirm turns a live hold into an order, once: held - q, sold + q, in the
 // same transaction as the hold's state change. A hold already confirmed
 // returns its order (a retry); one cancelled, expired, or past its expiry
-// returns ErrHoldEnded and sells nothing. buyer must be the hold's.
-func (l *Ledger) Confirm(ctx context.Context, holdID, buyer string) (_ Order, err error) {
+// returns ErrHoldEnded and sells nothing. buyer must be the hold's. req
+// (when not zero) is the client's confirm request, remembered with the
+// order it got.
+func (l *Ledger) Confirm(ctx context.Context, holdID, buyer string, req Request) (_ Order, err error) {
 	defer l.observe("confirm", time.Now(), &err)
 	now := l.now().UTC().Truncate(time.Millisecond)
-	tx, err := l.db.BeginTx(ctx, nil)
+	h, err := l.HoldByID(ctx, holdID)
 	if err != nil {
-		return Order{}, notCommitted("confirm: begin", err)
+		return Order{}, err
+	}
+	tx, taken, err := l.begin(ctx, req, h.SKU, now, "confirm")
+	if taken {
+		return l.orderReplay(ctx, req)
+	}
+	if err != nil {
+		return Order{}, err
 	}
 	defer tx.Rollback()
-	h, err := scanHold(tx.QueryRowContext(ctx, selectHold+` WHERE id = $1`, holdID))
+	h, err = scanHold(tx.QueryRowContext(ctx, selectHold+` WHERE id = $1`, holdID))
 	switch {
 	case err != nil:
 		return Order{}, err
 	case h.Buyer != buyer:
 		return Order{}, ErrNotOwner
 	case h.State == Confirmed:
-		tx.Rollback()
-		return l.OrderByID(ctx, h.OrderID)
+		o, err := scanOrder(tx.QueryRowContext(ctx, selectOrder+` WHERE id = $1`, h.OrderID))
+		if err != nil {
+			return Order{}, err
+		}
+		if err := finish(ctx, tx, req, &o, nil); err != nil {
+			return Order{}, err
+		}
+		return o, tx.Commit()
 	case h.State != Held || !now.Before(h.ExpiresAt):
 		return Order{}, fmt.Errorf("%w: %s", ErrHoldEnded, h.stateAt(now))
 	}
-	o := Order{ID: NewID(), IdempotencyKey: "hold-" + h.ID, RequestHash: h.RequestHash, SKU: h.SKU, Buyer: h.Buyer,
-		Quantity: h.Quantity, Gate: h.Gate, GateKey: h.IdempotencyKey, HoldID: h.ID, CreatedAt: now}
+	o := Order{ID: NewID(), IdempotencyKey: "confirm-" + h.ID, RequestHash: h.RequestHash, SKU: h.SKU, Buyer: h.Buyer,
+		Quantity: h.Quantity, Gate: h.Gate, GateKey: h.IdempotencyKey, HoldID: h.ID, CreatedAt: now, TakeEpoch: h.TakeEpoch,
+		Req: req}
 	// The state change is the one place a hold's fate is decided: a sweeper
 	// expiring it at this instant changes zero rows here, or we change zero
 	// rows there.
@@ -176,19 +259,27 @@ func (l *Ledger) Confirm(ctx context.Context, holdID, buyer string) (_ Order, er
 	if n, _ := res.RowsAffected(); n != 1 {
 		return Order{}, fmt.Errorf("%w: ended while confirming", ErrHoldEnded)
 	}
-	if _, err := insertOrder(ctx, tx, o); err != nil {
-		return Order{}, err
+	var v int64
+	err = tx.QueryRowContext(ctx, `UPDATE skus SET held = held - $3, sold = sold + $3, version = version + 1, updated_at = $4
+		WHERE program = $1 AND ticket = $2 AND held >= $3 RETURNING version`,
+		h.SKU.Program, h.SKU.Ticket, h.Quantity, now.UnixMilli()).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Order{}, fmt.Errorf("ledger: confirm: %s holds fewer than %d", h.SKU, h.Quantity)
+	}
+	if err != nil {
+		return Order{}, notCommitted("confirm stock", err)
+	}
+	if inserted, err := insertOrder(ctx, tx, o); err != nil || !inserted {
+		return Order{}, fmt.Errorf("ledger: confirm: order row of hold %s: inserted %v: %w", h.ID, inserted, err)
 	}
 	if err := moveSeats(ctx, tx, h.ID, seatHeld, seatSold); err != nil {
 		return Order{}, err
 	}
-	res, err = tx.ExecContext(ctx, `UPDATE skus SET held = held - $3, sold = sold + $3, version = version + 1, updated_at = $4
-		WHERE program = $1 AND ticket = $2 AND held >= $3`, h.SKU.Program, h.SKU.Ticket, h.Quantity, now.UnixMilli())
-	if err != nil {
-		return Order{}, notCommitted("confirm stock", err)
+	if err := finish(ctx, tx, req, &o, nil); err != nil {
+		return Order{}, err
 	}
-	if n, _ := res.RowsAffected(); n != 1 {
-		return Order{}, fmt.Errorf("ledger: confirm: %s holds fewer than %d", h.SKU, h.Quantity)
+	if err := stamp(ctx, tx, h.SKU, v); err != nil {
+		return Order{}, err
 	}
 	if err := tx.Commit(); err != nil {
 		return Order{}, fmt.Errorf("ledger: confirm: commit: %w", err)
@@ -204,9 +295,11 @@ func (h Hold) stateAt(now time.Time) string {
 }
 
 // Cancel ends a live hold at its buyer's request and returns its stock to
-// the ledger. changed is false when the hold had already ended (a retry, or
-// it expired): nothing moved. buyer must be the hold's.
-func (l *Ledger) Cancel(ctx context.Context, holdID, buyer string) (h Hold, changed bool, err error) {
+// the ledger. changed is false when the hold had already been cancelled or
+// had expired (a retry): nothing moved. A confirmed hold is refused with
+// ErrHoldConfirmed. buyer must be the hold's; req (when not zero) is the
+// client's cancel request, remembered with the hold it got.
+func (l *Ledger) Cancel(ctx context.Context, holdID, buyer string, req Request) (h Hold, changed bool, err error) {
 	h, err = l.HoldByID(ctx, holdID)
 	if err != nil {
 		return h, false, err
@@ -214,7 +307,7 @@ func (l *Ledger) Cancel(ctx context.Context, holdID, buyer string) (h Hold, chan
 	if h.Buyer != buyer {
 		return h, false, ErrNotOwner
 	}
-	return l.endHold(ctx, h, Cancelled, false)
+	return l.endHold(ctx, h, Cancelled, false, req)
 }
 
 // ExpireDue expires up to limit live holds whose expiry has passed, each in
@@ -243,7 +336,7 @@ func (l *Ledger) ExpireDue(ctx context.Context, limit int) ([]Hold, error) {
 	}
 	var done []Hold
 	for _, h := range due {
-		h, changed, err := l.endHold(ctx, h, Expired, true)
+		h, changed, err := l.endHold(ctx, h, Expired, true, Request{})
 		if err != nil {
 			return done, err
 		}
@@ -254,52 +347,96 @@ func (l *Ledger) ExpireDue(ctx context.Context, limit int) ([]Hold, error) {
 	return done, nil
 }
 
+// owed decides whether Redis must get returned units back, and records the
+// return's epoch and layout on the row (table holds or orders). Units taken
+// through the gate are always owed to the gate of the return's epoch (that
+// gate either took them, or was rebuilt while they were out and so does not
+// count them). Units taken around the gate in the very epoch they come back
+// in were never taken from that gate: nothing is owed. An ended sale's
+// gate is owed nothing (it admits no one). Seats are always owed: their
+// release is by owner, and a no-op when not held.
+func owed(ctx context.Context, tx *sql.Tx, table, id, gate string, takeEpoch int64, seats bool, r returned) (bool, error) {
+	pending := seats || (!r.ended && (gate != "" || takeEpoch != r.epoch))
+	p := 0
+	if pending {
+		p = 1
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE `+table+` SET restore_pending = $2, restore_epoch = $3, restore_shards = $4
+		WHERE id = $1`, id, p, r.epoch, r.shards); err != nil {
+		return false, notCommitted("restore owed", err)
+	}
+	return pending, nil
+}
+
 // endHold moves a live hold to state (cancelled or expired) and returns its
 // stock: held - q, the buyer's count - q, and restore_pending set when Redis
-// holds stock for it. dueOnly refuses holds whose expiry has not passed.
-func (l *Ledger) endHold(ctx context.Context, h Hold, state string, dueOnly bool) (_ Hold, _ bool, err error) {
+// is owed the units. dueOnly refuses holds whose expiry has not passed.
+func (l *Ledger) endHold(ctx context.Context, h Hold, state string, dueOnly bool, req Request) (_ Hold, _ bool, err error) {
 	defer l.observe(state, time.Now(), &err)
 	now := l.now().UTC().Truncate(time.Millisecond)
-	tx, err := l.db.BeginTx(ctx, nil)
+	tx, taken, err := l.begin(ctx, req, h.SKU, now, "end hold")
+	if taken {
+		h, err := l.holdReplay(ctx, req)
+		return h, false, err
+	}
 	if err != nil {
-		return h, false, notCommitted("end hold: begin", err)
+		return h, false, err
 	}
 	defer tx.Rollback()
 	cond := ""
 	if dueOnly {
 		cond = " AND expires_at <= $4"
 	}
-	pending := 0
-	if h.Gate != "" {
-		pending = 1
-	}
-	res, err := tx.ExecContext(ctx, `UPDATE holds SET state = $2, ended_at = $4, restore_pending = $5
-		WHERE id = $1 AND state = $3`+cond, h.ID, state, Held, now.UnixMilli(), pending)
+	res, err := tx.ExecContext(ctx, `UPDATE holds SET state = $2, ended_at = $4
+		WHERE id = $1 AND state = $3`+cond, h.ID, state, Held, now.UnixMilli())
 	if err != nil {
 		return h, false, notCommitted("end hold", err)
 	}
 	if n, _ := res.RowsAffected(); n != 1 {
-		tx.Rollback()
-		cur, err := l.HoldByID(ctx, h.ID)
-		return cur, false, err
+		cur, err := scanHold(tx.QueryRowContext(ctx, selectHold+` WHERE id = $1`, h.ID))
+		if err != nil {
+			return cur, false, err
+		}
+		if cur.State == Confirmed {
+			return cur, false, ErrHoldConfirmed
+		}
+		if req.IsZero() {
+			return cur, false, nil
+		}
+		// Already ended: the request is answered with the hold as it is.
+		if err := finish(ctx, tx, req, nil, &cur); err != nil {
+			return cur, false, err
+		}
+		return cur, false, tx.Commit()
 	}
 	if err := moveSeats(ctx, tx, h.ID, seatHeld, seatFree); err != nil {
 		return h, false, err
 	}
-	if err := returnStock(ctx, tx, h.SKU, h.Buyer, h.Quantity, "held", h.Gate == "", now.UnixMilli()); err != nil {
+	r, err := returnStock(ctx, tx, h.SKU, h.Buyer, h.Quantity, "held", now.UnixMilli())
+	if err != nil {
+		return h, false, err
+	}
+	if _, err := owed(ctx, tx, "holds", h.ID, h.Gate, h.TakeEpoch, len(h.SeatIDs) > 0, r); err != nil {
+		return h, false, err
+	}
+	h.State, h.EndedAt = state, now
+	if err := finish(ctx, tx, req, nil, &h); err != nil {
+		return h, false, err
+	}
+	if err := stamp(ctx, tx, h.SKU, r.version); err != nil {
 		return h, false, err
 	}
 	if err := tx.Commit(); err != nil {
 		return h, false, fmt.Errorf("ledger: end hold: commit: %w", err)
 	}
-	h.State, h.EndedAt = state, now
 	return h, true, nil
 }
 
 // Refund undoes an order once: refunded_at set, sold - q, the buyer's count
-// - q, restore_pending set when Redis holds stock for it. changed is false
-// for an order already refunded: nothing moved. buyer must be the order's.
-func (l *Ledger) Refund(ctx context.Context, orderID, buyer string) (o Order, changed bool, err error) {
+// - q, restore_pending set when Redis is owed the units. changed is false
+// for an order already refunded: nothing moved. buyer must be the order's;
+// req (when not zero) is the client's refund request.
+func (l *Ledger) Refund(ctx context.Context, orderID, buyer string, req Request) (o Order, changed bool, err error) {
 	defer l.observe("refund", time.Now(), &err)
 	o, err = l.OrderByID(ctx, orderID)
 	if err != nil {
@@ -309,59 +446,107 @@ func (l *Ledger) Refund(ctx context.Context, orderID, buyer string) (o Order, ch
 		return o, false, ErrNotOwner
 	}
 	now := l.now().UTC().Truncate(time.Millisecond)
-	tx, err := l.db.BeginTx(ctx, nil)
+	tx, taken, err := l.begin(ctx, req, o.SKU, now, "refund")
+	if taken {
+		o, err := l.orderReplay(ctx, req)
+		return o, false, err
+	}
 	if err != nil {
-		return o, false, notCommitted("refund: begin", err)
+		return o, false, err
 	}
 	defer tx.Rollback()
-	pending := 0
-	if o.Gate != "" {
-		pending = 1
-	}
-	res, err := tx.ExecContext(ctx, `UPDATE orders SET refunded_at = $2, restore_pending = $3
-		WHERE id = $1 AND refunded_at = 0`, o.ID, now.UnixMilli(), pending)
+	// The order row decides (a concurrent refund changes zero rows); then
+	// the SKU row, then buyer rows, the order every write that moves stock
+	// takes rows in, so no two of them wait on each other in a cycle.
+	res, err := tx.ExecContext(ctx, `UPDATE orders SET refunded_at = $2 WHERE id = $1 AND refunded_at = 0`, o.ID, now.UnixMilli())
 	if err != nil {
 		return o, false, notCommitted("refund", err)
 	}
 	if n, _ := res.RowsAffected(); n != 1 {
+		// Refunded before: answer with the order as it is.
 		tx.Rollback()
 		cur, err := l.OrderByID(ctx, o.ID)
-		return cur, false, err
+		if err != nil || req.IsZero() {
+			return cur, false, err
+		}
+		return l.answerAgain(ctx, req, o.SKU, cur)
 	}
+	r, err := returnStock(ctx, tx, o.SKU, o.Buyer, o.Quantity, "sold", now.UnixMilli())
+	if err != nil {
+		return o, false, err
+	}
+	seated := false
 	if o.HoldID != "" {
+		var n int64
+		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM seats WHERE hold_id = $1`, o.HoldID).Scan(&n); err != nil {
+			return o, false, notCommitted("refund seats", err)
+		}
+		seated = n > 0
 		if err := moveSeats(ctx, tx, o.HoldID, seatSold, seatFree); err != nil {
 			return o, false, err
 		}
 	}
-	if err := returnStock(ctx, tx, o.SKU, o.Buyer, o.Quantity, "sold", o.Gate == "", now.UnixMilli()); err != nil {
+	if _, err := owed(ctx, tx, "orders", o.ID, o.Gate, o.TakeEpoch, seated, r); err != nil {
+		return o, false, err
+	}
+	o.RefundedAt = now
+	if err := finish(ctx, tx, req, &o, nil); err != nil {
+		return o, false, err
+	}
+	if err := stamp(ctx, tx, o.SKU, r.version); err != nil {
 		return o, false, err
 	}
 	if err := tx.Commit(); err != nil {
 		return o, false, fmt.Errorf("ledger: refund: commit: %w", err)
 	}
-	o.RefundedAt = now
 	return o, true, nil
 }
 
+// answerAgain records req as answered by an order already refunded.
+func (l *Ledger) answerAgain(ctx context.Context, req Request, sku stock.SKU, o Order) (Order, bool, error) {
+	tx, taken, err := l.begin(ctx, req, sku, l.now(), "refund")
+	if taken {
+		o, err := l.orderReplay(ctx, req)
+		return o, false, err
+	}
+	if err != nil {
+		return o, false, err
+	}
+	defer tx.Rollback()
+	if err := finish(ctx, tx, req, &o, nil); err != nil {
+		return o, false, err
+	}
+	return o, false, tx.Commit()
+}
+
 // Restore is stock the ledger took back (a cancelled or expired hold, a
-// refunded order) that still has to be given back in Redis.
+// refunded order) that is still owed to Redis.
 type Restore struct {
 	Kind      string // "hold" or "order"
 	ID        string
 	SKU       stock.SKU
 	Buyer     string
-	RequestID string // the request id of the Redis deduction records
+	RequestID string // the request id of the Redis records (deduction, quota, seats)
 	Gate      string
+	Quantity  int64
+	// Epoch is the gate epoch the units came back under: only the gate of
+	// that epoch is owed them (a later one was rebuilt from facts that
+	// count them already). Shards is that gate's layout.
+	Epoch  int64
+	Shards int
 }
 
 // PendingRestores lists up to limit restores whose ledger side ended at
-// least olderThan ago: work a sweeper left unfinished when it died.
+// least olderThan ago: work a sweeper left unfinished when it died, or
+// found too early (Redis not yet at the return's epoch).
 func (l *Ledger) PendingRestores(ctx context.Context, olderThan time.Duration, limit int) ([]Restore, error) {
 	before := l.now().Add(-olderThan).UnixMilli()
 	rows, err := l.db.QueryContext(ctx, `
-		SELECT 'hold', id, program, ticket, buyer, idem_key, gate FROM holds WHERE restore_pending = 1 AND ended_at <= $1
+		SELECT 'hold', id, program, ticket, buyer, idem_key, gate, quantity, restore_epoch, restore_shards
+		FROM holds WHERE restore_pending = 1 AND ended_at <= $1
 		UNION ALL
-		SELECT 'order', id, program, ticket, buyer, CASE WHEN gate_key = '' THEN idem_key ELSE gate_key END, gate
+		SELECT 'order', id, program, ticket, buyer, CASE WHEN gate_key = '' THEN idem_key ELSE gate_key END, gate,
+			quantity, restore_epoch, restore_shards
 		FROM orders WHERE restore_pending = 1 AND refunded_at <= $1
 		LIMIT $2`, before, limit)
 	if err != nil {
@@ -371,7 +556,8 @@ func (l *Ledger) PendingRestores(ctx context.Context, olderThan time.Duration, l
 	var out []Restore
 	for rows.Next() {
 		var r Restore
-		if err := rows.Scan(&r.Kind, &r.ID, &r.SKU.Program, &r.SKU.Ticket, &r.Buyer, &r.RequestID, &r.Gate); err != nil {
+		if err := rows.Scan(&r.Kind, &r.ID, &r.SKU.Program, &r.SKU.Ticket, &r.Buyer, &r.RequestID, &r.Gate,
+			&r.Quantity, &r.Epoch, &r.Shards); err != nil {
 			return nil, fmt.Errorf("ledger: pending restores: %w", err)
 		}
 		out = append(out, r)
@@ -379,8 +565,30 @@ func (l *Ledger) PendingRestores(ctx context.Context, olderThan time.Duration, l
 	return out, rows.Err()
 }
 
-// RestoreDone records that a restore reached Redis (or was refused there
-// for good: no record, stale).
+// RestoreOwed returns the restore a hold or order owes Redis, if it still
+// owes one (ok false otherwise): what the ledger recorded when it took the
+// units back.
+func (l *Ledger) RestoreOwed(ctx context.Context, kind, id string) (Restore, bool, error) {
+	q := `SELECT 'hold', id, program, ticket, buyer, idem_key, gate, quantity, restore_epoch, restore_shards
+		FROM holds WHERE id = $1 AND restore_pending = 1`
+	if kind == "order" {
+		q = `SELECT 'order', id, program, ticket, buyer, CASE WHEN gate_key = '' THEN idem_key ELSE gate_key END, gate,
+			quantity, restore_epoch, restore_shards FROM orders WHERE id = $1 AND restore_pending = 1`
+	}
+	var r Restore
+	err := l.db.QueryRowContext(ctx, q, id).Scan(&r.Kind, &r.ID, &r.SKU.Program, &r.SKU.Ticket, &r.Buyer, &r.RequestID,
+		&r.Gate, &r.Quantity, &r.Epoch, &r.Shards)
+	if errors.Is(err, sql.ErrNoRows) {
+		return r, false, nil
+	}
+	if err != nil {
+		return r, false, fmt.Errorf("ledger: restore owed: %w", err)
+	}
+	return r, true, nil
+}
+
+// RestoreDone records that a restore reached Redis, or that Redis does not
+// need it (a later rebuild counted it).
 func (l *Ledger) RestoreDone(ctx context.Context, kind, id string) error {
 	table := "holds"
 	if kind == "order" {
@@ -416,16 +624,6 @@ func (l *Ledger) EndSale(ctx context.Context, sku stock.SKU) (SKUState, error) {
 		return SKUState{}, fmt.Errorf("ledger: end sale: %w", err)
 	}
 	return l.SKU(ctx, sku)
-}
-
-// RestoreOf is the Redis restore a cancelled or expired hold owes.
-func (h Hold) RestoreOf() Restore {
-	return Restore{Kind: "hold", ID: h.ID, SKU: h.SKU, Buyer: h.Buyer, RequestID: h.IdempotencyKey, Gate: h.Gate}
-}
-
-// RestoreOf is the Redis restore a refunded order owes.
-func (o Order) RestoreOf() Restore {
-	return Restore{Kind: "order", ID: o.ID, SKU: o.SKU, Buyer: o.Buyer, RequestID: o.GateRequest(), Gate: o.Gate}
 }
 
 // PutProgram sets the cap on what one buyer may hold + own of all of a

@@ -61,31 +61,31 @@ func TestHoldConfirmCancelExpire(t *testing.T) {
 		d, _ := l.Hold(ctx, hold("h-d", "dan", 1, exp.Add(time.Hour)), -1)
 		expectSKU(t, l, 0, 6)
 
-		if _, err := l.Confirm(ctx, a.ID, "bob"); !errors.Is(err, ledger.ErrNotOwner) {
+		if _, err := l.Confirm(ctx, a.ID, "bob", ledger.Request{}); !errors.Is(err, ledger.ErrNotOwner) {
 			t.Errorf("confirm by another buyer = %v, want ErrNotOwner", err)
 		}
-		o, err := l.Confirm(ctx, a.ID, "ann")
+		o, err := l.Confirm(ctx, a.ID, "ann", ledger.Request{})
 		if err != nil || o.Quantity != 3 || o.HoldID != a.ID || o.GateRequest() != "h-a" {
 			t.Fatalf("confirm = %+v, %v", o, err)
 		}
-		if again, err := l.Confirm(ctx, a.ID, "ann"); err != nil || again.ID != o.ID {
+		if again, err := l.Confirm(ctx, a.ID, "ann", ledger.Request{}); err != nil || again.ID != o.ID {
 			t.Errorf("confirm retry = %+v, %v; want the same order", again, err)
 		}
-		if _, changed, _ := l.Cancel(ctx, a.ID, "ann"); changed {
+		if _, changed, _ := l.Cancel(ctx, a.ID, "ann", ledger.Request{}); changed {
 			t.Error("cancel of a confirmed hold moved stock")
 		}
 		expectSKU(t, l, 3, 3)
 
-		if _, changed, err := l.Cancel(ctx, b.ID, "bob"); err != nil || !changed {
+		if _, changed, err := l.Cancel(ctx, b.ID, "bob", ledger.Request{}); err != nil || !changed {
 			t.Fatalf("cancel = %v, %v", changed, err)
 		}
-		if _, changed, _ := l.Cancel(ctx, b.ID, "bob"); changed {
+		if _, changed, _ := l.Cancel(ctx, b.ID, "bob", ledger.Request{}); changed {
 			t.Error("second cancel moved stock")
 		}
 		expectSKU(t, l, 3, 1)
 
 		c.advance(2 * time.Hour)
-		if _, err := l.Confirm(ctx, d.ID, "dan"); !errors.Is(err, ledger.ErrHoldEnded) {
+		if _, err := l.Confirm(ctx, d.ID, "dan", ledger.Request{}); !errors.Is(err, ledger.ErrHoldEnded) {
 			t.Errorf("confirm past expiry (before the sweep) = %v, want ErrHoldEnded", err)
 		}
 		done, err := l.ExpireDue(ctx, 100)
@@ -133,7 +133,7 @@ func TestConfirmRacesExpiry(t *testing.T) {
 		var confirmed atomic.Int64
 		for _, id := range ids {
 			wg.Go(func() {
-				if _, err := l.Confirm(ctx, id, "b"); err == nil {
+				if _, err := l.Confirm(ctx, id, "b", ledger.Request{}); err == nil {
 					confirmed.Add(1)
 				} else if !errors.Is(err, ledger.ErrHoldEnded) {
 					t.Error(err)
@@ -162,14 +162,14 @@ func TestRefundOnce(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := l.Refund(ctx, o.ID, "eve"); !errors.Is(err, ledger.ErrNotOwner) {
+		if _, _, err := l.Refund(ctx, o.ID, "eve", ledger.Request{}); !errors.Is(err, ledger.ErrNotOwner) {
 			t.Errorf("refund by another buyer = %v", err)
 		}
 		var wg sync.WaitGroup
 		var changed atomic.Int64
 		for range 10 {
 			wg.Go(func() {
-				_, ch, err := l.Refund(ctx, o.ID, "b")
+				_, ch, err := l.Refund(ctx, o.ID, "b", ledger.Request{})
 				if err != nil {
 					t.Error(err)
 				}
@@ -209,7 +209,7 @@ func TestPerBuyerLimitAndEndSale(t *testing.T) {
 		if err := buy("lim-2", "bob", 4); err != nil {
 			t.Errorf("another buyer: %v", err)
 		}
-		if _, _, err := l.Cancel(ctx, h.ID, "ann"); err != nil {
+		if _, _, err := l.Cancel(ctx, h.ID, "ann", ledger.Request{}); err != nil {
 			t.Fatal(err)
 		}
 		if err := buy("lim-3", "ann", 4); err != nil {
@@ -227,7 +227,7 @@ func TestPerBuyerLimitAndEndSale(t *testing.T) {
 		if err := buy("end-1", "dan", 1); !errors.Is(err, stock.ErrSaleEnded) {
 			t.Errorf("purchase after the end = %v, want ErrSaleEnded", err)
 		}
-		if _, err := l.Confirm(ctx, h2.ID, "cat"); err != nil {
+		if _, err := l.Confirm(ctx, h2.ID, "cat", ledger.Request{}); err != nil {
 			t.Errorf("confirm of a hold taken before the end = %v", err)
 		}
 	})
@@ -266,7 +266,7 @@ func TestProgramCapAcrossTickets(t *testing.T) {
 		if _, err := buy("p3", vip, 2); err != nil {
 			t.Errorf("3 + 2 = %v", err)
 		}
-		if _, _, err := l.Refund(ctx, o.ID, "ann"); err != nil {
+		if _, _, err := l.Refund(ctx, o.ID, "ann", ledger.Request{}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := buy("p4", vip, 3); err != nil {

@@ -35,6 +35,11 @@ var (
 	// sent: the transaction is certainly rolled back. A failure without it
 	// (at COMMIT itself) leaves the outcome unknown until it is looked up.
 	ErrNotCommitted = errors.New("ledger: not committed")
+	// ErrStaleGate: a request the Redis gate admitted under an epoch that
+	// a rebuild has since closed. Nothing was written: the rebuild counted
+	// the ledger without it, and its Redis stock went with the old gate.
+	// Take again through the new gate.
+	ErrStaleGate = errors.New("ledger: admitted by a gate since rebuilt")
 )
 
 // Drivers.
@@ -155,6 +160,12 @@ CREATE TABLE IF NOT EXISTS skus (
 	-- the SKU again.
 	bypass_seq    BIGINT  NOT NULL DEFAULT 0,
 	gate_seq      BIGINT  NOT NULL DEFAULT 0,
+	-- gate_epoch is the Redis gate's generation: every rebuild moves it on
+	-- (under the row lock) before reading the facts it rebuilds from, and a
+	-- request the gate admitted commits only at the epoch it was admitted
+	-- under. So once a rebuild has moved the epoch, nothing admitted by the
+	-- old gate can still commit, and the facts it read are final.
+	gate_epoch    BIGINT  NOT NULL DEFAULT 0,
 	-- per_buyer caps what one buyer holds + owns (0: no cap); ended_at > 0
 	-- once an admin ended the sale; holds last hold_ttl_ms unless asked
 	-- otherwise, at most hold_ttl_max_ms.
@@ -181,6 +192,11 @@ CREATE TABLE IF NOT EXISTS orders (
 	hold_id      TEXT   NOT NULL DEFAULT '',
 	refunded_at  BIGINT NOT NULL DEFAULT 0,
 	restore_pending INTEGER NOT NULL DEFAULT 0,
+	-- the gate epoch the stock was taken under, and the one it came back
+	-- under (see skus.gate_epoch): they decide whether Redis gets it back
+	take_epoch    BIGINT NOT NULL DEFAULT 0,
+	restore_epoch BIGINT NOT NULL DEFAULT 0,
+	restore_shards INTEGER NOT NULL DEFAULT 1,
 	created_at   BIGINT NOT NULL,
 	FOREIGN KEY (program, ticket) REFERENCES skus (program, ticket)
 );
@@ -201,6 +217,9 @@ CREATE TABLE IF NOT EXISTS holds (
 	-- expiry) until it is given back in Redis too: a sweeper that dies in
 	-- between leaves the work here for the next one.
 	restore_pending INTEGER NOT NULL DEFAULT 0,
+	take_epoch      BIGINT  NOT NULL DEFAULT 0,
+	restore_epoch   BIGINT  NOT NULL DEFAULT 0,
+	restore_shards  INTEGER NOT NULL DEFAULT 1,
 	created_at      BIGINT  NOT NULL,
 	ended_at        BIGINT  NOT NULL DEFAULT 0,
 	FOREIGN KEY (program, ticket) REFERENCES skus (program, ticket)
@@ -227,6 +246,24 @@ CREATE TABLE IF NOT EXISTS programs (
 	program   TEXT   PRIMARY KEY,
 	per_buyer BIGINT NOT NULL CHECK (per_buyer >= 0)
 );
+-- Every client request that changed something, by its Idempotency-Key
+-- within its scope (the buyer), with the fingerprint of what it asked and
+-- the answer it got, written in the transaction of the change itself.
+-- sku_version is the SKU row version that transaction produced, in commit
+-- order per SKU, so a replica can read "what committed since".
+CREATE TABLE IF NOT EXISTS requests (
+	scope       TEXT   NOT NULL,
+	idem_key    TEXT   NOT NULL,
+	fingerprint TEXT   NOT NULL,
+	op          TEXT   NOT NULL,
+	program     TEXT   NOT NULL,
+	ticket      TEXT   NOT NULL,
+	result      TEXT   NOT NULL DEFAULT '',
+	sku_version BIGINT NOT NULL DEFAULT 0,
+	created_at  BIGINT NOT NULL,
+	PRIMARY KEY (scope, idem_key)
+);
+CREATE INDEX IF NOT EXISTS requests_sku ON requests (program, ticket, sku_version);
 -- What each buyer holds + owns of each SKU, for the per-buyer caps; the
 -- row with ticket '' counts the whole program.
 CREATE TABLE IF NOT EXISTS buyer_units (
@@ -267,6 +304,13 @@ func (l *Ledger) migrate(ctx context.Context) error {
 		{"orders", "hold_id", "TEXT NOT NULL DEFAULT ''"},
 		{"orders", "refunded_at", "BIGINT NOT NULL DEFAULT 0"},
 		{"orders", "restore_pending", "INTEGER NOT NULL DEFAULT 0"},
+		{"skus", "gate_epoch", "BIGINT NOT NULL DEFAULT 0"},
+		{"orders", "take_epoch", "BIGINT NOT NULL DEFAULT 0"},
+		{"orders", "restore_epoch", "BIGINT NOT NULL DEFAULT 0"},
+		{"orders", "restore_shards", "INTEGER NOT NULL DEFAULT 1"},
+		{"holds", "take_epoch", "BIGINT NOT NULL DEFAULT 0"},
+		{"holds", "restore_epoch", "BIGINT NOT NULL DEFAULT 0"},
+		{"holds", "restore_shards", "INTEGER NOT NULL DEFAULT 1"},
 	} {
 		if err := l.addColumn(ctx, tx, col.table, col.name, col.def); err != nil {
 			return fmt.Errorf("ledger: migrate: %w", err)
@@ -354,6 +398,8 @@ type SKUState struct {
 	Version   int64 `json:"version"`
 	BypassSeq int64 `json:"-"`
 	GateSeq   int64 `json:"-"`
+	// GateEpoch is the Redis gate's generation (see AdvanceGate).
+	GateEpoch int64 `json:"-"`
 	// EndedAt is when an admin ended the sale; zero while it runs.
 	EndedAt time.Time `json:"-"`
 	// Seated: the SKU sells specific seats (a seat map), not counted stock.
@@ -420,7 +466,7 @@ func (l *Ledger) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 }
 
 const skuColumns = `program, ticket, total, sold, held, version, shards, max_per_order, bypass_seq, gate_seq,
-	per_buyer, ended_at, hold_ttl_ms, hold_ttl_max_ms, seated, updated_at`
+	per_buyer, ended_at, hold_ttl_ms, hold_ttl_max_ms, seated, updated_at, gate_epoch`
 
 const selectSKU = `SELECT ` + skuColumns + ` FROM skus WHERE program = $1 AND ticket = $2`
 
@@ -430,7 +476,7 @@ func scanSKU(r rowScanner) (SKUState, error) {
 	var s SKUState
 	var updated, ended, ttl, ttlMax, seated int64
 	err := r.Scan(&s.Program, &s.Ticket, &s.Total, &s.Sold, &s.Held, &s.Version, &s.Shards, &s.MaxPerOrder,
-		&s.BypassSeq, &s.GateSeq, &s.PerBuyer, &ended, &ttl, &ttlMax, &seated, &updated)
+		&s.BypassSeq, &s.GateSeq, &s.PerBuyer, &ended, &ttl, &ttlMax, &seated, &updated, &s.GateEpoch)
 	s.Seated = seated == 1
 	if errors.Is(err, sql.ErrNoRows) {
 		return s, stock.ErrUnknownSKU
@@ -454,7 +500,10 @@ func (l *Ledger) SKU(ctx context.Context, sku stock.SKU) (SKUState, error) {
 
 // Order is a confirmed sale.
 type Order struct {
-	ID             string    `json:"order_id"`
+	ID string `json:"order_id"`
+	// IdempotencyKey is the order row's own unique key, derived by the
+	// service (a purchase's gate request id, or "confirm-" and the hold id):
+	// never a client's key, so no client can take it.
 	IdempotencyKey string    `json:"-"`
 	RequestHash    string    `json:"-"`
 	SKU            stock.SKU `json:"sku"`
@@ -462,15 +511,24 @@ type Order struct {
 	Quantity       int64     `json:"quantity"`
 	// Gate is the gate's own record of where the stock came from (which
 	// Redis shards), kept so a later refund can give it back there. The
-	// ledger stores it as it is.
+	// ledger stores it as it is; empty for a sale around the gate.
 	Gate string `json:"-"`
-	// GateKey is the request id of the Redis deduction records behind Gate:
-	// the order's own key, or the key of the hold it confirmed. Empty means
+	// GateKey is the request id of the Redis records behind Gate: the
+	// order's own, or the one of the hold it confirmed. Empty means
 	// IdempotencyKey.
 	GateKey    string    `json:"-"`
 	HoldID     string    `json:"hold_id,omitempty"`
 	RefundedAt time.Time `json:"refunded_at,omitzero"`
 	CreatedAt  time.Time `json:"created_at"`
+	// Req is the client request that creates the order (zero for an
+	// internal write): its row in the requests table is written in the
+	// same transaction.
+	Req Request `json:"-"`
+	// GateEpoch is the gate epoch a gate-admitted order was admitted
+	// under; it commits only while the ledger is still at that epoch.
+	GateEpoch int64 `json:"-"`
+	// TakeEpoch is the epoch its stock was taken under, as stored.
+	TakeEpoch int64 `json:"-"`
 }
 
 // GateRequest is the request id the order's Redis stock was deducted under.
@@ -481,10 +539,12 @@ func (o Order) GateRequest() string {
 	return o.IdempotencyKey
 }
 
-// Purchase commits an order the Redis gate admitted: the order row and the
-// conditional update sold + q where sold + held + q <= total, in one
-// transaction. It returns stock.ErrSoldOut when the ledger has not enough
-// left, or ErrDuplicate with the order already stored under the key.
+// Purchase commits an order the Redis gate admitted: the request's row,
+// the conditional update sold + q where sold + held + q <= total at the
+// order's gate epoch, and the order row, in one transaction. It returns
+// stock.ErrSoldOut when the ledger has not enough left, ErrStaleGate when
+// a rebuild closed the order's gate epoch, or ErrDuplicate with the order
+// already stored for the request (ErrKeyReused for another request).
 func (l *Ledger) Purchase(ctx context.Context, o Order) (_ Order, err error) {
 	defer l.observe("purchase", time.Now(), &err)
 	return l.purchase(ctx, o, -1)
@@ -499,7 +559,8 @@ func (l *Ledger) observe(op string, start time.Time, err *error) {
 		result = "duplicate"
 	case errors.Is(e, stock.ErrSoldOut), errors.Is(e, stock.ErrLimit), errors.Is(e, stock.ErrSaleEnded),
 		errors.Is(e, ErrConflict), errors.Is(e, ErrHoldEnded), errors.Is(e, ErrNotOwner), errors.Is(e, ErrNotFound),
-		errors.Is(e, stock.ErrUnknownSKU), errors.Is(e, stock.ErrInvalid):
+		errors.Is(e, stock.ErrUnknownSKU), errors.Is(e, stock.ErrInvalid), errors.Is(e, ErrKeyReused),
+		errors.Is(e, ErrStaleGate), errors.Is(e, ErrHoldConfirmed):
 		result = "refused"
 	default:
 		result = "error"
@@ -538,8 +599,26 @@ func (l *Ledger) purchase(ctx context.Context, o Order, version int64) (Order, e
 		return Order{}, notCommitted("purchase: begin", err)
 	}
 	defer tx.Rollback()
-	// The order first: ON CONFLICT leaves a PostgreSQL transaction usable,
-	// and a duplicate key costs no lock on the SKU row.
+	// The request first: a retry or a reused key costs no lock on the SKU
+	// row, and ON CONFLICT leaves a PostgreSQL transaction usable.
+	if !o.Req.IsZero() {
+		if err := claim(ctx, tx, o.Req, o.SKU, encodeSnapshot(&o, nil), o.CreatedAt.UnixMilli()); err != nil {
+			if !errors.Is(err, errTaken) {
+				return Order{}, err
+			}
+			tx.Rollback()
+			return l.orderReplay(ctx, o.Req)
+		}
+	}
+	epoch := o.GateEpoch
+	if version >= 0 {
+		epoch = -1
+	}
+	v, e, err := l.takeStock(ctx, tx, o.SKU, o.Buyer, o.Quantity, "sold", version, epoch, o.CreatedAt.UnixMilli())
+	if err != nil {
+		return Order{}, err
+	}
+	o.TakeEpoch = e
 	inserted, err := insertOrder(ctx, tx, o)
 	if err != nil {
 		return Order{}, err
@@ -552,7 +631,7 @@ func (l *Ledger) purchase(ctx context.Context, o Order, version int64) (Order, e
 		}
 		return prev, ErrDuplicate
 	}
-	if err := l.takeStock(ctx, tx, o.SKU, o.Buyer, o.Quantity, "sold", version, o.CreatedAt.UnixMilli()); err != nil {
+	if err := stamp(ctx, tx, o.SKU, v); err != nil {
 		return Order{}, err
 	}
 	if err := tx.Commit(); err != nil {
@@ -561,17 +640,29 @@ func (l *Ledger) purchase(ctx context.Context, o Order, version int64) (Order, e
 	return o, nil
 }
 
+// orderReplay answers a purchase whose request was committed before.
+func (l *Ledger) orderReplay(ctx context.Context, r Request) (Order, error) {
+	rec, err := l.replayOf(ctx, r)
+	if errors.Is(err, ErrDuplicate) && rec.Order == nil {
+		return Order{}, fmt.Errorf("%w: key was used for a %s", ErrKeyReused, rec.Op)
+	}
+	if rec.Order == nil {
+		return Order{}, err
+	}
+	return *rec.Order, err
+}
+
 func notCommitted(step string, err error) error {
 	return fmt.Errorf("ledger: %s: %w: %w", step, ErrNotCommitted, err)
 }
 
 func insertOrder(ctx context.Context, tx *sql.Tx, o Order) (bool, error) {
 	res, err := tx.ExecContext(ctx, `
-		INSERT INTO orders (id, idem_key, request_hash, program, ticket, buyer, quantity, gate, gate_key, hold_id, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+		INSERT INTO orders (id, idem_key, request_hash, program, ticket, buyer, quantity, gate, gate_key, hold_id, created_at, take_epoch)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
 		ON CONFLICT (idem_key) DO NOTHING`,
 		o.ID, o.IdempotencyKey, o.RequestHash, o.SKU.Program, o.SKU.Ticket, o.Buyer, o.Quantity, o.Gate, o.GateKey,
-		o.HoldID, o.CreatedAt.UnixMilli())
+		o.HoldID, o.CreatedAt.UnixMilli(), o.TakeEpoch)
 	if err != nil {
 		return false, notCommitted("insert order", err)
 	}
@@ -580,46 +671,70 @@ func insertOrder(ctx context.Context, tx *sql.Tx, o Order) (bool, error) {
 }
 
 // takeStock moves q units of a SKU into column ("sold" or "held") and
-// counts them against the buyer's cap, inside tx. With version >= 0 the
-// update applies only at that row version and bumps bypass_seq (a sale
-// around the Redis gate). It returns stock.ErrSoldOut, stock.ErrLimit,
-// stock.ErrSaleEnded, stock.ErrUnknownSKU or ErrConflict when nothing
-// may move, or an ErrNotCommitted error.
-func (l *Ledger) takeStock(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer string, q int64, column string, version int64, now int64) error {
-	if err := updateSKU(ctx, tx, sku, q, column, version, now); err != nil {
-		return err
+// counts them against the buyer's cap, inside tx. version >= 0 takes them
+// around the Redis gate at that row version (optimistic) and bumps
+// bypass_seq; otherwise epoch >= 0 is the gate epoch the take was admitted
+// under. It returns the row's new version and the gate epoch the stock
+// was taken under, or stock.ErrSoldOut, stock.ErrLimit,
+// stock.ErrSaleEnded, stock.ErrUnknownSKU, ErrConflict, ErrStaleGate, or an
+// ErrNotCommitted error.
+func (l *Ledger) takeStock(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer string, q int64, column string,
+	version, epoch, now int64) (int64, int64, error) {
+	v, e, err := updateSKU(ctx, tx, sku, q, column, version, epoch, now)
+	if err != nil {
+		return 0, 0, err
 	}
-	return countBuyer(ctx, tx, sku, buyer, q)
+	return v, e, countBuyer(ctx, tx, sku, buyer, q)
 }
 
+// gateUpdateAttempts bounds the re-tries of a gate-admitted update that
+// found the row changed under it but still able to take the units.
+const gateUpdateAttempts = 4
+
 // updateSKU is takeStock's first half: the conditional update of the row.
-func updateSKU(ctx context.Context, tx *sql.Tx, sku stock.SKU, q int64, column string, version int64, now int64) error {
+func updateSKU(ctx context.Context, tx *sql.Tx, sku stock.SKU, q int64, column string, version, epoch, now int64) (int64, int64, error) {
 	args := []any{sku.Program, sku.Ticket, q, now}
 	extra, cond := "", ""
-	if version >= 0 {
+	switch {
+	case version >= 0:
 		extra, cond = ", bypass_seq = bypass_seq + 1", " AND version = $5"
 		args = append(args, version)
+	case epoch >= 0:
+		cond = " AND gate_epoch = $5"
+		args = append(args, epoch)
 	}
-	res, err := tx.ExecContext(ctx, `UPDATE skus SET `+column+` = `+column+` + $3, version = version + 1, updated_at = $4`+extra+`
-		WHERE program = $1 AND ticket = $2 AND ended_at = 0 AND sold + held + $3 <= total`+cond, args...)
-	if err != nil {
-		return notCommitted("take stock", err)
-	}
-	if n, _ := res.RowsAffected(); n != 1 {
+	for attempt := 1; ; attempt++ {
+		var v, e int64
+		err := tx.QueryRowContext(ctx, `UPDATE skus SET `+column+` = `+column+` + $3, version = version + 1, updated_at = $4`+extra+`
+			WHERE program = $1 AND ticket = $2 AND ended_at = 0 AND sold + held + $3 <= total`+cond+`
+			RETURNING version, gate_epoch`, args...).Scan(&v, &e)
+		if err == nil {
+			return v, e, nil
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			return 0, 0, notCommitted("take stock", err)
+		}
 		st, err := scanSKU(tx.QueryRowContext(ctx, selectSKU, sku.Program, sku.Ticket))
 		switch {
 		case errors.Is(err, stock.ErrUnknownSKU):
-			return err
+			return 0, 0, err
 		case err != nil:
-			return notCommitted("reread sku", err)
+			return 0, 0, notCommitted("reread sku", err)
 		case !st.EndedAt.IsZero():
-			return stock.ErrSaleEnded
+			return 0, 0, stock.ErrSaleEnded
 		case st.Remaining() < q:
-			return stock.ErrSoldOut
+			return 0, 0, stock.ErrSoldOut
+		case version >= 0:
+			return 0, 0, ErrConflict
+		case epoch >= 0 && st.GateEpoch != epoch:
+			return 0, 0, ErrStaleGate
+		case attempt == gateUpdateAttempts:
+			return 0, 0, notCommitted("take stock", fmt.Errorf("row of %s kept changing", sku))
 		}
-		return ErrConflict
+		// The row changed between the update and the re-read (stock came
+		// back meanwhile): a gate-admitted take is not optimistic, so try
+		// again rather than refuse it.
 	}
-	return nil
 }
 
 // countBuyer adds q to what the buyer holds + owns of the SKU and of its
@@ -659,27 +774,68 @@ func countBuyer(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer string, q 
 	return nil
 }
 
+// returned is what a return of stock found: the row's new version, and
+// the gate epoch and shard count at that instant, which decide whether and
+// where Redis gets the units back.
+type returned struct {
+	version, epoch int64
+	shards         int
+	ended          bool // the sale has ended: its gate admits no one, and is owed nothing
+}
+
 // returnStock gives q units of column back and uncounts them from the
-// buyer, inside tx. bypass marks the gate stale: the units were never in
-// Redis (a hold taken around the gate), so Redis must be rebuilt to see them.
-func returnStock(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer string, q int64, column string, bypass bool, now int64) error {
-	extra := ""
-	if bypass {
-		extra = ", bypass_seq = bypass_seq + 1"
+// buyer, inside tx.
+func returnStock(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer string, q int64, column string, now int64) (returned, error) {
+	var r returned
+	var ended int64
+	err := tx.QueryRowContext(ctx, `UPDATE skus SET `+column+` = `+column+` - $3, version = version + 1, updated_at = $4
+		WHERE program = $1 AND ticket = $2 AND `+column+` >= $3
+		RETURNING version, gate_epoch, shards, ended_at`, sku.Program, sku.Ticket, q, now).Scan(&r.version, &r.epoch, &r.shards, &ended)
+	r.ended = ended > 0
+	if errors.Is(err, sql.ErrNoRows) {
+		return r, fmt.Errorf("ledger: return %d %s units of %s: the row has fewer", q, column, sku)
 	}
-	res, err := tx.ExecContext(ctx, `UPDATE skus SET `+column+` = `+column+` - $3, version = version + 1, updated_at = $4`+extra+`
-		WHERE program = $1 AND ticket = $2 AND `+column+` >= $3`, sku.Program, sku.Ticket, q, now)
 	if err != nil {
-		return notCommitted("return stock", err)
-	}
-	if n, _ := res.RowsAffected(); n != 1 {
-		return fmt.Errorf("ledger: return %d %s units of %s: the row has fewer", q, column, sku)
+		return r, notCommitted("return stock", err)
 	}
 	if _, err := tx.ExecContext(ctx, `UPDATE buyer_units SET units = units - $4
 		WHERE program = $1 AND ticket IN ($2, '') AND buyer = $3 AND units >= $4`, sku.Program, sku.Ticket, buyer, q); err != nil {
-		return notCommitted("buyer units", err)
+		return r, notCommitted("buyer units", err)
 	}
-	return nil
+	return r, nil
+}
+
+// AdvanceGate moves a SKU's gate epoch on and returns the row as of that
+// instant, in one transaction: the fence of a rebuild. The update waits for
+// every transaction holding the row, and from its commit on, no request
+// admitted under an older epoch can commit (ErrStaleGate), so the facts
+// returned are everything the old gate admitted. The caller seeds Redis at
+// the returned GateEpoch.
+func (l *Ledger) AdvanceGate(ctx context.Context, sku stock.SKU) (SKUState, error) {
+	tx, err := l.db.BeginTx(ctx, nil)
+	if err != nil {
+		return SKUState{}, fmt.Errorf("ledger: advance gate: %w", err)
+	}
+	defer tx.Rollback()
+	// The version moves too, so a sale around the gate that read the row
+	// before cannot commit at the old epoch.
+	res, err := tx.ExecContext(ctx, `UPDATE skus SET gate_epoch = gate_epoch + 1, version = version + 1
+		WHERE program = $1 AND ticket = $2`,
+		sku.Program, sku.Ticket)
+	if err != nil {
+		return SKUState{}, fmt.Errorf("ledger: advance gate: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return SKUState{}, stock.ErrUnknownSKU
+	}
+	st, err := scanSKU(tx.QueryRowContext(ctx, selectSKU, sku.Program, sku.Ticket))
+	if err != nil {
+		return SKUState{}, fmt.Errorf("ledger: advance gate: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return SKUState{}, fmt.Errorf("ledger: advance gate: commit: %w", err)
+	}
+	return st, nil
 }
 
 // MarkGateSeeded records that the Redis gate was rebuilt from ledger facts
@@ -733,13 +889,13 @@ func (l *Ledger) OrderByID(ctx context.Context, id string) (Order, error) {
 }
 
 const selectOrder = `SELECT id, idem_key, request_hash, program, ticket, buyer, quantity, gate, gate_key, hold_id,
-	refunded_at, created_at FROM orders`
+	refunded_at, created_at, take_epoch FROM orders`
 
 func scanOrder(r rowScanner) (Order, error) {
 	var o Order
 	var created, refunded int64
 	err := r.Scan(&o.ID, &o.IdempotencyKey, &o.RequestHash, &o.SKU.Program, &o.SKU.Ticket, &o.Buyer, &o.Quantity,
-		&o.Gate, &o.GateKey, &o.HoldID, &refunded, &created)
+		&o.Gate, &o.GateKey, &o.HoldID, &refunded, &created, &o.TakeEpoch)
 	if errors.Is(err, sql.ErrNoRows) {
 		return o, ErrNotFound
 	}

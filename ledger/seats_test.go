@@ -121,12 +121,12 @@ func TestSeatLifecycle(t *testing.T) {
 		if _, err := hold("z", "Z-99"); !errors.Is(err, ledger.ErrSeatsTaken) {
 			t.Errorf("unknown seat = %v, want it named as not available", err)
 		}
-		o, err := l.Confirm(ctx, a.ID, "ann")
+		o, err := l.Confirm(ctx, a.ID, "ann", ledger.Request{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		x, _ := hold("x", "A-03")
-		if _, _, err := l.Cancel(ctx, x.ID, "ann"); err != nil {
+		if _, _, err := l.Cancel(ctx, x.ID, "ann", ledger.Request{}); err != nil {
 			t.Fatal(err)
 		}
 		y, _ := hold("y", "A-04", "A-05")
@@ -139,7 +139,7 @@ func TestSeatLifecycle(t *testing.T) {
 		if fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("seats %v, want %v", got, want)
 		}
-		if _, _, err := l.Refund(ctx, o.ID, "ann"); err != nil {
+		if _, _, err := l.Refund(ctx, o.ID, "ann", ledger.Request{}); err != nil {
 			t.Fatal(err)
 		}
 		if got := state(); got["A-01"] != "free" || got["A-02"] != "free" {

@@ -9,7 +9,8 @@
 -- ARGV[3]  the largest quantity one request may ask for
 -- ARGV[4]  record lifetime in milliseconds (integer >= 1000)
 --
--- Returns {code, taken, avail, gen}:
+-- Returns {code, taken, avail, gen, epoch}; epoch is the shard's gate
+-- epoch, which the ledger commit of a take must match:
 --   1  taken units moved; avail is what the shard has left; gen identifies
 --      this deduction for restore
 --   2  this request already deducted here, since the shard's last seed, and
@@ -33,19 +34,20 @@ local max = int(ARGV[3], 1, 1e9)
 local q = max and int(ARGV[1], 1, max)
 local min = q and int(ARGV[2], 1, q)
 local ttl = int(ARGV[4], 1000, 1e12)
-if not min or not ttl then return {-2, 0, 0, 0} end
+if not min or not ttl then return {-2, 0, 0, 0, 0} end
 
 local s = redis.call('HMGET', KEYS[1], 'avail', 'epoch', 'fence')
-if s[3] == '1' then return {-6, 0, 0, 0} end
+if s[3] == '1' then return {-6, 0, 0, 0, 0} end
+local epoch = tonumber(s[2] or '0')
 
 local rec = redis.call('HMGET', KEYS[2], 'q', 'gen', 'restored', 'epoch')
 if rec[1] and rec[3] == '0' and rec[4] == (s[2] or '0') then
-  return {2, tonumber(rec[1]), -1, tonumber(rec[2])}
+  return {2, tonumber(rec[1]), -1, tonumber(rec[2]), epoch}
 end
 
-if not s[1] then return {-1, 0, 0, 0} end
+if not s[1] then return {-1, 0, 0, 0, 0} end
 local avail = tonumber(s[1])
-if avail < min then return {0, 0, avail, 0} end
+if avail < min then return {0, 0, avail, 0, epoch} end
 
 local take = math.min(q, avail)
 avail = redis.call('HINCRBY', KEYS[1], 'avail', -take)
@@ -55,4 +57,4 @@ avail = redis.call('HINCRBY', KEYS[1], 'avail', -take)
 local gen = (tonumber(rec[2]) or 0) + 1
 redis.call('HSET', KEYS[2], 'q', take, 'gen', gen, 'epoch', s[2] or '0', 'restored', '0')
 redis.call('PEXPIRE', KEYS[2], ttl)
-return {1, take, avail, gen}
+return {1, take, avail, gen, epoch}

@@ -24,6 +24,12 @@ var Deduct string
 //go:embed restore.lua
 var Restore string
 
+// Refill adds units the ledger took back to a shard, once per return, at
+// the return's gate epoch only.
+//
+//go:embed refill.lua
+var Refill string
+
 // Fence closes or reopens a shard to deductions during a re-seed.
 //
 //go:embed fence.lua
@@ -81,4 +87,10 @@ const (
 	Stale     = -4 // restore of a deduction from before the last re-seed
 	Exists    = -5 // seed without overwrite found a live shard; nothing changed
 	Fenced    = -6 // the shard is closed while a re-seed rebuilds it; nothing moved
+)
+
+// Codes of refill.lua beyond the shared ones.
+const (
+	RefillCounted = 3 // the shard is at a later epoch, whose facts count the units
+	RefillNotYet  = 4 // the shard is at an earlier epoch; try again later
 )

@@ -58,7 +58,7 @@ func BenchmarkHotSKUMasterShare(b *testing.B) {
 			}
 			sku := stock.SKU{Program: testenv.ID(b, "bench"), Ticket: "ga"}
 			ctx := context.Background()
-			if err := s.Seed(ctx, sku, n, int64(max(b.N/10, 1)), true); err != nil {
+			if err := s.Seed(ctx, sku, n, int64(max(b.N/10, 1)), 1, true); err != nil {
 				b.Fatal(err)
 			}
 			before := scriptCalls(b, c)

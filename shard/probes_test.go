@@ -35,7 +35,7 @@ func TestProbesPerPurchase(t *testing.T) {
 	sku := stock.SKU{Program: testenv.ID(t, "p"), Ticket: "ga"}
 	const total, shards = 1000, 16
 	ctx := context.Background()
-	if err := s.Seed(ctx, sku, shards, total, true); err != nil {
+	if err := s.Seed(ctx, sku, shards, total, 1, true); err != nil {
 		t.Fatal(err)
 	}
 	type sale struct {

@@ -5,6 +5,7 @@ package shard
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -95,6 +96,7 @@ type Store struct {
 	seed      *redis.Script
 	deduct    *redis.Script
 	restore   *redis.Script
+	refill    *redis.Script
 	read      *redis.Script
 	fence     *redis.Script
 	quota     *redis.Script
@@ -119,6 +121,7 @@ func New(opts Options) (*Store, error) {
 		seed:      redis.NewScript(lua.Seed),
 		deduct:    redis.NewScript(lua.Deduct),
 		restore:   redis.NewScript(lua.Restore),
+		refill:    redis.NewScript(lua.Refill),
 		read:      redis.NewScript(lua.Read),
 		fence:     redis.NewScript(lua.Fence),
 		quota:     redis.NewScript(lua.Quota),
@@ -131,7 +134,40 @@ type Part struct {
 	Shards int   `json:"shards"` // the SKU's shard count when it was taken
 	Shard  int   `json:"shard"`
 	Taken  int64 `json:"taken"`
-	Gen    int64 `json:"gen"` // identifies the deduction for restore
+	Gen    int64 `json:"gen"`   // identifies the deduction for restore
+	Epoch  int64 `json:"epoch"` // the shard's gate epoch when it was taken
+}
+
+// EncodeParts is the gate record of a deduction, as the ledger stores it
+// (opaque to everyone but this package).
+func EncodeParts(parts []Part) string {
+	b, _ := json.Marshal(parts) // a slice of plain structs: cannot fail
+	return string(b)
+}
+
+// DecodeParts reads a gate record written by EncodeParts.
+func DecodeParts(record string) ([]Part, error) {
+	var parts []Part
+	if err := json.Unmarshal([]byte(record), &parts); err != nil {
+		return nil, fmt.Errorf("shard: gate record: %w", err)
+	}
+	return parts, nil
+}
+
+// Epoch is the gate epoch the deduction was taken under, and false when
+// its parts disagree (a shard was re-seeded part-way through: the ledger
+// must refuse it as stale).
+func (d Deduction) Epoch() (int64, bool) {
+	if len(d.Parts) == 0 {
+		return 0, false
+	}
+	e := d.Parts[0].Epoch
+	for _, p := range d.Parts[1:] {
+		if p.Epoch != e {
+			return e, false
+		}
+	}
+	return e, true
 }
 
 // Request asks for Quantity units of a SKU for one request id.
@@ -209,7 +245,7 @@ func (s *Store) Deduct(ctx context.Context, r Request) (Deduction, error) {
 		}
 		switch res.code {
 		case lua.OK, lua.Already:
-			d.Parts = []Part{{Shards: r.Shards, Shard: i, Taken: res.taken, Gen: res.gen}}
+			d.Parts = []Part{{Shards: r.Shards, Shard: i, Taken: res.taken, Gen: res.gen, Epoch: res.epoch}}
 			d.Replayed = res.code == lua.Already
 			if res.code == lua.Already && res.taken < r.Quantity {
 				// An earlier attempt assembled the quantity from several
@@ -270,7 +306,7 @@ func (s *Store) assemble(ctx context.Context, r Request, d Deduction, seen []int
 		}
 		switch res.code {
 		case lua.OK, lua.Already:
-			p := Part{Shards: r.Shards, Shard: i, Taken: res.taken, Gen: res.gen}
+			p := Part{Shards: r.Shards, Shard: i, Taken: res.taken, Gen: res.gen, Epoch: res.epoch}
 			d.Parts = append(d.Parts, p)
 			have += res.taken
 			if res.code == lua.OK {
@@ -302,7 +338,7 @@ func (s *Store) markEmpty(r Request, i int) {
 	}
 }
 
-type deductReply struct{ code, taken, avail, gen int64 }
+type deductReply struct{ code, taken, avail, gen, epoch int64 }
 
 func (s *Store) deductOne(ctx context.Context, r Request, i int, q, min int64) (deductReply, error) {
 	k := keys.Shard(r.SKU.Program, r.SKU.Ticket, i, r.Shards)
@@ -311,10 +347,10 @@ func (s *Store) deductOne(ctx context.Context, r Request, i int, q, min int64) (
 	if err != nil {
 		return deductReply{}, fmt.Errorf("deduct shard %d: %w", i, err)
 	}
-	if len(v) != 4 {
+	if len(v) != 5 {
 		return deductReply{}, fmt.Errorf("deduct shard %d: %w: %v", i, ErrScript, v)
 	}
-	res := deductReply{v[0], v[1], v[2], v[3]}
+	res := deductReply{v[0], v[1], v[2], v[3], v[4]}
 	switch res.code {
 	case lua.OK, lua.Already, lua.Empty:
 		return res, nil
@@ -378,6 +414,51 @@ func (s *Store) RestorePart(ctx context.Context, sku stock.SKU, requestID string
 	return res, nil
 }
 
+// Refill outcomes.
+const (
+	Refilled = iota // the units are back in the shard
+	Counted         // nothing to do: a later rebuild counts them, or they were added before
+	NotYet          // the shard is not at the return's epoch yet: try again later
+)
+
+// Refill adds q units the ledger took back to the SKU's gate of the given
+// epoch (laid out over n shards), once per returnID (a service-derived id
+// of the hold or order). It returns Refilled, Counted or NotYet.
+func (s *Store) Refill(ctx context.Context, sku stock.SKU, n int, returnID string, epoch, q int64) (int, error) {
+	if err := sku.Validate(); err != nil {
+		return 0, err
+	}
+	if err := keys.CheckID(returnID); err != nil {
+		return 0, fmt.Errorf("%w: return id: %w", stock.ErrInvalid, err)
+	}
+	if n < 1 || n > stock.MaxShards || q < 1 || epoch < 0 {
+		return 0, fmt.Errorf("%w: refill %d units over %d shards at epoch %d", stock.ErrInvalid, q, n, epoch)
+	}
+	i := Start(returnID, n)
+	k := keys.Shard(sku.Program, sku.Ticket, i, n)
+	v, err := s.refill.Run(ctx, s.rdb, []string{k.Stock(), k.Refill(returnID)}, epoch, q, s.recordTTL).Int64Slice()
+	if err != nil {
+		return 0, fmt.Errorf("refill shard %d: %w", i, err)
+	}
+	if len(v) != 2 {
+		return 0, fmt.Errorf("refill shard %d: %w: %v", i, ErrScript, v)
+	}
+	switch v[0] {
+	case lua.OK:
+		if s.empty != nil {
+			s.empty.MarkStocked(sku, n, i)
+		}
+		return Refilled, nil
+	case lua.Already, lua.RefillCounted, lua.NotSeeded:
+		return Counted, nil
+	case lua.RefillNotYet:
+		return NotYet, nil
+	case lua.BadArg:
+		return 0, fmt.Errorf("refill shard %d: %w", i, stock.ErrInvalid)
+	}
+	return 0, fmt.Errorf("refill shard %d: %w: code %d", i, ErrScript, v[0])
+}
+
 // Split divides remaining units over n shards as evenly as possible.
 func Split(remaining int64, n int) []int64 {
 	out := make([]int64, n)
@@ -391,14 +472,15 @@ func Split(remaining int64, n int) []int64 {
 }
 
 // Seed writes the SKU's shards from the ledger's remaining stock, split
-// evenly. With overwrite it replaces live shards (a re-seed: the epoch moves
-// on, so restores of older deductions are ignored); without it only absent
-// shards are written, so concurrent seeders cannot clobber live stock.
-func (s *Store) Seed(ctx context.Context, sku stock.SKU, n int, remaining int64, overwrite bool) error {
+// evenly, at the ledger's gate epoch. With overwrite it replaces live
+// shards (a re-seed: records and give-backs of other epochs are ignored
+// from then on); without it only absent shards are written, so concurrent
+// seeders cannot clobber live stock.
+func (s *Store) Seed(ctx context.Context, sku stock.SKU, n int, remaining, epoch int64, overwrite bool) error {
 	if err := sku.Validate(); err != nil {
 		return err
 	}
-	if n < 1 || n > stock.MaxShards || remaining < 0 {
+	if n < 1 || n > stock.MaxShards || remaining < 0 || epoch < 0 {
 		return fmt.Errorf("%w: seed %d units over %d shards", stock.ErrInvalid, remaining, n)
 	}
 	mode := "0"
@@ -407,7 +489,7 @@ func (s *Store) Seed(ctx context.Context, sku stock.SKU, n int, remaining int64,
 	}
 	for i, units := range Split(remaining, n) {
 		k := keys.Shard(sku.Program, sku.Ticket, i, n)
-		v, err := s.seed.Run(ctx, s.rdb, []string{k.Stock()}, units, units, mode).Int64Slice()
+		v, err := s.seed.Run(ctx, s.rdb, []string{k.Stock()}, units, units, mode, epoch).Int64Slice()
 		if err != nil {
 			return fmt.Errorf("seed shard %d: %w", i, err)
 		}

@@ -21,7 +21,7 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
 
-func newStore(t *testing.T) (*shard.Store, *redis.ClusterClient) {
+func newStore(t testing.TB) (*shard.Store, *redis.ClusterClient) {
 	t.Helper()
 	rdb := testenv.SharedCluster(t).Client()
 	t.Cleanup(func() { rdb.Close() })
@@ -41,7 +41,7 @@ func seeded(t *testing.T, n int, units int64) (*shard.Store, *redis.ClusterClien
 	t.Helper()
 	s, rdb := newStore(t)
 	sku := newSKU(t)
-	if err := s.Seed(context.Background(), sku, n, units, true); err != nil {
+	if err := s.Seed(context.Background(), sku, n, units, 1, true); err != nil {
 		t.Fatal(err)
 	}
 	return s, rdb, sku
@@ -169,7 +169,7 @@ func TestRestoreOnceCappedAndOnlyAfterDeduct(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Seed(ctx, sku, 1, 4, true); err != nil {
+	if err := s.Seed(ctx, sku, 1, 4, 2, true); err != nil {
 		t.Fatal(err)
 	}
 	res, err = s.RestorePart(ctx, sku, "r2", d2.Parts[0])
@@ -186,7 +186,7 @@ func TestDeductProbesAndSellsOut(t *testing.T) {
 	s, _ := newStore(t)
 	sku := newSKU(t)
 	const n = 8
-	if err := s.Seed(ctx, sku, n, 20, true); err != nil {
+	if err := s.Seed(ctx, sku, n, 20, 1, true); err != nil {
 		t.Fatal(err)
 	}
 	var taken int64
@@ -353,7 +353,7 @@ func TestFence(t *testing.T) {
 	if !shards[0].Fenced || shards[0].Seeded {
 		t.Errorf("fence on an absent shard reads %+v, want fenced and not seeded", shards[0])
 	}
-	if err := s.Seed(ctx, fresh, 1, 3, false); err != nil {
+	if err := s.Seed(ctx, fresh, 1, 3, 1, false); err != nil {
 		t.Fatal(err)
 	}
 	if shards, _ = s.Read(ctx, fresh, 1); !shards[0].Seeded || !shards[0].Fenced || shards[0].Avail != 3 {
@@ -372,7 +372,7 @@ func TestRecordFromBeforeReseedDoesNotReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Seed(ctx, sku, 1, 10, true); err != nil { // the ledger still says 10
+	if err := s.Seed(ctx, sku, 1, 10, 2, true); err != nil { // a rebuild: the ledger still says 10
 		t.Fatal(err)
 	}
 	again, err := s.Deduct(ctx, req)
@@ -419,6 +419,62 @@ func TestFailed(t *testing.T) {
 	} {
 		if !shard.Failed(err) {
 			t.Errorf("Failed(%v) = false for Redis failing", err)
+		}
+	}
+}
+
+// Refill adds a return to the gate of its own epoch only, once: a gate
+// rebuilt since counts it already, a gate not yet rebuilt to it must wait,
+// and the allotment grows with it so the units are never capped away.
+func TestRefillByEpochOnce(t *testing.T) {
+	s, _, sku := seeded(t, 2, 0) // sold out at epoch 1
+	ctx := context.Background()
+	cases := []struct {
+		name     string
+		id       string
+		epoch, q int64
+		want     int
+		left     int64
+	}{
+		{"not yet at epoch 2", "ret-a", 2, 3, shard.NotYet, 0},
+		{"added at epoch 1", "ret-b", 1, 2, shard.Refilled, 2},
+		{"same return again", "ret-b", 1, 2, shard.Counted, 2},
+		{"another return", "ret-c", 1, 1, shard.Refilled, 3},
+	}
+	for _, c := range cases {
+		got, err := s.Refill(ctx, sku, 2, c.id, c.epoch, c.q)
+		if err != nil || got != c.want || remaining(t, s, sku, 2) != c.left {
+			t.Errorf("%s: Refill(%s, epoch %d, %d) = %d, %v, %d left; want %d, %d left",
+				c.name, c.id, c.epoch, c.q, got, err, remaining(t, s, sku, 2), c.want, c.left)
+		}
+	}
+	// A rebuild to epoch 2 (from facts that count every return so far).
+	if err := s.Seed(ctx, sku, 2, 6, 2, true); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Refill(ctx, sku, 2, "ret-d", 1, 1); err != nil || got != shard.Counted || remaining(t, s, sku, 2) != 6 {
+		t.Errorf("refill of an epoch-1 return after the rebuild = %d, %v; want counted, 6 left", got, err)
+	}
+	if got, err := s.Refill(ctx, sku, 2, "ret-a", 2, 3); err != nil || got != shard.Refilled || remaining(t, s, sku, 2) != 9 {
+		t.Errorf("refill of the epoch-2 return = %d, %v, %d left; want refilled, 9 left", got, err, remaining(t, s, sku, 2))
+	}
+	shards, err := s.Read(ctx, sku, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var allot int64
+	for _, sh := range shards {
+		allot += sh.Allot
+	}
+	if allot != 9 {
+		t.Errorf("allotments add up to %d, want 9 (6 seeded + 3 returned)", allot)
+	}
+	for _, bad := range []struct {
+		id       string
+		epoch, q int64
+	}{{"x{y}", 1, 1}, {"ok", -1, 1}, {"ok", 1, 0}} {
+		if _, err := s.Refill(ctx, sku, 2, bad.id, bad.epoch, bad.q); !errors.Is(err, stock.ErrInvalid) {
+			t.Errorf("Refill(%q, %d, %d) = %v, want ErrInvalid", bad.id, bad.epoch, bad.q, err)
 		}
 	}
 }

@@ -73,7 +73,6 @@ type config struct {
 	FallbackBackoff     time.Duration
 	LockTTL             time.Duration
 	ReseedWait          time.Duration
-	FenceSettle         time.Duration
 	DriftEvery          time.Duration
 	SweepEvery          time.Duration
 	CollapseAt          int64
@@ -118,7 +117,6 @@ func flags(fs *flag.FlagSet, c *config) {
 	fs.DurationVar(&c.FallbackBackoff, "fallback-backoff", 2*time.Millisecond, "base of the jittered pause between those attempts")
 	fs.DurationVar(&c.LockTTL, "lock-ttl", 10*time.Second, "lifetime of a coordination lock after its holder stops renewing it")
 	fs.DurationVar(&c.ReseedWait, "reseed-wait", time.Second, "how long a purchase waits for another replica's re-seed of its SKU")
-	fs.DurationVar(&c.FenceSettle, "fence-settle", 100*time.Millisecond, "pause between closing a SKU's gate and reading the ledger to rebuild it")
 	fs.DurationVar(&c.DriftEvery, "drift-every", 30*time.Second, "period of the Redis-vs-ledger drift check")
 	fs.StringVar(&c.TrustedProxies, "trusted-proxies", "", "comma-separated addresses or CIDRs whose X-Forwarded-For is believed (empty: none)")
 	fs.Float64Var(&c.RatePerClient, "rate-per-client", 0, "requests per second one client address may send (0: no limit; behind a proxy set trusted-proxies first, or every client looks like the proxy)")
@@ -151,7 +149,7 @@ func (c config) validate() error {
 		"redis-call-timeout": c.RedisTimeout, "redis-state-reload": c.StateReloadEvery,
 		"breaker-window": c.BreakerWindow, "breaker-open-for": c.BreakerOpenFor,
 		"fallback-backoff": c.FallbackBackoff, "lock-ttl": c.LockTTL, "reseed-wait": c.ReseedWait,
-		"fence-settle": c.FenceSettle, "drift-every": c.DriftEvery, "sweep-every": c.SweepEvery,
+		"drift-every": c.DriftEvery, "sweep-every": c.SweepEvery,
 	} {
 		if d <= 0 {
 			return bad(name, "must be a positive duration")
@@ -318,7 +316,7 @@ func serve(ctx context.Context, c config, log *slog.Logger) error {
 			OpenFor: c.BreakerOpenFor, Probes: uint32(c.BreakerProbes),
 		},
 		FallbackConcurrency: c.FallbackConcurrency, FallbackAttempts: c.FallbackAttempts,
-		FallbackBackoff: c.FallbackBackoff, ReseedWait: c.ReseedWait, FenceSettle: c.FenceSettle,
+		FallbackBackoff: c.FallbackBackoff, ReseedWait: c.ReseedWait,
 		DriftEvery: c.DriftEvery, SweepEvery: c.SweepEvery, CollapseAt: c.CollapseAt, BatchMax: c.BatchMax,
 	})
 	if err != nil {

@@ -40,7 +40,6 @@ func TestBadConfigExits2NamingTheVariable(t *testing.T) {
 		{"STOCKGATE_FALLBACK_BACKOFF", "0s"},
 		{"STOCKGATE_LOCK_TTL", "100ms"},
 		{"STOCKGATE_RESEED_WAIT", "-1s"},
-		{"STOCKGATE_FENCE_SETTLE", "0s"},
 		{"STOCKGATE_DRIFT_EVERY", "0s"},
 		{"STOCKGATE_SWEEP_EVERY", "0s"},
 		{"STOCKGATE_COLLAPSE_AT", "0"},

@@ -1,0 +1,79 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/stockgate/stockgate/keys"
+)
+
+// FuzzDecodePurchase: whatever the body, decoding never panics, and a body
+// it accepts is one JSON object with known members, none twice, that
+// encoding/json reads to the same values.
+func FuzzDecodePurchase(f *testing.F) {
+	for _, seed := range []string{
+		`{"buyer":"alice","quantity":2}`, `{"buyer":"a","quantity":1,"quantity":5}`, `{"buyer":"a","quantity":1.5}`,
+		`{"buyer":"a"} {}`, `{"buyer":"a","extra":1}`, `[]`, `{"buyer":{"x":1,"x":2}}`, `{"quantity":9223372036854775808}`,
+		"\x00", `{"buyer":"a","quantity":1}` + strings.Repeat(" ", 5000),
+	} {
+		f.Add([]byte(seed))
+	}
+	gin.SetMode(gin.ReleaseMode)
+	s := &Server{opts: Options{MaxBodyBytes: 4 << 10}}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		c, _ := gin.CreateTestContext(httptest.NewRecorder())
+		c.Request = httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
+		c.Request.Header.Set("Content-Type", "application/json")
+		var got purchaseBody
+		if !s.decodeBody(c, &got) {
+			if c.Writer.Status() < 400 || c.Writer.Status() >= 500 {
+				t.Fatalf("refused body %q answered %d, want a 4xx", body, c.Writer.Status())
+			}
+			return
+		}
+		if duplicateMember(body) != nil {
+			t.Fatalf("accepted %q with a member twice", body)
+		}
+		var plain purchaseBody
+		if err := json.Unmarshal(body, &plain); err != nil {
+			t.Fatalf("accepted %q that encoding/json refuses: %v", body, err)
+		}
+		if plain.Buyer != got.Buyer || (plain.Quantity == nil) != (got.Quantity == nil) ||
+			(plain.Quantity != nil && *plain.Quantity != *got.Quantity) {
+			t.Fatalf("accepted %q as %+v; encoding/json reads %+v", body, got, plain)
+		}
+	})
+}
+
+// FuzzIdempotencyKey: a key is accepted only if it (or the quoted string
+// inside) is a valid id, and then it is that id.
+func FuzzIdempotencyKey(f *testing.F) {
+	for _, seed := range []string{"order-1", `"order-1"`, `"`, `""`, `"a"b"`, "a{b}", strings.Repeat("k", 65), ""} {
+		f.Add(seed)
+	}
+	gin.SetMode(gin.ReleaseMode)
+	f.Fuzz(func(t *testing.T, header string) {
+		c, _ := gin.CreateTestContext(httptest.NewRecorder())
+		c.Request = httptest.NewRequest(http.MethodPost, "/", nil)
+		c.Request.Header["Idempotency-Key"] = []string{header}
+		key, ok := idempotencyKey(c)
+		if !ok {
+			if c.Writer.Status() != http.StatusBadRequest {
+				t.Fatalf("refused %q with %d, want 400", header, c.Writer.Status())
+			}
+			return
+		}
+		if keys.CheckID(key) != nil || (key != header && `"`+key+`"` != header) {
+			t.Fatalf("accepted %q as %q", header, key)
+		}
+		if r := newRequest("b", key, "purchase", "x"); keys.CheckID(r.gateID()) != nil {
+			t.Fatalf("gate id %q of key %q is not a valid id", r.gateID(), key)
+		}
+	})
+}

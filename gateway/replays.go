@@ -1,0 +1,120 @@
+package gateway
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/maypok86/otter/v2"
+
+	"github.com/stockgate/stockgate/stock"
+)
+
+// replays knows, per SKU that takes no more requests (sold out or ended),
+// the requests that committed stock of it, so that a storm of new keys is
+// refused from memory while a retry of a committed request still gets its
+// answer, on any replica. The set is bounded by the SKU's sales.
+//
+// It is read from the ledger incrementally (the requests stamped after the
+// last row version seen). A set read while the ledger had nothing left, or
+// after the sale ended, is sealed: no request can commit stock until stock
+// comes back, so a key it lacks is answered at once. An unsealed set (the
+// ledger still had stock: admitted requests still committing) is read
+// again, once for all concurrent askers, before a key it lacks is refused:
+// a retry can only arrive after its original committed or while it is
+// still in flight, and either way the new read sees it or it is not yet a
+// sale. Marking a SKU sold out again unseals its set, so a sale of returned
+// stock is read at the next miss.
+type replays struct {
+	ledger Ledger
+	sets   *otter.Cache[stock.SKU, *keySet]
+}
+
+func newReplays(l Ledger, idle time.Duration) (*replays, error) {
+	sets, err := otter.New(&otter.Options[stock.SKU, *keySet]{
+		MaximumSize:      10_000,
+		ExpiryCalculator: otter.ExpiryAccessing[stock.SKU, *keySet](idle),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &replays{ledger: l, sets: sets}, nil
+}
+
+type keySet struct {
+	mu      sync.Mutex
+	keys    map[string]struct{} // scope \x00 key
+	version int64               // the SKU row version read up to
+	sealed  bool
+	started int           // reads started
+	done    int           // the last read finished
+	cur     chan struct{} // closed when the read in flight ends
+}
+
+// committed reports whether (scope, key) committed a request that took
+// stock of the SKU.
+func (r *replays) committed(ctx context.Context, sku stock.SKU, scope, key string) (bool, error) {
+	ks, _ := r.sets.ComputeIfAbsent(sku, func() (*keySet, bool) {
+		return &keySet{keys: map[string]struct{}{}}, false
+	})
+	id := scope + "\x00" + key
+	ks.mu.Lock()
+	if _, ok := ks.keys[id]; ok || ks.sealed {
+		ks.mu.Unlock()
+		return ok, nil
+	}
+	// A read that began after this call arrived, shared with every caller
+	// that arrives before it begins.
+	need := ks.started + 1
+	for ks.done < need {
+		if ks.cur == nil {
+			ks.started++
+			idx, ch := ks.started, make(chan struct{})
+			ks.cur = ch
+			after := ks.version
+			ks.mu.Unlock()
+			c, err := r.ledger.CommittedSince(ctx, sku, after)
+			ks.mu.Lock()
+			ks.cur, ks.done = nil, idx
+			close(ch)
+			if err != nil {
+				ks.mu.Unlock()
+				return false, err
+			}
+			for _, k := range c.Keys {
+				ks.keys[k.Scope+"\x00"+k.Key] = struct{}{}
+			}
+			if c.Version > ks.version {
+				ks.version = c.Version
+			}
+			ks.sealed = c.Sealed()
+			continue
+		}
+		ch := ks.cur
+		ks.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+		ks.mu.Lock()
+		if ks.sealed {
+			// That read began before this call, but found nothing left to
+			// take: no request could commit after it, this one included.
+			break
+		}
+	}
+	_, ok := ks.keys[id]
+	ks.mu.Unlock()
+	return ok, nil
+}
+
+// unseal makes the next miss read the ledger again: stock may have come
+// back and been sold since the set was sealed.
+func (r *replays) unseal(sku stock.SKU) {
+	if ks, ok := r.sets.GetIfPresent(sku); ok {
+		ks.mu.Lock()
+		ks.sealed = false
+		ks.mu.Unlock()
+	}
+}

@@ -1,0 +1,47 @@
+package gateway
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
+
+	"github.com/stockgate/stockgate/ledger"
+)
+
+// request is one client request as the service identifies it: its
+// Idempotency-Key within its scope (the buyer), bound to a fingerprint of
+// what it asks. Retries of the same request carry the same three; the same
+// key with another fingerprint is another request, refused with 422.
+type request struct {
+	scope string // the buyer
+	key   string // the client's Idempotency-Key
+	op    string // ledger.OpPurchase, …
+	fp    string // fingerprint: the operation and everything it asks
+}
+
+// newRequest fingerprints what a request asks: its operation and its
+// fields in a fixed order (the scope is the buyer, so not repeated).
+func newRequest(buyer, key, op string, fields ...string) request {
+	return request{scope: buyer, key: key, op: op, fp: op + "\x00" + strings.Join(fields, "\x00")}
+}
+
+// gateID is the id of the request's records in Redis (deductions, quota
+// counts, seat owners) and of its ledger row key. It is derived from scope,
+// key and fingerprint, so a reused key with another fingerprint gets its
+// own records (and gives them back when the ledger refuses it), and a
+// client can never name or collide with an id the service uses: client
+// keys only ever go in through the hash.
+func (r request) gateID() string {
+	h := sha256.Sum256([]byte(r.scope + "\x00" + r.key + "\x00" + r.fp))
+	return hex.EncodeToString(h[:16])
+}
+
+// joinKey is the key concurrent copies of the request join under on one
+// replica.
+func (r request) joinKey() string { return r.scope + "\x00" + r.key }
+
+// ledger is the request as the ledger remembers it.
+func (r request) ledger() ledger.Request {
+	fp := sha256.Sum256([]byte(r.fp))
+	return ledger.Request{Scope: r.scope, Key: r.key, Fingerprint: hex.EncodeToString(fp[:16]), Op: r.op}
+}

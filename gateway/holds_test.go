@@ -71,8 +71,10 @@ func TestHoldsExpireOnceAcrossGateways(t *testing.T) {
 		t.Fatalf("holds: %v", counts)
 	}
 	ctx := context.Background()
-	if st, _ := envs[0].ledger.SKU(ctx, sku); st.Held != holds {
-		t.Fatalf("held %d, want %d", st.Held, holds)
+	// On a busy machine the first holds may already be expiring while the
+	// last are placed: the checks below count every hold's end.
+	if st, _ := envs[0].ledger.SKU(ctx, sku); st.Held > holds || st.Sold != 0 {
+		t.Fatalf("held %d sold %d after %d holds", st.Held, st.Sold, holds)
 	}
 	waitFor(t, 20*time.Second, "every hold to expire", func() bool {
 		st, _ := envs[0].ledger.SKU(ctx, sku)

@@ -366,7 +366,7 @@ func bestAdjacent(all []ledger.Seat, q int) []string {
 		}
 		rows[st.Row] = append(rows[st.Row], st)
 	}
-	slices.Sort(names)
+	slices.SortFunc(names, rowCompare)
 	var best []string
 	bestOrphan := true
 	for _, name := range names {
@@ -394,6 +394,15 @@ func bestAdjacent(all []ledger.Seat, q int) []string {
 		}
 	}
 	return best
+}
+
+// rowCompare orders row labels naturally, as seats_best.lua does: a
+// shorter label first, then alphabetical (2 before 10, Z before AA).
+func rowCompare(a, b string) int {
+	if len(a) != len(b) {
+		return len(a) - len(b)
+	}
+	return strings.Compare(a, b)
 }
 
 type seatView struct {

@@ -1,7 +1,7 @@
 -- seats_best: hold the best q adjacent free seats of one section for one
 -- hold: the same row, consecutive numbers, in the front-most row that has
--- them, and where possible without leaving a single free seat stranded
--- beside them.
+-- them (rows in natural order: 2 before 10, Z before AA), and where
+-- possible without leaving a single free seat stranded beside them.
 --
 -- KEYS[1]  the section's seat hash {seat id -> "" | hold id | "S:" hold id}
 -- KEYS[2]  the section's layout {seat id -> "row|number"}
@@ -39,7 +39,12 @@ for i = 1, #layout, 2 do
     table.insert(rows[row], {n = tonumber(num), id = id})
   end
 end
-table.sort(names)
+-- Rows in their natural order: a shorter label first, then alphabetical,
+-- so row 2 comes before row 10 and Z before AA (the Go side's rowLess).
+table.sort(names, function(a, b)
+  if #a ~= #b then return #a < #b end
+  return a < b
+end)
 
 local best, bestScore
 for r, row in ipairs(names) do

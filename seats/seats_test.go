@@ -239,3 +239,37 @@ func idsOf(m []seats.Seat) []string {
 	}
 	return out
 }
+
+// Rows sort naturally: with rows 1..12 (and Z, AA after them by length),
+// best-available fills row 2 before row 10.
+func TestBestAvailableRowsInNaturalOrder(t *testing.T) {
+	rdb := testenv.SharedCluster(t).Client()
+	defer rdb.Close()
+	s, err := seats.New(rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sku := stock.SKU{Program: testenv.ID(t, "p"), Ticket: "stalls"}
+	var m []seats.Seat
+	rows := []string{"1", "2", "3", "10", "11", "12", "Z", "AA"}
+	for _, r := range rows {
+		for n := range 2 {
+			m = append(m, seats.Seat{ID: fmt.Sprintf("r%s-%d", r, n+1), Section: "A", Row: r, Number: n + 1})
+		}
+	}
+	ctx := context.Background()
+	if err := s.Load(ctx, sku, m); err != nil {
+		t.Fatal(err)
+	}
+	var order []string
+	for i := range 3 {
+		got, err := s.Best(ctx, sku, "A", fmt.Sprintf("h%d", i), 2)
+		if err != nil || len(got) != 2 {
+			t.Fatalf("Best = %v, %v", got, err)
+		}
+		order = append(order, got[0])
+	}
+	if want := []string{"r1-1", "r2-1", "r3-1"}; fmt.Sprint(order) != fmt.Sprint(want) {
+		t.Errorf("rows filled in order %v, want %v (2 before 10)", order, want)
+	}
+}

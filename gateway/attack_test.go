@@ -1,0 +1,305 @@
+package gateway_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stockgate/stockgate/cache"
+	"github.com/stockgate/stockgate/gateway"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// A retry of a committed seat hold (given seats) after the hold was
+// cancelled is answered as a replay, but it first takes the seats again in
+// Redis under the hold's owner id and never gives them back: the seats are
+// free in the ledger and taken in the gate, so the next buyer of them is
+// told they are taken (invariants 3 and 5; Redis and ledger disagree).
+func TestAttackSeatHoldRetryAfterCancel(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newEnv(t, driver)
+		sku := newSKU(t)
+		e.putSKU(t, sku, 0, 1, 4)
+		e.loadSeats(t, sku, map[string]int{"A": 4})
+		r, h := e.seatHold(t, sku, "sh", "ann", "A-01", "A-02")
+		if r.status != 201 {
+			t.Fatalf("seat hold = %d %s", r.status, r.body)
+		}
+		if c := e.act(t, "/v1/holds/"+h.HoldID+"/cancel", "c1", "ann"); c.status != 200 {
+			t.Fatalf("cancel = %d %s", c.status, c.body)
+		}
+		// The client's retry of its original seat hold (a late network retry).
+		again, h2 := e.seatHold(t, sku, "sh", "ann", "A-01", "A-02")
+		if again.status != 201 || h2.HoldID != h.HoldID || again.header.Get("Idempotent-Replayed") != "true" {
+			t.Errorf("retry = %d %s, want the replay of hold %s", again.status, again.body, h.HoldID)
+		}
+		// The ledger has both seats free: another buyer may hold them.
+		if r, _ := e.seatHold(t, sku, "b1", "bob", "A-01", "A-02"); r.status != 201 {
+			t.Errorf("another buyer's hold of the freed seats = %d %s, want 201 (the retry re-took them in Redis)", r.status, r.body)
+		}
+		var check gateway.SeatCheck
+		c := e.do(t, http.MethodPost, adminPath(sku)+"/seats/check", nil, "")
+		if err := json.Unmarshal(c.body, &check); err != nil || c.status != 200 || len(check.Differed) != 0 {
+			t.Errorf("seat check = %d %s, want Redis and the ledger to agree", c.status, c.body)
+		}
+	})
+}
+
+// The same after expiry and after a refund of the confirmed seat hold.
+func TestAttackSeatHoldRetryAfterRefund(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newEnv(t, driver)
+		sku := newSKU(t)
+		e.putSKU(t, sku, 0, 1, 4)
+		e.loadSeats(t, sku, map[string]int{"A": 4})
+		r, h := e.seatHold(t, sku, "sh", "ann", "A-03")
+		if r.status != 201 {
+			t.Fatalf("seat hold = %d %s", r.status, r.body)
+		}
+		c := e.act(t, "/v1/holds/"+h.HoldID+"/confirm", "c1", "ann")
+		if c.status != 201 {
+			t.Fatalf("confirm = %d %s", c.status, c.body)
+		}
+		if f := e.act(t, "/v1/orders/"+orderID(c)+"/refund", "f1", "ann"); f.status != 200 {
+			t.Fatalf("refund = %d %s", f.status, f.body)
+		}
+		if again, _ := e.seatHold(t, sku, "sh", "ann", "A-03"); again.status != 201 {
+			t.Errorf("retry = %d %s, want the replay", again.status, again.body)
+		}
+		if r, _ := e.seatHold(t, sku, "b1", "bob", "A-03"); r.status != 201 {
+			t.Errorf("another buyer's hold of the refunded seat = %d %s, want 201", r.status, r.body)
+		}
+	})
+}
+
+// A retry of a committed purchase after its refund is replayed, but its
+// per-buyer count is taken again in Redis (the refund released it) and
+// never released: the buyer, who owns nothing in the ledger, is refused
+// "limit reached" (invariant 3: the quota count moved twice for one
+// request; the Redis gate disagrees with the ledger for good).
+func TestAttackQuotaLeakRetryAfterRefund(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newEnv(t, driver)
+		sku := newSKU(t)
+		if r := e.do(t, http.MethodPut, adminPath(sku), nil, `{"total":100,"shards":2,"max_per_order":4,"per_buyer":2}`); r.status != 200 {
+			t.Fatalf("PUT = %d %s", r.status, r.body)
+		}
+		b := e.buy(t, sku, "k1", "ann", 2)
+		if b.status != 201 {
+			t.Fatalf("purchase = %d %s", b.status, b.body)
+		}
+		if f := e.act(t, "/v1/orders/"+orderID(b)+"/refund", "f1", "ann"); f.status != 200 {
+			t.Fatalf("refund = %d %s", f.status, f.body)
+		}
+		if again := e.buy(t, sku, "k1", "ann", 2); again.status != 201 || orderID(again) != orderID(b) {
+			t.Fatalf("retry = %d %s, want the replay", again.status, again.body)
+		}
+		units, _ := e.ledger.BuyerUnits(context.Background(), sku, "ann")
+		if r := e.buy(t, sku, "k2", "ann", 2); r.status != 201 {
+			t.Errorf("purchase of 2 by a buyer owning %d of a cap of 2 = %d %s, want 201 (quota count leaked)", units, r.status, r.body)
+		}
+	})
+}
+
+// The same with a hold: hold, cancel, retry of the hold.
+func TestAttackQuotaLeakRetryAfterCancel(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newEnv(t, driver)
+		sku := newSKU(t)
+		if r := e.do(t, http.MethodPut, adminPath(sku), nil, `{"total":100,"shards":1,"max_per_order":4,"per_buyer":1}`); r.status != 200 {
+			t.Fatalf("PUT = %d %s", r.status, r.body)
+		}
+		r, h := e.hold(t, sku, "h1", "ann", 1, 0)
+		if r.status != 201 {
+			t.Fatalf("hold = %d %s", r.status, r.body)
+		}
+		if c := e.act(t, "/v1/holds/"+h.HoldID+"/cancel", "c1", "ann"); c.status != 200 {
+			t.Fatalf("cancel = %d %s", c.status, c.body)
+		}
+		if again, _ := e.hold(t, sku, "h1", "ann", 1, 0); again.status != 201 {
+			t.Fatalf("retry = %d %s, want the replay", again.status, again.body)
+		}
+		if r := e.buy(t, sku, "k2", "ann", 1); r.status != 201 {
+			t.Errorf("purchase by a buyer owning nothing = %d %s, want 201 (quota count leaked)", r.status, r.body)
+		}
+	})
+}
+
+// A key the buyer used for a purchase of another SKU, sent to a sold-out
+// (or ended) SKU with another body, is answered 409 instead of 422: the
+// closed SKU's committed-key set is per SKU, so the reuse is not seen.
+func TestAttackReusedKeyOnClosedSKU(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newEnv(t, driver)
+		open, closed, ended := newSKU(t), newSKU(t), newSKU(t)
+		closed.Ticket, ended.Ticket = "sold", "ended"
+		e.putSKU(t, open, 10, 1, 4)
+		e.putSKU(t, closed, 1, 1, 4)
+		e.putSKU(t, ended, 5, 1, 4)
+		if r := e.buy(t, open, "k", "ann", 1); r.status != 201 {
+			t.Fatalf("purchase = %d %s", r.status, r.body)
+		}
+		if r := e.buy(t, closed, "other", "bob", 1); r.status != 201 {
+			t.Fatalf("purchase = %d %s", r.status, r.body)
+		}
+		if r := e.do(t, http.MethodPost, adminPath(ended)+"/end", nil, ""); r.status != 200 {
+			t.Fatalf("end = %d %s", r.status, r.body)
+		}
+		for _, sku := range []stock.SKU{closed, ended} {
+			if r := e.buy(t, sku, "k", "ann", 1); r.status != 422 {
+				t.Errorf("%s: key used for another request = %d %s, want 422", sku, r.status, r.body)
+			}
+		}
+	})
+}
+
+// Replica B seals its committed-key set of a SKU while it is sold out (a
+// hold has the last unit). The hold is cancelled on A and the unit bought
+// on A. The buyer's retry on B, while B still remembers the SKU as sold
+// out, is answered 409 sold-out instead of its order (invariant 3).
+func TestAttackSealedReplaysMissRetry(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		dsn := ledgerDSN(t, driver)
+		// A longer sold-out memory than the default 500ms makes the window
+		// easy to hit; the default has the same window, only shorter.
+		tune := func(o *gateway.Options) {
+			c, err := cache.New(cache.Options{SoldOutTTL: 5 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			o.Cache = c
+		}
+		a := startEnv(t, envOptions{driver: driver, dsn: dsn})
+		b := startEnv(t, envOptions{driver: driver, dsn: dsn, tune: tune})
+		sku := newSKU(t)
+		a.putSKU(t, sku, 1, 1, 4)
+		r, h := a.hold(t, sku, "x", "xena", 1, 0)
+		if r.status != 201 {
+			t.Fatalf("hold = %d %s", r.status, r.body)
+		}
+		if r := b.buy(t, sku, "y", "yuri", 1); r.status != 409 {
+			t.Fatalf("purchase on a sold-out SKU = %d %s, want 409", r.status, r.body)
+		}
+		if c := a.act(t, "/v1/holds/"+h.HoldID+"/cancel", "c", "xena"); c.status != 200 {
+			t.Fatalf("cancel = %d %s", c.status, c.body)
+		}
+		won := a.buy(t, sku, "z", "zoe", 1)
+		if won.status != 201 {
+			t.Fatalf("purchase of the returned unit = %d %s", won.status, won.body)
+		}
+		retry := b.buy(t, sku, "z", "zoe", 1)
+		if retry.status != 201 || orderID(retry) != orderID(won) {
+			t.Errorf("retry on replica B = %d %s, want 201 with order %s", retry.status, retry.body, orderID(won))
+		}
+	})
+}
+
+// encoding/json matches member names case-insensitively, and the
+// duplicate check compares them exactly: {"quantity":1,"QUANTITY":3} is
+// read as 3 and accepted, the ambiguity the duplicate check is there to
+// refuse ("bad input gets a clear 4xx").
+func TestAttackCaseFoldedDuplicateMember(t *testing.T) {
+	e := newEnv(t, ledger.SQLite)
+	sku := newSKU(t)
+	e.putSKU(t, sku, 10, 1, 4)
+	for i, body := range []string{
+		`{"buyer":"ann","quantity":1,"QUANTITY":3}`,
+		`{"buyer":"ann","Buyer":"bob","quantity":1}`,
+	} {
+		r := e.do(t, http.MethodPost, skuPath(sku)+"/purchases", map[string]string{"Idempotency-Key": fmt.Sprintf("cf%d", i)}, body)
+		if r.status != 400 {
+			t.Errorf("%s = %d %s, want 400 (a member given twice)", body, r.status, r.body)
+		}
+	}
+}
+
+// Retries racing their originals on other replicas while the gate is
+// rebuilt between take and commit: one movement per request, Redis ends
+// at the ledger's remaining.
+func TestAttackRetriesRaceRebuilds(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		dsn := ledgerDSN(t, driver)
+		var envs []*env
+		for range 3 {
+			envs = append(envs, startEnv(t, envOptions{driver: driver, dsn: dsn}))
+		}
+		sku := newSKU(t)
+		envs[0].putSKU(t, sku, 60, 4, 4)
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		ids := map[int]map[string]bool{}
+		falseRefusals := 0
+		answers := map[int][]string{}
+		stop := make(chan struct{})
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				e := envs[i%3]
+				switch i % 3 {
+				case 0:
+					e.do(t, http.MethodPost, adminPath(sku)+"/reconcile", nil, "")
+				case 1:
+					e.do(t, http.MethodPut, adminPath(sku), nil, fmt.Sprintf(`{"total":60,"shards":%d,"max_per_order":4}`, 1+i%5))
+				case 2:
+					e.do(t, http.MethodPut, adminPath(sku), nil, `{"total":60,"shards":4,"max_per_order":4}`)
+				}
+			}
+		})
+		var buyers sync.WaitGroup
+		for i := range 30 {
+			for j := range 3 {
+				buyers.Go(func() {
+					r := envs[j].buy(t, sku, fmt.Sprintf("r-%d", i), fmt.Sprintf("b%d", i), 2)
+					mu.Lock()
+					defer mu.Unlock()
+					if ids[i] == nil {
+						ids[i] = map[string]bool{}
+					}
+					switch r.status {
+					case 201:
+						ids[i][orderID(r)] = true
+					case 409, 503:
+						answers[i] = append(answers[i], fmt.Sprintf("replica %d: %d %s", j, r.status, r.body))
+						falseRefusals++ // the ledger had stock for every request: sent again below
+					default:
+						t.Errorf("purchase %d on %d = %d %s", i, j, r.status, r.body)
+					}
+				})
+			}
+		}
+		buyers.Wait()
+		close(stop)
+		wg.Wait()
+		t.Logf("%d refusals (409/503) while every request had stock in the ledger", falseRefusals)
+		for i := range 30 {
+			var r reply
+			waitFor(t, 5*time.Second, fmt.Sprintf("201 for request %d", i), func() bool {
+				r = envs[i%3].buy(t, sku, fmt.Sprintf("r-%d", i), fmt.Sprintf("b%d", i), 2)
+				return r.status == 201
+			})
+			ids[i][orderID(r)] = true
+			if len(ids[i]) != 1 {
+				t.Errorf("request %d answered orders %v", i, ids[i])
+			}
+			if len(answers[i]) > 0 && len(ids[i]) == 1 {
+				t.Logf("request %d: copies answered %v and 201", i, answers[i])
+			}
+		}
+		got := envs[0].state(t, sku)
+		if got.Sold != 60 || got.Orders != 30 {
+			t.Errorf("state %+v, want 30 orders, sold 60", got)
+		}
+		if left := settled(t, envs[0], sku); left != 0 {
+			t.Errorf("remaining %d, want 0", left)
+		}
+	})
+}

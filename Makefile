@@ -70,7 +70,7 @@ test: deps-redis deps-postgres deps-promtool vet
 # end of a -fuzztime duration with "context deadline exceeded" and no
 # crasher (golang/go#75804, fixed in Go 1.27).
 FUZZTIME ?= 200000x
-FUZZ_TARGETS := gateway:FuzzDecodePurchase gateway:FuzzIdempotencyKey shard:FuzzDeductArgs shard:FuzzRefillArgs shard:FuzzSeedArgs
+FUZZ_TARGETS := gateway:FuzzDecodePurchase gateway:FuzzIdempotencyKey shard:FuzzDeductArgs shard:FuzzRefillArgs shard:FuzzSeedArgs shard:FuzzScriptReplies
 fuzz: deps-redis
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  pkg=$${t%%:*}; name=$${t#*:}; echo "fuzz $$pkg $$name for $(FUZZTIME)"; \

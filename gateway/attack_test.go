@@ -303,3 +303,147 @@ func TestAttackRetriesRaceRebuilds(t *testing.T) {
 		}
 	})
 }
+
+// An ended sale's gate is rebuilt with 0 left while the ledger row still
+// has units (the sale ended with stock, or stock came back after the end):
+// the drift check sees a difference that never goes away and "repairs"
+// it with a rebuild every second check, for ever.
+func TestAttackEndedSKUDriftLoop(t *testing.T) {
+	e := startEnv(t, envOptions{driver: ledger.SQLite, drift: true})
+	sku := newSKU(t)
+	e.putSKU(t, sku, 5, 1, 4)
+	if r := e.do(t, http.MethodPost, adminPath(sku)+"/end", nil, ""); r.status != 200 {
+		t.Fatalf("end = %d %s", r.status, r.body)
+	}
+	before := counter(t, e.reg, "stockgate_reseeds_total", map[string]string{"reason": "drift"})
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	waitFor(t, 3*time.Second, "1.5s of drift checks", func() bool { return time.Now().After(deadline) })
+	if n := counter(t, e.reg, "stockgate_reseeds_total", map[string]string{"reason": "drift"}) - before; n != 0 {
+		t.Errorf("%v drift rebuilds of an ended SKU in 1.5s, want 0", n)
+	}
+}
+
+// Held: a best-available seat hold retried after its cancel is answered
+// from the ledger and takes nothing.
+func TestAttackBestSeatsRetryAfterCancel(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newEnv(t, driver)
+		sku := newSKU(t)
+		e.putSKU(t, sku, 0, 1, 4)
+		e.loadSeats(t, sku, map[string]int{"A": 4})
+		best := func(key, buyer string) (reply, holdReply) {
+			r := e.do(t, http.MethodPost, skuPath(sku)+"/seat-holds", map[string]string{"Idempotency-Key": key},
+				fmt.Sprintf(`{"buyer":%q,"quantity":2,"section":"A"}`, buyer))
+			var h holdReply
+			_ = json.Unmarshal(r.body, &h)
+			return r, h
+		}
+		r, h := best("b", "ann")
+		if r.status != 201 {
+			t.Fatalf("best seats = %d %s", r.status, r.body)
+		}
+		if c := e.act(t, "/v1/holds/"+h.HoldID+"/cancel", "c", "ann"); c.status != 200 {
+			t.Fatalf("cancel = %d %s", c.status, c.body)
+		}
+		if again, h2 := best("b", "ann"); again.status != 201 || h2.HoldID != h.HoldID {
+			t.Errorf("retry = %d %s", again.status, again.body)
+		}
+		if r, _ := e.seatHold(t, sku, "o", "bob", "A-01", "A-02", "A-03", "A-04"); r.status != 201 {
+			t.Errorf("another buyer's hold of all 4 free seats = %d %s", r.status, r.body)
+		}
+	})
+}
+
+// Held: a sold-out storm over three replicas, then every hold cancelled or
+// expired: the returned units are sold again, once, within a bound, and
+// Redis settles at the ledger's remaining.
+func TestAttackSoldOutStormThenReturns(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		dsn := ledgerDSN(t, driver)
+		var envs []*env
+		for range 3 {
+			envs = append(envs, startEnv(t, envOptions{driver: driver, dsn: dsn, sweep: true}))
+		}
+		sku := newSKU(t)
+		envs[0].putSKU(t, sku, 6, 3, 4)
+		var holds []string
+		for i := range 6 {
+			r, h := envs[i%3].hold(t, sku, fmt.Sprintf("h%d", i), fmt.Sprintf("hb%d", i), 1, 1+i%2*100)
+			if r.status != 201 {
+				t.Fatalf("hold %d = %d %s", i, r.status, r.body)
+			}
+			holds = append(holds, h.HoldID)
+		}
+		counts := envs[0].buyAll(300, 30, func(i int) reply {
+			return envs[i%3].buy(t, sku, fmt.Sprintf("s%d", i), fmt.Sprintf("sb%d", i), 1)
+		})
+		if counts[409] != 300 {
+			t.Fatalf("storm answers %v, want 300×409", counts)
+		}
+		for i, id := range holds {
+			if i%2 == 1 { // the 1s holds expire by themselves
+				if c := envs[(i+1)%3].act(t, "/v1/holds/"+id+"/cancel", fmt.Sprintf("c%d", i), fmt.Sprintf("hb%d", i)); c.status != 200 {
+					t.Fatalf("cancel = %d %s", c.status, c.body)
+				}
+			}
+		}
+		sold := 0
+		start := time.Now()
+		waitFor(t, 10*time.Second, "the 6 returned units sold again", func() bool {
+			r := envs[sold%3].buy(t, sku, fmt.Sprintf("late%d", sold), fmt.Sprintf("lb%d", sold), 1)
+			if r.status == 201 {
+				sold++
+			}
+			return sold == 6
+		})
+		t.Logf("returned units sold again within %v", time.Since(start).Round(time.Millisecond))
+		if r := envs[1].buy(t, sku, "late-extra", "x", 1); r.status != 409 {
+			t.Errorf("a 7th = %d %s, want 409", r.status, r.body)
+		}
+		got := envs[0].state(t, sku)
+		if got.Sold != 6 || got.Held != 0 {
+			t.Errorf("state %+v, want sold 6 held 0", got)
+		}
+		if left := settled(t, envs[0], sku); left != 0 {
+			t.Errorf("remaining %d", left)
+		}
+	})
+}
+
+// A retry of a committed request after the SKU's settings changed (an
+// admin lowered max_per_order, per_buyer, the program's cap or the hold
+// lifetime) is refused by the settings check before the ledger's record
+// of it is looked at: 422 or 409 instead of its order (invariant 3: the
+// same request gives the same answer).
+func TestAttackRetryAfterSettingsChange(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newEnv(t, driver)
+		sku := newSKU(t)
+		if r := e.do(t, http.MethodPut, adminPath(sku), nil, `{"total":100,"shards":1,"max_per_order":4,"per_buyer":4,"hold_ttl_max_seconds":3600}`); r.status != 200 {
+			t.Fatalf("PUT = %d %s", r.status, r.body)
+		}
+		b := e.buy(t, sku, "k", "ann", 4)
+		if b.status != 201 {
+			t.Fatalf("purchase = %d %s", b.status, b.body)
+		}
+		hr, _ := e.hold(t, sku, "h", "bob", 1, 3000)
+		if hr.status != 201 {
+			t.Fatalf("hold = %d %s", hr.status, hr.body)
+		}
+		for _, change := range []string{
+			`{"total":100,"shards":1,"max_per_order":2,"per_buyer":4,"hold_ttl_max_seconds":3600}`,
+			`{"total":100,"shards":1,"max_per_order":4,"per_buyer":2,"hold_ttl_max_seconds":3600}`,
+			`{"total":100,"shards":1,"max_per_order":4,"per_buyer":4,"hold_ttl_seconds":60,"hold_ttl_max_seconds":600}`,
+		} {
+			if r := e.do(t, http.MethodPut, adminPath(sku), nil, change); r.status != 200 {
+				t.Fatalf("PUT = %d %s", r.status, r.body)
+			}
+			if r := e.buy(t, sku, "k", "ann", 4); r.status != 201 || orderID(r) != orderID(b) {
+				t.Errorf("after %s: retry of the committed purchase = %d %s, want its order", change, r.status, r.body)
+			}
+			if r, _ := e.hold(t, sku, "h", "bob", 1, 3000); r.status != 201 {
+				t.Errorf("after %s: retry of the committed hold = %d %s, want its hold", change, r.status, r.body)
+			}
+		}
+	})
+}

@@ -160,10 +160,10 @@ func (ls *Lease) keepAlive() {
 		case <-t.C:
 		}
 		ctx, cancel := context.WithTimeout(ls.ctx, ls.l.opts.CallTimeout)
-		n, err := ls.l.renew.Run(ctx, ls.l.rdb, []string{ls.key}, ls.token, ls.l.opts.TTL.Milliseconds()).Int64()
+		code, err := replyCode(ls.l.renew.Run(ctx, ls.l.rdb, []string{ls.key}, ls.token, ls.l.opts.TTL.Milliseconds()))
 		cancel()
 		switch {
-		case err == nil && n == 1:
+		case err == nil && code == lua.LockDone:
 			renewed = time.Now()
 		case err == nil:
 			ls.cancel(ErrLost)
@@ -190,11 +190,11 @@ func (ls *Lease) Release(ctx context.Context) error {
 		ls.cancel(context.Canceled)
 		cctx, cancel := context.WithTimeout(ctx, ls.l.opts.CallTimeout)
 		defer cancel()
-		n, rerr := ls.l.unlock.Run(cctx, ls.l.rdb, []string{ls.key}, ls.token).Int64()
+		code, rerr := replyCode(ls.l.unlock.Run(cctx, ls.l.rdb, []string{ls.key}, ls.token))
 		switch {
 		case rerr != nil:
 			err = fmt.Errorf("lock: release %s: %w", ls.key, rerr)
-		case n == 0:
+		case code != lua.LockDone:
 			err = ErrLost
 		}
 	})
@@ -205,4 +205,16 @@ func newToken() string {
 	var b [16]byte
 	_, _ = crand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// replyCode reads a lock script's {code} reply: LockDone or LockNotOwner.
+func replyCode(cmd *redis.Cmd) (int64, error) {
+	v, err := cmd.Int64Slice()
+	if err != nil {
+		return 0, err
+	}
+	if len(v) != 1 || (v[0] != lua.LockDone && v[0] != lua.LockNotOwner) {
+		return 0, fmt.Errorf("lock: unexpected script reply %v", v)
+	}
+	return v[0], nil
 }

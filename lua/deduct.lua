@@ -23,12 +23,6 @@
 --  -2  bad argument; nothing moved
 --  -6  the shard is fenced: a re-seed is rebuilding it from the ledger;
 --      nothing moved
-local function int(s, lo, hi)
-  if type(s) ~= 'string' or #s > 18 or not string.match(s, '^%d+$') then return nil end
-  local n = tonumber(s)
-  if n < lo or n > hi then return nil end
-  return n
-end
 
 local max = int(ARGV[3], 1, 1e9)
 local q = max and int(ARGV[1], 1, max)

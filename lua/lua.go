@@ -1,79 +1,99 @@
 // Package lua embeds the Redis scripts stockgate runs, one operation per
-// file. Each file opens with its KEYS/ARGV contract and its integer return
-// codes; the Go side that calls a script lives in package shard.
+// file. Each file opens with its KEYS/ARGV contract and its return codes;
+// the Go side that calls a script lives in package shard, seats or lock.
 //
 // Every script touches only keys that share one hash tag (package keys makes
-// sure of that), and every script re-checks its numeric arguments, so a bug
-// in a caller cannot move stock by a fraction, a negative or a huge amount.
+// sure of that). Every script is run with prelude.lua in front of it, so
+// every one parses its arguments by the same rules (int, id), and a bug in
+// a caller cannot move stock by a fraction, a negative or a huge amount.
+// Every script replies with one shape: a table whose first element is its
+// code (the constants below), then its values. Go never branches on a
+// literal number from a script.
 package lua
 
 import _ "embed"
 
+//go:embed prelude.lua
+var prelude string
+
 // Seed sets a shard's allotment and available stock.
-//
+var Seed = prelude + seedBody
+
 //go:embed seed.lua
-var Seed string
+var seedBody string
 
 // Deduct takes stock from a shard, once per request id.
-//
+var Deduct = prelude + deductBody
+
 //go:embed deduct.lua
-var Deduct string
+var deductBody string
 
 // Restore gives a deduction back, once, capped at the shard's allotment.
-//
+var Restore = prelude + restoreBody
+
 //go:embed restore.lua
-var Restore string
+var restoreBody string
 
 // Refill adds units the ledger took back to a shard, once per return, at
 // the return's gate epoch only.
-//
+var Refill = prelude + refillBody
+
 //go:embed refill.lua
-var Refill string
+var refillBody string
 
 // Fence closes or reopens a shard to deductions during a re-seed.
-//
+var Fence = prelude + fenceBody
+
 //go:embed fence.lua
-var Fence string
+var fenceBody string
 
 // Read returns a shard's available stock, allotment, epoch and fence.
-//
+var Read = prelude + readBody
+
 //go:embed read.lua
-var Read string
+var readBody string
 
 // Unlock releases a coordination lock by compare-and-delete.
-//
+var Unlock = prelude + unlockBody
+
 //go:embed unlock.lua
-var Unlock string
+var unlockBody string
 
 // Renew extends a coordination lock by compare-and-expire.
-//
+var Renew = prelude + renewBody
+
 //go:embed renew.lua
-var Renew string
+var renewBody string
 
 // Quota counts a request against a buyer's per-SKU cap, once.
-//
+var Quota = prelude + quotaBody
+
 //go:embed quota.lua
-var Quota string
+var quotaBody string
 
 // Unquota releases a request's count, once.
-//
+var Unquota = prelude + unquotaBody
+
 //go:embed unquota.lua
-var Unquota string
+var unquotaBody string
 
 // SeatsHold holds seats of one section, all or nothing.
-//
+var SeatsHold = prelude + seatsHoldBody
+
 //go:embed seats_hold.lua
-var SeatsHold string
+var seatsHoldBody string
 
 // SeatsBest holds the best q adjacent free seats of a section.
-//
+var SeatsBest = prelude + seatsBestBody
+
 //go:embed seats_best.lua
-var SeatsBest string
+var seatsBestBody string
 
 // SeatsSet moves seats between states where they are in the expected one.
-//
+var SeatsSet = prelude + seatsSetBody
+
 //go:embed seats_set.lua
-var SeatsSet string
+var seatsSetBody string
 
 // Result codes shared by the scripts. They are small integers so the Go side
 // branches on numbers, never on strings.
@@ -87,6 +107,20 @@ const (
 	Stale     = -4 // restore of a deduction from before the last re-seed
 	Exists    = -5 // seed without overwrite found a live shard; nothing changed
 	Fenced    = -6 // the shard is closed while a re-seed rebuilds it; nothing moved
+)
+
+// Codes of seats_hold.lua and seats_best.lua.
+const (
+	SeatsHeld    = OK       // the seats are held by this hold now
+	SeatsAgain   = Already  // a retry: this hold held them already
+	SeatsTaken   = Empty    // held or sold by others (or no adjacent run free); nothing changed
+	SeatsUnknown = NoRecord // not in the section's map; nothing changed
+)
+
+// Codes of unlock.lua and renew.lua.
+const (
+	LockDone     = OK    // released, or extended
+	LockNotOwner = Empty // the lock is gone or another owner's; nothing changed
 )
 
 // Codes of refill.lua beyond the shared ones.

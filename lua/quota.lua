@@ -12,16 +12,10 @@
 --   2  this request was counted before; nothing changed
 --   0  the cap would be passed; nothing changed
 --  -2  bad argument
-local function int(s, lo, hi)
-  if type(s) ~= 'string' or #s > 18 or not string.match(s, '^%d+$') then return nil end
-  local n = tonumber(s)
-  if n < lo or n > hi then return nil end
-  return n
-end
 local q = int(ARGV[2], 1, 1e9)
 local cap = int(ARGV[3], 1, 1e9)
 local ttl = int(ARGV[4], 1000, 1e12)
-if not q or not cap or not ttl or type(ARGV[1]) ~= 'string' or #ARGV[1] == 0 then return {-2, 0} end
+if not q or not cap or not ttl or not id(ARGV[1]) then return {-2, 0} end
 
 local used = tonumber(redis.call('HGET', KEYS[1], 'used') or '0')
 if redis.call('HEXISTS', KEYS[1], 'r:' .. ARGV[1]) == 1 then return {2, used} end

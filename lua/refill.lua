@@ -22,12 +22,6 @@
 --  -1  the shard is not seeded; the rebuild that seeds it will count the
 --      units; nothing moved, nothing left to do
 --  -2  bad argument; nothing moved
-local function int(s, lo, hi)
-  if type(s) ~= 'string' or #s > 18 or not string.match(s, '^%d+$') then return nil end
-  local n = tonumber(s)
-  if n < lo or n > hi then return nil end
-  return n
-end
 
 local epoch = int(ARGV[1], 0, 1e15)
 local q = int(ARGV[2], 1, 1e9)

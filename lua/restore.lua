@@ -15,10 +15,7 @@
 --  -1  the shard is not seeded (Redis lost it); a re-seed from the ledger
 --      will count the units; marked restored, nothing moved
 --  -2  bad argument; nothing moved
-if type(ARGV[1]) ~= 'string' or #ARGV[1] > 18 or not string.match(ARGV[1], '^%d+$')
-  or tonumber(ARGV[1]) < 1 then
-  return {-2, 0, 0}
-end
+if not int(ARGV[1], 1, 1e15) then return {-2, 0, 0} end
 
 local rec = redis.call('HMGET', KEYS[2], 'q', 'gen', 'epoch', 'restored')
 if not rec[1] or rec[2] ~= ARGV[1] then return {-3, 0, 0} end

@@ -13,9 +13,9 @@
 --   2  this hold already held q seats here (a retry): those seats
 --   0  no q adjacent free seats; nothing changed
 --  -2  bad argument
-local hold = ARGV[1]
-local q = tonumber(ARGV[2])
-if not hold or hold == '' or not q or q < 1 or q > 64 or q ~= math.floor(q) then return {-2} end
+local hold = id(ARGV[1])
+local q = int(ARGV[2], 1, 64)
+if not hold or not q then return {-2} end
 
 local states = redis.call('HGETALL', KEYS[1])
 local state, mine = {}, {}

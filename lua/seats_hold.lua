@@ -10,8 +10,8 @@
 --   0  nothing changed; the seats listed are held or sold by others
 --  -3  nothing changed; the seats listed are not in the section's map
 --  -2  bad argument
-if #ARGV < 2 or ARGV[1] == '' then return {-2} end
-local hold = ARGV[1]
+local hold = id(ARGV[1])
+if #ARGV < 2 or not hold then return {-2} end
 local unknown, taken = {}, {}
 for i = 2, #ARGV do
   local v = redis.call('HGET', KEYS[1], ARGV[i])

@@ -9,8 +9,8 @@
 -- ARGV[2]  the state to set: a hold id, "S:" hold id, or "" (free)
 -- ARGV[3…] seat ids
 --
--- Returns {changed}: how many seats changed. Seats in any other state are
--- left alone, so a release by another hold's id frees nothing.
+-- Returns {1, changed}: how many seats changed. Seats in any other state
+-- are left alone, so a release by another hold's id frees nothing.
 local from, to, n = ARGV[1], ARGV[2], 0
 for i = 3, #ARGV do
   local v = redis.call('HGET', KEYS[1], ARGV[i])
@@ -19,4 +19,4 @@ for i = 3, #ARGV do
     n = n + 1
   end
 end
-return {n}
+return {1, n}

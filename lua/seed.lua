@@ -14,12 +14,6 @@
 --   1  seeded at epoch ARGV[4]
 --  -5  the shard exists and ARGV[3] was "0"; nothing changed
 --  -2  bad argument; nothing changed
-local function int(s, lo, hi)
-  if type(s) ~= 'string' or #s > 18 or not string.match(s, '^%d+$') then return nil end
-  local n = tonumber(s)
-  if n < lo or n > hi then return nil end
-  return n
-end
 
 local allot = int(ARGV[2], 0, 1e15)
 local avail = allot and int(ARGV[1], 0, allot)

@@ -7,6 +7,8 @@
 -- Returns {code, used}:
 --   1  released; used is the buyer's new total (never below 0)
 --  -3  no such request counted here (never, released before, or expired)
+--  -2  bad argument
+if not id(ARGV[1]) then return {-2, 0} end
 local q = redis.call('HGET', KEYS[1], 'r:' .. ARGV[1])
 if not q then return {-3, 0} end
 redis.call('HDEL', KEYS[1], 'r:' .. ARGV[1])

@@ -125,9 +125,9 @@ func (s *Store) Best(ctx context.Context, sku stock.SKU, section, holdID string,
 		return nil, fmt.Errorf("seats: best: %w", err)
 	}
 	switch code, _ := v[0].(int64); code {
-	case 1, 2:
+	case lua.SeatsHeld, lua.SeatsAgain:
 		return strs(v[1:]), nil
-	case 0:
+	case lua.SeatsTaken:
 		return nil, ErrNoAdjacent
 	}
 	return nil, fmt.Errorf("seats: best: unexpected reply %v", v)
@@ -155,11 +155,11 @@ func (s *Store) Hold(ctx context.Context, sku stock.SKU, section, holdID string,
 	}
 	code, _ := v[0].(int64)
 	switch code {
-	case 1:
+	case lua.SeatsHeld:
 		return nil
-	case 0:
+	case lua.SeatsTaken:
 		return &SeatError{Err: ErrTaken, Seats: strs(v[1:])}
-	case -3:
+	case lua.SeatsUnknown:
 		return &SeatError{Err: ErrUnknownSeat, Seats: strs(v[1:])}
 	}
 	return fmt.Errorf("seats: hold: unexpected reply %v", v)
@@ -194,10 +194,13 @@ func (s *Store) Sell(ctx context.Context, sku stock.SKU, section, holdID string,
 func (s *Store) count(ctx context.Context, sku stock.SKU, section, from, to string, ids []string) (int, error) {
 	args := append([]any{from, to}, anys(ids)...)
 	v, err := s.set.Run(ctx, s.rdb, []string{keys.Seats(sku.Program, sku.Ticket, section)}, args...).Int64Slice()
-	if err != nil || len(v) != 1 {
-		return 0, fmt.Errorf("seats: set: %v %w", v, err)
+	if err != nil {
+		return 0, fmt.Errorf("seats: set: %w", err)
 	}
-	return int(v[0]), nil
+	if len(v) != 2 || v[0] != lua.OK {
+		return 0, fmt.Errorf("seats: set: unexpected script reply %v", v)
+	}
+	return int(v[1]), nil
 }
 
 func (s *Store) move(ctx context.Context, sku stock.SKU, section, from, to string, ids []string) error {

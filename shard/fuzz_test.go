@@ -2,6 +2,7 @@ package shard_test
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"testing"
 
@@ -154,6 +155,60 @@ func FuzzSeedArgs(f *testing.F) {
 		}
 		if valid && v[0] == lua.BadArg {
 			t.Fatalf("seed(%q, %q, %q, %q) refused valid arguments", avail, allot, mode, epoch)
+		}
+	})
+}
+
+// FuzzScriptReplies: every script, given any arguments, answers in the one
+// shape (a table whose first element is one of its documented codes) and
+// never fails with a Lua error.
+func FuzzScriptReplies(f *testing.F) {
+	f.Add(uint8(0), "1", "1", "4", "60000")
+	f.Add(uint8(3), "r1", "2", "4", "60000")
+	f.Add(uint8(5), "h1", "A-01", "A-02", "")
+	f.Add(uint8(6), "h1", "3", "", "")
+	f.Add(uint8(7), "", "h1", "A-01", "")
+	f.Add(uint8(8), "tok", "1000", "", "")
+	f.Add(uint8(9), "1", "x", "", "")
+	rdb, k, _ := fuzzShard(f)
+	tag := k.Stock()
+	seatsKey := keys.Seats("fuzz", "t", "A")
+	scripts := []struct {
+		name  string
+		src   string
+		keys  []string
+		codes []int64
+	}{
+		{"deduct", lua.Deduct, []string{tag, k.Deduction("fz")}, []int64{lua.OK, lua.Already, lua.Empty, lua.NotSeeded, lua.BadArg, lua.Fenced}},
+		{"restore", lua.Restore, []string{tag, k.Deduction("fz")}, []int64{lua.OK, lua.Already, lua.NoRecord, lua.Stale, lua.NotSeeded, lua.BadArg}},
+		{"refill", lua.Refill, []string{tag, k.Refill("fz")}, []int64{lua.OK, lua.Already, lua.RefillCounted, lua.RefillNotYet, lua.NotSeeded, lua.BadArg}},
+		{"quota", lua.Quota, []string{keys.Quota("fuzz", "t", "b")}, []int64{lua.OK, lua.Already, lua.Empty, lua.BadArg}},
+		{"unquota", lua.Unquota, []string{keys.Quota("fuzz", "t", "b")}, []int64{lua.OK, lua.NoRecord, lua.BadArg}},
+		{"seats_hold", lua.SeatsHold, []string{seatsKey}, []int64{lua.SeatsHeld, lua.SeatsTaken, lua.SeatsUnknown, lua.BadArg}},
+		{"seats_best", lua.SeatsBest, []string{seatsKey, keys.SeatLayout("fuzz", "t", "A")}, []int64{lua.SeatsHeld, lua.SeatsAgain, lua.SeatsTaken, lua.BadArg}},
+		{"seats_set", lua.SeatsSet, []string{seatsKey}, []int64{lua.OK}},
+		{"renew", lua.Renew, []string{keys.Lock("fuzz", "t", "fz")}, []int64{lua.LockDone, lua.LockNotOwner, lua.BadArg}},
+		{"fence", lua.Fence, []string{tag}, []int64{lua.OK, lua.BadArg}},
+		{"unlock", lua.Unlock, []string{keys.Lock("fuzz", "t", "fz")}, []int64{lua.LockDone, lua.LockNotOwner, lua.BadArg}},
+		{"read", lua.Read, []string{tag}, []int64{lua.OK, lua.NotSeeded}},
+		{"seed", lua.Seed, []string{tag}, []int64{lua.OK, lua.Exists, lua.BadArg}},
+	}
+	for _, sc := range scripts {
+		for _, key := range sc.keys {
+			if keys.KeySlot(key) != keys.KeySlot(sc.keys[0]) {
+				f.Fatalf("%s: keys in two slots", sc.name)
+			}
+		}
+	}
+	f.Fuzz(func(t *testing.T, which uint8, a, b, c, d string) {
+		sc := scripts[int(which)%len(scripts)]
+		v, err := redis.NewScript(sc.src).Run(context.Background(), rdb, sc.keys, a, b, c, d).Slice()
+		if err != nil {
+			t.Fatalf("%s(%q, %q, %q, %q): %v", sc.name, a, b, c, d, err)
+		}
+		code, ok := v[0].(int64)
+		if !ok || !slices.Contains(sc.codes, code) {
+			t.Fatalf("%s(%q, %q, %q, %q) = %v: not {code, ...} with a documented code", sc.name, a, b, c, d, v)
 		}
 	})
 }

@@ -4,7 +4,7 @@ RUN_DIR := .run
 GO ?= go
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run stop test bench fuzz deps-redis deps-postgres deps-promtool build vet
+.PHONY: run stop test bench compare fuzz deps-redis deps-postgres deps-promtool build vet
 
 build:
 	$(GO) build -o $(RUN_DIR)/stockgate ./cmd/stockgate
@@ -63,6 +63,12 @@ vet:
 test: deps-redis deps-postgres deps-promtool vet
 	$(GO) test -race -count=1 -timeout 15m ./...
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=1000x
+
+# The flash sale and the sold-out storm through the build at BASE and the
+# working tree, side by side in interleaved rounds (about 5 minutes).
+BASE ?= HEAD~1
+compare: deps-redis deps-postgres
+	$(GO) run ./cmd/stockbench compare -base $(BASE)
 
 # Each fuzz target for FUZZTIME inputs (default 200000x): request parsing,
 # and every stock script's argument parsing against a real Redis Cluster.

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"unicode"
 
 	"github.com/gin-gonic/gin"
 )
@@ -100,10 +101,14 @@ func duplicateMember(raw []byte) error {
 			continue
 		case string:
 			if top != nil && top.object && top.key {
-				if top.seen[t] {
-					return fmt.Errorf("member %q appears twice", t)
+				// encoding/json matches member names without regard to
+				// case ("QUANTITY" sets quantity), so names that fold to
+				// one are one member.
+				f := foldName(t)
+				if top.seen[f] {
+					return fmt.Errorf("member %q appears twice (names are matched without regard to case)", t)
 				}
-				top.seen[t] = true
+				top.seen[f] = true
 				top.key = false
 				continue
 			}
@@ -112,6 +117,21 @@ func duplicateMember(raw []byte) error {
 			top.key = true // a scalar value: a member name comes next
 		}
 	}
+}
+
+// foldName maps every rune to the smallest of its Unicode case-folding
+// orbit, so two names encoding/json would match map to one string (this
+// covers its special cases too: the Kelvin sign and the long s).
+func foldName(name string) string {
+	b := make([]rune, 0, len(name))
+	for _, r := range name {
+		least := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			least = min(least, f)
+		}
+		b = append(b, least)
+	}
+	return string(b)
 }
 
 func kindOf(e *json.UnmarshalTypeError) string {

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 	"errors"
 	"net/http"
 	"strconv"
@@ -279,23 +280,40 @@ func validBuyer(c *gin.Context, buyer string) bool {
 	return true
 }
 
+// errOverCap: one request asks for more than the program's per-buyer cap
+// (no count needed to refuse it).
+var errOverCap = fmt.Errorf("%w: one request over the cap", stock.ErrLimit)
+
 // quotaTicket is a request's counts against its buyer's caps at the gate
 // (the SKU's, the program's); release gives them back when the request did
 // not end in a commit.
 type quotaTicket struct {
 	s        *Server
 	scopes   []stock.SKU
+	fresh    []stock.SKU // the scopes this attempt counted (not counted before)
 	buyer    string
 	key      string
 	released bool
 }
 
+// release gives back the request's counts: it did not commit.
 func (q *quotaTicket) release(ctx context.Context) {
 	if q == nil || q.released {
 		return
 	}
 	q.released = true
 	q.s.releaseQuota(ctx, q.scopes, q.buyer, q.key)
+}
+
+// replayed gives back the counts this attempt made for a request that had
+// committed before: its own counts stand (or were given back with its
+// stock, by a refund or a cancel), so a count made again is one too many.
+func (q *quotaTicket) replayed(ctx context.Context) {
+	if q == nil || q.released || len(q.fresh) == 0 {
+		return
+	}
+	q.released = true
+	q.s.releaseQuota(ctx, q.fresh, q.buyer, q.key)
 }
 
 func (s *Server) releaseQuota(ctx context.Context, scopes []stock.SKU, buyer, key string) {
@@ -318,7 +336,7 @@ func (s *Server) takeQuota(ctx context.Context, w want, st ledger.SKUState) (*qu
 		return nil, err
 	}
 	if programCap > 0 && w.q > programCap {
-		return nil, stock.ErrLimit
+		return nil, errOverCap
 	}
 	t := &quotaTicket{s: s, buyer: w.buyer, key: w.req.gateID()}
 	for _, c := range []struct {
@@ -328,14 +346,19 @@ func (s *Server) takeQuota(ctx context.Context, w want, st ledger.SKUState) (*qu
 		if c.cap == 0 {
 			continue
 		}
-		err := s.redis(ctx, func(ctx context.Context) error {
-			return s.gate.TakeQuota(ctx, c.scope, w.buyer, w.req.gateID(), w.q, c.cap)
+		var fresh bool
+		err := s.redis(ctx, func(ctx context.Context) (err error) {
+			fresh, err = s.gate.TakeQuota(ctx, c.scope, w.buyer, w.req.gateID(), w.q, c.cap)
+			return err
 		})
 		if err != nil {
 			t.release(ctx)
 			return nil, err
 		}
 		t.scopes = append(t.scopes, c.scope)
+		if fresh {
+			t.fresh = append(t.fresh, c.scope)
+		}
 	}
 	if len(t.scopes) == 0 {
 		return nil, nil

@@ -257,16 +257,19 @@ func (s *Server) takeOnce(ctx context.Context, w want) (_ answer, stale bool) {
 		s.log.ErrorContext(ctx, "load sku settings", "sku", w.sku.String(), "err", err)
 		return ansUnavailable, false
 	}
+	// Refusals decided by the SKU's settings: a retry of a request that
+	// committed under earlier settings still gets its answer (a lookup is
+	// cheap on these rare paths).
 	if w.q > st.MaxPerOrder {
-		return refuse(http.StatusUnprocessableEntity, "quantity-over-limit",
-			fmt.Sprintf("quantity %d over this ticket's maximum of %d per order", w.q, st.MaxPerOrder)), false
+		return s.lookupOr(ctx, w.req, refuse(http.StatusUnprocessableEntity, "quantity-over-limit",
+			fmt.Sprintf("quantity %d over this ticket's maximum of %d per order", w.q, st.MaxPerOrder))), false
 	}
 	if w.hold && w.ttl != 0 && (w.ttl < ledger.MinHoldTTL || w.ttl > st.HoldTTLMax) {
-		return refuse(http.StatusUnprocessableEntity, "invalid-field",
-			fmt.Sprintf("ttl_seconds must be in %d..%d for this ticket", int(ledger.MinHoldTTL.Seconds()), int(st.HoldTTLMax.Seconds()))), false
+		return s.lookupOr(ctx, w.req, refuse(http.StatusUnprocessableEntity, "invalid-field",
+			fmt.Sprintf("ttl_seconds must be in %d..%d for this ticket", int(ledger.MinHoldTTL.Seconds()), int(st.HoldTTLMax.Seconds())))), false
 	}
 	if st.Seated {
-		return refuse(http.StatusConflict, "seated", "this ticket sells specific seats: use seat holds"), false
+		return s.lookupOr(ctx, w.req, refuse(http.StatusConflict, "seated", "this ticket sells specific seats: use seat holds")), false
 	}
 	if !st.EndedAt.IsZero() {
 		return s.closed(ctx, w, ansSaleEnded), false
@@ -275,7 +278,7 @@ func (s *Server) takeOnce(ctx context.Context, w want) (_ answer, stale bool) {
 		return s.closed(ctx, w, ansSoldOut), false
 	}
 	if st.PerBuyer > 0 && w.q > st.PerBuyer {
-		return ansLimit, false // more than the cap in one request; no count needed
+		return s.lookupOr(ctx, w.req, ansLimit), false // more than the cap in one request; no count needed
 	}
 	if st.GateStale() && s.breaker.State() == breaker.Closed {
 		// The ledger sold around Redis: rebuild before Redis serves again.
@@ -286,6 +289,8 @@ func (s *Server) takeOnce(ctx context.Context, w want) (_ answer, stale bool) {
 
 	quota, qerr := s.takeQuota(ctx, w, st)
 	switch {
+	case errors.Is(qerr, errOverCap):
+		return s.lookupOr(ctx, w.req, ansLimit), false
 	case errors.Is(qerr, stock.ErrLimit):
 		// A retry of a request that was counted passes (its count is kept
 		// per request id), so a flood from one buyer stops here without a
@@ -311,14 +316,13 @@ func (s *Server) takeOnce(ctx context.Context, w want) (_ answer, stale bool) {
 	}
 	switch {
 	case errors.Is(err, stock.ErrSoldOut):
-		quota.release(ctx)
 		if d.Left == 0 {
 			// Only an empty SKU is remembered as sold out: 3 left is sold
 			// out for a buyer of 4, not for a buyer of 1.
 			s.markSoldOut(w.sku)
-			return s.counted(pathGate, s.closed(ctx, w, ansSoldOut)), false
+			return s.counted(pathGate, s.refusedTake(ctx, w, quota, ansSoldOut, true)), false
 		}
-		return s.counted(pathGate, s.lookupOr(ctx, w.req, ansSoldOut)), false
+		return s.counted(pathGate, s.refusedTake(ctx, w, quota, ansSoldOut, false)), false
 	case err != nil && notRun(err):
 		// Nothing moved in Redis: the ledger can take this one directly.
 		quota.release(ctx)
@@ -349,6 +353,7 @@ func (s *Server) takeOnce(ctx context.Context, w want) (_ answer, stale bool) {
 			s.log.ErrorContext(ctx, "lookup request", "err", err)
 			return s.counted(pathGate, ansUnavailable), false
 		} else if ok {
+			quota.replayed(ctx)
 			return a, false
 		}
 	}
@@ -357,6 +362,10 @@ func (s *Server) takeOnce(ctx context.Context, w want) (_ answer, stale bool) {
 	giveBack := func() {
 		s.giveBack(ctx, w.sku, w.req.gateID(), d.Parts)
 		quota.release(ctx)
+	}
+	refused := func(refusal answer, closed bool) answer {
+		s.giveBack(ctx, w.sku, w.req.gateID(), d.Parts)
+		return s.counted(pathGate, s.refusedTake(ctx, w, quota, refusal, closed))
 	}
 	switch {
 	case err == nil:
@@ -367,6 +376,7 @@ func (s *Server) takeOnce(ctx context.Context, w want) (_ answer, stale bool) {
 		// replica, through the ledger fallback, or before a Redis re-send).
 		// Give back only what its order does not stand on.
 		s.giveBackUnused(ctx, w, d.Parts)
+		quota.replayed(ctx)
 		a.replayed = true
 		return a, false
 	case errors.Is(err, ledger.ErrKeyReused):
@@ -374,21 +384,19 @@ func (s *Server) takeOnce(ctx context.Context, w want) (_ answer, stale bool) {
 		return ansKeyReused, false
 	case errors.Is(err, ledger.ErrStaleGate):
 		// The gate was rebuilt after it admitted this request: the rebuild
-		// wiped this deduction (a give-back of it is refused as stale).
-		quota.release(ctx)
+		// wiped this deduction (a give-back of it is refused as stale). The
+		// quota count stays: the retake counts under the same request id
+		// (once), and a copy of this request on another replica may commit.
 		return answer{}, true
 	case errors.Is(err, stock.ErrSoldOut):
 		// Redis admitted what the ledger refuses: Redis was ahead of the
 		// truth (a write lost in a failover, sales around it). The ledger wins.
 		s.metrics.ledgerRefusals.Inc()
-		giveBack()
-		return s.counted(pathGate, s.lookupOr(ctx, w.req, ansSoldOut)), false
+		return refused(ansSoldOut, false), false
 	case errors.Is(err, stock.ErrLimit):
-		giveBack()
-		return s.counted(pathGate, s.lookupOr(ctx, w.req, ansLimit)), false
+		return refused(ansLimit, false), false
 	case errors.Is(err, stock.ErrSaleEnded):
-		giveBack()
-		return s.counted(pathGate, s.closed(ctx, w, ansSaleEnded)), false
+		return refused(ansSaleEnded, true), false
 	case errors.Is(err, ledger.ErrNotCommitted):
 		s.log.ErrorContext(ctx, "ledger commit", "sku", w.sku.String(), "err", err)
 		giveBack()
@@ -406,6 +414,25 @@ func (s *Server) takeOnce(ctx context.Context, w want) (_ answer, stale bool) {
 	// Otherwise the stock stays taken in Redis: under-selling until the
 	// drift check repairs it is the safe side of not knowing.
 	return s.counted(pathGate, ansUnavailable), false
+}
+
+// refusedTake answers a take refused after its quota was counted: with the
+// replay when the request had committed before (giving back only counts
+// this attempt made), else with the refusal (giving the counts back).
+// closed means the SKU takes no more requests (see closed).
+func (s *Server) refusedTake(ctx context.Context, w want, quota *quotaTicket, refusal answer, closed bool) answer {
+	var a answer
+	if closed {
+		a = s.closed(ctx, w, refusal)
+	} else {
+		a = s.lookupOr(ctx, w.req, refusal)
+	}
+	if a.replayed {
+		quota.replayed(ctx)
+	} else {
+		quota.release(ctx)
+	}
+	return a
 }
 
 // giveBackUnused returns the parts of this attempt's deduction that the

@@ -258,7 +258,9 @@ func (s *Server) checkDrift(ctx context.Context, prev map[stock.SKU]driftSeen) m
 			if ctx.Err() != nil {
 				return prev
 			}
-			left += st.Remaining()
+			if st.EndedAt.IsZero() {
+				left += st.Remaining()
+			}
 			if st.Seated {
 				seatDiffs += s.checkSeatsPeriodic(ctx, st.SKU)
 				continue
@@ -267,10 +269,14 @@ func (s *Server) checkDrift(ctx context.Context, prev map[stock.SKU]driftSeen) m
 				continue
 			}
 			d, ok := s.driftOf(ctx, st)
-			if !ok || d.redis == st.Remaining() {
+			want := st.Remaining()
+			if !st.EndedAt.IsZero() {
+				want = 0 // an ended sale's gate is rebuilt empty: it admits no one
+			}
+			if !ok || d.redis == want {
 				continue
 			}
-			units += abs(st.Remaining() - d.redis)
+			units += abs(want - d.redis)
 			skus++
 			if p, ok := prev[st.SKU]; ok && p == d {
 				if err := s.reseed(ctx, st.SKU, reasonDrift, true); err != nil {

@@ -198,12 +198,12 @@ func (s *Server) takeSeats(ctx context.Context, sku stock.SKU, r request, buyer 
 	case err != nil:
 		return ansUnavailable
 	case !st.Seated:
-		return refuse(http.StatusConflict, "not-seated", "this ticket has no seat map; use holds or purchases")
+		return s.lookupOr(ctx, r, refuse(http.StatusConflict, "not-seated", "this ticket has no seat map; use holds or purchases"))
 	case int64(len(ids)) > st.MaxPerOrder:
-		return refuse(http.StatusUnprocessableEntity, "quantity-over-limit",
-			fmt.Sprintf("%d seats over this ticket's maximum of %d per order", len(ids), st.MaxPerOrder))
+		return s.lookupOr(ctx, r, refuse(http.StatusUnprocessableEntity, "quantity-over-limit",
+			fmt.Sprintf("%d seats over this ticket's maximum of %d per order", len(ids), st.MaxPerOrder)))
 	case ttl != 0 && (ttl < ledger.MinHoldTTL || ttl > st.HoldTTLMax):
-		return refuse(http.StatusUnprocessableEntity, "invalid-field", "ttl_seconds out of this ticket's bounds")
+		return s.lookupOr(ctx, r, refuse(http.StatusUnprocessableEntity, "invalid-field", "ttl_seconds out of this ticket's bounds"))
 	case !st.EndedAt.IsZero():
 		return s.lookupOr(ctx, r, ansSaleEnded)
 	}
@@ -272,6 +272,15 @@ func (s *Server) takeSeats(ctx context.Context, sku stock.SKU, r request, buyer 
 	case err == nil:
 		return answer{status: http.StatusCreated, hold: &got}
 	case errors.Is(err, ledger.ErrDuplicate):
+		// A retry of a committed seat hold. If that hold has ended since
+		// (cancelled, expired, its order refunded), its seats were freed,
+		// and this attempt just took them again under the same owner:
+		// give them back.
+		if cur, herr := s.ledger.HoldByID(ctx, got.ID); herr == nil && cur.State != ledger.Held {
+			if cur.State != ledger.Confirmed || s.orderRefunded(ctx, cur.OrderID) {
+				release()
+			}
+		}
 		return answer{status: http.StatusCreated, hold: &got, replayed: true}
 	case errors.Is(err, ledger.ErrKeyReused):
 		release()
@@ -294,6 +303,13 @@ func (s *Server) takeSeats(ctx context.Context, sku stock.SKU, r request, buyer 
 	}
 	s.log.ErrorContext(ctx, "seat hold commit", "sku", sku.String(), "err", err)
 	return s.lookupOr(ctx, r, ansUnavailable)
+}
+
+// orderRefunded reports whether the order was refunded (false when it
+// cannot be read: keeping the seats taken is the safe side).
+func (s *Server) orderRefunded(ctx context.Context, id string) bool {
+	o, err := s.ledger.OrderByID(ctx, id)
+	return err == nil && !o.RefundedAt.IsZero()
 }
 
 // takeBestSeats picks the best q adjacent free seats of a section (in

@@ -54,7 +54,7 @@ type Gate interface {
 	Seed(ctx context.Context, sku stock.SKU, n int, remaining, epoch int64, overwrite bool) error
 	Refill(ctx context.Context, sku stock.SKU, n int, returnID string, epoch, q int64) (int, error)
 	Fence(ctx context.Context, sku stock.SKU, n int, closed bool) error
-	TakeQuota(ctx context.Context, sku stock.SKU, buyer, requestID string, q, limit int64) error
+	TakeQuota(ctx context.Context, sku stock.SKU, buyer, requestID string, q, limit int64) (bool, error)
 	ReleaseQuota(ctx context.Context, sku stock.SKU, buyer, requestID string) error
 	Read(ctx context.Context, sku stock.SKU, n int) ([]shard.ShardStock, error)
 	Remaining(ctx context.Context, sku stock.SKU, n int) (int64, bool, error)

@@ -584,29 +584,32 @@ func (s *Store) Remaining(ctx context.Context, sku stock.SKU, n int) (int64, boo
 
 // TakeQuota counts q units of a request against the buyer's cap on the SKU
 // (or on the whole program when sku.Ticket is ""), once per request id;
-// stock.ErrLimit when the cap would be passed.
-func (s *Store) TakeQuota(ctx context.Context, sku stock.SKU, buyer, requestID string, q, limit int64) error {
+// stock.ErrLimit when the cap would be passed. fresh reports that this call
+// counted them (false: the request was counted before).
+func (s *Store) TakeQuota(ctx context.Context, sku stock.SKU, buyer, requestID string, q, limit int64) (fresh bool, err error) {
 	if err := quotaScope(sku); err != nil {
-		return err
+		return false, err
 	}
 	if keys.CheckID(buyer) != nil || keys.CheckID(requestID) != nil || q < 1 || limit < 1 {
-		return fmt.Errorf("%w: quota for %q/%q q %d limit %d", stock.ErrInvalid, buyer, requestID, q, limit)
+		return false, fmt.Errorf("%w: quota for %q/%q q %d limit %d", stock.ErrInvalid, buyer, requestID, q, limit)
 	}
 	v, err := s.quota.Run(ctx, s.rdb, []string{keys.Quota(sku.Program, sku.Ticket, buyer)},
 		requestID, q, limit, s.recordTTL).Int64Slice()
 	if err != nil {
-		return fmt.Errorf("quota: %w", err)
+		return false, fmt.Errorf("quota: %w", err)
 	}
 	if len(v) != 2 {
-		return fmt.Errorf("quota: %w: %v", ErrScript, v)
+		return false, fmt.Errorf("quota: %w: %v", ErrScript, v)
 	}
 	switch v[0] {
-	case lua.OK, lua.Already:
-		return nil
+	case lua.OK:
+		return true, nil
+	case lua.Already:
+		return false, nil
 	case lua.Empty:
-		return stock.ErrLimit
+		return false, stock.ErrLimit
 	}
-	return fmt.Errorf("quota: %w: code %d", ErrScript, v[0])
+	return false, fmt.Errorf("quota: %w: code %d", ErrScript, v[0])
 }
 
 // ReleaseQuota takes a request's units off the buyer's count, once.

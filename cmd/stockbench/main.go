@@ -7,6 +7,9 @@
 //	    starts its own Redis Cluster and PostgreSQL, runs stockgate and the
 //	    approaches it replaces side by side on this machine, and writes the
 //	    benchmark document (what `make bench` runs).
+//	stockbench compare -base REV
+//	    the flash sale and the sold-out storm through the build at REV and
+//	    the working tree side by side, interleaved (`make compare BASE=REV`).
 package main
 
 import (
@@ -35,6 +38,8 @@ func main() {
 		err = runCmd(os.Args[2:])
 	case "suite":
 		err = suiteCmd(os.Args[2:])
+	case "compare":
+		err = compareCmd(os.Args[2:])
 	default:
 		usage()
 	}
@@ -45,7 +50,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: stockbench run [flags] | stockbench suite [flags]; -h for flags")
+	fmt.Fprintln(os.Stderr, "usage: stockbench run [flags] | stockbench suite [flags] | stockbench compare [flags]; -h for flags")
 	os.Exit(2)
 }
 

@@ -42,8 +42,8 @@ func newReplays(l Ledger, idle time.Duration) (*replays, error) {
 }
 
 type keySet struct {
-	mu      sync.Mutex
-	keys    map[string]struct{} // scope \x00 key
+	mu      sync.RWMutex
+	keys    map[scopedKey]struct{}
 	version int64               // the SKU row version read up to
 	sealed  bool
 	started int           // reads started
@@ -51,13 +51,26 @@ type keySet struct {
 	cur     chan struct{} // closed when the read in flight ends
 }
 
+type scopedKey struct{ scope, key string }
+
 // committed reports whether (scope, key) committed a request that took
 // stock of the SKU.
 func (r *replays) committed(ctx context.Context, sku stock.SKU, scope, key string) (bool, error) {
-	ks, _ := r.sets.ComputeIfAbsent(sku, func() (*keySet, bool) {
-		return &keySet{keys: map[string]struct{}{}}, false
-	})
-	id := scope + "\x00" + key
+	ks, ok := r.sets.GetIfPresent(sku)
+	if !ok {
+		ks, _ = r.sets.ComputeIfAbsent(sku, func() (*keySet, bool) {
+			return &keySet{keys: map[scopedKey]struct{}{}}, false
+		})
+	}
+	id := scopedKey{scope, key}
+	// The storm's path: a sealed set answers under a read lock.
+	ks.mu.RLock()
+	_, found := ks.keys[id]
+	sealed := ks.sealed
+	ks.mu.RUnlock()
+	if found || sealed {
+		return found, nil
+	}
 	ks.mu.Lock()
 	if _, ok := ks.keys[id]; ok || ks.sealed {
 		ks.mu.Unlock()
@@ -82,7 +95,7 @@ func (r *replays) committed(ctx context.Context, sku stock.SKU, scope, key strin
 				return false, err
 			}
 			for _, k := range c.Keys {
-				ks.keys[k.Scope+"\x00"+k.Key] = struct{}{}
+				ks.keys[scopedKey{k.Scope, k.Key}] = struct{}{}
 			}
 			if c.Version > ks.version {
 				ks.version = c.Version
@@ -104,9 +117,9 @@ func (r *replays) committed(ctx context.Context, sku stock.SKU, scope, key strin
 			break
 		}
 	}
-	_, ok := ks.keys[id]
+	_, found = ks.keys[id]
 	ks.mu.Unlock()
-	return ok, nil
+	return found, nil
 }
 
 // unseal makes the next miss read the ledger again: stock may have come

@@ -2,9 +2,12 @@ package ledger
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/stockgate/stockgate/stock"
@@ -151,32 +154,38 @@ func (l *Ledger) tryBatch(ctx context.Context, orders []Order, live []int, now t
 		}
 		return compare(ra.Key, rb.Key)
 	})
+	// Claims and order rows in one statement each, not one round trip per
+	// order: winners are what the ledger is busy with.
+	taken, err := claimAll(ctx, tx, orders, byKey, now.UnixMilli())
+	if err != nil {
+		return stock.SKU{}, nil, nil, err
+	}
+	var fresh []int
 	for _, i := range byKey {
-		o := orders[i]
-		if !o.Req.IsZero() {
-			err := claim(ctx, tx, o.Req, o.SKU, encodeSnapshot(&o, nil), now.UnixMilli())
-			if errors.Is(err, errTaken) {
-				dups = append(dups, i)
-				continue
-			}
-			if err != nil {
-				return stock.SKU{}, nil, nil, err
-			}
+		if taken[i] {
+			dups = append(dups, i)
+			continue
 		}
-		g := skuEpoch{o.SKU, o.GateEpoch}
-		o.TakeEpoch = o.GateEpoch
+		orders[i].TakeEpoch = orders[i].GateEpoch
 		if direct {
-			g.epoch, o.TakeEpoch = -1, read[o.SKU].GateEpoch
+			orders[i].TakeEpoch = read[orders[i].SKU].GateEpoch
 		}
-		inserted, err := insertOrder(ctx, tx, o)
-		if err != nil {
-			return stock.SKU{}, nil, nil, err
-		}
-		if !inserted {
+		fresh = append(fresh, i)
+	}
+	inserted, err := insertOrders(ctx, tx, orders, fresh)
+	if err != nil {
+		return stock.SKU{}, nil, nil, err
+	}
+	for _, i := range fresh {
+		o := orders[i]
+		if !inserted[o.IdempotencyKey] {
 			dups = append(dups, i) // a row key taken: only internal writes get here
 			continue
 		}
-		orders[i].TakeEpoch = o.TakeEpoch
+		g := skuEpoch{o.SKU, o.GateEpoch}
+		if direct {
+			g.epoch = -1
+		}
 		sums[g] += o.Quantity
 		if buyers[o.SKU] == nil {
 			buyers[o.SKU] = map[string]int64{}
@@ -251,6 +260,124 @@ func (l *Ledger) tryBatch(ctx context.Context, orders []Order, live []int, now t
 		return stock.SKU{}, nil, nil, fmt.Errorf("ledger: batch: commit: %w", err)
 	}
 	return stock.SKU{}, nil, dups, nil
+}
+
+// rowsPerStatement bounds one multi-row statement (PostgreSQL takes at most
+// 65,535 parameters; SQLite 32,766).
+const rowsPerStatement = 500
+
+// placeholders is "($k+1, ..., $k+n)" for a row of n parameters after k.
+func placeholders(k, n int) string {
+	var b strings.Builder
+	b.WriteByte('(')
+	for j := range n {
+		if j > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteByte('$')
+		b.WriteString(strconv.Itoa(k + j + 1))
+	}
+	b.WriteByte(')')
+	return b.String()
+}
+
+// claimAll claims the client requests of orders[idx], in that order, in
+// multi-row statements, and returns the indexes whose key was taken
+// already (or earlier in the same batch).
+func claimAll(ctx context.Context, tx *sql.Tx, orders []Order, idx []int, now int64) (map[int]bool, error) {
+	taken := map[int]bool{}
+	first := map[ScopedKey]int{}
+	var rows []int
+	for _, i := range idx {
+		r := orders[i].Req
+		if r.IsZero() {
+			continue
+		}
+		if err := r.validate(); err != nil {
+			return nil, err
+		}
+		k := ScopedKey{r.Scope, r.Key}
+		if _, dup := first[k]; dup {
+			taken[i] = true // the same key twice in one batch: the first claims it
+			continue
+		}
+		first[k] = i
+		rows = append(rows, i)
+	}
+	for len(rows) > 0 {
+		chunk := rows[:min(len(rows), rowsPerStatement)]
+		rows = rows[len(chunk):]
+		var vals []string
+		var args []any
+		for _, i := range chunk {
+			o := orders[i]
+			vals = append(vals, placeholders(len(args), 8))
+			args = append(args, o.Req.Scope, o.Req.Key, o.Req.Fingerprint, o.Req.Op, o.SKU.Program, o.SKU.Ticket,
+				encodeSnapshot(&o, nil), now)
+		}
+		got, err := tx.QueryContext(ctx, `INSERT INTO requests (scope, idem_key, fingerprint, op, program, ticket, result, created_at)
+			VALUES `+strings.Join(vals, ", ")+` ON CONFLICT (scope, idem_key) DO NOTHING RETURNING scope, idem_key`, args...)
+		if err != nil {
+			return nil, notCommitted("claim requests", err)
+		}
+		claimed := map[ScopedKey]bool{}
+		for got.Next() {
+			var k ScopedKey
+			if err := got.Scan(&k.Scope, &k.Key); err != nil {
+				got.Close()
+				return nil, notCommitted("claim requests", err)
+			}
+			claimed[k] = true
+		}
+		got.Close()
+		if err := got.Err(); err != nil {
+			return nil, notCommitted("claim requests", err)
+		}
+		for _, i := range chunk {
+			if !claimed[ScopedKey{orders[i].Req.Scope, orders[i].Req.Key}] {
+				taken[i] = true
+			}
+		}
+	}
+	return taken, nil
+}
+
+// insertOrders writes the order rows of orders[idx] in multi-row
+// statements and returns the row keys it inserted (a key already taken is
+// left out).
+func insertOrders(ctx context.Context, tx *sql.Tx, orders []Order, idx []int) (map[string]bool, error) {
+	inserted := map[string]bool{}
+	for len(idx) > 0 {
+		chunk := idx[:min(len(idx), rowsPerStatement)]
+		idx = idx[len(chunk):]
+		var vals []string
+		var args []any
+		for _, i := range chunk {
+			o := orders[i]
+			vals = append(vals, placeholders(len(args), 12))
+			args = append(args, o.ID, o.IdempotencyKey, o.RequestHash, o.SKU.Program, o.SKU.Ticket, o.Buyer, o.Quantity,
+				o.Gate, o.GateKey, o.HoldID, o.CreatedAt.UnixMilli(), o.TakeEpoch)
+		}
+		got, err := tx.QueryContext(ctx, `INSERT INTO orders (id, idem_key, request_hash, program, ticket, buyer, quantity, gate,
+			gate_key, hold_id, created_at, take_epoch)
+			VALUES `+strings.Join(vals, ", ")+` ON CONFLICT (idem_key) DO NOTHING RETURNING idem_key`, args...)
+		if err != nil {
+			return nil, notCommitted("insert orders", err)
+		}
+		for got.Next() {
+			var k string
+			if err := got.Scan(&k); err != nil {
+				got.Close()
+				return nil, notCommitted("insert orders", err)
+			}
+			inserted[k] = true
+		}
+		got.Close()
+		if err := got.Err(); err != nil {
+			return nil, notCommitted("insert orders", err)
+		}
+	}
+	return inserted, nil
 }
 
 func compareSKU(a, b stock.SKU) int {

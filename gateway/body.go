@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"unicode"
 
@@ -38,9 +39,6 @@ func (s *Server) decodeBodyMax(c *gin.Context, v any, maxBytes int64) bool {
 		return false
 	}
 	if err == nil {
-		err = duplicateMember(raw)
-	}
-	if err == nil {
 		dec := json.NewDecoder(bytes.NewReader(raw))
 		dec.DisallowUnknownFields()
 		err = dec.Decode(v)
@@ -50,6 +48,9 @@ func (s *Server) decodeBodyMax(c *gin.Context, v any, maxBytes int64) bool {
 				err = errors.New("data after the JSON object")
 			}
 		}
+	}
+	if err == nil {
+		err = duplicateMember(raw)
 	}
 	var typeErr *json.UnmarshalTypeError
 	switch {
@@ -66,57 +67,55 @@ func (s *Server) decodeBodyMax(c *gin.Context, v any, maxBytes int64) bool {
 
 // duplicateMember refuses an object with the same member name twice, at
 // any depth: encoding/json keeps the last, so {"quantity":1,"quantity":5}
-// would be read as 5 by us and as 1 by whoever checked it first.
+// would be read as 5 by us and as 1 by whoever checked it first. raw must
+// be valid JSON (the decoder has accepted it): then a string is a member
+// name exactly when a colon follows it. It scans bytes, allocation-light,
+// because it runs on every request.
 func duplicateMember(raw []byte) error {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	type frame struct {
-		object bool
-		seen   map[string]bool
-		key    bool // the next string token in this object is a member name
-	}
-	var stack []*frame
-	for {
-		tok, err := dec.Token()
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		var top *frame
-		if len(stack) > 0 {
-			top = stack[len(stack)-1]
-		}
-		switch t := tok.(type) {
-		case json.Delim:
-			switch t {
-			case '{', '[':
-				if top != nil && top.object {
-					top.key = true // the object or array was a member's value
+	var stack [][]string // member names of each open object; nil for an array
+	for i := 0; i < len(raw); i++ {
+		switch c := raw[i]; c {
+		case '{':
+			stack = append(stack, make([]string, 0, 4))
+		case '[':
+			stack = append(stack, nil)
+		case '}', ']':
+			stack = stack[:len(stack)-1]
+		case '"':
+			start, plain := i, true
+			for i++; raw[i] != '"'; i++ {
+				if raw[i] == '\\' {
+					i++
+					plain = false
+				} else if raw[i] >= 0x80 {
+					plain = false
 				}
-				stack = append(stack, &frame{object: t == '{', seen: map[string]bool{}, key: t == '{'})
-			default:
-				stack = stack[:len(stack)-1]
 			}
-			continue
-		case string:
-			if top != nil && top.object && top.key {
-				// encoding/json matches member names without regard to
-				// case ("QUANTITY" sets quantity), so names that fold to
-				// one are one member.
-				f := foldName(t)
-				if top.seen[f] {
-					return fmt.Errorf("member %q appears twice (names are matched without regard to case)", t)
+			j := i + 1
+			for j < len(raw) && (raw[j] == ' ' || raw[j] == '\t' || raw[j] == '\n' || raw[j] == '\r') {
+				j++
+			}
+			if j == len(raw) || raw[j] != ':' || len(stack) == 0 {
+				continue // a value, not a member name
+			}
+			name := string(raw[start+1 : i])
+			if plain {
+				name = strings.ToUpper(name) // what foldName gives for ASCII
+			} else {
+				var u string
+				if err := json.Unmarshal(raw[start:i+1], &u); err != nil {
+					return err
 				}
-				top.seen[f] = true
-				top.key = false
-				continue
+				name = foldName(u)
 			}
-		}
-		if top != nil && top.object {
-			top.key = true // a scalar value: a member name comes next
+			top := &stack[len(stack)-1]
+			if slices.Contains(*top, name) {
+				return fmt.Errorf("member %q appears twice (names are matched without regard to case)", raw[start+1:i])
+			}
+			*top = append(*top, name)
 		}
 	}
+	return nil
 }
 
 // foldName maps every rune to the smallest of its Unicode case-folding

@@ -44,7 +44,7 @@ func newReplays(l Ledger, idle time.Duration) (*replays, error) {
 type keySet struct {
 	mu      sync.RWMutex
 	keys    map[scopedKey]struct{}
-	version int64               // the SKU row version read up to
+	version int64 // the SKU row version read up to
 	sealed  bool
 	started int           // reads started
 	done    int           // the last read finished

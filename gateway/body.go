@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"unicode"
 
 	"github.com/gin-gonic/gin"
 )
@@ -99,38 +98,21 @@ func duplicateMember(raw []byte) error {
 				continue // a value, not a member name
 			}
 			name := string(raw[start+1 : i])
-			if plain {
-				name = strings.ToUpper(name) // what foldName gives for ASCII
-			} else {
-				var u string
-				if err := json.Unmarshal(raw[start:i+1], &u); err != nil {
+			if !plain {
+				if err := json.Unmarshal(raw[start:i+1], &name); err != nil {
 					return err
 				}
-				name = foldName(u)
 			}
 			top := &stack[len(stack)-1]
-			if slices.Contains(*top, name) {
+			// strings.EqualFold folds as encoding/json matches names
+			// (simple Unicode folding: K and the Kelvin sign, s and ſ).
+			if slices.ContainsFunc(*top, func(seen string) bool { return strings.EqualFold(seen, name) }) {
 				return fmt.Errorf("member %q appears twice (names are matched without regard to case)", raw[start+1:i])
 			}
 			*top = append(*top, name)
 		}
 	}
 	return nil
-}
-
-// foldName maps every rune to the smallest of its Unicode case-folding
-// orbit, so two names encoding/json would match map to one string (this
-// covers its special cases too: the Kelvin sign and the long s).
-func foldName(name string) string {
-	b := make([]rune, 0, len(name))
-	for _, r := range name {
-		least := r
-		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
-			least = min(least, f)
-		}
-		b = append(b, least)
-	}
-	return string(b)
 }
 
 func kindOf(e *json.UnmarshalTypeError) string {

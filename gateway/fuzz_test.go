@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"unicode"
 
 	"github.com/gin-gonic/gin"
 
@@ -131,4 +132,19 @@ func FuzzIdempotencyKey(f *testing.F) {
 			t.Fatalf("gate id %q of key %q is not a valid id", r.gateID(), key)
 		}
 	})
+}
+
+// foldName maps every rune to the smallest of its Unicode case-folding
+// orbit, so two names encoding/json would match map to one string (this
+// covers its special cases too: the Kelvin sign and the long s).
+func foldName(name string) string {
+	b := make([]rune, 0, len(name))
+	for _, r := range name {
+		least := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			least = min(least, f)
+		}
+		b = append(b, least)
+	}
+	return string(b)
 }

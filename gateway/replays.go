@@ -32,7 +32,7 @@ type replays struct {
 
 func newReplays(l Ledger, idle time.Duration) (*replays, error) {
 	sets, err := otter.New(&otter.Options[stock.SKU, *keySet]{
-		MaximumSize:      10_000,
+		MaximumSize: 10_000,
 		// Expiry on writes only: an access-time expiry would make every
 		// read of a storm a write. A set that expires is read again whole.
 		ExpiryCalculator: otter.ExpiryWriting[stock.SKU, *keySet](idle),

@@ -353,10 +353,16 @@ func (l *Ledger) ExpireDue(ctx context.Context, limit int) ([]Hold, error) {
 // gate either took them, or was rebuilt while they were out and so does not
 // count them). Units taken around the gate in the very epoch they come back
 // in were never taken from that gate: nothing is owed. An ended sale's
-// gate is owed nothing (it admits no one). Seats are always owed: their
-// release is by owner, and a no-op when not held.
+// gate is owed nothing (it admits no one). Seats taken through the gate are
+// always owed: their release is by owner, and a no-op when not held.
 func owed(ctx context.Context, tx *sql.Tx, table, id, gate string, takeEpoch int64, seats bool, r returned) (bool, error) {
-	pending := seats || (!r.ended && (gate != "" || takeEpoch != r.epoch))
+	pending := !r.ended && (gate != "" || takeEpoch != r.epoch)
+	if seats {
+		// Seats go back by their gate record (which seats, whose); a seat
+		// hold taken around the gate has none and held nothing in Redis
+		// (the seat consistency check rewrites any seat that differs).
+		pending = gate != ""
+	}
 	p := 0
 	if pending {
 		p = 1

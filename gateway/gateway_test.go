@@ -115,7 +115,7 @@ func startEnv(t *testing.T, o envOptions) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := gateway.Options{Gate: gate, Ledger: led, Cache: mem, Locker: locker, Seats: seatStore, Registry: reg, CacheMetrics: cacheMetrics,
+	opts := gateway.Options{Gate: gate, Ledger: led, Cache: mem, Locker: locker, Seats: seatStore, Notifier: rdb, Registry: reg, CacheMetrics: cacheMetrics,
 		Logger: testLogger(t), DriftEvery: 200 * time.Millisecond}
 	if o.tune != nil {
 		o.tune(&opts)
@@ -138,6 +138,10 @@ func startEnv(t *testing.T, o envOptions) *env {
 		go func() { defer close(done); srv.RunSweeper(sctx) }()
 		t.Cleanup(func() { stop(); <-done })
 	}
+	nctx, stopNotices := context.WithCancel(ctx)
+	noticesDone := make(chan struct{})
+	go func() { defer close(noticesDone); srv.RunNotices(nctx) }()
+	t.Cleanup(func() { stopNotices(); <-noticesDone })
 	hs := httptest.NewServer(srv.Handler())
 	t.Cleanup(hs.Close)
 	tr := &http.Transport{MaxIdleConnsPerHost: 256}

@@ -449,6 +449,9 @@ func (s *Server) returnToRedis(ctx context.Context, r ledger.Restore) {
 		}
 		s.cache.ClearSoldOut(r.SKU)
 		s.stock.Invalidate(r.SKU)
+		if outcome == shard.Refilled {
+			s.notifyRestocked(ctx, r.SKU)
+		}
 	}
 	if err := s.ledger.RestoreDone(ctx, r.Kind, r.ID); err != nil {
 		s.log.WarnContext(ctx, "mark restore done; a sweeper will repeat it", "kind", r.Kind, "id", r.ID, "err", err)

@@ -7,7 +7,9 @@ import (
 	"net/http"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/stockgate/stockgate/cache"
 	"github.com/stockgate/stockgate/gateway"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
@@ -414,6 +416,46 @@ func TestCommitAfterRebuildIsTakenAgain(t *testing.T) {
 		}
 		if n := counter(t, e.reg, "stockgate_reseeds_total", map[string]string{"reason": "stale"}); n != 0 {
 			t.Logf("rebuilds for a stale gate: %v (the reconcile already built the new one)", n)
+		}
+	})
+}
+
+// A return on one replica reaches the others' memory through a restock
+// notice: replica B, told sold out and remembering it for 10s, sells the
+// returned unit at once, and a retry of that sale on B is replayed (not
+// 409 until B's flag expires).
+func TestRestockNoticeReachesOtherReplicas(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		dsn := ledgerDSN(t, driver)
+		a := startEnv(t, envOptions{driver: driver, dsn: dsn})
+		b := startEnv(t, envOptions{driver: driver, dsn: dsn, tune: func(o *gateway.Options) {
+			c, err := cache.New(cache.Options{SoldOutTTL: 10 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			o.Cache = c
+		}})
+		sku := newSKU(t)
+		a.putSKU(t, sku, 1, 1, 4)
+		r, h := a.hold(t, sku, "h", "xena", 1, 0)
+		if r.status != 201 {
+			t.Fatalf("hold = %d %s", r.status, r.body)
+		}
+		if r := b.buy(t, sku, "y", "yuri", 1); r.status != 409 {
+			t.Fatalf("purchase of a sold-out SKU on B = %d %s, want 409", r.status, r.body)
+		}
+		if c := a.act(t, "/v1/holds/"+h.HoldID+"/cancel", "c", "xena"); c.status != 200 {
+			t.Fatalf("cancel = %d %s", c.status, c.body)
+		}
+		start := time.Now()
+		var won reply
+		waitFor(t, 3*time.Second, "replica B to sell the returned unit", func() bool {
+			won = b.buy(t, sku, "z", "zoe", 1)
+			return won.status == 201
+		})
+		t.Logf("B sold the returned unit %v after the cancel on A (B's sold-out memory: 10s)", time.Since(start).Round(time.Millisecond))
+		if r := b.buy(t, sku, "z", "zoe", 1); r.status != 201 || orderID(r) != orderID(won) {
+			t.Errorf("retry on B = %d %s, want the replay of %s", r.status, r.body, orderID(won))
 		}
 	})
 }

@@ -178,6 +178,9 @@ func (s *Server) rebuildWith(ctx context.Context, sku stock.SKU, reason string, 
 		s.cache.ClearSoldOut(sku)
 	}
 	s.replays.unseal(sku)
+	if left > 0 {
+		s.notifyRestocked(ctx, sku)
+	}
 	s.metrics.reseeds.WithLabelValues(reason).Inc()
 	r.Ledger, r.Shards, r.Rebuilt = left, fresh.Shards, true
 	s.log.InfoContext(ctx, "re-seeded", "sku", sku.String(), "reason", reason, "redis_before", r.RedisBefore,

@@ -306,7 +306,7 @@ func serve(ctx context.Context, c config, log *slog.Logger) error {
 		return err
 	}
 	srv, err := gateway.New(gateway.Options{
-		Gate: gate, Ledger: led, Cache: mem, Locker: locker, Seats: seatStore, Logger: log, Registry: reg, CacheMetrics: cacheMetrics,
+		Gate: gate, Ledger: led, Cache: mem, Locker: locker, Seats: seatStore, Notifier: rdb, Logger: log, Registry: reg, CacheMetrics: cacheMetrics,
 		TrustedProxies: splitList(c.TrustedProxies), RatePerClient: c.RatePerClient, RateBurst: c.RateBurst,
 		SlowRequest: c.SlowRequest,
 		AdminToken:  c.AdminToken, WorkTimeout: c.WorkTimeout, RedisTimeout: c.RedisTimeout,
@@ -325,10 +325,11 @@ func serve(ctx context.Context, c config, log *slog.Logger) error {
 	// The drift check and the hold sweeper run until serve returns, which
 	// waits for them.
 	driftCtx, stopDrift := context.WithCancel(context.Background())
-	driftDone, sweepDone := make(chan struct{}), make(chan struct{})
+	driftDone, sweepDone, noticesDone := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	go func() { defer close(driftDone); srv.RunDrift(driftCtx) }()
 	go func() { defer close(sweepDone); srv.RunSweeper(driftCtx) }()
-	defer func() { stopDrift(); <-driftDone; <-sweepDone }()
+	go func() { defer close(noticesDone); srv.RunNotices(driftCtx) }()
+	defer func() { stopDrift(); <-driftDone; <-sweepDone; <-noticesDone }()
 
 	if c.PprofAddr != "" {
 		// Profiling on its own listener, never on the API's. Owned by serve;

@@ -103,12 +103,12 @@ type Options struct {
 	Locker *lock.Locker
 	// Seats is the Redis side of reserved seating. Optional: without it
 	// the seat routes answer 501.
-	Seats  *seats.Store
+	Seats *seats.Store
 	// Notifier carries restock notices between replicas (the Redis
 	// client; see RunNotices). Optional: without it a replica learns that
 	// stock came back when its sold-out flag expires.
 	Notifier Notifier
-	Logger *slog.Logger // default slog.Default()
+	Logger   *slog.Logger // default slog.Default()
 	// Registry receives the metrics and is served at /metrics. Default: a
 	// new registry.
 	Registry *prometheus.Registry

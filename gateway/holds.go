@@ -352,6 +352,9 @@ func (s *Server) takeQuota(ctx context.Context, w want, st ledger.SKUState) (*qu
 			return err
 		})
 		if err != nil {
+			// Only the counts this attempt made: a count found (another
+			// attempt of this request, in flight or committed) is not ours.
+			t.scopes = t.fresh
 			t.release(ctx)
 			return nil, err
 		}

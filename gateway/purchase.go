@@ -188,11 +188,11 @@ func replayed(rec ledger.Recorded) answer {
 	return a
 }
 
-// closed answers a request refused because its SKU takes no more (sold
-// out, ended): a retry of a request that committed gets its answer, from
-// any replica, without a ledger call per request (see replays); any other
-// request gets the refusal.
-func (s *Server) closed(ctx context.Context, w want, refusal answer) answer {
+// committedOr answers a request the gate refused in bulk (its SKU sold out
+// or ended, its buyer at the cap): a retry of a request that committed gets
+// its answer, from any replica, without a ledger call per request (see
+// replays); any other request gets the refusal.
+func (s *Server) committedOr(ctx context.Context, w want, refusal answer) answer {
 	committed, err := s.replays.committed(ctx, w.sku, w.req.scope, w.req.key)
 	if err != nil {
 		s.log.WarnContext(ctx, "committed keys", "sku", w.sku.String(), "err", err)
@@ -272,10 +272,10 @@ func (s *Server) takeOnce(ctx context.Context, w want) (_ answer, stale bool) {
 		return s.lookupOr(ctx, w.req, refuse(http.StatusConflict, "seated", "this ticket sells specific seats: use seat holds")), false
 	}
 	if !st.EndedAt.IsZero() {
-		return s.closed(ctx, w, ansSaleEnded), false
+		return s.committedOr(ctx, w, ansSaleEnded), false
 	}
 	if s.cache.SoldOut(w.sku) {
-		return s.closed(ctx, w, ansSoldOut), false
+		return s.committedOr(ctx, w, ansSoldOut), false
 	}
 	if st.PerBuyer > 0 && w.q > st.PerBuyer {
 		return s.lookupOr(ctx, w.req, ansLimit), false // more than the cap in one request; no count needed
@@ -293,9 +293,12 @@ func (s *Server) takeOnce(ctx context.Context, w want) (_ answer, stale bool) {
 		return s.lookupOr(ctx, w.req, ansLimit), false
 	case errors.Is(qerr, stock.ErrLimit):
 		// A retry of a request that was counted passes (its count is kept
-		// per request id), so a flood from one buyer stops here without a
-		// ledger call.
-		return s.counted(pathGate, ansLimit), false
+		// per request id). One whose count was given back (its hold
+		// cancelled, its order refunded) or a reused key is counted anew and
+		// may be refused: the SKU's committed keys (read incrementally, once
+		// for all askers) tell it from a new request, so a flood from one
+		// buyer stops here without a ledger call per request.
+		return s.counted(pathGate, s.committedOr(ctx, w, ansLimit)), false
 	case qerr != nil && notRun(qerr):
 		return s.takeDirect(ctx, w, st), false
 	case qerr != nil:
@@ -419,11 +422,11 @@ func (s *Server) takeOnce(ctx context.Context, w want) (_ answer, stale bool) {
 // refusedTake answers a take refused after its quota was counted: with the
 // replay when the request had committed before (giving back only counts
 // this attempt made), else with the refusal (giving the counts back).
-// closed means the SKU takes no more requests (see closed).
+// closed means the SKU takes no more requests (see committedOr).
 func (s *Server) refusedTake(ctx context.Context, w want, quota *quotaTicket, refusal answer, closed bool) answer {
 	var a answer
 	if closed {
-		a = s.closed(ctx, w, refusal)
+		a = s.committedOr(ctx, w, refusal)
 	} else {
 		a = s.lookupOr(ctx, w.req, refusal)
 	}

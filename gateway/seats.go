@@ -247,6 +247,11 @@ func (s *Server) takeSeats(ctx context.Context, sku stock.SKU, r request, buyer 
 	case rerr != nil && !notRun(rerr):
 		return ansUnavailable
 	}
+	// The gate record names the seats and their owner even for a hold taken
+	// around the gate: the seat consistency check may write them into Redis
+	// as held by this owner, so its end must release them there (a release
+	// by owner is a no-op for seats this owner does not hold).
+	h.Gate = seatGate(section, ids)
 	version := int64(-1)
 	if rerr != nil {
 		// Redis is out: straight to the ledger, optimistically.
@@ -255,8 +260,6 @@ func (s *Server) takeSeats(ctx context.Context, sku stock.SKU, r request, buyer 
 			return ansUnavailable
 		}
 		version = fresh.Version
-	} else {
-		h.Gate = seatGate(section, ids)
 	}
 	got, err := s.ledger.Hold(ctx, h, version)
 	release := func() {

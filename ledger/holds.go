@@ -358,9 +358,10 @@ func (l *Ledger) ExpireDue(ctx context.Context, limit int) ([]Hold, error) {
 func owed(ctx context.Context, tx *sql.Tx, table, id, gate string, takeEpoch int64, seats bool, r returned) (bool, error) {
 	pending := !r.ended && (gate != "" || takeEpoch != r.epoch)
 	if seats {
-		// Seats go back by their gate record (which seats, whose); a seat
-		// hold taken around the gate has none and held nothing in Redis
-		// (the seat consistency check rewrites any seat that differs).
+		// Seats go back by their gate record (which seats, whose), taken
+		// through the gate or not: the seat consistency check may have
+		// written a hold taken around it into Redis, and a release by
+		// owner is a no-op where the owner holds nothing.
 		pending = gate != ""
 	}
 	p := 0

@@ -1,0 +1,179 @@
+package gateway_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stockgate/stockgate/breaker"
+	"github.com/stockgate/stockgate/gateway"
+	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
+)
+
+// A committed purchase is refunded (its quota count given back), the buyer
+// then buys up to the cap with another key, and the client's late retry of
+// the first purchase arrives. The retry is the same request: it gets the
+// replay of its 201, though the gate's quota count refuses it as new.
+func TestAttack2RetryAtCapAfterRefund(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newEnv(t, driver)
+		sku := newSKU(t)
+		if r := e.do(t, http.MethodPut, adminPath(sku), nil, `{"total":100,"shards":2,"max_per_order":4,"per_buyer":2}`); r.status != 200 {
+			t.Fatalf("PUT = %d %s", r.status, r.body)
+		}
+		b := e.buy(t, sku, "k1", "ann", 2)
+		if b.status != 201 {
+			t.Fatalf("purchase = %d %s", b.status, b.body)
+		}
+		if f := e.act(t, "/v1/orders/"+orderID(b)+"/refund", "f1", "ann"); f.status != 200 {
+			t.Fatalf("refund = %d %s", f.status, f.body)
+		}
+		if r := e.buy(t, sku, "k2", "ann", 2); r.status != 201 {
+			t.Fatalf("second purchase = %d %s", r.status, r.body)
+		}
+		again := e.buy(t, sku, "k1", "ann", 2)
+		if again.status != 201 || orderID(again) != orderID(b) {
+			t.Errorf("retry of the refunded purchase k1 = %d %s, want the replay of order %s", again.status, again.body, orderID(b))
+		}
+		used, _ := e.rdb.HGet(context.Background(), keys.Quota(sku.Program, sku.Ticket, "ann"), "used").Int64()
+		if used != 2 {
+			t.Errorf("redis quota used = %d, want 2", used)
+		}
+	})
+}
+
+// The same with a cancelled hold and a program cap.
+func TestAttack2HoldRetryAtProgramCapAfterCancel(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newEnv(t, driver)
+		sku := newSKU(t)
+		e.putSKU(t, sku, 100, 1, 4)
+		if r := e.do(t, http.MethodPut, "/v1/admin/programs/"+sku.Program, nil, `{"per_buyer":1}`); r.status != 200 {
+			t.Fatalf("PUT program = %d %s", r.status, r.body)
+		}
+		r, h := e.hold(t, sku, "h1", "ann", 1, 0)
+		if r.status != 201 {
+			t.Fatalf("hold = %d %s", r.status, r.body)
+		}
+		if c := e.act(t, "/v1/holds/"+h.HoldID+"/cancel", "c1", "ann"); c.status != 200 {
+			t.Fatalf("cancel = %d %s", c.status, c.body)
+		}
+		if b := e.buy(t, sku, "k2", "ann", 1); b.status != 201 {
+			t.Fatalf("purchase = %d %s", b.status, b.body)
+		}
+		again, h2 := e.hold(t, sku, "h1", "ann", 1, 0)
+		if again.status != 201 || h2.HoldID != h.HoldID {
+			t.Errorf("retry of the cancelled hold h1 = %d %s, want the replay of hold %s", again.status, again.body, h.HoldID)
+		}
+	})
+}
+
+// The buyer owns its cap through key k1; the same key with another body
+// gets 422 (idempotency-key-reused), not the 409 limit-reached the quota
+// count gives the new fingerprint.
+func TestAttack2ReusedKeyAtCap(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newEnv(t, driver)
+		sku := newSKU(t)
+		if r := e.do(t, http.MethodPut, adminPath(sku), nil, `{"total":100,"shards":1,"max_per_order":4,"per_buyer":2}`); r.status != 200 {
+			t.Fatalf("PUT = %d %s", r.status, r.body)
+		}
+		if b := e.buy(t, sku, "k1", "ann", 2); b.status != 201 {
+			t.Fatalf("purchase = %d %s", b.status, b.body)
+		}
+		if r := e.buy(t, sku, "k1", "ann", 1); r.status != 422 {
+			t.Errorf("key k1 reused with quantity 1 by a buyer at the cap = %d %s, want 422", r.status, r.body)
+		}
+	})
+}
+
+// The retry of a committed purchase is counted again per scope: the SKU's
+// scope finds its count ("already"), the program's (a cap lowered since)
+// refuses. The retry gets its replay, and the refusal gives back only the
+// counts this attempt made: the SKU count the committed order stands on
+// stays.
+func TestAttack2LoweredProgramCapReleasesSKUCount(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newEnv(t, driver)
+		sku := newSKU(t)
+		vip := sku
+		vip.Ticket = "vip"
+		if r := e.do(t, http.MethodPut, adminPath(sku), nil, `{"total":100,"shards":1,"max_per_order":4,"per_buyer":4}`); r.status != 200 {
+			t.Fatalf("PUT = %d %s", r.status, r.body)
+		}
+		e.putSKU(t, vip, 100, 1, 4)
+		b := e.buy(t, sku, "k1", "ann", 2)
+		if b.status != 201 {
+			t.Fatalf("purchase = %d %s", b.status, b.body)
+		}
+		if r := e.do(t, http.MethodPut, "/v1/admin/programs/"+sku.Program, nil, `{"per_buyer":3}`); r.status != 200 {
+			t.Fatalf("PUT program = %d %s", r.status, r.body)
+		}
+		if r := e.buy(t, vip, "k2", "ann", 1); r.status != 201 {
+			t.Fatalf("vip purchase = %d %s", r.status, r.body)
+		}
+		if r := e.do(t, http.MethodPut, "/v1/admin/programs/"+sku.Program, nil, `{"per_buyer":2}`); r.status != 200 {
+			t.Fatalf("PUT program = %d %s", r.status, r.body)
+		}
+		again := e.buy(t, sku, "k1", "ann", 2)
+		if again.status != 201 || orderID(again) != orderID(b) {
+			t.Errorf("retry of k1 = %d %s, want the replay", again.status, again.body)
+		}
+		ctx := context.Background()
+		used, _ := e.rdb.HGet(ctx, keys.Quota(sku.Program, sku.Ticket, "ann"), "used").Int64()
+		units, _ := e.ledger.BuyerUnits(ctx, sku, "ann")
+		if used != units {
+			t.Errorf("redis quota used = %d for %s, ledger holds+owns %d", used, sku.Ticket, units)
+		}
+	})
+}
+
+// A seat hold taken around the gate (replica A's Redis is down) is written
+// into replica B's gate by the seat consistency check (the ledger wins: the
+// seat is held by the hold's owner id). When the hold is cancelled its
+// seats are released in that gate too: another buyer gets the free seat
+// and the check finds nothing to repair.
+func TestAttack2DirectSeatHoldRepairedThenCancelled(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	b := startEnv(t, envOptions{driver: ledger.Postgres, dsn: dsn})
+	c := testenv.NewCluster(t, testenv.ClusterOptions{})
+	a := startEnv(t, envOptions{driver: ledger.Postgres, dsn: dsn, cluster: c,
+		tune: func(o *gateway.Options) { o.Breaker.OpenFor = time.Minute }})
+	sku := newSKU(t)
+	b.putSKU(t, sku, 0, 1, 4)
+	b.loadSeats(t, sku, map[string]int{"A": 4})
+	for _, n := range c.Nodes {
+		n.Kill()
+	}
+	for i := 0; a.srv.BreakerState() != breaker.Open; i++ {
+		a.do(t, http.MethodGet, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/stock", nil, "")
+		a.buy(t, newSKU(t), fmt.Sprintf("trip-%d", i), "z", 1)
+	}
+	r, h := a.seatHold(t, sku, "d1", "ann", "A-01")
+	if r.status != 201 {
+		t.Fatalf("seat hold around the gate = %d %s", r.status, r.body)
+	}
+	check := func(step string) []string {
+		var res gateway.SeatCheck
+		cr := b.do(t, http.MethodPost, adminPath(sku)+"/seats/check", nil, "")
+		if err := json.Unmarshal(cr.body, &res); err != nil || cr.status != 200 {
+			t.Fatalf("%s: check = %d %s", step, cr.status, cr.body)
+		}
+		return res.Differed
+	}
+	check("after the direct hold") // repairs B's gate: A-01 held by the hold
+	if x := b.act(t, "/v1/holds/"+h.HoldID+"/cancel", "c1", "ann"); x.status != 200 {
+		t.Fatalf("cancel = %d %s", x.status, x.body)
+	}
+	if r, _ := b.seatHold(t, sku, "b1", "bob", "A-01"); r.status != 201 {
+		t.Errorf("bob's hold of A-01, free in the ledger = %d %s, want 201", r.status, r.body)
+	}
+	if d := check("after the cancel"); len(d) != 0 {
+		t.Errorf("seat check after the cancel differed %v, want []", d)
+	}
+}

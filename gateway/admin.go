@@ -1,15 +1,13 @@
 package gateway
 
 import (
-	"context"
-	"errors"
 	"net/http"
 	"time"
 
 	"github.com/gin-gonic/gin"
 
-	"github.com/stockgate/stockgate/ledger"
-	"github.com/stockgate/stockgate/stock"
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/sale"
 )
 
 type skuBody struct {
@@ -37,17 +35,16 @@ type skuView struct {
 	Ended       bool   `json:"ended"`
 }
 
-func skuViewOf(st ledger.SKUState) skuView {
-	return skuView{Program: st.Program, Ticket: st.Ticket, Total: st.Total, Sold: st.Sold, Held: st.Held,
-		Remaining: st.Remaining(), Shards: st.Shards, MaxPerOrder: st.MaxPerOrder, Version: st.Version,
+func skuViewOf(st sale.SKUState) skuView {
+	return skuView{Program: st.SKU.Program, Ticket: st.SKU.Ticket, Total: st.Total, Sold: st.Sold, Held: st.Held,
+		Remaining: st.Remain, Shards: st.Shards, MaxPerOrder: st.MaxPerOrder, Version: st.Version,
 		PerBuyer: st.PerBuyer, HoldTTL: int64(st.HoldTTL.Seconds()), HoldTTLMax: int64(st.HoldTTLMax.Seconds()),
-		Ended: !st.EndedAt.IsZero()}
+		Ended: st.Ended}
 }
 
 // putSKU handles PUT /v1/admin/skus/:program/:ticket: create a SKU or change
-// its total, shard count or per-order maximum, then rebuild its Redis shards
-// from the ledger. PUT is idempotent by nature: the same body twice leaves
-// the same state.
+// its total, shard count or per-order maximum. PUT is idempotent by nature:
+// the same body twice leaves the same state.
 func (s *Server) putSKU(c *gin.Context) {
 	sku, ok := skuParam(c)
 	if !ok {
@@ -57,16 +54,14 @@ func (s *Server) putSKU(c *gin.Context) {
 	if !s.decodeBody(c, &body) {
 		return
 	}
-	cfg := ledger.SKUConfig{SKU: sku, Shards: 1}
 	if body.Total == nil {
 		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "total is required", 0)
 		return
 	}
-	cfg.Total = *body.Total
+	cfg := sale.SKUConfig{SKU: sku, Total: *body.Total, Shards: 1, MaxPerOrder: 10}
 	if body.Shards != nil {
 		cfg.Shards = *body.Shards
 	}
-	cfg.MaxPerOrder = 10
 	if body.MaxPerOrder != nil {
 		cfg.MaxPerOrder = *body.MaxPerOrder
 	}
@@ -77,55 +72,15 @@ func (s *Server) putSKU(c *gin.Context) {
 		if p == nil {
 			return 0
 		}
-		if *p < 1 || *p > int64(ledger.MaxHoldTTL/time.Second) {
-			return -1 // refused by Validate
+		if *p < 1 || *p > int64(sale.MaxHoldTTL/time.Second) {
+			return -1 // refused by the config's validation
 		}
 		return time.Duration(*p) * time.Second
 	}
 	cfg.HoldTTL, cfg.HoldTTLMax = secs(body.HoldTTL), secs(body.HoldTTLMax)
-	if err := cfg.Validate(); err != nil {
-		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", err.Error(), 0)
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request.Context()), s.opts.WorkTimeout)
-	defer cancel()
-	// A live SKU changes behind the fence: its gate closes, the ledger
-	// changes, the shards are rebuilt from it, the gate reopens, so Redis
-	// never admits more than the new total allows. A new SKU has no gate yet.
-	var st ledger.SKUState
-	putErr := error(nil)
-	put := func(ctx context.Context) error {
-		st, putErr = s.ledger.PutSKU(ctx, cfg)
-		return putErr
-	}
-	var err error
-	if _, lerr := s.ledger.SKU(ctx, sku); lerr == nil {
-		_, err = s.rebuildWith(ctx, sku, reasonAdmin, true, s.opts.ReseedWait, put)
-	} else if err = put(ctx); err == nil {
-		err = s.reseed(ctx, sku, reasonAdmin, true)
-	}
-	s.settings.Invalidate(sku)
-	s.stock.Invalidate(sku)
-	s.cache.ClearSoldOut(sku)
-	switch {
-	case errors.Is(putErr, stock.ErrInvalid):
-		writeProblem(c, http.StatusConflict, "total-below-committed", putErr.Error(), 0)
-		return
-	case putErr != nil:
-		s.log.ErrorContext(ctx, "put sku", "sku", sku.String(), "err", putErr)
-		writeProblem(c, http.StatusServiceUnavailable, "unavailable", "ledger unavailable", 1)
-		return
-	case st.Program == "":
-		// The change never ran: the gate could not be closed.
-		s.log.ErrorContext(ctx, "put sku: gate not closed", "sku", sku.String(), "err", err)
-		writeProblem(c, http.StatusServiceUnavailable, "unavailable", "could not close the gate for the change; nothing changed", 1)
-		return
-	case err != nil:
-		// The ledger changed and marked the gate stale; the next purchase or
-		// drift check rebuilds it.
-		s.log.ErrorContext(ctx, "re-seed after put sku", "sku", sku.String(), "err", err)
-		writeProblem(c, http.StatusServiceUnavailable, "unavailable",
-			"ledger updated but Redis not rebuilt yet; it will be rebuilt before it serves this SKU", 1)
+	st, err := s.sale.PutSKU(c.Request.Context(), cfg)
+	if err != nil {
+		s.writeError(c, err)
 		return
 	}
 	c.JSON(http.StatusOK, skuViewOf(st))
@@ -137,13 +92,72 @@ func (s *Server) getSKU(c *gin.Context) {
 	if !ok {
 		return
 	}
-	st, err := s.ledger.SKU(c.Request.Context(), sku)
-	switch {
-	case errors.Is(err, stock.ErrUnknownSKU):
-		writeProblem(c, http.StatusNotFound, "unknown-sku", "no such program/ticket", 0)
-	case err != nil:
-		writeProblem(c, http.StatusServiceUnavailable, "unavailable", "ledger unavailable", 1)
-	default:
-		c.JSON(http.StatusOK, skuViewOf(st))
+	st, err := s.sale.SKU(c.Request.Context(), sku)
+	if err != nil {
+		s.writeError(c, err)
+		return
 	}
+	c.JSON(http.StatusOK, skuViewOf(st))
+}
+
+// endSale handles POST /v1/admin/skus/:program/:ticket/end.
+func (s *Server) endSale(c *gin.Context) {
+	sku, ok := skuParam(c)
+	if !ok {
+		return
+	}
+	st, err := s.sale.EndSale(c.Request.Context(), sku)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, skuViewOf(st))
+}
+
+// rebuildView is the body of a reconcile.
+type rebuildView struct {
+	RedisBefore int64 `json:"redis_before"`
+	Ledger      int64 `json:"ledger_remaining"`
+	Shards      int   `json:"shards"`
+	Rebuilt     bool  `json:"rebuilt"`
+}
+
+// reconcile handles POST /v1/admin/skus/:program/:ticket/reconcile.
+func (s *Server) reconcile(c *gin.Context) {
+	sku, ok := skuParam(c)
+	if !ok {
+		return
+	}
+	r, err := s.sale.Reconcile(c.Request.Context(), sku)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, rebuildView{RedisBefore: r.RedisBefore, Ledger: r.Ledger, Shards: r.Shards, Rebuilt: r.Rebuilt})
+}
+
+// putProgram handles PUT /v1/admin/programs/:program: {"per_buyer": n}
+// caps what one buyer may hold + own of all the program's tickets; 0
+// removes the cap.
+func (s *Server) putProgram(c *gin.Context) {
+	program := c.Param("program")
+	if keys.CheckID(program) != nil {
+		writeProblem(c, http.StatusBadRequest, "invalid-id", "program ids match [A-Za-z0-9_-]{1,64}", 0)
+		return
+	}
+	var body struct {
+		PerBuyer *int64 `json:"per_buyer"`
+	}
+	if !s.decodeBody(c, &body) {
+		return
+	}
+	if body.PerBuyer == nil {
+		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "per_buyer must be an integer >= 0", 0)
+		return
+	}
+	if err := s.sale.PutProgram(c.Request.Context(), program, *body.PerBuyer); err != nil {
+		s.writeError(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"program": program, "per_buyer": *body.PerBuyer})
 }

@@ -8,11 +8,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/breaker"
-	"github.com/stockgate/stockgate/gateway"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/sale"
 )
 
 // A committed purchase is refunded (its quota count given back), the buyer
@@ -143,7 +144,7 @@ func TestAttack2DirectSeatHoldRepairedThenCancelled(t *testing.T) {
 	b := startEnv(t, envOptions{driver: ledger.Postgres, dsn: dsn})
 	c := testenv.NewCluster(t, testenv.ClusterOptions{})
 	a := startEnv(t, envOptions{driver: ledger.Postgres, dsn: dsn, cluster: c,
-		tune: func(o *gateway.Options) { o.Breaker.OpenFor = time.Minute }})
+		tune: func(o *app.Options) { o.Sale.Breaker.OpenFor = time.Minute }})
 	sku := newSKU(t)
 	b.putSKU(t, sku, 0, 1, 4)
 	b.loadSeats(t, sku, map[string]int{"A": 4})
@@ -159,7 +160,7 @@ func TestAttack2DirectSeatHoldRepairedThenCancelled(t *testing.T) {
 		t.Fatalf("seat hold around the gate = %d %s", r.status, r.body)
 	}
 	check := func(step string) []string {
-		var res gateway.SeatCheck
+		var res sale.SeatCheck
 		cr := b.do(t, http.MethodPost, adminPath(sku)+"/seats/check", nil, "")
 		if err := json.Unmarshal(cr.body, &res); err != nil || cr.status != 200 {
 			t.Fatalf("%s: check = %d %s", step, cr.status, cr.body)

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stockgate/stockgate/gateway"
 	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/stock"
 )
 
@@ -41,7 +41,7 @@ func TestAttackSeatHoldRetryAfterCancel(t *testing.T) {
 		if r, _ := e.seatHold(t, sku, "b1", "bob", "A-01", "A-02"); r.status != 201 {
 			t.Errorf("another buyer's hold of the freed seats = %d %s, want 201 (the retry re-took them in Redis)", r.status, r.body)
 		}
-		var check gateway.SeatCheck
+		var check sale.SeatCheck
 		c := e.do(t, http.MethodPost, adminPath(sku)+"/seats/check", nil, "")
 		if err := json.Unmarshal(c.body, &check); err != nil || c.status != 200 || len(check.Differed) != 0 {
 			t.Errorf("seat check = %d %s, want Redis and the ledger to agree", c.status, c.body)

@@ -16,21 +16,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/breaker"
-	"github.com/stockgate/stockgate/cache"
 	"github.com/stockgate/stockgate/cluster"
-	"github.com/stockgate/stockgate/gateway"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/lock"
-	"github.com/stockgate/stockgate/shard"
+	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/stock"
 )
 
 // faultEnv is a gateway on a 3-master + 3-replica cluster of the test's own
 // (it will be damaged), a PostgreSQL ledger, and the drift check running.
-func faultEnv(t *testing.T, tune func(*gateway.Options)) (*env, *testenv.Cluster) {
+func faultEnv(t *testing.T, tune func(*app.Options)) (*env, *testenv.Cluster) {
 	c := testenv.NewCluster(t, testenv.ClusterOptions{ReplicasPerMaster: 1})
 	e := startEnv(t, envOptions{driver: ledger.Postgres, cluster: c, drift: true, sweep: true, tune: tune})
 	return e, c
@@ -42,7 +41,7 @@ func TestFaultKillMaster(t *testing.T) {
 		t.Run(map[int]string{1: "shards=1", 4: "shards=4"}[shards], func(t *testing.T) {
 			// A narrow ledger fallback, so the sale outlasts the failover and
 			// Redis is seen selling again after it.
-			e, c := faultEnv(t, func(o *gateway.Options) { o.FallbackConcurrency = 1 })
+			e, c := faultEnv(t, func(o *app.Options) { o.Sale.FallbackConcurrency = 1 })
 			sku := newSKU(t)
 			const total = 4000
 			e.putSKU(t, sku, total, shards, 4)
@@ -136,9 +135,9 @@ func TestFaultZombieMaster(t *testing.T) {
 // from the ledger before Redis serves again, and the sale ends at exactly
 // the total.
 func TestFaultAllRedisDown(t *testing.T) {
-	e, c := faultEnv(t, func(o *gateway.Options) {
-		o.Breaker = breaker.Options{OpenFor: 500 * time.Millisecond}
-		o.FallbackConcurrency = 1 // keep the sale going until Redis is back
+	e, c := faultEnv(t, func(o *app.Options) {
+		o.Sale.Breaker = breaker.Options{OpenFor: 500 * time.Millisecond}
+		o.Sale.FallbackConcurrency = 1 // keep the sale going until Redis is back
 	})
 	sku := newSKU(t)
 	const total = 3000
@@ -273,7 +272,7 @@ func TestFaultLostDeductReply(t *testing.T) {
 	for _, lost := range []int{1, 4, 50} {
 		key := fmt.Sprintf("lost-%d", lost)
 		before := drop.Dropped()
-		drop.Arm(":"+gateway.PurchaseGateID("b", key, sku, 2), lost)
+		drop.Arm(":"+sale.PurchaseGateID(sale.Ask{Buyer: "b", Key: key}, sku, 2), lost)
 		r := e.buy(t, sku, key, "b", 2)
 		if lost == 50 {
 			if r.status != http.StatusServiceUnavailable || r.header.Get("Retry-After") == "" {
@@ -313,8 +312,8 @@ func TestFaultLostDeductReply(t *testing.T) {
 // guards Redis, not the ledger) stays closed.
 func TestFaultLedgerUnreachable(t *testing.T) {
 	dsn, proxy := testenv.ProxiedPostgresURL(t)
-	e := startEnv(t, envOptions{driver: ledger.Postgres, dsn: dsn, tune: func(o *gateway.Options) {
-		o.SettingsTTL = time.Minute // so every purchase reaches the commit
+	e := startEnv(t, envOptions{driver: ledger.Postgres, dsn: dsn, tune: func(o *app.Options) {
+		o.Sale.SettingsTTL = time.Minute // so every purchase reaches the commit
 	}})
 	sku := newSKU(t)
 	const total = 500
@@ -362,11 +361,11 @@ func TestFaultLedgerUnreachable(t *testing.T) {
 }
 
 // countingLedger counts every call the gateway makes to the real ledger.
-// It overrides every method of gateway.Ledger, so none reaches the real
+// It overrides every method of sale.Ledger, so none reaches the real
 // ledger through the embedded interface unseen; a method added to the
 // interface must be added here too.
 type countingLedger struct {
-	gateway.Ledger
+	sale.Ledger
 	calls   atomic.Int64
 	mu      sync.Mutex
 	methods map[string]int
@@ -422,10 +421,12 @@ func (l *countingLedger) SKUs(ctx context.Context, after stock.SKU, limit int) (
 // settings cached for a minute so their reloads do not count.
 func countingEnv(t *testing.T) (*env, *countingLedger) {
 	var counted *countingLedger
-	e := startEnv(t, envOptions{driver: ledger.Postgres, tune: func(o *gateway.Options) {
-		counted = &countingLedger{Ledger: o.Ledger}
-		o.Ledger = counted
-		o.SettingsTTL = time.Minute
+	e := startEnv(t, envOptions{driver: ledger.Postgres, tune: func(o *app.Options) {
+		o.WrapLedger = func(l sale.Ledger) sale.Ledger {
+			counted = &countingLedger{Ledger: l}
+			return counted
+		}
+		o.Sale.SettingsTTL = time.Minute
 	}})
 	return e, counted
 }
@@ -469,10 +470,10 @@ func TestFaultSoldOutStorm(t *testing.T) {
 // half-open: they neither trip it nor hold it half-open.
 func TestFaultCancellationsDuringHalfOpen(t *testing.T) {
 	c := testenv.NewCluster(t, testenv.ClusterOptions{ReplicasPerMaster: 1})
-	e := startEnv(t, envOptions{driver: ledger.Postgres, cluster: c, tune: func(o *gateway.Options) {
-		o.Breaker = breaker.Options{OpenFor: 300 * time.Millisecond, Probes: 3}
-		o.RedisTimeout = 500 * time.Millisecond // a probe slowed by a busy machine is not a failing Redis
-		o.StockTTL = time.Microsecond           // every stock read asks Redis
+	e := startEnv(t, envOptions{driver: ledger.Postgres, cluster: c, tune: func(o *app.Options) {
+		o.Sale.Breaker = breaker.Options{OpenFor: 300 * time.Millisecond, Probes: 3}
+		o.Sale.RedisTimeout = 500 * time.Millisecond // a probe slowed by a busy machine is not a failing Redis
+		o.Sale.StockTTL = time.Microsecond           // every stock read asks Redis
 	}})
 	sku := newSKU(t)
 	e.putSKU(t, sku, 100_000, 4, 4)
@@ -565,7 +566,9 @@ func TestFaultReseedOneAtATime(t *testing.T) {
 	// reconcile has answered, so the two overlap whatever the timing.
 	gate := &gateHold{}
 	t.Cleanup(gate.release)
-	held := func(o *gateway.Options) { o.Ledger = heldLedger{Ledger: o.Ledger, gate: gate} }
+	held := func(o *app.Options) {
+		o.WrapLedger = func(l sale.Ledger) sale.Ledger { return heldLedger{Ledger: l, gate: gate} }
+	}
 	a := startEnv(t, envOptions{driver: ledger.Postgres, dsn: dsn, drift: true, tune: held})
 	b := startEnv(t, envOptions{driver: ledger.Postgres, dsn: dsn, drift: true, tune: held})
 	sku := newSKU(t)
@@ -665,7 +668,7 @@ func (g *gateHold) wait(ctx context.Context) error {
 
 // heldLedger holds AdvanceGate while its gate is held.
 type heldLedger struct {
-	gateway.Ledger
+	sale.Ledger
 	gate *gateHold
 }
 
@@ -678,7 +681,7 @@ func (l heldLedger) AdvanceGate(ctx context.Context, sku stock.SKU) (ledger.SKUS
 
 // stuckLedger never finishes AdvanceGate: a rebuild that calls it stops
 // there, fenced, holding its lock.
-type stuckLedger struct{ *ledger.Ledger }
+type stuckLedger struct{ sale.Ledger }
 
 func (stuckLedger) AdvanceGate(ctx context.Context, _ stock.SKU) (ledger.SKUState, error) {
 	<-ctx.Done()
@@ -686,24 +689,20 @@ func (stuckLedger) AdvanceGate(ctx context.Context, _ stock.SKU) (ledger.SKUStat
 }
 
 func reseedHolder() int {
-	rdb, err := cluster.New(cluster.Options{Addrs: strings.Split(os.Getenv("HELPER_REDIS"), ",")})
-	if err != nil {
-		return 1
-	}
 	ctx := context.Background()
-	led, err := ledger.Open(ctx, ledger.Options{Driver: ledger.Postgres, DSN: os.Getenv("HELPER_DSN")})
-	if err != nil {
-		return 1
-	}
-	mem, _ := cache.New(cache.Options{})
-	gate, _ := shard.New(shard.Options{Redis: rdb, Empty: mem})
-	locker, _ := lock.New(lock.Options{Redis: rdb, TTL: time.Second})
 	// The holder stops inside the rebuild, with the gate fenced, until it
 	// is killed: its ledger never returns from AdvanceGate.
-	srv, err := gateway.New(gateway.Options{Gate: gate, Ledger: stuckLedger{led}, Cache: mem, Locker: locker})
+	a, err := app.Open(ctx, app.Options{
+		Redis:      cluster.Options{Addrs: strings.Split(os.Getenv("HELPER_REDIS"), ",")},
+		Ledger:     ledger.Options{Driver: ledger.Postgres, DSN: os.Getenv("HELPER_DSN")},
+		Lock:       lock.Options{TTL: time.Second},
+		Sale:       sale.Options{WorkTimeout: time.Hour},
+		WrapLedger: func(l sale.Ledger) sale.Ledger { return stuckLedger{l} },
+	})
 	if err != nil {
 		return 1
 	}
+	srv := a.Sale
 	sku := stock.SKU{Program: os.Getenv("HELPER_PROGRAM"), Ticket: os.Getenv("HELPER_TICKET")}
 	// The replicas take the lock now and then for a moment (a drift check
 	// that finds nothing to do): try until this one holds it.
@@ -713,7 +712,7 @@ func reseedHolder() int {
 		} else {
 			_, err = srv.Reconcile(ctx, sku)
 		}
-		if !errors.Is(err, lock.ErrBusy) {
+		if !errors.Is(err, lock.ErrBusy) && !errors.Is(err, sale.ErrRebuildBusy) {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)

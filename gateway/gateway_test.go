@@ -18,16 +18,15 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/redis/go-redis/extra/redisprometheus/v9"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/stockgate/stockgate/cache"
+	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/cluster"
 	"github.com/stockgate/stockgate/gateway"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/lock"
+	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/seats"
 	"github.com/stockgate/stockgate/shard"
 	"github.com/stockgate/stockgate/stock"
@@ -45,7 +44,8 @@ func TestMain(m *testing.M) {
 type env struct {
 	seats  *seats.Store
 	url    string
-	srv    *gateway.Server
+	srv    *sale.Service // the flows, for tests that reach past HTTP
+	http   *gateway.Server
 	ledger *ledger.Ledger
 	gate   *shard.Store
 	rdb    *redis.ClusterClient
@@ -60,7 +60,7 @@ type envOptions struct {
 	dialer  func(ctx context.Context, network, addr string) (net.Conn, error)
 	drift   bool // run the drift check
 	sweep   bool // run the hold sweeper
-	tune    func(*gateway.Options)
+	tune    func(*app.Options)
 }
 
 func newEnv(t *testing.T, driver string) *env { return startEnv(t, envOptions{driver: driver}) }
@@ -75,78 +75,35 @@ func ledgerDSN(t *testing.T, driver string) string {
 
 func startEnv(t *testing.T, o envOptions) *env {
 	t.Helper()
-	ctx := context.Background()
 	if o.cluster == nil {
 		o.cluster = testenv.SharedCluster(t)
 	}
-	rdb, err := cluster.New(cluster.Options{Addrs: o.cluster.Addrs(), Dialer: o.dialer})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rdb.Close() })
 	if o.dsn == "" {
 		o.dsn = ledgerDSN(t, o.driver)
 	}
-	reg := prometheus.NewRegistry()
-	led, err := ledger.Open(ctx, ledger.Options{Driver: o.driver, DSN: o.dsn, Metrics: reg})
-	if err != nil {
-		t.Fatal(err)
+	opts := app.Options{
+		Redis:  cluster.Options{Addrs: o.cluster.Addrs(), Dialer: o.dialer},
+		Ledger: ledger.Options{Driver: o.driver, DSN: o.dsn},
+		Lock:   lock.Options{TTL: time.Second},
+		Sale:   sale.Options{DriftEvery: 200 * time.Millisecond},
+		Logger: testLogger(t),
 	}
-	t.Cleanup(func() { led.Close() })
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		redisprometheus.NewCollector("stockgate", "redis", rdb))
-	cacheMetrics, err := cache.NewMetrics(reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mem, err := cache.New(cache.Options{Stats: cacheMetrics.Recorder("flags")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	gate, err := shard.New(shard.Options{Redis: rdb, Empty: mem})
-	if err != nil {
-		t.Fatal(err)
-	}
-	locker, err := lock.New(lock.Options{Redis: rdb, TTL: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	seatStore, err := seats.New(rdb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts := gateway.Options{Gate: gate, Ledger: led, Cache: mem, Locker: locker, Seats: seatStore, Notifier: rdb, Registry: reg, CacheMetrics: cacheMetrics,
-		Logger: testLogger(t), DriftEvery: 200 * time.Millisecond}
 	if o.tune != nil {
 		o.tune(&opts)
 	}
-	srv, err := gateway.New(opts)
+	a, err := app.Open(context.Background(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(srv.Close)
-	srv.SetReady(true)
-	if o.drift {
-		dctx, stop := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() { defer close(done); srv.RunDrift(dctx) }()
-		t.Cleanup(func() { stop(); <-done })
-	}
-	if o.sweep {
-		sctx, stop := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() { defer close(done); srv.RunSweeper(sctx) }()
-		t.Cleanup(func() { stop(); <-done })
-	}
-	nctx, stopNotices := context.WithCancel(ctx)
-	noticesDone := make(chan struct{})
-	go func() { defer close(noticesDone); srv.RunNotices(nctx) }()
-	t.Cleanup(func() { stopNotices(); <-noticesDone })
-	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(func() { a.Close() })
+	a.Start(app.Loops{Drift: o.drift, Sweep: o.sweep, Notices: true})
+	a.Server.SetReady(true)
+	hs := httptest.NewServer(a.Server.Handler())
 	t.Cleanup(hs.Close)
 	tr := &http.Transport{MaxIdleConnsPerHost: 256}
 	t.Cleanup(tr.CloseIdleConnections)
-	return &env{seats: seatStore, url: hs.URL, srv: srv, ledger: led, gate: gate, rdb: rdb, reg: reg, client: &http.Client{Transport: tr}}
+	return &env{seats: a.Seats, url: hs.URL, srv: a.Sale, http: a.Server, ledger: a.Ledger, gate: a.Gate, rdb: a.Redis,
+		reg: a.Registry, client: &http.Client{Transport: tr}}
 }
 
 // testLogger shows the gateway's warnings and errors in the test's log

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/breaker"
-	"github.com/stockgate/stockgate/gateway"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/shard"
@@ -115,7 +115,7 @@ func TestHoldsExpireOnceAcrossGateways(t *testing.T) {
 // hold ends confirmed or expired, never both, and the stock is exact.
 func TestConfirmRacesExpiryThroughGateways(t *testing.T) {
 	dsn := testenv.PostgresURL(t)
-	fast := func(o *gateway.Options) { o.SweepEvery = 20 * time.Millisecond }
+	fast := func(o *app.Options) { o.Sale.SweepEvery = 20 * time.Millisecond }
 	a := startEnv(t, envOptions{driver: ledger.Postgres, dsn: dsn, sweep: true, tune: fast})
 	b := startEnv(t, envOptions{driver: ledger.Postgres, dsn: dsn, sweep: true, tune: fast})
 	sku := newSKU(t)
@@ -419,9 +419,9 @@ func TestAdminStockChangesDuringSale(t *testing.T) {
 // (straight through the ledger), and Redis is rebuilt to match when it
 // comes back.
 func TestHoldsWhileRedisIsDown(t *testing.T) {
-	e, c := faultEnv(t, func(o *gateway.Options) {
-		o.Breaker.OpenFor = 300 * time.Millisecond
-		o.SweepEvery = 100 * time.Millisecond
+	e, c := faultEnv(t, func(o *app.Options) {
+		o.Sale.Breaker.OpenFor = 300 * time.Millisecond
+		o.Sale.SweepEvery = 100 * time.Millisecond
 	})
 	sku := newSKU(t)
 	e.putSKU(t, sku, 50, 2, 4)
@@ -549,8 +549,8 @@ func TestDeadSweeperRestoreFinishedByAnother(t *testing.T) {
 	if st := a.state(t, sku); st.Held != 0 || st.RedisRemaining != 4 {
 		t.Fatalf("after the ledger half: %+v, want held 0 and redis still 4", st)
 	}
-	startEnv(t, envOptions{driver: ledger.Postgres, dsn: dsn, sweep: true, tune: func(o *gateway.Options) {
-		o.SweepEvery, o.RestoreGrace = 100*time.Millisecond, 300*time.Millisecond
+	startEnv(t, envOptions{driver: ledger.Postgres, dsn: dsn, sweep: true, tune: func(o *app.Options) {
+		o.Sale.SweepEvery, o.Sale.RestoreGrace = 100*time.Millisecond, 300*time.Millisecond
 	}})
 	waitFor(t, 5*time.Second, "another sweeper to finish the restores", func() bool {
 		p, err := a.ledger.PendingRestores(ctx, 0, 1)

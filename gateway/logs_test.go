@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stockgate/stockgate/gateway"
+	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/ledger"
 )
 
@@ -48,9 +48,9 @@ func (s *syncBuffer) lines() []map[string]any {
 func TestLogs(t *testing.T) {
 	var sink syncBuffer
 	slow := 24 * time.Hour
-	e := startEnv(t, envOptions{driver: ledger.SQLite, tune: func(o *gateway.Options) {
+	e := startEnv(t, envOptions{driver: ledger.SQLite, tune: func(o *app.Options) {
 		o.Logger = slog.New(slog.NewJSONHandler(&sink, nil))
-		o.SlowRequest = slow
+		o.HTTP.SlowRequest = slow
 	}})
 	sku := newSKU(t)
 	e.putSKU(t, sku, 100, 2, 4)
@@ -82,9 +82,9 @@ func TestLogs(t *testing.T) {
 
 	// A slow request (the threshold at 1ns: every request is slow).
 	var slowSink syncBuffer
-	e2 := startEnv(t, envOptions{driver: ledger.SQLite, tune: func(o *gateway.Options) {
+	e2 := startEnv(t, envOptions{driver: ledger.SQLite, tune: func(o *app.Options) {
 		o.Logger = slog.New(slog.NewJSONHandler(&slowSink, nil))
-		o.SlowRequest = time.Nanosecond
+		o.HTTP.SlowRequest = time.Nanosecond
 	}})
 	e2.do(t, http.MethodGet, "/livez", map[string]string{"X-Request-Id": "req-slow-1"}, "")
 	found = false

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stockgate/stockgate/gateway"
+	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
@@ -118,9 +118,9 @@ func newModel(t *testing.T, driver string, seed uint64) *sim {
 	m := &sim{t: t, rng: rand.New(rand.NewPCG(seed, 13)), seed: seed, redis: c, ops: map[string]int{}}
 	for range 3 {
 		m.envs = append(m.envs, startEnv(t, envOptions{driver: driver, dsn: dsn, cluster: c, sweep: true,
-			tune: func(o *gateway.Options) {
-				o.SweepEvery = 50 * time.Millisecond
-				o.RestoreGrace = 200 * time.Millisecond
+			tune: func(o *app.Options) {
+				o.Sale.SweepEvery = 50 * time.Millisecond
+				o.Sale.RestoreGrace = 200 * time.Millisecond
 			}}))
 	}
 	for i := range 3 {

@@ -26,6 +26,16 @@ func RequestID(ctx context.Context) string {
 	return id
 }
 
+// WithRequestIDs is l with the request id of the context added to every
+// record logged with one; main gives the sale package the same logger, so
+// its log lines name the request too.
+func WithRequestIDs(l *slog.Logger) *slog.Logger {
+	if _, ok := l.Handler().(logHandler); ok {
+		return l
+	}
+	return slog.New(logHandler{l.Handler()})
+}
+
 // logHandler adds the request id of the context to every record logged
 // with one (s.log.ErrorContext(ctx, ...)), so a 5xx can be traced.
 type logHandler struct{ slog.Handler }

@@ -36,7 +36,7 @@ func TestOpenAPIListsExactlyTheRoutes(t *testing.T) {
 			documented = append(documented, strings.ToUpper(method)+" "+param.ReplaceAllString(path, ":$1"))
 		}
 	}
-	registered := e.srv.Routes()
+	registered := e.http.Routes()
 	slices.Sort(documented)
 	slices.Sort(registered)
 	for _, r := range registered {

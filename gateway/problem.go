@@ -2,10 +2,12 @@ package gateway
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strconv"
 
 	"github.com/gin-gonic/gin"
+	"github.com/stockgate/stockgate/sale"
 )
 
 // Problem is an RFC 9457 problem detail. It is a dozen lines, so it is
@@ -48,4 +50,65 @@ func (r problemRender) Render(w http.ResponseWriter) error {
 
 func (r problemRender) WriteContentType(w http.ResponseWriter) {
 	w.Header().Set("Content-Type", "application/problem+json")
+}
+
+// statusOf is the HTTP status of each kind of sale error; its code is the
+// problem type. A kind missing here answers 500: a bug, caught by
+// TestEveryErrorHasAStatus.
+var statusOf = map[*sale.Err]int{
+	sale.ErrInvalid:         http.StatusUnprocessableEntity,
+	sale.ErrUnknownSKU:      http.StatusNotFound,
+	sale.ErrUnknownHold:     http.StatusNotFound,
+	sale.ErrUnknownOrder:    http.StatusNotFound,
+	sale.ErrNotOwner:        http.StatusForbidden,
+	sale.ErrKeyReused:       http.StatusUnprocessableEntity,
+	sale.ErrOverMax:         http.StatusUnprocessableEntity,
+	sale.ErrSoldOut:         http.StatusConflict,
+	sale.ErrLimit:           http.StatusConflict,
+	sale.ErrSaleEnded:       http.StatusConflict,
+	sale.ErrHoldExpired:     http.StatusGone,
+	sale.ErrHoldCancelled:   http.StatusConflict,
+	sale.ErrHoldConfirmed:   http.StatusConflict,
+	sale.ErrSeated:          http.StatusConflict,
+	sale.ErrNotSeated:       http.StatusConflict,
+	sale.ErrNoSeating:       http.StatusNotImplemented,
+	sale.ErrUnknownSeats:    http.StatusUnprocessableEntity,
+	sale.ErrSeatsTaken:      http.StatusConflict,
+	sale.ErrSeatsNotInGate:  http.StatusConflict,
+	sale.ErrSeatsSpan:       http.StatusUnprocessableEntity,
+	sale.ErrNoAdjacent:      http.StatusConflict,
+	sale.ErrSeatMapRefused:  http.StatusConflict,
+	sale.ErrBelowCommitted:  http.StatusConflict,
+	sale.ErrRebuildBusy:     http.StatusConflict,
+	sale.ErrBusy:            http.StatusServiceUnavailable,
+	sale.ErrUnavailable:     http.StatusServiceUnavailable,
+	sale.ErrNotRebuilt:      http.StatusServiceUnavailable,
+	sale.ErrGateNotClosed:   http.StatusServiceUnavailable,
+	sale.ErrSeatsNotInRedis: http.StatusServiceUnavailable,
+}
+
+// writeError answers with the problem of a sale error: its kind's status
+// and code, its detail, and Retry-After on 503 and on a rebuild in
+// progress (the kinds a retry with the same key may turn into a success).
+func (s *Server) writeError(c *gin.Context, err error) {
+	var kind *sale.Err
+	status := http.StatusInternalServerError
+	if errors.As(err, &kind) {
+		if st, ok := statusOf[kind]; ok {
+			status = st
+		}
+	}
+	if status == http.StatusInternalServerError {
+		s.log.ErrorContext(c.Request.Context(), "error with no problem", "route", c.FullPath(), "err", err)
+		writeProblem(c, status, "internal", "internal error", 0)
+		return
+	}
+	retry := 0
+	if status == http.StatusServiceUnavailable || kind == sale.ErrRebuildBusy {
+		retry = 1
+	}
+	if status >= 500 {
+		s.log.WarnContext(c.Request.Context(), "request failed", "route", c.FullPath(), "status", status, "err", err)
+	}
+	writeProblem(c, status, kind.Code, sale.Detail(err), retry)
 }

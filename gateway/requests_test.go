@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stockgate/stockgate/cache"
-	"github.com/stockgate/stockgate/gateway"
+	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/stock"
 )
 
@@ -310,7 +310,7 @@ func TestSeatHoldKeyReuseBlocksNothing(t *testing.T) {
 		if r, _ := e.seatHold(t, sku, "b2", "bob", "A-01"); r.status != 409 {
 			t.Errorf("a hold of the first request's seat = %d %s, want 409", r.status, r.body)
 		}
-		var check gateway.SeatCheck
+		var check sale.SeatCheck
 		r := e.do(t, http.MethodPost, adminPath(sku)+"/seats/check", nil, "")
 		if err := json.Unmarshal(r.body, &check); err != nil || r.status != 200 || len(check.Differed) != 0 {
 			t.Errorf("seat check = %d %s, want Redis and the ledger to agree", r.status, r.body)
@@ -362,7 +362,7 @@ func TestSmallerFindings(t *testing.T) {
 // slowCommits holds the ledger commit of the purchase with key hold until
 // released, after telling held that it got there.
 type slowCommits struct {
-	gateway.Ledger
+	sale.Ledger
 	key      string
 	held     chan struct{}
 	release  chan struct{}
@@ -396,7 +396,9 @@ func (l *slowCommits) PurchaseBatch(ctx context.Context, orders []ledger.Order, 
 func TestCommitAfterRebuildIsTakenAgain(t *testing.T) {
 	eachDriver(t, func(t *testing.T, driver string) {
 		slow := &slowCommits{key: "late", held: make(chan struct{}), release: make(chan struct{})}
-		e := startEnv(t, envOptions{driver: driver, tune: func(o *gateway.Options) { slow.Ledger = o.Ledger; o.Ledger = slow }})
+		e := startEnv(t, envOptions{driver: driver, tune: func(o *app.Options) {
+			o.WrapLedger = func(l sale.Ledger) sale.Ledger { slow.Ledger = l; return slow }
+		}})
 		sku := newSKU(t)
 		e.putSKU(t, sku, 10, 2, 4)
 		done := make(chan reply, 1)
@@ -428,12 +430,8 @@ func TestRestockNoticeReachesOtherReplicas(t *testing.T) {
 	eachDriver(t, func(t *testing.T, driver string) {
 		dsn := ledgerDSN(t, driver)
 		a := startEnv(t, envOptions{driver: driver, dsn: dsn})
-		b := startEnv(t, envOptions{driver: driver, dsn: dsn, tune: func(o *gateway.Options) {
-			c, err := cache.New(cache.Options{SoldOutTTL: 10 * time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
-			o.Cache = c
+		b := startEnv(t, envOptions{driver: driver, dsn: dsn, tune: func(o *app.Options) {
+			o.Cache.SoldOutTTL = 10 * time.Second
 		}})
 		sku := newSKU(t)
 		a.putSKU(t, sku, 1, 1, 4)

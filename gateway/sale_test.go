@@ -19,11 +19,11 @@ import (
 	"github.com/stockgate/stockgate/stock"
 )
 
-// sale drives a flash sale the way real clients do: each worker buys one
+// flashSale drives a flash sale the way real clients do: each worker buys one
 // ticket at a time with a fresh Idempotency-Key, retries a 503 with the same
 // key after a pause, and moves on after a 201 or a 409. It records every
 // answer, and optionally the history for a linearizability check.
-type sale struct {
+type flashSale struct {
 	t       *testing.T
 	envs    []*env
 	sku     stock.SKU
@@ -42,8 +42,8 @@ type sale struct {
 	wg       sync.WaitGroup
 }
 
-func startSale(t *testing.T, envs []*env, sku stock.SKU, total int64, workers int) *sale {
-	s := &sale{t: t, envs: envs, sku: sku, total: total, started: time.Now(),
+func startSale(t *testing.T, envs []*env, sku stock.SKU, total int64, workers int) *flashSale {
+	s := &flashSale{t: t, envs: envs, sku: sku, total: total, started: time.Now(),
 		counts: map[int]int{}, orders: map[string]string{}, pending: map[string]bool{}, stop: make(chan struct{})}
 	for w := range workers {
 		s.wg.Go(func() { s.worker(w) })
@@ -52,7 +52,7 @@ func startSale(t *testing.T, envs []*env, sku stock.SKU, total int64, workers in
 	return s
 }
 
-func (s *sale) stopped() bool {
+func (s *flashSale) stopped() bool {
 	select {
 	case <-s.stop:
 		return true
@@ -61,7 +61,7 @@ func (s *sale) stopped() bool {
 	}
 }
 
-func (s *sale) worker(w int) {
+func (s *flashSale) worker(w int) {
 	e := s.envs[w%len(s.envs)]
 	for n := 0; !s.stopped(); n++ {
 		key := fmt.Sprintf("w%d-%d", w, n)
@@ -109,20 +109,20 @@ func saleBuyer(key string) string {
 	return "buyer-" + w
 }
 
-func (s *sale) soldOutSeen() bool {
+func (s *flashSale) soldOutSeen() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.counts[http.StatusConflict] > 0
 }
 
 // halt stops the workers and waits for them.
-func (s *sale) halt() {
+func (s *flashSale) halt() {
 	s.stopOnce.Do(func() { close(s.stop) })
 	s.wg.Wait()
 }
 
 // waitSold waits until the ledger has sold at least n units, or fails.
-func (s *sale) waitSold(n int64, within time.Duration) {
+func (s *flashSale) waitSold(n int64, within time.Duration) {
 	s.t.Helper()
 	deadline := time.Now().Add(within)
 	for {
@@ -138,7 +138,7 @@ func (s *sale) waitSold(n int64, within time.Duration) {
 }
 
 // firstOKAfter is how long after t0 the first 201 arrived (-1: none).
-func (s *sale) firstOKAfter(t0 time.Time) time.Duration {
+func (s *flashSale) firstOKAfter(t0 time.Time) time.Duration {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, at := range s.oks {
@@ -153,7 +153,7 @@ func (s *sale) firstOKAfter(t0 time.Time) time.Duration {
 // sold + held <= total, the order rows add up to what the SKU row says,
 // every 201 names an order the ledger has under its key, and no key has
 // more than one order (the ledger's unique key; counted here).
-func (s *sale) oracle() ledger.SKUState {
+func (s *flashSale) oracle() ledger.SKUState {
 	s.t.Helper()
 	s.halt()
 	ctx := context.Background()
@@ -202,7 +202,7 @@ func (s *sale) oracle() ledger.SKUState {
 // Keys whose outcome the clients never learned are resolved from the
 // ledger: an order there is a 201 that may have happened any time after
 // the call.
-func (s *sale) linearizable(strict bool) {
+func (s *flashSale) linearizable(strict bool) {
 	s.t.Helper()
 	s.halt()
 	s.mu.Lock()

@@ -1,100 +1,47 @@
 package gateway
 
 import (
-	"context"
-	"errors"
-	"fmt"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
-	"time"
 
 	"github.com/gin-gonic/gin"
 
-	"github.com/stockgate/stockgate/keys"
-	"github.com/stockgate/stockgate/ledger"
-	"github.com/stockgate/stockgate/seats"
+	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/stock"
 )
 
-// Reserved seating (issue 8, in progress): seat maps, seat holds of given
-// seats in one section, and seat status. A seat hold is a hold like any
-// other (confirm, cancel, expiry, refund through the same routes); its
-// seats are held in Redis under its Idempotency-Key and in the ledger
-// under its hold id, and its gate record is "seats:<section>:<id>,<id>…".
-
-const seatGatePrefix = "seats:"
-
-func seatGate(section string, ids []string) string {
-	return seatGatePrefix + section + ":" + strings.Join(ids, ",")
-}
-
-func parseSeatGate(g string) (section string, ids []string, ok bool) {
-	rest, ok := strings.CutPrefix(g, seatGatePrefix)
-	if !ok {
-		return "", nil, false
-	}
-	section, list, ok := strings.Cut(rest, ":")
-	return section, strings.Split(list, ","), ok
+type seatBody struct {
+	ID      string `json:"id"`
+	Section string `json:"section"`
+	Row     string `json:"row"`
+	Number  int    `json:"number"`
 }
 
 type seatMapBody struct {
-	Seats []seats.Seat `json:"seats"`
+	Seats []seatBody `json:"seats"`
 }
 
 // putSeats handles PUT /v1/admin/skus/:program/:ticket/seats: add seats to
-// the SKU's map (seats it has keep their state), in the ledger and Redis.
+// the SKU's map (seats it has keep their state).
 func (s *Server) putSeats(c *gin.Context) {
 	sku, ok := skuParam(c)
 	if !ok {
-		return
-	}
-	if s.seats == nil {
-		writeProblem(c, http.StatusNotImplemented, "no-seats", "reserved seating is not configured", 0)
 		return
 	}
 	var body seatMapBody
 	if !s.decodeBodyMax(c, &body, 1<<20) {
 		return
 	}
-	if len(body.Seats) == 0 || len(body.Seats) > 100_000 {
-		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "seats must list 1..100000 seats", 0)
+	list := make([]sale.Seat, len(body.Seats))
+	for i, st := range body.Seats {
+		list[i] = sale.Seat{ID: st.ID, Section: st.Section, Row: st.Row, Number: st.Number}
+	}
+	n, err := s.sale.LoadSeats(c.Request.Context(), sku, list)
+	if err != nil {
+		s.writeError(c, err)
 		return
 	}
-	seen := map[string]bool{}
-	var rows []ledger.Seat
-	for _, st := range body.Seats {
-		if err := st.Validate(); err != nil || seen[st.ID] {
-			writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", fmt.Sprintf("seat %q is invalid or repeated", st.ID), 0)
-			return
-		}
-		seen[st.ID] = true
-		rows = append(rows, ledger.Seat{ID: st.ID, Section: st.Section, Row: st.Row, Number: st.Number})
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request.Context()), s.opts.WorkTimeout)
-	defer cancel()
-	if _, err := s.ledger.SKU(ctx, sku); errors.Is(err, stock.ErrUnknownSKU) {
-		writeProblem(c, http.StatusNotFound, "unknown-sku", "no such program/ticket: create it (PUT /v1/admin/skus/{program}/{ticket}) before its seat map", 0)
-		return
-	}
-	n, err := s.ledger.LoadSeats(ctx, sku, rows)
-	switch {
-	case errors.Is(err, stock.ErrInvalid):
-		writeProblem(c, http.StatusConflict, "seat-map-refused", err.Error(), 0)
-		return
-	case err != nil:
-		s.log.ErrorContext(ctx, "load seats", "sku", sku.String(), "err", err)
-		writeProblem(c, http.StatusServiceUnavailable, "unavailable", "ledger unavailable", 1)
-		return
-	}
-	if err := s.redis(ctx, func(ctx context.Context) error { return s.seats.Load(ctx, sku, body.Seats) }); err != nil {
-		s.log.ErrorContext(ctx, "load seats into redis", "sku", sku.String(), "err", err)
-		writeProblem(c, http.StatusServiceUnavailable, "unavailable", "ledger updated, Redis not; repeat the request", 1)
-		return
-	}
-	s.settings.Invalidate(sku)
-	s.seatMaps.Invalidate(sku)
 	c.JSON(http.StatusOK, gin.H{"program": sku.Program, "ticket": sku.Ticket, "seats": n})
 }
 
@@ -107,30 +54,15 @@ type seatHoldBody struct {
 	TTLSeconds *int64 `json:"ttl_seconds"`
 }
 
-// seatMap is a SKU's seat id → section, loaded once per SettingsTTL.
-type seatMap map[string]string
-
-func (s *Server) loadSeatMap(ctx context.Context, sku stock.SKU) (seatMap, error) {
-	all, err := s.ledger.Seats(ctx, sku, "")
-	if err != nil {
-		return nil, err
-	}
-	m := make(seatMap, len(all))
-	for _, st := range all {
-		m[st.ID] = st.Section
-	}
-	return m, nil
-}
-
 // postSeatHold handles POST /v1/skus/:program/:ticket/seat-holds: hold the
-// given seats, all of one section, all or nothing; 409 names the seats
-// already taken.
+// given seats, all of one section, all or nothing (409 names the seats
+// already taken), or the best adjacent seats.
 func (s *Server) postSeatHold(c *gin.Context) {
 	sku, ok := skuParam(c)
 	if !ok {
 		return
 	}
-	key, ok := idempotencyKey(c)
+	ask, ok := s.ask(c)
 	if !ok {
 		return
 	}
@@ -138,290 +70,20 @@ func (s *Server) postSeatHold(c *gin.Context) {
 	if !s.decodeBody(c, &body) || !validBuyer(c, body.Buyer) {
 		return
 	}
-	if len(body.Seats) == 0 {
-		if body.Quantity == nil || *body.Quantity < 1 || *body.Quantity > 64 || (body.Section != "" && keys.CheckID(body.Section) != nil) {
+	ask.Buyer = body.Buyer
+	t := sale.SeatTake{Ask: ask, SKU: sku, Seats: body.Seats, Section: body.Section}
+	if body.Quantity != nil {
+		if *body.Quantity < 1 || *body.Quantity > sale.MaxBestSeats {
 			writeProblem(c, http.StatusUnprocessableEntity, "invalid-field",
 				"give seats (a list of seat ids), or quantity (1..64) and optionally a section, for the best adjacent seats", 0)
 			return
 		}
-		ttl, ok := holdTTL(c, body.TTLSeconds)
-		if !ok {
-			return
-		}
-		q := *body.Quantity
-		r := newRequest(body.Buyer, key, ledger.OpSeatHold, sku.Program, sku.Ticket, "best", body.Section,
-			strconv.FormatInt(q, 10), ttl.String())
-		s.runJoined(c, r, func(ctx context.Context) answer {
-			return s.takeBestSeats(ctx, sku, r, body.Buyer, body.Section, int(q), ttl)
-		})
+		t.Quantity = int(*body.Quantity)
+	}
+	if t.TTL, ok = holdTTL(c, body.TTLSeconds); !ok {
 		return
 	}
-	if body.Quantity != nil || body.Section != "" {
-		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "give either seats, or quantity and section", 0)
-		return
-	}
-	seen := map[string]bool{}
-	for _, id := range body.Seats {
-		if keys.CheckID(id) != nil || seen[id] {
-			writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", fmt.Sprintf("seat %q is invalid or repeated", id), 0)
-			return
-		}
-		seen[id] = true
-	}
-	ttl, ok := holdTTL(c, body.TTLSeconds)
-	if !ok {
-		return
-	}
-	ids := slices.Clone(body.Seats)
-	slices.Sort(ids)
-	r := newRequest(body.Buyer, key, ledger.OpSeatHold, sku.Program, sku.Ticket, "seats", strings.Join(ids, ","), ttl.String())
-	s.runJoined(c, r, func(ctx context.Context) answer { return s.takeSeats(ctx, sku, r, body.Buyer, ids, ttl) })
-}
-
-func seatsRefused(status int, kind, what string, ids []string) answer {
-	return refuse(status, kind, fmt.Sprintf("%s: %s", what, strings.Join(ids, ", ")))
-}
-
-// takeSeats holds the given seats of one section for request r. The seats'
-// owner in Redis is the request's gate id (derived from buyer, key and
-// fingerprint), so a reused key with other seats can neither take nor
-// release the first request's seats.
-func (s *Server) takeSeats(ctx context.Context, sku stock.SKU, r request, buyer string, ids []string, ttl time.Duration) answer {
-	owner := r.gateID()
-	if s.seats == nil {
-		return refuse(http.StatusNotImplemented, "no-seats", "reserved seating is not configured")
-	}
-	st, err := s.settings.Get(ctx, sku)
-	switch {
-	case errors.Is(err, stock.ErrUnknownSKU):
-		return ansUnknownSKU
-	case err != nil:
-		return ansUnavailable
-	case !st.Seated:
-		return s.lookupOr(ctx, r, refuse(http.StatusConflict, "not-seated", "this ticket has no seat map; use holds or purchases"))
-	case int64(len(ids)) > st.MaxPerOrder:
-		return s.lookupOr(ctx, r, refuse(http.StatusUnprocessableEntity, "quantity-over-limit",
-			fmt.Sprintf("%d seats over this ticket's maximum of %d per order", len(ids), st.MaxPerOrder)))
-	case ttl != 0 && (ttl < ledger.MinHoldTTL || ttl > st.HoldTTLMax):
-		return s.lookupOr(ctx, r, refuse(http.StatusUnprocessableEntity, "invalid-field", "ttl_seconds out of this ticket's bounds"))
-	case !st.EndedAt.IsZero():
-		return s.lookupOr(ctx, r, ansSaleEnded)
-	}
-	m, err := s.seatMaps.Get(ctx, sku)
-	if err != nil {
-		return ansUnavailable
-	}
-	section := ""
-	var unknown []string
-	for _, id := range ids {
-		sec, ok := m[id]
-		switch {
-		case !ok:
-			unknown = append(unknown, id)
-		case section == "":
-			section = sec
-		case sec != section:
-			return refuse(http.StatusUnprocessableEntity, "seats-span-sections", "a seat hold takes seats of one section")
-		}
-	}
-	if len(unknown) > 0 {
-		return seatsRefused(http.StatusUnprocessableEntity, "unknown-seats", "not in this ticket's seat map", unknown)
-	}
-	if ttl == 0 {
-		ttl = st.HoldTTL
-	}
-	// GateEpoch -1: seats are not counted stock, and the seat gate has no
-	// epochs (the consistency check rewrites it from the ledger's seats).
-	h := ledger.Hold{IdempotencyKey: owner, SKU: sku, Buyer: buyer, Quantity: int64(len(ids)),
-		SeatIDs: ids, ExpiresAt: time.Now().Add(ttl), Req: r.ledger(), GateEpoch: -1}
-
-	// The gate: take the seats in Redis first (all or nothing), so a race for
-	// the same seats is settled there; the ledger decides for good.
-	rerr := s.redis(ctx, func(ctx context.Context) error { return s.seats.Hold(ctx, sku, section, owner, ids) })
-	var se *seats.SeatError
-	switch {
-	case errors.As(rerr, &se) && errors.Is(rerr, seats.ErrTaken):
-		return s.lookupOr(ctx, r, seatsRefused(http.StatusConflict, "seats-taken", "already held or sold", se.Seats))
-	case errors.As(rerr, &se):
-		return seatsRefused(http.StatusConflict, "seats-not-in-gate", "not in the gate's seat map (reconcile the map)", se.Seats)
-	case rerr != nil && !notRun(rerr):
-		return ansUnavailable
-	}
-	// The gate record names the seats and their owner even for a hold taken
-	// around the gate: the seat consistency check may write them into Redis
-	// as held by this owner, so its end must release them there (a release
-	// by owner is a no-op for seats this owner does not hold).
-	h.Gate = seatGate(section, ids)
-	version := int64(-1)
-	if rerr != nil {
-		// Redis is out: straight to the ledger, optimistically.
-		fresh, err := s.ledger.SKU(ctx, sku)
-		if err != nil {
-			return ansUnavailable
-		}
-		version = fresh.Version
-	}
-	got, err := s.ledger.Hold(ctx, h, version)
-	release := func() {
-		if rerr == nil {
-			_ = s.redis(ctx, func(ctx context.Context) error {
-				_, err := s.seats.Release(ctx, sku, section, owner, ids)
-				return err
-			})
-		}
-	}
-	var te *ledger.SeatsTakenError
-	switch {
-	case err == nil:
-		return answer{status: http.StatusCreated, hold: &got}
-	case errors.Is(err, ledger.ErrDuplicate):
-		// A retry of a committed seat hold. If that hold has ended since
-		// (cancelled, expired, its order refunded), its seats were freed,
-		// and this attempt just took them again under the same owner:
-		// give them back.
-		if cur, herr := s.ledger.HoldByID(ctx, got.ID); herr == nil && cur.State != ledger.Held {
-			if cur.State != ledger.Confirmed || s.orderRefunded(ctx, cur.OrderID) {
-				release()
-			}
-		}
-		return answer{status: http.StatusCreated, hold: &got, replayed: true}
-	case errors.Is(err, ledger.ErrKeyReused):
-		release()
-		return ansKeyReused
-	case errors.As(err, &te):
-		release()
-		return seatsRefused(http.StatusConflict, "seats-taken", "already held or sold", te.Seats)
-	case errors.Is(err, stock.ErrLimit):
-		release()
-		return ansLimit
-	case errors.Is(err, stock.ErrSaleEnded):
-		release()
-		return ansSaleEnded
-	case errors.Is(err, ledger.ErrConflict):
-		release()
-		return ansBusy
-	case errors.Is(err, ledger.ErrNotCommitted):
-		release()
-		return ansUnavailable
-	}
-	s.log.ErrorContext(ctx, "seat hold commit", "sku", sku.String(), "err", err)
-	return s.lookupOr(ctx, r, ansUnavailable)
-}
-
-// orderRefunded reports whether the order was refunded (false when it
-// cannot be read: keeping the seats taken is the safe side).
-func (s *Server) orderRefunded(ctx context.Context, id string) bool {
-	o, err := s.ledger.OrderByID(ctx, id)
-	return err == nil && !o.RefundedAt.IsZero()
-}
-
-// takeBestSeats picks the best q adjacent free seats of a section (in
-// Redis, or from the ledger's map while the breaker is open) and holds them
-// like given seats.
-func (s *Server) takeBestSeats(ctx context.Context, sku stock.SKU, r request, buyer, section string, q int, ttl time.Duration) answer {
-	if s.seats == nil {
-		return refuse(http.StatusNotImplemented, "no-seats", "reserved seating is not configured")
-	}
-	if a, ok, err := s.recorded(ctx, r); err != nil {
-		return ansUnavailable
-	} else if ok {
-		return a
-	}
-	if section == "" {
-		// The whole price tier: the first section, in order, that has them.
-		m, err := s.seatMaps.Get(ctx, sku)
-		if err != nil {
-			return ansUnavailable
-		}
-		var sections []string
-		for _, sec := range m {
-			if !slices.Contains(sections, sec) {
-				sections = append(sections, sec)
-			}
-		}
-		slices.Sort(sections)
-		last := refuse(http.StatusConflict, "no-adjacent-seats", fmt.Sprintf("no %d adjacent seats free in any section", q))
-		for _, sec := range sections {
-			a := s.takeBestSeats(ctx, sku, r, buyer, sec, q, ttl)
-			if a.kind != "no-adjacent-seats" {
-				return a
-			}
-		}
-		return last
-	}
-	var ids []string
-	err := s.redis(ctx, func(ctx context.Context) (err error) {
-		ids, err = s.seats.Best(ctx, sku, section, r.gateID(), q)
-		return err
-	})
-	switch {
-	case errors.Is(err, seats.ErrNoAdjacent):
-		return refuse(http.StatusConflict, "no-adjacent-seats", fmt.Sprintf("no %d adjacent seats free in section %s", q, section))
-	case err != nil && notRun(err):
-		all, lerr := s.ledger.Seats(ctx, sku, section)
-		if lerr != nil {
-			return ansUnavailable
-		}
-		if ids = bestAdjacent(all, q); ids == nil {
-			return refuse(http.StatusConflict, "no-adjacent-seats", fmt.Sprintf("no %d adjacent seats free in section %s", q, section))
-		}
-	case err != nil:
-		return ansUnavailable
-	}
-	// The seats are held in Redis under key (or Redis is out); the given-
-	// seats path holds them again (a no-op for the same key) and commits.
-	return s.takeSeats(ctx, sku, r, buyer, ids, ttl)
-}
-
-// bestAdjacent is seats_best.lua's choice over the ledger's map, for when
-// Redis is out: the front-most row with q consecutive free seats, without
-// stranding a single seat where another run allows.
-func bestAdjacent(all []ledger.Seat, q int) []string {
-	rows := map[string][]ledger.Seat{}
-	var names []string
-	for _, st := range all {
-		if _, ok := rows[st.Row]; !ok {
-			names = append(names, st.Row)
-		}
-		rows[st.Row] = append(rows[st.Row], st)
-	}
-	slices.SortFunc(names, rowCompare)
-	var best []string
-	bestOrphan := true
-	for _, name := range names {
-		row := rows[name]
-		slices.SortFunc(row, func(a, b ledger.Seat) int { return a.Number - b.Number })
-		for i := 0; i < len(row); {
-			if row[i].State != "free" {
-				i++
-				continue
-			}
-			j := i
-			for j+1 < len(row) && row[j+1].State == "free" && row[j+1].Number == row[j].Number+1 {
-				j++
-			}
-			if n := j - i + 1; n >= q && (best == nil || (bestOrphan && n-q != 1)) {
-				best, bestOrphan = nil, n-q == 1
-				for k := i; k < i+q; k++ {
-					best = append(best, row[k].ID)
-				}
-				if !bestOrphan {
-					return best
-				}
-			}
-			i = j + 1
-		}
-	}
-	return best
-}
-
-// rowCompare orders row labels naturally, as seats_best.lua does: a
-// shorter label first, then alphabetical (2 before 10, Z before AA).
-func rowCompare(a, b string) int {
-	if len(a) != len(b) {
-		return len(a) - len(b)
-	}
-	return strings.Compare(a, b)
+	s.written(c, http.StatusCreated)(s.sale.HoldSeats(c.Request.Context(), t))
 }
 
 type seatView struct {
@@ -432,50 +94,6 @@ type seatView struct {
 	State   string `json:"state"`
 }
 
-// getSeats handles GET /v1/skus/:program/:ticket/seats?section=A: the
-// section's seats (or all) and their state, from the ledger, served from
-// memory for StockTTL so a read flood costs one ledger query per period.
-func (s *Server) getSeats(c *gin.Context) {
-	sku, ok := skuParam(c)
-	if !ok {
-		return
-	}
-	section := c.Query("section")
-	if section != "" && keys.CheckID(section) != nil {
-		writeProblem(c, http.StatusBadRequest, "invalid-id", "section ids match [A-Za-z0-9_-]{1,64}", 0)
-		return
-	}
-	// The loading cache is keyed by SKU; the section rides in the ticket
-	// field after a byte no id may contain.
-	v, err := s.sectionViews.Get(c.Request.Context(), stock.SKU{Program: sku.Program, Ticket: sku.Ticket + "|" + section})
-	if err != nil {
-		writeProblem(c, http.StatusServiceUnavailable, "unavailable", "ledger unavailable", 1)
-		return
-	}
-	if list := c.Query("ids"); list != "" {
-		// One seat's or a batch of seats' status.
-		want := strings.Split(list, ",")
-		if len(want) > stock.MaxPerOrderCap {
-			writeProblem(c, http.StatusBadRequest, "invalid-id", "at most 1000 seat ids", 0)
-			return
-		}
-		var out []seatView
-		for _, st := range v.Seats {
-			if slices.Contains(want, st.ID) {
-				out = append(out, st)
-			}
-		}
-		v.Seats, v.Free = out, 0
-		for _, st := range out {
-			if st.State == "free" {
-				v.Free++
-			}
-		}
-	}
-	c.Header("Cache-Control", "max-age=1")
-	c.JSON(http.StatusOK, v)
-}
-
 type sectionView struct {
 	Program string     `json:"program"`
 	Ticket  string     `json:"ticket"`
@@ -484,96 +102,85 @@ type sectionView struct {
 	Seats   []seatView `json:"seats"`
 }
 
-func (s *Server) loadSectionView(ctx context.Context, key stock.SKU) (sectionView, error) {
-	ticket, section, _ := strings.Cut(key.Ticket, "|")
-	sku := stock.SKU{Program: key.Program, Ticket: ticket}
-	all, err := s.ledger.Seats(ctx, sku, section)
-	if err != nil {
-		return sectionView{}, err
+// getSeats handles GET /v1/skus/:program/:ticket/seats?section=A&ids=…:
+// the section's seats (or all, or the ones named) and their state.
+func (s *Server) getSeats(c *gin.Context) {
+	sku, ok := skuParam(c)
+	if !ok {
+		return
 	}
-	v := sectionView{Program: sku.Program, Ticket: sku.Ticket, Section: section, Seats: make([]seatView, len(all))}
-	for i, st := range all {
-		v.Seats[i] = seatView{ID: st.ID, Section: st.Section, Row: st.Row, Number: st.Number, State: st.State}
+	var want []string
+	if list := c.Query("ids"); list != "" {
+		if want = strings.Split(list, ","); len(want) > stock.MaxPerOrderCap {
+			writeProblem(c, http.StatusBadRequest, "invalid-id", "at most 1000 seat ids", 0)
+			return
+		}
+	}
+	sec, err := s.sale.Seats(c.Request.Context(), sku, c.Query("section"))
+	if err != nil {
+		if sale.Code(err) == sale.ErrInvalid.Code {
+			writeProblem(c, http.StatusBadRequest, "invalid-id", sale.Detail(err), 0)
+			return
+		}
+		s.writeError(c, err)
+		return
+	}
+	v := sectionView{Program: sku.Program, Ticket: sku.Ticket, Section: sec.Section, Seats: []seatView{}}
+	for _, st := range sec.Seats {
+		if want != nil && !slices.Contains(want, st.ID) {
+			continue
+		}
+		v.Seats = append(v.Seats, seatView{ID: st.ID, Section: st.Section, Row: st.Row, Number: st.Number, State: st.State})
 		if st.State == "free" {
 			v.Free++
 		}
 	}
-	return v, nil
+	c.Header("Cache-Control", "max-age=1")
+	c.JSON(http.StatusOK, v)
 }
 
-// SeatCheck is what a consistency check of a seat map found and did.
-type SeatCheck struct {
+// seatCheckView is the body of a seat consistency check.
+type seatCheckView struct {
 	Checked  int      `json:"checked"`
 	Differed []string `json:"differed"`
 	Repaired int      `json:"repaired"`
 }
 
-// CheckSeats compares the gate's seat states with the ledger's and writes
-// the ledger's over every seat that differs (the ledger wins). With
-// confirmOnly it repairs only seats in prev that differed the same way at
-// the previous check, so a hold between its Redis and ledger halves is not
-// "repaired" mid-flight; it returns what differs now, for the next check.
-func (s *Server) CheckSeats(ctx context.Context, sku stock.SKU, prev map[string]string) (SeatCheck, map[string]string, error) {
-	var out SeatCheck
-	if s.seats == nil {
-		return out, nil, errors.New("gateway: reserved seating not configured")
-	}
-	facts, err := s.ledger.SeatFacts(ctx, sku)
-	if err != nil {
-		return out, nil, err
-	}
-	bySection := map[string][]ledger.SeatFact{}
-	for _, f := range facts {
-		bySection[f.Section] = append(bySection[f.Section], f)
-	}
-	now := map[string]string{}
-	for section, fs := range bySection {
-		ids := make([]string, len(fs))
-		for i, f := range fs {
-			ids[i] = f.ID
-		}
-		var raw []string
-		if err := s.redis(ctx, func(ctx context.Context) (err error) {
-			raw, err = s.seats.Raw(ctx, sku, section, ids)
-			return err
-		}); err != nil {
-			return out, nil, err
-		}
-		fix := map[string]string{}
-		for i, f := range fs {
-			out.Checked++
-			want := seats.Gate(f.State, f.HoldKey)
-			if raw[i] == want {
-				continue
-			}
-			out.Differed = append(out.Differed, f.ID)
-			seen := raw[i] + "→" + want
-			now[f.ID] = seen
-			if prev == nil || prev[f.ID] == seen {
-				fix[f.ID] = want
-			}
-		}
-		if err := s.redis(ctx, func(ctx context.Context) error { return s.seats.Repair(ctx, sku, section, fix) }); err != nil {
-			return out, nil, err
-		}
-		out.Repaired += len(fix)
-	}
-	s.metrics.seatRepairs.Add(float64(out.Repaired))
-	return out, now, nil
-}
-
 // checkSeats handles POST /v1/admin/skus/:program/:ticket/seats/check:
-// compare and repair now.
+// compare the gate's seats with the ledger's and repair now.
 func (s *Server) checkSeats(c *gin.Context) {
 	sku, ok := skuParam(c)
 	if !ok {
 		return
 	}
-	r, _, err := s.CheckSeats(c.Request.Context(), sku, nil)
+	r, err := s.sale.CheckSeats(c.Request.Context(), sku)
 	if err != nil {
-		s.log.ErrorContext(c.Request.Context(), "seat check", "sku", sku.String(), "err", err)
-		writeProblem(c, http.StatusServiceUnavailable, "unavailable", "seat check failed: "+err.Error(), 1)
+		s.writeError(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, r)
+	c.JSON(http.StatusOK, seatCheckView(r))
+}
+
+// stockView is the public answer to "how many are left?".
+type stockView struct {
+	Program   string `json:"program"`
+	Ticket    string `json:"ticket"`
+	Remaining int64  `json:"remaining"`
+	SoldOut   bool   `json:"sold_out"`
+}
+
+// getStock handles GET /v1/skus/:program/:ticket/stock, answered from the
+// local cache; a miss loads it once for all concurrent readers.
+func (s *Server) getStock(c *gin.Context) {
+	sku, ok := skuParam(c)
+	if !ok {
+		return
+	}
+	v, err := s.sale.Stock(c.Request.Context(), sku)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	c.Header("Cache-Control", "max-age=1")
+	c.JSON(http.StatusOK, stockView{Program: sku.Program, Ticket: sku.Ticket, Remaining: v.Remaining, SoldOut: v.SoldOut})
 }

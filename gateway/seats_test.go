@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/breaker"
-	"github.com/stockgate/stockgate/gateway"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
@@ -271,7 +271,7 @@ func TestBestAvailableThroughTheAPI(t *testing.T) {
 // exactly once, in the ledger and in Redis.
 func TestSeatHoldsExpireAcrossGateways(t *testing.T) {
 	dsn := testenv.PostgresURL(t)
-	fast := func(o *gateway.Options) { o.SweepEvery = 100 * time.Millisecond }
+	fast := func(o *app.Options) { o.Sale.SweepEvery = 100 * time.Millisecond }
 	var envs []*env
 	for range 3 {
 		envs = append(envs, startEnv(t, envOptions{driver: ledger.Postgres, dsn: dsn, sweep: true, tune: fast}))
@@ -388,7 +388,7 @@ func TestBestAvailableRaceThroughTheAPI(t *testing.T) {
 // go straight to the ledger, and the seats are right in Redis once it is
 // back and checked.
 func TestSeatHoldsWhileRedisIsDown(t *testing.T) {
-	e, c := faultEnv(t, func(o *gateway.Options) { o.Breaker.OpenFor = time.Minute })
+	e, c := faultEnv(t, func(o *app.Options) { o.Sale.Breaker.OpenFor = time.Minute })
 	sku := newSKU(t)
 	e.putSKU(t, sku, 0, 1, 4)
 	e.loadSeats(t, sku, map[string]int{"A": 8})

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/stockgate/stockgate/gateway"
+	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/ledger"
 )
 
@@ -14,17 +14,17 @@ import (
 // nothing; a body over the limit gets 413; a client over its rate gets 429
 // with Retry-After, and cannot dodge it with a forged X-Forwarded-For.
 func TestSecurityLimits(t *testing.T) {
-	e := startEnv(t, envOptions{driver: ledger.SQLite, tune: func(o *gateway.Options) {
-		o.AdminToken = "s3cret-token"
+	e := startEnv(t, envOptions{driver: ledger.SQLite, tune: func(o *app.Options) {
+		o.HTTP.AdminToken = "s3cret-admin-token"
 	}})
 	sku := newSKU(t)
-	auth := map[string]string{"Authorization": "Bearer s3cret-token"}
+	auth := map[string]string{"Authorization": "Bearer s3cret-admin-token"}
 	path := "/v1/admin/skus/" + sku.Program + "/" + sku.Ticket
 	if r := e.do(t, http.MethodPut, path, auth, `{"total":10}`); r.status != http.StatusOK {
 		t.Fatalf("PUT with the token = %d %s", r.status, r.body)
 	}
 	before := e.state(t, sku)
-	for _, h := range []map[string]string{nil, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret-token"}, {"Authorization": "Basic czNjcmV0LXRva2Vu"}} {
+	for _, h := range []map[string]string{nil, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret-admin-token"}, {"Authorization": "Basic czNjcmV0LXRva2Vu"}} {
 		for _, call := range []struct{ method, path, body string }{
 			{http.MethodPut, path, `{"total":99}`},
 			{http.MethodPost, path + "/end", ""},
@@ -52,7 +52,7 @@ func TestSecurityLimits(t *testing.T) {
 
 	// 20 burst + 5/s: 60 quick reads from one client, many refused; a forged
 	// X-Forwarded-For does not make a new client (no proxy is trusted).
-	e = startEnv(t, envOptions{driver: ledger.SQLite, tune: func(o *gateway.Options) { o.RatePerClient, o.RateBurst = 5, 20 }})
+	e = startEnv(t, envOptions{driver: ledger.SQLite, tune: func(o *app.Options) { o.HTTP.RatePerClient, o.HTTP.RateBurst = 5, 20 }})
 	e.putSKU(t, sku, 10, 1, 4)
 	limited, retry := 0, ""
 	for i := range 60 {
@@ -75,8 +75,8 @@ func TestSecurityLimits(t *testing.T) {
 
 	// Behind a trusted proxy (here the test client's own address), the
 	// forwarded address is the client: 60 different clients, none limited.
-	e = startEnv(t, envOptions{driver: ledger.SQLite, tune: func(o *gateway.Options) {
-		o.RatePerClient, o.RateBurst, o.TrustedProxies = 5, 20, []string{"127.0.0.1"}
+	e = startEnv(t, envOptions{driver: ledger.SQLite, tune: func(o *app.Options) {
+		o.HTTP.RatePerClient, o.HTTP.RateBurst, o.HTTP.TrustedProxies = 5, 20, []string{"127.0.0.1"}
 	}})
 	e.putSKU(t, sku, 10, 1, 4)
 	for i := range 60 {

@@ -128,3 +128,8 @@ const (
 	RefillCounted = 3 // the shard is at a later epoch, whose facts count the units
 	RefillNotYet  = 4 // the shard is at an earlier epoch; try again later
 )
+
+// Codes of quota.lua beyond the shared ones.
+const (
+	QuotaKeyKnown = 3 // over the cap, and the request's key was counted before: look it up
+)

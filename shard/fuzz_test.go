@@ -182,7 +182,7 @@ func FuzzScriptReplies(f *testing.F) {
 		{"deduct", lua.Deduct, []string{tag, k.Deduction("fz")}, []int64{lua.OK, lua.Already, lua.Empty, lua.NotSeeded, lua.BadArg, lua.Fenced}},
 		{"restore", lua.Restore, []string{tag, k.Deduction("fz")}, []int64{lua.OK, lua.Already, lua.NoRecord, lua.Stale, lua.NotSeeded, lua.BadArg}},
 		{"refill", lua.Refill, []string{tag, k.Refill("fz")}, []int64{lua.OK, lua.Already, lua.RefillCounted, lua.RefillNotYet, lua.NotSeeded, lua.BadArg}},
-		{"quota", lua.Quota, []string{keys.Quota("fuzz", "t", "b")}, []int64{lua.OK, lua.Already, lua.Empty, lua.BadArg}},
+		{"quota", lua.Quota, []string{keys.Quota("fuzz", "t", "b")}, []int64{lua.OK, lua.Already, lua.Empty, lua.QuotaKeyKnown, lua.BadArg}},
 		{"unquota", lua.Unquota, []string{keys.Quota("fuzz", "t", "b")}, []int64{lua.OK, lua.NoRecord, lua.BadArg}},
 		{"seats_hold", lua.SeatsHold, []string{seatsKey}, []int64{lua.SeatsHeld, lua.SeatsTaken, lua.SeatsUnknown, lua.BadArg}},
 		{"seats_best", lua.SeatsBest, []string{seatsKey, keys.SeatLayout("fuzz", "t", "A")}, []int64{lua.SeatsHeld, lua.SeatsAgain, lua.SeatsTaken, lua.BadArg}},
@@ -202,7 +202,7 @@ func FuzzScriptReplies(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, which uint8, a, b, c, d string) {
 		sc := scripts[int(which)%len(scripts)]
-		v, err := redis.NewScript(sc.src).Run(context.Background(), rdb, sc.keys, a, b, c, d).Slice()
+		v, err := redis.NewScript(sc.src).Run(context.Background(), rdb, sc.keys, a, b, c, d, "k1").Slice()
 		if err != nil {
 			t.Fatalf("%s(%q, %q, %q, %q): %v", sc.name, a, b, c, d, err)
 		}

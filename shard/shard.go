@@ -582,19 +582,25 @@ func (s *Store) Remaining(ctx context.Context, sku stock.SKU, n int) (int64, boo
 	return sum, seeded, nil
 }
 
+// ErrKeyCounted: the request is over the buyer's cap, and its key was
+// counted before (under this or another fingerprint): it may be the retry
+// of a committed request whose stock came back, or a reuse of its key.
+var ErrKeyCounted = fmt.Errorf("%w: the key was counted before", stock.ErrLimit)
+
 // TakeQuota counts q units of a request against the buyer's cap on the SKU
 // (or on the whole program when sku.Ticket is ""), once per request id;
-// stock.ErrLimit when the cap would be passed. fresh reports that this call
-// counted them (false: the request was counted before).
-func (s *Store) TakeQuota(ctx context.Context, sku stock.SKU, buyer, requestID string, q, limit int64) (fresh bool, err error) {
+// stock.ErrLimit when the cap would be passed (ErrKeyCounted when keyID was
+// counted before). fresh reports that this call counted them (false: the
+// request was counted before).
+func (s *Store) TakeQuota(ctx context.Context, sku stock.SKU, buyer, requestID, keyID string, q, limit int64) (fresh bool, err error) {
 	if err := quotaScope(sku); err != nil {
 		return false, err
 	}
-	if keys.CheckID(buyer) != nil || keys.CheckID(requestID) != nil || q < 1 || limit < 1 {
+	if keys.CheckID(buyer) != nil || keys.CheckID(requestID) != nil || keys.CheckID(keyID) != nil || q < 1 || limit < 1 {
 		return false, fmt.Errorf("%w: quota for %q/%q q %d limit %d", stock.ErrInvalid, buyer, requestID, q, limit)
 	}
 	v, err := s.quota.Run(ctx, s.rdb, []string{keys.Quota(sku.Program, sku.Ticket, buyer)},
-		requestID, q, limit, s.recordTTL).Int64Slice()
+		requestID, q, limit, s.recordTTL, keyID).Int64Slice()
 	if err != nil {
 		return false, fmt.Errorf("quota: %w", err)
 	}
@@ -608,19 +614,23 @@ func (s *Store) TakeQuota(ctx context.Context, sku stock.SKU, buyer, requestID s
 		return false, nil
 	case lua.Empty:
 		return false, stock.ErrLimit
+	case lua.QuotaKeyKnown:
+		return false, ErrKeyCounted
 	}
 	return false, fmt.Errorf("quota: %w: code %d", ErrScript, v[0])
 }
 
-// ReleaseQuota takes a request's units off the buyer's count, once.
-func (s *Store) ReleaseQuota(ctx context.Context, sku stock.SKU, buyer, requestID string) error {
+// ReleaseQuota takes a request's units off the buyer's count, once. keyID
+// names the key of a refused request, forgotten with it; "" keeps the key
+// known (stock of a committed request came back).
+func (s *Store) ReleaseQuota(ctx context.Context, sku stock.SKU, buyer, requestID, keyID string) error {
 	if err := quotaScope(sku); err != nil {
 		return err
 	}
-	if keys.CheckID(buyer) != nil || keys.CheckID(requestID) != nil {
+	if keys.CheckID(buyer) != nil || keys.CheckID(requestID) != nil || (keyID != "" && keys.CheckID(keyID) != nil) {
 		return fmt.Errorf("%w: quota release for %q/%q", stock.ErrInvalid, buyer, requestID)
 	}
-	_, err := s.unquota.Run(ctx, s.rdb, []string{keys.Quota(sku.Program, sku.Ticket, buyer)}, requestID).Int64Slice()
+	_, err := s.unquota.Run(ctx, s.rdb, []string{keys.Quota(sku.Program, sku.Ticket, buyer)}, requestID, keyID).Int64Slice()
 	if err != nil {
 		return fmt.Errorf("quota release: %w", err)
 	}

@@ -22,17 +22,15 @@ import (
 	"time"
 
 	"github.com/peterbourgon/ff/v3"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/redis/go-redis/extra/redisprometheus/v9"
 
+	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/breaker"
 	"github.com/stockgate/stockgate/cache"
 	"github.com/stockgate/stockgate/cluster"
 	"github.com/stockgate/stockgate/gateway"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/lock"
-	"github.com/stockgate/stockgate/seats"
+	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/shard"
 )
 
@@ -258,78 +256,49 @@ func run(args []string, stderr io.Writer) int {
 	return 0
 }
 
-func serve(ctx context.Context, c config, log *slog.Logger) error {
-	var addrs []string
-	for _, a := range strings.Split(c.RedisAddrs, ",") {
-		addrs = append(addrs, strings.TrimSpace(a))
+// options is the configuration as the packages take it.
+func (c config) options(log *slog.Logger) app.Options {
+	return app.Options{
+		Redis: cluster.Options{
+			Addrs: splitList(c.RedisAddrs), Password: c.RedisPassword,
+			DialTimeout: c.DialTimeout, ReadTimeout: c.ReadTimeout, WriteTimeout: c.WriteTimeout,
+			PoolSize: c.PoolSize, StateReloadEvery: c.StateReloadEvery,
+		},
+		Ledger: ledger.Options{Driver: c.LedgerDriver, DSN: c.LedgerDSN, MaxConns: c.LedgerMaxConns},
+		Cache:  cache.Options{SoldOutTTL: c.SoldOutTTL, EmptyShardTTL: c.EmptyShardTTL},
+		Shard:  shard.Options{RecordTTL: c.RecordTTL},
+		Lock:   lock.Options{TTL: c.LockTTL},
+		Sale: sale.Options{
+			WorkTimeout: c.WorkTimeout, RedisTimeout: c.RedisTimeout,
+			Breaker: breaker.Options{
+				ConsecutiveFailures: uint32(c.BreakerFailures), FailureRatio: c.BreakerRatio,
+				MinRequests: uint32(c.BreakerMinRequests), Window: c.BreakerWindow,
+				OpenFor: c.BreakerOpenFor, Probes: uint32(c.BreakerProbes),
+			},
+			FallbackConcurrency: c.FallbackConcurrency, FallbackAttempts: c.FallbackAttempts,
+			FallbackBackoff: c.FallbackBackoff, ReseedWait: c.ReseedWait,
+			DriftEvery: c.DriftEvery, SweepEvery: c.SweepEvery, CollapseAt: c.CollapseAt, BatchMax: c.BatchMax,
+		},
+		HTTP: gateway.Options{
+			TrustedProxies: splitList(c.TrustedProxies), RatePerClient: c.RatePerClient, RateBurst: c.RateBurst,
+			SlowRequest: c.SlowRequest, AdminToken: c.AdminToken,
+		},
+		Logger: log,
 	}
-	rdb, err := cluster.New(cluster.Options{
-		Addrs: addrs, Password: c.RedisPassword,
-		DialTimeout: c.DialTimeout, ReadTimeout: c.ReadTimeout, WriteTimeout: c.WriteTimeout,
-		PoolSize: c.PoolSize, StateReloadEvery: c.StateReloadEvery,
-	})
-	if err != nil {
-		return err
-	}
-	defer rdb.Close()
+}
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		redisprometheus.NewCollector("stockgate", "redis", rdb))
+func serve(ctx context.Context, c config, log *slog.Logger) error {
 	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	led, err := ledger.Open(openCtx, ledger.Options{Driver: c.LedgerDriver, DSN: c.LedgerDSN, MaxConns: c.LedgerMaxConns, Metrics: reg})
+	a, err := app.Open(openCtx, c.options(log))
 	if err != nil {
 		return err
 	}
-	defer led.Close()
-
-	cacheMetrics, err := cache.NewMetrics(reg)
-	if err != nil {
-		return err
-	}
-	mem, err := cache.New(cache.Options{SoldOutTTL: c.SoldOutTTL, EmptyShardTTL: c.EmptyShardTTL,
-		Stats: cacheMetrics.Recorder("flags")})
-	if err != nil {
-		return err
-	}
-	gate, err := shard.New(shard.Options{Redis: rdb, RecordTTL: c.RecordTTL, Empty: mem})
-	if err != nil {
-		return err
-	}
-	locker, err := lock.New(lock.Options{Redis: rdb, TTL: c.LockTTL})
-	if err != nil {
-		return err
-	}
-	seatStore, err := seats.New(rdb)
-	if err != nil {
-		return err
-	}
-	srv, err := gateway.New(gateway.Options{
-		Gate: gate, Ledger: led, Cache: mem, Locker: locker, Seats: seatStore, Notifier: rdb, Logger: log, Registry: reg, CacheMetrics: cacheMetrics,
-		TrustedProxies: splitList(c.TrustedProxies), RatePerClient: c.RatePerClient, RateBurst: c.RateBurst,
-		SlowRequest: c.SlowRequest,
-		AdminToken:  c.AdminToken, WorkTimeout: c.WorkTimeout, RedisTimeout: c.RedisTimeout,
-		Breaker: breaker.Options{
-			ConsecutiveFailures: uint32(c.BreakerFailures), FailureRatio: c.BreakerRatio,
-			MinRequests: uint32(c.BreakerMinRequests), Window: c.BreakerWindow,
-			OpenFor: c.BreakerOpenFor, Probes: uint32(c.BreakerProbes),
-		},
-		FallbackConcurrency: c.FallbackConcurrency, FallbackAttempts: c.FallbackAttempts,
-		FallbackBackoff: c.FallbackBackoff, ReseedWait: c.ReseedWait,
-		DriftEvery: c.DriftEvery, SweepEvery: c.SweepEvery, CollapseAt: c.CollapseAt, BatchMax: c.BatchMax,
-	})
-	if err != nil {
-		return err
-	}
-	// The drift check and the hold sweeper run until serve returns, which
-	// waits for them.
-	driftCtx, stopDrift := context.WithCancel(context.Background())
-	driftDone, sweepDone, noticesDone := make(chan struct{}), make(chan struct{}), make(chan struct{})
-	go func() { defer close(driftDone); srv.RunDrift(driftCtx) }()
-	go func() { defer close(sweepDone); srv.RunSweeper(driftCtx) }()
-	go func() { defer close(noticesDone); srv.RunNotices(driftCtx) }()
-	defer func() { stopDrift(); <-driftDone; <-sweepDone; <-noticesDone }()
+	// The drift check, the hold sweeper and the restock notices run until
+	// serve returns; Close waits for them after the HTTP server drained.
+	a.Start(app.AllLoops)
+	defer a.Close()
+	srv := a.Server
 
 	if c.PprofAddr != "" {
 		// Profiling on its own listener, never on the API's. Owned by serve;
@@ -374,7 +343,9 @@ func serve(ctx context.Context, c config, log *slog.Logger) error {
 	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
-	srv.Close()
+	if err := a.Close(); err != nil {
+		log.Warn("close", "err", err)
+	}
 	log.Info("stopped cleanly")
 	return nil
 }

@@ -1,4 +1,4 @@
-package gateway
+package sale
 
 import (
 	"context"
@@ -29,7 +29,7 @@ type Notifier interface {
 
 // notifyRestocked tells every replica that sku's gate has stock again.
 // Best effort: a notice that is lost is made up for by the flags' TTL.
-func (s *Server) notifyRestocked(ctx context.Context, sku stock.SKU) {
+func (s *Service) notifyRestocked(ctx context.Context, sku stock.SKU) {
 	if s.opts.Notifier == nil {
 		return
 	}
@@ -40,7 +40,7 @@ func (s *Server) notifyRestocked(ctx context.Context, sku stock.SKU) {
 
 // RunNotices applies other replicas' restock notices (and this one's own)
 // until ctx is done. Without a Notifier it returns at once.
-func (s *Server) RunNotices(ctx context.Context) {
+func (s *Service) RunNotices(ctx context.Context) {
 	if s.opts.Notifier == nil {
 		return
 	}
@@ -66,7 +66,7 @@ func (s *Server) RunNotices(ctx context.Context) {
 }
 
 // forgetClosed drops what this replica remembers of a SKU being closed.
-func (s *Server) forgetClosed(sku stock.SKU) {
+func (s *Service) forgetClosed(sku stock.SKU) {
 	s.cache.ClearSoldOut(sku)
 	s.replays.unseal(sku)
 	s.stock.Invalidate(sku)

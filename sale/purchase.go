@@ -1,14 +1,10 @@
-package gateway
+package sale
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
-	"strconv"
 	"time"
-
-	"github.com/gin-gonic/gin"
 
 	"github.com/stockgate/stockgate/breaker"
 	"github.com/stockgate/stockgate/ledger"
@@ -16,103 +12,25 @@ import (
 	"github.com/stockgate/stockgate/stock"
 )
 
-// purchaseBody is the JSON a buyer sends. Quantity is a pointer so a missing
-// field is told apart from 0; int64 makes encoding/json refuse 1.5, "1",
-// 1e3 and 2^63 before any stock code sees them.
-type purchaseBody struct {
-	Buyer    string `json:"buyer"`
-	Quantity *int64 `json:"quantity"`
-}
-
-// orderView is the 201 body of a purchase, and of its replays.
-type orderView struct {
-	OrderID   string    `json:"order_id"`
-	Program   string    `json:"program"`
-	Ticket    string    `json:"ticket"`
-	Buyer     string    `json:"buyer"`
-	Quantity  int64     `json:"quantity"`
-	CreatedAt time.Time `json:"created_at"`
-}
-
-func viewOf(o ledger.Order) orderView {
-	return orderView{OrderID: o.ID, Program: o.SKU.Program, Ticket: o.SKU.Ticket,
-		Buyer: o.Buyer, Quantity: o.Quantity, CreatedAt: o.CreatedAt}
-}
-
-// answer is the outcome of one write, shared by joined duplicates. A 2xx
-// carries an order or a hold.
+// answer is the outcome of one write, shared by joined duplicates: an order
+// or a hold, or err (one of the kinds in errors.go).
 type answer struct {
-	status     int
-	order      ledger.Order
-	hold       *ledger.Hold
-	replayed   bool
-	kind       string // problem type when status >= 400
-	detail     string
-	retryAfter int
+	order    ledger.Order
+	hold     *ledger.Hold
+	replayed bool
+	err      error
 }
 
-func refuse(status int, kind, detail string) answer {
-	return answer{status: status, kind: kind, detail: detail}
-}
+func fail(err error) answer { return answer{err: err} }
 
 var (
-	ansSoldOut     = refuse(http.StatusConflict, "sold-out", "not enough stock left for this quantity")
-	ansKeyReused   = refuse(http.StatusUnprocessableEntity, "idempotency-key-reused", "this Idempotency-Key was used for a different request")
-	ansUnknownSKU  = refuse(http.StatusNotFound, "unknown-sku", "no such program/ticket")
-	ansLimit       = refuse(http.StatusConflict, "limit-reached", "this buyer already holds or owns as many of this ticket as it allows")
-	ansSaleEnded   = refuse(http.StatusConflict, "sale-ended", "the sale of this ticket has ended")
-	ansUnavailable = answer{status: http.StatusServiceUnavailable, kind: "unavailable",
-		detail: "stock service temporarily unavailable; retry with the same Idempotency-Key", retryAfter: 1}
+	ansSoldOut     = fail(ErrSoldOut)
+	ansKeyReused   = fail(ErrKeyReused)
+	ansUnknownSKU  = fail(ErrUnknownSKU)
+	ansLimit       = fail(ErrLimit)
+	ansSaleEnded   = fail(ErrSaleEnded)
+	ansUnavailable = fail(ErrUnavailable)
 )
-
-// purchase handles POST /v1/skus/:program/:ticket/purchases.
-func (s *Server) purchase(c *gin.Context) {
-	sku, ok := skuParam(c)
-	if !ok {
-		return
-	}
-	key, ok := idempotencyKey(c)
-	if !ok {
-		return
-	}
-	var body purchaseBody
-	if !s.decodeBody(c, &body) || !validBuyer(c, body.Buyer) {
-		return
-	}
-	if body.Quantity == nil || *body.Quantity < 1 {
-		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "quantity must be an integer >= 1", 0)
-		return
-	}
-	q := *body.Quantity
-	w := want{sku: sku, buyer: body.Buyer, q: q,
-		req: newRequest(body.Buyer, key, ledger.OpPurchase, sku.Program, sku.Ticket, strconv.FormatInt(q, 10))}
-	s.runJoined(c, w.req, func(ctx context.Context) answer { return s.take(ctx, w) })
-}
-
-func (s *Server) write(c *gin.Context, a answer) {
-	switch {
-	case a.status < 300 && a.hold != nil:
-		if a.replayed {
-			c.Header("Idempotent-Replayed", "true")
-		}
-		c.Header("Location", "/v1/holds/"+a.hold.ID)
-		c.JSON(a.status, holdViewOf(*a.hold))
-	case a.status < 300:
-		if a.replayed {
-			c.Header("Idempotent-Replayed", "true")
-		}
-		c.Header("Location", "/v1/orders/"+a.order.ID)
-		c.JSON(a.status, viewOf(a.order))
-	case a.status >= 400:
-		if a.status >= 500 {
-			s.log.WarnContext(c.Request.Context(), "purchase failed", "route", c.FullPath(), "status", a.status, "detail", a.detail)
-		}
-		writeProblem(c, a.status, a.kind, a.detail, a.retryAfter)
-	default:
-		s.log.ErrorContext(c.Request.Context(), "purchase produced no answer", "route", c.FullPath())
-		writeProblem(c, http.StatusInternalServerError, "internal", "internal error", 0)
-	}
-}
 
 // want is one request for stock: a purchase, or a hold when hold is set.
 type want struct {
@@ -132,7 +50,7 @@ func (w want) order(gate string, epoch int64) ledger.Order {
 // commit records the request in the ledger: through the gate (version < 0,
 // at the gate epoch it was admitted under) or around it. On ErrDuplicate
 // the answer carries what the request stored.
-func (s *Server) commit(ctx context.Context, w want, st ledger.SKUState, gate string, version, epoch int64) (answer, error) {
+func (s *Service) commit(ctx context.Context, w want, st ledger.SKUState, gate string, version, epoch int64) (answer, error) {
 	if w.hold {
 		ttl := w.ttl
 		if ttl == 0 {
@@ -140,7 +58,7 @@ func (s *Server) commit(ctx context.Context, w want, st ledger.SKUState, gate st
 		}
 		h, err := s.ledger.Hold(ctx, ledger.Hold{IdempotencyKey: w.req.gateID(), SKU: w.sku, Buyer: w.buyer,
 			Quantity: w.q, Gate: gate, ExpiresAt: time.Now().Add(ttl), Req: w.req.ledger(), GateEpoch: epoch}, version)
-		return answer{status: http.StatusCreated, hold: &h}, err
+		return answer{hold: &h}, err
 	}
 	var o ledger.Order
 	var err error
@@ -152,14 +70,14 @@ func (s *Server) commit(ctx context.Context, w want, st ledger.SKUState, gate st
 		// version in the batch's transaction).
 		o, err = s.direct.commit(w.order(gate, epoch))
 	}
-	return answer{status: http.StatusCreated, order: o}, err
+	return answer{order: o}, err
 }
 
 // recorded is the answer a committed request got, from the ledger's
 // requests table: the replay of a retry from any replica, at any time.
 // ok is false when the key has no committed request; a key used for
 // another request answers 422.
-func (s *Server) recorded(ctx context.Context, r request) (answer, bool, error) {
+func (s *Service) recorded(ctx context.Context, r request) (answer, bool, error) {
 	rec, err := s.ledger.RequestByKey(ctx, r.scope, r.key)
 	switch {
 	case errors.Is(err, ledger.ErrNotFound):
@@ -174,11 +92,7 @@ func (s *Server) recorded(ctx context.Context, r request) (answer, bool, error) 
 
 // replayed is the answer of a committed request, replayed.
 func replayed(rec ledger.Recorded) answer {
-	status := http.StatusCreated
-	if rec.Op == ledger.OpCancel || rec.Op == ledger.OpRefund {
-		status = http.StatusOK
-	}
-	a := answer{status: status, replayed: true, hold: rec.Hold}
+	a := answer{replayed: true, hold: rec.Hold}
 	if rec.Order != nil {
 		a.order = *rec.Order
 	}
@@ -189,10 +103,10 @@ func replayed(rec ledger.Recorded) answer {
 }
 
 // committedOr answers a request the gate refused in bulk (its SKU sold out
-// or ended, its buyer at the cap): a retry of a request that committed gets
+// or ended): a retry of a request that committed gets
 // its answer, from any replica, without a ledger call per request (see
 // replays); any other request gets the refusal.
-func (s *Server) committedOr(ctx context.Context, w want, refusal answer) answer {
+func (s *Service) committedOr(ctx context.Context, w want, refusal answer) answer {
 	committed, err := s.replays.committed(ctx, w.sku, w.req.scope, w.req.key)
 	if err != nil {
 		s.log.WarnContext(ctx, "committed keys", "sku", w.sku.String(), "err", err)
@@ -206,7 +120,7 @@ func (s *Server) committedOr(ctx context.Context, w want, refusal answer) answer
 
 // lookupOr answers with the committed request's replay if there is one,
 // else with refusal.
-func (s *Server) lookupOr(ctx context.Context, r request, refusal answer) answer {
+func (s *Service) lookupOr(ctx context.Context, r request, refusal answer) answer {
 	a, ok, err := s.recorded(ctx, r)
 	switch {
 	case err != nil:
@@ -227,7 +141,7 @@ const takeAttempts = 3
 // deduction's gate epoch → answer, or straight to the ledger when Redis
 // cannot be used. Every path that took stock and did not commit gives it
 // back, and no path answers 2xx without a commit.
-func (s *Server) take(ctx context.Context, w want) answer {
+func (s *Service) take(ctx context.Context, w want) answer {
 	for attempt := 1; ; attempt++ {
 		a, stale := s.takeOnce(ctx, w)
 		if !stale {
@@ -248,7 +162,7 @@ func (s *Server) take(ctx context.Context, w want) answer {
 
 // takeOnce is one attempt of take; stale reports an admission the ledger
 // refused because the gate was rebuilt meanwhile (nothing moved).
-func (s *Server) takeOnce(ctx context.Context, w want) (_ answer, stale bool) {
+func (s *Service) takeOnce(ctx context.Context, w want) (_ answer, stale bool) {
 	st, err := s.settings.Get(ctx, w.sku)
 	switch {
 	case errors.Is(err, stock.ErrUnknownSKU):
@@ -261,15 +175,15 @@ func (s *Server) takeOnce(ctx context.Context, w want) (_ answer, stale bool) {
 	// committed under earlier settings still gets its answer (a lookup is
 	// cheap on these rare paths).
 	if w.q > st.MaxPerOrder {
-		return s.lookupOr(ctx, w.req, refuse(http.StatusUnprocessableEntity, "quantity-over-limit",
-			fmt.Sprintf("quantity %d over this ticket's maximum of %d per order", w.q, st.MaxPerOrder))), false
+		return s.lookupOr(ctx, w.req, fail(refuse(ErrOverMax,
+			fmt.Sprintf("quantity %d over this ticket's maximum of %d per order", w.q, st.MaxPerOrder)))), false
 	}
 	if w.hold && w.ttl != 0 && (w.ttl < ledger.MinHoldTTL || w.ttl > st.HoldTTLMax) {
-		return s.lookupOr(ctx, w.req, refuse(http.StatusUnprocessableEntity, "invalid-field",
-			fmt.Sprintf("ttl_seconds must be in %d..%d for this ticket", int(ledger.MinHoldTTL.Seconds()), int(st.HoldTTLMax.Seconds())))), false
+		return s.lookupOr(ctx, w.req, fail(refuse(ErrInvalid,
+			fmt.Sprintf("ttl_seconds must be in %d..%d for this ticket", int(ledger.MinHoldTTL.Seconds()), int(st.HoldTTLMax.Seconds()))))), false
 	}
 	if st.Seated {
-		return s.lookupOr(ctx, w.req, refuse(http.StatusConflict, "seated", "this ticket sells specific seats: use seat holds")), false
+		return s.lookupOr(ctx, w.req, fail(ErrSeated)), false
 	}
 	if !st.EndedAt.IsZero() {
 		return s.committedOr(ctx, w, ansSaleEnded), false
@@ -291,14 +205,16 @@ func (s *Server) takeOnce(ctx context.Context, w want) (_ answer, stale bool) {
 	switch {
 	case errors.Is(qerr, errOverCap):
 		return s.lookupOr(ctx, w.req, ansLimit), false
+	case errors.Is(qerr, shard.ErrKeyCounted):
+		// Over the cap, but this key was counted before: a retry of a
+		// request whose stock came back (a refund, a cancel), or a reuse of
+		// the key. The ledger knows which.
+		return s.counted(pathGate, s.lookupOr(ctx, w.req, ansLimit)), false
 	case errors.Is(qerr, stock.ErrLimit):
 		// A retry of a request that was counted passes (its count is kept
-		// per request id). One whose count was given back (its hold
-		// cancelled, its order refunded) or a reused key is counted anew and
-		// may be refused: the SKU's committed keys (read incrementally, once
-		// for all askers) tell it from a new request, so a flood from one
-		// buyer stops here without a ledger call per request.
-		return s.counted(pathGate, s.committedOr(ctx, w, ansLimit)), false
+		// per request id), so a flood of new requests from one buyer stops
+		// here without a ledger call.
+		return s.counted(pathGate, ansLimit), false
 	case qerr != nil && notRun(qerr):
 		return s.takeDirect(ctx, w, st), false
 	case qerr != nil:
@@ -423,7 +339,7 @@ func (s *Server) takeOnce(ctx context.Context, w want) (_ answer, stale bool) {
 // replay when the request had committed before (giving back only counts
 // this attempt made), else with the refusal (giving the counts back).
 // closed means the SKU takes no more requests (see committedOr).
-func (s *Server) refusedTake(ctx context.Context, w want, quota *quotaTicket, refusal answer, closed bool) answer {
+func (s *Service) refusedTake(ctx context.Context, w want, quota *quotaTicket, refusal answer, closed bool) answer {
 	var a answer
 	if closed {
 		a = s.committedOr(ctx, w, refusal)
@@ -442,7 +358,7 @@ func (s *Server) refusedTake(ctx context.Context, w want, quota *quotaTicket, re
 // committed row of the same request does not stand on. Two attempts of one
 // request share its deduction records: the first to deduct and the one to
 // commit may differ, and the loser must not give back the winner's stock.
-func (s *Server) giveBackUnused(ctx context.Context, w want, parts []shard.Part) {
+func (s *Service) giveBackUnused(ctx context.Context, w want, parts []shard.Part) {
 	var gate string
 	if w.hold {
 		h, err := s.ledger.HoldByKey(ctx, w.req.gateID())

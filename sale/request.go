@@ -1,11 +1,13 @@
-package gateway
+package sale
 
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"strconv"
 	"strings"
 
 	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/stock"
 )
 
 // request is one client request as the service identifies it: its
@@ -36,6 +38,13 @@ func (r request) gateID() string {
 	return hex.EncodeToString(h[:16])
 }
 
+// keyID is the id of the client's key within its scope, whatever the
+// fingerprint: the quota count remembers which keys it counted by it.
+func (r request) keyID() string {
+	h := sha256.Sum256([]byte(r.scope + "\x00" + r.key))
+	return hex.EncodeToString(h[:16])
+}
+
 // joinKey is the key concurrent copies of the request join under on one
 // replica.
 func (r request) joinKey() string { return r.scope + "\x00" + r.key }
@@ -44,4 +53,10 @@ func (r request) joinKey() string { return r.scope + "\x00" + r.key }
 func (r request) ledger() ledger.Request {
 	fp := sha256.Sum256([]byte(r.fp))
 	return ledger.Request{Scope: r.scope, Key: r.key, Fingerprint: hex.EncodeToString(fp[:16]), Op: r.op}
+}
+
+// PurchaseGateID is the id of a purchase's records in Redis (its deduction,
+// its quota counts): what an operator or a test looks for there.
+func PurchaseGateID(a Ask, sku stock.SKU, q int64) string {
+	return newRequest(a.Buyer, a.Key, ledger.OpPurchase, sku.Program, sku.Ticket, strconv.FormatInt(q, 10)).gateID()
 }

@@ -1,12 +1,9 @@
-package gateway
+package sale
 
 import (
 	"context"
 	"errors"
-	"net/http"
 	"time"
-
-	"github.com/gin-gonic/gin"
 
 	"github.com/stockgate/stockgate/breaker"
 	"github.com/stockgate/stockgate/keys"
@@ -30,15 +27,15 @@ const (
 
 // Rebuild is what one re-seed found and did.
 type Rebuild struct {
-	SKU stock.SKU `json:"-"`
+	SKU stock.SKU
 	// RedisBefore is the Redis remaining before the rebuild, -1 when some
 	// shard was missing.
-	RedisBefore int64 `json:"redis_before"`
+	RedisBefore int64
 	// Ledger is the remaining stock the shards were rebuilt with.
-	Ledger int64 `json:"ledger_remaining"`
-	Shards int   `json:"shards"`
+	Ledger int64
+	Shards int
 	// Rebuilt is false when nothing needed doing.
-	Rebuilt bool `json:"rebuilt"`
+	Rebuilt bool
 }
 
 // reseed makes sure the SKU's Redis shards match the ledger before Redis
@@ -46,7 +43,7 @@ type Rebuild struct {
 // Without force it does nothing when the shards are all present and open and
 // the ledger sold nothing around them. One replica runs one re-seed of a SKU
 // at a time; concurrent callers share its result.
-func (s *Server) reseed(ctx context.Context, sku stock.SKU, reason string, force bool) error {
+func (s *Service) reseed(ctx context.Context, sku stock.SKU, reason string, force bool) error {
 	key := sku.String()
 	if force {
 		key += "\x00force"
@@ -77,14 +74,14 @@ func (s *Server) reseed(ctx context.Context, sku stock.SKU, reason string, force
 // closed or behind the ledger's epoch: deductions answer fenced, or their
 // commits are refused as stale, and the next purchase or drift check runs
 // the rebuild again. The lock's expiry bounds how long that waits.
-func (s *Server) rebuild(ctx context.Context, sku stock.SKU, reason string, force bool, wait time.Duration) (Rebuild, error) {
+func (s *Service) rebuild(ctx context.Context, sku stock.SKU, reason string, force bool, wait time.Duration) (Rebuild, error) {
 	return s.rebuildWith(ctx, sku, reason, force, wait, nil)
 }
 
 // rebuildWith is rebuild with a ledger change made while the gate is
 // closed (an admin lowering the total, ending the sale): Redis never shows
 // more than the changed ledger allows, at any moment.
-func (s *Server) rebuildWith(ctx context.Context, sku stock.SKU, reason string, force bool, wait time.Duration,
+func (s *Service) rebuildWith(ctx context.Context, sku stock.SKU, reason string, force bool, wait time.Duration,
 	change func(ctx context.Context) error) (Rebuild, error) {
 	r := Rebuild{SKU: sku, RedisBefore: -1}
 	lease, err := s.locker.Acquire(ctx, keys.Lock(sku.Program, sku.Ticket, "reseed"), wait)
@@ -189,35 +186,24 @@ func (s *Server) rebuildWith(ctx context.Context, sku stock.SKU, reason string, 
 }
 
 // Reconcile rebuilds a SKU's Redis shards from the ledger now, unless
-// another replica is already doing so (lock.ErrBusy).
-func (s *Server) Reconcile(ctx context.Context, sku stock.SKU) (Rebuild, error) {
+// another replica is already doing so (ErrRebuildBusy).
+func (s *Service) Reconcile(ctx context.Context, sku stock.SKU) (Rebuild, error) {
 	if err := sku.Validate(); err != nil {
-		return Rebuild{}, err
+		return Rebuild{}, refuse(ErrInvalid, err.Error())
 	}
-	return s.rebuild(ctx, sku, reasonReconcile, true, 0)
-}
-
-// reconcile handles POST /v1/admin/skus/:program/:ticket/reconcile.
-func (s *Server) reconcile(c *gin.Context) {
-	sku, ok := skuParam(c)
-	if !ok {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request.Context()), s.opts.WorkTimeout)
+	ctx, cancel := s.detach(ctx)
 	defer cancel()
-	r, err := s.Reconcile(ctx, sku)
+	r, err := s.rebuild(ctx, sku, reasonReconcile, true, 0)
 	switch {
 	case err == nil:
-		c.JSON(http.StatusOK, r)
+		return r, nil
 	case errors.Is(err, stock.ErrUnknownSKU):
-		writeProblem(c, http.StatusNotFound, "unknown-sku", "no such program/ticket", 0)
+		return r, ErrUnknownSKU
 	case errors.Is(err, lock.ErrBusy):
-		writeProblem(c, http.StatusConflict, "reseed-in-progress",
-			"another gateway is rebuilding this SKU's stock right now", 1)
-	default:
-		s.log.ErrorContext(ctx, "reconcile", "sku", sku.String(), "err", err)
-		writeProblem(c, http.StatusServiceUnavailable, "unavailable", "reconcile failed: "+err.Error(), 1)
+		return r, ErrRebuildBusy
 	}
+	s.log.ErrorContext(ctx, "reconcile", "sku", sku.String(), "err", err)
+	return r, refuse(ErrUnavailable, "reconcile failed: "+err.Error())
 }
 
 // RunDrift compares every SKU's Redis remaining with the ledger each
@@ -226,7 +212,7 @@ func (s *Server) reconcile(c *gin.Context) {
 // does not change (a difference that moves is purchases in flight). It also
 // rebuilds SKUs the ledger sold around Redis, so an idle SKU is right before
 // its next buyer arrives.
-func (s *Server) RunDrift(ctx context.Context) {
+func (s *Service) RunDrift(ctx context.Context) {
 	t := time.NewTicker(s.opts.DriftEvery)
 	defer t.Stop()
 	seen := map[stock.SKU]driftSeen{}
@@ -244,7 +230,7 @@ type driftSeen struct{ version, redis int64 }
 
 const driftPage = 500
 
-func (s *Server) checkDrift(ctx context.Context, prev map[stock.SKU]driftSeen) map[stock.SKU]driftSeen {
+func (s *Service) checkDrift(ctx context.Context, prev map[stock.SKU]driftSeen) map[stock.SKU]driftSeen {
 	if s.breaker.State() == breaker.Open {
 		return prev // Redis is not serving; there is nothing to compare
 	}
@@ -306,7 +292,7 @@ func (s *Server) checkDrift(ctx context.Context, prev map[stock.SKU]driftSeen) m
 
 // driftOf reads the SKU's Redis remaining. It rebuilds at once (and reports
 // !ok) when the gate is stale, missing or left closed.
-func (s *Server) driftOf(ctx context.Context, st ledger.SKUState) (driftSeen, bool) {
+func (s *Service) driftOf(ctx context.Context, st ledger.SKUState) (driftSeen, bool) {
 	var shards []shard.ShardStock
 	err := s.redis(ctx, func(ctx context.Context) (err error) {
 		shards, err = s.gate.Read(ctx, st.SKU, st.Shards)
@@ -340,7 +326,7 @@ func (s *Server) driftOf(ctx context.Context, st ledger.SKUState) (driftSeen, bo
 // ledger facts, the old shards are retired, the gate reopens), so a crash
 // part-way leaves the gate closed until the next rebuild, and nothing is
 // lost or doubled. It reports whether it ran.
-func (s *Server) collapse(ctx context.Context, st ledger.SKUState) bool {
+func (s *Service) collapse(ctx context.Context, st ledger.SKUState) bool {
 	left := st.Remaining()
 	if s.opts.CollapseAt < 0 || st.Shards == 1 || left <= 0 || left > s.opts.CollapseAt*int64(st.Shards) || !st.EndedAt.IsZero() {
 		return false
@@ -353,7 +339,7 @@ func (s *Server) collapse(ctx context.Context, st ledger.SKUState) bool {
 
 // Collapse moves a SKU's Redis stock onto one shard now, behind the fence,
 // unless another replica is rebuilding it (lock.ErrBusy).
-func (s *Server) Collapse(ctx context.Context, sku stock.SKU) (Rebuild, error) {
+func (s *Service) Collapse(ctx context.Context, sku stock.SKU) (Rebuild, error) {
 	if err := sku.Validate(); err != nil {
 		return Rebuild{}, err
 	}
@@ -364,7 +350,7 @@ func (s *Server) Collapse(ctx context.Context, sku stock.SKU) (Rebuild, error) {
 
 // checkSeatsPeriodic runs the seat consistency check for the drift loop,
 // repairing only what differed the same way at its previous run.
-func (s *Server) checkSeatsPeriodic(ctx context.Context, sku stock.SKU) int64 {
+func (s *Service) checkSeatsPeriodic(ctx context.Context, sku stock.SKU) int64 {
 	if s.seats == nil {
 		return 0
 	}
@@ -374,7 +360,7 @@ func (s *Server) checkSeatsPeriodic(ctx context.Context, sku stock.SKU) int64 {
 	if prev == nil {
 		prev = map[string]string{}
 	}
-	r, now, err := s.CheckSeats(ctx, sku, prev)
+	r, now, err := s.checkSeats(ctx, sku, prev)
 	if err != nil {
 		s.log.WarnContext(ctx, "seat check", "sku", sku.String(), "err", err)
 		return 0

@@ -1,4 +1,4 @@
-package gateway
+package sale
 
 import (
 	"context"
@@ -26,7 +26,7 @@ func notRun(err error) bool {
 // redis runs one gate call through the breaker, with its own deadline.
 // A change of the breaker's state is logged with the id of the request
 // whose call caused it.
-func (s *Server) redis(ctx context.Context, f func(ctx context.Context) error) error {
+func (s *Service) redis(ctx context.Context, f func(ctx context.Context) error) error {
 	before := s.breaker.State()
 	err := s.breaker.Do(ctx, func(ctx context.Context) error {
 		ctx, cancel := context.WithTimeout(ctx, s.opts.RedisTimeout)
@@ -43,7 +43,7 @@ func (s *Server) redis(ctx context.Context, f func(ctx context.Context) error) e
 // shards (not seeded) or a re-seed holds them closed (fenced), it rebuilds
 // or waits for the rebuild and tries again; if the gate is still closed it
 // returns that error, which notRun reports as safe to take elsewhere.
-func (s *Server) deduct(ctx context.Context, req shard.Request) (shard.Deduction, error) {
+func (s *Service) deduct(ctx context.Context, req shard.Request) (shard.Deduction, error) {
 	for attempt := 0; ; attempt++ {
 		var d shard.Deduction
 		err := s.redis(ctx, func(ctx context.Context) (err error) {
@@ -72,7 +72,7 @@ func (s *Server) deduct(ctx context.Context, req shard.Request) (shard.Deduction
 }
 
 // giveBack returns the stock a purchase took when it did not commit.
-func (s *Server) giveBack(ctx context.Context, sku stock.SKU, key string, parts []shard.Part) {
+func (s *Service) giveBack(ctx context.Context, sku stock.SKU, key string, parts []shard.Part) {
 	err := s.redis(ctx, func(ctx context.Context) error { return s.gate.Restore(ctx, sku, key, parts) })
 	if err != nil {
 		// The units stay taken in Redis; the ledger is unaffected, and the

@@ -1,4 +1,4 @@
-package gateway
+package sale
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 // so ledger load grows with batches, not with winners; a quiet SKU's
 // purchase still commits at once, alone.
 type committer struct {
-	s      *Server
+	s      *Service
 	max    int
 	direct bool // sales around the Redis gate (breaker open): optimistic batches
 	queues []chan *pendingCommit
@@ -43,7 +43,7 @@ type commitOut struct {
 
 var errClosing = fmt.Errorf("gateway: shutting down: %w", ledger.ErrNotCommitted)
 
-func newCommitter(s *Server, partitions, max int, direct bool) *committer {
+func newCommitter(s *Service, partitions, max int, direct bool) *committer {
 	c := &committer{s: s, max: max, direct: direct, stop: make(chan struct{})}
 	for range partitions {
 		q := make(chan *pendingCommit, 4*max)

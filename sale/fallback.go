@@ -1,18 +1,16 @@
-package gateway
+package sale
 
 import (
 	"context"
 	"errors"
 	"math/rand/v2"
-	"net/http"
 	"time"
 
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
 )
 
-var ansBusy = answer{status: http.StatusServiceUnavailable, kind: "overloaded",
-	detail: "Redis is unavailable and the ledger is at its fallback capacity; retry with the same Idempotency-Key", retryAfter: 1}
+var ansBusy = fail(ErrBusy)
 
 // takeDirect sells or holds straight from the ledger while Redis cannot:
 // read the SKU row, commit with an update conditional on its version, and
@@ -22,7 +20,7 @@ var ansBusy = answer{status: http.StatusServiceUnavailable, kind: "overloaded",
 // a pile-up. A sold-out answer is cached like one from Redis, so a sold-out
 // SKU costs the ledger nothing. Each one bumps the SKU's bypass_seq: Redis
 // is rebuilt from the ledger before it serves the SKU again.
-func (s *Server) takeDirect(ctx context.Context, w want, st ledger.SKUState) answer {
+func (s *Service) takeDirect(ctx context.Context, w want, st ledger.SKUState) answer {
 	select {
 	case s.fallback <- struct{}{}:
 		defer func() { <-s.fallback }()
@@ -81,7 +79,7 @@ func (s *Server) takeDirect(ctx context.Context, w want, st ledger.SKUState) ans
 // directRefused answers a request the ledger cannot supply: the replay of
 // what this request committed before, if anything, the refusal otherwise.
 // empty remembers the SKU as sold out (only when nothing at all is left).
-func (s *Server) directRefused(ctx context.Context, w want, refusal answer, empty bool) answer {
+func (s *Service) directRefused(ctx context.Context, w want, refusal answer, empty bool) answer {
 	if empty {
 		s.markSoldOut(w.sku)
 	}
@@ -90,7 +88,7 @@ func (s *Server) directRefused(ctx context.Context, w want, refusal answer, empt
 
 // markSoldOut remembers the SKU as sold out on this replica, and makes the
 // next unknown key read the ledger's committed requests again.
-func (s *Server) markSoldOut(sku stock.SKU) {
+func (s *Service) markSoldOut(sku stock.SKU) {
 	s.cache.MarkSoldOut(sku)
 	s.replays.unseal(sku)
 }
@@ -101,10 +99,10 @@ const (
 	pathLedger = "ledger"
 )
 
-func (s *Server) count(path, result string) { s.metrics.purchases.WithLabelValues(path, result).Inc() }
+func (s *Service) count(path, result string) { s.metrics.purchases.WithLabelValues(path, result).Inc() }
 
-// counted counts an error answer under its problem type and returns it.
-func (s *Server) counted(path string, a answer) answer {
-	s.count(path, a.kind)
+// counted counts an error answer under its kind's code and returns it.
+func (s *Service) counted(path string, a answer) answer {
+	s.count(path, Code(a.err))
 	return a
 }

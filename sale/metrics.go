@@ -1,4 +1,4 @@
-package gateway
+package sale
 
 import (
 	"github.com/prometheus/client_golang/prometheus"

@@ -1,0 +1,236 @@
+package gateway
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/sale"
+)
+
+// purchaseBody is the JSON of a purchase. Quantity is a pointer so a
+// missing field is told apart from 0; int64 makes encoding/json refuse 1.5,
+// "1", 1e3 and 2^63 before any stock code sees them.
+type purchaseBody struct {
+	Buyer    string `json:"buyer"`
+	Quantity *int64 `json:"quantity"`
+}
+
+// holdBody is the JSON of a hold.
+type holdBody struct {
+	purchaseBody
+	TTLSeconds *int64 `json:"ttl_seconds"`
+}
+
+// ownerBody names the buyer acting on a hold or an order.
+type ownerBody struct {
+	Buyer string `json:"buyer"`
+}
+
+// orderView is the body of an order.
+type orderView struct {
+	OrderID   string    `json:"order_id"`
+	Program   string    `json:"program"`
+	Ticket    string    `json:"ticket"`
+	Buyer     string    `json:"buyer"`
+	Quantity  int64     `json:"quantity"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+func orderViewOf(o sale.Order) orderView {
+	return orderView{OrderID: o.ID, Program: o.SKU.Program, Ticket: o.SKU.Ticket,
+		Buyer: o.Buyer, Quantity: o.Quantity, CreatedAt: o.CreatedAt}
+}
+
+// holdView is the body of a hold.
+type holdView struct {
+	HoldID    string    `json:"hold_id"`
+	Program   string    `json:"program"`
+	Ticket    string    `json:"ticket"`
+	Buyer     string    `json:"buyer"`
+	Quantity  int64     `json:"quantity"`
+	State     string    `json:"state"`
+	ExpiresAt time.Time `json:"expires_at"`
+	OrderID   string    `json:"order_id,omitempty"`
+	Seats     []string  `json:"seats,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+func holdViewOf(h sale.Hold) holdView {
+	return holdView{HoldID: h.ID, Program: h.SKU.Program, Ticket: h.SKU.Ticket, Buyer: h.Buyer, Quantity: h.Quantity,
+		State: h.State, ExpiresAt: h.ExpiresAt, OrderID: h.OrderID, Seats: h.Seats, CreatedAt: h.CreatedAt}
+}
+
+// purchase handles POST /v1/skus/:program/:ticket/purchases.
+func (s *Server) purchase(c *gin.Context) { s.take(c, false) }
+
+// postHold handles POST /v1/skus/:program/:ticket/holds.
+func (s *Server) postHold(c *gin.Context) { s.take(c, true) }
+
+func (s *Server) take(c *gin.Context, hold bool) {
+	sku, ok := skuParam(c)
+	if !ok {
+		return
+	}
+	ask, ok := s.ask(c)
+	if !ok {
+		return
+	}
+	var body holdBody
+	var into any = &body.purchaseBody
+	if hold {
+		into = &body
+	}
+	if !s.decodeBody(c, into) || !validBuyer(c, body.Buyer) {
+		return
+	}
+	if body.Quantity == nil || *body.Quantity < 1 {
+		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "quantity must be an integer >= 1", 0)
+		return
+	}
+	t := sale.Take{Ask: ask, SKU: sku, Quantity: *body.Quantity}
+	t.Buyer = body.Buyer
+	if !hold {
+		s.written(c, http.StatusCreated)(s.sale.Purchase(c.Request.Context(), t))
+		return
+	}
+	if t.TTL, ok = holdTTL(c, body.TTLSeconds); !ok {
+		return
+	}
+	s.written(c, http.StatusCreated)(s.sale.Hold(c.Request.Context(), t))
+}
+
+// ask reads the Idempotency-Key (the buyer is filled in from the body).
+func (s *Server) ask(c *gin.Context) (sale.Ask, bool) {
+	key, ok := idempotencyKey(c)
+	return sale.Ask{Key: key}, ok
+}
+
+// written writes the result of a write with status, or its error's problem.
+func (s *Server) written(c *gin.Context, status int) func(sale.Result, error) {
+	return func(r sale.Result, err error) {
+		if err != nil {
+			s.writeError(c, err)
+			return
+		}
+		if r.Replayed {
+			c.Header("Idempotent-Replayed", "true")
+		}
+		if r.Hold != nil {
+			c.Header("Location", "/v1/holds/"+r.Hold.ID)
+			c.JSON(status, holdViewOf(*r.Hold))
+			return
+		}
+		c.Header("Location", "/v1/orders/"+r.Order.ID)
+		c.JSON(status, orderViewOf(*r.Order))
+	}
+}
+
+// holdTTL reads an optional ttl_seconds: 0 (the SKU's default) when absent,
+// a 422 problem when out of the bounds any SKU allows (each SKU's own
+// maximum is checked with its settings).
+func holdTTL(c *gin.Context, secs *int64) (time.Duration, bool) {
+	if secs == nil {
+		return 0, true
+	}
+	if *secs < 1 || *secs > int64(sale.MaxHoldTTL/time.Second) {
+		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "ttl_seconds out of bounds", 0)
+		return 0, false
+	}
+	return time.Duration(*secs) * time.Second, true
+}
+
+// getHold handles GET /v1/holds/:id.
+func (s *Server) getHold(c *gin.Context) {
+	id, ok := idParam(c, "hold")
+	if !ok {
+		return
+	}
+	h, err := s.sale.HoldByID(c.Request.Context(), id)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, holdViewOf(h))
+}
+
+// getOrder handles GET /v1/orders/:id.
+func (s *Server) getOrder(c *gin.Context) {
+	id, ok := idParam(c, "order")
+	if !ok {
+		return
+	}
+	o, err := s.sale.OrderByID(c.Request.Context(), id)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, orderViewOf(o))
+}
+
+// confirmHold handles POST /v1/holds/:id/confirm: the hold becomes an
+// order, once; a retry gets the same order.
+func (s *Server) confirmHold(c *gin.Context) { s.ownerAction(c, http.StatusCreated, s.sale.Confirm) }
+
+// cancelHold handles POST /v1/holds/:id/cancel: the stock goes back, once.
+func (s *Server) cancelHold(c *gin.Context) { s.ownerAction(c, http.StatusOK, s.sale.Cancel) }
+
+// refundOrder handles POST /v1/orders/:id/refund: the stock goes back once;
+// a second refund answers the same and moves nothing.
+func (s *Server) refundOrder(c *gin.Context) { s.ownerAction(c, http.StatusOK, s.sale.Refund) }
+
+// ownerAction reads the id from the path and the buyer from the body.
+func (s *Server) ownerAction(c *gin.Context, status int, f func(ctx context.Context, id string, a sale.Ask) (sale.Result, error)) {
+	id := c.Param("id")
+	if keys.CheckID(id) != nil {
+		writeProblem(c, http.StatusBadRequest, "invalid-id", "ids match [A-Za-z0-9_-]{1,64}", 0)
+		return
+	}
+	ask, ok := s.ask(c)
+	if !ok {
+		return
+	}
+	var body ownerBody
+	if !s.decodeBody(c, &body) || !validBuyer(c, body.Buyer) {
+		return
+	}
+	ask.Buyer = body.Buyer
+	s.written(c, status)(f(c.Request.Context(), id, ask))
+}
+
+// idParam reads and validates the :id of the path.
+func idParam(c *gin.Context, what string) (string, bool) {
+	id := c.Param("id")
+	if keys.CheckID(id) != nil {
+		writeProblem(c, http.StatusBadRequest, "invalid-id", what+" ids match [A-Za-z0-9_-]{1,64}", 0)
+		return "", false
+	}
+	return id, true
+}
+
+// idempotencyKey reads the Idempotency-Key header: a token, or the quoted
+// string form of the IETF draft (`"abc"`), either matching
+// [A-Za-z0-9_-]{1,64} inside.
+func idempotencyKey(c *gin.Context) (string, bool) {
+	key := c.GetHeader("Idempotency-Key")
+	if len(key) >= 2 && key[0] == '"' && key[len(key)-1] == '"' {
+		key = key[1 : len(key)-1]
+	}
+	if err := keys.CheckID(key); err != nil {
+		writeProblem(c, http.StatusBadRequest, "invalid-idempotency-key",
+			"an Idempotency-Key header matching [A-Za-z0-9_-]{1,64} is required (a UUID fits)", 0)
+		return "", false
+	}
+	return key, true
+}
+
+func validBuyer(c *gin.Context, buyer string) bool {
+	if err := keys.CheckID(buyer); err != nil {
+		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "buyer must match [A-Za-z0-9_-]{1,64}", 0)
+		return false
+	}
+	return true
+}

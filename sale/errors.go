@@ -1,0 +1,109 @@
+package sale
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Err is a kind of refusal or failure: a stable code (the API's problem
+// type and the result label of metrics) and a default message. Every error
+// a flow returns is, or wraps, one of the Err values below; callers match
+// them with errors.Is.
+type Err struct {
+	Code string
+	Msg  string
+}
+
+func (e *Err) Error() string { return e.Msg }
+
+func newErr(code, msg string) *Err { return &Err{Code: code, Msg: msg} }
+
+// The refusals and failures of the flows.
+var (
+	ErrInvalid         = newErr("invalid-field", "invalid request")
+	ErrUnknownSKU      = newErr("unknown-sku", "no such program/ticket")
+	ErrUnknownHold     = newErr("unknown-hold", "no such hold")
+	ErrUnknownOrder    = newErr("unknown-order", "no such order")
+	ErrNotOwner        = newErr("not-owner", "this buyer does not own it")
+	ErrKeyReused       = newErr("idempotency-key-reused", "this Idempotency-Key was used for a different request")
+	ErrOverMax         = newErr("quantity-over-limit", "quantity over this ticket's maximum per order")
+	ErrSoldOut         = newErr("sold-out", "not enough stock left for this quantity")
+	ErrLimit           = newErr("limit-reached", "this buyer already holds or owns as many of this ticket as it allows")
+	ErrSaleEnded       = newErr("sale-ended", "the sale of this ticket has ended")
+	ErrHoldExpired     = newErr("hold-expired", "the hold expired; nothing was sold")
+	ErrHoldCancelled   = newErr("hold-cancelled", "the hold was cancelled; nothing was sold")
+	ErrHoldConfirmed   = newErr("hold-confirmed", "the hold became an order; refund the order instead")
+	ErrSeated          = newErr("seated", "this ticket sells specific seats: use seat holds")
+	ErrNotSeated       = newErr("not-seated", "this ticket has no seat map; use holds or purchases")
+	ErrNoSeating       = newErr("no-seats", "reserved seating is not configured")
+	ErrUnknownSeats    = newErr("unknown-seats", "not in this ticket's seat map")
+	ErrSeatsTaken      = newErr("seats-taken", "already held or sold")
+	ErrSeatsNotInGate  = newErr("seats-not-in-gate", "not in the gate's seat map (reconcile the map)")
+	ErrSeatsSpan       = newErr("seats-span-sections", "a seat hold takes seats of one section")
+	ErrNoAdjacent      = newErr("no-adjacent-seats", "no adjacent seats free")
+	ErrSeatMapRefused  = newErr("seat-map-refused", "the seat map change was refused")
+	ErrBelowCommitted  = newErr("total-below-committed", "the total is below what is sold and held")
+	ErrRebuildBusy     = newErr("reseed-in-progress", "another gateway is rebuilding this SKU's stock right now")
+	ErrBusy            = newErr("overloaded", "Redis is unavailable and the ledger is at its fallback capacity; retry with the same Idempotency-Key")
+	ErrUnavailable     = newErr("unavailable", "stock service temporarily unavailable; retry with the same Idempotency-Key")
+	ErrNotRebuilt      = newErr("unavailable", "ledger updated but Redis not rebuilt yet; it will be rebuilt before it serves this SKU")
+	ErrGateNotClosed   = newErr("unavailable", "could not close the gate for the change; nothing changed")
+	ErrSeatsNotInRedis = newErr("unavailable", "ledger updated, Redis not; repeat the request")
+)
+
+// refusal is an Err with a detail for this request (and the seats it
+// names, when it is about seats).
+type refusal struct {
+	kind   *Err
+	detail string
+	seats  []string
+}
+
+func (r *refusal) Error() string { return r.detail }
+func (r *refusal) Unwrap() error { return r.kind }
+
+// refuse returns kind with a detail of its own.
+func refuse(kind *Err, detail string) error { return &refusal{kind: kind, detail: detail} }
+
+// refuseSeats returns kind naming the seats it is about.
+func refuseSeats(kind *Err, ids []string) error {
+	return &refusal{kind: kind, detail: fmt.Sprintf("%s: %s", kind.Msg, strings.Join(ids, ", ")), seats: ids}
+}
+
+// Code is the code of err's kind, "" for nil, "error" for an error that is
+// none of the kinds above (a bug).
+func Code(err error) string {
+	if err == nil {
+		return ""
+	}
+	var e *Err
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return "error"
+}
+
+// Seats are the seats a refusal names (seats taken, unknown), if any.
+func Seats(err error) []string {
+	var r *refusal
+	if errors.As(err, &r) {
+		return r.seats
+	}
+	return nil
+}
+
+// Detail is what a client may read of err: a refusal's own detail, or its
+// kind's message; never the text of a wrapped internal error (which may
+// name hosts or SQL).
+func Detail(err error) string {
+	var r *refusal
+	if errors.As(err, &r) {
+		return r.detail
+	}
+	var e *Err
+	if errors.As(err, &e) {
+		return e.Msg
+	}
+	return "internal error"
+}

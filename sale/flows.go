@@ -1,0 +1,328 @@
+package sale
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/seats"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// Ask is what every write names: the buyer (the scope of its key) and the
+// client's Idempotency-Key.
+type Ask struct {
+	Buyer string
+	Key   string
+}
+
+func (a Ask) check() error {
+	if keys.CheckID(a.Buyer) != nil {
+		return refuse(ErrInvalid, "buyer must match [A-Za-z0-9_-]{1,64}")
+	}
+	if keys.CheckID(a.Key) != nil {
+		return refuse(ErrInvalid, "the Idempotency-Key must match [A-Za-z0-9_-]{1,64}")
+	}
+	return nil
+}
+
+// Take asks for Quantity units of a SKU: a purchase, or a hold for TTL (0:
+// the SKU's default).
+type Take struct {
+	Ask
+	SKU      stock.SKU
+	Quantity int64
+	TTL      time.Duration
+}
+
+func (t Take) check(hold bool) error {
+	if err := t.Ask.check(); err != nil {
+		return err
+	}
+	if t.SKU.Validate() != nil {
+		return refuse(ErrInvalid, "program and ticket ids must match [A-Za-z0-9_-]{1,64}")
+	}
+	if t.Quantity < 1 || t.Quantity > stock.MaxTotal {
+		return refuse(ErrInvalid, "quantity must be an integer >= 1")
+	}
+	if t.TTL != 0 && (!hold || t.TTL < time.Second || t.TTL > MaxHoldTTL) {
+		return refuse(ErrInvalid, "ttl_seconds out of bounds")
+	}
+	return nil
+}
+
+// Purchase sells the units: through the Redis gate, then the ledger, or
+// straight to the ledger while Redis cannot be used.
+func (s *Service) Purchase(ctx context.Context, t Take) (Result, error) {
+	if err := t.check(false); err != nil {
+		return Result{}, err
+	}
+	w := want{sku: t.SKU, buyer: t.Buyer, q: t.Quantity,
+		req: newRequest(t.Buyer, t.Key, ledger.OpPurchase, t.SKU.Program, t.SKU.Ticket, strconv.FormatInt(t.Quantity, 10))}
+	return s.run(ctx, w.req, func(ctx context.Context) answer { return s.take(ctx, w) })
+}
+
+// Hold sets the units aside for the buyer until confirmed, cancelled or
+// expired.
+func (s *Service) Hold(ctx context.Context, t Take) (Result, error) {
+	if err := t.check(true); err != nil {
+		return Result{}, err
+	}
+	w := want{sku: t.SKU, buyer: t.Buyer, q: t.Quantity, hold: true, ttl: t.TTL,
+		req: newRequest(t.Buyer, t.Key, ledger.OpHold, t.SKU.Program, t.SKU.Ticket, strconv.FormatInt(t.Quantity, 10), t.TTL.String())}
+	return s.run(ctx, w.req, func(ctx context.Context) answer { return s.take(ctx, w) })
+}
+
+// SeatTake asks for seats of a seated SKU: the given Seats (all of one
+// section), or else the best Quantity adjacent seats of Section (of any
+// section when Section is "").
+type SeatTake struct {
+	Ask
+	SKU      stock.SKU
+	Seats    []string
+	Section  string
+	Quantity int
+	TTL      time.Duration
+}
+
+// MaxBestSeats is the most seats one best-available request may ask for.
+const MaxBestSeats = 64
+
+// HoldSeats holds seats, all or nothing; ErrSeatsTaken names the seats
+// already taken.
+func (s *Service) HoldSeats(ctx context.Context, t SeatTake) (Result, error) {
+	if err := (Take{Ask: t.Ask, SKU: t.SKU, Quantity: 1, TTL: t.TTL}).check(true); err != nil {
+		return Result{}, err
+	}
+	if len(t.Seats) == 0 {
+		if t.Quantity < 1 || t.Quantity > MaxBestSeats || (t.Section != "" && keys.CheckID(t.Section) != nil) {
+			return Result{}, refuse(ErrInvalid, fmt.Sprintf(
+				"give seats (a list of seat ids), or quantity (1..%d) and optionally a section, for the best adjacent seats", MaxBestSeats))
+		}
+		r := newRequest(t.Buyer, t.Key, ledger.OpSeatHold, t.SKU.Program, t.SKU.Ticket, "best", t.Section,
+			strconv.Itoa(t.Quantity), t.TTL.String())
+		return s.run(ctx, r, func(ctx context.Context) answer {
+			return s.takeBestSeats(ctx, t.SKU, r, t.Buyer, t.Section, t.Quantity, t.TTL)
+		})
+	}
+	if t.Quantity != 0 || t.Section != "" {
+		return Result{}, refuse(ErrInvalid, "give either seats, or quantity and section")
+	}
+	if len(t.Seats) > stock.MaxPerOrderCap {
+		return Result{}, refuse(ErrInvalid, fmt.Sprintf("at most %d seats", stock.MaxPerOrderCap))
+	}
+	seen := map[string]bool{}
+	for _, id := range t.Seats {
+		if keys.CheckID(id) != nil || seen[id] {
+			return Result{}, refuse(ErrInvalid, fmt.Sprintf("seat %q is invalid or repeated", id))
+		}
+		seen[id] = true
+	}
+	ids := slices.Clone(t.Seats)
+	slices.Sort(ids)
+	r := newRequest(t.Buyer, t.Key, ledger.OpSeatHold, t.SKU.Program, t.SKU.Ticket, "seats", strings.Join(ids, ","), t.TTL.String())
+	return s.run(ctx, r, func(ctx context.Context) answer { return s.takeSeats(ctx, t.SKU, r, t.Buyer, ids, t.TTL) })
+}
+
+// Confirm makes a held hold an order, once; a retry gets the same order.
+func (s *Service) Confirm(ctx context.Context, holdID string, a Ask) (Result, error) {
+	return s.ownerAction(ctx, ledger.OpConfirm, holdID, a, s.confirm)
+}
+
+// Cancel ends a held hold; its stock goes back, once.
+func (s *Service) Cancel(ctx context.Context, holdID string, a Ask) (Result, error) {
+	return s.ownerAction(ctx, ledger.OpCancel, holdID, a, s.cancel)
+}
+
+// Refund gives an order's stock back, once.
+func (s *Service) Refund(ctx context.Context, orderID string, a Ask) (Result, error) {
+	return s.ownerAction(ctx, ledger.OpRefund, orderID, a, s.refund)
+}
+
+func (s *Service) ownerAction(ctx context.Context, op, id string, a Ask,
+	f func(ctx context.Context, id, buyer string, r request) answer) (Result, error) {
+	if err := a.check(); err != nil {
+		return Result{}, err
+	}
+	if keys.CheckID(id) != nil {
+		return Result{}, refuse(ErrInvalid, "ids match [A-Za-z0-9_-]{1,64}")
+	}
+	r := newRequest(a.Buyer, a.Key, op, id)
+	return s.run(ctx, r, func(ctx context.Context) answer { return f(ctx, id, a.Buyer, r) })
+}
+
+// HoldByID reads a hold.
+func (s *Service) HoldByID(ctx context.Context, id string) (Hold, error) {
+	h, err := s.ledger.HoldByID(ctx, id)
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		return Hold{}, ErrUnknownHold
+	case err != nil:
+		return Hold{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return holdOf(h), nil
+}
+
+// OrderByID reads an order.
+func (s *Service) OrderByID(ctx context.Context, id string) (Order, error) {
+	o, err := s.ledger.OrderByID(ctx, id)
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		return Order{}, ErrUnknownOrder
+	case err != nil:
+		return Order{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return orderOf(o), nil
+}
+
+// PutSKU creates a SKU or changes its settings. A live SKU changes behind
+// the fence: its gate closes, the ledger changes, the shards are rebuilt
+// from it, the gate reopens, so Redis never admits more than the new total
+// allows. The same config twice leaves the same state.
+func (s *Service) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
+	cfg := ledger.SKUConfig{SKU: c.SKU, Total: c.Total, Shards: c.Shards, MaxPerOrder: c.MaxPerOrder,
+		PerBuyer: c.PerBuyer, HoldTTL: c.HoldTTL, HoldTTLMax: c.HoldTTLMax}
+	if err := cfg.Validate(); err != nil {
+		return SKUState{}, refuse(ErrInvalid, err.Error())
+	}
+	sku := c.SKU
+	ctx, cancel := s.detach(ctx)
+	defer cancel()
+	var st ledger.SKUState
+	putErr := error(nil)
+	put := func(ctx context.Context) error {
+		st, putErr = s.ledger.PutSKU(ctx, cfg)
+		return putErr
+	}
+	var err error
+	if _, lerr := s.ledger.SKU(ctx, sku); lerr == nil {
+		_, err = s.rebuildWith(ctx, sku, reasonAdmin, true, s.opts.ReseedWait, put)
+	} else if err = put(ctx); err == nil {
+		err = s.reseed(ctx, sku, reasonAdmin, true)
+	}
+	s.settings.Invalidate(sku)
+	s.stock.Invalidate(sku)
+	s.cache.ClearSoldOut(sku)
+	switch {
+	case errors.Is(putErr, stock.ErrInvalid):
+		return SKUState{}, refuse(ErrBelowCommitted, putErr.Error())
+	case putErr != nil:
+		s.log.ErrorContext(ctx, "put sku", "sku", sku.String(), "err", putErr)
+		return SKUState{}, refuse(ErrUnavailable, "ledger unavailable")
+	case st.Program == "":
+		// The change never ran: the gate could not be closed.
+		s.log.ErrorContext(ctx, "put sku: gate not closed", "sku", sku.String(), "err", err)
+		return SKUState{}, ErrGateNotClosed
+	case err != nil:
+		// The ledger changed and marked the gate stale; the next purchase or
+		// drift check rebuilds it.
+		s.log.ErrorContext(ctx, "re-seed after put sku", "sku", sku.String(), "err", err)
+		return SKUState{}, ErrNotRebuilt
+	}
+	return skuStateOf(st), nil
+}
+
+// SKU reads a SKU's settings and counts from the ledger.
+func (s *Service) SKU(ctx context.Context, sku stock.SKU) (SKUState, error) {
+	st, err := s.ledger.SKU(ctx, sku)
+	switch {
+	case errors.Is(err, stock.ErrUnknownSKU):
+		return SKUState{}, ErrUnknownSKU
+	case err != nil:
+		return SKUState{}, refuse(ErrUnavailable, "ledger unavailable")
+	}
+	return skuStateOf(st), nil
+}
+
+// PutProgram caps what one buyer may hold + own of all the program's
+// tickets; 0 removes the cap.
+func (s *Service) PutProgram(ctx context.Context, program string, perBuyer int64) error {
+	if keys.CheckID(program) != nil {
+		return refuse(ErrInvalid, "program ids match [A-Za-z0-9_-]{1,64}")
+	}
+	if perBuyer < 0 || perBuyer > stock.MaxTotal {
+		return refuse(ErrInvalid, "per_buyer must be an integer >= 0")
+	}
+	if err := s.ledger.PutProgram(ctx, program, perBuyer); err != nil {
+		s.log.ErrorContext(ctx, "put program", "program", program, "err", err)
+		return refuse(ErrUnavailable, "ledger unavailable")
+	}
+	s.programs.Invalidate(stock.SKU{Program: program})
+	return nil
+}
+
+// MaxSeatMap is the most seats one seat map change may add.
+const MaxSeatMap = 100_000
+
+// LoadSeats adds seats to a SKU's map (seats it has keep their state), in
+// the ledger and Redis, and returns the map's size.
+func (s *Service) LoadSeats(ctx context.Context, sku stock.SKU, list []Seat) (int64, error) {
+	if s.seats == nil {
+		return 0, ErrNoSeating
+	}
+	if len(list) == 0 || len(list) > MaxSeatMap {
+		return 0, refuse(ErrInvalid, fmt.Sprintf("seats must list 1..%d seats", MaxSeatMap))
+	}
+	seen := map[string]bool{}
+	rows := make([]ledger.Seat, 0, len(list))
+	gate := make([]seats.Seat, 0, len(list))
+	for _, st := range list {
+		g := seats.Seat{ID: st.ID, Section: st.Section, Row: st.Row, Number: st.Number}
+		if err := g.Validate(); err != nil || seen[st.ID] {
+			return 0, refuse(ErrInvalid, fmt.Sprintf("seat %q is invalid or repeated", st.ID))
+		}
+		seen[st.ID] = true
+		gate = append(gate, g)
+		rows = append(rows, ledger.Seat{ID: st.ID, Section: st.Section, Row: st.Row, Number: st.Number})
+	}
+	ctx, cancel := s.detach(ctx)
+	defer cancel()
+	if _, err := s.ledger.SKU(ctx, sku); errors.Is(err, stock.ErrUnknownSKU) {
+		return 0, refuse(ErrUnknownSKU, "no such program/ticket: create it (PUT /v1/admin/skus/{program}/{ticket}) before its seat map")
+	}
+	n, err := s.ledger.LoadSeats(ctx, sku, rows)
+	switch {
+	case errors.Is(err, stock.ErrInvalid):
+		return 0, refuse(ErrSeatMapRefused, err.Error())
+	case err != nil:
+		s.log.ErrorContext(ctx, "load seats", "sku", sku.String(), "err", err)
+		return 0, refuse(ErrUnavailable, "ledger unavailable")
+	}
+	if err := s.redis(ctx, func(ctx context.Context) error { return s.seats.Load(ctx, sku, gate) }); err != nil {
+		s.log.ErrorContext(ctx, "load seats into redis", "sku", sku.String(), "err", err)
+		return 0, ErrSeatsNotInRedis
+	}
+	s.settings.Invalidate(sku)
+	s.seatMaps.Invalidate(sku)
+	return n, nil
+}
+
+// Seats reads a section's seats (all for ""), served from memory for
+// StockTTL so a read flood costs one ledger query per period.
+func (s *Service) Seats(ctx context.Context, sku stock.SKU, section string) (Section, error) {
+	if section != "" && keys.CheckID(section) != nil {
+		return Section{}, refuse(ErrInvalid, "section ids match [A-Za-z0-9_-]{1,64}")
+	}
+	v, err := s.sectionViews.Get(ctx, stock.SKU{Program: sku.Program, Ticket: sku.Ticket + "|" + section})
+	if err != nil {
+		return Section{}, refuse(ErrUnavailable, "ledger unavailable")
+	}
+	return v, nil
+}
+
+// CheckSeats compares the gate's seat states with the ledger's now and
+// writes the ledger's over every seat that differs.
+func (s *Service) CheckSeats(ctx context.Context, sku stock.SKU) (SeatCheck, error) {
+	r, _, err := s.checkSeats(ctx, sku, nil)
+	if err != nil && !errors.Is(err, ErrNoSeating) {
+		s.log.ErrorContext(ctx, "seat check", "sku", sku.String(), "err", err)
+		return r, refuse(ErrUnavailable, "seat check failed: "+err.Error())
+	}
+	return r, err
+}

@@ -1,0 +1,324 @@
+package sale
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/shard"
+	"github.com/stockgate/stockgate/stock"
+)
+
+var (
+	ansHoldExpired   = fail(ErrHoldExpired)
+	ansHoldCancelled = fail(ErrHoldCancelled)
+	ansNotOwner      = fail(ErrNotOwner)
+	ansNoHold        = fail(ErrUnknownHold)
+	ansNoOrder       = fail(ErrUnknownOrder)
+	ansHoldConfirmed = fail(ErrHoldConfirmed)
+)
+
+// confirm makes the hold an order, once; a retry gets the same order.
+func (s *Service) confirm(ctx context.Context, id, buyer string, r request) answer {
+	o, err := s.ledger.Confirm(ctx, id, buyer, r.ledger())
+	switch {
+	case err == nil:
+		if section, ids, ok := parseSeatGate(o.Gate); ok {
+			// The seats are sold: mark them so in the gate too. If this
+			// fails they stay held by the hold's owner id, which no one
+			// else can take; the consistency check repairs it.
+			_ = s.redis(ctx, func(ctx context.Context) error {
+				_, err := s.seats.Sell(ctx, o.SKU, section, o.GateRequest(), ids)
+				return err
+			})
+		}
+		return answer{order: o}
+	case errors.Is(err, ledger.ErrDuplicate):
+		return answer{order: o, replayed: true}
+	case errors.Is(err, ledger.ErrHoldEnded):
+		h, herr := s.ledger.HoldByID(ctx, id)
+		if herr == nil && h.State == ledger.Cancelled {
+			return ansHoldCancelled
+		}
+		return ansHoldExpired
+	}
+	return s.ownerError(ctx, err, ansNoHold)
+}
+
+// cancel ends the hold; its stock goes back, once.
+func (s *Service) cancel(ctx context.Context, id, buyer string, r request) answer {
+	h, changed, err := s.ledger.Cancel(ctx, id, buyer, r.ledger())
+	switch {
+	case errors.Is(err, ledger.ErrDuplicate):
+		return answer{hold: &h, replayed: true}
+	case errors.Is(err, ledger.ErrHoldConfirmed):
+		return ansHoldConfirmed
+	case err != nil:
+		return s.ownerError(ctx, err, ansNoHold)
+	}
+	if changed {
+		s.returnOwed(ctx, "hold", h.ID)
+	}
+	return answer{hold: &h}
+}
+
+// refund gives the order's stock back once; a second refund answers the
+// same and moves nothing.
+func (s *Service) refund(ctx context.Context, id, buyer string, r request) answer {
+	o, changed, err := s.ledger.Refund(ctx, id, buyer, r.ledger())
+	switch {
+	case errors.Is(err, ledger.ErrDuplicate):
+		return answer{order: o, replayed: true}
+	case err != nil:
+		return s.ownerError(ctx, err, ansNoOrder)
+	}
+	if changed {
+		s.returnOwed(ctx, "order", o.ID)
+	}
+	return answer{order: o}
+}
+
+func (s *Service) ownerError(ctx context.Context, err error, notFound answer) answer {
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		return notFound
+	case errors.Is(err, ledger.ErrNotOwner):
+		return ansNotOwner
+	case errors.Is(err, ledger.ErrKeyReused):
+		return ansKeyReused
+	}
+	s.log.ErrorContext(ctx, "hold or order action", "err", err)
+	return ansUnavailable
+}
+
+// errOverCap: one request asks for more than the program's per-buyer cap
+// (no count needed to refuse it).
+var errOverCap = fmt.Errorf("%w: one request over the cap", stock.ErrLimit)
+
+// quotaTicket is a request's counts against its buyer's caps at the gate
+// (the SKU's, the program's); release gives them back when the request did
+// not end in a commit.
+type quotaTicket struct {
+	s        *Service
+	scopes   []stock.SKU
+	fresh    []stock.SKU // the scopes this attempt counted (not counted before)
+	buyer    string
+	key      string // the request's gate id
+	keyID    string // the client key's id (see quota.lua)
+	released bool
+}
+
+// release gives back the request's counts: it did not commit.
+func (q *quotaTicket) release(ctx context.Context) {
+	if q == nil || q.released {
+		return
+	}
+	q.released = true
+	q.s.releaseQuota(ctx, q.scopes, q.buyer, q.key, q.keyID)
+}
+
+// replayed gives back the counts this attempt made for a request that had
+// committed before: its own counts stand (or were given back with its
+// stock, by a refund or a cancel), so a count made again is one too many.
+func (q *quotaTicket) replayed(ctx context.Context) {
+	if q == nil || q.released || len(q.fresh) == 0 {
+		return
+	}
+	q.released = true
+	q.s.releaseQuota(ctx, q.fresh, q.buyer, q.key, "") // the key stays known: it committed
+}
+
+func (s *Service) releaseQuota(ctx context.Context, scopes []stock.SKU, buyer, key, keyID string) {
+	for _, scope := range scopes {
+		if err := s.redis(ctx, func(ctx context.Context) error {
+			return s.gate.ReleaseQuota(ctx, scope, buyer, key, keyID)
+		}); err != nil {
+			s.log.WarnContext(ctx, "release quota", "scope", scope.String(), "err", err)
+		}
+	}
+}
+
+// takeQuota counts the request against the buyer's caps in Redis (the
+// SKU's, then the program's), so a flood from one buyer is turned away
+// there and never reaches the ledger. The ledger checks both caps again
+// when it commits. No cap, no call.
+func (s *Service) takeQuota(ctx context.Context, w want, st ledger.SKUState) (*quotaTicket, error) {
+	programCap, err := s.programs.Get(ctx, stock.SKU{Program: w.sku.Program})
+	if err != nil {
+		return nil, err
+	}
+	if programCap > 0 && w.q > programCap {
+		return nil, errOverCap
+	}
+	t := &quotaTicket{s: s, buyer: w.buyer, key: w.req.gateID(), keyID: w.req.keyID()}
+	for _, c := range []struct {
+		scope stock.SKU
+		cap   int64
+	}{{w.sku, st.PerBuyer}, {stock.SKU{Program: w.sku.Program}, programCap}} {
+		if c.cap == 0 {
+			continue
+		}
+		var fresh bool
+		err := s.redis(ctx, func(ctx context.Context) (err error) {
+			fresh, err = s.gate.TakeQuota(ctx, c.scope, w.buyer, w.req.gateID(), w.req.keyID(), w.q, c.cap)
+			return err
+		})
+		if err != nil {
+			// Only the counts this attempt made: a count found (another
+			// attempt of this request, in flight or committed) is not ours.
+			if errors.Is(err, stock.ErrLimit) && len(t.scopes) > len(t.fresh) {
+				// A scope counted this request before: another cap refuses
+				// what may be a retry of a committed request (a cap lowered
+				// since). Look it up, as for a key counted before.
+				err = shard.ErrKeyCounted
+			}
+			t.scopes = t.fresh
+			t.release(ctx)
+			return nil, err
+		}
+		t.scopes = append(t.scopes, c.scope)
+		if fresh {
+			t.fresh = append(t.fresh, c.scope)
+		}
+	}
+	if len(t.scopes) == 0 {
+		return nil, nil
+	}
+	return t, nil
+}
+
+// returnOwed finishes a return the ledger just made (a cancel, a refund),
+// if it owes Redis anything.
+func (s *Service) returnOwed(ctx context.Context, kind, id string) {
+	r, ok, err := s.ledger.RestoreOwed(ctx, kind, id)
+	if err != nil {
+		s.log.WarnContext(ctx, "restore owed; a sweeper will do it", "kind", kind, "id", id, "err", err)
+		return
+	}
+	if ok {
+		s.returnToRedis(ctx, r)
+	}
+}
+
+// returnToRedis gives Redis the stock the ledger took back (a cancelled or
+// expired hold, a refund) and the buyer's counts, then clears the ledger's
+// pending mark. Counted units go to the gate of the epoch the return was
+// made under, once (refill.lua): a gate rebuilt since counts them already,
+// one not yet rebuilt to that epoch is tried again by the sweeper. Seats
+// are freed by their owner id. If Redis cannot be reached the mark stays
+// and a sweeper retries; every step is idempotent.
+func (s *Service) returnToRedis(ctx context.Context, r ledger.Restore) {
+	if section, ids, ok := parseSeatGate(r.Gate); ok && s.seats != nil {
+		// Seats come back free, whether held or sold through the hold.
+		err := s.redis(ctx, func(ctx context.Context) error {
+			if _, err := s.seats.Release(ctx, r.SKU, section, r.RequestID, ids); err != nil {
+				return err
+			}
+			_, err := s.seats.ReleaseSold(ctx, r.SKU, section, r.RequestID, ids)
+			return err
+		})
+		if err != nil {
+			s.log.WarnContext(ctx, "release seats in redis; a sweeper will retry", "kind", r.Kind, "id", r.ID, "err", err)
+			return
+		}
+	} else if !ok {
+		var outcome int
+		err := s.redis(ctx, func(ctx context.Context) (err error) {
+			outcome, err = s.gate.Refill(ctx, r.SKU, max(r.Shards, 1), r.Kind+"-"+r.ID, r.Epoch, r.Quantity)
+			if err != nil || outcome == shard.NotYet {
+				return err
+			}
+			// The request stays known (""): a retry of it at the cap is
+			// looked up, and replayed.
+			if err := s.gate.ReleaseQuota(ctx, r.SKU, r.Buyer, r.RequestID, ""); err != nil {
+				return err
+			}
+			return s.gate.ReleaseQuota(ctx, stock.SKU{Program: r.SKU.Program}, r.Buyer, r.RequestID, "")
+		})
+		if err != nil {
+			s.log.WarnContext(ctx, "restore to redis; a sweeper will retry", "kind", r.Kind, "id", r.ID, "err", err)
+			return
+		}
+		if outcome == shard.NotYet {
+			return // the gate of this epoch is still being built; the sweeper comes back
+		}
+		s.cache.ClearSoldOut(r.SKU)
+		s.stock.Invalidate(r.SKU)
+		if outcome == shard.Refilled {
+			s.notifyRestocked(ctx, r.SKU)
+		}
+	}
+	if err := s.ledger.RestoreDone(ctx, r.Kind, r.ID); err != nil {
+		s.log.WarnContext(ctx, "mark restore done; a sweeper will repeat it", "kind", r.Kind, "id", r.ID, "err", err)
+	}
+}
+
+// RunSweeper expires due holds and finishes restores other gateways left
+// unfinished, every SweepEvery until ctx is done. Any number of gateways
+// run it at once: the ledger gives each hold's stock back once, and the
+// Redis side of a restore is idempotent.
+func (s *Service) RunSweeper(ctx context.Context) {
+	t := time.NewTicker(s.opts.SweepEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.sweep(ctx)
+	}
+}
+
+func (s *Service) sweep(ctx context.Context) {
+	for {
+		done, err := s.ledger.ExpireDue(ctx, 200)
+		if err != nil {
+			s.log.WarnContext(ctx, "expire holds", "err", err)
+		}
+		s.metrics.expired.Add(float64(len(done)))
+		for _, h := range done {
+			s.returnOwed(ctx, "hold", h.ID)
+		}
+		if err != nil || len(done) < 200 {
+			break
+		}
+	}
+	// Work left by a gateway that died between the ledger and Redis halves,
+	// or found too early for its epoch's gate.
+	pending, err := s.ledger.PendingRestores(ctx, s.opts.RestoreGrace, 200)
+	if err != nil {
+		s.log.WarnContext(ctx, "pending restores", "err", err)
+		return
+	}
+	for _, r := range pending {
+		s.returnToRedis(ctx, r)
+	}
+}
+
+// EndSale ends a SKU's sale behind the fence, so no replica's gate admits
+// anyone after it; holds and orders already made stay.
+func (s *Service) EndSale(ctx context.Context, sku stock.SKU) (SKUState, error) {
+	ctx, cancel := s.detach(ctx)
+	defer cancel()
+	if _, err := s.ledger.SKU(ctx, sku); errors.Is(err, stock.ErrUnknownSKU) {
+		return SKUState{}, ErrUnknownSKU
+	}
+	var st ledger.SKUState
+	_, err := s.rebuildWith(ctx, sku, reasonAdmin, true, s.opts.ReseedWait, func(ctx context.Context) (err error) {
+		st, err = s.ledger.EndSale(ctx, sku)
+		return err
+	})
+	s.settings.Invalidate(sku)
+	s.stock.Invalidate(sku)
+	if st.Program == "" {
+		s.log.ErrorContext(ctx, "end sale", "sku", sku.String(), "err", err)
+		return SKUState{}, refuse(ErrUnavailable, "could not end the sale; repeat the request")
+	}
+	if err != nil {
+		s.log.ErrorContext(ctx, "end sale: gate not rebuilt", "sku", sku.String(), "err", err)
+	}
+	return skuStateOf(st), nil
+}

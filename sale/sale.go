@@ -1,0 +1,342 @@
+// Package sale owns every flow of stock: purchase, hold, seat hold,
+// confirm, cancel, expiry, refund, and the admin flows that change a SKU
+// and rebuild its Redis gate (restock, end, resize, reconcile, drift
+// repair). It keeps the request model (one key per buyer, bound to a
+// fingerprint of what it asks; see request.go), orchestrates the Redis gate
+// (package shard), the seat gate (seats), the ledger (ledger) and the
+// cross-replica lock (lock), and answers with domain results and the
+// errors in errors.go. It knows nothing of HTTP: package gateway maps its
+// results and errors onto the API.
+package sale
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/singleflight"
+
+	"github.com/stockgate/stockgate/breaker"
+	"github.com/stockgate/stockgate/cache"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/lock"
+	"github.com/stockgate/stockgate/seats"
+	"github.com/stockgate/stockgate/shard"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// Gate is the Redis side of the stock (package shard).
+type Gate interface {
+	Deduct(ctx context.Context, r shard.Request) (shard.Deduction, error)
+	Restore(ctx context.Context, sku stock.SKU, requestID string, parts []shard.Part) error
+	Seed(ctx context.Context, sku stock.SKU, n int, remaining, epoch int64, overwrite bool) error
+	Refill(ctx context.Context, sku stock.SKU, n int, returnID string, epoch, q int64) (int, error)
+	Fence(ctx context.Context, sku stock.SKU, n int, closed bool) error
+	TakeQuota(ctx context.Context, sku stock.SKU, buyer, requestID, keyID string, q, limit int64) (bool, error)
+	ReleaseQuota(ctx context.Context, sku stock.SKU, buyer, requestID, keyID string) error
+	Read(ctx context.Context, sku stock.SKU, n int) ([]shard.ShardStock, error)
+	Remaining(ctx context.Context, sku stock.SKU, n int) (int64, bool, error)
+}
+
+// Ledger is the SQL truth (package ledger).
+type Ledger interface {
+	PutSKU(ctx context.Context, c ledger.SKUConfig) (ledger.SKUState, error)
+	SKU(ctx context.Context, sku stock.SKU) (ledger.SKUState, error)
+	Purchase(ctx context.Context, o ledger.Order) (ledger.Order, error)
+	PurchaseBatch(ctx context.Context, orders []ledger.Order, direct bool) ([]ledger.BatchResult, error)
+	PurchaseDirect(ctx context.Context, o ledger.Order, version int64) (ledger.Order, error)
+	OrderByKey(ctx context.Context, key string) (ledger.Order, error)
+	MarkGateSeeded(ctx context.Context, sku stock.SKU, seq int64) error
+	Hold(ctx context.Context, h ledger.Hold, version int64) (ledger.Hold, error)
+	HoldByID(ctx context.Context, id string) (ledger.Hold, error)
+	HoldByKey(ctx context.Context, key string) (ledger.Hold, error)
+	Confirm(ctx context.Context, holdID, buyer string, req ledger.Request) (ledger.Order, error)
+	Cancel(ctx context.Context, holdID, buyer string, req ledger.Request) (ledger.Hold, bool, error)
+	ExpireDue(ctx context.Context, limit int) ([]ledger.Hold, error)
+	Refund(ctx context.Context, orderID, buyer string, req ledger.Request) (ledger.Order, bool, error)
+	OrderByID(ctx context.Context, id string) (ledger.Order, error)
+	RequestByKey(ctx context.Context, scope, key string) (ledger.Recorded, error)
+	CommittedSince(ctx context.Context, sku stock.SKU, after int64) (ledger.Committed, error)
+	AdvanceGate(ctx context.Context, sku stock.SKU) (ledger.SKUState, error)
+	RestoreOwed(ctx context.Context, kind, id string) (ledger.Restore, bool, error)
+	PendingRestores(ctx context.Context, olderThan time.Duration, limit int) ([]ledger.Restore, error)
+	RestoreDone(ctx context.Context, kind, id string) error
+	EndSale(ctx context.Context, sku stock.SKU) (ledger.SKUState, error)
+	LoadSeats(ctx context.Context, sku stock.SKU, seats []ledger.Seat) (int64, error)
+	Seats(ctx context.Context, sku stock.SKU, section string) ([]ledger.Seat, error)
+	SeatFacts(ctx context.Context, sku stock.SKU) ([]ledger.SeatFact, error)
+	PutProgram(ctx context.Context, program string, perBuyer int64) error
+	ProgramCap(ctx context.Context, program string) (int64, error)
+	SetShards(ctx context.Context, sku stock.SKU, n int) error
+	SKUs(ctx context.Context, after stock.SKU, limit int) ([]ledger.SKUState, error)
+}
+
+// Options configures a Service. The zero value of a setting takes its
+// default (DefaultOptions); Validate refuses what cannot work.
+type Options struct {
+	Gate   Gate         // required
+	Ledger Ledger       // required
+	Cache  *cache.Cache // required; the same one the Gate skips empty shards with
+	// Locker coordinates rebuilds across replicas; it must use the same
+	// Redis Cluster as the Gate. Required.
+	Locker *lock.Locker
+	// Seats is the Redis side of reserved seating. Optional: without it
+	// seat flows answer ErrNoSeating.
+	Seats *seats.Store
+	// Notifier carries restock notices between replicas (the Redis
+	// client; see RunNotices). Optional: without it a replica learns that
+	// stock came back when its sold-out flag expires.
+	Notifier Notifier
+	Logger   *slog.Logger // default slog.Default()
+	// Registry receives the metrics. Default: a new registry.
+	Registry prometheus.Registerer
+	// CacheMetrics receives the local caches' hit and miss counts; the same
+	// one the Cache was given. Default: new metrics on Registry.
+	CacheMetrics *cache.Metrics
+	// Breaker configures the fuse around Redis; New fills in what counts as
+	// an outcome, the metrics and the transition log.
+	Breaker breaker.Options
+
+	// RedisTimeout is the deadline of one gate call (a purchase probing
+	// several shards is one call).
+	RedisTimeout time.Duration
+	// FallbackConcurrency caps requests going straight to the ledger while
+	// the breaker is open; beyond it they get ErrBusy.
+	FallbackConcurrency int
+	// FallbackAttempts bounds the optimistic attempts of one such request
+	// (version conflicts retried with jittered exponential pauses starting
+	// at FallbackBackoff).
+	FallbackAttempts int
+	FallbackBackoff  time.Duration
+	// ReseedWait is how long a request waits for the rebuild lock of its
+	// SKU before going to the ledger instead.
+	ReseedWait time.Duration
+	// DriftEvery is the period of the drift check RunDrift runs.
+	DriftEvery time.Duration
+	// BatchMax is the most gate-admitted purchases committed in one ledger
+	// transaction (group commit); 1 commits each alone.
+	BatchMax int
+	// CollapseAt: when a SKU spread over several shards has this many units
+	// left per shard or fewer, the drift check collapses it onto one shard
+	// (a fenced resize), so the last units sit together. Negative turns it
+	// off; 0 takes the default.
+	CollapseAt int64
+	// SweepEvery is the period of RunSweeper, which expires due holds: a
+	// hold's stock is back at most about this long after its expiry.
+	SweepEvery time.Duration
+	// RestoreGrace is how long a restore may stay half-done (ledger side
+	// done, Redis side not) before any sweeper finishes it.
+	RestoreGrace time.Duration
+	// SettingsTTL is how long a SKU's settings are served from memory.
+	SettingsTTL time.Duration
+	// StockTTL is how long a stock read is served from memory.
+	StockTTL time.Duration
+	// WorkTimeout bounds one request's work. The work runs detached from the
+	// caller's context: once stock is taken from Redis it must end in a
+	// ledger commit or a give-back, whether or not the client is still there.
+	WorkTimeout time.Duration
+}
+
+// DefaultOptions are the settings a zero Options takes; main takes its flag
+// defaults from them.
+func DefaultOptions() Options {
+	return Options{
+		RedisTimeout:        time.Second,
+		FallbackConcurrency: 16,
+		FallbackAttempts:    5,
+		FallbackBackoff:     2 * time.Millisecond,
+		ReseedWait:          time.Second,
+		DriftEvery:          30 * time.Second,
+		BatchMax:            256,
+		CollapseAt:          1,
+		SweepEvery:          time.Second,
+		RestoreGrace:        5 * time.Second,
+		SettingsTTL:         time.Second,
+		StockTTL:            200 * time.Millisecond,
+		WorkTimeout:         5 * time.Second,
+	}
+}
+
+// withDefaults fills every zero setting from DefaultOptions.
+func (o Options) withDefaults() Options {
+	d := DefaultOptions()
+	def := func(v *time.Duration, dv time.Duration) {
+		if *v == 0 {
+			*v = dv
+		}
+	}
+	for _, p := range []struct {
+		v *time.Duration
+		d time.Duration
+	}{
+		{&o.RedisTimeout, d.RedisTimeout}, {&o.FallbackBackoff, d.FallbackBackoff}, {&o.ReseedWait, d.ReseedWait},
+		{&o.DriftEvery, d.DriftEvery}, {&o.SweepEvery, d.SweepEvery}, {&o.RestoreGrace, d.RestoreGrace},
+		{&o.SettingsTTL, d.SettingsTTL}, {&o.StockTTL, d.StockTTL}, {&o.WorkTimeout, d.WorkTimeout},
+	} {
+		def(p.v, p.d)
+	}
+	if o.FallbackConcurrency == 0 {
+		o.FallbackConcurrency = d.FallbackConcurrency
+	}
+	if o.FallbackAttempts == 0 {
+		o.FallbackAttempts = d.FallbackAttempts
+	}
+	if o.BatchMax == 0 {
+		o.BatchMax = d.BatchMax
+	}
+	if o.CollapseAt == 0 {
+		o.CollapseAt = d.CollapseAt
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Registry == nil {
+		o.Registry = prometheus.NewRegistry()
+	}
+	return o
+}
+
+// Validate reports the first setting that cannot work, by its field name.
+// Zero settings are valid: they take their defaults.
+func (o Options) Validate() error {
+	for name, d := range map[string]time.Duration{
+		"RedisTimeout": o.RedisTimeout, "FallbackBackoff": o.FallbackBackoff, "ReseedWait": o.ReseedWait,
+		"DriftEvery": o.DriftEvery, "SweepEvery": o.SweepEvery, "RestoreGrace": o.RestoreGrace,
+		"SettingsTTL": o.SettingsTTL, "StockTTL": o.StockTTL, "WorkTimeout": o.WorkTimeout,
+	} {
+		if d < 0 {
+			return fmt.Errorf("sale: %s must not be negative", name)
+		}
+	}
+	switch {
+	case o.FallbackConcurrency < 0:
+		return errors.New("sale: FallbackConcurrency must be at least 1")
+	case o.FallbackAttempts < 0:
+		return errors.New("sale: FallbackAttempts must be at least 1")
+	case o.BatchMax < 0:
+		return errors.New("sale: BatchMax must be at least 1")
+	}
+	return nil
+}
+
+// Service runs the flows. It holds no state a restart would lose: what it
+// keeps in memory (settings, sold-out flags, committed keys) is read again.
+type Service struct {
+	gate    Gate
+	ledger  Ledger
+	cache   *cache.Cache
+	locker  *lock.Locker
+	breaker *breaker.Breaker
+	metrics *metrics
+	// committer group-commits gate-admitted purchases; direct, the ones
+	// sold around the gate while the breaker is open.
+	committer *committer
+	direct    *committer
+	fallback  chan struct{} // semaphore of ledger-direct requests
+	reseeds   singleflight.Group
+	log       *slog.Logger
+	opts      Options
+	settings  *cache.Loading[ledger.SKUState]
+	programs  *cache.Loading[int64] // per-buyer cap of a program, keyed by {program, ""}
+	seatMaps  *cache.Loading[seatMap]
+	// sectionViews serves seat status reads from memory for StockTTL.
+	sectionViews *cache.Loading[Section]
+	seatSeen     struct {
+		mu sync.Mutex
+		m  map[stock.SKU]map[string]string // seat → mismatch at the last periodic check
+	}
+	seats    *seats.Store
+	stock    *cache.Loading[Stock]
+	inflight inflight
+	// replays answers retries of committed requests of SKUs that take no
+	// more requests (sold out, ended) without a ledger call per request.
+	replays *replays
+}
+
+// New validates opts and returns a Service; Close stops it.
+func New(opts Options) (*Service, error) {
+	if opts.Gate == nil || opts.Ledger == nil || opts.Cache == nil || opts.Locker == nil {
+		return nil, errors.New("sale: Options.Gate, Ledger, Cache and Locker are required")
+	}
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	opts = opts.withDefaults()
+	s := &Service{gate: opts.Gate, ledger: opts.Ledger, cache: opts.Cache, locker: opts.Locker, log: opts.Logger, opts: opts,
+		seats: opts.Seats, fallback: make(chan struct{}, opts.FallbackConcurrency)}
+	var err error
+	if s.metrics, err = newMetrics(opts.Registry); err != nil {
+		return nil, fmt.Errorf("sale: metrics: %w", err)
+	}
+	if opts.CacheMetrics == nil {
+		if opts.CacheMetrics, err = cache.NewMetrics(opts.Registry); err != nil {
+			return nil, fmt.Errorf("sale: metrics: %w", err)
+		}
+	}
+	bo := opts.Breaker
+	bo.IsOutcome = isOutcome
+	bo.Registerer = opts.Registry
+	if s.breaker, err = breaker.New(bo); err != nil {
+		return nil, fmt.Errorf("sale: %w", err)
+	}
+	cm := opts.CacheMetrics
+	if s.settings, err = cache.NewLoading(opts.SettingsTTL, 100_000, cm.Recorder("settings"), s.ledger.SKU); err != nil {
+		return nil, err
+	}
+	if s.programs, err = cache.NewLoading(opts.SettingsTTL, 100_000, cm.Recorder("programs"), func(ctx context.Context, p stock.SKU) (int64, error) {
+		return s.ledger.ProgramCap(ctx, p.Program)
+	}); err != nil {
+		return nil, err
+	}
+	if s.replays, err = newReplays(s.ledger, 10*time.Minute); err != nil {
+		return nil, err
+	}
+	if s.seatMaps, err = cache.NewLoading(opts.SettingsTTL, 1_000, cm.Recorder("seatmaps"), s.loadSeatMap); err != nil {
+		return nil, err
+	}
+	if s.sectionViews, err = cache.NewLoading(opts.StockTTL, 10_000, cm.Recorder("sections"), s.loadSection); err != nil {
+		return nil, err
+	}
+	if s.stock, err = cache.NewLoading(opts.StockTTL, 100_000, cm.Recorder("stock"), s.loadStock); err != nil {
+		return nil, err
+	}
+	s.committer = newCommitter(s, 8, opts.BatchMax, false)
+	s.direct = newCommitter(s, 4, opts.BatchMax, true)
+	return s, nil
+}
+
+// Close stops the group committers after they have answered what was
+// queued. Call it once no flow is running (after the HTTP server drained).
+func (s *Service) Close() {
+	s.committer.close()
+	s.direct.close()
+}
+
+// BreakerState is the Redis breaker's state now.
+func (s *Service) BreakerState() breaker.State { return s.breaker.State() }
+
+// detach gives work its own deadline, detached from the caller's: work
+// once begun ends in a commit or a give-back, whether or not the client is
+// still there.
+func (s *Service) detach(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), s.opts.WorkTimeout)
+}
+
+// run runs f once per request at a time on this replica, detached from the
+// caller (see detach), and turns its answer into a Result. A concurrent
+// request with the same key and another fingerprint is refused at once.
+func (s *Service) run(ctx context.Context, r request, f func(ctx context.Context) answer) (Result, error) {
+	a, mismatch := s.inflight.do(r.joinKey(), r.fp, func() answer {
+		ctx, cancel := s.detach(ctx)
+		defer cancel()
+		return f(ctx)
+	})
+	if mismatch {
+		a = ansKeyReused
+	}
+	return a.result()
+}

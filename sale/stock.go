@@ -1,0 +1,45 @@
+package sale
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/stockgate/stockgate/stock"
+)
+
+// loadStock reads the gate's view (what buyers can still get), or the
+// ledger's when Redis is unavailable, unseeded or behind ledger sales.
+func (s *Service) loadStock(ctx context.Context, sku stock.SKU) (Stock, error) {
+	st, err := s.settings.Get(ctx, sku)
+	if err != nil {
+		return Stock{}, err
+	}
+	var left int64
+	seeded := false
+	err = s.redis(ctx, func(ctx context.Context) (err error) {
+		left, seeded, err = s.gate.Remaining(ctx, sku, st.Shards)
+		return err
+	})
+	if err != nil || !seeded || st.GateStale() {
+		fresh, lerr := s.ledger.SKU(ctx, sku)
+		if lerr != nil {
+			return Stock{}, errors.Join(err, lerr)
+		}
+		left = fresh.Remaining()
+	}
+	return Stock{SKU: sku, Remaining: left, SoldOut: left == 0}, nil
+}
+
+// Stock is what buyers can still get of a SKU: the gate's view, served
+// from memory for StockTTL (a miss loads it once for all readers).
+func (s *Service) Stock(ctx context.Context, sku stock.SKU) (Stock, error) {
+	st, err := s.stock.Get(ctx, sku)
+	switch {
+	case errors.Is(err, stock.ErrUnknownSKU):
+		return Stock{}, ErrUnknownSKU
+	case err != nil:
+		return Stock{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return st, nil
+}

@@ -1,0 +1,142 @@
+package sale
+
+import (
+	"time"
+
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// Hold states.
+const (
+	Held      = ledger.Held
+	Confirmed = ledger.Confirmed
+	Cancelled = ledger.Cancelled
+	Expired   = ledger.Expired
+)
+
+// Bounds of a hold's lifetime any SKU allows (each SKU has its own
+// maximum within them).
+const (
+	MinHoldTTL = ledger.MinHoldTTL
+	MaxHoldTTL = ledger.MaxHoldTTL
+)
+
+// Order is a sale.
+type Order struct {
+	ID        string
+	SKU       stock.SKU
+	Buyer     string
+	Quantity  int64
+	CreatedAt time.Time
+}
+
+func orderOf(o ledger.Order) Order {
+	return Order{ID: o.ID, SKU: o.SKU, Buyer: o.Buyer, Quantity: o.Quantity, CreatedAt: o.CreatedAt}
+}
+
+// Hold is stock set aside for a buyer until it is confirmed (an order),
+// cancelled or expires.
+type Hold struct {
+	ID        string
+	SKU       stock.SKU
+	Buyer     string
+	Quantity  int64
+	State     string // Held, Confirmed, Cancelled or Expired
+	ExpiresAt time.Time
+	OrderID   string   // once confirmed
+	Seats     []string // a seat hold's seats
+	CreatedAt time.Time
+}
+
+func holdOf(h ledger.Hold) Hold {
+	state := h.State
+	if state == ledger.Held && !time.Now().Before(h.ExpiresAt) {
+		state = ledger.Expired // past its time; the sweeper will catch up
+	}
+	return Hold{ID: h.ID, SKU: h.SKU, Buyer: h.Buyer, Quantity: h.Quantity, State: state,
+		ExpiresAt: h.ExpiresAt, OrderID: h.OrderID, Seats: h.SeatIDs, CreatedAt: h.CreatedAt}
+}
+
+// Result is what a write made: an order or a hold. Replayed is set when
+// the request had committed before and this is its stored answer.
+type Result struct {
+	Order    *Order
+	Hold     *Hold
+	Replayed bool
+}
+
+func (a answer) result() (Result, error) {
+	if a.err != nil {
+		return Result{}, a.err
+	}
+	r := Result{Replayed: a.replayed}
+	switch {
+	case a.hold != nil:
+		h := holdOf(*a.hold)
+		r.Hold = &h
+	case a.order.ID != "":
+		o := orderOf(a.order)
+		r.Order = &o
+	default:
+		return Result{}, ErrUnavailable // an answer with nothing in it: a bug, never a guess
+	}
+	return r, nil
+}
+
+// SKUConfig is what an admin sets on a SKU. Zero hold lifetimes take the
+// defaults; Shards 0 means 1.
+type SKUConfig struct {
+	SKU         stock.SKU
+	Total       int64
+	Shards      int
+	MaxPerOrder int64
+	PerBuyer    int64
+	HoldTTL     time.Duration
+	HoldTTLMax  time.Duration
+}
+
+// SKUState is a SKU's settings and counts, per the ledger.
+type SKUState struct {
+	SKU                       stock.SKU
+	Total, Sold, Held, Remain int64
+	Shards                    int
+	MaxPerOrder, PerBuyer     int64
+	Version                   int64
+	HoldTTL, HoldTTLMax       time.Duration
+	Ended                     bool
+}
+
+func skuStateOf(st ledger.SKUState) SKUState {
+	return SKUState{SKU: st.SKU, Total: st.Total, Sold: st.Sold, Held: st.Held, Remain: st.Remaining(),
+		Shards: st.Shards, MaxPerOrder: st.MaxPerOrder, PerBuyer: st.PerBuyer, Version: st.Version,
+		HoldTTL: st.HoldTTL, HoldTTLMax: st.HoldTTLMax, Ended: !st.EndedAt.IsZero()}
+}
+
+// Stock is what buyers can still get of a SKU.
+type Stock struct {
+	SKU       stock.SKU
+	Remaining int64
+	SoldOut   bool
+}
+
+// Seat is one seat of a seat map.
+type Seat struct {
+	ID, Section, Row string
+	Number           int
+}
+
+// SeatState is a seat and its state (free, held or sold).
+type SeatState struct {
+	Seat
+	State string
+}
+
+// Section is the seats of one section (or of the whole map) and how many
+// are free.
+type Section struct {
+	SKU     stock.SKU
+	Section string
+	Free    int
+	Seats   []SeatState
+}

@@ -18,6 +18,7 @@ import (
 	"github.com/stockgate/stockgate/cache"
 	"github.com/stockgate/stockgate/cluster"
 	"github.com/stockgate/stockgate/gateway"
+	"github.com/stockgate/stockgate/internal/opt"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/lock"
 	"github.com/stockgate/stockgate/sale"
@@ -42,6 +43,35 @@ type Options struct {
 	WrapLedger func(sale.Ledger) sale.Ledger
 }
 
+// DefaultOptions are every package's defaults; main takes its flag
+// defaults from them.
+func DefaultOptions() Options {
+	return Options{
+		Redis: cluster.DefaultOptions(), Ledger: ledger.DefaultOptions(), Cache: cache.DefaultOptions(),
+		Shard: shard.DefaultOptions(), Lock: lock.DefaultOptions(), Sale: sale.DefaultOptions(),
+		HTTP: gateway.DefaultOptions(),
+	}
+}
+
+// Validate reports the first setting that cannot work, as an *opt.Error
+// naming its field by path ("Shard.RecordTTL"). Each bound is the
+// package's own.
+func (o Options) Validate() error {
+	for _, v := range []struct {
+		name string
+		err  error
+	}{
+		{"Redis", o.Redis.Validate()}, {"Ledger", o.Ledger.Validate()}, {"Cache", o.Cache.Validate()},
+		{"Shard", o.Shard.Validate()}, {"Lock", o.Lock.Validate()}, {"Sale", o.Sale.Validate()},
+		{"HTTP", o.HTTP.Validate()},
+	} {
+		if v.err != nil {
+			return opt.In(v.name, v.err)
+		}
+	}
+	return nil
+}
+
 // App is one assembled process.
 type App struct {
 	Redis    *redis.ClusterClient
@@ -61,6 +91,9 @@ type App struct {
 // Open connects to Redis and the ledger (migrating its schema) and builds
 // the rest. On error everything opened so far is closed.
 func Open(ctx context.Context, o Options) (_ *App, err error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}

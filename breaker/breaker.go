@@ -17,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sony/gobreaker/v2"
+	"github.com/stockgate/stockgate/internal/opt"
 )
 
 // ErrOpen: the breaker refused the call without running it (open, or
@@ -69,39 +70,40 @@ type Breaker struct {
 	rejected  prometheus.Counter
 }
 
+// DefaultOptions are the settings a zero field takes.
+func DefaultOptions() Options {
+	return Options{Name: "redis", ConsecutiveFailures: 5, FailureRatio: 0.5, MinRequests: 20,
+		Window: 10 * time.Second, OpenFor: 2 * time.Second, Probes: 3}
+}
+
+// Validate reports the first field that cannot work (an *opt.Error).
+func (o Options) Validate() error {
+	switch {
+	case o.FailureRatio < 0 || o.FailureRatio > 1:
+		return opt.Bad("FailureRatio", "must be in (0, 1]")
+	case o.Window != 0 && o.Window < time.Second:
+		return opt.Bad("Window", "must be at least 1s")
+	case o.OpenFor != 0 && o.OpenFor < 10*time.Millisecond:
+		return opt.Bad("OpenFor", "must be at least 10ms")
+	}
+	return nil
+}
+
 // New validates opts and returns a closed Breaker.
 func New(opts Options) (*Breaker, error) {
-	if opts.Name == "" {
-		opts.Name = "redis"
+	if err := opts.Validate(); err != nil {
+		return nil, fmt.Errorf("breaker: %w", err)
 	}
-	if opts.ConsecutiveFailures == 0 {
-		opts.ConsecutiveFailures = 5
-	}
-	if opts.FailureRatio == 0 {
-		opts.FailureRatio = 0.5
-	}
-	if opts.MinRequests == 0 {
-		opts.MinRequests = 20
-	}
-	if opts.Window == 0 {
-		opts.Window = 10 * time.Second
-	}
-	if opts.OpenFor == 0 {
-		opts.OpenFor = 2 * time.Second
-	}
-	if opts.Probes == 0 {
-		opts.Probes = 3
-	}
+	d := DefaultOptions()
+	opt.Fill(&opts.Name, d.Name)
+	opt.Fill(&opts.ConsecutiveFailures, d.ConsecutiveFailures)
+	opt.Fill(&opts.FailureRatio, d.FailureRatio)
+	opt.Fill(&opts.MinRequests, d.MinRequests)
+	opt.Fill(&opts.Window, d.Window)
+	opt.Fill(&opts.OpenFor, d.OpenFor)
+	opt.Fill(&opts.Probes, d.Probes)
 	if opts.IsOutcome == nil {
 		opts.IsOutcome = func(error) bool { return false }
-	}
-	switch {
-	case opts.FailureRatio <= 0 || opts.FailureRatio > 1:
-		return nil, fmt.Errorf("breaker: FailureRatio %v not in (0, 1]", opts.FailureRatio)
-	case opts.Window < time.Second:
-		return nil, fmt.Errorf("breaker: Window %v below 1s", opts.Window)
-	case opts.OpenFor < 10*time.Millisecond:
-		return nil, fmt.Errorf("breaker: OpenFor %v below 10ms", opts.OpenFor)
 	}
 
 	b := &Breaker{isOutcome: opts.IsOutcome}

@@ -7,7 +7,6 @@ package cache
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/maypok86/otter/v2"
 	"github.com/maypok86/otter/v2/stats"
 
+	"github.com/stockgate/stockgate/internal/opt"
 	"github.com/stockgate/stockgate/stock"
 )
 
@@ -31,22 +31,32 @@ type Options struct {
 	Stats stats.Recorder
 }
 
-func (o *Options) defaults() error {
-	if o.SoldOutTTL == 0 {
-		o.SoldOutTTL = 500 * time.Millisecond
-	}
-	if o.EmptyShardTTL == 0 {
-		o.EmptyShardTTL = 250 * time.Millisecond
-	}
-	if o.MaxEntries == 0 {
-		o.MaxEntries = 100_000
-	}
+// DefaultOptions are the settings a zero field takes.
+func DefaultOptions() Options {
+	return Options{SoldOutTTL: 500 * time.Millisecond, EmptyShardTTL: 250 * time.Millisecond, MaxEntries: 100_000}
+}
+
+// Validate reports the first field that cannot work (an *opt.Error).
+func (o Options) Validate() error {
 	switch {
-	case o.SoldOutTTL < 0 || o.EmptyShardTTL < 0:
-		return errors.New("cache: negative TTL")
-	case o.MaxEntries < 1:
-		return fmt.Errorf("cache: MaxEntries %d below 1", o.MaxEntries)
+	case o.SoldOutTTL < 0:
+		return opt.Bad("SoldOutTTL", "must not be negative")
+	case o.EmptyShardTTL < 0:
+		return opt.Bad("EmptyShardTTL", "must not be negative")
+	case o.MaxEntries < 0:
+		return opt.Bad("MaxEntries", "must be at least 1")
 	}
+	return nil
+}
+
+func (o *Options) defaults() error {
+	if err := o.Validate(); err != nil {
+		return fmt.Errorf("cache: %w", err)
+	}
+	d := DefaultOptions()
+	opt.Fill(&o.SoldOutTTL, d.SoldOutTTL)
+	opt.Fill(&o.EmptyShardTTL, d.EmptyShardTTL)
+	opt.Fill(&o.MaxEntries, d.MaxEntries)
 	return nil
 }
 

@@ -24,12 +24,12 @@ package cluster
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stockgate/stockgate/internal/opt"
 )
 
 // Options configures New; zero values take the defaults in the package doc.
@@ -45,31 +45,45 @@ type Options struct {
 	Dialer func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
+// DefaultOptions are the settings a zero field takes.
+func DefaultOptions() Options {
+	return Options{DialTimeout: time.Second, ReadTimeout: 500 * time.Millisecond,
+		WriteTimeout: 500 * time.Millisecond, PoolSize: 64, StateReloadEvery: time.Second}
+}
+
+// Validate reports the first field that cannot work (an *opt.Error).
+func (o Options) Validate() error {
+	if len(o.Addrs) == 0 {
+		return opt.Bad("Addrs", "is required")
+	}
+	for _, a := range o.Addrs {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return opt.Bad("Addrs", fmt.Sprintf("%q is not host:port", a))
+		}
+	}
+	for name, d := range map[string]time.Duration{"DialTimeout": o.DialTimeout, "ReadTimeout": o.ReadTimeout,
+		"WriteTimeout": o.WriteTimeout, "StateReloadEvery": o.StateReloadEvery} {
+		if d < 0 {
+			return opt.Bad(name, "must not be negative")
+		}
+	}
+	if o.PoolSize < 0 {
+		return opt.Bad("PoolSize", "must be at least 1")
+	}
+	return nil
+}
+
 // New validates opts and returns a client. It does not connect yet.
 func New(opts Options) (*redis.ClusterClient, error) {
-	if len(opts.Addrs) == 0 {
-		return nil, errors.New("cluster: Options.Addrs is required")
+	if err := opts.Validate(); err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
 	}
-	for _, a := range opts.Addrs {
-		if _, _, err := net.SplitHostPort(a); err != nil {
-			return nil, fmt.Errorf("cluster: address %q: %w", a, err)
-		}
-	}
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	def(&opts.DialTimeout, time.Second)
-	def(&opts.ReadTimeout, 500*time.Millisecond)
-	def(&opts.WriteTimeout, 500*time.Millisecond)
-	def(&opts.StateReloadEvery, time.Second)
-	if opts.PoolSize == 0 {
-		opts.PoolSize = 64
-	}
-	if opts.DialTimeout < 0 || opts.ReadTimeout < 0 || opts.WriteTimeout < 0 || opts.StateReloadEvery < 0 || opts.PoolSize < 0 {
-		return nil, errors.New("cluster: negative setting")
-	}
+	d := DefaultOptions()
+	opt.Fill(&opts.DialTimeout, d.DialTimeout)
+	opt.Fill(&opts.ReadTimeout, d.ReadTimeout)
+	opt.Fill(&opts.WriteTimeout, d.WriteTimeout)
+	opt.Fill(&opts.StateReloadEvery, d.StateReloadEvery)
+	opt.Fill(&opts.PoolSize, d.PoolSize)
 	return redis.NewClusterClient(&redis.ClusterOptions{
 		Addrs:                      opts.Addrs,
 		Password:                   opts.Password,

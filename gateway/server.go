@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/stockgate/stockgate/internal/opt"
 	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -74,22 +75,24 @@ func DefaultOptions() Options {
 // MinAdminToken is the shortest admin token accepted.
 const MinAdminToken = 16
 
-// Validate reports the first setting that cannot work, by its field name.
-// Zero settings are valid: they take their defaults.
+// Validate reports the first field that cannot work (an *opt.Error). Zero
+// settings are valid: they take their defaults.
 func (o Options) Validate() error {
 	switch {
 	case o.MaxBodyBytes != 0 && o.MaxBodyBytes < 64:
-		return fmt.Errorf("gateway: MaxBodyBytes %d below 64", o.MaxBodyBytes)
+		return opt.Bad("MaxBodyBytes", "must be at least 64")
 	case o.SlowRequest < 0:
-		return errors.New("gateway: SlowRequest must not be negative")
-	case o.RatePerClient < 0 || o.RateBurst < 0:
-		return errors.New("gateway: RatePerClient and RateBurst must not be negative")
+		return opt.Bad("SlowRequest", "must not be negative")
+	case o.RatePerClient < 0:
+		return opt.Bad("RatePerClient", "must not be negative")
+	case o.RateBurst < 0:
+		return opt.Bad("RateBurst", "must be at least 1")
 	case o.AdminToken != "" && len(o.AdminToken) < MinAdminToken:
-		return fmt.Errorf("gateway: AdminToken must be at least %d characters (or empty, for local use only)", MinAdminToken)
+		return opt.Bad("AdminToken", fmt.Sprintf("must be at least %d characters (or empty, for local use only)", MinAdminToken))
 	}
 	for _, p := range o.TrustedProxies {
 		if _, _, err := net.ParseCIDR(p); err != nil && net.ParseIP(p) == nil {
-			return fmt.Errorf("gateway: TrustedProxies: %q is not an address or CIDR", p)
+			return opt.Bad("TrustedProxies", fmt.Sprintf("%q is not an address or CIDR", p))
 		}
 	}
 	return nil
@@ -133,7 +136,7 @@ func New(opts Options) (*Server, error) {
 		return nil, errors.New("gateway: Options.Sale is required")
 	}
 	if err := opts.Validate(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	opts = opts.withDefaults()
 	s := &Server{sale: opts.Sale, log: WithRequestIDs(opts.Logger), opts: opts}

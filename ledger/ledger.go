@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 
+	"github.com/stockgate/stockgate/internal/opt"
 	"github.com/stockgate/stockgate/stock"
 )
 
@@ -74,17 +75,29 @@ type Ledger struct {
 	batch   prometheus.Histogram
 }
 
+// DefaultOptions are the settings a zero field takes.
+func DefaultOptions() Options { return Options{Driver: SQLite, MaxConns: 32} }
+
+// Validate reports the first field that cannot work (an *opt.Error).
+func (o Options) Validate() error {
+	switch {
+	case o.Driver != "" && o.Driver != SQLite && o.Driver != Postgres:
+		return opt.Bad("Driver", "must be sqlite or postgres")
+	case o.DSN == "":
+		return opt.Bad("DSN", "is required")
+	case o.MaxConns < 0:
+		return opt.Bad("MaxConns", "must be at least 1")
+	}
+	return nil
+}
+
 // Open connects, creates the schema when missing, and returns the ledger.
 func Open(ctx context.Context, opts Options) (*Ledger, error) {
-	if opts.DSN == "" {
-		return nil, errors.New("ledger: Options.DSN is required")
+	if err := opts.Validate(); err != nil {
+		return nil, fmt.Errorf("ledger: %w", err)
 	}
-	if opts.MaxConns == 0 {
-		opts.MaxConns = 32
-	}
-	if opts.MaxConns < 1 {
-		return nil, fmt.Errorf("ledger: MaxConns %d below 1", opts.MaxConns)
-	}
+	opt.Fill(&opts.MaxConns, DefaultOptions().MaxConns)
+	opt.Fill(&opts.Driver, DefaultOptions().Driver)
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/stockgate/stockgate/internal/opt"
 	"github.com/stockgate/stockgate/lua"
 )
 
@@ -61,30 +62,42 @@ type Locker struct {
 	renew  *redis.Script
 }
 
+// MinTTL is the shortest lock TTL: renewals must fit in it.
+const MinTTL = 100 * time.Millisecond
+
+// DefaultOptions are the settings a zero field takes (RenewEvery: TTL/3).
+func DefaultOptions() Options {
+	return Options{TTL: 10 * time.Second, RetryEvery: 50 * time.Millisecond, CallTimeout: time.Second}
+}
+
+// Validate reports the first field that cannot work (an *opt.Error).
+func (o Options) Validate() error {
+	switch {
+	case o.TTL != 0 && o.TTL < MinTTL:
+		return opt.Bad("TTL", "must be at least "+MinTTL.String())
+	case o.RenewEvery < 0 || o.RetryEvery < 0 || o.CallTimeout < 0:
+		return opt.Bad("RenewEvery", "RenewEvery, RetryEvery and CallTimeout must not be negative")
+	case o.RenewEvery != 0 && o.TTL != 0 && o.RenewEvery >= o.TTL:
+		return opt.Bad("RenewEvery", "must be below TTL")
+	}
+	return nil
+}
+
 // New validates opts and returns a Locker.
 func New(opts Options) (*Locker, error) {
 	if opts.Redis == nil {
 		return nil, errors.New("lock: Options.Redis is required")
 	}
-	if opts.TTL == 0 {
-		opts.TTL = 10 * time.Second
+	if err := opts.Validate(); err != nil {
+		return nil, fmt.Errorf("lock: %w", err)
 	}
-	if opts.RenewEvery == 0 {
-		opts.RenewEvery = opts.TTL / 3
-	}
-	if opts.RetryEvery == 0 {
-		opts.RetryEvery = 50 * time.Millisecond
-	}
-	if opts.CallTimeout == 0 {
-		opts.CallTimeout = time.Second
-	}
-	switch {
-	case opts.TTL < 100*time.Millisecond:
-		return nil, fmt.Errorf("lock: TTL %v below 100ms", opts.TTL)
-	case opts.RenewEvery <= 0 || opts.RenewEvery >= opts.TTL:
-		return nil, fmt.Errorf("lock: RenewEvery %v not in (0, TTL %v)", opts.RenewEvery, opts.TTL)
-	case opts.RetryEvery <= 0 || opts.CallTimeout <= 0:
-		return nil, errors.New("lock: RetryEvery and CallTimeout must be positive")
+	d := DefaultOptions()
+	opt.Fill(&opts.TTL, d.TTL)
+	opt.Fill(&opts.RenewEvery, opts.TTL/3)
+	opt.Fill(&opts.RetryEvery, d.RetryEvery)
+	opt.Fill(&opts.CallTimeout, d.CallTimeout)
+	if opts.RenewEvery >= opts.TTL {
+		return nil, fmt.Errorf("lock: %w", opt.Bad("RenewEvery", "must be below TTL"))
 	}
 	return &Locker{rdb: opts.Redis, opts: opts,
 		unlock: redis.NewScript(lua.Unlock), renew: redis.NewScript(lua.Renew)}, nil

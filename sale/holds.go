@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/seats"
 	"github.com/stockgate/stockgate/shard"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -25,7 +26,7 @@ func (s *Service) confirm(ctx context.Context, id, buyer string, r request) answ
 	o, err := s.ledger.Confirm(ctx, id, buyer, r.ledger())
 	switch {
 	case err == nil:
-		if section, ids, ok := parseSeatGate(o.Gate); ok {
+		if section, ids, ok := seats.DecodeGate(o.Gate); ok {
 			// The seats are sold: mark them so in the gate too. If this
 			// fails they stay held by the hold's owner id, which no one
 			// else can take; the consistency check repairs it.
@@ -210,7 +211,7 @@ func (s *Service) returnOwed(ctx context.Context, kind, id string) {
 // are freed by their owner id. If Redis cannot be reached the mark stays
 // and a sweeper retries; every step is idempotent.
 func (s *Service) returnToRedis(ctx context.Context, r ledger.Restore) {
-	if section, ids, ok := parseSeatGate(r.Gate); ok && s.seats != nil {
+	if section, ids, ok := seats.DecodeGate(r.Gate); ok && s.seats != nil {
 		// Seats come back free, whether held or sold through the hold.
 		err := s.redis(ctx, func(ctx context.Context) error {
 			if _, err := s.seats.Release(ctx, r.SKU, section, r.RequestID, ids); err != nil {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/stockgate/stockgate/breaker"
 	"github.com/stockgate/stockgate/cache"
+	"github.com/stockgate/stockgate/internal/opt"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/lock"
 	"github.com/stockgate/stockgate/seats"
@@ -145,6 +146,7 @@ type Options struct {
 // defaults from them.
 func DefaultOptions() Options {
 	return Options{
+		Breaker:             breaker.DefaultOptions(),
 		RedisTimeout:        time.Second,
 		FallbackConcurrency: 16,
 		FallbackAttempts:    5,
@@ -200,8 +202,8 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// Validate reports the first setting that cannot work, by its field name.
-// Zero settings are valid: they take their defaults.
+// Validate reports the first field that cannot work (an *opt.Error). Zero
+// settings are valid: they take their defaults.
 func (o Options) Validate() error {
 	for name, d := range map[string]time.Duration{
 		"RedisTimeout": o.RedisTimeout, "FallbackBackoff": o.FallbackBackoff, "ReseedWait": o.ReseedWait,
@@ -209,18 +211,18 @@ func (o Options) Validate() error {
 		"SettingsTTL": o.SettingsTTL, "StockTTL": o.StockTTL, "WorkTimeout": o.WorkTimeout,
 	} {
 		if d < 0 {
-			return fmt.Errorf("sale: %s must not be negative", name)
+			return opt.Bad(name, "must not be negative")
 		}
 	}
 	switch {
 	case o.FallbackConcurrency < 0:
-		return errors.New("sale: FallbackConcurrency must be at least 1")
+		return opt.Bad("FallbackConcurrency", "must be at least 1")
 	case o.FallbackAttempts < 0:
-		return errors.New("sale: FallbackAttempts must be at least 1")
+		return opt.Bad("FallbackAttempts", "must be at least 1")
 	case o.BatchMax < 0:
-		return errors.New("sale: BatchMax must be at least 1")
+		return opt.Bad("BatchMax", "must be at least 1")
 	}
-	return nil
+	return opt.In("Breaker", o.Breaker.Validate())
 }
 
 // Service runs the flows. It holds no state a restart would lose: what it
@@ -263,7 +265,7 @@ func New(opts Options) (*Service, error) {
 		return nil, errors.New("sale: Options.Gate, Ledger, Cache and Locker are required")
 	}
 	if err := opts.Validate(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("sale: %w", err)
 	}
 	opts = opts.withDefaults()
 	s := &Service{gate: opts.Gate, ledger: opts.Ledger, cache: opts.Cache, locker: opts.Locker, log: opts.Logger, opts: opts,

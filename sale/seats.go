@@ -13,26 +13,12 @@ import (
 	"github.com/stockgate/stockgate/stock"
 )
 
-// Reserved seating (issue 8, in progress): seat maps, seat holds of given
-// seats in one section, and seat status. A seat hold is a hold like any
-// other (confirm, cancel, expiry, refund through the same routes); its
-// seats are held in Redis under its Idempotency-Key and in the ledger
-// under its hold id, and its gate record is "seats:<section>:<id>,<id>…".
-
-const seatGatePrefix = "seats:"
-
-func seatGate(section string, ids []string) string {
-	return seatGatePrefix + section + ":" + strings.Join(ids, ",")
-}
-
-func parseSeatGate(g string) (section string, ids []string, ok bool) {
-	rest, ok := strings.CutPrefix(g, seatGatePrefix)
-	if !ok {
-		return "", nil, false
-	}
-	section, list, ok := strings.Cut(rest, ":")
-	return section, strings.Split(list, ","), ok
-}
+// Reserved seating: seat maps, seat holds of given seats in one section or
+// of the best adjacent seats, and seat status. A seat hold is a hold like
+// any other (confirm, cancel, expiry, refund through the same flows); its
+// seats are held in Redis under its request's gate id and in the ledger
+// under its hold id, and its gate record (which seats, package seats'
+// encoding) tells a return what to release.
 
 // seatMap is a SKU's seat id → section, loaded once per SettingsTTL.
 type seatMap map[string]string
@@ -118,7 +104,7 @@ func (s *Service) takeSeats(ctx context.Context, sku stock.SKU, r request, buyer
 	// around the gate: the seat consistency check may write them into Redis
 	// as held by this owner, so its end must release them there (a release
 	// by owner is a no-op for seats this owner does not hold).
-	h.Gate = seatGate(section, ids)
+	h.Gate = seats.EncodeGate(section, ids)
 	version := int64(-1)
 	if rerr != nil {
 		// Redis is out: straight to the ledger, optimistically.

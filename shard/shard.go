@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/stockgate/stockgate/internal/opt"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/lua"
 	"github.com/stockgate/stockgate/stock"
@@ -82,7 +83,8 @@ type Options struct {
 	// redis.Scripter works. Required.
 	Redis redis.Scripter
 	// RecordTTL is how long a deduction record lives, and so how long a
-	// re-sent deduct is recognised and a restore accepted. Default 24h.
+	// re-sent deduct is recognised and a restore accepted. Default 24h;
+	// at least MinRecordTTL.
 	RecordTTL time.Duration
 	// Empty is the known-empty shard memory. Optional.
 	Empty EmptyShards
@@ -103,17 +105,30 @@ type Store struct {
 	unquota   *redis.Script
 }
 
+// MinRecordTTL is the shortest RecordTTL: a record must outlive a client's
+// retries of its request.
+const MinRecordTTL = time.Minute
+
+// DefaultOptions are the settings a zero field takes.
+func DefaultOptions() Options { return Options{RecordTTL: 24 * time.Hour} }
+
+// Validate reports the first field that cannot work (an *opt.Error).
+func (o Options) Validate() error {
+	if o.RecordTTL != 0 && o.RecordTTL < MinRecordTTL {
+		return opt.Bad("RecordTTL", "must be at least "+MinRecordTTL.String())
+	}
+	return nil
+}
+
 // New validates opts and returns a Store.
 func New(opts Options) (*Store, error) {
 	if opts.Redis == nil {
 		return nil, errors.New("shard: Options.Redis is required")
 	}
-	if opts.RecordTTL == 0 {
-		opts.RecordTTL = 24 * time.Hour
+	if err := opts.Validate(); err != nil {
+		return nil, fmt.Errorf("shard: %w", err)
 	}
-	if opts.RecordTTL < time.Second {
-		return nil, fmt.Errorf("shard: RecordTTL %v below 1s", opts.RecordTTL)
-	}
+	opt.Fill(&opts.RecordTTL, DefaultOptions().RecordTTL)
 	return &Store{
 		rdb:       opts.Redis,
 		recordTTL: fmt.Sprint(opts.RecordTTL.Milliseconds()),

@@ -17,6 +17,8 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -24,187 +26,166 @@ import (
 	"github.com/peterbourgon/ff/v3"
 
 	"github.com/stockgate/stockgate/app"
-	"github.com/stockgate/stockgate/breaker"
-	"github.com/stockgate/stockgate/cache"
-	"github.com/stockgate/stockgate/cluster"
-	"github.com/stockgate/stockgate/gateway"
-	"github.com/stockgate/stockgate/ledger"
-	"github.com/stockgate/stockgate/lock"
-	"github.com/stockgate/stockgate/sale"
-	"github.com/stockgate/stockgate/shard"
+	"github.com/stockgate/stockgate/internal/opt"
 )
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stderr))
 }
 
-// config is every setting, each a flag and an environment variable.
+// config is every setting: the packages' Options (app.Options, bound to
+// flags below, with the packages' defaults) and the few that are main's own.
 type config struct {
+	app.Options
 	Addr           string
-	RedisAddrs     string
-	RedisPassword  string
-	DialTimeout    time.Duration
-	ReadTimeout    time.Duration
-	WriteTimeout   time.Duration
-	PoolSize       int
-	LedgerDriver   string
-	LedgerDSN      string
-	LedgerMaxConns int
-	AdminToken     string
-	RecordTTL      time.Duration
-	SoldOutTTL     time.Duration
-	EmptyShardTTL  time.Duration
-	WorkTimeout    time.Duration
+	RedisAddrs     string // comma-separated, into Redis.Addrs
+	TrustedProxies string // comma-separated, into HTTP.TrustedProxies
 	ShutdownGrace  time.Duration
+	DrainDelay     time.Duration
 	LogLevel       string
+	PprofAddr      string
 
-	RedisTimeout        time.Duration
-	StateReloadEvery    time.Duration
-	BreakerFailures     uint
-	BreakerRatio        float64
-	BreakerMinRequests  uint
-	BreakerWindow       time.Duration
-	BreakerOpenFor      time.Duration
-	BreakerProbes       uint
-	FallbackConcurrency int
-	FallbackAttempts    int
-	FallbackBackoff     time.Duration
-	LockTTL             time.Duration
-	ReseedWait          time.Duration
-	DriftEvery          time.Duration
-	SweepEvery          time.Duration
-	CollapseAt          int64
-	TrustedProxies      string
-	RatePerClient       float64
-	RateBurst           int
-	SlowRequest         time.Duration
-	DrainDelay          time.Duration
-	PprofAddr           string
-	BatchMax            int
+	// flagOf names the flag that sets each Options field ("Shard.RecordTTL"),
+	// so that a package's refusal names what the operator set.
+	flagOf map[string]string
+	// nonZero are the flags whose zero would silently mean "the default":
+	// main refuses zero and negative values there; every other bound is
+	// the package's own (app.Options.Validate).
+	nonZero map[string]func() bool
+}
+
+// binder declares one flag per setting, its default the current value.
+type binder struct {
+	fs *flag.FlagSet
+	c  *config
+}
+
+func (b binder) field(name, field string, positive func() bool) {
+	if field != "" {
+		b.c.flagOf[field] = name
+	}
+	if positive != nil {
+		b.c.nonZero[name] = positive
+	}
+}
+
+func (b binder) dur(name string, p *time.Duration, field, usage string) {
+	b.fs.DurationVar(p, name, *p, usage)
+	b.field(name, field, func() bool { return *p > 0 })
+}
+
+func (b binder) int(name string, p *int, field, usage string) {
+	b.fs.IntVar(p, name, *p, usage)
+	b.field(name, field, func() bool { return *p > 0 })
+}
+
+func (b binder) u32(name string, p *uint32, field, usage string) {
+	b.fs.Func(name, fmt.Sprintf("%s (default %d)", usage, *p), func(v string) error {
+		n, err := strconv.ParseUint(v, 10, 32)
+		*p = uint32(n)
+		return err
+	})
+	b.field(name, field, func() bool { return *p > 0 })
+}
+
+func (b binder) str(name string, p *string, field, usage string) {
+	b.fs.StringVar(p, name, *p, usage)
+	b.field(name, field, nil)
 }
 
 func flags(fs *flag.FlagSet, c *config) {
+	c.Options = app.DefaultOptions()
+	c.flagOf, c.nonZero = map[string]string{}, map[string]func() bool{}
+	c.Ledger.DSN = "stockgate.db"
+	b := binder{fs, c}
+	o := &c.Options
 	fs.StringVar(&c.Addr, "addr", ":8080", "HTTP listen address")
 	fs.StringVar(&c.RedisAddrs, "redis-addrs", "127.0.0.1:7000", "comma-separated Redis Cluster seed nodes")
-	fs.StringVar(&c.RedisPassword, "redis-password", "", "Redis password (prefer the environment variable)")
-	fs.DurationVar(&c.DialTimeout, "redis-dial-timeout", time.Second, "Redis dial timeout")
-	fs.DurationVar(&c.ReadTimeout, "redis-read-timeout", 500*time.Millisecond, "Redis read timeout per command")
-	fs.DurationVar(&c.WriteTimeout, "redis-write-timeout", 500*time.Millisecond, "Redis write timeout per command")
-	fs.IntVar(&c.PoolSize, "redis-pool-size", 64, "Redis connections per node")
-	fs.StringVar(&c.LedgerDriver, "ledger-driver", ledger.SQLite, "ledger database: sqlite or postgres")
-	fs.StringVar(&c.LedgerDSN, "ledger-dsn", "stockgate.db", "SQLite file path, or PostgreSQL URL")
-	fs.IntVar(&c.LedgerMaxConns, "ledger-max-conns", 32, "PostgreSQL connection cap")
-	fs.StringVar(&c.AdminToken, "admin-token", "", "bearer token for /v1/admin routes (empty: open, local use only)")
-	fs.DurationVar(&c.RecordTTL, "record-ttl", 24*time.Hour, "lifetime of a deduction record in Redis")
-	fs.DurationVar(&c.SoldOutTTL, "sold-out-ttl", 500*time.Millisecond, "how long a sold-out SKU is answered from memory")
-	fs.DurationVar(&c.EmptyShardTTL, "empty-shard-ttl", 250*time.Millisecond, "how long an empty shard is skipped")
-	fs.DurationVar(&c.WorkTimeout, "work-timeout", 5*time.Second, "time limit of one purchase's work")
+	c.flagOf["Redis.Addrs"] = "redis-addrs"
+	b.str("redis-password", &o.Redis.Password, "", "Redis password (prefer the environment variable)")
+	b.dur("redis-dial-timeout", &o.Redis.DialTimeout, "Redis.DialTimeout", "Redis dial timeout")
+	b.dur("redis-read-timeout", &o.Redis.ReadTimeout, "Redis.ReadTimeout", "Redis read timeout per command")
+	b.dur("redis-write-timeout", &o.Redis.WriteTimeout, "Redis.WriteTimeout", "Redis write timeout per command")
+	b.int("redis-pool-size", &o.Redis.PoolSize, "Redis.PoolSize", "Redis connections per node")
+	b.dur("redis-state-reload", &o.Redis.StateReloadEvery, "Redis.StateReloadEvery", "how stale the cluster slot map may get before it is reloaded")
+	b.str("ledger-driver", &o.Ledger.Driver, "Ledger.Driver", "ledger database: sqlite or postgres")
+	b.str("ledger-dsn", &o.Ledger.DSN, "Ledger.DSN", "SQLite file path, or PostgreSQL URL")
+	b.int("ledger-max-conns", &o.Ledger.MaxConns, "Ledger.MaxConns", "PostgreSQL connection cap")
+	b.str("admin-token", &o.HTTP.AdminToken, "HTTP.AdminToken", "bearer token for /v1/admin routes (empty: open, local use only)")
+	b.dur("record-ttl", &o.Shard.RecordTTL, "Shard.RecordTTL", "lifetime of a deduction record in Redis")
+	b.dur("sold-out-ttl", &o.Cache.SoldOutTTL, "Cache.SoldOutTTL", "how long a sold-out SKU is answered from memory")
+	b.dur("empty-shard-ttl", &o.Cache.EmptyShardTTL, "Cache.EmptyShardTTL", "how long an empty shard is skipped")
+	b.dur("work-timeout", &o.Sale.WorkTimeout, "Sale.WorkTimeout", "time limit of one request's work")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 20*time.Second, "time in-flight requests get to finish on SIGTERM")
+	c.nonZero["shutdown-grace"] = func() bool { return c.ShutdownGrace > 0 }
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 
-	fs.DurationVar(&c.RedisTimeout, "redis-call-timeout", time.Second, "deadline of one gate call (a purchase probing several shards is one call)")
-	fs.DurationVar(&c.StateReloadEvery, "redis-state-reload", time.Second, "how stale the cluster slot map may get before it is reloaded")
-	fs.UintVar(&c.BreakerFailures, "breaker-failures", 5, "consecutive Redis failures that open the breaker")
-	fs.Float64Var(&c.BreakerRatio, "breaker-failure-ratio", 0.5, "failure ratio within the window that opens the breaker")
-	fs.UintVar(&c.BreakerMinRequests, "breaker-min-requests", 20, "calls in the window before the ratio counts")
-	fs.DurationVar(&c.BreakerWindow, "breaker-window", 10*time.Second, "rolling window the failure ratio is counted over")
-	fs.DurationVar(&c.BreakerOpenFor, "breaker-open-for", 2*time.Second, "time the breaker stays open before probing Redis")
-	fs.UintVar(&c.BreakerProbes, "breaker-probes", 3, "successful half-open probes that close the breaker")
-	fs.IntVar(&c.FallbackConcurrency, "fallback-concurrency", 16, "purchases sent straight to the ledger at once while Redis is out; beyond: 503")
-	fs.IntVar(&c.FallbackAttempts, "fallback-attempts", 5, "optimistic attempts of one ledger-direct purchase")
-	fs.DurationVar(&c.FallbackBackoff, "fallback-backoff", 2*time.Millisecond, "base of the jittered pause between those attempts")
-	fs.DurationVar(&c.LockTTL, "lock-ttl", 10*time.Second, "lifetime of a coordination lock after its holder stops renewing it")
-	fs.DurationVar(&c.ReseedWait, "reseed-wait", time.Second, "how long a purchase waits for another replica's re-seed of its SKU")
-	fs.DurationVar(&c.DriftEvery, "drift-every", 30*time.Second, "period of the Redis-vs-ledger drift check")
+	b.dur("redis-call-timeout", &o.Sale.RedisTimeout, "Sale.RedisTimeout", "deadline of one gate call (a purchase probing several shards is one call)")
+	b.u32("breaker-failures", &o.Sale.Breaker.ConsecutiveFailures, "Sale.Breaker.ConsecutiveFailures", "consecutive Redis failures that open the breaker")
+	fs.Float64Var(&o.Sale.Breaker.FailureRatio, "breaker-failure-ratio", o.Sale.Breaker.FailureRatio, "failure ratio within the window that opens the breaker")
+	b.field("breaker-failure-ratio", "Sale.Breaker.FailureRatio", func() bool { return o.Sale.Breaker.FailureRatio > 0 })
+	b.u32("breaker-min-requests", &o.Sale.Breaker.MinRequests, "Sale.Breaker.MinRequests", "calls in the window before the ratio counts")
+	b.dur("breaker-window", &o.Sale.Breaker.Window, "Sale.Breaker.Window", "rolling window the failure ratio is counted over")
+	b.dur("breaker-open-for", &o.Sale.Breaker.OpenFor, "Sale.Breaker.OpenFor", "time the breaker stays open before probing Redis")
+	b.u32("breaker-probes", &o.Sale.Breaker.Probes, "Sale.Breaker.Probes", "successful half-open probes that close the breaker")
+	b.int("fallback-concurrency", &o.Sale.FallbackConcurrency, "Sale.FallbackConcurrency", "requests sent straight to the ledger at once while Redis is out; beyond: 503")
+	b.int("fallback-attempts", &o.Sale.FallbackAttempts, "Sale.FallbackAttempts", "optimistic attempts of one ledger-direct request")
+	b.dur("fallback-backoff", &o.Sale.FallbackBackoff, "Sale.FallbackBackoff", "base of the jittered pause between those attempts")
+	b.dur("lock-ttl", &o.Lock.TTL, "Lock.TTL", "lifetime of a coordination lock after its holder stops renewing it")
+	b.dur("reseed-wait", &o.Sale.ReseedWait, "Sale.ReseedWait", "how long a request waits for another replica's rebuild of its SKU")
+	b.dur("drift-every", &o.Sale.DriftEvery, "Sale.DriftEvery", "period of the Redis-vs-ledger drift check")
 	fs.StringVar(&c.TrustedProxies, "trusted-proxies", "", "comma-separated addresses or CIDRs whose X-Forwarded-For is believed (empty: none)")
-	fs.Float64Var(&c.RatePerClient, "rate-per-client", 0, "requests per second one client address may send (0: no limit; behind a proxy set trusted-proxies first, or every client looks like the proxy)")
-	fs.IntVar(&c.RateBurst, "rate-burst", 100, "burst above rate-per-client a client may send")
-	fs.DurationVar(&c.SlowRequest, "slow-request", time.Second, "latency above which a request is logged")
+	c.flagOf["HTTP.TrustedProxies"] = "trusted-proxies"
+	fs.Float64Var(&o.HTTP.RatePerClient, "rate-per-client", 0, "requests per second one client address may send (0: no limit; behind a proxy set trusted-proxies first, or every client looks like the proxy)")
+	b.field("rate-per-client", "HTTP.RatePerClient", nil)
+	b.int("rate-burst", &o.HTTP.RateBurst, "HTTP.RateBurst", "burst above rate-per-client a client may send")
+	b.dur("slow-request", &o.HTTP.SlowRequest, "HTTP.SlowRequest", "latency above which a request is logged")
 	fs.DurationVar(&c.DrainDelay, "drain-delay", 0, "on SIGTERM, time /readyz fails while requests are still served, before connections close (Kubernetes' preStop sleep does this too)")
 	fs.StringVar(&c.PprofAddr, "pprof-addr", "", "host:port of a separate listener for /debug/pprof (empty: off; keep it off the public network)")
-	fs.IntVar(&c.BatchMax, "batch-max", 256, "most gate-admitted purchases committed in one ledger transaction (group commit; 1: each alone)")
-	fs.Int64Var(&c.CollapseAt, "collapse-at", 1, "units left per shard at which a sharded SKU's tail collapses onto one shard (negative: never)")
-	fs.DurationVar(&c.SweepEvery, "sweep-every", time.Second, "period of the hold-expiry sweeper (bounds how late an expired hold's stock comes back)")
+	b.int("batch-max", &o.Sale.BatchMax, "Sale.BatchMax", "most gate-admitted purchases committed in one ledger transaction (group commit; 1: each alone)")
+	fs.Int64Var(&o.Sale.CollapseAt, "collapse-at", o.Sale.CollapseAt, "units left per shard at which a sharded SKU's tail collapses onto one shard (negative: never)")
+	b.field("collapse-at", "Sale.CollapseAt", func() bool { return o.Sale.CollapseAt != 0 })
+	b.dur("sweep-every", &o.Sale.SweepEvery, "Sale.SweepEvery", "period of the hold-expiry sweeper (bounds how late an expired hold's stock comes back)")
 }
 
-// validate names the environment variable of the first bad setting.
-func (c config) validate() error {
+// validate names the environment variable of the first bad setting. main
+// checks only its own settings and that no flag is zero where zero would
+// mean "the default"; every other bound is the package's (app.Options).
+func (c *config) validate() error {
 	bad := func(name, why string) error {
 		return fmt.Errorf("STOCKGATE_%s (-%s): %s", strings.ToUpper(strings.ReplaceAll(name, "-", "_")), name, why)
 	}
 	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
 		return bad("addr", "not host:port: "+err.Error())
 	}
-	for _, a := range strings.Split(c.RedisAddrs, ",") {
-		if _, _, err := net.SplitHostPort(strings.TrimSpace(a)); err != nil {
-			return bad("redis-addrs", fmt.Sprintf("%q is not host:port", a))
-		}
+	c.Redis.Addrs = splitList(c.RedisAddrs)
+	c.HTTP.TrustedProxies = splitList(c.TrustedProxies)
+	names := make([]string, 0, len(c.nonZero))
+	for name := range c.nonZero {
+		names = append(names, name)
 	}
-	for name, d := range map[string]time.Duration{
-		"redis-dial-timeout": c.DialTimeout, "redis-read-timeout": c.ReadTimeout,
-		"redis-write-timeout": c.WriteTimeout, "sold-out-ttl": c.SoldOutTTL, "empty-shard-ttl": c.EmptyShardTTL,
-		"work-timeout": c.WorkTimeout, "shutdown-grace": c.ShutdownGrace,
-		"redis-call-timeout": c.RedisTimeout, "redis-state-reload": c.StateReloadEvery,
-		"breaker-window": c.BreakerWindow, "breaker-open-for": c.BreakerOpenFor,
-		"fallback-backoff": c.FallbackBackoff, "lock-ttl": c.LockTTL, "reseed-wait": c.ReseedWait,
-		"drift-every": c.DriftEvery, "sweep-every": c.SweepEvery,
-	} {
-		if d <= 0 {
-			return bad(name, "must be a positive duration")
+	slices.Sort(names)
+	for _, name := range names {
+		if !c.nonZero[name]() {
+			return bad(name, "must be above 0")
 		}
 	}
 	switch {
-	case c.RecordTTL < time.Minute:
-		return bad("record-ttl", "must be at least 1m")
-	case c.PoolSize < 1:
-		return bad("redis-pool-size", "must be at least 1")
-	case c.LedgerDriver != ledger.SQLite && c.LedgerDriver != ledger.Postgres:
-		return bad("ledger-driver", "must be sqlite or postgres")
-	case c.LedgerDSN == "":
-		return bad("ledger-dsn", "must not be empty")
-	case c.LedgerMaxConns < 1:
-		return bad("ledger-max-conns", "must be at least 1")
-	case c.BreakerFailures < 1:
-		return bad("breaker-failures", "must be at least 1")
-	case c.BreakerRatio <= 0 || c.BreakerRatio > 1:
-		return bad("breaker-failure-ratio", "must be in (0, 1]")
-	case c.BreakerMinRequests < 1:
-		return bad("breaker-min-requests", "must be at least 1")
-	case c.BreakerWindow < time.Second:
-		return bad("breaker-window", "must be at least 1s")
-	case c.BreakerProbes < 1:
-		return bad("breaker-probes", "must be at least 1")
-	case c.FallbackConcurrency < 1:
-		return bad("fallback-concurrency", "must be at least 1")
-	case c.FallbackAttempts < 1:
-		return bad("fallback-attempts", "must be at least 1")
-	case c.AdminToken != "" && len(c.AdminToken) < 16:
-		return bad("admin-token", "must be at least 16 characters (or empty, for local use only)")
-	case c.RatePerClient < 0:
-		return bad("rate-per-client", "must be >= 0")
-	case c.RateBurst < 1:
-		return bad("rate-burst", "must be at least 1")
-	case c.SlowRequest <= 0:
-		return bad("slow-request", "must be a positive duration")
 	case c.DrainDelay < 0 || c.DrainDelay >= c.ShutdownGrace:
 		return bad("drain-delay", "must be >= 0 and below the shutdown grace")
 	case c.PprofAddr != "" && !validHostPort(c.PprofAddr):
 		return bad("pprof-addr", "not host:port")
-	case c.BatchMax < 1:
-		return bad("batch-max", "must be at least 1")
-	case c.CollapseAt == 0:
-		return bad("collapse-at", "must be at least 1, or negative to turn collapsing off")
-	case c.LockTTL < time.Second:
-		return bad("lock-ttl", "must be at least 1s")
-	}
-	for _, p := range splitList(c.TrustedProxies) {
-		if _, _, err := net.ParseCIDR(p); err != nil && net.ParseIP(p) == nil {
-			return bad("trusted-proxies", fmt.Sprintf("%q is not an address or CIDR", p))
-		}
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(c.LogLevel)); err != nil {
 		return bad("log-level", "must be debug, info, warn or error")
+	}
+	if err := c.Options.Validate(); err != nil {
+		var oe *opt.Error
+		if errors.As(err, &oe) && c.flagOf[oe.Field] != "" {
+			return bad(c.flagOf[oe.Field], oe.Why)
+		}
+		return err
 	}
 	return nil
 }
@@ -249,48 +230,19 @@ func run(args []string, stderr io.Writer) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := serve(ctx, c, log); err != nil {
+	if err := serve(ctx, &c, log); err != nil {
 		log.Error("stockgate stopped", "err", err)
 		return 1
 	}
 	return 0
 }
 
-// options is the configuration as the packages take it.
-func (c config) options(log *slog.Logger) app.Options {
-	return app.Options{
-		Redis: cluster.Options{
-			Addrs: splitList(c.RedisAddrs), Password: c.RedisPassword,
-			DialTimeout: c.DialTimeout, ReadTimeout: c.ReadTimeout, WriteTimeout: c.WriteTimeout,
-			PoolSize: c.PoolSize, StateReloadEvery: c.StateReloadEvery,
-		},
-		Ledger: ledger.Options{Driver: c.LedgerDriver, DSN: c.LedgerDSN, MaxConns: c.LedgerMaxConns},
-		Cache:  cache.Options{SoldOutTTL: c.SoldOutTTL, EmptyShardTTL: c.EmptyShardTTL},
-		Shard:  shard.Options{RecordTTL: c.RecordTTL},
-		Lock:   lock.Options{TTL: c.LockTTL},
-		Sale: sale.Options{
-			WorkTimeout: c.WorkTimeout, RedisTimeout: c.RedisTimeout,
-			Breaker: breaker.Options{
-				ConsecutiveFailures: uint32(c.BreakerFailures), FailureRatio: c.BreakerRatio,
-				MinRequests: uint32(c.BreakerMinRequests), Window: c.BreakerWindow,
-				OpenFor: c.BreakerOpenFor, Probes: uint32(c.BreakerProbes),
-			},
-			FallbackConcurrency: c.FallbackConcurrency, FallbackAttempts: c.FallbackAttempts,
-			FallbackBackoff: c.FallbackBackoff, ReseedWait: c.ReseedWait,
-			DriftEvery: c.DriftEvery, SweepEvery: c.SweepEvery, CollapseAt: c.CollapseAt, BatchMax: c.BatchMax,
-		},
-		HTTP: gateway.Options{
-			TrustedProxies: splitList(c.TrustedProxies), RatePerClient: c.RatePerClient, RateBurst: c.RateBurst,
-			SlowRequest: c.SlowRequest, AdminToken: c.AdminToken,
-		},
-		Logger: log,
-	}
-}
-
-func serve(ctx context.Context, c config, log *slog.Logger) error {
+func serve(ctx context.Context, c *config, log *slog.Logger) error {
 	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	a, err := app.Open(openCtx, c.options(log))
+	o := c.Options
+	o.Logger = log
+	a, err := app.Open(openCtx, o)
 	if err != nil {
 		return err
 	}
@@ -321,7 +273,7 @@ func serve(ctx context.Context, c config, log *slog.Logger) error {
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }() // owned here; ends with Shutdown
 	srv.SetReady(true)
-	log.Info("stockgate serving", "addr", ln.Addr().String(), "ledger", c.LedgerDriver)
+	log.Info("stockgate serving", "addr", ln.Addr().String(), "ledger", c.Ledger.Driver)
 
 	select {
 	case err := <-errc:

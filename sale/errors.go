@@ -52,6 +52,11 @@ var (
 	ErrSeatsNotInRedis = newErr("unavailable", "ledger updated, Redis not; repeat the request")
 )
 
+// Kinds lists every kind above, for tables that must cover them all.
+func Kinds() []*Err {
+	return []*Err{ErrInvalid, ErrUnknownSKU, ErrUnknownHold, ErrUnknownOrder, ErrNotOwner, ErrKeyReused, ErrOverMax, ErrSoldOut, ErrLimit, ErrSaleEnded, ErrHoldExpired, ErrHoldCancelled, ErrHoldConfirmed, ErrSeated, ErrNotSeated, ErrNoSeating, ErrUnknownSeats, ErrSeatsTaken, ErrSeatsNotInGate, ErrSeatsSpan, ErrNoAdjacent, ErrSeatMapRefused, ErrBelowCommitted, ErrRebuildBusy, ErrBusy, ErrUnavailable, ErrNotRebuilt, ErrGateNotClosed, ErrSeatsNotInRedis}
+}
+
 // refusal is an Err with a detail for this request (and the seats it
 // names, when it is about seats).
 type refusal struct {

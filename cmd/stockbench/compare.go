@@ -92,11 +92,11 @@ func compareCmd(args []string) error {
 	runs := []run{
 		{"flash sale (12 shards, stock n/10)", func(g gateway, prog string) (loadgen.Scenario, error) {
 			sku := prog + "/ga"
-			return loadgen.Purchases([]string{sku}, "flash-", *n), g.admin.putSKU(sku, int64(*n/10), 12)
+			return loadgen.Purchases([]string{sku}, prog+"-", *n), g.admin.putSKU(sku, int64(*n/10), 12)
 		}},
 		{"sold-out storm", func(g gateway, prog string) (loadgen.Scenario, error) {
 			sku := prog + "/ga"
-			return loadgen.Purchases([]string{sku}, "storm-", *n), g.admin.putSKU(sku, 0, 4)
+			return loadgen.Purchases([]string{sku}, prog+"-", *n), g.admin.putSKU(sku, 0, 4)
 		}},
 	}
 	fmt.Printf("# %s (old) against the working tree (new): %d requests from %d connections per run, %d interleaved rounds\n\n",

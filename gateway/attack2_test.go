@@ -178,3 +178,69 @@ func TestAttack2DirectSeatHoldRepairedThenCancelled(t *testing.T) {
 		t.Errorf("seat check after the cancel differed %v, want []", d)
 	}
 }
+
+// A purchase committed before the SKU had a per-buyer cap was never
+// counted at the gate. Refunded, with the buyer at the new cap through
+// another key, its retry still gets its replay (found among the SKU's
+// committed keys), not 409 limit-reached.
+func TestAttack2RetryOfUncountedPurchaseAtCap(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newEnv(t, driver)
+		sku := newSKU(t)
+		e.putSKU(t, sku, 100, 1, 4)
+		b := e.buy(t, sku, "k1", "ann", 2)
+		if b.status != 201 {
+			t.Fatalf("purchase = %d %s", b.status, b.body)
+		}
+		if r := e.do(t, http.MethodPut, adminPath(sku), nil, `{"total":100,"shards":1,"max_per_order":4,"per_buyer":2}`); r.status != 200 {
+			t.Fatalf("PUT = %d %s", r.status, r.body)
+		}
+		if f := e.act(t, "/v1/orders/"+orderID(b)+"/refund", "f1", "ann"); f.status != 200 {
+			t.Fatalf("refund = %d %s", f.status, f.body)
+		}
+		if r := e.buy(t, sku, "k2", "ann", 2); r.status != 201 {
+			t.Fatalf("second purchase = %d %s", r.status, r.body)
+		}
+		again := e.buy(t, sku, "k1", "ann", 2)
+		if again.status != 201 || orderID(again) != orderID(b) {
+			t.Errorf("retry of k1 = %d %s, want the replay of order %s", again.status, again.body, orderID(b))
+		}
+		if r := e.buy(t, sku, "k1", "ann", 1); r.status != 422 {
+			t.Errorf("k1 reused = %d %s, want 422", r.status, r.body)
+		}
+	})
+}
+
+// A reused key under the cap (refused by the ledger, 422) must not take or
+// drop the mark its committed request left at the gate: after a refund and
+// the buyer at the cap again, the first request's retry is still replayed.
+func TestAttack2ReusedKeyKeepsTheMark(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newEnv(t, driver)
+		sku := newSKU(t)
+		if r := e.do(t, http.MethodPut, adminPath(sku), nil, `{"total":100,"shards":1,"max_per_order":4,"per_buyer":4}`); r.status != 200 {
+			t.Fatalf("PUT = %d %s", r.status, r.body)
+		}
+		b := e.buy(t, sku, "k1", "ann", 2)
+		if b.status != 201 {
+			t.Fatalf("purchase = %d %s", b.status, b.body)
+		}
+		if r := e.buy(t, sku, "k1", "ann", 1); r.status != 422 {
+			t.Fatalf("k1 reused under the cap = %d %s, want 422", r.status, r.body)
+		}
+		if f := e.act(t, "/v1/orders/"+orderID(b)+"/refund", "f1", "ann"); f.status != 200 {
+			t.Fatalf("refund = %d %s", f.status, f.body)
+		}
+		if r := e.buy(t, sku, "k2", "ann", 4); r.status != 201 {
+			t.Fatalf("purchase to the cap = %d %s", r.status, r.body)
+		}
+		again := e.buy(t, sku, "k1", "ann", 2)
+		if again.status != 201 || orderID(again) != orderID(b) {
+			t.Errorf("retry of k1 = %d %s, want the replay of order %s", again.status, again.body, orderID(b))
+		}
+		used, _ := e.rdb.HGet(context.Background(), keys.Quota(sku.Program, sku.Ticket, "ann"), "used").Int64()
+		if used != 4 {
+			t.Errorf("redis quota used = %d, want 4", used)
+		}
+	})
+}

@@ -695,7 +695,7 @@ func reseedHolder() int {
 	a, err := app.Open(ctx, app.Options{
 		Redis:      cluster.Options{Addrs: strings.Split(os.Getenv("HELPER_REDIS"), ",")},
 		Ledger:     ledger.Options{Driver: ledger.Postgres, DSN: os.Getenv("HELPER_DSN")},
-		Lock:       lock.Options{TTL: time.Second},
+		Lock:       lock.Options{TTL: time.Second, CallTimeout: 300 * time.Millisecond},
 		Sale:       sale.Options{WorkTimeout: time.Hour},
 		WrapLedger: func(l sale.Ledger) sale.Ledger { return stuckLedger{l} },
 	})

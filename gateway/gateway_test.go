@@ -84,7 +84,7 @@ func startEnv(t *testing.T, o envOptions) *env {
 	opts := app.Options{
 		Redis:  cluster.Options{Addrs: o.cluster.Addrs(), Dialer: o.dialer},
 		Ledger: ledger.Options{Driver: o.driver, DSN: o.dsn},
-		Lock:   lock.Options{TTL: time.Second},
+		Lock:   lock.Options{TTL: time.Second, CallTimeout: 300 * time.Millisecond},
 		Sale:   sale.Options{DriftEvery: 200 * time.Millisecond},
 		Logger: testLogger(t),
 	}

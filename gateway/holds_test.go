@@ -196,8 +196,10 @@ func TestRefundConcurrentlyRestoresOnce(t *testing.T) {
 }
 
 // One buyer fires 50 purchases at once at a SKU capped at 4 per buyer:
-// exactly 4 units, the rest turned away in Redis without reaching the
-// ledger; another buyer is unaffected.
+// exactly 4 units, the rest turned away at the gate with no ledger call of
+// their own (the refusals share at most 2 reads of the SKU's committed
+// keys, which tell a retry of a committed request from a new one); another
+// buyer is unaffected.
 func TestPerBuyerCap(t *testing.T) {
 	e, counted := countingEnv(t)
 	sku := newSKU(t)
@@ -213,8 +215,9 @@ func TestPerBuyerCap(t *testing.T) {
 		t.Errorf("50 purchases by one buyer capped at 4: %v", counts)
 	}
 	t.Logf("by method: %v", counted.byMethod())
-	if ledgerCalls < 1 || ledgerCalls > 4 {
-		t.Errorf("the flood made %d ledger calls, want 1..4 (the 4 admitted purchases, maybe committed together)", ledgerCalls)
+	if ledgerCalls < 1 || ledgerCalls > 6 {
+		t.Errorf("the flood made %d ledger calls, want 1..6 (the 4 admitted purchases, maybe committed together, "+
+			"and at most 2 shared reads of committed keys, not one per refusal)", ledgerCalls)
 	}
 	if r := e.buy(t, sku, "other", "bob", 4); r.status != http.StatusCreated {
 		t.Errorf("another buyer = %d %s", r.status, r.body)

@@ -12,6 +12,7 @@
 package lock
 
 import (
+	"cmp"
 	"context"
 	crand "crypto/rand"
 	"encoding/hex"
@@ -79,6 +80,13 @@ func (o Options) Validate() error {
 		return opt.Bad("RenewEvery", "RenewEvery, RetryEvery and CallTimeout must not be negative")
 	case o.RenewEvery != 0 && o.TTL != 0 && o.RenewEvery >= o.TTL:
 		return opt.Bad("RenewEvery", "must be below TTL")
+	}
+	// A renewal slower than the lease would let it lapse while its holder
+	// still works: another replica could rebuild at the same time.
+	d := DefaultOptions()
+	ttl, call := cmp.Or(o.TTL, d.TTL), cmp.Or(o.CallTimeout, d.CallTimeout)
+	if call >= ttl {
+		return opt.Bad("TTL", fmt.Sprintf("must be above CallTimeout (%v)", call))
 	}
 	return nil
 }

@@ -20,7 +20,7 @@ func newLocker(t *testing.T, ttl time.Duration) *lock.Locker {
 	t.Helper()
 	rdb := testenv.SharedCluster(t).Client()
 	t.Cleanup(func() { rdb.Close() })
-	l, err := lock.New(lock.Options{Redis: rdb, TTL: ttl, RetryEvery: 10 * time.Millisecond})
+	l, err := lock.New(lock.Options{Redis: rdb, TTL: ttl, RetryEvery: 10 * time.Millisecond, CallTimeout: ttl / 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +156,9 @@ func TestCrashedHolderExpires(t *testing.T) {
 func TestNewValidates(t *testing.T) {
 	rdb := testenv.SharedCluster(t).Client()
 	defer rdb.Close()
-	for _, o := range []lock.Options{{}, {Redis: rdb, TTL: time.Millisecond}, {Redis: rdb, TTL: time.Second, RenewEvery: 2 * time.Second}} {
+	for _, o := range []lock.Options{{}, {Redis: rdb, TTL: time.Millisecond}, {Redis: rdb, TTL: time.Second, RenewEvery: 2 * time.Second},
+		{Redis: rdb, TTL: 500 * time.Millisecond}, // renewals (CallTimeout 1s) could outlast the lease
+	} {
 		if _, err := lock.New(o); err == nil {
 			t.Errorf("New(%+v) succeeded", o)
 		}

@@ -34,6 +34,9 @@ if used + q > cap then
   return {0, used}
 end
 used = redis.call('HINCRBY', KEYS[1], 'used', q)
-redis.call('HSET', KEYS[1], 'r:' .. ARGV[1], q, 'k:' .. ARGV[5], ARGV[1])
+redis.call('HSET', KEYS[1], 'r:' .. ARGV[1], q)
+-- The first request counted under a key keeps the mark: a later one with
+-- another fingerprint (a reuse, refused by the ledger) must not take it.
+redis.call('HSETNX', KEYS[1], 'k:' .. ARGV[5], ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ttl)
 return {1, used}

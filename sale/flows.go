@@ -48,8 +48,11 @@ func (t Take) check(hold bool) error {
 	if t.SKU.Validate() != nil {
 		return refuse(ErrInvalid, "program and ticket ids must match [A-Za-z0-9_-]{1,64}")
 	}
-	if t.Quantity < 1 || t.Quantity > stock.MaxTotal {
+	if t.Quantity < 1 {
 		return refuse(ErrInvalid, "quantity must be an integer >= 1")
+	}
+	if t.Quantity > stock.MaxPerOrderCap {
+		return refuse(ErrOverMax, fmt.Sprintf("quantity %d over the largest order any ticket allows (%d)", t.Quantity, stock.MaxPerOrderCap))
 	}
 	if t.TTL != 0 && (!hold || t.TTL < time.Second || t.TTL > MaxHoldTTL) {
 		return refuse(ErrInvalid, "ttl_seconds out of bounds")

@@ -120,6 +120,13 @@ func (q *quotaTicket) release(ctx context.Context) {
 	q.s.releaseQuota(ctx, q.scopes, q.buyer, q.key, q.keyID)
 }
 
+// keepKey makes release leave the key's mark: the request may still commit.
+func (q *quotaTicket) keepKey() {
+	if q != nil {
+		q.keyID = ""
+	}
+}
+
 // replayed gives back the counts this attempt made for a request that had
 // committed before: its own counts stand (or were given back with its
 // stock, by a refund or a cancel), so a count made again is one too many.
@@ -143,7 +150,7 @@ func (s *Service) releaseQuota(ctx context.Context, scopes []stock.SKU, buyer, k
 
 // takeQuota counts the request against the buyer's caps in Redis (the
 // SKU's, then the program's), so a flood from one buyer is turned away
-// there and never reaches the ledger. The ledger checks both caps again
+// there with no ledger call per request. The ledger checks both caps again
 // when it commits. No cap, no call.
 func (s *Service) takeQuota(ctx context.Context, w want, st ledger.SKUState) (*quotaTicket, error) {
 	programCap, err := s.programs.Get(ctx, stock.SKU{Program: w.sku.Program})
@@ -174,6 +181,9 @@ func (s *Service) takeQuota(ctx context.Context, w want, st ledger.SKUState) (*q
 				// what may be a retry of a committed request (a cap lowered
 				// since). Look it up, as for a key counted before.
 				err = shard.ErrKeyCounted
+			}
+			if errors.Is(err, shard.ErrKeyCounted) {
+				t.keyID = "" // the key may be a committed request's: keep its mark
 			}
 			t.scopes = t.fresh
 			t.release(ctx)
@@ -211,6 +221,13 @@ func (s *Service) returnOwed(ctx context.Context, kind, id string) {
 // are freed by their owner id. If Redis cannot be reached the mark stays
 // and a sweeper retries; every step is idempotent.
 func (s *Service) returnToRedis(ctx context.Context, r ledger.Restore) {
+	if seats.IsGate(r.Gate) && !seats.ValidGate(r.Gate) {
+		// A seat record that does not decode: never refill it as counted
+		// stock. It stays pending, and the seat consistency check rewrites
+		// the seats from the ledger.
+		s.log.ErrorContext(ctx, "malformed seat gate record; left pending", "kind", r.Kind, "id", r.ID)
+		return
+	}
 	if section, ids, ok := seats.DecodeGate(r.Gate); ok && s.seats != nil {
 		// Seats come back free, whether held or sold through the hold.
 		err := s.redis(ctx, func(ctx context.Context) error {

@@ -107,7 +107,13 @@ func replayed(rec ledger.Recorded) answer {
 // its answer, from any replica, without a ledger call per request (see
 // replays); any other request gets the refusal.
 func (s *Service) committedOr(ctx context.Context, w want, refusal answer) answer {
-	committed, err := s.replays.committed(ctx, w.sku, w.req.scope, w.req.key)
+	return s.committedAt(ctx, w, refusal, 0)
+}
+
+// committedAt is committedOr for a caller that knows the SKU row's version
+// was at most known a moment ago (see replays.committedAt).
+func (s *Service) committedAt(ctx context.Context, w want, refusal answer, known int64) answer {
+	committed, err := s.replays.committedAt(ctx, w.sku, w.req.scope, w.req.key, known)
 	if err != nil {
 		s.log.WarnContext(ctx, "committed keys", "sku", w.sku.String(), "err", err)
 		return ansUnavailable
@@ -212,9 +218,11 @@ func (s *Service) takeOnce(ctx context.Context, w want) (_ answer, stale bool) {
 		return s.counted(pathGate, s.lookupOr(ctx, w.req, ansLimit)), false
 	case errors.Is(qerr, stock.ErrLimit):
 		// A retry of a request that was counted passes (its count is kept
-		// per request id), so a flood of new requests from one buyer stops
-		// here without a ledger call.
-		return s.counted(pathGate, ansLimit), false
+		// per request id). A request never counted here (sold around the
+		// gate, or before the cap existed) is found among the SKU's
+		// committed keys, read at most once per change of the SKU row: a
+		// flood of new requests from one buyer costs no ledger call each.
+		return s.counted(pathGate, s.committedAt(ctx, w, ansLimit, st.Version)), false
 	case qerr != nil && notRun(qerr):
 		return s.takeDirect(ctx, w, st), false
 	case qerr != nil:
@@ -243,7 +251,9 @@ func (s *Service) takeOnce(ctx context.Context, w want) (_ answer, stale bool) {
 		}
 		return s.counted(pathGate, s.refusedTake(ctx, w, quota, ansSoldOut, false)), false
 	case err != nil && notRun(err):
-		// Nothing moved in Redis: the ledger can take this one directly.
+		// Nothing moved in Redis: the ledger can take this one directly
+		// (and may commit it: its key keeps its mark).
+		quota.keepKey()
 		quota.release(ctx)
 		return s.takeDirect(ctx, w, st), false
 	case err != nil:

@@ -58,6 +58,14 @@ type scopedKey struct{ scope, key string }
 // committed reports whether (scope, key) committed a request that took
 // stock of the SKU.
 func (r *replays) committed(ctx context.Context, sku stock.SKU, scope, key string) (bool, error) {
+	return r.committedAt(ctx, sku, scope, key, 0)
+}
+
+// committedAt is committed for a caller that knows the SKU's row version
+// was at most known a moment ago (its cached settings): a set read up to
+// that version has every request committed until then, so a miss is
+// answered from memory. 0 knows nothing.
+func (r *replays) committedAt(ctx context.Context, sku stock.SKU, scope, key string, known int64) (bool, error) {
 	ks, ok := r.sets.GetIfPresent(sku)
 	if !ok {
 		ks, _ = r.sets.ComputeIfAbsent(sku, func() (*keySet, bool) {
@@ -72,6 +80,12 @@ func (r *replays) committed(ctx context.Context, sku stock.SKU, scope, key strin
 	ks.mu.RUnlock()
 	if found || sealed {
 		return found, nil
+	}
+	ks.mu.RLock()
+	current := known > 0 && ks.version >= known
+	ks.mu.RUnlock()
+	if current {
+		return false, nil
 	}
 	ks.mu.Lock()
 	if _, ok := ks.keys[id]; ok || ks.sealed {

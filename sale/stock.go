@@ -39,7 +39,7 @@ func (s *Service) Stock(ctx context.Context, sku stock.SKU) (Stock, error) {
 	case errors.Is(err, stock.ErrUnknownSKU):
 		return Stock{}, ErrUnknownSKU
 	case err != nil:
-		return Stock{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
+		return Stock{}, fmt.Errorf("%w: %w", refuse(ErrUnavailable, "stock temporarily unavailable"), err)
 	}
 	return st, nil
 }

@@ -16,6 +16,15 @@ func EncodeGate(section string, ids []string) string {
 	return gatePrefix + section + ":" + strings.Join(ids, ",")
 }
 
+// IsGate reports whether g is a seat hold's record (well-formed or not).
+func IsGate(g string) bool { return strings.HasPrefix(g, gatePrefix) }
+
+// ValidGate reports whether g is a well-formed seat hold's record.
+func ValidGate(g string) bool {
+	_, _, ok := DecodeGate(g)
+	return ok
+}
+
 // DecodeGate reads a gate record EncodeGate wrote; ok is false for any
 // other record (a counted hold's shard parts, an empty record) or a
 // malformed one.

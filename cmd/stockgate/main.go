@@ -6,6 +6,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -27,6 +28,7 @@ import (
 
 	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/internal/opt"
+	"github.com/stockgate/stockgate/ledger"
 )
 
 func main() {
@@ -167,6 +169,9 @@ func (c *config) validate() error {
 	slices.Sort(names)
 	for _, name := range names {
 		if !c.nonZero[name]() {
+			if name == "collapse-at" {
+				return bad(name, "must be at least 1, or negative to turn collapsing off")
+			}
 			return bad(name, "must be above 0")
 		}
 	}
@@ -273,7 +278,7 @@ func serve(ctx context.Context, c *config, log *slog.Logger) error {
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }() // owned here; ends with Shutdown
 	srv.SetReady(true)
-	log.Info("stockgate serving", "addr", ln.Addr().String(), "ledger", c.Ledger.Driver)
+	log.Info("stockgate serving", "addr", ln.Addr().String(), "ledger", cmp.Or(c.Ledger.Driver, ledger.SQLite))
 
 	select {
 	case err := <-errc:

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -241,6 +242,81 @@ func TestAttack2ReusedKeyKeepsTheMark(t *testing.T) {
 		used, _ := e.rdb.HGet(context.Background(), keys.Quota(sku.Program, sku.Ticket, "ann"), "used").Int64()
 		if used != 4 {
 			t.Errorf("redis quota used = %d, want 4", used)
+		}
+	})
+}
+
+// A best-available seat hold the ticket's settings refuse (over the
+// per-order maximum, a lifetime over the ticket's, an ended sale) moves
+// nothing: before, Redis picked and held the seats first and nothing gave
+// them back, so anyone could block a section with refused requests.
+func TestAttack2RefusedBestSeatsHoldNothing(t *testing.T) {
+	e := newEnv(t, ledger.SQLite)
+	sku := newSKU(t)
+	e.putSKU(t, sku, 0, 1, 4)
+	e.loadSeats(t, sku, map[string]int{"A": 8})
+	path := "/v1/skus/" + sku.Program + "/" + sku.Ticket + "/seat-holds"
+	for i, body := range []string{
+		`{"buyer":"mal","quantity":4,"ttl_seconds":5000}`,
+		`{"buyer":"mal","quantity":4,"section":"A","ttl_seconds":86400}`,
+		`{"buyer":"mal","quantity":6,"section":"A"}`,
+	} {
+		r := e.do(t, http.MethodPost, path, map[string]string{"Idempotency-Key": fmt.Sprintf("bad-%d", i)}, body)
+		if r.status != http.StatusUnprocessableEntity {
+			t.Errorf("%s = %d %s, want 422", body, r.status, r.body)
+		}
+	}
+	if r := e.do(t, http.MethodPost, adminPath(sku)+"/end", nil, ""); r.status != http.StatusOK {
+		t.Fatalf("end = %d %s", r.status, r.body)
+	}
+	if r := e.do(t, http.MethodPost, path, map[string]string{"Idempotency-Key": "after-end"}, `{"buyer":"mal","quantity":4}`); r.status != http.StatusConflict {
+		t.Errorf("best seats after the end = %d %s, want 409", r.status, r.body)
+	}
+	var check sale.SeatCheck
+	cr := e.do(t, http.MethodPost, adminPath(sku)+"/seats/check", nil, "")
+	if err := json.Unmarshal(cr.body, &check); err != nil || cr.status != http.StatusOK {
+		t.Fatalf("check = %d %s", cr.status, cr.body)
+	}
+	if len(check.Differed) != 0 {
+		t.Errorf("refused seat holds left seats held in Redis: %v", check.Differed)
+	}
+}
+
+// A ticket's maximum hold lifetime below the default lifetime is refused
+// (holds without a lifetime of their own would outlive the maximum), and
+// changes nothing.
+func TestAttack2HoldMaxBelowDefaultRefused(t *testing.T) {
+	e := newEnv(t, ledger.SQLite)
+	sku := newSKU(t)
+	if r := e.do(t, http.MethodPut, adminPath(sku), nil, `{"total":20,"hold_ttl_max_seconds":60}`); r.status != http.StatusUnprocessableEntity {
+		t.Errorf("max 60s with the 900s default = %d %s, want 422", r.status, r.body)
+	}
+	if r := e.do(t, http.MethodGet, adminPath(sku), nil, ""); r.status != http.StatusNotFound {
+		t.Errorf("the refused PUT created the SKU: %d %s", r.status, r.body)
+	}
+	if r := e.do(t, http.MethodPut, adminPath(sku), nil, `{"total":20,"hold_ttl_seconds":30,"hold_ttl_max_seconds":60}`); r.status != http.StatusOK {
+		t.Errorf("max 60s with a 30s default = %d %s, want 200", r.status, r.body)
+	}
+}
+
+// A seat map upload that moves a seat the map has (another section) is
+// refused whole and changes nothing, in the ledger or in Redis.
+func TestAttack2SeatMapCannotMoveASeat(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newEnv(t, driver)
+		sku := newSKU(t)
+		e.putSKU(t, sku, 0, 1, 4)
+		e.loadSeats(t, sku, map[string]int{"A": 2})
+		r := e.do(t, http.MethodPut, adminPath(sku)+"/seats", nil,
+			`{"seats":[{"id":"B-01","section":"B","row":"1","number":1},{"id":"A-01","section":"B","row":"1","number":2}]}`)
+		if r.status != http.StatusConflict || !strings.Contains(string(r.body), "A-01") {
+			t.Errorf("moving A-01 to section B = %d %s, want 409 naming A-01", r.status, r.body)
+		}
+		if r := e.do(t, http.MethodGet, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/seats", nil, ""); !strings.Contains(string(r.body), `"free":2`) || strings.Contains(string(r.body), "B-01") {
+			t.Errorf("seats after the refused upload = %s, want the 2 seats of A only", r.body)
+		}
+		if r, _ := e.seatHold(t, sku, "h", "ann", "A-01", "A-02"); r.status != http.StatusCreated {
+			t.Errorf("hold of A-01, A-02 = %d %s", r.status, r.body)
 		}
 	})
 }

@@ -386,8 +386,10 @@ func (c SKUConfig) Validate() error {
 		return fmt.Errorf("%w: per_buyer %d not in 0..%d", stock.ErrInvalid, c.PerBuyer, stock.MaxTotal)
 	case c.HoldTTL != 0 && (c.HoldTTL < MinHoldTTL || c.HoldTTL > MaxHoldTTL):
 		return fmt.Errorf("%w: hold ttl %v not in %v..%v", stock.ErrInvalid, c.HoldTTL, MinHoldTTL, MaxHoldTTL)
-	case c.HoldTTLMax != 0 && (c.HoldTTLMax < max(c.HoldTTL, MinHoldTTL) || c.HoldTTLMax > MaxHoldTTL):
-		return fmt.Errorf("%w: hold ttl max %v not in %v..%v", stock.ErrInvalid, c.HoldTTLMax, max(c.HoldTTL, MinHoldTTL), MaxHoldTTL)
+	case c.HoldTTLMax != 0 && (c.HoldTTLMax < max(c.withDefaults().HoldTTL, MinHoldTTL) || c.HoldTTLMax > MaxHoldTTL):
+		// Against the default lifetime too: a maximum below it would let
+		// holds without a lifetime of their own outlive the maximum.
+		return fmt.Errorf("%w: hold ttl max %v not in %v..%v", stock.ErrInvalid, c.HoldTTLMax, max(c.withDefaults().HoldTTL, MinHoldTTL), MaxHoldTTL)
 	}
 	return nil
 }

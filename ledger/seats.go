@@ -41,7 +41,9 @@ func (e *SeatsTakenError) Is(target error) bool { return target == ErrSeatsTaken
 
 // LoadSeats adds seats to a SKU's map (seats it has keep their state) and
 // sets the SKU's total to the map's size, refused (stock.ErrInvalid) if
-// that is below what is sold and held.
+// that is below what is sold and held, or if a seat the map has is given
+// with another section, row or number (a seat never moves: Redis keeps
+// seats by section, and holds name them).
 func (l *Ledger) LoadSeats(ctx context.Context, sku stock.SKU, seats []Seat) (int64, error) {
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -49,10 +51,23 @@ func (l *Ledger) LoadSeats(ctx context.Context, sku stock.SKU, seats []Seat) (in
 	}
 	defer tx.Rollback()
 	for _, s := range seats {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO seats (program, ticket, seat_id, section, row_label, number)
+		res, err := tx.ExecContext(ctx, `INSERT INTO seats (program, ticket, seat_id, section, row_label, number)
 			VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (program, ticket, seat_id) DO NOTHING`,
-			sku.Program, sku.Ticket, s.ID, s.Section, s.Row, s.Number); err != nil {
+			sku.Program, sku.Ticket, s.ID, s.Section, s.Row, s.Number)
+		if err != nil {
 			return 0, fmt.Errorf("ledger: load seats: %w", err)
+		}
+		if n, _ := res.RowsAffected(); n == 1 {
+			continue
+		}
+		var same int
+		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM seats WHERE program = $1 AND ticket = $2 AND seat_id = $3
+			AND section = $4 AND row_label = $5 AND number = $6`,
+			sku.Program, sku.Ticket, s.ID, s.Section, s.Row, s.Number).Scan(&same); err != nil {
+			return 0, fmt.Errorf("ledger: load seats: %w", err)
+		}
+		if same != 1 {
+			return 0, fmt.Errorf("%w: seat %s is in the map with another section, row or number", stock.ErrInvalid, s.ID)
 		}
 	}
 	var n int64

@@ -39,26 +39,36 @@ func (s *Service) loadSeatMap(ctx context.Context, sku stock.SKU) (seatMap, erro
 // owner in Redis is the request's gate id (derived from buyer, key and
 // fingerprint), so a reused key with other seats can neither take nor
 // release the first request's seats.
+// seatSettings reads the SKU's settings and refuses what they refuse for a
+// seat hold of n seats, before any seat is taken in Redis.
+func (s *Service) seatSettings(ctx context.Context, sku stock.SKU, r request, n int, ttl time.Duration) (ledger.SKUState, answer, bool) {
+	st, err := s.settings.Get(ctx, sku)
+	switch {
+	case errors.Is(err, stock.ErrUnknownSKU):
+		return st, ansUnknownSKU, false
+	case err != nil:
+		return st, ansUnavailable, false
+	case !st.Seated:
+		return st, s.lookupOr(ctx, r, fail(ErrNotSeated)), false
+	case int64(n) > st.MaxPerOrder:
+		return st, s.lookupOr(ctx, r, fail(refuse(ErrOverMax,
+			fmt.Sprintf("%d seats over this ticket's maximum of %d per order", n, st.MaxPerOrder)))), false
+	case ttl != 0 && (ttl < ledger.MinHoldTTL || ttl > st.HoldTTLMax):
+		return st, s.lookupOr(ctx, r, fail(refuse(ErrInvalid, "ttl_seconds out of this ticket's bounds"))), false
+	case !st.EndedAt.IsZero():
+		return st, s.lookupOr(ctx, r, ansSaleEnded), false
+	}
+	return st, answer{}, true
+}
+
 func (s *Service) takeSeats(ctx context.Context, sku stock.SKU, r request, buyer string, ids []string, ttl time.Duration) answer {
 	owner := r.gateID()
 	if s.seats == nil {
 		return fail(ErrNoSeating)
 	}
-	st, err := s.settings.Get(ctx, sku)
-	switch {
-	case errors.Is(err, stock.ErrUnknownSKU):
-		return ansUnknownSKU
-	case err != nil:
-		return ansUnavailable
-	case !st.Seated:
-		return s.lookupOr(ctx, r, fail(ErrNotSeated))
-	case int64(len(ids)) > st.MaxPerOrder:
-		return s.lookupOr(ctx, r, fail(refuse(ErrOverMax,
-			fmt.Sprintf("%d seats over this ticket's maximum of %d per order", len(ids), st.MaxPerOrder))))
-	case ttl != 0 && (ttl < ledger.MinHoldTTL || ttl > st.HoldTTLMax):
-		return s.lookupOr(ctx, r, fail(refuse(ErrInvalid, "ttl_seconds out of this ticket's bounds")))
-	case !st.EndedAt.IsZero():
-		return s.lookupOr(ctx, r, ansSaleEnded)
+	st, refused, ok := s.seatSettings(ctx, sku, r, len(ids), ttl)
+	if !ok {
+		return refused
 	}
 	m, err := s.seatMaps.Get(ctx, sku)
 	if err != nil {
@@ -180,6 +190,11 @@ func (s *Service) takeBestSeats(ctx context.Context, sku stock.SKU, r request, b
 	} else if ok {
 		return a
 	}
+	// What the settings refuse is refused before Redis picks (and holds)
+	// any seat: a refusal after the pick would leave them held.
+	if _, refused, ok := s.seatSettings(ctx, sku, r, q, ttl); !ok {
+		return refused
+	}
 	if section == "" {
 		// The whole price tier: the first section, in order, that has them.
 		m, err := s.seatMaps.Get(ctx, sku)
@@ -223,7 +238,29 @@ func (s *Service) takeBestSeats(ctx context.Context, sku stock.SKU, r request, b
 	}
 	// The seats are held in Redis under key (or Redis is out); the given-
 	// seats path holds them again (a no-op for the same key) and commits.
-	return s.takeSeats(ctx, sku, r, buyer, ids, ttl)
+	a := s.takeSeats(ctx, sku, r, buyer, ids, ttl)
+	if err == nil && refusedBeforeGate(a.err) {
+		// Refused before its own Redis hold (the map or the settings
+		// changed since the pick): nothing will release what Best held.
+		if rerr := s.redis(ctx, func(ctx context.Context) error {
+			_, err := s.seats.Release(ctx, sku, section, r.gateID(), ids)
+			return err
+		}); rerr != nil {
+			s.log.WarnContext(ctx, "release best seats after a refusal; the seat check repairs them", "sku", sku.String(), "err", rerr)
+		}
+	}
+	return a
+}
+
+// refusedBeforeGate reports the refusals takeSeats decides before it holds
+// seats in Redis.
+func refusedBeforeGate(err error) bool {
+	for _, k := range []*Err{ErrUnknownSKU, ErrNotSeated, ErrOverMax, ErrInvalid, ErrSaleEnded, ErrUnknownSeats, ErrSeatsSpan, ErrNoSeating} {
+		if errors.Is(err, k) {
+			return true
+		}
+	}
+	return false
 }
 
 // bestAdjacent is seats_best.lua's choice over the ledger's map, for when

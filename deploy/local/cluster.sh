@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Local Redis Cluster for `make run`: 3 masters + 3 replicas on loopback
-# ports 7000-7005, files and pids under .run/redis. `stop` kills only the
-# pids this script wrote.
+# ports 7000-7005 (REDIS_PORT_BASE moves them), files and pids under
+# .run/redis. `stop` kills only the pids this script wrote.
 set -euo pipefail
 dir="${RUN_DIR:-.run}/redis"
-ports=(7000 7001 7002 7003 7004 7005)
+case "$dir" in /*) abs="$dir" ;; *) abs="$PWD/$dir" ;; esac
+base="${REDIS_PORT_BASE:-7000}"
+ports=($(seq "$base" $((base + 5))))
 
 start() {
   mkdir -p "$dir"
@@ -14,25 +16,28 @@ start() {
       continue
     fi
     if redis-cli -p "$p" ping >/dev/null 2>&1; then
-      echo "port $p is taken by a Redis this script did not start; stop it or free ports 7000-7005" >&2
+      echo "port $p is taken by a Redis this script did not start; stop it or free ports $base-$((base + 5))" >&2
       exit 1
     fi
-    rm -f "$dir/nodes-$p.conf"
+    # Each start is a fresh cluster: no node may come up with the slots of
+    # the last one. A replica writes the RDB of its first sync to disk even
+    # with --save "", so each node has its own file, removed here.
+    rm -f "$dir/nodes-$p.conf" "$dir/dump-$p.rdb" "$dir/dump.rdb"
     redis-server --port "$p" --bind 127.0.0.1 --cluster-enabled yes \
       --cluster-config-file "nodes-$p.conf" --cluster-node-timeout 5000 \
-      --dir "$dir" --save "" --appendonly no --daemonize yes \
-      --pidfile "$PWD/$dir/$p.pid" --logfile "$p.log"
+      --dir "$dir" --dbfilename "dump-$p.rdb" --save "" --appendonly no --daemonize yes \
+      --pidfile "$abs/$p.pid" --logfile "$p.log"
   done
   for p in "${ports[@]}"; do
     for _ in $(seq 50); do redis-cli -p "$p" ping >/dev/null 2>&1 && break; sleep 0.1; done
   done
-  if ! redis-cli -p 7000 cluster info | grep -q cluster_state:ok; then
+  if ! redis-cli -p "$base" cluster info | grep -q cluster_state:ok; then
     redis-cli --cluster create $(printf '127.0.0.1:%s ' "${ports[@]}") --cluster-replicas 1 --cluster-yes >"$dir/create.log"
   fi
   for _ in $(seq 100); do
     ok=1
     for p in "${ports[@]}"; do redis-cli -p "$p" cluster info | grep -q cluster_state:ok || ok=0; done
-    [ "$ok" = 1 ] && { echo "redis cluster ready on 127.0.0.1:7000-7005"; return; }
+    [ "$ok" = 1 ] && { echo "redis cluster ready on 127.0.0.1:$base-$((base + 5))"; return; }
     sleep 0.2
   done
   echo "redis cluster did not become ready; see $dir/*.log" >&2

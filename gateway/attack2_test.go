@@ -320,3 +320,27 @@ func TestAttack2SeatMapCannotMoveASeat(t *testing.T) {
 		}
 	})
 }
+
+// Media types compare case-insensitively and whole (RFC 9110): any case of
+// application/json is JSON, application/jsonfoo is not; a JSON body that is
+// not an object is malformed (400), and the problem names no Go type.
+func TestAttack2MediaTypesAndNonObjectBodies(t *testing.T) {
+	e := newEnv(t, ledger.SQLite)
+	sku := newSKU(t)
+	e.putSKU(t, sku, 10, 1, 4)
+	path := "/v1/skus/" + sku.Program + "/" + sku.Ticket + "/purchases"
+	body := `{"buyer":"ann","quantity":1}`
+	if r := e.do(t, http.MethodPost, path, map[string]string{"Idempotency-Key": "m1", "Content-Type": "Application/JSON; charset=UTF-8"}, body); r.status != http.StatusCreated {
+		t.Errorf("Application/JSON = %d %s, want 201", r.status, r.body)
+	}
+	if r := e.do(t, http.MethodPost, path, map[string]string{"Idempotency-Key": "m2", "Content-Type": "application/jsonfoo"}, body); r.status != http.StatusUnsupportedMediaType {
+		t.Errorf("application/jsonfoo = %d %s, want 415", r.status, r.body)
+	}
+	r := e.do(t, http.MethodPut, adminPath(sku), nil, `[]`)
+	if r.status != http.StatusBadRequest || strings.Contains(string(r.body), "gateway.") {
+		t.Errorf("PUT [] = %d %s, want 400 naming no Go type", r.status, r.body)
+	}
+	if st := e.state(t, sku); st.Sold != 1 {
+		t.Errorf("sold %d, want 1", st.Sold)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"slices"
 	"strings"
@@ -24,7 +25,7 @@ func (s *Server) decodeBody(c *gin.Context, v any) bool {
 // larger than any buyer's request).
 func (s *Server) decodeBodyMax(c *gin.Context, v any, maxBytes int64) bool {
 	ct := c.GetHeader("Content-Type")
-	if ct != "" && !strings.HasPrefix(ct, "application/json") {
+	if mt, _, err := mime.ParseMediaType(ct); ct != "" && (err != nil || mt != "application/json") {
 		writeProblem(c, http.StatusUnsupportedMediaType, "unsupported-media-type", "send application/json", 0)
 		return false
 	}
@@ -55,6 +56,8 @@ func (s *Server) decodeBodyMax(c *gin.Context, v any, maxBytes int64) bool {
 	switch {
 	case err == nil:
 		return true
+	case errors.As(err, &typeErr) && typeErr.Field == "":
+		writeProblem(c, http.StatusBadRequest, "malformed-json", "the body must be a JSON object", 0)
 	case errors.As(err, &typeErr):
 		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field",
 			fmt.Sprintf("field %q must be %s", typeErr.Field, kindOf(typeErr)), 0)

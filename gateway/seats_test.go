@@ -236,7 +236,7 @@ func TestSeatConsistencyRepair(t *testing.T) {
 func TestBestAvailableThroughTheAPI(t *testing.T) {
 	e := newEnv(t, ledger.SQLite)
 	sku := newSKU(t)
-	e.putSKU(t, sku, 0, 1, 6)
+	e.putSKU(t, sku, 0, 1, 10)
 	e.loadSeats(t, sku, map[string]int{"A": 10})
 	best := func(key string, q int) reply {
 		return e.do(t, http.MethodPost, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/seat-holds",
@@ -258,6 +258,9 @@ func TestBestAvailableThroughTheAPI(t *testing.T) {
 	}
 	if r := best("best-2", 7); r.status != http.StatusConflict || !strings.Contains(string(r.body), "no-adjacent-seats") {
 		t.Errorf("7 of the 6 left = %d %s", r.status, r.body)
+	}
+	if r := best("best-over", 11); r.status != http.StatusUnprocessableEntity || !strings.Contains(string(r.body), "quantity-over-limit") {
+		t.Errorf("11 over the maximum of 10 = %d %s, want 422 quantity-over-limit", r.status, r.body)
 	}
 	if r := best("best-3", 6); r.status != http.StatusCreated {
 		t.Errorf("the last 6 = %d %s", r.status, r.body)

@@ -25,19 +25,12 @@ func TestAttack2RetryAtCapAfterRefund(t *testing.T) {
 	eachDriver(t, func(t *testing.T, driver string) {
 		e := newEnv(t, driver)
 		sku := newSKU(t)
-		if r := e.do(t, http.MethodPut, adminPath(sku), nil, `{"total":100,"shards":2,"max_per_order":4,"per_buyer":2}`); r.status != 200 {
-			t.Fatalf("PUT = %d %s", r.status, r.body)
-		}
-		b := e.buy(t, sku, "k1", "ann", 2)
-		if b.status != 201 {
-			t.Fatalf("purchase = %d %s", b.status, b.body)
-		}
+		e.putCapped(t, sku, 2, 2)
+		b := e.mustBuy(t, sku, "k1", "ann", 2)
 		if f := e.act(t, "/v1/orders/"+orderID(b)+"/refund", "f1", "ann"); f.status != 200 {
 			t.Fatalf("refund = %d %s", f.status, f.body)
 		}
-		if r := e.buy(t, sku, "k2", "ann", 2); r.status != 201 {
-			t.Fatalf("second purchase = %d %s", r.status, r.body)
-		}
+		e.mustBuy(t, sku, "k2", "ann", 2)
 		again := e.buy(t, sku, "k1", "ann", 2)
 		if again.status != 201 || orderID(again) != orderID(b) {
 			t.Errorf("retry of the refunded purchase k1 = %d %s, want the replay of order %s", again.status, again.body, orderID(b))
@@ -65,9 +58,7 @@ func TestAttack2HoldRetryAtProgramCapAfterCancel(t *testing.T) {
 		if c := e.act(t, "/v1/holds/"+h.HoldID+"/cancel", "c1", "ann"); c.status != 200 {
 			t.Fatalf("cancel = %d %s", c.status, c.body)
 		}
-		if b := e.buy(t, sku, "k2", "ann", 1); b.status != 201 {
-			t.Fatalf("purchase = %d %s", b.status, b.body)
-		}
+		e.mustBuy(t, sku, "k2", "ann", 1)
 		again, h2 := e.hold(t, sku, "h1", "ann", 1, 0)
 		if again.status != 201 || h2.HoldID != h.HoldID {
 			t.Errorf("retry of the cancelled hold h1 = %d %s, want the replay of hold %s", again.status, again.body, h.HoldID)
@@ -82,12 +73,8 @@ func TestAttack2ReusedKeyAtCap(t *testing.T) {
 	eachDriver(t, func(t *testing.T, driver string) {
 		e := newEnv(t, driver)
 		sku := newSKU(t)
-		if r := e.do(t, http.MethodPut, adminPath(sku), nil, `{"total":100,"shards":1,"max_per_order":4,"per_buyer":2}`); r.status != 200 {
-			t.Fatalf("PUT = %d %s", r.status, r.body)
-		}
-		if b := e.buy(t, sku, "k1", "ann", 2); b.status != 201 {
-			t.Fatalf("purchase = %d %s", b.status, b.body)
-		}
+		e.putCapped(t, sku, 1, 2)
+		e.mustBuy(t, sku, "k1", "ann", 2)
 		if r := e.buy(t, sku, "k1", "ann", 1); r.status != 422 {
 			t.Errorf("key k1 reused with quantity 1 by a buyer at the cap = %d %s, want 422", r.status, r.body)
 		}
@@ -105,20 +92,13 @@ func TestAttack2LoweredProgramCapReleasesSKUCount(t *testing.T) {
 		sku := newSKU(t)
 		vip := sku
 		vip.Ticket = "vip"
-		if r := e.do(t, http.MethodPut, adminPath(sku), nil, `{"total":100,"shards":1,"max_per_order":4,"per_buyer":4}`); r.status != 200 {
-			t.Fatalf("PUT = %d %s", r.status, r.body)
-		}
+		e.putCapped(t, sku, 1, 4)
 		e.putSKU(t, vip, 100, 1, 4)
-		b := e.buy(t, sku, "k1", "ann", 2)
-		if b.status != 201 {
-			t.Fatalf("purchase = %d %s", b.status, b.body)
-		}
+		b := e.mustBuy(t, sku, "k1", "ann", 2)
 		if r := e.do(t, http.MethodPut, "/v1/admin/programs/"+sku.Program, nil, `{"per_buyer":3}`); r.status != 200 {
 			t.Fatalf("PUT program = %d %s", r.status, r.body)
 		}
-		if r := e.buy(t, vip, "k2", "ann", 1); r.status != 201 {
-			t.Fatalf("vip purchase = %d %s", r.status, r.body)
-		}
+		e.mustBuy(t, vip, "k2", "ann", 1)
 		if r := e.do(t, http.MethodPut, "/v1/admin/programs/"+sku.Program, nil, `{"per_buyer":2}`); r.status != 200 {
 			t.Fatalf("PUT program = %d %s", r.status, r.body)
 		}
@@ -189,19 +169,12 @@ func TestAttack2RetryOfUncountedPurchaseAtCap(t *testing.T) {
 		e := newEnv(t, driver)
 		sku := newSKU(t)
 		e.putSKU(t, sku, 100, 1, 4)
-		b := e.buy(t, sku, "k1", "ann", 2)
-		if b.status != 201 {
-			t.Fatalf("purchase = %d %s", b.status, b.body)
-		}
-		if r := e.do(t, http.MethodPut, adminPath(sku), nil, `{"total":100,"shards":1,"max_per_order":4,"per_buyer":2}`); r.status != 200 {
-			t.Fatalf("PUT = %d %s", r.status, r.body)
-		}
+		b := e.mustBuy(t, sku, "k1", "ann", 2)
+		e.putCapped(t, sku, 1, 2)
 		if f := e.act(t, "/v1/orders/"+orderID(b)+"/refund", "f1", "ann"); f.status != 200 {
 			t.Fatalf("refund = %d %s", f.status, f.body)
 		}
-		if r := e.buy(t, sku, "k2", "ann", 2); r.status != 201 {
-			t.Fatalf("second purchase = %d %s", r.status, r.body)
-		}
+		e.mustBuy(t, sku, "k2", "ann", 2)
 		again := e.buy(t, sku, "k1", "ann", 2)
 		if again.status != 201 || orderID(again) != orderID(b) {
 			t.Errorf("retry of k1 = %d %s, want the replay of order %s", again.status, again.body, orderID(b))
@@ -219,22 +192,15 @@ func TestAttack2ReusedKeyKeepsTheMark(t *testing.T) {
 	eachDriver(t, func(t *testing.T, driver string) {
 		e := newEnv(t, driver)
 		sku := newSKU(t)
-		if r := e.do(t, http.MethodPut, adminPath(sku), nil, `{"total":100,"shards":1,"max_per_order":4,"per_buyer":4}`); r.status != 200 {
-			t.Fatalf("PUT = %d %s", r.status, r.body)
-		}
-		b := e.buy(t, sku, "k1", "ann", 2)
-		if b.status != 201 {
-			t.Fatalf("purchase = %d %s", b.status, b.body)
-		}
+		e.putCapped(t, sku, 1, 4)
+		b := e.mustBuy(t, sku, "k1", "ann", 2)
 		if r := e.buy(t, sku, "k1", "ann", 1); r.status != 422 {
 			t.Fatalf("k1 reused under the cap = %d %s, want 422", r.status, r.body)
 		}
 		if f := e.act(t, "/v1/orders/"+orderID(b)+"/refund", "f1", "ann"); f.status != 200 {
 			t.Fatalf("refund = %d %s", f.status, f.body)
 		}
-		if r := e.buy(t, sku, "k2", "ann", 4); r.status != 201 {
-			t.Fatalf("purchase to the cap = %d %s", r.status, r.body)
-		}
+		e.mustBuy(t, sku, "k2", "ann", 4)
 		again := e.buy(t, sku, "k1", "ann", 2)
 		if again.status != 201 || orderID(again) != orderID(b) {
 			t.Errorf("retry of k1 = %d %s, want the replay of order %s", again.status, again.body, orderID(b))

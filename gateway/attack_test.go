@@ -85,13 +85,8 @@ func TestAttackQuotaLeakRetryAfterRefund(t *testing.T) {
 	eachDriver(t, func(t *testing.T, driver string) {
 		e := newEnv(t, driver)
 		sku := newSKU(t)
-		if r := e.do(t, http.MethodPut, adminPath(sku), nil, `{"total":100,"shards":2,"max_per_order":4,"per_buyer":2}`); r.status != 200 {
-			t.Fatalf("PUT = %d %s", r.status, r.body)
-		}
-		b := e.buy(t, sku, "k1", "ann", 2)
-		if b.status != 201 {
-			t.Fatalf("purchase = %d %s", b.status, b.body)
-		}
+		e.putCapped(t, sku, 2, 2)
+		b := e.mustBuy(t, sku, "k1", "ann", 2)
 		if f := e.act(t, "/v1/orders/"+orderID(b)+"/refund", "f1", "ann"); f.status != 200 {
 			t.Fatalf("refund = %d %s", f.status, f.body)
 		}
@@ -110,9 +105,7 @@ func TestAttackQuotaLeakRetryAfterCancel(t *testing.T) {
 	eachDriver(t, func(t *testing.T, driver string) {
 		e := newEnv(t, driver)
 		sku := newSKU(t)
-		if r := e.do(t, http.MethodPut, adminPath(sku), nil, `{"total":100,"shards":1,"max_per_order":4,"per_buyer":1}`); r.status != 200 {
-			t.Fatalf("PUT = %d %s", r.status, r.body)
-		}
+		e.putCapped(t, sku, 1, 1)
 		r, h := e.hold(t, sku, "h1", "ann", 1, 0)
 		if r.status != 201 {
 			t.Fatalf("hold = %d %s", r.status, r.body)
@@ -144,12 +137,8 @@ func TestAttackReusedKeyOnClosedSKU(t *testing.T) {
 		e.putSKU(t, open, 10, 1, 4)
 		e.putSKU(t, closed, 1, 1, 4)
 		e.putSKU(t, ended, 5, 1, 4)
-		if r := e.buy(t, open, "k", "ann", 1); r.status != 201 {
-			t.Fatalf("purchase = %d %s", r.status, r.body)
-		}
-		if r := e.buy(t, closed, "other", "bob", 1); r.status != 201 {
-			t.Fatalf("purchase = %d %s", r.status, r.body)
-		}
+		e.mustBuy(t, open, "k", "ann", 1)
+		e.mustBuy(t, closed, "other", "bob", 1)
 		if r := e.do(t, http.MethodPost, adminPath(ended)+"/end", nil, ""); r.status != 200 {
 			t.Fatalf("end = %d %s", r.status, r.body)
 		}
@@ -438,10 +427,7 @@ func TestAttackRetryAfterSettingsChange(t *testing.T) {
 		if r := e.do(t, http.MethodPut, adminPath(sku), nil, `{"total":100,"shards":1,"max_per_order":4,"per_buyer":4,"hold_ttl_max_seconds":3600}`); r.status != 200 {
 			t.Fatalf("PUT = %d %s", r.status, r.body)
 		}
-		b := e.buy(t, sku, "k", "ann", 4)
-		if b.status != 201 {
-			t.Fatalf("purchase = %d %s", b.status, b.body)
-		}
+		b := e.mustBuy(t, sku, "k", "ann", 4)
 		hr, _ := e.hold(t, sku, "h", "bob", 1, 3000)
 		if hr.status != 201 {
 			t.Fatalf("hold = %d %s", hr.status, hr.body)

@@ -165,6 +165,27 @@ func (e *env) putSKU(t *testing.T, sku stock.SKU, total int64, shards int, maxPe
 	}
 }
 
+// putCapped creates or changes a SKU of 100 units, up to 4 per order and
+// perBuyer per buyer.
+func (e *env) putCapped(t *testing.T, sku stock.SKU, shards int, perBuyer int64) {
+	t.Helper()
+	r := e.do(t, http.MethodPut, adminPath(sku), nil,
+		fmt.Sprintf(`{"total":100,"shards":%d,"max_per_order":4,"per_buyer":%d}`, shards, perBuyer))
+	if r.status != http.StatusOK {
+		t.Fatalf("PUT sku = %d %s", r.status, r.body)
+	}
+}
+
+// mustBuy is buy for a purchase the test needs: anything but 201 ends it.
+func (e *env) mustBuy(t *testing.T, sku stock.SKU, key, buyer string, q int64) reply {
+	t.Helper()
+	r := e.buy(t, sku, key, buyer, q)
+	if r.status != http.StatusCreated {
+		t.Fatalf("purchase %s = %d %s", key, r.status, r.body)
+	}
+	return r
+}
+
 func (e *env) buy(t *testing.T, sku stock.SKU, key, buyer string, q int64) reply {
 	return e.do(t, http.MethodPost, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/purchases",
 		map[string]string{"Idempotency-Key": key}, fmt.Sprintf(`{"buyer":%q,"quantity":%d}`, buyer, q))
@@ -459,9 +480,7 @@ func TestAdminValidation(t *testing.T) {
 		t.Errorf("GET after refused PUTs = %d, want 404 (nothing created)", r.status)
 	}
 	e.putSKU(t, sku, 5, 1, 4)
-	if r := e.buy(t, sku, "a1", "b", 3); r.status != 201 {
-		t.Fatalf("buy = %d %s", r.status, r.body)
-	}
+	e.mustBuy(t, sku, "a1", "b", 3)
 	if r := e.do(t, http.MethodPut, path, nil, `{"total":2}`); r.status != 409 {
 		t.Errorf("PUT total below sold = %d %s, want 409", r.status, r.body)
 	}

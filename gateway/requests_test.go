@@ -196,9 +196,7 @@ func TestKeyAcrossEndpoints(t *testing.T) {
 		e := newEnv(t, driver)
 		sku := newSKU(t)
 		e.putSKU(t, sku, 10, 2, 4)
-		if r := e.buy(t, sku, "k", "ann", 1); r.status != 201 {
-			t.Fatalf("purchase = %d %s", r.status, r.body)
-		}
+		e.mustBuy(t, sku, "k", "ann", 1)
 		if r, _ := e.hold(t, sku, "k", "ann", 1, 0); r.status != 422 {
 			t.Errorf("hold with the purchase's key = %d %s, want 422", r.status, r.body)
 		}
@@ -269,12 +267,8 @@ func TestReusedKeyReleasesQuota(t *testing.T) {
 	eachDriver(t, func(t *testing.T, driver string) {
 		e := newEnv(t, driver)
 		sku := newSKU(t)
-		if r := e.do(t, http.MethodPut, adminPath(sku), nil, `{"total":100,"shards":2,"max_per_order":4,"per_buyer":3}`); r.status != 200 {
-			t.Fatalf("PUT = %d %s", r.status, r.body)
-		}
-		if r := e.buy(t, sku, "k", "ann", 1); r.status != 201 {
-			t.Fatalf("purchase = %d %s", r.status, r.body)
-		}
+		e.putCapped(t, sku, 2, 3)
+		e.mustBuy(t, sku, "k", "ann", 1)
 		for i := range 5 {
 			if r := e.buy(t, sku, "k", "ann", 2); r.status != 422 {
 				t.Fatalf("reuse %d = %d %s, want 422", i, r.status, r.body)

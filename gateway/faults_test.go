@@ -706,7 +706,7 @@ func reseedHolder() int {
 	sku := stock.SKU{Program: os.Getenv("HELPER_PROGRAM"), Ticket: os.Getenv("HELPER_TICKET")}
 	// The replicas take the lock now and then for a moment (a drift check
 	// that finds nothing to do): try until this one holds it.
-	for range 500 {
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); {
 		if os.Getenv("HELPER_MODE") == "collapse" {
 			_, err = srv.Collapse(ctx, sku)
 		} else {
@@ -820,7 +820,9 @@ func killHolderMidway(t *testing.T, e *env, mode, dsn string, sku stock.SKU, sha
 	if err := holder.Start(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the holder's fence", func() bool {
+	// A bound, not a pause: a race-built helper process opening its own
+	// ledger and Redis client on a busy 2-core machine can take seconds.
+	waitFor(t, 60*time.Second, "the holder's fence", func() bool {
 		st, err := e.gate.Read(context.Background(), sku, shards)
 		return err == nil && st[0].Fenced
 	})

@@ -1,7 +1,10 @@
 package app_test
 
 import (
+	"io/fs"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -32,5 +35,47 @@ func TestLayers(t *testing.T) {
 				t.Errorf("%s imports %s", c.pkg, f)
 			}
 		}
+	}
+}
+
+// Ids are checked once, at the edge (DESIGN.md, invariant 6): gateway
+// parses what a client sends into keys.ID and stock.SKU, and every inner
+// package takes those types. keys.CheckID, the text check itself, is
+// called by keys (ParseID) and by gateway (the X-Request-Id header, which
+// never goes into a key); a call anywhere else is a second check of an id
+// that should have been a keys.ID.
+func TestIDsCheckedOnceAtTheEdge(t *testing.T) {
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found int
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && strings.HasPrefix(d.Name(), ".") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		found++
+		rel, _ := filepath.Rel(root, path)
+		pkg := filepath.Dir(rel)
+		if pkg == "keys" || pkg == "gateway" {
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if strings.Contains(string(src), "keys.CheckID(") {
+			t.Errorf("%s calls keys.CheckID: take a keys.ID (parsed at the edge) instead", rel)
+		}
+		return nil
+	})
+	if err != nil || found < 50 {
+		t.Fatalf("walked %d Go files under %s (%v): not the module", found, root, err)
 	}
 }

@@ -147,34 +147,35 @@ func (c *Cache) MarkStocked(sku stock.SKU, n, i int) {
 	c.soldOut.Invalidate(sku)
 }
 
-// Loading is a read-through cache keyed by SKU: concurrent misses for one
-// SKU share one load, and a value lives for the TTL.
-type Loading[V any] struct {
-	c    *otter.Cache[stock.SKU, V]
-	load otter.Loader[stock.SKU, V]
+// Loading is a read-through cache (keyed by SKU, or anything comparable):
+// concurrent misses for one key share one load, and a value lives for the
+// TTL.
+type Loading[K comparable, V any] struct {
+	c    *otter.Cache[K, V]
+	load otter.Loader[K, V]
 }
 
 // NewLoading returns a Loading cache that fills itself with load.
-func NewLoading[V any](ttl time.Duration, maxEntries int, rec stats.Recorder,
-	load func(ctx context.Context, sku stock.SKU) (V, error)) (*Loading[V], error) {
+func NewLoading[K comparable, V any](ttl time.Duration, maxEntries int, rec stats.Recorder,
+	load func(ctx context.Context, key K) (V, error)) (*Loading[K, V], error) {
 	if ttl <= 0 || maxEntries < 1 || load == nil {
 		return nil, fmt.Errorf("cache: loading cache needs ttl > 0 (%v), maxEntries >= 1 (%d) and a loader", ttl, maxEntries)
 	}
-	c, err := otter.New(&otter.Options[stock.SKU, V]{
+	c, err := otter.New(&otter.Options[K, V]{
 		MaximumSize:      maxEntries,
-		ExpiryCalculator: otter.ExpiryWriting[stock.SKU, V](ttl),
+		ExpiryCalculator: otter.ExpiryWriting[K, V](ttl),
 		StatsRecorder:    rec,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cache: %w", err)
 	}
-	return &Loading[V]{c: c, load: otter.LoaderFunc[stock.SKU, V](load)}, nil
+	return &Loading[K, V]{c: c, load: otter.LoaderFunc[K, V](load)}, nil
 }
 
 // Get returns the cached value or loads it; load errors are not cached.
-func (l *Loading[V]) Get(ctx context.Context, sku stock.SKU) (V, error) {
-	return l.c.Get(ctx, sku, l.load)
+func (l *Loading[K, V]) Get(ctx context.Context, key K) (V, error) {
+	return l.c.Get(ctx, key, l.load)
 }
 
-// Invalidate drops a SKU's value so the next Get loads it again.
-func (l *Loading[V]) Invalidate(sku stock.SKU) { l.c.Invalidate(sku) }
+// Invalidate drops a key's value so the next Get loads it again.
+func (l *Loading[K, V]) Invalidate(key K) { l.c.Invalidate(key) }

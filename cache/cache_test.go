@@ -9,10 +9,11 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/cache"
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/stock"
 )
 
-var sku = stock.SKU{Program: "p", Ticket: "t"}
+var sku = stock.SKU{Program: keys.MustID("p"), Ticket: keys.MustID("t")}
 
 func TestSoldOutAndEmptyShards(t *testing.T) {
 	c, err := cache.New(cache.Options{SoldOutTTL: 50 * time.Millisecond, EmptyShardTTL: 50 * time.Millisecond})
@@ -92,7 +93,7 @@ func TestOptionsValidated(t *testing.T) {
 	if _, err := cache.New(cache.Options{SoldOutTTL: -1}); err == nil {
 		t.Error("New accepted a negative TTL")
 	}
-	if _, err := cache.NewLoading[int](0, 1, nil, nil); err == nil {
+	if _, err := cache.NewLoading[stock.SKU, int](0, 1, nil, nil); err == nil {
 		t.Error("NewLoading accepted ttl 0 and no loader")
 	}
 }

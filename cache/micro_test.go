@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/cache"
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/stock"
 )
 
@@ -14,7 +15,7 @@ func BenchmarkMicroSoldOutHit(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	sku := stock.SKU{Program: "show-1", Ticket: "ga"}
+	sku := stock.SKU{Program: keys.MustID("show-1"), Ticket: keys.MustID("ga")}
 	c.MarkSoldOut(sku)
 	for b.Loop() {
 		if !c.SoldOut(sku) {
@@ -28,7 +29,7 @@ func BenchmarkMicroSettingsHit(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	sku := stock.SKU{Program: "show-1", Ticket: "ga"}
+	sku := stock.SKU{Program: keys.MustID("show-1"), Ticket: keys.MustID("ga")}
 	ctx := context.Background()
 	for b.Loop() {
 		if _, err := l.Get(ctx, sku); err != nil {

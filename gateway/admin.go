@@ -36,7 +36,7 @@ type skuView struct {
 }
 
 func skuViewOf(st sale.SKUState) skuView {
-	return skuView{Program: st.SKU.Program, Ticket: st.SKU.Ticket, Total: st.Total, Sold: st.Sold, Held: st.Held,
+	return skuView{Program: st.SKU.Program.String(), Ticket: st.SKU.Ticket.String(), Total: st.Total, Sold: st.Sold, Held: st.Held,
 		Remaining: st.Remain, Shards: st.Shards, MaxPerOrder: st.MaxPerOrder, Version: st.Version,
 		PerBuyer: st.PerBuyer, HoldTTL: int64(st.HoldTTL.Seconds()), HoldTTLMax: int64(st.HoldTTLMax.Seconds()),
 		Ended: st.Ended}
@@ -140,8 +140,8 @@ func (s *Server) reconcile(c *gin.Context) {
 // caps what one buyer may hold + own of all the program's tickets; 0
 // removes the cap.
 func (s *Server) putProgram(c *gin.Context) {
-	program := c.Param("program")
-	if keys.CheckID(program) != nil {
+	program, err := keys.ParseID(c.Param("program"))
+	if err != nil {
 		writeProblem(c, http.StatusBadRequest, "invalid-id", "program ids match [A-Za-z0-9_-]{1,64}", 0)
 		return
 	}
@@ -155,9 +155,9 @@ func (s *Server) putProgram(c *gin.Context) {
 		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "per_buyer must be an integer >= 0", 0)
 		return
 	}
-	if err := s.sale.PutProgram(c.Request.Context(), program, *body.PerBuyer); err != nil {
+	if err = s.sale.PutProgram(c.Request.Context(), program, *body.PerBuyer); err != nil {
 		s.writeError(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, gin.H{"program": program, "per_buyer": *body.PerBuyer})
+	c.JSON(http.StatusOK, gin.H{"program": program.String(), "per_buyer": *body.PerBuyer})
 }

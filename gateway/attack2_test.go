@@ -35,7 +35,7 @@ func TestAttack2RetryAtCapAfterRefund(t *testing.T) {
 		if again.status != 201 || orderID(again) != orderID(b) {
 			t.Errorf("retry of the refunded purchase k1 = %d %s, want the replay of order %s", again.status, again.body, orderID(b))
 		}
-		used, _ := e.rdb.HGet(context.Background(), keys.Quota(sku.Program, sku.Ticket, "ann"), "used").Int64()
+		used, _ := e.rdb.HGet(context.Background(), keys.Quota(sku.Program, sku.Ticket, keys.MustID("ann")), "used").Int64()
 		if used != 2 {
 			t.Errorf("redis quota used = %d, want 2", used)
 		}
@@ -48,7 +48,7 @@ func TestAttack2HoldRetryAtProgramCapAfterCancel(t *testing.T) {
 		e := newEnv(t, driver)
 		sku := newSKU(t)
 		e.putSKU(t, sku, 100, 1, 4)
-		if r := e.do(t, http.MethodPut, "/v1/admin/programs/"+sku.Program, nil, `{"per_buyer":1}`); r.status != 200 {
+		if r := e.do(t, http.MethodPut, "/v1/admin/programs/"+sku.Program.String(), nil, `{"per_buyer":1}`); r.status != 200 {
 			t.Fatalf("PUT program = %d %s", r.status, r.body)
 		}
 		r, h := e.hold(t, sku, "h1", "ann", 1, 0)
@@ -91,15 +91,15 @@ func TestAttack2LoweredProgramCapReleasesSKUCount(t *testing.T) {
 		e := newEnv(t, driver)
 		sku := newSKU(t)
 		vip := sku
-		vip.Ticket = "vip"
+		vip.Ticket = keys.MustID("vip")
 		e.putCapped(t, sku, 1, 4)
 		e.putSKU(t, vip, 100, 1, 4)
 		b := e.mustBuy(t, sku, "k1", "ann", 2)
-		if r := e.do(t, http.MethodPut, "/v1/admin/programs/"+sku.Program, nil, `{"per_buyer":3}`); r.status != 200 {
+		if r := e.do(t, http.MethodPut, "/v1/admin/programs/"+sku.Program.String(), nil, `{"per_buyer":3}`); r.status != 200 {
 			t.Fatalf("PUT program = %d %s", r.status, r.body)
 		}
 		e.mustBuy(t, vip, "k2", "ann", 1)
-		if r := e.do(t, http.MethodPut, "/v1/admin/programs/"+sku.Program, nil, `{"per_buyer":2}`); r.status != 200 {
+		if r := e.do(t, http.MethodPut, "/v1/admin/programs/"+sku.Program.String(), nil, `{"per_buyer":2}`); r.status != 200 {
 			t.Fatalf("PUT program = %d %s", r.status, r.body)
 		}
 		again := e.buy(t, sku, "k1", "ann", 2)
@@ -107,8 +107,8 @@ func TestAttack2LoweredProgramCapReleasesSKUCount(t *testing.T) {
 			t.Errorf("retry of k1 = %d %s, want the replay", again.status, again.body)
 		}
 		ctx := context.Background()
-		used, _ := e.rdb.HGet(ctx, keys.Quota(sku.Program, sku.Ticket, "ann"), "used").Int64()
-		units, _ := e.ledger.BuyerUnits(ctx, sku, "ann")
+		used, _ := e.rdb.HGet(ctx, keys.Quota(sku.Program, sku.Ticket, keys.MustID("ann")), "used").Int64()
+		units, _ := e.ledger.BuyerUnits(ctx, sku, keys.MustID("ann"))
 		if used != units {
 			t.Errorf("redis quota used = %d for %s, ledger holds+owns %d", used, sku.Ticket, units)
 		}
@@ -133,7 +133,7 @@ func TestAttack2DirectSeatHoldRepairedThenCancelled(t *testing.T) {
 		n.Kill()
 	}
 	for i := 0; a.srv.BreakerState() != breaker.Open; i++ {
-		a.do(t, http.MethodGet, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/stock", nil, "")
+		a.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/stock", nil, "")
 		a.buy(t, newSKU(t), fmt.Sprintf("trip-%d", i), "z", 1)
 	}
 	r, h := a.seatHold(t, sku, "d1", "ann", "A-01")
@@ -205,7 +205,7 @@ func TestAttack2ReusedKeyKeepsTheMark(t *testing.T) {
 		if again.status != 201 || orderID(again) != orderID(b) {
 			t.Errorf("retry of k1 = %d %s, want the replay of order %s", again.status, again.body, orderID(b))
 		}
-		used, _ := e.rdb.HGet(context.Background(), keys.Quota(sku.Program, sku.Ticket, "ann"), "used").Int64()
+		used, _ := e.rdb.HGet(context.Background(), keys.Quota(sku.Program, sku.Ticket, keys.MustID("ann")), "used").Int64()
 		if used != 4 {
 			t.Errorf("redis quota used = %d, want 4", used)
 		}
@@ -221,7 +221,7 @@ func TestAttack2RefusedBestSeatsHoldNothing(t *testing.T) {
 	sku := newSKU(t)
 	e.putSKU(t, sku, 0, 1, 4)
 	e.loadSeats(t, sku, map[string]int{"A": 8})
-	path := "/v1/skus/" + sku.Program + "/" + sku.Ticket + "/seat-holds"
+	path := "/v1/skus/" + sku.Program.String() + "/" + sku.Ticket.String() + "/seat-holds"
 	for i, body := range []string{
 		`{"buyer":"mal","quantity":4,"ttl_seconds":5000}`,
 		`{"buyer":"mal","quantity":4,"section":"A","ttl_seconds":86400}`,
@@ -278,7 +278,7 @@ func TestAttack2SeatMapCannotMoveASeat(t *testing.T) {
 		if r.status != http.StatusConflict || !strings.Contains(string(r.body), "A-01") {
 			t.Errorf("moving A-01 to section B = %d %s, want 409 naming A-01", r.status, r.body)
 		}
-		if r := e.do(t, http.MethodGet, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/seats", nil, ""); !strings.Contains(string(r.body), `"free":2`) || strings.Contains(string(r.body), "B-01") {
+		if r := e.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats", nil, ""); !strings.Contains(string(r.body), `"free":2`) || strings.Contains(string(r.body), "B-01") {
 			t.Errorf("seats after the refused upload = %s, want the 2 seats of A only", r.body)
 		}
 		if r, _ := e.seatHold(t, sku, "h", "ann", "A-01", "A-02"); r.status != http.StatusCreated {
@@ -294,7 +294,7 @@ func TestAttack2MediaTypesAndNonObjectBodies(t *testing.T) {
 	e := newEnv(t, ledger.SQLite)
 	sku := newSKU(t)
 	e.putSKU(t, sku, 10, 1, 4)
-	path := "/v1/skus/" + sku.Program + "/" + sku.Ticket + "/purchases"
+	path := "/v1/skus/" + sku.Program.String() + "/" + sku.Ticket.String() + "/purchases"
 	body := `{"buyer":"ann","quantity":1}`
 	if r := e.do(t, http.MethodPost, path, map[string]string{"Idempotency-Key": "m1", "Content-Type": "Application/JSON; charset=UTF-8"}, body); r.status != http.StatusCreated {
 		t.Errorf("Application/JSON = %d %s, want 201", r.status, r.body)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/stock"
@@ -93,7 +94,7 @@ func TestAttackQuotaLeakRetryAfterRefund(t *testing.T) {
 		if again := e.buy(t, sku, "k1", "ann", 2); again.status != 201 || orderID(again) != orderID(b) {
 			t.Fatalf("retry = %d %s, want the replay", again.status, again.body)
 		}
-		units, _ := e.ledger.BuyerUnits(context.Background(), sku, "ann")
+		units, _ := e.ledger.BuyerUnits(context.Background(), sku, keys.MustID("ann"))
 		if r := e.buy(t, sku, "k2", "ann", 2); r.status != 201 {
 			t.Errorf("purchase of 2 by a buyer owning %d of a cap of 2 = %d %s, want 201 (quota count leaked)", units, r.status, r.body)
 		}
@@ -133,7 +134,7 @@ func TestAttackReusedKeyOnClosedSKU(t *testing.T) {
 	eachDriver(t, func(t *testing.T, driver string) {
 		e := newEnv(t, driver)
 		open, closed, ended := newSKU(t), newSKU(t), newSKU(t)
-		closed.Ticket, ended.Ticket = "sold", "ended"
+		closed.Ticket, ended.Ticket = keys.MustID("sold"), keys.MustID("ended")
 		e.putSKU(t, open, 10, 1, 4)
 		e.putSKU(t, closed, 1, 1, 4)
 		e.putSKU(t, ended, 5, 1, 4)

@@ -272,7 +272,7 @@ func TestFaultLostDeductReply(t *testing.T) {
 	for _, lost := range []int{1, 4, 50} {
 		key := fmt.Sprintf("lost-%d", lost)
 		before := drop.Dropped()
-		drop.Arm(":"+sale.PurchaseGateID(sale.Ask{Buyer: "b", Key: key}, sku, 2), lost)
+		drop.Arm(":"+sale.PurchaseGateID(sale.Ask{Buyer: keys.MustID("b"), Key: keys.MustID(key)}, sku, 2).String(), lost)
 		r := e.buy(t, sku, key, "b", 2)
 		if lost == 50 {
 			if r.status != http.StatusServiceUnavailable || r.header.Get("Retry-After") == "" {
@@ -402,7 +402,7 @@ func (l *countingLedger) Purchase(ctx context.Context, o ledger.Order) (ledger.O
 	return l.Ledger.Purchase(ctx, o)
 }
 
-func (l *countingLedger) OrderByKey(ctx context.Context, key string) (ledger.Order, error) {
+func (l *countingLedger) OrderByKey(ctx context.Context, key keys.ID) (ledger.Order, error) {
 	l.note("OrderByKey")
 	return l.Ledger.OrderByKey(ctx, key)
 }
@@ -514,10 +514,10 @@ func TestFaultCancellationsDuringHalfOpen(t *testing.T) {
 					duringHalfOpen.Add(1)
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rand.IntN(10_000))*time.Microsecond)
-				path, body := "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/stock", ""
+				path, body := "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/stock", ""
 				method := http.MethodGet
 				if i%4 == 3 {
-					method, path, body = http.MethodPost, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/purchases", `{"buyer":"b","quantity":1}`
+					method, path, body = http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/purchases", `{"buyer":"b","quantity":1}`
 				}
 				req, _ := http.NewRequestWithContext(ctx, method, e.url+path, strings.NewReader(body))
 				req.Header.Set("Idempotency-Key", fmt.Sprintf("cancel-%d-%d", g, i))
@@ -579,7 +579,7 @@ func TestFaultReseedOneAtATime(t *testing.T) {
 	answers := make(chan reply, 2)
 	for _, e := range []*env{a, b} {
 		go func() {
-			answers <- e.do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program+"/"+sku.Ticket+"/reconcile", nil, "")
+			answers <- e.do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/reconcile", nil, "")
 		}()
 	}
 	first := <-answers
@@ -703,7 +703,7 @@ func reseedHolder() int {
 		return 1
 	}
 	srv := a.Sale
-	sku := stock.SKU{Program: os.Getenv("HELPER_PROGRAM"), Ticket: os.Getenv("HELPER_TICKET")}
+	sku := stock.SKU{Program: keys.MustID(os.Getenv("HELPER_PROGRAM")), Ticket: keys.MustID(os.Getenv("HELPER_TICKET"))}
 	// The replicas take the lock now and then for a moment (a drift check
 	// that finds nothing to do): try until this one holds it.
 	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); {
@@ -731,7 +731,7 @@ func (l *countingLedger) LoadSeats(ctx context.Context, sku stock.SKU, seats []l
 	return l.Ledger.LoadSeats(ctx, sku, seats)
 }
 
-func (l *countingLedger) Seats(ctx context.Context, sku stock.SKU, section string) ([]ledger.Seat, error) {
+func (l *countingLedger) Seats(ctx context.Context, sku stock.SKU, section keys.ID) ([]ledger.Seat, error) {
 	l.note("Seats")
 	return l.Ledger.Seats(ctx, sku, section)
 }
@@ -746,22 +746,22 @@ func (l *countingLedger) Hold(ctx context.Context, h ledger.Hold, v int64) (ledg
 	return l.Ledger.Hold(ctx, h, v)
 }
 
-func (l *countingLedger) HoldByID(ctx context.Context, id string) (ledger.Hold, error) {
+func (l *countingLedger) HoldByID(ctx context.Context, id keys.ID) (ledger.Hold, error) {
 	l.note("HoldByID")
 	return l.Ledger.HoldByID(ctx, id)
 }
 
-func (l *countingLedger) HoldByKey(ctx context.Context, key string) (ledger.Hold, error) {
+func (l *countingLedger) HoldByKey(ctx context.Context, key keys.ID) (ledger.Hold, error) {
 	l.note("HoldByKey")
 	return l.Ledger.HoldByKey(ctx, key)
 }
 
-func (l *countingLedger) Confirm(ctx context.Context, id, buyer string, req ledger.Request) (ledger.Order, error) {
+func (l *countingLedger) Confirm(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Order, error) {
 	l.note("Confirm")
 	return l.Ledger.Confirm(ctx, id, buyer, req)
 }
 
-func (l *countingLedger) Cancel(ctx context.Context, id, buyer string, req ledger.Request) (ledger.Hold, bool, error) {
+func (l *countingLedger) Cancel(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Hold, bool, error) {
 	l.note("Cancel")
 	return l.Ledger.Cancel(ctx, id, buyer, req)
 }
@@ -771,12 +771,12 @@ func (l *countingLedger) ExpireDue(ctx context.Context, limit int) ([]ledger.Hol
 	return l.Ledger.ExpireDue(ctx, limit)
 }
 
-func (l *countingLedger) Refund(ctx context.Context, id, buyer string, req ledger.Request) (ledger.Order, bool, error) {
+func (l *countingLedger) Refund(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Order, bool, error) {
 	l.note("Refund")
 	return l.Ledger.Refund(ctx, id, buyer, req)
 }
 
-func (l *countingLedger) OrderByID(ctx context.Context, id string) (ledger.Order, error) {
+func (l *countingLedger) OrderByID(ctx context.Context, id keys.ID) (ledger.Order, error) {
 	l.note("OrderByID")
 	return l.Ledger.OrderByID(ctx, id)
 }
@@ -786,7 +786,7 @@ func (l *countingLedger) PendingRestores(ctx context.Context, older time.Duratio
 	return l.Ledger.PendingRestores(ctx, older, limit)
 }
 
-func (l *countingLedger) RestoreDone(ctx context.Context, kind, id string) error {
+func (l *countingLedger) RestoreDone(ctx context.Context, kind string, id keys.ID) error {
 	l.note("RestoreDone")
 	return l.Ledger.RestoreDone(ctx, kind, id)
 }
@@ -796,12 +796,12 @@ func (l *countingLedger) EndSale(ctx context.Context, sku stock.SKU) (ledger.SKU
 	return l.Ledger.EndSale(ctx, sku)
 }
 
-func (l *countingLedger) PutProgram(ctx context.Context, program string, perBuyer int64) error {
+func (l *countingLedger) PutProgram(ctx context.Context, program keys.ID, perBuyer int64) error {
 	l.note("PutProgram")
 	return l.Ledger.PutProgram(ctx, program, perBuyer)
 }
 
-func (l *countingLedger) ProgramCap(ctx context.Context, program string) (int64, error) {
+func (l *countingLedger) ProgramCap(ctx context.Context, program keys.ID) (int64, error) {
 	l.note("ProgramCap")
 	return l.Ledger.ProgramCap(ctx, program)
 }
@@ -815,7 +815,7 @@ func killHolderMidway(t *testing.T, e *env, mode, dsn string, sku stock.SKU, sha
 	holder := exec.Command(os.Args[0], "-test.run=^$")
 	holder.Env = append(os.Environ(), "STOCKGATE_TEST_HELPER=reseed-holder", "HELPER_MODE="+mode,
 		"HELPER_REDIS="+strings.Join(testenv.SharedCluster(t).Addrs(), ","), "HELPER_DSN="+dsn,
-		"HELPER_PROGRAM="+sku.Program, "HELPER_TICKET="+sku.Ticket)
+		"HELPER_PROGRAM="+sku.Program.String(), "HELPER_TICKET="+sku.Ticket.String())
 	holder.Stderr = os.Stderr
 	if err := holder.Start(); err != nil {
 		t.Fatal(err)
@@ -837,7 +837,7 @@ func (l *countingLedger) PurchaseDirect(ctx context.Context, o ledger.Order, ver
 	return l.Ledger.PurchaseDirect(ctx, o, version)
 }
 
-func (l *countingLedger) RequestByKey(ctx context.Context, scope, key string) (ledger.Recorded, error) {
+func (l *countingLedger) RequestByKey(ctx context.Context, scope, key keys.ID) (ledger.Recorded, error) {
 	l.note("RequestByKey")
 	return l.Ledger.RequestByKey(ctx, scope, key)
 }
@@ -852,7 +852,7 @@ func (l *countingLedger) AdvanceGate(ctx context.Context, sku stock.SKU) (ledger
 	return l.Ledger.AdvanceGate(ctx, sku)
 }
 
-func (l *countingLedger) RestoreOwed(ctx context.Context, kind, id string) (ledger.Restore, bool, error) {
+func (l *countingLedger) RestoreOwed(ctx context.Context, kind string, id keys.ID) (ledger.Restore, bool, error) {
 	l.note("RestoreOwed")
 	return l.Ledger.RestoreOwed(ctx, kind, id)
 }

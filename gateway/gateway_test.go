@@ -24,6 +24,7 @@ import (
 	"github.com/stockgate/stockgate/cluster"
 	"github.com/stockgate/stockgate/gateway"
 	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/lock"
 	"github.com/stockgate/stockgate/sale"
@@ -158,7 +159,7 @@ func (e *env) do(t *testing.T, method, path string, header map[string]string, bo
 
 func (e *env) putSKU(t *testing.T, sku stock.SKU, total int64, shards int, maxPerOrder int64) {
 	t.Helper()
-	r := e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program+"/"+sku.Ticket, nil,
+	r := e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String(), nil,
 		fmt.Sprintf(`{"total":%d,"shards":%d,"max_per_order":%d}`, total, shards, maxPerOrder))
 	if r.status != http.StatusOK {
 		t.Fatalf("PUT sku = %d %s", r.status, r.body)
@@ -187,7 +188,7 @@ func (e *env) mustBuy(t *testing.T, sku stock.SKU, key, buyer string, q int64) r
 }
 
 func (e *env) buy(t *testing.T, sku stock.SKU, key, buyer string, q int64) reply {
-	return e.do(t, http.MethodPost, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/purchases",
+	return e.do(t, http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/purchases",
 		map[string]string{"Idempotency-Key": key}, fmt.Sprintf(`{"buyer":%q,"quantity":%d}`, buyer, q))
 }
 
@@ -242,7 +243,7 @@ func (e *env) state(t *testing.T, sku stock.SKU) state {
 // orderOf is the order the request (buyer, key) committed, as the ledger
 // has it now; ledger.ErrNotFound when the request committed nothing.
 func orderOf(ctx context.Context, l *ledger.Ledger, buyer, key string) (ledger.Order, error) {
-	rec, err := l.RequestByKey(ctx, buyer, key)
+	rec, err := l.RequestByKey(ctx, keys.MustID(buyer), keys.MustID(key))
 	if err != nil {
 		return ledger.Order{}, err
 	}
@@ -255,7 +256,7 @@ func orderOf(ctx context.Context, l *ledger.Ledger, buyer, key string) (ledger.O
 // holdOf is the hold the request (buyer, key) created, as the ledger has
 // it now.
 func holdOf(ctx context.Context, l *ledger.Ledger, buyer, key string) (ledger.Hold, error) {
-	rec, err := l.RequestByKey(ctx, buyer, key)
+	rec, err := l.RequestByKey(ctx, keys.MustID(buyer), keys.MustID(key))
 	if err != nil {
 		return ledger.Hold{}, err
 	}
@@ -276,7 +277,9 @@ func (e *env) epoch(t *testing.T, sku stock.SKU) int64 {
 	return st.GateEpoch
 }
 
-func newSKU(t *testing.T) stock.SKU { return stock.SKU{Program: testenv.ID(t, "p"), Ticket: "ga"} }
+func newSKU(t *testing.T) stock.SKU {
+	return stock.SKU{Program: keys.MustID(testenv.ID(t, "p")), Ticket: keys.MustID("ga")}
+}
 
 // TestFlashSale: 2,000 concurrent buyers of one ticket each, stock 100.
 func TestFlashSale(t *testing.T) {
@@ -402,7 +405,7 @@ func TestBadInput(t *testing.T) {
 		e := newEnv(t, driver)
 		sku := newSKU(t)
 		e.putSKU(t, sku, 20, 4, 4)
-		base := "/v1/skus/" + sku.Program + "/" + sku.Ticket + "/purchases"
+		base := "/v1/skus/" + sku.Program.String() + "/" + sku.Ticket.String() + "/purchases"
 		key := map[string]string{"Idempotency-Key": "k-1"}
 		long := strings.Repeat("x", 65)
 		tests := []struct {
@@ -416,7 +419,7 @@ func TestBadInput(t *testing.T) {
 			{"program with }", "/v1/skus/a%7Db/ga/purchases", key, `{"buyer":"b","quantity":1}`, 400},
 			{"program with space", "/v1/skus/a%20b/ga/purchases", key, `{"buyer":"b","quantity":1}`, 400},
 			{"program of 65", "/v1/skus/" + long + "/ga/purchases", key, `{"buyer":"b","quantity":1}`, 400},
-			{"empty ticket", "/v1/skus/" + sku.Program + "//purchases", key, `{"buyer":"b","quantity":1}`, 400},
+			{"empty ticket", "/v1/skus/" + sku.Program.String() + "//purchases", key, `{"buyer":"b","quantity":1}`, 400},
 			{"buyer with {", base, key, `{"buyer":"{b}","quantity":1}`, 422},
 			{"buyer of 65", base, key, `{"buyer":"` + long + `","quantity":1}`, 422},
 			{"empty buyer", base, key, `{"buyer":"","quantity":1}`, 422},
@@ -438,7 +441,7 @@ func TestBadInput(t *testing.T) {
 			{"not JSON", base, key, `quantity=1`, 400},
 			{"body over limit", base, key, `{"buyer":"b","quantity":1,"pad":"` + strings.Repeat("x", 5000) + `"}`, 413},
 			{"valid object then padding over limit", base, key, `{"buyer":"b","quantity":1}` + strings.Repeat(" ", 5000), 413},
-			{"unknown sku", "/v1/skus/" + sku.Program + "/nope/purchases", key, `{"buyer":"b","quantity":1}`, 404},
+			{"unknown sku", "/v1/skus/" + sku.Program.String() + "/nope/purchases", key, `{"buyer":"b","quantity":1}`, 404},
 		}
 		for _, tt := range tests {
 			before := e.state(t, sku)
@@ -469,7 +472,7 @@ func TestBadInput(t *testing.T) {
 func TestAdminValidation(t *testing.T) {
 	e := newEnv(t, ledger.SQLite)
 	sku := newSKU(t)
-	path := "/v1/admin/skus/" + sku.Program + "/" + sku.Ticket
+	path := "/v1/admin/skus/" + sku.Program.String() + "/" + sku.Ticket.String()
 	for _, body := range []string{`{"total":-1}`, `{"total":10,"shards":0}`, `{"total":10,"shards":257}`,
 		`{"total":10,"max_per_order":0}`, `{}`, `{"total":1.5}`, `[`} {
 		if r := e.do(t, http.MethodPut, path, nil, body); r.status < 400 || r.status >= 500 {
@@ -495,7 +498,7 @@ func TestStockRead(t *testing.T) {
 	e := newEnv(t, ledger.SQLite)
 	sku := newSKU(t)
 	e.putSKU(t, sku, 12, 3, 4)
-	r := e.do(t, http.MethodGet, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/stock", nil, "")
+	r := e.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/stock", nil, "")
 	var v struct {
 		Remaining int64 `json:"remaining"`
 		SoldOut   bool  `json:"sold_out"`
@@ -503,7 +506,7 @@ func TestStockRead(t *testing.T) {
 	if r.status != 200 || json.Unmarshal(r.body, &v) != nil || v.Remaining != 12 || v.SoldOut {
 		t.Errorf("GET stock = %d %s, want remaining 12", r.status, r.body)
 	}
-	if r := e.do(t, http.MethodGet, "/v1/skus/"+sku.Program+"/nope/stock", nil, ""); r.status != 404 {
+	if r := e.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/nope/stock", nil, ""); r.status != 404 {
 		t.Errorf("GET stock of unknown sku = %d, want 404", r.status)
 	}
 	if r := e.do(t, http.MethodGet, "/livez", nil, ""); r.status != 200 {

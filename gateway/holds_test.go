@@ -16,6 +16,7 @@ import (
 	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/breaker"
 	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/shard"
 	"github.com/stockgate/stockgate/stock"
@@ -33,7 +34,7 @@ func (e *env) hold(t *testing.T, sku stock.SKU, key, buyer string, q int64, ttl 
 	if ttl > 0 {
 		body = fmt.Sprintf(`{"buyer":%q,"quantity":%d,"ttl_seconds":%d}`, buyer, q, ttl)
 	}
-	r := e.do(t, http.MethodPost, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/holds", map[string]string{"Idempotency-Key": key}, body)
+	r := e.do(t, http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/holds", map[string]string{"Idempotency-Key": key}, body)
 	var h holdReply
 	_ = json.Unmarshal(r.body, &h)
 	return r, h
@@ -153,8 +154,8 @@ func TestConfirmRacesExpiryThroughGateways(t *testing.T) {
 		return st.Held == 0 && len(p) == 0
 	})
 	for i, h := range hs {
-		got, err := a.ledger.HoldByID(ctx, h.HoldID)
-		if err != nil || (got.State == ledger.Confirmed) != (got.OrderID != "") {
+		got, err := a.ledger.HoldByID(ctx, keys.MustID(h.HoldID))
+		if err != nil || (got.State == ledger.Confirmed) != (!got.OrderID.IsZero()) {
 			t.Errorf("hold %d: %+v, %v", i, got, err)
 		}
 	}
@@ -186,7 +187,7 @@ func TestRefundConcurrentlyRestoresOnce(t *testing.T) {
 	if st.Sold != 0 || st.Orders != 0 || st.RedisRemaining != 10 {
 		t.Errorf("after refunds: %+v, want sold 0 and redis remaining 10 (not 13)", st)
 	}
-	res, err := e.gate.RestorePart(context.Background(), sku, "never-deducted", shard.Part{Shards: 2, Shard: 0, Taken: 5, Gen: 1})
+	res, err := e.gate.RestorePart(context.Background(), sku, keys.MustID("never-deducted"), shard.Part{Shards: 2, Shard: 0, Taken: 5, Gen: 1})
 	if err != nil || res.Code != -3 || res.Restored != 0 {
 		t.Errorf("restore of a request that never deducted = %+v, %v; want refused (-3)", res, err)
 	}
@@ -203,7 +204,7 @@ func TestRefundConcurrentlyRestoresOnce(t *testing.T) {
 func TestPerBuyerCap(t *testing.T) {
 	e, counted := countingEnv(t)
 	sku := newSKU(t)
-	r := e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program+"/"+sku.Ticket, nil, `{"total":100,"shards":4,"max_per_order":4,"per_buyer":4}`)
+	r := e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String(), nil, `{"total":100,"shards":4,"max_per_order":4,"per_buyer":4}`)
 	if r.status != http.StatusOK {
 		t.Fatalf("PUT = %d %s", r.status, r.body)
 	}
@@ -222,7 +223,7 @@ func TestPerBuyerCap(t *testing.T) {
 	if r := e.buy(t, sku, "other", "bob", 4); r.status != http.StatusCreated {
 		t.Errorf("another buyer = %d %s", r.status, r.body)
 	}
-	if n, _ := e.ledger.BuyerUnits(context.Background(), sku, "ann"); n != 4 {
+	if n, _ := e.ledger.BuyerUnits(context.Background(), sku, keys.MustID("ann")); n != 4 {
 		t.Errorf("ann owns %d, want 4", n)
 	}
 }
@@ -249,8 +250,8 @@ func TestTeamOfFive(t *testing.T) {
 		t.Fatalf("100 joiners for 5 places: %v", counts)
 	}
 	var first ledger.Order
-	first, _ = e.ledger.OrderByID(context.Background(), orders[0])
-	if r := e.act(t, "/v1/orders/"+first.ID+"/refund", "leave", first.Buyer); r.status != http.StatusOK {
+	first, _ = e.ledger.OrderByID(context.Background(), keys.MustID(orders[0]))
+	if r := e.act(t, "/v1/orders/"+first.ID.String()+"/refund", "leave", first.Buyer.String()); r.status != http.StatusOK {
 		t.Fatalf("refund = %d %s", r.status, r.body)
 	}
 	counts = e.buyAll(20, 20, func(i int) reply {
@@ -273,7 +274,7 @@ func TestTeamOfFive(t *testing.T) {
 func TestHoldLifecycleAndBadInput(t *testing.T) {
 	e := newEnv(t, ledger.SQLite)
 	sku := newSKU(t)
-	r := e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program+"/"+sku.Ticket, nil,
+	r := e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String(), nil,
 		`{"total":20,"shards":2,"max_per_order":4,"per_buyer":6,"hold_ttl_seconds":60,"hold_ttl_max_seconds":120}`)
 	if r.status != http.StatusOK {
 		t.Fatalf("PUT = %d %s", r.status, r.body)
@@ -297,7 +298,7 @@ func TestHoldLifecycleAndBadInput(t *testing.T) {
 	}{
 		{"ttl above the SKU's max", func() reply { r, _ := e.hold(t, sku, "bad-ttl", "ann", 1, 121); return r }, 422},
 		{"ttl 0", func() reply {
-			return e.do(t, http.MethodPost, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/holds",
+			return e.do(t, http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/holds",
 				map[string]string{"Idempotency-Key": "ttl0"}, `{"buyer":"ann","quantity":1,"ttl_seconds":0}`)
 		}, 422},
 		{"quantity over max per order", func() reply { r, _ := e.hold(t, sku, "bad-q", "ann", 5, 0); return r }, 422},
@@ -349,7 +350,7 @@ func TestHoldLifecycleAndBadInput(t *testing.T) {
 		return st.Sold == 0 && st.Held == 1 && st.RedisRemaining == 19
 	})
 	// End of sale: further holds and purchases refused, with nothing moved.
-	if r := e.do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program+"/"+sku.Ticket+"/end", nil, ""); r.status != http.StatusOK {
+	if r := e.do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/end", nil, ""); r.status != http.StatusOK {
 		t.Fatalf("end = %d %s", r.status, r.body)
 	}
 	if r := e.buy(t, sku, "after-end", "bob", 1); r.status != http.StatusConflict || !strings.Contains(string(r.body), "sale-ended") {
@@ -375,7 +376,7 @@ func TestAdminStockChangesDuringSale(t *testing.T) {
 	for {
 		st, _ := e.ledger.SKU(ctx, sku)
 		lowered = st.Sold + st.Held + 100
-		r := e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program+"/"+sku.Ticket, nil,
+		r := e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String(), nil,
 			fmt.Sprintf(`{"total":%d,"shards":4,"max_per_order":4}`, lowered))
 		if r.status == http.StatusOK {
 			break
@@ -402,7 +403,7 @@ func TestAdminStockChangesDuringSale(t *testing.T) {
 	// Add 50 more, then end the sale: nobody gets in, twice over.
 	e.putSKU(t, sku, lowered+250, 4, 4)
 	for range 2 {
-		if r := e.do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program+"/"+sku.Ticket+"/end", nil, ""); r.status != http.StatusOK {
+		if r := e.do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/end", nil, ""); r.status != http.StatusOK {
 			t.Fatalf("end = %d %s", r.status, r.body)
 		}
 	}
@@ -459,7 +460,7 @@ func TestHoldsWhileRedisIsDown(t *testing.T) {
 		t.Errorf("refund with Redis down = %d %s", rf.status, rf.body)
 	}
 	waitFor(t, 5*time.Second, "the short hold to expire", func() bool {
-		got, err := e.ledger.HoldByID(ctx, h3.HoldID)
+		got, err := e.ledger.HoldByID(ctx, keys.MustID(h3.HoldID))
 		return err == nil && got.State == ledger.Expired
 	})
 	for _, n := range c.Nodes {
@@ -495,10 +496,10 @@ func TestHoldsWhileRedisIsDown(t *testing.T) {
 func TestProgramCap(t *testing.T) {
 	e := newEnv(t, ledger.Postgres)
 	a := newSKU(t)
-	b := stock.SKU{Program: a.Program, Ticket: "vip"}
+	b := stock.SKU{Program: a.Program, Ticket: keys.MustID("vip")}
 	e.putSKU(t, a, 100, 2, 4)
 	e.putSKU(t, b, 100, 2, 4)
-	if r := e.do(t, http.MethodPut, "/v1/admin/programs/"+a.Program, nil, `{"per_buyer":5}`); r.status != http.StatusOK {
+	if r := e.do(t, http.MethodPut, "/v1/admin/programs/"+a.Program.String(), nil, `{"per_buyer":5}`); r.status != http.StatusOK {
 		t.Fatalf("PUT program = %d %s", r.status, r.body)
 	}
 	first := e.buy(t, a, "pa-1", "ann", 3)
@@ -523,7 +524,7 @@ func TestProgramCap(t *testing.T) {
 	if r := e.buy(t, b, "pb-4", "ann", 3); r.status != http.StatusCreated {
 		t.Errorf("after refunding 3, 3 more = %d %s", r.status, r.body)
 	}
-	n, _ := e.ledger.ProgramUnits(context.Background(), a.Program, "ann")
+	n, _ := e.ledger.ProgramUnits(context.Background(), a.Program, keys.MustID("ann"))
 	if n != 5 {
 		t.Errorf("ann holds + owns %d of the program, want 5", n)
 	}

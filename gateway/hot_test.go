@@ -170,7 +170,7 @@ func TestShardSpreadOnCluster(t *testing.T) {
 	c := e2eCluster(t)
 	ctx := context.Background()
 	for _, n := range []int{3, 8, 12, 32, 64} {
-		sku := stock.SKU{Program: fmt.Sprintf("spread-%d", n), Ticket: "ga"}
+		sku := stock.SKU{Program: keys.MustID(fmt.Sprintf("spread-%d", n)), Ticket: keys.MustID("ga")}
 		per := map[string]int{}
 		for i := range n {
 			m, err := c.MasterOf(ctx, shardSlot(sku, i, n))
@@ -249,7 +249,7 @@ func TestTailCollapse(t *testing.T) {
 	t.Logf("collapsed 16 → 1 shard at 10 left; collapse re-seeds: %v", counter(t, e.reg, "stockgate_reseeds_total", map[string]string{"reason": "collapse"}))
 
 	// A collapse killed between its two halves.
-	crash := stock.SKU{Program: sku.Program, Ticket: "crash"}
+	crash := stock.SKU{Program: sku.Program, Ticket: keys.MustID("crash")}
 	e2 := startEnv(t, envOptions{driver: ledger.Postgres, dsn: dsn, tune: func(o *app.Options) { o.Sale.CollapseAt = -1 }})
 	e2.putSKU(t, crash, 200, 16, 4)
 	s := startSale(t, []*env{e2}, crash, 200, 8)

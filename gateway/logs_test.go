@@ -66,7 +66,7 @@ func TestLogs(t *testing.T) {
 
 	// A 5xx: the ledger is closed under the server.
 	e.ledger.Close()
-	r := e.do(t, http.MethodGet, "/v1/admin/skus/"+sku.Program+"/"+sku.Ticket, map[string]string{"X-Request-Id": "req-fail-1"}, "")
+	r := e.do(t, http.MethodGet, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String(), map[string]string{"X-Request-Id": "req-fail-1"}, "")
 	if r.status != http.StatusServiceUnavailable || r.header.Get("X-Request-Id") != "req-fail-1" {
 		t.Fatalf("admin get on a closed ledger = %d, id %q", r.status, r.header.Get("X-Request-Id"))
 	}

@@ -26,8 +26,8 @@ func TestMetricsAfterASale(t *testing.T) {
 		buyers = append(buyers, fmt.Sprintf("metric-buyer-%d", i))
 		e.buy(t, sku, fmt.Sprintf("metric-key-%d", i), buyers[i], 1)
 	}
-	e.do(t, http.MethodGet, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/stock", nil, "")
-	e.do(t, http.MethodGet, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/stock", nil, "")
+	e.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/stock", nil, "")
+	e.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/stock", nil, "")
 	e.do(t, http.MethodGet, "/no/such/route", nil, "")
 
 	r := e.do(t, http.MethodGet, "/metrics", nil, "")
@@ -112,7 +112,7 @@ func TestMetricsAfterASale(t *testing.T) {
 				case "sku", "program", "ticket", "buyer", "key", "id", "hold", "order":
 					t.Errorf("%s has a label %q", name, lp.GetName())
 				}
-				for _, bad := range append([]string{sku.Program, "metric-key", "metric-hold"}, buyers...) {
+				for _, bad := range append([]string{sku.Program.String(), "metric-key", "metric-hold"}, buyers...) {
 					if strings.Contains(lp.GetValue(), bad) {
 						t.Errorf("%s label %s=%q carries a request's id", name, lp.GetName(), lp.GetValue())
 					}

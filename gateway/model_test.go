@@ -13,6 +13,7 @@ import (
 
 	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -124,7 +125,7 @@ func newModel(t *testing.T, driver string, seed uint64) *sim {
 			}}))
 	}
 	for i := range 3 {
-		s := &mSKU{sku: stock.SKU{Program: testenv.ID(t, "m"), Ticket: fmt.Sprintf("t%d", i)}, total: int64(5 + 10*i), shards: 1 + i}
+		s := &mSKU{sku: stock.SKU{Program: keys.MustID(testenv.ID(t, "m")), Ticket: keys.MustID(fmt.Sprintf("t%d", i))}, total: int64(5 + 10*i), shards: 1 + i}
 		m.envs[0].putSKU(t, s.sku, s.total, s.shards, 4)
 		m.skus = append(m.skus, s)
 	}
@@ -441,7 +442,7 @@ func (m *sim) settleExpiries() {
 		}
 		deadline := time.Now().Add(5 * time.Second)
 		for {
-			got, err := m.envs[0].ledger.HoldByID(ctx, h.id)
+			got, err := m.envs[0].ledger.HoldByID(ctx, keys.MustID(h.id))
 			if err != nil {
 				m.fail("hold %s: %v", h.id, err)
 			}

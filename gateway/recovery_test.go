@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/shard"
@@ -19,7 +20,7 @@ func TestRetryAfterCrashBetweenRedisAndLedger(t *testing.T) {
 		e := newEnv(t, driver)
 		sku := newSKU(t)
 		e.putSKU(t, sku, 10, 4, 4)
-		d, err := e.gate.Deduct(context.Background(), shard.Request{SKU: sku, Shards: 4, RequestID: sale.PurchaseGateID(sale.Ask{Buyer: "bob", Key: "crashed"}, sku, 2), Quantity: 2, MaxQuantity: 4})
+		d, err := e.gate.Deduct(context.Background(), shard.Request{SKU: sku, Shards: 4, RequestID: sale.PurchaseGateID(sale.Ask{Buyer: keys.MustID("bob"), Key: keys.MustID("crashed")}, sku, 2), Quantity: 2, MaxQuantity: 4})
 		if err != nil || d.Replayed {
 			t.Fatalf("Deduct = %+v, %v", d, err)
 		}

@@ -18,9 +18,13 @@ import (
 // Regression tests for the request model (issue 13): each finding of the
 // review, through the HTTP API, on both ledgers.
 
-func skuPath(sku stock.SKU) string { return "/v1/skus/" + sku.Program + "/" + sku.Ticket }
+func skuPath(sku stock.SKU) string {
+	return "/v1/skus/" + sku.Program.String() + "/" + sku.Ticket.String()
+}
 
-func adminPath(sku stock.SKU) string { return "/v1/admin/skus/" + sku.Program + "/" + sku.Ticket }
+func adminPath(sku stock.SKU) string {
+	return "/v1/admin/skus/" + sku.Program.String() + "/" + sku.Ticket.String()
+}
 
 // settled checks Redis remaining = ledger remaining (the sweeper and the
 // gateway's own restores have run) and returns the ledger's remaining.
@@ -64,13 +68,13 @@ func TestReturnAfterRebuildReachesRedis(t *testing.T) {
 					if ret == "expire" {
 						ttl = 1
 					}
-					r, h := e.hold(t, sku, sku.Program+"-h", "ann", 2, ttl)
+					r, h := e.hold(t, sku, sku.Program.String()+"-h", "ann", 2, ttl)
 					if r.status != 201 {
 						t.Fatalf("hold = %d %s", r.status, r.body)
 					}
 					orderPath := ""
 					if ret == "refund" {
-						c := e.act(t, "/v1/holds/"+h.HoldID+"/confirm", sku.Program+"-c", "ann")
+						c := e.act(t, "/v1/holds/"+h.HoldID+"/confirm", sku.Program.String()+"-c", "ann")
 						if c.status != 201 {
 							t.Fatalf("confirm = %d %s", c.status, c.body)
 						}
@@ -79,11 +83,11 @@ func TestReturnAfterRebuildReachesRedis(t *testing.T) {
 					rebuild(t, e, sku)
 					switch ret {
 					case "cancel":
-						if c := e.act(t, "/v1/holds/"+h.HoldID+"/cancel", sku.Program+"-x", "ann"); c.status != 200 {
+						if c := e.act(t, "/v1/holds/"+h.HoldID+"/cancel", sku.Program.String()+"-x", "ann"); c.status != 200 {
 							t.Fatalf("cancel = %d %s", c.status, c.body)
 						}
 					case "refund":
-						if c := e.act(t, orderPath+"/refund", sku.Program+"-x", "ann"); c.status != 200 {
+						if c := e.act(t, orderPath+"/refund", sku.Program.String()+"-x", "ann"); c.status != 200 {
 							t.Fatalf("refund = %d %s", c.status, c.body)
 						}
 					case "expire":
@@ -96,7 +100,7 @@ func TestReturnAfterRebuildReachesRedis(t *testing.T) {
 					if left < 2 {
 						t.Fatalf("ledger remaining %d after the return, want >= 2", left)
 					}
-					if b := e.buy(t, sku, sku.Program+"-n", "bob", 2); b.status != 201 {
+					if b := e.buy(t, sku, sku.Program.String()+"-n", "bob", 2); b.status != 201 {
 						t.Errorf("the next buyer of the returned units = %d %s, want 201", b.status, b.body)
 					}
 					settled(t, e, sku)
@@ -365,7 +369,7 @@ type slowCommits struct {
 
 func (l *slowCommits) wait(orders ...ledger.Order) {
 	for _, o := range orders {
-		if o.Req.Key == l.key {
+		if o.Req.Key.String() == l.key {
 			l.heldOnce.Do(func() { close(l.held) })
 			<-l.release
 		}

@@ -176,7 +176,7 @@ func (s *flashSale) oracle() ledger.SKUState {
 	defer s.mu.Unlock()
 	for key, id := range s.orders {
 		o, err := orderOf(ctx, led, saleBuyer(key), key)
-		if err != nil || o.ID != id {
+		if err != nil || o.ID.String() != id {
 			s.t.Errorf("201 for key %s order %s; ledger has %+v, %v", key, id, o, err)
 		}
 	}

@@ -1,12 +1,14 @@
 package gateway
 
 import (
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -35,14 +37,21 @@ func (s *Server) putSeats(c *gin.Context) {
 	}
 	list := make([]sale.Seat, len(body.Seats))
 	for i, st := range body.Seats {
-		list[i] = sale.Seat{ID: st.ID, Section: st.Section, Row: st.Row, Number: st.Number}
+		id, err := keys.ParseID(st.ID)
+		section, serr := keys.ParseID(st.Section)
+		if err != nil || serr != nil {
+			writeProblem(c, http.StatusUnprocessableEntity, "invalid-field",
+				fmt.Sprintf("seat %q is invalid or repeated (ids and sections match [A-Za-z0-9_-]{1,64})", st.ID), 0)
+			return
+		}
+		list[i] = sale.Seat{ID: id, Section: section, Row: st.Row, Number: st.Number}
 	}
 	n, err := s.sale.LoadSeats(c.Request.Context(), sku, list)
 	if err != nil {
 		s.writeError(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, gin.H{"program": sku.Program, "ticket": sku.Ticket, "seats": n})
+	c.JSON(http.StatusOK, gin.H{"program": sku.Program.String(), "ticket": sku.Ticket.String(), "seats": n})
 }
 
 type seatHoldBody struct {
@@ -67,15 +76,32 @@ func (s *Server) postSeatHold(c *gin.Context) {
 		return
 	}
 	var body seatHoldBody
-	if !s.decodeBody(c, &body) || !validBuyer(c, body.Buyer) {
+	if !s.decodeBody(c, &body) {
 		return
 	}
-	ask.Buyer = body.Buyer
-	t := sale.SeatTake{Ask: ask, SKU: sku, Seats: body.Seats, Section: body.Section}
+	if ask.Buyer, ok = buyerField(c, body.Buyer); !ok {
+		return
+	}
+	t := sale.SeatTake{Ask: ask, SKU: sku}
+	const bestUsage = "give seats (a list of seat ids), or quantity (1..64) and optionally a section, for the best adjacent seats"
+	if body.Section != "" {
+		var err error
+		if t.Section, err = keys.ParseID(body.Section); err != nil {
+			writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", bestUsage, 0)
+			return
+		}
+	}
+	for _, text := range body.Seats {
+		id, err := keys.ParseID(text)
+		if err != nil {
+			writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", fmt.Sprintf("seat %q is invalid or repeated", text), 0)
+			return
+		}
+		t.Seats = append(t.Seats, id)
+	}
 	if body.Quantity != nil {
 		if *body.Quantity < 1 || *body.Quantity > sale.MaxBestSeats {
-			writeProblem(c, http.StatusUnprocessableEntity, "invalid-field",
-				"give seats (a list of seat ids), or quantity (1..64) and optionally a section, for the best adjacent seats", 0)
+			writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", bestUsage, 0)
 			return
 		}
 		t.Quantity = int(*body.Quantity)
@@ -109,28 +135,41 @@ func (s *Server) getSeats(c *gin.Context) {
 	if !ok {
 		return
 	}
-	var want []string
+	var want []keys.ID
 	if list := c.Query("ids"); list != "" {
-		if want = strings.Split(list, ","); len(want) > stock.MaxPerOrderCap {
+		texts := strings.Split(list, ",")
+		if len(texts) > stock.MaxPerOrderCap {
 			writeProblem(c, http.StatusBadRequest, "invalid-id", "at most 1000 seat ids", 0)
 			return
 		}
+		for _, text := range texts {
+			id, err := keys.ParseID(text)
+			if err != nil {
+				writeProblem(c, http.StatusBadRequest, "invalid-id", fmt.Sprintf("seat id %q: ids match [A-Za-z0-9_-]{1,64}", text), 0)
+				return
+			}
+			want = append(want, id)
+		}
 	}
-	sec, err := s.sale.Seats(c.Request.Context(), sku, c.Query("section"))
-	if err != nil {
-		if sale.Code(err) == sale.ErrInvalid.Code {
-			writeProblem(c, http.StatusBadRequest, "invalid-id", sale.Detail(err), 0)
+	var section keys.ID
+	if text := c.Query("section"); text != "" {
+		var err error
+		if section, err = keys.ParseID(text); err != nil {
+			writeProblem(c, http.StatusBadRequest, "invalid-id", "section ids match [A-Za-z0-9_-]{1,64}", 0)
 			return
 		}
+	}
+	sec, err := s.sale.Seats(c.Request.Context(), sku, section)
+	if err != nil {
 		s.writeError(c, err)
 		return
 	}
-	v := sectionView{Program: sku.Program, Ticket: sku.Ticket, Section: sec.Section, Seats: []seatView{}}
+	v := sectionView{Program: sku.Program.String(), Ticket: sku.Ticket.String(), Section: sec.Section.String(), Seats: []seatView{}}
 	for _, st := range sec.Seats {
 		if want != nil && !slices.Contains(want, st.ID) {
 			continue
 		}
-		v.Seats = append(v.Seats, seatView{ID: st.ID, Section: st.Section, Row: st.Row, Number: st.Number, State: st.State})
+		v.Seats = append(v.Seats, seatView{ID: st.ID.String(), Section: st.Section.String(), Row: st.Row, Number: st.Number, State: st.State})
 		if st.State == "free" {
 			v.Free++
 		}
@@ -182,5 +221,5 @@ func (s *Server) getStock(c *gin.Context) {
 		return
 	}
 	c.Header("Cache-Control", "max-age=1")
-	c.JSON(http.StatusOK, stockView{Program: sku.Program, Ticket: sku.Ticket, Remaining: v.Remaining, SoldOut: v.SoldOut})
+	c.JSON(http.StatusOK, stockView{Program: sku.Program.String(), Ticket: sku.Ticket.String(), Remaining: v.Remaining, SoldOut: v.SoldOut})
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/breaker"
 	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -26,7 +27,7 @@ func (e *env) loadSeats(t *testing.T, sku stock.SKU, sections map[string]int) {
 			parts = append(parts, fmt.Sprintf(`{"id":"%s-%02d","section":%q,"row":"A","number":%d}`, sec, i+1, sec, i+1))
 		}
 	}
-	r := e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program+"/"+sku.Ticket+"/seats", nil, `{"seats":[`+strings.Join(parts, ",")+`]}`)
+	r := e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats", nil, `{"seats":[`+strings.Join(parts, ",")+`]}`)
 	if r.status != http.StatusOK {
 		t.Fatalf("PUT seats = %d %s", r.status, r.body)
 	}
@@ -34,7 +35,7 @@ func (e *env) loadSeats(t *testing.T, sku stock.SKU, sections map[string]int) {
 
 func (e *env) seatHold(t *testing.T, sku stock.SKU, key, buyer string, seats ...string) (reply, holdReply) {
 	b, _ := json.Marshal(map[string]any{"buyer": buyer, "seats": seats})
-	r := e.do(t, http.MethodPost, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/seat-holds", map[string]string{"Idempotency-Key": key}, string(b))
+	r := e.do(t, http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seat-holds", map[string]string{"Idempotency-Key": key}, string(b))
 	var h holdReply
 	_ = json.Unmarshal(r.body, &h)
 	return r, h
@@ -69,19 +70,19 @@ func TestSeatHoldRaceThroughTheAPI(t *testing.T) {
 		t.Fatalf("answers %v", counts)
 	}
 	ctx := context.Background()
-	seats, err := e.ledger.Seats(ctx, sku, "A")
+	seats, err := e.ledger.Seats(ctx, sku, keys.MustID("A"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ledgerHolder := map[string]string{}
 	for _, s := range seats {
 		if s.State == "held" {
-			ledgerHolder[s.ID] = s.HoldID
+			ledgerHolder[s.ID.String()] = s.HoldID.String()
 		}
 	}
 	n := 0
 	for hold, ids := range won {
-		h, _ := e.ledger.HoldByID(ctx, hold)
+		h, _ := e.ledger.HoldByID(ctx, keys.MustID(hold))
 		for _, id := range ids {
 			n++
 			if ledgerHolder[id] != hold {
@@ -89,12 +90,12 @@ func TestSeatHoldRaceThroughTheAPI(t *testing.T) {
 			}
 		}
 		// Redis holds the same seats under the hold's key.
-		st, err := e.seatStore(t).Status(ctx, sku, "A", ids)
+		st, err := e.seatStore(t).Status(ctx, sku, keys.MustID("A"), seatIDs(ids...))
 		if err != nil {
 			t.Fatal(err)
 		}
 		for i, s := range st {
-			if s.Hold != h.IdempotencyKey {
+			if s.Hold != h.IdempotencyKey.String() {
 				t.Errorf("seat %s in Redis held by %q, want %q", ids[i], s.Hold, h.IdempotencyKey)
 			}
 		}
@@ -134,6 +135,21 @@ func TestSeatHoldLifecycleAndBadInput(t *testing.T) {
 		{"more than the per-order maximum", func() reply { r, _ := e.seatHold(t, sku, "x5", "bob", "A-03", "A-04", "A-05", "A-06"); return r }, 422, ""},
 		{"a counted purchase on a seated ticket", func() reply { return e.buy(t, sku, "x6", "bob", 1) }, 409, ""},
 		{"cancel by another buyer", func() reply { return e.act(t, "/v1/holds/"+a.HoldID+"/cancel", "x7", "eve") }, 403, ""},
+		// Ids are parsed at the edge: a bad one is refused there, naming it.
+		{"a seat id with a brace", func() reply { r, _ := e.seatHold(t, sku, "x8", "bob", "A-03", "A{1}"); return r }, 422, "A{1}"},
+		{"an empty seat id", func() reply { r, _ := e.seatHold(t, sku, "x9", "bob", "A-03", ""); return r }, 422, ""},
+		{"a best-available section with a colon", func() reply {
+			return e.do(t, http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seat-holds", map[string]string{"Idempotency-Key": "x10"}, `{"buyer":"bob","quantity":2,"section":"A:B"}`)
+		}, 422, ""},
+		{"a seat list naming a bad id", func() reply {
+			return e.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats?ids=A-01,A%7B2", nil, "")
+		}, 400, "A{2"},
+		{"a seat list with an empty id", func() reply { return e.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats?ids=A-01,,A-02", nil, "") }, 400, ""},
+		{"a section with a space", func() reply { return e.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats?section=A%20B", nil, "") }, 400, ""},
+		{"a seat map with a bad seat id", func() reply {
+			return e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats", nil,
+				`{"seats":[{"id":"C,1","section":"C","row":"A","number":1}]}`)
+		}, 422, "C,1"},
 	} {
 		r := tc.do()
 		if r.status != tc.status || !strings.Contains(string(r.body), tc.names) || r.header.Get("Content-Type") != "application/problem+json" {
@@ -148,7 +164,7 @@ func TestSeatHoldLifecycleAndBadInput(t *testing.T) {
 	if c.status != http.StatusCreated {
 		t.Fatalf("confirm = %d %s", c.status, c.body)
 	}
-	if st, _ := store.Status(ctx, sku, "A", []string{"A-01", "A-02"}); !st[0].Sold || !st[1].Sold {
+	if st, _ := store.Status(ctx, sku, keys.MustID("A"), seatIDs("A-01", "A-02")); !st[0].Sold || !st[1].Sold {
 		t.Errorf("after confirm Redis says %+v, want sold", st)
 	}
 	_, b := e.seatHold(t, sku, "sh-b", "bob", "A-03")
@@ -158,13 +174,13 @@ func TestSeatHoldLifecycleAndBadInput(t *testing.T) {
 	if rf := e.act(t, "/v1/orders/"+orderID(c)+"/refund", "rf-a", "ann"); rf.status != http.StatusOK {
 		t.Fatalf("refund = %d %s", rf.status, rf.body)
 	}
-	st, _ := store.Status(ctx, sku, "A", []string{"A-01", "A-02", "A-03"})
+	st, _ := store.Status(ctx, sku, keys.MustID("A"), seatIDs("A-01", "A-02", "A-03"))
 	for i, s := range st {
 		if s.Hold != "" || s.Sold {
 			t.Errorf("seat %d after refund and cancel: %+v, want free", i, s)
 		}
 	}
-	r = e.do(t, http.MethodGet, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/seats?section=A", nil, "")
+	r = e.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats?section=A", nil, "")
 	if r.status != http.StatusOK || !strings.Contains(string(r.body), `"free":6`) {
 		t.Errorf("GET seats = %d %s, want 6 free", r.status, r.body)
 	}
@@ -192,24 +208,24 @@ func TestSeatConsistencyRepair(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sold := "S:" + held.IdempotencyKey // the seat's owner in the gate: the hold's gate id
+	sold := "S:" + held.IdempotencyKey.String() // the seat's owner in the gate: the hold's gate id
 	corrupt := func() {
-		if err := store.Hold(ctx, sku, "A", "ghost", []string{"A-05"}); err != nil {
+		if err := store.Hold(ctx, sku, keys.MustID("A"), keys.MustID("ghost"), seatIDs("A-05")); err != nil {
 			t.Fatal(err)
 		}
-		if err := store.Repair(ctx, sku, "A", map[string]string{"A-01": ""}); err != nil {
+		if err := store.Repair(ctx, sku, keys.MustID("A"), map[keys.ID]string{keys.MustID("A-01"): ""}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	want := func() {
 		t.Helper()
-		raw, err := store.Raw(ctx, sku, "A", []string{"A-01", "A-05"})
+		raw, err := store.Raw(ctx, sku, keys.MustID("A"), seatIDs("A-01", "A-05"))
 		if err != nil || raw[0] != sold || raw[1] != "" {
 			t.Errorf("after the repair Redis has %q, want [%s, \"\"] (%v)", raw, sold, err)
 		}
 	}
 	corrupt()
-	r := e.do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program+"/"+sku.Ticket+"/seats/check", nil, "")
+	r := e.do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats/check", nil, "")
 	var res struct {
 		Checked  int
 		Differed []string
@@ -223,7 +239,7 @@ func TestSeatConsistencyRepair(t *testing.T) {
 	// Again, left to the periodic check (every 200ms in tests).
 	corrupt()
 	waitFor(t, 5*time.Second, "the periodic seat repair", func() bool {
-		raw, _ := store.Raw(ctx, sku, "A", []string{"A-01", "A-05"})
+		raw, _ := store.Raw(ctx, sku, keys.MustID("A"), seatIDs("A-01", "A-05"))
 		return raw[0] == sold && raw[1] == ""
 	})
 	if n := counter(t, e.reg, "stockgate_seat_repairs_total", nil); n < 4 {
@@ -239,7 +255,7 @@ func TestBestAvailableThroughTheAPI(t *testing.T) {
 	e.putSKU(t, sku, 0, 1, 10)
 	e.loadSeats(t, sku, map[string]int{"A": 10})
 	best := func(key string, q int) reply {
-		return e.do(t, http.MethodPost, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/seat-holds",
+		return e.do(t, http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seat-holds",
 			map[string]string{"Idempotency-Key": key}, fmt.Sprintf(`{"buyer":"bo","quantity":%d,"section":"A"}`, q))
 	}
 	var h struct {
@@ -290,7 +306,7 @@ func TestSeatHoldsExpireAcrossGateways(t *testing.T) {
 			ids = append(ids, fmt.Sprintf("A-%02d", k+1))
 		}
 		b, _ := json.Marshal(map[string]any{"buyer": "b", "seats": ids, "ttl_seconds": 1})
-		r := envs[i%3].do(t, http.MethodPost, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/seat-holds",
+		r := envs[i%3].do(t, http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seat-holds",
 			map[string]string{"Idempotency-Key": fmt.Sprintf("exp-%d", i)}, string(b))
 		if r.status != http.StatusCreated {
 			t.Fatalf("seat hold = %d %s", r.status, r.body)
@@ -310,15 +326,15 @@ func TestSeatHoldsExpireAcrossGateways(t *testing.T) {
 	if expired != 10 {
 		t.Errorf("the sweepers expired %v holds between them, want exactly 10", expired)
 	}
-	all, _ := envs[0].ledger.Seats(ctx, sku, "A")
-	var ids []string
+	all, _ := envs[0].ledger.Seats(ctx, sku, keys.MustID("A"))
+	var ids []keys.ID
 	for _, s := range all {
 		ids = append(ids, s.ID)
 		if s.State != "free" {
 			t.Errorf("ledger seat %s is %s", s.ID, s.State)
 		}
 	}
-	raw, err := envs[0].seatStore(t).Raw(ctx, sku, "A", ids)
+	raw, err := envs[0].seatStore(t).Raw(ctx, sku, keys.MustID("A"), ids)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -343,14 +359,14 @@ func TestBestAvailableRaceThroughTheAPI(t *testing.T) {
 			parts = append(parts, fmt.Sprintf(`{"id":"R%02d-S%02d","section":"A","row":"R%02d","number":%d}`, r+1, n+1, r+1, n+1))
 		}
 	}
-	if r := e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program+"/"+sku.Ticket+"/seats", nil, `{"seats":[`+strings.Join(parts, ",")+`]}`); r.status != http.StatusOK {
+	if r := e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats", nil, `{"seats":[`+strings.Join(parts, ",")+`]}`); r.status != http.StatusOK {
 		t.Fatalf("PUT seats = %d %s", r.status, r.body)
 	}
 	var mu sync.Mutex
 	granted := map[string]bool{}
 	counts := e.buyAll(200, 64, func(i int) reply {
 		q := 2 + rand.IntN(5)
-		r := e.do(t, http.MethodPost, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/seat-holds",
+		r := e.do(t, http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seat-holds",
 			map[string]string{"Idempotency-Key": fmt.Sprintf("br-%d", i)}, fmt.Sprintf(`{"buyer":"b%d","quantity":%d}`, i, q))
 		if r.status == http.StatusCreated {
 			var h struct{ Seats []string }
@@ -376,11 +392,11 @@ func TestBestAvailableRaceThroughTheAPI(t *testing.T) {
 	if counts[201]+counts[409] != 200 || counts[201] == 0 || st.Held != int64(len(granted)) {
 		t.Errorf("answers %v; %d seats granted, ledger held %d", counts, len(granted), st.Held)
 	}
-	check := e.do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program+"/"+sku.Ticket+"/seats/check", nil, "")
+	check := e.do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats/check", nil, "")
 	if !strings.Contains(string(check.body), `"differed":null`) {
 		t.Errorf("Redis and the ledger disagree after the race: %s", check.body)
 	}
-	one := e.do(t, http.MethodGet, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/seats?ids=R01-S01,R20-S30", nil, "")
+	one := e.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats?ids=R01-S01,R20-S30", nil, "")
 	if one.status != http.StatusOK || strings.Count(string(one.body), `"id"`) != 2 {
 		t.Errorf("batch status = %d %s", one.status, one.body)
 	}
@@ -399,7 +415,7 @@ func TestSeatHoldsWhileRedisIsDown(t *testing.T) {
 		n.Kill()
 	}
 	for i := 0; e.srv.BreakerState() != breaker.Open; i++ {
-		e.do(t, http.MethodGet, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/stock", nil, "")
+		e.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/stock", nil, "")
 		e.buy(t, newSKU(t), fmt.Sprintf("trip-%d", i), "z", 1)
 	}
 	if r, _ := e.seatHold(t, sku, "down-1", "ann", "A-01", "A-02"); r.status != http.StatusCreated {
@@ -408,7 +424,7 @@ func TestSeatHoldsWhileRedisIsDown(t *testing.T) {
 	if r, _ := e.seatHold(t, sku, "down-2", "bob", "A-02"); r.status != http.StatusConflict || !strings.Contains(string(r.body), "A-02") {
 		t.Errorf("taken seat with Redis down = %d %s, want 409 naming A-02", r.status, r.body)
 	}
-	r := e.do(t, http.MethodPost, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/seat-holds",
+	r := e.do(t, http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seat-holds",
 		map[string]string{"Idempotency-Key": "down-3"}, `{"buyer":"cat","quantity":3,"section":"A"}`)
 	if r.status != http.StatusCreated || !strings.Contains(string(r.body), "A-03") {
 		t.Errorf("best-available with Redis down = %d %s, want A-03..A-05", r.status, r.body)
@@ -425,7 +441,7 @@ func TestSeatHoldsCountAgainstTheCap(t *testing.T) {
 	sku := newSKU(t)
 	e.putSKU(t, sku, 0, 1, 4)
 	e.loadSeats(t, sku, map[string]int{"A": 8})
-	r := e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program+"/"+sku.Ticket, nil, `{"total":0,"shards":1,"max_per_order":4,"per_buyer":3}`)
+	r := e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String(), nil, `{"total":0,"shards":1,"max_per_order":4,"per_buyer":3}`)
 	if r.status != http.StatusOK || !strings.Contains(string(r.body), `"total":8`) {
 		t.Fatalf("PUT settings of a seated ticket = %d %s, want total kept at 8", r.status, r.body)
 	}
@@ -435,11 +451,20 @@ func TestSeatHoldsCountAgainstTheCap(t *testing.T) {
 	if r, _ := e.seatHold(t, sku, "cap-2", "ann", "A-03", "A-04"); r.status != http.StatusConflict || !strings.Contains(string(r.body), "limit-reached") {
 		t.Errorf("2 more seats (4 > 3) = %d %s", r.status, r.body)
 	}
-	st, _ := e.seatStore(t).Status(context.Background(), sku, "A", []string{"A-03", "A-04"})
+	st, _ := e.seatStore(t).Status(context.Background(), sku, keys.MustID("A"), seatIDs("A-03", "A-04"))
 	if st[0].Hold != "" || st[1].Hold != "" {
 		t.Errorf("a refused seat hold left seats held in Redis: %+v", st)
 	}
 	if r, _ := e.seatHold(t, sku, "cap-3", "bob", "A-03", "A-04", "A-05"); r.status != http.StatusCreated {
 		t.Errorf("another buyer = %d %s", r.status, r.body)
 	}
+}
+
+// seatIDs is the seat ids named, for calls to the stores.
+func seatIDs(names ...string) []keys.ID {
+	out := make([]keys.ID, len(names))
+	for i, n := range names {
+		out[i] = keys.MustID(n)
+	}
+	return out
 }

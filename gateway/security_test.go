@@ -19,7 +19,7 @@ func TestSecurityLimits(t *testing.T) {
 	}})
 	sku := newSKU(t)
 	auth := map[string]string{"Authorization": "Bearer s3cret-admin-token"}
-	path := "/v1/admin/skus/" + sku.Program + "/" + sku.Ticket
+	path := "/v1/admin/skus/" + sku.Program.String() + "/" + sku.Ticket.String()
 	if r := e.do(t, http.MethodPut, path, auth, `{"total":10}`); r.status != http.StatusOK {
 		t.Fatalf("PUT with the token = %d %s", r.status, r.body)
 	}
@@ -30,7 +30,7 @@ func TestSecurityLimits(t *testing.T) {
 			{http.MethodPost, path + "/end", ""},
 			{http.MethodPost, path + "/reconcile", ""},
 			{http.MethodGet, path, ""},
-			{http.MethodPut, "/v1/admin/programs/" + sku.Program, `{"per_buyer":1}`},
+			{http.MethodPut, "/v1/admin/programs/" + sku.Program.String(), `{"per_buyer":1}`},
 		} {
 			r := e.do(t, call.method, call.path, h, call.body)
 			if r.status != http.StatusUnauthorized || r.header.Get("WWW-Authenticate") == "" {
@@ -46,7 +46,7 @@ func TestSecurityLimits(t *testing.T) {
 	}
 
 	big := fmt.Sprintf(`{"buyer":"b","quantity":1,"pad":%q}`, strings.Repeat("x", 5000))
-	if r := e.do(t, http.MethodPost, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/purchases", map[string]string{"Idempotency-Key": "big"}, big); r.status != http.StatusRequestEntityTooLarge {
+	if r := e.do(t, http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/purchases", map[string]string{"Idempotency-Key": "big"}, big); r.status != http.StatusRequestEntityTooLarge {
 		t.Errorf("5 KB body = %d, want 413", r.status)
 	}
 
@@ -56,7 +56,7 @@ func TestSecurityLimits(t *testing.T) {
 	e.putSKU(t, sku, 10, 1, 4)
 	limited, retry := 0, ""
 	for i := range 60 {
-		r := e.do(t, http.MethodGet, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/stock",
+		r := e.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/stock",
 			map[string]string{"X-Forwarded-For": fmt.Sprintf("10.0.0.%d", i)}, "")
 		if r.status == http.StatusTooManyRequests {
 			limited++
@@ -80,7 +80,7 @@ func TestSecurityLimits(t *testing.T) {
 	}})
 	e.putSKU(t, sku, 10, 1, 4)
 	for i := range 60 {
-		r := e.do(t, http.MethodGet, "/v1/skus/"+sku.Program+"/"+sku.Ticket+"/stock",
+		r := e.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/stock",
 			map[string]string{"X-Forwarded-For": fmt.Sprintf("10.0.0.%d", i)}, "")
 		if r.status != http.StatusOK {
 			t.Fatalf("client %d behind the trusted proxy = %d", i, r.status)

@@ -232,8 +232,8 @@ func (s *Server) requireAdmin(c *gin.Context) {
 
 // skuParam reads and validates the SKU in the path.
 func skuParam(c *gin.Context) (stock.SKU, bool) {
-	sku := stock.SKU{Program: c.Param("program"), Ticket: c.Param("ticket")}
-	if err := sku.Validate(); err != nil {
+	sku, err := stock.ParseSKU(c.Param("program"), c.Param("ticket"))
+	if err != nil {
 		writeProblem(c, http.StatusBadRequest, "invalid-id",
 			"program and ticket ids must match [A-Za-z0-9_-]{1,64}", 0)
 		return sku, false

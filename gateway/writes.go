@@ -41,8 +41,8 @@ type orderView struct {
 }
 
 func orderViewOf(o sale.Order) orderView {
-	return orderView{OrderID: o.ID, Program: o.SKU.Program, Ticket: o.SKU.Ticket,
-		Buyer: o.Buyer, Quantity: o.Quantity, CreatedAt: o.CreatedAt}
+	return orderView{OrderID: o.ID.String(), Program: o.SKU.Program.String(), Ticket: o.SKU.Ticket.String(),
+		Buyer: o.Buyer.String(), Quantity: o.Quantity, CreatedAt: o.CreatedAt}
 }
 
 // holdView is the body of a hold.
@@ -60,8 +60,13 @@ type holdView struct {
 }
 
 func holdViewOf(h sale.Hold) holdView {
-	return holdView{HoldID: h.ID, Program: h.SKU.Program, Ticket: h.SKU.Ticket, Buyer: h.Buyer, Quantity: h.Quantity,
-		State: h.State, ExpiresAt: h.ExpiresAt, OrderID: h.OrderID, Seats: h.Seats, CreatedAt: h.CreatedAt}
+	v := holdView{HoldID: h.ID.String(), Program: h.SKU.Program.String(), Ticket: h.SKU.Ticket.String(),
+		Buyer: h.Buyer.String(), Quantity: h.Quantity, State: h.State, ExpiresAt: h.ExpiresAt,
+		OrderID: h.OrderID.String(), CreatedAt: h.CreatedAt}
+	for _, id := range h.Seats {
+		v.Seats = append(v.Seats, id.String())
+	}
+	return v
 }
 
 // purchase handles POST /v1/skus/:program/:ticket/purchases.
@@ -84,7 +89,10 @@ func (s *Server) take(c *gin.Context, hold bool) {
 	if hold {
 		into = &body
 	}
-	if !s.decodeBody(c, into) || !validBuyer(c, body.Buyer) {
+	if !s.decodeBody(c, into) {
+		return
+	}
+	if ask.Buyer, ok = buyerField(c, body.Buyer); !ok {
 		return
 	}
 	if body.Quantity == nil || *body.Quantity < 1 {
@@ -92,7 +100,6 @@ func (s *Server) take(c *gin.Context, hold bool) {
 		return
 	}
 	t := sale.Take{Ask: ask, SKU: sku, Quantity: *body.Quantity}
-	t.Buyer = body.Buyer
 	if !hold {
 		s.written(c, http.StatusCreated)(s.sale.Purchase(c.Request.Context(), t))
 		return
@@ -120,11 +127,11 @@ func (s *Server) written(c *gin.Context, status int) func(sale.Result, error) {
 			c.Header("Idempotent-Replayed", "true")
 		}
 		if r.Hold != nil {
-			c.Header("Location", "/v1/holds/"+r.Hold.ID)
+			c.Header("Location", "/v1/holds/"+r.Hold.ID.String())
 			c.JSON(status, holdViewOf(*r.Hold))
 			return
 		}
-		c.Header("Location", "/v1/orders/"+r.Order.ID)
+		c.Header("Location", "/v1/orders/"+r.Order.ID.String())
 		c.JSON(status, orderViewOf(*r.Order))
 	}
 }
@@ -183,10 +190,9 @@ func (s *Server) cancelHold(c *gin.Context) { s.ownerAction(c, http.StatusOK, s.
 func (s *Server) refundOrder(c *gin.Context) { s.ownerAction(c, http.StatusOK, s.sale.Refund) }
 
 // ownerAction reads the id from the path and the buyer from the body.
-func (s *Server) ownerAction(c *gin.Context, status int, f func(ctx context.Context, id string, a sale.Ask) (sale.Result, error)) {
-	id := c.Param("id")
-	if keys.CheckID(id) != nil {
-		writeProblem(c, http.StatusBadRequest, "invalid-id", "ids match [A-Za-z0-9_-]{1,64}", 0)
+func (s *Server) ownerAction(c *gin.Context, status int, f func(ctx context.Context, id keys.ID, a sale.Ask) (sale.Result, error)) {
+	id, ok := idParam(c, "")
+	if !ok {
 		return
 	}
 	ask, ok := s.ask(c)
@@ -194,19 +200,24 @@ func (s *Server) ownerAction(c *gin.Context, status int, f func(ctx context.Cont
 		return
 	}
 	var body ownerBody
-	if !s.decodeBody(c, &body) || !validBuyer(c, body.Buyer) {
+	if !s.decodeBody(c, &body) {
 		return
 	}
-	ask.Buyer = body.Buyer
+	if ask.Buyer, ok = buyerField(c, body.Buyer); !ok {
+		return
+	}
 	s.written(c, status)(f(c.Request.Context(), id, ask))
 }
 
-// idParam reads and validates the :id of the path.
-func idParam(c *gin.Context, what string) (string, bool) {
-	id := c.Param("id")
-	if keys.CheckID(id) != nil {
-		writeProblem(c, http.StatusBadRequest, "invalid-id", what+" ids match [A-Za-z0-9_-]{1,64}", 0)
-		return "", false
+// idParam parses the :id of the path (what names it in the problem).
+func idParam(c *gin.Context, what string) (keys.ID, bool) {
+	id, err := keys.ParseID(c.Param("id"))
+	if err != nil {
+		if what != "" {
+			what += " "
+		}
+		writeProblem(c, http.StatusBadRequest, "invalid-id", what+"ids match [A-Za-z0-9_-]{1,64}", 0)
+		return keys.ID{}, false
 	}
 	return id, true
 }
@@ -214,23 +225,26 @@ func idParam(c *gin.Context, what string) (string, bool) {
 // idempotencyKey reads the Idempotency-Key header: a token, or the quoted
 // string form of the IETF draft (`"abc"`), either matching
 // [A-Za-z0-9_-]{1,64} inside.
-func idempotencyKey(c *gin.Context) (string, bool) {
-	key := c.GetHeader("Idempotency-Key")
-	if len(key) >= 2 && key[0] == '"' && key[len(key)-1] == '"' {
-		key = key[1 : len(key)-1]
+func idempotencyKey(c *gin.Context) (keys.ID, bool) {
+	text := c.GetHeader("Idempotency-Key")
+	if len(text) >= 2 && text[0] == '"' && text[len(text)-1] == '"' {
+		text = text[1 : len(text)-1]
 	}
-	if err := keys.CheckID(key); err != nil {
+	key, err := keys.ParseID(text)
+	if err != nil {
 		writeProblem(c, http.StatusBadRequest, "invalid-idempotency-key",
 			"an Idempotency-Key header matching [A-Za-z0-9_-]{1,64} is required (a UUID fits)", 0)
-		return "", false
+		return keys.ID{}, false
 	}
 	return key, true
 }
 
-func validBuyer(c *gin.Context, buyer string) bool {
-	if err := keys.CheckID(buyer); err != nil {
+// buyerField parses the body's buyer.
+func buyerField(c *gin.Context, text string) (keys.ID, bool) {
+	buyer, err := keys.ParseID(text)
+	if err != nil {
 		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "buyer must match [A-Za-z0-9_-]{1,64}", 0)
-		return false
+		return keys.ID{}, false
 	}
-	return true
+	return buyer, true
 }

@@ -5,13 +5,15 @@
 //     never crosses slots;
 //   - shard i of a SKU gets its own tag, chosen so that the shards of one SKU
 //     spread evenly over the slot space and therefore over the masters;
-//   - every id that goes into a key is checked against [A-Za-z0-9_-]{1,64}
-//     first, so user data can never contain a brace and move a key.
+//   - every id that goes into a key is an ID, which only ParseID makes, from
+//     text matching [A-Za-z0-9_-]{1,64}: user data can never contain a brace
+//     and move a key, and nothing past the edge checks an id twice.
 //
 // The package imports nothing of the module's and nothing third-party.
 package keys
 
 import (
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"strconv"
@@ -45,6 +47,91 @@ func CheckID(id string) error {
 	return nil
 }
 
+// ID is an id that may go into a key: text matching [A-Za-z0-9_-]{1,64}.
+// Only ParseID (and MustID, for ids the program spells itself) makes a
+// non-zero one, so a value of this type has been checked, once, at the
+// edge. The zero ID is "no id" and no key function accepts it.
+type ID struct{ s string }
+
+// ParseID checks text and returns it as an ID.
+func ParseID(text string) (ID, error) {
+	if err := CheckID(text); err != nil {
+		return ID{}, err
+	}
+	return ID{text}, nil
+}
+
+// MustID is ParseID for ids written in the program (a lock's purpose, the
+// hex of a hash, tests); it panics on bad text, which there is a bug.
+func MustID(text string) ID {
+	id, err := ParseID(text)
+	if err != nil {
+		panic(fmt.Sprintf("keys.MustID(%q): %v", text, err))
+	}
+	return id
+}
+
+// String is the id's text ("" for the zero ID).
+func (id ID) String() string { return id.s }
+
+// IsZero reports whether id is the zero ID (no id).
+func (id ID) IsZero() bool { return id.s == "" }
+
+// Compare orders ids by their text, for locking rows in one global order.
+func (id ID) Compare(other ID) int { return strings.Compare(id.s, other.s) }
+
+// Join writes ids' text separated by sep (seat lists in records).
+func Join(ids []ID, sep string) string {
+	var b strings.Builder
+	for i, id := range ids {
+		if i > 0 {
+			b.WriteString(sep)
+		}
+		b.WriteString(id.s)
+	}
+	return b.String()
+}
+
+// MarshalText writes the id's text, so an ID encodes as a JSON string.
+func (id ID) MarshalText() ([]byte, error) { return []byte(id.s), nil }
+
+// MarshalBinary writes the id's text, so go-redis sends an ID given as a
+// script argument as that text.
+func (id ID) MarshalBinary() ([]byte, error) { return []byte(id.s), nil }
+
+// UnmarshalText parses text as an ID: "" gives the zero ID, anything else
+// must pass CheckID.
+func (id *ID) UnmarshalText(text []byte) error {
+	if len(text) == 0 {
+		*id = ID{}
+		return nil
+	}
+	v, err := ParseID(string(text))
+	if err != nil {
+		return err
+	}
+	*id = v
+	return nil
+}
+
+// Value writes the id to SQL as its text (NULL-free: the zero ID is "").
+func (id ID) Value() (driver.Value, error) { return id.s, nil }
+
+// Scan reads an id back from SQL and checks it again, so a corrupt or
+// hand-edited row can never put a brace into a key.
+func (id *ID) Scan(src any) error {
+	switch v := src.(type) {
+	case string:
+		return id.UnmarshalText([]byte(v))
+	case []byte:
+		return id.UnmarshalText(v)
+	case nil:
+		*id = ID{}
+		return nil
+	}
+	return fmt.Errorf("%w: cannot scan %T", ErrInvalidID, src)
+}
+
 // ShardKeys names the keys of one shard of one SKU. Every key it returns
 // shares the shard's hash tag.
 type ShardKeys struct {
@@ -53,17 +140,17 @@ type ShardKeys struct {
 	slot int
 }
 
-// Shard returns the keys of shard i of n of the SKU (program, ticket). The ids
-// must already have passed CheckID and 0 <= i < n; Shard panics otherwise,
-// because a caller that gets here with bad ids has a bug, not bad input.
-func Shard(program, ticket string, i, n int) ShardKeys {
-	if CheckID(program) != nil || CheckID(ticket) != nil || n < 1 || i < 0 || i >= n {
-		panic(fmt.Sprintf("keys.Shard(%q, %q, %d, %d): unchecked arguments", program, ticket, i, n))
+// Shard returns the keys of shard i of n of the SKU (program, ticket). It
+// panics on a missing id or 0 <= i < n not holding: a caller that gets here
+// with those has a bug, not bad input.
+func Shard(program, ticket ID, i, n int) ShardKeys {
+	if program.IsZero() || ticket.IsZero() || n < 1 || i < 0 || i >= n {
+		panic(fmt.Sprintf("keys.Shard(%q, %q, %d, %d): missing arguments", program.s, ticket.s, i, n))
 	}
 	slot := ShardSlot(program, ticket, i, n)
 	return ShardKeys{
 		tag:  "{" + slotTags()[slot] + "}",
-		base: program + ":" + ticket + ":" + strconv.Itoa(n) + ":" + strconv.Itoa(i),
+		base: program.s + ":" + ticket.s + ":" + strconv.Itoa(n) + ":" + strconv.Itoa(i),
 		slot: slot,
 	}
 }
@@ -74,8 +161,8 @@ func Shard(program, ticket string, i, n int) ShardKeys {
 // them. The base is kept at 2 mod 4: with the standard split of slots over 3
 // masters, that keeps a shard off the exact boundary slots, where rounding of
 // the stride would otherwise give one master an extra shard for n = 3, 6, 12.
-func ShardSlot(program, ticket string, i, n int) int {
-	return spread(int(CRC16([]byte(program+":"+ticket))%(Slots/4))*4+2, i, n)
+func ShardSlot(program, ticket ID, i, n int) int {
+	return spread(int(CRC16([]byte(program.s+":"+ticket.s))%(Slots/4))*4+2, i, n)
 }
 
 func spread(base, i, n int) int { return (base + i*Slots/n) % Slots }
@@ -89,70 +176,74 @@ func (s ShardKeys) Stock() string { return "sg:" + s.tag + ":stock:" + s.base }
 
 // Deduction is the record of one request's deduction from this shard: it
 // makes a re-sent deduct a no-op and lets a restore happen once.
-func (s ShardKeys) Deduction(requestID string) string {
-	return "sg:" + s.tag + ":ded:" + s.base + ":" + requestID
+func (s ShardKeys) Deduction(requestID ID) string {
+	mustHave("ShardKeys.Deduction", requestID)
+	return "sg:" + s.tag + ":ded:" + s.base + ":" + requestID.s
 }
 
 // Refill is the record that a return of stock the ledger took back
 // (returnID, derived by the service from the hold or order) was added to
 // this shard, so it is added once.
-func (s ShardKeys) Refill(returnID string) string {
-	return "sg:" + s.tag + ":refill:" + s.base + ":" + returnID
+func (s ShardKeys) Refill(returnID ID) string {
+	mustHave("ShardKeys.Refill", returnID)
+	return "sg:" + s.tag + ":refill:" + s.base + ":" + returnID.s
+}
+
+// mustHave panics on a missing id: every caller passes one it parsed.
+func mustHave(fn string, ids ...ID) {
+	for _, id := range ids {
+		if id.IsZero() {
+			panic("keys." + fn + ": missing id")
+		}
+	}
 }
 
 // Lock is the key of a coordination lock named purpose for one SKU (for
 // example "reseed"). It is hashed like the SKU's shard 0, so each SKU's lock
-// lives on a master chosen by the SKU. The ids must have passed CheckID.
-func Lock(program, ticket, purpose string) string {
-	if CheckID(purpose) != nil {
-		panic(fmt.Sprintf("keys.Lock: unchecked purpose %q", purpose))
-	}
+// lives on a master chosen by the SKU.
+func Lock(program, ticket, purpose ID) string {
+	mustHave("Lock", purpose)
 	s := Shard(program, ticket, 0, 1)
-	return "sg:" + s.tag + ":lock:" + purpose + ":" + program + ":" + ticket
+	return "sg:" + s.tag + ":lock:" + purpose.s + ":" + program.s + ":" + ticket.s
 }
 
 // Quota is the key of what one buyer holds + owns of one SKU at the gate,
-// for the per-buyer cap; with ticket "" it counts the whole program. It is
-// hashed by SKU and buyer together, so one buyer's flood lands on one
-// master and different buyers spread out. The ids must have passed CheckID.
-func Quota(program, ticket, buyer string) string {
-	if CheckID(program) != nil || (ticket != "" && CheckID(ticket) != nil) || CheckID(buyer) != nil {
-		panic(fmt.Sprintf("keys.Quota(%q, %q, %q): unchecked ids", program, ticket, buyer))
-	}
-	slot := int(CRC16([]byte(program+":"+ticket+":"+buyer))) % Slots
-	return "sg:{" + slotTags()[slot] + "}:quota:" + program + ":" + ticket + ":" + buyer
+// for the per-buyer cap; with the zero ticket it counts the whole program.
+// It is hashed by SKU and buyer together, so one buyer's flood lands on one
+// master and different buyers spread out.
+func Quota(program, ticket, buyer ID) string {
+	mustHave("Quota", program, buyer)
+	k := program.s + ":" + ticket.s + ":" + buyer.s
+	slot := int(CRC16([]byte(k))) % Slots
+	return "sg:{" + slotTags()[slot] + "}:quota:" + k
 }
 
 // Seats is the key of one section of a SKU's seat map: a hash of seat id
 // to state, so a hold of several seats of one section is one script on one
 // slot. The section's tag is hashed from the SKU and the section, so the
-// sections of a hot map spread over the masters. Ids must have passed
-// CheckID.
-func Seats(program, ticket, section string) string {
-	if CheckID(program) != nil || CheckID(ticket) != nil || CheckID(section) != nil {
-		panic(fmt.Sprintf("keys.Seats(%q, %q, %q): unchecked ids", program, ticket, section))
-	}
-	slot := int(CRC16([]byte(program+":"+ticket+":"+section))) % Slots
-	return "sg:{" + slotTags()[slot] + "}:seats:" + program + ":" + ticket + ":" + section
+// sections of a hot map spread over the masters.
+func Seats(program, ticket, section ID) string {
+	mustHave("Seats", program, ticket, section)
+	k := program.s + ":" + ticket.s + ":" + section.s
+	slot := int(CRC16([]byte(k))) % Slots
+	return "sg:{" + slotTags()[slot] + "}:seats:" + k
 }
 
 // SeatLayout is the key of a section's layout (seat id → "row|number"), in
 // the same slot as its Seats key, for best-available selection.
-func SeatLayout(program, ticket, section string) string {
+func SeatLayout(program, ticket, section ID) string {
 	k := Seats(program, ticket, section)
 	end := strings.IndexByte(k, '}')
-	return k[:end+1] + ":seatlayout:" + program + ":" + ticket + ":" + section
+	return k[:end+1] + ":seatlayout:" + program.s + ":" + ticket.s + ":" + section.s
 }
 
 // Bench is the key of a benchmark comparator's stock counter or lock for
 // a SKU (kind names which). Only the benchmark harness uses it; it keeps
 // the rule that key strings are built here.
-func Bench(program, ticket, kind string) string {
-	if CheckID(kind) != nil {
-		panic(fmt.Sprintf("keys.Bench: unchecked kind %q", kind))
-	}
+func Bench(program, ticket, kind ID) string {
+	mustHave("Bench", kind)
 	s := Shard(program, ticket, 0, 1)
-	return "sg:" + s.tag + ":bench:" + kind + ":" + program + ":" + ticket
+	return "sg:" + s.tag + ":bench:" + kind.s + ":" + program.s + ":" + ticket.s
 }
 
 // CRC16 is the CCITT/XMODEM checksum Redis Cluster hashes keys with.

@@ -1,7 +1,10 @@
 package keys
 
 import (
+	"encoding/json"
+	"errors"
 	"math"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -50,14 +53,14 @@ func TestKeySlotKnownValues(t *testing.T) {
 func TestShardKeysShareSlot(t *testing.T) {
 	for n := 1; n <= 64; n++ {
 		for i := range n {
-			k := Shard("prog", "vip", i, n)
-			for _, key := range []string{k.Stock(), k.Deduction("req-1")} {
+			k := Shard(MustID("prog"), MustID("vip"), i, n)
+			for _, key := range []string{k.Stock(), k.Deduction(MustID("req-1"))} {
 				if got := KeySlot(key); got != k.Slot() {
 					t.Fatalf("KeySlot(%q) = %d, want %d", key, got, k.Slot())
 				}
 			}
-			if k.Slot() != ShardSlot("prog", "vip", i, n) {
-				t.Fatalf("Shard(%d,%d).Slot() = %d, want ShardSlot %d", i, n, k.Slot(), ShardSlot("prog", "vip", i, n))
+			if k.Slot() != ShardSlot(MustID("prog"), MustID("vip"), i, n) {
+				t.Fatalf("Shard(%d,%d).Slot() = %d, want ShardSlot %d", i, n, k.Slot(), ShardSlot(MustID("prog"), MustID("vip"), i, n))
 			}
 		}
 	}
@@ -68,7 +71,7 @@ func TestShardKeysDistinct(t *testing.T) {
 	for _, sku := range [][2]string{{"a", "b"}, {"a", "bb"}, {"ab", "b"}} {
 		for _, n := range []int{1, 8, 12} {
 			for i := range n {
-				key := Shard(sku[0], sku[1], i, n).Stock()
+				key := Shard(MustID(sku[0]), MustID(sku[1]), i, n).Stock()
 				if seen[key] {
 					t.Fatalf("key %q built twice", key)
 				}
@@ -89,7 +92,7 @@ func TestShardPanicsOnUncheckedIDs(t *testing.T) {
 					t.Errorf("Shard(%q, %q, %d, %d) did not panic", args.p, args.t, args.i, args.n)
 				}
 			}()
-			Shard(args.p, args.t, args.i, args.n)
+			Shard(MustID(args.p), MustID(args.t), args.i, args.n)
 		}()
 	}
 }
@@ -130,9 +133,9 @@ func TestShardSpread(t *testing.T) {
 
 func BenchmarkShardKeys(b *testing.B) {
 	for b.Loop() {
-		k := Shard("program-2026", "vip", 5, 12)
+		k := Shard(MustID("program-2026"), MustID("vip"), 5, 12)
 		_ = k.Stock()
-		_ = k.Deduction("0f8fad5b-d9cb-469f-a165-70867728950e")
+		_ = k.Deduction(MustID("0f8fad5b-d9cb-469f-a165-70867728950e"))
 	}
 }
 
@@ -143,27 +146,107 @@ func BenchmarkCheckID(b *testing.B) {
 }
 
 func TestLockKey(t *testing.T) {
-	k := Lock("show-1", "ga", "reseed")
-	if got, want := KeySlot(k), Shard("show-1", "ga", 0, 1).Slot(); got != want {
+	k := Lock(MustID("show-1"), MustID("ga"), MustID("reseed"))
+	if got, want := KeySlot(k), Shard(MustID("show-1"), MustID("ga"), 0, 1).Slot(); got != want {
 		t.Errorf("lock key %q in slot %d, want the SKU's shard-0 slot %d", k, got, want)
 	}
 	defer func() {
 		if recover() == nil {
-			t.Error("Lock with a bad purpose did not panic")
+			t.Error("Lock with no purpose did not panic")
 		}
 	}()
-	Lock("show-1", "ga", "re seed")
+	Lock(MustID("show-1"), MustID("ga"), ID{})
 }
 
 func TestSeatsKey(t *testing.T) {
-	a, b := Seats("show-1", "stalls", "A"), Seats("show-1", "stalls", "B")
-	if a == b || a != Seats("show-1", "stalls", "A") {
+	a, b := Seats(MustID("show-1"), MustID("stalls"), MustID("A")), Seats(MustID("show-1"), MustID("stalls"), MustID("B"))
+	if a == b || a != Seats(MustID("show-1"), MustID("stalls"), MustID("A")) {
 		t.Errorf("sections share a key: %q %q", a, b)
 	}
 	defer func() {
 		if recover() == nil {
-			t.Error("Seats with a bad section did not panic")
+			t.Error("Seats with no section did not panic")
 		}
 	}()
-	Seats("show-1", "stalls", "A{1}")
+	Seats(MustID("show-1"), MustID("stalls"), ID{})
+}
+
+// An ID is made only from text CheckID accepts, whichever way it is made:
+// ParseID, JSON or text decoding, or a SQL scan. A zero ID is "no id", and
+// every key function refuses it.
+func TestIDIsMadeOnlyFromValidText(t *testing.T) {
+	for _, text := range []string{"", strings.Repeat("x", 65), "{tag}", "a}", "a b", "a:b", "é", "a\x00", "a,b"} {
+		if _, err := ParseID(text); !errors.Is(err, ErrInvalidID) {
+			t.Errorf("ParseID(%q) = %v, want ErrInvalidID", text, err)
+		}
+		var id ID
+		if text != "" {
+			if err := id.UnmarshalText([]byte(text)); err == nil {
+				t.Errorf("UnmarshalText(%q) accepted it", text)
+			}
+			if err := json.Unmarshal([]byte(strconv.Quote(text)), &id); err == nil {
+				t.Errorf("json.Unmarshal(%q) accepted it", text)
+			}
+			if err := id.Scan(text); err == nil {
+				t.Errorf("Scan(%q) accepted it", text)
+			}
+			if err := id.Scan([]byte(text)); err == nil {
+				t.Errorf("Scan([]byte %q) accepted it", text)
+			}
+		}
+		if !id.IsZero() {
+			t.Errorf("a refused %q left the ID %q", text, id)
+		}
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("MustID(%q) did not panic", text)
+				}
+			}()
+			MustID(text)
+		}()
+	}
+	for _, text := range []string{"a", "Show-2026_A", strings.Repeat("x", 64)} {
+		id, err := ParseID(text)
+		if err != nil || id.String() != text || id.IsZero() {
+			t.Errorf("ParseID(%q) = %q, %v", text, id, err)
+		}
+		b, _ := json.Marshal(struct{ ID ID }{id})
+		if want := `{"ID":` + strconv.Quote(text) + `}`; string(b) != want {
+			t.Errorf("json.Marshal = %s, want %s", b, want)
+		}
+		var back ID
+		if err := back.Scan(text); err != nil || back != id {
+			t.Errorf("Scan(%q) = %q, %v", text, back, err)
+		}
+		if v, _ := id.Value(); v != text {
+			t.Errorf("Value() = %v, want %q", v, text)
+		}
+	}
+	if err := new(ID).Scan(42); err == nil {
+		t.Error("Scan(42) accepted an int")
+	}
+	p, tk := MustID("p"), MustID("t")
+	for name, f := range map[string]func(){
+		"Shard":     func() { Shard(ID{}, tk, 0, 1) },
+		"Deduction": func() { Shard(p, tk, 0, 1).Deduction(ID{}) },
+		"Refill":    func() { Shard(p, tk, 0, 1).Refill(ID{}) },
+		"Quota":     func() { Quota(p, tk, ID{}) },
+		"Seats":     func() { Seats(p, ID{}, MustID("A")) },
+		"Lock":      func() { Lock(p, tk, ID{}) },
+		"Bench":     func() { Bench(p, tk, ID{}) },
+	} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("%s with a zero ID did not panic", name)
+				}
+			}()
+			f()
+		}()
+	}
+	// The program-wide quota key (zero ticket) is its own key.
+	if Quota(p, ID{}, MustID("b")) == Quota(p, tk, MustID("b")) {
+		t.Error("program-wide and SKU quota keys are the same")
+	}
 }

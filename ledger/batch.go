@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/stock"
 )
 
@@ -52,10 +53,10 @@ func (l *Ledger) PurchaseBatch(ctx context.Context, orders []Order, direct bool)
 	now := l.now().UTC().Truncate(time.Millisecond)
 	live := make([]int, 0, len(orders))
 	for i, o := range orders {
-		if o.Quantity < 1 || o.IdempotencyKey == "" {
+		if o.Quantity < 1 || o.IdempotencyKey.IsZero() {
 			return nil, fmt.Errorf("%w: order quantity %d key %q", stock.ErrInvalid, o.Quantity, o.IdempotencyKey)
 		}
-		if o.ID == "" {
+		if o.ID.IsZero() {
 			orders[i].ID = NewID()
 		}
 		orders[i].CreatedAt = now
@@ -66,7 +67,7 @@ func (l *Ledger) PurchaseBatch(ctx context.Context, orders []Order, direct bool)
 		if err != nil {
 			return nil, err
 		}
-		if split.Program == "" {
+		if split.Program.IsZero() {
 			for _, i := range live {
 				out[i] = BatchResult{Order: orders[i]}
 			}
@@ -142,17 +143,17 @@ func (l *Ledger) tryBatch(ctx context.Context, orders []Order, live []int, now t
 		}
 	}
 	sums := map[skuEpoch]int64{}
-	buyers := map[stock.SKU]map[string]int64{}
+	buyers := map[stock.SKU]map[keys.ID]int64{}
 	// Claims in one global order (scope, key): two batches that share
 	// requests (a retry sent to two replicas) wait on each other's claims
 	// in the same order, never in a cycle.
 	byKey := slices.Clone(live)
 	slices.SortFunc(byKey, func(a, b int) int {
 		ra, rb := orders[a].Req, orders[b].Req
-		if c := compare(ra.Scope, rb.Scope); c != 0 {
+		if c := ra.Scope.Compare(rb.Scope); c != 0 {
 			return c
 		}
-		return compare(ra.Key, rb.Key)
+		return ra.Key.Compare(rb.Key)
 	})
 	// Claims and order rows in one statement each, not one round trip per
 	// order: winners are what the ledger is busy with.
@@ -188,7 +189,7 @@ func (l *Ledger) tryBatch(ctx context.Context, orders []Order, live []int, now t
 		}
 		sums[g] += o.Quantity
 		if buyers[o.SKU] == nil {
-			buyers[o.SKU] = map[string]int64{}
+			buyers[o.SKU] = map[keys.ID]int64{}
 		}
 		buyers[o.SKU][o.Buyer] += o.Quantity
 	}
@@ -200,7 +201,7 @@ func (l *Ledger) tryBatch(ctx context.Context, orders []Order, live []int, now t
 		groups = append(groups, g)
 	}
 	slices.SortFunc(groups, func(a, b skuEpoch) int {
-		if c := compareSKU(a.sku, b.sku); c != 0 {
+		if c := a.sku.Compare(b.sku); c != 0 {
 			return c
 		}
 		return int(a.epoch - b.epoch)
@@ -234,13 +235,13 @@ func (l *Ledger) tryBatch(ctx context.Context, orders []Order, live []int, now t
 	for sku := range buyers {
 		skus = append(skus, sku)
 	}
-	slices.SortFunc(skus, compareSKU)
+	slices.SortFunc(skus, stock.SKU.Compare)
 	for _, sku := range skus {
-		names := make([]string, 0, len(buyers[sku]))
+		names := make([]keys.ID, 0, len(buyers[sku]))
 		for b := range buyers[sku] {
 			names = append(names, b)
 		}
-		slices.Sort(names)
+		slices.SortFunc(names, keys.ID.Compare)
 		for _, b := range names {
 			err := countBuyer(ctx, tx, sku, b, buyers[sku][b])
 			if errors.Is(err, stock.ErrLimit) {
@@ -345,8 +346,8 @@ func claimAll(ctx context.Context, tx *sql.Tx, orders []Order, idx []int, now in
 // insertOrders writes the order rows of orders[idx] in multi-row
 // statements and returns the row keys it inserted (a key already taken is
 // left out).
-func insertOrders(ctx context.Context, tx *sql.Tx, orders []Order, idx []int) (map[string]bool, error) {
-	inserted := map[string]bool{}
+func insertOrders(ctx context.Context, tx *sql.Tx, orders []Order, idx []int) (map[keys.ID]bool, error) {
+	inserted := map[keys.ID]bool{}
 	for len(idx) > 0 {
 		chunk := idx[:min(len(idx), rowsPerStatement)]
 		idx = idx[len(chunk):]
@@ -365,7 +366,7 @@ func insertOrders(ctx context.Context, tx *sql.Tx, orders []Order, idx []int) (m
 			return nil, notCommitted("insert orders", err)
 		}
 		for got.Next() {
-			var k string
+			var k keys.ID
 			if err := got.Scan(&k); err != nil {
 				got.Close()
 				return nil, notCommitted("insert orders", err)
@@ -378,13 +379,6 @@ func insertOrders(ctx context.Context, tx *sql.Tx, orders []Order, idx []int) (m
 		}
 	}
 	return inserted, nil
-}
-
-func compareSKU(a, b stock.SKU) int {
-	if a.Program != b.Program {
-		return compare(a.Program, b.Program)
-	}
-	return compare(a.Ticket, b.Ticket)
 }
 
 func compare(a, b string) int {

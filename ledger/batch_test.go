@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -14,17 +15,17 @@ import (
 func TestPurchaseBatch(t *testing.T) {
 	eachDriver(t, func(t *testing.T, l *ledger.Ledger) {
 		ctx := context.Background()
-		a, b := sku, stock.SKU{Program: sku.Program, Ticket: "vip"}
+		a, b := sku, stock.SKU{Program: sku.Program, Ticket: keys.MustID("vip")}
 		for _, s := range []stock.SKU{a, b} {
 			if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: s, Total: 5, Shards: 1, MaxPerOrder: 4}); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if _, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: "taken", SKU: a, Buyer: "x", Quantity: 1}); err != nil {
+		if _, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID("taken"), SKU: a, Buyer: keys.MustID("x"), Quantity: 1}); err != nil {
 			t.Fatal(err)
 		}
 		order := func(key string, s stock.SKU, buyer string) ledger.Order {
-			return ledger.Order{IdempotencyKey: key, SKU: s, Buyer: buyer, Quantity: 1}
+			return ledger.Order{IdempotencyKey: keys.MustID(key), SKU: s, Buyer: keys.MustID(buyer), Quantity: 1}
 		}
 		// a has 4 left: 3 new + 1 duplicate fit; b: 2 fit.
 		res, err := l.PurchaseBatch(ctx, []ledger.Order{order("a1", a, "p"), order("b1", b, "q"), order("taken", a, "x"),
@@ -37,7 +38,7 @@ func TestPurchaseBatch(t *testing.T) {
 			if i == 2 {
 				want = ledger.ErrDuplicate
 			}
-			if !errors.Is(r.Err, want) || r.Order.ID == "" {
+			if !errors.Is(r.Err, want) || r.Order.ID.IsZero() {
 				t.Errorf("result %d = %+v, want err %v", i, r, want)
 			}
 		}
@@ -59,7 +60,7 @@ func TestPurchaseBatch(t *testing.T) {
 		if !errors.Is(res[0].Err, ledger.ErrSplit) || res[1].Err != nil || !errors.Is(res[2].Err, ledger.ErrSplit) {
 			t.Errorf("results %+v, want split, ok, split", res)
 		}
-		if _, err := l.OrderByKey(ctx, "a4"); !errors.Is(err, ledger.ErrNotFound) {
+		if _, err := l.OrderByKey(ctx, keys.MustID("a4")); !errors.Is(err, ledger.ErrNotFound) {
 			t.Errorf("a split order was written: %v", err)
 		}
 		expectSold(a, 4)
@@ -72,7 +73,7 @@ func TestPurchaseBatch(t *testing.T) {
 func TestPurchaseBatchRacing(t *testing.T) {
 	eachDriver(t, func(t *testing.T, l *ledger.Ledger) {
 		ctx := context.Background()
-		skus := []stock.SKU{sku, {Program: sku.Program, Ticket: "vip"}, {Program: "other", Ticket: "ga"}}
+		skus := []stock.SKU{sku, {Program: sku.Program, Ticket: keys.MustID("vip")}, {Program: keys.MustID("other"), Ticket: keys.MustID("ga")}}
 		for _, s := range skus {
 			if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: s, Total: 100, Shards: 1, MaxPerOrder: 4}); err != nil {
 				t.Fatal(err)
@@ -87,7 +88,7 @@ func TestPurchaseBatchRacing(t *testing.T) {
 					var batch []ledger.Order
 					for i := range 12 {
 						s := skus[(g+i)%3]
-						batch = append(batch, ledger.Order{IdempotencyKey: fmt.Sprintf("g%d-r%d-%d", g, round, i), SKU: s, Buyer: "b", Quantity: 1})
+						batch = append(batch, ledger.Order{IdempotencyKey: keys.MustID(fmt.Sprintf("g%d-r%d-%d", g, round, i)), SKU: s, Buyer: keys.MustID("b"), Quantity: 1})
 					}
 					res, err := l.PurchaseBatch(ctx, batch, g%2 == 1)
 					if errors.Is(err, ledger.ErrConflict) {

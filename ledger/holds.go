@@ -5,9 +5,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/stock"
 )
 
@@ -33,13 +33,13 @@ var (
 
 // Hold is stock set aside for a buyer until ExpiresAt.
 type Hold struct {
-	ID string
+	ID keys.ID
 	// IdempotencyKey is the hold row's unique key, derived by the service
 	// (the hold's gate request id), and the id of its Redis records.
-	IdempotencyKey string
+	IdempotencyKey keys.ID
 	RequestHash    string
 	SKU            stock.SKU
-	Buyer          string
+	Buyer          keys.ID
 	Quantity       int64
 	// Gate is the gate's record of the Redis stock behind the hold (its
 	// deduction parts, or its seats); empty for a hold taken straight from
@@ -47,12 +47,12 @@ type Hold struct {
 	Gate      string
 	State     string
 	ExpiresAt time.Time
-	OrderID   string
+	OrderID   keys.ID
 	CreatedAt time.Time
 	EndedAt   time.Time
 	// SeatIDs are the seats of a seat hold (reserved seating); empty for
 	// counted stock.
-	SeatIDs []string
+	SeatIDs []keys.ID
 	// Req is the client request that creates the hold (zero for an
 	// internal write).
 	Req Request
@@ -70,13 +70,13 @@ type Hold struct {
 // for the request, or ErrKeyReused.
 func (l *Ledger) Hold(ctx context.Context, h Hold, version int64) (_ Hold, err error) {
 	defer l.observe("hold", time.Now(), &err)
-	if h.Quantity < 1 || h.IdempotencyKey == "" || h.ExpiresAt.IsZero() {
+	if h.Quantity < 1 || h.IdempotencyKey.IsZero() || h.ExpiresAt.IsZero() {
 		return Hold{}, fmt.Errorf("%w: hold quantity %d key %q", stock.ErrInvalid, h.Quantity, h.IdempotencyKey)
 	}
 	if len(h.SeatIDs) > 0 && int64(len(h.SeatIDs)) != h.Quantity {
 		return Hold{}, fmt.Errorf("%w: %d seats for quantity %d", stock.ErrInvalid, len(h.SeatIDs), h.Quantity)
 	}
-	if h.ID == "" {
+	if h.ID.IsZero() {
 		h.ID = NewID()
 	}
 	h.State = Held
@@ -117,7 +117,7 @@ func (l *Ledger) Hold(ctx context.Context, h Hold, version int64) (_ Hold, err e
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
 		ON CONFLICT (idem_key) DO NOTHING`,
 		h.ID, h.IdempotencyKey, h.RequestHash, h.SKU.Program, h.SKU.Ticket, h.Buyer, h.Quantity, h.Gate, Held,
-		h.ExpiresAt.UnixMilli(), h.CreatedAt.UnixMilli(), strings.Join(h.SeatIDs, ","), h.TakeEpoch)
+		h.ExpiresAt.UnixMilli(), h.CreatedAt.UnixMilli(), keys.Join(h.SeatIDs, ","), h.TakeEpoch)
 	if err != nil {
 		return Hold{}, notCommitted("insert hold", err)
 	}
@@ -159,8 +159,8 @@ func scanHold(r rowScanner) (Hold, error) {
 	var seatIDs string
 	err := r.Scan(&h.ID, &h.IdempotencyKey, &h.RequestHash, &h.SKU.Program, &h.SKU.Ticket, &h.Buyer, &h.Quantity,
 		&h.Gate, &h.State, &expires, &h.OrderID, &created, &ended, &seatIDs, &h.TakeEpoch)
-	if seatIDs != "" {
-		h.SeatIDs = strings.Split(seatIDs, ",")
+	if err == nil {
+		h.SeatIDs, err = splitIDs(seatIDs)
 	}
 	if errors.Is(err, sql.ErrNoRows) {
 		return h, ErrNotFound
@@ -176,12 +176,12 @@ func scanHold(r rowScanner) (Hold, error) {
 }
 
 // HoldByID returns a hold, or ErrNotFound.
-func (l *Ledger) HoldByID(ctx context.Context, id string) (Hold, error) {
+func (l *Ledger) HoldByID(ctx context.Context, id keys.ID) (Hold, error) {
 	return scanHold(l.db.QueryRowContext(ctx, selectHold+` WHERE id = $1`, id))
 }
 
 // HoldByKey returns the hold stored under its row key, or ErrNotFound.
-func (l *Ledger) HoldByKey(ctx context.Context, key string) (Hold, error) {
+func (l *Ledger) HoldByKey(ctx context.Context, key keys.ID) (Hold, error) {
 	return scanHold(l.db.QueryRowContext(ctx, selectHold+` WHERE idem_key = $1`, key))
 }
 
@@ -212,7 +212,7 @@ func (l *Ledger) begin(ctx context.Context, req Request, sku stock.SKU, now time
 // returns ErrHoldEnded and sells nothing. buyer must be the hold's. req
 // (when not zero) is the client's confirm request, remembered with the
 // order it got.
-func (l *Ledger) Confirm(ctx context.Context, holdID, buyer string, req Request) (_ Order, err error) {
+func (l *Ledger) Confirm(ctx context.Context, holdID, buyer keys.ID, req Request) (_ Order, err error) {
 	defer l.observe("confirm", time.Now(), &err)
 	now := l.now().UTC().Truncate(time.Millisecond)
 	h, err := l.HoldByID(ctx, holdID)
@@ -245,7 +245,7 @@ func (l *Ledger) Confirm(ctx context.Context, holdID, buyer string, req Request)
 	case h.State != Held || !now.Before(h.ExpiresAt):
 		return Order{}, fmt.Errorf("%w: %s", ErrHoldEnded, h.stateAt(now))
 	}
-	o := Order{ID: NewID(), IdempotencyKey: "confirm-" + h.ID, RequestHash: h.RequestHash, SKU: h.SKU, Buyer: h.Buyer,
+	o := Order{ID: NewID(), IdempotencyKey: ConfirmKey(h.ID), RequestHash: h.RequestHash, SKU: h.SKU, Buyer: h.Buyer,
 		Quantity: h.Quantity, Gate: h.Gate, GateKey: h.IdempotencyKey, HoldID: h.ID, CreatedAt: now, TakeEpoch: h.TakeEpoch,
 		Req: req}
 	// The state change is the one place a hold's fate is decided: a sweeper
@@ -299,7 +299,7 @@ func (h Hold) stateAt(now time.Time) string {
 // had expired (a retry): nothing moved. A confirmed hold is refused with
 // ErrHoldConfirmed. buyer must be the hold's; req (when not zero) is the
 // client's cancel request, remembered with the hold it got.
-func (l *Ledger) Cancel(ctx context.Context, holdID, buyer string, req Request) (h Hold, changed bool, err error) {
+func (l *Ledger) Cancel(ctx context.Context, holdID, buyer keys.ID, req Request) (h Hold, changed bool, err error) {
 	h, err = l.HoldByID(ctx, holdID)
 	if err != nil {
 		return h, false, err
@@ -355,7 +355,7 @@ func (l *Ledger) ExpireDue(ctx context.Context, limit int) ([]Hold, error) {
 // in were never taken from that gate: nothing is owed. An ended sale's
 // gate is owed nothing (it admits no one). Seats taken through the gate are
 // always owed: their release is by owner, and a no-op when not held.
-func owed(ctx context.Context, tx *sql.Tx, table, id, gate string, takeEpoch int64, seats bool, r returned) (bool, error) {
+func owed(ctx context.Context, tx *sql.Tx, table string, id keys.ID, gate string, takeEpoch int64, seats bool, r returned) (bool, error) {
 	pending := !r.ended && (gate != "" || takeEpoch != r.epoch)
 	if seats {
 		// Seats go back by their gate record (which seats, whose), taken
@@ -443,7 +443,7 @@ func (l *Ledger) endHold(ctx context.Context, h Hold, state string, dueOnly bool
 // - q, restore_pending set when Redis is owed the units. changed is false
 // for an order already refunded: nothing moved. buyer must be the order's;
 // req (when not zero) is the client's refund request.
-func (l *Ledger) Refund(ctx context.Context, orderID, buyer string, req Request) (o Order, changed bool, err error) {
+func (l *Ledger) Refund(ctx context.Context, orderID, buyer keys.ID, req Request) (o Order, changed bool, err error) {
 	defer l.observe("refund", time.Now(), &err)
 	o, err = l.OrderByID(ctx, orderID)
 	if err != nil {
@@ -483,7 +483,7 @@ func (l *Ledger) Refund(ctx context.Context, orderID, buyer string, req Request)
 		return o, false, err
 	}
 	seated := false
-	if o.HoldID != "" {
+	if !o.HoldID.IsZero() {
 		var n int64
 		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM seats WHERE hold_id = $1`, o.HoldID).Scan(&n); err != nil {
 			return o, false, notCommitted("refund seats", err)
@@ -530,10 +530,10 @@ func (l *Ledger) answerAgain(ctx context.Context, req Request, sku stock.SKU, o 
 // refunded order) that is still owed to Redis.
 type Restore struct {
 	Kind      string // "hold" or "order"
-	ID        string
+	ID        keys.ID
 	SKU       stock.SKU
-	Buyer     string
-	RequestID string // the request id of the Redis records (deduction, quota, seats)
+	Buyer     keys.ID
+	RequestID keys.ID // the request id of the Redis records (deduction, quota, seats)
 	Gate      string
 	Quantity  int64
 	// Epoch is the gate epoch the units came back under: only the gate of
@@ -575,7 +575,7 @@ func (l *Ledger) PendingRestores(ctx context.Context, olderThan time.Duration, l
 // RestoreOwed returns the restore a hold or order owes Redis, if it still
 // owes one (ok false otherwise): what the ledger recorded when it took the
 // units back.
-func (l *Ledger) RestoreOwed(ctx context.Context, kind, id string) (Restore, bool, error) {
+func (l *Ledger) RestoreOwed(ctx context.Context, kind string, id keys.ID) (Restore, bool, error) {
 	q := `SELECT 'hold', id, program, ticket, buyer, idem_key, gate, quantity, restore_epoch, restore_shards
 		FROM holds WHERE id = $1 AND restore_pending = 1`
 	if kind == "order" {
@@ -596,7 +596,7 @@ func (l *Ledger) RestoreOwed(ctx context.Context, kind, id string) (Restore, boo
 
 // RestoreDone records that a restore reached Redis, or that Redis does not
 // need it (a later rebuild counted it).
-func (l *Ledger) RestoreDone(ctx context.Context, kind, id string) error {
+func (l *Ledger) RestoreDone(ctx context.Context, kind string, id keys.ID) error {
 	table := "holds"
 	if kind == "order" {
 		table = "orders"
@@ -608,7 +608,7 @@ func (l *Ledger) RestoreDone(ctx context.Context, kind, id string) error {
 }
 
 // BuyerUnits is what a buyer holds + owns of a SKU.
-func (l *Ledger) BuyerUnits(ctx context.Context, sku stock.SKU, buyer string) (int64, error) {
+func (l *Ledger) BuyerUnits(ctx context.Context, sku stock.SKU, buyer keys.ID) (int64, error) {
 	var n int64
 	err := l.db.QueryRowContext(ctx, `SELECT units FROM buyer_units WHERE program = $1 AND ticket = $2 AND buyer = $3`,
 		sku.Program, sku.Ticket, buyer).Scan(&n)
@@ -635,9 +635,9 @@ func (l *Ledger) EndSale(ctx context.Context, sku stock.SKU) (SKUState, error) {
 
 // PutProgram sets the cap on what one buyer may hold + own of all of a
 // program's tickets together; 0 removes it.
-func (l *Ledger) PutProgram(ctx context.Context, program string, perBuyer int64) error {
-	if err := (stock.SKU{Program: program, Ticket: "x"}).Validate(); err != nil {
-		return err
+func (l *Ledger) PutProgram(ctx context.Context, program keys.ID, perBuyer int64) error {
+	if program.IsZero() {
+		return fmt.Errorf("%w: missing program", stock.ErrInvalid)
 	}
 	if perBuyer < 0 || perBuyer > stock.MaxTotal {
 		return fmt.Errorf("%w: per_buyer %d", stock.ErrInvalid, perBuyer)
@@ -651,7 +651,7 @@ func (l *Ledger) PutProgram(ctx context.Context, program string, perBuyer int64)
 }
 
 // ProgramCap is a program's per-buyer cap; 0 when it has none.
-func (l *Ledger) ProgramCap(ctx context.Context, program string) (int64, error) {
+func (l *Ledger) ProgramCap(ctx context.Context, program keys.ID) (int64, error) {
 	var n int64
 	err := l.db.QueryRowContext(ctx, `SELECT per_buyer FROM programs WHERE program = $1`, program).Scan(&n)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -664,8 +664,8 @@ func (l *Ledger) ProgramCap(ctx context.Context, program string) (int64, error) 
 }
 
 // ProgramUnits is what a buyer holds + owns of all of a program's tickets.
-func (l *Ledger) ProgramUnits(ctx context.Context, program, buyer string) (int64, error) {
-	return l.BuyerUnits(ctx, stock.SKU{Program: program, Ticket: ""}, buyer)
+func (l *Ledger) ProgramUnits(ctx context.Context, program, buyer keys.ID) (int64, error) {
+	return l.BuyerUnits(ctx, stock.SKU{Program: program}, buyer)
 }
 
 // SetShards changes only a SKU's Redis shard count (the gate collapsing a

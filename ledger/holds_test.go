@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -40,7 +41,7 @@ func eachDriverClock(t *testing.T, f func(t *testing.T, l *ledger.Ledger, c *clo
 }
 
 func hold(key, buyer string, q int64, expires time.Time) ledger.Hold {
-	return ledger.Hold{IdempotencyKey: key, SKU: sku, Buyer: buyer, Quantity: q, ExpiresAt: expires, Gate: `[{"shards":1}]`}
+	return ledger.Hold{IdempotencyKey: keys.MustID(key), SKU: sku, Buyer: keys.MustID(buyer), Quantity: q, ExpiresAt: expires, Gate: `[{"shards":1}]`}
 }
 
 func TestHoldConfirmCancelExpire(t *testing.T) {
@@ -61,31 +62,31 @@ func TestHoldConfirmCancelExpire(t *testing.T) {
 		d, _ := l.Hold(ctx, hold("h-d", "dan", 1, exp.Add(time.Hour)), -1)
 		expectSKU(t, l, 0, 6)
 
-		if _, err := l.Confirm(ctx, a.ID, "bob", ledger.Request{}); !errors.Is(err, ledger.ErrNotOwner) {
+		if _, err := l.Confirm(ctx, a.ID, keys.MustID("bob"), ledger.Request{}); !errors.Is(err, ledger.ErrNotOwner) {
 			t.Errorf("confirm by another buyer = %v, want ErrNotOwner", err)
 		}
-		o, err := l.Confirm(ctx, a.ID, "ann", ledger.Request{})
-		if err != nil || o.Quantity != 3 || o.HoldID != a.ID || o.GateRequest() != "h-a" {
+		o, err := l.Confirm(ctx, a.ID, keys.MustID("ann"), ledger.Request{})
+		if err != nil || o.Quantity != 3 || o.HoldID != a.ID || o.GateRequest() != keys.MustID("h-a") {
 			t.Fatalf("confirm = %+v, %v", o, err)
 		}
-		if again, err := l.Confirm(ctx, a.ID, "ann", ledger.Request{}); err != nil || again.ID != o.ID {
+		if again, err := l.Confirm(ctx, a.ID, keys.MustID("ann"), ledger.Request{}); err != nil || again.ID != o.ID {
 			t.Errorf("confirm retry = %+v, %v; want the same order", again, err)
 		}
-		if _, changed, _ := l.Cancel(ctx, a.ID, "ann", ledger.Request{}); changed {
+		if _, changed, _ := l.Cancel(ctx, a.ID, keys.MustID("ann"), ledger.Request{}); changed {
 			t.Error("cancel of a confirmed hold moved stock")
 		}
 		expectSKU(t, l, 3, 3)
 
-		if _, changed, err := l.Cancel(ctx, b.ID, "bob", ledger.Request{}); err != nil || !changed {
+		if _, changed, err := l.Cancel(ctx, b.ID, keys.MustID("bob"), ledger.Request{}); err != nil || !changed {
 			t.Fatalf("cancel = %v, %v", changed, err)
 		}
-		if _, changed, _ := l.Cancel(ctx, b.ID, "bob", ledger.Request{}); changed {
+		if _, changed, _ := l.Cancel(ctx, b.ID, keys.MustID("bob"), ledger.Request{}); changed {
 			t.Error("second cancel moved stock")
 		}
 		expectSKU(t, l, 3, 1)
 
 		c.advance(2 * time.Hour)
-		if _, err := l.Confirm(ctx, d.ID, "dan", ledger.Request{}); !errors.Is(err, ledger.ErrHoldEnded) {
+		if _, err := l.Confirm(ctx, d.ID, keys.MustID("dan"), ledger.Request{}); !errors.Is(err, ledger.ErrHoldEnded) {
 			t.Errorf("confirm past expiry (before the sweep) = %v, want ErrHoldEnded", err)
 		}
 		done, err := l.ExpireDue(ctx, 100)
@@ -126,14 +127,14 @@ func TestConfirmRacesExpiry(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ids = append(ids, h.ID)
+			ids = append(ids, h.ID.String())
 		}
 		c.advance(time.Second - time.Millisecond)
 		var wg sync.WaitGroup
 		var confirmed atomic.Int64
 		for _, id := range ids {
 			wg.Go(func() {
-				if _, err := l.Confirm(ctx, id, "b", ledger.Request{}); err == nil {
+				if _, err := l.Confirm(ctx, keys.MustID(id), keys.MustID("b"), ledger.Request{}); err == nil {
 					confirmed.Add(1)
 				} else if !errors.Is(err, ledger.ErrHoldEnded) {
 					t.Error(err)
@@ -158,18 +159,18 @@ func TestRefundOnce(t *testing.T) {
 		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 5, Shards: 1, MaxPerOrder: 4}); err != nil {
 			t.Fatal(err)
 		}
-		o, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: "r", SKU: sku, Buyer: "b", Quantity: 2, Gate: "[]"})
+		o, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID("r"), SKU: sku, Buyer: keys.MustID("b"), Quantity: 2, Gate: "[]"})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := l.Refund(ctx, o.ID, "eve", ledger.Request{}); !errors.Is(err, ledger.ErrNotOwner) {
+		if _, _, err := l.Refund(ctx, o.ID, keys.MustID("eve"), ledger.Request{}); !errors.Is(err, ledger.ErrNotOwner) {
 			t.Errorf("refund by another buyer = %v", err)
 		}
 		var wg sync.WaitGroup
 		var changed atomic.Int64
 		for range 10 {
 			wg.Go(func() {
-				_, ch, err := l.Refund(ctx, o.ID, "b", ledger.Request{})
+				_, ch, err := l.Refund(ctx, o.ID, keys.MustID("b"), ledger.Request{})
 				if err != nil {
 					t.Error(err)
 				}
@@ -183,7 +184,7 @@ func TestRefundOnce(t *testing.T) {
 			t.Errorf("%d of 10 concurrent refunds moved stock, want 1", changed.Load())
 		}
 		expectSKU(t, l, 0, 0)
-		if n, _ := l.BuyerUnits(ctx, sku, "b"); n != 0 {
+		if n, _ := l.BuyerUnits(ctx, sku, keys.MustID("b")); n != 0 {
 			t.Errorf("buyer units after refund = %d", n)
 		}
 	})
@@ -200,7 +201,7 @@ func TestPerBuyerLimitAndEndSale(t *testing.T) {
 			t.Fatal(err)
 		}
 		buy := func(key, buyer string, q int64) error {
-			_, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: key, SKU: sku, Buyer: buyer, Quantity: q})
+			_, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID(key), SKU: sku, Buyer: keys.MustID(buyer), Quantity: q})
 			return err
 		}
 		if err := buy("lim-1", "ann", 2); !errors.Is(err, stock.ErrLimit) {
@@ -209,7 +210,7 @@ func TestPerBuyerLimitAndEndSale(t *testing.T) {
 		if err := buy("lim-2", "bob", 4); err != nil {
 			t.Errorf("another buyer: %v", err)
 		}
-		if _, _, err := l.Cancel(ctx, h.ID, "ann", ledger.Request{}); err != nil {
+		if _, _, err := l.Cancel(ctx, h.ID, keys.MustID("ann"), ledger.Request{}); err != nil {
 			t.Fatal(err)
 		}
 		if err := buy("lim-3", "ann", 4); err != nil {
@@ -227,7 +228,7 @@ func TestPerBuyerLimitAndEndSale(t *testing.T) {
 		if err := buy("end-1", "dan", 1); !errors.Is(err, stock.ErrSaleEnded) {
 			t.Errorf("purchase after the end = %v, want ErrSaleEnded", err)
 		}
-		if _, err := l.Confirm(ctx, h2.ID, "cat", ledger.Request{}); err != nil {
+		if _, err := l.Confirm(ctx, h2.ID, keys.MustID("cat"), ledger.Request{}); err != nil {
 			t.Errorf("confirm of a hold taken before the end = %v", err)
 		}
 	})
@@ -244,7 +245,7 @@ func expectSKU(t *testing.T, l *ledger.Ledger, sold, held int64) {
 func TestProgramCapAcrossTickets(t *testing.T) {
 	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
 		ctx := context.Background()
-		vip := stock.SKU{Program: sku.Program, Ticket: "vip"}
+		vip := stock.SKU{Program: sku.Program, Ticket: keys.MustID("vip")}
 		for _, s := range []stock.SKU{sku, vip} {
 			if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: s, Total: 100, Shards: 1, MaxPerOrder: 4}); err != nil {
 				t.Fatal(err)
@@ -254,7 +255,7 @@ func TestProgramCapAcrossTickets(t *testing.T) {
 			t.Fatal(err)
 		}
 		buy := func(key string, s stock.SKU, q int64) (ledger.Order, error) {
-			return l.Purchase(ctx, ledger.Order{IdempotencyKey: key, SKU: s, Buyer: "ann", Quantity: q})
+			return l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID(key), SKU: s, Buyer: keys.MustID("ann"), Quantity: q})
 		}
 		o, err := buy("p1", sku, 3)
 		if err != nil {
@@ -266,13 +267,13 @@ func TestProgramCapAcrossTickets(t *testing.T) {
 		if _, err := buy("p3", vip, 2); err != nil {
 			t.Errorf("3 + 2 = %v", err)
 		}
-		if _, _, err := l.Refund(ctx, o.ID, "ann", ledger.Request{}); err != nil {
+		if _, _, err := l.Refund(ctx, o.ID, keys.MustID("ann"), ledger.Request{}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := buy("p4", vip, 3); err != nil {
 			t.Errorf("after the refund, 3 more = %v", err)
 		}
-		if n, _ := l.ProgramUnits(ctx, sku.Program, "ann"); n != 5 {
+		if n, _ := l.ProgramUnits(ctx, sku.Program, keys.MustID("ann")); n != 5 {
 			t.Errorf("program units = %d, want 5", n)
 		}
 	})

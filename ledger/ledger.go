@@ -22,6 +22,7 @@ import (
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 
 	"github.com/stockgate/stockgate/internal/opt"
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/stock"
 )
 
@@ -372,8 +373,8 @@ const (
 
 // Validate reports stock.ErrInvalid for a config no SKU may have.
 func (c SKUConfig) Validate() error {
-	if err := c.SKU.Validate(); err != nil {
-		return err
+	if c.SKU.Program.IsZero() || c.SKU.Ticket.IsZero() {
+		return fmt.Errorf("%w: missing sku", stock.ErrInvalid)
 	}
 	switch {
 	case c.Total < 0 || c.Total > stock.MaxTotal:
@@ -515,14 +516,14 @@ func (l *Ledger) SKU(ctx context.Context, sku stock.SKU) (SKUState, error) {
 
 // Order is a confirmed sale.
 type Order struct {
-	ID string `json:"order_id"`
+	ID keys.ID `json:"order_id"`
 	// IdempotencyKey is the order row's own unique key, derived by the
 	// service (a purchase's gate request id, or "confirm-" and the hold id):
 	// never a client's key, so no client can take it.
-	IdempotencyKey string    `json:"-"`
+	IdempotencyKey keys.ID   `json:"-"`
 	RequestHash    string    `json:"-"`
 	SKU            stock.SKU `json:"sku"`
-	Buyer          string    `json:"buyer"`
+	Buyer          keys.ID   `json:"buyer"`
 	Quantity       int64     `json:"quantity"`
 	// Gate is the gate's own record of where the stock came from (which
 	// Redis shards), kept so a later refund can give it back there. The
@@ -531,8 +532,8 @@ type Order struct {
 	// GateKey is the request id of the Redis records behind Gate: the
 	// order's own, or the one of the hold it confirmed. Empty means
 	// IdempotencyKey.
-	GateKey    string    `json:"-"`
-	HoldID     string    `json:"hold_id,omitempty"`
+	GateKey    keys.ID   `json:"-"`
+	HoldID     keys.ID   `json:"hold_id,omitzero"`
 	RefundedAt time.Time `json:"refunded_at,omitzero"`
 	CreatedAt  time.Time `json:"created_at"`
 	// Req is the client request that creates the order (zero for an
@@ -546,9 +547,13 @@ type Order struct {
 	TakeEpoch int64 `json:"-"`
 }
 
+// ConfirmKey is the row key of the order a confirm of hold makes: derived
+// by the service, never a client's key.
+func ConfirmKey(hold keys.ID) keys.ID { return keys.MustID("confirm-" + hold.String()) }
+
 // GateRequest is the request id the order's Redis stock was deducted under.
-func (o Order) GateRequest() string {
-	if o.GateKey != "" {
+func (o Order) GateRequest() keys.ID {
+	if !o.GateKey.IsZero() {
 		return o.GateKey
 	}
 	return o.IdempotencyKey
@@ -602,10 +607,10 @@ func (l *Ledger) PurchaseDirect(ctx context.Context, o Order, version int64) (_ 
 
 // purchase is Purchase when version < 0 and PurchaseDirect otherwise.
 func (l *Ledger) purchase(ctx context.Context, o Order, version int64) (Order, error) {
-	if o.Quantity < 1 || o.IdempotencyKey == "" {
+	if o.Quantity < 1 || o.IdempotencyKey.IsZero() {
 		return Order{}, fmt.Errorf("%w: order quantity %d key %q", stock.ErrInvalid, o.Quantity, o.IdempotencyKey)
 	}
-	if o.ID == "" {
+	if o.ID.IsZero() {
 		o.ID = NewID()
 	}
 	o.CreatedAt = l.now().UTC().Truncate(time.Millisecond)
@@ -693,7 +698,7 @@ func insertOrder(ctx context.Context, tx *sql.Tx, o Order) (bool, error) {
 // was taken under, or stock.ErrSoldOut, stock.ErrLimit,
 // stock.ErrSaleEnded, stock.ErrUnknownSKU, ErrConflict, ErrStaleGate, or an
 // ErrNotCommitted error.
-func (l *Ledger) takeStock(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer string, q int64, column string,
+func (l *Ledger) takeStock(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer keys.ID, q int64, column string,
 	version, epoch, now int64) (int64, int64, error) {
 	v, e, err := updateSKU(ctx, tx, sku, q, column, version, epoch, now)
 	if err != nil {
@@ -754,7 +759,7 @@ func updateSKU(ctx context.Context, tx *sql.Tx, sku stock.SKU, q int64, column s
 
 // countBuyer adds q to what the buyer holds + owns of the SKU and of its
 // program, inside tx, refusing (stock.ErrLimit) past either cap.
-func countBuyer(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer string, q int64) error {
+func countBuyer(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer keys.ID, q int64) error {
 	// The buyer's units, capped by the SKU's per_buyer (0: no cap).
 	res, err := tx.ExecContext(ctx, `
 		INSERT INTO buyer_units (program, ticket, buyer, units)
@@ -800,7 +805,7 @@ type returned struct {
 
 // returnStock gives q units of column back and uncounts them from the
 // buyer, inside tx.
-func returnStock(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer string, q int64, column string, now int64) (returned, error) {
+func returnStock(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer keys.ID, q int64, column string, now int64) (returned, error) {
 	var r returned
 	var ended int64
 	err := tx.QueryRowContext(ctx, `UPDATE skus SET `+column+` = `+column+` - $3, version = version + 1, updated_at = $4
@@ -894,12 +899,12 @@ func (l *Ledger) SKUs(ctx context.Context, after stock.SKU, limit int) ([]SKUSta
 
 // OrderByKey returns the order stored under an idempotency key, or
 // ErrNotFound.
-func (l *Ledger) OrderByKey(ctx context.Context, key string) (Order, error) {
+func (l *Ledger) OrderByKey(ctx context.Context, key keys.ID) (Order, error) {
 	return scanOrder(l.db.QueryRowContext(ctx, selectOrder+` WHERE idem_key = $1`, key))
 }
 
 // OrderByID returns an order by its id, or ErrNotFound.
-func (l *Ledger) OrderByID(ctx context.Context, id string) (Order, error) {
+func (l *Ledger) OrderByID(ctx context.Context, id keys.ID) (Order, error) {
 	return scanOrder(l.db.QueryRowContext(ctx, selectOrder+` WHERE id = $1`, id))
 }
 
@@ -937,8 +942,8 @@ func (l *Ledger) OrderTotals(ctx context.Context, sku stock.SKU) (orders, units 
 }
 
 // NewID returns a random 128-bit id in hex.
-func NewID() string {
+func NewID() keys.ID {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
+	return keys.MustID(hex.EncodeToString(b[:]))
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -35,7 +36,7 @@ func eachDriver(t *testing.T, f func(t *testing.T, l *ledger.Ledger)) {
 	}
 }
 
-var sku = stock.SKU{Program: "show-1", Ticket: "ga"}
+var sku = stock.SKU{Program: keys.MustID("show-1"), Ticket: keys.MustID("ga")}
 
 func TestPutSKU(t *testing.T) {
 	eachDriver(t, func(t *testing.T, l *ledger.Ledger) {
@@ -44,7 +45,7 @@ func TestPutSKU(t *testing.T) {
 		if err != nil || st.Total != 10 || st.Remaining() != 10 || st.Shards != 2 {
 			t.Fatalf("PutSKU = %+v, %v", st, err)
 		}
-		if _, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: "k1", SKU: sku, Buyer: "b", Quantity: 3}); err != nil {
+		if _, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID("k1"), SKU: sku, Buyer: keys.MustID("b"), Quantity: 3}); err != nil {
 			t.Fatal(err)
 		}
 		// Lowering the total below what is sold is refused and changes nothing.
@@ -59,7 +60,7 @@ func TestPutSKU(t *testing.T) {
 		if err != nil || st.Remaining() != 0 || st.MaxPerOrder != 2 {
 			t.Errorf("PutSKU(total 3) = %+v, %v", st, err)
 		}
-		if _, err := l.SKU(ctx, stock.SKU{Program: "nope", Ticket: "x"}); !errors.Is(err, stock.ErrUnknownSKU) {
+		if _, err := l.SKU(ctx, stock.SKU{Program: keys.MustID("nope"), Ticket: keys.MustID("x")}); !errors.Is(err, stock.ErrUnknownSKU) {
 			t.Errorf("SKU(unknown) = %v, want ErrUnknownSKU", err)
 		}
 		for _, bad := range []ledger.SKUConfig{
@@ -67,7 +68,7 @@ func TestPutSKU(t *testing.T) {
 			{SKU: sku, Total: 1, Shards: 0, MaxPerOrder: 1},
 			{SKU: sku, Total: 1, Shards: stock.MaxShards + 1, MaxPerOrder: 1},
 			{SKU: sku, Total: 1, Shards: 1, MaxPerOrder: 0},
-			{SKU: stock.SKU{Program: "a b", Ticket: "x"}, Total: 1, Shards: 1, MaxPerOrder: 1},
+			{SKU: stock.SKU{Ticket: keys.MustID("x")}, Total: 1, Shards: 1, MaxPerOrder: 1},
 		} {
 			if _, err := l.PutSKU(ctx, bad); !errors.Is(err, stock.ErrInvalid) {
 				t.Errorf("PutSKU(%+v) = %v, want ErrInvalid", bad, err)
@@ -89,7 +90,7 @@ func TestPurchaseNeverOversells(t *testing.T) {
 		for i := range 200 {
 			wg.Go(func() {
 				q := int64(i%4 + 1)
-				o, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: fmt.Sprintf("key-%d", i), SKU: sku, Buyer: "b", Quantity: q})
+				o, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID(fmt.Sprintf("key-%d", i)), SKU: sku, Buyer: keys.MustID("b"), Quantity: q})
 				mu.Lock()
 				defer mu.Unlock()
 				switch {
@@ -130,12 +131,12 @@ func TestPurchaseOncePerKey(t *testing.T) {
 		ids := make(chan string, 20)
 		for range 20 {
 			wg.Go(func() {
-				o, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: "same", RequestHash: "h", SKU: sku, Buyer: "b", Quantity: 2})
+				o, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID("same"), RequestHash: "h", SKU: sku, Buyer: keys.MustID("b"), Quantity: 2})
 				if err != nil && !errors.Is(err, ledger.ErrDuplicate) {
 					t.Error(err)
 					return
 				}
-				ids <- o.ID
+				ids <- o.ID.String()
 			})
 		}
 		wg.Wait()
@@ -153,11 +154,11 @@ func TestPurchaseOncePerKey(t *testing.T) {
 		if st.Sold != 2 {
 			t.Errorf("sold = %d after 20 purchases with one key, want 2", st.Sold)
 		}
-		o, err := l.OrderByKey(ctx, "same")
-		if err != nil || o.ID != first || o.RequestHash != "h" {
+		o, err := l.OrderByKey(ctx, keys.MustID("same"))
+		if err != nil || o.ID.String() != first || o.RequestHash != "h" {
 			t.Errorf("OrderByKey = %+v, %v", o, err)
 		}
-		if _, err := l.OrderByKey(ctx, "missing"); !errors.Is(err, ledger.ErrNotFound) {
+		if _, err := l.OrderByKey(ctx, keys.MustID("missing")); !errors.Is(err, ledger.ErrNotFound) {
 			t.Errorf("OrderByKey(missing) = %v, want ErrNotFound", err)
 		}
 	})
@@ -190,7 +191,7 @@ func TestPurchaseDirect(t *testing.T) {
 			t.Fatal("gate-stale after MarkGateSeeded")
 		}
 		order := func(key string, q int64) ledger.Order {
-			return ledger.Order{IdempotencyKey: key, SKU: sku, Buyer: "b", Quantity: q}
+			return ledger.Order{IdempotencyKey: keys.MustID(key), SKU: sku, Buyer: keys.MustID("b"), Quantity: q}
 		}
 		if _, err := l.PurchaseDirect(ctx, order("d1", 1), st.Version); err != nil {
 			t.Fatal(err)
@@ -199,7 +200,7 @@ func TestPurchaseDirect(t *testing.T) {
 		if _, err := l.PurchaseDirect(ctx, order("d2", 1), st.Version); !errors.Is(err, ledger.ErrConflict) {
 			t.Fatalf("PurchaseDirect(stale version) = %v, want ErrConflict", err)
 		}
-		if _, err := l.OrderByKey(ctx, "d2"); !errors.Is(err, ledger.ErrNotFound) {
+		if _, err := l.OrderByKey(ctx, keys.MustID("d2")); !errors.Is(err, ledger.ErrNotFound) {
 			t.Errorf("conflicting purchase left an order: %v", err)
 		}
 		st, _ = l.SKU(ctx, sku)
@@ -243,7 +244,7 @@ func TestPurchaseDirectRacing(t *testing.T) {
 						t.Error(err)
 						return
 					}
-					o, err := l.PurchaseDirect(ctx, ledger.Order{IdempotencyKey: fmt.Sprintf("r-%d", i), SKU: sku, Buyer: "b", Quantity: 1}, st.Version)
+					o, err := l.PurchaseDirect(ctx, ledger.Order{IdempotencyKey: keys.MustID(fmt.Sprintf("r-%d", i)), SKU: sku, Buyer: keys.MustID("b"), Quantity: 1}, st.Version)
 					mu.Lock()
 					switch {
 					case errors.Is(err, ledger.ErrConflict):
@@ -276,7 +277,7 @@ func TestSKUsPages(t *testing.T) {
 		ctx := context.Background()
 		for _, p := range []string{"a", "b", "c"} {
 			for _, tk := range []string{"x", "y"} {
-				if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: stock.SKU{Program: p, Ticket: tk}, Total: 1, Shards: 1, MaxPerOrder: 1}); err != nil {
+				if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: stock.SKU{Program: keys.MustID(p), Ticket: keys.MustID(tk)}, Total: 1, Shards: 1, MaxPerOrder: 1}); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -309,7 +310,7 @@ func TestWriteFailureBeforeCommitIsNotCommitted(t *testing.T) {
 			t.Fatal(err)
 		}
 		l.Close()
-		_, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: "k", SKU: sku, Buyer: "b", Quantity: 1})
+		_, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID("k"), SKU: sku, Buyer: keys.MustID("b"), Quantity: 1})
 		if !errors.Is(err, ledger.ErrNotCommitted) {
 			t.Errorf("Purchase on a closed ledger = %v, want ErrNotCommitted", err)
 		}
@@ -354,7 +355,7 @@ func TestOpenMigratesFirstReleaseSchema(t *testing.T) {
 			if err != nil || st.Sold != 3 || st.GateStale() {
 				t.Fatalf("migrated row = %+v, %v; want sold 3, gate not stale", st, err)
 			}
-			if _, err := l.PurchaseDirect(ctx, ledger.Order{IdempotencyKey: "m1", SKU: sku, Buyer: "b", Quantity: 1}, st.Version); err != nil {
+			if _, err := l.PurchaseDirect(ctx, ledger.Order{IdempotencyKey: keys.MustID("m1"), SKU: sku, Buyer: keys.MustID("b"), Quantity: 1}, st.Version); err != nil {
 				t.Errorf("PurchaseDirect after migration: %v", err)
 			}
 		})

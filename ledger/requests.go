@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/stock"
 )
 
@@ -32,18 +33,18 @@ const (
 // movement it caused, with the answer, so a retry is answered from it on
 // any replica, at any later time.
 type Request struct {
-	Scope       string // the buyer
-	Key         string // the client's Idempotency-Key
-	Fingerprint string // what it asks, as the caller fingerprints it
-	Op          string // OpPurchase, OpHold, …
+	Scope       keys.ID // the buyer
+	Key         keys.ID // the client's Idempotency-Key
+	Fingerprint string  // what it asks, as the caller fingerprints it
+	Op          string  // OpPurchase, OpHold, …
 }
 
 // IsZero reports a request with no client key: an internal write, which is
 // not remembered in the requests table.
-func (r Request) IsZero() bool { return r.Key == "" }
+func (r Request) IsZero() bool { return r.Key.IsZero() }
 
 func (r Request) validate() error {
-	if r.Scope == "" || r.Key == "" || r.Fingerprint == "" || r.Op == "" {
+	if r.Scope.IsZero() || r.Key.IsZero() || r.Fingerprint == "" || r.Op == "" {
 		return fmt.Errorf("%w: request %q/%q op %q", stock.ErrInvalid, r.Scope, r.Key, r.Op)
 	}
 	return nil
@@ -66,15 +67,18 @@ type snapshot struct {
 	Hold  *holdSnap  `json:"h,omitempty"`
 }
 
+// Their ids are keys.IDs, so a stored answer is checked again as it is
+// read; their JSON is the same text as before.
 type orderSnap struct {
-	ID, RequestID, GateKey, Program, Ticket, Buyer, HoldID string
+	ID, RequestID, GateKey, Program, Ticket, Buyer, HoldID keys.ID
 	Quantity, CreatedAt, RefundedAt                        int64
 }
 
 type holdSnap struct {
-	ID, RequestID, Program, Ticket, Buyer, State, OrderID string
-	Quantity, ExpiresAt, CreatedAt, EndedAt               int64
-	Seats                                                 []string
+	ID, RequestID, Program, Ticket, Buyer, OrderID keys.ID
+	State                                          string
+	Quantity, ExpiresAt, CreatedAt, EndedAt        int64
+	Seats                                          []keys.ID
 }
 
 func encodeSnapshot(o *Order, h *Hold) string {
@@ -194,7 +198,7 @@ func stamp(ctx context.Context, tx *sql.Tx, sku stock.SKU, version int64) error 
 }
 
 // RequestByKey returns a committed request and its answer, or ErrNotFound.
-func (l *Ledger) RequestByKey(ctx context.Context, scope, key string) (Recorded, error) {
+func (l *Ledger) RequestByKey(ctx context.Context, scope, key keys.ID) (Recorded, error) {
 	var r Recorded
 	var raw string
 	var created int64
@@ -215,7 +219,7 @@ func (l *Ledger) RequestByKey(ctx context.Context, scope, key string) (Recorded,
 }
 
 // ScopedKey is one committed request's scope and key.
-type ScopedKey struct{ Scope, Key string }
+type ScopedKey struct{ Scope, Key keys.ID }
 
 // Committed is what a replica needs to answer retries of a SKU that takes
 // no new requests (sold out, ended) from memory: the scoped keys of the
@@ -254,7 +258,7 @@ func (l *Ledger) CommittedSince(ctx context.Context, sku stock.SKU, after int64)
 			return Committed{}, fmt.Errorf("ledger: committed: %w", err)
 		}
 		found, c.Ended = true, ended > 0
-		if k.Key != "" {
+		if !k.Key.IsZero() {
 			c.Keys = append(c.Keys, k)
 		}
 	}

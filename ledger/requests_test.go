@@ -6,12 +6,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
 )
 
 func req(scope, key, fp, op string) ledger.Request {
-	return ledger.Request{Scope: scope, Key: key, Fingerprint: fp, Op: op}
+	return ledger.Request{Scope: keys.MustID(scope), Key: keys.MustID(key), Fingerprint: fp, Op: op}
 }
 
 // A request is its key within its scope, bound to its fingerprint: the
@@ -23,31 +24,31 @@ func TestRequestReplayAndReuse(t *testing.T) {
 		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 10, Shards: 1, MaxPerOrder: 4}); err != nil {
 			t.Fatal(err)
 		}
-		o, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: "g1", SKU: sku, Buyer: "ann", Quantity: 2, Req: req("ann", "k", "fp1", ledger.OpPurchase)})
+		o, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID("g1"), SKU: sku, Buyer: keys.MustID("ann"), Quantity: 2, Req: req("ann", "k", "fp1", ledger.OpPurchase)})
 		if err != nil {
 			t.Fatal(err)
 		}
-		again, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: "g2", SKU: sku, Buyer: "ann", Quantity: 2, Req: req("ann", "k", "fp1", ledger.OpPurchase)})
+		again, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID("g2"), SKU: sku, Buyer: keys.MustID("ann"), Quantity: 2, Req: req("ann", "k", "fp1", ledger.OpPurchase)})
 		if !errors.Is(err, ledger.ErrDuplicate) || again.ID != o.ID || again.Quantity != 2 {
 			t.Errorf("same request again = %+v, %v; want ErrDuplicate with order %s", again, err, o.ID)
 		}
-		if _, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: "g3", SKU: sku, Buyer: "ann", Quantity: 1, Req: req("ann", "k", "fp2", ledger.OpPurchase)}); !errors.Is(err, ledger.ErrKeyReused) {
+		if _, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID("g3"), SKU: sku, Buyer: keys.MustID("ann"), Quantity: 1, Req: req("ann", "k", "fp2", ledger.OpPurchase)}); !errors.Is(err, ledger.ErrKeyReused) {
 			t.Errorf("the key with another fingerprint = %v, want ErrKeyReused", err)
 		}
-		if _, err := l.Hold(ctx, ledger.Hold{IdempotencyKey: "g4", SKU: sku, Buyer: "ann", Quantity: 1, ExpiresAt: time.Now().Add(time.Hour),
+		if _, err := l.Hold(ctx, ledger.Hold{IdempotencyKey: keys.MustID("g4"), SKU: sku, Buyer: keys.MustID("ann"), Quantity: 1, ExpiresAt: time.Now().Add(time.Hour),
 			Req: req("ann", "k", "fp1", ledger.OpHold)}, -1); !errors.Is(err, ledger.ErrKeyReused) {
 			t.Errorf("the key for a hold = %v, want ErrKeyReused", err)
 		}
 		// Another scope (buyer) has its own keys.
-		if _, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: "g5", SKU: sku, Buyer: "bob", Quantity: 1, Req: req("bob", "k", "fp2", ledger.OpPurchase)}); err != nil {
+		if _, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID("g5"), SKU: sku, Buyer: keys.MustID("bob"), Quantity: 1, Req: req("bob", "k", "fp2", ledger.OpPurchase)}); err != nil {
 			t.Errorf("another buyer's key k = %v", err)
 		}
 		expectSKU(t, l, 3, 0)
-		rec, err := l.RequestByKey(ctx, "ann", "k")
+		rec, err := l.RequestByKey(ctx, keys.MustID("ann"), keys.MustID("k"))
 		if err != nil || rec.Order == nil || rec.Order.ID != o.ID || rec.Fingerprint != "fp1" {
 			t.Errorf("RequestByKey = %+v, %v", rec, err)
 		}
-		if _, err := l.RequestByKey(ctx, "cat", "k"); !errors.Is(err, ledger.ErrNotFound) {
+		if _, err := l.RequestByKey(ctx, keys.MustID("cat"), keys.MustID("k")); !errors.Is(err, ledger.ErrNotFound) {
 			t.Errorf("RequestByKey of an unknown key = %v, want ErrNotFound", err)
 		}
 	})
@@ -66,31 +67,31 @@ func TestStaleGateRefused(t *testing.T) {
 		if err != nil || st.GateEpoch != 1 {
 			t.Fatalf("AdvanceGate = %+v, %v; want epoch 1", st, err)
 		}
-		if _, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: "g1", SKU: sku, Buyer: "ann", Quantity: 1, GateEpoch: 1,
+		if _, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID("g1"), SKU: sku, Buyer: keys.MustID("ann"), Quantity: 1, GateEpoch: 1,
 			Req: req("ann", "k1", "f", ledger.OpPurchase)}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := l.AdvanceGate(ctx, sku); err != nil {
 			t.Fatal(err)
 		}
-		_, err = l.Purchase(ctx, ledger.Order{IdempotencyKey: "g2", SKU: sku, Buyer: "ann", Quantity: 1, GateEpoch: 1,
+		_, err = l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID("g2"), SKU: sku, Buyer: keys.MustID("ann"), Quantity: 1, GateEpoch: 1,
 			Req: req("ann", "k2", "f", ledger.OpPurchase)})
 		if !errors.Is(err, ledger.ErrStaleGate) {
 			t.Errorf("a take admitted under epoch 1 after the rebuild = %v, want ErrStaleGate", err)
 		}
 		res, err := l.PurchaseBatch(ctx, []ledger.Order{
-			{IdempotencyKey: "g3", SKU: sku, Buyer: "ann", Quantity: 1, GateEpoch: 1, Req: req("ann", "k3", "f", ledger.OpPurchase)},
-			{IdempotencyKey: "g4", SKU: sku, Buyer: "bob", Quantity: 1, GateEpoch: 2, Req: req("bob", "k4", "f", ledger.OpPurchase)},
+			{IdempotencyKey: keys.MustID("g3"), SKU: sku, Buyer: keys.MustID("ann"), Quantity: 1, GateEpoch: 1, Req: req("ann", "k3", "f", ledger.OpPurchase)},
+			{IdempotencyKey: keys.MustID("g4"), SKU: sku, Buyer: keys.MustID("bob"), Quantity: 1, GateEpoch: 2, Req: req("bob", "k4", "f", ledger.OpPurchase)},
 		}, false)
 		if err != nil || !errors.Is(res[0].Err, ledger.ErrSplit) || !errors.Is(res[0].Err, ledger.ErrStaleGate) || !errors.Is(res[1].Err, ledger.ErrSplit) {
 			t.Errorf("batch across epochs = %+v, %v; want both split, the stale one for its epoch", res, err)
 		}
-		if _, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: "g4", SKU: sku, Buyer: "bob", Quantity: 1, GateEpoch: 2,
+		if _, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID("g4"), SKU: sku, Buyer: keys.MustID("bob"), Quantity: 1, GateEpoch: 2,
 			Req: req("bob", "k4", "f", ledger.OpPurchase)}); err != nil {
 			t.Errorf("the current epoch's take alone = %v", err)
 		}
 		expectSKU(t, l, 2, 0)
-		if _, err := l.AdvanceGate(ctx, stock.SKU{Program: "no", Ticket: "such"}); !errors.Is(err, stock.ErrUnknownSKU) {
+		if _, err := l.AdvanceGate(ctx, stock.SKU{Program: keys.MustID("no"), Ticket: keys.MustID("such")}); !errors.Is(err, stock.ErrUnknownSKU) {
 			t.Errorf("AdvanceGate of an unknown SKU = %v", err)
 		}
 	})
@@ -112,7 +113,7 @@ func TestReturnOwedByEpoch(t *testing.T) {
 		hold := func(key string, direct bool) ledger.Hold {
 			t.Helper()
 			st, _ := l.SKU(ctx, sku)
-			h := ledger.Hold{IdempotencyKey: key, SKU: sku, Buyer: "ann", Quantity: 2, ExpiresAt: time.Now().Add(time.Hour), Gate: "[]",
+			h := ledger.Hold{IdempotencyKey: keys.MustID(key), SKU: sku, Buyer: keys.MustID("ann"), Quantity: 2, ExpiresAt: time.Now().Add(time.Hour), Gate: "[]",
 				GateEpoch: st.GateEpoch}
 			version := int64(-1)
 			if direct {
@@ -125,10 +126,10 @@ func TestReturnOwedByEpoch(t *testing.T) {
 			return got
 		}
 		gated, direct, directLater := hold("a", false), hold("b", true), hold("c", true)
-		if _, _, err := l.Cancel(ctx, gated.ID, "ann", ledger.Request{}); err != nil {
+		if _, _, err := l.Cancel(ctx, gated.ID, keys.MustID("ann"), ledger.Request{}); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := l.Cancel(ctx, direct.ID, "ann", ledger.Request{}); err != nil {
+		if _, _, err := l.Cancel(ctx, direct.ID, keys.MustID("ann"), ledger.Request{}); err != nil {
 			t.Fatal(err)
 		}
 		r, ok, err := l.RestoreOwed(ctx, "hold", gated.ID)
@@ -141,7 +142,7 @@ func TestReturnOwedByEpoch(t *testing.T) {
 		if _, err := l.AdvanceGate(ctx, sku); err != nil { // epoch 2: counts directLater as held
 			t.Fatal(err)
 		}
-		if _, _, err := l.Cancel(ctx, directLater.ID, "ann", ledger.Request{}); err != nil {
+		if _, _, err := l.Cancel(ctx, directLater.ID, keys.MustID("ann"), ledger.Request{}); err != nil {
 			t.Fatal(err)
 		}
 		if r, ok, _ := l.RestoreOwed(ctx, "hold", directLater.ID); !ok || r.Epoch != 2 {
@@ -151,7 +152,7 @@ func TestReturnOwedByEpoch(t *testing.T) {
 		if _, err := l.EndSale(ctx, sku); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := l.Cancel(ctx, ended.ID, "ann", ledger.Request{}); err != nil {
+		if _, _, err := l.Cancel(ctx, ended.ID, keys.MustID("ann"), ledger.Request{}); err != nil {
 			t.Fatal(err)
 		}
 		if _, ok, _ := l.RestoreOwed(ctx, "hold", ended.ID); ok {
@@ -172,22 +173,22 @@ func TestCommittedSince(t *testing.T) {
 		if err != nil || len(c.Keys) != 0 || c.Sealed() {
 			t.Fatalf("CommittedSince before any sale = %+v, %v", c, err)
 		}
-		if _, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: "g1", SKU: sku, Buyer: "ann", Quantity: 2, Req: req("ann", "k1", "f", ledger.OpPurchase)}); err != nil {
+		if _, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID("g1"), SKU: sku, Buyer: keys.MustID("ann"), Quantity: 2, Req: req("ann", "k1", "f", ledger.OpPurchase)}); err != nil {
 			t.Fatal(err)
 		}
 		c1, err := l.CommittedSince(ctx, sku, c.Version)
-		if err != nil || len(c1.Keys) != 1 || c1.Keys[0] != (ledger.ScopedKey{Scope: "ann", Key: "k1"}) || c1.Sealed() {
+		if err != nil || len(c1.Keys) != 1 || c1.Keys[0] != (ledger.ScopedKey{Scope: keys.MustID("ann"), Key: keys.MustID("k1")}) || c1.Sealed() {
 			t.Fatalf("after one sale = %+v, %v", c1, err)
 		}
-		if _, err := l.Hold(ctx, ledger.Hold{IdempotencyKey: "g2", SKU: sku, Buyer: "bob", Quantity: 1, ExpiresAt: time.Now().Add(time.Hour),
+		if _, err := l.Hold(ctx, ledger.Hold{IdempotencyKey: keys.MustID("g2"), SKU: sku, Buyer: keys.MustID("bob"), Quantity: 1, ExpiresAt: time.Now().Add(time.Hour),
 			Req: req("bob", "k2", "f", ledger.OpHold)}, -1); err != nil {
 			t.Fatal(err)
 		}
 		c2, err := l.CommittedSince(ctx, sku, c1.Version)
-		if err != nil || len(c2.Keys) != 1 || c2.Keys[0].Key != "k2" || !c2.Sealed() {
+		if err != nil || len(c2.Keys) != 1 || c2.Keys[0].Key != keys.MustID("k2") || !c2.Sealed() {
 			t.Errorf("after the hold that sold it out = %+v, %v; want k2 only, sealed", c2, err)
 		}
-		if _, err := l.CommittedSince(ctx, stock.SKU{Program: "no", Ticket: "such"}, 0); !errors.Is(err, stock.ErrUnknownSKU) {
+		if _, err := l.CommittedSince(ctx, stock.SKU{Program: keys.MustID("no"), Ticket: keys.MustID("such")}, 0); !errors.Is(err, stock.ErrUnknownSKU) {
 			t.Errorf("CommittedSince of an unknown SKU = %v", err)
 		}
 	})

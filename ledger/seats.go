@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/stock"
 )
 
@@ -21,12 +22,12 @@ const (
 
 // Seat is one seat of a SKU's map, with its state.
 type Seat struct {
-	ID      string `json:"id"`
-	Section string `json:"section"`
-	Row     string `json:"row"`
-	Number  int    `json:"number"`
-	State   string `json:"state"`   // free, held, sold
-	HoldID  string `json:"hold_id"` // the hold holding it, or sold through
+	ID      keys.ID `json:"id"`
+	Section keys.ID `json:"section"`
+	Row     string  `json:"row"`
+	Number  int     `json:"number"`
+	State   string  `json:"state"`   // free, held, sold
+	HoldID  keys.ID `json:"hold_id"` // the hold holding it, or sold through
 }
 
 // SeatsTakenError names the seats a seat hold could not have.
@@ -88,7 +89,7 @@ func (l *Ledger) LoadSeats(ctx context.Context, sku stock.SKU, seats []Seat) (in
 
 // takeSeats marks the seats held by holdID inside tx, all or none: a
 // *SeatsTakenError names the seats that were not free (or not in the map).
-func takeSeats(ctx context.Context, tx *sql.Tx, sku stock.SKU, holdID string, ids []string) error {
+func takeSeats(ctx context.Context, tx *sql.Tx, sku stock.SKU, holdID keys.ID, ids []keys.ID) error {
 	args := []any{sku.Program, sku.Ticket, holdID}
 	ph := make([]string, len(ids))
 	for i, id := range ids {
@@ -111,9 +112,9 @@ func takeSeats(ctx context.Context, tx *sql.Tx, sku stock.SKU, holdID string, id
 		return notCommitted("take seats", err)
 	}
 	defer rows.Close()
-	ok := map[string]bool{}
+	ok := map[keys.ID]bool{}
 	for rows.Next() {
-		var id string
+		var id keys.ID
 		if err := rows.Scan(&id); err == nil {
 			ok[id] = true
 		}
@@ -121,7 +122,7 @@ func takeSeats(ctx context.Context, tx *sql.Tx, sku stock.SKU, holdID string, id
 	var taken []string
 	for _, id := range ids {
 		if !ok[id] {
-			taken = append(taken, id)
+			taken = append(taken, id.String())
 		}
 	}
 	slices.Sort(taken)
@@ -129,10 +130,10 @@ func takeSeats(ctx context.Context, tx *sql.Tx, sku stock.SKU, holdID string, id
 }
 
 // moveSeats moves the seats of a hold from one state to another inside tx.
-func moveSeats(ctx context.Context, tx *sql.Tx, holdID, from, to string) error {
+func moveSeats(ctx context.Context, tx *sql.Tx, holdID keys.ID, from, to string) error {
 	hold := holdID
 	if to == seatFree {
-		hold = ""
+		hold = keys.ID{}
 	}
 	if _, err := tx.ExecContext(ctx, `UPDATE seats SET state = $3, hold_id = $4 WHERE hold_id = $1 AND state = $2`,
 		holdID, from, to, hold); err != nil {
@@ -142,7 +143,7 @@ func moveSeats(ctx context.Context, tx *sql.Tx, holdID, from, to string) error {
 }
 
 // Seats lists a SKU's seats in a section ("" for all), in seat id order.
-func (l *Ledger) Seats(ctx context.Context, sku stock.SKU, section string) ([]Seat, error) {
+func (l *Ledger) Seats(ctx context.Context, sku stock.SKU, section keys.ID) ([]Seat, error) {
 	rows, err := l.db.QueryContext(ctx, `SELECT seat_id, section, row_label, number, state, hold_id FROM seats
 		WHERE program = $1 AND ticket = $2 AND ($3 = '' OR section = $3) ORDER BY seat_id`, sku.Program, sku.Ticket, section)
 	if err != nil {
@@ -163,7 +164,7 @@ func (l *Ledger) Seats(ctx context.Context, sku stock.SKU, section string) ([]Se
 // SeatFact is what the ledger says a seat's gate state must be: free, or
 // held or sold under the Idempotency-Key of its hold (the id the gate uses).
 type SeatFact struct {
-	ID, Section string
+	ID, Section keys.ID
 	State       string // free, held, sold
 	HoldKey     string
 }
@@ -186,4 +187,21 @@ func (l *Ledger) SeatFacts(ctx context.Context, sku stock.SKU) ([]SeatFact, erro
 		out = append(out, f)
 	}
 	return out, rows.Err()
+}
+
+// splitIDs reads a seat hold's seat ids back from their column (written
+// with keys.Join), checking each again.
+func splitIDs(s string) ([]keys.ID, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []keys.ID
+	for text := range strings.SplitSeq(s, ",") {
+		id, err := keys.ParseID(text)
+		if err != nil {
+			return nil, fmt.Errorf("ledger: seat ids: %w", err)
+		}
+		out = append(out, id)
+	}
+	return out, nil
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -16,7 +17,7 @@ import (
 func seatMap(n int) []ledger.Seat {
 	var out []ledger.Seat
 	for i := range n {
-		out = append(out, ledger.Seat{ID: fmt.Sprintf("A-%02d", i+1), Section: "A", Row: "A", Number: i + 1})
+		out = append(out, ledger.Seat{ID: keys.MustID(fmt.Sprintf("A-%02d", i+1)), Section: keys.MustID("A"), Row: "A", Number: i + 1})
 	}
 	return out
 }
@@ -27,7 +28,7 @@ func seatMap(n int) []ledger.Seat {
 func TestSeatHoldsRace(t *testing.T) {
 	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
 		ctx := context.Background()
-		seats := stock.SKU{Program: sku.Program, Ticket: "stalls"}
+		seats := stock.SKU{Program: sku.Program, Ticket: keys.MustID("stalls")}
 		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: seats, Total: 0, Shards: 1, MaxPerOrder: 4}); err != nil {
 			t.Fatal(err)
 		}
@@ -35,17 +36,17 @@ func TestSeatHoldsRace(t *testing.T) {
 			t.Fatalf("LoadSeats = %d, %v", n, err)
 		}
 		var mu sync.Mutex
-		won := map[string][]string{}
+		won := map[keys.ID][]keys.ID{}
 		var wg sync.WaitGroup
 		for b := range 500 {
 			wg.Go(func() {
 				n := 1 + rand.IntN(3)
 				start := rand.IntN(10 - n + 1)
-				var ids []string
+				var ids []keys.ID
 				for i := start; i < start+n; i++ {
-					ids = append(ids, fmt.Sprintf("A-%02d", i+1))
+					ids = append(ids, keys.MustID(fmt.Sprintf("A-%02d", i+1)))
 				}
-				h, err := l.Hold(ctx, ledger.Hold{IdempotencyKey: fmt.Sprintf("s%d", b), SKU: seats, Buyer: fmt.Sprintf("b%d", b),
+				h, err := l.Hold(ctx, ledger.Hold{IdempotencyKey: keys.MustID(fmt.Sprintf("s%d", b)), SKU: seats, Buyer: keys.MustID(fmt.Sprintf("b%d", b)),
 					Quantity: int64(n), SeatIDs: ids, ExpiresAt: c.now().Add(time.Minute)}, -1)
 				switch {
 				case err == nil:
@@ -59,11 +60,11 @@ func TestSeatHoldsRace(t *testing.T) {
 			})
 		}
 		wg.Wait()
-		all, err := l.Seats(ctx, seats, "A")
+		all, err := l.Seats(ctx, seats, keys.MustID("A"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		holder := map[string]string{}
+		holder := map[keys.ID]keys.ID{}
 		for _, s := range all {
 			if s.State == "held" {
 				holder[s.ID] = s.HoldID
@@ -91,22 +92,26 @@ func TestSeatHoldsRace(t *testing.T) {
 func TestSeatLifecycle(t *testing.T) {
 	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
 		ctx := context.Background()
-		seats := stock.SKU{Program: sku.Program, Ticket: "stalls"}
+		seats := stock.SKU{Program: sku.Program, Ticket: keys.MustID("stalls")}
 		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: seats, Total: 0, Shards: 1, MaxPerOrder: 4}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := l.LoadSeats(ctx, seats, seatMap(6)); err != nil {
 			t.Fatal(err)
 		}
-		hold := func(key string, ids ...string) (ledger.Hold, error) {
-			return l.Hold(ctx, ledger.Hold{IdempotencyKey: key, SKU: seats, Buyer: "ann", Quantity: int64(len(ids)),
+		hold := func(key string, names ...string) (ledger.Hold, error) {
+			ids := make([]keys.ID, len(names))
+			for i, s := range names {
+				ids[i] = keys.MustID(s)
+			}
+			return l.Hold(ctx, ledger.Hold{IdempotencyKey: keys.MustID(key), SKU: seats, Buyer: keys.MustID("ann"), Quantity: int64(len(ids)),
 				SeatIDs: ids, ExpiresAt: c.now().Add(time.Minute)}, -1)
 		}
 		state := func() map[string]string {
-			all, _ := l.Seats(ctx, seats, "")
+			all, _ := l.Seats(ctx, seats, keys.ID{})
 			out := map[string]string{}
 			for _, s := range all {
-				out[s.ID] = s.State
+				out[s.ID.String()] = s.State
 			}
 			return out
 		}
@@ -121,12 +126,12 @@ func TestSeatLifecycle(t *testing.T) {
 		if _, err := hold("z", "Z-99"); !errors.Is(err, ledger.ErrSeatsTaken) {
 			t.Errorf("unknown seat = %v, want it named as not available", err)
 		}
-		o, err := l.Confirm(ctx, a.ID, "ann", ledger.Request{})
+		o, err := l.Confirm(ctx, a.ID, keys.MustID("ann"), ledger.Request{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		x, _ := hold("x", "A-03")
-		if _, _, err := l.Cancel(ctx, x.ID, "ann", ledger.Request{}); err != nil {
+		if _, _, err := l.Cancel(ctx, x.ID, keys.MustID("ann"), ledger.Request{}); err != nil {
 			t.Fatal(err)
 		}
 		y, _ := hold("y", "A-04", "A-05")
@@ -139,7 +144,7 @@ func TestSeatLifecycle(t *testing.T) {
 		if fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("seats %v, want %v", got, want)
 		}
-		if _, _, err := l.Refund(ctx, o.ID, "ann", ledger.Request{}); err != nil {
+		if _, _, err := l.Refund(ctx, o.ID, keys.MustID("ann"), ledger.Request{}); err != nil {
 			t.Fatal(err)
 		}
 		if got := state(); got["A-01"] != "free" || got["A-02"] != "free" {

@@ -30,7 +30,7 @@ func newLocker(t *testing.T, ttl time.Duration) *lock.Locker {
 func TestOneHolderAtATime(t *testing.T) {
 	l := newLocker(t, time.Second)
 	ctx := context.Background()
-	key := keys.Lock(testenv.ID(t, "p"), "t", "test")
+	key := keys.Lock(keys.MustID(testenv.ID(t, "p")), keys.MustID("t"), keys.MustID("test"))
 	var inside, most, entered atomic.Int32
 	var wg sync.WaitGroup
 	for range 20 {
@@ -60,7 +60,7 @@ func TestOneHolderAtATime(t *testing.T) {
 func TestBusyThenFreed(t *testing.T) {
 	l := newLocker(t, time.Second)
 	ctx := context.Background()
-	key := keys.Lock(testenv.ID(t, "p"), "t", "test")
+	key := keys.Lock(keys.MustID(testenv.ID(t, "p")), keys.MustID("t"), keys.MustID("test"))
 	a, err := l.Acquire(ctx, key, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -84,7 +84,7 @@ func TestBusyThenFreed(t *testing.T) {
 func TestRenewalOutlivesTTL(t *testing.T) {
 	l := newLocker(t, 300*time.Millisecond)
 	ctx := context.Background()
-	key := keys.Lock(testenv.ID(t, "p"), "t", "test")
+	key := keys.Lock(keys.MustID(testenv.ID(t, "p")), keys.MustID("t"), keys.MustID("test"))
 	a, err := l.Acquire(ctx, key, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -108,7 +108,7 @@ func TestLostLeaseNeverFreesTheNewOwner(t *testing.T) {
 	rdb := testenv.SharedCluster(t).Client()
 	defer rdb.Close()
 	ctx := context.Background()
-	key := keys.Lock(testenv.ID(t, "p"), "t", "test")
+	key := keys.Lock(keys.MustID(testenv.ID(t, "p")), keys.MustID("t"), keys.MustID("test"))
 	a, err := l.Acquire(ctx, key, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -139,7 +139,7 @@ func TestCrashedHolderExpires(t *testing.T) {
 	rdb := testenv.SharedCluster(t).Client()
 	defer rdb.Close()
 	ctx := context.Background()
-	key := keys.Lock(testenv.ID(t, "p"), "t", "test")
+	key := keys.Lock(keys.MustID(testenv.ID(t, "p")), keys.MustID("t"), keys.MustID("test"))
 	if ok, err := rdb.SetNX(ctx, key, "dead-holder", 300*time.Millisecond).Result(); err != nil || !ok {
 		t.Fatal(ok, err)
 	}

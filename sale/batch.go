@@ -58,7 +58,7 @@ func newCommitter(s *Service, partitions, max int, direct bool) *committer {
 // an error (ErrNotCommitted when nothing was written).
 func (c *committer) commit(o ledger.Order) (ledger.Order, error) {
 	p := &pendingCommit{order: o, out: make(chan commitOut, 1)}
-	q := c.queues[crc32.ChecksumIEEE([]byte(o.SKU.Program+"\x00"+o.SKU.Ticket))%uint32(len(c.queues))]
+	q := c.queues[crc32.ChecksumIEEE([]byte(o.SKU.String()))%uint32(len(c.queues))]
 	c.mu.RLock()
 	if c.closed {
 		c.mu.RUnlock()

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/stockgate/stockgate/keys"
@@ -18,15 +17,17 @@ import (
 // Ask is what every write names: the buyer (the scope of its key) and the
 // client's Idempotency-Key.
 type Ask struct {
-	Buyer string
-	Key   string
+	Buyer keys.ID
+	Key   keys.ID
 }
 
+// check refuses a missing buyer or key. Both were parsed at the edge, so
+// only their presence is left to check.
 func (a Ask) check() error {
-	if keys.CheckID(a.Buyer) != nil {
+	if a.Buyer.IsZero() {
 		return refuse(ErrInvalid, "buyer must match [A-Za-z0-9_-]{1,64}")
 	}
-	if keys.CheckID(a.Key) != nil {
+	if a.Key.IsZero() {
 		return refuse(ErrInvalid, "the Idempotency-Key must match [A-Za-z0-9_-]{1,64}")
 	}
 	return nil
@@ -45,7 +46,7 @@ func (t Take) check(hold bool) error {
 	if err := t.Ask.check(); err != nil {
 		return err
 	}
-	if t.SKU.Validate() != nil {
+	if t.SKU.Program.IsZero() || t.SKU.Ticket.IsZero() {
 		return refuse(ErrInvalid, "program and ticket ids must match [A-Za-z0-9_-]{1,64}")
 	}
 	if t.Quantity < 1 {
@@ -67,7 +68,7 @@ func (s *Service) Purchase(ctx context.Context, t Take) (Result, error) {
 		return Result{}, err
 	}
 	w := want{sku: t.SKU, buyer: t.Buyer, q: t.Quantity,
-		req: newRequest(t.Buyer, t.Key, ledger.OpPurchase, t.SKU.Program, t.SKU.Ticket, strconv.FormatInt(t.Quantity, 10))}
+		req: newRequest(t.Buyer, t.Key, ledger.OpPurchase, t.SKU.Program.String(), t.SKU.Ticket.String(), strconv.FormatInt(t.Quantity, 10))}
 	return s.run(ctx, w.req, func(ctx context.Context) answer { return s.take(ctx, w) })
 }
 
@@ -78,7 +79,7 @@ func (s *Service) Hold(ctx context.Context, t Take) (Result, error) {
 		return Result{}, err
 	}
 	w := want{sku: t.SKU, buyer: t.Buyer, q: t.Quantity, hold: true, ttl: t.TTL,
-		req: newRequest(t.Buyer, t.Key, ledger.OpHold, t.SKU.Program, t.SKU.Ticket, strconv.FormatInt(t.Quantity, 10), t.TTL.String())}
+		req: newRequest(t.Buyer, t.Key, ledger.OpHold, t.SKU.Program.String(), t.SKU.Ticket.String(), strconv.FormatInt(t.Quantity, 10), t.TTL.String())}
 	return s.run(ctx, w.req, func(ctx context.Context) answer { return s.take(ctx, w) })
 }
 
@@ -88,8 +89,8 @@ func (s *Service) Hold(ctx context.Context, t Take) (Result, error) {
 type SeatTake struct {
 	Ask
 	SKU      stock.SKU
-	Seats    []string
-	Section  string
+	Seats    []keys.ID
+	Section  keys.ID
 	Quantity int
 	TTL      time.Duration
 }
@@ -104,64 +105,64 @@ func (s *Service) HoldSeats(ctx context.Context, t SeatTake) (Result, error) {
 		return Result{}, err
 	}
 	if len(t.Seats) == 0 {
-		if t.Quantity < 1 || t.Quantity > MaxBestSeats || (t.Section != "" && keys.CheckID(t.Section) != nil) {
+		if t.Quantity < 1 || t.Quantity > MaxBestSeats {
 			return Result{}, refuse(ErrInvalid, fmt.Sprintf(
 				"give seats (a list of seat ids), or quantity (1..%d) and optionally a section, for the best adjacent seats", MaxBestSeats))
 		}
-		r := newRequest(t.Buyer, t.Key, ledger.OpSeatHold, t.SKU.Program, t.SKU.Ticket, "best", t.Section,
+		r := newRequest(t.Buyer, t.Key, ledger.OpSeatHold, t.SKU.Program.String(), t.SKU.Ticket.String(), "best", t.Section.String(),
 			strconv.Itoa(t.Quantity), t.TTL.String())
 		return s.run(ctx, r, func(ctx context.Context) answer {
 			return s.takeBestSeats(ctx, t.SKU, r, t.Buyer, t.Section, t.Quantity, t.TTL)
 		})
 	}
-	if t.Quantity != 0 || t.Section != "" {
+	if t.Quantity != 0 || !t.Section.IsZero() {
 		return Result{}, refuse(ErrInvalid, "give either seats, or quantity and section")
 	}
 	if len(t.Seats) > stock.MaxPerOrderCap {
 		return Result{}, refuse(ErrInvalid, fmt.Sprintf("at most %d seats", stock.MaxPerOrderCap))
 	}
-	seen := map[string]bool{}
+	seen := map[keys.ID]bool{}
 	for _, id := range t.Seats {
-		if keys.CheckID(id) != nil || seen[id] {
+		if id.IsZero() || seen[id] {
 			return Result{}, refuse(ErrInvalid, fmt.Sprintf("seat %q is invalid or repeated", id))
 		}
 		seen[id] = true
 	}
 	ids := slices.Clone(t.Seats)
-	slices.Sort(ids)
-	r := newRequest(t.Buyer, t.Key, ledger.OpSeatHold, t.SKU.Program, t.SKU.Ticket, "seats", strings.Join(ids, ","), t.TTL.String())
+	slices.SortFunc(ids, keys.ID.Compare)
+	r := newRequest(t.Buyer, t.Key, ledger.OpSeatHold, t.SKU.Program.String(), t.SKU.Ticket.String(), "seats", keys.Join(ids, ","), t.TTL.String())
 	return s.run(ctx, r, func(ctx context.Context) answer { return s.takeSeats(ctx, t.SKU, r, t.Buyer, ids, t.TTL) })
 }
 
 // Confirm makes a held hold an order, once; a retry gets the same order.
-func (s *Service) Confirm(ctx context.Context, holdID string, a Ask) (Result, error) {
+func (s *Service) Confirm(ctx context.Context, holdID keys.ID, a Ask) (Result, error) {
 	return s.ownerAction(ctx, ledger.OpConfirm, holdID, a, s.confirm)
 }
 
 // Cancel ends a held hold; its stock goes back, once.
-func (s *Service) Cancel(ctx context.Context, holdID string, a Ask) (Result, error) {
+func (s *Service) Cancel(ctx context.Context, holdID keys.ID, a Ask) (Result, error) {
 	return s.ownerAction(ctx, ledger.OpCancel, holdID, a, s.cancel)
 }
 
 // Refund gives an order's stock back, once.
-func (s *Service) Refund(ctx context.Context, orderID string, a Ask) (Result, error) {
+func (s *Service) Refund(ctx context.Context, orderID keys.ID, a Ask) (Result, error) {
 	return s.ownerAction(ctx, ledger.OpRefund, orderID, a, s.refund)
 }
 
-func (s *Service) ownerAction(ctx context.Context, op, id string, a Ask,
-	f func(ctx context.Context, id, buyer string, r request) answer) (Result, error) {
+func (s *Service) ownerAction(ctx context.Context, op string, id keys.ID, a Ask,
+	f func(ctx context.Context, id, buyer keys.ID, r request) answer) (Result, error) {
 	if err := a.check(); err != nil {
 		return Result{}, err
 	}
-	if keys.CheckID(id) != nil {
+	if id.IsZero() {
 		return Result{}, refuse(ErrInvalid, "ids match [A-Za-z0-9_-]{1,64}")
 	}
-	r := newRequest(a.Buyer, a.Key, op, id)
+	r := newRequest(a.Buyer, a.Key, op, id.String())
 	return s.run(ctx, r, func(ctx context.Context) answer { return f(ctx, id, a.Buyer, r) })
 }
 
 // HoldByID reads a hold.
-func (s *Service) HoldByID(ctx context.Context, id string) (Hold, error) {
+func (s *Service) HoldByID(ctx context.Context, id keys.ID) (Hold, error) {
 	h, err := s.ledger.HoldByID(ctx, id)
 	switch {
 	case errors.Is(err, ledger.ErrNotFound):
@@ -173,7 +174,7 @@ func (s *Service) HoldByID(ctx context.Context, id string) (Hold, error) {
 }
 
 // OrderByID reads an order.
-func (s *Service) OrderByID(ctx context.Context, id string) (Order, error) {
+func (s *Service) OrderByID(ctx context.Context, id keys.ID) (Order, error) {
 	o, err := s.ledger.OrderByID(ctx, id)
 	switch {
 	case errors.Is(err, ledger.ErrNotFound):
@@ -218,7 +219,7 @@ func (s *Service) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 	case putErr != nil:
 		s.log.ErrorContext(ctx, "put sku", "sku", sku.String(), "err", putErr)
 		return SKUState{}, refuse(ErrUnavailable, "ledger unavailable")
-	case st.Program == "":
+	case st.Program.IsZero():
 		// The change never ran: the gate could not be closed.
 		s.log.ErrorContext(ctx, "put sku: gate not closed", "sku", sku.String(), "err", err)
 		return SKUState{}, ErrGateNotClosed
@@ -245,18 +246,18 @@ func (s *Service) SKU(ctx context.Context, sku stock.SKU) (SKUState, error) {
 
 // PutProgram caps what one buyer may hold + own of all the program's
 // tickets; 0 removes the cap.
-func (s *Service) PutProgram(ctx context.Context, program string, perBuyer int64) error {
-	if keys.CheckID(program) != nil {
+func (s *Service) PutProgram(ctx context.Context, program keys.ID, perBuyer int64) error {
+	if program.IsZero() {
 		return refuse(ErrInvalid, "program ids match [A-Za-z0-9_-]{1,64}")
 	}
 	if perBuyer < 0 || perBuyer > stock.MaxTotal {
 		return refuse(ErrInvalid, "per_buyer must be an integer >= 0")
 	}
 	if err := s.ledger.PutProgram(ctx, program, perBuyer); err != nil {
-		s.log.ErrorContext(ctx, "put program", "program", program, "err", err)
+		s.log.ErrorContext(ctx, "put program", "program", program.String(), "err", err)
 		return refuse(ErrUnavailable, "ledger unavailable")
 	}
-	s.programs.Invalidate(stock.SKU{Program: program})
+	s.programs.Invalidate(program)
 	return nil
 }
 
@@ -272,7 +273,7 @@ func (s *Service) LoadSeats(ctx context.Context, sku stock.SKU, list []Seat) (in
 	if len(list) == 0 || len(list) > MaxSeatMap {
 		return 0, refuse(ErrInvalid, fmt.Sprintf("seats must list 1..%d seats", MaxSeatMap))
 	}
-	seen := map[string]bool{}
+	seen := map[keys.ID]bool{}
 	rows := make([]ledger.Seat, 0, len(list))
 	gate := make([]seats.Seat, 0, len(list))
 	for _, st := range list {
@@ -308,11 +309,8 @@ func (s *Service) LoadSeats(ctx context.Context, sku stock.SKU, list []Seat) (in
 
 // Seats reads a section's seats (all for ""), served from memory for
 // StockTTL so a read flood costs one ledger query per period.
-func (s *Service) Seats(ctx context.Context, sku stock.SKU, section string) (Section, error) {
-	if section != "" && keys.CheckID(section) != nil {
-		return Section{}, refuse(ErrInvalid, "section ids match [A-Za-z0-9_-]{1,64}")
-	}
-	v, err := s.sectionViews.Get(ctx, stock.SKU{Program: sku.Program, Ticket: sku.Ticket + "|" + section})
+func (s *Service) Seats(ctx context.Context, sku stock.SKU, section keys.ID) (Section, error) {
+	v, err := s.sectionViews.Get(ctx, sectionKey{sku, section})
 	if err != nil {
 		return Section{}, refuse(ErrUnavailable, "ledger unavailable")
 	}

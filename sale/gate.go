@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"github.com/stockgate/stockgate/breaker"
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/shard"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -72,7 +73,7 @@ func (s *Service) deduct(ctx context.Context, req shard.Request) (shard.Deductio
 }
 
 // giveBack returns the stock a purchase took when it did not commit.
-func (s *Service) giveBack(ctx context.Context, sku stock.SKU, key string, parts []shard.Part) {
+func (s *Service) giveBack(ctx context.Context, sku stock.SKU, key keys.ID, parts []shard.Part) {
 	err := s.redis(ctx, func(ctx context.Context) error { return s.gate.Restore(ctx, sku, key, parts) })
 	if err != nil {
 		// The units stay taken in Redis; the ledger is unaffected, and the

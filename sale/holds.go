@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/seats"
 	"github.com/stockgate/stockgate/shard"
@@ -22,7 +23,7 @@ var (
 )
 
 // confirm makes the hold an order, once; a retry gets the same order.
-func (s *Service) confirm(ctx context.Context, id, buyer string, r request) answer {
+func (s *Service) confirm(ctx context.Context, id, buyer keys.ID, r request) answer {
 	o, err := s.ledger.Confirm(ctx, id, buyer, r.ledger())
 	switch {
 	case err == nil:
@@ -49,7 +50,7 @@ func (s *Service) confirm(ctx context.Context, id, buyer string, r request) answ
 }
 
 // cancel ends the hold; its stock goes back, once.
-func (s *Service) cancel(ctx context.Context, id, buyer string, r request) answer {
+func (s *Service) cancel(ctx context.Context, id, buyer keys.ID, r request) answer {
 	h, changed, err := s.ledger.Cancel(ctx, id, buyer, r.ledger())
 	switch {
 	case errors.Is(err, ledger.ErrDuplicate):
@@ -67,7 +68,7 @@ func (s *Service) cancel(ctx context.Context, id, buyer string, r request) answe
 
 // refund gives the order's stock back once; a second refund answers the
 // same and moves nothing.
-func (s *Service) refund(ctx context.Context, id, buyer string, r request) answer {
+func (s *Service) refund(ctx context.Context, id, buyer keys.ID, r request) answer {
 	o, changed, err := s.ledger.Refund(ctx, id, buyer, r.ledger())
 	switch {
 	case errors.Is(err, ledger.ErrDuplicate):
@@ -105,9 +106,9 @@ type quotaTicket struct {
 	s        *Service
 	scopes   []stock.SKU
 	fresh    []stock.SKU // the scopes this attempt counted (not counted before)
-	buyer    string
-	key      string // the request's gate id
-	keyID    string // the client key's id (see quota.lua)
+	buyer    keys.ID
+	key      keys.ID // the request's gate id
+	keyID    keys.ID // the client key's id (see quota.lua); zero: keep it known
 	released bool
 }
 
@@ -123,7 +124,7 @@ func (q *quotaTicket) release(ctx context.Context) {
 // keepKey makes release leave the key's mark: the request may still commit.
 func (q *quotaTicket) keepKey() {
 	if q != nil {
-		q.keyID = ""
+		q.keyID = keys.ID{}
 	}
 }
 
@@ -135,10 +136,10 @@ func (q *quotaTicket) replayed(ctx context.Context) {
 		return
 	}
 	q.released = true
-	q.s.releaseQuota(ctx, q.fresh, q.buyer, q.key, "") // the key stays known: it committed
+	q.s.releaseQuota(ctx, q.fresh, q.buyer, q.key, keys.ID{}) // the key stays known: it committed
 }
 
-func (s *Service) releaseQuota(ctx context.Context, scopes []stock.SKU, buyer, key, keyID string) {
+func (s *Service) releaseQuota(ctx context.Context, scopes []stock.SKU, buyer, key, keyID keys.ID) {
 	for _, scope := range scopes {
 		if err := s.redis(ctx, func(ctx context.Context) error {
 			return s.gate.ReleaseQuota(ctx, scope, buyer, key, keyID)
@@ -153,7 +154,7 @@ func (s *Service) releaseQuota(ctx context.Context, scopes []stock.SKU, buyer, k
 // there with no ledger call per request. The ledger checks both caps again
 // when it commits. No cap, no call.
 func (s *Service) takeQuota(ctx context.Context, w want, st ledger.SKUState) (*quotaTicket, error) {
-	programCap, err := s.programs.Get(ctx, stock.SKU{Program: w.sku.Program})
+	programCap, err := s.programs.Get(ctx, w.sku.Program)
 	if err != nil {
 		return nil, err
 	}
@@ -183,7 +184,7 @@ func (s *Service) takeQuota(ctx context.Context, w want, st ledger.SKUState) (*q
 				err = shard.ErrKeyCounted
 			}
 			if errors.Is(err, shard.ErrKeyCounted) {
-				t.keyID = "" // the key may be a committed request's: keep its mark
+				t.keyID = keys.ID{} // the key may be a committed request's: keep its mark
 			}
 			t.scopes = t.fresh
 			t.release(ctx)
@@ -202,7 +203,7 @@ func (s *Service) takeQuota(ctx context.Context, w want, st ledger.SKUState) (*q
 
 // returnOwed finishes a return the ledger just made (a cancel, a refund),
 // if it owes Redis anything.
-func (s *Service) returnOwed(ctx context.Context, kind, id string) {
+func (s *Service) returnOwed(ctx context.Context, kind string, id keys.ID) {
 	r, ok, err := s.ledger.RestoreOwed(ctx, kind, id)
 	if err != nil {
 		s.log.WarnContext(ctx, "restore owed; a sweeper will do it", "kind", kind, "id", id, "err", err)
@@ -244,16 +245,16 @@ func (s *Service) returnToRedis(ctx context.Context, r ledger.Restore) {
 	} else if !ok {
 		var outcome int
 		err := s.redis(ctx, func(ctx context.Context) (err error) {
-			outcome, err = s.gate.Refill(ctx, r.SKU, max(r.Shards, 1), r.Kind+"-"+r.ID, r.Epoch, r.Quantity)
+			outcome, err = s.gate.Refill(ctx, r.SKU, max(r.Shards, 1), keys.MustID(r.Kind+"-"+r.ID.String()), r.Epoch, r.Quantity)
 			if err != nil || outcome == shard.NotYet {
 				return err
 			}
-			// The request stays known (""): a retry of it at the cap is
-			// looked up, and replayed.
-			if err := s.gate.ReleaseQuota(ctx, r.SKU, r.Buyer, r.RequestID, ""); err != nil {
+			// The request stays known (no key id): a retry of it at the
+			// cap is looked up, and replayed.
+			if err := s.gate.ReleaseQuota(ctx, r.SKU, r.Buyer, r.RequestID, keys.ID{}); err != nil {
 				return err
 			}
-			return s.gate.ReleaseQuota(ctx, stock.SKU{Program: r.SKU.Program}, r.Buyer, r.RequestID, "")
+			return s.gate.ReleaseQuota(ctx, r.SKU.Whole(), r.Buyer, r.RequestID, keys.ID{})
 		})
 		if err != nil {
 			s.log.WarnContext(ctx, "restore to redis; a sweeper will retry", "kind", r.Kind, "id", r.ID, "err", err)
@@ -331,7 +332,7 @@ func (s *Service) EndSale(ctx context.Context, sku stock.SKU) (SKUState, error) 
 	})
 	s.settings.Invalidate(sku)
 	s.stock.Invalidate(sku)
-	if st.Program == "" {
+	if st.Program.IsZero() {
 		s.log.ErrorContext(ctx, "end sale", "sku", sku.String(), "err", err)
 		return SKUState{}, refuse(ErrUnavailable, "could not end the sale; repeat the request")
 	}

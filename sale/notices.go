@@ -33,7 +33,7 @@ func (s *Service) notifyRestocked(ctx context.Context, sku stock.SKU) {
 	if s.opts.Notifier == nil {
 		return
 	}
-	if err := s.opts.Notifier.Publish(ctx, noticeChannel, sku.Program+"/"+sku.Ticket).Err(); err != nil {
+	if err := s.opts.Notifier.Publish(ctx, noticeChannel, sku.String()).Err(); err != nil {
 		s.log.WarnContext(ctx, "publish restock notice", "sku", sku.String(), "err", err)
 	}
 }
@@ -55,9 +55,10 @@ func (s *Service) RunNotices(ctx context.Context) {
 			if !ok {
 				return
 			}
-			program, ticket, found := strings.Cut(msg.Payload, "/")
-			sku := stock.SKU{Program: program, Ticket: ticket}
-			if !found || sku.Validate() != nil {
+			// Another replica's message: parsed like any input.
+			program, ticket, _ := strings.Cut(msg.Payload, "/")
+			sku, err := stock.ParseSKU(program, ticket)
+			if err != nil {
 				continue
 			}
 			s.forgetClosed(sku)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/breaker"
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/shard"
 	"github.com/stockgate/stockgate/stock"
@@ -36,7 +37,7 @@ var (
 type want struct {
 	sku   stock.SKU
 	req   request
-	buyer string
+	buyer keys.ID
 	q     int64
 	hold  bool
 	ttl   time.Duration // a hold's lifetime; 0 for the SKU's default

@@ -7,6 +7,7 @@ import (
 
 	"github.com/maypok86/otter/v2"
 
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/stock"
 )
 
@@ -53,11 +54,11 @@ type keySet struct {
 	cur     chan struct{} // closed when the read in flight ends
 }
 
-type scopedKey struct{ scope, key string }
+type scopedKey struct{ scope, key keys.ID }
 
 // committed reports whether (scope, key) committed a request that took
 // stock of the SKU.
-func (r *replays) committed(ctx context.Context, sku stock.SKU, scope, key string) (bool, error) {
+func (r *replays) committed(ctx context.Context, sku stock.SKU, scope, key keys.ID) (bool, error) {
 	return r.committedAt(ctx, sku, scope, key, 0)
 }
 
@@ -65,7 +66,7 @@ func (r *replays) committed(ctx context.Context, sku stock.SKU, scope, key strin
 // was at most known a moment ago (its cached settings): a set read up to
 // that version has every request committed until then, so a miss is
 // answered from memory. 0 knows nothing.
-func (r *replays) committedAt(ctx context.Context, sku stock.SKU, scope, key string, known int64) (bool, error) {
+func (r *replays) committedAt(ctx context.Context, sku stock.SKU, scope, key keys.ID, known int64) (bool, error) {
 	ks, ok := r.sets.GetIfPresent(sku)
 	if !ok {
 		ks, _ = r.sets.ComputeIfAbsent(sku, func() (*keySet, bool) {

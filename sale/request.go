@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -15,15 +16,15 @@ import (
 // what it asks. Retries of the same request carry the same three; the same
 // key with another fingerprint is another request, refused with 422.
 type request struct {
-	scope string // the buyer
-	key   string // the client's Idempotency-Key
-	op    string // ledger.OpPurchase, …
-	fp    string // fingerprint: the operation and everything it asks
+	scope keys.ID // the buyer
+	key   keys.ID // the client's Idempotency-Key
+	op    string  // ledger.OpPurchase, …
+	fp    string  // fingerprint: the operation and everything it asks
 }
 
 // newRequest fingerprints what a request asks: its operation and its
 // fields in a fixed order (the scope is the buyer, so not repeated).
-func newRequest(buyer, key, op string, fields ...string) request {
+func newRequest(buyer, key keys.ID, op string, fields ...string) request {
 	return request{scope: buyer, key: key, op: op, fp: op + "\x00" + strings.Join(fields, "\x00")}
 }
 
@@ -33,21 +34,21 @@ func newRequest(buyer, key, op string, fields ...string) request {
 // own records (and gives them back when the ledger refuses it), and a
 // client can never name or collide with an id the service uses: client
 // keys only ever go in through the hash.
-func (r request) gateID() string {
-	h := sha256.Sum256([]byte(r.scope + "\x00" + r.key + "\x00" + r.fp))
-	return hex.EncodeToString(h[:16])
+func (r request) gateID() keys.ID {
+	h := sha256.Sum256([]byte(r.scope.String() + "\x00" + r.key.String() + "\x00" + r.fp))
+	return keys.MustID(hex.EncodeToString(h[:16]))
 }
 
 // keyID is the id of the client's key within its scope, whatever the
 // fingerprint: the quota count remembers which keys it counted by it.
-func (r request) keyID() string {
-	h := sha256.Sum256([]byte(r.scope + "\x00" + r.key))
-	return hex.EncodeToString(h[:16])
+func (r request) keyID() keys.ID {
+	h := sha256.Sum256([]byte(r.scope.String() + "\x00" + r.key.String()))
+	return keys.MustID(hex.EncodeToString(h[:16]))
 }
 
 // joinKey is the key concurrent copies of the request join under on one
 // replica.
-func (r request) joinKey() string { return r.scope + "\x00" + r.key }
+func (r request) joinKey() string { return r.scope.String() + "\x00" + r.key.String() }
 
 // ledger is the request as the ledger remembers it.
 func (r request) ledger() ledger.Request {
@@ -57,6 +58,6 @@ func (r request) ledger() ledger.Request {
 
 // PurchaseGateID is the id of a purchase's records in Redis (its deduction,
 // its quota counts): what an operator or a test looks for there.
-func PurchaseGateID(a Ask, sku stock.SKU, q int64) string {
-	return newRequest(a.Buyer, a.Key, ledger.OpPurchase, sku.Program, sku.Ticket, strconv.FormatInt(q, 10)).gateID()
+func PurchaseGateID(a Ask, sku stock.SKU, q int64) keys.ID {
+	return newRequest(a.Buyer, a.Key, ledger.OpPurchase, sku.Program.String(), sku.Ticket.String(), strconv.FormatInt(q, 10)).gateID()
 }

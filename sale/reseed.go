@@ -78,13 +78,16 @@ func (s *Service) rebuild(ctx context.Context, sku stock.SKU, reason string, for
 	return s.rebuildWith(ctx, sku, reason, force, wait, nil)
 }
 
+// lockReseed names the lock one replica at a time rebuilds a SKU under.
+var lockReseed = keys.MustID("reseed")
+
 // rebuildWith is rebuild with a ledger change made while the gate is
 // closed (an admin lowering the total, ending the sale): Redis never shows
 // more than the changed ledger allows, at any moment.
 func (s *Service) rebuildWith(ctx context.Context, sku stock.SKU, reason string, force bool, wait time.Duration,
 	change func(ctx context.Context) error) (Rebuild, error) {
 	r := Rebuild{SKU: sku, RedisBefore: -1}
-	lease, err := s.locker.Acquire(ctx, keys.Lock(sku.Program, sku.Ticket, "reseed"), wait)
+	lease, err := s.locker.Acquire(ctx, keys.Lock(sku.Program, sku.Ticket, lockReseed), wait)
 	if err != nil {
 		return r, err
 	}
@@ -188,8 +191,8 @@ func (s *Service) rebuildWith(ctx context.Context, sku stock.SKU, reason string,
 // Reconcile rebuilds a SKU's Redis shards from the ledger now, unless
 // another replica is already doing so (ErrRebuildBusy).
 func (s *Service) Reconcile(ctx context.Context, sku stock.SKU) (Rebuild, error) {
-	if err := sku.Validate(); err != nil {
-		return Rebuild{}, refuse(ErrInvalid, err.Error())
+	if sku.Program.IsZero() || sku.Ticket.IsZero() {
+		return Rebuild{}, refuse(ErrInvalid, "program and ticket ids must match [A-Za-z0-9_-]{1,64}")
 	}
 	ctx, cancel := s.detach(ctx)
 	defer cancel()
@@ -340,8 +343,8 @@ func (s *Service) collapse(ctx context.Context, st ledger.SKUState) bool {
 // Collapse moves a SKU's Redis stock onto one shard now, behind the fence,
 // unless another replica is rebuilding it (lock.ErrBusy).
 func (s *Service) Collapse(ctx context.Context, sku stock.SKU) (Rebuild, error) {
-	if err := sku.Validate(); err != nil {
-		return Rebuild{}, err
+	if sku.Program.IsZero() || sku.Ticket.IsZero() {
+		return Rebuild{}, refuse(ErrInvalid, "program and ticket ids must match [A-Za-z0-9_-]{1,64}")
 	}
 	return s.rebuildWith(ctx, sku, reasonCollapse, true, 0, func(ctx context.Context) error {
 		return s.ledger.SetShards(ctx, sku, 1)
@@ -358,7 +361,7 @@ func (s *Service) checkSeatsPeriodic(ctx context.Context, sku stock.SKU) int64 {
 	prev := s.seatSeen.m[sku]
 	s.seatSeen.mu.Unlock()
 	if prev == nil {
-		prev = map[string]string{}
+		prev = map[keys.ID]string{}
 	}
 	r, now, err := s.checkSeats(ctx, sku, prev)
 	if err != nil {
@@ -367,7 +370,7 @@ func (s *Service) checkSeatsPeriodic(ctx context.Context, sku stock.SKU) int64 {
 	}
 	s.seatSeen.mu.Lock()
 	if s.seatSeen.m == nil {
-		s.seatSeen.m = map[stock.SKU]map[string]string{}
+		s.seatSeen.m = map[stock.SKU]map[keys.ID]string{}
 	}
 	s.seatSeen.m[sku] = now
 	s.seatSeen.mu.Unlock()

@@ -23,6 +23,7 @@ import (
 	"github.com/stockgate/stockgate/breaker"
 	"github.com/stockgate/stockgate/cache"
 	"github.com/stockgate/stockgate/internal/opt"
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/lock"
 	"github.com/stockgate/stockgate/seats"
@@ -33,12 +34,12 @@ import (
 // Gate is the Redis side of the stock (package shard).
 type Gate interface {
 	Deduct(ctx context.Context, r shard.Request) (shard.Deduction, error)
-	Restore(ctx context.Context, sku stock.SKU, requestID string, parts []shard.Part) error
+	Restore(ctx context.Context, sku stock.SKU, requestID keys.ID, parts []shard.Part) error
 	Seed(ctx context.Context, sku stock.SKU, n int, remaining, epoch int64, overwrite bool) error
-	Refill(ctx context.Context, sku stock.SKU, n int, returnID string, epoch, q int64) (int, error)
+	Refill(ctx context.Context, sku stock.SKU, n int, returnID keys.ID, epoch, q int64) (int, error)
 	Fence(ctx context.Context, sku stock.SKU, n int, closed bool) error
-	TakeQuota(ctx context.Context, sku stock.SKU, buyer, requestID, keyID string, q, limit int64) (bool, error)
-	ReleaseQuota(ctx context.Context, sku stock.SKU, buyer, requestID, keyID string) error
+	TakeQuota(ctx context.Context, sku stock.SKU, buyer, requestID, keyID keys.ID, q, limit int64) (bool, error)
+	ReleaseQuota(ctx context.Context, sku stock.SKU, buyer, requestID, keyID keys.ID) error
 	Read(ctx context.Context, sku stock.SKU, n int) ([]shard.ShardStock, error)
 	Remaining(ctx context.Context, sku stock.SKU, n int) (int64, bool, error)
 }
@@ -50,28 +51,28 @@ type Ledger interface {
 	Purchase(ctx context.Context, o ledger.Order) (ledger.Order, error)
 	PurchaseBatch(ctx context.Context, orders []ledger.Order, direct bool) ([]ledger.BatchResult, error)
 	PurchaseDirect(ctx context.Context, o ledger.Order, version int64) (ledger.Order, error)
-	OrderByKey(ctx context.Context, key string) (ledger.Order, error)
+	OrderByKey(ctx context.Context, key keys.ID) (ledger.Order, error)
 	MarkGateSeeded(ctx context.Context, sku stock.SKU, seq int64) error
 	Hold(ctx context.Context, h ledger.Hold, version int64) (ledger.Hold, error)
-	HoldByID(ctx context.Context, id string) (ledger.Hold, error)
-	HoldByKey(ctx context.Context, key string) (ledger.Hold, error)
-	Confirm(ctx context.Context, holdID, buyer string, req ledger.Request) (ledger.Order, error)
-	Cancel(ctx context.Context, holdID, buyer string, req ledger.Request) (ledger.Hold, bool, error)
+	HoldByID(ctx context.Context, id keys.ID) (ledger.Hold, error)
+	HoldByKey(ctx context.Context, key keys.ID) (ledger.Hold, error)
+	Confirm(ctx context.Context, holdID, buyer keys.ID, req ledger.Request) (ledger.Order, error)
+	Cancel(ctx context.Context, holdID, buyer keys.ID, req ledger.Request) (ledger.Hold, bool, error)
 	ExpireDue(ctx context.Context, limit int) ([]ledger.Hold, error)
-	Refund(ctx context.Context, orderID, buyer string, req ledger.Request) (ledger.Order, bool, error)
-	OrderByID(ctx context.Context, id string) (ledger.Order, error)
-	RequestByKey(ctx context.Context, scope, key string) (ledger.Recorded, error)
+	Refund(ctx context.Context, orderID, buyer keys.ID, req ledger.Request) (ledger.Order, bool, error)
+	OrderByID(ctx context.Context, id keys.ID) (ledger.Order, error)
+	RequestByKey(ctx context.Context, scope, key keys.ID) (ledger.Recorded, error)
 	CommittedSince(ctx context.Context, sku stock.SKU, after int64) (ledger.Committed, error)
 	AdvanceGate(ctx context.Context, sku stock.SKU) (ledger.SKUState, error)
-	RestoreOwed(ctx context.Context, kind, id string) (ledger.Restore, bool, error)
+	RestoreOwed(ctx context.Context, kind string, id keys.ID) (ledger.Restore, bool, error)
 	PendingRestores(ctx context.Context, olderThan time.Duration, limit int) ([]ledger.Restore, error)
-	RestoreDone(ctx context.Context, kind, id string) error
+	RestoreDone(ctx context.Context, kind string, id keys.ID) error
 	EndSale(ctx context.Context, sku stock.SKU) (ledger.SKUState, error)
 	LoadSeats(ctx context.Context, sku stock.SKU, seats []ledger.Seat) (int64, error)
-	Seats(ctx context.Context, sku stock.SKU, section string) ([]ledger.Seat, error)
+	Seats(ctx context.Context, sku stock.SKU, section keys.ID) ([]ledger.Seat, error)
 	SeatFacts(ctx context.Context, sku stock.SKU) ([]ledger.SeatFact, error)
-	PutProgram(ctx context.Context, program string, perBuyer int64) error
-	ProgramCap(ctx context.Context, program string) (int64, error)
+	PutProgram(ctx context.Context, program keys.ID, perBuyer int64) error
+	ProgramCap(ctx context.Context, program keys.ID) (int64, error)
 	SetShards(ctx context.Context, sku stock.SKU, n int) error
 	SKUs(ctx context.Context, after stock.SKU, limit int) ([]ledger.SKUState, error)
 }
@@ -242,17 +243,17 @@ type Service struct {
 	reseeds   singleflight.Group
 	log       *slog.Logger
 	opts      Options
-	settings  *cache.Loading[ledger.SKUState]
-	programs  *cache.Loading[int64] // per-buyer cap of a program, keyed by {program, ""}
-	seatMaps  *cache.Loading[seatMap]
+	settings  *cache.Loading[stock.SKU, ledger.SKUState]
+	programs  *cache.Loading[keys.ID, int64] // per-buyer cap of a program
+	seatMaps  *cache.Loading[stock.SKU, seatMap]
 	// sectionViews serves seat status reads from memory for StockTTL.
-	sectionViews *cache.Loading[Section]
+	sectionViews *cache.Loading[sectionKey, Section]
 	seatSeen     struct {
 		mu sync.Mutex
-		m  map[stock.SKU]map[string]string // seat → mismatch at the last periodic check
+		m  map[stock.SKU]map[keys.ID]string // seat → mismatch at the last periodic check
 	}
 	seats    *seats.Store
-	stock    *cache.Loading[Stock]
+	stock    *cache.Loading[stock.SKU, Stock]
 	inflight inflight
 	// replays answers retries of committed requests of SKUs that take no
 	// more requests (sold out, ended) without a ledger call per request.
@@ -289,9 +290,7 @@ func New(opts Options) (*Service, error) {
 	if s.settings, err = cache.NewLoading(opts.SettingsTTL, 100_000, cm.Recorder("settings"), s.ledger.SKU); err != nil {
 		return nil, err
 	}
-	if s.programs, err = cache.NewLoading(opts.SettingsTTL, 100_000, cm.Recorder("programs"), func(ctx context.Context, p stock.SKU) (int64, error) {
-		return s.ledger.ProgramCap(ctx, p.Program)
-	}); err != nil {
+	if s.programs, err = cache.NewLoading(opts.SettingsTTL, 100_000, cm.Recorder("programs"), s.ledger.ProgramCap); err != nil {
 		return nil, err
 	}
 	if s.replays, err = newReplays(s.ledger, 10*time.Minute); err != nil {

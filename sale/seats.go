@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/seats"
 	"github.com/stockgate/stockgate/stock"
@@ -21,10 +22,10 @@ import (
 // encoding) tells a return what to release.
 
 // seatMap is a SKU's seat id → section, loaded once per SettingsTTL.
-type seatMap map[string]string
+type seatMap map[keys.ID]keys.ID
 
 func (s *Service) loadSeatMap(ctx context.Context, sku stock.SKU) (seatMap, error) {
-	all, err := s.ledger.Seats(ctx, sku, "")
+	all, err := s.ledger.Seats(ctx, sku, keys.ID{})
 	if err != nil {
 		return nil, err
 	}
@@ -61,7 +62,7 @@ func (s *Service) seatSettings(ctx context.Context, sku stock.SKU, r request, n 
 	return st, answer{}, true
 }
 
-func (s *Service) takeSeats(ctx context.Context, sku stock.SKU, r request, buyer string, ids []string, ttl time.Duration) answer {
+func (s *Service) takeSeats(ctx context.Context, sku stock.SKU, r request, buyer keys.ID, ids []keys.ID, ttl time.Duration) answer {
 	owner := r.gateID()
 	if s.seats == nil {
 		return fail(ErrNoSeating)
@@ -74,14 +75,14 @@ func (s *Service) takeSeats(ctx context.Context, sku stock.SKU, r request, buyer
 	if err != nil {
 		return ansUnavailable
 	}
-	section := ""
+	var section keys.ID
 	var unknown []string
 	for _, id := range ids {
 		sec, ok := m[id]
 		switch {
 		case !ok:
-			unknown = append(unknown, id)
-		case section == "":
+			unknown = append(unknown, id.String())
+		case section.IsZero():
 			section = sec
 		case sec != section:
 			return fail(ErrSeatsSpan)
@@ -173,7 +174,7 @@ func (s *Service) takeSeats(ctx context.Context, sku stock.SKU, r request, buyer
 
 // orderRefunded reports whether the order was refunded (false when it
 // cannot be read: keeping the seats taken is the safe side).
-func (s *Service) orderRefunded(ctx context.Context, id string) bool {
+func (s *Service) orderRefunded(ctx context.Context, id keys.ID) bool {
 	o, err := s.ledger.OrderByID(ctx, id)
 	return err == nil && !o.RefundedAt.IsZero()
 }
@@ -181,7 +182,7 @@ func (s *Service) orderRefunded(ctx context.Context, id string) bool {
 // takeBestSeats picks the best q adjacent free seats of a section (in
 // Redis, or from the ledger's map while the breaker is open) and holds them
 // like given seats.
-func (s *Service) takeBestSeats(ctx context.Context, sku stock.SKU, r request, buyer, section string, q int, ttl time.Duration) answer {
+func (s *Service) takeBestSeats(ctx context.Context, sku stock.SKU, r request, buyer, section keys.ID, q int, ttl time.Duration) answer {
 	if s.seats == nil {
 		return fail(ErrNoSeating)
 	}
@@ -195,19 +196,19 @@ func (s *Service) takeBestSeats(ctx context.Context, sku stock.SKU, r request, b
 	if _, refused, ok := s.seatSettings(ctx, sku, r, q, ttl); !ok {
 		return refused
 	}
-	if section == "" {
+	if section.IsZero() {
 		// The whole price tier: the first section, in order, that has them.
 		m, err := s.seatMaps.Get(ctx, sku)
 		if err != nil {
 			return ansUnavailable
 		}
-		var sections []string
+		var sections []keys.ID
 		for _, sec := range m {
 			if !slices.Contains(sections, sec) {
 				sections = append(sections, sec)
 			}
 		}
-		slices.Sort(sections)
+		slices.SortFunc(sections, keys.ID.Compare)
 		last := fail(refuse(ErrNoAdjacent, fmt.Sprintf("no %d adjacent seats free in any section", q)))
 		for _, sec := range sections {
 			a := s.takeBestSeats(ctx, sku, r, buyer, sec, q, ttl)
@@ -217,7 +218,7 @@ func (s *Service) takeBestSeats(ctx context.Context, sku stock.SKU, r request, b
 		}
 		return last
 	}
-	var ids []string
+	var ids []keys.ID
 	err := s.redis(ctx, func(ctx context.Context) (err error) {
 		ids, err = s.seats.Best(ctx, sku, section, r.gateID(), q)
 		return err
@@ -266,7 +267,7 @@ func refusedBeforeGate(err error) bool {
 // bestAdjacent is seats_best.lua's choice over the ledger's map, for when
 // Redis is out: the front-most row with q consecutive free seats, without
 // stranding a single seat where another run allows.
-func bestAdjacent(all []ledger.Seat, q int) []string {
+func bestAdjacent(all []ledger.Seat, q int) []keys.ID {
 	rows := map[string][]ledger.Seat{}
 	var names []string
 	for _, st := range all {
@@ -276,7 +277,7 @@ func bestAdjacent(all []ledger.Seat, q int) []string {
 		rows[st.Row] = append(rows[st.Row], st)
 	}
 	slices.SortFunc(names, rowCompare)
-	var best []string
+	var best []keys.ID
 	bestOrphan := true
 	for _, name := range names {
 		row := rows[name]
@@ -317,9 +318,15 @@ func rowCompare(a, b string) int {
 // loadSection reads a section's seats (all seats for section "") from the
 // ledger. The loading cache is keyed by SKU: the section rides in the
 // ticket field after a byte no id may contain.
-func (s *Service) loadSection(ctx context.Context, key stock.SKU) (Section, error) {
-	ticket, section, _ := strings.Cut(key.Ticket, "|")
-	sku := stock.SKU{Program: key.Program, Ticket: ticket}
+// sectionKey names one section of a SKU's map (the zero section: all of it)
+// in the cache of section views.
+type sectionKey struct {
+	sku     stock.SKU
+	section keys.ID
+}
+
+func (s *Service) loadSection(ctx context.Context, key sectionKey) (Section, error) {
+	sku, section := key.sku, key.section
 	all, err := s.ledger.Seats(ctx, sku, section)
 	if err != nil {
 		return Section{}, err
@@ -346,7 +353,7 @@ type SeatCheck struct {
 // confirmOnly it repairs only seats in prev that differed the same way at
 // the previous check, so a hold between its Redis and ledger halves is not
 // "repaired" mid-flight; it returns what differs now, for the next check.
-func (s *Service) checkSeats(ctx context.Context, sku stock.SKU, prev map[string]string) (SeatCheck, map[string]string, error) {
+func (s *Service) checkSeats(ctx context.Context, sku stock.SKU, prev map[keys.ID]string) (SeatCheck, map[keys.ID]string, error) {
 	var out SeatCheck
 	if s.seats == nil {
 		return out, nil, ErrNoSeating
@@ -355,13 +362,13 @@ func (s *Service) checkSeats(ctx context.Context, sku stock.SKU, prev map[string
 	if err != nil {
 		return out, nil, err
 	}
-	bySection := map[string][]ledger.SeatFact{}
+	bySection := map[keys.ID][]ledger.SeatFact{}
 	for _, f := range facts {
 		bySection[f.Section] = append(bySection[f.Section], f)
 	}
-	now := map[string]string{}
+	now := map[keys.ID]string{}
 	for section, fs := range bySection {
-		ids := make([]string, len(fs))
+		ids := make([]keys.ID, len(fs))
 		for i, f := range fs {
 			ids[i] = f.ID
 		}
@@ -372,14 +379,14 @@ func (s *Service) checkSeats(ctx context.Context, sku stock.SKU, prev map[string
 		}); err != nil {
 			return out, nil, err
 		}
-		fix := map[string]string{}
+		fix := map[keys.ID]string{}
 		for i, f := range fs {
 			out.Checked++
 			want := seats.Gate(f.State, f.HoldKey)
 			if raw[i] == want {
 				continue
 			}
-			out.Differed = append(out.Differed, f.ID)
+			out.Differed = append(out.Differed, f.ID.String())
 			seen := raw[i] + "→" + want
 			now[f.ID] = seen
 			if prev == nil || prev[f.ID] == seen {

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 )
 
@@ -15,7 +16,7 @@ func TestBestAdjacentRowOrder(t *testing.T) {
 	var all []ledger.Seat
 	for _, r := range []string{"AA", "10", "Z", "2"} {
 		for n := range 2 {
-			all = append(all, ledger.Seat{ID: r + "-" + strconv.Itoa(n+1), Row: r, Number: n + 1, State: "free"})
+			all = append(all, ledger.Seat{ID: keys.MustID(r + "-" + strconv.Itoa(n+1)), Row: r, Number: n + 1, State: "free"})
 		}
 	}
 	if got := bestAdjacent(all, 2); fmt.Sprint(got) != "[2-1 2-2]" {

@@ -3,6 +3,7 @@ package sale
 import (
 	"time"
 
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -24,9 +25,9 @@ const (
 
 // Order is a sale.
 type Order struct {
-	ID        string
+	ID        keys.ID
 	SKU       stock.SKU
-	Buyer     string
+	Buyer     keys.ID
 	Quantity  int64
 	CreatedAt time.Time
 }
@@ -38,14 +39,14 @@ func orderOf(o ledger.Order) Order {
 // Hold is stock set aside for a buyer until it is confirmed (an order),
 // cancelled or expires.
 type Hold struct {
-	ID        string
+	ID        keys.ID
 	SKU       stock.SKU
-	Buyer     string
+	Buyer     keys.ID
 	Quantity  int64
 	State     string // Held, Confirmed, Cancelled or Expired
 	ExpiresAt time.Time
-	OrderID   string   // once confirmed
-	Seats     []string // a seat hold's seats
+	OrderID   keys.ID   // once confirmed
+	Seats     []keys.ID // a seat hold's seats
 	CreatedAt time.Time
 }
 
@@ -75,7 +76,7 @@ func (a answer) result() (Result, error) {
 	case a.hold != nil:
 		h := holdOf(*a.hold)
 		r.Hold = &h
-	case a.order.ID != "":
+	case !a.order.ID.IsZero():
 		o := orderOf(a.order)
 		r.Order = &o
 	default:
@@ -122,8 +123,9 @@ type Stock struct {
 
 // Seat is one seat of a seat map.
 type Seat struct {
-	ID, Section, Row string
-	Number           int
+	ID, Section keys.ID
+	Row         string
+	Number      int
 }
 
 // SeatState is a seat and its state (free, held or sold).
@@ -136,7 +138,7 @@ type SeatState struct {
 // are free.
 type Section struct {
 	SKU     stock.SKU
-	Section string
+	Section keys.ID // zero: the whole map
 	Free    int
 	Seats   []SeatState
 }

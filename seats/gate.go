@@ -12,8 +12,8 @@ import (
 const gatePrefix = "seats:"
 
 // EncodeGate is the gate record of a seat hold of ids in section.
-func EncodeGate(section string, ids []string) string {
-	return gatePrefix + section + ":" + strings.Join(ids, ",")
+func EncodeGate(section keys.ID, ids []keys.ID) string {
+	return gatePrefix + section.String() + ":" + keys.Join(ids, ",")
 }
 
 // IsGate reports whether g is a seat hold's record (well-formed or not).
@@ -28,20 +28,25 @@ func ValidGate(g string) bool {
 // DecodeGate reads a gate record EncodeGate wrote; ok is false for any
 // other record (a counted hold's shard parts, an empty record) or a
 // malformed one.
-func DecodeGate(g string) (section string, ids []string, ok bool) {
+func DecodeGate(g string) (section keys.ID, ids []keys.ID, ok bool) {
 	rest, ok := strings.CutPrefix(g, gatePrefix)
 	if !ok {
-		return "", nil, false
+		return keys.ID{}, nil, false
 	}
-	section, list, ok := strings.Cut(rest, ":")
-	if !ok || keys.CheckID(section) != nil || list == "" {
-		return "", nil, false
+	sec, list, ok := strings.Cut(rest, ":")
+	if !ok || list == "" {
+		return keys.ID{}, nil, false
 	}
-	ids = strings.Split(list, ",")
-	for _, id := range ids {
-		if keys.CheckID(id) != nil {
-			return "", nil, false
+	section, err := keys.ParseID(sec)
+	if err != nil {
+		return keys.ID{}, nil, false
+	}
+	for text := range strings.SplitSeq(list, ",") {
+		id, err := keys.ParseID(text)
+		if err != nil {
+			return keys.ID{}, nil, false
 		}
+		ids = append(ids, id)
 	}
 	return section, ids, true
 }

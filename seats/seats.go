@@ -31,18 +31,17 @@ var (
 
 // Seat is one seat of a map.
 type Seat struct {
-	ID      string `json:"id"`
-	Section string `json:"section"`
-	Row     string `json:"row"`
-	Number  int    `json:"number"`
+	ID      keys.ID `json:"id"`
+	Section keys.ID `json:"section"`
+	Row     string  `json:"row"`
+	Number  int     `json:"number"`
 }
 
-// Validate checks the ids a seat puts into keys.
+// Validate checks what a seat's ids (parsed at the edge) do not: that they
+// are there, and its row and number.
 func (s Seat) Validate() error {
-	for _, id := range []string{s.ID, s.Section} {
-		if err := keys.CheckID(id); err != nil {
-			return fmt.Errorf("%w: seat %q section %q: %w", stock.ErrInvalid, s.ID, s.Section, err)
-		}
+	if s.ID.IsZero() || s.Section.IsZero() {
+		return fmt.Errorf("%w: seat %q section %q: missing id", stock.ErrInvalid, s.ID, s.Section)
 	}
 	if s.Row == "" || len(s.Row) > 16 || s.Number < 1 {
 		return fmt.Errorf("%w: seat %q row %q number %d", stock.ErrInvalid, s.ID, s.Row, s.Number)
@@ -94,7 +93,7 @@ func (s *Store) Load(ctx context.Context, sku stock.SKU, seats []Seat) error {
 	if !ok {
 		return errors.New("seats: load needs a full client")
 	}
-	layout := map[string][]any{}
+	layout := map[keys.ID][]any{}
 	for _, st := range seats {
 		layout[st.Section] = append(layout[st.Section], st.ID, fmt.Sprintf("%s|%d", st.Row, st.Number))
 	}
@@ -112,8 +111,8 @@ var ErrNoAdjacent = errors.New("seats: no adjacent seats free")
 // Best holds the best q adjacent free seats of one section for holdID (same
 // row, consecutive, front-most, avoiding a stranded single seat) and returns
 // them; a retry with the same hold id returns the seats it already holds.
-func (s *Store) Best(ctx context.Context, sku stock.SKU, section, holdID string, q int) ([]string, error) {
-	if err := checkIDs(sku, section, holdID, []string{"x"}); err != nil {
+func (s *Store) Best(ctx context.Context, sku stock.SKU, section, holdID keys.ID, q int) ([]keys.ID, error) {
+	if err := checkIDs(sku, section, holdID, nil, false); err != nil {
 		return nil, err
 	}
 	if q < 1 || q > 64 {
@@ -126,15 +125,15 @@ func (s *Store) Best(ctx context.Context, sku stock.SKU, section, holdID string,
 	}
 	switch code, _ := v[0].(int64); code {
 	case lua.SeatsHeld, lua.SeatsAgain:
-		return strs(v[1:]), nil
+		return parseIDs(strs(v[1:]))
 	case lua.SeatsTaken:
 		return nil, ErrNoAdjacent
 	}
 	return nil, fmt.Errorf("seats: best: unexpected reply %v", v)
 }
 
-func bySection(seats []Seat) map[string][]string {
-	out := map[string][]string{}
+func bySection(seats []Seat) map[keys.ID][]keys.ID {
+	out := map[keys.ID][]keys.ID{}
 	for _, st := range seats {
 		out[st.Section] = append(out[st.Section], st.ID)
 	}
@@ -144,8 +143,8 @@ func bySection(seats []Seat) map[string][]string {
 // Hold holds the given seats of one section for holdID, all or nothing. A
 // retry with the same hold id succeeds again without change. It returns a
 // *SeatError (ErrTaken, ErrUnknownSeat) naming the seats that stopped it.
-func (s *Store) Hold(ctx context.Context, sku stock.SKU, section, holdID string, ids []string) error {
-	if err := checkIDs(sku, section, holdID, ids); err != nil {
+func (s *Store) Hold(ctx context.Context, sku stock.SKU, section, holdID keys.ID, ids []keys.ID) error {
+	if err := checkIDs(sku, section, holdID, ids, true); err != nil {
 		return err
 	}
 	args := append([]any{holdID}, anys(ids)...)
@@ -168,30 +167,30 @@ func (s *Store) Hold(ctx context.Context, sku stock.SKU, section, holdID string,
 // Release frees the seats holdID holds; seats held by any other hold, or
 // sold, are left alone (release is owner-checked by hold id). It returns
 // how many seats it freed.
-func (s *Store) Release(ctx context.Context, sku stock.SKU, section, holdID string, ids []string) (int, error) {
-	if err := checkIDs(sku, section, holdID, ids); err != nil {
+func (s *Store) Release(ctx context.Context, sku stock.SKU, section, holdID keys.ID, ids []keys.ID) (int, error) {
+	if err := checkIDs(sku, section, holdID, ids, true); err != nil {
 		return 0, err
 	}
-	return s.count(ctx, sku, section, holdID, free, ids)
+	return s.count(ctx, sku, section, holdID.String(), free, ids)
 }
 
 // ReleaseSold frees the seats sold through holdID (a refund).
-func (s *Store) ReleaseSold(ctx context.Context, sku stock.SKU, section, holdID string, ids []string) (int, error) {
-	if err := checkIDs(sku, section, holdID, ids); err != nil {
+func (s *Store) ReleaseSold(ctx context.Context, sku stock.SKU, section, holdID keys.ID, ids []keys.ID) (int, error) {
+	if err := checkIDs(sku, section, holdID, ids, true); err != nil {
 		return 0, err
 	}
-	return s.count(ctx, sku, section, sold(holdID), free, ids)
+	return s.count(ctx, sku, section, sold(holdID.String()), free, ids)
 }
 
 // Sell marks the seats holdID holds as sold through it (a confirm).
-func (s *Store) Sell(ctx context.Context, sku stock.SKU, section, holdID string, ids []string) (int, error) {
-	if err := checkIDs(sku, section, holdID, ids); err != nil {
+func (s *Store) Sell(ctx context.Context, sku stock.SKU, section, holdID keys.ID, ids []keys.ID) (int, error) {
+	if err := checkIDs(sku, section, holdID, ids, true); err != nil {
 		return 0, err
 	}
-	return s.count(ctx, sku, section, holdID, sold(holdID), ids)
+	return s.count(ctx, sku, section, holdID.String(), sold(holdID.String()), ids)
 }
 
-func (s *Store) count(ctx context.Context, sku stock.SKU, section, from, to string, ids []string) (int, error) {
+func (s *Store) count(ctx context.Context, sku stock.SKU, section keys.ID, from, to string, ids []keys.ID) (int, error) {
 	args := append([]any{from, to}, anys(ids)...)
 	v, err := s.set.Run(ctx, s.rdb, []string{keys.Seats(sku.Program, sku.Ticket, section)}, args...).Int64Slice()
 	if err != nil {
@@ -203,7 +202,7 @@ func (s *Store) count(ctx context.Context, sku stock.SKU, section, from, to stri
 	return int(v[1]), nil
 }
 
-func (s *Store) move(ctx context.Context, sku stock.SKU, section, from, to string, ids []string) error {
+func (s *Store) move(ctx context.Context, sku stock.SKU, section keys.ID, from, to string, ids []keys.ID) error {
 	_, err := s.count(ctx, sku, section, from, to, ids)
 	return err
 }
@@ -216,15 +215,19 @@ type State struct {
 }
 
 // Status reads seats of one section.
-func (s *Store) Status(ctx context.Context, sku stock.SKU, section string, ids []string) ([]State, error) {
-	if err := checkIDs(sku, section, "x", ids); err != nil {
+func (s *Store) Status(ctx context.Context, sku stock.SKU, section keys.ID, ids []keys.ID) ([]State, error) {
+	if err := checkIDs(sku, section, keys.ID{}, ids, false); err != nil {
 		return nil, err
 	}
 	rdb, ok := s.rdb.(redis.Cmdable)
 	if !ok {
 		return nil, errors.New("seats: status needs a full client")
 	}
-	v, err := rdb.HMGet(ctx, keys.Seats(sku.Program, sku.Ticket, section), ids...).Result()
+	fields := make([]string, len(ids))
+	for i, id := range ids {
+		fields[i] = id.String()
+	}
+	v, err := rdb.HMGet(ctx, keys.Seats(sku.Program, sku.Ticket, section), fields...).Result()
 	if err != nil {
 		return nil, fmt.Errorf("seats: status: %w", err)
 	}
@@ -244,32 +247,45 @@ func (s *Store) Status(ctx context.Context, sku stock.SKU, section string, ids [
 	return out, nil
 }
 
-func checkIDs(sku stock.SKU, section, hold string, ids []string) error {
-	if err := sku.Validate(); err != nil {
-		return err
+// checkIDs refuses missing ids (they were parsed at the edge, so a missing
+// one is a caller's bug) and a seat named twice. With needHold, a hold id
+// is required; ids may be empty only for a pick (Best) or a read.
+func checkIDs(sku stock.SKU, section, hold keys.ID, ids []keys.ID, needHold bool) error {
+	if sku.Program.IsZero() || sku.Ticket.IsZero() || section.IsZero() || (needHold && hold.IsZero()) {
+		return fmt.Errorf("%w: missing sku, section or hold", stock.ErrInvalid)
 	}
-	if keys.CheckID(section) != nil || keys.CheckID(hold) != nil {
-		return fmt.Errorf("%w: section %q hold %q", stock.ErrInvalid, section, hold)
-	}
-	if len(ids) == 0 || len(ids) > stock.MaxPerOrderCap {
+	if (needHold && len(ids) == 0) || len(ids) > stock.MaxPerOrderCap {
 		return fmt.Errorf("%w: %d seats", stock.ErrInvalid, len(ids))
 	}
-	seen := make(map[string]bool, len(ids))
+	seen := make(map[keys.ID]bool, len(ids))
 	for _, id := range ids {
-		if keys.CheckID(id) != nil || seen[id] {
-			return fmt.Errorf("%w: seat %q bad or repeated", stock.ErrInvalid, id)
+		if id.IsZero() || seen[id] {
+			return fmt.Errorf("%w: seat %q missing or repeated", stock.ErrInvalid, id)
 		}
 		seen[id] = true
 	}
 	return nil
 }
 
-func anys(ss []string) []any {
-	out := make([]any, len(ss))
-	for i, s := range ss {
-		out[i] = s
+func anys(ids []keys.ID) []any {
+	out := make([]any, len(ids))
+	for i, id := range ids {
+		out[i] = id.String()
 	}
 	return out
+}
+
+// parseIDs reads seat ids back from a script's reply.
+func parseIDs(ss []string) ([]keys.ID, error) {
+	out := make([]keys.ID, len(ss))
+	for i, s := range ss {
+		id, err := keys.ParseID(s)
+		if err != nil {
+			return nil, fmt.Errorf("seats: reply: %w", err)
+		}
+		out[i] = id
+	}
+	return out, nil
 }
 
 func strs(vs []any) []string {
@@ -297,7 +313,7 @@ func Gate(state, holdKey string) string {
 
 // Raw reads the gate's value of seats of one section ("" free, a key, or
 // "S:" key); absent seats read as "-".
-func (s *Store) Raw(ctx context.Context, sku stock.SKU, section string, ids []string) ([]string, error) {
+func (s *Store) Raw(ctx context.Context, sku stock.SKU, section keys.ID, ids []keys.ID) ([]string, error) {
 	st, err := s.Status(ctx, sku, section, ids)
 	if err != nil {
 		return nil, err
@@ -318,7 +334,7 @@ func (s *Store) Raw(ctx context.Context, sku stock.SKU, section string, ids []st
 
 // Repair writes seats' gate values (seat id → value) as they are: the
 // consistency check's fix, from the ledger's facts.
-func (s *Store) Repair(ctx context.Context, sku stock.SKU, section string, values map[string]string) error {
+func (s *Store) Repair(ctx context.Context, sku stock.SKU, section keys.ID, values map[keys.ID]string) error {
 	if len(values) == 0 {
 		return nil
 	}
@@ -328,7 +344,7 @@ func (s *Store) Repair(ctx context.Context, sku stock.SKU, section string, value
 	}
 	args := make([]any, 0, 2*len(values))
 	for id, v := range values {
-		args = append(args, id, v)
+		args = append(args, id.String(), v)
 	}
 	return rdb.HSet(ctx, keys.Seats(sku.Program, sku.Ticket, section), args...).Err()
 }

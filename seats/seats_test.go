@@ -10,13 +10,14 @@ import (
 	"testing"
 
 	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/seats"
 	"github.com/stockgate/stockgate/stock"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
 
-func setup(t *testing.T, n int) (*seats.Store, stock.SKU, []string) {
+func setup(t *testing.T, n int) (*seats.Store, stock.SKU, []keys.ID) {
 	t.Helper()
 	rdb := testenv.SharedCluster(t).Client()
 	t.Cleanup(func() { rdb.Close() })
@@ -24,12 +25,12 @@ func setup(t *testing.T, n int) (*seats.Store, stock.SKU, []string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sku := stock.SKU{Program: testenv.ID(t, "p"), Ticket: "stalls"}
+	sku := stock.SKU{Program: keys.MustID(testenv.ID(t, "p")), Ticket: keys.MustID("stalls")}
 	var m []seats.Seat
-	var ids []string
+	var ids []keys.ID
 	for i := range n {
-		id := fmt.Sprintf("A-%d", i+1)
-		m = append(m, seats.Seat{ID: id, Section: "A", Row: "A", Number: i + 1})
+		id := keys.MustID(fmt.Sprintf("A-%d", i+1))
+		m = append(m, seats.Seat{ID: id, Section: keys.MustID("A"), Row: "A", Number: i + 1})
 		ids = append(ids, id)
 	}
 	if err := s.Load(context.Background(), sku, m); err != nil {
@@ -46,7 +47,7 @@ func TestRaceForTenSeats(t *testing.T) {
 	ctx := context.Background()
 	type req struct {
 		hold  string
-		seats []string
+		seats []keys.ID
 	}
 	var mu sync.Mutex
 	var won, lost []req
@@ -56,7 +57,7 @@ func TestRaceForTenSeats(t *testing.T) {
 			n := 1 + rand.IntN(3)
 			start := rand.IntN(len(ids) - n + 1)
 			r := req{hold: fmt.Sprintf("h%d", b), seats: ids[start : start+n]}
-			err := s.Hold(ctx, sku, "A", r.hold, r.seats)
+			err := s.Hold(ctx, sku, keys.MustID("A"), keys.MustID(r.hold), r.seats)
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
@@ -70,7 +71,7 @@ func TestRaceForTenSeats(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	owner := map[string]string{}
+	owner := map[keys.ID]string{}
 	for _, r := range won {
 		for _, seat := range r.seats {
 			if prev, ok := owner[seat]; ok {
@@ -79,7 +80,7 @@ func TestRaceForTenSeats(t *testing.T) {
 			owner[seat] = r.hold
 		}
 	}
-	st, err := s.Status(ctx, sku, "A", ids)
+	st, err := s.Status(ctx, sku, keys.MustID("A"), ids)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,39 +105,39 @@ func TestRaceForTenSeats(t *testing.T) {
 func TestReleaseIsOwnerChecked(t *testing.T) {
 	s, sku, ids := setup(t, 4)
 	ctx := context.Background()
-	if err := s.Hold(ctx, sku, "A", "mine", ids[:2]); err != nil {
+	if err := s.Hold(ctx, sku, keys.MustID("A"), keys.MustID("mine"), ids[:2]); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Hold(ctx, sku, "A", "mine", ids[:2]); err != nil {
+	if err := s.Hold(ctx, sku, keys.MustID("A"), keys.MustID("mine"), ids[:2]); err != nil {
 		t.Errorf("retry of the same hold = %v", err)
 	}
 	var se *seats.SeatError
-	if err := s.Hold(ctx, sku, "A", "theirs", ids[1:3]); !errors.As(err, &se) || !errors.Is(err, seats.ErrTaken) || len(se.Seats) != 1 || se.Seats[0] != ids[1] {
+	if err := s.Hold(ctx, sku, keys.MustID("A"), keys.MustID("theirs"), ids[1:3]); !errors.As(err, &se) || !errors.Is(err, seats.ErrTaken) || len(se.Seats) != 1 || se.Seats[0] != ids[1].String() {
 		t.Errorf("overlapping hold = %v, want ErrTaken naming %s", err, ids[1])
 	}
-	if st, _ := s.Status(ctx, sku, "A", ids); st[2].Hold != "" {
+	if st, _ := s.Status(ctx, sku, keys.MustID("A"), ids); st[2].Hold != "" {
 		t.Errorf("a refused hold took seat %s", ids[2])
 	}
-	if n, err := s.Release(ctx, sku, "A", "theirs", ids[:2]); err != nil || n != 0 {
+	if n, err := s.Release(ctx, sku, keys.MustID("A"), keys.MustID("theirs"), ids[:2]); err != nil || n != 0 {
 		t.Errorf("release by another hold id freed %d (%v)", n, err)
 	}
-	if n, err := s.Sell(ctx, sku, "A", "mine", ids[:1]); err != nil || n != 1 {
+	if n, err := s.Sell(ctx, sku, keys.MustID("A"), keys.MustID("mine"), ids[:1]); err != nil || n != 1 {
 		t.Errorf("sell = %d, %v", n, err)
 	}
-	if n, err := s.Release(ctx, sku, "A", "mine", ids[:2]); err != nil || n != 1 {
+	if n, err := s.Release(ctx, sku, keys.MustID("A"), keys.MustID("mine"), ids[:2]); err != nil || n != 1 {
 		t.Errorf("release by the owner freed %d (%v), want 1 (the other is sold)", n, err)
 	}
-	st, _ := s.Status(ctx, sku, "A", ids[:2])
+	st, _ := s.Status(ctx, sku, keys.MustID("A"), ids[:2])
 	if !st[0].Sold || st[0].Hold != "mine" || st[1].Hold != "" {
 		t.Errorf("states %+v", st)
 	}
-	if err := s.Hold(ctx, sku, "A", "x", []string{"Z-9"}); !errors.Is(err, seats.ErrUnknownSeat) {
+	if err := s.Hold(ctx, sku, keys.MustID("A"), keys.MustID("x"), []keys.ID{keys.MustID("Z-9")}); !errors.Is(err, seats.ErrUnknownSeat) {
 		t.Errorf("unknown seat = %v", err)
 	}
-	if err := s.Hold(ctx, sku, "A", "x", []string{ids[3], ids[3]}); !errors.Is(err, stock.ErrInvalid) {
+	if err := s.Hold(ctx, sku, keys.MustID("A"), keys.MustID("x"), []keys.ID{ids[3], ids[3]}); !errors.Is(err, stock.ErrInvalid) {
 		t.Errorf("repeated seat = %v", err)
 	}
-	if st, _ := s.Status(ctx, sku, "A", ids[3:]); st[0].Hold != "" {
+	if st, _ := s.Status(ctx, sku, keys.MustID("A"), ids[3:]); st[0].Hold != "" {
 		t.Error("a refused request changed a seat")
 	}
 }
@@ -151,14 +152,14 @@ func TestBestAvailable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sku := stock.SKU{Program: testenv.ID(t, "p"), Ticket: "stalls"}
+	sku := stock.SKU{Program: keys.MustID(testenv.ID(t, "p")), Ticket: keys.MustID("stalls")}
 	var m []seats.Seat
 	row := map[string]string{}
 	num := map[string]int{}
 	for r := range 20 {
 		for n := range 30 {
 			id := fmt.Sprintf("R%02d-S%02d", r+1, n+1)
-			m = append(m, seats.Seat{ID: id, Section: "A", Row: fmt.Sprintf("R%02d", r+1), Number: n + 1})
+			m = append(m, seats.Seat{ID: keys.MustID(id), Section: keys.MustID("A"), Row: fmt.Sprintf("R%02d", r+1), Number: n + 1})
 			row[id], num[id] = fmt.Sprintf("R%02d", r+1), n+1
 		}
 	}
@@ -167,14 +168,14 @@ func TestBestAvailable(t *testing.T) {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
-	granted := map[string]string{}
-	var sets [][]string
-	byHold := map[string][]string{}
+	granted := map[keys.ID]string{}
+	var sets [][]keys.ID
+	byHold := map[string][]keys.ID{}
 	var wg sync.WaitGroup
 	for b := range 200 {
 		wg.Go(func() {
 			q := 2 + rand.IntN(5)
-			got, err := s.Best(ctx, sku, "A", fmt.Sprintf("best-%d", b), q)
+			got, err := s.Best(ctx, sku, keys.MustID("A"), keys.MustID(fmt.Sprintf("best-%d", b)), q)
 			if errors.Is(err, seats.ErrNoAdjacent) {
 				return
 			}
@@ -200,7 +201,7 @@ func TestBestAvailable(t *testing.T) {
 	wg.Wait()
 	for _, set := range sets {
 		for i := 1; i < len(set); i++ {
-			if row[set[i]] != row[set[0]] || num[set[i]] != num[set[i-1]]+1 {
+			if row[set[i].String()] != row[set[0].String()] || num[set[i].String()] != num[set[i-1].String()]+1 {
 				t.Errorf("granted set %v is not adjacent in one row", set)
 				break
 			}
@@ -208,7 +209,7 @@ func TestBestAvailable(t *testing.T) {
 	}
 	// Retrying a hold id returns its seats, without taking more.
 	for hold, set := range byHold {
-		again, err := s.Best(ctx, sku, "A", hold, len(set))
+		again, err := s.Best(ctx, sku, keys.MustID("A"), keys.MustID(hold), len(set))
 		if err != nil || fmt.Sprint(again) != fmt.Sprint(set) {
 			t.Errorf("retry of %s = %v, %v; want its seats %v", hold, again, err, set)
 		}
@@ -216,7 +217,7 @@ func TestBestAvailable(t *testing.T) {
 	}
 	// No stranded single seat: count free runs of length 1 bounded by taken
 	// seats on both sides within a row.
-	st, _ := s.Status(ctx, sku, "A", idsOf(m))
+	st, _ := s.Status(ctx, sku, keys.MustID("A"), idsOf(m))
 	stranded := 0
 	for i := range m {
 		if st[i].Hold != "" || m[i].Number == 1 || m[i].Number == 30 {
@@ -232,8 +233,8 @@ func TestBestAvailable(t *testing.T) {
 	}
 }
 
-func idsOf(m []seats.Seat) []string {
-	out := make([]string, len(m))
+func idsOf(m []seats.Seat) []keys.ID {
+	out := make([]keys.ID, len(m))
 	for i, s := range m {
 		out[i] = s.ID
 	}
@@ -249,12 +250,12 @@ func TestBestAvailableRowsInNaturalOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sku := stock.SKU{Program: testenv.ID(t, "p"), Ticket: "stalls"}
+	sku := stock.SKU{Program: keys.MustID(testenv.ID(t, "p")), Ticket: keys.MustID("stalls")}
 	var m []seats.Seat
 	rows := []string{"1", "2", "3", "10", "11", "12", "Z", "AA"}
 	for _, r := range rows {
 		for n := range 2 {
-			m = append(m, seats.Seat{ID: fmt.Sprintf("r%s-%d", r, n+1), Section: "A", Row: r, Number: n + 1})
+			m = append(m, seats.Seat{ID: keys.MustID(fmt.Sprintf("r%s-%d", r, n+1)), Section: keys.MustID("A"), Row: r, Number: n + 1})
 		}
 	}
 	ctx := context.Background()
@@ -263,11 +264,11 @@ func TestBestAvailableRowsInNaturalOrder(t *testing.T) {
 	}
 	var order []string
 	for i := range 3 {
-		got, err := s.Best(ctx, sku, "A", fmt.Sprintf("h%d", i), 2)
+		got, err := s.Best(ctx, sku, keys.MustID("A"), keys.MustID(fmt.Sprintf("h%d", i)), 2)
 		if err != nil || len(got) != 2 {
 			t.Fatalf("Best = %v, %v", got, err)
 		}
-		order = append(order, got[0])
+		order = append(order, got[0].String())
 	}
 	if want := []string{"r1-1", "r2-1", "r3-1"}; fmt.Sprint(order) != fmt.Sprint(want) {
 		t.Errorf("rows filled in order %v, want %v (2 before 10)", order, want)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stockgate/stockgate/cache"
 	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/shard"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -56,7 +57,7 @@ func BenchmarkHotSKUMasterShare(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			sku := stock.SKU{Program: testenv.ID(b, "bench"), Ticket: "ga"}
+			sku := stock.SKU{Program: keys.MustID(testenv.ID(b, "bench")), Ticket: keys.MustID("ga")}
 			ctx := context.Background()
 			if err := s.Seed(ctx, sku, n, int64(max(b.N/10, 1)), 1, true); err != nil {
 				b.Fatal(err)
@@ -67,7 +68,7 @@ func BenchmarkHotSKUMasterShare(b *testing.B) {
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
 					id := "r" + strconv.FormatInt(seq.Add(1), 10)
-					_, _ = s.Deduct(ctx, shard.Request{SKU: sku, Shards: n, RequestID: id, Quantity: 1, MaxQuantity: 4})
+					_, _ = s.Deduct(ctx, shard.Request{SKU: sku, Shards: n, RequestID: keys.MustID(id), Quantity: 1, MaxQuantity: 4})
 				}
 			})
 			b.StopTimer()

@@ -39,7 +39,7 @@ func fuzzShard(f *testing.F) (*redis.ClusterClient, keys.ShardKeys, func() (avai
 	if err != nil {
 		f.Fatal(err)
 	}
-	sku := stock.SKU{Program: "fuzz", Ticket: strconv.Itoa(len(f.Name()))}
+	sku := stock.SKU{Program: keys.MustID("fuzz"), Ticket: keys.MustID(strconv.Itoa(len(f.Name())))}
 	k := keys.Shard(sku.Program, sku.Ticket, 0, 1)
 	if err := s.Seed(context.Background(), sku, 1, 10, 1, true); err != nil {
 		f.Fatal(err)
@@ -72,7 +72,7 @@ func FuzzDeductArgs(f *testing.F) {
 	f.Fuzz(func(t *testing.T, q, min, max, ttl string) {
 		n++
 		before, _ := read()
-		v, err := script.Run(context.Background(), rdb, []string{k.Stock(), k.Deduction("f" + strconv.Itoa(n))}, q, min, max, ttl).Int64Slice()
+		v, err := script.Run(context.Background(), rdb, []string{k.Stock(), k.Deduction(keys.MustID("f" + strconv.Itoa(n)))}, q, min, max, ttl).Int64Slice()
 		if err != nil || len(v) != 5 {
 			t.Fatalf("deduct(%q, %q, %q, %q) = %v, %v", q, min, max, ttl, v, err)
 		}
@@ -111,7 +111,7 @@ func FuzzRefillArgs(f *testing.F) {
 	f.Fuzz(func(t *testing.T, epoch, q, ttl string) {
 		n++
 		beforeAvail, beforeAllot := read()
-		v, err := script.Run(context.Background(), rdb, []string{k.Stock(), k.Refill("f" + strconv.Itoa(n))}, epoch, q, ttl).Int64Slice()
+		v, err := script.Run(context.Background(), rdb, []string{k.Stock(), k.Refill(keys.MustID("f" + strconv.Itoa(n)))}, epoch, q, ttl).Int64Slice()
 		if err != nil || len(v) != 2 {
 			t.Fatalf("refill(%q, %q, %q) = %v, %v", epoch, q, ttl, v, err)
 		}
@@ -172,24 +172,24 @@ func FuzzScriptReplies(f *testing.F) {
 	f.Add(uint8(9), "1", "x", "", "")
 	rdb, k, _ := fuzzShard(f)
 	tag := k.Stock()
-	seatsKey := keys.Seats("fuzz", "t", "A")
+	seatsKey := keys.Seats(keys.MustID("fuzz"), keys.MustID("t"), keys.MustID("A"))
 	scripts := []struct {
 		name  string
 		src   string
 		keys  []string
 		codes []int64
 	}{
-		{"deduct", lua.Deduct, []string{tag, k.Deduction("fz")}, []int64{lua.OK, lua.Already, lua.Empty, lua.NotSeeded, lua.BadArg, lua.Fenced}},
-		{"restore", lua.Restore, []string{tag, k.Deduction("fz")}, []int64{lua.OK, lua.Already, lua.NoRecord, lua.Stale, lua.NotSeeded, lua.BadArg}},
-		{"refill", lua.Refill, []string{tag, k.Refill("fz")}, []int64{lua.OK, lua.Already, lua.RefillCounted, lua.RefillNotYet, lua.NotSeeded, lua.BadArg}},
-		{"quota", lua.Quota, []string{keys.Quota("fuzz", "t", "b")}, []int64{lua.OK, lua.Already, lua.Empty, lua.QuotaKeyKnown, lua.BadArg}},
-		{"unquota", lua.Unquota, []string{keys.Quota("fuzz", "t", "b")}, []int64{lua.OK, lua.NoRecord, lua.BadArg}},
+		{"deduct", lua.Deduct, []string{tag, k.Deduction(keys.MustID("fz"))}, []int64{lua.OK, lua.Already, lua.Empty, lua.NotSeeded, lua.BadArg, lua.Fenced}},
+		{"restore", lua.Restore, []string{tag, k.Deduction(keys.MustID("fz"))}, []int64{lua.OK, lua.Already, lua.NoRecord, lua.Stale, lua.NotSeeded, lua.BadArg}},
+		{"refill", lua.Refill, []string{tag, k.Refill(keys.MustID("fz"))}, []int64{lua.OK, lua.Already, lua.RefillCounted, lua.RefillNotYet, lua.NotSeeded, lua.BadArg}},
+		{"quota", lua.Quota, []string{keys.Quota(keys.MustID("fuzz"), keys.MustID("t"), keys.MustID("b"))}, []int64{lua.OK, lua.Already, lua.Empty, lua.QuotaKeyKnown, lua.BadArg}},
+		{"unquota", lua.Unquota, []string{keys.Quota(keys.MustID("fuzz"), keys.MustID("t"), keys.MustID("b"))}, []int64{lua.OK, lua.NoRecord, lua.BadArg}},
 		{"seats_hold", lua.SeatsHold, []string{seatsKey}, []int64{lua.SeatsHeld, lua.SeatsTaken, lua.SeatsUnknown, lua.BadArg}},
-		{"seats_best", lua.SeatsBest, []string{seatsKey, keys.SeatLayout("fuzz", "t", "A")}, []int64{lua.SeatsHeld, lua.SeatsAgain, lua.SeatsTaken, lua.BadArg}},
+		{"seats_best", lua.SeatsBest, []string{seatsKey, keys.SeatLayout(keys.MustID("fuzz"), keys.MustID("t"), keys.MustID("A"))}, []int64{lua.SeatsHeld, lua.SeatsAgain, lua.SeatsTaken, lua.BadArg}},
 		{"seats_set", lua.SeatsSet, []string{seatsKey}, []int64{lua.OK}},
-		{"renew", lua.Renew, []string{keys.Lock("fuzz", "t", "fz")}, []int64{lua.LockDone, lua.LockNotOwner, lua.BadArg}},
+		{"renew", lua.Renew, []string{keys.Lock(keys.MustID("fuzz"), keys.MustID("t"), keys.MustID("fz"))}, []int64{lua.LockDone, lua.LockNotOwner, lua.BadArg}},
 		{"fence", lua.Fence, []string{tag}, []int64{lua.OK, lua.BadArg}},
-		{"unlock", lua.Unlock, []string{keys.Lock("fuzz", "t", "fz")}, []int64{lua.LockDone, lua.LockNotOwner, lua.BadArg}},
+		{"unlock", lua.Unlock, []string{keys.Lock(keys.MustID("fuzz"), keys.MustID("t"), keys.MustID("fz"))}, []int64{lua.LockDone, lua.LockNotOwner, lua.BadArg}},
 		{"read", lua.Read, []string{tag}, []int64{lua.OK, lua.NotSeeded}},
 		{"seed", lua.Seed, []string{tag}, []int64{lua.OK, lua.Exists, lua.BadArg}},
 	}

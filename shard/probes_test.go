@@ -12,6 +12,7 @@ import (
 
 	"github.com/stockgate/stockgate/cache"
 	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/shard"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -32,7 +33,7 @@ func TestProbesPerPurchase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sku := stock.SKU{Program: testenv.ID(t, "p"), Ticket: "ga"}
+	sku := stock.SKU{Program: keys.MustID(testenv.ID(t, "p")), Ticket: keys.MustID("ga")}
 	const total, shards = 1000, 16
 	ctx := context.Background()
 	if err := s.Seed(ctx, sku, shards, total, 1, true); err != nil {
@@ -53,7 +54,7 @@ func TestProbesPerPurchase(t *testing.T) {
 		wg.Go(func() {
 			for n := 0; ; n++ {
 				q := int64(1 + rand.IntN(4))
-				d, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: shards, RequestID: fmt.Sprintf("w%d-%d", w, n), Quantity: q, MaxQuantity: 4})
+				d, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: shards, RequestID: keys.MustID(fmt.Sprintf("w%d-%d", w, n)), Quantity: q, MaxQuantity: 4})
 				mu.Lock()
 				switch {
 				case err == nil:

@@ -188,18 +188,15 @@ func (d Deduction) Epoch() (int64, bool) {
 // Request asks for Quantity units of a SKU for one request id.
 type Request struct {
 	SKU         stock.SKU
-	Shards      int    // the SKU's shard count, >= 1
-	RequestID   string // passes keys.CheckID; the same id on a retry
-	Quantity    int64  // 1 <= Quantity <= MaxQuantity
-	MaxQuantity int64  // the SKU's per-order maximum; the script checks it too
+	Shards      int     // the SKU's shard count, >= 1
+	RequestID   keys.ID // the same id on a retry
+	Quantity    int64   // 1 <= Quantity <= MaxQuantity
+	MaxQuantity int64   // the SKU's per-order maximum; the script checks it too
 }
 
 func (r Request) validate() error {
-	if err := r.SKU.Validate(); err != nil {
+	if err := present(r.SKU, r.RequestID); err != nil {
 		return err
-	}
-	if err := keys.CheckID(r.RequestID); err != nil {
-		return fmt.Errorf("%w: request id: %w", stock.ErrInvalid, err)
 	}
 	if r.Shards < 1 || r.Shards > stock.MaxShards {
 		return fmt.Errorf("%w: shards %d", stock.ErrInvalid, r.Shards)
@@ -226,8 +223,8 @@ type Deduction struct {
 
 // Start is the shard a request id begins at. It depends on the id alone, so
 // a retry of the same request meets its own deduction record first.
-func Start(requestID string, shards int) int {
-	return int(crc32.ChecksumIEEE([]byte(requestID)) % uint32(shards))
+func Start(requestID keys.ID, shards int) int {
+	return int(crc32.ChecksumIEEE([]byte(requestID.String())) % uint32(shards))
 }
 
 // Deduct takes r.Quantity units for r.RequestID, all or nothing. It tries
@@ -382,7 +379,7 @@ func (s *Store) deductOne(ctx context.Context, r Request, i int, q, min int64) (
 // Restore gives back the parts a request took, each once. A part whose
 // record is gone, or that predates the shard's last seed, is not given back:
 // the ledger facts behind the seed already count it.
-func (s *Store) Restore(ctx context.Context, sku stock.SKU, requestID string, parts []Part) error {
+func (s *Store) Restore(ctx context.Context, sku stock.SKU, requestID keys.ID, parts []Part) error {
 	var errs []error
 	for _, p := range parts {
 		if _, err := s.RestorePart(ctx, sku, requestID, p); err != nil {
@@ -401,12 +398,9 @@ type RestoreResult struct {
 
 // RestorePart gives back one part. Refusals (no record, stale, already
 // restored) are results, not errors.
-func (s *Store) RestorePart(ctx context.Context, sku stock.SKU, requestID string, p Part) (RestoreResult, error) {
-	if err := sku.Validate(); err != nil {
+func (s *Store) RestorePart(ctx context.Context, sku stock.SKU, requestID keys.ID, p Part) (RestoreResult, error) {
+	if err := present(sku, requestID); err != nil {
 		return RestoreResult{}, err
-	}
-	if err := keys.CheckID(requestID); err != nil {
-		return RestoreResult{}, fmt.Errorf("%w: request id: %w", stock.ErrInvalid, err)
 	}
 	if p.Shards < 1 || p.Shards > stock.MaxShards || p.Shard < 0 || p.Shard >= p.Shards {
 		return RestoreResult{}, fmt.Errorf("%w: shard %d of %d", stock.ErrInvalid, p.Shard, p.Shards)
@@ -439,12 +433,9 @@ const (
 // Refill adds q units the ledger took back to the SKU's gate of the given
 // epoch (laid out over n shards), once per returnID (a service-derived id
 // of the hold or order). It returns Refilled, Counted or NotYet.
-func (s *Store) Refill(ctx context.Context, sku stock.SKU, n int, returnID string, epoch, q int64) (int, error) {
-	if err := sku.Validate(); err != nil {
+func (s *Store) Refill(ctx context.Context, sku stock.SKU, n int, returnID keys.ID, epoch, q int64) (int, error) {
+	if err := present(sku, returnID); err != nil {
 		return 0, err
-	}
-	if err := keys.CheckID(returnID); err != nil {
-		return 0, fmt.Errorf("%w: return id: %w", stock.ErrInvalid, err)
 	}
 	if n < 1 || n > stock.MaxShards || q < 1 || epoch < 0 {
 		return 0, fmt.Errorf("%w: refill %d units over %d shards at epoch %d", stock.ErrInvalid, q, n, epoch)
@@ -492,7 +483,7 @@ func Split(remaining int64, n int) []int64 {
 // from then on); without it only absent shards are written, so concurrent
 // seeders cannot clobber live stock.
 func (s *Store) Seed(ctx context.Context, sku stock.SKU, n int, remaining, epoch int64, overwrite bool) error {
-	if err := sku.Validate(); err != nil {
+	if err := present(sku); err != nil {
 		return err
 	}
 	if n < 1 || n > stock.MaxShards || remaining < 0 || epoch < 0 {
@@ -526,7 +517,7 @@ func (s *Store) Seed(ctx context.Context, sku stock.SKU, n int, remaining, epoch
 // deductions. A re-seed closes the gate, rebuilds the shards from the ledger,
 // and only then reopens it, so no shard serves a mix of old and new stock.
 func (s *Store) Fence(ctx context.Context, sku stock.SKU, n int, closed bool) error {
-	if err := sku.Validate(); err != nil {
+	if err := present(sku); err != nil {
 		return err
 	}
 	if n < 1 || n > stock.MaxShards {
@@ -560,7 +551,7 @@ type ShardStock struct {
 
 // Read returns every shard's state.
 func (s *Store) Read(ctx context.Context, sku stock.SKU, n int) ([]ShardStock, error) {
-	if err := sku.Validate(); err != nil {
+	if err := present(sku); err != nil {
 		return nil, err
 	}
 	if n < 1 || n > stock.MaxShards {
@@ -603,15 +594,12 @@ func (s *Store) Remaining(ctx context.Context, sku stock.SKU, n int) (int64, boo
 var ErrKeyCounted = fmt.Errorf("%w: the key was counted before", stock.ErrLimit)
 
 // TakeQuota counts q units of a request against the buyer's cap on the SKU
-// (or on the whole program when sku.Ticket is ""), once per request id;
+// (or on the whole program when sku.Ticket is zero), once per request id;
 // stock.ErrLimit when the cap would be passed (ErrKeyCounted when keyID was
 // counted before). fresh reports that this call counted them (false: the
 // request was counted before).
-func (s *Store) TakeQuota(ctx context.Context, sku stock.SKU, buyer, requestID, keyID string, q, limit int64) (fresh bool, err error) {
-	if err := quotaScope(sku); err != nil {
-		return false, err
-	}
-	if keys.CheckID(buyer) != nil || keys.CheckID(requestID) != nil || keys.CheckID(keyID) != nil || q < 1 || limit < 1 {
+func (s *Store) TakeQuota(ctx context.Context, sku stock.SKU, buyer, requestID, keyID keys.ID, q, limit int64) (fresh bool, err error) {
+	if sku.IsZero() || buyer.IsZero() || requestID.IsZero() || keyID.IsZero() || q < 1 || limit < 1 {
 		return false, fmt.Errorf("%w: quota for %q/%q q %d limit %d", stock.ErrInvalid, buyer, requestID, q, limit)
 	}
 	v, err := s.quota.Run(ctx, s.rdb, []string{keys.Quota(sku.Program, sku.Ticket, buyer)},
@@ -636,26 +624,29 @@ func (s *Store) TakeQuota(ctx context.Context, sku stock.SKU, buyer, requestID, 
 }
 
 // ReleaseQuota takes a request's units off the buyer's count, once. keyID
-// names the key of a refused request, forgotten with it; "" keeps the key
+// names the key of a refused request, forgotten with it; the zero ID keeps the key
 // known (stock of a committed request came back).
-func (s *Store) ReleaseQuota(ctx context.Context, sku stock.SKU, buyer, requestID, keyID string) error {
-	if err := quotaScope(sku); err != nil {
-		return err
-	}
-	if keys.CheckID(buyer) != nil || keys.CheckID(requestID) != nil || (keyID != "" && keys.CheckID(keyID) != nil) {
+func (s *Store) ReleaseQuota(ctx context.Context, sku stock.SKU, buyer, requestID, keyID keys.ID) error {
+	if sku.IsZero() || buyer.IsZero() || requestID.IsZero() {
 		return fmt.Errorf("%w: quota release for %q/%q", stock.ErrInvalid, buyer, requestID)
 	}
-	_, err := s.unquota.Run(ctx, s.rdb, []string{keys.Quota(sku.Program, sku.Ticket, buyer)}, requestID, keyID).Int64Slice()
+	_, err := s.unquota.Run(ctx, s.rdb, []string{keys.Quota(sku.Program, sku.Ticket, buyer)}, requestID.String(), keyID.String()).Int64Slice()
 	if err != nil {
 		return fmt.Errorf("quota release: %w", err)
 	}
 	return nil
 }
 
-// quotaScope checks a SKU, or a program given as a SKU with no ticket.
-func quotaScope(sku stock.SKU) error {
-	if sku.Ticket == "" {
-		sku.Ticket = "program"
+// present refuses a SKU or id that is missing: every id was parsed at the
+// edge, so a zero one here is a caller's bug, answered as bad input.
+func present(sku stock.SKU, ids ...keys.ID) error {
+	if sku.Program.IsZero() || sku.Ticket.IsZero() {
+		return fmt.Errorf("%w: missing sku", stock.ErrInvalid)
 	}
-	return sku.Validate()
+	for _, id := range ids {
+		if id.IsZero() {
+			return fmt.Errorf("%w: missing id", stock.ErrInvalid)
+		}
+	}
+	return nil
 }

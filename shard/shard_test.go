@@ -33,7 +33,7 @@ func newStore(t testing.TB) (*shard.Store, *redis.ClusterClient) {
 }
 
 func newSKU(t *testing.T) stock.SKU {
-	return stock.SKU{Program: testenv.ID(t, "p"), Ticket: "ga"}
+	return stock.SKU{Program: keys.MustID(testenv.ID(t, "p")), Ticket: keys.MustID("ga")}
 }
 
 // seeded returns a store and a new SKU seeded with units over n shards.
@@ -64,7 +64,7 @@ func TestDeductResentMovesOnce(t *testing.T) {
 	k := keys.Shard(sku.Program, sku.Ticket, 0, 1)
 	script := redis.NewScript(lua.Deduct)
 	for n := range 2 {
-		v, err := script.Run(ctx, rdb, []string{k.Stock(), k.Deduction("req-1")}, 3, 3, 4, 60000).Int64Slice()
+		v, err := script.Run(ctx, rdb, []string{k.Stock(), k.Deduction(keys.MustID("req-1"))}, 3, 3, 4, 60000).Int64Slice()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -80,7 +80,7 @@ func TestDeductResentMovesOnce(t *testing.T) {
 		t.Errorf("remaining = %d, want 7", got)
 	}
 	// And through the Store.
-	r := shard.Request{SKU: sku, Shards: 1, RequestID: "req-2", Quantity: 2, MaxQuantity: 4}
+	r := shard.Request{SKU: sku, Shards: 1, RequestID: keys.MustID("req-2"), Quantity: 2, MaxQuantity: 4}
 	d1, err := s.Deduct(ctx, r)
 	if err != nil || d1.Replayed {
 		t.Fatalf("Deduct = %+v, %v", d1, err)
@@ -111,7 +111,7 @@ func TestScriptsRefuseBadArguments(t *testing.T) {
 		{1, 1, 4, 10},    // ttl too short
 		{"0x1", 1, 4, 60000},
 	} {
-		v, err := deduct.Run(ctx, rdb, []string{k.Stock(), k.Deduction("bad")}, args...).Int64Slice()
+		v, err := deduct.Run(ctx, rdb, []string{k.Stock(), k.Deduction(keys.MustID("bad"))}, args...).Int64Slice()
 		if err != nil || v[0] != lua.BadArg {
 			t.Errorf("deduct%v = %v, %v, want code %d", args, v, err, lua.BadArg)
 		}
@@ -131,7 +131,7 @@ func TestScriptsRefuseBadArguments(t *testing.T) {
 func TestRestoreOnceCappedAndOnlyAfterDeduct(t *testing.T) {
 	ctx := context.Background()
 	s, _, sku := seeded(t, 1, 5)
-	d, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: 1, RequestID: "r1", Quantity: 3, MaxQuantity: 4})
+	d, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: 1, RequestID: keys.MustID("r1"), Quantity: 3, MaxQuantity: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +139,7 @@ func TestRestoreOnceCappedAndOnlyAfterDeduct(t *testing.T) {
 	results := make(chan shard.RestoreResult, 10)
 	for range 10 {
 		wg.Go(func() {
-			res, err := s.RestorePart(ctx, sku, "r1", d.Parts[0])
+			res, err := s.RestorePart(ctx, sku, keys.MustID("r1"), d.Parts[0])
 			if err != nil {
 				t.Error(err)
 			}
@@ -159,20 +159,20 @@ func TestRestoreOnceCappedAndOnlyAfterDeduct(t *testing.T) {
 		t.Errorf("remaining = %d, want 5", got)
 	}
 	// A request id that never deducted is refused by the script.
-	res, err := s.RestorePart(ctx, sku, "never", shard.Part{Shards: 1, Shard: 0, Taken: 3, Gen: 1})
+	res, err := s.RestorePart(ctx, sku, keys.MustID("never"), shard.Part{Shards: 1, Shard: 0, Taken: 3, Gen: 1})
 	if err != nil || res.Code != lua.NoRecord || res.Restored != 0 {
 		t.Errorf("restore of unknown request = %+v, %v, want code %d", res, err, lua.NoRecord)
 	}
 	// A deduction made before a re-seed is not given back after it: the
 	// ledger facts the seed used already count it.
-	d2, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: 1, RequestID: "r2", Quantity: 2, MaxQuantity: 4})
+	d2, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: 1, RequestID: keys.MustID("r2"), Quantity: 2, MaxQuantity: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Seed(ctx, sku, 1, 4, 2, true); err != nil {
 		t.Fatal(err)
 	}
-	res, err = s.RestorePart(ctx, sku, "r2", d2.Parts[0])
+	res, err = s.RestorePart(ctx, sku, keys.MustID("r2"), d2.Parts[0])
 	if err != nil || res.Code != lua.Stale {
 		t.Errorf("restore across re-seed = %+v, %v, want code %d", res, err, lua.Stale)
 	}
@@ -195,7 +195,7 @@ func TestDeductProbesAndSellsOut(t *testing.T) {
 	for g := range 50 {
 		wg.Go(func() {
 			q := int64(g%4 + 1)
-			d, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: n, RequestID: testenv.ID(t, "r") + string(rune('a'+g%26)) + "-" + string(rune('a'+g/26)), Quantity: q, MaxQuantity: 4})
+			d, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: n, RequestID: keys.MustID(testenv.ID(t, "r") + string(rune('a'+g%26)) + "-" + string(rune('a'+g/26))), Quantity: q, MaxQuantity: 4})
 			switch {
 			case errors.Is(err, stock.ErrSoldOut):
 			case err != nil:
@@ -222,11 +222,11 @@ func TestDeductProbesAndSellsOut(t *testing.T) {
 	// Drain what is left one unit at a time: the last unit, wherever it sits,
 	// must be found before sold out is answered.
 	for i := range left {
-		if _, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: n, RequestID: "drain-" + string(rune('a'+i)), Quantity: 1, MaxQuantity: 4}); err != nil {
+		if _, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: n, RequestID: keys.MustID("drain-" + string(rune('a'+i))), Quantity: 1, MaxQuantity: 4}); err != nil {
 			t.Fatalf("drain %d of %d: %v", i+1, left, err)
 		}
 	}
-	if _, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: n, RequestID: "after", Quantity: 1, MaxQuantity: 4}); !errors.Is(err, stock.ErrSoldOut) {
+	if _, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: n, RequestID: keys.MustID("after"), Quantity: 1, MaxQuantity: 4}); !errors.Is(err, stock.ErrSoldOut) {
 		t.Errorf("Deduct after drain = %v, want ErrSoldOut", err)
 	}
 }
@@ -236,18 +236,18 @@ func TestAssembleAcrossShards(t *testing.T) {
 	// 4 units over 4 shards: 1 each, so q=3 needs three shards and q=2
 	// after it must fail with everything given back.
 	s, _, sku := seeded(t, 4, 4)
-	d, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: 4, RequestID: "big", Quantity: 3, MaxQuantity: 4})
+	d, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: 4, RequestID: keys.MustID("big"), Quantity: 3, MaxQuantity: 4})
 	if err != nil || len(d.Parts) != 3 {
 		t.Fatalf("Deduct(3) = %+v, %v, want 3 parts", d, err)
 	}
-	if _, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: 4, RequestID: "two", Quantity: 2, MaxQuantity: 4}); !errors.Is(err, stock.ErrSoldOut) {
+	if _, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: 4, RequestID: keys.MustID("two"), Quantity: 2, MaxQuantity: 4}); !errors.Is(err, stock.ErrSoldOut) {
 		t.Fatalf("Deduct(2) = %v, want ErrSoldOut", err)
 	}
 	if got := remaining(t, s, sku, 4); got != 1 {
 		t.Errorf("remaining = %d, want 1 (partial take given back)", got)
 	}
 	// A retry of the assembled purchase finds all its parts, moves nothing.
-	d2, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: 4, RequestID: "big", Quantity: 3, MaxQuantity: 4})
+	d2, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: 4, RequestID: keys.MustID("big"), Quantity: 3, MaxQuantity: 4})
 	if err != nil || !d2.Replayed {
 		t.Fatalf("retry = %+v, %v, want replayed", d2, err)
 	}
@@ -270,8 +270,8 @@ func TestScriptKeysShareSlotOnCluster(t *testing.T) {
 			k := keys.Shard(sku.Program, sku.Ticket, i, n)
 			scripts := map[string][]string{
 				"seed":    {k.Stock()},
-				"deduct":  {k.Stock(), k.Deduction("some-request")},
-				"restore": {k.Stock(), k.Deduction("some-request")},
+				"deduct":  {k.Stock(), k.Deduction(keys.MustID("some-request"))},
+				"restore": {k.Stock(), k.Deduction(keys.MustID("some-request"))},
 				"read":    {k.Stock()},
 			}
 			for name, ks := range scripts {
@@ -312,10 +312,10 @@ func TestDeductValidates(t *testing.T) {
 	ctx := context.Background()
 	s, _ := newStore(t)
 	for _, r := range []shard.Request{
-		{SKU: stock.SKU{Program: "a{b", Ticket: "x"}, Shards: 1, RequestID: "r", Quantity: 1, MaxQuantity: 1},
-		{SKU: stock.SKU{Program: "a", Ticket: "x"}, Shards: 1, RequestID: "r r", Quantity: 1, MaxQuantity: 1},
-		{SKU: stock.SKU{Program: "a", Ticket: "x"}, Shards: 0, RequestID: "r", Quantity: 1, MaxQuantity: 1},
-		{SKU: stock.SKU{Program: "a", Ticket: "x"}, Shards: 1, RequestID: "r", Quantity: 2, MaxQuantity: 1},
+		{SKU: stock.SKU{Ticket: keys.MustID("x")}, Shards: 1, RequestID: keys.MustID("r"), Quantity: 1, MaxQuantity: 1},
+		{SKU: stock.SKU{Program: keys.MustID("a"), Ticket: keys.MustID("x")}, Shards: 1, RequestID: keys.ID{}, Quantity: 1, MaxQuantity: 1},
+		{SKU: stock.SKU{Program: keys.MustID("a"), Ticket: keys.MustID("x")}, Shards: 0, RequestID: keys.MustID("r"), Quantity: 1, MaxQuantity: 1},
+		{SKU: stock.SKU{Program: keys.MustID("a"), Ticket: keys.MustID("x")}, Shards: 1, RequestID: keys.MustID("r"), Quantity: 2, MaxQuantity: 1},
 	} {
 		if _, err := s.Deduct(ctx, r); !errors.Is(err, stock.ErrInvalid) {
 			t.Errorf("Deduct(%+v) = %v, want ErrInvalid", r, err)
@@ -328,7 +328,7 @@ func TestDeductValidates(t *testing.T) {
 func TestFence(t *testing.T) {
 	s, _, sku := seeded(t, 2, 10)
 	ctx := context.Background()
-	req := shard.Request{SKU: sku, Shards: 2, RequestID: "f1", Quantity: 1, MaxQuantity: 4}
+	req := shard.Request{SKU: sku, Shards: 2, RequestID: keys.MustID("f1"), Quantity: 1, MaxQuantity: 4}
 	if err := s.Fence(ctx, sku, 2, true); err != nil {
 		t.Fatal(err)
 	}
@@ -367,7 +367,7 @@ func TestFence(t *testing.T) {
 func TestRecordFromBeforeReseedDoesNotReplay(t *testing.T) {
 	s, _, sku := seeded(t, 1, 10)
 	ctx := context.Background()
-	req := shard.Request{SKU: sku, Shards: 1, RequestID: "r1", Quantity: 2, MaxQuantity: 4}
+	req := shard.Request{SKU: sku, Shards: 1, RequestID: keys.MustID("r1"), Quantity: 2, MaxQuantity: 4}
 	first, err := s.Deduct(ctx, req)
 	if err != nil {
 		t.Fatal(err)
@@ -379,7 +379,7 @@ func TestRecordFromBeforeReseedDoesNotReplay(t *testing.T) {
 	if err != nil || again.Replayed || remaining(t, s, sku, 1) != 8 {
 		t.Fatalf("retry after re-seed = %+v, %v, %d left; want a fresh take leaving 8", again, err, remaining(t, s, sku, 1))
 	}
-	res, err := s.RestorePart(ctx, sku, "r1", first.Parts[0])
+	res, err := s.RestorePart(ctx, sku, keys.MustID("r1"), first.Parts[0])
 	if err != nil || res.Restored != 0 || remaining(t, s, sku, 1) != 8 {
 		t.Errorf("late restore of the pre-seed deduction = %+v, %v; want nothing moved", res, err)
 	}
@@ -442,7 +442,7 @@ func TestRefillByEpochOnce(t *testing.T) {
 		{"another return", "ret-c", 1, 1, shard.Refilled, 3},
 	}
 	for _, c := range cases {
-		got, err := s.Refill(ctx, sku, 2, c.id, c.epoch, c.q)
+		got, err := s.Refill(ctx, sku, 2, keys.MustID(c.id), c.epoch, c.q)
 		if err != nil || got != c.want || remaining(t, s, sku, 2) != c.left {
 			t.Errorf("%s: Refill(%s, epoch %d, %d) = %d, %v, %d left; want %d, %d left",
 				c.name, c.id, c.epoch, c.q, got, err, remaining(t, s, sku, 2), c.want, c.left)
@@ -452,10 +452,10 @@ func TestRefillByEpochOnce(t *testing.T) {
 	if err := s.Seed(ctx, sku, 2, 6, 2, true); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := s.Refill(ctx, sku, 2, "ret-d", 1, 1); err != nil || got != shard.Counted || remaining(t, s, sku, 2) != 6 {
+	if got, err := s.Refill(ctx, sku, 2, keys.MustID("ret-d"), 1, 1); err != nil || got != shard.Counted || remaining(t, s, sku, 2) != 6 {
 		t.Errorf("refill of an epoch-1 return after the rebuild = %d, %v; want counted, 6 left", got, err)
 	}
-	if got, err := s.Refill(ctx, sku, 2, "ret-a", 2, 3); err != nil || got != shard.Refilled || remaining(t, s, sku, 2) != 9 {
+	if got, err := s.Refill(ctx, sku, 2, keys.MustID("ret-a"), 2, 3); err != nil || got != shard.Refilled || remaining(t, s, sku, 2) != 9 {
 		t.Errorf("refill of the epoch-2 return = %d, %v, %d left; want refilled, 9 left", got, err, remaining(t, s, sku, 2))
 	}
 	shards, err := s.Read(ctx, sku, 2)
@@ -470,9 +470,9 @@ func TestRefillByEpochOnce(t *testing.T) {
 		t.Errorf("allotments add up to %d, want 9 (6 seeded + 3 returned)", allot)
 	}
 	for _, bad := range []struct {
-		id       string
+		id       keys.ID
 		epoch, q int64
-	}{{"x{y}", 1, 1}, {"ok", -1, 1}, {"ok", 1, 0}} {
+	}{{keys.ID{}, 1, 1}, {keys.MustID("ok"), -1, 1}, {keys.MustID("ok"), 1, 0}} {
 		if _, err := s.Refill(ctx, sku, 2, bad.id, bad.epoch, bad.q); !errors.Is(err, stock.ErrInvalid) {
 			t.Errorf("Refill(%q, %d, %d) = %v, want ErrInvalid", bad.id, bad.epoch, bad.q, err)
 		}

@@ -26,24 +26,51 @@ var (
 	ErrSaleEnded = errors.New("stock: sale ended")
 )
 
-// SKU is one (program, ticket) pair: the unit of stock.
+// SKU is one (program, ticket) pair: the unit of stock. Its ids are checked
+// once, by ParseSKU (or keys.ParseID), at the edge. A SKU with a zero
+// Ticket is the whole program (see Whole): the scope of program-wide caps.
 type SKU struct {
-	Program string `json:"program"`
-	Ticket  string `json:"ticket"`
+	Program keys.ID `json:"program"`
+	Ticket  keys.ID `json:"ticket"`
 }
 
-// Validate reports ErrInvalid unless both ids are acceptable in keys.
-func (s SKU) Validate() error {
-	if err := keys.CheckID(s.Program); err != nil {
-		return fmt.Errorf("%w: program: %w", ErrInvalid, err)
+// ParseSKU checks both ids; its error wraps ErrInvalid and keys.ErrInvalidID
+// and names the one at fault.
+func ParseSKU(program, ticket string) (SKU, error) {
+	p, err := keys.ParseID(program)
+	if err != nil {
+		return SKU{}, fmt.Errorf("%w: program: %w", ErrInvalid, err)
 	}
-	if err := keys.CheckID(s.Ticket); err != nil {
-		return fmt.Errorf("%w: ticket: %w", ErrInvalid, err)
+	t, err := keys.ParseID(ticket)
+	if err != nil {
+		return SKU{}, fmt.Errorf("%w: ticket: %w", ErrInvalid, err)
 	}
-	return nil
+	return SKU{Program: p, Ticket: t}, nil
 }
 
-func (s SKU) String() string { return s.Program + "/" + s.Ticket }
+// MustSKU is ParseSKU for SKUs written in the program (tests, tools); it
+// panics on bad ids.
+func MustSKU(program, ticket string) SKU {
+	return SKU{Program: keys.MustID(program), Ticket: keys.MustID(ticket)}
+}
+
+// IsZero reports a SKU with no program: none at all.
+func (s SKU) IsZero() bool { return s.Program.IsZero() }
+
+// Whole is the program the SKU belongs to, as a SKU with no ticket: the
+// scope of a per-program cap.
+func (s SKU) Whole() SKU { return SKU{Program: s.Program} }
+
+// Compare orders SKUs by program, then ticket: the one order in which
+// every transaction locks SKU rows.
+func (s SKU) Compare(o SKU) int {
+	if c := s.Program.Compare(o.Program); c != 0 {
+		return c
+	}
+	return s.Ticket.Compare(o.Ticket)
+}
+
+func (s SKU) String() string { return s.Program.String() + "/" + s.Ticket.String() }
 
 // Limits that bound what a SKU may be configured with.
 const (

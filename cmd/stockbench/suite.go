@@ -29,6 +29,8 @@ import (
 	"github.com/stockgate/stockgate/internal/loadgen"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/sale"
+	"github.com/stockgate/stockgate/stock"
 )
 
 // suite runs everything side by side and writes the benchmark document.
@@ -316,9 +318,9 @@ func (s *suite) runAll() error {
 		if c == opt {
 			reqs = n / 10 // it is an order of magnitude slower
 		}
-		stock := int64(reqs / 10)
+		units := int64(reqs / 10)
 		prog := p("cmp" + slug(c.Name)[:4])
-		if err := c.Seed(s.ctx, prog, "ga", stock); err != nil {
+		if err := c.Seed(s.ctx, stock.MustSKU(prog, "ga"), units); err != nil {
 			return err
 		}
 		base, closeFn := serve(c.Handler)
@@ -326,7 +328,7 @@ func (s *suite) runAll() error {
 		closeFn()
 		compRes[c.Name] = r
 		if c.Name != "bare gin (no Redis)" {
-			compOversell[c.Name] = max(0, c.Sold.Load()-stock)
+			compOversell[c.Name] = max(0, c.Sold.Load()-units)
 		}
 	}
 	floor, bare := compRes[comps[0].Name], compRes[comps[1].Name]
@@ -454,13 +456,24 @@ func (s *suite) holds(sku string, n uint64) (loadgen.Result, []loadgen.HoldRef) 
 	return res, refs
 }
 
+// redisMemory measures one shard of the flash sale's SKU and one of its
+// deduction records. The flash sale's requests are buyer "flash-b<i>" with
+// key "flash-<i>" (loadgen.Purchases), and a deduction is keyed by the
+// request's gate id, so the probe derives those; which shard a record is
+// on depends on its id, so each of the first requests is looked for on
+// every shard.
 func (s *suite) redisMemory(sku string) (shard, record int64) {
 	parts := strings.SplitN(sku, "/", 2)
-	k := keys.Shard(parts[0], parts[1], 0, 12)
-	shard, _ = s.rdb.MemoryUsage(s.ctx, k.Stock()).Result()
-	for i := range 5000 {
-		if v, err := s.rdb.MemoryUsage(s.ctx, k.Deduction("flash-"+strconv.Itoa(i))).Result(); err == nil && v > 0 {
-			return shard, v
+	id := stock.MustSKU(parts[0], parts[1])
+	shard, _ = s.rdb.MemoryUsage(s.ctx, keys.Shard(id.Program, id.Ticket, 0, 12).Stock()).Result()
+	for i := range 200 {
+		ask := sale.Ask{Buyer: keys.MustID("flash-b" + strconv.Itoa(i)), Key: keys.MustID("flash-" + strconv.Itoa(i))}
+		gate := sale.PurchaseGateID(ask, id, 1)
+		for n := range 12 {
+			k := keys.Shard(id.Program, id.Ticket, n, 12)
+			if v, err := s.rdb.MemoryUsage(s.ctx, k.Deduction(gate)).Result(); err == nil && v > 0 {
+				return shard, v
+			}
 		}
 	}
 	return shard, -1

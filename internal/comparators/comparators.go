@@ -32,6 +32,14 @@ import (
 
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/lua"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// The comparators' own Redis keys (kinds of keys.Bench).
+var (
+	benchdecr      = keys.MustID("decr")
+	benchlock      = keys.MustID("lock")
+	benchlockstock = keys.MustID("lockstock")
 )
 
 // Comparator is one approach, serving the purchase route.
@@ -40,10 +48,10 @@ type Comparator struct {
 	Handler http.Handler
 	Sold    atomic.Int64
 	// Seed sets the SKU's stock before a run.
-	Seed func(ctx context.Context, program, ticket string, stock int64) error
+	Seed func(ctx context.Context, sku stock.SKU, stock int64) error
 }
 
-func engine(c *Comparator, buy func(ctx context.Context, program, ticket string) (int, error)) http.Handler {
+func engine(c *Comparator, buy func(ctx context.Context, sku stock.SKU) (int, error)) http.Handler {
 	gin.SetMode(gin.ReleaseMode)
 	e := gin.New()
 	e.POST("/v1/skus/:program/:ticket/purchases", func(g *gin.Context) {
@@ -55,7 +63,12 @@ func engine(c *Comparator, buy func(ctx context.Context, program, ticket string)
 			g.Status(http.StatusBadRequest)
 			return
 		}
-		code, err := buy(g.Request.Context(), g.Param("program"), g.Param("ticket"))
+		sku, err := stock.ParseSKU(g.Param("program"), g.Param("ticket"))
+		if err != nil {
+			g.Status(http.StatusBadRequest)
+			return
+		}
+		code, err := buy(g.Request.Context(), sku)
 		if err != nil {
 			g.Status(http.StatusServiceUnavailable)
 			return
@@ -73,8 +86,8 @@ func engine(c *Comparator, buy func(ctx context.Context, program, ticket string)
 
 // Bare answers every purchase 201 without touching anything.
 func Bare() *Comparator {
-	c := &Comparator{Name: "bare gin (no Redis)", Seed: func(context.Context, string, string, int64) error { return nil }}
-	c.Handler = engine(c, func(context.Context, string, string) (int, error) { return http.StatusCreated, nil })
+	c := &Comparator{Name: "bare gin (no Redis)", Seed: func(context.Context, stock.SKU, int64) error { return nil }}
+	c.Handler = engine(c, func(context.Context, stock.SKU) (int, error) { return http.StatusCreated, nil })
 	return c
 }
 
@@ -87,11 +100,11 @@ return 1`
 func Floor(rdb *redis.ClusterClient) *Comparator {
 	script := redis.NewScript(floorScript)
 	c := &Comparator{Name: "floor: one EVALSHA"}
-	c.Seed = func(ctx context.Context, p, t string, stock int64) error {
-		return rdb.HSet(ctx, keys.Shard(p, t, 0, 1).Stock(), "avail", stock).Err()
+	c.Seed = func(ctx context.Context, sku stock.SKU, units int64) error {
+		return rdb.HSet(ctx, keys.Shard(sku.Program, sku.Ticket, 0, 1).Stock(), "avail", units).Err()
 	}
-	c.Handler = engine(c, func(ctx context.Context, p, t string) (int, error) {
-		n, err := script.Run(ctx, rdb, []string{keys.Shard(p, t, 0, 1).Stock()}).Int64()
+	c.Handler = engine(c, func(ctx context.Context, sku stock.SKU) (int, error) {
+		n, err := script.Run(ctx, rdb, []string{keys.Shard(sku.Program, sku.Ticket, 0, 1).Stock()}).Int64()
 		if err != nil {
 			return 0, err
 		}
@@ -106,11 +119,11 @@ func Floor(rdb *redis.ClusterClient) *Comparator {
 // DecrIncr decrements, and increments back when the count went negative.
 func DecrIncr(rdb *redis.ClusterClient) *Comparator {
 	c := &Comparator{Name: "DECR + INCR on negative"}
-	c.Seed = func(ctx context.Context, p, t string, stock int64) error {
-		return rdb.Set(ctx, keys.Bench(p, t, "decr"), stock, 0).Err()
+	c.Seed = func(ctx context.Context, sku stock.SKU, units int64) error {
+		return rdb.Set(ctx, keys.Bench(sku.Program, sku.Ticket, benchdecr), units, 0).Err()
 	}
-	c.Handler = engine(c, func(ctx context.Context, p, t string) (int, error) {
-		k := keys.Bench(p, t, "decr")
+	c.Handler = engine(c, func(ctx context.Context, sku stock.SKU) (int, error) {
+		k := keys.Bench(sku.Program, sku.Ticket, benchdecr)
 		n, err := rdb.Decr(ctx, k).Result()
 		if err != nil {
 			return 0, err
@@ -131,11 +144,11 @@ func DecrIncr(rdb *redis.ClusterClient) *Comparator {
 func Lock(rdb *redis.ClusterClient) *Comparator {
 	unlock := redis.NewScript(lua.Unlock)
 	c := &Comparator{Name: "SET NX PX lock + GET/SET"}
-	c.Seed = func(ctx context.Context, p, t string, stock int64) error {
-		return rdb.Set(ctx, keys.Bench(p, t, "lockstock"), stock, 0).Err()
+	c.Seed = func(ctx context.Context, sku stock.SKU, units int64) error {
+		return rdb.Set(ctx, keys.Bench(sku.Program, sku.Ticket, benchlockstock), units, 0).Err()
 	}
-	c.Handler = engine(c, func(ctx context.Context, p, t string) (int, error) {
-		lk, sk := keys.Bench(p, t, "lock"), keys.Bench(p, t, "lockstock")
+	c.Handler = engine(c, func(ctx context.Context, sku stock.SKU) (int, error) {
+		lk, sk := keys.Bench(sku.Program, sku.Ticket, benchlock), keys.Bench(sku.Program, sku.Ticket, benchlockstock)
 		var b [8]byte
 		_, _ = rand.Read(b[:])
 		token := hex.EncodeToString(b[:])
@@ -179,16 +192,16 @@ func Optimistic(db *sql.DB) (*Comparator, error) {
 		return nil, err
 	}
 	c := &Comparator{Name: "ledger only, optimistic"}
-	c.Seed = func(ctx context.Context, p, t string, stock int64) error {
+	c.Seed = func(ctx context.Context, sku stock.SKU, units int64) error {
 		_, err := db.ExecContext(ctx, `INSERT INTO bench_stock VALUES ($1, $2, $3, 0)
-			ON CONFLICT (program, ticket) DO UPDATE SET remaining = $3, version = 0`, p, t, stock)
+			ON CONFLICT (program, ticket) DO UPDATE SET remaining = $3, version = 0`, sku.Program, sku.Ticket, units)
 		return err
 	}
-	c.Handler = engine(c, func(ctx context.Context, p, t string) (int, error) {
+	c.Handler = engine(c, func(ctx context.Context, sku stock.SKU) (int, error) {
 		for range 10 {
 			var left, version int64
 			if err := db.QueryRowContext(ctx, `SELECT remaining, version FROM bench_stock WHERE program = $1 AND ticket = $2`,
-				p, t).Scan(&left, &version); err != nil {
+				sku.Program, sku.Ticket).Scan(&left, &version); err != nil {
 				return 0, err
 			}
 			if left <= 0 {
@@ -199,7 +212,7 @@ func Optimistic(db *sql.DB) (*Comparator, error) {
 				return 0, err
 			}
 			res, err := tx.ExecContext(ctx, `UPDATE bench_stock SET remaining = remaining - 1, version = version + 1
-				WHERE program = $1 AND ticket = $2 AND version = $3`, p, t, version)
+				WHERE program = $1 AND ticket = $2 AND version = $3`, sku.Program, sku.Ticket, version)
 			if err != nil {
 				tx.Rollback()
 				return 0, err
@@ -208,7 +221,7 @@ func Optimistic(db *sql.DB) (*Comparator, error) {
 				tx.Rollback()
 				continue
 			}
-			if _, err := tx.ExecContext(ctx, `INSERT INTO bench_orders (program, ticket) VALUES ($1, $2)`, p, t); err != nil {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO bench_orders (program, ticket) VALUES ($1, $2)`, sku.Program, sku.Ticket); err != nil {
 				tx.Rollback()
 				return 0, err
 			}

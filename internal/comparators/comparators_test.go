@@ -12,6 +12,7 @@ import (
 
 	"github.com/stockgate/stockgate/internal/comparators"
 	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/stock"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
@@ -24,7 +25,7 @@ func TestComparatorsSellTheirStock(t *testing.T) {
 	for _, c := range []*comparators.Comparator{comparators.Floor(rdb), comparators.DecrIncr(rdb), comparators.Lock(rdb)} {
 		t.Run(c.Name, func(t *testing.T) {
 			program := testenv.ID(t, "c")
-			if err := c.Seed(context.Background(), program, "ga", 10); err != nil {
+			if err := c.Seed(context.Background(), stock.MustSKU(program, "ga"), 10); err != nil {
 				t.Fatal(err)
 			}
 			srv := httptest.NewServer(c.Handler)

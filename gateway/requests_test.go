@@ -174,6 +174,16 @@ func TestRetryOfPaidPurchaseReplayedEverywhere(t *testing.T) {
 			if r := e.buy(t, sku, "never-paid", "ann", 1); r.status != 409 {
 				t.Errorf("%s: a new key = %d %s, want 409", what, r.status, r.body)
 			}
+			// The storm's path refuses a key no buyer sold under before
+			// reading the body (a body that is not even JSON); a key that
+			// sold is always read, so its retry is never refused early.
+			path := "/v1/skus/" + sku.Program.String() + "/" + sku.Ticket.String() + "/purchases"
+			if r := e.do(t, http.MethodPost, path, map[string]string{"Idempotency-Key": "never-paid-raw"}, "{not json"); r.status != 409 {
+				t.Errorf("%s: a new key with an unread body = %d %s, want 409 before the body is read", what, r.status, r.body)
+			}
+			if r := e.do(t, http.MethodPost, path, map[string]string{"Idempotency-Key": "paid"}, "{not json"); r.status != 400 {
+				t.Errorf("%s: a sold key with a bad body = %d %s, want 400 (its body read)", what, r.status, r.body)
+			}
 		}
 		retry("sold out, same replica", a)
 		retry("sold out, other replica", b)

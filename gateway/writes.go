@@ -84,6 +84,12 @@ func (s *Server) take(c *gin.Context, hold bool) {
 	if !ok {
 		return
 	}
+	// A sold-out or ended SKU refuses a key it never sold under before the
+	// body is read: the storm's answer costs no decoding.
+	if err := s.sale.Closed(c.Request.Context(), sku, ask.Key); err != nil {
+		s.writeError(c, err)
+		return
+	}
 	var body holdBody
 	var into any = &body.purchaseBody
 	if hold {

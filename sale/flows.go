@@ -61,6 +61,34 @@ func (t Take) check(hold bool) error {
 	return nil
 }
 
+// Closed answers, before a request's body is read, ErrSoldOut or
+// ErrSaleEnded when the SKU takes no new requests and the key committed no
+// request of it for any buyer: a sold-out storm is then refused without
+// decoding a body. It decides from memory (the SKU's cached settings and
+// sold-out flag, and its sealed set of committed keys) and answers nil
+// whenever it does not know: the request then takes its full path, which
+// replays a retry of a committed request or answers 422 for a reused key.
+func (s *Service) Closed(ctx context.Context, sku stock.SKU, key keys.ID) error {
+	if sku.IsZero() || key.IsZero() {
+		return nil
+	}
+	st, err := s.settings.Get(ctx, sku)
+	if err != nil || st.Seated {
+		return nil
+	}
+	refusal := ErrSoldOut
+	switch {
+	case !st.EndedAt.IsZero():
+		refusal = ErrSaleEnded
+	case !s.cache.SoldOut(sku):
+		return nil
+	}
+	if !s.replays.sealedWithout(sku, key) {
+		return nil
+	}
+	return refusal
+}
+
 // Purchase sells the units: through the Redis gate, then the ledger, or
 // straight to the ledger while Redis cannot be used.
 func (s *Service) Purchase(ctx context.Context, t Take) (Result, error) {

@@ -45,8 +45,11 @@ func newReplays(l Ledger, idle time.Duration) (*replays, error) {
 }
 
 type keySet struct {
-	mu      sync.RWMutex
-	keys    map[scopedKey]struct{}
+	mu   sync.RWMutex
+	keys map[scopedKey]struct{}
+	// byKey is keys without their scope: whether any buyer committed a
+	// request under a key, for answers given before the buyer is known.
+	byKey   map[keys.ID]struct{}
 	version int64 // the SKU row version read up to
 	sealed  bool
 	started int           // reads started
@@ -70,7 +73,7 @@ func (r *replays) committedAt(ctx context.Context, sku stock.SKU, scope, key key
 	ks, ok := r.sets.GetIfPresent(sku)
 	if !ok {
 		ks, _ = r.sets.ComputeIfAbsent(sku, func() (*keySet, bool) {
-			return &keySet{keys: map[scopedKey]struct{}{}}, false
+			return &keySet{keys: map[scopedKey]struct{}{}, byKey: map[keys.ID]struct{}{}}, false
 		})
 	}
 	id := scopedKey{scope, key}
@@ -113,6 +116,7 @@ func (r *replays) committedAt(ctx context.Context, sku stock.SKU, scope, key key
 			}
 			for _, k := range c.Keys {
 				ks.keys[scopedKey{k.Scope, k.Key}] = struct{}{}
+				ks.byKey[k.Key] = struct{}{}
 			}
 			if c.Version > ks.version {
 				ks.version = c.Version
@@ -137,6 +141,20 @@ func (r *replays) committedAt(ctx context.Context, sku stock.SKU, scope, key key
 	_, found = ks.keys[id]
 	ks.mu.Unlock()
 	return found, nil
+}
+
+// sealedWithout reports, from memory alone, that the SKU's set is sealed
+// and no buyer committed a request of it under key: the request cannot be
+// a retry of a sale, whoever sends it. false means "not known here".
+func (r *replays) sealedWithout(sku stock.SKU, key keys.ID) bool {
+	ks, ok := r.sets.GetIfPresent(sku)
+	if !ok {
+		return false
+	}
+	ks.mu.RLock()
+	defer ks.mu.RUnlock()
+	_, found := ks.byKey[key]
+	return ks.sealed && !found
 }
 
 // unseal makes the next miss read the ledger again: stock may have come

@@ -337,6 +337,12 @@ func (l *Ledger) ExpireDue(ctx context.Context, limit int) ([]Hold, error) {
 	var done []Hold
 	for _, h := range due {
 		h, changed, err := l.endHold(ctx, h, Expired, true, Request{})
+		if errors.Is(err, ErrHoldConfirmed) {
+			// A confirm that began before the expiry instant committed after
+			// this read: the hold is sold, and the rest of the wave is still
+			// due.
+			continue
+		}
 		if err != nil {
 			return done, err
 		}

@@ -761,6 +761,11 @@ func (l *countingLedger) Confirm(ctx context.Context, id, buyer keys.ID, req led
 	return l.Ledger.Confirm(ctx, id, buyer, req)
 }
 
+func (l *countingLedger) ConfirmBatch(ctx context.Context, cs []ledger.ConfirmRequest) ([]ledger.BatchResult, error) {
+	l.note("ConfirmBatch")
+	return l.Ledger.ConfirmBatch(ctx, cs)
+}
+
 func (l *countingLedger) Cancel(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Hold, bool, error) {
 	l.note("Cancel")
 	return l.Ledger.Cancel(ctx, id, buyer, req)

@@ -18,6 +18,7 @@ import (
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/shard"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -563,4 +564,67 @@ func TestDeadSweeperRestoreFinishedByAnother(t *testing.T) {
 	if st := a.state(t, sku); st.RedisRemaining != 10 {
 		t.Errorf("redis remaining %d, want 10 (each restore once)", st.RedisRemaining)
 	}
+}
+
+// Confirms are group-committed: 120 holds confirmed at once through one
+// replica are all decided by ledger confirm batches (no confirm alone), each
+// answered 201 with its own order; their retries through another replica
+// replay the same orders; the ledger sells exactly the 120.
+func TestConfirmsGroupCommittedAcrossReplicas(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		dsn := ledgerDSN(t, driver)
+		var counted *countingLedger
+		a := startEnv(t, envOptions{driver: driver, dsn: dsn, tune: func(o *app.Options) {
+			o.WrapLedger = func(l sale.Ledger) sale.Ledger {
+				counted = &countingLedger{Ledger: l}
+				return counted
+			}
+		}})
+		b := startEnv(t, envOptions{driver: driver, dsn: dsn})
+		sku := newSKU(t)
+		const n = 120
+		a.putSKU(t, sku, n, 4, 4)
+		holds := make([]string, n)
+		a.buyAll(n, 16, func(i int) reply {
+			r, h := a.hold(t, sku, fmt.Sprintf("h-%d", i), fmt.Sprintf("b%d", i), 1, 0)
+			if r.status != http.StatusCreated {
+				t.Errorf("hold %d = %d %s", i, r.status, r.body)
+			}
+			holds[i] = h.HoldID
+			return r
+		})
+		before := counted.byMethod()
+		orders := make([]string, n)
+		counts := a.buyAll(n, 64, func(i int) reply {
+			r := a.act(t, "/v1/holds/"+holds[i]+"/confirm", fmt.Sprintf("c-%d", i), fmt.Sprintf("b%d", i))
+			orders[i] = orderID(r)
+			return r
+		})
+		if counts[http.StatusCreated] != n {
+			t.Fatalf("confirms answered %v, want %d×201", counts, n)
+		}
+		after := counted.byMethod()
+		if d := after["Confirm"] - before["Confirm"]; d != 0 {
+			t.Errorf("%d plain confirms were decided alone, want all in batches", d)
+		}
+		batches := after["ConfirmBatch"] - before["ConfirmBatch"]
+		if batches < 1 || batches > n {
+			t.Errorf("%d confirm batches for %d confirms", batches, n)
+		}
+		t.Logf("%s: %d confirms in %d ledger batches", driver, n, batches)
+		seen := map[string]bool{}
+		for i := range n {
+			if orders[i] == "" || seen[orders[i]] {
+				t.Errorf("confirm %d answered order %q (empty or twice)", i, orders[i])
+			}
+			seen[orders[i]] = true
+			r := b.act(t, "/v1/holds/"+holds[i]+"/confirm", fmt.Sprintf("c-%d", i), fmt.Sprintf("b%d", i))
+			if r.status != http.StatusCreated || orderID(r) != orders[i] || r.header.Get("Idempotent-Replayed") != "true" {
+				t.Errorf("retry of confirm %d on the other replica = %d %s, want its order %s replayed", i, r.status, r.body, orders[i])
+			}
+		}
+		if st := a.state(t, sku); st.Sold != n || st.Held != 0 || st.Orders != n {
+			t.Errorf("state %+v, want %d sold in %d orders, none held", st, n, n)
+		}
+	})
 }

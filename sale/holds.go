@@ -24,7 +24,7 @@ var (
 
 // confirm makes the hold an order, once; a retry gets the same order.
 func (s *Service) confirm(ctx context.Context, id, buyer keys.ID, r request) answer {
-	o, err := s.ledger.Confirm(ctx, id, buyer, r.ledger())
+	o, err := s.confirmLedger(id, buyer, r.ledger())
 	switch {
 	case err == nil:
 		if section, ids, ok := seats.DecodeGate(o.Gate); ok {

@@ -57,6 +57,7 @@ type Ledger interface {
 	HoldByID(ctx context.Context, id keys.ID) (ledger.Hold, error)
 	HoldByKey(ctx context.Context, key keys.ID) (ledger.Hold, error)
 	Confirm(ctx context.Context, holdID, buyer keys.ID, req ledger.Request) (ledger.Order, error)
+	ConfirmBatch(ctx context.Context, cs []ledger.ConfirmRequest) ([]ledger.BatchResult, error)
 	Cancel(ctx context.Context, holdID, buyer keys.ID, req ledger.Request) (ledger.Hold, bool, error)
 	ExpireDue(ctx context.Context, limit int) ([]ledger.Hold, error)
 	Refund(ctx context.Context, orderID, buyer keys.ID, req ledger.Request) (ledger.Order, bool, error)
@@ -239,6 +240,8 @@ type Service struct {
 	// sold around the gate while the breaker is open.
 	committer *committer
 	direct    *committer
+	// confirms group-commits confirms.
+	confirms *batcher[ledger.ConfirmRequest, confirmOut]
 	fallback  chan struct{} // semaphore of ledger-direct requests
 	reseeds   singleflight.Group
 	log       *slog.Logger
@@ -307,6 +310,7 @@ func New(opts Options) (*Service, error) {
 	}
 	s.committer = newCommitter(s, 8, opts.BatchMax, false)
 	s.direct = newCommitter(s, 4, opts.BatchMax, true)
+	s.confirms = newBatcher(8, opts.BatchMax, opts.WorkTimeout, s.flushConfirms)
 	return s, nil
 }
 
@@ -315,6 +319,7 @@ func New(opts Options) (*Service, error) {
 func (s *Service) Close() {
 	s.committer.close()
 	s.direct.close()
+	s.confirms.close()
 }
 
 // BreakerState is the Redis breaker's state now.

@@ -761,9 +761,14 @@ func (l *countingLedger) Confirm(ctx context.Context, id, buyer keys.ID, req led
 	return l.Ledger.Confirm(ctx, id, buyer, req)
 }
 
-func (l *countingLedger) ConfirmBatch(ctx context.Context, cs []ledger.ConfirmRequest) ([]ledger.BatchResult, error) {
+func (l *countingLedger) ConfirmBatch(ctx context.Context, cs []ledger.HoldRequest) ([]ledger.BatchResult, error) {
 	l.note("ConfirmBatch")
 	return l.Ledger.ConfirmBatch(ctx, cs)
+}
+
+func (l *countingLedger) CancelBatch(ctx context.Context, cs []ledger.HoldRequest) ([]ledger.HoldResult, error) {
+	l.note("CancelBatch")
+	return l.Ledger.CancelBatch(ctx, cs)
 }
 
 func (l *countingLedger) Cancel(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Hold, bool, error) {

@@ -566,11 +566,12 @@ func TestDeadSweeperRestoreFinishedByAnother(t *testing.T) {
 	}
 }
 
-// Confirms are group-committed: 120 holds confirmed at once through one
-// replica are all decided by ledger confirm batches (no confirm alone), each
-// answered 201 with its own order; their retries through another replica
-// replay the same orders; the ledger sells exactly the 120.
-func TestConfirmsGroupCommittedAcrossReplicas(t *testing.T) {
+// Confirms and cancels are group-committed: 120 holds confirmed and 120
+// cancelled at once through one replica are all decided by ledger batches
+// (none alone), each answered with its own order or cancelled hold; their
+// retries through another replica replay the same answers; the ledger sells
+// exactly the 120 confirmed, and the 120 cancelled units are back in Redis.
+func TestConfirmsAndCancelsGroupCommitted(t *testing.T) {
 	eachDriver(t, func(t *testing.T, driver string) {
 		dsn := ledgerDSN(t, driver)
 		var counted *countingLedger
@@ -583,9 +584,9 @@ func TestConfirmsGroupCommittedAcrossReplicas(t *testing.T) {
 		b := startEnv(t, envOptions{driver: driver, dsn: dsn})
 		sku := newSKU(t)
 		const n = 120
-		a.putSKU(t, sku, n, 4, 4)
-		holds := make([]string, n)
-		a.buyAll(n, 16, func(i int) reply {
+		a.putSKU(t, sku, 2*n, 4, 4)
+		holds := make([]string, 2*n)
+		a.buyAll(2*n, 16, func(i int) reply {
 			r, h := a.hold(t, sku, fmt.Sprintf("h-%d", i), fmt.Sprintf("b%d", i), 1, 0)
 			if r.status != http.StatusCreated {
 				t.Errorf("hold %d = %d %s", i, r.status, r.body)
@@ -593,38 +594,55 @@ func TestConfirmsGroupCommittedAcrossReplicas(t *testing.T) {
 			holds[i] = h.HoldID
 			return r
 		})
+		// Even holds are confirmed, odd ones cancelled, all at once.
+		act := func(e *env, i int) reply {
+			if i%2 == 0 {
+				return e.act(t, "/v1/holds/"+holds[i]+"/confirm", fmt.Sprintf("c-%d", i), fmt.Sprintf("b%d", i))
+			}
+			return e.act(t, "/v1/holds/"+holds[i]+"/cancel", fmt.Sprintf("x-%d", i), fmt.Sprintf("b%d", i))
+		}
 		before := counted.byMethod()
-		orders := make([]string, n)
-		counts := a.buyAll(n, 64, func(i int) reply {
-			r := a.act(t, "/v1/holds/"+holds[i]+"/confirm", fmt.Sprintf("c-%d", i), fmt.Sprintf("b%d", i))
-			orders[i] = orderID(r)
-			return r
+		first := make([]reply, 2*n)
+		a.buyAll(2*n, 64, func(i int) reply {
+			first[i] = act(a, i)
+			return first[i]
 		})
-		if counts[http.StatusCreated] != n {
-			t.Fatalf("confirms answered %v, want %d×201", counts, n)
-		}
 		after := counted.byMethod()
-		if d := after["Confirm"] - before["Confirm"]; d != 0 {
-			t.Errorf("%d plain confirms were decided alone, want all in batches", d)
+		for _, m := range []string{"Confirm", "Cancel"} {
+			if d := after[m] - before[m]; d != 0 {
+				t.Errorf("%d plain %ss were decided alone, want all in batches", d, strings.ToLower(m))
+			}
 		}
-		batches := after["ConfirmBatch"] - before["ConfirmBatch"]
-		if batches < 1 || batches > n {
-			t.Errorf("%d confirm batches for %d confirms", batches, n)
+		confirms, cancels := after["ConfirmBatch"]-before["ConfirmBatch"], after["CancelBatch"]-before["CancelBatch"]
+		if confirms < 1 || confirms > n || cancels < 1 || cancels > n {
+			t.Errorf("%d confirm and %d cancel batches for %d of each", confirms, cancels, n)
 		}
-		t.Logf("%s: %d confirms in %d ledger batches", driver, n, batches)
+		t.Logf("%s: %d confirms in %d ledger batches, %d cancels in %d", driver, n, confirms, n, cancels)
 		seen := map[string]bool{}
-		for i := range n {
-			if orders[i] == "" || seen[orders[i]] {
-				t.Errorf("confirm %d answered order %q (empty or twice)", i, orders[i])
+		for i := range 2 * n {
+			want := http.StatusCreated
+			if i%2 == 1 {
+				want = http.StatusOK
 			}
-			seen[orders[i]] = true
-			r := b.act(t, "/v1/holds/"+holds[i]+"/confirm", fmt.Sprintf("c-%d", i), fmt.Sprintf("b%d", i))
-			if r.status != http.StatusCreated || orderID(r) != orders[i] || r.header.Get("Idempotent-Replayed") != "true" {
-				t.Errorf("retry of confirm %d on the other replica = %d %s, want its order %s replayed", i, r.status, r.body, orders[i])
+			if first[i].status != want {
+				t.Errorf("action %d = %d %s, want %d", i, first[i].status, first[i].body, want)
+				continue
+			}
+			if i%2 == 0 {
+				if o := orderID(first[i]); o == "" || seen[o] {
+					t.Errorf("confirm %d answered order %q (empty or twice)", i, o)
+				} else {
+					seen[o] = true
+				}
+			}
+			r := act(b, i)
+			if r.status != want || string(r.body) != string(first[i].body) || r.header.Get("Idempotent-Replayed") != "true" {
+				t.Errorf("retry of action %d on the other replica = %d %s, want %s replayed", i, r.status, r.body, first[i].body)
 			}
 		}
-		if st := a.state(t, sku); st.Sold != n || st.Held != 0 || st.Orders != n {
-			t.Errorf("state %+v, want %d sold in %d orders, none held", st, n, n)
-		}
+		waitFor(t, 10*time.Second, "the cancelled units back in Redis", func() bool {
+			st := a.state(t, sku)
+			return st.Sold == n && st.Held == 0 && st.Orders == n && st.RedisRemaining == n
+		})
 	})
 }

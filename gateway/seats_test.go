@@ -144,8 +144,12 @@ func TestSeatHoldLifecycleAndBadInput(t *testing.T) {
 		{"a seat list naming a bad id", func() reply {
 			return e.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats?ids=A-01,A%7B2", nil, "")
 		}, 400, "A{2"},
-		{"a seat list with an empty id", func() reply { return e.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats?ids=A-01,,A-02", nil, "") }, 400, ""},
-		{"a section with a space", func() reply { return e.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats?section=A%20B", nil, "") }, 400, ""},
+		{"a seat list with an empty id", func() reply {
+			return e.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats?ids=A-01,,A-02", nil, "")
+		}, 400, ""},
+		{"a section with a space", func() reply {
+			return e.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats?section=A%20B", nil, "")
+		}, 400, ""},
 		{"a seat map with a bad seat id", func() reply {
 			return e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats", nil,
 				`{"seats":[{"id":"C,1","section":"C","row":"A","number":1}]}`)

@@ -282,65 +282,27 @@ func placeholders(k, n int) string {
 	return b.String()
 }
 
-// claimAll claims the client requests of orders[idx], in that order, in
-// multi-row statements, and returns the indexes whose key was taken
+// claimAll claims the client requests of orders[idx] with the orders as
+// their answers (claimRows) and returns the indexes whose key was taken
 // already (or earlier in the same batch).
 func claimAll(ctx context.Context, tx *sql.Tx, orders []Order, idx []int, now int64) (map[int]bool, error) {
-	taken := map[int]bool{}
-	first := map[ScopedKey]int{}
-	var rows []int
+	rows := make([]claimRow, 0, len(idx))
 	for _, i := range idx {
-		r := orders[i].Req
-		if r.IsZero() {
-			continue
-		}
-		if err := r.validate(); err != nil {
-			return nil, err
-		}
-		k := ScopedKey{r.Scope, r.Key}
-		if _, dup := first[k]; dup {
-			taken[i] = true // the same key twice in one batch: the first claims it
-			continue
-		}
-		first[k] = i
-		rows = append(rows, i)
-	}
-	for len(rows) > 0 {
-		chunk := rows[:min(len(rows), rowsPerStatement)]
-		rows = rows[len(chunk):]
-		var vals []string
-		var args []any
-		for _, i := range chunk {
-			o := orders[i]
-			vals = append(vals, placeholders(len(args), 8))
-			args = append(args, o.Req.Scope, o.Req.Key, o.Req.Fingerprint, o.Req.Op, o.SKU.Program, o.SKU.Ticket,
-				encodeSnapshot(&o, nil), now)
-		}
-		got, err := tx.QueryContext(ctx, `INSERT INTO requests (scope, idem_key, fingerprint, op, program, ticket, result, created_at)
-			VALUES `+strings.Join(vals, ", ")+` ON CONFLICT (scope, idem_key) DO NOTHING RETURNING scope, idem_key`, args...)
-		if err != nil {
-			return nil, notCommitted("claim requests", err)
-		}
-		claimed := map[ScopedKey]bool{}
-		for got.Next() {
-			var k ScopedKey
-			if err := got.Scan(&k.Scope, &k.Key); err != nil {
-				got.Close()
-				return nil, notCommitted("claim requests", err)
-			}
-			claimed[k] = true
-		}
-		got.Close()
-		if err := got.Err(); err != nil {
-			return nil, notCommitted("claim requests", err)
-		}
-		for _, i := range chunk {
-			if !claimed[ScopedKey{orders[i].Req.Scope, orders[i].Req.Key}] {
-				taken[i] = true
-			}
+		if o := orders[i]; !o.Req.IsZero() {
+			rows = append(rows, claimRow{id: o.IdempotencyKey, req: o.Req, sku: o.SKU, answer: encodeSnapshot(&o, nil)})
 		}
 	}
-	return taken, nil
+	taken, err := claimRows(ctx, tx, rows, now)
+	if err != nil {
+		return nil, err
+	}
+	out := map[int]bool{}
+	for _, i := range idx {
+		if taken[orders[i].IdempotencyKey] {
+			out[i] = true
+		}
+	}
+	return out, nil
 }
 
 // insertOrders writes the order rows of orders[idx] in multi-row

@@ -12,10 +12,37 @@ import (
 	"github.com/stockgate/stockgate/stock"
 )
 
-// ConfirmRequest is one client's confirm of a hold, for ConfirmBatch.
-type ConfirmRequest struct {
+// HoldRequest is one client's confirm or cancel of a hold, for
+// ConfirmBatch and CancelBatch.
+type HoldRequest struct {
 	HoldID, Buyer keys.ID
 	Req           Request
+}
+
+// plainHolds reads the holds the requests name and returns, by request
+// index, the hold of each request a batch may decide: a hold that exists,
+// held, of the buyer named, under a client key, named once, and for which
+// live says yes. Every other request is for the caller to split out.
+func (l *Ledger) plainHolds(ctx context.Context, rs []HoldRequest, live func(Hold) bool) (map[int]Hold, error) {
+	ids := make([]keys.ID, 0, len(rs))
+	for _, r := range rs {
+		ids = append(ids, r.HoldID)
+	}
+	found, err := l.holdsByID(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	out := map[int]Hold{}
+	named := map[keys.ID]bool{}
+	for i, r := range rs {
+		h, ok := found[r.HoldID]
+		if !ok || r.Req.IsZero() || h.Buyer != r.Buyer || h.State != Held || named[h.ID] || !live(h) {
+			continue
+		}
+		named[h.ID] = true
+		out[i] = h
+	}
+	return out, nil
 }
 
 // ConfirmBatch confirms many holds in one transaction (group commit): the
@@ -33,29 +60,22 @@ type ConfirmRequest struct {
 // is for the batch as a whole: ErrNotCommitted before COMMIT, any other
 // error at COMMIT (the outcome is unknown). Either way each confirm can be
 // asked again of Confirm, which replays what committed.
-func (l *Ledger) ConfirmBatch(ctx context.Context, cs []ConfirmRequest) (_ []BatchResult, err error) {
+func (l *Ledger) ConfirmBatch(ctx context.Context, cs []HoldRequest) (_ []BatchResult, err error) {
 	defer l.observe("confirm_batch", time.Now(), &err)
 	out := make([]BatchResult, len(cs))
 	now := l.now().UTC().Truncate(time.Millisecond)
-	ids := make([]keys.ID, 0, len(cs))
-	for _, c := range cs {
-		ids = append(ids, c.HoldID)
-	}
-	holds, err := l.holdsByID(ctx, ids)
+	plain, err := l.plainHolds(ctx, cs, func(h Hold) bool { return now.Before(h.ExpiresAt) && len(h.SeatIDs) == 0 })
 	if err != nil {
 		return nil, err
 	}
 	orders := make([]Order, len(cs))
 	live := make([]int, 0, len(cs))
-	named := map[keys.ID]bool{}
 	for i, c := range cs {
-		h, ok := holds[c.HoldID]
-		if !ok || c.Req.IsZero() || h.Buyer != c.Buyer || h.State != Held || !now.Before(h.ExpiresAt) ||
-			len(h.SeatIDs) > 0 || named[h.ID] {
+		h, ok := plain[i]
+		if !ok {
 			out[i] = BatchResult{Err: ErrSplit}
 			continue
 		}
-		named[h.ID] = true
 		orders[i] = confirmOrder(h, c.Req, now)
 		live = append(live, i)
 	}
@@ -190,23 +210,28 @@ func confirmHolds(ctx context.Context, tx *sql.Tx, orders []Order, idx []int, no
 		rows, err := tx.QueryContext(ctx, `UPDATE holds SET state = $1, ended_at = $2, order_id = CASE id `+
 			strings.Join(cases, " ")+` END WHERE id IN (`+strings.Join(in, ", ")+`) AND state = $3 AND expires_at > $2
 			RETURNING id`, args...)
-		if err != nil {
-			return nil, notCommitted("confirm holds", err)
-		}
-		for rows.Next() {
-			var id keys.ID
-			if err := rows.Scan(&id); err != nil {
-				rows.Close()
-				return nil, notCommitted("confirm holds", err)
-			}
-			changed[id] = true
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
+		if err := collectIDs(rows, err, changed); err != nil {
 			return nil, notCommitted("confirm holds", err)
 		}
 	}
 	return changed, nil
+}
+
+// collectIDs adds the ids a RETURNING id statement gave (rows, err are its
+// QueryContext's results) to into, and closes rows.
+func collectIDs(rows *sql.Rows, err error, into map[keys.ID]bool) error {
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id keys.ID
+		if err := rows.Scan(&id); err != nil {
+			return err
+		}
+		into[id] = true
+	}
+	return rows.Err()
 }
 
 // holdsByID reads the holds named, in statements of rowsPerStatement ids;

@@ -54,7 +54,7 @@ func TestConfirmBatch(t *testing.T) {
 		c.advance(2 * time.Second) // e has expired (not swept yet)
 		before, _ := l.SKU(ctx, sku)
 
-		batch := []ledger.ConfirmRequest{
+		batch := []ledger.HoldRequest{
 			{HoldID: a.ID, Buyer: a.Buyer, Req: req("ann", "c-a", "confirm a", ledger.OpConfirm)},
 			{HoldID: b.ID, Buyer: b.Buyer, Req: req("bob", "c-b", "confirm b", ledger.OpConfirm)},
 			{HoldID: cc.ID, Buyer: keys.MustID("eve"), Req: req("eve", "c-c", "confirm c", ledger.OpConfirm)},      // not hers
@@ -115,7 +115,8 @@ func TestConfirmBatch(t *testing.T) {
 	})
 }
 
-// Confirm batches race single confirms, cancels and expiry over the same
+// Confirm batches race single confirms, cancels (batched and alone) and
+// expiry waves over the same
 // holds from two ledgers on one database: every hold ends at most once,
 // every confirmed hold has exactly one order, the SKU row agrees with the
 // rows, and nothing deadlocks into an error a caller cannot recover from.
@@ -162,7 +163,7 @@ func TestConfirmBatchRacing(t *testing.T) {
 				}
 				confirmed[hold] = order
 			}
-			alone := func(l *ledger.Ledger, cr ledger.ConfirmRequest) {
+			alone := func(l *ledger.Ledger, cr ledger.HoldRequest) {
 				o, err := l.Confirm(ctx, cr.HoldID, cr.Buyer, cr.Req)
 				switch {
 				case err == nil, errors.Is(err, ledger.ErrDuplicate):
@@ -177,12 +178,12 @@ func TestConfirmBatchRacing(t *testing.T) {
 				wg.Go(func() {
 					l := ls[g%2]
 					for round := range 30 {
-						var batch []ledger.ConfirmRequest
+						var batch []ledger.HoldRequest
 						for range 1 + rand.IntN(20) {
 							h := holds[rand.IntN(n)]
 							// The same key for a hold from every worker: a
 							// second worker's confirm is a retry.
-							batch = append(batch, ledger.ConfirmRequest{HoldID: h.ID, Buyer: h.Buyer,
+							batch = append(batch, ledger.HoldRequest{HoldID: h.ID, Buyer: h.Buyer,
 								Req: req(h.Buyer.String(), "c-"+h.ID.String(), "confirm", ledger.OpConfirm)})
 						}
 						res, err := l.ConfirmBatch(ctx, batch)
@@ -208,12 +209,23 @@ func TestConfirmBatchRacing(t *testing.T) {
 					}
 				})
 			}
-			wg.Go(func() { // cancels
-				for range 60 {
-					h := holds[rand.IntN(n)]
-					_, _, err := ls[1].Cancel(ctx, h.ID, h.Buyer, req(h.Buyer.String(), "x-"+h.ID.String(), "cancel", ledger.OpCancel))
-					if err != nil && !errors.Is(err, ledger.ErrHoldConfirmed) && !errors.Is(err, ledger.ErrDuplicate) && !errors.Is(err, ledger.ErrHoldEnded) {
-						t.Errorf("cancel: %v", err)
+			wg.Go(func() { // cancels, in batches and alone
+				for round := range 12 {
+					var batch []ledger.HoldRequest
+					for range 1 + rand.IntN(8) {
+						h := holds[rand.IntN(n)]
+						batch = append(batch, ledger.HoldRequest{HoldID: h.ID, Buyer: h.Buyer,
+							Req: req(h.Buyer.String(), "x-"+h.ID.String(), "cancel", ledger.OpCancel)})
+					}
+					res, err := ls[1].CancelBatch(ctx, batch)
+					for i, cr := range batch {
+						if err == nil && !errors.Is(res[i].Err, ledger.ErrSplit) {
+							continue
+						}
+						_, _, err := ls[round%2].Cancel(ctx, cr.HoldID, cr.Buyer, cr.Req)
+						if err != nil && !errors.Is(err, ledger.ErrHoldConfirmed) && !errors.Is(err, ledger.ErrDuplicate) {
+							t.Errorf("cancel: %v", err)
+						}
 					}
 				}
 			})
@@ -253,6 +265,17 @@ func TestConfirmBatchRacing(t *testing.T) {
 			if st.Sold != nConfirmed || orders != nConfirmed || units != nConfirmed || st.Held != nHeld || st.Sold+st.Held > st.Total {
 				t.Errorf("sold %d held %d; rows: %d confirmed holds, %d held, %d orders of %d units", st.Sold, st.Held,
 					nConfirmed, nHeld, orders, units)
+			}
+			var counted int64
+			for _, h := range holds {
+				u, err := ls[0].BuyerUnits(ctx, sku, h.Buyer)
+				if err != nil {
+					t.Fatal(err)
+				}
+				counted += u
+			}
+			if counted != st.Sold+st.Held {
+				t.Errorf("buyers count %d units, the SKU has %d sold + %d held", counted, st.Sold, st.Held)
 			}
 			t.Logf("%s: %d confirmed, %d still held, %d ended", driver, nConfirmed, nHeld, n-nConfirmed-nHeld)
 		})

@@ -310,49 +310,6 @@ func (l *Ledger) Cancel(ctx context.Context, holdID, buyer keys.ID, req Request)
 	return l.endHold(ctx, h, Cancelled, false, req)
 }
 
-// ExpireDue expires up to limit live holds whose expiry has passed, each in
-// its own transaction, and returns those this call expired. Any number of
-// sweepers may run it at once: each hold's state changes once, so its stock
-// comes back once.
-func (l *Ledger) ExpireDue(ctx context.Context, limit int) ([]Hold, error) {
-	now := l.now().UnixMilli()
-	rows, err := l.db.QueryContext(ctx, selectHold+` WHERE state = $1 AND expires_at <= $2 ORDER BY expires_at LIMIT $3`,
-		Held, now, limit)
-	if err != nil {
-		return nil, fmt.Errorf("ledger: expire: %w", err)
-	}
-	var due []Hold
-	for rows.Next() {
-		h, err := scanHold(rows)
-		if err != nil {
-			rows.Close()
-			return nil, err
-		}
-		due = append(due, h)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("ledger: expire: %w", err)
-	}
-	var done []Hold
-	for _, h := range due {
-		h, changed, err := l.endHold(ctx, h, Expired, true, Request{})
-		if errors.Is(err, ErrHoldConfirmed) {
-			// A confirm that began before the expiry instant committed after
-			// this read: the hold is sold, and the rest of the wave is still
-			// due.
-			continue
-		}
-		if err != nil {
-			return done, err
-		}
-		if changed {
-			done = append(done, h)
-		}
-	}
-	return done, nil
-}
-
 // owed decides whether Redis must get returned units back, and records the
 // return's epoch and layout on the row (table holds or orders). Units taken
 // through the gate are always owed to the gate of the return's epoch (that
@@ -362,20 +319,9 @@ func (l *Ledger) ExpireDue(ctx context.Context, limit int) ([]Hold, error) {
 // gate is owed nothing (it admits no one). Seats taken through the gate are
 // always owed: their release is by owner, and a no-op when not held.
 func owed(ctx context.Context, tx *sql.Tx, table string, id keys.ID, gate string, takeEpoch int64, seats bool, r returned) (bool, error) {
-	pending := !r.ended && (gate != "" || takeEpoch != r.epoch)
-	if seats {
-		// Seats go back by their gate record (which seats, whose), taken
-		// through the gate or not: the seat consistency check may have
-		// written a hold taken around it into Redis, and a release by
-		// owner is a no-op where the owner holds nothing.
-		pending = gate != ""
-	}
-	p := 0
-	if pending {
-		p = 1
-	}
+	pending := isOwed(gate, takeEpoch, seats, r)
 	if _, err := tx.ExecContext(ctx, `UPDATE `+table+` SET restore_pending = $2, restore_epoch = $3, restore_shards = $4
-		WHERE id = $1`, id, p, r.epoch, r.shards); err != nil {
+		WHERE id = $1`, id, boolInt(pending), r.epoch, r.shards); err != nil {
 		return false, notCommitted("restore owed", err)
 	}
 	return pending, nil

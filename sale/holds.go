@@ -51,7 +51,7 @@ func (s *Service) confirm(ctx context.Context, id, buyer keys.ID, r request) ans
 
 // cancel ends the hold; its stock goes back, once.
 func (s *Service) cancel(ctx context.Context, id, buyer keys.ID, r request) answer {
-	h, changed, err := s.ledger.Cancel(ctx, id, buyer, r.ledger())
+	h, changed, err := s.cancelLedger(id, buyer, r.ledger())
 	switch {
 	case errors.Is(err, ledger.ErrDuplicate):
 		return answer{hold: &h, replayed: true}

@@ -57,8 +57,9 @@ type Ledger interface {
 	HoldByID(ctx context.Context, id keys.ID) (ledger.Hold, error)
 	HoldByKey(ctx context.Context, key keys.ID) (ledger.Hold, error)
 	Confirm(ctx context.Context, holdID, buyer keys.ID, req ledger.Request) (ledger.Order, error)
-	ConfirmBatch(ctx context.Context, cs []ledger.ConfirmRequest) ([]ledger.BatchResult, error)
+	ConfirmBatch(ctx context.Context, cs []ledger.HoldRequest) ([]ledger.BatchResult, error)
 	Cancel(ctx context.Context, holdID, buyer keys.ID, req ledger.Request) (ledger.Hold, bool, error)
+	CancelBatch(ctx context.Context, cs []ledger.HoldRequest) ([]ledger.HoldResult, error)
 	ExpireDue(ctx context.Context, limit int) ([]ledger.Hold, error)
 	Refund(ctx context.Context, orderID, buyer keys.ID, req ledger.Request) (ledger.Order, bool, error)
 	OrderByID(ctx context.Context, id keys.ID) (ledger.Order, error)
@@ -240,15 +241,16 @@ type Service struct {
 	// sold around the gate while the breaker is open.
 	committer *committer
 	direct    *committer
-	// confirms group-commits confirms.
-	confirms *batcher[ledger.ConfirmRequest, confirmOut]
-	fallback  chan struct{} // semaphore of ledger-direct requests
-	reseeds   singleflight.Group
-	log       *slog.Logger
-	opts      Options
-	settings  *cache.Loading[stock.SKU, ledger.SKUState]
-	programs  *cache.Loading[keys.ID, int64] // per-buyer cap of a program
-	seatMaps  *cache.Loading[stock.SKU, seatMap]
+	// confirms and cancels group-commit what their names say.
+	confirms *batcher[ledger.HoldRequest, confirmOut]
+	cancels  *batcher[ledger.HoldRequest, cancelOut]
+	fallback chan struct{} // semaphore of ledger-direct requests
+	reseeds  singleflight.Group
+	log      *slog.Logger
+	opts     Options
+	settings *cache.Loading[stock.SKU, ledger.SKUState]
+	programs *cache.Loading[keys.ID, int64] // per-buyer cap of a program
+	seatMaps *cache.Loading[stock.SKU, seatMap]
 	// sectionViews serves seat status reads from memory for StockTTL.
 	sectionViews *cache.Loading[sectionKey, Section]
 	seatSeen     struct {
@@ -311,6 +313,7 @@ func New(opts Options) (*Service, error) {
 	s.committer = newCommitter(s, 8, opts.BatchMax, false)
 	s.direct = newCommitter(s, 4, opts.BatchMax, true)
 	s.confirms = newBatcher(8, opts.BatchMax, opts.WorkTimeout, s.flushConfirms)
+	s.cancels = newBatcher(8, opts.BatchMax, opts.WorkTimeout, s.flushCancels)
 	return s, nil
 }
 
@@ -320,6 +323,7 @@ func (s *Service) Close() {
 	s.committer.close()
 	s.direct.close()
 	s.confirms.close()
+	s.cancels.close()
 }
 
 // BreakerState is the Redis breaker's state now.

@@ -1,0 +1,398 @@
+package ledger
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// HoldResult is one hold's outcome in CancelBatch: the cancelled hold, or
+// ErrSplit (nothing written: ask Cancel alone).
+type HoldResult struct {
+	Hold Hold
+	Err  error
+}
+
+// CancelBatch cancels many holds in one transaction: the requests are
+// claimed with the cancelled holds as their stored answers, and the holds
+// end together (endHolds). It decides only the plain case, a held hold of
+// the buyer named under an unused key; anything else (a retry, a hold
+// confirmed or ended, another buyer's, one named twice, a key taken) comes
+// back as ErrSplit with nothing written, for Cancel to answer alone. The
+// error return is for the batch as a whole, as in ConfirmBatch; Cancel
+// replays whatever did commit.
+func (l *Ledger) CancelBatch(ctx context.Context, cs []HoldRequest) (_ []HoldResult, err error) {
+	defer l.observe("cancel_batch", time.Now(), &err)
+	out := make([]HoldResult, len(cs))
+	now := l.now().UTC().Truncate(time.Millisecond)
+	plain, err := l.plainHolds(ctx, cs, func(Hold) bool { return true })
+	if err != nil {
+		return nil, err
+	}
+	var ends []holdEnd
+	for i, c := range cs {
+		h, ok := plain[i]
+		if !ok {
+			out[i] = HoldResult{Err: ErrSplit}
+			continue
+		}
+		ends = append(ends, holdEnd{idx: i, hold: h, req: c.Req})
+	}
+	for len(ends) > 0 {
+		split, err := l.tryEnds(ctx, ends, Cancelled, false, now)
+		if err != nil {
+			return nil, err
+		}
+		if len(split) == 0 {
+			for _, e := range ends {
+				out[e.idx] = HoldResult{Hold: e.ended(Cancelled, now)}
+			}
+			l.batch.Observe(float64(len(ends)))
+			return out, nil
+		}
+		ends = slices.DeleteFunc(ends, func(e holdEnd) bool {
+			if split[e.hold.ID] {
+				out[e.idx] = HoldResult{Err: ErrSplit}
+			}
+			return split[e.hold.ID]
+		})
+	}
+	return out, nil
+}
+
+// ExpireDue expires up to limit live holds whose expiry has passed, in one
+// transaction (endHolds), and returns those this call expired. Any number
+// of sweepers may run it at once: a hold whose state another sweeper, a
+// confirm or a cancel changed first is left out and the rest expire.
+func (l *Ledger) ExpireDue(ctx context.Context, limit int) (_ []Hold, err error) {
+	defer l.observe(Expired, time.Now(), &err)
+	now := l.now().UTC().Truncate(time.Millisecond)
+	rows, err := l.db.QueryContext(ctx, selectHold+` WHERE state = $1 AND expires_at <= $2 ORDER BY expires_at LIMIT $3`,
+		Held, now.UnixMilli(), limit)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: expire: %w", err)
+	}
+	var ends []holdEnd
+	for rows.Next() {
+		h, err := scanHold(rows)
+		if err != nil {
+			rows.Close()
+			return nil, err
+		}
+		ends = append(ends, holdEnd{hold: h})
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("ledger: expire: %w", err)
+	}
+	for len(ends) > 0 {
+		gone, err := l.tryEnds(ctx, ends, Expired, true, now)
+		if err != nil {
+			return nil, err
+		}
+		if len(gone) == 0 {
+			break
+		}
+		ends = slices.DeleteFunc(ends, func(e holdEnd) bool { return gone[e.hold.ID] })
+	}
+	done := make([]Hold, len(ends))
+	for i, e := range ends {
+		done[i] = e.ended(Expired, now)
+	}
+	return done, nil
+}
+
+// holdEnd is one hold to end, with the client request that ends it (zero
+// for the sweeper) and its index in the caller's batch.
+type holdEnd struct {
+	idx  int
+	hold Hold
+	req  Request
+}
+
+func (e holdEnd) ended(state string, now time.Time) Hold {
+	h := e.hold
+	h.State, h.EndedAt = state, now
+	return h
+}
+
+// tryEnds ends the holds in one transaction and returns the ids that could
+// not be ended with the others (their key was taken, or their state changed
+// since they were read), with nothing written; nil when it committed. It
+// takes its locks as every stock write does: requests in key order, hold
+// rows, seats, SKU rows in SKU order, then buyer rows, SKU ones before
+// program ones, each in order.
+func (l *Ledger) tryEnds(ctx context.Context, ends []holdEnd, state string, dueOnly bool, now time.Time) (map[keys.ID]bool, error) {
+	tx, err := l.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, notCommitted("end holds: begin", err)
+	}
+	defer tx.Rollback()
+	var claims []claimRow
+	for _, e := range ends {
+		if !e.req.IsZero() {
+			h := e.ended(state, now)
+			claims = append(claims, claimRow{id: e.hold.ID, req: e.req, sku: e.hold.SKU, answer: encodeSnapshot(nil, &h)})
+		}
+	}
+	taken, err := claimRows(ctx, tx, claims, now.UnixMilli())
+	if err != nil || len(taken) > 0 {
+		return taken, err
+	}
+	changed, err := endStates(ctx, tx, ends, state, dueOnly, now)
+	if err != nil {
+		return nil, err
+	}
+	gone := map[keys.ID]bool{}
+	for _, e := range ends {
+		if !changed[e.hold.ID] {
+			gone[e.hold.ID] = true
+		}
+	}
+	if len(gone) > 0 {
+		return gone, nil
+	}
+	var seated []any
+	bySKU := map[stock.SKU][]Hold{}
+	for _, e := range ends {
+		if len(e.hold.SeatIDs) > 0 {
+			seated = append(seated, e.hold.ID)
+		}
+		bySKU[e.hold.SKU] = append(bySKU[e.hold.SKU], e.hold)
+	}
+	if len(seated) > 0 {
+		if _, err := tx.ExecContext(ctx, `UPDATE seats SET state = $1, hold_id = '' WHERE state = $2 AND hold_id IN (`+
+			list(2, len(seated))+`)`, append([]any{seatFree, seatHeld}, seated...)...); err != nil {
+			return nil, notCommitted("free seats", err)
+		}
+	}
+	skus := make([]stock.SKU, 0, len(bySKU))
+	for sku := range bySKU {
+		skus = append(skus, sku)
+	}
+	slices.SortFunc(skus, stock.SKU.Compare)
+	for _, sku := range skus {
+		if err := returnHolds(ctx, tx, sku, bySKU[sku], now); err != nil {
+			return nil, err
+		}
+	}
+	if err := unbuyHolds(ctx, tx, skus, bySKU); err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("ledger: end holds: commit: %w", err)
+	}
+	return nil, nil
+}
+
+// endStates moves the holds that are still held (and due, with dueOnly)
+// to state, in one statement per chunk, and returns the ids it changed.
+func endStates(ctx context.Context, tx *sql.Tx, ends []holdEnd, state string, dueOnly bool, now time.Time) (map[keys.ID]bool, error) {
+	changed := map[keys.ID]bool{}
+	for chunk := range slices.Chunk(ends, rowsPerStatement) {
+		args := []any{state, now.UnixMilli(), Held}
+		for _, e := range chunk {
+			args = append(args, e.hold.ID)
+		}
+		due := ""
+		if dueOnly {
+			due = " AND expires_at <= $2"
+		}
+		rows, err := tx.QueryContext(ctx, `UPDATE holds SET state = $1, ended_at = $2 WHERE state = $3`+due+
+			` AND id IN (`+list(3, len(chunk))+`) RETURNING id`, args...)
+		if err := collectIDs(rows, err, changed); err != nil {
+			return nil, notCommitted("end holds", err)
+		}
+	}
+	return changed, nil
+}
+
+// returnHolds gives the held units of a SKU's ended holds back in one
+// update of its row, stamps the requests that ended them with the new row
+// version, and records on each hold whether Redis is owed its units, as
+// owed decides for one.
+func returnHolds(ctx context.Context, tx *sql.Tx, sku stock.SKU, holds []Hold, now time.Time) error {
+	var q int64
+	for _, h := range holds {
+		q += h.Quantity
+	}
+	var r returned
+	var ended int64
+	err := tx.QueryRowContext(ctx, `UPDATE skus SET held = held - $3, version = version + 1, updated_at = $4
+		WHERE program = $1 AND ticket = $2 AND held >= $3
+		RETURNING version, gate_epoch, shards, ended_at`, sku.Program, sku.Ticket, q, now.UnixMilli()).Scan(&r.version, &r.epoch, &r.shards, &ended)
+	if errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("ledger: return %d held units of %s: the row has fewer", q, sku)
+	}
+	if err != nil {
+		return notCommitted("return stock", err)
+	}
+	r.ended = ended > 0
+	if err := stamp(ctx, tx, sku, r.version); err != nil {
+		return err
+	}
+	byPending := map[bool][]any{}
+	for _, h := range holds {
+		p := isOwed(h.Gate, h.TakeEpoch, len(h.SeatIDs) > 0, r)
+		byPending[p] = append(byPending[p], h.ID)
+	}
+	for _, p := range []bool{false, true} {
+		for chunk := range slices.Chunk(byPending[p], rowsPerStatement) {
+			if _, err := tx.ExecContext(ctx, `UPDATE holds SET restore_pending = $1, restore_epoch = $2, restore_shards = $3
+				WHERE id IN (`+list(3, len(chunk))+`)`, append([]any{boolInt(p), r.epoch, r.shards}, chunk...)...); err != nil {
+				return notCommitted("restore owed", err)
+			}
+		}
+	}
+	return nil
+}
+
+// unbuyHolds takes the ended holds' units off their buyers' counts: every
+// SKU's rows (SKUs in order, buyers in order), then every program's.
+func unbuyHolds(ctx context.Context, tx *sql.Tx, skus []stock.SKU, bySKU map[stock.SKU][]Hold) error {
+	type row struct {
+		sku   stock.SKU // a zero Ticket: the program's row
+		buyer keys.ID
+	}
+	units := map[row]int64{}
+	var rows []row
+	add := func(r row, q int64) {
+		if _, ok := units[r]; !ok {
+			rows = append(rows, r)
+		}
+		units[r] += q
+	}
+	for _, sku := range skus {
+		for _, h := range bySKU[sku] {
+			add(row{sku, h.Buyer}, h.Quantity)
+		}
+	}
+	for _, sku := range skus {
+		for _, h := range bySKU[sku] {
+			add(row{sku.Whole(), h.Buyer}, h.Quantity)
+		}
+	}
+	slices.SortStableFunc(rows, func(a, b row) int {
+		if a.sku.Ticket.IsZero() != b.sku.Ticket.IsZero() {
+			return boolInt(a.sku.Ticket.IsZero()) - boolInt(b.sku.Ticket.IsZero())
+		}
+		if c := a.sku.Compare(b.sku); c != 0 {
+			return c
+		}
+		return a.buyer.Compare(b.buyer)
+	})
+	for _, r := range rows {
+		if _, err := tx.ExecContext(ctx, `UPDATE buyer_units SET units = units - $4
+			WHERE program = $1 AND ticket = $2 AND buyer = $3 AND units >= $4`,
+			r.sku.Program, r.sku.Ticket, r.buyer, units[r]); err != nil {
+			return notCommitted("buyer units", err)
+		}
+	}
+	return nil
+}
+
+// isOwed decides whether Redis is owed returned units (see owed). Seats go
+// back by their gate record (which seats, whose), taken through the gate or
+// not: the seat consistency check may have written a hold taken around it
+// into Redis, and a release by owner is a no-op where the owner holds
+// nothing.
+func isOwed(gate string, takeEpoch int64, seats bool, r returned) bool {
+	if seats {
+		return gate != ""
+	}
+	return !r.ended && (gate != "" || takeEpoch != r.epoch)
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// list is "$k+1, ..., $k+n".
+func list(k, n int) string {
+	var b strings.Builder
+	for j := range n {
+		if j > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "$%d", k+j+1)
+	}
+	return b.String()
+}
+
+// claimRow is one request to claim in a batch, with the answer it gets,
+// named by the id of what it acts on.
+type claimRow struct {
+	id     keys.ID
+	req    Request
+	sku    stock.SKU
+	answer string
+}
+
+// claimRows claims the requests in one global order (scope, key), in
+// multi-row statements, and returns the ids of the rows whose key was
+// taken already (or earlier in the same batch).
+func claimRows(ctx context.Context, tx *sql.Tx, rows []claimRow, now int64) (map[keys.ID]bool, error) {
+	taken := map[keys.ID]bool{}
+	rows = slices.Clone(rows)
+	slices.SortFunc(rows, func(a, b claimRow) int {
+		if c := a.req.Scope.Compare(b.req.Scope); c != 0 {
+			return c
+		}
+		return a.req.Key.Compare(b.req.Key)
+	})
+	first := map[ScopedKey]bool{}
+	rows = slices.DeleteFunc(rows, func(r claimRow) bool {
+		k := ScopedKey{r.req.Scope, r.req.Key}
+		if first[k] {
+			taken[r.id] = true // the same key twice in one batch: the first claims it
+			return true
+		}
+		first[k] = true
+		return false
+	})
+	for chunk := range slices.Chunk(rows, rowsPerStatement) {
+		var vals []string
+		var args []any
+		for _, r := range chunk {
+			if err := r.req.validate(); err != nil {
+				return nil, err
+			}
+			vals = append(vals, placeholders(len(args), 8))
+			args = append(args, r.req.Scope, r.req.Key, r.req.Fingerprint, r.req.Op, r.sku.Program, r.sku.Ticket, r.answer, now)
+		}
+		got, err := tx.QueryContext(ctx, `INSERT INTO requests (scope, idem_key, fingerprint, op, program, ticket, result, created_at)
+			VALUES `+strings.Join(vals, ", ")+` ON CONFLICT (scope, idem_key) DO NOTHING RETURNING scope, idem_key`, args...)
+		if err != nil {
+			return nil, notCommitted("claim requests", err)
+		}
+		claimed := map[ScopedKey]bool{}
+		for got.Next() {
+			var k ScopedKey
+			if err := got.Scan(&k.Scope, &k.Key); err != nil {
+				got.Close()
+				return nil, notCommitted("claim requests", err)
+			}
+			claimed[k] = true
+		}
+		got.Close()
+		if err := got.Err(); err != nil {
+			return nil, notCommitted("claim requests", err)
+		}
+		for _, r := range chunk {
+			if !claimed[ScopedKey{r.req.Scope, r.req.Key}] {
+				taken[r.id] = true
+			}
+		}
+	}
+	return taken, nil
+}

@@ -2,19 +2,23 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/stockgate/stockgate/internal/loadgen"
 	"github.com/stockgate/stockgate/internal/testenv"
 )
 
-// compareCmd runs the flash sale and the sold-out storm through two builds
+// compareCmd runs the flash sale and the sold-out storm (or the runs named
+// by -runs: flash, storm, holds, confirms, cancels) through two builds
 // of stockgate side by side, on one Redis Cluster and one PostgreSQL, in
 // interleaved rounds (old, new, then new, old, ...), and prints each
 // round's throughput and the median and range of new/old. This machine
@@ -29,6 +33,7 @@ func compareCmd(args []string) error {
 	workers := fs.Uint64("workers", 64, "concurrent connections of each run")
 	rounds := fs.Int("rounds", 3, "rounds of each comparison")
 	dir := fs.String("dir", ".run/compare", "working directory (builds, charts)")
+	only := fs.String("runs", "flash,storm", "runs to compare: flash, storm, holds, confirms, cancels")
 	_ = fs.Parse(args)
 	ctx := context.Background()
 	if err := os.MkdirAll(*dir, 0o755); err != nil {
@@ -86,18 +91,65 @@ func compareCmd(args []string) error {
 	}
 
 	type run struct {
-		name string
-		make func(g gateway, prog string) (loadgen.Scenario, error)
+		key, name string
+		make      func(g gateway, prog string) (loadgen.Scenario, error)
 	}
-	runs := []run{
-		{"flash sale (12 shards, stock n/10)", func(g gateway, prog string) (loadgen.Scenario, error) {
+	// holdsFor takes n holds on a new SKU through g, untimed: what the
+	// confirm and cancel runs act on.
+	holdsFor := func(g gateway, prog string) ([]loadgen.HoldRef, error) {
+		sku := prog + "/ga"
+		if err := g.admin.putSKU(sku, int64(*n), 4); err != nil {
+			return nil, err
+		}
+		var mu sync.Mutex
+		var refs []loadgen.HoldRef
+		_, err := loadgen.Attack(loadgen.Run{Name: "setup holds", BaseURL: g.base, Scenario: loadgen.Holds(sku, prog+"-", *n),
+			Workers: *workers, Collect: func(code int, body []byte) {
+				var h struct {
+					HoldID string `json:"hold_id"`
+					Buyer  string `json:"buyer"`
+				}
+				if code == http.StatusCreated && json.Unmarshal(body, &h) == nil {
+					mu.Lock()
+					refs = append(refs, loadgen.HoldRef{ID: h.HoldID, Buyer: h.Buyer})
+					mu.Unlock()
+				}
+			}})
+		if err == nil && uint64(len(refs)) != *n {
+			err = fmt.Errorf("setup took %d holds of %d", len(refs), *n)
+		}
+		return refs, err
+	}
+	all := []run{
+		{"flash", "flash sale (12 shards, stock n/10)", func(g gateway, prog string) (loadgen.Scenario, error) {
 			sku := prog + "/ga"
 			return loadgen.Purchases([]string{sku}, prog+"-", *n), g.admin.putSKU(sku, int64(*n/10), 12)
 		}},
-		{"sold-out storm", func(g gateway, prog string) (loadgen.Scenario, error) {
+		{"storm", "sold-out storm", func(g gateway, prog string) (loadgen.Scenario, error) {
 			sku := prog + "/ga"
 			return loadgen.Purchases([]string{sku}, prog+"-", *n), g.admin.putSKU(sku, 0, 4)
 		}},
+		{"holds", "holds, one SKU, all granted", func(g gateway, prog string) (loadgen.Scenario, error) {
+			sku := prog + "/ga"
+			return loadgen.Holds(sku, prog+"-", *n), g.admin.putSKU(sku, int64(*n), 4)
+		}},
+		{"confirms", "confirms of n holds", func(g gateway, prog string) (loadgen.Scenario, error) {
+			refs, err := holdsFor(g, prog)
+			return loadgen.Confirms(refs, prog+"-"), err
+		}},
+		{"cancels", "cancels of n holds", func(g gateway, prog string) (loadgen.Scenario, error) {
+			refs, err := holdsFor(g, prog)
+			return loadgen.Cancels(refs, prog+"-"), err
+		}},
+	}
+	var runs []run
+	for _, r := range all {
+		if slices.Contains(strings.Split(*only, ","), r.key) {
+			runs = append(runs, r)
+		}
+	}
+	if len(runs) == 0 {
+		return fmt.Errorf("-runs %q names no run (flash, storm, holds, confirms, cancels)", *only)
 	}
 	fmt.Printf("# %s (old) against the working tree (new): %d requests from %d connections per run, %d interleaved rounds\n\n",
 		*base, *n, *workers, *rounds)

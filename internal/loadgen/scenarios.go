@@ -61,5 +61,17 @@ func Confirms(holds []HoldRef, prefix string) Scenario {
 	}
 }
 
+// Cancels cancels the given holds, each by its buyer.
+func Cancels(holds []HoldRef, prefix string) Scenario {
+	return func(i uint64) (Request, bool) {
+		if i >= uint64(len(holds)) {
+			return Request{}, false
+		}
+		h := holds[i]
+		return Request{Method: http.MethodPost, Path: "/v1/holds/" + h.ID + "/cancel",
+			Body: fmt.Sprintf(`{"buyer":%q}`, h.Buyer), Header: keyed(prefix+"x", i)}, true
+	}
+}
+
 // HoldRef is a hold the holds scenario got.
 type HoldRef struct{ ID, Buyer string }

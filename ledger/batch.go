@@ -236,6 +236,11 @@ func (l *Ledger) tryBatch(ctx context.Context, orders []Order, live []int, now t
 		skus = append(skus, sku)
 	}
 	slices.SortFunc(skus, stock.SKU.Compare)
+	// Buyer rows: every SKU's (SKUs in order, buyers in order), then every
+	// program's, so two batches over different SKUs of one program meet
+	// the program's rows in the same order (they would deadlock taking
+	// them SKU by SKU).
+	perProgram := map[stock.SKU]map[keys.ID]int64{}
 	for _, sku := range skus {
 		names := make([]keys.ID, 0, len(buyers[sku]))
 		for b := range buyers[sku] {
@@ -243,9 +248,40 @@ func (l *Ledger) tryBatch(ctx context.Context, orders []Order, live []int, now t
 		}
 		slices.SortFunc(names, keys.ID.Compare)
 		for _, b := range names {
-			err := countBuyer(ctx, tx, sku, b, buyers[sku][b])
+			err := countSKUBuyer(ctx, tx, sku, b, buyers[sku][b])
 			if errors.Is(err, stock.ErrLimit) {
 				return sku, err, nil, nil
+			}
+			if err != nil {
+				return stock.SKU{}, nil, nil, err
+			}
+			if perProgram[sku.Whole()] == nil {
+				perProgram[sku.Whole()] = map[keys.ID]int64{}
+			}
+			perProgram[sku.Whole()][b] += buyers[sku][b]
+		}
+	}
+	programs := make([]stock.SKU, 0, len(perProgram))
+	for p := range perProgram {
+		programs = append(programs, p)
+	}
+	slices.SortFunc(programs, stock.SKU.Compare)
+	for _, p := range programs {
+		names := make([]keys.ID, 0, len(perProgram[p]))
+		for b := range perProgram[p] {
+			names = append(names, b)
+		}
+		slices.SortFunc(names, keys.ID.Compare)
+		for _, b := range names {
+			err := countProgramBuyer(ctx, tx, p.Program, b, perProgram[p][b])
+			if errors.Is(err, stock.ErrLimit) {
+				// Over the program's cap: split out the first SKU of the
+				// program this buyer takes in the batch, and try again.
+				for _, sku := range skus {
+					if sku.Program == p.Program && buyers[sku][b] > 0 {
+						return sku, err, nil, nil
+					}
+				}
 			}
 			if err != nil {
 				return stock.SKU{}, nil, nil, err

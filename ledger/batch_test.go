@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stockgate/stockgate/keys"
@@ -115,6 +116,68 @@ func TestPurchaseBatchRacing(t *testing.T) {
 			if st.Sold > st.Total || st.Sold != ok[s] || units != ok[s] {
 				t.Errorf("%s: sold %d, order units %d, acknowledged %d, total %d", s, st.Sold, units, ok[s], st.Total)
 			}
+		}
+	})
+}
+
+// Batches over different SKUs of one program, whose buyers come in
+// different orders, never deadlock on the program's buyer rows: every row
+// of the program cap is locked in one order (SKU rows first, then program
+// rows, each sorted), so on PostgreSQL no batch is aborted as a deadlock
+// victim and every order commits.
+func TestBatchProgramRowsDeadlock(t *testing.T) {
+	eachDriver(t, func(t *testing.T, l *ledger.Ledger) {
+		ctx := context.Background()
+		var skus []stock.SKU
+		for _, tk := range []string{"a", "b", "c", "d"} {
+			s := stock.SKU{Program: sku.Program, Ticket: keys.MustID(tk)}
+			skus = append(skus, s)
+			if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: s, Total: 100_000, Shards: 1, MaxPerOrder: 4}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := l.PutProgram(ctx, sku.Program, 1_000_000); err != nil {
+			t.Fatal(err)
+		}
+		buyers := []keys.ID{keys.MustID("x"), keys.MustID("y"), keys.MustID("z")}
+		var wg sync.WaitGroup
+		var failed atomic.Int64
+		for g := range 8 {
+			wg.Go(func() {
+				for round := range 25 {
+					// Two SKUs per batch, each SKU's buyer a different one,
+					// rotating so batches meet the program rows in every order.
+					var batch []ledger.Order
+					for j := range 2 {
+						s := skus[(g+j)%len(skus)]
+						b := buyers[(g+round+2*j)%len(buyers)]
+						batch = append(batch, ledger.Order{IdempotencyKey: keys.MustID(fmt.Sprintf("d%d-%d-%d", g, round, j)), SKU: s, Buyer: b, Quantity: 1})
+					}
+					res, err := l.PurchaseBatch(ctx, batch, false)
+					if err != nil {
+						failed.Add(1)
+						t.Logf("batch %d/%d: %v", g, round, err)
+						continue
+					}
+					for _, r := range res {
+						if r.Err != nil {
+							t.Errorf("an order of a batch: %v", r.Err)
+						}
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if n := failed.Load(); n > 0 {
+			t.Errorf("%d of 200 batches failed (deadlock victims), want none", n)
+		}
+		var units int64
+		for _, b := range buyers {
+			n, _ := l.ProgramUnits(ctx, sku.Program, b)
+			units += n
+		}
+		if units != 400-2*failed.Load() {
+			t.Errorf("program rows count %d units, want %d", units, 400-2*failed.Load())
 		}
 	})
 }

@@ -760,7 +760,15 @@ func updateSKU(ctx context.Context, tx *sql.Tx, sku stock.SKU, q int64, column s
 // countBuyer adds q to what the buyer holds + owns of the SKU and of its
 // program, inside tx, refusing (stock.ErrLimit) past either cap.
 func countBuyer(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer keys.ID, q int64) error {
-	// The buyer's units, capped by the SKU's per_buyer (0: no cap).
+	if err := countSKUBuyer(ctx, tx, sku, buyer, q); err != nil {
+		return err
+	}
+	return countProgramBuyer(ctx, tx, sku.Program, buyer, q)
+}
+
+// countSKUBuyer adds q to what the buyer holds + owns of the SKU, refusing
+// (stock.ErrLimit) past the SKU's per_buyer cap (0: no cap).
+func countSKUBuyer(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer keys.ID, q int64) error {
 	res, err := tx.ExecContext(ctx, `
 		INSERT INTO buyer_units (program, ticket, buyer, units)
 		SELECT program, ticket, $3, $4 FROM skus
@@ -775,8 +783,13 @@ func countBuyer(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer keys.ID, q
 	if n, _ := res.RowsAffected(); n != 1 {
 		return stock.ErrLimit
 	}
-	// And of the whole program, capped by the program's per_buyer.
-	res, err = tx.ExecContext(ctx, `
+	return nil
+}
+
+// countProgramBuyer adds q to what the buyer holds + owns of all of the
+// program's tickets, refusing (stock.ErrLimit) past the program's cap.
+func countProgramBuyer(ctx context.Context, tx *sql.Tx, program, buyer keys.ID, q int64) error {
+	res, err := tx.ExecContext(ctx, `
 		INSERT INTO buyer_units (program, ticket, buyer, units)
 		SELECT $1, '', $2, $3
 		WHERE COALESCE((SELECT per_buyer FROM programs WHERE program = $1), 0) = 0
@@ -784,7 +797,7 @@ func countBuyer(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer keys.ID, q
 		ON CONFLICT (program, ticket, buyer) DO UPDATE SET units = buyer_units.units + excluded.units
 		WHERE COALESCE((SELECT per_buyer FROM programs WHERE program = $1), 0) = 0
 		   OR buyer_units.units + excluded.units <= (SELECT per_buyer FROM programs WHERE program = $1)`,
-		sku.Program, buyer, q)
+		program, buyer, q)
 	if err != nil {
 		return notCommitted("program buyer units", err)
 	}

@@ -254,62 +254,44 @@ func returnHolds(ctx context.Context, tx *sql.Tx, sku stock.SKU, holds []Hold, n
 	return nil
 }
 
-// unbuyHolds takes the ended holds' units off their buyers' counts in one
-// statement per SKU (SKUs in order) and then one per program: rows of one
-// statement are its buyers', and the SKU rows come before the program rows
-// as in every write that moves stock.
+// unbuyHolds takes the ended holds' units off their buyers' counts: every
+// SKU's rows (SKUs in order, buyers in order), then every program's.
 func unbuyHolds(ctx context.Context, tx *sql.Tx, skus []stock.SKU, bySKU map[stock.SKU][]Hold) error {
-	perProgram := map[stock.SKU]map[keys.ID]int64{}
-	var programs []stock.SKU
+	type row struct {
+		sku   stock.SKU // a zero Ticket: the program's row
+		buyer keys.ID
+	}
+	units := map[row]int64{}
+	var rows []row
+	add := func(r row, q int64) {
+		if _, ok := units[r]; !ok {
+			rows = append(rows, r)
+		}
+		units[r] += q
+	}
 	for _, sku := range skus {
-		units := map[keys.ID]int64{}
 		for _, h := range bySKU[sku] {
-			units[h.Buyer] += h.Quantity
-		}
-		if err := unbuy(ctx, tx, sku, units); err != nil {
-			return err
-		}
-		p := sku.Whole()
-		if perProgram[p] == nil {
-			perProgram[p] = map[keys.ID]int64{}
-			programs = append(programs, p)
-		}
-		for b, q := range units {
-			perProgram[p][b] += q
+			add(row{sku, h.Buyer}, h.Quantity)
 		}
 	}
-	slices.SortFunc(programs, stock.SKU.Compare)
-	for _, p := range programs {
-		if err := unbuy(ctx, tx, p, perProgram[p]); err != nil {
-			return err
+	for _, sku := range skus {
+		for _, h := range bySKU[sku] {
+			add(row{sku.Whole(), h.Buyer}, h.Quantity)
 		}
 	}
-	return nil
-}
-
-// unbuy takes units[buyer] off each buyer's row of scope (a SKU, or a
-// program as a SKU with no ticket), in one statement per chunk, buyers in
-// order. A row with fewer units than taken is left as it is, as
-// returnStock leaves it.
-func unbuy(ctx context.Context, tx *sql.Tx, scope stock.SKU, units map[keys.ID]int64) error {
-	buyers := make([]keys.ID, 0, len(units))
-	for b := range units {
-		buyers = append(buyers, b)
-	}
-	slices.SortFunc(buyers, keys.ID.Compare)
-	for chunk := range slices.Chunk(buyers, rowsPerStatement) {
-		args := []any{scope.Program, scope.Ticket}
-		var cases, in []string
-		for _, b := range chunk {
-			// Typed: PostgreSQL would take an untyped CASE of parameters for text.
-			cases = append(cases, fmt.Sprintf("WHEN $%d THEN CAST($%d AS BIGINT)", len(args)+1, len(args)+2))
-			in = append(in, fmt.Sprintf("$%d", len(args)+1))
-			args = append(args, b, units[b])
+	slices.SortStableFunc(rows, func(a, b row) int {
+		if a.sku.Ticket.IsZero() != b.sku.Ticket.IsZero() {
+			return boolInt(a.sku.Ticket.IsZero()) - boolInt(b.sku.Ticket.IsZero())
 		}
-		q := "CASE buyer " + strings.Join(cases, " ") + " END"
-		if _, err := tx.ExecContext(ctx, `UPDATE buyer_units SET units = units - `+q+`
-			WHERE program = $1 AND ticket = $2 AND buyer IN (`+strings.Join(in, ", ")+`) AND units >= `+q,
-			args...); err != nil {
+		if c := a.sku.Compare(b.sku); c != 0 {
+			return c
+		}
+		return a.buyer.Compare(b.buyer)
+	})
+	for _, r := range rows {
+		if _, err := tx.ExecContext(ctx, `UPDATE buyer_units SET units = units - $4
+			WHERE program = $1 AND ticket = $2 AND buyer = $3 AND units >= $4`,
+			r.sku.Program, r.sku.Ticket, r.buyer, units[r]); err != nil {
 			return notCommitted("buyer units", err)
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/stockgate/stockgate/keys"
@@ -550,25 +549,12 @@ func (l *Ledger) RestoreOwed(ctx context.Context, kind string, id keys.ID) (Rest
 // RestoreDone records that a restore reached Redis, or that Redis does not
 // need it (a later rebuild counted it).
 func (l *Ledger) RestoreDone(ctx context.Context, kind string, id keys.ID) error {
-	return l.RestoresDone(ctx, kind, []keys.ID{id})
-}
-
-// RestoresDone is RestoreDone for many holds or orders (kind) at once, in
-// one statement per chunk: one write for a batch of returns.
-func (l *Ledger) RestoresDone(ctx context.Context, kind string, ids []keys.ID) error {
 	table := "holds"
 	if kind == "order" {
 		table = "orders"
 	}
-	for chunk := range slices.Chunk(ids, rowsPerStatement) {
-		args := make([]any, len(chunk))
-		for i, id := range chunk {
-			args[i] = id
-		}
-		if _, err := l.db.ExecContext(ctx, `UPDATE `+table+` SET restore_pending = 0 WHERE id IN (`+list(0, len(chunk))+`)`,
-			args...); err != nil {
-			return fmt.Errorf("ledger: restore done: %w", err)
-		}
+	if _, err := l.db.ExecContext(ctx, `UPDATE `+table+` SET restore_pending = 0 WHERE id = $1`, id); err != nil {
+		return fmt.Errorf("ledger: restore done: %w", err)
 	}
 	return nil
 }

@@ -57,20 +57,6 @@ func (b *batcher[T, R]) do(part uint32, item T) (_ R, ok bool) {
 	return <-p.out, true
 }
 
-// post queues item on partition part without waiting for its answer: the
-// batcher still does it (close drains what was posted). ok is false once
-// the batcher is closed (nothing was queued).
-func (b *batcher[T, R]) post(part uint32, item T) (ok bool) {
-	p := &pendingItem[T, R]{item: item, out: make(chan R, 1)} // answered into the buffer, never read
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	if b.closed {
-		return false
-	}
-	b.queues[part%uint32(len(b.queues))] <- p
-	return true
-}
-
 func (b *batcher[T, R]) run(q chan *pendingItem[T, R]) {
 	for {
 		var first *pendingItem[T, R]

@@ -88,28 +88,3 @@ func (s *Service) flushCancels(ctx context.Context, cs []ledger.HoldRequest, ans
 		answer(i, cancelOut{h, changed, err})
 	})
 }
-
-// restoreRef names a return (a hold's or an order's) whose stock reached
-// Redis.
-type restoreRef struct {
-	kind string
-	id   keys.ID
-}
-
-// flushDones clears the pending marks of a batch of returns, one statement
-// per kind. A failure leaves them pending: a sweeper repeats those returns,
-// which Redis counts once.
-func (s *Service) flushDones(ctx context.Context, rs []restoreRef, answer func(int, struct{})) {
-	byKind := map[string][]keys.ID{}
-	for _, r := range rs {
-		byKind[r.kind] = append(byKind[r.kind], r.id)
-	}
-	for kind, ids := range byKind {
-		if err := s.ledger.RestoresDone(ctx, kind, ids); err != nil {
-			s.log.WarnContext(ctx, "mark restores done; a sweeper will repeat them", "kind", kind, "returns", len(ids), "err", err)
-		}
-	}
-	for i := range rs {
-		answer(i, struct{}{})
-	}
-}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"time"
 
 	"github.com/stockgate/stockgate/keys"
@@ -270,10 +269,8 @@ func (s *Service) returnToRedis(ctx context.Context, r ledger.Restore) {
 			s.notifyRestocked(ctx, r.SKU)
 		}
 	}
-	// The mark is cleared in a batch with other returns', after the answer:
-	// until then a sweeper may repeat this return, which moves nothing.
-	if !s.dones.post(crc32.ChecksumIEEE([]byte(r.ID.String())), restoreRef{r.Kind, r.ID}) {
-		s.log.WarnContext(ctx, "mark restore done after close; a sweeper will repeat it", "kind", r.Kind, "id", r.ID)
+	if err := s.ledger.RestoreDone(ctx, r.Kind, r.ID); err != nil {
+		s.log.WarnContext(ctx, "mark restore done; a sweeper will repeat it", "kind", r.Kind, "id", r.ID, "err", err)
 	}
 }
 

@@ -69,7 +69,6 @@ type Ledger interface {
 	RestoreOwed(ctx context.Context, kind string, id keys.ID) (ledger.Restore, bool, error)
 	PendingRestores(ctx context.Context, olderThan time.Duration, limit int) ([]ledger.Restore, error)
 	RestoreDone(ctx context.Context, kind string, id keys.ID) error
-	RestoresDone(ctx context.Context, kind string, ids []keys.ID) error
 	EndSale(ctx context.Context, sku stock.SKU) (ledger.SKUState, error)
 	LoadSeats(ctx context.Context, sku stock.SKU, seats []ledger.Seat) (int64, error)
 	Seats(ctx context.Context, sku stock.SKU, section keys.ID) ([]ledger.Seat, error)
@@ -245,8 +244,6 @@ type Service struct {
 	// confirms and cancels group-commit what their names say.
 	confirms *batcher[ledger.HoldRequest, confirmOut]
 	cancels  *batcher[ledger.HoldRequest, cancelOut]
-	// dones clears the pending marks of returns that reached Redis.
-	dones *batcher[restoreRef, struct{}]
 	fallback chan struct{} // semaphore of ledger-direct requests
 	reseeds  singleflight.Group
 	log      *slog.Logger
@@ -317,7 +314,6 @@ func New(opts Options) (*Service, error) {
 	s.direct = newCommitter(s, 4, opts.BatchMax, true)
 	s.confirms = newBatcher(8, opts.BatchMax, opts.WorkTimeout, s.flushConfirms)
 	s.cancels = newBatcher(8, opts.BatchMax, opts.WorkTimeout, s.flushCancels)
-	s.dones = newBatcher(2, opts.BatchMax, opts.WorkTimeout, s.flushDones)
 	return s, nil
 }
 
@@ -328,7 +324,6 @@ func (s *Service) Close() {
 	s.direct.close()
 	s.confirms.close()
 	s.cancels.close()
-	s.dones.close()
 }
 
 // BreakerState is the Redis breaker's state now.

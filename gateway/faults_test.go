@@ -761,6 +761,11 @@ func (l *countingLedger) Confirm(ctx context.Context, id, buyer keys.ID, req led
 	return l.Ledger.Confirm(ctx, id, buyer, req)
 }
 
+func (l *countingLedger) CommitBatch(ctx context.Context, takes []ledger.Take, direct bool) ([]ledger.BatchResult, error) {
+	l.note("CommitBatch")
+	return l.Ledger.CommitBatch(ctx, takes, direct)
+}
+
 func (l *countingLedger) ConfirmBatch(ctx context.Context, cs []ledger.HoldRequest) ([]ledger.BatchResult, error) {
 	l.note("ConfirmBatch")
 	return l.Ledger.ConfirmBatch(ctx, cs)

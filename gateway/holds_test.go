@@ -646,3 +646,52 @@ func TestConfirmsAndCancelsGroupCommitted(t *testing.T) {
 		})
 	})
 }
+
+// Holds are group-committed with the SKU's other takes: 200 holds and 100
+// purchases of one SKU at once through one replica, all answered 201, their
+// retries through another replica replayed, and the ledger and Redis agree
+// on exactly what was answered.
+func TestHoldsGroupCommitted(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		dsn := ledgerDSN(t, driver)
+		var counted *countingLedger
+		a := startEnv(t, envOptions{driver: driver, dsn: dsn, tune: func(o *app.Options) {
+			o.WrapLedger = func(l sale.Ledger) sale.Ledger {
+				counted = &countingLedger{Ledger: l}
+				return counted
+			}
+		}})
+		b := startEnv(t, envOptions{driver: driver, dsn: dsn})
+		sku := newSKU(t)
+		const n = 300
+		a.putSKU(t, sku, 400, 4, 4)
+		take := func(e *env, i int) reply {
+			if i%3 == 2 {
+				return e.buy(t, sku, fmt.Sprintf("p-%d", i), fmt.Sprintf("b%d", i), 1)
+			}
+			r, _ := e.hold(t, sku, fmt.Sprintf("h-%d", i), fmt.Sprintf("b%d", i), 1, 0)
+			return r
+		}
+		before := counted.byMethod()
+		first := make([]reply, n)
+		counts := a.buyAll(n, 64, func(i int) reply {
+			first[i] = take(a, i)
+			return first[i]
+		})
+		if counts[http.StatusCreated] != n {
+			t.Fatalf("takes answered %v, want %d×201", counts, n)
+		}
+		after := counted.byMethod()
+		t.Logf("%s: %d takes: %d ledger batches, %d holds and %d purchases alone", driver, n,
+			after["CommitBatch"]-before["CommitBatch"], after["Hold"]-before["Hold"], after["Purchase"]-before["Purchase"])
+		for i := range n {
+			r := take(b, i)
+			if r.status != http.StatusCreated || string(r.body) != string(first[i].body) || r.header.Get("Idempotent-Replayed") != "true" {
+				t.Errorf("retry of take %d on the other replica = %d %s, want %s replayed", i, r.status, r.body, first[i].body)
+			}
+		}
+		if st := a.state(t, sku); st.Held != 200 || st.Sold != 100 || st.Orders != 100 || st.RedisRemaining != 100 {
+			t.Errorf("state %+v, want 200 held, 100 sold in 100 orders, 100 left in Redis", st)
+		}
+	})
+}

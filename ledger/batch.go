@@ -21,66 +21,176 @@ import (
 // its own answer.
 var ErrSplit = errors.New("ledger: commit alone")
 
-// BatchResult is one order's outcome in PurchaseBatch: the stored order
-// and nil, ErrDuplicate with the order the key already had, or ErrSplit.
+// BatchResult is one take's outcome in a batch: the stored order (a
+// purchase, a confirm) or hold and nil, ErrDuplicate with what the key
+// already had, or ErrSplit.
 type BatchResult struct {
 	Order Order
+	Hold  Hold
 	Err   error
 }
 
-// PurchaseBatch commits many orders the Redis gate admitted in one
-// transaction (group commit): the order rows, then one conditional update
-// per SKU for the sum of its new orders, then each buyer's counts under the
-// caps. Winners of a hot SKU then cost one transaction per batch instead of
-// one each, all waiting on one row lock. If a SKU's update or a buyer's cap
-// refuses, the transaction is rolled back and retried without that SKU's
-// orders, which come back as ErrSplit. The error return is for the batch as
-// a whole: ErrNotCommitted before COMMIT, any other error at COMMIT (the
-// outcome is unknown; look the keys up).
+// Take is one gate-admitted take of stock for CommitBatch: a purchase
+// (Order) or, when Hold is set, a hold.
+type Take struct {
+	Order Order
+	Hold  *Hold
+}
+
+// SKU is the SKU the take is of.
+func (t Take) SKU() stock.SKU { return t.sku() }
+
+func (t *Take) sku() stock.SKU {
+	if t.Hold != nil {
+		return t.Hold.SKU
+	}
+	return t.Order.SKU
+}
+
+func (t *Take) buyer() keys.ID {
+	if t.Hold != nil {
+		return t.Hold.Buyer
+	}
+	return t.Order.Buyer
+}
+
+func (t *Take) quantity() int64 {
+	if t.Hold != nil {
+		return t.Hold.Quantity
+	}
+	return t.Order.Quantity
+}
+
+func (t *Take) req() Request {
+	if t.Hold != nil {
+		return t.Hold.Req
+	}
+	return t.Order.Req
+}
+
+// key is the take's row key (orders.idem_key or holds.idem_key).
+func (t *Take) key() keys.ID {
+	if t.Hold != nil {
+		return t.Hold.IdempotencyKey
+	}
+	return t.Order.IdempotencyKey
+}
+
+func (t *Take) gateEpoch() int64 {
+	if t.Hold != nil {
+		return t.Hold.GateEpoch
+	}
+	return t.Order.GateEpoch
+}
+
+func (t *Take) setTakeEpoch(e int64) {
+	if t.Hold != nil {
+		t.Hold.TakeEpoch = e
+		return
+	}
+	t.Order.TakeEpoch = e
+}
+
+// column is the SKU column the take moves stock into.
+func (t *Take) column() string {
+	if t.Hold != nil {
+		return "held"
+	}
+	return "sold"
+}
+
+// answer is the take as its request's stored answer.
+func (t *Take) answer() string {
+	if t.Hold != nil {
+		return encodeSnapshot(nil, t.Hold)
+	}
+	return encodeSnapshot(&t.Order, nil)
+}
+
+func (t *Take) result() BatchResult {
+	if t.Hold != nil {
+		return BatchResult{Hold: *t.Hold}
+	}
+	return BatchResult{Order: t.Order}
+}
+
+// PurchaseBatch is CommitBatch of purchases only.
+func (l *Ledger) PurchaseBatch(ctx context.Context, orders []Order, direct bool) ([]BatchResult, error) {
+	takes := make([]Take, len(orders))
+	for i, o := range orders {
+		takes[i] = Take{Order: o}
+	}
+	res, err := l.CommitBatch(ctx, takes, direct)
+	for i := range takes {
+		orders[i] = takes[i].Order
+	}
+	return res, err
+}
+
+// CommitBatch commits many takes the Redis gate admitted (purchases and
+// counted holds, of any SKUs) in one transaction (group commit): the
+// requests with their answers in one statement, the order rows in one,
+// the hold rows in one, then one conditional update per SKU, gate epoch
+// and column (sold or held) for the sum of its takes, then the buyers'
+// counts under the caps. Winners of a hot SKU then cost one transaction per
+// batch instead of one each, all waiting on one row lock. If a SKU's update
+// or a buyer's cap refuses, the transaction is rolled back and retried
+// without that SKU's takes, which come back as ErrSplit. The error return
+// is for the batch as a whole: ErrNotCommitted before COMMIT, any other
+// error at COMMIT (the outcome is unknown; look the keys up).
 //
-// With direct, the orders went around the Redis gate (the breaker is open):
+// With direct, the takes went around the Redis gate (the breaker is open):
 // each SKU's update is optimistic, at the version read in the same
 // transaction, and bumps bypass_seq like PurchaseDirect; a version that
 // moved meanwhile (another replica sold) fails the batch with ErrConflict,
 // nothing written, to be retried.
-func (l *Ledger) PurchaseBatch(ctx context.Context, orders []Order, direct bool) (_ []BatchResult, err error) {
+func (l *Ledger) CommitBatch(ctx context.Context, takes []Take, direct bool) (_ []BatchResult, err error) {
 	op := "purchase_batch"
 	if direct {
 		op = "purchase_direct_batch"
 	}
 	defer l.observe(op, time.Now(), &err)
-	out := make([]BatchResult, len(orders))
+	out := make([]BatchResult, len(takes))
 	now := l.now().UTC().Truncate(time.Millisecond)
-	live := make([]int, 0, len(orders))
-	for i, o := range orders {
-		if o.Quantity < 1 || o.IdempotencyKey.IsZero() {
-			return nil, fmt.Errorf("%w: order quantity %d key %q", stock.ErrInvalid, o.Quantity, o.IdempotencyKey)
+	live := make([]int, 0, len(takes))
+	for i := range takes {
+		t := &takes[i]
+		if t.quantity() < 1 || t.key().IsZero() || (t.Hold != nil && (t.Hold.ExpiresAt.IsZero() || len(t.Hold.SeatIDs) > 0)) {
+			return nil, fmt.Errorf("%w: take quantity %d key %q", stock.ErrInvalid, t.quantity(), t.key())
 		}
-		if o.ID.IsZero() {
-			orders[i].ID = NewID()
+		if t.Hold != nil {
+			if t.Hold.ID.IsZero() {
+				t.Hold.ID = NewID()
+			}
+			t.Hold.State, t.Hold.CreatedAt = Held, now
+			t.Hold.ExpiresAt = t.Hold.ExpiresAt.UTC().Truncate(time.Millisecond)
+		} else {
+			if t.Order.ID.IsZero() {
+				t.Order.ID = NewID()
+			}
+			t.Order.CreatedAt = now
 		}
-		orders[i].CreatedAt = now
 		live = append(live, i)
 	}
 	for len(live) > 0 {
-		split, why, dups, err := l.tryBatch(ctx, orders, live, now, direct)
+		split, why, dups, err := l.tryBatch(ctx, takes, live, now, direct)
 		if err != nil {
 			return nil, err
 		}
 		if split.Program.IsZero() {
 			for _, i := range live {
-				out[i] = BatchResult{Order: orders[i]}
+				out[i] = takes[i].result()
 			}
 			l.batch.Observe(float64(len(live) - len(dups)))
 			for _, i := range dups {
-				out[i] = l.batchReplay(ctx, orders[i])
+				out[i] = l.batchReplay(ctx, takes[i])
 			}
 			return out, nil
 		}
 		// Take the refusing SKU out and try again without it.
 		kept := live[:0:0]
 		for _, i := range live {
-			if orders[i].SKU == split {
+			if takes[i].sku() == split {
 				out[i] = BatchResult{Err: fmt.Errorf("%w: %w", ErrSplit, why)}
 			} else {
 				kept = append(kept, i)
@@ -91,14 +201,24 @@ func (l *Ledger) PurchaseBatch(ctx context.Context, orders []Order, direct bool)
 	return out, nil
 }
 
-// batchReplay answers an order of a batch whose request, or row key, was
-// taken: ErrDuplicate with the stored order, or ErrKeyReused.
-func (l *Ledger) batchReplay(ctx context.Context, o Order) BatchResult {
-	if !o.Req.IsZero() {
-		prev, err := l.orderReplay(ctx, o.Req)
+// batchReplay answers a take of a batch whose request, or row key, was
+// taken: ErrDuplicate with what was stored, or ErrKeyReused.
+func (l *Ledger) batchReplay(ctx context.Context, t Take) BatchResult {
+	switch {
+	case t.Hold != nil && !t.Hold.Req.IsZero():
+		prev, err := l.holdReplay(ctx, t.Hold.Req)
+		return BatchResult{Hold: prev, Err: err}
+	case t.Hold != nil:
+		prev, err := l.HoldByKey(ctx, t.Hold.IdempotencyKey)
+		if err != nil {
+			return BatchResult{Err: fmt.Errorf("ledger: batch: duplicate key: %w", err)}
+		}
+		return BatchResult{Hold: prev, Err: ErrDuplicate}
+	case !t.Order.Req.IsZero():
+		prev, err := l.orderReplay(ctx, t.Order.Req)
 		return BatchResult{Order: prev, Err: err}
 	}
-	prev, err := l.OrderByKey(ctx, o.IdempotencyKey)
+	prev, err := l.OrderByKey(ctx, t.Order.IdempotencyKey)
 	if err != nil {
 		return BatchResult{Err: fmt.Errorf("ledger: batch: duplicate key: %w", err)}
 	}
@@ -112,10 +232,17 @@ type skuEpoch struct {
 	epoch int64
 }
 
-// tryBatch runs one transaction over orders[live]. It returns the SKU that
+// skuCol is one conditional update of a batch: a SKU, the gate epoch its
+// takes were admitted under, and the column they move stock into.
+type skuCol struct {
+	skuEpoch
+	column string
+}
+
+// tryBatch runs one transaction over takes[live]. It returns the SKU that
 // refused and why (zero when it committed), and the indexes whose request
 // or row key was taken.
-func (l *Ledger) tryBatch(ctx context.Context, orders []Order, live []int, now time.Time, direct bool) (stock.SKU, error, []int, error) {
+func (l *Ledger) tryBatch(ctx context.Context, takes []Take, live []int, now time.Time, direct bool) (stock.SKU, error, []int, error) {
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
 		return stock.SKU{}, nil, nil, notCommitted("batch: begin", err)
@@ -128,7 +255,7 @@ func (l *Ledger) tryBatch(ctx context.Context, orders []Order, live []int, now t
 	read := map[stock.SKU]SKUState{}
 	if direct {
 		for _, i := range live {
-			sku := orders[i].SKU
+			sku := takes[i].sku()
 			if _, ok := read[sku]; ok {
 				continue
 			}
@@ -142,69 +269,83 @@ func (l *Ledger) tryBatch(ctx context.Context, orders []Order, live []int, now t
 			read[sku] = st
 		}
 	}
-	sums := map[skuEpoch]int64{}
+	sums := map[skuCol]int64{}
 	buyers := map[stock.SKU]map[keys.ID]int64{}
-	// Claims in one global order (scope, key): two batches that share
-	// requests (a retry sent to two replicas) wait on each other's claims
-	// in the same order, never in a cycle.
-	byKey := slices.Clone(live)
-	slices.SortFunc(byKey, func(a, b int) int {
-		ra, rb := orders[a].Req, orders[b].Req
-		if c := ra.Scope.Compare(rb.Scope); c != 0 {
-			return c
+	// Claims, order rows and hold rows in one statement each, not one
+	// round trip per take: winners are what the ledger is busy with.
+	// claimRows takes the claims in one global order (scope, key): two
+	// batches that share requests (a retry sent to two replicas) wait on
+	// each other's claims in the same order, never in a cycle.
+	var claims []claimRow
+	for _, i := range live {
+		t := &takes[i]
+		if r := t.req(); !r.IsZero() {
+			claims = append(claims, claimRow{id: t.key(), req: r, sku: t.sku(), answer: t.answer()})
 		}
-		return ra.Key.Compare(rb.Key)
-	})
-	// Claims and order rows in one statement each, not one round trip per
-	// order: winners are what the ledger is busy with.
-	taken, err := claimAll(ctx, tx, orders, byKey, now.UnixMilli())
+	}
+	taken, err := claimRows(ctx, tx, claims, now.UnixMilli())
 	if err != nil {
 		return stock.SKU{}, nil, nil, err
 	}
+	var orders []Order
+	var holds []Hold
 	var fresh []int
-	for _, i := range byKey {
-		if taken[i] {
+	for _, i := range live {
+		t := &takes[i]
+		if taken[t.key()] {
 			dups = append(dups, i)
 			continue
 		}
-		orders[i].TakeEpoch = orders[i].GateEpoch
+		e := t.gateEpoch()
 		if direct {
-			orders[i].TakeEpoch = read[orders[i].SKU].GateEpoch
+			e = read[t.sku()].GateEpoch
+		}
+		t.setTakeEpoch(e)
+		if t.Hold != nil {
+			holds = append(holds, *t.Hold)
+		} else {
+			orders = append(orders, t.Order)
 		}
 		fresh = append(fresh, i)
 	}
-	inserted, err := insertOrders(ctx, tx, orders, fresh)
+	inserted, err := insertOrders(ctx, tx, orders)
 	if err != nil {
 		return stock.SKU{}, nil, nil, err
 	}
+	if err := insertHolds(ctx, tx, holds, inserted); err != nil {
+		return stock.SKU{}, nil, nil, err
+	}
 	for _, i := range fresh {
-		o := orders[i]
-		if !inserted[o.IdempotencyKey] {
+		t := &takes[i]
+		if !inserted[t.key()] {
 			dups = append(dups, i) // a row key taken: only internal writes get here
 			continue
 		}
-		g := skuEpoch{o.SKU, o.GateEpoch}
+		g := skuCol{skuEpoch{t.sku(), t.gateEpoch()}, t.column()}
 		if direct {
 			g.epoch = -1
 		}
-		sums[g] += o.Quantity
-		if buyers[o.SKU] == nil {
-			buyers[o.SKU] = map[keys.ID]int64{}
+		sums[g] += t.quantity()
+		if buyers[t.sku()] == nil {
+			buyers[t.sku()] = map[keys.ID]int64{}
 		}
-		buyers[o.SKU][o.Buyer] += o.Quantity
+		buyers[t.sku()][t.buyer()] += t.quantity()
 	}
 	// SKU rows in a fixed order, all before any buyer row, as every write
 	// that moves stock: concurrent batches, refunds and expiries cannot
 	// deadlock.
-	groups := make([]skuEpoch, 0, len(sums))
+	groups := make([]skuCol, 0, len(sums))
 	for g := range sums {
 		groups = append(groups, g)
 	}
-	slices.SortFunc(groups, func(a, b skuEpoch) int {
+	slices.SortFunc(groups, func(a, b skuCol) int {
 		if c := a.sku.Compare(b.sku); c != 0 {
 			return c
 		}
-		return int(a.epoch - b.epoch)
+		if a.epoch != b.epoch {
+			return int(a.epoch - b.epoch)
+		}
+		return strings.Compare(a.column, b.column)
 	})
 	versions := map[stock.SKU]int64{}
 	for _, g := range groups {
@@ -212,7 +353,7 @@ func (l *Ledger) tryBatch(ctx context.Context, orders []Order, live []int, now t
 		if direct {
 			version = read[g.sku].Version
 		}
-		v, _, err := updateSKU(ctx, tx, g.sku, sums[g], "sold", version, g.epoch, now.UnixMilli())
+		v, _, err := updateSKU(ctx, tx, g.sku, sums[g], g.column, version, g.epoch, now.UnixMilli())
 		switch {
 		case errors.Is(err, ErrConflict):
 			return stock.SKU{}, nil, nil, ErrConflict
@@ -341,18 +482,14 @@ func claimAll(ctx context.Context, tx *sql.Tx, orders []Order, idx []int, now in
 	return out, nil
 }
 
-// insertOrders writes the order rows of orders[idx] in multi-row
-// statements and returns the row keys it inserted (a key already taken is
-// left out).
-func insertOrders(ctx context.Context, tx *sql.Tx, orders []Order, idx []int) (map[keys.ID]bool, error) {
+// insertOrders writes the order rows in multi-row statements and returns
+// the row keys it inserted (a key already taken is left out).
+func insertOrders(ctx context.Context, tx *sql.Tx, orders []Order) (map[keys.ID]bool, error) {
 	inserted := map[keys.ID]bool{}
-	for len(idx) > 0 {
-		chunk := idx[:min(len(idx), rowsPerStatement)]
-		idx = idx[len(chunk):]
+	for chunk := range slices.Chunk(orders, rowsPerStatement) {
 		var vals []string
 		var args []any
-		for _, i := range chunk {
-			o := orders[i]
+		for _, o := range chunk {
 			vals = append(vals, placeholders(len(args), 12))
 			args = append(args, o.ID, o.IdempotencyKey, o.RequestHash, o.SKU.Program, o.SKU.Ticket, o.Buyer, o.Quantity,
 				o.Gate, o.GateKey, o.HoldID, o.CreatedAt.UnixMilli(), o.TakeEpoch)
@@ -377,6 +514,27 @@ func insertOrders(ctx context.Context, tx *sql.Tx, orders []Order, idx []int) (m
 		}
 	}
 	return inserted, nil
+}
+
+// insertHolds writes counted hold rows in multi-row statements and adds
+// the row keys it inserted to inserted (a key already taken is left out).
+func insertHolds(ctx context.Context, tx *sql.Tx, holds []Hold, inserted map[keys.ID]bool) error {
+	for chunk := range slices.Chunk(holds, rowsPerStatement) {
+		var vals []string
+		var args []any
+		for _, h := range chunk {
+			vals = append(vals, placeholders(len(args), 12))
+			args = append(args, h.ID, h.IdempotencyKey, h.RequestHash, h.SKU.Program, h.SKU.Ticket, h.Buyer, h.Quantity,
+				h.Gate, Held, h.ExpiresAt.UnixMilli(), h.CreatedAt.UnixMilli(), h.TakeEpoch)
+		}
+		got, err := tx.QueryContext(ctx, `INSERT INTO holds (id, idem_key, request_hash, program, ticket, buyer, quantity, gate,
+			state, expires_at, created_at, take_epoch)
+			VALUES `+strings.Join(vals, ", ")+` ON CONFLICT (idem_key) DO NOTHING RETURNING idem_key`, args...)
+		if err := collectIDs(got, err, inserted); err != nil {
+			return notCommitted("insert holds", err)
+		}
+	}
+	return nil
 }
 
 func compare(a, b string) int {

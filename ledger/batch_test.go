@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
@@ -178,6 +179,103 @@ func TestBatchProgramRowsDeadlock(t *testing.T) {
 		}
 		if units != 400-2*failed.Load() {
 			t.Errorf("program rows count %d units, want %d", units, 400-2*failed.Load())
+		}
+	})
+}
+
+// A batch mixing purchases and holds over several SKUs commits them in one
+// transaction: held and sold move by their sums, hold rows are live holds a
+// confirm can take, retries replay what they stored, a reused key is
+// refused, and a hold the SKU cannot cover (over the stock, over a buyer's
+// cap, on an ended sale) is split out without failing its neighbours.
+func TestCommitBatchMixesPurchasesAndHolds(t *testing.T) {
+	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
+		ctx := context.Background()
+		vip := stock.SKU{Program: sku.Program, Ticket: keys.MustID("vip")}
+		tight := stock.SKU{Program: sku.Program, Ticket: keys.MustID("tight")}
+		ended := stock.SKU{Program: sku.Program, Ticket: keys.MustID("ended")}
+		for _, s := range []struct {
+			sku      stock.SKU
+			total    int64
+			perBuyer int64
+		}{{sku, 20, 0}, {vip, 20, 2}, {tight, 2, 0}, {ended, 5, 0}} {
+			if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: s.sku, Total: s.total, Shards: 1, MaxPerOrder: 4, PerBuyer: s.perBuyer}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := l.EndSale(ctx, ended); err != nil {
+			t.Fatal(err)
+		}
+		exp := c.now().Add(time.Minute)
+		h := func(s stock.SKU, key, buyer string, q int64) ledger.Take {
+			return ledger.Take{Hold: &ledger.Hold{IdempotencyKey: keys.MustID("row-" + key), SKU: s, Buyer: keys.MustID(buyer), Quantity: q,
+				ExpiresAt: exp, Gate: `[{"shards":1}]`, Req: req(buyer, key, "hold "+key, ledger.OpHold)}}
+		}
+		p := func(s stock.SKU, key, buyer string, q int64) ledger.Take {
+			return ledger.Take{Order: ledger.Order{IdempotencyKey: keys.MustID("row-" + key), SKU: s, Buyer: keys.MustID(buyer), Quantity: q,
+				Req: req(buyer, key, "buy "+key, ledger.OpPurchase)}}
+		}
+		takes := []ledger.Take{
+			h(sku, "h1", "ann", 2), p(sku, "p1", "bob", 3), h(vip, "h2", "cat", 2), p(vip, "p2", "dan", 1),
+			h(tight, "h3", "eve", 3), // over the stock: split
+			h(ended, "h4", "fay", 1), // ended: split
+			h(sku, "h5", "gus", 1),
+		}
+		res, err := l.CommitBatch(ctx, takes, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range res {
+			split := i == 4 || i == 5
+			switch {
+			case split && !errors.Is(r.Err, ledger.ErrSplit):
+				t.Errorf("take %d = %v, want ErrSplit", i, r.Err)
+			case !split && r.Err != nil:
+				t.Errorf("take %d = %v", i, r.Err)
+			case !split && takes[i].Hold != nil && (r.Hold.ID.IsZero() || r.Hold.State != ledger.Held || r.Hold.TakeEpoch != 0):
+				t.Errorf("hold %d = %+v", i, r.Hold)
+			case !split && takes[i].Hold == nil && r.Order.ID.IsZero():
+				t.Errorf("order %d = %+v", i, r.Order)
+			}
+		}
+		for _, w := range []struct {
+			sku        stock.SKU
+			sold, held int64
+		}{{sku, 3, 3}, {vip, 1, 2}, {tight, 0, 0}, {ended, 0, 0}} {
+			if st, _ := l.SKU(ctx, w.sku); st.Sold != w.sold || st.Held != w.held {
+				t.Errorf("%s: sold %d held %d, want %d %d", w.sku, st.Sold, st.Held, w.sold, w.held)
+			}
+		}
+		if n, _ := l.BuyerUnits(ctx, vip, keys.MustID("cat")); n != 2 {
+			t.Errorf("cat counts %d units of vip, want 2 (a hold counts)", n)
+		}
+		// A batched hold is a hold like any other: confirm it.
+		if o, err := l.Confirm(ctx, res[0].Hold.ID, keys.MustID("ann"), req("ann", "c1", "confirm", ledger.OpConfirm)); err != nil || o.Quantity != 2 {
+			t.Errorf("confirm of a batched hold = %+v, %v", o, err)
+		}
+		// Retries replay, in a batch or alone; a reused key is refused; a
+		// hold over the buyer's cap is split out.
+		again, err := l.CommitBatch(ctx, []ledger.Take{h(sku, "h5", "gus", 1), p(sku, "p1", "bob", 3),
+			{Hold: &ledger.Hold{IdempotencyKey: keys.MustID("row-h6"), SKU: sku, Buyer: keys.MustID("gus"), Quantity: 1, ExpiresAt: exp,
+				Req: req("gus", "h5", "another hold", ledger.OpHold)}},
+			h(vip, "h7", "cat", 1)}, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !errors.Is(again[0].Err, ledger.ErrDuplicate) || again[0].Hold.ID != res[6].Hold.ID {
+			t.Errorf("retried hold = %+v, %v; want ErrDuplicate with %s", again[0].Hold, again[0].Err, res[6].Hold.ID)
+		}
+		if !errors.Is(again[1].Err, ledger.ErrDuplicate) || again[1].Order.ID != res[1].Order.ID {
+			t.Errorf("retried purchase = %+v, %v; want ErrDuplicate with %s", again[1].Order, again[1].Err, res[1].Order.ID)
+		}
+		if !errors.Is(again[2].Err, ledger.ErrKeyReused) {
+			t.Errorf("reused key = %v, want ErrKeyReused", again[2].Err)
+		}
+		if !errors.Is(again[3].Err, ledger.ErrSplit) || !errors.Is(again[3].Err, stock.ErrLimit) {
+			t.Errorf("hold over the cap = %v, want ErrSplit (limit)", again[3].Err)
+		}
+		if st, _ := l.SKU(ctx, sku); st.Sold != 5 || st.Held != 1 {
+			t.Errorf("after the retries sku sold %d held %d, want 5 and 1", st.Sold, st.Held)
 		}
 	})
 }

@@ -152,7 +152,11 @@ func (l *Ledger) tryConfirms(ctx context.Context, orders []Order, live []int, no
 	if len(split) > 0 {
 		return split, nil
 	}
-	inserted, err := insertOrders(ctx, tx, orders, live)
+	rows := make([]Order, len(live))
+	for j, i := range live {
+		rows[j] = orders[i]
+	}
+	inserted, err := insertOrders(ctx, tx, rows)
 	if err != nil {
 		return nil, err
 	}

@@ -12,8 +12,8 @@ import (
 	"github.com/stockgate/stockgate/ledger"
 )
 
-// committer group-commits the purchases the Redis gate admitted: purchases
-// of one SKU queue on one partition, and each partition commits whatever
+// committer group-commits the purchases and holds the Redis gate admitted
+// (takes): takes of one SKU queue on one partition, and each partition commits whatever
 // queued while its previous transaction ran as one ledger transaction. The
 // winners of a hot SKU then wait on one row lock per batch, not per order,
 // so ledger load grows with batches, not with winners; a quiet SKU's
@@ -32,12 +32,13 @@ type committer struct {
 }
 
 type pendingCommit struct {
-	order ledger.Order
-	out   chan commitOut
+	take ledger.Take
+	out  chan commitOut
 }
 
 type commitOut struct {
 	order ledger.Order
+	hold  ledger.Hold
 	err   error
 }
 
@@ -57,17 +58,39 @@ func newCommitter(s *Service, partitions, max int, direct bool) *committer {
 // would have: the order, ErrDuplicate with the stored one, a refusal, or
 // an error (ErrNotCommitted when nothing was written).
 func (c *committer) commit(o ledger.Order) (ledger.Order, error) {
-	p := &pendingCommit{order: o, out: make(chan commitOut, 1)}
-	q := c.queues[crc32.ChecksumIEEE([]byte(o.SKU.String()))%uint32(len(c.queues))]
+	r := c.commitTake(ledger.Take{Order: o})
+	return r.order, r.err
+}
+
+// commitHold is commit for a gate-admitted counted hold: it answers as
+// Ledger.Hold would.
+func (c *committer) commitHold(h ledger.Hold) (ledger.Hold, error) {
+	r := c.commitTake(ledger.Take{Hold: &h})
+	return r.hold, r.err
+}
+
+func (c *committer) commitTake(t ledger.Take) commitOut {
+	p := &pendingCommit{take: t, out: make(chan commitOut, 1)}
+	q := c.queues[crc32.ChecksumIEEE([]byte(t.SKU().String()))%uint32(len(c.queues))]
 	c.mu.RLock()
 	if c.closed {
 		c.mu.RUnlock()
-		return ledger.Order{}, errClosing
+		return commitOut{err: errClosing}
 	}
 	q <- p // the partition drains its queue before it stops
 	c.mu.RUnlock()
-	r := <-p.out
-	return r.order, r.err
+	return <-p.out
+}
+
+// alone commits one take by itself through the gate: what a take split out
+// of a batch gets.
+func (c *committer) takeAlone(ctx context.Context, t ledger.Take) commitOut {
+	if t.Hold != nil {
+		h, err := c.s.ledger.Hold(ctx, *t.Hold, -1)
+		return commitOut{hold: h, err: err}
+	}
+	o, err := c.s.ledger.Purchase(ctx, t.Order)
+	return commitOut{order: o, err: err}
 }
 
 func (c *committer) run(q chan *pendingCommit) {
@@ -108,15 +131,14 @@ func (c *committer) flush(batch []*pendingCommit) {
 		return
 	}
 	if len(batch) == 1 {
-		o, err := c.s.ledger.Purchase(ctx, batch[0].order)
-		batch[0].out <- commitOut{o, err}
+		batch[0].out <- c.takeAlone(ctx, batch[0].take)
 		return
 	}
-	orders := make([]ledger.Order, len(batch))
+	takes := make([]ledger.Take, len(batch))
 	for i, p := range batch {
-		orders[i] = p.order
+		takes[i] = p.take
 	}
-	res, err := c.s.ledger.PurchaseBatch(ctx, orders, false)
+	res, err := c.s.ledger.CommitBatch(ctx, takes, false)
 	for i, p := range batch {
 		switch {
 		case err != nil:
@@ -124,10 +146,9 @@ func (c *committer) flush(batch []*pendingCommit) {
 		case errors.Is(res[i].Err, ledger.ErrSplit):
 			// Its SKU could not take the whole batch: the ledger decides
 			// this one alone (sold out, over a cap, or fine after all).
-			o, err := c.s.ledger.Purchase(ctx, p.order)
-			p.out <- commitOut{o, err}
+			p.out <- c.takeAlone(ctx, p.take)
 		default:
-			p.out <- commitOut{res[i].Order, res[i].Err}
+			p.out <- commitOut{res[i].Order, res[i].Hold, res[i].Err}
 		}
 	}
 }
@@ -140,7 +161,7 @@ func (c *committer) flush(batch []*pendingCommit) {
 func (c *committer) flushDirect(ctx context.Context, batch []*pendingCommit) {
 	orders := make([]ledger.Order, len(batch))
 	for i, p := range batch {
-		orders[i] = p.order
+		orders[i] = p.take.Order // around the gate only purchases batch
 	}
 	var res []ledger.BatchResult
 	var err error
@@ -160,10 +181,10 @@ func (c *committer) flushDirect(ctx context.Context, batch []*pendingCommit) {
 		case errors.Is(res[i].Err, ledger.ErrSplit):
 			// Its SKU could not take the whole batch: decide this one alone,
 			// so one buyer over a cap or the stock never refuses the others.
-			o, err := c.alone(ctx, p.order)
-			p.out <- commitOut{o, err}
+			o, err := c.alone(ctx, p.take.Order)
+			p.out <- commitOut{order: o, err: err}
 		default:
-			p.out <- commitOut{res[i].Order, res[i].Err}
+			p.out <- commitOut{order: res[i].Order, err: res[i].Err}
 		}
 	}
 }

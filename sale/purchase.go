@@ -57,8 +57,14 @@ func (s *Service) commit(ctx context.Context, w want, st ledger.SKUState, gate s
 		if ttl == 0 {
 			ttl = st.HoldTTL
 		}
-		h, err := s.ledger.Hold(ctx, ledger.Hold{IdempotencyKey: w.req.gateID(), SKU: w.sku, Buyer: w.buyer,
-			Quantity: w.q, Gate: gate, ExpiresAt: time.Now().Add(ttl), Req: w.req.ledger(), GateEpoch: epoch}, version)
+		h := ledger.Hold{IdempotencyKey: w.req.gateID(), SKU: w.sku, Buyer: w.buyer,
+			Quantity: w.q, Gate: gate, ExpiresAt: time.Now().Add(ttl), Req: w.req.ledger(), GateEpoch: epoch}
+		var err error
+		if version < 0 {
+			h, err = s.committer.commitHold(h) // through the gate: group-committed with the SKU's other takes
+		} else {
+			h, err = s.ledger.Hold(ctx, h, version)
+		}
 		return answer{hold: &h}, err
 	}
 	var o ledger.Order

@@ -50,6 +50,7 @@ type Ledger interface {
 	SKU(ctx context.Context, sku stock.SKU) (ledger.SKUState, error)
 	Purchase(ctx context.Context, o ledger.Order) (ledger.Order, error)
 	PurchaseBatch(ctx context.Context, orders []ledger.Order, direct bool) ([]ledger.BatchResult, error)
+	CommitBatch(ctx context.Context, takes []ledger.Take, direct bool) ([]ledger.BatchResult, error)
 	PurchaseDirect(ctx context.Context, o ledger.Order, version int64) (ledger.Order, error)
 	OrderByKey(ctx context.Context, key keys.ID) (ledger.Order, error)
 	MarkGateSeeded(ctx context.Context, sku stock.SKU, seq int64) error

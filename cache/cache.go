@@ -117,6 +117,15 @@ func (c *Cache) SoldOut(sku stock.SKU) bool {
 	return !f.rechecking.CompareAndSwap(false, true)
 }
 
+// SoldOutFresh reports whether the SKU was found sold out within the TTL,
+// without SoldOut's side effect: past the TTL it answers false and leaves
+// the re-check to the caller SoldOut picks. For answers given before the
+// request's own path runs, which must not take that turn from it.
+func (c *Cache) SoldOutFresh(sku stock.SKU) bool {
+	f, ok := c.soldOut.GetIfPresent(sku)
+	return ok && time.Now().Before(f.fresh)
+}
+
 // MarkSoldOut remembers the SKU as sold out for the TTL.
 func (c *Cache) MarkSoldOut(sku stock.SKU) {
 	c.soldOut.Set(sku, &flag{fresh: time.Now().Add(c.ttl)})

@@ -129,3 +129,35 @@ func TestStaleSoldOutLetsOneThrough(t *testing.T) {
 		t.Error("flag alive after two TTLs")
 	}
 }
+
+// SoldOutFresh reads the flag without taking the re-check turn: after the
+// TTL it answers false, and SoldOut still picks exactly one caller.
+func TestSoldOutFreshLeavesTheRecheck(t *testing.T) {
+	c, err := cache.New(cache.Options{SoldOutTTL: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sku := stock.MustSKU("p", "t")
+	c.MarkSoldOut(sku)
+	if !c.SoldOutFresh(sku) || !c.SoldOut(sku) {
+		t.Fatal("a fresh flag reads sold out")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for c.SoldOutFresh(sku) && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond) // waiting for the TTL itself, the condition under test
+	}
+	for range 3 {
+		if c.SoldOutFresh(sku) {
+			t.Fatal("a stale flag reads fresh")
+		}
+	}
+	picked := 0
+	for range 5 {
+		if !c.SoldOut(sku) {
+			picked++
+		}
+	}
+	if picked != 1 {
+		t.Errorf("SoldOut picked %d callers to re-check after SoldOutFresh was asked, want exactly 1", picked)
+	}
+}

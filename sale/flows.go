@@ -80,7 +80,9 @@ func (s *Service) Closed(ctx context.Context, sku stock.SKU, key keys.ID) error 
 	switch {
 	case !st.EndedAt.IsZero():
 		refusal = ErrSaleEnded
-	case !s.cache.SoldOut(sku):
+	case !s.cache.SoldOutFresh(sku):
+		// Not known sold out, or due for its re-check: the request's own
+		// path decides (and SoldOut picks one request to ask Redis again).
 		return nil
 	}
 	if !s.replays.sealedWithout(sku, key) {

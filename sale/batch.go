@@ -6,34 +6,21 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math/rand/v2"
-	"sync"
 	"time"
 
 	"github.com/stockgate/stockgate/ledger"
 )
 
 // committer group-commits the purchases and holds the Redis gate admitted
-// (takes): takes of one SKU queue on one partition, and each partition commits whatever
-// queued while its previous transaction ran as one ledger transaction. The
-// winners of a hot SKU then wait on one row lock per batch, not per order,
-// so ledger load grows with batches, not with winners; a quiet SKU's
-// purchase still commits at once, alone.
+// (takes): takes of one SKU queue on one partition of a batcher, and each
+// partition commits whatever queued while its previous transaction ran as
+// one ledger transaction. The winners of a hot SKU then wait on one row
+// lock per batch, not per order, so ledger load grows with batches, not
+// with winners; a quiet SKU's purchase still commits at once, alone.
 type committer struct {
 	s      *Service
-	max    int
 	direct bool // sales around the Redis gate (breaker open): optimistic batches
-	queues []chan *pendingCommit
-	stop   chan struct{}
-	wg     sync.WaitGroup
-	// mu orders commit's enqueue against close: once closed is set, no
-	// request is queued where no partition will take it.
-	mu     sync.RWMutex
-	closed bool
-}
-
-type pendingCommit struct {
-	take ledger.Take
-	out  chan commitOut
+	b      *batcher[ledger.Take, commitOut]
 }
 
 type commitOut struct {
@@ -45,12 +32,12 @@ type commitOut struct {
 var errClosing = fmt.Errorf("gateway: shutting down: %w", ledger.ErrNotCommitted)
 
 func newCommitter(s *Service, partitions, max int, direct bool) *committer {
-	c := &committer{s: s, max: max, direct: direct, stop: make(chan struct{})}
-	for range partitions {
-		q := make(chan *pendingCommit, 4*max)
-		c.queues = append(c.queues, q)
-		c.wg.Go(func() { c.run(q) }) // owned by c; ends with close
+	c := &committer{s: s, direct: direct}
+	flush := c.flush
+	if direct {
+		flush = c.flushDirect
 	}
+	c.b = newBatcher(partitions, max, s.opts.WorkTimeout, flush)
 	return c
 }
 
@@ -70,17 +57,16 @@ func (c *committer) commitHold(h ledger.Hold) (ledger.Hold, error) {
 }
 
 func (c *committer) commitTake(t ledger.Take) commitOut {
-	p := &pendingCommit{take: t, out: make(chan commitOut, 1)}
-	q := c.queues[crc32.ChecksumIEEE([]byte(t.SKU().String()))%uint32(len(c.queues))]
-	c.mu.RLock()
-	if c.closed {
-		c.mu.RUnlock()
+	out, ok := c.b.do(crc32.ChecksumIEEE([]byte(t.SKU().String())), t)
+	if !ok {
 		return commitOut{err: errClosing}
 	}
-	q <- p // the partition drains its queue before it stops
-	c.mu.RUnlock()
-	return <-p.out
+	return out
 }
+
+// close stops the partitions once they have answered what was queued;
+// commits after it return errClosing. A second close does nothing.
+func (c *committer) close() { c.b.close() }
 
 // alone commits one take by itself through the gate: what a take split out
 // of a batch gets.
@@ -93,64 +79,28 @@ func (c *committer) takeAlone(ctx context.Context, t ledger.Take) commitOut {
 	return commitOut{order: o, err: err}
 }
 
-func (c *committer) run(q chan *pendingCommit) {
-	for {
-		var first *pendingCommit
-		select {
-		case first = <-q:
-		case <-c.stop:
-			// Answer whatever is still queued before leaving.
-			for {
-				select {
-				case p := <-q:
-					c.flush([]*pendingCommit{p})
-				default:
-					return
-				}
-			}
-		}
-		batch := []*pendingCommit{first}
-	drain:
-		for len(batch) < c.max {
-			select {
-			case p := <-q:
-				batch = append(batch, p)
-			default:
-				break drain
-			}
-		}
-		c.flush(batch)
-	}
-}
-
-func (c *committer) flush(batch []*pendingCommit) {
-	ctx, cancel := context.WithTimeout(context.Background(), c.s.opts.WorkTimeout)
-	defer cancel()
-	if c.direct {
-		c.flushDirect(ctx, batch)
+// flush commits a batch of gate-admitted takes in one transaction, answers
+// them, and then decides alone, at most aloneLimit at once, the takes whose
+// SKU could not take the whole batch: one of those never delays the others'
+// answers.
+func (c *committer) flush(ctx context.Context, takes []ledger.Take, answer func(int, commitOut)) {
+	if len(takes) == 1 {
+		answer(0, c.takeAlone(ctx, takes[0]))
 		return
-	}
-	if len(batch) == 1 {
-		batch[0].out <- c.takeAlone(ctx, batch[0].take)
-		return
-	}
-	takes := make([]ledger.Take, len(batch))
-	for i, p := range batch {
-		takes[i] = p.take
 	}
 	res, err := c.s.ledger.CommitBatch(ctx, takes, false)
-	for i, p := range batch {
+	var split []int
+	for i := range takes {
 		switch {
 		case err != nil:
-			p.out <- commitOut{err: err}
+			answer(i, commitOut{err: err})
 		case errors.Is(res[i].Err, ledger.ErrSplit):
-			// Its SKU could not take the whole batch: the ledger decides
-			// this one alone (sold out, over a cap, or fine after all).
-			p.out <- c.takeAlone(ctx, p.take)
+			split = append(split, i) // sold out, over a cap, or fine after all
 		default:
-			p.out <- commitOut{res[i].Order, res[i].Hold, res[i].Err}
+			answer(i, commitOut{res[i].Order, res[i].Hold, res[i].Err})
 		}
 	}
+	eachAlone(split, func(i int) { answer(i, c.takeAlone(ctx, takes[i])) })
 }
 
 // flushDirect commits a batch of sales around the gate, optimistically:
@@ -158,10 +108,10 @@ func (c *committer) flush(batch []*pendingCommit) {
 // when another replica moved it meanwhile, the whole batch is retried after
 // a jittered, growing pause, up to FallbackAttempts times. One replica's
 // buyers of a SKU never conflict with each other: they share a batch.
-func (c *committer) flushDirect(ctx context.Context, batch []*pendingCommit) {
-	orders := make([]ledger.Order, len(batch))
-	for i, p := range batch {
-		orders[i] = p.take.Order // around the gate only purchases batch
+func (c *committer) flushDirect(ctx context.Context, takes []ledger.Take, answer func(int, commitOut)) {
+	orders := make([]ledger.Order, len(takes))
+	for i, t := range takes {
+		orders[i] = t.Order // around the gate only purchases batch
 	}
 	var res []ledger.BatchResult
 	var err error
@@ -174,19 +124,23 @@ func (c *committer) flushDirect(ctx context.Context, batch []*pendingCommit) {
 			break
 		}
 	}
-	for i, p := range batch {
+	var split []int
+	for i := range takes {
 		switch {
 		case err != nil:
-			p.out <- commitOut{err: err}
+			answer(i, commitOut{err: err})
 		case errors.Is(res[i].Err, ledger.ErrSplit):
 			// Its SKU could not take the whole batch: decide this one alone,
 			// so one buyer over a cap or the stock never refuses the others.
-			o, err := c.alone(ctx, p.take.Order)
-			p.out <- commitOut{order: o, err: err}
+			split = append(split, i)
 		default:
-			p.out <- commitOut{order: res[i].Order, err: res[i].Err}
+			answer(i, commitOut{order: res[i].Order, err: res[i].Err})
 		}
 	}
+	eachAlone(split, func(i int) {
+		o, err := c.alone(ctx, orders[i])
+		answer(i, commitOut{order: o, err: err})
+	})
 }
 
 // alone commits one order around the gate by itself: read the version,
@@ -207,18 +161,4 @@ func (c *committer) alone(ctx context.Context, o ledger.Order) (ledger.Order, er
 		}
 	}
 	return ledger.Order{}, err
-}
-
-// close stops the partitions once they have answered what was queued;
-// commits after it return errClosing. A second close does nothing.
-func (c *committer) close() {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return
-	}
-	c.closed = true
-	c.mu.Unlock()
-	close(c.stop)
-	c.wg.Wait()
 }

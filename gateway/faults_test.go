@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -700,13 +701,15 @@ func reseedHolder() int {
 		WrapLedger: func(l sale.Ledger) sale.Ledger { return stuckLedger{l} },
 	})
 	if err != nil {
+		fmt.Fprintln(os.Stderr, "reseed holder: open:", err)
 		return 1
 	}
 	srv := a.Sale
 	sku := stock.SKU{Program: keys.MustID(os.Getenv("HELPER_PROGRAM")), Ticket: keys.MustID(os.Getenv("HELPER_TICKET"))}
 	// The replicas take the lock now and then for a moment (a drift check
 	// that finds nothing to do): try until this one holds it.
-	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); {
+	tries := 0
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); tries++ {
 		if os.Getenv("HELPER_MODE") == "collapse" {
 			_, err = srv.Collapse(ctx, sku)
 		} else {
@@ -717,7 +720,7 @@ func reseedHolder() int {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	fmt.Fprintln(os.Stderr, "reseed holder: returned (it should have been killed):", err)
+	fmt.Fprintf(os.Stderr, "reseed holder: returned after %d busy tries (it should have been killed): %v\n", tries, err)
 	return 1
 }
 
@@ -831,19 +834,38 @@ func killHolderMidway(t *testing.T, e *env, mode, dsn string, sku stock.SKU, sha
 	holder.Env = append(os.Environ(), "STOCKGATE_TEST_HELPER=reseed-holder", "HELPER_MODE="+mode,
 		"HELPER_REDIS="+strings.Join(testenv.SharedCluster(t).Addrs(), ","), "HELPER_DSN="+dsn,
 		"HELPER_PROGRAM="+sku.Program.String(), "HELPER_TICKET="+sku.Ticket.String())
-	holder.Stderr = os.Stderr
+	var stderr bytes.Buffer
+	holder.Stderr = &stderr
 	if err := holder.Start(); err != nil {
 		t.Fatal(err)
 	}
+	exited := make(chan error, 1)
+	go func() { exited <- holder.Wait() }() // ends when the holder does; the kill below makes sure it does
+	t.Cleanup(func() { holder.Process.Kill() })
 	// A bound, not a pause: a race-built helper process opening its own
-	// ledger and Redis client on a busy 2-core machine can take seconds.
-	waitFor(t, 60*time.Second, "the holder's fence", func() bool {
-		st, err := e.gate.Read(context.Background(), sku, shards)
-		return err == nil && st[0].Fenced
-	})
+	// ledger and Redis client on a busy 2-core machine can take seconds. A
+	// holder that stops before fencing fails the test at once, saying why.
+	// Its stderr is read only once Wait has returned (exec copies into the
+	// buffer until then).
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		select {
+		case err := <-exited:
+			t.Fatalf("the reseed holder exited before fencing (%v): %s", err, stderr.String())
+		default:
+		}
+		if st, err := e.gate.Read(context.Background(), sku, shards); err == nil && st[0].Fenced {
+			break
+		}
+		if time.Now().After(deadline) {
+			holder.Process.Kill()
+			err := <-exited
+			t.Fatalf("no fence from the reseed holder within 60s (%v): %s", err, stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	killed := time.Now()
 	holder.Process.Kill()
-	holder.Wait()
+	<-exited
 	return killed
 }
 

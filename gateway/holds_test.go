@@ -695,3 +695,52 @@ func TestHoldsGroupCommitted(t *testing.T) {
 		}
 	})
 }
+
+// With Redis unreachable (breaker open), holds go around the gate and are
+// batched like the purchases there: 120 holds at once from one replica all
+// answered 201, their retries replayed, and the ledger holds exactly them.
+func TestHoldsAroundTheGate(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		c := testenv.NewCluster(t, testenv.ClusterOptions{ReplicasPerMaster: 1})
+		e := startEnv(t, envOptions{driver: driver, cluster: c, tune: func(o *app.Options) {
+			o.Sale.Breaker = breaker.Options{OpenFor: time.Hour} // stays open for the test
+			o.Sale.FallbackConcurrency = 64
+		}})
+		sku := newSKU(t)
+		const n = 120
+		e.putSKU(t, sku, 200, 4, 4)
+		// Freeze every node (none can fail over) and let takes time out
+		// until the breaker opens.
+		for _, node := range c.Nodes {
+			if err := node.Pause(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { node.Resume() })
+		}
+		for i := 0; e.srv.BreakerState() != breaker.Open; i++ {
+			if i == 1000 {
+				t.Fatal("the breaker did not open in 1000 takes with Redis frozen")
+			}
+			e.buy(t, sku, fmt.Sprintf("trip-%d", i), "trip", 1)
+		}
+		before, _ := e.ledger.SKU(context.Background(), sku)
+		first := make([]reply, n)
+		counts := e.buyAll(n, 32, func(i int) reply {
+			first[i], _ = e.hold(t, sku, fmt.Sprintf("h-%d", i), fmt.Sprintf("b%d", i), 1, 0)
+			return first[i]
+		})
+		if counts[http.StatusCreated] != n {
+			t.Fatalf("holds around the gate answered %v, want %d×201", counts, n)
+		}
+		for i := range n {
+			r, _ := e.hold(t, sku, fmt.Sprintf("h-%d", i), fmt.Sprintf("b%d", i), 1, 0)
+			if r.status != http.StatusCreated || string(r.body) != string(first[i].body) || r.header.Get("Idempotent-Replayed") != "true" {
+				t.Errorf("retry of hold %d = %d %s, want %s replayed", i, r.status, r.body, first[i].body)
+			}
+		}
+		after, _ := e.ledger.SKU(context.Background(), sku)
+		if after.Held-before.Held != n || after.Sold+after.Held > after.Total || !after.GateStale() {
+			t.Errorf("held %d → %d (want +%d), sold %d, total %d, gate stale %v", before.Held, after.Held, n, after.Sold, after.Total, after.GateStale())
+		}
+	})
+}

@@ -109,10 +109,6 @@ func (c *committer) flush(ctx context.Context, takes []ledger.Take, answer func(
 // a jittered, growing pause, up to FallbackAttempts times. One replica's
 // buyers of a SKU never conflict with each other: they share a batch.
 func (c *committer) flushDirect(ctx context.Context, takes []ledger.Take, answer func(int, commitOut)) {
-	orders := make([]ledger.Order, len(takes))
-	for i, t := range takes {
-		orders[i] = t.Order // around the gate only purchases batch
-	}
 	var res []ledger.BatchResult
 	var err error
 	for attempt := range c.s.opts.FallbackAttempts {
@@ -120,7 +116,7 @@ func (c *committer) flushDirect(ctx context.Context, takes []ledger.Take, answer
 			pause := time.Duration(rand.Int64N(int64(c.s.opts.FallbackBackoff) << attempt))
 			time.Sleep(pause)
 		}
-		if res, err = c.s.ledger.PurchaseBatch(ctx, orders, true); !errors.Is(err, ledger.ErrConflict) {
+		if res, err = c.s.ledger.CommitBatch(ctx, takes, true); !errors.Is(err, ledger.ErrConflict) {
 			break
 		}
 	}
@@ -134,31 +130,32 @@ func (c *committer) flushDirect(ctx context.Context, takes []ledger.Take, answer
 			// so one buyer over a cap or the stock never refuses the others.
 			split = append(split, i)
 		default:
-			answer(i, commitOut{order: res[i].Order, err: res[i].Err})
+			answer(i, commitOut{res[i].Order, res[i].Hold, res[i].Err})
 		}
 	}
-	eachAlone(split, func(i int) {
-		o, err := c.alone(ctx, orders[i])
-		answer(i, commitOut{order: o, err: err})
-	})
+	eachAlone(split, func(i int) { answer(i, c.alone(ctx, takes[i])) })
 }
 
-// alone commits one order around the gate by itself: read the version,
+// alone commits one take around the gate by itself: read the version,
 // commit at it, and on a conflict read again after a jittered pause.
-func (c *committer) alone(ctx context.Context, o ledger.Order) (ledger.Order, error) {
-	var err error
+func (c *committer) alone(ctx context.Context, t ledger.Take) commitOut {
+	var out commitOut
 	for attempt := range c.s.opts.FallbackAttempts {
 		if attempt > 0 {
 			time.Sleep(time.Duration(rand.Int64N(int64(c.s.opts.FallbackBackoff) << attempt)))
 		}
-		st, rerr := c.s.ledger.SKU(ctx, o.SKU)
-		if rerr != nil {
-			return ledger.Order{}, fmt.Errorf("%w: %w", ledger.ErrNotCommitted, rerr)
+		st, err := c.s.ledger.SKU(ctx, t.SKU())
+		if err != nil {
+			return commitOut{err: fmt.Errorf("%w: %w", ledger.ErrNotCommitted, err)}
 		}
-		var got ledger.Order
-		if got, err = c.s.ledger.PurchaseDirect(ctx, o, st.Version); !errors.Is(err, ledger.ErrConflict) {
-			return got, err
+		if t.Hold != nil {
+			out.hold, out.err = c.s.ledger.Hold(ctx, *t.Hold, st.Version)
+		} else {
+			out.order, out.err = c.s.ledger.PurchaseDirect(ctx, t.Order, st.Version)
+		}
+		if !errors.Is(out.err, ledger.ErrConflict) {
+			return out
 		}
 	}
-	return ledger.Order{}, err
+	return out
 }

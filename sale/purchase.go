@@ -63,7 +63,7 @@ func (s *Service) commit(ctx context.Context, w want, st ledger.SKUState, gate s
 		if version < 0 {
 			h, err = s.committer.commitHold(h) // through the gate: group-committed with the SKU's other takes
 		} else {
-			h, err = s.ledger.Hold(ctx, h, version)
+			h, err = s.direct.commitHold(h) // around it: batched like the purchases around it
 		}
 		return answer{hold: &h}, err
 	}

@@ -99,12 +99,13 @@ func (s *suite) write(in docInputs) {
   The floor and the bare handler do less per request (no JSON validation, idempotency, probing, metrics), so every
   extra microsecond of gateway CPU shows up directly in the ratios. Runs also vary by about ±20 % from one to the
   next on this machine; compare ratios within one run.
-- **Orders per second into PostgreSQL** (group commit on): a batch transaction still makes one round trip per
-  order row and per buyer count, and each transaction waits for its fsync. Multi-row statements (one INSERT for a
-  batch, one upsert for its buyers) are the next step.
+- **Orders per second into PostgreSQL** (group commit on): a batch writes its requests, order rows and hold rows
+  in one statement each, but still makes two round trips per buyer (the SKU's count and the program's), and each
+  transaction waits for its fsync. Buyer counts in one statement per SKU and per program are the next step.
 - **Ledger fallback**: one replica's buyers of a SKU share batches, but 32 buyers give batches of at most 32, each
   waiting for a durable commit.
-- **Holds** are committed one transaction each (no group commit for holds yet), all on the SKU's one row.
+- **Holds and confirms** are group-committed (holds with the SKU's purchases, confirms in their own batches), but
+  every batch of one SKU still waits on the SKU's one row and on its fsync.
 - **Redis calls in the sold-out storm and the read flood** are not zero. The stock view is cached for 200 ms and
   each reload reads the SKU's shards (12 scripts for a 12-shard SKU). The sold-out flag lives 500 ms; when it goes
   stale one request re-checks Redis (probing the SKU's shards) while the others are still answered from memory,

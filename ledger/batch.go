@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -135,7 +136,9 @@ func (l *Ledger) PurchaseBatch(ctx context.Context, orders []Order, direct bool)
 // counts under the caps. Winners of a hot SKU then cost one transaction per
 // batch instead of one each, all waiting on one row lock. If a SKU's update
 // or a buyer's cap refuses, the transaction is rolled back and retried
-// without that SKU's takes, which come back as ErrSplit. The error return
+// without the takes refused (refusal: the SKU's for its stock or an ended
+// sale, its stale epoch's, the buyer's over a cap), which come back as
+// ErrSplit; the SKU's other takes stay in the batch. The error return
 // is for the batch as a whole: ErrNotCommitted before COMMIT, any other
 // error at COMMIT (the outcome is unknown; look the keys up).
 //
@@ -173,11 +176,11 @@ func (l *Ledger) CommitBatch(ctx context.Context, takes []Take, direct bool) (_ 
 		live = append(live, i)
 	}
 	for len(live) > 0 {
-		split, why, dups, err := l.tryBatch(ctx, takes, live, now, direct)
+		refused, dups, err := l.tryBatch(ctx, takes, live, now, direct)
 		if err != nil {
 			return nil, err
 		}
-		if split.Program.IsZero() {
+		if refused.why == nil {
 			for _, i := range live {
 				out[i] = takes[i].result()
 			}
@@ -187,14 +190,17 @@ func (l *Ledger) CommitBatch(ctx context.Context, takes []Take, direct bool) (_ 
 			}
 			return out, nil
 		}
-		// Take the refusing SKU out and try again without it.
+		// Take the refused takes out and try again without them.
 		kept := live[:0:0]
 		for _, i := range live {
-			if takes[i].sku() == split {
-				out[i] = BatchResult{Err: fmt.Errorf("%w: %w", ErrSplit, why)}
+			if refused.covers(&takes[i]) {
+				out[i] = BatchResult{Err: fmt.Errorf("%w: %w", ErrSplit, refused.why)}
 			} else {
 				kept = append(kept, i)
 			}
+		}
+		if len(kept) == len(live) {
+			return nil, fmt.Errorf("ledger: batch: %v refused by no take of the batch (%+v)", refused.why, refused)
 		}
 		live = kept
 	}
@@ -239,13 +245,32 @@ type skuCol struct {
 	column string
 }
 
-// tryBatch runs one transaction over takes[live]. It returns the SKU that
-// refused and why (zero when it committed), and the indexes whose request
-// or row key was taken.
-func (l *Ledger) tryBatch(ctx context.Context, takes []Take, live []int, now time.Time, direct bool) (stock.SKU, error, []int, error) {
+// refusal names the takes of a batch that one statement refused, with
+// why: every take of a SKU (its stock, an ended sale), a SKU's takes
+// admitted under one gate epoch (a stale gate), or one buyer's takes of a
+// SKU or, for a program's cap, of any of the program's SKUs. Only those
+// are split out; the rest of the batch, the SKU's other buyers too, is
+// tried again without them.
+type refusal struct {
+	sku   stock.SKU // a zero Ticket: any SKU of the program
+	epoch int64     // -1: any epoch
+	buyer keys.ID   // zero: any buyer
+	why   error     // nil: nothing was refused
+}
+
+func (r refusal) covers(t *Take) bool {
+	s := t.sku()
+	return s.Program == r.sku.Program && (r.sku.Ticket.IsZero() || s.Ticket == r.sku.Ticket) &&
+		(r.epoch < 0 || t.gateEpoch() == r.epoch) && (r.buyer.IsZero() || t.buyer() == r.buyer)
+}
+
+// tryBatch runs one transaction over takes[live]. It returns the takes
+// that refused and why (a zero refusal when it committed), and the
+// indexes whose request or row key was taken.
+func (l *Ledger) tryBatch(ctx context.Context, takes []Take, live []int, now time.Time, direct bool) (refusal, []int, error) {
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
-		return stock.SKU{}, nil, nil, notCommitted("batch: begin", err)
+		return refusal{}, nil, notCommitted("batch: begin", err)
 	}
 	defer tx.Rollback()
 	var dups []int
@@ -261,10 +286,10 @@ func (l *Ledger) tryBatch(ctx context.Context, takes []Take, live []int, now tim
 			}
 			st, err := scanSKU(tx.QueryRowContext(ctx, selectSKU, sku.Program, sku.Ticket))
 			if errors.Is(err, stock.ErrUnknownSKU) {
-				return sku, err, nil, nil
+				return refusal{sku: sku, epoch: -1, why: err}, nil, nil
 			}
 			if err != nil {
-				return stock.SKU{}, nil, nil, notCommitted("batch: read sku", err)
+				return refusal{}, nil, notCommitted("batch: read sku", err)
 			}
 			read[sku] = st
 		}
@@ -285,7 +310,7 @@ func (l *Ledger) tryBatch(ctx context.Context, takes []Take, live []int, now tim
 	}
 	taken, err := claimRows(ctx, tx, claims, now.UnixMilli())
 	if err != nil {
-		return stock.SKU{}, nil, nil, err
+		return refusal{}, nil, err
 	}
 	var orders []Order
 	var holds []Hold
@@ -310,10 +335,10 @@ func (l *Ledger) tryBatch(ctx context.Context, takes []Take, live []int, now tim
 	}
 	inserted, err := insertOrders(ctx, tx, orders)
 	if err != nil {
-		return stock.SKU{}, nil, nil, err
+		return refusal{}, nil, err
 	}
 	if err := insertHolds(ctx, tx, holds, inserted); err != nil {
-		return stock.SKU{}, nil, nil, err
+		return refusal{}, nil, err
 	}
 	for _, i := range fresh {
 		t := &takes[i]
@@ -356,12 +381,13 @@ func (l *Ledger) tryBatch(ctx context.Context, takes []Take, live []int, now tim
 		v, _, err := updateSKU(ctx, tx, g.sku, sums[g], g.column, version, g.epoch, now.UnixMilli())
 		switch {
 		case errors.Is(err, ErrConflict):
-			return stock.SKU{}, nil, nil, ErrConflict
-		case errors.Is(err, stock.ErrSoldOut), errors.Is(err, stock.ErrSaleEnded), errors.Is(err, stock.ErrUnknownSKU),
-			errors.Is(err, ErrStaleGate):
-			return g.sku, err, nil, nil
+			return refusal{}, nil, ErrConflict
+		case errors.Is(err, ErrStaleGate):
+			return refusal{sku: g.sku, epoch: g.epoch, why: err}, nil, nil
+		case errors.Is(err, stock.ErrSoldOut), errors.Is(err, stock.ErrSaleEnded), errors.Is(err, stock.ErrUnknownSKU):
+			return refusal{sku: g.sku, epoch: -1, why: err}, nil, nil
 		case err != nil:
-			return stock.SKU{}, nil, nil, err
+			return refusal{}, nil, err
 		}
 		versions[g.sku] = v
 		if direct {
@@ -372,72 +398,22 @@ func (l *Ledger) tryBatch(ctx context.Context, takes []Take, live []int, now tim
 			read[g.sku] = st
 		}
 	}
-	skus := make([]stock.SKU, 0, len(buyers))
-	for sku := range buyers {
-		skus = append(skus, sku)
+	refused, err := countBatchBuyers(ctx, tx, buyers)
+	if err != nil {
+		return refusal{}, nil, err
 	}
-	slices.SortFunc(skus, stock.SKU.Compare)
-	// Buyer rows: every SKU's (SKUs in order, buyers in order), then every
-	// program's, so two batches over different SKUs of one program meet
-	// the program's rows in the same order (they would deadlock taking
-	// them SKU by SKU).
-	perProgram := map[stock.SKU]map[keys.ID]int64{}
-	for _, sku := range skus {
-		names := make([]keys.ID, 0, len(buyers[sku]))
-		for b := range buyers[sku] {
-			names = append(names, b)
-		}
-		slices.SortFunc(names, keys.ID.Compare)
-		for _, b := range names {
-			err := countSKUBuyer(ctx, tx, sku, b, buyers[sku][b])
-			if errors.Is(err, stock.ErrLimit) {
-				return sku, err, nil, nil
-			}
-			if err != nil {
-				return stock.SKU{}, nil, nil, err
-			}
-			if perProgram[sku.Whole()] == nil {
-				perProgram[sku.Whole()] = map[keys.ID]int64{}
-			}
-			perProgram[sku.Whole()][b] += buyers[sku][b]
-		}
-	}
-	programs := make([]stock.SKU, 0, len(perProgram))
-	for p := range perProgram {
-		programs = append(programs, p)
-	}
-	slices.SortFunc(programs, stock.SKU.Compare)
-	for _, p := range programs {
-		names := make([]keys.ID, 0, len(perProgram[p]))
-		for b := range perProgram[p] {
-			names = append(names, b)
-		}
-		slices.SortFunc(names, keys.ID.Compare)
-		for _, b := range names {
-			err := countProgramBuyer(ctx, tx, p.Program, b, perProgram[p][b])
-			if errors.Is(err, stock.ErrLimit) {
-				// Over the program's cap: split out the first SKU of the
-				// program this buyer takes in the batch, and try again.
-				for _, sku := range skus {
-					if sku.Program == p.Program && buyers[sku][b] > 0 {
-						return sku, err, nil, nil
-					}
-				}
-			}
-			if err != nil {
-				return stock.SKU{}, nil, nil, err
-			}
-		}
+	if refused != nil {
+		return refusal{sku: refused.sku, epoch: -1, buyer: refused.buyer, why: stock.ErrLimit}, nil, nil
 	}
 	for sku, v := range versions {
 		if err := stamp(ctx, tx, sku, v); err != nil {
-			return stock.SKU{}, nil, nil, err
+			return refusal{}, nil, err
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return stock.SKU{}, nil, nil, fmt.Errorf("ledger: batch: commit: %w", err)
+		return refusal{}, nil, fmt.Errorf("ledger: batch: commit: %w", err)
 	}
-	return stock.SKU{}, nil, dups, nil
+	return refusal{}, dups, nil
 }
 
 // rowsPerStatement bounds one multi-row statement (PostgreSQL takes at most
@@ -537,12 +513,29 @@ func insertHolds(ctx context.Context, tx *sql.Tx, holds []Hold, inserted map[key
 	return nil
 }
 
-func compare(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
+// countBatchBuyers counts a batch's units on its buyers' rows in one
+// statement (countBuyers): every SKU's rows (SKUs in order, buyers in
+// order), then every program's, so two batches over different SKUs of one
+// program meet the program's rows in the same order (they would deadlock
+// taking them SKU by SKU), as every write that moves stock does. It
+// returns the first row a cap refused, or nil.
+func countBatchBuyers(ctx context.Context, tx *sql.Tx, buyers map[stock.SKU]map[keys.ID]int64) (*buyerRow, error) {
+	var rows []buyerRow
+	perProgram := map[buyerRow]int64{}
+	for _, sku := range slices.SortedFunc(maps.Keys(buyers), stock.SKU.Compare) {
+		for _, b := range slices.SortedFunc(maps.Keys(buyers[sku]), keys.ID.Compare) {
+			rows = append(rows, buyerRow{sku, b, buyers[sku][b]})
+			perProgram[buyerRow{sku: sku.Whole(), buyer: b}] += buyers[sku][b]
+		}
 	}
-	return 0
+	programs := slices.SortedFunc(maps.Keys(perProgram), func(a, b buyerRow) int {
+		if c := a.sku.Compare(b.sku); c != 0 {
+			return c
+		}
+		return a.buyer.Compare(b.buyer)
+	})
+	for _, p := range programs {
+		rows = append(rows, buyerRow{p.sku, p.buyer, perProgram[p]})
+	}
+	return countBuyers(ctx, tx, rows)
 }

@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
@@ -279,3 +282,216 @@ func TestCommitBatchMixesPurchasesAndHolds(t *testing.T) {
 		}
 	})
 }
+
+// One take a batch cannot have is split out with only the takes its
+// refusal covers (the buyer's over a SKU or program cap, the SKU's for its
+// stock or an ended sale, the stale epoch's): the SKU's other buyers
+// commit in the batch, and each split take decided alone gets its own
+// answer.
+func TestCommitBatchSplitsOnlyTheRefused(t *testing.T) {
+	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
+		ctx := context.Background()
+		id := keys.MustID
+		capped := stock.SKU{Program: sku.Program, Ticket: id("capped")}
+		vip := stock.SKU{Program: sku.Program, Ticket: id("vip")}
+		tight := stock.SKU{Program: sku.Program, Ticket: id("tight")}
+		ended := stock.SKU{Program: sku.Program, Ticket: id("ended")}
+		stale := stock.SKU{Program: sku.Program, Ticket: id("stale")}
+		px, py := stock.SKU{Program: id("fest"), Ticket: id("x")}, stock.SKU{Program: id("fest"), Ticket: id("y")}
+		for _, s := range []struct {
+			sku             stock.SKU
+			total, perBuyer int64
+		}{{capped, 20, 2}, {vip, 20, 0}, {tight, 2, 0}, {ended, 5, 0}, {stale, 5, 0}, {px, 20, 0}, {py, 20, 0}} {
+			if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: s.sku, Total: s.total, Shards: 1, MaxPerOrder: 4, PerBuyer: s.perBuyer}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := l.EndSale(ctx, ended); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.AdvanceGate(ctx, stale); err != nil { // epoch 1
+			t.Fatal(err)
+		}
+		if err := l.PutProgram(ctx, id("fest"), 3); err != nil {
+			t.Fatal(err)
+		}
+		exp := c.now().Add(time.Minute)
+		h := func(s stock.SKU, key, buyer string, q, epoch int64) ledger.Take {
+			return ledger.Take{Hold: &ledger.Hold{IdempotencyKey: id("row-" + key), SKU: s, Buyer: id(buyer), Quantity: q,
+				ExpiresAt: exp, Gate: `[{"shards":1}]`, GateEpoch: epoch, Req: req(buyer, key, "hold "+key, ledger.OpHold)}}
+		}
+		p := func(s stock.SKU, key, buyer string, q int64) ledger.Take {
+			return ledger.Take{Order: ledger.Order{IdempotencyKey: id("row-" + key), SKU: s, Buyer: id(buyer), Quantity: q,
+				Req: req(buyer, key, "buy "+key, ledger.OpPurchase)}}
+		}
+		takes := []ledger.Take{
+			h(capped, "t0", "ann", 2, 0),
+			h(capped, "t1", "zed", 2, 0), // zed: 3 of capped in the batch, over its cap of 2
+			p(capped, "t2", "zed", 1),
+			p(capped, "t3", "bob", 1),
+			h(tight, "t4", "eve", 3, 0), // over the stock
+			h(ended, "t5", "fay", 1, 0), // sale ended
+			h(stale, "t6", "gus", 1, 0), // admitted by the gate before the rebuild
+			h(stale, "t7", "hal", 1, 1),
+			h(px, "t8", "ivy", 2, 0), // ivy: 4 of fest in the batch, over its cap of 3
+			h(py, "t9", "ivy", 2, 0),
+			h(px, "t10", "jon", 3, 0),
+			h(vip, "t11", "kim", 1, 0),
+		}
+		res, err := l.CommitBatch(ctx, takes, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		splitFor := map[int]error{1: stock.ErrLimit, 2: stock.ErrLimit, 4: stock.ErrSoldOut, 5: stock.ErrSaleEnded,
+			6: ledger.ErrStaleGate, 8: stock.ErrLimit, 9: stock.ErrLimit}
+		for i, r := range res {
+			if why, ok := splitFor[i]; ok {
+				if !errors.Is(r.Err, ledger.ErrSplit) || !errors.Is(r.Err, why) {
+					t.Errorf("take %d = %v, want ErrSplit for %v", i, r.Err, why)
+				}
+				continue
+			}
+			if r.Err != nil {
+				t.Errorf("take %d = %v, want it committed in the batch", i, r.Err)
+			}
+		}
+		for _, w := range []struct {
+			sku        stock.SKU
+			sold, held int64
+		}{{capped, 1, 2}, {tight, 0, 0}, {ended, 0, 0}, {stale, 0, 1}, {px, 0, 3}, {py, 0, 0}, {vip, 0, 1}} {
+			if st, _ := l.SKU(ctx, w.sku); st.Sold != w.sold || st.Held != w.held {
+				t.Errorf("%s after the batch: sold %d held %d, want %d %d", w.sku, st.Sold, st.Held, w.sold, w.held)
+			}
+		}
+		if n, _ := l.ProgramUnits(ctx, id("fest"), id("ivy")); n != 0 {
+			t.Errorf("ivy counts %d units of fest after her takes were split, want 0", n)
+		}
+		// Decided alone, as the committer does: each gets its own answer.
+		alone := func(tk ledger.Take) error {
+			if tk.Hold != nil {
+				_, err := l.Hold(ctx, *tk.Hold, -1)
+				return err
+			}
+			_, err := l.Purchase(ctx, tk.Order)
+			return err
+		}
+		for i, want := range []error{1: nil, 2: stock.ErrLimit, 4: stock.ErrSoldOut, 5: stock.ErrSaleEnded, 6: ledger.ErrStaleGate, 8: nil, 9: stock.ErrLimit} {
+			if _, ok := splitFor[i]; !ok {
+				continue
+			}
+			if err := alone(takes[i]); !errors.Is(err, want) {
+				t.Errorf("take %d alone = %v, want %v", i, err, want)
+			}
+		}
+		if n, _ := l.BuyerUnits(ctx, capped, id("zed")); n != 2 {
+			t.Errorf("zed counts %d units of capped, want 2", n)
+		}
+		if n, _ := l.ProgramUnits(ctx, id("fest"), id("ivy")); n != 2 {
+			t.Errorf("ivy counts %d units of fest, want 2", n)
+		}
+	})
+}
+
+// A hold committed in a batch is the hold Ledger.Hold would have stored:
+// the same row (state, expiry, gate record, take epoch), the same stored
+// answer replayed to a retry alone or in a batch, the same refusal of a
+// reused key, the same buyer counts, and the same restore owed when it is
+// cancelled after a rebuild.
+func TestBatchedHoldIsAHold(t *testing.T) {
+	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
+		ctx := context.Background()
+		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 10, Shards: 2, MaxPerOrder: 4, PerBuyer: 3}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.AdvanceGate(ctx, sku); err != nil { // epoch 1
+			t.Fatal(err)
+		}
+		mk := func(key, buyer string) ledger.Hold {
+			return ledger.Hold{IdempotencyKey: keys.MustID("row-" + key), SKU: sku, Buyer: keys.MustID(buyer), Quantity: 2,
+				ExpiresAt: c.now().Add(90 * time.Second), Gate: `[{"shards":2,"parts":[[0,2]]}]`, GateEpoch: 1, Req: req(buyer, key, "hold 2", ledger.OpHold)}
+		}
+		res, err := l.CommitBatch(ctx, []ledger.Take{{Hold: ptr(mk("kb", "ann"))},
+			{Order: ledger.Order{IdempotencyKey: keys.MustID("row-p"), SKU: sku, Buyer: keys.MustID("cat"), Quantity: 1, GateEpoch: 1}}}, false)
+		if err != nil || res[0].Err != nil || res[1].Err != nil {
+			t.Fatalf("CommitBatch = %+v, %v", res, err)
+		}
+		batched := res[0].Hold
+		alone, err := l.Hold(ctx, mk("ka", "bob"), -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Two holds differ in their ids, keys and buyers; nothing else.
+		same := func(what string, got, want ledger.Hold) {
+			t.Helper()
+			opt := cmpopts.IgnoreFields(ledger.Hold{}, "ID", "IdempotencyKey", "Buyer", "Req.Scope", "Req.Key")
+			if diff := cmp.Diff(want, got, opt, idEqual, cmpopts.EquateEmpty()); diff != "" {
+				t.Errorf("%s: batched hold differs from a hold alone (-alone +batched):\n%s", what, diff)
+			}
+		}
+		same("answer", batched, alone)
+		if batched.TakeEpoch != 1 || batched.State != ledger.Held {
+			t.Errorf("batched hold = %+v, want held at take epoch 1", batched)
+		}
+		rowB, errB := l.HoldByID(ctx, batched.ID)
+		rowA, errA := l.HoldByID(ctx, alone.ID)
+		if errA != nil || errB != nil {
+			t.Fatal(errA, errB)
+		}
+		same("row", rowB, rowA)
+		// Retries, alone and in a batch, replay the stored answers.
+		againB, errB := l.Hold(ctx, mk("kb", "ann"), -1)
+		againA, errA := l.Hold(ctx, mk("ka", "bob"), -1)
+		if !errors.Is(errB, ledger.ErrDuplicate) || !errors.Is(errA, ledger.ErrDuplicate) || againB.ID != batched.ID {
+			t.Errorf("retry alone = %+v, %v; of the hold alone %v; want ErrDuplicate with %s", againB, errB, errA, batched.ID)
+		}
+		same("replay alone", againB, againA)
+		again, err := l.CommitBatch(ctx, []ledger.Take{{Hold: ptr(mk("kb", "ann"))}, {Hold: ptr(mk("ka", "bob"))}}, false)
+		if err != nil || !errors.Is(again[0].Err, ledger.ErrDuplicate) || again[0].Hold.ID != batched.ID {
+			t.Fatalf("retry in a batch = %+v, %v; want ErrDuplicate with %s", again, err, batched.ID)
+		}
+		same("replay in a batch", again[0].Hold, again[1].Hold)
+		// The key with another fingerprint moves nothing, alone or batched.
+		reused := mk("kb", "ann")
+		reused.IdempotencyKey, reused.Quantity, reused.Req.Fingerprint = keys.MustID("row-kb2"), 1, "hold 1"
+		if _, err := l.Hold(ctx, reused, -1); !errors.Is(err, ledger.ErrKeyReused) {
+			t.Errorf("reused key alone = %v, want ErrKeyReused", err)
+		}
+		if r, err := l.CommitBatch(ctx, []ledger.Take{{Hold: &reused}}, false); err != nil || !errors.Is(r[0].Err, ledger.ErrKeyReused) {
+			t.Errorf("reused key in a batch = %+v, %v; want ErrKeyReused", r, err)
+		}
+		expectSKU(t, l, 1, 4)
+		for _, b := range []string{"ann", "bob"} {
+			if n, _ := l.BuyerUnits(ctx, sku, keys.MustID(b)); n != 2 {
+				t.Errorf("%s counts %d units, want 2", b, n)
+			}
+		}
+		// After a rebuild, a cancel owes the new gate the units, the same
+		// for both.
+		if _, err := l.AdvanceGate(ctx, sku); err != nil {
+			t.Fatal(err)
+		}
+		var owed []ledger.Restore
+		for _, hd := range []ledger.Hold{alone, batched} {
+			if _, changed, err := l.Cancel(ctx, hd.ID, hd.Buyer, ledger.Request{}); err != nil || !changed {
+				t.Fatalf("cancel %s = %v, %v", hd.ID, changed, err)
+			}
+			r, ok, err := l.RestoreOwed(ctx, "hold", hd.ID)
+			if err != nil || !ok || r.Epoch != 2 || r.Quantity != 2 {
+				t.Errorf("restore owed for %s = %+v, %v, %v; want 2 units at epoch 2", hd.ID, r, ok, err)
+			}
+			owed = append(owed, r)
+		}
+		if diff := cmp.Diff(owed[0], owed[1], cmpopts.IgnoreFields(ledger.Restore{}, "ID", "Buyer", "RequestID"), idEqual); diff != "" {
+			t.Errorf("restores differ (-alone +batched):\n%s", diff)
+		}
+		expectSKU(t, l, 1, 0)
+		if n, _ := l.BuyerUnits(ctx, sku, keys.MustID("ann")); n != 0 {
+			t.Errorf("ann counts %d units after the cancel, want 0", n)
+		}
+	})
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// idEqual compares ids by value (keys.ID keeps its text unexported).
+var idEqual = cmp.Comparer(func(a, b keys.ID) bool { return a == b })

@@ -15,6 +15,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
@@ -760,51 +762,80 @@ func updateSKU(ctx context.Context, tx *sql.Tx, sku stock.SKU, q int64, column s
 // countBuyer adds q to what the buyer holds + owns of the SKU and of its
 // program, inside tx, refusing (stock.ErrLimit) past either cap.
 func countBuyer(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer keys.ID, q int64) error {
-	if err := countSKUBuyer(ctx, tx, sku, buyer, q); err != nil {
-		return err
+	refused, err := countBuyers(ctx, tx, []buyerRow{{sku, buyer, q}, {sku.Whole(), buyer, q}})
+	if err == nil && refused != nil {
+		err = stock.ErrLimit
 	}
-	return countProgramBuyer(ctx, tx, sku.Program, buyer, q)
+	return err
 }
 
-// countSKUBuyer adds q to what the buyer holds + owns of the SKU, refusing
-// (stock.ErrLimit) past the SKU's per_buyer cap (0: no cap).
-func countSKUBuyer(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer keys.ID, q int64) error {
-	res, err := tx.ExecContext(ctx, `
-		INSERT INTO buyer_units (program, ticket, buyer, units)
-		SELECT program, ticket, $3, $4 FROM skus
-		WHERE program = $1 AND ticket = $2 AND (per_buyer = 0 OR per_buyer >= $4)
-		ON CONFLICT (program, ticket, buyer) DO UPDATE SET units = buyer_units.units + excluded.units
-		WHERE (SELECT per_buyer FROM skus WHERE program = $1 AND ticket = $2) = 0
-		   OR buyer_units.units + excluded.units <= (SELECT per_buyer FROM skus WHERE program = $1 AND ticket = $2)`,
-		sku.Program, sku.Ticket, buyer, q)
-	if err != nil {
-		return notCommitted("buyer units", err)
-	}
-	if n, _ := res.RowsAffected(); n != 1 {
-		return stock.ErrLimit
-	}
-	return nil
+// buyerRow is one buyer_units row to count units into: a SKU's, or its
+// program's when sku.Ticket is zero.
+type buyerRow struct {
+	sku   stock.SKU
+	buyer keys.ID
+	units int64
 }
 
-// countProgramBuyer adds q to what the buyer holds + owns of all of the
-// program's tickets, refusing (stock.ErrLimit) past the program's cap.
-func countProgramBuyer(ctx context.Context, tx *sql.Tx, program, buyer keys.ID, q int64) error {
-	res, err := tx.ExecContext(ctx, `
-		INSERT INTO buyer_units (program, ticket, buyer, units)
-		SELECT $1, '', $2, $3
-		WHERE COALESCE((SELECT per_buyer FROM programs WHERE program = $1), 0) = 0
-		   OR COALESCE((SELECT per_buyer FROM programs WHERE program = $1), 0) >= $3
-		ON CONFLICT (program, ticket, buyer) DO UPDATE SET units = buyer_units.units + excluded.units
-		WHERE COALESCE((SELECT per_buyer FROM programs WHERE program = $1), 0) = 0
-		   OR buyer_units.units + excluded.units <= (SELECT per_buyer FROM programs WHERE program = $1)`,
-		program, buyer, q)
-	if err != nil {
-		return notCommitted("program buyer units", err)
+// capOf is the cap on the buyer_units row named by table t (0: none): its
+// SKU's per_buyer, or its program's for a program row (empty ticket). A SKU
+// that does not exist gives NULL, which no comparison passes.
+func capOf(t string) string {
+	return `(CASE WHEN ` + t + `.ticket = '' THEN COALESCE((SELECT per_buyer FROM programs p WHERE p.program = ` + t + `.program), 0)
+		ELSE (SELECT per_buyer FROM skus s WHERE s.program = ` + t + `.program AND s.ticket = ` + t + `.ticket) END)`
+}
+
+// countBuyersSQL adds units to buyer rows under their caps; a row its cap
+// refuses is left as it was and not returned. The rows are taken in the
+// order of the VALUES list, so callers that sort them lock them in one
+// global order.
+var countBuyersSQL = `INSERT INTO buyer_units (program, ticket, buyer, units)
+	SELECT w.program, w.ticket, w.buyer, w.units
+	FROM (SELECT column1 AS program, column2 AS ticket, column3 AS buyer, column4 AS units FROM (VALUES %s) AS v) AS w
+	WHERE ` + capOf("w") + ` = 0 OR w.units <= ` + capOf("w") + `
+	ON CONFLICT (program, ticket, buyer) DO UPDATE SET units = buyer_units.units + excluded.units
+	WHERE ` + capOf("buyer_units") + ` = 0 OR buyer_units.units + excluded.units <= ` + capOf("buyer_units") + `
+	RETURNING program, ticket, buyer`
+
+// countBuyers adds each row's units to its buyer_units row, inside tx, in
+// one statement per rowsPerStatement rows, taking the rows in the order
+// given (no row twice). It returns the first row whose cap refused it
+// (the transaction must then be rolled back: the other rows were counted),
+// or nil.
+func countBuyers(ctx context.Context, tx *sql.Tx, rows []buyerRow) (*buyerRow, error) {
+	type name struct{ program, ticket, buyer keys.ID }
+	counted := make(map[name]bool, len(rows))
+	for chunk := range slices.Chunk(rows, rowsPerStatement) {
+		vals := make([]string, len(chunk))
+		args := make([]any, 0, 4*len(chunk))
+		for i, r := range chunk {
+			k := len(args)
+			vals[i] = fmt.Sprintf("($%d, $%d, $%d, CAST($%d AS BIGINT))", k+1, k+2, k+3, k+4)
+			args = append(args, r.sku.Program, r.sku.Ticket, r.buyer, r.units)
+		}
+		got, err := tx.QueryContext(ctx, fmt.Sprintf(countBuyersSQL, strings.Join(vals, ", ")), args...)
+		if err != nil {
+			return nil, notCommitted("buyer units", err)
+		}
+		for got.Next() {
+			var n name
+			if err := got.Scan(&n.program, &n.ticket, &n.buyer); err != nil {
+				got.Close()
+				return nil, notCommitted("buyer units", err)
+			}
+			counted[n] = true
+		}
+		got.Close()
+		if err := got.Err(); err != nil {
+			return nil, notCommitted("buyer units", err)
+		}
 	}
-	if n, _ := res.RowsAffected(); n != 1 {
-		return stock.ErrLimit
+	for i, r := range rows {
+		if !counted[name{r.sku.Program, r.sku.Ticket, r.buyer}] {
+			return &rows[i], nil
+		}
 	}
-	return nil
+	return nil, nil
 }
 
 // returned is what a return of stock found: the row's new version, and

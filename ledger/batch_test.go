@@ -2,8 +2,10 @@ package ledger_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
+	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
@@ -495,3 +498,266 @@ func ptr[T any](v T) *T { return &v }
 
 // idEqual compares ids by value (keys.ID keeps its text unexported).
 var idEqual = cmp.Comparer(func(a, b keys.ID) bool { return a == b })
+
+// Mixed batches of purchases and holds over the SKUs of one program, from
+// two ledgers on one database (through the gate and around it), race
+// refunds, cancels and expiry waves. No batch fails (on PostgreSQL a
+// deadlock would abort one), every acknowledged take is in the database,
+// and the database itself agrees: held + sold <= total, held and sold are
+// the sums of the live rows, every buyer row counts exactly its buyer's
+// live holds and unrefunded orders, and no cap is exceeded.
+func TestMixedBatchesRacing(t *testing.T) {
+	for _, driver := range []string{ledger.SQLite, ledger.Postgres} {
+		t.Run(driver, func(t *testing.T) {
+			ctx := context.Background()
+			dsn := testenv.SQLitePath(t)
+			if driver == ledger.Postgres {
+				dsn = testenv.PostgresURL(t)
+			}
+			c := &clock{}
+			c.ns.Store(time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC).UnixNano())
+			var ls []*ledger.Ledger
+			for range 2 {
+				l, err := ledger.Open(ctx, ledger.Options{Driver: driver, DSN: dsn, Now: c.now})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { l.Close() })
+				ls = append(ls, l)
+			}
+			const programCap, skuCap = 30, 6
+			skus := []ledger.SKUConfig{{Total: 300, PerBuyer: skuCap}, {Total: 300}, {Total: 12}, {Total: 400}}
+			for i := range skus {
+				skus[i].SKU = stock.SKU{Program: sku.Program, Ticket: keys.MustID(fmt.Sprintf("t%d", i))}
+				skus[i].Shards, skus[i].MaxPerOrder = 1, 4
+				if _, err := ls[0].PutSKU(ctx, skus[i]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := ls[0].PutProgram(ctx, sku.Program, programCap); err != nil {
+				t.Fatal(err)
+			}
+			var mu sync.Mutex
+			var holds []ledger.Hold
+			var orders []ledger.Order
+			acked := func(r ledger.BatchResult, hold bool) {
+				mu.Lock()
+				defer mu.Unlock()
+				if hold {
+					holds = append(holds, r.Hold)
+				} else {
+					orders = append(orders, r.Order)
+				}
+			}
+			pick := func(f func(n int) int) (ledger.Hold, ledger.Order, bool) {
+				mu.Lock()
+				defer mu.Unlock()
+				if len(holds) == 0 || len(orders) == 0 {
+					return ledger.Hold{}, ledger.Order{}, false
+				}
+				return holds[f(len(holds))], orders[f(len(orders))], true
+			}
+			refusal := func(err error) bool {
+				return errors.Is(err, stock.ErrSoldOut) || errors.Is(err, stock.ErrLimit) || errors.Is(err, ledger.ErrStaleGate)
+			}
+			// alone decides a split take as sale's committers do.
+			alone := func(l *ledger.Ledger, tk ledger.Take, direct bool) {
+				for range 50 {
+					version := int64(-1)
+					if direct {
+						st, err := l.SKU(ctx, tk.SKU())
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						version = st.Version
+					}
+					var r ledger.BatchResult
+					switch {
+					case tk.Hold != nil:
+						r.Hold, r.Err = l.Hold(ctx, *tk.Hold, version)
+					case direct:
+						r.Order, r.Err = l.PurchaseDirect(ctx, tk.Order, version)
+					default:
+						r.Order, r.Err = l.Purchase(ctx, tk.Order)
+					}
+					switch {
+					case errors.Is(r.Err, ledger.ErrConflict):
+						continue
+					case r.Err == nil:
+						acked(r, tk.Hold != nil)
+					case !refusal(r.Err):
+						t.Errorf("take alone: %v", r.Err)
+					}
+					return
+				}
+			}
+			var wg sync.WaitGroup
+			for g := range 6 {
+				wg.Go(func() {
+					l, direct := ls[g%2], g%3 == 2
+					for round := range 30 {
+						var batch []ledger.Take
+						for i := range 2 + rand.IntN(14) {
+							s := skus[rand.IntN(len(skus))].SKU
+							buyer := fmt.Sprintf("b%d", rand.IntN(40))
+							key := fmt.Sprintf("w%d-%d-%d", g, round, i)
+							q := 1 + rand.Int64N(2)
+							if rand.IntN(3) > 0 {
+								batch = append(batch, ledger.Take{Hold: &ledger.Hold{IdempotencyKey: keys.MustID(key), SKU: s, Buyer: keys.MustID(buyer),
+									Quantity: q, ExpiresAt: c.now().Add(time.Duration(1+rand.IntN(10)) * time.Second), Gate: `[{"shards":1}]`,
+									Req: req(buyer, key, "hold", ledger.OpHold)}})
+							} else {
+								batch = append(batch, ledger.Take{Order: ledger.Order{IdempotencyKey: keys.MustID(key), SKU: s, Buyer: keys.MustID(buyer),
+									Quantity: q, Req: req(buyer, key, "buy", ledger.OpPurchase)}})
+							}
+						}
+						var res []ledger.BatchResult
+						var err error
+						for range 50 {
+							if res, err = l.CommitBatch(ctx, batch, direct); !errors.Is(err, ledger.ErrConflict) {
+								break
+							}
+						}
+						if errors.Is(err, ledger.ErrConflict) {
+							// Around the gate, every try lost the race to
+							// the gate's writers: nothing was written.
+							for _, tk := range batch {
+								alone(l, tk, direct)
+							}
+							continue
+						}
+						if err != nil {
+							t.Errorf("worker %d round %d: batch of %d failed: %v", g, round, len(batch), err)
+							continue
+						}
+						for i, r := range res {
+							switch {
+							case errors.Is(r.Err, ledger.ErrSplit):
+								alone(l, batch[i], direct)
+							case r.Err != nil:
+								t.Errorf("take in a batch: %v", r.Err)
+							default:
+								acked(r, batch[i].Hold != nil)
+							}
+						}
+					}
+				})
+			}
+			wg.Go(func() { // refunds and cancels, alone and batched
+				for round := range 40 {
+					h, o, ok := pick(rand.IntN)
+					if !ok {
+						continue
+					}
+					l := ls[round%2]
+					if _, _, err := l.Refund(ctx, o.ID, o.Buyer, ledger.Request{}); err != nil {
+						t.Errorf("refund: %v", err)
+					}
+					if round%2 == 0 {
+						if _, _, err := l.Cancel(ctx, h.ID, h.Buyer, ledger.Request{}); err != nil {
+							t.Errorf("cancel: %v", err)
+						}
+						continue
+					}
+					res, err := l.CancelBatch(ctx, []ledger.HoldRequest{{HoldID: h.ID, Buyer: h.Buyer}})
+					if err != nil {
+						t.Errorf("cancel batch: %v", err)
+					} else if errors.Is(res[0].Err, ledger.ErrSplit) {
+						if _, _, err := l.Cancel(ctx, h.ID, h.Buyer, ledger.Request{}); err != nil {
+							t.Errorf("cancel: %v", err)
+						}
+					}
+				}
+			})
+			wg.Go(func() { // the sweepers, with time moving on
+				for i := range 30 {
+					c.advance(500 * time.Millisecond)
+					if _, err := ls[i%2].ExpireDue(ctx, 50); err != nil {
+						t.Errorf("expire: %v", err)
+					}
+				}
+			})
+			wg.Wait()
+			t.Logf("%s: %d holds and %d orders acknowledged", driver, len(holds), len(orders))
+			for _, h := range holds {
+				if _, err := ls[0].HoldByID(ctx, h.ID); err != nil {
+					t.Errorf("acknowledged hold %s: %v", h.ID, err)
+				}
+			}
+			for _, o := range orders {
+				if _, err := ls[1].OrderByID(ctx, o.ID); err != nil {
+					t.Errorf("acknowledged order %s: %v", o.ID, err)
+				}
+			}
+			checkLedgerFacts(t, driver, dsn, programCap, skuCap)
+		})
+	}
+}
+
+// checkLedgerFacts checks the invariants on the database's own rows.
+func checkLedgerFacts(t *testing.T, driver, dsn string, programCap, skuCap int64) {
+	t.Helper()
+	name := "pgx"
+	if driver == ledger.SQLite {
+		name, dsn = "sqlite", "file:"+dsn
+	}
+	db, err := sql.Open(name, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	query := func(q string, row func(scan func(...any) error) error) {
+		t.Helper()
+		rows, err := db.Query(q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			if err := row(rows.Scan); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	query(`SELECT s.program, s.ticket, s.total, s.held, s.sold, s.per_buyer,
+		(SELECT COALESCE(SUM(quantity), 0) FROM holds h WHERE h.program = s.program AND h.ticket = s.ticket AND h.state = 'held'),
+		(SELECT COALESCE(SUM(quantity), 0) FROM orders o WHERE o.program = s.program AND o.ticket = s.ticket AND o.refunded_at = 0)
+		FROM skus s`, func(scan func(...any) error) error {
+		var p, tk string
+		var total, held, sold, perBuyer, liveHeld, liveSold int64
+		err := scan(&p, &tk, &total, &held, &sold, &perBuyer, &liveHeld, &liveSold)
+		if held+sold > total || held != liveHeld || sold != liveSold || held < 0 || sold < 0 {
+			t.Errorf("%s/%s: total %d, held %d (rows %d), sold %d (rows %d)", p, tk, total, held, liveHeld, sold, liveSold)
+		}
+		return err
+	})
+	// Every buyer row against its buyer's live rows, both ways.
+	live := `SELECT program, ticket, buyer, quantity FROM holds WHERE state = 'held'
+		UNION ALL SELECT program, ticket, buyer, quantity FROM orders WHERE refunded_at = 0`
+	query(`SELECT c.program, c.ticket, c.buyer, c.counted, COALESCE(l.units, 0) FROM
+		(SELECT program, ticket, buyer, units AS counted FROM buyer_units) AS c LEFT JOIN
+		(SELECT program, ticket, buyer, SUM(quantity) AS units FROM (`+live+`) AS a GROUP BY program, ticket, buyer
+		 UNION ALL SELECT program, '', buyer, SUM(quantity) FROM (`+live+`) AS a GROUP BY program, buyer) AS l
+		ON l.program = c.program AND l.ticket = c.ticket AND l.buyer = c.buyer`, func(scan func(...any) error) error {
+		var p, tk, b string
+		var counted, units int64
+		err := scan(&p, &tk, &b, &counted, &units)
+		limit := map[string]int64{"": programCap, "t0": skuCap}[tk] // 0: no cap
+		if counted != units || (limit > 0 && counted > limit) {
+			t.Errorf("buyer %s of %s/%s counts %d units, has %d live (cap %d)", b, p, tk, counted, units, limit)
+		}
+		return err
+	})
+	var missing int
+	if err := db.QueryRow(`SELECT COUNT(*) FROM (` + live + `) AS a WHERE NOT EXISTS
+		(SELECT 1 FROM buyer_units u WHERE u.program = a.program AND u.ticket = a.ticket AND u.buyer = a.buyer)`).Scan(&missing); err != nil {
+		t.Fatal(err)
+	}
+	if missing > 0 {
+		t.Errorf("%d live holds or orders have no buyer row", missing)
+	}
+}

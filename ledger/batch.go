@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -421,19 +420,7 @@ func (l *Ledger) tryBatch(ctx context.Context, takes []Take, live []int, now tim
 const rowsPerStatement = 500
 
 // placeholders is "($k+1, ..., $k+n)" for a row of n parameters after k.
-func placeholders(k, n int) string {
-	var b strings.Builder
-	b.WriteByte('(')
-	for j := range n {
-		if j > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteByte('$')
-		b.WriteString(strconv.Itoa(k + j + 1))
-	}
-	b.WriteByte(')')
-	return b.String()
-}
+func placeholders(k, n int) string { return "(" + list(k, n) + ")" }
 
 // claimAll claims the client requests of orders[idx] with the orders as
 // their answers (claimRows) and returns the indexes whose key was taken
@@ -473,19 +460,7 @@ func insertOrders(ctx context.Context, tx *sql.Tx, orders []Order) (map[keys.ID]
 		got, err := tx.QueryContext(ctx, `INSERT INTO orders (id, idem_key, request_hash, program, ticket, buyer, quantity, gate,
 			gate_key, hold_id, created_at, take_epoch)
 			VALUES `+strings.Join(vals, ", ")+` ON CONFLICT (idem_key) DO NOTHING RETURNING idem_key`, args...)
-		if err != nil {
-			return nil, notCommitted("insert orders", err)
-		}
-		for got.Next() {
-			var k keys.ID
-			if err := got.Scan(&k); err != nil {
-				got.Close()
-				return nil, notCommitted("insert orders", err)
-			}
-			inserted[k] = true
-		}
-		got.Close()
-		if err := got.Err(); err != nil {
+		if err := collectIDs(got, err, inserted); err != nil {
 			return nil, notCommitted("insert orders", err)
 		}
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
-	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
@@ -510,21 +509,7 @@ func TestMixedBatchesRacing(t *testing.T) {
 	for _, driver := range []string{ledger.SQLite, ledger.Postgres} {
 		t.Run(driver, func(t *testing.T) {
 			ctx := context.Background()
-			dsn := testenv.SQLitePath(t)
-			if driver == ledger.Postgres {
-				dsn = testenv.PostgresURL(t)
-			}
-			c := &clock{}
-			c.ns.Store(time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC).UnixNano())
-			var ls []*ledger.Ledger
-			for range 2 {
-				l, err := ledger.Open(ctx, ledger.Options{Driver: driver, DSN: dsn, Now: c.now})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { l.Close() })
-				ls = append(ls, l)
-			}
+			ls, c, dsn := openLedgers(t, driver, 2)
 			const programCap, skuCap = 30, 6
 			skus := []ledger.SKUConfig{{Total: 300, PerBuyer: skuCap}, {Total: 300}, {Total: 12}, {Total: 400}}
 			for i := range skus {

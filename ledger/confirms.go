@@ -224,16 +224,23 @@ func confirmHolds(ctx context.Context, tx *sql.Tx, orders []Order, idx []int, no
 // collectIDs adds the ids a RETURNING id statement gave (rows, err are its
 // QueryContext's results) to into, and closes rows.
 func collectIDs(rows *sql.Rows, err error, into map[keys.ID]bool) error {
+	return collectRows(rows, err, into, func(k *keys.ID) []any { return []any{k} })
+}
+
+// collectRows adds every row of a query (rows and err as QueryContext
+// returned them) to into, each read into a K through the destinations
+// dest gives, and closes rows.
+func collectRows[K comparable](rows *sql.Rows, err error, into map[K]bool, dest func(*K) []any) error {
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var id keys.ID
-		if err := rows.Scan(&id); err != nil {
+		var k K
+		if err := rows.Scan(dest(&k)...); err != nil {
 			return err
 		}
-		into[id] = true
+		into[k] = true
 	}
 	return rows.Err()
 }

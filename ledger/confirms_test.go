@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
@@ -124,21 +123,7 @@ func TestConfirmBatchRacing(t *testing.T) {
 	for _, driver := range []string{ledger.SQLite, ledger.Postgres} {
 		t.Run(driver, func(t *testing.T) {
 			ctx := context.Background()
-			dsn := testenv.SQLitePath(t)
-			if driver == ledger.Postgres {
-				dsn = testenv.PostgresURL(t)
-			}
-			c := &clock{}
-			c.ns.Store(time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC).UnixNano())
-			var ls []*ledger.Ledger
-			for range 2 {
-				l, err := ledger.Open(ctx, ledger.Options{Driver: driver, DSN: dsn, Now: c.now})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { l.Close() })
-				ls = append(ls, l)
-			}
+			ls, c, _ := openLedgers(t, driver, 2)
 			const n = 300
 			if _, err := ls[0].PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: n, Shards: 1, MaxPerOrder: 4}); err != nil {
 				t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -324,7 +325,8 @@ func list(k, n int) string {
 		if j > 0 {
 			b.WriteString(", ")
 		}
-		fmt.Fprintf(&b, "$%d", k+j+1)
+		b.WriteByte('$')
+		b.WriteString(strconv.Itoa(k + j + 1))
 	}
 	return b.String()
 }
@@ -372,20 +374,8 @@ func claimRows(ctx context.Context, tx *sql.Tx, rows []claimRow, now int64) (map
 		}
 		got, err := tx.QueryContext(ctx, `INSERT INTO requests (scope, idem_key, fingerprint, op, program, ticket, result, created_at)
 			VALUES `+strings.Join(vals, ", ")+` ON CONFLICT (scope, idem_key) DO NOTHING RETURNING scope, idem_key`, args...)
-		if err != nil {
-			return nil, notCommitted("claim requests", err)
-		}
 		claimed := map[ScopedKey]bool{}
-		for got.Next() {
-			var k ScopedKey
-			if err := got.Scan(&k.Scope, &k.Key); err != nil {
-				got.Close()
-				return nil, notCommitted("claim requests", err)
-			}
-			claimed[k] = true
-		}
-		got.Close()
-		if err := got.Err(); err != nil {
+		if err := collectRows(got, err, claimed, func(k *ScopedKey) []any { return []any{&k.Scope, &k.Key} }); err != nil {
 			return nil, notCommitted("claim requests", err)
 		}
 		for _, r := range chunk {

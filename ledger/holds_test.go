@@ -24,20 +24,33 @@ func (c *clock) advance(d time.Duration) { c.ns.Add(int64(d)) }
 func eachDriverClock(t *testing.T, f func(t *testing.T, l *ledger.Ledger, c *clock)) {
 	for _, driver := range []string{ledger.SQLite, ledger.Postgres} {
 		t.Run(driver, func(t *testing.T) {
-			dsn := testenv.SQLitePath(t)
-			if driver == ledger.Postgres {
-				dsn = testenv.PostgresURL(t)
-			}
-			c := &clock{}
-			c.ns.Store(time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC).UnixNano())
-			l, err := ledger.Open(context.Background(), ledger.Options{Driver: driver, DSN: dsn, Now: c.now})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { l.Close() })
-			f(t, l, c)
+			ls, c, _ := openLedgers(t, driver, 1)
+			f(t, ls[0], c)
 		})
 	}
+}
+
+// openLedgers opens n ledgers (replicas) of the driver on one fresh
+// database, on one settable clock, and returns them with the database's
+// DSN.
+func openLedgers(t *testing.T, driver string, n int) ([]*ledger.Ledger, *clock, string) {
+	t.Helper()
+	dsn := testenv.SQLitePath(t)
+	if driver == ledger.Postgres {
+		dsn = testenv.PostgresURL(t)
+	}
+	c := &clock{}
+	c.ns.Store(time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC).UnixNano())
+	var ls []*ledger.Ledger
+	for range n {
+		l, err := ledger.Open(context.Background(), ledger.Options{Driver: driver, DSN: dsn, Now: c.now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		ls = append(ls, l)
+	}
+	return ls, c, dsn
 }
 
 func hold(key, buyer string, q int64, expires time.Time) ledger.Hold {

@@ -814,19 +814,7 @@ func countBuyers(ctx context.Context, tx *sql.Tx, rows []buyerRow) (*buyerRow, e
 			args = append(args, r.sku.Program, r.sku.Ticket, r.buyer, r.units)
 		}
 		got, err := tx.QueryContext(ctx, fmt.Sprintf(countBuyersSQL, strings.Join(vals, ", ")), args...)
-		if err != nil {
-			return nil, notCommitted("buyer units", err)
-		}
-		for got.Next() {
-			var n name
-			if err := got.Scan(&n.program, &n.ticket, &n.buyer); err != nil {
-				got.Close()
-				return nil, notCommitted("buyer units", err)
-			}
-			counted[n] = true
-		}
-		got.Close()
-		if err := got.Err(); err != nil {
+		if err := collectRows(got, err, counted, func(n *name) []any { return []any{&n.program, &n.ticket, &n.buyer} }); err != nil {
 			return nil, notCommitted("buyer units", err)
 		}
 	}

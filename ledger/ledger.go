@@ -11,6 +11,7 @@ package ledger
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
 	"errors"
@@ -291,6 +292,44 @@ CREATE TABLE IF NOT EXISTS buyer_units (
 );
 `
 
+// added lists the columns added after the first release, for ledgers
+// created before.
+var added = []struct{ table, name, def string }{
+	{"skus", "bypass_seq", "BIGINT NOT NULL DEFAULT 0"},
+	{"skus", "gate_seq", "BIGINT NOT NULL DEFAULT 0"},
+	{"skus", "per_buyer", "BIGINT NOT NULL DEFAULT 0"},
+	{"skus", "ended_at", "BIGINT NOT NULL DEFAULT 0"},
+	{"skus", "hold_ttl_ms", "BIGINT NOT NULL DEFAULT 900000"},
+	{"skus", "hold_ttl_max_ms", "BIGINT NOT NULL DEFAULT 3600000"},
+	{"holds", "seat_ids", "TEXT NOT NULL DEFAULT ''"},
+	{"skus", "seated", "INTEGER NOT NULL DEFAULT 0"},
+	{"orders", "gate_key", "TEXT NOT NULL DEFAULT ''"},
+	{"orders", "hold_id", "TEXT NOT NULL DEFAULT ''"},
+	{"orders", "refunded_at", "BIGINT NOT NULL DEFAULT 0"},
+	{"orders", "restore_pending", "INTEGER NOT NULL DEFAULT 0"},
+	{"skus", "gate_epoch", "BIGINT NOT NULL DEFAULT 0"},
+	{"orders", "take_epoch", "BIGINT NOT NULL DEFAULT 0"},
+	{"orders", "restore_epoch", "BIGINT NOT NULL DEFAULT 0"},
+	{"orders", "restore_shards", "INTEGER NOT NULL DEFAULT 1"},
+	{"holds", "take_epoch", "BIGINT NOT NULL DEFAULT 0"},
+	{"holds", "restore_epoch", "BIGINT NOT NULL DEFAULT 0"},
+	{"holds", "restore_shards", "INTEGER NOT NULL DEFAULT 1"},
+}
+
+// schemaDigest names this build's schema. A ledger that already carries
+// it is not touched: DDL such as CREATE INDEX IF NOT EXISTS locks its
+// table even when there is nothing to create, and a gateway starting
+// beside others that are selling then deadlocks with their transactions
+// (seen in CI: SQLSTATE 40P01 at start-up).
+var schemaDigest = func() string {
+	h := sha256.New()
+	h.Write([]byte(schema))
+	for _, c := range added {
+		fmt.Fprintf(h, "\x00%s.%s %s", c.table, c.name, c.def)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}()
+
 func (l *Ledger) migrate(ctx context.Context) error {
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -303,36 +342,54 @@ func (l *Ledger) migrate(ctx context.Context) error {
 			return fmt.Errorf("ledger: migrate lock: %w", err)
 		}
 	}
+	have, err := l.schemaAt(ctx, tx)
+	if err != nil {
+		return fmt.Errorf("ledger: migrate: %w", err)
+	}
+	if have == schemaDigest {
+		return tx.Commit()
+	}
 	if _, err := tx.ExecContext(ctx, schema); err != nil {
 		return fmt.Errorf("ledger: migrate: %w", err)
 	}
-	// Columns added after the first release, for ledgers created before.
-	for _, col := range []struct{ table, name, def string }{
-		{"skus", "bypass_seq", "BIGINT NOT NULL DEFAULT 0"},
-		{"skus", "gate_seq", "BIGINT NOT NULL DEFAULT 0"},
-		{"skus", "per_buyer", "BIGINT NOT NULL DEFAULT 0"},
-		{"skus", "ended_at", "BIGINT NOT NULL DEFAULT 0"},
-		{"skus", "hold_ttl_ms", "BIGINT NOT NULL DEFAULT 900000"},
-		{"skus", "hold_ttl_max_ms", "BIGINT NOT NULL DEFAULT 3600000"},
-		{"holds", "seat_ids", "TEXT NOT NULL DEFAULT ''"},
-		{"skus", "seated", "INTEGER NOT NULL DEFAULT 0"},
-		{"orders", "gate_key", "TEXT NOT NULL DEFAULT ''"},
-		{"orders", "hold_id", "TEXT NOT NULL DEFAULT ''"},
-		{"orders", "refunded_at", "BIGINT NOT NULL DEFAULT 0"},
-		{"orders", "restore_pending", "INTEGER NOT NULL DEFAULT 0"},
-		{"skus", "gate_epoch", "BIGINT NOT NULL DEFAULT 0"},
-		{"orders", "take_epoch", "BIGINT NOT NULL DEFAULT 0"},
-		{"orders", "restore_epoch", "BIGINT NOT NULL DEFAULT 0"},
-		{"orders", "restore_shards", "INTEGER NOT NULL DEFAULT 1"},
-		{"holds", "take_epoch", "BIGINT NOT NULL DEFAULT 0"},
-		{"holds", "restore_epoch", "BIGINT NOT NULL DEFAULT 0"},
-		{"holds", "restore_shards", "INTEGER NOT NULL DEFAULT 1"},
-	} {
+	for _, col := range added {
 		if err := l.addColumn(ctx, tx, col.table, col.name, col.def); err != nil {
 			return fmt.Errorf("ledger: migrate: %w", err)
 		}
 	}
+	if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS ledger_schema (digest TEXT NOT NULL)`); err != nil {
+		return fmt.Errorf("ledger: migrate: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM ledger_schema`); err != nil {
+		return fmt.Errorf("ledger: migrate: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO ledger_schema (digest) VALUES ($1)`, schemaDigest); err != nil {
+		return fmt.Errorf("ledger: migrate: %w", err)
+	}
 	return tx.Commit()
+}
+
+// schemaAt reads the digest of the schema the ledger was last migrated to,
+// "" for a ledger that predates the digest or is new. It looks the table up
+// first: on PostgreSQL a failed SELECT would abort the transaction.
+func (l *Ledger) schemaAt(ctx context.Context, tx *sql.Tx) (string, error) {
+	q := `SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'ledger_schema'`
+	if l.driver == Postgres {
+		q = `SELECT COUNT(*) FROM pg_catalog.pg_tables WHERE tablename = 'ledger_schema' AND schemaname = current_schema()`
+	}
+	var n int
+	if err := tx.QueryRowContext(ctx, q).Scan(&n); err != nil {
+		return "", fmt.Errorf("look for ledger_schema: %w", err)
+	}
+	if n == 0 {
+		return "", nil
+	}
+	var digest string
+	err := tx.QueryRowContext(ctx, `SELECT digest FROM ledger_schema`).Scan(&digest)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", nil
+	}
+	return digest, err
 }
 
 // addColumn adds a column unless the table has it. SQLite has no ADD

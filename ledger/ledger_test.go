@@ -8,6 +8,7 @@ import (
 	"os"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
@@ -360,4 +361,46 @@ func TestOpenMigratesFirstReleaseSchema(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A gateway starting beside others that are selling must not take a lock
+// their transactions hold: CREATE INDEX IF NOT EXISTS locks its table even
+// when the index exists, and CI saw a new gateway's start-up deadlock with
+// running purchases (SQLSTATE 40P01). Open on a current ledger runs no DDL.
+func TestOpenBesideATransactionTakesNoTableLock(t *testing.T) {
+	ls, _, dsn := openLedgers(t, ledger.Postgres, 1)
+	if _, err := ls[0].PutSKU(context.Background(), ledger.SKUConfig{SKU: sku, Total: 5, Shards: 1, MaxPerOrder: 4}); err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	tx, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	// Row-exclusive locks on the tables a purchase writes, as a running
+	// batch holds them.
+	for _, q := range []string{
+		`UPDATE skus SET updated_at = updated_at WHERE program = 'show-1'`,
+		`INSERT INTO requests (scope, idem_key, fingerprint, op, program, ticket, created_at) VALUES ('t', 'k', 'f', 'o', 'p', 't', 0)`,
+		`DELETE FROM orders WHERE id = 'none'`,
+		`DELETE FROM holds WHERE id = 'none'`,
+	} {
+		if _, err := tx.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The old Open waited here for the transaction; the bound only turns
+	// that wait into a failure.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := ledger.Open(ctx, ledger.Options{Driver: ledger.Postgres, DSN: dsn})
+	if err != nil {
+		t.Fatalf("Open beside a running transaction: %v", err)
+	}
+	l.Close()
 }

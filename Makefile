@@ -4,7 +4,7 @@ RUN_DIR := .run
 GO ?= go
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run stop test bench compare fuzz deps-redis deps-postgres deps-promtool build vet
+.PHONY: run stop test bench compare fuzz deps-redis deps-postgres deps-pgbouncer deps-promtool build vet
 
 build:
 	$(GO) build -o $(RUN_DIR)/stockgate ./cmd/stockgate
@@ -21,6 +21,14 @@ deps-postgres:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || [ -n "$$STOCKGATE_TEST_DATABASE_URL" ] || { \
 	  echo "make: PostgreSQL server binaries not found; installing postgresql with apt-get"; \
 	  $(SUDO) apt-get update -q && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; }
+
+# Installs PgBouncer when it is missing: the ledger tests run it in
+# transaction pooling mode in front of their throwaway PostgreSQL (Debian
+# puts it in /usr/sbin). The package starts no server here.
+deps-pgbouncer:
+	@command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || { \
+	  echo "make: pgbouncer not found; installing it with apt-get"; \
+	  $(SUDO) apt-get update -q && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -q pgbouncer; }
 
 # Installs promtool (Debian's prometheus package ships it) when it is
 # missing; the deploy tests check the alert rules with it. The package does
@@ -60,7 +68,7 @@ vet:
 
 # Everything, with the race detector, against real servers the tests start;
 # then a short run of each fuzz target (their seed inputs already ran above).
-test: deps-redis deps-postgres deps-promtool vet
+test: deps-redis deps-postgres deps-pgbouncer deps-promtool vet
 	$(GO) test -race -count=1 -timeout 15m ./...
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=1000x
 

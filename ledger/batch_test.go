@@ -506,10 +506,14 @@ var idEqual = cmp.Comparer(func(a, b keys.ID) bool { return a == b })
 // the sums of the live rows, every buyer row counts exactly its buyer's
 // live holds and unrefunded orders, and no cap is exceeded.
 func TestMixedBatchesRacing(t *testing.T) {
-	for _, driver := range []string{ledger.SQLite, ledger.Postgres} {
-		t.Run(driver, func(t *testing.T) {
+	for _, via := range []string{ledger.SQLite, ledger.Postgres, "pgbouncer"} {
+		t.Run(via, func(t *testing.T) {
 			ctx := context.Background()
-			ls, c, dsn := openLedgers(t, driver, 2)
+			ls, c, dsn := openLedgers(t, via, 2)
+			driver := ledger.Postgres
+			if via == ledger.SQLite {
+				driver = ledger.SQLite
+			}
 			const programCap, skuCap = 30, 6
 			skus := []ledger.SKUConfig{{Total: 300, PerBuyer: skuCap}, {Total: 300}, {Total: 12}, {Total: 400}}
 			for i := range skus {

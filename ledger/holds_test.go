@@ -33,17 +33,28 @@ func eachDriverClock(t *testing.T, f func(t *testing.T, l *ledger.Ledger, c *clo
 // openLedgers opens n ledgers (replicas) of the driver on one fresh
 // database, on one settable clock, and returns them with the database's
 // DSN.
-func openLedgers(t *testing.T, driver string, n int) ([]*ledger.Ledger, *clock, string) {
+//
+// via is a driver, or "pgbouncer" for PostgreSQL through a PgBouncer in
+// transaction pooling mode (fewer server connections than the ledgers ask
+// for); the returned DSN is then the database's own, for direct checks.
+func openLedgers(t *testing.T, via string, n int) ([]*ledger.Ledger, *clock, string) {
 	t.Helper()
-	dsn := testenv.SQLitePath(t)
-	if driver == ledger.Postgres {
+	driver, dsn, open := via, testenv.SQLitePath(t), ""
+	switch via {
+	case ledger.Postgres:
 		dsn = testenv.PostgresURL(t)
+	case "pgbouncer":
+		driver = ledger.Postgres
+		open, dsn = testenv.PgBouncerURL(t, testenv.PgBouncerOptions{PoolSize: 6})
+	}
+	if open == "" {
+		open = dsn
 	}
 	c := &clock{}
 	c.ns.Store(time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC).UnixNano())
 	var ls []*ledger.Ledger
 	for range n {
-		l, err := ledger.Open(context.Background(), ledger.Options{Driver: driver, DSN: dsn, Now: c.now})
+		l, err := ledger.Open(context.Background(), ledger.Options{Driver: driver, DSN: open, Now: c.now})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -20,7 +20,8 @@ import (
 	"strings"
 	"time"
 
-	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus"
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 
@@ -116,7 +117,7 @@ func Open(ctx context.Context, opts Options) (*Ledger, error) {
 			db.SetMaxOpenConns(1)
 		}
 	case Postgres:
-		db, err = sql.Open("pgx", opts.DSN)
+		db, err = openPostgres(opts.DSN)
 		if err == nil {
 			db.SetMaxOpenConns(opts.MaxConns)
 			db.SetMaxIdleConns(opts.MaxConns)
@@ -130,7 +131,7 @@ func Open(ctx context.Context, opts Options) (*Ledger, error) {
 	l := &Ledger{db: db, driver: opts.Driver, now: opts.Now,
 		commits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "stockgate_ledger_writes_total",
-			Help: "Ledger write transactions by operation and result (ok, duplicate, refused, error). Each commits one order or hold: there is no group commit.",
+			Help: "Ledger write transactions by operation and result (ok, duplicate, refused, error). A group-committed batch counts once.",
 		}, []string{"op", "result"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "stockgate_ledger_write_duration_seconds",
@@ -156,6 +157,25 @@ func Open(ctx context.Context, opts Options) (*Ledger, error) {
 		return nil, err
 	}
 	return l, nil
+}
+
+// openPostgres opens the DSN so that the ledger keeps no state on a server
+// session between transactions, and so runs unchanged behind PgBouncer in
+// transaction pooling mode (how many gateway pods share a few server
+// connections). pgx's default prepares named statements on the session, which
+// the next transaction may not find (or find twice) once the pooler hands it
+// another session; cache_describe sends each statement unnamed in the same
+// round trip and caches only its description. A DSN that names its own
+// default_query_exec_mode keeps it.
+func openPostgres(dsn string) (*sql.DB, error) {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	if !strings.Contains(dsn, "default_query_exec_mode") {
+		cfg.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	}
+	return stdlib.OpenDB(*cfg), nil
 }
 
 // Close closes the database.

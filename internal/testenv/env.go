@@ -100,6 +100,22 @@ func PostgresURL(tb testing.TB) string {
 	return u
 }
 
+// PgBouncerURL returns the URL of a fresh, empty database through a
+// PgBouncer in transaction pooling mode started for the test, and the
+// database's direct URL (for checks that must not go through the pooler).
+func PgBouncerURL(tb testing.TB, opts PgBouncerOptions) (bounced, direct string) {
+	tb.Helper()
+	direct = PostgresURL(tb)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, bounced, err := StartPgBouncer(ctx, direct, opts)
+	if err != nil {
+		tb.Fatalf("start pgbouncer: %v", err)
+	}
+	tb.Cleanup(b.Stop)
+	return bounced, direct
+}
+
 // SQLitePath returns the path of a new SQLite ledger file in the test's temp
 // directory.
 func SQLitePath(tb testing.TB) string {

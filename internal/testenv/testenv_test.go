@@ -2,8 +2,10 @@ package testenv
 
 import (
 	"context"
+	"database/sql"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestMasterRangesMatchRedisCli(t *testing.T) {
@@ -47,5 +49,33 @@ func TestClusterWithReplicas(t *testing.T) {
 	defer rc.Close()
 	if err := rc.Set(context.Background(), "k", "v", 0).Err(); err != nil {
 		t.Errorf("SET through the cluster client: %v", err)
+	}
+}
+
+// The harness's PgBouncer pools by transaction: two clients, each holding
+// its own connection to PgBouncer, run on one server connection (in session
+// mode the second would wait for the first to hang up).
+func TestPgBouncerPoolsByTransaction(t *testing.T) {
+	bounced, _ := PgBouncerURL(t, PgBouncerOptions{PoolSize: 1})
+	db, err := sql.Open("pgx", withParam(bounced, "default_query_exec_mode", "simple_protocol"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var pids [2]int
+	for i := range pids {
+		c, err := db.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if err := c.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pids[i]); err != nil {
+			t.Fatalf("client %d: %v", i, err)
+		}
+	}
+	if pids[0] != pids[1] {
+		t.Fatalf("two clients on server backends %v with a pool of 1: not transaction pooling", pids)
 	}
 }

@@ -44,6 +44,8 @@ type suite struct {
 	rdb     *redis.ClusterClient
 	gw      gateway
 	fb      gateway // a second gateway whose Redis is unreachable: the fallback
+	rounds  int
+	label   string // the round, appended to every run's name
 	doc     strings.Builder
 	results []loadgen.Result
 }
@@ -58,11 +60,15 @@ type gateway struct {
 func suiteCmd(args []string) error {
 	fs := flag.NewFlagSet("suite", flag.ExitOnError)
 	out := fs.String("out", "docs/BENCHMARKS.md", "benchmark document to write")
-	n := fs.Uint64("n", 150_000, "requests of each throughput run")
+	n := fs.Uint64("n", 50_000, "requests of each throughput run, each round")
+	rounds := fs.Int("rounds", 3, "rounds: every pair a target compares runs once per round; targets report the median and range")
 	workers := fs.Uint64("workers", 64, "concurrent connections of each throughput run")
 	plots := fs.String("plots", ".run/bench", "directory for the latency-over-time charts")
 	_ = fs.Parse(args)
-	s := &suite{ctx: context.Background(), n: *n, workers: *workers, plots: *plots, log: os.Stderr}
+	if *rounds < 1 {
+		return fmt.Errorf("-rounds %d: at least 1", *rounds)
+	}
+	s := &suite{ctx: context.Background(), n: *n, workers: *workers, rounds: *rounds, plots: *plots, log: os.Stderr}
 	if err := os.MkdirAll(s.plots, 0o755); err != nil {
 		return err
 	}
@@ -188,6 +194,7 @@ func serve(h http.Handler) (string, func()) {
 }
 
 func (s *suite) attack(name, base string, sc loadgen.Scenario, rate int, workers uint64, d time.Duration) loadgen.Result {
+	name += s.label
 	res, err := loadgen.Attack(loadgen.Run{Name: name, BaseURL: base, Scenario: sc, Rate: rate, Workers: workers,
 		Duration: d, Progress: s.log, Plot: filepath.Join(s.plots, slug(name)+".html")})
 	if err != nil {
@@ -272,21 +279,45 @@ func (s *suite) profile(d time.Duration) <-chan string {
 }
 
 func (s *suite) runAll() error {
+	var rounds []docInputs
+	for r := range s.rounds {
+		fmt.Fprintf(s.log, "round %d of %d\n", r+1, s.rounds)
+		in, err := s.round(r)
+		if err != nil {
+			return err
+		}
+		rounds = append(rounds, in)
+	}
+	s.write(rounds, microBenchmarks(), hotSKU())
+	return nil
+}
+
+// round runs every measurement once, each pair that a target compares
+// back to back, on SKUs, keys and buyers of its own (a key reused with
+// another body would be refused). The last round also takes the CPU
+// profile.
+func (s *suite) round(r int) (in docInputs, err error) {
+	s.label = fmt.Sprintf(" · r%d", r+1)
 	n, w := s.n, s.workers
-	stamp := strconv.FormatInt(time.Now().Unix(), 10)
+	stamp := strconv.FormatInt(time.Now().Unix(), 10) + "r" + strconv.Itoa(r+1)
 	p := func(name string) string { return name + stamp }
+	k := func(prefix string) string { return prefix + "r" + strconv.Itoa(r+1) + "-" }
 	flashSKU := p("flash") + "/ga"
 	if err := s.gw.admin.putSKU(flashSKU, int64(n/10), 12); err != nil {
-		return err
+		return in, err
 	}
-	// Warm the connections and caches; not counted.
-	loadgen.Attack(loadgen.Run{Name: "warm", BaseURL: s.gw.base, Scenario: loadgen.Reads(flashSKU, 2000), Workers: w})
+	if r == 0 { // warm the connections and caches; not counted
+		loadgen.Attack(loadgen.Run{Name: "warm", BaseURL: s.gw.base, Scenario: loadgen.Reads(flashSKU, 2000), Workers: w})
+	}
 
-	// 1. Flash sale through stockgate, with the memory and a CPU profile.
+	// 1. Flash sale through stockgate, with the memory (and a CPU profile).
 	stop := make(chan struct{})
 	peak := rssPeak(s.gw.cmd.Process.Pid, stop)
-	prof := s.profile(5 * time.Second)
-	flash := s.attack("stockgate flash sale", s.gw.base, loadgen.Purchases([]string{flashSKU}, "flash-", n), 0, w, 0)
+	var prof <-chan string = closedString
+	if r == s.rounds-1 {
+		prof = s.profile(5 * time.Second)
+	}
+	flash := s.attack("stockgate flash sale", s.gw.base, loadgen.Purchases([]string{flashSKU}, k("flash"), n), 0, w, 0)
 	close(stop)
 	rssKB := <-peak
 	cpuTop := <-prof
@@ -295,11 +326,11 @@ func (s *suite) runAll() error {
 	// Requests decided in Redis alone: one buyer over a per-buyer cap of 1.
 	capSKU := p("cap") + "/ga"
 	if err := s.gw.admin.putSKUWith(capSKU, fmt.Sprintf(`{"total":%d,"shards":12,"max_per_order":4,"per_buyer":1}`, n)); err != nil {
-		return err
+		return in, err
 	}
 	oneBuyer := func(i uint64) (loadgen.Request, bool) {
-		r, ok := loadgen.Purchases([]string{capSKU}, "cap-", n)(i)
-		r.Body = `{"buyer":"one-buyer","quantity":1}`
+		r, ok := loadgen.Purchases([]string{capSKU}, k("cap"), n)(i)
+		r.Body = `{"buyer":"` + k("one") + `b","quantity":1}`
 		return r, ok
 	}
 	capRun := s.attack("stockgate decided in Redis (per-buyer cap)", s.gw.base, oneBuyer, 0, w, 0)
@@ -308,7 +339,7 @@ func (s *suite) runAll() error {
 	comps := []*comparators.Comparator{comparators.Floor(s.rdb), comparators.Bare(), comparators.DecrIncr(s.rdb), comparators.Lock(s.rdb)}
 	opt, err := comparators.Optimistic(compDB)
 	if err != nil {
-		return err
+		return in, err
 	}
 	comps = append(comps, opt)
 	compRes := map[string]loadgen.Result{}
@@ -321,10 +352,10 @@ func (s *suite) runAll() error {
 		units := int64(reqs / 10)
 		prog := p("cmp" + slug(c.Name)[:4])
 		if err := c.Seed(s.ctx, stock.MustSKU(prog, "ga"), units); err != nil {
-			return err
+			return in, err
 		}
 		base, closeFn := serve(c.Handler)
-		r := s.attack(c.Name+" flash sale", base, loadgen.Purchases([]string{prog + "/ga"}, "c-", reqs), 0, w, 0)
+		r := s.attack(c.Name+" flash sale", base, loadgen.Purchases([]string{prog + "/ga"}, k("c"), reqs), 0, w, 0)
 		closeFn()
 		compRes[c.Name] = r
 		if c.Name != "bare gin (no Redis)" {
@@ -336,11 +367,11 @@ func (s *suite) runAll() error {
 	// 3. Sold-out storm and stock reads, answered from memory.
 	soldSKU := p("soldout") + "/ga"
 	if err := s.gw.admin.putSKU(soldSKU, 0, 4); err != nil {
-		return err
+		return in, err
 	}
-	s.attack("warm sold-out", s.gw.base, loadgen.Purchases([]string{soldSKU}, "warm-", 10), 0, 1, 0)
+	s.attack("warm sold-out", s.gw.base, loadgen.Purchases([]string{soldSKU}, k("warm"), 10), 0, 1, 0)
 	before := s.redisCalls()
-	storm := s.attack("stockgate sold-out storm", s.gw.base, loadgen.Purchases([]string{soldSKU}, "storm-", n), 0, w, 0)
+	storm := s.attack("stockgate sold-out storm", s.gw.base, loadgen.Purchases([]string{soldSKU}, k("storm"), n), 0, w, 0)
 	stormCalls := s.redisCalls() - before
 	before = s.redisCalls()
 	reads := s.attack("stockgate stock reads", s.gw.base, loadgen.Reads(flashSKU, n), 0, w, 0)
@@ -353,57 +384,57 @@ func (s *suite) runAll() error {
 		sku := fmt.Sprintf("%s/t%d", p("steady"), i)
 		steadySKUs = append(steadySKUs, sku)
 		if err := s.gw.admin.putSKU(sku, int64(n), 1); err != nil {
-			return err
+			return in, err
 		}
 	}
-	steady := s.attack("stockgate steady purchases (100 SKUs)", s.gw.base, loadgen.Purchases(steadySKUs, "steady-", n/2), 0, w, 0)
+	steady := s.attack("stockgate steady purchases (100 SKUs)", s.gw.base, loadgen.Purchases(steadySKUs, k("steady"), n/2), 0, w, 0)
 	steadyAudit := s.audit(s.gw, steadySKUs, steady)
 
 	// 5. Holds, then 70 % confirmed, the rest abandoned.
 	holdSKU := p("holds") + "/ga"
 	if err := s.gw.admin.putSKU(holdSKU, int64(n), 4); err != nil {
-		return err
+		return in, err
 	}
-	holds, refs := s.holds(holdSKU, n/20)
+	holds, refs := s.holds(holdSKU, k("hold"), n/10)
 	confirm := refs[:len(refs)*7/10]
-	confirms := s.attack("stockgate confirm 70 % of holds", s.gw.base, loadgen.Confirms(confirm, "hold-"), 0, w, 0)
+	confirms := s.attack("stockgate confirm 70 % of holds", s.gw.base, loadgen.Confirms(confirm, k("hold")), 0, w, 0)
 
 	// 6. The ledger fallback: Redis unreachable, 32 buyers on one SKU.
 	fbSKU := p("fallback") + "/ga"
 	if err := s.fb.admin.putSKU(fbSKU, 1_000_000, 1); err != nil && !strings.Contains(err.Error(), "503") {
-		return err
+		return in, err
 	}
-	fallback := s.attack("fallback: ledger only, 32 buyers", s.fb.base, loadgen.Purchases([]string{fbSKU}, "fb-", 0), 0, 32, 10*time.Second)
+	fallback := s.attack("fallback: ledger only, 32 buyers", s.fb.base, loadgen.Purchases([]string{fbSKU}, k("fb"), 0), 0, 32, 10*time.Second)
 	fbAudit := s.audit(s.fb, []string{fbSKU}, fallback)
 
 	// 7. Latency at half the measured maximum, open loop.
 	halfAdmit := int(capRun.Throughput() / 2)
 	capSKU2 := p("cap2") + "/ga"
 	if err := s.gw.admin.putSKUWith(capSKU2, fmt.Sprintf(`{"total":%d,"shards":12,"max_per_order":4,"per_buyer":1}`, n)); err != nil {
-		return err
+		return in, err
 	}
 	oneBuyer2 := func(i uint64) (loadgen.Request, bool) {
-		r, ok := loadgen.Purchases([]string{capSKU2}, "cap2-", 0)(i)
-		r.Body = `{"buyer":"one-buyer","quantity":1}`
+		r, ok := loadgen.Purchases([]string{capSKU2}, k("cap2"), 0)(i)
+		r.Body = `{"buyer":"` + k("two") + `b","quantity":1}`
 		return r, ok
 	}
 	admitLat := s.attack(fmt.Sprintf("admission at %d/s (open loop)", halfAdmit), s.gw.base, oneBuyer2, halfAdmit, w, 10*time.Second)
 	halfBuy := int(steady.Throughput() / 2)
 	buyLat := s.attack(fmt.Sprintf("purchase with commit at %d/s (open loop)", halfBuy), s.gw.base,
-		loadgen.Purchases(steadySKUs, "lat-", 0), halfBuy, w, 10*time.Second)
+		loadgen.Purchases(steadySKUs, k("lat"), 0), halfBuy, w, 10*time.Second)
 
 	// 8. Redis memory per shard and per idempotency record.
-	shardMem, recMem := s.redisMemory(flashSKU)
+	shardMem, recMem := s.redisMemory(flashSKU, k("flash"))
 
-	micro := microBenchmarks()
-	hot := hotSKU()
-	s.write(docInputs{flash: flash, flashAudit: flashAudit, capRun: capRun, floor: floor, bare: bare, compRes: compRes,
+	return docInputs{flash: flash, flashAudit: flashAudit, capRun: capRun, floor: floor, bare: bare, compRes: compRes,
 		compOversell: compOversell, comps: comps, storm: storm, stormCalls: stormCalls, reads: reads, readCalls: readCalls,
 		bareReads: bareReads, steady: steady, steadyAudit: steadyAudit, holds: holds, confirms: confirms, fallback: fallback,
 		fbAudit: fbAudit, admitLat: admitLat, buyLat: buyLat, rssKB: rssKB, cpuTop: cpuTop, shardMem: shardMem,
-		recMem: recMem, micro: micro, hot: hot})
-	return nil
+		recMem: recMem}, nil
 }
+
+// closedString answers "" at once: no profile.
+var closedString = func() chan string { c := make(chan string); close(c); return c }()
 
 func mustServe(h http.Handler) string { base, _ := serve(h); return base }
 
@@ -429,11 +460,11 @@ func (s *suite) audit(g gateway, skus []string, r loadgen.Result) audit {
 }
 
 // holds takes n holds and returns the run and the holds it got.
-func (s *suite) holds(sku string, n uint64) (loadgen.Result, []loadgen.HoldRef) {
+func (s *suite) holds(sku, prefix string, n uint64) (loadgen.Result, []loadgen.HoldRef) {
 	var mu sync.Mutex
 	var refs []loadgen.HoldRef
 	var got atomic.Int64
-	res, err := loadgen.Attack(loadgen.Run{Name: "stockgate holds", BaseURL: s.gw.base, Scenario: loadgen.Holds(sku, "hold-", n),
+	res, err := loadgen.Attack(loadgen.Run{Name: "stockgate holds" + s.label, BaseURL: s.gw.base, Scenario: loadgen.Holds(sku, prefix, n),
 		Workers: s.workers, Progress: s.log, Collect: func(code int, body []byte) {
 			if code != http.StatusCreated {
 				return
@@ -457,17 +488,17 @@ func (s *suite) holds(sku string, n uint64) (loadgen.Result, []loadgen.HoldRef) 
 }
 
 // redisMemory measures one shard of the flash sale's SKU and one of its
-// deduction records. The flash sale's requests are buyer "flash-b<i>" with
-// key "flash-<i>" (loadgen.Purchases), and a deduction is keyed by the
+// deduction records. The flash sale's requests are buyer prefix+"b<i>" with
+// key prefix+"<i>" (loadgen.Purchases), and a deduction is keyed by the
 // request's gate id, so the probe derives those; which shard a record is
 // on depends on its id, so each of the first requests is looked for on
 // every shard.
-func (s *suite) redisMemory(sku string) (shard, record int64) {
+func (s *suite) redisMemory(sku, prefix string) (shard, record int64) {
 	parts := strings.SplitN(sku, "/", 2)
 	id := stock.MustSKU(parts[0], parts[1])
 	shard, _ = s.rdb.MemoryUsage(s.ctx, keys.Shard(id.Program, id.Ticket, 0, 12).Stock()).Result()
 	for i := range 200 {
-		ask := sale.Ask{Buyer: keys.MustID("flash-b" + strconv.Itoa(i)), Key: keys.MustID("flash-" + strconv.Itoa(i))}
+		ask := sale.Ask{Buyer: keys.MustID(prefix + "b" + strconv.Itoa(i)), Key: keys.MustID(prefix + strconv.Itoa(i))}
 		gate := sale.PurchaseGateID(ask, id, 1)
 		for n := range 12 {
 			k := keys.Shard(id.Program, id.Ticket, n, 12)

@@ -157,8 +157,11 @@ func (l *Ledger) CommitBatch(ctx context.Context, takes []Take, direct bool) (_ 
 	live := make([]int, 0, len(takes))
 	for i := range takes {
 		t := &takes[i]
-		if t.quantity() < 1 || t.key().IsZero() || (t.Hold != nil && (t.Hold.ExpiresAt.IsZero() || len(t.Hold.SeatIDs) > 0)) {
+		if t.quantity() < 1 || t.key().IsZero() || (t.Hold != nil && t.Hold.ExpiresAt.IsZero()) {
 			return nil, fmt.Errorf("%w: take quantity %d key %q", stock.ErrInvalid, t.quantity(), t.key())
+		}
+		if t.Hold != nil && len(t.Hold.SeatIDs) > 0 && int64(len(t.Hold.SeatIDs)) != t.Hold.Quantity {
+			return nil, fmt.Errorf("%w: %d seats for quantity %d", stock.ErrInvalid, len(t.Hold.SeatIDs), t.Hold.Quantity)
 		}
 		if t.Hold != nil {
 			if t.Hold.ID.IsZero() {
@@ -246,18 +249,25 @@ type skuCol struct {
 
 // refusal names the takes of a batch that one statement refused, with
 // why: every take of a SKU (its stock, an ended sale), a SKU's takes
-// admitted under one gate epoch (a stale gate), or one buyer's takes of a
-// SKU or, for a program's cap, of any of the program's SKUs. Only those
+// admitted under one gate epoch (a stale gate), one buyer's takes of a
+// SKU or, for a program's cap, of any of the program's SKUs, or the seat
+// holds that could not have their seats. Only those
 // are split out; the rest of the batch, the SKU's other buyers too, is
 // tried again without them.
 type refusal struct {
 	sku   stock.SKU // a zero Ticket: any SKU of the program
 	epoch int64     // -1: any epoch
 	buyer keys.ID   // zero: any buyer
-	why   error     // nil: nothing was refused
+	// only, when set, names the takes refused by their row keys instead
+	// (seat holds whose seats are not all free).
+	only map[keys.ID]bool
+	why  error // nil: nothing was refused
 }
 
 func (r refusal) covers(t *Take) bool {
+	if r.only != nil {
+		return r.only[t.key()]
+	}
 	s := t.sku()
 	return s.Program == r.sku.Program && (r.sku.Ticket.IsZero() || s.Ticket == r.sku.Ticket) &&
 		(r.epoch < 0 || t.gateEpoch() == r.epoch) && (r.buyer.IsZero() || t.buyer() == r.buyer)
@@ -355,6 +365,15 @@ func (l *Ledger) tryBatch(ctx context.Context, takes []Take, live []int, now tim
 		}
 		buyers[t.sku()][t.buyer()] += t.quantity()
 	}
+	var seated []*Hold
+	for _, i := range fresh {
+		if t := &takes[i]; t.Hold != nil && len(t.Hold.SeatIDs) > 0 && inserted[t.key()] {
+			seated = append(seated, t.Hold)
+		}
+	}
+	if r, err := takeBatchSeats(ctx, tx, seated); err != nil || r.why != nil {
+		return r, nil, err
+	}
 	// SKU rows in a fixed order, all before any buyer row, as every write
 	// that moves stock: concurrent batches, refunds and expiries cannot
 	// deadlock.
@@ -377,7 +396,7 @@ func (l *Ledger) tryBatch(ctx context.Context, takes []Take, live []int, now tim
 		if direct {
 			version = read[g.sku].Version
 		}
-		v, _, err := updateSKU(ctx, tx, g.sku, sums[g], g.column, version, g.epoch, now.UnixMilli())
+		v, e, err := updateSKU(ctx, tx, g.sku, sums[g], g.column, version, g.epoch, now.UnixMilli())
 		switch {
 		case errors.Is(err, ErrConflict):
 			return refusal{}, nil, ErrConflict
@@ -389,6 +408,9 @@ func (l *Ledger) tryBatch(ctx context.Context, takes []Take, live []int, now tim
 			return refusal{}, nil, err
 		}
 		versions[g.sku] = v
+		if err := seatEpochs(ctx, tx, seated, g.sku, e); err != nil {
+			return refusal{}, nil, err
+		}
 		if direct {
 			// Two updates of one SKU in a batch cannot happen around the
 			// gate (one group per SKU), but keep the read version true.
@@ -474,12 +496,12 @@ func insertHolds(ctx context.Context, tx *sql.Tx, holds []Hold, inserted map[key
 		var vals []string
 		var args []any
 		for _, h := range chunk {
-			vals = append(vals, placeholders(len(args), 12))
+			vals = append(vals, placeholders(len(args), 13))
 			args = append(args, h.ID, h.IdempotencyKey, h.RequestHash, h.SKU.Program, h.SKU.Ticket, h.Buyer, h.Quantity,
-				h.Gate, Held, h.ExpiresAt.UnixMilli(), h.CreatedAt.UnixMilli(), h.TakeEpoch)
+				h.Gate, Held, h.ExpiresAt.UnixMilli(), h.CreatedAt.UnixMilli(), h.TakeEpoch, keys.Join(h.SeatIDs, ","))
 		}
 		got, err := tx.QueryContext(ctx, `INSERT INTO holds (id, idem_key, request_hash, program, ticket, buyer, quantity, gate,
-			state, expires_at, created_at, take_epoch)
+			state, expires_at, created_at, take_epoch, seat_ids)
 			VALUES `+strings.Join(vals, ", ")+` ON CONFLICT (idem_key) DO NOTHING RETURNING idem_key`, args...)
 		if err := collectIDs(got, err, inserted); err != nil {
 			return notCommitted("insert holds", err)

@@ -640,8 +640,22 @@ func TestMixedBatchesRacing(t *testing.T) {
 						continue
 					}
 					l := ls[round%2]
-					if _, _, err := l.Refund(ctx, o.ID, o.Buyer, ledger.Request{}); err != nil {
-						t.Errorf("refund: %v", err)
+					refund := func() {
+						if _, _, err := l.Refund(ctx, o.ID, o.Buyer, ledger.Request{}); err != nil {
+							t.Errorf("refund: %v", err)
+						}
+					}
+					if round%3 == 0 {
+						refund()
+					} else {
+						key := fmt.Sprintf("refund-%d", round)
+						res, err := l.RefundBatch(ctx, []ledger.OrderRequest{{OrderID: o.ID, Buyer: o.Buyer,
+							Req: req(o.Buyer.String(), key, "refund", ledger.OpRefund)}})
+						if err != nil {
+							t.Errorf("refund batch: %v", err)
+						} else if errors.Is(res[0].Err, ledger.ErrSplit) {
+							refund()
+						}
 					}
 					if round%2 == 0 {
 						if _, _, err := l.Cancel(ctx, h.ID, h.Buyer, ledger.Request{}); err != nil {

@@ -48,13 +48,14 @@ func (l *Ledger) plainHolds(ctx context.Context, rs []HoldRequest, live func(Hol
 // ConfirmBatch confirms many holds in one transaction (group commit): the
 // requests are claimed with their orders as the stored answers, the holds
 // change state in one statement, the orders are inserted in one, and each
-// SKU row moves held to sold once for all its holds. Confirms are most of
+// SKU row moves held to sold once for all its holds, and a seat hold's
+// seats are sold in one statement for all. Confirms are most of
 // what an on-sale writes (every sale that pays while held), and one
 // transaction per confirm is one durable commit each.
 //
-// It decides only the plain case: a live counted hold of the buyer named,
-// under a request key not used before. Anything else (a retry, a hold
-// ended or ending, a seat hold, a hold of another buyer, a hold named
+// It decides only the plain case: a live hold (counted or seats) of the
+// buyer named, under a request key not used before. Anything else (a
+// retry, a hold ended or ending, a hold of another buyer, a hold named
 // twice, a key taken) comes back as ErrSplit with nothing written, for
 // Confirm to answer alone with its own replay or refusal. The error return
 // is for the batch as a whole: ErrNotCommitted before COMMIT, any other
@@ -64,23 +65,25 @@ func (l *Ledger) ConfirmBatch(ctx context.Context, cs []HoldRequest) (_ []BatchR
 	defer l.observe("confirm_batch", time.Now(), &err)
 	out := make([]BatchResult, len(cs))
 	now := l.now().UTC().Truncate(time.Millisecond)
-	plain, err := l.plainHolds(ctx, cs, func(h Hold) bool { return now.Before(h.ExpiresAt) && len(h.SeatIDs) == 0 })
+	plain, err := l.plainHolds(ctx, cs, func(h Hold) bool { return now.Before(h.ExpiresAt) })
 	if err != nil {
 		return nil, err
 	}
 	orders := make([]Order, len(cs))
 	live := make([]int, 0, len(cs))
+	seats := map[keys.ID]bool{} // the seat holds
 	for i, c := range cs {
 		h, ok := plain[i]
 		if !ok {
 			out[i] = BatchResult{Err: ErrSplit}
 			continue
 		}
+		seats[h.ID] = len(h.SeatIDs) > 0
 		orders[i] = confirmOrder(h, c.Req, now)
 		live = append(live, i)
 	}
 	for len(live) > 0 {
-		split, err := l.tryConfirms(ctx, orders, live, now)
+		split, err := l.tryConfirms(ctx, orders, live, seats, now)
 		if err != nil {
 			return nil, err
 		}
@@ -116,7 +119,7 @@ func confirmOrder(h Hold, req Request, now time.Time) Order {
 // indexes that must be decided alone (nothing written then), or nil when
 // it committed. Locks are taken as every stock write takes them: requests
 // (in key order), holds, then SKU rows in SKU order.
-func (l *Ledger) tryConfirms(ctx context.Context, orders []Order, live []int, now time.Time) (map[int]bool, error) {
+func (l *Ledger) tryConfirms(ctx context.Context, orders []Order, live []int, seats map[keys.ID]bool, now time.Time) (map[int]bool, error) {
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, notCommitted("confirm batch: begin", err)
@@ -189,6 +192,20 @@ func (l *Ledger) tryConfirms(ctx context.Context, orders []Order, live []int, no
 			return nil, err
 		}
 	}
+	// A seat hold's seats are sold with it, after the SKU rows as in
+	// Confirm.
+	var seated []any
+	for _, i := range live {
+		if seats[orders[i].HoldID] {
+			seated = append(seated, orders[i].HoldID)
+		}
+	}
+	for chunk := range slices.Chunk(seated, rowsPerStatement) {
+		if _, err := tx.ExecContext(ctx, `UPDATE seats SET state = $2 WHERE state = $1 AND hold_id IN (`+list(2, len(chunk))+`)`,
+			append([]any{seatHeld, seatSold}, chunk...)...); err != nil {
+			return nil, notCommitted("sell seats", err)
+		}
+	}
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("ledger: confirm batch: commit: %w", err)
 	}
@@ -246,33 +263,39 @@ func collectRows[K comparable](rows *sql.Rows, err error, into map[K]bool, dest 
 }
 
 // holdsByID reads the holds named, in statements of rowsPerStatement ids;
-// ids with no hold are left out.
+// ids not found are missing from the map.
 func (l *Ledger) holdsByID(ctx context.Context, ids []keys.ID) (map[keys.ID]Hold, error) {
-	out := make(map[keys.ID]Hold, len(ids))
-	for len(ids) > 0 {
-		chunk := ids[:min(len(ids), rowsPerStatement)]
-		ids = ids[len(chunk):]
+	return byID(ctx, l.db, selectHold, scanHold, func(h Hold) keys.ID { return h.ID }, ids)
+}
+
+// ordersByID is holdsByID for orders.
+func (l *Ledger) ordersByID(ctx context.Context, ids []keys.ID) (map[keys.ID]Order, error) {
+	return byID(ctx, l.db, selectOrder, scanOrder, func(o Order) keys.ID { return o.ID }, ids)
+}
+
+func byID[T any](ctx context.Context, db *sql.DB, sel string, scan func(rowScanner) (T, error), id func(T) keys.ID,
+	ids []keys.ID) (map[keys.ID]T, error) {
+	out := make(map[keys.ID]T, len(ids))
+	for chunk := range slices.Chunk(ids, rowsPerStatement) {
 		args := make([]any, len(chunk))
-		in := make([]string, len(chunk))
 		for i, id := range chunk {
 			args[i] = id
-			in[i] = fmt.Sprintf("$%d", i+1)
 		}
-		rows, err := l.db.QueryContext(ctx, selectHold+` WHERE id IN (`+strings.Join(in, ", ")+`)`, args...)
+		rows, err := db.QueryContext(ctx, sel+` WHERE id IN (`+list(0, len(chunk))+`)`, args...)
 		if err != nil {
-			return nil, notCommitted("read holds", err)
+			return nil, notCommitted("read rows", err)
 		}
 		for rows.Next() {
-			h, err := scanHold(rows)
+			v, err := scan(rows)
 			if err != nil {
 				rows.Close()
-				return nil, notCommitted("read holds", err)
+				return nil, notCommitted("read rows", err)
 			}
-			out[h.ID] = h
+			out[id(v)] = v
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
-			return nil, notCommitted("read holds", err)
+			return nil, notCommitted("read rows", err)
 		}
 	}
 	return out, nil

@@ -40,6 +40,12 @@ func TestConfirmBatch(t *testing.T) {
 		}
 		a, b, cc := mk(sku, "h-a", "ann", 2, exp), mk(sku, "h-b", "bob", 3, exp), mk(sku, "h-c", "cat", 1, exp)
 		d := mk(vip, "h-d", "dan", 2, exp)
+		stalls := putStalls(t, l, 4)
+		seat, err := l.Hold(ctx, ledger.Hold{IdempotencyKey: keys.MustID("h-s"), SKU: stalls, Buyer: keys.MustID("sid"), Quantity: 2,
+			SeatIDs: []keys.ID{keys.MustID("A-01"), keys.MustID("A-02")}, ExpiresAt: exp, Gate: "seats:A:A-01,A-02"}, -1)
+		if err != nil {
+			t.Fatal(err)
+		}
 		e := mk(sku, "h-e", "eve", 1, c.now().Add(time.Second))
 		f := mk(sku, "h-f", "fay", 1, exp)
 		x := mk(sku, "h-x", "gus", 1, exp)
@@ -63,13 +69,14 @@ func TestConfirmBatch(t *testing.T) {
 			{HoldID: a.ID, Buyer: a.Buyer, Req: req("ann", "c-a2", "confirm a", ledger.OpConfirm)},                 // named twice
 			{HoldID: x.ID, Buyer: x.Buyer, Req: req("gus", "used", "confirm x", ledger.OpConfirm)},                 // key used
 			{HoldID: keys.MustID("nohold"), Buyer: a.Buyer, Req: req("ann", "c-n", "confirm n", ledger.OpConfirm)}, // no such hold
+			{HoldID: seat.ID, Buyer: seat.Buyer, Req: req("sid", "c-s", "confirm s", ledger.OpConfirm)},            // seats
 		}
 		res, err := l.ConfirmBatch(ctx, batch)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for i, r := range res {
-			plain := i == 0 || i == 1 || i == 3
+			plain := i == 0 || i == 1 || i == 3 || i == 9
 			switch {
 			case plain && (r.Err != nil || r.Order.HoldID != batch[i].HoldID || r.Order.ID.IsZero()):
 				t.Errorf("confirm %d = %+v, %v; want its order", i, r.Order, r.Err)
@@ -84,8 +91,16 @@ func TestConfirmBatch(t *testing.T) {
 		if st, _ := l.SKU(ctx, vip); st.Sold != 2 || st.Held != 0 {
 			t.Errorf("vip sold %d held %d, want 2 and 0", st.Sold, st.Held)
 		}
+		if st, _ := l.SKU(ctx, stalls); st.Sold != 2 || st.Held != 0 {
+			t.Errorf("stalls sold %d held %d, want 2 and 0", st.Sold, st.Held)
+		}
+		for _, st := range mustSeats(t, l, stalls) {
+			if want := map[bool]string{true: "sold", false: "free"}[st.HoldID == seat.ID]; st.State != want {
+				t.Errorf("seat %s is %s (hold %q), want %s", st.ID, st.State, st.HoldID, want)
+			}
+		}
 		// What committed is what Confirm and the requests table answer.
-		for _, i := range []int{0, 1, 3} {
+		for _, i := range []int{0, 1, 3, 9} {
 			o := res[i].Order
 			h, err := l.HoldByID(ctx, batch[i].HoldID)
 			if err != nil || h.State != ledger.Confirmed || h.OrderID != o.ID {

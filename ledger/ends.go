@@ -161,12 +161,12 @@ func (l *Ledger) tryEnds(ctx context.Context, ends []holdEnd, state string, dueO
 		return gone, nil
 	}
 	var seated []any
-	bySKU := map[stock.SKU][]Hold{}
+	var backs []back
 	for _, e := range ends {
 		if len(e.hold.SeatIDs) > 0 {
 			seated = append(seated, e.hold.ID)
 		}
-		bySKU[e.hold.SKU] = append(bySKU[e.hold.SKU], e.hold)
+		backs = append(backs, holdBack(e.hold))
 	}
 	if len(seated) > 0 {
 		if _, err := tx.ExecContext(ctx, `UPDATE seats SET state = $1, hold_id = '' WHERE state = $2 AND hold_id IN (`+
@@ -174,17 +174,7 @@ func (l *Ledger) tryEnds(ctx context.Context, ends []holdEnd, state string, dueO
 			return nil, notCommitted("free seats", err)
 		}
 	}
-	skus := make([]stock.SKU, 0, len(bySKU))
-	for sku := range bySKU {
-		skus = append(skus, sku)
-	}
-	slices.SortFunc(skus, stock.SKU.Compare)
-	for _, sku := range skus {
-		if err := returnHolds(ctx, tx, sku, bySKU[sku], now); err != nil {
-			return nil, err
-		}
-	}
-	if err := unbuyHolds(ctx, tx, skus, bySKU); err != nil {
+	if err := giveBack(ctx, tx, "held", "holds", backs, now); err != nil {
 		return nil, err
 	}
 	if err := tx.Commit(); err != nil {
@@ -215,22 +205,58 @@ func endStates(ctx context.Context, tx *sql.Tx, ends []holdEnd, state string, du
 	return changed, nil
 }
 
-// returnHolds gives the held units of a SKU's ended holds back in one
-// update of its row, stamps the requests that ended them with the new row
-// version, and records on each hold whether Redis is owed its units, as
-// owed decides for one.
-func returnHolds(ctx context.Context, tx *sql.Tx, sku stock.SKU, holds []Hold, now time.Time) error {
+// back is an ended hold's or a refunded order's units coming back.
+type back struct {
+	id        keys.ID
+	sku       stock.SKU
+	buyer     keys.ID
+	quantity  int64
+	gate      string
+	takeEpoch int64
+	seats     bool // seats went back with it
+}
+
+func holdBack(h Hold) back {
+	return back{id: h.ID, sku: h.SKU, buyer: h.Buyer, quantity: h.Quantity, gate: h.Gate, takeEpoch: h.TakeEpoch, seats: len(h.SeatIDs) > 0}
+}
+
+// giveBack returns the units of ended holds (column "held", table
+// "holds") or refunded orders ("sold", "orders"): each SKU's row once, in
+// SKU order, then the buyers' counts.
+func giveBack(ctx context.Context, tx *sql.Tx, column, table string, backs []back, now time.Time) error {
+	bySKU := map[stock.SKU][]back{}
+	for _, b := range backs {
+		bySKU[b.sku] = append(bySKU[b.sku], b)
+	}
+	skus := make([]stock.SKU, 0, len(bySKU))
+	for sku := range bySKU {
+		skus = append(skus, sku)
+	}
+	slices.SortFunc(skus, stock.SKU.Compare)
+	for _, sku := range skus {
+		if err := returnUnits(ctx, tx, column, table, sku, bySKU[sku], now); err != nil {
+			return err
+		}
+	}
+	return unbuy(ctx, tx, skus, bySKU)
+}
+
+// returnUnits gives a SKU's returned units back in one update of its row,
+// stamps the requests that returned them with the new row version, and
+// records on each hold or order whether Redis is owed its units, as owed
+// decides for one.
+func returnUnits(ctx context.Context, tx *sql.Tx, column, table string, sku stock.SKU, backs []back, now time.Time) error {
 	var q int64
-	for _, h := range holds {
-		q += h.Quantity
+	for _, b := range backs {
+		q += b.quantity
 	}
 	var r returned
 	var ended int64
-	err := tx.QueryRowContext(ctx, `UPDATE skus SET held = held - $3, version = version + 1, updated_at = $4
-		WHERE program = $1 AND ticket = $2 AND held >= $3
+	err := tx.QueryRowContext(ctx, `UPDATE skus SET `+column+` = `+column+` - $3, version = version + 1, updated_at = $4
+		WHERE program = $1 AND ticket = $2 AND `+column+` >= $3
 		RETURNING version, gate_epoch, shards, ended_at`, sku.Program, sku.Ticket, q, now.UnixMilli()).Scan(&r.version, &r.epoch, &r.shards, &ended)
 	if errors.Is(err, sql.ErrNoRows) {
-		return fmt.Errorf("ledger: return %d held units of %s: the row has fewer", q, sku)
+		return fmt.Errorf("ledger: return %d %s units of %s: the row has fewer", q, column, sku)
 	}
 	if err != nil {
 		return notCommitted("return stock", err)
@@ -240,13 +266,13 @@ func returnHolds(ctx context.Context, tx *sql.Tx, sku stock.SKU, holds []Hold, n
 		return err
 	}
 	byPending := map[bool][]any{}
-	for _, h := range holds {
-		p := isOwed(h.Gate, h.TakeEpoch, len(h.SeatIDs) > 0, r)
-		byPending[p] = append(byPending[p], h.ID)
+	for _, b := range backs {
+		p := isOwed(b.gate, b.takeEpoch, b.seats, r)
+		byPending[p] = append(byPending[p], b.id)
 	}
 	for _, p := range []bool{false, true} {
 		for chunk := range slices.Chunk(byPending[p], rowsPerStatement) {
-			if _, err := tx.ExecContext(ctx, `UPDATE holds SET restore_pending = $1, restore_epoch = $2, restore_shards = $3
+			if _, err := tx.ExecContext(ctx, `UPDATE `+table+` SET restore_pending = $1, restore_epoch = $2, restore_shards = $3
 				WHERE id IN (`+list(3, len(chunk))+`)`, append([]any{boolInt(p), r.epoch, r.shards}, chunk...)...); err != nil {
 				return notCommitted("restore owed", err)
 			}
@@ -255,9 +281,9 @@ func returnHolds(ctx context.Context, tx *sql.Tx, sku stock.SKU, holds []Hold, n
 	return nil
 }
 
-// unbuyHolds takes the ended holds' units off their buyers' counts: every
-// SKU's rows (SKUs in order, buyers in order), then every program's.
-func unbuyHolds(ctx context.Context, tx *sql.Tx, skus []stock.SKU, bySKU map[stock.SKU][]Hold) error {
+// unbuy takes returned units off their buyers' counts: every SKU's rows
+// (SKUs in order, buyers in order), then every program's.
+func unbuy(ctx context.Context, tx *sql.Tx, skus []stock.SKU, bySKU map[stock.SKU][]back) error {
 	type row struct {
 		sku   stock.SKU // a zero Ticket: the program's row
 		buyer keys.ID
@@ -271,13 +297,13 @@ func unbuyHolds(ctx context.Context, tx *sql.Tx, skus []stock.SKU, bySKU map[sto
 		units[r] += q
 	}
 	for _, sku := range skus {
-		for _, h := range bySKU[sku] {
-			add(row{sku, h.Buyer}, h.Quantity)
+		for _, b := range bySKU[sku] {
+			add(row{sku, b.buyer}, b.quantity)
 		}
 	}
 	for _, sku := range skus {
-		for _, h := range bySKU[sku] {
-			add(row{sku.Whole(), h.Buyer}, h.Quantity)
+		for _, b := range bySKU[sku] {
+			add(row{sku.Whole(), b.buyer}, b.quantity)
 		}
 	}
 	slices.SortStableFunc(rows, func(a, b row) int {

@@ -18,16 +18,10 @@ import (
 func TestCancelBatch(t *testing.T) {
 	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
 		ctx := context.Background()
-		stalls := stock.SKU{Program: sku.Program, Ticket: keys.MustID("stalls")}
 		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 20, Shards: 1, MaxPerOrder: 4}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: stalls, Total: 0, Shards: 1, MaxPerOrder: 4}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := l.LoadSeats(ctx, stalls, seatMap(4)); err != nil {
-			t.Fatal(err)
-		}
+		stalls := putStalls(t, l, 4)
 		exp := c.now().Add(time.Minute)
 		mk := func(h ledger.Hold) ledger.Hold {
 			t.Helper()

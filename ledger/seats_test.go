@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -20,6 +21,21 @@ func seatMap(n int) []ledger.Seat {
 		out = append(out, ledger.Seat{ID: keys.MustID(fmt.Sprintf("A-%02d", i+1)), Section: keys.MustID("A"), Row: "A", Number: i + 1})
 	}
 	return out
+}
+
+// putStalls makes the seated SKU "stalls" of the test program with n seats
+// in section A (A-01...).
+func putStalls(t *testing.T, l *ledger.Ledger, n int) stock.SKU {
+	t.Helper()
+	ctx := context.Background()
+	stalls := stock.SKU{Program: sku.Program, Ticket: keys.MustID("stalls")}
+	if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: stalls, Total: 0, Shards: 1, MaxPerOrder: 4}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.LoadSeats(ctx, stalls, seatMap(n)); err != nil {
+		t.Fatal(err)
+	}
+	return stalls
 }
 
 // 500 buyers race for the same 10 seats with overlapping requests: every
@@ -152,6 +168,92 @@ func TestSeatLifecycle(t *testing.T) {
 		}
 		if st, _ := l.SKU(ctx, seats); st.Sold != 0 || st.Held != 0 {
 			t.Errorf("SKU %+v, want nothing sold or held", st)
+		}
+	})
+}
+
+// Seat holds group-commit with the rest of a batch: each takes all its
+// seats or is split out alone, where it learns which seats it could not
+// have; the others keep theirs, a purchase beside them commits, and a
+// batched seat hold reads as one taken alone (its seats, its take epoch).
+func TestBatchedSeatHolds(t *testing.T) {
+	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
+		ctx := context.Background()
+		stalls := putStalls(t, l, 8)
+		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 5, Shards: 1, MaxPerOrder: 4}); err != nil {
+			t.Fatal(err)
+		}
+		st, err := l.AdvanceGate(ctx, stalls) // epoch 1: a seat hold takes the row's epoch
+		if err != nil {
+			t.Fatal(err)
+		}
+		seatHold := func(key, buyer string, seats ...string) ledger.Hold {
+			var ids []keys.ID
+			for _, s := range seats {
+				ids = append(ids, keys.MustID(s))
+			}
+			return ledger.Hold{IdempotencyKey: keys.MustID("row-" + key), SKU: stalls, Buyer: keys.MustID(buyer), Quantity: int64(len(ids)),
+				SeatIDs: ids, ExpiresAt: c.now().Add(time.Minute), Gate: "seats:A:" + strings.Join(seats, ","), GateEpoch: -1,
+				Req: req(buyer, key, "seats "+strings.Join(seats, ","), ledger.OpSeatHold)}
+		}
+		if _, err := l.Hold(ctx, seatHold("earlier", "eve", "A-04"), -1); err != nil {
+			t.Fatal(err)
+		}
+		batch := []ledger.Take{
+			{Hold: ptr(seatHold("x", "xan", "A-01", "A-02"))},
+			{Hold: ptr(seatHold("y", "yul", "A-02", "A-03"))}, // A-02 is x's
+			{Hold: ptr(seatHold("z", "zoe", "A-04"))},         // eve's
+			{Hold: ptr(seatHold("w", "wes", "A-05"))},
+			{Hold: ptr(seatHold("u", "uma", "A-99"))}, // not in the map
+			{Order: ledger.Order{IdempotencyKey: keys.MustID("row-p"), SKU: sku, Buyer: keys.MustID("pat"), Quantity: 1}},
+		}
+		res, err := l.CommitBatch(ctx, batch, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range res {
+			split := i == 1 || i == 2 || i == 4
+			switch {
+			case split && !errors.Is(r.Err, ledger.ErrSplit):
+				t.Errorf("take %d = %+v, %v; want ErrSplit", i, r, r.Err)
+			case !split && r.Err != nil:
+				t.Errorf("take %d = %v, want committed", i, r.Err)
+			}
+		}
+		x, w := res[0].Hold, res[3].Hold
+		for _, h := range []ledger.Hold{x, w} {
+			row, err := l.HoldByID(ctx, h.ID)
+			if err != nil || row.State != ledger.Held || len(row.SeatIDs) != int(h.Quantity) || row.TakeEpoch != st.GateEpoch {
+				t.Errorf("batched seat hold row = %+v, %v; want held with its seats at take epoch %d", row, err, st.GateEpoch)
+			}
+		}
+		want := map[string]string{"A-01": x.ID.String(), "A-02": x.ID.String(), "A-05": w.ID.String()}
+		for _, s := range mustSeats(t, l, stalls) {
+			switch {
+			case want[s.ID.String()] != "" && (s.State != "held" || s.HoldID.String() != want[s.ID.String()]):
+				t.Errorf("seat %s is %s by %q, want held by %s", s.ID, s.State, s.HoldID, want[s.ID.String()])
+			case want[s.ID.String()] == "" && s.ID.String() != "A-04" && s.State != "free":
+				t.Errorf("seat %s is %s, want free", s.ID, s.State)
+			}
+		}
+		if got, _ := l.SKU(ctx, stalls); got.Held != 4 { // x 2, w 1, eve 1
+			t.Errorf("stalls held %d, want 4", got.Held)
+		}
+		// Alone, each split one learns its seats.
+		for i, taken := range map[int]string{1: "A-02", 2: "A-04", 4: "A-99"} {
+			var te *ledger.SeatsTakenError
+			if _, err := l.Hold(ctx, *batch[i].Hold, -1); !errors.As(err, &te) || strings.Join(te.Seats, ",") != taken {
+				t.Errorf("take %d alone = %v, want seats %s taken", i, err, taken)
+			}
+		}
+		// A cancelled batched seat hold frees its seats.
+		if r, err := l.CancelBatch(ctx, []ledger.HoldRequest{{HoldID: x.ID, Buyer: x.Buyer, Req: req("xan", "cx", "cancel", ledger.OpCancel)}}); err != nil || r[0].Err != nil {
+			t.Fatalf("cancel = %+v, %v", r, err)
+		}
+		for _, s := range mustSeats(t, l, stalls) {
+			if (s.ID.String() == "A-01" || s.ID.String() == "A-02") && s.State != "free" {
+				t.Errorf("seat %s is %s after its hold was cancelled", s.ID, s.State)
+			}
 		}
 	})
 }

@@ -49,8 +49,8 @@ func (c *committer) commit(o ledger.Order) (ledger.Order, error) {
 	return r.order, r.err
 }
 
-// commitHold is commit for a gate-admitted counted hold: it answers as
-// Ledger.Hold would.
+// commitHold is commit for a gate-admitted hold, counted or of seats: it
+// answers as Ledger.Hold would.
 func (c *committer) commitHold(h ledger.Hold) (ledger.Hold, error) {
 	r := c.commitTake(ledger.Take{Hold: &h})
 	return r.hold, r.err

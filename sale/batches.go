@@ -29,26 +29,45 @@ func (s *Service) confirmLedger(id, buyer keys.ID, req ledger.Request) (ledger.O
 }
 
 // flushConfirms commits a batch of confirms together, then decides alone
-// those the batch split out (a retry, an ended hold, a seat hold, ...),
+// those the batch split out (a retry, an ended hold, ...),
 // after the batch's own answers are out. A batch that failed as a whole
 // is decided alone too: Confirm replays whatever did commit.
 func (s *Service) flushConfirms(ctx context.Context, cs []ledger.HoldRequest, answer func(int, confirmOut)) {
-	res, err := s.ledger.ConfirmBatch(ctx, cs)
-	var alone []int
-	for i := range cs {
-		if err != nil || errors.Is(res[i].Err, ledger.ErrSplit) {
-			alone = append(alone, i)
+	flushSplit(ctx, s, "confirm", cs, s.ledger.ConfirmBatch,
+		func(r ledger.BatchResult) (confirmOut, bool) {
+			return confirmOut{r.Order, r.Err}, !errors.Is(r.Err, ledger.ErrSplit)
+		},
+		func(c ledger.HoldRequest) confirmOut {
+			o, err := s.ledger.Confirm(ctx, c.HoldID, c.Buyer, c.Req)
+			return confirmOut{o, err}
+		}, answer)
+}
+
+// flushSplit commits items through batch and answers each the batch
+// decided (decided says which, and with what); then it decides alone, with
+// alone, those the batch split out, after the batch's own answers are out.
+// A batch that failed as a whole is decided alone too: every single-item
+// call replays whatever did commit.
+func flushSplit[T, B, R any](ctx context.Context, s *Service, what string, items []T,
+	batch func(context.Context, []T) ([]B, error), decided func(B) (R, bool), alone func(T) R, answer func(int, R)) {
+	res, err := batch(ctx, items)
+	var rest []int
+	for i := range items {
+		if err != nil {
+			rest = append(rest, i)
 			continue
 		}
-		answer(i, confirmOut{res[i].Order, res[i].Err})
+		r, ok := decided(res[i])
+		if !ok {
+			rest = append(rest, i)
+			continue
+		}
+		answer(i, r)
 	}
 	if err != nil {
-		s.log.WarnContext(ctx, "confirm batch failed; deciding each alone", "confirms", len(cs), "err", err)
+		s.log.WarnContext(ctx, what+" batch failed; deciding each alone", "items", len(items), "err", err)
 	}
-	eachAlone(alone, func(i int) {
-		o, err := s.ledger.Confirm(ctx, cs[i].HoldID, cs[i].Buyer, cs[i].Req)
-		answer(i, confirmOut{o, err})
-	})
+	eachAlone(rest, func(i int) { answer(i, alone(items[i])) })
 }
 
 // cancelOut is one cancel's outcome, as Ledger.Cancel gives it.
@@ -71,20 +90,42 @@ func (s *Service) cancelLedger(id, buyer keys.ID, req ledger.Request) (ledger.Ho
 // flushCancels ends a batch of cancels together, then decides alone those
 // the batch split out, as flushConfirms does.
 func (s *Service) flushCancels(ctx context.Context, cs []ledger.HoldRequest, answer func(int, cancelOut)) {
-	res, err := s.ledger.CancelBatch(ctx, cs)
-	var alone []int
-	for i := range cs {
-		if err != nil || errors.Is(res[i].Err, ledger.ErrSplit) {
-			alone = append(alone, i)
-			continue
-		}
-		answer(i, cancelOut{hold: res[i].Hold, changed: true})
+	flushSplit(ctx, s, "cancel", cs, s.ledger.CancelBatch,
+		func(r ledger.HoldResult) (cancelOut, bool) {
+			return cancelOut{hold: r.Hold, changed: true}, !errors.Is(r.Err, ledger.ErrSplit)
+		},
+		func(c ledger.HoldRequest) cancelOut {
+			h, changed, err := s.ledger.Cancel(ctx, c.HoldID, c.Buyer, c.Req)
+			return cancelOut{h, changed, err}
+		}, answer)
+}
+
+// refundOut is one refund's outcome, as Ledger.Refund gives it.
+type refundOut struct {
+	order   ledger.Order
+	changed bool
+	err     error
+}
+
+// refundLedger refunds an order through the group committer of refunds. It
+// answers as Ledger.Refund does.
+func (s *Service) refundLedger(id, buyer keys.ID, req ledger.Request) (ledger.Order, bool, error) {
+	out, ok := s.refunds.do(crc32.ChecksumIEEE([]byte(id.String())), ledger.OrderRequest{OrderID: id, Buyer: buyer, Req: req})
+	if !ok {
+		return ledger.Order{}, false, errClosing
 	}
-	if err != nil {
-		s.log.WarnContext(ctx, "cancel batch failed; deciding each alone", "cancels", len(cs), "err", err)
-	}
-	eachAlone(alone, func(i int) {
-		h, changed, err := s.ledger.Cancel(ctx, cs[i].HoldID, cs[i].Buyer, cs[i].Req)
-		answer(i, cancelOut{h, changed, err})
-	})
+	return out.order, out.changed, out.err
+}
+
+// flushRefunds refunds a batch together, then decides alone those the
+// batch split out, as flushConfirms does.
+func (s *Service) flushRefunds(ctx context.Context, rs []ledger.OrderRequest, answer func(int, refundOut)) {
+	flushSplit(ctx, s, "refund", rs, s.ledger.RefundBatch,
+		func(r ledger.OrderResult) (refundOut, bool) {
+			return refundOut{order: r.Order, changed: true}, !errors.Is(r.Err, ledger.ErrSplit)
+		},
+		func(r ledger.OrderRequest) refundOut {
+			o, changed, err := s.ledger.Refund(ctx, r.OrderID, r.Buyer, r.Req)
+			return refundOut{o, changed, err}
+		}, answer)
 }

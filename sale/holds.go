@@ -69,7 +69,7 @@ func (s *Service) cancel(ctx context.Context, id, buyer keys.ID, r request) answ
 // refund gives the order's stock back once; a second refund answers the
 // same and moves nothing.
 func (s *Service) refund(ctx context.Context, id, buyer keys.ID, r request) answer {
-	o, changed, err := s.ledger.Refund(ctx, id, buyer, r.ledger())
+	o, changed, err := s.refundLedger(id, buyer, r.ledger())
 	switch {
 	case errors.Is(err, ledger.ErrDuplicate):
 		return answer{order: o, replayed: true}

@@ -61,6 +61,7 @@ type Ledger interface {
 	ConfirmBatch(ctx context.Context, cs []ledger.HoldRequest) ([]ledger.BatchResult, error)
 	Cancel(ctx context.Context, holdID, buyer keys.ID, req ledger.Request) (ledger.Hold, bool, error)
 	CancelBatch(ctx context.Context, cs []ledger.HoldRequest) ([]ledger.HoldResult, error)
+	RefundBatch(ctx context.Context, rs []ledger.OrderRequest) ([]ledger.OrderResult, error)
 	ExpireDue(ctx context.Context, limit int) ([]ledger.Hold, error)
 	Refund(ctx context.Context, orderID, buyer keys.ID, req ledger.Request) (ledger.Order, bool, error)
 	OrderByID(ctx context.Context, id keys.ID) (ledger.Order, error)
@@ -242,9 +243,10 @@ type Service struct {
 	// sold around the gate while the breaker is open.
 	committer *committer
 	direct    *committer
-	// confirms and cancels group-commit what their names say.
+	// confirms, cancels and refunds group-commit what their names say.
 	confirms *batcher[ledger.HoldRequest, confirmOut]
 	cancels  *batcher[ledger.HoldRequest, cancelOut]
+	refunds  *batcher[ledger.OrderRequest, refundOut]
 	fallback chan struct{} // semaphore of ledger-direct requests
 	reseeds  singleflight.Group
 	log      *slog.Logger
@@ -315,6 +317,7 @@ func New(opts Options) (*Service, error) {
 	s.direct = newCommitter(s, 4, opts.BatchMax, true)
 	s.confirms = newBatcher(8, opts.BatchMax, opts.WorkTimeout, s.flushConfirms)
 	s.cancels = newBatcher(8, opts.BatchMax, opts.WorkTimeout, s.flushCancels)
+	s.refunds = newBatcher(8, opts.BatchMax, opts.WorkTimeout, s.flushRefunds)
 	return s, nil
 }
 
@@ -325,6 +328,7 @@ func (s *Service) Close() {
 	s.direct.close()
 	s.confirms.close()
 	s.cancels.close()
+	s.refunds.close()
 }
 
 // BreakerState is the Redis breaker's state now.

@@ -125,7 +125,13 @@ func (s *Service) takeSeats(ctx context.Context, sku stock.SKU, r request, buyer
 		}
 		version = fresh.Version
 	}
-	got, err := s.ledger.Hold(ctx, h, version)
+	var got ledger.Hold
+	if version < 0 {
+		// Through the gate: group-committed with the SKU's other takes.
+		got, err = s.committer.commitHold(h)
+	} else {
+		got, err = s.ledger.Hold(ctx, h, version)
+	}
 	release := func() {
 		if rerr == nil {
 			_ = s.redis(ctx, func(ctx context.Context) error {

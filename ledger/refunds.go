@@ -1,0 +1,167 @@
+package ledger
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/stockgate/stockgate/keys"
+)
+
+// OrderRequest is a buyer's request about one of their orders (a refund).
+type OrderRequest struct {
+	OrderID keys.ID
+	Buyer   keys.ID
+	Req     Request
+}
+
+// OrderResult is one refund's outcome in RefundBatch: the refunded order,
+// or ErrSplit (nothing written: ask Refund alone).
+type OrderResult struct {
+	Order Order
+	Err   error
+}
+
+// RefundBatch refunds many orders in one transaction, as CancelBatch ends
+// holds: the requests are claimed with the refunded orders as their
+// answers, the orders are marked in one statement, seats sold with them
+// are freed in one, each SKU row gives its sold units back once, and the
+// buyers' counts go down. After a cancelled on-sale or a promoter's mass
+// refund, refunds come in bursts, and one transaction each is one durable
+// commit each.
+//
+// It decides only the plain case: an order of the buyer named, not
+// refunded, named once, under a request key not used before. Anything else
+// (a retry, another buyer's order, a second refund, a key taken) comes
+// back as ErrSplit with nothing written, for Refund to answer alone. The
+// error return is for the batch as a whole, as in ConfirmBatch; Refund
+// replays whatever did commit.
+func (l *Ledger) RefundBatch(ctx context.Context, rs []OrderRequest) (_ []OrderResult, err error) {
+	defer l.observe("refund_batch", time.Now(), &err)
+	out := make([]OrderResult, len(rs))
+	now := l.now().UTC().Truncate(time.Millisecond)
+	ids := make([]keys.ID, 0, len(rs))
+	for _, r := range rs {
+		ids = append(ids, r.OrderID)
+	}
+	found, err := l.ordersByID(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	var refs []refund
+	named := map[keys.ID]bool{}
+	for i, r := range rs {
+		o, ok := found[r.OrderID]
+		if !ok || r.Req.IsZero() || o.Buyer != r.Buyer || !o.RefundedAt.IsZero() || named[o.ID] {
+			out[i] = OrderResult{Err: ErrSplit}
+			continue
+		}
+		named[o.ID] = true
+		o.RefundedAt = now
+		refs = append(refs, refund{idx: i, order: o, req: r.Req})
+	}
+	for len(refs) > 0 {
+		split, err := l.tryRefunds(ctx, refs, now)
+		if err != nil {
+			return nil, err
+		}
+		if len(split) == 0 {
+			for _, r := range refs {
+				out[r.idx] = OrderResult{Order: r.order}
+			}
+			l.batch.Observe(float64(len(refs)))
+			return out, nil
+		}
+		refs = slices.DeleteFunc(refs, func(r refund) bool {
+			if split[r.order.ID] {
+				out[r.idx] = OrderResult{Err: ErrSplit}
+			}
+			return split[r.order.ID]
+		})
+	}
+	return out, nil
+}
+
+// refund is one order to refund (as it reads once refunded), with the
+// request that refunds it and its index in the caller's batch.
+type refund struct {
+	idx   int
+	order Order
+	req   Request
+}
+
+// tryRefunds refunds the orders in one transaction and returns the ids
+// that could not be refunded with the others (their key was taken, or
+// another refund came first), with nothing written; nil when it committed.
+// Its locks come in the order of every stock write: requests, order rows,
+// seats, SKU rows in SKU order, buyer rows.
+func (l *Ledger) tryRefunds(ctx context.Context, refs []refund, now time.Time) (map[keys.ID]bool, error) {
+	tx, err := l.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, notCommitted("refunds: begin", err)
+	}
+	defer tx.Rollback()
+	claims := make([]claimRow, 0, len(refs))
+	for _, r := range refs {
+		claims = append(claims, claimRow{id: r.order.ID, req: r.req, sku: r.order.SKU, answer: encodeSnapshot(&r.order, nil)})
+	}
+	taken, err := claimRows(ctx, tx, claims, now.UnixMilli())
+	if err != nil || len(taken) > 0 {
+		return taken, err
+	}
+	changed := map[keys.ID]bool{}
+	for chunk := range slices.Chunk(refs, rowsPerStatement) {
+		args := []any{now.UnixMilli()}
+		for _, r := range chunk {
+			args = append(args, r.order.ID)
+		}
+		rows, err := tx.QueryContext(ctx, `UPDATE orders SET refunded_at = $1 WHERE refunded_at = 0 AND id IN (`+
+			list(1, len(chunk))+`) RETURNING id`, args...)
+		if err := collectIDs(rows, err, changed); err != nil {
+			return nil, notCommitted("refund orders", err)
+		}
+	}
+	gone := map[keys.ID]bool{}
+	var holds []any
+	for _, r := range refs {
+		if !changed[r.order.ID] {
+			gone[r.order.ID] = true
+		}
+		if !r.order.HoldID.IsZero() {
+			holds = append(holds, r.order.HoldID)
+		}
+	}
+	if len(gone) > 0 {
+		return gone, nil
+	}
+	// Seats sold through a confirmed seat hold go back with its order. No
+	// one else moves them meanwhile: only the refund of that order frees
+	// them, and this transaction holds its row.
+	seated := map[keys.ID]bool{}
+	for chunk := range slices.Chunk(holds, rowsPerStatement) {
+		args := append([]any{seatSold}, chunk...)
+		rows, err := tx.QueryContext(ctx, `SELECT DISTINCT hold_id FROM seats WHERE state = $1 AND hold_id IN (`+
+			list(1, len(chunk))+`)`, args...)
+		if err := collectIDs(rows, err, seated); err != nil {
+			return nil, notCommitted("read seats", err)
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE seats SET state = $2, hold_id = '' WHERE state = $1 AND hold_id IN (`+
+			list(2, len(chunk))+`)`, append([]any{seatSold, seatFree}, chunk...)...); err != nil {
+			return nil, notCommitted("free seats", err)
+		}
+	}
+	backs := make([]back, 0, len(refs))
+	for _, r := range refs {
+		o := r.order
+		backs = append(backs, back{id: o.ID, sku: o.SKU, buyer: o.Buyer, quantity: o.Quantity, gate: o.Gate,
+			takeEpoch: o.TakeEpoch, seats: seated[o.HoldID]})
+	}
+	if err := giveBack(ctx, tx, "sold", "orders", backs, now); err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("ledger: refunds: commit: %w", err)
+	}
+	return nil, nil
+}

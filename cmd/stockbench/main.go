@@ -2,7 +2,14 @@
 //
 //	stockbench run -url http://localhost:8080 -scenario flash -n 100000
 //	    drives one scenario at a running gateway and prints a summary table
-//	    and a ledger audit (flash, steady, reads, soldout, holds).
+//	    and a ledger audit (flash, steady, reads, soldout, holds). Every
+//	    Idempotency-Key and buyer carries the run's id (-run-id, random by
+//	    default), so runs never collide. -duration bounds it in time (with
+//	    -n 0, only in time); -rate paces it open loop, -ramp A:B ramps the
+//	    rate linearly over -duration; -sku program/ticket drives an existing
+//	    SKU with no admin call (and no audit); -H 'Name: value' adds a header
+//	    to every request; -json prints a machine-readable summary. A bad
+//	    flag exits 2.
 //	stockbench suite -out docs/BENCHMARKS.md
 //	    starts its own Redis Cluster and PostgreSQL, runs stockgate and the
 //	    approaches it replaces side by side on this machine, and writes the
@@ -15,6 +22,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -22,10 +31,12 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/stockgate/stockgate/internal/loadgen"
+	"github.com/stockgate/stockgate/keys"
 )
 
 func main() {
@@ -35,7 +46,7 @@ func main() {
 	var err error
 	switch os.Args[1] {
 	case "run":
-		err = runCmd(os.Args[2:])
+		err = runCmd(os.Args[2:], os.Stdout, os.Stderr)
 	case "suite":
 		err = suiteCmd(os.Args[2:])
 	case "compare":
@@ -43,7 +54,14 @@ func main() {
 	default:
 		usage()
 	}
-	if err != nil {
+	var usage usageError
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		os.Exit(0)
+	case errors.As(err, &usage):
+		fmt.Fprintln(os.Stderr, "stockbench:", err)
+		os.Exit(2)
+	case err != nil:
 		fmt.Fprintln(os.Stderr, "stockbench:", err)
 		os.Exit(1)
 	}
@@ -54,76 +72,237 @@ func usage() {
 	os.Exit(2)
 }
 
-// runCmd drives one scenario at a running gateway.
-func runCmd(args []string) error {
-	fs := flag.NewFlagSet("run", flag.ExitOnError)
-	url := fs.String("url", "http://localhost:8080", "gateway base URL")
-	scenario := fs.String("scenario", "flash", "flash, steady, reads, soldout or holds")
-	n := fs.Uint64("n", 50_000, "requests")
-	rate := fs.Int("rate", 0, "open-loop requests per second (0: as fast as -workers allow)")
-	workers := fs.Uint64("workers", 64, "concurrent connections")
-	program := fs.String("program", fmt.Sprintf("bench%d", time.Now().Unix()), "program id of the SKUs the run creates")
-	skus := fs.Int("skus", 100, "SKUs for the steady scenario")
-	token := fs.String("admin-token", os.Getenv("STOCKGATE_ADMIN_TOKEN"), "admin bearer token")
-	plotFile := fs.String("plot", "", "write a latency-over-time HTML chart here")
-	_ = fs.Parse(args)
-	admin := adminClient{base: *url, token: *token}
-	sku := *program + "/ga"
-	var sc loadgen.Scenario
-	var stock int64
-	var names []string
-	switch *scenario {
-	case "flash":
-		stock = int64(*n / 10)
-		names = []string{sku}
-		sc = loadgen.Purchases(names, "flash-", *n)
-	case "soldout":
-		names = []string{sku}
-		sc = loadgen.Purchases(names, "storm-", *n)
-	case "reads":
-		stock, names = 1_000_000, []string{sku}
-		sc = loadgen.Reads(sku, *n)
-	case "steady":
-		stock = int64(*n)
-		for i := range *skus {
-			names = append(names, fmt.Sprintf("%s/t%d", *program, i))
+// usageError is a bad command line: exit status 2.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func badFlag(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+
+// runConfig is what `stockbench run` was asked to do.
+type runConfig struct {
+	url, scenario, program, sku, runID, token, plot string
+	n, workers                                      uint64
+	rate, rateEnd, skus                             int
+	duration                                        time.Duration
+	header                                          http.Header
+	json                                            bool
+}
+
+// headerFlag collects repeated -H 'Name: value' flags.
+type headerFlag struct{ h http.Header }
+
+func (f *headerFlag) String() string { return "" }
+
+func (f *headerFlag) Set(v string) error {
+	name, value, ok := strings.Cut(v, ":")
+	name = strings.TrimSpace(name)
+	if !ok || name == "" || strings.ContainsAny(name, " \t\r\n") || strings.ContainsAny(value, "\r\n") {
+		return fmt.Errorf("want 'Name: value', got %q", v)
+	}
+	f.h.Add(name, strings.TrimSpace(value))
+	return nil
+}
+
+// parseRun reads run's flags. A bad flag is a usageError; -h is
+// flag.ErrHelp.
+func parseRun(args []string, stderr io.Writer) (runConfig, error) {
+	c := runConfig{header: http.Header{}}
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.url, "url", "http://localhost:8080", "gateway base URL")
+	fs.StringVar(&c.scenario, "scenario", "flash", "flash, steady, reads, soldout or holds")
+	fs.Uint64Var(&c.n, "n", 50_000, "requests (0: until -duration)")
+	fs.DurationVar(&c.duration, "duration", 0, "stop after this long (0: after -n requests)")
+	fs.IntVar(&c.rate, "rate", 0, "open-loop requests per second (0: as fast as -workers allow)")
+	ramp := fs.String("ramp", "", "open-loop ramp START:END requests per second, linear over -duration")
+	fs.Uint64Var(&c.workers, "workers", 64, "concurrent connections")
+	fs.StringVar(&c.program, "program", "", "program id of the SKUs the run creates (default bench<unix time>)")
+	fs.StringVar(&c.sku, "sku", "", "drive this existing SKU (program/ticket): no admin calls, no audit")
+	fs.IntVar(&c.skus, "skus", 100, "SKUs for the steady scenario")
+	fs.StringVar(&c.runID, "run-id", "", "goes into every Idempotency-Key and buyer, so runs never collide (default random)")
+	fs.Var(&headerFlag{c.header}, "H", "extra request header 'Name: value' (repeatable)")
+	fs.BoolVar(&c.json, "json", false, "print a JSON summary instead of the table")
+	fs.StringVar(&c.token, "admin-token", os.Getenv("STOCKGATE_ADMIN_TOKEN"), "admin bearer token")
+	fs.StringVar(&c.plot, "plot", "", "write a latency-over-time HTML chart here")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return c, err
 		}
-		sc = loadgen.Purchases(names, "steady-", *n)
-	case "holds":
-		stock, names = int64(*n), []string{sku}
-		sc = loadgen.Holds(sku, "hold-", *n)
+		return c, usageError{err.Error()}
+	}
+	if fs.NArg() > 0 {
+		return c, badFlag("unexpected argument %q", fs.Arg(0))
+	}
+	switch c.scenario {
+	case "flash", "steady", "reads", "soldout", "holds":
 	default:
-		return fmt.Errorf("unknown scenario %q", *scenario)
+		return c, badFlag("-scenario %q: want flash, steady, reads, soldout or holds", c.scenario)
 	}
-	for _, s := range names {
-		if err := admin.putSKU(s, stock, 12); err != nil {
-			return err
+	if *ramp != "" {
+		a, b, ok := strings.Cut(*ramp, ":")
+		start, err1 := strconv.Atoi(a)
+		end, err2 := strconv.Atoi(b)
+		if !ok || err1 != nil || err2 != nil || start < 1 || end < 1 {
+			return c, badFlag("-ramp %q: want START:END, both at least 1 request per second", *ramp)
+		}
+		if c.rate != 0 {
+			return c, badFlag("-ramp and -rate: give one")
+		}
+		c.rate, c.rateEnd = start, end
+	}
+	switch {
+	case c.rate < 0:
+		return c, badFlag("-rate %d: at least 0", c.rate)
+	case c.rateEnd > 0 && c.duration <= 0:
+		return c, badFlag("-ramp needs -duration")
+	case c.duration < 0:
+		return c, badFlag("-duration %v: at least 0", c.duration)
+	case c.n == 0 && c.duration == 0:
+		return c, badFlag("-n 0 runs until -duration: give one")
+	case c.workers == 0:
+		return c, badFlag("-workers 0: at least 1")
+	case c.skus < 1:
+		return c, badFlag("-skus %d: at least 1", c.skus)
+	}
+	if c.sku != "" {
+		prog, ticket, _ := strings.Cut(c.sku, "/")
+		if keys.CheckID(prog) != nil || keys.CheckID(ticket) != nil {
+			return c, badFlag("-sku %q: want program/ticket, each [A-Za-z0-9_-]{1,64}", c.sku)
 		}
 	}
-	res, err := loadgen.Attack(loadgen.Run{Name: *scenario, BaseURL: *url, Scenario: sc, Rate: *rate, Workers: *workers,
-		Progress: os.Stderr, Plot: *plotFile})
+	if c.runID == "" {
+		var b [4]byte
+		_, _ = rand.Read(b[:])
+		c.runID = hex.EncodeToString(b[:])
+	}
+	// The longest key is a scenario's prefix, the run id and a request
+	// number: keep it inside an id's 64 bytes.
+	if keys.CheckID(c.runID) != nil || len(c.runID) > 24 {
+		return c, badFlag("-run-id %q: want [A-Za-z0-9_-]{1,24}", c.runID)
+	}
+	if c.program == "" {
+		c.program = fmt.Sprintf("bench%d", time.Now().Unix())
+	} else if keys.CheckID(c.program) != nil {
+		return c, badFlag("-program %q: want [A-Za-z0-9_-]{1,64}", c.program)
+	}
+	return c, nil
+}
+
+// runCmd drives one scenario at a running gateway.
+func runCmd(args []string, stdout, stderr io.Writer) error {
+	c, err := parseRun(args, stderr)
 	if err != nil {
 		return err
 	}
-	fmt.Print(loadgen.Table([]loadgen.Result{res}))
-	var sold, total int64
-	for _, s := range names {
-		st, err := admin.sku(s)
-		if err != nil {
+	admin := adminClient{base: c.url, token: c.token, header: c.header}
+	prefix := c.scenario + "-" + c.runID + "-"
+	units, names := c.plan()
+	var sc loadgen.Scenario
+	switch c.scenario {
+	case "reads":
+		sc = loadgen.Reads(names[0], c.n)
+	case "holds":
+		sc = loadgen.Holds(names[0], prefix, c.n)
+	default:
+		sc = loadgen.Purchases(names, prefix, c.n)
+	}
+	if c.sku == "" {
+		for _, s := range names {
+			if err := admin.putSKU(s, units, 12); err != nil {
+				return err
+			}
+		}
+	}
+	res, err := loadgen.Attack(loadgen.Run{Name: c.scenario, BaseURL: c.url, Scenario: sc, Rate: c.rate, RateEnd: c.rateEnd,
+		Workers: c.workers, Duration: c.duration, Header: c.header, Progress: stderr, Plot: c.plot})
+	if err != nil {
+		return err
+	}
+	out := runSummary{RunID: c.runID, Scenario: c.scenario, SKUs: names, Result: res.Summary()}
+	if c.sku != "" {
+		out.AuditSkipped = "-sku: the SKU is not the run's own, and its audit needs admin rights"
+	} else {
+		a := &runAudit{Created: res.Count(http.StatusCreated)}
+		for _, s := range names {
+			st, err := admin.sku(s)
+			if err != nil {
+				return err
+			}
+			a.SoldHeld, a.Total = a.SoldHeld+st.Sold+st.Held, a.Total+st.Total
+		}
+		a.Oversold = a.SoldHeld > a.Total
+		a.EveryCreatedInLedger = c.scenario == "reads" || a.SoldHeld >= int64(a.Created)
+		out.Audit = a
+	}
+	if c.json {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(out); err != nil {
 			return err
 		}
-		sold, total = sold+st.Sold+st.Held, total+st.Total
+	} else {
+		fmt.Fprint(stdout, loadgen.Table([]loadgen.Result{res}))
+		fmt.Fprintf(stdout, "\nrun id %s\n", c.runID)
+		if a := out.Audit; a != nil {
+			fmt.Fprintf(stdout, "audit: ledger sold+held %d of %d; 201 answers %d; oversold %v; every 201 in the ledger %v\n",
+				a.SoldHeld, a.Total, a.Created, a.Oversold, a.EveryCreatedInLedger)
+		} else {
+			fmt.Fprintf(stdout, "audit skipped (%s)\n", out.AuditSkipped)
+		}
 	}
-	created := int64(res.Count(http.StatusCreated))
-	fmt.Printf("\naudit: ledger sold+held %d of %d; 201 answers %d; oversold %v; every 201 in the ledger %v\n",
-		sold, total, created, sold > total, *scenario == "reads" || sold >= created)
-	if sold > total {
+	if out.Audit != nil && out.Audit.Oversold {
 		return errors.New("OVERSOLD")
 	}
 	return nil
 }
 
-type adminClient struct{ base, token string }
+// plan names the SKUs the run drives and the stock it gives the ones it
+// creates.
+func (c runConfig) plan() (int64, []string) {
+	if c.sku != "" {
+		return 0, []string{c.sku}
+	}
+	sku := c.program + "/ga"
+	switch c.scenario {
+	case "flash":
+		return int64(max(c.n/10, 1)), []string{sku}
+	case "soldout":
+		return 0, []string{sku}
+	case "reads":
+		return 1_000_000, []string{sku}
+	case "steady":
+		var names []string
+		for i := range c.skus {
+			names = append(names, fmt.Sprintf("%s/t%d", c.program, i))
+		}
+		return int64(max(c.n, 1_000_000)), names
+	}
+	return int64(max(c.n, 1_000_000)), []string{sku} // holds
+}
+
+// runSummary is `stockbench run -json`.
+type runSummary struct {
+	RunID        string          `json:"run_id"`
+	Scenario     string          `json:"scenario"`
+	SKUs         []string        `json:"skus"`
+	Result       loadgen.Summary `json:"result"`
+	Audit        *runAudit       `json:"audit,omitempty"`
+	AuditSkipped string          `json:"audit_skipped,omitempty"`
+}
+
+type runAudit struct {
+	SoldHeld             int64  `json:"ledger_sold_plus_held"`
+	Total                int64  `json:"ledger_total"`
+	Created              uint64 `json:"created_answers"`
+	Oversold             bool   `json:"oversold"`
+	EveryCreatedInLedger bool   `json:"every_201_in_the_ledger"`
+}
+
+type adminClient struct {
+	base, token string
+	header      http.Header // -H headers, sent on admin calls too
+}
 
 type skuState struct {
 	Total, Sold, Held int64
@@ -133,6 +312,9 @@ func (a adminClient) do(method, path, body string) ([]byte, error) {
 	req, err := http.NewRequest(method, a.base+path, strings.NewReader(body))
 	if err != nil {
 		return nil, err
+	}
+	for k, vs := range a.header {
+		req.Header[k] = append(req.Header[k], vs...)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if a.token != "" {

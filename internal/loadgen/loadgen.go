@@ -40,7 +40,12 @@ type Run struct {
 	Scenario Scenario
 	// Rate is the open-loop rate in requests per second; 0 runs as fast as
 	// Workers allow (a throughput test, closed loop).
-	Rate     int
+	Rate int
+	// RateEnd, when set, ramps the rate linearly from Rate at the start to
+	// RateEnd at Duration (which it needs).
+	RateEnd int
+	// Header is added to every request (a platform's edge credentials).
+	Header   http.Header
 	Workers  uint64        // default 64
 	Duration time.Duration // 0: until the scenario runs out
 	Timeout  time.Duration // per request; default 10s
@@ -63,10 +68,18 @@ type Result struct {
 }
 
 // Throughput is answered requests per second.
-func (r Result) Throughput() float64 { return float64(r.Requests) / r.Elapsed.Seconds() }
+func (r Result) Throughput() float64 {
+	if r.Elapsed <= 0 {
+		return 0
+	}
+	return float64(r.Requests) / r.Elapsed.Seconds()
+}
 
 // Quantile is a latency quantile (0..100).
 func (r Result) Quantile(q float64) time.Duration {
+	if r.latencies == nil {
+		return 0
+	}
 	return time.Duration(r.latencies.ValueAtQuantile(q)) * time.Microsecond
 }
 
@@ -104,12 +117,24 @@ func Attack(r Run) (Result, error) {
 			return errDone
 		}
 		t.Method, t.URL, t.Header = req.Method, r.BaseURL+req.Path, req.Header
+		if len(r.Header) > 0 {
+			t.Header = req.Header.Clone()
+			if t.Header == nil {
+				t.Header = http.Header{}
+			}
+			for k, vs := range r.Header {
+				t.Header[k] = append(t.Header[k], vs...)
+			}
+		}
 		t.Body = []byte(req.Body)
 		return nil
 	}
 	opts := []func(*vegeta.Attacker){vegeta.Timeout(r.Timeout), vegeta.KeepAlive(true),
 		vegeta.Connections(int(r.Workers)), vegeta.MaxConnections(int(r.Workers) * 2)}
-	var pacer vegeta.Pacer = vegeta.ConstantPacer{Freq: r.Rate, Per: time.Second}
+	if r.RateEnd > 0 && (r.Duration <= 0 || r.Rate <= 0) {
+		return Result{}, errors.New("loadgen: a ramp needs a start rate and a duration")
+	}
+	pacer := r.pacer()
 	if r.Rate == 0 {
 		pacer = vegeta.ConstantPacer{}
 		opts = append(opts, vegeta.Workers(r.Workers), vegeta.MaxWorkers(r.Workers))
@@ -164,6 +189,44 @@ func Attack(r Run) (Result, error) {
 		}
 	}
 	return res, nil
+}
+
+// pacer paces an open-loop run: constant at Rate, or from Rate to RateEnd
+// over Duration.
+func (r Run) pacer() vegeta.Pacer {
+	start := vegeta.ConstantPacer{Freq: r.Rate, Per: time.Second}
+	if r.RateEnd == 0 || r.Rate == 0 {
+		return start
+	}
+	return vegeta.LinearPacer{StartAt: start, Slope: float64(r.RateEnd-r.Rate) / r.Duration.Seconds()}
+}
+
+// Summary is a result for machines (stockbench run -json).
+type Summary struct {
+	Name              string             `json:"name"`
+	Requests          uint64             `json:"requests"`
+	ElapsedSeconds    float64            `json:"elapsed_seconds"`
+	RequestsPerSecond float64            `json:"requests_per_second"`
+	Codes             map[string]uint64  `json:"codes"` // by status; "0" is a transport error
+	Errors            map[string]uint64  `json:"errors,omitempty"`
+	LatencyMS         map[string]float64 `json:"latency_ms"` // p50, p90, p99, p99.9, max
+}
+
+// Summary sums the result up for machines.
+func (r Result) Summary() Summary {
+	s := Summary{Name: r.Name, Requests: r.Requests, ElapsedSeconds: r.Elapsed.Seconds(), RequestsPerSecond: r.Throughput(),
+		Codes: map[string]uint64{}, Errors: r.Errors, LatencyMS: map[string]float64{}}
+	for c, n := range r.Codes {
+		s.Codes[fmt.Sprint(c)] = n
+	}
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	for _, q := range []float64{50, 90, 99, 99.9} {
+		s.LatencyMS[fmt.Sprintf("p%g", q)] = ms(r.Quantile(q))
+	}
+	if r.latencies != nil {
+		s.LatencyMS["max"] = ms(time.Duration(r.latencies.Max()) * time.Microsecond)
+	}
+	return s
 }
 
 // Table formats results as a Markdown table.

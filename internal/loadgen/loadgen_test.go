@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	vegeta "github.com/tsenart/vegeta/v12/lib"
 )
 
 func TestAttackCountsEveryAnswer(t *testing.T) {
@@ -43,5 +45,41 @@ func TestOpenLoopKeepsItsRate(t *testing.T) {
 	}
 	if res.Requests < 190 || res.Requests > 210 || res.Count(200) != res.Requests {
 		t.Errorf("1s at 200/s sent %d requests (%s)", res.Requests, res.CodesString())
+	}
+}
+
+// A ramp goes from its start rate to its end rate over the run's duration.
+func TestRampPacer(t *testing.T) {
+	r := Run{Rate: 10, RateEnd: 110, Duration: 10 * time.Second}
+	p, ok := r.pacer().(vegeta.LinearPacer)
+	if !ok {
+		t.Fatalf("pacer %T, want a linear one", r.pacer())
+	}
+	for at, want := range map[time.Duration]float64{0: 10, 5 * time.Second: 60, 10 * time.Second: 110} {
+		if got := p.Rate(at); got < want-0.01 || got > want+0.01 {
+			t.Errorf("rate at %v = %.2f, want %.0f", at, got, want)
+		}
+	}
+	if _, ok := (Run{Rate: 10}).pacer().(vegeta.ConstantPacer); !ok {
+		t.Error("no ramp: want a constant pacer")
+	}
+	if _, err := Attack(Run{Rate: 10, RateEnd: 20, Scenario: Reads("p/t", 1)}); err == nil {
+		t.Error("a ramp without a duration ran")
+	}
+}
+
+// Run.Header goes on every request beside the scenario's own headers.
+func TestRunHeaderOnEveryRequest(t *testing.T) {
+	var bad atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Edge") != "e1" || r.Header.Get("Idempotency-Key") == "" {
+			bad.Add(1)
+		}
+	}))
+	defer srv.Close()
+	res, err := Attack(Run{BaseURL: srv.URL, Scenario: Purchases([]string{"p/t"}, "k", 50), Workers: 4,
+		Header: http.Header{"X-Edge": {"e1"}}})
+	if err != nil || res.Requests != 50 || bad.Load() != 0 {
+		t.Errorf("%d requests (%v), %d without the header or the key", res.Requests, err, bad.Load())
 	}
 }

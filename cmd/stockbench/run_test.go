@@ -1,0 +1,254 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// TestMain lets a test run the command itself (exit statuses).
+func TestMain(m *testing.M) {
+	if os.Getenv("STOCKBENCH_MAIN") == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// seen is one request the recorder got.
+type seen struct {
+	method, path, key, buyer string
+	header                   http.Header
+}
+
+// recorder answers what stockbench run asks of a gateway and remembers
+// every request: the load tool's request shaping is what these tests are
+// about (the gateway itself is tested against real servers elsewhere).
+// Purchases and holds alternate 201 and 409.
+type recorder struct {
+	mu   sync.Mutex
+	reqs []seen
+	n    int
+}
+
+func (r *recorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	var body struct{ Buyer string }
+	b, _ := io.ReadAll(req.Body)
+	_ = json.Unmarshal(b, &body)
+	r.mu.Lock()
+	r.reqs = append(r.reqs, seen{req.Method, req.URL.Path, req.Header.Get("Idempotency-Key"), body.Buyer, req.Header.Clone()})
+	r.n++
+	odd := r.n%2 == 1
+	r.mu.Unlock()
+	switch {
+	case strings.HasPrefix(req.URL.Path, "/v1/admin/"):
+		fmt.Fprint(w, `{"total":100,"sold":3,"held":0}`)
+	case req.Method == http.MethodPost && odd:
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprint(w, `{"hold_id":"h1","buyer":"b"}`)
+	case req.Method == http.MethodPost:
+		w.WriteHeader(http.StatusConflict)
+	default:
+		fmt.Fprint(w, `{"remaining":1}`)
+	}
+}
+
+func (r *recorder) requests() []seen {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.reqs)
+}
+
+// run runs `stockbench run` against the recorder and returns its stdout.
+func run(t *testing.T, rec *recorder, args ...string) string {
+	t.Helper()
+	srv := httptest.NewServer(rec)
+	defer srv.Close()
+	var out bytes.Buffer
+	if err := runCmd(append([]string{"-url", srv.URL, "-workers", "4"}, args...), &out, io.Discard); err != nil {
+		t.Fatalf("run %v: %v", args, err)
+	}
+	return out.String()
+}
+
+func keysOf(reqs []seen) (ks, buyers []string) {
+	for _, r := range reqs {
+		if r.method == http.MethodPost {
+			ks, buyers = append(ks, r.key), append(buyers, r.buyer)
+		}
+	}
+	slices.Sort(ks)
+	slices.Sort(buyers)
+	return ks, buyers
+}
+
+// A second run against the same gateway used to send the first run's keys
+// (fixed prefixes), and every request was refused as a reused key.
+func TestRunKeysAreTheRunsOwn(t *testing.T) {
+	var ks, buyers [4][]string
+	for i := range 4 {
+		rec := &recorder{}
+		args := []string{"-scenario", "flash", "-n", "20"}
+		if i >= 2 {
+			args = append(args, "-run-id", "fixed1")
+		}
+		run(t, rec, args...)
+		ks[i], buyers[i] = keysOf(rec.requests())
+		if len(ks[i]) != 20 || slices.Contains(ks[i], "") || slices.Contains(buyers[i], "") {
+			t.Fatalf("run %d sent keys %v buyers %v; want 20 of each", i, ks[i], buyers[i])
+		}
+	}
+	for _, k := range ks[0] {
+		if slices.Contains(ks[1], k) {
+			t.Errorf("two runs with default run ids share key %q", k)
+		}
+	}
+	for _, b := range buyers[0] {
+		if slices.Contains(buyers[1], b) {
+			t.Errorf("two runs with default run ids share buyer %q", b)
+		}
+	}
+	if !slices.Equal(ks[2], ks[3]) || !slices.Equal(buyers[2], buyers[3]) {
+		t.Errorf("the same -run-id gave different keys: %v vs %v", ks[2], ks[3])
+	}
+}
+
+// -sku drives an existing SKU with no admin call; -H headers go on every
+// request.
+func TestRunExistingSKUWithHeaders(t *testing.T) {
+	rec := &recorder{}
+	out := run(t, rec, "-sku", "show-9/ga", "-n", "12", "-H", "X-Edge-Auth: secret 1", "-H", "X-Tenant:acme", "-json",
+		"-admin-token", "")
+	reqs := rec.requests()
+	if len(reqs) != 12 {
+		t.Fatalf("%d requests, want 12", len(reqs))
+	}
+	for _, r := range reqs {
+		if strings.HasPrefix(r.path, "/v1/admin/") {
+			t.Errorf("-sku run made an admin call: %s %s", r.method, r.path)
+		}
+		if r.path != "/v1/skus/show-9/ga/purchases" {
+			t.Errorf("request to %s, want the given SKU", r.path)
+		}
+		if r.header.Get("X-Edge-Auth") != "secret 1" || r.header.Get("X-Tenant") != "acme" || r.header.Get("Idempotency-Key") == "" {
+			t.Errorf("request headers %v: want X-Edge-Auth, X-Tenant and the key", r.header)
+		}
+	}
+	var got runSummary
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("-json output %q: %v", out, err)
+	}
+	if got.Audit != nil || got.AuditSkipped == "" {
+		t.Errorf("-sku summary audit %+v skipped %q: want skipped, saying why", got.Audit, got.AuditSkipped)
+	}
+}
+
+// -json counts what the gateway answered, and audits the run's own SKU.
+func TestRunJSONSummary(t *testing.T) {
+	rec := &recorder{}
+	out := run(t, rec, "-scenario", "holds", "-n", "30", "-json", "-run-id", "r42")
+	var got runSummary
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("-json output %q: %v", out, err)
+	}
+	carried := 0
+	for _, r := range rec.requests() {
+		if r.method == http.MethodPost && strings.HasPrefix(r.key, "holds-r42-") {
+			carried++
+		}
+	}
+	if carried != 30 {
+		t.Fatalf("%d holds carried the run id, want 30", carried)
+	}
+	// The recorder alternates 201 and 409 over its 30 holds (the admin PUT
+	// before them is its first request): 15 of each, in any order.
+	if got.Result.Requests != 30 || got.Result.Codes["201"] != 15 || got.Result.Codes["409"] != 15 || got.RunID != "r42" ||
+		got.Scenario != "holds" {
+		t.Errorf("summary %+v: want 30 requests, 15 answered 201 and 15 409, run r42", got)
+	}
+	if got.Audit == nil || got.Audit.Total != 100 || got.Audit.SoldHeld != 3 || got.Audit.Created != got.Result.Codes["201"] {
+		t.Errorf("audit %+v: want the recorder's SKU (100 total, 3 sold) and the 201 count", got.Audit)
+	}
+	if _, ok := got.Result.LatencyMS["p99"]; !ok {
+		t.Errorf("latencies %v: want p99", got.Result.LatencyMS)
+	}
+}
+
+// -n 0 with -duration runs until the duration is up, not forever.
+func TestRunStopsAtDuration(t *testing.T) {
+	rec := &recorder{}
+	run(t, rec, "-scenario", "reads", "-n", "0", "-duration", "300ms", "-rate", "50")
+	reads := 0
+	for _, r := range rec.requests() {
+		if r.method == http.MethodGet && !strings.HasPrefix(r.path, "/v1/admin/") {
+			reads++
+		}
+	}
+	if reads == 0 {
+		t.Fatal("a -duration run sent nothing")
+	}
+}
+
+func TestRunRefusesBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"-scenario", "nope"},
+		{"-ramp", "10:"},
+		{"-ramp", "0:100", "-duration", "1s"},
+		{"-ramp", "10:100"},                                  // no duration
+		{"-ramp", "10:100", "-rate", "5", "-duration", "1s"}, // both
+		{"-n", "0"},                                          // unbounded
+		{"-H", "no colon"},
+		{"-H", ": empty name"},
+		{"-run-id", "has space"},
+		{"-run-id", strings.Repeat("x", 25)},
+		{"-sku", "no-slash"},
+		{"-sku", "a/b/c"},
+		{"-workers", "0"},
+		{"-rate", "-1"},
+		{"-bogus"},
+		{"extra"},
+	} {
+		_, err := parseRun(args, io.Discard)
+		var u usageError
+		if !errors.As(err, &u) {
+			t.Errorf("parseRun(%q) = %v, want a usage error", args, err)
+		}
+	}
+	if _, err := parseRun([]string{"-h"}, io.Discard); !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("-h = %v, want flag.ErrHelp", err)
+	}
+	c, err := parseRun([]string{"-ramp", "10:200", "-duration", "20s", "-H", "A: 1", "-H", "A: 2"}, io.Discard)
+	if err != nil || c.rate != 10 || c.rateEnd != 200 || len(c.header.Values("A")) != 2 {
+		t.Errorf("good flags = %+v, %v", c, err)
+	}
+}
+
+// The command exits 2 on a bad flag, 0 on -h.
+func TestRunExitStatus(t *testing.T) {
+	for args, want := range map[string]int{"-scenario nope": 2, "-H bad": 2, "-h": 0} {
+		cmd := exec.Command(os.Args[0], append([]string{"run"}, strings.Fields(args)...)...)
+		cmd.Env = append(os.Environ(), "STOCKBENCH_MAIN=1")
+		out, err := cmd.CombinedOutput()
+		code := 0
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if code != want {
+			t.Errorf("stockbench run %s exited %d (%s), want %d", args, code, out, want)
+		}
+	}
+}

@@ -20,6 +20,7 @@ type docInputs struct {
 	compOversell                                                                                             map[string]int64
 	comps                                                                                                    []*comparators.Comparator
 	stormCalls, readCalls                                                                                    int64
+	flashScripts, flashScriptUsec                                                                            int64
 	rssKB                                                                                                    int64
 	cpuTop                                                                                                   string
 	shardMem, recMem                                                                                         int64
@@ -177,22 +178,40 @@ func (s *suite) write(rounds []docInputs, micro, hot string) {
 	d.WriteString(`
 ### What limits the missed targets
 
-- **Everything shares two cores.** The load generator (vegeta), the gateway, six Redis processes and PostgreSQL run
-  at once; the profile below shows the gateway spending most of its samples in system calls (loopback network I/O).
-  The floor and the bare handler do less per request (no JSON validation, idempotency, probing, metrics), so every
-  extra microsecond of gateway CPU shows up directly in the ratios.
-- **Orders per second into PostgreSQL** (group commit on): a batch writes its requests, order rows, hold rows and
-  buyer counts in one statement each and updates each SKU row once, then waits for its fsync; with 64 connections
-  spread over 100 SKUs, batches stay small, so the fsync per batch is paid by few orders.
-- **Ledger fallback**: one replica's buyers of a SKU share batches, but 32 buyers give batches of at most 32, each
-  waiting for a durable commit, and each batch must read the SKU's version first (optimistic, around the gate).
-- **Holds and confirms** are group-committed (holds with the SKU's purchases, confirms in their own batches), but
-  every batch of one SKU still waits on the SKU's one row and on its fsync.
-- **Redis calls in the sold-out storm and the read flood** are not zero. The stock view is cached for 200 ms and
-  each reload reads the SKU's shards (12 scripts for a 12-shard SKU). The sold-out flag lives 500 ms; when it goes
-  stale one request re-checks Redis (probing the SKU's shards) while the others are still answered from memory,
-  so a storm costs a few scripts per second, not one per request.
+From the profile and the per-request costs below, and the shape of each run:
+
+- **The machine, for every ratio.** The load generator (vegeta), the gateway, six Redis processes and PostgreSQL
+  share two cores. The gateway's profile covers about half a core during its flash sale (see "Total samples"),
+  a quarter of it in system calls (loopback reads and writes); the rest of the machine is the load generator, Redis
+  and PostgreSQL. The floor and the bare handler do less per request (no validation, idempotency, probing, metrics),
+  so what the gateway adds shows directly in the ratios, and the range of each ratio is as wide as the machine's
+  noise. The per-request costs below are what sizing should use.
+- **Holds and confirms of one SKU** are group-committed, but a SKU's batches queue on its one row: each batch holds
+  the row lock until its commit's fsync, so one SKU commits one batch per fsync plus its statements' round trips,
+  and batches are at most as large as the requests in flight (64 connections). Confirms also read their holds
+  first (one statement per batch) and are spread by hold id over 8 partitions that all wait on the same SKU row.
+- **Orders per second over 100 SKUs**: a batch holds takes of many SKUs, and each SKU costs its own conditional
+  update and its own request stamp (two round trips per SKU per batch), so batches of 8–16 SKUs make 20–40 round
+  trips each, with 8 partitions in flight, on the cores PostgreSQL shares with everything else.
+- **Ledger fallback**: 32 buyers make batches of at most 32, each reading the SKU's version and updating it
+  optimistically, each waiting for a durable commit.
+- **Redis calls in the sold-out storm and the read flood** are per unit of time, not per request: the stock view is
+  cached for 200 ms and each reload reads the SKU's 12 shards; the sold-out flag lives 500 ms and one request
+  re-checks it when it goes stale. At these rates that is a few calls per 1,000 requests, and fewer at higher rates.
+- **Open-loop p99s** at half the closed-loop maximum still queue behind the load generator and the servers on the
+  same two cores; a purchase with commit waits for its batch's fsync.
 `)
+	d.WriteString("\n## Per-request costs\n\nWhat docs/CAPACITY.md sizes a deployment from. Redis figures are INFO commandstats deltas over\n" +
+		"each round's flash sale (scripts run on masters only; `usec` is Redis's own time in the script, not its network I/O);\n" +
+		"the gateway's CPU is the last round's 5-second profile, which spans its whole flash sale, over that sale's requests.\n\n" +
+		"| cost | median | range |\n|---|---|---|\n")
+	v = per(rounds, func(in docInputs) float64 { return float64(in.flashScripts) / float64(in.flash.Requests) })
+	fmt.Fprintf(d, "| Redis scripts per flash-sale request | %.2f | %.2f – %.2f |\n", v.med, v.lo, v.hi)
+	v = per(rounds, func(in docInputs) float64 { return float64(in.flashScriptUsec) / float64(max(in.flashScripts, 1)) })
+	fmt.Fprintf(d, "| Redis time per stock script (µs) | %.1f | %.1f – %.1f |\n", v.med, v.lo, v.hi)
+	if sec := cpuSeconds(last.cpuTop); sec > 0 {
+		fmt.Fprintf(d, "| gateway CPU per flash-sale request (µs, last round) | %.0f | |\n", 1e6*sec/float64(last.flash.Requests))
+	}
 	d.WriteString("\n## Every run of every round\n\n")
 	d.WriteString(loadgen.Table(s.results))
 	fmt.Fprintf(d, "\nRedis memory (`MEMORY USAGE`, last round): one stock shard hash %d bytes; one idempotency (deduction) record %d bytes.\n", last.shardMem, last.recMem)

@@ -211,8 +211,14 @@ func slug(s string) string {
 // redisCalls sums the scripts and data commands the nodes ran (not the
 // cluster's own housekeeping: slot-map reloads, replication, INFO).
 func (s *suite) redisCalls() int64 {
-	var total int64
-	re := regexp.MustCompile(`cmdstat_(?:evalsha|eval|hget|hset|get|set|decr|incr):calls=(\d+)`)
+	calls, _ := s.commandStats(`evalsha|eval|hget|hset|get|set|decr|incr`)
+	return calls
+}
+
+// commandStats sums calls and microseconds of the commands named (a regexp
+// alternation) over every node, from INFO commandstats.
+func (s *suite) commandStats(names string) (calls, usec int64) {
+	re := regexp.MustCompile(`cmdstat_(?:` + names + `):calls=(\d+),usec=(\d+)`)
 	for _, n := range s.cl.Nodes {
 		cl := n.Client()
 		info, err := cl.Info(s.ctx, "commandstats").Result()
@@ -221,11 +227,26 @@ func (s *suite) redisCalls() int64 {
 			continue
 		}
 		for _, m := range re.FindAllStringSubmatch(info, -1) {
-			v, _ := strconv.ParseInt(m[1], 10, 64)
-			total += v
+			c, _ := strconv.ParseInt(m[1], 10, 64)
+			u, _ := strconv.ParseInt(m[2], 10, 64)
+			calls, usec = calls+c, usec+u
 		}
 	}
-	return total
+	return calls, usec
+}
+
+// cpuSeconds reads the CPU time a pprof -top header reports
+// ("Total samples = 2.31s").
+func cpuSeconds(top string) float64 {
+	m := regexp.MustCompile(`Total samples = ([0-9.]+)(ms|s)\b`).FindStringSubmatch(top)
+	if m == nil {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(m[1], 64)
+	if m[2] == "ms" {
+		v /= 1000
+	}
+	return v
 }
 
 // rss samples the gateway's resident memory until stop, returning the peak.
@@ -317,7 +338,9 @@ func (s *suite) round(r int) (in docInputs, err error) {
 	if r == s.rounds-1 {
 		prof = s.profile(5 * time.Second)
 	}
+	scripts0, usec0 := s.commandStats("evalsha")
 	flash := s.attack("stockgate flash sale", s.gw.base, loadgen.Purchases([]string{flashSKU}, k("flash"), n), 0, w, 0)
+	scripts1, usec1 := s.commandStats("evalsha")
 	close(stop)
 	rssKB := <-peak
 	cpuTop := <-prof
@@ -430,6 +453,7 @@ func (s *suite) round(r int) (in docInputs, err error) {
 		compOversell: compOversell, comps: comps, storm: storm, stormCalls: stormCalls, reads: reads, readCalls: readCalls,
 		bareReads: bareReads, steady: steady, steadyAudit: steadyAudit, holds: holds, confirms: confirms, fallback: fallback,
 		fbAudit: fbAudit, admitLat: admitLat, buyLat: buyLat, rssKB: rssKB, cpuTop: cpuTop, shardMem: shardMem,
+		flashScripts: scripts1 - scripts0, flashScriptUsec: usec1 - usec0,
 		recMem: recMem}, nil
 }
 

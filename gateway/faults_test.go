@@ -326,15 +326,22 @@ func TestFaultLedgerUnreachable(t *testing.T) {
 	proxy.Cut()
 	var mu sync.Mutex
 	noRetryAfter := 0
+	retries := map[string]int{}
 	cut := e.buyAll(200, 20, func(i int) reply {
 		r := e.buy(t, sku, fmt.Sprintf("cut-%d", i), "b", 1)
+		mu.Lock()
+		defer mu.Unlock()
 		if r.header.Get("Retry-After") == "" {
-			mu.Lock()
 			noRetryAfter++
-			mu.Unlock()
 		}
+		retries[r.header.Get("Retry-After")]++
 		return r
 	})
+	// Spread, not lockstep: every 503 says 1 or 2 seconds, and 200 of them
+	// say both (all alike by chance: 2 in 2^200).
+	if len(retries) != 2 || retries["1"] == 0 || retries["2"] == 0 {
+		t.Errorf("Retry-After values of 200 503s: %v, want 1 and 2, both", retries)
+	}
 	left, _, err := e.gate.Remaining(context.Background(), sku, 2)
 	proxy.Restore()
 	if cut[http.StatusServiceUnavailable] != 200 || noRetryAfter != 0 {

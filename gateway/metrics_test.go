@@ -29,6 +29,12 @@ func TestMetricsAfterASale(t *testing.T) {
 	e.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/stock", nil, "")
 	e.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/stock", nil, "")
 	e.do(t, http.MethodGet, "/no/such/route", nil, "")
+	// Made-up methods, on a route and off: one "other" series, not one
+	// each (a client could otherwise make unbounded series).
+	for i := range 40 {
+		e.do(t, fmt.Sprintf("MADEUP%d", i), "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/stock", nil, "")
+		e.do(t, fmt.Sprintf("BOGUS%d", i), "/no/such/route", nil, "")
+	}
 
 	r := e.do(t, http.MethodGet, "/metrics", nil, "")
 	if r.status != http.StatusOK {
@@ -76,7 +82,8 @@ func TestMetricsAfterASale(t *testing.T) {
 	}{
 		{"stockgate_http_requests_total", map[string]string{"route": purchases, "code": "201"}, eq(19), "19 sales"},
 		{"stockgate_http_requests_total", map[string]string{"route": purchases, "code": "409"}, eq(11), "11 sold out"},
-		{"stockgate_http_requests_total", map[string]string{"route": "unmatched"}, eq(1), "1 unmatched"},
+		{"stockgate_http_requests_total", map[string]string{"route": "unmatched", "method": "GET"}, eq(1), "1 unmatched GET"},
+		{"stockgate_http_requests_total", map[string]string{"method": "other"}, eq(80), "80 made-up methods as other"},
 		{"stockgate_http_request_duration_seconds", map[string]string{"route": purchases}, eq(30), "30 timed"},
 		{"stockgate_purchases_total", map[string]string{"path": "gate", "result": "sold"}, eq(20), "19 sales + 1 hold"},
 		{"stockgate_ledger_writes_total", map[string]string{"op": "purchase", "result": "ok"}, eq(19), "19 commits"},

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"log/slog"
-	"math"
 	"net/http"
 	"strconv"
 	"time"
@@ -101,16 +100,29 @@ func (s *Server) observe(c *gin.Context) {
 	}
 	took := time.Since(start)
 	status := c.Writer.Status()
-	s.http.requests.WithLabelValues(route, c.Request.Method, strconv.Itoa(status)).Inc()
-	s.http.duration.WithLabelValues(route, c.Request.Method).Observe(took.Seconds())
+	method := methodLabel(c.Request.Method)
+	s.http.requests.WithLabelValues(route, method, strconv.Itoa(status)).Inc()
+	s.http.duration.WithLabelValues(route, method).Observe(took.Seconds())
 	switch {
 	case status >= 500:
-		s.log.ErrorContext(c.Request.Context(), "request failed", "route", route, "method", c.Request.Method,
+		s.log.ErrorContext(c.Request.Context(), "request failed", "route", route, "method", method,
 			"status", status, "duration", took.String())
 	case took >= s.opts.SlowRequest:
-		s.log.WarnContext(c.Request.Context(), "slow request", "route", route, "method", c.Request.Method,
+		s.log.WarnContext(c.Request.Context(), "slow request", "route", route, "method", method,
 			"status", status, "duration", took.String())
 	}
+}
+
+// methodLabel is the method as a metric label: the standard ones as they
+// are, anything else "other". A client picks the method, so taken raw it
+// could make one series per made-up method.
+func methodLabel(m string) string {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete,
+		http.MethodOptions, http.MethodConnect, http.MethodTrace:
+		return m
+	}
+	return "other"
 }
 
 // limiter is the per-client rate limit: a token bucket per client address
@@ -154,7 +166,10 @@ func (s *Server) limit(c *gin.Context) {
 		return
 	}
 	s.http.limited.Inc()
-	wait := int(math.Ceil(1 / float64(s.limiter.perSec)))
-	writeProblem(c, http.StatusTooManyRequests, "rate-limited", "too many requests from this client", max(wait, 1))
+	// The real wait: when the client's next token comes.
+	r := l.Reserve()
+	wait := r.Delay()
+	r.Cancel()
+	writeProblem(c, http.StatusTooManyRequests, "rate-limited", "too many requests from this client", retryAfter(wait))
 	c.Abort()
 }

@@ -3,8 +3,11 @@ package gateway
 import (
 	"encoding/json"
 	"errors"
+	"math"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/gin-gonic/gin"
 	"github.com/stockgate/stockgate/sale"
@@ -25,6 +28,16 @@ type Problem struct {
 const problemBase = "https://stockgate.dev/problems/"
 
 // writeProblem answers with a problem+json body and aborts the handler chain.
+// retryAfter is a Retry-After in whole seconds for an expected wait: from
+// the wait (at least a second) up to twice it, uniformly. The same
+// "Retry-After: 1" to every buyer refused at one instant brings the whole
+// crowd back at the next second in lockstep; spread, it comes back over the
+// window.
+func retryAfter(wait time.Duration) int {
+	base := max(int(math.Ceil(wait.Seconds())), 1)
+	return base + rand.IntN(base+1)
+}
+
 // retryAfter > 0 sets Retry-After in seconds (429 and 503).
 func writeProblem(c *gin.Context, status int, kind, detail string, retryAfter int) {
 	if retryAfter > 0 {
@@ -105,7 +118,8 @@ func (s *Server) writeError(c *gin.Context, err error) {
 	}
 	retry := 0
 	if status == http.StatusServiceUnavailable || kind == sale.ErrRebuildBusy {
-		retry = 1
+		// A breaker probe, a rebuild or a ledger reconnect: about a second.
+		retry = retryAfter(time.Second)
 	}
 	if status >= 500 {
 		s.log.WarnContext(c.Request.Context(), "request failed", "route", c.FullPath(), "status", status, "err", err)

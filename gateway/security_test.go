@@ -54,13 +54,14 @@ func TestSecurityLimits(t *testing.T) {
 	// X-Forwarded-For does not make a new client (no proxy is trusted).
 	e = startEnv(t, envOptions{driver: ledger.SQLite, tune: func(o *app.Options) { o.HTTP.RatePerClient, o.HTTP.RateBurst = 5, 20 }})
 	e.putSKU(t, sku, 10, 1, 4)
-	limited, retry := 0, ""
+	limited, retry, retries := 0, "", map[string]bool{}
 	for i := range 60 {
 		r := e.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/stock",
 			map[string]string{"X-Forwarded-For": fmt.Sprintf("10.0.0.%d", i)}, "")
 		if r.status == http.StatusTooManyRequests {
 			limited++
 			retry = r.header.Get("Retry-After")
+			retries[retry] = true
 			if r.header.Get("Content-Type") != "application/problem+json" {
 				t.Errorf("429 content type %q", r.header.Get("Content-Type"))
 			}
@@ -68,6 +69,10 @@ func TestSecurityLimits(t *testing.T) {
 	}
 	if limited < 30 || retry == "" {
 		t.Errorf("%d of 60 requests limited (Retry-After %q), want most of the 40 over the burst, with Retry-After", limited, retry)
+	}
+	// The next token comes within 0.2 s (5/s): 1 or 2 seconds, spread.
+	if !retries["1"] || !retries["2"] || len(retries) != 2 {
+		t.Errorf("429 Retry-After values %v, want 1 and 2", retries)
 	}
 	if r := e.do(t, http.MethodGet, "/readyz", nil, ""); r.status != http.StatusOK {
 		t.Errorf("/readyz while the client is limited = %d, want 200 (health checks are not limited)", r.status)

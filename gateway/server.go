@@ -175,7 +175,7 @@ func (s *Server) routes() (*gin.Engine, error) {
 	e.GET("/livez", func(c *gin.Context) { c.String(http.StatusOK, "ok\n") })
 	e.GET("/readyz", func(c *gin.Context) {
 		if !s.ready.Load() {
-			writeProblem(c, http.StatusServiceUnavailable, "not-ready", "starting or draining", 1)
+			writeProblem(c, http.StatusServiceUnavailable, "not-ready", "starting or draining", retryAfter(time.Second))
 			return
 		}
 		c.String(http.StatusOK, "ok\n")

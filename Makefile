@@ -39,13 +39,14 @@ deps-promtool:
 	  $(SUDO) apt-get update -q && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; }
 
 # A local 3-master + 3-replica Redis Cluster on 127.0.0.1:7000-7005 and the
-# gateway on :8080 with the SQLite ledger in .run/, both in the background.
+# gateway on 127.0.0.1:8080 (admin routes open: loopback only) with the
+# SQLite ledger in .run/, both in the background.
 run: deps-redis build
 	@RUN_DIR=$(RUN_DIR) deploy/local/cluster.sh start
 	@if [ -f $(RUN_DIR)/stockgate.pid ] && kill -0 $$(cat $(RUN_DIR)/stockgate.pid) 2>/dev/null; then \
 	  echo "stockgate already running (pid $$(cat $(RUN_DIR)/stockgate.pid))"; \
 	else \
-	  STOCKGATE_LEDGER_DSN=$(RUN_DIR)/ledger.db $(RUN_DIR)/stockgate serve >>$(RUN_DIR)/stockgate.log 2>&1 & \
+	  STOCKGATE_ADDR=127.0.0.1:8080 STOCKGATE_LEDGER_DSN=$(RUN_DIR)/ledger.db $(RUN_DIR)/stockgate serve >>$(RUN_DIR)/stockgate.log 2>&1 & \
 	  echo $$! > $(RUN_DIR)/stockgate.pid; \
 	fi
 	@for i in $$(seq 100); do curl -fsS localhost:8080/readyz >/dev/null 2>&1 && break; sleep 0.1; done

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/extra/redisprometheus/v9"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/stockgate/stockgate/buildinfo"
 	"github.com/stockgate/stockgate/cache"
 	"github.com/stockgate/stockgate/cluster"
 	"github.com/stockgate/stockgate/gateway"
@@ -107,7 +108,7 @@ func Open(ctx context.Context, o Options) (_ *App, err error) {
 	if a.Redis, err = cluster.New(o.Redis); err != nil {
 		return nil, err
 	}
-	a.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	a.Registry.MustRegister(buildinfo.Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		redisprometheus.NewCollector("stockgate", "redis", a.Redis))
 	o.Ledger.Metrics = a.Registry
 	if a.Ledger, err = ledger.Open(ctx, o.Ledger); err != nil {

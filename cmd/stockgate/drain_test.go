@@ -119,6 +119,10 @@ func TestSIGTERMDrainsUnderLoad(t *testing.T) {
 		if took > grace {
 			t.Errorf("exited %v after SIGTERM, beyond the %v grace", took, grace)
 		}
+		// No admin token, on loopback: allowed, and said.
+		if !strings.Contains(logs.String(), "admin routes are open") {
+			t.Errorf("no warning about open admin routes in the log:\n%s", logs.String())
+		}
 		t.Logf("%d requests before SIGTERM, %d in all, %d answered, %d failed; /readyz 503 %v after SIGTERM; exit 0 after %v",
 			sentAtSignal, sent.Load(), answered.Load(), failed.Load(), notReadyAfter.Round(time.Millisecond), took.Round(time.Millisecond))
 	case <-time.After(grace + 5*time.Second):

@@ -27,6 +27,7 @@ import (
 	"github.com/peterbourgon/ff/v3"
 
 	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/buildinfo"
 	"github.com/stockgate/stockgate/internal/opt"
 	"github.com/stockgate/stockgate/ledger"
 )
@@ -34,6 +35,9 @@ import (
 func main() {
 	os.Exit(run(os.Args[1:], os.Stderr))
 }
+
+// stdout is where `stockgate version` prints (a test swaps it).
+var stdout io.Writer = os.Stdout
 
 // config is every setting: the packages' Options (app.Options, bound to
 // flags below, with the packages' defaults) and the few that are main's own.
@@ -46,6 +50,7 @@ type config struct {
 	DrainDelay     time.Duration
 	LogLevel       string
 	PprofAddr      string
+	AllowOpenAdmin bool
 
 	// flagOf names the flag that sets each Options field ("Shard.RecordTTL"),
 	// so that a package's refusal names what the operator set.
@@ -143,6 +148,7 @@ func flags(fs *flag.FlagSet, c *config) {
 	b.int("rate-burst", &o.HTTP.RateBurst, "HTTP.RateBurst", "burst above rate-per-client a client may send")
 	b.dur("slow-request", &o.HTTP.SlowRequest, "HTTP.SlowRequest", "latency above which a request is logged")
 	fs.DurationVar(&c.DrainDelay, "drain-delay", 0, "on SIGTERM, time /readyz fails while requests are still served, before connections close (Kubernetes' preStop sleep does this too)")
+	fs.BoolVar(&c.AllowOpenAdmin, "allow-open-admin", false, "start with no admin token on a non-loopback address (admin routes open to the network)")
 	fs.StringVar(&c.PprofAddr, "pprof-addr", "", "host:port of a separate listener for /debug/pprof (empty: off; keep it off the public network)")
 	b.int("batch-max", &o.Sale.BatchMax, "Sale.BatchMax", "most gate-admitted purchases committed in one ledger transaction (group commit; 1: each alone)")
 	fs.Int64Var(&o.Sale.CollapseAt, "collapse-at", o.Sale.CollapseAt, "units left per shard at which a sharded SKU's tail collapses onto one shard (negative: never)")
@@ -192,7 +198,27 @@ func (c *config) validate() error {
 		}
 		return err
 	}
+	// Without a token anyone who reaches the port may restock, end or
+	// rebuild a sale: fine on a laptop, never by accident on a network.
+	if c.HTTP.AdminToken == "" && !c.AllowOpenAdmin && !loopback(c.Addr) {
+		return bad("admin-token", fmt.Sprintf("empty while listening on %q, so the admin routes would be open to the network: "+
+			"set it, listen on a loopback address, or set STOCKGATE_ALLOW_OPEN_ADMIN=true", c.Addr))
+	}
 	return nil
+}
+
+// loopback reports whether addr (host:port) listens on loopback only; an
+// empty host is every interface.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil || host == "" {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 func usage(w io.Writer, fs *flag.FlagSet) func() {
@@ -210,6 +236,10 @@ func run(args []string, stderr io.Writer) int {
 	var c config
 	flags(fs, &c)
 	fs.Usage = usage(stderr, fs)
+	if len(args) > 0 && args[0] == "version" {
+		fmt.Fprintln(stdout, buildinfo.Read().String())
+		return 0
+	}
 	if len(args) == 0 || args[0] != "serve" {
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
 			fs.Usage()
@@ -265,9 +295,14 @@ func serve(ctx context.Context, c *config, log *slog.Logger) error {
 			return fmt.Errorf("pprof listener: %w", err)
 		}
 		defer pl.Close()
+		// Index serves the named profiles (heap, goroutine, allocs, block,
+		// mutex, threadcreate) under its prefix; the rest are their own.
 		mux := http.NewServeMux()
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 		go func() { _ = http.Serve(pl, mux) }()
 	}
 	ln, err := net.Listen("tcp", c.Addr)
@@ -278,7 +313,11 @@ func serve(ctx context.Context, c *config, log *slog.Logger) error {
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }() // owned here; ends with Shutdown
 	srv.SetReady(true)
-	log.Info("stockgate serving", "addr", ln.Addr().String(), "ledger", cmp.Or(c.Ledger.Driver, ledger.SQLite))
+	log.Info("stockgate serving", "addr", ln.Addr().String(), "ledger", cmp.Or(c.Ledger.Driver, ledger.SQLite),
+		"version", buildinfo.Read().Version)
+	if c.HTTP.AdminToken == "" {
+		log.Warn("admin routes are open: no STOCKGATE_ADMIN_TOKEN is set", "addr", ln.Addr().String())
+	}
 
 	select {
 	case err := <-errc:

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"flag"
+	"io"
 	"os"
 	"strings"
 	"sync"
@@ -96,7 +97,7 @@ func TestHelpListsEveryVariable(t *testing.T) {
 		if !strings.Contains(stderr.String(), "-"+f.Name) {
 			t.Errorf("--help does not list -%s", f.Name)
 		}
-		if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "0s" && !strings.Contains(stderr.String(), f.DefValue) {
+		if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "0s" && f.DefValue != "false" && !strings.Contains(stderr.String(), f.DefValue) {
 			t.Errorf("--help does not show the default %q of -%s", f.DefValue, f.Name)
 		}
 	})
@@ -140,4 +141,44 @@ func (w *syncWriter) String() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.b.String()
+}
+
+// With no admin token, the admin routes are open: refused on a network
+// address unless allowed, accepted on loopback.
+func TestOpenAdminOnTheNetworkExits2(t *testing.T) {
+	for _, addr := range []string{":0", "0.0.0.0:0", "10.1.2.3:8080", "[::]:0"} {
+		t.Run(addr, func(t *testing.T) {
+			t.Setenv("STOCKGATE_ADDR", addr)
+			code, out := runBounded(t, "serve")
+			if code != 2 || !strings.Contains(out, "STOCKGATE_ADMIN_TOKEN") || !strings.Contains(out, "STOCKGATE_ALLOW_OPEN_ADMIN") {
+				t.Fatalf("run on %s without a token = %d (%s), want 2 naming the token and the way to allow it", addr, code, out)
+			}
+		})
+	}
+	for addr, want := range map[string]bool{"127.0.0.1:8080": true, "localhost:0": true, "[::1]:0": true, ":8080": false,
+		"192.168.1.4:80": false, "example.com:80": false} {
+		if got := loopback(addr); got != want {
+			t.Errorf("loopback(%q) = %v, want %v", addr, got, want)
+		}
+	}
+	// Allowed explicitly: the same configuration validates.
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	var c config
+	flags(fs, &c)
+	if err := fs.Parse([]string{"-addr", ":0", "-allow-open-admin"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.validate(); err != nil {
+		t.Errorf("with -allow-open-admin: %v", err)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	var out bytes.Buffer
+	stdout = &out
+	defer func() { stdout = os.Stdout }()
+	if code := run([]string{"version"}, io.Discard); code != 0 || !strings.HasPrefix(out.String(), "stockgate ") ||
+		!strings.Contains(out.String(), "go1.") {
+		t.Fatalf("version = %d %q, want 0 and the build", code, out.String())
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -44,6 +45,8 @@ func decodeStrict(t *testing.T, doc []byte) (kind string, obj any) {
 		obj = &corev1.ConfigMap{}
 	case "v1 Secret":
 		obj = &corev1.Secret{}
+	case "v1 Namespace":
+		obj = &corev1.Namespace{}
 	case "autoscaling/v2 HorizontalPodAutoscaler":
 		obj = &autoscalingv2.HorizontalPodAutoscaler{}
 	case "policy/v1 PodDisruptionBudget":
@@ -113,7 +116,7 @@ func TestManifests(t *testing.T) {
 	objs := build(t)
 	want := []string{"Deployment/stockgate", "Service/stockgate", "HorizontalPodAutoscaler/stockgate",
 		"PodDisruptionBudget/stockgate", "ConfigMap/stockgate", "Secret/stockgate", "ServiceMonitor/stockgate",
-		"PrometheusRule/stockgate", "ConfigMap/stockgate-dashboard"}
+		"PrometheusRule/stockgate", "ConfigMap/stockgate-dashboard", "Namespace/stockgate"}
 	for _, w := range want {
 		if objs[w] == nil {
 			t.Errorf("kustomize output lacks %s (has %v)", w, keys(objs))
@@ -132,6 +135,8 @@ func TestManifests(t *testing.T) {
 	switch {
 	case c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz":
 		t.Error("readiness probe is not /readyz")
+	case c.ReadinessProbe.FailureThreshold < 3:
+		t.Errorf("readiness fails the pod after %d slow answers, want at least 3", c.ReadinessProbe.FailureThreshold)
 	case c.LivenessProbe == nil || c.LivenessProbe.HTTPGet.Path != "/livez":
 		t.Error("liveness probe is not /livez")
 	case c.Lifecycle == nil || c.Lifecycle.PreStop == nil || c.Lifecycle.PreStop.Sleep == nil:
@@ -203,13 +208,48 @@ func TestAlertRules(t *testing.T) {
 	if err != nil {
 		t.Fatalf("promtool check rules: %v\n%s", err, out)
 	}
+	// The unit tests, next to the extracted rules (they name rules.yaml).
+	tests, err := os.ReadFile("k8s/alerts_test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tf := filepath.Join(filepath.Dir(f), "alerts_test.yaml")
+	if err := os.WriteFile(tf, tests, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(promtool, "test", "rules", tf).CombinedOutput(); err != nil {
+		t.Fatalf("promtool test rules: %v\n%s", err, out)
+	}
+	runbook, err := os.ReadFile("../docs/RUNBOOK.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range rule.Spec.Groups {
+		for _, r := range g.Rules {
+			// Each alert fires in some test and is silent in another, and
+			// its runbook_url names a section of docs/RUNBOOK.md.
+			fires := regexp.MustCompile(`alertname: ` + r.Alert + `\n\s+exp_alerts:\n\s+- exp_labels`)
+			silent := regexp.MustCompile(`alertname: ` + r.Alert + `\n\s+exp_alerts: \[\]`)
+			if !fires.Match(tests) || !silent.Match(tests) {
+				t.Errorf("alert %s: want a promtool test where it fires and one where it is silent", r.Alert)
+			}
+			anchor := strings.ToLower(r.Alert)
+			if r.Annotations["runbook_url"] != "https://github.com/stockgate/stockgate/blob/main/docs/RUNBOOK.md#"+anchor {
+				t.Errorf("alert %s: runbook_url %q", r.Alert, r.Annotations["runbook_url"])
+			}
+			if !bytes.Contains(runbook, []byte("\n## "+r.Alert+"\n")) {
+				t.Errorf("docs/RUNBOOK.md has no section ## %s", r.Alert)
+			}
+		}
+	}
 	var names []string
 	for _, g := range rule.Spec.Groups {
 		for _, r := range g.Rules {
 			names = append(names, r.Alert)
 		}
 	}
-	for _, want := range []string{"StockgateOversellGuardRefusing", "StockgateBreakerOpen", "StockgateDrift", "StockgateErrorRatio"} {
+	for _, want := range []string{"StockgateOversellGuardRefusing", "StockgateBreakerOpen", "StockgateDrift", "StockgateErrorRatio",
+		"StockgateTargetDown", "StockgatePurchaseLatencyHigh"} {
 		if !strings.Contains(strings.Join(names, " "), want) {
 			t.Errorf("no alert %s", want)
 		}

@@ -263,6 +263,9 @@ func run(args []string, stderr io.Writer) int {
 	_ = lvl.UnmarshalText([]byte(c.LogLevel))
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lvl}))
 
+	if set := setMemoryLimit("/sys/fs/cgroup"); set > 0 {
+		log.Info("memory limit from the container", "gomemlimit_bytes", set)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := serve(ctx, &c, log); err != nil {

@@ -68,7 +68,15 @@ type Options struct {
 	Now func() time.Time
 	// Metrics receives commit counts and durations by operation. Optional.
 	Metrics prometheus.Registerer
+	// NoMigrate opens a ledger only if it is already at this build's
+	// schema (ErrSchema otherwise) and runs no DDL, so the serving role
+	// needs no DDL rights: `stockgate migrate` applies the schema first.
+	NoMigrate bool
 }
+
+// ErrSchema is Open with NoMigrate on a ledger whose schema is not this
+// build's (older, newer, or none).
+var ErrSchema = errors.New("ledger: schema is not this build's: run `stockgate migrate`")
 
 // Ledger is an open ledger database.
 type Ledger struct {
@@ -152,7 +160,7 @@ func Open(ctx context.Context, opts Options) (*Ledger, error) {
 			}
 		}
 	}
-	if err := l.migrate(ctx); err != nil {
+	if err := l.migrate(ctx, !opts.NoMigrate); err != nil {
 		db.Close()
 		return nil, err
 	}
@@ -350,7 +358,9 @@ var schemaDigest = func() string {
 	return hex.EncodeToString(h.Sum(nil))
 }()
 
-func (l *Ledger) migrate(ctx context.Context) error {
+// migrate brings the schema to this build's, or with apply false only
+// checks that it is (ErrSchema).
+func (l *Ledger) migrate(ctx context.Context, apply bool) error {
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("ledger: migrate: %w", err)
@@ -368,6 +378,9 @@ func (l *Ledger) migrate(ctx context.Context) error {
 	}
 	if have == schemaDigest {
 		return tx.Commit()
+	}
+	if !apply {
+		return ErrSchema
 	}
 	if _, err := tx.ExecContext(ctx, schema); err != nil {
 		return fmt.Errorf("ledger: migrate: %w", err)

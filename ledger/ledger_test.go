@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"sync"
 	"testing"
@@ -403,4 +404,88 @@ func TestOpenBesideATransactionTakesNoTableLock(t *testing.T) {
 		t.Fatalf("Open beside a running transaction: %v", err)
 	}
 	l.Close()
+}
+
+// `stockgate migrate` applies the schema; serve may then run as a role with
+// no DDL rights, and with NoMigrate it refuses a ledger whose schema is not
+// this build's instead of touching it.
+func TestServeWithoutDDLRights(t *testing.T) {
+	ctx := context.Background()
+	admin := testenv.PostgresURL(t)
+	l, err := ledger.Open(ctx, ledger.Options{Driver: ledger.Postgres, DSN: admin}) // what migrate does
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	db, err := sql.Open("pgx", admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	role := fmt.Sprintf("serving_%d", time.Now().UnixNano()%1_000_000_000)
+	for _, q := range []string{
+		"CREATE ROLE " + role + " LOGIN",
+		"REVOKE CREATE ON SCHEMA public FROM PUBLIC",
+		"GRANT USAGE ON SCHEMA public TO " + role,
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO " + role,
+	} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	t.Cleanup(func() {
+		db.Exec("REASSIGN OWNED BY " + role + " TO postgres")
+		db.Exec("DROP OWNED BY " + role)
+		db.Exec("DROP ROLE " + role)
+	})
+	u, err := url.Parse(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(role)
+	serving := u.String()
+	open := func(noMigrate bool) (*ledger.Ledger, error) {
+		return ledger.Open(ctx, ledger.Options{Driver: ledger.Postgres, DSN: serving, NoMigrate: noMigrate})
+	}
+	for _, noMigrate := range []bool{true, false} {
+		l, err := open(noMigrate)
+		if err != nil {
+			t.Fatalf("serving role on a migrated ledger (NoMigrate %v): %v", noMigrate, err)
+		}
+		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 5, Shards: 1, MaxPerOrder: 4}); err != nil {
+			t.Fatalf("serving role cannot write: %v", err)
+		}
+		l.Close()
+	}
+	// A ledger at another schema (an older build migrated it last).
+	if _, err := db.ExecContext(ctx, `UPDATE ledger_schema SET digest = 'an-older-build'`); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := open(true); !errors.Is(err, ledger.ErrSchema) {
+		if l != nil {
+			l.Close()
+		}
+		t.Fatalf("NoMigrate on another schema = %v, want ErrSchema", err)
+	}
+	if l, err := open(false); err == nil {
+		l.Close()
+		t.Fatal("the serving role migrated the ledger: it has DDL rights, so this test shows nothing")
+	}
+	if l, err := ledger.Open(ctx, ledger.Options{Driver: ledger.Postgres, DSN: admin}); err != nil {
+		t.Fatalf("migrate: %v", err)
+	} else {
+		l.Close()
+	}
+	if l, err := open(true); err != nil {
+		t.Fatalf("after migrate, NoMigrate = %v", err)
+	} else {
+		l.Close()
+	}
+	// A new SQLite file has no schema at all.
+	if l, err := ledger.Open(ctx, ledger.Options{Driver: ledger.SQLite, DSN: testenv.SQLitePath(t), NoMigrate: true}); !errors.Is(err, ledger.ErrSchema) {
+		if l != nil {
+			l.Close()
+		}
+		t.Errorf("NoMigrate on a new SQLite file = %v, want ErrSchema", err)
+	}
 }

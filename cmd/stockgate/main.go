@@ -51,6 +51,7 @@ type config struct {
 	LogLevel       string
 	PprofAddr      string
 	AllowOpenAdmin bool
+	Migrate        bool
 
 	// flagOf names the flag that sets each Options field ("Shard.RecordTTL"),
 	// so that a package's refusal names what the operator set.
@@ -148,6 +149,7 @@ func flags(fs *flag.FlagSet, c *config) {
 	b.int("rate-burst", &o.HTTP.RateBurst, "HTTP.RateBurst", "burst above rate-per-client a client may send")
 	b.dur("slow-request", &o.HTTP.SlowRequest, "HTTP.SlowRequest", "latency above which a request is logged")
 	fs.DurationVar(&c.DrainDelay, "drain-delay", 0, "on SIGTERM, time /readyz fails while requests are still served, before connections close (Kubernetes' preStop sleep does this too)")
+	fs.BoolVar(&c.Migrate, "migrate", true, "serve applies the ledger schema at start; false refuses to start on a ledger not at this build's schema (run `stockgate migrate` first), so the serving role needs no DDL rights")
 	fs.BoolVar(&c.AllowOpenAdmin, "allow-open-admin", false, "start with no admin token on a non-loopback address (admin routes open to the network)")
 	fs.StringVar(&c.PprofAddr, "pprof-addr", "", "host:port of a separate listener for /debug/pprof (empty: off; keep it off the public network)")
 	b.int("batch-max", &o.Sale.BatchMax, "Sale.BatchMax", "most gate-admitted purchases committed in one ledger transaction (group commit; 1: each alone)")
@@ -198,13 +200,33 @@ func (c *config) validate() error {
 		}
 		return err
 	}
-	// Without a token anyone who reaches the port may restock, end or
-	// rebuild a sale: fine on a laptop, never by accident on a network.
+	return nil
+}
+
+// checkAdmin refuses to serve open admin routes on a network address.
+// Without a token anyone who reaches the port may restock, end or rebuild
+// a sale: fine on a laptop, never by accident on a network.
+func (c *config) checkAdmin() error {
 	if c.HTTP.AdminToken == "" && !c.AllowOpenAdmin && !loopback(c.Addr) {
-		return bad("admin-token", fmt.Sprintf("empty while listening on %q, so the admin routes would be open to the network: "+
-			"set it, listen on a loopback address, or set STOCKGATE_ALLOW_OPEN_ADMIN=true", c.Addr))
+		return fmt.Errorf("STOCKGATE_ADMIN_TOKEN (-admin-token): empty while listening on %q, so the admin routes would be open "+
+			"to the network: set it, listen on a loopback address, or set STOCKGATE_ALLOW_OPEN_ADMIN=true", c.Addr)
 	}
 	return nil
+}
+
+// migrate applies this build's ledger schema (what the chart's Job and an
+// operator run before rolling out a build whose serving role has no DDL
+// rights) and closes the ledger.
+func migrate(ctx context.Context, c *config) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	o := c.Ledger
+	o.NoMigrate = false
+	l, err := ledger.Open(ctx, o)
+	if err != nil {
+		return err
+	}
+	return l.Close()
 }
 
 // loopback reports whether addr (host:port) listens on loopback only; an
@@ -223,7 +245,7 @@ func loopback(addr string) bool {
 
 func usage(w io.Writer, fs *flag.FlagSet) func() {
 	return func() {
-		fmt.Fprintf(w, "Usage: stockgate serve [flags]\n\nEvery flag can be set by the environment variable STOCKGATE_<FLAG>, e.g. STOCKGATE_REDIS_ADDRS.\n\n")
+		fmt.Fprintf(w, "Usage: stockgate serve [flags] | stockgate migrate [flags] | stockgate version\n\nmigrate applies the ledger schema and exits (run it before serve -migrate=false).\n\nEvery flag can be set by the environment variable STOCKGATE_<FLAG>, e.g. STOCKGATE_REDIS_ADDRS.\n\n")
 		fs.PrintDefaults()
 	}
 }
@@ -240,7 +262,7 @@ func run(args []string, stderr io.Writer) int {
 		fmt.Fprintln(stdout, buildinfo.Read().String())
 		return 0
 	}
-	if len(args) == 0 || args[0] != "serve" {
+	if len(args) == 0 || (args[0] != "serve" && args[0] != "migrate") {
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
 			fs.Usage()
 			return 0
@@ -262,6 +284,18 @@ func run(args []string, stderr io.Writer) int {
 	var lvl slog.Level
 	_ = lvl.UnmarshalText([]byte(c.LogLevel))
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lvl}))
+	if args[0] == "migrate" {
+		if err := migrate(context.Background(), &c); err != nil {
+			log.Error("migrate failed", "err", err)
+			return 1
+		}
+		log.Info("ledger schema is this build's", "driver", cmp.Or(c.Ledger.Driver, ledger.SQLite))
+		return 0
+	}
+	if err := c.checkAdmin(); err != nil {
+		fmt.Fprintf(stderr, "stockgate: bad configuration: %v\n", err)
+		return 2
+	}
 
 	if set := setMemoryLimit("/sys/fs/cgroup"); set > 0 {
 		log.Info("memory limit from the container", "gomemlimit_bytes", set)
@@ -280,6 +314,7 @@ func serve(ctx context.Context, c *config, log *slog.Logger) error {
 	defer cancel()
 	o := c.Options
 	o.Logger = log
+	o.Ledger.NoMigrate = !c.Migrate
 	a, err := app.Open(openCtx, o)
 	if err != nil {
 		return err

@@ -5,11 +5,14 @@ import (
 	"flag"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stockgate/stockgate/ledger"
 )
 
 func TestBadConfigExits2NamingTheVariable(t *testing.T) {
@@ -169,7 +172,14 @@ func TestOpenAdminOnTheNetworkExits2(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := c.validate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.checkAdmin(); err != nil {
 		t.Errorf("with -allow-open-admin: %v", err)
+	}
+	c.AllowOpenAdmin = false
+	if err := c.checkAdmin(); err == nil {
+		t.Error("without -allow-open-admin on :0: accepted")
 	}
 }
 
@@ -181,4 +191,23 @@ func TestVersion(t *testing.T) {
 		!strings.Contains(out.String(), "go1.") {
 		t.Fatalf("version = %d %q, want 0 and the build", code, out.String())
 	}
+}
+
+// serve -migrate=false refuses a ledger not at this build's schema and says
+// what to run; `stockgate migrate` applies it and exits 0.
+func TestMigrateCommand(t *testing.T) {
+	dsn := filepath.Join(t.TempDir(), "ledger.db")
+	t.Setenv("STOCKGATE_LEDGER_DSN", dsn)
+	t.Setenv("STOCKGATE_ADDR", "127.0.0.1:0")
+	if code, out := runBounded(t, "serve", "-migrate=false"); code != 1 || !strings.Contains(out, "stockgate migrate") {
+		t.Fatalf("serve -migrate=false on a new ledger = %d (%s), want 1 naming `stockgate migrate`", code, out)
+	}
+	if code, out := runBounded(t, "migrate"); code != 0 {
+		t.Fatalf("migrate = %d (%s), want 0", code, out)
+	}
+	l, err := ledger.Open(t.Context(), ledger.Options{Driver: ledger.SQLite, DSN: dsn, NoMigrate: true})
+	if err != nil {
+		t.Fatalf("after migrate, the ledger is not at this build's schema: %v", err)
+	}
+	l.Close()
 }

@@ -55,6 +55,7 @@ func TestBadConfigExits2NamingTheVariable(t *testing.T) {
 		{"STOCKGATE_ADMIN_TOKEN", "short"},
 		{"STOCKGATE_PPROF_ADDR", "nope"},
 		{"STOCKGATE_BATCH_MAX", "0"},
+		{"STOCKGATE_REDIS_TLS_KEY_FILE", "/only/a/key.pem"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.env, func(t *testing.T) {
@@ -210,4 +211,12 @@ func TestMigrateCommand(t *testing.T) {
 		t.Fatalf("after migrate, the ledger is not at this build's schema: %v", err)
 	}
 	l.Close()
+}
+
+// TLS files without TLS is a mistake an operator makes: named.
+func TestTLSFilesWithoutTLSExits2(t *testing.T) {
+	t.Setenv("STOCKGATE_REDIS_TLS_CA_FILE", "/etc/ssl/ca.pem")
+	if code, out := runBounded(t, "serve"); code != 2 || !strings.Contains(out, "STOCKGATE_REDIS_TLS ") {
+		t.Fatalf("run = %d (%s), want 2 naming STOCKGATE_REDIS_TLS", code, out)
+	}
 }

@@ -34,6 +34,12 @@ type ClusterOptions struct {
 	// unreachable before its replica is promoted. Default 2s, far below the
 	// server's 15s so failover tests finish quickly.
 	NodeTimeout time.Duration
+	// TLS makes every node TLS-only (clients, cluster bus, replication),
+	// with a throwaway CA (Cluster.TLS).
+	TLS bool
+	// Users are ACL users set on every node once the cluster is up: name →
+	// rules, as ACL SETUSER takes them ("on >password ~* +get").
+	Users map[string][]string
 }
 
 // Node is one redis-server process.
@@ -44,6 +50,7 @@ type Node struct {
 	dir  string
 	bin  string
 	args []string
+	tls  *TLSFiles
 	cmd  *exec.Cmd
 	done chan struct{} // closed when the process has exited
 }
@@ -52,6 +59,7 @@ type Node struct {
 type Cluster struct {
 	Nodes   []*Node // masters first, then replicas in master order
 	Masters int
+	TLS     *TLSFiles // with ClusterOptions.TLS: the CA and node certificate
 	opts    ClusterOptions
 	dir     string
 }
@@ -67,7 +75,11 @@ func (c *Cluster) Addrs() []string {
 
 // Client returns a new cluster client for the cluster; the caller closes it.
 func (c *Cluster) Client() *redis.ClusterClient {
-	return redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	o := &redis.ClusterOptions{Addrs: c.Addrs()}
+	if c.TLS != nil {
+		o.TLSConfig = c.TLS.Config()
+	}
+	return redis.NewClusterClient(o)
 }
 
 // MasterRanges is the standard even split of the slots over n masters, the
@@ -110,9 +122,15 @@ func StartCluster(ctx context.Context, opts ClusterOptions) (*Cluster, error) {
 		return nil, err
 	}
 	c := &Cluster{Masters: opts.Masters, opts: opts, dir: dir}
+	if opts.TLS {
+		if c.TLS, err = newTLSFiles(dir); err != nil {
+			c.Stop()
+			return nil, err
+		}
+	}
 	total := opts.Masters * (1 + opts.ReplicasPerMaster)
 	for i := range total {
-		n, err := startNode(ctx, bin, filepath.Join(dir, strconv.Itoa(i)), opts.NodeTimeout)
+		n, err := startNode(ctx, bin, filepath.Join(dir, strconv.Itoa(i)), opts.NodeTimeout, c.TLS)
 		if err != nil {
 			c.Stop()
 			return nil, err
@@ -123,12 +141,35 @@ func StartCluster(ctx context.Context, opts ClusterOptions) (*Cluster, error) {
 		c.Stop()
 		return nil, err
 	}
+	if err := c.setUsers(ctx); err != nil {
+		c.Stop()
+		return nil, err
+	}
 	return c, nil
+}
+
+// setUsers sets the ACL users on every node (ACLs are per node).
+func (c *Cluster) setUsers(ctx context.Context) error {
+	for _, n := range c.Nodes {
+		cl := n.client()
+		for name, rules := range c.opts.Users {
+			args := []any{"ACL", "SETUSER", name, "reset"}
+			for _, r := range rules {
+				args = append(args, r)
+			}
+			if err := cl.Do(ctx, args...).Err(); err != nil {
+				cl.Close()
+				return fmt.Errorf("acl setuser %s on %s: %w", name, n.Addr, err)
+			}
+		}
+		cl.Close()
+	}
+	return nil
 }
 
 // startNode starts one cluster-mode redis-server on a free port, retrying
 // with another port when a parallel test package took it first.
-func startNode(ctx context.Context, bin, dir string, nodeTimeout time.Duration) (*Node, error) {
+func startNode(ctx context.Context, bin, dir string, nodeTimeout time.Duration, tlsFiles *TLSFiles) (*Node, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -149,7 +190,16 @@ func startNode(ctx context.Context, bin, dir string, nodeTimeout time.Duration) 
 			"--repl-diskless-sync-delay", "0",
 			"--logfile", filepath.Join(dir, "redis.log"),
 			"--protected-mode", "no", "--daemonize", "no"}
-		n := &Node{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, dir: dir, bin: bin, args: args}
+		if tlsFiles != nil {
+			// TLS only: the plain port is off, and the cluster bus and
+			// replication go over TLS too. Clients need no certificate;
+			// nodes present theirs to each other.
+			args[0], args[1] = "--port", "0"
+			args = append(args, "--tls-port", strconv.Itoa(port), "--tls-cluster", "yes", "--tls-replication", "yes",
+				"--tls-cert-file", tlsFiles.Cert, "--tls-key-file", tlsFiles.Key, "--tls-ca-cert-file", tlsFiles.CA,
+				"--tls-auth-clients", "optional")
+		}
+		n := &Node{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, dir: dir, bin: bin, args: args, tls: tlsFiles}
 		if err := n.start(); err != nil {
 			return nil, err
 		}
@@ -202,7 +252,11 @@ func (n *Node) waitUp(ctx context.Context) error {
 }
 
 func (n *Node) client() *redis.Client {
-	return redis.NewClient(&redis.Options{Addr: n.Addr, MaxRetries: -1, DialTimeout: time.Second})
+	o := &redis.Options{Addr: n.Addr, MaxRetries: -1, DialTimeout: time.Second}
+	if n.tls != nil {
+		o.TLSConfig = n.tls.Config()
+	}
+	return redis.NewClient(o)
 }
 
 // Client returns a single-node client for this node; the caller closes it.

@@ -44,7 +44,7 @@ type Options struct {
 	Password string
 	// TLS, when Enabled, speaks TLS to every node: what managed Redis
 	// services with encryption in transit require.
-	TLS TLS
+	TLS              TLS
 	DialTimeout      time.Duration // default 1s
 	ReadTimeout      time.Duration // default 500ms
 	WriteTimeout     time.Duration // default 500ms

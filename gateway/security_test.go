@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -90,5 +91,44 @@ func TestSecurityLimits(t *testing.T) {
 		if r.status != http.StatusOK {
 			t.Fatalf("client %d behind the trusted proxy = %d", i, r.status)
 		}
+	}
+}
+
+// With SeparateAdmin, /metrics and the admin routes are not on the public
+// handler (404, as any unknown route) but on the admin one, which still
+// asks for the token; the buyers' API stays public.
+func TestSeparateAdminListener(t *testing.T) {
+	token := "a-long-enough-admin-token"
+	e := startEnv(t, envOptions{driver: ledger.SQLite, tune: func(o *app.Options) {
+		o.HTTP.SeparateAdmin, o.HTTP.AdminToken = true, token
+	}})
+	admin := httptest.NewServer(e.http.AdminHandler())
+	defer admin.Close()
+	sku := newSKU(t)
+	path := "/v1/admin/skus/" + sku.Program.String() + "/" + sku.Ticket.String()
+	auth := map[string]string{"Authorization": "Bearer " + token}
+	if r := e.do(t, http.MethodPut, path, auth, `{"total":5,"shards":1,"max_per_order":2}`); r.status != http.StatusNotFound {
+		t.Errorf("admin route on the public listener = %d, want 404", r.status)
+	}
+	if r := e.do(t, http.MethodGet, "/metrics", nil, ""); r.status != http.StatusNotFound {
+		t.Errorf("/metrics on the public listener = %d, want 404", r.status)
+	}
+	pub := e.url
+	e.url = admin.URL
+	if r := e.do(t, http.MethodPut, path, nil, `{"total":5,"shards":1,"max_per_order":2}`); r.status != http.StatusUnauthorized {
+		t.Errorf("admin route without the token on the admin listener = %d, want 401", r.status)
+	}
+	if r := e.do(t, http.MethodPut, path, auth, `{"total":5,"shards":1,"max_per_order":2}`); r.status != http.StatusOK {
+		t.Fatalf("admin route on the admin listener = %d %s", r.status, r.body)
+	}
+	if r := e.do(t, http.MethodGet, "/metrics", nil, ""); r.status != http.StatusOK {
+		t.Errorf("/metrics on the admin listener = %d", r.status)
+	}
+	if r := e.buy(t, sku, "sep-1", "sep-b", 1); r.status != http.StatusNotFound {
+		t.Errorf("a purchase on the admin listener = %d, want 404", r.status)
+	}
+	e.url = pub
+	if r := e.buy(t, sku, "sep-1", "sep-b", 1); r.status != http.StatusCreated {
+		t.Errorf("a purchase on the public listener = %d %s", r.status, r.body)
 	}
 }

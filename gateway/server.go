@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -35,8 +36,15 @@ var OpenAPI []byte
 // registers, in gin's form (":id").
 func (s *Server) Routes() []string {
 	var out []string
-	for _, r := range s.engine.Routes() {
-		out = append(out, r.Method+" "+r.Path)
+	for _, e := range []*gin.Engine{s.engine, s.admin} {
+		if e == nil {
+			continue
+		}
+		for _, r := range e.Routes() {
+			if !slices.Contains(out, r.Method+" "+r.Path) {
+				out = append(out, r.Method+" "+r.Path)
+			}
+		}
 	}
 	return out
 }
@@ -64,6 +72,9 @@ type Options struct {
 	AdminToken string
 	// MaxBodyBytes caps a request body (a seat map may be larger: 1 MiB).
 	MaxBodyBytes int64
+	// SeparateAdmin moves /metrics and the admin routes off Handler onto
+	// AdminHandler, for a listener that only the cluster can reach.
+	SeparateAdmin bool
 }
 
 // DefaultOptions are the settings a zero Options takes; main takes its flag
@@ -127,6 +138,7 @@ type Server struct {
 	opts    Options
 	ready   atomic.Bool
 	engine  *gin.Engine
+	admin   *gin.Engine // with SeparateAdmin: /metrics and the admin routes
 }
 
 // New validates opts and returns a Server that is not ready yet: call
@@ -147,19 +159,44 @@ func New(opts Options) (*Server, error) {
 	if s.limiter, err = newLimiter(opts.RatePerClient, opts.RateBurst); err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
-	if s.engine, err = s.routes(); err != nil {
+	public, admin := routeSet{public: true, admin: true}, routeSet{}
+	if opts.SeparateAdmin {
+		public.admin, admin.admin = false, true
+	}
+	if s.engine, err = s.routes(public); err != nil {
 		return nil, err
+	}
+	if admin.admin {
+		if s.admin, err = s.routes(admin); err != nil {
+			return nil, err
+		}
 	}
 	return s, nil
 }
 
-// Handler is the HTTP handler of the whole API.
+// routeSet says which routes an engine serves besides the health checks.
+type routeSet struct {
+	public bool // the buyers' API and the OpenAPI document
+	admin  bool // /metrics and /v1/admin
+}
+
+// Handler is the HTTP handler of the API: all of it, or without /metrics
+// and the admin routes with SeparateAdmin.
 func (s *Server) Handler() http.Handler { return s.engine }
+
+// AdminHandler serves /metrics, the admin routes and the health checks
+// with SeparateAdmin; nil without it.
+func (s *Server) AdminHandler() http.Handler {
+	if s.admin == nil {
+		return nil
+	}
+	return s.admin
+}
 
 // SetReady flips /readyz: true once warmed up, false when draining.
 func (s *Server) SetReady(ready bool) { s.ready.Store(ready) }
 
-func (s *Server) routes() (*gin.Engine, error) {
+func (s *Server) routes(set routeSet) (*gin.Engine, error) {
 	gin.SetMode(gin.ReleaseMode)
 	e := gin.New()
 	if err := e.SetTrustedProxies(s.opts.TrustedProxies); err != nil {
@@ -181,10 +218,22 @@ func (s *Server) routes() (*gin.Engine, error) {
 		c.String(http.StatusOK, "ok\n")
 	})
 
-	e.GET("/metrics", gin.WrapH(promhttp.HandlerFor(s.opts.Registry, promhttp.HandlerOpts{})))
-	e.GET("/openapi.json", func(c *gin.Context) { c.Data(http.StatusOK, "application/json", OpenAPI) })
-
 	v1 := e.Group("/v1")
+	if set.admin {
+		e.GET("/metrics", gin.WrapH(promhttp.HandlerFor(s.opts.Registry, promhttp.HandlerOpts{})))
+		admin := v1.Group("/admin", s.requireAdmin)
+		admin.PUT("/skus/:program/:ticket", s.putSKU)
+		admin.GET("/skus/:program/:ticket", s.getSKU)
+		admin.POST("/skus/:program/:ticket/reconcile", s.reconcile)
+		admin.POST("/skus/:program/:ticket/end", s.endSale)
+		admin.PUT("/programs/:program", s.putProgram)
+		admin.PUT("/skus/:program/:ticket/seats", s.putSeats)
+		admin.POST("/skus/:program/:ticket/seats/check", s.checkSeats)
+	}
+	if !set.public {
+		return e, nil
+	}
+	e.GET("/openapi.json", func(c *gin.Context) { c.Data(http.StatusOK, "application/json", OpenAPI) })
 	v1.GET("/skus/:program/:ticket/stock", s.getStock)
 	v1.POST("/skus/:program/:ticket/purchases", s.purchase)
 	v1.POST("/skus/:program/:ticket/holds", s.postHold)
@@ -195,15 +244,6 @@ func (s *Server) routes() (*gin.Engine, error) {
 	v1.POST("/skus/:program/:ticket/seat-holds", s.postSeatHold)
 	v1.GET("/skus/:program/:ticket/seats", s.getSeats)
 	v1.POST("/orders/:id/refund", s.refundOrder)
-
-	admin := v1.Group("/admin", s.requireAdmin)
-	admin.PUT("/skus/:program/:ticket", s.putSKU)
-	admin.GET("/skus/:program/:ticket", s.getSKU)
-	admin.POST("/skus/:program/:ticket/reconcile", s.reconcile)
-	admin.POST("/skus/:program/:ticket/end", s.endSale)
-	admin.PUT("/programs/:program", s.putProgram)
-	admin.PUT("/skus/:program/:ticket/seats", s.putSeats)
-	admin.POST("/skus/:program/:ticket/seats/check", s.checkSeats)
 	return e, nil
 }
 

@@ -44,6 +44,7 @@ var stdout io.Writer = os.Stdout
 type config struct {
 	app.Options
 	Addr           string
+	AdminAddr      string
 	RedisAddrs     string // comma-separated, into Redis.Addrs
 	TrustedProxies string // comma-separated, into HTTP.TrustedProxies
 	ShutdownGrace  time.Duration
@@ -108,6 +109,7 @@ func flags(fs *flag.FlagSet, c *config) {
 	b := binder{fs, c}
 	o := &c.Options
 	fs.StringVar(&c.Addr, "addr", ":8080", "HTTP listen address")
+	fs.StringVar(&c.AdminAddr, "admin-addr", "", "separate listener for /metrics and the admin routes, which then leave -addr (empty: all on -addr)")
 	fs.StringVar(&c.RedisAddrs, "redis-addrs", "127.0.0.1:7000", "comma-separated Redis Cluster seed nodes")
 	c.flagOf["Redis.Addrs"] = "redis-addrs"
 	b.str("redis-username", &o.Redis.Username, "", "Redis ACL user (empty: the default user)")
@@ -175,6 +177,10 @@ func (c *config) validate() error {
 	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
 		return bad("addr", "not host:port: "+err.Error())
 	}
+	if c.AdminAddr != "" && !validHostPort(c.AdminAddr) {
+		return bad("admin-addr", "not host:port")
+	}
+	c.HTTP.SeparateAdmin = c.AdminAddr != ""
 	c.Redis.Addrs = splitList(c.RedisAddrs)
 	c.HTTP.TrustedProxies = splitList(c.TrustedProxies)
 	names := make([]string, 0, len(c.nonZero))
@@ -214,9 +220,10 @@ func (c *config) validate() error {
 // Without a token anyone who reaches the port may restock, end or rebuild
 // a sale: fine on a laptop, never by accident on a network.
 func (c *config) checkAdmin() error {
-	if c.HTTP.AdminToken == "" && !c.AllowOpenAdmin && !loopback(c.Addr) {
-		return fmt.Errorf("STOCKGATE_ADMIN_TOKEN (-admin-token): empty while listening on %q, so the admin routes would be open "+
-			"to the network: set it, listen on a loopback address, or set STOCKGATE_ALLOW_OPEN_ADMIN=true", c.Addr)
+	addr := cmp.Or(c.AdminAddr, c.Addr)
+	if c.HTTP.AdminToken == "" && !c.AllowOpenAdmin && !loopback(addr) {
+		return fmt.Errorf("STOCKGATE_ADMIN_TOKEN (-admin-token): empty while the admin routes listen on %q, so they would be open "+
+			"to the network: set it, listen on a loopback address, or set STOCKGATE_ALLOW_OPEN_ADMIN=true", addr)
 	}
 	return nil
 }
@@ -355,8 +362,20 @@ func serve(ctx context.Context, c *config, log *slog.Logger) error {
 		return err
 	}
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 2 * time.Minute}
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- hs.Serve(ln) }() // owned here; ends with Shutdown
+	servers := []*http.Server{hs}
+	if c.AdminAddr != "" {
+		al, err := net.Listen("tcp", c.AdminAddr)
+		if err != nil {
+			hs.Close()
+			return fmt.Errorf("admin listener: %w", err)
+		}
+		as := &http.Server{Handler: srv.AdminHandler(), ReadHeaderTimeout: 5 * time.Second}
+		go func() { errc <- as.Serve(al) }() // owned here; ends with Shutdown
+		servers = append(servers, as)
+		log.Info("admin routes and /metrics on their own listener", "addr", al.Addr().String())
+	}
 	srv.SetReady(true)
 	log.Info("stockgate serving", "addr", ln.Addr().String(), "ledger", cmp.Or(c.Ledger.Driver, ledger.SQLite),
 		"version", buildinfo.Read().Version)
@@ -378,11 +397,15 @@ func serve(ctx context.Context, c *config, log *slog.Logger) error {
 	time.Sleep(c.DrainDelay)
 	sctx, scancel := context.WithTimeout(context.Background(), c.ShutdownGrace)
 	defer scancel()
-	if err := hs.Shutdown(sctx); err != nil {
-		return fmt.Errorf("drain: %w", err)
+	for _, srv := range servers {
+		if err := srv.Shutdown(sctx); err != nil {
+			return fmt.Errorf("drain: %w", err)
+		}
 	}
-	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
-		return err
+	for range servers {
+		if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
 	}
 	if err := a.Close(); err != nil {
 		log.Warn("close", "err", err)

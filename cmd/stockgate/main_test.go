@@ -56,6 +56,7 @@ func TestBadConfigExits2NamingTheVariable(t *testing.T) {
 		{"STOCKGATE_PPROF_ADDR", "nope"},
 		{"STOCKGATE_BATCH_MAX", "0"},
 		{"STOCKGATE_REDIS_TLS_KEY_FILE", "/only/a/key.pem"},
+		{"STOCKGATE_ADMIN_ADDR", "nope"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.env, func(t *testing.T) {
@@ -181,6 +182,11 @@ func TestOpenAdminOnTheNetworkExits2(t *testing.T) {
 	c.AllowOpenAdmin = false
 	if err := c.checkAdmin(); err == nil {
 		t.Error("without -allow-open-admin on :0: accepted")
+	}
+	// The buyers' API on the network, the admin routes on loopback only.
+	c.AdminAddr = "127.0.0.1:9090"
+	if err := c.checkAdmin(); err != nil {
+		t.Errorf("admin routes on a loopback -admin-addr: %v", err)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"debug/elf"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -168,19 +169,52 @@ func TestManifests(t *testing.T) {
 			Title   string
 			Targets []struct{ Expr string }
 		}
+		Templating struct {
+			List []struct{ Name string }
+		}
 	}
 	if err := json.Unmarshal([]byte(dash.Data["stockgate.json"]), &board); err != nil {
 		t.Fatalf("dashboard: %v", err)
 	}
+	vars := map[string]bool{}
+	for _, v := range board.Templating.List {
+		vars[v.Name] = true
+	}
+	if !vars["namespace"] || !vars["pod"] {
+		t.Errorf("dashboard variables %v: want namespace and pod", vars)
+	}
 	all := ""
-	for _, p := range board.Panels {
-		for _, tg := range p.Targets {
+	var rules []map[string]string
+	for i, p := range board.Panels {
+		for j, tg := range p.Targets {
 			all += tg.Expr + "\n"
+			// Every metric a panel reads is filtered by the variables.
+			for _, m := range regexp.MustCompile(`stockgate_[a-z_]+(\{[^}]*\})?`).FindAllStringSubmatch(tg.Expr, -1) {
+				if !strings.Contains(m[1], `namespace=~"$namespace"`) || !strings.Contains(m[1], `pod=~"$pod"`) {
+					t.Errorf("panel %q reads %s without the namespace and pod variables", p.Title, m[0])
+				}
+			}
+			rules = append(rules, map[string]string{"record": fmt.Sprintf("dashboard:panel%d:target%d", i, j), "expr": tg.Expr})
 		}
+	}
+	// Every expression parses: promtool checks them as recording rules.
+	groups, err := yaml.Marshal(map[string]any{"groups": []any{map[string]any{"name": "dashboard", "rules": rules}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := filepath.Join(t.TempDir(), "dashboard-rules.yaml")
+	if err := os.WriteFile(f, groups, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if promtool, err := exec.LookPath("promtool"); err != nil {
+		t.Error("promtool not found: `make test` installs it (apt-get install prometheus)")
+	} else if out, err := exec.Command(promtool, "check", "rules", f).CombinedOutput(); err != nil {
+		t.Errorf("dashboard queries do not parse: %v\n%s", err, out)
 	}
 	for _, m := range []string{"stockgate_http_requests_total", "stockgate_http_request_duration_seconds_bucket",
 		"stockgate_purchases_total", "stockgate_breaker_state", "stockgate_stock_remaining_units",
-		"stockgate_cache_hits_total", "stockgate_redis_pool_timeout_total"} {
+		"stockgate_cache_hits_total", "stockgate_redis_pool_timeout_total", "stockgate_ledger_write_duration_seconds_bucket",
+		"stockgate_ledger_batch_size_bucket", "stockgate_http_rate_limited_total", "stockgate_build_info"} {
 		if !strings.Contains(all, m) {
 			t.Errorf("the dashboard does not chart %s", m)
 		}

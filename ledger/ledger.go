@@ -242,8 +242,7 @@ CREATE TABLE IF NOT EXISTS orders (
 	take_epoch    BIGINT NOT NULL DEFAULT 0,
 	restore_epoch BIGINT NOT NULL DEFAULT 0,
 	restore_shards INTEGER NOT NULL DEFAULT 1,
-	created_at   BIGINT NOT NULL,
-	FOREIGN KEY (program, ticket) REFERENCES skus (program, ticket)
+	created_at   BIGINT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS orders_sku ON orders (program, ticket);
 CREATE TABLE IF NOT EXISTS holds (
@@ -266,8 +265,7 @@ CREATE TABLE IF NOT EXISTS holds (
 	restore_epoch   BIGINT  NOT NULL DEFAULT 0,
 	restore_shards  INTEGER NOT NULL DEFAULT 1,
 	created_at      BIGINT  NOT NULL,
-	ended_at        BIGINT  NOT NULL DEFAULT 0,
-	FOREIGN KEY (program, ticket) REFERENCES skus (program, ticket)
+	ended_at        BIGINT  NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS holds_expiry ON holds (state, expires_at);
 CREATE INDEX IF NOT EXISTS holds_pending ON holds (restore_pending, ended_at);
@@ -282,8 +280,7 @@ CREATE TABLE IF NOT EXISTS seats (
 	number    INTEGER NOT NULL,
 	state     TEXT    NOT NULL DEFAULT 'free',
 	hold_id   TEXT    NOT NULL DEFAULT '',
-	PRIMARY KEY (program, ticket, seat_id),
-	FOREIGN KEY (program, ticket) REFERENCES skus (program, ticket)
+	PRIMARY KEY (program, ticket, seat_id)
 );
 CREATE INDEX IF NOT EXISTS seats_hold ON seats (hold_id);
 -- A cap on what one buyer may hold + own of all of a program's tickets.
@@ -388,6 +385,20 @@ func (l *Ledger) migrate(ctx context.Context, apply bool) error {
 	for _, col := range added {
 		if err := l.addColumn(ctx, tx, col.table, col.name, col.def); err != nil {
 			return fmt.Errorf("ledger: migrate: %w", err)
+		}
+	}
+	if l.driver == Postgres {
+		// Orders, holds and seats once referenced their SKU row. Each
+		// insert's key-share lock on that row, mixed with the batches'
+		// updates of it, made PostgreSQL 15 fail writes with "new multixact
+		// has more than one updating member" (SQLSTATE XX000) under
+		// concurrent batches. Every write reaches the SKU row by its own
+		// conditional update anyway, so the references go. (SQLite keeps
+		// the ones a file has: it has no such locks.)
+		for _, table := range []string{"orders", "holds", "seats"} {
+			if _, err := tx.ExecContext(ctx, `ALTER TABLE `+table+` DROP CONSTRAINT IF EXISTS `+table+`_program_ticket_fkey`); err != nil {
+				return fmt.Errorf("ledger: migrate: %w", err)
+			}
 		}
 	}
 	if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS ledger_schema (digest TEXT NOT NULL)`); err != nil {

@@ -489,3 +489,39 @@ func TestServeWithoutDDLRights(t *testing.T) {
 		t.Errorf("NoMigrate on a new SQLite file = %v, want ErrSchema", err)
 	}
 }
+
+// A ledger made before the references to skus were dropped loses them on
+// migrate: with them, PostgreSQL failed concurrent batches with "new
+// multixact has more than one updating member" (TestMixedBatchesRacing).
+func TestMigrateDropsSKUReferences(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.PostgresURL(t)
+	l, err := ledger.Open(ctx, ledger.Options{Driver: ledger.Postgres, DSN: dsn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for _, table := range []string{"orders", "holds", "seats"} {
+		if _, err := db.ExecContext(ctx, `ALTER TABLE `+table+` ADD CONSTRAINT `+table+`_program_ticket_fkey
+			FOREIGN KEY (program, ticket) REFERENCES skus (program, ticket)`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := db.ExecContext(ctx, `UPDATE ledger_schema SET digest = 'before'`); err != nil {
+		t.Fatal(err)
+	}
+	if l, err = ledger.Open(ctx, ledger.Options{Driver: ledger.Postgres, DSN: dsn}); err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	var n int
+	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.table_constraints
+		WHERE constraint_type = 'FOREIGN KEY' AND table_schema = current_schema()`).Scan(&n); err != nil || n != 0 {
+		t.Errorf("%d foreign keys after migrate (%v), want 0", n, err)
+	}
+}

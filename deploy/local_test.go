@@ -36,6 +36,60 @@ func TestLocalClusterRestarts(t *testing.T) {
 		return out
 	}
 	t.Cleanup(func() { run("stop") }) // stops only the pids the script wrote
+	cli := func(port int, args ...string) string {
+		out, _ := exec.Command("redis-cli", append([]string{"-p", fmt.Sprint(port)}, args...)...).CombinedOutput()
+		return strings.TrimSpace(string(out))
+	}
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(60 * time.Second)
+		for !ok() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 60s", what)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	// A failover between runs: kill a master (by the pid the script wrote),
+	// let its replica take over, then `start` again brings the node back
+	// into the same cluster as a replica; `make stop && make run` after
+	// that is a fresh cluster again.
+	if out := script("start"); !strings.Contains(out, "redis cluster ready") {
+		t.Fatalf("start said %q", out)
+	}
+	victim := 0
+	for p := base; p < base+6; p++ {
+		if strings.HasPrefix(cli(p, "role"), "master") {
+			victim = p
+			break
+		}
+	}
+	pid, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("%d.pid", victim)))
+	if err != nil || victim == 0 {
+		t.Fatalf("no master to kill (%d): %v", victim, err)
+	}
+	if out, err := exec.Command("kill", "-9", strings.TrimSpace(string(pid))).CombinedOutput(); err != nil {
+		t.Fatalf("kill master %d: %v %s", victim, err, out)
+	}
+	other := base
+	if other == victim {
+		other++
+	}
+	waitFor("a replica takes over the killed master's slots", func() bool {
+		masters := 0
+		for p := base; p < base+6; p++ {
+			if p != victim && strings.HasPrefix(cli(p, "role"), "master") {
+				masters++
+			}
+		}
+		return masters == 3 && strings.Contains(cli(other, "cluster", "info"), "cluster_state:ok")
+	})
+	if out := script("start"); !strings.Contains(out, "redis cluster ready") {
+		t.Fatalf("start after a failover said %q", out)
+	}
+	waitFor("the returned node follows the new master", func() bool { return strings.HasPrefix(cli(victim, "role"), "slave") })
+	script("stop")
+	waitFree(t, base, 6)
 	for round := range 3 {
 		// What an earlier cluster may leave: RDB files (garbage here, so a
 		// node that loads one fails to start).

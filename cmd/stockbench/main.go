@@ -20,7 +20,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -30,11 +29,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/stockgate/stockgate/client"
 	"github.com/stockgate/stockgate/internal/loadgen"
 	"github.com/stockgate/stockgate/keys"
 )
@@ -201,7 +202,10 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	admin := adminClient{base: c.url, token: c.token, header: c.header}
+	if _, err := url.Parse(c.url); err != nil || !strings.HasPrefix(c.url, "http") {
+		return badFlag("-url %q: want http(s)://host[:port]", c.url)
+	}
+	admin := newAdmin(c.url, c.token, c.header, 0)
 	prefix := c.scenario + "-" + c.runID + "-"
 	units, names := c.plan()
 	var sc loadgen.Scenario
@@ -305,56 +309,43 @@ type runAudit struct {
 	EveryCreatedInLedger bool   `json:"every_201_in_the_ledger"`
 }
 
-type adminClient struct {
-	base, token string
-	header      http.Header // -H headers, sent on admin calls too
+// adminClient makes the tool's admin calls (SKUs for a run, the audit)
+// through the Go client.
+type adminClient struct{ c *client.Client }
+
+func newAdmin(base, token string, header http.Header, attempts int) adminClient {
+	c, err := client.New(client.Options{BaseURL: base, AdminToken: token, Header: header, Attempts: attempts})
+	if err != nil {
+		panic(err) // the URLs are the tool's own or checked by parseRun
+	}
+	return adminClient{c}
 }
 
-type skuState struct {
-	Total, Sold, Held int64
-}
-
-func (a adminClient) do(method, path, body string) ([]byte, error) {
-	req, err := http.NewRequest(method, a.base+path, strings.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	for k, vs := range a.header {
-		req.Header[k] = append(req.Header[k], vs...)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if a.token != "" {
-		req.Header.Set("Authorization", "Bearer "+a.token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s %s: %d %s", method, path, resp.StatusCode, bytes.TrimSpace(b))
-	}
-	return b, nil
+// skuOf splits "program/ticket".
+func skuOf(s string) client.SKU {
+	p, t, _ := strings.Cut(s, "/")
+	return client.SKU{Program: p, Ticket: t}
 }
 
 func (a adminClient) putSKU(sku string, total int64, shards int) error {
-	return a.putSKUWith(sku, fmt.Sprintf(`{"total":%d,"shards":%d,"max_per_order":4}`, total, shards))
+	return a.put(sku, client.SKUConfig{Total: &total, Shards: &shards, MaxPerOrder: ptr[int64](4)})
 }
 
-func (a adminClient) putSKUWith(sku, body string) error {
-	_, err := a.do(http.MethodPut, "/v1/admin/skus/"+sku, body)
+// putCapped is putSKU with a per-buyer cap.
+func (a adminClient) putCapped(sku string, total int64, shards int, perBuyer int64) error {
+	return a.put(sku, client.SKUConfig{Total: &total, Shards: &shards, MaxPerOrder: ptr[int64](4), PerBuyer: &perBuyer})
+}
+
+func (a adminClient) put(sku string, cfg client.SKUConfig) error {
+	_, err := a.c.PutSKU(context.Background(), skuOf(sku), cfg)
 	return err
 }
 
-func (a adminClient) sku(sku string) (skuState, error) {
-	b, err := a.do(http.MethodGet, "/v1/admin/skus/"+sku, "")
-	var st skuState
-	if err == nil {
-		err = json.Unmarshal(b, &st)
-	}
-	return st, err
+func (a adminClient) sku(sku string) (client.SKUState, error) {
+	return a.c.SKUState(context.Background(), skuOf(sku))
 }
+
+func ptr[T any](v T) *T { return &v }
 
 // waitReady polls /readyz until it answers 200.
 func waitReady(ctx context.Context, base string) error {

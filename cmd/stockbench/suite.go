@@ -142,7 +142,8 @@ var (
 
 func startGateway(ctx context.Context, bin, redisAddrs, dsn string, extra ...string) (gateway, error) {
 	g := gateway{base: "http://" + freeAddr(), pprof: freeAddr()}
-	g.admin = adminClient{base: g.base}
+	// One attempt: the fallback gateway's admin calls answer 503 by design.
+	g.admin = newAdmin(g.base, "", nil, 1)
 	g.cmd = exec.Command(bin, "serve")
 	g.cmd.Env = append(os.Environ(), "STOCKGATE_ADDR="+strings.TrimPrefix(g.base, "http://"),
 		"STOCKGATE_REDIS_ADDRS="+redisAddrs, "STOCKGATE_LEDGER_DRIVER=postgres", "STOCKGATE_LEDGER_DSN="+dsn,
@@ -348,7 +349,7 @@ func (s *suite) round(r int) (in docInputs, err error) {
 
 	// Requests decided in Redis alone: one buyer over a per-buyer cap of 1.
 	capSKU := p("cap") + "/ga"
-	if err := s.gw.admin.putSKUWith(capSKU, fmt.Sprintf(`{"total":%d,"shards":12,"max_per_order":4,"per_buyer":1}`, n)); err != nil {
+	if err := s.gw.admin.putCapped(capSKU, int64(n), 12, 1); err != nil {
 		return in, err
 	}
 	oneBuyer := func(i uint64) (loadgen.Request, bool) {
@@ -433,7 +434,7 @@ func (s *suite) round(r int) (in docInputs, err error) {
 	// 7. Latency at half the measured maximum, open loop.
 	halfAdmit := int(capRun.Throughput() / 2)
 	capSKU2 := p("cap2") + "/ga"
-	if err := s.gw.admin.putSKUWith(capSKU2, fmt.Sprintf(`{"total":%d,"shards":12,"max_per_order":4,"per_buyer":1}`, n)); err != nil {
+	if err := s.gw.admin.putCapped(capSKU2, int64(n), 12, 1); err != nil {
 		return in, err
 	}
 	oneBuyer2 := func(i uint64) (loadgen.Request, bool) {

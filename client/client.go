@@ -1,0 +1,429 @@
+// Package client is a Go client of stockgate's HTTP API: typed calls for
+// every public and admin route, RFC 9457 problems as Go errors matched with
+// errors.Is (ErrSoldOut, ...) and errors.As (*Problem), and retries done the
+// way the API asks: a 503 or 429 is sent again with the same Idempotency-Key
+// after its Retry-After, so a retry can never buy twice.
+//
+//	c, err := client.New(client.Options{BaseURL: "https://gate.example"})
+//	order, err := c.Purchase(ctx, client.SKU{Program: "show-1", Ticket: "ga"}, key, "alice", 2)
+//	if errors.Is(err, client.ErrSoldOut) { ... }
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Options configure New.
+type Options struct {
+	// BaseURL is the gateway's, e.g. "https://gate.example". Required.
+	BaseURL string
+	// AdminToken is sent as a bearer token on admin calls.
+	AdminToken string
+	// HTTPClient makes the requests; default one with a 10s timeout.
+	HTTPClient *http.Client
+	// Attempts bounds the tries of one call when the gateway answers 503
+	// or 429 or cannot be reached; default 4, 1 for no retries.
+	Attempts int
+	// MaxWait caps one wait between tries (a Retry-After longer than it
+	// ends the retries); default 10s.
+	MaxWait time.Duration
+	// Header is added to every request (a platform edge's credentials).
+	Header http.Header
+}
+
+// Validate reports the first option that cannot work.
+func (o Options) Validate() error {
+	u, err := url.Parse(o.BaseURL)
+	switch {
+	case o.BaseURL == "" || err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
+		return fmt.Errorf("client: BaseURL %q: want http(s)://host[:port]", o.BaseURL)
+	case o.Attempts < 0:
+		return errors.New("client: Attempts must not be negative")
+	case o.MaxWait < 0:
+		return errors.New("client: MaxWait must not be negative")
+	}
+	return nil
+}
+
+// Client calls one gateway. It is safe for concurrent use.
+type Client struct {
+	opts Options
+	base string
+}
+
+// New validates opts and returns a client.
+func New(opts Options) (*Client, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.HTTPClient == nil {
+		opts.HTTPClient = &http.Client{Timeout: 10 * time.Second}
+	}
+	if opts.Attempts == 0 {
+		opts.Attempts = 4
+	}
+	if opts.MaxWait == 0 {
+		opts.MaxWait = 10 * time.Second
+	}
+	return &Client{opts: opts, base: strings.TrimRight(opts.BaseURL, "/")}, nil
+}
+
+// SKU names a ticket type: a program (a show) and a ticket within it.
+type SKU struct {
+	Program string `json:"program"`
+	Ticket  string `json:"ticket"`
+}
+
+func (s SKU) path() string {
+	return "/v1/skus/" + url.PathEscape(s.Program) + "/" + url.PathEscape(s.Ticket)
+}
+
+// Order is a sale.
+type Order struct {
+	OrderID   string    `json:"order_id"`
+	Program   string    `json:"program"`
+	Ticket    string    `json:"ticket"`
+	Buyer     string    `json:"buyer"`
+	Quantity  int64     `json:"quantity"`
+	CreatedAt time.Time `json:"created_at"`
+	// Replayed is true when the answer is the stored one of an earlier
+	// request with the same key (nothing new was sold).
+	Replayed bool `json:"-"`
+}
+
+// Hold is stock held for a buyer until it is confirmed, cancelled or
+// expires.
+type Hold struct {
+	HoldID    string    `json:"hold_id"`
+	Program   string    `json:"program"`
+	Ticket    string    `json:"ticket"`
+	Buyer     string    `json:"buyer"`
+	Quantity  int64     `json:"quantity"`
+	State     string    `json:"state"` // held, confirmed, cancelled, expired
+	ExpiresAt time.Time `json:"expires_at"`
+	OrderID   string    `json:"order_id,omitempty"`
+	Seats     []string  `json:"seats,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	Replayed  bool      `json:"-"`
+}
+
+// Stock is a SKU's remaining stock as the gateway's cache sees it.
+type Stock struct {
+	Program   string `json:"program"`
+	Ticket    string `json:"ticket"`
+	Remaining int64  `json:"remaining"`
+	SoldOut   bool   `json:"sold_out"`
+}
+
+// SKUConfig is what an admin sets on a SKU; nil fields keep their value
+// (or take the default on a new SKU).
+type SKUConfig struct {
+	Total       *int64 `json:"total,omitempty"`
+	Shards      *int   `json:"shards,omitempty"`
+	MaxPerOrder *int64 `json:"max_per_order,omitempty"`
+	PerBuyer    *int64 `json:"per_buyer,omitempty"`
+	HoldTTL     *int64 `json:"hold_ttl_seconds,omitempty"`
+	HoldTTLMax  *int64 `json:"hold_ttl_max_seconds,omitempty"`
+}
+
+// SKUState is a SKU as the ledger has it.
+type SKUState struct {
+	Program     string `json:"program"`
+	Ticket      string `json:"ticket"`
+	Total       int64  `json:"total"`
+	Sold        int64  `json:"sold"`
+	Held        int64  `json:"held"`
+	Remaining   int64  `json:"remaining"`
+	Shards      int    `json:"shards"`
+	MaxPerOrder int64  `json:"max_per_order"`
+	Version     int64  `json:"version"`
+	PerBuyer    int64  `json:"per_buyer"`
+	HoldTTL     int64  `json:"hold_ttl_seconds"`
+	HoldTTLMax  int64  `json:"hold_ttl_max_seconds"`
+	Ended       bool   `json:"ended"`
+}
+
+// Rebuild is the outcome of Reconcile.
+type Rebuild struct {
+	RedisBefore int64 `json:"redis_before"`
+	Ledger      int64 `json:"ledger_remaining"`
+	Shards      int   `json:"shards"`
+	Rebuilt     bool  `json:"rebuilt"`
+}
+
+// Seat is one seat of a seat map.
+type Seat struct {
+	ID      string `json:"id"`
+	Section string `json:"section"`
+	Row     string `json:"row"`
+	Number  int    `json:"number"`
+}
+
+// Purchase buys quantity tickets for buyer. key is the request's
+// Idempotency-Key: send the same key to retry the same purchase.
+func (c *Client) Purchase(ctx context.Context, sku SKU, key, buyer string, quantity int64) (Order, error) {
+	var o Order
+	replayed, err := c.call(ctx, http.MethodPost, sku.path()+"/purchases", key, false,
+		map[string]any{"buyer": buyer, "quantity": quantity}, &o)
+	o.Replayed = replayed
+	return o, err
+}
+
+// Hold holds quantity tickets for buyer; ttl 0 takes the SKU's default.
+func (c *Client) Hold(ctx context.Context, sku SKU, key, buyer string, quantity int64, ttl time.Duration) (Hold, error) {
+	body := map[string]any{"buyer": buyer, "quantity": quantity}
+	if ttl > 0 {
+		body["ttl_seconds"] = int64(ttl / time.Second)
+	}
+	return c.hold(ctx, sku.path()+"/holds", key, body)
+}
+
+// HoldSeats holds the given seats of one section, all or nothing; a
+// refusal for seats already taken is ErrSeatsTaken, its Problem naming them
+// in Detail.
+func (c *Client) HoldSeats(ctx context.Context, sku SKU, key, buyer string, seats []string, ttl time.Duration) (Hold, error) {
+	body := map[string]any{"buyer": buyer, "seats": seats}
+	if ttl > 0 {
+		body["ttl_seconds"] = int64(ttl / time.Second)
+	}
+	return c.hold(ctx, sku.path()+"/seat-holds", key, body)
+}
+
+// HoldBestSeats holds the best n adjacent free seats (of section, when
+// given).
+func (c *Client) HoldBestSeats(ctx context.Context, sku SKU, key, buyer, section string, n int, ttl time.Duration) (Hold, error) {
+	body := map[string]any{"buyer": buyer, "quantity": n}
+	if section != "" {
+		body["section"] = section
+	}
+	if ttl > 0 {
+		body["ttl_seconds"] = int64(ttl / time.Second)
+	}
+	return c.hold(ctx, sku.path()+"/seat-holds", key, body)
+}
+
+func (c *Client) hold(ctx context.Context, path, key string, body any) (Hold, error) {
+	var h Hold
+	replayed, err := c.call(ctx, http.MethodPost, path, key, false, body, &h)
+	h.Replayed = replayed
+	return h, err
+}
+
+// Confirm makes a held hold an order (pay while held).
+func (c *Client) Confirm(ctx context.Context, holdID, key, buyer string) (Order, error) {
+	var o Order
+	replayed, err := c.call(ctx, http.MethodPost, "/v1/holds/"+url.PathEscape(holdID)+"/confirm", key, false,
+		map[string]any{"buyer": buyer}, &o)
+	o.Replayed = replayed
+	return o, err
+}
+
+// Cancel gives a held hold's stock back.
+func (c *Client) Cancel(ctx context.Context, holdID, key, buyer string) (Hold, error) {
+	return c.hold(ctx, "/v1/holds/"+url.PathEscape(holdID)+"/cancel", key, map[string]any{"buyer": buyer})
+}
+
+// Refund refunds an order once; a repeat answers the same and moves nothing.
+func (c *Client) Refund(ctx context.Context, orderID, key, buyer string) (Order, error) {
+	var o Order
+	replayed, err := c.call(ctx, http.MethodPost, "/v1/orders/"+url.PathEscape(orderID)+"/refund", key, false,
+		map[string]any{"buyer": buyer}, &o)
+	o.Replayed = replayed
+	return o, err
+}
+
+// GetHold reads a hold.
+func (c *Client) GetHold(ctx context.Context, holdID string) (Hold, error) {
+	var h Hold
+	_, err := c.call(ctx, http.MethodGet, "/v1/holds/"+url.PathEscape(holdID), "", false, nil, &h)
+	return h, err
+}
+
+// GetOrder reads an order.
+func (c *Client) GetOrder(ctx context.Context, orderID string) (Order, error) {
+	var o Order
+	_, err := c.call(ctx, http.MethodGet, "/v1/orders/"+url.PathEscape(orderID), "", false, nil, &o)
+	return o, err
+}
+
+// Stock reads a SKU's remaining stock.
+func (c *Client) Stock(ctx context.Context, sku SKU) (Stock, error) {
+	var s Stock
+	_, err := c.call(ctx, http.MethodGet, sku.path()+"/stock", "", false, nil, &s)
+	return s, err
+}
+
+// Seats reads a SKU's seat map (of one section when given) as the gateway
+// answers it.
+func (c *Client) Seats(ctx context.Context, sku SKU, section string) (json.RawMessage, error) {
+	path := sku.path() + "/seats"
+	if section != "" {
+		path += "?section=" + url.QueryEscape(section)
+	}
+	var raw json.RawMessage
+	_, err := c.call(ctx, http.MethodGet, path, "", false, nil, &raw)
+	return raw, err
+}
+
+// PutSKU creates or changes a SKU (admin).
+func (c *Client) PutSKU(ctx context.Context, sku SKU, cfg SKUConfig) (SKUState, error) {
+	var st SKUState
+	_, err := c.call(ctx, http.MethodPut, "/v1/admin"+sku.path()[len("/v1"):], "", true, cfg, &st)
+	return st, err
+}
+
+// SKUState reads a SKU as the ledger has it (admin).
+func (c *Client) SKUState(ctx context.Context, sku SKU) (SKUState, error) {
+	var st SKUState
+	_, err := c.call(ctx, http.MethodGet, "/v1/admin"+sku.path()[len("/v1"):], "", true, nil, &st)
+	return st, err
+}
+
+// Reconcile rebuilds a SKU's Redis stock from the ledger now (admin).
+func (c *Client) Reconcile(ctx context.Context, sku SKU) (Rebuild, error) {
+	var r Rebuild
+	_, err := c.call(ctx, http.MethodPost, "/v1/admin"+sku.path()[len("/v1"):]+"/reconcile", "", true, nil, &r)
+	return r, err
+}
+
+// EndSale ends a SKU's sale (admin).
+func (c *Client) EndSale(ctx context.Context, sku SKU) (SKUState, error) {
+	var st SKUState
+	_, err := c.call(ctx, http.MethodPost, "/v1/admin"+sku.path()[len("/v1"):]+"/end", "", true, nil, &st)
+	return st, err
+}
+
+// PutProgram sets the per-buyer cap over all of a program's tickets; 0 is
+// no cap (admin).
+func (c *Client) PutProgram(ctx context.Context, program string, perBuyer int64) error {
+	_, err := c.call(ctx, http.MethodPut, "/v1/admin/programs/"+url.PathEscape(program), "", true,
+		map[string]any{"per_buyer": perBuyer}, nil)
+	return err
+}
+
+// PutSeats adds seats to a SKU's seat map and returns how many it has
+// (admin).
+func (c *Client) PutSeats(ctx context.Context, sku SKU, seats []Seat) (int, error) {
+	var out struct {
+		Seats int `json:"seats"`
+	}
+	_, err := c.call(ctx, http.MethodPut, "/v1/admin"+sku.path()[len("/v1"):]+"/seats", "", true,
+		map[string]any{"seats": seats}, &out)
+	return out.Seats, err
+}
+
+// CheckSeats compares a SKU's seats in Redis with the ledger and repairs
+// Redis (admin); the report as the gateway answers it.
+func (c *Client) CheckSeats(ctx context.Context, sku SKU) (json.RawMessage, error) {
+	var raw json.RawMessage
+	_, err := c.call(ctx, http.MethodPost, "/v1/admin"+sku.path()[len("/v1"):]+"/seats/check", "", true, nil, &raw)
+	return raw, err
+}
+
+// call sends one request, retrying 503, 429 and transport errors with the
+// same body and key after Retry-After (or a short backoff), and decodes a
+// 2xx answer into out. It reports whether the answer was a replay.
+func (c *Client) call(ctx context.Context, method, path, key string, admin bool, body, out any) (bool, error) {
+	var raw []byte
+	if body != nil {
+		var err error
+		if raw, err = json.Marshal(body); err != nil {
+			return false, fmt.Errorf("client: %w", err)
+		}
+	}
+	var last error
+	for attempt := 1; ; attempt++ {
+		replayed, wait, err := c.once(ctx, method, path, key, admin, raw, out)
+		if err == nil || wait < 0 || attempt >= c.opts.Attempts {
+			return replayed, err
+		}
+		last = err
+		if wait == 0 {
+			// No Retry-After (a transport error): a short jittered backoff.
+			wait = time.Duration(100<<(attempt-1))*time.Millisecond + time.Duration(rand.Int64N(int64(50*time.Millisecond)))
+		}
+		if wait > c.opts.MaxWait {
+			return false, last
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false, fmt.Errorf("client: %w (last answer: %w)", ctx.Err(), last)
+		case <-t.C:
+		}
+	}
+}
+
+// once sends one request. wait is < 0 when the answer is final, else how
+// long to wait before trying again (0: not said).
+func (c *Client) once(ctx context.Context, method, path, key string, admin bool, raw []byte, out any) (replayed bool, wait time.Duration, err error) {
+	var body io.Reader
+	if raw != nil {
+		body = bytes.NewReader(raw)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	if err != nil {
+		return false, -1, fmt.Errorf("client: %w", err)
+	}
+	for k, vs := range c.opts.Header {
+		req.Header[k] = append(req.Header[k], vs...)
+	}
+	if raw != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	if admin && c.opts.AdminToken != "" {
+		req.Header.Set("Authorization", "Bearer "+c.opts.AdminToken)
+	}
+	resp, err := c.opts.HTTPClient.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return false, -1, fmt.Errorf("client: %w", err)
+		}
+		// Not reached, or no answer: with a key (or a GET) the same
+		// request is safe to send again.
+		if key != "" || method == http.MethodGet || method == http.MethodPut {
+			return false, 0, fmt.Errorf("client: %w", err)
+		}
+		return false, -1, fmt.Errorf("client: %w", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil {
+		return false, 0, fmt.Errorf("client: reading the answer: %w", err)
+	}
+	if resp.StatusCode/100 == 2 {
+		if out != nil {
+			if err := json.Unmarshal(b, out); err != nil {
+				return false, -1, fmt.Errorf("client: %s %s: answer: %w", method, path, err)
+			}
+		}
+		return resp.Header.Get("Idempotent-Replayed") == "true", -1, nil
+	}
+	p := &Problem{Status: resp.StatusCode}
+	if err := json.Unmarshal(b, p); err != nil || p.Type == "" {
+		p.Title, p.Detail = http.StatusText(resp.StatusCode), strings.TrimSpace(string(b))
+	}
+	p.Status = resp.StatusCode
+	if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s >= 0 {
+		p.RetryAfter = time.Duration(s) * time.Second
+	}
+	if resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusTooManyRequests {
+		return false, max(p.RetryAfter, 0), p
+	}
+	return false, -1, p
+}

@@ -1,0 +1,253 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/client"
+	"github.com/stockgate/stockgate/cluster"
+	"github.com/stockgate/stockgate/gateway"
+	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/ledger"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
+
+const token = "client-test-admin-token"
+
+// startGateway starts a real gateway (Redis Cluster, SQLite ledger) and
+// returns its URL.
+func startGateway(t *testing.T) string {
+	t.Helper()
+	c := testenv.SharedCluster(t)
+	a, err := app.Open(context.Background(), app.Options{
+		Redis:  cluster.Options{Addrs: c.Addrs()},
+		Ledger: ledger.Options{Driver: ledger.SQLite, DSN: testenv.SQLitePath(t)},
+		HTTP:   gateway.Options{AdminToken: token},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	a.Start(app.Loops{Sweep: true})
+	a.Server.SetReady(true)
+	hs := httptest.NewServer(a.Server.Handler())
+	t.Cleanup(hs.Close)
+	return hs.URL
+}
+
+func newClient(t *testing.T, base string, o client.Options) *client.Client {
+	t.Helper()
+	o.BaseURL = base
+	c, err := client.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// Every public and admin call against a real gateway, with the problems
+// matched as errors.
+func TestEveryCall(t *testing.T) {
+	ctx := context.Background()
+	base := startGateway(t)
+	c := newClient(t, base, client.Options{AdminToken: token})
+	sku := client.SKU{Program: testenv.ID(t, "p"), Ticket: "ga"}
+	if _, err := newClient(t, base, client.Options{}).PutSKU(ctx, sku, client.SKUConfig{Total: ptr[int64](5)}); !errors.Is(err, client.ErrUnauthorized) {
+		t.Fatalf("PutSKU without the token = %v, want ErrUnauthorized", err)
+	}
+	st, err := c.PutSKU(ctx, sku, client.SKUConfig{Total: ptr[int64](5), Shards: ptr(2), MaxPerOrder: ptr[int64](2)})
+	if err != nil || st.Total != 5 || st.Shards != 2 {
+		t.Fatalf("PutSKU = %+v, %v", st, err)
+	}
+	if err := c.PutProgram(ctx, sku.Program, 4); err != nil {
+		t.Fatalf("PutProgram: %v", err)
+	}
+	o, err := c.Purchase(ctx, sku, "k1", "ann", 2)
+	if err != nil || o.Quantity != 2 || o.OrderID == "" || o.Replayed {
+		t.Fatalf("Purchase = %+v, %v", o, err)
+	}
+	again, err := c.Purchase(ctx, sku, "k1", "ann", 2)
+	if err != nil || again.OrderID != o.OrderID || !again.Replayed {
+		t.Errorf("the same purchase again = %+v, %v; want the stored answer, replayed", again, err)
+	}
+	if _, err := c.Purchase(ctx, sku, "k1", "ann", 1); !errors.Is(err, client.ErrKeyReused) {
+		t.Errorf("a reused key = %v, want ErrKeyReused", err)
+	}
+	if _, err := c.Purchase(ctx, sku, "k2", "bob", 3); !errors.Is(err, client.ErrOverMax) {
+		t.Errorf("3 over a maximum of 2 = %v, want ErrOverMax", err)
+	}
+	if got, err := c.GetOrder(ctx, o.OrderID); err != nil || got.OrderID != o.OrderID {
+		t.Errorf("GetOrder = %+v, %v", got, err)
+	}
+	if _, err := c.GetOrder(ctx, "no-such-order"); !errors.Is(err, client.ErrUnknownOrder) {
+		t.Errorf("GetOrder of nothing = %v, want ErrUnknownOrder", err)
+	}
+	h, err := c.Hold(ctx, sku, "h1", "bob", 1, time.Minute)
+	if err != nil || h.State != "held" {
+		t.Fatalf("Hold = %+v, %v", h, err)
+	}
+	if _, err := c.Confirm(ctx, h.HoldID, "c1", "eve"); !errors.Is(err, client.ErrNotOwner) {
+		t.Errorf("Confirm by another buyer = %v, want ErrNotOwner", err)
+	}
+	co, err := c.Confirm(ctx, h.HoldID, "c1", "bob")
+	if err != nil || co.Quantity != 1 {
+		t.Fatalf("Confirm = %+v, %v", co, err)
+	}
+	if got, err := c.GetHold(ctx, h.HoldID); err != nil || got.State != "confirmed" {
+		t.Errorf("GetHold = %+v, %v; want confirmed", got, err)
+	}
+	h2, err := c.Hold(ctx, sku, "h2", "cat", 2, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Purchase(ctx, sku, "k3", "dan", 1); !errors.Is(err, client.ErrSoldOut) {
+		t.Errorf("purchase of the last, held units = %v, want ErrSoldOut", err)
+	} else {
+		var p *client.Problem
+		if !errors.As(err, &p) || p.Status != http.StatusConflict || p.Code() != "sold-out" {
+			t.Errorf("sold-out problem = %+v", p)
+		}
+	}
+	if got, err := c.Cancel(ctx, h2.HoldID, "x1", "cat"); err != nil || got.State != "cancelled" {
+		t.Errorf("Cancel = %+v, %v", got, err)
+	}
+	if _, err := c.Refund(ctx, o.OrderID, "r1", "ann"); err != nil {
+		t.Errorf("Refund: %v", err)
+	}
+	if s, err := c.Stock(ctx, sku); err != nil || s.Program != sku.Program {
+		t.Errorf("Stock = %+v, %v", s, err)
+	}
+	if r, err := c.Reconcile(ctx, sku); err != nil || r.Shards != 2 {
+		t.Errorf("Reconcile = %+v, %v", r, err)
+	}
+	if got, err := c.SKUState(ctx, sku); err != nil || got.Sold != 1 || got.Held != 0 {
+		t.Errorf("SKUState = %+v, %v; want 1 sold (the confirm), nothing held", got, err)
+	}
+	if got, err := c.EndSale(ctx, sku); err != nil || !got.Ended {
+		t.Errorf("EndSale = %+v, %v", got, err)
+	}
+	if _, err := c.Purchase(ctx, sku, "k4", "fay", 1); !errors.Is(err, client.ErrSaleEnded) {
+		t.Errorf("purchase after the end = %v, want ErrSaleEnded", err)
+	}
+
+	// Seats.
+	seated := client.SKU{Program: sku.Program, Ticket: "stalls"}
+	if _, err := c.PutSKU(ctx, seated, client.SKUConfig{Total: ptr[int64](0), Shards: ptr(1), MaxPerOrder: ptr[int64](4)}); err != nil {
+		t.Fatal(err)
+	}
+	var seats []client.Seat
+	for i := range 6 {
+		seats = append(seats, client.Seat{ID: fmt.Sprintf("A-%02d", i+1), Section: "A", Row: "A", Number: i + 1})
+	}
+	if n, err := c.PutSeats(ctx, seated, seats); err != nil || n != 6 {
+		t.Fatalf("PutSeats = %d, %v", n, err)
+	}
+	sh, err := c.HoldSeats(ctx, seated, "s1", "gus", []string{"A-01", "A-02"}, 0)
+	if err != nil || len(sh.Seats) != 2 {
+		t.Fatalf("HoldSeats = %+v, %v", sh, err)
+	}
+	if _, err := c.HoldSeats(ctx, seated, "s2", "hal", []string{"A-02", "A-03"}, 0); !errors.Is(err, client.ErrSeatsTaken) {
+		t.Errorf("taken seats = %v, want ErrSeatsTaken", err)
+	} else if !strings.Contains(err.Error(), "A-02") {
+		t.Errorf("seats-taken problem %q does not name A-02", err)
+	}
+	if best, err := c.HoldBestSeats(ctx, seated, "s3", "ivy", "A", 3, 0); err != nil || len(best.Seats) != 3 {
+		t.Errorf("HoldBestSeats = %+v, %v", best, err)
+	}
+	if raw, err := c.Seats(ctx, seated, "A"); err != nil || !strings.Contains(string(raw), "A-06") {
+		t.Errorf("Seats = %s, %v", raw, err)
+	}
+	if _, err := c.CheckSeats(ctx, seated); err != nil {
+		t.Errorf("CheckSeats: %v", err)
+	}
+}
+
+// A 503 (or 429) is sent again with the same Idempotency-Key after its
+// Retry-After, and the purchase is made once; with one attempt the problem
+// comes back as ErrUnavailable with its Retry-After.
+func TestRetriesWithTheSameKey(t *testing.T) {
+	ctx := context.Background()
+	target, err := url.Parse(startGateway(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	var mu sync.Mutex
+	var keys []string
+	refuse := 0
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/purchases") {
+			mu.Lock()
+			keys = append(keys, r.Header.Get("Idempotency-Key"))
+			n := refuse
+			if refuse > 0 {
+				refuse--
+			}
+			mu.Unlock()
+			if n > 0 {
+				// What a gateway answers while Redis and the ledger are both out.
+				w.Header().Set("Retry-After", "1")
+				w.Header().Set("Content-Type", "application/problem+json")
+				w.WriteHeader(http.StatusServiceUnavailable)
+				fmt.Fprint(w, `{"type":"https://stockgate.dev/problems/unavailable","title":"Service Unavailable","status":503}`)
+				return
+			}
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	defer front.Close()
+	c := newClient(t, front.URL, client.Options{AdminToken: token})
+	sku := client.SKU{Program: testenv.ID(t, "p"), Ticket: "ga"}
+	if _, err := c.PutSKU(ctx, sku, client.SKUConfig{Total: ptr[int64](10), Shards: ptr(1), MaxPerOrder: ptr[int64](2)}); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	refuse = 2
+	mu.Unlock()
+	o, err := c.Purchase(ctx, sku, "retry-1", "ann", 1)
+	if err != nil || o.Quantity != 1 {
+		t.Fatalf("purchase through two 503s = %+v, %v", o, err)
+	}
+	mu.Lock()
+	sent := append([]string(nil), keys...)
+	mu.Unlock()
+	if len(sent) != 3 || sent[0] != "retry-1" || sent[1] != "retry-1" || sent[2] != "retry-1" {
+		t.Errorf("keys sent: %v, want the same key three times", sent)
+	}
+	if st, err := c.SKUState(ctx, sku); err != nil || st.Sold != 1 {
+		t.Errorf("sold %d (%v) after a retried purchase, want 1", st.Sold, err)
+	}
+
+	once := newClient(t, front.URL, client.Options{Attempts: 1})
+	mu.Lock()
+	refuse = 1
+	mu.Unlock()
+	_, err = once.Purchase(ctx, sku, "retry-2", "bob", 1)
+	var p *client.Problem
+	if !errors.Is(err, client.ErrUnavailable) || !errors.As(err, &p) || p.RetryAfter != time.Second {
+		t.Errorf("one attempt at a 503 = %v (%+v), want ErrUnavailable with Retry-After 1s", err, p)
+	}
+}
+
+func TestOptionsValidate(t *testing.T) {
+	for _, o := range []client.Options{{}, {BaseURL: "gate.example"}, {BaseURL: "ftp://x"}, {BaseURL: "http://x", Attempts: -1},
+		{BaseURL: "http://x", MaxWait: -time.Second}} {
+		if _, err := client.New(o); err == nil {
+			t.Errorf("New(%+v) accepted", o)
+		}
+	}
+}

@@ -1,0 +1,73 @@
+package client
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Problem is a refusal or failure the gateway answered (RFC 9457
+// problem+json). Match a kind with errors.Is(err, client.ErrSoldOut), or
+// read the details with errors.As(err, &p).
+type Problem struct {
+	Type     string `json:"type"` // https://stockgate.dev/problems/<code>
+	Title    string `json:"title"`
+	Status   int    `json:"status"`
+	Detail   string `json:"detail,omitempty"`
+	Instance string `json:"instance,omitempty"`
+	// RetryAfter is the answer's Retry-After (503 and 429).
+	RetryAfter time.Duration `json:"-"`
+}
+
+// problemBase prefixes every problem type the gateway answers with.
+const problemBase = "https://stockgate.dev/problems/"
+
+// Code is the problem's kind, the last part of its type ("sold-out").
+func (p *Problem) Code() string { return strings.TrimPrefix(p.Type, problemBase) }
+
+func (p *Problem) Error() string {
+	if p.Detail != "" {
+		return fmt.Sprintf("stockgate: %d %s: %s", p.Status, p.Code(), p.Detail)
+	}
+	return fmt.Sprintf("stockgate: %d %s", p.Status, p.Code())
+}
+
+// Is matches the sentinel problems by code: errors.Is(err, ErrSoldOut).
+func (p *Problem) Is(target error) bool {
+	t, ok := target.(*Problem)
+	return ok && t.Status == 0 && t.Type != "" && t.Type == p.Type
+}
+
+func kind(code string) *Problem { return &Problem{Type: problemBase + code} }
+
+// The kinds of problem, by code; each is documented in the OpenAPI
+// document at /openapi.json.
+var (
+	ErrSoldOut        = kind("sold-out")                // 409: not enough stock left
+	ErrLimit          = kind("limit-reached")           // 409: the buyer's cap
+	ErrSaleEnded      = kind("sale-ended")              // 409
+	ErrKeyReused      = kind("idempotency-key-reused")  // 422: the key was used for another request
+	ErrOverMax        = kind("quantity-over-limit")     // 422: over the SKU's maximum per order
+	ErrInvalid        = kind("invalid-field")           // 422
+	ErrMalformed      = kind("malformed-json")          // 400
+	ErrInvalidID      = kind("invalid-id")              // 400
+	ErrInvalidKey     = kind("invalid-idempotency-key") // 400: missing or malformed Idempotency-Key
+	ErrUnknownSKU     = kind("unknown-sku")             // 404
+	ErrUnknownHold    = kind("unknown-hold")            // 404
+	ErrUnknownOrder   = kind("unknown-order")           // 404
+	ErrNotOwner       = kind("not-owner")               // 403
+	ErrHoldExpired    = kind("hold-expired")            // 410
+	ErrHoldCancelled  = kind("hold-cancelled")          // 409
+	ErrHoldConfirmed  = kind("hold-confirmed")          // 409
+	ErrSeatsTaken     = kind("seats-taken")             // 409: Detail names the seats
+	ErrNoAdjacent     = kind("no-adjacent-seats")
+	ErrUnknownSeats   = kind("unknown-seats")
+	ErrRateLimited    = kind("rate-limited")       // 429: retried by the client
+	ErrUnavailable    = kind("unavailable")        // 503: retried by the client
+	ErrOverloaded     = kind("overloaded")         // 503: retried by the client
+	ErrNotReady       = kind("not-ready")          // 503: starting or draining; retried
+	ErrRebuildBusy    = kind("reseed-in-progress") // 409 or 503
+	ErrUnauthorized   = kind("unauthorized")       // 401: admin token
+	ErrNotFound       = kind("not-found")          // 404: no such route
+	ErrBelowCommitted = kind("total-below-committed")
+)

@@ -16,8 +16,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -81,6 +83,7 @@ var ErrSchema = errors.New("ledger: schema is not this build's: run `stockgate m
 // Ledger is an open ledger database.
 type Ledger struct {
 	db      *sql.DB
+	release func() error
 	driver  string
 	now     func() time.Time
 	commits *prometheus.CounterVec
@@ -116,19 +119,16 @@ func Open(ctx context.Context, opts Options) (*Ledger, error) {
 	}
 	var db *sql.DB
 	var err error
+	var release func() error // closes db, or gives back a shared SQLite file
 	switch opts.Driver {
 	case SQLite:
-		// WAL with synchronous=FULL: a committed sale survives a power cut.
-		db, err = sql.Open("sqlite", "file:"+opts.DSN+
-			"?_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=busy_timeout(10000)&_pragma=foreign_keys(1)&_txlock=immediate")
-		if err == nil {
-			db.SetMaxOpenConns(1)
-		}
+		db, release, err = openSQLite(opts.DSN)
 	case Postgres:
 		db, err = openPostgres(opts.DSN)
 		if err == nil {
 			db.SetMaxOpenConns(opts.MaxConns)
 			db.SetMaxIdleConns(opts.MaxConns)
+			release = db.Close
 		}
 	default:
 		return nil, fmt.Errorf("ledger: unknown driver %q (want %q or %q)", opts.Driver, SQLite, Postgres)
@@ -136,7 +136,7 @@ func Open(ctx context.Context, opts Options) (*Ledger, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ledger: open: %w", err)
 	}
-	l := &Ledger{db: db, driver: opts.Driver, now: opts.Now,
+	l := &Ledger{db: db, release: release, driver: opts.Driver, now: opts.Now,
 		commits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "stockgate_ledger_writes_total",
 			Help: "Ledger write transactions by operation and result (ok, duplicate, refused, error). A group-committed batch counts once.",
@@ -155,13 +155,13 @@ func Open(ctx context.Context, opts Options) (*Ledger, error) {
 	if opts.Metrics != nil {
 		for _, c := range []prometheus.Collector{l.commits, l.latency, l.batch} {
 			if err := opts.Metrics.Register(c); err != nil {
-				db.Close()
+				release()
 				return nil, fmt.Errorf("ledger: metrics: %w", err)
 			}
 		}
 	}
 	if err := l.migrate(ctx, !opts.NoMigrate); err != nil {
-		db.Close()
+		release()
 		return nil, err
 	}
 	return l, nil
@@ -186,8 +186,60 @@ func openPostgres(dsn string) (*sql.DB, error) {
 	return stdlib.OpenDB(*cfg), nil
 }
 
-// Close closes the database.
-func (l *Ledger) Close() error { return l.db.Close() }
+// Close closes the database (a shared SQLite file once its last ledger
+// closes).
+func (l *Ledger) Close() error { return l.release() }
+
+// sqliteFiles shares one connection per SQLite file among the ledgers one
+// process opens on it. SQLite has one writer at a time: two connections in
+// one process contend through its busy handler, which polls, and a
+// connection that commits and begins again at once starves the other past
+// any busy timeout (seen: SQLITE_BUSY after 10 s in a test running two
+// ledgers on one file). On one connection the writers queue in Go instead.
+var sqliteFiles = struct {
+	sync.Mutex
+	open map[string]*sharedFile
+}{open: map[string]*sharedFile{}}
+
+type sharedFile struct {
+	db   *sql.DB
+	refs int
+}
+
+func openSQLite(path string) (*sql.DB, func() error, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	sqliteFiles.Lock()
+	defer sqliteFiles.Unlock()
+	f := sqliteFiles.open[abs]
+	if f == nil {
+		// WAL with synchronous=FULL: a committed sale survives a power cut.
+		db, err := sql.Open("sqlite", "file:"+path+
+			"?_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=busy_timeout(10000)&_pragma=foreign_keys(1)&_txlock=immediate")
+		if err != nil {
+			return nil, nil, err
+		}
+		db.SetMaxOpenConns(1)
+		f = &sharedFile{db: db}
+		sqliteFiles.open[abs] = f
+	}
+	f.refs++
+	var once sync.Once
+	release := func() (err error) {
+		once.Do(func() {
+			sqliteFiles.Lock()
+			defer sqliteFiles.Unlock()
+			if f.refs--; f.refs == 0 {
+				delete(sqliteFiles.open, abs)
+				err = f.db.Close()
+			}
+		})
+		return err
+	}
+	return f.db, release, nil
+}
 
 const schema = `
 CREATE TABLE IF NOT EXISTS skus (

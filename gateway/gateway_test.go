@@ -154,7 +154,9 @@ func (e *env) do(t *testing.T, method, path string, header map[string]string, bo
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return reply{resp.StatusCode, resp.Header, b}
+	r := reply{resp.StatusCode, resp.Header, b}
+	checkContract(t, method, path, r)
+	return r
 }
 
 func (e *env) putSKU(t *testing.T, sku stock.SKU, total int64, shards int, maxPerOrder int64) {

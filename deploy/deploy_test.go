@@ -1,6 +1,7 @@
-// Package deploy holds the container image recipe, the Kubernetes
-// manifests (kustomize), the reference Redis Cluster values, the Grafana
-// dashboard and the alert rules. Its test checks them.
+// Package deploy holds the container image recipe, the Helm chart (with the
+// Grafana dashboard and the alert rules), and make run's local cluster
+// script. Its tests render the chart with Helm's Go SDK and check every
+// object, strictly typed.
 package deploy
 
 import (
@@ -16,14 +17,41 @@ import (
 	"testing"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/engine"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
-	"sigs.k8s.io/kustomize/api/krusty"
-	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 )
+
+// scaledObject is the part of KEDA's ScaledObject the chart writes (KEDA's
+// Go module is not a dependency for one type); decoded strictly like the
+// others.
+type scaledObject struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Metadata   struct {
+		Name   string            `json:"name"`
+		Labels map[string]string `json:"labels"`
+	} `json:"metadata"`
+	Spec struct {
+		ScaleTargetRef struct {
+			Name string `json:"name"`
+		} `json:"scaleTargetRef"`
+		MinReplicaCount int `json:"minReplicaCount"`
+		MaxReplicaCount int `json:"maxReplicaCount"`
+		Triggers        []struct {
+			Type       string            `json:"type"`
+			MetricType string            `json:"metricType,omitempty"`
+			Metadata   map[string]string `json:"metadata"`
+		} `json:"triggers"`
+	} `json:"spec"`
+}
 
 // decodeStrict decodes one manifest into its official API type, refusing
 // any field the type does not have.
@@ -56,6 +84,12 @@ func decodeStrict(t *testing.T, doc []byte) (kind string, obj any) {
 		obj = &monitoringv1.ServiceMonitor{}
 	case "monitoring.coreos.com/v1 PrometheusRule":
 		obj = &monitoringv1.PrometheusRule{}
+	case "batch/v1 Job":
+		obj = &batchv1.Job{}
+	case "networking.k8s.io/v1 NetworkPolicy":
+		obj = &networkingv1.NetworkPolicy{}
+	case "keda.sh/v1alpha1 ScaledObject":
+		obj = &scaledObject{}
 	default:
 		t.Fatalf("unexpected manifest kind %s %s", meta.APIVersion, meta.Kind)
 	}
@@ -67,27 +101,62 @@ func decodeStrict(t *testing.T, doc []byte) (kind string, obj any) {
 	return meta.Kind, obj
 }
 
-// build runs kustomize on the base, as `kubectl kustomize deploy/k8s/base`.
-func build(t *testing.T) map[string]any {
+// build renders the chart with its default values, as `helm template
+// stockgate deploy/helm/stockgate --namespace stockgate` does.
+func build(t *testing.T) map[string]any { return render(t) }
+
+// render renders the chart with Helm's Go SDK, with the values files given
+// over the chart's defaults (checked against values.schema.json), and
+// decodes every object strictly.
+func render(t *testing.T, valueFiles ...string) map[string]any {
 	t.Helper()
-	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
-	res, err := k.Run(filesys.MakeFsOnDisk(), "k8s/base")
+	ch, err := loader.Load("helm/stockgate")
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := res.AsYaml()
+	vals := map[string]any{}
+	for _, f := range valueFiles {
+		v, err := chartutil.ReadValuesFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		vals = chartutil.CoalesceTables(v.AsMap(), vals)
+	}
+	rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: "stockgate", Namespace: "stockgate",
+		Revision: 1, IsInstall: true}, chartutil.DefaultCapabilities)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("values: %v", err)
+	}
+	out, err := engine.Render(ch, rv)
+	if err != nil {
+		t.Fatalf("render: %v", err)
 	}
 	objs := map[string]any{}
-	for _, doc := range bytes.Split(out, []byte("\n---\n")) {
-		if len(bytes.TrimSpace(doc)) == 0 {
+	for name, text := range out {
+		if !strings.HasSuffix(name, ".yaml") {
 			continue
 		}
-		kind, obj := decodeStrict(t, doc)
-		objs[kind+"/"+nameOf(obj)] = obj
+		for _, doc := range strings.Split(text, "\n---") {
+			if strings.TrimSpace(stripComments(doc)) == "" {
+				continue
+			}
+			kind, obj := decodeStrict(t, []byte(doc))
+			objs[kind+"/"+nameOf(obj)] = obj
+		}
 	}
 	return objs
+}
+
+// stripComments drops YAML comment lines (a template that renders nothing
+// but its comments is no object).
+func stripComments(doc string) string {
+	var b strings.Builder
+	for _, l := range strings.Split(doc, "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(l), "#") {
+			b.WriteString(l + "\n")
+		}
+	}
+	return b.String()
 }
 
 func nameOf(obj any) string {
@@ -99,36 +168,25 @@ func nameOf(obj any) string {
 	return m.Metadata.Name
 }
 
-// Every manifest file, and everything kustomize builds from them, decodes
-// strictly into the Kubernetes (and Prometheus Operator) API types, with
-// what operators rely on in place.
+// The chart renders, with its default values and with a production-like
+// values file, into objects that decode strictly into the Kubernetes (and
+// Prometheus Operator) API types, with what operators rely on in place.
 func TestManifests(t *testing.T) {
-	files, _ := filepath.Glob("k8s/base/*.yaml")
-	for _, f := range files {
-		if strings.HasSuffix(f, "kustomization.yaml") {
-			continue
-		}
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		decodeStrict(t, b)
-	}
 	objs := build(t)
 	want := []string{"Deployment/stockgate", "Service/stockgate", "HorizontalPodAutoscaler/stockgate",
-		"PodDisruptionBudget/stockgate", "ConfigMap/stockgate", "Secret/stockgate", "ServiceMonitor/stockgate",
-		"PrometheusRule/stockgate", "ConfigMap/stockgate-dashboard", "Namespace/stockgate"}
+		"PodDisruptionBudget/stockgate", "ConfigMap/stockgate", "ServiceMonitor/stockgate",
+		"PrometheusRule/stockgate", "ConfigMap/stockgate-dashboard", "Job/stockgate-migrate"}
 	for _, w := range want {
 		if objs[w] == nil {
-			t.Errorf("kustomize output lacks %s (has %v)", w, keys(objs))
+			t.Errorf("the chart's default render lacks %s (has %v)", w, keys(objs))
 		}
 	}
 	d, _ := objs["Deployment/stockgate"].(*appsv1.Deployment)
 	if d == nil {
 		t.Fatal("no Deployment")
 	}
-	if d.Namespace != "stockgate" || d.Labels["app.kubernetes.io/name"] != "stockgate" {
-		t.Errorf("deployment namespace %q labels %v", d.Namespace, d.Labels)
+	if d.Labels["app.kubernetes.io/name"] != "stockgate" {
+		t.Errorf("deployment labels %v", d.Labels)
 	}
 	pod := d.Spec.Template.Spec
 	c := pod.Containers[0]
@@ -243,7 +301,7 @@ func TestAlertRules(t *testing.T) {
 		t.Fatalf("promtool check rules: %v\n%s", err, out)
 	}
 	// The unit tests, next to the extracted rules (they name rules.yaml).
-	tests, err := os.ReadFile("k8s/alerts_test.yaml")
+	tests, err := os.ReadFile("helm/alerts_test.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -327,4 +385,113 @@ func keys(m map[string]any) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// The production-like values: secrets from an existing Secret, metrics and
+// admin on their own port (and Service, scraped there), KEDA pre-scaling
+// instead of the HPA, a NetworkPolicy; and the migration Job as a hook.
+func TestChartProductionValues(t *testing.T) {
+	objs := render(t, "helm/values-production.yaml")
+	if objs["HorizontalPodAutoscaler/stockgate"] != nil {
+		t.Error("an HPA beside KEDA's ScaledObject: two owners of the replica count")
+	}
+	so, _ := objs["ScaledObject/stockgate"].(*scaledObject)
+	if so == nil || len(so.Spec.Triggers) != 2 || so.Spec.Triggers[0].Type != "cron" ||
+		so.Spec.Triggers[0].Metadata["desiredReplicas"] != "85" || so.Spec.Triggers[0].Metadata["timezone"] != "Europe/London" {
+		t.Errorf("pre-scaling: %+v", so)
+	}
+	if objs["NetworkPolicy/stockgate"] == nil {
+		t.Error("no NetworkPolicy")
+	}
+	d := objs["Deployment/stockgate"].(*appsv1.Deployment)
+	c := d.Spec.Template.Spec.Containers[0]
+	secret := false
+	for _, e := range c.EnvFrom {
+		secret = secret || (e.SecretRef != nil && e.SecretRef.Name == "stockgate-secrets")
+	}
+	if !secret || objs["Secret/stockgate"] != nil {
+		t.Errorf("secrets: from stockgate-secrets %v, a chart-made Secret %v", secret, objs["Secret/stockgate"] != nil)
+	}
+	admin := false
+	for _, p := range c.Ports {
+		admin = admin || (p.Name == "admin" && p.ContainerPort == 9090)
+	}
+	as, _ := objs["Service/stockgate-admin"].(*corev1.Service)
+	sm := objs["ServiceMonitor/stockgate"].(*monitoringv1.ServiceMonitor)
+	if !admin || as == nil || sm.Spec.Endpoints[0].Port != "admin" || sm.Spec.Selector.MatchLabels["app.kubernetes.io/component"] != "admin" {
+		t.Errorf("metrics on the admin port: container port %v, admin Service %v, scraped on %q", admin, as != nil, sm.Spec.Endpoints[0].Port)
+	}
+	if sm.Labels["release"] != "kube-prometheus-stack" {
+		t.Errorf("ServiceMonitor labels %v: kube-prometheus-stack selects on release", sm.Labels)
+	}
+	job := objs["Job/stockgate-migrate"].(*batchv1.Job)
+	if job.Annotations["helm.sh/hook"] != "pre-install,pre-upgrade" || job.Spec.Template.Spec.Containers[0].Args[0] != "migrate" {
+		t.Errorf("migration job: hook %q args %v", job.Annotations["helm.sh/hook"], job.Spec.Template.Spec.Containers[0].Args)
+	}
+	if cm := objs["ConfigMap/stockgate"].(*corev1.ConfigMap); cm.Data["STOCKGATE_MIGRATE"] != "false" {
+		t.Errorf("the serving pods migrate (STOCKGATE_MIGRATE %q) although the Job does", cm.Data["STOCKGATE_MIGRATE"])
+	}
+}
+
+// values.schema.json refuses values that cannot work.
+func TestChartValuesSchema(t *testing.T) {
+	ch, err := loader.Load("helm/stockgate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []map[string]any{
+		{"replicas": 0},
+		{"env": map[string]any{"NOT_OURS": "x"}},
+		{"autoscaling": map[string]any{"cpuUtilization": 150}},
+		{"imagee": map[string]any{}},
+	} {
+		if _, err := chartutil.ToRenderValues(ch, bad, chartutil.ReleaseOptions{Name: "stockgate", Namespace: "stockgate"},
+			chartutil.DefaultCapabilities); err == nil {
+			t.Errorf("values %v accepted", bad)
+		}
+	}
+}
+
+// The prometheus-adapter rule in the values serves the metric the HPA
+// asks for, from a series the gateway exports, with a query that parses.
+func TestAdapterRule(t *testing.T) {
+	v, err := chartutil.ReadValuesFile("helm/stockgate/values.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rule, err := v.Table("adapterRule")
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, _ := rule["name"].(map[string]any)
+	hpa := build(t)["HorizontalPodAutoscaler/stockgate"].(*autoscalingv2.HorizontalPodAutoscaler)
+	var asked string
+	for _, m := range hpa.Spec.Metrics {
+		if m.Pods != nil {
+			asked = m.Pods.Metric.Name
+		}
+	}
+	if asked == "" || name["as"] != asked {
+		t.Errorf("the adapter serves %v, the HPA asks for %q", name["as"], asked)
+	}
+	series, _ := rule["seriesQuery"].(string)
+	if !strings.HasPrefix(series, "stockgate_http_requests_total{") {
+		t.Errorf("seriesQuery %q does not read stockgate_http_requests_total", series)
+	}
+	q, _ := rule["metricsQuery"].(string)
+	q = strings.NewReplacer("<<.Series>>", "stockgate_http_requests_total", "<<.LabelMatchers>>", `namespace="stockgate",pod=~"stockgate-.*"`,
+		"<<.GroupBy>>", "pod").Replace(q)
+	groups, _ := yaml.Marshal(map[string]any{"groups": []any{map[string]any{"name": "adapter",
+		"rules": []any{map[string]string{"record": "adapter:rule", "expr": q}}}}})
+	f := filepath.Join(t.TempDir(), "adapter.yaml")
+	if err := os.WriteFile(f, groups, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Fatal("promtool not found: `make test` installs it")
+	}
+	if out, err := exec.Command(promtool, "check", "rules", f).CombinedOutput(); err != nil {
+		t.Errorf("the adapter's query does not parse: %v\n%s", err, out)
+	}
 }

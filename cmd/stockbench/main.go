@@ -97,13 +97,32 @@ func (f *headerFlag) String() string { return "" }
 
 func (f *headerFlag) Set(v string) error {
 	name, value, ok := strings.Cut(v, ":")
-	name = strings.TrimSpace(name)
-	if !ok || name == "" || strings.ContainsAny(name, " \t\r\n") || strings.ContainsAny(value, "\r\n") {
+	name, value = strings.TrimSpace(name), strings.TrimSpace(value)
+	if !ok || !isToken(name) || strings.ContainsFunc(value, isCTL) {
 		return fmt.Errorf("want 'Name: value', got %q", v)
 	}
-	f.h.Add(name, strings.TrimSpace(value))
+	f.h.Add(name, value)
 	return nil
 }
+
+// isToken reports whether s is an HTTP field name (RFC 9110 token). Checked
+// here because net/http refuses a bad one only when it sends it: every
+// request of the run would fail as a transport error.
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range []byte(s) {
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// isCTL reports a control character a field value may not hold (tab may).
+func isCTL(r rune) bool { return r != '\t' && (r < 0x20 || r == 0x7f) }
 
 // parseRun reads run's flags. A bad flag is a usageError; -h is
 // flag.ErrHelp.

@@ -210,6 +210,9 @@ func TestRunRefusesBadFlags(t *testing.T) {
 		{"-n", "0"},                                          // unbounded
 		{"-H", "no colon"},
 		{"-H", ": empty name"},
+		{"-H", "X(bad): v"},
+		{"-H", "Na me: v"},
+		{"-H", "X-Bell: a\x07b"},
 		{"-run-id", "has space"},
 		{"-run-id", strings.Repeat("x", 25)},
 		{"-sku", "no-slash"},
@@ -228,15 +231,15 @@ func TestRunRefusesBadFlags(t *testing.T) {
 	if _, err := parseRun([]string{"-h"}, io.Discard); !errors.Is(err, flag.ErrHelp) {
 		t.Errorf("-h = %v, want flag.ErrHelp", err)
 	}
-	c, err := parseRun([]string{"-ramp", "10:200", "-duration", "20s", "-H", "A: 1", "-H", "A: 2"}, io.Discard)
-	if err != nil || c.rate != 10 || c.rateEnd != 200 || len(c.header.Values("A")) != 2 {
+	c, err := parseRun([]string{"-ramp", "10:200", "-duration", "20s", "-H", "A: 1", "-H", "A: 2", "-H", "X-Tab: a\tb"}, io.Discard)
+	if err != nil || c.rate != 10 || c.rateEnd != 200 || len(c.header.Values("A")) != 2 || c.header.Get("X-Tab") != "a\tb" {
 		t.Errorf("good flags = %+v, %v", c, err)
 	}
 }
 
 // The command exits 2 on a bad flag, 0 on -h.
 func TestRunExitStatus(t *testing.T) {
-	for args, want := range map[string]int{"-scenario nope": 2, "-H bad": 2, "-h": 0} {
+	for args, want := range map[string]int{"-scenario nope": 2, "-H bad": 2, "-H X(bad):v": 2, "-h": 0} {
 		cmd := exec.Command(os.Args[0], append([]string{"run"}, strings.Fields(args)...)...)
 		cmd.Env = append(os.Environ(), "STOCKBENCH_MAIN=1")
 		out, err := cmd.CombinedOutput()

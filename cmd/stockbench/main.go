@@ -129,7 +129,8 @@ func isCTL(r rune) bool { return r != '\t' && (r < 0x20 || r == 0x7f) }
 func parseRun(args []string, stderr io.Writer) (runConfig, error) {
 	c := runConfig{header: http.Header{}}
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	// A bad flag is one line, printed by main; only -h lists the flags.
+	fs.SetOutput(io.Discard)
 	fs.StringVar(&c.url, "url", "http://localhost:8080", "gateway base URL")
 	fs.StringVar(&c.scenario, "scenario", "flash", "flash, steady, reads, soldout or holds")
 	fs.Uint64Var(&c.n, "n", 50_000, "requests (0: until -duration)")
@@ -147,9 +148,12 @@ func parseRun(args []string, stderr io.Writer) (runConfig, error) {
 	fs.StringVar(&c.plot, "plot", "", "write a latency-over-time HTML chart here")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(stderr)
+			fmt.Fprintln(stderr, "usage: stockbench run [flags]")
+			fs.PrintDefaults()
 			return c, err
 		}
-		return c, usageError{err.Error()}
+		return c, usageError{err.Error() + " (stockbench run -h lists the flags)"}
 	}
 	if fs.NArg() > 0 {
 		return c, badFlag("unexpected argument %q", fs.Arg(0))

@@ -253,5 +253,11 @@ func TestRunExitStatus(t *testing.T) {
 		if code != want {
 			t.Errorf("stockbench run %s exited %d (%s), want %d", args, code, out, want)
 		}
+		if lines := strings.Count(strings.TrimSpace(string(out)), "\n") + 1; want == 2 && lines != 1 {
+			t.Errorf("stockbench run %s printed %d lines (%s), want one", args, lines, out)
+		}
+		if want == 0 && !strings.Contains(string(out), "-run-id") {
+			t.Errorf("stockbench run -h printed %q, want the flags", out)
+		}
 	}
 }

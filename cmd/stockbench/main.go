@@ -1,15 +1,26 @@
 // Command stockbench is stockgate's load tool and benchmark.
 //
 //	stockbench run -url http://localhost:8080 -scenario flash -n 100000
-//	    drives one scenario at a running gateway and prints a summary table
-//	    and a ledger audit (flash, steady, reads, soldout, holds). Every
-//	    Idempotency-Key and buyer carries the run's id (-run-id, random by
-//	    default), so runs never collide. -duration bounds it in time (with
-//	    -n 0, only in time); -rate paces it open loop, -ramp A:B ramps the
-//	    rate linearly over -duration; -sku program/ticket drives an existing
-//	    SKU with no admin call (and no audit); -H 'Name: value' adds a header
-//	    to every request; -json prints a machine-readable summary. A bad
-//	    flag exits 2.
+//	    drives one scenario at a running gateway (flash, steady, reads,
+//	    soldout, holds) and prints a summary table and a ledger audit.
+//	    -run-id ID      goes into every Idempotency-Key and buyer (random
+//	                    8 hex digits by default), so runs never collide;
+//	                    the same id sends the same keys again
+//	    -n N            requests (default 50,000; 0: until -duration)
+//	    -duration D     stop after D; without -n only D bounds the run,
+//	                    with both the first reached stops it
+//	    -rate R         open loop at R requests/s (default closed loop:
+//	                    as fast as -workers are answered)
+//	    -ramp A:B       open loop from A to B requests/s, linear over
+//	                    -duration (which it needs)
+//	    -sku P/T        drive the existing SKU P/T: no admin call, no
+//	                    audit, no -admin-token needed
+//	    -H 'Name: v'    a header on every request, admin calls too
+//	                    (repeatable)
+//	    -json           a JSON summary on stdout instead of the table
+//	    A flash sale's SKU gets a tenth of the requests the run will send
+//	    as stock (1,000,000 assumed for a closed-loop run bounded only in
+//	    time). A bad flag exits 2 with one line; -h lists every flag.
 //	stockbench suite -out docs/BENCHMARKS.md
 //	    starts its own Redis Cluster and PostgreSQL, runs stockgate and the
 //	    approaches it replaces side by side on this machine, and writes the
@@ -133,7 +144,7 @@ func parseRun(args []string, stderr io.Writer) (runConfig, error) {
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&c.url, "url", "http://localhost:8080", "gateway base URL")
 	fs.StringVar(&c.scenario, "scenario", "flash", "flash, steady, reads, soldout or holds")
-	fs.Uint64Var(&c.n, "n", 50_000, "requests (0: until -duration)")
+	fs.Uint64Var(&c.n, "n", 50_000, "requests; 0, or left out with -duration: until -duration")
 	fs.DurationVar(&c.duration, "duration", 0, "stop after this long (0: after -n requests)")
 	fs.IntVar(&c.rate, "rate", 0, "open-loop requests per second (0: as fast as -workers allow)")
 	ramp := fs.String("ramp", "", "open-loop ramp START:END requests per second, linear over -duration")
@@ -157,6 +168,9 @@ func parseRun(args []string, stderr io.Writer) (runConfig, error) {
 	}
 	if fs.NArg() > 0 {
 		return c, badFlag("unexpected argument %q", fs.Arg(0))
+	}
+	if c.duration > 0 && !isSet(fs, "n") {
+		c.n = 0 // "-duration 5m" means five minutes, not 50,000 requests
 	}
 	switch c.scenario {
 	case "flash", "steady", "reads", "soldout", "holds":
@@ -211,6 +225,13 @@ func parseRun(args []string, stderr io.Writer) (runConfig, error) {
 		return c, badFlag("-program %q: want [A-Za-z0-9_-]{1,64}", c.program)
 	}
 	return c, nil
+}
+
+// isSet reports whether the command line gave the flag.
+func isSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // isID reports whether s is an id the gateway takes.
@@ -291,15 +312,17 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 }
 
 // plan names the SKUs the run drives and the stock it gives the ones it
-// creates.
+// creates: a flash sale has a tenth of the run's requests, the others more
+// than it sends.
 func (c runConfig) plan() (int64, []string) {
 	if c.sku != "" {
 		return 0, []string{c.sku}
 	}
 	sku := c.program + "/ga"
+	reqs := c.requests()
 	switch c.scenario {
 	case "flash":
-		return int64(max(c.n/10, 1)), []string{sku}
+		return int64(max(reqs/10, 1)), []string{sku}
 	case "soldout":
 		return 0, []string{sku}
 	case "reads":
@@ -309,9 +332,33 @@ func (c runConfig) plan() (int64, []string) {
 		for i := range c.skus {
 			names = append(names, fmt.Sprintf("%s/t%d", c.program, i))
 		}
-		return int64(max(c.n, 1_000_000)), names
+		return int64(max(reqs, 1_000_000)), names
 	}
-	return int64(max(c.n, 1_000_000)), []string{sku} // holds
+	return int64(max(reqs, 1_000_000)), []string{sku} // holds
+}
+
+// unknownRequests is what plan assumes of a run only its duration and the
+// gateway's speed bound (closed loop, -n 0).
+const unknownRequests = 1_000_000
+
+// requests is how many requests the run will send, at most: -n, or what
+// its rate (the mean of a ramp) sends over -duration, whichever is less.
+func (c runConfig) requests() uint64 {
+	if c.rate == 0 || c.duration == 0 {
+		if c.n == 0 {
+			return unknownRequests
+		}
+		return c.n
+	}
+	end := c.rate
+	if c.rateEnd > 0 {
+		end = c.rateEnd
+	}
+	paced := uint64(float64(c.rate+end) / 2 * c.duration.Seconds())
+	if c.n == 0 {
+		return paced
+	}
+	return min(c.n, paced)
 }
 
 // runSummary is `stockbench run -json`.

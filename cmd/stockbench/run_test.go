@@ -261,3 +261,30 @@ func TestRunExitStatus(t *testing.T) {
 		}
 	}
 }
+
+// -duration alone bounds a run in time only, and a flash sale's stock is a
+// tenth of what the run will send, however it is bounded.
+func TestRunPlanFollowsItsBounds(t *testing.T) {
+	for _, tc := range []struct {
+		args  []string
+		n     uint64
+		units int64
+	}{
+		{nil, 50_000, 5_000},
+		{[]string{"-n", "50"}, 50, 5},
+		{[]string{"-duration", "1m"}, 0, unknownRequests / 10},
+		{[]string{"-duration", "1m", "-n", "500"}, 500, 50},
+		{[]string{"-n", "0", "-duration", "10s", "-rate", "100"}, 0, 100},
+		{[]string{"-n", "300", "-duration", "10s", "-rate", "100"}, 300, 30},
+		{[]string{"-duration", "10s", "-ramp", "100:300"}, 0, 200},
+		{[]string{"-scenario", "holds", "-duration", "10s", "-rate", "200000"}, 0, 2_000_000},
+	} {
+		c, err := parseRun(tc.args, io.Discard)
+		if err != nil {
+			t.Fatalf("parseRun(%q) = %v", tc.args, err)
+		}
+		if units, _ := c.plan(); c.n != tc.n || units != tc.units {
+			t.Errorf("parseRun(%q): -n %d, stock %d; want %d, %d", tc.args, c.n, units, tc.n, tc.units)
+		}
+	}
+}

@@ -250,17 +250,8 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 		return badFlag("-url %q: want http(s)://host[:port]", c.url)
 	}
 	admin := newAdmin(c.url, c.token, c.header, 0)
-	prefix := c.scenario + "-" + c.runID + "-"
 	units, names := c.plan()
-	var sc loadgen.Scenario
-	switch c.scenario {
-	case "reads":
-		sc = loadgen.Reads(names[0], c.n)
-	case "holds":
-		sc = loadgen.Holds(names[0], prefix, c.n)
-	default:
-		sc = loadgen.Purchases(names, prefix, c.n)
-	}
+	sc := c.load(names)
 	if c.sku == "" {
 		for _, s := range names {
 			if err := admin.putSKU(s, units, 12); err != nil {
@@ -335,6 +326,19 @@ func (c runConfig) plan() (int64, []string) {
 		return int64(max(reqs, 1_000_000)), names
 	}
 	return int64(max(reqs, 1_000_000)), []string{sku} // holds
+}
+
+// load is the run's requests at the SKUs. Every key and buyer starts with
+// the scenario and the run id, so no two runs share one.
+func (c runConfig) load(skus []string) loadgen.Scenario {
+	prefix := c.scenario + "-" + c.runID + "-"
+	switch c.scenario {
+	case "reads":
+		return loadgen.Reads(skus[0], c.n)
+	case "holds":
+		return loadgen.Holds(skus[0], prefix, c.n)
+	}
+	return loadgen.Purchases(skus, prefix, c.n)
 }
 
 // unknownRequests is what plan assumes of a run only its duration and the

@@ -7,6 +7,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -15,6 +17,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/stockgate/stockgate/keys"
 )
 
 // TestMain lets a test run the command itself (exit statuses).
@@ -37,9 +43,10 @@ type seen struct {
 // about (the gateway itself is tested against real servers elsewhere).
 // Purchases and holds alternate 201 and 409.
 type recorder struct {
-	mu   sync.Mutex
-	reqs []seen
-	n    int
+	mu    sync.Mutex
+	reqs  []seen
+	n     int
+	codes map[string]uint64 // what it answered the load, by status
 }
 
 func (r *recorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
@@ -50,18 +57,35 @@ func (r *recorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.reqs = append(r.reqs, seen{req.Method, req.URL.Path, req.Header.Get("Idempotency-Key"), body.Buyer, req.Header.Clone()})
 	r.n++
 	odd := r.n%2 == 1
-	r.mu.Unlock()
+	code := http.StatusOK
 	switch {
 	case strings.HasPrefix(req.URL.Path, "/v1/admin/"):
+		r.mu.Unlock()
 		fmt.Fprint(w, `{"total":100,"sold":3,"held":0}`)
+		return
 	case req.Method == http.MethodPost && odd:
-		w.WriteHeader(http.StatusCreated)
-		fmt.Fprint(w, `{"hold_id":"h1","buyer":"b"}`)
+		code = http.StatusCreated
 	case req.Method == http.MethodPost:
-		w.WriteHeader(http.StatusConflict)
-	default:
+		code = http.StatusConflict
+	}
+	if r.codes == nil {
+		r.codes = map[string]uint64{}
+	}
+	r.codes[fmt.Sprint(code)]++
+	r.mu.Unlock()
+	w.WriteHeader(code)
+	switch code {
+	case http.StatusCreated:
+		fmt.Fprint(w, `{"hold_id":"h1","buyer":"b"}`)
+	case http.StatusOK:
 		fmt.Fprint(w, `{"remaining":1}`)
 	}
+}
+
+func (r *recorder) answered() map[string]uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maps.Clone(r.codes)
 }
 
 func (r *recorder) requests() []seen {
@@ -171,32 +195,78 @@ func TestRunJSONSummary(t *testing.T) {
 	if carried != 30 {
 		t.Fatalf("%d holds carried the run id, want 30", carried)
 	}
-	// The recorder alternates 201 and 409 over its 30 holds (the admin PUT
-	// before them is its first request): 15 of each, in any order.
-	if got.Result.Requests != 30 || got.Result.Codes["201"] != 15 || got.Result.Codes["409"] != 15 || got.RunID != "r42" ||
-		got.Scenario != "holds" {
-		t.Errorf("summary %+v: want 30 requests, 15 answered 201 and 15 409, run r42", got)
+	answered := rec.answered()
+	if diff := cmp.Diff(answered, got.Result.Codes); diff != "" || answered["201"] == 0 || answered["409"] == 0 {
+		t.Errorf("summary codes differ from the recorder's answers %v (-answered +summary):\n%s", answered, diff)
+	}
+	if got.Result.Requests != 30 || got.RunID != "r42" || got.Scenario != "holds" || got.Result.ElapsedSeconds <= 0 ||
+		got.Result.RequestsPerSecond <= 0 {
+		t.Errorf("summary %+v: want 30 requests, run r42, scenario holds, an elapsed time and a rate", got)
 	}
 	if got.Audit == nil || got.Audit.Total != 100 || got.Audit.SoldHeld != 3 || got.Audit.Created != got.Result.Codes["201"] {
 		t.Errorf("audit %+v: want the recorder's SKU (100 total, 3 sold) and the 201 count", got.Audit)
 	}
-	if _, ok := got.Result.LatencyMS["p99"]; !ok {
-		t.Errorf("latencies %v: want p99", got.Result.LatencyMS)
+	for _, q := range []string{"p50", "p90", "p99", "max"} {
+		if v, ok := got.Result.LatencyMS[q]; !ok || v < 0 {
+			t.Errorf("latencies %v: want %s", got.Result.LatencyMS, q)
+		}
 	}
 }
 
-// -n 0 with -duration runs until the duration is up, not forever.
+// -n 0 with -duration runs until the duration is up, not forever, open
+// loop and closed.
 func TestRunStopsAtDuration(t *testing.T) {
-	rec := &recorder{}
-	run(t, rec, "-scenario", "reads", "-n", "0", "-duration", "300ms", "-rate", "50")
-	reads := 0
-	for _, r := range rec.requests() {
-		if r.method == http.MethodGet && !strings.HasPrefix(r.path, "/v1/admin/") {
-			reads++
+	for _, args := range [][]string{
+		{"-scenario", "reads", "-n", "0", "-duration", "300ms", "-rate", "50"},
+		{"-scenario", "reads", "-duration", "300ms"},
+	} {
+		rec := &recorder{}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			srv := httptest.NewServer(rec)
+			defer srv.Close()
+			_ = runCmd(append([]string{"-url", srv.URL, "-workers", "4"}, args...), io.Discard, io.Discard)
+		}()
+		// Not a timing assertion: a run that ignores -duration never ends,
+		// and this says so instead of hanging until go test's timeout.
+		select {
+		case <-done:
+		case <-time.After(time.Minute):
+			t.Fatalf("run %q still going after a minute", args)
+		}
+		if got := rec.answered()["200"]; got == 0 {
+			t.Errorf("run %q sent no reads", args)
 		}
 	}
-	if reads == 0 {
-		t.Fatal("a -duration run sent nothing")
+}
+
+// The longest run id parseRun takes, the longest scenario name and the
+// largest request number still make keys and buyers the gateway takes: one
+// it refuses is a 400 for every request of the run.
+func TestRunKeysAreIDs(t *testing.T) {
+	longest := ""
+	for n := 1; n <= keys.MaxIDLen; n++ {
+		if _, err := parseRun([]string{"-run-id", strings.Repeat("r", n)}, io.Discard); err == nil {
+			longest = strings.Repeat("r", n)
+		}
+	}
+	for _, scenario := range []string{"flash", "steady", "soldout", "holds"} {
+		c, err := parseRun([]string{"-scenario", scenario, "-run-id", longest, "-n", "0", "-duration", "1s"}, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, names := c.plan()
+		req, ok := c.load(names)(math.MaxUint64)
+		var body struct{ Buyer string }
+		if err := json.Unmarshal([]byte(req.Body), &body); !ok || err != nil {
+			t.Fatalf("%s request %d: %q, %v, %v", scenario, uint64(math.MaxUint64), req.Body, ok, err)
+		}
+		for _, id := range []string{req.Header.Get("Idempotency-Key"), body.Buyer} {
+			if _, err := keys.ParseID(id); err != nil {
+				t.Errorf("%s with -run-id %q: keys.ParseID(%q) = %v", scenario, longest, id, err)
+			}
+		}
 	}
 }
 

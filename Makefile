@@ -4,7 +4,7 @@ RUN_DIR := .run
 GO ?= go
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run stop test bench compare fuzz deps-redis deps-postgres deps-pgbouncer deps-promtool build vet
+.PHONY: run stop test bench compare fuzz dashboard deps-redis deps-postgres deps-pgbouncer deps-promtool deps-chromium build vet
 
 build:
 	$(GO) build -o $(RUN_DIR)/stockgate ./cmd/stockgate
@@ -63,6 +63,19 @@ stop:
 	  for i in $$(seq 50); do kill -0 $$pid 2>/dev/null || break; sleep 0.1; done; \
 	  rm -f $(RUN_DIR)/stockgate.pid; fi
 	@RUN_DIR=$(RUN_DIR) deploy/local/cluster.sh stop
+
+# Installs Debian's Chromium when it is missing (headless, for pictures and
+# browser tests).
+deps-chromium:
+	@command -v chromium >/dev/null || { \
+	  echo "make: chromium not found; installing it with apt-get"; \
+	  $(SUDO) apt-get update -q && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
+
+# docs/dashboard.png: the chart's Grafana dashboard, every panel's query
+# answered by a real Prometheus scrape of `make run` under load (about 3
+# minutes), drawn by deploy/local/dashshot (Grafana is not installable here).
+dashboard: run deps-promtool deps-chromium
+	@RUN_DIR=$(RUN_DIR) deploy/local/dashboard.sh
 
 vet:
 	$(GO) vet ./...

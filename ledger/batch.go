@@ -475,12 +475,12 @@ func insertOrders(ctx context.Context, tx *sql.Tx, orders []Order) (map[keys.ID]
 		var vals []string
 		var args []any
 		for _, o := range chunk {
-			vals = append(vals, placeholders(len(args), 12))
+			vals = append(vals, placeholders(len(args), 13))
 			args = append(args, o.ID, o.IdempotencyKey, o.RequestHash, o.SKU.Program, o.SKU.Ticket, o.Buyer, o.Quantity,
-				o.Gate, o.GateKey, o.HoldID, o.CreatedAt.UnixMilli(), o.TakeEpoch)
+				o.Gate, o.GateKey, o.HoldID, o.CreatedAt.UnixMilli(), o.TakeEpoch, o.CartID)
 		}
 		got, err := tx.QueryContext(ctx, `INSERT INTO orders (id, idem_key, request_hash, program, ticket, buyer, quantity, gate,
-			gate_key, hold_id, created_at, take_epoch)
+			gate_key, hold_id, created_at, take_epoch, cart_id)
 			VALUES `+strings.Join(vals, ", ")+` ON CONFLICT (idem_key) DO NOTHING RETURNING idem_key`, args...)
 		if err := collectIDs(got, err, inserted); err != nil {
 			return nil, notCommitted("insert orders", err)

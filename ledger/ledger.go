@@ -294,9 +294,12 @@ CREATE TABLE IF NOT EXISTS orders (
 	take_epoch    BIGINT NOT NULL DEFAULT 0,
 	restore_epoch BIGINT NOT NULL DEFAULT 0,
 	restore_shards INTEGER NOT NULL DEFAULT 1,
+	-- the cart the order is a line of ('' for a single purchase)
+	cart_id      TEXT   NOT NULL DEFAULT '',
 	created_at   BIGINT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS orders_sku ON orders (program, ticket);
+CREATE INDEX IF NOT EXISTS orders_cart ON orders (cart_id);
 CREATE TABLE IF NOT EXISTS holds (
 	id              TEXT    PRIMARY KEY,
 	idem_key        TEXT    NOT NULL UNIQUE,
@@ -391,6 +394,7 @@ var added = []struct{ table, name, def string }{
 	{"holds", "take_epoch", "BIGINT NOT NULL DEFAULT 0"},
 	{"holds", "restore_epoch", "BIGINT NOT NULL DEFAULT 0"},
 	{"holds", "restore_shards", "INTEGER NOT NULL DEFAULT 1"},
+	{"orders", "cart_id", "TEXT NOT NULL DEFAULT ''"},
 }
 
 // schemaDigest names this build's schema. A ledger that already carries
@@ -689,6 +693,7 @@ type Order struct {
 	// IdempotencyKey.
 	GateKey    keys.ID   `json:"-"`
 	HoldID     keys.ID   `json:"hold_id,omitzero"`
+	CartID     keys.ID   `json:"cart_id,omitzero"` // the cart it is a line of
 	RefundedAt time.Time `json:"refunded_at,omitzero"`
 	CreatedAt  time.Time `json:"created_at"`
 	// Req is the client request that creates the order (zero for an
@@ -833,11 +838,11 @@ func notCommitted(step string, err error) error {
 
 func insertOrder(ctx context.Context, tx *sql.Tx, o Order) (bool, error) {
 	res, err := tx.ExecContext(ctx, `
-		INSERT INTO orders (id, idem_key, request_hash, program, ticket, buyer, quantity, gate, gate_key, hold_id, created_at, take_epoch)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+		INSERT INTO orders (id, idem_key, request_hash, program, ticket, buyer, quantity, gate, gate_key, hold_id, created_at, take_epoch, cart_id)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
 		ON CONFLICT (idem_key) DO NOTHING`,
 		o.ID, o.IdempotencyKey, o.RequestHash, o.SKU.Program, o.SKU.Ticket, o.Buyer, o.Quantity, o.Gate, o.GateKey,
-		o.HoldID, o.CreatedAt.UnixMilli(), o.TakeEpoch)
+		o.HoldID, o.CreatedAt.UnixMilli(), o.TakeEpoch, o.CartID)
 	if err != nil {
 		return false, notCommitted("insert order", err)
 	}
@@ -1094,13 +1099,13 @@ func (l *Ledger) OrderByID(ctx context.Context, id keys.ID) (Order, error) {
 }
 
 const selectOrder = `SELECT id, idem_key, request_hash, program, ticket, buyer, quantity, gate, gate_key, hold_id,
-	refunded_at, created_at, take_epoch FROM orders`
+	refunded_at, created_at, take_epoch, cart_id FROM orders`
 
 func scanOrder(r rowScanner) (Order, error) {
 	var o Order
 	var created, refunded int64
 	err := r.Scan(&o.ID, &o.IdempotencyKey, &o.RequestHash, &o.SKU.Program, &o.SKU.Ticket, &o.Buyer, &o.Quantity,
-		&o.Gate, &o.GateKey, &o.HoldID, &refunded, &created, &o.TakeEpoch)
+		&o.Gate, &o.GateKey, &o.HoldID, &refunded, &created, &o.TakeEpoch, &o.CartID)
 	if errors.Is(err, sql.ErrNoRows) {
 		return o, ErrNotFound
 	}

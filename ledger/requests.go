@@ -24,6 +24,7 @@ const (
 	OpConfirm  = "confirm"
 	OpCancel   = "cancel"
 	OpRefund   = "refund"
+	OpCart     = "cart"
 )
 
 // Request is a client's request as the ledger remembers it: its
@@ -56,6 +57,7 @@ type Recorded struct {
 	SKU       stock.SKU
 	Order     *Order // purchase, confirm, refund
 	Hold      *Hold  // hold, seat hold, cancel
+	Cart      *Cart  // cart
 	CreatedAt time.Time
 }
 
@@ -65,12 +67,20 @@ type Recorded struct {
 type snapshot struct {
 	Order *orderSnap `json:"o,omitempty"`
 	Hold  *holdSnap  `json:"h,omitempty"`
+	Cart  *cartSnap  `json:"c,omitempty"`
+}
+
+type cartSnap struct {
+	ID, Program, Buyer keys.ID
+	CreatedAt          int64
+	Orders             []orderSnap
 }
 
 // Their ids are keys.IDs, so a stored answer is checked again as it is
 // read; their JSON is the same text as before.
 type orderSnap struct {
 	ID, RequestID, GateKey, Program, Ticket, Buyer, HoldID keys.ID
+	CartID                                                 keys.ID `json:",omitzero"`
 	Quantity, CreatedAt, RefundedAt                        int64
 }
 
@@ -81,12 +91,31 @@ type holdSnap struct {
 	Seats                                          []keys.ID
 }
 
+func snapOrder(o *Order) *orderSnap {
+	return &orderSnap{ID: o.ID, RequestID: o.IdempotencyKey, GateKey: o.GateKey, Program: o.SKU.Program,
+		Ticket: o.SKU.Ticket, Buyer: o.Buyer, HoldID: o.HoldID, CartID: o.CartID, Quantity: o.Quantity,
+		CreatedAt: o.CreatedAt.UnixMilli(), RefundedAt: ms(o.RefundedAt)}
+}
+
+func (o *orderSnap) order(req Request) Order {
+	return Order{ID: o.ID, IdempotencyKey: o.RequestID, GateKey: o.GateKey, SKU: stock.SKU{Program: o.Program, Ticket: o.Ticket},
+		Buyer: o.Buyer, HoldID: o.HoldID, CartID: o.CartID, Quantity: o.Quantity, CreatedAt: fromMS(o.CreatedAt),
+		RefundedAt: fromMS(o.RefundedAt), Req: req}
+}
+
+func encodeCart(c *Cart) string {
+	s := snapshot{Cart: &cartSnap{ID: c.ID, Program: c.Program, Buyer: c.Buyer, CreatedAt: c.CreatedAt.UnixMilli()}}
+	for i := range c.Orders {
+		s.Cart.Orders = append(s.Cart.Orders, *snapOrder(&c.Orders[i]))
+	}
+	b, _ := json.Marshal(s) // plain structs of strings and integers: cannot fail
+	return string(b)
+}
+
 func encodeSnapshot(o *Order, h *Hold) string {
 	var s snapshot
 	if o != nil {
-		s.Order = &orderSnap{ID: o.ID, RequestID: o.IdempotencyKey, GateKey: o.GateKey, Program: o.SKU.Program,
-			Ticket: o.SKU.Ticket, Buyer: o.Buyer, HoldID: o.HoldID, Quantity: o.Quantity,
-			CreatedAt: o.CreatedAt.UnixMilli(), RefundedAt: ms(o.RefundedAt)}
+		s.Order = snapOrder(o)
 	}
 	if h != nil {
 		s.Hold = &holdSnap{ID: h.ID, RequestID: h.IdempotencyKey, Program: h.SKU.Program, Ticket: h.SKU.Ticket,
@@ -103,9 +132,14 @@ func decodeSnapshot(raw string, r *Recorded) error {
 		return fmt.Errorf("ledger: stored answer: %w", err)
 	}
 	if o := s.Order; o != nil {
-		r.Order = &Order{ID: o.ID, IdempotencyKey: o.RequestID, GateKey: o.GateKey, SKU: stock.SKU{Program: o.Program, Ticket: o.Ticket},
-			Buyer: o.Buyer, HoldID: o.HoldID, Quantity: o.Quantity, CreatedAt: fromMS(o.CreatedAt), RefundedAt: fromMS(o.RefundedAt),
-			Req: r.Request}
+		ord := o.order(r.Request)
+		r.Order = &ord
+	}
+	if c := s.Cart; c != nil {
+		r.Cart = &Cart{ID: c.ID, Program: c.Program, Buyer: c.Buyer, CreatedAt: fromMS(c.CreatedAt), Req: r.Request}
+		for i := range c.Orders {
+			r.Cart.Orders = append(r.Cart.Orders, c.Orders[i].order(Request{}))
+		}
 	}
 	if h := s.Hold; h != nil {
 		r.Hold = &Hold{ID: h.ID, IdempotencyKey: h.RequestID, SKU: stock.SKU{Program: h.Program, Ticket: h.Ticket}, Buyer: h.Buyer,

@@ -180,6 +180,41 @@ func (c *Client) Purchase(ctx context.Context, sku SKU, key, buyer string, quant
 	return o, err
 }
 
+// CartLine is one line of a cart: quantity tickets of one ticket id.
+type CartLine struct {
+	Ticket   string `json:"ticket"`
+	Quantity int64  `json:"quantity"`
+}
+
+// Cart is a committed cart: an order per line, in ticket order.
+type Cart struct {
+	CartID    string    `json:"cart_id"`
+	Program   string    `json:"program"`
+	Buyer     string    `json:"buyer"`
+	Orders    []Order   `json:"orders"`
+	CreatedAt time.Time `json:"created_at"`
+	// Replayed is true when the answer is the stored one of an earlier
+	// request with the same key.
+	Replayed bool `json:"-"`
+}
+
+// PurchaseCart buys every line of a cart of one program, or none; a
+// refusal's Problem names the refused line in Lines.
+func (c *Client) PurchaseCart(ctx context.Context, program, key, buyer string, lines []CartLine) (Cart, error) {
+	var out Cart
+	replayed, err := c.call(ctx, http.MethodPost, "/v1/programs/"+url.PathEscape(program)+"/carts", key, false,
+		map[string]any{"buyer": buyer, "lines": lines}, &out)
+	out.Replayed = replayed
+	return out, err
+}
+
+// GetCart reads a cart and its orders as they are now.
+func (c *Client) GetCart(ctx context.Context, cartID string) (Cart, error) {
+	var out Cart
+	_, err := c.call(ctx, http.MethodGet, "/v1/carts/"+url.PathEscape(cartID), "", false, nil, &out)
+	return out, err
+}
+
 // Hold holds quantity tickets for buyer; ttl 0 takes the SKU's default.
 func (c *Client) Hold(ctx context.Context, sku SKU, key, buyer string, quantity int64, ttl time.Duration) (Hold, error) {
 	body := map[string]any{"buyer": buyer, "quantity": quantity}

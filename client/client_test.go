@@ -174,6 +174,33 @@ func TestEveryCall(t *testing.T) {
 	if _, err := c.CheckSeats(ctx, seated); err != nil {
 		t.Errorf("CheckSeats: %v", err)
 	}
+
+	// Carts.
+	program := testenv.ID(t, "c")
+	for _, ticket := range []string{"adult", "child"} {
+		if _, err := c.PutSKU(ctx, client.SKU{Program: program, Ticket: ticket}, client.SKUConfig{Total: ptr[int64](3), Shards: ptr(1), MaxPerOrder: ptr[int64](4)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cart, err := c.PurchaseCart(ctx, program, "cart1", "jo", []client.CartLine{{Ticket: "child", Quantity: 1}, {Ticket: "adult", Quantity: 2}})
+	if err != nil || len(cart.Orders) != 2 || cart.Orders[0].Ticket != "adult" || cart.Replayed {
+		t.Fatalf("PurchaseCart = %+v, %v", cart, err)
+	}
+	if again, err := c.PurchaseCart(ctx, program, "cart1", "jo", []client.CartLine{{Ticket: "adult", Quantity: 2}, {Ticket: "child", Quantity: 1}}); err != nil ||
+		again.CartID != cart.CartID || !again.Replayed {
+		t.Errorf("the same cart again = %+v, %v; want the replay", again, err)
+	}
+	_, err = c.PurchaseCart(ctx, program, "cart2", "kim", []client.CartLine{{Ticket: "adult", Quantity: 2}, {Ticket: "child", Quantity: 1}})
+	var p *client.Problem
+	if !errors.Is(err, client.ErrSoldOut) || !errors.As(err, &p) || len(p.Lines) != 1 || p.Lines[0].Ticket != "adult" {
+		t.Errorf("a cart with adult sold out = %v (%+v), want sold-out naming adult", err, p)
+	}
+	if got, err := c.GetCart(ctx, cart.CartID); err != nil || got.CartID != cart.CartID || len(got.Orders) != 2 {
+		t.Errorf("GetCart = %+v, %v", got, err)
+	}
+	if _, err := c.GetCart(ctx, "no-such-cart"); !errors.Is(err, client.ErrUnknownCart) {
+		t.Errorf("GetCart of nothing = %v, want ErrUnknownCart", err)
+	}
 }
 
 // A 503 (or 429) is sent again with the same Idempotency-Key after its

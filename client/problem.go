@@ -15,8 +15,16 @@ type Problem struct {
 	Status   int    `json:"status"`
 	Detail   string `json:"detail,omitempty"`
 	Instance string `json:"instance,omitempty"`
+	// Lines are the cart lines a cart was refused for.
+	Lines []RefusedLine `json:"lines,omitempty"`
 	// RetryAfter is the answer's Retry-After (503 and 429).
 	RetryAfter time.Duration `json:"-"`
+}
+
+// RefusedLine is a cart line a refusal names, and the code of why.
+type RefusedLine struct {
+	Ticket string `json:"ticket"`
+	Code   string `json:"code"`
 }
 
 // problemBase prefixes every problem type the gateway answers with.
@@ -55,6 +63,7 @@ var (
 	ErrUnknownSKU     = kind("unknown-sku")             // 404
 	ErrUnknownHold    = kind("unknown-hold")            // 404
 	ErrUnknownOrder   = kind("unknown-order")           // 404
+	ErrUnknownCart    = kind("unknown-cart")            // 404
 	ErrNotOwner       = kind("not-owner")               // 403
 	ErrHoldExpired    = kind("hold-expired")            // 410
 	ErrHoldCancelled  = kind("hold-cancelled")          // 409

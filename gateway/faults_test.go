@@ -801,6 +801,16 @@ func (l *countingLedger) Refund(ctx context.Context, id, buyer keys.ID, req ledg
 	return l.Ledger.Refund(ctx, id, buyer, req)
 }
 
+func (l *countingLedger) PurchaseCart(ctx context.Context, c ledger.Cart, direct bool) (ledger.Cart, error) {
+	l.note("PurchaseCart")
+	return l.Ledger.PurchaseCart(ctx, c, direct)
+}
+
+func (l *countingLedger) CartByID(ctx context.Context, id keys.ID) (ledger.Cart, error) {
+	l.note("CartByID")
+	return l.Ledger.CartByID(ctx, id)
+}
+
 func (l *countingLedger) OrderByID(ctx context.Context, id keys.ID) (ledger.Order, error) {
 	l.note("OrderByID")
 	return l.Ledger.OrderByID(ctx, id)

@@ -22,6 +22,16 @@ type Problem struct {
 	Status   int    `json:"status"`
 	Detail   string `json:"detail,omitempty"`
 	Instance string `json:"instance,omitempty"`
+	// Lines are the cart lines a cart was refused for (an extension
+	// member, as RFC 9457 allows).
+	Lines []problemLine `json:"lines,omitempty"`
+}
+
+// problemLine is a cart line a refusal names: its ticket and why (a
+// problem type's last segment).
+type problemLine struct {
+	Ticket string `json:"ticket"`
+	Code   string `json:"code"`
 }
 
 // problemBase prefixes the type URIs; they name documentation anchors.
@@ -40,6 +50,11 @@ func retryAfter(wait time.Duration) int {
 
 // retryAfter > 0 sets Retry-After in seconds (429 and 503).
 func writeProblem(c *gin.Context, status int, kind, detail string, retryAfter int) {
+	writeProblemLines(c, status, kind, detail, retryAfter, nil)
+}
+
+// writeProblemLines is writeProblem naming the cart lines refused.
+func writeProblemLines(c *gin.Context, status int, kind, detail string, retryAfter int, lines []problemLine) {
 	if retryAfter > 0 {
 		c.Header("Retry-After", strconv.Itoa(retryAfter))
 	}
@@ -50,6 +65,7 @@ func writeProblem(c *gin.Context, status int, kind, detail string, retryAfter in
 		Status:   status,
 		Detail:   detail,
 		Instance: c.Request.URL.Path,
+		Lines:    lines,
 	}})
 	c.Abort()
 }
@@ -73,6 +89,7 @@ var statusOf = map[*sale.Err]int{
 	sale.ErrUnknownSKU:      http.StatusNotFound,
 	sale.ErrUnknownHold:     http.StatusNotFound,
 	sale.ErrUnknownOrder:    http.StatusNotFound,
+	sale.ErrUnknownCart:     http.StatusNotFound,
 	sale.ErrNotOwner:        http.StatusForbidden,
 	sale.ErrKeyReused:       http.StatusUnprocessableEntity,
 	sale.ErrOverMax:         http.StatusUnprocessableEntity,
@@ -124,5 +141,9 @@ func (s *Server) writeError(c *gin.Context, err error) {
 	if status >= 500 {
 		s.log.WarnContext(c.Request.Context(), "request failed", "route", c.FullPath(), "status", status, "err", err)
 	}
-	writeProblem(c, status, kind.Code, sale.Detail(err), retry)
+	var lines []problemLine
+	for _, l := range sale.Lines(err) {
+		lines = append(lines, problemLine{Ticket: l.Ticket, Code: l.Code})
+	}
+	writeProblemLines(c, status, kind.Code, sale.Detail(err), retry, lines)
 }

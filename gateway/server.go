@@ -244,6 +244,8 @@ func (s *Server) routes(set routeSet) (*gin.Engine, error) {
 	v1.POST("/skus/:program/:ticket/seat-holds", s.postSeatHold)
 	v1.GET("/skus/:program/:ticket/seats", s.getSeats)
 	v1.POST("/orders/:id/refund", s.refundOrder)
+	v1.POST("/programs/:program/carts", s.postCart)
+	v1.GET("/carts/:id", s.getCart)
 	return e, nil
 }
 

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -253,4 +254,94 @@ func buyerField(c *gin.Context, text string) (keys.ID, bool) {
 		return keys.ID{}, false
 	}
 	return buyer, true
+}
+
+// cartBody is the JSON of a cart: tickets of one program, a line each.
+type cartBody struct {
+	Buyer string         `json:"buyer"`
+	Lines []cartLineBody `json:"lines"`
+}
+
+type cartLineBody struct {
+	Ticket   string `json:"ticket"`
+	Quantity *int64 `json:"quantity"`
+}
+
+// cartView is the body of a cart: its orders, one per line.
+type cartView struct {
+	CartID    string      `json:"cart_id"`
+	Program   string      `json:"program"`
+	Buyer     string      `json:"buyer"`
+	Orders    []orderView `json:"orders"`
+	CreatedAt time.Time   `json:"created_at"`
+}
+
+func cartViewOf(c sale.Cart) cartView {
+	v := cartView{CartID: c.ID.String(), Program: c.Program.String(), Buyer: c.Buyer.String(), CreatedAt: c.CreatedAt,
+		Orders: make([]orderView, 0, len(c.Orders))}
+	for _, o := range c.Orders {
+		v.Orders = append(v.Orders, orderViewOf(o))
+	}
+	return v
+}
+
+// postCart handles POST /v1/programs/:program/carts: every line or none.
+func (s *Server) postCart(c *gin.Context) {
+	program, err := keys.ParseID(c.Param("program"))
+	if err != nil {
+		writeProblem(c, http.StatusBadRequest, "invalid-id", "program ids match [A-Za-z0-9_-]{1,64}", 0)
+		return
+	}
+	ask, ok := s.ask(c)
+	if !ok {
+		return
+	}
+	var body cartBody
+	if !s.decodeBody(c, &body) {
+		return
+	}
+	if ask.Buyer, ok = buyerField(c, body.Buyer); !ok {
+		return
+	}
+	if len(body.Lines) == 0 || len(body.Lines) > sale.MaxCartLines {
+		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", fmt.Sprintf("lines must have 1 to %d lines", sale.MaxCartLines), 0)
+		return
+	}
+	t := sale.CartTake{Ask: ask, Program: program}
+	for i, l := range body.Lines {
+		ticket, err := keys.ParseID(l.Ticket)
+		if err != nil {
+			writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", fmt.Sprintf("lines[%d].ticket must match [A-Za-z0-9_-]{1,64}", i), 0)
+			return
+		}
+		if l.Quantity == nil || *l.Quantity < 1 {
+			writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", fmt.Sprintf("lines[%d].quantity must be an integer >= 1", i), 0)
+			return
+		}
+		t.Lines = append(t.Lines, sale.CartLine{Ticket: ticket, Quantity: *l.Quantity})
+	}
+	r, err := s.sale.PurchaseCart(c.Request.Context(), t)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	if r.Replayed {
+		c.Header("Idempotent-Replayed", "true")
+	}
+	c.Header("Location", "/v1/carts/"+r.Cart.ID.String())
+	c.JSON(http.StatusCreated, cartViewOf(*r.Cart))
+}
+
+// getCart handles GET /v1/carts/:id.
+func (s *Server) getCart(c *gin.Context) {
+	id, ok := idParam(c, "cart")
+	if !ok {
+		return
+	}
+	cart, err := s.sale.CartByID(c.Request.Context(), id)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, cartViewOf(cart))
 }

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/stockgate/stockgate/keys"
 )
 
 // Err is a kind of refusal or failure: a stable code (the API's problem
@@ -25,6 +27,7 @@ var (
 	ErrUnknownSKU      = newErr("unknown-sku", "no such program/ticket")
 	ErrUnknownHold     = newErr("unknown-hold", "no such hold")
 	ErrUnknownOrder    = newErr("unknown-order", "no such order")
+	ErrUnknownCart     = newErr("unknown-cart", "no such cart")
 	ErrNotOwner        = newErr("not-owner", "this buyer does not own it")
 	ErrKeyReused       = newErr("idempotency-key-reused", "this Idempotency-Key was used for a different request")
 	ErrOverMax         = newErr("quantity-over-limit", "quantity over this ticket's maximum per order")
@@ -54,7 +57,7 @@ var (
 
 // Kinds lists every kind above, for tables that must cover them all.
 func Kinds() []*Err {
-	return []*Err{ErrInvalid, ErrUnknownSKU, ErrUnknownHold, ErrUnknownOrder, ErrNotOwner, ErrKeyReused, ErrOverMax, ErrSoldOut, ErrLimit, ErrSaleEnded, ErrHoldExpired, ErrHoldCancelled, ErrHoldConfirmed, ErrSeated, ErrNotSeated, ErrNoSeating, ErrUnknownSeats, ErrSeatsTaken, ErrSeatsNotInGate, ErrSeatsSpan, ErrNoAdjacent, ErrSeatMapRefused, ErrBelowCommitted, ErrRebuildBusy, ErrBusy, ErrUnavailable, ErrNotRebuilt, ErrGateNotClosed, ErrSeatsNotInRedis}
+	return []*Err{ErrInvalid, ErrUnknownSKU, ErrUnknownHold, ErrUnknownOrder, ErrUnknownCart, ErrNotOwner, ErrKeyReused, ErrOverMax, ErrSoldOut, ErrLimit, ErrSaleEnded, ErrHoldExpired, ErrHoldCancelled, ErrHoldConfirmed, ErrSeated, ErrNotSeated, ErrNoSeating, ErrUnknownSeats, ErrSeatsTaken, ErrSeatsNotInGate, ErrSeatsSpan, ErrNoAdjacent, ErrSeatMapRefused, ErrBelowCommitted, ErrRebuildBusy, ErrBusy, ErrUnavailable, ErrNotRebuilt, ErrGateNotClosed, ErrSeatsNotInRedis}
 }
 
 // refusal is an Err with a detail for this request (and the seats it
@@ -63,6 +66,32 @@ type refusal struct {
 	kind   *Err
 	detail string
 	seats  []string
+	lines  []RefusedLine
+}
+
+// RefusedLine is a line of a cart that could not be had, and why (the
+// code of an Err).
+type RefusedLine struct {
+	Ticket string
+	Code   string
+}
+
+// refuseLine returns kind for the cart line of ticket.
+func refuseLine(kind *Err, ticket keys.ID, detail string) error {
+	if detail == "" {
+		detail = kind.Msg
+	}
+	return &refusal{kind: kind, detail: "ticket " + ticket.String() + ": " + detail,
+		lines: []RefusedLine{{Ticket: ticket.String(), Code: kind.Code}}}
+}
+
+// Lines are the cart lines a refusal names, if any.
+func Lines(err error) []RefusedLine {
+	var r *refusal
+	if errors.As(err, &r) {
+		return r.lines
+	}
+	return nil
 }
 
 func (r *refusal) Error() string { return r.detail }

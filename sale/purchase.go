@@ -18,6 +18,7 @@ import (
 type answer struct {
 	order    ledger.Order
 	hold     *ledger.Hold
+	cart     *ledger.Cart
 	replayed bool
 	err      error
 }

@@ -20,6 +20,23 @@ type request struct {
 	key   keys.ID // the client's Idempotency-Key
 	op    string  // ledger.OpPurchase, …
 	fp    string  // fingerprint: the operation and everything it asks
+	line  int     // a cart's line (from 1): its own gate records; 0 for the request itself
+}
+
+// lineOf is the request of line i (from 0) of a cart request: the same
+// ledger request, with gate records of its own.
+func (r request) lineOf(i int) request {
+	r.line = i + 1
+	return r
+}
+
+// lineSuffix makes a line's ids its own. A client key cannot contain the
+// NUL byte, so no request's ids equal a line's.
+func (r request) lineSuffix() string {
+	if r.line == 0 {
+		return ""
+	}
+	return "\x00line\x00" + strconv.Itoa(r.line)
 }
 
 // newRequest fingerprints what a request asks: its operation and its
@@ -35,14 +52,14 @@ func newRequest(buyer, key keys.ID, op string, fields ...string) request {
 // client can never name or collide with an id the service uses: client
 // keys only ever go in through the hash.
 func (r request) gateID() keys.ID {
-	h := sha256.Sum256([]byte(r.scope.String() + "\x00" + r.key.String() + "\x00" + r.fp))
+	h := sha256.Sum256([]byte(r.scope.String() + "\x00" + r.key.String() + "\x00" + r.fp + r.lineSuffix()))
 	return keys.MustID(hex.EncodeToString(h[:16]))
 }
 
 // keyID is the id of the client's key within its scope, whatever the
 // fingerprint: the quota count remembers which keys it counted by it.
 func (r request) keyID() keys.ID {
-	h := sha256.Sum256([]byte(r.scope.String() + "\x00" + r.key.String()))
+	h := sha256.Sum256([]byte(r.scope.String() + "\x00" + r.key.String() + r.lineSuffix()))
 	return keys.MustID(hex.EncodeToString(h[:16]))
 }
 

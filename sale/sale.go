@@ -79,6 +79,8 @@ type Ledger interface {
 	ProgramCap(ctx context.Context, program keys.ID) (int64, error)
 	SetShards(ctx context.Context, sku stock.SKU, n int) error
 	SKUs(ctx context.Context, after stock.SKU, limit int) ([]ledger.SKUState, error)
+	PurchaseCart(ctx context.Context, c ledger.Cart, direct bool) (ledger.Cart, error)
+	CartByID(ctx context.Context, id keys.ID) (ledger.Cart, error)
 }
 
 // Options configures a Service. The zero value of a setting takes its

@@ -64,6 +64,7 @@ func holdOf(h ledger.Hold) Hold {
 type Result struct {
 	Order    *Order
 	Hold     *Hold
+	Cart     *Cart
 	Replayed bool
 }
 
@@ -73,6 +74,9 @@ func (a answer) result() (Result, error) {
 	}
 	r := Result{Replayed: a.replayed}
 	switch {
+	case a.cart != nil:
+		c := cartOf(*a.cart)
+		r.Cart = &c
 	case a.hold != nil:
 		h := holdOf(*a.hold)
 		r.Hold = &h

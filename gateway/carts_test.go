@@ -1,0 +1,273 @@
+package gateway_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/stock"
+)
+
+type cartReply struct {
+	CartID  string `json:"cart_id"`
+	Program string `json:"program"`
+	Buyer   string `json:"buyer"`
+	Orders  []struct {
+		OrderID  string `json:"order_id"`
+		Ticket   string `json:"ticket"`
+		Quantity int64  `json:"quantity"`
+	} `json:"orders"`
+	Lines []struct {
+		Ticket string `json:"ticket"`
+		Code   string `json:"code"`
+	} `json:"lines"` // of a refusal
+	Type string `json:"type"`
+}
+
+// cartBody is the JSON of a cart of the given ticket:quantity lines.
+func cartBody(buyer string, lines map[string]int64, order ...string) string {
+	var ls []string
+	for _, t := range order {
+		if q, ok := lines[t]; ok {
+			ls = append(ls, fmt.Sprintf(`{"ticket":%q,"quantity":%d}`, t, q))
+		}
+	}
+	return fmt.Sprintf(`{"buyer":%q,"lines":[%s]}`, buyer, strings.Join(ls, ","))
+}
+
+func (e *env) cart(t *testing.T, program keys.ID, key, body string) (reply, cartReply) {
+	t.Helper()
+	r := e.do(t, http.MethodPost, "/v1/programs/"+program.String()+"/carts", map[string]string{"Idempotency-Key": key}, body)
+	var c cartReply
+	if len(r.body) > 0 {
+		if err := json.Unmarshal(r.body, &c); err != nil {
+			t.Errorf("cart answer %s: %v", r.body, err)
+		}
+	}
+	return r, c
+}
+
+// cartSKUs creates adult, child and parking tickets of a new program with
+// the given totals (shards 4, 2, 1; up to 4 per order) and a program cap.
+func cartSKUs(t *testing.T, e *env, totals [3]int64, programCap int64) (keys.ID, []stock.SKU) {
+	t.Helper()
+	p := keys.MustID(testenv.ID(t, "cart"))
+	var skus []stock.SKU
+	for i, name := range []string{"adult", "child", "parking"} {
+		s := stock.SKU{Program: p, Ticket: keys.MustID(name)}
+		e.putSKU(t, s, totals[i], []int{4, 2, 1}[i], 4)
+		skus = append(skus, s)
+	}
+	if r := e.do(t, http.MethodPut, "/v1/admin/programs/"+p.String(), nil, fmt.Sprintf(`{"per_buyer":%d}`, programCap)); r.status != http.StatusOK {
+		t.Fatalf("PUT program = %d %s", r.status, r.body)
+	}
+	return p, skus
+}
+
+// 1,000 concurrent carts of 2–3 lines over three tickets of mixed stock,
+// sent to two replicas on one ledger: every 201 has all its lines in the
+// ledger, no ticket is oversold, every refused cart moved nothing (Redis
+// and the ledger agree on what is left), and the program's per-buyer cap
+// holds across lines and carts.
+func TestCartsRacing(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		dsn := ledgerDSN(t, driver)
+		a := startEnv(t, envOptions{driver: driver, dsn: dsn})
+		b := startEnv(t, envOptions{driver: driver, dsn: dsn})
+		p, skus := cartSKUs(t, a, [3]int64{900, 500, 120}, 6)
+		names := []string{"adult", "child", "parking"}
+		var mu sync.Mutex
+		counts := map[int]int{}
+		refusals := map[string]int{}
+		acked := map[string]int64{}     // ticket → units in 201 answers
+		perBuyer := map[string]int64{}  // buyer → units in 201 answers
+		carts := map[string]cartReply{} // cart id → answer
+		asked := map[string]map[string]int64{}
+		work := make(chan int)
+		var wg sync.WaitGroup
+		for range 48 {
+			wg.Go(func() {
+				for i := range work {
+					lines := map[string]int64{}
+					for j, n := range names {
+						if (i+j)%4 != 0 || len(lines) < 2 && j == 2 {
+							lines[n] = int64((i*7+j*3)%4 + 1)
+						}
+					}
+					buyer := fmt.Sprintf("buyer-%d", i%350)
+					e := a
+					if i%2 == 1 {
+						e = b
+					}
+					r, c := e.cart(t, p, fmt.Sprintf("cart-%d", i), cartBody(buyer, lines, names...))
+					mu.Lock()
+					counts[r.status]++
+					if r.status == http.StatusConflict {
+						refusals[strings.TrimPrefix(c.Type, "https://stockgate.dev/problems/")]++
+					}
+					if r.status == http.StatusCreated {
+						carts[c.CartID] = c
+						asked[c.CartID] = lines
+						for _, o := range c.Orders {
+							acked[o.Ticket] += o.Quantity
+							perBuyer[buyer] += o.Quantity
+						}
+					}
+					mu.Unlock()
+				}
+			})
+		}
+		for i := range 1000 {
+			work <- i
+		}
+		close(work)
+		wg.Wait()
+		t.Logf("%s: answers %v, refusals %v, acknowledged %v", driver, counts, refusals, acked)
+		if refusals["sold-out"] == 0 || refusals["limit-reached"] == 0 {
+			t.Errorf("refusals %v: want carts refused both for a sold-out line and for the program cap", refusals)
+		}
+		if counts[201] == 0 || counts[409] == 0 || counts[201]+counts[409] != 1000 {
+			t.Errorf("answers %v: want only 201 and 409, some of each", counts)
+		}
+		ctx := context.Background()
+		for id, c := range carts {
+			stored, err := a.ledger.CartByID(ctx, keys.MustID(id))
+			if err != nil || len(stored.Orders) != len(asked[id]) || len(c.Orders) != len(asked[id]) {
+				t.Errorf("cart %s: %d lines stored, %d answered, %d asked (%v)", id, len(stored.Orders), len(c.Orders), len(asked[id]), err)
+				continue
+			}
+			for _, o := range stored.Orders {
+				if o.Quantity != asked[id][o.SKU.Ticket.String()] {
+					t.Errorf("cart %s line %s: %d stored, %d asked", id, o.SKU.Ticket, o.Quantity, asked[id][o.SKU.Ticket.String()])
+				}
+			}
+		}
+		for i, s := range skus {
+			got := a.state(t, s)
+			st, _ := a.ledger.SKU(ctx, s)
+			if got.Sold > st.Total || got.Sold != acked[names[i]] || got.OrderUnits != got.Sold {
+				t.Errorf("%s: sold %d of %d, order units %d, acknowledged %d", s, got.Sold, st.Total, got.OrderUnits, acked[names[i]])
+			}
+			if got.RedisRemaining != st.Remaining() {
+				t.Errorf("%s: Redis has %d left, the ledger %d: a refused cart kept or lost units", s, got.RedisRemaining, st.Remaining())
+			}
+		}
+		for buyer, units := range perBuyer {
+			if units > 6 {
+				t.Errorf("%s holds %d units of the program, over its cap of 6", buyer, units)
+			}
+		}
+	})
+}
+
+// A cart whose third line is sold out is refused naming that line, and
+// moves nothing; retried with the same key after more stock arrives, it
+// is evaluated again (a refusal is not remembered, as for purchases) and
+// commits once; a further retry, on another replica, replays it.
+func TestCartSoldOutLineThenRetried(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		dsn := ledgerDSN(t, driver)
+		a := startEnv(t, envOptions{driver: driver, dsn: dsn})
+		b := startEnv(t, envOptions{driver: driver, dsn: dsn})
+		p, skus := cartSKUs(t, a, [3]int64{10, 10, 1}, 0)
+		if r, _ := a.cart(t, p, "first", cartBody("zoe", map[string]int64{"parking": 1}, "parking")); r.status != http.StatusCreated {
+			t.Fatalf("parking cart = %d %s", r.status, r.body)
+		}
+		body := cartBody("ann", map[string]int64{"adult": 2, "child": 2, "parking": 1}, "adult", "child", "parking")
+		before := []state{a.state(t, skus[0]), a.state(t, skus[1])}
+		r, c := a.cart(t, p, "family", body)
+		if r.status != http.StatusConflict || len(c.Lines) != 1 || c.Lines[0].Ticket != "parking" || c.Lines[0].Code != "sold-out" {
+			t.Fatalf("cart with parking sold out = %d %s, want 409 naming parking", r.status, r.body)
+		}
+		for i := range 2 {
+			if got := a.state(t, skus[i]); got != before[i] {
+				t.Errorf("%s moved for a refused cart: %+v, was %+v", skus[i], got, before[i])
+			}
+		}
+		a.putSKU(t, skus[2], 2, 1, 4) // one more parking space
+		r, c = b.cart(t, p, "family", body)
+		if r.status != http.StatusCreated || len(c.Orders) != 3 || r.header.Get("Idempotent-Replayed") != "" {
+			t.Fatalf("retry after restock = %d %s, want a new 201 cart", r.status, r.body)
+		}
+		r2, c2 := a.cart(t, p, "family", body)
+		if r2.status != http.StatusCreated || c2.CartID != c.CartID || r2.header.Get("Idempotent-Replayed") != "true" ||
+			r2.header.Get("Location") != "/v1/carts/"+c.CartID {
+			t.Errorf("second retry = %d %s %v, want the replay of cart %s", r2.status, r2.body, r2.header, c.CartID)
+		}
+		for i, want := range []int64{2, 2, 2} {
+			if got := a.state(t, skus[i]); got.Sold != want || got.RedisRemaining != []int64{8, 8, 0}[i] {
+				t.Errorf("%s: %+v, want sold %d", skus[i], got, want)
+			}
+		}
+		g := a.do(t, http.MethodGet, "/v1/carts/"+c.CartID, nil, "")
+		if g.status != http.StatusOK || !strings.Contains(string(g.body), `"ticket":"parking"`) {
+			t.Errorf("GET cart = %d %s", g.status, g.body)
+		}
+		if g := a.do(t, http.MethodGet, "/v1/carts/nope", nil, ""); g.status != http.StatusNotFound {
+			t.Errorf("GET unknown cart = %d %s", g.status, g.body)
+		}
+	})
+}
+
+// A cart's key with other lines, or a purchase's key, is refused with 422
+// and moves nothing; hostile bodies are clear problems that move nothing.
+func TestCartKeysAndBadInput(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newEnv(t, driver)
+		p, skus := cartSKUs(t, e, [3]int64{10, 10, 10}, 0)
+		body := cartBody("ann", map[string]int64{"adult": 1, "child": 1}, "adult", "child")
+		if r, _ := e.cart(t, p, "k1", body); r.status != http.StatusCreated {
+			t.Fatalf("cart = %d %s", r.status, r.body)
+		}
+		// The same lines in another order are the same cart.
+		if r, _ := e.cart(t, p, "k1", cartBody("ann", map[string]int64{"adult": 1, "child": 1}, "child", "adult")); r.status != http.StatusCreated ||
+			r.header.Get("Idempotent-Replayed") != "true" {
+			t.Errorf("same lines reordered = %d %s, want the replay", r.status, r.body)
+		}
+		before := []state{e.state(t, skus[0]), e.state(t, skus[1]), e.state(t, skus[2])}
+		e.mustBuy(t, skus[2], "k2", "ann", 1)
+		before[2] = e.state(t, skus[2])
+		for _, c := range []struct {
+			name, key, body string
+			status          int
+			line            string
+		}{
+			{"other lines", "k1", cartBody("ann", map[string]int64{"adult": 2, "child": 1}, "adult", "child"), 422, ""},
+			{"a purchase's key", "k2", cartBody("ann", map[string]int64{"parking": 1}, "parking"), 422, ""},
+			{"no lines", "k3", `{"buyer":"ann","lines":[]}`, 422, ""},
+			{"a ticket twice", "k4", `{"buyer":"ann","lines":[{"ticket":"adult","quantity":1},{"ticket":"adult","quantity":1}]}`, 422, ""},
+			{"quantity 0", "k5", `{"buyer":"ann","lines":[{"ticket":"adult","quantity":0}]}`, 422, ""},
+			{"quantity missing", "k5", `{"buyer":"ann","lines":[{"ticket":"adult"}]}`, 422, ""},
+			{"over the ticket's maximum", "k6", cartBody("ann", map[string]int64{"adult": 1, "child": 5}, "adult", "child"), 422, "child"},
+			{"unknown ticket", "k7", cartBody("ann", map[string]int64{"adult": 1, "nope": 1}, "adult", "nope"), 404, "nope"},
+			{"bad ticket id", "k8", `{"buyer":"ann","lines":[{"ticket":"a b","quantity":1}]}`, 422, ""},
+			{"eleven lines", "k9", `{"buyer":"ann","lines":[` + strings.TrimSuffix(strings.Repeat(`{"ticket":"adult","quantity":1},`, 11), ",") + `]}`, 422, ""},
+			{"a member twice", "k10", `{"buyer":"ann","lines":[{"ticket":"adult","quantity":1,"quantity":4}]}`, 400, ""},
+			{"an unknown member", "k11", `{"buyer":"ann","lines":[{"ticket":"adult","quantity":1,"seat":"x"}]}`, 400, ""},
+			{"lines not an array", "k12", `{"buyer":"ann","lines":{"ticket":"adult"}}`, 422, ""},
+			{"no buyer", "k13", `{"lines":[{"ticket":"adult","quantity":1}]}`, 422, ""},
+		} {
+			r, got := e.cart(t, p, c.key, c.body)
+			if r.status != c.status || r.header.Get("Content-Type") != "application/problem+json" {
+				t.Errorf("%s: %d %s, want %d problem", c.name, r.status, r.body, c.status)
+			}
+			if c.line != "" && (len(got.Lines) != 1 || got.Lines[0].Ticket != c.line) {
+				t.Errorf("%s: lines %+v, want %s named", c.name, got.Lines, c.line)
+			}
+		}
+		if r := e.do(t, http.MethodPost, "/v1/programs/bad%20id/carts", map[string]string{"Idempotency-Key": "k14"}, body); r.status != http.StatusBadRequest {
+			t.Errorf("bad program id = %d %s", r.status, r.body)
+		}
+		for i, s := range skus {
+			if got := e.state(t, s); got != before[i] {
+				t.Errorf("%s moved for refused carts: %+v, was %+v", s, got, before[i])
+			}
+		}
+	})
+}

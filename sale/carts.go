@@ -1,0 +1,374 @@
+package sale
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/stockgate/stockgate/breaker"
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/shard"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// MaxCartLines is the most lines one cart may have.
+const MaxCartLines = ledger.MaxCartLines
+
+// CartLine is one line of a cart: Quantity units of a ticket of the
+// cart's program.
+type CartLine struct {
+	Ticket   keys.ID
+	Quantity int64
+}
+
+// CartTake asks for every line of a cart, all or nothing.
+type CartTake struct {
+	Ask
+	Program keys.ID
+	Lines   []CartLine
+}
+
+// Cart is a committed cart: an order per line, in ticket order.
+type Cart struct {
+	ID, Program, Buyer keys.ID
+	Orders             []Order
+	CreatedAt          time.Time
+}
+
+func cartOf(c ledger.Cart) Cart {
+	out := Cart{ID: c.ID, Program: c.Program, Buyer: c.Buyer, CreatedAt: c.CreatedAt}
+	for _, o := range c.Orders {
+		out.Orders = append(out.Orders, orderOf(o))
+	}
+	return out
+}
+
+// check refuses a cart that is not one: no lines, too many, a ticket
+// twice, a quantity out of bounds. It returns the lines in ticket order.
+func (t CartTake) check() ([]CartLine, error) {
+	if err := t.Ask.check(); err != nil {
+		return nil, err
+	}
+	if t.Program.IsZero() {
+		return nil, refuse(ErrInvalid, "program id must match [A-Za-z0-9_-]{1,64}")
+	}
+	if len(t.Lines) == 0 || len(t.Lines) > MaxCartLines {
+		return nil, refuse(ErrInvalid, fmt.Sprintf("a cart has 1 to %d lines", MaxCartLines))
+	}
+	lines := slices.Clone(t.Lines)
+	slices.SortFunc(lines, func(a, b CartLine) int { return a.Ticket.Compare(b.Ticket) })
+	for i, l := range lines {
+		switch {
+		case l.Ticket.IsZero():
+			return nil, refuse(ErrInvalid, "every line names a ticket id matching [A-Za-z0-9_-]{1,64}")
+		case i > 0 && lines[i-1].Ticket == l.Ticket:
+			return nil, refuse(ErrInvalid, "ticket "+l.Ticket.String()+" is in two lines; one line per ticket")
+		case l.Quantity < 1:
+			return nil, refuse(ErrInvalid, "every line's quantity must be an integer >= 1")
+		case l.Quantity > stock.MaxPerOrderCap:
+			return nil, refuseLine(ErrOverMax, l.Ticket, fmt.Sprintf("quantity %d over the largest order any ticket allows (%d)", l.Quantity, stock.MaxPerOrderCap))
+		}
+	}
+	return lines, nil
+}
+
+// PurchaseCart buys every line of a cart or none. Each line is taken at
+// the gate as a request of its own (its own quota counts and deduction
+// records, derived from the cart's request, so a retry or a re-send moves
+// each line once); when a line is refused, every line taken is given back.
+// The ledger commits all the lines' orders in one transaction with the
+// cart's request. A refusal names the line; a refused cart is not
+// remembered, so a retry with the same key is evaluated again (and may
+// succeed once stock came back), as a refused purchase is.
+func (s *Service) PurchaseCart(ctx context.Context, t CartTake) (Result, error) {
+	lines, err := t.check()
+	if err != nil {
+		return Result{}, err
+	}
+	fields := []string{t.Program.String()}
+	for _, l := range lines {
+		fields = append(fields, l.Ticket.String()+":"+strconv.FormatInt(l.Quantity, 10))
+	}
+	c := cartFlow{s: s, buyer: t.Buyer, req: newRequest(t.Buyer, t.Key, ledger.OpCart, fields...)}
+	for i, l := range lines {
+		c.lines = append(c.lines, want{sku: stock.SKU{Program: t.Program, Ticket: l.Ticket}, buyer: t.Buyer, q: l.Quantity, req: c.req.lineOf(i)})
+	}
+	return s.run(ctx, c.req, c.take)
+}
+
+// CartByID returns a cart with its orders as they are now.
+func (s *Service) CartByID(ctx context.Context, id keys.ID) (Cart, error) {
+	c, err := s.ledger.CartByID(ctx, id)
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		return Cart{}, ErrUnknownCart
+	case err != nil:
+		return Cart{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return cartOf(c), nil
+}
+
+// cartFlow is one cart purchase: its request and a want per line.
+type cartFlow struct {
+	s     *Service
+	buyer keys.ID
+	req   request
+	lines []want
+}
+
+// taken is a line the gate took: what to give back if the cart fails.
+type taken struct {
+	w     want
+	parts []shard.Part
+	quota *quotaTicket
+	epoch int64
+}
+
+func (c *cartFlow) take(ctx context.Context) answer {
+	for attempt := 1; ; attempt++ {
+		a, stale := c.takeOnce(ctx)
+		if stale.IsZero() {
+			return a
+		}
+		if attempt == takeAttempts {
+			return c.s.counted(pathGate, ansUnavailable)
+		}
+		// A line's gate was rebuilt under it: rebuild, then take again.
+		if err := c.s.reseed(ctx, stale, reasonStale, false); err != nil {
+			c.s.log.WarnContext(ctx, "rebuild after a stale admission", "sku", stale.String(), "err", err)
+		}
+		c.s.settings.Invalidate(stale)
+	}
+}
+
+// refused answers a refusal of the cart: the replay when the cart had
+// committed before (a retry), the refusal otherwise.
+func (c *cartFlow) refused(ctx context.Context, kind *Err, i int, detail string) answer {
+	return c.s.lookupOr(ctx, c.req, fail(refuseLine(kind, c.lines[i].sku.Ticket, detail)))
+}
+
+// takeOnce is one attempt; stale names a SKU whose gate was rebuilt under
+// the attempt (everything it took is given back).
+func (c *cartFlow) takeOnce(ctx context.Context) (_ answer, stale stock.SKU) {
+	s := c.s
+	states := make([]ledger.SKUState, len(c.lines))
+	direct := s.breaker.State() == breaker.Open
+	for i, w := range c.lines {
+		st, err := s.settings.Get(ctx, w.sku)
+		switch {
+		case errors.Is(err, stock.ErrUnknownSKU):
+			return c.refused(ctx, ErrUnknownSKU, i, ""), stale
+		case err != nil:
+			s.log.ErrorContext(ctx, "load sku settings", "sku", w.sku.String(), "err", err)
+			return ansUnavailable, stale
+		case w.q > st.MaxPerOrder:
+			return c.refused(ctx, ErrOverMax, i, fmt.Sprintf("quantity %d over this ticket's maximum of %d per order", w.q, st.MaxPerOrder)), stale
+		case st.Seated:
+			return c.refused(ctx, ErrSeated, i, ""), stale
+		case !st.EndedAt.IsZero():
+			return c.refused(ctx, ErrSaleEnded, i, ""), stale
+		case s.cache.SoldOut(w.sku):
+			return c.refused(ctx, ErrSoldOut, i, ""), stale
+		case st.PerBuyer > 0 && w.q > st.PerBuyer:
+			return c.refused(ctx, ErrLimit, i, ""), stale
+		}
+		if st.GateStale() && !direct && s.breaker.State() == breaker.Closed {
+			if err := s.reseed(ctx, w.sku, reasonBypass, false); err != nil {
+				direct = true
+			}
+		}
+		states[i] = st
+	}
+	if direct {
+		return c.direct(ctx), stale
+	}
+	var got []taken
+	undo := func(release bool) {
+		for _, t := range got {
+			s.giveBack(ctx, t.w.sku, t.w.req.gateID(), t.parts)
+			if release {
+				t.quota.release(ctx)
+			}
+		}
+	}
+	for i, w := range c.lines {
+		st := states[i]
+		quota, qerr := s.takeQuota(ctx, w, st)
+		switch {
+		case errors.Is(qerr, errOverCap), errors.Is(qerr, shard.ErrKeyCounted), errors.Is(qerr, stock.ErrLimit):
+			undo(true)
+			return s.counted(pathGate, c.refused(ctx, ErrLimit, i, "")), stale
+		case qerr != nil && notRun(qerr):
+			undo(true)
+			return c.direct(ctx), stale
+		case qerr != nil:
+			s.log.ErrorContext(ctx, "quota", "sku", w.sku.String(), "err", qerr)
+			undo(true)
+			return s.counted(pathGate, ansUnavailable), stale
+		}
+		req := shard.Request{SKU: w.sku, Shards: st.Shards, RequestID: w.req.gateID(), Quantity: w.q, MaxQuantity: st.MaxPerOrder}
+		d, err := s.deduct(ctx, req)
+		if err != nil && !notRun(err) && !isOutcome(err) {
+			// Unknown outcome: ask again under the same request id, whose
+			// deduction record answers for the first attempt.
+			d, err = s.deduct(ctx, req)
+		}
+		switch {
+		case errors.Is(err, stock.ErrSoldOut):
+			if d.Left == 0 {
+				s.markSoldOut(w.sku)
+			}
+			quota.release(ctx)
+			undo(true)
+			return s.counted(pathGate, c.refused(ctx, ErrSoldOut, i, "")), stale
+		case err != nil && notRun(err):
+			quota.keepKey()
+			quota.release(ctx)
+			undo(true)
+			return c.direct(ctx), stale
+		case err != nil:
+			// Still unknown for this line: its record answers a retry with
+			// the same key. The lines before it are known and go back.
+			s.log.ErrorContext(ctx, "deduct", "sku", w.sku.String(), "err", err)
+			undo(true)
+			return s.counted(pathGate, ansUnavailable), stale
+		}
+		epoch, same := d.Epoch()
+		if !same {
+			got = append(got, taken{w: w, parts: d.Parts, quota: quota})
+			undo(false) // the quota counts stay: the retake counts under the same ids
+			return answer{}, w.sku
+		}
+		if !d.Replayed {
+			s.cache.ClearSoldOut(w.sku)
+		}
+		got = append(got, taken{w: w, parts: d.Parts, quota: quota, epoch: epoch})
+	}
+	cart := ledger.Cart{Program: c.lines[0].sku.Program, Buyer: c.buyer, Req: c.req.ledger()}
+	for _, t := range got {
+		cart.Orders = append(cart.Orders, ledger.Order{IdempotencyKey: t.w.req.gateID(), SKU: t.w.sku, Buyer: c.buyer,
+			Quantity: t.w.q, Gate: shard.EncodeParts(t.parts), GateEpoch: t.epoch})
+	}
+	committed, err := s.ledger.PurchaseCart(ctx, cart, false)
+	var le *ledger.LineError
+	line := -1
+	if errors.As(err, &le) {
+		line = le.Line
+	}
+	switch {
+	case err == nil:
+		s.count(pathGate, "sold")
+		return answer{cart: &committed}, stale
+	case errors.Is(err, ledger.ErrDuplicate):
+		// Another attempt of this cart committed first: give back only what
+		// its orders do not stand on.
+		for _, t := range got {
+			s.giveBackUnused(ctx, t.w, t.parts)
+			t.quota.replayed(ctx)
+		}
+		return answer{cart: &committed, replayed: true}, stale
+	case errors.Is(err, ledger.ErrKeyReused):
+		undo(true)
+		return ansKeyReused, stale
+	case errors.Is(err, ledger.ErrStaleGate) && line >= 0:
+		undo(false)
+		return answer{}, c.lines[line].sku
+	case errors.Is(err, stock.ErrSoldOut) && line >= 0:
+		s.metrics.ledgerRefusals.Inc()
+		undo(true)
+		return s.counted(pathGate, c.refused(ctx, ErrSoldOut, line, "")), stale
+	case errors.Is(err, stock.ErrLimit):
+		undo(true)
+		if line < 0 {
+			return s.counted(pathGate, s.lookupOr(ctx, c.req, ansLimit)), stale
+		}
+		return s.counted(pathGate, c.refused(ctx, ErrLimit, line, "")), stale
+	case errors.Is(err, stock.ErrSaleEnded) && line >= 0:
+		undo(true)
+		return s.counted(pathGate, c.refused(ctx, ErrSaleEnded, line, "")), stale
+	case errors.Is(err, stock.ErrUnknownSKU) && line >= 0:
+		undo(true)
+		return s.counted(pathGate, c.refused(ctx, ErrUnknownSKU, line, "")), stale
+	case errors.Is(err, ledger.ErrNotCommitted):
+		s.log.ErrorContext(ctx, "ledger cart", "err", err)
+		undo(true)
+		return s.counted(pathGate, ansUnavailable), stale
+	}
+	// COMMIT failed and may have landed: look before giving anything back.
+	s.log.ErrorContext(ctx, "ledger cart", "err", err)
+	if a, ok, lerr := s.recorded(ctx, c.req); lerr == nil && ok {
+		return a, stale
+	} else if lerr == nil {
+		undo(true)
+	}
+	return s.counted(pathGate, ansUnavailable), stale
+}
+
+// direct commits the cart straight in the ledger while Redis cannot, as
+// takeDirect does a purchase: bounded in number, optimistic on every
+// line's row version, each line bumping its SKU's bypass_seq so its gate
+// is rebuilt before it serves again.
+func (c *cartFlow) direct(ctx context.Context) answer {
+	s := c.s
+	select {
+	case s.fallback <- struct{}{}:
+		defer func() { <-s.fallback }()
+	default:
+		return s.counted(pathLedger, ansBusy)
+	}
+	cart := ledger.Cart{Program: c.lines[0].sku.Program, Buyer: c.buyer, Req: c.req.ledger()}
+	for _, w := range c.lines {
+		cart.Orders = append(cart.Orders, ledger.Order{IdempotencyKey: w.req.gateID(), SKU: w.sku, Buyer: c.buyer, Quantity: w.q})
+	}
+	for attempt := range s.opts.FallbackAttempts {
+		if attempt > 0 {
+			pause := time.Duration(rand.Int64N(int64(s.opts.FallbackBackoff) << attempt))
+			select {
+			case <-ctx.Done():
+				return ansUnavailable
+			case <-time.After(pause):
+			}
+		}
+		committed, err := s.ledger.PurchaseCart(ctx, cart, true)
+		var le *ledger.LineError
+		line := 0
+		if errors.As(err, &le) {
+			line = le.Line
+		}
+		switch {
+		case err == nil:
+			for _, w := range c.lines {
+				s.settings.Invalidate(w.sku)
+			}
+			s.count(pathLedger, "sold")
+			return answer{cart: &committed}
+		case errors.Is(err, ledger.ErrDuplicate):
+			return answer{cart: &committed, replayed: true}
+		case errors.Is(err, ledger.ErrKeyReused):
+			return ansKeyReused
+		case errors.Is(err, ledger.ErrConflict):
+			continue
+		case errors.Is(err, stock.ErrSoldOut):
+			return s.counted(pathLedger, c.refused(ctx, ErrSoldOut, line, ""))
+		case errors.Is(err, stock.ErrLimit) && le == nil:
+			return s.counted(pathLedger, s.lookupOr(ctx, c.req, ansLimit))
+		case errors.Is(err, stock.ErrLimit):
+			return s.counted(pathLedger, c.refused(ctx, ErrLimit, line, ""))
+		case errors.Is(err, stock.ErrSaleEnded):
+			return s.counted(pathLedger, c.refused(ctx, ErrSaleEnded, line, ""))
+		case errors.Is(err, stock.ErrUnknownSKU):
+			return s.counted(pathLedger, c.refused(ctx, ErrUnknownSKU, line, ""))
+		case errors.Is(err, ledger.ErrNotCommitted):
+			s.log.ErrorContext(ctx, "fallback cart", "err", err)
+			return s.counted(pathLedger, ansUnavailable)
+		}
+		s.log.ErrorContext(ctx, "fallback cart", "err", err)
+		return s.counted(pathLedger, s.lookupOr(ctx, c.req, ansUnavailable))
+	}
+	return s.counted(pathLedger, ansBusy)
+}

@@ -212,6 +212,25 @@ func TestCartSoldOutLineThenRetried(t *testing.T) {
 		if g := a.do(t, http.MethodGet, "/v1/carts/nope", nil, ""); g.status != http.StatusNotFound {
 			t.Errorf("GET unknown cart = %d %s", g.status, g.body)
 		}
+		// A line is an order: refunding it gives its units back to the
+		// ledger and to Redis, once, and the cart shows the refund.
+		var adult string
+		for _, o := range c.Orders {
+			if o.Ticket == "adult" {
+				adult = o.OrderID
+			}
+		}
+		for range 2 {
+			if r := b.do(t, http.MethodPost, "/v1/orders/"+adult+"/refund", map[string]string{"Idempotency-Key": "refund-line"}, `{"buyer":"ann"}`); r.status != http.StatusOK {
+				t.Fatalf("refund of a cart line = %d %s", r.status, r.body)
+			}
+		}
+		if got := a.state(t, skus[0]); got.Sold != 0 || got.RedisRemaining != 10 {
+			t.Errorf("adult after refunding its line: %+v, want sold 0 and 10 back in Redis", got)
+		}
+		if got, err := a.ledger.CartByID(context.Background(), keys.MustID(c.CartID)); err != nil || len(got.Orders) != 3 || got.Orders[0].RefundedAt.IsZero() {
+			t.Errorf("cart after a line's refund = %+v, %v; want 3 orders, adult refunded", got, err)
+		}
 	})
 }
 

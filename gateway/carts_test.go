@@ -8,9 +8,13 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/breaker"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
 )
 
@@ -289,4 +293,51 @@ func TestCartKeysAndBadInput(t *testing.T) {
 			}
 		}
 	})
+}
+
+// With the breaker open, carts commit straight in the ledger, all or
+// nothing, and mark their SKUs for a rebuild before Redis serves them
+// again; a line the ledger cannot supply refuses the cart, naming it.
+func TestCartWithBreakerOpen(t *testing.T) {
+	c := testenv.NewCluster(t, testenv.ClusterOptions{})
+	e := startEnv(t, envOptions{driver: ledger.SQLite, cluster: c, tune: func(o *app.Options) {
+		o.Sale.Breaker = breaker.Options{OpenFor: time.Minute, Probes: 1}
+		o.Sale.RedisTimeout = 200 * time.Millisecond
+	}})
+	p, skus := cartSKUs(t, e, [3]int64{10, 10, 1}, 0)
+	for _, n := range c.Nodes {
+		if err := n.Pause(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; e.srv.BreakerState() != breaker.Open; i++ {
+		e.buy(t, skus[0], fmt.Sprintf("trip-%d", i), "trip", 1)
+	}
+	for _, n := range c.Nodes {
+		if err := n.Resume(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := e.state(t, skus[0]).Sold // trips that reached the ledger around the gate
+	r, got := e.cart(t, p, "open-1", cartBody("ann", map[string]int64{"adult": 2, "parking": 1}, "adult", "parking"))
+	if r.status != http.StatusCreated || len(got.Orders) != 2 {
+		t.Fatalf("cart with the breaker open = %d %s", r.status, r.body)
+	}
+	r, got = e.cart(t, p, "open-2", cartBody("bob", map[string]int64{"child": 1, "parking": 1}, "child", "parking"))
+	if r.status != http.StatusConflict || len(got.Lines) != 1 || got.Lines[0].Ticket != "parking" {
+		t.Errorf("cart with parking gone, breaker open = %d %s, want 409 naming parking", r.status, r.body)
+	}
+	if e.srv.BreakerState() != breaker.Open {
+		t.Fatalf("breaker %v: the carts did not go around the gate", e.srv.BreakerState())
+	}
+	ctx := context.Background()
+	for i, want := range []int64{before + 2, 0, 1} {
+		st, err := e.ledger.SKU(ctx, skus[i])
+		if err != nil || st.Sold != want {
+			t.Errorf("%s: sold %d (%v), want %d", skus[i], st.Sold, err, want)
+		}
+		if want > 0 && i > 0 && !st.GateStale() {
+			t.Errorf("%s sold around the gate but its gate is not marked for a rebuild", skus[i])
+		}
+	}
 }

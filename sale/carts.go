@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"time"
@@ -315,24 +314,18 @@ func (c *cartFlow) takeOnce(ctx context.Context) (_ answer, stale stock.SKU) {
 // is rebuilt before it serves again.
 func (c *cartFlow) direct(ctx context.Context) answer {
 	s := c.s
-	select {
-	case s.fallback <- struct{}{}:
-		defer func() { <-s.fallback }()
-	default:
+	release, ok := s.fallbackSlot()
+	if !ok {
 		return s.counted(pathLedger, ansBusy)
 	}
+	defer release()
 	cart := ledger.Cart{Program: c.lines[0].sku.Program, Buyer: c.buyer, Req: c.req.ledger()}
 	for _, w := range c.lines {
 		cart.Orders = append(cart.Orders, ledger.Order{IdempotencyKey: w.req.gateID(), SKU: w.sku, Buyer: c.buyer, Quantity: w.q})
 	}
 	for attempt := range s.opts.FallbackAttempts {
-		if attempt > 0 {
-			pause := time.Duration(rand.Int64N(int64(s.opts.FallbackBackoff) << attempt))
-			select {
-			case <-ctx.Done():
-				return ansUnavailable
-			case <-time.After(pause):
-			}
+		if !s.fallbackPause(ctx, attempt) {
+			return ansUnavailable
 		}
 		committed, err := s.ledger.PurchaseCart(ctx, cart, true)
 		var le *ledger.LineError

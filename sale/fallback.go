@@ -21,20 +21,14 @@ var ansBusy = fail(ErrBusy)
 // SKU costs the ledger nothing. Each one bumps the SKU's bypass_seq: Redis
 // is rebuilt from the ledger before it serves the SKU again.
 func (s *Service) takeDirect(ctx context.Context, w want, st ledger.SKUState) answer {
-	select {
-	case s.fallback <- struct{}{}:
-		defer func() { <-s.fallback }()
-	default:
+	release, ok := s.fallbackSlot()
+	if !ok {
 		return s.counted(pathLedger, ansBusy)
 	}
+	defer release()
 	for attempt := range s.opts.FallbackAttempts {
-		if attempt > 0 {
-			pause := time.Duration(rand.Int64N(int64(s.opts.FallbackBackoff) << attempt))
-			select {
-			case <-ctx.Done():
-				return ansUnavailable
-			case <-time.After(pause):
-			}
+		if !s.fallbackPause(ctx, attempt) {
+			return ansUnavailable
 		}
 		fresh, err := s.ledger.SKU(ctx, w.sku)
 		if err != nil {
@@ -74,6 +68,31 @@ func (s *Service) takeDirect(ctx context.Context, w want, st ledger.SKUState) an
 		return s.counted(pathLedger, s.lookupOr(ctx, w.req, ansUnavailable))
 	}
 	return s.counted(pathLedger, ansBusy)
+}
+
+// fallbackSlot takes one of the FallbackConcurrency places of the ledger
+// fallback; ok is false when all are taken (answer 503 overloaded).
+func (s *Service) fallbackSlot() (release func(), ok bool) {
+	select {
+	case s.fallback <- struct{}{}:
+		return func() { <-s.fallback }, true
+	default:
+		return nil, false
+	}
+}
+
+// fallbackPause waits before fallback attempt n (none before the first):
+// a jittered pause growing with n. It is false when ctx ended first.
+func (s *Service) fallbackPause(ctx context.Context, n int) bool {
+	if n == 0 {
+		return true
+	}
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(time.Duration(rand.Int64N(int64(s.opts.FallbackBackoff) << n))):
+		return true
+	}
 }
 
 // directRefused answers a request the ledger cannot supply: the replay of

@@ -96,7 +96,10 @@ type Order struct {
 	Ticket    string    `json:"ticket"`
 	Buyer     string    `json:"buyer"`
 	Quantity  int64     `json:"quantity"`
+	HoldID    string    `json:"hold_id,omitempty"` // the hold it confirmed, if any
 	CreatedAt time.Time `json:"created_at"`
+	// RefundedAt is set once the order is refunded.
+	RefundedAt *time.Time `json:"refunded_at,omitempty"`
 	// Replayed is true when the answer is the stored one of an earlier
 	// request with the same key (nothing new was sold).
 	Replayed bool `json:"-"`
@@ -186,13 +189,16 @@ type CartLine struct {
 	Quantity int64  `json:"quantity"`
 }
 
-// Cart is a committed cart: an order per line, in ticket order.
+// Cart is a committed cart: an order per line, in ticket order; a held
+// cart has a hold per line (and once confirmed, the orders too).
 type Cart struct {
-	CartID    string    `json:"cart_id"`
-	Program   string    `json:"program"`
-	Buyer     string    `json:"buyer"`
-	Orders    []Order   `json:"orders"`
-	CreatedAt time.Time `json:"created_at"`
+	CartID    string     `json:"cart_id"`
+	Program   string     `json:"program"`
+	Buyer     string     `json:"buyer"`
+	Orders    []Order    `json:"orders"`
+	Holds     []Hold     `json:"holds,omitempty"`
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	CreatedAt time.Time  `json:"created_at"`
 	// Replayed is true when the answer is the stored one of an earlier
 	// request with the same key.
 	Replayed bool `json:"-"`
@@ -201,9 +207,39 @@ type Cart struct {
 // PurchaseCart buys every line of a cart of one program, or none; a
 // refusal's Problem names the refused line in Lines.
 func (c *Client) PurchaseCart(ctx context.Context, program, key, buyer string, lines []CartLine) (Cart, error) {
+	return c.cart(ctx, "/v1/programs/"+url.PathEscape(program)+"/carts", key, map[string]any{"buyer": buyer, "lines": lines})
+}
+
+// HoldCart holds every line of a cart of one program, or none, until one
+// expiry (ttl 0: the shortest default hold of its tickets). The cart is
+// then confirmed, cancelled or expires whole.
+func (c *Client) HoldCart(ctx context.Context, program, key, buyer string, lines []CartLine, ttl time.Duration) (Cart, error) {
+	body := map[string]any{"buyer": buyer, "lines": lines}
+	if ttl > 0 {
+		body["ttl_seconds"] = int64(ttl / time.Second)
+	}
+	return c.cart(ctx, "/v1/programs/"+url.PathEscape(program)+"/cart-holds", key, body)
+}
+
+// ConfirmCart makes every hold of a held cart an order, or none.
+func (c *Client) ConfirmCart(ctx context.Context, cartID, key, buyer string) (Cart, error) {
+	return c.cart(ctx, "/v1/carts/"+url.PathEscape(cartID)+"/confirm", key, map[string]any{"buyer": buyer})
+}
+
+// CancelCart ends every hold of a held cart; the stock goes back once.
+func (c *Client) CancelCart(ctx context.Context, cartID, key, buyer string) (Cart, error) {
+	return c.cart(ctx, "/v1/carts/"+url.PathEscape(cartID)+"/cancel", key, map[string]any{"buyer": buyer})
+}
+
+// RefundCart refunds every order of a cart not refunded yet (Refund one
+// order for a line alone); the stock goes back once.
+func (c *Client) RefundCart(ctx context.Context, cartID, key, buyer string) (Cart, error) {
+	return c.cart(ctx, "/v1/carts/"+url.PathEscape(cartID)+"/refund", key, map[string]any{"buyer": buyer})
+}
+
+func (c *Client) cart(ctx context.Context, path, key string, body any) (Cart, error) {
 	var out Cart
-	replayed, err := c.call(ctx, http.MethodPost, "/v1/programs/"+url.PathEscape(program)+"/carts", key, false,
-		map[string]any{"buyer": buyer, "lines": lines}, &out)
+	replayed, err := c.call(ctx, http.MethodPost, path, key, false, body, &out)
 	out.Replayed = replayed
 	return out, err
 }

@@ -201,6 +201,32 @@ func TestEveryCall(t *testing.T) {
 	if _, err := c.GetCart(ctx, "no-such-cart"); !errors.Is(err, client.ErrUnknownCart) {
 		t.Errorf("GetCart of nothing = %v, want ErrUnknownCart", err)
 	}
+	if got, err := c.RefundCart(ctx, cart.CartID, "cart1-refund", "jo"); err != nil || len(got.Orders) != 2 || got.Orders[0].RefundedAt == nil {
+		t.Errorf("RefundCart = %+v, %v; want both orders refunded", got, err)
+	}
+
+	// Held carts: held whole, a line cannot be confirmed alone, confirmed
+	// whole; another cancelled whole.
+	held, err := c.HoldCart(ctx, program, "hcart1", "lou", []client.CartLine{{Ticket: "adult", Quantity: 1}, {Ticket: "child", Quantity: 1}}, time.Minute)
+	if err != nil || len(held.Holds) != 2 || held.ExpiresAt == nil || len(held.Orders) != 0 {
+		t.Fatalf("HoldCart = %+v, %v", held, err)
+	}
+	if _, err := c.Confirm(ctx, held.Holds[0].HoldID, "hline", "lou"); !errors.Is(err, client.ErrInCart) {
+		t.Errorf("confirm of one line = %v, want ErrInCart", err)
+	}
+	if got, err := c.ConfirmCart(ctx, held.CartID, "hcart1-confirm", "lou"); err != nil || len(got.Orders) != 2 {
+		t.Errorf("ConfirmCart = %+v, %v", got, err)
+	}
+	other, err := c.HoldCart(ctx, program, "hcart2", "max", []client.CartLine{{Ticket: "child", Quantity: 1}}, 0)
+	if err != nil {
+		t.Fatalf("HoldCart = %+v, %v", other, err)
+	}
+	if got, err := c.CancelCart(ctx, other.CartID, "hcart2-cancel", "max"); err != nil || got.Holds[0].State != "cancelled" {
+		t.Errorf("CancelCart = %+v, %v", got, err)
+	}
+	if _, err := c.ConfirmCart(ctx, other.CartID, "hcart2-confirm", "max"); !errors.Is(err, client.ErrHoldCancelled) {
+		t.Errorf("ConfirmCart of a cancelled cart = %v, want ErrHoldCancelled", err)
+	}
 }
 
 // A 503 (or 429) is sent again with the same Idempotency-Key after its

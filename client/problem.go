@@ -68,6 +68,7 @@ var (
 	ErrHoldExpired    = kind("hold-expired")            // 410
 	ErrHoldCancelled  = kind("hold-cancelled")          // 409
 	ErrHoldConfirmed  = kind("hold-confirmed")          // 409
+	ErrInCart         = kind("in-cart")                 // 409: act on the cart, not its line
 	ErrSeatsTaken     = kind("seats-taken")             // 409: Detail names the seats
 	ErrNoAdjacent     = kind("no-adjacent-seats")
 	ErrUnknownSeats   = kind("unknown-seats")

@@ -99,6 +99,7 @@ var statusOf = map[*sale.Err]int{
 	sale.ErrHoldExpired:     http.StatusGone,
 	sale.ErrHoldCancelled:   http.StatusConflict,
 	sale.ErrHoldConfirmed:   http.StatusConflict,
+	sale.ErrInCart:          http.StatusConflict,
 	sale.ErrSeated:          http.StatusConflict,
 	sale.ErrNotSeated:       http.StatusConflict,
 	sale.ErrNoSeating:       http.StatusNotImplemented,

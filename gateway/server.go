@@ -245,7 +245,11 @@ func (s *Server) routes(set routeSet) (*gin.Engine, error) {
 	v1.GET("/skus/:program/:ticket/seats", s.getSeats)
 	v1.POST("/orders/:id/refund", s.refundOrder)
 	v1.POST("/programs/:program/carts", s.postCart)
+	v1.POST("/programs/:program/cart-holds", s.postCartHold)
 	v1.GET("/carts/:id", s.getCart)
+	v1.POST("/carts/:id/confirm", s.confirmCart)
+	v1.POST("/carts/:id/cancel", s.cancelCart)
+	v1.POST("/carts/:id/refund", s.refundCart)
 	return e, nil
 }
 

@@ -33,17 +33,23 @@ type ownerBody struct {
 
 // orderView is the body of an order.
 type orderView struct {
-	OrderID   string    `json:"order_id"`
-	Program   string    `json:"program"`
-	Ticket    string    `json:"ticket"`
-	Buyer     string    `json:"buyer"`
-	Quantity  int64     `json:"quantity"`
-	CreatedAt time.Time `json:"created_at"`
+	OrderID    string     `json:"order_id"`
+	Program    string     `json:"program"`
+	Ticket     string     `json:"ticket"`
+	Buyer      string     `json:"buyer"`
+	Quantity   int64      `json:"quantity"`
+	HoldID     string     `json:"hold_id,omitempty"`
+	CreatedAt  time.Time  `json:"created_at"`
+	RefundedAt *time.Time `json:"refunded_at,omitempty"`
 }
 
 func orderViewOf(o sale.Order) orderView {
-	return orderView{OrderID: o.ID.String(), Program: o.SKU.Program.String(), Ticket: o.SKU.Ticket.String(),
-		Buyer: o.Buyer.String(), Quantity: o.Quantity, CreatedAt: o.CreatedAt}
+	v := orderView{OrderID: o.ID.String(), Program: o.SKU.Program.String(), Ticket: o.SKU.Ticket.String(),
+		Buyer: o.Buyer.String(), Quantity: o.Quantity, HoldID: o.HoldID.String(), CreatedAt: o.CreatedAt}
+	if !o.RefundedAt.IsZero() {
+		v.RefundedAt = &o.RefundedAt
+	}
+	return v
 }
 
 // holdView is the body of a hold.
@@ -256,10 +262,12 @@ func buyerField(c *gin.Context, text string) (keys.ID, bool) {
 	return buyer, true
 }
 
-// cartBody is the JSON of a cart: tickets of one program, a line each.
+// cartBody is the JSON of a cart: tickets of one program, a line each;
+// a held cart's lifetime (the purchase route refuses it).
 type cartBody struct {
-	Buyer string         `json:"buyer"`
-	Lines []cartLineBody `json:"lines"`
+	Buyer      string         `json:"buyer"`
+	Lines      []cartLineBody `json:"lines"`
+	TTLSeconds *int64         `json:"ttl_seconds"`
 }
 
 type cartLineBody struct {
@@ -267,12 +275,15 @@ type cartLineBody struct {
 	Quantity *int64 `json:"quantity"`
 }
 
-// cartView is the body of a cart: its orders, one per line.
+// cartView is the body of a cart: its orders, one per line, and for a
+// held cart its holds, one per line.
 type cartView struct {
 	CartID    string      `json:"cart_id"`
 	Program   string      `json:"program"`
 	Buyer     string      `json:"buyer"`
 	Orders    []orderView `json:"orders"`
+	Holds     []holdView  `json:"holds,omitempty"`
+	ExpiresAt *time.Time  `json:"expires_at,omitempty"`
 	CreatedAt time.Time   `json:"created_at"`
 }
 
@@ -282,11 +293,69 @@ func cartViewOf(c sale.Cart) cartView {
 	for _, o := range c.Orders {
 		v.Orders = append(v.Orders, orderViewOf(o))
 	}
+	for _, h := range c.Holds {
+		v.Holds = append(v.Holds, holdViewOf(h))
+		v.ExpiresAt = &h.ExpiresAt
+	}
 	return v
 }
 
+// cartWritten answers a cart write: 201 for a new cart (and the confirm
+// that makes its orders), 200 for a change of one; its Location either way.
+func (s *Server) cartWritten(c *gin.Context, status int, r sale.Result, err error) {
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	if r.Replayed {
+		c.Header("Idempotent-Replayed", "true")
+	}
+	c.Header("Location", "/v1/carts/"+r.Cart.ID.String())
+	c.JSON(status, cartViewOf(*r.Cart))
+}
+
 // postCart handles POST /v1/programs/:program/carts: every line or none.
-func (s *Server) postCart(c *gin.Context) {
+func (s *Server) postCart(c *gin.Context) { s.cart(c, false) }
+
+// postCartHold handles POST /v1/programs/:program/cart-holds: every line
+// held or none, until one expiry.
+func (s *Server) postCartHold(c *gin.Context) { s.cart(c, true) }
+
+// confirmCart handles POST /v1/carts/:id/confirm: every hold becomes an
+// order, or none.
+func (s *Server) confirmCart(c *gin.Context) {
+	s.cartAction(c, http.StatusCreated, s.sale.ConfirmCart)
+}
+
+// cancelCart handles POST /v1/carts/:id/cancel: every hold ends, its stock
+// goes back once.
+func (s *Server) cancelCart(c *gin.Context) { s.cartAction(c, http.StatusOK, s.sale.CancelCart) }
+
+// refundCart handles POST /v1/carts/:id/refund: every order not refunded
+// yet is, its stock goes back once.
+func (s *Server) refundCart(c *gin.Context) { s.cartAction(c, http.StatusOK, s.sale.RefundCart) }
+
+func (s *Server) cartAction(c *gin.Context, status int, f func(ctx context.Context, id keys.ID, a sale.Ask) (sale.Result, error)) {
+	id, ok := idParam(c, "cart")
+	if !ok {
+		return
+	}
+	ask, ok := s.ask(c)
+	if !ok {
+		return
+	}
+	var body ownerBody
+	if !s.decodeBody(c, &body) {
+		return
+	}
+	if ask.Buyer, ok = buyerField(c, body.Buyer); !ok {
+		return
+	}
+	r, err := f(c.Request.Context(), id, ask)
+	s.cartWritten(c, status, r, err)
+}
+
+func (s *Server) cart(c *gin.Context, hold bool) {
 	program, err := keys.ParseID(c.Param("program"))
 	if err != nil {
 		writeProblem(c, http.StatusBadRequest, "invalid-id", "program ids match [A-Za-z0-9_-]{1,64}", 0)
@@ -320,16 +389,20 @@ func (s *Server) postCart(c *gin.Context) {
 		}
 		t.Lines = append(t.Lines, sale.CartLine{Ticket: ticket, Quantity: *l.Quantity})
 	}
-	r, err := s.sale.PurchaseCart(c.Request.Context(), t)
-	if err != nil {
-		s.writeError(c, err)
+	if !hold {
+		if body.TTLSeconds != nil {
+			writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "ttl_seconds is for held carts (cart-holds)", 0)
+			return
+		}
+		r, err := s.sale.PurchaseCart(c.Request.Context(), t)
+		s.cartWritten(c, http.StatusCreated, r, err)
 		return
 	}
-	if r.Replayed {
-		c.Header("Idempotent-Replayed", "true")
+	if t.TTL, ok = holdTTL(c, body.TTLSeconds); !ok {
+		return
 	}
-	c.Header("Location", "/v1/carts/"+r.Cart.ID.String())
-	c.JSON(http.StatusCreated, cartViewOf(*r.Cart))
+	r, err := s.sale.HoldCart(c.Request.Context(), t)
+	s.cartWritten(c, http.StatusCreated, r, err)
 }
 
 // getCart handles GET /v1/carts/:id.

@@ -496,12 +496,12 @@ func insertHolds(ctx context.Context, tx *sql.Tx, holds []Hold, inserted map[key
 		var vals []string
 		var args []any
 		for _, h := range chunk {
-			vals = append(vals, placeholders(len(args), 13))
+			vals = append(vals, placeholders(len(args), 14))
 			args = append(args, h.ID, h.IdempotencyKey, h.RequestHash, h.SKU.Program, h.SKU.Ticket, h.Buyer, h.Quantity,
-				h.Gate, Held, h.ExpiresAt.UnixMilli(), h.CreatedAt.UnixMilli(), h.TakeEpoch, keys.Join(h.SeatIDs, ","))
+				h.Gate, Held, h.ExpiresAt.UnixMilli(), h.CreatedAt.UnixMilli(), h.TakeEpoch, keys.Join(h.SeatIDs, ","), h.CartID)
 		}
 		got, err := tx.QueryContext(ctx, `INSERT INTO holds (id, idem_key, request_hash, program, ticket, buyer, quantity, gate,
-			state, expires_at, created_at, take_epoch, seat_ids)
+			state, expires_at, created_at, take_epoch, seat_ids, cart_id)
 			VALUES `+strings.Join(vals, ", ")+` ON CONFLICT (idem_key) DO NOTHING RETURNING idem_key`, args...)
 		if err := collectIDs(got, err, inserted); err != nil {
 			return notCommitted("insert holds", err)

@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"slices"
@@ -15,16 +16,21 @@ import (
 const MaxCartLines = 10
 
 // Cart is one checkout of several tickets of one program, committed all or
-// nothing: an order per line, in one transaction with the cart's request.
+// nothing: an order per line (a purchase), or a hold per line (a held
+// cart, which is confirmed, cancelled and expires whole), in one
+// transaction with the cart's request.
 type Cart struct {
 	ID      keys.ID `json:"cart_id"`
 	Program keys.ID `json:"program"`
 	Buyer   keys.ID `json:"buyer"`
-	// Orders are the lines, one SKU each (no SKU twice), in ticket order.
-	// Each carries its own row key (IdempotencyKey), and for a line the
-	// gate admitted, its gate record and the gate epoch it was admitted
-	// under.
-	Orders    []Order   `json:"orders"`
+	// Orders are a purchased cart's lines, or a held cart's once confirmed:
+	// one SKU each (no SKU twice), in ticket order. Each carries its own
+	// row key (IdempotencyKey), and for a line the gate admitted, its gate
+	// record and the gate epoch it was admitted under.
+	Orders []Order `json:"orders"`
+	// Holds are a held cart's lines, as Orders are a purchase's; all share
+	// one expiry.
+	Holds     []Hold    `json:"holds,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 	Req       Request   `json:"-"`
 }
@@ -32,7 +38,7 @@ type Cart struct {
 // LineError is a cart refused because of one of its lines: Err is why
 // (stock.ErrSoldOut, stock.ErrSaleEnded, stock.ErrUnknownSKU,
 // stock.ErrLimit for the SKU's own cap, ErrStaleGate). Line indexes
-// Cart.Orders. Nothing was written.
+// the cart's lines. Nothing was written.
 type LineError struct {
 	Line int
 	Err  error
@@ -41,19 +47,50 @@ type LineError struct {
 func (e *LineError) Error() string { return fmt.Sprintf("ledger: cart line %d: %v", e.Line, e.Err) }
 func (e *LineError) Unwrap() error { return e.Err }
 
+// cartLine is what taking stock needs of one line, an order's or a hold's.
+type cartLine struct {
+	sku       stock.SKU
+	buyer     keys.ID
+	q         int64
+	key       keys.ID
+	gateEpoch int64
+	take      *int64 // where the epoch the stock was taken under goes
+}
+
+// lines are the cart's lines: its holds when it has any, else its orders.
+func (c *Cart) lines() []cartLine {
+	var out []cartLine
+	for i := range c.Holds {
+		h := &c.Holds[i]
+		out = append(out, cartLine{h.SKU, h.Buyer, h.Quantity, h.IdempotencyKey, h.GateEpoch, &h.TakeEpoch})
+	}
+	for i := range c.Orders {
+		o := &c.Orders[i]
+		out = append(out, cartLine{o.SKU, o.Buyer, o.Quantity, o.IdempotencyKey, o.GateEpoch, &o.TakeEpoch})
+	}
+	return out
+}
+
 func (c *Cart) validate() error {
-	if c.Program.IsZero() || c.Buyer.IsZero() || len(c.Orders) == 0 || len(c.Orders) > MaxCartLines {
-		return fmt.Errorf("%w: cart of %d lines", stock.ErrInvalid, len(c.Orders))
+	lines := c.lines()
+	if c.Program.IsZero() || c.Buyer.IsZero() || len(lines) == 0 || len(lines) > MaxCartLines ||
+		(len(c.Holds) > 0 && len(c.Orders) > 0) {
+		return fmt.Errorf("%w: cart of %d lines", stock.ErrInvalid, len(lines))
 	}
 	if err := c.Req.validate(); err != nil {
 		return err
 	}
-	for i, o := range c.Orders {
-		if o.SKU.Program != c.Program || o.Buyer != c.Buyer || o.Quantity < 1 || o.IdempotencyKey.IsZero() {
+	for i, l := range lines {
+		if l.sku.Program != c.Program || l.buyer != c.Buyer || l.q < 1 || l.key.IsZero() {
 			return fmt.Errorf("%w: cart line %d", stock.ErrInvalid, i)
 		}
-		if i > 0 && c.Orders[i-1].SKU.Compare(o.SKU) >= 0 {
+		if i > 0 && lines[i-1].sku.Compare(l.sku) >= 0 {
 			return fmt.Errorf("%w: cart lines not in ticket order, or a ticket twice", stock.ErrInvalid)
+		}
+	}
+	for _, h := range c.Holds {
+		if h.ExpiresAt.IsZero() || len(h.SeatIDs) > 0 {
+			return fmt.Errorf("%w: a cart hold line has an expiry and no seats", stock.ErrInvalid)
 		}
 	}
 	return nil
@@ -71,6 +108,19 @@ func (c *Cart) validate() error {
 // call again.
 func (l *Ledger) PurchaseCart(ctx context.Context, c Cart, direct bool) (_ Cart, err error) {
 	defer l.observe("cart", time.Now(), &err)
+	c.Holds = nil
+	return l.takeCart(ctx, c, direct)
+}
+
+// HoldCart is PurchaseCart for a held cart: every line (c.Holds) held
+// until its expiry, all or nothing, as holds of the cart.
+func (l *Ledger) HoldCart(ctx context.Context, c Cart, direct bool) (_ Cart, err error) {
+	defer l.observe("cart_hold", time.Now(), &err)
+	c.Orders = nil
+	return l.takeCart(ctx, c, direct)
+}
+
+func (l *Ledger) takeCart(ctx context.Context, c Cart, direct bool) (Cart, error) {
 	if err := c.validate(); err != nil {
 		return Cart{}, err
 	}
@@ -78,7 +128,8 @@ func (l *Ledger) PurchaseCart(ctx context.Context, c Cart, direct bool) (_ Cart,
 		c.ID = NewID()
 	}
 	c.CreatedAt = l.now().UTC().Truncate(time.Millisecond)
-	c.Orders = slices.Clone(c.Orders)
+	column := "sold"
+	c.Orders, c.Holds = slices.Clone(c.Orders), slices.Clone(c.Holds)
 	for i := range c.Orders {
 		o := &c.Orders[i]
 		if o.ID.IsZero() {
@@ -86,6 +137,16 @@ func (l *Ledger) PurchaseCart(ctx context.Context, c Cart, direct bool) (_ Cart,
 		}
 		o.CartID, o.CreatedAt, o.Req = c.ID, c.CreatedAt, Request{}
 	}
+	for i := range c.Holds {
+		h := &c.Holds[i]
+		if h.ID.IsZero() {
+			h.ID = NewID()
+		}
+		h.CartID, h.CreatedAt, h.Req, h.State = c.ID, c.CreatedAt, Request{}, Held
+		h.ExpiresAt = h.ExpiresAt.UTC().Truncate(time.Millisecond)
+		column = "held"
+	}
+	lines := c.lines()
 	now := c.CreatedAt.UnixMilli()
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -101,12 +162,11 @@ func (l *Ledger) PurchaseCart(ctx context.Context, c Cart, direct bool) (_ Cart,
 	}
 	// SKU rows in ticket order (the lines' order), then the buyer's rows:
 	// the order every write that moves stock takes them in.
-	versions := make([]int64, len(c.Orders))
-	for i := range c.Orders {
-		o := &c.Orders[i]
-		version, epoch := int64(-1), o.GateEpoch
+	versions := make([]int64, len(lines))
+	for i, ln := range lines {
+		version, epoch := int64(-1), ln.gateEpoch
 		if direct {
-			st, err := scanSKU(tx.QueryRowContext(ctx, selectSKU, o.SKU.Program, o.SKU.Ticket))
+			st, err := scanSKU(tx.QueryRowContext(ctx, selectSKU, ln.sku.Program, ln.sku.Ticket))
 			if errors.Is(err, stock.ErrUnknownSKU) {
 				return Cart{}, &LineError{Line: i, Err: err}
 			}
@@ -115,7 +175,7 @@ func (l *Ledger) PurchaseCart(ctx context.Context, c Cart, direct bool) (_ Cart,
 			}
 			version, epoch = st.Version, -1
 		}
-		v, e, err := updateSKU(ctx, tx, o.SKU, o.Quantity, "sold", version, epoch, now)
+		v, e, err := updateSKU(ctx, tx, ln.sku, ln.q, column, version, epoch, now)
 		switch {
 		case errors.Is(err, ErrConflict):
 			return Cart{}, err
@@ -125,11 +185,11 @@ func (l *Ledger) PurchaseCart(ctx context.Context, c Cart, direct bool) (_ Cart,
 		case err != nil:
 			return Cart{}, err
 		}
-		versions[i], o.TakeEpoch = v, e
+		versions[i], *ln.take = v, e
 	}
-	buyers := make(map[stock.SKU]map[keys.ID]int64, len(c.Orders))
-	for _, o := range c.Orders {
-		buyers[o.SKU] = map[keys.ID]int64{o.Buyer: o.Quantity}
+	buyers := make(map[stock.SKU]map[keys.ID]int64, len(lines))
+	for _, ln := range lines {
+		buyers[ln.sku] = map[keys.ID]int64{ln.buyer: ln.q}
 	}
 	refused, err := countBatchBuyers(ctx, tx, buyers)
 	if err != nil {
@@ -139,21 +199,27 @@ func (l *Ledger) PurchaseCart(ctx context.Context, c Cart, direct bool) (_ Cart,
 		if refused.sku.Ticket.IsZero() {
 			return Cart{}, stock.ErrLimit // the program's cap: the cart as a whole
 		}
-		return Cart{}, &LineError{Line: slices.IndexFunc(c.Orders, func(o Order) bool { return o.SKU == refused.sku }), Err: stock.ErrLimit}
+		return Cart{}, &LineError{Line: slices.IndexFunc(lines, func(ln cartLine) bool { return ln.sku == refused.sku }), Err: stock.ErrLimit}
 	}
-	inserted, err := insertOrders(ctx, tx, c.Orders)
+	var inserted map[keys.ID]bool
+	if len(c.Holds) > 0 {
+		inserted = map[keys.ID]bool{}
+		err = insertHolds(ctx, tx, c.Holds, inserted)
+	} else {
+		inserted, err = insertOrders(ctx, tx, c.Orders)
+	}
 	if err != nil {
 		return Cart{}, err
 	}
-	for _, o := range c.Orders {
-		if !inserted[o.IdempotencyKey] {
+	for _, ln := range lines {
+		if !inserted[ln.key] {
 			// Line keys derive from the cart's request, whose row this
 			// transaction holds: only a bug gets here.
-			return Cart{}, notCommitted("cart: insert orders", fmt.Errorf("line key %s taken", o.IdempotencyKey))
+			return Cart{}, notCommitted("cart: insert lines", fmt.Errorf("line key %s taken", ln.key))
 		}
 	}
-	for i, o := range c.Orders {
-		if err := stamp(ctx, tx, o.SKU, versions[i]); err != nil {
+	for i, ln := range lines {
+		if err := stamp(ctx, tx, ln.sku, versions[i]); err != nil {
 			return Cart{}, err
 		}
 	}
@@ -162,6 +228,261 @@ func (l *Ledger) PurchaseCart(ctx context.Context, c Cart, direct bool) (_ Cart,
 	}
 	c.Req = Request{}
 	return c, nil
+}
+
+// cartTx opens a transaction for a client's action on a whole cart
+// (confirm, cancel, refund), claims its request and reads the cart's
+// holds and orders in it, checking the buyer. taken reports a request
+// committed before: the caller answers from cartReplay.
+func (l *Ledger) cartTx(ctx context.Context, id, buyer keys.ID, req Request, now time.Time, step string) (_ *sql.Tx, _ Cart, taken bool, err error) {
+	c, err := l.CartByID(ctx, id)
+	if err != nil {
+		return nil, c, false, err
+	}
+	if c.Buyer != buyer {
+		return nil, c, false, ErrNotOwner
+	}
+	tx, taken, err := l.begin(ctx, req, stock.SKU{Program: c.Program}, now, step)
+	if taken || err != nil {
+		return nil, c, taken, err
+	}
+	// Read again inside the transaction: the rows a concurrent action
+	// changed decide below, by their state conditions.
+	c, err = cartIn(ctx, tx, id)
+	if err != nil {
+		tx.Rollback()
+		return nil, c, false, err
+	}
+	return tx, c, false, nil
+}
+
+// ConfirmCart turns every hold of a held cart into an order, all or none,
+// once: the cart's holds change state, each SKU row moves held to sold,
+// and an order per line is inserted (a line of the cart), in one
+// transaction. A cart already confirmed returns its orders (a retry); a
+// cart with any hold ended or past its expiry returns ErrHoldEnded and
+// sells nothing. buyer must be the cart's.
+func (l *Ledger) ConfirmCart(ctx context.Context, id, buyer keys.ID, req Request) (_ Cart, err error) {
+	defer l.observe("cart_confirm", time.Now(), &err)
+	now := l.now().UTC().Truncate(time.Millisecond)
+	tx, c, taken, err := l.cartTx(ctx, id, buyer, req, now, "cart confirm")
+	if taken {
+		return l.cartReplay(ctx, req)
+	}
+	if err != nil {
+		return c, err
+	}
+	defer tx.Rollback()
+	if len(c.Holds) == 0 {
+		return c, fmt.Errorf("%w: a purchased cart has nothing to confirm", ErrHoldConfirmed)
+	}
+	if len(c.Orders) == 0 {
+		for _, h := range c.Holds {
+			if h.State != Held || !now.Before(h.ExpiresAt) {
+				return c, fmt.Errorf("%w: %s", ErrHoldEnded, h.stateAt(now))
+			}
+		}
+		for _, h := range c.Holds {
+			c.Orders = append(c.Orders, confirmOrder(h, Request{}, now))
+			c.Orders[len(c.Orders)-1].CartID = c.ID
+		}
+		// Holds first (they decide against a sweeper), then SKU rows in
+		// ticket order: the order every stock write takes rows in.
+		for i, h := range c.Holds {
+			res, err := tx.ExecContext(ctx, `UPDATE holds SET state = $2, order_id = $3, ended_at = $4
+				WHERE id = $1 AND state = $5 AND expires_at > $4`, h.ID, Confirmed, c.Orders[i].ID, now.UnixMilli(), Held)
+			if err != nil {
+				return c, notCommitted("confirm cart hold", err)
+			}
+			if n, _ := res.RowsAffected(); n != 1 {
+				return c, fmt.Errorf("%w: ended while confirming", ErrHoldEnded)
+			}
+			c.Holds[i].State, c.Holds[i].OrderID, c.Holds[i].EndedAt = Confirmed, c.Orders[i].ID, now
+		}
+		for _, h := range c.Holds {
+			var v int64
+			err := tx.QueryRowContext(ctx, `UPDATE skus SET held = held - $3, sold = sold + $3, version = version + 1, updated_at = $4
+				WHERE program = $1 AND ticket = $2 AND held >= $3 RETURNING version`,
+				h.SKU.Program, h.SKU.Ticket, h.Quantity, now.UnixMilli()).Scan(&v)
+			if errors.Is(err, sql.ErrNoRows) {
+				return c, fmt.Errorf("ledger: confirm cart: %s holds fewer than %d", h.SKU, h.Quantity)
+			}
+			if err != nil {
+				return c, notCommitted("confirm cart stock", err)
+			}
+			if err := stamp(ctx, tx, h.SKU, v); err != nil {
+				return c, err
+			}
+		}
+		inserted, err := insertOrders(ctx, tx, c.Orders)
+		if err != nil {
+			return c, err
+		}
+		if len(inserted) != len(c.Orders) {
+			return c, notCommitted("confirm cart", fmt.Errorf("%d of %d order rows inserted", len(inserted), len(c.Orders)))
+		}
+	}
+	// Confirmed now or before: the request is answered with the cart.
+	if err := finishCart(ctx, tx, req, &c); err != nil {
+		return c, err
+	}
+	if err := tx.Commit(); err != nil {
+		return c, fmt.Errorf("ledger: confirm cart: commit: %w", err)
+	}
+	return c, nil
+}
+
+// CancelCart ends every live hold of a held cart at its buyer's request
+// and returns their stock, in one transaction, as Cancel does one hold's.
+// changed lists the holds it ended (each may owe Redis a restore: see
+// RestoreOwed); none for a cart already cancelled or expired (a retry). A
+// confirmed cart is refused with ErrHoldConfirmed.
+func (l *Ledger) CancelCart(ctx context.Context, id, buyer keys.ID, req Request) (_ Cart, changed []keys.ID, err error) {
+	defer l.observe("cart_cancel", time.Now(), &err)
+	now := l.now().UTC().Truncate(time.Millisecond)
+	tx, c, taken, err := l.cartTx(ctx, id, buyer, req, now, "cart cancel")
+	if taken {
+		c, err := l.cartReplay(ctx, req)
+		return c, nil, err
+	}
+	if err != nil {
+		return c, nil, err
+	}
+	defer tx.Rollback()
+	if len(c.Holds) == 0 || len(c.Orders) > 0 {
+		return c, nil, ErrHoldConfirmed
+	}
+	var ended []int
+	for i, h := range c.Holds {
+		if h.State != Held {
+			continue
+		}
+		res, err := tx.ExecContext(ctx, `UPDATE holds SET state = $2, ended_at = $4 WHERE id = $1 AND state = $3`,
+			h.ID, Cancelled, Held, now.UnixMilli())
+		if err != nil {
+			return c, nil, notCommitted("cancel cart hold", err)
+		}
+		if n, _ := res.RowsAffected(); n == 1 {
+			ended = append(ended, i)
+			c.Holds[i].State, c.Holds[i].EndedAt = Cancelled, now
+		}
+	}
+	lines := make([]returnLine, len(ended))
+	for k, i := range ended {
+		h := c.Holds[i]
+		lines[k] = returnLine{table: "holds", id: h.ID, sku: h.SKU, buyer: h.Buyer, q: h.Quantity, gate: h.Gate, takeEpoch: h.TakeEpoch}
+	}
+	if err := returnLines(ctx, tx, lines, "held", now.UnixMilli()); err != nil {
+		return c, nil, err
+	}
+	for _, i := range ended {
+		changed = append(changed, c.Holds[i].ID)
+	}
+	if err := finishCart(ctx, tx, req, &c); err != nil {
+		return c, nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		return c, nil, fmt.Errorf("ledger: cancel cart: commit: %w", err)
+	}
+	return c, changed, nil
+}
+
+// RefundCart refunds every order of a cart not refunded yet, in one
+// transaction, as Refund does one order's. changed lists the orders it
+// refunded (each may owe Redis a restore); none for a cart refunded
+// before (a retry). A held cart not confirmed has no orders: ErrNotFound.
+func (l *Ledger) RefundCart(ctx context.Context, id, buyer keys.ID, req Request) (_ Cart, changed []keys.ID, err error) {
+	defer l.observe("cart_refund", time.Now(), &err)
+	now := l.now().UTC().Truncate(time.Millisecond)
+	tx, c, taken, err := l.cartTx(ctx, id, buyer, req, now, "cart refund")
+	if taken {
+		c, err := l.cartReplay(ctx, req)
+		return c, nil, err
+	}
+	if err != nil {
+		return c, nil, err
+	}
+	defer tx.Rollback()
+	if len(c.Orders) == 0 {
+		return c, nil, fmt.Errorf("%w: the cart has no orders", ErrNotFound)
+	}
+	var lines []returnLine
+	for i, o := range c.Orders {
+		if !o.RefundedAt.IsZero() {
+			continue
+		}
+		res, err := tx.ExecContext(ctx, `UPDATE orders SET refunded_at = $2 WHERE id = $1 AND refunded_at = 0`, o.ID, now.UnixMilli())
+		if err != nil {
+			return c, nil, notCommitted("refund cart order", err)
+		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			continue
+		}
+		c.Orders[i].RefundedAt = now
+		lines = append(lines, returnLine{table: "orders", id: o.ID, sku: o.SKU, buyer: o.Buyer, q: o.Quantity, gate: o.Gate, takeEpoch: o.TakeEpoch})
+		changed = append(changed, o.ID)
+	}
+	if err := returnLines(ctx, tx, lines, "sold", now.UnixMilli()); err != nil {
+		return c, nil, err
+	}
+	if err := finishCart(ctx, tx, req, &c); err != nil {
+		return c, nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		return c, nil, fmt.Errorf("ledger: refund cart: commit: %w", err)
+	}
+	return c, changed, nil
+}
+
+// returnLine is one line of a cart whose stock comes back.
+type returnLine struct {
+	table, gate string // holds or orders; the line's gate record
+	id, buyer   keys.ID
+	sku         stock.SKU
+	q           int64
+	takeEpoch   int64
+}
+
+// returnLines gives back the lines' units of column: every SKU row first
+// (the lines are in ticket order), then the buyers' rows, the order every
+// write that moves stock takes rows in (SKU by SKU with its buyers, two
+// carts over the same program would meet at its buyer rows in a cycle);
+// then records on each line's row what Redis is owed.
+func returnLines(ctx context.Context, tx *sql.Tx, lines []returnLine, column string, now int64) error {
+	got := make([]returned, len(lines))
+	for i, ln := range lines {
+		r, err := returnSKU(ctx, tx, ln.sku, ln.q, column, now)
+		if err != nil {
+			return err
+		}
+		got[i] = r
+	}
+	for _, ln := range lines {
+		if err := uncountBuyer(ctx, tx, ln.sku, ln.buyer, ln.q); err != nil {
+			return err
+		}
+	}
+	for i, ln := range lines {
+		if _, err := owed(ctx, tx, ln.table, ln.id, ln.gate, ln.takeEpoch, false, got[i]); err != nil {
+			return err
+		}
+		if err := stamp(ctx, tx, ln.sku, got[i].version); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// finishCart writes the answer of a cart action: the cart as it is now.
+func finishCart(ctx context.Context, tx *sql.Tx, r Request, c *Cart) error {
+	if r.IsZero() {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE requests SET result = $3 WHERE scope = $1 AND idem_key = $2`,
+		r.Scope, r.Key, encodeCart(c)); err != nil {
+		return notCommitted("request answer", err)
+	}
+	return nil
 }
 
 // cartReplay answers a cart whose request was committed before.
@@ -176,28 +497,50 @@ func (l *Ledger) cartReplay(ctx context.Context, r Request) (Cart, error) {
 	return *rec.Cart, err
 }
 
-// CartByID returns a cart with its orders as they are now (refunds
-// included), or ErrNotFound.
+// CartByID returns a cart with its orders and holds as they are now
+// (refunds included), or ErrNotFound.
 func (l *Ledger) CartByID(ctx context.Context, id keys.ID) (Cart, error) {
-	rows, err := l.db.QueryContext(ctx, selectOrder+` WHERE cart_id = $1 ORDER BY ticket`, id)
+	return cartIn(ctx, l.db, id)
+}
+
+// querier is what cartIn reads with: the database, or a transaction.
+type querier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+func cartIn(ctx context.Context, db querier, id keys.ID) (Cart, error) {
+	c := Cart{ID: id}
+	err := scanAll(ctx, db, selectOrder+` WHERE cart_id = $1 ORDER BY ticket`, id, scanOrder, func(o Order) {
+		c.Program, c.Buyer, c.CreatedAt = o.SKU.Program, o.Buyer, o.CreatedAt
+		c.Orders = append(c.Orders, o)
+	})
+	if err == nil {
+		err = scanAll(ctx, db, selectHold+` WHERE cart_id = $1 ORDER BY ticket`, id, scanHold, func(h Hold) {
+			c.Program, c.Buyer, c.CreatedAt = h.SKU.Program, h.Buyer, h.CreatedAt
+			c.Holds = append(c.Holds, h)
+		})
+	}
 	if err != nil {
 		return Cart{}, fmt.Errorf("ledger: cart: %w", err)
 	}
-	defer rows.Close()
-	c := Cart{ID: id}
-	for rows.Next() {
-		o, err := scanOrder(rows)
-		if err != nil {
-			return Cart{}, err
-		}
-		c.Program, c.Buyer, c.CreatedAt = o.SKU.Program, o.Buyer, o.CreatedAt
-		c.Orders = append(c.Orders, o)
-	}
-	if err := rows.Err(); err != nil {
-		return Cart{}, fmt.Errorf("ledger: cart: %w", err)
-	}
-	if len(c.Orders) == 0 {
+	if len(c.Orders) == 0 && len(c.Holds) == 0 {
 		return Cart{}, ErrNotFound
 	}
 	return c, nil
+}
+
+func scanAll[T any](ctx context.Context, db querier, query string, arg any, scan func(rowScanner) (T, error), add func(T)) error {
+	rows, err := db.QueryContext(ctx, query, arg)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		v, err := scan(rows)
+		if err != nil {
+			return err
+		}
+		add(v)
+	}
+	return rows.Err()
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
@@ -188,4 +189,192 @@ func TestPurchaseCartRacing(t *testing.T) {
 			}
 		}
 	})
+}
+
+func heldCartOf(key string, buyer keys.ID, expires time.Time, lines map[stock.SKU]int64, order []stock.SKU) ledger.Cart {
+	c := cartOf(key, buyer, lines, order)
+	c.Req.Op = ledger.OpCartHold
+	for _, o := range c.Orders {
+		c.Holds = append(c.Holds, ledger.Hold{IdempotencyKey: o.IdempotencyKey, SKU: o.SKU, Buyer: buyer, Quantity: o.Quantity, ExpiresAt: expires,
+			Gate: `[{"shards":1}]`})
+	}
+	c.Orders = nil
+	return c
+}
+
+func clientReq(buyer keys.ID, key, op string) ledger.Request {
+	return ledger.Request{Scope: buyer, Key: keys.MustID(key), Fingerprint: "fp-" + key, Op: op}
+}
+
+// A held cart lives whole: its lines cannot be confirmed or cancelled
+// alone; a confirm makes an order per line in one transaction and a retry
+// gets the same cart; a refund of the cart gives every line back once; a
+// cancelled cart gives its holds back once and cannot be confirmed; an
+// expired one is expired line by line by the sweeper and cannot be
+// confirmed either.
+func TestHeldCartLife(t *testing.T) {
+	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, clk *clock) {
+		ctx := context.Background()
+		p := keys.MustID("show-h")
+		adult, child := stock.SKU{Program: p, Ticket: keys.MustID("adult")}, stock.SKU{Program: p, Ticket: keys.MustID("child")}
+		all := []stock.SKU{adult, child}
+		for _, s := range all {
+			if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: s, Total: 10, Shards: 1, MaxPerOrder: 4}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		counts := func() string {
+			var out []string
+			for _, s := range all {
+				st, err := l.SKU(ctx, s)
+				if err != nil {
+					t.Fatal(err)
+				}
+				out = append(out, fmt.Sprintf("%d/%d", st.Held, st.Sold))
+			}
+			return fmt.Sprint(out)
+		}
+		ann := keys.MustID("ann")
+		exp := clk.now().Add(time.Minute)
+		c, err := l.HoldCart(ctx, heldCartOf("hc1", ann, exp, map[stock.SKU]int64{adult: 2, child: 1}, all), false)
+		if err != nil || len(c.Holds) != 2 || len(c.Orders) != 0 {
+			t.Fatalf("HoldCart = %+v, %v", c, err)
+		}
+		if got := counts(); got != "[2/0 1/0]" {
+			t.Errorf("held/sold %s after the hold, want [2/0 1/0]", got)
+		}
+		if _, err := l.Confirm(ctx, c.Holds[0].ID, ann, clientReq(ann, "line", ledger.OpConfirm)); !errors.Is(err, ledger.ErrInCart) {
+			t.Errorf("Confirm of a line = %v, want ErrInCart", err)
+		}
+		if _, _, err := l.Cancel(ctx, c.Holds[1].ID, ann, clientReq(ann, "line2", ledger.OpCancel)); !errors.Is(err, ledger.ErrInCart) {
+			t.Errorf("Cancel of a line = %v, want ErrInCart", err)
+		}
+		if _, err := l.ConfirmCart(ctx, c.ID, keys.MustID("bob"), clientReq(keys.MustID("bob"), "steal", ledger.OpCartConfirm)); !errors.Is(err, ledger.ErrNotOwner) {
+			t.Errorf("ConfirmCart by another buyer = %v, want ErrNotOwner", err)
+		}
+		done, err := l.ConfirmCart(ctx, c.ID, ann, clientReq(ann, "hc1-ok", ledger.OpCartConfirm))
+		if err != nil || len(done.Orders) != 2 || done.Holds[0].State != ledger.Confirmed || done.Orders[0].CartID != c.ID {
+			t.Fatalf("ConfirmCart = %+v, %v", done, err)
+		}
+		if got := counts(); got != "[0/2 0/1]" {
+			t.Errorf("held/sold %s after the confirm, want [0/2 0/1]", got)
+		}
+		again, err := l.ConfirmCart(ctx, c.ID, ann, clientReq(ann, "hc1-ok", ledger.OpCartConfirm))
+		if !errors.Is(err, ledger.ErrDuplicate) || len(again.Orders) != 2 || again.Orders[1].ID != done.Orders[1].ID {
+			t.Errorf("ConfirmCart retried = %+v, %v; want the same orders", again, err)
+		}
+		if _, _, err := l.CancelCart(ctx, c.ID, ann, clientReq(ann, "hc1-cancel", ledger.OpCartCancel)); !errors.Is(err, ledger.ErrHoldConfirmed) {
+			t.Errorf("CancelCart of a confirmed cart = %v, want ErrHoldConfirmed", err)
+		}
+		refunded, changed, err := l.RefundCart(ctx, c.ID, ann, clientReq(ann, "hc1-refund", ledger.OpCartRefund))
+		if err != nil || len(changed) != 2 || refunded.Orders[0].RefundedAt.IsZero() {
+			t.Fatalf("RefundCart = %+v, %v, %v", refunded, changed, err)
+		}
+		if got := counts(); got != "[0/0 0/0]" {
+			t.Errorf("held/sold %s after the refund, want [0/0 0/0]", got)
+		}
+		if _, changed, err := l.RefundCart(ctx, c.ID, ann, clientReq(ann, "hc1-refund2", ledger.OpCartRefund)); err != nil || len(changed) != 0 {
+			t.Errorf("RefundCart again = %v, %v; want nothing changed", changed, err)
+		}
+		for _, id := range []keys.ID{done.Orders[0].ID, done.Orders[1].ID} {
+			if _, owed, err := l.RestoreOwed(ctx, "order", id); err != nil || !owed {
+				t.Errorf("RestoreOwed(order %s) = %v, %v; want owed (the gate took it)", id, owed, err)
+			}
+		}
+
+		// Cancelled whole, once; then it cannot be confirmed.
+		c2, err := l.HoldCart(ctx, heldCartOf("hc2", ann, exp, map[stock.SKU]int64{adult: 1, child: 1}, all), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, changed, err := l.CancelCart(ctx, c2.ID, ann, clientReq(ann, "hc2-cancel", ledger.OpCartCancel)); err != nil || len(changed) != 2 {
+			t.Errorf("CancelCart = %v, %v; want 2 holds ended", changed, err)
+		}
+		if _, changed, err := l.CancelCart(ctx, c2.ID, ann, clientReq(ann, "hc2-cancel2", ledger.OpCartCancel)); err != nil || len(changed) != 0 {
+			t.Errorf("CancelCart again = %v, %v; want nothing changed", changed, err)
+		}
+		if _, err := l.ConfirmCart(ctx, c2.ID, ann, clientReq(ann, "hc2-ok", ledger.OpCartConfirm)); !errors.Is(err, ledger.ErrHoldEnded) {
+			t.Errorf("ConfirmCart of a cancelled cart = %v, want ErrHoldEnded", err)
+		}
+		if got := counts(); got != "[0/0 0/0]" {
+			t.Errorf("held/sold %s after the cancel, want [0/0 0/0]", got)
+		}
+
+		// Expired: past its time it cannot be confirmed, and the sweeper
+		// gives every line back.
+		c3, err := l.HoldCart(ctx, heldCartOf("hc3", ann, exp, map[stock.SKU]int64{adult: 1, child: 2}, all), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clk.advance(2 * time.Minute)
+		if _, err := l.ConfirmCart(ctx, c3.ID, ann, clientReq(ann, "hc3-ok", ledger.OpCartConfirm)); !errors.Is(err, ledger.ErrHoldEnded) {
+			t.Errorf("ConfirmCart past its expiry = %v, want ErrHoldEnded", err)
+		}
+		if ended, err := l.ExpireDue(ctx, 100); err != nil || len(ended) != 2 {
+			t.Errorf("ExpireDue = %d holds, %v; want the cart's 2", len(ended), err)
+		}
+		if got := counts(); got != "[0/0 0/0]" {
+			t.Errorf("held/sold %s after the expiry, want [0/0 0/0]", got)
+		}
+	})
+}
+
+// A confirm and a cancel of one held cart race from several ledgers (the
+// replicas): exactly one wins, whole, and the stock moves once.
+func TestHeldCartConfirmRacesCancel(t *testing.T) {
+	for _, driver := range []string{ledger.SQLite, ledger.Postgres} {
+		t.Run(driver, func(t *testing.T) {
+			ctx := context.Background()
+			ls, clk, _ := openLedgers(t, driver, 3)
+			p := keys.MustID("show-r")
+			a, b := stock.SKU{Program: p, Ticket: keys.MustID("a")}, stock.SKU{Program: p, Ticket: keys.MustID("b")}
+			for _, s := range []stock.SKU{a, b} {
+				if _, err := ls[0].PutSKU(ctx, ledger.SKUConfig{SKU: s, Total: 1000, Shards: 1, MaxPerOrder: 4}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			const carts = 20
+			confirmed, cancelled := 0, 0
+			for i := range carts {
+				buyer := keys.MustID(fmt.Sprintf("b%d", i))
+				c, err := ls[0].HoldCart(ctx, heldCartOf(fmt.Sprintf("c%d", i), buyer, clk.now().Add(time.Hour),
+					map[stock.SKU]int64{a: 1, b: 2}, []stock.SKU{a, b}), false)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var wg sync.WaitGroup
+				var okConfirm, okCancel bool
+				wg.Add(2)
+				go func() {
+					defer wg.Done()
+					_, err := ls[1].ConfirmCart(ctx, c.ID, buyer, clientReq(buyer, fmt.Sprintf("ok%d", i), ledger.OpCartConfirm))
+					okConfirm = err == nil
+				}()
+				go func() {
+					defer wg.Done()
+					_, changed, err := ls[2].CancelCart(ctx, c.ID, buyer, clientReq(buyer, fmt.Sprintf("no%d", i), ledger.OpCartCancel))
+					okCancel = err == nil && len(changed) == 2
+				}()
+				wg.Wait()
+				if okConfirm == okCancel {
+					t.Fatalf("cart %d: confirmed %v, cancelled %v; want exactly one", i, okConfirm, okCancel)
+				}
+				if okConfirm {
+					confirmed++
+				} else {
+					cancelled++
+				}
+			}
+			for i, s := range []stock.SKU{a, b} {
+				st, err := ls[0].SKU(ctx, s)
+				if err != nil {
+					t.Fatal(err)
+				}
+				q := int64(i + 1)
+				if st.Held != 0 || st.Sold != int64(confirmed)*q {
+					t.Errorf("%s: held %d sold %d; want 0 and %d (%d confirmed, %d cancelled)", s, st.Held, st.Sold, int64(confirmed)*q, confirmed, cancelled)
+				}
+			}
+		})
+	}
 }

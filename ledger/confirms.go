@@ -36,7 +36,7 @@ func (l *Ledger) plainHolds(ctx context.Context, rs []HoldRequest, live func(Hol
 	named := map[keys.ID]bool{}
 	for i, r := range rs {
 		h, ok := found[r.HoldID]
-		if !ok || r.Req.IsZero() || h.Buyer != r.Buyer || h.State != Held || named[h.ID] || !live(h) {
+		if !ok || r.Req.IsZero() || h.Buyer != r.Buyer || h.State != Held || !h.CartID.IsZero() || named[h.ID] || !live(h) {
 			continue
 		}
 		named[h.ID] = true

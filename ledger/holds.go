@@ -29,6 +29,9 @@ var (
 	ErrHoldConfirmed = errors.New("ledger: hold confirmed")
 	// ErrNotOwner: the buyer named is not the hold's or the order's.
 	ErrNotOwner = errors.New("ledger: not the owner")
+	// ErrInCart: the hold is a line of a cart, which is confirmed or
+	// cancelled whole.
+	ErrInCart = errors.New("ledger: hold is a cart line")
 )
 
 // Hold is stock set aside for a buyer until ExpiresAt.
@@ -61,6 +64,9 @@ type Hold struct {
 	GateEpoch int64
 	// TakeEpoch is the epoch its stock was taken under, as stored.
 	TakeEpoch int64
+	// CartID is the cart the hold is a line of (zero for a single hold):
+	// it is confirmed and cancelled with its cart, never alone.
+	CartID keys.ID
 }
 
 // Hold sets stock aside: the request's row, the hold row and held + q under
@@ -151,14 +157,14 @@ func (l *Ledger) holdReplay(ctx context.Context, r Request) (Hold, error) {
 }
 
 const selectHold = `SELECT id, idem_key, request_hash, program, ticket, buyer, quantity, gate, state, expires_at,
-	order_id, created_at, ended_at, seat_ids, take_epoch FROM holds`
+	order_id, created_at, ended_at, seat_ids, take_epoch, cart_id FROM holds`
 
 func scanHold(r rowScanner) (Hold, error) {
 	var h Hold
 	var expires, created, ended int64
 	var seatIDs string
 	err := r.Scan(&h.ID, &h.IdempotencyKey, &h.RequestHash, &h.SKU.Program, &h.SKU.Ticket, &h.Buyer, &h.Quantity,
-		&h.Gate, &h.State, &expires, &h.OrderID, &created, &ended, &seatIDs, &h.TakeEpoch)
+		&h.Gate, &h.State, &expires, &h.OrderID, &created, &ended, &seatIDs, &h.TakeEpoch, &h.CartID)
 	if err == nil {
 		h.SeatIDs, err = splitIDs(seatIDs)
 	}
@@ -233,6 +239,8 @@ func (l *Ledger) Confirm(ctx context.Context, holdID, buyer keys.ID, req Request
 		return Order{}, err
 	case h.Buyer != buyer:
 		return Order{}, ErrNotOwner
+	case !h.CartID.IsZero():
+		return Order{}, ErrInCart
 	case h.State == Confirmed:
 		o, err := scanOrder(tx.QueryRowContext(ctx, selectOrder+` WHERE id = $1`, h.OrderID))
 		if err != nil {
@@ -306,6 +314,9 @@ func (l *Ledger) Cancel(ctx context.Context, holdID, buyer keys.ID, req Request)
 	}
 	if h.Buyer != buyer {
 		return h, false, ErrNotOwner
+	}
+	if !h.CartID.IsZero() {
+		return h, false, ErrInCart
 	}
 	return l.endHold(ctx, h, Cancelled, false, req)
 }

@@ -319,10 +319,13 @@ CREATE TABLE IF NOT EXISTS holds (
 	take_epoch      BIGINT  NOT NULL DEFAULT 0,
 	restore_epoch   BIGINT  NOT NULL DEFAULT 0,
 	restore_shards  INTEGER NOT NULL DEFAULT 1,
+	-- the cart the hold is a line of ('' for a single hold)
+	cart_id         TEXT    NOT NULL DEFAULT '',
 	created_at      BIGINT  NOT NULL,
 	ended_at        BIGINT  NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS holds_expiry ON holds (state, expires_at);
+CREATE INDEX IF NOT EXISTS holds_cart ON holds (cart_id);
 CREATE INDEX IF NOT EXISTS holds_pending ON holds (restore_pending, ended_at);
 -- Reserved seating: a SKU's seat map, each seat free, held by one hold, or
 -- sold through one.
@@ -395,6 +398,7 @@ var added = []struct{ table, name, def string }{
 	{"holds", "restore_epoch", "BIGINT NOT NULL DEFAULT 0"},
 	{"holds", "restore_shards", "INTEGER NOT NULL DEFAULT 1"},
 	{"orders", "cart_id", "TEXT NOT NULL DEFAULT ''"},
+	{"holds", "cart_id", "TEXT NOT NULL DEFAULT ''"},
 }
 
 // schemaDigest names this build's schema. A ledger that already carries
@@ -996,6 +1000,15 @@ type returned struct {
 // returnStock gives q units of column back and uncounts them from the
 // buyer, inside tx.
 func returnStock(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer keys.ID, q int64, column string, now int64) (returned, error) {
+	r, err := returnSKU(ctx, tx, sku, q, column, now)
+	if err != nil {
+		return r, err
+	}
+	return r, uncountBuyer(ctx, tx, sku, buyer, q)
+}
+
+// returnSKU is returnStock's first half: the SKU row.
+func returnSKU(ctx context.Context, tx *sql.Tx, sku stock.SKU, q int64, column string, now int64) (returned, error) {
 	var r returned
 	var ended int64
 	err := tx.QueryRowContext(ctx, `UPDATE skus SET `+column+` = `+column+` - $3, version = version + 1, updated_at = $4
@@ -1008,11 +1021,17 @@ func returnStock(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer keys.ID, 
 	if err != nil {
 		return r, notCommitted("return stock", err)
 	}
+	return r, nil
+}
+
+// uncountBuyer is returnStock's second half: the buyer's SKU and program
+// rows.
+func uncountBuyer(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer keys.ID, q int64) error {
 	if _, err := tx.ExecContext(ctx, `UPDATE buyer_units SET units = units - $4
 		WHERE program = $1 AND ticket IN ($2, '') AND buyer = $3 AND units >= $4`, sku.Program, sku.Ticket, buyer, q); err != nil {
-		return r, notCommitted("buyer units", err)
+		return notCommitted("buyer units", err)
 	}
-	return r, nil
+	return nil
 }
 
 // AdvanceGate moves a SKU's gate epoch on and returns the row as of that

@@ -25,6 +25,11 @@ const (
 	OpCancel   = "cancel"
 	OpRefund   = "refund"
 	OpCart     = "cart"
+	// Held carts, and the actions on a whole cart.
+	OpCartHold    = "cart_hold"
+	OpCartConfirm = "cart_confirm"
+	OpCartCancel  = "cart_cancel"
+	OpCartRefund  = "cart_refund"
 )
 
 // Request is a client's request as the ledger remembers it: its
@@ -74,6 +79,7 @@ type cartSnap struct {
 	ID, Program, Buyer keys.ID
 	CreatedAt          int64
 	Orders             []orderSnap
+	Holds              []holdSnap `json:",omitempty"`
 }
 
 // Their ids are keys.IDs, so a stored answer is checked again as it is
@@ -86,6 +92,7 @@ type orderSnap struct {
 
 type holdSnap struct {
 	ID, RequestID, Program, Ticket, Buyer, OrderID keys.ID
+	CartID                                         keys.ID `json:",omitzero"`
 	State                                          string
 	Quantity, ExpiresAt, CreatedAt, EndedAt        int64
 	Seats                                          []keys.ID
@@ -108,8 +115,23 @@ func encodeCart(c *Cart) string {
 	for i := range c.Orders {
 		s.Cart.Orders = append(s.Cart.Orders, *snapOrder(&c.Orders[i]))
 	}
+	for i := range c.Holds {
+		s.Cart.Holds = append(s.Cart.Holds, *snapHold(&c.Holds[i]))
+	}
 	b, _ := json.Marshal(s) // plain structs of strings and integers: cannot fail
 	return string(b)
+}
+
+func snapHold(h *Hold) *holdSnap {
+	return &holdSnap{ID: h.ID, RequestID: h.IdempotencyKey, Program: h.SKU.Program, Ticket: h.SKU.Ticket,
+		Buyer: h.Buyer, State: h.State, OrderID: h.OrderID, CartID: h.CartID, Quantity: h.Quantity, ExpiresAt: ms(h.ExpiresAt),
+		CreatedAt: ms(h.CreatedAt), EndedAt: ms(h.EndedAt), Seats: h.SeatIDs}
+}
+
+func (h *holdSnap) hold(req Request) Hold {
+	return Hold{ID: h.ID, IdempotencyKey: h.RequestID, SKU: stock.SKU{Program: h.Program, Ticket: h.Ticket}, Buyer: h.Buyer,
+		State: h.State, OrderID: h.OrderID, CartID: h.CartID, Quantity: h.Quantity, ExpiresAt: fromMS(h.ExpiresAt),
+		CreatedAt: fromMS(h.CreatedAt), EndedAt: fromMS(h.EndedAt), SeatIDs: h.Seats, Req: req}
 }
 
 func encodeSnapshot(o *Order, h *Hold) string {
@@ -118,9 +140,7 @@ func encodeSnapshot(o *Order, h *Hold) string {
 		s.Order = snapOrder(o)
 	}
 	if h != nil {
-		s.Hold = &holdSnap{ID: h.ID, RequestID: h.IdempotencyKey, Program: h.SKU.Program, Ticket: h.SKU.Ticket,
-			Buyer: h.Buyer, State: h.State, OrderID: h.OrderID, Quantity: h.Quantity, ExpiresAt: ms(h.ExpiresAt),
-			CreatedAt: ms(h.CreatedAt), EndedAt: ms(h.EndedAt), Seats: h.SeatIDs}
+		s.Hold = snapHold(h)
 	}
 	b, _ := json.Marshal(s) // plain structs of strings and integers: cannot fail
 	return string(b)
@@ -140,11 +160,13 @@ func decodeSnapshot(raw string, r *Recorded) error {
 		for i := range c.Orders {
 			r.Cart.Orders = append(r.Cart.Orders, c.Orders[i].order(Request{}))
 		}
+		for i := range c.Holds {
+			r.Cart.Holds = append(r.Cart.Holds, c.Holds[i].hold(Request{}))
+		}
 	}
 	if h := s.Hold; h != nil {
-		r.Hold = &Hold{ID: h.ID, IdempotencyKey: h.RequestID, SKU: stock.SKU{Program: h.Program, Ticket: h.Ticket}, Buyer: h.Buyer,
-			State: h.State, OrderID: h.OrderID, Quantity: h.Quantity, ExpiresAt: fromMS(h.ExpiresAt), CreatedAt: fromMS(h.CreatedAt),
-			EndedAt: fromMS(h.EndedAt), SeatIDs: h.Seats, Req: r.Request}
+		hold := h.hold(r.Request)
+		r.Hold = &hold
 	}
 	return nil
 }

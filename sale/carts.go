@@ -25,17 +25,21 @@ type CartLine struct {
 	Quantity int64
 }
 
-// CartTake asks for every line of a cart, all or nothing.
+// CartTake asks for every line of a cart, all or nothing: bought, or held
+// for TTL (0: the shortest default hold lifetime of its tickets).
 type CartTake struct {
 	Ask
 	Program keys.ID
 	Lines   []CartLine
+	TTL     time.Duration
 }
 
-// Cart is a committed cart: an order per line, in ticket order.
+// Cart is a committed cart: an order per line, in ticket order, or for a
+// held cart a hold per line (and once confirmed, their orders too).
 type Cart struct {
 	ID, Program, Buyer keys.ID
 	Orders             []Order
+	Holds              []Hold
 	CreatedAt          time.Time
 }
 
@@ -44,14 +48,20 @@ func cartOf(c ledger.Cart) Cart {
 	for _, o := range c.Orders {
 		out.Orders = append(out.Orders, orderOf(o))
 	}
+	for _, h := range c.Holds {
+		out.Holds = append(out.Holds, holdOf(h))
+	}
 	return out
 }
 
 // check refuses a cart that is not one: no lines, too many, a ticket
 // twice, a quantity out of bounds. It returns the lines in ticket order.
-func (t CartTake) check() ([]CartLine, error) {
+func (t CartTake) check(hold bool) ([]CartLine, error) {
 	if err := t.Ask.check(); err != nil {
 		return nil, err
+	}
+	if t.TTL != 0 && (!hold || t.TTL < time.Second || t.TTL > MaxHoldTTL) {
+		return nil, refuse(ErrInvalid, "ttl_seconds out of bounds")
 	}
 	if t.Program.IsZero() {
 		return nil, refuse(ErrInvalid, "program id must match [A-Za-z0-9_-]{1,64}")
@@ -85,19 +95,103 @@ func (t CartTake) check() ([]CartLine, error) {
 // remembered, so a retry with the same key is evaluated again (and may
 // succeed once stock came back), as a refused purchase is.
 func (s *Service) PurchaseCart(ctx context.Context, t CartTake) (Result, error) {
-	lines, err := t.check()
+	return s.takeCart(ctx, t, false)
+}
+
+// HoldCart holds every line of a cart or none, until one expiry shared by
+// every line, as PurchaseCart buys them. The cart is then confirmed,
+// cancelled or expires whole (ConfirmCart, CancelCart); a line's hold
+// cannot be confirmed or cancelled alone (ErrInCart).
+func (s *Service) HoldCart(ctx context.Context, t CartTake) (Result, error) {
+	return s.takeCart(ctx, t, true)
+}
+
+func (s *Service) takeCart(ctx context.Context, t CartTake, hold bool) (Result, error) {
+	lines, err := t.check(hold)
 	if err != nil {
 		return Result{}, err
 	}
+	op := ledger.OpCart
 	fields := []string{t.Program.String()}
 	for _, l := range lines {
 		fields = append(fields, l.Ticket.String()+":"+strconv.FormatInt(l.Quantity, 10))
 	}
-	c := cartFlow{s: s, buyer: t.Buyer, req: newRequest(t.Buyer, t.Key, ledger.OpCart, fields...)}
+	if hold {
+		op, fields = ledger.OpCartHold, append(fields, t.TTL.String())
+	}
+	c := cartFlow{s: s, buyer: t.Buyer, hold: hold, ttl: t.TTL, req: newRequest(t.Buyer, t.Key, op, fields...)}
 	for i, l := range lines {
-		c.lines = append(c.lines, want{sku: stock.SKU{Program: t.Program, Ticket: l.Ticket}, buyer: t.Buyer, q: l.Quantity, req: c.req.lineOf(i)})
+		c.lines = append(c.lines, want{sku: stock.SKU{Program: t.Program, Ticket: l.Ticket}, buyer: t.Buyer, q: l.Quantity,
+			hold: hold, req: c.req.lineOf(i)})
 	}
 	return s.run(ctx, c.req, c.take)
+}
+
+// ConfirmCart makes every hold of a held cart an order, all or none, once;
+// a retry gets the same cart.
+func (s *Service) ConfirmCart(ctx context.Context, id keys.ID, a Ask) (Result, error) {
+	return s.ownerAction(ctx, ledger.OpCartConfirm, id, a, s.confirmCart)
+}
+
+// CancelCart ends every hold of a held cart; their stock goes back, once.
+func (s *Service) CancelCart(ctx context.Context, id keys.ID, a Ask) (Result, error) {
+	return s.ownerAction(ctx, ledger.OpCartCancel, id, a, s.cancelCart)
+}
+
+// RefundCart refunds every order of a cart not refunded yet (one line is
+// refunded alone through its order: Refund); their stock goes back, once.
+func (s *Service) RefundCart(ctx context.Context, id keys.ID, a Ask) (Result, error) {
+	return s.ownerAction(ctx, ledger.OpCartRefund, id, a, s.refundCart)
+}
+
+func (s *Service) confirmCart(ctx context.Context, id, buyer keys.ID, r request) answer {
+	c, err := s.ledger.ConfirmCart(ctx, id, buyer, r.ledger())
+	switch {
+	case err == nil:
+		return answer{cart: &c}
+	case errors.Is(err, ledger.ErrDuplicate):
+		return answer{cart: &c, replayed: true}
+	case errors.Is(err, ledger.ErrHoldEnded):
+		for _, h := range c.Holds {
+			if h.State == ledger.Cancelled {
+				return ansHoldCancelled
+			}
+		}
+		return ansHoldExpired
+	case errors.Is(err, ledger.ErrHoldConfirmed):
+		return fail(refuse(ErrHoldConfirmed, "a purchased cart has no holds to confirm"))
+	}
+	return s.ownerError(ctx, err, fail(ErrUnknownCart))
+}
+
+func (s *Service) cancelCart(ctx context.Context, id, buyer keys.ID, r request) answer {
+	c, changed, err := s.ledger.CancelCart(ctx, id, buyer, r.ledger())
+	switch {
+	case errors.Is(err, ledger.ErrDuplicate):
+		return answer{cart: &c, replayed: true}
+	case errors.Is(err, ledger.ErrHoldConfirmed):
+		return fail(refuse(ErrHoldConfirmed, "the cart is bought; refund it instead"))
+	case err != nil:
+		return s.ownerError(ctx, err, fail(ErrUnknownCart))
+	}
+	for _, id := range changed {
+		s.returnOwed(ctx, "hold", id)
+	}
+	return answer{cart: &c}
+}
+
+func (s *Service) refundCart(ctx context.Context, id, buyer keys.ID, r request) answer {
+	c, changed, err := s.ledger.RefundCart(ctx, id, buyer, r.ledger())
+	switch {
+	case errors.Is(err, ledger.ErrDuplicate):
+		return answer{cart: &c, replayed: true}
+	case err != nil:
+		return s.ownerError(ctx, err, fail(ErrUnknownCart))
+	}
+	for _, id := range changed {
+		s.returnOwed(ctx, "order", id)
+	}
+	return answer{cart: &c}
 }
 
 // CartByID returns a cart with its orders as they are now.
@@ -118,6 +212,51 @@ type cartFlow struct {
 	buyer keys.ID
 	req   request
 	lines []want
+	hold  bool
+	ttl   time.Duration // a held cart's lifetime; 0: the shortest default of its tickets
+}
+
+// ledgerCart is the cart the ledger commits: a line per want (an order, or
+// a hold until expires), with each line's gate record when the gate took it.
+func (c *cartFlow) ledgerCart(got []taken, expires time.Time) ledger.Cart {
+	cart := ledger.Cart{Program: c.lines[0].sku.Program, Buyer: c.buyer, Req: c.req.ledger()}
+	for i, w := range c.lines {
+		var gate string
+		var epoch int64
+		if got != nil {
+			gate, epoch = shard.EncodeParts(got[i].parts), got[i].epoch
+		}
+		if c.hold {
+			cart.Holds = append(cart.Holds, ledger.Hold{IdempotencyKey: w.req.gateID(), SKU: w.sku, Buyer: c.buyer,
+				Quantity: w.q, Gate: gate, GateEpoch: epoch, ExpiresAt: expires})
+		} else {
+			cart.Orders = append(cart.Orders, ledger.Order{IdempotencyKey: w.req.gateID(), SKU: w.sku, Buyer: c.buyer,
+				Quantity: w.q, Gate: gate, GateEpoch: epoch})
+		}
+	}
+	return cart
+}
+
+// commit writes the cart in the ledger: through the gate, or around it.
+func (c *cartFlow) commit(ctx context.Context, cart ledger.Cart, direct bool) (ledger.Cart, error) {
+	if c.hold {
+		return c.s.ledger.HoldCart(ctx, cart, direct)
+	}
+	return c.s.ledger.PurchaseCart(ctx, cart, direct)
+}
+
+// expiry is when a held cart's holds expire: its own lifetime, or the
+// shortest default of its tickets.
+func (c *cartFlow) expiry(states []ledger.SKUState) time.Time {
+	ttl := c.ttl
+	if ttl == 0 {
+		for _, st := range states {
+			if ttl == 0 || st.HoldTTL < ttl {
+				ttl = st.HoldTTL
+			}
+		}
+	}
+	return time.Now().Add(ttl)
 }
 
 // taken is a line the gate took: what to give back if the cart fails.
@@ -175,6 +314,9 @@ func (c *cartFlow) takeOnce(ctx context.Context) (_ answer, stale stock.SKU) {
 			return c.refused(ctx, ErrSoldOut, i, ""), stale
 		case st.PerBuyer > 0 && w.q > st.PerBuyer:
 			return c.refused(ctx, ErrLimit, i, ""), stale
+		case c.hold && c.ttl != 0 && (c.ttl < ledger.MinHoldTTL || c.ttl > st.HoldTTLMax):
+			return c.refused(ctx, ErrInvalid, i, fmt.Sprintf("ttl_seconds must be in %d..%d for this ticket",
+				int(ledger.MinHoldTTL.Seconds()), int(st.HoldTTLMax.Seconds()))), stale
 		}
 		if st.GateStale() && !direct && s.breaker.State() == breaker.Closed {
 			if err := s.reseed(ctx, w.sku, reasonBypass, false); err != nil {
@@ -184,7 +326,7 @@ func (c *cartFlow) takeOnce(ctx context.Context) (_ answer, stale stock.SKU) {
 		states[i] = st
 	}
 	if direct {
-		return c.direct(ctx), stale
+		return c.direct(ctx, states), stale
 	}
 	var got []taken
 	undo := func(release bool) {
@@ -204,7 +346,7 @@ func (c *cartFlow) takeOnce(ctx context.Context) (_ answer, stale stock.SKU) {
 			return s.counted(pathGate, c.refused(ctx, ErrLimit, i, "")), stale
 		case qerr != nil && notRun(qerr):
 			undo(true)
-			return c.direct(ctx), stale
+			return c.direct(ctx, states), stale
 		case qerr != nil:
 			s.log.ErrorContext(ctx, "quota", "sku", w.sku.String(), "err", qerr)
 			undo(true)
@@ -229,7 +371,7 @@ func (c *cartFlow) takeOnce(ctx context.Context) (_ answer, stale stock.SKU) {
 			quota.keepKey()
 			quota.release(ctx)
 			undo(true)
-			return c.direct(ctx), stale
+			return c.direct(ctx, states), stale
 		case err != nil:
 			// Still unknown for this line: its record answers a retry with
 			// the same key. The lines before it are known and go back.
@@ -248,12 +390,7 @@ func (c *cartFlow) takeOnce(ctx context.Context) (_ answer, stale stock.SKU) {
 		}
 		got = append(got, taken{w: w, parts: d.Parts, quota: quota, epoch: epoch})
 	}
-	cart := ledger.Cart{Program: c.lines[0].sku.Program, Buyer: c.buyer, Req: c.req.ledger()}
-	for _, t := range got {
-		cart.Orders = append(cart.Orders, ledger.Order{IdempotencyKey: t.w.req.gateID(), SKU: t.w.sku, Buyer: c.buyer,
-			Quantity: t.w.q, Gate: shard.EncodeParts(t.parts), GateEpoch: t.epoch})
-	}
-	committed, err := s.ledger.PurchaseCart(ctx, cart, false)
+	committed, err := c.commit(ctx, c.ledgerCart(got, c.expiry(states)), false)
 	var le *ledger.LineError
 	line := -1
 	if errors.As(err, &le) {
@@ -312,22 +449,19 @@ func (c *cartFlow) takeOnce(ctx context.Context) (_ answer, stale stock.SKU) {
 // takeDirect does a purchase: bounded in number, optimistic on every
 // line's row version, each line bumping its SKU's bypass_seq so its gate
 // is rebuilt before it serves again.
-func (c *cartFlow) direct(ctx context.Context) answer {
+func (c *cartFlow) direct(ctx context.Context, states []ledger.SKUState) answer {
 	s := c.s
 	release, ok := s.fallbackSlot()
 	if !ok {
 		return s.counted(pathLedger, ansBusy)
 	}
 	defer release()
-	cart := ledger.Cart{Program: c.lines[0].sku.Program, Buyer: c.buyer, Req: c.req.ledger()}
-	for _, w := range c.lines {
-		cart.Orders = append(cart.Orders, ledger.Order{IdempotencyKey: w.req.gateID(), SKU: w.sku, Buyer: c.buyer, Quantity: w.q})
-	}
+	cart := c.ledgerCart(nil, c.expiry(states))
 	for attempt := range s.opts.FallbackAttempts {
 		if !s.fallbackPause(ctx, attempt) {
 			return ansUnavailable
 		}
-		committed, err := s.ledger.PurchaseCart(ctx, cart, true)
+		committed, err := c.commit(ctx, cart, true)
 		var le *ledger.LineError
 		line := 0
 		if errors.As(err, &le) {

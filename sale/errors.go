@@ -37,6 +37,7 @@ var (
 	ErrHoldExpired     = newErr("hold-expired", "the hold expired; nothing was sold")
 	ErrHoldCancelled   = newErr("hold-cancelled", "the hold was cancelled; nothing was sold")
 	ErrHoldConfirmed   = newErr("hold-confirmed", "the hold became an order; refund the order instead")
+	ErrInCart          = newErr("in-cart", "this hold is a line of a cart: confirm or cancel the cart")
 	ErrSeated          = newErr("seated", "this ticket sells specific seats: use seat holds")
 	ErrNotSeated       = newErr("not-seated", "this ticket has no seat map; use holds or purchases")
 	ErrNoSeating       = newErr("no-seats", "reserved seating is not configured")
@@ -57,7 +58,7 @@ var (
 
 // Kinds lists every kind above, for tables that must cover them all.
 func Kinds() []*Err {
-	return []*Err{ErrInvalid, ErrUnknownSKU, ErrUnknownHold, ErrUnknownOrder, ErrUnknownCart, ErrNotOwner, ErrKeyReused, ErrOverMax, ErrSoldOut, ErrLimit, ErrSaleEnded, ErrHoldExpired, ErrHoldCancelled, ErrHoldConfirmed, ErrSeated, ErrNotSeated, ErrNoSeating, ErrUnknownSeats, ErrSeatsTaken, ErrSeatsNotInGate, ErrSeatsSpan, ErrNoAdjacent, ErrSeatMapRefused, ErrBelowCommitted, ErrRebuildBusy, ErrBusy, ErrUnavailable, ErrNotRebuilt, ErrGateNotClosed, ErrSeatsNotInRedis}
+	return []*Err{ErrInvalid, ErrUnknownSKU, ErrUnknownHold, ErrUnknownOrder, ErrUnknownCart, ErrNotOwner, ErrKeyReused, ErrOverMax, ErrSoldOut, ErrLimit, ErrSaleEnded, ErrHoldExpired, ErrHoldCancelled, ErrHoldConfirmed, ErrInCart, ErrSeated, ErrNotSeated, ErrNoSeating, ErrUnknownSeats, ErrSeatsTaken, ErrSeatsNotInGate, ErrSeatsSpan, ErrNoAdjacent, ErrSeatMapRefused, ErrBelowCommitted, ErrRebuildBusy, ErrBusy, ErrUnavailable, ErrNotRebuilt, ErrGateNotClosed, ErrSeatsNotInRedis}
 }
 
 // refusal is an Err with a detail for this request (and the seats it

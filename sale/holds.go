@@ -88,6 +88,8 @@ func (s *Service) ownerError(ctx context.Context, err error, notFound answer) an
 		return notFound
 	case errors.Is(err, ledger.ErrNotOwner):
 		return ansNotOwner
+	case errors.Is(err, ledger.ErrInCart):
+		return fail(ErrInCart)
 	case errors.Is(err, ledger.ErrKeyReused):
 		return ansKeyReused
 	}

@@ -100,11 +100,11 @@ func (s *Service) recorded(ctx context.Context, r request) (answer, bool, error)
 
 // replayed is the answer of a committed request, replayed.
 func replayed(rec ledger.Recorded) answer {
-	a := answer{replayed: true, hold: rec.Hold}
+	a := answer{replayed: true, hold: rec.Hold, cart: rec.Cart}
 	if rec.Order != nil {
 		a.order = *rec.Order
 	}
-	if a.hold == nil && rec.Order == nil {
+	if a.hold == nil && rec.Order == nil && rec.Cart == nil {
 		return ansUnavailable // a row without its answer: a bug, never a guess
 	}
 	return a

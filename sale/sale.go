@@ -80,6 +80,10 @@ type Ledger interface {
 	SetShards(ctx context.Context, sku stock.SKU, n int) error
 	SKUs(ctx context.Context, after stock.SKU, limit int) ([]ledger.SKUState, error)
 	PurchaseCart(ctx context.Context, c ledger.Cart, direct bool) (ledger.Cart, error)
+	HoldCart(ctx context.Context, c ledger.Cart, direct bool) (ledger.Cart, error)
+	ConfirmCart(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Cart, error)
+	CancelCart(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Cart, []keys.ID, error)
+	RefundCart(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Cart, []keys.ID, error)
 	CartByID(ctx context.Context, id keys.ID) (ledger.Cart, error)
 }
 

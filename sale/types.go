@@ -25,15 +25,17 @@ const (
 
 // Order is a sale.
 type Order struct {
-	ID        keys.ID
-	SKU       stock.SKU
-	Buyer     keys.ID
-	Quantity  int64
-	CreatedAt time.Time
+	ID         keys.ID
+	SKU        stock.SKU
+	Buyer      keys.ID
+	Quantity   int64
+	HoldID     keys.ID // the hold it confirmed, if any
+	CreatedAt  time.Time
+	RefundedAt time.Time // zero until refunded
 }
 
 func orderOf(o ledger.Order) Order {
-	return Order{ID: o.ID, SKU: o.SKU, Buyer: o.Buyer, Quantity: o.Quantity, CreatedAt: o.CreatedAt}
+	return Order{ID: o.ID, SKU: o.SKU, Buyer: o.Buyer, Quantity: o.Quantity, HoldID: o.HoldID, CreatedAt: o.CreatedAt, RefundedAt: o.RefundedAt}
 }
 
 // Hold is stock set aside for a buyer until it is confirmed (an order),

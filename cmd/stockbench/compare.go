@@ -18,7 +18,7 @@ import (
 )
 
 // compareCmd runs the flash sale and the sold-out storm (or the runs named
-// by -runs: flash, storm, holds, confirms, cancels) through two builds
+// by -runs: flash, storm, holds, confirms, cancels, carts) through two builds
 // of stockgate side by side, on one Redis Cluster and one PostgreSQL, in
 // interleaved rounds (old, new, then new, old, ...), and prints each
 // round's throughput and the median and range of new/old. This machine
@@ -33,7 +33,7 @@ func compareCmd(args []string) error {
 	workers := fs.Uint64("workers", 64, "concurrent connections of each run")
 	rounds := fs.Int("rounds", 3, "rounds of each comparison")
 	dir := fs.String("dir", ".run/compare", "working directory (builds, charts)")
-	only := fs.String("runs", "flash,storm", "runs to compare: flash, storm, holds, confirms, cancels")
+	only := fs.String("runs", "flash,storm", "runs to compare: flash, storm, holds, confirms, cancels, carts")
 	_ = fs.Parse(args)
 	ctx := context.Background()
 	if err := os.MkdirAll(*dir, 0o755); err != nil {
@@ -141,6 +141,14 @@ func compareCmd(args []string) error {
 			refs, err := holdsFor(g, prog)
 			return loadgen.Cancels(refs, prog+"-"), err
 		}},
+		{"carts", "carts of 3 lines, all granted", func(g gateway, prog string) (loadgen.Scenario, error) {
+			for _, t := range cartTickets {
+				if err := g.admin.putSKU(prog+"/"+t, int64(*n), cartShards); err != nil {
+					return nil, err
+				}
+			}
+			return loadgen.Carts(prog, cartTickets, prog+"-", *n), nil
+		}},
 	}
 	var runs []run
 	for _, r := range all {
@@ -149,7 +157,7 @@ func compareCmd(args []string) error {
 		}
 	}
 	if len(runs) == 0 {
-		return fmt.Errorf("-runs %q names no run (flash, storm, holds, confirms, cancels)", *only)
+		return fmt.Errorf("-runs %q names no run (flash, storm, holds, confirms, cancels, carts)", *only)
 	}
 	fmt.Printf("# %s (old) against the working tree (new): %d requests from %d connections per run, %d interleaved rounds\n\n",
 		*base, *n, *workers, *rounds)

@@ -15,7 +15,8 @@ import (
 
 type docInputs struct {
 	flash, capRun, floor, bare, storm, reads, bareReads, steady, holds, confirms, fallback, admitLat, buyLat loadgen.Result
-	flashAudit, steadyAudit, fbAudit                                                                         audit
+	carts, cartSingles                                                                                       loadgen.Result
+	flashAudit, steadyAudit, fbAudit, cartAudit                                                              audit
 	compRes                                                                                                  map[string]loadgen.Result
 	compOversell                                                                                             map[string]int64
 	comps                                                                                                    []*comparators.Comparator
@@ -151,11 +152,11 @@ func (s *suite) write(rounds []docInputs, micro, hot string) {
 	row("gateway resident memory in the flash sale (peak)", "≤ 150 MiB", v, mib, mibRange, v.hi <= 150)
 	oversold := false
 	for _, in := range rounds {
-		for _, a := range []audit{in.flashAudit, in.steadyAudit, in.fbAudit} {
+		for _, a := range []audit{in.flashAudit, in.steadyAudit, in.cartAudit, in.fbAudit} {
 			oversold = oversold || a.sold > a.total
 		}
 	}
-	fmt.Fprintf(d, "| oversold in any round (flash, steady, fallback; ledger audit) | %v | | none | %s |\n", oversold, verdict(!oversold))
+	fmt.Fprintf(d, "| oversold in any round (flash, steady, carts, fallback; ledger audit) | %v | | none | %s |\n", oversold, verdict(!oversold))
 
 	d.WriteString("\n## Against the floor and the approaches stockgate replaces\n\n" +
 		"Flash sale, same load; requests per second, median and range over the rounds; \"vs stockgate\" is the median of\n" +
@@ -201,6 +202,7 @@ From the profile and the per-request costs below, and the shape of each run:
 - **Open-loop p99s** at half the closed-loop maximum still queue behind the load generator and the servers on the
   same two cores; a purchase with commit waits for its batch's fsync.
 `)
+	s.writeCarts(rounds)
 	d.WriteString("\n## Per-request costs\n\nWhat docs/CAPACITY.md sizes a deployment from. Redis figures are INFO commandstats deltas over\n" +
 		"each round's flash sale (scripts run on masters only; `usec` is Redis's own time in the script, not its network I/O);\n" +
 		"the gateway's CPU is the last round's 5-second profile, which spans its whole flash sale, over that sale's requests.\n\n" +
@@ -242,3 +244,37 @@ func pgVersion() string {
 }
 
 func numCPU() int { return runtimeNumCPU() }
+
+// writeCarts is the carts section: 3-line carts against single purchases
+// of the same shape, each round's pair run back to back.
+func (s *suite) writeCarts(rounds []docInputs) {
+	d := &s.doc
+	lines := float64(len(cartTickets))
+	fmt.Fprintf(d, "\n## Carts of %d lines against single purchases\n\n"+
+		"Each round runs %d carts, each one ticket of each of %d SKUs of one program, and %d single purchases of one ticket\n"+
+		"each, round-robin over %d SKUs of another program, both from %d connections as fast as they are answered, back to\n"+
+		"back (which goes first alternates by round). Every SKU has stock for every request and %d shards, so every request\n"+
+		"is granted and both runs measure the winners' path: the gate takes, the ledger commits. The ratio is each round's\n"+
+		"carts per second over that round's single purchases per second; in tickets it is %.0f times that.\n\n"+
+		"| measure | median of %d | range |\n|---|---|---|\n",
+		len(cartTickets), s.cartRequests(), len(cartTickets), s.cartRequests(), len(cartTickets), s.workers, cartShards, lines, len(rounds))
+	row := func(name, unit string, f func(in docInputs) float64, format string) {
+		v := per(rounds, f)
+		fmt.Fprintf(d, "| %s | "+format+" %s | "+format+" – "+format+" |\n", name, v.med, unit, v.lo, v.hi)
+	}
+	row("carts", "carts/s", func(in docInputs) float64 { return okRate(in.carts) }, "%.0f")
+	row("tickets in carts", "tickets/s", func(in docInputs) float64 { return lines * okRate(in.carts) }, "%.0f")
+	row("single purchases", "purchases/s", func(in docInputs) float64 { return okRate(in.cartSingles) }, "%.0f")
+	row("carts / single purchases (requests)", "×", func(in docInputs) float64 { return okRate(in.carts) / okRate(in.cartSingles) }, "%.2f")
+	row("cart tickets / single-purchase tickets", "×", func(in docInputs) float64 {
+		return lines * okRate(in.carts) / okRate(in.cartSingles)
+	}, "%.2f")
+	row("cart p99", "ms", func(in docInputs) float64 { return float64(in.carts.Quantile(99).Microseconds()) / 1000 }, "%.1f")
+	row("single purchase p99", "ms", func(in docInputs) float64 { return float64(in.cartSingles.Quantile(99).Microseconds()) / 1000 }, "%.1f")
+	d.WriteString("\nAnswers and the carts' ledger audit (sold + held over the carts' 3 SKUs; every granted cart is that many tickets):\n\n")
+	for i, in := range rounds {
+		a := in.cartAudit
+		fmt.Fprintf(d, "- round %d: carts %s; single purchases %s; %s; every granted cart's tickets in the ledger: %v\n",
+			i+1, in.carts.CodesString(), in.cartSingles.CodesString(), a, a.sold >= int64(lines)*a.created)
+	}
+}

@@ -2,7 +2,8 @@
 //
 //	stockbench run -url http://localhost:8080 -scenario flash -n 100000
 //	    drives one scenario at a running gateway (flash, steady, reads,
-//	    soldout, holds) and prints a summary table and a ledger audit.
+//	    soldout, holds, carts) and prints a summary table and a ledger
+//	    audit. A cart is one ticket of each of 3 SKUs of the run's program.
 //	    -run-id ID      goes into every Idempotency-Key and buyer (random
 //	                    8 hex digits by default), so runs never collide;
 //	                    the same id sends the same keys again
@@ -143,7 +144,7 @@ func parseRun(args []string, stderr io.Writer) (runConfig, error) {
 	// A bad flag is one line, printed by main; only -h lists the flags.
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&c.url, "url", "http://localhost:8080", "gateway base URL")
-	fs.StringVar(&c.scenario, "scenario", "flash", "flash, steady, reads, soldout or holds")
+	fs.StringVar(&c.scenario, "scenario", "flash", "flash, steady, reads, soldout, holds or carts")
 	fs.Uint64Var(&c.n, "n", 50_000, "requests; 0, or left out with -duration: until -duration")
 	fs.DurationVar(&c.duration, "duration", 0, "stop after this long (0: after -n requests)")
 	fs.IntVar(&c.rate, "rate", 0, "open-loop requests per second (0: as fast as -workers allow)")
@@ -173,9 +174,9 @@ func parseRun(args []string, stderr io.Writer) (runConfig, error) {
 		c.n = 0 // "-duration 5m" means five minutes, not 50,000 requests
 	}
 	switch c.scenario {
-	case "flash", "steady", "reads", "soldout", "holds":
+	case "flash", "steady", "reads", "soldout", "holds", "carts":
 	default:
-		return c, badFlag("-scenario %q: want flash, steady, reads, soldout or holds", c.scenario)
+		return c, badFlag("-scenario %q: want flash, steady, reads, soldout, holds or carts", c.scenario)
 	}
 	if *ramp != "" {
 		a, b, ok := strings.Cut(*ramp, ":")
@@ -202,6 +203,9 @@ func parseRun(args []string, stderr io.Writer) (runConfig, error) {
 		return c, badFlag("-workers 0: at least 1")
 	case c.skus < 1:
 		return c, badFlag("-skus %d: at least 1", c.skus)
+	}
+	if c.sku != "" && c.scenario == "carts" {
+		return c, badFlag("-sku and -scenario carts: a cart spans %d SKUs the run creates", len(cartTickets))
 	}
 	if c.sku != "" {
 		prog, ticket, _ := strings.Cut(c.sku, "/")
@@ -277,7 +281,7 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 			a.SoldHeld, a.Total = a.SoldHeld+st.Sold+st.Held, a.Total+st.Total
 		}
 		a.Oversold = a.SoldHeld > a.Total
-		a.EveryCreatedInLedger = c.scenario == "reads" || a.SoldHeld >= int64(a.Created)
+		a.EveryCreatedInLedger = c.scenario == "reads" || a.SoldHeld >= int64(a.Created)*c.ticketsPerRequest()
 		out.Audit = a
 	}
 	if c.json {
@@ -324,8 +328,27 @@ func (c runConfig) plan() (int64, []string) {
 			names = append(names, fmt.Sprintf("%s/t%d", c.program, i))
 		}
 		return int64(max(reqs, 1_000_000)), names
+	case "carts":
+		var names []string
+		for _, t := range cartTickets {
+			names = append(names, c.program+"/"+t)
+		}
+		// Every cart takes one of each: every cart is granted.
+		return int64(max(reqs, 1_000_000)), names
 	}
 	return int64(max(reqs, 1_000_000)), []string{sku} // holds
+}
+
+// cartTickets are the tickets of a cart run's program; a cart takes one
+// of each.
+var cartTickets = []string{"adult", "child", "parking"}
+
+// ticketsPerRequest is how many tickets a granted request of the run takes.
+func (c runConfig) ticketsPerRequest() int64 {
+	if c.scenario == "carts" {
+		return int64(len(cartTickets))
+	}
+	return 1
 }
 
 // load is the run's requests at the SKUs. Every key and buyer starts with
@@ -337,6 +360,8 @@ func (c runConfig) load(skus []string) loadgen.Scenario {
 		return loadgen.Reads(skus[0], c.n)
 	case "holds":
 		return loadgen.Holds(skus[0], prefix, c.n)
+	case "carts":
+		return loadgen.Carts(c.program, cartTickets, prefix, c.n)
 	}
 	return loadgen.Purchases(skus, prefix, c.n)
 }

@@ -36,6 +36,7 @@ func TestMain(m *testing.M) {
 type seen struct {
 	method, path, key, buyer string
 	header                   http.Header
+	body                     []byte
 }
 
 // recorder answers what stockbench run asks of a gateway and remembers
@@ -54,7 +55,7 @@ func (r *recorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	b, _ := io.ReadAll(req.Body)
 	_ = json.Unmarshal(b, &body)
 	r.mu.Lock()
-	r.reqs = append(r.reqs, seen{req.Method, req.URL.Path, req.Header.Get("Idempotency-Key"), body.Buyer, req.Header.Clone()})
+	r.reqs = append(r.reqs, seen{req.Method, req.URL.Path, req.Header.Get("Idempotency-Key"), body.Buyer, req.Header.Clone(), b})
 	r.n++
 	odd := r.n%2 == 1
 	code := http.StatusOK
@@ -251,7 +252,7 @@ func TestRunKeysAreIDs(t *testing.T) {
 			longest = strings.Repeat("r", n)
 		}
 	}
-	for _, scenario := range []string{"flash", "steady", "soldout", "holds"} {
+	for _, scenario := range []string{"flash", "steady", "soldout", "holds", "carts"} {
 		c, err := parseRun([]string{"-scenario", scenario, "-run-id", longest, "-n", "0", "-duration", "1s"}, io.Discard)
 		if err != nil {
 			t.Fatal(err)
@@ -287,6 +288,7 @@ func TestRunRefusesBadFlags(t *testing.T) {
 		{"-run-id", strings.Repeat("x", 25)},
 		{"-sku", "no-slash"},
 		{"-sku", "a/b/c"},
+		{"-scenario", "carts", "-sku", "show-9/ga"}, // a cart spans SKUs the run creates
 		{"-workers", "0"},
 		{"-rate", "-1"},
 		{"-bogus"},
@@ -348,6 +350,7 @@ func TestRunPlanFollowsItsBounds(t *testing.T) {
 		{[]string{"-n", "300", "-duration", "10s", "-rate", "100"}, 300, 30},
 		{[]string{"-duration", "10s", "-ramp", "100:300"}, 0, 200},
 		{[]string{"-scenario", "holds", "-duration", "10s", "-rate", "200000"}, 0, 2_000_000},
+		{[]string{"-scenario", "carts", "-n", "3000000"}, 3_000_000, 3_000_000}, // each SKU: one per cart
 	} {
 		c, err := parseRun(tc.args, io.Discard)
 		if err != nil {
@@ -356,5 +359,69 @@ func TestRunPlanFollowsItsBounds(t *testing.T) {
 		if units, _ := c.plan(); c.n != tc.n || units != tc.units {
 			t.Errorf("parseRun(%q): -n %d, stock %d; want %d, %d", tc.args, c.n, units, tc.n, tc.units)
 		}
+	}
+}
+
+// A cart run creates its program's 3 SKUs with stock for every cart, then
+// sends carts to the program's route, each one ticket of each SKU, each
+// under its own key and buyer; its audit counts a granted cart's tickets.
+func TestRunCarts(t *testing.T) {
+	rec := &recorder{}
+	out := run(t, rec, "-scenario", "carts", "-n", "10", "-run-id", "c7", "-program", "show7", "-json")
+	created := map[string]bool{}
+	var carts []seen
+	for _, r := range rec.requests() {
+		switch {
+		case r.method == http.MethodPut && strings.HasPrefix(r.path, "/v1/admin/skus/show7/"):
+			var cfg struct{ Total int64 }
+			if err := json.Unmarshal(r.body, &cfg); err != nil || cfg.Total < 10 {
+				t.Errorf("PUT %s %s: want stock for every cart (10)", r.path, r.body)
+			}
+			created[strings.TrimPrefix(r.path, "/v1/admin/skus/show7/")] = true
+		case r.method == http.MethodPost:
+			carts = append(carts, r)
+		}
+	}
+	if len(created) != 3 || len(carts) != 10 {
+		t.Fatalf("created SKUs %v and sent %d carts; want 3 and 10", created, len(carts))
+	}
+	ks, buyers := keysOf(carts)
+	if len(slices.Compact(ks)) != 10 || len(slices.Compact(buyers)) != 10 {
+		t.Errorf("keys %v, buyers %v: want 10 of each, all different", ks, buyers)
+	}
+	for _, r := range carts {
+		if r.path != "/v1/programs/show7/carts" || !strings.HasPrefix(r.key, "carts-c7-") {
+			t.Errorf("cart to %s under key %q, want /v1/programs/show7/carts and the run's key", r.path, r.key)
+		}
+		var body struct {
+			Buyer string
+			Lines []struct {
+				Ticket   string
+				Quantity int64
+			}
+		}
+		if err := json.Unmarshal(r.body, &body); err != nil || len(body.Lines) != 3 {
+			t.Fatalf("cart body %s (%v): want 3 lines", r.body, err)
+		}
+		tickets := map[string]bool{}
+		for _, l := range body.Lines {
+			if !created[l.Ticket] || l.Quantity != 1 {
+				t.Errorf("cart line %+v: want quantity 1 of a SKU the run created (%v)", l, created)
+			}
+			tickets[l.Ticket] = true
+		}
+		if len(tickets) != 3 {
+			t.Errorf("cart %s: want 3 different tickets", r.body)
+		}
+	}
+	var got runSummary
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("-json output %q: %v", out, err)
+	}
+	// The recorder's 3 SKUs have sold 3 each; 4 or more granted carts are
+	// more tickets than that.
+	a := got.Audit
+	if a == nil || a.SoldHeld != 9 || a.Created < 4 || a.EveryCreatedInLedger {
+		t.Errorf("audit %+v: want sold 9 of the 3 SKUs, and %d granted carts' tickets not all in it", a, got.Result.Codes["201"])
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -414,6 +415,12 @@ func (s *suite) round(r int) (in docInputs, err error) {
 	steady := s.attack("stockgate steady purchases (100 SKUs)", s.gw.base, loadgen.Purchases(steadySKUs, k("steady"), n/2), 0, w, 0)
 	steadyAudit := s.audit(s.gw, steadySKUs, steady)
 
+	// 4b. Carts of 3 lines against single purchases of the same shape.
+	carts, cartSingles, cartAudit, err := s.carts(r, p("cart"), p("single"), k("cart"), k("single"))
+	if err != nil {
+		return in, err
+	}
+
 	// 5. Holds, then 70 % confirmed, the rest abandoned.
 	holdSKU := p("holds") + "/ga"
 	if err := s.gw.admin.putSKU(holdSKU, int64(n), 4); err != nil {
@@ -452,11 +459,54 @@ func (s *suite) round(r int) (in docInputs, err error) {
 
 	return docInputs{flash: flash, flashAudit: flashAudit, capRun: capRun, floor: floor, bare: bare, compRes: compRes,
 		compOversell: compOversell, comps: comps, storm: storm, stormCalls: stormCalls, reads: reads, readCalls: readCalls,
-		bareReads: bareReads, steady: steady, steadyAudit: steadyAudit, holds: holds, confirms: confirms, fallback: fallback,
+		bareReads: bareReads, steady: steady, steadyAudit: steadyAudit, carts: carts, cartSingles: cartSingles,
+		cartAudit: cartAudit, holds: holds, confirms: confirms, fallback: fallback,
 		fbAudit: fbAudit, admitLat: admitLat, buyLat: buyLat, rssKB: rssKB, cpuTop: cpuTop, shardMem: shardMem,
 		flashScripts: scripts1 - scripts0, flashScriptUsec: usec1 - usec0,
 		recMem: recMem}, nil
 }
+
+// carts runs n/10 carts of 3 lines (one ticket of each of 3 SKUs of
+// program cartProg) and as many single purchases over 3 SKUs of program
+// singleProg, from the same connections, back to back (which goes first
+// alternates by round), every request granted: each SKU has stock for
+// every request and 4 shards. It returns both runs and the carts' ledger
+// audit.
+func (s *suite) carts(r int, cartProg, singleProg, cartKey, singleKey string) (carts, singles loadgen.Result, a audit, err error) {
+	n := s.cartRequests()
+	var cartSKUs, singleSKUs []string
+	for _, t := range cartTickets {
+		cartSKUs, singleSKUs = append(cartSKUs, cartProg+"/"+t), append(singleSKUs, singleProg+"/"+t)
+	}
+	for _, sku := range append(slices.Clone(cartSKUs), singleSKUs...) {
+		if err := s.gw.admin.putSKU(sku, int64(n), cartShards); err != nil {
+			return carts, singles, a, err
+		}
+	}
+	runCarts := func() {
+		carts = s.attack(fmt.Sprintf("stockgate carts (%d lines, all granted)", len(cartTickets)), s.gw.base,
+			loadgen.Carts(cartProg, cartTickets, cartKey, n), 0, s.workers, 0)
+	}
+	runSingles := func() {
+		singles = s.attack(fmt.Sprintf("stockgate single purchases (%d SKUs, all granted)", len(cartTickets)), s.gw.base,
+			loadgen.Purchases(singleSKUs, singleKey, n), 0, s.workers, 0)
+	}
+	if r%2 == 0 {
+		runSingles()
+		runCarts()
+	} else {
+		runCarts()
+		runSingles()
+	}
+	return carts, singles, s.audit(s.gw, cartSKUs, carts), nil
+}
+
+// cartShards is the shards of each SKU of the carts measurement.
+const cartShards = 4
+
+// cartRequests is how many carts, and single purchases, a round sends: a
+// tenth of the other throughput runs', as the holds run's.
+func (s *suite) cartRequests() uint64 { return max(s.n/10, 1) }
 
 // closedString answers "" at once: no profile.
 var closedString = func() chan string { c := make(chan string); close(c); return c }()

@@ -1,8 +1,10 @@
 package loadgen
 
 import (
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -87,5 +89,56 @@ func TestRunHeaderOnEveryRequest(t *testing.T) {
 		Header: http.Header{"X-Edge": {"e1"}}})
 	if err != nil || res.Requests != 50 || bad.Load() != 0 {
 		t.Errorf("%d requests (%v), %d without the header or the key", res.Requests, err, bad.Load())
+	}
+}
+
+// Every cart names the program's route and one ticket of each of the
+// tickets given, under a key and a buyer no other request of the run has.
+func TestCartsScenario(t *testing.T) {
+	const n = 200
+	tickets := []string{"adult", "child", "parking"}
+	sc := Carts("show-1", tickets, "carts-r1-", n)
+	keys, buyers := map[string]bool{}, map[string]bool{}
+	for i := range uint64(n) {
+		req, ok := sc(i)
+		if !ok {
+			t.Fatalf("request %d: scenario ended early", i)
+		}
+		if req.Method != http.MethodPost || req.Path != "/v1/programs/show-1/carts" {
+			t.Fatalf("request %d: %s %s, want POST /v1/programs/show-1/carts", i, req.Method, req.Path)
+		}
+		var body struct {
+			Buyer string
+			Lines []struct {
+				Ticket   string
+				Quantity int64
+			}
+		}
+		dec := json.NewDecoder(strings.NewReader(req.Body))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&body); err != nil {
+			t.Fatalf("request %d: body %s: %v", i, req.Body, err)
+		}
+		var got []string
+		for _, l := range body.Lines {
+			if l.Quantity != 1 {
+				t.Errorf("request %d: line %+v, want quantity 1", i, l)
+			}
+			got = append(got, l.Ticket)
+		}
+		if !slices.Equal(got, tickets) {
+			t.Errorf("request %d: tickets %v, want %v", i, got, tickets)
+		}
+		key := req.Header.Get("Idempotency-Key")
+		if key == "" || keys[key] || body.Buyer == "" || buyers[body.Buyer] || !strings.HasPrefix(key, "carts-r1-") {
+			t.Errorf("request %d: key %q buyer %q: want both new and the key under the run's prefix", i, key, body.Buyer)
+		}
+		keys[key], buyers[body.Buyer] = true, true
+		if req.Header.Get("Content-Type") != "application/json" {
+			t.Errorf("request %d: Content-Type %q", i, req.Header.Get("Content-Type"))
+		}
+	}
+	if _, ok := sc(n); ok {
+		t.Errorf("request %d of %d made", n, n)
 	}
 }

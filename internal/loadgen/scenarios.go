@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 )
 
 var jsonHeader = http.Header{"Content-Type": []string{"application/json"}}
@@ -24,6 +25,27 @@ func Purchases(skus []string, prefix string, n uint64) Scenario {
 		}
 		return Request{Method: http.MethodPost, Path: "/v1/skus/" + skus[i%uint64(len(skus))] + "/purchases",
 			Body: fmt.Sprintf(`{"buyer":"%sb%d","quantity":1}`, prefix, i), Header: keyed(prefix, i)}, true
+	}
+}
+
+// Carts buys a cart per request: one ticket of each of tickets, all of
+// program, with a fresh Idempotency-Key (prefix + i) and buyer (prefix +
+// "b" + i), as Purchases does; n > 0 stops after n requests.
+func Carts(program string, tickets []string, prefix string, n uint64) Scenario {
+	var lines strings.Builder
+	for j, t := range tickets {
+		if j > 0 {
+			lines.WriteByte(',')
+		}
+		fmt.Fprintf(&lines, `{"ticket":%q,"quantity":1}`, t)
+	}
+	path := "/v1/programs/" + program + "/carts"
+	return func(i uint64) (Request, bool) {
+		if n > 0 && i >= n {
+			return Request{}, false
+		}
+		return Request{Method: http.MethodPost, Path: path,
+			Body: fmt.Sprintf(`{"buyer":"%sb%d","lines":[%s]}`, prefix, i, lines.String()), Header: keyed(prefix, i)}, true
 	}
 }
 

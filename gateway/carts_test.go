@@ -341,3 +341,171 @@ func TestCartWithBreakerOpen(t *testing.T) {
 		}
 	}
 }
+
+type heldCartReply struct {
+	cartReply
+	Holds []struct {
+		HoldID   string `json:"hold_id"`
+		Ticket   string `json:"ticket"`
+		Quantity int64  `json:"quantity"`
+		State    string `json:"state"`
+	} `json:"holds"`
+}
+
+func (e *env) cartCall(t *testing.T, path, key, body string) (reply, heldCartReply) {
+	t.Helper()
+	r := e.do(t, http.MethodPost, path, map[string]string{"Idempotency-Key": key}, body)
+	var c heldCartReply
+	if len(r.body) > 0 {
+		if err := json.Unmarshal(r.body, &c); err != nil {
+			t.Errorf("cart answer %s: %v", r.body, err)
+		}
+	}
+	return r, c
+}
+
+// 300 held carts of 2–3 lines over three tickets, sent to two replicas
+// that both sweep: a third confirmed whole, a third cancelled whole, a
+// third left to expire, each action retried on the other replica; a line's
+// hold cannot be confirmed alone. Once settled every confirmed cart has
+// its orders, the ledger sold exactly the confirmed carts' units, nothing
+// is held, and Redis has back every unit of every cancelled, expired or
+// refused cart: Redis and the ledger agree on what is left. Then every
+// other confirmed cart is refunded whole, twice, and its units come back
+// once.
+func TestHeldCartsRacing(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		dsn := ledgerDSN(t, driver)
+		fast := func(o *app.Options) { o.Sale.SweepEvery = 50 * time.Millisecond }
+		a := startEnv(t, envOptions{driver: driver, dsn: dsn, sweep: true, tune: fast})
+		b := startEnv(t, envOptions{driver: driver, dsn: dsn, sweep: true, tune: fast})
+		p, skus := cartSKUs(t, a, [3]int64{400, 250, 60}, 0)
+		names := []string{"adult", "child", "parking"}
+		var mu sync.Mutex
+		counts := map[string]int{}
+		sold := map[string]int64{} // ticket → units of confirmed carts
+		var confirmedIDs []string
+		work := make(chan int)
+		var wg sync.WaitGroup
+		for range 24 {
+			wg.Go(func() {
+				for i := range work {
+					lines := map[string]int64{}
+					for j, n := range names {
+						if (i+j)%4 != 0 || len(lines) < 2 && j == 2 {
+							lines[n] = int64((i*7+j*3)%4 + 1)
+						}
+					}
+					buyer := fmt.Sprintf("hb-%d", i)
+					e, other := a, b
+					if i%2 == 1 {
+						e, other = b, a
+					}
+					ttl := 120
+					if i%3 == 2 {
+						ttl = 1 // left to expire
+					}
+					body := strings.TrimSuffix(cartBody(buyer, lines, names...), "}") + fmt.Sprintf(`,"ttl_seconds":%d}`, ttl)
+					r, c := e.cartCall(t, "/v1/programs/"+p.String()+"/cart-holds", fmt.Sprintf("hc-%d", i), body)
+					outcome := fmt.Sprint(r.status)
+					if r.status == http.StatusCreated {
+						if len(c.Holds) != len(lines) || len(c.Orders) != 0 {
+							t.Errorf("held cart %d: %s, want a hold per line and no orders", i, r.body)
+						}
+						switch i % 3 {
+						case 0:
+							if rl := other.act(t, "/v1/holds/"+c.Holds[0].HoldID+"/confirm", fmt.Sprintf("line-%d", i), buyer); rl.status != http.StatusConflict || !strings.Contains(string(rl.body), "in-cart") {
+								t.Errorf("confirm of one line = %d %s, want 409 in-cart", rl.status, rl.body)
+							}
+							var done heldCartReply
+							for k, g := range []*env{other, e} { // the retry on the other replica replays
+								rc, got := g.cartCall(t, "/v1/carts/"+c.CartID+"/confirm", fmt.Sprintf("ok-%d", i), fmt.Sprintf(`{"buyer":%q}`, buyer))
+								if rc.status != http.StatusCreated || len(got.Orders) != len(lines) || (k == 1) != (rc.header.Get("Idempotent-Replayed") == "true") {
+									t.Errorf("confirm %d of cart %d = %d %s %v", k, i, rc.status, rc.body, rc.header)
+								}
+								done = got
+							}
+							mu.Lock()
+							for _, o := range done.Orders {
+								sold[o.Ticket] += o.Quantity
+							}
+							confirmedIDs = append(confirmedIDs, c.CartID+"/"+buyer)
+							mu.Unlock()
+							outcome = "confirmed"
+						case 1:
+							for k, g := range []*env{other, e} {
+								rc, got := g.cartCall(t, "/v1/carts/"+c.CartID+"/cancel", fmt.Sprintf("no-%d", i), fmt.Sprintf(`{"buyer":%q}`, buyer))
+								if rc.status != http.StatusOK || len(got.Holds) != len(lines) || got.Holds[0].State != "cancelled" {
+									t.Errorf("cancel %d of cart %d = %d %s", k, i, rc.status, rc.body)
+								}
+							}
+							if rc, _ := e.cartCall(t, "/v1/carts/"+c.CartID+"/confirm", fmt.Sprintf("late-%d", i), fmt.Sprintf(`{"buyer":%q}`, buyer)); rc.status != http.StatusConflict {
+								t.Errorf("confirm of a cancelled cart = %d %s, want 409", rc.status, rc.body)
+							}
+							outcome = "cancelled"
+						default:
+							outcome = "left"
+						}
+					}
+					mu.Lock()
+					counts[outcome]++
+					mu.Unlock()
+				}
+			})
+		}
+		for i := range 300 {
+			work <- i
+		}
+		close(work)
+		wg.Wait()
+		t.Logf("%s: outcomes %v, sold %v", driver, counts, sold)
+		if counts["confirmed"] == 0 || counts["cancelled"] == 0 || counts["left"] == 0 || counts["409"] == 0 {
+			t.Errorf("outcomes %v: want carts confirmed, cancelled, left to expire and refused", counts)
+		}
+		ctx := context.Background()
+		settled := func() bool {
+			for _, s := range skus {
+				if st, err := a.ledger.SKU(ctx, s); err != nil || st.Held != 0 {
+					return false
+				}
+			}
+			pending, err := a.ledger.PendingRestores(ctx, 0, 1)
+			return err == nil && len(pending) == 0
+		}
+		waitFor(t, 30*time.Second, "every held cart to end and every restore to reach Redis", settled)
+		check := func(when string) {
+			for i, s := range skus {
+				got := a.state(t, s)
+				st, _ := a.ledger.SKU(ctx, s)
+				if got.Sold != sold[names[i]] || got.OrderUnits-st.Sold < 0 || got.Held != 0 {
+					t.Errorf("%s %s: sold %d held %d, confirmed carts' units %d", when, s, got.Sold, got.Held, sold[names[i]])
+				}
+				if got.RedisRemaining != st.Remaining() {
+					t.Errorf("%s %s: Redis has %d left, the ledger %d", when, s, got.RedisRemaining, st.Remaining())
+				}
+			}
+		}
+		check("settled")
+		for k, id := range confirmedIDs {
+			if k%2 == 1 {
+				continue
+			}
+			cartID, buyer, _ := strings.Cut(id, "/")
+			var first heldCartReply
+			for n, g := range []*env{a, b} {
+				rr, got := g.cartCall(t, "/v1/carts/"+cartID+"/refund", fmt.Sprintf("rf-%d-%d", k, n), fmt.Sprintf(`{"buyer":%q}`, buyer))
+				if rr.status != http.StatusOK {
+					t.Fatalf("refund %d of cart %s = %d %s", n, cartID, rr.status, rr.body)
+				}
+				if n == 0 {
+					first = got
+				}
+			}
+			for _, o := range first.Orders {
+				sold[o.Ticket] -= o.Quantity
+			}
+		}
+		waitFor(t, 30*time.Second, "every refund to reach Redis", settled)
+		check("refunded")
+	})
+}

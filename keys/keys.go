@@ -99,14 +99,60 @@ func (id ID) MarshalText() ([]byte, error) { return []byte(id.s), nil }
 // script argument as that text.
 func (id ID) MarshalBinary() ([]byte, error) { return []byte(id.s), nil }
 
-// UnmarshalText parses text as an ID: "" gives the zero ID, anything else
-// must pass CheckID.
+// poolSep joins a ticket id and a pool name into the id of the pool's
+// stock (Pooled). No id ParseID accepts contains it, so a client can never
+// name a pool's stock, or anything else the service derives, as a ticket.
+const poolSep = "."
+
+// Pooled is the ticket id of pool's stock of ticket: ticket itself for the
+// zero pool (the public one). The result is made here only, never parsed
+// from a client.
+func Pooled(ticket, pool ID) ID {
+	mustHave("Pooled", ticket)
+	if pool.IsZero() {
+		return ticket
+	}
+	if strings.Contains(ticket.s, poolSep) || strings.Contains(pool.s, poolSep) {
+		panic(fmt.Sprintf("keys.Pooled(%q, %q): already pooled", ticket.s, pool.s))
+	}
+	return ID{ticket.s + poolSep + pool.s}
+}
+
+// Unpooled splits a ticket id made by Pooled into the ticket and the pool
+// (zero for a ticket's own, public, stock).
+func (id ID) Unpooled() (ticket, pool ID) {
+	t, p, ok := strings.Cut(id.s, poolSep)
+	if !ok {
+		return id, ID{}
+	}
+	return ID{t}, ID{p}
+}
+
+// ParseStored parses an id the service stored or sent itself (a ledger
+// row, a record, a notice from another replica): what ParseID accepts, or
+// a Pooled id of two such parts.
+func ParseStored(text string) (ID, error) {
+	t, p, ok := strings.Cut(text, poolSep)
+	if !ok {
+		return ParseID(text)
+	}
+	if err := CheckID(t); err != nil {
+		return ID{}, err
+	}
+	if err := CheckID(p); err != nil {
+		return ID{}, err
+	}
+	return ID{text}, nil
+}
+
+// UnmarshalText parses text as a stored ID (ParseStored): "" gives the
+// zero ID. Client input is parsed with ParseID at the edge, never by this.
 func (id *ID) UnmarshalText(text []byte) error {
 	if len(text) == 0 {
 		*id = ID{}
 		return nil
 	}
-	v, err := ParseID(string(text))
+	v, err := ParseStored(string(text))
 	if err != nil {
 		return err
 	}

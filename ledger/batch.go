@@ -517,12 +517,25 @@ func insertHolds(ctx context.Context, tx *sql.Tx, holds []Hold, inserted map[key
 // taking them SKU by SKU), as every write that moves stock does. It
 // returns the first row a cap refused, or nil.
 func countBatchBuyers(ctx context.Context, tx *sql.Tx, buyers map[stock.SKU]map[keys.ID]int64) (*buyerRow, error) {
+	// Caps count a ticket's units whatever pool they came from: each
+	// ticket's row, named as the first of its SKUs here for a refusal.
+	bases := map[stock.SKU]map[keys.ID]int64{}
+	named := map[stock.SKU]stock.SKU{}
+	for _, sku := range slices.SortedFunc(maps.Keys(buyers), stock.SKU.Compare) {
+		base := sku.Base()
+		if bases[base] == nil {
+			bases[base], named[base] = map[keys.ID]int64{}, sku
+		}
+		for b, q := range buyers[sku] {
+			bases[base][b] += q
+		}
+	}
 	var rows []buyerRow
 	perProgram := map[buyerRow]int64{}
-	for _, sku := range slices.SortedFunc(maps.Keys(buyers), stock.SKU.Compare) {
-		for _, b := range slices.SortedFunc(maps.Keys(buyers[sku]), keys.ID.Compare) {
-			rows = append(rows, buyerRow{sku, b, buyers[sku][b]})
-			perProgram[buyerRow{sku: sku.Whole(), buyer: b}] += buyers[sku][b]
+	for _, sku := range slices.SortedFunc(maps.Keys(bases), stock.SKU.Compare) {
+		for _, b := range slices.SortedFunc(maps.Keys(bases[sku]), keys.ID.Compare) {
+			rows = append(rows, buyerRow{sku, b, bases[sku][b]})
+			perProgram[buyerRow{sku: sku.Whole(), buyer: b}] += bases[sku][b]
 		}
 	}
 	programs := slices.SortedFunc(maps.Keys(perProgram), func(a, b buyerRow) int {
@@ -534,5 +547,9 @@ func countBatchBuyers(ctx context.Context, tx *sql.Tx, buyers map[stock.SKU]map[
 	for _, p := range programs {
 		rows = append(rows, buyerRow{p.sku, p.buyer, perProgram[p]})
 	}
-	return countBuyers(ctx, tx, rows)
+	refused, err := countBuyers(ctx, tx, rows)
+	if refused != nil && !refused.sku.Ticket.IsZero() {
+		refused.sku = named[refused.sku]
+	}
+	return refused, err
 }

@@ -298,7 +298,7 @@ func unbuy(ctx context.Context, tx *sql.Tx, skus []stock.SKU, bySKU map[stock.SK
 	}
 	for _, sku := range skus {
 		for _, b := range bySKU[sku] {
-			add(row{sku, b.buyer}, b.quantity)
+			add(row{sku.Base(), b.buyer}, b.quantity) // caps count a ticket's units of every pool
 		}
 	}
 	for _, sku := range skus {

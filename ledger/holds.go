@@ -570,11 +570,12 @@ func (l *Ledger) RestoreDone(ctx context.Context, kind string, id keys.ID) error
 	return nil
 }
 
-// BuyerUnits is what a buyer holds + owns of a SKU.
+// BuyerUnits is what a buyer holds + owns of a SKU's ticket (in every
+// pool).
 func (l *Ledger) BuyerUnits(ctx context.Context, sku stock.SKU, buyer keys.ID) (int64, error) {
 	var n int64
 	err := l.db.QueryRowContext(ctx, `SELECT units FROM buyer_units WHERE program = $1 AND ticket = $2 AND buyer = $3`,
-		sku.Program, sku.Ticket, buyer).Scan(&n)
+		sku.Program, sku.Base().Ticket, buyer).Scan(&n)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, nil
 	}

@@ -271,6 +271,17 @@ CREATE TABLE IF NOT EXISTS skus (
 	hold_ttl_ms     BIGINT NOT NULL DEFAULT 900000,
 	hold_ttl_max_ms BIGINT NOT NULL DEFAULT 3600000,
 	updated_at    BIGINT  NOT NULL,
+	-- A pool's row (its ticket made by keys.Pooled): the stock allotted to
+	-- it, sold in its window (0: no bound) to those its access rule lets in
+	-- (pool_access '' open, 'code', 'channel' with pool_secret the SHA-256
+	-- of the channel's credential); at its close its unsold stock moves
+	-- into pool_into ('' the public stock), and pool_closed_at is set.
+	pool_opens_at  BIGINT NOT NULL DEFAULT 0,
+	pool_closes_at BIGINT NOT NULL DEFAULT 0,
+	pool_access    TEXT   NOT NULL DEFAULT '',
+	pool_secret    TEXT   NOT NULL DEFAULT '',
+	pool_into      TEXT   NOT NULL DEFAULT '',
+	pool_closed_at BIGINT NOT NULL DEFAULT 0,
 	PRIMARY KEY (program, ticket),
 	CHECK (sold + held <= total)
 );
@@ -399,6 +410,12 @@ var added = []struct{ table, name, def string }{
 	{"holds", "restore_shards", "INTEGER NOT NULL DEFAULT 1"},
 	{"orders", "cart_id", "TEXT NOT NULL DEFAULT ''"},
 	{"holds", "cart_id", "TEXT NOT NULL DEFAULT ''"},
+	{"skus", "pool_opens_at", "BIGINT NOT NULL DEFAULT 0"},
+	{"skus", "pool_closes_at", "BIGINT NOT NULL DEFAULT 0"},
+	{"skus", "pool_access", "TEXT NOT NULL DEFAULT ''"},
+	{"skus", "pool_secret", "TEXT NOT NULL DEFAULT ''"},
+	{"skus", "pool_into", "TEXT NOT NULL DEFAULT ''"},
+	{"skus", "pool_closed_at", "BIGINT NOT NULL DEFAULT 0"},
 }
 
 // schemaDigest names this build's schema. A ledger that already carries
@@ -584,6 +601,9 @@ type SKUState struct {
 	// Seated: the SKU sells specific seats (a seat map), not counted stock.
 	Seated    bool      `json:"-"`
 	UpdatedAt time.Time `json:"updated_at"`
+	// Rule is a pool's window and access rule (zero for a ticket's public
+	// stock).
+	Rule PoolRule `json:"-"`
 }
 
 // Remaining is what may still be held or sold.
@@ -623,16 +643,28 @@ func (l *Ledger) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 	if err != nil {
 		return SKUState{}, fmt.Errorf("ledger: put sku: %w", err)
 	}
+	// The total is the ticket's whole stock: the public row has what its
+	// pools were not allotted.
+	pooled, err := pooledTotal(ctx, tx, c.SKU)
+	if err != nil {
+		return SKUState{}, err
+	}
 	res, err := tx.ExecContext(ctx, `
 		UPDATE skus SET total = CASE WHEN seated = 1 THEN total ELSE $3 END, shards = $4, max_per_order = $5,
 			updated_at = $6, version = version + 1, bypass_seq = bypass_seq + 1
 		WHERE program = $1 AND ticket = $2 AND (seated = 1 OR sold + held <= $3)`,
-		c.Program, c.Ticket, c.Total, c.Shards, c.MaxPerOrder, now)
+		c.Program, c.Ticket, c.Total-pooled, c.Shards, c.MaxPerOrder, now)
 	if err != nil {
 		return SKUState{}, fmt.Errorf("ledger: put sku: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n != 1 {
-		return SKUState{}, fmt.Errorf("%w: total %d below sold + held", stock.ErrInvalid, c.Total)
+		return SKUState{}, fmt.Errorf("%w: total %d below sold + held (and %d allotted to pools)", stock.ErrInvalid, c.Total, pooled)
+	}
+	// A ticket's pools sell under its settings.
+	if _, err := tx.ExecContext(ctx, `UPDATE skus SET max_per_order = $3, per_buyer = $4, hold_ttl_ms = $5, hold_ttl_max_ms = $6,
+		version = version + 1 WHERE program = $1 AND `+pooledRange, c.Program, c.Ticket, c.MaxPerOrder, c.PerBuyer,
+		c.HoldTTL.Milliseconds(), c.HoldTTLMax.Milliseconds()); err != nil {
+		return SKUState{}, fmt.Errorf("ledger: put sku: pools: %w", err)
 	}
 	st, err := scanSKU(tx.QueryRowContext(ctx, selectSKU, c.Program, c.Ticket))
 	if err != nil {
@@ -645,7 +677,8 @@ func (l *Ledger) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 }
 
 const skuColumns = `program, ticket, total, sold, held, version, shards, max_per_order, bypass_seq, gate_seq,
-	per_buyer, ended_at, hold_ttl_ms, hold_ttl_max_ms, seated, updated_at, gate_epoch`
+	per_buyer, ended_at, hold_ttl_ms, hold_ttl_max_ms, seated, updated_at, gate_epoch,
+	pool_opens_at, pool_closes_at, pool_access, pool_secret, pool_into, pool_closed_at`
 
 const selectSKU = `SELECT ` + skuColumns + ` FROM skus WHERE program = $1 AND ticket = $2`
 
@@ -653,10 +686,12 @@ type rowScanner interface{ Scan(dest ...any) error }
 
 func scanSKU(r rowScanner) (SKUState, error) {
 	var s SKUState
-	var updated, ended, ttl, ttlMax, seated int64
+	var updated, ended, ttl, ttlMax, seated, opens, closes, closed int64
 	err := r.Scan(&s.Program, &s.Ticket, &s.Total, &s.Sold, &s.Held, &s.Version, &s.Shards, &s.MaxPerOrder,
-		&s.BypassSeq, &s.GateSeq, &s.PerBuyer, &ended, &ttl, &ttlMax, &seated, &updated, &s.GateEpoch)
+		&s.BypassSeq, &s.GateSeq, &s.PerBuyer, &ended, &ttl, &ttlMax, &seated, &updated, &s.GateEpoch,
+		&opens, &closes, &s.Rule.Access, &s.Rule.Secret, &s.Rule.Into, &closed)
 	s.Seated = seated == 1
+	s.Rule.OpensAt, s.Rule.ClosesAt, s.Rule.ClosedAt = fromMS(opens), fromMS(closes), fromMS(closed)
 	if errors.Is(err, sql.ErrNoRows) {
 		return s, stock.ErrUnknownSKU
 	}
@@ -924,7 +959,7 @@ func updateSKU(ctx context.Context, tx *sql.Tx, sku stock.SKU, q int64, column s
 // countBuyer adds q to what the buyer holds + owns of the SKU and of its
 // program, inside tx, refusing (stock.ErrLimit) past either cap.
 func countBuyer(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer keys.ID, q int64) error {
-	refused, err := countBuyers(ctx, tx, []buyerRow{{sku, buyer, q}, {sku.Whole(), buyer, q}})
+	refused, err := countBuyers(ctx, tx, []buyerRow{{sku.Base(), buyer, q}, {sku.Whole(), buyer, q}})
 	if err == nil && refused != nil {
 		err = stock.ErrLimit
 	}
@@ -1028,7 +1063,7 @@ func returnSKU(ctx context.Context, tx *sql.Tx, sku stock.SKU, q int64, column s
 // rows.
 func uncountBuyer(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer keys.ID, q int64) error {
 	if _, err := tx.ExecContext(ctx, `UPDATE buyer_units SET units = units - $4
-		WHERE program = $1 AND ticket IN ($2, '') AND buyer = $3 AND units >= $4`, sku.Program, sku.Ticket, buyer, q); err != nil {
+		WHERE program = $1 AND ticket IN ($2, '') AND buyer = $3 AND units >= $4`, sku.Program, sku.Base().Ticket, buyer, q); err != nil {
 		return notCommitted("buyer units", err)
 	}
 	return nil

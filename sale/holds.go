@@ -167,7 +167,7 @@ func (s *Service) takeQuota(ctx context.Context, w want, st ledger.SKUState) (*q
 	for _, c := range []struct {
 		scope stock.SKU
 		cap   int64
-	}{{w.sku, st.PerBuyer}, {stock.SKU{Program: w.sku.Program}, programCap}} {
+	}{{w.sku.Base(), st.PerBuyer}, {stock.SKU{Program: w.sku.Program}, programCap}} {
 		if c.cap == 0 {
 			continue
 		}
@@ -253,7 +253,7 @@ func (s *Service) returnToRedis(ctx context.Context, r ledger.Restore) {
 			}
 			// The request stays known (no key id): a retry of it at the
 			// cap is looked up, and replayed.
-			if err := s.gate.ReleaseQuota(ctx, r.SKU, r.Buyer, r.RequestID, keys.ID{}); err != nil {
+			if err := s.gate.ReleaseQuota(ctx, r.SKU.Base(), r.Buyer, r.RequestID, keys.ID{}); err != nil {
 				return err
 			}
 			return s.gate.ReleaseQuota(ctx, r.SKU.Whole(), r.Buyer, r.RequestID, keys.ID{})

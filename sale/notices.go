@@ -57,7 +57,7 @@ func (s *Service) RunNotices(ctx context.Context) {
 			}
 			// Another replica's message: parsed like any input.
 			program, ticket, _ := strings.Cut(msg.Payload, "/")
-			sku, err := stock.ParseSKU(program, ticket)
+			sku, err := stock.ParseStored(program, ticket)
 			if err != nil {
 				continue
 			}

@@ -54,6 +54,40 @@ func MustSKU(program, ticket string) SKU {
 	return SKU{Program: keys.MustID(program), Ticket: keys.MustID(ticket)}
 }
 
+// InPool is the SKU whose stock is pool's allocation of s's ticket (s for
+// the zero pool: the public one). A pool's stock is a SKU of its own in
+// every store (its own row, shards, gate), named by keys.Pooled.
+func (s SKU) InPool(pool keys.ID) SKU {
+	return SKU{Program: s.Program, Ticket: keys.Pooled(s.Ticket, pool)}
+}
+
+// Pool is the pool whose stock s is (zero for the public stock).
+func (s SKU) Pool() keys.ID {
+	_, pool := s.Ticket.Unpooled()
+	return pool
+}
+
+// Base is the ticket s is stock of: s without its pool. Per-buyer caps
+// count a ticket's units whatever pool they came from.
+func (s SKU) Base() SKU {
+	ticket, _ := s.Ticket.Unpooled()
+	return SKU{Program: s.Program, Ticket: ticket}
+}
+
+// ParseStored is ParseSKU for a SKU the service wrote itself (a notice
+// from another replica, a stored row): its ticket may be a pool's.
+func ParseStored(program, ticket string) (SKU, error) {
+	p, err := keys.ParseID(program)
+	if err != nil {
+		return SKU{}, fmt.Errorf("%w: program: %w", ErrInvalid, err)
+	}
+	t, err := keys.ParseStored(ticket)
+	if err != nil {
+		return SKU{}, fmt.Errorf("%w: ticket: %w", ErrInvalid, err)
+	}
+	return SKU{Program: p, Ticket: t}, nil
+}
+
 // IsZero reports a SKU with no program: none at all.
 func (s SKU) IsZero() bool { return s.Program.IsZero() }
 

@@ -1,0 +1,281 @@
+package ledger
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// Pools (allocations): a ticket's stock may be split into named pools
+// (a fan-club presale, a partner channel, accessible seats), each a SKU
+// row of its own (stock.SKU.InPool) with its own total, gate and shards,
+// its own window and access rule. The ticket's own row is the public
+// pool: its total is the ticket's whole stock less every pool's. So
+// held + sold <= total holds for the ticket because it holds for every
+// row, and moving units between pools is one transaction over two rows.
+
+// Access rules of a pool.
+const (
+	AccessOpen    = ""        // anyone, in the pool's window
+	AccessCode    = "code"    // a buyer presenting one of the pool's access codes
+	AccessChannel = "channel" // a request carrying the channel's credential
+)
+
+// ErrPoolClosed: the pool has closed (its unsold stock moved on); it takes
+// no new allotment.
+var ErrPoolClosed = errors.New("ledger: pool closed")
+
+// PoolRule is a pool's window and access rule.
+type PoolRule struct {
+	OpensAt, ClosesAt time.Time // zero: no bound
+	Access            string    // AccessOpen, AccessCode or AccessChannel
+	// Secret is the hex SHA-256 of the channel credential (AccessChannel).
+	Secret string
+	// Into is the pool unsold stock moves into at the close (zero: the
+	// public stock).
+	Into keys.ID
+	// ClosedAt is when the close moved the unsold stock on; zero before.
+	ClosedAt time.Time
+}
+
+// PoolConfig is what an admin sets on a pool: its allotment (taken from or
+// given back to the public stock) and its rule.
+type PoolConfig struct {
+	SKU       stock.SKU // the pool's stock: the ticket's SKU InPool(name)
+	Allotment int64
+	Shards    int
+	Rule      PoolRule
+}
+
+// Validate reports stock.ErrInvalid for a pool config no pool may have.
+func (c PoolConfig) Validate() error {
+	switch {
+	case c.SKU.Pool().IsZero():
+		return fmt.Errorf("%w: not a pool's sku", stock.ErrInvalid)
+	case c.Allotment < 0 || c.Allotment > stock.MaxTotal:
+		return fmt.Errorf("%w: allotment %d not in 0..%d", stock.ErrInvalid, c.Allotment, stock.MaxTotal)
+	case c.Shards < 1 || c.Shards > stock.MaxShards:
+		return fmt.Errorf("%w: shards %d not in 1..%d", stock.ErrInvalid, c.Shards, stock.MaxShards)
+	case c.Rule.Access != AccessOpen && c.Rule.Access != AccessCode && c.Rule.Access != AccessChannel:
+		return fmt.Errorf("%w: access %q", stock.ErrInvalid, c.Rule.Access)
+	case (c.Rule.Access == AccessChannel) != (c.Rule.Secret != ""):
+		return fmt.Errorf("%w: a channel pool, and only one, has a credential", stock.ErrInvalid)
+	case !c.Rule.OpensAt.IsZero() && !c.Rule.ClosesAt.IsZero() && !c.Rule.OpensAt.Before(c.Rule.ClosesAt):
+		return fmt.Errorf("%w: a pool closes after it opens", stock.ErrInvalid)
+	case c.Rule.Into == c.SKU.Pool():
+		return fmt.Errorf("%w: a pool's stock moves into another pool", stock.ErrInvalid)
+	}
+	return nil
+}
+
+// pooledRange is the condition on ticket that selects the pools of the
+// ticket $2 (their tickets are "<ticket>.<pool>", and '/' follows '.').
+const pooledRange = `ticket > $2 || '.' AND ticket < $2 || '/'`
+
+// EnsurePool creates a pool's row, with no stock and the ticket's
+// settings, if it has none, so that its gate can be fenced before stock
+// moves into it. stock.ErrUnknownSKU when the ticket has no row.
+func (l *Ledger) EnsurePool(ctx context.Context, pool stock.SKU) error {
+	if pool.Pool().IsZero() {
+		return fmt.Errorf("%w: not a pool's sku", stock.ErrInvalid)
+	}
+	base := pool.Base()
+	res, err := l.db.ExecContext(ctx, `
+		INSERT INTO skus (program, ticket, total, shards, max_per_order, per_buyer, hold_ttl_ms, hold_ttl_max_ms, updated_at)
+		SELECT program, $3, 0, 1, max_per_order, per_buyer, hold_ttl_ms, hold_ttl_max_ms, $4
+		FROM skus WHERE program = $1 AND ticket = $2 AND seated = 0
+		ON CONFLICT (program, ticket) DO NOTHING`, base.Program, base.Ticket, pool.Ticket, l.now().UnixMilli())
+	if err != nil {
+		return fmt.Errorf("ledger: ensure pool: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 1 {
+		return nil
+	}
+	if _, err := l.SKU(ctx, base); err != nil {
+		return err
+	}
+	_, err = l.SKU(ctx, pool)
+	return err
+}
+
+// PutPool sets a pool's allotment and rule: units move between the public
+// stock and the pool in one transaction (the public stock must have them
+// left; the pool may not shrink below what it sold and holds), and both
+// rows are marked for a gate rebuild. The pool's row must exist
+// (EnsurePool). A closed pool is refused with ErrPoolClosed.
+func (l *Ledger) PutPool(ctx context.Context, c PoolConfig) (SKUState, error) {
+	if err := c.Validate(); err != nil {
+		return SKUState{}, err
+	}
+	now := l.now().UnixMilli()
+	tx, err := l.db.BeginTx(ctx, nil)
+	if err != nil {
+		return SKUState{}, notCommitted("put pool: begin", err)
+	}
+	defer tx.Rollback()
+	cur, err := scanSKU(tx.QueryRowContext(ctx, selectSKU, c.SKU.Program, c.SKU.Ticket))
+	if err != nil {
+		return SKUState{}, err
+	}
+	if !cur.Rule.ClosedAt.IsZero() {
+		return SKUState{}, ErrPoolClosed
+	}
+	// The public row first (its ticket sorts before its pools'): the order
+	// every write that moves stock takes rows in.
+	base, delta := c.SKU.Base(), c.Allotment-cur.Total
+	res, err := tx.ExecContext(ctx, `UPDATE skus SET total = total - $3, version = version + 1, bypass_seq = bypass_seq + 1,
+		updated_at = $4 WHERE program = $1 AND ticket = $2 AND total - sold - held >= $3`, base.Program, base.Ticket, delta, now)
+	if err != nil {
+		return SKUState{}, notCommitted("put pool: public stock", err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return SKUState{}, fmt.Errorf("%w: the public stock has fewer than %d units left", stock.ErrInvalid, delta)
+	}
+	res, err = tx.ExecContext(ctx, `UPDATE skus SET total = $3, shards = $4, pool_opens_at = $5, pool_closes_at = $6,
+		pool_access = $7, pool_secret = $8, pool_into = $9, version = version + 1, bypass_seq = bypass_seq + 1, updated_at = $10
+		WHERE program = $1 AND ticket = $2 AND sold + held <= $3 AND pool_closed_at = 0`,
+		c.SKU.Program, c.SKU.Ticket, c.Allotment, c.Shards, ms(c.Rule.OpensAt), ms(c.Rule.ClosesAt), c.Rule.Access, c.Rule.Secret,
+		c.Rule.Into, now)
+	if err != nil {
+		return SKUState{}, notCommitted("put pool", err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return SKUState{}, fmt.Errorf("%w: allotment %d below what the pool sold and holds", stock.ErrInvalid, c.Allotment)
+	}
+	st, err := scanSKU(tx.QueryRowContext(ctx, selectSKU, c.SKU.Program, c.SKU.Ticket))
+	if err != nil {
+		return SKUState{}, notCommitted("put pool: read", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return SKUState{}, fmt.Errorf("ledger: put pool: commit: %w", err)
+	}
+	return st, nil
+}
+
+// ClosePool moves what a pool has left (total - sold - held) into the pool
+// its rule names (the public stock when none, or when that one is closed
+// or ended), ends the pool's sale and records its close, in one
+// transaction; the target is marked for a gate rebuild. It may be called
+// again at any time: stock that came back to the closed pool since
+// (expired holds, refunds) moves on then; nothing left moves nothing.
+// ErrConflict: the pool's row changed under the move; call again.
+func (l *Ledger) ClosePool(ctx context.Context, pool stock.SKU) (moved int64, into stock.SKU, err error) {
+	defer l.observe("close_pool", time.Now(), &err)
+	now := l.now().UnixMilli()
+	tx, err := l.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, into, notCommitted("close pool: begin", err)
+	}
+	defer tx.Rollback()
+	st, err := scanSKU(tx.QueryRowContext(ctx, selectSKU, pool.Program, pool.Ticket))
+	if err != nil {
+		return 0, into, err
+	}
+	if st.Pool().IsZero() {
+		return 0, into, fmt.Errorf("%w: not a pool's sku", stock.ErrInvalid)
+	}
+	into = pool.Base()
+	if p := st.Rule.Into; !p.IsZero() {
+		if t, err := scanSKU(tx.QueryRowContext(ctx, selectSKU, pool.Program, keys.Pooled(into.Ticket, p))); err == nil &&
+			t.Rule.ClosedAt.IsZero() && t.EndedAt.IsZero() {
+			into = into.InPool(p)
+		} else if err != nil && !errors.Is(err, stock.ErrUnknownSKU) {
+			return 0, into, notCommitted("close pool: read target", err)
+		}
+	}
+	moved = st.Remaining()
+	if moved == 0 && !st.Rule.ClosedAt.IsZero() {
+		return 0, into, nil
+	}
+	// Rows in SKU order, as every stock write takes them.
+	first, second := pool, into
+	if into.Compare(pool) < 0 {
+		first, second = into, pool
+	}
+	for _, sku := range []stock.SKU{first, second} {
+		var res sql.Result
+		if sku == pool {
+			res, err = tx.ExecContext(ctx, `UPDATE skus SET total = total - $3, version = version + 1, bypass_seq = bypass_seq + 1,
+				ended_at = CASE WHEN ended_at = 0 THEN $4 ELSE ended_at END,
+				pool_closed_at = CASE WHEN pool_closed_at = 0 THEN $4 ELSE pool_closed_at END, updated_at = $4
+				WHERE program = $1 AND ticket = $2 AND total - sold - held = $3`, pool.Program, pool.Ticket, moved, now)
+		} else {
+			res, err = tx.ExecContext(ctx, `UPDATE skus SET total = total + $3, version = version + 1, bypass_seq = bypass_seq + 1,
+				updated_at = $4 WHERE program = $1 AND ticket = $2`, into.Program, into.Ticket, moved, now)
+		}
+		if err != nil {
+			return 0, into, notCommitted("close pool", err)
+		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			return 0, into, fmt.Errorf("%w: %s changed during the close", ErrConflict, sku)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, into, fmt.Errorf("ledger: close pool: commit: %w", err)
+	}
+	return moved, into, nil
+}
+
+// Pools lists a ticket's rows: its public stock first, then its pools in
+// name order. stock.ErrUnknownSKU when the ticket has no row.
+func (l *Ledger) Pools(ctx context.Context, ticket stock.SKU) ([]SKUState, error) {
+	base := ticket.Base()
+	rows, err := l.db.QueryContext(ctx, `SELECT `+skuColumns+` FROM skus WHERE program = $1 AND (ticket = $2 OR `+pooledRange+`)
+		ORDER BY ticket`, base.Program, base.Ticket)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: pools: %w", err)
+	}
+	defer rows.Close()
+	var out []SKUState
+	for rows.Next() {
+		st, err := scanSKU(rows)
+		if err != nil {
+			return nil, fmt.Errorf("ledger: pools: %w", err)
+		}
+		out = append(out, st)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("ledger: pools: %w", err)
+	}
+	if len(out) == 0 || out[0].SKU != base {
+		return nil, stock.ErrUnknownSKU
+	}
+	return out, nil
+}
+
+// PoolsDue lists up to limit pools whose closing time has passed and that
+// still have stock to move on: not closed yet, or given stock back since.
+func (l *Ledger) PoolsDue(ctx context.Context, limit int) ([]stock.SKU, error) {
+	rows, err := l.db.QueryContext(ctx, `SELECT program, ticket FROM skus
+		WHERE pool_closes_at > 0 AND pool_closes_at <= $1 AND (pool_closed_at = 0 OR total - sold - held > 0)
+		ORDER BY pool_closes_at LIMIT $2`, l.now().UnixMilli(), limit)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: pools due: %w", err)
+	}
+	defer rows.Close()
+	var out []stock.SKU
+	for rows.Next() {
+		var s stock.SKU
+		if err := rows.Scan(&s.Program, &s.Ticket); err != nil {
+			return nil, fmt.Errorf("ledger: pools due: %w", err)
+		}
+		out = append(out, s)
+	}
+	return out, rows.Err()
+}
+
+// pooledTotal is what a ticket's pools are allotted, inside tx.
+func pooledTotal(ctx context.Context, tx *sql.Tx, base stock.SKU) (int64, error) {
+	var n int64
+	err := tx.QueryRowContext(ctx, `SELECT COALESCE(SUM(total), 0) FROM skus WHERE program = $1 AND `+pooledRange,
+		base.Program, base.Ticket).Scan(&n)
+	if err != nil {
+		return 0, notCommitted("pooled total", err)
+	}
+	return n, nil
+}

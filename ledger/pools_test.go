@@ -1,0 +1,131 @@
+package ledger_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// A pool takes its allotment from the public stock and gives it back: the
+// ticket's total stays whole (PutSKU's total is the ticket's, the public
+// row has the rest); per-buyer caps count a ticket's units of every pool;
+// a close moves what the pool has left into the public stock once, and
+// stock that comes back to the closed pool later moves on at the next
+// close; a closed pool takes no new allotment.
+func TestPools(t *testing.T) {
+	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, clk *clock) {
+		ctx := context.Background()
+		ga := stock.SKU{Program: keys.MustID("show-p"), Ticket: keys.MustID("ga")}
+		fan := ga.InPool(keys.MustID("fanclub"))
+		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: ga, Total: 100, Shards: 1, MaxPerOrder: 4, PerBuyer: 3}); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.EnsurePool(ctx, fan); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.EnsurePool(ctx, stock.MustSKU("show-p", "nope").InPool(keys.MustID("x"))); !errors.Is(err, stock.ErrUnknownSKU) {
+			t.Errorf("EnsurePool of an unknown ticket = %v, want ErrUnknownSKU", err)
+		}
+		rule := ledger.PoolRule{ClosesAt: clk.now().Add(time.Hour)}
+		if _, err := l.PutPool(ctx, ledger.PoolConfig{SKU: fan, Allotment: 101, Shards: 1, Rule: rule}); !errors.Is(err, stock.ErrInvalid) {
+			t.Errorf("an allotment over the public stock = %v, want ErrInvalid", err)
+		}
+		if _, err := l.PutPool(ctx, ledger.PoolConfig{SKU: fan, Allotment: 30, Shards: 2, Rule: rule}); err != nil {
+			t.Fatal(err)
+		}
+		totals := func() string {
+			ps, err := l.Pools(ctx, ga)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out []string
+			for _, p := range ps {
+				out = append(out, fmt.Sprintf("%s:%d/%d/%d", p.Ticket, p.Total, p.Sold, p.Held))
+			}
+			return fmt.Sprint(out)
+		}
+		if got := totals(); got != "[ga:70/0/0 ga.fanclub:30/0/0]" {
+			t.Errorf("after the allotment: %s", got)
+		}
+		// The whole ticket is 120 now: the public row gets 90.
+		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: ga, Total: 120, Shards: 1, MaxPerOrder: 4, PerBuyer: 3}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: ga, Total: 29, Shards: 1, MaxPerOrder: 4, PerBuyer: 3}); !errors.Is(err, stock.ErrInvalid) {
+			t.Errorf("a total below the pools' allotments = %v, want ErrInvalid", err)
+		}
+		ann := keys.MustID("ann")
+		buy := func(sku stock.SKU, key string, q int64) error {
+			_, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID(key), SKU: sku, Buyer: ann, Quantity: q, GateEpoch: -1})
+			return err
+		}
+		if err := buy(fan, "p1", 2); err != nil {
+			t.Fatal(err)
+		}
+		if err := buy(ga, "p2", 2); !errors.Is(err, stock.ErrLimit) {
+			t.Errorf("2 more of the ticket in public after 2 in the pool (cap 3) = %v, want ErrLimit", err)
+		}
+		if n, _ := l.BuyerUnits(ctx, ga, ann); n != 2 {
+			t.Errorf("units after p1, p2: %d", n)
+		}
+		if err := buy(ga, "p3", 1); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := l.BuyerUnits(ctx, fan, ann); err != nil || n != 3 {
+			t.Errorf("BuyerUnits = %d, %v; want 3 over both pools", n, err)
+		}
+		h, err := l.Hold(ctx, ledger.Hold{IdempotencyKey: keys.MustID("h1"), SKU: fan, Buyer: keys.MustID("bob"), Quantity: 3,
+			ExpiresAt: clk.now().Add(2 * time.Hour), Gate: `[{"shards":2}]`}, -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := totals(); got != "[ga:90/1/0 ga.fanclub:30/2/3]" {
+			t.Errorf("after the sales: %s", got)
+		}
+		if due, err := l.PoolsDue(ctx, 10); err != nil || len(due) != 0 {
+			t.Errorf("PoolsDue before the close = %v, %v", due, err)
+		}
+		clk.advance(time.Hour)
+		if due, err := l.PoolsDue(ctx, 10); err != nil || len(due) != 1 || due[0] != fan {
+			t.Errorf("PoolsDue at the close = %v, %v; want the fan club", due, err)
+		}
+		moved, into, err := l.ClosePool(ctx, fan)
+		if err != nil || moved != 25 || into != ga {
+			t.Fatalf("ClosePool = %d into %s, %v; want 25 into the public stock", moved, into, err)
+		}
+		if got := totals(); got != "[ga:115/1/0 ga.fanclub:5/2/3]" {
+			t.Errorf("after the close: %s", got)
+		}
+		if moved, _, err := l.ClosePool(ctx, fan); err != nil || moved != 0 {
+			t.Errorf("ClosePool again = %d, %v; want nothing moved", moved, err)
+		}
+		if due, err := l.PoolsDue(ctx, 10); err != nil || len(due) != 0 {
+			t.Errorf("PoolsDue after the close = %v, %v", due, err)
+		}
+		if _, err := l.PutPool(ctx, ledger.PoolConfig{SKU: fan, Allotment: 10, Shards: 1, Rule: rule}); !errors.Is(err, ledger.ErrPoolClosed) {
+			t.Errorf("PutPool of a closed pool = %v, want ErrPoolClosed", err)
+		}
+		if err := buy(fan, "p4", 1); !errors.Is(err, stock.ErrSaleEnded) {
+			t.Errorf("a purchase in the closed pool = %v, want ErrSaleEnded", err)
+		}
+		// Bob's hold comes back to the closed pool: the next close moves it.
+		if _, _, err := l.Cancel(ctx, h.ID, keys.MustID("bob"), ledger.Request{}); err != nil {
+			t.Fatal(err)
+		}
+		if due, err := l.PoolsDue(ctx, 10); err != nil || len(due) != 1 {
+			t.Errorf("PoolsDue with stock back in the closed pool = %v, %v", due, err)
+		}
+		if moved, _, err := l.ClosePool(ctx, fan); err != nil || moved != 3 {
+			t.Errorf("ClosePool after the cancel = %d, %v; want 3", moved, err)
+		}
+		if got := totals(); got != "[ga:118/1/0 ga.fanclub:2/2/0]" {
+			t.Errorf("at the end: %s", got)
+		}
+	})
+}

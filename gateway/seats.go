@@ -215,7 +215,11 @@ func (s *Server) getStock(c *gin.Context) {
 	if !ok {
 		return
 	}
-	v, err := s.sale.Stock(c.Request.Context(), sku)
+	pool, ok := poolQuery(c)
+	if !ok {
+		return
+	}
+	v, err := s.sale.Stock(c.Request.Context(), sale.PoolSKU(sku, pool))
 	if err != nil {
 		s.writeError(c, err)
 		return

@@ -18,6 +18,10 @@ import (
 type purchaseBody struct {
 	Buyer    string `json:"buyer"`
 	Quantity *int64 `json:"quantity"`
+	// What a pool's access rule asks for (the pool is the ?pool= of the
+	// path, so a sold-out storm is refused before the body is read).
+	ChannelToken string `json:"channel_token"`
+	AccessCode   string `json:"access_code"`
 }
 
 // holdBody is the JSON of a hold.
@@ -91,9 +95,13 @@ func (s *Server) take(c *gin.Context, hold bool) {
 	if !ok {
 		return
 	}
+	pool, ok := poolQuery(c)
+	if !ok {
+		return
+	}
 	// A sold-out or ended SKU refuses a key it never sold under before the
 	// body is read: the storm's answer costs no decoding.
-	if err := s.sale.Closed(c.Request.Context(), sku, ask.Key); err != nil {
+	if err := s.sale.Closed(c.Request.Context(), sale.PoolSKU(sku, pool), ask.Key); err != nil {
 		s.writeError(c, err)
 		return
 	}
@@ -112,7 +120,8 @@ func (s *Server) take(c *gin.Context, hold bool) {
 		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "quantity must be an integer >= 1", 0)
 		return
 	}
-	t := sale.Take{Ask: ask, SKU: sku, Quantity: *body.Quantity}
+	t := sale.Take{Ask: ask, SKU: sku, Quantity: *body.Quantity,
+		Access: sale.Access{Pool: pool, Channel: body.ChannelToken, Code: body.AccessCode}}
 	if !hold {
 		s.written(c, http.StatusCreated)(s.sale.Purchase(c.Request.Context(), t))
 		return
@@ -220,6 +229,21 @@ func (s *Server) ownerAction(c *gin.Context, status int, f func(ctx context.Cont
 		return
 	}
 	s.written(c, status)(f(c.Request.Context(), id, ask))
+}
+
+// poolQuery parses the ?pool= of a request (zero when absent: the public
+// pool).
+func poolQuery(c *gin.Context) (keys.ID, bool) {
+	text, given := c.GetQuery("pool")
+	if !given {
+		return keys.ID{}, true
+	}
+	pool, err := keys.ParseID(text)
+	if err != nil {
+		writeProblem(c, http.StatusBadRequest, "invalid-id", "pool ids match [A-Za-z0-9_-]{1,64}", 0)
+		return keys.ID{}, false
+	}
+	return pool, true
 }
 
 // idParam parses the :id of the path (what names it in the problem).

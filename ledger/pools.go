@@ -163,7 +163,6 @@ func (l *Ledger) PutPool(ctx context.Context, c PoolConfig) (SKUState, error) {
 // transaction; the target is marked for a gate rebuild. It may be called
 // again at any time: stock that came back to the closed pool since
 // (expired holds, refunds) moves on then; nothing left moves nothing.
-// ErrConflict: the pool's row changed under the move; call again.
 func (l *Ledger) ClosePool(ctx context.Context, pool stock.SKU) (moved int64, into stock.SKU, err error) {
 	defer l.observe("close_pool", time.Now(), &err)
 	now := l.now().UnixMilli()
@@ -188,32 +187,36 @@ func (l *Ledger) ClosePool(ctx context.Context, pool stock.SKU) (moved int64, in
 			return 0, into, notCommitted("close pool: read target", err)
 		}
 	}
-	moved = st.Remaining()
-	if moved == 0 && !st.Rule.ClosedAt.IsZero() {
-		return 0, into, nil
-	}
-	// Rows in SKU order, as every stock write takes them.
+	// Lock both rows in SKU order, as every stock write takes them, reading
+	// the pool's remaining under its lock: a commit admitted before the
+	// fence may still land until then.
 	first, second := pool, into
 	if into.Compare(pool) < 0 {
 		first, second = into, pool
 	}
 	for _, sku := range []stock.SKU{first, second} {
-		var res sql.Result
+		var left int64
+		if err := tx.QueryRowContext(ctx, `UPDATE skus SET version = version + 1, updated_at = $3 WHERE program = $1 AND ticket = $2
+			RETURNING total - sold - held`, sku.Program, sku.Ticket, now).Scan(&left); err != nil {
+			return 0, into, notCommitted("close pool: lock "+sku.String(), err)
+		}
 		if sku == pool {
-			res, err = tx.ExecContext(ctx, `UPDATE skus SET total = total - $3, version = version + 1, bypass_seq = bypass_seq + 1,
-				ended_at = CASE WHEN ended_at = 0 THEN $4 ELSE ended_at END,
-				pool_closed_at = CASE WHEN pool_closed_at = 0 THEN $4 ELSE pool_closed_at END, updated_at = $4
-				WHERE program = $1 AND ticket = $2 AND total - sold - held = $3`, pool.Program, pool.Ticket, moved, now)
-		} else {
-			res, err = tx.ExecContext(ctx, `UPDATE skus SET total = total + $3, version = version + 1, bypass_seq = bypass_seq + 1,
-				updated_at = $4 WHERE program = $1 AND ticket = $2`, into.Program, into.Ticket, moved, now)
+			moved = left
 		}
-		if err != nil {
-			return 0, into, notCommitted("close pool", err)
-		}
-		if n, _ := res.RowsAffected(); n != 1 {
-			return 0, into, fmt.Errorf("%w: %s changed during the close", ErrConflict, sku)
-		}
+	}
+	if moved == 0 && !st.Rule.ClosedAt.IsZero() {
+		return 0, into, nil
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE skus SET total = total - $3, bypass_seq = bypass_seq + 1,
+		ended_at = CASE WHEN ended_at = 0 THEN $4 ELSE ended_at END,
+		pool_closed_at = CASE WHEN pool_closed_at = 0 THEN $4 ELSE pool_closed_at END,
+		pool_closes_at = CASE WHEN pool_closes_at = 0 OR pool_closes_at > $4 THEN $4 ELSE pool_closes_at END
+		WHERE program = $1 AND ticket = $2`, pool.Program, pool.Ticket, moved, now); err != nil {
+		return 0, into, notCommitted("close pool", err)
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE skus SET total = total + $3, bypass_seq = bypass_seq + 1
+		WHERE program = $1 AND ticket = $2`, into.Program, into.Ticket, moved); err != nil {
+		return 0, into, notCommitted("close pool: target", err)
 	}
 	if err := tx.Commit(); err != nil {
 		return 0, into, fmt.Errorf("ledger: close pool: commit: %w", err)

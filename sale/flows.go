@@ -34,12 +34,13 @@ func (a Ask) check() error {
 }
 
 // Take asks for Quantity units of a SKU: a purchase, or a hold for TTL (0:
-// the SKU's default).
+// the SKU's default), from the public pool or the pool Access names.
 type Take struct {
 	Ask
 	SKU      stock.SKU
 	Quantity int64
 	TTL      time.Duration
+	Access   Access
 }
 
 func (t Take) check(hold bool) error {
@@ -78,6 +79,8 @@ func (s *Service) Closed(ctx context.Context, sku stock.SKU, key keys.ID) error 
 	}
 	refusal := ErrSoldOut
 	switch {
+	case !st.Rule.ClosedAt.IsZero():
+		refusal = ErrPoolClosed
 	case !st.EndedAt.IsZero():
 		refusal = ErrSaleEnded
 	case !s.cache.SoldOutFresh(sku):
@@ -97,8 +100,9 @@ func (s *Service) Purchase(ctx context.Context, t Take) (Result, error) {
 	if err := t.check(false); err != nil {
 		return Result{}, err
 	}
-	w := want{sku: t.SKU, buyer: t.Buyer, q: t.Quantity,
-		req: newRequest(t.Buyer, t.Key, ledger.OpPurchase, t.SKU.Program.String(), t.SKU.Ticket.String(), strconv.FormatInt(t.Quantity, 10))}
+	sku := poolOf(t.SKU, t.Access.Pool)
+	w := want{sku: sku, buyer: t.Buyer, q: t.Quantity, access: t.Access,
+		req: newRequest(t.Buyer, t.Key, ledger.OpPurchase, sku.Program.String(), sku.Ticket.String(), strconv.FormatInt(t.Quantity, 10))}
 	return s.run(ctx, w.req, func(ctx context.Context) answer { return s.take(ctx, w) })
 }
 
@@ -108,8 +112,9 @@ func (s *Service) Hold(ctx context.Context, t Take) (Result, error) {
 	if err := t.check(true); err != nil {
 		return Result{}, err
 	}
-	w := want{sku: t.SKU, buyer: t.Buyer, q: t.Quantity, hold: true, ttl: t.TTL,
-		req: newRequest(t.Buyer, t.Key, ledger.OpHold, t.SKU.Program.String(), t.SKU.Ticket.String(), strconv.FormatInt(t.Quantity, 10), t.TTL.String())}
+	sku := poolOf(t.SKU, t.Access.Pool)
+	w := want{sku: sku, buyer: t.Buyer, q: t.Quantity, hold: true, ttl: t.TTL, access: t.Access,
+		req: newRequest(t.Buyer, t.Key, ledger.OpHold, sku.Program.String(), sku.Ticket.String(), strconv.FormatInt(t.Quantity, 10), t.TTL.String())}
 	return s.run(ctx, w.req, func(ctx context.Context) answer { return s.take(ctx, w) })
 }
 
@@ -259,7 +264,11 @@ func (s *Service) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 		s.log.ErrorContext(ctx, "re-seed after put sku", "sku", sku.String(), "err", err)
 		return SKUState{}, ErrNotRebuilt
 	}
-	return skuStateOf(st), nil
+	whole, err := s.ticketState(ctx, st)
+	if err != nil {
+		return SKUState{}, refuse(ErrUnavailable, "ledger unavailable")
+	}
+	return whole, nil
 }
 
 // SKU reads a SKU's settings and counts from the ledger.
@@ -271,7 +280,11 @@ func (s *Service) SKU(ctx context.Context, sku stock.SKU) (SKUState, error) {
 	case err != nil:
 		return SKUState{}, refuse(ErrUnavailable, "ledger unavailable")
 	}
-	return skuStateOf(st), nil
+	whole, err := s.ticketState(ctx, st)
+	if err != nil {
+		return SKUState{}, refuse(ErrUnavailable, "ledger unavailable")
+	}
+	return whole, nil
 }
 
 // PutProgram caps what one buyer may hold + own of all the program's

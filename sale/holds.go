@@ -312,11 +312,11 @@ func (s *Service) sweep(ctx context.Context) {
 	pending, err := s.ledger.PendingRestores(ctx, s.opts.RestoreGrace, 200)
 	if err != nil {
 		s.log.WarnContext(ctx, "pending restores", "err", err)
-		return
 	}
 	for _, r := range pending {
 		s.returnToRedis(ctx, r)
 	}
+	s.closeDuePools(ctx)
 }
 
 // EndSale ends a SKU's sale behind the fence, so no replica's gate admits

@@ -18,6 +18,8 @@ type metrics struct {
 	probes         prometheus.Histogram
 	seatDrift      prometheus.Gauge
 	seatRepairs    prometheus.Counter
+	poolRefusals   *prometheus.CounterVec // by reason
+	poolMoved      prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -63,12 +65,20 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "stockgate_seat_repairs_total",
 			Help: "Seats whose Redis state was rewritten from the ledger by a consistency check.",
 		}),
+		poolRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "stockgate_pool_refusals_total",
+			Help: "Requests a pool's window or access rule refused, by reason (not-open, closed, denied, code-invalid, code-used-up, code-guessing).",
+		}, []string{"reason"}),
+		poolMoved: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "stockgate_pool_moved_units_total",
+			Help: "Units closed pools moved into another pool (usually the public one).",
+		}),
 		expired: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "stockgate_holds_expired_total",
 			Help: "Holds this gateway's sweeper expired and gave back.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes, m.seatDrift, m.seatRepairs} {
+	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes, m.seatDrift, m.seatRepairs, m.poolRefusals, m.poolMoved} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

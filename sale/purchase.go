@@ -42,6 +42,9 @@ type want struct {
 	q     int64
 	hold  bool
 	ttl   time.Duration // a hold's lifetime; 0 for the SKU's default
+	// access is what the request presents to its pool's rule (sku is the
+	// pool's stock).
+	access Access
 }
 
 func (w want) order(gate string, epoch int64) ledger.Order {
@@ -179,6 +182,8 @@ func (s *Service) take(ctx context.Context, w want) answer {
 func (s *Service) takeOnce(ctx context.Context, w want) (_ answer, stale bool) {
 	st, err := s.settings.Get(ctx, w.sku)
 	switch {
+	case errors.Is(err, stock.ErrUnknownSKU) && !w.sku.Pool().IsZero():
+		return fail(ErrUnknownPool), false
 	case errors.Is(err, stock.ErrUnknownSKU):
 		return ansUnknownSKU, false
 	case err != nil:
@@ -188,6 +193,9 @@ func (s *Service) takeOnce(ctx context.Context, w want) (_ answer, stale bool) {
 	// Refusals decided by the SKU's settings: a retry of a request that
 	// committed under earlier settings still gets its answer (a lookup is
 	// cheap on these rare paths).
+	if err := s.admit(st, w.access, time.Now()); err != nil {
+		return s.lookupOr(ctx, w.req, fail(err)), false
+	}
 	if w.q > st.MaxPerOrder {
 		return s.lookupOr(ctx, w.req, fail(refuse(ErrOverMax,
 			fmt.Sprintf("quantity %d over this ticket's maximum of %d per order", w.q, st.MaxPerOrder)))), false

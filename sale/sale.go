@@ -81,6 +81,11 @@ type Ledger interface {
 	SKUs(ctx context.Context, after stock.SKU, limit int) ([]ledger.SKUState, error)
 	PurchaseCart(ctx context.Context, c ledger.Cart, direct bool) (ledger.Cart, error)
 	HoldCart(ctx context.Context, c ledger.Cart, direct bool) (ledger.Cart, error)
+	EnsurePool(ctx context.Context, pool stock.SKU) error
+	PutPool(ctx context.Context, c ledger.PoolConfig) (ledger.SKUState, error)
+	ClosePool(ctx context.Context, pool stock.SKU) (int64, stock.SKU, error)
+	Pools(ctx context.Context, ticket stock.SKU) ([]ledger.SKUState, error)
+	PoolsDue(ctx context.Context, limit int) ([]stock.SKU, error)
 	ConfirmCart(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Cart, error)
 	CancelCart(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Cart, []keys.ID, error)
 	RefundCart(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Cart, []keys.ID, error)

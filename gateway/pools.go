@@ -1,0 +1,152 @@
+package gateway
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/sale"
+)
+
+// poolBody is what an admin sets on a pool.
+type poolBody struct {
+	Allotment    *int64     `json:"allotment"`
+	Shards       *int       `json:"shards"`
+	OpensAt      *time.Time `json:"opens_at"`
+	ClosesAt     *time.Time `json:"closes_at"`
+	Access       string     `json:"access"` // open (default), code, channel
+	ChannelToken string     `json:"channel_token"`
+	Into         string     `json:"into"` // default public
+}
+
+type poolView struct {
+	Pool      string     `json:"pool"`
+	Total     int64      `json:"allotment"`
+	Sold      int64      `json:"sold"`
+	Held      int64      `json:"held"`
+	Remaining int64      `json:"remaining"`
+	Shards    int        `json:"shards"`
+	OpensAt   *time.Time `json:"opens_at,omitempty"`
+	ClosesAt  *time.Time `json:"closes_at,omitempty"`
+	ClosedAt  *time.Time `json:"closed_at,omitempty"`
+	Access    string     `json:"access"`
+	Into      string     `json:"into,omitempty"`
+}
+
+func timeOrNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+func poolViewOf(p sale.PoolState) poolView {
+	return poolView{Pool: p.Pool.String(), Total: p.Total, Sold: p.Sold, Held: p.Held, Remaining: p.Remain, Shards: p.Shards,
+		OpensAt: timeOrNil(p.OpensAt), ClosesAt: timeOrNil(p.ClosesAt), ClosedAt: timeOrNil(p.ClosedAt), Access: p.Access,
+		Into: p.Into.String()}
+}
+
+// poolParam parses the :pool of the path.
+func poolParam(c *gin.Context) (keys.ID, bool) {
+	pool, err := keys.ParseID(c.Param("pool"))
+	if err != nil {
+		writeProblem(c, http.StatusBadRequest, "invalid-id", "pool ids match [A-Za-z0-9_-]{1,64}", 0)
+		return keys.ID{}, false
+	}
+	return pool, true
+}
+
+// putPool handles PUT /v1/admin/skus/:program/:ticket/pools/:pool: create a
+// pool of the ticket or change it; its allotment comes from (or goes back
+// to) the public pool.
+func (s *Server) putPool(c *gin.Context) {
+	sku, ok := skuParam(c)
+	if !ok {
+		return
+	}
+	pool, ok := poolParam(c)
+	if !ok {
+		return
+	}
+	var body poolBody
+	if !s.decodeBody(c, &body) {
+		return
+	}
+	if body.Allotment == nil {
+		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "allotment is required", 0)
+		return
+	}
+	spec := sale.PoolSpec{SKU: sku, Pool: pool, Allotment: *body.Allotment, Shards: 1, Access: body.Access, Channel: body.ChannelToken}
+	if spec.Access == "" {
+		spec.Access = sale.AccessOpen
+	}
+	if body.Shards != nil {
+		spec.Shards = *body.Shards
+	}
+	if body.OpensAt != nil {
+		spec.OpensAt = *body.OpensAt
+	}
+	if body.ClosesAt != nil {
+		spec.ClosesAt = *body.ClosesAt
+	}
+	if body.Into != "" {
+		into, err := keys.ParseID(body.Into)
+		if err != nil {
+			writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "into must name a pool ([A-Za-z0-9_-]{1,64})", 0)
+			return
+		}
+		spec.Into = into
+	}
+	switch spec.Access {
+	case sale.AccessOpen, sale.AccessCode, sale.AccessChannel:
+	default:
+		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "access is open, code or channel", 0)
+		return
+	}
+	st, err := s.sale.PutPool(c.Request.Context(), spec)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, poolViewOf(st))
+}
+
+// getPools handles GET /v1/admin/skus/:program/:ticket/pools: every pool of
+// the ticket with what it sold, holds and has left, the public one first.
+func (s *Server) getPools(c *gin.Context) {
+	sku, ok := skuParam(c)
+	if !ok {
+		return
+	}
+	ps, err := s.sale.Pools(c.Request.Context(), sku)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	out := make([]poolView, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, poolViewOf(p))
+	}
+	c.JSON(http.StatusOK, gin.H{"program": sku.Program.String(), "ticket": sku.Ticket.String(), "pools": out})
+}
+
+// closePool handles POST /v1/admin/skus/:program/:ticket/pools/:pool/close:
+// the pool closes now and what it has left moves on, once.
+func (s *Server) closePool(c *gin.Context) {
+	sku, ok := skuParam(c)
+	if !ok {
+		return
+	}
+	pool, ok := poolParam(c)
+	if !ok {
+		return
+	}
+	st, err := s.sale.ClosePool(c.Request.Context(), sku, pool)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, poolViewOf(st))
+}

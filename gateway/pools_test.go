@@ -1,0 +1,243 @@
+package gateway_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/stock"
+)
+
+type poolReply struct {
+	Pool      string `json:"pool"`
+	Allotment int64  `json:"allotment"`
+	Sold      int64  `json:"sold"`
+	Held      int64  `json:"held"`
+	Remaining int64  `json:"remaining"`
+	ClosedAt  string `json:"closed_at"`
+}
+
+func (e *env) putPool(t *testing.T, sku stock.SKU, pool, body string) poolReply {
+	t.Helper()
+	r := e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/pools/"+pool, nil, body)
+	if r.status != http.StatusOK {
+		t.Fatalf("PUT pool %s = %d %s", pool, r.status, r.body)
+	}
+	var p poolReply
+	if err := json.Unmarshal(r.body, &p); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func (e *env) pools(t *testing.T, sku stock.SKU) map[string]poolReply {
+	t.Helper()
+	r := e.do(t, http.MethodGet, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/pools", nil, "")
+	if r.status != http.StatusOK {
+		t.Fatalf("GET pools = %d %s", r.status, r.body)
+	}
+	var v struct{ Pools []poolReply }
+	if err := json.Unmarshal(r.body, &v); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]poolReply{}
+	for _, p := range v.Pools {
+		out[p.Pool] = p
+	}
+	return out
+}
+
+// buyIn buys from a pool (the public one for pool "").
+func (e *env) buyIn(t *testing.T, sku stock.SKU, pool, key, buyer string, q int64, extra string) reply {
+	path := "/v1/skus/" + sku.Program.String() + "/" + sku.Ticket.String() + "/purchases"
+	if pool != "" {
+		path += "?pool=" + pool
+	}
+	return e.do(t, http.MethodPost, path, map[string]string{"Idempotency-Key": key}, fmt.Sprintf(`{"buyer":%q,"quantity":%d%s}`, buyer, q, extra))
+}
+
+// A presale pool closes while its buyers are still buying, on two
+// replicas: what the pool sold plus what its close moved into the public
+// pool is its allotment, no unit is sold twice (every row's sold equals
+// its order rows, never over its total), the pool refuses buyers once
+// closed, and the public pool, sold out before the close, sells the moved
+// units on both replicas within a bounded time (measured), until exactly
+// its own stock and the moved units are sold. Redis and the ledger agree
+// on every pool at the end.
+func TestPresaleClosesWhileBuying(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		dsn := ledgerDSN(t, driver)
+		fast := func(o *app.Options) { o.Sale.SweepEvery = 50 * time.Millisecond }
+		a := startEnv(t, envOptions{driver: driver, dsn: dsn, sweep: true, tune: fast})
+		b := startEnv(t, envOptions{driver: driver, dsn: dsn, sweep: true, tune: fast})
+		sku := newSKU(t)
+		a.putSKU(t, sku, 300, 4, 2)
+		a.putPool(t, sku, "presale", `{"allotment":200,"shards":4}`)
+		if got := a.pools(t, sku); got["public"].Allotment != 100 || got["presale"].Allotment != 200 {
+			t.Fatalf("pools after the allotment: %+v", got)
+		}
+		// The public pool sells out first.
+		counts := a.buyAll(150, 16, func(i int) reply {
+			return []*env{a, b}[i%2].buyIn(t, sku, "", fmt.Sprintf("pub-%d", i), fmt.Sprintf("pb%d", i), 1, "")
+		})
+		if counts[http.StatusCreated] != 100 || counts[http.StatusConflict] != 50 {
+			t.Fatalf("public before the close: %v, want 100 sold and 50 sold out", counts)
+		}
+		// Presale buyers buy on both replicas; the pool closes under them.
+		var presaleSold atomic.Int64
+		var closedSeen atomic.Int64
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for w := range 8 {
+			wg.Go(func() {
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					e := []*env{a, b}[(w+i)%2]
+					r := e.buyIn(t, sku, "presale", fmt.Sprintf("pre-%d-%d", w, i), fmt.Sprintf("fan%d-%d", w, i), 1, "")
+					switch {
+					case r.status == http.StatusCreated:
+						presaleSold.Add(1)
+					case r.status == http.StatusConflict && strings.Contains(string(r.body), "pool-closed"):
+						closedSeen.Add(1)
+					case r.status == http.StatusConflict && (strings.Contains(string(r.body), "sale-ended") || strings.Contains(string(r.body), "sold-out")):
+						// Under the fence, or on a replica that has not yet
+						// read the closed rule: the pool's gate is empty.
+						closedSeen.Add(1)
+					default:
+						t.Errorf("presale purchase = %d %s", r.status, r.body)
+						return
+					}
+					if closedSeen.Load() > 0 && i > 2 {
+						return
+					}
+				}
+			})
+		}
+		waitFor(t, 30*time.Second, "60 presale sales", func() bool { return presaleSold.Load() >= 60 })
+		r := b.do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/pools/presale/close", nil, "")
+		if r.status != http.StatusOK {
+			t.Fatalf("close = %d %s", r.status, r.body)
+		}
+		closedAt := time.Now()
+		// The moved units are on sale in public, on both replicas, soon.
+		var waited [2]time.Duration
+		for k, e := range []*env{a, b} {
+			for n := 0; ; n++ {
+				r := e.buyIn(t, sku, "", fmt.Sprintf("moved-%d-%d", k, n), fmt.Sprintf("mv%d-%d", k, n), 1, "")
+				if r.status == http.StatusCreated {
+					waited[k] = time.Since(closedAt)
+					break
+				}
+				if r.status != http.StatusConflict || time.Since(closedAt) > 10*time.Second {
+					t.Fatalf("public after the close on replica %d = %d %s (%v after the close)", k, r.status, r.body, time.Since(closedAt))
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+		close(stop)
+		wg.Wait()
+		t.Logf("%s: presale sold %d before its close; public sold out until %v (replica a) and %v (replica b) after it",
+			driver, presaleSold.Load(), waited[0], waited[1])
+		if r := b.buyIn(t, sku, "presale", "late", "late", 1, ""); r.status != http.StatusConflict || !strings.Contains(string(r.body), "pool-closed") {
+			t.Errorf("presale after its close = %d %s, want 409 pool-closed", r.status, r.body)
+		}
+		ps := a.pools(t, sku)
+		moved := ps["public"].Allotment - 100
+		if ps["presale"].Sold+moved != 200 || ps["presale"].Sold != presaleSold.Load() || ps["presale"].ClosedAt == "" {
+			t.Errorf("presale sold %d (acknowledged %d) + moved %d, want 200 in all; %+v", ps["presale"].Sold, presaleSold.Load(), moved, ps)
+		}
+		// Public sells exactly its own 100 and the moved units.
+		counts = a.buyAll(int(moved)+20, 16, func(i int) reply {
+			return []*env{a, b}[i%2].buyIn(t, sku, "", fmt.Sprintf("pub2-%d", i), fmt.Sprintf("pc%d", i), 1, "")
+		})
+		if got := int64(counts[http.StatusCreated]) + 2; got != moved {
+			t.Errorf("public after the close sold %d more (with the 2 probes), want the %d moved: %v", got, moved, counts)
+		}
+		ctx := context.Background()
+		for _, p := range []keys.ID{{}, keys.MustID("presale")} {
+			s := sku.InPool(p)
+			got := a.state(t, s)
+			st, _ := a.ledger.SKU(ctx, s)
+			if got.Sold > st.Total || got.OrderUnits != got.Sold {
+				t.Errorf("%s: sold %d of %d, order units %d", s, got.Sold, st.Total, got.OrderUnits)
+			}
+			if got.RedisRemaining != st.Remaining() {
+				t.Errorf("%s: Redis has %d left, the ledger %d", s, got.RedisRemaining, st.Remaining())
+			}
+		}
+	})
+}
+
+// A pool with a closing time closes by itself (the sweepers of two
+// replicas), moving what it has left once; one with an opening time
+// refuses buyers before it; a channel pool sells only to requests with
+// its credential; an unknown pool is a 404; and per-buyer caps count the
+// ticket's units of every pool.
+func TestPoolRules(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		dsn := ledgerDSN(t, driver)
+		fast := func(o *app.Options) { o.Sale.SweepEvery = 50 * time.Millisecond }
+		a := startEnv(t, envOptions{driver: driver, dsn: dsn, sweep: true, tune: fast})
+		b := startEnv(t, envOptions{driver: driver, dsn: dsn, sweep: true, tune: fast})
+		sku := newSKU(t)
+		r := a.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String(), nil, `{"total":100,"shards":2,"max_per_order":4,"per_buyer":3}`)
+		if r.status != http.StatusOK {
+			t.Fatal(r.status, string(r.body))
+		}
+		later := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
+		a.putPool(t, sku, "later", `{"allotment":10,"opens_at":"`+later+`"}`)
+		a.putPool(t, sku, "partner", `{"allotment":10,"access":"channel","channel_token":"partner-secret-0123456789"}`)
+		if r := a.buyIn(t, sku, "later", "l1", "ann", 1, ""); r.status != http.StatusConflict || !strings.Contains(string(r.body), "pool-not-open") {
+			t.Errorf("before the opening = %d %s, want 409 pool-not-open", r.status, r.body)
+		}
+		if r := a.buyIn(t, sku, "partner", "c1", "ann", 1, ""); r.status != http.StatusForbidden || !strings.Contains(string(r.body), "pool-access-denied") {
+			t.Errorf("channel pool without a credential = %d %s, want 403", r.status, r.body)
+		}
+		if r := a.buyIn(t, sku, "partner", "c2", "ann", 1, `,"channel_token":"wrong-secret-0123456789"`); r.status != http.StatusForbidden {
+			t.Errorf("channel pool with a wrong credential = %d %s, want 403", r.status, r.body)
+		}
+		if r := b.buyIn(t, sku, "partner", "c3", "ann", 2, `,"channel_token":"partner-secret-0123456789"`); r.status != http.StatusCreated {
+			t.Errorf("channel pool with its credential = %d %s, want 201", r.status, r.body)
+		}
+		if r := a.buyIn(t, sku, "nope", "n1", "ann", 1, ""); r.status != http.StatusNotFound || !strings.Contains(string(r.body), "unknown-pool") {
+			t.Errorf("unknown pool = %d %s, want 404 unknown-pool", r.status, r.body)
+		}
+		if r := a.buyIn(t, sku, "", "p1", "ann", 2, ""); r.status != http.StatusConflict || !strings.Contains(string(r.body), "limit-reached") {
+			t.Errorf("2 more in public after 2 in a pool (cap 3) = %d %s, want 409 limit-reached", r.status, r.body)
+		}
+		if r := a.buyIn(t, sku, "public", "p2", "ann", 1, ""); r.status != http.StatusCreated {
+			t.Errorf("1 more in public (pool=public) = %d %s, want 201", r.status, r.body)
+		}
+		// A pool that closes in a moment: the sweepers move it, once.
+		soon := time.Now().Add(300 * time.Millisecond).UTC().Format(time.RFC3339Nano)
+		a.putPool(t, sku, "flash", `{"allotment":20,"closes_at":"`+soon+`"}`)
+		if r := b.buyIn(t, sku, "flash", "f1", "bob", 3, ""); r.status != http.StatusCreated && !strings.Contains(string(r.body), "pool-closed") {
+			t.Errorf("flash pool = %d %s", r.status, r.body)
+		}
+		waitFor(t, 20*time.Second, "the flash pool to close by itself", func() bool { return a.pools(t, sku)["flash"].ClosedAt != "" })
+		ps := a.pools(t, sku)
+		if got := ps["public"].Allotment + ps["later"].Allotment + ps["partner"].Allotment + ps["flash"].Allotment; got != 100 {
+			t.Errorf("allotments add up to %d, want the ticket's 100: %+v", got, ps)
+		}
+		if ps["flash"].Allotment != ps["flash"].Sold || ps["public"].Allotment != 100-10-10-ps["flash"].Sold {
+			t.Errorf("after the flash close: %+v", ps)
+		}
+		var v struct{ Total, Sold, Remaining int64 }
+		r = a.do(t, http.MethodGet, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String(), nil, "")
+		if err := json.Unmarshal(r.body, &v); err != nil || v.Total != 100 || v.Sold != 3+ps["flash"].Sold {
+			t.Errorf("the ticket as a whole = %s, want total 100 and every pool's sales", r.body)
+		}
+	})
+}

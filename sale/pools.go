@@ -1,0 +1,305 @@
+package sale
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// Pools (allocations): a ticket's stock split into named pools, each sold
+// in its own window to those its access rule lets in, each a SKU of its
+// own at the gate and in the ledger (stock.SKU.InPool). The public pool
+// is the ticket's own stock. At a pool's closing time the sweeper moves
+// what it has left into the pool its rule names (the public one unless
+// told otherwise), behind the pool's fence, and rebuilds the receiving
+// gate at once, so the moved units are on sale there within the sweep.
+
+// PublicPool is the name a request may give the public pool (or give none).
+var PublicPool = keys.MustID("public")
+
+// Access rules of a pool.
+const (
+	AccessOpen    = "open"
+	AccessCode    = "code"
+	AccessChannel = "channel"
+)
+
+// PoolSpec is what an admin sets on a pool of a ticket.
+type PoolSpec struct {
+	SKU       stock.SKU // the ticket
+	Pool      keys.ID
+	Allotment int64 // units taken from (or given back to) the public pool
+	Shards    int   // 0: 1
+	OpensAt   time.Time
+	ClosesAt  time.Time
+	Access    string // AccessOpen (""), AccessCode or AccessChannel
+	// Channel is the credential a channel pool's requests carry; it is
+	// stored hashed.
+	Channel string
+	Into    keys.ID // the pool its unsold stock moves into at the close; zero: public
+}
+
+// PoolState is one pool of a ticket as the ledger has it.
+type PoolState struct {
+	Pool                      keys.ID // PublicPool for the public stock
+	Total, Sold, Held, Remain int64
+	Shards                    int
+	OpensAt, ClosesAt         time.Time
+	ClosedAt                  time.Time
+	Access                    string
+	Into                      keys.ID
+}
+
+func poolStateOf(st ledger.SKUState) PoolState {
+	p := PoolState{Pool: st.Pool(), Total: st.Total, Sold: st.Sold, Held: st.Held, Remain: st.Remaining(), Shards: st.Shards,
+		OpensAt: st.Rule.OpensAt, ClosesAt: st.Rule.ClosesAt, ClosedAt: st.Rule.ClosedAt, Access: st.Rule.Access, Into: st.Rule.Into}
+	if p.Pool.IsZero() {
+		p.Pool = PublicPool
+	}
+	if p.Access == ledger.AccessOpen {
+		p.Access = AccessOpen
+	}
+	if p.Into.IsZero() && !st.Pool().IsZero() {
+		p.Into = PublicPool
+	}
+	return p
+}
+
+// PoolSKU is the SKU of pool's stock of a ticket: the ticket's own (the
+// public pool) for a zero pool or "public".
+func PoolSKU(sku stock.SKU, pool keys.ID) stock.SKU { return poolOf(sku, pool) }
+
+// poolOf is PoolSKU.
+func poolOf(sku stock.SKU, pool keys.ID) stock.SKU {
+	if pool == PublicPool {
+		pool = keys.ID{}
+	}
+	return sku.InPool(pool)
+}
+
+// Access is what a request presents to a pool's rule.
+type Access struct {
+	Pool    keys.ID // zero or PublicPool: the public pool
+	Channel string  // a channel pool's credential
+	Code    string  // an access code
+}
+
+// admit checks a request against its pool's window and rule (settings
+// st of the pool's SKU), at now.
+func (s *Service) admit(st ledger.SKUState, a Access, now time.Time) error {
+	if st.Pool().IsZero() {
+		return nil
+	}
+	r := st.Rule
+	switch {
+	case !r.ClosedAt.IsZero() || !r.ClosesAt.IsZero() && !now.Before(r.ClosesAt):
+		s.metrics.poolRefusals.WithLabelValues("closed").Inc()
+		return ErrPoolClosed
+	case !r.OpensAt.IsZero() && now.Before(r.OpensAt):
+		s.metrics.poolRefusals.WithLabelValues("not-open").Inc()
+		return refuse(ErrPoolNotOpen, "the pool opens at "+r.OpensAt.UTC().Format(time.RFC3339))
+	case r.Access == ledger.AccessCode && a.Code == "":
+		s.metrics.poolRefusals.WithLabelValues("denied").Inc()
+		return refuse(ErrPoolDenied, "this pool sells to holders of its access codes: access_code is required")
+	case r.Access == ledger.AccessChannel && subtle.ConstantTimeCompare([]byte(secretOf(a.Channel)), []byte(r.Secret)) != 1:
+		s.metrics.poolRefusals.WithLabelValues("denied").Inc()
+		return refuse(ErrPoolDenied, "this pool sells to its channel only: a valid channel credential is required")
+	}
+	return nil
+}
+
+// secretOf is what is stored of a channel credential.
+func secretOf(credential string) string {
+	if credential == "" {
+		return ""
+	}
+	h := sha256.Sum256([]byte(credential))
+	return hex.EncodeToString(h[:])
+}
+
+func (p PoolSpec) ledger() (ledger.PoolConfig, error) {
+	if p.SKU.IsZero() || p.Pool.IsZero() || p.Pool == PublicPool || !p.SKU.Pool().IsZero() {
+		return ledger.PoolConfig{}, refuse(ErrInvalid, "a pool is named by a ticket and a pool id other than public")
+	}
+	c := ledger.PoolConfig{SKU: p.SKU.InPool(p.Pool), Allotment: p.Allotment, Shards: max(p.Shards, 1),
+		Rule: ledger.PoolRule{OpensAt: p.OpensAt, ClosesAt: p.ClosesAt, Access: p.Access, Into: p.Into}}
+	switch p.Access {
+	case AccessOpen:
+		c.Rule.Access = ledger.AccessOpen
+	case AccessChannel:
+		if len(p.Channel) < 16 {
+			return c, refuse(ErrInvalid, "a channel pool's credential has at least 16 characters")
+		}
+		c.Rule.Secret = secretOf(p.Channel)
+	}
+	if p.Access != AccessChannel && p.Channel != "" {
+		return c, refuse(ErrInvalid, "only a channel pool has a channel credential")
+	}
+	if c.Rule.Into == PublicPool {
+		c.Rule.Into = keys.ID{}
+	}
+	if err := c.Validate(); err != nil {
+		return c, refuse(ErrInvalid, err.Error())
+	}
+	return c, nil
+}
+
+// PutPool creates a pool of a ticket or changes it: its allotment moves
+// between the public pool and it, behind both gates' fences (the public
+// one first, as every two-gate change takes them), so neither gate ever
+// shows more than the ledger allows.
+func (s *Service) PutPool(ctx context.Context, p PoolSpec) (PoolState, error) {
+	c, err := p.ledger()
+	if err != nil {
+		return PoolState{}, err
+	}
+	ctx, cancel := s.detach(ctx)
+	defer cancel()
+	base, pool := p.SKU, c.SKU
+	switch err := s.ledger.EnsurePool(ctx, pool); {
+	case errors.Is(err, stock.ErrUnknownSKU):
+		return PoolState{}, ErrUnknownSKU
+	case err != nil:
+		s.log.ErrorContext(ctx, "ensure pool", "sku", pool.String(), "err", err)
+		return PoolState{}, refuse(ErrUnavailable, "ledger unavailable")
+	}
+	var st ledger.SKUState
+	var putErr error
+	_, err = s.rebuildWith(ctx, base, reasonAdmin, true, s.opts.ReseedWait, func(ctx context.Context) error {
+		_, err := s.rebuildWith(ctx, pool, reasonAdmin, true, s.opts.ReseedWait, func(ctx context.Context) error {
+			st, putErr = s.ledger.PutPool(ctx, c)
+			return putErr
+		})
+		return err
+	})
+	for _, sku := range []stock.SKU{base, pool} {
+		s.forgetClosed(sku)
+		s.notifyRestocked(ctx, sku)
+	}
+	switch {
+	case errors.Is(putErr, ledger.ErrPoolClosed):
+		return PoolState{}, ErrPoolClosed
+	case errors.Is(putErr, stock.ErrInvalid):
+		return PoolState{}, refuse(ErrBelowCommitted, putErr.Error())
+	case putErr != nil:
+		s.log.ErrorContext(ctx, "put pool", "sku", pool.String(), "err", putErr)
+		return PoolState{}, refuse(ErrUnavailable, "ledger unavailable")
+	case st.Program.IsZero():
+		s.log.ErrorContext(ctx, "put pool: gates not closed", "sku", pool.String(), "err", err)
+		return PoolState{}, ErrGateNotClosed
+	case err != nil:
+		s.log.ErrorContext(ctx, "re-seed after put pool", "sku", pool.String(), "err", err)
+		return PoolState{}, ErrNotRebuilt
+	}
+	return poolStateOf(st), nil
+}
+
+// ticketState is a ticket as a whole: its public row's settings, with the
+// stock of every pool added up (an admin's total is the ticket's).
+func (s *Service) ticketState(ctx context.Context, st ledger.SKUState) (SKUState, error) {
+	out := skuStateOf(st)
+	if !st.Pool().IsZero() {
+		return out, nil
+	}
+	sts, err := s.ledger.Pools(ctx, st.SKU)
+	if err != nil {
+		return out, err
+	}
+	for _, p := range sts[1:] {
+		out.Total, out.Sold, out.Held, out.Remain = out.Total+p.Total, out.Sold+p.Sold, out.Held+p.Held, out.Remain+p.Remaining()
+	}
+	return out, nil
+}
+
+// Pools lists a ticket's pools, the public one first.
+func (s *Service) Pools(ctx context.Context, sku stock.SKU) ([]PoolState, error) {
+	sts, err := s.ledger.Pools(ctx, sku)
+	switch {
+	case errors.Is(err, stock.ErrUnknownSKU):
+		return nil, ErrUnknownSKU
+	case err != nil:
+		return nil, fmt.Errorf("%w: %w", refuse(ErrUnavailable, "ledger unavailable"), err)
+	}
+	out := make([]PoolState, 0, len(sts))
+	for _, st := range sts {
+		out = append(out, poolStateOf(st))
+	}
+	return out, nil
+}
+
+// ClosePool closes a pool now (before its closing time, or at it): what
+// it has left moves on as at its closing time. Closing a closed pool again
+// moves what came back to it since, if anything.
+func (s *Service) ClosePool(ctx context.Context, sku stock.SKU, pool keys.ID) (PoolState, error) {
+	if pool.IsZero() || pool == PublicPool || !sku.Pool().IsZero() {
+		return PoolState{}, refuse(ErrInvalid, "a pool is named by a ticket and a pool id other than public")
+	}
+	ctx, cancel := s.detach(ctx)
+	defer cancel()
+	p := sku.InPool(pool)
+	if _, err := s.ledger.SKU(ctx, p); errors.Is(err, stock.ErrUnknownSKU) {
+		return PoolState{}, ErrUnknownPool
+	}
+	if err := s.closePool(ctx, p); err != nil {
+		s.log.ErrorContext(ctx, "close pool", "sku", p.String(), "err", err)
+		return PoolState{}, refuse(ErrUnavailable, "could not close the pool; repeat the request")
+	}
+	st, err := s.ledger.SKU(ctx, p)
+	if err != nil {
+		return PoolState{}, refuse(ErrUnavailable, "ledger unavailable")
+	}
+	return poolStateOf(st), nil
+}
+
+// closePool moves what a pool has left on, behind its fence (a purchase
+// admitted by its gate before commits before the move, or is refused as
+// stale and then finds the pool closed), then rebuilds the receiving gate
+// and tells every replica it has stock again.
+func (s *Service) closePool(ctx context.Context, pool stock.SKU) error {
+	var moved int64
+	var into stock.SKU
+	_, err := s.rebuildWith(ctx, pool, reasonAdmin, true, s.opts.ReseedWait, func(ctx context.Context) (err error) {
+		moved, into, err = s.ledger.ClosePool(ctx, pool)
+		return err
+	})
+	s.forgetClosed(pool)
+	if into.IsZero() {
+		return err // the move never ran
+	}
+	s.notifyRestocked(ctx, pool) // every replica reads the pool's closed rule again
+	if moved > 0 {
+		s.metrics.poolMoved.Add(float64(moved))
+		// The receiving gate was marked stale by the move: rebuild it now
+		// rather than at its next request.
+		if rerr := s.reseed(ctx, into, reasonAdmin, true); rerr != nil {
+			s.log.WarnContext(ctx, "rebuild after a pool close; the next request or drift check will", "sku", into.String(), "err", rerr)
+		}
+		s.forgetClosed(into)
+		s.notifyRestocked(ctx, into)
+	}
+	return err
+}
+
+// closeDuePools closes every pool whose closing time has passed and that
+// has stock to move on. Any number of replicas run it: the fence lets one
+// move at a time, and the ledger moves what is left, once.
+func (s *Service) closeDuePools(ctx context.Context) {
+	due, err := s.ledger.PoolsDue(ctx, 100)
+	if err != nil {
+		s.log.WarnContext(ctx, "pools due", "err", err)
+		return
+	}
+	for _, p := range due {
+		if err := s.closePool(ctx, p); err != nil {
+			s.log.WarnContext(ctx, "close pool; the next sweep retries", "sku", p.String(), "err", err)
+		}
+	}
+}

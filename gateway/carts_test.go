@@ -509,3 +509,66 @@ func TestHeldCartsRacing(t *testing.T) {
 		check("refunded")
 	})
 }
+
+// Each cart sent to two replicas at once with the same key (a client's
+// retry racing its first attempt), as held and as purchased carts: the
+// copies take turns, so no copy refused on one line gives back a line the
+// other copy commits. Two 201s are the same cart, and Redis and the ledger
+// agree on every ticket once settled (no unit given back twice).
+func TestCartCopiesOnTwoReplicas(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		dsn := ledgerDSN(t, driver)
+		a := startEnv(t, envOptions{driver: driver, dsn: dsn})
+		b := startEnv(t, envOptions{driver: driver, dsn: dsn})
+		p := keys.MustID(testenv.ID(t, "dup"))
+		skus := []stock.SKU{{Program: p, Ticket: keys.MustID("a")}, {Program: p, Ticket: keys.MustID("b")}}
+		a.putSKU(t, skus[0], 500, 2, 4)
+		a.putSKU(t, skus[1], 30, 2, 4)
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		answers := map[string]int{}
+		for buyer := range 24 {
+			wg.Go(func() {
+				for round := range 4 {
+					route := "/carts"
+					if round%2 == 0 {
+						route = "/cart-holds"
+					}
+					key := fmt.Sprintf("dup-%d-%d", buyer, round)
+					body := fmt.Sprintf(`{"buyer":"u%d","lines":[{"ticket":"a","quantity":%d},{"ticket":"b","quantity":%d}]}`,
+						buyer, 1+(buyer+round)%3, 1+(buyer*round)%3)
+					var pair [2]heldCartReply
+					var codes [2]int
+					var inner sync.WaitGroup
+					for k, e := range []*env{a, b} {
+						inner.Go(func() {
+							r, c := e.cartCall(t, "/v1/programs/"+p.String()+route, key, body)
+							codes[k], pair[k] = r.status, c
+						})
+					}
+					inner.Wait()
+					if codes[0] == http.StatusCreated && codes[1] == http.StatusCreated && pair[0].CartID != pair[1].CartID {
+						t.Errorf("key %s: two carts %s and %s", key, pair[0].CartID, pair[1].CartID)
+					}
+					mu.Lock()
+					answers[fmt.Sprint(codes)]++
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		t.Logf("%s: answer pairs %v", driver, answers)
+		ctx := context.Background()
+		waitFor(t, 10*time.Second, "restores", func() bool {
+			pnd, err := a.ledger.PendingRestores(ctx, 0, 1)
+			return err == nil && len(pnd) == 0
+		})
+		for _, s := range skus {
+			got := a.state(t, s)
+			st, _ := a.ledger.SKU(ctx, s)
+			if got.RedisRemaining != st.Remaining() {
+				t.Errorf("%s: Redis has %d left, the ledger %d", s, got.RedisRemaining, st.Remaining())
+			}
+		}
+	})
+}

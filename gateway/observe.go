@@ -148,6 +148,13 @@ func newLimiter(perSec float64, burst int) (*limiter, error) {
 	return &limiter{perSec: rate.Limit(perSec), burst: burst, clients: c}, nil
 }
 
+// client is the client's bucket of l.
+func (l *limiter) client(ctx context.Context, addr string) *rate.Limiter {
+	b, _ := l.clients.Get(ctx, addr, otter.LoaderFunc[string, *rate.Limiter](
+		func(context.Context, string) (*rate.Limiter, error) { return rate.NewLimiter(l.perSec, l.burst), nil }))
+	return b
+}
+
 // limit answers 429 with Retry-After to a client over its rate. Health
 // checks and metrics scrapes are not limited.
 func (s *Server) limit(c *gin.Context) {
@@ -158,10 +165,7 @@ func (s *Server) limit(c *gin.Context) {
 	case "/livez", "/readyz", "/metrics":
 		return
 	}
-	l, _ := s.limiter.clients.Get(c.Request.Context(), c.ClientIP(), otter.LoaderFunc[string, *rate.Limiter](
-		func(context.Context, string) (*rate.Limiter, error) {
-			return rate.NewLimiter(s.limiter.perSec, s.limiter.burst), nil
-		}))
+	l := s.limiter.client(c.Request.Context(), c.ClientIP())
 	if l == nil || l.Allow() {
 		return
 	}

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"fmt"
 	"net/http"
 	"time"
 
@@ -83,6 +84,10 @@ func (s *Server) putPool(c *gin.Context) {
 		spec.Access = sale.AccessOpen
 	}
 	if body.Shards != nil {
+		if *body.Shards < 1 {
+			writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "shards must be at least 1", 0)
+			return
+		}
 		spec.Shards = *body.Shards
 	}
 	if body.OpensAt != nil {
@@ -149,4 +154,56 @@ func (s *Server) closePool(c *gin.Context) {
 		return
 	}
 	c.JSON(http.StatusOK, poolViewOf(st))
+}
+
+// codesBody adds access codes to a code pool: the given ones, and
+// `generate` new random ones with `max_uses` uses each.
+type codesBody struct {
+	Codes []struct {
+		Code    string `json:"code"`
+		MaxUses int64  `json:"max_uses"`
+		Buyer   string `json:"buyer"`
+	} `json:"codes"`
+	Generate int   `json:"generate"`
+	MaxUses  int64 `json:"max_uses"`
+}
+
+// postCodes handles POST /v1/admin/skus/:program/:ticket/pools/:pool/codes.
+// The generated codes are in the answer and nowhere else: only hashes are
+// kept.
+func (s *Server) postCodes(c *gin.Context) {
+	sku, ok := skuParam(c)
+	if !ok {
+		return
+	}
+	pool, ok := poolParam(c)
+	if !ok {
+		return
+	}
+	var body codesBody
+	if !s.decodeBodyMax(c, &body, 1<<20) {
+		return
+	}
+	specs := make([]sale.CodeSpec, 0, len(body.Codes))
+	for i, b := range body.Codes {
+		spec := sale.CodeSpec{Code: b.Code, MaxUses: b.MaxUses}
+		if b.Buyer != "" {
+			buyer, err := keys.ParseID(b.Buyer)
+			if err != nil {
+				writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", fmt.Sprintf("codes[%d].buyer must match [A-Za-z0-9_-]{1,64}", i), 0)
+				return
+			}
+			spec.Buyer = buyer
+		}
+		specs = append(specs, spec)
+	}
+	added, generated, err := s.sale.PutCodes(c.Request.Context(), sku, pool, specs, body.Generate, body.MaxUses)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	if generated == nil {
+		generated = []string{}
+	}
+	c.JSON(http.StatusOK, gin.H{"added": added, "generated": generated})
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
 )
 
@@ -240,4 +241,66 @@ func TestPoolRules(t *testing.T) {
 			t.Errorf("the ticket as a whole = %s, want total 100 and every pool's sales", r.body)
 		}
 	})
+}
+
+// What an attacker found, each refused or kept whole: a pool follows its
+// ticket's settings at once; ending a ticket's sale ends its pools; a
+// seated ticket has no pools and a ticket with pools takes no seat map;
+// pool times before 1970, shards below 1, an unknown `into` and ?pool= on
+// a cart are clear 422s; an unknown pool's stock is unknown-pool; and a
+// retry with another credential is another request (422).
+func TestPoolAttacks(t *testing.T) {
+	e := newEnv(t, ledger.SQLite)
+	sku := newSKU(t)
+	path := "/v1/admin/skus/" + sku.Program.String() + "/" + sku.Ticket.String()
+	put := func(body string) {
+		if r := e.do(t, http.MethodPut, path, nil, body); r.status != http.StatusOK {
+			t.Fatalf("PUT sku = %d %s", r.status, r.body)
+		}
+	}
+	put(`{"total":100,"shards":1,"max_per_order":10}`)
+	e.putPool(t, sku, "pre", `{"allotment":20}`)
+	e.putPool(t, sku, "chan", `{"allotment":5,"access":"channel","channel_token":"partner-secret-0123456789"}`)
+	if r := e.buyIn(t, sku, "pre", "w1", "w1", 1, ""); r.status != http.StatusCreated {
+		t.Fatalf("warm = %d %s", r.status, r.body)
+	}
+	put(`{"total":100,"shards":1,"max_per_order":1}`)
+	if r := e.buyIn(t, sku, "pre", "w2", "w2", 5, ""); r.status != http.StatusUnprocessableEntity {
+		t.Errorf("5 in a pool after max_per_order became 1 = %d %s, want 422", r.status, r.body)
+	}
+	for _, c := range []struct{ pool, body string }{
+		{"old", `{"allotment":1,"closes_at":"1000-01-01T00:00:00Z"}`},
+		{"epoch", `{"allotment":1,"closes_at":"1970-01-01T00:00:00Z"}`},
+		{"neg", `{"allotment":1,"shards":-3}`},
+		{"lost", `{"allotment":1,"into":"nowhere"}`},
+	} {
+		if r := e.do(t, http.MethodPut, path+"/pools/"+c.pool, nil, c.body); r.status != http.StatusUnprocessableEntity {
+			t.Errorf("PUT pool %s %s = %d %s, want 422", c.pool, c.body, r.status, r.body)
+		}
+	}
+	if r := e.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/stock?pool=nope", nil, ""); r.status != http.StatusNotFound || !strings.Contains(string(r.body), "unknown-pool") {
+		t.Errorf("stock of an unknown pool = %d %s", r.status, r.body)
+	}
+	if r := e.buyIn(t, sku, "chan", "c1", "cc", 1, `,"channel_token":"partner-secret-0123456789"`); r.status != http.StatusCreated {
+		t.Fatalf("channel purchase = %d %s", r.status, r.body)
+	}
+	if r := e.buyIn(t, sku, "chan", "c1", "cc", 1, `,"channel_token":"other-secret-0123456789"`); r.status != http.StatusUnprocessableEntity {
+		t.Errorf("the same key with another credential = %d %s, want 422", r.status, r.body)
+	}
+	if r := e.do(t, http.MethodPost, "/v1/programs/"+sku.Program.String()+"/carts?pool=pre", map[string]string{"Idempotency-Key": "k"},
+		`{"buyer":"x","lines":[{"ticket":"ga","quantity":1}]}`); r.status != http.StatusUnprocessableEntity {
+		t.Errorf("?pool= on a cart = %d %s, want 422", r.status, r.body)
+	}
+	if r := e.do(t, http.MethodPut, path+"/seats", nil, `{"seats":[{"id":"A-01","section":"A","row":"A","number":1}]}`); r.status != http.StatusConflict && r.status != http.StatusUnprocessableEntity {
+		t.Errorf("a seat map on a ticket with pools = %d %s, want a refusal", r.status, r.body)
+	}
+	if r := e.do(t, http.MethodPost, path+"/end", nil, ""); r.status != http.StatusOK {
+		t.Fatalf("end = %d %s", r.status, r.body)
+	}
+	if r := e.buyIn(t, sku, "pre", "w3", "w3", 1, ""); r.status != http.StatusConflict {
+		t.Errorf("a pool of an ended ticket = %d %s, want 409", r.status, r.body)
+	}
+	if r := e.do(t, http.MethodPut, path+"/pools/late", nil, `{"allotment":1}`); r.status != http.StatusConflict {
+		t.Errorf("a new pool of an ended ticket = %d %s, want 409", r.status, r.body)
+	}
 }

@@ -104,6 +104,8 @@ var statusOf = map[*sale.Err]int{
 	sale.ErrPoolNotOpen:     http.StatusConflict,
 	sale.ErrPoolClosed:      http.StatusConflict,
 	sale.ErrPoolDenied:      http.StatusForbidden,
+	sale.ErrCodeInvalid:     http.StatusForbidden,
+	sale.ErrCodeUsedUp:      http.StatusConflict,
 	sale.ErrSeated:          http.StatusConflict,
 	sale.ErrNotSeated:       http.StatusConflict,
 	sale.ErrNoSeating:       http.StatusNotImplemented,

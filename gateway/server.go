@@ -65,6 +65,10 @@ type Options struct {
 	// limiting off.
 	RatePerClient float64
 	RateBurst     int
+	// CodeGuesses is how many wrong access codes one client (by address)
+	// may present a minute, per replica, before its code requests get 429
+	// with Retry-After. Default 20.
+	CodeGuesses int
 	// SlowRequest is the latency above which a request is logged.
 	SlowRequest time.Duration
 	// AdminToken, when set, is the bearer token admin routes require.
@@ -80,7 +84,7 @@ type Options struct {
 // DefaultOptions are the settings a zero Options takes; main takes its flag
 // defaults from them.
 func DefaultOptions() Options {
-	return Options{RateBurst: 100, SlowRequest: time.Second, MaxBodyBytes: 4 << 10}
+	return Options{RateBurst: 100, CodeGuesses: 20, SlowRequest: time.Second, MaxBodyBytes: 4 << 10}
 }
 
 // MinAdminToken is the shortest admin token accepted.
@@ -98,6 +102,8 @@ func (o Options) Validate() error {
 		return opt.Bad("RatePerClient", "must not be negative")
 	case o.RateBurst < 0:
 		return opt.Bad("RateBurst", "must be at least 1")
+	case o.CodeGuesses < 0:
+		return opt.Bad("CodeGuesses", "must be at least 1")
 	case o.AdminToken != "" && len(o.AdminToken) < MinAdminToken:
 		return opt.Bad("AdminToken", fmt.Sprintf("must be at least %d characters (or empty, for local use only)", MinAdminToken))
 	}
@@ -113,6 +119,9 @@ func (o Options) withDefaults() Options {
 	d := DefaultOptions()
 	if o.RateBurst == 0 {
 		o.RateBurst = d.RateBurst
+	}
+	if o.CodeGuesses == 0 {
+		o.CodeGuesses = d.CodeGuesses
 	}
 	if o.SlowRequest == 0 {
 		o.SlowRequest = d.SlowRequest
@@ -134,6 +143,7 @@ type Server struct {
 	sale    *sale.Service
 	http    *httpMetrics
 	limiter *limiter
+	guesses *limiter // wrong access codes, per client
 	log     *slog.Logger
 	opts    Options
 	ready   atomic.Bool
@@ -157,6 +167,9 @@ func New(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("gateway: metrics: %w", err)
 	}
 	if s.limiter, err = newLimiter(opts.RatePerClient, opts.RateBurst); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	if s.guesses, err = newLimiter(float64(opts.CodeGuesses)/60, opts.CodeGuesses); err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	public, admin := routeSet{public: true, admin: true}, routeSet{}
@@ -229,6 +242,7 @@ func (s *Server) routes(set routeSet) (*gin.Engine, error) {
 		admin.GET("/skus/:program/:ticket/pools", s.getPools)
 		admin.PUT("/skus/:program/:ticket/pools/:pool", s.putPool)
 		admin.POST("/skus/:program/:ticket/pools/:pool/close", s.closePool)
+		admin.POST("/skus/:program/:ticket/pools/:pool/codes", s.postCodes)
 		admin.PUT("/programs/:program", s.putProgram)
 		admin.PUT("/skus/:program/:ticket/seats", s.putSeats)
 		admin.POST("/skus/:program/:ticket/seats/check", s.checkSeats)

@@ -2,11 +2,13 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
 
 	"github.com/gin-gonic/gin"
+	"golang.org/x/time/rate"
 
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/sale"
@@ -122,14 +124,36 @@ func (s *Server) take(c *gin.Context, hold bool) {
 	}
 	t := sale.Take{Ask: ask, SKU: sku, Quantity: *body.Quantity,
 		Access: sale.Access{Pool: pool, Channel: body.ChannelToken, Code: body.AccessCode}}
-	if !hold {
-		s.written(c, http.StatusCreated)(s.sale.Purchase(c.Request.Context(), t))
-		return
+	if hold {
+		if t.TTL, ok = holdTTL(c, body.TTLSeconds); !ok {
+			return
+		}
 	}
-	if t.TTL, ok = holdTTL(c, body.TTLSeconds); !ok {
-		return
+	// Guessing codes is limited per client: a client out of wrong guesses
+	// waits before it may present a code again.
+	var guesses *rate.Limiter
+	if body.AccessCode != "" {
+		guesses = s.guesses.client(c.Request.Context(), c.ClientIP())
+		if guesses.Tokens() < 1 {
+			s.http.limited.Inc()
+			r := guesses.Reserve()
+			wait := r.Delay()
+			r.Cancel()
+			writeProblem(c, http.StatusTooManyRequests, "rate-limited", "too many wrong access codes from this client", retryAfter(wait))
+			return
+		}
 	}
-	s.written(c, http.StatusCreated)(s.sale.Hold(c.Request.Context(), t))
+	var r sale.Result
+	var err error
+	if hold {
+		r, err = s.sale.Hold(c.Request.Context(), t)
+	} else {
+		r, err = s.sale.Purchase(c.Request.Context(), t)
+	}
+	if guesses != nil && errors.Is(err, sale.ErrCodeInvalid) {
+		guesses.Allow() // one wrong guess spent
+	}
+	s.written(c, http.StatusCreated)(r, err)
 }
 
 // ask reads the Idempotency-Key (the buyer is filled in from the body).
@@ -380,6 +404,10 @@ func (s *Server) cartAction(c *gin.Context, status int, f func(ctx context.Conte
 }
 
 func (s *Server) cart(c *gin.Context, hold bool) {
+	if _, given := c.GetQuery("pool"); given {
+		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "carts buy from the public pools of their tickets; pool is not taken here", 0)
+		return
+	}
 	program, err := keys.ParseID(c.Param("program"))
 	if err != nil {
 		writeProblem(c, http.StatusBadRequest, "invalid-id", "program ids match [A-Za-z0-9_-]{1,64}", 0)

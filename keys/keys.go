@@ -118,6 +118,15 @@ func Pooled(ticket, pool ID) ID {
 	return ID{ticket.s + poolSep + pool.s}
 }
 
+// CodeScope is the ticket id under which a pool's access code uses are
+// counted at the gate (as buyers' units are under a ticket's): two
+// separators, so neither a client's ticket nor a pool's stock has it. It
+// names Redis counts only, never a stored row.
+func CodeScope(ticket ID) ID {
+	mustHave("CodeScope", ticket)
+	return ID{ticket.s + poolSep + poolSep + "codes"}
+}
+
 // Unpooled splits a ticket id made by Pooled into the ticket and the pool
 // (zero for a ticket's own, public, stock).
 func (id ID) Unpooled() (ticket, pool ID) {

@@ -76,6 +76,13 @@ func (t *Take) key() keys.ID {
 	return t.Order.IdempotencyKey
 }
 
+func (t *Take) codeHash() string {
+	if t.Hold != nil {
+		return t.Hold.CodeHash
+	}
+	return t.Order.CodeHash
+}
+
 func (t *Take) gateEpoch() int64 {
 	if t.Hold != nil {
 		return t.Hold.GateEpoch
@@ -426,6 +433,9 @@ func (l *Ledger) tryBatch(ctx context.Context, takes []Take, live []int, now tim
 	if refused != nil {
 		return refusal{sku: refused.sku, epoch: -1, buyer: refused.buyer, why: stock.ErrLimit}, nil, nil
 	}
+	if r, err := useBatchCodes(ctx, tx, takes, fresh, inserted); err != nil || r.why != nil {
+		return r, nil, err
+	}
 	for sku, v := range versions {
 		if err := stamp(ctx, tx, sku, v); err != nil {
 			return refusal{}, nil, err
@@ -435,6 +445,60 @@ func (l *Ledger) tryBatch(ctx context.Context, takes []Take, live []int, now tim
 		return refusal{}, nil, fmt.Errorf("ledger: batch: commit: %w", err)
 	}
 	return refusal{}, dups, nil
+}
+
+// useBatchCodes checks the access codes of a batch's new takes, after its
+// buyer rows (the order every stock write takes rows in): each code's row
+// is locked, in hash order, and its standing uses counted, this batch's
+// rows included (they are inserted). A code over its limit, or bound to
+// another buyer, refuses its takes: they are decided alone (useCode).
+func useBatchCodes(ctx context.Context, tx *sql.Tx, takes []Take, fresh []int, inserted map[keys.ID]bool) (refusal, error) {
+	type code struct {
+		sku  stock.SKU
+		hash string
+	}
+	byCode := map[code][]*Take{}
+	for _, i := range fresh {
+		t := &takes[i]
+		if h := t.codeHash(); h != "" && inserted[t.key()] {
+			c := code{t.sku(), h}
+			byCode[c] = append(byCode[c], t)
+		}
+	}
+	codes := slices.SortedFunc(maps.Keys(byCode), func(a, b code) int { return strings.Compare(a.hash, b.hash) })
+	for _, c := range codes {
+		var maxUses, uses int64
+		var bound keys.ID
+		err := tx.QueryRowContext(ctx, `UPDATE access_codes SET max_uses = max_uses WHERE program = $1 AND ticket = $2 AND code_hash = $3
+			RETURNING max_uses, buyer`, c.sku.Program, c.sku.Ticket, c.hash).Scan(&maxUses, &bound)
+		if errors.Is(err, sql.ErrNoRows) {
+			return refusalOf(byCode[c], ErrCodeInvalid), nil
+		}
+		if err != nil {
+			return refusal{}, notCommitted("batch: lock code", err)
+		}
+		for _, t := range byCode[c] {
+			if !bound.IsZero() && t.buyer() != bound {
+				return refusalOf([]*Take{t}, ErrCodeInvalid), nil
+			}
+		}
+		if err := tx.QueryRowContext(ctx, codeUsesSQL, c.sku.Program, c.sku.Ticket, c.hash).Scan(&uses); err != nil {
+			return refusal{}, notCommitted("batch: count code uses", err)
+		}
+		if uses > maxUses {
+			return refusalOf(byCode[c], ErrCodeUsedUp), nil
+		}
+	}
+	return refusal{}, nil
+}
+
+// refusalOf refuses exactly the takes given.
+func refusalOf(ts []*Take, why error) refusal {
+	only := map[keys.ID]bool{}
+	for _, t := range ts {
+		only[t.key()] = true
+	}
+	return refusal{only: only, why: why}
 }
 
 // rowsPerStatement bounds one multi-row statement (PostgreSQL takes at most
@@ -475,12 +539,12 @@ func insertOrders(ctx context.Context, tx *sql.Tx, orders []Order) (map[keys.ID]
 		var vals []string
 		var args []any
 		for _, o := range chunk {
-			vals = append(vals, placeholders(len(args), 13))
+			vals = append(vals, placeholders(len(args), 14))
 			args = append(args, o.ID, o.IdempotencyKey, o.RequestHash, o.SKU.Program, o.SKU.Ticket, o.Buyer, o.Quantity,
-				o.Gate, o.GateKey, o.HoldID, o.CreatedAt.UnixMilli(), o.TakeEpoch, o.CartID)
+				o.Gate, o.GateKey, o.HoldID, o.CreatedAt.UnixMilli(), o.TakeEpoch, o.CartID, o.CodeHash)
 		}
 		got, err := tx.QueryContext(ctx, `INSERT INTO orders (id, idem_key, request_hash, program, ticket, buyer, quantity, gate,
-			gate_key, hold_id, created_at, take_epoch, cart_id)
+			gate_key, hold_id, created_at, take_epoch, cart_id, code_hash)
 			VALUES `+strings.Join(vals, ", ")+` ON CONFLICT (idem_key) DO NOTHING RETURNING idem_key`, args...)
 		if err := collectIDs(got, err, inserted); err != nil {
 			return nil, notCommitted("insert orders", err)
@@ -496,12 +560,12 @@ func insertHolds(ctx context.Context, tx *sql.Tx, holds []Hold, inserted map[key
 		var vals []string
 		var args []any
 		for _, h := range chunk {
-			vals = append(vals, placeholders(len(args), 14))
+			vals = append(vals, placeholders(len(args), 15))
 			args = append(args, h.ID, h.IdempotencyKey, h.RequestHash, h.SKU.Program, h.SKU.Ticket, h.Buyer, h.Quantity,
-				h.Gate, Held, h.ExpiresAt.UnixMilli(), h.CreatedAt.UnixMilli(), h.TakeEpoch, keys.Join(h.SeatIDs, ","), h.CartID)
+				h.Gate, Held, h.ExpiresAt.UnixMilli(), h.CreatedAt.UnixMilli(), h.TakeEpoch, keys.Join(h.SeatIDs, ","), h.CartID, h.CodeHash)
 		}
 		got, err := tx.QueryContext(ctx, `INSERT INTO holds (id, idem_key, request_hash, program, ticket, buyer, quantity, gate,
-			state, expires_at, created_at, take_epoch, seat_ids, cart_id)
+			state, expires_at, created_at, take_epoch, seat_ids, cart_id, code_hash)
 			VALUES `+strings.Join(vals, ", ")+` ON CONFLICT (idem_key) DO NOTHING RETURNING idem_key`, args...)
 		if err := collectIDs(got, err, inserted); err != nil {
 			return notCommitted("insert holds", err)

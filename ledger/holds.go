@@ -67,6 +67,9 @@ type Hold struct {
 	// CartID is the cart the hold is a line of (zero for a single hold):
 	// it is confirmed and cancelled with its cart, never alone.
 	CartID keys.ID
+	// CodeHash is the access code the hold used ("" for none): one use
+	// while held, passed on to its order.
+	CodeHash string
 }
 
 // Hold sets stock aside: the request's row, the hold row and held + q under
@@ -118,12 +121,17 @@ func (l *Ledger) Hold(ctx context.Context, h Hold, version int64) (_ Hold, err e
 		return Hold{}, err
 	}
 	h.TakeEpoch = e
+	if h.CodeHash != "" {
+		if err := useCode(ctx, tx, h.SKU, h.CodeHash, h.Buyer); err != nil {
+			return Hold{}, err
+		}
+	}
 	res, err := tx.ExecContext(ctx, `
-		INSERT INTO holds (id, idem_key, request_hash, program, ticket, buyer, quantity, gate, state, expires_at, created_at, seat_ids, take_epoch)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+		INSERT INTO holds (id, idem_key, request_hash, program, ticket, buyer, quantity, gate, state, expires_at, created_at, seat_ids, take_epoch, code_hash)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
 		ON CONFLICT (idem_key) DO NOTHING`,
 		h.ID, h.IdempotencyKey, h.RequestHash, h.SKU.Program, h.SKU.Ticket, h.Buyer, h.Quantity, h.Gate, Held,
-		h.ExpiresAt.UnixMilli(), h.CreatedAt.UnixMilli(), keys.Join(h.SeatIDs, ","), h.TakeEpoch)
+		h.ExpiresAt.UnixMilli(), h.CreatedAt.UnixMilli(), keys.Join(h.SeatIDs, ","), h.TakeEpoch, h.CodeHash)
 	if err != nil {
 		return Hold{}, notCommitted("insert hold", err)
 	}
@@ -157,14 +165,14 @@ func (l *Ledger) holdReplay(ctx context.Context, r Request) (Hold, error) {
 }
 
 const selectHold = `SELECT id, idem_key, request_hash, program, ticket, buyer, quantity, gate, state, expires_at,
-	order_id, created_at, ended_at, seat_ids, take_epoch, cart_id FROM holds`
+	order_id, created_at, ended_at, seat_ids, take_epoch, cart_id, code_hash FROM holds`
 
 func scanHold(r rowScanner) (Hold, error) {
 	var h Hold
 	var expires, created, ended int64
 	var seatIDs string
 	err := r.Scan(&h.ID, &h.IdempotencyKey, &h.RequestHash, &h.SKU.Program, &h.SKU.Ticket, &h.Buyer, &h.Quantity,
-		&h.Gate, &h.State, &expires, &h.OrderID, &created, &ended, &seatIDs, &h.TakeEpoch, &h.CartID)
+		&h.Gate, &h.State, &expires, &h.OrderID, &created, &ended, &seatIDs, &h.TakeEpoch, &h.CartID, &h.CodeHash)
 	if err == nil {
 		h.SeatIDs, err = splitIDs(seatIDs)
 	}
@@ -253,9 +261,7 @@ func (l *Ledger) Confirm(ctx context.Context, holdID, buyer keys.ID, req Request
 	case h.State != Held || !now.Before(h.ExpiresAt):
 		return Order{}, fmt.Errorf("%w: %s", ErrHoldEnded, h.stateAt(now))
 	}
-	o := Order{ID: NewID(), IdempotencyKey: ConfirmKey(h.ID), RequestHash: h.RequestHash, SKU: h.SKU, Buyer: h.Buyer,
-		Quantity: h.Quantity, Gate: h.Gate, GateKey: h.IdempotencyKey, HoldID: h.ID, CreatedAt: now, TakeEpoch: h.TakeEpoch,
-		Req: req}
+	o := confirmOrder(h, req, now)
 	// The state change is the one place a hold's fate is decided: a sweeper
 	// expiring it at this instant changes zero rows here, or we change zero
 	// rows there.
@@ -504,6 +510,8 @@ type Restore struct {
 	// count them already). Shards is that gate's layout.
 	Epoch  int64
 	Shards int
+	// CodeHash is the access code whose use comes back with the units.
+	CodeHash string
 }
 
 // PendingRestores lists up to limit restores whose ledger side ended at
@@ -512,11 +520,11 @@ type Restore struct {
 func (l *Ledger) PendingRestores(ctx context.Context, olderThan time.Duration, limit int) ([]Restore, error) {
 	before := l.now().Add(-olderThan).UnixMilli()
 	rows, err := l.db.QueryContext(ctx, `
-		SELECT 'hold', id, program, ticket, buyer, idem_key, gate, quantity, restore_epoch, restore_shards
+		SELECT 'hold', id, program, ticket, buyer, idem_key, gate, quantity, restore_epoch, restore_shards, code_hash
 		FROM holds WHERE restore_pending = 1 AND ended_at <= $1
 		UNION ALL
 		SELECT 'order', id, program, ticket, buyer, CASE WHEN gate_key = '' THEN idem_key ELSE gate_key END, gate,
-			quantity, restore_epoch, restore_shards
+			quantity, restore_epoch, restore_shards, code_hash
 		FROM orders WHERE restore_pending = 1 AND refunded_at <= $1
 		LIMIT $2`, before, limit)
 	if err != nil {
@@ -527,7 +535,7 @@ func (l *Ledger) PendingRestores(ctx context.Context, olderThan time.Duration, l
 	for rows.Next() {
 		var r Restore
 		if err := rows.Scan(&r.Kind, &r.ID, &r.SKU.Program, &r.SKU.Ticket, &r.Buyer, &r.RequestID, &r.Gate,
-			&r.Quantity, &r.Epoch, &r.Shards); err != nil {
+			&r.Quantity, &r.Epoch, &r.Shards, &r.CodeHash); err != nil {
 			return nil, fmt.Errorf("ledger: pending restores: %w", err)
 		}
 		out = append(out, r)
@@ -539,15 +547,15 @@ func (l *Ledger) PendingRestores(ctx context.Context, olderThan time.Duration, l
 // owes one (ok false otherwise): what the ledger recorded when it took the
 // units back.
 func (l *Ledger) RestoreOwed(ctx context.Context, kind string, id keys.ID) (Restore, bool, error) {
-	q := `SELECT 'hold', id, program, ticket, buyer, idem_key, gate, quantity, restore_epoch, restore_shards
+	q := `SELECT 'hold', id, program, ticket, buyer, idem_key, gate, quantity, restore_epoch, restore_shards, code_hash
 		FROM holds WHERE id = $1 AND restore_pending = 1`
 	if kind == "order" {
 		q = `SELECT 'order', id, program, ticket, buyer, CASE WHEN gate_key = '' THEN idem_key ELSE gate_key END, gate,
-			quantity, restore_epoch, restore_shards FROM orders WHERE id = $1 AND restore_pending = 1`
+			quantity, restore_epoch, restore_shards, code_hash FROM orders WHERE id = $1 AND restore_pending = 1`
 	}
 	var r Restore
 	err := l.db.QueryRowContext(ctx, q, id).Scan(&r.Kind, &r.ID, &r.SKU.Program, &r.SKU.Ticket, &r.Buyer, &r.RequestID,
-		&r.Gate, &r.Quantity, &r.Epoch, &r.Shards)
+		&r.Gate, &r.Quantity, &r.Epoch, &r.Shards, &r.CodeHash)
 	if errors.Is(err, sql.ErrNoRows) {
 		return r, false, nil
 	}

@@ -307,10 +307,11 @@ CREATE TABLE IF NOT EXISTS orders (
 	restore_shards INTEGER NOT NULL DEFAULT 1,
 	-- the cart the order is a line of ('' for a single purchase)
 	cart_id      TEXT   NOT NULL DEFAULT '',
+	-- the access code it used (its hash; '' for none): one use while it stands
+	code_hash    TEXT   NOT NULL DEFAULT '',
 	created_at   BIGINT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS orders_sku ON orders (program, ticket);
-CREATE INDEX IF NOT EXISTS orders_cart ON orders (cart_id);
 CREATE TABLE IF NOT EXISTS holds (
 	id              TEXT    PRIMARY KEY,
 	idem_key        TEXT    NOT NULL UNIQUE,
@@ -332,11 +333,25 @@ CREATE TABLE IF NOT EXISTS holds (
 	restore_shards  INTEGER NOT NULL DEFAULT 1,
 	-- the cart the hold is a line of ('' for a single hold)
 	cart_id         TEXT    NOT NULL DEFAULT '',
+	-- the access code it used (its hash; '' for none): one use while held
+	code_hash       TEXT    NOT NULL DEFAULT '',
 	created_at      BIGINT  NOT NULL,
 	ended_at        BIGINT  NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS holds_expiry ON holds (state, expires_at);
-CREATE INDEX IF NOT EXISTS holds_cart ON holds (cart_id);
+-- Access codes of a pool (ticket is the pool's stock), stored hashed: each
+-- with a use limit and, optionally, the one buyer who may use it. Uses are
+-- not counted here but in the orders and holds that stand on the code, so
+-- a refund, a cancel or an expiry gives its use back with its stock.
+CREATE TABLE IF NOT EXISTS access_codes (
+	program    TEXT    NOT NULL,
+	ticket     TEXT    NOT NULL,
+	code_hash  TEXT    NOT NULL,
+	max_uses   BIGINT  NOT NULL CHECK (max_uses >= 1),
+	buyer      TEXT    NOT NULL DEFAULT '',
+	created_at BIGINT  NOT NULL,
+	PRIMARY KEY (program, ticket, code_hash)
+);
 CREATE INDEX IF NOT EXISTS holds_pending ON holds (restore_pending, ended_at);
 -- Reserved seating: a SKU's seat map, each seat free, held by one hold, or
 -- sold through one.
@@ -416,7 +431,19 @@ var added = []struct{ table, name, def string }{
 	{"skus", "pool_secret", "TEXT NOT NULL DEFAULT ''"},
 	{"skus", "pool_into", "TEXT NOT NULL DEFAULT ''"},
 	{"skus", "pool_closed_at", "BIGINT NOT NULL DEFAULT 0"},
+	{"orders", "code_hash", "TEXT NOT NULL DEFAULT ''"},
+	{"holds", "code_hash", "TEXT NOT NULL DEFAULT ''"},
 }
+
+// addedIndexes index columns of added: they run after the columns are
+// added, so a ledger whose tables predate the columns migrates (CREATE
+// INDEX on a column not there yet fails the whole migration).
+const addedIndexes = `
+CREATE INDEX IF NOT EXISTS orders_cart ON orders (cart_id);
+CREATE INDEX IF NOT EXISTS holds_cart ON holds (cart_id);
+CREATE INDEX IF NOT EXISTS holds_code ON holds (code_hash);
+CREATE INDEX IF NOT EXISTS orders_code ON orders (code_hash);
+`
 
 // schemaDigest names this build's schema. A ledger that already carries
 // it is not touched: DDL such as CREATE INDEX IF NOT EXISTS locks its
@@ -426,6 +453,7 @@ var added = []struct{ table, name, def string }{
 var schemaDigest = func() string {
 	h := sha256.New()
 	h.Write([]byte(schema))
+	h.Write([]byte(addedIndexes))
 	for _, c := range added {
 		fmt.Fprintf(h, "\x00%s.%s %s", c.table, c.name, c.def)
 	}
@@ -463,6 +491,9 @@ func (l *Ledger) migrate(ctx context.Context, apply bool) error {
 		if err := l.addColumn(ctx, tx, col.table, col.name, col.def); err != nil {
 			return fmt.Errorf("ledger: migrate: %w", err)
 		}
+	}
+	if _, err := tx.ExecContext(ctx, addedIndexes); err != nil {
+		return fmt.Errorf("ledger: migrate: %w", err)
 	}
 	if l.driver == Postgres {
 		// Orders, holds and seats once referenced their SKU row. Each
@@ -734,7 +765,10 @@ type Order struct {
 	HoldID     keys.ID   `json:"hold_id,omitzero"`
 	CartID     keys.ID   `json:"cart_id,omitzero"` // the cart it is a line of
 	RefundedAt time.Time `json:"refunded_at,omitzero"`
-	CreatedAt  time.Time `json:"created_at"`
+	// CodeHash is the access code the order used (see CodeHash); "" for
+	// none. The order is one use of it while it stands.
+	CodeHash  string    `json:"-"`
+	CreatedAt time.Time `json:"created_at"`
 	// Req is the client request that creates the order (zero for an
 	// internal write): its row in the requests table is written in the
 	// same transaction.
@@ -779,7 +813,8 @@ func (l *Ledger) observe(op string, start time.Time, err *error) {
 	case errors.Is(e, stock.ErrSoldOut), errors.Is(e, stock.ErrLimit), errors.Is(e, stock.ErrSaleEnded),
 		errors.Is(e, ErrConflict), errors.Is(e, ErrHoldEnded), errors.Is(e, ErrNotOwner), errors.Is(e, ErrNotFound),
 		errors.Is(e, stock.ErrUnknownSKU), errors.Is(e, stock.ErrInvalid), errors.Is(e, ErrKeyReused),
-		errors.Is(e, ErrStaleGate), errors.Is(e, ErrHoldConfirmed):
+		errors.Is(e, ErrStaleGate), errors.Is(e, ErrHoldConfirmed), errors.Is(e, ErrCodeInvalid), errors.Is(e, ErrCodeUsedUp),
+		errors.Is(e, ErrInCart), errors.Is(e, ErrPoolClosed):
 		result = "refused"
 	default:
 		result = "error"
@@ -838,6 +873,11 @@ func (l *Ledger) purchase(ctx context.Context, o Order, version int64) (Order, e
 		return Order{}, err
 	}
 	o.TakeEpoch = e
+	if o.CodeHash != "" {
+		if err := useCode(ctx, tx, o.SKU, o.CodeHash, o.Buyer); err != nil {
+			return Order{}, err
+		}
+	}
 	inserted, err := insertOrder(ctx, tx, o)
 	if err != nil {
 		return Order{}, err
@@ -877,11 +917,11 @@ func notCommitted(step string, err error) error {
 
 func insertOrder(ctx context.Context, tx *sql.Tx, o Order) (bool, error) {
 	res, err := tx.ExecContext(ctx, `
-		INSERT INTO orders (id, idem_key, request_hash, program, ticket, buyer, quantity, gate, gate_key, hold_id, created_at, take_epoch, cart_id)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+		INSERT INTO orders (id, idem_key, request_hash, program, ticket, buyer, quantity, gate, gate_key, hold_id, created_at, take_epoch, cart_id, code_hash)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
 		ON CONFLICT (idem_key) DO NOTHING`,
 		o.ID, o.IdempotencyKey, o.RequestHash, o.SKU.Program, o.SKU.Ticket, o.Buyer, o.Quantity, o.Gate, o.GateKey,
-		o.HoldID, o.CreatedAt.UnixMilli(), o.TakeEpoch, o.CartID)
+		o.HoldID, o.CreatedAt.UnixMilli(), o.TakeEpoch, o.CartID, o.CodeHash)
 	if err != nil {
 		return false, notCommitted("insert order", err)
 	}
@@ -1153,13 +1193,13 @@ func (l *Ledger) OrderByID(ctx context.Context, id keys.ID) (Order, error) {
 }
 
 const selectOrder = `SELECT id, idem_key, request_hash, program, ticket, buyer, quantity, gate, gate_key, hold_id,
-	refunded_at, created_at, take_epoch, cart_id FROM orders`
+	refunded_at, created_at, take_epoch, cart_id, code_hash FROM orders`
 
 func scanOrder(r rowScanner) (Order, error) {
 	var o Order
 	var created, refunded int64
 	err := r.Scan(&o.ID, &o.IdempotencyKey, &o.RequestHash, &o.SKU.Program, &o.SKU.Ticket, &o.Buyer, &o.Quantity,
-		&o.Gate, &o.GateKey, &o.HoldID, &refunded, &created, &o.TakeEpoch, &o.CartID)
+		&o.Gate, &o.GateKey, &o.HoldID, &refunded, &created, &o.TakeEpoch, &o.CartID, &o.CodeHash)
 	if errors.Is(err, sql.ErrNoRows) {
 		return o, ErrNotFound
 	}

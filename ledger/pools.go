@@ -65,6 +65,8 @@ func (c PoolConfig) Validate() error {
 		return fmt.Errorf("%w: access %q", stock.ErrInvalid, c.Rule.Access)
 	case (c.Rule.Access == AccessChannel) != (c.Rule.Secret != ""):
 		return fmt.Errorf("%w: a channel pool, and only one, has a credential", stock.ErrInvalid)
+	case !c.Rule.OpensAt.IsZero() && c.Rule.OpensAt.UnixMilli() <= 0, !c.Rule.ClosesAt.IsZero() && c.Rule.ClosesAt.UnixMilli() <= 0:
+		return fmt.Errorf("%w: pool times are after 1970", stock.ErrInvalid)
 	case !c.Rule.OpensAt.IsZero() && !c.Rule.ClosesAt.IsZero() && !c.Rule.OpensAt.Before(c.Rule.ClosesAt):
 		return fmt.Errorf("%w: a pool closes after it opens", stock.ErrInvalid)
 	case c.Rule.Into == c.SKU.Pool():
@@ -74,8 +76,10 @@ func (c PoolConfig) Validate() error {
 }
 
 // pooledRange is the condition on ticket that selects the pools of the
-// ticket $2 (their tickets are "<ticket>.<pool>", and '/' follows '.').
-const pooledRange = `ticket > $2 || '.' AND ticket < $2 || '/'`
+// ticket $2 (their tickets are "<ticket>.<pool>"): a prefix compared for
+// equality, which no collation bends (a range would, on PostgreSQL with a
+// non-C collation: "GA.x" sorts between "ga." and "ga/").
+const pooledRange = `substr(ticket, 1, length($2) + 1) = $2 || '.'`
 
 // EnsurePool creates a pool's row, with no stock and the ticket's
 // settings, if it has none, so that its gate can be fenced before stock
@@ -96,8 +100,12 @@ func (l *Ledger) EnsurePool(ctx context.Context, pool stock.SKU) error {
 	if n, _ := res.RowsAffected(); n == 1 {
 		return nil
 	}
-	if _, err := l.SKU(ctx, base); err != nil {
+	st, err := l.SKU(ctx, base)
+	if err != nil {
 		return err
+	}
+	if st.Seated {
+		return fmt.Errorf("%w: a seated ticket has no pools", stock.ErrInvalid)
 	}
 	_, err = l.SKU(ctx, pool)
 	return err
@@ -128,6 +136,11 @@ func (l *Ledger) PutPool(ctx context.Context, c PoolConfig) (SKUState, error) {
 	// The public row first (its ticket sorts before its pools'): the order
 	// every write that moves stock takes rows in.
 	base, delta := c.SKU.Base(), c.Allotment-cur.Total
+	if b, err := scanSKU(tx.QueryRowContext(ctx, selectSKU, base.Program, base.Ticket)); err != nil {
+		return SKUState{}, err
+	} else if !b.EndedAt.IsZero() {
+		return SKUState{}, stock.ErrSaleEnded
+	}
 	res, err := tx.ExecContext(ctx, `UPDATE skus SET total = total - $3, version = version + 1, bypass_seq = bypass_seq + 1,
 		updated_at = $4 WHERE program = $1 AND ticket = $2 AND total - sold - held >= $3`, base.Program, base.Ticket, delta, now)
 	if err != nil {

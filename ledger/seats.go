@@ -52,6 +52,11 @@ func (l *Ledger) LoadSeats(ctx context.Context, sku stock.SKU, seats []Seat) (in
 		return 0, fmt.Errorf("ledger: load seats: %w", err)
 	}
 	defer tx.Rollback()
+	if pooled, err := pooledTotal(ctx, tx, sku); err != nil {
+		return 0, err
+	} else if pooled > 0 || !sku.Pool().IsZero() {
+		return 0, fmt.Errorf("%w: a ticket with pools sells counted stock; it cannot take a seat map", stock.ErrInvalid)
+	}
 	for _, s := range seats {
 		res, err := tx.ExecContext(ctx, `INSERT INTO seats (program, ticket, seat_id, section, row_label, number)
 			VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (program, ticket, seat_id) DO NOTHING`,

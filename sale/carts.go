@@ -11,6 +11,7 @@ import (
 	"github.com/stockgate/stockgate/breaker"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/lock"
 	"github.com/stockgate/stockgate/shard"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -265,9 +266,38 @@ type taken struct {
 	parts []shard.Part
 	quota *quotaTicket
 	epoch int64
+	// replayed: another attempt of this cart (a copy sent to another
+	// replica) made this line's deduction; it is that attempt's to commit
+	// or give back, never this one's.
+	replayed bool
 }
 
+// lockCart names the lock copies of one cart request take turns under.
+var lockCart = keys.MustID("cart")
+
 func (c *cartFlow) take(ctx context.Context) answer {
+	// Copies of one cart sent to several replicas at once take turns: a
+	// copy refused on one line must not give back another line's
+	// deduction while a copy that shares it is committing. The second
+	// copy then meets the first's records and its ledger row, and replays.
+	var lease *lock.Lease
+	err := errors.New("breaker open")
+	if c.s.breaker.State() != breaker.Open {
+		lease, err = c.s.locker.Acquire(ctx, keys.Lock(c.lines[0].sku.Program, c.req.gateID(), lockCart), c.s.opts.ReseedWait)
+	}
+	switch {
+	case errors.Is(err, lock.ErrBusy):
+		return ansUnavailable // the other copy is still at it: retry with the same key
+	case err != nil:
+		// Redis cannot be reached: neither can a copy's gate take; the
+		// ledger decides alone.
+	default:
+		defer func() {
+			if err := lease.Release(context.WithoutCancel(ctx)); err != nil {
+				c.s.log.WarnContext(ctx, "release cart lock", "err", err)
+			}
+		}()
+	}
 	for attempt := 1; ; attempt++ {
 		a, stale := c.takeOnce(ctx)
 		if stale.IsZero() {
@@ -331,6 +361,10 @@ func (c *cartFlow) takeOnce(ctx context.Context) (_ answer, stale stock.SKU) {
 	var got []taken
 	undo := func(release bool) {
 		for _, t := range got {
+			if t.replayed {
+				t.quota.replayed(ctx) // only the counts this attempt made
+				continue
+			}
 			s.giveBack(ctx, t.w.sku, t.w.req.gateID(), t.parts)
 			if release {
 				t.quota.release(ctx)
@@ -388,7 +422,7 @@ func (c *cartFlow) takeOnce(ctx context.Context) (_ answer, stale stock.SKU) {
 		if !d.Replayed {
 			s.cache.ClearSoldOut(w.sku)
 		}
-		got = append(got, taken{w: w, parts: d.Parts, quota: quota, epoch: epoch})
+		got = append(got, taken{w: w, parts: d.Parts, quota: quota, epoch: epoch, replayed: d.Replayed})
 	}
 	committed, err := c.commit(ctx, c.ledgerCart(got, c.expiry(states)), false)
 	var le *ledger.LineError

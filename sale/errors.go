@@ -42,6 +42,8 @@ var (
 	ErrPoolNotOpen     = newErr("pool-not-open", "the pool is not open yet")
 	ErrPoolClosed      = newErr("pool-closed", "the pool has closed; its unsold stock moved to another pool")
 	ErrPoolDenied      = newErr("pool-access-denied", "this pool's access rule does not let this request in")
+	ErrCodeInvalid     = newErr("access-code-invalid", "this access code does not unlock this pool for this buyer")
+	ErrCodeUsedUp      = newErr("access-code-used-up", "this access code has no uses left")
 	ErrSeated          = newErr("seated", "this ticket sells specific seats: use seat holds")
 	ErrNotSeated       = newErr("not-seated", "this ticket has no seat map; use holds or purchases")
 	ErrNoSeating       = newErr("no-seats", "reserved seating is not configured")
@@ -62,7 +64,7 @@ var (
 
 // Kinds lists every kind above, for tables that must cover them all.
 func Kinds() []*Err {
-	return []*Err{ErrInvalid, ErrUnknownSKU, ErrUnknownHold, ErrUnknownOrder, ErrUnknownCart, ErrNotOwner, ErrKeyReused, ErrOverMax, ErrSoldOut, ErrLimit, ErrSaleEnded, ErrHoldExpired, ErrHoldCancelled, ErrHoldConfirmed, ErrInCart, ErrUnknownPool, ErrPoolNotOpen, ErrPoolClosed, ErrPoolDenied, ErrSeated, ErrNotSeated, ErrNoSeating, ErrUnknownSeats, ErrSeatsTaken, ErrSeatsNotInGate, ErrSeatsSpan, ErrNoAdjacent, ErrSeatMapRefused, ErrBelowCommitted, ErrRebuildBusy, ErrBusy, ErrUnavailable, ErrNotRebuilt, ErrGateNotClosed, ErrSeatsNotInRedis}
+	return []*Err{ErrInvalid, ErrUnknownSKU, ErrUnknownHold, ErrUnknownOrder, ErrUnknownCart, ErrNotOwner, ErrKeyReused, ErrOverMax, ErrSoldOut, ErrLimit, ErrSaleEnded, ErrHoldExpired, ErrHoldCancelled, ErrHoldConfirmed, ErrInCart, ErrUnknownPool, ErrPoolNotOpen, ErrPoolClosed, ErrPoolDenied, ErrCodeInvalid, ErrCodeUsedUp, ErrSeated, ErrNotSeated, ErrNoSeating, ErrUnknownSeats, ErrSeatsTaken, ErrSeatsNotInGate, ErrSeatsSpan, ErrNoAdjacent, ErrSeatMapRefused, ErrBelowCommitted, ErrRebuildBusy, ErrBusy, ErrUnavailable, ErrNotRebuilt, ErrGateNotClosed, ErrSeatsNotInRedis}
 }
 
 // refusal is an Err with a detail for this request (and the seats it

@@ -59,6 +59,10 @@ func (s *Service) takeDirect(ctx context.Context, w want, st ledger.SKUState) an
 			return s.directRefused(ctx, w, ansLimit, false)
 		case errors.Is(err, stock.ErrSaleEnded):
 			return s.directRefused(ctx, w, ansSaleEnded, false)
+		case errors.Is(err, ledger.ErrCodeUsedUp):
+			return s.directRefused(ctx, w, ansCodeUsedUp, false)
+		case errors.Is(err, ledger.ErrCodeInvalid):
+			return s.directRefused(ctx, w, fail(ErrCodeInvalid), false)
 		case errors.Is(err, ledger.ErrNotCommitted):
 			s.log.ErrorContext(ctx, "fallback commit", "sku", w.sku.String(), "err", err)
 			return s.counted(pathLedger, ansUnavailable)

@@ -102,7 +102,7 @@ func (s *Service) Purchase(ctx context.Context, t Take) (Result, error) {
 	}
 	sku := poolOf(t.SKU, t.Access.Pool)
 	w := want{sku: sku, buyer: t.Buyer, q: t.Quantity, access: t.Access,
-		req: newRequest(t.Buyer, t.Key, ledger.OpPurchase, sku.Program.String(), sku.Ticket.String(), strconv.FormatInt(t.Quantity, 10))}
+		req: newRequest(t.Buyer, t.Key, ledger.OpPurchase, t.Access.fields(sku.Program.String(), sku.Ticket.String(), strconv.FormatInt(t.Quantity, 10))...)}
 	return s.run(ctx, w.req, func(ctx context.Context) answer { return s.take(ctx, w) })
 }
 
@@ -114,7 +114,7 @@ func (s *Service) Hold(ctx context.Context, t Take) (Result, error) {
 	}
 	sku := poolOf(t.SKU, t.Access.Pool)
 	w := want{sku: sku, buyer: t.Buyer, q: t.Quantity, hold: true, ttl: t.TTL, access: t.Access,
-		req: newRequest(t.Buyer, t.Key, ledger.OpHold, sku.Program.String(), sku.Ticket.String(), strconv.FormatInt(t.Quantity, 10), t.TTL.String())}
+		req: newRequest(t.Buyer, t.Key, ledger.OpHold, t.Access.fields(sku.Program.String(), sku.Ticket.String(), strconv.FormatInt(t.Quantity, 10), t.TTL.String())...)}
 	return s.run(ctx, w.req, func(ctx context.Context) answer { return s.take(ctx, w) })
 }
 
@@ -264,6 +264,7 @@ func (s *Service) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 		s.log.ErrorContext(ctx, "re-seed after put sku", "sku", sku.String(), "err", err)
 		return SKUState{}, ErrNotRebuilt
 	}
+	s.forgetPools(ctx, sku)
 	whole, err := s.ticketState(ctx, st)
 	if err != nil {
 		return SKUState{}, refuse(ErrUnavailable, "ledger unavailable")

@@ -101,16 +101,25 @@ func (s *Service) ownerError(ctx context.Context, err error, notFound answer) an
 // (no count needed to refuse it).
 var errOverCap = fmt.Errorf("%w: one request over the cap", stock.ErrLimit)
 
+// errCodeUsedUp: the request's access code has no uses left at the gate.
+var errCodeUsedUp = errors.New("sale: access code used up at the gate")
+
+// quotaScope is one count a request makes at the gate: a buyer's units of
+// a ticket or a program, or a code's uses (its "buyer" the code).
+type quotaScope struct {
+	sku   stock.SKU
+	buyer keys.ID
+}
+
 // quotaTicket is a request's counts against its buyer's caps at the gate
-// (the SKU's, the program's); release gives them back when the request did
-// not end in a commit.
+// (the SKU's, the program's) and its access code's uses; release gives
+// them back when the request did not end in a commit.
 type quotaTicket struct {
 	s        *Service
-	scopes   []stock.SKU
-	fresh    []stock.SKU // the scopes this attempt counted (not counted before)
-	buyer    keys.ID
-	key      keys.ID // the request's gate id
-	keyID    keys.ID // the client key's id (see quota.lua); zero: keep it known
+	scopes   []quotaScope
+	fresh    []quotaScope // the scopes this attempt counted (not counted before)
+	key      keys.ID      // the request's gate id
+	keyID    keys.ID      // the client key's id (see quota.lua); zero: keep it known
 	released bool
 }
 
@@ -120,7 +129,7 @@ func (q *quotaTicket) release(ctx context.Context) {
 		return
 	}
 	q.released = true
-	q.s.releaseQuota(ctx, q.scopes, q.buyer, q.key, q.keyID)
+	q.s.releaseQuota(ctx, q.scopes, q.key, q.keyID)
 }
 
 // keepKey makes release leave the key's mark: the request may still commit.
@@ -138,23 +147,24 @@ func (q *quotaTicket) replayed(ctx context.Context) {
 		return
 	}
 	q.released = true
-	q.s.releaseQuota(ctx, q.fresh, q.buyer, q.key, keys.ID{}) // the key stays known: it committed
+	q.s.releaseQuota(ctx, q.fresh, q.key, keys.ID{}) // the key stays known: it committed
 }
 
-func (s *Service) releaseQuota(ctx context.Context, scopes []stock.SKU, buyer, key, keyID keys.ID) {
-	for _, scope := range scopes {
+func (s *Service) releaseQuota(ctx context.Context, scopes []quotaScope, key, keyID keys.ID) {
+	for _, sc := range scopes {
 		if err := s.redis(ctx, func(ctx context.Context) error {
-			return s.gate.ReleaseQuota(ctx, scope, buyer, key, keyID)
+			return s.gate.ReleaseQuota(ctx, sc.sku, sc.buyer, key, keyID)
 		}); err != nil {
-			s.log.WarnContext(ctx, "release quota", "scope", scope.String(), "err", err)
+			s.log.WarnContext(ctx, "release quota", "scope", sc.sku.String(), "err", err)
 		}
 	}
 }
 
 // takeQuota counts the request against the buyer's caps in Redis (the
-// SKU's, then the program's), so a flood from one buyer is turned away
-// there with no ledger call per request. The ledger checks both caps again
-// when it commits. No cap, no call.
+// SKU's, then the program's) and against its access code's uses, so a
+// flood from one buyer, or for one code, is turned away there with no
+// ledger call per request. The ledger checks all of them again when it
+// commits. No cap and no code, no call.
 func (s *Service) takeQuota(ctx context.Context, w want, st ledger.SKUState) (*quotaTicket, error) {
 	programCap, err := s.programs.Get(ctx, w.sku.Program)
 	if err != nil {
@@ -163,17 +173,26 @@ func (s *Service) takeQuota(ctx context.Context, w want, st ledger.SKUState) (*q
 	if programCap > 0 && w.q > programCap {
 		return nil, errOverCap
 	}
-	t := &quotaTicket{s: s, buyer: w.buyer, key: w.req.gateID(), keyID: w.req.keyID()}
-	for _, c := range []struct {
-		scope stock.SKU
+	t := &quotaTicket{s: s, key: w.req.gateID(), keyID: w.req.keyID()}
+	counts := []struct {
+		scope quotaScope
 		cap   int64
-	}{{w.sku.Base(), st.PerBuyer}, {stock.SKU{Program: w.sku.Program}, programCap}} {
+		q     int64
+	}{{quotaScope{w.sku.Base(), w.buyer}, st.PerBuyer, w.q}, {quotaScope{stock.SKU{Program: w.sku.Program}, w.buyer}, programCap, w.q}}
+	if w.code != nil {
+		counts = append(counts, struct {
+			scope quotaScope
+			cap   int64
+			q     int64
+		}{quotaScope{codeScope(w.sku), w.code.id}, w.code.max, 1})
+	}
+	for _, c := range counts {
 		if c.cap == 0 {
 			continue
 		}
 		var fresh bool
 		err := s.redis(ctx, func(ctx context.Context) (err error) {
-			fresh, err = s.gate.TakeQuota(ctx, c.scope, w.buyer, w.req.gateID(), w.req.keyID(), w.q, c.cap)
+			fresh, err = s.gate.TakeQuota(ctx, c.scope.sku, c.scope.buyer, w.req.gateID(), w.req.keyID(), c.q, c.cap)
 			return err
 		})
 		if err != nil {
@@ -190,6 +209,10 @@ func (s *Service) takeQuota(ctx context.Context, w want, st ledger.SKUState) (*q
 			}
 			t.scopes = t.fresh
 			t.release(ctx)
+			if w.code != nil && c.scope == (quotaScope{codeScope(w.sku), w.code.id}) &&
+				(errors.Is(err, stock.ErrLimit) || errors.Is(err, shard.ErrKeyCounted)) {
+				return nil, errCodeUsedUp
+			}
 			return nil, err
 		}
 		t.scopes = append(t.scopes, c.scope)
@@ -255,6 +278,12 @@ func (s *Service) returnToRedis(ctx context.Context, r ledger.Restore) {
 			// cap is looked up, and replayed.
 			if err := s.gate.ReleaseQuota(ctx, r.SKU.Base(), r.Buyer, r.RequestID, keys.ID{}); err != nil {
 				return err
+			}
+			if r.CodeHash != "" {
+				// The code's use comes back with the units.
+				if err := s.gate.ReleaseQuota(ctx, codeScope(r.SKU), keys.MustID(r.CodeHash), r.RequestID, keys.ID{}); err != nil {
+					return err
+				}
 			}
 			return s.gate.ReleaseQuota(ctx, r.SKU.Whole(), r.Buyer, r.RequestID, keys.ID{})
 		})
@@ -341,5 +370,13 @@ func (s *Service) EndSale(ctx context.Context, sku stock.SKU) (SKUState, error) 
 	if err != nil {
 		s.log.ErrorContext(ctx, "end sale: gate not rebuilt", "sku", sku.String(), "err", err)
 	}
-	return skuStateOf(st), nil
+	if err := s.endPools(ctx, sku); err != nil {
+		s.log.ErrorContext(ctx, "end sale: pools", "sku", sku.String(), "err", err)
+		return SKUState{}, refuse(ErrUnavailable, "the ticket's sale ended but not every pool's yet; repeat the request")
+	}
+	whole, err := s.ticketState(ctx, st)
+	if err != nil {
+		return skuStateOf(st), nil
+	}
+	return whole, nil
 }

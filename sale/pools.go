@@ -92,6 +92,17 @@ type Access struct {
 	Code    string  // an access code
 }
 
+// fields adds what the request presents to a pool to the fields of its
+// fingerprint, so the same key with another credential is another request
+// (422); nothing is added when it presents nothing, so the fingerprints of
+// public requests are as they were.
+func (a Access) fields(fields ...string) []string {
+	if a.Channel != "" || a.Code != "" {
+		fields = append(fields, "channel:"+secretOf(a.Channel), "code:"+secretOf(a.Code))
+	}
+	return fields
+}
+
 // admit checks a request against its pool's window and rule (settings
 // st of the pool's SKU), at now.
 func (s *Service) admit(st ledger.SKUState, a Access, now time.Time) error {
@@ -164,9 +175,16 @@ func (s *Service) PutPool(ctx context.Context, p PoolSpec) (PoolState, error) {
 	ctx, cancel := s.detach(ctx)
 	defer cancel()
 	base, pool := p.SKU, c.SKU
+	if !c.Rule.Into.IsZero() {
+		if _, err := s.ledger.SKU(ctx, base.InPool(c.Rule.Into)); errors.Is(err, stock.ErrUnknownSKU) {
+			return PoolState{}, refuse(ErrInvalid, "into names no pool of this ticket")
+		}
+	}
 	switch err := s.ledger.EnsurePool(ctx, pool); {
 	case errors.Is(err, stock.ErrUnknownSKU):
 		return PoolState{}, ErrUnknownSKU
+	case errors.Is(err, stock.ErrInvalid):
+		return PoolState{}, refuse(ErrSeated, "a seated ticket sells its seats; it has no pools")
 	case err != nil:
 		s.log.ErrorContext(ctx, "ensure pool", "sku", pool.String(), "err", err)
 		return PoolState{}, refuse(ErrUnavailable, "ledger unavailable")
@@ -187,6 +205,8 @@ func (s *Service) PutPool(ctx context.Context, p PoolSpec) (PoolState, error) {
 	switch {
 	case errors.Is(putErr, ledger.ErrPoolClosed):
 		return PoolState{}, ErrPoolClosed
+	case errors.Is(putErr, stock.ErrSaleEnded):
+		return PoolState{}, ErrSaleEnded
 	case errors.Is(putErr, stock.ErrInvalid):
 		return PoolState{}, refuse(ErrBelowCommitted, putErr.Error())
 	case putErr != nil:
@@ -217,6 +237,42 @@ func (s *Service) ticketState(ctx context.Context, st ledger.SKUState) (SKUState
 		out.Total, out.Sold, out.Held, out.Remain = out.Total+p.Total, out.Sold+p.Sold, out.Held+p.Held, out.Remain+p.Remaining()
 	}
 	return out, nil
+}
+
+// forgetPools makes every replica read a ticket's pools' settings again
+// (they follow the ticket's).
+func (s *Service) forgetPools(ctx context.Context, sku stock.SKU) {
+	sts, err := s.ledger.Pools(ctx, sku)
+	if err != nil {
+		return // their settings' TTL bounds the wait
+	}
+	for _, st := range sts {
+		s.forgetClosed(st.SKU)
+		s.notifyRestocked(ctx, st.SKU)
+	}
+}
+
+// endPools ends every pool of a ticket whose sale ended, each behind its
+// fence, as EndSale ends the ticket's public stock.
+func (s *Service) endPools(ctx context.Context, sku stock.SKU) error {
+	sts, err := s.ledger.Pools(ctx, sku)
+	if err != nil {
+		return err
+	}
+	for _, st := range sts[1:] {
+		if !st.EndedAt.IsZero() {
+			continue
+		}
+		if _, err := s.rebuildWith(ctx, st.SKU, reasonAdmin, true, s.opts.ReseedWait, func(ctx context.Context) error {
+			_, err := s.ledger.EndSale(ctx, st.SKU)
+			return err
+		}); err != nil {
+			return err
+		}
+		s.forgetClosed(st.SKU)
+		s.notifyRestocked(ctx, st.SKU)
+	}
+	return nil
 }
 
 // Pools lists a ticket's pools, the public one first.

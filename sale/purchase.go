@@ -32,6 +32,7 @@ var (
 	ansLimit       = fail(ErrLimit)
 	ansSaleEnded   = fail(ErrSaleEnded)
 	ansUnavailable = fail(ErrUnavailable)
+	ansCodeUsedUp  = fail(ErrCodeUsedUp)
 )
 
 // want is one request for stock: a purchase, or a hold when hold is set.
@@ -43,13 +44,22 @@ type want struct {
 	hold  bool
 	ttl   time.Duration // a hold's lifetime; 0 for the SKU's default
 	// access is what the request presents to its pool's rule (sku is the
-	// pool's stock).
+	// pool's stock); code is its access code as the gate counts it.
 	access Access
+	code   *codeUse
 }
 
 func (w want) order(gate string, epoch int64) ledger.Order {
 	return ledger.Order{IdempotencyKey: w.req.gateID(), SKU: w.sku, Buyer: w.buyer, Quantity: w.q, Gate: gate,
-		Req: w.req.ledger(), GateEpoch: epoch}
+		Req: w.req.ledger(), GateEpoch: epoch, CodeHash: w.codeHash()}
+}
+
+// codeHash is the ledger's name of the request's access code ("" for none).
+func (w want) codeHash() string {
+	if w.code == nil {
+		return ""
+	}
+	return w.code.hash
 }
 
 // commit records the request in the ledger: through the gate (version < 0,
@@ -62,7 +72,7 @@ func (s *Service) commit(ctx context.Context, w want, st ledger.SKUState, gate s
 			ttl = st.HoldTTL
 		}
 		h := ledger.Hold{IdempotencyKey: w.req.gateID(), SKU: w.sku, Buyer: w.buyer,
-			Quantity: w.q, Gate: gate, ExpiresAt: time.Now().Add(ttl), Req: w.req.ledger(), GateEpoch: epoch}
+			Quantity: w.q, Gate: gate, ExpiresAt: time.Now().Add(ttl), Req: w.req.ledger(), GateEpoch: epoch, CodeHash: w.codeHash()}
 		var err error
 		if version < 0 {
 			h, err = s.committer.commitHold(h) // through the gate: group-committed with the SKU's other takes
@@ -196,6 +206,17 @@ func (s *Service) takeOnce(ctx context.Context, w want) (_ answer, stale bool) {
 	if err := s.admit(st, w.access, time.Now()); err != nil {
 		return s.lookupOr(ctx, w.req, fail(err)), false
 	}
+	if st.Rule.Access == ledger.AccessCode {
+		c, err := s.codeFor(ctx, w)
+		switch {
+		case errors.Is(err, ErrCodeInvalid):
+			return s.lookupOr(ctx, w.req, fail(err)), false
+		case err != nil:
+			s.log.ErrorContext(ctx, "load access code", "sku", w.sku.String(), "err", err)
+			return ansUnavailable, false
+		}
+		w.code = c
+	}
 	if w.q > st.MaxPerOrder {
 		return s.lookupOr(ctx, w.req, fail(refuse(ErrOverMax,
 			fmt.Sprintf("quantity %d over this ticket's maximum of %d per order", w.q, st.MaxPerOrder)))), false
@@ -225,6 +246,11 @@ func (s *Service) takeOnce(ctx context.Context, w want) (_ answer, stale bool) {
 
 	quota, qerr := s.takeQuota(ctx, w, st)
 	switch {
+	case errors.Is(qerr, errCodeUsedUp):
+		// Its uses are counted: a retry of a request that used it gets its
+		// replay.
+		s.metrics.poolRefusals.WithLabelValues("code-used-up").Inc()
+		return s.counted(pathGate, s.lookupOr(ctx, w.req, ansCodeUsedUp)), false
 	case errors.Is(qerr, errOverCap):
 		return s.lookupOr(ctx, w.req, ansLimit), false
 	case errors.Is(qerr, shard.ErrKeyCounted):
@@ -340,6 +366,10 @@ func (s *Service) takeOnce(ctx context.Context, w want) (_ answer, stale bool) {
 		return refused(ansSoldOut, false), false
 	case errors.Is(err, stock.ErrLimit):
 		return refused(ansLimit, false), false
+	case errors.Is(err, ledger.ErrCodeUsedUp):
+		return refused(ansCodeUsedUp, false), false
+	case errors.Is(err, ledger.ErrCodeInvalid):
+		return refused(fail(ErrCodeInvalid), false), false
 	case errors.Is(err, stock.ErrSaleEnded):
 		return refused(ansSaleEnded, true), false
 	case errors.Is(err, ledger.ErrNotCommitted):

@@ -86,6 +86,8 @@ type Ledger interface {
 	ClosePool(ctx context.Context, pool stock.SKU) (int64, stock.SKU, error)
 	Pools(ctx context.Context, ticket stock.SKU) ([]ledger.SKUState, error)
 	PoolsDue(ctx context.Context, limit int) ([]stock.SKU, error)
+	PutCodes(ctx context.Context, pool stock.SKU, codes []ledger.Code) (int, error)
+	CodeOf(ctx context.Context, pool stock.SKU, hash string) (ledger.Code, error)
 	ConfirmCart(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Cart, error)
 	CancelCart(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Cart, []keys.ID, error)
 	RefundCart(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Cart, []keys.ID, error)
@@ -263,6 +265,7 @@ type Service struct {
 	log      *slog.Logger
 	opts     Options
 	settings *cache.Loading[stock.SKU, ledger.SKUState]
+	codes    *cache.Loading[codeKey, ledger.Code]
 	programs *cache.Loading[keys.ID, int64] // per-buyer cap of a program
 	seatMaps *cache.Loading[stock.SKU, seatMap]
 	// sectionViews serves seat status reads from memory for StockTTL.
@@ -307,6 +310,9 @@ func New(opts Options) (*Service, error) {
 	}
 	cm := opts.CacheMetrics
 	if s.settings, err = cache.NewLoading(opts.SettingsTTL, 100_000, cm.Recorder("settings"), s.ledger.SKU); err != nil {
+		return nil, err
+	}
+	if s.codes, err = cache.NewLoading(opts.SettingsTTL, 1_000_000, cm.Recorder("codes"), s.loadCode); err != nil {
 		return nil, err
 	}
 	if s.programs, err = cache.NewLoading(opts.SettingsTTL, 100_000, cm.Recorder("programs"), s.ledger.ProgramCap); err != nil {

@@ -36,6 +36,8 @@ func (s *Service) loadStock(ctx context.Context, sku stock.SKU) (Stock, error) {
 func (s *Service) Stock(ctx context.Context, sku stock.SKU) (Stock, error) {
 	st, err := s.stock.Get(ctx, sku)
 	switch {
+	case errors.Is(err, stock.ErrUnknownSKU) && !sku.Pool().IsZero():
+		return Stock{}, ErrUnknownPool
 	case errors.Is(err, stock.ErrUnknownSKU):
 		return Stock{}, ErrUnknownSKU
 	case err != nil:

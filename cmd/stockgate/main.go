@@ -156,6 +156,7 @@ func flags(fs *flag.FlagSet, c *config) {
 	fs.Float64Var(&o.HTTP.RatePerClient, "rate-per-client", 0, "requests per second one client address may send (0: no limit; behind a proxy set trusted-proxies first, or every client looks like the proxy)")
 	b.field("rate-per-client", "HTTP.RatePerClient", nil)
 	b.int("rate-burst", &o.HTTP.RateBurst, "HTTP.RateBurst", "burst above rate-per-client a client may send")
+	b.int("code-guesses", &o.HTTP.CodeGuesses, "HTTP.CodeGuesses", "wrong access codes one client address may present a minute (per replica) before 429")
 	b.dur("slow-request", &o.HTTP.SlowRequest, "HTTP.SlowRequest", "latency above which a request is logged")
 	fs.DurationVar(&c.DrainDelay, "drain-delay", 0, "on SIGTERM, time /readyz fails while requests are still served, before connections close (Kubernetes' preStop sleep does this too)")
 	fs.BoolVar(&c.Migrate, "migrate", true, "serve applies the ledger schema at start; false refuses to start on a ledger not at this build's schema (run `stockgate migrate` first), so the serving role needs no DDL rights")

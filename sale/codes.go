@@ -1,0 +1,151 @@
+package sale
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// Access codes: a code pool sells to buyers presenting one of its codes.
+// A code is stored hashed (with its pool, so one text in two pools is two
+// codes) with a use limit and, optionally, the one buyer who may use it.
+// Each request that commits is one use. Uses are counted at the gate, as
+// a buyer's cap is (the code is the "buyer" of a count of its own, so
+// losers of a race for a code are turned away in Redis), and again in the
+// ledger, which counts the orders and holds standing on the code: a
+// refund, a cancel or an expiry gives the use back in both.
+
+// Bounds of access codes.
+const (
+	MinCodeLen      = 6
+	MaxCodeLen      = 64
+	MaxCodesPerCall = ledger.MaxCodesPerCall
+	MaxCodeUses     = 1_000_000
+)
+
+// CodeSpec is one code an admin adds to a pool.
+type CodeSpec struct {
+	Code    string
+	MaxUses int64
+	Buyer   keys.ID // zero: anyone holding it
+}
+
+// codeUse is what a request's code is at the gate: its hash (the ledger's
+// name for it), its id at the gate and its use limit.
+type codeUse struct {
+	hash string
+	id   keys.ID
+	max  int64
+}
+
+// CodeHash names a code of a pool: the hex SHA-256 of the pool and the
+// code. It is what the ledger stores; the code itself is kept nowhere.
+func CodeHash(pool stock.SKU, code string) string {
+	h := sha256.Sum256([]byte(pool.Program.String() + "\x00" + pool.Ticket.String() + "\x00" + code))
+	return hex.EncodeToString(h[:])
+}
+
+// codeKey is a code's entry in the codes cache.
+type codeKey struct {
+	pool stock.SKU
+	hash string
+}
+
+// checkCode validates a code's text: [A-Za-z0-9_-], MinCodeLen to
+// MaxCodeLen long (so it can never carry anything else into a key).
+func checkCode(code string) error {
+	if len(code) < MinCodeLen || len(code) > MaxCodeLen || keys.CheckID(code) != nil {
+		return refuse(ErrInvalid, fmt.Sprintf("an access code matches [A-Za-z0-9_-]{%d,%d}", MinCodeLen, MaxCodeLen))
+	}
+	return nil
+}
+
+// PutCodes adds access codes to a code pool of a ticket: the given ones,
+// and generate new random ones with maxUses each, returned once (only
+// their hashes are kept). It answers how many were new.
+func (s *Service) PutCodes(ctx context.Context, sku stock.SKU, pool keys.ID, codes []CodeSpec, generate int, maxUses int64) (added int, generated []string, err error) {
+	if pool.IsZero() || pool == PublicPool || !sku.Pool().IsZero() {
+		return 0, nil, refuse(ErrInvalid, "codes belong to a pool other than public")
+	}
+	if generate < 0 || len(codes)+generate == 0 || len(codes)+generate > MaxCodesPerCall {
+		return 0, nil, refuse(ErrInvalid, fmt.Sprintf("1 to %d codes per call", MaxCodesPerCall))
+	}
+	if generate > 0 && (maxUses < 1 || maxUses > MaxCodeUses) {
+		return 0, nil, refuse(ErrInvalid, fmt.Sprintf("max_uses of generated codes in 1..%d", MaxCodeUses))
+	}
+	p := sku.InPool(pool)
+	st, err := s.ledger.SKU(ctx, p)
+	switch {
+	case errors.Is(err, stock.ErrUnknownSKU):
+		return 0, nil, ErrUnknownPool
+	case err != nil:
+		return 0, nil, refuse(ErrUnavailable, "ledger unavailable")
+	case st.Rule.Access != ledger.AccessCode:
+		return 0, nil, refuse(ErrInvalid, "the pool's access rule is not code")
+	}
+	rows := make([]ledger.Code, 0, len(codes)+generate)
+	for _, c := range codes {
+		if err := checkCode(c.Code); err != nil {
+			return 0, nil, err
+		}
+		if c.MaxUses < 1 || c.MaxUses > MaxCodeUses {
+			return 0, nil, refuse(ErrInvalid, fmt.Sprintf("max_uses in 1..%d", MaxCodeUses))
+		}
+		rows = append(rows, ledger.Code{Hash: CodeHash(p, c.Code), MaxUses: c.MaxUses, Buyer: c.Buyer})
+	}
+	for range generate {
+		c := rand.Text() // 26 base32 characters: 130 random bits
+		generated = append(generated, c)
+		rows = append(rows, ledger.Code{Hash: CodeHash(p, c), MaxUses: maxUses})
+	}
+	added, err = s.ledger.PutCodes(ctx, p, rows)
+	if err != nil {
+		s.log.ErrorContext(ctx, "put codes", "sku", p.String(), "err", err)
+		return 0, nil, refuse(ErrUnavailable, "ledger unavailable")
+	}
+	for _, r := range rows {
+		s.codes.Invalidate(codeKey{p, r.Hash}) // a code refused as unknown a moment ago is known now
+	}
+	return added, generated, nil
+}
+
+// loadCode reads a code for the codes cache; an unknown one is cached as
+// a zero limit, so a guess costs one ledger read per code per period.
+func (s *Service) loadCode(ctx context.Context, k codeKey) (ledger.Code, error) {
+	c, err := s.ledger.CodeOf(ctx, k.pool, k.hash)
+	if errors.Is(err, ledger.ErrNotFound) {
+		return ledger.Code{Hash: k.hash}, nil
+	}
+	return c, err
+}
+
+// codeFor checks the code a request presents to its code pool and
+// returns it as the gate counts it.
+func (s *Service) codeFor(ctx context.Context, w want) (*codeUse, error) {
+	if checkCode(w.access.Code) != nil {
+		s.metrics.poolRefusals.WithLabelValues("code-invalid").Inc()
+		return nil, ErrCodeInvalid
+	}
+	hash := CodeHash(w.sku, w.access.Code)
+	c, err := s.codes.Get(ctx, codeKey{w.sku, hash})
+	if err != nil {
+		return nil, err
+	}
+	if c.MaxUses < 1 || !c.Buyer.IsZero() && c.Buyer != w.buyer {
+		s.metrics.poolRefusals.WithLabelValues("code-invalid").Inc()
+		return nil, ErrCodeInvalid
+	}
+	return &codeUse{hash: hash, id: keys.MustID(hash), max: c.MaxUses}, nil
+}
+
+// codeScope is the scope of a pool's code use counts at the gate.
+func codeScope(pool stock.SKU) stock.SKU {
+	return stock.SKU{Program: pool.Program, Ticket: keys.CodeScope(pool.Ticket)}
+}

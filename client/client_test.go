@@ -227,6 +227,34 @@ func TestEveryCall(t *testing.T) {
 	if _, err := c.ConfirmCart(ctx, other.CartID, "hcart2-confirm", "max"); !errors.Is(err, client.ErrHoldCancelled) {
 		t.Errorf("ConfirmCart of a cancelled cart = %v, want ErrHoldCancelled", err)
 	}
+
+	// Pools and access codes.
+	pooled := client.SKU{Program: program, Ticket: "pooled"}
+	if _, err := c.PutSKU(ctx, pooled, client.SKUConfig{Total: ptr[int64](10), Shards: ptr(1), MaxPerOrder: ptr[int64](4)}); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := c.PutPool(ctx, pooled, "fans", client.PoolConfig{Allotment: 4, Access: "code"}); err != nil || p.Allotment != 4 {
+		t.Fatalf("PutPool = %+v, %v", p, err)
+	}
+	added, codes, err := c.AddCodes(ctx, pooled, "fans", []client.Code{{Code: "FANS-ONE", MaxUses: 1}}, 2, 1)
+	if err != nil || added != 3 || len(codes) != 2 {
+		t.Fatalf("AddCodes = %d, %v, %v", added, codes, err)
+	}
+	if _, err := c.PurchaseIn(ctx, pooled, client.Access{Pool: "fans", AccessCode: "NOT-A-CODE"}, "pc0", "nia", 1); !errors.Is(err, client.ErrCodeInvalid) {
+		t.Errorf("a wrong code = %v, want ErrCodeInvalid", err)
+	}
+	if o, err := c.PurchaseIn(ctx, pooled, client.Access{Pool: "fans", AccessCode: codes[0]}, "pc1", "nia", 1); err != nil || o.Quantity != 1 {
+		t.Errorf("PurchaseIn with a code = %+v, %v", o, err)
+	}
+	if _, err := c.HoldIn(ctx, pooled, client.Access{Pool: "fans", AccessCode: codes[0]}, "pc2", "ola", 1, 0); !errors.Is(err, client.ErrCodeUsedUp) {
+		t.Errorf("a used code = %v, want ErrCodeUsedUp", err)
+	}
+	if ps, err := c.Pools(ctx, pooled); err != nil || len(ps) != 2 || ps[1].Sold != 1 {
+		t.Errorf("Pools = %+v, %v", ps, err)
+	}
+	if p, err := c.ClosePool(ctx, pooled, "fans"); err != nil || p.ClosedAt == nil || p.Allotment != 1 {
+		t.Errorf("ClosePool = %+v, %v; want closed with its 1 sold", p, err)
+	}
 }
 
 // A 503 (or 429) is sent again with the same Idempotency-Key after its

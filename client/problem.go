@@ -69,6 +69,12 @@ var (
 	ErrHoldCancelled  = kind("hold-cancelled")          // 409
 	ErrHoldConfirmed  = kind("hold-confirmed")          // 409
 	ErrInCart         = kind("in-cart")                 // 409: act on the cart, not its line
+	ErrUnknownPool    = kind("unknown-pool")            // 404
+	ErrPoolNotOpen    = kind("pool-not-open")           // 409
+	ErrPoolClosed     = kind("pool-closed")             // 409
+	ErrPoolDenied     = kind("pool-access-denied")      // 403
+	ErrCodeInvalid    = kind("access-code-invalid")     // 403; wrong codes are rate limited
+	ErrCodeUsedUp     = kind("access-code-used-up")     // 409
 	ErrSeatsTaken     = kind("seats-taken")             // 409: Detail names the seats
 	ErrNoAdjacent     = kind("no-adjacent-seats")
 	ErrUnknownSeats   = kind("unknown-seats")

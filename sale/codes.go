@@ -61,7 +61,12 @@ type codeKey struct {
 // checkCode validates a code's text: [A-Za-z0-9_-], MinCodeLen to
 // MaxCodeLen long (so it can never carry anything else into a key).
 func checkCode(code string) error {
-	if len(code) < MinCodeLen || len(code) > MaxCodeLen || keys.CheckID(code) != nil {
+	ok := len(code) >= MinCodeLen && len(code) <= MaxCodeLen
+	for i := 0; ok && i < len(code); i++ {
+		c := code[i]
+		ok = c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
+	}
+	if !ok {
 		return refuse(ErrInvalid, fmt.Sprintf("an access code matches [A-Za-z0-9_-]{%d,%d}", MinCodeLen, MaxCodeLen))
 	}
 	return nil

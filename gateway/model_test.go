@@ -1,13 +1,17 @@
 package gateway_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,18 +22,29 @@ import (
 	"github.com/stockgate/stockgate/stock"
 )
 
-// TestModel runs seeded random sequences of purchases, holds, confirms,
-// cancels, refunds, retries (same key on any replica, the key with another
-// request), reconciles, restocks, resizes, the end of a sale, hold expiry
-// and the loss of everything in Redis, over 3 gateway replicas on one
-// ledger, and checks each answer and the ledger against a reference model
-// after every step: sold + held <= total, every 2xx in the ledger, one
-// movement per request, the same answer for a retry, 422 for a reused key,
-// Redis remaining = ledger remaining once settled, and no "sold out" while
-// the ledger has the quantity for longer than a bound.
+// TestModel runs seeded random sequences of purchases, holds, carts (bought
+// or held, of 1 to 3 tickets of one program), confirms, cancels, refunds
+// (of a hold or an order, of a whole cart or one of its lines), retries
+// (same key on any replica, a cart's lines in another order, a refused
+// cart evaluated again, one cart sent to two replicas at once), reused keys
+// (another request, a cart with other lines), a cart line's hold confirmed
+// or cancelled alone, cart actions in every state and by another buyer,
+// per-buyer caps of a ticket and of the program (changed on the way),
+// reconciles, restocks, resizes, the end of a sale, hold expiry and the
+// loss of everything in Redis, over 3 gateway replicas on one ledger. It
+// checks each answer and the ledger against a reference model after every
+// step: the status (and for a refusal its kind, and the cart line it
+// names) of every answer, sold + held <= total, every 2xx in the ledger,
+// one movement per request, a refused cart moves nothing, the same answer
+// for a retry, 422 for a reused key, each buyer's counted units, each
+// cart's holds and orders, Redis remaining = ledger remaining once
+// settled, and no refusal the ledger's state does not justify (a stale
+// sold-out flag or quota count) for longer than a bound.
 //
-// A failure names its seed; STOCKGATE_MODEL_SEED=<seed> replays it, and
-// STOCKGATE_MODEL_STEPS sets the steps per ledger (default 1000).
+// A failure names its seed; STOCKGATE_MODEL_SEED=<seed> replays its
+// sequence (as far as timing lets it: which holds have expired steers the
+// choices), STOCKGATE_MODEL_STEPS sets the steps per ledger (default
+// 1000), and STOCKGATE_MODEL_TRACE=1 logs every request and its answer.
 func TestModel(t *testing.T) {
 	steps := 1000
 	if v, err := strconv.Atoi(os.Getenv("STOCKGATE_MODEL_STEPS")); err == nil && v > 0 {
@@ -44,23 +59,35 @@ func TestModel(t *testing.T) {
 		m := newModel(t, driver, seed)
 		for i := range steps {
 			m.step = i
-			m.settleExpiries()
+			m.settleExpiries(time.Now())
 			m.do()
 			m.checkLedger()
+			if i%10 == 9 {
+				m.checkBuyers()
+			}
 			if i%100 == 99 {
 				m.checkRedis()
+				m.checkCarts(false)
 			}
 		}
 		m.checkRedis()
-		t.Logf("%d steps: %v; longest false sold-out %v; longest stale-flag retry %v", steps, m.ops,
-			m.falseSoldOut.Round(time.Millisecond), m.staleRetry.Round(time.Millisecond))
+		m.checkBuyers()
+		m.checkCarts(true)
+		t.Logf("%d steps: %v; longest false sold-out %v, false limit %v; longest stale-flag retry %v", steps, m.ops,
+			m.falseSoldOut.Round(time.Millisecond), m.falseLimit.Round(time.Millisecond), m.staleRetry.Round(time.Millisecond))
 	})
 }
 
-// falseSoldOutBound is how long a 409 sold-out may last while the ledger
-// has the quantity (a replica's sold-out flag outliving a return made on
-// another replica: the flag's TTL, re-checked once per period).
+// falseSoldOutBound is how long a refusal the ledger's state does not
+// justify may last: a 409 sold-out while the ledger has the quantity (a
+// replica's sold-out flag outliving a return made on another replica: the
+// flag's TTL, re-checked once per period), or a 409 limit-reached while
+// the buyer is under the cap (a quota count the sweeper gives back after
+// an expiry, a replica's cached program cap from before a raise).
 const falseSoldOutBound = 3 * time.Second
+
+// modelBuyers is how many buyers the model's requests come from.
+const modelBuyers = 8
 
 type sim struct {
 	t            *testing.T
@@ -69,15 +96,21 @@ type sim struct {
 	step         int
 	envs         []*env
 	redis        *testenv.Cluster
+	program      keys.ID
+	programCap   int64 // per buyer, over every ticket of the program; 0: none
 	skus         []*mSKU
 	holds        []*mHold
 	orders       []*mOrder
+	carts        []*mCart
 	done         []mRequest // committed requests, for retries
+	refused      []mTake    // refused carts, for retries (evaluated again)
 	keys         int
 	ended        bool
 	flushed      bool
 	ops          map[string]int
+	trace        bool // log every request and its answer
 	falseSoldOut time.Duration
+	falseLimit   time.Duration
 	staleRetry   time.Duration
 }
 
@@ -85,6 +118,7 @@ type mSKU struct {
 	sku               stock.SKU
 	total, sold, held int64
 	shards            int
+	perBuyer          int64
 	ended             bool
 }
 
@@ -95,6 +129,7 @@ type mHold struct {
 	q       int64
 	state   string
 	expires time.Time
+	cart    *mCart // the cart it is a line of, if any
 }
 
 type mOrder struct {
@@ -103,20 +138,48 @@ type mOrder struct {
 	buyer    string
 	q        int64
 	refunded bool
+	cart     *mCart // the cart it is a line of, if any
+}
+
+// mCart is a committed cart: bought (an order per line), or held (a hold
+// per line, then confirmed, cancelled or expired whole).
+type mCart struct {
+	id     string
+	take   mTake
+	state  string // bought, held, confirmed, cancelled, expired
+	holds  []*mHold
+	orders []*mOrder
+}
+
+// mLine is q units of a SKU: a purchase's or a hold's, or a cart's line.
+type mLine struct {
+	sku *mSKU
+	q   int64
+}
+
+// mTake is a request that takes stock: a purchase, a hold (one line), or
+// a cart (bought or held).
+type mTake struct {
+	path, key, buyer string
+	lines            []mLine
+	hold, cart       bool
+	ttl              int // seconds; holds only
 }
 
 // mRequest is a committed request and the answer it got.
 type mRequest struct {
 	path, key, body string
+	take            *mTake // a take: a cart's retry sends its lines in another order
 	buyer           string
 	status          int
-	id              string // order or hold id in the answer
+	id              string // cart, order or hold id in the answer
 }
 
 func newModel(t *testing.T, driver string, seed uint64) *sim {
 	c := testenv.NewCluster(t, testenv.ClusterOptions{})
 	dsn := ledgerDSN(t, driver)
-	m := &sim{t: t, rng: rand.New(rand.NewPCG(seed, 13)), seed: seed, redis: c, ops: map[string]int{}}
+	m := &sim{t: t, rng: rand.New(rand.NewPCG(seed, 13)), seed: seed, redis: c, ops: map[string]int{},
+		program: keys.MustID(testenv.ID(t, "m")), programCap: 10, trace: os.Getenv("STOCKGATE_MODEL_TRACE") != ""}
 	for range 3 {
 		m.envs = append(m.envs, startEnv(t, envOptions{driver: driver, dsn: dsn, cluster: c, sweep: true,
 			tune: func(o *app.Options) {
@@ -125,10 +188,12 @@ func newModel(t *testing.T, driver string, seed uint64) *sim {
 			}}))
 	}
 	for i := range 3 {
-		s := &mSKU{sku: stock.SKU{Program: keys.MustID(testenv.ID(t, "m")), Ticket: keys.MustID(fmt.Sprintf("t%d", i))}, total: int64(5 + 10*i), shards: 1 + i}
-		m.envs[0].putSKU(t, s.sku, s.total, s.shards, 4)
+		s := &mSKU{sku: stock.SKU{Program: m.program, Ticket: keys.MustID(fmt.Sprintf("t%d", i))},
+			total: int64(5 + 10*i), shards: 1 + i, perBuyer: []int64{3, 0, 0}[i]}
+		m.put(m.envs[0], s)
 		m.skus = append(m.skus, s)
 	}
+	m.putProgram(m.envs[0])
 	return m
 }
 
@@ -139,108 +204,523 @@ func (m *sim) fail(format string, args ...any) {
 
 func (m *sim) env() *env { return m.envs[m.rng.IntN(len(m.envs))] }
 
+// tracef logs a step's request and answer when STOCKGATE_MODEL_TRACE is set.
+func (m *sim) tracef(format string, args ...any) {
+	if m.trace {
+		m.t.Helper()
+		m.t.Logf("step %d: %s", m.step, fmt.Sprintf(format, args...))
+	}
+}
+
+// post sends a POST with an Idempotency-Key (none when key is empty).
+func (m *sim) post(e *env, path, key, body string) reply {
+	m.t.Helper()
+	var h map[string]string
+	if key != "" {
+		h = map[string]string{"Idempotency-Key": key}
+	}
+	r := e.do(m.t, http.MethodPost, path, h, body)
+	m.tracef("POST %s key %s %s on %d = %d %s (replayed %q)", path, key, body, slices.Index(m.envs, e), r.status, r.body, r.header.Get("Idempotent-Replayed"))
+	return r
+}
+
 func (m *sim) newKey() string {
 	m.keys++
 	return fmt.Sprintf("k%d", m.keys)
 }
 
-func (m *sim) buyer() string { return fmt.Sprintf("buyer%d", m.rng.IntN(4)) }
+func (m *sim) buyer() string { return fmt.Sprintf("buyer%d", m.rng.IntN(modelBuyers)) }
 
 func (s *mSKU) left() int64 { return s.total - s.sold - s.held }
+
+func (s *mSKU) ticket() string { return s.sku.Ticket.String() }
+
+// put writes the SKU's settings (PUT replaces them all, the cap included).
+func (m *sim) put(e *env, s *mSKU) {
+	m.t.Helper()
+	r := e.do(m.t, http.MethodPut, adminPath(s.sku), nil,
+		fmt.Sprintf(`{"total":%d,"shards":%d,"max_per_order":4,"per_buyer":%d}`, s.total, s.shards, s.perBuyer))
+	m.tracef("PUT %s total %d shards %d = %d", s.ticket(), s.total, s.shards, r.status)
+	if r.status != http.StatusOK {
+		m.fail("PUT %s = %d %s", s.sku, r.status, r.body)
+	}
+}
+
+func (m *sim) putProgram(e *env) {
+	m.t.Helper()
+	r := e.do(m.t, http.MethodPut, "/v1/admin/programs/"+m.program.String(), nil, fmt.Sprintf(`{"per_buyer":%d}`, m.programCap))
+	m.tracef("PUT program per_buyer %d = %d", m.programCap, r.status)
+	if r.status != http.StatusOK {
+		m.fail("PUT program = %d %s", r.status, r.body)
+	}
+}
+
+// units is what buyer holds and owns of s (nil: of the whole program):
+// what the caps count.
+func (m *sim) units(buyer string, s *mSKU) int64 {
+	var n int64
+	for _, h := range m.holds {
+		if h.state == ledger.Held && h.buyer == buyer && (s == nil || h.sku == s) {
+			n += h.q
+		}
+	}
+	for _, o := range m.orders {
+		if !o.refunded && o.buyer == buyer && (s == nil || o.sku == s) {
+			n += o.q
+		}
+	}
+	return n
+}
 
 // do runs one random operation.
 func (m *sim) do() {
 	r := m.rng.IntN(100)
 	switch {
-	case r < 28:
+	case r < 16:
 		m.take(false)
-	case r < 42:
+	case r < 24:
 		m.take(true)
-	case r < 50:
+	case r < 34:
+		m.cart(false)
+	case r < 41:
+		m.cart(true)
+	case r < 44:
 		m.confirm()
-	case r < 56:
+	case r < 47:
 		m.cancel()
+	case r < 50:
+		m.refund(false)
+	case r < 54:
+		m.cartAction("confirm")
+	case r < 57:
+		m.cartAction("cancel")
+	case r < 60:
+		m.cartAction("refund")
 	case r < 62:
-		m.refund()
+		m.refund(true)
+	case r < 64:
+		m.lineAlone()
+	case r < 66:
+		m.cartOdd()
 	case r < 76:
 		m.retry()
-	case r < 81:
+	case r < 78:
+		m.retryRefused()
+	case r < 80:
+		m.cartTwice()
+	case r < 83:
 		m.reuse()
-	case r < 85:
-		m.admin("reconcile")
+	case r < 86:
+		m.cartReuse()
 	case r < 89:
+		m.admin("reconcile")
+	case r < 93:
 		m.admin("restock")
-	case r < 92:
+	case r < 95:
 		m.admin("resize")
-	case r < 93 && m.step > 600 && !m.ended:
+	case r < 97:
+		m.admin("cap")
+	case r < 98 && m.step > 600 && !m.ended:
 		m.admin("end")
-	case r < 94 && !m.flushed:
+	case r < 99 && !m.flushed:
 		m.flushRedis()
 	default:
 		m.take(false)
 	}
 }
 
+// body is the JSON of a take; a cart's lines come in a random order (the
+// same request whatever their order).
+func (m *sim) body(t mTake) string {
+	ttl := ""
+	if t.hold {
+		ttl = fmt.Sprintf(`,"ttl_seconds":%d`, t.ttl)
+	}
+	if !t.cart {
+		return fmt.Sprintf(`{"buyer":%q,"quantity":%d%s}`, t.buyer, t.lines[0].q, ttl)
+	}
+	var ls []string
+	for _, i := range m.rng.Perm(len(t.lines)) {
+		ls = append(ls, fmt.Sprintf(`{"ticket":%q,"quantity":%d}`, t.lines[i].sku.ticket(), t.lines[i].q))
+	}
+	return fmt.Sprintf(`{"buyer":%q,"lines":[%s]%s}`, t.buyer, strings.Join(ls, ","), ttl)
+}
+
+// fingerprint is what makes two takes the same request (with one key).
+func (t mTake) fingerprint() string {
+	var ls []string
+	for _, l := range t.lines {
+		ls = append(ls, fmt.Sprintf("%s:%d", l.sku.ticket(), l.q))
+	}
+	slices.Sort(ls)
+	return fmt.Sprintf("%s %s %d %s", t.path, t.buyer, t.ttl, strings.Join(ls, ","))
+}
+
+// holdTTL is a new hold's lifetime: long enough to outlive the run, or
+// (a quarter of them) 1s, to expire while the model runs.
+func (m *sim) holdTTL() int {
+	if m.rng.IntN(4) == 0 {
+		return 1
+	}
+	return 900
+}
+
 func (m *sim) take(hold bool) {
 	s := m.skus[m.rng.IntN(len(m.skus))]
-	buyer, key, q := m.buyer(), m.newKey(), int64(1+m.rng.IntN(3))
-	path, body, op := skuPath(s.sku)+"/purchases", fmt.Sprintf(`{"buyer":%q,"quantity":%d}`, buyer, q), "purchase"
-	short := false
+	t := mTake{path: skuPath(s.sku) + "/purchases", key: m.newKey(), buyer: m.buyer(), lines: []mLine{{s, int64(1 + m.rng.IntN(3))}}}
+	op := "purchase"
 	if hold {
-		ttl := 900
-		if short = m.rng.IntN(4) == 0; short {
-			ttl = 1
-		}
-		path, body, op = skuPath(s.sku)+"/holds", fmt.Sprintf(`{"buyer":%q,"quantity":%d,"ttl_seconds":%d}`, buyer, q, ttl), "hold"
+		t.path, t.hold, t.ttl, op = skuPath(s.sku)+"/holds", true, m.holdTTL(), "hold"
 	}
 	m.ops[op]++
 	e := m.env()
-	start := time.Now()
-	for {
-		r := e.do(m.t, http.MethodPost, path, map[string]string{"Idempotency-Key": key}, body)
-		want := 201
-		kind := ""
-		switch {
-		case s.ended:
-			want, kind = 409, "sale-ended"
-		case s.left() < q:
-			want, kind = 409, "sold-out"
+	body := m.body(t)
+	if r := m.send(e, t, body); r.status == http.StatusCreated {
+		if r.header.Get("Idempotent-Replayed") != "" {
+			m.fail("new %s %s key %s = %s, replayed", op, body, t.key, r.body)
 		}
-		if r.status == 409 && problemKind(r) == "sold-out" && want == 201 {
-			// A stale sold-out flag on this replica: bounded, then sold.
-			if time.Since(start) > falseSoldOutBound {
-				m.fail("%s %s q %d: 409 sold-out for %v while the model has %d left", op, s.sku, q, time.Since(start), s.left())
-			}
-			time.Sleep(20 * time.Millisecond)
-			continue
+		m.ops[op+"-created"]++
+		m.taken(t, body, r)
+	}
+}
+
+// newCart is a cart of 1 to 3 tickets of the program (mostly several, and
+// rarely one whose sale has ended), 1 or 2 units each.
+func (m *sim) newCart(hold bool) mTake {
+	t := mTake{path: "/v1/programs/" + m.program.String() + "/carts", key: m.newKey(), buyer: m.buyer(), cart: true}
+	if hold {
+		t.path, t.hold, t.ttl = "/v1/programs/"+m.program.String()+"/cart-holds", true, m.holdTTL()
+	}
+	n := 1 + m.rng.IntN(len(m.skus))
+	if n == 1 && m.rng.IntN(2) == 0 {
+		n = 2 // mostly carts of several lines
+	}
+	for _, i := range m.rng.Perm(len(m.skus)) {
+		if len(t.lines) < n && (!m.skus[i].ended || m.rng.IntN(4) == 0) {
+			t.lines = append(t.lines, mLine{m.skus[i], int64(1 + m.rng.IntN(2))})
 		}
-		m.falseSoldOut = max(m.falseSoldOut, time.Since(start))
-		if s.ended && problemKind(r) == "sold-out" {
-			// The end rebuilt the gate at 0 at once; a replica's settings
-			// learn of the end within SettingsTTL. Either way a 409.
-			kind = "sold-out"
+	}
+	return t
+}
+
+func (m *sim) cart(hold bool) {
+	t := m.newCart(hold)
+	m.ops[map[bool]string{false: "cart", true: "cart-hold"}[hold]]++
+	m.sendCart(m.env(), t)
+}
+
+// sendCart sends a cart until its answer is one the model allows and
+// applies it: a new cart, or a refusal kept for a retry.
+func (m *sim) sendCart(e *env, t mTake) {
+	body := m.body(t)
+	r := m.send(e, t, body)
+	if r.status != http.StatusCreated {
+		m.refused = append(m.refused, t)
+		if len(m.refused) > 40 {
+			m.refused = m.refused[1:]
 		}
-		if r.status != want || (kind != "" && problemKind(r) != kind) {
-			m.fail("%s %s q %d (left %d, ended %v) = %d %s, want %d %s", op, s.sku, q, s.left(), s.ended, r.status, r.body, want, kind)
-		}
-		if want != 201 {
-			return
-		}
-		id := orderID(r)
-		if hold {
-			var h holdReply
-			_ = json.Unmarshal(r.body, &h)
-			id = h.HoldID
-			s.held += q
-			m.holds = append(m.holds, &mHold{id: id, sku: s, buyer: buyer, q: q, state: "held", expires: h.ExpiresAt})
-			_ = short
-		} else {
-			s.sold += q
-			m.orders = append(m.orders, &mOrder{id: id, sku: s, buyer: buyer, q: q})
-		}
-		m.done = append(m.done, mRequest{path: path, key: key, body: body, buyer: buyer, status: 201, id: id})
 		return
 	}
+	if r.header.Get("Idempotent-Replayed") != "" {
+		m.fail("new cart %s key %s = %s, replayed", body, t.key, r.body)
+	}
+	m.ops[map[bool]string{false: "cart-bought", true: "cart-held"}[t.hold]]++
+	m.taken(t, body, r)
+}
+
+// refusals are the refusals the model allows when buyer asks for lines
+// now: kind → the tickets a refusal of that kind may name ("*": any line,
+// or none). None: the request must get its stock.
+func (m *sim) refusals(buyer string, lines []mLine) map[string]map[string]bool {
+	out := map[string]map[string]bool{}
+	add := func(kind, ticket string) {
+		if out[kind] == nil {
+			out[kind] = map[string]bool{}
+		}
+		out[kind][ticket] = true
+	}
+	var all int64
+	for _, l := range lines {
+		if l.sku.ended {
+			// The end rebuilt the gate at 0 at once; a replica's settings
+			// learn of the end within SettingsTTL. Either way a 409.
+			add("sale-ended", l.sku.ticket())
+			add("sold-out", l.sku.ticket())
+		}
+		if l.sku.left() < l.q {
+			add("sold-out", l.sku.ticket())
+		}
+		if l.sku.perBuyer > 0 && m.units(buyer, l.sku)+l.q > l.sku.perBuyer {
+			add("limit-reached", l.sku.ticket())
+		}
+		all += l.q
+	}
+	if m.programCap > 0 && m.units(buyer, nil)+all > m.programCap {
+		// The gate counts a cart line by line and names the line that
+		// passed the cap; the ledger refuses the cart as a whole.
+		add("limit-reached", "*")
+	}
+	return out
+}
+
+// problemLine is a cart line a refusal names.
+type problemLine struct {
+	Ticket string `json:"ticket"`
+	Code   string `json:"code"`
+}
+
+func problemLines(r reply) []problemLine {
+	var p struct {
+		Lines []problemLine `json:"lines"`
+	}
+	_ = json.Unmarshal(r.body, &p)
+	return p.Lines
+}
+
+// judge says whether an answer to a take is one the model allows (want:
+// see refusals), and if not, whether it is a refusal a stale replica may
+// give for a bounded time (a sold-out flag, a quota count or a program cap
+// not yet caught up with a return).
+func judge(r reply, cart bool, want map[string]map[string]bool) (ok, transient bool) {
+	kind := problemKind(r)
+	switch {
+	case len(want) == 0 && r.status == http.StatusCreated:
+		return true, false
+	case len(want) > 0 && r.status == http.StatusConflict && want[kind] != nil:
+		named := problemLines(r)
+		switch {
+		case !cart:
+			ok = len(named) == 0
+		case len(named) == 1:
+			ok = named[0].Code == kind && (want[kind][named[0].Ticket] || want[kind]["*"])
+		case len(named) == 0:
+			ok = want[kind]["*"]
+		}
+		if ok {
+			return true, false
+		}
+	}
+	return false, r.status == http.StatusConflict && (kind == "sold-out" || kind == "limit-reached")
+}
+
+// send sends a take and then the same request again (with its key: a
+// refused request is not remembered) while the answer is a refusal the
+// model does not allow but a stale replica may give, for at most
+// falseSoldOutBound. It returns the answer the model allows, and fails
+// the test on any other.
+func (m *sim) send(e *env, t mTake, body string) reply {
+	m.t.Helper()
+	return m.sendFrom(e, t, body, m.post(e, t.path, t.key, body), time.Now())
+}
+
+// sendFrom is send given the first answer, received at.
+func (m *sim) sendFrom(e *env, t mTake, body string, r reply, at time.Time) reply {
+	m.t.Helper()
+	start := at
+	var stale string
+	for {
+		want := m.refusals(t.buyer, t.lines)
+		ok, transient := judge(r, t.cart, want)
+		if !ok && r.status == http.StatusCreated && m.settleExpiries(at) {
+			// A hold due before the answer may have given its stock or
+			// its buyer's count back in time for it.
+			want = m.refusals(t.buyer, t.lines)
+			ok, transient = judge(r, t.cart, want)
+		}
+		if ok {
+			switch d := time.Since(start); stale {
+			case "sold-out":
+				m.falseSoldOut = max(m.falseSoldOut, d)
+			case "limit-reached":
+				m.falseLimit = max(m.falseLimit, d)
+			}
+			if r.status != http.StatusCreated {
+				m.ops[map[bool]string{false: "refused-", true: "cart-refused-"}[t.cart]+problemKind(r)]++
+			}
+			return r
+		}
+		if !transient || time.Since(start) > falseSoldOutBound {
+			var left, units []int64
+			for _, s := range m.skus {
+				left = append(left, s.left())
+				units = append(units, m.units(t.buyer, s))
+			}
+			m.fail("POST %s %s key %s = %d %s after %v; model: left %v, ended %v, %s units %v of caps %v, program %d of %d (the gate counts %s); allowed %v",
+				t.path, body, t.key, r.status, r.body, time.Since(start).Round(time.Millisecond), left, m.ended, t.buyer, units,
+				[]int64{m.skus[0].perBuyer, m.skus[1].perBuyer, m.skus[2].perBuyer}, m.units(t.buyer, nil), m.programCap, m.gateCounts(t.buyer), want)
+		}
+		stale = problemKind(r)
+		m.ops["stale-"+stale]++
+		time.Sleep(20 * time.Millisecond)
+		r = m.post(e, t.path, t.key, body)
+		at = time.Now()
+	}
+}
+
+// cartView is a cart as the API answers it.
+type cartView struct {
+	CartID    string          `json:"cart_id"`
+	Buyer     string          `json:"buyer"`
+	Orders    []cartOrderView `json:"orders"`
+	Holds     []cartHoldView  `json:"holds"`
+	ExpiresAt *time.Time      `json:"expires_at"`
+}
+
+type cartOrderView struct {
+	OrderID    string     `json:"order_id"`
+	Ticket     string     `json:"ticket"`
+	Quantity   int64      `json:"quantity"`
+	HoldID     string     `json:"hold_id"`
+	RefundedAt *time.Time `json:"refunded_at"`
+}
+
+type cartHoldView struct {
+	HoldID    string    `json:"hold_id"`
+	Ticket    string    `json:"ticket"`
+	Quantity  int64     `json:"quantity"`
+	State     string    `json:"state"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+func parseCart(r reply) cartView {
+	var v cartView
+	_ = json.Unmarshal(r.body, &v)
+	return v
+}
+
+// taken applies a take's 201 to the model.
+func (m *sim) taken(t mTake, body string, r reply) {
+	id := orderID(r)
+	switch {
+	case t.cart:
+		id = m.cartTaken(t, r)
+	case t.hold:
+		var h holdReply
+		_ = json.Unmarshal(r.body, &h)
+		id = h.HoldID
+		s := t.lines[0].sku
+		s.held += t.lines[0].q
+		m.holds = append(m.holds, &mHold{id: id, sku: s, buyer: t.buyer, q: t.lines[0].q, state: ledger.Held, expires: h.ExpiresAt})
+	default:
+		s := t.lines[0].sku
+		s.sold += t.lines[0].q
+		m.orders = append(m.orders, &mOrder{id: id, sku: s, buyer: t.buyer, q: t.lines[0].q})
+	}
+	m.done = append(m.done, mRequest{path: t.path, key: t.key, body: body, take: &t, buyer: t.buyer, status: http.StatusCreated, id: id})
+}
+
+// cartTaken checks a new cart's answer against what it asked and applies
+// it to the model.
+func (m *sim) cartTaken(t mTake, r reply) string {
+	v := parseCart(r)
+	c := &mCart{id: v.CartID, take: t, state: "bought"}
+	if t.hold {
+		c.state = ledger.Held
+	}
+	n := len(v.Orders)
+	if t.hold {
+		n = len(v.Holds)
+	}
+	if v.CartID == "" || v.Buyer != t.buyer || n != len(t.lines) || t.hold != (len(v.Orders) == 0) || t.hold == (len(v.Holds) == 0) ||
+		t.hold == (v.ExpiresAt == nil) || r.header.Get("Location") != "/v1/carts/"+v.CartID {
+		m.fail("cart %s key %s = %s, want a cart of %d lines held %v", t.fingerprint(), t.key, r.body, len(t.lines), t.hold)
+	}
+	for _, l := range t.lines {
+		found := false
+		for _, o := range v.Orders {
+			if o.Ticket == l.sku.ticket() && o.Quantity == l.q && o.OrderID != "" {
+				found = true
+				c.orders = append(c.orders, &mOrder{id: o.OrderID, sku: l.sku, buyer: t.buyer, q: l.q, cart: c})
+				l.sku.sold += l.q
+			}
+		}
+		for _, h := range v.Holds {
+			if h.Ticket == l.sku.ticket() && h.Quantity == l.q && h.State == ledger.Held && h.ExpiresAt.Equal(*v.ExpiresAt) {
+				found = true
+				c.holds = append(c.holds, &mHold{id: h.HoldID, sku: l.sku, buyer: t.buyer, q: l.q, state: ledger.Held, expires: h.ExpiresAt, cart: c})
+				l.sku.held += l.q
+			}
+		}
+		if !found {
+			m.fail("cart %s key %s = %s: no line %s:%d", t.fingerprint(), t.key, r.body, l.sku.ticket(), l.q)
+		}
+	}
+	m.orders = append(m.orders, c.orders...)
+	m.holds = append(m.holds, c.holds...)
+	m.carts = append(m.carts, c)
+	return c.id
+}
+
+// cartTwice sends one new cart to two replicas at once: one commits it,
+// the other replays it (or both are refused), and it moves once. (The
+// copies take turns; a copy that waits too long is answered 503 and sent
+// again.)
+func (m *sim) cartTwice() {
+	t := m.newCart(m.rng.IntN(3) == 0)
+	m.ops["cart-twice"]++
+	i := m.rng.IntN(len(m.envs))
+	es := []*env{m.envs[i], m.envs[(i+1+m.rng.IntN(len(m.envs)-1))%len(m.envs)]}
+	bodies := []string{m.body(t), m.body(t)}
+	rs, ats := make([]reply, 2), make([]time.Time, 2)
+	var wg sync.WaitGroup
+	for k := range 2 {
+		wg.Go(func() {
+			rs[k] = m.post(es[k], t.path, t.key, bodies[k])
+			ats[k] = time.Now()
+		})
+	}
+	wg.Wait()
+	created, fresh := -1, 0
+	for k := range 2 {
+		for start := time.Now(); rs[k].status == http.StatusServiceUnavailable && problemKind(rs[k]) == "unavailable"; {
+			// The copies take turns; one that waited too long for the
+			// other is answered 503, to retry with the same key.
+			if time.Since(start) > falseSoldOutBound {
+				m.fail("copy %d of cart %s key %s still 503 after %v: %s", k, bodies[k], t.key, time.Since(start), rs[k].body)
+			}
+			m.ops["cart-twice-busy"]++
+			time.Sleep(20 * time.Millisecond)
+			rs[k], ats[k] = m.post(es[k], t.path, t.key, bodies[k]), time.Now()
+		}
+		rs[k] = m.sendFrom(es[k], t, bodies[k], rs[k], ats[k])
+		if rs[k].status != http.StatusCreated {
+			continue
+		}
+		if rs[k].header.Get("Idempotent-Replayed") == "" {
+			fresh++
+		}
+		if created >= 0 && parseCart(rs[k]).CartID != parseCart(rs[created]).CartID {
+			m.fail("one cart sent twice at once made two: %s and %s", rs[created].body, rs[k].body)
+		}
+		created = k
+	}
+	if created < 0 {
+		return
+	}
+	if fresh != 1 {
+		m.fail("one cart sent twice at once: %d answers not replayed, want 1: %s / %s", fresh, rs[0].body, rs[1].body)
+	}
+	m.taken(t, bodies[created], rs[created])
+}
+
+// retryRefused sends a refused cart again with its key, on any replica,
+// as it was or (one time in three) with a line's quantity changed: either
+// way it is evaluated again, as a refusal is not remembered.
+func (m *sim) retryRefused() {
+	if len(m.refused) == 0 {
+		return
+	}
+	i := m.rng.IntN(len(m.refused))
+	t := m.refused[i]
+	m.refused = slices.Delete(m.refused, i, i+1)
+	m.ops["cart-retry-refused"]++
+	if m.rng.IntN(3) == 0 {
+		t.lines = slices.Clone(t.lines)
+		l := &t.lines[m.rng.IntN(len(t.lines))]
+		l.q = l.q%2 + 1
+		m.ops["cart-retry-refused-changed"]++
+	}
+	m.sendCart(m.env(), t)
 }
 
 func problemKind(r reply) string {
@@ -256,12 +736,29 @@ func problemKind(r reply) string {
 	return p.Type
 }
 
-// liveHold picks a held hold not close to its expiry (a confirm racing
-// the sweeper is another test's subject).
+// replyID is the id an answer is about: a cart's, an order's, a hold's.
+func replyID(r reply) string {
+	var v struct {
+		CartID  string `json:"cart_id"`
+		OrderID string `json:"order_id"`
+		HoldID  string `json:"hold_id"`
+	}
+	_ = json.Unmarshal(r.body, &v)
+	return cmp.Or(v.CartID, v.OrderID, v.HoldID)
+}
+
+// live says a hold is held and far from its expiry: a long hold, never a
+// short one (a confirm racing the sweeper is another test's subject, and
+// on a busy machine a request may take a while).
+func (h *mHold) live() bool {
+	return h.state == ledger.Held && time.Until(h.expires) > 10*time.Second
+}
+
+// liveHold picks a live hold that is not a cart's line.
 func (m *sim) liveHold() *mHold {
 	var live []*mHold
 	for _, h := range m.holds {
-		if h.state == "held" && time.Until(h.expires) > 800*time.Millisecond {
+		if h.cart == nil && h.live() {
 			live = append(live, h)
 		}
 	}
@@ -274,17 +771,11 @@ func (m *sim) liveHold() *mHold {
 func (m *sim) act(path, buyer string, want int) reply {
 	key := m.newKey()
 	body := fmt.Sprintf(`{"buyer":%q}`, buyer)
-	r := m.env().do(m.t, http.MethodPost, path, map[string]string{"Idempotency-Key": key}, body)
+	r := m.post(m.env(), path, key, body)
 	if r.status != want {
 		m.fail("POST %s = %d %s, want %d", path, r.status, r.body, want)
 	}
-	id := orderID(r)
-	if id == "" || want == 200 && path[len(path)-6:] == "cancel" {
-		var h holdReply
-		_ = json.Unmarshal(r.body, &h)
-		id = h.HoldID
-	}
-	m.done = append(m.done, mRequest{path: path, key: key, body: body, buyer: buyer, status: want, id: id})
+	m.done = append(m.done, mRequest{path: path, key: key, body: body, buyer: buyer, status: want, id: replyID(r)})
 	return r
 }
 
@@ -295,7 +786,7 @@ func (m *sim) confirm() {
 	}
 	m.ops["confirm"]++
 	r := m.act("/v1/holds/"+h.id+"/confirm", h.buyer, 201)
-	h.state = "confirmed"
+	h.state = ledger.Confirmed
 	h.sku.held -= h.q
 	h.sku.sold += h.q
 	m.orders = append(m.orders, &mOrder{id: orderID(r), sku: h.sku, buyer: h.buyer, q: h.q})
@@ -308,14 +799,16 @@ func (m *sim) cancel() {
 	}
 	m.ops["cancel"]++
 	m.act("/v1/holds/"+h.id+"/cancel", h.buyer, 200)
-	h.state = "cancelled"
+	h.state = ledger.Cancelled
 	h.sku.held -= h.q
 }
 
-func (m *sim) refund() {
+// refund refunds an order alone: any (a cart's line among them), or only
+// a cart's line.
+func (m *sim) refund(lineOnly bool) {
 	var live []*mOrder
 	for _, o := range m.orders {
-		if !o.refunded {
+		if !o.refunded && (!lineOnly || o.cart != nil) {
 			live = append(live, o)
 		}
 	}
@@ -323,43 +816,191 @@ func (m *sim) refund() {
 		return
 	}
 	o := live[m.rng.IntN(len(live))]
-	m.ops["refund"]++
+	m.ops[map[bool]string{false: "refund", true: "refund-line"}[lineOnly]]++
 	m.act("/v1/orders/"+o.id+"/refund", o.buyer, 200)
 	o.refunded = true
 	o.sku.sold -= o.q
 }
 
-// retry re-sends a committed request to any replica: the same answer,
-// replayed, and nothing moves.
+// live says a cart's state is known for the length of a request: not a
+// held cart close to its expiry.
+func (c *mCart) live() bool {
+	return c.state != ledger.Held || c.holds[0].live()
+}
+
+// cartAction runs action on a cart in a state it applies to: confirm or
+// cancel a live held cart, refund a bought or confirmed one.
+func (m *sim) cartAction(action string) {
+	var cs []*mCart
+	for _, c := range m.carts {
+		if action == "refund" && (c.state == "bought" || c.state == ledger.Confirmed) ||
+			action != "refund" && c.state == ledger.Held && c.live() {
+			cs = append(cs, c)
+		}
+	}
+	if len(cs) == 0 {
+		return
+	}
+	m.ops["cart-"+action]++
+	c := cs[m.rng.IntN(len(cs))]
+	m.cartDo(c, action, c.take.buyer)
+}
+
+// cartOdd runs any action on any cart, one time in five by another buyer:
+// the model predicts the answer for every state (a confirm of a bought,
+// cancelled or expired cart is refused; of a confirmed one, answered with
+// its orders; a cancel of a cart that has ended, answered as it is).
+func (m *sim) cartOdd() {
+	if len(m.carts) == 0 {
+		return
+	}
+	c := m.carts[m.rng.IntN(len(m.carts))]
+	if !c.live() {
+		return
+	}
+	action := []string{"confirm", "cancel", "refund"}[m.rng.IntN(3)]
+	buyer := c.take.buyer
+	if m.rng.IntN(5) == 0 {
+		buyer = fmt.Sprintf("buyer%d", (int(buyer[len(buyer)-1]-'0')+1)%modelBuyers)
+	}
+	m.ops["cart-odd"]++
+	m.cartDo(c, action, buyer)
+}
+
+// cartDo sends action on c as buyer, checks the answer against the
+// model's prediction for c's state, and applies it.
+func (m *sim) cartDo(c *mCart, action, buyer string) {
+	path := "/v1/carts/" + c.id + "/" + action
+	want, kind := http.StatusOK, ""
+	switch {
+	case buyer != c.take.buyer:
+		want, kind = http.StatusForbidden, "not-owner"
+	case action == "confirm" && c.state == "bought", action == "cancel" && (c.state == "bought" || c.state == ledger.Confirmed):
+		want, kind = http.StatusConflict, "hold-confirmed"
+	case action == "confirm" && c.state == ledger.Cancelled:
+		want, kind = http.StatusConflict, "hold-cancelled"
+	case action == "confirm" && c.state == ledger.Expired:
+		want, kind = http.StatusGone, "hold-expired"
+	case action == "confirm":
+		want = http.StatusCreated
+	case action == "refund" && c.state != "bought" && c.state != ledger.Confirmed:
+		want, kind = http.StatusNotFound, "unknown-cart" // a held cart has no orders
+	}
+	key, body := m.newKey(), fmt.Sprintf(`{"buyer":%q}`, buyer)
+	r := m.post(m.env(), path, key, body)
+	if r.status != want || kind != "" && problemKind(r) != kind {
+		m.fail("POST %s (cart %s, as %s) = %d %s, want %d %s", path, c.state, buyer, r.status, r.body, want, kind)
+	}
+	if want >= 300 {
+		m.ops["cart-refused-"+kind]++
+		return
+	}
+	v := parseCart(r)
+	if v.CartID != c.id || r.header.Get("Idempotent-Replayed") != "" {
+		m.fail("POST %s (cart %s) = %s %v, want cart %s, not replayed", path, c.state, r.body, r.header, c.id)
+	}
+	states := map[string]string{}
+	for _, h := range v.Holds {
+		states[h.HoldID] = h.State
+	}
+	refunded := map[string]bool{}
+	for _, o := range v.Orders {
+		refunded[o.OrderID] = o.RefundedAt != nil
+	}
+	switch {
+	case action == "confirm" && c.state == ledger.Held:
+		for _, h := range c.holds {
+			h.state = ledger.Confirmed
+			h.sku.held -= h.q
+			h.sku.sold += h.q
+			for _, o := range v.Orders {
+				if o.HoldID == h.id && o.Ticket == h.sku.ticket() && o.Quantity == h.q {
+					c.orders = append(c.orders, &mOrder{id: o.OrderID, sku: h.sku, buyer: h.buyer, q: h.q, cart: c})
+				}
+			}
+		}
+		if len(c.orders) != len(c.holds) {
+			m.fail("confirm of cart %s = %s: want an order per hold", c.id, r.body)
+		}
+		m.orders = append(m.orders, c.orders...)
+		c.state = ledger.Confirmed
+	case action == "cancel" && c.state == ledger.Held:
+		for _, h := range c.holds {
+			h.state = ledger.Cancelled
+			h.sku.held -= h.q
+		}
+		c.state = ledger.Cancelled
+	case action == "refund":
+		for _, o := range c.orders {
+			if !o.refunded {
+				o.refunded = true
+				o.sku.sold -= o.q
+			}
+		}
+	}
+	for _, h := range c.holds {
+		if states[h.id] != h.state {
+			m.fail("POST %s = %s: hold %s %s, want %s", path, r.body, h.id, states[h.id], h.state)
+		}
+	}
+	for _, o := range c.orders {
+		if got, ok := refunded[o.id]; !ok || got != o.refunded {
+			m.fail("POST %s = %s: order %s refunded %v (listed %v), want %v", path, r.body, o.id, got, ok, o.refunded)
+		}
+	}
+	m.done = append(m.done, mRequest{path: path, key: key, body: body, buyer: buyer, status: want, id: c.id})
+}
+
+// lineAlone confirms or cancels one line's hold of a held cart (in any
+// state) through the hold's own routes: 409 in-cart, and nothing moves.
+func (m *sim) lineAlone() {
+	var hs []*mHold
+	for _, h := range m.holds {
+		if h.cart != nil {
+			hs = append(hs, h)
+		}
+	}
+	if len(hs) == 0 {
+		return
+	}
+	h := hs[m.rng.IntN(len(hs))]
+	path := "/v1/holds/" + h.id + "/" + []string{"confirm", "cancel"}[m.rng.IntN(2)]
+	m.ops["line-alone"]++
+	r := m.post(m.env(), path, m.newKey(), fmt.Sprintf(`{"buyer":%q}`, h.buyer))
+	if r.status != http.StatusConflict || problemKind(r) != "in-cart" {
+		m.fail("POST %s (a line of cart %s, %s) = %d %s, want 409 in-cart", path, h.cart.id, h.cart.state, r.status, r.body)
+	}
+}
+
+// retry re-sends a committed request to any replica (a cart's lines in
+// another order): the same answer, replayed, and nothing moves.
 func (m *sim) retry() {
 	if len(m.done) == 0 {
 		return
 	}
 	q := m.done[m.rng.IntN(len(m.done))]
 	m.ops["retry"]++
+	body := q.body
+	if q.take != nil && q.take.cart {
+		body = m.body(*q.take)
+	}
 	e := m.env()
 	start := time.Now()
-	r := e.do(m.t, http.MethodPost, q.path, map[string]string{"Idempotency-Key": q.key}, q.body)
+	r := m.post(e, q.path, q.key, body)
 	for r.status == 409 && problemKind(r) == "sold-out" && time.Since(start) < falseSoldOutBound {
 		// A replica whose sold-out flag predates stock coming back (and
 		// being sold again on another replica) answers from memory until
 		// the flag's next re-check: bounded, and measured here.
 		time.Sleep(20 * time.Millisecond)
-		r = e.do(m.t, http.MethodPost, q.path, map[string]string{"Idempotency-Key": q.key}, q.body)
+		r = m.post(e, q.path, q.key, body)
 	}
 	if d := time.Since(start); r.status == q.status && d > 5*time.Millisecond {
 		m.ops["retry-stale-flag"]++
 		m.staleRetry = max(m.staleRetry, d)
 	}
-	id := orderID(r)
-	if id == "" {
-		var h holdReply
-		_ = json.Unmarshal(r.body, &h)
-		id = h.HoldID
-	}
-	if r.status != q.status || id != q.id || r.header.Get("Idempotent-Replayed") != "true" {
-		m.fail("retry of %s key %s = %d %s (replayed %q), want %d with %s replayed",
-			q.path, q.key, r.status, r.body, r.header.Get("Idempotent-Replayed"), q.status, q.id)
+	if id := replyID(r); r.status != q.status || id != q.id || r.header.Get("Idempotent-Replayed") != "true" {
+		m.fail("retry of %s %s key %s = %d %s (replayed %q), want %d with %s replayed",
+			q.path, body, q.key, r.status, r.body, r.header.Get("Idempotent-Replayed"), q.status, q.id)
 	}
 }
 
@@ -379,19 +1020,63 @@ func (m *sim) reuse() {
 	if m.rng.IntN(2) == 0 {
 		path, body = skuPath(s.sku)+"/holds", fmt.Sprintf(`{"buyer":%q,"quantity":4,"ttl_seconds":77}`, q.buyer)
 	}
-	r := m.env().do(m.t, http.MethodPost, path, map[string]string{"Idempotency-Key": q.key}, body)
+	r := m.post(m.env(), path, q.key, body)
 	if r.status == 422 {
 		return
 	}
 	// A SKU that takes no more requests (or that this replica's sold-out
-	// flag says so of) answers its refusal from memory without a ledger
-	// call; only its own committed keys are known there. The request moves
+	// flag says so of), or a buyer at its cap whose key was never counted
+	// for this SKU, is answered from memory without a ledger call; only
+	// the SKU's own committed keys are known there. The request moves
 	// nothing either way (checked after the step).
-	if r.status == 409 && (problemKind(r) == "sale-ended" || problemKind(r) == "sold-out") {
+	if r.status == 409 && (problemKind(r) == "sale-ended" || problemKind(r) == "sold-out" || problemKind(r) == "limit-reached") {
 		m.ops["reuse-refused-closed"]++
 		return
 	}
 	m.fail("reuse of key %s (first %s) for %s %s = %d %s, want 422", q.key, q.path, path, body, r.status, r.body)
+}
+
+// cartReuse sends a cart with a committed request's key and buyer that
+// asks for something else (other lines, quantities or lifetime, held
+// instead of bought, or after a purchase's or an action's key): 422
+// whatever the cart's lines would meet, and nothing moves.
+func (m *sim) cartReuse() {
+	if len(m.done) == 0 {
+		return
+	}
+	q := m.done[m.rng.IntN(len(m.done))]
+	t := m.newCart(m.rng.IntN(2) == 0)
+	if q.take != nil && q.take.cart && m.rng.IntN(3) > 0 {
+		// The same cart but for one thing.
+		t.hold, t.ttl, t.path = q.take.hold, q.take.ttl, q.take.path
+		t.lines = slices.Clone(q.take.lines)
+		switch i := m.rng.IntN(len(t.lines)); m.rng.IntN(3) {
+		case 0:
+			t.lines[i].q = t.lines[i].q%3 + 1
+		case 1:
+			if len(t.lines) > 1 {
+				t.lines = slices.Delete(t.lines, i, i+1)
+			} else {
+				t.lines[i].q++
+			}
+		default:
+			if t.hold {
+				t.ttl = map[int]int{1: 900, 900: 2}[t.ttl]
+			} else {
+				t.hold, t.ttl, t.path = true, 900, "/v1/programs/"+m.program.String()+"/cart-holds"
+			}
+		}
+	}
+	t.key, t.buyer = q.key, q.buyer
+	if q.take != nil && t.fingerprint() == q.take.fingerprint() {
+		return
+	}
+	m.ops["cart-reuse"]++
+	body := m.body(t)
+	r := m.post(m.env(), t.path, t.key, body)
+	if r.status != http.StatusUnprocessableEntity || problemKind(r) != "idempotency-key-reused" {
+		m.fail("reuse of key %s (first %s %s) for cart %s = %d %s, want 422 idempotency-key-reused", q.key, q.path, q.body, body, r.status, r.body)
+	}
 }
 
 func (m *sim) admin(what string) {
@@ -400,17 +1085,26 @@ func (m *sim) admin(what string) {
 	e := m.env()
 	switch what {
 	case "reconcile":
-		if r := e.do(m.t, http.MethodPost, adminPath(s.sku)+"/reconcile", nil, ""); r.status != 200 && r.status != 409 {
+		if r := m.post(e, adminPath(s.sku)+"/reconcile", "", ""); r.status != 200 && r.status != 409 {
 			m.fail("reconcile = %d %s", r.status, r.body)
 		}
 	case "restock":
-		s.total += int64(1 + m.rng.IntN(4))
-		e.putSKU(m.t, s.sku, s.total, s.shards, 4)
+		s.total += int64(1 + m.rng.IntN(8))
+		m.put(e, s)
 	case "resize":
 		s.shards = 1 + m.rng.IntN(4)
-		e.putSKU(m.t, s.sku, s.total, s.shards, 4)
+		m.put(e, s)
+	case "cap":
+		// A cap set, changed or lifted: the program's, or a ticket's.
+		if m.rng.IntN(2) == 0 {
+			m.programCap = []int64{0, 0, 12, 24, 40}[m.rng.IntN(5)]
+			m.putProgram(e)
+		} else {
+			s.perBuyer = []int64{0, 0, 2, 4}[m.rng.IntN(4)]
+			m.put(e, s)
+		}
 	case "end":
-		if r := e.do(m.t, http.MethodPost, adminPath(s.sku)+"/end", nil, ""); r.status != 200 {
+		if r := m.post(e, adminPath(s.sku)+"/end", "", ""); r.status != 200 {
 			m.fail("end = %d %s", r.status, r.body)
 		}
 		s.ended, m.ended = true, true
@@ -422,6 +1116,7 @@ func (m *sim) admin(what string) {
 func (m *sim) flushRedis() {
 	m.flushed = true
 	m.ops["redis-lost"]++
+	m.tracef("FLUSHALL")
 	ctx := context.Background()
 	for _, n := range m.redis.Nodes {
 		cl := n.Client()
@@ -432,12 +1127,14 @@ func (m *sim) flushRedis() {
 	}
 }
 
-// settleExpiries waits for the sweepers to expire holds past their time,
-// and applies that to the model.
-func (m *sim) settleExpiries() {
+// settleExpiries waits for the sweepers to expire the holds due before
+// the given time, applies that to the model, and reports whether there
+// were any. A held cart expires whole.
+func (m *sim) settleExpiries(before time.Time) bool {
 	ctx := context.Background()
+	settled := false
 	for _, h := range m.holds {
-		if h.state != "held" || time.Now().Before(h.expires) {
+		if h.state != ledger.Held || !h.expires.Before(before) {
 			continue
 		}
 		deadline := time.Now().Add(5 * time.Second)
@@ -455,9 +1152,15 @@ func (m *sim) settleExpiries() {
 			time.Sleep(20 * time.Millisecond)
 		}
 		m.ops["expired"]++
-		h.state = "expired"
+		m.tracef("hold %s of %d %s expired", h.id, h.q, h.sku.ticket())
+		h.state = ledger.Expired
 		h.sku.held -= h.q
+		settled = true
+		if c := h.cart; c != nil && !slices.ContainsFunc(c.holds, func(h *mHold) bool { return h.state != ledger.Expired }) {
+			c.state = ledger.Expired
+		}
 	}
+	return settled
 }
 
 // checkLedger compares the ledger with the model. A hold may expire
@@ -481,9 +1184,96 @@ func (m *sim) checkLedger() {
 				m.fail("%s: ledger total %d sold %d held %d, model total %d sold %d held %d",
 					s.sku, st.Total, st.Sold, st.Held, s.total, s.sold, s.held)
 			}
-			m.settleExpiries()
+			m.settleExpiries(time.Now())
 		}
 	}
+}
+
+// checkBuyers compares every buyer's counted units, of each ticket and of
+// the program, in the ledger with the model's holds and orders.
+func (m *sim) checkBuyers() {
+	ctx := context.Background()
+	led := m.envs[0].ledger
+	for attempt := 0; ; attempt++ {
+		var diff []string
+		for b := range modelBuyers {
+			buyer := fmt.Sprintf("buyer%d", b)
+			for _, s := range append(slices.Clone(m.skus), nil) {
+				var got int64
+				var err error
+				name := "program"
+				if s == nil {
+					got, err = led.ProgramUnits(ctx, m.program, keys.MustID(buyer))
+				} else {
+					name = s.ticket()
+					got, err = led.BuyerUnits(ctx, s.sku, keys.MustID(buyer))
+				}
+				if err != nil {
+					m.fail("buyer units: %v", err)
+				}
+				if want := m.units(buyer, s); got != want {
+					diff = append(diff, fmt.Sprintf("%s %s: ledger %d, model %d", buyer, name, got, want))
+				}
+			}
+		}
+		if len(diff) == 0 {
+			return
+		}
+		if attempt == 2 {
+			m.fail("buyer units: %s", strings.Join(diff, "; "))
+		}
+		m.settleExpiries(time.Now())
+	}
+}
+
+// checkCarts reads carts through the API (every cart, or a sample) and
+// compares their holds and orders with the model.
+func (m *sim) checkCarts(all bool) {
+	cs := m.carts
+	if !all && len(cs) > 10 {
+		cs = nil
+		for _, i := range m.rng.Perm(len(m.carts))[:10] {
+			cs = append(cs, m.carts[i])
+		}
+	}
+	for _, c := range cs {
+		if c.state == ledger.Held && time.Until(c.holds[0].expires) < time.Second {
+			continue // may be expiring as it is read
+		}
+		r := m.env().do(m.t, http.MethodGet, "/v1/carts/"+c.id, nil, "")
+		v := parseCart(r)
+		if r.status != http.StatusOK || v.CartID != c.id || v.Buyer != c.take.buyer || len(v.Holds) != len(c.holds) || len(v.Orders) != len(c.orders) {
+			m.fail("GET cart %s (%s, %d holds, %d orders) = %d %s", c.id, c.state, len(c.holds), len(c.orders), r.status, r.body)
+		}
+		for _, h := range c.holds {
+			if !slices.ContainsFunc(v.Holds, func(got cartHoldView) bool {
+				return got.HoldID == h.id && got.State == h.state && got.Ticket == h.sku.ticket() && got.Quantity == h.q
+			}) {
+				m.fail("GET cart %s = %s: want hold %s %s of %d %s", c.id, r.body, h.id, h.state, h.q, h.sku.ticket())
+			}
+		}
+		for _, o := range c.orders {
+			if !slices.ContainsFunc(v.Orders, func(got cartOrderView) bool {
+				return got.OrderID == o.id && (got.RefundedAt != nil) == o.refunded && got.Ticket == o.sku.ticket() && got.Quantity == o.q
+			}) {
+				m.fail("GET cart %s = %s: want order %s of %d %s, refunded %v", c.id, r.body, o.id, o.q, o.sku.ticket(), o.refunded)
+			}
+		}
+	}
+}
+
+// gateCounts is what the gate counts of buyer per ticket and for the
+// program, for a failure's message.
+func (m *sim) gateCounts(buyer string) string {
+	var out []string
+	for _, t := range []keys.ID{m.skus[0].sku.Ticket, m.skus[1].sku.Ticket, m.skus[2].sku.Ticket, {}} {
+		used, err := m.envs[0].rdb.HGet(context.Background(), keys.Quota(m.program, t, keys.MustID(buyer)), "used").Result()
+		if err != nil {
+			used = "none"
+		}
+		out = append(out, cmp.Or(t.String(), "program")+":"+used)
+	}
+	return strings.Join(out, " ")
 }
 
 // checkRedis waits (bounded) for every SKU's Redis remaining to equal the
@@ -512,7 +1302,9 @@ func (m *sim) checkRedis() {
 				e.do(m.t, http.MethodPost, adminPath(s.sku)+"/reconcile", nil, "")
 			}
 			if time.Now().After(deadline) {
-				m.fail("%s: Redis remaining %d (seeded %v, %v), ledger remaining %d, 10s after the step", s.sku, left, seeded, err, want)
+				pending, _ := e.ledger.PendingRestores(ctx, 0, 100)
+				m.fail("%s: Redis remaining %d (seeded %v, %v), ledger remaining %d (%+v), 10s after the step; pending restores %+v",
+					s.sku, left, seeded, err, want, st, pending)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}

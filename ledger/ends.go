@@ -265,15 +265,15 @@ func returnUnits(ctx context.Context, tx *sql.Tx, column, table string, sku stoc
 	if err := stamp(ctx, tx, sku, r.version); err != nil {
 		return err
 	}
-	byPending := map[bool][]any{}
+	byPending := map[int][]any{}
 	for _, b := range backs {
 		p := isOwed(b.gate, b.takeEpoch, b.seats, r)
 		byPending[p] = append(byPending[p], b.id)
 	}
-	for _, p := range []bool{false, true} {
+	for _, p := range []int{owedNothing, owedUnits, owedCounts} {
 		for chunk := range slices.Chunk(byPending[p], rowsPerStatement) {
 			if _, err := tx.ExecContext(ctx, `UPDATE `+table+` SET restore_pending = $1, restore_epoch = $2, restore_shards = $3
-				WHERE id IN (`+list(3, len(chunk))+`)`, append([]any{boolInt(p), r.epoch, r.shards}, chunk...)...); err != nil {
+				WHERE id IN (`+list(3, len(chunk))+`)`, append([]any{p, r.epoch, r.shards}, chunk...)...); err != nil {
 				return notCommitted("restore owed", err)
 			}
 		}
@@ -330,12 +330,28 @@ func unbuy(ctx context.Context, tx *sql.Tx, skus []stock.SKU, bySKU map[stock.SK
 // not: the seat consistency check may have written a hold taken around it
 // into Redis, and a release by owner is a no-op where the owner holds
 // nothing.
-func isOwed(gate string, takeEpoch int64, seats bool, r returned) bool {
-	if seats {
-		return gate != ""
+func isOwed(gate string, takeEpoch int64, seats bool, r returned) int {
+	switch {
+	case seats && gate != "":
+		return owedUnits
+	case seats:
+		return owedNothing
+	case r.ended && gate != "":
+		// The gate that admitted it counted the buyer's units (and a
+		// code's use): those are owed back even when the units are not.
+		return owedCounts
+	case !r.ended && (gate != "" || takeEpoch != r.epoch):
+		return owedUnits
 	}
-	return !r.ended && (gate != "" || takeEpoch != r.epoch)
+	return owedNothing
 }
+
+// What a return owes Redis, as restore_pending stores it.
+const (
+	owedNothing = 0
+	owedUnits   = 1 // the units, and the counts the gate made for them
+	owedCounts  = 2 // only the counts: the ticket's gate has ended
+)
 
 func boolInt(b bool) int {
 	if b {

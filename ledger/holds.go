@@ -333,15 +333,16 @@ func (l *Ledger) Cancel(ctx context.Context, holdID, buyer keys.ID, req Request)
 // gate either took them, or was rebuilt while they were out and so does not
 // count them). Units taken around the gate in the very epoch they come back
 // in were never taken from that gate: nothing is owed. An ended sale's
-// gate is owed nothing (it admits no one). Seats taken through the gate are
-// always owed: their release is by owner, and a no-op when not held.
+// gate is owed no units (it admits no one), only the counts it made. Seats
+// taken through the gate are always owed: their release is by owner, and
+// a no-op when not held.
 func owed(ctx context.Context, tx *sql.Tx, table string, id keys.ID, gate string, takeEpoch int64, seats bool, r returned) (bool, error) {
 	pending := isOwed(gate, takeEpoch, seats, r)
 	if _, err := tx.ExecContext(ctx, `UPDATE `+table+` SET restore_pending = $2, restore_epoch = $3, restore_shards = $4
-		WHERE id = $1`, id, boolInt(pending), r.epoch, r.shards); err != nil {
+		WHERE id = $1`, id, pending, r.epoch, r.shards); err != nil {
 		return false, notCommitted("restore owed", err)
 	}
-	return pending, nil
+	return pending != owedNothing, nil
 }
 
 // endHold moves a live hold to state (cancelled or expired) and returns its
@@ -512,6 +513,9 @@ type Restore struct {
 	Shards int
 	// CodeHash is the access code whose use comes back with the units.
 	CodeHash string
+	// CountsOnly: the ticket's gate has ended; only the counts the gate
+	// made (the buyer's, a code's use) are owed back, not the units.
+	CountsOnly bool
 }
 
 // PendingRestores lists up to limit restores whose ledger side ended at
@@ -520,12 +524,12 @@ type Restore struct {
 func (l *Ledger) PendingRestores(ctx context.Context, olderThan time.Duration, limit int) ([]Restore, error) {
 	before := l.now().Add(-olderThan).UnixMilli()
 	rows, err := l.db.QueryContext(ctx, `
-		SELECT 'hold', id, program, ticket, buyer, idem_key, gate, quantity, restore_epoch, restore_shards, code_hash
-		FROM holds WHERE restore_pending = 1 AND ended_at <= $1
+		SELECT 'hold', id, program, ticket, buyer, idem_key, gate, quantity, restore_epoch, restore_shards, code_hash, restore_pending
+		FROM holds WHERE restore_pending > 0 AND ended_at <= $1
 		UNION ALL
 		SELECT 'order', id, program, ticket, buyer, CASE WHEN gate_key = '' THEN idem_key ELSE gate_key END, gate,
-			quantity, restore_epoch, restore_shards, code_hash
-		FROM orders WHERE restore_pending = 1 AND refunded_at <= $1
+			quantity, restore_epoch, restore_shards, code_hash, restore_pending
+		FROM orders WHERE restore_pending > 0 AND refunded_at <= $1
 		LIMIT $2`, before, limit)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: pending restores: %w", err)
@@ -534,10 +538,12 @@ func (l *Ledger) PendingRestores(ctx context.Context, olderThan time.Duration, l
 	var out []Restore
 	for rows.Next() {
 		var r Restore
+		var pending int
 		if err := rows.Scan(&r.Kind, &r.ID, &r.SKU.Program, &r.SKU.Ticket, &r.Buyer, &r.RequestID, &r.Gate,
-			&r.Quantity, &r.Epoch, &r.Shards, &r.CodeHash); err != nil {
+			&r.Quantity, &r.Epoch, &r.Shards, &r.CodeHash, &pending); err != nil {
 			return nil, fmt.Errorf("ledger: pending restores: %w", err)
 		}
+		r.CountsOnly = pending == owedCounts
 		out = append(out, r)
 	}
 	return out, rows.Err()
@@ -547,15 +553,17 @@ func (l *Ledger) PendingRestores(ctx context.Context, olderThan time.Duration, l
 // owes one (ok false otherwise): what the ledger recorded when it took the
 // units back.
 func (l *Ledger) RestoreOwed(ctx context.Context, kind string, id keys.ID) (Restore, bool, error) {
-	q := `SELECT 'hold', id, program, ticket, buyer, idem_key, gate, quantity, restore_epoch, restore_shards, code_hash
-		FROM holds WHERE id = $1 AND restore_pending = 1`
+	q := `SELECT 'hold', id, program, ticket, buyer, idem_key, gate, quantity, restore_epoch, restore_shards, code_hash, restore_pending
+		FROM holds WHERE id = $1 AND restore_pending > 0`
 	if kind == "order" {
 		q = `SELECT 'order', id, program, ticket, buyer, CASE WHEN gate_key = '' THEN idem_key ELSE gate_key END, gate,
-			quantity, restore_epoch, restore_shards, code_hash FROM orders WHERE id = $1 AND restore_pending = 1`
+			quantity, restore_epoch, restore_shards, code_hash, restore_pending FROM orders WHERE id = $1 AND restore_pending > 0`
 	}
 	var r Restore
+	var pending int
 	err := l.db.QueryRowContext(ctx, q, id).Scan(&r.Kind, &r.ID, &r.SKU.Program, &r.SKU.Ticket, &r.Buyer, &r.RequestID,
-		&r.Gate, &r.Quantity, &r.Epoch, &r.Shards, &r.CodeHash)
+		&r.Gate, &r.Quantity, &r.Epoch, &r.Shards, &r.CodeHash, &pending)
+	r.CountsOnly = pending == owedCounts
 	if errors.Is(err, sql.ErrNoRows) {
 		return r, false, nil
 	}

@@ -268,11 +268,13 @@ func (s *Service) returnToRedis(ctx context.Context, r ledger.Restore) {
 			return
 		}
 	} else if !ok {
-		var outcome int
+		outcome := shard.Counted // units owed to no gate: only the counts go back
 		err := s.redis(ctx, func(ctx context.Context) (err error) {
-			outcome, err = s.gate.Refill(ctx, r.SKU, max(r.Shards, 1), keys.MustID(r.Kind+"-"+r.ID.String()), r.Epoch, r.Quantity)
-			if err != nil || outcome == shard.NotYet {
-				return err
+			if !r.CountsOnly {
+				outcome, err = s.gate.Refill(ctx, r.SKU, max(r.Shards, 1), keys.MustID(r.Kind+"-"+r.ID.String()), r.Epoch, r.Quantity)
+				if err != nil || outcome == shard.NotYet {
+					return err
+				}
 			}
 			// The request stays known (no key id): a retry of it at the
 			// cap is looked up, and replayed.
@@ -291,11 +293,13 @@ func (s *Service) returnToRedis(ctx context.Context, r ledger.Restore) {
 			s.log.WarnContext(ctx, "restore to redis; a sweeper will retry", "kind", r.Kind, "id", r.ID, "err", err)
 			return
 		}
-		if outcome == shard.NotYet {
+		if outcome == shard.NotYet && !r.CountsOnly {
 			return // the gate of this epoch is still being built; the sweeper comes back
 		}
-		s.cache.ClearSoldOut(r.SKU)
-		s.stock.Invalidate(r.SKU)
+		if !r.CountsOnly {
+			s.cache.ClearSoldOut(r.SKU)
+			s.stock.Invalidate(r.SKU)
+		}
 		if outcome == shard.Refilled {
 			s.notifyRestocked(ctx, r.SKU)
 		}

@@ -237,22 +237,28 @@ func (s *Server) refundOrder(c *gin.Context) { s.ownerAction(c, http.StatusOK, s
 
 // ownerAction reads the id from the path and the buyer from the body.
 func (s *Server) ownerAction(c *gin.Context, status int, f func(ctx context.Context, id keys.ID, a sale.Ask) (sale.Result, error)) {
-	id, ok := idParam(c, "")
+	if id, ask, ok := s.ownerAsk(c, ""); ok {
+		s.written(c, status)(f(c.Request.Context(), id, ask))
+	}
+}
+
+// ownerAsk reads an action on a hold, an order or a cart (what names it
+// in a problem): its id from the path, the buyer from the body.
+func (s *Server) ownerAsk(c *gin.Context, what string) (keys.ID, sale.Ask, bool) {
+	id, ok := idParam(c, what)
 	if !ok {
-		return
+		return id, sale.Ask{}, false
 	}
 	ask, ok := s.ask(c)
 	if !ok {
-		return
+		return id, ask, false
 	}
 	var body ownerBody
 	if !s.decodeBody(c, &body) {
-		return
+		return id, ask, false
 	}
-	if ask.Buyer, ok = buyerField(c, body.Buyer); !ok {
-		return
-	}
-	s.written(c, status)(f(c.Request.Context(), id, ask))
+	ask.Buyer, ok = buyerField(c, body.Buyer)
+	return id, ask, ok
 }
 
 // poolQuery parses the ?pool= of a request (zero when absent: the public
@@ -384,23 +390,10 @@ func (s *Server) cancelCart(c *gin.Context) { s.cartAction(c, http.StatusOK, s.s
 func (s *Server) refundCart(c *gin.Context) { s.cartAction(c, http.StatusOK, s.sale.RefundCart) }
 
 func (s *Server) cartAction(c *gin.Context, status int, f func(ctx context.Context, id keys.ID, a sale.Ask) (sale.Result, error)) {
-	id, ok := idParam(c, "cart")
-	if !ok {
-		return
+	if id, ask, ok := s.ownerAsk(c, "cart"); ok {
+		r, err := f(c.Request.Context(), id, ask)
+		s.cartWritten(c, status, r, err)
 	}
-	ask, ok := s.ask(c)
-	if !ok {
-		return
-	}
-	var body ownerBody
-	if !s.decodeBody(c, &body) {
-		return
-	}
-	if ask.Buyer, ok = buyerField(c, body.Buyer); !ok {
-		return
-	}
-	r, err := f(c.Request.Context(), id, ask)
-	s.cartWritten(c, status, r, err)
 }
 
 func (s *Server) cart(c *gin.Context, hold bool) {

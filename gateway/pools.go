@@ -9,6 +9,7 @@ import (
 
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/sale"
+	"github.com/stockgate/stockgate/stock"
 )
 
 // poolBody is what an admin sets on a pool.
@@ -49,6 +50,16 @@ func poolViewOf(p sale.PoolState) poolView {
 		Into: p.Into.String()}
 }
 
+// skuPoolParams parses the ticket and the :pool of an admin pool route.
+func skuPoolParams(c *gin.Context) (stock.SKU, keys.ID, bool) {
+	sku, ok := skuParam(c)
+	if !ok {
+		return sku, keys.ID{}, false
+	}
+	pool, ok := poolParam(c)
+	return sku, pool, ok
+}
+
 // poolParam parses the :pool of the path.
 func poolParam(c *gin.Context) (keys.ID, bool) {
 	pool, err := keys.ParseID(c.Param("pool"))
@@ -63,11 +74,7 @@ func poolParam(c *gin.Context) (keys.ID, bool) {
 // pool of the ticket or change it; its allotment comes from (or goes back
 // to) the public pool.
 func (s *Server) putPool(c *gin.Context) {
-	sku, ok := skuParam(c)
-	if !ok {
-		return
-	}
-	pool, ok := poolParam(c)
+	sku, pool, ok := skuPoolParams(c)
 	if !ok {
 		return
 	}
@@ -140,11 +147,7 @@ func (s *Server) getPools(c *gin.Context) {
 // closePool handles POST /v1/admin/skus/:program/:ticket/pools/:pool/close:
 // the pool closes now and what it has left moves on, once.
 func (s *Server) closePool(c *gin.Context) {
-	sku, ok := skuParam(c)
-	if !ok {
-		return
-	}
-	pool, ok := poolParam(c)
+	sku, pool, ok := skuPoolParams(c)
 	if !ok {
 		return
 	}
@@ -172,11 +175,7 @@ type codesBody struct {
 // The generated codes are in the answer and nowhere else: only hashes are
 // kept.
 func (s *Server) postCodes(c *gin.Context) {
-	sku, ok := skuParam(c)
-	if !ok {
-		return
-	}
-	pool, ok := poolParam(c)
+	sku, pool, ok := skuPoolParams(c)
 	if !ok {
 		return
 	}

@@ -539,12 +539,12 @@ func insertOrders(ctx context.Context, tx *sql.Tx, orders []Order) (map[keys.ID]
 		var vals []string
 		var args []any
 		for _, o := range chunk {
-			vals = append(vals, placeholders(len(args), 14))
+			vals = append(vals, placeholders(len(args), 15))
 			args = append(args, o.ID, o.IdempotencyKey, o.RequestHash, o.SKU.Program, o.SKU.Ticket, o.Buyer, o.Quantity,
-				o.Gate, o.GateKey, o.HoldID, o.CreatedAt.UnixMilli(), o.TakeEpoch, o.CartID, o.CodeHash)
+				o.Gate, o.GateKey, o.HoldID, o.CreatedAt.UnixMilli(), o.TakeEpoch, o.CartID, o.CodeHash, keys.Join(o.SeatIDs, ","))
 		}
 		got, err := tx.QueryContext(ctx, `INSERT INTO orders (id, idem_key, request_hash, program, ticket, buyer, quantity, gate,
-			gate_key, hold_id, created_at, take_epoch, cart_id, code_hash)
+			gate_key, hold_id, created_at, take_epoch, cart_id, code_hash, seat_ids)
 			VALUES `+strings.Join(vals, ", ")+` ON CONFLICT (idem_key) DO NOTHING RETURNING idem_key`, args...)
 		if err := collectIDs(got, err, inserted); err != nil {
 			return nil, notCommitted("insert orders", err)

@@ -55,6 +55,9 @@ type cartLine struct {
 	key       keys.ID
 	gateEpoch int64
 	take      *int64 // where the epoch the stock was taken under goes
+	// A seat line's seats, held (or sold) under the line's row id.
+	seats []keys.ID
+	id    keys.ID
 }
 
 // lines are the cart's lines: its holds when it has any, else its orders.
@@ -62,11 +65,11 @@ func (c *Cart) lines() []cartLine {
 	var out []cartLine
 	for i := range c.Holds {
 		h := &c.Holds[i]
-		out = append(out, cartLine{h.SKU, h.Buyer, h.Quantity, h.IdempotencyKey, h.GateEpoch, &h.TakeEpoch})
+		out = append(out, cartLine{h.SKU, h.Buyer, h.Quantity, h.IdempotencyKey, h.GateEpoch, &h.TakeEpoch, h.SeatIDs, h.ID})
 	}
 	for i := range c.Orders {
 		o := &c.Orders[i]
-		out = append(out, cartLine{o.SKU, o.Buyer, o.Quantity, o.IdempotencyKey, o.GateEpoch, &o.TakeEpoch})
+		out = append(out, cartLine{o.SKU, o.Buyer, o.Quantity, o.IdempotencyKey, o.GateEpoch, &o.TakeEpoch, o.SeatIDs, o.ID})
 	}
 	return out
 }
@@ -87,10 +90,13 @@ func (c *Cart) validate() error {
 		if i > 0 && lines[i-1].sku.Compare(l.sku) >= 0 {
 			return fmt.Errorf("%w: cart lines not in ticket order, or a ticket twice", stock.ErrInvalid)
 		}
+		if len(l.seats) > 0 && (int64(len(l.seats)) != l.q || !distinct(l.seats)) {
+			return fmt.Errorf("%w: cart line %d: %d distinct seats for quantity %d", stock.ErrInvalid, i, len(l.seats), l.q)
+		}
 	}
 	for _, h := range c.Holds {
-		if h.ExpiresAt.IsZero() || len(h.SeatIDs) > 0 {
-			return fmt.Errorf("%w: a cart hold line has an expiry and no seats", stock.ErrInvalid)
+		if h.ExpiresAt.IsZero() {
+			return fmt.Errorf("%w: a cart hold line has an expiry", stock.ErrInvalid)
 		}
 	}
 	return nil
@@ -160,8 +166,24 @@ func (l *Ledger) takeCart(ctx context.Context, c Cart, direct bool) (Cart, error
 		tx.Rollback()
 		return l.cartReplay(ctx, c.Req)
 	}
-	// SKU rows in ticket order (the lines' order), then the buyer's rows:
-	// the order every write that moves stock takes them in.
+	// Seats first, then SKU rows in ticket order (the lines' order), then
+	// the buyer's rows: the order every write that moves stock takes them
+	// in. A seat line's seats are held by its hold, or sold to its order.
+	seatState := seatHeld
+	if column == "sold" {
+		seatState = seatSold
+	}
+	for i, ln := range lines {
+		if len(ln.seats) == 0 {
+			continue
+		}
+		if err := takeSeatsAs(ctx, tx, ln.sku, ln.id, ln.seats, seatState); err != nil {
+			if errors.Is(err, ErrSeatsTaken) {
+				return Cart{}, &LineError{Line: i, Err: err}
+			}
+			return Cart{}, err
+		}
+	}
 	versions := make([]int64, len(lines))
 	for i, ln := range lines {
 		version, epoch := int64(-1), ln.gateEpoch
@@ -321,6 +343,14 @@ func (l *Ledger) ConfirmCart(ctx context.Context, id, buyer keys.ID, req Request
 		if len(inserted) != len(c.Orders) {
 			return c, notCommitted("confirm cart", fmt.Errorf("%d of %d order rows inserted", len(inserted), len(c.Orders)))
 		}
+		// Seats after the SKU rows, as a single confirm sells them.
+		for _, h := range c.Holds {
+			if len(h.SeatIDs) > 0 {
+				if err := moveSeats(ctx, tx, h.ID, seatHeld, seatSold); err != nil {
+					return c, err
+				}
+			}
+		}
 	}
 	// Confirmed now or before: the request is answered with the cart.
 	if err := finishCart(ctx, tx, req, &c); err != nil {
@@ -370,7 +400,13 @@ func (l *Ledger) CancelCart(ctx context.Context, id, buyer keys.ID, req Request)
 	lines := make([]returnLine, len(ended))
 	for k, i := range ended {
 		h := c.Holds[i]
-		lines[k] = returnLine{table: "holds", id: h.ID, sku: h.SKU, buyer: h.Buyer, q: h.Quantity, gate: h.Gate, takeEpoch: h.TakeEpoch}
+		seated := len(h.SeatIDs) > 0
+		if seated {
+			if err := moveSeats(ctx, tx, h.ID, seatHeld, seatFree); err != nil {
+				return c, nil, err
+			}
+		}
+		lines[k] = returnLine{table: "holds", id: h.ID, sku: h.SKU, buyer: h.Buyer, q: h.Quantity, gate: h.Gate, takeEpoch: h.TakeEpoch, seats: seated}
 	}
 	if err := returnLines(ctx, tx, lines, "held", now.UnixMilli()); err != nil {
 		return c, nil, err
@@ -419,7 +455,11 @@ func (l *Ledger) RefundCart(ctx context.Context, id, buyer keys.ID, req Request)
 			continue
 		}
 		c.Orders[i].RefundedAt = now
-		lines = append(lines, returnLine{table: "orders", id: o.ID, sku: o.SKU, buyer: o.Buyer, q: o.Quantity, gate: o.Gate, takeEpoch: o.TakeEpoch})
+		seated, err := releaseOrderSeats(ctx, tx, o)
+		if err != nil {
+			return c, nil, err
+		}
+		lines = append(lines, returnLine{table: "orders", id: o.ID, sku: o.SKU, buyer: o.Buyer, q: o.Quantity, gate: o.Gate, takeEpoch: o.TakeEpoch, seats: seated})
 		changed = append(changed, o.ID)
 	}
 	if err := returnLines(ctx, tx, lines, "sold", now.UnixMilli()); err != nil {
@@ -441,6 +481,7 @@ type returnLine struct {
 	sku         stock.SKU
 	q           int64
 	takeEpoch   int64
+	seats       bool // seats came back with it (always owed to the gate)
 }
 
 // returnLines gives back the lines' units of column: every SKU row first
@@ -463,7 +504,7 @@ func returnLines(ctx context.Context, tx *sql.Tx, lines []returnLine, column str
 		}
 	}
 	for i, ln := range lines {
-		if _, err := owed(ctx, tx, ln.table, ln.id, ln.gate, ln.takeEpoch, false, got[i]); err != nil {
+		if _, err := owed(ctx, tx, ln.table, ln.id, ln.gate, ln.takeEpoch, ln.seats, got[i]); err != nil {
 			return err
 		}
 		if err := stamp(ctx, tx, ln.sku, got[i].version); err != nil {
@@ -543,4 +584,10 @@ func scanAll[T any](ctx context.Context, db querier, query string, arg any, scan
 		add(v)
 	}
 	return rows.Err()
+}
+
+// distinct reports whether no id is in ids twice.
+func distinct(ids []keys.ID) bool {
+	sorted := slices.SortedFunc(slices.Values(ids), keys.ID.Compare)
+	return len(slices.CompactFunc(sorted, func(a, b keys.ID) bool { return a == b })) == len(ids)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -377,4 +378,118 @@ func TestHeldCartConfirmRacesCancel(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A cart's seat line holds (or, bought at once, sells) its seats with the
+// cart, all or nothing: a taken seat refuses the cart naming the line, and
+// moves neither seats nor counted stock; confirm sells a held cart's
+// seats, cancel frees them, and a refund frees a bought cart's seats,
+// which the seat facts show under the order's key meanwhile.
+func TestCartSeatLines(t *testing.T) {
+	eachDriver(t, func(t *testing.T, l *ledger.Ledger) {
+		ctx := context.Background()
+		stalls := putStalls(t, l, 6)
+		parking := stock.SKU{Program: sku.Program, Ticket: keys.MustID("zparking")}
+		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: parking, Total: 5, Shards: 1, MaxPerOrder: 4}); err != nil {
+			t.Fatal(err)
+		}
+		ann, bob := keys.MustID("ann"), keys.MustID("bob")
+		ids := func(ss ...string) []keys.ID {
+			var out []keys.ID
+			for _, s := range ss {
+				out = append(out, keys.MustID(s))
+			}
+			return out
+		}
+		held := func(key string, buyer keys.ID, seats []keys.ID, park int64) ledger.Cart {
+			c := ledger.Cart{Program: sku.Program, Buyer: buyer,
+				Req: ledger.Request{Scope: buyer, Key: keys.MustID(key), Fingerprint: "fp-" + key, Op: ledger.OpCartHold}}
+			exp := time.Now().Add(time.Hour)
+			c.Holds = append(c.Holds, ledger.Hold{IdempotencyKey: keys.MustID(key + "-l0"), SKU: stalls, Buyer: buyer,
+				Quantity: int64(len(seats)), SeatIDs: seats, GateEpoch: -1, ExpiresAt: exp})
+			c.Holds = append(c.Holds, ledger.Hold{IdempotencyKey: keys.MustID(key + "-l1"), SKU: parking, Buyer: buyer,
+				Quantity: park, GateEpoch: -1, ExpiresAt: exp})
+			return c
+		}
+		state := func() string {
+			all, err := l.Seats(ctx, stalls, keys.ID{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var b strings.Builder
+			for _, s := range all {
+				b.WriteString(s.State[:1])
+			}
+			p, err := l.SKU(ctx, parking)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return fmt.Sprintf("%s park %d", b.String(), p.Remaining())
+		}
+		c, err := l.HoldCart(ctx, held("h1", ann, ids("A-01", "A-02"), 2), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := state(); got != "hhffff park 3" {
+			t.Errorf("after the held cart: %s, want hhffff park 3", got)
+		}
+		// A-02 is taken: bob's cart is refused on its seat line, and
+		// neither A-03 nor parking moves.
+		_, err = l.HoldCart(ctx, held("h2", bob, ids("A-02", "A-03"), 1), false)
+		var le *ledger.LineError
+		var te *ledger.SeatsTakenError
+		if !errors.As(err, &le) || le.Line != 0 || !errors.As(err, &te) || fmt.Sprint(te.Seats) != "[A-02]" {
+			t.Errorf("cart over a taken seat = %v, want line 0 with seat A-02 taken", err)
+		}
+		if got := state(); got != "hhffff park 3" {
+			t.Errorf("after the refused cart: %s, want hhffff park 3", got)
+		}
+		if _, err := l.ConfirmCart(ctx, c.ID, ann, ledger.Request{}); err != nil {
+			t.Fatal(err)
+		}
+		if got := state(); got != "ssffff park 3" {
+			t.Errorf("after the confirm: %s, want ssffff park 3", got)
+		}
+		c2, err := l.HoldCart(ctx, held("h3", bob, ids("A-03"), 1), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := l.CancelCart(ctx, c2.ID, bob, ledger.Request{}); err != nil {
+			t.Fatal(err)
+		}
+		if got := state(); got != "ssffff park 3" {
+			t.Errorf("after the cancel: %s, want ssffff park 3", got)
+		}
+		// Bought at once: the seats are sold to the line's order.
+		bought := ledger.Cart{Program: sku.Program, Buyer: bob,
+			Req: ledger.Request{Scope: bob, Key: keys.MustID("p1"), Fingerprint: "fp-p1", Op: ledger.OpCart}}
+		bought.Orders = append(bought.Orders, ledger.Order{IdempotencyKey: keys.MustID("p1-l0"), SKU: stalls, Buyer: bob,
+			Quantity: 2, SeatIDs: ids("A-05", "A-06"), Gate: "seat-record", GateEpoch: -1})
+		pc, err := l.PurchaseCart(ctx, bought, false)
+		if err != nil || len(pc.Orders) != 1 || fmt.Sprint(pc.Orders[0].SeatIDs) != "[A-05 A-06]" {
+			t.Fatalf("bought seat cart = %+v, %v", pc, err)
+		}
+		if got := state(); got != "ssffss park 3" {
+			t.Errorf("after the bought cart: %s, want ssffss park 3", got)
+		}
+		facts, err := l.SeatFacts(ctx, stalls)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f := facts[5]; f.State != "sold" || f.HoldKey != "p1-l0" {
+			t.Errorf("seat fact of A-06 = %+v, want sold under p1-l0", f)
+		}
+		if got, err := l.OrderByID(ctx, pc.Orders[0].ID); err != nil || fmt.Sprint(got.SeatIDs) != "[A-05 A-06]" {
+			t.Errorf("order read back = %+v, %v; want its seats", got, err)
+		}
+		if _, changed, err := l.RefundCart(ctx, pc.ID, bob, ledger.Request{}); err != nil || len(changed) != 1 {
+			t.Fatalf("refund = %v, %v", changed, err)
+		}
+		if got := state(); got != "ssffff park 3" {
+			t.Errorf("after the refund: %s, want ssffff park 3", got)
+		}
+		if r, ok, err := l.RestoreOwed(ctx, "order", pc.Orders[0].ID); err != nil || !ok || r.Gate != "seat-record" || r.RequestID != keys.MustID("p1-l0") {
+			t.Errorf("restore owed = %+v, %v, %v; want the seats owed to the gate under the line's key", r, ok, err)
+		}
+	})
 }

@@ -112,7 +112,7 @@ func (l *Ledger) ConfirmBatch(ctx context.Context, cs []HoldRequest) (_ []BatchR
 func confirmOrder(h Hold, req Request, now time.Time) Order {
 	return Order{ID: NewID(), IdempotencyKey: ConfirmKey(h.ID), RequestHash: h.RequestHash, SKU: h.SKU, Buyer: h.Buyer,
 		Quantity: h.Quantity, Gate: h.Gate, GateKey: h.IdempotencyKey, HoldID: h.ID, CreatedAt: now, TakeEpoch: h.TakeEpoch,
-		CodeHash: h.CodeHash, Req: req}
+		CodeHash: h.CodeHash, SeatIDs: h.SeatIDs, Req: req}
 }
 
 // tryConfirms runs one transaction over orders[live] and returns the

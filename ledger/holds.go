@@ -452,16 +452,9 @@ func (l *Ledger) Refund(ctx context.Context, orderID, buyer keys.ID, req Request
 	if err != nil {
 		return o, false, err
 	}
-	seated := false
-	if !o.HoldID.IsZero() {
-		var n int64
-		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM seats WHERE hold_id = $1`, o.HoldID).Scan(&n); err != nil {
-			return o, false, notCommitted("refund seats", err)
-		}
-		seated = n > 0
-		if err := moveSeats(ctx, tx, o.HoldID, seatSold, seatFree); err != nil {
-			return o, false, err
-		}
+	seated, err := releaseOrderSeats(ctx, tx, o)
+	if err != nil {
+		return o, false, err
 	}
 	if _, err := owed(ctx, tx, "orders", o.ID, o.Gate, o.TakeEpoch, seated, r); err != nil {
 		return o, false, err

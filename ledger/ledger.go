@@ -433,6 +433,7 @@ var added = []struct{ table, name, def string }{
 	{"skus", "pool_closed_at", "BIGINT NOT NULL DEFAULT 0"},
 	{"orders", "code_hash", "TEXT NOT NULL DEFAULT ''"},
 	{"holds", "code_hash", "TEXT NOT NULL DEFAULT ''"},
+	{"orders", "seat_ids", "TEXT NOT NULL DEFAULT ''"},
 }
 
 // addedIndexes index columns of added: they run after the columns are
@@ -764,6 +765,10 @@ type Order struct {
 	GateKey    keys.ID   `json:"-"`
 	HoldID     keys.ID   `json:"hold_id,omitzero"`
 	CartID     keys.ID   `json:"cart_id,omitzero"` // the cart it is a line of
+	// SeatIDs are the seats sold (reserved seating): through its hold, or
+	// for a cart's seat line bought at once, held in the seats table under
+	// the order's own id.
+	SeatIDs    []keys.ID `json:"seats,omitempty"`
 	RefundedAt time.Time `json:"refunded_at,omitzero"`
 	// CodeHash is the access code the order used (see CodeHash); "" for
 	// none. The order is one use of it while it stands.
@@ -917,11 +922,11 @@ func notCommitted(step string, err error) error {
 
 func insertOrder(ctx context.Context, tx *sql.Tx, o Order) (bool, error) {
 	res, err := tx.ExecContext(ctx, `
-		INSERT INTO orders (id, idem_key, request_hash, program, ticket, buyer, quantity, gate, gate_key, hold_id, created_at, take_epoch, cart_id, code_hash)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+		INSERT INTO orders (id, idem_key, request_hash, program, ticket, buyer, quantity, gate, gate_key, hold_id, created_at, take_epoch, cart_id, code_hash, seat_ids)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
 		ON CONFLICT (idem_key) DO NOTHING`,
 		o.ID, o.IdempotencyKey, o.RequestHash, o.SKU.Program, o.SKU.Ticket, o.Buyer, o.Quantity, o.Gate, o.GateKey,
-		o.HoldID, o.CreatedAt.UnixMilli(), o.TakeEpoch, o.CartID, o.CodeHash)
+		o.HoldID, o.CreatedAt.UnixMilli(), o.TakeEpoch, o.CartID, o.CodeHash, keys.Join(o.SeatIDs, ","))
 	if err != nil {
 		return false, notCommitted("insert order", err)
 	}
@@ -1193,15 +1198,19 @@ func (l *Ledger) OrderByID(ctx context.Context, id keys.ID) (Order, error) {
 }
 
 const selectOrder = `SELECT id, idem_key, request_hash, program, ticket, buyer, quantity, gate, gate_key, hold_id,
-	refunded_at, created_at, take_epoch, cart_id, code_hash FROM orders`
+	refunded_at, created_at, take_epoch, cart_id, code_hash, seat_ids FROM orders`
 
 func scanOrder(r rowScanner) (Order, error) {
 	var o Order
 	var created, refunded int64
+	var seatIDs string
 	err := r.Scan(&o.ID, &o.IdempotencyKey, &o.RequestHash, &o.SKU.Program, &o.SKU.Ticket, &o.Buyer, &o.Quantity,
-		&o.Gate, &o.GateKey, &o.HoldID, &refunded, &created, &o.TakeEpoch, &o.CartID, &o.CodeHash)
+		&o.Gate, &o.GateKey, &o.HoldID, &refunded, &created, &o.TakeEpoch, &o.CartID, &o.CodeHash, &seatIDs)
 	if errors.Is(err, sql.ErrNoRows) {
 		return o, ErrNotFound
+	}
+	if err == nil {
+		o.SeatIDs, err = splitIDs(seatIDs)
 	}
 	if err != nil {
 		return o, fmt.Errorf("ledger: order: %w", err)

@@ -128,14 +128,15 @@ func (l *Ledger) tryRefunds(ctx context.Context, refs []refund, now time.Time) (
 		if !changed[r.order.ID] {
 			gone[r.order.ID] = true
 		}
-		if !r.order.HoldID.IsZero() {
-			holds = append(holds, r.order.HoldID)
+		if holder, ok := r.order.seatHolder(); ok {
+			holds = append(holds, holder)
 		}
 	}
 	if len(gone) > 0 {
 		return gone, nil
 	}
-	// Seats sold through a confirmed seat hold go back with its order. No
+	// Seats sold through a confirmed seat hold (or a cart's seat line) go
+	// back with its order. No
 	// one else moves them meanwhile: only the refund of that order frees
 	// them, and this transaction holds its row.
 	seated := map[keys.ID]bool{}
@@ -155,7 +156,7 @@ func (l *Ledger) tryRefunds(ctx context.Context, refs []refund, now time.Time) (
 	for _, r := range refs {
 		o := r.order
 		backs = append(backs, back{id: o.ID, sku: o.SKU, buyer: o.Buyer, quantity: o.Quantity, gate: o.Gate,
-			takeEpoch: o.TakeEpoch, seats: seated[o.HoldID]})
+			takeEpoch: o.TakeEpoch, seats: seated[seatHolderOf(o)]})
 	}
 	if err := giveBack(ctx, tx, "sold", "orders", backs, now); err != nil {
 		return nil, err
@@ -164,4 +165,10 @@ func (l *Ledger) tryRefunds(ctx context.Context, refs []refund, now time.Time) (
 		return nil, fmt.Errorf("ledger: refunds: commit: %w", err)
 	}
 	return nil, nil
+}
+
+// seatHolderOf is the order's seat holder, or the zero id for none.
+func seatHolderOf(o Order) keys.ID {
+	id, _ := o.seatHolder()
+	return id
 }

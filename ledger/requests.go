@@ -88,6 +88,7 @@ type orderSnap struct {
 	ID, RequestID, GateKey, Program, Ticket, Buyer, HoldID keys.ID
 	CartID                                                 keys.ID `json:",omitzero"`
 	Quantity, CreatedAt, RefundedAt                        int64
+	Seats                                                  []keys.ID `json:",omitempty"`
 }
 
 type holdSnap struct {
@@ -101,13 +102,13 @@ type holdSnap struct {
 func snapOrder(o *Order) *orderSnap {
 	return &orderSnap{ID: o.ID, RequestID: o.IdempotencyKey, GateKey: o.GateKey, Program: o.SKU.Program,
 		Ticket: o.SKU.Ticket, Buyer: o.Buyer, HoldID: o.HoldID, CartID: o.CartID, Quantity: o.Quantity,
-		CreatedAt: o.CreatedAt.UnixMilli(), RefundedAt: ms(o.RefundedAt)}
+		CreatedAt: o.CreatedAt.UnixMilli(), RefundedAt: ms(o.RefundedAt), Seats: o.SeatIDs}
 }
 
 func (o *orderSnap) order(req Request) Order {
 	return Order{ID: o.ID, IdempotencyKey: o.RequestID, GateKey: o.GateKey, SKU: stock.SKU{Program: o.Program, Ticket: o.Ticket},
 		Buyer: o.Buyer, HoldID: o.HoldID, CartID: o.CartID, Quantity: o.Quantity, CreatedAt: fromMS(o.CreatedAt),
-		RefundedAt: fromMS(o.RefundedAt), Req: req}
+		RefundedAt: fromMS(o.RefundedAt), SeatIDs: o.Seats, Req: req}
 }
 
 func encodeCart(c *Cart) string {

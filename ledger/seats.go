@@ -96,15 +96,21 @@ func (l *Ledger) LoadSeats(ctx context.Context, sku stock.SKU, seats []Seat) (in
 // takeSeats marks the seats held by holdID inside tx, all or none: a
 // *SeatsTakenError names the seats that were not free (or not in the map).
 func takeSeats(ctx context.Context, tx *sql.Tx, sku stock.SKU, holdID keys.ID, ids []keys.ID) error {
-	args := []any{sku.Program, sku.Ticket, holdID}
+	return takeSeatsAs(ctx, tx, sku, holdID, ids, seatHeld)
+}
+
+// takeSeatsAs is takeSeats into state (held, or sold for a cart's seat
+// line bought at once, whose holder is its order).
+func takeSeatsAs(ctx context.Context, tx *sql.Tx, sku stock.SKU, holder keys.ID, ids []keys.ID, state string) error {
+	args := []any{sku.Program, sku.Ticket, holder}
 	ph := make([]string, len(ids))
 	for i, id := range ids {
 		args = append(args, id)
 		ph[i] = "$" + strconv.Itoa(i+4)
 	}
 	in := strings.Join(ph, ", ")
-	res, err := tx.ExecContext(ctx, `UPDATE seats SET state = 'held', hold_id = $3
-		WHERE program = $1 AND ticket = $2 AND state = 'free' AND seat_id IN (`+in+`)`, args...)
+	res, err := tx.ExecContext(ctx, `UPDATE seats SET state = $`+strconv.Itoa(len(args)+1)+`, hold_id = $3
+		WHERE program = $1 AND ticket = $2 AND state = 'free' AND seat_id IN (`+in+`)`, append(args, state)...)
 	if err != nil {
 		return notCommitted("take seats", err)
 	}
@@ -133,6 +139,37 @@ func takeSeats(ctx context.Context, tx *sql.Tx, sku stock.SKU, holdID keys.ID, i
 	}
 	slices.Sort(taken)
 	return &SeatsTakenError{Seats: taken}
+}
+
+// releaseOrderSeats frees the seats a refunded order sold (held under its
+// hold's id, or its own for a cart's seat line) and reports whether it had
+// any.
+func releaseOrderSeats(ctx context.Context, tx *sql.Tx, o Order) (bool, error) {
+	holder, ok := o.seatHolder()
+	if !ok {
+		return false, nil
+	}
+	var n int64
+	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM seats WHERE hold_id = $1 AND state = $2`, holder, seatSold).Scan(&n); err != nil {
+		return false, notCommitted("refund seats", err)
+	}
+	if n == 0 {
+		return false, nil
+	}
+	return true, moveSeats(ctx, tx, holder, seatSold, seatFree)
+}
+
+// seatHolder is the id the order's seats are held under in the seats
+// table: its hold's, or its own for a cart's seat line bought at once; ok
+// is false for an order that can have no seats.
+func (o Order) seatHolder() (keys.ID, bool) {
+	switch {
+	case !o.HoldID.IsZero():
+		return o.HoldID, true
+	case len(o.SeatIDs) > 0:
+		return o.ID, true
+	}
+	return keys.ID{}, false
 }
 
 // moveSeats moves the seats of a hold from one state to another inside tx.
@@ -177,8 +214,10 @@ type SeatFact struct {
 
 // SeatFacts lists a SKU's seats with the key of the hold on each.
 func (l *Ledger) SeatFacts(ctx context.Context, sku stock.SKU) ([]SeatFact, error) {
-	rows, err := l.db.QueryContext(ctx, `SELECT s.seat_id, s.section, s.state, COALESCE(h.idem_key, '')
-		FROM seats s LEFT JOIN holds h ON h.id = s.hold_id
+	// A seat's holder is a hold, or the order of a cart line that bought
+	// it at once; the gate knows either by its row key.
+	rows, err := l.db.QueryContext(ctx, `SELECT s.seat_id, s.section, s.state, COALESCE(h.idem_key, o.idem_key, '')
+		FROM seats s LEFT JOIN holds h ON h.id = s.hold_id LEFT JOIN orders o ON o.id = s.hold_id
 		WHERE s.program = $1 AND s.ticket = $2 ORDER BY s.seat_id`, sku.Program, sku.Ticket)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: seat facts: %w", err)

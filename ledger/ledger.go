@@ -762,9 +762,9 @@ type Order struct {
 	// GateKey is the request id of the Redis records behind Gate: the
 	// order's own, or the one of the hold it confirmed. Empty means
 	// IdempotencyKey.
-	GateKey    keys.ID   `json:"-"`
-	HoldID     keys.ID   `json:"hold_id,omitzero"`
-	CartID     keys.ID   `json:"cart_id,omitzero"` // the cart it is a line of
+	GateKey keys.ID `json:"-"`
+	HoldID  keys.ID `json:"hold_id,omitzero"`
+	CartID  keys.ID `json:"cart_id,omitzero"` // the cart it is a line of
 	// SeatIDs are the seats sold (reserved seating): through its hold, or
 	// for a cart's seat line bought at once, held in the seats table under
 	// the order's own id.

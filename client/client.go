@@ -97,6 +97,7 @@ type Order struct {
 	Buyer     string    `json:"buyer"`
 	Quantity  int64     `json:"quantity"`
 	HoldID    string    `json:"hold_id,omitempty"` // the hold it confirmed, if any
+	Seats     []string  `json:"seats,omitempty"`   // a seated ticket's seats
 	CreatedAt time.Time `json:"created_at"`
 	// RefundedAt is set once the order is refunded.
 	RefundedAt *time.Time `json:"refunded_at,omitempty"`
@@ -183,10 +184,14 @@ func (c *Client) Purchase(ctx context.Context, sku SKU, key, buyer string, quant
 	return o, err
 }
 
-// CartLine is one line of a cart: quantity tickets of one ticket id.
+// CartLine is one line of a cart: quantity tickets of one ticket id, or
+// of a seated ticket: the seats named (Quantity may be 0), or the best
+// Quantity adjacent seats (in Section, when given).
 type CartLine struct {
-	Ticket   string `json:"ticket"`
-	Quantity int64  `json:"quantity"`
+	Ticket   string   `json:"ticket"`
+	Quantity int64    `json:"quantity,omitempty"`
+	Seats    []string `json:"seats,omitempty"`
+	Section  string   `json:"section,omitempty"`
 }
 
 // Cart is a committed cart: an order per line, in ticket order; a held

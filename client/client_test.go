@@ -168,6 +168,16 @@ func TestEveryCall(t *testing.T) {
 	if best, err := c.HoldBestSeats(ctx, seated, "s3", "ivy", "A", 3, 0); err != nil || len(best.Seats) != 3 {
 		t.Errorf("HoldBestSeats = %+v, %v", best, err)
 	}
+	// A cart's seat line names its seats; a taken one is named back.
+	if _, err := c.HoldCart(ctx, seated.Program, "sc1", "jan", []client.CartLine{{Ticket: "stalls", Seats: []string{"A-02", "A-06"}}}, 0); !errors.Is(err, client.ErrSeatsTaken) {
+		t.Errorf("seat cart over a taken seat = %v, want ErrSeatsTaken", err)
+	} else if p := (*client.Problem)(nil); !errors.As(err, &p) || fmt.Sprint(p.Seats) != "[A-02]" || len(p.Lines) != 1 {
+		t.Errorf("seats-taken problem %+v, want seat A-02 and line stalls", p)
+	}
+	if sc, err := c.PurchaseCart(ctx, seated.Program, "sc2", "jan", []client.CartLine{{Ticket: "stalls", Seats: []string{"A-06"}}}); err != nil ||
+		fmt.Sprint(sc.Orders[0].Seats) != "[A-06]" {
+		t.Errorf("seat cart = %+v, %v; want its order with seat A-06", sc, err)
+	}
 	if raw, err := c.Seats(ctx, seated, "A"); err != nil || !strings.Contains(string(raw), "A-06") {
 		t.Errorf("Seats = %s, %v", raw, err)
 	}

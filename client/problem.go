@@ -17,6 +17,8 @@ type Problem struct {
 	Instance string `json:"instance,omitempty"`
 	// Lines are the cart lines a cart was refused for.
 	Lines []RefusedLine `json:"lines,omitempty"`
+	// Seats are the seats a seat problem is about (taken, unknown).
+	Seats []string `json:"seats,omitempty"`
 	// RetryAfter is the answer's Retry-After (503 and 429).
 	RetryAfter time.Duration `json:"-"`
 }

@@ -25,6 +25,8 @@ type Problem struct {
 	// Lines are the cart lines a cart was refused for (an extension
 	// member, as RFC 9457 allows).
 	Lines []problemLine `json:"lines,omitempty"`
+	// Seats are the seats a seat problem is about (taken, unknown).
+	Seats []string `json:"seats,omitempty"`
 }
 
 // problemLine is a cart line a refusal names: its ticket and why (a
@@ -50,11 +52,12 @@ func retryAfter(wait time.Duration) int {
 
 // retryAfter > 0 sets Retry-After in seconds (429 and 503).
 func writeProblem(c *gin.Context, status int, kind, detail string, retryAfter int) {
-	writeProblemLines(c, status, kind, detail, retryAfter, nil)
+	writeProblemLines(c, status, kind, detail, retryAfter, nil, nil)
 }
 
-// writeProblemLines is writeProblem naming the cart lines refused.
-func writeProblemLines(c *gin.Context, status int, kind, detail string, retryAfter int, lines []problemLine) {
+// writeProblemLines is writeProblem naming the cart lines refused and the
+// seats the problem is about.
+func writeProblemLines(c *gin.Context, status int, kind, detail string, retryAfter int, lines []problemLine, seats []string) {
 	if retryAfter > 0 {
 		c.Header("Retry-After", strconv.Itoa(retryAfter))
 	}
@@ -66,6 +69,7 @@ func writeProblemLines(c *gin.Context, status int, kind, detail string, retryAft
 		Detail:   detail,
 		Instance: c.Request.URL.Path,
 		Lines:    lines,
+		Seats:    seats,
 	}})
 	c.Abort()
 }
@@ -152,5 +156,5 @@ func (s *Server) writeError(c *gin.Context, err error) {
 	for _, l := range sale.Lines(err) {
 		lines = append(lines, problemLine{Ticket: l.Ticket, Code: l.Code})
 	}
-	writeProblemLines(c, status, kind.Code, sale.Detail(err), retry, lines)
+	writeProblemLines(c, status, kind.Code, sale.Detail(err), retry, lines, sale.Seats(err))
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/sale"
+	"github.com/stockgate/stockgate/stock"
 )
 
 // purchaseBody is the JSON of a purchase. Quantity is a pointer so a
@@ -45,6 +46,7 @@ type orderView struct {
 	Buyer      string     `json:"buyer"`
 	Quantity   int64      `json:"quantity"`
 	HoldID     string     `json:"hold_id,omitempty"`
+	Seats      []string   `json:"seats,omitempty"`
 	CreatedAt  time.Time  `json:"created_at"`
 	RefundedAt *time.Time `json:"refunded_at,omitempty"`
 }
@@ -52,6 +54,9 @@ type orderView struct {
 func orderViewOf(o sale.Order) orderView {
 	v := orderView{OrderID: o.ID.String(), Program: o.SKU.Program.String(), Ticket: o.SKU.Ticket.String(),
 		Buyer: o.Buyer.String(), Quantity: o.Quantity, HoldID: o.HoldID.String(), CreatedAt: o.CreatedAt}
+	for _, id := range o.Seats {
+		v.Seats = append(v.Seats, id.String())
+	}
 	if !o.RefundedAt.IsZero() {
 		v.RefundedAt = &o.RefundedAt
 	}
@@ -324,9 +329,13 @@ type cartBody struct {
 	TTLSeconds *int64         `json:"ttl_seconds"`
 }
 
+// cartLineBody is a line: a quantity of a ticket, or of a seated
+// ticket's seats: the seats named, or the best adjacent ones (in section).
 type cartLineBody struct {
-	Ticket   string `json:"ticket"`
-	Quantity *int64 `json:"quantity"`
+	Ticket   string   `json:"ticket"`
+	Quantity *int64   `json:"quantity"`
+	Seats    []string `json:"seats"`
+	Section  string   `json:"section"`
 }
 
 // cartView is the body of a cart: its orders, one per line, and for a
@@ -428,11 +437,34 @@ func (s *Server) cart(c *gin.Context, hold bool) {
 			writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", fmt.Sprintf("lines[%d].ticket must match [A-Za-z0-9_-]{1,64}", i), 0)
 			return
 		}
-		if l.Quantity == nil || *l.Quantity < 1 {
-			writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", fmt.Sprintf("lines[%d].quantity must be an integer >= 1", i), 0)
+		line := sale.CartLine{Ticket: ticket}
+		switch {
+		case l.Quantity != nil && *l.Quantity >= 1:
+			line.Quantity = *l.Quantity
+		case l.Quantity != nil || len(l.Seats) == 0:
+			writeProblem(c, http.StatusUnprocessableEntity, "invalid-field",
+				fmt.Sprintf("lines[%d].quantity must be an integer >= 1 (it may be left out when the line names its seats)", i), 0)
 			return
 		}
-		t.Lines = append(t.Lines, sale.CartLine{Ticket: ticket, Quantity: *l.Quantity})
+		if len(l.Seats) > stock.MaxPerOrderCap {
+			writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", fmt.Sprintf("lines[%d].seats: at most %d seats", i, stock.MaxPerOrderCap), 0)
+			return
+		}
+		for _, text := range l.Seats {
+			id, err := keys.ParseID(text)
+			if err != nil {
+				writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", fmt.Sprintf("lines[%d].seats: seat %q must match [A-Za-z0-9_-]{1,64}", i, text), 0)
+				return
+			}
+			line.Seats = append(line.Seats, id)
+		}
+		if l.Section != "" {
+			if line.Section, err = keys.ParseID(l.Section); err != nil {
+				writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", fmt.Sprintf("lines[%d].section must match [A-Za-z0-9_-]{1,64}", i), 0)
+				return
+			}
+		}
+		t.Lines = append(t.Lines, line)
 	}
 	if !hold {
 		if body.TTLSeconds != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/lock"
+	"github.com/stockgate/stockgate/seats"
 	"github.com/stockgate/stockgate/shard"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -20,10 +21,15 @@ import (
 const MaxCartLines = ledger.MaxCartLines
 
 // CartLine is one line of a cart: Quantity units of a ticket of the
-// cart's program.
+// cart's program. A seated ticket's line is seats: the given Seats (all of
+// one section; Quantity then is their number, or 0), or the best Quantity
+// adjacent seats, in Section when it is given, else in the first section
+// (in id order) that has them.
 type CartLine struct {
 	Ticket   keys.ID
 	Quantity int64
+	Seats    []keys.ID
+	Section  keys.ID
 }
 
 // CartTake asks for every line of a cart, all or nothing: bought, or held
@@ -73,6 +79,18 @@ func (t CartTake) check(hold bool) ([]CartLine, error) {
 	lines := slices.Clone(t.Lines)
 	slices.SortFunc(lines, func(a, b CartLine) int { return a.Ticket.Compare(b.Ticket) })
 	for i, l := range lines {
+		if len(l.Seats) > 0 {
+			switch {
+			case !l.Section.IsZero():
+				return nil, refuseLine(ErrInvalid, l.Ticket, "a line names its seats, or a section for the best seats; not both")
+			case l.Quantity != 0 && l.Quantity != int64(len(l.Seats)):
+				return nil, refuseLine(ErrInvalid, l.Ticket, "quantity must be the number of seats named (or left out)")
+			case !distinct(l.Seats):
+				return nil, refuseLine(ErrInvalid, l.Ticket, "a seat is named twice")
+			}
+			l.Quantity = int64(len(l.Seats))
+			lines[i] = l
+		}
 		switch {
 		case l.Ticket.IsZero():
 			return nil, refuse(ErrInvalid, "every line names a ticket id matching [A-Za-z0-9_-]{1,64}")
@@ -115,7 +133,14 @@ func (s *Service) takeCart(ctx context.Context, t CartTake, hold bool) (Result, 
 	op := ledger.OpCart
 	fields := []string{t.Program.String()}
 	for _, l := range lines {
-		fields = append(fields, l.Ticket.String()+":"+strconv.FormatInt(l.Quantity, 10))
+		f := l.Ticket.String() + ":" + strconv.FormatInt(l.Quantity, 10)
+		if len(l.Seats) > 0 {
+			f += ":" + keys.Join(l.Seats, ",")
+		}
+		if !l.Section.IsZero() {
+			f += ":@" + l.Section.String()
+		}
+		fields = append(fields, f)
 	}
 	if hold {
 		op, fields = ledger.OpCartHold, append(fields, t.TTL.String())
@@ -124,6 +149,7 @@ func (s *Service) takeCart(ctx context.Context, t CartTake, hold bool) (Result, 
 	for i, l := range lines {
 		c.lines = append(c.lines, want{sku: stock.SKU{Program: t.Program, Ticket: l.Ticket}, buyer: t.Buyer, q: l.Quantity,
 			hold: hold, req: c.req.lineOf(i)})
+		c.picks = append(c.picks, seatPick{seats: l.Seats, section: l.Section})
 	}
 	return s.run(ctx, c.req, c.take)
 }
@@ -149,6 +175,9 @@ func (s *Service) confirmCart(ctx context.Context, id, buyer keys.ID, r request)
 	c, err := s.ledger.ConfirmCart(ctx, id, buyer, r.ledger())
 	switch {
 	case err == nil:
+		for _, o := range c.Orders {
+			s.sellSeats(ctx, o)
+		}
 		return answer{cart: &c}
 	case errors.Is(err, ledger.ErrDuplicate):
 		return answer{cart: &c, replayed: true}
@@ -207,6 +236,18 @@ func (s *Service) CartByID(ctx context.Context, id keys.ID) (Cart, error) {
 	return cartOf(c), nil
 }
 
+// sellSeats marks a seat order's seats sold in the gate. If this fails
+// they stay held by the order's owner id, which no one else can take; the
+// seat consistency check repairs it.
+func (s *Service) sellSeats(ctx context.Context, o ledger.Order) {
+	if section, ids, ok := seats.DecodeGate(o.Gate); ok && s.seats != nil {
+		_ = s.redis(ctx, func(ctx context.Context) error {
+			_, err := s.seats.Sell(ctx, o.SKU, section, o.GateRequest(), ids)
+			return err
+		})
+	}
+}
+
 // cartFlow is one cart purchase: its request and a want per line.
 type cartFlow struct {
 	s     *Service
@@ -215,6 +256,23 @@ type cartFlow struct {
 	lines []want
 	hold  bool
 	ttl   time.Duration // a held cart's lifetime; 0: the shortest default of its tickets
+	// picks are what each line asks of its seats (nothing for a counted
+	// line); placed, the seats each seat line has in this attempt.
+	picks  []seatPick
+	placed []placed
+}
+
+// seatPick is what a seat line asks for: the given seats, or the best
+// adjacent ones (seats empty) in section, or in any.
+type seatPick struct {
+	seats   []keys.ID
+	section keys.ID
+}
+
+// placed is a seat line's seats, all of one section.
+type placed struct {
+	section keys.ID
+	ids     []keys.ID
 }
 
 // ledgerCart is the cart the ledger commits: a line per want (an order, or
@@ -227,12 +285,19 @@ func (c *cartFlow) ledgerCart(got []taken, expires time.Time) ledger.Cart {
 		if got != nil {
 			gate, epoch = shard.EncodeParts(got[i].parts), got[i].epoch
 		}
+		// A seat line's record names its seats and their owner even when
+		// taken around the gate, as a seat hold's does: its return
+		// releases them by owner (a no-op where not held).
+		p := c.placed[i]
+		if len(p.ids) > 0 {
+			gate, epoch = seats.EncodeGate(p.section, p.ids), -1
+		}
 		if c.hold {
 			cart.Holds = append(cart.Holds, ledger.Hold{IdempotencyKey: w.req.gateID(), SKU: w.sku, Buyer: c.buyer,
-				Quantity: w.q, Gate: gate, GateEpoch: epoch, ExpiresAt: expires})
+				Quantity: w.q, Gate: gate, GateEpoch: epoch, ExpiresAt: expires, SeatIDs: p.ids})
 		} else {
 			cart.Orders = append(cart.Orders, ledger.Order{IdempotencyKey: w.req.gateID(), SKU: w.sku, Buyer: c.buyer,
-				Quantity: w.q, Gate: gate, GateEpoch: epoch})
+				Quantity: w.q, Gate: gate, GateEpoch: epoch, SeatIDs: p.ids})
 		}
 	}
 	return cart
@@ -270,6 +335,8 @@ type taken struct {
 	// replica) made this line's deduction; it is that attempt's to commit
 	// or give back, never this one's.
 	replayed bool
+	// seats: a seat line's seats, held in the gate under the line's id.
+	seats placed
 }
 
 // lockCart names the lock copies of one cart request take turns under.
@@ -336,11 +403,15 @@ func (c *cartFlow) takeOnce(ctx context.Context) (_ answer, stale stock.SKU) {
 			return ansUnavailable, stale
 		case w.q > st.MaxPerOrder:
 			return c.refused(ctx, ErrOverMax, i, fmt.Sprintf("quantity %d over this ticket's maximum of %d per order", w.q, st.MaxPerOrder)), stale
-		case st.Seated:
-			return c.refused(ctx, ErrSeated, i, ""), stale
+		case st.Seated && s.seats == nil:
+			return c.refused(ctx, ErrNoSeating, i, ""), stale
+		case st.Seated && len(c.picks[i].seats) == 0 && w.q > MaxBestSeats:
+			return c.refused(ctx, ErrInvalid, i, fmt.Sprintf("at most %d best seats per line", MaxBestSeats)), stale
+		case !st.Seated && (len(c.picks[i].seats) > 0 || !c.picks[i].section.IsZero()):
+			return c.refused(ctx, ErrNotSeated, i, ""), stale
 		case !st.EndedAt.IsZero():
 			return c.refused(ctx, ErrSaleEnded, i, ""), stale
-		case s.cache.SoldOut(w.sku):
+		case !st.Seated && s.cache.SoldOut(w.sku):
 			return c.refused(ctx, ErrSoldOut, i, ""), stale
 		case st.PerBuyer > 0 && w.q > st.PerBuyer:
 			return c.refused(ctx, ErrLimit, i, ""), stale
@@ -348,19 +419,37 @@ func (c *cartFlow) takeOnce(ctx context.Context) (_ answer, stale stock.SKU) {
 			return c.refused(ctx, ErrInvalid, i, fmt.Sprintf("ttl_seconds must be in %d..%d for this ticket",
 				int(ledger.MinHoldTTL.Seconds()), int(st.HoldTTLMax.Seconds()))), stale
 		}
-		if st.GateStale() && !direct && s.breaker.State() == breaker.Closed {
+		if !st.Seated && st.GateStale() && !direct && s.breaker.State() == breaker.Closed {
 			if err := s.reseed(ctx, w.sku, reasonBypass, false); err != nil {
 				direct = true
 			}
 		}
 		states[i] = st
 	}
+	if a, ok := c.placeGiven(ctx, states); !ok {
+		return a, stale
+	}
 	if direct {
 		return c.direct(ctx, states), stale
+	}
+	if slices.ContainsFunc(states, func(st ledger.SKUState) bool { return st.Seated }) {
+		// A retry of a committed cart with seats is answered from the
+		// ledger before its seats are touched: holding them again under
+		// the same owners is a no-op, but a refusal of a later line would
+		// release them from the committed cart.
+		if a, ok, err := s.recorded(ctx, c.req); err != nil {
+			return ansUnavailable, stale
+		} else if ok {
+			return a, stale
+		}
 	}
 	var got []taken
 	undo := func(release bool) {
 		for _, t := range got {
+			if len(t.seats.ids) > 0 {
+				c.releaseSeats(ctx, t)
+				continue
+			}
 			if t.replayed {
 				t.quota.replayed(ctx) // only the counts this attempt made
 				continue
@@ -373,6 +462,24 @@ func (c *cartFlow) takeOnce(ctx context.Context) (_ answer, stale stock.SKU) {
 	}
 	for i, w := range c.lines {
 		st := states[i]
+		if st.Seated {
+			p, a, err := c.holdSeats(ctx, i)
+			switch {
+			case err != nil && notRun(err):
+				undo(true)
+				return c.direct(ctx, states), stale
+			case err != nil:
+				s.log.ErrorContext(ctx, "seats", "sku", w.sku.String(), "err", err)
+				undo(true)
+				return s.counted(pathGate, ansUnavailable), stale
+			case a.err != nil:
+				undo(true)
+				return s.counted(pathGate, a), stale
+			}
+			c.placed[i] = p
+			got = append(got, taken{w: w, seats: p})
+			continue
+		}
 		quota, qerr := s.takeQuota(ctx, w, st)
 		switch {
 		case errors.Is(qerr, errOverCap), errors.Is(qerr, shard.ErrKeyCounted), errors.Is(qerr, stock.ErrLimit):
@@ -430,18 +537,28 @@ func (c *cartFlow) takeOnce(ctx context.Context) (_ answer, stale stock.SKU) {
 	if errors.As(err, &le) {
 		line = le.Line
 	}
+	var te *ledger.SeatsTakenError
 	switch {
 	case err == nil:
+		for _, o := range committed.Orders {
+			s.sellSeats(ctx, o)
+		}
 		s.count(pathGate, "sold")
 		return answer{cart: &committed}, stale
 	case errors.Is(err, ledger.ErrDuplicate):
 		// Another attempt of this cart committed first: give back only what
-		// its orders do not stand on.
+		// its orders do not stand on. Its seat lines hold the same seats
+		// under the same owners: they stay.
 		for _, t := range got {
-			s.giveBackUnused(ctx, t.w, t.parts)
-			t.quota.replayed(ctx)
+			if len(t.seats.ids) == 0 {
+				s.giveBackUnused(ctx, t.w, t.parts)
+				t.quota.replayed(ctx)
+			}
 		}
 		return answer{cart: &committed, replayed: true}, stale
+	case errors.As(err, &te) && line >= 0:
+		undo(true)
+		return s.counted(pathGate, c.refusedSeats(ctx, ErrSeatsTaken, line, te.Seats)), stale
 	case errors.Is(err, ledger.ErrKeyReused):
 		undo(true)
 		return ansKeyReused, stale
@@ -490,7 +607,11 @@ func (c *cartFlow) direct(ctx context.Context, states []ledger.SKUState) answer 
 		return s.counted(pathLedger, ansBusy)
 	}
 	defer release()
+	if a, ok := c.placeBest(ctx, states); !ok {
+		return s.counted(pathLedger, a)
+	}
 	cart := c.ledgerCart(nil, c.expiry(states))
+	var te *ledger.SeatsTakenError
 	for attempt := range s.opts.FallbackAttempts {
 		if !s.fallbackPause(ctx, attempt) {
 			return ansUnavailable
@@ -514,6 +635,8 @@ func (c *cartFlow) direct(ctx context.Context, states []ledger.SKUState) answer 
 			return ansKeyReused
 		case errors.Is(err, ledger.ErrConflict):
 			continue
+		case errors.As(err, &te):
+			return s.counted(pathLedger, c.refusedSeats(ctx, ErrSeatsTaken, line, te.Seats))
 		case errors.Is(err, stock.ErrSoldOut):
 			return s.counted(pathLedger, c.refused(ctx, ErrSoldOut, line, ""))
 		case errors.Is(err, stock.ErrLimit) && le == nil:
@@ -532,4 +655,139 @@ func (c *cartFlow) direct(ctx context.Context, states []ledger.SKUState) answer 
 		return s.counted(pathLedger, s.lookupOr(ctx, c.req, ansUnavailable))
 	}
 	return s.counted(pathLedger, ansBusy)
+}
+
+// refusedSeats answers a refusal of the cart's line i naming seats.
+func (c *cartFlow) refusedSeats(ctx context.Context, kind *Err, i int, ids []string) answer {
+	return c.s.lookupOr(ctx, c.req, fail(refuseLineSeats(kind, c.lines[i].sku.Ticket, ids)))
+}
+
+// placeGiven finds the section of each seat line that names its seats,
+// refusing seats not in the map and seats of two sections; it starts this
+// attempt's placed seats.
+func (c *cartFlow) placeGiven(ctx context.Context, states []ledger.SKUState) (answer, bool) {
+	c.placed = make([]placed, len(c.lines))
+	for i, w := range c.lines {
+		pick := c.picks[i]
+		if !states[i].Seated || len(pick.seats) == 0 {
+			continue
+		}
+		m, err := c.s.seatMaps.Get(ctx, w.sku)
+		if err != nil {
+			return ansUnavailable, false
+		}
+		section, unknown, spans := m.section(pick.seats)
+		switch {
+		case spans:
+			return c.refused(ctx, ErrSeatsSpan, i, ""), false
+		case len(unknown) > 0:
+			return c.refusedSeats(ctx, ErrUnknownSeats, i, unknown), false
+		}
+		c.placed[i] = placed{section: section, ids: pick.seats}
+	}
+	return answer{}, true
+}
+
+// sections are the sections a best-seats line looks in, in order: its
+// own, or every section of the map by id.
+func (c *cartFlow) sections(ctx context.Context, i int) ([]keys.ID, error) {
+	if sec := c.picks[i].section; !sec.IsZero() {
+		return []keys.ID{sec}, nil
+	}
+	m, err := c.s.seatMaps.Get(ctx, c.lines[i].sku)
+	if err != nil {
+		return nil, err
+	}
+	var out []keys.ID
+	for _, sec := range m {
+		if !slices.Contains(out, sec) {
+			out = append(out, sec)
+		}
+	}
+	slices.SortFunc(out, keys.ID.Compare)
+	return out, nil
+}
+
+// holdSeats holds line i's seats in the gate under the line's id: the
+// given ones, all or none, or the best adjacent ones. A refusal is in the
+// answer; an error is Redis's.
+func (c *cartFlow) holdSeats(ctx context.Context, i int) (placed, answer, error) {
+	s, w, owner := c.s, c.lines[i], c.lines[i].req.gateID()
+	if p := c.placed[i]; len(p.ids) > 0 {
+		err := s.redis(ctx, func(ctx context.Context) error { return s.seats.Hold(ctx, w.sku, p.section, owner, p.ids) })
+		var se *seats.SeatError
+		switch {
+		case errors.As(err, &se) && errors.Is(err, seats.ErrTaken):
+			return p, c.refusedSeats(ctx, ErrSeatsTaken, i, se.Seats), nil
+		case errors.As(err, &se):
+			return p, c.refusedSeats(ctx, ErrSeatsNotInGate, i, se.Seats), nil
+		}
+		return p, answer{}, err
+	}
+	sections, err := c.sections(ctx, i)
+	if err != nil {
+		return placed{}, ansUnavailable, nil
+	}
+	for _, sec := range sections {
+		var ids []keys.ID
+		err := s.redis(ctx, func(ctx context.Context) (err error) {
+			ids, err = s.seats.Best(ctx, w.sku, sec, owner, int(w.q))
+			return err
+		})
+		switch {
+		case errors.Is(err, seats.ErrNoAdjacent):
+			continue
+		case err != nil:
+			return placed{}, answer{}, err
+		}
+		return placed{section: sec, ids: ids}, answer{}, nil
+	}
+	return placed{}, c.refused(ctx, ErrNoAdjacent, i, fmt.Sprintf("no %d adjacent seats free", w.q)), nil
+}
+
+// placeBest picks each best-seats line's seats from the ledger's map, for
+// a cart committed around the gate.
+func (c *cartFlow) placeBest(ctx context.Context, states []ledger.SKUState) (answer, bool) {
+	for i, w := range c.lines {
+		if !states[i].Seated || len(c.placed[i].ids) > 0 {
+			continue
+		}
+		sections, err := c.sections(ctx, i)
+		if err != nil {
+			return ansUnavailable, false
+		}
+		for _, sec := range sections {
+			all, err := c.s.ledger.Seats(ctx, w.sku, sec)
+			if err != nil {
+				return ansUnavailable, false
+			}
+			if ids := bestAdjacent(all, int(w.q)); ids != nil {
+				c.placed[i] = placed{section: sec, ids: ids}
+				break
+			}
+		}
+		if len(c.placed[i].ids) == 0 {
+			return c.refused(ctx, ErrNoAdjacent, i, fmt.Sprintf("no %d adjacent seats free", w.q)), false
+		}
+	}
+	return answer{}, true
+}
+
+// releaseSeats gives back the seats a line held in the gate. If Redis
+// cannot, they stay held by the line's id, which nothing else holds; the
+// seat consistency check frees them.
+func (c *cartFlow) releaseSeats(ctx context.Context, t taken) {
+	err := c.s.redis(ctx, func(ctx context.Context) error {
+		_, err := c.s.seats.Release(ctx, t.w.sku, t.seats.section, t.w.req.gateID(), t.seats.ids)
+		return err
+	})
+	if err != nil {
+		c.s.log.WarnContext(ctx, "release cart seats; the seat check frees them", "sku", t.w.sku.String(), "err", err)
+	}
+}
+
+// distinct reports whether no id is in ids twice.
+func distinct(ids []keys.ID) bool {
+	sorted := slices.SortedFunc(slices.Values(ids), keys.ID.Compare)
+	return len(slices.CompactFunc(sorted, func(a, b keys.ID) bool { return a == b })) == len(ids)
 }

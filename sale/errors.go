@@ -92,6 +92,12 @@ func refuseLine(kind *Err, ticket keys.ID, detail string) error {
 		lines: []RefusedLine{{Ticket: ticket.String(), Code: kind.Code}}}
 }
 
+// refuseLineSeats returns kind for the cart line of ticket, naming seats.
+func refuseLineSeats(kind *Err, ticket keys.ID, ids []string) error {
+	return &refusal{kind: kind, detail: fmt.Sprintf("ticket %s: %s: %s", ticket, kind.Msg, strings.Join(ids, ", ")), seats: ids,
+		lines: []RefusedLine{{Ticket: ticket.String(), Code: kind.Code}}}
+}
+
 // Lines are the cart lines a refusal names, if any.
 func Lines(err error) []RefusedLine {
 	var r *refusal

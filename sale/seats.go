@@ -24,6 +24,23 @@ import (
 // seatMap is a SKU's seat id → section, loaded once per SettingsTTL.
 type seatMap map[keys.ID]keys.ID
 
+// section is the one section of the seats ids, or what keeps them from
+// having one: the seats not in the map, or seats of two sections.
+func (m seatMap) section(ids []keys.ID) (section keys.ID, unknown []string, spans bool) {
+	for _, id := range ids {
+		sec, ok := m[id]
+		switch {
+		case !ok:
+			unknown = append(unknown, id.String())
+		case section.IsZero():
+			section = sec
+		case sec != section:
+			spans = true
+		}
+	}
+	return section, unknown, spans
+}
+
 func (s *Service) loadSeatMap(ctx context.Context, sku stock.SKU) (seatMap, error) {
 	all, err := s.ledger.Seats(ctx, sku, keys.ID{})
 	if err != nil {
@@ -75,20 +92,11 @@ func (s *Service) takeSeats(ctx context.Context, sku stock.SKU, r request, buyer
 	if err != nil {
 		return ansUnavailable
 	}
-	var section keys.ID
-	var unknown []string
-	for _, id := range ids {
-		sec, ok := m[id]
-		switch {
-		case !ok:
-			unknown = append(unknown, id.String())
-		case section.IsZero():
-			section = sec
-		case sec != section:
-			return fail(ErrSeatsSpan)
-		}
-	}
-	if len(unknown) > 0 {
+	section, unknown, spans := m.section(ids)
+	switch {
+	case spans:
+		return fail(ErrSeatsSpan)
+	case len(unknown) > 0:
 		return fail(refuseSeats(ErrUnknownSeats, unknown))
 	}
 	if ttl == 0 {

@@ -30,12 +30,14 @@ type Order struct {
 	Buyer      keys.ID
 	Quantity   int64
 	HoldID     keys.ID // the hold it confirmed, if any
+	Seats      []keys.ID
 	CreatedAt  time.Time
 	RefundedAt time.Time // zero until refunded
 }
 
 func orderOf(o ledger.Order) Order {
-	return Order{ID: o.ID, SKU: o.SKU, Buyer: o.Buyer, Quantity: o.Quantity, HoldID: o.HoldID, CreatedAt: o.CreatedAt, RefundedAt: o.RefundedAt}
+	return Order{ID: o.ID, SKU: o.SKU, Buyer: o.Buyer, Quantity: o.Quantity, HoldID: o.HoldID, Seats: o.SeatIDs,
+		CreatedAt: o.CreatedAt, RefundedAt: o.RefundedAt}
 }
 
 // Hold is stock set aside for a buyer until it is confirmed (an order),

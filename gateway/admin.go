@@ -128,7 +128,11 @@ func (s *Server) reconcile(c *gin.Context) {
 	if !ok {
 		return
 	}
-	r, err := s.sale.Reconcile(c.Request.Context(), sku)
+	pool, ok := poolQuery(c)
+	if !ok {
+		return
+	}
+	r, err := s.sale.Reconcile(c.Request.Context(), sale.PoolSKU(sku, pool))
 	if err != nil {
 		s.writeError(c, err)
 		return

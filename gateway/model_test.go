@@ -19,6 +19,7 @@ import (
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/stock"
 )
 
@@ -31,12 +32,17 @@ import (
 // or cancelled alone, cart actions in every state and by another buyer,
 // per-buyer caps of a ticket and of the program (changed on the way),
 // reconciles, restocks, resizes, the end of a sale, hold expiry and the
-// loss of everything in Redis, over 3 gateway replicas on one ledger. It
+// loss of everything in Redis, over 3 gateway replicas on one ledger; and
+// purchases and holds in a code-only presale pool of a ticket (its codes
+// used up, given back by refunds, cancels and expiry; wrong codes; the
+// pool closed while its orders still stand, its later returns moved on to
+// the public pool by a sweeper). It
 // checks each answer and the ledger against a reference model after every
 // step: the status (and for a refusal its kind, and the cart line it
 // names) of every answer, sold + held <= total, every 2xx in the ledger,
 // one movement per request, a refused cart moves nothing, the same answer
-// for a retry, 422 for a reused key, each buyer's counted units, each
+// for a retry, 422 for a reused key, each buyer's counted units (a pool's
+// counting toward its ticket's caps), each code's standing uses, each
 // cart's holds and orders, Redis remaining = ledger remaining once
 // settled, and no refusal the ledger's state does not justify (a stale
 // sold-out flag or quota count) for longer than a bound.
@@ -60,6 +66,7 @@ func TestModel(t *testing.T) {
 		for i := range steps {
 			m.step = i
 			m.settleExpiries(time.Now())
+			m.settlePoolMoves()
 			m.do()
 			m.checkLedger()
 			if i%10 == 9 {
@@ -99,6 +106,8 @@ type sim struct {
 	program      keys.ID
 	programCap   int64 // per buyer, over every ticket of the program; 0: none
 	skus         []*mSKU
+	pool         *mSKU // the presale pool of skus[1], sold with codes
+	codes        []string
 	holds        []*mHold
 	orders       []*mOrder
 	carts        []*mCart
@@ -120,12 +129,21 @@ type mSKU struct {
 	shards            int
 	perBuyer          int64
 	ended             bool
+	// A pool's: the ticket it is a pool of (whose caps count it), its id,
+	// and whether it is closed.
+	base   *mSKU
+	name   string
+	closed bool
 }
+
+// capped is the SKU whose caps count s: its ticket's for a pool.
+func (s *mSKU) capped() *mSKU { return cmp.Or(s.base, s) }
 
 type mHold struct {
 	id      string
 	sku     *mSKU
 	buyer   string
+	code    string // the access code it used
 	q       int64
 	state   string
 	expires time.Time
@@ -136,6 +154,7 @@ type mOrder struct {
 	id       string
 	sku      *mSKU
 	buyer    string
+	code     string
 	q        int64
 	refunded bool
 	cart     *mCart // the cart it is a line of, if any
@@ -163,7 +182,8 @@ type mTake struct {
 	path, key, buyer string
 	lines            []mLine
 	hold, cart       bool
-	ttl              int // seconds; holds only
+	ttl              int    // seconds; holds only
+	code             string // a pool take's access code
 }
 
 // mRequest is a committed request and the answer it got.
@@ -194,8 +214,119 @@ func newModel(t *testing.T, driver string, seed uint64) *sim {
 		m.skus = append(m.skus, s)
 	}
 	m.putProgram(m.envs[0])
+	m.putPool(m.envs[0])
 	return m
 }
+
+// modelPool is the name of the model's presale pool.
+const modelPool = "fans"
+
+// putPool splits a code-only pool of 8 off skus[1] and adds 6 codes of 2
+// uses each (FANS-0 … FANS-5).
+func (m *sim) putPool(e *env) {
+	m.t.Helper()
+	base := m.skus[1]
+	m.pool = &mSKU{sku: stock.SKU{Program: m.program, Ticket: keys.Pooled(base.sku.Ticket, keys.MustID(modelPool))},
+		total: 8, shards: 2, base: base, name: modelPool}
+	path := adminPath(base.sku) + "/pools/" + modelPool
+	if r := e.do(m.t, http.MethodPut, path, nil, `{"allotment":8,"shards":2,"access":"code"}`); r.status != http.StatusOK {
+		m.fail("PUT pool = %d %s", r.status, r.body)
+	}
+	base.total -= m.pool.total
+	var cs []string
+	for i := range 6 {
+		m.codes = append(m.codes, fmt.Sprintf("FANS-%d", i))
+		cs = append(cs, fmt.Sprintf(`{"code":"FANS-%d","max_uses":2}`, i))
+	}
+	if r := e.do(m.t, http.MethodPost, path+"/codes", nil, `{"codes":[`+strings.Join(cs, ",")+`]}`); r.status >= 300 {
+		m.fail("POST codes = %d %s", r.status, r.body)
+	}
+}
+
+// codeUses is how many standing orders and live holds use code.
+func (m *sim) codeUses(code string) int64 {
+	var n int64
+	for _, h := range m.holds {
+		if h.code == code && h.state == ledger.Held {
+			n++
+		}
+	}
+	for _, o := range m.orders {
+		if o.code == code && !o.refunded {
+			n++
+		}
+	}
+	return n
+}
+
+// poolTake buys or holds in the pool with one of its codes (or, one time
+// in ten, a code it does not have).
+func (m *sim) poolTake(hold bool) {
+	s := m.pool
+	t := mTake{path: skuPath(s.base.sku) + "/purchases?pool=" + modelPool, key: m.newKey(), buyer: m.buyer(),
+		lines: []mLine{{s, int64(1 + m.rng.IntN(2))}}, code: m.codes[m.rng.IntN(len(m.codes))]}
+	if m.rng.IntN(10) == 0 {
+		t.code = "NOT-A-CODE"
+	}
+	op := "pool-purchase"
+	if hold {
+		t.path, t.hold, t.ttl, op = skuPath(s.base.sku)+"/holds?pool="+modelPool, true, m.holdTTL(), "pool-hold"
+	}
+	m.ops[op]++
+	body := m.body(t)
+	if r := m.send(m.env(), t, body); r.status == http.StatusCreated {
+		if r.header.Get("Idempotent-Replayed") != "" {
+			m.fail("new %s %s key %s = %s, replayed", op, body, t.key, r.body)
+		}
+		m.ops[op+"-created"]++
+		m.taken(t, body, r)
+	}
+}
+
+// closePool closes the pool: what it has left moves to the public pool at
+// once; what comes back to it later is moved by a sweeper (settlePoolMoves).
+func (m *sim) closePool() {
+	m.ops["pool-close"]++
+	r := m.post(m.env(), adminPath(m.pool.base.sku)+"/pools/"+modelPool+"/close", "", "")
+	if r.status != http.StatusOK {
+		m.fail("close pool = %d %s", r.status, r.body)
+	}
+	m.pool.closed = true
+	m.pool.base.total += m.pool.left()
+	m.pool.total -= m.pool.left()
+}
+
+// settlePoolMoves waits (bounded) for a sweeper to move what came back to
+// the closed pool on to the public pool, and applies the move.
+func (m *sim) settlePoolMoves() {
+	if !m.pool.closed || m.pool.left() == 0 {
+		return
+	}
+	ctx := context.Background()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st, err := m.envs[0].ledger.SKU(ctx, m.pool.sku)
+		if err != nil {
+			m.fail("ledger: %v", err)
+		}
+		if st.Remaining() == 0 {
+			moved := m.pool.total - st.Total
+			m.tracef("%d returned to the closed pool moved on", moved)
+			m.pool.total -= moved
+			m.pool.base.total += moved
+			m.ops["pool-moved"]++
+			return
+		}
+		if time.Now().After(deadline) {
+			m.fail("closed pool still has %d left 5s on", st.Remaining())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// stocks are the SKUs whose stock the model keeps: the tickets' public
+// pools and the presale pool.
+func (m *sim) stocks() []*mSKU { return append(slices.Clone(m.skus), m.pool) }
 
 func (m *sim) fail(format string, args ...any) {
 	m.t.Helper()
@@ -236,10 +367,16 @@ func (s *mSKU) left() int64 { return s.total - s.sold - s.held }
 func (s *mSKU) ticket() string { return s.sku.Ticket.String() }
 
 // put writes the SKU's settings (PUT replaces them all, the cap included).
+// A ticket's total is its whole stock: its public pool's and its pools'.
 func (m *sim) put(e *env, s *mSKU) {
 	m.t.Helper()
+	total := s.total
+	if m.pool != nil && m.pool.base == s {
+		m.settlePoolMoves()
+		total += m.pool.total
+	}
 	r := e.do(m.t, http.MethodPut, adminPath(s.sku), nil,
-		fmt.Sprintf(`{"total":%d,"shards":%d,"max_per_order":4,"per_buyer":%d}`, s.total, s.shards, s.perBuyer))
+		fmt.Sprintf(`{"total":%d,"shards":%d,"max_per_order":4,"per_buyer":%d}`, total, s.shards, s.perBuyer))
 	m.tracef("PUT %s total %d shards %d = %d", s.ticket(), s.total, s.shards, r.status)
 	if r.status != http.StatusOK {
 		m.fail("PUT %s = %d %s", s.sku, r.status, r.body)
@@ -260,12 +397,12 @@ func (m *sim) putProgram(e *env) {
 func (m *sim) units(buyer string, s *mSKU) int64 {
 	var n int64
 	for _, h := range m.holds {
-		if h.state == ledger.Held && h.buyer == buyer && (s == nil || h.sku == s) {
+		if h.state == ledger.Held && h.buyer == buyer && (s == nil || h.sku.capped() == s) {
 			n += h.q
 		}
 	}
 	for _, o := range m.orders {
-		if !o.refunded && o.buyer == buyer && (s == nil || o.sku == s) {
+		if !o.refunded && o.buyer == buyer && (s == nil || o.sku.capped() == s) {
 			n += o.q
 		}
 	}
@@ -276,8 +413,12 @@ func (m *sim) units(buyer string, s *mSKU) int64 {
 func (m *sim) do() {
 	r := m.rng.IntN(100)
 	switch {
-	case r < 16:
+	case r < 12:
 		m.take(false)
+	case r < 14:
+		m.poolTake(false)
+	case r < 16:
+		m.poolTake(true)
 	case r < 24:
 		m.take(true)
 	case r < 34:
@@ -320,6 +461,8 @@ func (m *sim) do() {
 		m.admin("resize")
 	case r < 97:
 		m.admin("cap")
+	case r < 98 && m.step > 400 && !m.pool.closed && m.rng.IntN(3) == 0:
+		m.closePool()
 	case r < 98 && m.step > 600 && !m.ended:
 		m.admin("end")
 	case r < 99 && !m.flushed:
@@ -337,7 +480,11 @@ func (m *sim) body(t mTake) string {
 		ttl = fmt.Sprintf(`,"ttl_seconds":%d`, t.ttl)
 	}
 	if !t.cart {
-		return fmt.Sprintf(`{"buyer":%q,"quantity":%d%s}`, t.buyer, t.lines[0].q, ttl)
+		code := ""
+		if t.code != "" {
+			code = fmt.Sprintf(`,"access_code":%q`, t.code)
+		}
+		return fmt.Sprintf(`{"buyer":%q,"quantity":%d%s%s}`, t.buyer, t.lines[0].q, ttl, code)
 	}
 	var ls []string
 	for _, i := range m.rng.Perm(len(t.lines)) {
@@ -353,7 +500,7 @@ func (t mTake) fingerprint() string {
 		ls = append(ls, fmt.Sprintf("%s:%d", l.sku.ticket(), l.q))
 	}
 	slices.Sort(ls)
-	return fmt.Sprintf("%s %s %d %s", t.path, t.buyer, t.ttl, strings.Join(ls, ","))
+	return fmt.Sprintf("%s %s %d %s %s", t.path, t.buyer, t.ttl, strings.Join(ls, ","), t.code)
 }
 
 // holdTTL is a new hold's lifetime: long enough to outlive the run, or
@@ -431,7 +578,8 @@ func (m *sim) sendCart(e *env, t mTake) {
 // refusals are the refusals the model allows when buyer asks for lines
 // now: kind → the tickets a refusal of that kind may name ("*": any line,
 // or none). None: the request must get its stock.
-func (m *sim) refusals(buyer string, lines []mLine) map[string]map[string]bool {
+func (m *sim) refusals(t mTake) map[string]map[string]bool {
+	buyer, lines := t.buyer, t.lines
 	out := map[string]map[string]bool{}
 	add := func(kind, ticket string) {
 		if out[kind] == nil {
@@ -441,6 +589,24 @@ func (m *sim) refusals(buyer string, lines []mLine) map[string]map[string]bool {
 	}
 	var all int64
 	for _, l := range lines {
+		if p := l.sku; p.base != nil {
+			// The pool's own rules come first, in whatever order the
+			// replica meets them: closed (or sold out, its stock moved on),
+			// a code it does not have, a code used up.
+			if p.closed {
+				add("pool-closed", "*")
+				add("sold-out", "*")
+			}
+			if !slices.Contains(m.codes, t.code) {
+				add("access-code-invalid", "*")
+			} else if m.codeUses(t.code) >= 2 {
+				add("access-code-used-up", "*")
+			}
+			if p.base.ended {
+				add("sale-ended", "*")
+				add("sold-out", "*")
+			}
+		}
 		if l.sku.ended {
 			// The end rebuilt the gate at 0 at once; a replica's settings
 			// learn of the end within SettingsTTL. Either way a 409.
@@ -450,7 +616,7 @@ func (m *sim) refusals(buyer string, lines []mLine) map[string]map[string]bool {
 		if l.sku.left() < l.q {
 			add("sold-out", l.sku.ticket())
 		}
-		if l.sku.perBuyer > 0 && m.units(buyer, l.sku)+l.q > l.sku.perBuyer {
+		if c := l.sku.capped(); c.perBuyer > 0 && m.units(buyer, c)+l.q > c.perBuyer {
 			add("limit-reached", l.sku.ticket())
 		}
 		all += l.q
@@ -483,10 +649,14 @@ func problemLines(r reply) []problemLine {
 // not yet caught up with a return).
 func judge(r reply, cart bool, want map[string]map[string]bool) (ok, transient bool) {
 	kind := problemKind(r)
+	status := http.StatusConflict
+	if kind == "access-code-invalid" {
+		status = http.StatusForbidden
+	}
 	switch {
 	case len(want) == 0 && r.status == http.StatusCreated:
 		return true, false
-	case len(want) > 0 && r.status == http.StatusConflict && want[kind] != nil:
+	case len(want) > 0 && r.status == status && want[kind] != nil:
 		named := problemLines(r)
 		switch {
 		case !cart:
@@ -500,7 +670,9 @@ func judge(r reply, cart bool, want map[string]map[string]bool) (ok, transient b
 			return true, false
 		}
 	}
-	return false, r.status == http.StatusConflict && (kind == "sold-out" || kind == "limit-reached")
+	// A code's use given back by an expiry reaches the gate with the
+	// sweeper's restore, as a buyer's count does.
+	return false, r.status == http.StatusConflict && (kind == "sold-out" || kind == "limit-reached" || kind == "access-code-used-up")
 }
 
 // send sends a take and then the same request again (with its key: a
@@ -519,12 +691,14 @@ func (m *sim) sendFrom(e *env, t mTake, body string, r reply, at time.Time) repl
 	start := at
 	var stale string
 	for {
-		want := m.refusals(t.buyer, t.lines)
+		want := m.refusals(t)
 		ok, transient := judge(r, t.cart, want)
 		if !ok && r.status == http.StatusCreated && m.settleExpiries(at) {
 			// A hold due before the answer may have given its stock or
-			// its buyer's count back in time for it.
-			want = m.refusals(t.buyer, t.lines)
+			// its buyer's count back in time for it (and a sweeper may
+			// have moved it on from a closed pool).
+			m.settlePoolMoves()
+			want = m.refusals(t)
 			ok, transient = judge(r, t.cart, want)
 		}
 		if ok {
@@ -541,7 +715,7 @@ func (m *sim) sendFrom(e *env, t mTake, body string, r reply, at time.Time) repl
 		}
 		if !transient || time.Since(start) > falseSoldOutBound {
 			var left, units []int64
-			for _, s := range m.skus {
+			for _, s := range m.stocks() {
 				left = append(left, s.left())
 				units = append(units, m.units(t.buyer, s))
 			}
@@ -600,11 +774,11 @@ func (m *sim) taken(t mTake, body string, r reply) {
 		id = h.HoldID
 		s := t.lines[0].sku
 		s.held += t.lines[0].q
-		m.holds = append(m.holds, &mHold{id: id, sku: s, buyer: t.buyer, q: t.lines[0].q, state: ledger.Held, expires: h.ExpiresAt})
+		m.holds = append(m.holds, &mHold{id: id, sku: s, buyer: t.buyer, code: t.code, q: t.lines[0].q, state: ledger.Held, expires: h.ExpiresAt})
 	default:
 		s := t.lines[0].sku
 		s.sold += t.lines[0].q
-		m.orders = append(m.orders, &mOrder{id: id, sku: s, buyer: t.buyer, q: t.lines[0].q})
+		m.orders = append(m.orders, &mOrder{id: id, sku: s, buyer: t.buyer, code: t.code, q: t.lines[0].q})
 	}
 	m.done = append(m.done, mRequest{path: t.path, key: t.key, body: body, take: &t, buyer: t.buyer, status: http.StatusCreated, id: id})
 }
@@ -789,7 +963,7 @@ func (m *sim) confirm() {
 	h.state = ledger.Confirmed
 	h.sku.held -= h.q
 	h.sku.sold += h.q
-	m.orders = append(m.orders, &mOrder{id: orderID(r), sku: h.sku, buyer: h.buyer, q: h.q})
+	m.orders = append(m.orders, &mOrder{id: orderID(r), sku: h.sku, buyer: h.buyer, code: h.code, q: h.q})
 }
 
 func (m *sim) cancel() {
@@ -1108,6 +1282,9 @@ func (m *sim) admin(what string) {
 			m.fail("end = %d %s", r.status, r.body)
 		}
 		s.ended, m.ended = true, true
+		if m.pool.base == s {
+			m.pool.ended = true // a ticket's end ends its pools
+		}
 	}
 }
 
@@ -1168,7 +1345,7 @@ func (m *sim) settleExpiries(before time.Time) bool {
 func (m *sim) checkLedger() {
 	ctx := context.Background()
 	led := m.envs[0].ledger
-	for _, s := range m.skus {
+	for _, s := range m.stocks() {
 		for attempt := 0; ; attempt++ {
 			st, err := led.SKU(ctx, s.sku)
 			if err != nil {
@@ -1185,6 +1362,7 @@ func (m *sim) checkLedger() {
 					s.sku, st.Total, st.Sold, st.Held, s.total, s.sold, s.held)
 			}
 			m.settleExpiries(time.Now())
+			m.settlePoolMoves()
 		}
 	}
 }
@@ -1214,6 +1392,15 @@ func (m *sim) checkBuyers() {
 				if want := m.units(buyer, s); got != want {
 					diff = append(diff, fmt.Sprintf("%s %s: ledger %d, model %d", buyer, name, got, want))
 				}
+			}
+		}
+		for _, code := range m.codes {
+			got, err := led.CodeUses(ctx, m.pool.sku, sale.CodeHash(m.pool.sku, code))
+			if err != nil {
+				m.fail("code uses: %v", err)
+			}
+			if want := m.codeUses(code); got != want || got > 2 {
+				diff = append(diff, fmt.Sprintf("code %s: ledger %d uses, model %d (of 2)", code, got, want))
 			}
 		}
 		if len(diff) == 0 {
@@ -1281,7 +1468,7 @@ func (m *sim) gateCounts(buyer string) string {
 func (m *sim) checkRedis() {
 	ctx := context.Background()
 	e := m.envs[0]
-	for _, s := range m.skus {
+	for _, s := range m.stocks() {
 		deadline := time.Now().Add(10 * time.Second)
 		for {
 			st, err := e.ledger.SKU(ctx, s.sku)
@@ -1299,7 +1486,7 @@ func (m *sim) checkRedis() {
 			if !seeded {
 				// Lost with the rest of Redis and not asked for since: a
 				// stock read rebuilds nothing, a reconcile does.
-				e.do(m.t, http.MethodPost, adminPath(s.sku)+"/reconcile", nil, "")
+				e.do(m.t, http.MethodPost, adminPath(s.capped().sku)+"/reconcile"+poolParam(s), nil, "")
 			}
 			if time.Now().After(deadline) {
 				pending, _ := e.ledger.PendingRestores(ctx, 0, 100)
@@ -1309,4 +1496,12 @@ func (m *sim) checkRedis() {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
+}
+
+// poolParam is the query naming s's pool, if it is one.
+func poolParam(s *mSKU) string {
+	if s.base == nil {
+		return ""
+	}
+	return "?pool=" + s.name
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/stockgate/stockgate/breaker"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
 )
 
@@ -338,4 +339,149 @@ func TestCartSeatsWhileRedisIsDown(t *testing.T) {
 	if got, differed := e.seatStates(t, stalls); got != "hhsssfff" || differed != "" {
 		t.Errorf("seats %s, gate differed on %q; want hhsssfff and none", got, differed)
 	}
+}
+
+// Regressions from an attack on seat lines in carts.
+func TestCartSeatsAttacks(t *testing.T) {
+	t.Run("a seat check reads a section of more than 1000 seats", func(t *testing.T) {
+		e := newEnv(t, ledger.SQLite)
+		sku := newSKU(t)
+		e.putSKU(t, sku, 0, 1, 1000)
+		e.loadSeats(t, sku, map[string]int{"S": 1200})
+		r := e.do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats/check", nil, "")
+		if r.status != http.StatusOK || !strings.Contains(string(r.body), `"checked":1200`) {
+			t.Errorf("seat check of a 1200-seat section = %d %s", r.status, r.body)
+		}
+	})
+	t.Run("a seated ticket sells no counted units", func(t *testing.T) {
+		eachDriver(t, func(t *testing.T, driver string) {
+			dsn := ledgerDSN(t, driver)
+			a := startEnv(t, envOptions{driver: driver, dsn: dsn})
+			b := startEnv(t, envOptions{driver: driver, dsn: dsn})
+			p := keys.MustID(testenv.ID(t, "vip"))
+			vip, sold := stock.SKU{Program: p, Ticket: keys.MustID("vip")}, stock.SKU{Program: p, Ticket: keys.MustID("sold")}
+			// A ticket that sold counted units cannot take a seat map.
+			a.putSKU(t, sold, 4, 1, 4)
+			if r, _ := a.seatCart(t, p, "carts", "s-1", `{"buyer":"u0","lines":[{"ticket":"sold","quantity":1}]}`); r.status != http.StatusCreated {
+				t.Fatalf("counted cart = %d %s", r.status, r.body)
+			}
+			r := a.do(t, http.MethodPut, "/v1/admin/skus/"+p.String()+"/sold/seats", nil,
+				`{"seats":[{"id":"V-1","section":"V","row":"A","number":1},{"id":"V-2","section":"V","row":"A","number":2}]}`)
+			if r.status != http.StatusConflict || !strings.Contains(string(r.body), "seat-map-refused") {
+				t.Errorf("seat map on a ticket with a counted sale = %d %s, want 409 seat-map-refused", r.status, r.body)
+			}
+			// A replica whose settings predate the map cannot sell counted
+			// units of it: the ledger refuses them.
+			b.putSKU(t, vip, 4, 1, 4)
+			if r := b.do(t, http.MethodGet, "/v1/skus/"+p.String()+"/vip/stock", nil, ""); r.status != http.StatusOK {
+				t.Fatalf("stock = %d %s", r.status, r.body)
+			}
+			if r, _ := b.seatCart(t, p, "carts", "warm", `{"buyer":"u1","lines":[{"ticket":"vip","quantity":5}]}`); r.status < 400 {
+				t.Fatalf("warm-up cart over the maximum = %d %s", r.status, r.body)
+			}
+			a.loadSeats(t, vip, map[string]int{"V": 4})
+			for i := range 3 {
+				body := fmt.Sprintf(`{"buyer":"u%d","lines":[{"ticket":"vip","quantity":1}]}`, i)
+				if r, got := b.seatCart(t, p, "carts", fmt.Sprintf("c-%d", i), body); r.status == http.StatusCreated && len(got.Orders[0].Seats) == 0 {
+					t.Fatalf("counted cart of a seated ticket on a stale replica = %d %s", r.status, r.body)
+				}
+				if r := b.do(t, http.MethodPost, "/v1/skus/"+p.String()+"/vip/purchases", map[string]string{"Idempotency-Key": fmt.Sprintf("p-%d", i)},
+					fmt.Sprintf(`{"buyer":"u%d","quantity":1}`, i)); r.status == http.StatusCreated {
+					t.Fatalf("counted purchase of a seated ticket on a stale replica = %d %s", r.status, r.body)
+				}
+			}
+			// Every seat can still be had.
+			if r, _ := a.seatCart(t, p, "carts", "all", `{"buyer":"u9","lines":[{"ticket":"vip","seats":["V-01","V-02","V-03","V-04"]}]}`); r.status != http.StatusCreated {
+				t.Errorf("the four seats = %d %s", r.status, r.body)
+			}
+			if st := a.state(t, vip); st.Sold != 4 {
+				t.Errorf("vip %+v, want the 4 seats sold and nothing else", st)
+			}
+		})
+	})
+	t.Run("seat order is not part of the request", func(t *testing.T) {
+		e := newEnv(t, ledger.SQLite)
+		sku := newSKU(t)
+		e.putSKU(t, sku, 0, 1, 4)
+		e.loadSeats(t, sku, map[string]int{"A": 4})
+		path := "carts"
+		r1, c1 := e.seatCart(t, sku.Program, path, "ord", fmt.Sprintf(`{"buyer":"u","lines":[{"ticket":%q,"seats":["A-02","A-01"]}]}`, sku.Ticket))
+		r2, c2 := e.seatCart(t, sku.Program, path, "ord", fmt.Sprintf(`{"buyer":"u","lines":[{"ticket":%q,"seats":["A-01","A-02"]}]}`, sku.Ticket))
+		if r1.status != http.StatusCreated || r2.status != http.StatusCreated || c1.CartID != c2.CartID || r2.header.Get("Idempotent-Replayed") != "true" {
+			t.Errorf("the same seats in another order = %d %s / %d %s, want the replay", r1.status, r1.body, r2.status, r2.body)
+		}
+	})
+	t.Run("a retry refused after a stall gives back what the stalled attempt took", func(t *testing.T) {
+		c := testenv.NewCluster(t, testenv.ClusterOptions{})
+		e := startEnv(t, envOptions{driver: ledger.SQLite, cluster: c, tune: func(o *app.Options) {
+			o.Sale.Breaker = breaker.Options{ConsecutiveFailures: 1000, MinRequests: 1000}
+			o.Sale.RedisTimeout = 200 * time.Millisecond
+		}})
+		p := keys.MustID(testenv.ID(t, "stall"))
+		parking, stalls := stock.SKU{Program: p, Ticket: keys.MustID("parking")}, stock.SKU{Program: p, Ticket: keys.MustID("stalls")}
+		e.putSKU(t, parking, 5, 1, 4)
+		e.putSKU(t, stalls, 0, 1, 4)
+		e.loadSeats(t, stalls, map[string]int{"A": 4})
+		// A cart first, so the gateway's connections to every node the
+		// cart's calls go to exist: the stalled call is then written at
+		// once and runs when Redis resumes.
+		if r, _ := e.seatCart(t, p, "carts", "warm", `{"buyer":"zed","lines":[{"ticket":"parking","quantity":1},{"ticket":"stalls","seats":["A-04"]}]}`); r.status != http.StatusCreated {
+			t.Fatalf("warm-up cart = %d %s", r.status, r.body)
+		}
+		body := `{"buyer":"ann","lines":[{"ticket":"parking","quantity":1},{"ticket":"stalls","seats":["A-01"]}]}`
+		// Stall the master of parking's shard only: the deduction is
+		// written to it and times out, and runs once it resumes. (When the
+		// cart's lock lives on that master too, the deduction may find no
+		// open connection and never be written: then stall a new cart.)
+		ctx := context.Background()
+		node, err := c.MasterOf(ctx, keys.Shard(parking.Program, parking.Ticket, 0, 1).Slot())
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := ""
+		for attempt := range 8 {
+			key = fmt.Sprintf("stalled-%d", attempt)
+			if err := node.Pause(); err != nil {
+				t.Fatal(err)
+			}
+			r, _ := e.seatCart(t, p, "carts", key, body)
+			if err := node.Resume(); err != nil {
+				t.Fatal(err)
+			}
+			if r.status != http.StatusServiceUnavailable {
+				t.Fatalf("the stalled cart = %d %s, want 503", r.status, r.body)
+			}
+			// Commands queued while it was stopped run before a PING sent
+			// after it resumed is answered.
+			cl := node.Client()
+			err := cl.Ping(ctx).Err()
+			cl.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if e.state(t, parking).RedisRemaining == 3 {
+				break
+			}
+			if attempt == 7 {
+				t.Fatal("no stalled cart left its deduction behind in 8 tries")
+			}
+		}
+		if r, _ := e.seatHold(t, stalls, "other", "bob", "A-01"); r.status != http.StatusCreated {
+			t.Fatalf("seat hold = %d %s", r.status, r.body)
+		}
+		// The stalled attempt's lock may have landed late too: until it
+		// lapses the retry is answered 503, to be sent again.
+		var r2 reply
+		var got seatCartReply
+		waitFor(t, 30*time.Second, "the retry to be decided", func() bool {
+			r2, got = e.seatCart(t, p, "carts", key, body)
+			return r2.status != http.StatusServiceUnavailable
+		})
+		if r2.status != http.StatusConflict || fmt.Sprint(got.Seats) != "[A-01]" {
+			t.Fatalf("retry = %d %s, want 409 seats-taken", r2.status, r2.body)
+		}
+		if st := e.state(t, parking); st.RedisRemaining != 4 || st.Sold != 1 {
+			t.Errorf("parking after the refused retry: %+v, want 4 in Redis and the warm-up's 1 sold", st)
+		}
+	})
 }

@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -251,7 +252,8 @@ type skuEpoch struct {
 // takes were admitted under, and the column they move stock into.
 type skuCol struct {
 	skuEpoch
-	column string
+	column  string
+	counted bool // units, not seats: a seated ticket refuses them
 }
 
 // refusal names the takes of a batch that one statement refused, with
@@ -362,7 +364,7 @@ func (l *Ledger) tryBatch(ctx context.Context, takes []Take, live []int, now tim
 			dups = append(dups, i) // a row key taken: only internal writes get here
 			continue
 		}
-		g := skuCol{skuEpoch{t.sku(), t.gateEpoch()}, t.column()}
+		g := skuCol{skuEpoch{t.sku(), t.gateEpoch()}, t.column(), t.Hold == nil || len(t.Hold.SeatIDs) == 0}
 		if direct {
 			g.epoch = -1
 		}
@@ -395,7 +397,10 @@ func (l *Ledger) tryBatch(ctx context.Context, takes []Take, live []int, now tim
 		if a.epoch != b.epoch {
 			return int(a.epoch - b.epoch)
 		}
-		return strings.Compare(a.column, b.column)
+		if c := strings.Compare(a.column, b.column); c != 0 {
+			return c
+		}
+		return cmp.Compare(b2i(a.counted), b2i(b.counted))
 	})
 	versions := map[stock.SKU]int64{}
 	for _, g := range groups {
@@ -403,7 +408,7 @@ func (l *Ledger) tryBatch(ctx context.Context, takes []Take, live []int, now tim
 		if direct {
 			version = read[g.sku].Version
 		}
-		v, e, err := updateSKU(ctx, tx, g.sku, sums[g], g.column, version, g.epoch, now.UnixMilli())
+		v, e, err := updateSKU(ctx, tx, g.sku, sums[g], g.column, version, g.epoch, now.UnixMilli(), g.counted)
 		switch {
 		case errors.Is(err, ErrConflict):
 			return refusal{}, nil, ErrConflict
@@ -616,4 +621,11 @@ func countBatchBuyers(ctx context.Context, tx *sql.Tx, buyers map[stock.SKU]map[
 		refused.sku = named[refused.sku]
 	}
 	return refused, err
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

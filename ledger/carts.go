@@ -197,7 +197,7 @@ func (l *Ledger) takeCart(ctx context.Context, c Cart, direct bool) (Cart, error
 			}
 			version, epoch = st.Version, -1
 		}
-		v, e, err := updateSKU(ctx, tx, ln.sku, ln.q, column, version, epoch, now)
+		v, e, err := updateSKU(ctx, tx, ln.sku, ln.q, column, version, epoch, now, len(ln.seats) == 0)
 		switch {
 		case errors.Is(err, ErrConflict):
 			return Cart{}, err

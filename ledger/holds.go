@@ -116,7 +116,7 @@ func (l *Ledger) Hold(ctx context.Context, h Hold, version int64) (_ Hold, err e
 	if version >= 0 {
 		epoch = -1
 	}
-	v, e, err := l.takeStock(ctx, tx, h.SKU, h.Buyer, h.Quantity, "held", version, epoch, h.CreatedAt.UnixMilli())
+	v, e, err := l.takeStock(ctx, tx, h.SKU, h.Buyer, h.Quantity, "held", version, epoch, h.CreatedAt.UnixMilli(), len(h.SeatIDs) == 0)
 	if err != nil {
 		return Hold{}, err
 	}

@@ -873,7 +873,7 @@ func (l *Ledger) purchase(ctx context.Context, o Order, version int64) (Order, e
 	if version >= 0 {
 		epoch = -1
 	}
-	v, e, err := l.takeStock(ctx, tx, o.SKU, o.Buyer, o.Quantity, "sold", version, epoch, o.CreatedAt.UnixMilli())
+	v, e, err := l.takeStock(ctx, tx, o.SKU, o.Buyer, o.Quantity, "sold", version, epoch, o.CreatedAt.UnixMilli(), true)
 	if err != nil {
 		return Order{}, err
 	}
@@ -943,8 +943,8 @@ func insertOrder(ctx context.Context, tx *sql.Tx, o Order) (bool, error) {
 // stock.ErrSaleEnded, stock.ErrUnknownSKU, ErrConflict, ErrStaleGate, or an
 // ErrNotCommitted error.
 func (l *Ledger) takeStock(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer keys.ID, q int64, column string,
-	version, epoch, now int64) (int64, int64, error) {
-	v, e, err := updateSKU(ctx, tx, sku, q, column, version, epoch, now)
+	version, epoch, now int64, counted bool) (int64, int64, error) {
+	v, e, err := updateSKU(ctx, tx, sku, q, column, version, epoch, now, counted)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -955,10 +955,20 @@ func (l *Ledger) takeStock(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer
 // found the row changed under it but still able to take the units.
 const gateUpdateAttempts = 4
 
+// ErrSeatedTake refuses counted units of a seated ticket: it sells its
+// seats only. It is a sold-out (the ticket has no counted stock) for the
+// paths that do not tell it apart; a replica whose settings predate the
+// seat map meets it for as long as they are cached.
+var ErrSeatedTake = fmt.Errorf("%w: a seated ticket sells seats, not counted units", stock.ErrSoldOut)
+
 // updateSKU is takeStock's first half: the conditional update of the row.
-func updateSKU(ctx context.Context, tx *sql.Tx, sku stock.SKU, q int64, column string, version, epoch, now int64) (int64, int64, error) {
+// counted says the units are not seats: a seated ticket refuses them.
+func updateSKU(ctx context.Context, tx *sql.Tx, sku stock.SKU, q int64, column string, version, epoch, now int64, counted bool) (int64, int64, error) {
 	args := []any{sku.Program, sku.Ticket, q, now}
-	extra, cond := "", ""
+	extra, cond, only := "", "", ""
+	if counted {
+		only = " AND seated = 0"
+	}
 	switch {
 	case version >= 0:
 		extra, cond = ", bypass_seq = bypass_seq + 1", " AND version = $5"
@@ -970,7 +980,7 @@ func updateSKU(ctx context.Context, tx *sql.Tx, sku stock.SKU, q int64, column s
 	for attempt := 1; ; attempt++ {
 		var v, e int64
 		err := tx.QueryRowContext(ctx, `UPDATE skus SET `+column+` = `+column+` + $3, version = version + 1, updated_at = $4`+extra+`
-			WHERE program = $1 AND ticket = $2 AND ended_at = 0 AND sold + held + $3 <= total`+cond+`
+			WHERE program = $1 AND ticket = $2 AND ended_at = 0 AND sold + held + $3 <= total`+only+cond+`
 			RETURNING version, gate_epoch`, args...).Scan(&v, &e)
 		if err == nil {
 			return v, e, nil
@@ -986,6 +996,8 @@ func updateSKU(ctx context.Context, tx *sql.Tx, sku stock.SKU, q int64, column s
 			return 0, 0, notCommitted("reread sku", err)
 		case !st.EndedAt.IsZero():
 			return 0, 0, stock.ErrSaleEnded
+		case counted && st.Seated:
+			return 0, 0, ErrSeatedTake
 		case st.Remaining() < q:
 			return 0, 0, stock.ErrSoldOut
 		case version >= 0:

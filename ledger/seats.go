@@ -82,13 +82,15 @@ func (l *Ledger) LoadSeats(ctx context.Context, sku stock.SKU, seats []Seat) (in
 		sku.Program, sku.Ticket).Scan(&n); err != nil {
 		return 0, fmt.Errorf("ledger: load seats: %w", err)
 	}
+	// A ticket that sold or holds counted units cannot become seated:
+	// those units have no seats, and the map's seats would be sold twice.
 	res, err := tx.ExecContext(ctx, `UPDATE skus SET total = $3, seated = 1, version = version + 1, bypass_seq = bypass_seq + 1
-		WHERE program = $1 AND ticket = $2 AND sold + held <= $3`, sku.Program, sku.Ticket, n)
+		WHERE program = $1 AND ticket = $2 AND sold + held <= $3 AND (seated = 1 OR sold + held = 0)`, sku.Program, sku.Ticket, n)
 	if err != nil {
 		return 0, fmt.Errorf("ledger: load seats: %w", err)
 	}
 	if k, _ := res.RowsAffected(); k != 1 {
-		return 0, fmt.Errorf("%w: seat map of %d below sold + held, or no such SKU", stock.ErrInvalid, n)
+		return 0, fmt.Errorf("%w: seat map of %d below sold + held, a ticket that sold or holds counted units, or no such SKU", stock.ErrInvalid, n)
 	}
 	return n, tx.Commit()
 }

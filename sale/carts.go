@@ -88,6 +88,8 @@ func (t CartTake) check(hold bool) ([]CartLine, error) {
 			case !distinct(l.Seats):
 				return nil, refuseLine(ErrInvalid, l.Ticket, "a seat is named twice")
 			}
+			// Seats are a set: their order is not part of the request.
+			l.Seats = slices.SortedFunc(slices.Values(l.Seats), keys.ID.Compare)
 			l.Quantity = int64(len(l.Seats))
 			lines[i] = l
 		}
@@ -260,6 +262,11 @@ type cartFlow struct {
 	// line); placed, the seats each seat line has in this attempt.
 	picks  []seatPick
 	placed []placed
+	// exclusive: this attempt holds the cart's lock, so no other attempt
+	// of the cart is at the gate now. A deduction it finds made under a
+	// line's id was then made by an attempt that is over (a 503 whose
+	// script ran late, after a stall).
+	exclusive bool
 }
 
 // seatPick is what a seat line asks for: the given seats, or the best
@@ -359,6 +366,7 @@ func (c *cartFlow) take(ctx context.Context) answer {
 		// Redis cannot be reached: neither can a copy's gate take; the
 		// ledger decides alone.
 	default:
+		c.exclusive = true
 		defer func() {
 			if err := lease.Release(context.WithoutCancel(ctx)); err != nil {
 				c.s.log.WarnContext(ctx, "release cart lock", "err", err)
@@ -445,12 +453,13 @@ func (c *cartFlow) takeOnce(ctx context.Context) (_ answer, stale stock.SKU) {
 	}
 	var got []taken
 	undo := func(release bool) {
+		ownerless := release && c.deadAttempts(ctx, got)
 		for _, t := range got {
 			if len(t.seats.ids) > 0 {
 				c.releaseSeats(ctx, t)
 				continue
 			}
-			if t.replayed {
+			if t.replayed && !ownerless {
 				t.quota.replayed(ctx) // only the counts this attempt made
 				continue
 			}
@@ -565,6 +574,9 @@ func (c *cartFlow) takeOnce(ctx context.Context) (_ answer, stale stock.SKU) {
 	case errors.Is(err, ledger.ErrStaleGate) && line >= 0:
 		undo(false)
 		return answer{}, c.lines[line].sku
+	case errors.Is(err, ledger.ErrSeatedTake) && line >= 0:
+		undo(true)
+		return s.counted(pathGate, c.refused(ctx, ErrSeated, line, "")), stale
 	case errors.Is(err, stock.ErrSoldOut) && line >= 0:
 		s.metrics.ledgerRefusals.Inc()
 		undo(true)
@@ -637,6 +649,8 @@ func (c *cartFlow) direct(ctx context.Context, states []ledger.SKUState) answer 
 			continue
 		case errors.As(err, &te):
 			return s.counted(pathLedger, c.refusedSeats(ctx, ErrSeatsTaken, line, te.Seats))
+		case errors.Is(err, ledger.ErrSeatedTake):
+			return s.counted(pathLedger, c.refused(ctx, ErrSeated, line, ""))
 		case errors.Is(err, stock.ErrSoldOut):
 			return s.counted(pathLedger, c.refused(ctx, ErrSoldOut, line, ""))
 		case errors.Is(err, stock.ErrLimit) && le == nil:
@@ -655,6 +669,20 @@ func (c *cartFlow) direct(ctx context.Context, states []ledger.SKUState) answer 
 		return s.counted(pathLedger, s.lookupOr(ctx, c.req, ansUnavailable))
 	}
 	return s.counted(pathLedger, ansBusy)
+}
+
+// deadAttempts reports whether the deductions got replays (made under a
+// line's id before this attempt) belong to no attempt that may still
+// commit them: this attempt holds the cart's lock, and the cart is not in
+// the ledger. Then a refusal gives them back with its own; otherwise (or
+// when the ledger cannot tell) they stay, which at worst keeps units out
+// of Redis until the consistency check, never sells one twice.
+func (c *cartFlow) deadAttempts(ctx context.Context, got []taken) bool {
+	if !c.exclusive || !slices.ContainsFunc(got, func(t taken) bool { return t.replayed }) {
+		return false
+	}
+	_, committed, err := c.s.recorded(ctx, c.req)
+	return err == nil && !committed
 }
 
 // refusedSeats answers a refusal of the cart's line i naming seats.

@@ -53,6 +53,8 @@ func (s *Service) takeDirect(ctx context.Context, w want, st ledger.SKUState) an
 			return ansKeyReused
 		case errors.Is(err, ledger.ErrConflict):
 			continue
+		case errors.Is(err, ledger.ErrSeatedTake):
+			return s.directRefused(ctx, w, fail(ErrSeated), false)
 		case errors.Is(err, stock.ErrSoldOut):
 			return s.directRefused(ctx, w, ansSoldOut, false)
 		case errors.Is(err, stock.ErrLimit):

@@ -359,6 +359,9 @@ func (s *Service) takeOnce(ctx context.Context, w want) (_ answer, stale bool) {
 		// quota count stays: the retake counts under the same request id
 		// (once), and a copy of this request on another replica may commit.
 		return answer{}, true
+	case errors.Is(err, ledger.ErrSeatedTake):
+		// A seat map came since this replica read the settings.
+		return refused(fail(ErrSeated), false), false
 	case errors.Is(err, stock.ErrSoldOut):
 		// Redis admitted what the ledger refuses: Redis was ahead of the
 		// truth (a write lost in a failover, sales around it). The ledger wins.

@@ -312,21 +312,24 @@ func Gate(state, holdKey string) string {
 }
 
 // Raw reads the gate's value of seats of one section ("" free, a key, or
-// "S:" key); absent seats read as "-".
+// "S:" key); absent seats read as "-". A section of any size is read, a
+// request's worth of seats at a time.
 func (s *Store) Raw(ctx context.Context, sku stock.SKU, section keys.ID, ids []keys.ID) ([]string, error) {
-	st, err := s.Status(ctx, sku, section, ids)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]string, len(st))
-	for i, x := range st {
-		switch {
-		case !x.Known:
-			out[i] = "-"
-		case x.Sold:
-			out[i] = sold(x.Hold)
-		default:
-			out[i] = x.Hold
+	out := make([]string, 0, len(ids))
+	for chunk := range slices.Chunk(ids, stock.MaxPerOrderCap) {
+		st, err := s.Status(ctx, sku, section, chunk)
+		if err != nil {
+			return nil, err
+		}
+		for _, x := range st {
+			switch {
+			case !x.Known:
+				out = append(out, "-")
+			case x.Sold:
+				out = append(out, sold(x.Hold))
+			default:
+				out = append(out, x.Hold)
+			}
 		}
 	}
 	return out, nil

@@ -805,6 +805,7 @@ func (c *cartFlow) placeBest(ctx context.Context, states []ledger.SKUState) (ans
 // cannot, they stay held by the line's id, which nothing else holds; the
 // seat consistency check frees them.
 func (c *cartFlow) releaseSeats(ctx context.Context, t taken) {
+	ctx = context.WithoutCancel(ctx) // as giveBack
 	err := c.s.redis(ctx, func(ctx context.Context) error {
 		_, err := c.s.seats.Release(ctx, t.w.sku, t.seats.section, t.w.req.gateID(), t.seats.ids)
 		return err

@@ -74,6 +74,9 @@ func (s *Service) deduct(ctx context.Context, req shard.Request) (shard.Deductio
 
 // giveBack returns the stock a purchase took when it did not commit.
 func (s *Service) giveBack(ctx context.Context, sku stock.SKU, key keys.ID, parts []shard.Part) {
+	// A request out of its time budget still gives back what it took:
+	// each call has its own Redis timeout.
+	ctx = context.WithoutCancel(ctx)
 	err := s.redis(ctx, func(ctx context.Context) error { return s.gate.Restore(ctx, sku, key, parts) })
 	if err != nil {
 		// The units stay taken in Redis; the ledger is unaffected, and the

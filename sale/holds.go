@@ -151,6 +151,7 @@ func (q *quotaTicket) replayed(ctx context.Context) {
 }
 
 func (s *Service) releaseQuota(ctx context.Context, scopes []quotaScope, key, keyID keys.ID) {
+	ctx = context.WithoutCancel(ctx) // as giveBack: a give-back outlives the request's budget
 	for _, sc := range scopes {
 		if err := s.redis(ctx, func(ctx context.Context) error {
 			return s.gate.ReleaseQuota(ctx, sc.sku, sc.buyer, key, keyID)

@@ -80,6 +80,7 @@ func TestModel(t *testing.T) {
 		m.checkRedis()
 		m.checkBuyers()
 		m.checkCarts(true)
+		m.checkEvents()
 		t.Logf("%d steps: %v; longest false sold-out %v, false limit %v; longest stale-flag retry %v", steps, m.ops,
 			m.falseSoldOut.Round(time.Millisecond), m.falseLimit.Round(time.Millisecond), m.staleRetry.Round(time.Millisecond))
 	})
@@ -1411,6 +1412,102 @@ func (m *sim) checkBuyers() {
 		}
 		m.settleExpiries(time.Now())
 	}
+}
+
+// checkEvents reads the program's event log through the API and replays
+// it: each order and hold has at most one event of each kind, and what
+// the events say each stock sold and holds is what the ledger has.
+func (m *sim) checkEvents() {
+	// A hold may expire between the log's read and the ledger's: then
+	// read both again.
+	for attempt := 0; ; attempt++ {
+		diff := m.replayEvents()
+		if diff == "" {
+			return
+		}
+		if attempt == 2 {
+			m.fail("%s", diff)
+		}
+		m.settleExpiries(time.Now())
+	}
+}
+
+// replayEvents is one read and replay of the event log for checkEvents:
+// what differs from the ledger, "" for nothing.
+func (m *sim) replayEvents() string {
+	type count struct{ sold, held int64 }
+	got := map[string]*count{}
+	seen := map[string]bool{}
+	kinds := map[string]int{}
+	var after int64
+	for {
+		r := m.envs[0].do(m.t, http.MethodGet, fmt.Sprintf("/v1/admin/events?program=%s&after=%d&limit=500", m.program, after), nil, "")
+		var page struct {
+			Events []struct {
+				Seq      int64  `json:"seq"`
+				Type     string `json:"type"`
+				Ticket   string `json:"ticket"`
+				Pool     string `json:"pool"`
+				Subject  string `json:"subject"`
+				Quantity int64  `json:"quantity"`
+			} `json:"events"`
+			Next int64 `json:"next"`
+		}
+		if r.status != http.StatusOK || json.Unmarshal(r.body, &page) != nil {
+			m.fail("GET events = %d %s", r.status, r.body)
+		}
+		if len(page.Events) == 0 {
+			break
+		}
+		for _, e := range page.Events {
+			kinds[e.Type]++
+			if e.Subject != "" {
+				if k := e.Type + " " + e.Subject; seen[k] {
+					m.fail("event %s twice", k)
+				} else {
+					seen[k] = true
+				}
+			}
+			stock := e.Ticket
+			if e.Pool != "" {
+				stock += "." + e.Pool
+			}
+			if got[stock] == nil {
+				got[stock] = &count{}
+			}
+			c := got[stock]
+			switch e.Type {
+			case "order.created":
+				c.sold += e.Quantity
+			case "order.refunded":
+				c.sold -= e.Quantity
+			case "hold.created":
+				c.held += e.Quantity
+			case "hold.confirmed":
+				c.held -= e.Quantity
+				c.sold += e.Quantity
+			case "hold.cancelled", "hold.expired":
+				c.held -= e.Quantity
+			}
+		}
+		after = page.Next
+	}
+	ctx := context.Background()
+	for _, s := range m.stocks() {
+		st, err := m.envs[0].ledger.SKU(ctx, s.sku)
+		if err != nil {
+			m.fail("ledger: %v", err)
+		}
+		c := got[s.sku.Ticket.String()]
+		if c == nil {
+			c = &count{}
+		}
+		if c.sold != st.Sold || c.held != st.Held {
+			return fmt.Sprintf("%s: the event log replayed says sold %d held %d, the ledger %d and %d", s.sku, c.sold, c.held, st.Sold, st.Held)
+		}
+	}
+	m.t.Logf("event log: %v", kinds)
+	return ""
 }
 
 // checkCarts reads carts through the API (every cart, or a sample) and

@@ -246,6 +246,7 @@ func (s *Server) routes(set routeSet) (*gin.Engine, error) {
 		admin.PUT("/programs/:program", s.putProgram)
 		admin.PUT("/skus/:program/:ticket/seats", s.putSeats)
 		admin.POST("/skus/:program/:ticket/seats/check", s.checkSeats)
+		admin.GET("/events", s.getEvents)
 	}
 	if !set.public {
 		return e, nil

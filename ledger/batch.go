@@ -441,6 +441,20 @@ func (l *Ledger) tryBatch(ctx context.Context, takes []Take, live []int, now tim
 	if r, err := useBatchCodes(ctx, tx, takes, fresh, inserted); err != nil || r.why != nil {
 		return r, nil, err
 	}
+	// Events last: after every SKU row they are about is locked.
+	var events []Event
+	for _, i := range fresh {
+		switch t := &takes[i]; {
+		case !inserted[t.key()]:
+		case t.Hold != nil:
+			events = append(events, holdEvent(EventHoldCreated, *t.Hold))
+		default:
+			events = append(events, orderEvent(EventOrderCreated, t.Order))
+		}
+	}
+	if err := emit(ctx, tx, now, events...); err != nil {
+		return refusal{}, nil, err
+	}
 	for sku, v := range versions {
 		if err := stamp(ctx, tx, sku, v); err != nil {
 			return refusal{}, nil, err

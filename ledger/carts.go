@@ -240,6 +240,16 @@ func (l *Ledger) takeCart(ctx context.Context, c Cart, direct bool) (Cart, error
 			return Cart{}, notCommitted("cart: insert lines", fmt.Errorf("line key %s taken", ln.key))
 		}
 	}
+	var events []Event
+	for _, h := range c.Holds {
+		events = append(events, holdEvent(EventHoldCreated, h))
+	}
+	for _, o := range c.Orders {
+		events = append(events, orderEvent(EventOrderCreated, o))
+	}
+	if err := emit(ctx, tx, c.CreatedAt, events...); err != nil {
+		return Cart{}, err
+	}
 	for i, ln := range lines {
 		if err := stamp(ctx, tx, ln.sku, versions[i]); err != nil {
 			return Cart{}, err
@@ -351,6 +361,13 @@ func (l *Ledger) ConfirmCart(ctx context.Context, id, buyer keys.ID, req Request
 				}
 			}
 		}
+		events := make([]Event, 0, len(c.Orders))
+		for _, o := range c.Orders {
+			events = append(events, confirmEvent(o))
+		}
+		if err := emit(ctx, tx, now, events...); err != nil {
+			return c, err
+		}
 	}
 	// Confirmed now or before: the request is answered with the cart.
 	if err := finishCart(ctx, tx, req, &c); err != nil {
@@ -411,8 +428,13 @@ func (l *Ledger) CancelCart(ctx context.Context, id, buyer keys.ID, req Request)
 	if err := returnLines(ctx, tx, lines, "held", now.UnixMilli()); err != nil {
 		return c, nil, err
 	}
+	var events []Event
 	for _, i := range ended {
 		changed = append(changed, c.Holds[i].ID)
+		events = append(events, holdEvent(EventHoldCancelled, c.Holds[i]))
+	}
+	if err := emit(ctx, tx, now, events...); err != nil {
+		return c, nil, err
 	}
 	if err := finishCart(ctx, tx, req, &c); err != nil {
 		return c, nil, err
@@ -463,6 +485,15 @@ func (l *Ledger) RefundCart(ctx context.Context, id, buyer keys.ID, req Request)
 		changed = append(changed, o.ID)
 	}
 	if err := returnLines(ctx, tx, lines, "sold", now.UnixMilli()); err != nil {
+		return c, nil, err
+	}
+	var events []Event
+	for _, o := range c.Orders {
+		if slices.Contains(changed, o.ID) {
+			events = append(events, orderEvent(EventOrderRefunded, o))
+		}
+	}
+	if err := emit(ctx, tx, now, events...); err != nil {
 		return c, nil, err
 	}
 	if err := finishCart(ctx, tx, req, &c); err != nil {

@@ -206,6 +206,13 @@ func (l *Ledger) tryConfirms(ctx context.Context, orders []Order, live []int, se
 			return nil, notCommitted("sell seats", err)
 		}
 	}
+	events := make([]Event, 0, len(live))
+	for _, i := range live {
+		events = append(events, confirmEvent(orders[i]))
+	}
+	if err := emit(ctx, tx, now, events...); err != nil {
+		return nil, err
+	}
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("ledger: confirm batch: commit: %w", err)
 	}

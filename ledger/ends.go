@@ -177,6 +177,13 @@ func (l *Ledger) tryEnds(ctx context.Context, ends []holdEnd, state string, dueO
 	if err := giveBack(ctx, tx, "held", "holds", backs, now); err != nil {
 		return nil, err
 	}
+	events := make([]Event, 0, len(ends))
+	for _, e := range ends {
+		events = append(events, holdEvent(endEvent(state), e.hold))
+	}
+	if err := emit(ctx, tx, now, events...); err != nil {
+		return nil, err
+	}
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("ledger: end holds: commit: %w", err)
 	}

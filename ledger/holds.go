@@ -143,6 +143,9 @@ func (l *Ledger) Hold(ctx context.Context, h Hold, version int64) (_ Hold, err e
 		}
 		return prev, ErrDuplicate
 	}
+	if err := emit(ctx, tx, h.CreatedAt, holdEvent(EventHoldCreated, h)); err != nil {
+		return Hold{}, err
+	}
 	if err := stamp(ctx, tx, h.SKU, v); err != nil {
 		return Hold{}, err
 	}
@@ -289,6 +292,10 @@ func (l *Ledger) Confirm(ctx context.Context, holdID, buyer keys.ID, req Request
 	if err := moveSeats(ctx, tx, h.ID, seatHeld, seatSold); err != nil {
 		return Order{}, err
 	}
+	h.OrderID = o.ID
+	if err := emit(ctx, tx, now, holdEvent(EventHoldConfirmed, h)); err != nil {
+		return Order{}, err
+	}
 	if err := finish(ctx, tx, req, &o, nil); err != nil {
 		return Order{}, err
 	}
@@ -397,6 +404,9 @@ func (l *Ledger) endHold(ctx context.Context, h Hold, state string, dueOnly bool
 		return h, false, err
 	}
 	h.State, h.EndedAt = state, now
+	if err := emit(ctx, tx, now, holdEvent(endEvent(state), h)); err != nil {
+		return h, false, err
+	}
 	if err := finish(ctx, tx, req, nil, &h); err != nil {
 		return h, false, err
 	}
@@ -460,6 +470,9 @@ func (l *Ledger) Refund(ctx context.Context, orderID, buyer keys.ID, req Request
 		return o, false, err
 	}
 	o.RefundedAt = now
+	if err := emit(ctx, tx, now, orderEvent(EventOrderRefunded, o)); err != nil {
+		return o, false, err
+	}
 	if err := finish(ctx, tx, req, &o, nil); err != nil {
 		return o, false, err
 	}
@@ -598,10 +611,24 @@ func (l *Ledger) BuyerUnits(ctx context.Context, sku stock.SKU, buyer keys.ID) (
 // stock.ErrSaleEnded); holds already taken may still be confirmed. Ending
 // an ended sale changes nothing.
 func (l *Ledger) EndSale(ctx context.Context, sku stock.SKU) (SKUState, error) {
-	now := l.now().UnixMilli()
-	if _, err := l.db.ExecContext(ctx, `UPDATE skus SET ended_at = $3, version = version + 1, bypass_seq = bypass_seq + 1,
-		updated_at = $3 WHERE program = $1 AND ticket = $2 AND ended_at = 0`, sku.Program, sku.Ticket, now); err != nil {
+	now := l.now()
+	tx, err := l.db.BeginTx(ctx, nil)
+	if err != nil {
 		return SKUState{}, fmt.Errorf("ledger: end sale: %w", err)
+	}
+	defer tx.Rollback()
+	res, err := tx.ExecContext(ctx, `UPDATE skus SET ended_at = $3, version = version + 1, bypass_seq = bypass_seq + 1,
+		updated_at = $3 WHERE program = $1 AND ticket = $2 AND ended_at = 0`, sku.Program, sku.Ticket, now.UnixMilli())
+	if err != nil {
+		return SKUState{}, fmt.Errorf("ledger: end sale: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 1 {
+		if err := emit(ctx, tx, now, Event{Type: EventSaleEnded, SKU: sku}); err != nil {
+			return SKUState{}, err
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return SKUState{}, fmt.Errorf("ledger: end sale: commit: %w", err)
 	}
 	return l.SKU(ctx, sku)
 }

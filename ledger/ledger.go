@@ -455,6 +455,7 @@ var schemaDigest = func() string {
 	h := sha256.New()
 	h.Write([]byte(schema))
 	h.Write([]byte(addedIndexes))
+	h.Write([]byte(eventsTable(SQLite) + eventsTable(Postgres)))
 	for _, c := range added {
 		fmt.Fprintf(h, "\x00%s.%s %s", c.table, c.name, c.def)
 	}
@@ -494,6 +495,9 @@ func (l *Ledger) migrate(ctx context.Context, apply bool) error {
 		}
 	}
 	if _, err := tx.ExecContext(ctx, addedIndexes); err != nil {
+		return fmt.Errorf("ledger: migrate: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, eventsTable(l.driver)); err != nil {
 		return fmt.Errorf("ledger: migrate: %w", err)
 	}
 	if l.driver == Postgres {
@@ -895,6 +899,9 @@ func (l *Ledger) purchase(ctx context.Context, o Order, version int64) (Order, e
 		}
 		return prev, ErrDuplicate
 	}
+	if err := emit(ctx, tx, o.CreatedAt, orderEvent(EventOrderCreated, o)); err != nil {
+		return Order{}, err
+	}
 	if err := stamp(ctx, tx, o.SKU, v); err != nil {
 		return Order{}, err
 	}
@@ -978,10 +985,17 @@ func updateSKU(ctx context.Context, tx *sql.Tx, sku stock.SKU, q int64, column s
 		args = append(args, epoch)
 	}
 	for attempt := 1; ; attempt++ {
-		var v, e int64
+		var v, e, left int64
 		err := tx.QueryRowContext(ctx, `UPDATE skus SET `+column+` = `+column+` + $3, version = version + 1, updated_at = $4`+extra+`
 			WHERE program = $1 AND ticket = $2 AND ended_at = 0 AND sold + held + $3 <= total`+only+cond+`
-			RETURNING version, gate_epoch`, args...).Scan(&v, &e)
+			RETURNING version, gate_epoch, total - sold - held`, args...).Scan(&v, &e, &left)
+		if err == nil && left == 0 {
+			// The take that empties the SKU writes its sold-out event.
+			err = emit(ctx, tx, time.UnixMilli(now), Event{Type: EventSaleSoldOut, SKU: sku})
+			if err != nil {
+				return 0, 0, err
+			}
+		}
 		if err == nil {
 			return v, e, nil
 		}

@@ -231,6 +231,11 @@ func (l *Ledger) ClosePool(ctx context.Context, pool stock.SKU) (moved int64, in
 		WHERE program = $1 AND ticket = $2`, into.Program, into.Ticket, moved); err != nil {
 		return 0, into, notCommitted("close pool: target", err)
 	}
+	if moved > 0 {
+		if err := emit(ctx, tx, time.UnixMilli(now), Event{Type: EventPoolMoved, SKU: pool, To: into, Quantity: moved}); err != nil {
+			return 0, into, err
+		}
+	}
 	if err := tx.Commit(); err != nil {
 		return 0, into, fmt.Errorf("ledger: close pool: commit: %w", err)
 	}

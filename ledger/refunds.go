@@ -161,6 +161,13 @@ func (l *Ledger) tryRefunds(ctx context.Context, refs []refund, now time.Time) (
 	if err := giveBack(ctx, tx, "sold", "orders", backs, now); err != nil {
 		return nil, err
 	}
+	events := make([]Event, 0, len(refs))
+	for _, r := range refs {
+		events = append(events, orderEvent(EventOrderRefunded, r.order))
+	}
+	if err := emit(ctx, tx, now, events...); err != nil {
+		return nil, err
+	}
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("ledger: refunds: commit: %w", err)
 	}

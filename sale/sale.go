@@ -69,6 +69,7 @@ type Ledger interface {
 	CommittedSince(ctx context.Context, sku stock.SKU, after int64) (ledger.Committed, error)
 	AdvanceGate(ctx context.Context, sku stock.SKU) (ledger.SKUState, error)
 	RestoreOwed(ctx context.Context, kind string, id keys.ID) (ledger.Restore, bool, error)
+	Events(ctx context.Context, program keys.ID, after int64, limit int) ([]ledger.Event, error)
 	PendingRestores(ctx context.Context, olderThan time.Duration, limit int) ([]ledger.Restore, error)
 	RestoreDone(ctx context.Context, kind string, id keys.ID) error
 	EndSale(ctx context.Context, sku stock.SKU) (ledger.SKUState, error)

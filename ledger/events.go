@@ -1,0 +1,179 @@
+package ledger
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// Events are the ledger's outbox: every change of state a platform acts on
+// (an order made or refunded, a hold made, confirmed, cancelled or expired,
+// a sale sold out or ended, a pool's stock moved) is written as a row of
+// the events table in the same transaction as the change. A change that
+// commits has its event; one that rolls back has none. A relay delivers
+// them from there (at least once: receivers de-duplicate by ID).
+
+// Event types.
+const (
+	EventOrderCreated   = "order.created"
+	EventOrderRefunded  = "order.refunded"
+	EventHoldCreated    = "hold.created"
+	EventHoldConfirmed  = "hold.confirmed"
+	EventHoldCancelled  = "hold.cancelled"
+	EventHoldExpired    = "hold.expired"
+	EventSaleSoldOut    = "sale.sold_out"
+	EventSaleEnded      = "sale.ended"
+	EventPoolMoved      = "pool.moved"
+	eventPartitionCount = 64
+)
+
+// EventTypes lists every type an event may have.
+func EventTypes() []string {
+	return []string{EventOrderCreated, EventOrderRefunded, EventHoldCreated, EventHoldConfirmed, EventHoldCancelled,
+		EventHoldExpired, EventSaleSoldOut, EventSaleEnded, EventPoolMoved}
+}
+
+// Event is one change of state, as the outbox keeps it.
+type Event struct {
+	// Seq orders events: within one SKU, in the order their transactions
+	// committed (each event is written after its SKU row is locked, so a
+	// later change of the SKU takes a later number). Across SKUs it is
+	// not a commit order.
+	Seq int64
+	// ID is the event's stable id, for receivers to de-duplicate by.
+	ID   keys.ID
+	Type string
+	// SKU is the stock the change is about (a pool's stock for a pool's
+	// sale); Partition is the relay partition it is delivered in, derived
+	// from its ticket, so every event of a ticket and its pools keeps
+	// their order.
+	SKU       stock.SKU
+	Partition int
+	// Subject is the order's or hold's id (zero for a sale's event); Hold
+	// names a confirmed hold's order's hold, Order a confirm's order.
+	Subject keys.ID
+	Order   keys.ID
+	Buyer   keys.ID
+	Cart    keys.ID
+	// Quantity is the units the change moved (for pool.moved, the units
+	// moved into To).
+	Quantity int64
+	To       stock.SKU
+	At       time.Time
+}
+
+// eventsTable is the outbox's table: its sequence is the one thing the
+// drivers spell differently.
+func eventsTable(driver string) string {
+	seq := "seq BIGSERIAL PRIMARY KEY"
+	if driver == SQLite {
+		seq = "seq INTEGER PRIMARY KEY AUTOINCREMENT"
+	}
+	return `CREATE TABLE IF NOT EXISTS events (
+	` + seq + `,
+	event_id   TEXT    NOT NULL UNIQUE,
+	type       TEXT    NOT NULL,
+	program    TEXT    NOT NULL,
+	ticket     TEXT    NOT NULL,
+	partition  INTEGER NOT NULL,
+	subject    TEXT    NOT NULL DEFAULT '',
+	order_id   TEXT    NOT NULL DEFAULT '',
+	buyer      TEXT    NOT NULL DEFAULT '',
+	cart_id    TEXT    NOT NULL DEFAULT '',
+	quantity   BIGINT  NOT NULL DEFAULT 0,
+	to_ticket  TEXT    NOT NULL DEFAULT '',
+	created_at BIGINT  NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_partition ON events (partition, seq);
+CREATE INDEX IF NOT EXISTS events_program ON events (program, seq);
+`
+}
+
+// partitionOf is the relay partition of a ticket's events.
+func partitionOf(sku stock.SKU) int {
+	h := fnv.New32a()
+	h.Write([]byte(sku.Program.String()))
+	h.Write([]byte{0})
+	h.Write([]byte(sku.Base().Ticket.String()))
+	return int(h.Sum32() % eventPartitionCount)
+}
+
+// orderEvent is the event of an order's change.
+func orderEvent(typ string, o Order) Event {
+	return Event{Type: typ, SKU: o.SKU, Subject: o.ID, Buyer: o.Buyer, Cart: o.CartID, Quantity: o.Quantity}
+}
+
+// holdEvent is the event of a hold's change (Order: a confirm's order).
+func holdEvent(typ string, h Hold) Event {
+	return Event{Type: typ, SKU: h.SKU, Subject: h.ID, Order: h.OrderID, Buyer: h.Buyer, Cart: h.CartID, Quantity: h.Quantity}
+}
+
+// confirmEvent is the event of the confirm that made order o of its hold.
+func confirmEvent(o Order) Event {
+	return Event{Type: EventHoldConfirmed, SKU: o.SKU, Subject: o.HoldID, Order: o.ID, Buyer: o.Buyer, Cart: o.CartID, Quantity: o.Quantity}
+}
+
+// endEvent is the event type of a hold ended into state.
+func endEvent(state string) string {
+	if state == Expired {
+		return EventHoldExpired
+	}
+	return EventHoldCancelled
+}
+
+// emit writes events inside tx, after the rows of the change they are
+// about, in multi-row statements.
+func emit(ctx context.Context, tx *sql.Tx, now time.Time, events ...Event) error {
+	for chunk := range slices.Chunk(events, rowsPerStatement) {
+		var vals []string
+		var args []any
+		for _, e := range chunk {
+			vals = append(vals, placeholders(len(args), 12))
+			args = append(args, NewID(), e.Type, e.SKU.Program, e.SKU.Ticket, partitionOf(e.SKU), e.Subject, e.Order,
+				e.Buyer, e.Cart, e.Quantity, e.To.Ticket, now.UnixMilli())
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO events (event_id, type, program, ticket, partition, subject, order_id,
+			buyer, cart_id, quantity, to_ticket, created_at) VALUES `+strings.Join(vals, ", "), args...); err != nil {
+			return notCommitted("events", err)
+		}
+	}
+	return nil
+}
+
+// Events reads up to limit events with Seq > after, in Seq order; program
+// narrows them to one program's when given.
+func (l *Ledger) Events(ctx context.Context, program keys.ID, after int64, limit int) ([]Event, error) {
+	if limit < 1 || limit > 1000 {
+		return nil, fmt.Errorf("%w: limit %d out of 1..1000", stock.ErrInvalid, limit)
+	}
+	rows, err := l.db.QueryContext(ctx, `SELECT seq, event_id, type, program, ticket, partition, subject, order_id, buyer,
+		cart_id, quantity, to_ticket, created_at FROM events WHERE seq > $1 AND ($2 = '' OR program = $2) ORDER BY seq LIMIT $3`,
+		after, program, limit)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: events: %w", err)
+	}
+	defer rows.Close()
+	var out []Event
+	for rows.Next() {
+		var e Event
+		var to keys.ID
+		var at int64
+		if err := rows.Scan(&e.Seq, &e.ID, &e.Type, &e.SKU.Program, &e.SKU.Ticket, &e.Partition, &e.Subject, &e.Order,
+			&e.Buyer, &e.Cart, &e.Quantity, &to, &at); err != nil {
+			return nil, fmt.Errorf("ledger: events: %w", err)
+		}
+		if !to.IsZero() {
+			e.To = stock.SKU{Program: e.SKU.Program, Ticket: to}
+		}
+		e.At = time.UnixMilli(at).UTC()
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}

@@ -403,12 +403,16 @@ func (l *Ledger) tryBatch(ctx context.Context, takes []Take, live []int, now tim
 		return cmp.Compare(b2i(a.counted), b2i(b.counted))
 	})
 	versions := map[stock.SKU]int64{}
+	var emptied []stock.SKU // SKUs the batch left with nothing: sold out
 	for _, g := range groups {
 		var version int64 = -1
 		if direct {
 			version = read[g.sku].Version
 		}
-		v, e, err := updateSKU(ctx, tx, g.sku, sums[g], g.column, version, g.epoch, now.UnixMilli(), g.counted)
+		v, e, empty, err := updateSKU(ctx, tx, g.sku, sums[g], g.column, version, g.epoch, now.UnixMilli(), g.counted)
+		if empty && err == nil {
+			emptied = append(emptied, g.sku)
+		}
 		switch {
 		case errors.Is(err, ErrConflict):
 			return refusal{}, nil, ErrConflict
@@ -451,6 +455,9 @@ func (l *Ledger) tryBatch(ctx context.Context, takes []Take, live []int, now tim
 		default:
 			events = append(events, orderEvent(EventOrderCreated, t.Order))
 		}
+	}
+	for _, sku := range emptied {
+		events = withSoldOut(events, true, sku)
 	}
 	if err := emit(ctx, tx, now, events...); err != nil {
 		return refusal{}, nil, err

@@ -185,6 +185,7 @@ func (l *Ledger) takeCart(ctx context.Context, c Cart, direct bool) (Cart, error
 		}
 	}
 	versions := make([]int64, len(lines))
+	var emptied []stock.SKU // SKUs a line left with nothing: sold out
 	for i, ln := range lines {
 		version, epoch := int64(-1), ln.gateEpoch
 		if direct {
@@ -197,7 +198,10 @@ func (l *Ledger) takeCart(ctx context.Context, c Cart, direct bool) (Cart, error
 			}
 			version, epoch = st.Version, -1
 		}
-		v, e, err := updateSKU(ctx, tx, ln.sku, ln.q, column, version, epoch, now, len(ln.seats) == 0)
+		v, e, empty, err := updateSKU(ctx, tx, ln.sku, ln.q, column, version, epoch, now, len(ln.seats) == 0)
+		if empty {
+			emptied = append(emptied, ln.sku)
+		}
 		switch {
 		case errors.Is(err, ErrConflict):
 			return Cart{}, err
@@ -246,6 +250,9 @@ func (l *Ledger) takeCart(ctx context.Context, c Cart, direct bool) (Cart, error
 	}
 	for _, o := range c.Orders {
 		events = append(events, orderEvent(EventOrderCreated, o))
+	}
+	for _, sku := range emptied {
+		events = withSoldOut(events, true, sku)
 	}
 	if err := emit(ctx, tx, c.CreatedAt, events...); err != nil {
 		return Cart{}, err

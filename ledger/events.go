@@ -128,6 +128,15 @@ func endEvent(state string) string {
 	return EventHoldCancelled
 }
 
+// withSoldOut is events and, when the take emptied sku, its sold-out
+// event after them.
+func withSoldOut(events []Event, emptied bool, sku stock.SKU) []Event {
+	if emptied {
+		events = append(events, Event{Type: EventSaleSoldOut, SKU: sku})
+	}
+	return events
+}
+
 // emit writes events inside tx, after the rows of the change they are
 // about, in multi-row statements.
 func emit(ctx context.Context, tx *sql.Tx, now time.Time, events ...Event) error {

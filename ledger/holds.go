@@ -116,7 +116,7 @@ func (l *Ledger) Hold(ctx context.Context, h Hold, version int64) (_ Hold, err e
 	if version >= 0 {
 		epoch = -1
 	}
-	v, e, err := l.takeStock(ctx, tx, h.SKU, h.Buyer, h.Quantity, "held", version, epoch, h.CreatedAt.UnixMilli(), len(h.SeatIDs) == 0)
+	v, e, emptied, err := l.takeStock(ctx, tx, h.SKU, h.Buyer, h.Quantity, "held", version, epoch, h.CreatedAt.UnixMilli(), len(h.SeatIDs) == 0)
 	if err != nil {
 		return Hold{}, err
 	}
@@ -143,7 +143,7 @@ func (l *Ledger) Hold(ctx context.Context, h Hold, version int64) (_ Hold, err e
 		}
 		return prev, ErrDuplicate
 	}
-	if err := emit(ctx, tx, h.CreatedAt, holdEvent(EventHoldCreated, h)); err != nil {
+	if err := emit(ctx, tx, h.CreatedAt, withSoldOut([]Event{holdEvent(EventHoldCreated, h)}, emptied, h.SKU)...); err != nil {
 		return Hold{}, err
 	}
 	if err := stamp(ctx, tx, h.SKU, v); err != nil {

@@ -877,7 +877,7 @@ func (l *Ledger) purchase(ctx context.Context, o Order, version int64) (Order, e
 	if version >= 0 {
 		epoch = -1
 	}
-	v, e, err := l.takeStock(ctx, tx, o.SKU, o.Buyer, o.Quantity, "sold", version, epoch, o.CreatedAt.UnixMilli(), true)
+	v, e, emptied, err := l.takeStock(ctx, tx, o.SKU, o.Buyer, o.Quantity, "sold", version, epoch, o.CreatedAt.UnixMilli(), true)
 	if err != nil {
 		return Order{}, err
 	}
@@ -899,7 +899,7 @@ func (l *Ledger) purchase(ctx context.Context, o Order, version int64) (Order, e
 		}
 		return prev, ErrDuplicate
 	}
-	if err := emit(ctx, tx, o.CreatedAt, orderEvent(EventOrderCreated, o)); err != nil {
+	if err := emit(ctx, tx, o.CreatedAt, withSoldOut([]Event{orderEvent(EventOrderCreated, o)}, emptied, o.SKU)...); err != nil {
 		return Order{}, err
 	}
 	if err := stamp(ctx, tx, o.SKU, v); err != nil {
@@ -950,12 +950,12 @@ func insertOrder(ctx context.Context, tx *sql.Tx, o Order) (bool, error) {
 // stock.ErrSaleEnded, stock.ErrUnknownSKU, ErrConflict, ErrStaleGate, or an
 // ErrNotCommitted error.
 func (l *Ledger) takeStock(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer keys.ID, q int64, column string,
-	version, epoch, now int64, counted bool) (int64, int64, error) {
-	v, e, err := updateSKU(ctx, tx, sku, q, column, version, epoch, now, counted)
+	version, epoch, now int64, counted bool) (int64, int64, bool, error) {
+	v, e, emptied, err := updateSKU(ctx, tx, sku, q, column, version, epoch, now, counted)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, false, err
 	}
-	return v, e, countBuyer(ctx, tx, sku, buyer, q)
+	return v, e, emptied, countBuyer(ctx, tx, sku, buyer, q)
 }
 
 // gateUpdateAttempts bounds the re-tries of a gate-admitted update that
@@ -970,7 +970,9 @@ var ErrSeatedTake = fmt.Errorf("%w: a seated ticket sells seats, not counted uni
 
 // updateSKU is takeStock's first half: the conditional update of the row.
 // counted says the units are not seats: a seated ticket refuses them.
-func updateSKU(ctx context.Context, tx *sql.Tx, sku stock.SKU, q int64, column string, version, epoch, now int64, counted bool) (int64, int64, error) {
+// emptied reports that the take left the SKU nothing: the caller writes
+// its sale.sold_out event after the events of the take.
+func updateSKU(ctx context.Context, tx *sql.Tx, sku stock.SKU, q int64, column string, version, epoch, now int64, counted bool) (_, _ int64, emptied bool, _ error) {
 	args := []any{sku.Program, sku.Ticket, q, now}
 	extra, cond, only := "", "", ""
 	if counted {
@@ -989,37 +991,30 @@ func updateSKU(ctx context.Context, tx *sql.Tx, sku stock.SKU, q int64, column s
 		err := tx.QueryRowContext(ctx, `UPDATE skus SET `+column+` = `+column+` + $3, version = version + 1, updated_at = $4`+extra+`
 			WHERE program = $1 AND ticket = $2 AND ended_at = 0 AND sold + held + $3 <= total`+only+cond+`
 			RETURNING version, gate_epoch, total - sold - held`, args...).Scan(&v, &e, &left)
-		if err == nil && left == 0 {
-			// The take that empties the SKU writes its sold-out event.
-			err = emit(ctx, tx, time.UnixMilli(now), Event{Type: EventSaleSoldOut, SKU: sku})
-			if err != nil {
-				return 0, 0, err
-			}
-		}
 		if err == nil {
-			return v, e, nil
+			return v, e, left == 0, nil
 		}
 		if !errors.Is(err, sql.ErrNoRows) {
-			return 0, 0, notCommitted("take stock", err)
+			return 0, 0, false, notCommitted("take stock", err)
 		}
 		st, err := scanSKU(tx.QueryRowContext(ctx, selectSKU, sku.Program, sku.Ticket))
 		switch {
 		case errors.Is(err, stock.ErrUnknownSKU):
-			return 0, 0, err
+			return 0, 0, false, err
 		case err != nil:
-			return 0, 0, notCommitted("reread sku", err)
+			return 0, 0, false, notCommitted("reread sku", err)
 		case !st.EndedAt.IsZero():
-			return 0, 0, stock.ErrSaleEnded
+			return 0, 0, false, stock.ErrSaleEnded
 		case counted && st.Seated:
-			return 0, 0, ErrSeatedTake
+			return 0, 0, false, ErrSeatedTake
 		case st.Remaining() < q:
-			return 0, 0, stock.ErrSoldOut
+			return 0, 0, false, stock.ErrSoldOut
 		case version >= 0:
-			return 0, 0, ErrConflict
+			return 0, 0, false, ErrConflict
 		case epoch >= 0 && st.GateEpoch != epoch:
-			return 0, 0, ErrStaleGate
+			return 0, 0, false, ErrStaleGate
 		case attempt == gateUpdateAttempts:
-			return 0, 0, notCommitted("take stock", fmt.Errorf("row of %s kept changing", sku))
+			return 0, 0, false, notCommitted("take stock", fmt.Errorf("row of %s kept changing", sku))
 		}
 		// The row changed between the update and the re-read (stock came
 		// back meanwhile): a gate-admitted take is not optimistic, so try

@@ -27,15 +27,7 @@ func (s *Service) confirm(ctx context.Context, id, buyer keys.ID, r request) ans
 	o, err := s.confirmLedger(id, buyer, r.ledger())
 	switch {
 	case err == nil:
-		if section, ids, ok := seats.DecodeGate(o.Gate); ok {
-			// The seats are sold: mark them so in the gate too. If this
-			// fails they stay held by the hold's owner id, which no one
-			// else can take; the consistency check repairs it.
-			_ = s.redis(ctx, func(ctx context.Context) error {
-				_, err := s.seats.Sell(ctx, o.SKU, section, o.GateRequest(), ids)
-				return err
-			})
-		}
+		s.sellSeats(ctx, o)
 		return answer{order: o}
 	case errors.Is(err, ledger.ErrDuplicate):
 		return answer{order: o, replayed: true}

@@ -436,6 +436,12 @@ var added = []struct{ table, name, def string }{
 	{"orders", "seat_ids", "TEXT NOT NULL DEFAULT ''"},
 }
 
+// laterTables are the tables added after the first release, each with its
+// own indexes: the outbox, the relay's partitions, the waitlist.
+func laterTables(driver string) string {
+	return eventsTable(driver) + relayTables(driver) + waitlistTables(driver)
+}
+
 // addedIndexes index columns of added: they run after the columns are
 // added, so a ledger whose tables predate the columns migrates (CREATE
 // INDEX on a column not there yet fails the whole migration).
@@ -455,7 +461,7 @@ var schemaDigest = func() string {
 	h := sha256.New()
 	h.Write([]byte(schema))
 	h.Write([]byte(addedIndexes))
-	h.Write([]byte(eventsTable(SQLite) + eventsTable(Postgres)))
+	h.Write([]byte(laterTables(SQLite) + laterTables(Postgres)))
 	for _, c := range added {
 		fmt.Fprintf(h, "\x00%s.%s %s", c.table, c.name, c.def)
 	}
@@ -497,7 +503,7 @@ func (l *Ledger) migrate(ctx context.Context, apply bool) error {
 	if _, err := tx.ExecContext(ctx, addedIndexes); err != nil {
 		return fmt.Errorf("ledger: migrate: %w", err)
 	}
-	if _, err := tx.ExecContext(ctx, eventsTable(l.driver)); err != nil {
+	if _, err := tx.ExecContext(ctx, laterTables(l.driver)); err != nil {
 		return fmt.Errorf("ledger: migrate: %w", err)
 	}
 	if l.driver == Postgres {

@@ -1,0 +1,4 @@
+package ledger
+
+// waitlistTables are the waitlist's tables.
+func waitlistTables(driver string) string { return "" }

@@ -1481,12 +1481,12 @@ func (m *sim) replayEvents() string {
 				c.sold += e.Quantity
 			case "order.refunded":
 				c.sold -= e.Quantity
-			case "hold.created":
+			case "hold.created", "waitlist.offer_made":
 				c.held += e.Quantity
 			case "hold.confirmed":
 				c.held -= e.Quantity
 				c.sold += e.Quantity
-			case "hold.cancelled", "hold.expired":
+			case "hold.cancelled", "hold.expired", "waitlist.offer_expired":
 				c.held -= e.Quantity
 			}
 		}

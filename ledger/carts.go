@@ -432,7 +432,8 @@ func (l *Ledger) CancelCart(ctx context.Context, id, buyer keys.ID, req Request)
 		}
 		lines[k] = returnLine{table: "holds", id: h.ID, sku: h.SKU, buyer: h.Buyer, q: h.Quantity, gate: h.Gate, takeEpoch: h.TakeEpoch, seats: seated}
 	}
-	if err := returnLines(ctx, tx, lines, "held", now.UnixMilli()); err != nil {
+	offers, err := returnLines(ctx, tx, lines, "held", now)
+	if err != nil {
 		return c, nil, err
 	}
 	var events []Event
@@ -440,7 +441,7 @@ func (l *Ledger) CancelCart(ctx context.Context, id, buyer keys.ID, req Request)
 		changed = append(changed, c.Holds[i].ID)
 		events = append(events, holdEvent(EventHoldCancelled, c.Holds[i]))
 	}
-	if err := emit(ctx, tx, now, events...); err != nil {
+	if err := emit(ctx, tx, now, append(events, offers...)...); err != nil {
 		return c, nil, err
 	}
 	if err := finishCart(ctx, tx, req, &c); err != nil {
@@ -491,7 +492,8 @@ func (l *Ledger) RefundCart(ctx context.Context, id, buyer keys.ID, req Request)
 		lines = append(lines, returnLine{table: "orders", id: o.ID, sku: o.SKU, buyer: o.Buyer, q: o.Quantity, gate: o.Gate, takeEpoch: o.TakeEpoch, seats: seated})
 		changed = append(changed, o.ID)
 	}
-	if err := returnLines(ctx, tx, lines, "sold", now.UnixMilli()); err != nil {
+	offers, err := returnLines(ctx, tx, lines, "sold", now)
+	if err != nil {
 		return c, nil, err
 	}
 	var events []Event
@@ -500,7 +502,7 @@ func (l *Ledger) RefundCart(ctx context.Context, id, buyer keys.ID, req Request)
 			events = append(events, orderEvent(EventOrderRefunded, o))
 		}
 	}
-	if err := emit(ctx, tx, now, events...); err != nil {
+	if err := emit(ctx, tx, now, append(events, offers...)...); err != nil {
 		return c, nil, err
 	}
 	if err := finishCart(ctx, tx, req, &c); err != nil {
@@ -526,30 +528,48 @@ type returnLine struct {
 // (the lines are in ticket order), then the buyers' rows, the order every
 // write that moves stock takes rows in (SKU by SKU with its buyers, two
 // carts over the same program would meet at its buyer rows in a cycle);
-// then records on each line's row what Redis is owed.
-func returnLines(ctx context.Context, tx *sql.Tx, lines []returnLine, column string, now int64) error {
+// then records on each line's row what Redis is owed, and offers the
+// units to each SKU's waitlist (returning the offers' events).
+func returnLines(ctx context.Context, tx *sql.Tx, lines []returnLine, column string, now time.Time) ([]Event, error) {
 	got := make([]returned, len(lines))
 	for i, ln := range lines {
-		r, err := returnSKU(ctx, tx, ln.sku, ln.q, column, now)
+		r, err := returnSKU(ctx, tx, ln.sku, ln.q, column, now.UnixMilli())
 		if err != nil {
-			return err
+			return nil, err
 		}
 		got[i] = r
 	}
 	for _, ln := range lines {
 		if err := uncountBuyer(ctx, tx, ln.sku, ln.buyer, ln.q); err != nil {
-			return err
+			return nil, err
 		}
 	}
+	var skus []stock.SKU
+	bySKU := map[stock.SKU][]backRow{}
+	units := map[stock.SKU]int64{}
 	for i, ln := range lines {
-		if _, err := owed(ctx, tx, ln.table, ln.id, ln.gate, ln.takeEpoch, ln.seats, got[i]); err != nil {
-			return err
+		pending, err := owed(ctx, tx, ln.table, ln.id, ln.gate, ln.takeEpoch, ln.seats, got[i])
+		if err != nil {
+			return nil, err
 		}
 		if err := stamp(ctx, tx, ln.sku, got[i].version); err != nil {
-			return err
+			return nil, err
 		}
+		if _, ok := bySKU[ln.sku]; !ok {
+			skus = append(skus, ln.sku)
+		}
+		bySKU[ln.sku] = append(bySKU[ln.sku], backRow{ln.table, ln.id, ln.q, pending})
+		units[ln.sku] += ln.q
 	}
-	return nil
+	var events []Event
+	for _, sku := range skus {
+		offers, err := offerBack(ctx, tx, sku, units[sku], bySKU[sku], now)
+		if err != nil {
+			return nil, err
+		}
+		events = append(events, offers...)
+	}
+	return events, nil
 }
 
 // finishCart writes the answer of a cart action: the cart as it is now.

@@ -174,13 +174,15 @@ func (l *Ledger) tryEnds(ctx context.Context, ends []holdEnd, state string, dueO
 			return nil, notCommitted("free seats", err)
 		}
 	}
-	if err := giveBack(ctx, tx, "held", "holds", backs, now); err != nil {
+	offers, err := giveBack(ctx, tx, "held", "holds", backs, now)
+	if err != nil {
 		return nil, err
 	}
-	events := make([]Event, 0, len(ends))
+	events := make([]Event, 0, len(ends)+len(offers))
 	for _, e := range ends {
-		events = append(events, holdEvent(endEvent(state), e.hold))
+		events = append(events, holdEvent(endEvent(state, e.hold), e.hold))
 	}
+	events = append(events, offers...)
 	if err := emit(ctx, tx, now, events...); err != nil {
 		return nil, err
 	}
@@ -229,8 +231,9 @@ func holdBack(h Hold) back {
 
 // giveBack returns the units of ended holds (column "held", table
 // "holds") or refunded orders ("sold", "orders"): each SKU's row once, in
-// SKU order, then the buyers' counts.
-func giveBack(ctx context.Context, tx *sql.Tx, column, table string, backs []back, now time.Time) error {
+// SKU order, then the buyers' counts; then offers them to each SKU's
+// waitlist, and returns the offers' events.
+func giveBack(ctx context.Context, tx *sql.Tx, column, table string, backs []back, now time.Time) ([]Event, error) {
 	bySKU := map[stock.SKU][]back{}
 	for _, b := range backs {
 		bySKU[b.sku] = append(bySKU[b.sku], b)
@@ -240,19 +243,39 @@ func giveBack(ctx context.Context, tx *sql.Tx, column, table string, backs []bac
 		skus = append(skus, sku)
 	}
 	slices.SortFunc(skus, stock.SKU.Compare)
+	got := make(map[stock.SKU]returned, len(skus))
 	for _, sku := range skus {
-		if err := returnUnits(ctx, tx, column, table, sku, bySKU[sku], now); err != nil {
-			return err
+		r, err := returnUnits(ctx, tx, column, table, sku, bySKU[sku], now)
+		if err != nil {
+			return nil, err
 		}
+		got[sku] = r
 	}
-	return unbuy(ctx, tx, skus, bySKU)
+	if err := unbuy(ctx, tx, skus, bySKU); err != nil {
+		return nil, err
+	}
+	var events []Event
+	for _, sku := range skus {
+		var units int64
+		rows := make([]backRow, 0, len(bySKU[sku]))
+		for _, b := range bySKU[sku] {
+			units += b.quantity
+			rows = append(rows, backRow{table, b.id, b.quantity, isOwed(b.gate, b.takeEpoch, b.seats, got[sku])})
+		}
+		offers, err := offerBack(ctx, tx, sku, units, rows, now)
+		if err != nil {
+			return nil, err
+		}
+		events = append(events, offers...)
+	}
+	return events, nil
 }
 
 // returnUnits gives a SKU's returned units back in one update of its row,
 // stamps the requests that returned them with the new row version, and
 // records on each hold or order whether Redis is owed its units, as owed
 // decides for one.
-func returnUnits(ctx context.Context, tx *sql.Tx, column, table string, sku stock.SKU, backs []back, now time.Time) error {
+func returnUnits(ctx context.Context, tx *sql.Tx, column, table string, sku stock.SKU, backs []back, now time.Time) (returned, error) {
 	var q int64
 	for _, b := range backs {
 		q += b.quantity
@@ -263,14 +286,14 @@ func returnUnits(ctx context.Context, tx *sql.Tx, column, table string, sku stoc
 		WHERE program = $1 AND ticket = $2 AND `+column+` >= $3
 		RETURNING version, gate_epoch, shards, ended_at`, sku.Program, sku.Ticket, q, now.UnixMilli()).Scan(&r.version, &r.epoch, &r.shards, &ended)
 	if errors.Is(err, sql.ErrNoRows) {
-		return fmt.Errorf("ledger: return %d %s units of %s: the row has fewer", q, column, sku)
+		return r, fmt.Errorf("ledger: return %d %s units of %s: the row has fewer", q, column, sku)
 	}
 	if err != nil {
-		return notCommitted("return stock", err)
+		return r, notCommitted("return stock", err)
 	}
 	r.ended = ended > 0
 	if err := stamp(ctx, tx, sku, r.version); err != nil {
-		return err
+		return r, err
 	}
 	byPending := map[int][]any{}
 	for _, b := range backs {
@@ -281,11 +304,11 @@ func returnUnits(ctx context.Context, tx *sql.Tx, column, table string, sku stoc
 		for chunk := range slices.Chunk(byPending[p], rowsPerStatement) {
 			if _, err := tx.ExecContext(ctx, `UPDATE `+table+` SET restore_pending = $1, restore_epoch = $2, restore_shards = $3
 				WHERE id IN (`+list(3, len(chunk))+`)`, append([]any{p, r.epoch, r.shards}, chunk...)...); err != nil {
-				return notCommitted("restore owed", err)
+				return r, notCommitted("restore owed", err)
 			}
 		}
 	}
-	return nil
+	return r, nil
 }
 
 // unbuy takes returned units off their buyers' counts: every SKU's rows

@@ -22,22 +22,30 @@ import (
 
 // Event types.
 const (
-	EventOrderCreated   = "order.created"
-	EventOrderRefunded  = "order.refunded"
-	EventHoldCreated    = "hold.created"
-	EventHoldConfirmed  = "hold.confirmed"
-	EventHoldCancelled  = "hold.cancelled"
-	EventHoldExpired    = "hold.expired"
-	EventSaleSoldOut    = "sale.sold_out"
-	EventSaleEnded      = "sale.ended"
-	EventPoolMoved      = "pool.moved"
+	EventOrderCreated  = "order.created"
+	EventOrderRefunded = "order.refunded"
+	EventHoldCreated   = "hold.created"
+	EventHoldConfirmed = "hold.confirmed"
+	EventHoldCancelled = "hold.cancelled"
+	EventHoldExpired   = "hold.expired"
+	EventSaleSoldOut   = "sale.sold_out"
+	EventSaleEnded     = "sale.ended"
+	EventPoolMoved     = "pool.moved"
+	// A waitlist offer is a hold: offer_made is its hold.created, and
+	// offer_expired its hold.expired (a confirmed or cancelled offer has
+	// the hold's events).
+	EventOfferMade      = "waitlist.offer_made"
+	EventOfferExpired   = "waitlist.offer_expired"
+	EventWaitlistJoined = "waitlist.joined"
+	EventWaitlistLeft   = "waitlist.left"
 	eventPartitionCount = 64
 )
 
 // EventTypes lists every type an event may have.
 func EventTypes() []string {
 	return []string{EventOrderCreated, EventOrderRefunded, EventHoldCreated, EventHoldConfirmed, EventHoldCancelled,
-		EventHoldExpired, EventSaleSoldOut, EventSaleEnded, EventPoolMoved}
+		EventHoldExpired, EventSaleSoldOut, EventSaleEnded, EventPoolMoved, EventOfferMade, EventOfferExpired,
+		EventWaitlistJoined, EventWaitlistLeft}
 }
 
 // Event is one change of state, as the outbox keeps it.
@@ -120,9 +128,12 @@ func confirmEvent(o Order) Event {
 	return Event{Type: EventHoldConfirmed, SKU: o.SKU, Subject: o.HoldID, Order: o.ID, Buyer: o.Buyer, Cart: o.CartID, Quantity: o.Quantity}
 }
 
-// endEvent is the event type of a hold ended into state.
-func endEvent(state string) string {
-	if state == Expired {
+// endEvent is the event type of hold h ended into state.
+func endEvent(state string, h Hold) string {
+	switch {
+	case state == Expired && h.IsOffer():
+		return EventOfferExpired
+	case state == Expired:
 		return EventHoldExpired
 	}
 	return EventHoldCancelled

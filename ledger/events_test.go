@@ -37,12 +37,12 @@ func replayEvents(t *testing.T, events []ledger.Event) map[stock.SKU][2]int64 {
 			c[0] += e.Quantity
 		case ledger.EventOrderRefunded:
 			c[0] -= e.Quantity
-		case ledger.EventHoldCreated:
+		case ledger.EventHoldCreated, ledger.EventOfferMade:
 			c[1] += e.Quantity
 		case ledger.EventHoldConfirmed:
 			c[1] -= e.Quantity
 			c[0] += e.Quantity
-		case ledger.EventHoldCancelled, ledger.EventHoldExpired:
+		case ledger.EventHoldCancelled, ledger.EventHoldExpired, ledger.EventOfferExpired:
 			c[1] -= e.Quantity
 		}
 		out[e.SKU] = c

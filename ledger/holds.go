@@ -343,13 +343,13 @@ func (l *Ledger) Cancel(ctx context.Context, holdID, buyer keys.ID, req Request)
 // gate is owed no units (it admits no one), only the counts it made. Seats
 // taken through the gate are always owed: their release is by owner, and
 // a no-op when not held.
-func owed(ctx context.Context, tx *sql.Tx, table string, id keys.ID, gate string, takeEpoch int64, seats bool, r returned) (bool, error) {
+func owed(ctx context.Context, tx *sql.Tx, table string, id keys.ID, gate string, takeEpoch int64, seats bool, r returned) (int, error) {
 	pending := isOwed(gate, takeEpoch, seats, r)
 	if _, err := tx.ExecContext(ctx, `UPDATE `+table+` SET restore_pending = $2, restore_epoch = $3, restore_shards = $4
 		WHERE id = $1`, id, pending, r.epoch, r.shards); err != nil {
-		return false, notCommitted("restore owed", err)
+		return 0, notCommitted("restore owed", err)
 	}
-	return pending != owedNothing, nil
+	return pending, nil
 }
 
 // endHold moves a live hold to state (cancelled or expired) and returns its
@@ -400,11 +400,16 @@ func (l *Ledger) endHold(ctx context.Context, h Hold, state string, dueOnly bool
 	if err != nil {
 		return h, false, err
 	}
-	if _, err := owed(ctx, tx, "holds", h.ID, h.Gate, h.TakeEpoch, len(h.SeatIDs) > 0, r); err != nil {
+	pending, err := owed(ctx, tx, "holds", h.ID, h.Gate, h.TakeEpoch, len(h.SeatIDs) > 0, r)
+	if err != nil {
+		return h, false, err
+	}
+	offers, err := offerBack(ctx, tx, h.SKU, h.Quantity, []backRow{{"holds", h.ID, h.Quantity, pending}}, now)
+	if err != nil {
 		return h, false, err
 	}
 	h.State, h.EndedAt = state, now
-	if err := emit(ctx, tx, now, holdEvent(endEvent(state), h)); err != nil {
+	if err := emit(ctx, tx, now, append([]Event{holdEvent(endEvent(state, h), h)}, offers...)...); err != nil {
 		return h, false, err
 	}
 	if err := finish(ctx, tx, req, nil, &h); err != nil {
@@ -466,11 +471,16 @@ func (l *Ledger) Refund(ctx context.Context, orderID, buyer keys.ID, req Request
 	if err != nil {
 		return o, false, err
 	}
-	if _, err := owed(ctx, tx, "orders", o.ID, o.Gate, o.TakeEpoch, seated, r); err != nil {
+	pending, err := owed(ctx, tx, "orders", o.ID, o.Gate, o.TakeEpoch, seated, r)
+	if err != nil {
+		return o, false, err
+	}
+	offers, err := offerBack(ctx, tx, o.SKU, o.Quantity, []backRow{{"orders", o.ID, o.Quantity, pending}}, now)
+	if err != nil {
 		return o, false, err
 	}
 	o.RefundedAt = now
-	if err := emit(ctx, tx, now, orderEvent(EventOrderRefunded, o)); err != nil {
+	if err := emit(ctx, tx, now, append([]Event{orderEvent(EventOrderRefunded, o)}, offers...)...); err != nil {
 		return o, false, err
 	}
 	if err := finish(ctx, tx, req, &o, nil); err != nil {
@@ -530,11 +540,11 @@ type Restore struct {
 func (l *Ledger) PendingRestores(ctx context.Context, olderThan time.Duration, limit int) ([]Restore, error) {
 	before := l.now().Add(-olderThan).UnixMilli()
 	rows, err := l.db.QueryContext(ctx, `
-		SELECT 'hold', id, program, ticket, buyer, idem_key, gate, quantity, restore_epoch, restore_shards, code_hash, restore_pending
+		SELECT 'hold', id, program, ticket, buyer, idem_key, gate, quantity - offered, restore_epoch, restore_shards, code_hash, restore_pending
 		FROM holds WHERE restore_pending > 0 AND ended_at <= $1
 		UNION ALL
 		SELECT 'order', id, program, ticket, buyer, CASE WHEN gate_key = '' THEN idem_key ELSE gate_key END, gate,
-			quantity, restore_epoch, restore_shards, code_hash, restore_pending
+			quantity - offered, restore_epoch, restore_shards, code_hash, restore_pending
 		FROM orders WHERE restore_pending > 0 AND refunded_at <= $1
 		LIMIT $2`, before, limit)
 	if err != nil {
@@ -559,11 +569,11 @@ func (l *Ledger) PendingRestores(ctx context.Context, olderThan time.Duration, l
 // owes one (ok false otherwise): what the ledger recorded when it took the
 // units back.
 func (l *Ledger) RestoreOwed(ctx context.Context, kind string, id keys.ID) (Restore, bool, error) {
-	q := `SELECT 'hold', id, program, ticket, buyer, idem_key, gate, quantity, restore_epoch, restore_shards, code_hash, restore_pending
+	q := `SELECT 'hold', id, program, ticket, buyer, idem_key, gate, quantity - offered, restore_epoch, restore_shards, code_hash, restore_pending
 		FROM holds WHERE id = $1 AND restore_pending > 0`
 	if kind == "order" {
 		q = `SELECT 'order', id, program, ticket, buyer, CASE WHEN gate_key = '' THEN idem_key ELSE gate_key END, gate,
-			quantity, restore_epoch, restore_shards, code_hash, restore_pending FROM orders WHERE id = $1 AND restore_pending > 0`
+			quantity - offered, restore_epoch, restore_shards, code_hash, restore_pending FROM orders WHERE id = $1 AND restore_pending > 0`
 	}
 	var r Restore
 	var pending int

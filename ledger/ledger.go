@@ -434,6 +434,9 @@ var added = []struct{ table, name, def string }{
 	{"orders", "code_hash", "TEXT NOT NULL DEFAULT ''"},
 	{"holds", "code_hash", "TEXT NOT NULL DEFAULT ''"},
 	{"orders", "seat_ids", "TEXT NOT NULL DEFAULT ''"},
+	{"skus", "wait_seq", "BIGINT NOT NULL DEFAULT 0"},
+	{"holds", "offered", "BIGINT NOT NULL DEFAULT 0"},
+	{"orders", "offered", "BIGINT NOT NULL DEFAULT 0"},
 }
 
 // laterTables are the tables added after the first release, each with its

@@ -232,7 +232,14 @@ func (l *Ledger) ClosePool(ctx context.Context, pool stock.SKU) (moved int64, in
 		return 0, into, notCommitted("close pool: target", err)
 	}
 	if moved > 0 {
-		if err := emit(ctx, tx, time.UnixMilli(now), Event{Type: EventPoolMoved, SKU: pool, To: into, Quantity: moved}); err != nil {
+		// The moved units are the target's waitlist's first: they are in
+		// no gate yet (the target's is rebuilt from the ledger).
+		offers, err := offerBack(ctx, tx, into, moved, nil, time.UnixMilli(now))
+		if err != nil {
+			return 0, into, err
+		}
+		events := append([]Event{{Type: EventPoolMoved, SKU: pool, To: into, Quantity: moved}}, offers...)
+		if err := emit(ctx, tx, time.UnixMilli(now), events...); err != nil {
 			return 0, into, err
 		}
 	}

@@ -158,13 +158,15 @@ func (l *Ledger) tryRefunds(ctx context.Context, refs []refund, now time.Time) (
 		backs = append(backs, back{id: o.ID, sku: o.SKU, buyer: o.Buyer, quantity: o.Quantity, gate: o.Gate,
 			takeEpoch: o.TakeEpoch, seats: seated[seatHolderOf(o)]})
 	}
-	if err := giveBack(ctx, tx, "sold", "orders", backs, now); err != nil {
+	offers, err := giveBack(ctx, tx, "sold", "orders", backs, now)
+	if err != nil {
 		return nil, err
 	}
-	events := make([]Event, 0, len(refs))
+	events := make([]Event, 0, len(refs)+len(offers))
 	for _, r := range refs {
 		events = append(events, orderEvent(EventOrderRefunded, r.order))
 	}
+	events = append(events, offers...)
 	if err := emit(ctx, tx, now, events...); err != nil {
 		return nil, err
 	}

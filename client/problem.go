@@ -77,6 +77,9 @@ var (
 	ErrPoolDenied     = kind("pool-access-denied")      // 403
 	ErrCodeInvalid    = kind("access-code-invalid")     // 403; wrong codes are rate limited
 	ErrCodeUsedUp     = kind("access-code-used-up")     // 409
+	ErrNotSoldOut     = kind("not-sold-out")            // 409: stock is left; buy it instead of waiting
+	ErrNotOnWaitlist  = kind("not-on-waitlist")         // 404
+	ErrWaitOffered    = kind("waitlist-offered")        // 409: a live offer; confirm or cancel its hold
 	ErrSeatsTaken     = kind("seats-taken")             // 409: Detail names the seats
 	ErrNoAdjacent     = kind("no-adjacent-seats")
 	ErrUnknownSeats   = kind("unknown-seats")

@@ -268,6 +268,9 @@ func (s *Server) routes(set routeSet) (*gin.Engine, error) {
 	v1.POST("/carts/:id/confirm", s.confirmCart)
 	v1.POST("/carts/:id/cancel", s.cancelCart)
 	v1.POST("/carts/:id/refund", s.refundCart)
+	v1.PUT("/skus/:program/:ticket/waitlist/:buyer", s.joinWaitlist)
+	v1.GET("/skus/:program/:ticket/waitlist/:buyer", s.getWaitlist)
+	v1.DELETE("/skus/:program/:ticket/waitlist/:buyer", s.leaveWaitlist)
 	return e, nil
 }
 

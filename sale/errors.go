@@ -60,11 +60,14 @@ var (
 	ErrNotRebuilt      = newErr("unavailable", "ledger updated but Redis not rebuilt yet; it will be rebuilt before it serves this SKU")
 	ErrGateNotClosed   = newErr("unavailable", "could not close the gate for the change; nothing changed")
 	ErrSeatsNotInRedis = newErr("unavailable", "ledger updated, Redis not; repeat the request")
+	ErrNotSoldOut      = newErr("not-sold-out", "stock is left: buy it instead of joining the waitlist")
+	ErrNotWaiting      = newErr("not-on-waitlist", "this buyer is not on this ticket's waitlist")
+	ErrWaitOffered     = newErr("waitlist-offered", "the buyer has a live offer from the waitlist: confirm or cancel its hold")
 )
 
 // Kinds lists every kind above, for tables that must cover them all.
 func Kinds() []*Err {
-	return []*Err{ErrInvalid, ErrUnknownSKU, ErrUnknownHold, ErrUnknownOrder, ErrUnknownCart, ErrNotOwner, ErrKeyReused, ErrOverMax, ErrSoldOut, ErrLimit, ErrSaleEnded, ErrHoldExpired, ErrHoldCancelled, ErrHoldConfirmed, ErrInCart, ErrUnknownPool, ErrPoolNotOpen, ErrPoolClosed, ErrPoolDenied, ErrCodeInvalid, ErrCodeUsedUp, ErrSeated, ErrNotSeated, ErrNoSeating, ErrUnknownSeats, ErrSeatsTaken, ErrSeatsNotInGate, ErrSeatsSpan, ErrNoAdjacent, ErrSeatMapRefused, ErrBelowCommitted, ErrRebuildBusy, ErrBusy, ErrUnavailable, ErrNotRebuilt, ErrGateNotClosed, ErrSeatsNotInRedis}
+	return []*Err{ErrInvalid, ErrUnknownSKU, ErrUnknownHold, ErrUnknownOrder, ErrUnknownCart, ErrNotOwner, ErrKeyReused, ErrOverMax, ErrSoldOut, ErrLimit, ErrSaleEnded, ErrHoldExpired, ErrHoldCancelled, ErrHoldConfirmed, ErrInCart, ErrUnknownPool, ErrPoolNotOpen, ErrPoolClosed, ErrPoolDenied, ErrCodeInvalid, ErrCodeUsedUp, ErrSeated, ErrNotSeated, ErrNoSeating, ErrUnknownSeats, ErrSeatsTaken, ErrSeatsNotInGate, ErrSeatsSpan, ErrNoAdjacent, ErrSeatMapRefused, ErrBelowCommitted, ErrRebuildBusy, ErrBusy, ErrUnavailable, ErrNotRebuilt, ErrGateNotClosed, ErrSeatsNotInRedis, ErrNotSoldOut, ErrNotWaiting, ErrWaitOffered}
 }
 
 // refusal is an Err with a detail for this request (and the seats it

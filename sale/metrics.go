@@ -20,6 +20,7 @@ type metrics struct {
 	seatRepairs    prometheus.Counter
 	poolRefusals   *prometheus.CounterVec // by reason
 	poolMoved      prometheus.Counter
+	waitJoins      prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -73,12 +74,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "stockgate_pool_moved_units_total",
 			Help: "Units closed pools moved into another pool (usually the public one).",
 		}),
+		waitJoins: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "stockgate_waitlist_joins_total",
+			Help: "Buyers this gateway put on a waitlist (a buyer joining again while in line is not counted).",
+		}),
 		expired: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "stockgate_holds_expired_total",
 			Help: "Holds this gateway's sweeper expired and gave back.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes, m.seatDrift, m.seatRepairs, m.poolRefusals, m.poolMoved} {
+	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes, m.seatDrift, m.seatRepairs, m.poolRefusals, m.poolMoved, m.waitJoins} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

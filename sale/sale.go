@@ -93,6 +93,9 @@ type Ledger interface {
 	CancelCart(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Cart, []keys.ID, error)
 	RefundCart(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Cart, []keys.ID, error)
 	CartByID(ctx context.Context, id keys.ID) (ledger.Cart, error)
+	JoinWaitlist(ctx context.Context, sku stock.SKU, buyer keys.ID, q int64, ttl time.Duration) (ledger.WaitEntry, bool, error)
+	LeaveWaitlist(ctx context.Context, sku stock.SKU, buyer keys.ID) (ledger.WaitEntry, error)
+	WaitEntryOf(ctx context.Context, sku stock.SKU, buyer keys.ID) (ledger.WaitEntry, error)
 }
 
 // Options configures a Service. The zero value of a setting takes its
@@ -159,6 +162,9 @@ type Options struct {
 	// caller's context: once stock is taken from Redis it must end in a
 	// ledger commit or a give-back, whether or not the client is still there.
 	WorkTimeout time.Duration
+	// OfferTTL is how long a waitlist offer's hold lasts before it passes
+	// to the next buyer in line.
+	OfferTTL time.Duration
 }
 
 // DefaultOptions are the settings a zero Options takes; main takes its flag
@@ -179,6 +185,7 @@ func DefaultOptions() Options {
 		SettingsTTL:         time.Second,
 		StockTTL:            200 * time.Millisecond,
 		WorkTimeout:         5 * time.Second,
+		OfferTTL:            10 * time.Minute,
 	}
 }
 
@@ -197,6 +204,7 @@ func (o Options) withDefaults() Options {
 		{&o.RedisTimeout, d.RedisTimeout}, {&o.FallbackBackoff, d.FallbackBackoff}, {&o.ReseedWait, d.ReseedWait},
 		{&o.DriftEvery, d.DriftEvery}, {&o.SweepEvery, d.SweepEvery}, {&o.RestoreGrace, d.RestoreGrace},
 		{&o.SettingsTTL, d.SettingsTTL}, {&o.StockTTL, d.StockTTL}, {&o.WorkTimeout, d.WorkTimeout},
+		{&o.OfferTTL, d.OfferTTL},
 	} {
 		def(p.v, p.d)
 	}

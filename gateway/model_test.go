@@ -71,6 +71,7 @@ func TestModel(t *testing.T) {
 			m.checkLedger()
 			if i%10 == 9 {
 				m.checkBuyers()
+				m.checkLine()
 			}
 			if i%100 == 99 {
 				m.checkRedis()
@@ -79,6 +80,7 @@ func TestModel(t *testing.T) {
 		}
 		m.checkRedis()
 		m.checkBuyers()
+		m.checkLine()
 		m.checkCarts(true)
 		m.checkEvents()
 		t.Logf("%d steps: %v; longest false sold-out %v, false limit %v; longest stale-flag retry %v", steps, m.ops,
@@ -118,7 +120,8 @@ type sim struct {
 	ended        bool
 	flushed      bool
 	ops          map[string]int
-	trace        bool // log every request and its answer
+	line         []*mWait // skus[0]'s waitlist, in line order
+	trace        bool     // log every request and its answer
 	falseSoldOut time.Duration
 	falseLimit   time.Duration
 	staleRetry   time.Duration
@@ -201,11 +204,12 @@ func newModel(t *testing.T, driver string, seed uint64) *sim {
 	dsn := ledgerDSN(t, driver)
 	m := &sim{t: t, rng: rand.New(rand.NewPCG(seed, 13)), seed: seed, redis: c, ops: map[string]int{},
 		program: keys.MustID(testenv.ID(t, "m")), programCap: 10, trace: os.Getenv("STOCKGATE_MODEL_TRACE") != ""}
-	for range 3 {
+	for i := range 3 {
 		m.envs = append(m.envs, startEnv(t, envOptions{driver: driver, dsn: dsn, cluster: c, sweep: true,
 			tune: func(o *app.Options) {
 				o.Sale.SweepEvery = 50 * time.Millisecond
 				o.Sale.RestoreGrace = 200 * time.Millisecond
+				o.Sale.OfferTTL = offerTTL(i)
 			}}))
 	}
 	for i := range 3 {
@@ -412,6 +416,10 @@ func (m *sim) units(buyer string, s *mSKU) int64 {
 
 // do runs one random operation.
 func (m *sim) do() {
+	if m.rng.IntN(100) < 8 {
+		m.waitOp()
+		return
+	}
 	r := m.rng.IntN(100)
 	switch {
 	case r < 12:
@@ -976,6 +984,7 @@ func (m *sim) cancel() {
 	m.act("/v1/holds/"+h.id+"/cancel", h.buyer, 200)
 	h.state = ledger.Cancelled
 	h.sku.held -= h.q
+	m.returned(h.sku, h.q)
 }
 
 // refund refunds an order alone: any (a cart's line among them), or only
@@ -995,6 +1004,7 @@ func (m *sim) refund(lineOnly bool) {
 	m.act("/v1/orders/"+o.id+"/refund", o.buyer, 200)
 	o.refunded = true
 	o.sku.sold -= o.q
+	m.returned(o.sku, o.q)
 }
 
 // live says a cart's state is known for the length of a request: not a
@@ -1105,12 +1115,20 @@ func (m *sim) cartDo(c *mCart, action, buyer string) {
 			h.sku.held -= h.q
 		}
 		c.state = ledger.Cancelled
+		for _, h := range c.holds {
+			m.returned(h.sku, h.q)
+		}
 	case action == "refund":
+		var back []*mOrder
 		for _, o := range c.orders {
 			if !o.refunded {
 				o.refunded = true
 				o.sku.sold -= o.q
+				back = append(back, o)
 			}
+		}
+		for _, o := range back {
+			m.returned(o.sku, o.q)
 		}
 	}
 	for _, h := range c.holds {
@@ -1311,6 +1329,12 @@ func (m *sim) flushRedis() {
 func (m *sim) settleExpiries(before time.Time) bool {
 	ctx := context.Background()
 	settled := false
+	back := map[*mSKU]int64{}
+	defer func() {
+		for _, s := range m.stocks() {
+			m.returned(s, back[s])
+		}
+	}()
 	for _, h := range m.holds {
 		if h.state != ledger.Held || !h.expires.Before(before) {
 			continue
@@ -1333,6 +1357,7 @@ func (m *sim) settleExpiries(before time.Time) bool {
 		m.tracef("hold %s of %d %s expired", h.id, h.q, h.sku.ticket())
 		h.state = ledger.Expired
 		h.sku.held -= h.q
+		back[h.sku] += h.q
 		settled = true
 		if c := h.cart; c != nil && !slices.ContainsFunc(c.holds, func(h *mHold) bool { return h.state != ledger.Expired }) {
 			c.state = ledger.Expired

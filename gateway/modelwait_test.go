@@ -174,4 +174,6 @@ func (m *sim) checkLine() {
 
 // offerTTL is replica i's offer TTL: two keep offers long enough to buy
 // or decline, one lets them lapse and pass on within the run.
-func offerTTL(i int) time.Duration { return []time.Duration{15 * time.Minute, 15 * time.Minute, time.Second}[i] }
+func offerTTL(i int) time.Duration {
+	return []time.Duration{15 * time.Minute, 15 * time.Minute, time.Second}[i]
+}

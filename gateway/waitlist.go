@@ -77,8 +77,9 @@ func (s *Server) joinWaitlist(c *gin.Context) {
 	if !ok {
 		return
 	}
+	// No body at all is a join for one unit; a body must be valid.
 	var body waitBody
-	if !s.decodeBody(c, &body) {
+	if c.Request.ContentLength != 0 && !s.decodeBody(c, &body) {
 		return
 	}
 	q := int64(1)

@@ -282,3 +282,59 @@ func TestWaitlistOffersExpireAndPassOn(t *testing.T) {
 	})
 	redisConsistent(t, e, sku)
 }
+
+// Hostile and mistaken waitlist requests get a clear problem and put no
+// one in line.
+func TestWaitlistBadInput(t *testing.T) {
+	e := newEnv(t, ledger.SQLite)
+	sku := newSKU(t)
+	e.putSKU(t, sku, 3, 1, 2)
+	if r := e.do(t, http.MethodPut, adminPath(sku)+"/pools/fans", nil, `{"allotment":1,"shards":1,"access":"code"}`); r.status != http.StatusOK {
+		t.Fatalf("PUT pool = %d %s", r.status, r.body)
+	}
+	seated := stock.SKU{Program: sku.Program, Ticket: keys.MustID("seated")}
+	e.putSKU(t, seated, 2, 1, 2)
+	e.loadSeats(t, seated, map[string]int{"A": 2})
+	base := waitPath(sku, "ann")
+	for _, c := range []struct {
+		method, path, body string
+		status             int
+		kind               string
+	}{
+		{http.MethodPut, base, `{"quantity":1}`, 409, "not-sold-out"},
+		{http.MethodPut, waitPath(sku, "bad$id"), `{}`, 400, "invalid-id"},
+		{http.MethodPut, base, `{"quantity":0}`, 422, "invalid-field"},
+		{http.MethodPut, base, `{"quantity":-3}`, 422, "invalid-field"},
+		{http.MethodPut, base, `{"quantity":"2"}`, 422, "invalid-field"},
+		{http.MethodPut, base, `{"quantity":1,"quantity":2}`, 400, "malformed-json"},
+		{http.MethodPut, base, `{"qty":1}`, 400, "malformed-json"},
+		{http.MethodPut, base, `[1]`, 400, "malformed-json"},
+		{http.MethodPut, base, `{"quantity":99999999999999999999}`, 422, "invalid-field"},
+		{http.MethodPut, base + "?pool=nope", `{}`, 404, "unknown-pool"},
+		{http.MethodPut, base + "?pool=b@d", `{}`, 400, "invalid-id"},
+		{http.MethodPut, base + "?pool=fans", `{}`, 403, "pool-access-denied"},
+		{http.MethodPut, waitPath(stock.SKU{Program: sku.Program, Ticket: keys.MustID("none")}, "ann"), `{}`, 404, "unknown-sku"},
+		{http.MethodPut, waitPath(seated, "ann"), `{}`, 409, "seated"},
+		{http.MethodGet, base, "", 404, "not-on-waitlist"},
+		{http.MethodDelete, base, "", 404, "not-on-waitlist"},
+	} {
+		r := e.do(t, c.method, c.path, nil, c.body)
+		if r.status != c.status || problemKind(r) != c.kind {
+			t.Errorf("%s %s %s = %d %s, want %d %s", c.method, c.path, c.body, r.status, r.body, c.status, c.kind)
+		}
+	}
+	// Sold out: over the per-order maximum is refused; no body joins for 1.
+	e.mustBuy(t, sku, "k1", "zed", 2)
+	if r, _ := e.join(t, sku, "ann", 3); r.status != 422 || problemKind(r) != "quantity-over-limit" {
+		t.Errorf("join over the max = %d %s", r.status, r.body)
+	}
+	if n, _ := e.ledger.WaitlistLength(context.Background(), sku); n != 0 {
+		t.Fatalf("%d in line after refusals, want 0", n)
+	}
+	if r := e.do(t, http.MethodPut, base, nil, ""); r.status != http.StatusCreated {
+		t.Fatalf("join without a body = %d %s", r.status, r.body)
+	}
+	if w := e.entry(t, sku, "ann"); w.State != "waiting" || w.Position != 1 || w.Quantity != 1 {
+		t.Fatalf("entry %+v", w)
+	}
+}

@@ -166,6 +166,7 @@ func flags(fs *flag.FlagSet, c *config) {
 	fs.Int64Var(&o.Sale.CollapseAt, "collapse-at", o.Sale.CollapseAt, "units left per shard at which a sharded SKU's tail collapses onto one shard (negative: never)")
 	b.field("collapse-at", "Sale.CollapseAt", func() bool { return o.Sale.CollapseAt != 0 })
 	b.dur("sweep-every", &o.Sale.SweepEvery, "Sale.SweepEvery", "period of the hold-expiry sweeper (bounds how late an expired hold's stock comes back)")
+	b.dur("offer-ttl", &o.Sale.OfferTTL, "Sale.OfferTTL", "how long a waitlist offer's hold lasts before it passes to the next buyer in line")
 }
 
 // validate names the environment variable of the first bad setting. main

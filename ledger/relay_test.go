@@ -228,7 +228,7 @@ func TestRelaySettledSeqWaitsForOpenTransactions(t *testing.T) {
 	older := begin()   // takes its id first,
 	younger := begin() // this one second,
 	low := insert(younger, "ev-low")
-	high := insert(older, "ev-high") // but its seq last,
+	high := insert(older, "ev-high")       // but its seq last,
 	if err := older.Commit(); err != nil { // and commits first.
 		t.Fatal(err)
 	}

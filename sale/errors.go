@@ -60,11 +60,17 @@ var (
 	ErrNotRebuilt      = newErr("unavailable", "ledger updated but Redis not rebuilt yet; it will be rebuilt before it serves this SKU")
 	ErrGateNotClosed   = newErr("unavailable", "could not close the gate for the change; nothing changed")
 	ErrSeatsNotInRedis = newErr("unavailable", "ledger updated, Redis not; repeat the request")
+	// The relay's: no sink of that name, no dead letter of that seq, and a
+	// redelivery the sink refused (the dead letter is kept).
+	ErrUnknownSink       = newErr("unknown-sink", "no relay sink of that name")
+	ErrUnknownDeadLetter = newErr("unknown-dead-letter", "no dead letter of that sink and seq")
+	ErrRedeliveryFailed  = newErr("redelivery-failed", "the sink refused the redelivery; the dead letter is kept")
 )
 
 // Kinds lists every kind above, for tables that must cover them all.
 func Kinds() []*Err {
-	return []*Err{ErrInvalid, ErrUnknownSKU, ErrUnknownHold, ErrUnknownOrder, ErrUnknownCart, ErrNotOwner, ErrKeyReused, ErrOverMax, ErrSoldOut, ErrLimit, ErrSaleEnded, ErrHoldExpired, ErrHoldCancelled, ErrHoldConfirmed, ErrInCart, ErrUnknownPool, ErrPoolNotOpen, ErrPoolClosed, ErrPoolDenied, ErrCodeInvalid, ErrCodeUsedUp, ErrSeated, ErrNotSeated, ErrNoSeating, ErrUnknownSeats, ErrSeatsTaken, ErrSeatsNotInGate, ErrSeatsSpan, ErrNoAdjacent, ErrSeatMapRefused, ErrBelowCommitted, ErrRebuildBusy, ErrBusy, ErrUnavailable, ErrNotRebuilt, ErrGateNotClosed, ErrSeatsNotInRedis}
+	return []*Err{ErrInvalid, ErrUnknownSKU, ErrUnknownHold, ErrUnknownOrder, ErrUnknownCart, ErrNotOwner, ErrKeyReused, ErrOverMax, ErrSoldOut, ErrLimit, ErrSaleEnded, ErrHoldExpired, ErrHoldCancelled, ErrHoldConfirmed, ErrInCart, ErrUnknownPool, ErrPoolNotOpen, ErrPoolClosed, ErrPoolDenied, ErrCodeInvalid, ErrCodeUsedUp, ErrSeated, ErrNotSeated, ErrNoSeating, ErrUnknownSeats, ErrSeatsTaken, ErrSeatsNotInGate, ErrSeatsSpan, ErrNoAdjacent, ErrSeatMapRefused, ErrBelowCommitted, ErrRebuildBusy, ErrBusy, ErrUnavailable, ErrNotRebuilt, ErrGateNotClosed, ErrSeatsNotInRedis,
+		ErrUnknownSink, ErrUnknownDeadLetter, ErrRedeliveryFailed}
 }
 
 // refusal is an Err with a detail for this request (and the seats it

@@ -7,6 +7,7 @@ package app
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 
@@ -22,6 +23,7 @@ import (
 	"github.com/stockgate/stockgate/internal/opt"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/lock"
+	"github.com/stockgate/stockgate/relay"
 	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/seats"
 	"github.com/stockgate/stockgate/shard"
@@ -38,11 +40,79 @@ type Options struct {
 	Lock   lock.Options
 	Sale   sale.Options
 	HTTP   gateway.Options
+	Relay  RelayOptions
 	Logger *slog.Logger // default slog.Default()
 	// WrapLedger, when set, wraps the ledger the sale flows use: tests
 	// inject faults and count calls with it.
 	WrapLedger func(sale.Ledger) sale.Ledger
 }
+
+// RelayOptions configure the outbox relay: its sinks (none: no relay)
+// and its timing. Relay.Sinks, Metrics and Logger are filled by Open.
+type RelayOptions struct {
+	relay.Options
+	// WebhookURLs get every event as a signed POST, each a sink of its
+	// own ("webhook", "webhook-2", ...), signed with WebhookSecret.
+	WebhookURLs   []string
+	WebhookSecret string
+	// StreamPrefix, when set, adds a Redis Streams sink ("stream") on
+	// the service's Redis Cluster, its streams keyed StreamPrefix{NN},
+	// trimmed to about StreamMaxLen entries (0: kept).
+	StreamPrefix string
+	StreamMaxLen int64
+}
+
+// on reports whether any sink is configured.
+func (o RelayOptions) on() bool { return len(o.WebhookURLs) > 0 || o.StreamPrefix != "" }
+
+// sinks builds the configured sinks.
+func (o RelayOptions) sinks(rdb *redis.ClusterClient) ([]relay.Sink, error) {
+	var out []relay.Sink
+	for i, u := range o.WebhookURLs {
+		name := "webhook"
+		if i > 0 {
+			name = fmt.Sprintf("webhook-%d", i+1)
+		}
+		w, err := relay.NewWebhook(relay.WebhookOptions{Name: name, URL: u, Secret: o.WebhookSecret})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, w)
+	}
+	if o.StreamPrefix != "" {
+		s, err := relay.NewStream(relay.StreamOptions{Redis: rdb, Prefix: o.StreamPrefix, MaxLen: o.StreamMaxLen})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// Validate reports the first setting that cannot work.
+func (o RelayOptions) Validate() error {
+	if !o.on() {
+		return nil
+	}
+	for _, u := range o.WebhookURLs {
+		if err := (relay.WebhookOptions{URL: u, Secret: o.WebhookSecret}).Validate(); err != nil {
+			return err
+		}
+	}
+	if err := (relay.StreamOptions{Redis: &redis.ClusterClient{}, Prefix: o.StreamPrefix, MaxLen: o.StreamMaxLen}).Validate(); err != nil {
+		return err
+	}
+	ro := o.Options
+	ro.Sinks = []relay.Sink{placeholder{}} // the sinks were checked above
+	return ro.Validate()
+}
+
+// placeholder stands for the configured sinks while their timing is
+// validated.
+type placeholder struct{}
+
+func (placeholder) Name() string                                { return "sink" }
+func (placeholder) Deliver(context.Context, ledger.Event) error { return nil }
 
 // DefaultOptions are every package's defaults; main takes its flag
 // defaults from them.
@@ -50,7 +120,7 @@ func DefaultOptions() Options {
 	return Options{
 		Redis: cluster.DefaultOptions(), Ledger: ledger.DefaultOptions(), Cache: cache.DefaultOptions(),
 		Shard: shard.DefaultOptions(), Lock: lock.DefaultOptions(), Sale: sale.DefaultOptions(),
-		HTTP: gateway.DefaultOptions(),
+		HTTP: gateway.DefaultOptions(), Relay: RelayOptions{Options: relay.DefaultOptions()},
 	}
 }
 
@@ -64,7 +134,7 @@ func (o Options) Validate() error {
 	}{
 		{"Redis", o.Redis.Validate()}, {"Ledger", o.Ledger.Validate()}, {"Cache", o.Cache.Validate()},
 		{"Shard", o.Shard.Validate()}, {"Lock", o.Lock.Validate()}, {"Sale", o.Sale.Validate()},
-		{"HTTP", o.HTTP.Validate()},
+		{"HTTP", o.HTTP.Validate()}, {"Relay", o.Relay.Validate()},
 	} {
 		if v.err != nil {
 			return opt.In(v.name, v.err)
@@ -82,6 +152,7 @@ type App struct {
 	Seats    *seats.Store
 	Sale     *sale.Service
 	Server   *gateway.Server
+	Relay    *relay.Relay // nil with no sink configured
 	Registry *prometheus.Registry
 
 	stop  context.CancelFunc
@@ -143,6 +214,17 @@ func Open(ctx context.Context, o Options) (_ *App, err error) {
 	if a.Sale, err = sale.New(o.Sale); err != nil {
 		return nil, err
 	}
+	if o.Relay.on() {
+		ro := o.Relay.Options
+		if ro.Sinks, err = o.Relay.sinks(a.Redis); err != nil {
+			return nil, err
+		}
+		ro.Metrics, ro.Logger = a.Registry, log
+		if a.Relay, err = relay.New(a.Ledger, ro); err != nil {
+			return nil, err
+		}
+		o.HTTP.Relay = a.Relay
+	}
 	o.HTTP.Sale, o.HTTP.Logger, o.HTTP.Registry = a.Sale, log, a.Registry
 	if a.Server, err = gateway.New(o.HTTP); err != nil {
 		return nil, err
@@ -150,15 +232,15 @@ func Open(ctx context.Context, o Options) (_ *App, err error) {
 	return a, nil
 }
 
-// Loops chooses the background loops Start runs. A replica runs all three;
-// a test may leave the drift check or the sweeper out to watch a state
-// they would repair.
+// Loops chooses the background loops Start runs. A replica runs all of
+// them; a test may leave the drift check or the sweeper out to watch a
+// state they would repair. Relay runs only with a sink configured.
 type Loops struct {
-	Drift, Sweep, Notices bool
+	Drift, Sweep, Notices, Relay bool
 }
 
 // AllLoops is what a replica runs.
-var AllLoops = Loops{Drift: true, Sweep: true, Notices: true}
+var AllLoops = Loops{Drift: true, Sweep: true, Notices: true, Relay: true}
 
 // Start runs the chosen loops until Close. Call it once.
 func (a *App) Start(l Loops) {
@@ -167,7 +249,8 @@ func (a *App) Start(l Loops) {
 	for _, run := range []struct {
 		on bool
 		f  func(context.Context)
-	}{{l.Drift, a.Sale.RunDrift}, {l.Sweep, a.Sale.RunSweeper}, {l.Notices, a.Sale.RunNotices}} {
+	}{{l.Drift, a.Sale.RunDrift}, {l.Sweep, a.Sale.RunSweeper}, {l.Notices, a.Sale.RunNotices},
+		{l.Relay && a.Relay != nil, func(ctx context.Context) { a.Relay.Run(ctx) }}} {
 		if run.on {
 			a.wg.Go(func() { run.f(ctx) }) // owned by a; ends with Close
 		}

@@ -39,3 +39,51 @@ func (c *Client) Events(ctx context.Context, program string, after int64, limit 
 	_, err := c.call(ctx, http.MethodGet, "/v1/admin/events?"+q.Encode(), "", true, nil, &out)
 	return out.Events, out.Next, err
 }
+
+// RelaySink is a relay sink's figures.
+type RelaySink struct {
+	Name       string     `json:"name"`
+	Backlog    int64      `json:"backlog"` // events not yet delivered
+	Oldest     *time.Time `json:"oldest,omitempty"`
+	LagSeconds float64    `json:"lag_seconds"` // age of the oldest undelivered event
+	Dead       int64      `json:"dead_letters"`
+	Leased     int        `json:"partitions_leased"`
+}
+
+// DeadLetter is an event a sink gave up on.
+type DeadLetter struct {
+	Sink      string    `json:"sink"`
+	Event     Event     `json:"event"`
+	Attempts  int       `json:"attempts"`
+	LastError string    `json:"last_error"`
+	DeadAt    time.Time `json:"dead_at"`
+}
+
+// RelaySinks reads the outbox relay's sinks (admin).
+func (c *Client) RelaySinks(ctx context.Context) ([]RelaySink, error) {
+	var out struct {
+		Sinks []RelaySink `json:"sinks"`
+	}
+	_, err := c.call(ctx, http.MethodGet, "/v1/admin/relay", "", true, nil, &out)
+	return out.Sinks, err
+}
+
+// DeadLetters reads up to limit of sink's dead letters after seq `after`,
+// and the after to read on from (admin).
+func (c *Client) DeadLetters(ctx context.Context, sink string, after int64, limit int) ([]DeadLetter, int64, error) {
+	q := url.Values{"sink": {sink}, "after": {strconv.FormatInt(after, 10)}, "limit": {strconv.Itoa(limit)}}
+	var out struct {
+		DeadLetters []DeadLetter `json:"dead_letters"`
+		Next        int64        `json:"next"`
+	}
+	_, err := c.call(ctx, http.MethodGet, "/v1/admin/relay/dead?"+q.Encode(), "", true, nil, &out)
+	return out.DeadLetters, out.Next, err
+}
+
+// Redeliver delivers sink's dead letter of seq now and, once delivered,
+// has it forgotten (admin). ErrRedeliveryFailed: the sink refused it again.
+func (c *Client) Redeliver(ctx context.Context, sink string, seq int64) (DeadLetter, error) {
+	var out DeadLetter
+	_, err := c.call(ctx, http.MethodPost, "/v1/admin/relay/dead/"+url.PathEscape(sink)+"/"+strconv.FormatInt(seq, 10)+"/redeliver", "", true, nil, &out)
+	return out, err
+}

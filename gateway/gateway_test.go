@@ -61,6 +61,7 @@ type envOptions struct {
 	dialer  func(ctx context.Context, network, addr string) (net.Conn, error)
 	drift   bool // run the drift check
 	sweep   bool // run the hold sweeper
+	relay   bool // run the outbox relay (configure its sinks with tune)
 	tune    func(*app.Options)
 }
 
@@ -97,7 +98,7 @@ func startEnv(t *testing.T, o envOptions) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { a.Close() })
-	a.Start(app.Loops{Drift: o.drift, Sweep: o.sweep, Notices: true})
+	a.Start(app.Loops{Drift: o.drift, Sweep: o.sweep, Notices: true, Relay: o.relay})
 	a.Server.SetReady(true)
 	hs := httptest.NewServer(a.Server.Handler())
 	t.Cleanup(hs.Close)

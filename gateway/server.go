@@ -79,6 +79,10 @@ type Options struct {
 	// SeparateAdmin moves /metrics and the admin routes off Handler onto
 	// AdminHandler, for a listener that only the cluster can reach.
 	SeparateAdmin bool
+	// Relay is the outbox relay the /v1/admin/relay routes show and
+	// drive. Optional: without it they answer as for a relay with no
+	// sinks.
+	Relay sale.Relay
 }
 
 // DefaultOptions are the settings a zero Options takes; main takes its flag
@@ -247,6 +251,9 @@ func (s *Server) routes(set routeSet) (*gin.Engine, error) {
 		admin.PUT("/skus/:program/:ticket/seats", s.putSeats)
 		admin.POST("/skus/:program/:ticket/seats/check", s.checkSeats)
 		admin.GET("/events", s.getEvents)
+		admin.GET("/relay", s.getRelay)
+		admin.GET("/relay/dead", s.getDeadLetters)
+		admin.POST("/relay/dead/:sink/:seq/redeliver", s.redeliver)
 	}
 	if !set.public {
 		return e, nil

@@ -149,7 +149,10 @@ func withSoldOut(events []Event, emptied bool, sku stock.SKU) []Event {
 }
 
 // emit writes events inside tx, after the rows of the change they are
-// about, in multi-row statements.
+// about, in multi-row statements. Coming after the change's own writes,
+// it runs in a transaction that already has its PostgreSQL transaction id
+// when the events take their seq: the relay's horizon (SettledSeq)
+// relies on that order.
 func emit(ctx context.Context, tx *sql.Tx, now time.Time, events ...Event) error {
 	for chunk := range slices.Chunk(events, rowsPerStatement) {
 		var vals []string
@@ -173,13 +176,20 @@ func (l *Ledger) Events(ctx context.Context, program keys.ID, after int64, limit
 	if limit < 1 || limit > 1000 {
 		return nil, fmt.Errorf("%w: limit %d out of 1..1000", stock.ErrInvalid, limit)
 	}
-	rows, err := l.db.QueryContext(ctx, `SELECT seq, event_id, type, program, ticket, partition, subject, order_id, buyer,
-		cart_id, quantity, to_ticket, created_at FROM events WHERE seq > $1 AND ($2 = '' OR program = $2) ORDER BY seq LIMIT $3`,
+	rows, err := l.db.QueryContext(ctx, `SELECT `+eventColumns+` FROM events WHERE seq > $1 AND ($2 = '' OR program = $2) ORDER BY seq LIMIT $3`,
 		after, program, limit)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: events: %w", err)
 	}
 	defer rows.Close()
+	return scanEvents(rows)
+}
+
+// eventColumns are the columns scanEvents reads, in its order.
+const eventColumns = `seq, event_id, type, program, ticket, partition, subject, order_id, buyer, cart_id, quantity, to_ticket, created_at`
+
+// scanEvents reads rows of eventColumns.
+func scanEvents(rows *sql.Rows) ([]Event, error) {
 	var out []Event
 	for rows.Next() {
 		var e Event
@@ -195,5 +205,8 @@ func (l *Ledger) Events(ctx context.Context, program keys.ID, after int64, limit
 		e.At = time.UnixMilli(at).UTC()
 		out = append(out, e)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("ledger: events: %w", err)
+	}
+	return out, nil
 }

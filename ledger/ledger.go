@@ -89,6 +89,7 @@ type Ledger struct {
 	commits *prometheus.CounterVec
 	latency *prometheus.HistogramVec
 	batch   prometheus.Histogram
+	horizon horizon // the relay's notes toward SettledSeq
 }
 
 // DefaultOptions are the settings a zero field takes.

@@ -63,11 +63,17 @@ var (
 	ErrNotSoldOut      = newErr("not-sold-out", "stock is left: buy it instead of joining the waitlist")
 	ErrNotWaiting      = newErr("not-on-waitlist", "this buyer is not on this ticket's waitlist")
 	ErrWaitOffered     = newErr("waitlist-offered", "the buyer has a live offer from the waitlist: confirm or cancel its hold")
+	// The relay's: no sink of that name, no dead letter of that seq, and a
+	// redelivery the sink refused (the dead letter is kept).
+	ErrUnknownSink       = newErr("unknown-sink", "no relay sink of that name")
+	ErrUnknownDeadLetter = newErr("unknown-dead-letter", "no dead letter of that sink and seq")
+	ErrRedeliveryFailed  = newErr("redelivery-failed", "the sink refused the redelivery; the dead letter is kept")
 )
 
 // Kinds lists every kind above, for tables that must cover them all.
 func Kinds() []*Err {
-	return []*Err{ErrInvalid, ErrUnknownSKU, ErrUnknownHold, ErrUnknownOrder, ErrUnknownCart, ErrNotOwner, ErrKeyReused, ErrOverMax, ErrSoldOut, ErrLimit, ErrSaleEnded, ErrHoldExpired, ErrHoldCancelled, ErrHoldConfirmed, ErrInCart, ErrUnknownPool, ErrPoolNotOpen, ErrPoolClosed, ErrPoolDenied, ErrCodeInvalid, ErrCodeUsedUp, ErrSeated, ErrNotSeated, ErrNoSeating, ErrUnknownSeats, ErrSeatsTaken, ErrSeatsNotInGate, ErrSeatsSpan, ErrNoAdjacent, ErrSeatMapRefused, ErrBelowCommitted, ErrRebuildBusy, ErrBusy, ErrUnavailable, ErrNotRebuilt, ErrGateNotClosed, ErrSeatsNotInRedis, ErrNotSoldOut, ErrNotWaiting, ErrWaitOffered}
+	return []*Err{ErrInvalid, ErrUnknownSKU, ErrUnknownHold, ErrUnknownOrder, ErrUnknownCart, ErrNotOwner, ErrKeyReused, ErrOverMax, ErrSoldOut, ErrLimit, ErrSaleEnded, ErrHoldExpired, ErrHoldCancelled, ErrHoldConfirmed, ErrInCart, ErrUnknownPool, ErrPoolNotOpen, ErrPoolClosed, ErrPoolDenied, ErrCodeInvalid, ErrCodeUsedUp, ErrSeated, ErrNotSeated, ErrNoSeating, ErrUnknownSeats, ErrSeatsTaken, ErrSeatsNotInGate, ErrSeatsSpan, ErrNoAdjacent, ErrSeatMapRefused, ErrBelowCommitted, ErrRebuildBusy, ErrBusy, ErrUnavailable, ErrNotRebuilt, ErrGateNotClosed, ErrSeatsNotInRedis,
+		ErrUnknownSink, ErrUnknownDeadLetter, ErrRedeliveryFailed, ErrNotSoldOut, ErrNotWaiting, ErrWaitOffered}
 }
 
 // refusal is an Err with a detail for this request (and the seats it

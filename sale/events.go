@@ -6,7 +6,9 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
+	"github.com/stockgate/stockgate/webhook"
 )
 
 // Event is one change of state from the ledger's outbox (see
@@ -41,8 +43,27 @@ func (s *Service) Events(ctx context.Context, program keys.ID, after int64, limi
 	}
 	out := make([]Event, len(got))
 	for i, e := range got {
-		out[i] = Event{Seq: e.Seq, ID: e.ID, Type: e.Type, SKU: e.SKU, Subject: e.Subject, Order: e.Order, Buyer: e.Buyer,
-			Cart: e.Cart, Quantity: e.Quantity, To: e.To, At: e.At}
+		out[i] = EventOf(e)
 	}
 	return out, nil
+}
+
+// EventOf is the ledger's event e.
+func EventOf(e ledger.Event) Event {
+	return Event{Seq: e.Seq, ID: e.ID, Type: e.Type, SKU: e.SKU, Subject: e.Subject, Order: e.Order, Buyer: e.Buyer,
+		Cart: e.Cart, Quantity: e.Quantity, To: e.To, At: e.At}
+}
+
+// Wire is e as deliveries and the events API carry it.
+func (e Event) Wire() webhook.Event {
+	v := webhook.Event{Seq: e.Seq, ID: e.ID.String(), Type: e.Type, Program: e.SKU.Program.String(), Ticket: e.SKU.Base().Ticket.String(),
+		Pool: e.SKU.Pool().String(), Subject: e.Subject.String(), OrderID: e.Order.String(), Buyer: e.Buyer.String(),
+		CartID: e.Cart.String(), Quantity: e.Quantity, At: e.At}
+	if !e.To.IsZero() {
+		v.ToPool = e.To.Pool().String()
+		if v.ToPool == "" {
+			v.ToPool = PublicPool.String()
+		}
+	}
+	return v
 }

@@ -46,6 +46,7 @@ type config struct {
 	Addr           string
 	AdminAddr      string
 	RedisAddrs     string // comma-separated, into Redis.Addrs
+	WebhookURLs    string // comma-separated, into Relay.WebhookURLs
 	TrustedProxies string // comma-separated, into HTTP.TrustedProxies
 	ShutdownGrace  time.Duration
 	DrainDelay     time.Duration
@@ -136,6 +137,14 @@ func flags(fs *flag.FlagSet, c *config) {
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 20*time.Second, "time in-flight requests get to finish on SIGTERM")
 	c.nonZero["shutdown-grace"] = func() bool { return c.ShutdownGrace > 0 }
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&c.WebhookURLs, "webhook-urls", "", "comma-separated URLs the outbox relay POSTs every event to, signed (empty: no webhook sink)")
+	c.flagOf["Relay.WebhookURLs"] = "webhook-urls"
+	b.str("webhook-secret", &o.Relay.WebhookSecret, "Relay.WebhookSecret", "the webhooks' signing secret, whsec_ and base64 (prefer the environment variable)")
+	b.str("stream-prefix", &o.Relay.StreamPrefix, "Relay.StreamPrefix", "key prefix of the Redis Streams the relay adds every event to, one per partition: <prefix>{NN} (empty: no stream sink)")
+	fs.Int64Var(&o.Relay.StreamMaxLen, "stream-maxlen", 0, "trim each event stream to about this many entries (0: keep all)")
+	b.field("stream-maxlen", "Relay.StreamMaxLen", nil)
+	b.dur("relay-lease-ttl", &o.Relay.LeaseTTL, "Relay.LeaseTTL", "how long a relay partition lease lasts unrenewed (how soon a dead replica's partitions move)")
+	b.int("relay-max-attempts", &o.Relay.MaxAttempts, "Relay.MaxAttempts", "failed delivery attempts before an event is dead-lettered")
 
 	b.dur("redis-call-timeout", &o.Sale.RedisTimeout, "Sale.RedisTimeout", "deadline of one gate call (a purchase probing several shards is one call)")
 	b.u32("breaker-failures", &o.Sale.Breaker.ConsecutiveFailures, "Sale.Breaker.ConsecutiveFailures", "consecutive Redis failures that open the breaker")
@@ -184,6 +193,7 @@ func (c *config) validate() error {
 	}
 	c.HTTP.SeparateAdmin = c.AdminAddr != ""
 	c.Redis.Addrs = splitList(c.RedisAddrs)
+	c.Relay.WebhookURLs = splitList(c.WebhookURLs)
 	c.HTTP.TrustedProxies = splitList(c.TrustedProxies)
 	names := make([]string, 0, len(c.nonZero))
 	for name := range c.nonZero {

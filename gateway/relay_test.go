@@ -1,0 +1,97 @@
+package gateway_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/webhook"
+)
+
+// The relay's admin routes: a sink's figures, its dead letters, a
+// redelivery the receiver refuses (502, kept) and one it takes (200,
+// forgotten), and bad queries refused.
+func TestRelayAPI(t *testing.T) {
+	var refuse atomic.Bool
+	refuse.Store(true)
+	var delivered atomic.Int64
+	rcv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if refuse.Load() {
+			http.Error(w, "no", http.StatusServiceUnavailable)
+			return
+		}
+		delivered.Add(1)
+	}))
+	t.Cleanup(rcv.Close)
+	e := startEnv(t, envOptions{driver: ledger.SQLite, relay: true, tune: func(o *app.Options) {
+		o.Relay.WebhookURLs, o.Relay.WebhookSecret = []string{rcv.URL}, webhook.NewSecret()
+		o.Relay.Poll, o.Relay.BackoffBase, o.Relay.BackoffMax, o.Relay.MaxAttempts = 20*time.Millisecond, time.Millisecond, 5*time.Millisecond, 2
+		o.Relay.StatsEvery = 50 * time.Millisecond
+	}})
+	sku := newSKU(t)
+	e.putSKU(t, sku, 3, 1, 4)
+	e.mustBuy(t, sku, "k1", "ann", 1)
+	type deadReply struct {
+		DeadLetters []struct {
+			Sink  string        `json:"sink"`
+			Event webhook.Event `json:"event"`
+		} `json:"dead_letters"`
+		Next int64 `json:"next"`
+	}
+	var dead deadReply
+	deadline := time.Now().Add(20 * time.Second)
+	for len(dead.DeadLetters) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no dead letter after 20s")
+		}
+		time.Sleep(20 * time.Millisecond)
+		r := e.do(t, http.MethodGet, "/v1/admin/relay/dead?sink=webhook", nil, "")
+		if r.status != http.StatusOK || json.Unmarshal(r.body, &dead) != nil {
+			t.Fatalf("GET dead = %d %s", r.status, r.body)
+		}
+	}
+	seq := dead.DeadLetters[0].Event.Seq
+	r := e.do(t, http.MethodGet, "/v1/admin/relay", nil, "")
+	var sinks struct {
+		Sinks []struct {
+			Name   string `json:"name"`
+			Dead   int64  `json:"dead_letters"`
+			Leased int    `json:"partitions_leased"`
+		} `json:"sinks"`
+	}
+	if r.status != http.StatusOK || json.Unmarshal(r.body, &sinks) != nil || len(sinks.Sinks) != 1 || sinks.Sinks[0].Dead < 1 || sinks.Sinks[0].Leased != ledger.Partitions {
+		t.Fatalf("GET relay = %d %s, want one sink with a dead letter and every partition leased", r.status, r.body)
+	}
+	redeliver := fmt.Sprintf("/v1/admin/relay/dead/webhook/%d/redeliver", seq)
+	if r := e.do(t, http.MethodPost, redeliver, nil, ""); r.status != http.StatusBadGateway {
+		t.Fatalf("redeliver (refused) = %d %s, want 502", r.status, r.body)
+	}
+	refuse.Store(false)
+	if r := e.do(t, http.MethodPost, redeliver, nil, ""); r.status != http.StatusOK || delivered.Load() == 0 {
+		t.Fatalf("redeliver = %d %s, want 200 and a delivery", r.status, r.body)
+	}
+	for _, c := range []struct {
+		method, path string
+		status       int
+	}{
+		{http.MethodPost, redeliver, http.StatusNotFound}, // forgotten
+		{http.MethodPost, "/v1/admin/relay/dead/nope/1/redeliver", http.StatusNotFound},
+		{http.MethodPost, "/v1/admin/relay/dead/webhook/x/redeliver", http.StatusUnprocessableEntity},
+		{http.MethodGet, "/v1/admin/relay/dead", http.StatusUnprocessableEntity},
+		{http.MethodGet, "/v1/admin/relay/dead?sink=webhook&limit=0", http.StatusUnprocessableEntity},
+		{http.MethodGet, "/v1/admin/relay/dead?sink=webhook&after=-1", http.StatusUnprocessableEntity},
+		{http.MethodGet, "/v1/admin/relay/dead?sink=nope", http.StatusNotFound},
+	} {
+		if r := e.do(t, c.method, c.path, nil, ""); r.status != c.status {
+			t.Errorf("%s %s = %d %s, want %d", c.method, c.path, r.status, r.body, c.status)
+		}
+	}
+}

@@ -52,6 +52,10 @@ type env struct {
 	rdb    *redis.ClusterClient
 	reg    *prometheus.Registry
 	client *http.Client
+	// kill stops the replica at once: its server, its loops (a relay
+	// with KeepLeases leaves its leases to lapse, as a crash does), its
+	// connections.
+	kill func()
 }
 
 type envOptions struct {
@@ -105,7 +109,7 @@ func startEnv(t *testing.T, o envOptions) *env {
 	tr := &http.Transport{MaxIdleConnsPerHost: 256}
 	t.Cleanup(tr.CloseIdleConnections)
 	return &env{seats: a.Seats, url: hs.URL, srv: a.Sale, http: a.Server, ledger: a.Ledger, gate: a.Gate, rdb: a.Redis,
-		reg: a.Registry, client: &http.Client{Transport: tr}}
+		reg: a.Registry, client: &http.Client{Transport: tr}, kill: func() { hs.CloseClientConnections(); hs.Close(); a.Close() }}
 }
 
 // testLogger shows the gateway's warnings and errors in the test's log

@@ -1,0 +1,251 @@
+package gateway_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/stock"
+	"github.com/stockgate/stockgate/webhook"
+)
+
+// hookReceiver is a platform's webhook endpoint: it verifies each
+// delivery's signature, fails a share of them with 500, and keeps the
+// ones it took, noting any partition delivered twice at once.
+type hookReceiver struct {
+	verifier  *webhook.Verifier
+	failShare float64
+
+	mu        sync.Mutex
+	partition map[string]int // ticket → relay partition
+	inFlight  map[int]int
+	overlaps  int
+	bad       int
+	got       []webhook.Event
+	ids       map[string]bool
+}
+
+func (r *hookReceiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	body, _ := io.ReadAll(req.Body)
+	var e webhook.Event
+	if r.verifier.Verify(req.Header, body, time.Now()) != nil || json.Unmarshal(body, &e) != nil || req.Header.Get(webhook.HeaderID) != e.ID {
+		r.mu.Lock()
+		r.bad++
+		r.mu.Unlock()
+		http.Error(w, "bad signature", http.StatusUnauthorized)
+		return
+	}
+	r.mu.Lock()
+	p, known := r.partition[e.Ticket]
+	if known {
+		r.inFlight[p]++
+		if r.inFlight[p] > 1 {
+			r.overlaps++
+		}
+	}
+	fail := rand.Float64() < r.failShare
+	if !fail {
+		r.got = append(r.got, e)
+		r.ids[e.ID] = true
+	}
+	if known {
+		r.inFlight[p]--
+	}
+	r.mu.Unlock()
+	if fail {
+		http.Error(w, "try later", http.StatusInternalServerError)
+	}
+}
+
+func (r *hookReceiver) distinct() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.ids)
+}
+
+// A sale of 10,000 purchases over 3 replicas, with 2,000 holds (confirmed,
+// cancelled, left to expire) and 500 refunds: every state change reaches
+// a platform's webhook exactly once after de-duplication by id, each
+// ticket's in the order the ledger committed them, while the receiver
+// fails 20 % of deliveries and one replica is killed midway with its
+// relay's leases held. PostgreSQL only: it is the ledger several replicas
+// share in production, and the one whose sequence can be seen out of
+// commit order (the relay package's tests run both ledgers).
+func TestEveryChangeReachesTheWebhook(t *testing.T) {
+	const tickets, purchases, holds, refunds = 20, 10_000, 2_000, 500
+	secret := webhook.NewSecret()
+	verifier, err := webhook.NewVerifier(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rcv := &hookReceiver{verifier: verifier, failShare: 0.2, partition: map[string]int{}, inFlight: map[int]int{}, ids: map[string]bool{}}
+	hook := httptest.NewServer(rcv)
+	t.Cleanup(hook.Close)
+	dsn := ledgerDSN(t, ledger.Postgres)
+	var envs []*env
+	for i := range 3 {
+		envs = append(envs, startEnv(t, envOptions{driver: ledger.Postgres, dsn: dsn, sweep: true, relay: true, tune: func(o *app.Options) {
+			o.Sale.SweepEvery = 100 * time.Millisecond
+			o.Relay.WebhookURLs, o.Relay.WebhookSecret = []string{hook.URL}, secret
+			o.Relay.Owner = fmt.Sprintf("replica-%d", i)
+			o.Relay.LeaseTTL, o.Relay.Poll = time.Second, 20*time.Millisecond
+			o.Relay.BackoffBase, o.Relay.BackoffMax, o.Relay.MaxAttempts = 2*time.Millisecond, 20*time.Millisecond, 1000
+			o.Relay.KeepLeases = i == 0
+		}}))
+	}
+	program := keys.MustID(fmt.Sprintf("hook%d", time.Now().UnixNano()))
+	var skus []stock.SKU
+	for i := range tickets {
+		s := stock.SKU{Program: program, Ticket: keys.MustID(fmt.Sprintf("t%d", i))}
+		envs[0].putSKU(t, s, 1_000, 2, 4)
+		skus = append(skus, s)
+	}
+	ctx := context.Background()
+	rcv.mu.Lock()
+	for _, e := range allProgramEvents(t, envs[0].ledger, program) {
+		rcv.partition[e.SKU.Base().Ticket.String()] = e.Partition
+	}
+	rcv.mu.Unlock()
+
+	live := func(i int) *env { return envs[1+i%2] } // the replicas that stay
+	buy := func(i int, e *env) reply {
+		return e.buy(t, skus[i%tickets], fmt.Sprintf("p-%d", i), fmt.Sprintf("b%d", i%997), 1)
+	}
+	first := envs[0].buyAll(purchases/3, 32, func(i int) reply { return buy(i, envs[i%3]) })
+	// Midway: replica 0 dies with its relay's leases held; the others
+	// take its partitions over when they lapse.
+	waitFor(t, 30*time.Second, "the first deliveries", func() bool { return rcv.distinct() > 100 })
+	envs[0].kill()
+	counts := envs[1].buyAll(purchases-purchases/3, 32, func(i int) reply { return buy(purchases/3+i, live(i)) })
+	if first[http.StatusCreated]+counts[http.StatusCreated] != purchases {
+		t.Fatalf("purchases: %v then %v", first, counts)
+	}
+	type held struct{ id, buyer string }
+	var hs []held
+	var mu sync.Mutex
+	counts = envs[1].buyAll(holds, 32, func(i int) reply {
+		ttl := 900
+		if i%4 == 3 {
+			ttl = 1 // a quarter expire
+		}
+		buyer := fmt.Sprintf("h%d", i)
+		r, h := live(i).hold(t, skus[i%tickets], fmt.Sprintf("h-%d", i), buyer, 1, ttl)
+		if r.status == http.StatusCreated && ttl > 1 {
+			mu.Lock()
+			hs = append(hs, held{h.HoldID, buyer})
+			mu.Unlock()
+		}
+		return r
+	})
+	if counts[http.StatusCreated] != holds {
+		t.Fatalf("holds: %v", counts)
+	}
+	// Two thirds of the long holds confirmed, a third cancelled.
+	counts = envs[1].buyAll(len(hs), 32, func(i int) reply {
+		action, want := "confirm", http.StatusCreated
+		if i%3 == 2 {
+			action, want = "cancel", http.StatusOK
+		}
+		r := live(i).act(t, "/v1/holds/"+hs[i].id+"/"+action, "a-"+hs[i].id, hs[i].buyer)
+		if r.status != want {
+			return reply{status: 599}
+		}
+		return r
+	})
+	if counts[599] != 0 {
+		t.Fatalf("confirms and cancels: %v", counts)
+	}
+	counts = envs[1].buyAll(refunds, 32, func(i int) reply {
+		j := i * (purchases / refunds)
+		o, err := orderOf(ctx, envs[1].ledger, fmt.Sprintf("b%d", j%997), fmt.Sprintf("p-%d", j))
+		if err != nil {
+			t.Error(err)
+			return reply{status: 599}
+		}
+		return live(i).act(t, "/v1/orders/"+o.ID.String()+"/refund", "r-"+o.ID.String(), o.Buyer.String())
+	})
+	if counts[http.StatusOK] != refunds {
+		t.Fatalf("refunds: %v", counts)
+	}
+	waitFor(t, 30*time.Second, "every short hold expired", func() bool {
+		for _, s := range skus {
+			if st, err := envs[1].ledger.SKU(ctx, s); err != nil || st.Held != 0 {
+				return false
+			}
+		}
+		return true
+	})
+
+	events := allProgramEvents(t, envs[1].ledger, program)
+	byType := map[string]int{}
+	for _, e := range events {
+		byType[e.Type]++
+	}
+	long := len(hs)
+	want := map[string]int{ledger.EventOrderCreated: purchases, ledger.EventHoldCreated: holds,
+		ledger.EventHoldConfirmed: long - long/3, ledger.EventHoldCancelled: long / 3, ledger.EventHoldExpired: holds - long,
+		ledger.EventOrderRefunded: refunds}
+	for typ, n := range want {
+		if byType[typ] != n {
+			t.Errorf("%d %s events in the outbox, want one per change: %d", byType[typ], typ, n)
+		}
+	}
+	waitFor(t, 120*time.Second, "every event at the webhook", func() bool { return rcv.distinct() >= len(events) })
+	rcv.mu.Lock()
+	defer rcv.mu.Unlock()
+	inLedger := map[string]ledger.Event{}
+	for _, e := range events {
+		inLedger[e.ID.String()] = e
+	}
+	seen := map[string]bool{}
+	last := map[string]int64{}
+	dups := 0
+	for _, g := range rcv.got {
+		if seen[g.ID] {
+			dups++
+			continue
+		}
+		seen[g.ID] = true
+		e, ok := inLedger[g.ID]
+		if !ok || g.Type != e.Type || g.Seq != e.Seq {
+			t.Errorf("delivered %+v: the ledger has %+v (%v)", g, e, ok)
+			continue
+		}
+		if e.Seq <= last[e.SKU.String()] {
+			t.Errorf("%s: event %d arrived after %d", e.SKU, e.Seq, last[e.SKU.String()])
+		}
+		last[e.SKU.String()] = e.Seq
+	}
+	if len(seen) != len(events) || rcv.bad > 0 || rcv.overlaps > 0 {
+		t.Errorf("%d distinct events delivered of %d, %d bad signatures, %d overlapping deliveries of a partition",
+			len(seen), len(events), rcv.bad, rcv.overlaps)
+	}
+	t.Logf("%d events delivered through a receiver failing 20%% and a killed replica; %d repeats (dropped by id)", len(events), dups)
+}
+
+// allProgramEvents reads a program's whole event log.
+func allProgramEvents(t *testing.T, l *ledger.Ledger, program keys.ID) []ledger.Event {
+	t.Helper()
+	var out []ledger.Event
+	for after := int64(0); ; {
+		page, err := l.Events(context.Background(), program, after, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page) == 0 {
+			return out
+		}
+		out = append(out, page...)
+		after = page[len(page)-1].Seq
+	}
+}

@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"sync"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -218,5 +220,41 @@ func TestAttackWaitLeaveRacesOffer(t *testing.T) {
 		})
 		offerEvents(t, a, sku.Program)
 		waitSettled(t, a, sku)
+	})
+}
+
+// A pool's line is for a pool open to all: a pool sold by code has no
+// waitlist, since an offer would pass the rule by. A pool whose rule turns
+// to "code" after buyers joined its line still offers its returns to them:
+// the buyer without a code gets the pool's unit.
+func TestAttackWaitPoolTurnsToCodeStillOffers(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newEnv(t, driver)
+		sku := newSKU(t)
+		e.putSKU(t, sku, 3, 1, 2)
+		e.putPool(t, sku, "fans", `{"allotment":1,"shards":1}`)
+		path := "/v1/skus/" + sku.Program.String() + "/" + sku.Ticket.String() + "/holds?pool=fans"
+		r := e.do(t, http.MethodPost, path, map[string]string{"Idempotency-Key": "h1"}, `{"buyer":"fan","quantity":1,"ttl_seconds":60}`)
+		if r.status != http.StatusCreated {
+			t.Fatalf("pool hold = %d %s", r.status, r.body)
+		}
+		var h holdReply
+		_ = json.Unmarshal(r.body, &h)
+		j := e.do(t, http.MethodPut, waitPath(sku, "w1")+"?pool=fans", nil, `{"quantity":1}`)
+		if j.status != http.StatusCreated {
+			t.Fatalf("join the pool's line = %d %s", j.status, j.body)
+		}
+		// The pool is now sold by code only.
+		e.putPool(t, sku, "fans", `{"allotment":1,"shards":1,"access":"code"}`)
+		if c := e.act(t, "/v1/holds/"+h.HoldID+"/cancel", "c1", "fan"); c.status != http.StatusOK {
+			t.Fatalf("cancel = %d %s", c.status, c.body)
+		}
+		made, _ := offerEvents(t, e, sku.Program)
+		if made["w1"] != 0 {
+			t.Errorf("w1, with no code, was offered the unit of a pool sold by code: %v", made)
+		}
+		if st, _ := e.ledger.SKU(context.Background(), sku.InPool(keys.MustID("fans"))); st.Held != 0 {
+			t.Errorf("the pool's unit is held (%+v), want it back in the pool for a buyer with a code", st)
+		}
 	})
 }

@@ -258,3 +258,90 @@ func TestAttackWaitPoolTurnsToCodeStillOffers(t *testing.T) {
 		}
 	})
 }
+
+// Holds expire into a line (offers lapse and pass on) while the admin
+// rebuilds the gate again and again (reconcile, resize) and the public
+// buys what the line does not take, on two replicas: never oversold, no
+// offer twice, and Redis and the ledger agree once settled.
+func TestAttackWaitOffersDuringRebuilds(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		dsn := ledgerDSN(t, driver)
+		tune := func(o *app.Options) {
+			o.Sale.SweepEvery = 30 * time.Millisecond
+			o.Sale.OfferTTL = 700 * time.Millisecond
+		}
+		a := startEnv(t, envOptions{driver: driver, dsn: dsn, sweep: true, tune: tune})
+		b := startEnv(t, envOptions{driver: driver, dsn: dsn, sweep: true, tune: tune})
+		sku := newSKU(t)
+		const total = 40
+		a.putSKU(t, sku, total, 4, 2)
+		for i := range total {
+			if r, _ := a.hold(t, sku, fmt.Sprintf("h%d", i), fmt.Sprintf("b%d", i), 1, 1); r.status != http.StatusCreated {
+				t.Fatalf("hold = %d %s", r.status, r.body)
+			}
+		}
+		for i := range 30 {
+			if r, _ := b.join(t, sku, fmt.Sprintf("w%d", i), 1+int64(i%2)); r.status != http.StatusCreated {
+				t.Fatalf("join = %d %s", r.status, r.body)
+			}
+		}
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				e := []*env{a, b}[i%2]
+				if i%3 == 0 {
+					e.do(t, http.MethodPut, adminPath(sku), nil, fmt.Sprintf(`{"total":%d,"shards":%d,"max_per_order":2}`, total, 1+i%5))
+				} else {
+					e.do(t, http.MethodPost, adminPath(sku)+"/reconcile", nil, "")
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		})
+		var sold sync.Map
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				r := []*env{a, b}[i%2].buy(t, sku, fmt.Sprintf("p%d", i), fmt.Sprintf("pub%d", i), 1)
+				if r.status == http.StatusCreated {
+					sold.Store(i, true)
+				} else if r.status >= 500 {
+					t.Errorf("purchase = %d %s", r.status, r.body)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		})
+		ctx := context.Background()
+		waitFor(t, 30*time.Second, "every offer lapsed", func() bool {
+			st, _ := a.ledger.SKU(ctx, sku)
+			n, _ := a.ledger.WaitlistLength(ctx, sku)
+			return st.Held == 0 && (n == 0 || st.Sold == total)
+		})
+		close(stop)
+		wg.Wait()
+		st, _ := a.ledger.SKU(ctx, sku)
+		if st.Sold+st.Held > st.Total {
+			t.Fatalf("oversold: %+v", st)
+		}
+		offerEvents(t, a, sku.Program)
+		waitSettled(t, a, sku)
+		// What is left sells, and not one more.
+		left := st.Remaining()
+		counts := a.buyAll(int(left)+5, 4, func(i int) reply {
+			return []*env{a, b}[i%2].buy(t, sku, fmt.Sprintf("end%d", i), fmt.Sprintf("end%d", i), 1)
+		})
+		if counts[http.StatusCreated] != int(left) {
+			t.Errorf("after the sale: %v, want %d sold", counts, left)
+		}
+		redisConsistent(t, a, sku)
+	})
+}

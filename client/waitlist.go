@@ -15,7 +15,8 @@ type WaitEntry struct {
 	Buyer    string `json:"buyer"`
 	Quantity int64  `json:"quantity"`
 	// State: waiting, offered (confirm Offer to buy: ConfirmHold), bought,
-	// lapsed (the offer expired), declined (its hold was cancelled), left.
+	// lapsed (the offer expired), declined (its hold was cancelled), left,
+	// closed (the sale ended or the pool closed: no offer will come).
 	State           string    `json:"state"`
 	Position        int64     `json:"position,omitempty"` // 1 = next, while waiting
 	Ahead           int64     `json:"ahead,omitempty"`

@@ -19,7 +19,8 @@ type waitView struct {
 	Buyer    string `json:"buyer"`
 	Quantity int64  `json:"quantity"`
 	// State: waiting, offered (confirm the offer's hold to buy), bought,
-	// lapsed (the offer expired), declined (its hold was cancelled), left.
+	// lapsed (the offer expired), declined (its hold was cancelled), left,
+	// closed (the sale ended or the pool closed: no offer will come).
 	State string `json:"state"`
 	// Position is the place in line (1 = next) and Ahead the buyers
 	// before it, while waiting.

@@ -21,7 +21,9 @@ import (
 // An offer is a hold like any other: confirmed it becomes an order, and
 // cancelled or expired its units come back, and are offered on.
 
-// Waitlist entry states. An offered entry's outcome is its hold's state.
+// Waitlist entry states. An offered entry's outcome is its hold's state. A
+// waiting entry of a SKU whose sale ended, or of a pool closed or no
+// longer open to all, is Closed: no offer will come.
 const (
 	Waiting = "waiting"
 	Offered = "offered"
@@ -61,6 +63,9 @@ type WaitEntry struct {
 	// (filled by WaitEntryOf and JoinWaitlist).
 	HoldID keys.ID
 	Offer  *Hold
+	// Closed: the SKU's sale ended, or its pool closed or is no longer
+	// open to all; a waiting entry will get no offer.
+	Closed bool
 }
 
 // IsOffer reports whether h is a waitlist offer.
@@ -124,6 +129,16 @@ func (l *Ledger) JoinWaitlist(ctx context.Context, sku stock.SKU, buyer keys.ID,
 	case q > maxPer:
 		return WaitEntry{}, false, fmt.Errorf("%w: quantity %d over %d per order", stock.ErrInvalid, q, maxPer)
 	case perBuyer > 0 && q > perBuyer:
+		return WaitEntry{}, false, stock.ErrLimit
+	}
+	// Over the program's cap no offer could ever be made: the entry would
+	// stand first in line for good.
+	var programCap int64
+	if err := tx.QueryRowContext(ctx, `SELECT COALESCE((SELECT per_buyer FROM programs WHERE program = $1), 0)`,
+		sku.Program).Scan(&programCap); err != nil {
+		return WaitEntry{}, false, notCommitted("waitlist: program cap", err)
+	}
+	if programCap > 0 && q > programCap {
 		return WaitEntry{}, false, stock.ErrLimit
 	}
 	cur, err := entryOf(ctx, tx, sku, buyer)
@@ -214,6 +229,13 @@ func entryOf(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer keys.ID) (Wai
 	}
 	switch e.State {
 	case Waiting:
+		var ended int64
+		var access string
+		if err := tx.QueryRowContext(ctx, `SELECT ended_at, pool_access FROM skus WHERE program = $1 AND ticket = $2`,
+			sku.Program, sku.Ticket).Scan(&ended, &access); err != nil {
+			return e, fmt.Errorf("ledger: waitlist sku: %w", err)
+		}
+		e.Closed = ended > 0 || access != AccessOpen
 		e.Ahead, err = aheadOf(ctx, tx, e)
 	case Offered:
 		var h Hold
@@ -304,11 +326,15 @@ func offerBack(ctx context.Context, tx *sql.Tx, sku stock.SKU, units int64, rows
 		if !checked {
 			checked = true
 			var ended, closed, seated int64
-			if err := tx.QueryRowContext(ctx, `SELECT gate_epoch, ended_at, pool_closed_at, seated FROM skus WHERE program = $1 AND ticket = $2`,
-				sku.Program, sku.Ticket).Scan(&epoch, &ended, &closed, &seated); err != nil {
+			var access string
+			if err := tx.QueryRowContext(ctx, `SELECT gate_epoch, ended_at, pool_closed_at, seated, pool_access FROM skus
+				WHERE program = $1 AND ticket = $2`, sku.Program, sku.Ticket).Scan(&epoch, &ended, &closed, &seated, &access); err != nil {
 				return nil, notCommitted("waitlist: read sku", err)
 			}
-			if ended > 0 || closed > 0 || seated != 0 {
+			// A pool whose rule became a code or a channel after buyers
+			// joined its line offers nothing: an offer would pass the
+			// rule by.
+			if ended > 0 || closed > 0 || seated != 0 || access != AccessOpen {
 				return nil, nil
 			}
 		}

@@ -21,6 +21,7 @@ const (
 	WaitLapsed   = "lapsed"   // the offer expired; it passed on
 	WaitDeclined = "declined" // the buyer cancelled the offer's hold
 	WaitLeft     = "left"
+	WaitClosed   = "closed" // still in line, but the sale ended or the pool closed: no offer will come
 )
 
 // WaitEntry is a buyer's place on a ticket's (or a pool's) waitlist.
@@ -41,6 +42,10 @@ func waitEntryOf(e ledger.WaitEntry) WaitEntry {
 	w := WaitEntry{SKU: e.SKU, Buyer: e.Buyer, Quantity: e.Quantity, State: WaitWaiting, Ahead: e.Ahead,
 		OfferTTL: e.OfferTTL, JoinedAt: e.JoinedAt}
 	switch e.State {
+	case ledger.Waiting:
+		if e.Closed {
+			w.State = WaitClosed
+		}
 	case ledger.Left:
 		w.State = WaitLeft
 	case ledger.Offered:

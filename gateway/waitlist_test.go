@@ -337,4 +337,15 @@ func TestWaitlistBadInput(t *testing.T) {
 	if w := e.entry(t, sku, "ann"); w.State != "waiting" || w.Position != 1 || w.Quantity != 1 {
 		t.Fatalf("entry %+v", w)
 	}
+	// The sale ends: the entry stays, closed (no offer will come), and no
+	// one joins.
+	if r := e.do(t, http.MethodPost, adminPath(sku)+"/end", nil, ""); r.status != http.StatusOK {
+		t.Fatalf("end = %d %s", r.status, r.body)
+	}
+	if w := e.entry(t, sku, "ann"); w.State != "closed" {
+		t.Fatalf("entry after the end: %+v", w)
+	}
+	if r, _ := e.join(t, sku, "bob", 1); r.status != http.StatusConflict || problemKind(r) != "sale-ended" {
+		t.Fatalf("join after the end = %d %s", r.status, r.body)
+	}
 }

@@ -3,6 +3,9 @@ package relay_test
 import (
 	"context"
 	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,6 +15,7 @@ import (
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/relay"
+	"github.com/stockgate/stockgate/webhook"
 )
 
 // lossyStream is a Redis Streams sink whose attempts can fail before the
@@ -125,5 +129,62 @@ func TestAttackStreamAddsAnEventTwiceAfterARedelivery(t *testing.T) {
 	if n := entriesOf(third); n != 1 {
 		got, _ := rdb.XRange(ctx, key, "-", "+").Result()
 		t.Fatalf("the third event is in the stream %d times, want once; stream: %v", n, got)
+	}
+}
+
+// One sink's receiver that hangs (never answers until the attempt times
+// out) holds the relay's delivery slots (Options.Parallel, shared by every
+// sink) for the whole attempt timeout, again and again on every one of its
+// partitions, so a second, healthy sink of the same relay is starved: its
+// events wait seconds each behind the hanging receiver's attempts. A
+// receiver that hangs should stall only its own sink.
+func TestAttackHangingReceiverStallsTheOtherSinks(t *testing.T) {
+	ctx := context.Background()
+	l, err := ledger.Open(ctx, ledger.Options{Driver: ledger.SQLite, DSN: testenv.SQLitePath(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	program := keys.MustID("show-hang")
+	skus := makeSKUs(t, l, program.String(), 200)
+	for _, s := range skus {
+		buy(t, l, s)
+	}
+	events := allEvents(t, l, program)
+	secret := webhook.NewSecret()
+	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		<-r.Context().Done()
+	}))
+	t.Cleanup(hang.Close)
+	rcv, good := newReceiver(t, secret, partitions(t, l, program), 0)
+	hangSink, err := relay.NewWebhook(relay.WebhookOptions{Name: "hanging", URL: hang.URL, Secret: secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	goodSink, err := relay.NewWebhook(relay.WebhookOptions{Name: "healthy", URL: good.URL, Secret: secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Default lease, attempt timeout and parallelism; quick polls and
+	// retries.
+	o := relay.Options{Sinks: []relay.Sink{hangSink, goodSink}, Poll: 20 * time.Millisecond, BackoffBase: 5 * time.Millisecond,
+		BackoffMax: 40 * time.Millisecond, MaxAttempts: 1000, StatsEvery: 50 * time.Millisecond}
+	r, err := relay.New(l, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { r.Run(rctx) })
+	t.Cleanup(func() { stop(); wg.Wait() })
+	start := time.Now()
+	deadline := start.Add(8 * time.Second)
+	for rcv.distinct() < len(events) && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := rcv.distinct(); got < len(events) {
+		t.Fatalf("the healthy sink got %d of %d events in %v while the other sink's receiver hangs; want all within a second or two",
+			got, len(events), time.Since(start).Round(time.Millisecond))
 	}
 }

@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -186,5 +187,109 @@ func TestAttackHangingReceiverStallsTheOtherSinks(t *testing.T) {
 	if got := rcv.distinct(); got < len(events) {
 		t.Fatalf("the healthy sink got %d of %d events in %v while the other sink's receiver hangs; want all within a second or two",
 			got, len(events), time.Since(start).Round(time.Millisecond))
+	}
+}
+
+// overlapReceiver answers slowly and counts deliveries of one partition
+// that overlap (two relays delivering it at once).
+type overlapReceiver struct {
+	partition map[string]int
+	mu        sync.Mutex
+	inFlight  map[int]int
+	overlaps  int
+	ids       map[string]bool
+}
+
+func (o *overlapReceiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	body, _ := io.ReadAll(req.Body)
+	id := req.Header.Get(webhook.HeaderID)
+	var e struct{ Ticket string }
+	_ = json.Unmarshal(body, &e)
+	p := o.partition[e.Ticket]
+	o.mu.Lock()
+	o.inFlight[p]++
+	if o.inFlight[p] > 1 {
+		o.overlaps++
+	}
+	o.mu.Unlock()
+	time.Sleep(60 * time.Millisecond)
+	o.mu.Lock()
+	o.inFlight[p]--
+	o.ids[id] = true
+	o.mu.Unlock()
+}
+
+func (o *overlapReceiver) distinct() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.ids)
+}
+
+// Two replicas run the relay on one PostgreSQL ledger; the second's clock
+// is ahead by a little more than the lease TTL. Leases are written and
+// judged by each replica's own clock (lease_until = its now + TTL), so the
+// second sees the first's live, freshly renewed leases as lapsed, takes
+// every partition at its first claim (and drops the first from the live
+// relays), and delivers them while the first is still delivering the same
+// partitions under leases it holds by its own clock: one partition
+// delivered by two relays at once. The database's clock would be one
+// clock for every replica.
+func TestAttackClockSkewTwoRelaysDeliverAPartitionAtOnce(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.PostgresURL(t)
+	la, err := ledger.Open(ctx, ledger.Options{Driver: ledger.Postgres, DSN: dsn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { la.Close() })
+	const ttl = 1500 * time.Millisecond
+	lb, err := ledger.Open(ctx, ledger.Options{Driver: ledger.Postgres, DSN: dsn,
+		Now: func() time.Time { return time.Now().Add(ttl + 500*time.Millisecond) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lb.Close() })
+	program := keys.MustID("show-skew")
+	skus := makeSKUs(t, la, program.String(), 8)
+	for i := range 160 {
+		buy(t, la, skus[i%len(skus)])
+	}
+	events := allEvents(t, la, program)
+	rcv := &overlapReceiver{partition: partitions(t, la, program), inFlight: map[int]int{}, ids: map[string]bool{}}
+	srv := httptest.NewServer(rcv)
+	t.Cleanup(srv.Close)
+	secret := webhook.NewSecret()
+	var wg sync.WaitGroup
+	var stops []context.CancelFunc
+	t.Cleanup(func() {
+		for _, s := range stops {
+			s()
+		}
+		wg.Wait()
+	})
+	start := func(l *ledger.Ledger, owner string) {
+		hook, err := relay.NewWebhook(relay.WebhookOptions{URL: srv.URL, Secret: secret})
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := fastOptions(hook)
+		o.Owner, o.LeaseTTL = owner, ttl
+		r, err := relay.New(l, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, stop := context.WithCancel(ctx)
+		stops = append(stops, stop)
+		wg.Go(func() { r.Run(rctx) })
+	}
+	start(la, "relay-a")
+	waitFor(t, 20*time.Second, "relay-a delivering", func() bool { return rcv.distinct() >= 10 })
+	start(lb, "relay-b")
+	waitFor(t, 60*time.Second, "every event delivered", func() bool { return rcv.distinct() == len(events) })
+	rcv.mu.Lock()
+	defer rcv.mu.Unlock()
+	if rcv.overlaps > 0 {
+		t.Fatalf("%d deliveries of a partition overlapped another relay's (replica clocks %v apart, lease TTL %v); want none",
+			rcv.overlaps, ttl+500*time.Millisecond, ttl)
 	}
 }

@@ -293,3 +293,90 @@ func TestAttackClockSkewTwoRelaysDeliverAPartitionAtOnce(t *testing.T) {
 			rcv.overlaps, ttl+500*time.Millisecond, ttl)
 	}
 }
+
+// claimCut is a relay's ledger whose lease renewals fail once cut (the
+// replica lost its way to the database, not to the receivers).
+type claimCut struct {
+	*ledger.Ledger
+	cut atomic.Bool
+}
+
+func (c *claimCut) ClaimPartitions(ctx context.Context, sink, owner string, ttl time.Duration) (ledger.Claim, error) {
+	if c.cut.Load() {
+		return ledger.Claim{}, errors.New("cut off from the ledger")
+	}
+	return c.Ledger.ClaimPartitions(ctx, sink, owner, ttl)
+}
+
+// "An attempt never outlasts the lease it started under": the lease left
+// is checked, and the attempt's timeout set from it, before the attempt
+// waits for a delivery slot (Options.Parallel, shared by every sink and
+// partition). While another sink's hanging receiver holds the slots, an
+// attempt waits there for seconds and then delivers long after its lease
+// lapsed. Relay a stops renewing (cut off from the ledger), relay b takes
+// its partitions once the leases lapse and delivers them, and a's queued
+// attempts still go out: one partition delivered by two relays at once.
+func TestAttackAttemptQueuedForASlotOutlivesItsLease(t *testing.T) {
+	ctx := context.Background()
+	l, err := ledger.Open(ctx, ledger.Options{Driver: ledger.SQLite, DSN: testenv.SQLitePath(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	program := keys.MustID("show-slot")
+	skus := makeSKUs(t, l, program.String(), 8)
+	for i := range 160 {
+		buy(t, l, skus[i%len(skus)])
+	}
+	events := allEvents(t, l, program)
+	rcv := &overlapReceiver{partition: partitions(t, l, program), inFlight: map[int]int{}, ids: map[string]bool{}}
+	srv := httptest.NewServer(rcv)
+	t.Cleanup(srv.Close)
+	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		<-r.Context().Done()
+	}))
+	t.Cleanup(hang.Close)
+	secret := webhook.NewSecret()
+	hook := func(name, url string) relay.Sink {
+		s, err := relay.NewWebhook(relay.WebhookOptions{Name: name, URL: url, Secret: secret})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	var wg sync.WaitGroup
+	var stops []context.CancelFunc
+	t.Cleanup(func() {
+		for _, s := range stops {
+			s()
+		}
+		wg.Wait()
+	})
+	run := func(rl relay.Ledger, o relay.Options) {
+		r, err := relay.New(rl, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, stop := context.WithCancel(ctx)
+		stops = append(stops, stop)
+		wg.Go(func() { r.Run(rctx) })
+	}
+	const ttl = 1500 * time.Millisecond
+	la := &claimCut{Ledger: l}
+	oa := fastOptions(hook("hanging", hang.URL), hook("webhook", srv.URL))
+	oa.Owner, oa.LeaseTTL, oa.Parallel, oa.KeepLeases = "relay-a", ttl, 2, true
+	run(la, oa)
+	waitFor(t, 30*time.Second, "relay-a delivering", func() bool { return rcv.distinct() >= 3 })
+	la.cut.Store(true)
+	ob := fastOptions(hook("webhook", srv.URL))
+	ob.Owner, ob.LeaseTTL = "relay-b", ttl
+	run(l, ob)
+	waitFor(t, 60*time.Second, "every event delivered", func() bool { return rcv.distinct() == len(events) })
+	time.Sleep(2 * time.Second) // relay-a's queued attempts
+	rcv.mu.Lock()
+	defer rcv.mu.Unlock()
+	if rcv.overlaps > 0 {
+		t.Fatalf("%d deliveries of a partition overlapped another relay's: relay-a delivered after its lease lapsed; want none", rcv.overlaps)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -291,6 +292,105 @@ func TestAttackClockSkewTwoRelaysDeliverAPartitionAtOnce(t *testing.T) {
 	if rcv.overlaps > 0 {
 		t.Fatalf("%d deliveries of a partition overlapped another relay's (replica clocks %v apart, lease TTL %v); want none",
 			rcv.overlaps, ttl+500*time.Millisecond, ttl)
+	}
+}
+
+// The Redis Streams sink counts an event delivered as soon as the master
+// answers its XADD, and the relay moves the partition's cursor past it;
+// Redis replicates to the replica later. When the master dies before the
+// replica has the entries and the replica is promoted, they are gone from
+// the stream for good while the ledger says delivered: the stream never
+// gets them (at least once to every sink, through a Redis failover).
+// Waiting for a replica to have the entry (WAIT) before counting it
+// delivered would have the relay add it again after the failover.
+func TestAttackStreamLosesEventsInAFailover(t *testing.T) {
+	ctx := context.Background()
+	c := testenv.NewCluster(t, testenv.ClusterOptions{ReplicasPerMaster: 1})
+	rdb := c.Client()
+	l, err := ledger.Open(ctx, ledger.Options{Driver: ledger.SQLite, DSN: testenv.SQLitePath(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	program := keys.MustID("show-stream-failover")
+	skus := makeSKUs(t, l, program.String(), 1)
+	buy(t, l, skus[0])
+	sink, err := relay.NewStream(relay.StreamOptions{Redis: rdb, Prefix: testenv.ID(t, "ev") + ":"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := relay.New(l, fastOptions(sink))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { r.Run(rctx) })
+	t.Cleanup(func() { stop(); wg.Wait() })
+	first := allEvents(t, l, program)[0]
+	key := sink.Key(first.Partition)
+	delivered := func(seq int64) func() bool {
+		return func() bool {
+			st, err := l.PartitionState(ctx, sink.Name(), first.Partition)
+			return err == nil && st.Delivered == seq
+		}
+	}
+	waitFor(t, 20*time.Second, "the first event delivered", delivered(first.Seq))
+	slot := int(rdb.ClusterKeySlot(ctx, key).Val())
+	master, err := c.MasterOf(ctx, slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var replica *testenv.Node
+	for _, n := range c.Nodes {
+		role, err := n.Client().Do(ctx, "ROLE").Slice()
+		if err == nil && len(role) >= 3 && role[0] == "slave" && fmt.Sprint(role[2]) == fmt.Sprint(master.Port) {
+			replica = n
+		}
+	}
+	if replica == nil {
+		t.Fatal("no replica of the stream's master")
+	}
+	// The replica falls behind (its link drops), the relay delivers three
+	// more events, then the master dies and the replica takes over.
+	if err := replica.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	// The link drops (what was already sent stays in the replica's socket
+	// buffer and reaches it when it resumes; nothing after).
+	mc := master.Client()
+	if err := mc.Do(ctx, "CLIENT", "KILL", "TYPE", "replica").Err(); err != nil {
+		t.Fatal(err)
+	}
+	mc.Close()
+	for range 3 {
+		buy(t, l, skus[0])
+	}
+	events := allEvents(t, l, program)
+	waitFor(t, 20*time.Second, "every event delivered", delivered(events[len(events)-1].Seq))
+	master.Kill()
+	if err := replica.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitFailover(ctx, slot, master, 60*time.Second); err != nil {
+		t.Fatalf("no failover: %v", err)
+	}
+	fresh := c.Client() // slots as they are now
+	var lastErr error
+	waitFor(t, 30*time.Second, "the stream readable", func() bool {
+		_, lastErr = fresh.XRange(ctx, key, "-", "+").Result()
+		if lastErr != nil {
+			t.Logf("XRANGE: %v", lastErr)
+		}
+		return lastErr == nil
+	})
+	time.Sleep(time.Second) // the relay has every chance to add them again
+	msgs, err := fresh.XRange(ctx, key, "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(msgs) != len(events) {
+		t.Fatalf("after the failover the stream has %d of the %d events the ledger counts delivered", len(msgs), len(events))
 	}
 }
 

@@ -70,7 +70,8 @@ CREATE TABLE IF NOT EXISTS relay_dead (
 
 // Claim is what a relay holds of a sink after ClaimPartitions.
 type Claim struct {
-	// Held are the partitions leased to the owner, until Until.
+	// Held are the partitions leased to the owner, until Until by the
+	// ledger's lease clock (see leaseNow: on PostgreSQL, the database's).
 	Held  []int
 	Until time.Time
 	// Share is the owner's fair share (the partitions over the live
@@ -84,14 +85,16 @@ func (l *Ledger) ClaimPartitions(ctx context.Context, sink, owner string, ttl ti
 	if sink == "" || owner == "" || ttl <= 0 {
 		return Claim{}, fmt.Errorf("ledger: claim partitions: sink, owner and ttl are required")
 	}
-	now := l.now()
-	until := now.Add(ttl)
-	nowMS, untilMS := now.UnixMilli(), until.UnixMilli()
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
 		return Claim{}, fmt.Errorf("ledger: claim partitions: %w", err)
 	}
 	defer tx.Rollback()
+	nowMS, err := l.leaseNow(ctx, tx)
+	if err != nil {
+		return Claim{}, fmt.Errorf("ledger: claim partitions: %w", err)
+	}
+	untilMS := nowMS + ttl.Milliseconds()
 	var have int
 	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM relay_partitions WHERE sink = $1`, sink).Scan(&have); err != nil {
 		return Claim{}, fmt.Errorf("ledger: claim partitions: %w", err)
@@ -245,16 +248,49 @@ func (l *Ledger) PendingPartitions(ctx context.Context, sink string, upTo int64)
 	return out, rows.Err()
 }
 
+// leaseNow is the instant leases are written and judged by, in Unix ms: on
+// PostgreSQL the database's clock, so that replicas whose clocks disagree
+// still agree on whose lease has lapsed (a replica ahead of the others
+// would otherwise take live leases); on SQLite, whose replicas share one
+// host, this process's.
+func (l *Ledger) leaseNow(ctx context.Context, q interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}) (int64, error) {
+	if l.driver != Postgres {
+		return l.now().UnixMilli(), nil
+	}
+	var ms int64
+	err := q.QueryRowContext(ctx, `SELECT `+pgClockMS).Scan(&ms)
+	return ms, err
+}
+
+// pgClockMS is PostgreSQL's clock in Unix ms, in SQL.
+const pgClockMS = `CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)`
+
+// leaseClock is the lease instant as SQL added to a parameter: the
+// parameter is the instant itself on SQLite, and 0 on PostgreSQL, whose
+// clock the expression reads (see leaseNow).
+func (l *Ledger) leaseClock() (term string, param int64) {
+	if l.driver == Postgres {
+		return pgClockMS, 0
+	}
+	return "0", l.now().UnixMilli()
+}
+
 // fence is the condition of every write of a partition's progress: the
-// owner holds the partition's unexpired lease.
-const fence = `sink = $1 AND partition = $2 AND owner = $3 AND lease_until > $4`
+// owner holds the partition's unexpired lease ($4 + the clock term: see
+// leaseClock).
+func fence(clock string) string {
+	return `sink = $1 AND partition = $2 AND owner = $3 AND lease_until > $4 + ` + clock
+}
 
 // fenced runs a fenced update (args after the fence's four) in tx, and
 // reports ErrLeaseLost when it changed nothing.
-func fenced(ctx context.Context, tx interface {
+func (l *Ledger) fenced(ctx context.Context, tx interface {
 	ExecContext(context.Context, string, ...any) (sql.Result, error)
-}, set string, sink string, partition int, owner string, now int64, args ...any) error {
-	res, err := tx.ExecContext(ctx, `UPDATE relay_partitions SET `+set+` WHERE `+fence,
+}, set string, sink string, partition int, owner string, args ...any) error {
+	clock, now := l.leaseClock()
+	res, err := tx.ExecContext(ctx, `UPDATE relay_partitions SET `+set+` WHERE `+fence(clock),
 		append([]any{sink, partition, owner, now}, args...)...)
 	if err != nil {
 		return err
@@ -271,8 +307,7 @@ func fenced(ctx context.Context, tx interface {
 // and clears the head's attempts; ErrLeaseLost unless the owner holds
 // the partition's lease.
 func (l *Ledger) Advance(ctx context.Context, sink string, partition int, owner string, seq int64) error {
-	err := fenced(ctx, l.db, `delivered_seq = $5, attempts = 0, next_at = 0, last_error = ''`, sink, partition, owner,
-		l.now().UnixMilli(), seq)
+	err := l.fenced(ctx, l.db, `delivered_seq = $5, attempts = 0, next_at = 0, last_error = ''`, sink, partition, owner, seq)
 	if err != nil {
 		return fmt.Errorf("ledger: advance: %w", err)
 	}
@@ -292,7 +327,7 @@ func clip(s string) string {
 // RecordFailure records the head event's failed attempts, when it may be
 // tried again and why it failed (fenced as Advance).
 func (l *Ledger) RecordFailure(ctx context.Context, sink string, partition int, owner string, attempts int, next time.Time, why string) error {
-	err := fenced(ctx, l.db, `attempts = $5, next_at = $6, last_error = $7`, sink, partition, owner, l.now().UnixMilli(),
+	err := l.fenced(ctx, l.db, `attempts = $5, next_at = $6, last_error = $7`, sink, partition, owner,
 		attempts, next.UnixMilli(), clip(why))
 	if err != nil {
 		return fmt.Errorf("ledger: record failure: %w", err)
@@ -318,7 +353,7 @@ func (l *Ledger) Bury(ctx context.Context, sink string, owner string, e Event, a
 		return fmt.Errorf("ledger: bury: %w", err)
 	}
 	defer tx.Rollback()
-	if err := fenced(ctx, tx, `delivered_seq = $5, attempts = 0, next_at = 0, last_error = ''`, sink, e.Partition, owner, now, e.Seq); err != nil {
+	if err := l.fenced(ctx, tx, `delivered_seq = $5, attempts = 0, next_at = 0, last_error = ''`, sink, e.Partition, owner, e.Seq); err != nil {
 		return fmt.Errorf("ledger: bury: %w", err)
 	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO relay_dead (sink, seq, event_id, partition, attempts, last_error, dead_at)
@@ -418,8 +453,9 @@ func (l *Ledger) RelayStats(ctx context.Context, sink string) (RelayStats, error
 	if err := l.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM relay_dead WHERE sink = $1`, sink).Scan(&s.Dead); err != nil {
 		return s, fmt.Errorf("ledger: relay stats: %w", err)
 	}
-	if err := l.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM relay_partitions WHERE sink = $1 AND lease_until > $2`,
-		sink, l.now().UnixMilli()).Scan(&s.Leased); err != nil {
+	clock, now := l.leaseClock()
+	if err := l.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM relay_partitions WHERE sink = $1 AND lease_until > $2 + `+clock,
+		sink, now).Scan(&s.Leased); err != nil {
 		return s, fmt.Errorf("ledger: relay stats: %w", err)
 	}
 	return s, nil

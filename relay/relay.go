@@ -82,8 +82,8 @@ type Options struct {
 	AttemptTimeout time.Duration
 	// Batch is how many events one read of a partition takes. Default 100.
 	Batch int
-	// Parallel is how many deliveries run at once (partitions in
-	// parallel, each one event at a time). Default 16.
+	// Parallel is how many deliveries run at once per sink (partitions
+	// in parallel, each one event at a time). Default 16.
 	Parallel int
 	// StatsEvery is how often the backlog and lag gauges are read.
 	// Default 5s.
@@ -136,7 +136,7 @@ type Relay struct {
 	o       Options
 	sinks   map[string]Sink
 	log     *slog.Logger
-	sem     chan struct{}
+	sem     map[string]chan struct{} // per sink: its deliveries at once
 	metrics metrics
 }
 
@@ -163,9 +163,12 @@ func New(l Ledger, o Options) (*Relay, error) {
 		host, _ := os.Hostname()
 		o.Owner = fmt.Sprintf("%s-%08x", cmp.Or(host, "relay"), rand.Uint32())
 	}
-	r := &Relay{ledger: l, o: o, sinks: map[string]Sink{}, log: cmp.Or(o.Logger, slog.Default()), sem: make(chan struct{}, o.Parallel)}
+	r := &Relay{ledger: l, o: o, sinks: map[string]Sink{}, log: cmp.Or(o.Logger, slog.Default()), sem: map[string]chan struct{}{}}
 	for _, s := range o.Sinks {
 		r.sinks[s.Name()] = s
+		// Each sink its own slots: a receiver that hangs holds up its
+		// own deliveries only.
+		r.sem[s.Name()] = make(chan struct{}, o.Parallel)
 	}
 	counter := func(name, help string) *prometheus.CounterVec {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"sink"})
@@ -284,6 +287,9 @@ func (r *Relay) runSink(ctx context.Context, s Sink) {
 			}
 		}
 		if time.Since(claimed) >= r.o.LeaseTTL/3 {
+			// The lease runs out by the ledger's clock: this replica counts
+			// it from before it asked, so it never thinks it has more.
+			asked := time.Now()
 			c, err := r.ledger.ClaimPartitions(ctx, name, r.o.Owner, r.o.LeaseTTL)
 			if err != nil {
 				if ctx.Err() != nil {
@@ -305,7 +311,7 @@ func (r *Relay) runSink(ctx context.Context, s Sink) {
 							r.deliverPartition(wctx, s, w, &upTo)
 						})
 					}
-					w.until.Store(c.Until.UnixNano())
+					w.until.Store(asked.Add(r.o.LeaseTTL).UnixNano())
 				}
 				for p, w := range workers {
 					if !held[p] { // lapsed and taken: stop at once
@@ -396,9 +402,12 @@ func (r *Relay) deliverPartition(ctx context.Context, s Sink, w *worker, upTo *a
 						}
 						continue
 					}
-					derr := r.attempt(ctx, s, e, min(r.o.AttemptTimeout, left/3))
+					derr := r.attempt(ctx, s, e, w)
 					if ctx.Err() != nil {
 						return // stopping: the attempt was cut short, not failed
+					}
+					if errors.Is(derr, errLeaseShort) {
+						continue // waited for a slot past the renewal: check the lease again
 					}
 					var lerr error
 					switch {
@@ -435,16 +444,27 @@ func (r *Relay) deliverPartition(ctx context.Context, s Sink, w *worker, upTo *a
 	}
 }
 
-// attempt delivers e once within timeout, under the bound on deliveries
-// at once.
-func (r *Relay) attempt(ctx context.Context, s Sink, e ledger.Event, timeout time.Duration) error {
+// errLeaseShort: an attempt got its slot with too little of w's lease
+// left to start.
+var errLeaseShort = errors.New("relay: lease too short to start an attempt")
+
+// attempt delivers e once, under the bound on the sink's deliveries at
+// once, within a third of what is left of w's lease when it gets its slot
+// (the wait for a slot may have eaten the rest): an attempt never
+// outlasts the lease it started under.
+func (r *Relay) attempt(ctx context.Context, s Sink, e ledger.Event, w *worker) error {
+	sem := r.sem[s.Name()]
 	select {
-	case r.sem <- struct{}{}:
+	case sem <- struct{}{}:
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	defer func() { <-r.sem }()
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer func() { <-sem }()
+	left := time.Until(time.Unix(0, w.until.Load()))
+	if left < r.o.LeaseTTL/3 {
+		return errLeaseShort
+	}
+	ctx, cancel := context.WithTimeout(ctx, min(r.o.AttemptTimeout, left/3))
 	defer cancel()
 	return s.Deliver(ctx, e)
 }

@@ -6,9 +6,11 @@ package app
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
-	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,6 +23,7 @@ import (
 	"github.com/stockgate/stockgate/cluster"
 	"github.com/stockgate/stockgate/gateway"
 	"github.com/stockgate/stockgate/internal/opt"
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/lock"
 	"github.com/stockgate/stockgate/relay"
@@ -52,7 +55,10 @@ type Options struct {
 type RelayOptions struct {
 	relay.Options
 	// WebhookURLs get every event as a signed POST, each a sink of its
-	// own ("webhook", "webhook-2", ...), signed with WebhookSecret.
+	// own, signed with WebhookSecret. An entry "name=URL" names its sink;
+	// a bare URL's sink is "webhook-" and a hash of the URL. The name
+	// keys the sink's cursors and dead letters in the ledger, so it must
+	// not move from one receiver to another when the list changes.
 	WebhookURLs   []string
 	WebhookSecret string
 	// StreamPrefix, when set, adds a Redis Streams sink ("stream") on
@@ -68,11 +74,8 @@ func (o RelayOptions) on() bool { return len(o.WebhookURLs) > 0 || o.StreamPrefi
 // sinks builds the configured sinks.
 func (o RelayOptions) sinks(rdb *redis.ClusterClient) ([]relay.Sink, error) {
 	var out []relay.Sink
-	for i, u := range o.WebhookURLs {
-		name := "webhook"
-		if i > 0 {
-			name = fmt.Sprintf("webhook-%d", i+1)
-		}
+	for _, entry := range o.WebhookURLs {
+		name, u := webhookSink(entry)
 		w, err := relay.NewWebhook(relay.WebhookOptions{Name: name, URL: u, Secret: o.WebhookSecret})
 		if err != nil {
 			return nil, err
@@ -94,10 +97,16 @@ func (o RelayOptions) Validate() error {
 	if !o.on() {
 		return nil
 	}
-	for _, u := range o.WebhookURLs {
-		if err := (relay.WebhookOptions{URL: u, Secret: o.WebhookSecret}).Validate(); err != nil {
+	names := map[string]bool{}
+	for _, entry := range o.WebhookURLs {
+		name, u := webhookSink(entry)
+		if err := (relay.WebhookOptions{Name: name, URL: u, Secret: o.WebhookSecret}).Validate(); err != nil {
 			return err
 		}
+		if names[name] {
+			return opt.Bad("Relay.WebhookURLs", "names the sink "+name+" twice")
+		}
+		names[name] = true
 	}
 	if err := (relay.StreamOptions{Redis: &redis.ClusterClient{}, Prefix: o.StreamPrefix, MaxLen: o.StreamMaxLen}).Validate(); err != nil {
 		return err
@@ -278,4 +287,22 @@ func (a *App) Close() error {
 		}
 	})
 	return errors.Join(errs...)
+}
+
+// webhookSink splits a WebhookURLs entry into its sink's name and URL:
+// "name=URL", or a bare URL named "webhook-" and the first 8 hex digits of
+// its SHA-256 (stable across restarts and list changes).
+func webhookSink(entry string) (name, url string) {
+	if i := strings.IndexByte(entry, '='); i > 0 && validName(entry[:i]) {
+		return entry[:i], entry[i+1:]
+	}
+	sum := sha256.Sum256([]byte(entry))
+	return "webhook-" + hex.EncodeToString(sum[:4]), entry
+}
+
+// validName says a sink name is an id ([A-Za-z0-9_-]{1,64}): the part
+// of an entry before '=' that is not a URL's.
+func validName(s string) bool {
+	_, err := keys.ParseID(s)
+	return err == nil
 }

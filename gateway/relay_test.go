@@ -32,7 +32,7 @@ func TestRelayAPI(t *testing.T) {
 	}))
 	t.Cleanup(rcv.Close)
 	e := startEnv(t, envOptions{driver: ledger.SQLite, relay: true, tune: func(o *app.Options) {
-		o.Relay.WebhookURLs, o.Relay.WebhookSecret = []string{rcv.URL}, webhook.NewSecret()
+		o.Relay.WebhookURLs, o.Relay.WebhookSecret = []string{"webhook=" + rcv.URL}, webhook.NewSecret()
 		o.Relay.Poll, o.Relay.BackoffBase, o.Relay.BackoffMax, o.Relay.MaxAttempts = 20*time.Millisecond, time.Millisecond, 5*time.Millisecond, 2
 		o.Relay.StatsEvery = 50 * time.Millisecond
 	}})

@@ -137,7 +137,7 @@ func flags(fs *flag.FlagSet, c *config) {
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 20*time.Second, "time in-flight requests get to finish on SIGTERM")
 	c.nonZero["shutdown-grace"] = func() bool { return c.ShutdownGrace > 0 }
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
-	fs.StringVar(&c.WebhookURLs, "webhook-urls", "", "comma-separated URLs the outbox relay POSTs every event to, signed (empty: no webhook sink)")
+	fs.StringVar(&c.WebhookURLs, "webhook-urls", "", "comma-separated URLs the outbox relay POSTs every event to, signed; an entry name=URL names its sink, a bare URL's sink is webhook-<hash of the URL> (empty: no webhook sink)")
 	c.flagOf["Relay.WebhookURLs"] = "webhook-urls"
 	b.str("webhook-secret", &o.Relay.WebhookSecret, "Relay.WebhookSecret", "the webhooks' signing secret, whsec_ and base64 (prefer the environment variable)")
 	b.str("stream-prefix", &o.Relay.StreamPrefix, "Relay.StreamPrefix", "key prefix of the Redis Streams the relay adds every event to, one per partition: <prefix>{NN} (empty: no stream sink)")

@@ -301,6 +301,20 @@ func Bench(program, ticket, kind ID) string {
 	return "sg:" + s.tag + ":bench:" + kind.s + ":" + program.s + ":" + ticket.s
 }
 
+// EventStream is the Redis stream of an outbox partition: prefix (the
+// operator's, with no brace in it) and the partition as the hash tag, so
+// the partitions' streams spread over the masters.
+func EventStream(prefix string, partition int) string {
+	return prefix + "{" + fmt.Sprintf("%02d", partition) + "}"
+}
+
+// EventSeen marks an event as added to its partition's stream, in the
+// stream's slot.
+func EventSeen(prefix string, partition int, event ID) string {
+	mustHave("EventSeen", event)
+	return EventStream(prefix, partition) + ":seen:" + event.s
+}
+
 // CRC16 is the CCITT/XMODEM checksum Redis Cluster hashes keys with.
 func CRC16(b []byte) uint16 {
 	var crc uint16

@@ -53,6 +53,13 @@ var Read = prelude + readBody
 //go:embed read.lua
 var readBody string
 
+// StreamAdd adds an outbox event to its partition's stream, once per
+// event id.
+var StreamAdd = prelude + streamAddBody
+
+//go:embed stream_add.lua
+var streamAddBody string
+
 // Unlock releases a coordination lock by compare-and-delete.
 var Unlock = prelude + unlockBody
 

@@ -382,8 +382,8 @@ func TestRelayStream(t *testing.T) {
 			t.Fatalf("XRANGE %s = %d entries, %v, want %d", sink.Key(p), len(got), err, len(want))
 		}
 		for i, m := range got {
-			if m.ID != relay.EntryID(want[i]) || m.Values["id"] != want[i].ID.String() {
-				t.Fatalf("entry %d of %s = %s %v, want %s", i, sink.Key(p), m.ID, m.Values["id"], relay.EntryID(want[i]))
+			if m.Values["id"] != want[i].ID.String() || m.Values["type"] != want[i].Type {
+				t.Fatalf("entry %d of %s = %s %v, want event %s (seq %d)", i, sink.Key(p), m.ID, m.Values, want[i].ID, want[i].Seq)
 			}
 		}
 	}

@@ -4,12 +4,17 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stockgate/stockgate/internal/opt"
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/lua"
 	"github.com/stockgate/stockgate/sale"
 )
 
@@ -18,17 +23,12 @@ import (
 // is already linked, and consumer groups (XREADGROUP, XACK) give their
 // consumers at-least-once reads with no second system to operate.
 
-// streamAdder is the Redis a stream sink needs: a plain client and a
-// cluster client both fit.
-type streamAdder interface {
-	XAdd(ctx context.Context, a *redis.XAddArgs) *redis.StringCmd
-	XRange(ctx context.Context, stream, start, stop string) *redis.XMessageSliceCmd
-}
-
 // StreamOptions configures a Redis Streams sink.
 type StreamOptions struct {
-	Name  string      // the sink's name; default "stream"
-	Redis streamAdder // required
+	Name string // the sink's name; default "stream"
+	// Redis is the service's cluster client (required); a plain client
+	// also fits (tests), without the wait for replicas.
+	Redis redis.UniversalClient
 	// Prefix begins each partition's stream key: Prefix + "{NN}" (the
 	// partition as the hash tag, so the 64 streams spread over the
 	// masters). Default "stockgate:events:".
@@ -36,6 +36,12 @@ type StreamOptions struct {
 	// MaxLen trims each stream to about this many entries (XADD MAXLEN ~);
 	// 0 keeps every entry.
 	MaxLen int64
+	// SeenFor is how long an event's marker keeps a redelivery of it out
+	// of the stream. Default 7 days.
+	SeenFor time.Duration
+	// ReplicaWait bounds the wait for a replica to have an added entry
+	// (WAIT) before the attempt counts as failed. Default 1s.
+	ReplicaWait time.Duration
 }
 
 // Validate reports the first field that cannot work (an *opt.Error).
@@ -47,22 +53,30 @@ func (o StreamOptions) Validate() error {
 		return opt.Bad("Prefix", "may not hold { or }: the partition is the key's hash tag")
 	case o.MaxLen < 0:
 		return opt.Bad("MaxLen", "must be 0 (no trimming) or more")
+	case o.SeenFor < 0 || o.SeenFor > 0 && o.SeenFor < time.Second || o.ReplicaWait < 0:
+		return opt.Bad("SeenFor", "durations must be positive (SeenFor at least 1s)")
 	}
 	return nil
 }
 
-// Stream delivers each event as an entry of its partition's stream, with
-// the entry ID "<seq>-1": seqs only grow within a partition, so the
-// stream keeps their order, and a redelivery (after a crash between the
-// XADD and the cursor's advance) is refused by Redis as not above the
-// stream's top entry, and counted as delivered. An event redelivered
-// from the dead letters, with later ones in the stream already, is added
-// under an ID Redis picks: late, as a dead letter is.
+// Stream delivers each event as an entry of its partition's stream
+// (fields id, type and event, the JSON a webhook carries), in delivery
+// order: the partition's seq order, a dead letter sent again coming late
+// as it does to a webhook. A marker per event, set in the same script as
+// the XADD, keeps a redelivery (an answer lost, a relay that died before
+// its cursor moved) out of the stream: one entry per event. On a cluster
+// the add counts as delivered only once a replica of the stream's master
+// has it (WAIT), when the master has any: a failover cannot then lose an
+// event the ledger calls delivered.
 type Stream struct {
-	name   string
-	redis  streamAdder
-	prefix string
-	maxLen int64
+	name     string
+	redis    redis.UniversalClient
+	prefix   string
+	maxLen   int64
+	seenFor  time.Duration
+	waitFor  time.Duration
+	script   *redis.Script
+	replicas replicaCounts
 }
 
 // NewStream returns a Redis Streams sink.
@@ -76,45 +90,145 @@ func NewStream(o StreamOptions) (*Stream, error) {
 	if o.Name == "" {
 		o.Name = "stream"
 	}
-	return &Stream{name: o.Name, redis: o.Redis, prefix: o.Prefix, maxLen: o.MaxLen}, nil
+	opt.Fill(&o.SeenFor, 7*24*time.Hour)
+	opt.Fill(&o.ReplicaWait, time.Second)
+	return &Stream{name: o.Name, redis: o.Redis, prefix: o.Prefix, maxLen: o.MaxLen, seenFor: o.SeenFor,
+		waitFor: o.ReplicaWait, script: redis.NewScript(lua.StreamAdd)}, nil
 }
 
 // Name is the sink's name.
 func (s *Stream) Name() string { return s.name }
 
 // Key is the stream of a partition.
-func (s *Stream) Key(partition int) string { return fmt.Sprintf("%s{%02d}", s.prefix, partition) }
+func (s *Stream) Key(partition int) string { return keys.EventStream(s.prefix, partition) }
 
-// EntryID is the stream entry ID of an event.
-func EntryID(e ledger.Event) string { return fmt.Sprintf("%d-1", e.Seq) }
-
-// Deliver adds e to its partition's stream: fields id, type and event
-// (the JSON a webhook carries).
+// Deliver adds e to its partition's stream, once.
 func (s *Stream) Deliver(ctx context.Context, e ledger.Event) error {
 	body, err := json.Marshal(sale.EventOf(e).Wire())
 	if err != nil {
 		return fmt.Errorf("stream: %w", err)
 	}
-	key, id := s.Key(e.Partition), EntryID(e)
-	add := func(id string) error {
-		return s.redis.XAdd(ctx, &redis.XAddArgs{Stream: key, ID: id, MaxLen: s.maxLen, Approx: s.maxLen > 0,
-			Values: []any{"id", e.ID.String(), "type", e.Type, "event", string(body)}}).Err()
+	ks := []string{s.Key(e.Partition), keys.EventSeen(s.prefix, e.Partition, e.ID)}
+	args := []any{e.ID.String(), e.Type, string(body), s.maxLen, int64(s.seenFor / time.Second)}
+	c, ok := s.redis.(*redis.ClusterClient)
+	if !ok {
+		return s.reply(s.script.Run(ctx, s.redis, ks, args...), nil)
 	}
-	err = add(id)
-	// Redis answers this one only as text.
-	if err != nil && strings.Contains(err.Error(), "equal or smaller than the target stream top item") {
-		got, rerr := s.redis.XRange(ctx, key, id, id).Result()
-		switch {
-		case rerr != nil:
-			err = rerr
-		case len(got) > 0:
-			return nil // there already
-		default:
-			err = add("*")
-		}
+	// The script and the WAIT on one connection of the stream's master:
+	// WAIT counts the writes of its own connection.
+	node, err := c.MasterForKey(ctx, ks[0])
+	if err != nil {
+		return fmt.Errorf("stream: %w", err)
+	}
+	// The wait leaves room in the attempt for asking the layout after it.
+	wait := s.waitFor
+	if d, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(d)/3)
+	}
+	var added *redis.Cmd
+	var acked *redis.Cmd
+	_, err = node.Pipelined(ctx, func(p redis.Pipeliner) error {
+		added = s.script.Eval(ctx, p, ks, args...)
+		acked = p.Do(ctx, "WAIT", 1, max(wait.Milliseconds(), 1))
+		return nil
+	})
+	if err := s.reply(added, err); err != nil {
+		return err
+	}
+	if n, err := acked.Int64(); err == nil && n >= 1 {
+		return nil
+	}
+	// No replica has it yet. A master that has none has nothing to wait
+	// for; one that has replicas may fail over to one without it.
+	n, err := s.replicas.of(ctx, c, ks[0])
+	if err != nil {
+		return fmt.Errorf("stream: replicas: %w", err)
+	}
+	if n > 0 {
+		return fmt.Errorf("stream: no replica of the stream's master has the entry within %v", wait)
+	}
+	return nil
+}
+
+// reply reads the script's answer.
+func (s *Stream) reply(cmd *redis.Cmd, err error) error {
+	if err == nil {
+		err = cmd.Err()
 	}
 	if err != nil {
 		return fmt.Errorf("stream: %w", err)
 	}
-	return nil
+	v, err := cmd.Slice()
+	if err != nil || len(v) == 0 {
+		return fmt.Errorf("stream: answer %v: %v", v, err)
+	}
+	switch code, _ := v[0].(int64); code {
+	case lua.OK, lua.Already:
+		return nil
+	default:
+		return fmt.Errorf("stream: script answered %d", code)
+	}
+}
+
+// replicaCounts remembers, for a few seconds, the cluster's layout: which
+// master serves a slot and how many replicas follow it. The count takes
+// every replica the cluster knows, connected or not (CLUSTER SLOTS leaves
+// out one whose link is down, the very one a failover may promote): an
+// entry counts as delivered only once a replica has it, or when its
+// master has none.
+type replicaCounts struct {
+	mu    sync.Mutex
+	at    time.Time
+	nodes string // CLUSTER NODES
+}
+
+func (r *replicaCounts) of(ctx context.Context, c *redis.ClusterClient, key string) (int, error) {
+	slot, err := c.ClusterKeySlot(ctx, key).Result()
+	if err != nil {
+		return 0, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if time.Since(r.at) > 5*time.Second {
+		nodes, err := c.ClusterNodes(ctx).Result()
+		if err != nil {
+			return 0, err
+		}
+		r.nodes, r.at = nodes, time.Now()
+	}
+	return replicasOf(r.nodes, slot)
+}
+
+// replicasOf counts, in a CLUSTER NODES answer, the replicas of the
+// master that serves slot.
+func replicasOf(nodes string, slot int64) (int, error) {
+	lines := strings.Split(strings.TrimSpace(nodes), "\n")
+	master := ""
+	for _, line := range lines {
+		f := strings.Fields(line)
+		if len(f) < 8 || !strings.Contains(f[2], "master") || strings.Contains(f[2], "fail") && !strings.Contains(f[2], "fail?") {
+			continue
+		}
+		for _, r := range f[8:] {
+			lo, hi, found := strings.Cut(r, "-")
+			if !found {
+				hi = lo
+			}
+			a, aerr := strconv.ParseInt(lo, 10, 64)
+			b, berr := strconv.ParseInt(hi, 10, 64)
+			if aerr == nil && berr == nil && a <= slot && slot <= b {
+				master = f[0]
+			}
+		}
+	}
+	if master == "" {
+		return 0, fmt.Errorf("slot %d has no master in the cluster's layout", slot)
+	}
+	n := 0
+	for _, line := range lines {
+		if f := strings.Fields(line); len(f) >= 4 && f[3] == master {
+			n++
+		}
+	}
+	return n, nil
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/lock"
+	"github.com/stockgate/stockgate/queue"
 	"github.com/stockgate/stockgate/relay"
 	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/seats"
@@ -219,6 +220,7 @@ func Open(ctx context.Context, o Options) (_ *App, err error) {
 		led = o.WrapLedger(led)
 	}
 	o.Sale.Gate, o.Sale.Ledger, o.Sale.Cache, o.Sale.Locker, o.Sale.Seats = a.Gate, led, a.Cache, locker, a.Seats
+	o.Sale.Queue = queue.New(a.Redis)
 	o.Sale.Notifier, o.Sale.Logger, o.Sale.Registry, o.Sale.CacheMetrics = a.Redis, log, a.Registry, cacheMetrics
 	if a.Sale, err = sale.New(o.Sale); err != nil {
 		return nil, err
@@ -245,11 +247,11 @@ func Open(ctx context.Context, o Options) (_ *App, err error) {
 // them; a test may leave the drift check or the sweeper out to watch a
 // state they would repair. Relay runs only with a sink configured.
 type Loops struct {
-	Drift, Sweep, Notices, Relay bool
+	Drift, Sweep, Notices, Relay, Pacer bool
 }
 
 // AllLoops is what a replica runs.
-var AllLoops = Loops{Drift: true, Sweep: true, Notices: true, Relay: true}
+var AllLoops = Loops{Drift: true, Sweep: true, Notices: true, Relay: true, Pacer: true}
 
 // Start runs the chosen loops until Close. Call it once.
 func (a *App) Start(l Loops) {
@@ -258,7 +260,7 @@ func (a *App) Start(l Loops) {
 	for _, run := range []struct {
 		on bool
 		f  func(context.Context)
-	}{{l.Drift, a.Sale.RunDrift}, {l.Sweep, a.Sale.RunSweeper}, {l.Notices, a.Sale.RunNotices},
+	}{{l.Drift, a.Sale.RunDrift}, {l.Sweep, a.Sale.RunSweeper}, {l.Notices, a.Sale.RunNotices}, {l.Pacer, a.Sale.RunPacer},
 		{l.Relay && a.Relay != nil, func(ctx context.Context) { a.Relay.Run(ctx) }}} {
 		if run.on {
 			a.wg.Go(func() { run.f(ctx) }) // owned by a; ends with Close

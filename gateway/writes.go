@@ -164,7 +164,7 @@ func (s *Server) take(c *gin.Context, hold bool) {
 // ask reads the Idempotency-Key (the buyer is filled in from the body).
 func (s *Server) ask(c *gin.Context) (sale.Ask, bool) {
 	key, ok := idempotencyKey(c)
-	return sale.Ask{Key: key}, ok
+	return sale.Ask{Key: key, Admission: c.GetHeader("Admission-Token")}, ok
 }
 
 // written writes the result of a write with status, or its error's problem.

@@ -315,6 +315,38 @@ func EventSeen(prefix string, partition int, event ID) string {
 	return EventStream(prefix, partition) + ":seen:" + event.s
 }
 
+// QueueKeys are the Redis records of a program's waiting room, all in one
+// slot (the program's queue tag).
+type QueueKeys struct{ tag string }
+
+// Queue returns the keys of program's waiting room.
+func Queue(program ID) QueueKeys {
+	mustHave("Queue", program)
+	return QueueKeys{tag: "sg:{q:" + program.s + "}:"}
+}
+
+// Meta is the hash of the line's counters: pre and post (joins before and
+// after opening), frozen (the pre count at opening), serving, soldout,
+// unused, abandoned.
+func (q QueueKeys) Meta() string { return q.tag + "meta" }
+
+// Who maps each buyer to its join ("kind:n").
+func (q QueueKeys) Who() string { return q.tag + "who" }
+
+// Batches holds each advance of the serving counter: by time (score) and
+// by position (BatchesByEnd), to find when a position was admitted.
+func (q QueueKeys) Batches() string { return q.tag + "batches" }
+
+// BatchesByEnd is Batches scored by the end position.
+func (q QueueKeys) BatchesByEnd() string { return q.tag + "bend" }
+
+// Spent is the set of admitted positions whose token was spent, scored by
+// position; Claims maps each to the request that spent it.
+func (q QueueKeys) Spent() string { return q.tag + "spent" }
+
+// Claims maps a spent position to the request that spent it.
+func (q QueueKeys) Claims() string { return q.tag + "claims" }
+
 // CRC16 is the CCITT/XMODEM checksum Redis Cluster hashes keys with.
 func CRC16(b []byte) uint16 {
 	var crc uint16

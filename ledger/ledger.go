@@ -443,7 +443,7 @@ var added = []struct{ table, name, def string }{
 // laterTables are the tables added after the first release, each with its
 // own indexes: the outbox, the relay's partitions, the waitlist.
 func laterTables(driver string) string {
-	return eventsTable(driver) + relayTables(driver) + waitlistTables(driver)
+	return eventsTable(driver) + relayTables(driver) + waitlistTables(driver) + queueTables(driver)
 }
 
 // addedIndexes index columns of added: they run after the columns are

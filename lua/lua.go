@@ -60,6 +60,24 @@ var StreamAdd = prelude + streamAddBody
 //go:embed stream_add.lua
 var streamAddBody string
 
+// QueueJoin gives a buyer its one place in a program's waiting room.
+var QueueJoin = prelude + queueJoinBody
+
+//go:embed queue_join.lua
+var queueJoinBody string
+
+// QueueAdvance is the waiting room pacer's step.
+var QueueAdvance = prelude + queueAdvanceBody
+
+//go:embed queue_advance.lua
+var queueAdvanceBody string
+
+// QueueSpend spends an admitted position's token on one request.
+var QueueSpend = prelude + queueSpendBody
+
+//go:embed queue_spend.lua
+var queueSpendBody string
+
 // Unlock releases a coordination lock by compare-and-delete.
 var Unlock = prelude + unlockBody
 
@@ -139,4 +157,10 @@ const (
 // Codes of quota.lua beyond the shared ones.
 const (
 	QuotaKeyKnown = 3 // over the cap, and the request's key was counted before: look it up
+)
+
+// Codes of queue_spend.lua.
+const (
+	QueueExpired     = 3 // admitted longer ago than the window
+	QueueNotAdmitted = 4 // the serving counter has not reached the position
 )

@@ -153,7 +153,12 @@ func (s *Service) takeCart(ctx context.Context, t CartTake, hold bool) (Result, 
 			hold: hold, req: c.req.lineOf(i)})
 		c.picks = append(c.picks, seatPick{seats: l.Seats, section: l.Section})
 	}
-	return s.run(ctx, c.req, c.take)
+	return s.run(ctx, c.req, func(ctx context.Context) answer {
+		if err := s.admitQueue(ctx, t.Program, t.Buyer, t.Admission, c.req); err != nil {
+			return fail(err)
+		}
+		return c.take(ctx)
+	})
 }
 
 // ConfirmCart makes every hold of a held cart an order, all or none, once;

@@ -19,6 +19,8 @@ import (
 type Ask struct {
 	Buyer keys.ID
 	Key   keys.ID
+	// Admission is the waiting room's token, for a program that has one.
+	Admission string
 }
 
 // check refuses a missing buyer or key. Both were parsed at the edge, so
@@ -103,7 +105,7 @@ func (s *Service) Purchase(ctx context.Context, t Take) (Result, error) {
 	sku := poolOf(t.SKU, t.Access.Pool)
 	w := want{sku: sku, buyer: t.Buyer, q: t.Quantity, access: t.Access,
 		req: newRequest(t.Buyer, t.Key, ledger.OpPurchase, t.Access.fields(sku.Program.String(), sku.Ticket.String(), strconv.FormatInt(t.Quantity, 10))...)}
-	return s.run(ctx, w.req, func(ctx context.Context) answer { return s.take(ctx, w) })
+	return s.run(ctx, w.req, func(ctx context.Context) answer { return s.admitted(ctx, t.Ask, sku.Program, w.req, w) })
 }
 
 // Hold sets the units aside for the buyer until confirmed, cancelled or
@@ -115,7 +117,7 @@ func (s *Service) Hold(ctx context.Context, t Take) (Result, error) {
 	sku := poolOf(t.SKU, t.Access.Pool)
 	w := want{sku: sku, buyer: t.Buyer, q: t.Quantity, hold: true, ttl: t.TTL, access: t.Access,
 		req: newRequest(t.Buyer, t.Key, ledger.OpHold, t.Access.fields(sku.Program.String(), sku.Ticket.String(), strconv.FormatInt(t.Quantity, 10), t.TTL.String())...)}
-	return s.run(ctx, w.req, func(ctx context.Context) answer { return s.take(ctx, w) })
+	return s.run(ctx, w.req, func(ctx context.Context) answer { return s.admitted(ctx, t.Ask, sku.Program, w.req, w) })
 }
 
 // SeatTake asks for seats of a seated SKU: the given Seats (all of one
@@ -147,6 +149,9 @@ func (s *Service) HoldSeats(ctx context.Context, t SeatTake) (Result, error) {
 		r := newRequest(t.Buyer, t.Key, ledger.OpSeatHold, t.SKU.Program.String(), t.SKU.Ticket.String(), "best", t.Section.String(),
 			strconv.Itoa(t.Quantity), t.TTL.String())
 		return s.run(ctx, r, func(ctx context.Context) answer {
+			if err := s.admitQueue(ctx, t.SKU.Program, t.Buyer, t.Admission, r); err != nil {
+				return fail(err)
+			}
 			return s.takeBestSeats(ctx, t.SKU, r, t.Buyer, t.Section, t.Quantity, t.TTL)
 		})
 	}
@@ -166,7 +171,12 @@ func (s *Service) HoldSeats(ctx context.Context, t SeatTake) (Result, error) {
 	ids := slices.Clone(t.Seats)
 	slices.SortFunc(ids, keys.ID.Compare)
 	r := newRequest(t.Buyer, t.Key, ledger.OpSeatHold, t.SKU.Program.String(), t.SKU.Ticket.String(), "seats", keys.Join(ids, ","), t.TTL.String())
-	return s.run(ctx, r, func(ctx context.Context) answer { return s.takeSeats(ctx, t.SKU, r, t.Buyer, ids, t.TTL) })
+	return s.run(ctx, r, func(ctx context.Context) answer {
+		if err := s.admitQueue(ctx, t.SKU.Program, t.Buyer, t.Admission, r); err != nil {
+			return fail(err)
+		}
+		return s.takeSeats(ctx, t.SKU, r, t.Buyer, ids, t.TTL)
+	})
 }
 
 // Confirm makes a held hold an order, once; a retry gets the same order.

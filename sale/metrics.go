@@ -21,6 +21,9 @@ type metrics struct {
 	poolRefusals   *prometheus.CounterVec // by reason
 	poolMoved      prometheus.Counter
 	waitJoins      prometheus.Counter
+	queueJoins     prometheus.Counter
+	queueAdmitted  prometheus.Counter
+	queueUnused    prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -74,6 +77,18 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "stockgate_pool_moved_units_total",
 			Help: "Units closed pools moved into another pool (usually the public one).",
 		}),
+		queueJoins: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "stockgate_queue_joins_total",
+			Help: "Buyers this gateway put in a waiting room's line (joining again is not counted).",
+		}),
+		queueAdmitted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "stockgate_queue_admitted_total",
+			Help: "Buyers admitted by this gateway's pacer.",
+		}),
+		queueUnused: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "stockgate_queue_admitted_unused",
+			Help: "Admitted buyers within their window who have not bought, at this gateway's pacer's last step (one program's).",
+		}),
 		waitJoins: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "stockgate_waitlist_joins_total",
 			Help: "Buyers this gateway put on a waitlist (a buyer joining again while in line is not counted).",
@@ -83,7 +98,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Holds this gateway's sweeper expired and gave back.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes, m.seatDrift, m.seatRepairs, m.poolRefusals, m.poolMoved, m.waitJoins} {
+	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes, m.seatDrift, m.seatRepairs, m.poolRefusals, m.poolMoved, m.waitJoins, m.queueJoins, m.queueAdmitted, m.queueUnused} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -26,6 +26,7 @@ import (
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/lock"
+	"github.com/stockgate/stockgate/queue"
 	"github.com/stockgate/stockgate/seats"
 	"github.com/stockgate/stockgate/shard"
 	"github.com/stockgate/stockgate/stock"
@@ -94,6 +95,11 @@ type Ledger interface {
 	RefundCart(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Cart, []keys.ID, error)
 	CartByID(ctx context.Context, id keys.ID) (ledger.Cart, error)
 	JoinWaitlist(ctx context.Context, sku stock.SKU, buyer keys.ID, q int64, ttl time.Duration) (ledger.WaitEntry, bool, error)
+	PutQueue(ctx context.Context, c ledger.QueueConfig) (ledger.QueueConfig, error)
+	Queue(ctx context.Context, program keys.ID) (ledger.QueueConfig, error)
+	DeleteQueue(ctx context.Context, program keys.ID) (bool, error)
+	QueuedPrograms(ctx context.Context) ([]ledger.QueueConfig, error)
+	ProgramRemaining(ctx context.Context, program keys.ID) (int64, error)
 	LeaveWaitlist(ctx context.Context, sku stock.SKU, buyer keys.ID) (ledger.WaitEntry, error)
 	WaitEntryOf(ctx context.Context, sku stock.SKU, buyer keys.ID) (ledger.WaitEntry, error)
 }
@@ -110,6 +116,9 @@ type Options struct {
 	// Seats is the Redis side of reserved seating. Optional: without it
 	// seat flows answer ErrNoSeating.
 	Seats *seats.Store
+	// Queue is the Redis side of waiting rooms. Optional: without it no
+	// program has one.
+	Queue *queue.Store
 	// Notifier carries restock notices between replicas (the Redis
 	// client; see RunNotices). Optional: without it a replica learns that
 	// stock came back when its sold-out flag expires.
@@ -289,6 +298,12 @@ type Service struct {
 	// replays answers retries of committed requests of SKUs that take no
 	// more requests (sold out, ended) without a ledger call per request.
 	replays *replays
+	// queue is the waiting rooms' Redis records (nil: no waiting rooms);
+	// queues caches each program's waiting room, lines each line's
+	// counters, for the checks answered from memory.
+	queue  *queue.Store
+	queues *ttlCache[ledger.QueueConfig]
+	lines  *ttlCache[queue.State]
 }
 
 // New validates opts and returns a Service; Close stops it.
@@ -301,7 +316,8 @@ func New(opts Options) (*Service, error) {
 	}
 	opts = opts.withDefaults()
 	s := &Service{gate: opts.Gate, ledger: opts.Ledger, cache: opts.Cache, locker: opts.Locker, log: opts.Logger, opts: opts,
-		seats: opts.Seats, fallback: make(chan struct{}, opts.FallbackConcurrency)}
+		seats: opts.Seats, fallback: make(chan struct{}, opts.FallbackConcurrency), queue: opts.Queue,
+		queues: newTTLCache[ledger.QueueConfig](time.Second), lines: newTTLCache[queue.State](QueueRefresh)}
 	var err error
 	if s.metrics, err = newMetrics(opts.Registry); err != nil {
 		return nil, fmt.Errorf("sale: metrics: %w", err)

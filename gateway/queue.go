@@ -1,0 +1,202 @@
+package gateway
+
+import (
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/sale"
+)
+
+// queueBody is a program's waiting room as admin sets it.
+type queueBody struct {
+	OpensAt        *time.Time `json:"opens_at"`
+	JoinFrom       *time.Time `json:"join_from"`
+	RatePerSecond  *int64     `json:"rate_per_second"`
+	WindowSeconds  *int64     `json:"window_seconds"`
+	PerRemaining   *float64   `json:"per_remaining"`
+	OpensInSeconds *int64     `json:"opens_in_seconds"` // instead of opens_at: from now
+}
+
+// queueView is a waiting room and its line, for admin.
+type queueView struct {
+	Program       string    `json:"program"`
+	OpensAt       time.Time `json:"opens_at"`
+	JoinFrom      time.Time `json:"join_from"`
+	RatePerSecond int64     `json:"rate_per_second"`
+	WindowSeconds int64     `json:"window_seconds"`
+	PerRemaining  float64   `json:"per_remaining"`
+	Opened        bool      `json:"opened"`
+	Joined        int64     `json:"joined"`
+	Serving       int64     `json:"serving"`
+	Unused        int64     `json:"admitted_unused"`
+	Abandoned     int64     `json:"abandoned"`
+	SoldOut       bool      `json:"sold_out"`
+}
+
+func queueViewOf(c sale.QueueConfig) queueView {
+	return queueView{Program: c.Program.String(), OpensAt: c.OpensAt.UTC(), JoinFrom: c.JoinFrom.UTC(), RatePerSecond: c.Rate,
+		WindowSeconds: int64(c.Window / time.Second), PerRemaining: c.PerRemaining}
+}
+
+// programParam parses the :program of the path.
+func programParam(c *gin.Context) (keys.ID, bool) {
+	program, err := keys.ParseID(c.Param("program"))
+	if err != nil {
+		writeProblem(c, http.StatusBadRequest, "invalid-id", "program ids match [A-Za-z0-9_-]{1,64}", 0)
+		return program, false
+	}
+	return program, true
+}
+
+// putQueue handles PUT /v1/admin/programs/:program/queue: the program's
+// purchases, holds and carts go through its waiting room from now on.
+func (s *Server) putQueue(c *gin.Context) {
+	program, ok := programParam(c)
+	if !ok {
+		return
+	}
+	var b queueBody
+	if !s.decodeBody(c, &b) {
+		return
+	}
+	bad := func(detail string) { writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", detail, 0) }
+	switch {
+	case (b.OpensAt == nil) == (b.OpensInSeconds == nil):
+		bad("give opens_at (RFC 3339) or opens_in_seconds")
+		return
+	case b.RatePerSecond == nil || b.WindowSeconds == nil || b.PerRemaining == nil:
+		bad("rate_per_second, window_seconds and per_remaining are required")
+		return
+	case b.OpensInSeconds != nil && (*b.OpensInSeconds < 0 || *b.OpensInSeconds > 366*86400):
+		bad("opens_in_seconds must be 0..31622400")
+		return
+	case *b.WindowSeconds < 1 || *b.WindowSeconds > 86400:
+		bad("window_seconds must be 1..86400")
+		return
+	case math.IsNaN(*b.PerRemaining) || *b.PerRemaining < 0.001 || *b.PerRemaining > 1000:
+		bad("per_remaining must be 0.001..1000")
+		return
+	}
+	cfg := sale.QueueConfig{Program: program, Rate: *b.RatePerSecond, Window: time.Duration(*b.WindowSeconds) * time.Second,
+		PerRemaining: *b.PerRemaining}
+	if b.OpensAt != nil {
+		cfg.OpensAt = *b.OpensAt
+	} else {
+		cfg.OpensAt = time.Now().Add(time.Duration(*b.OpensInSeconds) * time.Second)
+	}
+	if b.JoinFrom != nil {
+		cfg.JoinFrom = *b.JoinFrom
+	}
+	got, err := s.sale.PutQueue(c.Request.Context(), cfg)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, queueViewOf(got))
+}
+
+// getQueue handles GET /v1/admin/programs/:program/queue.
+func (s *Server) getQueue(c *gin.Context) {
+	program, ok := programParam(c)
+	if !ok {
+		return
+	}
+	v, err := s.sale.Queue(c.Request.Context(), program)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	out := queueViewOf(v.QueueConfig)
+	out.Opened, out.Joined, out.Serving, out.Unused, out.Abandoned, out.SoldOut = v.Opened, v.Joined, v.Serving, v.Unused, v.Abandoned, v.SoldOut
+	c.JSON(http.StatusOK, out)
+}
+
+// deleteQueue handles DELETE /v1/admin/programs/:program/queue.
+func (s *Server) deleteQueue(c *gin.Context) {
+	program, ok := programParam(c)
+	if !ok {
+		return
+	}
+	if err := s.sale.DeleteQueue(c.Request.Context(), program); err != nil {
+		s.writeError(c, err)
+		return
+	}
+	c.Status(http.StatusNoContent)
+}
+
+// queueStatusView is where a buyer stands, as the API shows it.
+type queueStatusView struct {
+	Program            string     `json:"program"`
+	Buyer              string     `json:"buyer"`
+	Ticket             string     `json:"ticket"`
+	State              string     `json:"state"`
+	Position           int64      `json:"position,omitempty"`
+	Ahead              *int64     `json:"ahead,omitempty"`
+	WaitSeconds        int64      `json:"estimated_wait_seconds"`
+	AdmissionToken     string     `json:"admission_token,omitempty"`
+	OpensAt            time.Time  `json:"opens_at"`
+	RetryAfterSeconds  int64      `json:"retry_after_seconds,omitempty"`
+	AdmissionExpiresAt *time.Time `json:"-"`
+}
+
+func (s *Server) writeQueueStatus(c *gin.Context, status int, st sale.QueueStatus) {
+	v := queueStatusView{Program: st.Program.String(), Buyer: st.Buyer.String(), Ticket: st.Ticket, State: st.State,
+		Position: st.Position, WaitSeconds: int64(max(st.Wait, 0) / time.Second), AdmissionToken: st.Admission, OpensAt: st.OpensAt.UTC()}
+	if st.State == sale.QueueWaiting && st.Position > 0 {
+		ahead := st.Ahead
+		v.Ahead = &ahead
+	}
+	if st.RetryAfter > 0 {
+		secs := int64((st.RetryAfter + time.Second - 1) / time.Second)
+		v.RetryAfterSeconds = secs
+		c.Header("Retry-After", strconv.FormatInt(secs, 10))
+	}
+	c.JSON(status, v)
+}
+
+// joinQueue handles POST /v1/programs/:program/queue {"buyer": ...}: 201
+// with the buyer's new place and ticket, 200 with the one it has.
+func (s *Server) joinQueue(c *gin.Context) {
+	program, ok := programParam(c)
+	if !ok {
+		return
+	}
+	var body ownerBody
+	if !s.decodeBody(c, &body) {
+		return
+	}
+	buyer, ok := buyerField(c, body.Buyer)
+	if !ok {
+		return
+	}
+	st, created, err := s.sale.JoinQueue(c.Request.Context(), program, buyer)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+	}
+	s.writeQueueStatus(c, status, st)
+}
+
+// checkQueue handles GET /v1/programs/:program/queue/:ticket: where the
+// ticket's holder stands, answered from memory.
+func (s *Server) checkQueue(c *gin.Context) {
+	program, ok := programParam(c)
+	if !ok {
+		return
+	}
+	st, err := s.sale.QueueCheck(c.Request.Context(), program, c.Param("ticket"))
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	s.writeQueueStatus(c, http.StatusOK, st)
+}

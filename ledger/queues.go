@@ -1,0 +1,162 @@
+package ledger
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// A program's waiting room (queue) is configured here, durable across
+// Redis losses; its line (positions, the serving counter) lives in Redis.
+
+// QueueConfig is a program's waiting room.
+type QueueConfig struct {
+	Program keys.ID
+	// OpensAt is when admission starts; JoinFrom is when buyers may join
+	// (at or before OpensAt): those who join before OpensAt are put in a
+	// random order, those after it in the order they come.
+	OpensAt  time.Time
+	JoinFrom time.Time
+	// Rate is the most buyers admitted per second.
+	Rate int64
+	// Window is how long an admitted buyer may take to buy.
+	Window time.Duration
+	// PerRemaining is how many admitted buyers who have not bought yet may
+	// exist per ticket left, in thousandths (1500: 1.5 per ticket).
+	PerRemaining int64
+	// Secret signs the queue's tickets and admission tokens (hex, made by
+	// the ledger when the queue is created, and kept).
+	Secret string
+}
+
+// Validate reports what is wrong with c.
+func (c QueueConfig) Validate() error {
+	switch {
+	case c.Program.IsZero():
+		return fmt.Errorf("%w: missing program", stock.ErrInvalid)
+	case c.OpensAt.IsZero() || c.OpensAt.Year() < 2000:
+		return fmt.Errorf("%w: opens_at is required", stock.ErrInvalid)
+	case c.JoinFrom.After(c.OpensAt):
+		return fmt.Errorf("%w: join_from after opens_at", stock.ErrInvalid)
+	case c.Rate < 1 || c.Rate > 1_000_000:
+		return fmt.Errorf("%w: rate %d not in 1..1000000 per second", stock.ErrInvalid, c.Rate)
+	case c.Window < time.Second || c.Window > 24*time.Hour:
+		return fmt.Errorf("%w: window %v not in 1s..24h", stock.ErrInvalid, c.Window)
+	case c.PerRemaining < 1 || c.PerRemaining > 1_000_000:
+		return fmt.Errorf("%w: per_remaining %d not in 1..1000000 thousandths", stock.ErrInvalid, c.PerRemaining)
+	}
+	return nil
+}
+
+func queueTables(driver string) string {
+	return `CREATE TABLE IF NOT EXISTS queues (
+	program       TEXT   PRIMARY KEY,
+	opens_at      BIGINT NOT NULL,
+	join_from     BIGINT NOT NULL,
+	rate          BIGINT NOT NULL,
+	window_ms     BIGINT NOT NULL,
+	per_remaining BIGINT NOT NULL,
+	secret        TEXT   NOT NULL
+);
+`
+}
+
+// PutQueue turns a program's waiting room on, or changes it (its secret
+// stays what it was).
+func (l *Ledger) PutQueue(ctx context.Context, c QueueConfig) (QueueConfig, error) {
+	if err := c.Validate(); err != nil {
+		return c, err
+	}
+	if c.JoinFrom.IsZero() {
+		c.JoinFrom = c.OpensAt
+	}
+	var b [32]byte
+	_, _ = rand.Read(b[:])
+	err := l.db.QueryRowContext(ctx, `INSERT INTO queues (program, opens_at, join_from, rate, window_ms, per_remaining, secret)
+		VALUES ($1, $2, $3, $4, $5, $6, $7)
+		ON CONFLICT (program) DO UPDATE SET opens_at = excluded.opens_at, join_from = excluded.join_from, rate = excluded.rate,
+			window_ms = excluded.window_ms, per_remaining = excluded.per_remaining
+		RETURNING secret`, c.Program, c.OpensAt.UnixMilli(), c.JoinFrom.UnixMilli(), c.Rate, c.Window.Milliseconds(),
+		c.PerRemaining, hex.EncodeToString(b[:])).Scan(&c.Secret)
+	if err != nil {
+		return c, fmt.Errorf("ledger: put queue: %w", err)
+	}
+	return l.Queue(ctx, c.Program)
+}
+
+// Queue returns a program's waiting room, or ErrNotFound.
+func (l *Ledger) Queue(ctx context.Context, program keys.ID) (QueueConfig, error) {
+	c := QueueConfig{Program: program}
+	var opens, from, window int64
+	err := l.db.QueryRowContext(ctx, `SELECT opens_at, join_from, rate, window_ms, per_remaining, secret FROM queues WHERE program = $1`,
+		program).Scan(&opens, &from, &c.Rate, &window, &c.PerRemaining, &c.Secret)
+	if errors.Is(err, sql.ErrNoRows) {
+		return c, ErrNotFound
+	}
+	if err != nil {
+		return c, fmt.Errorf("ledger: queue: %w", err)
+	}
+	c.OpensAt, c.JoinFrom, c.Window = time.UnixMilli(opens).UTC(), time.UnixMilli(from).UTC(), time.Duration(window)*time.Millisecond
+	return c, nil
+}
+
+// DeleteQueue turns a program's waiting room off; false when it had none.
+func (l *Ledger) DeleteQueue(ctx context.Context, program keys.ID) (bool, error) {
+	res, err := l.db.ExecContext(ctx, `DELETE FROM queues WHERE program = $1`, program)
+	if err != nil {
+		return false, fmt.Errorf("ledger: delete queue: %w", err)
+	}
+	n, _ := res.RowsAffected()
+	return n == 1, nil
+}
+
+// QueuedPrograms lists the programs with a waiting room (for the pacer).
+func (l *Ledger) QueuedPrograms(ctx context.Context) ([]QueueConfig, error) {
+	rows, err := l.db.QueryContext(ctx, `SELECT program FROM queues ORDER BY program`)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: queued programs: %w", err)
+	}
+	var ids []keys.ID
+	for rows.Next() {
+		var p keys.ID
+		if err := rows.Scan(&p); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("ledger: queued programs: %w", err)
+		}
+		ids = append(ids, p)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("ledger: queued programs: %w", err)
+	}
+	out := make([]QueueConfig, 0, len(ids))
+	for _, p := range ids {
+		c, err := l.Queue(ctx, p)
+		if err != nil && !errors.Is(err, ErrNotFound) {
+			return nil, err
+		}
+		if err == nil {
+			out = append(out, c)
+		}
+	}
+	return out, nil
+}
+
+// ProgramRemaining is what is left to sell of a program: every ticket's
+// (and pool's) total - sold - held, of the sales that have not ended.
+func (l *Ledger) ProgramRemaining(ctx context.Context, program keys.ID) (int64, error) {
+	var n int64
+	err := l.db.QueryRowContext(ctx, `SELECT COALESCE(SUM(total - sold - held), 0) FROM skus WHERE program = $1 AND ended_at = 0`,
+		program).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("ledger: program remaining: %w", err)
+	}
+	return n, nil
+}

@@ -1,0 +1,61 @@
+-- queue_advance: the pacer's step: admit the next buyers of the line as
+-- far as the rate and the stock allow.
+--
+-- KEYS[1]  the line's counters (hash)
+-- KEYS[2]  batches by time (zset: score the advance's time, member its
+--          end position)
+-- KEYS[3]  batches by end position (zset: score the end position, member
+--          "end:time")
+-- KEYS[4]  spent positions (zset: score the position)
+-- ARGV[1]  now, Unix ms
+-- ARGV[2]  opening time, Unix ms
+-- ARGV[3]  most to admit in this step (the rate's share)
+-- ARGV[4]  how many admitted buyers who have not bought may exist now
+--          (the tickets left times the factor)
+-- ARGV[5]  the admission window, ms
+-- ARGV[6]  1 when nothing is left to sell (the line closes), else 0
+--
+-- Admitted-but-unused are the buyers admitted within the window who have
+-- not spent their token; buyers admitted before the window who never
+-- spent it have abandoned.
+--
+-- Returns {1, serving, unused, abandoned, joined}; -2 bad argument.
+local now, opens = int(ARGV[1], 0, 1e15), int(ARGV[2], 0, 1e15)
+local most, cap = int(ARGV[3], 0, 1e12), int(ARGV[4], 0, 1e15)
+local window, soldout = int(ARGV[5], 1, 1e12), int(ARGV[6], 0, 1)
+if not now or not opens or not most or not cap or not window or not soldout then return {-2} end
+local frozen = redis.call('HGET', KEYS[1], 'frozen')
+if not frozen and now >= opens then
+  frozen = redis.call('HGET', KEYS[1], 'pre') or '0'
+  redis.call('HSET', KEYS[1], 'frozen', frozen)
+end
+local joined = tonumber(frozen or 0) + tonumber(redis.call('HGET', KEYS[1], 'post') or 0)
+local serving = tonumber(redis.call('HGET', KEYS[1], 'serving') or 0)
+local before = now - window
+local last = redis.call('ZREVRANGEBYSCORE', KEYS[2], before, '-inf', 'LIMIT', 0, 1)
+local old = 0
+if #last > 0 then old = tonumber(last[1]) end
+local unused = serving - old - redis.call('ZCOUNT', KEYS[4], '(' .. old, '+inf')
+local abandoned = old - redis.call('ZCOUNT', KEYS[4], '-inf', old)
+redis.call('HSET', KEYS[1], 'soldout', soldout)
+if frozen and soldout == 0 then
+  local allowed = math.min(most, cap - unused, joined - serving)
+  if allowed > 0 then
+    serving = serving + allowed
+    unused = unused + allowed
+    redis.call('HSET', KEYS[1], 'serving', serving)
+    redis.call('ZADD', KEYS[2], now, serving)
+    redis.call('ZADD', KEYS[3], serving, serving .. ':' .. now)
+  end
+end
+-- Keep the batches of the window and the last one before it.
+local older = redis.call('ZCOUNT', KEYS[2], '-inf', before)
+if older > 1 then
+  local gone = redis.call('ZRANGE', KEYS[2], 0, older - 2)
+  redis.call('ZREMRANGEBYRANK', KEYS[2], 0, older - 2)
+  for _, e in ipairs(gone) do
+    redis.call('ZREMRANGEBYSCORE', KEYS[3], e, e)
+  end
+end
+redis.call('HSET', KEYS[1], 'unused', unused, 'abandoned', abandoned)
+return {1, serving, unused, abandoned, joined}

@@ -462,6 +462,9 @@ func (c *Client) once(ctx context.Context, method, path, key string, admin bool,
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
 	}
+	if t, _ := ctx.Value(admissionKey{}).(string); t != "" {
+		req.Header.Set("Admission-Token", t)
+	}
 	if admin && c.opts.AdminToken != "" {
 		req.Header.Set("Authorization", "Bearer "+c.opts.AdminToken)
 	}

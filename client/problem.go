@@ -79,6 +79,13 @@ var (
 	ErrCodeUsedUp        = kind("access-code-used-up")     // 409
 	ErrNotSoldOut        = kind("not-sold-out")            // 409: stock is left; buy it instead of waiting
 	ErrNotOnWaitlist     = kind("not-on-waitlist")         // 404
+	ErrNoQueue           = kind("no-queue")                // 404: the program has no waiting room
+	ErrQueueNotOpen      = kind("queue-not-open")          // 409
+	ErrQueueTicket       = kind("invalid-queue-ticket")    // 400
+	ErrAdmissionRequired = kind("admission-required")      // 403: join the waiting room
+	ErrAdmissionInvalid  = kind("admission-invalid")       // 403
+	ErrAdmissionUsed     = kind("admission-used")          // 409: one order per admission
+	ErrAdmissionExpired  = kind("admission-expired")       // 410
 	ErrWaitOffered       = kind("waitlist-offered")        // 409: a live offer; confirm or cancel its hold
 	ErrSeatsTaken        = kind("seats-taken")             // 409: Detail names the seats
 	ErrNoAdjacent        = kind("no-adjacent-seats")

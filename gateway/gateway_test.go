@@ -66,6 +66,7 @@ type envOptions struct {
 	drift   bool // run the drift check
 	sweep   bool // run the hold sweeper
 	relay   bool // run the outbox relay (configure its sinks with tune)
+	pacer   bool // run the waiting rooms' pacer
 	tune    func(*app.Options)
 }
 
@@ -102,7 +103,7 @@ func startEnv(t *testing.T, o envOptions) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { a.Close() })
-	a.Start(app.Loops{Drift: o.drift, Sweep: o.sweep, Notices: true, Relay: o.relay})
+	a.Start(app.Loops{Drift: o.drift, Sweep: o.sweep, Notices: true, Relay: o.relay, Pacer: o.pacer})
 	a.Server.SetReady(true)
 	hs := httptest.NewServer(a.Server.Handler())
 	t.Cleanup(hs.Close)

@@ -1,0 +1,95 @@
+package client
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"time"
+)
+
+// QueueStatus is where a buyer stands in a program's waiting room.
+type QueueStatus struct {
+	Program string `json:"program"`
+	Buyer   string `json:"buyer"`
+	// Ticket is the signed queue ticket to check with (CheckQueue).
+	Ticket string `json:"ticket"`
+	// State: waiting, admitted (AdmissionToken lets one order through:
+	// WithAdmission), or sold-out.
+	State             string    `json:"state"`
+	Position          int64     `json:"position,omitempty"`
+	Ahead             int64     `json:"ahead,omitempty"`
+	WaitSeconds       int64     `json:"estimated_wait_seconds"`
+	AdmissionToken    string    `json:"admission_token,omitempty"`
+	OpensAt           time.Time `json:"opens_at"`
+	RetryAfterSeconds int64     `json:"retry_after_seconds,omitempty"`
+}
+
+// QueueConfig is a program's waiting room (admin).
+type QueueConfig struct {
+	OpensAt        *time.Time `json:"opens_at,omitempty"`
+	OpensInSeconds *int64     `json:"opens_in_seconds,omitempty"`
+	JoinFrom       *time.Time `json:"join_from,omitempty"`
+	RatePerSecond  int64      `json:"rate_per_second"`
+	WindowSeconds  int64      `json:"window_seconds"`
+	PerRemaining   float64    `json:"per_remaining"`
+}
+
+// Queue is a waiting room and its line (admin).
+type Queue struct {
+	Program        string    `json:"program"`
+	OpensAt        time.Time `json:"opens_at"`
+	JoinFrom       time.Time `json:"join_from"`
+	RatePerSecond  int64     `json:"rate_per_second"`
+	WindowSeconds  int64     `json:"window_seconds"`
+	PerRemaining   float64   `json:"per_remaining"`
+	Opened         bool      `json:"opened"`
+	Joined         int64     `json:"joined"`
+	Serving        int64     `json:"serving"`
+	AdmittedUnused int64     `json:"admitted_unused"`
+	Abandoned      int64     `json:"abandoned"`
+	SoldOut        bool      `json:"sold_out"`
+}
+
+// PutQueue turns a program's waiting room on, or changes it (admin).
+func (c *Client) PutQueue(ctx context.Context, program string, q QueueConfig) (Queue, error) {
+	var out Queue
+	_, err := c.call(ctx, http.MethodPut, "/v1/admin/programs/"+url.PathEscape(program)+"/queue", "", true, q, &out)
+	return out, err
+}
+
+// GetQueue reads a program's waiting room and its line (admin).
+func (c *Client) GetQueue(ctx context.Context, program string) (Queue, error) {
+	var out Queue
+	_, err := c.call(ctx, http.MethodGet, "/v1/admin/programs/"+url.PathEscape(program)+"/queue", "", true, nil, &out)
+	return out, err
+}
+
+// DeleteQueue turns a program's waiting room off (admin).
+func (c *Client) DeleteQueue(ctx context.Context, program string) error {
+	_, err := c.call(ctx, http.MethodDelete, "/v1/admin/programs/"+url.PathEscape(program)+"/queue", "", true, nil, nil)
+	return err
+}
+
+// JoinQueue gives buyer its one place in program's waiting room (again:
+// the same place) and the ticket to check it with.
+func (c *Client) JoinQueue(ctx context.Context, program, buyer string) (QueueStatus, error) {
+	var out QueueStatus
+	_, err := c.call(ctx, http.MethodPost, "/v1/programs/"+url.PathEscape(program)+"/queue", "", false,
+		map[string]any{"buyer": buyer}, &out)
+	return out, err
+}
+
+// CheckQueue reads where the holder of ticket stands.
+func (c *Client) CheckQueue(ctx context.Context, program, ticket string) (QueueStatus, error) {
+	var out QueueStatus
+	_, err := c.call(ctx, http.MethodGet, "/v1/programs/"+url.PathEscape(program)+"/queue/"+url.PathEscape(ticket), "", false, nil, &out)
+	return out, err
+}
+
+type admissionKey struct{}
+
+// WithAdmission returns ctx whose purchases, holds and carts carry token,
+// the waiting room's admission (the Admission-Token header).
+func WithAdmission(ctx context.Context, token string) context.Context {
+	return context.WithValue(ctx, admissionKey{}, token)
+}

@@ -1,0 +1,207 @@
+package gateway_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/stock"
+)
+
+type queueReply struct {
+	Ticket    string `json:"ticket"`
+	State     string `json:"state"`
+	Position  int64  `json:"position"`
+	Ahead     *int64 `json:"ahead"`
+	Admission string `json:"admission_token"`
+}
+
+func (e *env) queueJoin(t *testing.T, program keys.ID, buyer string) (reply, queueReply) {
+	r := e.do(t, http.MethodPost, "/v1/programs/"+program.String()+"/queue", nil, fmt.Sprintf(`{"buyer":%q}`, buyer))
+	var q queueReply
+	_ = json.Unmarshal(r.body, &q)
+	return r, q
+}
+
+func (e *env) queueCheck(t *testing.T, program keys.ID, ticket string) (reply, queueReply) {
+	r := e.do(t, http.MethodGet, "/v1/programs/"+program.String()+"/queue/"+ticket, nil, "")
+	var q queueReply
+	_ = json.Unmarshal(r.body, &q)
+	return r, q
+}
+
+func (e *env) buyAdmitted(t *testing.T, sku stock.SKU, key, buyer, token string) reply {
+	return e.do(t, http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/purchases",
+		map[string]string{"Idempotency-Key": key, "Admission-Token": token}, fmt.Sprintf(`{"buyer":%q,"quantity":1}`, buyer))
+}
+
+// 300 buyers in the waiting room of 40 tickets on two replicas (each
+// running the pacer; one paces at a time), a third of those admitted
+// walking away: every ticket sold, each only with a spent token; buyers
+// admitted in place order, never more waiting to buy than the tickets
+// left allow; once sold out, nobody admitted and every waiting buyer told
+// so; tokens forged, another buyer's, reused or missing refused with
+// their problem, moving nothing.
+func TestQueueAdmitsInOrderUntilSoldOut(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		dsn := ledgerDSN(t, driver)
+		a := startEnv(t, envOptions{driver: driver, dsn: dsn, pacer: true})
+		b := startEnv(t, envOptions{driver: driver, dsn: dsn, pacer: true})
+		sku := newSKU(t)
+		const total, buyers = 40, 300
+		a.putSKU(t, sku, total, 2, 4)
+		if r := a.do(t, http.MethodPut, "/v1/admin/programs/"+sku.Program.String()+"/queue", nil,
+			`{"opens_in_seconds":0,"rate_per_second":200,"window_seconds":3,"per_remaining":1}`); r.status != http.StatusOK {
+			t.Fatalf("PUT queue = %d %s", r.status, r.body)
+		}
+		// Without a token, nothing sells.
+		if r := a.buy(t, sku, "no-token", "x", 1); r.status != http.StatusForbidden || problemKind(r) != "admission-required" {
+			t.Fatalf("purchase without admission = %d %s", r.status, r.body)
+		}
+		tickets := make([]string, buyers)
+		positions := map[int64]int{}
+		for i := range buyers {
+			e := []*env{a, b}[i%2]
+			r, q := e.queueJoin(t, sku.Program, fmt.Sprintf("u%d", i))
+			if r.status != http.StatusCreated || q.Ticket == "" {
+				t.Fatalf("join %d = %d %s", i, r.status, r.body)
+			}
+			tickets[i] = q.Ticket
+			if q.State != "admitted" {
+				positions[q.Position]++
+			}
+		}
+		if r, q := b.queueJoin(t, sku.Program, "u7"); r.status != http.StatusOK || q.Ticket != tickets[7] {
+			t.Fatalf("join again = %d %s", r.status, r.body)
+		}
+		// Forged and altered tickets.
+		for _, bad := range []string{"nope", tickets[3] + "x", strings.Replace(tickets[3], "u3", "u4", 1)} {
+			if r, _ := a.queueCheck(t, sku.Program, bad); r.status != http.StatusBadRequest || problemKind(r) != "invalid-queue-ticket" {
+				t.Errorf("check of %q = %d %s", bad, r.status, r.body)
+			}
+		}
+		ctx := context.Background()
+		var mu sync.Mutex
+		sold, walked := 0, 0
+		admittedAt := map[int]int64{} // buyer → position admitted at
+		forgedTried := false
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			if time.Now().After(deadline) {
+				t.Fatalf("sold %d of %d after 60s", sold, total)
+			}
+			done := true
+			for i := range buyers {
+				if _, ok := admittedAt[i]; ok {
+					continue
+				}
+				e := []*env{a, b}[i%2]
+				r, q := e.queueCheck(t, sku.Program, tickets[i])
+				if r.status != http.StatusOK {
+					t.Fatalf("check %d = %d %s", i, r.status, r.body)
+				}
+				switch q.State {
+				case "waiting":
+					done = false
+					if r.header.Get("Retry-After") == "" {
+						t.Fatalf("waiting without Retry-After: %s", r.body)
+					}
+				case "admitted":
+					admittedAt[i] = q.Position
+					buyer := fmt.Sprintf("u%d", i)
+					if !forgedTried {
+						forgedTried = true
+						other := fmt.Sprintf("u%d", (i+1)%buyers)
+						if r := e.buyAdmitted(t, sku, "f-"+buyer, other, q.Admission); r.status != http.StatusForbidden || problemKind(r) != "admission-invalid" {
+							t.Fatalf("another buyer's token = %d %s", r.status, r.body)
+						}
+						if r := e.buyAdmitted(t, sku, "g-"+buyer, buyer, q.Admission[:len(q.Admission)-3]+"AAA"); r.status != http.StatusForbidden {
+							t.Fatalf("forged token = %d %s", r.status, r.body)
+						}
+					}
+					if i%3 == 0 {
+						walked++ // abandons
+						continue
+					}
+					r := e.buyAdmitted(t, sku, "k-"+buyer, buyer, q.Admission)
+					switch r.status {
+					case http.StatusCreated:
+						mu.Lock()
+						sold++
+						mu.Unlock()
+						if r2 := e.buyAdmitted(t, sku, "k2-"+buyer, buyer, q.Admission); r2.status != http.StatusConflict || problemKind(r2) != "admission-used" {
+							t.Fatalf("second order on one token = %d %s", r2.status, r2.body)
+						}
+						if r3 := e.buyAdmitted(t, sku, "k-"+buyer, buyer, q.Admission); r3.status != http.StatusCreated || r3.header.Get("Idempotent-Replayed") != "true" {
+							t.Fatalf("retry of the order = %d %s", r3.status, r3.body)
+						}
+					case http.StatusConflict:
+						if problemKind(r) != "sold-out" {
+							t.Fatalf("admitted purchase = %d %s", r.status, r.body)
+						}
+					default:
+						t.Fatalf("admitted purchase = %d %s", r.status, r.body)
+					}
+				case "sold-out":
+				default:
+					t.Fatalf("check %d: %s", i, r.body)
+				}
+			}
+			if done {
+				break
+			}
+		}
+		st, err := a.ledger.SKU(ctx, sku)
+		if err != nil || st.Sold != total || sold != total {
+			t.Fatalf("sold %d (ledger %+v %v), want %d", sold, st, err, total)
+		}
+		// Admitted in place order (every admitted place at or under the
+		// serving counter, every place told sold-out above it), never more
+		// than sold + walked away + the slack (per_remaining x tickets).
+		var q struct {
+			Serving, Joined int64
+			SoldOut         bool `json:"sold_out"`
+		}
+		r := a.do(t, http.MethodGet, "/v1/admin/programs/"+sku.Program.String()+"/queue", nil, "")
+		if err := json.Unmarshal(r.body, &q); err != nil || r.status != http.StatusOK {
+			t.Fatalf("GET queue = %d %s", r.status, r.body)
+		}
+		if !q.SoldOut || q.Joined != buyers || int(q.Serving) != len(admittedAt) || int(q.Serving) > total+walked+total {
+			t.Fatalf("queue %+v: %d admitted, %d sold, %d walked away", q, len(admittedAt), sold, walked)
+		}
+		for i, pos := range admittedAt {
+			if pos > q.Serving {
+				t.Fatalf("buyer %d admitted at %d past serving %d", i, pos, q.Serving)
+			}
+		}
+		for pos, n := range positions {
+			if n != 1 && pos != 0 {
+				t.Fatalf("position %d given %d times", pos, n)
+			}
+		}
+		// Nobody admitted after the sold-out: every other buyer still reads
+		// sold-out, from a place past the counter, which has not moved.
+		for i := range buyers {
+			if _, ok := admittedAt[i]; ok {
+				continue
+			}
+			r, got := []*env{a, b}[i%2].queueCheck(t, sku.Program, tickets[i])
+			if r.status != http.StatusOK || got.State != "sold-out" || got.Position <= q.Serving {
+				t.Fatalf("buyer %d after the sold-out: %d %s (serving %d)", i, r.status, r.body, q.Serving)
+			}
+		}
+		r2 := b.do(t, http.MethodGet, "/v1/admin/programs/"+sku.Program.String()+"/queue", nil, "")
+		var q2 struct{ Serving int64 }
+		_ = json.Unmarshal(r2.body, &q2)
+		if q2.Serving != q.Serving {
+			t.Fatalf("serving moved from %d to %d after the sold-out", q.Serving, q2.Serving)
+		}
+		t.Logf("%d buyers, %d tickets: %d admitted, %d walked away, %d sold", buyers, total, q.Serving, walked, sold)
+	})
+}

@@ -82,7 +82,7 @@ vet:
 
 # Everything, with the race detector, against real servers the tests start;
 # then a short run of each fuzz target (their seed inputs already ran above).
-test: deps-redis deps-postgres deps-pgbouncer deps-promtool vet
+test: deps-redis deps-postgres deps-pgbouncer deps-promtool deps-chromium vet
 	$(GO) test -race -count=1 -timeout 15m ./...
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=1000x
 

@@ -1,9 +1,12 @@
 package gateway
 
 import (
+	_ "embed"
+	"encoding/json"
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -20,6 +23,7 @@ type queueBody struct {
 	WindowSeconds  *int64     `json:"window_seconds"`
 	PerRemaining   *float64   `json:"per_remaining"`
 	OpensInSeconds *int64     `json:"opens_in_seconds"` // instead of opens_at: from now
+	CheckoutURL    string     `json:"checkout_url"`
 }
 
 // queueView is a waiting room and its line, for admin.
@@ -30,6 +34,7 @@ type queueView struct {
 	RatePerSecond int64     `json:"rate_per_second"`
 	WindowSeconds int64     `json:"window_seconds"`
 	PerRemaining  float64   `json:"per_remaining"`
+	CheckoutURL   string    `json:"checkout_url,omitempty"`
 	Opened        bool      `json:"opened"`
 	Joined        int64     `json:"joined"`
 	Serving       int64     `json:"serving"`
@@ -40,7 +45,7 @@ type queueView struct {
 
 func queueViewOf(c sale.QueueConfig) queueView {
 	return queueView{Program: c.Program.String(), OpensAt: c.OpensAt.UTC(), JoinFrom: c.JoinFrom.UTC(), RatePerSecond: c.Rate,
-		WindowSeconds: int64(c.Window / time.Second), PerRemaining: c.PerRemaining}
+		WindowSeconds: int64(c.Window / time.Second), PerRemaining: c.PerRemaining, CheckoutURL: c.CheckoutURL}
 }
 
 // programParam parses the :program of the path.
@@ -83,7 +88,7 @@ func (s *Server) putQueue(c *gin.Context) {
 		return
 	}
 	cfg := sale.QueueConfig{Program: program, Rate: *b.RatePerSecond, Window: time.Duration(*b.WindowSeconds) * time.Second,
-		PerRemaining: *b.PerRemaining}
+		PerRemaining: *b.PerRemaining, CheckoutURL: b.CheckoutURL}
 	if b.OpensAt != nil {
 		cfg.OpensAt = *b.OpensAt
 	} else {
@@ -199,4 +204,31 @@ func (s *Server) checkQueue(c *gin.Context) {
 		return
 	}
 	s.writeQueueStatus(c, http.StatusOK, st)
+}
+
+//go:embed page/queue.html
+var queuePage string
+
+// queuePageHandler handles GET /queue/:program?buyer=…: the waiting
+// room's page. It joins the line, shows the place and a progress bar,
+// checks again when Retry-After says, and sends the buyer on to the
+// program's checkout URL with the admission token once admitted, or says
+// sold out.
+func (s *Server) queuePageHandler(c *gin.Context) {
+	program, ok := programParam(c)
+	if !ok {
+		return
+	}
+	checkout, err := s.sale.QueuePage(c.Request.Context(), program)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	// The URL goes into a script as a JSON string: json.Marshal escapes
+	// <, > and & too, so it cannot end the script.
+	quoted, _ := json.Marshal(checkout)
+	page := strings.Replace(queuePage, `"{{CHECKOUT}}"`, string(quoted), 1)
+	c.Header("Cache-Control", "no-store")
+	c.Header("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'")
+	c.Data(http.StatusOK, "text/html; charset=utf-8", []byte(page))
 }

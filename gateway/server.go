@@ -262,6 +262,7 @@ func (s *Server) routes(set routeSet) (*gin.Engine, error) {
 		return e, nil
 	}
 	e.GET("/openapi.json", func(c *gin.Context) { c.Data(http.StatusOK, "application/json", OpenAPI) })
+	e.GET("/queue/:program", s.queuePageHandler)
 	v1.GET("/skus/:program/:ticket/stock", s.getStock)
 	v1.POST("/skus/:program/:ticket/purchases", s.purchase)
 	v1.POST("/skus/:program/:ticket/holds", s.postHold)

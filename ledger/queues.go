@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/url"
 	"time"
 
 	"github.com/stockgate/stockgate/keys"
@@ -34,6 +35,10 @@ type QueueConfig struct {
 	// Secret signs the queue's tickets and admission tokens (hex, made by
 	// the ledger when the queue is created, and kept).
 	Secret string
+	// CheckoutURL is where the waiting room's page sends an admitted
+	// buyer, with admission_token and buyer added to its query ("": the
+	// page shows the token).
+	CheckoutURL string
 }
 
 // Validate reports what is wrong with c.
@@ -51,6 +56,8 @@ func (c QueueConfig) Validate() error {
 		return fmt.Errorf("%w: window %v not in 1s..24h", stock.ErrInvalid, c.Window)
 	case c.PerRemaining < 1 || c.PerRemaining > 1_000_000:
 		return fmt.Errorf("%w: per_remaining %d not in 1..1000000 thousandths", stock.ErrInvalid, c.PerRemaining)
+	case c.CheckoutURL != "" && !validCheckout(c.CheckoutURL):
+		return fmt.Errorf("%w: checkout_url must be an absolute http(s) URL of at most 2048 bytes", stock.ErrInvalid)
 	}
 	return nil
 }
@@ -63,7 +70,8 @@ func queueTables(driver string) string {
 	rate          BIGINT NOT NULL,
 	window_ms     BIGINT NOT NULL,
 	per_remaining BIGINT NOT NULL,
-	secret        TEXT   NOT NULL
+	secret        TEXT   NOT NULL,
+	checkout_url  TEXT   NOT NULL DEFAULT ''
 );
 `
 }
@@ -79,12 +87,12 @@ func (l *Ledger) PutQueue(ctx context.Context, c QueueConfig) (QueueConfig, erro
 	}
 	var b [32]byte
 	_, _ = rand.Read(b[:])
-	err := l.db.QueryRowContext(ctx, `INSERT INTO queues (program, opens_at, join_from, rate, window_ms, per_remaining, secret)
-		VALUES ($1, $2, $3, $4, $5, $6, $7)
+	err := l.db.QueryRowContext(ctx, `INSERT INTO queues (program, opens_at, join_from, rate, window_ms, per_remaining, secret, checkout_url)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 		ON CONFLICT (program) DO UPDATE SET opens_at = excluded.opens_at, join_from = excluded.join_from, rate = excluded.rate,
-			window_ms = excluded.window_ms, per_remaining = excluded.per_remaining
+			window_ms = excluded.window_ms, per_remaining = excluded.per_remaining, checkout_url = excluded.checkout_url
 		RETURNING secret`, c.Program, c.OpensAt.UnixMilli(), c.JoinFrom.UnixMilli(), c.Rate, c.Window.Milliseconds(),
-		c.PerRemaining, hex.EncodeToString(b[:])).Scan(&c.Secret)
+		c.PerRemaining, hex.EncodeToString(b[:]), c.CheckoutURL).Scan(&c.Secret)
 	if err != nil {
 		return c, fmt.Errorf("ledger: put queue: %w", err)
 	}
@@ -95,8 +103,8 @@ func (l *Ledger) PutQueue(ctx context.Context, c QueueConfig) (QueueConfig, erro
 func (l *Ledger) Queue(ctx context.Context, program keys.ID) (QueueConfig, error) {
 	c := QueueConfig{Program: program}
 	var opens, from, window int64
-	err := l.db.QueryRowContext(ctx, `SELECT opens_at, join_from, rate, window_ms, per_remaining, secret FROM queues WHERE program = $1`,
-		program).Scan(&opens, &from, &c.Rate, &window, &c.PerRemaining, &c.Secret)
+	err := l.db.QueryRowContext(ctx, `SELECT opens_at, join_from, rate, window_ms, per_remaining, secret, checkout_url FROM queues
+		WHERE program = $1`, program).Scan(&opens, &from, &c.Rate, &window, &c.PerRemaining, &c.Secret, &c.CheckoutURL)
 	if errors.Is(err, sql.ErrNoRows) {
 		return c, ErrNotFound
 	}
@@ -159,4 +167,10 @@ func (l *Ledger) ProgramRemaining(ctx context.Context, program keys.ID) (int64, 
 		return 0, fmt.Errorf("ledger: program remaining: %w", err)
 	}
 	return n, nil
+}
+
+// validCheckout says u is an absolute http(s) URL of at most 2048 bytes.
+func validCheckout(u string) bool {
+	p, err := url.Parse(u)
+	return err == nil && len(u) <= 2048 && (p.Scheme == "http" || p.Scheme == "https") && p.Host != ""
 }

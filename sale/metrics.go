@@ -24,6 +24,9 @@ type metrics struct {
 	queueJoins     prometheus.Counter
 	queueAdmitted  prometheus.Counter
 	queueUnused    prometheus.Gauge
+	queueWaiting   prometheus.Gauge
+	queueLeft      prometheus.Gauge
+	queueAbandoned prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -87,7 +90,19 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		queueUnused: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "stockgate_queue_admitted_unused",
-			Help: "Admitted buyers within their window who have not bought, at this gateway's pacer's last step (one program's).",
+			Help: "Admitted buyers within their window who have not bought, over the programs this gateway paces.",
+		}),
+		queueWaiting: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "stockgate_queue_waiting",
+			Help: "Buyers in line not admitted yet, over the programs this gateway paces (the length of the line).",
+		}),
+		queueLeft: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "stockgate_queue_stock_left",
+			Help: "Tickets left to sell, over the programs with a line that this gateway paces.",
+		}),
+		queueAbandoned: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "stockgate_queue_abandoned",
+			Help: "Admitted buyers whose window passed without a purchase, over the programs this gateway paces.",
 		}),
 		waitJoins: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "stockgate_waitlist_joins_total",
@@ -98,7 +113,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Holds this gateway's sweeper expired and gave back.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes, m.seatDrift, m.seatRepairs, m.poolRefusals, m.poolMoved, m.waitJoins, m.queueJoins, m.queueAdmitted, m.queueUnused} {
+	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes, m.seatDrift, m.seatRepairs, m.poolRefusals, m.poolMoved, m.waitJoins, m.queueJoins, m.queueAdmitted, m.queueUnused, m.queueWaiting, m.queueLeft, m.queueAbandoned} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

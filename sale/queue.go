@@ -31,6 +31,8 @@ type QueueConfig struct {
 	// PerRemaining is how many admitted buyers who have not bought yet may
 	// exist per ticket left (1.5: half again as many as there are tickets).
 	PerRemaining float64
+	// CheckoutURL is where the waiting room's page sends an admitted buyer.
+	CheckoutURL string
 }
 
 // Queue states a buyer's check answers.
@@ -72,7 +74,7 @@ type QueueView struct {
 
 func queueOfLedger(c ledger.QueueConfig) QueueConfig {
 	return QueueConfig{Program: c.Program, OpensAt: c.OpensAt, JoinFrom: c.JoinFrom, Rate: c.Rate, Window: c.Window,
-		PerRemaining: float64(c.PerRemaining) / 1000}
+		PerRemaining: float64(c.PerRemaining) / 1000, CheckoutURL: c.CheckoutURL}
 }
 
 // PutQueue turns a program's waiting room on, or changes it.
@@ -81,7 +83,7 @@ func (s *Service) PutQueue(ctx context.Context, c QueueConfig) (QueueConfig, err
 		return c, refuse(ErrNoQueue, "")
 	}
 	lc := ledger.QueueConfig{Program: c.Program, OpensAt: c.OpensAt, JoinFrom: c.JoinFrom, Rate: c.Rate, Window: c.Window,
-		PerRemaining: int64(c.PerRemaining*1000 + 0.5)}
+		PerRemaining: int64(c.PerRemaining*1000 + 0.5), CheckoutURL: c.CheckoutURL}
 	if lc.JoinFrom.IsZero() {
 		lc.JoinFrom = lc.OpensAt
 	}
@@ -280,6 +282,7 @@ func (s *Service) RunPacer(ctx context.Context) {
 			continue
 		}
 		live := map[keys.ID]bool{}
+		var sum paced
 		for _, c := range programs {
 			live[c.Program] = true
 			p := held[c.Program]
@@ -295,8 +298,12 @@ func (s *Service) RunPacer(ctx context.Context) {
 				p = &pacing{lease: lease, last: time.Now(), serving: -1}
 				held[c.Program] = p
 			}
-			s.pace(p.lease.Context(), c, p)
+			sum.add(s.pace(p.lease.Context(), c, p))
 		}
+		s.metrics.queueWaiting.Set(float64(sum.waiting))
+		s.metrics.queueLeft.Set(float64(sum.left))
+		s.metrics.queueUnused.Set(float64(sum.unused))
+		s.metrics.queueAbandoned.Set(float64(sum.abandoned))
 		for program, p := range held {
 			if !live[program] {
 				p.lease.Release(ctx)
@@ -323,9 +330,19 @@ type pacing struct {
 	serving int64 // the serving counter after the last step; -1 before the first
 }
 
+// paced is what a pacer step saw of a line, for the gauges.
+type paced struct{ waiting, left, unused, abandoned int64 }
+
+func (p *paced) add(q paced) {
+	p.waiting += q.waiting
+	p.left += q.left
+	p.unused += q.unused
+	p.abandoned += q.abandoned
+}
+
 // pace admits as many of c's line as the rate allows since the last step
 // and the stock allows now.
-func (s *Service) pace(ctx context.Context, c ledger.QueueConfig, p *pacing) {
+func (s *Service) pace(ctx context.Context, c ledger.QueueConfig, p *pacing) paced {
 	now := time.Now()
 	p.carry += float64(c.Rate) * min(now.Sub(p.last), time.Second).Seconds()
 	p.last = now
@@ -333,13 +350,13 @@ func (s *Service) pace(ctx context.Context, c ledger.QueueConfig, p *pacing) {
 	left, err := s.ledger.ProgramRemaining(ctx, c.Program)
 	if err != nil {
 		s.log.WarnContext(ctx, "pacer: stock left", "program", c.Program.String(), "err", err)
-		return
+		return paced{}
 	}
 	limit := int64(float64(left) * float64(c.PerRemaining) / 1000)
 	step, err := s.queue.Advance(ctx, c.Program, now, c.OpensAt, most, limit, c.Window, left == 0)
 	if err != nil {
 		s.log.WarnContext(ctx, "pacer: advance", "program", c.Program.String(), "err", err)
-		return
+		return paced{left: left}
 	}
 	if p.serving >= 0 && step.Serving > p.serving {
 		admitted := step.Serving - p.serving
@@ -347,9 +364,9 @@ func (s *Service) pace(ctx context.Context, c ledger.QueueConfig, p *pacing) {
 		p.carry -= float64(admitted)
 	}
 	p.serving = step.Serving
-	s.metrics.queueUnused.Set(float64(step.Unused))
 	// At most a second's worth carried: a lull does not store up a burst.
 	p.carry = min(max(p.carry, 0), float64(c.Rate))
+	return paced{waiting: max(step.Joined-step.Serving, 0), left: left, unused: step.Unused, abandoned: step.Abandoned}
 }
 
 // ttlCache keeps one value per program for a short time, loading it once
@@ -404,4 +421,11 @@ func (s *Service) admitted(ctx context.Context, a Ask, program keys.ID, r reques
 		return fail(err)
 	}
 	return s.take(ctx, w)
+}
+
+// QueuePage is what the waiting room's page of program needs: where it
+// sends an admitted buyer (ErrNoQueue when the program has none).
+func (s *Service) QueuePage(ctx context.Context, program keys.ID) (checkoutURL string, err error) {
+	c, err := s.queueConfig(ctx, program)
+	return c.CheckoutURL, err
 }

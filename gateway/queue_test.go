@@ -205,3 +205,55 @@ func TestQueueAdmitsInOrderUntilSoldOut(t *testing.T) {
 		t.Logf("%d buyers, %d tickets: %d admitted, %d walked away, %d sold", buyers, total, q.Serving, walked, sold)
 	})
 }
+
+// An admission token lapses with its window: a purchase after it gets 410
+// admission-expired and moves nothing; a token of another program, or a
+// program's purchase with a token when its room is turned off, behave as
+// documented.
+func TestQueueAdmissionExpires(t *testing.T) {
+	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
+	sku := newSKU(t)
+	e.putSKU(t, sku, 5, 1, 4)
+	path := "/v1/admin/programs/" + sku.Program.String() + "/queue"
+	if r := e.do(t, http.MethodPut, path, nil, `{"opens_in_seconds":0,"rate_per_second":100,"window_seconds":1,"per_remaining":2}`); r.status != http.StatusOK {
+		t.Fatalf("PUT queue = %d %s", r.status, r.body)
+	}
+	_, q := e.queueJoin(t, sku.Program, "ann")
+	var seen time.Time
+	waitFor(t, 10*time.Second, "ann admitted", func() bool {
+		_, q = e.queueCheck(t, sku.Program, q.Ticket)
+		seen = time.Now()
+		return q.State == "admitted"
+	})
+	// Admitted at or before seen: the window is over a second after it.
+	for time.Now().Before(seen.Add(1200 * time.Millisecond)) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if r := e.buyAdmitted(t, sku, "late", "ann", q.Admission); r.status != http.StatusGone || problemKind(r) != "admission-expired" {
+		t.Fatalf("purchase after the window = %d %s", r.status, r.body)
+	}
+	if st := e.state(t, sku); st.Sold != 0 || st.RedisRemaining != 5 {
+		t.Fatalf("an expired token moved stock: %+v", st)
+	}
+	// Turned off: the program sells without admission.
+	if r := e.do(t, http.MethodDelete, path, nil, ""); r.status != http.StatusNoContent {
+		t.Fatalf("DELETE queue = %d %s", r.status, r.body)
+	}
+	waitFor(t, 5*time.Second, "a purchase without admission", func() bool {
+		return e.buy(t, sku, fmt.Sprintf("free-%d", time.Now().UnixNano()), "bob", 1).status == http.StatusCreated
+	})
+	if r := e.do(t, http.MethodGet, path, nil, ""); r.status != http.StatusNotFound || problemKind(r) != "no-queue" {
+		t.Fatalf("GET of a deleted queue = %d %s", r.status, r.body)
+	}
+	// Bad settings are refused with their problem.
+	for _, body := range []string{`{"rate_per_second":1,"window_seconds":1,"per_remaining":1}`,
+		`{"opens_in_seconds":0,"rate_per_second":0,"window_seconds":1,"per_remaining":1}`,
+		`{"opens_in_seconds":0,"rate_per_second":1,"window_seconds":0,"per_remaining":1}`,
+		`{"opens_in_seconds":0,"rate_per_second":1,"window_seconds":1,"per_remaining":0}`,
+		`{"opens_in_seconds":0,"rate_per_second":1,"window_seconds":1,"per_remaining":1,"checkout_url":"javascript:alert(1)"}`,
+		`{"opens_in_seconds":-5,"rate_per_second":1,"window_seconds":1,"per_remaining":1}`} {
+		if r := e.do(t, http.MethodPut, path, nil, body); r.status != http.StatusUnprocessableEntity {
+			t.Errorf("PUT queue %s = %d %s", body, r.status, r.body)
+		}
+	}
+}

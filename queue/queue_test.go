@@ -142,3 +142,34 @@ func TestLine(t *testing.T) {
 		t.Fatalf("sold out: %+v", st)
 	}
 }
+
+// What a waiting buyer costs Redis: the line's records after 10,000 joins,
+// per buyer (MEMORY USAGE of its keys). A bound, so a change that makes a
+// place much dearer shows here.
+func TestMemoryPerWaitingBuyer(t *testing.T) {
+	ctx := context.Background()
+	rdb := testenv.SharedCluster(t).Client()
+	s := queue.New(rdb)
+	prog := keys.MustID(testenv.ID(t, "mem"))
+	const n = 10_000
+	now := time.Now()
+	for i := range n {
+		if _, _, err := s.Join(ctx, prog, keys.MustID(fmt.Sprintf("buyer-%07d", i)), now, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k := keys.Queue(prog)
+	var bytes int64
+	for _, key := range []string{k.Who(), k.Meta()} {
+		v, err := rdb.MemoryUsage(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		bytes += v
+	}
+	per := float64(bytes) / n
+	t.Logf("%d waiting buyers (ids of 13 bytes): %d bytes in Redis, %.1f per buyer", n, bytes, per)
+	if per > 200 {
+		t.Fatalf("%.1f bytes per waiting buyer, want at most 200", per)
+	}
+}

@@ -144,7 +144,7 @@ func parseRun(args []string, stderr io.Writer) (runConfig, error) {
 	// A bad flag is one line, printed by main; only -h lists the flags.
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&c.url, "url", "http://localhost:8080", "gateway base URL")
-	fs.StringVar(&c.scenario, "scenario", "flash", "flash, steady, reads, soldout, holds or carts")
+	fs.StringVar(&c.scenario, "scenario", "flash", "flash, steady, reads, soldout, holds, carts or queue (joins a waiting room, then polls it)")
 	fs.Uint64Var(&c.n, "n", 50_000, "requests; 0, or left out with -duration: until -duration")
 	fs.DurationVar(&c.duration, "duration", 0, "stop after this long (0: after -n requests)")
 	fs.IntVar(&c.rate, "rate", 0, "open-loop requests per second (0: as fast as -workers allow)")
@@ -174,9 +174,9 @@ func parseRun(args []string, stderr io.Writer) (runConfig, error) {
 		c.n = 0 // "-duration 5m" means five minutes, not 50,000 requests
 	}
 	switch c.scenario {
-	case "flash", "steady", "reads", "soldout", "holds", "carts":
+	case "flash", "steady", "reads", "soldout", "holds", "carts", "queue":
 	default:
-		return c, badFlag("-scenario %q: want flash, steady, reads, soldout, holds or carts", c.scenario)
+		return c, badFlag("-scenario %q: want flash, steady, reads, soldout, holds, carts or queue", c.scenario)
 	}
 	if *ramp != "" {
 		a, b, ok := strings.Cut(*ramp, ":")
@@ -203,6 +203,9 @@ func parseRun(args []string, stderr io.Writer) (runConfig, error) {
 		return c, badFlag("-workers 0: at least 1")
 	case c.skus < 1:
 		return c, badFlag("-skus %d: at least 1", c.skus)
+	}
+	if c.sku != "" && c.scenario == "queue" {
+		return c, badFlag("-sku and -scenario queue: the run puts its own program behind a waiting room")
 	}
 	if c.sku != "" && c.scenario == "carts" {
 		return c, badFlag("-sku and -scenario carts: a cart spans %d SKUs the run creates", len(cartTickets))
@@ -262,6 +265,9 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 				return err
 			}
 		}
+	}
+	if c.scenario == "queue" {
+		return queueRun(c, admin, stdout, stderr)
 	}
 	res, err := loadgen.Attack(loadgen.Run{Name: c.scenario, BaseURL: c.url, Scenario: sc, Rate: c.rate, RateEnd: c.rateEnd,
 		Workers: c.workers, Duration: c.duration, Header: c.header, Progress: stderr, Plot: c.plot})

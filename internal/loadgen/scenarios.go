@@ -97,3 +97,26 @@ func Cancels(holds []HoldRef, prefix string) Scenario {
 
 // HoldRef is a hold the holds scenario got.
 type HoldRef struct{ ID, Buyer string }
+
+// QueueJoins joins program's waiting room, one new buyer (prefix + "b" +
+// i) per request; n > 0 stops after n requests.
+func QueueJoins(program, prefix string, n uint64) Scenario {
+	path := "/v1/programs/" + program + "/queue"
+	return func(i uint64) (Request, bool) {
+		if n > 0 && i >= n {
+			return Request{}, false
+		}
+		return Request{Method: http.MethodPost, Path: path, Body: fmt.Sprintf(`{"buyer":"%sb%d"}`, prefix, i), Header: jsonHeader}, true
+	}
+}
+
+// QueuePolls checks the given queue tickets of program, round-robin (a
+// waiting buyer asking where it stands); n > 0 stops after n requests.
+func QueuePolls(program string, tickets []string, n uint64) Scenario {
+	return func(i uint64) (Request, bool) {
+		if n > 0 && i >= n {
+			return Request{}, false
+		}
+		return Request{Method: http.MethodGet, Path: "/v1/programs/" + program + "/queue/" + tickets[i%uint64(len(tickets))]}, true
+	}
+}

@@ -40,7 +40,7 @@ func startGateway(t *testing.T) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { a.Close() })
-	a.Start(app.Loops{Sweep: true})
+	a.Start(app.Loops{Sweep: true, Pacer: true})
 	a.Server.SetReady(true)
 	hs := httptest.NewServer(a.Server.Handler())
 	t.Cleanup(hs.Close)

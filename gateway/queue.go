@@ -136,17 +136,16 @@ func (s *Server) deleteQueue(c *gin.Context) {
 
 // queueStatusView is where a buyer stands, as the API shows it.
 type queueStatusView struct {
-	Program            string     `json:"program"`
-	Buyer              string     `json:"buyer"`
-	Ticket             string     `json:"ticket"`
-	State              string     `json:"state"`
-	Position           int64      `json:"position,omitempty"`
-	Ahead              *int64     `json:"ahead,omitempty"`
-	WaitSeconds        int64      `json:"estimated_wait_seconds"`
-	AdmissionToken     string     `json:"admission_token,omitempty"`
-	OpensAt            time.Time  `json:"opens_at"`
-	RetryAfterSeconds  int64      `json:"retry_after_seconds,omitempty"`
-	AdmissionExpiresAt *time.Time `json:"-"`
+	Program           string    `json:"program"`
+	Buyer             string    `json:"buyer"`
+	Ticket            string    `json:"ticket"`
+	State             string    `json:"state"`
+	Position          int64     `json:"position,omitempty"`
+	Ahead             *int64    `json:"ahead,omitempty"`
+	WaitSeconds       int64     `json:"estimated_wait_seconds"`
+	AdmissionToken    string    `json:"admission_token,omitempty"`
+	OpensAt           time.Time `json:"opens_at"`
+	RetryAfterSeconds int64     `json:"retry_after_seconds,omitempty"`
 }
 
 func (s *Server) writeQueueStatus(c *gin.Context, status int, st sale.QueueStatus) {

@@ -199,12 +199,15 @@ func TestAttackWaitLeaveRacesOffer(t *testing.T) {
 			})
 		}
 		wg.Wait()
-		// Confirms race the expiry of every live offer.
-		time.Sleep(900 * time.Millisecond)
+		// Confirms race the expiry of every live offer: each is sent as
+		// its offer's own expiry comes up.
 		for i := range n {
 			w := a.entry(t, sku, fmt.Sprintf("w%d", i))
 			if w.Offer != nil {
 				wg.Go(func() {
+					for time.Until(w.Offer.ExpiresAt) > 30*time.Millisecond {
+						time.Sleep(5 * time.Millisecond)
+					}
 					r := []*env{a, b}[i%2].act(t, "/v1/holds/"+w.Offer.HoldID+"/confirm", "k", fmt.Sprintf("w%d", i))
 					if r.status != http.StatusCreated && r.status != http.StatusGone && r.status != http.StatusConflict {
 						t.Errorf("confirm = %d %s", r.status, r.body)

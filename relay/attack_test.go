@@ -470,27 +470,37 @@ func TestAttackAttemptQueuedForASlotOutlivesItsLease(t *testing.T) {
 		}
 		wg.Wait()
 	})
-	run := func(rl relay.Ledger, o relay.Options) {
+	// run starts a relay; its stop ends it, and done closes once its Run
+	// has returned (every attempt it started is over).
+	run := func(rl relay.Ledger, o relay.Options) (stop context.CancelFunc, done <-chan struct{}) {
 		r, err := relay.New(rl, o)
 		if err != nil {
 			t.Fatal(err)
 		}
 		rctx, stop := context.WithCancel(ctx)
 		stops = append(stops, stop)
-		wg.Go(func() { r.Run(rctx) })
+		ended := make(chan struct{})
+		wg.Go(func() {
+			defer close(ended)
+			r.Run(rctx)
+		})
+		return stop, ended
 	}
 	const ttl = 1500 * time.Millisecond
 	la := &claimCut{Ledger: l}
 	oa := fastOptions(hook("hanging", hang.URL), hook("webhook", srv.URL))
 	oa.Owner, oa.LeaseTTL, oa.Parallel, oa.KeepLeases = "relay-a", ttl, 2, true
-	run(la, oa)
+	stopA, doneA := run(la, oa)
 	waitFor(t, 30*time.Second, "relay-a delivering", func() bool { return rcv.distinct() >= 3 })
 	la.cut.Store(true)
 	ob := fastOptions(hook("webhook", srv.URL))
 	ob.Owner, ob.LeaseTTL = "relay-b", ttl
 	run(l, ob)
 	waitFor(t, 60*time.Second, "every event delivered", func() bool { return rcv.distinct() == len(events) })
-	time.Sleep(2 * time.Second) // relay-a's queued attempts
+	// relay-a's attempts still queued behind the hanging receiver go out
+	// (or not) before its Run returns: stop it and wait for that.
+	stopA()
+	<-doneA
 	rcv.mu.Lock()
 	defer rcv.mu.Unlock()
 	if rcv.overlaps > 0 {

@@ -14,7 +14,8 @@ type QueueStatus struct {
 	// Ticket is the signed queue ticket to check with (CheckQueue).
 	Ticket string `json:"ticket"`
 	// State: waiting, admitted (AdmissionToken lets one order through:
-	// WithAdmission), or sold-out.
+	// WithAdmission), sold-out, or expired (admitted, and the window
+	// passed).
 	State             string    `json:"state"`
 	Position          int64     `json:"position,omitempty"`
 	Ahead             int64     `json:"ahead,omitempty"`
@@ -76,6 +77,15 @@ func (c *Client) JoinQueue(ctx context.Context, program, buyer string) (QueueSta
 	var out QueueStatus
 	_, err := c.call(ctx, http.MethodPost, "/v1/programs/"+url.PathEscape(program)+"/queue", "", false,
 		map[string]any{"buyer": buyer}, &out)
+	return out, err
+}
+
+// RejoinQueue is JoinQueue presenting the ticket of buyer's earlier join:
+// the place is kept even if the line's record was lost.
+func (c *Client) RejoinQueue(ctx context.Context, program, buyer, ticket string) (QueueStatus, error) {
+	var out QueueStatus
+	_, err := c.call(ctx, http.MethodPost, "/v1/programs/"+url.PathEscape(program)+"/queue", "", false,
+		map[string]any{"buyer": buyer, "ticket": ticket}, &out)
 	return out, err
 }
 

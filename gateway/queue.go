@@ -163,14 +163,22 @@ func (s *Server) writeQueueStatus(c *gin.Context, status int, st sale.QueueStatu
 	c.JSON(status, v)
 }
 
-// joinQueue handles POST /v1/programs/:program/queue {"buyer": ...}: 201
-// with the buyer's new place and ticket, 200 with the one it has.
+// joinBody is a buyer joining a line; Ticket, optional, is the ticket of
+// the buyer's earlier join (its place is kept even if Redis lost it).
+type joinBody struct {
+	Buyer  string `json:"buyer"`
+	Ticket string `json:"ticket"`
+}
+
+// joinQueue handles POST /v1/programs/:program/queue {"buyer": ...,
+// "ticket"?: ...}: 201 with the buyer's new place and ticket, 200 with the
+// one it has.
 func (s *Server) joinQueue(c *gin.Context) {
 	program, ok := programParam(c)
 	if !ok {
 		return
 	}
-	var body ownerBody
+	var body joinBody
 	if !s.decodeBody(c, &body) {
 		return
 	}
@@ -178,7 +186,7 @@ func (s *Server) joinQueue(c *gin.Context) {
 	if !ok {
 		return
 	}
-	st, created, err := s.sale.JoinQueue(c.Request.Context(), program, buyer)
+	st, created, err := s.sale.JoinQueue(c.Request.Context(), program, buyer, body.Ticket)
 	if err != nil {
 		s.writeError(c, err)
 		return

@@ -325,9 +325,12 @@ func Queue(program ID) QueueKeys {
 	return QueueKeys{tag: "sg:{q:" + program.s + "}:"}
 }
 
-// Meta is the hash of the line's counters: pre and post (joins before and
-// after opening), frozen (the pre count at opening), serving, soldout,
-// unused, abandoned.
+// Meta is the hash of the line's counters: line (set while the record
+// exists), pre and post (joins before and after opening) and their caps
+// (precap, postcap: the places the ledger reserved), frozen (the pre count
+// at opening), serving, soldout, unused, abandoned, old (the last position
+// admitted before the window), gaplo and gaphi (places a restore could not
+// tell given or not).
 func (q QueueKeys) Meta() string { return q.tag + "meta" }
 
 // Who maps each buyer to its join ("kind:n").
@@ -340,11 +343,12 @@ func (q QueueKeys) Batches() string { return q.tag + "batches" }
 // BatchesByEnd is Batches scored by the end position.
 func (q QueueKeys) BatchesByEnd() string { return q.tag + "bend" }
 
-// Spent is the set of admitted positions whose token was spent, scored by
-// position; Claims maps each to the request that spent it.
+// Spent is the set of buyers whose admission was spent, scored by the
+// position they were admitted at.
 func (q QueueKeys) Spent() string { return q.tag + "spent" }
 
-// Claims maps a spent position to the request that spent it.
+// Claims maps a buyer whose admission was spent to the request that spent
+// it.
 func (q QueueKeys) Claims() string { return q.tag + "claims" }
 
 // CRC16 is the CCITT/XMODEM checksum Redis Cluster hashes keys with.

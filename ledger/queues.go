@@ -73,7 +73,89 @@ func queueTables(driver string) string {
 	secret        TEXT   NOT NULL,
 	checkout_url  TEXT   NOT NULL DEFAULT ''
 );
+CREATE TABLE IF NOT EXISTS queue_lines (
+	program      TEXT   PRIMARY KEY,
+	pre_cap      BIGINT NOT NULL DEFAULT 0,
+	post_cap     BIGINT NOT NULL DEFAULT 0,
+	opened       BIGINT NOT NULL DEFAULT 0,
+	early        BIGINT NOT NULL DEFAULT 0,
+	post_seen    BIGINT NOT NULL DEFAULT 0,
+	serving_seen BIGINT NOT NULL DEFAULT 0
+);
 `
+}
+
+// A line's durable facts (queue_lines; kept when its waiting room is
+// turned off, so a line that comes back never gives a place twice): the
+// places reserved for Redis to hand out, and what the pacer last saw of
+// the line. Redis hands out places only up to what the ledger reserved, so
+// a line Redis lost is made again past every place it may have given.
+
+// QueueLine is what the ledger knows of a program's line.
+type QueueLine struct {
+	Program keys.ID
+	// PreCap and PostCap are the early and late places ever reserved.
+	PreCap, PostCap int64
+	// Opened, Early, Post and Serving are what the pacer last saw: the
+	// early count fixed at the opening, the late joins, the serving counter.
+	Opened               bool
+	Early, Post, Serving int64
+}
+
+// QueueLine reads program's line facts (zero for a line never reserved).
+func (l *Ledger) QueueLine(ctx context.Context, program keys.ID) (QueueLine, error) {
+	q := QueueLine{Program: program}
+	var opened int64
+	err := l.db.QueryRowContext(ctx, `SELECT pre_cap, post_cap, opened, early, post_seen, serving_seen FROM queue_lines WHERE program = $1`,
+		program).Scan(&q.PreCap, &q.PostCap, &opened, &q.Early, &q.Post, &q.Serving)
+	if errors.Is(err, sql.ErrNoRows) {
+		return q, nil
+	}
+	if err != nil {
+		return q, fmt.Errorf("ledger: queue line: %w", err)
+	}
+	q.Opened = opened == 1
+	return q, nil
+}
+
+// ReserveQueuePlaces reserves n more places of a kind (early or late) for
+// program's line and returns the count reserved now.
+func (l *Ledger) ReserveQueuePlaces(ctx context.Context, program keys.ID, early bool, n int64) (int64, error) {
+	if n < 1 || n > 1_000_000 {
+		return 0, fmt.Errorf("%w: reserve %d places", stock.ErrInvalid, n)
+	}
+	col := "post_cap"
+	if early {
+		col = "pre_cap"
+	}
+	var upTo int64
+	err := l.db.QueryRowContext(ctx, `INSERT INTO queue_lines (program, `+col+`) VALUES ($1, $2)
+		ON CONFLICT (program) DO UPDATE SET `+col+` = queue_lines.`+col+` + excluded.`+col+`
+		RETURNING `+col, program, n).Scan(&upTo)
+	if err != nil {
+		return 0, fmt.Errorf("ledger: reserve queue places: %w", err)
+	}
+	return upTo, nil
+}
+
+// SeeQueueLine records what the pacer saw of program's line. Each count
+// only grows, so a pacer that saw less (a stale replica) changes nothing.
+func (l *Ledger) SeeQueueLine(ctx context.Context, q QueueLine) error {
+	opened := int64(0)
+	if q.Opened {
+		opened = 1
+	}
+	_, err := l.db.ExecContext(ctx, `INSERT INTO queue_lines (program, opened, early, post_seen, serving_seen) VALUES ($1, $2, $3, $4, $5)
+		ON CONFLICT (program) DO UPDATE SET
+			early = CASE WHEN queue_lines.opened = 1 THEN queue_lines.early ELSE excluded.early END,
+			opened = CASE WHEN queue_lines.opened = 1 THEN 1 ELSE excluded.opened END,
+			post_seen = CASE WHEN excluded.post_seen > queue_lines.post_seen THEN excluded.post_seen ELSE queue_lines.post_seen END,
+			serving_seen = CASE WHEN excluded.serving_seen > queue_lines.serving_seen THEN excluded.serving_seen ELSE queue_lines.serving_seen END`,
+		q.Program, opened, q.Early, q.Post, q.Serving)
+	if err != nil {
+		return fmt.Errorf("ledger: see queue line: %w", err)
+	}
+	return nil
 }
 
 // PutQueue turns a program's waiting room on, or changes it (its secret
@@ -157,16 +239,27 @@ func (l *Ledger) QueuedPrograms(ctx context.Context) ([]QueueConfig, error) {
 	return out, nil
 }
 
-// ProgramRemaining is what is left to sell of a program: every ticket's
-// (and pool's) total - sold - held, of the sales that have not ended.
-func (l *Ledger) ProgramRemaining(ctx context.Context, program keys.ID) (int64, error) {
-	var n int64
-	err := l.db.QueryRowContext(ctx, `SELECT COALESCE(SUM(total - sold - held), 0) FROM skus WHERE program = $1 AND ended_at = 0`,
-		program).Scan(&n)
+// ProgramStock is what a program has to sell, over every ticket and pool
+// whose sale has not ended.
+type ProgramStock struct {
+	SKUs      int64 // tickets and pools on sale
+	Remaining int64 // total - sold - held
+	Held      int64
+}
+
+// SoldOut: the program has tickets on sale and nothing left of them, nor
+// held (only a refund could bring one back).
+func (p ProgramStock) SoldOut() bool { return p.SKUs > 0 && p.Remaining <= 0 && p.Held <= 0 }
+
+// ProgramStock reads what program has to sell.
+func (l *Ledger) ProgramStock(ctx context.Context, program keys.ID) (ProgramStock, error) {
+	var p ProgramStock
+	err := l.db.QueryRowContext(ctx, `SELECT COUNT(*), COALESCE(SUM(total - sold - held), 0), COALESCE(SUM(held), 0)
+		FROM skus WHERE program = $1 AND ended_at = 0`, program).Scan(&p.SKUs, &p.Remaining, &p.Held)
 	if err != nil {
-		return 0, fmt.Errorf("ledger: program remaining: %w", err)
+		return p, fmt.Errorf("ledger: program stock: %w", err)
 	}
-	return n, nil
+	return p, nil
 }
 
 // validCheckout says u is an absolute http(s) URL of at most 2048 bytes.

@@ -72,11 +72,29 @@ var QueueAdvance = prelude + queueAdvanceBody
 //go:embed queue_advance.lua
 var queueAdvanceBody string
 
-// QueueSpend spends an admitted position's token on one request.
+// QueueSpend spends a buyer's admission on one request.
 var QueueSpend = prelude + queueSpendBody
 
 //go:embed queue_spend.lua
 var queueSpendBody string
+
+// QueueRelease gives an admission back from a refused request.
+var QueueRelease = prelude + queueReleaseBody
+
+//go:embed queue_release.lua
+var queueReleaseBody string
+
+// QueueReserve lets a line hand out places up to the ledger's reservation.
+var QueueReserve = prelude + queueReserveBody
+
+//go:embed queue_reserve.lua
+var queueReserveBody string
+
+// QueueRestore makes a line's record from the ledger's facts.
+var QueueRestore = prelude + queueRestoreBody
+
+//go:embed queue_restore.lua
+var queueRestoreBody string
 
 // Unlock releases a coordination lock by compare-and-delete.
 var Unlock = prelude + unlockBody
@@ -159,8 +177,10 @@ const (
 	QuotaKeyKnown = 3 // over the cap, and the request's key was counted before: look it up
 )
 
-// Codes of queue_spend.lua.
+// Codes of the queue scripts beyond the shared ones.
 const (
-	QueueExpired     = 3 // admitted longer ago than the window
-	QueueNotAdmitted = 4 // the serving counter has not reached the position
+	QueueExpired     = 3         // spend: admitted longer ago than the window
+	QueueNotAdmitted = 4         // spend: the serving counter has not reached the position
+	QueueFull        = 5         // join: every place the ledger reserved is given
+	QueueLost        = NotSeeded // the line has no record (new, or lost by Redis): restore it
 )

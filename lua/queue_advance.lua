@@ -6,7 +6,7 @@
 --          end position)
 -- KEYS[3]  batches by end position (zset: score the end position, member
 --          "end:time")
--- KEYS[4]  spent positions (zset: score the position)
+-- KEYS[4]  spent admissions (zset: score the position)
 -- ARGV[1]  now, Unix ms
 -- ARGV[2]  opening time, Unix ms
 -- ARGV[3]  most to admit in this step (the rate's share)
@@ -16,33 +16,63 @@
 -- ARGV[6]  1 when nothing is left to sell (the line closes), else 0
 --
 -- Admitted-but-unused are the buyers admitted within the window who have
--- not spent their token; buyers admitted before the window who never
--- spent it have abandoned.
+-- not spent their admission; buyers admitted before the window who never
+-- spent it have abandoned. The positions a restore could not tell given
+-- or not (gaplo..gaphi) are admitted at once when the line reaches them
+-- and count in neither, unless spent.
 --
--- Returns {1, serving, unused, abandoned, joined}; -2 bad argument.
+-- Returns {1, serving, unused, abandoned, joined, opened, early, late}
+-- (opened 1 once the early count is fixed); {-1} the line's record is
+-- missing (restore it first); -2 bad argument.
 local now, opens = int(ARGV[1], 0, 1e15), int(ARGV[2], 0, 1e15)
 local most, cap = int(ARGV[3], 0, 1e12), int(ARGV[4], 0, 1e15)
 local window, soldout = int(ARGV[5], 1, 1e12), int(ARGV[6], 0, 1)
 if not now or not opens or not most or not cap or not window or not soldout then return {-2} end
+if not redis.call('HGET', KEYS[1], 'line') then return {-1} end
 local frozen = redis.call('HGET', KEYS[1], 'frozen')
 if not frozen and now >= opens then
   frozen = redis.call('HGET', KEYS[1], 'pre') or '0'
   redis.call('HSET', KEYS[1], 'frozen', frozen)
 end
-local joined = tonumber(frozen or 0) + tonumber(redis.call('HGET', KEYS[1], 'post') or 0)
+local late = tonumber(redis.call('HGET', KEYS[1], 'post') or 0)
+local early = tonumber(frozen or redis.call('HGET', KEYS[1], 'pre') or 0)
+local joined = early + late
 local serving = tonumber(redis.call('HGET', KEYS[1], 'serving') or 0)
+local gaplo = tonumber(redis.call('HGET', KEYS[1], 'gaplo') or 0)
+local gaphi = tonumber(redis.call('HGET', KEYS[1], 'gaphi') or -1)
+-- gap(a, b): how many positions of the gap lie in (a, b].
+local function gap(a, b)
+  local lo, hi = math.max(a + 1, gaplo), math.min(b, gaphi)
+  if hi < lo then return 0 end
+  return hi - lo + 1
+end
+-- spent(a, b): admissions spent at positions in (a, b], outside the gap.
+local function spent(a, b)
+  local n = redis.call('ZCOUNT', KEYS[4], '(' .. a, b)
+  local lo, hi = math.max(a + 1, gaplo), math.min(b, gaphi)
+  if hi >= lo then n = n - redis.call('ZCOUNT', KEYS[4], lo, hi) end
+  return n
+end
 local before = now - window
 local last = redis.call('ZREVRANGEBYSCORE', KEYS[2], before, '-inf', 'LIMIT', 0, 1)
 local old = 0
 if #last > 0 then old = tonumber(last[1]) end
-local unused = serving - old - redis.call('ZCOUNT', KEYS[4], '(' .. old, '+inf')
-local abandoned = old - redis.call('ZCOUNT', KEYS[4], '-inf', old)
+local unused = serving - old - gap(old, serving) - spent(old, 1e15)
+local abandoned = old - gap(0, old) - spent(0, old)
 redis.call('HSET', KEYS[1], 'soldout', soldout)
 if frozen and soldout == 0 then
   local allowed = math.min(most, cap - unused, joined - serving)
+  local to = serving
   if allowed > 0 then
-    serving = serving + allowed
-    unused = unused + allowed
+    to = serving + allowed
+    if to >= gaplo and serving < gaphi then to = to + gap(serving, gaphi) end
+  elseif serving + 1 == gaplo then
+    to = gaphi -- the gap costs no admission
+  end
+  to = math.min(to, joined)
+  if to > serving then
+    unused = unused + (to - serving) - gap(serving, to)
+    serving = to
     redis.call('HSET', KEYS[1], 'serving', serving)
     redis.call('ZADD', KEYS[2], now, serving)
     redis.call('ZADD', KEYS[3], serving, serving .. ':' .. now)
@@ -57,5 +87,7 @@ if older > 1 then
     redis.call('ZREMRANGEBYSCORE', KEYS[3], e, e)
   end
 end
-redis.call('HSET', KEYS[1], 'unused', unused, 'abandoned', abandoned)
-return {1, serving, unused, abandoned, joined}
+redis.call('HSET', KEYS[1], 'unused', unused, 'abandoned', abandoned, 'old', old)
+local opened = 0
+if frozen then opened = 1 end
+return {1, serving, unused, abandoned, joined, opened, early, late}

@@ -1,10 +1,14 @@
 -- queue_join: give a buyer its one place in a program's waiting room.
 --
--- KEYS[1]  the line's counters (hash: pre, post, frozen, ...)
--- KEYS[2]  buyer -> "kind:n"
+-- KEYS[1]  the line's counters (hash: line, pre, precap, post, postcap,
+--          frozen, ...)
+-- KEYS[2]  buyer -> "kind:n:t" (t: when it joined, Unix seconds)
 -- ARGV[1]  buyer id
 -- ARGV[2]  now, Unix ms (the gateway's clock)
 -- ARGV[3]  opening time, Unix ms
+-- ARGV[4]  "" or the place "kind:n:t" of the buyer's signed ticket
+--          (checked by the caller): a buyer whose record Redis lost keeps
+--          its place
 --
 -- Before opening, joins are counted in "pre" and ordered at random when
 -- the line opens (kind 0); the first join or advance at or after opening
@@ -12,26 +16,40 @@
 -- join in the order they come (kind 1). Once frozen, a join is kind 1
 -- whatever the caller's clock says, so no two buyers share a place.
 --
--- Returns {code, kind, n}: 1 joined now, 2 joined before (its place as it
--- was); -2 bad argument.
+-- Places are handed out only up to what the ledger has reserved (precap,
+-- postcap): after a loss of the line, the restore starts past every place
+-- the ledger ever reserved, so no place is given twice.
+--
+-- Returns {code, kind, n, t}: 1 joined now, 2 joined before (its place as
+-- it was); {-1} the line's record is missing (never made, or Redis lost it):
+-- restore it from the ledger, then join again; {5, kind} the places of
+-- that kind reserved are all given: reserve more, then join again; -2 bad
+-- argument.
 if not id(ARGV[1]) then return {-2} end
 local now, opens = int(ARGV[2], 0, 1e15), int(ARGV[3], 0, 1e15)
-if not now or not opens then return {-2} end
+if not now or not opens or type(ARGV[4]) ~= 'string' then return {-2} end
 local had = redis.call('HGET', KEYS[2], ARGV[1])
 if had then
-  local k, n = string.match(had, '^(%d):(%d+)$')
-  return {2, tonumber(k), tonumber(n)}
+  local k, n, t = string.match(had, '^(%d):(%d+):(%d+)$')
+  return {2, tonumber(k), tonumber(n), tonumber(t)}
 end
+if ARGV[4] ~= '' then
+  local k, n, t = string.match(ARGV[4], '^([01]):(%d+):(%d+)$')
+  if not k or #n > 15 or #t > 12 then return {-2} end
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[4])
+  return {2, tonumber(k), tonumber(n), tonumber(t)}
+end
+if not redis.call('HGET', KEYS[1], 'line') then return {-1} end
 local frozen = redis.call('HGET', KEYS[1], 'frozen')
 if not frozen and now >= opens then
   frozen = redis.call('HGET', KEYS[1], 'pre') or '0'
   redis.call('HSET', KEYS[1], 'frozen', frozen)
 end
-local kind, n
-if frozen then
-  kind, n = 1, redis.call('HINCRBY', KEYS[1], 'post', 1)
-else
-  kind, n = 0, redis.call('HINCRBY', KEYS[1], 'pre', 1)
-end
-redis.call('HSET', KEYS[2], ARGV[1], kind .. ':' .. n)
-return {1, kind, n}
+local kind, count, cap = 0, 'pre', 'precap'
+if frozen then kind, count, cap = 1, 'post', 'postcap' end
+local n = tonumber(redis.call('HGET', KEYS[1], count) or 0)
+if n >= tonumber(redis.call('HGET', KEYS[1], cap) or 0) then return {5, kind} end
+n = redis.call('HINCRBY', KEYS[1], count, 1)
+local t = math.floor(now / 1000)
+redis.call('HSET', KEYS[2], ARGV[1], kind .. ':' .. n .. ':' .. t)
+return {1, kind, n, t}

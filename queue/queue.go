@@ -29,34 +29,57 @@ import (
 	"github.com/stockgate/stockgate/lua"
 )
 
-// Errors of spending an admission token.
+// Errors of the line and of spending an admission.
 var (
 	ErrSpent       = errors.New("queue: admission spent by another request")
 	ErrNotAdmitted = errors.New("queue: not admitted yet")
 	ErrExpired     = errors.New("queue: admission window passed")
 	ErrBadToken    = errors.New("queue: ticket or token not valid for this program")
+	// ErrLost: Redis has no record of the line (it is new, or Redis lost
+	// it): Restore it from the ledger's facts, then try again.
+	ErrLost = errors.New("queue: the line has no record in Redis")
+	// ErrFull: every place of the kind the ledger reserved is given:
+	// Reserve more, then join again.
+	ErrFull = errors.New("queue: the reserved places are all given")
 )
 
 // Place is a buyer's join: Early (before the opening, ordered at random at
-// the opening) or not, and N, its number among the joins of its kind
-// (from 1).
+// the opening) or not, N, its number among the joins of its kind (from
+// 1), and At, when it joined (to the second).
 type Place struct {
 	Early bool
 	N     int64
+	At    time.Time
+}
+
+func (p Place) kind() int64 {
+	if p.Early {
+		return 0
+	}
+	return 1
+}
+
+// record is the place as the line's buyer record and a ticket hold it.
+func (p Place) record() string {
+	return strconv.FormatInt(p.kind(), 10) + ":" + strconv.FormatInt(p.N, 10) + ":" + strconv.FormatInt(p.At.Unix(), 10)
 }
 
 // State is a line as Redis has it.
 type State struct {
+	// Lost: Redis has no record of the line (new, or lost); the rest is
+	// zero.
+	Lost bool
 	// Early is how many joined before the opening; Opened is false until
 	// the first join or pacer step at or after the opening fixes it.
 	Early  int64
 	Opened bool
 	Late   int64 // joins after the opening
-	// Serving: every place up to it is admitted.
-	Serving   int64
-	SoldOut   bool
-	Unused    int64 // admitted within the window, token not spent
-	Abandoned int64 // admitted before the window, token never spent
+	// Serving: every place up to it is admitted; those up to Old were
+	// admitted longer ago than the window (as of the pacer's last step).
+	Serving, Old int64
+	SoldOut      bool
+	Unused       int64 // admitted within the window, not spent
+	Abandoned    int64 // admitted before the window, never spent
 }
 
 // Joined is how many buyers are in line (once opened; before, the early
@@ -65,55 +88,125 @@ func (s State) Joined() int64 { return s.Early + s.Late }
 
 // Store is the waiting rooms' Redis records.
 type Store struct {
-	rdb                  redis.UniversalClient
-	join, advance, spend *redis.Script
+	rdb                                           redis.UniversalClient
+	join, advance, spend, release, reserve, renew *redis.Script
 }
 
 // New returns a Store on the service's Redis.
 func New(rdb redis.UniversalClient) *Store {
 	return &Store{rdb: rdb, join: redis.NewScript(lua.QueueJoin), advance: redis.NewScript(lua.QueueAdvance),
-		spend: redis.NewScript(lua.QueueSpend)}
+		spend: redis.NewScript(lua.QueueSpend), release: redis.NewScript(lua.QueueRelease),
+		reserve: redis.NewScript(lua.QueueReserve), renew: redis.NewScript(lua.QueueRestore)}
 }
 
 // Join gives buyer its one place in program's line; again, the same place
-// (joined false).
-func (s *Store) Join(ctx context.Context, program, buyer keys.ID, now, opens time.Time) (Place, bool, error) {
+// (joined false). had is the place of a ticket the buyer presents (nil:
+// none): a buyer whose record Redis lost keeps it. ErrFull (with the kind
+// of place wanted in Place.Early) or ErrLost: see them.
+func (s *Store) Join(ctx context.Context, program, buyer keys.ID, now, opens time.Time, had *Place) (Place, bool, error) {
 	k := keys.Queue(program)
-	v, err := s.join.Run(ctx, s.rdb, []string{k.Meta(), k.Who()}, buyer.String(), now.UnixMilli(), opens.UnixMilli()).Int64Slice()
+	rec := ""
+	if had != nil {
+		rec = had.record()
+	}
+	v, err := s.join.Run(ctx, s.rdb, []string{k.Meta(), k.Who()}, buyer.String(), now.UnixMilli(), opens.UnixMilli(), rec).Int64Slice()
 	if err != nil {
 		return Place{}, false, fmt.Errorf("queue: join: %w", err)
 	}
-	if len(v) != 3 || (v[0] != lua.OK && v[0] != lua.Already) {
+	switch {
+	case len(v) == 1 && v[0] == lua.QueueLost:
+		return Place{}, false, ErrLost
+	case len(v) == 2 && v[0] == lua.QueueFull:
+		return Place{Early: v[1] == 0}, false, ErrFull
+	case len(v) != 4 || (v[0] != lua.OK && v[0] != lua.Already):
 		return Place{}, false, fmt.Errorf("queue: join: answer %v", v)
 	}
-	return Place{Early: v[1] == 0, N: v[2]}, v[0] == lua.OK, nil
+	return Place{Early: v[1] == 0, N: v[2], At: time.Unix(v[3], 0)}, v[0] == lua.OK, nil
+}
+
+// Reserve lets program's line hand out places of a kind (early or late)
+// up to upTo, a count the ledger has reserved for it.
+func (s *Store) Reserve(ctx context.Context, program keys.ID, early bool, upTo int64) error {
+	kind := 1
+	if early {
+		kind = 0
+	}
+	v, err := s.reserve.Run(ctx, s.rdb, []string{keys.Queue(program).Meta()}, kind, upTo).Int64Slice()
+	switch {
+	case err != nil:
+		return fmt.Errorf("queue: reserve: %w", err)
+	case len(v) == 1 && v[0] == lua.QueueLost:
+		return ErrLost
+	case len(v) != 1 || v[0] != lua.OK:
+		return fmt.Errorf("queue: reserve: answer %v", v)
+	}
+	return nil
+}
+
+// Facts are what the ledger knows of a line, to make its record again.
+type Facts struct {
+	// Pre and Post are the early and late places the ledger ever reserved:
+	// the restored line hands out places after them.
+	Pre, Post int64
+	// Opened, with its early count Early, once the ledger saw the opening.
+	Opened bool
+	Early  int64
+	// Serving is the serving counter the ledger last saw.
+	Serving int64
+	// GapLo..GapHi are positions that may or may not have been given.
+	GapLo, GapHi int64
+}
+
+// Restore makes program's line record from the ledger's facts when Redis
+// has none; false when it had one (nothing changed).
+func (s *Store) Restore(ctx context.Context, program keys.ID, f Facts, now time.Time) (bool, error) {
+	k := keys.Queue(program)
+	opened := 0
+	if f.Opened {
+		opened = 1
+	}
+	v, err := s.renew.Run(ctx, s.rdb, []string{k.Meta(), k.Batches(), k.BatchesByEnd()},
+		f.Pre, opened, f.Early, f.Post, f.Serving, f.GapLo, f.GapHi, now.UnixMilli()).Int64Slice()
+	switch {
+	case err != nil:
+		return false, fmt.Errorf("queue: restore: %w", err)
+	case len(v) != 1 || (v[0] != lua.OK && v[0] != lua.Already):
+		return false, fmt.Errorf("queue: restore: answer %v", v)
+	}
+	return v[0] == lua.OK, nil
 }
 
 // State reads program's line.
 func (s *Store) State(ctx context.Context, program keys.ID) (State, error) {
-	v, err := s.rdb.HMGet(ctx, keys.Queue(program).Meta(), "pre", "frozen", "post", "serving", "soldout", "unused", "abandoned").Result()
+	v, err := s.rdb.HMGet(ctx, keys.Queue(program).Meta(), "line", "pre", "frozen", "post", "serving", "soldout", "unused", "abandoned", "old").Result()
 	if err != nil {
 		return State{}, fmt.Errorf("queue: state: %w", err)
+	}
+	if v[0] == nil {
+		return State{Lost: true}, nil
 	}
 	n := func(i int) int64 {
 		str, _ := v[i].(string)
 		x, _ := strconv.ParseInt(str, 10, 64)
 		return x
 	}
-	st := State{Early: n(0), Late: n(2), Serving: n(3), SoldOut: n(4) == 1, Unused: n(5), Abandoned: n(6)}
-	if v[1] != nil {
-		st.Opened, st.Early = true, n(1)
+	st := State{Early: n(1), Late: n(3), Serving: n(4), SoldOut: n(5) == 1, Unused: n(6), Abandoned: n(7), Old: n(8)}
+	if v[2] != nil {
+		st.Opened, st.Early = true, n(2)
 	}
 	return st, nil
 }
 
-// Step is what the pacer's step did.
+// Step is what the pacer's step did, and the line's counts after it.
 type Step struct {
 	Serving, Unused, Abandoned, Joined int64
+	Opened                             bool
+	Early, Late                        int64
 }
 
 // Advance admits up to most more buyers of program's line, keeping the
-// admitted-but-unused at or under limit; soldOut closes the line.
+// admitted-but-unused at or under limit; soldOut closes the line. ErrLost:
+// see it.
 func (s *Store) Advance(ctx context.Context, program keys.ID, now, opens time.Time, most, limit int64, window time.Duration, soldOut bool) (Step, error) {
 	k := keys.Queue(program)
 	out := 0
@@ -122,38 +215,56 @@ func (s *Store) Advance(ctx context.Context, program keys.ID, now, opens time.Ti
 	}
 	v, err := s.advance.Run(ctx, s.rdb, []string{k.Meta(), k.Batches(), k.BatchesByEnd(), k.Spent()},
 		now.UnixMilli(), opens.UnixMilli(), max(most, 0), max(limit, 0), window.Milliseconds(), out).Int64Slice()
-	if err != nil {
+	switch {
+	case err != nil:
 		return Step{}, fmt.Errorf("queue: advance: %w", err)
-	}
-	if len(v) != 5 || v[0] != lua.OK {
+	case len(v) == 1 && v[0] == lua.QueueLost:
+		return Step{}, ErrLost
+	case len(v) != 8 || v[0] != lua.OK:
 		return Step{}, fmt.Errorf("queue: advance: answer %v", v)
 	}
-	return Step{Serving: v[1], Unused: v[2], Abandoned: v[3], Joined: v[4]}, nil
+	return Step{Serving: v[1], Unused: v[2], Abandoned: v[3], Joined: v[4], Opened: v[5] == 1, Early: v[6], Late: v[7]}, nil
 }
 
-// Spend spends the admission of position on request (a retry of the same
-// request spends it again, harmlessly): ErrSpent when another request
-// did, ErrNotAdmitted, ErrExpired when its window has passed.
-func (s *Store) Spend(ctx context.Context, program keys.ID, position int64, request keys.ID, now time.Time, window time.Duration) error {
+// Spend spends buyer's admission, at position, on request (a retry of the
+// same request spends it again, harmlessly): ErrSpent when another
+// request did, ErrNotAdmitted, ErrExpired when its window has passed.
+// first is true when this call spent it, with admitted the time the
+// position was admitted.
+func (s *Store) Spend(ctx context.Context, program keys.ID, position int64, buyer, request keys.ID, now time.Time, window time.Duration) (admitted time.Time, first bool, err error) {
 	k := keys.Queue(program)
 	v, err := s.spend.Run(ctx, s.rdb, []string{k.Spent(), k.Claims(), k.BatchesByEnd()},
-		position, request.String(), now.UnixMilli(), window.Milliseconds()).Int64Slice()
+		position, buyer.String(), request.String(), now.UnixMilli(), window.Milliseconds()).Int64Slice()
 	if err != nil {
-		return fmt.Errorf("queue: spend: %w", err)
+		return time.Time{}, false, fmt.Errorf("queue: spend: %w", err)
 	}
 	switch {
-	case len(v) == 0:
-		return fmt.Errorf("queue: spend: empty answer")
-	case v[0] == lua.OK:
-		return nil
-	case v[0] == lua.Empty:
-		return ErrSpent
-	case v[0] == lua.QueueNotAdmitted:
-		return ErrNotAdmitted
-	case v[0] == lua.QueueExpired:
-		return ErrExpired
+	case len(v) == 2 && v[0] == lua.OK:
+		return time.UnixMilli(v[1]), true, nil
+	case len(v) == 2 && v[0] == lua.Already:
+		return time.Time{}, false, nil
+	case len(v) == 1 && v[0] == lua.Empty:
+		return time.Time{}, false, ErrSpent
+	case len(v) == 1 && v[0] == lua.QueueNotAdmitted:
+		return time.Time{}, false, ErrNotAdmitted
+	case len(v) == 1 && v[0] == lua.QueueExpired:
+		return time.Time{}, false, ErrExpired
 	}
-	return fmt.Errorf("queue: spend: answer %v", v)
+	return time.Time{}, false, fmt.Errorf("queue: spend: answer %v", v)
+}
+
+// Release gives buyer's admission back from request, which was refused
+// and moved nothing; false when request had not spent it.
+func (s *Store) Release(ctx context.Context, program, buyer, request keys.ID) (bool, error) {
+	k := keys.Queue(program)
+	v, err := s.release.Run(ctx, s.rdb, []string{k.Spent(), k.Claims()}, buyer.String(), request.String()).Int64Slice()
+	switch {
+	case err != nil:
+		return false, fmt.Errorf("queue: release: %w", err)
+	case len(v) != 1 || (v[0] != lua.OK && v[0] != lua.Empty):
+		return false, fmt.Errorf("queue: release: answer %v", v)
+	}
+	return v[0] == lua.OK, nil
 }
 
 // Position is a place's position in line (from 1) once the line has
@@ -233,40 +344,50 @@ func Ticket(secret []byte, program, buyer keys.ID, p Place) string {
 	if p.Early {
 		kind = "early"
 	}
-	return signed(secret, "ticket", program.String()+"."+buyer.String()+"."+kind+"."+strconv.FormatInt(p.N, 10))
+	return signed(secret, "ticket", program.String()+"."+buyer.String()+"."+kind+"."+strconv.FormatInt(p.N, 10)+"."+
+		strconv.FormatInt(p.At.Unix(), 10))
 }
 
 // ParseTicket checks a queue ticket of program and returns its buyer and
 // place.
 func ParseTicket(secret []byte, program keys.ID, ticket string) (keys.ID, Place, error) {
-	f, err := verify(secret, "ticket", ticket, 4)
+	f, err := verify(secret, "ticket", ticket, 5)
 	if err != nil || f[0] != program.String() || f[2] != "early" && f[2] != "late" {
 		return keys.ID{}, Place{}, ErrBadToken
 	}
 	buyer, err := keys.ParseID(f[1])
 	n, nerr := strconv.ParseInt(f[3], 10, 64)
-	if err != nil || nerr != nil || n < 1 {
+	at, aerr := strconv.ParseInt(f[4], 10, 64)
+	if err != nil || nerr != nil || aerr != nil || n < 1 || n > maxPlace || at < 0 || at > maxUnix {
 		return keys.ID{}, Place{}, ErrBadToken
 	}
-	return buyer, Place{Early: f[2] == "early", N: n}, nil
+	return buyer, Place{Early: f[2] == "early", N: n, At: time.Unix(at, 0)}, nil
 }
 
+// Bounds of what a signed text may carry (the scripts' own bounds).
+const (
+	maxPlace = 999_999_999_999_999
+	maxUnix  = 999_999_999_999
+)
+
 // Admission is the signed token that lets buyer, admitted at position of
-// program's line, buy: one order spends it.
-func Admission(secret []byte, program, buyer keys.ID, position int64) string {
-	return signed(secret, "admit", program.String()+"."+buyer.String()+"."+strconv.FormatInt(position, 10))
+// program's line (having joined at joined), buy: one order spends it.
+func Admission(secret []byte, program, buyer keys.ID, position int64, joined time.Time) string {
+	return signed(secret, "admit", program.String()+"."+buyer.String()+"."+strconv.FormatInt(position, 10)+"."+
+		strconv.FormatInt(joined.Unix(), 10))
 }
 
 // ParseAdmission checks an admission token of program for buyer and
-// returns its position.
-func ParseAdmission(secret []byte, program, buyer keys.ID, token string) (int64, error) {
-	f, err := verify(secret, "admit", token, 3)
+// returns its position and when the buyer joined.
+func ParseAdmission(secret []byte, program, buyer keys.ID, token string) (int64, time.Time, error) {
+	f, err := verify(secret, "admit", token, 4)
 	if err != nil || f[0] != program.String() || f[1] != buyer.String() {
-		return 0, ErrBadToken
+		return 0, time.Time{}, ErrBadToken
 	}
 	pos, err := strconv.ParseInt(f[2], 10, 64)
-	if err != nil || pos < 1 {
-		return 0, ErrBadToken
+	at, aerr := strconv.ParseInt(f[3], 10, 64)
+	if err != nil || aerr != nil || pos < 1 || pos > maxPlace || at < 0 || at > maxUnix {
+		return 0, time.Time{}, ErrBadToken
 	}
-	return pos, nil
+	return pos, time.Unix(at, 0), nil
 }

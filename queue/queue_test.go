@@ -46,11 +46,11 @@ func TestPositionsArePermutations(t *testing.T) {
 func TestTokens(t *testing.T) {
 	secret, other := []byte("a"), []byte("b")
 	prog, ann, bob := keys.MustID("show"), keys.MustID("ann"), keys.MustID("bob")
-	tk := queue.Ticket(secret, prog, ann, queue.Place{Early: true, N: 7})
-	if b, p, err := queue.ParseTicket(secret, prog, tk); err != nil || b != ann || !p.Early || p.N != 7 {
+	tk := queue.Ticket(secret, prog, ann, queue.Place{Early: true, N: 7, At: time.Unix(1_800_000_000, 0)})
+	if b, p, err := queue.ParseTicket(secret, prog, tk); err != nil || b != ann || !p.Early || p.N != 7 || p.At.Unix() != 1_800_000_000 {
 		t.Fatalf("ParseTicket = %v %+v %v", b, p, err)
 	}
-	for _, bad := range []string{tk + "x", tk[:len(tk)-2], "show.ann.early.8." + tk[len(tk)-24:], "", "a.b.c.d.e"} {
+	for _, bad := range []string{tk + "x", tk[:len(tk)-2], "show.ann.early.8.1800000000." + tk[len(tk)-24:], "", "a.b.c.d.e.f"} {
 		if _, _, err := queue.ParseTicket(secret, prog, bad); !errors.Is(err, queue.ErrBadToken) {
 			t.Errorf("ParseTicket(%q) = %v", bad, err)
 		}
@@ -61,69 +61,105 @@ func TestTokens(t *testing.T) {
 	if _, _, err := queue.ParseTicket(secret, keys.MustID("show2"), tk); err == nil {
 		t.Error("a ticket of another program was taken")
 	}
-	adm := queue.Admission(secret, prog, ann, 12)
-	if pos, err := queue.ParseAdmission(secret, prog, ann, adm); err != nil || pos != 12 {
-		t.Fatalf("ParseAdmission = %d %v", pos, err)
+	joined := time.Unix(1_800_000_000, 0)
+	adm := queue.Admission(secret, prog, ann, 12, joined)
+	if pos, at, err := queue.ParseAdmission(secret, prog, ann, adm); err != nil || pos != 12 || !at.Equal(joined) {
+		t.Fatalf("ParseAdmission = %d %v %v", pos, at, err)
 	}
-	if _, err := queue.ParseAdmission(secret, prog, bob, adm); err == nil {
+	if _, _, err := queue.ParseAdmission(secret, prog, bob, adm); err == nil {
 		t.Error("another buyer's admission was taken")
+	}
+	if _, _, err := queue.ParseAdmission(secret, prog, ann, tk); err == nil {
+		t.Error("a queue ticket was taken as an admission")
+	}
+}
+
+// newLine makes a fresh line's record with room for 1,000 places of each
+// kind, as the service does from the ledger's facts.
+func newLine(t *testing.T, s *queue.Store, prog keys.ID) {
+	t.Helper()
+	ctx := context.Background()
+	if made, err := s.Restore(ctx, prog, queue.Facts{}, time.Now()); err != nil || !made {
+		t.Fatalf("Restore = %v %v", made, err)
+	}
+	for _, early := range []bool{true, false} {
+		if err := s.Reserve(ctx, prog, early, 1000); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
 // Joins before the opening are early and fixed at it; a join once the
 // line has opened is late, whatever the joiner's clock says; joining again
 // is the same place. The pacer admits by the rate, then by the stock
-// (admitted-unused <= the limit), closes on sold out; a spent token is
-// one request's, and expires with the window.
+// (admitted-unused <= the limit), closes on sold out; a spent admission is
+// one request's, given back only by that request, and expires with the
+// window.
 func TestLine(t *testing.T) {
 	ctx := context.Background()
 	s := queue.New(testenv.SharedCluster(t).Client())
 	prog := keys.MustID(testenv.ID(t, "q"))
 	now := time.Now()
 	opens := now.Add(time.Hour)
+	if _, _, err := s.Join(ctx, prog, keys.MustID("e0"), now, opens, nil); !errors.Is(err, queue.ErrLost) {
+		t.Fatalf("join of a line with no record = %v, want ErrLost", err)
+	}
+	newLine(t, s, prog)
 	for i := range 5 {
-		p, created, err := s.Join(ctx, prog, keys.MustID(fmt.Sprintf("e%d", i)), now, opens)
-		if err != nil || !created || !p.Early || p.N != int64(i+1) {
+		p, created, err := s.Join(ctx, prog, keys.MustID(fmt.Sprintf("e%d", i)), now, opens, nil)
+		if err != nil || !created || !p.Early || p.N != int64(i+1) || p.At.Unix() != now.Unix() {
 			t.Fatalf("early join %d = %+v %v %v", i, p, created, err)
 		}
 	}
-	if p, created, err := s.Join(ctx, prog, keys.MustID("e2"), now, opens); err != nil || created || p.N != 3 {
+	if p, created, err := s.Join(ctx, prog, keys.MustID("e2"), now, opens, nil); err != nil || created || p.N != 3 {
 		t.Fatalf("join again = %+v %v %v", p, created, err)
 	}
 	st, _ := s.State(ctx, prog)
-	if st.Opened || st.Early != 5 {
+	if st.Opened || st.Early != 5 || st.Lost {
 		t.Fatalf("before opening: %+v", st)
 	}
 	// The opening: a join at opens freezes the early count.
-	if p, _, err := s.Join(ctx, prog, keys.MustID("l0"), opens, opens); err != nil || p.Early || p.N != 1 {
+	if p, _, err := s.Join(ctx, prog, keys.MustID("l0"), opens, opens, nil); err != nil || p.Early || p.N != 1 {
 		t.Fatalf("first late join = %+v %v", p, err)
 	}
 	// A replica whose clock is behind still joins late.
-	if p, _, err := s.Join(ctx, prog, keys.MustID("l1"), now, opens); err != nil || p.Early || p.N != 2 {
+	if p, _, err := s.Join(ctx, prog, keys.MustID("l1"), now, opens, nil); err != nil || p.Early || p.N != 2 {
 		t.Fatalf("late join with a slow clock = %+v %v", p, err)
 	}
 	window := time.Minute
 	step, err := s.Advance(ctx, prog, opens, opens, 3, 100, window, false)
-	if err != nil || step.Serving != 3 || step.Joined != 7 || step.Unused != 3 {
+	if err != nil || step.Serving != 3 || step.Joined != 7 || step.Unused != 3 || !step.Opened || step.Early != 5 || step.Late != 2 {
 		t.Fatalf("advance by the rate = %+v %v", step, err)
 	}
 	// The limit: at most 4 admitted unused.
 	if step, err = s.Advance(ctx, prog, opens.Add(time.Second), opens, 10, 4, window, false); err != nil || step.Serving != 4 {
 		t.Fatalf("advance by the stock = %+v %v", step, err)
 	}
-	if err := s.Spend(ctx, prog, 2, keys.MustID("r1"), opens.Add(2*time.Second), window); err != nil {
-		t.Fatal(err)
+	at := opens.Add(2 * time.Second)
+	e1, e2 := keys.MustID("e1"), keys.MustID("e2")
+	if admitted, first, err := s.Spend(ctx, prog, 2, e1, keys.MustID("r1"), at, window); err != nil || !first || admitted.UnixMilli() != opens.UnixMilli() {
+		t.Fatalf("Spend = %v %v %v", admitted, first, err)
 	}
-	if err := s.Spend(ctx, prog, 2, keys.MustID("r1"), opens.Add(2*time.Second), window); err != nil {
-		t.Fatalf("the same request again: %v", err)
+	if _, first, err := s.Spend(ctx, prog, 2, e1, keys.MustID("r1"), at, window); err != nil || first {
+		t.Fatalf("the same request again: %v %v", first, err)
 	}
-	if err := s.Spend(ctx, prog, 2, keys.MustID("r2"), opens.Add(2*time.Second), window); !errors.Is(err, queue.ErrSpent) {
+	if _, _, err := s.Spend(ctx, prog, 2, e1, keys.MustID("r2"), at, window); !errors.Is(err, queue.ErrSpent) {
 		t.Fatalf("another request: %v", err)
 	}
-	if err := s.Spend(ctx, prog, 6, keys.MustID("r3"), opens.Add(2*time.Second), window); !errors.Is(err, queue.ErrNotAdmitted) {
+	// Only the request that spent it gives it back.
+	if ok, err := s.Release(ctx, prog, e1, keys.MustID("r2")); err != nil || ok {
+		t.Fatalf("Release by another request = %v %v", ok, err)
+	}
+	if ok, err := s.Release(ctx, prog, e1, keys.MustID("r1")); err != nil || !ok {
+		t.Fatalf("Release = %v %v", ok, err)
+	}
+	if _, first, err := s.Spend(ctx, prog, 2, e1, keys.MustID("r2"), at, window); err != nil || !first {
+		t.Fatalf("spend after a release: %v %v", first, err)
+	}
+	if _, _, err := s.Spend(ctx, prog, 6, e2, keys.MustID("r3"), at, window); !errors.Is(err, queue.ErrNotAdmitted) {
 		t.Fatalf("not admitted: %v", err)
 	}
-	if err := s.Spend(ctx, prog, 1, keys.MustID("r4"), opens.Add(2*window), window); !errors.Is(err, queue.ErrExpired) {
+	if _, _, err := s.Spend(ctx, prog, 1, e2, keys.MustID("r4"), opens.Add(2*window), window); !errors.Is(err, queue.ErrExpired) {
 		t.Fatalf("expired: %v", err)
 	}
 	// One spent: one more may come in.
@@ -135,11 +171,95 @@ func TestLine(t *testing.T) {
 		step.Serving != 7 || step.Abandoned != 4 {
 		t.Fatalf("advance after the window = %+v %v", step, err)
 	}
+	if st, _ := s.State(ctx, prog); st.Old != 5 {
+		t.Fatalf("admitted before the window: up to %d, want 5", st.Old)
+	}
 	if step, err = s.Advance(ctx, prog, opens.Add(window+5*time.Second), opens, 10, 100, window, true); err != nil {
 		t.Fatal(err)
 	}
 	if st, _ := s.State(ctx, prog); !st.SoldOut || !st.Opened || st.Early != 5 || st.Late != 2 {
 		t.Fatalf("sold out: %+v", st)
+	}
+}
+
+// A line hands out places only up to what was reserved, then asks for
+// more (ErrFull, naming the kind).
+func TestLineFull(t *testing.T) {
+	ctx := context.Background()
+	s := queue.New(testenv.SharedCluster(t).Client())
+	prog := keys.MustID(testenv.ID(t, "full"))
+	now := time.Now()
+	if _, err := s.Restore(ctx, prog, queue.Facts{}, now); err != nil {
+		t.Fatal(err)
+	}
+	if p, _, err := s.Join(ctx, prog, keys.MustID("a"), now, now.Add(time.Hour), nil); !errors.Is(err, queue.ErrFull) || !p.Early {
+		t.Fatalf("early join with nothing reserved = %+v %v", p, err)
+	}
+	if err := s.Reserve(ctx, prog, false, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Reserve(ctx, prog, false, 1); err != nil { // a smaller reservation changes nothing
+		t.Fatal(err)
+	}
+	for _, b := range []string{"a", "b"} {
+		if _, _, err := s.Join(ctx, prog, keys.MustID(b), now, now, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p, _, err := s.Join(ctx, prog, keys.MustID("c"), now, now, nil); !errors.Is(err, queue.ErrFull) || p.Early {
+		t.Fatalf("third late join with 2 reserved = %+v %v", p, err)
+	}
+}
+
+// A line Redis lost is made again from the ledger's facts: every count
+// past what was reserved, so no place is given twice; the places reserved
+// since the pacer last looked are a gap, admitted at once and outside the
+// admitted-unused count; a buyer whose record was lost keeps the place of
+// its ticket; admitted buyers get a new window.
+func TestLineRestored(t *testing.T) {
+	ctx := context.Background()
+	rdb := testenv.SharedCluster(t).Client()
+	s := queue.New(rdb)
+	prog := keys.MustID(testenv.ID(t, "lost"))
+	now := time.Now()
+	// The ledger saw: 10 early, opened, 20 late joined, 12 served; 30 late
+	// places were reserved.
+	f := queue.Facts{Pre: 16, Opened: true, Early: 10, Post: 30, Serving: 12, GapLo: 10 + 20 + 1, GapHi: 10 + 30}
+	if made, err := s.Restore(ctx, prog, f, now); err != nil || !made {
+		t.Fatalf("Restore = %v %v", made, err)
+	}
+	if made, err := s.Restore(ctx, prog, queue.Facts{}, now); err != nil || made {
+		t.Fatalf("a second Restore = %v %v, want nothing changed", made, err)
+	}
+	if err := s.Reserve(ctx, prog, false, 40); err != nil {
+		t.Fatal(err)
+	}
+	// A new buyer comes after every reserved place.
+	if p, _, err := s.Join(ctx, prog, keys.MustID("new"), now, now, nil); err != nil || p.Early || p.N != 31 {
+		t.Fatalf("join after the restore = %+v %v", p, err)
+	}
+	// A buyer with a ticket keeps its place.
+	kept := queue.Place{N: 25, At: now.Add(-time.Minute)}
+	if p, created, err := s.Join(ctx, prog, keys.MustID("old"), now, now, &kept); err != nil || created || p.N != 25 || p.Early {
+		t.Fatalf("join with a ticket = %+v %v %v", p, created, err)
+	}
+	if p, _, err := s.Join(ctx, prog, keys.MustID("old"), now, now, nil); err != nil || p.N != 25 {
+		t.Fatalf("join again = %+v %v", p, err)
+	}
+	// An admitted buyer (position 5) spends within a new window.
+	window := time.Minute
+	if _, _, err := s.Spend(ctx, prog, 5, keys.MustID("e5"), keys.MustID("r5"), now.Add(time.Second), window); err != nil {
+		t.Fatalf("spend of a restored admission: %v", err)
+	}
+	// 12 served, 1 spent: 11 unused; a limit of 15 admits 4 more (13..16);
+	// at 30 the gap is next: it is admitted whole, costing nothing.
+	step, err := s.Advance(ctx, prog, now.Add(2*time.Second), now, 100, 15, window, false)
+	if err != nil || step.Serving != 16 || step.Unused != 15 || step.Joined != 41 {
+		t.Fatalf("advance after the restore = %+v %v", step, err)
+	}
+	step, err = s.Advance(ctx, prog, now.Add(3*time.Second), now, 100, 100, window, false)
+	if err != nil || step.Serving != 41 || step.Unused != 15+14+1 {
+		t.Fatalf("advance over the gap = %+v %v", step, err)
 	}
 }
 
@@ -153,8 +273,12 @@ func TestMemoryPerWaitingBuyer(t *testing.T) {
 	prog := keys.MustID(testenv.ID(t, "mem"))
 	const n = 10_000
 	now := time.Now()
+	newLine(t, s, prog)
+	if err := s.Reserve(ctx, prog, false, n); err != nil {
+		t.Fatal(err)
+	}
 	for i := range n {
-		if _, _, err := s.Join(ctx, prog, keys.MustID(fmt.Sprintf("buyer-%07d", i)), now, now); err != nil {
+		if _, _, err := s.Join(ctx, prog, keys.MustID(fmt.Sprintf("buyer-%07d", i)), now, now, nil); err != nil {
 			t.Fatal(err)
 		}
 	}

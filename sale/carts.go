@@ -154,10 +154,7 @@ func (s *Service) takeCart(ctx context.Context, t CartTake, hold bool) (Result, 
 		c.picks = append(c.picks, seatPick{seats: l.Seats, section: l.Section})
 	}
 	return s.run(ctx, c.req, func(ctx context.Context) answer {
-		if err := s.admitQueue(ctx, t.Program, t.Buyer, t.Admission, c.req); err != nil {
-			return fail(err)
-		}
-		return c.take(ctx)
+		return s.throughQueue(ctx, t.Program, t.Ask, c.req, c.take)
 	})
 }
 

@@ -27,6 +27,7 @@ type metrics struct {
 	queueWaiting   prometheus.Gauge
 	queueLeft      prometheus.Gauge
 	queueAbandoned prometheus.Gauge
+	queueWait      prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -104,6 +105,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "stockgate_queue_abandoned",
 			Help: "Admitted buyers whose window passed without a purchase, over the programs this gateway paces.",
 		}),
+		queueWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "stockgate_queue_wait_seconds",
+			Help: "How long buyers who bought waited in line: from joining (or the opening, for a buyer who joined before it) to admission, observed when the admission is first spent.",
+			// From a second to two hours.
+			Buckets: []float64{1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200},
+		}),
 		waitJoins: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "stockgate_waitlist_joins_total",
 			Help: "Buyers this gateway put on a waitlist (a buyer joining again while in line is not counted).",
@@ -113,7 +120,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Holds this gateway's sweeper expired and gave back.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes, m.seatDrift, m.seatRepairs, m.poolRefusals, m.poolMoved, m.waitJoins, m.queueJoins, m.queueAdmitted, m.queueUnused, m.queueWaiting, m.queueLeft, m.queueAbandoned} {
+	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes, m.seatDrift, m.seatRepairs, m.poolRefusals, m.poolMoved, m.waitJoins, m.queueJoins, m.queueAdmitted, m.queueUnused, m.queueWaiting, m.queueLeft, m.queueAbandoned, m.queueWait} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

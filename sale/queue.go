@@ -40,6 +40,8 @@ const (
 	QueueWaiting  = "waiting"
 	QueueAdmitted = "admitted"
 	QueueSoldOut  = "sold-out"
+	// QueueExpired: admitted, and the admission window has passed.
+	QueueExpired = "expired"
 )
 
 // QueueRefresh is how long a replica answers checks from its memory of a
@@ -119,18 +121,20 @@ func (s *Service) Queue(ctx context.Context, program keys.ID) (QueueView, error)
 	if err != nil {
 		return QueueView{}, err
 	}
-	st, err := s.queue.State(ctx, program)
+	v, err := s.loadLine(ctx, program)
 	if err != nil {
-		return QueueView{}, refuse(ErrUnavailable, "Redis unavailable; repeat the request")
+		return QueueView{}, err
 	}
+	st := v.st
 	return QueueView{QueueConfig: queueOfLedger(c), Joined: st.Joined(), Serving: st.Serving, Unused: st.Unused,
-		Abandoned: st.Abandoned, SoldOut: st.SoldOut, Opened: st.Opened}, nil
+		Abandoned: st.Abandoned, SoldOut: v.soldOut(), Opened: st.Opened}, nil
 }
 
 // JoinQueue gives buyer its one place in program's line and the signed
 // ticket to check it with; joining again answers the same place (created
-// false).
-func (s *Service) JoinQueue(ctx context.Context, program, buyer keys.ID) (QueueStatus, bool, error) {
+// false). ticket, when not "", is the buyer's ticket of an earlier join:
+// a buyer whose place Redis lost keeps it.
+func (s *Service) JoinQueue(ctx context.Context, program, buyer keys.ID, ticket string) (QueueStatus, bool, error) {
 	c, err := s.queueConfig(ctx, program)
 	if err != nil {
 		return QueueStatus{}, false, err
@@ -139,21 +143,48 @@ func (s *Service) JoinQueue(ctx context.Context, program, buyer keys.ID) (QueueS
 	if now.Before(c.JoinFrom) {
 		return QueueStatus{}, false, refuse(ErrQueueNotOpen, "the line opens at "+c.JoinFrom.UTC().Format(time.RFC3339))
 	}
-	place, created, err := s.queue.Join(ctx, program, buyer, now, c.OpensAt)
-	if err != nil {
+	secret := queueSecret(c)
+	var had *queue.Place
+	if ticket != "" {
+		b, p, err := queue.ParseTicket(secret, program, ticket)
+		if err != nil || b != buyer {
+			return QueueStatus{}, false, refuse(ErrQueueTicket, "not a queue ticket of this buyer in this program")
+		}
+		had = &p
+	}
+	var place queue.Place
+	created := false
+	for attempt := 0; ; attempt++ {
+		place, created, err = s.queue.Join(ctx, program, buyer, now, c.OpensAt, had)
+		if err == nil {
+			break
+		}
+		if attempt < 4 {
+			switch {
+			case errors.Is(err, queue.ErrLost):
+				err = s.restoreLine(ctx, program)
+			case errors.Is(err, queue.ErrFull):
+				err = s.reservePlaces(ctx, program, place.Early)
+			}
+			if err == nil {
+				continue
+			}
+		}
 		s.log.WarnContext(ctx, "join queue", "program", program.String(), "err", err)
 		return QueueStatus{}, false, refuse(ErrUnavailable, "Redis unavailable; repeat the request")
 	}
 	if created {
 		s.metrics.queueJoins.Inc()
 	}
-	st, err := s.QueueCheck(ctx, program, queue.Ticket(queueSecret(c), program, buyer, place))
+	st, err := s.QueueCheck(ctx, program, queue.Ticket(secret, program, buyer, place))
 	return st, created, err
 }
 
 // QueueCheck answers where the holder of ticket stands, from this
-// replica's memory of the line (read from Redis a few times a second per
-// program, whoever asks): polls cost no Redis call.
+// replica's memory of the line (read from Redis and the ledger at most
+// once per QueueRefresh per program, whoever asks): polls cost no Redis
+// call. A line whose last ticket sold is answered sold-out by every
+// replica within QueueRefresh of that sale's answer.
 func (s *Service) QueueCheck(ctx context.Context, program keys.ID, ticket string) (QueueStatus, error) {
 	c, err := s.queueConfig(ctx, program)
 	if err != nil {
@@ -164,70 +195,230 @@ func (s *Service) QueueCheck(ctx context.Context, program keys.ID, ticket string
 	if err != nil {
 		return QueueStatus{}, refuse(ErrQueueTicket, "not a queue ticket of this program")
 	}
-	st, err := s.lines.get(ctx, program, func(ctx context.Context) (queue.State, error) { return s.queue.State(ctx, program) })
+	v, err := s.lines.get(ctx, program, func(ctx context.Context) (lineView, error) { return s.loadLine(ctx, program) })
 	if err != nil {
-		return QueueStatus{}, refuse(ErrUnavailable, "Redis unavailable; check again")
+		return QueueStatus{}, err
 	}
-	out := QueueStatus{Program: program, Buyer: buyer, Ticket: ticket, State: QueueWaiting, OpensAt: c.OpensAt}
-	rate := max(c.Rate, 1)
-	if !st.Opened {
-		// An early join's place is drawn at the opening.
-		if !place.Early {
-			out.Position = st.Early + place.N // cannot happen before the opening; kept coherent
-		}
-		out.Wait = time.Until(c.OpensAt)
-		out.RetryAfter = min(max(out.Wait/2, time.Second), 30*time.Second)
-		return out, nil
-	}
-	out.Position = queue.Position(secret, place, st.Early)
-	if out.Position == 0 {
-		return QueueStatus{}, refuse(ErrQueueTicket, "not a place in this line")
-	}
-	switch {
-	case out.Position <= st.Serving:
-		out.State = QueueAdmitted
-		out.Admission = queue.Admission(secret, program, buyer, out.Position)
-	case st.SoldOut:
-		out.State = QueueSoldOut
-	default:
-		out.Ahead = out.Position - st.Serving - 1
-		out.Wait = time.Duration(float64(out.Ahead+1) / float64(rate) * float64(time.Second))
-		out.RetryAfter = min(max(out.Wait/4, time.Second), 30*time.Second)
-	}
-	return out, nil
+	return queueStatus(c, secret, v, buyer, place, ticket), nil
 }
 
-// admitQueue lets a request of a queued program through with its admission
-// token, spending it on the request (the same request again: a retry);
-// programs without a waiting room pass.
-func (s *Service) admitQueue(ctx context.Context, program, buyer keys.ID, token string, r request) error {
-	c, err := s.queueConfig(ctx, program)
-	if errors.Is(err, ErrNoQueue) {
-		return nil
+// queueStatus is where a buyer with place stands in a line seen as v.
+func queueStatus(c ledger.QueueConfig, secret []byte, v lineView, buyer keys.ID, place queue.Place, ticket string) QueueStatus {
+	st := v.st
+	out := QueueStatus{Program: c.Program, Buyer: buyer, Ticket: ticket, State: QueueWaiting, OpensAt: c.OpensAt}
+	if !st.Opened {
+		// An early join's place is drawn at the opening.
+		out.Wait = time.Until(c.OpensAt)
+		out.RetryAfter = min(max(out.Wait/2, time.Second), 30*time.Second)
+		return out
 	}
+	out.Position = queue.Position(secret, place, st.Early)
+	switch {
+	case out.Position == 0:
+		// A place past the line's early count: a ticket of an early place
+		// the ledger reserved but the line lost before the opening; it
+		// waits behind the early ones.
+		out.Position = st.Early + 1
+		fallthrough
+	default:
+		switch {
+		case v.soldOut():
+			out.State = QueueSoldOut
+		case out.Position <= st.Old:
+			out.State = QueueExpired
+		case out.Position <= st.Serving:
+			out.State = QueueAdmitted
+			out.Admission = queue.Admission(secret, c.Program, buyer, out.Position, place.At)
+		default:
+			out.Ahead = out.Position - st.Serving - 1
+			out.Wait = time.Duration(float64(out.Ahead+1) / float64(max(c.Rate, 1)) * float64(time.Second))
+			out.RetryAfter = min(max(out.Wait/4, time.Second), 30*time.Second)
+		}
+	}
+	return out
+}
+
+// lineView is what a replica remembers of a line: its counters in Redis
+// and what its program has left in the ledger.
+type lineView struct {
+	st    queue.State
+	stock ledger.ProgramStock
+}
+
+// soldOut: the line is closed, by the pacer or because the ledger has
+// nothing left to sell nor held.
+func (v lineView) soldOut() bool { return v.st.SoldOut || v.stock.SoldOut() }
+
+// loadLine reads a line's counters and its program's stock; a line Redis
+// lost is read from the ledger's facts (the pacer restores it).
+func (s *Service) loadLine(ctx context.Context, program keys.ID) (lineView, error) {
+	var v lineView
+	var err error
+	if v.stock, err = s.ledger.ProgramStock(ctx, program); err != nil {
+		s.log.WarnContext(ctx, "queue: program stock", "program", program.String(), "err", err)
+		return v, refuse(ErrUnavailable, "ledger unavailable; check again")
+	}
+	if v.st, err = s.queue.State(ctx, program); err != nil {
+		return v, refuse(ErrUnavailable, "Redis unavailable; check again")
+	}
+	if v.st.Lost {
+		ln, err := s.ledger.QueueLine(ctx, program)
+		if err != nil {
+			return v, refuse(ErrUnavailable, "ledger unavailable; check again")
+		}
+		f := lineFacts(ln)
+		v.st = queue.State{Opened: f.Opened, Early: f.Early, Late: ln.Post, Serving: f.Serving}
+	}
+	return v, nil
+}
+
+// lineFacts are the facts a lost line is made again from: every count past
+// what the ledger reserved, the serving counter as the pacer last saw it,
+// and the late places reserved since then as a gap (given or not, nobody
+// can tell).
+func lineFacts(ln ledger.QueueLine) queue.Facts {
+	f := queue.Facts{Pre: ln.PreCap, Post: ln.PostCap, Serving: ln.Serving}
+	switch {
+	case ln.Opened:
+		f.Opened, f.Early = true, ln.Early
+	case ln.PostCap > 0:
+		// It opened after the pacer last looked: late places were
+		// reserved, so every early place came before them.
+		f.Opened, f.Early = true, ln.PreCap
+	}
+	if f.Opened && ln.PostCap > ln.Post {
+		f.GapLo, f.GapHi = f.Early+ln.Post+1, f.Early+ln.PostCap
+	}
+	return f
+}
+
+// restoreLine makes program's line record in Redis again from the
+// ledger's facts (a new line, or one Redis lost).
+func (s *Service) restoreLine(ctx context.Context, program keys.ID) error {
+	ln, err := s.ledger.QueueLine(ctx, program)
 	if err != nil {
 		return err
 	}
-	if token == "" {
-		return refuse(ErrAdmissionRequired, "this program sells through its waiting room: send the Admission-Token the queue gave")
+	f := lineFacts(ln)
+	made, err := s.queue.Restore(ctx, program, f, time.Now())
+	if made && (ln.PreCap > 0 || ln.PostCap > 0) {
+		s.log.WarnContext(ctx, "queue: line restored from the ledger (Redis had lost it)", "program", program.String(),
+			"early", f.Pre, "late", f.Post, "serving", f.Serving, "gap_from", f.GapLo, "gap_to", f.GapHi)
 	}
-	pos, err := queue.ParseAdmission(queueSecret(c), program, buyer, token)
+	return err
+}
+
+// reservePlaces reserves more places of a kind for program's line in the
+// ledger, then lets Redis hand them out. The block grows while joins come
+// fast (about one reservation a second per replica at any join rate) and
+// shrinks when they slow, so a lost line skips few places.
+func (s *Service) reservePlaces(ctx context.Context, program keys.ID, early bool) error {
+	key := program.String() + "/late"
+	if early {
+		key = program.String() + "/early"
+	}
+	_, err, _ := s.reserving.Do(key, func() (any, error) {
+		b, _ := s.blocks.LoadOrStore(key, &placeBlock{n: minPlaceBlock})
+		blk := b.(*placeBlock)
+		blk.mu.Lock()
+		switch since := time.Since(blk.at); {
+		case since < time.Second:
+			blk.n = min(blk.n*2, maxPlaceBlock)
+		case since > 5*time.Second:
+			blk.n = max(blk.n/2, minPlaceBlock)
+		}
+		blk.at = time.Now()
+		n := blk.n
+		blk.mu.Unlock()
+		upTo, err := s.ledger.ReserveQueuePlaces(ctx, program, early, n)
+		if err != nil {
+			return nil, err
+		}
+		err = s.queue.Reserve(ctx, program, early, upTo)
+		if errors.Is(err, queue.ErrLost) {
+			return nil, s.restoreLine(ctx, program) // made past every reserved place, this block's too
+		}
+		return nil, err
+	})
+	return err
+}
+
+// The places one reservation adds: grown and shrunk by how fast they go.
+const (
+	minPlaceBlock = 64
+	maxPlaceBlock = 16384
+)
+
+type placeBlock struct {
+	mu sync.Mutex
+	at time.Time
+	n  int64
+}
+
+// throughQueue runs f for a request of a queued program once its
+// admission is spent on the request (the same request again: a retry); a
+// program without a waiting room runs f at once. When f is refused and
+// moved nothing (a seat taken, a ticket sold out, a wrong code), the
+// admission is given back, so the buyer may buy with it again within its
+// window.
+func (s *Service) throughQueue(ctx context.Context, program keys.ID, a Ask, r request, f func(context.Context) answer) answer {
+	c, err := s.queueConfig(ctx, program)
+	if errors.Is(err, ErrNoQueue) {
+		return f(ctx)
+	}
 	if err != nil {
-		return refuse(ErrAdmissionInvalid, "the admission token is not this buyer's for this program")
+		return fail(err)
 	}
-	err = s.queue.Spend(ctx, program, pos, r.gateID(), time.Now(), c.Window)
+	if a.Admission == "" {
+		return fail(refuse(ErrAdmissionRequired, "this program sells through its waiting room: send the Admission-Token the queue gave"))
+	}
+	pos, joined, err := queue.ParseAdmission(queueSecret(c), program, a.Buyer, a.Admission)
+	if err != nil {
+		return fail(refuse(ErrAdmissionInvalid, "the admission token is not this buyer's for this program"))
+	}
+	now := time.Now()
+	admittedAt, first, err := s.queue.Spend(ctx, program, pos, a.Buyer, r.gateID(), now, c.Window)
 	switch {
-	case err == nil:
-		return nil
 	case errors.Is(err, queue.ErrSpent):
-		return ErrAdmissionUsed
+		return s.lookupOr(ctx, r, fail(ErrAdmissionUsed))
 	case errors.Is(err, queue.ErrExpired):
-		return ErrAdmissionExpired
+		return s.lookupOr(ctx, r, fail(ErrAdmissionExpired))
 	case errors.Is(err, queue.ErrNotAdmitted):
-		return refuse(ErrAdmissionInvalid, "this place in line is not admitted yet")
+		return fail(refuse(ErrAdmissionInvalid, "this place in line is not admitted yet"))
+	case err != nil:
+		s.log.WarnContext(ctx, "spend admission", "program", program.String(), "err", err)
+		return fail(refuse(ErrUnavailable, "Redis unavailable; retry with the same Idempotency-Key"))
 	}
-	s.log.WarnContext(ctx, "spend admission", "program", program.String(), "err", err)
-	return refuse(ErrUnavailable, "Redis unavailable; retry with the same Idempotency-Key")
+	if first {
+		// The wait: from joining (or the opening, for an early join) to
+		// admission.
+		s.metrics.queueWait.Observe(max(admittedAt.Sub(later(joined, c.OpensAt)), 0).Seconds())
+	}
+	ans := f(ctx)
+	if ans.err != nil && movedNothing(ans.err) {
+		if _, err := s.queue.Release(ctx, program, a.Buyer, r.gateID()); err != nil {
+			// The admission stays spent: the buyer retries this request.
+			s.log.WarnContext(ctx, "release admission", "program", program.String(), "err", err)
+		}
+	}
+	return ans
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// movedNothing: err is a refusal that took nothing (not a failure after
+// which the request may still commit on a retry).
+func movedNothing(err error) bool {
+	switch Code(err) {
+	case "", "error", ErrUnavailable.Code, ErrBusy.Code:
+		return false
+	}
+	return true
 }
 
 // queueConfig is program's waiting room (cached for a second), or
@@ -327,7 +518,8 @@ type pacing struct {
 	}
 	last    time.Time
 	carry   float64
-	serving int64 // the serving counter after the last step; -1 before the first
+	serving int64            // the serving counter after the last step; -1 before the first
+	seen    ledger.QueueLine // what the ledger has of the line, as this pacer wrote it
 }
 
 // paced is what a pacer step saw of a line, for the gauges.
@@ -341,19 +533,26 @@ func (p *paced) add(q paced) {
 }
 
 // pace admits as many of c's line as the rate allows since the last step
-// and the stock allows now.
+// and the stock allows now, and records what it saw in the ledger (so a
+// line Redis loses is made again from there).
 func (s *Service) pace(ctx context.Context, c ledger.QueueConfig, p *pacing) paced {
 	now := time.Now()
 	p.carry += float64(c.Rate) * min(now.Sub(p.last), time.Second).Seconds()
 	p.last = now
 	most := int64(p.carry)
-	left, err := s.ledger.ProgramRemaining(ctx, c.Program)
+	ps, err := s.ledger.ProgramStock(ctx, c.Program)
 	if err != nil {
 		s.log.WarnContext(ctx, "pacer: stock left", "program", c.Program.String(), "err", err)
 		return paced{}
 	}
+	left := max(ps.Remaining, 0)
 	limit := int64(float64(left) * float64(c.PerRemaining) / 1000)
-	step, err := s.queue.Advance(ctx, c.Program, now, c.OpensAt, most, limit, c.Window, left == 0)
+	step, err := s.queue.Advance(ctx, c.Program, now, c.OpensAt, most, limit, c.Window, ps.SoldOut())
+	if errors.Is(err, queue.ErrLost) {
+		if err = s.restoreLine(ctx, c.Program); err == nil {
+			step, err = s.queue.Advance(ctx, c.Program, now, c.OpensAt, most, limit, c.Window, ps.SoldOut())
+		}
+	}
 	if err != nil {
 		s.log.WarnContext(ctx, "pacer: advance", "program", c.Program.String(), "err", err)
 		return paced{left: left}
@@ -364,6 +563,14 @@ func (s *Service) pace(ctx context.Context, c ledger.QueueConfig, p *pacing) pac
 		p.carry -= float64(admitted)
 	}
 	p.serving = step.Serving
+	seen := ledger.QueueLine{Program: c.Program, Opened: step.Opened, Early: step.Early, Post: step.Late, Serving: step.Serving}
+	if seen != p.seen {
+		if err := s.ledger.SeeQueueLine(ctx, seen); err != nil {
+			s.log.WarnContext(ctx, "pacer: record the line", "program", c.Program.String(), "err", err)
+		} else {
+			p.seen = seen
+		}
+	}
 	// At most a second's worth carried: a lull does not store up a burst.
 	p.carry = min(max(p.carry, 0), float64(c.Rate))
 	return paced{waiting: max(step.Joined-step.Serving, 0), left: left, unused: step.Unused, abandoned: step.Abandoned}
@@ -378,32 +585,39 @@ type ttlCache[V any] struct {
 }
 
 type ttlEntry[V any] struct {
-	once sync.Once
-	at   time.Time
-	v    V
-	err  error
+	once    sync.Once
+	started time.Time // made (and its load started) then: its value is never older than ttl
+	v       V
+	err     error
 }
 
 func newTTLCache[V any](ttl time.Duration) *ttlCache[V] {
 	return &ttlCache[V]{ttl: ttl, m: map[keys.ID]*ttlEntry[V]{}}
 }
 
+// get returns k's value, loading it when the one remembered is older than
+// ttl. A caller waits for a load in flight only if it started within ttl,
+// so every answer reflects the source as of ttl ago or later.
 func (c *ttlCache[V]) get(ctx context.Context, k keys.ID, load func(context.Context) (V, error)) (V, error) {
 	c.mu.Lock()
 	e := c.m[k]
-	if e == nil || time.Since(e.at) > c.ttl && !e.at.IsZero() {
-		e = &ttlEntry[V]{}
+	if e == nil || time.Since(e.started) > c.ttl {
+		e = &ttlEntry[V]{started: time.Now()}
 		c.m[k] = e
 	}
 	c.mu.Unlock()
 	e.once.Do(func() {
+		// One load for every caller: not cut short by the first one leaving.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
 		e.v, e.err = load(ctx)
-		c.mu.Lock()
-		e.at = time.Now()
 		if e.err != nil && !errors.Is(e.err, ErrNoQueue) {
-			delete(c.m, k) // a failure is not remembered
+			c.mu.Lock()
+			if c.m[k] == e {
+				delete(c.m, k) // a failure is not remembered
+			}
+			c.mu.Unlock()
 		}
-		c.mu.Unlock()
 	})
 	return e.v, e.err
 }
@@ -417,10 +631,7 @@ func (c *ttlCache[V]) forget(k keys.ID) {
 // admitted takes w once its request is let through the program's waiting
 // room (when the program has one).
 func (s *Service) admitted(ctx context.Context, a Ask, program keys.ID, r request, w want) answer {
-	if err := s.admitQueue(ctx, program, a.Buyer, a.Admission, r); err != nil {
-		return fail(err)
-	}
-	return s.take(ctx, w)
+	return s.throughQueue(ctx, program, a, r, func(ctx context.Context) answer { return s.take(ctx, w) })
 }
 
 // QueuePage is what the waiting room's page of program needs: where it

@@ -99,7 +99,10 @@ type Ledger interface {
 	Queue(ctx context.Context, program keys.ID) (ledger.QueueConfig, error)
 	DeleteQueue(ctx context.Context, program keys.ID) (bool, error)
 	QueuedPrograms(ctx context.Context) ([]ledger.QueueConfig, error)
-	ProgramRemaining(ctx context.Context, program keys.ID) (int64, error)
+	ProgramStock(ctx context.Context, program keys.ID) (ledger.ProgramStock, error)
+	QueueLine(ctx context.Context, program keys.ID) (ledger.QueueLine, error)
+	ReserveQueuePlaces(ctx context.Context, program keys.ID, early bool, n int64) (int64, error)
+	SeeQueueLine(ctx context.Context, q ledger.QueueLine) error
 	LeaveWaitlist(ctx context.Context, sku stock.SKU, buyer keys.ID) (ledger.WaitEntry, error)
 	WaitEntryOf(ctx context.Context, sku stock.SKU, buyer keys.ID) (ledger.WaitEntry, error)
 }
@@ -303,7 +306,11 @@ type Service struct {
 	// counters, for the checks answered from memory.
 	queue  *queue.Store
 	queues *ttlCache[ledger.QueueConfig]
-	lines  *ttlCache[queue.State]
+	lines  *ttlCache[lineView]
+	// reserving makes one reservation of line places at a time per
+	// program and kind; blocks sizes them (*placeBlock by the same key).
+	reserving singleflight.Group
+	blocks    sync.Map
 }
 
 // New validates opts and returns a Service; Close stops it.
@@ -317,7 +324,7 @@ func New(opts Options) (*Service, error) {
 	opts = opts.withDefaults()
 	s := &Service{gate: opts.Gate, ledger: opts.Ledger, cache: opts.Cache, locker: opts.Locker, log: opts.Logger, opts: opts,
 		seats: opts.Seats, fallback: make(chan struct{}, opts.FallbackConcurrency), queue: opts.Queue,
-		queues: newTTLCache[ledger.QueueConfig](time.Second), lines: newTTLCache[queue.State](QueueRefresh)}
+		queues: newTTLCache[ledger.QueueConfig](time.Second), lines: newTTLCache[lineView](QueueRefresh)}
 	var err error
 	if s.metrics, err = newMetrics(opts.Registry); err != nil {
 		return nil, fmt.Errorf("sale: metrics: %w", err)

@@ -18,8 +18,9 @@
 -- Admitted-but-unused are the buyers admitted within the window who have
 -- not spent their admission; buyers admitted before the window who never
 -- spent it have abandoned. The positions a restore could not tell given
--- or not (gaplo..gaphi) are admitted at once when the line reaches them
--- and count in neither, unless spent.
+-- or not (gaplo..gaphi) are admitted at once when the line reaches them;
+-- they and those admitted before a restore (up to forgot: Redis lost
+-- their spends) count in neither.
 --
 -- Returns {1, serving, unused, abandoned, joined, opened, early, late}
 -- (opened 1 once the early count is fixed); {-1} the line's record is
@@ -38,19 +39,28 @@ local late = tonumber(redis.call('HGET', KEYS[1], 'post') or 0)
 local early = tonumber(frozen or redis.call('HGET', KEYS[1], 'pre') or 0)
 local joined = early + late
 local serving = tonumber(redis.call('HGET', KEYS[1], 'serving') or 0)
+-- Positions outside the admitted-unused count (unless spent since): up to
+-- "forgot" (admitted before a restore: their spends were lost with the
+-- line) and the gap (given or not, nobody can tell).
 local gaplo = tonumber(redis.call('HGET', KEYS[1], 'gaplo') or 0)
 local gaphi = tonumber(redis.call('HGET', KEYS[1], 'gaphi') or -1)
--- gap(a, b): how many positions of the gap lie in (a, b].
+local outside = {{1, tonumber(redis.call('HGET', KEYS[1], 'forgot') or 0)}, {gaplo, gaphi}}
+-- gap(a, b): how many positions outside the count lie in (a, b].
 local function gap(a, b)
-  local lo, hi = math.max(a + 1, gaplo), math.min(b, gaphi)
-  if hi < lo then return 0 end
-  return hi - lo + 1
+  local n = 0
+  for _, r in ipairs(outside) do
+    local lo, hi = math.max(a + 1, r[1]), math.min(b, r[2])
+    if hi >= lo then n = n + hi - lo + 1 end
+  end
+  return n
 end
--- spent(a, b): admissions spent at positions in (a, b], outside the gap.
+-- spent(a, b): admissions spent at positions in (a, b], outside excluded.
 local function spent(a, b)
   local n = redis.call('ZCOUNT', KEYS[4], '(' .. a, b)
-  local lo, hi = math.max(a + 1, gaplo), math.min(b, gaphi)
-  if hi >= lo then n = n - redis.call('ZCOUNT', KEYS[4], lo, hi) end
+  for _, r in ipairs(outside) do
+    local lo, hi = math.max(a + 1, r[1]), math.min(b, r[2])
+    if hi >= lo then n = n - redis.call('ZCOUNT', KEYS[4], lo, hi) end
+  end
   return n
 end
 local before = now - window
@@ -65,7 +75,7 @@ if frozen and soldout == 0 then
   local to = serving
   if allowed > 0 then
     to = serving + allowed
-    if to >= gaplo and serving < gaphi then to = to + gap(serving, gaphi) end
+    if to >= gaplo and serving < gaphi then to = to + gaphi - math.max(serving + 1, gaplo) + 1 end
   elseif serving + 1 == gaplo then
     to = gaphi -- the gap costs no admission
   end

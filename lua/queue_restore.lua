@@ -31,6 +31,9 @@ redis.call('HSET', KEYS[1], 'line', 1, 'pre', pre, 'precap', pre, 'post', post, 
 if opened == 1 then redis.call('HSET', KEYS[1], 'frozen', frozen) end
 if gaplo > 0 and gaphi >= gaplo then redis.call('HSET', KEYS[1], 'gaplo', gaplo, 'gaphi', gaphi) end
 if serving > 0 then
+  -- Whether they spent their admissions was lost: they count as neither
+  -- unused nor abandoned.
+  redis.call('HSET', KEYS[1], 'forgot', serving)
   redis.call('ZADD', KEYS[2], now, serving)
   redis.call('ZADD', KEYS[3], serving, serving .. ':' .. now)
 end

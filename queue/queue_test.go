@@ -251,15 +251,22 @@ func TestLineRestored(t *testing.T) {
 	if _, _, err := s.Spend(ctx, prog, 5, keys.MustID("e5"), keys.MustID("r5"), now.Add(time.Second), window); err != nil {
 		t.Fatalf("spend of a restored admission: %v", err)
 	}
-	// 12 served, 1 spent: 11 unused; a limit of 15 admits 4 more (13..16);
-	// at 30 the gap is next: it is admitted whole, costing nothing.
+	// The 12 admitted before the loss count as neither unused nor
+	// abandoned (their spends were lost): a limit of 15 admits 13..27.
 	step, err := s.Advance(ctx, prog, now.Add(2*time.Second), now, 100, 15, window, false)
-	if err != nil || step.Serving != 16 || step.Unused != 15 || step.Joined != 41 {
+	if err != nil || step.Serving != 27 || step.Unused != 15 || step.Joined != 41 {
 		t.Fatalf("advance after the restore = %+v %v", step, err)
 	}
+	// Then 28..30, the gap 31..40 whole and costing nothing, and 41.
 	step, err = s.Advance(ctx, prog, now.Add(3*time.Second), now, 100, 100, window, false)
-	if err != nil || step.Serving != 41 || step.Unused != 15+14+1 {
+	if err != nil || step.Serving != 41 || step.Unused != 15+4 {
 		t.Fatalf("advance over the gap = %+v %v", step, err)
+	}
+	// Past the window, the 19 unspent admitted since the restore have
+	// abandoned; those before it and the gap are not counted.
+	step, err = s.Advance(ctx, prog, now.Add(window+4*time.Second), now, 100, 100, window, false)
+	if err != nil || step.Abandoned != 19 || step.Unused != 0 {
+		t.Fatalf("advance after the window = %+v %v", step, err)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"math"
 	"sync"
 	"time"
 
@@ -546,7 +547,9 @@ func (s *Service) pace(ctx context.Context, c ledger.QueueConfig, p *pacing) pac
 		return paced{}
 	}
 	left := max(ps.Remaining, 0)
-	limit := int64(float64(left) * float64(c.PerRemaining) / 1000)
+	// Rounded up: a factor under 1 must still let a buyer in for the last
+	// ticket.
+	limit := int64(math.Ceil(float64(left) * float64(c.PerRemaining) / 1000))
 	step, err := s.queue.Advance(ctx, c.Program, now, c.OpensAt, most, limit, c.Window, ps.SoldOut())
 	if errors.Is(err, queue.ErrLost) {
 		if err = s.restoreLine(ctx, c.Program); err == nil {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -107,7 +108,7 @@ func (s *Server) observe(c *gin.Context) {
 	case status >= 500:
 		s.log.ErrorContext(c.Request.Context(), "request failed", "route", route, "method", method,
 			"status", status, "duration", took.String())
-	case took >= s.opts.SlowRequest:
+	case took >= s.opts.SlowRequest && !strings.HasSuffix(route, "/events"): // a stream is long by design
 		s.log.WarnContext(c.Request.Context(), "slow request", "route", route, "method", method,
 			"status", status, "duration", took.String())
 	}

@@ -148,7 +148,7 @@ type queueStatusView struct {
 	RetryAfterSeconds int64     `json:"retry_after_seconds,omitempty"`
 }
 
-func (s *Server) writeQueueStatus(c *gin.Context, status int, st sale.QueueStatus) {
+func queueStatusViewOf(st sale.QueueStatus) queueStatusView {
 	v := queueStatusView{Program: st.Program.String(), Buyer: st.Buyer.String(), Ticket: st.Ticket, State: st.State,
 		Position: st.Position, WaitSeconds: int64(max(st.Wait, 0) / time.Second), AdmissionToken: st.Admission, OpensAt: st.OpensAt.UTC()}
 	if st.State == sale.QueueWaiting && st.Position > 0 {
@@ -156,9 +156,15 @@ func (s *Server) writeQueueStatus(c *gin.Context, status int, st sale.QueueStatu
 		v.Ahead = &ahead
 	}
 	if st.RetryAfter > 0 {
-		secs := int64((st.RetryAfter + time.Second - 1) / time.Second)
-		v.RetryAfterSeconds = secs
-		c.Header("Retry-After", strconv.FormatInt(secs, 10))
+		v.RetryAfterSeconds = int64((st.RetryAfter + time.Second - 1) / time.Second)
+	}
+	return v
+}
+
+func (s *Server) writeQueueStatus(c *gin.Context, status int, st sale.QueueStatus) {
+	v := queueStatusViewOf(st)
+	if v.RetryAfterSeconds > 0 {
+		c.Header("Retry-After", strconv.FormatInt(v.RetryAfterSeconds, 10))
 	}
 	c.JSON(status, v)
 }

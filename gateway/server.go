@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -151,7 +152,11 @@ type Server struct {
 	log     *slog.Logger
 	opts    Options
 	ready   atomic.Bool
-	engine  *gin.Engine
+	// draining is closed when the server stops being ready after it was:
+	// long-lived streams end, so the HTTP server can drain.
+	draining  chan struct{}
+	drainOnce sync.Once
+	engine    *gin.Engine
 	admin   *gin.Engine // with SeparateAdmin: /metrics and the admin routes
 }
 
@@ -165,7 +170,7 @@ func New(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	opts = opts.withDefaults()
-	s := &Server{sale: opts.Sale, log: WithRequestIDs(opts.Logger), opts: opts}
+	s := &Server{sale: opts.Sale, log: WithRequestIDs(opts.Logger), opts: opts, draining: make(chan struct{})}
 	var err error
 	if s.http, err = newHTTPMetrics(opts.Registry); err != nil {
 		return nil, fmt.Errorf("gateway: metrics: %w", err)
@@ -211,7 +216,11 @@ func (s *Server) AdminHandler() http.Handler {
 }
 
 // SetReady flips /readyz: true once warmed up, false when draining.
-func (s *Server) SetReady(ready bool) { s.ready.Store(ready) }
+func (s *Server) SetReady(ready bool) {
+	if was := s.ready.Swap(ready); was && !ready {
+		s.drainOnce.Do(func() { close(s.draining) })
+	}
+}
 
 func (s *Server) routes(set routeSet) (*gin.Engine, error) {
 	gin.SetMode(gin.ReleaseMode)
@@ -276,6 +285,7 @@ func (s *Server) routes(set routeSet) (*gin.Engine, error) {
 	v1.POST("/programs/:program/carts", s.postCart)
 	v1.POST("/programs/:program/queue", s.joinQueue)
 	v1.GET("/programs/:program/queue/:ticket", s.checkQueue)
+	v1.GET("/programs/:program/queue/:ticket/events", s.queueEvents)
 	v1.POST("/programs/:program/cart-holds", s.postCartHold)
 	v1.GET("/carts/:id", s.getCart)
 	v1.POST("/carts/:id/confirm", s.confirmCart)

@@ -1,0 +1,105 @@
+package gateway
+
+import (
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/stockgate/stockgate/sale"
+)
+
+// A waiting buyer may follow its place as Server-Sent Events instead of
+// polling: GET /v1/programs/:program/queue/:ticket/events. The stream is
+// answered from the same memory of the line as a check (no Redis call per
+// buyer), sends a "status" event (the check's JSON) whenever what the
+// buyer would see changes, and ends after a final state (admitted,
+// sold-out, expired), after queueStreamLife (the client reconnects, maybe
+// to another replica), or when the server drains.
+
+const (
+	// queueStreamLife bounds one stream, so connections move between
+	// replicas as they come and go.
+	queueStreamLife = 5 * time.Minute
+	// queueHeartbeat keeps idle proxies from closing a quiet stream.
+	queueHeartbeat = 15 * time.Second
+	// queueRetryMS is the reconnection delay the stream asks clients for.
+	queueRetryMS = "2000"
+)
+
+// queueEvents handles GET /v1/programs/:program/queue/:ticket/events.
+func (s *Server) queueEvents(c *gin.Context) {
+	program, ok := programParam(c)
+	if !ok {
+		return
+	}
+	ctx := c.Request.Context()
+	ticket := c.Param("ticket")
+	st, err := s.sale.QueueCheck(ctx, program, ticket)
+	if err != nil {
+		s.writeError(c, err) // a bad ticket is a problem, not a stream
+		return
+	}
+	h := c.Writer.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Accel-Buffering", "no") // nginx: pass events on at once
+	c.Status(http.StatusOK)
+	write := func(lines string) bool {
+		if _, err := c.Writer.WriteString(lines); err != nil {
+			return false
+		}
+		c.Writer.Flush()
+		return true
+	}
+	if !write("retry: " + queueRetryMS + "\n\n") {
+		return
+	}
+	var last []byte
+	send := func(st sale.QueueStatus) bool {
+		v := queueStatusViewOf(st)
+		v.WaitSeconds = int64(max(st.Wait, 0) / time.Second)
+		b, _ := json.Marshal(v)
+		if string(b) == string(last) {
+			return true
+		}
+		last = b
+		return write("event: status\ndata: " + string(b) + "\n\n")
+	}
+	tick := time.NewTicker(sale.QueueRefresh)
+	defer tick.Stop()
+	beat := time.NewTicker(queueHeartbeat)
+	defer beat.Stop()
+	end := time.NewTimer(queueStreamLife)
+	defer end.Stop()
+	for {
+		if !send(st) || final(st.State) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.draining:
+			return
+		case <-end.C:
+			return
+		case <-beat.C:
+			if !write(": keep-alive\n\n") {
+				return
+			}
+			continue
+		case <-tick.C:
+		}
+		if st, err = s.sale.QueueCheck(ctx, program, ticket); err != nil {
+			// Redis or the ledger away for a moment: the client reconnects.
+			write("event: error\ndata: {\"type\":\"" + sale.Code(err) + "\"}\n\n")
+			return
+		}
+	}
+}
+
+// final says a buyer in this state has nothing more to wait for.
+func final(state string) bool {
+	return state == sale.QueueAdmitted || state == sale.QueueSoldOut || state == sale.QueueExpired
+}

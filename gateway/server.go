@@ -157,7 +157,7 @@ type Server struct {
 	draining  chan struct{}
 	drainOnce sync.Once
 	engine    *gin.Engine
-	admin   *gin.Engine // with SeparateAdmin: /metrics and the admin routes
+	admin     *gin.Engine // with SeparateAdmin: /metrics and the admin routes
 }
 
 // New validates opts and returns a Server that is not ready yet: call

@@ -36,7 +36,9 @@ import (
 // purchases and holds in a code-only presale pool of a ticket (its codes
 // used up, given back by refunds, cancels and expiry; wrong codes; the
 // pool closed while its orders still stand, its later returns moved on to
-// the public pool by a sweeper). It
+// the public pool by a sweeper); and a second program sold only through
+// its waiting room (modelqueue_test.go: joins, checks, and takes with the
+// buyer's admission token, another's, a forged one or none). It
 // checks each answer and the ledger against a reference model after every
 // step: the status (and for a refusal its kind, and the cart line it
 // names) of every answer, sold + held <= total, every 2xx in the ledger,
@@ -69,9 +71,11 @@ func TestModel(t *testing.T) {
 			m.settlePoolMoves()
 			m.do()
 			m.checkLedger()
+			m.queueStepped()
 			if i%10 == 9 {
 				m.checkBuyers()
 				m.checkLine()
+				m.checkQueue()
 			}
 			if i%100 == 99 {
 				m.checkRedis()
@@ -83,6 +87,8 @@ func TestModel(t *testing.T) {
 		m.checkLine()
 		m.checkCarts(true)
 		m.checkEvents()
+		m.checkQueue()
+		m.checkQueueMoves()
 		t.Logf("%d steps: %v; longest false sold-out %v, false limit %v; longest stale-flag retry %v", steps, m.ops,
 			m.falseSoldOut.Round(time.Millisecond), m.falseLimit.Round(time.Millisecond), m.staleRetry.Round(time.Millisecond))
 	})
@@ -121,6 +127,7 @@ type sim struct {
 	flushed      bool
 	ops          map[string]int
 	line         []*mWait // skus[0]'s waitlist, in line order
+	q            *mQueue  // the program sold through its waiting room
 	trace        bool     // log every request and its answer
 	falseSoldOut time.Duration
 	falseLimit   time.Duration
@@ -205,7 +212,7 @@ func newModel(t *testing.T, driver string, seed uint64) *sim {
 	m := &sim{t: t, rng: rand.New(rand.NewPCG(seed, 13)), seed: seed, redis: c, ops: map[string]int{},
 		program: keys.MustID(testenv.ID(t, "m")), programCap: 10, trace: os.Getenv("STOCKGATE_MODEL_TRACE") != ""}
 	for i := range 3 {
-		m.envs = append(m.envs, startEnv(t, envOptions{driver: driver, dsn: dsn, cluster: c, sweep: true,
+		m.envs = append(m.envs, startEnv(t, envOptions{driver: driver, dsn: dsn, cluster: c, sweep: true, pacer: true,
 			tune: func(o *app.Options) {
 				o.Sale.SweepEvery = 50 * time.Millisecond
 				o.Sale.RestoreGrace = 200 * time.Millisecond
@@ -220,6 +227,7 @@ func newModel(t *testing.T, driver string, seed uint64) *sim {
 	}
 	m.putProgram(m.envs[0])
 	m.putPool(m.envs[0])
+	m.newQueue(m.envs[0])
 	return m
 }
 
@@ -418,6 +426,10 @@ func (m *sim) units(buyer string, s *mSKU) int64 {
 func (m *sim) do() {
 	if m.rng.IntN(100) < 8 {
 		m.waitOp()
+		return
+	}
+	if m.rng.IntN(100) < 12 {
+		m.queueOp()
 		return
 	}
 	r := m.rng.IntN(100)
@@ -1313,6 +1325,8 @@ func (m *sim) flushRedis() {
 	m.flushed = true
 	m.ops["redis-lost"]++
 	m.tracef("FLUSHALL")
+	m.queueFlushing()
+	defer m.queueFlushed()
 	ctx := context.Background()
 	for _, n := range m.redis.Nodes {
 		cl := n.Client()
@@ -1371,7 +1385,7 @@ func (m *sim) settleExpiries(before time.Time) bool {
 func (m *sim) checkLedger() {
 	ctx := context.Background()
 	led := m.envs[0].ledger
-	for _, s := range m.stocks() {
+	for _, s := range m.ledgerStocks() {
 		for attempt := 0; ; attempt++ {
 			st, err := led.SKU(ctx, s.sku)
 			if err != nil {
@@ -1590,7 +1604,7 @@ func (m *sim) gateCounts(buyer string) string {
 func (m *sim) checkRedis() {
 	ctx := context.Background()
 	e := m.envs[0]
-	for _, s := range m.stocks() {
+	for _, s := range m.ledgerStocks() {
 		deadline := time.Now().Add(10 * time.Second)
 		for {
 			st, err := e.ledger.SKU(ctx, s.sku)

@@ -1,0 +1,994 @@
+package gateway_test
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/queue"
+	"github.com/stockgate/stockgate/sale"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// The model's waiting room: a second program whose two tickets (6 units
+// each, restocked now and then) sell only through its queue, open at once,
+// with a window of qWindow, at most one admitted buyer who has not bought
+// per ticket left, and a rate that never holds anyone back; every replica
+// runs the pacer (one paces at a time). Its buyers (qbuyer0 …) join and
+// join again (presenting one of their tickets, another buyer's, a forged
+// one, or none), check their places on any replica, and buy, hold, or buy
+// or hold carts with their admission token (of any of their places), with
+// none, another buyer's or a forged one, and with their own before their
+// place is admitted; they retry (with the token of another of their
+// places too), reuse keys, and walk away (their admissions lapse). Their
+// holds, orders and carts are the model's: confirmed, cancelled, refunded
+// and expired by its other operations, which need no admission.
+//
+// Two things only Redis knows are read around each request, as oracles:
+// when a place's position was admitted (the batch the admission's window
+// runs from; none: not admitted, or the line lost) and which request holds
+// a buyer's spent admission (its gate id, learned when it first appears).
+// From them the model predicts every answer exactly, up to the moment in
+// the request at which the gateway read them. It checks: the problem of
+// every refusal (admission-required, admission-invalid, admission-used,
+// admission-expired, sold-out, quantity-over-limit, a reused key) and that
+// it moved nothing (the ledger check after each step); no take without a
+// valid admission spent on it and one committed take per admission (until
+// a FLUSHALL, which forgets spent admissions: a known limit); the
+// admission given back by a refusal that moved nothing and kept by one
+// that took or replayed; each buyer's one place (201 once, 200 with the
+// same place and ticket again, on any replica; kept across a FLUSHALL by
+// presenting a ticket; a new one after it beyond every position ever given
+// when none is presented); every check's position and ticket, its token
+// (the buyer's own), and its state: never admitted where Redis has no
+// admission, never expired before the window passed, never waiting behind
+// a position known admitted one refresh earlier (admissions a prefix of
+// the line, from the "ahead" count), sold-out only when the ledger is (or
+// was a moment ago) and always one refresh after it; the admin view's
+// serving counter a prefix of the positions Redis says admitted; no
+// admission while sold out; the ledger's sold, held and each buyer's units
+// of the tickets; and at the end, that the line moves while stock is left.
+
+// qBuyers is how many buyers use the waiting room.
+const qBuyers = 16
+
+// qWindow is the waiting room's admission window.
+const qWindow = 3 * time.Second
+
+// qFresh is how long after a change of the line or the ledger every
+// replica's answer to a check reflects it: one refresh of its memory, and
+// a little for the clocks' granularity.
+const qFresh = sale.QueueRefresh + 20*time.Millisecond
+
+type mQueue struct {
+	program keys.ID
+	skus    []*mSKU
+	secret  []byte
+	buyers  []*mQBuyer
+	places  map[int64]*mPlace // every position handed out
+	all     []*mPlace         // the same, in the order they were given
+	maxPos  int64
+	done    []*mQDone         // committed takes, for retries and reused keys
+	gates   map[string]string // a request → the gate id its claim carries in Redis
+	// marks are positions known admitted (so every one before them is) and
+	// when, since the last FLUSHALL.
+	marks        []qMark
+	flushedAt    time.Time
+	soldOutSince time.Time // zero while the ledger has something left or held
+	reopened     time.Time // when it last stopped being sold out
+}
+
+type qMark struct {
+	pos int64
+	at  time.Time
+}
+
+type mQBuyer struct {
+	name   string
+	place  *mPlace   // the place Redis has for it; nil: none (not joined, or lost)
+	places []*mPlace // every place it was given
+	// claim is the gate id of the request Redis says spent its admission
+	// ("" none); claimReq that request.
+	claim, claimReq string
+	bought          int // takes committed on its admission since the last FLUSHALL
+}
+
+type mPlace struct {
+	buyer  *mQBuyer
+	ticket string
+	pos    int64
+	token  string    // its admission token, as a check answers it once admitted
+	first  time.Time // the earliest admission time Redis had for it (zero: none seen)
+}
+
+// mQDone is a committed take of the queued program and what it was sent
+// with.
+type mQDone struct {
+	t     mTake
+	body  string
+	id    string
+	token string
+	place *mPlace
+}
+
+// qStatus is a join's or a check's answer.
+type qStatus struct {
+	Buyer     string `json:"buyer"`
+	Ticket    string `json:"ticket"`
+	State     string `json:"state"`
+	Position  int64  `json:"position"`
+	Ahead     *int64 `json:"ahead"`
+	Admission string `json:"admission_token"`
+}
+
+// newQueue puts the queued program: its tickets and its waiting room.
+func (m *sim) newQueue(e *env) {
+	m.t.Helper()
+	q := &mQueue{program: keys.MustID(testenv.ID(m.t, "mq")), places: map[int64]*mPlace{}, gates: map[string]string{}}
+	m.q = q
+	for i := range 2 {
+		s := &mSKU{sku: stock.SKU{Program: q.program, Ticket: keys.MustID(fmt.Sprintf("q%d", i))}, total: 6, shards: 1 + i}
+		m.put(e, s)
+		q.skus = append(q.skus, s)
+	}
+	r := e.do(m.t, http.MethodPut, "/v1/admin/programs/"+q.program.String()+"/queue", nil,
+		fmt.Sprintf(`{"opens_in_seconds":0,"rate_per_second":100,"window_seconds":%d,"per_remaining":1}`, int(qWindow/time.Second)))
+	if r.status != http.StatusOK {
+		m.fail("PUT queue = %d %s", r.status, r.body)
+	}
+	c, err := e.ledger.Queue(context.Background(), q.program)
+	if err != nil {
+		m.fail("ledger queue: %v", err)
+	}
+	if q.secret, err = hex.DecodeString(c.Secret); err != nil {
+		m.fail("queue secret %q: %v", c.Secret, err)
+	}
+	for i := range qBuyers {
+		q.buyers = append(q.buyers, &mQBuyer{name: fmt.Sprintf("qbuyer%d", i)})
+	}
+}
+
+// ledgerStocks are the SKUs whose ledger rows the model checks: stocks and
+// the queued program's tickets.
+func (m *sim) ledgerStocks() []*mSKU { return append(m.stocks(), m.q.skus...) }
+
+// queueOp runs one random operation on the waiting room.
+func (m *sim) queueOp() {
+	switch r := m.rng.IntN(100); {
+	case r < 22:
+		m.queueJoin()
+	case r < 42:
+		m.queueCheck()
+	case r < 80:
+		m.queueTake()
+	case r < 90:
+		m.queueRetry()
+	case r < 96:
+		m.queueReuse()
+	default:
+		m.queueRestock()
+	}
+}
+
+func (m *sim) qBuyer(name string) *mQBuyer {
+	for _, b := range m.q.buyers {
+		if b.name == name {
+			return b
+		}
+	}
+	m.fail("no queue buyer %s", name)
+	return nil
+}
+
+// qPlaceOf makes the place a ticket names, checking it is buyer's.
+func (m *sim) qPlaceOf(b *mQBuyer, ticket string) *mPlace {
+	who, place, err := queue.ParseTicket(m.q.secret, m.q.program, ticket)
+	if err != nil || who.String() != b.name || place.Early {
+		m.fail("ticket %q of %s: %v (%s, early %v)", ticket, b.name, err, who, place.Early)
+	}
+	pos := queue.Position(m.q.secret, place, 0)
+	return &mPlace{buyer: b, ticket: ticket, pos: pos, token: queue.Admission(m.q.secret, m.q.program, who, pos, place.At)}
+}
+
+// queueJoin joins the line as a random buyer: as it is, presenting one of
+// its tickets, or (refused) another buyer's or a forged one.
+func (m *sim) queueJoin() {
+	q := m.q
+	b := q.buyers[m.rng.IntN(len(q.buyers))]
+	var with *mPlace
+	ticket, bad := "", false
+	switch r := m.rng.IntN(20); {
+	case r < 7 && len(b.places) > 0:
+		with = b.places[m.rng.IntN(len(b.places))]
+		ticket = with.ticket
+	case r == 7:
+		o := q.buyers[m.rng.IntN(len(q.buyers))]
+		if o == b || len(o.places) == 0 {
+			return
+		}
+		ticket, bad = o.places[0].ticket, true
+	case r == 8 && len(b.places) > 0:
+		ticket, bad = forge(b.places[0].ticket), true
+	}
+	body := fmt.Sprintf(`{"buyer":%q}`, b.name)
+	if ticket != "" {
+		body = fmt.Sprintf(`{"buyer":%q,"ticket":%q}`, b.name, ticket)
+	}
+	op := map[bool]string{false: "queue-join", true: "queue-join-ticket"}[with != nil]
+	if bad {
+		op = "queue-join-bad-ticket"
+	}
+	m.ops[op]++
+	path := "/v1/programs/" + q.program.String() + "/queue"
+	e := m.env()
+	start := time.Now()
+	for retried := false; ; retried = true {
+		ts := time.Now()
+		r := e.do(m.t, http.MethodPost, path, nil, body)
+		tr := time.Now()
+		m.tracef("POST %s %s on %d = %d %s", path, body, slices.Index(m.envs, e), r.status, r.body)
+		if r.status == http.StatusServiceUnavailable && time.Since(start) < falseSoldOutBound {
+			m.ops["queue-join-busy"]++
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		if bad {
+			if r.status != http.StatusBadRequest || problemKind(r) != "invalid-queue-ticket" {
+				m.fail("join of %s with ticket %q = %d %s, want 400 invalid-queue-ticket", b.name, ticket, r.status, r.body)
+			}
+			return
+		}
+		var st qStatus
+		_ = json.Unmarshal(r.body, &st)
+		var p *mPlace
+		switch {
+		case b.place != nil, with != nil:
+			// Its place as Redis has it, or as the ticket says.
+			p = b.place
+			if p == nil {
+				p = with
+			}
+			if r.status != http.StatusOK {
+				m.fail("join of %s (place %d, ticket %v) = %d %s, want 200 with its place", b.name, p.pos, with != nil, r.status, r.body)
+			}
+		default:
+			// A new place, after every one ever given (a join that was
+			// answered 503 may have taken it: then 200).
+			if r.status != http.StatusCreated && (!retried || r.status != http.StatusOK) || st.Ticket == "" {
+				m.fail("join of %s (no place) = %d %s, want 201", b.name, r.status, r.body)
+			}
+			p = m.qPlaceOf(b, st.Ticket)
+			if p.pos <= q.maxPos || q.places[p.pos] != nil {
+				m.fail("join of %s = %s: position %d given before (the highest given is %d, to %s)", b.name, r.body, p.pos, q.maxPos, fmt.Sprint(q.places[p.pos]))
+			}
+			q.maxPos, q.places[p.pos] = p.pos, p
+			q.all = append(q.all, p)
+			b.places = append(b.places, p)
+			m.ops["queue-join-new"]++
+		}
+		b.place = p
+		m.qJudgeStatus(p, r, ts, tr)
+		return
+	}
+}
+
+// forge alters a signed ticket or token's signature.
+func forge(s string) string {
+	if strings.HasSuffix(s, "AAA") {
+		return s[:len(s)-3] + "BBB"
+	}
+	return s[:len(s)-3] + "AAA"
+}
+
+// queueCheck checks one of a random buyer's places (or, refused, a forged
+// ticket) on any replica.
+func (m *sim) queueCheck() {
+	b := m.q.buyers[m.rng.IntN(len(m.q.buyers))]
+	if len(b.places) == 0 {
+		return
+	}
+	p := b.places[m.rng.IntN(len(b.places))]
+	e := m.env()
+	if m.rng.IntN(20) == 0 {
+		m.ops["queue-check-forged"]++
+		r := e.do(m.t, http.MethodGet, "/v1/programs/"+m.q.program.String()+"/queue/"+forge(p.ticket), nil, "")
+		if r.status != http.StatusBadRequest || problemKind(r) != "invalid-queue-ticket" {
+			m.fail("check of a forged ticket = %d %s, want 400 invalid-queue-ticket", r.status, r.body)
+		}
+		return
+	}
+	m.ops["queue-check"]++
+	m.qCheckOn(e, p)
+}
+
+// qCheckOn checks p on e and judges the answer.
+func (m *sim) qCheckOn(e *env, p *mPlace) {
+	path := "/v1/programs/" + m.q.program.String() + "/queue/" + p.ticket
+	start := time.Now()
+	for {
+		ts := time.Now()
+		r := e.do(m.t, http.MethodGet, path, nil, "")
+		tr := time.Now()
+		m.tracef("GET %s (%s at %d) on %d = %d %s", path, p.buyer.name, p.pos, slices.Index(m.envs, e), r.status, r.body)
+		if r.status == http.StatusServiceUnavailable && time.Since(start) < falseSoldOutBound {
+			m.ops["queue-check-busy"]++
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		if r.status != http.StatusOK {
+			m.fail("check of %s at %d = %d %s", p.buyer.name, p.pos, r.status, r.body)
+		}
+		m.qJudgeStatus(p, r, ts, tr)
+		return
+	}
+}
+
+// qAdm is what Redis says of a position's admission.
+type qAdm struct {
+	lost bool  // the line has no record (lost, not restored yet)
+	ok   bool  // admitted
+	at   int64 // when its batch was admitted, Unix ms: its window runs from then
+}
+
+// qAdmissionOf reads from Redis whether p's position is admitted and when
+// (the batch a spend measures the window from), and notes it.
+func (m *sim) qAdmissionOf(p *mPlace) qAdm {
+	ctx := context.Background()
+	k := keys.Queue(m.q.program)
+	rdb := m.envs[0].rdb
+	a := qAdm{lost: m.qLost()}
+	v, err := rdb.ZRangeByScore(ctx, k.BatchesByEnd(), &redis.ZRangeBy{Min: strconv.FormatInt(p.pos, 10), Max: "+inf", Count: 1}).Result()
+	if err != nil {
+		m.fail("queue batches: %v", err)
+	}
+	if len(v) == 0 {
+		return a
+	}
+	_, at, _ := strings.Cut(v[0], ":")
+	ms, err := strconv.ParseInt(at, 10, 64)
+	if err != nil {
+		m.fail("queue batch %q", v[0])
+	}
+	a.ok, a.at = true, ms
+	if t := time.UnixMilli(ms); p.first.IsZero() || t.Before(p.first) {
+		p.first = t
+	}
+	m.q.marks = append(m.q.marks, qMark{pos: p.pos, at: time.Now()})
+	return a
+}
+
+// qLost says Redis has no record of the line.
+func (m *sim) qLost() bool {
+	err := m.envs[0].rdb.HGet(context.Background(), keys.Queue(m.q.program).Meta(), "line").Err()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		m.fail("queue meta: %v", err)
+	}
+	return err != nil
+}
+
+// qKnown is the highest position known admitted at least qFresh before t
+// (since the last FLUSHALL): every replica's answer to a check sent at t
+// has its serving counter at or past it.
+func (m *sim) qKnown(t time.Time) int64 {
+	var n int64
+	for _, k := range m.q.marks {
+		if !t.Before(k.at.Add(qFresh)) {
+			n = max(n, k.pos)
+		}
+	}
+	return n
+}
+
+// qJudgeStatus checks a join's or a check's answer about p, sent at ts and
+// answered at tr.
+func (m *sim) qJudgeStatus(p *mPlace, r reply, ts, tr time.Time) {
+	q := m.q
+	var st qStatus
+	if err := json.Unmarshal(r.body, &st); err != nil || st.Ticket != p.ticket || st.Position != p.pos || st.Buyer != p.buyer.name {
+		m.fail("queue status of %s at %d = %d %s: want its ticket and position", p.buyer.name, p.pos, r.status, r.body)
+	}
+	a := m.qAdmissionOf(p)
+	after := time.Now()
+	// An answer from a memory of the line older than the FLUSHALL.
+	beforeFlush := !q.flushedAt.IsZero() && ts.Before(q.flushedAt.Add(qFresh))
+	mustSoldOut := !q.soldOutSince.IsZero() && !ts.Before(q.soldOutSince.Add(qFresh))
+	maySoldOut := !q.soldOutSince.IsZero() || !q.reopened.IsZero() && ts.Before(q.reopened.Add(falseSoldOutBound))
+	ok := st.State == sale.QueueSoldOut || !mustSoldOut
+	switch st.State {
+	case sale.QueueSoldOut:
+		ok = maySoldOut
+	case sale.QueueAdmitted:
+		ok = ok && st.Admission == p.token && (a.ok || a.lost || beforeFlush)
+	case sale.QueueExpired:
+		ok = ok && (a.ok && time.UnixMilli(a.at).Add(qWindow).Before(after) ||
+			!p.first.IsZero() && p.first.Add(qWindow).Before(tr) || beforeFlush)
+	case sale.QueueWaiting:
+		ok = ok && r.header.Get("Retry-After") != "" && st.Ahead != nil && *st.Ahead >= 0
+		if known := m.qKnown(ts); ok && known > 0 {
+			// The replica's serving counter, from the places it says are
+			// ahead.
+			ok = p.pos-*st.Ahead-1 >= known
+		}
+	default:
+		ok = false
+	}
+	if !ok {
+		m.fail("queue status of %s at %d = %s (sent %v after the window of its batch at %v; Redis: %+v; known admitted %d; sold out since %v, reopened %v; flushed %v)",
+			p.buyer.name, p.pos, r.body, ts.Sub(time.UnixMilli(a.at).Add(qWindow)), time.UnixMilli(a.at).Format("15:04:05.000"), a,
+			m.qKnown(ts), q.soldOutSince.Format("15:04:05.000"), q.reopened.Format("15:04:05.000"), q.flushedAt.Format("15:04:05.000"))
+	}
+	m.ops["queue-status-"+st.State]++
+}
+
+// Tokens a take of the queued program is sent with.
+const (
+	qOwn    = iota // the buyer's own (of one of its places)
+	qNone          // no Admission-Token
+	qOther         // another buyer's
+	qForged        // the buyer's, its signature altered
+)
+
+// qToken picks the token a take of b is sent with, and the place of an
+// own one.
+func (m *sim) qToken(b *mQBuyer) (kind int, token string, p *mPlace) {
+	r := m.rng.IntN(100)
+	switch {
+	case r < 80 && len(b.places) > 0:
+		p = b.place
+		if p == nil || m.rng.IntN(4) == 0 {
+			p = b.places[m.rng.IntN(len(b.places))]
+		}
+		return qOwn, p.token, p
+	case r < 88:
+		return qNone, "", nil
+	case r < 94:
+		for _, i := range m.rng.Perm(len(m.q.buyers)) {
+			if o := m.q.buyers[i]; o != b && len(o.places) > 0 {
+				return qOther, o.places[0].token, nil
+			}
+		}
+		return qNone, "", nil
+	default:
+		if len(b.places) == 0 {
+			return qNone, "", nil
+		}
+		return qForged, forge(b.places[0].token), nil
+	}
+}
+
+// queueTake buys or holds one of the queued tickets (1 or 2 units, or 5:
+// over the most per order), or buys or holds a cart of them, as a random
+// buyer.
+func (m *sim) queueTake() {
+	q := m.q
+	b := q.buyers[m.rng.IntN(len(q.buyers))]
+	t := mTake{key: m.newKey(), buyer: b.name}
+	s := q.skus[m.rng.IntN(len(q.skus))]
+	n := int64(1 + m.rng.IntN(2))
+	if m.rng.IntN(10) == 0 {
+		n = 5
+	}
+	op := ""
+	switch r := m.rng.IntN(10); {
+	case r < 4:
+		t.path, t.lines, op = skuPath(s.sku)+"/purchases", []mLine{{s, n}}, "queue-purchase"
+	case r < 6:
+		t.path, t.lines, t.hold, t.ttl, op = skuPath(s.sku)+"/holds", []mLine{{s, n}}, true, m.holdTTL(), "queue-hold"
+	default:
+		t.cart, t.path, op = true, "/v1/programs/"+q.program.String()+"/carts", "queue-cart"
+		if r == 9 {
+			t.hold, t.ttl, t.path, op = true, m.holdTTL(), "/v1/programs/"+q.program.String()+"/cart-holds", "queue-cart-hold"
+		}
+		for _, i := range m.rng.Perm(len(q.skus))[:1+m.rng.IntN(len(q.skus))] {
+			t.lines = append(t.lines, mLine{q.skus[i], int64(1 + m.rng.IntN(2))})
+		}
+	}
+	kind, token, p := m.qToken(b)
+	m.ops[op]++
+	m.qSend(m.env(), t, m.body(t), kind, token, p)
+}
+
+// queueRetry sends a committed take again, with its token or the token of
+// another of its buyer's places: its answer again, and nothing moves.
+func (m *sim) queueRetry() {
+	if len(m.q.done) == 0 {
+		return
+	}
+	d := m.q.done[m.rng.IntN(len(m.q.done))]
+	b := m.qBuyer(d.t.buyer)
+	token, p := d.token, d.place
+	if m.rng.IntN(3) == 0 {
+		p = b.places[m.rng.IntN(len(b.places))]
+		token = p.token
+	}
+	body := d.body
+	if d.t.cart {
+		body = m.body(d.t) // its lines in another order
+	}
+	m.ops["queue-retry"]++
+	m.qSend(m.env(), d.t, body, qOwn, token, p)
+}
+
+// queueReuse sends another take with a committed take's key: another
+// quantity, the other ticket, or a hold instead of a purchase.
+func (m *sim) queueReuse() {
+	if len(m.q.done) == 0 {
+		return
+	}
+	d := m.q.done[m.rng.IntN(len(m.q.done))]
+	t := d.t
+	t.lines = slices.Clone(t.lines)
+	switch r := m.rng.IntN(3); {
+	case r == 0 || t.cart:
+		l := &t.lines[m.rng.IntN(len(t.lines))]
+		l.q = l.q%2 + 1
+	case r == 1:
+		s := m.q.skus[0]
+		if t.lines[0].sku == s {
+			s = m.q.skus[1]
+		}
+		t.lines[0].sku = s
+		t.path = strings.Replace(t.path, "/"+d.t.lines[0].sku.ticket()+"/", "/"+s.ticket()+"/", 1)
+	case t.hold:
+		t.hold, t.ttl, t.path = false, 0, strings.TrimSuffix(t.path, "/holds")+"/purchases"
+	default:
+		t.hold, t.ttl, t.path = true, 900, strings.TrimSuffix(t.path, "/purchases")+"/holds"
+	}
+	if t.fingerprint() == d.t.fingerprint() {
+		return
+	}
+	m.ops["queue-reuse"]++
+	m.qSend(m.env(), t, m.body(t), qOwn, d.token, d.place)
+}
+
+// queueRestock adds 1 to 3 units to a queued ticket (up to 14).
+func (m *sim) queueRestock() {
+	s := m.q.skus[m.rng.IntN(len(m.q.skus))]
+	if s.total >= 14 {
+		return
+	}
+	m.ops["queue-restock"]++
+	s.total += int64(1 + m.rng.IntN(3))
+	m.put(m.env(), s)
+}
+
+// qPost sends a take with its Idempotency-Key and Admission-Token (none
+// when token is "").
+func (m *sim) qPost(e *env, path, key, token, body string) reply {
+	m.t.Helper()
+	h := map[string]string{"Idempotency-Key": key}
+	if token != "" {
+		h["Admission-Token"] = token
+	}
+	r := e.do(m.t, http.MethodPost, path, h, body)
+	m.tracef("POST %s key %s token %.24q %s on %d = %d %s (replayed %q)", path, key, token, body, slices.Index(m.envs, e), r.status, r.body, r.header.Get("Idempotent-Replayed"))
+	return r
+}
+
+// qClaim is the gate id of the request Redis says spent b's admission, or
+// "".
+func (m *sim) qClaim(b *mQBuyer) string {
+	v, err := m.envs[0].rdb.HGet(context.Background(), keys.Queue(m.q.program).Claims(), b.name).Result()
+	if errors.Is(err, redis.Nil) {
+		return ""
+	}
+	if err != nil {
+		m.fail("queue claims: %v", err)
+	}
+	return v
+}
+
+// qCommitted is the committed take of buyer with key, or nil.
+func (m *sim) qCommitted(buyer, key string) *mQDone {
+	for _, d := range m.q.done {
+		if d.t.buyer == buyer && d.t.key == key {
+			return d
+		}
+	}
+	return nil
+}
+
+// qOutcome names an answer to a take: new, replay, or its status and
+// problem.
+func qOutcome(r reply) string {
+	if r.status == http.StatusCreated {
+		if r.header.Get("Idempotent-Replayed") == "true" {
+			return "replay"
+		}
+		return "new"
+	}
+	return fmt.Sprintf("%d %s", r.status, problemKind(r))
+}
+
+// qWant is the answers the model allows a take of the queued program.
+type qWant struct {
+	outcomes map[string]bool
+	// refusals are the take's own (kind → the tickets it may name, "*":
+	// none), once its admission is spent on it; closed, a sold-out refusal
+	// before the admission is looked at.
+	refusals map[string]map[string]bool
+	closed   bool
+}
+
+// qWant predicts the answers to take t, sent with a token of kind, while
+// its buyer's admission was held by claimReq's request (gate id claim, ""
+// none), its place admitted as a1 said before it was sent (at ts) and a2
+// after it was answered (at tr).
+func (m *sim) qWant(t mTake, kind int, claim, claimReq string, a1, a2 qAdm, ts, tr time.Time) qWant {
+	w := qWant{outcomes: map[string]bool{}, refusals: map[string]map[string]bool{}}
+	d := m.qCommitted(t.buyer, t.key)
+	// lookup is a refusal that first looks the request up: a committed
+	// one's answer instead.
+	lookup := func(refusal string) {
+		switch {
+		case d != nil && d.t.fingerprint() == t.fingerprint():
+			w.outcomes["replay"] = true
+		case d != nil:
+			w.outcomes["422 idempotency-key-reused"] = true
+		default:
+			w.outcomes[refusal] = true
+		}
+	}
+	take := func() {
+		if d != nil {
+			lookup("")
+			return
+		}
+		for _, l := range t.lines {
+			kind, ticket := "", l.sku.ticket()
+			switch {
+			case !t.cart && l.q > 4:
+				kind = "quantity-over-limit"
+			case l.sku.left() < l.q:
+				kind = "sold-out"
+			}
+			if kind != "" {
+				if w.refusals[kind] == nil {
+					w.refusals[kind] = map[string]bool{}
+				}
+				w.refusals[kind][ticket] = true
+			}
+		}
+		if len(w.refusals) == 0 {
+			w.outcomes["new"] = true
+		}
+	}
+	// A purchase or hold of a sold-out ticket is refused before anything,
+	// unless its key committed a request of that ticket.
+	if l := t.lines[0]; !t.cart && l.sku.left() < l.q && (d == nil || d.t.cart || d.t.lines[0].sku != l.sku) {
+		w.closed = true
+	}
+	req := t.key + " " + t.fingerprint()
+	window := qWindow.Milliseconds()
+	switch {
+	case kind == qNone:
+		w.outcomes["403 admission-required"] = true
+	case kind != qOwn:
+		w.outcomes["403 admission-invalid"] = true
+	case claim != "" && claimReq == req:
+		take() // spent on this request before
+	case claim != "":
+		lookup("409 admission-used")
+	default:
+		if !a1.ok || !a2.ok {
+			w.outcomes["403 admission-invalid"] = true // not admitted (yet, or again)
+		}
+		for _, a := range []qAdm{a1, a2} {
+			if !a.ok {
+				continue
+			}
+			if tr.UnixMilli() > a.at+window {
+				lookup("410 admission-expired")
+			}
+			if ts.UnixMilli() <= a.at+window {
+				take()
+			}
+		}
+	}
+	return w
+}
+
+// allows says whether the model allows answer r.
+func (w qWant) allows(r reply, cart bool) bool {
+	out, kind, named := qOutcome(r), problemKind(r), problemLines(r)
+	switch {
+	case w.outcomes[out]:
+		return true
+	case w.closed && out == "409 sold-out" && len(named) == 0:
+		return true
+	case w.refusals[kind] == nil || r.status != map[string]int{"sold-out": http.StatusConflict, "quantity-over-limit": http.StatusUnprocessableEntity}[kind]:
+		return false
+	case !cart:
+		return len(named) == 0
+	case len(named) == 1:
+		return named[0].Code == kind && w.refusals[kind][named[0].Ticket]
+	}
+	return false
+}
+
+// qSend sends a take of the queued program (again with its key while the
+// answer is a stale sold-out or a 503, for at most falseSoldOutBound),
+// checks the answer and the buyer's claim in Redis against the model, and
+// applies them.
+func (m *sim) qSend(e *env, t mTake, body string, kind int, token string, p *mPlace) {
+	m.t.Helper()
+	b := m.qBuyer(t.buyer)
+	req := t.key + " " + t.fingerprint()
+	start := time.Now()
+	saw503 := false
+	for {
+		claim, claimReq := b.claim, b.claimReq
+		var a1, a2 qAdm
+		if kind == qOwn {
+			a1 = m.qAdmissionOf(p)
+		}
+		ts := time.Now()
+		r := m.qPost(e, t.path, t.key, token, body)
+		tr := time.Now()
+		if kind == qOwn {
+			a2 = m.qAdmissionOf(p)
+		}
+		out := qOutcome(r)
+		m.qClaimed(b, req, out)
+		if r.status == http.StatusServiceUnavailable {
+			// Retried with the same key; a spent admission stays spent.
+			if time.Since(start) > falseSoldOutBound {
+				m.fail("POST %s %s key %s still %d after %v: %s", t.path, body, t.key, r.status, time.Since(start), r.body)
+			}
+			saw503 = true
+			m.ops["queue-busy"]++
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		w := m.qWant(t, kind, claim, claimReq, a1, a2, ts, tr)
+		if !w.allows(r, t.cart) && out == "new" && m.settleExpiries(tr) {
+			// A hold due before the answer may have given its stock back
+			// in time for it.
+			w = m.qWant(t, kind, claim, claimReq, a1, a2, ts, tr)
+		}
+		if saw503 && out == "replay" && w.outcomes["new"] {
+			out = "new" // committed by an attempt answered 503
+		}
+		if w.allows(r, t.cart) || out == "new" && w.outcomes["new"] {
+			m.ops["queue-"+out]++
+			switch out {
+			case "new":
+				m.qTaken(t, body, r, token, p)
+			case "replay":
+				if d := m.qCommitted(t.buyer, t.key); replyID(r) != d.id {
+					m.fail("retry of %s key %s = %s, want the replay of %s", t.path, t.key, r.body, d.id)
+				}
+			}
+			return
+		}
+		stale := out == "409 sold-out"
+		for _, l := range t.lines {
+			stale = stale && l.sku.left() >= l.q
+		}
+		if !stale || time.Since(start) > falseSoldOutBound {
+			var left []int64
+			for _, s := range m.q.skus {
+				left = append(left, s.left())
+			}
+			m.fail("POST %s %s key %s token %d (%.30q, place %v) = %s %s after %v; claim %q of %q; admitted before %+v, after %+v (window from %v, sent %v, answered %v); left %v; allowed %v, refusals %v, closed %v",
+				t.path, body, t.key, kind, token, p != nil, out, r.body, time.Since(start).Round(time.Millisecond), claim, claimReq, a1, a2,
+				time.UnixMilli(a2.at).Format("15:04:05.000"), ts.Format("15:04:05.000"), tr.Format("15:04:05.000"), left, w.outcomes, w.refusals, w.closed)
+		}
+		m.ops["queue-stale-sold-out"]++
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// qClaimed checks the claim Redis has of b's admission after req's answer
+// out, and applies it: a request that does not hold it leaves another's
+// alone; one that committed holds it; one refused lets it go if it held it
+// (a refusal that moved nothing gives the admission back).
+func (m *sim) qClaimed(b *mQBuyer, req, out string) {
+	c := m.qClaim(b)
+	var ok bool
+	switch {
+	case b.claim != "" && b.claimReq != req:
+		ok = c == b.claim
+	case out == "new":
+		ok = c != "" && (b.claim == "" || c == b.claim)
+	case out == "replay", strings.HasPrefix(out, "503"):
+		ok = c == "" || c == b.claim || b.claim == ""
+	default:
+		ok = c == "" || c == b.claim
+	}
+	if g, seen := m.q.gates[req]; ok && c != "" && c != b.claim && seen {
+		ok = c == g
+	}
+	if !ok {
+		m.fail("%s's admission after %s (%s): Redis says spent by %q, the model by %q (%s)", b.name, req, out, c, b.claim, b.claimReq)
+	}
+	switch {
+	case c == "":
+		b.claim, b.claimReq = "", ""
+	case c != b.claim:
+		b.claim, b.claimReq = c, req
+		m.q.gates[req] = c
+	}
+}
+
+// qTaken applies a new take of the queued program: the model's holds,
+// orders and carts as any take's, and its request kept for retries with
+// its token.
+func (m *sim) qTaken(t mTake, body string, r reply, token string, p *mPlace) {
+	b := m.qBuyer(t.buyer)
+	if b.bought++; b.bought > 1 {
+		m.fail("%s bought twice on one admission: %s key %s = %s", b.name, t.path, t.key, r.body)
+	}
+	m.taken(t, body, r)
+	// The model's other operations retry its requests without a token.
+	d := m.done[len(m.done)-1]
+	m.done = m.done[:len(m.done)-1]
+	m.q.done = append(m.q.done, &mQDone{t: t, body: body, id: d.id, token: token, place: p})
+}
+
+// queueStepped notes when the queued program's ledger becomes sold out
+// (nothing left nor held) and when it stops being so: a step's end is
+// after any change it made.
+func (m *sim) queueStepped() {
+	var left, held int64
+	for _, s := range m.q.skus {
+		left += s.left()
+		held += s.held
+	}
+	switch out := left == 0 && held == 0; {
+	case out && m.q.soldOutSince.IsZero():
+		m.q.soldOutSince = time.Now()
+		m.ops["queue-sold-out"]++
+		m.tracef("the queued program is sold out")
+	case !out && !m.q.soldOutSince.IsZero():
+		m.q.soldOutSince, m.q.reopened = time.Time{}, time.Now()
+		m.tracef("the queued program has stock again")
+	}
+}
+
+// queueFlushing notes when each place was admitted before Redis loses it.
+func (m *sim) queueFlushing() {
+	for _, p := range m.q.all {
+		m.qAdmissionOf(p)
+	}
+}
+
+// queueFlushed applies the loss of everything in Redis: the buyers'
+// places (kept by their tickets) and spent admissions are forgotten.
+func (m *sim) queueFlushed() {
+	q := m.q
+	q.flushedAt, q.marks = time.Now(), nil
+	for _, b := range q.buyers {
+		b.place, b.claim, b.claimReq, b.bought = nil, "", "", 0
+	}
+}
+
+// qView is the admin view of the line.
+type qView struct {
+	Joined  int64 `json:"joined"`
+	Serving int64 `json:"serving"`
+	SoldOut bool  `json:"sold_out"`
+}
+
+func (m *sim) qView() qView {
+	r := m.env().do(m.t, http.MethodGet, "/v1/admin/programs/"+m.q.program.String()+"/queue", nil, "")
+	var v qView
+	if r.status != http.StatusOK || json.Unmarshal(r.body, &v) != nil {
+		m.fail("GET queue = %d %s", r.status, r.body)
+	}
+	return v
+}
+
+// checkQueue compares the queued program's buyers' units in the ledger
+// with the model, the admin view of the line with what Redis says of each
+// place, and while sold out, the answers of checks and the admissions.
+func (m *sim) checkQueue() {
+	q := m.q
+	ctx := context.Background()
+	for attempt := 0; ; attempt++ {
+		var diff []string
+		for _, b := range q.buyers {
+			for _, s := range q.skus {
+				got, err := m.envs[0].ledger.BuyerUnits(ctx, s.sku, keys.MustID(b.name))
+				if err != nil {
+					m.fail("buyer units: %v", err)
+				}
+				if want := m.units(b.name, s); got != want {
+					diff = append(diff, fmt.Sprintf("%s %s: ledger %d, model %d", b.name, s.ticket(), got, want))
+				}
+			}
+		}
+		if len(diff) == 0 {
+			break
+		}
+		if attempt == 2 {
+			m.fail("queued buyers' units: %s", strings.Join(diff, "; "))
+		}
+		m.settleExpiries(time.Now())
+	}
+	// The serving counter, read before and after Redis' admissions: each
+	// place up to the first is admitted, none past the second. (A line
+	// Redis lost is answered from the ledger's facts until restored.)
+	start := time.Now()
+	lost := m.qLost()
+	v1 := m.qView()
+	adm := make([]qAdm, len(q.all))
+	for i, p := range q.all {
+		adm[i] = m.qAdmissionOf(p)
+	}
+	v2 := m.qView()
+	if !lost && !m.qLost() {
+		for i, p := range q.all {
+			if p.pos <= v1.Serving && !adm[i].ok || p.pos > v2.Serving && adm[i].ok {
+				m.fail("position %d (%s): Redis says admitted %v, the line's serving counter was %d then %d", p.pos, p.buyer.name, adm[i].ok, v1.Serving, v2.Serving)
+			}
+		}
+		if v2.Joined < q.maxPos || q.flushedAt.IsZero() && v2.Joined != q.maxPos {
+			m.fail("the line says %d joined, %d places were given", v2.Joined, q.maxPos)
+		}
+	}
+	switch {
+	case !q.soldOutSince.IsZero() && !v1.SoldOut:
+		m.fail("the line is not sold out, the ledger has nothing left nor held since %v", time.Since(q.soldOutSince))
+	case q.soldOutSince.IsZero() && v2.SoldOut && (q.reopened.IsZero() || start.After(q.reopened.Add(falseSoldOutBound))):
+		m.fail("the line is sold out, the ledger has stock since %v", q.reopened)
+	}
+	if q.soldOutSince.IsZero() {
+		return
+	}
+	// Sold out: no admission since (a pacer's step reads the ledger after
+	// its time), unless a restore after a FLUSHALL stamped one anew; and
+	// every check says so once a refresh has passed.
+	if q.flushedAt.Before(q.soldOutSince) {
+		k := keys.Queue(q.program)
+		v, err := m.envs[0].rdb.ZRangeByScoreWithScores(ctx, k.Batches(), &redis.ZRangeBy{Min: strconv.FormatInt(q.soldOutSince.UnixMilli(), 10), Max: "+inf"}).Result()
+		if err != nil {
+			m.fail("queue batches: %v", err)
+		}
+		if len(v) > 0 {
+			m.fail("admitted while sold out (since %s): batches %v", q.soldOutSince.Format("15:04:05.000"), v)
+		}
+	}
+	if time.Since(q.soldOutSince) < qFresh {
+		return
+	}
+	for _, e := range m.envs {
+		for range 2 {
+			if len(q.all) > 0 {
+				m.qCheckOn(e, q.all[m.rng.IntN(len(q.all))])
+			}
+		}
+	}
+}
+
+// checkQueueMoves checks that the line moves while stock is left: a place
+// waiting is admitted, or one more past the serving counter, within a
+// window and a bound (admitted buyers who walk away lapse in a window).
+func (m *sim) checkQueueMoves() {
+	var left int64
+	for _, s := range m.q.skus {
+		left += s.left()
+	}
+	v := m.qView()
+	if left == 0 || v.Serving >= m.q.maxPos {
+		return
+	}
+	deadline := time.Now().Add(qWindow + falseSoldOutBound)
+	for m.qView().Serving == v.Serving {
+		if time.Now().After(deadline) {
+			m.fail("the line stands at %d of %d places with %d units left", v.Serving, m.q.maxPos, left)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,46 @@
+package gateway_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stockgate/stockgate/client"
+	"github.com/stockgate/stockgate/internal/onsale"
+	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/sale"
+)
+
+// An on-sale through the waiting room, on two replicas that both run the
+// pacer: 2,000 buyers for 40 tickets, 30 % of the admitted walking away,
+// every buyer polling as Retry-After says (the load tool's onsale
+// scenario, at the size a -race run affords; `stockbench run -scenario
+// onsale -n 100000 -tickets 1000` is the full size). Every ticket sold;
+// admission in position order and within the stock's slack; nobody
+// admitted after the sold-out; every waiting buyer told sold-out a refresh
+// after the last sale.
+func TestQueueOnSale(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		dsn := ledgerDSN(t, driver)
+		a := startEnv(t, envOptions{driver: driver, dsn: dsn, pacer: true})
+		b := startEnv(t, envOptions{driver: driver, dsn: dsn, pacer: true})
+		admin, err := client.New(client.Options{BaseURL: a.url})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := onsale.Run(context.Background(), onsale.Options{BaseURLs: []string{a.url, b.url}, Admin: admin,
+			Program: testenv.ID(t, "onsale"), Buyers: 2000, Tickets: 40, Abandon: 0.3, Rate: 200, Window: 2 * time.Second,
+			PerRemaining: 1, Workers: 32, Refresh: sale.QueueRefresh, Seed: 7, Timeout: 4 * time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%+v", rep)
+		if len(rep.Violations) > 0 {
+			t.Fatalf("%d violations:\n%s", len(rep.Violations), strings.Join(rep.Violations, "\n"))
+		}
+		if rep.Sold != 40 || rep.Walked == 0 || rep.Swept != 2000-40 || rep.Admitted < 40+rep.Walked {
+			t.Fatalf("the sale went otherwise: %+v", rep)
+		}
+	})
+}

@@ -1,0 +1,551 @@
+// Package onsale drives an on-sale through a gateway's waiting room the
+// way its buyers would, and checks what the waiting room promises: every
+// buyer joins, polls as Retry-After tells it, buys once admitted (or walks
+// away), and the run verifies, from what the buyers saw and what the
+// gateway reports, that every ticket sold, that admission went in position
+// order and never past the stock's slack, that nobody was admitted after
+// the sold-out, and that every waiting buyer was told sold-out within one
+// refresh of the last sale. `stockbench run -scenario onsale` and the
+// gateway's tests run it; it talks to the gateway over HTTP only.
+package onsale
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/stockgate/stockgate/client"
+)
+
+// Options describe one on-sale run.
+type Options struct {
+	// BaseURLs are the gateway's replicas (buyer i uses BaseURLs[i mod n]);
+	// at least one.
+	BaseURLs []string
+	Admin    *client.Client // admin calls on the same ledger and Redis; required
+	Program string         // a new program id; required
+	// Buyers join the line; Tickets are for sale (one per buyer); Abandon
+	// is the share of admitted buyers who walk away without buying.
+	Buyers, Tickets int
+	Abandon         float64
+	// The waiting room: admissions per second at most, the admission
+	// window, admitted-but-unused per ticket left.
+	Rate         int64
+	Window       time.Duration
+	PerRemaining float64
+	// Workers bounds the requests in flight (connections).
+	Workers int
+	// Refresh is the gateway's memory of a line (sale.QueueRefresh): the
+	// bound on how stale a buyer's answer may be.
+	Refresh time.Duration
+	// Seed picks who walks away.
+	Seed uint64
+	// Header goes on every request (a platform edge's credentials).
+	Header http.Header
+	// Progress, when not nil, gets a line every few seconds.
+	Progress io.Writer
+	// Timeout bounds the whole run; default 10 minutes.
+	Timeout time.Duration
+}
+
+func (o Options) validate() error {
+	switch {
+	case len(o.BaseURLs) == 0 || o.Admin == nil || o.Program == "":
+		return errors.New("onsale: BaseURLs, Admin and Program are required")
+	case o.Buyers < 1 || o.Tickets < 1:
+		return errors.New("onsale: at least one buyer and one ticket")
+	case o.Abandon < 0 || o.Abandon >= 1:
+		return errors.New("onsale: Abandon must be in [0, 1)")
+	case o.Rate < 1 || o.Window < time.Second || o.PerRemaining <= 0:
+		return errors.New("onsale: Rate >= 1, Window >= 1s and PerRemaining > 0")
+	case o.Workers < 1 || o.Refresh <= 0:
+		return errors.New("onsale: Workers >= 1 and Refresh > 0")
+	}
+	return nil
+}
+
+// Report is what the run saw and measured. Violations lists every promise
+// the run saw broken (empty: none).
+type Report struct {
+	Buyers, Tickets int
+	// Joins: how long the buyers took to join, and the join rate.
+	JoinTime  time.Duration
+	JoinRate  float64
+	JoinP99   time.Duration
+	Polls     int64
+	PollRate  float64
+	PollP99   time.Duration
+	Purchases int64 // purchase requests sent (retries included)
+	// Sold: 201 answers; LedgerSold the gateway's count.
+	Sold, LedgerSold int64
+	// Admitted: the line's serving counter at the end; SeenAdmitted the
+	// buyers who saw their admission; Walked those of them who walked
+	// away; Refused those who tried to buy and found it sold out; Unseen
+	// the admitted who never saw it (told sold-out first).
+	Admitted, SeenAdmitted, Walked, Refused, Unseen int64
+	// Slack is the most admitted-but-unused buyers the room allows
+	// (tickets x per_remaining, rounded up).
+	Slack int64
+	// SaleTime is from the first admission to the last sale.
+	SaleTime time.Duration
+	// ToldSoldOut: how long after the last sale waiting buyers first heard
+	// sold-out (they poll as Retry-After says), median and most; Swept
+	// the waiting buyers checked once a refresh after the last sale, all
+	// told sold-out unless a violation says otherwise.
+	ToldSoldOutP50, ToldSoldOutMax time.Duration
+	Swept                          int
+	SweepTime                      time.Duration
+	Errors                         int64 // transport errors and 5xx answers (retried)
+	Violations                     []string
+}
+
+// buyer is what one buyer saw; only its own goroutine writes it.
+type buyer struct {
+	url           string // the replica it talks to
+	ticket        string
+	position      int64
+	firstAdmitted time.Time // when it first saw admitted
+	lastWaiting   time.Time // when it last saw waiting
+	soldOutAt     time.Time // when it first saw sold-out
+	boughtAt      time.Time
+	walked        bool
+	refused       bool
+	done          bool
+}
+
+type runner struct {
+	o       Options
+	http    *http.Client
+	buyers  []buyer
+	polls   atomic.Int64
+	buys    atomic.Int64
+	errs    atomic.Int64
+	mu      sync.Mutex
+	pollLat []time.Duration
+	joinLat []time.Duration
+	bad     []string
+}
+
+// Run runs the on-sale and returns its report; err is for a run that could
+// not be made (the gateway refused its setup, or the run timed out).
+func Run(ctx context.Context, o Options) (Report, error) {
+	if err := o.validate(); err != nil {
+		return Report{}, err
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 10 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	// Workers connections in all, shared by the replicas.
+	per := max(o.Workers/len(o.BaseURLs), 1)
+	tr := &http.Transport{MaxConnsPerHost: per, MaxIdleConnsPerHost: per, IdleConnTimeout: time.Minute}
+	defer tr.CloseIdleConnections()
+	r := &runner{o: o, http: &http.Client{Transport: tr, Timeout: 30 * time.Second}, buyers: make([]buyer, o.Buyers)}
+	sku := client.SKU{Program: o.Program, Ticket: "ga"}
+	total, shards, one := int64(o.Tickets), 4, int64(1)
+	if _, err := o.Admin.PutSKU(ctx, sku, client.SKUConfig{Total: &total, Shards: &shards, MaxPerOrder: &one}); err != nil {
+		return Report{}, fmt.Errorf("onsale: put sku: %w", err)
+	}
+	secs := int64(o.Window / time.Second)
+	zero := int64(0)
+	if _, err := o.Admin.PutQueue(ctx, o.Program, client.QueueConfig{OpensInSeconds: &zero, RatePerSecond: o.Rate,
+		WindowSeconds: secs, PerRemaining: o.PerRemaining}); err != nil {
+		return Report{}, fmt.Errorf("onsale: put queue: %w", err)
+	}
+
+	// The buyers: each joins, then polls and buys on its own.
+	start := time.Now()
+	var joined, wg sync.WaitGroup
+	joined.Add(o.Buyers)
+	rng := rand.New(rand.NewPCG(o.Seed, 1))
+	walks := make([]bool, o.Buyers)
+	for i := range walks {
+		walks[i] = rng.Float64() < o.Abandon
+	}
+	var joinEnd atomic.Int64
+	for i := range o.Buyers {
+		wg.Add(1)
+		go func() { // owned by Run: it waits for every buyer
+			defer wg.Done()
+			r.buyer(ctx, i, walks[i], &joined, &joinEnd)
+		}()
+	}
+	stopProgress := r.progress(ctx)
+	joined.Wait()
+	joinTime := time.Duration(joinEnd.Load() - start.UnixNano())
+	pollStart := time.Now()
+	wg.Wait()
+	stopProgress()
+	pollTime := time.Since(pollStart)
+	if ctx.Err() != nil {
+		return Report{}, fmt.Errorf("onsale: the run did not end within %v", o.Timeout)
+	}
+
+	rep := Report{Buyers: o.Buyers, Tickets: o.Tickets, JoinTime: joinTime, Polls: r.polls.Load(), Purchases: r.buys.Load(),
+		Errors: r.errs.Load(), Slack: int64(math.Ceil(float64(o.Tickets) * o.PerRemaining))}
+	rep.JoinRate = float64(o.Buyers) / max(joinTime.Seconds(), 1e-9)
+	rep.PollRate = float64(rep.Polls) / max(pollTime.Seconds(), 1e-9)
+	rep.JoinP99, rep.PollP99 = quantile(r.joinLat, 0.99), quantile(r.pollLat, 0.99)
+	r.verify(ctx, &rep)
+	return rep, nil
+}
+
+// buyer is one buyer's life: join, poll as told, buy once admitted or walk
+// away, until it bought, walked, or heard sold-out.
+func (r *runner) buyer(ctx context.Context, i int, walks bool, joined *sync.WaitGroup, joinEnd *atomic.Int64) {
+	b := &r.buyers[i]
+	b.url = r.o.BaseURLs[i%len(r.o.BaseURLs)]
+	name := fmt.Sprintf("%s-b%d", r.o.Program, i)
+	var st status
+	for {
+		var ok bool
+		st, ok = r.call(ctx, http.MethodPost, b.url+"/v1/programs/"+r.o.Program+"/queue", "", "", `{"buyer":"`+name+`"}`, &r.joinLat)
+		if ok || ctx.Err() != nil {
+			break
+		}
+	}
+	for now := time.Now().UnixNano(); ; {
+		if was := joinEnd.Load(); was >= now || joinEnd.CompareAndSwap(was, now) {
+			break
+		}
+	}
+	joined.Done()
+	b.ticket, b.position = st.Ticket, st.Position
+	for ctx.Err() == nil {
+		now := time.Now()
+		switch st.State {
+		case "waiting":
+			b.lastWaiting = now
+			wait := time.Duration(max(st.RetryAfter, 1)) * time.Second
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+		case "admitted":
+			if b.firstAdmitted.IsZero() {
+				b.firstAdmitted, b.position = now, st.Position
+			}
+			if walks {
+				b.walked, b.done = true, true
+				return
+			}
+			r.buy(ctx, b, name, st.Admission)
+			return
+		case "sold-out":
+			b.soldOutAt, b.done = now, true
+			return
+		case "expired":
+			b.done = true
+			r.violate("%s saw expired without having walked away", name)
+			return
+		default:
+			r.violate("%s: state %q", name, st.State)
+			return
+		}
+		var ok bool
+		if st, ok = r.call(ctx, http.MethodGet, b.url+"/v1/programs/"+r.o.Program+"/queue/"+b.ticket, "", "", "", &r.pollLat); ok {
+			r.polls.Add(1)
+		}
+	}
+}
+
+// buy buys one ticket with the admission, retrying a 503 with its key.
+func (r *runner) buy(ctx context.Context, b *buyer, name, token string) {
+	body := `{"buyer":"` + name + `","quantity":1}`
+	for attempt := 0; ctx.Err() == nil; attempt++ {
+		r.buys.Add(1)
+		code, kind, retry, err := r.post(ctx, b.url+"/v1/skus/"+r.o.Program+"/ga/purchases", "k-"+name, token, body)
+		switch {
+		case err == nil && code == http.StatusCreated:
+			b.boughtAt, b.done = time.Now(), true
+			return
+		case err == nil && code == http.StatusConflict && kind == "sold-out":
+			b.refused, b.done = true, true
+			return
+		case err != nil || code == http.StatusServiceUnavailable || code == http.StatusTooManyRequests:
+			r.errs.Add(1)
+			if attempt == 20 {
+				r.violate("%s: purchase still failing after 20 tries (%d %v)", name, code, err)
+				return
+			}
+			time.Sleep(time.Duration(max(retry, 1)) * time.Second)
+		default:
+			r.violate("%s: purchase = %d %s", name, code, kind)
+			return
+		}
+	}
+}
+
+// status is a join's or check's answer.
+type status struct {
+	Ticket     string `json:"ticket"`
+	State      string `json:"state"`
+	Position   int64  `json:"position"`
+	Admission  string `json:"admission_token"`
+	RetryAfter int64  `json:"retry_after_seconds"`
+}
+
+// call sends a queue request; ok false for a failure the buyer retries
+// after a second (counted in Errors).
+func (r *runner) call(ctx context.Context, method, url, key, token, body string, lat *[]time.Duration) (status, bool) {
+	var st status
+	start := time.Now()
+	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewBufferString(body))
+	if err != nil {
+		panic(err) // the run's own URLs
+	}
+	r.header(req, key, token, body != "")
+	resp, err := r.http.Do(req)
+	if err == nil {
+		err = json.NewDecoder(resp.Body).Decode(&st)
+		resp.Body.Close()
+		if err == nil && resp.StatusCode >= 300 {
+			err = fmt.Errorf("status %d", resp.StatusCode)
+		}
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			r.errs.Add(1)
+			time.Sleep(time.Second)
+		}
+		return st, false
+	}
+	r.mu.Lock()
+	*lat = append(*lat, time.Since(start))
+	r.mu.Unlock()
+	return st, true
+}
+
+func (r *runner) header(req *http.Request, key, token string, body bool) {
+	for k, vs := range r.o.Header {
+		req.Header[k] = vs
+	}
+	if body {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	if token != "" {
+		req.Header.Set("Admission-Token", token)
+	}
+}
+
+// post sends a purchase and returns its status, problem kind and
+// Retry-After.
+func (r *runner) post(ctx context.Context, url, key, token, body string) (code int, kind string, retry int, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewBufferString(body))
+	if err != nil {
+		panic(err)
+	}
+	r.header(req, key, token, true)
+	resp, err := r.http.Do(req)
+	if err != nil {
+		return 0, "", 0, err
+	}
+	defer resp.Body.Close()
+	var p struct{ Type string }
+	_ = json.NewDecoder(resp.Body).Decode(&p)
+	if i := lastSlash(p.Type); i >= 0 {
+		kind = p.Type[i+1:]
+	}
+	retry, _ = strconv.Atoi(resp.Header.Get("Retry-After"))
+	return resp.StatusCode, kind, retry, nil
+}
+
+func lastSlash(s string) int {
+	for i := len(s) - 1; i >= 0; i-- {
+		if s[i] == '/' {
+			return i
+		}
+	}
+	return -1
+}
+
+func (r *runner) violate(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.bad) < 50 {
+		r.bad = append(r.bad, fmt.Sprintf(format, args...))
+	}
+}
+
+// progress writes a line every 5 seconds until its stop is called.
+func (r *runner) progress(ctx context.Context) (stop func()) {
+	if r.o.Progress == nil {
+		return func() {}
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // owned by progress: stop waits for it
+		defer wg.Done()
+		t := time.NewTicker(5 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				r.mu.Lock()
+				joins := len(r.joinLat)
+				r.mu.Unlock()
+				fmt.Fprintf(r.o.Progress, "onsale: %d joined, %d polls, %d purchases sent, %d errors\n",
+					joins, r.polls.Load(), r.buys.Load(), r.errs.Load())
+			}
+		}
+	}()
+	return func() { close(done); wg.Wait() }
+}
+
+// verify fills in the report's outcome and checks every promise.
+func (r *runner) verify(ctx context.Context, rep *Report) {
+	o := r.o
+	bad := func(format string, args ...any) { r.violate(format, args...) }
+	var lastSale, firstAdmit time.Time
+	positions := map[int64]int{}
+	for i := range r.buyers {
+		b := &r.buyers[i]
+		positions[b.position]++
+		if !b.done {
+			bad("buyer %d never finished", i)
+		}
+		if !b.firstAdmitted.IsZero() {
+			rep.SeenAdmitted++
+			if firstAdmit.IsZero() || b.firstAdmitted.Before(firstAdmit) {
+				firstAdmit = b.firstAdmitted
+			}
+		}
+		if b.walked {
+			rep.Walked++
+		}
+		if b.refused {
+			rep.Refused++
+		}
+		if !b.boughtAt.IsZero() {
+			rep.Sold++
+			if b.boughtAt.After(lastSale) {
+				lastSale = b.boughtAt
+			}
+		}
+	}
+	for p, n := range positions {
+		if n > 1 {
+			bad("position %d given to %d buyers", p, n)
+		}
+	}
+	// The last sale is a moment ago at most (every buyer has finished):
+	// check everyone who did not buy once a refresh has passed since it.
+	time.Sleep(time.Until(lastSale.Add(o.Refresh)))
+	sweepStart := time.Now()
+	var sweep sync.WaitGroup
+	next := make(chan int)
+	for range o.Workers {
+		sweep.Add(1)
+		go func() { // owned by verify: it waits for the sweep
+			defer sweep.Done()
+			for i := range next {
+				b := &r.buyers[i]
+				st, ok := r.call(ctx, http.MethodGet, b.url+"/v1/programs/"+o.Program+"/queue/"+b.ticket, "", "", "", &r.pollLat)
+				if ok && st.State != "sold-out" {
+					bad("buyer %d (position %d) checked %v after the last sale: %s", i, b.position, time.Since(lastSale), st.State)
+				}
+			}
+		}()
+	}
+	for i := range r.buyers {
+		if r.buyers[i].boughtAt.IsZero() {
+			rep.Swept++
+			next <- i
+		}
+	}
+	close(next)
+	sweep.Wait()
+	rep.SweepTime = time.Since(sweepStart)
+	q, err := o.Admin.GetQueue(ctx, o.Program)
+	if err != nil {
+		bad("get queue: %v", err)
+	}
+	st, err := o.Admin.SKUState(ctx, client.SKU{Program: o.Program, Ticket: "ga"})
+	if err != nil {
+		bad("sku state: %v", err)
+	}
+	rep.Admitted, rep.LedgerSold = q.Serving, st.Sold
+	rep.Unseen = max(rep.Admitted-rep.SeenAdmitted, 0)
+	if !firstAdmit.IsZero() && !lastSale.IsZero() {
+		rep.SaleTime = lastSale.Sub(firstAdmit)
+	}
+
+	// Every ticket sold, once, and every 201 is in the ledger.
+	if st.Sold != int64(o.Tickets) || rep.Sold != st.Sold || st.Sold+st.Held > st.Total {
+		bad("sold %d (ledger %d, held %d) of %d tickets", rep.Sold, st.Sold, st.Held, o.Tickets)
+	}
+	// Never admitted past the stock's slack: whoever was admitted bought,
+	// walked away, never saw it, or found it sold out, and the last are at
+	// most the slack.
+	if rep.Refused > rep.Slack || rep.Admitted > rep.Sold+rep.Walked+rep.Unseen+rep.Slack {
+		bad("admitted %d: sold %d + walked %d + unseen %d + slack %d (refused %d)", rep.Admitted, rep.Sold, rep.Walked, rep.Unseen, rep.Slack, rep.Refused)
+	}
+	// In position order: no place past the counter was admitted, and no
+	// buyer was still told waiting a refresh after a later place was
+	// admitted.
+	order := make([]*buyer, 0, len(r.buyers))
+	for i := range r.buyers {
+		order = append(order, &r.buyers[i])
+	}
+	slices.SortFunc(order, func(a, b *buyer) int { return int(a.position - b.position) })
+	var latestWaiting time.Time // over the places before
+	for _, b := range order {
+		if !b.firstAdmitted.IsZero() {
+			if b.position > rep.Admitted {
+				bad("position %d admitted past the counter %d", b.position, rep.Admitted)
+			}
+			if latestWaiting.After(b.firstAdmitted.Add(o.Refresh)) {
+				bad("position %d admitted at %v while an earlier place was still waiting at %v", b.position,
+					b.firstAdmitted.Format(time.StampMilli), latestWaiting.Format(time.StampMilli))
+			}
+		}
+		if b.lastWaiting.After(latestWaiting) {
+			latestWaiting = b.lastWaiting
+		}
+	}
+	// Nobody admitted after the sold-out, and every waiting buyer told so.
+	var told []time.Duration
+	for i := range r.buyers {
+		b := &r.buyers[i]
+		if !b.firstAdmitted.IsZero() && b.firstAdmitted.After(lastSale.Add(o.Refresh)) {
+			bad("buyer %d first saw its admission %v after the last sale", i, b.firstAdmitted.Sub(lastSale))
+		}
+		if !b.soldOutAt.IsZero() {
+			told = append(told, max(b.soldOutAt.Sub(lastSale), 0))
+		}
+	}
+	rep.ToldSoldOutP50, rep.ToldSoldOutMax = quantile(told, 0.5), quantile(told, 1)
+	r.mu.Lock()
+	rep.Violations = slices.Clone(r.bad)
+	r.mu.Unlock()
+}
+
+// quantile of ds (sorted in place); 0 for none.
+func quantile(ds []time.Duration, q float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	slices.Sort(ds)
+	return ds[min(int(q*float64(len(ds))), len(ds)-1)]
+}

@@ -34,7 +34,7 @@ type Options struct {
 	// at least one.
 	BaseURLs []string
 	Admin    *client.Client // admin calls on the same ledger and Redis; required
-	Program string         // a new program id; required
+	Program  string         // a new program id; required
 	// Buyers join the line; Tickets are for sale (one per buyer); Abandon
 	// is the share of admitted buyers who walk away without buying.
 	Buyers, Tickets int

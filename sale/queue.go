@@ -232,8 +232,23 @@ func queueStatus(c ledger.QueueConfig, secret []byte, v lineView, buyer keys.ID,
 			out.Admission = queue.Admission(secret, c.Program, buyer, out.Position, place.At)
 		default:
 			out.Ahead = out.Position - st.Serving - 1
-			out.Wait = time.Duration(float64(out.Ahead+1) / float64(max(c.Rate, 1)) * float64(time.Second))
-			out.RetryAfter = min(max(out.Wait/4, time.Second), 30*time.Second)
+			// The wait at the pace the line has been admitted at lately
+			// (the stock, not the rate ceiling, sets it in a sale).
+			pace := max(v.pace, 1) // a stalled line still moves when stock comes back
+			if v.pace < 0 {
+				pace = float64(max(c.Rate, 1)) // not seen moving yet: the ceiling
+			}
+			out.Wait = time.Duration(min(float64(out.Ahead+1)/pace, 86400) * float64(time.Second))
+			// Never longer than half the window: a buyer admitted meanwhile
+			// comes back while it can still buy.
+			out.RetryAfter = min(max(out.Wait/4, time.Second), 30*time.Second, max(c.Window/2, time.Second))
+			// A buyer the next admission may reach (as many as may be
+			// admitted and not yet bought for the tickets left) asks again
+			// in a second, whatever the pace: admissions come in bursts as
+			// stock comes back.
+			if float64(out.Ahead) < float64(v.stock.Remaining)*float64(c.PerRemaining)/1000 {
+				out.RetryAfter = time.Second
+			}
 		}
 	}
 	return out
@@ -244,6 +259,9 @@ func queueStatus(c ledger.QueueConfig, secret []byte, v lineView, buyer keys.ID,
 type lineView struct {
 	st    queue.State
 	stock ledger.ProgramStock
+	// pace is the line's recent admissions per second as this replica
+	// saw them (-1: not known yet).
+	pace float64
 }
 
 // soldOut: the line is closed, by the pacer or because the ledger has
@@ -270,7 +288,50 @@ func (s *Service) loadLine(ctx context.Context, program keys.ID) (lineView, erro
 		f := lineFacts(ln)
 		v.st = queue.State{Opened: f.Opened, Early: f.Early, Late: ln.Post, Serving: f.Serving}
 	}
+	p, _ := s.paces.LoadOrStore(program, &linePace{})
+	v.pace = p.(*linePace).see(v.st.Serving, time.Now())
 	return v, nil
+}
+
+// linePace estimates a line's admissions per second from the serving
+// counter a replica reads: a moving average over about paceSpan.
+type linePace struct {
+	mu      sync.Mutex
+	serving int64
+	at      time.Time
+	rate    float64
+	known   bool
+}
+
+const paceSpan = 10 * time.Second
+
+func (p *linePace) see(serving int64, now time.Time) float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.at.IsZero() || serving < p.serving {
+		p.serving, p.at = serving, now // the first look, or a line made again
+		return p.get()
+	}
+	dt := now.Sub(p.at)
+	if dt < QueueRefresh/2 {
+		return p.get()
+	}
+	inst := float64(serving-p.serving) / dt.Seconds()
+	if !p.known {
+		p.rate, p.known = inst, true
+	} else {
+		a := dt.Seconds() / (paceSpan.Seconds() + dt.Seconds())
+		p.rate += a * (inst - p.rate)
+	}
+	p.serving, p.at = serving, now
+	return p.rate
+}
+
+func (p *linePace) get() float64 {
+	if !p.known {
+		return -1
+	}
+	return p.rate
 }
 
 // lineFacts are the facts a lost line is made again from: every count past

@@ -311,6 +311,8 @@ type Service struct {
 	// program and kind; blocks sizes them (*placeBlock by the same key).
 	reserving singleflight.Group
 	blocks    sync.Map
+	// paces estimates each line's admission pace (*linePace by program).
+	paces sync.Map
 }
 
 // New validates opts and returns a Service; Close stops it.

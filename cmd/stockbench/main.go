@@ -19,6 +19,14 @@
 //	    -H 'Name: v'    a header on every request, admin calls too
 //	                    (repeatable)
 //	    -json           a JSON summary on stdout instead of the table
+//	    -scenario onsale: -n buyers join a new program's waiting room for
+//	    -tickets tickets (-admit-rate, -window, -per-remaining set the
+//	    room), poll as Retry-After says and buy when admitted, -abandon of
+//	    them walking away; it prints joins, polls, the sale and how fast
+//	    waiting buyers heard sold-out, and exits 1 if a promise broke
+//	    (every ticket sold, admission in order within the slack, nobody
+//	    admitted after the sold-out, everyone told sold-out a refresh
+//	    after the last sale)
 //	    A flash sale's SKU gets a tenth of the requests the run will send
 //	    as stock (1,000,000 assumed for a closed-loop run bounded only in
 //	    time). A bad flag exits 2 with one line; -h lists every flag.
@@ -100,6 +108,15 @@ type runConfig struct {
 	duration                                        time.Duration
 	header                                          http.Header
 	json                                            bool
+	onsale                                          onsaleConfig
+}
+
+// onsaleConfig is the onsale scenario's sale and waiting room.
+type onsaleConfig struct {
+	tickets               int
+	abandon, perRemaining float64
+	admitRate             int64
+	window                time.Duration
 }
 
 // headerFlag collects repeated -H 'Name: value' flags.
@@ -144,7 +161,12 @@ func parseRun(args []string, stderr io.Writer) (runConfig, error) {
 	// A bad flag is one line, printed by main; only -h lists the flags.
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&c.url, "url", "http://localhost:8080", "gateway base URL")
-	fs.StringVar(&c.scenario, "scenario", "flash", "flash, steady, reads, soldout, holds, carts or queue (joins a waiting room, then polls it)")
+	fs.StringVar(&c.scenario, "scenario", "flash", "flash, steady, reads, soldout, holds, carts, queue (joins a waiting room, then polls it) or onsale (-n buyers through a waiting room for -tickets, checked)")
+	fs.IntVar(&c.onsale.tickets, "tickets", 1000, "onsale: tickets for sale")
+	fs.Float64Var(&c.onsale.abandon, "abandon", 0.3, "onsale: share of admitted buyers who walk away")
+	fs.Int64Var(&c.onsale.admitRate, "admit-rate", 1000, "onsale: the waiting room's admissions per second at most")
+	fs.DurationVar(&c.onsale.window, "window", 5*time.Second, "onsale: the admission window (whole seconds)")
+	fs.Float64Var(&c.onsale.perRemaining, "per-remaining", 1, "onsale: admitted-but-unused buyers per ticket left")
 	fs.Uint64Var(&c.n, "n", 50_000, "requests; 0, or left out with -duration: until -duration")
 	fs.DurationVar(&c.duration, "duration", 0, "stop after this long (0: after -n requests)")
 	fs.IntVar(&c.rate, "rate", 0, "open-loop requests per second (0: as fast as -workers allow)")
@@ -174,9 +196,27 @@ func parseRun(args []string, stderr io.Writer) (runConfig, error) {
 		c.n = 0 // "-duration 5m" means five minutes, not 50,000 requests
 	}
 	switch c.scenario {
-	case "flash", "steady", "reads", "soldout", "holds", "carts", "queue":
+	case "flash", "steady", "reads", "soldout", "holds", "carts", "queue", "onsale":
 	default:
-		return c, badFlag("-scenario %q: want flash, steady, reads, soldout, holds, carts or queue", c.scenario)
+		return c, badFlag("-scenario %q: want flash, steady, reads, soldout, holds, carts, queue or onsale", c.scenario)
+	}
+	if o := c.onsale; c.scenario == "onsale" {
+		switch {
+		case c.n == 0 || c.n > 10_000_000:
+			return c, badFlag("-n %d: onsale wants 1..10000000 buyers", c.n)
+		case o.tickets < 1:
+			return c, badFlag("-tickets %d: at least 1", o.tickets)
+		case o.abandon < 0 || o.abandon >= 1:
+			return c, badFlag("-abandon %v: in [0, 1)", o.abandon)
+		case o.admitRate < 1:
+			return c, badFlag("-admit-rate %d: at least 1", o.admitRate)
+		case o.window < time.Second || o.window%time.Second != 0:
+			return c, badFlag("-window %v: whole seconds, at least 1s", o.window)
+		case o.perRemaining < 0.001:
+			return c, badFlag("-per-remaining %v: at least 0.001", o.perRemaining)
+		case c.sku != "":
+			return c, badFlag("-sku and -scenario onsale: the run makes its own program")
+		}
 	}
 	if *ramp != "" {
 		a, b, ok := strings.Cut(*ramp, ":")
@@ -257,6 +297,9 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 		return badFlag("-url %q: want http(s)://host[:port]", c.url)
 	}
 	admin := newAdmin(c.url, c.token, c.header, 0)
+	if c.scenario == "onsale" {
+		return onsaleRun(c, admin, stdout, stderr)
+	}
 	units, names := c.plan()
 	sc := c.load(names)
 	if c.sku == "" {

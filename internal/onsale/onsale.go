@@ -91,9 +91,10 @@ type Report struct {
 	Sold, LedgerSold int64
 	// Admitted: the line's serving counter at the end; SeenAdmitted the
 	// buyers who saw their admission; Walked those of them who walked
-	// away; Refused those who tried to buy and found it sold out; Unseen
-	// the admitted who never saw it (told sold-out first).
-	Admitted, SeenAdmitted, Walked, Refused, Unseen int64
+	// away; Refused those who tried to buy and found it sold out; Late
+	// those whose purchase came after the window (a gateway too slow to
+	// answer); Unseen the admitted who never saw it (told sold-out first).
+	Admitted, SeenAdmitted, Walked, Refused, Late, Unseen int64
 	// Slack is the most admitted-but-unused buyers the room allows
 	// (tickets x per_remaining, rounded up).
 	Slack int64
@@ -121,12 +122,16 @@ type buyer struct {
 	boughtAt      time.Time
 	walked        bool
 	refused       bool
+	expired       bool
 	done          bool
 }
 
 type runner struct {
-	o       Options
-	http    *http.Client
+	o    Options
+	http *http.Client
+	// buyHTTP sends purchases on connections of their own: a buyer's
+	// purchase does not queue behind other buyers' polls in this process.
+	buyHTTP *http.Client
 	buyers  []buyer
 	polls   atomic.Int64
 	buys    atomic.Int64
@@ -152,7 +157,10 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	per := max(o.Workers/len(o.BaseURLs), 1)
 	tr := &http.Transport{MaxConnsPerHost: per, MaxIdleConnsPerHost: per, IdleConnTimeout: time.Minute}
 	defer tr.CloseIdleConnections()
-	r := &runner{o: o, http: &http.Client{Transport: tr, Timeout: 30 * time.Second}, buyers: make([]buyer, o.Buyers)}
+	buyTr := &http.Transport{MaxConnsPerHost: max(per/4, 4), MaxIdleConnsPerHost: max(per/4, 4), IdleConnTimeout: time.Minute}
+	defer buyTr.CloseIdleConnections()
+	r := &runner{o: o, http: &http.Client{Transport: tr, Timeout: 30 * time.Second}, buyHTTP: &http.Client{Transport: buyTr, Timeout: 30 * time.Second},
+		buyers: make([]buyer, o.Buyers)}
 	sku := client.SKU{Program: o.Program, Ticket: "ga"}
 	total, shards, one := int64(o.Tickets), 4, int64(1)
 	if _, err := o.Admin.PutSKU(ctx, sku, client.SKUConfig{Total: &total, Shards: &shards, MaxPerOrder: &one}); err != nil {
@@ -248,7 +256,9 @@ func (r *runner) buyer(ctx context.Context, i int, walks bool, joined *sync.Wait
 			b.soldOutAt, b.done = now, true
 			return
 		case "expired":
-			b.done = true
+			// Admitted and back after its window: it polled as told, so the
+			// gateway's Retry-After was too long for the window.
+			b.expired, b.done = true, true
 			r.violate("%s saw expired without having walked away", name)
 			return
 		default:
@@ -274,6 +284,10 @@ func (r *runner) buy(ctx context.Context, b *buyer, name, token string) {
 			return
 		case err == nil && code == http.StatusConflict && kind == "sold-out":
 			b.refused, b.done = true, true
+			return
+		case err == nil && code == http.StatusGone && kind == "admission-expired":
+			// It came back too late (a gateway too busy to answer in time).
+			b.expired, b.done = true, true
 			return
 		case err != nil || code == http.StatusServiceUnavailable || code == http.StatusTooManyRequests:
 			r.errs.Add(1)
@@ -352,7 +366,7 @@ func (r *runner) post(ctx context.Context, url, key, token, body string) (code i
 		panic(err)
 	}
 	r.header(req, key, token, true)
-	resp, err := r.http.Do(req)
+	resp, err := r.buyHTTP.Do(req)
 	if err != nil {
 		return 0, "", 0, err
 	}
@@ -437,6 +451,9 @@ func (r *runner) verify(ctx context.Context, rep *Report) {
 		if b.refused {
 			rep.Refused++
 		}
+		if b.expired {
+			rep.Late++
+		}
 		if !b.boughtAt.IsZero() {
 			rep.Sold++
 			if b.boughtAt.After(lastSale) {
@@ -498,8 +515,9 @@ func (r *runner) verify(ctx context.Context, rep *Report) {
 	// Never admitted past the stock's slack: whoever was admitted bought,
 	// walked away, never saw it, or found it sold out, and the last are at
 	// most the slack.
-	if rep.Refused > rep.Slack || rep.Admitted > rep.Sold+rep.Walked+rep.Unseen+rep.Slack {
-		bad("admitted %d: sold %d + walked %d + unseen %d + slack %d (refused %d)", rep.Admitted, rep.Sold, rep.Walked, rep.Unseen, rep.Slack, rep.Refused)
+	if rep.Refused > rep.Slack || rep.Admitted > rep.Sold+rep.Walked+rep.Late+rep.Unseen+rep.Slack {
+		bad("admitted %d: sold %d + walked %d + late %d + unseen %d + slack %d (refused %d)", rep.Admitted, rep.Sold, rep.Walked,
+			rep.Late, rep.Unseen, rep.Slack, rep.Refused)
 	}
 	// In position order: no place past the counter was admitted, and no
 	// buyer was still told waiting a refresh after a later place was

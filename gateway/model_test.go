@@ -89,6 +89,7 @@ func TestModel(t *testing.T) {
 		m.checkEvents()
 		m.checkQueue()
 		m.checkQueueMoves()
+		m.t.Logf("the waiting room's part took %v", m.q.took.Round(time.Millisecond))
 		t.Logf("%d steps: %v; longest false sold-out %v, false limit %v; longest stale-flag retry %v", steps, m.ops,
 			m.falseSoldOut.Round(time.Millisecond), m.falseLimit.Round(time.Millisecond), m.staleRetry.Round(time.Millisecond))
 	})
@@ -428,7 +429,7 @@ func (m *sim) do() {
 		m.waitOp()
 		return
 	}
-	if m.rng.IntN(100) < 12 {
+	if m.rng.IntN(100) < 15 {
 		m.queueOp()
 		return
 	}

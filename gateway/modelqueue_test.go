@@ -16,6 +16,7 @@ import (
 
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/queue"
 	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/stock"
@@ -60,8 +61,9 @@ import (
 // admission while sold out; the ledger's sold, held and each buyer's units
 // of the tickets; and at the end, that the line moves while stock is left.
 
-// qBuyers is how many buyers use the waiting room.
-const qBuyers = 16
+// qBuyers is how many buyers use the waiting room: more than join in a
+// run, so new ones come all along.
+const qBuyers = 40
 
 // qWindow is the waiting room's admission window.
 const qWindow = 3 * time.Second
@@ -87,6 +89,7 @@ type mQueue struct {
 	flushedAt    time.Time
 	soldOutSince time.Time // zero while the ledger has something left or held
 	reopened     time.Time // when it last stopped being sold out
+	took         time.Duration
 }
 
 type qMark struct {
@@ -165,21 +168,27 @@ func (m *sim) ledgerStocks() []*mSKU { return append(m.stocks(), m.q.skus...) }
 
 // queueOp runs one random operation on the waiting room.
 func (m *sim) queueOp() {
+	defer m.queueTimed(time.Now())
 	switch r := m.rng.IntN(100); {
 	case r < 22:
 		m.queueJoin()
-	case r < 42:
+	case r < 40:
 		m.queueCheck()
-	case r < 80:
+	case r < 78:
 		m.queueTake()
-	case r < 90:
+	case r < 86:
 		m.queueRetry()
-	case r < 96:
+	case r < 91:
 		m.queueReuse()
+	case r < 97:
+		m.queueSettle()
 	default:
 		m.queueRestock()
 	}
 }
+
+// queueTimed adds the time since start to the queue part's.
+func (m *sim) queueTimed(start time.Time) { m.q.took += time.Since(start) }
 
 func (m *sim) qBuyer(name string) *mQBuyer {
 	for _, b := range m.q.buyers {
@@ -467,12 +476,40 @@ func (m *sim) qToken(b *mQBuyer) (kind int, token string, p *mPlace) {
 	}
 }
 
+// qReady is a buyer whose admission is not spent and whose place was
+// admitted a while before the window ends, or nil.
+func (m *sim) qReady() *mQBuyer {
+	var ready []*mQBuyer
+	for _, b := range m.q.buyers {
+		if b.claim != "" || b.place == nil {
+			continue
+		}
+		if a := m.qAdmissionOf(b.place); a.ok && time.Now().Add(time.Second).Before(time.UnixMilli(a.at).Add(qWindow)) {
+			ready = append(ready, b)
+		}
+	}
+	if len(ready) == 0 {
+		return nil
+	}
+	return ready[m.rng.IntN(len(ready))]
+}
+
 // queueTake buys or holds one of the queued tickets (1 or 2 units, or 5:
-// over the most per order), or buys or holds a cart of them, as a random
-// buyer.
+// over the most per order), or buys or holds a cart of them: mostly as a
+// buyer admitted and free to buy, with its token (having checked its
+// place, or not), else as a random buyer with any token.
 func (m *sim) queueTake() {
 	q := m.q
 	b := q.buyers[m.rng.IntN(len(q.buyers))]
+	e := m.env()
+	kind, token, p := m.qToken(b)
+	if r := m.qReady(); r != nil && m.rng.IntN(3) > 0 {
+		b, kind, token, p = r, qOwn, r.place.token, r.place
+		if m.rng.IntN(2) == 0 {
+			m.ops["queue-check"]++
+			m.qCheckOn(e, p)
+		}
+	}
 	t := mTake{key: m.newKey(), buyer: b.name}
 	s := q.skus[m.rng.IntN(len(q.skus))]
 	n := int64(1 + m.rng.IntN(2))
@@ -494,9 +531,8 @@ func (m *sim) queueTake() {
 			t.lines = append(t.lines, mLine{q.skus[i], int64(1 + m.rng.IntN(2))})
 		}
 	}
-	kind, token, p := m.qToken(b)
 	m.ops[op]++
-	m.qSend(m.env(), t, m.body(t), kind, token, p)
+	m.qSend(e, t, m.body(t), kind, token, p)
 }
 
 // queueRetry sends a committed take again, with its token or the token of
@@ -552,10 +588,43 @@ func (m *sim) queueReuse() {
 	m.qSend(m.env(), t, m.body(t), qOwn, d.token, d.place)
 }
 
-// queueRestock adds 1 to 3 units to a queued ticket (up to 14).
+// queueSettle confirms or cancels a live hold or held cart of the queued
+// program (no admission needed), so that its holds end and it can sell
+// out.
+func (m *sim) queueSettle() {
+	var hs []*mHold
+	for _, h := range m.holds {
+		if h.sku.sku.Program == m.q.program && h.live() && (h.cart == nil || h.cart.live()) {
+			hs = append(hs, h)
+		}
+	}
+	if len(hs) == 0 {
+		return
+	}
+	h := hs[m.rng.IntN(len(hs))]
+	action := []string{"confirm", "cancel"}[m.rng.IntN(2)]
+	m.ops["queue-"+action]++
+	if c := h.cart; c != nil {
+		m.cartDo(c, action, c.take.buyer)
+		return
+	}
+	if action == "cancel" {
+		m.act("/v1/holds/"+h.id+"/cancel", h.buyer, http.StatusOK)
+		h.state = ledger.Cancelled
+		h.sku.held -= h.q
+		return
+	}
+	r := m.act("/v1/holds/"+h.id+"/confirm", h.buyer, http.StatusCreated)
+	h.state = ledger.Confirmed
+	h.sku.held -= h.q
+	h.sku.sold += h.q
+	m.orders = append(m.orders, &mOrder{id: orderID(r), sku: h.sku, buyer: h.buyer, q: h.q})
+}
+
+// queueRestock adds 1 to 3 units to a queued ticket (up to 10).
 func (m *sim) queueRestock() {
 	s := m.q.skus[m.rng.IntN(len(m.q.skus))]
-	if s.total >= 14 {
+	if s.total >= 10 {
 		return
 	}
 	m.ops["queue-restock"]++
@@ -894,6 +963,7 @@ func (m *sim) qView() qView {
 // with the model, the admin view of the line with what Redis says of each
 // place, and while sold out, the answers of checks and the admissions.
 func (m *sim) checkQueue() {
+	defer m.queueTimed(time.Now())
 	q := m.q
 	ctx := context.Background()
 	for attempt := 0; ; attempt++ {
@@ -976,6 +1046,7 @@ func (m *sim) checkQueue() {
 // waiting is admitted, or one more past the serving counter, within a
 // window and a bound (admitted buyers who walk away lapse in a window).
 func (m *sim) checkQueueMoves() {
+	defer m.queueTimed(time.Now())
 	var left int64
 	for _, s := range m.q.skus {
 		left += s.left()

@@ -379,6 +379,10 @@ func (s *Service) reservePlaces(ctx context.Context, program keys.ID, early bool
 	if early {
 		key = program.String() + "/early"
 	}
+	// One reservation for every joiner waiting on it: not cut short by the
+	// first one's client leaving.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
 	_, err, _ := s.reserving.Do(key, func() (any, error) {
 		b, _ := s.blocks.LoadOrStore(key, &placeBlock{n: minPlaceBlock})
 		blk := b.(*placeBlock)

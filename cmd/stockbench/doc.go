@@ -25,6 +25,7 @@ type docInputs struct {
 	rssKB                                                                                                    int64
 	cpuTop                                                                                                   string
 	shardMem, recMem                                                                                         int64
+	room                                                                                                     roomRound
 }
 
 func cmdOut(name string, args ...string) string {
@@ -139,6 +140,12 @@ func (s *suite) write(rounds []docInputs, micro, hot string) {
 	row("stock reads vs bare gin", "≥ 90 %", v, pct, pctRange, v.med >= 0.9)
 	v = per(rounds, func(in docInputs) float64 { return 1000 * float64(in.readCalls) / float64(in.reads.Requests) })
 	row("stock reads: Redis calls", "0 per request (≤ 1 per 1,000)", v, perK, perKRange, v.med <= 1)
+	v = per(rounds, func(in docInputs) float64 { return ratio(in.room.polls, in.room.bare) })
+	row(fmt.Sprintf("waiting-room checks (a line of %d) vs bare gin", s.room.joined), "≥ 90 %", v, pct, pctRange, v.med >= 0.9)
+	v = per(rounds, func(in docInputs) float64 {
+		return 1000 * float64(in.room.calls) / float64(max(in.room.polls.Requests, 1))
+	})
+	row("waiting-room checks: Redis calls", "0 per request (≤ 1 per 1,000)", v, perK, perKRange, v.med <= 1)
 	v = per(rounds, func(in docInputs) float64 { return msOf(in.admitLat, 99) })
 	row("admission p99 at half its maximum rate (open loop)", "≤ 5 ms", v, ms, msRange, v.med <= 5)
 	v = per(rounds, func(in docInputs) float64 { return msOf(in.buyLat, 99) })

@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -28,6 +29,7 @@ import (
 	"github.com/stockgate/stockgate/cluster"
 	"github.com/stockgate/stockgate/internal/comparators"
 	"github.com/stockgate/stockgate/internal/loadgen"
+	"github.com/stockgate/stockgate/internal/onsale"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/sale"
@@ -49,6 +51,10 @@ type suite struct {
 	label   string // the round, appended to every run's name
 	doc     strings.Builder
 	results []loadgen.Result
+	// The waiting room's sizes: the standing line, and the on-sale.
+	queueJoins                  uint64
+	onsaleBuyers, onsaleTickets int
+	room                        room
 }
 
 type gateway struct {
@@ -65,11 +71,15 @@ func suiteCmd(args []string) error {
 	rounds := fs.Int("rounds", 3, "rounds: every pair a target compares runs once per round; targets report the median and range")
 	workers := fs.Uint64("workers", 64, "concurrent connections of each throughput run")
 	plots := fs.String("plots", ".run/bench", "directory for the latency-over-time charts")
+	queueJoins := fs.Uint64("queue-joins", 1_000_000, "buyers joined to the waiting room whose places the rounds check")
+	onsaleBuyers := fs.Int("onsale-buyers", 100_000, "buyers of the on-sale through the waiting room (0: none)")
+	onsaleTickets := fs.Int("onsale-tickets", 1000, "tickets of the on-sale")
 	_ = fs.Parse(args)
 	if *rounds < 1 {
 		return fmt.Errorf("-rounds %d: at least 1", *rounds)
 	}
-	s := &suite{ctx: context.Background(), n: *n, workers: *workers, rounds: *rounds, plots: *plots, log: os.Stderr}
+	s := &suite{ctx: context.Background(), n: *n, workers: *workers, rounds: *rounds, plots: *plots, log: os.Stderr,
+		queueJoins: max(*queueJoins, 1), onsaleBuyers: *onsaleBuyers, onsaleTickets: max(*onsaleTickets, 1)}
 	if err := os.MkdirAll(s.plots, 0o755); err != nil {
 		return err
 	}
@@ -213,7 +223,7 @@ func slug(s string) string {
 // redisCalls sums the scripts and data commands the nodes ran (not the
 // cluster's own housekeeping: slot-map reloads, replication, INFO).
 func (s *suite) redisCalls() int64 {
-	calls, _ := s.commandStats(`evalsha|eval|hget|hset|get|set|decr|incr`)
+	calls, _ := s.commandStats(`evalsha|eval|hget|hmget|hset|get|set|decr|incr`)
 	return calls
 }
 
@@ -302,6 +312,10 @@ func (s *suite) profile(d time.Duration) <-chan string {
 }
 
 func (s *suite) runAll() error {
+	var err error
+	if s.room, err = s.standingLine(s.queueJoins); err != nil {
+		return fmt.Errorf("waiting room: %w", err)
+	}
 	var rounds []docInputs
 	for r := range s.rounds {
 		fmt.Fprintf(s.log, "round %d of %d\n", r+1, s.rounds)
@@ -311,7 +325,13 @@ func (s *suite) runAll() error {
 		}
 		rounds = append(rounds, in)
 	}
+	var sale onsale.Report
+	saleErr := errors.New("not run (-onsale-buyers 0)")
+	if s.onsaleBuyers > 0 {
+		sale, saleErr = s.onSale()
+	}
 	s.write(rounds, microBenchmarks(), hotSKU())
+	s.writeRoom(rounds, s.room, sale, saleErr)
 	return nil
 }
 
@@ -454,7 +474,10 @@ func (s *suite) round(r int) (in docInputs, err error) {
 	buyLat := s.attack(fmt.Sprintf("purchase with commit at %d/s (open loop)", halfBuy), s.gw.base,
 		loadgen.Purchases(steadySKUs, k("lat"), 0), halfBuy, w, 10*time.Second)
 
-	// 8. Redis memory per shard and per idempotency record.
+	// 8. Checks of the standing line's places against the bare ceiling.
+	roomRun := s.roomChecks(r, s.room)
+
+	// 9. Redis memory per shard and per idempotency record.
 	shardMem, recMem := s.redisMemory(flashSKU, k("flash"))
 
 	return docInputs{flash: flash, flashAudit: flashAudit, capRun: capRun, floor: floor, bare: bare, compRes: compRes,
@@ -463,7 +486,7 @@ func (s *suite) round(r int) (in docInputs, err error) {
 		cartAudit: cartAudit, holds: holds, confirms: confirms, fallback: fallback,
 		fbAudit: fbAudit, admitLat: admitLat, buyLat: buyLat, rssKB: rssKB, cpuTop: cpuTop, shardMem: shardMem,
 		flashScripts: scripts1 - scripts0, flashScriptUsec: usec1 - usec0,
-		recMem: recMem}, nil
+		recMem: recMem, room: roomRun}, nil
 }
 
 // carts runs n/10 carts of 3 lines (one ticket of each of 3 SKUs of

@@ -3,7 +3,8 @@
 // (POST /v1/skus/{program}/{ticket}/purchases: 201 sold, 409 sold out,
 // 503 gave up). They live in the benchmark harness, never in the product:
 //
-//   - Bare: no stock at all, the HTTP ceiling;
+//   - Bare: no stock at all, the HTTP ceiling (and BarePolls, the ceiling
+//     of a waiting room's checks);
 //   - Floor: one EVALSHA of a minimal deduct script, the physical floor of a
 //     Redis gate;
 //   - DecrIncr: DECR, then INCR back when it went negative (the seed
@@ -89,6 +90,37 @@ func Bare() *Comparator {
 	c := &Comparator{Name: "bare gin (no Redis)", Seed: func(context.Context, stock.SKU, int64) error { return nil }}
 	c.Handler = engine(c, func(context.Context, stock.SKU) (int, error) { return http.StatusCreated, nil })
 	return c
+}
+
+// barePoll is what BarePolls answers: a waiting buyer's standing, the
+// shape and size of the gateway's.
+type barePoll struct {
+	Program           string    `json:"program"`
+	Buyer             string    `json:"buyer"`
+	Ticket            string    `json:"ticket"`
+	State             string    `json:"state"`
+	Position          int64     `json:"position,omitempty"`
+	Ahead             *int64    `json:"ahead,omitempty"`
+	WaitSeconds       int64     `json:"estimated_wait_seconds"`
+	OpensAt           time.Time `json:"opens_at"`
+	RetryAfterSeconds int64     `json:"retry_after_seconds,omitempty"`
+}
+
+// BarePolls answers every waiting-room check (GET
+// /v1/programs/:program/queue/:ticket) with a fixed standing, in the
+// gateway's JSON shape, with Retry-After: the HTTP ceiling of a check that
+// costs no Redis call, with no ticket to verify and no line to look up.
+func BarePolls() http.Handler {
+	gin.SetMode(gin.ReleaseMode)
+	e := gin.New()
+	opens := time.Now().UTC()
+	e.GET("/v1/programs/:program/queue/:ticket", func(g *gin.Context) {
+		ahead := int64(41)
+		g.Header("Retry-After", "10")
+		g.JSON(http.StatusOK, barePoll{Program: g.Param("program"), Buyer: "b", Ticket: g.Param("ticket"), State: "waiting",
+			Position: 42, Ahead: &ahead, WaitSeconds: 42, OpensAt: opens, RetryAfterSeconds: 10})
+	})
+	return e
 }
 
 const floorScript = `local a = tonumber(redis.call('HGET', KEYS[1], 'avail') or '0')

@@ -132,6 +132,10 @@ type runner struct {
 	// buyHTTP sends purchases on connections of their own: a buyer's
 	// purchase does not queue behind other buyers' polls in this process.
 	buyHTTP *http.Client
+	// slots and buySlots bound the requests in flight; a request's time
+	// is counted from when it has its slot, so a latency is the gateway's,
+	// not this process's queue of buyers.
+	slots, buySlots chan struct{}
 	buyers  []buyer
 	polls   atomic.Int64
 	buys    atomic.Int64
@@ -153,14 +157,15 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
-	// Workers connections in all, shared by the replicas.
-	per := max(o.Workers/len(o.BaseURLs), 1)
-	tr := &http.Transport{MaxConnsPerHost: per, MaxIdleConnsPerHost: per, IdleConnTimeout: time.Minute}
+	// Workers requests in flight at most, and a quarter more for
+	// purchases, each on a connection of its own.
+	buyWorkers := max(o.Workers/4, 4)
+	tr := &http.Transport{MaxIdleConnsPerHost: o.Workers, IdleConnTimeout: time.Minute}
 	defer tr.CloseIdleConnections()
-	buyTr := &http.Transport{MaxConnsPerHost: max(per/4, 4), MaxIdleConnsPerHost: max(per/4, 4), IdleConnTimeout: time.Minute}
+	buyTr := &http.Transport{MaxIdleConnsPerHost: buyWorkers, IdleConnTimeout: time.Minute}
 	defer buyTr.CloseIdleConnections()
 	r := &runner{o: o, http: &http.Client{Transport: tr, Timeout: 30 * time.Second}, buyHTTP: &http.Client{Transport: buyTr, Timeout: 30 * time.Second},
-		buyers: make([]buyer, o.Buyers)}
+		slots: make(chan struct{}, o.Workers), buySlots: make(chan struct{}, buyWorkers), buyers: make([]buyer, o.Buyers)}
 	sku := client.SKU{Program: o.Program, Ticket: "ga"}
 	total, shards, one := int64(o.Tickets), 4, int64(1)
 	if _, err := o.Admin.PutSKU(ctx, sku, client.SKUConfig{Total: &total, Shards: &shards, MaxPerOrder: &one}); err != nil {
@@ -223,6 +228,7 @@ func (r *runner) buyer(ctx context.Context, i int, walks bool, joined *sync.Wait
 		if ok || ctx.Err() != nil {
 			break
 		}
+		time.Sleep(time.Second)
 	}
 	for now := time.Now().UnixNano(); ; {
 		if was := joinEnd.Load(); was >= now || joinEnd.CompareAndSwap(was, now) {
@@ -265,10 +271,13 @@ func (r *runner) buyer(ctx context.Context, i int, walks bool, joined *sync.Wait
 			r.violate("%s: state %q", name, st.State)
 			return
 		}
-		var ok bool
-		if st, ok = r.call(ctx, http.MethodGet, b.url+"/v1/programs/"+r.o.Program+"/queue/"+b.ticket, "", "", "", &r.pollLat); ok {
-			r.polls.Add(1)
+		got, ok := r.call(ctx, http.MethodGet, b.url+"/v1/programs/"+r.o.Program+"/queue/"+b.ticket, "", "", "", &r.pollLat)
+		if !ok {
+			time.Sleep(time.Second)
+			continue // as it stood: waiting again
 		}
+		r.polls.Add(1)
+		st = got
 	}
 }
 
@@ -312,10 +321,16 @@ type status struct {
 	RetryAfter int64  `json:"retry_after_seconds"`
 }
 
-// call sends a queue request; ok false for a failure the buyer retries
-// after a second (counted in Errors).
+// call sends a queue request; ok false for a failure (counted in Errors),
+// which the buyer retries after a second.
 func (r *runner) call(ctx context.Context, method, url, key, token, body string, lat *[]time.Duration) (status, bool) {
 	var st status
+	select {
+	case r.slots <- struct{}{}:
+	case <-ctx.Done():
+		return st, false
+	}
+	defer func() { <-r.slots }()
 	start := time.Now()
 	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewBufferString(body))
 	if err != nil {
@@ -333,7 +348,6 @@ func (r *runner) call(ctx context.Context, method, url, key, token, body string,
 	if err != nil {
 		if ctx.Err() == nil {
 			r.errs.Add(1)
-			time.Sleep(time.Second)
 		}
 		return st, false
 	}
@@ -366,6 +380,12 @@ func (r *runner) post(ctx context.Context, url, key, token, body string) (code i
 		panic(err)
 	}
 	r.header(req, key, token, true)
+	select {
+	case r.buySlots <- struct{}{}:
+	case <-ctx.Done():
+		return 0, "", 0, ctx.Err()
+	}
+	defer func() { <-r.buySlots }()
 	resp, err := r.buyHTTP.Do(req)
 	if err != nil {
 		return 0, "", 0, err

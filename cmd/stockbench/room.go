@@ -1,0 +1,162 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/stockgate/stockgate/client"
+	"github.com/stockgate/stockgate/internal/comparators"
+	"github.com/stockgate/stockgate/internal/loadgen"
+	"github.com/stockgate/stockgate/internal/onsale"
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/sale"
+)
+
+// The waiting room in the suite: once, a line of -queue-joins buyers (the
+// joins' throughput and Redis memory per waiting buyer); each round, checks
+// of places in that line against the bare gin ceiling of the same answer,
+// back to back, with the Redis calls the checks made; once, after the
+// rounds, an on-sale of -onsale-tickets to -onsale-buyers through the
+// room, checked (package onsale).
+
+// room is the standing line the rounds check.
+type room struct {
+	program string
+	joins   loadgen.Result
+	joined  int64
+	bytes   int64 // the line's records in Redis
+	tickets []string
+}
+
+// roomRound is one round's checks.
+type roomRound struct {
+	polls, bare loadgen.Result
+	calls       int64
+}
+
+// roomSample is how many places the checks ask about, round-robin.
+const roomSample = 256
+
+// standingLine fills a waiting room with n buyers. Its program has one
+// ticket and a window of a day: the pacer admits one buyer, then nobody
+// (the one admitted is all the ticket allows), so the line stands still
+// and every check is of a waiting place.
+func (s *suite) standingLine(n uint64) (room, error) {
+	rm := room{program: "room" + strconv.FormatInt(time.Now().Unix(), 10)}
+	if err := s.gw.admin.putSKU(rm.program+"/ga", 1, 1); err != nil {
+		return rm, err
+	}
+	zero := int64(0)
+	if _, err := s.gw.admin.c.PutQueue(s.ctx, rm.program, client.QueueConfig{OpensInSeconds: &zero, RatePerSecond: 1,
+		WindowSeconds: 86400, PerRemaining: 1}); err != nil {
+		return rm, fmt.Errorf("put queue: %w", err)
+	}
+	rm.joins = s.attack(fmt.Sprintf("waiting room: %d joins", n), s.gw.base, loadgen.QueueJoins(rm.program, "j", n), 0, s.workers, 0)
+	for i := range roomSample {
+		st, err := s.gw.admin.c.JoinQueue(s.ctx, rm.program, fmt.Sprintf("s%d", i))
+		if err != nil {
+			return rm, fmt.Errorf("sample join: %w", err)
+		}
+		rm.tickets = append(rm.tickets, st.Ticket)
+	}
+	q, err := s.gw.admin.c.GetQueue(s.ctx, rm.program)
+	if err != nil {
+		return rm, err
+	}
+	rm.joined = q.Joined
+	k := keys.Queue(keys.MustID(rm.program))
+	for _, key := range []string{k.Who(), k.Meta()} {
+		v, err := s.rdb.MemoryUsage(s.ctx, key, 0).Result()
+		if err != nil {
+			return rm, fmt.Errorf("memory usage: %w", err)
+		}
+		rm.bytes += v
+	}
+	return rm, nil
+}
+
+// roomChecks runs one round's checks of the standing line and of the bare
+// ceiling, back to back (which goes first alternates by round).
+func (s *suite) roomChecks(r int, rm room) roomRound {
+	var out roomRound
+	gw := func() {
+		before := s.redisCalls()
+		out.polls = s.attack("stockgate waiting-room checks", s.gw.base, loadgen.QueuePolls(rm.program, rm.tickets, s.n), 0, s.workers, 0)
+		out.calls = s.redisCalls() - before
+	}
+	bare := func() {
+		base, stop := serve(comparators.BarePolls())
+		out.bare = s.attack("bare gin waiting-room checks", base, loadgen.QueuePolls(rm.program, rm.tickets, s.n), 0, s.workers, 0)
+		stop()
+	}
+	if r%2 == 0 {
+		gw()
+		bare()
+	} else {
+		bare()
+		gw()
+	}
+	return out
+}
+
+// onSale runs the on-sale of the suite's size through the gateway.
+func (s *suite) onSale() (onsale.Report, error) {
+	fmt.Fprintf(s.log, "on-sale: %d buyers for %d tickets\n", s.onsaleBuyers, s.onsaleTickets)
+	return onsale.Run(s.ctx, onsale.Options{BaseURLs: []string{s.gw.base}, Admin: s.gw.admin.c,
+		Program: "onsale" + strconv.FormatInt(time.Now().Unix(), 10), Buyers: s.onsaleBuyers, Tickets: s.onsaleTickets,
+		Abandon: 0.3, Rate: 1000, Window: time.Minute, PerRemaining: 1, Workers: int(s.workers), Refresh: sale.QueueRefresh,
+		Seed: 1, Progress: s.log, Timeout: 30 * time.Minute})
+}
+
+// writeRoom is the waiting room's section.
+func (s *suite) writeRoom(rounds []docInputs, rm room, rep onsale.Report, saleErr error) {
+	d := &s.doc
+	fmt.Fprintf(d, "\n## Waiting room\n\n"+
+		"**A line of %d.** `stockbench suite` joins %d buyers (%d connections, closed loop) to one program's waiting\n"+
+		"room that admits one buyer (its one ticket) and then nobody, then checks %d of their places round-robin each\n"+
+		"round, back to back with a bare gin handler that answers the same route with a fixed standing of the same JSON\n"+
+		"shape and a Retry-After header: the ceiling of a check that verifies no ticket and looks nothing up.\n\n",
+		rm.joined, s.queueJoins, s.workers, roomSample)
+	fmt.Fprintf(d, "| measure | value |\n|---|---|\n")
+	fmt.Fprintf(d, "| joins | %d in %v: %.0f /s, p50 %.1f ms, p99 %.1f ms (%s) |\n", rm.joins.Requests, rm.joins.Elapsed.Round(time.Second),
+		rm.joins.Throughput(), msQ(rm.joins, 50), msQ(rm.joins, 99), rm.joins.CodesString())
+	fmt.Fprintf(d, "| the line's Redis records (`MEMORY USAGE … SAMPLES 0` of its two keys) | %d bytes: %.1f bytes per waiting buyer |\n",
+		rm.bytes, float64(rm.bytes)/float64(max(rm.joined, 1)))
+	fmt.Fprintf(d, "\n| round | stockgate checks /s | p99 | bare gin checks /s | p99 | stockgate / bare | Redis calls per 1,000 checks |\n|---|---|---|---|---|---|---|\n")
+	for i, in := range rounds {
+		r := in.room
+		fmt.Fprintf(d, "| %d | %.0f | %.1f ms | %.0f | %.1f ms | %.0f %% | %.2f |\n", i+1, r.polls.Throughput(), msQ(r.polls, 99),
+			r.bare.Throughput(), msQ(r.bare, 99), 100*ratio(r.polls, r.bare), 1000*float64(r.calls)/float64(max(r.polls.Requests, 1)))
+	}
+	fmt.Fprintf(d, "\n**An on-sale of %d tickets to %d buyers** (`stockbench run -scenario onsale` does the same against a running\n"+
+		"gateway): every buyer joins, polls as Retry-After says, and buys when admitted, or walks away (30 %% of the\n"+
+		"admitted); the room admits at most 1,000 a second, with a one-minute window and one admitted-but-unused buyer\n"+
+		"per ticket left. The run checks every promise from what the buyers saw (package onsale).\n\n", s.onsaleTickets, s.onsaleBuyers)
+	if saleErr != nil {
+		fmt.Fprintf(d, "The run failed: %v\n", saleErr)
+		return
+	}
+	ms := func(t time.Duration) string { return fmt.Sprintf("%.1f ms", float64(t.Microseconds())/1000) }
+	fmt.Fprintf(d, "| measure | value |\n|---|---|\n")
+	fmt.Fprintf(d, "| joins | %d in %v: %.0f /s (p99 %s, client-side: buyers queue for the %d connections) |\n", rep.Buyers,
+		rep.JoinTime.Round(time.Millisecond), rep.JoinRate, ms(rep.JoinP99), s.workers)
+	fmt.Fprintf(d, "| checks | %d: %.0f /s (p99 %s, client-side) |\n", rep.Polls, rep.PollRate, ms(rep.PollP99))
+	fmt.Fprintf(d, "| sold | %d (ledger %d) of %d, in %v from the first admission |\n", rep.Sold, rep.LedgerSold, rep.Tickets, rep.SaleTime.Round(time.Millisecond))
+	fmt.Fprintf(d, "| admitted | %d: %d saw it (%d walked away, %d found it sold out, %d came back after the window), %d never saw it (told sold-out first) |\n",
+		rep.Admitted, rep.SeenAdmitted, rep.Walked, rep.Refused, rep.Late, rep.Unseen)
+	fmt.Fprintf(d, "| admitted ≤ sold + walked away + late + unseen + slack | %d ≤ %d + %d + %d + %d + %d |\n", rep.Admitted, rep.Sold, rep.Walked,
+		rep.Late, rep.Unseen, rep.Slack)
+	fmt.Fprintf(d, "| waiting buyers told sold-out, after the last sale, polling as told | median %s, most %s |\n", ms(rep.ToldSoldOutP50), ms(rep.ToldSoldOutMax))
+	fmt.Fprintf(d, "| every buyer who had not bought, checked once a refresh (%v) after the last sale | %d checked in %v |\n",
+		sale.QueueRefresh, rep.Swept, rep.SweepTime.Round(time.Millisecond))
+	fmt.Fprintf(d, "| errors (retried) | %d |\n", rep.Errors)
+	if len(rep.Violations) == 0 {
+		d.WriteString("\nNo promise broken: every ticket sold once, admission in position order within the slack, nobody admitted after\nthe sold-out, and every buyer checked a refresh after the last sale was told sold-out.\n")
+	} else {
+		fmt.Fprintf(d, "\n**%d promises broken:**\n\n- %s\n", len(rep.Violations), strings.Join(rep.Violations, "\n- "))
+	}
+}
+
+func msQ(r loadgen.Result, q float64) float64 { return float64(r.Quantile(q).Microseconds()) / 1000 }

@@ -75,7 +75,7 @@ func TestModel(t *testing.T) {
 			if i%10 == 9 {
 				m.checkBuyers()
 				m.checkLine()
-				m.checkQueue()
+				m.checkQueue(false)
 			}
 			if i%100 == 99 {
 				m.checkRedis()
@@ -87,9 +87,9 @@ func TestModel(t *testing.T) {
 		m.checkLine()
 		m.checkCarts(true)
 		m.checkEvents()
-		m.checkQueue()
+		m.checkQueue(true)
 		m.checkQueueMoves()
-		m.t.Logf("the waiting room's part took %v", m.q.took.Round(time.Millisecond))
+		m.t.Logf("waiting room: %s", m.queueSummary())
 		t.Logf("%d steps: %v; longest false sold-out %v, false limit %v; longest stale-flag retry %v", steps, m.ops,
 			m.falseSoldOut.Round(time.Millisecond), m.falseLimit.Round(time.Millisecond), m.staleRetry.Round(time.Millisecond))
 	})

@@ -22,7 +22,7 @@ import (
 	"github.com/stockgate/stockgate/stock"
 )
 
-// The model's waiting room: a second program whose two tickets (6 units
+// The model's waiting room: a second program whose two tickets (4 units
 // each, restocked now and then) sell only through its queue, open at once,
 // with a window of qWindow, at most one admitted buyer who has not bought
 // per ticket left, and a rate that never holds anyone back; every replica
@@ -66,7 +66,7 @@ import (
 const qBuyers = 40
 
 // qWindow is the waiting room's admission window.
-const qWindow = 3 * time.Second
+const qWindow = 4 * time.Second
 
 // qFresh is how long after a change of the line or the ledger every
 // replica's answer to a check reflects it: one refresh of its memory, and
@@ -87,9 +87,10 @@ type mQueue struct {
 	// when, since the last FLUSHALL.
 	marks        []qMark
 	flushedAt    time.Time
-	soldOutSince time.Time // zero while the ledger has something left or held
-	reopened     time.Time // when it last stopped being sold out
-	took         time.Duration
+	soldOutSince time.Time     // zero while the ledger has something left or held
+	reopened     time.Time     // when it last stopped being sold out
+	took         time.Duration // spent in the waiting room's operations and checks
+	checks       int
 }
 
 type qMark struct {
@@ -141,7 +142,7 @@ func (m *sim) newQueue(e *env) {
 	q := &mQueue{program: keys.MustID(testenv.ID(m.t, "mq")), places: map[int64]*mPlace{}, gates: map[string]string{}}
 	m.q = q
 	for i := range 2 {
-		s := &mSKU{sku: stock.SKU{Program: q.program, Ticket: keys.MustID(fmt.Sprintf("q%d", i))}, total: 6, shards: 1 + i}
+		s := &mSKU{sku: stock.SKU{Program: q.program, Ticket: keys.MustID(fmt.Sprintf("q%d", i))}, total: 4, shards: 1 + i}
 		m.put(e, s)
 		q.skus = append(q.skus, s)
 	}
@@ -185,6 +186,15 @@ func (m *sim) queueOp() {
 	default:
 		m.queueRestock()
 	}
+}
+
+// queueSummary says how the waiting room's part went.
+func (m *sim) queueSummary() string {
+	var ss []string
+	for _, s := range m.q.skus {
+		ss = append(ss, fmt.Sprintf("%s: %d sold, %d held of %d", s.ticket(), s.sold, s.held, s.total))
+	}
+	return fmt.Sprintf("%d places given; %s; took %v", m.q.maxPos, strings.Join(ss, ", "), m.q.took.Round(time.Millisecond))
 }
 
 // queueTimed adds the time since start to the queue part's.
@@ -350,32 +360,60 @@ type qAdm struct {
 	at   int64 // when its batch was admitted, Unix ms: its window runs from then
 }
 
-// qAdmissionOf reads from Redis whether p's position is admitted and when
-// (the batch a spend measures the window from), and notes it.
-func (m *sim) qAdmissionOf(p *mPlace) qAdm {
+// qAdmissions reads what Redis says of the line's admissions: whether it
+// has a record of the line, and each batch's end position and time.
+func (m *sim) qAdmissions() qBatches {
 	ctx := context.Background()
 	k := keys.Queue(m.q.program)
-	rdb := m.envs[0].rdb
-	a := qAdm{lost: m.qLost()}
-	v, err := rdb.ZRangeByScore(ctx, k.BatchesByEnd(), &redis.ZRangeBy{Min: strconv.FormatInt(p.pos, 10), Max: "+inf", Count: 1}).Result()
+	bs := qBatches{lost: m.qLost(), read: time.Now()}
+	v, err := m.envs[0].rdb.ZRangeWithScores(ctx, k.BatchesByEnd(), 0, -1).Result()
 	if err != nil {
 		m.fail("queue batches: %v", err)
 	}
-	if len(v) == 0 {
+	for _, z := range v {
+		member, _ := z.Member.(string)
+		_, at, _ := strings.Cut(member, ":")
+		ms, err := strconv.ParseInt(at, 10, 64)
+		if err != nil {
+			m.fail("queue batch %q", member)
+		}
+		bs.ends = append(bs.ends, int64(z.Score))
+		bs.ats = append(bs.ats, ms)
+	}
+	bs.read = time.Now()
+	return bs
+}
+
+// qBatches are the line's admissions as Redis had them at read.
+type qBatches struct {
+	lost      bool
+	ends, ats []int64 // by end position
+	read      time.Time
+}
+
+// of is what the batches say of p's position (the first batch ending at
+// or past it admitted it, as a spend reads them), noted in the model.
+func (m *sim) qOf(bs qBatches, p *mPlace) qAdm {
+	a := qAdm{lost: bs.lost}
+	i, _ := slices.BinarySearch(bs.ends, p.pos)
+	if i == len(bs.ends) {
 		return a
 	}
-	_, at, _ := strings.Cut(v[0], ":")
-	ms, err := strconv.ParseInt(at, 10, 64)
-	if err != nil {
-		m.fail("queue batch %q", v[0])
-	}
-	a.ok, a.at = true, ms
-	if t := time.UnixMilli(ms); p.first.IsZero() || t.Before(p.first) {
+	a.ok, a.at = true, bs.ats[i]
+	if t := time.UnixMilli(a.at); p.first.IsZero() || t.Before(p.first) {
 		p.first = t
 	}
-	m.q.marks = append(m.q.marks, qMark{pos: p.pos, at: time.Now()})
+	// Kept only when past every earlier mark: the marks rise in position
+	// and time.
+	if n := len(m.q.marks); n == 0 || m.q.marks[n-1].pos < p.pos {
+		m.q.marks = append(m.q.marks, qMark{pos: p.pos, at: bs.read})
+	}
 	return a
 }
+
+// qAdmissionOf reads from Redis whether p's position is admitted and when
+// (the batch a spend measures the window from), and notes it.
+func (m *sim) qAdmissionOf(p *mPlace) qAdm { return m.qOf(m.qAdmissions(), p) }
 
 // qLost says Redis has no record of the line.
 func (m *sim) qLost() bool {
@@ -480,11 +518,12 @@ func (m *sim) qToken(b *mQBuyer) (kind int, token string, p *mPlace) {
 // admitted a while before the window ends, or nil.
 func (m *sim) qReady() *mQBuyer {
 	var ready []*mQBuyer
+	bs := m.qAdmissions()
 	for _, b := range m.q.buyers {
 		if b.claim != "" || b.place == nil {
 			continue
 		}
-		if a := m.qAdmissionOf(b.place); a.ok && time.Now().Add(time.Second).Before(time.UnixMilli(a.at).Add(qWindow)) {
+		if a := m.qOf(bs, b.place); a.ok && time.Now().Add(time.Second).Before(time.UnixMilli(a.at).Add(qWindow)) {
 			ready = append(ready, b)
 		}
 	}
@@ -621,14 +660,15 @@ func (m *sim) queueSettle() {
 	m.orders = append(m.orders, &mOrder{id: orderID(r), sku: h.sku, buyer: h.buyer, q: h.q})
 }
 
-// queueRestock adds 1 to 3 units to a queued ticket (up to 10).
+// queueRestock adds 1 or 2 units to a queued ticket (up to 6) while the
+// program is sold out: the line opens again.
 func (m *sim) queueRestock() {
 	s := m.q.skus[m.rng.IntN(len(m.q.skus))]
-	if s.total >= 10 {
+	if m.q.soldOutSince.IsZero() || s.total >= 6 {
 		return
 	}
 	m.ops["queue-restock"]++
-	s.total += int64(1 + m.rng.IntN(3))
+	s.total += int64(1 + m.rng.IntN(2))
 	m.put(m.env(), s)
 }
 
@@ -915,6 +955,9 @@ func (m *sim) queueStepped() {
 		left += s.left()
 		held += s.held
 	}
+	if left == 0 && held == 0 {
+		m.ops["queue-sold-out-steps"]++
+	}
 	switch out := left == 0 && held == 0; {
 	case out && m.q.soldOutSince.IsZero():
 		m.q.soldOutSince = time.Now()
@@ -928,8 +971,9 @@ func (m *sim) queueStepped() {
 
 // queueFlushing notes when each place was admitted before Redis loses it.
 func (m *sim) queueFlushing() {
+	bs := m.qAdmissions()
 	for _, p := range m.q.all {
-		m.qAdmissionOf(p)
+		m.qOf(bs, p)
 	}
 }
 
@@ -959,33 +1003,17 @@ func (m *sim) qView() qView {
 	return v
 }
 
-// checkQueue compares the queued program's buyers' units in the ledger
-// with the model, the admin view of the line with what Redis says of each
-// place, and while sold out, the answers of checks and the admissions.
-func (m *sim) checkQueue() {
+// checkQueue compares the admin view of the line with what Redis says of
+// each place, and while sold out, the answers of checks and the
+// admissions; every fifth time and at the end (final), the units the
+// ledger counts for each buyer who joined (only they can be admitted) with
+// the model's.
+func (m *sim) checkQueue(final bool) {
 	defer m.queueTimed(time.Now())
 	q := m.q
 	ctx := context.Background()
-	for attempt := 0; ; attempt++ {
-		var diff []string
-		for _, b := range q.buyers {
-			for _, s := range q.skus {
-				got, err := m.envs[0].ledger.BuyerUnits(ctx, s.sku, keys.MustID(b.name))
-				if err != nil {
-					m.fail("buyer units: %v", err)
-				}
-				if want := m.units(b.name, s); got != want {
-					diff = append(diff, fmt.Sprintf("%s %s: ledger %d, model %d", b.name, s.ticket(), got, want))
-				}
-			}
-		}
-		if len(diff) == 0 {
-			break
-		}
-		if attempt == 2 {
-			m.fail("queued buyers' units: %s", strings.Join(diff, "; "))
-		}
-		m.settleExpiries(time.Now())
+	if q.checks++; q.checks%5 == 0 || final {
+		m.checkQueueBuyers()
 	}
 	// The serving counter, read before and after Redis' admissions: each
 	// place up to the first is admitted, none past the second. (A line
@@ -994,8 +1022,9 @@ func (m *sim) checkQueue() {
 	lost := m.qLost()
 	v1 := m.qView()
 	adm := make([]qAdm, len(q.all))
+	bs := m.qAdmissions()
 	for i, p := range q.all {
-		adm[i] = m.qAdmissionOf(p)
+		adm[i] = m.qOf(bs, p)
 	}
 	v2 := m.qView()
 	if !lost && !m.qLost() {
@@ -1039,6 +1068,34 @@ func (m *sim) checkQueue() {
 				m.qCheckOn(e, q.all[m.rng.IntN(len(q.all))])
 			}
 		}
+	}
+}
+
+// checkQueueBuyers compares the units the ledger counts for each buyer
+// who joined, over the queued program, with the model's.
+func (m *sim) checkQueueBuyers() {
+	ctx := context.Background()
+	for attempt := 0; ; attempt++ {
+		var diff []string
+		for _, b := range m.q.buyers {
+			if len(b.places) == 0 {
+				continue
+			}
+			got, err := m.envs[0].ledger.ProgramUnits(ctx, m.q.program, keys.MustID(b.name))
+			if err != nil {
+				m.fail("program units: %v", err)
+			}
+			if want := m.units(b.name, nil); got != want {
+				diff = append(diff, fmt.Sprintf("%s: ledger %d, model %d", b.name, got, want))
+			}
+		}
+		if len(diff) == 0 {
+			return
+		}
+		if attempt == 2 {
+			m.fail("queued buyers' units: %s", strings.Join(diff, "; "))
+		}
+		m.settleExpiries(time.Now())
 	}
 }
 

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"encoding/json"
 	"net/http"
 	"time"
 
@@ -60,7 +59,7 @@ func (s *Server) queueEvents(c *gin.Context) {
 	send := func(st sale.QueueStatus) bool {
 		v := queueStatusViewOf(st)
 		v.WaitSeconds = int64(max(st.Wait, 0) / time.Second)
-		b, _ := json.Marshal(v)
+		b := v.appendJSON(nil)
 		if string(b) == string(last) {
 			return true
 		}

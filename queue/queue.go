@@ -11,6 +11,7 @@
 package queue
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -18,9 +19,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash"
 	"math/bits"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -267,25 +270,51 @@ func (s *Store) Release(ctx context.Context, program, buyer, request keys.ID) (b
 	return v[0] == lua.OK, nil
 }
 
+// Signer signs and checks a waiting room's tickets and admission tokens,
+// and draws its early places, under the room's secret. Its keyed hashes are
+// pooled: a check costs no key schedule and little garbage. Safe for
+// concurrent use.
+type Signer struct{ macs sync.Pool }
+
+// NewSigner returns the Signer of secret.
+func NewSigner(secret []byte) *Signer {
+	key := bytes.Clone(secret)
+	s := &Signer{}
+	s.macs.New = func() any { return hmac.New(sha256.New, key) }
+	return s
+}
+
+// sum is the keyed hash of the parts, written one after another.
+func (s *Signer) sum(dst []byte, parts ...[]byte) []byte {
+	m := s.macs.Get().(hash.Hash)
+	m.Reset()
+	for _, p := range parts {
+		m.Write(p)
+	}
+	dst = m.Sum(dst)
+	s.macs.Put(m)
+	return dst
+}
+
 // Position is a place's position in line (from 1) once the line has
 // opened with early joins before it: an early join's is its number
-// permuted over the early ones, keyed by secret; a late one comes after
-// them all.
-func Position(secret []byte, p Place, early int64) int64 {
+// permuted over the early ones, keyed by the secret; a late one comes
+// after them all.
+func (s *Signer) Position(p Place, early int64) int64 {
 	if !p.Early {
 		return early + p.N
 	}
 	if early <= 0 || p.N > early {
 		return 0 // not opened yet, or not a place of this line
 	}
-	return 1 + int64(permute(secret, uint64(early), uint64(p.N-1)))
+	return 1 + int64(s.permute(uint64(early), uint64(p.N-1)))
 }
 
-// permute is a bijection of [0, n) keyed by secret: a four-round Feistel
-// network over the smallest even number of bits that holds n, walked
-// again while it lands outside [0, n) (at most a few steps: the domain
-// is under four times n).
-func permute(secret []byte, n, x uint64) uint64 {
+// permute is a bijection of [0, n) keyed by the secret: a four-round
+// Feistel network over the smallest even number of bits that holds n,
+// walked again while it lands outside [0, n) (at most a few steps: the
+// domain is under four times n).
+func (s *Signer) permute(n, x uint64) uint64 {
 	if n <= 1 {
 		return 0
 	}
@@ -295,15 +324,14 @@ func permute(secret []byte, n, x uint64) uint64 {
 	}
 	half := uint(b / 2)
 	mask := uint64(1)<<half - 1
+	var sum [sha256.Size]byte
 	for {
 		l, r := x>>half, x&mask
 		for round := range 4 {
-			mac := hmac.New(sha256.New, secret)
 			var buf [9]byte
 			buf[0] = byte(round)
 			binary.BigEndian.PutUint64(buf[1:], r)
-			mac.Write(buf[:])
-			f := binary.BigEndian.Uint64(mac.Sum(nil)) & mask
+			f := binary.BigEndian.Uint64(s.sum(sum[:0], buf[:])) & mask
 			l, r = r, l^f
 		}
 		x = l<<half | r
@@ -313,24 +341,32 @@ func permute(secret []byte, n, x uint64) uint64 {
 	}
 }
 
-// signed is text and its signature under secret, for tickets and tokens.
-func signed(secret []byte, kind, text string) string {
-	mac := hmac.New(sha256.New, secret)
-	mac.Write([]byte(kind + "|" + text))
-	return text + "." + base64.RawURLEncoding.EncodeToString(mac.Sum(nil)[:18])
+// sigLen is the bytes of a signature kept (base64: 24 characters).
+const sigLen = 18
+
+// signed is text and its signature, for tickets and tokens of kind.
+func (s *Signer) signed(kind, text string) string {
+	var sum [sha256.Size]byte
+	mac := s.sum(sum[:0], []byte(kind), []byte{'|'}, []byte(text))
+	return text + "." + base64.RawURLEncoding.EncodeToString(mac[:sigLen])
 }
 
 // verify returns the fields of a signed text of kind, or ErrBadToken.
-func verify(secret []byte, kind, token string, fields int) ([]string, error) {
+func (s *Signer) verify(kind, token string, fields int) ([]string, error) {
 	i := strings.LastIndexByte(token, '.')
-	if i < 0 || len(token) > 512 {
+	if i < 0 || len(token) > 512 || len(token)-i-1 != base64.RawURLEncoding.EncodedLen(sigLen) {
 		return nil, ErrBadToken
 	}
-	want := signed(secret, kind, token[:i])
-	if !hmac.Equal([]byte(want), []byte(token)) {
+	var got [sigLen]byte
+	if n, err := base64.RawURLEncoding.Decode(got[:], []byte(token[i+1:])); err != nil || n != sigLen {
 		return nil, ErrBadToken
 	}
-	f := strings.Split(token[:i], ".")
+	var sum [sha256.Size]byte
+	want := s.sum(sum[:0], []byte(kind), []byte{'|'}, []byte(token[:i]))
+	if !hmac.Equal(want[:sigLen], got[:]) {
+		return nil, ErrBadToken
+	}
+	f := strings.SplitN(token[:i], ".", fields+1)
 	if len(f) != fields {
 		return nil, ErrBadToken
 	}
@@ -339,19 +375,19 @@ func verify(secret []byte, kind, token string, fields int) ([]string, error) {
 
 // Ticket is the signed queue ticket of buyer's place in program's line:
 // with it any replica answers where the buyer stands, from memory.
-func Ticket(secret []byte, program, buyer keys.ID, p Place) string {
+func (s *Signer) Ticket(program, buyer keys.ID, p Place) string {
 	kind := "late"
 	if p.Early {
 		kind = "early"
 	}
-	return signed(secret, "ticket", program.String()+"."+buyer.String()+"."+kind+"."+strconv.FormatInt(p.N, 10)+"."+
+	return s.signed("ticket", program.String()+"."+buyer.String()+"."+kind+"."+strconv.FormatInt(p.N, 10)+"."+
 		strconv.FormatInt(p.At.Unix(), 10))
 }
 
 // ParseTicket checks a queue ticket of program and returns its buyer and
 // place.
-func ParseTicket(secret []byte, program keys.ID, ticket string) (keys.ID, Place, error) {
-	f, err := verify(secret, "ticket", ticket, 5)
+func (s *Signer) ParseTicket(program keys.ID, ticket string) (keys.ID, Place, error) {
+	f, err := s.verify("ticket", ticket, 5)
 	if err != nil || f[0] != program.String() || f[2] != "early" && f[2] != "late" {
 		return keys.ID{}, Place{}, ErrBadToken
 	}
@@ -372,15 +408,15 @@ const (
 
 // Admission is the signed token that lets buyer, admitted at position of
 // program's line (having joined at joined), buy: one order spends it.
-func Admission(secret []byte, program, buyer keys.ID, position int64, joined time.Time) string {
-	return signed(secret, "admit", program.String()+"."+buyer.String()+"."+strconv.FormatInt(position, 10)+"."+
+func (s *Signer) Admission(program, buyer keys.ID, position int64, joined time.Time) string {
+	return s.signed("admit", program.String()+"."+buyer.String()+"."+strconv.FormatInt(position, 10)+"."+
 		strconv.FormatInt(joined.Unix(), 10))
 }
 
 // ParseAdmission checks an admission token of program for buyer and
 // returns its position and when the buyer joined.
-func ParseAdmission(secret []byte, program, buyer keys.ID, token string) (int64, time.Time, error) {
-	f, err := verify(secret, "admit", token, 4)
+func (s *Signer) ParseAdmission(program, buyer keys.ID, token string) (int64, time.Time, error) {
+	f, err := s.verify("admit", token, 4)
 	if err != nil || f[0] != program.String() || f[1] != buyer.String() {
 		return 0, time.Time{}, ErrBadToken
 	}
@@ -390,4 +426,25 @@ func ParseAdmission(secret []byte, program, buyer keys.ID, token string) (int64,
 		return 0, time.Time{}, ErrBadToken
 	}
 	return pos, time.Unix(at, 0), nil
+}
+
+// Position, Ticket, ParseTicket, Admission and ParseAdmission of a
+// one-off Signer of secret (a caller with many checks keeps its Signer).
+
+func Position(secret []byte, p Place, early int64) int64 { return NewSigner(secret).Position(p, early) }
+
+func Ticket(secret []byte, program, buyer keys.ID, p Place) string {
+	return NewSigner(secret).Ticket(program, buyer, p)
+}
+
+func ParseTicket(secret []byte, program keys.ID, ticket string) (keys.ID, Place, error) {
+	return NewSigner(secret).ParseTicket(program, ticket)
+}
+
+func Admission(secret []byte, program, buyer keys.ID, position int64, joined time.Time) string {
+	return NewSigner(secret).Admission(program, buyer, position, joined)
+}
+
+func ParseAdmission(secret []byte, program, buyer keys.ID, token string) (int64, time.Time, error) {
+	return NewSigner(secret).ParseAdmission(program, buyer, token)
 }

@@ -127,7 +127,7 @@ func (s *Service) Queue(ctx context.Context, program keys.ID) (QueueView, error)
 		return QueueView{}, err
 	}
 	st := v.st
-	return QueueView{QueueConfig: queueOfLedger(c), Joined: st.Joined(), Serving: st.Serving, Unused: st.Unused,
+	return QueueView{QueueConfig: queueOfLedger(c.QueueConfig), Joined: st.Joined(), Serving: st.Serving, Unused: st.Unused,
 		Abandoned: st.Abandoned, SoldOut: v.soldOut(), Opened: st.Opened}, nil
 }
 
@@ -144,10 +144,9 @@ func (s *Service) JoinQueue(ctx context.Context, program, buyer keys.ID, ticket 
 	if now.Before(c.JoinFrom) {
 		return QueueStatus{}, false, refuse(ErrQueueNotOpen, "the line opens at "+c.JoinFrom.UTC().Format(time.RFC3339))
 	}
-	secret := queueSecret(c)
 	var had *queue.Place
 	if ticket != "" {
-		b, p, err := queue.ParseTicket(secret, program, ticket)
+		b, p, err := c.sign.ParseTicket(program, ticket)
 		if err != nil || b != buyer {
 			return QueueStatus{}, false, refuse(ErrQueueTicket, "not a queue ticket of this buyer in this program")
 		}
@@ -177,7 +176,7 @@ func (s *Service) JoinQueue(ctx context.Context, program, buyer keys.ID, ticket 
 	if created {
 		s.metrics.queueJoins.Inc()
 	}
-	st, err := s.QueueCheck(ctx, program, queue.Ticket(secret, program, buyer, place))
+	st, err := s.QueueCheck(ctx, program, c.sign.Ticket(program, buyer, place))
 	return st, created, err
 }
 
@@ -191,8 +190,7 @@ func (s *Service) QueueCheck(ctx context.Context, program keys.ID, ticket string
 	if err != nil {
 		return QueueStatus{}, err
 	}
-	secret := queueSecret(c)
-	buyer, place, err := queue.ParseTicket(secret, program, ticket)
+	buyer, place, err := c.sign.ParseTicket(program, ticket)
 	if err != nil {
 		return QueueStatus{}, refuse(ErrQueueTicket, "not a queue ticket of this program")
 	}
@@ -200,11 +198,11 @@ func (s *Service) QueueCheck(ctx context.Context, program keys.ID, ticket string
 	if err != nil {
 		return QueueStatus{}, err
 	}
-	return queueStatus(c, secret, v, buyer, place, ticket), nil
+	return queueStatus(c, v, buyer, place, ticket), nil
 }
 
 // queueStatus is where a buyer with place stands in a line seen as v.
-func queueStatus(c ledger.QueueConfig, secret []byte, v lineView, buyer keys.ID, place queue.Place, ticket string) QueueStatus {
+func queueStatus(c room, v lineView, buyer keys.ID, place queue.Place, ticket string) QueueStatus {
 	st := v.st
 	out := QueueStatus{Program: c.Program, Buyer: buyer, Ticket: ticket, State: QueueWaiting, OpensAt: c.OpensAt}
 	if !st.Opened {
@@ -213,7 +211,7 @@ func queueStatus(c ledger.QueueConfig, secret []byte, v lineView, buyer keys.ID,
 		out.RetryAfter = min(max(out.Wait/2, time.Second), 30*time.Second)
 		return out
 	}
-	out.Position = queue.Position(secret, place, st.Early)
+	out.Position = c.sign.Position(place, st.Early)
 	switch {
 	case out.Position == 0:
 		// A place past the line's early count: a ticket of an early place
@@ -229,7 +227,7 @@ func queueStatus(c ledger.QueueConfig, secret []byte, v lineView, buyer keys.ID,
 			out.State = QueueExpired
 		case out.Position <= st.Serving:
 			out.State = QueueAdmitted
-			out.Admission = queue.Admission(secret, c.Program, buyer, out.Position, place.At)
+			out.Admission = c.sign.Admission(c.Program, buyer, out.Position, place.At)
 		default:
 			out.Ahead = out.Position - st.Serving - 1
 			// The wait at the pace the line has been admitted at lately
@@ -438,7 +436,7 @@ func (s *Service) throughQueue(ctx context.Context, program keys.ID, a Ask, r re
 	if a.Admission == "" {
 		return fail(refuse(ErrAdmissionRequired, "this program sells through its waiting room: send the Admission-Token the queue gave"))
 	}
-	pos, joined, err := queue.ParseAdmission(queueSecret(c), program, a.Buyer, a.Admission)
+	pos, joined, err := c.sign.ParseAdmission(program, a.Buyer, a.Admission)
 	if err != nil {
 		return fail(refuse(ErrAdmissionInvalid, "the admission token is not this buyer's for this program"))
 	}
@@ -487,30 +485,33 @@ func movedNothing(err error) bool {
 	return true
 }
 
-// queueConfig is program's waiting room (cached for a second), or
-// ErrNoQueue.
-func (s *Service) queueConfig(ctx context.Context, program keys.ID) (ledger.QueueConfig, error) {
-	if s.queue == nil {
-		return ledger.QueueConfig{}, ErrNoQueue
-	}
-	return s.queues.get(ctx, program, func(ctx context.Context) (ledger.QueueConfig, error) {
-		c, err := s.ledger.Queue(ctx, program)
-		if errors.Is(err, ledger.ErrNotFound) {
-			return c, ErrNoQueue
-		}
-		if err != nil {
-			return c, refuse(ErrUnavailable, "ledger unavailable; repeat the request")
-		}
-		return c, nil
-	})
+// room is a program's waiting room as a replica keeps it: its settings and
+// the Signer of its secret.
+type room struct {
+	ledger.QueueConfig
+	sign *queue.Signer
 }
 
-func queueSecret(c ledger.QueueConfig) []byte {
-	b, err := hex.DecodeString(c.Secret)
-	if err != nil {
-		return []byte(c.Secret)
+// queueConfig is program's waiting room (cached for a second), or
+// ErrNoQueue.
+func (s *Service) queueConfig(ctx context.Context, program keys.ID) (room, error) {
+	if s.queue == nil {
+		return room{}, ErrNoQueue
 	}
-	return b
+	return s.queues.get(ctx, program, func(ctx context.Context) (room, error) {
+		c, err := s.ledger.Queue(ctx, program)
+		if errors.Is(err, ledger.ErrNotFound) {
+			return room{QueueConfig: c}, ErrNoQueue
+		}
+		if err != nil {
+			return room{QueueConfig: c}, refuse(ErrUnavailable, "ledger unavailable; repeat the request")
+		}
+		secret, err := hex.DecodeString(c.Secret)
+		if err != nil {
+			secret = []byte(c.Secret)
+		}
+		return room{QueueConfig: c, sign: queue.NewSigner(secret)}, nil
+	})
 }
 
 // RunPacer admits queued buyers until ctx is done: every tick it steps the

@@ -305,7 +305,7 @@ type Service struct {
 	// queues caches each program's waiting room, lines each line's
 	// counters, for the checks answered from memory.
 	queue  *queue.Store
-	queues *ttlCache[ledger.QueueConfig]
+	queues *ttlCache[room]
 	lines  *ttlCache[lineView]
 	// reserving makes one reservation of line places at a time per
 	// program and kind; blocks sizes them (*placeBlock by the same key).
@@ -326,7 +326,7 @@ func New(opts Options) (*Service, error) {
 	opts = opts.withDefaults()
 	s := &Service{gate: opts.Gate, ledger: opts.Ledger, cache: opts.Cache, locker: opts.Locker, log: opts.Logger, opts: opts,
 		seats: opts.Seats, fallback: make(chan struct{}, opts.FallbackConcurrency), queue: opts.Queue,
-		queues: newTTLCache[ledger.QueueConfig](time.Second), lines: newTTLCache[lineView](QueueRefresh)}
+		queues: newTTLCache[room](time.Second), lines: newTTLCache[lineView](QueueRefresh)}
 	var err error
 	if s.metrics, err = newMetrics(opts.Registry); err != nil {
 		return nil, fmt.Errorf("sale: metrics: %w", err)

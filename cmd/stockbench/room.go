@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -99,6 +100,26 @@ func (s *suite) roomChecks(r int, rm room) roomRound {
 		gw()
 	}
 	return out
+}
+
+// runRoom is `suite -only room`: the waiting room's measurements alone.
+func (s *suite) runRoom() error {
+	var err error
+	if s.room, err = s.standingLine(s.queueJoins); err != nil {
+		return fmt.Errorf("waiting room: %w", err)
+	}
+	var rounds []docInputs
+	for r := range s.rounds {
+		s.label = fmt.Sprintf(" · r%d", r+1)
+		rounds = append(rounds, docInputs{room: s.roomChecks(r, s.room)})
+	}
+	var rep onsale.Report
+	saleErr := errors.New("not run (-onsale-buyers 0)")
+	if s.onsaleBuyers > 0 {
+		rep, saleErr = s.onSale()
+	}
+	s.writeRoom(rounds, s.room, rep, saleErr)
+	return nil
 }
 
 // onSale runs the on-sale of the suite's size through the gateway.

@@ -74,6 +74,7 @@ func suiteCmd(args []string) error {
 	queueJoins := fs.Uint64("queue-joins", 1_000_000, "buyers joined to the waiting room whose places the rounds check")
 	onsaleBuyers := fs.Int("onsale-buyers", 100_000, "buyers of the on-sale through the waiting room (0: none)")
 	onsaleTickets := fs.Int("onsale-tickets", 1000, "tickets of the on-sale")
+	only := fs.String("only", "", `"room": only the waiting room's measurements, printed (no document written)`)
 	_ = fs.Parse(args)
 	if *rounds < 1 {
 		return fmt.Errorf("-rounds %d: at least 1", *rounds)
@@ -86,6 +87,16 @@ func suiteCmd(args []string) error {
 	defer s.stop()
 	if err := s.start(); err != nil {
 		return err
+	}
+	if *only == "room" {
+		if err := s.runRoom(); err != nil {
+			return err
+		}
+		fmt.Print(s.doc.String())
+		return nil
+	}
+	if *only != "" {
+		return fmt.Errorf("-only %q: want room", *only)
 	}
 	if err := s.runAll(); err != nil {
 		return err

@@ -136,14 +136,14 @@ type runner struct {
 	// is counted from when it has its slot, so a latency is the gateway's,
 	// not this process's queue of buyers.
 	slots, buySlots chan struct{}
-	buyers  []buyer
-	polls   atomic.Int64
-	buys    atomic.Int64
-	errs    atomic.Int64
-	mu      sync.Mutex
-	pollLat []time.Duration
-	joinLat []time.Duration
-	bad     []string
+	buyers          []buyer
+	polls           atomic.Int64
+	buys            atomic.Int64
+	errs            atomic.Int64
+	mu              sync.Mutex
+	pollLat         []time.Duration
+	joinLat         []time.Duration
+	bad             []string
 }
 
 // Run runs the on-sale and returns its report; err is for a run that could

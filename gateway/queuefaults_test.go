@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -280,4 +281,85 @@ func TestQueueLineSurvivesRedisLoss(t *testing.T) {
 			t.Fatalf("sold %d (%d buyers), want %d", st.Sold, len(bought), total)
 		}
 	})
+}
+
+// holdWith holds q of sku for ttl seconds with an admission.
+func (e *env) holdWith(t *testing.T, sku stock.SKU, key, buyer string, q int64, ttl int, token string) (reply, holdReply) {
+	r := e.do(t, http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/holds",
+		map[string]string{"Idempotency-Key": key, "Admission-Token": token}, fmt.Sprintf(`{"buyer":%q,"quantity":%d,"ttl_seconds":%d}`, buyer, q, ttl))
+	var h holdReply
+	_ = json.Unmarshal(r.body, &h)
+	return r, h
+}
+
+// Stock that comes back lets the next buyers in: with every ticket held
+// the line stands still (and is not sold out: the holds may lapse); a hold
+// that expires admits the next place, a refund the one after; when the
+// last ticket is sold for good the line closes. The wait-time histogram
+// counts each admission spent.
+func TestQueueReturnedStockLetsMoreIn(t *testing.T) {
+	e := startEnv(t, envOptions{driver: "sqlite", pacer: true, sweep: true})
+	sku := newSKU(t)
+	e.putSKU(t, sku, 2, 1, 1)
+	e.putQueue(t, sku.Program, `{"opens_in_seconds":0,"rate_per_second":100,"window_seconds":60,"per_remaining":1}`)
+	ann := e.admitted(t, sku.Program, "ann")
+	bob := e.admitted(t, sku.Program, "bob")
+	_, cy := e.queueJoin(t, sku.Program, "cy")
+	_, dan := e.queueJoin(t, sku.Program, "dan")
+	if r, _ := e.holdWith(t, sku, "ann-h", "ann", 1, 2, ann.Admission); r.status != http.StatusCreated {
+		t.Fatalf("ann holds = %d %s", r.status, r.body)
+	}
+	r := e.buyWith(t, sku, "bob-1", "bob", 1, bob.Admission)
+	if r.status != http.StatusCreated {
+		t.Fatalf("bob buys = %d %s", r.status, r.body)
+	}
+	var bobOrder struct {
+		OrderID string `json:"order_id"`
+	}
+	_ = json.Unmarshal(r.body, &bobOrder)
+	// Nothing left to sell, one ticket held: cy waits, not told sold-out.
+	if _, q := e.queueCheck(t, sku.Program, cy.Ticket); q.State != "waiting" || *q.Ahead != 0 {
+		t.Fatalf("cy while every ticket is held or sold: %+v", q)
+	}
+	// ann's hold lapses: cy is let in, and buys.
+	waitFor(t, 20*time.Second, "cy admitted after ann's hold expired", func() bool {
+		_, q := e.queueCheck(t, sku.Program, cy.Ticket)
+		cy = q
+		return q.State == "admitted"
+	})
+	if r := e.buyWith(t, sku, "cy-1", "cy", 1, cy.Admission); r.status != http.StatusCreated {
+		t.Fatalf("cy buys = %d %s", r.status, r.body)
+	}
+	// Sold out for good: dan is told so.
+	waitFor(t, 5*time.Second, "dan told sold-out", func() bool {
+		_, q := e.queueCheck(t, sku.Program, dan.Ticket)
+		return q.State == "sold-out"
+	})
+	// bob's refund brings a ticket back: the line opens again for dan.
+	if r := e.do(t, http.MethodPost, "/v1/orders/"+bobOrder.OrderID+"/refund", map[string]string{"Idempotency-Key": "bob-refund"},
+		`{"buyer":"bob"}`); r.status != http.StatusOK {
+		t.Fatalf("refund = %d %s", r.status, r.body)
+	}
+	waitFor(t, 20*time.Second, "dan admitted after bob's refund", func() bool {
+		_, q := e.queueCheck(t, sku.Program, dan.Ticket)
+		dan = q
+		return q.State == "admitted"
+	})
+	if r := e.buyWith(t, sku, "dan-1", "dan", 1, dan.Admission); r.status != http.StatusCreated {
+		t.Fatalf("dan buys = %d %s", r.status, r.body)
+	}
+	m := e.do(t, http.MethodGet, "/metrics", nil, "")
+	if !strings.Contains(string(m.body), "stockgate_queue_wait_seconds_count 4") {
+		t.Fatalf("the wait histogram does not count the 4 admissions spent:\n%s", grepLines(string(m.body), "stockgate_queue_wait"))
+	}
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -39,16 +39,16 @@ if ARGV[4] ~= '' then
   redis.call('HSET', KEYS[2], ARGV[1], ARGV[4])
   return {2, tonumber(k), tonumber(n), tonumber(t)}
 end
-if not redis.call('HGET', KEYS[1], 'line') then return {-1} end
-local frozen = redis.call('HGET', KEYS[1], 'frozen')
+local m = redis.call('HMGET', KEYS[1], 'line', 'frozen', 'pre', 'precap', 'post', 'postcap')
+if not m[1] then return {-1} end
+local frozen = m[2]
 if not frozen and now >= opens then
-  frozen = redis.call('HGET', KEYS[1], 'pre') or '0'
+  frozen = m[3] or '0'
   redis.call('HSET', KEYS[1], 'frozen', frozen)
 end
-local kind, count, cap = 0, 'pre', 'precap'
-if frozen then kind, count, cap = 1, 'post', 'postcap' end
-local n = tonumber(redis.call('HGET', KEYS[1], count) or 0)
-if n >= tonumber(redis.call('HGET', KEYS[1], cap) or 0) then return {5, kind} end
+local kind, count, n, cap = 0, 'pre', m[3], m[4]
+if frozen then kind, count, n, cap = 1, 'post', m[5], m[6] end
+if tonumber(n or 0) >= tonumber(cap or 0) then return {5, kind} end
 n = redis.call('HINCRBY', KEYS[1], count, 1)
 local t = math.floor(now / 1000)
 redis.call('HSET', KEYS[2], ARGV[1], kind .. ':' .. n .. ':' .. t)

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -302,5 +305,69 @@ func TestMemoryPerWaitingBuyer(t *testing.T) {
 	t.Logf("%d waiting buyers (ids of 13 bytes): %d bytes in Redis, %.1f per buyer", n, bytes, per)
 	if per > 200 {
 		t.Fatalf("%.1f bytes per waiting buyer, want at most 200", per)
+	}
+}
+
+// BenchmarkLineJoinsOneSlot is what one line's slot takes: joins straight
+// to its master from 64 connections, with Redis's own time per join script
+// (INFO commandstats of that master). A line lives in one slot; this is
+// the rate one master gives it before the gateway's HTTP is in the way
+// (docs/BENCHMARKS.md compares it with the gateway's join rate).
+func BenchmarkLineJoinsOneSlot(b *testing.B) {
+	ctx := context.Background()
+	cl := testenv.SharedCluster(b)
+	rdb := cl.Client()
+	s := queue.New(rdb)
+	prog := keys.MustID(fmt.Sprintf("bench%d", time.Now().UnixNano()))
+	if _, err := s.Restore(ctx, prog, queue.Facts{}, time.Now()); err != nil {
+		b.Fatal(err)
+	}
+	if err := s.Reserve(ctx, prog, false, 1e12); err != nil {
+		b.Fatal(err)
+	}
+	master, err := cl.MasterOf(ctx, keys.KeySlot(keys.Queue(prog).Meta()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	mc := master.Client()
+	defer mc.Close()
+	scriptStats := func() (calls, usec float64) {
+		info, _ := mc.Info(ctx, "commandstats").Result()
+		for _, l := range strings.Split(info, "\n") {
+			if rest, ok := strings.CutPrefix(strings.TrimSpace(l), "cmdstat_evalsha:"); ok {
+				for _, kv := range strings.Split(rest, ",") {
+					k, v, _ := strings.Cut(kv, "=")
+					f, _ := strconv.ParseFloat(v, 64)
+					switch k {
+					case "calls":
+						calls = f
+					case "usec":
+						usec = f
+					}
+				}
+			}
+		}
+		return calls, usec
+	}
+	var n atomic.Int64
+	now := time.Now()
+	b.SetParallelism(32) // 64 goroutines on 2 cores
+	c0, u0 := scriptStats()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, _, err := s.Join(ctx, prog, keys.MustID("b"+strconv.FormatInt(n.Add(1), 10)), now, now, nil); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.StopTimer()
+	c1, u1 := scriptStats()
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "joins/s")
+	if c1 > c0 {
+		per := (u1 - u0) / (c1 - c0)
+		b.ReportMetric(per, "redis-µs/join")
+		b.ReportMetric(1e6/per, "joins/s-one-master-core")
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -180,8 +181,10 @@ func (m *sim) queueOp() {
 		m.queueTake()
 	case r < 86:
 		m.queueRetry()
-	case r < 91:
+	case r < 88:
 		m.queueReuse()
+	case r < 91:
+		m.queueTwice()
 	case r < 97:
 		m.queueSettle()
 	default:
@@ -550,13 +553,22 @@ func (m *sim) queueTake() {
 			m.qCheckOn(e, p)
 		}
 	}
-	t := mTake{key: m.newKey(), buyer: b.name}
+	t, op := m.qNewTake(b, true)
+	m.ops[op]++
+	m.qSend(e, t, m.body(t), kind, token, p)
+}
+
+// qNewTake is a new take of b: a purchase or a hold of one ticket (1 or 2
+// units, or if overMax, one time in ten 5: over the most per order), or a
+// cart of them, bought or held; op names it.
+func (m *sim) qNewTake(b *mQBuyer, overMax bool) (t mTake, op string) {
+	q := m.q
+	t = mTake{key: m.newKey(), buyer: b.name}
 	s := q.skus[m.rng.IntN(len(q.skus))]
 	n := int64(1 + m.rng.IntN(2))
-	if m.rng.IntN(10) == 0 {
+	if overMax && m.rng.IntN(10) == 0 {
 		n = 5
 	}
-	op := ""
 	switch r := m.rng.IntN(10); {
 	case r < 4:
 		t.path, t.lines, op = skuPath(s.sku)+"/purchases", []mLine{{s, n}}, "queue-purchase"
@@ -571,8 +583,104 @@ func (m *sim) queueTake() {
 			t.lines = append(t.lines, mLine{q.skus[i], int64(1 + m.rng.IntN(2))})
 		}
 	}
-	m.ops[op]++
-	m.qSend(e, t, m.body(t), kind, token, p)
+	return t, op
+}
+
+// queueTwice sends, as a buyer admitted and free to buy, one take to two
+// replicas at once (one commits it, the other replays it, or both are
+// refused), or two takes at once (at most one commits: the admission is
+// spent once; the other is refused admission-used, or as it would be
+// alone). An answer 503 is sent again with its key.
+func (m *sim) queueTwice() {
+	b := m.qReady()
+	if b == nil {
+		return
+	}
+	p := b.place
+	same := m.rng.IntN(2) == 0
+	ts := make([]mTake, 2)
+	ts[0], _ = m.qNewTake(b, false)
+	ts[1] = ts[0]
+	if !same {
+		ts[1], _ = m.qNewTake(b, false)
+	}
+	m.ops[map[bool]string{true: "queue-twice-same", false: "queue-twice"}[same]]++
+	i := m.rng.IntN(len(m.envs))
+	es := []*env{m.envs[i], m.envs[(i+1+m.rng.IntN(len(m.envs)-1))%len(m.envs)]}
+	bodies := []string{m.body(ts[0]), m.body(ts[1])}
+	a1 := m.qAdmissionOf(p)
+	sent := time.Now()
+	rs := make([]reply, 2)
+	var wg sync.WaitGroup
+	for k := range 2 {
+		wg.Go(func() { rs[k] = m.qPost(es[k], ts[k].path, ts[k].key, p.token, bodies[k]) })
+	}
+	wg.Wait()
+	busy := make([]bool, 2)
+	for k := range 2 {
+		for start := time.Now(); rs[k].status == http.StatusServiceUnavailable; busy[k] = true {
+			if time.Since(start) > falseSoldOutBound {
+				m.fail("take %d of %s key %s still 503 after %v: %s", k, bodies[k], ts[k].key, time.Since(start), rs[k].body)
+			}
+			m.ops["queue-twice-busy"]++
+			time.Sleep(20 * time.Millisecond)
+			rs[k] = m.qPost(es[k], ts[k].path, ts[k].key, p.token, bodies[k])
+		}
+	}
+	answered := time.Now()
+	a2 := m.qAdmissionOf(p)
+	outs := []string{qOutcome(rs[0]), qOutcome(rs[1])}
+	for k := range 2 {
+		if busy[k] && outs[k] == "replay" && !(same && outs[1-k] == "new") {
+			outs[k] = "new" // committed by an attempt answered 503
+		}
+	}
+	var fresh []int
+	for k := range 2 {
+		w := m.qWant(ts[k], qOwn, "", "", a1, a2, sent, answered)
+		switch {
+		case w.allows(rs[k], ts[k].cart) && outs[k] != "replay":
+		case same && outs[k] == "replay" && w.outcomes["new"]:
+		case !same && outs[k] == "409 admission-used":
+		case !w.allows(rs[k], ts[k].cart) && outs[k] == "new" && m.settleExpiries(answered) &&
+			m.qWant(ts[k], qOwn, "", "", a1, a2, sent, answered).allows(rs[k], ts[k].cart):
+		default:
+			m.fail("%s's takes at once %s key %s and %s key %s = %s %s / %s %s; admitted before %+v after %+v",
+				b.name, bodies[0], ts[0].key, bodies[1], ts[1].key, outs[0], rs[0].body, outs[1], rs[1].body, a1, a2)
+		}
+		if outs[k] == "new" {
+			fresh = append(fresh, k)
+		}
+	}
+	for k := range 2 {
+		m.ops["queue-twice-"+outs[k]]++
+	}
+	switch {
+	case len(fresh) > 1:
+		m.fail("%s sold twice on one admission, at once: %s key %s = %s / %s key %s = %s", b.name, bodies[0], ts[0].key, rs[0].body, bodies[1], ts[1].key, rs[1].body)
+	case same && len(fresh) == 0 && (outs[0] == "replay" || outs[1] == "replay"):
+		m.fail("one take sent twice at once replayed and never made: %s / %s", rs[0].body, rs[1].body)
+	case same && len(fresh) == 1 && outs[1-fresh[0]] == "replay" && replyID(rs[0]) != replyID(rs[1]):
+		m.fail("one take sent twice at once made two: %s / %s", rs[0].body, rs[1].body)
+	case same && len(fresh) == 1 && outs[1-fresh[0]] != "replay":
+		m.fail("one take sent twice at once: %s and %s", rs[fresh[0]].body, rs[1-fresh[0]].body)
+	}
+	// Redis holds the admission for the take that committed, for none if
+	// none did.
+	c := m.qClaim(b)
+	if len(fresh) == 0 {
+		if c != "" {
+			m.fail("%s's admission after takes at once refused (%s / %s): Redis says spent by %q", b.name, outs[0], outs[1], c)
+		}
+		return
+	}
+	k := fresh[0]
+	req := ts[k].key + " " + ts[k].fingerprint()
+	if g, seen := m.q.gates[req]; c == "" || seen && c != g {
+		m.fail("%s's admission after takes at once (%s committed): Redis says spent by %q", b.name, ts[k].key, c)
+	}
+	b.claim, b.claimReq, m.q.gates[req] = c, req, c
+	m.qTaken(ts[k], bodies[k], rs[k], p.token, p)
 }
 
 // queueRetry sends a committed take again, with its token or the token of

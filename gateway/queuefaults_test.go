@@ -363,3 +363,52 @@ func grepLines(s, sub string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// With Redis gone, checks still answer, promptly, from the ledger's facts
+// (the line stands still without Redis: its places, and who was admitted
+// as the pacer last recorded it); joins and purchases of the queued
+// program answer 503 with Retry-After and move nothing.
+func TestQueueChecksWithoutRedis(t *testing.T) {
+	cl := testenv.NewCluster(t, testenv.ClusterOptions{})
+	e := startEnv(t, envOptions{driver: "sqlite", cluster: cl, pacer: true})
+	sku := newSKU(t)
+	e.putSKU(t, sku, 2, 1, 1)
+	e.putQueue(t, sku.Program, `{"opens_in_seconds":0,"rate_per_second":100,"window_seconds":60,"per_remaining":1}`)
+	var tickets []string
+	for i := range 5 {
+		_, q := e.queueJoin(t, sku.Program, fmt.Sprintf("u%d", i))
+		tickets = append(tickets, q.Ticket)
+	}
+	first := e.admitted(t, sku.Program, "u0")
+	ctx := context.Background()
+	waitFor(t, 10*time.Second, "the ledger to record two admitted", func() bool {
+		ln, err := e.ledger.QueueLine(ctx, sku.Program)
+		return err == nil && ln.Serving == 2
+	})
+	for _, n := range cl.Nodes {
+		n.Kill()
+	}
+	for i, tk := range tickets {
+		start := time.Now()
+		r, q := e.queueCheck(t, sku.Program, tk)
+		want := "waiting"
+		if i < 2 {
+			want = "admitted"
+		}
+		if r.status != http.StatusOK || q.State != want || q.Position != int64(i+1) {
+			t.Fatalf("u%d checks without Redis = %d %s, want %s at %d", i, r.status, r.body, want, i+1)
+		}
+		if took := time.Since(start); took > 10*time.Second {
+			t.Fatalf("a check without Redis took %v", took)
+		}
+	}
+	if r, _ := e.queueJoin(t, sku.Program, "late"); r.status != http.StatusServiceUnavailable || r.header.Get("Retry-After") == "" {
+		t.Fatalf("a join without Redis = %d %s", r.status, r.body)
+	}
+	if r := e.buyWith(t, sku, "u0-1", "u0", 1, first.Admission); r.status != http.StatusServiceUnavailable || r.header.Get("Retry-After") == "" {
+		t.Fatalf("a purchase without Redis = %d %s", r.status, r.body)
+	}
+	if st, err := e.ledger.SKU(ctx, sku); err != nil || st.Sold != 0 {
+		t.Fatalf("sold %+v %v, want nothing", st, err)
+	}
+}

@@ -267,7 +267,8 @@ type lineView struct {
 func (v lineView) soldOut() bool { return v.st.SoldOut || v.stock.SoldOut() }
 
 // loadLine reads a line's counters and its program's stock; a line Redis
-// lost is read from the ledger's facts (the pacer restores it).
+// lost, or cannot answer for now, is read from the ledger's facts (the
+// pacer restores a lost one).
 func (s *Service) loadLine(ctx context.Context, program keys.ID) (lineView, error) {
 	var v lineView
 	var err error
@@ -275,8 +276,15 @@ func (s *Service) loadLine(ctx context.Context, program keys.ID) (lineView, erro
 		s.log.WarnContext(ctx, "queue: program stock", "program", program.String(), "err", err)
 		return v, refuse(ErrUnavailable, "ledger unavailable; check again")
 	}
-	if v.st, err = s.queue.State(ctx, program); err != nil {
-		return v, refuse(ErrUnavailable, "Redis unavailable; check again")
+	// A check must answer fast, Redis or not: a read that does not come
+	// back within lineReadTimeout is answered from the ledger's facts, as
+	// a lost line is (the line stands still without Redis anyway).
+	rctx, cancel := context.WithTimeout(ctx, lineReadTimeout)
+	v.st, err = s.queue.State(rctx, program)
+	cancel()
+	if err != nil {
+		s.log.WarnContext(ctx, "queue: read the line (answered from the ledger)", "program", program.String(), "err", err)
+		v.st.Lost = true
 	}
 	if v.st.Lost {
 		ln, err := s.ledger.QueueLine(ctx, program)
@@ -290,6 +298,9 @@ func (s *Service) loadLine(ctx context.Context, program keys.ID) (lineView, erro
 	v.pace = p.(*linePace).see(v.st.Serving, time.Now())
 	return v, nil
 }
+
+// lineReadTimeout bounds a replica's read of a line from Redis.
+const lineReadTimeout = 300 * time.Millisecond
 
 // linePace estimates a line's admissions per second from the serving
 // counter a replica reads: a moving average over about paceSpan.

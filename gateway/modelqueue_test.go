@@ -25,18 +25,19 @@ import (
 )
 
 // The model's waiting room: a second program whose two tickets (4 units
-// each, restocked now and then) sell only through its queue, open at once,
-// with a window of qWindow, at most one admitted buyer who has not bought
-// per ticket left, and a rate that never holds anyone back; every replica
-// runs the pacer (one paces at a time). Its buyers (qbuyer0 …) join and
-// join again (presenting one of their tickets, another buyer's, a forged
-// one, or none), check their places on any replica, and buy, hold, or buy
-// or hold carts with their admission token (of any of their places), with
-// none, another buyer's or a forged one, and with their own before their
-// place is admitted; they retry (with the token of another of their
-// places too), reuse keys, and walk away (their admissions lapse). Their
-// holds, orders and carts are the model's: confirmed, cancelled, refunded
-// and expired by its other operations, which need no admission.
+// each, restocked while sold out) sell only through its queue, open at
+// once, with a window of qWindow, at most one admitted buyer who has not
+// bought per ticket left, and a rate that never holds anyone back; every
+// replica runs the pacer (one paces at a time). Its buyers (qbuyer0 …) join
+// and join again (presenting one of their tickets, another buyer's, a
+// forged one, or none), check their places on any replica, and buy, hold,
+// or buy or hold carts with their admission token (of any of their places),
+// with none, another buyer's or a forged one, and with their own before
+// their place is admitted; they send one take to two replicas at once, or
+// two takes at once; they retry (with the token of another of their places
+// too), reuse keys, and walk away (their admissions lapse). Their holds,
+// orders and carts are the model's: confirmed, cancelled, refunded and
+// expired by its other operations, which need no admission.
 //
 // Two things only Redis knows are read around each request, as oracles:
 // when a place's position was admitted (the batch the admission's window
@@ -47,18 +48,18 @@ import (
 // every refusal (admission-required, admission-invalid, admission-used,
 // admission-expired, sold-out, quantity-over-limit, a reused key) and that
 // it moved nothing (the ledger check after each step); no take without a
-// valid admission spent on it and one committed take per admission (until
-// a FLUSHALL, which forgets spent admissions: a known limit); the
-// admission given back by a refusal that moved nothing and kept by one
-// that took or replayed; each buyer's one place (201 once, 200 with the
-// same place and ticket again, on any replica; kept across a FLUSHALL by
-// presenting a ticket; a new one after it beyond every position ever given
-// when none is presented); every check's position and ticket, its token
-// (the buyer's own), and its state: never admitted where Redis has no
-// admission, never expired before the window passed, never waiting behind
-// a position known admitted one refresh earlier (admissions a prefix of
-// the line, from the "ahead" count), sold-out only when the ledger is (or
-// was a moment ago) and always one refresh after it; the admin view's
+// valid admission spent on it and one committed take per admission, also
+// for takes at once (until a FLUSHALL, which forgets spent admissions: a
+// known limit); the admission given back by a refusal that moved nothing
+// and kept by one that took or replayed; each buyer's one place (201 once,
+// 200 with the same place and ticket again, on any replica; kept across a
+// FLUSHALL by presenting a ticket; a new one after it beyond every position
+// ever given when none is presented); every check's position and ticket,
+// its token (the buyer's own), and its state: never admitted where Redis
+// has no admission, never expired before the window passed, never waiting
+// behind a position known admitted one refresh earlier (admissions a prefix
+// of the line, from the "ahead" count), sold-out only when the ledger is
+// (or was a moment ago) and always one refresh after it; the admin view's
 // serving counter a prefix of the positions Redis says admitted; no
 // admission while sold out; the ledger's sold, held and each buyer's units
 // of the tickets; and at the end, that the line moves while stock is left.
@@ -86,13 +87,14 @@ type mQueue struct {
 	done    []*mQDone         // committed takes, for retries and reused keys
 	gates   map[string]string // a request → the gate id its claim carries in Redis
 	// marks are positions known admitted (so every one before them is) and
-	// when, since the last FLUSHALL.
-	marks        []qMark
-	flushedAt    time.Time
-	soldOutSince time.Time     // zero while the ledger has something left or held
-	reopened     time.Time     // when it last stopped being sold out
-	took         time.Duration // spent in the waiting room's operations and checks
-	checks       int
+	// when, since the last FLUSHALL; ledgerMarks the serving counters the
+	// ledger had recorded, and when.
+	marks, ledgerMarks []qMark
+	flushedAt          time.Time
+	soldOutSince       time.Time     // zero while the ledger has something left or held
+	reopened           time.Time     // when it last stopped being sold out
+	took               time.Duration // spent in the waiting room's operations and checks
+	checks             int
 }
 
 type qMark struct {
@@ -429,11 +431,17 @@ func (m *sim) qLost() bool {
 }
 
 // qKnown is the highest position known admitted at least qFresh before t
-// (since the last FLUSHALL): every replica's answer to a check sent at t
-// has its serving counter at or past it.
-func (m *sim) qKnown(t time.Time) int64 {
+// (since the last FLUSHALL) in Redis (in the ledger's record: ledger):
+// every replica's answer to a check sent at t has its serving counter at
+// or past it (one answered from the ledger's facts, while Redis is slow or
+// lost, the ledger's).
+func (m *sim) qKnown(t time.Time, ledger bool) int64 {
+	marks := m.q.marks
+	if ledger {
+		marks = m.q.ledgerMarks
+	}
 	var n int64
-	for _, k := range m.q.marks {
+	for _, k := range marks {
 		if !t.Before(k.at.Add(qFresh)) {
 			n = max(n, k.pos)
 		}
@@ -466,18 +474,19 @@ func (m *sim) qJudgeStatus(p *mPlace, r reply, ts, tr time.Time) {
 			!p.first.IsZero() && p.first.Add(qWindow).Before(tr) || beforeFlush)
 	case sale.QueueWaiting:
 		ok = ok && r.header.Get("Retry-After") != "" && st.Ahead != nil && *st.Ahead >= 0
-		if known := m.qKnown(ts); ok && known > 0 {
-			// The replica's serving counter, from the places it says are
-			// ahead.
-			ok = p.pos-*st.Ahead-1 >= known
+		// The replica's serving counter, from the places it says are
+		// ahead.
+		if serving := p.pos - *st.Ahead - 1; ok && serving < m.qKnown(ts, false) {
+			ok = serving >= m.qKnown(ts, true)
+			m.ops["queue-status-waiting-as-recorded"]++
 		}
 	default:
 		ok = false
 	}
 	if !ok {
-		m.fail("queue status of %s at %d = %s (sent %v after the window of its batch at %v; Redis: %+v; known admitted %d; sold out since %v, reopened %v; flushed %v)",
+		m.fail("queue status of %s at %d = %s (sent %v after the window of its batch at %v; Redis: %+v; known admitted %d, recorded %d; sold out since %v, reopened %v; flushed %v)",
 			p.buyer.name, p.pos, r.body, ts.Sub(time.UnixMilli(a.at).Add(qWindow)), time.UnixMilli(a.at).Format("15:04:05.000"), a,
-			m.qKnown(ts), q.soldOutSince.Format("15:04:05.000"), q.reopened.Format("15:04:05.000"), q.flushedAt.Format("15:04:05.000"))
+			m.qKnown(ts, false), m.qKnown(ts, true), q.soldOutSince.Format("15:04:05.000"), q.reopened.Format("15:04:05.000"), q.flushedAt.Format("15:04:05.000"))
 	}
 	m.ops["queue-status-"+st.State]++
 }
@@ -1129,6 +1138,14 @@ func (m *sim) checkQueue(final bool) {
 	ctx := context.Background()
 	if q.checks++; q.checks%5 == 0 || final {
 		m.checkQueueBuyers()
+	}
+	// What the pacer last recorded in the ledger.
+	ln, err := m.envs[0].ledger.QueueLine(ctx, q.program)
+	if err != nil {
+		m.fail("ledger queue line: %v", err)
+	}
+	if n := len(q.ledgerMarks); n == 0 || q.ledgerMarks[n-1].pos < ln.Serving {
+		q.ledgerMarks = append(q.ledgerMarks, qMark{pos: ln.Serving, at: time.Now()})
 	}
 	// The serving counter, read before and after Redis' admissions: each
 	// place up to the first is admitted, none past the second. (A line

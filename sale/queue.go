@@ -212,41 +212,39 @@ func queueStatus(c room, v lineView, buyer keys.ID, place queue.Place, ticket st
 		return out
 	}
 	out.Position = c.sign.Position(place, st.Early)
+	if out.Position == 0 {
+		// An early place past the early count fixed at the opening: no
+		// ticket this line gave (the count covers every early place the
+		// ledger reserved). It waits, never admitted in another's place.
+		out.RetryAfter = 30 * time.Second
+		return out
+	}
 	switch {
-	case out.Position == 0:
-		// A place past the line's early count: a ticket of an early place
-		// the ledger reserved but the line lost before the opening; it
-		// waits behind the early ones.
-		out.Position = st.Early + 1
-		fallthrough
+	case v.soldOut():
+		out.State = QueueSoldOut
+	case out.Position <= st.Old:
+		out.State = QueueExpired
+	case out.Position <= st.Serving:
+		out.State = QueueAdmitted
+		out.Admission = c.sign.Admission(c.Program, buyer, out.Position, place.At)
 	default:
-		switch {
-		case v.soldOut():
-			out.State = QueueSoldOut
-		case out.Position <= st.Old:
-			out.State = QueueExpired
-		case out.Position <= st.Serving:
-			out.State = QueueAdmitted
-			out.Admission = c.sign.Admission(c.Program, buyer, out.Position, place.At)
-		default:
-			out.Ahead = out.Position - st.Serving - 1
-			// The wait at the pace the line has been admitted at lately
-			// (the stock, not the rate ceiling, sets it in a sale).
-			pace := max(v.pace, 1) // a stalled line still moves when stock comes back
-			if v.pace < 0 {
-				pace = float64(max(c.Rate, 1)) // not seen moving yet: the ceiling
-			}
-			out.Wait = time.Duration(min(float64(out.Ahead+1)/pace, 86400) * float64(time.Second))
-			// Never longer than half the window: a buyer admitted meanwhile
-			// comes back while it can still buy.
-			out.RetryAfter = min(max(out.Wait/4, time.Second), 30*time.Second, max(c.Window/2, time.Second))
-			// A buyer the next admission may reach (as many as may be
-			// admitted and not yet bought for the tickets left) asks again
-			// in a second, whatever the pace: admissions come in bursts as
-			// stock comes back.
-			if float64(out.Ahead) < float64(v.stock.Remaining)*float64(c.PerRemaining)/1000 {
-				out.RetryAfter = time.Second
-			}
+		out.Ahead = out.Position - st.Serving - 1
+		// The wait at the pace the line has been admitted at lately
+		// (the stock, not the rate ceiling, sets it in a sale).
+		pace := max(v.pace, 1) // a stalled line still moves when stock comes back
+		if v.pace < 0 {
+			pace = float64(max(c.Rate, 1)) // not seen moving yet: the ceiling
+		}
+		out.Wait = time.Duration(min(float64(out.Ahead+1)/pace, 86400) * float64(time.Second))
+		// Never longer than half the window: a buyer admitted meanwhile
+		// comes back while it can still buy.
+		out.RetryAfter = min(max(out.Wait/4, time.Second), 30*time.Second, max(c.Window/2, time.Second))
+		// A buyer the next admission may reach (as many as may be
+		// admitted and not yet bought for the tickets left) asks again
+		// in a second, whatever the pace: admissions come in bursts as
+		// stock comes back.
+		if float64(out.Ahead) < float64(v.stock.Remaining)*float64(c.PerRemaining)/1000 {
+			out.RetryAfter = time.Second
 		}
 	}
 	return out

@@ -22,10 +22,11 @@ const queueSample = 256
 // the line's length as the gateway counts it.
 func queueRun(c runConfig, admin adminClient, stdout, stderr io.Writer) error {
 	ctx := context.Background()
-	// per_remaining 0.001 of a 1-ticket program: nobody is admitted, the
-	// line only grows, as a million buyers before the opening.
+	// A window of a day over the run's SKU: as many buyers as it has
+	// tickets are admitted, then nobody; the line only grows, as a million
+	// buyers before the opening.
 	if _, err := admin.c.PutQueue(ctx, c.program, client.QueueConfig{OpensInSeconds: ptr(int64(0)), RatePerSecond: 1,
-		WindowSeconds: 60, PerRemaining: 0.001}); err != nil {
+		WindowSeconds: 86400, PerRemaining: 0.001}); err != nil {
 		return fmt.Errorf("put queue: %w", err)
 	}
 	prefix := "queue-" + c.runID + "-"

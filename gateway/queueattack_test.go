@@ -1236,3 +1236,98 @@ func TestAttackQueuePurchaseOnALostLineRefused(t *testing.T) {
 		t.Fatalf("ann, admitted before the loss (her check says %q), buys = %d %s", q.State, r.status, r.body)
 	}
 }
+
+// BREAK (invariant 3). A purchase that made an order is retried (same key,
+// same body, same admission) after Redis lost the line, before the line is
+// made again: the admission's spend was lost with the line and the place
+// is not admitted in Redis yet, so the retry is refused 403
+// admission-invalid instead of answered its order. What must hold: the
+// same request gets the same answer (201, Idempotent-Replayed) across a
+// Redis loss, as its other refusals (admission-used, -expired) look the
+// request up first. The pacer is stopped so the moment lasts.
+func TestAttackQueueRetryAfterLineLossNotReplayed(t *testing.T) {
+	cl := testenv.NewCluster(t, testenv.ClusterOptions{})
+	dsn := ledgerDSN(t, "sqlite")
+	pacer := startEnv(t, envOptions{driver: "sqlite", dsn: dsn, cluster: cl, pacer: true})
+	b := startEnv(t, envOptions{driver: "sqlite", dsn: dsn, cluster: cl})
+	sku := newSKU(t)
+	b.putSKU(t, sku, 5, 1, 1)
+	b.putQueue(t, sku.Program, qaRoom(0, 100, 60, "5"))
+	ann := b.admitted(t, sku.Program, "ann")
+	first := b.buyWith(t, sku, "ann-1", "ann", 1, ann.Admission)
+	if first.status != http.StatusCreated {
+		t.Fatalf("ann buys = %d %s", first.status, first.body)
+	}
+	pacer.kill()
+	qaFlushAll(t, cl)
+	if r := b.buyWith(t, sku, "ann-1", "ann", 1, ann.Admission); r.status != http.StatusCreated || r.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("the retry of ann's order after the loss = %d %s", r.status, r.body)
+	}
+}
+
+// BREAK (invariant 3). A purchase that made an order is retried (same key,
+// body and admission) after admin turned the room off and on again: the
+// new room signs with a new secret, the old admission is refused 403
+// admission-invalid before the request is looked up. What must hold: the
+// same request gets the same answer, its order, replayed.
+func TestAttackQueueRetryAfterRoomRecreatedNotReplayed(t *testing.T) {
+	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
+	sku := newSKU(t)
+	e.putSKU(t, sku, 5, 1, 1)
+	e.putQueue(t, sku.Program, qaRoom(0, 100, 60, "5"))
+	ann := e.admitted(t, sku.Program, "ann")
+	if r := e.buyWith(t, sku, "ann-1", "ann", 1, ann.Admission); r.status != http.StatusCreated {
+		t.Fatalf("ann buys = %d %s", r.status, r.body)
+	}
+	if r := e.do(t, http.MethodDelete, "/v1/admin/programs/"+sku.Program.String()+"/queue", nil, ""); r.status != http.StatusNoContent {
+		t.Fatalf("DELETE queue = %d %s", r.status, r.body)
+	}
+	e.putQueue(t, sku.Program, qaRoom(0, 100, 60, "5"))
+	if r := e.buyWith(t, sku, "ann-1", "ann", 1, ann.Admission); r.status != http.StatusCreated || r.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("the retry of ann's order after the room was made again = %d %s", r.status, r.body)
+	}
+}
+
+// BREAK. Admitted-but-unspent is kept at or under ceil(tickets left x
+// per_remaining). Four tickets, per_remaining 1: four buyers are admitted
+// and have not bought; then Redis loses the line. The restore counts every
+// place admitted before the loss as neither unused nor abandoned (their
+// spends were lost) and gives them a new window, so the pacer admits four
+// more at once: eight buyers hold live admissions for four tickets, none
+// sold. What must hold: the bound, after a loss too (the ledger knows which
+// of the program's buyers bought or hold).
+func TestAttackQueueLossDoublesTheSlack(t *testing.T) {
+	cl := testenv.NewCluster(t, testenv.ClusterOptions{})
+	e := startEnv(t, envOptions{driver: "sqlite", cluster: cl, pacer: true})
+	sku := newSKU(t)
+	const total, buyers = 4, 12
+	e.putSKU(t, sku, total, 1, 1)
+	e.putQueue(t, sku.Program, qaRoom(0, 1000, 60, "1"))
+	tickets := make([]string, buyers)
+	for i := range buyers {
+		_, q := e.queueJoin(t, sku.Program, fmt.Sprintf("u%d", i))
+		tickets[i] = q.Ticket
+	}
+	admittedNow := func() (n int, who []string) {
+		for i, tk := range tickets {
+			if _, q := e.queueCheck(t, sku.Program, tk); q.State == "admitted" {
+				n++
+				who = append(who, fmt.Sprintf("u%d", i))
+			}
+		}
+		return n, who
+	}
+	waitFor(t, 10*time.Second, "four admitted", func() bool { n, _ := admittedNow(); return n == total })
+	ctx := context.Background()
+	waitFor(t, 10*time.Second, "the pacer's record of them", func() bool {
+		ln, err := e.ledger.QueueLine(ctx, sku.Program)
+		return err == nil && ln.Serving == total
+	})
+	qaFlushAll(t, cl)
+	waitFor(t, 10*time.Second, "the line made again", func() bool { return qaLineExists(e, sku.Program) })
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if n, who := admittedNow(); n > total {
+			t.Fatalf("%d buyers admitted and not bought for %d tickets (per_remaining 1) after the loss: %v", n, total, who)
+		}
+	}
+}

@@ -1331,3 +1331,21 @@ func TestAttackQueueLossDoublesTheSlack(t *testing.T) {
 		}
 	}
 }
+
+// BREAK (invariant 3). A purchase made before the program had a waiting
+// room is retried (same key and body) after admin turned a room on: the
+// retry is refused 403 admission-required before the request is looked
+// up, where it must be answered its order (a retry is not a new purchase:
+// it needs no admission).
+func TestAttackQueueRetryAfterRoomTurnedOnNotReplayed(t *testing.T) {
+	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
+	sku := newSKU(t)
+	e.putSKU(t, sku, 5, 1, 1)
+	if r := e.buy(t, sku, "ann-1", "ann", 1); r.status != http.StatusCreated {
+		t.Fatalf("ann buys = %d %s", r.status, r.body)
+	}
+	e.putQueue(t, sku.Program, qaRoom(3600, 100, 60, "5"))
+	if r := e.buy(t, sku, "ann-1", "ann", 1); r.status != http.StatusCreated || r.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("the retry of ann's order after the room was turned on = %d %s", r.status, r.body)
+	}
+}

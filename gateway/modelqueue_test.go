@@ -911,11 +911,8 @@ func (m *sim) qWant(t mTake, kind int, claim, claimReq string, a1, a2 qAdm, ts, 
 		if !a1.ok || !a2.ok {
 			// Not admitted (yet, or again: a line lost and not made again,
 			// or made again with fewer admitted). A committed request is
-			// answered its replay; until
-			// TestModelBugQueueRetryRefusedWhileLineLost passes, it may be
-			// refused too (delete the second line then).
+			// answered its replay.
 			lookup("403 admission-invalid")
-			w.outcomes["403 admission-invalid"] = true
 		}
 		for _, a := range []qAdm{a1, a2} {
 			if !a.ok {

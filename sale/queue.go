@@ -457,7 +457,9 @@ func (s *Service) throughQueue(ctx context.Context, program keys.ID, a Ask, r re
 	case errors.Is(err, queue.ErrExpired):
 		return s.lookupOr(ctx, r, fail(ErrAdmissionExpired))
 	case errors.Is(err, queue.ErrNotAdmitted):
-		return fail(refuse(ErrAdmissionInvalid, "this place in line is not admitted yet"))
+		// A retry of a request that committed before Redis lost the line
+		// is answered as before, whether or not the place is admitted again.
+		return s.lookupOr(ctx, r, fail(refuse(ErrAdmissionInvalid, "this place in line is not admitted yet")))
 	case err != nil:
 		s.log.WarnContext(ctx, "spend admission", "program", program.String(), "err", err)
 		return fail(refuse(ErrUnavailable, "Redis unavailable; retry with the same Idempotency-Key"))

@@ -154,7 +154,11 @@ func (s *Service) takeCart(ctx context.Context, t CartTake, hold bool) (Result, 
 		c.picks = append(c.picks, seatPick{seats: l.Seats, section: l.Section})
 	}
 	return s.run(ctx, c.req, func(ctx context.Context) answer {
-		return s.throughQueue(ctx, t.Program, t.Ask, c.req, c.take)
+		skus := make([]stock.SKU, 0, len(c.lines))
+		for _, l := range c.lines {
+			skus = append(skus, l.sku)
+		}
+		return s.throughQueue(ctx, t.Program, t.Ask, c.req, skus, c.take)
 	})
 }
 

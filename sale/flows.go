@@ -149,7 +149,7 @@ func (s *Service) HoldSeats(ctx context.Context, t SeatTake) (Result, error) {
 		r := newRequest(t.Buyer, t.Key, ledger.OpSeatHold, t.SKU.Program.String(), t.SKU.Ticket.String(), "best", t.Section.String(),
 			strconv.Itoa(t.Quantity), t.TTL.String())
 		return s.run(ctx, r, func(ctx context.Context) answer {
-			return s.throughQueue(ctx, t.SKU.Program, t.Ask, r, func(ctx context.Context) answer {
+			return s.throughQueue(ctx, t.SKU.Program, t.Ask, r, []stock.SKU{t.SKU}, func(ctx context.Context) answer {
 				return s.takeBestSeats(ctx, t.SKU, r, t.Buyer, t.Section, t.Quantity, t.TTL)
 			})
 		})
@@ -171,7 +171,7 @@ func (s *Service) HoldSeats(ctx context.Context, t SeatTake) (Result, error) {
 	slices.SortFunc(ids, keys.ID.Compare)
 	r := newRequest(t.Buyer, t.Key, ledger.OpSeatHold, t.SKU.Program.String(), t.SKU.Ticket.String(), "seats", keys.Join(ids, ","), t.TTL.String())
 	return s.run(ctx, r, func(ctx context.Context) answer {
-		return s.throughQueue(ctx, t.SKU.Program, t.Ask, r, func(ctx context.Context) answer {
+		return s.throughQueue(ctx, t.SKU.Program, t.Ask, r, []stock.SKU{t.SKU}, func(ctx context.Context) answer {
 			return s.takeSeats(ctx, t.SKU, r, t.Buyer, ids, t.TTL)
 		})
 	})

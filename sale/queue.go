@@ -11,6 +11,7 @@ import (
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/queue"
+	"github.com/stockgate/stockgate/stock"
 )
 
 // A program's waiting room: buyers join its line (one place each), a
@@ -433,8 +434,10 @@ type placeBlock struct {
 // program without a waiting room runs f at once. When f is refused and
 // moved nothing (a seat taken, a ticket sold out, a wrong code), the
 // admission is given back, so the buyer may buy with it again within its
-// window.
-func (s *Service) throughQueue(ctx context.Context, program keys.ID, a Ask, r request, f func(context.Context) answer) answer {
+// window. skus are the SKUs the request takes from: a request refused at
+// the door that committed before (a retry without its token, after the
+// room was turned on, after Redis lost the line) is answered as before.
+func (s *Service) throughQueue(ctx context.Context, program keys.ID, a Ask, r request, skus []stock.SKU, f func(context.Context) answer) answer {
 	c, err := s.queueConfig(ctx, program)
 	if errors.Is(err, ErrNoQueue) {
 		return f(ctx)
@@ -442,24 +445,23 @@ func (s *Service) throughQueue(ctx context.Context, program keys.ID, a Ask, r re
 	if err != nil {
 		return fail(err)
 	}
+	door := func(err error) answer { return s.committedIn(ctx, r, skus, fail(err)) }
 	if a.Admission == "" {
-		return fail(refuse(ErrAdmissionRequired, "this program sells through its waiting room: send the Admission-Token the queue gave"))
+		return door(refuse(ErrAdmissionRequired, "this program sells through its waiting room: send the Admission-Token the queue gave"))
 	}
 	pos, joined, err := c.sign.ParseAdmission(program, a.Buyer, a.Admission)
 	if err != nil {
-		return fail(refuse(ErrAdmissionInvalid, "the admission token is not this buyer's for this program"))
+		return door(refuse(ErrAdmissionInvalid, "the admission token is not this buyer's for this program"))
 	}
 	now := time.Now()
 	admittedAt, first, err := s.queue.Spend(ctx, program, pos, a.Buyer, r.gateID(), now, c.Window)
 	switch {
 	case errors.Is(err, queue.ErrSpent):
-		return s.lookupOr(ctx, r, fail(ErrAdmissionUsed))
+		return door(ErrAdmissionUsed)
 	case errors.Is(err, queue.ErrExpired):
-		return s.lookupOr(ctx, r, fail(ErrAdmissionExpired))
+		return door(ErrAdmissionExpired)
 	case errors.Is(err, queue.ErrNotAdmitted):
-		// A retry of a request that committed before Redis lost the line
-		// is answered as before, whether or not the place is admitted again.
-		return s.lookupOr(ctx, r, fail(refuse(ErrAdmissionInvalid, "this place in line is not admitted yet")))
+		return door(refuse(ErrAdmissionInvalid, "this place in line is not admitted yet"))
 	case err != nil:
 		s.log.WarnContext(ctx, "spend admission", "program", program.String(), "err", err)
 		return fail(refuse(ErrUnavailable, "Redis unavailable; retry with the same Idempotency-Key"))
@@ -711,7 +713,30 @@ func (c *ttlCache[V]) forget(k keys.ID) {
 // admitted takes w once its request is let through the program's waiting
 // room (when the program has one).
 func (s *Service) admitted(ctx context.Context, a Ask, program keys.ID, r request, w want) answer {
-	return s.throughQueue(ctx, program, a, r, func(ctx context.Context) answer { return s.take(ctx, w) })
+	return s.throughQueue(ctx, program, a, r, []stock.SKU{w.sku}, func(ctx context.Context) answer { return s.take(ctx, w) })
+}
+
+// committedIn answers a request refused at a waiting room's door: a retry
+// of one that committed stock of one of skus gets its answer, any other
+// the refusal. Which keys committed is known from memory (replays, read
+// incrementally and once at a time for all askers), so a flood of
+// requests without a token costs no ledger read each.
+func (s *Service) committedIn(ctx context.Context, r request, skus []stock.SKU, refusal answer) answer {
+	for _, sku := range skus {
+		st, err := s.settings.Get(ctx, sku)
+		if err != nil {
+			continue // no such SKU: nothing of it committed
+		}
+		committed, err := s.replays.committedAt(ctx, sku, r.scope, r.key, st.Version)
+		if err != nil {
+			s.log.WarnContext(ctx, "committed keys", "sku", sku.String(), "err", err)
+			return ansUnavailable
+		}
+		if committed {
+			return s.lookupOr(ctx, r, refusal)
+		}
+	}
+	return refusal
 }
 
 // QueuePage is what the waiting room's page of program needs: where it

@@ -242,20 +242,28 @@ func (l *Ledger) QueuedPrograms(ctx context.Context) ([]QueueConfig, error) {
 // ProgramStock is what a program has to sell, over every ticket and pool
 // whose sale has not ended.
 type ProgramStock struct {
+	Ended     int64 // tickets and pools whose sale ended
 	SKUs      int64 // tickets and pools on sale
 	Remaining int64 // total - sold - held
 	Held      int64
 }
 
-// SoldOut: the program has tickets on sale and nothing left of them, nor
-// held (only a refund could bring one back).
-func (p ProgramStock) SoldOut() bool { return p.SKUs > 0 && p.Remaining <= 0 && p.Held <= 0 }
+// SoldOut: the program has had tickets, and those still on sale have
+// nothing left nor held (only a refund could bring one back), or none is
+// on sale any more.
+func (p ProgramStock) SoldOut() bool {
+	return p.SKUs+p.Ended > 0 && (p.SKUs == 0 || p.Remaining <= 0 && p.Held <= 0)
+}
 
 // ProgramStock reads what program has to sell.
 func (l *Ledger) ProgramStock(ctx context.Context, program keys.ID) (ProgramStock, error) {
 	var p ProgramStock
-	err := l.db.QueryRowContext(ctx, `SELECT COUNT(*), COALESCE(SUM(total - sold - held), 0), COALESCE(SUM(held), 0)
-		FROM skus WHERE program = $1 AND ended_at = 0`, program).Scan(&p.SKUs, &p.Remaining, &p.Held)
+	err := l.db.QueryRowContext(ctx, `SELECT
+			COALESCE(SUM(CASE WHEN ended_at = 0 THEN 0 ELSE 1 END), 0),
+			COALESCE(SUM(CASE WHEN ended_at = 0 THEN 1 ELSE 0 END), 0),
+			COALESCE(SUM(CASE WHEN ended_at = 0 THEN total - sold - held ELSE 0 END), 0),
+			COALESCE(SUM(CASE WHEN ended_at = 0 THEN held ELSE 0 END), 0)
+		FROM skus WHERE program = $1`, program).Scan(&p.Ended, &p.SKUs, &p.Remaining, &p.Held)
 	if err != nil {
 		return p, fmt.Errorf("ledger: program stock: %w", err)
 	}

@@ -351,6 +351,10 @@ func (q QueueKeys) Spent() string { return q.tag + "spent" }
 // it.
 func (q QueueKeys) Claims() string { return q.tag + "claims" }
 
+// Flights counts, per buyer, the copies of the request that spent its
+// admission still in flight, and marks the one that committed.
+func (q QueueKeys) Flights() string { return q.tag + "flights" }
+
 // CRC16 is the CCITT/XMODEM checksum Redis Cluster hashes keys with.
 func CRC16(b []byte) uint16 {
 	var crc uint16

@@ -3,6 +3,7 @@ package ledger
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
 	"errors"
@@ -73,41 +74,77 @@ func queueTables(driver string) string {
 	secret        TEXT   NOT NULL,
 	checkout_url  TEXT   NOT NULL DEFAULT ''
 );
-CREATE TABLE IF NOT EXISTS queue_lines (
-	program      TEXT   PRIMARY KEY,
+CREATE TABLE IF NOT EXISTS queue_places (
+	program      TEXT   NOT NULL,
+	room         TEXT   NOT NULL,
 	pre_cap      BIGINT NOT NULL DEFAULT 0,
 	post_cap     BIGINT NOT NULL DEFAULT 0,
 	opened       BIGINT NOT NULL DEFAULT 0,
 	early        BIGINT NOT NULL DEFAULT 0,
 	post_seen    BIGINT NOT NULL DEFAULT 0,
-	serving_seen BIGINT NOT NULL DEFAULT 0
+	serving_seen BIGINT NOT NULL DEFAULT 0,
+	old_seen     BIGINT NOT NULL DEFAULT 0,
+	PRIMARY KEY (program, room)
+);
+CREATE TABLE IF NOT EXISTS queue_spends (
+	program  TEXT   NOT NULL,
+	room     TEXT   NOT NULL,
+	buyer    TEXT   NOT NULL,
+	position BIGINT NOT NULL,
+	request  TEXT   NOT NULL,
+	PRIMARY KEY (program, room, buyer)
 );
 `
 }
 
-// A line's durable facts (queue_lines; kept when its waiting room is
-// turned off, so a line that comes back never gives a place twice): the
+// A line's durable facts (queue_places), per room (a waiting room turned
+// off and on again is a new room, with a new secret and a new line): the
 // places reserved for Redis to hand out, and what the pacer last saw of
 // the line. Redis hands out places only up to what the ledger reserved, so
-// a line Redis lost is made again past every place it may have given.
+// a line Redis lost is made again past every place it may have given. The
+// admissions spent (queue_spends) are kept here too: one per buyer, across
+// any loss of Redis.
 
-// QueueLine is what the ledger knows of a program's line.
-type QueueLine struct {
-	Program keys.ID
-	// PreCap and PostCap are the early and late places ever reserved.
-	PreCap, PostCap int64
-	// Opened, Early, Post and Serving are what the pacer last saw: the
-	// early count fixed at the opening, the late joins, the serving counter.
-	Opened               bool
-	Early, Post, Serving int64
+// Room is the id of c's room: a waiting room turned off and on again gets
+// a new secret, so a new room and a new line.
+func (c QueueConfig) Room() keys.ID {
+	h := sha256.Sum256([]byte("room\x00" + c.Secret))
+	return keys.MustID(hex.EncodeToString(h[:8]))
 }
 
-// QueueLine reads program's line facts (zero for a line never reserved).
+// QueueLine is what the ledger knows of a room's line.
+type QueueLine struct {
+	Program, Room keys.ID
+	// PreCap and PostCap are the early and late places ever reserved.
+	PreCap, PostCap int64
+	// Opened, Early, Post, Serving and Old are what the pacer last saw:
+	// the early count fixed at the opening (before it: the early joins),
+	// the late joins, the serving counter, the last place admitted longer
+	// ago than the window.
+	Opened                    bool
+	Early, Post, Serving, Old int64
+}
+
+// QueueLine reads the line facts of program's current room (zero when it
+// has none, or no facts yet).
 func (l *Ledger) QueueLine(ctx context.Context, program keys.ID) (QueueLine, error) {
-	q := QueueLine{Program: program}
+	c, err := l.Queue(ctx, program)
+	if errors.Is(err, ErrNotFound) {
+		return QueueLine{Program: program}, nil
+	}
+	if err != nil {
+		return QueueLine{Program: program}, err
+	}
+	return l.RoomLine(ctx, program, c.Room())
+}
+
+// RoomLine reads the line facts of a room (zero for a line never
+// reserved).
+func (l *Ledger) RoomLine(ctx context.Context, program, room keys.ID) (QueueLine, error) {
+	q := QueueLine{Program: program, Room: room}
 	var opened int64
-	err := l.db.QueryRowContext(ctx, `SELECT pre_cap, post_cap, opened, early, post_seen, serving_seen FROM queue_lines WHERE program = $1`,
-		program).Scan(&q.PreCap, &q.PostCap, &opened, &q.Early, &q.Post, &q.Serving)
+	err := l.db.QueryRowContext(ctx, `SELECT pre_cap, post_cap, opened, early, post_seen, serving_seen, old_seen FROM queue_places
+		WHERE program = $1 AND room = $2`, program, room).Scan(&q.PreCap, &q.PostCap, &opened, &q.Early, &q.Post, &q.Serving, &q.Old)
 	if errors.Is(err, sql.ErrNoRows) {
 		return q, nil
 	}
@@ -118,9 +155,9 @@ func (l *Ledger) QueueLine(ctx context.Context, program keys.ID) (QueueLine, err
 	return q, nil
 }
 
-// ReserveQueuePlaces reserves n more places of a kind (early or late) for
-// program's line and returns the count reserved now.
-func (l *Ledger) ReserveQueuePlaces(ctx context.Context, program keys.ID, early bool, n int64) (int64, error) {
+// ReserveQueuePlaces reserves n more places of a kind (early or late) for a
+// room's line and returns the count reserved now.
+func (l *Ledger) ReserveQueuePlaces(ctx context.Context, program, room keys.ID, early bool, n int64) (int64, error) {
 	if n < 1 || n > 1_000_000 {
 		return 0, fmt.Errorf("%w: reserve %d places", stock.ErrInvalid, n)
 	}
@@ -129,33 +166,97 @@ func (l *Ledger) ReserveQueuePlaces(ctx context.Context, program keys.ID, early 
 		col = "pre_cap"
 	}
 	var upTo int64
-	err := l.db.QueryRowContext(ctx, `INSERT INTO queue_lines (program, `+col+`) VALUES ($1, $2)
-		ON CONFLICT (program) DO UPDATE SET `+col+` = queue_lines.`+col+` + excluded.`+col+`
-		RETURNING `+col, program, n).Scan(&upTo)
+	err := l.db.QueryRowContext(ctx, `INSERT INTO queue_places (program, room, `+col+`) VALUES ($1, $2, $3)
+		ON CONFLICT (program, room) DO UPDATE SET `+col+` = queue_places.`+col+` + excluded.`+col+`
+		RETURNING `+col, program, room, n).Scan(&upTo)
 	if err != nil {
 		return 0, fmt.Errorf("ledger: reserve queue places: %w", err)
 	}
 	return upTo, nil
 }
 
-// SeeQueueLine records what the pacer saw of program's line. Each count
-// only grows, so a pacer that saw less (a stale replica) changes nothing.
+// SeeQueueLine records what the pacer saw of a room's line. Each count
+// only grows, and the early count stops at the opening, so a pacer that
+// saw less (a stale replica) changes nothing.
 func (l *Ledger) SeeQueueLine(ctx context.Context, q QueueLine) error {
 	opened := int64(0)
 	if q.Opened {
 		opened = 1
 	}
-	_, err := l.db.ExecContext(ctx, `INSERT INTO queue_lines (program, opened, early, post_seen, serving_seen) VALUES ($1, $2, $3, $4, $5)
-		ON CONFLICT (program) DO UPDATE SET
-			early = CASE WHEN queue_lines.opened = 1 THEN queue_lines.early ELSE excluded.early END,
-			opened = CASE WHEN queue_lines.opened = 1 THEN 1 ELSE excluded.opened END,
-			post_seen = CASE WHEN excluded.post_seen > queue_lines.post_seen THEN excluded.post_seen ELSE queue_lines.post_seen END,
-			serving_seen = CASE WHEN excluded.serving_seen > queue_lines.serving_seen THEN excluded.serving_seen ELSE queue_lines.serving_seen END`,
-		q.Program, opened, q.Early, q.Post, q.Serving)
+	_, err := l.db.ExecContext(ctx, `INSERT INTO queue_places (program, room, opened, early, post_seen, serving_seen, old_seen)
+		VALUES ($1, $2, $3, $4, $5, $6, $7)
+		ON CONFLICT (program, room) DO UPDATE SET
+			early = CASE WHEN queue_places.opened = 1 THEN queue_places.early
+				WHEN excluded.opened = 1 OR excluded.early > queue_places.early THEN excluded.early ELSE queue_places.early END,
+			opened = CASE WHEN queue_places.opened = 1 THEN 1 ELSE excluded.opened END,
+			post_seen = CASE WHEN excluded.post_seen > queue_places.post_seen THEN excluded.post_seen ELSE queue_places.post_seen END,
+			serving_seen = CASE WHEN excluded.serving_seen > queue_places.serving_seen THEN excluded.serving_seen ELSE queue_places.serving_seen END,
+			old_seen = CASE WHEN excluded.old_seen > queue_places.old_seen THEN excluded.old_seen ELSE queue_places.old_seen END`,
+		q.Program, q.Room, opened, q.Early, q.Post, q.Serving, q.Old)
 	if err != nil {
 		return fmt.Errorf("ledger: see queue line: %w", err)
 	}
 	return nil
+}
+
+// Spend is an admission spent: buyer's, admitted at Position, by Request.
+type Spend struct {
+	Buyer    keys.ID
+	Position int64
+	Request  keys.ID
+}
+
+// SpendAdmission records that request spent buyer's admission of a room,
+// unless another request did: it returns the request that holds it.
+func (l *Ledger) SpendAdmission(ctx context.Context, program, room keys.ID, sp Spend) (keys.ID, error) {
+	var holder string
+	err := l.db.QueryRowContext(ctx, `INSERT INTO queue_spends (program, room, buyer, position, request) VALUES ($1, $2, $3, $4, $5)
+		ON CONFLICT (program, room, buyer) DO UPDATE SET request = queue_spends.request
+		RETURNING request`, program, room, sp.Buyer, sp.Position, sp.Request).Scan(&holder)
+	if err != nil {
+		return keys.ID{}, fmt.Errorf("ledger: spend admission: %w", err)
+	}
+	id, err := keys.ParseID(holder)
+	if err != nil {
+		return keys.ID{}, fmt.Errorf("ledger: spend admission: %w", err)
+	}
+	return id, nil
+}
+
+// ReleaseAdmission gives buyer's admission back, if request holds it.
+func (l *Ledger) ReleaseAdmission(ctx context.Context, program, room, buyer, request keys.ID) error {
+	_, err := l.db.ExecContext(ctx, `DELETE FROM queue_spends WHERE program = $1 AND room = $2 AND buyer = $3 AND request = $4`,
+		program, room, buyer, request)
+	if err != nil {
+		return fmt.Errorf("ledger: release admission: %w", err)
+	}
+	return nil
+}
+
+// AdmissionSpends lists a room's spent admissions.
+func (l *Ledger) AdmissionSpends(ctx context.Context, program, room keys.ID) ([]Spend, error) {
+	rows, err := l.db.QueryContext(ctx, `SELECT buyer, position, request FROM queue_spends WHERE program = $1 AND room = $2 ORDER BY position`,
+		program, room)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: admission spends: %w", err)
+	}
+	defer rows.Close()
+	var out []Spend
+	for rows.Next() {
+		var b, r string
+		var sp Spend
+		if err := rows.Scan(&b, &sp.Position, &r); err != nil {
+			return nil, fmt.Errorf("ledger: admission spends: %w", err)
+		}
+		if sp.Buyer, err = keys.ParseID(b); err != nil {
+			return nil, fmt.Errorf("ledger: admission spends: %w", err)
+		}
+		if sp.Request, err = keys.ParseID(r); err != nil {
+			return nil, fmt.Errorf("ledger: admission spends: %w", err)
+		}
+		out = append(out, sp)
+	}
+	return out, rows.Err()
 }
 
 // PutQueue turns a program's waiting room on, or changes it (its secret

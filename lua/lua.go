@@ -78,11 +78,12 @@ var QueueSpend = prelude + queueSpendBody
 //go:embed queue_spend.lua
 var queueSpendBody string
 
-// QueueRelease gives an admission back from a refused request.
-var QueueRelease = prelude + queueReleaseBody
+// QueueSettle ends a request's use of an admission: kept, or given back
+// when the request was refused having moved nothing.
+var QueueSettle = prelude + queueSettleBody
 
-//go:embed queue_release.lua
-var queueReleaseBody string
+//go:embed queue_settle.lua
+var queueSettleBody string
 
 // QueueReserve lets a line hand out places up to the ledger's reservation.
 var QueueReserve = prelude + queueReserveBody
@@ -90,11 +91,18 @@ var QueueReserve = prelude + queueReserveBody
 //go:embed queue_reserve.lua
 var queueReserveBody string
 
-// QueueRestore makes a line's record from the ledger's facts.
+// QueueRestore makes a room's line from the ledger's facts.
 var QueueRestore = prelude + queueRestoreBody
 
 //go:embed queue_restore.lua
 var queueRestoreBody string
+
+// QueueRespend puts the admissions the ledger says were spent back into a
+// restored line.
+var QueueRespend = prelude + queueRespendBody
+
+//go:embed queue_respend.lua
+var queueRespendBody string
 
 // Unlock releases a coordination lock by compare-and-delete.
 var Unlock = prelude + unlockBody

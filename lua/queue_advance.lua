@@ -14,22 +14,23 @@
 --          (the tickets left times the factor)
 -- ARGV[5]  the admission window, ms
 -- ARGV[6]  1 when nothing is left to sell (the line closes), else 0
+-- ARGV[7]  the room's id
 --
 -- Admitted-but-unused are the buyers admitted within the window who have
 -- not spent their admission; buyers admitted before the window who never
 -- spent it have abandoned. The positions a restore could not tell given
--- or not (gaplo..gaphi) are admitted at once when the line reaches them;
--- they and those admitted before a restore (up to forgot: Redis lost
--- their spends) count in neither.
+-- or not (gaplo..gaphi) are admitted at once when the line reaches them
+-- and count in neither.
 --
--- Returns {1, serving, unused, abandoned, joined, opened, early, late}
--- (opened 1 once the early count is fixed); {-1} the line's record is
--- missing (restore it first); -2 bad argument.
+-- Returns {1, serving, unused, abandoned, joined, opened, early, late,
+-- old} (opened 1 once the early count is fixed; old the last position
+-- admitted before the window); {-1} the line's record is missing or
+-- another room's (restore it first); -2 bad argument.
 local now, opens = int(ARGV[1], 0, 1e15), int(ARGV[2], 0, 1e15)
 local most, cap = int(ARGV[3], 0, 1e12), int(ARGV[4], 0, 1e15)
 local window, soldout = int(ARGV[5], 1, 1e12), int(ARGV[6], 0, 1)
-if not now or not opens or not most or not cap or not window or not soldout then return {-2} end
-if not redis.call('HGET', KEYS[1], 'line') then return {-1} end
+if not now or not opens or not most or not cap or not window or not soldout or not id(ARGV[7]) then return {-2} end
+if redis.call('HGET', KEYS[1], 'line') ~= ARGV[7] then return {-1} end
 local frozen = redis.call('HGET', KEYS[1], 'frozen')
 if not frozen and now >= opens then
   frozen = redis.call('HGET', KEYS[1], 'pre') or '0'
@@ -39,12 +40,11 @@ local late = tonumber(redis.call('HGET', KEYS[1], 'post') or 0)
 local early = tonumber(frozen or redis.call('HGET', KEYS[1], 'pre') or 0)
 local joined = early + late
 local serving = tonumber(redis.call('HGET', KEYS[1], 'serving') or 0)
--- Positions outside the admitted-unused count (unless spent since): up to
--- "forgot" (admitted before a restore: their spends were lost with the
--- line) and the gap (given or not, nobody can tell).
+-- Positions outside the admitted-unused count (unless spent): the gap a
+-- restore could not tell given or not.
 local gaplo = tonumber(redis.call('HGET', KEYS[1], 'gaplo') or 0)
 local gaphi = tonumber(redis.call('HGET', KEYS[1], 'gaphi') or -1)
-local outside = {{1, tonumber(redis.call('HGET', KEYS[1], 'forgot') or 0)}, {gaplo, gaphi}}
+local outside = {{gaplo, gaphi}}
 -- gap(a, b): how many positions outside the count lie in (a, b].
 local function gap(a, b)
   local n = 0
@@ -100,4 +100,4 @@ end
 redis.call('HSET', KEYS[1], 'unused', unused, 'abandoned', abandoned, 'old', old)
 local opened = 0
 if frozen then opened = 1 end
-return {1, serving, unused, abandoned, joined, opened, early, late}
+return {1, serving, unused, abandoned, joined, opened, early, late, old}

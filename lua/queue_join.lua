@@ -9,6 +9,8 @@
 -- ARGV[4]  "" or the place "kind:n:t" of the buyer's signed ticket
 --          (checked by the caller): a buyer whose record Redis lost keeps
 --          its place
+-- ARGV[5]  the room's id: a line of another room (turned off and on
+--          again since) is no line of this one
 --
 -- Before opening, joins are counted in "pre" and ordered at random when
 -- the line opens (kind 0); the first join or advance at or after opening
@@ -21,13 +23,15 @@
 -- the ledger ever reserved, so no place is given twice.
 --
 -- Returns {code, kind, n, t}: 1 joined now, 2 joined before (its place as
--- it was); {-1} the line's record is missing (never made, or Redis lost it):
--- restore it from the ledger, then join again; {5, kind} the places of
+-- it was); {-1} the line's record is missing (never made, Redis lost it,
+-- or it is another room's): restore it from the ledger, then join again; {5, kind} the places of
 -- that kind reserved are all given: reserve more, then join again; -2 bad
 -- argument.
 if not id(ARGV[1]) then return {-2} end
 local now, opens = int(ARGV[2], 0, 1e15), int(ARGV[3], 0, 1e15)
-if not now or not opens or type(ARGV[4]) ~= 'string' then return {-2} end
+if not now or not opens or type(ARGV[4]) ~= 'string' or not id(ARGV[5]) then return {-2} end
+local m = redis.call('HMGET', KEYS[1], 'line', 'frozen', 'pre', 'precap', 'post', 'postcap')
+if m[1] ~= ARGV[5] then return {-1} end
 local had = redis.call('HGET', KEYS[2], ARGV[1])
 if had then
   local k, n, t = string.match(had, '^(%d):(%d+):(%d+)$')
@@ -39,8 +43,6 @@ if ARGV[4] ~= '' then
   redis.call('HSET', KEYS[2], ARGV[1], ARGV[4])
   return {2, tonumber(k), tonumber(n), tonumber(t)}
 end
-local m = redis.call('HMGET', KEYS[1], 'line', 'frozen', 'pre', 'precap', 'post', 'postcap')
-if not m[1] then return {-1} end
 local frozen = m[2]
 if not frozen and now >= opens then
   frozen = m[3] or '0'

@@ -1,40 +1,55 @@
--- queue_restore: make a line's record from the ledger's facts, when Redis
--- has none (a new line, or one Redis lost).
+-- queue_restore: make a room's line from the ledger's facts, when Redis
+-- has none (a new room, or a line Redis lost) or has another room's (the
+-- waiting room was turned off and on again: that line goes).
 --
 -- KEYS[1]  the line's counters (hash)
--- KEYS[2]  batches by time (zset)
--- KEYS[3]  batches by end position (zset)
--- ARGV[1]  early places the ledger ever reserved (pre, and its cap)
--- ARGV[2]  1 when the line had opened (ARGV[3] is its early count), else 0
--- ARGV[3]  the early count fixed at the opening
--- ARGV[4]  late places the ledger ever reserved (post, and its cap)
--- ARGV[5]  the serving counter the ledger last saw
--- ARGV[6]  ARGV[7]  the positions that may or may not have been given
+-- KEYS[2]  buyer -> place (hash)
+-- KEYS[3]  batches by time (zset)
+-- KEYS[4]  batches by end position (zset)
+-- KEYS[5]  spent admissions (zset)
+-- KEYS[6]  buyer -> the request that spent its admission (hash)
+-- KEYS[7]  buyer -> copies of the spending request in flight (hash)
+-- ARGV[1]  the room's id
+-- ARGV[2]  early places the ledger ever reserved (pre, and its cap)
+-- ARGV[3]  1 when the line had opened (ARGV[4] is its early count), else 0
+-- ARGV[4]  the early count fixed at the opening
+-- ARGV[5]  late places the ledger ever reserved (post, and its cap)
+-- ARGV[6]  the serving counter the ledger last saw
+-- ARGV[7]  the last place the ledger saw admitted longer ago than the
+--          window: those up to it stay expired
+-- ARGV[8]  ARGV[9]  the positions that may or may not have been given
 --          (the late places reserved after the ledger last saw the line):
 --          admitted at once when the line reaches them, outside the
 --          admitted-unused count; 0 0 for none
--- ARGV[8]  now, Unix ms: the restored admissions' window starts again
+-- ARGV[10] now, Unix ms: the admissions after ARGV[7] get a new window
+-- ARGV[11] the admission window, ms
 --
 -- Every count starts at what the ledger reserved, so no place is given
--- twice; a buyer whose record was lost keeps its place by its ticket.
+-- twice; a buyer whose record was lost keeps its place by its ticket. The
+-- spent admissions are put back from the ledger next (queue_respend).
 --
--- Returns {1} restored; {2} the line has a record (nothing changed); -2
--- bad argument.
-local pre, opened, frozen = int(ARGV[1], 0, 1e15), int(ARGV[2], 0, 1), int(ARGV[3], 0, 1e15)
-local post, serving = int(ARGV[4], 0, 1e15), int(ARGV[5], 0, 1e15)
-local gaplo, gaphi, now = int(ARGV[6], 0, 1e15), int(ARGV[7], 0, 1e15), int(ARGV[8], 0, 1e15)
-if not pre or not opened or not frozen or not post or not serving or not gaplo or not gaphi or not now then
+-- Returns {1} made; {2} the line is this room's already (nothing
+-- changed); -2 bad argument.
+local pre, opened, frozen = int(ARGV[2], 0, 1e15), int(ARGV[3], 0, 1), int(ARGV[4], 0, 1e15)
+local post, serving, old = int(ARGV[5], 0, 1e15), int(ARGV[6], 0, 1e15), int(ARGV[7], 0, 1e15)
+local gaplo, gaphi, now = int(ARGV[8], 0, 1e15), int(ARGV[9], 0, 1e15), int(ARGV[10], 0, 1e15)
+local window = int(ARGV[11], 1, 1e12)
+if not id(ARGV[1]) or not pre or not opened or not frozen or not post or not serving or not old or not gaplo or not gaphi
+  or not now or not window or old > serving then
   return {-2}
 end
-if redis.call('HGET', KEYS[1], 'line') then return {2} end
-redis.call('HSET', KEYS[1], 'line', 1, 'pre', pre, 'precap', pre, 'post', post, 'postcap', post, 'serving', serving)
+if redis.call('HGET', KEYS[1], 'line') == ARGV[1] then return {2} end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
+redis.call('HSET', KEYS[1], 'line', ARGV[1], 'pre', pre, 'precap', pre, 'post', post, 'postcap', post, 'serving', serving)
 if opened == 1 then redis.call('HSET', KEYS[1], 'frozen', frozen) end
 if gaplo > 0 and gaphi >= gaplo then redis.call('HSET', KEYS[1], 'gaplo', gaplo, 'gaphi', gaphi) end
-if serving > 0 then
-  -- Whether they spent their admissions was lost: they count as neither
-  -- unused nor abandoned.
-  redis.call('HSET', KEYS[1], 'forgot', serving)
-  redis.call('ZADD', KEYS[2], now, serving)
-  redis.call('ZADD', KEYS[3], serving, serving .. ':' .. now)
+if old > 0 then
+  local at = now - window - 1 -- their window had passed
+  redis.call('ZADD', KEYS[3], at, old)
+  redis.call('ZADD', KEYS[4], old, old .. ':' .. at)
+end
+if serving > old then
+  redis.call('ZADD', KEYS[3], now, serving)
+  redis.call('ZADD', KEYS[4], serving, serving .. ':' .. now)
 end
 return {1}

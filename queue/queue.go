@@ -91,28 +91,28 @@ func (s State) Joined() int64 { return s.Early + s.Late }
 
 // Store is the waiting rooms' Redis records.
 type Store struct {
-	rdb                                           redis.UniversalClient
-	join, advance, spend, release, reserve, renew *redis.Script
+	rdb                                                    redis.UniversalClient
+	join, advance, spend, settle, reserve, renew, respend *redis.Script
 }
 
 // New returns a Store on the service's Redis.
 func New(rdb redis.UniversalClient) *Store {
 	return &Store{rdb: rdb, join: redis.NewScript(lua.QueueJoin), advance: redis.NewScript(lua.QueueAdvance),
-		spend: redis.NewScript(lua.QueueSpend), release: redis.NewScript(lua.QueueRelease),
-		reserve: redis.NewScript(lua.QueueReserve), renew: redis.NewScript(lua.QueueRestore)}
+		spend: redis.NewScript(lua.QueueSpend), settle: redis.NewScript(lua.QueueSettle),
+		reserve: redis.NewScript(lua.QueueReserve), renew: redis.NewScript(lua.QueueRestore), respend: redis.NewScript(lua.QueueRespend)}
 }
 
-// Join gives buyer its one place in program's line; again, the same place
-// (joined false). had is the place of a ticket the buyer presents (nil:
+// Join gives buyer its one place in the line of program's room; again, the
+// same place (joined false). had is the place of a ticket the buyer presents (nil:
 // none): a buyer whose record Redis lost keeps it. ErrFull (with the kind
 // of place wanted in Place.Early) or ErrLost: see them.
-func (s *Store) Join(ctx context.Context, program, buyer keys.ID, now, opens time.Time, had *Place) (Place, bool, error) {
+func (s *Store) Join(ctx context.Context, program, room, buyer keys.ID, now, opens time.Time, had *Place) (Place, bool, error) {
 	k := keys.Queue(program)
 	rec := ""
 	if had != nil {
 		rec = had.record()
 	}
-	v, err := s.join.Run(ctx, s.rdb, []string{k.Meta(), k.Who()}, buyer.String(), now.UnixMilli(), opens.UnixMilli(), rec).Int64Slice()
+	v, err := s.join.Run(ctx, s.rdb, []string{k.Meta(), k.Who()}, buyer.String(), now.UnixMilli(), opens.UnixMilli(), rec, room.String()).Int64Slice()
 	if err != nil {
 		return Place{}, false, fmt.Errorf("queue: join: %w", err)
 	}
@@ -129,12 +129,12 @@ func (s *Store) Join(ctx context.Context, program, buyer keys.ID, now, opens tim
 
 // Reserve lets program's line hand out places of a kind (early or late)
 // up to upTo, a count the ledger has reserved for it.
-func (s *Store) Reserve(ctx context.Context, program keys.ID, early bool, upTo int64) error {
+func (s *Store) Reserve(ctx context.Context, program, room keys.ID, early bool, upTo int64) error {
 	kind := 1
 	if early {
 		kind = 0
 	}
-	v, err := s.reserve.Run(ctx, s.rdb, []string{keys.Queue(program).Meta()}, kind, upTo).Int64Slice()
+	v, err := s.reserve.Run(ctx, s.rdb, []string{keys.Queue(program).Meta()}, kind, upTo, room.String()).Int64Slice()
 	switch {
 	case err != nil:
 		return fmt.Errorf("queue: reserve: %w", err)
@@ -154,22 +154,25 @@ type Facts struct {
 	// Opened, with its early count Early, once the ledger saw the opening.
 	Opened bool
 	Early  int64
-	// Serving is the serving counter the ledger last saw.
-	Serving int64
+	// Serving is the serving counter the ledger last saw; Old the last
+	// place it saw admitted longer ago than the window.
+	Serving, Old int64
 	// GapLo..GapHi are positions that may or may not have been given.
 	GapLo, GapHi int64
 }
 
-// Restore makes program's line record from the ledger's facts when Redis
-// has none; false when it had one (nothing changed).
-func (s *Store) Restore(ctx context.Context, program keys.ID, f Facts, now time.Time) (bool, error) {
+// Restore makes the line of program's room from the ledger's facts when
+// Redis has none, or another room's (which goes); false when it has this
+// room's (nothing changed). Put the spent admissions back next (Respend).
+func (s *Store) Restore(ctx context.Context, program, room keys.ID, f Facts, now time.Time, window time.Duration) (bool, error) {
 	k := keys.Queue(program)
 	opened := 0
 	if f.Opened {
 		opened = 1
 	}
-	v, err := s.renew.Run(ctx, s.rdb, []string{k.Meta(), k.Batches(), k.BatchesByEnd()},
-		f.Pre, opened, f.Early, f.Post, f.Serving, f.GapLo, f.GapHi, now.UnixMilli()).Int64Slice()
+	v, err := s.renew.Run(ctx, s.rdb, []string{k.Meta(), k.Who(), k.Batches(), k.BatchesByEnd(), k.Spent(), k.Claims(), k.Flights()},
+		room.String(), f.Pre, opened, f.Early, f.Post, f.Serving, min(f.Old, f.Serving), f.GapLo, f.GapHi, now.UnixMilli(),
+		window.Milliseconds()).Int64Slice()
 	switch {
 	case err != nil:
 		return false, fmt.Errorf("queue: restore: %w", err)
@@ -179,13 +182,43 @@ func (s *Store) Restore(ctx context.Context, program keys.ID, f Facts, now time.
 	return v[0] == lua.OK, nil
 }
 
-// State reads program's line.
-func (s *Store) State(ctx context.Context, program keys.ID) (State, error) {
+// Spent is an admission spent, as Respend puts it back.
+type Spent struct {
+	Buyer    keys.ID
+	Position int64
+	Request  keys.ID
+}
+
+// Respend puts admissions spent back into program's restored line (a
+// buyer Redis has a spend of keeps it).
+func (s *Store) Respend(ctx context.Context, program keys.ID, spent []Spent) error {
+	k := keys.Queue(program)
+	for len(spent) > 0 {
+		chunk := spent[:min(len(spent), 300)]
+		spent = spent[len(chunk):]
+		args := make([]any, 0, 3*len(chunk))
+		for _, sp := range chunk {
+			args = append(args, sp.Buyer.String(), sp.Position, sp.Request.String())
+		}
+		v, err := s.respend.Run(ctx, s.rdb, []string{k.Spent(), k.Claims()}, args...).Int64Slice()
+		switch {
+		case err != nil:
+			return fmt.Errorf("queue: respend: %w", err)
+		case len(v) != 2 || v[0] != lua.OK:
+			return fmt.Errorf("queue: respend: answer %v", v)
+		}
+	}
+	return nil
+}
+
+// State reads the line of program's room (Lost when Redis has none, or
+// another room's).
+func (s *Store) State(ctx context.Context, program, room keys.ID) (State, error) {
 	v, err := s.rdb.HMGet(ctx, keys.Queue(program).Meta(), "line", "pre", "frozen", "post", "serving", "soldout", "unused", "abandoned", "old").Result()
 	if err != nil {
 		return State{}, fmt.Errorf("queue: state: %w", err)
 	}
-	if v[0] == nil {
+	if line, _ := v[0].(string); line != room.String() {
 		return State{Lost: true}, nil
 	}
 	n := func(i int) int64 {
@@ -205,39 +238,42 @@ type Step struct {
 	Serving, Unused, Abandoned, Joined int64
 	Opened                             bool
 	Early, Late                        int64
+	// Old is the last place admitted longer ago than the window.
+	Old int64
 }
 
 // Advance admits up to most more buyers of program's line, keeping the
 // admitted-but-unused at or under limit; soldOut closes the line. ErrLost:
 // see it.
-func (s *Store) Advance(ctx context.Context, program keys.ID, now, opens time.Time, most, limit int64, window time.Duration, soldOut bool) (Step, error) {
+func (s *Store) Advance(ctx context.Context, program, room keys.ID, now, opens time.Time, most, limit int64, window time.Duration, soldOut bool) (Step, error) {
 	k := keys.Queue(program)
 	out := 0
 	if soldOut {
 		out = 1
 	}
 	v, err := s.advance.Run(ctx, s.rdb, []string{k.Meta(), k.Batches(), k.BatchesByEnd(), k.Spent()},
-		now.UnixMilli(), opens.UnixMilli(), max(most, 0), max(limit, 0), window.Milliseconds(), out).Int64Slice()
+		now.UnixMilli(), opens.UnixMilli(), max(most, 0), max(limit, 0), window.Milliseconds(), out, room.String()).Int64Slice()
 	switch {
 	case err != nil:
 		return Step{}, fmt.Errorf("queue: advance: %w", err)
 	case len(v) == 1 && v[0] == lua.QueueLost:
 		return Step{}, ErrLost
-	case len(v) != 8 || v[0] != lua.OK:
+	case len(v) != 9 || v[0] != lua.OK:
 		return Step{}, fmt.Errorf("queue: advance: answer %v", v)
 	}
-	return Step{Serving: v[1], Unused: v[2], Abandoned: v[3], Joined: v[4], Opened: v[5] == 1, Early: v[6], Late: v[7]}, nil
+	return Step{Serving: v[1], Unused: v[2], Abandoned: v[3], Joined: v[4], Opened: v[5] == 1, Early: v[6], Late: v[7], Old: v[8]}, nil
 }
 
 // Spend spends buyer's admission, at position, on request (a retry of the
 // same request spends it again, harmlessly): ErrSpent when another
-// request did, ErrNotAdmitted, ErrExpired when its window has passed.
+// request did, ErrNotAdmitted, ErrExpired when its window has passed,
+// ErrLost (restore the line, then spend again).
 // first is true when this call spent it, with admitted the time the
 // position was admitted.
-func (s *Store) Spend(ctx context.Context, program keys.ID, position int64, buyer, request keys.ID, now time.Time, window time.Duration) (admitted time.Time, first bool, err error) {
+func (s *Store) Spend(ctx context.Context, program, room keys.ID, position int64, buyer, request keys.ID, now time.Time, window time.Duration) (admitted time.Time, first bool, err error) {
 	k := keys.Queue(program)
-	v, err := s.spend.Run(ctx, s.rdb, []string{k.Spent(), k.Claims(), k.BatchesByEnd()},
-		position, buyer.String(), request.String(), now.UnixMilli(), window.Milliseconds()).Int64Slice()
+	v, err := s.spend.Run(ctx, s.rdb, []string{k.Spent(), k.Claims(), k.BatchesByEnd(), k.Meta(), k.Flights()},
+		position, buyer.String(), request.String(), now.UnixMilli(), window.Milliseconds(), room.String()).Int64Slice()
 	if err != nil {
 		return time.Time{}, false, fmt.Errorf("queue: spend: %w", err)
 	}
@@ -252,20 +288,33 @@ func (s *Store) Spend(ctx context.Context, program keys.ID, position int64, buye
 		return time.Time{}, false, ErrNotAdmitted
 	case len(v) == 1 && v[0] == lua.QueueExpired:
 		return time.Time{}, false, ErrExpired
+	case len(v) == 1 && v[0] == lua.QueueLost:
+		return time.Time{}, false, ErrLost
 	}
 	return time.Time{}, false, fmt.Errorf("queue: spend: answer %v", v)
 }
 
-// Release gives buyer's admission back from request, which was refused
-// and moved nothing; false when request had not spent it.
-func (s *Store) Release(ctx context.Context, program, buyer, request keys.ID) (bool, error) {
+// Outcome is how a request that spent an admission ended.
+type Outcome int
+
+// Outcomes of Settle.
+const (
+	Refused   Outcome = iota // refused having moved nothing: give it back
+	Committed                // it stays spent
+	Unknown                  // a failure: the client retries the request
+)
+
+// Settle ends request's use of buyer's admission. The admission goes back
+// (true) only when the last copy of the request in flight ends Refused and
+// none committed.
+func (s *Store) Settle(ctx context.Context, program, buyer, request keys.ID, how Outcome) (bool, error) {
 	k := keys.Queue(program)
-	v, err := s.release.Run(ctx, s.rdb, []string{k.Spent(), k.Claims()}, buyer.String(), request.String()).Int64Slice()
+	v, err := s.settle.Run(ctx, s.rdb, []string{k.Spent(), k.Claims(), k.Flights()}, buyer.String(), request.String(), int(how)).Int64Slice()
 	switch {
 	case err != nil:
-		return false, fmt.Errorf("queue: release: %w", err)
+		return false, fmt.Errorf("queue: settle: %w", err)
 	case len(v) != 1 || (v[0] != lua.OK && v[0] != lua.Empty):
-		return false, fmt.Errorf("queue: release: answer %v", v)
+		return false, fmt.Errorf("queue: settle: answer %v", v)
 	}
 	return v[0] == lua.OK, nil
 }

@@ -18,6 +18,9 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
 
+// room is the tests' room id.
+var room = keys.MustID("room1")
+
 // An early join's position is a keyed permutation of the early joins:
 // every position 1..n once, for any n, and not the order of arrival.
 func TestPositionsArePermutations(t *testing.T) {
@@ -82,11 +85,11 @@ func TestTokens(t *testing.T) {
 func newLine(t *testing.T, s *queue.Store, prog keys.ID) {
 	t.Helper()
 	ctx := context.Background()
-	if made, err := s.Restore(ctx, prog, queue.Facts{}, time.Now()); err != nil || !made {
+	if made, err := s.Restore(ctx, prog, room, queue.Facts{}, time.Now(), time.Minute); err != nil || !made {
 		t.Fatalf("Restore = %v %v", made, err)
 	}
 	for _, early := range []bool{true, false} {
-		if err := s.Reserve(ctx, prog, early, 1000); err != nil {
+		if err := s.Reserve(ctx, prog, room, early, 1000); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -104,83 +107,96 @@ func TestLine(t *testing.T) {
 	prog := keys.MustID(testenv.ID(t, "q"))
 	now := time.Now()
 	opens := now.Add(time.Hour)
-	if _, _, err := s.Join(ctx, prog, keys.MustID("e0"), now, opens, nil); !errors.Is(err, queue.ErrLost) {
+	if _, _, err := s.Join(ctx, prog, room, keys.MustID("e0"), now, opens, nil); !errors.Is(err, queue.ErrLost) {
 		t.Fatalf("join of a line with no record = %v, want ErrLost", err)
 	}
 	newLine(t, s, prog)
 	for i := range 5 {
-		p, created, err := s.Join(ctx, prog, keys.MustID(fmt.Sprintf("e%d", i)), now, opens, nil)
+		p, created, err := s.Join(ctx, prog, room, keys.MustID(fmt.Sprintf("e%d", i)), now, opens, nil)
 		if err != nil || !created || !p.Early || p.N != int64(i+1) || p.At.Unix() != now.Unix() {
 			t.Fatalf("early join %d = %+v %v %v", i, p, created, err)
 		}
 	}
-	if p, created, err := s.Join(ctx, prog, keys.MustID("e2"), now, opens, nil); err != nil || created || p.N != 3 {
+	if p, created, err := s.Join(ctx, prog, room, keys.MustID("e2"), now, opens, nil); err != nil || created || p.N != 3 {
 		t.Fatalf("join again = %+v %v %v", p, created, err)
 	}
-	st, _ := s.State(ctx, prog)
+	st, _ := s.State(ctx, prog, room)
 	if st.Opened || st.Early != 5 || st.Lost {
 		t.Fatalf("before opening: %+v", st)
 	}
 	// The opening: a join at opens freezes the early count.
-	if p, _, err := s.Join(ctx, prog, keys.MustID("l0"), opens, opens, nil); err != nil || p.Early || p.N != 1 {
+	if p, _, err := s.Join(ctx, prog, room, keys.MustID("l0"), opens, opens, nil); err != nil || p.Early || p.N != 1 {
 		t.Fatalf("first late join = %+v %v", p, err)
 	}
 	// A replica whose clock is behind still joins late.
-	if p, _, err := s.Join(ctx, prog, keys.MustID("l1"), now, opens, nil); err != nil || p.Early || p.N != 2 {
+	if p, _, err := s.Join(ctx, prog, room, keys.MustID("l1"), now, opens, nil); err != nil || p.Early || p.N != 2 {
 		t.Fatalf("late join with a slow clock = %+v %v", p, err)
 	}
 	window := time.Minute
-	step, err := s.Advance(ctx, prog, opens, opens, 3, 100, window, false)
+	step, err := s.Advance(ctx, prog, room, opens, opens, 3, 100, window, false)
 	if err != nil || step.Serving != 3 || step.Joined != 7 || step.Unused != 3 || !step.Opened || step.Early != 5 || step.Late != 2 {
 		t.Fatalf("advance by the rate = %+v %v", step, err)
 	}
 	// The limit: at most 4 admitted unused.
-	if step, err = s.Advance(ctx, prog, opens.Add(time.Second), opens, 10, 4, window, false); err != nil || step.Serving != 4 {
+	if step, err = s.Advance(ctx, prog, room, opens.Add(time.Second), opens, 10, 4, window, false); err != nil || step.Serving != 4 {
 		t.Fatalf("advance by the stock = %+v %v", step, err)
 	}
 	at := opens.Add(2 * time.Second)
 	e1, e2 := keys.MustID("e1"), keys.MustID("e2")
-	if admitted, first, err := s.Spend(ctx, prog, 2, e1, keys.MustID("r1"), at, window); err != nil || !first || admitted.UnixMilli() != opens.UnixMilli() {
+	if admitted, first, err := s.Spend(ctx, prog, room, 2, e1, keys.MustID("r1"), at, window); err != nil || !first || admitted.UnixMilli() != opens.UnixMilli() {
 		t.Fatalf("Spend = %v %v %v", admitted, first, err)
 	}
-	if _, first, err := s.Spend(ctx, prog, 2, e1, keys.MustID("r1"), at, window); err != nil || first {
+	if _, first, err := s.Spend(ctx, prog, room, 2, e1, keys.MustID("r1"), at, window); err != nil || first {
 		t.Fatalf("the same request again: %v %v", first, err)
 	}
-	if _, _, err := s.Spend(ctx, prog, 2, e1, keys.MustID("r2"), at, window); !errors.Is(err, queue.ErrSpent) {
+	if _, _, err := s.Spend(ctx, prog, room, 2, e1, keys.MustID("r2"), at, window); !errors.Is(err, queue.ErrSpent) {
 		t.Fatalf("another request: %v", err)
 	}
-	// Only the request that spent it gives it back.
-	if ok, err := s.Release(ctx, prog, e1, keys.MustID("r2")); err != nil || ok {
-		t.Fatalf("Release by another request = %v %v", ok, err)
+	// Only the request that spent it gives it back, once its last copy in
+	// flight (r1 passed twice) ends refused.
+	settle := func(req string, how queue.Outcome, want bool) {
+		t.Helper()
+		if ok, err := s.Settle(ctx, prog, e1, keys.MustID(req), how); err != nil || ok != want {
+			t.Fatalf("Settle(%s, %d) = %v %v, want %v", req, how, ok, err, want)
+		}
 	}
-	if ok, err := s.Release(ctx, prog, e1, keys.MustID("r1")); err != nil || !ok {
-		t.Fatalf("Release = %v %v", ok, err)
-	}
-	if _, first, err := s.Spend(ctx, prog, 2, e1, keys.MustID("r2"), at, window); err != nil || !first {
+	settle("r2", queue.Refused, false)
+	settle("r1", queue.Refused, false) // the other copy is still in flight
+	settle("r1", queue.Refused, true)
+	if _, first, err := s.Spend(ctx, prog, room, 2, e1, keys.MustID("r2"), at, window); err != nil || !first {
 		t.Fatalf("spend after a release: %v %v", first, err)
 	}
-	if _, _, err := s.Spend(ctx, prog, 6, e2, keys.MustID("r3"), at, window); !errors.Is(err, queue.ErrNotAdmitted) {
+	// A copy refused while another committed gives nothing back.
+	if _, _, err := s.Spend(ctx, prog, room, 2, e1, keys.MustID("r2"), at, window); err != nil {
+		t.Fatal(err)
+	}
+	settle("r2", queue.Committed, false)
+	settle("r2", queue.Refused, false)
+	if _, _, err := s.Spend(ctx, prog, room, 2, e1, keys.MustID("r9"), at, window); !errors.Is(err, queue.ErrSpent) {
+		t.Fatalf("another request after a commit: %v", err)
+	}
+	if _, _, err := s.Spend(ctx, prog, room, 6, e2, keys.MustID("r3"), at, window); !errors.Is(err, queue.ErrNotAdmitted) {
 		t.Fatalf("not admitted: %v", err)
 	}
-	if _, _, err := s.Spend(ctx, prog, 1, e2, keys.MustID("r4"), opens.Add(2*window), window); !errors.Is(err, queue.ErrExpired) {
+	if _, _, err := s.Spend(ctx, prog, room, 1, e2, keys.MustID("r4"), opens.Add(2*window), window); !errors.Is(err, queue.ErrExpired) {
 		t.Fatalf("expired: %v", err)
 	}
 	// One spent: one more may come in.
-	if step, err = s.Advance(ctx, prog, opens.Add(3*time.Second), opens, 10, 4, window, false); err != nil || step.Serving != 5 {
+	if step, err = s.Advance(ctx, prog, room, opens.Add(3*time.Second), opens, 10, 4, window, false); err != nil || step.Serving != 5 {
 		t.Fatalf("advance after a spend = %+v %v", step, err)
 	}
 	// Past the window, the 4 unspent of the first batches have abandoned.
-	if step, err = s.Advance(ctx, prog, opens.Add(window+4*time.Second), opens, 10, 100, window, false); err != nil ||
+	if step, err = s.Advance(ctx, prog, room, opens.Add(window+4*time.Second), opens, 10, 100, window, false); err != nil ||
 		step.Serving != 7 || step.Abandoned != 4 {
 		t.Fatalf("advance after the window = %+v %v", step, err)
 	}
-	if st, _ := s.State(ctx, prog); st.Old != 5 {
+	if st, _ := s.State(ctx, prog, room); st.Old != 5 {
 		t.Fatalf("admitted before the window: up to %d, want 5", st.Old)
 	}
-	if step, err = s.Advance(ctx, prog, opens.Add(window+5*time.Second), opens, 10, 100, window, true); err != nil {
+	if step, err = s.Advance(ctx, prog, room, opens.Add(window+5*time.Second), opens, 10, 100, window, true); err != nil {
 		t.Fatal(err)
 	}
-	if st, _ := s.State(ctx, prog); !st.SoldOut || !st.Opened || st.Early != 5 || st.Late != 2 {
+	if st, _ := s.State(ctx, prog, room); !st.SoldOut || !st.Opened || st.Early != 5 || st.Late != 2 {
 		t.Fatalf("sold out: %+v", st)
 	}
 }
@@ -192,83 +208,118 @@ func TestLineFull(t *testing.T) {
 	s := queue.New(testenv.SharedCluster(t).Client())
 	prog := keys.MustID(testenv.ID(t, "full"))
 	now := time.Now()
-	if _, err := s.Restore(ctx, prog, queue.Facts{}, now); err != nil {
+	if _, err := s.Restore(ctx, prog, room, queue.Facts{}, now, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if p, _, err := s.Join(ctx, prog, keys.MustID("a"), now, now.Add(time.Hour), nil); !errors.Is(err, queue.ErrFull) || !p.Early {
+	if p, _, err := s.Join(ctx, prog, room, keys.MustID("a"), now, now.Add(time.Hour), nil); !errors.Is(err, queue.ErrFull) || !p.Early {
 		t.Fatalf("early join with nothing reserved = %+v %v", p, err)
 	}
-	if err := s.Reserve(ctx, prog, false, 2); err != nil {
+	if err := s.Reserve(ctx, prog, room, false, 2); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Reserve(ctx, prog, false, 1); err != nil { // a smaller reservation changes nothing
+	if err := s.Reserve(ctx, prog, room, false, 1); err != nil { // a smaller reservation changes nothing
 		t.Fatal(err)
 	}
 	for _, b := range []string{"a", "b"} {
-		if _, _, err := s.Join(ctx, prog, keys.MustID(b), now, now, nil); err != nil {
+		if _, _, err := s.Join(ctx, prog, room, keys.MustID(b), now, now, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if p, _, err := s.Join(ctx, prog, keys.MustID("c"), now, now, nil); !errors.Is(err, queue.ErrFull) || p.Early {
+	if p, _, err := s.Join(ctx, prog, room, keys.MustID("c"), now, now, nil); !errors.Is(err, queue.ErrFull) || p.Early {
 		t.Fatalf("third late join with 2 reserved = %+v %v", p, err)
 	}
 }
 
-// A line Redis lost is made again from the ledger's facts: every count
-// past what was reserved, so no place is given twice; the places reserved
-// since the pacer last looked are a gap, admitted at once and outside the
-// admitted-unused count; a buyer whose record was lost keeps the place of
-// its ticket; admitted buyers get a new window.
+// A line Redis lost (or another room's) is made again from the ledger's
+// facts: every count past what was reserved, so no place is given twice;
+// the places reserved since the pacer last looked are a gap, admitted at
+// once and outside the admitted-unused count; those admitted longer ago
+// than the window stay expired, the others get a new window; the spends
+// the ledger kept are put back; a buyer whose record was lost keeps the
+// place of its ticket.
 func TestLineRestored(t *testing.T) {
 	ctx := context.Background()
 	rdb := testenv.SharedCluster(t).Client()
 	s := queue.New(rdb)
 	prog := keys.MustID(testenv.ID(t, "lost"))
 	now := time.Now()
-	// The ledger saw: 10 early, opened, 20 late joined, 12 served; 30 late
-	// places were reserved.
-	f := queue.Facts{Pre: 16, Opened: true, Early: 10, Post: 30, Serving: 12, GapLo: 10 + 20 + 1, GapHi: 10 + 30}
-	if made, err := s.Restore(ctx, prog, f, now); err != nil || !made {
-		t.Fatalf("Restore = %v %v", made, err)
-	}
-	if made, err := s.Restore(ctx, prog, queue.Facts{}, now); err != nil || made {
-		t.Fatalf("a second Restore = %v %v, want nothing changed", made, err)
-	}
-	if err := s.Reserve(ctx, prog, false, 40); err != nil {
+	window := time.Minute
+	// Another room's line: the restore replaces it whole.
+	other := keys.MustID("room0")
+	if _, err := s.Restore(ctx, prog, other, queue.Facts{Post: 5, Opened: true, Serving: 5}, now, window); err != nil {
 		t.Fatal(err)
 	}
-	// A new buyer comes after every reserved place.
-	if p, _, err := s.Join(ctx, prog, keys.MustID("new"), now, now, nil); err != nil || p.Early || p.N != 31 {
+	if _, _, err := s.Join(ctx, prog, other, keys.MustID("old"), now, now, &queue.Place{N: 3, At: now}); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := s.State(ctx, prog, room); err != nil || !st.Lost {
+		t.Fatalf("the state of a room whose line is another room's = %+v %v, want lost", st, err)
+	}
+	// The ledger saw: 10 early, opened, 20 late joined, 12 served of which
+	// 3 longer ago than the window; 30 late places were reserved.
+	f := queue.Facts{Pre: 16, Opened: true, Early: 10, Post: 30, Serving: 12, Old: 3, GapLo: 10 + 20 + 1, GapHi: 10 + 30}
+	if made, err := s.Restore(ctx, prog, room, f, now, window); err != nil || !made {
+		t.Fatalf("Restore = %v %v", made, err)
+	}
+	if made, err := s.Restore(ctx, prog, room, queue.Facts{}, now, window); err != nil || made {
+		t.Fatalf("a second Restore = %v %v, want nothing changed", made, err)
+	}
+	// The ledger kept two spends: e4's, and e6's (put back once only).
+	spent := []queue.Spent{{Buyer: keys.MustID("e4"), Position: 4, Request: keys.MustID("r4")},
+		{Buyer: keys.MustID("e6"), Position: 6, Request: keys.MustID("r6")}}
+	for range 2 {
+		if err := s.Respend(ctx, prog, spent); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Reserve(ctx, prog, room, false, 40); err != nil {
+		t.Fatal(err)
+	}
+	// A new buyer comes after every reserved place; the other room's
+	// buyer is a new buyer here.
+	if p, _, err := s.Join(ctx, prog, room, keys.MustID("new"), now, now, nil); err != nil || p.Early || p.N != 31 {
 		t.Fatalf("join after the restore = %+v %v", p, err)
+	}
+	if p, created, err := s.Join(ctx, prog, room, keys.MustID("old"), now, now, nil); err != nil || !created || p.N != 32 {
+		t.Fatalf("the other room's buyer joins = %+v %v %v", p, created, err)
 	}
 	// A buyer with a ticket keeps its place.
 	kept := queue.Place{N: 25, At: now.Add(-time.Minute)}
-	if p, created, err := s.Join(ctx, prog, keys.MustID("old"), now, now, &kept); err != nil || created || p.N != 25 || p.Early {
+	if p, created, err := s.Join(ctx, prog, room, keys.MustID("tk"), now, now, &kept); err != nil || created || p.N != 25 || p.Early {
 		t.Fatalf("join with a ticket = %+v %v %v", p, created, err)
 	}
-	if p, _, err := s.Join(ctx, prog, keys.MustID("old"), now, now, nil); err != nil || p.N != 25 {
+	if p, _, err := s.Join(ctx, prog, room, keys.MustID("tk"), now, now, nil); err != nil || p.N != 25 {
 		t.Fatalf("join again = %+v %v", p, err)
 	}
-	// An admitted buyer (position 5) spends within a new window.
-	window := time.Minute
-	if _, _, err := s.Spend(ctx, prog, 5, keys.MustID("e5"), keys.MustID("r5"), now.Add(time.Second), window); err != nil {
+	// Admitted within the window: a new one; before it: expired still;
+	// spent before the loss: spent still, by its request only.
+	at := now.Add(time.Second)
+	if _, _, err := s.Spend(ctx, prog, room, 5, keys.MustID("e5"), keys.MustID("r5"), at, window); err != nil {
 		t.Fatalf("spend of a restored admission: %v", err)
 	}
-	// The 12 admitted before the loss count as neither unused nor
-	// abandoned (their spends were lost): a limit of 15 admits 13..27.
-	step, err := s.Advance(ctx, prog, now.Add(2*time.Second), now, 100, 15, window, false)
-	if err != nil || step.Serving != 27 || step.Unused != 15 || step.Joined != 41 {
+	if _, _, err := s.Spend(ctx, prog, room, 2, keys.MustID("e2"), keys.MustID("r2"), at, window); !errors.Is(err, queue.ErrExpired) {
+		t.Fatalf("spend of an admission expired before the loss: %v", err)
+	}
+	if _, _, err := s.Spend(ctx, prog, room, 4, keys.MustID("e4"), keys.MustID("x4"), at, window); !errors.Is(err, queue.ErrSpent) {
+		t.Fatalf("a second spend of an admission spent before the loss: %v", err)
+	}
+	if _, first, err := s.Spend(ctx, prog, room, 4, keys.MustID("e4"), keys.MustID("r4"), at, window); err != nil || first {
+		t.Fatalf("the retry of the request that spent it: %v %v", first, err)
+	}
+	// 12 served, 3 before the window, 3 spent since: 6 unused; a limit of
+	// 10 admits 13..16.
+	step, err := s.Advance(ctx, prog, room, now.Add(2*time.Second), now, 100, 10, window, false)
+	if err != nil || step.Serving != 16 || step.Unused != 10 || step.Joined != 42 || step.Abandoned != 3 || step.Old != 3 {
 		t.Fatalf("advance after the restore = %+v %v", step, err)
 	}
-	// Then 28..30, the gap 31..40 whole and costing nothing, and 41.
-	step, err = s.Advance(ctx, prog, now.Add(3*time.Second), now, 100, 100, window, false)
-	if err != nil || step.Serving != 41 || step.Unused != 15+4 {
+	// Then 17..30, the gap 31..40 whole and costing nothing, 41 and 42.
+	step, err = s.Advance(ctx, prog, room, now.Add(3*time.Second), now, 100, 100, window, false)
+	if err != nil || step.Serving != 42 || step.Unused != 10+16 {
 		t.Fatalf("advance over the gap = %+v %v", step, err)
 	}
-	// Past the window, the 19 unspent admitted since the restore have
-	// abandoned; those before it and the gap are not counted.
-	step, err = s.Advance(ctx, prog, now.Add(window+4*time.Second), now, 100, 100, window, false)
-	if err != nil || step.Abandoned != 19 || step.Unused != 0 {
+	// Past the window, every unspent place outside the gap has abandoned.
+	step, err = s.Advance(ctx, prog, room, now.Add(window+4*time.Second), now, 100, 100, window, false)
+	if err != nil || step.Abandoned != 42-10-3 || step.Unused != 0 {
 		t.Fatalf("advance after the window = %+v %v", step, err)
 	}
 }
@@ -284,11 +335,11 @@ func TestMemoryPerWaitingBuyer(t *testing.T) {
 	const n = 10_000
 	now := time.Now()
 	newLine(t, s, prog)
-	if err := s.Reserve(ctx, prog, false, n); err != nil {
+	if err := s.Reserve(ctx, prog, room, false, n); err != nil {
 		t.Fatal(err)
 	}
 	for i := range n {
-		if _, _, err := s.Join(ctx, prog, keys.MustID(fmt.Sprintf("buyer-%07d", i)), now, now, nil); err != nil {
+		if _, _, err := s.Join(ctx, prog, room, keys.MustID(fmt.Sprintf("buyer-%07d", i)), now, now, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -319,10 +370,10 @@ func BenchmarkLineJoinsOneSlot(b *testing.B) {
 	rdb := cl.Client()
 	s := queue.New(rdb)
 	prog := keys.MustID(fmt.Sprintf("bench%d", time.Now().UnixNano()))
-	if _, err := s.Restore(ctx, prog, queue.Facts{}, time.Now()); err != nil {
+	if _, err := s.Restore(ctx, prog, room, queue.Facts{}, time.Now(), time.Minute); err != nil {
 		b.Fatal(err)
 	}
-	if err := s.Reserve(ctx, prog, false, 1e12); err != nil {
+	if err := s.Reserve(ctx, prog, room, false, 1e12); err != nil {
 		b.Fatal(err)
 	}
 	master, err := cl.MasterOf(ctx, keys.KeySlot(keys.Queue(prog).Meta()))
@@ -356,7 +407,7 @@ func BenchmarkLineJoinsOneSlot(b *testing.B) {
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			if _, _, err := s.Join(ctx, prog, keys.MustID("b"+strconv.FormatInt(n.Add(1), 10)), now, now, nil); err != nil {
+			if _, _, err := s.Join(ctx, prog, room, keys.MustID("b"+strconv.FormatInt(n.Add(1), 10)), now, now, nil); err != nil {
 				b.Error(err)
 				return
 			}

@@ -123,7 +123,7 @@ func (s *Service) Queue(ctx context.Context, program keys.ID) (QueueView, error)
 	if err != nil {
 		return QueueView{}, err
 	}
-	v, err := s.loadLine(ctx, program)
+	v, err := s.loadLine(ctx, c)
 	if err != nil {
 		return QueueView{}, err
 	}
@@ -156,16 +156,16 @@ func (s *Service) JoinQueue(ctx context.Context, program, buyer keys.ID, ticket 
 	var place queue.Place
 	created := false
 	for attempt := 0; ; attempt++ {
-		place, created, err = s.queue.Join(ctx, program, buyer, now, c.OpensAt, had)
+		place, created, err = s.queue.Join(ctx, program, c.id, buyer, now, c.OpensAt, had)
 		if err == nil {
 			break
 		}
 		if attempt < 4 {
 			switch {
 			case errors.Is(err, queue.ErrLost):
-				err = s.restoreLine(ctx, program)
+				err = s.restoreLine(ctx, c)
 			case errors.Is(err, queue.ErrFull):
-				err = s.reservePlaces(ctx, program, place.Early)
+				err = s.reservePlaces(ctx, c, place.Early)
 			}
 			if err == nil {
 				continue
@@ -195,7 +195,7 @@ func (s *Service) QueueCheck(ctx context.Context, program keys.ID, ticket string
 	if err != nil {
 		return QueueStatus{}, refuse(ErrQueueTicket, "not a queue ticket of this program")
 	}
-	v, err := s.lines.get(ctx, program, func(ctx context.Context) (lineView, error) { return s.loadLine(ctx, program) })
+	v, err := s.lines.get(ctx, program, func(ctx context.Context) (lineView, error) { return s.loadLine(ctx, c) })
 	if err != nil {
 		return QueueStatus{}, err
 	}
@@ -268,9 +268,10 @@ func (v lineView) soldOut() bool { return v.st.SoldOut || v.stock.SoldOut() }
 // loadLine reads a line's counters and its program's stock; a line Redis
 // lost, or cannot answer for now, is read from the ledger's facts (the
 // pacer restores a lost one).
-func (s *Service) loadLine(ctx context.Context, program keys.ID) (lineView, error) {
+func (s *Service) loadLine(ctx context.Context, c room) (lineView, error) {
 	var v lineView
 	var err error
+	program := c.Program
 	if v.stock, err = s.ledger.ProgramStock(ctx, program); err != nil {
 		s.log.WarnContext(ctx, "queue: program stock", "program", program.String(), "err", err)
 		return v, refuse(ErrUnavailable, "ledger unavailable; check again")
@@ -279,19 +280,19 @@ func (s *Service) loadLine(ctx context.Context, program keys.ID) (lineView, erro
 	// back within lineReadTimeout is answered from the ledger's facts, as
 	// a lost line is (the line stands still without Redis anyway).
 	rctx, cancel := context.WithTimeout(ctx, lineReadTimeout)
-	v.st, err = s.queue.State(rctx, program)
+	v.st, err = s.queue.State(rctx, program, c.id)
 	cancel()
 	if err != nil {
 		s.log.WarnContext(ctx, "queue: read the line (answered from the ledger)", "program", program.String(), "err", err)
 		v.st.Lost = true
 	}
 	if v.st.Lost {
-		ln, err := s.ledger.QueueLine(ctx, program)
+		ln, err := s.ledger.RoomLine(ctx, program, c.id)
 		if err != nil {
 			return v, refuse(ErrUnavailable, "ledger unavailable; check again")
 		}
 		f := lineFacts(ln)
-		v.st = queue.State{Opened: f.Opened, Early: f.Early, Late: ln.Post, Serving: f.Serving}
+		v.st = queue.State{Opened: f.Opened, Early: f.Early, Late: ln.Post, Serving: f.Serving, Old: min(f.Old, f.Serving), Lost: true}
 	}
 	p, _ := s.paces.LoadOrStore(program, &linePace{})
 	v.pace = p.(*linePace).see(v.st.Serving, time.Now())
@@ -347,7 +348,7 @@ func (p *linePace) get() float64 {
 // and the late places reserved since then as a gap (given or not, nobody
 // can tell).
 func lineFacts(ln ledger.QueueLine) queue.Facts {
-	f := queue.Facts{Pre: ln.PreCap, Post: ln.PostCap, Serving: ln.Serving}
+	f := queue.Facts{Pre: ln.PreCap, Post: ln.PostCap, Serving: ln.Serving, Old: ln.Old}
 	switch {
 	case ln.Opened:
 		f.Opened, f.Early = true, ln.Early
@@ -362,27 +363,39 @@ func lineFacts(ln ledger.QueueLine) queue.Facts {
 	return f
 }
 
-// restoreLine makes program's line record in Redis again from the
-// ledger's facts (a new line, or one Redis lost).
-func (s *Service) restoreLine(ctx context.Context, program keys.ID) error {
-	ln, err := s.ledger.QueueLine(ctx, program)
+// restoreLine makes the line of c's room in Redis from the ledger's facts
+// (a new room, or a line Redis lost), then puts the admissions spent back.
+func (s *Service) restoreLine(ctx context.Context, c room) error {
+	ln, err := s.ledger.RoomLine(ctx, c.Program, c.id)
 	if err != nil {
 		return err
 	}
 	f := lineFacts(ln)
-	made, err := s.queue.Restore(ctx, program, f, time.Now())
-	if made && (ln.PreCap > 0 || ln.PostCap > 0) {
-		s.log.WarnContext(ctx, "queue: line restored from the ledger (Redis had lost it)", "program", program.String(),
+	made, err := s.queue.Restore(ctx, c.Program, c.id, f, time.Now(), c.Window)
+	if err != nil || !made {
+		return err
+	}
+	if ln.PreCap > 0 || ln.PostCap > 0 {
+		s.log.WarnContext(ctx, "queue: line restored from the ledger (Redis had lost it)", "program", c.Program.String(),
 			"early", f.Pre, "late", f.Post, "serving", f.Serving, "gap_from", f.GapLo, "gap_to", f.GapHi)
 	}
-	return err
+	spends, err := s.ledger.AdmissionSpends(ctx, c.Program, c.id)
+	if err != nil {
+		return err
+	}
+	spent := make([]queue.Spent, 0, len(spends))
+	for _, sp := range spends {
+		spent = append(spent, queue.Spent{Buyer: sp.Buyer, Position: sp.Position, Request: sp.Request})
+	}
+	return s.queue.Respend(ctx, c.Program, spent)
 }
 
 // reservePlaces reserves more places of a kind for program's line in the
 // ledger, then lets Redis hand them out. The block grows while joins come
 // fast (about one reservation a second per replica at any join rate) and
 // shrinks when they slow, so a lost line skips few places.
-func (s *Service) reservePlaces(ctx context.Context, program keys.ID, early bool) error {
+func (s *Service) reservePlaces(ctx context.Context, c room, early bool) error {
+	program := c.Program
 	key := program.String() + "/late"
 	if early {
 		key = program.String() + "/early"
@@ -404,13 +417,13 @@ func (s *Service) reservePlaces(ctx context.Context, program keys.ID, early bool
 		blk.at = time.Now()
 		n := blk.n
 		blk.mu.Unlock()
-		upTo, err := s.ledger.ReserveQueuePlaces(ctx, program, early, n)
+		upTo, err := s.ledger.ReserveQueuePlaces(ctx, program, c.id, early, n)
 		if err != nil {
 			return nil, err
 		}
-		err = s.queue.Reserve(ctx, program, early, upTo)
+		err = s.queue.Reserve(ctx, program, c.id, early, upTo)
 		if errors.Is(err, queue.ErrLost) {
-			return nil, s.restoreLine(ctx, program) // made past every reserved place, this block's too
+			return nil, s.restoreLine(ctx, c) // made past every reserved place, this block's too
 		}
 		return nil, err
 	})
@@ -454,7 +467,17 @@ func (s *Service) throughQueue(ctx context.Context, program keys.ID, a Ask, r re
 		return door(refuse(ErrAdmissionInvalid, "the admission token is not this buyer's for this program"))
 	}
 	now := time.Now()
-	admittedAt, first, err := s.queue.Spend(ctx, program, pos, a.Buyer, r.gateID(), now, c.Window)
+	spend := func() (time.Time, bool, error) {
+		return s.queue.Spend(ctx, program, c.id, pos, a.Buyer, r.gateID(), now, c.Window)
+	}
+	admittedAt, first, err := spend()
+	if errors.Is(err, queue.ErrLost) {
+		// Redis lost the line (or has another room's): make it again, with
+		// the admissions spent, and spend then.
+		if err = s.restoreLine(ctx, c); err == nil {
+			admittedAt, first, err = spend()
+		}
+	}
 	switch {
 	case errors.Is(err, queue.ErrSpent):
 		return door(ErrAdmissionUsed)
@@ -466,19 +489,49 @@ func (s *Service) throughQueue(ctx context.Context, program keys.ID, a Ask, r re
 		s.log.WarnContext(ctx, "spend admission", "program", program.String(), "err", err)
 		return fail(refuse(ErrUnavailable, "Redis unavailable; retry with the same Idempotency-Key"))
 	}
+	// The ledger keeps the spend too: one per buyer across any loss of
+	// Redis.
+	holder, err := s.ledger.SpendAdmission(ctx, program, c.id, ledger.Spend{Buyer: a.Buyer, Position: pos, Request: r.gateID()})
+	if err != nil || holder != r.gateID() {
+		s.settleAdmission(ctx, c, a.Buyer, r, queue.Refused, false)
+		if err != nil {
+			s.log.WarnContext(ctx, "spend admission", "program", program.String(), "err", err)
+			return fail(refuse(ErrUnavailable, "ledger unavailable; retry with the same Idempotency-Key"))
+		}
+		return door(ErrAdmissionUsed)
+	}
 	if first {
 		// The wait: from joining (or the opening, for an early join) to
 		// admission.
 		s.metrics.queueWait.Observe(max(admittedAt.Sub(later(joined, c.OpensAt)), 0).Seconds())
 	}
 	ans := f(ctx)
-	if ans.err != nil && movedNothing(ans.err) {
-		if _, err := s.queue.Release(ctx, program, a.Buyer, r.gateID()); err != nil {
-			// The admission stays spent: the buyer retries this request.
-			s.log.WarnContext(ctx, "release admission", "program", program.String(), "err", err)
-		}
+	switch {
+	case ans.err == nil:
+		s.settleAdmission(ctx, c, a.Buyer, r, queue.Committed, true)
+	case movedNothing(ans.err):
+		s.settleAdmission(ctx, c, a.Buyer, r, queue.Refused, true)
+	default:
+		s.settleAdmission(ctx, c, a.Buyer, r, queue.Unknown, true)
 	}
 	return ans
+}
+
+// settleAdmission ends request's use of buyer's admission in Redis; when
+// that gives the admission back (the last copy of the request in flight
+// was refused, none committed), the ledger's spend goes too (inLedger).
+// A failure leaves it spent: the buyer retries the request.
+func (s *Service) settleAdmission(ctx context.Context, c room, buyer keys.ID, r request, how queue.Outcome, inLedger bool) {
+	released, err := s.queue.Settle(ctx, c.Program, buyer, r.gateID(), how)
+	if err != nil {
+		s.log.WarnContext(ctx, "settle admission", "program", c.Program.String(), "err", err)
+		return
+	}
+	if released && inLedger {
+		if err := s.ledger.ReleaseAdmission(ctx, c.Program, c.id, buyer, r.gateID()); err != nil {
+			s.log.WarnContext(ctx, "release admission", "program", c.Program.String(), "err", err)
+		}
+	}
 }
 
 func later(a, b time.Time) time.Time {
@@ -502,7 +555,16 @@ func movedNothing(err error) bool {
 // the Signer of its secret.
 type room struct {
 	ledger.QueueConfig
+	id   keys.ID // the room (Room of the settings)
 	sign *queue.Signer
+}
+
+func roomOf(c ledger.QueueConfig) room {
+	secret, err := hex.DecodeString(c.Secret)
+	if err != nil {
+		secret = []byte(c.Secret)
+	}
+	return room{QueueConfig: c, id: c.Room(), sign: queue.NewSigner(secret)}
 }
 
 // queueConfig is program's waiting room (cached for a second), or
@@ -519,11 +581,7 @@ func (s *Service) queueConfig(ctx context.Context, program keys.ID) (room, error
 		if err != nil {
 			return room{QueueConfig: c}, refuse(ErrUnavailable, "ledger unavailable; repeat the request")
 		}
-		secret, err := hex.DecodeString(c.Secret)
-		if err != nil {
-			secret = []byte(c.Secret)
-		}
-		return room{QueueConfig: c, sign: queue.NewSigner(secret)}, nil
+		return roomOf(c), nil
 	})
 }
 
@@ -613,13 +671,18 @@ func (p *paced) add(q paced) {
 }
 
 // pace admits as many of c's line as the rate allows since the last step
-// and the stock allows now, and records what it saw in the ledger (so a
-// line Redis loses is made again from there).
-func (s *Service) pace(ctx context.Context, c ledger.QueueConfig, p *pacing) paced {
+// and the stock allows now (nobody before the opening, even a postponed
+// one), and records what it saw in the ledger (so a line Redis loses is
+// made again from there).
+func (s *Service) pace(ctx context.Context, lc ledger.QueueConfig, p *pacing) paced {
+	c := roomOf(lc)
 	now := time.Now()
 	p.carry += float64(c.Rate) * min(now.Sub(p.last), time.Second).Seconds()
 	p.last = now
 	most := int64(p.carry)
+	if now.Before(c.OpensAt) {
+		most, p.carry = 0, 0
+	}
 	ps, err := s.ledger.ProgramStock(ctx, c.Program)
 	if err != nil {
 		s.log.WarnContext(ctx, "pacer: stock left", "program", c.Program.String(), "err", err)
@@ -629,10 +692,13 @@ func (s *Service) pace(ctx context.Context, c ledger.QueueConfig, p *pacing) pac
 	// Rounded up: a factor under 1 must still let a buyer in for the last
 	// ticket.
 	limit := int64(math.Ceil(float64(left) * float64(c.PerRemaining) / 1000))
-	step, err := s.queue.Advance(ctx, c.Program, now, c.OpensAt, most, limit, c.Window, ps.SoldOut())
+	advance := func() (queue.Step, error) {
+		return s.queue.Advance(ctx, c.Program, c.id, now, c.OpensAt, most, limit, c.Window, ps.SoldOut())
+	}
+	step, err := advance()
 	if errors.Is(err, queue.ErrLost) {
-		if err = s.restoreLine(ctx, c.Program); err == nil {
-			step, err = s.queue.Advance(ctx, c.Program, now, c.OpensAt, most, limit, c.Window, ps.SoldOut())
+		if err = s.restoreLine(ctx, c); err == nil {
+			step, err = advance()
 		}
 	}
 	if err != nil {
@@ -645,7 +711,8 @@ func (s *Service) pace(ctx context.Context, c ledger.QueueConfig, p *pacing) pac
 		p.carry -= float64(admitted)
 	}
 	p.serving = step.Serving
-	seen := ledger.QueueLine{Program: c.Program, Opened: step.Opened, Early: step.Early, Post: step.Late, Serving: step.Serving}
+	seen := ledger.QueueLine{Program: c.Program, Room: c.id, Opened: step.Opened, Early: step.Early, Post: step.Late,
+		Serving: step.Serving, Old: step.Old}
 	if seen != p.seen {
 		if err := s.ledger.SeeQueueLine(ctx, seen); err != nil {
 			s.log.WarnContext(ctx, "pacer: record the line", "program", c.Program.String(), "err", err)

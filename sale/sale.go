@@ -100,9 +100,12 @@ type Ledger interface {
 	DeleteQueue(ctx context.Context, program keys.ID) (bool, error)
 	QueuedPrograms(ctx context.Context) ([]ledger.QueueConfig, error)
 	ProgramStock(ctx context.Context, program keys.ID) (ledger.ProgramStock, error)
-	QueueLine(ctx context.Context, program keys.ID) (ledger.QueueLine, error)
-	ReserveQueuePlaces(ctx context.Context, program keys.ID, early bool, n int64) (int64, error)
+	RoomLine(ctx context.Context, program, room keys.ID) (ledger.QueueLine, error)
+	ReserveQueuePlaces(ctx context.Context, program, room keys.ID, early bool, n int64) (int64, error)
 	SeeQueueLine(ctx context.Context, q ledger.QueueLine) error
+	SpendAdmission(ctx context.Context, program, room keys.ID, sp ledger.Spend) (keys.ID, error)
+	ReleaseAdmission(ctx context.Context, program, room, buyer, request keys.ID) error
+	AdmissionSpends(ctx context.Context, program, room keys.ID) ([]ledger.Spend, error)
 	LeaveWaitlist(ctx context.Context, sku stock.SKU, buyer keys.ID) (ledger.WaitEntry, error)
 	WaitEntryOf(ctx context.Context, sku stock.SKU, buyer keys.ID) (ledger.WaitEntry, error)
 }

@@ -91,7 +91,7 @@ func (s State) Joined() int64 { return s.Early + s.Late }
 
 // Store is the waiting rooms' Redis records.
 type Store struct {
-	rdb                                                    redis.UniversalClient
+	rdb                                                   redis.UniversalClient
 	join, advance, spend, settle, reserve, renew, respend *redis.Script
 }
 

@@ -112,6 +112,7 @@ var statusOf = map[*sale.Err]int{
 	sale.ErrCodeUsedUp:        http.StatusConflict,
 	sale.ErrSeated:            http.StatusConflict,
 	sale.ErrNotSoldOut:        http.StatusConflict,
+	sale.ErrQueuedProgram:     http.StatusConflict,
 	sale.ErrNotWaiting:        http.StatusNotFound,
 	sale.ErrWaitOffered:       http.StatusConflict,
 	sale.ErrNoQueue:           http.StatusNotFound,

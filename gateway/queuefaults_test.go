@@ -412,3 +412,37 @@ func TestQueueChecksWithoutRedis(t *testing.T) {
 		t.Fatalf("sold %+v %v, want nothing", st, err)
 	}
 }
+
+// A queued program has no waitlist: a join is refused (409
+// queued-program), and a buyer who joined before the room was turned on is
+// offered nothing; the ticket that comes back goes to the buyer the room
+// lets in next.
+func TestQueueProgramHasNoWaitlist(t *testing.T) {
+	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
+	sku := newSKU(t)
+	e.putSKU(t, sku, 1, 1, 1)
+	_, h := e.hold(t, sku, "ann-h", "ann", 1, 60) // sold out, before the room
+	if r, _ := e.join(t, sku, "early-bird", 1); r.status != http.StatusCreated {
+		t.Fatalf("a waitlist join before the room = %d %s", r.status, r.body)
+	}
+	e.putQueue(t, sku.Program, `{"opens_in_seconds":0,"rate_per_second":100,"window_seconds":60,"per_remaining":1}`)
+	waitFor(t, 5*time.Second, "the room refuses waitlist joins", func() bool {
+		r, _ := e.join(t, sku, "late-bird", 1)
+		return r.status == http.StatusConflict && problemKind(r) == "queued-program"
+	})
+	_, cy := e.queueJoin(t, sku.Program, "cy")
+	if r := e.act(t, "/v1/holds/"+h.HoldID+"/cancel", "ann-c", "ann"); r.status != http.StatusOK {
+		t.Fatalf("ann cancels = %d %s", r.status, r.body)
+	}
+	if w := e.entry(t, sku, "early-bird"); w.State == "offered" {
+		t.Fatalf("a waitlist entry of a queued program was offered the returned ticket: %+v", w)
+	}
+	waitFor(t, 10*time.Second, "cy admitted with the returned ticket", func() bool {
+		_, q := e.queueCheck(t, sku.Program, cy.Ticket)
+		cy = q
+		return q.State == "admitted"
+	})
+	if r := e.buyWith(t, sku, "cy-1", "cy", 1, cy.Admission); r.status != http.StatusCreated {
+		t.Fatalf("cy buys the returned ticket = %d %s", r.status, r.body)
+	}
+}

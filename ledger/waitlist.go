@@ -325,16 +325,19 @@ func offerBack(ctx context.Context, tx *sql.Tx, sku stock.SKU, units int64, rows
 		}
 		if !checked {
 			checked = true
-			var ended, closed, seated int64
+			var ended, closed, seated, queued int64
 			var access string
-			if err := tx.QueryRowContext(ctx, `SELECT gate_epoch, ended_at, pool_closed_at, seated, pool_access FROM skus
-				WHERE program = $1 AND ticket = $2`, sku.Program, sku.Ticket).Scan(&epoch, &ended, &closed, &seated, &access); err != nil {
+			if err := tx.QueryRowContext(ctx, `SELECT gate_epoch, ended_at, pool_closed_at, seated, pool_access,
+					(SELECT COUNT(*) FROM queues WHERE queues.program = skus.program)
+				FROM skus WHERE program = $1 AND ticket = $2`, sku.Program, sku.Ticket).Scan(&epoch, &ended, &closed, &seated, &access, &queued); err != nil {
 				return nil, notCommitted("waitlist: read sku", err)
 			}
 			// A pool whose rule became a code or a channel after buyers
 			// joined its line offers nothing: an offer would pass the
-			// rule by.
-			if ended > 0 || closed > 0 || seated != 0 || access != AccessOpen {
+			// rule by. So does a program behind a waiting room: its
+			// returns go back to the gate, and the room lets the next
+			// buyers in.
+			if ended > 0 || closed > 0 || seated != 0 || access != AccessOpen || queued > 0 {
 				return nil, nil
 			}
 		}

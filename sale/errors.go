@@ -70,6 +70,7 @@ var (
 	ErrAdmissionInvalid  = newErr("admission-invalid", "the admission token is not valid for this buyer and program")
 	ErrAdmissionUsed     = newErr("admission-used", "the admission token was spent by another order")
 	ErrAdmissionExpired  = newErr("admission-expired", "the admission window has passed")
+	ErrQueuedProgram     = newErr("queued-program", "this program sells through its waiting room: returned tickets go back to its line, not to a waitlist")
 	// The relay's: no sink of that name, no dead letter of that seq, and a
 	// redelivery the sink refused (the dead letter is kept).
 	ErrUnknownSink       = newErr("unknown-sink", "no relay sink of that name")
@@ -81,7 +82,7 @@ var (
 func Kinds() []*Err {
 	return []*Err{ErrInvalid, ErrUnknownSKU, ErrUnknownHold, ErrUnknownOrder, ErrUnknownCart, ErrNotOwner, ErrKeyReused, ErrOverMax, ErrSoldOut, ErrLimit, ErrSaleEnded, ErrHoldExpired, ErrHoldCancelled, ErrHoldConfirmed, ErrInCart, ErrUnknownPool, ErrPoolNotOpen, ErrPoolClosed, ErrPoolDenied, ErrCodeInvalid, ErrCodeUsedUp, ErrSeated, ErrNotSeated, ErrNoSeating, ErrUnknownSeats, ErrSeatsTaken, ErrSeatsNotInGate, ErrSeatsSpan, ErrNoAdjacent, ErrSeatMapRefused, ErrBelowCommitted, ErrRebuildBusy, ErrBusy, ErrUnavailable, ErrNotRebuilt, ErrGateNotClosed, ErrSeatsNotInRedis,
 		ErrUnknownSink, ErrUnknownDeadLetter, ErrRedeliveryFailed, ErrNotSoldOut, ErrNotWaiting, ErrWaitOffered,
-		ErrNoQueue, ErrQueueNotOpen, ErrQueueTicket, ErrAdmissionRequired, ErrAdmissionInvalid, ErrAdmissionUsed, ErrAdmissionExpired}
+		ErrNoQueue, ErrQueueNotOpen, ErrQueueTicket, ErrAdmissionRequired, ErrAdmissionInvalid, ErrAdmissionUsed, ErrAdmissionExpired, ErrQueuedProgram}
 }
 
 // refusal is an Err with a detail for this request (and the seats it

@@ -74,6 +74,14 @@ func (s *Service) JoinWaitlist(ctx context.Context, sku stock.SKU, pool, buyer k
 	if q < 1 {
 		return WaitEntry{}, false, refuse(ErrInvalid, "quantity must be at least 1")
 	}
+	// A queued program's returns go back to its line (the pacer lets the
+	// next buyers in): a waitlist would pass the room by.
+	switch _, err := s.queueConfig(ctx, sku.Program); {
+	case err == nil:
+		return WaitEntry{}, false, ErrQueuedProgram
+	case !errors.Is(err, ErrNoQueue):
+		return WaitEntry{}, false, err
+	}
 	ctx, cancel := s.detach(ctx)
 	defer cancel()
 	e, created, err := s.ledger.JoinWaitlist(ctx, p, buyer, q, s.opts.OfferTTL)

@@ -751,6 +751,9 @@ func (c *ttlCache[V]) get(ctx context.Context, k keys.ID, load func(context.Cont
 	c.mu.Lock()
 	e := c.m[k]
 	if e == nil || time.Since(e.started) > c.ttl {
+		if e == nil && len(c.m) >= ttlCacheMax {
+			c.sweep()
+		}
 		e = &ttlEntry[V]{started: time.Now()}
 		c.m[k] = e
 	}
@@ -769,6 +772,26 @@ func (c *ttlCache[V]) get(ctx context.Context, k keys.ID, load func(context.Cont
 		}
 	})
 	return e.v, e.err
+}
+
+// ttlCacheMax bounds a ttlCache: requests name programs, so a client
+// naming made-up ones must not grow it without end.
+const ttlCacheMax = 10_000
+
+// sweep drops the entries past their ttl, and if that is not enough, half
+// of the rest (any: they are a ttl's worth of loads at most). c.mu is held.
+func (c *ttlCache[V]) sweep() {
+	for k, e := range c.m {
+		if time.Since(e.started) > c.ttl {
+			delete(c.m, k)
+		}
+	}
+	for k := range c.m {
+		if len(c.m) < ttlCacheMax/2 {
+			break
+		}
+		delete(c.m, k)
+	}
 }
 
 func (c *ttlCache[V]) forget(k keys.ID) {

@@ -84,6 +84,8 @@ CREATE TABLE IF NOT EXISTS queue_places (
 	post_seen    BIGINT NOT NULL DEFAULT 0,
 	serving_seen BIGINT NOT NULL DEFAULT 0,
 	old_seen     BIGINT NOT NULL DEFAULT 0,
+	perm         BIGINT NOT NULL DEFAULT 0,
+	egap_hi      BIGINT NOT NULL DEFAULT 0,
 	PRIMARY KEY (program, room)
 );
 CREATE TABLE IF NOT EXISTS queue_spends (
@@ -123,6 +125,10 @@ type QueueLine struct {
 	// ago than the window.
 	Opened                    bool
 	Early, Post, Serving, Old int64
+	// Perm and EarlyGapHi, once a line was lost before its opening: only
+	// the first Perm early places are drawn at random, and those after
+	// them up to EarlyGapHi may or may not have been given.
+	Perm, EarlyGapHi int64
 }
 
 // QueueLine reads the line facts of program's current room (zero when it
@@ -143,8 +149,9 @@ func (l *Ledger) QueueLine(ctx context.Context, program keys.ID) (QueueLine, err
 func (l *Ledger) RoomLine(ctx context.Context, program, room keys.ID) (QueueLine, error) {
 	q := QueueLine{Program: program, Room: room}
 	var opened int64
-	err := l.db.QueryRowContext(ctx, `SELECT pre_cap, post_cap, opened, early, post_seen, serving_seen, old_seen FROM queue_places
-		WHERE program = $1 AND room = $2`, program, room).Scan(&q.PreCap, &q.PostCap, &opened, &q.Early, &q.Post, &q.Serving, &q.Old)
+	err := l.db.QueryRowContext(ctx, `SELECT pre_cap, post_cap, opened, early, post_seen, serving_seen, old_seen, perm, egap_hi
+		FROM queue_places WHERE program = $1 AND room = $2`, program, room).Scan(&q.PreCap, &q.PostCap, &opened, &q.Early, &q.Post,
+		&q.Serving, &q.Old, &q.Perm, &q.EarlyGapHi)
 	if errors.Is(err, sql.ErrNoRows) {
 		return q, nil
 	}
@@ -197,6 +204,23 @@ func (l *Ledger) SeeQueueLine(ctx context.Context, q QueueLine) error {
 		return fmt.Errorf("ledger: see queue line: %w", err)
 	}
 	return nil
+}
+
+// SetEarlyGap records, for a line lost before its opening, that only its
+// first perm early places are drawn at random and those up to hi may or
+// may not have been given. The first record stays (a line lost again keeps
+// it); the line's facts are returned as they are now.
+func (l *Ledger) SetEarlyGap(ctx context.Context, program, room keys.ID, perm, hi int64) (QueueLine, error) {
+	if perm < 0 || hi < perm {
+		return QueueLine{}, fmt.Errorf("%w: early gap %d..%d", stock.ErrInvalid, perm, hi)
+	}
+	_, err := l.db.ExecContext(ctx, `INSERT INTO queue_places (program, room, perm, egap_hi) VALUES ($1, $2, $3, $4)
+		ON CONFLICT (program, room) DO UPDATE SET perm = excluded.perm, egap_hi = excluded.egap_hi
+		WHERE queue_places.egap_hi = 0`, program, room, max(perm, 1), hi)
+	if err != nil {
+		return QueueLine{}, fmt.Errorf("ledger: set early gap: %w", err)
+	}
+	return l.RoomLine(ctx, program, room)
 }
 
 // Spend is an admission spent: buyer's, admitted at Position, by Request.

@@ -19,8 +19,8 @@
 -- Admitted-but-unused are the buyers admitted within the window who have
 -- not spent their admission; buyers admitted before the window who never
 -- spent it have abandoned. The positions a restore could not tell given
--- or not (gaplo..gaphi) are admitted at once when the line reaches them
--- and count in neither.
+-- or not (egaplo..egaphi early, gaplo..gaphi late) are admitted at once
+-- when the line reaches them and count in neither.
 --
 -- Returns {1, serving, unused, abandoned, joined, opened, early, late,
 -- old} (opened 1 once the early count is fixed; old the last position
@@ -40,11 +40,14 @@ local late = tonumber(redis.call('HGET', KEYS[1], 'post') or 0)
 local early = tonumber(frozen or redis.call('HGET', KEYS[1], 'pre') or 0)
 local joined = early + late
 local serving = tonumber(redis.call('HGET', KEYS[1], 'serving') or 0)
--- Positions outside the admitted-unused count (unless spent): the gap a
--- restore could not tell given or not.
-local gaplo = tonumber(redis.call('HGET', KEYS[1], 'gaplo') or 0)
-local gaphi = tonumber(redis.call('HGET', KEYS[1], 'gaphi') or -1)
-local outside = {{gaplo, gaphi}}
+-- Positions outside the admitted-unused count (unless spent): the gaps a
+-- restore could not tell given or not, early and late.
+local g = redis.call('HMGET', KEYS[1], 'egaplo', 'egaphi', 'gaplo', 'gaphi')
+local outside = {}
+for i = 1, 3, 2 do
+  local lo, hi = tonumber(g[i] or 0), tonumber(g[i + 1] or -1)
+  if lo > 0 and hi >= lo then outside[#outside + 1] = {lo, hi} end
+end
 -- gap(a, b): how many positions outside the count lie in (a, b].
 local function gap(a, b)
   local n = 0
@@ -71,13 +74,24 @@ local unused = serving - old - gap(old, serving) - spent(old, 1e15)
 local abandoned = old - gap(0, old) - spent(0, old)
 redis.call('HSET', KEYS[1], 'soldout', soldout)
 if frozen and soldout == 0 then
-  local allowed = math.min(most, cap - unused, joined - serving)
+  -- Admit up to `need` places outside the gaps; a gap the line reaches
+  -- is admitted whole and costs nothing.
+  local need = math.min(most, cap - unused)
   local to = serving
-  if allowed > 0 then
-    to = serving + allowed
-    if to >= gaplo and serving < gaphi then to = to + gaphi - math.max(serving + 1, gaplo) + 1 end
-  elseif serving + 1 == gaplo then
-    to = gaphi -- the gap costs no admission
+  while to < joined do
+    local jumped = false
+    for _, r in ipairs(outside) do
+      if to + 1 == r[1] then to, jumped = r[2], true end
+    end
+    if not jumped then
+      if need <= 0 then break end
+      local stop = joined
+      for _, r in ipairs(outside) do
+        if r[1] > to then stop = math.min(stop, r[1] - 1) end
+      end
+      local n = math.min(need, stop - to)
+      to, need = to + n, need - n
+    end
   end
   to = math.min(to, joined)
   if to > serving then

@@ -23,6 +23,10 @@
 --          admitted-unused count; 0 0 for none
 -- ARGV[10] now, Unix ms: the admissions after ARGV[7] get a new window
 -- ARGV[11] the admission window, ms
+-- ARGV[12] how many early places are drawn at random (the early joins the
+--          ledger saw; those after them keep their arrival order): 0 all
+-- ARGV[13] ARGV[14]  the early positions that may or may not have been
+--          given (after the drawn ones): as ARGV[8] ARGV[9]
 --
 -- Every count starts at what the ledger reserved, so no place is given
 -- twice; a buyer whose record was lost keeps its place by its ticket. The
@@ -33,9 +37,10 @@
 local pre, opened, frozen = int(ARGV[2], 0, 1e15), int(ARGV[3], 0, 1), int(ARGV[4], 0, 1e15)
 local post, serving, old = int(ARGV[5], 0, 1e15), int(ARGV[6], 0, 1e15), int(ARGV[7], 0, 1e15)
 local gaplo, gaphi, now = int(ARGV[8], 0, 1e15), int(ARGV[9], 0, 1e15), int(ARGV[10], 0, 1e15)
-local window = int(ARGV[11], 1, 1e12)
+local window, perm = int(ARGV[11], 1, 1e12), int(ARGV[12], 0, 1e15)
+local egaplo, egaphi = int(ARGV[13], 0, 1e15), int(ARGV[14], 0, 1e15)
 if not id(ARGV[1]) or not pre or not opened or not frozen or not post or not serving or not old or not gaplo or not gaphi
-  or not now or not window or old > serving then
+  or not now or not window or old > serving or not perm or not egaplo or not egaphi then
   return {-2}
 end
 if redis.call('HGET', KEYS[1], 'line') == ARGV[1] then return {2} end
@@ -43,6 +48,8 @@ redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
 redis.call('HSET', KEYS[1], 'line', ARGV[1], 'pre', pre, 'precap', pre, 'post', post, 'postcap', post, 'serving', serving)
 if opened == 1 then redis.call('HSET', KEYS[1], 'frozen', frozen) end
 if gaplo > 0 and gaphi >= gaplo then redis.call('HSET', KEYS[1], 'gaplo', gaplo, 'gaphi', gaphi) end
+if egaplo > 0 and egaphi >= egaplo then redis.call('HSET', KEYS[1], 'egaplo', egaplo, 'egaphi', egaphi) end
+if perm > 0 then redis.call('HSET', KEYS[1], 'perm', perm) end
 if old > 0 then
   local at = now - window - 1 -- their window had passed
   redis.call('ZADD', KEYS[3], at, old)

@@ -83,6 +83,9 @@ type State struct {
 	SoldOut      bool
 	Unused       int64 // admitted within the window, not spent
 	Abandoned    int64 // admitted before the window, never spent
+	// Perm: how many early places are drawn at random (0: all of them;
+	// fewer after a loss before the opening).
+	Perm int64
 }
 
 // Joined is how many buyers are in line (once opened; before, the early
@@ -157,8 +160,12 @@ type Facts struct {
 	// Serving is the serving counter the ledger last saw; Old the last
 	// place it saw admitted longer ago than the window.
 	Serving, Old int64
-	// GapLo..GapHi are positions that may or may not have been given.
+	// GapLo..GapHi are late positions that may or may not have been given.
 	GapLo, GapHi int64
+	// Perm, for a line lost before its opening: only the first Perm early
+	// places are drawn at random (0: all); EGapLo..EGapHi are the early
+	// positions after them that may or may not have been given.
+	Perm, EGapLo, EGapHi int64
 }
 
 // Restore makes the line of program's room from the ledger's facts when
@@ -172,7 +179,7 @@ func (s *Store) Restore(ctx context.Context, program, room keys.ID, f Facts, now
 	}
 	v, err := s.renew.Run(ctx, s.rdb, []string{k.Meta(), k.Who(), k.Batches(), k.BatchesByEnd(), k.Spent(), k.Claims(), k.Flights()},
 		room.String(), f.Pre, opened, f.Early, f.Post, f.Serving, min(f.Old, f.Serving), f.GapLo, f.GapHi, now.UnixMilli(),
-		window.Milliseconds()).Int64Slice()
+		window.Milliseconds(), f.Perm, f.EGapLo, f.EGapHi).Int64Slice()
 	switch {
 	case err != nil:
 		return false, fmt.Errorf("queue: restore: %w", err)
@@ -214,7 +221,8 @@ func (s *Store) Respend(ctx context.Context, program keys.ID, spent []Spent) err
 // State reads the line of program's room (Lost when Redis has none, or
 // another room's).
 func (s *Store) State(ctx context.Context, program, room keys.ID) (State, error) {
-	v, err := s.rdb.HMGet(ctx, keys.Queue(program).Meta(), "line", "pre", "frozen", "post", "serving", "soldout", "unused", "abandoned", "old").Result()
+	v, err := s.rdb.HMGet(ctx, keys.Queue(program).Meta(), "line", "pre", "frozen", "post", "serving", "soldout", "unused", "abandoned", "old",
+		"perm").Result()
 	if err != nil {
 		return State{}, fmt.Errorf("queue: state: %w", err)
 	}
@@ -226,7 +234,7 @@ func (s *Store) State(ctx context.Context, program, room keys.ID) (State, error)
 		x, _ := strconv.ParseInt(str, 10, 64)
 		return x
 	}
-	st := State{Early: n(1), Late: n(3), Serving: n(4), SoldOut: n(5) == 1, Unused: n(6), Abandoned: n(7), Old: n(8)}
+	st := State{Early: n(1), Late: n(3), Serving: n(4), SoldOut: n(5) == 1, Unused: n(6), Abandoned: n(7), Old: n(8), Perm: n(9)}
 	if v[2] != nil {
 		st.Opened, st.Early = true, n(2)
 	}
@@ -347,16 +355,23 @@ func (s *Signer) sum(dst []byte, parts ...[]byte) []byte {
 
 // Position is a place's position in line (from 1) once the line has
 // opened with early joins before it: an early join's is its number
-// permuted over the early ones, keyed by the secret; a late one comes
-// after them all.
-func (s *Signer) Position(p Place, early int64) int64 {
+// permuted over the first perm early ones (all of them when perm is 0),
+// keyed by the secret, or its number past those; a late one comes after
+// them all.
+func (s *Signer) Position(p Place, early, perm int64) int64 {
 	if !p.Early {
 		return early + p.N
 	}
 	if early <= 0 || p.N > early {
 		return 0 // not opened yet, or not a place of this line
 	}
-	return 1 + int64(s.permute(uint64(early), uint64(p.N-1)))
+	if perm <= 0 || perm > early {
+		perm = early
+	}
+	if p.N > perm {
+		return p.N // joined when the line was made again before its opening
+	}
+	return 1 + int64(s.permute(uint64(perm), uint64(p.N-1)))
 }
 
 // permute is a bijection of [0, n) keyed by the secret: a four-round
@@ -480,7 +495,7 @@ func (s *Signer) ParseAdmission(program, buyer keys.ID, token string) (int64, ti
 // Position, Ticket, ParseTicket, Admission and ParseAdmission of a
 // one-off Signer of secret (a caller with many checks keeps its Signer).
 
-func Position(secret []byte, p Place, early int64) int64 { return NewSigner(secret).Position(p, early) }
+func Position(secret []byte, p Place, early int64) int64 { return NewSigner(secret).Position(p, early, 0) }
 
 func Ticket(secret []byte, program, buyer keys.ID, p Place) string {
 	return NewSigner(secret).Ticket(program, buyer, p)

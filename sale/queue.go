@@ -212,7 +212,7 @@ func queueStatus(c room, v lineView, buyer keys.ID, place queue.Place, ticket st
 		out.RetryAfter = min(max(out.Wait/2, time.Second), 30*time.Second)
 		return out
 	}
-	out.Position = c.sign.Position(place, st.Early)
+	out.Position = c.sign.Position(place, st.Early, st.Perm)
 	if out.Position == 0 {
 		// An early place past the early count fixed at the opening: no
 		// ticket this line gave (the count covers every early place the
@@ -292,7 +292,7 @@ func (s *Service) loadLine(ctx context.Context, c room) (lineView, error) {
 			return v, refuse(ErrUnavailable, "ledger unavailable; check again")
 		}
 		f := lineFacts(ln)
-		v.st = queue.State{Opened: f.Opened, Early: f.Early, Late: ln.Post, Serving: f.Serving, Old: min(f.Old, f.Serving), Lost: true}
+		v.st = queue.State{Opened: f.Opened, Early: f.Early, Late: ln.Post, Serving: f.Serving, Old: min(f.Old, f.Serving), Perm: f.Perm, Lost: true}
 	}
 	p, _ := s.paces.LoadOrStore(program, &linePace{})
 	v.pace = p.(*linePace).see(v.st.Serving, time.Now())
@@ -360,6 +360,15 @@ func lineFacts(ln ledger.QueueLine) queue.Facts {
 	if f.Opened && ln.PostCap > ln.Post {
 		f.GapLo, f.GapHi = f.Early+ln.Post+1, f.Early+ln.PostCap
 	}
+	if ln.EarlyGapHi > 0 {
+		// Lost before its opening once: the early joins the ledger had seen
+		// are drawn at random; the places reserved after them keep their
+		// order and are a gap.
+		f.Perm = ln.Perm
+		if ln.EarlyGapHi > ln.Perm {
+			f.EGapLo, f.EGapHi = ln.Perm+1, ln.EarlyGapHi
+		}
+	}
 	return f
 }
 
@@ -369,6 +378,14 @@ func (s *Service) restoreLine(ctx context.Context, c room) error {
 	ln, err := s.ledger.RoomLine(ctx, c.Program, c.id)
 	if err != nil {
 		return err
+	}
+	if !ln.Opened && ln.PreCap > ln.Early && ln.EarlyGapHi == 0 {
+		// Lost before the opening (as far as the ledger saw) with early
+		// places reserved past the early joins it saw: those may or may not
+		// have been given. The first such loss fixes the gap.
+		if ln, err = s.ledger.SetEarlyGap(ctx, c.Program, c.id, ln.Early, ln.PreCap); err != nil {
+			return err
+		}
 	}
 	f := lineFacts(ln)
 	made, err := s.queue.Restore(ctx, c.Program, c.id, f, time.Now(), c.Window)
@@ -478,13 +495,16 @@ func (s *Service) throughQueue(ctx context.Context, program keys.ID, a Ask, r re
 			admittedAt, first, err = spend()
 		}
 	}
+	// The buyer's own admission, refused: a committed request (or its key
+	// reused for another) is looked up in the ledger; only admitted
+	// buyers get this far, so it costs the flood nothing.
 	switch {
 	case errors.Is(err, queue.ErrSpent):
-		return door(ErrAdmissionUsed)
+		return s.lookupOr(ctx, r, fail(ErrAdmissionUsed))
 	case errors.Is(err, queue.ErrExpired):
-		return door(ErrAdmissionExpired)
+		return s.lookupOr(ctx, r, fail(ErrAdmissionExpired))
 	case errors.Is(err, queue.ErrNotAdmitted):
-		return door(refuse(ErrAdmissionInvalid, "this place in line is not admitted yet"))
+		return s.lookupOr(ctx, r, fail(refuse(ErrAdmissionInvalid, "this place in line is not admitted yet")))
 	case err != nil:
 		s.log.WarnContext(ctx, "spend admission", "program", program.String(), "err", err)
 		return fail(refuse(ErrUnavailable, "Redis unavailable; retry with the same Idempotency-Key"))
@@ -498,7 +518,7 @@ func (s *Service) throughQueue(ctx context.Context, program keys.ID, a Ask, r re
 			s.log.WarnContext(ctx, "spend admission", "program", program.String(), "err", err)
 			return fail(refuse(ErrUnavailable, "ledger unavailable; retry with the same Idempotency-Key"))
 		}
-		return door(ErrAdmissionUsed)
+		return s.lookupOr(ctx, r, fail(ErrAdmissionUsed))
 	}
 	if first {
 		// The wait: from joining (or the opening, for an early join) to

@@ -103,6 +103,7 @@ type Ledger interface {
 	RoomLine(ctx context.Context, program, room keys.ID) (ledger.QueueLine, error)
 	ReserveQueuePlaces(ctx context.Context, program, room keys.ID, early bool, n int64) (int64, error)
 	SeeQueueLine(ctx context.Context, q ledger.QueueLine) error
+	SetEarlyGap(ctx context.Context, program, room keys.ID, perm, hi int64) (ledger.QueueLine, error)
 	SpendAdmission(ctx context.Context, program, room keys.ID, sp ledger.Spend) (keys.ID, error)
 	ReleaseAdmission(ctx context.Context, program, room, buyer, request keys.ID) error
 	AdmissionSpends(ctx context.Context, program, room keys.ID) ([]ledger.Spend, error)

@@ -495,7 +495,9 @@ func (s *Signer) ParseAdmission(program, buyer keys.ID, token string) (int64, ti
 // Position, Ticket, ParseTicket, Admission and ParseAdmission of a
 // one-off Signer of secret (a caller with many checks keeps its Signer).
 
-func Position(secret []byte, p Place, early int64) int64 { return NewSigner(secret).Position(p, early, 0) }
+func Position(secret []byte, p Place, early int64) int64 {
+	return NewSigner(secret).Position(p, early, 0)
+}
 
 func Ticket(secret []byte, program, buyer keys.ID, p Place) string {
 	return NewSigner(secret).Ticket(program, buyer, p)

@@ -97,6 +97,12 @@ var QueueRestore = prelude + queueRestoreBody
 //go:embed queue_restore.lua
 var queueRestoreBody string
 
+// QueueResume fences a room's line after a failover or restart.
+var QueueResume = prelude + queueResumeBody
+
+//go:embed queue_resume.lua
+var queueResumeBody string
+
 // QueueRespend puts the admissions the ledger says were spent back into a
 // restored line.
 var QueueRespend = prelude + queueRespendBody
@@ -191,4 +197,5 @@ const (
 	QueueNotAdmitted = 4         // spend: the serving counter has not reached the position
 	QueueFull        = 5         // join: every place the ledger reserved is given
 	QueueLost        = NotSeeded // the line has no record (new, or lost by Redis): restore it
+	QueueMoved       = -8        // Redis changed under the line (failover, restart): fence it (queue_resume)
 )

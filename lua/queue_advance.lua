@@ -25,12 +25,15 @@
 -- Returns {1, serving, unused, abandoned, joined, opened, early, late,
 -- old} (opened 1 once the early count is fixed; old the last position
 -- admitted before the window); {-1} the line's record is missing or
--- another room's (restore it first); -2 bad argument.
+-- another room's (restore it first); {-8} Redis changed under the line
+-- (fence it first: queue_resume); -2 bad argument.
 local now, opens = int(ARGV[1], 0, 1e15), int(ARGV[2], 0, 1e15)
 local most, cap = int(ARGV[3], 0, 1e12), int(ARGV[4], 0, 1e15)
 local window, soldout = int(ARGV[5], 1, 1e12), int(ARGV[6], 0, 1)
 if not now or not opens or not most or not cap or not window or not soldout or not id(ARGV[7]) then return {-2} end
-if redis.call('HGET', KEYS[1], 'line') ~= ARGV[7] then return {-1} end
+local lh = redis.call('HMGET', KEYS[1], 'line', 'hist')
+if lh[1] ~= ARGV[7] then return {-1} end
+if lh[2] ~= string.match(redis.call('INFO', 'replication'), 'master_replid:(%w+)') then return {-8} end
 local frozen = redis.call('HGET', KEYS[1], 'frozen')
 if not frozen and now >= opens then
   frozen = redis.call('HGET', KEYS[1], 'pre') or '0'

@@ -24,14 +24,18 @@
 --
 -- Returns {code, kind, n, t}: 1 joined now, 2 joined before (its place as
 -- it was); {-1} the line's record is missing (never made, Redis lost it,
--- or it is another room's): restore it from the ledger, then join again; {5, kind} the places of
+-- or it is another room's): restore it from the ledger, then join again;
+-- {-8} Redis changed under the line (a failover or restart: this master's
+-- replication history is not the line's): fence it (queue_resume), then
+-- join again; {5, kind} the places of
 -- that kind reserved are all given: reserve more, then join again; -2 bad
 -- argument.
 if not id(ARGV[1]) then return {-2} end
 local now, opens = int(ARGV[2], 0, 1e15), int(ARGV[3], 0, 1e15)
 if not now or not opens or type(ARGV[4]) ~= 'string' or not id(ARGV[5]) then return {-2} end
-local m = redis.call('HMGET', KEYS[1], 'line', 'frozen', 'pre', 'precap', 'post', 'postcap')
+local m = redis.call('HMGET', KEYS[1], 'line', 'frozen', 'pre', 'precap', 'post', 'postcap', 'hist')
 if m[1] ~= ARGV[5] then return {-1} end
+if m[7] ~= string.match(redis.call('INFO', 'replication'), 'master_replid:(%w+)') then return {-8} end
 local had = redis.call('HGET', KEYS[2], ARGV[1])
 if had then
   local k, n, t = string.match(had, '^(%d):(%d+):(%d+)$')

@@ -44,6 +44,10 @@ var (
 	// ErrFull: every place of the kind the ledger reserved is given:
 	// Reserve more, then join again.
 	ErrFull = errors.New("queue: the reserved places are all given")
+	// ErrMoved: Redis changed under the line (a failover promoted a
+	// replica, or the master restarted from its files), so joins it
+	// acknowledged may be gone: Resume it, then try again.
+	ErrMoved = errors.New("queue: the line's Redis history changed")
 )
 
 // Place is a buyer's join: Early (before the opening, ordered at random at
@@ -94,15 +98,16 @@ func (s State) Joined() int64 { return s.Early + s.Late }
 
 // Store is the waiting rooms' Redis records.
 type Store struct {
-	rdb                                                   redis.UniversalClient
-	join, advance, spend, settle, reserve, renew, respend *redis.Script
+	rdb                                                           redis.UniversalClient
+	join, advance, spend, settle, reserve, renew, respend, resume *redis.Script
 }
 
 // New returns a Store on the service's Redis.
 func New(rdb redis.UniversalClient) *Store {
 	return &Store{rdb: rdb, join: redis.NewScript(lua.QueueJoin), advance: redis.NewScript(lua.QueueAdvance),
 		spend: redis.NewScript(lua.QueueSpend), settle: redis.NewScript(lua.QueueSettle),
-		reserve: redis.NewScript(lua.QueueReserve), renew: redis.NewScript(lua.QueueRestore), respend: redis.NewScript(lua.QueueRespend)}
+		reserve: redis.NewScript(lua.QueueReserve), renew: redis.NewScript(lua.QueueRestore), respend: redis.NewScript(lua.QueueRespend),
+		resume: redis.NewScript(lua.QueueResume)}
 }
 
 // Join gives buyer its one place in the line of program's room; again, the
@@ -122,6 +127,8 @@ func (s *Store) Join(ctx context.Context, program, room, buyer keys.ID, now, ope
 	switch {
 	case len(v) == 1 && v[0] == lua.QueueLost:
 		return Place{}, false, ErrLost
+	case len(v) == 1 && v[0] == lua.QueueMoved:
+		return Place{}, false, ErrMoved
 	case len(v) == 2 && v[0] == lua.QueueFull:
 		return Place{Early: v[1] == 0}, false, ErrFull
 	case len(v) != 4 || (v[0] != lua.OK && v[0] != lua.Already):
@@ -187,6 +194,26 @@ func (s *Store) Restore(ctx context.Context, program, room keys.ID, f Facts, now
 		return false, fmt.Errorf("queue: restore: answer %v", v)
 	}
 	return v[0] == lua.OK, nil
+}
+
+// Resume fences the line of program's room after Redis changed under it
+// (ErrMoved): every place the ledger reserved (preCap early, postCap late)
+// counts as given. It returns the early joins the line had and whether it
+// had opened (fenced false: it was fenced already); ErrLost: restore it
+// instead.
+func (s *Store) Resume(ctx context.Context, program, room keys.ID, preCap, postCap int64) (early int64, opened, fenced bool, err error) {
+	v, err := s.resume.Run(ctx, s.rdb, []string{keys.Queue(program).Meta()}, room.String(), preCap, postCap).Int64Slice()
+	switch {
+	case err != nil:
+		return 0, false, false, fmt.Errorf("queue: resume: %w", err)
+	case len(v) == 1 && v[0] == lua.QueueLost:
+		return 0, false, false, ErrLost
+	case len(v) == 1 && v[0] == lua.Already:
+		return 0, false, false, nil
+	case len(v) != 3 || v[0] != lua.OK:
+		return 0, false, false, fmt.Errorf("queue: resume: answer %v", v)
+	}
+	return v[1], v[2] == 1, true, nil
 }
 
 // Spent is an admission spent, as Respend puts it back.
@@ -266,6 +293,8 @@ func (s *Store) Advance(ctx context.Context, program, room keys.ID, now, opens t
 		return Step{}, fmt.Errorf("queue: advance: %w", err)
 	case len(v) == 1 && v[0] == lua.QueueLost:
 		return Step{}, ErrLost
+	case len(v) == 1 && v[0] == lua.QueueMoved:
+		return Step{}, ErrMoved
 	case len(v) != 9 || v[0] != lua.OK:
 		return Step{}, fmt.Errorf("queue: advance: answer %v", v)
 	}

@@ -164,6 +164,8 @@ func (s *Service) JoinQueue(ctx context.Context, program, buyer keys.ID, ticket 
 			switch {
 			case errors.Is(err, queue.ErrLost):
 				err = s.restoreLine(ctx, c)
+			case errors.Is(err, queue.ErrMoved):
+				err = s.resumeLine(ctx, c)
 			case errors.Is(err, queue.ErrFull):
 				err = s.reservePlaces(ctx, c, place.Early)
 			}
@@ -405,6 +407,31 @@ func (s *Service) restoreLine(ctx context.Context, c room) error {
 		spent = append(spent, queue.Spent{Buyer: sp.Buyer, Position: sp.Position, Request: sp.Request})
 	}
 	return s.queue.Respend(ctx, c.Program, spent)
+}
+
+// resumeLine fences the line of c's room after Redis changed under it (a
+// failover, a restart from files): every place the ledger reserved counts
+// as given, so none is given twice; a line still before its opening keeps
+// the early joins it has drawn at random, and the ledger records that (as
+// a loss before the opening does).
+func (s *Service) resumeLine(ctx context.Context, c room) error {
+	ln, err := s.ledger.RoomLine(ctx, c.Program, c.id)
+	if err != nil {
+		return err
+	}
+	early, opened, fenced, err := s.queue.Resume(ctx, c.Program, c.id, ln.PreCap, ln.PostCap)
+	if errors.Is(err, queue.ErrLost) {
+		return s.restoreLine(ctx, c)
+	}
+	if err != nil || !fenced {
+		return err
+	}
+	s.log.WarnContext(ctx, "queue: line fenced after Redis changed under it (failover or restart)", "program", c.Program.String(),
+		"early_reserved", ln.PreCap, "late_reserved", ln.PostCap)
+	if !opened && ln.PreCap > early && ln.EarlyGapHi == 0 {
+		_, err = s.ledger.SetEarlyGap(ctx, c.Program, c.id, early, ln.PreCap)
+	}
+	return err
 }
 
 // reservePlaces reserves more places of a kind for program's line in the
@@ -716,8 +743,13 @@ func (s *Service) pace(ctx context.Context, lc ledger.QueueConfig, p *pacing) pa
 		return s.queue.Advance(ctx, c.Program, c.id, now, c.OpensAt, most, limit, c.Window, ps.SoldOut())
 	}
 	step, err := advance()
-	if errors.Is(err, queue.ErrLost) {
+	switch {
+	case errors.Is(err, queue.ErrLost):
 		if err = s.restoreLine(ctx, c); err == nil {
+			step, err = advance()
+		}
+	case errors.Is(err, queue.ErrMoved):
+		if err = s.resumeLine(ctx, c); err == nil {
 			step, err = advance()
 		}
 	}

@@ -803,17 +803,25 @@ func (m *sim) qPost(e *env, path, key, token, body string) reply {
 	return r
 }
 
-// qClaim is the gate id of the request Redis says spent b's admission, or
-// "".
+// qClaim is the gate id of the request the ledger says spent b's
+// admission (it keeps them across any loss of Redis), or "".
 func (m *sim) qClaim(b *mQBuyer) string {
-	v, err := m.envs[0].rdb.HGet(context.Background(), keys.Queue(m.q.program).Claims(), b.name).Result()
-	if errors.Is(err, redis.Nil) {
-		return ""
+	ctx := context.Background()
+	l := m.envs[0].ledger
+	c, err := l.Queue(ctx, m.q.program)
+	if err != nil {
+		m.fail("queue: %v", err)
 	}
+	spends, err := l.AdmissionSpends(ctx, m.q.program, c.Room())
 	if err != nil {
 		m.fail("queue claims: %v", err)
 	}
-	return v
+	for _, sp := range spends {
+		if sp.Buyer.String() == b.name {
+			return sp.Request.String()
+		}
+	}
+	return ""
 }
 
 // qCommitted is the committed take of buyer with key, or nil.
@@ -1099,12 +1107,13 @@ func (m *sim) queueFlushing() {
 }
 
 // queueFlushed applies the loss of everything in Redis: the buyers'
-// places (kept by their tickets) and spent admissions are forgotten.
+// places are forgotten (kept by their tickets); their spent admissions are
+// not (the ledger keeps them, and a restore puts them back).
 func (m *sim) queueFlushed() {
 	q := m.q
 	q.flushedAt, q.marks = time.Now(), nil
 	for _, b := range q.buyers {
-		b.place, b.claim, b.claimReq, b.bought = nil, "", "", 0
+		b.place = nil
 	}
 }
 

@@ -198,4 +198,5 @@ const (
 	QueueFull        = 5         // join: every place the ledger reserved is given
 	QueueLost        = NotSeeded // the line has no record (new, or lost by Redis): restore it
 	QueueMoved       = -8        // Redis changed under the line (failover, restart): fence it (queue_resume)
+	QueueUnclaimed   = 3         // settle: Redis has no spend of the buyer's (the line was lost since)
 )

@@ -15,10 +15,13 @@
 -- committed: a copy refused while another commits gives nothing back.
 --
 -- Returns {1} given back; {0} kept (spent by another request, committed,
--- or another copy still in flight); -2 bad argument.
+-- or another copy still in flight); {3} Redis has no spend of this buyer's
+-- (the line was lost since): the ledger's record decides; -2 bad argument.
 local outcome = int(ARGV[3], 0, 2)
 if not id(ARGV[1]) or not id(ARGV[2]) or not outcome then return {-2} end
-if redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] then return {0} end
+local had = redis.call('HGET', KEYS[2], ARGV[1])
+if not had then return {3} end
+if had ~= ARGV[2] then return {0} end
 local left = redis.call('HINCRBY', KEYS[3], ARGV[1], -1)
 if outcome == 1 then
   redis.call('HSET', KEYS[3], ARGV[1] .. ':done', 1)

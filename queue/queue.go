@@ -343,13 +343,16 @@ const (
 
 // Settle ends request's use of buyer's admission. The admission goes back
 // (true) only when the last copy of the request in flight ends Refused and
-// none committed.
+// none committed. ErrLost: Redis has no spend of the buyer's (the line
+// was lost since): the ledger's record decides.
 func (s *Store) Settle(ctx context.Context, program, buyer, request keys.ID, how Outcome) (bool, error) {
 	k := keys.Queue(program)
 	v, err := s.settle.Run(ctx, s.rdb, []string{k.Spent(), k.Claims(), k.Flights()}, buyer.String(), request.String(), int(how)).Int64Slice()
 	switch {
 	case err != nil:
 		return false, fmt.Errorf("queue: settle: %w", err)
+	case len(v) == 1 && v[0] == lua.QueueUnclaimed:
+		return false, ErrLost
 	case len(v) != 1 || (v[0] != lua.OK && v[0] != lua.Empty):
 		return false, fmt.Errorf("queue: settle: answer %v", v)
 	}

@@ -570,6 +570,11 @@ func (s *Service) throughQueue(ctx context.Context, program keys.ID, a Ask, r re
 // A failure leaves it spent: the buyer retries the request.
 func (s *Service) settleAdmission(ctx context.Context, c room, buyer keys.ID, r request, how queue.Outcome, inLedger bool) {
 	released, err := s.queue.Settle(ctx, c.Program, buyer, r.gateID(), how)
+	if errors.Is(err, queue.ErrLost) {
+		// Redis lost the line since this request spent: the ledger's spend
+		// is all there is, and a refused request gives it back.
+		released, err = how == queue.Refused, nil
+	}
 	if err != nil {
 		s.log.WarnContext(ctx, "settle admission", "program", c.Program.String(), "err", err)
 		return

@@ -45,7 +45,7 @@ func (e *env) buyAdmitted(t *testing.T, sku stock.SKU, key, buyer, token string)
 		map[string]string{"Idempotency-Key": key, "Admission-Token": token}, fmt.Sprintf(`{"buyer":%q,"quantity":1}`, buyer))
 }
 
-// 300 buyers in the waiting room of 40 tickets on two replicas (each
+// 120 buyers in the waiting room of 20 tickets on two replicas (each
 // running the pacer; one paces at a time), a third of those admitted
 // walking away: every ticket sold, each only with a spent token; buyers
 // admitted in place order, never more waiting to buy than the tickets
@@ -53,12 +53,13 @@ func (e *env) buyAdmitted(t *testing.T, sku stock.SKU, key, buyer, token string)
 // so; tokens forged, another buyer's, reused or missing refused with
 // their problem, moving nothing.
 func TestQueueAdmitsInOrderUntilSoldOut(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	eachDriver(t, func(t *testing.T, driver string) {
 		dsn := ledgerDSN(t, driver)
 		a := startEnv(t, envOptions{driver: driver, dsn: dsn, pacer: true})
 		b := startEnv(t, envOptions{driver: driver, dsn: dsn, pacer: true})
 		sku := newSKU(t)
-		const total, buyers = 40, 300
+		const total, buyers = 20, 120
 		a.putSKU(t, sku, total, 2, 4)
 		if r := a.do(t, http.MethodPut, "/v1/admin/programs/"+sku.Program.String()+"/queue", nil,
 			`{"opens_in_seconds":0,"rate_per_second":200,"window_seconds":3,"per_remaining":1}`); r.status != http.StatusOK {
@@ -218,6 +219,7 @@ func TestQueueAdmitsInOrderUntilSoldOut(t *testing.T) {
 // program's purchase with a token when its room is turned off, behave as
 // documented.
 func TestQueueAdmissionExpires(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
 	sku := newSKU(t)
 	e.putSKU(t, sku, 5, 1, 4)

@@ -82,6 +82,7 @@ func (e *env) qaNeverAdmitted(t *testing.T, sku stock.SKU, buyer, ticket string,
 // frozen in Redis at the first opening and the pacer admits a frozen line
 // whatever opens_at says now.
 func TestAttackQueuePostponedOpeningStillAdmits(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
 	sku := newSKU(t)
 	e.putSKU(t, sku, 10, 1, 2)
@@ -106,6 +107,7 @@ func TestAttackQueuePostponedOpeningStillAdmits(t *testing.T) {
 // buyers' places, their spent admissions): the new room admits at once, and
 // an old buyer joining again gets its old, long admitted place back.
 func TestAttackQueueRecreatedRoomAdmitsBeforeItsOpening(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
 	sku := newSKU(t)
 	e.putSKU(t, sku, 10, 1, 2)
@@ -144,6 +146,7 @@ func TestAttackQueueRecreatedRoomAdmitsBeforeItsOpening(t *testing.T) {
 // Redis loses nothing; the places a restore cannot tell given or not are
 // admitted without costing an admission (as a restored late gap is).
 func TestAttackQueueEarlyLineLostBeforeOpening(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	cl := testenv.NewCluster(t, testenv.ClusterOptions{})
 	e := startEnv(t, envOptions{driver: "sqlite", cluster: cl, pacer: true})
 	sku := newSKU(t)
@@ -197,6 +200,7 @@ func TestAttackQueueEarlyLineLostBeforeOpening(t *testing.T) {
 // of a queued program goes through an admission, so the waitlist either
 // asks for one or makes no offer to a buyer without one.
 func TestAttackQueueWaitlistSkipsTheRoom(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
 	sku := newSKU(t)
 	e.putSKU(t, sku, 1, 1, 1)
@@ -233,6 +237,7 @@ func TestAttackQueueWaitlistSkipsTheRoom(t *testing.T) {
 // stays expired; only buyers still within their window before the loss get
 // a new one.
 func TestAttackQueueExpiredRevivedByLoss(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	cl := testenv.NewCluster(t, testenv.ClusterOptions{})
 	e := startEnv(t, envOptions{driver: "sqlite", cluster: cl, pacer: true})
 	sku := newSKU(t)
@@ -281,6 +286,7 @@ func qaReplicaOf(t *testing.T, cl *testenv.Cluster, master *testenv.Node) *teste
 // Redis hands out places up to what the ledger reserved, but only a whole
 // loss (a restore) starts past the reserved places.
 func TestAttackQueueFailoverGivesAPlaceTwice(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	cl := testenv.NewCluster(t, testenv.ClusterOptions{ReplicasPerMaster: 1})
 	e := startEnv(t, envOptions{driver: "sqlite", cluster: cl})
 	sku := newSKU(t)
@@ -381,6 +387,7 @@ func (e *env) qaChecksFor(t *testing.T, program keys.ID, ticket, want string, d 
 // state, from the replica's memory or the ledger's facts (the line cannot
 // move anyway), never a wait on Redis and a 503 per check.
 func TestAttackQueueChecksDuringAPausedMaster(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	cl := testenv.NewCluster(t, testenv.ClusterOptions{})
 	e := startEnv(t, envOptions{driver: "sqlite", cluster: cl})
 	sku := newSKU(t)
@@ -404,6 +411,7 @@ func TestAttackQueueChecksDuringAPausedMaster(t *testing.T) {
 // admission token, and the page sends it to checkout. What must hold: a
 // check never answers admitted to a buyer whose window has passed.
 func TestAttackQueueExpiredToldAdmittedWithoutRedis(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	cl := testenv.NewCluster(t, testenv.ClusterOptions{})
 	e := startEnv(t, envOptions{driver: "sqlite", cluster: cl, pacer: true})
 	sku := newSKU(t)
@@ -429,6 +437,7 @@ func TestAttackQueueExpiredToldAdmittedWithoutRedis(t *testing.T) {
 // purchase with a new key is refused admission-used if one did; the
 // ledger sold exactly the orders answered.
 func TestAttackQueueOneAdmissionOneOrder(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	eachDriver(t, func(t *testing.T, driver string) {
 		dsn := ledgerDSN(t, driver)
 		a := startEnv(t, envOptions{driver: driver, dsn: dsn, pacer: true})
@@ -506,6 +515,7 @@ func TestAttackQueueOneAdmissionOneOrder(t *testing.T) {
 // buyer's or program's ticket. What must hold: each is a 4xx problem (never
 // a 5xx, never a stream), and nothing moves; the real token then buys once.
 func TestAttackQueueForgedTokensAndTickets(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
 	sku := newSKU(t)
 	other := stock.SKU{Program: keys.MustID(testenv.ID(t, "q")), Ticket: keys.MustID("ga")}
@@ -615,6 +625,7 @@ func TestAttackQueueForgedTokensAndTickets(t *testing.T) {
 // or are too long, bad program ids. What must hold: each is a 4xx problem,
 // never a 5xx, and no room is made.
 func TestAttackQueueHostileSettings(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	e := startEnv(t, envOptions{driver: "sqlite"})
 	sku := newSKU(t)
 	e.putSKU(t, sku, 5, 1, 2)
@@ -699,6 +710,7 @@ func TestAttackQueueHostileSettings(t *testing.T) {
 // written into the page by the server), and the page forbids other
 // origins' scripts.
 func TestAttackQueuePageHostileInput(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	e := startEnv(t, envOptions{driver: "sqlite"})
 	sku := newSKU(t)
 	e.putSKU(t, sku, 5, 1, 2)
@@ -743,6 +755,7 @@ func TestAttackQueuePageHostileInput(t *testing.T) {
 // opens. What must hold: one place per buyer (the same ticket both times,
 // one 201), and once open the places are exactly 1..200, each given once.
 func TestAttackQueueJoinsRaceTheOpening(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	eachDriver(t, func(t *testing.T, driver string) {
 		dsn := ledgerDSN(t, driver)
 		a := startEnv(t, envOptions{driver: driver, dsn: dsn, pacer: true})
@@ -813,6 +826,7 @@ func TestAttackQueueJoinsRaceTheOpening(t *testing.T) {
 // holds a place nobody else holds (restores start past every place the
 // ledger reserved; a restore never runs over a line that exists).
 func TestAttackQueueFlushMidJoinGivesNoPlaceTwice(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	cl := testenv.NewCluster(t, testenv.ClusterOptions{})
 	dsn := ledgerDSN(t, "sqlite")
 	a := startEnv(t, envOptions{driver: "sqlite", dsn: dsn, cluster: cl, pacer: true})
@@ -890,6 +904,7 @@ func TestAttackQueueFlushMidJoinGivesNoPlaceTwice(t *testing.T) {
 // and 1000 (everyone in line admitted at once; the ledger still sells each
 // ticket once and the admissions of buyers refused sold-out come back).
 func TestAttackQueueSlackAtItsBounds(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	for _, pr := range []string{"0.001", "1000"} {
 		t.Run(pr, func(t *testing.T) {
 			e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
@@ -948,6 +963,7 @@ func TestAttackQueueSlackAtItsBounds(t *testing.T) {
 // not overflow; nothing sells) and in 2001 (the room is open at once and
 // admits).
 func TestAttackQueueFarOpenings(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
 	far, past := newSKU(t), stock.SKU{Program: keys.MustID(testenv.ID(t, "past")), Ticket: keys.MustID("ga")}
 	e.putSKU(t, far, 5, 1, 1)
@@ -986,6 +1002,7 @@ func TestAttackQueueFarOpenings(t *testing.T) {
 // nothing (a line over its maximum) gives it back, the cart that holds
 // spends it, and then a seat hold with it is admission-used.
 func TestAttackQueueEveryWriteNeedsAdmission(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
 	sku := newSKU(t)
 	seated := stock.SKU{Program: sku.Program, Ticket: keys.MustID("seat")}
@@ -1038,6 +1055,7 @@ func TestAttackQueueEveryWriteNeedsAdmission(t *testing.T) {
 // a problem, not a stream; the open streams do not slow a check down; the
 // streams end by themselves once the buyer is admitted (a final state).
 func TestAttackQueueEventStreamsUnread(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
 	sku := newSKU(t)
 	e.putSKU(t, sku, 5, 1, 1)
@@ -1108,6 +1126,7 @@ func TestAttackQueueEventStreamsUnread(t *testing.T) {
 // leaves ended tickets out, and a program with none on sale is never
 // "sold out", so the line waits forever (its buyers poll, streams reopen).
 func TestAttackQueueEndedSaleNotTold(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
 	sku := newSKU(t)
 	e.putSKU(t, sku, 5, 1, 1)
@@ -1141,13 +1160,14 @@ func TestAttackQueueEndedSaleNotTold(t *testing.T) {
 // same admission (another ticket of the program, a new key) is refused
 // admission-used for every buyer whose purchase made an order.
 func TestAttackQueueCopiesRaceASoldOutReplica(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	eachDriver(t, func(t *testing.T, driver string) {
 		dsn := ledgerDSN(t, driver)
 		a := startEnv(t, envOptions{driver: driver, dsn: dsn, pacer: true})
 		b := startEnv(t, envOptions{driver: driver, dsn: dsn})
 		scarce := newSKU(t)
 		plenty := stock.SKU{Program: scarce.Program, Ticket: keys.MustID("vip")}
-		const buyers = 16
+		const buyers = 8
 		a.putSKU(t, scarce, buyers/2, 1, 1)
 		a.putSKU(t, plenty, 100, 2, 1)
 		a.putQueue(t, scarce.Program, qaRoom(0, 1000, 60, "100"))
@@ -1189,6 +1209,7 @@ func TestAttackQueueCopiesRaceASoldOutReplica(t *testing.T) {
 // its secret and its line: tickets and admission tokens given before still
 // check and buy, places unchanged.
 func TestAttackQueuePutAgainKeepsTheLine(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
 	sku := newSKU(t)
 	e.putSKU(t, sku, 5, 1, 1)
@@ -1215,6 +1236,7 @@ func TestAttackQueuePutAgainKeepsTheLine(t *testing.T) {
 // moment lasts; with one running it lasts a pacer tick or two, during
 // which every admitted buyer who pays is refused.
 func TestAttackQueuePurchaseOnALostLineRefused(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	cl := testenv.NewCluster(t, testenv.ClusterOptions{})
 	dsn := ledgerDSN(t, "sqlite")
 	pacer := startEnv(t, envOptions{driver: "sqlite", dsn: dsn, cluster: cl, pacer: true})
@@ -1247,6 +1269,7 @@ func TestAttackQueuePurchaseOnALostLineRefused(t *testing.T) {
 // Redis loss, as its other refusals (admission-used, -expired) look the
 // request up first. The pacer is stopped so the moment lasts.
 func TestAttackQueueRetryAfterLineLossNotReplayed(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	cl := testenv.NewCluster(t, testenv.ClusterOptions{})
 	dsn := ledgerDSN(t, "sqlite")
 	pacer := startEnv(t, envOptions{driver: "sqlite", dsn: dsn, cluster: cl, pacer: true})
@@ -1272,6 +1295,7 @@ func TestAttackQueueRetryAfterLineLossNotReplayed(t *testing.T) {
 // admission-invalid before the request is looked up. What must hold: the
 // same request gets the same answer, its order, replayed.
 func TestAttackQueueRetryAfterRoomRecreatedNotReplayed(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
 	sku := newSKU(t)
 	e.putSKU(t, sku, 5, 1, 1)
@@ -1298,6 +1322,7 @@ func TestAttackQueueRetryAfterRoomRecreatedNotReplayed(t *testing.T) {
 // sold. What must hold: the bound, after a loss too (the ledger knows which
 // of the program's buyers bought or hold).
 func TestAttackQueueLossDoublesTheSlack(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	cl := testenv.NewCluster(t, testenv.ClusterOptions{})
 	e := startEnv(t, envOptions{driver: "sqlite", cluster: cl, pacer: true})
 	sku := newSKU(t)
@@ -1339,6 +1364,7 @@ func TestAttackQueueLossDoublesTheSlack(t *testing.T) {
 // up, where it must be answered its order (a retry is not a new purchase:
 // it needs no admission).
 func TestAttackQueueRetryAfterRoomTurnedOnNotReplayed(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
 	sku := newSKU(t)
 	e.putSKU(t, sku, 5, 1, 1)

@@ -65,6 +65,7 @@ func (s *queueStream) next(t *testing.T) (q queueReply, ok bool) {
 // sells; a stream of a line's buyer ends when the server drains; a bad
 // ticket gets its problem, not a stream.
 func TestQueueEvents(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
 	sku := newSKU(t)
 	e.putSKU(t, sku, 1, 1, 1)

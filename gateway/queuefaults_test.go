@@ -50,6 +50,7 @@ func (e *env) buyWith(t *testing.T, sku stock.SKU, key, buyer string, q int64, t
 // other request, on every replica, while the buying request's retry is
 // answered its order.
 func TestQueueAdmissionOutlivesRefusals(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	eachDriver(t, func(t *testing.T, driver string) {
 		dsn := ledgerDSN(t, driver)
 		a := startEnv(t, envOptions{driver: driver, dsn: dsn, pacer: true})
@@ -113,6 +114,7 @@ func TestQueueAdmissionOutlivesRefusals(t *testing.T) {
 // it needs no pacer to know: the one that admitted the buyers is gone by
 // the last sale), and nobody is admitted after it.
 func TestQueueSoldOutToldWithinARefresh(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	eachDriver(t, func(t *testing.T, driver string) {
 		dsn := ledgerDSN(t, driver)
 		pacer := startEnv(t, envOptions{driver: driver, dsn: dsn, pacer: true})
@@ -172,6 +174,7 @@ func TestQueueSoldOutToldWithinARefresh(t *testing.T) {
 // before, a buyer presenting its ticket keeps its place, old tickets still
 // check, admitted buyers still buy, and the sale sells every ticket once.
 func TestQueueLineSurvivesRedisLoss(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	eachDriver(t, func(t *testing.T, driver string) {
 		cl := testenv.NewCluster(t, testenv.ClusterOptions{})
 		dsn := ledgerDSN(t, driver)
@@ -298,6 +301,7 @@ func (e *env) holdWith(t *testing.T, sku stock.SKU, key, buyer string, q int64, 
 // last ticket is sold for good the line closes. The wait-time histogram
 // counts each admission spent.
 func TestQueueReturnedStockLetsMoreIn(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	e := startEnv(t, envOptions{driver: "sqlite", pacer: true, sweep: true})
 	sku := newSKU(t)
 	e.putSKU(t, sku, 2, 1, 1)
@@ -369,6 +373,7 @@ func grepLines(s, sub string) string {
 // as the pacer last recorded it); joins and purchases of the queued
 // program answer 503 with Retry-After and move nothing.
 func TestQueueChecksWithoutRedis(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	cl := testenv.NewCluster(t, testenv.ClusterOptions{})
 	e := startEnv(t, envOptions{driver: "sqlite", cluster: cl, pacer: true})
 	sku := newSKU(t)
@@ -418,6 +423,7 @@ func TestQueueChecksWithoutRedis(t *testing.T) {
 // offered nothing; the ticket that comes back goes to the buyer the room
 // lets in next.
 func TestQueueProgramHasNoWaitlist(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
 	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
 	sku := newSKU(t)
 	e.putSKU(t, sku, 1, 1, 1)

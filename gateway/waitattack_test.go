@@ -279,7 +279,9 @@ func TestAttackWaitOffersDuringRebuilds(t *testing.T) {
 		const total = 40
 		a.putSKU(t, sku, total, 4, 2)
 		for i := range total {
-			if r, _ := a.hold(t, sku, fmt.Sprintf("h%d", i), fmt.Sprintf("b%d", i), 1, 1); r.status != http.StatusCreated {
+			// Held long enough for the 30 joins below to find the ticket sold
+			// out on a busy machine (a 1 s hold lapsed first under -race).
+			if r, _ := a.hold(t, sku, fmt.Sprintf("h%d", i), fmt.Sprintf("b%d", i), 1, 5); r.status != http.StatusCreated {
 				t.Fatalf("hold = %d %s", r.status, r.body)
 			}
 		}

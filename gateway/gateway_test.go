@@ -167,8 +167,14 @@ func (e *env) do(t *testing.T, method, path string, header map[string]string, bo
 
 func (e *env) putSKU(t *testing.T, sku stock.SKU, total int64, shards int, maxPerOrder int64) {
 	t.Helper()
-	r := e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String(), nil,
-		fmt.Sprintf(`{"total":%d,"shards":%d,"max_per_order":%d}`, total, shards, maxPerOrder))
+	// A 503 (the ledger has it, Redis is not seeded yet: a Redis call
+	// timed out on a busy machine) is retried, as an operator would.
+	var r reply
+	waitFor(t, 10*time.Second, "PUT sku answered", func() bool {
+		r = e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String(), nil,
+			fmt.Sprintf(`{"total":%d,"shards":%d,"max_per_order":%d}`, total, shards, maxPerOrder))
+		return r.status != http.StatusServiceUnavailable
+	})
 	if r.status != http.StatusOK {
 		t.Fatalf("PUT sku = %d %s", r.status, r.body)
 	}

@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -450,5 +453,85 @@ func TestQueueProgramHasNoWaitlist(t *testing.T) {
 	})
 	if r := e.buyWith(t, sku, "cy-1", "cy", 1, cy.Admission); r.status != http.StatusCreated {
 		t.Fatalf("cy buys the returned ticket = %d %s", r.status, r.body)
+	}
+}
+
+// laggingCommits makes every group commit of orders take delay: a purchase
+// spent its admission and took its ticket in Redis long before the
+// ledger, which the pacer reads the stock from, sells it.
+type laggingCommits struct {
+	sale.Ledger
+	delay time.Duration
+}
+
+func (l laggingCommits) PurchaseBatch(ctx context.Context, orders []ledger.Order, direct bool) ([]ledger.BatchResult, error) {
+	time.Sleep(l.delay)
+	return l.Ledger.PurchaseBatch(ctx, orders, direct)
+}
+
+func (l laggingCommits) CommitBatch(ctx context.Context, takes []ledger.Take, direct bool) ([]ledger.BatchResult, error) {
+	time.Sleep(l.delay)
+	return l.Ledger.CommitBatch(ctx, takes, direct)
+}
+
+// With one admitted buyer per ticket left and nobody walking away, every
+// buyer admitted buys: the pacer steps (every 200 ms) while purchases are
+// in flight for 400 ms, spent in Redis and not yet sold in the ledger, and
+// counts them as admitted-but-unused, so it never lets in a buyer for a
+// ticket another admitted buyer is buying. (It let in one per purchase in
+// flight: they were told sold-out.)
+func TestQueueAdmitsNoMoreThanItSells(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
+	e := startEnv(t, envOptions{driver: "sqlite", pacer: true, tune: func(o *app.Options) {
+		o.WrapLedger = func(l sale.Ledger) sale.Ledger { return laggingCommits{Ledger: l, delay: 400 * time.Millisecond} }
+	}})
+	sku := newSKU(t)
+	const total, buyers = 6, 20
+	e.putSKU(t, sku, total, 1, 1)
+	e.putQueue(t, sku.Program, `{"opens_in_seconds":0,"rate_per_second":1000,"window_seconds":60,"per_remaining":1}`)
+	tickets := make([]string, buyers)
+	for i := range buyers {
+		r, q := e.queueJoin(t, sku.Program, fmt.Sprintf("b%d", i))
+		if r.status != http.StatusCreated {
+			t.Fatalf("join %d = %d %s", i, r.status, r.body)
+		}
+		tickets[i] = q.Ticket
+	}
+	var wg sync.WaitGroup
+	ends := make([]string, buyers) // each buyer's end: bought, sold-out, or what went wrong
+	for i := range buyers {
+		wg.Go(func() {
+			deadline := time.Now().Add(60 * time.Second)
+			for time.Now().Before(deadline) {
+				_, q := e.queueCheck(t, sku.Program, tickets[i])
+				switch q.State {
+				case "sold-out":
+					ends[i] = "sold-out"
+					return
+				case "admitted":
+					buyer := fmt.Sprintf("b%d", i)
+					r := e.buyAdmitted(t, sku, "k-"+buyer, buyer, q.Admission)
+					if r.status == http.StatusCreated {
+						ends[i] = "bought"
+					} else {
+						ends[i] = fmt.Sprintf("admitted, then %d %s", r.status, problemKind(r))
+					}
+					return
+				}
+				time.Sleep(20 * time.Millisecond) // a buyer's poll, not a wait for a condition
+			}
+			ends[i] = "still waiting after 60s"
+		})
+	}
+	wg.Wait()
+	got := map[string]int{}
+	for _, end := range ends {
+		got[end]++
+	}
+	if got["bought"] != total || got["sold-out"] != buyers-total {
+		t.Fatalf("ends %v, want %d bought and %d told sold-out", got, total, buyers-total)
+	}
+	if st := e.state(t, sku); st.Sold != total {
+		t.Fatalf("sold %d, want %d", st.Sold, total)
 	}
 }

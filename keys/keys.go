@@ -355,6 +355,11 @@ func (q QueueKeys) Claims() string { return q.tag + "claims" }
 // admission still in flight, and marks the one that committed.
 func (q QueueKeys) Flights() string { return q.tag + "flights" }
 
+// Pending is the part of Spent whose request has not committed yet: the
+// pacer counts those buyers as admitted-but-unused, since the ledger
+// still counts their tickets as left.
+func (q QueueKeys) Pending() string { return q.tag + "pending" }
+
 // CRC16 is the CCITT/XMODEM checksum Redis Cluster hashes keys with.
 func CRC16(b []byte) uint16 {
 	var crc uint16

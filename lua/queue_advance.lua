@@ -7,6 +7,8 @@
 -- KEYS[3]  batches by end position (zset: score the end position, member
 --          "end:time")
 -- KEYS[4]  spent admissions (zset: score the position)
+-- KEYS[5]  spent admissions whose request has not committed yet (zset:
+--          score the position; see queue_spend)
 -- ARGV[1]  now, Unix ms
 -- ARGV[2]  opening time, Unix ms
 -- ARGV[3]  most to admit in this step (the rate's share)
@@ -15,10 +17,14 @@
 -- ARGV[5]  the admission window, ms
 -- ARGV[6]  1 when nothing is left to sell (the line closes), else 0
 -- ARGV[7]  the room's id
+-- ARGV[8]  admitted-but-unused to count at least (the pacer's last step's:
+--          see the pacer)
 --
 -- Admitted-but-unused are the buyers admitted within the window who have
--- not spent their admission; buyers admitted before the window who never
--- spent it have abandoned. The positions a restore could not tell given
+-- not bought with their admission: never spent, or spent by a request
+-- that has not committed (its ticket is not sold in the ledger yet, so the
+-- stock the pacer read still counts it as left); buyers admitted before
+-- the window who never spent it have abandoned. The positions a restore could not tell given
 -- or not (egaplo..egaphi early, gaplo..gaphi late) are admitted at once
 -- when the line reaches them and count in neither.
 --
@@ -30,7 +36,8 @@
 local now, opens = int(ARGV[1], 0, 1e15), int(ARGV[2], 0, 1e15)
 local most, cap = int(ARGV[3], 0, 1e12), int(ARGV[4], 0, 1e15)
 local window, soldout = int(ARGV[5], 1, 1e12), int(ARGV[6], 0, 1)
-if not now or not opens or not most or not cap or not window or not soldout or not id(ARGV[7]) then return {-2} end
+local floor = int(ARGV[8], 0, 1e15)
+if not now or not opens or not most or not cap or not window or not soldout or not id(ARGV[7]) or not floor then return {-2} end
 local lh = redis.call('HMGET', KEYS[1], 'line', 'hist')
 if lh[1] ~= ARGV[7] then return {-1} end
 if lh[2] ~= string.match(redis.call('INFO', 'replication'), 'master_replid:(%w+)') then return {-8} end
@@ -60,26 +67,28 @@ local function gap(a, b)
   end
   return n
 end
--- spent(a, b): admissions spent at positions in (a, b], outside excluded.
-local function spent(a, b)
-  local n = redis.call('ZCOUNT', KEYS[4], '(' .. a, b)
+-- count(z, a, b): the members of z at positions in (a, b], outside
+-- excluded.
+local function count(z, a, b)
+  local n = redis.call('ZCOUNT', z, '(' .. a, b)
   for _, r in ipairs(outside) do
     local lo, hi = math.max(a + 1, r[1]), math.min(b, r[2])
-    if hi >= lo then n = n - redis.call('ZCOUNT', KEYS[4], lo, hi) end
+    if hi >= lo then n = n - redis.call('ZCOUNT', z, lo, hi) end
   end
   return n
 end
+local function spent(a, b) return count(KEYS[4], a, b) - count(KEYS[5], a, b) end
 local before = now - window
 local last = redis.call('ZREVRANGEBYSCORE', KEYS[2], before, '-inf', 'LIMIT', 0, 1)
 local old = 0
 if #last > 0 then old = tonumber(last[1]) end
 local unused = serving - old - gap(old, serving) - spent(old, 1e15)
-local abandoned = old - gap(0, old) - spent(0, old)
+local abandoned = old - gap(0, old) - count(KEYS[4], 0, old)
 redis.call('HSET', KEYS[1], 'soldout', soldout)
 if frozen and soldout == 0 then
   -- Admit up to `need` places outside the gaps; a gap the line reaches
   -- is admitted whole and costs nothing.
-  local need = math.min(most, cap - unused)
+  local need = math.min(most, cap - math.max(unused, floor))
   local to = serving
   while to < joined do
     local jumped = false

@@ -9,6 +9,7 @@
 -- KEYS[5]  spent admissions (zset)
 -- KEYS[6]  buyer -> the request that spent its admission (hash)
 -- KEYS[7]  buyer -> copies of the spending request in flight (hash)
+-- KEYS[8]  spent admissions whose request has not committed yet (zset)
 -- ARGV[1]  the room's id
 -- ARGV[2]  early places the ledger ever reserved (pre, and its cap)
 -- ARGV[3]  1 when the line had opened (ARGV[4] is its early count), else 0
@@ -44,7 +45,7 @@ if not id(ARGV[1]) or not pre or not opened or not frozen or not post or not ser
   return {-2}
 end
 if redis.call('HGET', KEYS[1], 'line') == ARGV[1] then return {2} end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8])
 redis.call('HSET', KEYS[1], 'line', ARGV[1], 'pre', pre, 'precap', pre, 'post', post, 'postcap', post, 'serving', serving,
   'hist', string.match(redis.call('INFO', 'replication'), 'master_replid:(%w+)'))
 if opened == 1 then redis.call('HSET', KEYS[1], 'frozen', frozen) end

@@ -4,6 +4,8 @@
 -- KEYS[2]  buyer -> the request that spent its admission (hash)
 -- KEYS[3]  buyer -> copies of that request in flight, and "buyer:done"
 --          once one committed (hash)
+-- KEYS[4]  spent admissions whose request has not committed yet (zset;
+--          see queue_spend)
 -- ARGV[1]  buyer id
 -- ARGV[2]  request id
 -- ARGV[3]  how it ended: 1 committed (the admission stays spent), 0
@@ -25,10 +27,12 @@ if had ~= ARGV[2] then return {0} end
 local left = redis.call('HINCRBY', KEYS[3], ARGV[1], -1)
 if outcome == 1 then
   redis.call('HSET', KEYS[3], ARGV[1] .. ':done', 1)
+  redis.call('ZREM', KEYS[4], ARGV[1])
   return {0}
 end
 if outcome == 2 or left > 0 or redis.call('HEXISTS', KEYS[3], ARGV[1] .. ':done') == 1 then return {0} end
 redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[4], ARGV[1])
 return {1}

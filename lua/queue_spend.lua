@@ -7,6 +7,9 @@
 -- KEYS[4]  the line's counters (hash)
 -- KEYS[5]  buyer -> copies of the spending request in flight (hash; see
 --          queue_settle)
+-- KEYS[6]  spent admissions whose request has not committed yet (zset:
+--          member the buyer, score its position; queue_settle takes it
+--          out)
 -- ARGV[1]  position admitted
 -- ARGV[2]  buyer id
 -- ARGV[3]  request id (the same request may spend it again: a retry)
@@ -37,5 +40,6 @@ local at = tonumber(string.match(batch[1], ':(%d+)$'))
 if now > at + window then return {3} end
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
 redis.call('ZADD', KEYS[1], pos, ARGV[2])
+redis.call('ZADD', KEYS[6], pos, ARGV[2])
 redis.call('HINCRBY', KEYS[5], ARGV[2], 1)
 return {1, at}

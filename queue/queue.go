@@ -184,7 +184,7 @@ func (s *Store) Restore(ctx context.Context, program, room keys.ID, f Facts, now
 	if f.Opened {
 		opened = 1
 	}
-	v, err := s.renew.Run(ctx, s.rdb, []string{k.Meta(), k.Who(), k.Batches(), k.BatchesByEnd(), k.Spent(), k.Claims(), k.Flights()},
+	v, err := s.renew.Run(ctx, s.rdb, []string{k.Meta(), k.Who(), k.Batches(), k.BatchesByEnd(), k.Spent(), k.Claims(), k.Flights(), k.Pending()},
 		room.String(), f.Pre, opened, f.Early, f.Post, f.Serving, min(f.Old, f.Serving), f.GapLo, f.GapHi, now.UnixMilli(),
 		window.Milliseconds(), f.Perm, f.EGapLo, f.EGapHi).Int64Slice()
 	switch {
@@ -278,16 +278,16 @@ type Step struct {
 }
 
 // Advance admits up to most more buyers of program's line, keeping the
-// admitted-but-unused at or under limit; soldOut closes the line. ErrLost:
-// see it.
-func (s *Store) Advance(ctx context.Context, program, room keys.ID, now, opens time.Time, most, limit int64, window time.Duration, soldOut bool) (Step, error) {
+// admitted-but-unused (counted as at least floor) at or under limit;
+// soldOut closes the line. ErrLost: see it.
+func (s *Store) Advance(ctx context.Context, program, room keys.ID, now, opens time.Time, most, limit, floor int64, window time.Duration, soldOut bool) (Step, error) {
 	k := keys.Queue(program)
 	out := 0
 	if soldOut {
 		out = 1
 	}
-	v, err := s.advance.Run(ctx, s.rdb, []string{k.Meta(), k.Batches(), k.BatchesByEnd(), k.Spent()},
-		now.UnixMilli(), opens.UnixMilli(), max(most, 0), max(limit, 0), window.Milliseconds(), out, room.String()).Int64Slice()
+	v, err := s.advance.Run(ctx, s.rdb, []string{k.Meta(), k.Batches(), k.BatchesByEnd(), k.Spent(), k.Pending()},
+		now.UnixMilli(), opens.UnixMilli(), max(most, 0), max(limit, 0), window.Milliseconds(), out, room.String(), max(floor, 0)).Int64Slice()
 	switch {
 	case err != nil:
 		return Step{}, fmt.Errorf("queue: advance: %w", err)
@@ -309,7 +309,7 @@ func (s *Store) Advance(ctx context.Context, program, room keys.ID, now, opens t
 // position was admitted.
 func (s *Store) Spend(ctx context.Context, program, room keys.ID, position int64, buyer, request keys.ID, now time.Time, window time.Duration) (admitted time.Time, first bool, err error) {
 	k := keys.Queue(program)
-	v, err := s.spend.Run(ctx, s.rdb, []string{k.Spent(), k.Claims(), k.BatchesByEnd(), k.Meta(), k.Flights()},
+	v, err := s.spend.Run(ctx, s.rdb, []string{k.Spent(), k.Claims(), k.BatchesByEnd(), k.Meta(), k.Flights(), k.Pending()},
 		position, buyer.String(), request.String(), now.UnixMilli(), window.Milliseconds(), room.String()).Int64Slice()
 	if err != nil {
 		return time.Time{}, false, fmt.Errorf("queue: spend: %w", err)
@@ -347,7 +347,7 @@ const (
 // was lost since): the ledger's record decides.
 func (s *Store) Settle(ctx context.Context, program, buyer, request keys.ID, how Outcome) (bool, error) {
 	k := keys.Queue(program)
-	v, err := s.settle.Run(ctx, s.rdb, []string{k.Spent(), k.Claims(), k.Flights()}, buyer.String(), request.String(), int(how)).Int64Slice()
+	v, err := s.settle.Run(ctx, s.rdb, []string{k.Spent(), k.Claims(), k.Flights(), k.Pending()}, buyer.String(), request.String(), int(how)).Int64Slice()
 	switch {
 	case err != nil:
 		return false, fmt.Errorf("queue: settle: %w", err)

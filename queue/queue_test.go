@@ -133,12 +133,12 @@ func TestLine(t *testing.T) {
 		t.Fatalf("late join with a slow clock = %+v %v", p, err)
 	}
 	window := time.Minute
-	step, err := s.Advance(ctx, prog, room, opens, opens, 3, 100, window, false)
+	step, err := s.Advance(ctx, prog, room, opens, opens, 3, 100, 0, window, false)
 	if err != nil || step.Serving != 3 || step.Joined != 7 || step.Unused != 3 || !step.Opened || step.Early != 5 || step.Late != 2 {
 		t.Fatalf("advance by the rate = %+v %v", step, err)
 	}
 	// The limit: at most 4 admitted unused.
-	if step, err = s.Advance(ctx, prog, room, opens.Add(time.Second), opens, 10, 4, window, false); err != nil || step.Serving != 4 {
+	if step, err = s.Advance(ctx, prog, room, opens.Add(time.Second), opens, 10, 4, 0, window, false); err != nil || step.Serving != 4 {
 		t.Fatalf("advance by the stock = %+v %v", step, err)
 	}
 	at := opens.Add(2 * time.Second)
@@ -170,6 +170,11 @@ func TestLine(t *testing.T) {
 	if _, _, err := s.Spend(ctx, prog, room, 2, e1, keys.MustID("r2"), at, window); err != nil {
 		t.Fatal(err)
 	}
+	// Spent by a request that has not committed: still unused (the
+	// ledger counts its ticket as left), so nobody more comes in.
+	if step, err = s.Advance(ctx, prog, room, at, opens, 10, 4, 0, window, false); err != nil || step.Serving != 4 || step.Unused != 4 {
+		t.Fatalf("advance while a spend is in flight = %+v %v", step, err)
+	}
 	settle("r2", queue.Committed, false)
 	settle("r2", queue.Refused, false)
 	if _, _, err := s.Spend(ctx, prog, room, 2, e1, keys.MustID("r9"), at, window); !errors.Is(err, queue.ErrSpent) {
@@ -181,19 +186,23 @@ func TestLine(t *testing.T) {
 	if _, _, err := s.Spend(ctx, prog, room, 1, e2, keys.MustID("r4"), opens.Add(2*window), window); !errors.Is(err, queue.ErrExpired) {
 		t.Fatalf("expired: %v", err)
 	}
-	// One spent: one more may come in.
-	if step, err = s.Advance(ctx, prog, room, opens.Add(3*time.Second), opens, 10, 4, window, false); err != nil || step.Serving != 5 {
+	// One bought: one more may come in.
+	if step, err = s.Advance(ctx, prog, room, opens.Add(3*time.Second), opens, 10, 4, 0, window, false); err != nil || step.Serving != 5 || step.Unused != 4 {
 		t.Fatalf("advance after a spend = %+v %v", step, err)
 	}
+	// The pacer's floor: counted as 5 unused, a limit of 5 lets nobody in.
+	if step, err = s.Advance(ctx, prog, room, opens.Add(3*time.Second), opens, 10, 5, 5, window, false); err != nil || step.Serving != 5 || step.Unused != 4 {
+		t.Fatalf("advance with a floor = %+v %v", step, err)
+	}
 	// Past the window, the 4 unspent of the first batches have abandoned.
-	if step, err = s.Advance(ctx, prog, room, opens.Add(window+4*time.Second), opens, 10, 100, window, false); err != nil ||
+	if step, err = s.Advance(ctx, prog, room, opens.Add(window+4*time.Second), opens, 10, 100, 0, window, false); err != nil ||
 		step.Serving != 7 || step.Abandoned != 4 {
 		t.Fatalf("advance after the window = %+v %v", step, err)
 	}
 	if st, _ := s.State(ctx, prog, room); st.Old != 5 {
 		t.Fatalf("admitted before the window: up to %d, want 5", st.Old)
 	}
-	if step, err = s.Advance(ctx, prog, room, opens.Add(window+5*time.Second), opens, 10, 100, window, true); err != nil {
+	if step, err = s.Advance(ctx, prog, room, opens.Add(window+5*time.Second), opens, 10, 100, 0, window, true); err != nil {
 		t.Fatal(err)
 	}
 	if st, _ := s.State(ctx, prog, room); !st.SoldOut || !st.Opened || st.Early != 5 || st.Late != 2 {
@@ -306,19 +315,23 @@ func TestLineRestored(t *testing.T) {
 	if _, first, err := s.Spend(ctx, prog, room, 4, keys.MustID("e4"), keys.MustID("r4"), at, window); err != nil || first {
 		t.Fatalf("the retry of the request that spent it: %v %v", first, err)
 	}
-	// 12 served, 3 before the window, 3 spent since: 6 unused; a limit of
+	// e5's request commits (a spend in flight still counts as unused).
+	if _, err := s.Settle(ctx, prog, keys.MustID("e5"), keys.MustID("r5"), queue.Committed); err != nil {
+		t.Fatal(err)
+	}
+	// 12 served, 3 before the window, 3 bought since: 6 unused; a limit of
 	// 10 admits 13..16.
-	step, err := s.Advance(ctx, prog, room, now.Add(2*time.Second), now, 100, 10, window, false)
+	step, err := s.Advance(ctx, prog, room, now.Add(2*time.Second), now, 100, 10, 0, window, false)
 	if err != nil || step.Serving != 16 || step.Unused != 10 || step.Joined != 42 || step.Abandoned != 3 || step.Old != 3 {
 		t.Fatalf("advance after the restore = %+v %v", step, err)
 	}
 	// Then 17..30, the gap 31..40 whole and costing nothing, 41 and 42.
-	step, err = s.Advance(ctx, prog, room, now.Add(3*time.Second), now, 100, 100, window, false)
+	step, err = s.Advance(ctx, prog, room, now.Add(3*time.Second), now, 100, 100, 0, window, false)
 	if err != nil || step.Serving != 42 || step.Unused != 10+16 {
 		t.Fatalf("advance over the gap = %+v %v", step, err)
 	}
 	// Past the window, every unspent place outside the gap has abandoned.
-	step, err = s.Advance(ctx, prog, room, now.Add(window+4*time.Second), now, 100, 100, window, false)
+	step, err = s.Advance(ctx, prog, room, now.Add(window+4*time.Second), now, 100, 100, 0, window, false)
 	if err != nil || step.Abandoned != 42-10-3 || step.Unused != 0 {
 		t.Fatalf("advance after the window = %+v %v", step, err)
 	}

@@ -569,6 +569,10 @@ func (s *Service) throughQueue(ctx context.Context, program keys.ID, a Ask, r re
 // was refused, none committed), the ledger's spend goes too (inLedger).
 // A failure leaves it spent: the buyer retries the request.
 func (s *Service) settleAdmission(ctx context.Context, c room, buyer keys.ID, r request, how queue.Outcome, inLedger bool) {
+	// Settled even when the client has gone: until then the pacer counts
+	// the buyer as admitted-but-unused and the admission is not given back.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
 	released, err := s.queue.Settle(ctx, c.Program, buyer, r.gateID(), how)
 	if errors.Is(err, queue.ErrLost) {
 		// Redis lost the line since this request spent: the ledger's spend
@@ -585,6 +589,9 @@ func (s *Service) settleAdmission(ctx context.Context, c room, buyer keys.ID, r 
 		}
 	}
 }
+
+// settleTimeout bounds a settle made after its request's client left.
+const settleTimeout = 2 * time.Second
 
 func later(a, b time.Time) time.Time {
 	if a.After(b) {
@@ -709,6 +716,7 @@ type pacing struct {
 	last    time.Time
 	carry   float64
 	serving int64            // the serving counter after the last step; -1 before the first
+	unused  int64            // the admitted-but-unused the last step counted
 	seen    ledger.QueueLine // what the ledger has of the line, as this pacer wrote it
 }
 
@@ -735,6 +743,17 @@ func (s *Service) pace(ctx context.Context, lc ledger.QueueConfig, p *pacing) pa
 	if now.Before(c.OpensAt) {
 		most, p.carry = 0, 0
 	}
+	// The stock is read before the line, so a buyer who buys in between
+	// (the ticket counted as left, the buyer no longer as unused) would
+	// let one more in than the stock allows: the line counts at least the
+	// admitted-but-unused of the last step, read before this stock. Every
+	// buyer who had not bought by this read was counted then (only this
+	// pacer admits). A pacer's first step has no such count: it only
+	// looks.
+	floor := p.unused
+	if p.serving < 0 {
+		most = 0
+	}
 	ps, err := s.ledger.ProgramStock(ctx, c.Program)
 	if err != nil {
 		s.log.WarnContext(ctx, "pacer: stock left", "program", c.Program.String(), "err", err)
@@ -745,7 +764,7 @@ func (s *Service) pace(ctx context.Context, lc ledger.QueueConfig, p *pacing) pa
 	// ticket.
 	limit := int64(math.Ceil(float64(left) * float64(c.PerRemaining) / 1000))
 	advance := func() (queue.Step, error) {
-		return s.queue.Advance(ctx, c.Program, c.id, now, c.OpensAt, most, limit, c.Window, ps.SoldOut())
+		return s.queue.Advance(ctx, c.Program, c.id, now, c.OpensAt, most, limit, floor, c.Window, ps.SoldOut())
 	}
 	step, err := advance()
 	switch {
@@ -767,7 +786,7 @@ func (s *Service) pace(ctx context.Context, lc ledger.QueueConfig, p *pacing) pa
 		s.metrics.queueAdmitted.Add(float64(admitted))
 		p.carry -= float64(admitted)
 	}
-	p.serving = step.Serving
+	p.serving, p.unused = step.Serving, step.Unused
 	seen := ledger.QueueLine{Program: c.Program, Room: c.id, Opened: step.Opened, Early: step.Early, Post: step.Late,
 		Serving: step.Serving, Old: step.Old}
 	if seen != p.seen {

@@ -80,6 +80,7 @@ func cartSKUs(t *testing.T, e *env, totals [3]int64, programCap int64) (keys.ID,
 // and the ledger agree on what is left), and the program's per-buyer cap
 // holds across lines and carts.
 func TestCartsRacing(t *testing.T) {
+	t.Parallel() // its own replicas, ledgers and programs: it overlaps the other long tests
 	eachDriver(t, func(t *testing.T, driver string) {
 		dsn := ledgerDSN(t, driver)
 		a := startEnv(t, envOptions{driver: driver, dsn: dsn})
@@ -384,6 +385,7 @@ func (e *env) cartCall(t *testing.T, path, key, body string) (reply, heldCartRep
 // other confirmed cart is refunded whole, twice, and its units come back
 // once.
 func TestHeldCartsRacing(t *testing.T) {
+	t.Parallel() // its own replicas, ledgers and programs: it overlaps the other long tests
 	eachDriver(t, func(t *testing.T, driver string) {
 		dsn := ledgerDSN(t, driver)
 		fast := func(o *app.Options) { o.Sale.SweepEvery = 50 * time.Millisecond }

@@ -46,6 +46,7 @@ func codeBody(code string) string { return fmt.Sprintf(`,"access_code":%q`, code
 // twenty-fifth on SQLite, within CI's time. A 503 is retried with the
 // same key, as a client does.
 func TestCodesRaced(t *testing.T) {
+	t.Parallel() // its own replicas, ledgers and programs: it overlaps the other long tests
 	eachDriver(t, func(t *testing.T, driver string) {
 		codes, requests := 1_000, 5_000
 		if driver == ledger.SQLite {

@@ -82,6 +82,7 @@ func (r *hookReceiver) distinct() int {
 // share in production, and the one whose sequence can be seen out of
 // commit order (the relay package's tests run both ledgers).
 func TestEveryChangeReachesTheWebhook(t *testing.T) {
+	t.Parallel() // its own replicas, ledger, receiver and program: it overlaps the other long tests
 	const tickets, purchases, holds, refunds = 20, 10_000, 2_000, 500
 	secret := webhook.NewSecret()
 	verifier, err := webhook.NewVerifier(secret)

@@ -700,6 +700,7 @@ func TestHoldsGroupCommitted(t *testing.T) {
 // batched like the purchases there: 120 holds at once from one replica all
 // answered 201, their retries replayed, and the ledger holds exactly them.
 func TestHoldsAroundTheGate(t *testing.T) {
+	t.Parallel() // its own cluster and ledgers: it overlaps the other long tests
 	eachDriver(t, func(t *testing.T, driver string) {
 		c := testenv.NewCluster(t, testenv.ClusterOptions{ReplicasPerMaster: 1})
 		e := startEnv(t, envOptions{driver: driver, cluster: c, tune: func(o *app.Options) {

@@ -54,6 +54,7 @@ import (
 // choices), STOCKGATE_MODEL_STEPS sets the steps per ledger (default
 // 1000), and STOCKGATE_MODEL_TRACE=1 logs every request and its answer.
 func TestModel(t *testing.T) {
+	t.Parallel() // its own cluster and ledgers: it overlaps the other long tests
 	steps := 1000
 	if v, err := strconv.Atoi(os.Getenv("STOCKGATE_MODEL_STEPS")); err == nil && v > 0 {
 		steps = v

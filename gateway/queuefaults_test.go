@@ -34,8 +34,16 @@ func (e *env) admitted(t *testing.T, program keys.ID, buyer string) queueReply {
 	if r.status != http.StatusCreated && r.status != http.StatusOK {
 		t.Fatalf("join %s = %d %s", buyer, r.status, r.body)
 	}
-	waitFor(t, 20*time.Second, buyer+" admitted", func() bool {
-		_, q = e.queueCheck(t, program, q.Ticket)
+	return e.untilAdmitted(t, program, q.Ticket, buyer+" admitted", 20*time.Second)
+}
+
+// untilAdmitted checks ticket's place until it is admitted (what, within)
+// and returns that check.
+func (e *env) untilAdmitted(t *testing.T, program keys.ID, ticket, what string, within time.Duration) queueReply {
+	t.Helper()
+	var q queueReply
+	waitFor(t, within, what, func() bool {
+		_, q = e.queueCheck(t, program, ticket)
 		return q.State == "admitted"
 	})
 	return q
@@ -329,11 +337,7 @@ func TestQueueReturnedStockLetsMoreIn(t *testing.T) {
 		t.Fatalf("cy while every ticket is held or sold: %+v", q)
 	}
 	// ann's hold lapses: cy is let in, and buys.
-	waitFor(t, 20*time.Second, "cy admitted after ann's hold expired", func() bool {
-		_, q := e.queueCheck(t, sku.Program, cy.Ticket)
-		cy = q
-		return q.State == "admitted"
-	})
+	cy = e.untilAdmitted(t, sku.Program, cy.Ticket, "cy admitted after ann's hold expired", 20*time.Second)
 	if r := e.buyWith(t, sku, "cy-1", "cy", 1, cy.Admission); r.status != http.StatusCreated {
 		t.Fatalf("cy buys = %d %s", r.status, r.body)
 	}
@@ -347,11 +351,7 @@ func TestQueueReturnedStockLetsMoreIn(t *testing.T) {
 		`{"buyer":"bob"}`); r.status != http.StatusOK {
 		t.Fatalf("refund = %d %s", r.status, r.body)
 	}
-	waitFor(t, 20*time.Second, "dan admitted after bob's refund", func() bool {
-		_, q := e.queueCheck(t, sku.Program, dan.Ticket)
-		dan = q
-		return q.State == "admitted"
-	})
+	dan = e.untilAdmitted(t, sku.Program, dan.Ticket, "dan admitted after bob's refund", 20*time.Second)
 	if r := e.buyWith(t, sku, "dan-1", "dan", 1, dan.Admission); r.status != http.StatusCreated {
 		t.Fatalf("dan buys = %d %s", r.status, r.body)
 	}
@@ -446,11 +446,7 @@ func TestQueueProgramHasNoWaitlist(t *testing.T) {
 	if w := e.entry(t, sku, "early-bird"); w.State == "offered" {
 		t.Fatalf("a waitlist entry of a queued program was offered the returned ticket: %+v", w)
 	}
-	waitFor(t, 10*time.Second, "cy admitted with the returned ticket", func() bool {
-		_, q := e.queueCheck(t, sku.Program, cy.Ticket)
-		cy = q
-		return q.State == "admitted"
-	})
+	cy = e.untilAdmitted(t, sku.Program, cy.Ticket, "cy admitted with the returned ticket", 10*time.Second)
 	if r := e.buyWith(t, sku, "cy-1", "cy", 1, cy.Admission); r.status != http.StatusCreated {
 		t.Fatalf("cy buys the returned ticket = %d %s", r.status, r.body)
 	}

@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -56,9 +57,11 @@ type Options struct {
 	Probes uint32
 	// IsOutcome reports errors that are answers, not failures. Default none.
 	IsOutcome func(error) bool
-	// OnChange is told of every transition (after the metrics). It runs under
-	// the breaker's lock: it must not call the Breaker.
-	OnChange func(from, to State)
+	// OnChange is told of every transition (after the metrics). When the
+	// breaker opens, cause is a failure that opened it (with concurrent
+	// failures, the latest one counted); otherwise nil. It runs under the
+	// breaker's lock: it must not call the Breaker.
+	OnChange func(from, to State, cause error)
 	// Registerer receives the metrics. Optional.
 	Registerer prometheus.Registerer
 }
@@ -68,6 +71,10 @@ type Breaker struct {
 	cb        *gobreaker.CircuitBreaker[struct{}]
 	isOutcome func(error) bool
 	rejected  prometheus.Counter
+	// failure is the latest error counted as a failure: what OnChange is
+	// told opened the breaker. gobreaker decides to open right after the
+	// call that returned it, under its lock, without the error.
+	failure atomic.Pointer[error]
 }
 
 // DefaultOptions are the settings a zero field takes.
@@ -140,7 +147,11 @@ func New(opts Options) (*Breaker, error) {
 		OnStateChange: func(_ string, from, to gobreaker.State) {
 			transitions.WithLabelValues(from.String(), to.String()).Inc()
 			if opts.OnChange != nil {
-				opts.OnChange(from, to)
+				var cause error
+				if p := b.failure.Load(); to == Open && p != nil {
+					cause = *p
+				}
+				opts.OnChange(from, to, cause)
 			}
 		},
 	})
@@ -187,6 +198,7 @@ func (b *Breaker) Do(ctx context.Context, f func(ctx context.Context) error) err
 		case b.isOutcome(err):
 			return struct{}{}, outcome{err}
 		}
+		b.failure.Store(&err)
 		return struct{}{}, err
 	})
 	switch {

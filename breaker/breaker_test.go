@@ -121,6 +121,56 @@ func TestCancellationsNeitherTripNorStick(t *testing.T) {
 	}
 }
 
+// OnChange says which failure opened the breaker, both from closed and
+// from half-open, and never blames a cancelled caller or an outcome.
+func TestOnChangeGivesTheCause(t *testing.T) {
+	type change struct {
+		from, to breaker.State
+		cause    error
+	}
+	var changes []change
+	b, err := breaker.New(breaker.Options{
+		ConsecutiveFailures: 2, OpenFor: 20 * time.Millisecond, Probes: 1,
+		IsOutcome: func(err error) bool { return errors.Is(err, errSoldOut) },
+		OnChange:  func(from, to breaker.State, cause error) { changes = append(changes, change{from, to, cause}) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	errTimeout := errors.New("redis: deadline")
+	b.Do(context.Background(), fails(errRedis))
+	b.Do(context.Background(), fails(errSoldOut))
+	b.Do(cancelled, func(ctx context.Context) error { return ctx.Err() })
+	b.Do(context.Background(), fails(errRedis))
+	b.Do(context.Background(), fails(errTimeout)) // closed → open
+	for b.State() != breaker.HalfOpen {
+		time.Sleep(5 * time.Millisecond)
+	}
+	b.Do(cancelled, func(ctx context.Context) error { return ctx.Err() })
+	b.Do(context.Background(), fails(errRedis)) // half-open → open
+	for b.State() != breaker.HalfOpen {
+		time.Sleep(5 * time.Millisecond)
+	}
+	b.Do(context.Background(), fails(nil)) // half-open → closed
+	want := []change{
+		{breaker.Closed, breaker.Open, errTimeout},
+		{breaker.Open, breaker.HalfOpen, nil},
+		{breaker.HalfOpen, breaker.Open, errRedis},
+		{breaker.Open, breaker.HalfOpen, nil},
+		{breaker.HalfOpen, breaker.Closed, nil},
+	}
+	if len(changes) != len(want) {
+		t.Fatalf("changes %v, want %v", changes, want)
+	}
+	for i, c := range changes {
+		if c.from != want[i].from || c.to != want[i].to || c.cause != want[i].cause {
+			t.Errorf("change %d = %v → %v (%v), want %v → %v (%v)", i, c.from, c.to, c.cause, want[i].from, want[i].to, want[i].cause)
+		}
+	}
+}
+
 func TestNewValidates(t *testing.T) {
 	for _, o := range []breaker.Options{{FailureRatio: 2}, {Window: time.Millisecond}, {OpenFor: time.Microsecond}} {
 		if _, err := breaker.New(o); err == nil {

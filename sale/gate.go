@@ -25,19 +25,12 @@ func notRun(err error) bool {
 }
 
 // redis runs one gate call through the breaker, with its own deadline.
-// A change of the breaker's state is logged with the id of the request
-// whose call caused it.
 func (s *Service) redis(ctx context.Context, f func(ctx context.Context) error) error {
-	before := s.breaker.State()
-	err := s.breaker.Do(ctx, func(ctx context.Context) error {
+	return s.breaker.Do(ctx, func(ctx context.Context) error {
 		ctx, cancel := context.WithTimeout(ctx, s.opts.RedisTimeout)
 		defer cancel()
 		return f(ctx)
 	})
-	if after := s.breaker.State(); after != before {
-		s.log.WarnContext(ctx, "redis breaker", "from", before.String(), "to", after.String(), "err", err)
-	}
-	return err
 }
 
 // deduct takes a purchase's stock from Redis. When Redis lost the SKU's

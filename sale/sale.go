@@ -343,6 +343,15 @@ func New(opts Options) (*Service, error) {
 	bo := opts.Breaker
 	bo.IsOutcome = isOutcome
 	bo.Registerer = opts.Registry
+	// Every transition is logged with the failure that opened the breaker
+	// (not the error of whichever request happened to notice the change).
+	onChange := bo.OnChange
+	bo.OnChange = func(from, to breaker.State, cause error) {
+		s.log.Warn("redis breaker", "from", from.String(), "to", to.String(), "cause", cause)
+		if onChange != nil {
+			onChange(from, to, cause)
+		}
+	}
 	if s.breaker, err = breaker.New(bo); err != nil {
 		return nil, fmt.Errorf("sale: %w", err)
 	}

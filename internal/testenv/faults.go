@@ -78,6 +78,37 @@ func (c *dropConn) Read(b []byte) (int, error) {
 	return 0, io.ErrUnexpectedEOF
 }
 
+// Latency is a dialer for the Redis client that can slow every command:
+// once Set, each write waits that long before it goes out, holding its
+// connection, so calls queue for the client's pool as they would behind a
+// slow Redis.
+type Latency struct{ delay atomic.Int64 }
+
+// Set makes every following write wait d (0: none).
+func (l *Latency) Set(d time.Duration) { l.delay.Store(int64(d)) }
+
+// Dial is the function to give the client as its Dialer.
+func (l *Latency) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	var nd net.Dialer
+	c, err := nd.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return &slowConn{Conn: c, l: l}, nil
+}
+
+type slowConn struct {
+	net.Conn
+	l *Latency
+}
+
+func (c *slowConn) Write(b []byte) (int, error) {
+	if d := time.Duration(c.l.delay.Load()); d > 0 {
+		time.Sleep(d)
+	}
+	return c.Conn.Write(b)
+}
+
 // Proxy forwards TCP connections from a loopback port to a target, and can
 // cut them: Cut closes every open connection and refuses new ones until
 // Restore. Tests put it between the gateway and PostgreSQL to make the

@@ -72,6 +72,8 @@ func main() {
 		err = suiteCmd(os.Args[2:])
 	case "compare":
 		err = compareCmd(os.Args[2:])
+	case "bare": // the suite's bare gin ceilings, in a process of their own
+		err = bareCmd(os.Args[2:])
 	default:
 		usage()
 	}

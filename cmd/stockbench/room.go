@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/client"
-	"github.com/stockgate/stockgate/internal/comparators"
 	"github.com/stockgate/stockgate/internal/loadgen"
 	"github.com/stockgate/stockgate/internal/onsale"
 	"github.com/stockgate/stockgate/keys"
@@ -96,7 +95,11 @@ func (s *suite) roomChecks(r int, rm room) roomRound {
 		out.calls = max((after-before)-(idle-after), 0)
 	}
 	bare := func() {
-		base, stop := serve(comparators.BarePolls())
+		base, stop, err := serveBare("polls")
+		if err != nil {
+			fmt.Fprintln(s.log, "bare gin:", err)
+			return
+		}
 		out.bare = s.attack("bare gin waiting-room checks", base, loadgen.QueuePolls(rm.program, rm.tickets, s.n), 0, s.workers, 0)
 		stop()
 	}
@@ -154,8 +157,9 @@ func (s *suite) writeRoom(rounds []docInputs, rm room, rep onsale.Report, saleEr
 	fmt.Fprintf(d, "\n## Waiting room\n\n"+
 		"**A line of %d.** `stockbench suite` joins %d buyers (%d connections, closed loop) to one program's waiting\n"+
 		"room that admits one buyer (its one ticket) and then nobody, then checks %d of their places round-robin each\n"+
-		"round, back to back with a bare gin handler that answers the same route with a fixed standing of the same JSON\n"+
-		"shape and a Retry-After header: the ceiling of a check that verifies no ticket and looks nothing up.\n\n",
+		"round, back to back with a bare gin handler (in a process of its own, as stockgate) that answers the same route\n"+
+		"with a fixed standing of the same JSON shape and a Retry-After header: the ceiling of a check that verifies no\n"+
+		"ticket and looks nothing up.\n\n",
 		rm.joined, s.queueJoins, s.workers, roomSample)
 	fmt.Fprintf(d, "| measure | value |\n|---|---|\n")
 	fmt.Fprintf(d, "| joins | %d in %v: %.0f /s, p50 %.1f ms, p99 %.1f ms (%s) |\n", rm.joins.Requests, rm.joins.Elapsed.Round(time.Second),

@@ -85,9 +85,12 @@ func engine(c *Comparator, buy func(ctx context.Context, sku stock.SKU) (int, er
 	return e
 }
 
+// BareName is Bare's name.
+const BareName = "bare gin (no Redis)"
+
 // Bare answers every purchase 201 without touching anything.
 func Bare() *Comparator {
-	c := &Comparator{Name: "bare gin (no Redis)", Seed: func(context.Context, stock.SKU, int64) error { return nil }}
+	c := &Comparator{Name: BareName, Seed: func(context.Context, stock.SKU, int64) error { return nil }}
 	c.Handler = engine(c, func(context.Context, stock.SKU) (int, error) { return http.StatusCreated, nil })
 	return c
 }

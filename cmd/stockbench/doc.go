@@ -94,7 +94,8 @@ func (s *suite) write(rounds []docInputs, micro, hot string) {
 		"for the hot SKU); the comparators are gin handlers in the benchmark process using the same Redis Cluster\n"+
 		"client and the same PostgreSQL, except the bare gin ceilings (no Redis), which run in a process of their own, as\n"+
 		"stockgate does, with its HTTP server settings: next to the load generator in one process, the same bare handler\n"+
-		"answered 15–35 %% more requests than in a process of its own, which is where it runs, not what it does.\n"+
+		"answered 15–64 %% more requests than in a process of its own (`stockbench bare where`), which is where it runs,\n"+
+		"not what it does.\n"+
 		"Charts of latency over time: `.run/bench/*.html` after a run.\n\n",
 		len(rounds), s.n, s.workers)
 

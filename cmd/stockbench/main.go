@@ -37,6 +37,9 @@
 //	stockbench compare -base REV
 //	    the flash sale and the sold-out storm through the build at REV and
 //	    the working tree side by side, interleaved (`make compare BASE=REV`).
+//	stockbench bare where
+//	    the bare gin check answered in this process and in a process of its
+//	    own, three interleaved rounds (why the suite's ceilings run apart).
 package main
 
 import (

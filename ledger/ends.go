@@ -75,7 +75,7 @@ func (l *Ledger) CancelBatch(ctx context.Context, cs []HoldRequest) (_ []HoldRes
 func (l *Ledger) ExpireDue(ctx context.Context, limit int) (_ []Hold, err error) {
 	defer l.observe(Expired, time.Now(), &err)
 	now := l.now().UTC().Truncate(time.Millisecond)
-	rows, err := l.db.QueryContext(ctx, selectHold+` WHERE state = $1 AND expires_at <= $2 ORDER BY expires_at LIMIT $3`,
+	rows, err := l.queryRepeated(ctx, selectHold+` WHERE state = $1 AND expires_at <= $2 ORDER BY expires_at LIMIT $3`,
 		Held, now.UnixMilli(), limit)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: expire: %w", err)

@@ -539,7 +539,7 @@ type Restore struct {
 // found too early (Redis not yet at the return's epoch).
 func (l *Ledger) PendingRestores(ctx context.Context, olderThan time.Duration, limit int) ([]Restore, error) {
 	before := l.now().Add(-olderThan).UnixMilli()
-	rows, err := l.db.QueryContext(ctx, `
+	rows, err := l.queryRepeated(ctx, `
 		SELECT 'hold', id, program, ticket, buyer, idem_key, gate, quantity - offered, restore_epoch, restore_shards, code_hash, restore_pending
 		FROM holds WHERE restore_pending > 0 AND ended_at <= $1
 		UNION ALL

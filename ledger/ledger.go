@@ -90,6 +90,7 @@ type Ledger struct {
 	latency *prometheus.HistogramVec
 	batch   prometheus.Histogram
 	horizon horizon // the relay's notes toward SettledSeq
+	stmts   *stmts  // SQLite: the loops' repeated queries, prepared; nil on PostgreSQL
 }
 
 // DefaultOptions are the settings a zero field takes.
@@ -153,6 +154,9 @@ func Open(ctx context.Context, opts Options) (*Ledger, error) {
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64},
 		}),
 	}
+	if opts.Driver == SQLite {
+		l.stmts = newStmts(db)
+	}
 	if opts.Metrics != nil {
 		for _, c := range []prometheus.Collector{l.commits, l.latency, l.batch} {
 			if err := opts.Metrics.Register(c); err != nil {
@@ -189,7 +193,13 @@ func openPostgres(dsn string) (*sql.DB, error) {
 
 // Close closes the database (a shared SQLite file once its last ledger
 // closes).
-func (l *Ledger) Close() error { return l.release() }
+func (l *Ledger) Close() error {
+	var err error
+	if l.stmts != nil {
+		err = l.stmts.close()
+	}
+	return errors.Join(err, l.release())
+}
 
 // sqliteFiles shares one connection per SQLite file among the ledgers one
 // process opens on it. SQLite has one writer at a time: two connections in
@@ -751,7 +761,7 @@ func scanSKU(r rowScanner) (SKUState, error) {
 
 // SKU reads one SKU row; stock.ErrUnknownSKU when there is none.
 func (l *Ledger) SKU(ctx context.Context, sku stock.SKU) (SKUState, error) {
-	st, err := scanSKU(l.db.QueryRowContext(ctx, selectSKU, sku.Program, sku.Ticket))
+	st, err := scanSKU(l.queryRowRepeated(ctx, selectSKU, sku.Program, sku.Ticket))
 	if err != nil && !errors.Is(err, stock.ErrUnknownSKU) {
 		return st, fmt.Errorf("ledger: sku: %w", err)
 	}

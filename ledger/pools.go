@@ -279,7 +279,7 @@ func (l *Ledger) Pools(ctx context.Context, ticket stock.SKU) ([]SKUState, error
 // PoolsDue lists up to limit pools whose closing time has passed and that
 // still have stock to move on: not closed yet, or given stock back since.
 func (l *Ledger) PoolsDue(ctx context.Context, limit int) ([]stock.SKU, error) {
-	rows, err := l.db.QueryContext(ctx, `SELECT program, ticket FROM skus
+	rows, err := l.queryRepeated(ctx, `SELECT program, ticket FROM skus
 		WHERE pool_closes_at > 0 AND pool_closes_at <= $1 AND (pool_closed_at = 0 OR total - sold - held > 0)
 		ORDER BY pool_closes_at LIMIT $2`, l.now().UnixMilli(), limit)
 	if err != nil {

@@ -42,7 +42,7 @@ func onsaleRun(c runConfig, admin adminClient, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "  polls      %d: %.0f/s, p99 %s\n", rep.Polls, rep.PollRate, ms(rep.PollP99))
 		fmt.Fprintf(stdout, "  sale       %d sold (ledger %d) in %v from the first admission; %d purchases sent\n",
 			rep.Sold, rep.LedgerSold, rep.SaleTime.Round(time.Millisecond), rep.Purchases)
-		fmt.Fprintf(stdout, "  admitted   %d: %d saw it (%d walked away, %d found it sold out, %d bought after the window), %d never saw it; slack %d\n",
+		fmt.Fprintf(stdout, "  admitted   %d: %d saw it (%d walked away, %d found it sold out); %d back after the window; %d never saw it; slack %d\n",
 			rep.Admitted, rep.SeenAdmitted, rep.Walked, rep.Refused, rep.Late, rep.Unseen, rep.Slack)
 		fmt.Fprintf(stdout, "  sold-out   waiting buyers heard it %s (median) to %s (most) after the last sale, polling as told;\n",
 			ms(rep.ToldSoldOutP50), ms(rep.ToldSoldOutMax))

@@ -191,7 +191,7 @@ func (s *suite) writeRoom(rounds []docInputs, rm room, rep onsale.Report, saleEr
 		rep.JoinTime.Round(time.Millisecond), rep.JoinRate, ms(rep.JoinP99), s.workers)
 	fmt.Fprintf(d, "| checks | %d: %.0f /s (p99 %s, client-side) |\n", rep.Polls, rep.PollRate, ms(rep.PollP99))
 	fmt.Fprintf(d, "| sold | %d (ledger %d) of %d, in %v from the first admission |\n", rep.Sold, rep.LedgerSold, rep.Tickets, rep.SaleTime.Round(time.Millisecond))
-	fmt.Fprintf(d, "| admitted | %d: %d saw it (%d walked away, %d found it sold out, %d came back after the window), %d never saw it (told sold-out first) |\n",
+	fmt.Fprintf(d, "| admitted | %d: %d saw it (%d walked away, %d found it sold out); %d came back after the window (to buy, or to check after asking while waiting); %d never saw it (told sold-out first) |\n",
 		rep.Admitted, rep.SeenAdmitted, rep.Walked, rep.Refused, rep.Late, rep.Unseen)
 	fmt.Fprintf(d, "| admitted ≤ sold + walked away + late + unseen + slack | %d ≤ %d + %d + %d + %d + %d |\n", rep.Admitted, rep.Sold, rep.Walked,
 		rep.Late, rep.Unseen, rep.Slack)

@@ -92,8 +92,9 @@ type Report struct {
 	// Admitted: the line's serving counter at the end; SeenAdmitted the
 	// buyers who saw their admission; Walked those of them who walked
 	// away; Refused those who tried to buy and found it sold out; Late
-	// those whose purchase came after the window (a gateway too slow to
-	// answer); Unseen the admitted who never saw it (told sold-out first).
+	// those whose purchase, or whose check after asking while waiting,
+	// came after the window (a machine too busy to answer in time); Unseen
+	// the other admitted who never saw it (told sold-out first).
 	Admitted, SeenAdmitted, Walked, Refused, Late, Unseen int64
 	// Slack is the most admitted-but-unused buyers the room allows
 	// (tickets x per_remaining, rounded up).
@@ -118,6 +119,7 @@ type buyer struct {
 	position      int64
 	firstAdmitted time.Time // when it first saw admitted
 	lastWaiting   time.Time // when it last saw waiting
+	waitingAsked  time.Time // when it sent the request that answered so
 	soldOutAt     time.Time // when it first saw sold-out
 	boughtAt      time.Time
 	walked        bool
@@ -222,8 +224,10 @@ func (r *runner) buyer(ctx context.Context, i int, walks bool, joined *sync.Wait
 	b.url = r.o.BaseURLs[i%len(r.o.BaseURLs)]
 	name := fmt.Sprintf("%s-b%d", r.o.Program, i)
 	var st status
+	var asked time.Time // when the request that answered st was sent
 	for {
 		var ok bool
+		asked = time.Now()
 		st, ok = r.call(ctx, http.MethodPost, b.url+"/v1/programs/"+r.o.Program+"/queue", "", "", `{"buyer":"`+name+`"}`, &r.joinLat)
 		if ok || ctx.Err() != nil {
 			break
@@ -237,11 +241,16 @@ func (r *runner) buyer(ctx context.Context, i int, walks bool, joined *sync.Wait
 	}
 	joined.Done()
 	b.ticket, b.position = st.Ticket, st.Position
-	for ctx.Err() == nil {
-		now := time.Now()
+	// The longest Retry-After a placed buyer may be told: half the window,
+	// rounded up to whole seconds, so an admission is seen while it lasts.
+	longest := int64((max(r.o.Window/2, time.Second) + time.Second - 1) / time.Second)
+	for now := time.Now(); ctx.Err() == nil; {
 		switch st.State {
 		case "waiting":
-			b.lastWaiting = now
+			b.lastWaiting, b.waitingAsked = now, asked
+			if st.Position > 0 && st.RetryAfter > longest {
+				r.violate("%s was told Retry-After %ds, longer than half the %v window", name, st.RetryAfter, r.o.Window)
+			}
 			wait := time.Duration(max(st.RetryAfter, 1)) * time.Second
 			select {
 			case <-ctx.Done():
@@ -262,20 +271,30 @@ func (r *runner) buyer(ctx context.Context, i int, walks bool, joined *sync.Wait
 			b.soldOutAt, b.done = now, true
 			return
 		case "expired":
-			// Admitted and back after its window: it polled as told, so the
-			// gateway's Retry-After was too long for the window.
+			// Admitted and back after its window. The gateway is at fault if
+			// the buyer came back in time: the request that saw waiting went
+			// out less than the window (less a refresh, the lag of a
+			// replica's memory) before this answer, so the admission was
+			// older than that request and the gateway said to wait. Else
+			// the buyer's round trip outran the window (a machine too busy
+			// to answer or to wake it in time): late, as a late purchase.
 			b.expired, b.done = true, true
-			r.violate("%s saw expired without having walked away", name)
+			if now.Sub(b.waitingAsked) < r.o.Window-r.o.Refresh {
+				r.violate("%s saw expired %v after asking while waiting, within the %v window", name,
+					now.Sub(b.waitingAsked).Round(time.Millisecond), r.o.Window)
+			}
 			return
 		default:
 			r.violate("%s: state %q", name, st.State)
 			return
 		}
+		sent := time.Now()
 		got, ok := r.call(ctx, http.MethodGet, b.url+"/v1/programs/"+r.o.Program+"/queue/"+b.ticket, "", "", "", &r.pollLat)
 		if !ok {
 			time.Sleep(time.Second)
-			continue // as it stood: waiting again
+			continue // as it stood: waiting again, from the answer it had
 		}
+		asked, now = sent, time.Now()
 		r.polls.Add(1)
 		st = got
 	}
@@ -452,6 +471,7 @@ func (r *runner) verify(ctx context.Context, rep *Report) {
 	o := r.o
 	bad := func(format string, args ...any) { r.violate(format, args...) }
 	var lastSale, firstAdmit time.Time
+	var lateUnseen int64
 	positions := map[int64]int{}
 	for i := range r.buyers {
 		b := &r.buyers[i]
@@ -473,6 +493,9 @@ func (r *runner) verify(ctx context.Context, rep *Report) {
 		}
 		if b.expired {
 			rep.Late++
+			if b.firstAdmitted.IsZero() {
+				lateUnseen++ // admitted, but back only once it had expired
+			}
 		}
 		if !b.boughtAt.IsZero() {
 			rep.Sold++
@@ -523,7 +546,7 @@ func (r *runner) verify(ctx context.Context, rep *Report) {
 		bad("sku state: %v", err)
 	}
 	rep.Admitted, rep.LedgerSold = q.Serving, st.Sold
-	rep.Unseen = max(rep.Admitted-rep.SeenAdmitted, 0)
+	rep.Unseen = max(rep.Admitted-rep.SeenAdmitted-lateUnseen, 0) // each admitted buyer counted once
 	if !firstAdmit.IsZero() && !lastSale.IsZero() {
 		rep.SaleTime = lastSale.Sub(firstAdmit)
 	}

@@ -334,7 +334,7 @@ func (l *Ledger) DeleteQueue(ctx context.Context, program keys.ID) (bool, error)
 
 // QueuedPrograms lists the programs with a waiting room (for the pacer).
 func (l *Ledger) QueuedPrograms(ctx context.Context) ([]QueueConfig, error) {
-	rows, err := l.db.QueryContext(ctx, `SELECT program FROM queues ORDER BY program`)
+	rows, err := l.queryRepeated(ctx, `SELECT program FROM queues ORDER BY program`)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: queued programs: %w", err)
 	}
@@ -383,7 +383,7 @@ func (p ProgramStock) SoldOut() bool {
 // ProgramStock reads what program has to sell.
 func (l *Ledger) ProgramStock(ctx context.Context, program keys.ID) (ProgramStock, error) {
 	var p ProgramStock
-	err := l.db.QueryRowContext(ctx, `SELECT
+	err := l.queryRowRepeated(ctx, `SELECT
 			COALESCE(SUM(CASE WHEN ended_at = 0 THEN 0 ELSE 1 END), 0),
 			COALESCE(SUM(CASE WHEN ended_at = 0 THEN 1 ELSE 0 END), 0),
 			COALESCE(SUM(CASE WHEN ended_at = 0 THEN total - sold - held ELSE 0 END), 0),

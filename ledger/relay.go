@@ -202,7 +202,7 @@ type RelayPartition struct {
 func (l *Ledger) PartitionState(ctx context.Context, sink string, partition int) (RelayPartition, error) {
 	p := RelayPartition{Sink: sink, Partition: partition}
 	var lease, next int64
-	err := l.db.QueryRowContext(ctx, `SELECT delivered_seq, owner, lease_until, attempts, next_at, last_error
+	err := l.queryRowRepeated(ctx, `SELECT delivered_seq, owner, lease_until, attempts, next_at, last_error
 		FROM relay_partitions WHERE sink = $1 AND partition = $2`, sink, partition).
 		Scan(&p.Delivered, &p.Owner, &lease, &p.Attempts, &next, &p.LastError)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -219,7 +219,7 @@ func (l *Ledger) PartitionState(ctx context.Context, sink string, partition int)
 // after < Seq <= upTo, in Seq order. upTo is a SettledSeq: no event at or
 // below it can still appear.
 func (l *Ledger) PartitionEvents(ctx context.Context, partition int, after, upTo int64, limit int) ([]Event, error) {
-	rows, err := l.db.QueryContext(ctx, `SELECT `+eventColumns+` FROM events
+	rows, err := l.queryRepeated(ctx, `SELECT `+eventColumns+` FROM events
 		WHERE partition = $1 AND seq > $2 AND seq <= $3 ORDER BY seq LIMIT $4`, partition, after, upTo, limit)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: partition events: %w", err)
@@ -231,7 +231,7 @@ func (l *Ledger) PartitionEvents(ctx context.Context, partition int, after, upTo
 // PendingPartitions are the sink's partitions with events after their
 // cursor, up to upTo.
 func (l *Ledger) PendingPartitions(ctx context.Context, sink string, upTo int64) ([]int, error) {
-	rows, err := l.db.QueryContext(ctx, `SELECT r.partition FROM relay_partitions r WHERE r.sink = $1 AND EXISTS (
+	rows, err := l.queryRepeated(ctx, `SELECT r.partition FROM relay_partitions r WHERE r.sink = $1 AND EXISTS (
 		SELECT 1 FROM events e WHERE e.partition = r.partition AND e.seq > r.delivered_seq AND e.seq <= $2)`, sink, upTo)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: pending partitions: %w", err)

@@ -8,8 +8,9 @@ import (
 )
 
 // stmts keeps the queries repeated with only their arguments changing (the
-// sweeper's, every SweepEvery on every replica, and the read of a SKU)
-// prepared, on SQLite only. SQLite parses a
+// sweeper's, every SweepEvery on every replica; the pacer's and the
+// waiting room's reads of a program; the relay's polls; the read of a
+// SKU) prepared, on SQLite only. SQLite parses a
 // query's text on every call, and that parsing was half the CPU of a test
 // that sweeps every 50 ms on two replicas (TestModel on SQLite, under the
 // race detector). PostgreSQL needs none of it: pgx caches each statement's

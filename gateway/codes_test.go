@@ -50,7 +50,7 @@ func TestCodesRaced(t *testing.T) {
 	eachDriver(t, func(t *testing.T, driver string) {
 		codes, requests := 1_000, 5_000
 		if driver == ledger.SQLite {
-			codes, requests = 400, 2_000
+			codes, requests = 250, 1_250
 		}
 		if os.Getenv("STOCKGATE_FULL_SCALE") != "" {
 			codes, requests = 10_000, 50_000

@@ -84,7 +84,7 @@ vet:
 # then a short run of each fuzz target (their seed inputs already ran above).
 test: deps-redis deps-postgres deps-pgbouncer deps-promtool deps-chromium vet
 	$(GO) test -race -count=1 -timeout 15m ./...
-	@$(MAKE) --no-print-directory fuzz FUZZTIME=1000x
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=500x
 
 # The flash sale and the sold-out storm through the build at BASE and the
 # working tree, side by side in interleaved rounds (about 5 minutes).

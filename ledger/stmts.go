@@ -24,16 +24,25 @@ type stmts struct {
 
 func newStmts(db *sql.DB) *stmts { return &stmts{db: db, m: map[string]*sql.Stmt{}} }
 
-// get is q prepared, preparing it on first use.
+// get is q prepared, preparing it on first use. It prepares outside the
+// lock: preparing waits for SQLite's one connection, which a long
+// transaction may hold, and the other queries must not wait behind it.
 func (s *stmts) get(ctx context.Context, q string) (*sql.Stmt, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if st, ok := s.m[q]; ok {
+	st, ok := s.m[q]
+	s.mu.Unlock()
+	if ok {
 		return st, nil
 	}
 	st, err := s.db.PrepareContext(ctx, q)
 	if err != nil {
 		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if first, ok := s.m[q]; ok { // prepared meanwhile by another caller
+		st.Close()
+		return first, nil
 	}
 	s.m[q] = st
 	return st, nil

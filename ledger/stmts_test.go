@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 
 	"github.com/stockgate/stockgate/internal/testenv"
@@ -27,6 +28,16 @@ func TestRepeatedQueriesOnASharedFile(t *testing.T) {
 	if _, err := a.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 10, Shards: 1, MaxPerOrder: 4}); err != nil {
 		t.Fatal(err)
 	}
+	// Many first uses at once: one statement kept, the others' closed.
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			if st, err := b.SKU(ctx, sku); err != nil || st.Total != 10 {
+				t.Errorf("concurrent first SKU = %+v, %v", st, err)
+			}
+		})
+	}
+	wg.Wait()
 	for _, l := range []*ledger.Ledger{a, b} {
 		if st, err := l.SKU(ctx, sku); err != nil || st.Sold != 0 {
 			t.Fatalf("SKU = %+v, %v", st, err)

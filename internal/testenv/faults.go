@@ -44,12 +44,17 @@ func (d *ReplyDropper) take(b []byte) bool {
 
 // Dial is the function to give the client as its Dialer.
 func (d *ReplyDropper) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	return dialWrapped(ctx, network, addr, func(c net.Conn) net.Conn { return &dropConn{Conn: c, d: d} })
+}
+
+// dialWrapped dials addr and hands back the connection wrapped.
+func dialWrapped(ctx context.Context, network, addr string, wrap func(net.Conn) net.Conn) (net.Conn, error) {
 	var nd net.Dialer
 	c, err := nd.DialContext(ctx, network, addr)
 	if err != nil {
 		return nil, err
 	}
-	return &dropConn{Conn: c, d: d}, nil
+	return wrap(c), nil
 }
 
 type dropConn struct {
@@ -89,12 +94,7 @@ func (l *Latency) Set(d time.Duration) { l.delay.Store(int64(d)) }
 
 // Dial is the function to give the client as its Dialer.
 func (l *Latency) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	var nd net.Dialer
-	c, err := nd.DialContext(ctx, network, addr)
-	if err != nil {
-		return nil, err
-	}
-	return &slowConn{Conn: c, l: l}, nil
+	return dialWrapped(ctx, network, addr, func(c net.Conn) net.Conn { return &slowConn{Conn: c, l: l} })
 }
 
 type slowConn struct {

@@ -884,10 +884,19 @@ func (s *Service) admitted(ctx context.Context, a Ask, program keys.ID, r reques
 
 // committedIn answers a request refused at a waiting room's door: a retry
 // of one that committed stock of one of skus gets its answer, any other
-// the refusal. Which keys committed is known from memory (replays, read
-// incrementally and once at a time for all askers), so a flood of
-// requests without a token costs no ledger read each.
+// the refusal. Which purchases and holds committed is known from memory
+// (replays, read incrementally and once at a time for all askers), so a
+// flood of them without a token costs no ledger read each; a cart is
+// looked up by its key.
 func (s *Service) committedIn(ctx context.Context, r request, skus []stock.SKU, refusal answer) answer {
+	switch r.op {
+	case ledger.OpPurchase, ledger.OpHold, ledger.OpSeatHold:
+	default:
+		// A SKU's set holds only the requests of that one SKU (a cart's
+		// request row is its program's): one read by its key, as every
+		// refusal of a cart costs.
+		return s.lookupOr(ctx, r, refusal)
+	}
 	for _, sku := range skus {
 		st, err := s.settings.Get(ctx, sku)
 		if err != nil {

@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"net/http"
 	"testing"
+	"time"
 
+	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/stock"
 )
 
@@ -78,6 +80,57 @@ func TestQueueDoorReplaysCarts(t *testing.T) {
 			if got := a.state(t, s); got != before[s] {
 				t.Errorf("%s after the retries: %+v, want %+v", s, got, before[s])
 			}
+		}
+	})
+}
+
+// A purchase and a hold retried without their tokens right after they
+// commit are answered at once on the other replica, though it had just
+// refused another buyer's tokenless purchase of the ticket (so it had read
+// which keys committed, a moment before the sale) and its cached settings
+// predate the sale (they are kept for a minute there, so a stale memory
+// would show for a minute).
+func TestQueueDoorReplaysAtOnce(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
+	eachDriver(t, func(t *testing.T, driver string) {
+		dsn := ledgerDSN(t, driver)
+		a := startEnv(t, envOptions{driver: driver, dsn: dsn, pacer: true})
+		b := startEnv(t, envOptions{driver: driver, dsn: dsn, tune: func(o *app.Options) { o.Sale.SettingsTTL = time.Minute }})
+		sku := newSKU(t)
+		a.putSKU(t, sku, 10, 1, 2)
+		a.putQueue(t, sku.Program, qaRoom(0, 100, 60, "5"))
+		hold := func(e *env, key, buyer, token string) reply {
+			h := map[string]string{"Idempotency-Key": key}
+			if token != "" {
+				h["Admission-Token"] = token
+			}
+			return e.do(t, http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/holds", h,
+				fmt.Sprintf(`{"buyer":%q,"quantity":1}`, buyer))
+		}
+		for i := range 4 {
+			buyer, key := fmt.Sprintf("u%d", i), fmt.Sprintf("k%d", i)
+			adm := a.admitted(t, sku.Program, buyer)
+			if r := b.buy(t, sku, fmt.Sprintf("probe-%d", i), "mallory", 1); r.status != http.StatusForbidden || problemKind(r) != "admission-required" {
+				t.Fatalf("mallory's purchase without a token = %d %s", r.status, r.body)
+			}
+			var first, retry reply
+			if i%2 == 0 {
+				first = a.buyWith(t, sku, key, buyer, 1, adm.Admission)
+				retry = b.buy(t, sku, key, buyer, 1)
+			} else {
+				first = hold(a, key, buyer, adm.Admission)
+				retry = hold(b, key, buyer, "")
+			}
+			if first.status != http.StatusCreated {
+				t.Fatalf("%s with its admission = %d %s", buyer, first.status, first.body)
+			}
+			if retry.status != http.StatusCreated || retry.header.Get("Idempotent-Replayed") != "true" || replyID(retry) != replyID(first) {
+				t.Errorf("%s's request %d retried on the other replica without its token = %d %s, want 201 replaying %s",
+					buyer, i, retry.status, retry.body, replyID(first))
+			}
+		}
+		if st := a.state(t, sku); st.Sold != 2 || st.Held != 2 {
+			t.Errorf("%+v, want 2 sold and 2 held", st)
 		}
 	})
 }

@@ -887,7 +887,10 @@ func (s *Service) admitted(ctx context.Context, a Ask, program keys.ID, r reques
 // the refusal. Which purchases and holds committed is known from memory
 // (replays, read incrementally and once at a time for all askers), so a
 // flood of them without a token costs no ledger read each; a cart is
-// looked up by its key.
+// looked up by its key. A key the memory lacks is read again (unless its
+// set is sealed), never taken as absent as of the row version the cached
+// settings show: a retry may come right after its request committed on
+// another replica, after that version was cached.
 func (s *Service) committedIn(ctx context.Context, r request, skus []stock.SKU, refusal answer) answer {
 	switch r.op {
 	case ledger.OpPurchase, ledger.OpHold, ledger.OpSeatHold:
@@ -898,11 +901,10 @@ func (s *Service) committedIn(ctx context.Context, r request, skus []stock.SKU, 
 		return s.lookupOr(ctx, r, refusal)
 	}
 	for _, sku := range skus {
-		st, err := s.settings.Get(ctx, sku)
-		if err != nil {
+		if _, err := s.settings.Get(ctx, sku); err != nil {
 			continue // no such SKU: nothing of it committed
 		}
-		committed, err := s.replays.committedAt(ctx, sku, r.scope, r.key, st.Version)
+		committed, err := s.replays.committed(ctx, sku, r.scope, r.key)
 		if err != nil {
 			s.log.WarnContext(ctx, "committed keys", "sku", sku.String(), "err", err)
 			return ansUnavailable

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
@@ -303,4 +305,105 @@ func TestPoolAttacks(t *testing.T) {
 	if r := e.do(t, http.MethodPut, path+"/pools/late", nil, `{"allotment":1}`); r.status != http.StatusConflict {
 		t.Errorf("a new pool of an ended ticket = %d %s, want 409", r.status, r.body)
 	}
+}
+
+// A refused pool change changes nothing: a new pool asking more than the
+// public stock has left is refused 409 total-below-committed and no pool
+// is made (none listed, its stock unknown-pool, the public stock whole in
+// the ledger and in Redis); an existing pool shrunk below what it sold,
+// or grown past what the public stock has left, keeps its allotment and
+// rule.
+func TestPoolChangeRefusedChangesNothing(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newEnv(t, driver)
+		sku := newSKU(t)
+		e.putSKU(t, sku, 10, 1, 4)
+		path := "/v1/admin/skus/" + sku.Program.String() + "/" + sku.Ticket.String() + "/pools/"
+		refused := func(pool, body string) {
+			t.Helper()
+			if r := e.do(t, http.MethodPut, path+pool, nil, body); r.status != http.StatusConflict || problemKind(r) != "total-below-committed" {
+				t.Fatalf("PUT pool %s %s = %d %s, want 409 total-below-committed", pool, body, r.status, r.body)
+			}
+		}
+		refused("fans", `{"allotment":11}`)
+		if ps := e.pools(t, sku); len(ps) != 1 || ps["public"].Allotment != 10 {
+			t.Errorf("pools after a refused new pool: %+v, want the public pool of 10 alone", ps)
+		}
+		if r := e.buyIn(t, sku, "fans", "f1", "ann", 1, ""); r.status != http.StatusNotFound || problemKind(r) != "unknown-pool" {
+			t.Errorf("a purchase in the refused pool = %d %s, want 404 unknown-pool", r.status, r.body)
+		}
+		if st := e.state(t, sku); st.Sold != 0 || st.RedisRemaining != 10 {
+			t.Errorf("the public stock after a refused new pool: %+v, want 10 left in Redis", st)
+		}
+		e.putPool(t, sku, "vip", `{"allotment":4,"access":"code"}`)
+		code := e.addCodes(t, sku, "vip", 1, 3)[0]
+		if r := e.buyIn(t, sku, "vip", "v1", "ann", 3, codeBody(code)); r.status != http.StatusCreated {
+			t.Fatalf("3 of vip = %d %s", r.status, r.body)
+		}
+		before := e.pools(t, sku)
+		refused("vip", `{"allotment":2}`)
+		refused("vip", `{"allotment":11}`)
+		if diff := cmp.Diff(before, e.pools(t, sku)); diff != "" {
+			t.Errorf("pools after refused changes of vip (-before +after):\n%s", diff)
+		}
+		if r := e.buyIn(t, sku, "vip", "v2", "bob", 1, ""); r.status != http.StatusForbidden || problemKind(r) != "pool-access-denied" && problemKind(r) != "access-code-invalid" {
+			t.Errorf("vip without its code after the refused changes = %d %s, want it still behind its code", r.status, r.body)
+		}
+		if r := e.do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/end", nil, ""); r.status != http.StatusOK {
+			t.Fatalf("end the sale = %d %s", r.status, r.body)
+		}
+		if r := e.do(t, http.MethodPut, path+"late", nil, `{"allotment":1}`); r.status != http.StatusConflict || problemKind(r) != "sale-ended" {
+			t.Errorf("a new pool of an ended ticket = %d %s, want 409 sale-ended", r.status, r.body)
+		}
+		if _, ok := e.pools(t, sku)["late"]; ok {
+			t.Errorf("a pool refused for the ended sale is listed: %+v", e.pools(t, sku))
+		}
+	})
+}
+
+// Admins on two replicas create the same pool at once with allotments the
+// public stock can and cannot give: the refused changes make nothing, the
+// pool ends with one of the allotments answered 200, the ticket's pools
+// add up to its total, and each gate shows what its ledger row has left.
+// A pool every change of which is refused is never made.
+func TestPoolCreatedConcurrently(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		dsn := ledgerDSN(t, driver)
+		a := startEnv(t, envOptions{driver: driver, dsn: dsn})
+		b := startEnv(t, envOptions{driver: driver, dsn: dsn})
+		sku := newSKU(t)
+		a.putSKU(t, sku, 10, 1, 4)
+		path := "/v1/admin/skus/" + sku.Program.String() + "/" + sku.Ticket.String() + "/pools/"
+		var mu sync.Mutex
+		granted := map[int64]bool{}
+		var wg sync.WaitGroup
+		for i, n := range []int64{11, 3, 12, 4, 13, 5, 14, 2} {
+			for pool, n := range map[string]int64{"race": n, "never": n + 10} {
+				wg.Go(func() {
+					r := []*env{a, b}[i%2].do(t, http.MethodPut, path+pool, nil, fmt.Sprintf(`{"allotment":%d}`, n))
+					unchanged := strings.Contains(string(r.body), "nothing changed") // the gates not closed within ReseedWait
+					switch {
+					case r.status == http.StatusServiceUnavailable && unchanged:
+					case (r.status == http.StatusOK || r.status == http.StatusServiceUnavailable) && pool == "race" && n <= 10:
+						mu.Lock()
+						granted[n] = true // a 503 here: changed, its gate rebuilt later
+						mu.Unlock()
+					case r.status == http.StatusConflict && problemKind(r) == "total-below-committed" && n > 10:
+					default:
+						t.Errorf("PUT pool %s allotment %d = %d %s", pool, n, r.status, r.body)
+					}
+				})
+			}
+		}
+		wg.Wait()
+		ps := a.pools(t, sku)
+		if _, ok := ps["never"]; ok || !granted[ps["race"].Allotment] || len(ps) != 2 || ps["public"].Allotment+ps["race"].Allotment != 10 {
+			t.Errorf("pools %+v after allotments %v granted, want race with one of them and public the rest", ps, granted)
+		}
+		for name, s := range map[string]stock.SKU{"public": sku, "race": sku.InPool(keys.MustID("race"))} {
+			waitFor(t, 10*time.Second, name+"'s gate to show what its row has left", func() bool {
+				return a.state(t, s).RedisRemaining == ps[name].Remaining
+			})
+		}
+	})
 }

@@ -30,6 +30,9 @@ const (
 // no new allotment.
 var ErrPoolClosed = errors.New("ledger: pool closed")
 
+// ErrPoolExists: a change meant to make a pool found its row made already.
+var ErrPoolExists = errors.New("ledger: pool exists")
+
 // PoolRule is a pool's window and access rule.
 type PoolRule struct {
 	OpensAt, ClosesAt time.Time // zero: no bound
@@ -50,6 +53,9 @@ type PoolConfig struct {
 	Allotment int64
 	Shards    int
 	Rule      PoolRule
+	// Create makes the pool: PutPool inserts its row in the change's own
+	// transaction, so a refused change leaves no pool behind.
+	Create bool
 }
 
 // Validate reports stock.ErrInvalid for a pool config no pool may have.
@@ -89,11 +95,7 @@ func (l *Ledger) EnsurePool(ctx context.Context, pool stock.SKU) error {
 		return fmt.Errorf("%w: not a pool's sku", stock.ErrInvalid)
 	}
 	base := pool.Base()
-	res, err := l.db.ExecContext(ctx, `
-		INSERT INTO skus (program, ticket, total, shards, max_per_order, per_buyer, hold_ttl_ms, hold_ttl_max_ms, updated_at)
-		SELECT program, $3, 0, 1, max_per_order, per_buyer, hold_ttl_ms, hold_ttl_max_ms, $4
-		FROM skus WHERE program = $1 AND ticket = $2 AND seated = 0
-		ON CONFLICT (program, ticket) DO NOTHING`, base.Program, base.Ticket, pool.Ticket, l.now().UnixMilli())
+	res, err := l.db.ExecContext(ctx, insertPool, base.Program, base.Ticket, pool.Ticket, l.now().UnixMilli())
 	if err != nil {
 		return fmt.Errorf("ledger: ensure pool: %w", err)
 	}
@@ -111,11 +113,21 @@ func (l *Ledger) EnsurePool(ctx context.Context, pool stock.SKU) error {
 	return err
 }
 
+// insertPool makes a pool's row ($3) of a ticket ($1, $2) that is not
+// seated, with no stock and the ticket's settings, if it has none.
+const insertPool = `
+		INSERT INTO skus (program, ticket, total, shards, max_per_order, per_buyer, hold_ttl_ms, hold_ttl_max_ms, updated_at)
+		SELECT program, $3, 0, 1, max_per_order, per_buyer, hold_ttl_ms, hold_ttl_max_ms, $4
+		FROM skus WHERE program = $1 AND ticket = $2 AND seated = 0
+		ON CONFLICT (program, ticket) DO NOTHING`
+
 // PutPool sets a pool's allotment and rule: units move between the public
 // stock and the pool in one transaction (the public stock must have them
 // left; the pool may not shrink below what it sold and holds), and both
 // rows are marked for a gate rebuild. The pool's row must exist
-// (EnsurePool). A closed pool is refused with ErrPoolClosed.
+// (EnsurePool), unless c.Create: then the transaction makes it, and
+// ErrPoolExists says it was there already. A closed pool is refused with
+// ErrPoolClosed.
 func (l *Ledger) PutPool(ctx context.Context, c PoolConfig) (SKUState, error) {
 	if err := c.Validate(); err != nil {
 		return SKUState{}, err
@@ -126,6 +138,19 @@ func (l *Ledger) PutPool(ctx context.Context, c PoolConfig) (SKUState, error) {
 		return SKUState{}, notCommitted("put pool: begin", err)
 	}
 	defer tx.Rollback()
+	base := c.SKU.Base()
+	if c.Create {
+		res, err := tx.ExecContext(ctx, insertPool, base.Program, base.Ticket, c.SKU.Ticket, now)
+		if err != nil {
+			return SKUState{}, notCommitted("put pool: create", err)
+		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			if _, err := scanSKU(tx.QueryRowContext(ctx, selectSKU, c.SKU.Program, c.SKU.Ticket)); err == nil {
+				return SKUState{}, ErrPoolExists
+			}
+			return SKUState{}, fmt.Errorf("%w: no ticket to make a pool of (or a seated one)", stock.ErrUnknownSKU)
+		}
+	}
 	cur, err := scanSKU(tx.QueryRowContext(ctx, selectSKU, c.SKU.Program, c.SKU.Ticket))
 	if err != nil {
 		return SKUState{}, err
@@ -135,7 +160,7 @@ func (l *Ledger) PutPool(ctx context.Context, c PoolConfig) (SKUState, error) {
 	}
 	// The public row first (its ticket sorts before its pools'): the order
 	// every write that moves stock takes rows in.
-	base, delta := c.SKU.Base(), c.Allotment-cur.Total
+	delta := c.Allotment - cur.Total
 	if b, err := scanSKU(tx.QueryRowContext(ctx, selectSKU, base.Program, base.Ticket)); err != nil {
 		return SKUState{}, err
 	} else if !b.EndedAt.IsZero() {

@@ -166,7 +166,8 @@ func (p PoolSpec) ledger() (ledger.PoolConfig, error) {
 // PutPool creates a pool of a ticket or changes it: its allotment moves
 // between the public pool and it, behind both gates' fences (the public
 // one first, as every two-gate change takes them), so neither gate ever
-// shows more than the ledger allows.
+// shows more than the ledger allows. A new pool has no gate until the
+// change has made it; a refused change makes no pool.
 func (s *Service) PutPool(ctx context.Context, p PoolSpec) (PoolState, error) {
 	c, err := p.ledger()
 	if err != nil {
@@ -180,24 +181,43 @@ func (s *Service) PutPool(ctx context.Context, p PoolSpec) (PoolState, error) {
 			return PoolState{}, refuse(ErrInvalid, "into names no pool of this ticket")
 		}
 	}
-	switch err := s.ledger.EnsurePool(ctx, pool); {
+	switch b, err := s.ledger.SKU(ctx, base); {
 	case errors.Is(err, stock.ErrUnknownSKU):
 		return PoolState{}, ErrUnknownSKU
-	case errors.Is(err, stock.ErrInvalid):
-		return PoolState{}, refuse(ErrSeated, "a seated ticket sells its seats; it has no pools")
 	case err != nil:
-		s.log.ErrorContext(ctx, "ensure pool", "sku", pool.String(), "err", err)
+		s.log.ErrorContext(ctx, "read ticket", "sku", base.String(), "err", err)
 		return PoolState{}, refuse(ErrUnavailable, "ledger unavailable")
+	case b.Seated:
+		return PoolState{}, refuse(ErrSeated, "a seated ticket sells its seats; it has no pools")
 	}
 	var st ledger.SKUState
 	var putErr error
-	_, err = s.rebuildWith(ctx, base, reasonAdmin, true, s.opts.ReseedWait, func(ctx context.Context) error {
-		_, err := s.rebuildWith(ctx, pool, reasonAdmin, true, s.opts.ReseedWait, func(ctx context.Context) error {
-			st, putErr = s.ledger.PutPool(ctx, c)
-			return putErr
+	put := func(ctx context.Context) error {
+		st, putErr = s.ledger.PutPool(ctx, c)
+		return putErr
+	}
+	_, err = s.ledger.SKU(ctx, pool)
+	if c.Create = errors.Is(err, stock.ErrUnknownSKU); err != nil && !c.Create {
+		s.log.ErrorContext(ctx, "read pool", "sku", pool.String(), "err", err)
+		return PoolState{}, refuse(ErrUnavailable, "ledger unavailable")
+	}
+	if c.Create {
+		// A new pool is made by the change's own transaction, so a refused
+		// change makes none. It has no gate to fence yet; its row says the
+		// gate is stale until it is built, after the change.
+		_, err = s.rebuildWith(ctx, base, reasonAdmin, true, s.opts.ReseedWait, put)
+		if errors.Is(putErr, ledger.ErrPoolExists) {
+			c.Create, putErr = false, nil // made meanwhile by another change: change it as it is
+		} else if err == nil {
+			_, err = s.rebuild(ctx, pool, reasonAdmin, true, s.opts.ReseedWait)
+		}
+	}
+	if !c.Create {
+		_, err = s.rebuildWith(ctx, base, reasonAdmin, true, s.opts.ReseedWait, func(ctx context.Context) error {
+			_, err := s.rebuildWith(ctx, pool, reasonAdmin, true, s.opts.ReseedWait, put)
+			return err
 		})
-		return err
-	})
+	}
 	for _, sku := range []stock.SKU{base, pool} {
 		s.forgetClosed(sku)
 		s.notifyRestocked(ctx, sku)

@@ -584,3 +584,75 @@ func TestCartCopiesOnTwoReplicas(t *testing.T) {
 		}
 	})
 }
+
+// A refund of a held cart that was never confirmed is a 409 that names
+// the cart's state (held, cancelled, expired), and moves nothing, while
+// GET of the cart answers it; the cart once confirmed is refunded, and an
+// unknown cart is still 404.
+func TestRefundHeldCartNotBought(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newEnv(t, driver)
+		p, skus := cartSKUs(t, e, [3]int64{20, 20, 20}, 0)
+		body := func(buyer string, ttl int) string {
+			return strings.TrimSuffix(cartBody(buyer, map[string]int64{"adult": 1, "child": 2}, "adult", "child"), "}") +
+				fmt.Sprintf(`,"ttl_seconds":%d}`, ttl)
+		}
+		hold := func(key, buyer string, ttl int) string {
+			t.Helper()
+			r, c := e.cartCall(t, "/v1/programs/"+p.String()+"/cart-holds", key, body(buyer, ttl))
+			if r.status != http.StatusCreated {
+				t.Fatalf("held cart %s = %d %s", key, r.status, r.body)
+			}
+			return c.CartID
+		}
+		refundRefused := func(id, buyer, cartState string) {
+			t.Helper()
+			if r := e.do(t, http.MethodGet, "/v1/carts/"+id, nil, ""); r.status != http.StatusOK {
+				t.Fatalf("GET the %s cart = %d %s", cartState, r.status, r.body)
+			}
+			before := map[stock.SKU]state{}
+			for _, s := range skus {
+				before[s] = e.state(t, s)
+			}
+			for n := range 2 {
+				r := e.act(t, "/v1/carts/"+id+"/refund", fmt.Sprintf("refund-%s-%d", id, n), buyer)
+				var p struct{ Detail string }
+				_ = json.Unmarshal(r.body, &p)
+				if r.status != http.StatusConflict || problemKind(r) != "cart-not-bought" || !strings.Contains(p.Detail, "the cart is "+cartState) {
+					t.Errorf("refund of the %s cart = %d %s, want 409 cart-not-bought naming %q", cartState, r.status, r.body, cartState)
+				}
+			}
+			for _, s := range skus {
+				if got := e.state(t, s); got != before[s] {
+					t.Errorf("%s after refunds of the %s cart: %+v, want %+v", s, cartState, got, before[s])
+				}
+			}
+		}
+		held := hold("ann-cart", "ann", 600)
+		refundRefused(held, "ann", "held")
+		if r := e.act(t, "/v1/carts/"+held+"/refund", "refund-eve", "eve"); r.status != http.StatusForbidden || problemKind(r) != "not-owner" {
+			t.Errorf("refund of ann's cart by eve = %d %s, want 403 not-owner", r.status, r.body)
+		}
+		cancelled := hold("bob-cart", "bob", 600)
+		if r := e.act(t, "/v1/carts/"+cancelled+"/cancel", "bob-cancel", "bob"); r.status != http.StatusOK {
+			t.Fatalf("cancel bob's cart = %d %s", r.status, r.body)
+		}
+		refundRefused(cancelled, "bob", "cancelled")
+		expired := hold("cal-cart", "cal", 1)
+		waitFor(t, 10*time.Second, "cal's cart to expire", func() bool {
+			var c heldCartReply
+			r := e.do(t, http.MethodGet, "/v1/carts/"+expired, nil, "")
+			return json.Unmarshal(r.body, &c) == nil && len(c.Holds) > 0 && c.Holds[0].State == "expired"
+		})
+		refundRefused(expired, "cal", "expired")
+		if r := e.act(t, "/v1/carts/"+held+"/confirm", "ann-confirm", "ann"); r.status != http.StatusCreated {
+			t.Fatalf("confirm ann's cart = %d %s", r.status, r.body)
+		}
+		if r, c := e.cartCall(t, "/v1/carts/"+held+"/refund", "ann-refund", `{"buyer":"ann"}`); r.status != http.StatusOK || len(c.Orders) != 2 {
+			t.Errorf("refund of ann's confirmed cart = %d %s, want 200 with its 2 orders", r.status, r.body)
+		}
+		if r := e.act(t, "/v1/carts/nope/refund", "refund-nope", "ann"); r.status != http.StatusNotFound || problemKind(r) != "unknown-cart" {
+			t.Errorf("refund of an unknown cart = %d %s, want 404 unknown-cart", r.status, r.body)
+		}
+	})
+}

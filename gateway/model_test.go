@@ -1084,7 +1084,7 @@ func (m *sim) cartDo(c *mCart, action, buyer string) {
 	case action == "confirm":
 		want = http.StatusCreated
 	case action == "refund" && c.state != "bought" && c.state != ledger.Confirmed:
-		want, kind = http.StatusNotFound, "unknown-cart" // a held cart has no orders
+		want, kind = http.StatusConflict, "cart-not-bought" // a held cart has no orders
 	}
 	key, body := m.newKey(), fmt.Sprintf(`{"buyer":%q}`, buyer)
 	r := m.post(m.env(), path, key, body)

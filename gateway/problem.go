@@ -104,6 +104,7 @@ var statusOf = map[*sale.Err]int{
 	sale.ErrHoldCancelled:     http.StatusConflict,
 	sale.ErrHoldConfirmed:     http.StatusConflict,
 	sale.ErrInCart:            http.StatusConflict,
+	sale.ErrCartNotBought:     http.StatusConflict,
 	sale.ErrUnknownPool:       http.StatusNotFound,
 	sale.ErrPoolNotOpen:       http.StatusConflict,
 	sale.ErrPoolClosed:        http.StatusConflict,

@@ -453,10 +453,16 @@ func (l *Ledger) CancelCart(ctx context.Context, id, buyer keys.ID, req Request)
 	return c, changed, nil
 }
 
+// ErrNotBought: a held cart never confirmed (held, cancelled or expired)
+// has no orders to refund. It is an ErrNotFound (of the cart's orders) for
+// the callers that do not tell it apart.
+var ErrNotBought = fmt.Errorf("%w: the cart was never bought", ErrNotFound)
+
 // RefundCart refunds every order of a cart not refunded yet, in one
 // transaction, as Refund does one order's. changed lists the orders it
 // refunded (each may owe Redis a restore); none for a cart refunded
-// before (a retry). A held cart not confirmed has no orders: ErrNotFound.
+// before (a retry). A held cart not confirmed has no orders: ErrNotBought,
+// with the cart (its holds say why).
 func (l *Ledger) RefundCart(ctx context.Context, id, buyer keys.ID, req Request) (_ Cart, changed []keys.ID, err error) {
 	defer l.observe("cart_refund", time.Now(), &err)
 	now := l.now().UTC().Truncate(time.Millisecond)
@@ -470,7 +476,7 @@ func (l *Ledger) RefundCart(ctx context.Context, id, buyer keys.ID, req Request)
 	}
 	defer tx.Rollback()
 	if len(c.Orders) == 0 {
-		return c, nil, fmt.Errorf("%w: the cart has no orders", ErrNotFound)
+		return c, nil, ErrNotBought
 	}
 	var lines []returnLine
 	for i, o := range c.Orders {

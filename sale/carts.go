@@ -223,6 +223,8 @@ func (s *Service) refundCart(ctx context.Context, id, buyer keys.ID, r request) 
 	switch {
 	case errors.Is(err, ledger.ErrDuplicate):
 		return answer{cart: &c, replayed: true}
+	case errors.Is(err, ledger.ErrNotBought):
+		return fail(notBought(c))
 	case err != nil:
 		return s.ownerError(ctx, err, fail(ErrUnknownCart))
 	}
@@ -230,6 +232,20 @@ func (s *Service) refundCart(ctx context.Context, id, buyer keys.ID, r request) 
 		s.returnOwed(ctx, "order", id)
 	}
 	return answer{cart: &c}
+}
+
+// notBought refuses the refund of held cart c, never confirmed, naming
+// its state (its holds end together).
+func notBought(c ledger.Cart) error {
+	state := ledger.Held
+	if len(c.Holds) > 0 {
+		state = holdOf(c.Holds[0]).State
+	}
+	detail := "the cart is " + state + ", never confirmed: nothing was bought to refund"
+	if state == ledger.Held {
+		detail += " (cancel it to give its tickets back)"
+	}
+	return refuse(ErrCartNotBought, detail)
 }
 
 // CartByID returns a cart with its orders as they are now.

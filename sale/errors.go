@@ -38,6 +38,7 @@ var (
 	ErrHoldCancelled     = newErr("hold-cancelled", "the hold was cancelled; nothing was sold")
 	ErrHoldConfirmed     = newErr("hold-confirmed", "the hold became an order; refund the order instead")
 	ErrInCart            = newErr("in-cart", "this hold is a line of a cart: confirm or cancel the cart")
+	ErrCartNotBought     = newErr("cart-not-bought", "the held cart was never confirmed: nothing was bought to refund")
 	ErrUnknownPool       = newErr("unknown-pool", "this ticket has no such pool")
 	ErrPoolNotOpen       = newErr("pool-not-open", "the pool is not open yet")
 	ErrPoolClosed        = newErr("pool-closed", "the pool has closed; its unsold stock moved to another pool")
@@ -80,7 +81,7 @@ var (
 
 // Kinds lists every kind above, for tables that must cover them all.
 func Kinds() []*Err {
-	return []*Err{ErrInvalid, ErrUnknownSKU, ErrUnknownHold, ErrUnknownOrder, ErrUnknownCart, ErrNotOwner, ErrKeyReused, ErrOverMax, ErrSoldOut, ErrLimit, ErrSaleEnded, ErrHoldExpired, ErrHoldCancelled, ErrHoldConfirmed, ErrInCart, ErrUnknownPool, ErrPoolNotOpen, ErrPoolClosed, ErrPoolDenied, ErrCodeInvalid, ErrCodeUsedUp, ErrSeated, ErrNotSeated, ErrNoSeating, ErrUnknownSeats, ErrSeatsTaken, ErrSeatsNotInGate, ErrSeatsSpan, ErrNoAdjacent, ErrSeatMapRefused, ErrBelowCommitted, ErrRebuildBusy, ErrBusy, ErrUnavailable, ErrNotRebuilt, ErrGateNotClosed, ErrSeatsNotInRedis,
+	return []*Err{ErrInvalid, ErrUnknownSKU, ErrUnknownHold, ErrUnknownOrder, ErrUnknownCart, ErrNotOwner, ErrKeyReused, ErrOverMax, ErrSoldOut, ErrLimit, ErrSaleEnded, ErrHoldExpired, ErrHoldCancelled, ErrHoldConfirmed, ErrInCart, ErrCartNotBought, ErrUnknownPool, ErrPoolNotOpen, ErrPoolClosed, ErrPoolDenied, ErrCodeInvalid, ErrCodeUsedUp, ErrSeated, ErrNotSeated, ErrNoSeating, ErrUnknownSeats, ErrSeatsTaken, ErrSeatsNotInGate, ErrSeatsSpan, ErrNoAdjacent, ErrSeatMapRefused, ErrBelowCommitted, ErrRebuildBusy, ErrBusy, ErrUnavailable, ErrNotRebuilt, ErrGateNotClosed, ErrSeatsNotInRedis,
 		ErrUnknownSink, ErrUnknownDeadLetter, ErrRedeliveryFailed, ErrNotSoldOut, ErrNotWaiting, ErrWaitOffered,
 		ErrNoQueue, ErrQueueNotOpen, ErrQueueTicket, ErrAdmissionRequired, ErrAdmissionInvalid, ErrAdmissionUsed, ErrAdmissionExpired, ErrQueuedProgram}
 }

@@ -766,11 +766,6 @@ func reseedHolder() int {
 	return 1
 }
 
-func (l *countingLedger) PurchaseBatch(ctx context.Context, orders []ledger.Order, direct bool) ([]ledger.BatchResult, error) {
-	l.note("PurchaseBatch")
-	return l.Ledger.PurchaseBatch(ctx, orders, direct)
-}
-
 func (l *countingLedger) LoadSeats(ctx context.Context, sku stock.SKU, seats []ledger.Seat) (int64, error) {
 	l.note("LoadSeats")
 	return l.Ledger.LoadSeats(ctx, sku, seats)
@@ -806,9 +801,9 @@ func (l *countingLedger) Confirm(ctx context.Context, id, buyer keys.ID, req led
 	return l.Ledger.Confirm(ctx, id, buyer, req)
 }
 
-func (l *countingLedger) CommitBatch(ctx context.Context, takes []ledger.Take, direct bool) ([]ledger.BatchResult, error) {
-	l.note("CommitBatch")
-	return l.Ledger.CommitBatch(ctx, takes, direct)
+func (l *countingLedger) Commit(ctx context.Context, takes []ledger.Take, direct bool) []ledger.TakeResult {
+	l.note("Commit")
+	return l.Ledger.Commit(ctx, takes, direct)
 }
 
 func (l *countingLedger) ConfirmBatch(ctx context.Context, cs []ledger.HoldRequest) ([]ledger.BatchResult, error) {

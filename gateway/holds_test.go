@@ -683,7 +683,7 @@ func TestHoldsGroupCommitted(t *testing.T) {
 		}
 		after := counted.byMethod()
 		t.Logf("%s: %d takes: %d ledger batches, %d holds and %d purchases alone", driver, n,
-			after["CommitBatch"]-before["CommitBatch"], after["Hold"]-before["Hold"], after["Purchase"]-before["Purchase"])
+			after["Commit"]-before["Commit"], after["Hold"]-before["Hold"], after["Purchase"]-before["Purchase"])
 		for i := range n {
 			r := take(b, i)
 			if r.status != http.StatusCreated || string(r.body) != string(first[i].body) || r.header.Get("Idempotent-Replayed") != "true" {

@@ -460,14 +460,9 @@ type laggingCommits struct {
 	delay time.Duration
 }
 
-func (l laggingCommits) PurchaseBatch(ctx context.Context, orders []ledger.Order, direct bool) ([]ledger.BatchResult, error) {
+func (l laggingCommits) Commit(ctx context.Context, takes []ledger.Take, direct bool) []ledger.TakeResult {
 	time.Sleep(l.delay)
-	return l.Ledger.PurchaseBatch(ctx, orders, direct)
-}
-
-func (l laggingCommits) CommitBatch(ctx context.Context, takes []ledger.Take, direct bool) ([]ledger.BatchResult, error) {
-	time.Sleep(l.delay)
-	return l.Ledger.CommitBatch(ctx, takes, direct)
+	return l.Ledger.Commit(ctx, takes, direct)
 }
 
 // With one admitted buyer per ticket left and nobody walking away, every

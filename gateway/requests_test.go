@@ -391,9 +391,11 @@ func (l *slowCommits) Purchase(ctx context.Context, o ledger.Order) (ledger.Orde
 	return l.Ledger.Purchase(ctx, o)
 }
 
-func (l *slowCommits) PurchaseBatch(ctx context.Context, orders []ledger.Order, direct bool) ([]ledger.BatchResult, error) {
-	l.wait(orders...)
-	return l.Ledger.PurchaseBatch(ctx, orders, direct)
+func (l *slowCommits) Commit(ctx context.Context, takes []ledger.Take, direct bool) []ledger.TakeResult {
+	for _, t := range takes {
+		l.wait(t.Orders...)
+	}
+	return l.Ledger.Commit(ctx, takes, direct)
 }
 
 // Finding 10: the fence waits for work, not for a timer. A purchase the

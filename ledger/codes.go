@@ -106,30 +106,3 @@ func (l *Ledger) CodeUses(ctx context.Context, pool stock.SKU, hash string) (int
 	}
 	return n, nil
 }
-
-// useCode takes one use of a code for buyer inside tx, after the stock
-// rows (the order every stock write takes rows in): the code row is locked
-// by a no-op update, then its standing uses counted. ErrCodeInvalid or
-// ErrCodeUsedUp refuse it (the caller rolls back).
-func useCode(ctx context.Context, tx *sql.Tx, pool stock.SKU, hash string, buyer keys.ID) error {
-	var maxUses int64
-	var bound keys.ID
-	err := tx.QueryRowContext(ctx, `UPDATE access_codes SET max_uses = max_uses WHERE program = $1 AND ticket = $2 AND code_hash = $3
-		RETURNING max_uses, buyer`, pool.Program, pool.Ticket, hash).Scan(&maxUses, &bound)
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		return ErrCodeInvalid
-	case err != nil:
-		return notCommitted("lock code", err)
-	case !bound.IsZero() && bound != buyer:
-		return ErrCodeInvalid
-	}
-	var uses int64
-	if err := tx.QueryRowContext(ctx, codeUsesSQL, pool.Program, pool.Ticket, hash).Scan(&uses); err != nil {
-		return notCommitted("count code uses", err)
-	}
-	if uses >= maxUses {
-		return ErrCodeUsedUp
-	}
-	return nil
-}

@@ -4,8 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"maps"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/stockgate/stockgate/keys"
@@ -110,139 +110,105 @@ func (l *Ledger) ConfirmBatch(ctx context.Context, cs []HoldRequest) (_ []BatchR
 // confirmOrder is the order a confirm of h makes: the hold's stock, gate
 // record and take epoch, under the row key derived from the hold.
 func confirmOrder(h Hold, req Request, now time.Time) Order {
-	return Order{ID: NewID(), IdempotencyKey: ConfirmKey(h.ID), RequestHash: h.RequestHash, SKU: h.SKU, Buyer: h.Buyer,
+	return Order{ID: NewIDOf(h.SKU), IdempotencyKey: ConfirmKey(h.ID), RequestHash: h.RequestHash, SKU: h.SKU, Buyer: h.Buyer,
 		Quantity: h.Quantity, Gate: h.Gate, GateKey: h.IdempotencyKey, HoldID: h.ID, CreatedAt: now, TakeEpoch: h.TakeEpoch,
 		CodeHash: h.CodeHash, SeatIDs: h.SeatIDs, Req: req}
 }
 
 // tryConfirms runs one transaction over orders[live] and returns the
 // indexes that must be decided alone (nothing written then), or nil when
-// it committed. Locks are taken as every stock write takes them: requests
-// (in key order), holds, then SKU rows in SKU order.
+// it committed. Its statements go together (one pipeline on PostgreSQL):
+// the holds' state change, which decides each hold's fate against a
+// sweeper or a cancel as in Confirm; the SKU rows locked in SKU order and
+// moved held to sold once each; the requests with their answers; the
+// order rows; the seat holds' seats sold; the events.
 func (l *Ledger) tryConfirms(ctx context.Context, orders []Order, live []int, seats map[keys.ID]bool, now time.Time) (map[int]bool, error) {
-	tx, err := l.db.BeginTx(ctx, nil)
+	r, err := l.runner(ctx)
 	if err != nil {
-		return nil, notCommitted("confirm batch: begin", err)
+		return nil, notCommitted("confirm batch: connect", err)
 	}
-	defer tx.Rollback()
-	byKey := slices.Clone(live)
-	slices.SortFunc(byKey, func(a, b int) int {
-		ra, rb := orders[a].Req, orders[b].Req
-		if c := ra.Scope.Compare(rb.Scope); c != 0 {
-			return c
+	defer r.close()
+	d, ms := l.driver, now.UnixMilli()
+	hs := newRowset("ttt")
+	sums := map[stock.SKU]int64{}
+	var claims []claimRow
+	rows := make([]Order, 0, len(live))
+	events := make([]Event, 0, len(live))
+	sold := newRowset("t")
+	for _, i := range live {
+		o := orders[i]
+		hs.add(o.HoldID.String(), o.Buyer.String(), o.ID.String())
+		sums[o.SKU] += o.Quantity
+		claims = append(claims, claimRow{req: o.Req, sku: o.SKU, answer: encodeSnapshot(&o, nil)})
+		rows = append(rows, o)
+		events = append(events, confirmEvent(o))
+		if seats[o.HoldID] {
+			sold.add(o.HoldID.String())
 		}
-		return ra.Key.Compare(rb.Key)
-	})
-	taken, err := claimAll(ctx, tx, orders, byKey, now.UnixMilli())
-	if err != nil {
-		return nil, err
 	}
-	if len(taken) > 0 {
-		return taken, nil // retries and reused keys: Confirm answers them
+	skus := slices.SortedFunc(maps.Keys(sums), stock.SKU.Compare)
+	upd := newRowset("tti")
+	for _, sku := range skus {
+		upd.add(sku.Program.String(), sku.Ticket.String(), sums[sku])
 	}
-	// The state change decides each hold's fate, as in Confirm: a hold that
-	// ended or began ending since it was read changes no row here.
-	changed, err := confirmHolds(ctx, tx, orders, live, now)
-	if err != nil {
-		return nil, err
+	changed, updated, claimed, inserted := map[keys.ID]bool{}, map[stock.SKU]bool{}, map[ScopedKey]bool{}, map[keys.ID]bool{}
+	lock := newRowset("t")
+	for _, i := range live {
+		lock.add(orders[i].HoldID.String())
+	}
+	steps := []step{
+		{sql: l.sql.lockHolds, args: lock.args(d)},
+		{sql: l.sql.confirmHolds, args: append([]any{ms}, hs.args(d)...), read: func(rs resultRows) error {
+			var id keys.ID
+			err := rs.Scan(&id)
+			changed[id] = true
+			return err
+		}},
+		l.lockStep(skus, nil),
+		{sql: l.sql.confirmUpdate, args: append([]any{ms}, upd.args(d)...), read: func(rs resultRows) error {
+			var sku stock.SKU
+			err := rs.Scan(&sku.Program, &sku.Ticket)
+			updated[sku] = true
+			return err
+		}},
+		l.claimsStep(now, claims, claimed),
+		l.ordersStep(now, rows, inserted),
+	}
+	if sold.n > 0 {
+		steps = append(steps, step{sql: l.sql.sellSeats, args: sold.args(d)})
+	}
+	steps = append(steps, l.eventsStep(now, events, nil))
+	if err := r.run(ctx, steps); err != nil {
+		return nil, notCommitted("confirm batch", err)
 	}
 	split := map[int]bool{}
 	for _, i := range live {
-		if !changed[orders[i].HoldID] {
+		o := orders[i]
+		// A hold that ended or began ending since it was read changes no
+		// row; a key taken is a retry or a reuse; an order row there is
+		// the hold's, confirmed before: Confirm answers each.
+		if !changed[o.HoldID] || !claimed[ScopedKey{o.Req.Scope, o.Req.Key}] || !inserted[o.IdempotencyKey] {
 			split[i] = true
 		}
 	}
 	if len(split) > 0 {
-		return split, nil
-	}
-	rows := make([]Order, len(live))
-	for j, i := range live {
-		rows[j] = orders[i]
-	}
-	inserted, err := insertOrders(ctx, tx, rows)
-	if err != nil {
-		return nil, err
-	}
-	sums := map[stock.SKU]int64{}
-	for _, i := range live {
-		if !inserted[orders[i].IdempotencyKey] {
-			split[i] = true // the hold's order row exists: Confirm replays it
+		if err := r.end(ctx, false); err != nil {
+			return nil, notCommitted("confirm batch: roll back", err)
 		}
-		sums[orders[i].SKU] += orders[i].Quantity
-	}
-	if len(split) > 0 {
 		return split, nil
 	}
-	skus := make([]stock.SKU, 0, len(sums))
-	for sku := range sums {
-		skus = append(skus, sku)
-	}
-	slices.SortFunc(skus, stock.SKU.Compare)
 	for _, sku := range skus {
-		var v int64
-		err := tx.QueryRowContext(ctx, `UPDATE skus SET held = held - $3, sold = sold + $3, version = version + 1, updated_at = $4
-			WHERE program = $1 AND ticket = $2 AND held >= $3 RETURNING version`,
-			sku.Program, sku.Ticket, sums[sku], now.UnixMilli()).Scan(&v)
-		if err != nil {
+		if !updated[sku] {
 			// Fewer held than the live holds of the SKU add up to: the
 			// ledger disagrees with itself, which no retry mends.
-			return nil, notCommitted(fmt.Sprintf("confirm batch: %s held < %d", sku, sums[sku]), err)
-		}
-		if err := stamp(ctx, tx, sku, v); err != nil {
-			return nil, err
+			r.end(ctx, false)
+			return nil, notCommitted("confirm batch", fmt.Errorf("%s holds fewer than %d", sku, sums[sku]))
 		}
 	}
-	// A seat hold's seats are sold with it, after the SKU rows as in
-	// Confirm.
-	var seated []any
-	for _, i := range live {
-		if seats[orders[i].HoldID] {
-			seated = append(seated, orders[i].HoldID)
-		}
-	}
-	for chunk := range slices.Chunk(seated, rowsPerStatement) {
-		if _, err := tx.ExecContext(ctx, `UPDATE seats SET state = $2 WHERE state = $1 AND hold_id IN (`+list(2, len(chunk))+`)`,
-			append([]any{seatHeld, seatSold}, chunk...)...); err != nil {
-			return nil, notCommitted("sell seats", err)
-		}
-	}
-	events := make([]Event, 0, len(live))
-	for _, i := range live {
-		events = append(events, confirmEvent(orders[i]))
-	}
-	if err := emit(ctx, tx, now, events...); err != nil {
-		return nil, err
-	}
-	if err := tx.Commit(); err != nil {
+	if err := r.end(ctx, true); err != nil {
 		return nil, fmt.Errorf("ledger: confirm batch: commit: %w", err)
 	}
 	return nil, nil
-}
-
-// confirmHolds marks the holds of orders[idx] confirmed by their orders,
-// in one statement per chunk, where they are still held and live, and
-// returns the ids it changed.
-func confirmHolds(ctx context.Context, tx *sql.Tx, orders []Order, idx []int, now time.Time) (map[keys.ID]bool, error) {
-	changed := map[keys.ID]bool{}
-	for len(idx) > 0 {
-		chunk := idx[:min(len(idx), rowsPerStatement)]
-		idx = idx[len(chunk):]
-		args := []any{Confirmed, now.UnixMilli(), Held}
-		var cases, in []string
-		for _, i := range chunk {
-			o := orders[i]
-			cases = append(cases, fmt.Sprintf("WHEN $%d THEN $%d", len(args)+1, len(args)+2))
-			in = append(in, fmt.Sprintf("$%d", len(args)+1))
-			args = append(args, o.HoldID, o.ID)
-		}
-		rows, err := tx.QueryContext(ctx, `UPDATE holds SET state = $1, ended_at = $2, order_id = CASE id `+
-			strings.Join(cases, " ")+` END WHERE id IN (`+strings.Join(in, ", ")+`) AND state = $3 AND expires_at > $2
-			RETURNING id`, args...)
-		if err := collectIDs(rows, err, changed); err != nil {
-			return nil, notCommitted("confirm holds", err)
-		}
-	}
-	return changed, nil
 }
 
 // collectIDs adds the ids a RETURNING id statement gave (rows, err are its
@@ -269,41 +235,38 @@ func collectRows[K comparable](rows *sql.Rows, err error, into map[K]bool, dest 
 	return rows.Err()
 }
 
-// holdsByID reads the holds named, in statements of rowsPerStatement ids;
-// ids not found are missing from the map.
+// holdsByID reads the holds named in one statement of fixed text (ids
+// not found are missing from the map).
 func (l *Ledger) holdsByID(ctx context.Context, ids []keys.ID) (map[keys.ID]Hold, error) {
-	return byID(ctx, l.db, selectHold, scanHold, func(h Hold) keys.ID { return h.ID }, ids)
+	return byID(ctx, l, l.sql.holdsRead, scanHold, func(h Hold) keys.ID { return h.ID }, ids)
 }
 
 // ordersByID is holdsByID for orders.
 func (l *Ledger) ordersByID(ctx context.Context, ids []keys.ID) (map[keys.ID]Order, error) {
-	return byID(ctx, l.db, selectOrder, scanOrder, func(o Order) keys.ID { return o.ID }, ids)
+	return byID(ctx, l, l.sql.ordersRead, scanOrder, func(o Order) keys.ID { return o.ID }, ids)
 }
 
-func byID[T any](ctx context.Context, db *sql.DB, sel string, scan func(rowScanner) (T, error), id func(T) keys.ID,
+func byID[T any](ctx context.Context, l *Ledger, q string, scan func(rowScanner) (T, error), id func(T) keys.ID,
 	ids []keys.ID) (map[keys.ID]T, error) {
 	out := make(map[keys.ID]T, len(ids))
-	for chunk := range slices.Chunk(ids, rowsPerStatement) {
-		args := make([]any, len(chunk))
-		for i, id := range chunk {
-			args[i] = id
-		}
-		rows, err := db.QueryContext(ctx, sel+` WHERE id IN (`+list(0, len(chunk))+`)`, args...)
+	in := newRowset("t")
+	for _, id := range ids {
+		in.add(id.String())
+	}
+	rows, err := l.queryRepeated(ctx, q, in.args(l.driver)...)
+	if err != nil {
+		return nil, notCommitted("read rows", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		v, err := scan(rows)
 		if err != nil {
 			return nil, notCommitted("read rows", err)
 		}
-		for rows.Next() {
-			v, err := scan(rows)
-			if err != nil {
-				rows.Close()
-				return nil, notCommitted("read rows", err)
-			}
-			out[id(v)] = v
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return nil, notCommitted("read rows", err)
-		}
+		out[id(v)] = v
+	}
+	if err := rows.Err(); err != nil {
+		return nil, notCommitted("read rows", err)
 	}
 	return out, nil
 }

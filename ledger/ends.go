@@ -147,6 +147,13 @@ func (l *Ledger) tryEnds(ctx context.Context, ends []holdEnd, state string, dueO
 	if err != nil || len(taken) > 0 {
 		return taken, err
 	}
+	ids := make([]keys.ID, len(ends))
+	for i, e := range ends {
+		ids[i] = e.hold.ID
+	}
+	if err := l.lockRows(ctx, tx, l.sql.lockHolds, ids); err != nil {
+		return nil, err
+	}
 	changed, err := endStates(ctx, tx, ends, state, dueOnly, now)
 	if err != nil {
 		return nil, err
@@ -190,6 +197,24 @@ func (l *Ledger) tryEnds(ctx context.Context, ends []holdEnd, state string, dueO
 		return nil, fmt.Errorf("ledger: end holds: commit: %w", err)
 	}
 	return nil, nil
+}
+
+// lockRows locks the rows of ids in id order (q is lockHolds or
+// lockOrders), as every batch that changes several takes them.
+func (l *Ledger) lockRows(ctx context.Context, tx *sql.Tx, q string, ids []keys.ID) error {
+	in := newRowset("t")
+	for _, id := range ids {
+		in.add(id.String())
+	}
+	rows, err := tx.QueryContext(ctx, q, in.args(l.driver)...)
+	if err == nil {
+		rows.Close()
+		err = rows.Err()
+	}
+	if err != nil {
+		return notCommitted("lock rows", err)
+	}
+	return nil
 }
 
 // endStates moves the holds that are still held (and due, with dueOnly)

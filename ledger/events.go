@@ -139,15 +139,6 @@ func endEvent(state string, h Hold) string {
 	return EventHoldCancelled
 }
 
-// withSoldOut is events and, when the take emptied sku, its sold-out
-// event after them.
-func withSoldOut(events []Event, emptied bool, sku stock.SKU) []Event {
-	if emptied {
-		events = append(events, Event{Type: EventSaleSoldOut, SKU: sku})
-	}
-	return events
-}
-
 // emit writes events inside tx, after the rows of the change they are
 // about, in multi-row statements. Coming after the change's own writes,
 // it runs in a transaction that already has its PostgreSQL transaction id

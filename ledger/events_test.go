@@ -93,24 +93,17 @@ func TestEventsReplayTheLedger(t *testing.T) {
 				for range 1 + rng.IntN(4) {
 					b := buyer()
 					if rng.IntN(2) == 0 {
-						takes = append(takes, ledger.Take{Hold: &ledger.Hold{IdempotencyKey: id("h"), SKU: s, Buyer: b, Quantity: 1 + rng.Int64N(2),
-							ExpiresAt: clk.now().Add(time.Duration(1+rng.IntN(3)) * time.Minute), Req: req(b, ledger.OpHold)}})
+						takes = append(takes, ledger.HoldTake(ledger.Hold{IdempotencyKey: id("h"), SKU: s, Buyer: b, Quantity: 1 + rng.Int64N(2),
+							ExpiresAt: clk.now().Add(time.Duration(1+rng.IntN(3)) * time.Minute), Req: req(b, ledger.OpHold)}))
 					} else {
-						takes = append(takes, ledger.Take{Order: ledger.Order{IdempotencyKey: id("o"), SKU: s, Buyer: b, Quantity: 1 + rng.Int64N(2),
-							Req: req(b, ledger.OpPurchase)}})
+						takes = append(takes, ledger.PurchaseTake(ledger.Order{IdempotencyKey: id("o"), SKU: s, Buyer: b, Quantity: 1 + rng.Int64N(2),
+							Req: req(b, ledger.OpPurchase)}))
 					}
 				}
-				res, err := l.CommitBatch(ctx, takes, rng.IntN(2) == 0)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for i, r := range res {
-					switch {
-					case r.Err != nil:
-					case takes[i].Hold != nil:
-						holds = append(holds, r.Hold)
-					default:
-						orders = append(orders, r.Order)
+				for _, r := range l.Commit(ctx, takes, rng.IntN(2) == 0) {
+					if r.Err == nil {
+						holds = append(holds, r.Holds...)
+						orders = append(orders, r.Orders...)
 					}
 				}
 			case r < 4:

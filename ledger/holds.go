@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/stockgate/stockgate/keys"
@@ -72,89 +73,6 @@ type Hold struct {
 	CodeHash string
 }
 
-// Hold sets stock aside: the request's row, the hold row and held + q under
-// the same checks as a purchase (stock, per-buyer cap, sale not ended, gate
-// epoch). version >= 0 takes it around the Redis gate with optimistic
-// locking, as PurchaseDirect. It returns ErrDuplicate with the hold stored
-// for the request, or ErrKeyReused.
-func (l *Ledger) Hold(ctx context.Context, h Hold, version int64) (_ Hold, err error) {
-	defer l.observe("hold", time.Now(), &err)
-	if h.Quantity < 1 || h.IdempotencyKey.IsZero() || h.ExpiresAt.IsZero() {
-		return Hold{}, fmt.Errorf("%w: hold quantity %d key %q", stock.ErrInvalid, h.Quantity, h.IdempotencyKey)
-	}
-	if len(h.SeatIDs) > 0 && int64(len(h.SeatIDs)) != h.Quantity {
-		return Hold{}, fmt.Errorf("%w: %d seats for quantity %d", stock.ErrInvalid, len(h.SeatIDs), h.Quantity)
-	}
-	if h.ID.IsZero() {
-		h.ID = NewID()
-	}
-	h.State = Held
-	h.CreatedAt = l.now().UTC().Truncate(time.Millisecond)
-	h.ExpiresAt = h.ExpiresAt.UTC().Truncate(time.Millisecond)
-	tx, err := l.db.BeginTx(ctx, nil)
-	if err != nil {
-		return Hold{}, notCommitted("hold: begin", err)
-	}
-	defer tx.Rollback()
-	if !h.Req.IsZero() {
-		if err := claim(ctx, tx, h.Req, h.SKU, encodeSnapshot(nil, &h), h.CreatedAt.UnixMilli()); err != nil {
-			if !errors.Is(err, errTaken) {
-				return Hold{}, err
-			}
-			tx.Rollback()
-			return l.holdReplay(ctx, h.Req)
-		}
-	}
-	// Seats before stock: a seat hold that cannot have its seats is told
-	// which, whether or not the SKU has other seats left.
-	if len(h.SeatIDs) > 0 {
-		if err := takeSeats(ctx, tx, h.SKU, h.ID, h.SeatIDs); err != nil {
-			return Hold{}, err
-		}
-	}
-	epoch := h.GateEpoch
-	if version >= 0 {
-		epoch = -1
-	}
-	v, e, emptied, err := l.takeStock(ctx, tx, h.SKU, h.Buyer, h.Quantity, "held", version, epoch, h.CreatedAt.UnixMilli(), len(h.SeatIDs) == 0)
-	if err != nil {
-		return Hold{}, err
-	}
-	h.TakeEpoch = e
-	if h.CodeHash != "" {
-		if err := useCode(ctx, tx, h.SKU, h.CodeHash, h.Buyer); err != nil {
-			return Hold{}, err
-		}
-	}
-	res, err := tx.ExecContext(ctx, `
-		INSERT INTO holds (id, idem_key, request_hash, program, ticket, buyer, quantity, gate, state, expires_at, created_at, seat_ids, take_epoch, code_hash)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
-		ON CONFLICT (idem_key) DO NOTHING`,
-		h.ID, h.IdempotencyKey, h.RequestHash, h.SKU.Program, h.SKU.Ticket, h.Buyer, h.Quantity, h.Gate, Held,
-		h.ExpiresAt.UnixMilli(), h.CreatedAt.UnixMilli(), keys.Join(h.SeatIDs, ","), h.TakeEpoch, h.CodeHash)
-	if err != nil {
-		return Hold{}, notCommitted("insert hold", err)
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		tx.Rollback()
-		prev, err := l.HoldByKey(ctx, h.IdempotencyKey)
-		if err != nil {
-			return Hold{}, fmt.Errorf("ledger: hold: duplicate key: %w", err)
-		}
-		return prev, ErrDuplicate
-	}
-	if err := emit(ctx, tx, h.CreatedAt, withSoldOut([]Event{holdEvent(EventHoldCreated, h)}, emptied, h.SKU)...); err != nil {
-		return Hold{}, err
-	}
-	if err := stamp(ctx, tx, h.SKU, v); err != nil {
-		return Hold{}, err
-	}
-	if err := tx.Commit(); err != nil {
-		return Hold{}, fmt.Errorf("ledger: hold: commit: %w", err)
-	}
-	return h, nil
-}
-
 // holdReplay answers a hold whose request was committed before.
 func (l *Ledger) holdReplay(ctx context.Context, r Request) (Hold, error) {
 	rec, err := l.replayOf(ctx, r)
@@ -169,6 +87,21 @@ func (l *Ledger) holdReplay(ctx context.Context, r Request) (Hold, error) {
 
 const selectHold = `SELECT id, idem_key, request_hash, program, ticket, buyer, quantity, gate, state, expires_at,
 	order_id, created_at, ended_at, seat_ids, take_epoch, cart_id, code_hash FROM holds`
+
+// selectHoldFrom is selectHold with the table named alias, to join.
+func selectHoldFrom(alias string) string {
+	return `SELECT ` + qualify(alias, `id, idem_key, request_hash, program, ticket, buyer, quantity, gate, state, expires_at,
+	order_id, created_at, ended_at, seat_ids, take_epoch, cart_id, code_hash`) + ` FROM holds ` + alias
+}
+
+// qualify prefixes each column of a comma-separated list with alias.
+func qualify(alias, cols string) string {
+	parts := strings.Split(cols, ",")
+	for i, c := range parts {
+		parts[i] = alias + "." + strings.TrimSpace(c)
+	}
+	return strings.Join(parts, ", ")
+}
 
 func scanHold(r rowScanner) (Hold, error) {
 	var h Hold

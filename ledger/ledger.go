@@ -13,9 +13,11 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"database/sql"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -91,6 +93,7 @@ type Ledger struct {
 	batch   prometheus.Histogram
 	horizon horizon // the relay's notes toward SettledSeq
 	stmts   *stmts  // SQLite: the loops' repeated queries, prepared; nil on PostgreSQL
+	sql     takeSQL // the take engine's statements in this driver's dialect
 }
 
 // DefaultOptions are the settings a zero field takes.
@@ -154,6 +157,7 @@ func Open(ctx context.Context, opts Options) (*Ledger, error) {
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64},
 		}),
 	}
+	l.sql = newTakeSQL(opts.Driver)
 	if opts.Driver == SQLite {
 		l.stmts = newStmts(db)
 	}
@@ -821,17 +825,6 @@ func (o Order) GateRequest() keys.ID {
 	return o.IdempotencyKey
 }
 
-// Purchase commits an order the Redis gate admitted: the request's row,
-// the conditional update sold + q where sold + held + q <= total at the
-// order's gate epoch, and the order row, in one transaction. It returns
-// stock.ErrSoldOut when the ledger has not enough left, ErrStaleGate when
-// a rebuild closed the order's gate epoch, or ErrDuplicate with the order
-// already stored for the request (ErrKeyReused for another request).
-func (l *Ledger) Purchase(ctx context.Context, o Order) (_ Order, err error) {
-	defer l.observe("purchase", time.Now(), &err)
-	return l.purchase(ctx, o, -1)
-}
-
 // observe counts one write and its time; deferred with the named error.
 func (l *Ledger) observe(op string, start time.Time, err *error) {
 	result := "ok"
@@ -853,82 +846,6 @@ func (l *Ledger) observe(op string, start time.Time, err *error) {
 	if result == "ok" && (op == "purchase" || op == "purchase_direct" || op == "hold") {
 		l.batch.Observe(1) // one order or hold per transaction
 	}
-}
-
-// PurchaseDirect commits an order that bypassed the Redis gate (the breaker
-// is open), with optimistic locking: the update applies only while the SKU
-// row still has the version the caller read, and ErrConflict says it moved.
-// It also bumps bypass_seq, so Redis is re-seeded before it serves the SKU
-// again. Other outcomes are as for Purchase.
-func (l *Ledger) PurchaseDirect(ctx context.Context, o Order, version int64) (_ Order, err error) {
-	defer l.observe("purchase_direct", time.Now(), &err)
-	if version < 0 {
-		return Order{}, fmt.Errorf("%w: version %d", stock.ErrInvalid, version)
-	}
-	return l.purchase(ctx, o, version)
-}
-
-// purchase is Purchase when version < 0 and PurchaseDirect otherwise.
-func (l *Ledger) purchase(ctx context.Context, o Order, version int64) (Order, error) {
-	if o.Quantity < 1 || o.IdempotencyKey.IsZero() {
-		return Order{}, fmt.Errorf("%w: order quantity %d key %q", stock.ErrInvalid, o.Quantity, o.IdempotencyKey)
-	}
-	if o.ID.IsZero() {
-		o.ID = NewID()
-	}
-	o.CreatedAt = l.now().UTC().Truncate(time.Millisecond)
-	tx, err := l.db.BeginTx(ctx, nil)
-	if err != nil {
-		return Order{}, notCommitted("purchase: begin", err)
-	}
-	defer tx.Rollback()
-	// The request first: a retry or a reused key costs no lock on the SKU
-	// row, and ON CONFLICT leaves a PostgreSQL transaction usable.
-	if !o.Req.IsZero() {
-		if err := claim(ctx, tx, o.Req, o.SKU, encodeSnapshot(&o, nil), o.CreatedAt.UnixMilli()); err != nil {
-			if !errors.Is(err, errTaken) {
-				return Order{}, err
-			}
-			tx.Rollback()
-			return l.orderReplay(ctx, o.Req)
-		}
-	}
-	epoch := o.GateEpoch
-	if version >= 0 {
-		epoch = -1
-	}
-	v, e, emptied, err := l.takeStock(ctx, tx, o.SKU, o.Buyer, o.Quantity, "sold", version, epoch, o.CreatedAt.UnixMilli(), true)
-	if err != nil {
-		return Order{}, err
-	}
-	o.TakeEpoch = e
-	if o.CodeHash != "" {
-		if err := useCode(ctx, tx, o.SKU, o.CodeHash, o.Buyer); err != nil {
-			return Order{}, err
-		}
-	}
-	inserted, err := insertOrder(ctx, tx, o)
-	if err != nil {
-		return Order{}, err
-	}
-	if !inserted {
-		tx.Rollback()
-		prev, err := l.OrderByKey(ctx, o.IdempotencyKey)
-		if err != nil {
-			return Order{}, fmt.Errorf("ledger: purchase: duplicate key: %w", err)
-		}
-		return prev, ErrDuplicate
-	}
-	if err := emit(ctx, tx, o.CreatedAt, withSoldOut([]Event{orderEvent(EventOrderCreated, o)}, emptied, o.SKU)...); err != nil {
-		return Order{}, err
-	}
-	if err := stamp(ctx, tx, o.SKU, v); err != nil {
-		return Order{}, err
-	}
-	if err := tx.Commit(); err != nil {
-		return Order{}, fmt.Errorf("ledger: purchase: commit: %w", err)
-	}
-	return o, nil
 }
 
 // orderReplay answers a purchase whose request was committed before.
@@ -961,96 +878,11 @@ func insertOrder(ctx context.Context, tx *sql.Tx, o Order) (bool, error) {
 	return n == 1, nil
 }
 
-// takeStock moves q units of a SKU into column ("sold" or "held") and
-// counts them against the buyer's cap, inside tx. version >= 0 takes them
-// around the Redis gate at that row version (optimistic) and bumps
-// bypass_seq; otherwise epoch >= 0 is the gate epoch the take was admitted
-// under. It returns the row's new version and the gate epoch the stock
-// was taken under, or stock.ErrSoldOut, stock.ErrLimit,
-// stock.ErrSaleEnded, stock.ErrUnknownSKU, ErrConflict, ErrStaleGate, or an
-// ErrNotCommitted error.
-func (l *Ledger) takeStock(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer keys.ID, q int64, column string,
-	version, epoch, now int64, counted bool) (int64, int64, bool, error) {
-	v, e, emptied, err := updateSKU(ctx, tx, sku, q, column, version, epoch, now, counted)
-	if err != nil {
-		return 0, 0, false, err
-	}
-	return v, e, emptied, countBuyer(ctx, tx, sku, buyer, q)
-}
-
-// gateUpdateAttempts bounds the re-tries of a gate-admitted update that
-// found the row changed under it but still able to take the units.
-const gateUpdateAttempts = 4
-
 // ErrSeatedTake refuses counted units of a seated ticket: it sells its
 // seats only. It is a sold-out (the ticket has no counted stock) for the
 // paths that do not tell it apart; a replica whose settings predate the
 // seat map meets it for as long as they are cached.
 var ErrSeatedTake = fmt.Errorf("%w: a seated ticket sells seats, not counted units", stock.ErrSoldOut)
-
-// updateSKU is takeStock's first half: the conditional update of the row.
-// counted says the units are not seats: a seated ticket refuses them.
-// emptied reports that the take left the SKU nothing: the caller writes
-// its sale.sold_out event after the events of the take.
-func updateSKU(ctx context.Context, tx *sql.Tx, sku stock.SKU, q int64, column string, version, epoch, now int64, counted bool) (_, _ int64, emptied bool, _ error) {
-	args := []any{sku.Program, sku.Ticket, q, now}
-	extra, cond, only := "", "", ""
-	if counted {
-		only = " AND seated = 0"
-	}
-	switch {
-	case version >= 0:
-		extra, cond = ", bypass_seq = bypass_seq + 1", " AND version = $5"
-		args = append(args, version)
-	case epoch >= 0:
-		cond = " AND gate_epoch = $5"
-		args = append(args, epoch)
-	}
-	for attempt := 1; ; attempt++ {
-		var v, e, left int64
-		err := tx.QueryRowContext(ctx, `UPDATE skus SET `+column+` = `+column+` + $3, version = version + 1, updated_at = $4`+extra+`
-			WHERE program = $1 AND ticket = $2 AND ended_at = 0 AND sold + held + $3 <= total`+only+cond+`
-			RETURNING version, gate_epoch, total - sold - held`, args...).Scan(&v, &e, &left)
-		if err == nil {
-			return v, e, left == 0, nil
-		}
-		if !errors.Is(err, sql.ErrNoRows) {
-			return 0, 0, false, notCommitted("take stock", err)
-		}
-		st, err := scanSKU(tx.QueryRowContext(ctx, selectSKU, sku.Program, sku.Ticket))
-		switch {
-		case errors.Is(err, stock.ErrUnknownSKU):
-			return 0, 0, false, err
-		case err != nil:
-			return 0, 0, false, notCommitted("reread sku", err)
-		case !st.EndedAt.IsZero():
-			return 0, 0, false, stock.ErrSaleEnded
-		case counted && st.Seated:
-			return 0, 0, false, ErrSeatedTake
-		case st.Remaining() < q:
-			return 0, 0, false, stock.ErrSoldOut
-		case version >= 0:
-			return 0, 0, false, ErrConflict
-		case epoch >= 0 && st.GateEpoch != epoch:
-			return 0, 0, false, ErrStaleGate
-		case attempt == gateUpdateAttempts:
-			return 0, 0, false, notCommitted("take stock", fmt.Errorf("row of %s kept changing", sku))
-		}
-		// The row changed between the update and the re-read (stock came
-		// back meanwhile): a gate-admitted take is not optimistic, so try
-		// again rather than refuse it.
-	}
-}
-
-// countBuyer adds q to what the buyer holds + owns of the SKU and of its
-// program, inside tx, refusing (stock.ErrLimit) past either cap.
-func countBuyer(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer keys.ID, q int64) error {
-	refused, err := countBuyers(ctx, tx, []buyerRow{{sku.Base(), buyer, q}, {sku.Whole(), buyer, q}})
-	if err == nil && refused != nil {
-		err = stock.ErrLimit
-	}
-	return err
-}
 
 // buyerRow is one buyer_units row to count units into: a SKU's, or its
 // program's when sku.Ticket is zero.
@@ -1241,6 +1073,12 @@ func (l *Ledger) OrderByID(ctx context.Context, id keys.ID) (Order, error) {
 const selectOrder = `SELECT id, idem_key, request_hash, program, ticket, buyer, quantity, gate, gate_key, hold_id,
 	refunded_at, created_at, take_epoch, cart_id, code_hash, seat_ids FROM orders`
 
+// selectOrderFrom is selectOrder with the table named alias, to join.
+func selectOrderFrom(alias string) string {
+	return `SELECT ` + qualify(alias, `id, idem_key, request_hash, program, ticket, buyer, quantity, gate, gate_key, hold_id,
+	refunded_at, created_at, take_epoch, cart_id, code_hash, seat_ids`) + ` FROM orders ` + alias
+}
+
 func scanOrder(r rowScanner) (Order, error) {
 	var o Order
 	var created, refunded int64
@@ -1280,4 +1118,39 @@ func NewID() keys.ID {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	return keys.MustID(hex.EncodeToString(b[:]))
+}
+
+// NewIDOf returns a random id for a row of sku's (an order, a hold): 32
+// bits naming the SKU (Lane), then 96 random ones, in hex. Any replica
+// can tell from the id alone which lane the row's SKU commits in, so
+// confirms, cancels and refunds of one SKU queue on one lane without
+// reading the row first.
+func NewIDOf(sku stock.SKU) keys.ID {
+	var b [16]byte
+	_, _ = rand.Read(b[4:])
+	binary.BigEndian.PutUint32(b[:4], SKULane(sku))
+	return keys.MustID(hex.EncodeToString(b[:]))
+}
+
+// SKULane is the 32-bit name of a SKU that its rows' ids begin with.
+func SKULane(sku stock.SKU) uint32 {
+	h := fnv.New32a()
+	h.Write([]byte(sku.Program.String()))
+	h.Write([]byte{0})
+	h.Write([]byte(sku.Ticket.String()))
+	return h.Sum32()
+}
+
+// LaneOf is the lane an order or hold id names (NewIDOf), or for an id
+// made otherwise, a hash of it: the same for every replica either way.
+func LaneOf(id keys.ID) uint32 {
+	s := id.String()
+	if len(s) == 32 {
+		if b, err := hex.DecodeString(s[:8]); err == nil {
+			return binary.BigEndian.Uint32(b)
+		}
+	}
+	h := fnv.New32a()
+	h.Write([]byte(s))
+	return h.Sum32()
 }

@@ -110,6 +110,13 @@ func (l *Ledger) tryRefunds(ctx context.Context, refs []refund, now time.Time) (
 	if err != nil || len(taken) > 0 {
 		return taken, err
 	}
+	ids := make([]keys.ID, len(refs))
+	for i, r := range refs {
+		ids[i] = r.order.ID
+	}
+	if err := l.lockRows(ctx, tx, l.sql.lockOrders, ids); err != nil {
+		return nil, err
+	}
 	changed := map[keys.ID]bool{}
 	for chunk := range slices.Chunk(refs, rowsPerStatement) {
 		args := []any{now.UnixMilli()}

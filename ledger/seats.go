@@ -5,9 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/stockgate/stockgate/keys"
@@ -93,54 +90,6 @@ func (l *Ledger) LoadSeats(ctx context.Context, sku stock.SKU, seats []Seat) (in
 		return 0, fmt.Errorf("%w: seat map of %d below sold + held, a ticket that sold or holds counted units, or no such SKU", stock.ErrInvalid, n)
 	}
 	return n, tx.Commit()
-}
-
-// takeSeats marks the seats held by holdID inside tx, all or none: a
-// *SeatsTakenError names the seats that were not free (or not in the map).
-func takeSeats(ctx context.Context, tx *sql.Tx, sku stock.SKU, holdID keys.ID, ids []keys.ID) error {
-	return takeSeatsAs(ctx, tx, sku, holdID, ids, seatHeld)
-}
-
-// takeSeatsAs is takeSeats into state (held, or sold for a cart's seat
-// line bought at once, whose holder is its order).
-func takeSeatsAs(ctx context.Context, tx *sql.Tx, sku stock.SKU, holder keys.ID, ids []keys.ID, state string) error {
-	args := []any{sku.Program, sku.Ticket, holder}
-	ph := make([]string, len(ids))
-	for i, id := range ids {
-		args = append(args, id)
-		ph[i] = "$" + strconv.Itoa(i+4)
-	}
-	in := strings.Join(ph, ", ")
-	res, err := tx.ExecContext(ctx, `UPDATE seats SET state = $`+strconv.Itoa(len(args)+1)+`, hold_id = $3
-		WHERE program = $1 AND ticket = $2 AND state = 'free' AND seat_id IN (`+in+`)`, append(args, state)...)
-	if err != nil {
-		return notCommitted("take seats", err)
-	}
-	if n, _ := res.RowsAffected(); n == int64(len(ids)) {
-		return nil
-	}
-	// Which were not free? Read them (the transaction is rolled back).
-	rows, err := tx.QueryContext(ctx, `SELECT seat_id FROM seats
-		WHERE program = $1 AND ticket = $2 AND (state = 'free' OR hold_id = $3) AND seat_id IN (`+in+`)`, args...)
-	if err != nil {
-		return notCommitted("take seats", err)
-	}
-	defer rows.Close()
-	ok := map[keys.ID]bool{}
-	for rows.Next() {
-		var id keys.ID
-		if err := rows.Scan(&id); err == nil {
-			ok[id] = true
-		}
-	}
-	var taken []string
-	for _, id := range ids {
-		if !ok[id] {
-			taken = append(taken, id.String())
-		}
-	}
-	slices.Sort(taken)
-	return &SeatsTakenError{Seats: taken}
 }
 
 // releaseOrderSeats frees the seats a refunded order sold (held under its
@@ -251,81 +200,4 @@ func splitIDs(s string) ([]keys.ID, error) {
 		out = append(out, id)
 	}
 	return out, nil
-}
-
-// errSeatsNotFree refuses a seat hold of a batch whose seats are not all
-// free; alone, it learns which (SeatsTakenError).
-var errSeatsNotFree = errors.New("ledger: seats not free")
-
-// takeBatchSeats takes the seats of a batch's seat holds: one statement per
-// SKU (in SKU order) and chunk, each seat marked held by its hold. A hold
-// that could not have every seat (taken, not in the map, or named by an
-// earlier hold of the batch) is refused alone, and the batch is tried again
-// without it; the others keep their seats.
-func takeBatchSeats(ctx context.Context, tx *sql.Tx, holds []*Hold) (refusal, error) {
-	bySKU := map[stock.SKU][]*Hold{}
-	for _, h := range holds {
-		bySKU[h.SKU] = append(bySKU[h.SKU], h)
-	}
-	refused := map[keys.ID]bool{}
-	for _, sku := range slices.SortedFunc(maps.Keys(bySKU), stock.SKU.Compare) {
-		type want struct{ seat, hold keys.ID }
-		var wants []want
-		named := map[keys.ID]bool{}
-		for _, h := range bySKU[sku] {
-			if slices.ContainsFunc(h.SeatIDs, func(id keys.ID) bool { return named[id] }) {
-				refused[h.IdempotencyKey] = true
-				continue
-			}
-			for _, id := range h.SeatIDs {
-				named[id] = true
-				wants = append(wants, want{id, h.ID})
-			}
-		}
-		got := map[keys.ID]bool{}
-		for chunk := range slices.Chunk(wants, rowsPerStatement) {
-			args := []any{sku.Program, sku.Ticket}
-			var cases, in []string
-			for _, w := range chunk {
-				cases = append(cases, fmt.Sprintf("WHEN $%d THEN $%d", len(args)+1, len(args)+2))
-				in = append(in, fmt.Sprintf("$%d", len(args)+1))
-				args = append(args, w.seat, w.hold)
-			}
-			rows, err := tx.QueryContext(ctx, `UPDATE seats SET state = 'held', hold_id = CASE seat_id `+strings.Join(cases, " ")+
-				` END WHERE program = $1 AND ticket = $2 AND state = 'free' AND seat_id IN (`+strings.Join(in, ", ")+`) RETURNING seat_id`,
-				args...)
-			if err := collectIDs(rows, err, got); err != nil {
-				return refusal{}, notCommitted("take seats", err)
-			}
-		}
-		for _, h := range bySKU[sku] {
-			if !refused[h.IdempotencyKey] && slices.ContainsFunc(h.SeatIDs, func(id keys.ID) bool { return !got[id] }) {
-				refused[h.IdempotencyKey] = true
-			}
-		}
-	}
-	if len(refused) > 0 {
-		return refusal{only: refused, why: errSeatsNotFree}, nil
-	}
-	return refusal{}, nil
-}
-
-// seatEpochs stores on a batch's seat holds of sku the gate epoch the SKU
-// row had when they took their stock, as Hold does: seat holds are
-// admitted under no epoch, so only the row knows it.
-func seatEpochs(ctx context.Context, tx *sql.Tx, holds []*Hold, sku stock.SKU, epoch int64) error {
-	var ids []any
-	for _, h := range holds {
-		if h.SKU == sku && h.GateEpoch < 0 {
-			h.TakeEpoch = epoch
-			ids = append(ids, h.ID)
-		}
-	}
-	for chunk := range slices.Chunk(ids, rowsPerStatement) {
-		if _, err := tx.ExecContext(ctx, `UPDATE holds SET take_epoch = $1 WHERE id IN (`+list(1, len(chunk))+`)`,
-			append([]any{epoch}, chunk...)...); err != nil {
-			return notCommitted("seat hold epochs", err)
-		}
-	}
-	return nil
 }

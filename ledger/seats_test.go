@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -200,27 +201,26 @@ func TestBatchedSeatHolds(t *testing.T) {
 			t.Fatal(err)
 		}
 		batch := []ledger.Take{
-			{Hold: ptr(seatHold("x", "xan", "A-01", "A-02"))},
-			{Hold: ptr(seatHold("y", "yul", "A-02", "A-03"))}, // A-02 is x's
-			{Hold: ptr(seatHold("z", "zoe", "A-04"))},         // eve's
-			{Hold: ptr(seatHold("w", "wes", "A-05"))},
-			{Hold: ptr(seatHold("u", "uma", "A-99"))}, // not in the map
-			{Order: ledger.Order{IdempotencyKey: keys.MustID("row-p"), SKU: sku, Buyer: keys.MustID("pat"), Quantity: 1}},
+			ledger.HoldTake(seatHold("x", "xan", "A-01", "A-02")),
+			ledger.HoldTake(seatHold("y", "yul", "A-02", "A-03")), // A-02 is x's
+			ledger.HoldTake(seatHold("z", "zoe", "A-04")),         // eve's
+			ledger.HoldTake(seatHold("w", "wes", "A-05")),
+			ledger.HoldTake(seatHold("u", "uma", "A-99")), // not in the map
+			ledger.PurchaseTake(ledger.Order{IdempotencyKey: keys.MustID("row-p"), SKU: sku, Buyer: keys.MustID("pat"), Quantity: 1}),
 		}
-		res, err := l.CommitBatch(ctx, batch, false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i, r := range res {
-			split := i == 1 || i == 2 || i == 4
-			switch {
-			case split && !errors.Is(r.Err, ledger.ErrSplit):
-				t.Errorf("take %d = %+v, %v; want ErrSplit", i, r, r.Err)
-			case !split && r.Err != nil:
-				t.Errorf("take %d = %v, want committed", i, r.Err)
+		res := l.Commit(ctx, batch, false)
+		for i, want := range map[int][]string{1: {"A-02"}, 2: {"A-04"}, 4: {"A-99"}} {
+			var te *ledger.SeatsTakenError
+			if !errors.As(res[i].Err, &te) || !slices.Equal(te.Seats, want) {
+				t.Errorf("take %d = %v; want seats %v taken", i, res[i].Err, want)
 			}
 		}
-		x, w := res[0].Hold, res[3].Hold
+		for _, i := range []int{0, 3, 5} {
+			if res[i].Err != nil {
+				t.Errorf("take %d = %v, want committed", i, res[i].Err)
+			}
+		}
+		x, w := res[0].Hold(), res[3].Hold()
 		for _, h := range []ledger.Hold{x, w} {
 			row, err := l.HoldByID(ctx, h.ID)
 			if err != nil || row.State != ledger.Held || len(row.SeatIDs) != int(h.Quantity) || row.TakeEpoch != st.GateEpoch {
@@ -242,7 +242,7 @@ func TestBatchedSeatHolds(t *testing.T) {
 		// Alone, each split one learns its seats.
 		for i, taken := range map[int]string{1: "A-02", 2: "A-04", 4: "A-99"} {
 			var te *ledger.SeatsTakenError
-			if _, err := l.Hold(ctx, *batch[i].Hold, -1); !errors.As(err, &te) || strings.Join(te.Seats, ",") != taken {
+			if _, err := l.Hold(ctx, batch[i].Holds[0], -1); !errors.As(err, &te) || strings.Join(te.Seats, ",") != taken {
 				t.Errorf("take %d alone = %v, want seats %s taken", i, err, taken)
 			}
 		}

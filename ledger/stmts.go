@@ -48,6 +48,14 @@ func (s *stmts) get(ctx context.Context, q string) (*sql.Stmt, error) {
 	return st, nil
 }
 
+// cached is q if it was prepared already.
+func (s *stmts) cached(q string) (*sql.Stmt, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st, ok := s.m[q]
+	return st, ok
+}
+
 // close closes every prepared statement; get must not be called after.
 func (s *stmts) close() error {
 	s.mu.Lock()

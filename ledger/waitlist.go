@@ -413,7 +413,7 @@ func offer(ctx context.Context, tx *sql.Tx, e WaitEntry, epoch int64, now time.T
 	if refused != nil {
 		return h, false, undo()
 	}
-	h = Hold{ID: NewID(), IdempotencyKey: NewID(), SKU: e.SKU, Buyer: e.Buyer, Quantity: e.Quantity, Gate: offerGate,
+	h = Hold{ID: NewIDOf(e.SKU), IdempotencyKey: NewID(), SKU: e.SKU, Buyer: e.Buyer, Quantity: e.Quantity, Gate: offerGate,
 		State: Held, CreatedAt: now, ExpiresAt: now.Add(e.OfferTTL), TakeEpoch: epoch}
 	res, err := tx.ExecContext(ctx, `UPDATE waitlist SET state = $4, hold_id = $5, updated_at = $6
 		WHERE program = $1 AND ticket = $2 AND buyer = $3 AND state = $7`,

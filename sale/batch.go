@@ -4,40 +4,34 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/crc32"
-	"math/rand/v2"
-	"time"
 
 	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/stock"
 )
 
-// committer group-commits the purchases and holds the Redis gate admitted
-// (takes): takes of one SKU queue on one partition of a batcher, and each
-// partition commits whatever queued while its previous transaction ran as
-// one ledger transaction. The winners of a hot SKU then wait on one row
-// lock per batch, not per order, so ledger load grows with batches, not
-// with winners; a quiet SKU's purchase still commits at once, alone.
+// committer group-commits the takes of stock (purchases, holds, seat
+// holds, carts): takes queue on the partitions of a batcher, by the SKU of
+// their first line, and each partition commits whatever queued while its
+// previous transaction ran as one ledger transaction (Ledger.Commit). The
+// winners of a hot SKU then wait on one row lock per batch, not per take,
+// so ledger load grows with batches, not with winners; a quiet SKU's
+// purchase still commits at once, alone. A take the ledger refuses is
+// refused alone, never failing its batch.
 type committer struct {
 	s      *Service
-	direct bool // sales around the Redis gate (breaker open): optimistic batches
-	b      *batcher[ledger.Take, commitOut]
-}
-
-type commitOut struct {
-	order ledger.Order
-	hold  ledger.Hold
-	err   error
+	direct bool // takes around the Redis gate (breaker open)
+	b      *batcher[ledger.Take, ledger.TakeResult]
 }
 
 var errClosing = fmt.Errorf("gateway: shutting down: %w", ledger.ErrNotCommitted)
 
 func newCommitter(s *Service, partitions, max int, direct bool) *committer {
 	c := &committer{s: s, direct: direct}
-	flush := c.flush
-	if direct {
-		flush = c.flushDirect
-	}
-	c.b = newBatcher(partitions, max, s.opts.WorkTimeout, flush)
+	c.b = newBatcher(partitions, max, s.opts.WorkTimeout, func(ctx context.Context, takes []ledger.Take, answer func(int, ledger.TakeResult)) {
+		for i, r := range s.ledger.Commit(ctx, takes, direct) {
+			answer(i, r)
+		}
+	})
 	return c
 }
 
@@ -45,21 +39,38 @@ func newCommitter(s *Service, partitions, max int, direct bool) *committer {
 // would have: the order, ErrDuplicate with the stored one, a refusal, or
 // an error (ErrNotCommitted when nothing was written).
 func (c *committer) commit(o ledger.Order) (ledger.Order, error) {
-	r := c.commitTake(ledger.Take{Order: o})
-	return r.order, r.err
+	r := c.commitTake(ledger.PurchaseTake(o))
+	return r.Order(), r.Err
 }
 
-// commitHold is commit for a gate-admitted hold, counted or of seats: it
-// answers as Ledger.Hold would.
+// commitHold is commit for a hold, counted or of seats: it answers as
+// Ledger.Hold would.
 func (c *committer) commitHold(h ledger.Hold) (ledger.Hold, error) {
-	r := c.commitTake(ledger.Take{Hold: &h})
-	return r.hold, r.err
+	r := c.commitTake(ledger.HoldTake(h))
+	return r.Hold(), r.Err
 }
 
-func (c *committer) commitTake(t ledger.Take) commitOut {
-	out, ok := c.b.do(crc32.ChecksumIEEE([]byte(t.SKU().String())), t)
+// commitCart is commit for a cart: it answers as Ledger.PurchaseCart (or
+// HoldCart) would.
+func (c *committer) commitCart(cart ledger.Cart) (ledger.Cart, error) {
+	r := c.commitTake(ledger.CartTake(cart))
+	if r.Cart == nil || (r.Err != nil && !errors.Is(r.Err, ledger.ErrDuplicate)) {
+		return ledger.Cart{}, r.Err
+	}
+	return *r.Cart, r.Err
+}
+
+func (c *committer) commitTake(t ledger.Take) ledger.TakeResult {
+	var sku stock.SKU
+	switch {
+	case len(t.Orders) > 0:
+		sku = t.Orders[0].SKU
+	case len(t.Holds) > 0:
+		sku = t.Holds[0].SKU
+	}
+	out, ok := c.b.do(ledger.SKULane(sku), t)
 	if !ok {
-		return commitOut{err: errClosing}
+		return ledger.TakeResult{Take: t, Err: errClosing}
 	}
 	return out
 }
@@ -67,95 +78,3 @@ func (c *committer) commitTake(t ledger.Take) commitOut {
 // close stops the partitions once they have answered what was queued;
 // commits after it return errClosing. A second close does nothing.
 func (c *committer) close() { c.b.close() }
-
-// alone commits one take by itself through the gate: what a take split out
-// of a batch gets.
-func (c *committer) takeAlone(ctx context.Context, t ledger.Take) commitOut {
-	if t.Hold != nil {
-		h, err := c.s.ledger.Hold(ctx, *t.Hold, -1)
-		return commitOut{hold: h, err: err}
-	}
-	o, err := c.s.ledger.Purchase(ctx, t.Order)
-	return commitOut{order: o, err: err}
-}
-
-// flush commits a batch of gate-admitted takes in one transaction, answers
-// them, and then decides alone, at most aloneLimit at once, the takes whose
-// SKU could not take the whole batch: one of those never delays the others'
-// answers.
-func (c *committer) flush(ctx context.Context, takes []ledger.Take, answer func(int, commitOut)) {
-	if len(takes) == 1 {
-		answer(0, c.takeAlone(ctx, takes[0]))
-		return
-	}
-	res, err := c.s.ledger.CommitBatch(ctx, takes, false)
-	var split []int
-	for i := range takes {
-		switch {
-		case err != nil:
-			answer(i, commitOut{err: err})
-		case errors.Is(res[i].Err, ledger.ErrSplit):
-			split = append(split, i) // sold out, over a cap, or fine after all
-		default:
-			answer(i, commitOut{res[i].Order, res[i].Hold, res[i].Err})
-		}
-	}
-	eachAlone(split, func(i int) { answer(i, c.takeAlone(ctx, takes[i])) })
-}
-
-// flushDirect commits a batch of sales around the gate, optimistically:
-// the ledger reads each SKU's version in the transaction and updates at it;
-// when another replica moved it meanwhile, the whole batch is retried after
-// a jittered, growing pause, up to FallbackAttempts times. One replica's
-// buyers of a SKU never conflict with each other: they share a batch.
-func (c *committer) flushDirect(ctx context.Context, takes []ledger.Take, answer func(int, commitOut)) {
-	var res []ledger.BatchResult
-	var err error
-	for attempt := range c.s.opts.FallbackAttempts {
-		if attempt > 0 {
-			pause := time.Duration(rand.Int64N(int64(c.s.opts.FallbackBackoff) << attempt))
-			time.Sleep(pause)
-		}
-		if res, err = c.s.ledger.CommitBatch(ctx, takes, true); !errors.Is(err, ledger.ErrConflict) {
-			break
-		}
-	}
-	var split []int
-	for i := range takes {
-		switch {
-		case err != nil:
-			answer(i, commitOut{err: err})
-		case errors.Is(res[i].Err, ledger.ErrSplit):
-			// Its SKU could not take the whole batch: decide this one alone,
-			// so one buyer over a cap or the stock never refuses the others.
-			split = append(split, i)
-		default:
-			answer(i, commitOut{res[i].Order, res[i].Hold, res[i].Err})
-		}
-	}
-	eachAlone(split, func(i int) { answer(i, c.alone(ctx, takes[i])) })
-}
-
-// alone commits one take around the gate by itself: read the version,
-// commit at it, and on a conflict read again after a jittered pause.
-func (c *committer) alone(ctx context.Context, t ledger.Take) commitOut {
-	var out commitOut
-	for attempt := range c.s.opts.FallbackAttempts {
-		if attempt > 0 {
-			time.Sleep(time.Duration(rand.Int64N(int64(c.s.opts.FallbackBackoff) << attempt)))
-		}
-		st, err := c.s.ledger.SKU(ctx, t.SKU())
-		if err != nil {
-			return commitOut{err: fmt.Errorf("%w: %w", ledger.ErrNotCommitted, err)}
-		}
-		if t.Hold != nil {
-			out.hold, out.err = c.s.ledger.Hold(ctx, *t.Hold, st.Version)
-		} else {
-			out.order, out.err = c.s.ledger.PurchaseDirect(ctx, t.Order, st.Version)
-		}
-		if !errors.Is(out.err, ledger.ErrConflict) {
-			return out
-		}
-	}
-	return out
-}

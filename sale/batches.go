@@ -3,7 +3,6 @@ package sale
 import (
 	"context"
 	"errors"
-	"hash/crc32"
 
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
@@ -19,9 +18,10 @@ type confirmOut struct {
 // under load, the confirms that queue together commit in one transaction.
 // It answers as Ledger.Confirm does.
 func (s *Service) confirmLedger(id, buyer keys.ID, req ledger.Request) (ledger.Order, error) {
-	// A confirm's SKU is not known until its hold is read, so confirms
-	// queue by hold: a retry of one meets the first in the same partition.
-	out, ok := s.confirms.do(crc32.ChecksumIEEE([]byte(id.String())), ledger.HoldRequest{HoldID: id, Buyer: buyer, Req: req})
+	// Confirms queue by their hold's SKU, which its id names (LaneOf):
+	// one SKU's confirms are batched together, so its row has one writer
+	// per replica, and a retry meets the first in the same partition.
+	out, ok := s.confirms.do(ledger.LaneOf(id), ledger.HoldRequest{HoldID: id, Buyer: buyer, Req: req})
 	if !ok {
 		return ledger.Order{}, errClosing
 	}
@@ -80,7 +80,7 @@ type cancelOut struct {
 // cancelLedger cancels a hold through the group committer of cancels. It
 // answers as Ledger.Cancel does.
 func (s *Service) cancelLedger(id, buyer keys.ID, req ledger.Request) (ledger.Hold, bool, error) {
-	out, ok := s.cancels.do(crc32.ChecksumIEEE([]byte(id.String())), ledger.HoldRequest{HoldID: id, Buyer: buyer, Req: req})
+	out, ok := s.cancels.do(ledger.LaneOf(id), ledger.HoldRequest{HoldID: id, Buyer: buyer, Req: req})
 	if !ok {
 		return ledger.Hold{}, false, errClosing
 	}
@@ -110,7 +110,7 @@ type refundOut struct {
 // refundLedger refunds an order through the group committer of refunds. It
 // answers as Ledger.Refund does.
 func (s *Service) refundLedger(id, buyer keys.ID, req ledger.Request) (ledger.Order, bool, error) {
-	out, ok := s.refunds.do(crc32.ChecksumIEEE([]byte(id.String())), ledger.OrderRequest{OrderID: id, Buyer: buyer, Req: req})
+	out, ok := s.refunds.do(ledger.LaneOf(id), ledger.OrderRequest{OrderID: id, Buyer: buyer, Req: req})
 	if !ok {
 		return ledger.Order{}, false, errClosing
 	}

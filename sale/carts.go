@@ -332,12 +332,18 @@ func (c *cartFlow) ledgerCart(got []taken, expires time.Time) ledger.Cart {
 	return cart
 }
 
-// commit writes the cart in the ledger: through the gate, or around it.
+// commit writes the cart in the ledger, group-committed with the other
+// takes: through the gate, or around it.
 func (c *cartFlow) commit(ctx context.Context, cart ledger.Cart, direct bool) (ledger.Cart, error) {
 	if c.hold {
-		return c.s.ledger.HoldCart(ctx, cart, direct)
+		cart.Orders = nil
+	} else {
+		cart.Holds = nil
 	}
-	return c.s.ledger.PurchaseCart(ctx, cart, direct)
+	if direct {
+		return c.s.direct.commitCart(cart)
+	}
+	return c.s.committer.commitCart(cart)
 }
 
 // expiry is when a held cart's holds expire: its own lifetime, or the

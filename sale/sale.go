@@ -50,8 +50,7 @@ type Ledger interface {
 	PutSKU(ctx context.Context, c ledger.SKUConfig) (ledger.SKUState, error)
 	SKU(ctx context.Context, sku stock.SKU) (ledger.SKUState, error)
 	Purchase(ctx context.Context, o ledger.Order) (ledger.Order, error)
-	PurchaseBatch(ctx context.Context, orders []ledger.Order, direct bool) ([]ledger.BatchResult, error)
-	CommitBatch(ctx context.Context, takes []ledger.Take, direct bool) ([]ledger.BatchResult, error)
+	Commit(ctx context.Context, takes []ledger.Take, direct bool) []ledger.TakeResult
 	PurchaseDirect(ctx context.Context, o ledger.Order, version int64) (ledger.Order, error)
 	OrderByKey(ctx context.Context, key keys.ID) (ledger.Order, error)
 	MarkGateSeeded(ctx context.Context, sku stock.SKU, seq int64) error
@@ -159,6 +158,9 @@ type Options struct {
 	// BatchMax is the most gate-admitted purchases committed in one ledger
 	// transaction (group commit); 1 commits each alone.
 	BatchMax int
+	// CommitLanes is how many ledger transactions of takes one replica
+	// runs at once (takes of one SKU always share a lane).
+	CommitLanes int
 	// CollapseAt: when a SKU spread over several shards has this many units
 	// left per shard or fewer, the drift check collapses it onto one shard
 	// (a fenced resize), so the last units sit together. Negative turns it
@@ -195,6 +197,7 @@ func DefaultOptions() Options {
 		ReseedWait:          time.Second,
 		DriftEvery:          30 * time.Second,
 		BatchMax:            256,
+		CommitLanes:         2,
 		CollapseAt:          1,
 		SweepEvery:          time.Second,
 		RestoreGrace:        5 * time.Second,
@@ -233,6 +236,9 @@ func (o Options) withDefaults() Options {
 	if o.BatchMax == 0 {
 		o.BatchMax = d.BatchMax
 	}
+	if o.CommitLanes == 0 {
+		o.CommitLanes = d.CommitLanes
+	}
 	if o.CollapseAt == 0 {
 		o.CollapseAt = d.CollapseAt
 	}
@@ -264,6 +270,8 @@ func (o Options) Validate() error {
 		return opt.Bad("FallbackAttempts", "must be at least 1")
 	case o.BatchMax < 0:
 		return opt.Bad("BatchMax", "must be at least 1")
+	case o.CommitLanes < 0:
+		return opt.Bad("CommitLanes", "must be at least 1")
 	}
 	return opt.In("Breaker", o.Breaker.Validate())
 }
@@ -377,7 +385,7 @@ func New(opts Options) (*Service, error) {
 	if s.stock, err = cache.NewLoading(opts.StockTTL, 100_000, cm.Recorder("stock"), s.loadStock); err != nil {
 		return nil, err
 	}
-	s.committer = newCommitter(s, 8, opts.BatchMax, false)
+	s.committer = newCommitter(s, opts.CommitLanes, opts.BatchMax, false)
 	s.direct = newCommitter(s, 4, opts.BatchMax, true)
 	s.confirms = newBatcher(8, opts.BatchMax, opts.WorkTimeout, s.flushConfirms)
 	s.cancels = newBatcher(8, opts.BatchMax, opts.WorkTimeout, s.flushCancels)

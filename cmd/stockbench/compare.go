@@ -18,7 +18,7 @@ import (
 )
 
 // compareCmd runs the flash sale and the sold-out storm (or the runs named
-// by -runs: flash, storm, holds, confirms, cancels, carts) through two builds
+// by -runs: flash, steady, storm, holds, confirms, cancels, carts) through two builds
 // of stockgate side by side, on one Redis Cluster and one PostgreSQL, in
 // interleaved rounds (old, new, then new, old, ...), and prints each
 // round's throughput and the median and range of new/old. This machine
@@ -33,7 +33,7 @@ func compareCmd(args []string) error {
 	workers := fs.Uint64("workers", 64, "concurrent connections of each run")
 	rounds := fs.Int("rounds", 3, "rounds of each comparison")
 	dir := fs.String("dir", ".run/compare", "working directory (builds, charts)")
-	only := fs.String("runs", "flash,storm", "runs to compare: flash, storm, holds, confirms, cancels, carts")
+	only := fs.String("runs", "flash,storm", "runs to compare: flash, steady, storm, holds, confirms, cancels, carts")
 	_ = fs.Parse(args)
 	ctx := context.Background()
 	if err := os.MkdirAll(*dir, 0o755); err != nil {
@@ -125,6 +125,17 @@ func compareCmd(args []string) error {
 			sku := prog + "/ga"
 			return loadgen.Purchases([]string{sku}, prog+"-", *n), g.admin.putSKU(sku, int64(*n/10), 12)
 		}},
+		{"steady", "winners committed, 100 SKUs", func(g gateway, prog string) (loadgen.Scenario, error) {
+			var skus []string
+			for i := range 100 {
+				sku := fmt.Sprintf("%s/t%d", prog, i)
+				if err := g.admin.putSKU(sku, int64(*n), 1); err != nil {
+					return nil, err
+				}
+				skus = append(skus, sku)
+			}
+			return loadgen.Purchases(skus, prog+"-", *n), nil
+		}},
 		{"storm", "sold-out storm", func(g gateway, prog string) (loadgen.Scenario, error) {
 			sku := prog + "/ga"
 			return loadgen.Purchases([]string{sku}, prog+"-", *n), g.admin.putSKU(sku, 0, 4)
@@ -157,7 +168,7 @@ func compareCmd(args []string) error {
 		}
 	}
 	if len(runs) == 0 {
-		return fmt.Errorf("-runs %q names no run (flash, storm, holds, confirms, cancels, carts)", *only)
+		return fmt.Errorf("-runs %q names no run (flash, steady, storm, holds, confirms, cancels, carts)", *only)
 	}
 	fmt.Printf("# %s (old) against the working tree (new): %d requests from %d connections per run, %d interleaved rounds\n\n",
 		*base, *n, *workers, *rounds)

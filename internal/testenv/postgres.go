@@ -84,6 +84,10 @@ func startPostgres(ctx context.Context, durable bool) (*Postgres, error) {
 			"-c", "max_connections=300"}
 		if !durable {
 			args = append(args, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
+		} else {
+			// The benchmark reads what each statement cost from
+			// pg_stat_statements (CREATE EXTENSION in the database it reads).
+			args = append(args, "-c", "shared_preload_libraries=pg_stat_statements")
 		}
 		cmd := exec.Command(filepath.Join(bin, "postgres"), args...)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true, Pdeathsig: syscall.SIGKILL}

@@ -19,7 +19,19 @@ import (
 	"github.com/stockgate/stockgate/stock"
 )
 
-func TestPurchaseBatch(t *testing.T) {
+// commitOrders commits orders as one batch of single purchases.
+func commitOrders(ctx context.Context, l *ledger.Ledger, orders []ledger.Order, direct bool) []ledger.TakeResult {
+	takes := make([]ledger.Take, len(orders))
+	for i, o := range orders {
+		takes[i] = ledger.PurchaseTake(o)
+	}
+	return l.Commit(ctx, takes, direct)
+}
+
+// A batch commits what fits and decides each take that does not by
+// itself, in the batch's order: a duplicate gets what its key stored, and
+// a SKU short of stock refuses only the takes that no longer fit.
+func TestCommit(t *testing.T) {
 	eachDriver(t, func(t *testing.T, l *ledger.Ledger) {
 		ctx := context.Background()
 		a, b := sku, stock.SKU{Program: sku.Program, Ticket: keys.MustID("vip")}
@@ -28,26 +40,27 @@ func TestPurchaseBatch(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if _, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID("taken"), SKU: a, Buyer: keys.MustID("x"), Quantity: 1}); err != nil {
-			t.Fatal(err)
-		}
-		order := func(key string, s stock.SKU, buyer string) ledger.Order {
-			return ledger.Order{IdempotencyKey: keys.MustID(key), SKU: s, Buyer: keys.MustID(buyer), Quantity: 1}
-		}
-		// a has 4 left: 3 new + 1 duplicate fit; b: 2 fit.
-		res, err := l.PurchaseBatch(ctx, []ledger.Order{order("a1", a, "p"), order("b1", b, "q"), order("taken", a, "x"),
-			order("a2", a, "r"), order("b2", b, "s"), order("a3", a, "t")}, false)
+		first, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID("taken"), SKU: a, Buyer: keys.MustID("x"), Quantity: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
+		order := func(key string, s stock.SKU, buyer string, q int64) ledger.Order {
+			return ledger.Order{IdempotencyKey: keys.MustID(key), SKU: s, Buyer: keys.MustID(buyer), Quantity: q}
+		}
+		// a has 4 left: 3 new + 1 duplicate fit; b: 2 fit.
+		res := commitOrders(ctx, l, []ledger.Order{order("a1", a, "p", 1), order("b1", b, "q", 1), order("taken", a, "x", 1),
+			order("a2", a, "r", 1), order("b2", b, "s", 1), order("a3", a, "t", 1)}, false)
 		for i, r := range res {
 			want := error(nil)
 			if i == 2 {
 				want = ledger.ErrDuplicate
 			}
-			if !errors.Is(r.Err, want) || r.Order.ID.IsZero() {
+			if !errors.Is(r.Err, want) || r.Order().ID.IsZero() {
 				t.Errorf("result %d = %+v, want err %v", i, r, want)
 			}
+		}
+		if res[2].Order().ID != first.ID {
+			t.Errorf("duplicate answered %s, want the stored %s", res[2].Order().ID, first.ID)
 		}
 		expectSold := func(s stock.SKU, want int64) {
 			t.Helper()
@@ -59,25 +72,115 @@ func TestPurchaseBatch(t *testing.T) {
 		}
 		expectSold(a, 4)
 		expectSold(b, 2)
-		// a has 1 left: its 2 orders are split out and written nowhere; b's commit.
-		res, err = l.PurchaseBatch(ctx, []ledger.Order{order("a4", a, "u"), order("b3", b, "v"), order("a5", a, "w")}, false)
-		if err != nil {
+		// a has 1 left: of 2, 1 and 1 the 2 is refused, the first 1 commits,
+		// the second is refused; b's commits beside them.
+		res = commitOrders(ctx, l, []ledger.Order{order("a4", a, "u", 2), order("b3", b, "v", 1), order("a5", a, "w", 1),
+			order("a6", a, "y", 1)}, false)
+		for i, want := range []error{stock.ErrSoldOut, nil, nil, stock.ErrSoldOut} {
+			if !errors.Is(res[i].Err, want) {
+				t.Errorf("result %d = %v, want %v", i, res[i].Err, want)
+			}
+		}
+		for _, k := range []string{"a4", "a6"} {
+			if _, err := l.OrderByKey(ctx, keys.MustID(k)); !errors.Is(err, ledger.ErrNotFound) {
+				t.Errorf("a refused order %s was written: %v", k, err)
+			}
+		}
+		expectSold(a, 5)
+		expectSold(b, 3)
+	})
+}
+
+// A batch of 256 takes over 100 SKUs, with refused takes spread among them
+// (sold out, an ended sale, an unknown SKU, a stale gate epoch, a reused
+// key, a duplicate), commits every other take in it, and only those.
+func TestCommitLargeBatchWithRefusals(t *testing.T) {
+	eachDriver(t, func(t *testing.T, l *ledger.Ledger) {
+		ctx := context.Background()
+		var skus []stock.SKU
+		for i := range 100 {
+			s := stock.SKU{Program: keys.MustID(fmt.Sprintf("p%d", i%10)), Ticket: keys.MustID(fmt.Sprintf("t%d", i))}
+			skus = append(skus, s)
+			total := int64(3)
+			if i%10 == 3 {
+				total = 1 // sells out inside the batch
+			}
+			if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: s, Total: total, Shards: 1, MaxPerOrder: 4}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := l.EndSale(ctx, skus[7]); err != nil {
 			t.Fatal(err)
 		}
-		if !errors.Is(res[0].Err, ledger.ErrSplit) || res[1].Err != nil || !errors.Is(res[2].Err, ledger.ErrSplit) {
-			t.Errorf("results %+v, want split, ok, split", res)
+		if _, err := l.AdvanceGate(ctx, skus[8]); err != nil { // takes at epoch 0 are stale
+			t.Fatal(err)
 		}
-		if _, err := l.OrderByKey(ctx, keys.MustID("a4")); !errors.Is(err, ledger.ErrNotFound) {
-			t.Errorf("a split order was written: %v", err)
+		if _, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID("pre"), SKU: skus[9], Buyer: keys.MustID("b"),
+			Quantity: 1, Req: req("b", "dup", "buy", ledger.OpPurchase)}); err != nil {
+			t.Fatal(err)
 		}
-		expectSold(a, 4)
-		expectSold(b, 3)
+		var takes []ledger.Take
+		want := map[int]error{}
+		sold := map[stock.SKU]int64{}
+		left := map[stock.SKU]int64{}
+		for i, s := range skus {
+			left[s] = 3
+			if i%10 == 3 {
+				left[s] = 1
+			}
+		}
+		left[skus[9]] = 2
+		for i := range 256 {
+			s := skus[(i*7)%100]
+			buyer := fmt.Sprintf("b%d", i)
+			o := ledger.Order{IdempotencyKey: keys.MustID(fmt.Sprintf("k%d", i)), SKU: s, Buyer: keys.MustID(buyer), Quantity: 1,
+				Req: req(buyer, fmt.Sprintf("r%d", i), "buy", ledger.OpPurchase)}
+			switch {
+			case i == 100:
+				o.SKU = stock.SKU{Program: keys.MustID("nope"), Ticket: keys.MustID("none")}
+				want[i] = stock.ErrUnknownSKU
+			case i == 101:
+				o.Req = req("b", "dup", "buy", ledger.OpPurchase) // committed before
+				o.Buyer = keys.MustID("b")
+				want[i] = ledger.ErrDuplicate
+			case i == 102:
+				o.Req = req("b", "dup", "another", ledger.OpPurchase) // the same key, another request
+				o.Buyer = keys.MustID("b")
+				want[i] = ledger.ErrKeyReused
+			case s == skus[7]:
+				want[i] = stock.ErrSaleEnded
+			case s == skus[8]:
+				want[i] = ledger.ErrStaleGate
+			case left[s] == 0:
+				want[i] = stock.ErrSoldOut
+			default:
+				left[s]--
+				sold[s]++
+			}
+			takes = append(takes, ledger.PurchaseTake(o))
+		}
+		res := l.Commit(ctx, takes, false)
+		for i, r := range res {
+			if !errors.Is(r.Err, want[i]) {
+				t.Errorf("take %d (%s) = %v, want %v", i, takes[i].Orders[0].SKU, r.Err, want[i])
+			}
+		}
+		for _, s := range skus {
+			st, _ := l.SKU(ctx, s)
+			pre := int64(0)
+			if s == skus[9] {
+				pre = 1
+			}
+			if st.Sold != sold[s]+pre {
+				t.Errorf("%s sold %d, want %d", s, st.Sold, sold[s]+pre)
+			}
+		}
 	})
 }
 
 // Batches racing on the same SKUs, half of them direct (optimistic): no
 // deadlock, never more than the total, every acknowledged order stored.
-func TestPurchaseBatchRacing(t *testing.T) {
+func TestCommitRacing(t *testing.T) {
 	eachDriver(t, func(t *testing.T, l *ledger.Ledger) {
 		ctx := context.Background()
 		skus := []stock.SKU{sku, {Program: sku.Program, Ticket: keys.MustID("vip")}, {Program: keys.MustID("other"), Ticket: keys.MustID("ga")}}
@@ -97,18 +200,14 @@ func TestPurchaseBatchRacing(t *testing.T) {
 						s := skus[(g+i)%3]
 						batch = append(batch, ledger.Order{IdempotencyKey: keys.MustID(fmt.Sprintf("g%d-r%d-%d", g, round, i)), SKU: s, Buyer: keys.MustID("b"), Quantity: 1})
 					}
-					res, err := l.PurchaseBatch(ctx, batch, g%2 == 1)
-					if errors.Is(err, ledger.ErrConflict) {
-						continue // a direct batch lost the race: nothing written
-					}
-					if err != nil {
-						t.Error(err)
-						return
-					}
+					res := commitOrders(ctx, l, batch, g%2 == 1)
 					mu.Lock()
 					for i, r := range res {
-						if r.Err == nil {
+						switch {
+						case r.Err == nil:
 							ok[batch[i].SKU]++
+						case !errors.Is(r.Err, stock.ErrSoldOut):
+							t.Errorf("take %d: %v", i, r.Err)
 						}
 					}
 					mu.Unlock()
@@ -159,15 +258,10 @@ func TestBatchProgramRowsDeadlock(t *testing.T) {
 						b := buyers[(g+round+2*j)%len(buyers)]
 						batch = append(batch, ledger.Order{IdempotencyKey: keys.MustID(fmt.Sprintf("d%d-%d-%d", g, round, j)), SKU: s, Buyer: b, Quantity: 1})
 					}
-					res, err := l.PurchaseBatch(ctx, batch, false)
-					if err != nil {
-						failed.Add(1)
-						t.Logf("batch %d/%d: %v", g, round, err)
-						continue
-					}
-					for _, r := range res {
+					for _, r := range commitOrders(ctx, l, batch, false) {
 						if r.Err != nil {
-							t.Errorf("an order of a batch: %v", r.Err)
+							failed.Add(1)
+							t.Logf("batch %d/%d: %v", g, round, r.Err)
 						}
 					}
 				}
@@ -175,15 +269,15 @@ func TestBatchProgramRowsDeadlock(t *testing.T) {
 		}
 		wg.Wait()
 		if n := failed.Load(); n > 0 {
-			t.Errorf("%d of 200 batches failed (deadlock victims), want none", n)
+			t.Errorf("%d of 400 takes failed (deadlock victims), want none", n)
 		}
 		var units int64
 		for _, b := range buyers {
 			n, _ := l.ProgramUnits(ctx, sku.Program, b)
 			units += n
 		}
-		if units != 400-2*failed.Load() {
-			t.Errorf("program rows count %d units, want %d", units, 400-2*failed.Load())
+		if units != 400-failed.Load() {
+			t.Errorf("program rows count %d units, want %d", units, 400-failed.Load())
 		}
 	})
 }
@@ -192,8 +286,8 @@ func TestBatchProgramRowsDeadlock(t *testing.T) {
 // transaction: held and sold move by their sums, hold rows are live holds a
 // confirm can take, retries replay what they stored, a reused key is
 // refused, and a hold the SKU cannot cover (over the stock, over a buyer's
-// cap, on an ended sale) is split out without failing its neighbours.
-func TestCommitBatchMixesPurchasesAndHolds(t *testing.T) {
+// cap, on an ended sale) is refused without failing its neighbours.
+func TestCommitMixesPurchasesAndHolds(t *testing.T) {
 	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
 		ctx := context.Background()
 		vip := stock.SKU{Program: sku.Program, Ticket: keys.MustID("vip")}
@@ -213,34 +307,32 @@ func TestCommitBatchMixesPurchasesAndHolds(t *testing.T) {
 		}
 		exp := c.now().Add(time.Minute)
 		h := func(s stock.SKU, key, buyer string, q int64) ledger.Take {
-			return ledger.Take{Hold: &ledger.Hold{IdempotencyKey: keys.MustID("row-" + key), SKU: s, Buyer: keys.MustID(buyer), Quantity: q,
-				ExpiresAt: exp, Gate: `[{"shards":1}]`, Req: req(buyer, key, "hold "+key, ledger.OpHold)}}
+			return ledger.HoldTake(ledger.Hold{IdempotencyKey: keys.MustID("row-" + key), SKU: s, Buyer: keys.MustID(buyer), Quantity: q,
+				ExpiresAt: exp, Gate: `[{"shards":1}]`, Req: req(buyer, key, "hold "+key, ledger.OpHold)})
 		}
 		p := func(s stock.SKU, key, buyer string, q int64) ledger.Take {
-			return ledger.Take{Order: ledger.Order{IdempotencyKey: keys.MustID("row-" + key), SKU: s, Buyer: keys.MustID(buyer), Quantity: q,
-				Req: req(buyer, key, "buy "+key, ledger.OpPurchase)}}
+			return ledger.PurchaseTake(ledger.Order{IdempotencyKey: keys.MustID("row-" + key), SKU: s, Buyer: keys.MustID(buyer), Quantity: q,
+				Req: req(buyer, key, "buy "+key, ledger.OpPurchase)})
 		}
 		takes := []ledger.Take{
 			h(sku, "h1", "ann", 2), p(sku, "p1", "bob", 3), h(vip, "h2", "cat", 2), p(vip, "p2", "dan", 1),
-			h(tight, "h3", "eve", 3), // over the stock: split
-			h(ended, "h4", "fay", 1), // ended: split
+			h(tight, "h3", "eve", 3), // over the stock
+			h(ended, "h4", "fay", 1), // ended
 			h(sku, "h5", "gus", 1),
 		}
-		res, err := l.CommitBatch(ctx, takes, false)
-		if err != nil {
-			t.Fatal(err)
-		}
+		res := l.Commit(ctx, takes, false)
+		refused := map[int]error{4: stock.ErrSoldOut, 5: stock.ErrSaleEnded}
 		for i, r := range res {
-			split := i == 4 || i == 5
+			why, no := refused[i]
 			switch {
-			case split && !errors.Is(r.Err, ledger.ErrSplit):
-				t.Errorf("take %d = %v, want ErrSplit", i, r.Err)
-			case !split && r.Err != nil:
+			case no && !errors.Is(r.Err, why):
+				t.Errorf("take %d = %v, want %v", i, r.Err, why)
+			case !no && r.Err != nil:
 				t.Errorf("take %d = %v", i, r.Err)
-			case !split && takes[i].Hold != nil && (r.Hold.ID.IsZero() || r.Hold.State != ledger.Held || r.Hold.TakeEpoch != 0):
-				t.Errorf("hold %d = %+v", i, r.Hold)
-			case !split && takes[i].Hold == nil && r.Order.ID.IsZero():
-				t.Errorf("order %d = %+v", i, r.Order)
+			case !no && len(takes[i].Holds) > 0 && (r.Hold().ID.IsZero() || r.Hold().State != ledger.Held || r.Hold().TakeEpoch != 0):
+				t.Errorf("hold %d = %+v", i, r.Hold())
+			case !no && len(takes[i].Orders) > 0 && r.Order().ID.IsZero():
+				t.Errorf("order %d = %+v", i, r.Order())
 			}
 		}
 		for _, w := range []struct {
@@ -255,29 +347,26 @@ func TestCommitBatchMixesPurchasesAndHolds(t *testing.T) {
 			t.Errorf("cat counts %d units of vip, want 2 (a hold counts)", n)
 		}
 		// A batched hold is a hold like any other: confirm it.
-		if o, err := l.Confirm(ctx, res[0].Hold.ID, keys.MustID("ann"), req("ann", "c1", "confirm", ledger.OpConfirm)); err != nil || o.Quantity != 2 {
+		if o, err := l.Confirm(ctx, res[0].Hold().ID, keys.MustID("ann"), req("ann", "c1", "confirm", ledger.OpConfirm)); err != nil || o.Quantity != 2 {
 			t.Errorf("confirm of a batched hold = %+v, %v", o, err)
 		}
 		// Retries replay, in a batch or alone; a reused key is refused; a
-		// hold over the buyer's cap is split out.
-		again, err := l.CommitBatch(ctx, []ledger.Take{h(sku, "h5", "gus", 1), p(sku, "p1", "bob", 3),
-			{Hold: &ledger.Hold{IdempotencyKey: keys.MustID("row-h6"), SKU: sku, Buyer: keys.MustID("gus"), Quantity: 1, ExpiresAt: exp,
-				Req: req("gus", "h5", "another hold", ledger.OpHold)}},
+		// hold over the buyer's cap is refused.
+		again := l.Commit(ctx, []ledger.Take{h(sku, "h5", "gus", 1), p(sku, "p1", "bob", 3),
+			ledger.HoldTake(ledger.Hold{IdempotencyKey: keys.MustID("row-h6"), SKU: sku, Buyer: keys.MustID("gus"), Quantity: 1, ExpiresAt: exp,
+				Req: req("gus", "h5", "another hold", ledger.OpHold)}),
 			h(vip, "h7", "cat", 1)}, false)
-		if err != nil {
-			t.Fatal(err)
+		if !errors.Is(again[0].Err, ledger.ErrDuplicate) || again[0].Hold().ID != res[6].Hold().ID {
+			t.Errorf("retried hold = %+v, %v; want ErrDuplicate with %s", again[0].Hold(), again[0].Err, res[6].Hold().ID)
 		}
-		if !errors.Is(again[0].Err, ledger.ErrDuplicate) || again[0].Hold.ID != res[6].Hold.ID {
-			t.Errorf("retried hold = %+v, %v; want ErrDuplicate with %s", again[0].Hold, again[0].Err, res[6].Hold.ID)
-		}
-		if !errors.Is(again[1].Err, ledger.ErrDuplicate) || again[1].Order.ID != res[1].Order.ID {
-			t.Errorf("retried purchase = %+v, %v; want ErrDuplicate with %s", again[1].Order, again[1].Err, res[1].Order.ID)
+		if !errors.Is(again[1].Err, ledger.ErrDuplicate) || again[1].Order().ID != res[1].Order().ID {
+			t.Errorf("retried purchase = %+v, %v; want ErrDuplicate with %s", again[1].Order(), again[1].Err, res[1].Order().ID)
 		}
 		if !errors.Is(again[2].Err, ledger.ErrKeyReused) {
 			t.Errorf("reused key = %v, want ErrKeyReused", again[2].Err)
 		}
-		if !errors.Is(again[3].Err, ledger.ErrSplit) || !errors.Is(again[3].Err, stock.ErrLimit) {
-			t.Errorf("hold over the cap = %v, want ErrSplit (limit)", again[3].Err)
+		if !errors.Is(again[3].Err, stock.ErrLimit) {
+			t.Errorf("hold over the cap = %v, want ErrLimit", again[3].Err)
 		}
 		if st, _ := l.SKU(ctx, sku); st.Sold != 5 || st.Held != 1 {
 			t.Errorf("after the retries sku sold %d held %d, want 5 and 1", st.Sold, st.Held)
@@ -285,12 +374,11 @@ func TestCommitBatchMixesPurchasesAndHolds(t *testing.T) {
 	})
 }
 
-// One take a batch cannot have is split out with only the takes its
-// refusal covers (the buyer's over a SKU or program cap, the SKU's for its
-// stock or an ended sale, the stale epoch's): the SKU's other buyers
-// commit in the batch, and each split take decided alone gets its own
-// answer.
-func TestCommitBatchSplitsOnlyTheRefused(t *testing.T) {
+// Each take a batch cannot have is refused alone, with its own answer, as
+// if the batch's takes were committed one after another in order (over a
+// buyer's SKU or program cap, short of stock, an ended sale, a stale
+// epoch): the SKU's other buyers, and the buyer's earlier takes, commit.
+func TestCommitDecidesEachRefusal(t *testing.T) {
 	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
 		ctx := context.Background()
 		id := keys.MustID
@@ -319,12 +407,12 @@ func TestCommitBatchSplitsOnlyTheRefused(t *testing.T) {
 		}
 		exp := c.now().Add(time.Minute)
 		h := func(s stock.SKU, key, buyer string, q, epoch int64) ledger.Take {
-			return ledger.Take{Hold: &ledger.Hold{IdempotencyKey: id("row-" + key), SKU: s, Buyer: id(buyer), Quantity: q,
-				ExpiresAt: exp, Gate: `[{"shards":1}]`, GateEpoch: epoch, Req: req(buyer, key, "hold "+key, ledger.OpHold)}}
+			return ledger.HoldTake(ledger.Hold{IdempotencyKey: id("row-" + key), SKU: s, Buyer: id(buyer), Quantity: q,
+				ExpiresAt: exp, Gate: `[{"shards":1}]`, GateEpoch: epoch, Req: req(buyer, key, "hold "+key, ledger.OpHold)})
 		}
 		p := func(s stock.SKU, key, buyer string, q int64) ledger.Take {
-			return ledger.Take{Order: ledger.Order{IdempotencyKey: id("row-" + key), SKU: s, Buyer: id(buyer), Quantity: q,
-				Req: req(buyer, key, "buy "+key, ledger.OpPurchase)}}
+			return ledger.PurchaseTake(ledger.Order{IdempotencyKey: id("row-" + key), SKU: s, Buyer: id(buyer), Quantity: q,
+				Req: req(buyer, key, "buy "+key, ledger.OpPurchase)})
 		}
 		takes := []ledger.Take{
 			h(capped, "t0", "ann", 2, 0),
@@ -340,16 +428,12 @@ func TestCommitBatchSplitsOnlyTheRefused(t *testing.T) {
 			h(px, "t10", "jon", 3, 0),
 			h(vip, "t11", "kim", 1, 0),
 		}
-		res, err := l.CommitBatch(ctx, takes, false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		splitFor := map[int]error{1: stock.ErrLimit, 2: stock.ErrLimit, 4: stock.ErrSoldOut, 5: stock.ErrSaleEnded,
-			6: ledger.ErrStaleGate, 8: stock.ErrLimit, 9: stock.ErrLimit}
+		res := l.Commit(ctx, takes, false)
+		refused := map[int]error{2: stock.ErrLimit, 4: stock.ErrSoldOut, 5: stock.ErrSaleEnded, 6: ledger.ErrStaleGate, 9: stock.ErrLimit}
 		for i, r := range res {
-			if why, ok := splitFor[i]; ok {
-				if !errors.Is(r.Err, ledger.ErrSplit) || !errors.Is(r.Err, why) {
-					t.Errorf("take %d = %v, want ErrSplit for %v", i, r.Err, why)
+			if why, ok := refused[i]; ok {
+				if !errors.Is(r.Err, why) {
+					t.Errorf("take %d = %v, want %v", i, r.Err, why)
 				}
 				continue
 			}
@@ -360,29 +444,9 @@ func TestCommitBatchSplitsOnlyTheRefused(t *testing.T) {
 		for _, w := range []struct {
 			sku        stock.SKU
 			sold, held int64
-		}{{capped, 1, 2}, {tight, 0, 0}, {ended, 0, 0}, {stale, 0, 1}, {px, 0, 3}, {py, 0, 0}, {vip, 0, 1}} {
+		}{{capped, 1, 4}, {tight, 0, 0}, {ended, 0, 0}, {stale, 0, 1}, {px, 0, 5}, {py, 0, 0}, {vip, 0, 1}} {
 			if st, _ := l.SKU(ctx, w.sku); st.Sold != w.sold || st.Held != w.held {
 				t.Errorf("%s after the batch: sold %d held %d, want %d %d", w.sku, st.Sold, st.Held, w.sold, w.held)
-			}
-		}
-		if n, _ := l.ProgramUnits(ctx, id("fest"), id("ivy")); n != 0 {
-			t.Errorf("ivy counts %d units of fest after her takes were split, want 0", n)
-		}
-		// Decided alone, as the committer does: each gets its own answer.
-		alone := func(tk ledger.Take) error {
-			if tk.Hold != nil {
-				_, err := l.Hold(ctx, *tk.Hold, -1)
-				return err
-			}
-			_, err := l.Purchase(ctx, tk.Order)
-			return err
-		}
-		for i, want := range []error{1: nil, 2: stock.ErrLimit, 4: stock.ErrSoldOut, 5: stock.ErrSaleEnded, 6: ledger.ErrStaleGate, 8: nil, 9: stock.ErrLimit} {
-			if _, ok := splitFor[i]; !ok {
-				continue
-			}
-			if err := alone(takes[i]); !errors.Is(err, want) {
-				t.Errorf("take %d alone = %v, want %v", i, err, want)
 			}
 		}
 		if n, _ := l.BuyerUnits(ctx, capped, id("zed")); n != 2 {
@@ -412,12 +476,12 @@ func TestBatchedHoldIsAHold(t *testing.T) {
 			return ledger.Hold{IdempotencyKey: keys.MustID("row-" + key), SKU: sku, Buyer: keys.MustID(buyer), Quantity: 2,
 				ExpiresAt: c.now().Add(90 * time.Second), Gate: `[{"shards":2,"parts":[[0,2]]}]`, GateEpoch: 1, Req: req(buyer, key, "hold 2", ledger.OpHold)}
 		}
-		res, err := l.CommitBatch(ctx, []ledger.Take{{Hold: ptr(mk("kb", "ann"))},
-			{Order: ledger.Order{IdempotencyKey: keys.MustID("row-p"), SKU: sku, Buyer: keys.MustID("cat"), Quantity: 1, GateEpoch: 1}}}, false)
-		if err != nil || res[0].Err != nil || res[1].Err != nil {
-			t.Fatalf("CommitBatch = %+v, %v", res, err)
+		res := l.Commit(ctx, []ledger.Take{ledger.HoldTake(mk("kb", "ann")),
+			ledger.PurchaseTake(ledger.Order{IdempotencyKey: keys.MustID("row-p"), SKU: sku, Buyer: keys.MustID("cat"), Quantity: 1, GateEpoch: 1})}, false)
+		if res[0].Err != nil || res[1].Err != nil {
+			t.Fatalf("Commit = %+v", res)
 		}
-		batched := res[0].Hold
+		batched := res[0].Hold()
 		alone, err := l.Hold(ctx, mk("ka", "bob"), -1)
 		if err != nil {
 			t.Fatal(err)
@@ -447,19 +511,19 @@ func TestBatchedHoldIsAHold(t *testing.T) {
 			t.Errorf("retry alone = %+v, %v; of the hold alone %v; want ErrDuplicate with %s", againB, errB, errA, batched.ID)
 		}
 		same("replay alone", againB, againA)
-		again, err := l.CommitBatch(ctx, []ledger.Take{{Hold: ptr(mk("kb", "ann"))}, {Hold: ptr(mk("ka", "bob"))}}, false)
-		if err != nil || !errors.Is(again[0].Err, ledger.ErrDuplicate) || again[0].Hold.ID != batched.ID {
-			t.Fatalf("retry in a batch = %+v, %v; want ErrDuplicate with %s", again, err, batched.ID)
+		again := l.Commit(ctx, []ledger.Take{ledger.HoldTake(mk("kb", "ann")), ledger.HoldTake(mk("ka", "bob"))}, false)
+		if !errors.Is(again[0].Err, ledger.ErrDuplicate) || again[0].Hold().ID != batched.ID {
+			t.Fatalf("retry in a batch = %+v; want ErrDuplicate with %s", again, batched.ID)
 		}
-		same("replay in a batch", again[0].Hold, again[1].Hold)
+		same("replay in a batch", again[0].Hold(), again[1].Hold())
 		// The key with another fingerprint moves nothing, alone or batched.
 		reused := mk("kb", "ann")
 		reused.IdempotencyKey, reused.Quantity, reused.Req.Fingerprint = keys.MustID("row-kb2"), 1, "hold 1"
 		if _, err := l.Hold(ctx, reused, -1); !errors.Is(err, ledger.ErrKeyReused) {
 			t.Errorf("reused key alone = %v, want ErrKeyReused", err)
 		}
-		if r, err := l.CommitBatch(ctx, []ledger.Take{{Hold: &reused}}, false); err != nil || !errors.Is(r[0].Err, ledger.ErrKeyReused) {
-			t.Errorf("reused key in a batch = %+v, %v; want ErrKeyReused", r, err)
+		if r := l.Commit(ctx, []ledger.Take{ledger.HoldTake(reused)}, false); !errors.Is(r[0].Err, ledger.ErrKeyReused) {
+			t.Errorf("reused key in a batch = %+v; want ErrKeyReused", r)
 		}
 		expectSKU(t, l, 1, 4)
 		for _, b := range []string{"ann", "bob"} {
@@ -492,8 +556,6 @@ func TestBatchedHoldIsAHold(t *testing.T) {
 		}
 	})
 }
-
-func ptr[T any](v T) *T { return &v }
 
 // idEqual compares ids by value (keys.ID keeps its text unexported).
 var idEqual = cmp.Comparer(func(a, b keys.ID) bool { return a == b })
@@ -536,15 +598,6 @@ func TestMixedBatchesRacing(t *testing.T) {
 			var mu sync.Mutex
 			var holds []ledger.Hold
 			var orders []ledger.Order
-			acked := func(r ledger.BatchResult, hold bool) {
-				mu.Lock()
-				defer mu.Unlock()
-				if hold {
-					holds = append(holds, r.Hold)
-				} else {
-					orders = append(orders, r.Order)
-				}
-			}
 			pick := func(f func(n int) int) (ledger.Hold, ledger.Order, bool) {
 				mu.Lock()
 				defer mu.Unlock()
@@ -555,38 +608,6 @@ func TestMixedBatchesRacing(t *testing.T) {
 			}
 			refusal := func(err error) bool {
 				return errors.Is(err, stock.ErrSoldOut) || errors.Is(err, stock.ErrLimit) || errors.Is(err, ledger.ErrStaleGate)
-			}
-			// alone decides a split take as sale's committers do.
-			alone := func(l *ledger.Ledger, tk ledger.Take, direct bool) {
-				for range 50 {
-					version := int64(-1)
-					if direct {
-						st, err := l.SKU(ctx, tk.SKU())
-						if err != nil {
-							t.Error(err)
-							return
-						}
-						version = st.Version
-					}
-					var r ledger.BatchResult
-					switch {
-					case tk.Hold != nil:
-						r.Hold, r.Err = l.Hold(ctx, *tk.Hold, version)
-					case direct:
-						r.Order, r.Err = l.PurchaseDirect(ctx, tk.Order, version)
-					default:
-						r.Order, r.Err = l.Purchase(ctx, tk.Order)
-					}
-					switch {
-					case errors.Is(r.Err, ledger.ErrConflict):
-						continue
-					case r.Err == nil:
-						acked(r, tk.Hold != nil)
-					case !refusal(r.Err):
-						t.Errorf("take alone: %v", r.Err)
-					}
-					return
-				}
 			}
 			var wg sync.WaitGroup
 			for g := range 6 {
@@ -600,41 +621,23 @@ func TestMixedBatchesRacing(t *testing.T) {
 							key := fmt.Sprintf("w%d-%d-%d", g, round, i)
 							q := 1 + rand.Int64N(2)
 							if rand.IntN(3) > 0 {
-								batch = append(batch, ledger.Take{Hold: &ledger.Hold{IdempotencyKey: keys.MustID(key), SKU: s, Buyer: keys.MustID(buyer),
+								batch = append(batch, ledger.HoldTake(ledger.Hold{IdempotencyKey: keys.MustID(key), SKU: s, Buyer: keys.MustID(buyer),
 									Quantity: q, ExpiresAt: c.now().Add(time.Duration(1+rand.IntN(10)) * time.Second), Gate: `[{"shards":1}]`,
-									Req: req(buyer, key, "hold", ledger.OpHold)}})
+									Req: req(buyer, key, "hold", ledger.OpHold)}))
 							} else {
-								batch = append(batch, ledger.Take{Order: ledger.Order{IdempotencyKey: keys.MustID(key), SKU: s, Buyer: keys.MustID(buyer),
-									Quantity: q, Req: req(buyer, key, "buy", ledger.OpPurchase)}})
+								batch = append(batch, ledger.PurchaseTake(ledger.Order{IdempotencyKey: keys.MustID(key), SKU: s, Buyer: keys.MustID(buyer),
+									Quantity: q, Req: req(buyer, key, "buy", ledger.OpPurchase)}))
 							}
 						}
-						var res []ledger.BatchResult
-						var err error
-						for range 50 {
-							if res, err = l.CommitBatch(ctx, batch, direct); !errors.Is(err, ledger.ErrConflict) {
-								break
-							}
-						}
-						if errors.Is(err, ledger.ErrConflict) {
-							// Around the gate, every try lost the race to
-							// the gate's writers: nothing was written.
-							for _, tk := range batch {
-								alone(l, tk, direct)
-							}
-							continue
-						}
-						if err != nil {
-							t.Errorf("worker %d round %d: batch of %d failed: %v", g, round, len(batch), err)
-							continue
-						}
-						for i, r := range res {
+						for _, r := range l.Commit(ctx, batch, direct) {
 							switch {
-							case errors.Is(r.Err, ledger.ErrSplit):
-								alone(l, batch[i], direct)
-							case r.Err != nil:
-								t.Errorf("take in a batch: %v", r.Err)
-							default:
-								acked(r, batch[i].Hold != nil)
+							case r.Err == nil:
+								mu.Lock()
+								holds = append(holds, r.Holds...)
+								orders = append(orders, r.Orders...)
+								mu.Unlock()
+							case !refusal(r.Err):
+								t.Errorf("worker %d round %d: a take of a batch of %d: %v", g, round, len(batch), r.Err)
 							}
 						}
 					}

@@ -1,0 +1,365 @@
+package ledger
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+)
+
+// A write path that runs many statements per transaction pays for each
+// round trip to PostgreSQL twice: a wait on the network, and a system call
+// on both sides. The take engine (take.go) therefore sends a transaction's
+// statements together: on PostgreSQL as one pipeline (pgx's batch, one
+// write and one read), on SQLite one after another on its one connection,
+// where a statement costs no round trip. Each statement reads its rows
+// from one input relation of fixed text, so the statement's text does not
+// change with the batch's size: pgx caches its description, SQLite
+// prepares it once.
+
+// resultRows is what a statement's rows are read through: pgx's and
+// database/sql's rows both are.
+type resultRows interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+}
+
+// step is one statement of a transaction: its text, arguments and what
+// reads its rows (nil: none are read).
+type step struct {
+	sql  string
+	args []any
+	read func(resultRows) error
+}
+
+// txRunner runs a transaction's steps together, then commits or rolls back
+// as its caller decides.
+type txRunner interface {
+	// run runs steps in order in the runner's transaction, beginning it
+	// on the first call. An error rolls it back.
+	run(ctx context.Context, steps []step) error
+	// end commits (or with commit false rolls back) the transaction run
+	// began. A failed COMMIT leaves the outcome unknown.
+	end(ctx context.Context, commit bool) error
+	// close gives the connection back.
+	close()
+}
+
+// runner opens a txRunner on a connection of the ledger's.
+func (l *Ledger) runner(ctx context.Context) (txRunner, error) {
+	if l.driver == Postgres {
+		c, err := l.db.Conn(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return &pgRunner{conn: c}, nil
+	}
+	return &sqliteRunner{l: l}, nil
+}
+
+// pgRunner sends BEGIN and every step in one pipeline on one pgx
+// connection, then COMMIT or ROLLBACK: two round trips for any number of
+// statements.
+type pgRunner struct {
+	conn *sql.Conn
+	open bool // a transaction is open on conn
+	bad  bool // conn's state is unknown: it is thrown away, not reused
+}
+
+func (r *pgRunner) raw(f func(c *pgx.Conn) error) error {
+	return r.conn.Raw(func(dc any) error {
+		sc, ok := dc.(*stdlib.Conn)
+		if !ok {
+			return fmt.Errorf("ledger: not a pgx connection: %T", dc)
+		}
+		return f(sc.Conn())
+	})
+}
+
+func (r *pgRunner) run(ctx context.Context, steps []step) error {
+	return r.raw(func(c *pgx.Conn) error {
+		b := &pgx.Batch{}
+		begin := !r.open
+		if begin {
+			b.Queue("BEGIN")
+		}
+		for _, s := range steps {
+			b.Queue(s.sql, s.args...)
+		}
+		br := c.SendBatch(ctx, b)
+		r.open = true
+		err := func() error {
+			if begin {
+				if _, err := br.Exec(); err != nil {
+					return fmt.Errorf("begin: %w", err)
+				}
+			}
+			for i, s := range steps {
+				rows, err := br.Query()
+				if err != nil {
+					return fmt.Errorf("statement %d: %w", i+1, err)
+				}
+				for s.read != nil && rows.Next() {
+					if err := s.read(rows); err != nil {
+						rows.Close()
+						return fmt.Errorf("statement %d: %w", i+1, err)
+					}
+				}
+				rows.Close()
+				if err := rows.Err(); err != nil {
+					return fmt.Errorf("statement %d: %w", i+1, err)
+				}
+			}
+			return nil
+		}()
+		if cerr := br.Close(); err == nil && cerr != nil {
+			err = cerr
+		}
+		if err != nil {
+			r.rollback(ctx, c)
+		}
+		return err
+	})
+}
+
+func (r *pgRunner) rollback(ctx context.Context, c *pgx.Conn) {
+	if _, err := c.Exec(context.WithoutCancel(ctx), "ROLLBACK"); err != nil {
+		r.bad = true
+	}
+	r.open = false
+}
+
+func (r *pgRunner) end(ctx context.Context, commit bool) error {
+	if !r.open {
+		return nil
+	}
+	return r.raw(func(c *pgx.Conn) error {
+		if !commit {
+			r.rollback(ctx, c)
+			return nil
+		}
+		r.open = false
+		if _, err := c.Exec(ctx, "COMMIT"); err != nil {
+			r.bad = true
+			return err
+		}
+		return nil
+	})
+}
+
+func (r *pgRunner) close() {
+	if r.open || r.bad {
+		// A connection whose transaction state is unknown never goes back
+		// to the pool.
+		_ = r.conn.Raw(func(any) error { return driver.ErrBadConn })
+	}
+	r.conn.Close()
+}
+
+// sqliteRunner runs the steps one by one in a database/sql transaction,
+// each statement prepared once for the ledger's life.
+type sqliteRunner struct {
+	l  *Ledger
+	tx *sql.Tx
+}
+
+func (r *sqliteRunner) run(ctx context.Context, steps []step) error {
+	if r.tx == nil {
+		// Prepare before BEGIN: preparing needs the one connection, which
+		// the transaction then holds.
+		for i, s := range steps {
+			if _, err := r.l.stmts.get(ctx, s.sql); err != nil {
+				return fmt.Errorf("prepare statement %d: %w", i+1, err)
+			}
+		}
+		tx, err := r.l.db.BeginTx(ctx, nil)
+		if err != nil {
+			return fmt.Errorf("begin: %w", err)
+		}
+		r.tx = tx
+	}
+	for i, s := range steps {
+		var st *sql.Stmt
+		if p, ok := r.l.stmts.cached(s.sql); ok {
+			st = r.tx.StmtContext(ctx, p)
+		} else {
+			// Inside the transaction: prepared on its connection, for it.
+			p, err := r.tx.PrepareContext(ctx, s.sql)
+			if err != nil {
+				r.end(ctx, false)
+				return fmt.Errorf("prepare statement %d: %w", i+1, err)
+			}
+			st = p
+		}
+		rows, err := st.QueryContext(ctx, s.args...)
+		if err == nil {
+			for s.read != nil && rows.Next() {
+				if err = s.read(rows); err != nil {
+					break
+				}
+			}
+			rows.Close()
+			if err == nil {
+				err = rows.Err()
+			}
+		}
+		if err != nil {
+			r.end(ctx, false)
+			return fmt.Errorf("statement %d: %w", i+1, err)
+		}
+	}
+	return nil
+}
+
+func (r *sqliteRunner) end(_ context.Context, commit bool) error {
+	if r.tx == nil {
+		return nil
+	}
+	tx := r.tx
+	r.tx = nil
+	if !commit {
+		return tx.Rollback()
+	}
+	return tx.Commit()
+}
+
+func (r *sqliteRunner) close() {
+	if r.tx != nil {
+		r.tx.Rollback()
+	}
+}
+
+// A rowset is the input of one statement: rows of text and bigint
+// columns. On PostgreSQL it travels as one array per column, unpacked by
+// unnest; on SQLite as one JSON array of rows, unpacked by json_each.
+type rowset struct {
+	kinds []byte // 't' text, 'i' bigint, per column
+	texts [][]string
+	ints  [][]int64
+	n     int
+}
+
+func newRowset(kinds string) *rowset {
+	r := &rowset{kinds: []byte(kinds), texts: make([][]string, len(kinds)), ints: make([][]int64, len(kinds))}
+	return r
+}
+
+// add appends a row; each value is a string or an int64, in column order.
+func (r *rowset) add(vals ...any) {
+	if len(vals) != len(r.kinds) {
+		panic(fmt.Sprintf("ledger: a row of %d values for %d columns", len(vals), len(r.kinds)))
+	}
+	for i, v := range vals {
+		switch r.kinds[i] {
+		case 't':
+			r.texts[i] = append(r.texts[i], v.(string))
+		default:
+			r.ints[i] = append(r.ints[i], v.(int64))
+		}
+	}
+	r.n++
+}
+
+// args are the statement arguments that carry the rows, after the
+// statement's own: one per column on PostgreSQL, one JSON text on SQLite.
+func (r *rowset) args(d string) []any {
+	if d == Postgres {
+		out := make([]any, len(r.kinds))
+		for i, k := range r.kinds {
+			if k == 't' {
+				out[i] = r.texts[i]
+			} else {
+				out[i] = r.ints[i]
+			}
+		}
+		return out
+	}
+	var b []byte
+	b = append(b, '[')
+	for row := range r.n {
+		if row > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, '[')
+		for i, k := range r.kinds {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			if k == 't' {
+				b = appendJSONString(b, r.texts[i][row])
+			} else {
+				b = strconv.AppendInt(b, r.ints[i][row], 10)
+			}
+		}
+		b = append(b, ']')
+	}
+	b = append(b, ']')
+	return []any{string(b)}
+}
+
+// appendJSONString appends s as a JSON string. Ids need no escaping;
+// stored answers (JSON themselves) go through encoding/json.
+func appendJSONString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c >= 0x80 {
+			q, _ := json.Marshal(s)
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
+}
+
+// rowsFrom is the FROM item of a statement's input rows, named alias, with
+// columns "name text" or "name bigint"; first is the number of the first
+// parameter that carries them (after the statement's own).
+func rowsFrom(d, alias string, first int, cols ...string) string {
+	var b strings.Builder
+	if d == Postgres {
+		b.WriteString("unnest(")
+		names := make([]string, len(cols))
+		for i, c := range cols {
+			name, typ, _ := strings.Cut(c, " ")
+			names[i] = name
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(&b, "$%d::%s[]", first+i, typ)
+		}
+		fmt.Fprintf(&b, ") AS %s(%s)", alias, strings.Join(names, ", "))
+		return b.String()
+	}
+	b.WriteString("(SELECT ")
+	for i, c := range cols {
+		name, _, _ := strings.Cut(c, " ")
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "value->>%d AS %s", i, name)
+	}
+	fmt.Fprintf(&b, " FROM json_each($%d)) AS %s", first, alias)
+	return b.String()
+}
+
+// isRetryable reports a PostgreSQL failure that rolled the transaction
+// back and that running it again may not meet: a deadlock or a
+// serialization failure.
+func isRetryable(err error) bool {
+	var pe interface{ SQLState() string }
+	if errors.As(err, &pe) {
+		switch pe.SQLState() {
+		case "40P01", "40001":
+			return true
+		}
+	}
+	return false
+}

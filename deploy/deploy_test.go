@@ -110,10 +110,12 @@ func build(t *testing.T) map[string]any { return render(t) }
 // decodes every object strictly.
 func render(t *testing.T, valueFiles ...string) map[string]any {
 	t.Helper()
-	ch, err := loader.Load("helm/stockgate")
-	if err != nil {
-		t.Fatal(err)
-	}
+	return decodeAll(t, renderFiles(t, "stockgate", readValues(t, valueFiles...)))
+}
+
+// readValues merges values files, later ones over earlier ones.
+func readValues(t *testing.T, valueFiles ...string) map[string]any {
+	t.Helper()
 	vals := map[string]any{}
 	for _, f := range valueFiles {
 		v, err := chartutil.ReadValuesFile(f)
@@ -122,7 +124,18 @@ func render(t *testing.T, valueFiles ...string) map[string]any {
 		}
 		vals = chartutil.CoalesceTables(v.AsMap(), vals)
 	}
-	rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: "stockgate", Namespace: "stockgate",
+	return vals
+}
+
+// renderFiles renders the chart for an install of release into namespace
+// stockgate: template path → text, as Helm hands them to its sorter.
+func renderFiles(t *testing.T, release string, vals map[string]any) map[string]string {
+	t.Helper()
+	ch, err := loader.Load("helm/stockgate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: release, Namespace: "stockgate",
 		Revision: 1, IsInstall: true}, chartutil.DefaultCapabilities)
 	if err != nil {
 		t.Fatalf("values: %v", err)
@@ -131,8 +144,15 @@ func render(t *testing.T, valueFiles ...string) map[string]any {
 	if err != nil {
 		t.Fatalf("render: %v", err)
 	}
+	return out
+}
+
+// decodeAll decodes every object of the rendered files strictly, by
+// Kind/name.
+func decodeAll(t *testing.T, files map[string]string) map[string]any {
+	t.Helper()
 	objs := map[string]any{}
-	for name, text := range out {
+	for name, text := range files {
 		if !strings.HasSuffix(name, ".yaml") {
 			continue
 		}

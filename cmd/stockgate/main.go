@@ -286,6 +286,10 @@ func run(args []string, stderr io.Writer) int {
 	flags(fs, &c)
 	fs.Usage = usage(stderr, fs)
 	if len(args) > 0 && args[0] == "version" {
+		if len(args) > 1 {
+			fmt.Fprintf(stderr, "stockgate version: takes no arguments, got %q\n", args[1:])
+			return 2
+		}
 		fmt.Fprintln(stdout, buildinfo.Read().String())
 		return 0
 	}
@@ -302,6 +306,14 @@ func run(args []string, stderr io.Writer) int {
 			return 0
 		}
 		fmt.Fprintf(stderr, "stockgate: %v\n", err)
+		return 2
+	}
+	// Words after the flags are a mistake, never ignored: an image whose
+	// entrypoint already says serve, given args [migrate], would otherwise
+	// serve (for ever) where the operator asked for a migration.
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "stockgate %s: unexpected arguments %q (one command, then flags)\n", args[0], fs.Args())
+		fs.Usage()
 		return 2
 	}
 	if err := c.validate(); err != nil {

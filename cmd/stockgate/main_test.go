@@ -226,3 +226,26 @@ func TestTLSFilesWithoutTLSExits2(t *testing.T) {
 		t.Fatalf("run = %d (%s), want 2 naming STOCKGATE_REDIS_TLS", code, out)
 	}
 }
+
+// A word after the command is refused with 2, never ignored: with the old
+// image (ENTRYPOINT stockgate serve) the chart's migration Job ran
+// `stockgate serve migrate`, which served for ever instead of migrating.
+func TestExtraArgumentsExit2(t *testing.T) {
+	t.Setenv("STOCKGATE_LEDGER_DSN", filepath.Join(t.TempDir(), "ledger.db"))
+	t.Setenv("STOCKGATE_ADDR", "127.0.0.1:0")
+	for _, args := range [][]string{
+		{"serve", "migrate"},
+		{"serve", "serve"},
+		{"migrate", "now"},
+		{"serve", "-log-level", "warn", "migrate"},
+		{"version", "extra"},
+		{"migrate", "--", "serve"},
+	} {
+		code, out := runBounded(t, args...)
+		if code != 2 {
+			t.Errorf("stockgate %q = %d (%s), want 2", args, code, out)
+		} else if !strings.Contains(out, "argument") {
+			t.Errorf("stockgate %q: message %q does not say an argument is wrong", args, out)
+		}
+	}
+}

@@ -4,7 +4,7 @@ RUN_DIR := .run
 GO ?= go
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run stop test bench compare fuzz dashboard deps-redis deps-postgres deps-pgbouncer deps-promtool deps-chromium build vet
+.PHONY: run stop test bench compare fuzz dashboard deps-redis deps-postgres deps-pgbouncer deps-promtool deps-chromium deps-lint build vet
 
 build:
 	$(GO) build -o $(RUN_DIR)/stockgate ./cmd/stockgate
@@ -37,6 +37,16 @@ deps-promtool:
 	@command -v promtool >/dev/null || { \
 	  echo "make: promtool not found; installing prometheus (for promtool) with apt-get"; \
 	  $(SUDO) apt-get update -q && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; }
+
+# Installs the pinned npm tools of deploy/lint (Redocly CLI, which lints
+# the OpenAPI document) with npm ci, and Node.js with apt-get when it is
+# missing. Again only when the lock file changed.
+deps-lint:
+	@command -v npm >/dev/null || { \
+	  echo "make: npm not found; installing nodejs and npm with apt-get"; \
+	  $(SUDO) apt-get update -q && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nodejs npm; }
+	@[ deploy/lint/node_modules/.package-lock.json -nt deploy/lint/package-lock.json ] || \
+	  (cd deploy/lint && npm ci --no-audit --no-fund --loglevel=error)
 
 # A local 3-master + 3-replica Redis Cluster on 127.0.0.1:7000-7005 and the
 # gateway on 127.0.0.1:8080 (admin routes open: loopback only) with the
@@ -82,7 +92,7 @@ vet:
 
 # Everything, with the race detector, against real servers the tests start;
 # then a short run of each fuzz target (their seed inputs already ran above).
-test: deps-redis deps-postgres deps-pgbouncer deps-promtool deps-chromium vet
+test: deps-redis deps-postgres deps-pgbouncer deps-promtool deps-chromium deps-lint vet
 	$(GO) test -race -count=1 -timeout 15m ./...
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=500x
 

@@ -4,7 +4,7 @@ RUN_DIR := .run
 GO ?= go
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run stop test bench compare fuzz dashboard deps-redis deps-postgres deps-pgbouncer deps-promtool deps-chromium deps-lint build vet
+.PHONY: run stop test bench compare fuzz dashboard deps-redis deps-postgres deps-pgbouncer deps-promtool deps-chromium deps-lint deps-helm deps-kubeconform deps-schemas build vet
 
 build:
 	$(GO) build -o $(RUN_DIR)/stockgate ./cmd/stockgate
@@ -47,6 +47,30 @@ deps-lint:
 	  $(SUDO) apt-get update -q && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nodejs npm; }
 	@[ deploy/lint/node_modules/.package-lock.json -nt deploy/lint/package-lock.json ] || \
 	  (cd deploy/lint && npm ci --no-audit --no-fund --loglevel=error)
+
+# The chart's checkers, built from the Go module proxy into Go's bin
+# directory when missing or of another version: helm (lint --strict,
+# template) and kubeconform; and the modules whose files the schemas are
+# made from (Kubernetes' OpenAPI document, the Prometheus Operator's and
+# KEDA's CRDs: see deploy/checkers_test.go). The first build of helm takes
+# about a minute; afterwards each is a version check.
+HELM_VERSION := v3.19.0
+KUBECONFORM_VERSION := v0.8.0
+GOBIN_DIR = $(shell $(GO) env GOBIN | grep . || echo "$$($(GO) env GOPATH)/bin")
+deps-helm:
+	@$(GO) version -m "$(GOBIN_DIR)/helm" 2>/dev/null | grep -qP '^\tmod\thelm.sh/helm/v3\t$(HELM_VERSION)\t' || { \
+	  echo "make: installing helm $(HELM_VERSION) with go install"; \
+	  $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION); }
+
+deps-kubeconform:
+	@$(GO) version -m "$(GOBIN_DIR)/kubeconform" 2>/dev/null | grep -qP '^\tmod\tgithub.com/yannh/kubeconform\t$(KUBECONFORM_VERSION)\t' || { \
+	  echo "make: installing kubeconform $(KUBECONFORM_VERSION) with go install"; \
+	  $(GO) install github.com/yannh/kubeconform/cmd/kubeconform@$(KUBECONFORM_VERSION); }
+
+deps-schemas:
+	@d=$$(mktemp -d) && cd $$d && GOFLAGS=-mod=mod $(GO) mod download k8s.io/kubernetes@v1.34.1 \
+	  github.com/prometheus-operator/prometheus-operator@v0.81.0 github.com/kedacore/keda/v2@v2.17.2; \
+	  rc=$$?; rmdir $$d; exit $$rc
 
 # A local 3-master + 3-replica Redis Cluster on 127.0.0.1:7000-7005 and the
 # gateway on 127.0.0.1:8080 (admin routes open: loopback only) with the
@@ -92,7 +116,7 @@ vet:
 
 # Everything, with the race detector, against real servers the tests start;
 # then a short run of each fuzz target (their seed inputs already ran above).
-test: deps-redis deps-postgres deps-pgbouncer deps-promtool deps-chromium deps-lint vet
+test: deps-redis deps-postgres deps-pgbouncer deps-promtool deps-chromium deps-lint deps-helm deps-kubeconform deps-schemas vet
 	$(GO) test -race -count=1 -timeout 15m ./...
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=500x
 

@@ -164,7 +164,8 @@ func (s *Server) writeError(c *gin.Context, err error) {
 		// A breaker probe, a rebuild or a ledger reconnect: about a second.
 		retry = retryAfter(time.Second)
 	}
-	if status >= 500 {
+	if status >= 500 && kind != sale.ErrBusy {
+		// Shedding load is not a failure to log: the metrics count it.
 		s.log.WarnContext(c.Request.Context(), "request failed", "route", c.FullPath(), "status", status, "err", err)
 	}
 	var lines []problemLine

@@ -3,7 +3,6 @@ package sale
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
@@ -23,11 +22,13 @@ type committer struct {
 	b      *batcher[ledger.Take, ledger.TakeResult]
 }
 
-var errClosing = fmt.Errorf("gateway: shutting down: %w", ledger.ErrNotCommitted)
-
 func newCommitter(s *Service, partitions, max int, direct bool) *committer {
 	c := &committer{s: s, direct: direct}
-	c.b = newBatcher(partitions, max, s.opts.WorkTimeout, func(ctx context.Context, takes []ledger.Take, answer func(int, ledger.TakeResult)) {
+	work := "takes"
+	if direct {
+		work = "direct_takes"
+	}
+	c.b = newBatcher(partitions, max, s.opts.WorkTimeout, s.opts.LedgerWaitBudget, s.metrics.batchMetrics(work), func(ctx context.Context, takes []ledger.Take, answer func(int, ledger.TakeResult)) {
 		for i, r := range s.ledger.Commit(ctx, takes, direct) {
 			answer(i, r)
 		}
@@ -68,9 +69,9 @@ func (c *committer) commitTake(t ledger.Take) ledger.TakeResult {
 	case len(t.Holds) > 0:
 		sku = t.Holds[0].SKU
 	}
-	out, ok := c.b.do(ledger.SKULane(sku), t)
-	if !ok {
-		return ledger.TakeResult{Take: t, Err: errClosing}
+	out, err := c.b.do(ledger.SKULane(sku), t)
+	if err != nil {
+		return ledger.TakeResult{Take: t, Err: err}
 	}
 	return out
 }

@@ -2,71 +2,175 @@ package sale
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"math"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/stockgate/stockgate/ledger"
 )
 
-// batcher group-commits work: items queue on partitions, and each
-// partition hands whatever queued while its previous flush ran (up to max)
-// to one flush. Under load the ledger then sees one transaction per batch,
-// not per item; a lone item still goes at once, alone. Each partition is a
-// goroutine owned by the batcher and ended by close.
+// batcher group-commits work: items queue on lanes, and each lane hands
+// whatever queued while its previous flush ran (up to max) to one flush.
+// Under load the ledger then sees one transaction per batch, not per item,
+// and batches grow with what is waiting; a lone item still goes at once,
+// alone, and an idle lane costs nothing. Each lane is a goroutine owned by
+// the batcher and ended by close.
+//
+// An item waits for its flush at most budget: a lane learns how many items
+// a second it commits while it is busy, refuses at once an item that would
+// wait longer than the budget behind those queued (errLedgerBusy, with the
+// wait), and refuses, unflushed, an item that waited longer anyway. An
+// overloaded ledger then sheds load with answers clients can retry,
+// instead of queueing without bound.
 type batcher[T, R any] struct {
 	max     int
 	timeout time.Duration
+	budget  time.Duration // 0: no bound
+	metrics laneMetrics
 	// flush decides items and calls answer once for each index, as soon
 	// as that item's outcome is known.
-	flush  func(ctx context.Context, items []T, answer func(i int, r R))
-	queues []chan *pendingItem[T, R]
-	stop   chan struct{}
-	wg     sync.WaitGroup
+	flush func(ctx context.Context, items []T, answer func(i int, r R))
+	lanes []*lane[T, R]
+	stop  chan struct{}
+	wg    sync.WaitGroup
 	// mu orders do's enqueue against close: once closed is set, no item is
-	// queued where no partition will take it.
+	// queued where no lane will take it.
 	mu     sync.RWMutex
 	closed bool
 }
 
-type pendingItem[T, R any] struct {
-	item T
-	out  chan R
+// laneMetrics is what a batcher reports: how long items waited for their
+// flush, and how many it refused. Either may be nil.
+type laneMetrics struct {
+	wait interface{ Observe(float64) }
+	shed interface{ Inc() }
 }
 
-func newBatcher[T, R any](partitions, max int, timeout time.Duration,
+func (m laneMetrics) waited(d time.Duration) {
+	if m.wait != nil {
+		m.wait.Observe(d.Seconds())
+	}
+}
+
+func (m laneMetrics) refused() {
+	if m.shed != nil {
+		m.shed.Inc()
+	}
+}
+
+// lane is one queue of a batcher and what it learned of its pace.
+type lane[T, R any] struct {
+	q      chan *pendingItem[T, R]
+	queued atomic.Int64
+	// rate is the items a second this lane committed while busy (a flush
+	// with more waiting behind it), a moving average; 0 until known.
+	rate atomic.Uint64 // float64 bits
+}
+
+type pendingItem[T, R any] struct {
+	item T
+	at   time.Time
+	out  chan outcome[R]
+}
+
+type outcome[R any] struct {
+	r   R
+	err error
+}
+
+// errClosing refuses work after close: nothing was done.
+var errClosing = fmt.Errorf("sale: shutting down: %w", ledger.ErrNotCommitted)
+
+// busyError refuses an item the ledger could not take within the wait
+// budget; nothing was done. Wait is when to ask again.
+type busyError struct{ wait time.Duration }
+
+func (e *busyError) Error() string {
+	return fmt.Sprintf("sale: the ledger is at its capacity; retry in %v", e.wait.Round(time.Millisecond))
+}
+
+func (e *busyError) Unwrap() error { return ledger.ErrNotCommitted }
+
+// errLedgerBusy is matched by errors.Is on every *busyError.
+var errLedgerBusy = &busyError{}
+
+func (e *busyError) Is(target error) bool { return target == errLedgerBusy }
+
+// busyWait is the wait a busyError in err's chain asks for (0: none).
+func busyWait(err error) time.Duration {
+	var b *busyError
+	if errors.As(err, &b) {
+		return b.wait
+	}
+	return 0
+}
+
+func newBatcher[T, R any](lanes, max int, timeout, budget time.Duration, m laneMetrics,
 	flush func(ctx context.Context, items []T, answer func(i int, r R))) *batcher[T, R] {
-	b := &batcher[T, R]{max: max, timeout: timeout, flush: flush, stop: make(chan struct{})}
-	for range partitions {
-		q := make(chan *pendingItem[T, R], 4*max)
-		b.queues = append(b.queues, q)
-		b.wg.Go(func() { b.run(q) })
+	b := &batcher[T, R]{max: max, timeout: timeout, budget: budget, metrics: m, flush: flush, stop: make(chan struct{})}
+	for range lanes {
+		l := &lane[T, R]{q: make(chan *pendingItem[T, R], 4*max)}
+		b.lanes = append(b.lanes, l)
+		b.wg.Go(func() { b.run(l) })
 	}
 	return b
 }
 
-// do queues item on partition part (mod the partition count) and waits for
-// its answer; ok is false once the batcher is closed (nothing was done).
-func (b *batcher[T, R]) do(part uint32, item T) (_ R, ok bool) {
-	p := &pendingItem[T, R]{item: item, out: make(chan R, 1)}
+// do queues item on lane part (mod the lane count) and waits for its
+// answer. It returns errClosing once the batcher is closed and a
+// *busyError when the item would wait, or waited, past the budget;
+// either way nothing was done.
+func (b *batcher[T, R]) do(part uint32, item T) (R, error) {
+	l := b.lanes[part%uint32(len(b.lanes))]
+	var zero R
+	if wait, over := b.over(l); over {
+		b.metrics.refused()
+		return zero, &busyError{wait: wait}
+	}
+	p := &pendingItem[T, R]{item: item, at: time.Now(), out: make(chan outcome[R], 1)}
 	b.mu.RLock()
 	if b.closed {
 		b.mu.RUnlock()
-		var zero R
-		return zero, false
+		return zero, errClosing
 	}
-	b.queues[part%uint32(len(b.queues))] <- p // the partition drains its queue before it stops
+	select {
+	case l.q <- p: // the lane drains its queue before it stops
+		l.queued.Add(1)
+	default:
+		b.mu.RUnlock()
+		b.metrics.refused()
+		return zero, &busyError{wait: b.budget}
+	}
 	b.mu.RUnlock()
-	return <-p.out, true
+	o := <-p.out
+	return o.r, o.err
 }
 
-func (b *batcher[T, R]) run(q chan *pendingItem[T, R]) {
+// over reports whether one more item on l would wait past the budget,
+// and how long the queue ahead of it would take.
+func (b *batcher[T, R]) over(l *lane[T, R]) (time.Duration, bool) {
+	rate := math.Float64frombits(l.rate.Load())
+	if b.budget <= 0 || rate <= 0 {
+		return 0, false
+	}
+	wait := time.Duration(float64(l.queued.Load()+1) / rate * float64(time.Second))
+	return wait, wait > b.budget
+}
+
+func (b *batcher[T, R]) run(l *lane[T, R]) {
 	for {
 		var first *pendingItem[T, R]
 		select {
-		case first = <-q:
+		case first = <-l.q:
 		case <-b.stop:
 			for { // answer whatever is still queued before leaving
 				select {
-				case p := <-q:
-					b.flushAll([]*pendingItem[T, R]{p})
+				case p := <-l.q:
+					l.queued.Add(-1)
+					b.flushAll(l, []*pendingItem[T, R]{p})
 				default:
 					return
 				}
@@ -76,28 +180,56 @@ func (b *batcher[T, R]) run(q chan *pendingItem[T, R]) {
 	drain:
 		for len(batch) < b.max {
 			select {
-			case p := <-q:
+			case p := <-l.q:
 				batch = append(batch, p)
 			default:
 				break drain
 			}
 		}
-		b.flushAll(batch)
+		l.queued.Add(-int64(len(batch)))
+		b.flushAll(l, batch)
 	}
 }
 
-func (b *batcher[T, R]) flushAll(batch []*pendingItem[T, R]) {
+// flushAll flushes batch, less the items that waited past the budget
+// (refused unflushed), and learns the lane's pace from it.
+func (b *batcher[T, R]) flushAll(l *lane[T, R], batch []*pendingItem[T, R]) {
+	start := time.Now()
+	fresh := batch[:0]
+	for _, p := range batch {
+		waited := start.Sub(p.at)
+		b.metrics.waited(waited)
+		if b.budget > 0 && waited > b.budget {
+			b.metrics.refused()
+			p.out <- outcome[R]{err: &busyError{wait: waited}}
+			continue
+		}
+		fresh = append(fresh, p)
+	}
+	batch = fresh
+	if len(batch) == 0 {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 	defer cancel()
 	items := make([]T, len(batch))
 	for i, p := range batch {
 		items[i] = p.item
 	}
-	b.flush(ctx, items, func(i int, r R) { batch[i].out <- r })
+	b.flush(ctx, items, func(i int, r R) { batch[i].out <- outcome[R]{r: r} })
+	if l.queued.Load() > 0 {
+		// Busy: more waited behind this flush. Its pace is the lane's.
+		pace := float64(len(batch)) / max(time.Since(start).Seconds(), 1e-6)
+		old := math.Float64frombits(l.rate.Load())
+		if old > 0 {
+			pace = 0.8*old + 0.2*pace
+		}
+		l.rate.Store(math.Float64bits(pace))
+	}
 }
 
-// close stops the partitions once they have answered what was queued; do
-// after it returns ok false. A second close does nothing.
+// close stops the lanes once they have answered what was queued; do
+// after it returns errClosing. A second close does nothing.
 func (b *batcher[T, R]) close() {
 	b.mu.Lock()
 	if b.closed {

@@ -21,9 +21,9 @@ func (s *Service) confirmLedger(id, buyer keys.ID, req ledger.Request) (ledger.O
 	// Confirms queue by their hold's SKU, which its id names (LaneOf):
 	// one SKU's confirms are batched together, so its row has one writer
 	// per replica, and a retry meets the first in the same partition.
-	out, ok := s.confirms.do(ledger.LaneOf(id), ledger.HoldRequest{HoldID: id, Buyer: buyer, Req: req})
-	if !ok {
-		return ledger.Order{}, errClosing
+	out, err := s.confirms.do(ledger.LaneOf(id), ledger.HoldRequest{HoldID: id, Buyer: buyer, Req: req})
+	if err != nil {
+		return ledger.Order{}, err
 	}
 	return out.order, out.err
 }
@@ -80,9 +80,9 @@ type cancelOut struct {
 // cancelLedger cancels a hold through the group committer of cancels. It
 // answers as Ledger.Cancel does.
 func (s *Service) cancelLedger(id, buyer keys.ID, req ledger.Request) (ledger.Hold, bool, error) {
-	out, ok := s.cancels.do(ledger.LaneOf(id), ledger.HoldRequest{HoldID: id, Buyer: buyer, Req: req})
-	if !ok {
-		return ledger.Hold{}, false, errClosing
+	out, err := s.cancels.do(ledger.LaneOf(id), ledger.HoldRequest{HoldID: id, Buyer: buyer, Req: req})
+	if err != nil {
+		return ledger.Hold{}, false, err
 	}
 	return out.hold, out.changed, out.err
 }
@@ -110,9 +110,9 @@ type refundOut struct {
 // refundLedger refunds an order through the group committer of refunds. It
 // answers as Ledger.Refund does.
 func (s *Service) refundLedger(id, buyer keys.ID, req ledger.Request) (ledger.Order, bool, error) {
-	out, ok := s.refunds.do(ledger.LaneOf(id), ledger.OrderRequest{OrderID: id, Buyer: buyer, Req: req})
-	if !ok {
-		return ledger.Order{}, false, errClosing
+	out, err := s.refunds.do(ledger.LaneOf(id), ledger.OrderRequest{OrderID: id, Buyer: buyer, Req: req})
+	if err != nil {
+		return ledger.Order{}, false, err
 	}
 	return out.order, out.changed, out.err
 }

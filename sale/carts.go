@@ -455,6 +455,10 @@ func (c *cartFlow) takeOnce(ctx context.Context) (_ answer, stale stock.SKU) {
 			return c.refused(ctx, ErrInvalid, i, fmt.Sprintf("ttl_seconds must be in %d..%d for this ticket",
 				int(ledger.MinHoldTTL.Seconds()), int(st.HoldTTLMax.Seconds()))), stale
 		}
+		if st, err = s.gateFresh(ctx, w.sku, st); err != nil {
+			s.log.ErrorContext(ctx, "load sku settings", "sku", w.sku.String(), "err", err)
+			return ansUnavailable, stale
+		}
 		if !st.Seated && st.GateStale() && !direct && s.breaker.State() == breaker.Closed {
 			if err := s.reseed(ctx, w.sku, reasonBypass, false); err != nil {
 				direct = true
@@ -621,6 +625,9 @@ func (c *cartFlow) takeOnce(ctx context.Context) (_ answer, stale stock.SKU) {
 	case errors.Is(err, stock.ErrUnknownSKU) && line >= 0:
 		undo(true)
 		return s.counted(pathGate, c.refused(ctx, ErrUnknownSKU, line, "")), stale
+	case errors.Is(err, errLedgerBusy):
+		undo(true)
+		return s.counted(pathGate, ansLedgerBusy), stale
 	case errors.Is(err, ledger.ErrNotCommitted):
 		s.log.ErrorContext(ctx, "ledger cart", "err", err)
 		undo(true)
@@ -665,7 +672,7 @@ func (c *cartFlow) direct(ctx context.Context, states []ledger.SKUState) answer 
 		switch {
 		case err == nil:
 			for _, w := range c.lines {
-				s.settings.Invalidate(w.sku)
+				s.bypassed.Store(w.sku, struct{}{})
 			}
 			s.count(pathLedger, "sold")
 			return answer{cart: &committed}
@@ -689,6 +696,8 @@ func (c *cartFlow) direct(ctx context.Context, states []ledger.SKUState) answer 
 			return s.counted(pathLedger, c.refused(ctx, ErrSaleEnded, line, ""))
 		case errors.Is(err, stock.ErrUnknownSKU):
 			return s.counted(pathLedger, c.refused(ctx, ErrUnknownSKU, line, ""))
+		case errors.Is(err, errLedgerBusy):
+			return s.counted(pathLedger, ansLedgerBusy)
 		case errors.Is(err, ledger.ErrNotCommitted):
 			s.log.ErrorContext(ctx, "fallback cart", "err", err)
 			return s.counted(pathLedger, ansUnavailable)

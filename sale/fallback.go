@@ -4,76 +4,86 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+
+	"github.com/stockgate/stockgate/breaker"
 	"time"
 
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
 )
 
-var ansBusy = fail(ErrBusy)
+var (
+	ansBusy = fail(ErrBusy)
+	// ansLedgerBusy: the ledger could not take the request within the wait
+	// budget (see batcher); nothing moved.
+	ansLedgerBusy = fail(refuse(ErrBusy, "the ledger is committing at its capacity; retry with the same Idempotency-Key"))
+)
 
-// takeDirect sells or holds straight from the ledger while Redis cannot:
-// read the SKU row, commit with an update conditional on its version, and
-// on a conflict read again after a jittered, growing pause, a bounded number
-// of times. At most FallbackConcurrency of these run at once, so a Redis
-// outage turns into a bounded load on the ledger and 503s beyond it, never
-// a pile-up. A sold-out answer is cached like one from Redis, so a sold-out
-// SKU costs the ledger nothing. Each one bumps the SKU's bypass_seq: Redis
-// is rebuilt from the ledger before it serves the SKU again.
+// takeDirect sells or holds straight from the ledger while Redis cannot.
+// The ledger's batches of takes around the gate lock the SKU row, decide
+// each take against it and commit at the row's version, so this replica's
+// buyers of a SKU share one transaction and never conflict with each
+// other; another replica's batch of the same SKU waits for the row. At
+// most FallbackConcurrency of these run at once, so a Redis outage turns
+// into a bounded load on the ledger and 503s beyond it, never a pile-up. A
+// sold-out answer is cached like one from Redis, so a sold-out SKU costs
+// the ledger nothing. Each one bumps the SKU's bypass_seq: Redis is
+// rebuilt from the ledger before it serves the SKU again.
 func (s *Service) takeDirect(ctx context.Context, w want, st ledger.SKUState) answer {
 	release, ok := s.fallbackSlot()
 	if !ok {
 		return s.counted(pathLedger, ansBusy)
 	}
 	defer release()
-	for attempt := range s.opts.FallbackAttempts {
-		if !s.fallbackPause(ctx, attempt) {
-			return ansUnavailable
-		}
-		fresh, err := s.ledger.SKU(ctx, w.sku)
-		if err != nil {
-			s.log.ErrorContext(ctx, "fallback read sku", "sku", w.sku.String(), "err", err)
-			return s.counted(pathLedger, ansUnavailable)
-		}
-		if fresh.Remaining() < w.q {
-			return s.directRefused(ctx, w, ansSoldOut, fresh.Remaining() == 0)
-		}
-		a, err := s.commit(ctx, w, fresh, "", fresh.Version, -1)
-		switch {
-		case err == nil:
-			// This replica's cached settings must show the gate stale now, so
-			// it rebuilds Redis before using it for this SKU again.
-			s.settings.Invalidate(w.sku)
-			s.count(pathLedger, "sold")
-			return a
-		case errors.Is(err, ledger.ErrDuplicate):
-			a.replayed = true
-			return a
-		case errors.Is(err, ledger.ErrKeyReused):
-			return ansKeyReused
-		case errors.Is(err, ledger.ErrConflict):
-			continue
-		case errors.Is(err, ledger.ErrSeatedTake):
-			return s.directRefused(ctx, w, fail(ErrSeated), false)
-		case errors.Is(err, stock.ErrSoldOut):
-			return s.directRefused(ctx, w, ansSoldOut, false)
-		case errors.Is(err, stock.ErrLimit):
-			return s.directRefused(ctx, w, ansLimit, false)
-		case errors.Is(err, stock.ErrSaleEnded):
-			return s.directRefused(ctx, w, ansSaleEnded, false)
-		case errors.Is(err, ledger.ErrCodeUsedUp):
-			return s.directRefused(ctx, w, ansCodeUsedUp, false)
-		case errors.Is(err, ledger.ErrCodeInvalid):
-			return s.directRefused(ctx, w, fail(ErrCodeInvalid), false)
-		case errors.Is(err, ledger.ErrNotCommitted):
-			s.log.ErrorContext(ctx, "fallback commit", "sku", w.sku.String(), "err", err)
-			return s.counted(pathLedger, ansUnavailable)
-		}
-		// COMMIT failed: it may have landed. The request's row tells.
+	a, err := s.commit(ctx, w, st, "", max(st.Version, 0), -1)
+	switch {
+	case err == nil:
+		// Before this replica lets Redis serve the SKU again it reads the
+		// row afresh, which shows the gate stale (see bypassed).
+		s.bypassed.Store(w.sku, struct{}{})
+		s.count(pathLedger, "sold")
+		return a
+	case errors.Is(err, ledger.ErrDuplicate):
+		a.replayed = true
+		return a
+	case errors.Is(err, ledger.ErrKeyReused):
+		return ansKeyReused
+	case errors.Is(err, ledger.ErrSeatedTake):
+		return s.directRefused(ctx, w, fail(ErrSeated), false)
+	case errors.Is(err, stock.ErrSoldOut):
+		st, rerr := s.ledger.SKU(ctx, w.sku)
+		return s.directRefused(ctx, w, ansSoldOut, rerr == nil && st.Remaining() == 0)
+	case errors.Is(err, stock.ErrLimit):
+		return s.directRefused(ctx, w, ansLimit, false)
+	case errors.Is(err, stock.ErrSaleEnded):
+		return s.directRefused(ctx, w, ansSaleEnded, false)
+	case errors.Is(err, ledger.ErrCodeUsedUp):
+		return s.directRefused(ctx, w, ansCodeUsedUp, false)
+	case errors.Is(err, ledger.ErrCodeInvalid):
+		return s.directRefused(ctx, w, fail(ErrCodeInvalid), false)
+	case errors.Is(err, errLedgerBusy):
+		return s.counted(pathLedger, ansLedgerBusy)
+	case errors.Is(err, ledger.ErrNotCommitted):
 		s.log.ErrorContext(ctx, "fallback commit", "sku", w.sku.String(), "err", err)
-		return s.counted(pathLedger, s.lookupOr(ctx, w.req, ansUnavailable))
+		return s.counted(pathLedger, ansUnavailable)
 	}
-	return s.counted(pathLedger, ansBusy)
+	// COMMIT failed: it may have landed. The request's row tells.
+	s.log.ErrorContext(ctx, "fallback commit", "sku", w.sku.String(), "err", err)
+	return s.counted(pathLedger, s.lookupOr(ctx, w.req, ansUnavailable))
+}
+
+// gateFresh is st, read afresh when this replica sold the SKU around the
+// gate since it last looked and the breaker lets Redis serve again: the
+// fresh row shows the gate stale, so Redis is rebuilt before it serves.
+func (s *Service) gateFresh(ctx context.Context, sku stock.SKU, st ledger.SKUState) (ledger.SKUState, error) {
+	if s.breaker.State() != breaker.Closed {
+		return st, nil
+	}
+	if _, ok := s.bypassed.LoadAndDelete(sku); !ok {
+		return st, nil
+	}
+	s.settings.Invalidate(sku)
+	return s.settings.Get(ctx, sku)
 }
 
 // fallbackSlot takes one of the FallbackConcurrency places of the ledger

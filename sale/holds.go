@@ -84,6 +84,8 @@ func (s *Service) ownerError(ctx context.Context, err error, notFound answer) an
 		return fail(ErrInCart)
 	case errors.Is(err, ledger.ErrKeyReused):
 		return ansKeyReused
+	case errors.Is(err, errLedgerBusy):
+		return ansLedgerBusy
 	}
 	s.log.ErrorContext(ctx, "hold or order action", "err", err)
 	return ansUnavailable

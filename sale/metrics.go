@@ -28,6 +28,13 @@ type metrics struct {
 	queueLeft      prometheus.Gauge
 	queueAbandoned prometheus.Gauge
 	queueWait      prometheus.Histogram
+	ledgerWait     *prometheus.HistogramVec // by work
+	ledgerShed     *prometheus.CounterVec   // by work
+}
+
+// batchMetrics is what a batcher of one kind of work reports.
+func (m *metrics) batchMetrics(work string) laneMetrics {
+	return laneMetrics{wait: m.ledgerWait.WithLabelValues(work), shed: m.ledgerShed.WithLabelValues(work)}
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -111,6 +118,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			// From a second to two hours.
 			Buckets: []float64{1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200},
 		}),
+		ledgerWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "stockgate_ledger_queue_wait_seconds",
+			Help:    "How long requests waited for their ledger batch to start, by work (takes, confirms, cancels, refunds).",
+			Buckets: []float64{0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1},
+		}, []string{"work"}),
+		ledgerShed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "stockgate_ledger_shed_total",
+			Help: "Requests refused 503 overloaded because the ledger could not take them within the wait budget, by work.",
+		}, []string{"work"}),
 		waitJoins: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "stockgate_waitlist_joins_total",
 			Help: "Buyers this gateway put on a waitlist (a buyer joining again while in line is not counted).",
@@ -120,7 +136,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Holds this gateway's sweeper expired and gave back.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes, m.seatDrift, m.seatRepairs, m.poolRefusals, m.poolMoved, m.waitJoins, m.queueJoins, m.queueAdmitted, m.queueUnused, m.queueWaiting, m.queueLeft, m.queueAbandoned, m.queueWait} {
+	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes, m.seatDrift, m.seatRepairs, m.poolRefusals, m.poolMoved, m.waitJoins, m.queueJoins, m.queueAdmitted, m.queueUnused, m.queueWaiting, m.queueLeft, m.queueAbandoned, m.queueWait, m.ledgerWait, m.ledgerShed} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

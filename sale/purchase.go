@@ -237,6 +237,10 @@ func (s *Service) takeOnce(ctx context.Context, w want) (_ answer, stale bool) {
 	if st.PerBuyer > 0 && w.q > st.PerBuyer {
 		return s.lookupOr(ctx, w.req, ansLimit), false // more than the cap in one request; no count needed
 	}
+	if st, err = s.gateFresh(ctx, w.sku, st); err != nil {
+		s.log.ErrorContext(ctx, "load sku settings", "sku", w.sku.String(), "err", err)
+		return ansUnavailable, false
+	}
 	if st.GateStale() && s.breaker.State() == breaker.Closed {
 		// The ledger sold around Redis: rebuild before Redis serves again.
 		if err := s.reseed(ctx, w.sku, reasonBypass, false); err != nil {
@@ -375,6 +379,9 @@ func (s *Service) takeOnce(ctx context.Context, w want) (_ answer, stale bool) {
 		return refused(fail(ErrCodeInvalid), false), false
 	case errors.Is(err, stock.ErrSaleEnded):
 		return refused(ansSaleEnded, true), false
+	case errors.Is(err, errLedgerBusy):
+		giveBack()
+		return s.counted(pathGate, ansLedgerBusy), false
 	case errors.Is(err, ledger.ErrNotCommitted):
 		s.log.ErrorContext(ctx, "ledger commit", "sku", w.sku.String(), "err", err)
 		giveBack()

@@ -158,9 +158,15 @@ type Options struct {
 	// BatchMax is the most gate-admitted purchases committed in one ledger
 	// transaction (group commit); 1 commits each alone.
 	BatchMax int
-	// CommitLanes is how many ledger transactions of takes one replica
-	// runs at once (takes of one SKU always share a lane).
+	// CommitLanes is how many ledger transactions of takes (and of
+	// confirms, cancels, refunds) one replica runs at once; one SKU's
+	// always share a lane, so its row has one writer per replica.
 	CommitLanes int
+	// LedgerWaitBudget bounds how long a request waits for its ledger
+	// batch: beyond it, it is refused at once with ErrBusy (503,
+	// Retry-After) and what it took at the gate given back. Negative: no
+	// bound.
+	LedgerWaitBudget time.Duration
 	// CollapseAt: when a SKU spread over several shards has this many units
 	// left per shard or fewer, the drift check collapses it onto one shard
 	// (a fenced resize), so the last units sit together. Negative turns it
@@ -198,6 +204,7 @@ func DefaultOptions() Options {
 		DriftEvery:          30 * time.Second,
 		BatchMax:            256,
 		CommitLanes:         2,
+		LedgerWaitBudget:    250 * time.Millisecond,
 		CollapseAt:          1,
 		SweepEvery:          time.Second,
 		RestoreGrace:        5 * time.Second,
@@ -223,7 +230,7 @@ func (o Options) withDefaults() Options {
 		{&o.RedisTimeout, d.RedisTimeout}, {&o.FallbackBackoff, d.FallbackBackoff}, {&o.ReseedWait, d.ReseedWait},
 		{&o.DriftEvery, d.DriftEvery}, {&o.SweepEvery, d.SweepEvery}, {&o.RestoreGrace, d.RestoreGrace},
 		{&o.SettingsTTL, d.SettingsTTL}, {&o.StockTTL, d.StockTTL}, {&o.WorkTimeout, d.WorkTimeout},
-		{&o.OfferTTL, d.OfferTTL},
+		{&o.OfferTTL, d.OfferTTL}, {&o.LedgerWaitBudget, d.LedgerWaitBudget},
 	} {
 		def(p.v, p.d)
 	}
@@ -325,6 +332,9 @@ type Service struct {
 	blocks    sync.Map
 	// paces estimates each line's admission pace (*linePace by program).
 	paces sync.Map
+	// bypassed are the SKUs this replica sold around the gate since it
+	// last read their rows (see gateFresh).
+	bypassed sync.Map
 }
 
 // New validates opts and returns a Service; Close stops it.
@@ -387,9 +397,10 @@ func New(opts Options) (*Service, error) {
 	}
 	s.committer = newCommitter(s, opts.CommitLanes, opts.BatchMax, false)
 	s.direct = newCommitter(s, 4, opts.BatchMax, true)
-	s.confirms = newBatcher(8, opts.BatchMax, opts.WorkTimeout, s.flushConfirms)
-	s.cancels = newBatcher(8, opts.BatchMax, opts.WorkTimeout, s.flushCancels)
-	s.refunds = newBatcher(8, opts.BatchMax, opts.WorkTimeout, s.flushRefunds)
+	lanes, max, timeout, budget := opts.CommitLanes, opts.BatchMax, opts.WorkTimeout, opts.LedgerWaitBudget
+	s.confirms = newBatcher(lanes, max, timeout, budget, s.metrics.batchMetrics("confirms"), s.flushConfirms)
+	s.cancels = newBatcher(lanes, max, timeout, budget, s.metrics.batchMetrics("cancels"), s.flushCancels)
+	s.refunds = newBatcher(lanes, max, timeout, budget, s.metrics.batchMetrics("refunds"), s.flushRefunds)
 	return s, nil
 }
 

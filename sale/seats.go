@@ -178,6 +178,9 @@ func (s *Service) takeSeats(ctx context.Context, sku stock.SKU, r request, buyer
 	case errors.Is(err, ledger.ErrConflict):
 		release()
 		return ansBusy
+	case errors.Is(err, errLedgerBusy):
+		release()
+		return ansLedgerBusy
 	case errors.Is(err, ledger.ErrNotCommitted):
 		release()
 		return ansUnavailable

@@ -346,6 +346,9 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 		}
 	} else {
 		fmt.Fprint(stdout, loadgen.Table([]loadgen.Result{res}))
+		if n := res.Note(); n != "" {
+			fmt.Fprintf(stdout, "\n%s\n", n)
+		}
 		fmt.Fprintf(stdout, "\nrun id %s\n", c.runID)
 		if a := out.Audit; a != nil {
 			fmt.Fprintf(stdout, "audit: ledger sold+held %d of %d; 201 answers %d; oversold %v; every 201 in the ledger %v\n",

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"sort"
@@ -59,12 +60,38 @@ type Run struct {
 
 // Result sums one attack up.
 type Result struct {
-	Name      string
-	Requests  uint64
-	Elapsed   time.Duration
-	Codes     map[int]uint64 // 0 means a transport error
-	Errors    map[string]uint64
+	Name     string
+	Requests uint64
+	Elapsed  time.Duration
+	Codes    map[int]uint64 // 0 means a transport error
+	Errors   map[string]uint64
+	// Open loop only: Late counts requests the tool itself sent more
+	// than lateAfter after they were due (all its workers were waiting for
+	// answers), and MaxLag is the latest. A latency counts from when its
+	// request was due, so lateness is in it; ToolLimited says the tool's
+	// in-flight cap, not the server, set the pace of the run.
+	Late      uint64
+	MaxLag    time.Duration
+	Asked     float64 // the requests a second asked for (open loop)
 	latencies *hdrhistogram.Histogram
+}
+
+// lateAfter is how late a request may start before it counts as late.
+const lateAfter = 10 * time.Millisecond
+
+// ToolLimited reports an open-loop run in which more than 1 % of the
+// requests went out late: the tool's workers (Workers × 16 in flight)
+// were all waiting, so what it measured is partly its own queue.
+func (r Result) ToolLimited() bool { return r.Requests > 0 && r.Late*100 > r.Requests }
+
+// Note is a line saying the tool limited the run ("" when it did not).
+func (r Result) Note() string {
+	if !r.ToolLimited() {
+		return ""
+	}
+	return fmt.Sprintf("%s: the load tool limited this run, not the server: %d of %d requests started more than %v late (up to %v), "+
+		"sending %.0f/s of the %.0f/s asked; every latency counts from when its request was due",
+		r.Name, r.Late, r.Requests, lateAfter, r.MaxLag.Round(time.Millisecond), r.Throughput(), r.Asked)
 }
 
 // Throughput is answered requests per second.
@@ -150,6 +177,7 @@ func Attack(r Run) (Result, error) {
 	}
 	start := time.Now()
 	next := start.Add(time.Second)
+	due := r.dueTime(start)
 	for hit := range atk.Attack(targeter, pacer, r.Duration, r.Name) {
 		if hit.Error == errDone.Error() {
 			continue // the scenario ran out: not a request
@@ -159,7 +187,19 @@ func Attack(r Run) (Result, error) {
 		if hit.Error != "" && hit.Code == 0 {
 			res.Errors[hit.Error]++
 		}
-		_ = res.latencies.RecordValue(hit.Latency.Microseconds())
+		latency := hit.Latency
+		if due != nil {
+			// Open loop: from when the request was due, not when the
+			// tool got round to sending it (no coordinated omission).
+			if lag := hit.Timestamp.Sub(due(hit.Seq)); lag > 0 {
+				latency += lag
+				res.MaxLag = max(res.MaxLag, lag)
+				if lag > lateAfter {
+					res.Late++
+				}
+			}
+		}
+		_ = res.latencies.RecordValue(latency.Microseconds())
 		if r.Collect != nil {
 			r.Collect(int(hit.Code), hit.Body)
 		}
@@ -174,9 +214,18 @@ func Attack(r Run) (Result, error) {
 		}
 	}
 	res.Elapsed = time.Since(start)
+	if r.Rate > 0 {
+		res.Asked = float64(r.Rate)
+		if r.RateEnd > 0 {
+			res.Asked = float64(r.Rate+r.RateEnd) / 2
+		}
+	}
 	if r.Progress != nil {
 		fmt.Fprintf(r.Progress, "\r[%s] done: %d requests in %v, %.0f/s, %s\n", r.Name, res.Requests,
 			res.Elapsed.Round(time.Millisecond), res.Throughput(), res.CodesString())
+		if n := res.Note(); n != "" {
+			fmt.Fprintln(r.Progress, n)
+		}
 	}
 	if p != nil {
 		f, err := os.Create(r.Plot)
@@ -189,6 +238,29 @@ func Attack(r Run) (Result, error) {
 		}
 	}
 	return res, nil
+}
+
+// dueTime is when request seq of an open-loop run started at start was
+// due, by its pacer (nil for a closed-loop run).
+func (r Run) dueTime(start time.Time) func(seq uint64) time.Time {
+	switch {
+	case r.Rate <= 0:
+		return nil
+	case r.RateEnd == 0:
+		per := float64(time.Second) / float64(r.Rate)
+		return func(seq uint64) time.Time { return start.Add(time.Duration(float64(seq) * per)) }
+	}
+	// A linear ramp: hits(t) = a t + s t²/2, solved for t.
+	a := float64(r.Rate)
+	slope := float64(r.RateEnd-r.Rate) / r.Duration.Seconds()
+	return func(seq uint64) time.Time {
+		n := float64(seq)
+		t := n / a
+		if slope != 0 {
+			t = (-a + math.Sqrt(a*a+2*slope*n)) / slope
+		}
+		return start.Add(time.Duration(t * float64(time.Second)))
+	}
 }
 
 // pacer paces an open-loop run: constant at Rate, or from Rate to RateEnd
@@ -210,6 +282,10 @@ type Summary struct {
 	Codes             map[string]uint64  `json:"codes"` // by status; "0" is a transport error
 	Errors            map[string]uint64  `json:"errors,omitempty"`
 	LatencyMS         map[string]float64 `json:"latency_ms"` // p50, p90, p99, p99.9, max
+	// ToolLimited: the tool's own in-flight cap set the pace (open loop).
+	ToolLimited bool    `json:"tool_limited,omitempty"`
+	LateSends   uint64  `json:"late_sends,omitempty"`
+	MaxLagMS    float64 `json:"max_send_lag_ms,omitempty"`
 }
 
 // Summary sums the result up for machines.
@@ -226,6 +302,7 @@ func (r Result) Summary() Summary {
 	if r.latencies != nil {
 		s.LatencyMS["max"] = ms(time.Duration(r.latencies.Max()) * time.Microsecond)
 	}
+	s.ToolLimited, s.LateSends, s.MaxLagMS = r.ToolLimited(), r.Late, ms(r.MaxLag)
 	return s
 }
 
@@ -234,7 +311,11 @@ func Table(rs []Result) string {
 	var b strings.Builder
 	b.WriteString("| run | requests | req/s | answers | p50 | p90 | p99 | p99.9 |\n|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
-		fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %v | %v | %v | %v |\n", r.Name, r.Requests, r.Throughput(), r.CodesString(),
+		name := r.Name
+		if r.ToolLimited() {
+			name += " (tool-limited)"
+		}
+		fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %v | %v | %v | %v |\n", name, r.Requests, r.Throughput(), r.CodesString(),
 			r.Quantile(50), r.Quantile(90), r.Quantile(99), r.Quantile(99.9))
 	}
 	return b.String()

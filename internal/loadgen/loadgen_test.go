@@ -142,3 +142,66 @@ func TestCartsScenario(t *testing.T) {
 		t.Errorf("request %d of %d made", n, n)
 	}
 }
+
+// An open-loop run whose server holds every request makes the tool run
+// out of workers: the requests it sends late are counted, their latency
+// counts from when they were due, and the result says the tool, not the
+// server, set the pace.
+func TestOpenLoopSaysWhenTheToolLimited(t *testing.T) {
+	release := make(chan struct{})
+	var arrived atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived.Add(1)
+		<-release
+	}))
+	defer srv.Close()
+	const workers, rate = 1, 1000 // at most 16 in flight
+	start := time.Now()
+	done := make(chan Result, 1)
+	go func() {
+		res, err := Attack(Run{Name: "held", BaseURL: srv.URL, Scenario: Reads("p/t", 200), Rate: rate, Workers: workers})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res
+	}()
+	// Every worker waits on the server, and the schedule has moved on past
+	// the 100th request: from the 17th on, requests go out late.
+	for arrived.Load() < 16 || time.Since(start) < 100*time.Millisecond {
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	res := <-done
+	if !res.ToolLimited() || res.Late < 50 || res.MaxLag < lateAfter {
+		t.Fatalf("late %d of %d, max lag %v: want the run marked tool-limited", res.Late, res.Requests, res.MaxLag)
+	}
+	if res.Quantile(99) < res.MaxLag/2 {
+		t.Errorf("p99 %v, max lag %v: the lag is not in the latencies", res.Quantile(99), res.MaxLag)
+	}
+	if n := res.Note(); !strings.Contains(n, "load tool limited") || !strings.Contains(Table([]Result{res}), "(tool-limited)") {
+		t.Errorf("note %q, table %q", n, Table([]Result{res}))
+	}
+	if s := res.Summary(); !s.ToolLimited || s.LateSends != res.Late {
+		t.Errorf("summary %+v", s)
+	}
+}
+
+// Each request of an open-loop run is due when its pacer sends it: the
+// n-th of a constant rate at n/rate, of a ramp where the ramp's count of
+// hits reaches n.
+func TestDueTime(t *testing.T) {
+	start := time.Unix(1000, 0)
+	if got := (Run{Rate: 200}).dueTime(start)(100); !got.Equal(start.Add(500 * time.Millisecond)) {
+		t.Errorf("constant: request 100 due %v after start, want 500ms", got.Sub(start))
+	}
+	ramp := Run{Rate: 10, RateEnd: 110, Duration: 10 * time.Second}.dueTime(start)
+	// hits(t) = 10 t + 5 t²: 600 at 10 s, 15 at 1 s.
+	for n, want := range map[uint64]time.Duration{0: 0, 15: time.Second, 600: 10 * time.Second} {
+		if got := ramp(n).Sub(start); got < want-time.Millisecond || got > want+time.Millisecond {
+			t.Errorf("ramp: request %d due %v after start, want %v", n, got, want)
+		}
+	}
+	if (Run{}).dueTime(start) != nil {
+		t.Error("a closed-loop run has due times")
+	}
+}

@@ -1,0 +1,88 @@
+package gateway_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/sale"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// slowTakes makes the ledger commit takes at a pace of perTake each: a
+// ledger with less capacity than the load it gets.
+type slowTakes struct {
+	sale.Ledger
+	perTake time.Duration
+}
+
+func (l slowTakes) Commit(ctx context.Context, takes []ledger.Take, direct bool) []ledger.TakeResult {
+	time.Sleep(time.Duration(len(takes)) * l.perTake)
+	return l.Ledger.Commit(ctx, takes, direct)
+}
+
+// Purchases beyond what the ledger can commit within the wait budget are
+// refused at once, 503 overloaded with Retry-After, and move nothing: their
+// units go back to the gate, so the ledger sells exactly the purchases
+// answered 201 and Redis holds the rest. The refused ones, retried with
+// their keys once the storm is over, all sell.
+func TestOverloadShedsAtTheLedger(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := startEnv(t, envOptions{driver: driver, tune: func(o *app.Options) {
+			o.Sale.LedgerWaitBudget = 100 * time.Millisecond
+			o.Sale.CommitLanes = 1
+			o.WrapLedger = func(l sale.Ledger) sale.Ledger { return slowTakes{Ledger: l, perTake: 2 * time.Millisecond} }
+		}})
+		sku := stock.SKU{Program: keys.MustID("shed-" + driver), Ticket: keys.MustID("ga")}
+		const total, n = 1000, 600
+		e.putSKU(t, sku, total, 4, 4)
+		var mu sync.Mutex
+		var refused []int
+		counts := e.buyAll(n, 200, func(i int) reply {
+			r := e.buy(t, sku, fmt.Sprintf("k%d", i), fmt.Sprintf("b%d", i), 1)
+			if r.status == http.StatusServiceUnavailable {
+				var p struct{ Type string }
+				_ = json.Unmarshal(r.body, &p)
+				if p.Type != "https://stockgate.dev/problems/overloaded" || r.header.Get("Retry-After") == "" {
+					t.Errorf("a refusal = %s (Retry-After %q), want overloaded with Retry-After", r.body, r.header.Get("Retry-After"))
+				}
+				mu.Lock()
+				refused = append(refused, i)
+				mu.Unlock()
+			}
+			return r
+		})
+		if counts[http.StatusCreated]+counts[http.StatusServiceUnavailable] != n || counts[http.StatusServiceUnavailable] == 0 {
+			t.Fatalf("answers %v, want %d of 201 and 503, some 503", counts, n)
+		}
+		sold := int64(counts[http.StatusCreated])
+		waitFor(t, 10*time.Second, "Redis holds what the ledger did not sell", func() bool {
+			s := e.state(t, sku)
+			return s.Sold == sold && s.RedisRemaining == total-sold
+		})
+		if s := e.state(t, sku); s.Sold != sold || s.Orders != sold || s.RedisRemaining != total-sold {
+			t.Fatalf("after the storm %+v, want %d sold and %d in Redis", s, sold, total-sold)
+		}
+		t.Logf("%s: %d sold, %d shed", driver, sold, len(refused))
+		for _, i := range refused {
+			var r reply
+			waitFor(t, 10*time.Second, "a shed purchase sells on retry", func() bool {
+				r = e.buy(t, sku, fmt.Sprintf("k%d", i), fmt.Sprintf("b%d", i), 1)
+				return r.status != http.StatusServiceUnavailable
+			})
+			if r.status != http.StatusCreated {
+				t.Fatalf("retry of shed purchase %d = %d %s", i, r.status, r.body)
+			}
+		}
+		if s := e.state(t, sku); s.Sold != n || s.RedisRemaining != total-n {
+			t.Errorf("after the retries %+v, want %d sold", s, n)
+		}
+	})
+}

@@ -113,11 +113,13 @@ dashboard: run deps-promtool deps-chromium
 
 vet:
 	$(GO) vet ./...
+	cd client && $(GO) vet ./...
 
 # Everything, with the race detector, against real servers the tests start;
 # then a short run of each fuzz target (their seed inputs already ran above).
 test: deps-redis deps-postgres deps-pgbouncer deps-promtool deps-chromium deps-lint deps-helm deps-kubeconform deps-schemas vet
 	$(GO) test -race -count=1 -timeout 15m ./...
+	cd client && $(GO) test -race -count=1 ./...
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=500x
 
 # The flash sale and the sold-out storm through the build at BASE and the

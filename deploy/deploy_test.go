@@ -388,6 +388,18 @@ func TestStaticBinary(t *testing.T) {
 			t.Errorf("Dockerfile lacks %q", want)
 		}
 	}
+	// `go mod download` before the sources are copied needs the go.mod of
+	// every module the root one replaces with a directory (the client).
+	gomod, err := os.ReadFile("../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	download := strings.Index(string(docker), "RUN go mod download")
+	for _, m := range regexp.MustCompile(`(?m)^replace \S+ => \./(\S+)$`).FindAllStringSubmatch(string(gomod), -1) {
+		if i := strings.Index(string(docker), "COPY "+m[1]+"/go.mod "); i < 0 || i > download {
+			t.Errorf("the Dockerfile does not copy %s/go.mod before go mod download (go.mod replaces a module with ./%s)", m[1], m[1])
+		}
+	}
 }
 
 func keys(m map[string]any) []string {

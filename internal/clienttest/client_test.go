@@ -1,4 +1,4 @@
-package client_test
+package clienttest_test
 
 import (
 	"context"
@@ -331,14 +331,5 @@ func TestRetriesWithTheSameKey(t *testing.T) {
 	var p *client.Problem
 	if !errors.Is(err, client.ErrUnavailable) || !errors.As(err, &p) || p.RetryAfter != time.Second {
 		t.Errorf("one attempt at a 503 = %v (%+v), want ErrUnavailable with Retry-After 1s", err, p)
-	}
-}
-
-func TestOptionsValidate(t *testing.T) {
-	for _, o := range []client.Options{{}, {BaseURL: "gate.example"}, {BaseURL: "ftp://x"}, {BaseURL: "http://x", Attempts: -1},
-		{BaseURL: "http://x", MaxWait: -time.Second}} {
-		if _, err := client.New(o); err == nil {
-			t.Errorf("New(%+v) accepted", o)
-		}
 	}
 }

@@ -1,0 +1,34 @@
+package clienttest_test
+
+import (
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// The client is a module of its own that needs nothing beyond the
+// standard library, tests included: a platform that imports it gains no
+// line of the server's dependencies (gin, pgx, SQLite ...) in its go.sum.
+func TestClientIsStandardLibraryOnly(t *testing.T) {
+	mod, err := os.ReadFile("../../client/go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(string(mod), "module github.com/stockgate/stockgate/client\n") || strings.Contains(string(mod), "require") {
+		t.Errorf("client/go.mod is not a module of its own without requirements:\n%s", mod)
+	}
+	cmd := exec.Command("go", "list", "-deps", "-test", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", "./...")
+	cmd.Dir = "../../client"
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list in client/: %v\n%s", err, out)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		// The package, its external tests and its test binary: "p", "p_test [p.test]", "p.test".
+		pkg := strings.TrimSuffix(strings.TrimSuffix(strings.Fields(line)[0], ".test"), "_test")
+		if pkg != "github.com/stockgate/stockgate/client" {
+			t.Errorf("the client's module depends on %s", line)
+		}
+	}
+}

@@ -74,11 +74,7 @@ func installSection(t *testing.T) []byte {
 // commands, continuations joined, comments dropped.
 func readmeInstall(t *testing.T) [][]string {
 	t.Helper()
-	b, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	section := regexp.MustCompile("(?s)\n## Installing on Kubernetes\n.*?```sh\n(.*?)```").FindSubmatch(b)
+	section := regexp.MustCompile("(?s)```sh\n(.*?)```").FindSubmatch(installSection(t))
 	if section == nil {
 		t.Fatal("the README has no ```sh block under ## Installing on Kubernetes")
 	}

@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -109,34 +107,16 @@ func TestReadmeACLRunsEverything(t *testing.T) {
 		}
 		return denied
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
 	const prefix = "stockgate:events:"
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "STOCKGATE_TEST_SERVE=1", "STOCKGATE_ADDR="+addr,
-		"STOCKGATE_REDIS_ADDRS="+strings.Join(c.Addrs(), ","),
+	srv := startServe(t, "STOCKGATE_REDIS_ADDRS="+strings.Join(c.Addrs(), ","),
 		"STOCKGATE_REDIS_USERNAME=stockgate", "STOCKGATE_REDIS_PASSWORD="+password,
-		"STOCKGATE_STREAM_PREFIX="+prefix,
-		"STOCKGATE_LEDGER_DSN="+filepath.Join(t.TempDir(), "ledger.db"), "STOCKGATE_LOG_LEVEL=warn")
-	var logs syncWriter
-	cmd.Stderr = &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+		"STOCKGATE_STREAM_PREFIX="+prefix, "STOCKGATE_LOG_LEVEL=warn")
 	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-exited
 		if t.Failed() {
-			t.Logf("gateway log:\n%s\nACL LOG: %v", logs.String(), aclLog())
+			t.Logf("gateway log:\n%s\nACL LOG: %v", srv.logs.String(), aclLog())
 		}
 	})
-	base := "http://" + addr
+	base := srv.base
 	waitUntil(t, 20*time.Second, func() bool {
 		resp, err := http.Get(base + "/readyz")
 		if err != nil {

@@ -33,31 +33,10 @@ func TestMain(m *testing.M) {
 // answer, and the process exits 0 within the grace period.
 func TestSIGTERMDrainsUnderLoad(t *testing.T) {
 	c := testenv.SharedCluster(t)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
 	const grace = 10 * time.Second
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "STOCKGATE_TEST_SERVE=1", "STOCKGATE_ADDR="+addr,
-		"STOCKGATE_REDIS_ADDRS="+strings.Join(c.Addrs(), ","),
-		"STOCKGATE_LEDGER_DSN="+filepath.Join(t.TempDir(), "ledger.db"),
+	srv := startServe(t, "STOCKGATE_REDIS_ADDRS="+strings.Join(c.Addrs(), ","),
 		"STOCKGATE_DRAIN_DELAY=1s", "STOCKGATE_SHUTDOWN_GRACE="+grace.String(), "STOCKGATE_LOG_LEVEL=warn")
-	var logs strings.Builder
-	cmd.Stderr = &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-		}
-	})
-	base := "http://" + addr
+	cmd, exited, logs, base := srv.cmd, srv.exited, &srv.logs, srv.base
 	client := &http.Client{Timeout: 5 * time.Second}
 	get := func(path string) int {
 		resp, err := client.Get(base + path)
@@ -128,6 +107,42 @@ func TestSIGTERMDrainsUnderLoad(t *testing.T) {
 	case <-time.After(grace + 5*time.Second):
 		t.Fatalf("still running %v after SIGTERM", grace+5*time.Second)
 	}
+}
+
+// served is this test binary running as `stockgate serve` (see TestMain).
+type served struct {
+	cmd    *exec.Cmd
+	exited chan error // its exit, once
+	logs   syncWriter
+	base   string // http://127.0.0.1:port
+}
+
+// startServe runs `stockgate serve` as a process of its own on a free
+// loopback port with a SQLite ledger of its own, configured by env over
+// the test's environment; it is killed when the test ends if it is still
+// running.
+func startServe(t *testing.T, env ...string) *served {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	s := &served{cmd: exec.Command(os.Args[0], "-test.run=^$"), exited: make(chan error, 1), base: "http://" + addr}
+	s.cmd.Env = append(append(os.Environ(), "STOCKGATE_TEST_SERVE=1", "STOCKGATE_ADDR="+addr,
+		"STOCKGATE_LEDGER_DSN="+filepath.Join(t.TempDir(), "ledger.db")), env...)
+	s.cmd.Stderr = &s.logs
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { s.exited <- s.cmd.Wait() }()
+	t.Cleanup(func() {
+		if s.cmd.ProcessState == nil {
+			s.cmd.Process.Kill()
+		}
+	})
+	return s
 }
 
 func waitUntil(t *testing.T, within time.Duration, ok func() bool) {

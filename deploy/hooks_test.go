@@ -251,6 +251,11 @@ func imageCommand(t *testing.T) (entrypoint, command []string) {
 func argv(t *testing.T, c corev1.Container) []string {
 	t.Helper()
 	entrypoint, cmd := imageCommand(t)
+	return argvOn(entrypoint, cmd, c)
+}
+
+// argvOn is what c runs on an image with that ENTRYPOINT and CMD.
+func argvOn(entrypoint, cmd []string, c corev1.Container) []string {
 	if len(c.Command) > 0 {
 		entrypoint, cmd = c.Command, nil
 	}
@@ -274,6 +279,14 @@ func TestPodCommands(t *testing.T) {
 		j := objs["Job/stockgate-migrate"].(*batchv1.Job)
 		if got := argv(t, j.Spec.Template.Spec.Containers[0]); !slices.Equal(got, []string{"/stockgate", "migrate"}) {
 			t.Errorf("values %v: the migration Job runs %q, want /stockgate migrate", files, got)
+		}
+		// The same on an image of before, whose ENTRYPOINT said serve.
+		old := []string{"/stockgate", "serve"}
+		if got := argvOn(old, nil, j.Spec.Template.Spec.Containers[0]); !slices.Equal(got, []string{"/stockgate", "migrate"}) {
+			t.Errorf("values %v: on the former image the migration Job runs %q", files, got)
+		}
+		if got := argvOn(old, nil, d.Spec.Template.Spec.Containers[0]); !slices.Equal(got, []string{"/stockgate", "serve"}) {
+			t.Errorf("values %v: on the former image the Deployment runs %q", files, got)
 		}
 		// A running migration is not an endpoint of the Service, nor
 		// counted by the PDB.

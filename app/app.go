@@ -189,8 +189,13 @@ func Open(ctx context.Context, o Options) (_ *App, err error) {
 	if a.Redis, err = cluster.New(o.Redis); err != nil {
 		return nil, err
 	}
+	redisCalls := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "stockgate_redis_calls_total",
+		Help: "Commands and scripts this replica sent to Redis (a pipeline counts each command; a script counts once).",
+	})
+	a.Redis.AddHook(countCalls{redisCalls})
 	a.Registry.MustRegister(buildinfo.Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		redisprometheus.NewCollector("stockgate", "redis", a.Redis))
+		redisprometheus.NewCollector("stockgate", "redis", a.Redis), redisCalls)
 	o.Ledger.Metrics = a.Registry
 	if a.Ledger, err = ledger.Open(ctx, o.Ledger); err != nil {
 		return nil, err
@@ -289,6 +294,26 @@ func (a *App) Close() error {
 		}
 	})
 	return errors.Join(errs...)
+}
+
+// countCalls counts what the Redis client sends: what an idle replica
+// costs Redis shows in it.
+type countCalls struct{ n prometheus.Counter }
+
+func (c countCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c countCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.n.Inc()
+		return next(ctx, cmd)
+	}
+}
+
+func (c countCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.n.Add(float64(len(cmds)))
+		return next(ctx, cmds)
+	}
 }
 
 // webhookSink splits a WebhookURLs entry into its sink's name and URL:

@@ -94,6 +94,7 @@ type Ledger struct {
 	horizon horizon // the relay's notes toward SettledSeq
 	stmts   *stmts  // SQLite: the loops' repeated queries, prepared; nil on PostgreSQL
 	sql     takeSQL // the take engine's statements in this driver's dialect
+	id      keys.ID // see ID
 }
 
 // DefaultOptions are the settings a zero field takes.
@@ -172,6 +173,10 @@ func Open(ctx context.Context, opts Options) (*Ledger, error) {
 	if err := l.migrate(ctx, !opts.NoMigrate); err != nil {
 		release()
 		return nil, err
+	}
+	if err := l.db.QueryRowContext(ctx, `SELECT id FROM ledger_identity`).Scan(&l.id); err != nil {
+		release()
+		return nil, fmt.Errorf("ledger: identity: %w", err)
 	}
 	return l, nil
 }
@@ -457,7 +462,12 @@ var added = []struct{ table, name, def string }{
 // laterTables are the tables added after the first release, each with its
 // own indexes: the outbox, the relay's partitions, the waitlist.
 func laterTables(driver string) string {
-	return eventsTable(driver) + relayTables(driver) + waitlistTables(driver) + queueTables(driver)
+	return eventsTable(driver) + relayTables(driver) + waitlistTables(driver) + queueTables(driver) + `
+-- The ledger's own random id, made when it was first migrated: what the
+-- replicas of one ledger name their shared Redis locks by, apart from
+-- another ledger's on the same Redis.
+CREATE TABLE IF NOT EXISTS ledger_identity (id TEXT NOT NULL);
+`
 }
 
 // addedIndexes index columns of added: they run after the columns are
@@ -547,8 +557,16 @@ func (l *Ledger) migrate(ctx context.Context, apply bool) error {
 	if _, err := tx.ExecContext(ctx, `INSERT INTO ledger_schema (digest) VALUES ($1)`, schemaDigest); err != nil {
 		return fmt.Errorf("ledger: migrate: %w", err)
 	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO ledger_identity (id) SELECT $1 WHERE NOT EXISTS (SELECT 1 FROM ledger_identity)`,
+		NewID()); err != nil {
+		return fmt.Errorf("ledger: migrate: %w", err)
+	}
 	return tx.Commit()
 }
+
+// ID is the ledger's own id: the same for every replica of one ledger,
+// another for any other ledger.
+func (l *Ledger) ID() keys.ID { return l.id }
 
 // schemaAt reads the digest of the schema the ledger was last migrated to,
 // "" for a ledger that predates the digest or is new. It looks the table up

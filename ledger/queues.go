@@ -332,34 +332,27 @@ func (l *Ledger) DeleteQueue(ctx context.Context, program keys.ID) (bool, error)
 	return n == 1, nil
 }
 
-// QueuedPrograms lists the programs with a waiting room (for the pacer).
+// QueuedPrograms lists the programs with a waiting room and their rooms
+// (for the pacer), in one query.
 func (l *Ledger) QueuedPrograms(ctx context.Context) ([]QueueConfig, error) {
-	rows, err := l.queryRepeated(ctx, `SELECT program FROM queues ORDER BY program`)
+	rows, err := l.queryRepeated(ctx, `SELECT program, opens_at, join_from, rate, window_ms, per_remaining, secret, checkout_url
+		FROM queues ORDER BY program`)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: queued programs: %w", err)
 	}
-	var ids []keys.ID
+	defer rows.Close()
+	var out []QueueConfig
 	for rows.Next() {
-		var p keys.ID
-		if err := rows.Scan(&p); err != nil {
-			rows.Close()
+		var c QueueConfig
+		var opens, from, window int64
+		if err := rows.Scan(&c.Program, &opens, &from, &c.Rate, &window, &c.PerRemaining, &c.Secret, &c.CheckoutURL); err != nil {
 			return nil, fmt.Errorf("ledger: queued programs: %w", err)
 		}
-		ids = append(ids, p)
+		c.OpensAt, c.JoinFrom, c.Window = time.UnixMilli(opens).UTC(), time.UnixMilli(from).UTC(), time.Duration(window)*time.Millisecond
+		out = append(out, c)
 	}
-	rows.Close()
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("ledger: queued programs: %w", err)
-	}
-	out := make([]QueueConfig, 0, len(ids))
-	for _, p := range ids {
-		c, err := l.Queue(ctx, p)
-		if err != nil && !errors.Is(err, ErrNotFound) {
-			return nil, err
-		}
-		if err == nil {
-			out = append(out, c)
-		}
 	}
 	return out, nil
 }

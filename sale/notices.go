@@ -30,6 +30,7 @@ type Notifier interface {
 // notifyRestocked tells every replica that sku's gate has stock again.
 // Best effort: a notice that is lost is made up for by the flags' TTL.
 func (s *Service) notifyRestocked(ctx context.Context, sku stock.SKU) {
+	s.wakeRoom(sku.Program)
 	if s.opts.Notifier == nil {
 		return
 	}
@@ -72,4 +73,5 @@ func (s *Service) forgetClosed(sku stock.SKU) {
 	s.replays.unseal(sku)
 	s.stock.Invalidate(sku)
 	s.settings.Invalidate(sku)
+	s.wakeRoom(sku.Program)
 }

@@ -100,6 +100,7 @@ func (s *Service) PutQueue(ctx context.Context, c QueueConfig) (QueueConfig, err
 		return c, refuse(ErrUnavailable, "ledger unavailable; repeat the request")
 	}
 	s.queues.forget(c.Program)
+	s.roomsChanged.Store(true)
 	return queueOfLedger(got), nil
 }
 
@@ -111,6 +112,7 @@ func (s *Service) DeleteQueue(ctx context.Context, program keys.ID) error {
 		return refuse(ErrUnavailable, "ledger unavailable; repeat the request")
 	}
 	s.queues.forget(program)
+	s.roomsChanged.Store(true)
 	if !ok {
 		return ErrNoQueue
 	}
@@ -178,6 +180,7 @@ func (s *Service) JoinQueue(ctx context.Context, program, buyer keys.ID, ticket 
 	}
 	if created {
 		s.metrics.queueJoins.Inc()
+		s.wakeRoom(program)
 	}
 	st, err := s.QueueCheck(ctx, program, c.sign.Ticket(program, buyer, place))
 	return st, created, err
@@ -644,80 +647,145 @@ func (s *Service) queueConfig(ctx context.Context, program keys.ID) (room, error
 	})
 }
 
-// RunPacer admits queued buyers until ctx is done: every tick it steps the
-// line of each program with a waiting room whose pacer lock it holds (one
-// replica per program at a time; a replica that dies stops renewing, and
-// another takes over after the lock's TTL).
+// RunPacer admits queued buyers until ctx is done. One replica at a time
+// paces every waiting room: the one holding the pacer lock (a replica
+// that dies stops renewing, and another takes over after the lock's
+// TTL); the others try for it once a second. Each tick it steps the line
+// of each room that has something to do, and a room that has nothing
+// costs nothing: a room not open yet sleeps until its opening, and a
+// sold-out or ended one until stock comes back (a restock notice, from
+// any replica, wakes it; a read of its stock every few seconds makes up
+// for a lost notice), and an open room nobody waits in steps once a
+// second (a join on this replica wakes it).
 func (s *Service) RunPacer(ctx context.Context) {
 	const tick = 200 * time.Millisecond
 	t := time.NewTicker(tick)
 	defer t.Stop()
-	held := map[keys.ID]*pacing{}
+	var lease interface {
+		Context() context.Context
+		Release(context.Context) error
+	}
 	defer func() {
-		for _, p := range held {
-			p.lease.Release(context.WithoutCancel(ctx))
+		if lease != nil {
+			lease.Release(context.WithoutCancel(ctx))
 		}
 	}()
+	var tried, listed time.Time
+	var programs []ledger.QueueConfig
+	rooms := map[keys.ID]*pacing{}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		programs, err := s.ledger.QueuedPrograms(ctx)
-		if err != nil {
-			s.log.WarnContext(ctx, "queued programs", "err", err)
-			continue
+		now := time.Now()
+		if lease == nil || lease.Context().Err() != nil {
+			if now.Sub(tried) < time.Second {
+				continue
+			}
+			tried = now
+			// Named by the ledger: replicas of another ledger on the same
+			// Redis pace their own rooms.
+			l, err := s.locker.Acquire(ctx, keys.Lock(s.ledger.ID(), lockQueue, lockPacer), 0)
+			if err != nil {
+				lease = nil
+				continue // another replica paces, or Redis is away
+			}
+			lease, rooms = l, map[keys.ID]*pacing{} // a new pacer starts by looking
+		}
+		if now.Sub(listed) >= time.Second || s.roomsChanged.Swap(false) {
+			got, err := s.ledger.QueuedPrograms(ctx)
+			if err != nil {
+				s.log.WarnContext(ctx, "queued programs", "err", err)
+				continue
+			}
+			programs, listed = got, now
 		}
 		live := map[keys.ID]bool{}
 		var sum paced
 		for _, c := range programs {
 			live[c.Program] = true
-			p := held[c.Program]
-			if p != nil && p.lease.Context().Err() != nil {
-				delete(held, c.Program)
-				p = nil
-			}
-			if p == nil {
-				lease, err := s.locker.Acquire(ctx, keys.Lock(c.Program, lockQueue, lockPacer), 0)
-				if err != nil {
-					continue // another replica paces it, or Redis is away
+			p := rooms[c.Program]
+			if p == nil || p.config != c {
+				p = &pacing{config: c, last: now, serving: -1}
+				if old := rooms[c.Program]; old != nil {
+					p.serving, p.unused, p.seen, p.carry = old.serving, old.unused, old.seen, old.carry
 				}
-				p = &pacing{lease: lease, last: time.Now(), serving: -1}
-				held[c.Program] = p
+				rooms[c.Program] = p
 			}
-			sum.add(s.pace(p.lease.Context(), c, p))
+			if _, woken := s.roomWakes.LoadAndDelete(c.Program); woken {
+				p.until, p.check = time.Time{}, time.Time{}
+			}
+			if p.sleeps(ctx, s, now) {
+				sum.add(p.saw)
+				continue
+			}
+			p.saw = s.pace(lease.Context(), c, p)
+			sum.add(p.saw)
 		}
 		s.metrics.queueWaiting.Set(float64(sum.waiting))
 		s.metrics.queueLeft.Set(float64(sum.left))
 		s.metrics.queueUnused.Set(float64(sum.unused))
 		s.metrics.queueAbandoned.Set(float64(sum.abandoned))
-		for program, p := range held {
+		for program := range rooms {
 			if !live[program] {
-				p.lease.Release(ctx)
-				delete(held, program)
+				delete(rooms, program)
 			}
 		}
 	}
 }
+
+// wakeRoom makes the pacer step program's room at its next tick, asleep
+// or not (stock came back, a buyer joined).
+func (s *Service) wakeRoom(program keys.ID) { s.roomWakes.Store(program, struct{}{}) }
 
 var (
 	lockQueue = keys.MustID("queue")
 	lockPacer = keys.MustID("pacer")
 )
 
-// pacing is a program this replica paces: its lock, and the rate's
-// fraction of a buyer carried from step to step.
+// How long a room with nothing to do sleeps: a sold-out one between reads
+// of its stock (a lost restock notice costs at most this) and between
+// whole steps, an open one nobody waits in between steps.
+const (
+	soldOutCheck = 10 * time.Second
+	soldOutStep  = 2 * time.Minute
+	emptyStep    = time.Second
+)
+
+// pacing is a room the pacer steps: its config, the rate's fraction of a
+// buyer carried from step to step, and when it may sleep until.
 type pacing struct {
-	lease interface {
-		Context() context.Context
-		Release(context.Context) error
-	}
+	config  ledger.QueueConfig
 	last    time.Time
 	carry   float64
 	serving int64            // the serving counter after the last step; -1 before the first
 	unused  int64            // the admitted-but-unused the last step counted
 	seen    ledger.QueueLine // what the ledger has of the line, as this pacer wrote it
+	saw     paced            // what the last step saw, for the gauges while it sleeps
+	// until: no step before then (zero: step); check, for a sold-out
+	// room: its stock is read again then, and a room with some wakes.
+	until, check time.Time
+	soldOut      bool
+}
+
+// sleeps reports whether p has nothing to do at now. A sold-out room
+// whose stock read shows some left wakes.
+func (p *pacing) sleeps(ctx context.Context, s *Service, now time.Time) bool {
+	if !now.Before(p.until) {
+		return false
+	}
+	if !p.soldOut || now.Before(p.check) {
+		return true
+	}
+	p.check = now.Add(soldOutCheck)
+	ps, err := s.ledger.ProgramStock(ctx, p.config.Program)
+	if err != nil || ps.SoldOut() {
+		return true
+	}
+	p.until = time.Time{}
+	return false
 }
 
 // paced is what a pacer step saw of a line, for the gauges.
@@ -737,6 +805,7 @@ func (p *paced) add(q paced) {
 func (s *Service) pace(ctx context.Context, lc ledger.QueueConfig, p *pacing) paced {
 	c := roomOf(lc)
 	now := time.Now()
+	prev := p.serving
 	p.carry += float64(c.Rate) * min(now.Sub(p.last), time.Second).Seconds()
 	p.last = now
 	most := int64(p.carry)
@@ -798,6 +867,16 @@ func (s *Service) pace(ctx context.Context, lc ledger.QueueConfig, p *pacing) pa
 	}
 	// At most a second's worth carried: a lull does not store up a burst.
 	p.carry = min(max(p.carry, 0), float64(c.Rate))
+	// Nothing to do until...
+	p.soldOut, p.until, p.check = ps.SoldOut(), time.Time{}, time.Time{}
+	switch {
+	case now.Before(c.OpensAt) && prev >= 0:
+		p.until = c.OpensAt // the opening (this first look is done)
+	case p.soldOut && step.Serving == prev:
+		p.until, p.check = now.Add(soldOutStep), now.Add(soldOutCheck) // stock comes back
+	case !p.soldOut && step.Joined == step.Serving && prev >= 0:
+		p.until = now.Add(emptyStep) // someone joins
+	}
 	return paced{waiting: max(step.Joined-step.Serving, 0), left: left, unused: step.Unused, abandoned: step.Abandoned}
 }
 

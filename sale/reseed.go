@@ -219,21 +219,38 @@ func (s *Service) RunDrift(ctx context.Context) {
 	t := time.NewTicker(s.opts.DriftEvery)
 	defer t.Stop()
 	seen := map[stock.SKU]driftSeen{}
+	quiet := map[stock.SKU]quietSince{}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		seen = s.checkDrift(ctx, seen)
+		if s.redisTrouble.Swap(false) {
+			clear(quiet) // Redis failed meanwhile: it may have lost writes
+		}
+		seen = s.checkDrift(ctx, seen, quiet)
 	}
 }
 
 type driftSeen struct{ version, redis int64 }
 
+// quietSince is a SKU whose Redis agreed with its ledger row at version,
+// checked first at `at`. While the row keeps that version nothing moved
+// its stock through the ledger, so its Redis is read again only every
+// driftQuietEvery checks (a fault can still change Redis alone): a
+// replica with a thousand idle SKUs reads none of them most of the time.
+type quietSince struct {
+	version int64
+	at      time.Time
+}
+
+// driftQuietEvery is how many drift periods an idle SKU goes unread.
+const driftQuietEvery = 10
+
 const driftPage = 500
 
-func (s *Service) checkDrift(ctx context.Context, prev map[stock.SKU]driftSeen) map[stock.SKU]driftSeen {
+func (s *Service) checkDrift(ctx context.Context, prev map[stock.SKU]driftSeen, quiet map[stock.SKU]quietSince) map[stock.SKU]driftSeen {
 	if s.breaker.State() == breaker.Open {
 		return prev // Redis is not serving; there is nothing to compare
 	}
@@ -260,14 +277,27 @@ func (s *Service) checkDrift(ctx context.Context, prev map[stock.SKU]driftSeen) 
 			if s.collapse(ctx, st) {
 				continue
 			}
+			q, wasQuiet := quiet[st.SKU]
+			if wasQuiet && q.version == st.Version && time.Since(q.at) < driftQuietEvery*s.opts.DriftEvery {
+				continue
+			}
 			d, ok := s.driftOf(ctx, st)
 			want := st.Remaining()
 			if !st.EndedAt.IsZero() {
 				want = 0 // an ended sale's gate is rebuilt empty: it admits no one
 			}
 			if !ok || d.redis == want {
+				if !ok {
+					delete(quiet, st.SKU)
+				} else if !wasQuiet || q.version != st.Version || time.Since(q.at) >= driftQuietEvery*s.opts.DriftEvery {
+					// Staggered by SKU, so each check reads a tenth of the
+					// idle SKUs rather than all of them every tenth check.
+					phase := time.Duration(ledger.SKULane(st.SKU)%driftQuietEvery) * s.opts.DriftEvery
+					quiet[st.SKU] = quietSince{version: st.Version, at: time.Now().Add(-phase)}
+				}
 				continue
 			}
+			delete(quiet, st.SKU)
 			units += abs(want - d.redis)
 			skus++
 			if p, ok := prev[st.SKU]; ok && p == d {

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -51,6 +52,7 @@ type Ledger interface {
 	SKU(ctx context.Context, sku stock.SKU) (ledger.SKUState, error)
 	Purchase(ctx context.Context, o ledger.Order) (ledger.Order, error)
 	Commit(ctx context.Context, takes []ledger.Take, direct bool) []ledger.TakeResult
+	ID() keys.ID
 	PurchaseDirect(ctx context.Context, o ledger.Order, version int64) (ledger.Order, error)
 	OrderByKey(ctx context.Context, key keys.ID) (ledger.Order, error)
 	MarkGateSeeded(ctx context.Context, sku stock.SKU, seq int64) error
@@ -335,6 +337,14 @@ type Service struct {
 	// bypassed are the SKUs this replica sold around the gate since it
 	// last read their rows (see gateFresh).
 	bypassed sync.Map
+	// roomWakes are the programs whose waiting room the pacer steps at
+	// its next tick, asleep or not; roomsChanged makes it read the rooms
+	// again (see RunPacer).
+	roomWakes    sync.Map
+	roomsChanged atomic.Bool
+	// redisTrouble: the breaker changed state since the drift check last
+	// looked, so Redis may have lost writes: it reads every SKU again.
+	redisTrouble atomic.Bool
 }
 
 // New validates opts and returns a Service; Close stops it.
@@ -365,6 +375,7 @@ func New(opts Options) (*Service, error) {
 	// (not the error of whichever request happened to notice the change).
 	onChange := bo.OnChange
 	bo.OnChange = func(from, to breaker.State, cause error) {
+		s.redisTrouble.Store(true)
 		s.log.Warn("redis breaker", "from", from.String(), "to", to.String(), "cause", cause)
 		if onChange != nil {
 			onChange(from, to, cause)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -38,6 +39,7 @@ func TestOverloadShedsAtTheLedger(t *testing.T) {
 		e := startEnv(t, envOptions{driver: driver, tune: func(o *app.Options) {
 			o.Sale.LedgerWaitBudget = 100 * time.Millisecond
 			o.Sale.CommitLanes = 1
+			o.Sale.BatchMax = 16 // full batches: the lane learns its pace
 			o.WrapLedger = func(l sale.Ledger) sale.Ledger { return slowTakes{Ledger: l, perTake: 2 * time.Millisecond} }
 		}})
 		sku := stock.SKU{Program: keys.MustID("shed-" + driver), Ticket: keys.MustID("ga")}
@@ -85,4 +87,55 @@ func TestOverloadShedsAtTheLedger(t *testing.T) {
 			t.Errorf("after the retries %+v, want %d sold", s, n)
 		}
 	})
+}
+
+// A replica with more takes in flight than it answers within the wait
+// budget refuses the next at once, before the gate: 503 overloaded, with
+// Retry-After, nothing taken. With a floor of 8 takes in flight and a
+// slow ledger, 100 buyers at once: every answer 201 or 503, the ledger
+// sells the 201s, Redis still holds everything else, and each refused
+// buyer buys on retry.
+func TestOverloadShedsAtTheDoor(t *testing.T) {
+	e := startEnv(t, envOptions{driver: ledger.SQLite, tune: func(o *app.Options) {
+		o.Sale.TakesInFlight = 8
+		o.Sale.LedgerWaitBudget = time.Hour // only the door sheds here
+		o.WrapLedger = func(l sale.Ledger) sale.Ledger { return slowTakes{Ledger: l, perTake: 20 * time.Millisecond} }
+	}})
+	sku := stock.SKU{Program: keys.MustID("door"), Ticket: keys.MustID("ga")}
+	const total, n = 500, 100
+	e.putSKU(t, sku, total, 2, 4)
+	var mu sync.Mutex
+	var refused []int
+	counts := e.buyAll(n, n, func(i int) reply {
+		r := e.buy(t, sku, fmt.Sprintf("d%d", i), fmt.Sprintf("b%d", i), 1)
+		if r.status == http.StatusServiceUnavailable {
+			if r.header.Get("Retry-After") == "" || !strings.Contains(string(r.body), "in flight") {
+				t.Errorf("a refusal = %s (Retry-After %q), want overloaded, in flight, with Retry-After", r.body, r.header.Get("Retry-After"))
+			}
+			mu.Lock()
+			refused = append(refused, i)
+			mu.Unlock()
+		}
+		return r
+	})
+	if counts[http.StatusCreated]+counts[http.StatusServiceUnavailable] != n || len(refused) == 0 {
+		t.Fatalf("answers %v, want 201s and some 503", counts)
+	}
+	sold := int64(counts[http.StatusCreated])
+	if s := e.state(t, sku); s.Sold != sold || s.RedisRemaining != total-sold {
+		t.Fatalf("after the burst %+v, want %d sold and the rest in Redis", s, sold)
+	}
+	for _, i := range refused {
+		var r reply
+		waitFor(t, 10*time.Second, "a refused buyer buys on retry", func() bool {
+			r = e.buy(t, sku, fmt.Sprintf("d%d", i), fmt.Sprintf("b%d", i), 1)
+			return r.status != http.StatusServiceUnavailable
+		})
+		if r.status != http.StatusCreated {
+			t.Fatalf("retry of refused purchase %d = %d %s", i, r.status, r.body)
+		}
+	}
+	if s := e.state(t, sku); s.Sold != n || s.RedisRemaining != total-n {
+		t.Errorf("after the retries %+v, want %d sold", s, n)
+	}
 }

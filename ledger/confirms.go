@@ -69,6 +69,9 @@ func (l *Ledger) ConfirmBatch(ctx context.Context, cs []HoldRequest) (_ []BatchR
 	if err != nil {
 		return nil, err
 	}
+	if l.driver == Postgres {
+		l.trips.Inc() // the read of the holds
+	}
 	orders := make([]Order, len(cs))
 	live := make([]int, 0, len(cs))
 	seats := map[keys.ID]bool{} // the seat holds

@@ -91,10 +91,11 @@ type Ledger struct {
 	commits *prometheus.CounterVec
 	latency *prometheus.HistogramVec
 	batch   prometheus.Histogram
-	horizon horizon // the relay's notes toward SettledSeq
-	stmts   *stmts  // SQLite: the loops' repeated queries, prepared; nil on PostgreSQL
-	sql     takeSQL // the take engine's statements in this driver's dialect
-	id      keys.ID // see ID
+	trips   prometheus.Counter // round trips of the take and confirm batches (PostgreSQL)
+	horizon horizon            // the relay's notes toward SettledSeq
+	stmts   *stmts             // SQLite: the loops' repeated queries, prepared; nil on PostgreSQL
+	sql     takeSQL            // the take engine's statements in this driver's dialect
+	id      keys.ID            // see ID
 }
 
 // DefaultOptions are the settings a zero field takes.
@@ -152,6 +153,10 @@ func Open(ctx context.Context, opts Options) (*Ledger, error) {
 			Help:    "Ledger write transaction time by operation.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}, []string{"op"}),
+		trips: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "stockgate_ledger_batch_round_trips_total",
+			Help: "Round trips to PostgreSQL of the batches of takes and confirms (each pipeline and each COMMIT or ROLLBACK); over stockgate_ledger_batch_size_count, round trips per batch.",
+		}),
 		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "stockgate_ledger_batch_size",
 			Help:    "Orders and holds committed per ledger transaction (more than 1 when winners are group-committed).",
@@ -163,7 +168,7 @@ func Open(ctx context.Context, opts Options) (*Ledger, error) {
 		l.stmts = newStmts(db)
 	}
 	if opts.Metrics != nil {
-		for _, c := range []prometheus.Collector{l.commits, l.latency, l.batch} {
+		for _, c := range []prometheus.Collector{l.commits, l.latency, l.batch, l.trips} {
 			if err := opts.Metrics.Register(c); err != nil {
 				release()
 				return nil, fmt.Errorf("ledger: metrics: %w", err)

@@ -60,7 +60,7 @@ func (l *Ledger) runner(ctx context.Context) (txRunner, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &pgRunner{conn: c}, nil
+		return &pgRunner{conn: c, trips: l.trips}, nil
 	}
 	return &sqliteRunner{l: l}, nil
 }
@@ -69,9 +69,10 @@ func (l *Ledger) runner(ctx context.Context) (txRunner, error) {
 // connection, then COMMIT or ROLLBACK: two round trips for any number of
 // statements.
 type pgRunner struct {
-	conn *sql.Conn
-	open bool // a transaction is open on conn
-	bad  bool // conn's state is unknown: it is thrown away, not reused
+	conn  *sql.Conn
+	trips interface{ Inc() }
+	open  bool // a transaction is open on conn
+	bad   bool // conn's state is unknown: it is thrown away, not reused
 }
 
 func (r *pgRunner) raw(f func(c *pgx.Conn) error) error {
@@ -95,6 +96,7 @@ func (r *pgRunner) run(ctx context.Context, steps []step) error {
 			b.Queue(s.sql, s.args...)
 		}
 		br := c.SendBatch(ctx, b)
+		r.trips.Inc()
 		r.open = true
 		err := func() error {
 			if begin {
@@ -131,6 +133,7 @@ func (r *pgRunner) run(ctx context.Context, steps []step) error {
 }
 
 func (r *pgRunner) rollback(ctx context.Context, c *pgx.Conn) {
+	r.trips.Inc()
 	if _, err := c.Exec(context.WithoutCancel(ctx), "ROLLBACK"); err != nil {
 		r.bad = true
 	}
@@ -147,6 +150,7 @@ func (r *pgRunner) end(ctx context.Context, commit bool) error {
 			return nil
 		}
 		r.open = false
+		r.trips.Inc()
 		if _, err := c.Exec(ctx, "COMMIT"); err != nil {
 			r.bad = true
 			return err

@@ -19,12 +19,15 @@ import (
 // alone, and an idle lane costs nothing. Each lane is a goroutine owned by
 // the batcher and ended by close.
 //
-// An item waits for its flush at most budget: a lane learns how many items
-// a second it commits while it is busy, refuses at once an item that would
-// wait longer than the budget behind those queued (errLedgerBusy, with the
-// wait), and refuses, unflushed, an item that waited longer anyway. An
-// overloaded ledger then sheds load with answers clients can retry,
-// instead of queueing without bound.
+// An item waits for its flush at most about budget when the ledger is
+// overloaded: a lane learns how many items a second it commits from its
+// full batches (a lane that never fills one is not overloaded), refuses
+// at once an item that would wait longer than the budget behind those
+// queued (errLedgerBusy, with the wait), and refuses, unflushed, an item
+// that waited longer while the queue is still longer than the lane can
+// commit within the budget. An overloaded ledger then sheds load with
+// answers clients can retry, instead of queueing without bound; a slow
+// flush that holds up a short queue is waited out, not shed.
 type batcher[T, R any] struct {
 	max     int
 	timeout time.Duration
@@ -152,11 +155,17 @@ func (b *batcher[T, R]) do(part uint32, item T) (R, error) {
 // over reports whether one more item on l would wait past the budget,
 // and how long the queue ahead of it would take.
 func (b *batcher[T, R]) over(l *lane[T, R]) (time.Duration, bool) {
+	return b.overloaded(l, l.queued.Load()+1)
+}
+
+// overloaded reports whether committing n items takes l longer than the
+// budget at its learned pace, and how long.
+func (b *batcher[T, R]) overloaded(l *lane[T, R], n int64) (time.Duration, bool) {
 	rate := math.Float64frombits(l.rate.Load())
 	if b.budget <= 0 || rate <= 0 {
 		return 0, false
 	}
-	wait := time.Duration(float64(l.queued.Load()+1) / rate * float64(time.Second))
+	wait := time.Duration(float64(n) / rate * float64(time.Second))
 	return wait, wait > b.budget
 }
 
@@ -195,11 +204,13 @@ func (b *batcher[T, R]) run(l *lane[T, R]) {
 // (refused unflushed), and learns the lane's pace from it.
 func (b *batcher[T, R]) flushAll(l *lane[T, R], batch []*pendingItem[T, R]) {
 	start := time.Now()
+	full := len(batch) == b.max
+	_, behind := b.overloaded(l, int64(len(batch))+l.queued.Load())
 	fresh := batch[:0]
 	for _, p := range batch {
 		waited := start.Sub(p.at)
 		b.metrics.waited(waited)
-		if b.budget > 0 && waited > b.budget {
+		if behind && waited > b.budget {
 			b.metrics.refused()
 			p.out <- outcome[R]{err: &busyError{wait: waited}}
 			continue
@@ -217,8 +228,9 @@ func (b *batcher[T, R]) flushAll(l *lane[T, R], batch []*pendingItem[T, R]) {
 		items[i] = p.item
 	}
 	b.flush(ctx, items, func(i int, r R) { batch[i].out <- outcome[R]{r: r} })
-	if l.queued.Load() > 0 {
-		// Busy: more waited behind this flush. Its pace is the lane's.
+	if full {
+		// A full batch: the lane commits as fast as it can. Its pace is
+		// the lane's capacity.
 		pace := float64(len(batch)) / max(time.Since(start).Seconds(), 1e-6)
 		old := math.Float64frombits(l.rate.Load())
 		if old > 0 {

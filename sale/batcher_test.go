@@ -67,48 +67,63 @@ func TestBatcherRefusesPastTheBudget(t *testing.T) {
 	}
 }
 
-// An item that waited longer than the budget behind a slow flush is
-// refused when its turn comes, never flushed.
+// An item that waited longer than the budget behind a slow flush, on a
+// lane whose queue is longer than it commits within the budget, is
+// refused when its turn comes, never flushed; on a lane that keeps up,
+// it is flushed however long it waited.
 func TestBatcherRefusesWhatWaitedTooLong(t *testing.T) {
-	const budget = 20 * time.Millisecond
-	release, holding := make(chan struct{}), make(chan struct{})
-	var mu sync.Mutex
-	var flushed []int
-	b := newBatcher(1, 1000, time.Minute, budget, laneMetrics{}, func(_ context.Context, items []int, answer func(int, int)) {
-		if items[0] == 0 {
-			close(holding)
-			<-release // the first flush holds the lane
-		}
-		mu.Lock()
-		flushed = append(flushed, items...)
-		mu.Unlock()
-		for i, v := range items {
-			answer(i, v)
-		}
-	})
-	defer b.close()
-	first := make(chan error, 1)
-	go func() { _, err := b.do(0, 0); first <- err }()
-	<-holding
-	late := make(chan error, 3)
-	start := time.Now()
-	for i := 1; i <= 3; i++ {
-		go func() { _, err := b.do(0, i); late <- err }()
-	}
-	for b.lanes[0].queued.Load() < 3 || time.Since(start) <= budget {
-		time.Sleep(time.Millisecond) // until the three have waited past the budget
-	}
-	close(release)
-	if err := <-first; err != nil {
-		t.Fatalf("first item: %v", err)
-	}
-	for range 3 {
-		if err := <-late; !errors.Is(err, errLedgerBusy) {
-			t.Errorf("an item that waited past the budget = %v, want busy", err)
-		}
-	}
-	if got := flushedNow(&mu, &flushed); len(got) != 1 {
-		t.Errorf("flushed %v, want only the first item", got)
+	for _, tc := range []struct {
+		name string
+		rate float64 // what the lane learned, set once the three wait
+		shed bool
+	}{{"overloaded", 10, true}, {"keeping up", 1e6, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			const budget = 20 * time.Millisecond
+			release, holding := make(chan struct{}), make(chan struct{})
+			var mu sync.Mutex
+			var flushed []int
+			b := newBatcher(1, 1000, time.Minute, budget, laneMetrics{}, func(_ context.Context, items []int, answer func(int, int)) {
+				if items[0] == 0 {
+					close(holding)
+					<-release // the first flush holds the lane
+				}
+				mu.Lock()
+				flushed = append(flushed, items...)
+				mu.Unlock()
+				for i, v := range items {
+					answer(i, v)
+				}
+			})
+			defer b.close()
+			first := make(chan error, 1)
+			go func() { _, err := b.do(0, 0); first <- err }()
+			<-holding
+			late := make(chan error, 3)
+			start := time.Now()
+			for i := 1; i <= 3; i++ {
+				go func() { _, err := b.do(0, i); late <- err }()
+			}
+			for b.lanes[0].queued.Load() < 3 || time.Since(start) <= budget {
+				time.Sleep(time.Millisecond) // until the three have waited past the budget
+			}
+			b.lanes[0].rate.Store(math.Float64bits(tc.rate))
+			close(release)
+			if err := <-first; err != nil {
+				t.Fatalf("first item: %v", err)
+			}
+			for range 3 {
+				if err := <-late; errors.Is(err, errLedgerBusy) != tc.shed || (!tc.shed && err != nil) {
+					t.Errorf("an item that waited past the budget = %v, want shed %v", err, tc.shed)
+				}
+			}
+			want := 4
+			if tc.shed {
+				want = 1
+			}
+			if got := flushedNow(&mu, &flushed); len(got) != want {
+				t.Errorf("flushed %v, want %d items", got, want)
+			}
+		})
 	}
 }
 

@@ -153,7 +153,7 @@ func (s *Service) takeCart(ctx context.Context, t CartTake, hold bool) (Result, 
 			hold: hold, req: c.req.lineOf(i)})
 		c.picks = append(c.picks, seatPick{seats: l.Seats, section: l.Section})
 	}
-	return s.run(ctx, c.req, func(ctx context.Context) answer {
+	return s.runTake(ctx, c.req, func(ctx context.Context) answer {
 		skus := make([]stock.SKU, 0, len(c.lines))
 		for _, l := range c.lines {
 			skus = append(skus, l.sku)

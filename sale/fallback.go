@@ -17,6 +17,9 @@ var (
 	// ansLedgerBusy: the ledger could not take the request within the wait
 	// budget (see batcher); nothing moved.
 	ansLedgerBusy = fail(refuse(ErrBusy, "the ledger is committing at its capacity; retry with the same Idempotency-Key"))
+	// ansInFlightBusy: the replica has as many takes in flight as it
+	// answers within the wait budget; nothing moved.
+	ansInFlightBusy = fail(refuse(ErrBusy, "this replica has as many requests in flight as it can answer in time; retry with the same Idempotency-Key"))
 )
 
 // takeDirect sells or holds straight from the ledger while Redis cannot.

@@ -105,7 +105,7 @@ func (s *Service) Purchase(ctx context.Context, t Take) (Result, error) {
 	sku := poolOf(t.SKU, t.Access.Pool)
 	w := want{sku: sku, buyer: t.Buyer, q: t.Quantity, access: t.Access,
 		req: newRequest(t.Buyer, t.Key, ledger.OpPurchase, t.Access.fields(sku.Program.String(), sku.Ticket.String(), strconv.FormatInt(t.Quantity, 10))...)}
-	return s.run(ctx, w.req, func(ctx context.Context) answer { return s.admitted(ctx, t.Ask, sku.Program, w.req, w) })
+	return s.runTake(ctx, w.req, func(ctx context.Context) answer { return s.admitted(ctx, t.Ask, sku.Program, w.req, w) })
 }
 
 // Hold sets the units aside for the buyer until confirmed, cancelled or
@@ -117,7 +117,7 @@ func (s *Service) Hold(ctx context.Context, t Take) (Result, error) {
 	sku := poolOf(t.SKU, t.Access.Pool)
 	w := want{sku: sku, buyer: t.Buyer, q: t.Quantity, hold: true, ttl: t.TTL, access: t.Access,
 		req: newRequest(t.Buyer, t.Key, ledger.OpHold, t.Access.fields(sku.Program.String(), sku.Ticket.String(), strconv.FormatInt(t.Quantity, 10), t.TTL.String())...)}
-	return s.run(ctx, w.req, func(ctx context.Context) answer { return s.admitted(ctx, t.Ask, sku.Program, w.req, w) })
+	return s.runTake(ctx, w.req, func(ctx context.Context) answer { return s.admitted(ctx, t.Ask, sku.Program, w.req, w) })
 }
 
 // SeatTake asks for seats of a seated SKU: the given Seats (all of one
@@ -148,7 +148,7 @@ func (s *Service) HoldSeats(ctx context.Context, t SeatTake) (Result, error) {
 		}
 		r := newRequest(t.Buyer, t.Key, ledger.OpSeatHold, t.SKU.Program.String(), t.SKU.Ticket.String(), "best", t.Section.String(),
 			strconv.Itoa(t.Quantity), t.TTL.String())
-		return s.run(ctx, r, func(ctx context.Context) answer {
+		return s.runTake(ctx, r, func(ctx context.Context) answer {
 			return s.throughQueue(ctx, t.SKU.Program, t.Ask, r, []stock.SKU{t.SKU}, func(ctx context.Context) answer {
 				return s.takeBestSeats(ctx, t.SKU, r, t.Buyer, t.Section, t.Quantity, t.TTL)
 			})
@@ -170,7 +170,7 @@ func (s *Service) HoldSeats(ctx context.Context, t SeatTake) (Result, error) {
 	ids := slices.Clone(t.Seats)
 	slices.SortFunc(ids, keys.ID.Compare)
 	r := newRequest(t.Buyer, t.Key, ledger.OpSeatHold, t.SKU.Program.String(), t.SKU.Ticket.String(), "seats", keys.Join(ids, ","), t.TTL.String())
-	return s.run(ctx, r, func(ctx context.Context) answer {
+	return s.runTake(ctx, r, func(ctx context.Context) answer {
 		return s.throughQueue(ctx, t.SKU.Program, t.Ask, r, []stock.SKU{t.SKU}, func(ctx context.Context) answer {
 			return s.takeSeats(ctx, t.SKU, r, t.Buyer, ids, t.TTL)
 		})

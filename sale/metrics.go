@@ -125,7 +125,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"work"}),
 		ledgerShed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "stockgate_ledger_shed_total",
-			Help: "Requests refused 503 overloaded because the ledger could not take them within the wait budget, by work.",
+			Help: "Requests refused 503 overloaded, by work: takes, confirms, cancels, refunds (the ledger could not take them within the wait budget), in_flight (the replica had as many takes in flight as it answers within the budget).",
 		}, []string{"work"}),
 		waitJoins: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "stockgate_waitlist_joins_total",

@@ -169,6 +169,12 @@ type Options struct {
 	// Retry-After) and what it took at the gate given back. Negative: no
 	// bound.
 	LedgerWaitBudget time.Duration
+	// TakesInFlight is the fewest takes (purchases, holds, carts) one
+	// replica lets in flight at once; the bound grows to what it finished
+	// in the last second times LedgerWaitBudget, and a take beyond it is
+	// refused at once with ErrBusy, before it costs anything. Negative: no
+	// bound.
+	TakesInFlight int64
 	// CollapseAt: when a SKU spread over several shards has this many units
 	// left per shard or fewer, the drift check collapses it onto one shard
 	// (a fenced resize), so the last units sit together. Negative turns it
@@ -207,6 +213,7 @@ func DefaultOptions() Options {
 		BatchMax:            256,
 		CommitLanes:         2,
 		LedgerWaitBudget:    250 * time.Millisecond,
+		TakesInFlight:       1024,
 		CollapseAt:          1,
 		SweepEvery:          time.Second,
 		RestoreGrace:        5 * time.Second,
@@ -247,6 +254,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.CommitLanes == 0 {
 		o.CommitLanes = d.CommitLanes
+	}
+	if o.TakesInFlight == 0 {
+		o.TakesInFlight = d.TakesInFlight
 	}
 	if o.CollapseAt == 0 {
 		o.CollapseAt = d.CollapseAt
@@ -334,6 +344,8 @@ type Service struct {
 	blocks    sync.Map
 	// paces estimates each line's admission pace (*linePace by program).
 	paces sync.Map
+	// flight bounds the takes in flight (see TakesInFlight).
+	flight *flight
 	// bypassed are the SKUs this replica sold around the gate since it
 	// last read their rows (see gateFresh).
 	bypassed sync.Map
@@ -406,6 +418,7 @@ func New(opts Options) (*Service, error) {
 	if s.stock, err = cache.NewLoading(opts.StockTTL, 100_000, cm.Recorder("stock"), s.loadStock); err != nil {
 		return nil, err
 	}
+	s.flight = newFlight(opts.TakesInFlight, opts.LedgerWaitBudget)
 	s.committer = newCommitter(s, opts.CommitLanes, opts.BatchMax, false)
 	s.direct = newCommitter(s, 4, opts.BatchMax, true)
 	lanes, max, timeout, budget := opts.CommitLanes, opts.BatchMax, opts.WorkTimeout, opts.LedgerWaitBudget
@@ -433,6 +446,17 @@ func (s *Service) BreakerState() breaker.State { return s.breaker.State() }
 // still there.
 func (s *Service) detach(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), s.opts.WorkTimeout)
+}
+
+// runTake is run for a take: within the replica's bound of takes in
+// flight, or refused at once (ErrBusy) before it moves anything.
+func (s *Service) runTake(ctx context.Context, r request, f func(ctx context.Context) answer) (Result, error) {
+	if !s.flight.enter() {
+		s.metrics.ledgerShed.WithLabelValues("in_flight").Inc()
+		return ansInFlightBusy.result()
+	}
+	defer s.flight.leave()
+	return s.run(ctx, r, f)
 }
 
 // run runs f once per request at a time on this replica, detached from the

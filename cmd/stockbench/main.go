@@ -37,6 +37,9 @@
 //	stockbench compare -base REV
 //	    the flash sale and the sold-out storm through the build at REV and
 //	    the working tree side by side, interleaved (`make compare BASE=REV`).
+//	stockbench floor -driver postgres -dsn URL -kind purchase -skus 100
+//	    the ledger floor: the rows the ledger writes per winner, written
+//	    by a plain program with the best batching found (see floor.go)
 //	stockbench bare where
 //	    the bare gin check answered in this process and in a process of its
 //	    own, three interleaved rounds (why the suite's ceilings run apart).
@@ -77,6 +80,8 @@ func main() {
 		err = compareCmd(os.Args[2:])
 	case "bare": // the suite's bare gin ceilings, in a process of their own
 		err = bareCmd(os.Args[2:])
+	case "floor":
+		err = floorCmd(os.Args[2:])
 	default:
 		usage()
 	}

@@ -32,6 +32,7 @@ import (
 	"github.com/stockgate/stockgate/internal/onsale"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -47,10 +48,18 @@ type suite struct {
 	rdb     *redis.ClusterClient
 	gw      gateway
 	fb      gateway // a second gateway whose Redis is unreachable: the fallback
-	rounds  int
-	label   string // the round, appended to every run's name
-	doc     strings.Builder
-	results []loadgen.Result
+	sq      gateway // a third on the SQLite ledger, as `make run` runs it
+	pg      *testenv.Postgres
+	bin     string // the stockgate binary the gateways run
+	// redisAddrs are the cluster's seed nodes, for the gateways.
+	redisAddrs string
+	// ledgerDB is gw's ledger, for pg_stat_statements.
+	ledgerDB *sql.DB
+	idle     idle
+	rounds   int
+	label    string // the round, appended to every run's name
+	doc      strings.Builder
+	results  []loadgen.Result
 	// The waiting room's sizes: the standing line, and the on-sale.
 	queueJoins                  uint64
 	onsaleBuyers, onsaleTickets int
@@ -126,9 +135,12 @@ func (s *suite) start() error {
 	if err != nil {
 		return err
 	}
-	pgStop = pg.Stop
+	pgStop, s.pg = pg.Stop, pg
 	ledgerURL, _, err := pg.NewDatabase(s.ctx)
 	if err != nil {
+		return err
+	}
+	if s.ledgerDB, err = ledgerDBOf(s.ctx, ledgerURL); err != nil {
 		return err
 	}
 	compURL, _, err := pg.NewDatabase(s.ctx)
@@ -145,7 +157,8 @@ func (s *suite) start() error {
 	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/stockgate").CombinedOutput(); err != nil {
 		return fmt.Errorf("build: %v: %s", err, out)
 	}
-	s.gw, err = startGateway(s.ctx, bin, strings.Join(s.cl.Addrs(), ","), ledgerURL, "")
+	s.bin, s.redisAddrs = bin, strings.Join(s.cl.Addrs(), ",")
+	s.gw, err = startGateway(s.ctx, bin, s.redisAddrs, ledgerURL, "")
 	if err != nil {
 		return err
 	}
@@ -153,7 +166,15 @@ func (s *suite) start() error {
 	if err != nil {
 		return err
 	}
-	s.fb, err = startGateway(s.ctx, bin, "127.0.0.1:1", fbURL, "STOCKGATE_FALLBACK_CONCURRENCY=32")
+	if s.fb, err = startGateway(s.ctx, bin, "127.0.0.1:1", fbURL, "STOCKGATE_FALLBACK_CONCURRENCY=32"); err != nil {
+		return err
+	}
+	// The SQLite ledger `make run` runs, in a file of its own.
+	sqDir, err := os.MkdirTemp("", "stockgate-bench-sqlite-")
+	if err != nil {
+		return err
+	}
+	s.sq, err = startGateway(s.ctx, bin, s.redisAddrs, filepath.Join(sqDir, "ledger.db"))
 	return err
 }
 
@@ -167,8 +188,12 @@ func startGateway(ctx context.Context, bin, redisAddrs, dsn string, extra ...str
 	// One attempt: the fallback gateway's admin calls answer 503 by design.
 	g.admin = newAdmin(g.base, "", nil, 1)
 	g.cmd = exec.Command(bin, "serve")
+	driver := ledger.Postgres
+	if !strings.HasPrefix(dsn, "postgres") {
+		driver = ledger.SQLite // a file
+	}
 	g.cmd.Env = append(os.Environ(), "STOCKGATE_ADDR="+strings.TrimPrefix(g.base, "http://"),
-		"STOCKGATE_REDIS_ADDRS="+redisAddrs, "STOCKGATE_LEDGER_DRIVER=postgres", "STOCKGATE_LEDGER_DSN="+dsn,
+		"STOCKGATE_REDIS_ADDRS="+redisAddrs, "STOCKGATE_LEDGER_DRIVER="+driver, "STOCKGATE_LEDGER_DSN="+dsn,
 		"STOCKGATE_PPROF_ADDR="+g.pprof, "STOCKGATE_LOG_LEVEL=error", "STOCKGATE_LEDGER_MAX_CONNS=64",
 		// The drift check reads every SKU's shards; it would blur the
 		// count of Redis calls the storm and read runs make.
@@ -188,7 +213,10 @@ func startGateway(ctx context.Context, bin, redisAddrs, dsn string, extra ...str
 }
 
 func (s *suite) stop() {
-	for _, g := range []gateway{s.gw, s.fb} {
+	if s.ledgerDB != nil {
+		s.ledgerDB.Close()
+	}
+	for _, g := range []gateway{s.gw, s.fb, s.sq} {
 		if g.cmd != nil && g.cmd.Process != nil {
 			g.cmd.Process.Kill()
 			g.cmd.Wait()
@@ -338,6 +366,11 @@ func (s *suite) runAll() error {
 	if err := s.roomRounds(rounds); err != nil {
 		return err
 	}
+	fmt.Fprintln(s.log, "an idle replica: 1,000 programs, 200 idle waiting rooms")
+	var err error
+	if s.idle, err = s.idleReplica(40*time.Second, 60*time.Second); err != nil {
+		return err
+	}
 	var sale onsale.Report
 	saleErr := errors.New("not run (-onsale-buyers 0)")
 	if s.onsaleBuyers > 0 {
@@ -358,6 +391,10 @@ func (s *suite) round(r int) (in docInputs, err error) {
 	stamp := strconv.FormatInt(time.Now().Unix(), 10) + "r" + strconv.Itoa(r+1)
 	p := func(name string) string { return name + stamp }
 	k := func(prefix string) string { return prefix + "r" + strconv.Itoa(r+1) + "-" }
+	// 0. The ledger floors, with the machine to themselves.
+	if in.floors, err = s.floors(); err != nil {
+		return in, err
+	}
 	flashSKU := p("flash") + "/ga"
 	if err := s.gw.admin.putSKU(flashSKU, int64(n/10), 12); err != nil {
 		return in, err
@@ -458,8 +495,33 @@ func (s *suite) round(r int) (in docInputs, err error) {
 			return in, err
 		}
 	}
-	steady := s.attack("stockgate steady purchases (100 SKUs)", s.gw.base, loadgen.Purchases(steadySKUs, k("steady"), n/2), 0, w, 0)
+	var steady loadgen.Result
+	var steadyCPU cpuShare
+	shape := s.batchesDuring(func() {
+		steadyCPU = cpuDuring(s.gw.cmd.Process.Pid, func() {
+			steady = s.attack("stockgate steady purchases (100 SKUs)", s.gw.base, loadgen.Purchases(steadySKUs, k("steady"), n/2), 0, w, 0)
+		})
+	})
 	steadyAudit := s.audit(s.gw, steadySKUs, steady)
+	overPG := s.overload("stockgate steady purchases (100 SKUs)", s.gw, steadySKUs, k("over"), steady.Throughput())
+	overAudit := s.audit(s.gw, steadySKUs, overPG.res)
+
+	// 4a. The same on the SQLite ledger, as `make run` runs it.
+	var sqSKUs []string
+	for i := range 100 {
+		sku := fmt.Sprintf("%s/t%d", p("sq"), i)
+		sqSKUs = append(sqSKUs, sku)
+		if err := s.sq.admin.putSKU(sku, int64(n), 1); err != nil {
+			return in, err
+		}
+	}
+	var sqSteady loadgen.Result
+	sqCPU := cpuDuring(s.sq.cmd.Process.Pid, func() {
+		sqSteady = s.attack("stockgate on SQLite: steady purchases (100 SKUs)", s.sq.base, loadgen.Purchases(sqSKUs, k("sq"), n/2), 0, w, 0)
+	})
+	sqAudit := s.audit(s.sq, sqSKUs, sqSteady)
+	overSQ := s.overload("stockgate on SQLite: steady purchases (100 SKUs)", s.sq, sqSKUs, k("sqover"), sqSteady.Throughput())
+	sqOverAudit := s.audit(s.sq, sqSKUs, overSQ.res)
 
 	// 4b. Carts of 3 lines against single purchases of the same shape.
 	carts, cartSingles, cartAudit, err := s.carts(r, p("cart"), p("single"), k("cart"), k("single"))
@@ -472,9 +534,14 @@ func (s *suite) round(r int) (in docInputs, err error) {
 	if err := s.gw.admin.putSKU(holdSKU, int64(n), 4); err != nil {
 		return in, err
 	}
-	holds, refs := s.holds(holdSKU, k("hold"), n/10)
+	var holds loadgen.Result
+	var refs []loadgen.HoldRef
+	holdsCPU := cpuDuring(s.gw.cmd.Process.Pid, func() { holds, refs = s.holds(holdSKU, k("hold"), n/5) })
 	confirm := refs[:len(refs)*7/10]
-	confirms := s.attack("stockgate confirm 70 % of holds", s.gw.base, loadgen.Confirms(confirm, k("hold")), 0, w, 0)
+	var confirms loadgen.Result
+	confirmsCPU := cpuDuring(s.gw.cmd.Process.Pid, func() {
+		confirms = s.attack("stockgate confirm 70 % of holds", s.gw.base, loadgen.Confirms(confirm, k("hold")), 0, w, 0)
+	})
 
 	// 6. The ledger fallback: Redis unreachable, 32 buyers on one SKU.
 	fbSKU := p("fallback") + "/ga"
@@ -508,6 +575,8 @@ func (s *suite) round(r int) (in docInputs, err error) {
 		bareReads: bareReads, steady: steady, steadyAudit: steadyAudit, carts: carts, cartSingles: cartSingles,
 		cartAudit: cartAudit, holds: holds, confirms: confirms, fallback: fallback,
 		fbAudit: fbAudit, admitLat: admitLat, buyLat: buyLat, rssKB: rssKB, cpuTop: cpuTop, shardMem: shardMem,
+		floors: in.floors, steadyCPU: steadyCPU, holdsCPU: holdsCPU, confirmsCPU: confirmsCPU, sqCPU: sqCPU, shape: shape,
+		sqSteady: sqSteady, sqAudit: sqAudit, overPG: overPG, overSQ: overSQ, overAudit: overAudit, sqOverAudit: sqOverAudit,
 		flashScripts: scripts1 - scripts0, flashScriptUsec: usec1 - usec0,
 		recMem: recMem}, nil
 }

@@ -173,6 +173,8 @@ func flags(fs *flag.FlagSet, c *config) {
 	fs.StringVar(&c.PprofAddr, "pprof-addr", "", "host:port of a separate listener for /debug/pprof (empty: off; keep it off the public network)")
 	b.int("batch-max", &o.Sale.BatchMax, "Sale.BatchMax", "most gate-admitted purchases committed in one ledger transaction (group commit; 1: each alone)")
 	b.int("commit-lanes", &o.Sale.CommitLanes, "Sale.CommitLanes", "ledger transactions of takes one replica runs at once")
+	fs.DurationVar(&o.Sale.LedgerWaitBudget, "ledger-wait-budget", o.Sale.LedgerWaitBudget, "longest a request waits for its ledger batch before 503 overloaded (negative: no bound)")
+	fs.Int64Var(&o.Sale.TakesInFlight, "takes-in-flight", o.Sale.TakesInFlight, "fewest takes a replica lets in flight before 503 overloaded; grows with its pace (negative: no bound)")
 	fs.Int64Var(&o.Sale.CollapseAt, "collapse-at", o.Sale.CollapseAt, "units left per shard at which a sharded SKU's tail collapses onto one shard (negative: never)")
 	b.field("collapse-at", "Sale.CollapseAt", func() bool { return o.Sale.CollapseAt != 0 })
 	b.dur("sweep-every", &o.Sale.SweepEvery, "Sale.SweepEvery", "period of the hold-expiry sweeper (bounds how late an expired hold's stock comes back)")

@@ -150,6 +150,11 @@ func (m *sim) newQueue(e *env) {
 		m.put(e, s)
 		q.skus = append(q.skus, s)
 	}
+	// A program cap no buyer reaches (every ticket is 4): the ledger counts
+	// each buyer's units of the program, which checkQueueBuyers reads.
+	if r := e.do(m.t, http.MethodPut, "/v1/admin/programs/"+q.program.String(), nil, `{"per_buyer":1000}`); r.status != http.StatusOK {
+		m.fail("PUT program = %d %s", r.status, r.body)
+	}
 	r := e.do(m.t, http.MethodPut, "/v1/admin/programs/"+q.program.String()+"/queue", nil,
 		fmt.Sprintf(`{"opens_in_seconds":0,"rate_per_second":100,"window_seconds":%d,"per_remaining":1}`, int(qWindow/time.Second)))
 	if r.status != http.StatusOK {

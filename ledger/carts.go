@@ -448,12 +448,12 @@ type querier interface {
 
 func cartIn(ctx context.Context, db querier, id keys.ID) (Cart, error) {
 	c := Cart{ID: id}
-	err := scanAll(ctx, db, selectOrder+` WHERE cart_id = $1 ORDER BY ticket`, id, scanOrder, func(o Order) {
+	err := scanAll(ctx, db, selectOrder+` WHERE cart_id = $1 AND cart_id <> '' ORDER BY ticket`, id, scanOrder, func(o Order) {
 		c.Program, c.Buyer, c.CreatedAt = o.SKU.Program, o.Buyer, o.CreatedAt
 		c.Orders = append(c.Orders, o)
 	})
 	if err == nil {
-		err = scanAll(ctx, db, selectHold+` WHERE cart_id = $1 ORDER BY ticket`, id, scanHold, func(h Hold) {
+		err = scanAll(ctx, db, selectHold+` WHERE cart_id = $1 AND cart_id <> '' ORDER BY ticket`, id, scanHold, func(h Hold) {
 			c.Program, c.Buyer, c.CreatedAt = h.SKU.Program, h.Buyer, h.CreatedAt
 			c.Holds = append(c.Holds, h)
 		})

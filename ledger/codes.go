@@ -95,8 +95,8 @@ func (l *Ledger) CodeOf(ctx context.Context, pool stock.SKU, hash string) (Code,
 
 // codeUsesSQL counts a code's uses: the orders that stand and the holds
 // still held on it.
-const codeUsesSQL = `SELECT (SELECT COUNT(*) FROM orders WHERE code_hash = $3 AND program = $1 AND ticket = $2 AND refunded_at = 0)
-	+ (SELECT COUNT(*) FROM holds WHERE code_hash = $3 AND program = $1 AND ticket = $2 AND state = 'held')`
+const codeUsesSQL = `SELECT (SELECT COUNT(*) FROM orders WHERE code_hash = $3 AND code_hash <> '' AND program = $1 AND ticket = $2 AND refunded_at = 0)
+	+ (SELECT COUNT(*) FROM holds WHERE code_hash = $3 AND code_hash <> '' AND program = $1 AND ticket = $2 AND state = 'held')`
 
 // CodeUses is how many uses of a code stand now.
 func (l *Ledger) CodeUses(ctx context.Context, pool stock.SKU, hash string) (int64, error) {

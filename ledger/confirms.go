@@ -155,6 +155,10 @@ func (l *Ledger) tryConfirms(ctx context.Context, orders []Order, live []int, se
 		upd.add(sku.Program.String(), sku.Ticket.String(), sums[sku])
 	}
 	changed, updated, claimed, inserted := map[keys.ID]bool{}, map[stock.SKU]bool{}, map[ScopedKey]bool{}, map[keys.ID]bool{}
+	orderOf := map[keys.ID]keys.ID{} // the order each hold's confirm makes
+	for _, i := range live {
+		orderOf[orders[i].HoldID] = orders[i].ID
+	}
 	lock := newRowset("t")
 	for _, i := range live {
 		lock.add(orders[i].HoldID.String())
@@ -162,9 +166,10 @@ func (l *Ledger) tryConfirms(ctx context.Context, orders []Order, live []int, se
 	steps := []step{
 		{sql: l.sql.lockHolds, args: lock.args(d)},
 		{sql: l.sql.confirmHolds, args: append([]any{ms}, hs.args(d)...), read: func(rs resultRows) error {
-			var id keys.ID
-			err := rs.Scan(&id)
-			changed[id] = true
+			var id, order keys.ID
+			var state string
+			err := rs.Scan(&id, &state, &order)
+			changed[id] = state == Confirmed && order == orderOf[id]
 			return err
 		}},
 		l.lockStep(skus, nil),

@@ -140,7 +140,8 @@ func TestConfirmBatchRacing(t *testing.T) {
 			ctx := context.Background()
 			ls, c, _ := openLedgers(t, driver, 2)
 			const n = 300
-			if _, err := ls[0].PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: n, Shards: 1, MaxPerOrder: 4}); err != nil {
+			// A cap (never reached) makes the ledger count every buyer's units.
+			if _, err := ls[0].PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: n, Shards: 1, MaxPerOrder: 4, PerBuyer: n}); err != nil {
 				t.Fatal(err)
 			}
 			holds := make([]ledger.Hold, n)

@@ -226,11 +226,15 @@ func endStates(ctx context.Context, tx *sql.Tx, ends []holdEnd, state string, du
 		for _, e := range chunk {
 			args = append(args, e.hold.ID)
 		}
+		// The holds are found by id: state and expiry are compared as
+		// expressions no index matches, so a planner whose statistics lag
+		// a burst of new holds cannot pick the (state, expires_at) index and
+		// read every held hold (see confirmHolds).
 		due := ""
 		if dueOnly {
-			due = " AND expires_at <= $2"
+			due = " AND expires_at + 0 <= $2"
 		}
-		rows, err := tx.QueryContext(ctx, `UPDATE holds SET state = $1, ended_at = $2 WHERE state = $3`+due+
+		rows, err := tx.QueryContext(ctx, `UPDATE holds SET state = $1, ended_at = $2 WHERE state || '' = $3`+due+
 			` AND id IN (`+list(3, len(chunk))+`) RETURNING id`, args...)
 		if err := collectIDs(rows, err, changed); err != nil {
 			return nil, notCommitted("end holds", err)

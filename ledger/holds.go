@@ -585,10 +585,36 @@ func (l *Ledger) PutProgram(ctx context.Context, program keys.ID, perBuyer int64
 	if perBuyer < 0 || perBuyer > stock.MaxTotal {
 		return fmt.Errorf("%w: per_buyer %d", stock.ErrInvalid, perBuyer)
 	}
-	_, err := l.db.ExecContext(ctx, `INSERT INTO programs (program, per_buyer) VALUES ($1, $2)
-		ON CONFLICT (program) DO UPDATE SET per_buyer = excluded.per_buyer`, program, perBuyer)
+	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("ledger: put program: %w", err)
+	}
+	defer tx.Rollback()
+	// The program's SKU rows first, in order, as every take takes them: no
+	// take of the program commits while its cap changes and is counted.
+	rows, err := tx.QueryContext(ctx, `SELECT ticket FROM skus WHERE program = $1 ORDER BY ticket`+l.forUpdate(), program)
+	if err == nil {
+		rows.Close()
+		err = rows.Err()
+	}
+	if err != nil {
+		return fmt.Errorf("ledger: put program: %w", err)
+	}
+	var wasCapped int64
+	if err := tx.QueryRowContext(ctx, `SELECT COALESCE((SELECT per_buyer FROM programs WHERE program = $1), 0)`, program).Scan(&wasCapped); err != nil {
+		return fmt.Errorf("ledger: put program: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO programs (program, per_buyer) VALUES ($1, $2)
+		ON CONFLICT (program) DO UPDATE SET per_buyer = excluded.per_buyer`, program, perBuyer); err != nil {
+		return fmt.Errorf("ledger: put program: %w", err)
+	}
+	if perBuyer > 0 && wasCapped == 0 {
+		if err := recountBuyers(ctx, tx, stock.SKU{Program: program}); err != nil {
+			return err
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("ledger: put program: commit: %w", err)
 	}
 	return nil
 }

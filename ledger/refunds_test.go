@@ -19,7 +19,11 @@ import (
 func TestRefundBatch(t *testing.T) {
 	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
 		ctx := context.Background()
-		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 20, Shards: 1, MaxPerOrder: 4}); err != nil {
+		// Caps (never reached) make the ledger count every buyer's units.
+		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 20, Shards: 1, MaxPerOrder: 4, PerBuyer: 20}); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.PutProgram(ctx, sku.Program, 100); err != nil {
 			t.Fatal(err)
 		}
 		stalls := putStalls(t, l, 4)

@@ -765,12 +765,97 @@ func checkLedgerFacts(t *testing.T, driver, dsn string, programCap, skuCap int64
 		}
 		return err
 	})
+	// Every live hold or order under a cap has its buyer's rows: the
+	// ticket's when the ticket has a cap, the program's when it has one.
 	var missing int
-	if err := db.QueryRow(`SELECT COUNT(*) FROM (` + live + `) AS a WHERE NOT EXISTS
-		(SELECT 1 FROM buyer_units u WHERE u.program = a.program AND u.ticket = a.ticket AND u.buyer = a.buyer)`).Scan(&missing); err != nil {
+	if err := db.QueryRow(`SELECT COUNT(*) FROM (` + live + `) AS a WHERE
+		(NOT EXISTS (SELECT 1 FROM buyer_units u WHERE u.program = a.program AND u.ticket = a.ticket AND u.buyer = a.buyer)
+			AND (SELECT per_buyer FROM skus s WHERE s.program = a.program AND s.ticket = a.ticket) > 0)
+		OR (NOT EXISTS (SELECT 1 FROM buyer_units u WHERE u.program = a.program AND u.ticket = '' AND u.buyer = a.buyer)
+			AND COALESCE((SELECT per_buyer FROM programs p WHERE p.program = a.program), 0) > 0)`).Scan(&missing); err != nil {
 		t.Fatal(err)
 	}
 	if missing > 0 {
-		t.Errorf("%d live holds or orders have no buyer row", missing)
+		t.Errorf("%d live holds or orders under a cap have no buyer row", missing)
 	}
+}
+
+// The ledger counts a buyer's units only where a cap applies; a cap
+// switched on later counts what stands then (held holds, unrefunded
+// orders, of the ticket and its pools, or of the whole program), so it
+// binds from its first take: a buyer already over it buys nothing more,
+// one under it buys up to it.
+func TestCapSwitchedOnCountsWhatStands(t *testing.T) {
+	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
+		ctx := context.Background()
+		ga := stock.SKU{Program: keys.MustID("late-cap"), Ticket: keys.MustID("ga")}
+		vip := stock.SKU{Program: ga.Program, Ticket: keys.MustID("vip")}
+		fan := ga.InPool(keys.MustID("fans"))
+		for _, s := range []stock.SKU{ga, vip} {
+			if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: s, Total: 100, Shards: 1, MaxPerOrder: 4}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := l.EnsurePool(ctx, fan); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.PutPool(ctx, ledger.PoolConfig{SKU: fan, Allotment: 10, Shards: 1, Rule: ledger.PoolRule{ClosesAt: c.now().Add(time.Hour)}}); err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		take := func(s stock.SKU, buyer string, q int64, hold bool) error {
+			t.Helper()
+			n++
+			key := fmt.Sprintf("k%d", n)
+			if hold {
+				_, err := l.Hold(ctx, ledger.Hold{IdempotencyKey: keys.MustID(key), SKU: s, Buyer: keys.MustID(buyer), Quantity: q,
+					ExpiresAt: c.now().Add(time.Hour), GateEpoch: -1}, -1)
+				return err
+			}
+			_, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID(key), SKU: s, Buyer: keys.MustID(buyer), Quantity: q, GateEpoch: -1})
+			return err
+		}
+		must := func(err error) {
+			t.Helper()
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		// No caps: ann buys 3 of ga, holds 2 in the fans' pool, buys 2 of
+		// vip; bob buys 1 of ga. Nothing is counted.
+		must(take(ga, "ann", 3, false))
+		must(take(fan, "ann", 2, true))
+		must(take(vip, "ann", 2, false))
+		must(take(ga, "bob", 1, false))
+		if u, _ := l.BuyerUnits(ctx, ga, keys.MustID("ann")); u != 0 {
+			t.Errorf("ann counts %d units of an uncapped ticket, want none counted", u)
+		}
+		// A cap of 4 on ga counts its pools too: ann has 5 (over it), bob 1.
+		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: ga, Total: 100, Shards: 1, MaxPerOrder: 4, PerBuyer: 4}); err != nil {
+			t.Fatal(err)
+		}
+		for who, want := range map[string]int64{"ann": 5, "bob": 1} {
+			if u, _ := l.BuyerUnits(ctx, ga, keys.MustID(who)); u != want {
+				t.Errorf("%s counts %d units of ga after its cap, want %d", who, u, want)
+			}
+		}
+		if err := take(ga, "ann", 1, false); !errors.Is(err, stock.ErrLimit) {
+			t.Errorf("ann, over the new cap, buys again = %v, want ErrLimit", err)
+		}
+		must(take(fan, "bob", 3, false))
+		if err := take(ga, "bob", 1, false); !errors.Is(err, stock.ErrLimit) {
+			t.Errorf("bob at the cap buys again = %v, want ErrLimit", err)
+		}
+		// A program cap of 8: ann has 7 of the program (ga 5, vip 2).
+		if err := l.PutProgram(ctx, ga.Program, 8); err != nil {
+			t.Fatal(err)
+		}
+		if u, _ := l.ProgramUnits(ctx, ga.Program, keys.MustID("ann")); u != 7 {
+			t.Errorf("ann counts %d units of the program after its cap, want 7", u)
+		}
+		must(take(vip, "ann", 1, false))
+		if err := take(vip, "ann", 1, false); !errors.Is(err, stock.ErrLimit) {
+			t.Errorf("ann at the program's cap buys again = %v, want ErrLimit", err)
+		}
+	})
 }

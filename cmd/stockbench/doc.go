@@ -327,8 +327,8 @@ func (s *suite) writeLedger(rounds []docInputs) {
 	d := &s.doc
 	fmt.Fprintf(d, "\n## The ledger floors\n\n"+
 		"`stockbench floor` (cmd/stockbench/floor.go) writes the rows stockgate's ledger writes for each winner (the request\n"+
-		"with its stored answer, the order or hold, the buyer's two count rows, the event; per SKU and batch, its row; a\n"+
-		"confirm changes its hold instead of counting the buyer), against the same schema on the same database, with the\n"+
+		"with its stored answer, the order or hold, the event; per SKU and batch, its row; a confirm changes its hold; the\n"+
+		"buyers' count rows only under a cap, which these SKUs have none of), against the same schema on the same database, with the\n"+
 		"best batching found: every table one set-based statement, a batch's statements in one pipeline as one implicit\n"+
 		"transaction (one round trip, one fsync), on PostgreSQL with its default durable settings; on SQLite one transaction\n"+
 		"with the ledger's PRAGMAs (WAL, synchronous FULL). No HTTP, no Redis, no decisions: what this machine's database\n"+

@@ -30,10 +30,11 @@ import (
 // target is a fraction of.
 //
 // Per winner, as the ledger writes them: the request's row (with its
-// ~300-byte stored answer), the order (or hold) row, the buyer's two
-// count rows (ticket and program), the event; per SKU and batch, its
-// row's update. A confirm instead changes the hold's row and moves the
-// SKU's units from held to sold. PostgreSQL: every table one set-based
+// ~300-byte stored answer), the order (or hold) row, the event; per SKU
+// and batch, its row's update. (The buyer's count rows are written only
+// under a cap, and the floor's SKUs, as the benchmark's, have none.) A
+// confirm instead changes the hold's row and moves the SKU's units from
+// held to sold. PostgreSQL: every table one set-based
 // statement (unnest of arrays), all of a batch in one pipeline run as
 // one implicit transaction: one round trip and one fsync per batch.
 // SQLite: the same statements (json_each) in one transaction on its one
@@ -303,7 +304,7 @@ func (w *floorWriter) write(ctx context.Context, kind string, batch []floorRow) 
 
 // floorSteps is a batch's statements, in the order the ledger takes its
 // rows: the holds (a confirm), the SKU rows, the requests, the order or
-// hold rows, the buyers' counts (not for a confirm), the events.
+// hold rows, the events.
 func floorSteps(d, kind string, batch []floorRow) []floorStep {
 	now := time.Now().UnixMilli()
 	qs := floorSQL(d, kind)
@@ -315,7 +316,7 @@ func floorSteps(d, kind string, batch []floorRow) []floorStep {
 	for s, q := range sums {
 		skus.add(s.Program.String(), s.Ticket.String(), q)
 	}
-	holds, reqs, rows, buyers, events := floorArgs{d: d}, floorArgs{d: d}, floorArgs{d: d}, floorArgs{d: d}, floorArgs{d: d}
+	holds, reqs, rows, events := floorArgs{d: d}, floorArgs{d: d}, floorArgs{d: d}, floorArgs{d: d}
 	for i, r := range batch {
 		op, key, row := "purchase", r.key, r.id
 		if kind == "confirm" {
@@ -331,8 +332,6 @@ func floorSteps(d, kind string, batch []floorRow) []floorStep {
 		case "confirm":
 			rows.add(r.id, row, r.sku.Program.String(), r.sku.Ticket.String(), r.buyer, "confirm-"+r.id)
 		}
-		buyers.add(r.sku.Program.String(), r.sku.Ticket.String(), r.buyer)
-		buyers.add(r.sku.Program.String(), "", r.buyer)
 		events.add(newHex(16), r.sku.Program.String(), r.sku.Ticket.String(), int64(i%64), row, r.buyer)
 	}
 	var steps []floorStep
@@ -340,18 +339,13 @@ func floorSteps(d, kind string, batch []floorRow) []floorStep {
 		steps = append(steps, floorStep{qs.holds, holds.args(now)})
 	}
 	steps = append(steps, floorStep{qs.skus, skus.args(now)}, floorStep{qs.requests, reqs.args(now)}, floorStep{qs.rows, rows.args(now)})
-	if kind != "confirm" {
-		steps = append(steps, floorStep{qs.buyers, buyers.args()})
-	}
 	return append(steps, floorStep{qs.events, events.args(now)})
 }
 
 // floorQueries are a kind's statements.
-type floorQueries struct{ holds, skus, requests, rows, buyers, events string }
+type floorQueries struct{ holds, skus, requests, rows, events string }
 
-func (q floorQueries) all() []string {
-	return []string{q.holds, q.skus, q.requests, q.rows, q.buyers, q.events}
-}
+func (q floorQueries) all() []string { return []string{q.holds, q.skus, q.requests, q.rows, q.events} }
 
 func floorSQL(d, kind string) floorQueries {
 	from := func(first int, cols ...string) string { return floorRowsFrom(d, first, cols...) }
@@ -365,9 +359,6 @@ func floorSQL(d, kind string) floorQueries {
 		requests: `INSERT INTO requests (scope, idem_key, fingerprint, op, program, ticket, result, sku_version, created_at)
 			SELECT w.scope, w.idem_key, w.fp, w.op, w.program, w.ticket, w.result, 1, $1 FROM ` +
 			from(2, "scope text", "idem_key text", "fp text", "op text", "program text", "ticket text", "result text") + ` WHERE true`,
-		buyers: `INSERT INTO buyer_units (program, ticket, buyer, units) SELECT w.program, w.ticket, w.buyer, 1 FROM ` +
-			from(1, "program text", "ticket text", "buyer text") +
-			` WHERE true ON CONFLICT (program, ticket, buyer) DO UPDATE SET units = buyer_units.units + excluded.units`,
 		events: `INSERT INTO events (event_id, type, program, ticket, partition, subject, buyer, created_at)
 			SELECT w.event_id, 'order.created', w.program, w.ticket, w.part, w.subject, w.buyer, $1 FROM ` +
 			from(2, "event_id text", "program text", "ticket text", "part bigint", "subject text", "buyer text"),

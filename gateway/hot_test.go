@@ -276,7 +276,7 @@ func TestGroupCommit(t *testing.T) {
 		t.Errorf("answers %v, state %+v; want exactly 2000 sold", counts, st)
 	}
 	h := histogram(t, e.reg, "stockgate_ledger_batch_size")
-	batches := counter(t, e.reg, "stockgate_ledger_writes_total", map[string]string{"op": "purchase_batch", "result": "ok"})
+	batches := counter(t, e.reg, "stockgate_ledger_writes_total", map[string]string{"op": "purchase", "result": "ok"})
 	if batches == 0 || h.sum <= float64(h.count) {
 		t.Errorf("no group commit: %v batch transactions, %v orders in %d transactions", batches, h.sum, h.count)
 	}

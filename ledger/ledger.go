@@ -900,9 +900,6 @@ func (l *Ledger) observe(op string, start time.Time, err *error) {
 	}
 	l.commits.WithLabelValues(op, result).Inc()
 	l.latency.WithLabelValues(op).Observe(time.Since(start).Seconds())
-	if result == "ok" && (op == "purchase" || op == "purchase_direct" || op == "hold") {
-		l.batch.Observe(1) // one order or hold per transaction
-	}
 }
 
 // orderReplay answers a purchase whose request was committed before.

@@ -91,12 +91,44 @@ const takeAttempts = 5
 func (l *Ledger) Commit(ctx context.Context, takes []Take, direct bool) []TakeResult {
 	start := time.Now()
 	res, err := l.commit(ctx, takes, direct)
-	op := "take_batch"
-	if direct {
-		op = "take_direct_batch"
-	}
-	l.observe(op, start, &err)
+	l.observe(batchOp(takes, direct), start, &err)
 	return res
+}
+
+// batchOp names a batch for stockgate_ledger_writes_total by what it
+// carries, as the single-take calls name theirs: "purchase", "hold",
+// "cart" or "cart_hold" when every take is of that kind, "take" when
+// kinds mix; "_direct" when it went around the gate.
+func batchOp(takes []Take, direct bool) string {
+	op := ""
+	for _, t := range takes {
+		k := t.kind()
+		if op != "" && op != k {
+			op = "take"
+			break
+		}
+		op = k
+	}
+	if op == "" {
+		op = "take"
+	}
+	if direct {
+		op += "_direct"
+	}
+	return op
+}
+
+// kind is what the take makes: "purchase", "hold", "cart" or "cart_hold".
+func (t Take) kind() string {
+	switch {
+	case t.Cart != nil && len(t.Holds) > 0:
+		return "cart_hold"
+	case t.Cart != nil:
+		return "cart"
+	case len(t.Holds) > 0:
+		return "hold"
+	}
+	return "purchase"
 }
 
 // commit is Commit; err is what failed the batch as a whole, if anything.

@@ -149,9 +149,7 @@ func (s *Service) HoldSeats(ctx context.Context, t SeatTake) (Result, error) {
 		r := newRequest(t.Buyer, t.Key, ledger.OpSeatHold, t.SKU.Program.String(), t.SKU.Ticket.String(), "best", t.Section.String(),
 			strconv.Itoa(t.Quantity), t.TTL.String())
 		return s.runTake(ctx, r, func(ctx context.Context) answer {
-			return s.throughQueue(ctx, t.SKU.Program, t.Ask, r, []stock.SKU{t.SKU}, func(ctx context.Context) answer {
-				return s.takeBestSeats(ctx, t.SKU, r, t.Buyer, t.Section, t.Quantity, t.TTL)
-			})
+			return s.throughQueue(ctx, t.SKU.Program, t.Ask, r, []stock.SKU{t.SKU}, s.seatTake(t, r, int64(t.Quantity), seatPick{section: t.Section}).run)
 		})
 	}
 	if t.Quantity != 0 || !t.Section.IsZero() {
@@ -171,9 +169,7 @@ func (s *Service) HoldSeats(ctx context.Context, t SeatTake) (Result, error) {
 	slices.SortFunc(ids, keys.ID.Compare)
 	r := newRequest(t.Buyer, t.Key, ledger.OpSeatHold, t.SKU.Program.String(), t.SKU.Ticket.String(), "seats", keys.Join(ids, ","), t.TTL.String())
 	return s.runTake(ctx, r, func(ctx context.Context) answer {
-		return s.throughQueue(ctx, t.SKU.Program, t.Ask, r, []stock.SKU{t.SKU}, func(ctx context.Context) answer {
-			return s.takeSeats(ctx, t.SKU, r, t.Buyer, ids, t.TTL)
-		})
+		return s.throughQueue(ctx, t.SKU.Program, t.Ask, r, []stock.SKU{t.SKU}, s.seatTake(t, r, int64(len(ids)), seatPick{seats: ids}).run)
 	})
 }
 

@@ -958,7 +958,7 @@ func (c *ttlCache[V]) forget(k keys.ID) {
 // admitted takes w once its request is let through the program's waiting
 // room (when the program has one).
 func (s *Service) admitted(ctx context.Context, a Ask, program keys.ID, r request, w want) answer {
-	return s.throughQueue(ctx, program, a, r, []stock.SKU{w.sku}, func(ctx context.Context) answer { return s.take(ctx, w) })
+	return s.throughQueue(ctx, program, a, r, []stock.SKU{w.sku}, func(ctx context.Context) answer { return s.takeOne(ctx, w) })
 }
 
 // committedIn answers a request refused at a waiting room's door: a retry

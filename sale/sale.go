@@ -147,11 +147,6 @@ type Options struct {
 	// FallbackConcurrency caps requests going straight to the ledger while
 	// the breaker is open; beyond it they get ErrBusy.
 	FallbackConcurrency int
-	// FallbackAttempts bounds the optimistic attempts of one such request
-	// (version conflicts retried with jittered exponential pauses starting
-	// at FallbackBackoff).
-	FallbackAttempts int
-	FallbackBackoff  time.Duration
 	// ReseedWait is how long a request waits for the rebuild lock of its
 	// SKU before going to the ledger instead.
 	ReseedWait time.Duration
@@ -206,8 +201,6 @@ func DefaultOptions() Options {
 		Breaker:             breaker.DefaultOptions(),
 		RedisTimeout:        time.Second,
 		FallbackConcurrency: 16,
-		FallbackAttempts:    5,
-		FallbackBackoff:     2 * time.Millisecond,
 		ReseedWait:          time.Second,
 		DriftEvery:          30 * time.Second,
 		BatchMax:            256,
@@ -236,7 +229,7 @@ func (o Options) withDefaults() Options {
 		v *time.Duration
 		d time.Duration
 	}{
-		{&o.RedisTimeout, d.RedisTimeout}, {&o.FallbackBackoff, d.FallbackBackoff}, {&o.ReseedWait, d.ReseedWait},
+		{&o.RedisTimeout, d.RedisTimeout}, {&o.ReseedWait, d.ReseedWait},
 		{&o.DriftEvery, d.DriftEvery}, {&o.SweepEvery, d.SweepEvery}, {&o.RestoreGrace, d.RestoreGrace},
 		{&o.SettingsTTL, d.SettingsTTL}, {&o.StockTTL, d.StockTTL}, {&o.WorkTimeout, d.WorkTimeout},
 		{&o.OfferTTL, d.OfferTTL}, {&o.LedgerWaitBudget, d.LedgerWaitBudget},
@@ -245,9 +238,6 @@ func (o Options) withDefaults() Options {
 	}
 	if o.FallbackConcurrency == 0 {
 		o.FallbackConcurrency = d.FallbackConcurrency
-	}
-	if o.FallbackAttempts == 0 {
-		o.FallbackAttempts = d.FallbackAttempts
 	}
 	if o.BatchMax == 0 {
 		o.BatchMax = d.BatchMax
@@ -274,7 +264,7 @@ func (o Options) withDefaults() Options {
 // settings are valid: they take their defaults.
 func (o Options) Validate() error {
 	for name, d := range map[string]time.Duration{
-		"RedisTimeout": o.RedisTimeout, "FallbackBackoff": o.FallbackBackoff, "ReseedWait": o.ReseedWait,
+		"RedisTimeout": o.RedisTimeout, "ReseedWait": o.ReseedWait,
 		"DriftEvery": o.DriftEvery, "SweepEvery": o.SweepEvery, "RestoreGrace": o.RestoreGrace,
 		"SettingsTTL": o.SettingsTTL, "StockTTL": o.StockTTL, "WorkTimeout": o.WorkTimeout,
 	} {
@@ -285,8 +275,6 @@ func (o Options) Validate() error {
 	switch {
 	case o.FallbackConcurrency < 0:
 		return opt.Bad("FallbackConcurrency", "must be at least 1")
-	case o.FallbackAttempts < 0:
-		return opt.Bad("FallbackAttempts", "must be at least 1")
 	case o.BatchMax < 0:
 		return opt.Bad("BatchMax", "must be at least 1")
 	case o.CommitLanes < 0:

@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/extra/redisprometheus/v9"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/stockgate/stockgate/breaker"
 	"github.com/stockgate/stockgate/buildinfo"
 	"github.com/stockgate/stockgate/cache"
 	"github.com/stockgate/stockgate/cluster"
@@ -189,6 +190,14 @@ func Open(ctx context.Context, o Options) (_ *App, err error) {
 	if a.Redis, err = cluster.New(o.Redis); err != nil {
 		return nil, err
 	}
+	// A breaker per Redis node, on every command the client sends: a
+	// failing master costs only its own slots.
+	bo := o.Sale.Breaker
+	bo.IsOutcome, bo.Registerer, bo.Deadlines = cluster.NodeAnswered, a.Registry, true
+	if o.Sale.Breakers, err = breaker.NewSet(bo); err != nil {
+		return nil, err
+	}
+	cluster.Guard(a.Redis, o.Sale.Breakers)
 	redisCalls := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "stockgate_redis_calls_total",
 		Help: "Commands and scripts this replica sent to Redis (a pipeline counts each command; a script counts once).",

@@ -57,6 +57,12 @@ type Options struct {
 	Probes uint32
 	// IsOutcome reports errors that are answers, not failures. Default none.
 	IsOutcome func(error) bool
+	// Deadlines counts a call that ran out of its context's deadline as a
+	// failure (unless IsOutcome says otherwise), not as the caller giving
+	// up: for calls whose deadline is the time budget the dependency gets,
+	// set per call (the Redis node breakers: a node that does not answer
+	// within it is failing). A cancelled call still counts as nothing.
+	Deadlines bool
 	// OnChange is told of every transition (after the metrics). When the
 	// breaker opens, cause is a failure that opened it (with concurrent
 	// failures, the latest one counted); otherwise nil. It runs under the
@@ -74,7 +80,17 @@ type Breaker struct {
 	// failure is the latest error counted as a failure: what OnChange is
 	// told opened the breaker. gobreaker decides to open right after the
 	// call that returned it, under its lock, without the error.
-	failure atomic.Pointer[error]
+	failure   atomic.Pointer[error]
+	node      string
+	openFor   time.Duration
+	idleAfter time.Duration // a Set's node no call named for this long is not in use
+	deadlines bool
+	// openUntil is when the breaker last opened plus OpenFor (Unix ns):
+	// when it lets probes through again.
+	openUntil atomic.Int64
+	// called is when Do was last called (Unix ns): a Set leaves out of its
+	// State a node no call has named for a while.
+	called atomic.Int64
 }
 
 // DefaultOptions are the settings a zero field takes.
@@ -101,6 +117,12 @@ func New(opts Options) (*Breaker, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, fmt.Errorf("breaker: %w", err)
 	}
+	return newBreaker(opts, "")
+}
+
+// newBreaker is New for a valid opts; node, when set, labels the metrics
+// of one node's breaker in a Set.
+func newBreaker(opts Options, node string) (*Breaker, error) {
 	d := DefaultOptions()
 	opt.Fill(&opts.Name, d.Name)
 	opt.Fill(&opts.ConsecutiveFailures, d.ConsecutiveFailures)
@@ -113,11 +135,16 @@ func New(opts Options) (*Breaker, error) {
 		opts.IsOutcome = func(error) bool { return false }
 	}
 
-	b := &Breaker{isOutcome: opts.IsOutcome}
+	b := &Breaker{isOutcome: opts.IsOutcome, node: node, openFor: opts.OpenFor, deadlines: opts.Deadlines,
+		idleAfter: min(opts.Window, 2*opts.OpenFor)}
+	labels := prometheus.Labels{"breaker": opts.Name}
+	if node != "" {
+		labels["node"] = node
+	}
 	transitions := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name:        "stockgate_breaker_transitions_total",
 		Help:        "Circuit breaker state changes, by the state left and the state entered.",
-		ConstLabels: prometheus.Labels{"breaker": opts.Name},
+		ConstLabels: labels,
 	}, []string{"from", "to"})
 	// The four transitions there are, exported at zero from the start so a
 	// dashboard or alert sees the series before the first one happens.
@@ -127,7 +154,7 @@ func New(opts Options) (*Breaker, error) {
 	b.rejected = prometheus.NewCounter(prometheus.CounterOpts{
 		Name:        "stockgate_breaker_rejected_total",
 		Help:        "Calls the circuit breaker refused without running them.",
-		ConstLabels: prometheus.Labels{"breaker": opts.Name},
+		ConstLabels: labels,
 	})
 	b.cb = gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:         opts.Name,
@@ -146,6 +173,9 @@ func New(opts Options) (*Breaker, error) {
 		IsExcluded:   func(err error) bool { return errors.As(err, new(excluded)) },
 		OnStateChange: func(_ string, from, to gobreaker.State) {
 			transitions.WithLabelValues(from.String(), to.String()).Inc()
+			if to == Open {
+				b.openUntil.Store(time.Now().Add(opts.OpenFor).UnixNano())
+			}
 			if opts.OnChange != nil {
 				var cause error
 				if p := b.failure.Load(); to == Open && p != nil {
@@ -159,8 +189,8 @@ func New(opts Options) (*Breaker, error) {
 		state := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name:        "stockgate_breaker_state",
 			Help:        "Circuit breaker state: 0 closed, 1 half-open, 2 open.",
-			ConstLabels: prometheus.Labels{"breaker": opts.Name},
-		}, func() float64 { return float64(b.cb.State()) })
+			ConstLabels: labels,
+		}, func() float64 { return float64(b.inUseState()) })
 		for _, c := range []prometheus.Collector{transitions, b.rejected, state} {
 			if err := opts.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("breaker: metrics: %w", err)
@@ -172,6 +202,49 @@ func New(opts Options) (*Breaker, error) {
 
 // State is the breaker's state now.
 func (b *Breaker) State() State { return b.cb.State() }
+
+// inUseState is State, but Closed for a node of a Set that no call named
+// for twice OpenFor (at most the Window): a node in the client's routing
+// is called, refused or not, while one it no longer routes to (a master
+// replaced in a failover, a replica asked once for the slot map) keeps its
+// last state for ever, and must neither hold an alert nor a Set's State.
+func (b *Breaker) inUseState() State {
+	if b.node != "" && time.Since(time.Unix(0, b.called.Load())) > b.idleAfter {
+		return Closed
+	}
+	return b.cb.State()
+}
+
+// probesAt is when a refused call may be tried again: when the breaker
+// lets probes through (half-open with its probes out: a moment later).
+func (b *Breaker) probesAt() time.Time {
+	if at := time.Unix(0, b.openUntil.Load()); at.After(time.Now()) {
+		return at
+	}
+	return time.Now().Add(b.openFor / 10)
+}
+
+// OpenError is a call a breaker refused (errors.Is ErrOpen): Node names
+// the breaker's node in a Set ("" for a lone Breaker), Until when it lets
+// calls through again, so a refusal can say when to come back.
+type OpenError struct {
+	Node  string
+	Until time.Time
+	err   error
+}
+
+func (e *OpenError) Error() string {
+	if e.Node == "" {
+		return ErrOpen.Error() + ": " + e.err.Error()
+	}
+	return ErrOpen.Error() + ": node " + e.Node + ": " + e.err.Error()
+}
+
+// Is matches ErrOpen.
+func (e *OpenError) Is(target error) bool { return target == ErrOpen }
+
+// Unwrap is gobreaker's refusal.
+func (e *OpenError) Unwrap() error { return e.err }
 
 // excluded carries an error the breaker must not count.
 type excluded struct{ err error }
@@ -186,12 +259,19 @@ func (e outcome) Error() string { return e.err.Error() }
 // Do runs f unless the breaker is open, and counts its result. It returns
 // f's error unchanged, or an error wrapping ErrOpen when f did not run.
 func (b *Breaker) Do(ctx context.Context, f func(ctx context.Context) error) error {
+	b.called.Store(time.Now().UnixNano())
+	deadlines := b.deadlines
 	_, err := b.cb.Execute(func() (struct{}, error) {
 		err := f(ctx)
 		switch {
 		case err == nil:
 			return struct{}{}, nil
-		case ctx.Err() != nil:
+		case errors.Is(err, ErrOpen), errors.Is(err, gobreaker.ErrOpenState), errors.Is(err, gobreaker.ErrTooManyRequests):
+			// A breaker inside f refused (go-redis re-running a command
+			// that met this or another node's breaker, whose refusal can
+			// come back unwrapped): it says nothing about the node.
+			return struct{}{}, excluded{err}
+		case ctx.Err() != nil && !(deadlines && errors.Is(ctx.Err(), context.DeadlineExceeded)):
 			// The caller gave up (cancelled or out of time): whatever Redis
 			// did, this call says nothing about it.
 			return struct{}{}, excluded{err}
@@ -206,7 +286,7 @@ func (b *Breaker) Do(ctx context.Context, f func(ctx context.Context) error) err
 		return nil
 	case errors.Is(err, gobreaker.ErrOpenState), errors.Is(err, gobreaker.ErrTooManyRequests):
 		b.rejected.Inc()
-		return fmt.Errorf("%w: %w", ErrOpen, err)
+		return &OpenError{Node: b.node, Until: b.probesAt(), err: err}
 	}
 	var ex excluded
 	if errors.As(err, &ex) {

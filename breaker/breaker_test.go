@@ -185,3 +185,92 @@ func expect(t *testing.T, reg *prometheus.Registry, text string, names ...string
 		t.Error(err)
 	}
 }
+
+// A Set opens only the failing node's breaker; the others serve, and its
+// refusal says when the node is probed again.
+func TestSetOpensOnlyTheFailingNode(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s, err := breaker.NewSet(breaker.Options{ConsecutiveFailures: 3, OpenFor: time.Minute, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var opened []string
+	s.Listen(func(node string, _, to breaker.State, _ error) {
+		if to == breaker.Open {
+			opened = append(opened, node)
+		}
+	})
+	ctx := context.Background()
+	for range 3 {
+		_ = s.Do(ctx, "a:1", fails(errRedis))
+		if err := s.Do(ctx, "b:1", fails(nil)); err != nil {
+			t.Fatalf("a healthy node's call = %v", err)
+		}
+	}
+	err = s.Do(ctx, "a:1", fails(nil))
+	if !errors.Is(err, breaker.ErrOpen) {
+		t.Fatalf("the failed node's call = %v, want ErrOpen", err)
+	}
+	if d, ok := breaker.RetryIn(err); !ok || d < 50*time.Second || d > time.Minute {
+		t.Errorf("RetryIn = %v %v, want about a minute", d, ok)
+	}
+	if err := s.Do(ctx, "b:1", fails(nil)); err != nil {
+		t.Errorf("the healthy node's call after the other opened = %v", err)
+	}
+	if s.State() != breaker.Open || s.States()["b:1"] != breaker.Closed || len(opened) != 1 || opened[0] != "a:1" {
+		t.Errorf("state %v, states %v, opened %v; want a:1 alone open", s.State(), s.States(), opened)
+	}
+	if got := testutil.ToFloat64(mustGauge(t, reg, "a:1")); got != 2 {
+		t.Errorf("a:1's state gauge = %v, want 2 (open)", got)
+	}
+}
+
+// mustGauge is node's stockgate_breaker_state series in reg.
+func mustGauge(t *testing.T, reg *prometheus.Registry, node string) prometheus.Collector {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != "stockgate_breaker_state" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "node" && l.GetValue() == node {
+					g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "x"})
+					g.Set(m.GetGauge().GetValue())
+					return g
+				}
+			}
+		}
+	}
+	t.Fatalf("no stockgate_breaker_state{node=%q}", node)
+	return nil
+}
+
+// A node no call names any more (a master replaced in a failover) stops
+// counting in the Set's State, and its gauge reads closed, though its own
+// breaker stays where it was.
+func TestSetForgetsANodeNoCallNames(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s, err := breaker.NewSet(breaker.Options{ConsecutiveFailures: 1, OpenFor: time.Hour, Window: time.Second, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = s.Do(context.Background(), "dead:1", fails(errRedis))
+	if s.State() != breaker.Open {
+		t.Fatalf("state %v after the failure, want open", s.State())
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for s.State() != breaker.Closed {
+		if time.Now().After(deadline) {
+			t.Fatalf("state %v 10s after the last call, want closed (the node is not in use)", s.State())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := testutil.ToFloat64(mustGauge(t, reg, "dead:1")); got != 0 || s.States()["dead:1"] != breaker.Open {
+		t.Errorf("gauge %v, own state %v; want 0 and still open", got, s.States()["dead:1"])
+	}
+}

@@ -7,7 +7,8 @@
 //     election, about 2-3 s with a 2 s node timeout), calls for the dead
 //     master's slots fail. DialTimeout 1s and DialerRetries 1 make each
 //     failure cost about a second rather than go-redis's 5 s dial timeout times
-//     5 dial retries; the breaker then opens and purchases go to the ledger.
+//     5 dial retries (a killed master refuses at once); that master's
+//     breaker (see Guard) then opens, and only its SKUs go to the ledger.
 //   - ReadTimeout and WriteTimeout 500ms: a stock script runs in microseconds,
 //     so a reply that takes half a second means a sick node, not a slow query.
 //     ContextTimeoutEnabled lets every call's context deadline cut it shorter.

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/app"
-	"github.com/stockgate/stockgate/breaker"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
@@ -132,10 +131,7 @@ func TestAttack2DirectSeatHoldRepairedThenCancelled(t *testing.T) {
 	for _, n := range c.Nodes {
 		n.Kill()
 	}
-	for i := 0; a.srv.BreakerState() != breaker.Open; i++ {
-		a.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/stock", nil, "")
-		a.buy(t, newSKU(t), fmt.Sprintf("trip-%d", i), "z", 1)
-	}
+	tripBreakers(t, a, c.Masters)
 	r, h := a.seatHold(t, sku, "d1", "ann", "A-01")
 	if r.status != 201 {
 		t.Fatalf("seat hold around the gate = %d %s", r.status, r.body)

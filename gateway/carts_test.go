@@ -321,9 +321,7 @@ func TestCartWithBreakerOpen(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for i := 0; e.srv.BreakerState() != breaker.Open; i++ {
-		e.buy(t, skus[0], fmt.Sprintf("trip-%d", i), "trip", 1)
-	}
+	tripBreakers(t, e, c.Masters)
 	for _, n := range c.Nodes {
 		if err := n.Resume(); err != nil {
 			t.Fatal(err)

@@ -49,9 +49,12 @@ type env struct {
 	http   *gateway.Server
 	ledger *ledger.Ledger
 	gate   *shard.Store
-	rdb    *redis.ClusterClient
-	reg    *prometheus.Registry
-	client *http.Client
+	rdb    *redis.ClusterClient // the test's own client (see startEnv)
+	// guarded is the gateway's client: every command through its node's
+	// breaker.
+	guarded *redis.ClusterClient
+	reg     *prometheus.Registry
+	client  *http.Client
 	// kill stops the replica at once: its server, its loops (a relay
 	// with KeepLeases leaves its leases to lapse, as a crash does), its
 	// connections.
@@ -109,7 +112,23 @@ func startEnv(t *testing.T, o envOptions) *env {
 	t.Cleanup(hs.Close)
 	tr := &http.Transport{MaxIdleConnsPerHost: 256}
 	t.Cleanup(tr.CloseIdleConnections)
-	return &env{seats: a.Seats, url: hs.URL, srv: a.Sale, http: a.Server, ledger: a.Ledger, gate: a.Gate, rdb: a.Redis,
+	// The test's own Redis client, for what it reads and pokes: it goes
+	// through none of the gateway's breakers (nor trips them), and drops
+	// no replies.
+	probe, err := cluster.New(cluster.Options{Addrs: opts.Redis.Addrs, TLS: opts.Redis.TLS, Username: opts.Redis.Username, Password: opts.Redis.Password})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { probe.Close() })
+	gate, err := shard.New(shard.Options{Redis: probe})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seatStore, err := seats.New(probe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{seats: seatStore, url: hs.URL, srv: a.Sale, http: a.Server, ledger: a.Ledger, gate: gate, rdb: probe, guarded: a.Redis,
 		reg: a.Registry, client: &http.Client{Transport: tr}, kill: func() { hs.CloseClientConnections(); hs.Close(); a.Close() }}
 }
 

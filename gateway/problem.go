@@ -161,8 +161,13 @@ func (s *Server) writeError(c *gin.Context, err error) {
 	}
 	retry := 0
 	if status == http.StatusServiceUnavailable || kind == sale.ErrRebuildBusy {
-		// A breaker probe, a rebuild or a ledger reconnect: about a second.
-		retry = retryAfter(time.Second)
+		// A breaker probe, a rebuild or a ledger reconnect: about a second,
+		// or when the Redis master's breaker says it probes again.
+		wait := time.Second
+		if d, ok := sale.RetryIn(err); ok {
+			wait = d
+		}
+		retry = retryAfter(wait)
 	}
 	if status >= 500 && kind != sale.ErrBusy {
 		// Shedding load is not a failure to log: the metrics count it.

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/app"
-	"github.com/stockgate/stockgate/breaker"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
@@ -418,10 +417,7 @@ func TestSeatHoldsWhileRedisIsDown(t *testing.T) {
 	for _, n := range c.Nodes {
 		n.Kill()
 	}
-	for i := 0; e.srv.BreakerState() != breaker.Open; i++ {
-		e.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/stock", nil, "")
-		e.buy(t, newSKU(t), fmt.Sprintf("trip-%d", i), "z", 1)
-	}
+	tripBreakers(t, e, c.Masters)
 	if r, _ := e.seatHold(t, sku, "down-1", "ann", "A-01", "A-02"); r.status != http.StatusCreated {
 		t.Fatalf("seat hold with Redis down = %d %s", r.status, r.body)
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/stockgate/stockgate/keys"
 )
@@ -172,4 +173,27 @@ func Detail(err error) string {
 		return e.Msg
 	}
 	return "internal error"
+}
+
+// waitFor is an error a retry should come back with after wait: a
+// breaker's next probe.
+type waitFor struct {
+	error
+	wait time.Duration
+}
+
+func (w waitFor) Unwrap() error { return w.error }
+
+// retryIn wraps err with the wait after which a retry may succeed.
+func retryIn(err error, wait time.Duration) error { return waitFor{err, wait} }
+
+// RetryIn is the wait err says a retry should come back after (the
+// Retry-After of a 503 while a Redis master's breaker is open); ok is
+// false when it says none.
+func RetryIn(err error) (wait time.Duration, ok bool) {
+	var w waitFor
+	if errors.As(err, &w) && w.wait > 0 {
+		return w.wait, true
+	}
+	return 0, false
 }

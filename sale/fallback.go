@@ -3,8 +3,6 @@ package sale
 import (
 	"context"
 
-	"github.com/stockgate/stockgate/breaker"
-
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -20,10 +18,12 @@ var (
 )
 
 // gateFresh is st, read afresh when this replica sold the SKU around the
-// gate since it last looked and the breaker lets Redis serve again: the
+// gate since it last looked and a rebuild of its gate may be tried: the
 // fresh row shows the gate stale, so Redis is rebuilt before it serves.
+// While a rebuild is not due (one failed within a breaker period: the
+// SKU's master is out) the cached row, stale already, is good enough.
 func (s *Service) gateFresh(ctx context.Context, sku stock.SKU, st ledger.SKUState) (ledger.SKUState, error) {
-	if s.breaker.State() != breaker.Closed {
+	if !s.rebuildDue(sku) {
 		return st, nil
 	}
 	if _, ok := s.bypassed.LoadAndDelete(sku); !ok {

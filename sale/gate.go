@@ -24,13 +24,13 @@ func notRun(err error) bool {
 		errors.Is(err, stock.ErrNotSeeded) || errors.Is(err, stock.ErrFenced)
 }
 
-// redis runs one gate call through the breaker, with its own deadline.
+// redis runs one gate call with its own deadline. Each of its commands
+// goes through its node's breaker (Options.Breakers), which refuses a
+// failing master's at once with breaker.ErrOpen.
 func (s *Service) redis(ctx context.Context, f func(ctx context.Context) error) error {
-	return s.breaker.Do(ctx, func(ctx context.Context) error {
-		ctx, cancel := context.WithTimeout(ctx, s.opts.RedisTimeout)
-		defer cancel()
-		return f(ctx)
-	})
+	ctx, cancel := context.WithTimeout(ctx, s.opts.RedisTimeout)
+	defer cancel()
+	return f(ctx)
 }
 
 // deduct takes a purchase's stock from Redis. When Redis lost the SKU's

@@ -1,6 +1,7 @@
 package sale
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"time"
@@ -251,8 +252,8 @@ const driftQuietEvery = 10
 const driftPage = 500
 
 func (s *Service) checkDrift(ctx context.Context, prev map[stock.SKU]driftSeen, quiet map[stock.SKU]quietSince) map[stock.SKU]driftSeen {
-	if s.breaker.State() == breaker.Open {
-		return prev // Redis is not serving; there is nothing to compare
+	if s.breakers.State() == breaker.Open {
+		return prev // a master is not serving; its SKUs have nothing to compare
 	}
 	next := map[stock.SKU]driftSeen{}
 	var units, skus, left, seatDiffs int64
@@ -412,4 +413,27 @@ func abs(v int64) int64 {
 		return -v
 	}
 	return v
+}
+
+// rebuildDue reports whether a stale gate of sku may be rebuilt now: not
+// within a breaker period of a rebuild of it that failed, so a SKU whose
+// master is out costs the ledger and Redis one attempt per period, not
+// one per take.
+func (s *Service) rebuildDue(sku stock.SKU) bool {
+	at, ok := s.rebuildsFailed.Load(sku)
+	if !ok {
+		return true
+	}
+	if time.Since(at.(time.Time)) < cmp.Or(s.opts.Breaker.OpenFor, breaker.DefaultOptions().OpenFor) {
+		return false
+	}
+	s.rebuildsFailed.Delete(sku)
+	return true
+}
+
+// rebuildFailed notes that sku's gate could not be rebuilt just now.
+func (s *Service) rebuildFailed(sku stock.SKU) {
+	if _, ok := s.rebuildsFailed.Load(sku); !ok {
+		s.rebuildsFailed.Store(sku, time.Now())
+	}
 }

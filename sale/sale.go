@@ -137,15 +137,23 @@ type Options struct {
 	// CacheMetrics receives the local caches' hit and miss counts; the same
 	// one the Cache was given. Default: new metrics on Registry.
 	CacheMetrics *cache.Metrics
-	// Breaker configures the fuse around Redis; New fills in what counts as
-	// an outcome, the metrics and the transition log.
+	// Breaker configures the fuse around each Redis master (see Breakers).
 	Breaker breaker.Options
+	// Breakers are the breakers every command to a Redis node runs through
+	// (cluster.Guard installs them on the client), one per master: a
+	// failing master refuses its own slots' calls at once, and the takes
+	// of its SKUs go to other shards or around the gate while the others
+	// keep their gate. The Service logs their transitions. Default: a Set
+	// of its own from Breaker, which guards nothing.
+	Breakers *breaker.Set
 
 	// RedisTimeout is the deadline of one gate call (a purchase probing
 	// several shards is one call).
 	RedisTimeout time.Duration
-	// FallbackConcurrency caps requests going straight to the ledger while
-	// the breaker is open; beyond it they get ErrBusy.
+	// FallbackConcurrency caps takes going straight to the ledger at once
+	// while their master is out (or their outcome in Redis is unknown);
+	// beyond it they get ErrBusy. They are group-committed and shed by the
+	// wait budget like the others, so the cap is a backstop. Default 256.
 	FallbackConcurrency int
 	// ReseedWait is how long a request waits for the rebuild lock of its
 	// SKU before going to the ledger instead.
@@ -200,7 +208,7 @@ func DefaultOptions() Options {
 	return Options{
 		Breaker:             breaker.DefaultOptions(),
 		RedisTimeout:        time.Second,
-		FallbackConcurrency: 16,
+		FallbackConcurrency: 256,
 		ReseedWait:          time.Second,
 		DriftEvery:          30 * time.Second,
 		BatchMax:            256,
@@ -286,12 +294,12 @@ func (o Options) Validate() error {
 // Service runs the flows. It holds no state a restart would lose: what it
 // keeps in memory (settings, sold-out flags, committed keys) is read again.
 type Service struct {
-	gate    Gate
-	ledger  Ledger
-	cache   *cache.Cache
-	locker  *lock.Locker
-	breaker *breaker.Breaker
-	metrics *metrics
+	gate     Gate
+	ledger   Ledger
+	cache    *cache.Cache
+	locker   *lock.Locker
+	breakers *breaker.Set
+	metrics  *metrics
 	// committer group-commits gate-admitted purchases; direct, the ones
 	// sold around the gate while the breaker is open.
 	committer *committer
@@ -345,6 +353,9 @@ type Service struct {
 	// redisTrouble: the breaker changed state since the drift check last
 	// looked, so Redis may have lost writes: it reads every SKU again.
 	redisTrouble atomic.Bool
+	// rebuildsFailed: SKU → when a rebuild of its stale gate last failed
+	// (see rebuildDue).
+	rebuildsFailed sync.Map
 }
 
 // New validates opts and returns a Service; Close stops it.
@@ -368,22 +379,17 @@ func New(opts Options) (*Service, error) {
 			return nil, fmt.Errorf("sale: metrics: %w", err)
 		}
 	}
-	bo := opts.Breaker
-	bo.IsOutcome = isOutcome
-	bo.Registerer = opts.Registry
-	// Every transition is logged with the failure that opened the breaker
-	// (not the error of whichever request happened to notice the change).
-	onChange := bo.OnChange
-	bo.OnChange = func(from, to breaker.State, cause error) {
-		s.redisTrouble.Store(true)
-		s.log.Warn("redis breaker", "from", from.String(), "to", to.String(), "cause", cause)
-		if onChange != nil {
-			onChange(from, to, cause)
+	if s.breakers = opts.Breakers; s.breakers == nil {
+		if s.breakers, err = breaker.NewSet(opts.Breaker); err != nil {
+			return nil, fmt.Errorf("sale: %w", err)
 		}
 	}
-	if s.breaker, err = breaker.New(bo); err != nil {
-		return nil, fmt.Errorf("sale: %w", err)
-	}
+	// Every transition is logged with the failure that opened the breaker
+	// (not the error of whichever request happened to notice the change).
+	s.breakers.Listen(func(node string, from, to breaker.State, cause error) {
+		s.redisTrouble.Store(true)
+		s.log.Warn("redis breaker", "node", node, "from", from.String(), "to", to.String(), "cause", cause)
+	})
 	cm := opts.CacheMetrics
 	if s.settings, err = cache.NewLoading(opts.SettingsTTL, 100_000, cm.Recorder("settings"), s.ledger.SKU); err != nil {
 		return nil, err
@@ -426,8 +432,12 @@ func (s *Service) Close() {
 	s.refunds.close()
 }
 
-// BreakerState is the Redis breaker's state now.
-func (s *Service) BreakerState() breaker.State { return s.breaker.State() }
+// Breakers are the Redis masters' breakers.
+func (s *Service) Breakers() *breaker.Set { return s.breakers }
+
+// BreakerState is the worst state of the Redis masters' breakers now:
+// Open while any master's is open.
+func (s *Service) BreakerState() breaker.State { return s.breakers.State() }
 
 // detach gives work its own deadline, detached from the caller's: work
 // once begun ends in a commit or a give-back, whether or not the client is

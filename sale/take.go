@@ -38,6 +38,10 @@ type take struct {
 	// hold. seatHold: a single take of seats (a seat hold).
 	cart, seatHold bool
 	lines          []*line
+	// probeIn: a line went around the gate because its master's breaker
+	// is open, which probes it again after this long (a 503 of the way
+	// around says so in Retry-After).
+	probeIn time.Duration
 	// exclusive: this attempt holds the cart's lock, so no other attempt
 	// of the cart is at the gate now. A deduction it finds made under a
 	// line's id was then made by an attempt that is over (a 503 whose
@@ -98,11 +102,7 @@ const takeAttempts = 3
 func (t *take) run(ctx context.Context) answer {
 	s := t.s
 	if t.cart {
-		var lease *lock.Lease
-		err := errors.New("breaker open")
-		if s.breaker.State() != breaker.Open {
-			lease, err = s.locker.Acquire(ctx, keys.Lock(t.lines[0].w.sku.Program, t.req.gateID(), lockCart), s.opts.ReseedWait)
-		}
+		lease, err := s.locker.Acquire(ctx, keys.Lock(t.lines[0].w.sku.Program, t.req.gateID(), lockCart), s.opts.ReseedWait)
 		switch {
 		case errors.Is(err, lock.ErrBusy):
 			return ansUnavailable // the other copy is still at it: retry with the same key
@@ -188,7 +188,6 @@ func (t *take) refused(ctx context.Context, refusal answer) answer {
 // (the breaker is open, or a gate that must be rebuilt could not be).
 func (t *take) settle(ctx context.Context) (a answer, ok, direct bool) {
 	s := t.s
-	direct = s.breaker.State() == breaker.Open
 	now := time.Now()
 	for i, ln := range t.lines {
 		w := &ln.w
@@ -248,9 +247,13 @@ func (t *take) settle(ctx context.Context) (a answer, ok, direct bool) {
 			s.log.ErrorContext(ctx, "load sku settings", "sku", w.sku.String(), "err", err)
 			return ansUnavailable, false, false
 		}
-		if !st.Seated && st.GateStale() && !direct && s.breaker.State() == breaker.Closed {
-			// The ledger sold around Redis: rebuild before Redis serves again.
-			if err := s.reseed(ctx, w.sku, reasonBypass, false); err != nil {
+		if !st.Seated && st.GateStale() && !direct {
+			// The ledger sold around Redis: rebuild before Redis serves
+			// again. While the rebuild cannot be done (a master of the
+			// SKU's shards is out) the SKU sells around its gate, trying
+			// again at most once per breaker period.
+			if !s.rebuildDue(w.sku) || s.reseed(ctx, w.sku, reasonBypass, false) != nil {
+				s.rebuildFailed(w.sku)
 				direct = true
 			}
 		}
@@ -313,6 +316,14 @@ func (t *take) once(ctx context.Context) (_ answer, stale stock.SKU) {
 	return t.commit(ctx, false)
 }
 
+// openNode notes when the master whose breaker refused err (if one did)
+// probes again.
+func (t *take) openNode(err error) {
+	if d, ok := breaker.RetryIn(err); ok {
+		t.probeIn = max(t.probeIn, d)
+	}
+}
+
 // gateOut is what the gate did with a line.
 type gateOut int
 
@@ -352,10 +363,14 @@ func (t *take) gateUnits(ctx context.Context, i int) (answer, gateOut) {
 	case errors.Is(qerr, stock.ErrLimit):
 		return t.no(ctx, i, ErrLimit, "", false), gateRefuse
 	case qerr != nil && notRun(qerr):
+		t.openNode(qerr)
 		return answer{}, gateDirect
 	case qerr != nil:
-		s.log.ErrorContext(ctx, "quota", "sku", w.sku.String(), "err", qerr)
-		return ansUnavailable, gateRefuse
+		// Sent, then no answer: the ledger, which counts the buyers under
+		// the caps itself, decides. Going around the gate releases the
+		// count by its request id, should the script have run.
+		s.log.WarnContext(ctx, "quota outcome unknown; the ledger decides", "sku", w.sku.String(), "err", qerr)
+		return answer{}, gateDirect
 	}
 	req := shard.Request{SKU: w.sku, Shards: st.Shards, RequestID: w.req.gateID(), Quantity: w.q, MaxQuantity: st.MaxPerOrder}
 	d, err := s.deduct(ctx, req)
@@ -381,14 +396,18 @@ func (t *take) gateUnits(ctx context.Context, i int) (answer, gateOut) {
 		// Nothing moved in Redis: the ledger can take this one directly
 		// (and may commit it: its key keeps its mark).
 		quota.keepKey()
+		t.openNode(err)
 		return answer{}, gateDirect
 	case err != nil:
-		// Still unknown: never take it again by the other path. A retry
-		// with the same key meets the deduction record; the lines before
-		// it are known and go back.
-		s.log.ErrorContext(ctx, "deduct", "sku", w.sku.String(), "err", err)
-		ln.quota = nil // its counts stay with its deduction, for the retry
-		return ansUnavailable, gateRefuse
+		// Still unknown (sent, then no answer: the master died or hangs).
+		// The ledger decides: the take commits around the gate, which
+		// moves the SKU's bypass_seq, so every replica rebuilds the gate
+		// from the ledger before Redis serves the SKU again, and whatever
+		// this call did take in Redis is dropped by that fenced rebuild,
+		// never counted twice. Refused there, the units it may have taken
+		// stay out of Redis until the drift check: the safe side.
+		s.log.WarnContext(ctx, "deduct outcome unknown; the ledger decides", "sku", w.sku.String(), "err", err)
+		return answer{}, gateDirect
 	}
 	epoch, same := d.Epoch()
 	ln.parts, ln.epoch, ln.replayed, ln.counted = d.Parts, epoch, d.Replayed, true
@@ -773,6 +792,9 @@ func (t *take) direct(ctx context.Context) answer {
 	s := t.s
 	release, ok := s.fallbackSlot()
 	if !ok {
+		if t.probeIn > 0 {
+			return s.counted(pathLedger, fail(retryIn(ErrBusy, t.probeIn)))
+		}
 		return s.counted(pathLedger, ansBusy)
 	}
 	defer release()

@@ -4,6 +4,7 @@
 package shard
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/stockgate/stockgate/breaker"
 	"github.com/stockgate/stockgate/internal/opt"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/lua"
@@ -27,7 +29,8 @@ var errStranded = errors.New("shard: partial take not given back")
 
 // NotRun reports whether err shows that no script of the call took effect,
 // so the request may safely go another way (the ledger) without a lookup:
-// no connection could be made or borrowed, the client is closed, or Redis
+// no connection could be made or borrowed, the node's breaker refused it
+// (breaker.ErrOpen), the client is closed, or Redis
 // answered with an error reply (CLUSTERDOWN, TRYAGAIN, LOADING, MOVED past
 // the redirect limit) instead of running the script. A timeout or a broken
 // connection after the command was written is not such an error: the
@@ -40,7 +43,7 @@ func NotRun(err error) bool {
 	if errors.As(err, &op) && op.Op == "dial" {
 		return true
 	}
-	if errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed) {
+	if errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed) || errors.Is(err, breaker.ErrOpen) {
 		return true
 	}
 	var reply redis.Error
@@ -238,8 +241,9 @@ func (s *Store) Deduct(ctx context.Context, r Request) (Deduction, error) {
 		return Deduction{}, err
 	}
 	var d Deduction
+	var unreached error
 	start := Start(r.RequestID, r.Shards)
-	seen := make([]int64, r.Shards) // avail per shard as last seen; -1 unknown
+	seen := make([]int64, r.Shards) // avail per shard as last seen; -1 unknown, unreachable
 	for i := range seen {
 		seen[i] = -1
 	}
@@ -252,6 +256,15 @@ func (s *Store) Deduct(ctx context.Context, r Request) (Deduction, error) {
 		}
 		res, err := s.deductOne(ctx, r, i, r.Quantity, r.Quantity)
 		d.Probes++
+		if err != nil && NotRun(err) && r.Shards > 1 {
+			// This shard's master cannot be reached (its breaker is open,
+			// or no connection): nothing ran there, so try the others.
+			// Should none have enough, the call reports this error, and
+			// the take goes to the ledger rather than answer sold out.
+			seen[i] = unreachable
+			unreached = cmp.Or(unreached, err)
+			continue
+		}
 		if err != nil {
 			return d, err
 		}
@@ -281,12 +294,23 @@ func (s *Store) Deduct(ctx context.Context, r Request) (Deduction, error) {
 			sum += v
 		}
 	}
+	if unreached != nil && sum < r.Quantity {
+		return d, unreached
+	}
 	if r.Quantity == 1 || sum < r.Quantity {
 		d.Left = sum
 		return d, stock.ErrSoldOut
 	}
-	return s.assemble(ctx, r, d, seen)
+	d, err := s.assemble(ctx, r, d, seen)
+	if errors.Is(err, stock.ErrSoldOut) && unreached != nil {
+		return d, unreached
+	}
+	return d, err
 }
+
+// unreachable marks, among the shards Deduct has seen, one whose master
+// could not be reached.
+const unreachable = -2
 
 // assemble takes what each non-empty shard has until the quantity is met,
 // then gives back what it took if the total falls short. Parts already in d
@@ -303,7 +327,7 @@ func (s *Store) assemble(ctx context.Context, r Request, d Deduction, seen []int
 	start := Start(r.RequestID, r.Shards)
 	for j := 0; j < r.Shards && have < r.Quantity; j++ {
 		i := (start + j) % r.Shards
-		if inD[i] || seen[i] == 0 {
+		if inD[i] || seen[i] == 0 || seen[i] == unreachable {
 			continue
 		}
 		res, err := s.deductOne(ctx, r, i, r.Quantity-have, 1)

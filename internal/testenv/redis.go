@@ -553,3 +553,41 @@ func tail(path string) string {
 	}
 	return strings.Join(lines, " | ")
 }
+
+// AddMaster starts a node and joins it to the cluster as a master with no
+// slots yet, as an operator adds capacity (redis-cli --cluster add-node).
+func (c *Cluster) AddMaster(ctx context.Context) (*Node, error) {
+	if c.TLS != nil {
+		return nil, errors.New("add master: not on a TLS cluster")
+	}
+	bin, err := RedisServer()
+	if err != nil {
+		return nil, err
+	}
+	n, err := startNode(ctx, bin, filepath.Join(c.dir, strconv.Itoa(len(c.Nodes))), c.opts.NodeTimeout, nil)
+	if err != nil {
+		return nil, err
+	}
+	c.Nodes = append(c.Nodes, n)
+	out, err := exec.CommandContext(ctx, "redis-cli", "--cluster", "add-node", n.Addr, c.Nodes[0].Addr).CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("add-node %s: %w: %s", n.Addr, err, out)
+	}
+	return n, c.WaitHealthy(ctx, 30*time.Second)
+}
+
+// Reshard moves slots from the other masters to to, key by key, as an
+// operator does (redis-cli --cluster reshard --cluster-from all), and
+// returns once every slot is served again.
+func (c *Cluster) Reshard(ctx context.Context, to *Node, slots int) error {
+	out, err := exec.CommandContext(ctx, "redis-cli", "--cluster", "reshard", c.Nodes[0].Addr,
+		"--cluster-from", "all", "--cluster-to", to.ID, "--cluster-slots", strconv.Itoa(slots),
+		"--cluster-yes", "--cluster-pipeline", "100").CombinedOutput()
+	if err != nil {
+		if len(out) > 2000 {
+			out = out[len(out)-2000:]
+		}
+		return fmt.Errorf("reshard %d slots to %s: %w: %s", slots, to.Addr, err, out)
+	}
+	return c.WaitHealthy(ctx, 30*time.Second)
+}

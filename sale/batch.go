@@ -2,7 +2,6 @@ package sale
 
 import (
 	"context"
-	"errors"
 
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
@@ -34,31 +33,6 @@ func newCommitter(s *Service, partitions, max int, direct bool) *committer {
 		}
 	})
 	return c
-}
-
-// commit waits for o's turn in a batch and returns what Ledger.Purchase
-// would have: the order, ErrDuplicate with the stored one, a refusal, or
-// an error (ErrNotCommitted when nothing was written).
-func (c *committer) commit(o ledger.Order) (ledger.Order, error) {
-	r := c.commitTake(ledger.PurchaseTake(o))
-	return r.Order(), r.Err
-}
-
-// commitHold is commit for a hold, counted or of seats: it answers as
-// Ledger.Hold would.
-func (c *committer) commitHold(h ledger.Hold) (ledger.Hold, error) {
-	r := c.commitTake(ledger.HoldTake(h))
-	return r.Hold(), r.Err
-}
-
-// commitCart is commit for a cart: it answers as Ledger.PurchaseCart (or
-// HoldCart) would.
-func (c *committer) commitCart(cart ledger.Cart) (ledger.Cart, error) {
-	r := c.commitTake(ledger.CartTake(cart))
-	if r.Cart == nil || (r.Err != nil && !errors.Is(r.Err, ledger.ErrDuplicate)) {
-		return ledger.Cart{}, r.Err
-	}
-	return *r.Cart, r.Err
 }
 
 func (c *committer) commitTake(t ledger.Take) ledger.TakeResult {

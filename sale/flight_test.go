@@ -13,7 +13,7 @@ func TestFlightBound(t *testing.T) {
 	clock := time.Unix(1000, 0)
 	f := newFlight(2, 250*time.Millisecond)
 	f.now = func() time.Time { return clock }
-	if !f.enter() || !f.enter() {
+	if first, second := f.enter(), f.enter(); !first || !second {
 		t.Fatal("a take within the floor was refused")
 	}
 	if f.enter() {

@@ -24,13 +24,10 @@ type answer struct {
 func fail(err error) answer { return answer{err: err} }
 
 var (
-	ansSoldOut     = fail(ErrSoldOut)
 	ansKeyReused   = fail(ErrKeyReused)
 	ansUnknownSKU  = fail(ErrUnknownSKU)
 	ansLimit       = fail(ErrLimit)
-	ansSaleEnded   = fail(ErrSaleEnded)
 	ansUnavailable = fail(ErrUnavailable)
-	ansCodeUsedUp  = fail(ErrCodeUsedUp)
 )
 
 // want is one request for stock: a purchase, or a hold when hold is set.

@@ -82,6 +82,8 @@ func main() {
 		err = bareCmd(os.Args[2:])
 	case "floor":
 		err = floorCmd(os.Args[2:])
+	case "faults":
+		err = faultsCmd(os.Args[2:])
 	default:
 		usage()
 	}
@@ -99,7 +101,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: stockbench run [flags] | stockbench suite [flags] | stockbench compare [flags]; -h for flags")
+	fmt.Fprintln(os.Stderr, "usage: stockbench run [flags] | stockbench suite [flags] | stockbench compare [flags] | stockbench faults [flags]; -h for flags")
 	os.Exit(2)
 }
 

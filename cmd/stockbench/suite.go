@@ -110,7 +110,14 @@ func suiteCmd(args []string) error {
 	if err := s.runAll(); err != nil {
 		return err
 	}
-	return os.WriteFile(*out, []byte(s.doc.String()), 0o644)
+	// The Redis faults section is written by `stockbench faults`: keep it.
+	doc := s.doc.String()
+	if old, err := os.ReadFile(*out); err == nil {
+		if sec := sectionOf(string(old), faultsHeading); sec != "" {
+			doc = replaceSection(doc, sec)
+		}
+	}
+	return os.WriteFile(*out, []byte(doc), 0o644)
 }
 
 func freeAddr() string {

@@ -1,0 +1,323 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/stockgate/stockgate/cluster"
+	"github.com/stockgate/stockgate/internal/loadgen"
+	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/shard"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// faultsHeading opens the section faultsCmd writes into the benchmark
+// document (replacing it when present, so a suite run keeps it).
+const faultsHeading = "## Redis faults during a sale"
+
+// faultsCmd runs the four Redis faults of a sale against a stockgate
+// process (PostgreSQL ledger, a 3+3 cluster of its own per fault) through
+// the load tool, and writes their section of the benchmark document.
+func faultsCmd(args []string) error {
+	fs := flag.NewFlagSet("faults", flag.ExitOnError)
+	out := fs.String("out", "docs/BENCHMARKS.md", "benchmark document whose Redis faults section to write")
+	dir := fs.String("dir", ".run/bench", "working directory (the stockgate binary)")
+	_ = fs.Parse(args)
+	ctx := context.Background()
+	if err := os.MkdirAll(*dir, 0o755); err != nil {
+		return err
+	}
+	bin := filepath.Join(*dir, "stockgate")
+	fmt.Fprintln(os.Stderr, "building stockgate")
+	if b, err := exec.Command("go", "build", "-o", bin, "./cmd/stockgate").CombinedOutput(); err != nil {
+		return fmt.Errorf("build: %v: %s", err, b)
+	}
+	pg, err := testenv.StartDurablePostgres(ctx)
+	if err != nil {
+		return err
+	}
+	defer pg.Stop()
+	var rows []faultRow
+	for _, f := range faults {
+		row, err := runFault(ctx, bin, pg, f)
+		if err != nil {
+			return fmt.Errorf("%s: %w", f.name, err)
+		}
+		fmt.Fprintf(os.Stderr, "%s: %+v\n", f.name, row)
+		rows = append(rows, row)
+	}
+	return writeSection(*out, faultsDoc(rows))
+}
+
+// fault is one scenario: do starts it at the fault window's start, with
+// the cluster and the first SKU's master; it returns when the fault (and
+// its repair, if the scenario has one) is over, and the moment from which
+// the gates are timed back.
+type fault struct {
+	name string
+	do   func(ctx context.Context, c *testenv.Cluster, victim *testenv.Node) (from time.Time, err error)
+}
+
+var faults = []fault{
+	{"kill -9 of one master of three", func(ctx context.Context, c *testenv.Cluster, v *testenv.Node) (time.Time, error) {
+		v.Kill()
+		return time.Now(), nil
+	}},
+	{"all of Redis down 10 s, restarted empty", func(ctx context.Context, c *testenv.Cluster, v *testenv.Node) (time.Time, error) {
+		for _, n := range c.Nodes {
+			n.Kill()
+		}
+		time.Sleep(10 * time.Second) // the scenario's outage
+		for _, n := range c.Nodes {
+			if err := n.Restart(ctx); err != nil {
+				return time.Time{}, err
+			}
+		}
+		return time.Now(), nil
+	}},
+	{"a quarter of the slots resharded to a new master", func(ctx context.Context, c *testenv.Cluster, v *testenv.Node) (time.Time, error) {
+		start := time.Now()
+		n, err := c.AddMaster(ctx)
+		if err != nil {
+			return start, err
+		}
+		return start, c.Reshard(ctx, n, 16384/4)
+	}},
+	{"zombie master: SIGSTOP 5 s (node timeout 2 s), then SIGCONT", func(ctx context.Context, c *testenv.Cluster, v *testenv.Node) (time.Time, error) {
+		if err := v.Pause(); err != nil {
+			return time.Time{}, err
+		}
+		time.Sleep(5 * time.Second) // frozen past the node timeout
+		return time.Now(), v.Resume()
+	}},
+}
+
+// faultRow is what one fault run measured.
+type faultRow struct {
+	name           string
+	rate           int
+	requests, n503 uint64
+	other          string // answers other than 201 and 503
+	p99            time.Duration
+	back           time.Duration // from the fault (or Redis's return) until every SKU's gate agreed with the ledger
+	ok             uint64
+	sold           int64
+}
+
+const faultSKUs = 100
+
+func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (faultRow, error) {
+	row := faultRow{name: f.name}
+	c, err := testenv.StartCluster(ctx, testenv.ClusterOptions{ReplicasPerMaster: 1})
+	if err != nil {
+		return row, err
+	}
+	defer c.Stop()
+	url, drop, err := pg.NewDatabase(ctx)
+	if err != nil {
+		return row, err
+	}
+	defer drop()
+	g, err := startGateway(ctx, bin, strings.Join(c.Addrs(), ","), url, "STOCKGATE_DRIFT_EVERY=2s")
+	if err != nil {
+		return row, err
+	}
+	defer func() { g.cmd.Process.Kill(); g.cmd.Wait() }()
+	prog := fmt.Sprintf("faults%d", time.Now().UnixNano()%1_000_000)
+	var paths []string
+	var skus []stock.SKU
+	for i := range faultSKUs {
+		sku := stock.SKU{Program: keys.MustID(prog), Ticket: keys.MustID(fmt.Sprintf("t%d", i))}
+		if err := g.admin.putSKU(prog+"/"+sku.Ticket.String(), 1_000_000, 1); err != nil {
+			return row, err
+		}
+		paths, skus = append(paths, prog+"/"+sku.Ticket.String()), append(skus, sku)
+	}
+	capRun, err := loadgen.Attack(loadgen.Run{Name: "capacity", BaseURL: g.base, Workers: 64, Duration: 3 * time.Second,
+		Scenario: loadgen.Purchases(paths, "cap-", 0)})
+	if err != nil {
+		return row, err
+	}
+	row.rate = max(int(float64(capRun.Count(http.StatusCreated))/capRun.Elapsed.Seconds()/2), 10)
+	victim, err := c.MasterOf(ctx, keys.Shard(skus[0].Program, skus[0].Ticket, 0, 1).Slot())
+	if err != nil {
+		return row, err
+	}
+	led, err := ledger.Open(ctx, ledger.Options{Driver: ledger.Postgres, DSN: url, NoMigrate: true})
+	if err != nil {
+		return row, err
+	}
+	defer led.Close()
+	probe, err := cluster.New(cluster.Options{Addrs: c.Addrs()})
+	if err != nil {
+		return row, err
+	}
+	defer probe.Close()
+	gate, err := shard.New(shard.Options{Redis: probe})
+	if err != nil {
+		return row, err
+	}
+
+	phase := func(name string, d time.Duration) (loadgen.Result, error) {
+		return loadgen.Attack(loadgen.Run{Name: name, BaseURL: g.base, Rate: row.rate, Duration: d, Workers: 64,
+			Scenario: loadgen.Purchases(paths, name+"-", 0)})
+	}
+	var results []loadgen.Result
+	before, err := phase("before", 3*time.Second)
+	if err != nil {
+		return row, err
+	}
+	results = append(results, before)
+	type done struct {
+		from time.Time
+		err  error
+	}
+	over := make(chan done, 1)
+	go func() { // the fault, owned by this run; it ends by itself
+		from, err := f.do(ctx, c, victim)
+		over <- done{from, err}
+	}()
+	during, err := phase("during", 15*time.Second)
+	if err != nil {
+		return row, err
+	}
+	results = append(results, during)
+	row.p99 = during.Quantile(99)
+	d := <-over
+	if d.err != nil {
+		return row, d.err
+	}
+	if err := c.WaitHealthy(ctx, 60*time.Second); err != nil {
+		return row, err
+	}
+	// After: buyers keep coming while every SKU's gate comes back.
+	backCh := make(chan time.Duration, 1)
+	go func() { backCh <- gatesBack(ctx, led, gate, skus, d.from) }()
+	after, err := phase("after", 10*time.Second)
+	if err != nil {
+		return row, err
+	}
+	results = append(results, after)
+	row.back = <-backCh
+	for _, r := range results {
+		row.requests += r.Requests
+		row.n503 += r.Count(http.StatusServiceUnavailable)
+		row.ok += r.Count(http.StatusCreated)
+		for code, n := range r.Codes {
+			if code != http.StatusCreated && code != http.StatusServiceUnavailable && n > 0 {
+				row.other += fmt.Sprintf(" %d:%d", code, n)
+			}
+		}
+	}
+	for _, sku := range skus {
+		st, err := led.SKU(ctx, sku)
+		if err != nil {
+			return row, err
+		}
+		row.sold += st.Sold
+	}
+	row.sold -= int64(capRun.Count(http.StatusCreated))
+	return row, nil
+}
+
+// gatesBack waits (at most a minute) until every SKU's gate agrees with
+// the ledger (not stale, seeded, the same remaining), polling, and says
+// how long after from that was; -1 when it never was.
+func gatesBack(ctx context.Context, led *ledger.Ledger, gate *shard.Store, skus []stock.SKU, from time.Time) time.Duration {
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		all := true
+		for _, sku := range skus {
+			st, err := led.SKU(ctx, sku)
+			if err != nil {
+				all = false
+				break
+			}
+			left, seeded, err := gate.Remaining(ctx, sku, st.Shards)
+			if err != nil || !seeded || st.GateStale() || left != st.Remaining() {
+				all = false
+				break
+			}
+		}
+		if all {
+			return time.Since(from)
+		}
+		time.Sleep(100 * time.Millisecond) // a poll of state another process moves
+	}
+	return -1
+}
+
+func faultsDoc(rows []faultRow) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s\n\n", faultsHeading)
+	fmt.Fprintf(&b, "`go run ./cmd/stockbench faults` (%s UTC): each fault on a 3-master + 3-replica cluster of its own "+
+		"(node timeout 2 s), a stockgate process on a fresh PostgreSQL ledger, 100 SKUs of one shard each. Purchases are "+
+		"sent open loop at half the rate measured closed loop first: 3 s before the fault, 15 s from its start (the fault "+
+		"window), 10 s after the cluster is healthy again. \"Back on its gate\" is from the fault (the restart, for all of "+
+		"Redis) until every SKU's gate agrees with the ledger; the ledger's sales are counted against the 201s.\n\n",
+		time.Now().UTC().Format("2006-01-02 15:04"))
+	b.WriteString("| fault | req/s | requests | 503 | other answers | p99 in the fault window | every SKU back on its gate | 201s / ledger sold |\n|---|---|---|---|---|---|---|---|\n")
+	for _, r := range rows {
+		share := 0.0
+		if r.requests > 0 {
+			share = 100 * float64(r.n503) / float64(r.requests)
+		}
+		back := r.back.Round(100 * time.Millisecond).String()
+		if r.back < 0 {
+			back = "not within a minute"
+		}
+		other := strings.TrimSpace(r.other)
+		if other == "" {
+			other = "none"
+		}
+		fmt.Fprintf(&b, "| %s | %d | %d | %d (%.2f %%) | %s | %v | %s | %d / %d |\n",
+			r.name, r.rate, r.requests, r.n503, share, other, r.p99.Round(time.Millisecond), back, r.ok, r.sold)
+	}
+	return b.String()
+}
+
+// writeSection puts section into the document at path in place of the
+// one with the same heading (up to the next "## "), or at its end.
+func writeSection(path, section string) error {
+	doc, err := os.ReadFile(path)
+	if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	return os.WriteFile(path, []byte(replaceSection(string(doc), section)), 0o644)
+}
+
+// sectionOf is doc's section under heading, up to the next "## ", or "".
+func sectionOf(doc, heading string) string {
+	i := strings.Index(doc, heading)
+	if i < 0 {
+		return ""
+	}
+	rest := doc[i:]
+	if j := strings.Index(rest[len(heading):], "\n## "); j >= 0 {
+		rest = rest[:len(heading)+j]
+	}
+	return strings.TrimRight(rest, "\n") + "\n"
+}
+
+// replaceSection is doc with section in place of its heading's section.
+func replaceSection(doc, section string) string {
+	heading := strings.SplitN(section, "\n", 2)[0]
+	i := strings.Index(doc, heading)
+	if i < 0 {
+		return strings.TrimRight(doc, "\n") + "\n\n" + section
+	}
+	rest := doc[i+len(heading):]
+	if j := strings.Index(rest, "\n## "); j >= 0 {
+		return doc[:i] + section + rest[j:]
+	}
+	return doc[:i] + section
+}

@@ -4,7 +4,7 @@ RUN_DIR := .run
 GO ?= go
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run stop test bench compare fuzz dashboard deps-redis deps-postgres deps-pgbouncer deps-promtool deps-chromium deps-lint deps-helm deps-kubeconform deps-schemas build vet
+.PHONY: run stop test bench bench-faults compare fuzz dashboard deps-redis deps-postgres deps-pgbouncer deps-promtool deps-chromium deps-lint deps-helm deps-kubeconform deps-schemas build vet
 
 build:
 	$(GO) build -o $(RUN_DIR)/stockgate ./cmd/stockgate
@@ -146,3 +146,10 @@ fuzz: deps-redis
 # (about 10 minutes on 2 cores). Charts land in .run/bench/.
 bench: deps-redis deps-postgres
 	$(GO) run ./cmd/stockbench suite -out docs/BENCHMARKS.md
+
+# The four Redis faults of a sale (kill -9 of a master, all of Redis down,
+# a live reshard, a zombie master) against a stockgate process, each on a
+# cluster of its own; writes its section of docs/BENCHMARKS.md (about 3
+# minutes), which `make bench` keeps.
+bench-faults: deps-redis deps-postgres
+	$(GO) run ./cmd/stockbench faults -out docs/BENCHMARKS.md

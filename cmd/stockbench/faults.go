@@ -60,7 +60,7 @@ func faultsCmd(args []string) error {
 
 // fault is one scenario: do starts it at the fault window's start, with
 // the cluster and the first SKU's master; it returns when the fault (and
-// its repair, if the scenario has one) is over, and the moment from which
+// its repair, if the scenario has one) is done, and the moment from which
 // the gates are timed back.
 type fault struct {
 	name string
@@ -178,13 +178,21 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 	}
 	results = append(results, before)
 	type done struct {
-		from time.Time
+		back time.Duration
 		err  error
 	}
 	over := make(chan done, 1)
 	go func() { // the fault, owned by this run; it ends by itself
 		from, err := f.do(ctx, c, victim)
-		over <- done{from, err}
+		if err == nil {
+			err = c.WaitHealthy(ctx, 60*time.Second)
+		}
+		if err != nil {
+			over <- done{err: err}
+			return
+		}
+		// Buyers keep coming meanwhile: the gates come back under load.
+		over <- done{back: gatesBack(ctx, led, gate, skus, from)}
 	}()
 	during, err := phase("during", 15*time.Second)
 	if err != nil {
@@ -192,22 +200,16 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 	}
 	results = append(results, during)
 	row.p99 = during.Quantile(99)
-	d := <-over
-	if d.err != nil {
-		return row, d.err
-	}
-	if err := c.WaitHealthy(ctx, 60*time.Second); err != nil {
-		return row, err
-	}
-	// After: buyers keep coming while every SKU's gate comes back.
-	backCh := make(chan time.Duration, 1)
-	go func() { backCh <- gatesBack(ctx, led, gate, skus, d.from) }()
 	after, err := phase("after", 10*time.Second)
 	if err != nil {
 		return row, err
 	}
 	results = append(results, after)
-	row.back = <-backCh
+	d := <-over
+	if d.err != nil {
+		return row, d.err
+	}
+	row.back = d.back
 	for _, r := range results {
 		row.requests += r.Requests
 		row.n503 += r.Count(http.StatusServiceUnavailable)
@@ -229,9 +231,9 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 	return row, nil
 }
 
-// gatesBack waits (at most a minute) until every SKU's gate agrees with
-// the ledger (not stale, seeded, the same remaining), polling, and says
-// how long after from that was; -1 when it never was.
+// gatesBack waits (at most a minute) until every SKU's gate serves again
+// (seeded, and not stale: rebuilt after every sale around it), polling,
+// and says how long after from that was; -1 when it never was.
 func gatesBack(ctx context.Context, led *ledger.Ledger, gate *shard.Store, skus []stock.SKU, from time.Time) time.Duration {
 	deadline := time.Now().Add(time.Minute)
 	for time.Now().Before(deadline) {
@@ -242,8 +244,10 @@ func gatesBack(ctx context.Context, led *ledger.Ledger, gate *shard.Store, skus 
 				all = false
 				break
 			}
-			left, seeded, err := gate.Remaining(ctx, sku, st.Shards)
-			if err != nil || !seeded || st.GateStale() || left != st.Remaining() {
+			// Serving, not equal: under load, units a gate admitted and the
+			// ledger has not committed yet keep the two apart by a few.
+			_, seeded, err := gate.Remaining(ctx, sku, st.Shards)
+			if err != nil || !seeded || st.GateStale() {
 				all = false
 				break
 			}
@@ -262,8 +266,9 @@ func faultsDoc(rows []faultRow) string {
 	fmt.Fprintf(&b, "`go run ./cmd/stockbench faults` (%s UTC): each fault on a 3-master + 3-replica cluster of its own "+
 		"(node timeout 2 s), a stockgate process on a fresh PostgreSQL ledger, 100 SKUs of one shard each. Purchases are "+
 		"sent open loop at half the rate measured closed loop first: 3 s before the fault, 15 s from its start (the fault "+
-		"window), 10 s after the cluster is healthy again. \"Back on its gate\" is from the fault (the restart, for all of "+
-		"Redis) until every SKU's gate agrees with the ledger; the ledger's sales are counted against the 201s.\n\n",
+		"window), 10 s more. \"Back on its gate\" is from the fault (the restart, for all of Redis) until the cluster is "+
+		"healthy and every SKU's gate serves again (seeded, and rebuilt after every sale around it), polled every "+
+		"100 ms under the load; the ledger's sales are counted against the 201s.\n\n",
 		time.Now().UTC().Format("2006-01-02 15:04"))
 	b.WriteString("| fault | req/s | requests | 503 | other answers | p99 in the fault window | every SKU back on its gate | 201s / ledger sold |\n|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {

@@ -5,14 +5,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/breaker"
 	"github.com/stockgate/stockgate/internal/loadgen"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
 )
 
@@ -322,4 +325,48 @@ func TestFaultReshardMidSale(t *testing.T) {
 			moved.Round(time.Millisecond),
 			s.sold("ledger"), s.sold("gate"))
 	})
+}
+
+// A 503 while a master's breaker is open says in Retry-After when the
+// breaker probes the master again, not the usual second.
+func TestRetryAfterSaysWhenTheMasterIsProbed(t *testing.T) {
+	c := testenv.NewCluster(t, testenv.ClusterOptions{ReplicasPerMaster: 1})
+	e := startEnv(t, envOptions{driver: ledger.Postgres, cluster: c, tune: func(o *app.Options) {
+		o.Sale.Breaker = breaker.Options{OpenFor: 30 * time.Second}
+		o.Sale.FallbackConcurrency = 1 // the way around the gate fills at once
+	}})
+	sku := newSKU(t)
+	e.putSKU(t, sku, 100_000, 1, 4)
+	victim, err := c.MasterOf(context.Background(), keys.Shard(sku.Program, sku.Ticket, 0, 1).Slot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim.Kill()
+	for i := 0; e.srv.BreakerState() != breaker.Open; i++ {
+		if i == 1000 {
+			t.Fatal("the dead master's breaker did not open in 1000 purchases")
+		}
+		e.buy(t, sku, fmt.Sprintf("trip-%d", i), "trip", 1)
+	}
+	var mu sync.Mutex
+	var waits []string
+	counts := e.buyAll(64, 64, func(i int) reply {
+		r := e.buy(t, sku, fmt.Sprintf("busy-%d", i), fmt.Sprintf("b%d", i), 1)
+		if r.status == http.StatusServiceUnavailable {
+			mu.Lock()
+			waits = append(waits, r.header.Get("Retry-After"))
+			mu.Unlock()
+		}
+		return r
+	})
+	long := 0
+	for _, w := range waits {
+		if n, err := strconv.Atoi(w); err == nil && n >= 15 {
+			long++
+		}
+	}
+	if long == 0 {
+		t.Errorf("answers %v; Retry-After of the 503s %v: none says the breaker's next probe (about 30 s)", counts, waits)
+	}
+	t.Logf("answers %v; Retry-After of the 503s: %v", counts, waits)
 }

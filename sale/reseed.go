@@ -431,6 +431,17 @@ func (s *Service) rebuildDue(sku stock.SKU) bool {
 	return true
 }
 
+// rebuildIn is how long until a rebuild of sku's stale gate is tried
+// again (0 when it is due): when its master's breaker probes again, as
+// near as this replica knows.
+func (s *Service) rebuildIn(sku stock.SKU) time.Duration {
+	at, ok := s.rebuildsFailed.Load(sku)
+	if !ok {
+		return 0
+	}
+	return max(time.Until(at.(time.Time).Add(cmp.Or(s.opts.Breaker.OpenFor, breaker.DefaultOptions().OpenFor))), 0)
+}
+
 // rebuildFailed notes that sku's gate could not be rebuilt just now.
 func (s *Service) rebuildFailed(sku stock.SKU) {
 	if _, ok := s.rebuildsFailed.Load(sku); !ok {

@@ -254,6 +254,7 @@ func (t *take) settle(ctx context.Context) (a answer, ok, direct bool) {
 			// again at most once per breaker period.
 			if !s.rebuildDue(w.sku) || s.reseed(ctx, w.sku, reasonBypass, false) != nil {
 				s.rebuildFailed(w.sku)
+				t.probeIn = max(t.probeIn, s.rebuildIn(w.sku))
 				direct = true
 			}
 		}

@@ -480,8 +480,8 @@ CREATE TABLE IF NOT EXISTS ledger_identity (id TEXT NOT NULL);
 //
 // The cart and code indexes hold only the rows that have one: most
 // orders and holds are neither a cart's line nor on a code, and an entry
-// each would be written for nothing (the queries say "<> ''" so both
-// databases use them). The owed indexes hold only the returns Redis is
+// each would be written for nothing (the queries test for a non-empty
+// value, so both databases use them). The owed indexes hold only the returns Redis is
 // still owed, which the sweepers look for every second: without one on
 // orders, each look read every order (94 ms a look after 60,000 orders).
 const addedIndexes = `

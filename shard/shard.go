@@ -260,7 +260,11 @@ func (s *Store) Deduct(ctx context.Context, r Request) (Deduction, error) {
 			// This shard's master cannot be reached (its breaker is open,
 			// or no connection): nothing ran there, so try the others.
 			// Should none have enough, the call reports this error, and
-			// the take goes to the ledger rather than answer sold out.
+			// the take goes to the ledger rather than answer sold out. A
+			// retry whose first attempt's record is on the unreachable
+			// start shard may deduct a second time elsewhere: the ledger
+			// commits the request once, and the extra units stay out of
+			// Redis until the duplicate's give-back or the drift check.
 			seen[i] = unreachable
 			unreached = cmp.Or(unreached, err)
 			continue

@@ -2,7 +2,8 @@
 // builds the Redis cluster client, the ledger, the cache and the HTTP
 // server, serves until SIGTERM, then drains and exits once.
 //
-//	stockgate serve [flags]   every flag also reads STOCKGATE_<FLAG> from the environment
+//	stockgate serve [flags]   every flag also reads STOCKGATE_<FLAG> from the environment,
+//	                          and a secret STOCKGATE_<FLAG>_FILE (a file holding it)
 package main
 
 import (
@@ -55,6 +56,10 @@ type config struct {
 	AllowOpenAdmin bool
 	Migrate        bool
 
+	// secrets are the flags that may also be read from the file
+	// STOCKGATE_<FLAG>_FILE names (parse).
+	secrets []string
+
 	// flagOf names the flag that sets each Options field ("Shard.RecordTTL"),
 	// so that a package's refusal names what the operator set.
 	flagOf map[string]string
@@ -101,6 +106,21 @@ func (b binder) u32(name string, p *uint32, field, usage string) {
 func (b binder) str(name string, p *string, field, usage string) {
 	b.fs.StringVar(p, name, *p, usage)
 	b.field(name, field, nil)
+}
+
+// secret lets the flag be read from a file as well: STOCKGATE_<FLAG>_FILE
+// names it, the convention of the postgres and mysql images, so a
+// Kubernetes Secret mounted as files stays out of the environment (where
+// kubectl describe, /proc/<pid>/environ and crash dumps show it). A flag
+// that already names a file (-redis-tls-key-file) has no such variant: its
+// variable STOCKGATE_..._FILE is the flag itself.
+func (b binder) secret(name string) {
+	f := b.fs.Lookup(name)
+	if f == nil || strings.HasSuffix(name, "-file") || b.fs.Lookup(name+"-file") != nil {
+		panic("secret flag " + name + ": undeclared, or its _FILE variable is a flag of its own")
+	}
+	f.Usage += " (or the file " + envVar(name) + "_FILE names)"
+	b.c.secrets = append(b.c.secrets, name)
 }
 
 func flags(fs *flag.FlagSet, c *config) {
@@ -177,6 +197,55 @@ func flags(fs *flag.FlagSet, c *config) {
 	b.field("collapse-at", "Sale.CollapseAt", func() bool { return o.Sale.CollapseAt != 0 })
 	b.dur("sweep-every", &o.Sale.SweepEvery, "Sale.SweepEvery", "period of the hold-expiry sweeper (bounds how late an expired hold's stock comes back)")
 	b.dur("offer-ttl", &o.Sale.OfferTTL, "Sale.OfferTTL", "how long a waitlist offer's hold lasts before it passes to the next buyer in line")
+
+	// The DSN carries the database password, a webhook URL often a token
+	// (Slack's and most receivers' URLs are the credential).
+	for _, name := range []string{"admin-token", "ledger-dsn", "redis-username", "redis-password", "webhook-secret", "webhook-urls"} {
+		b.secret(name)
+	}
+}
+
+// envVar is the environment variable of a flag: STOCKGATE_<FLAG>, as
+// ff.Parse reads it.
+func envVar(flag string) string {
+	return "STOCKGATE_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}
+
+// parse sets the flags from the command line, then from STOCKGATE_<FLAG>,
+// then each secret from the file STOCKGATE_<FLAG>_FILE names, its trailing
+// newline dropped. The command line wins over both variables, as over any;
+// both variables set is a mistake, refused. Errors name the variable and
+// the file, never what the file holds.
+func parse(fs *flag.FlagSet, c *config, args []string) error {
+	if err := ff.Parse(fs, args, ff.WithEnvVarPrefix("STOCKGATE")); err != nil {
+		return err
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	for _, name := range c.secrets {
+		env := envVar(name)
+		path := os.Getenv(env + "_FILE")
+		switch {
+		case path == "":
+			continue
+		case os.Getenv(env) != "":
+			return fmt.Errorf("%s and %s_FILE are both set: set one", env, env)
+		case given[name]: // on the command line
+			continue
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("%s_FILE: %w", env, err) // *PathError: op, path, cause
+		}
+		v := strings.TrimRight(string(b), "\r\n")
+		if v == "" {
+			return fmt.Errorf("%s_FILE: %s is empty", env, path)
+		}
+		if err := fs.Set(name, v); err != nil {
+			return fmt.Errorf("%s_FILE: the value in %s is refused", env, path)
+		}
+	}
+	return nil
 }
 
 // validate names the environment variable of the first bad setting. main
@@ -184,7 +253,7 @@ func flags(fs *flag.FlagSet, c *config) {
 // mean "the default"; every other bound is the package's (app.Options).
 func (c *config) validate() error {
 	bad := func(name, why string) error {
-		return fmt.Errorf("STOCKGATE_%s (-%s): %s", strings.ToUpper(strings.ReplaceAll(name, "-", "_")), name, why)
+		return fmt.Errorf("%s (-%s): %s", envVar(name), name, why)
 	}
 	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
 		return bad("addr", "not host:port: "+err.Error())
@@ -272,7 +341,10 @@ func loopback(addr string) bool {
 
 func usage(w io.Writer, fs *flag.FlagSet) func() {
 	return func() {
-		fmt.Fprintf(w, "Usage: stockgate serve [flags] | stockgate migrate [flags] | stockgate version\n\nmigrate applies the ledger schema and exits (run it before serve -migrate=false).\n\nEvery flag can be set by the environment variable STOCKGATE_<FLAG>, e.g. STOCKGATE_REDIS_ADDRS.\n\n")
+		fmt.Fprintf(w, "Usage: stockgate serve [flags] | stockgate migrate [flags] | stockgate version\n\nmigrate applies the ledger schema and exits (run it before serve -migrate=false).\n\nEvery flag can be set by the environment variable STOCKGATE_<FLAG>, e.g. STOCKGATE_REDIS_ADDRS.\n"+
+			"A secret (its line below names STOCKGATE_<FLAG>_FILE) can instead be read from the file that variable names,\n"+
+			"e.g. a Kubernetes Secret mounted as files: STOCKGATE_ADMIN_TOKEN_FILE=/run/secrets/admin-token. Its trailing\n"+
+			"newline is dropped; setting both STOCKGATE_<FLAG> and STOCKGATE_<FLAG>_FILE exits 2.\n\n")
 		fs.PrintDefaults()
 	}
 }
@@ -301,7 +373,7 @@ func run(args []string, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
-	if err := ff.Parse(fs, args[1:], ff.WithEnvVarPrefix("STOCKGATE")); err != nil {
+	if err := parse(fs, &c, args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}

@@ -10,10 +10,26 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Info is what the Go toolchain stamped into the binary.
+// version and revision are stamped by a build that has no VCS checkout for
+// the Go toolchain to read (docker build without .git, a source tarball):
+//
+//	go build -ldflags "-X github.com/stockgate/stockgate/buildinfo.version=v1.4.0 \
+//	    -X github.com/stockgate/stockgate/buildinfo.revision=$(git rev-parse HEAD)"
+//
+// deploy/Dockerfile passes its VERSION and REVISION build arguments here.
+// When set they are preferred over what the toolchain stamped.
+var version, revision string
+
+// unstamped is the version of a build that says nothing of its source: no
+// VCS information and no -X version. The toolchain calls it "(devel)",
+// which reads like a developer's checkout; an image built that way may be
+// any source at all, and the version says so.
+const unstamped = "(devel, unstamped)"
+
+// Info is what the build stamped into the binary.
 type Info struct {
-	Version   string // the main module's version, "(devel)" for a local build
-	Revision  string // VCS revision, "" when not built from a checkout
+	Version   string // -X version, else the main module's version; "(devel, unstamped)" when neither says anything
+	Revision  string // -X revision, else the VCS revision; "" when unknown
 	Time      string // VCS commit time
 	Modified  bool   // built from a tree with uncommitted changes
 	GoVersion string
@@ -21,23 +37,37 @@ type Info struct {
 
 // Read reads the running binary's build information.
 func Read() Info {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return Info{Version: "unknown"}
-	}
-	in := Info{Version: bi.Main.Version, GoVersion: bi.GoVersion}
-	for _, s := range bi.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			in.Revision = s.Value
-		case "vcs.time":
-			in.Time = s.Value
-		case "vcs.modified":
-			in.Modified = s.Value == "true"
+	bi, _ := debug.ReadBuildInfo() // nil when the binary carries none
+	return read(bi, version, revision)
+}
+
+// read is Read of the given build information (nil: none) and -X values.
+func read(bi *debug.BuildInfo, version, revision string) Info {
+	var in Info
+	if bi != nil {
+		in = Info{Version: bi.Main.Version, GoVersion: bi.GoVersion}
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				in.Revision = s.Value
+			case "vcs.time":
+				in.Time = s.Value
+			case "vcs.modified":
+				in.Modified = s.Value == "true"
+			}
 		}
 	}
-	if in.Version == "" {
+	if revision != "" && revision != in.Revision {
+		// The commit time and the modified flag are of another revision.
+		in.Revision, in.Time, in.Modified = revision, "", false
+	}
+	switch {
+	case version != "":
+		in.Version = version
+	case bi == nil || in.Version == "":
 		in.Version = "unknown"
+	case in.Version == "(devel)" && in.Revision == "":
+		in.Version = unstamped
 	}
 	return in
 }
@@ -50,7 +80,10 @@ func (in Info) String() string {
 	if in.Modified {
 		rev += " (modified)"
 	}
-	return fmt.Sprintf("stockgate %s, %s %s, %s", in.Version, rev, in.Time, in.GoVersion)
+	if in.Time != "" {
+		rev += " " + in.Time
+	}
+	return fmt.Sprintf("stockgate %s, %s, %s", in.Version, rev, in.GoVersion)
 }
 
 // Collector is the stockgate_build_info gauge: always 1, labelled with the

@@ -27,14 +27,17 @@ const (
 	kedaModule = "github.com/kedacore/keda/v2@v2.17.2"
 )
 
-// valueSets are the values the chart is checked with: the defaults, the
-// production example, Redis over TLS with an ACL user, and an HPA scaling
-// on requests per second too.
+// valueSets are the values the chart is checked with: the defaults with
+// the two values they lack (TestDefaultsRefused: the chart refuses them
+// bare), the production example, Redis over TLS with an ACL user, an HPA
+// scaling on requests per second too, and a platform team's additions
+// (private CA, digest, node pool, IAM role, ...).
 var valueSets = map[string][]string{
-	"default":     nil,
+	"minimal":     {minimalValues},
 	"production":  {"helm/values-production.yaml"},
 	"tls-acl":     {"helm/ci/tls-acl-values.yaml"},
 	"autoscaling": {"helm/ci/autoscaling-values.yaml"},
+	"extras":      {"helm/ci/extras-values.yaml"},
 }
 
 // tool finds a command on PATH or in Go's install directory.
@@ -107,7 +110,7 @@ func TestHelmLint(t *testing.T) {
 		t.Fatalf("helm version %q (%v), want v3.19 (make deps-helm)", out, err)
 	}
 	for name, files := range valueSets {
-		if out, err := helmCmd(t, append([]string{"lint", "--strict", "helm/stockgate"}, valueArgs(files)...)...); err != nil {
+		if out, err := helmCmd(t, append([]string{"lint", "--strict", "helm/stockgate", "--kube-version", kubeVersion}, valueArgs(files)...)...); err != nil {
 			t.Errorf("%s values: %v", name, err)
 		} else if !strings.Contains(string(out), "0 chart(s) failed") {
 			t.Errorf("%s values: helm lint says\n%s", name, out)
@@ -269,8 +272,9 @@ func kubeconform(t *testing.T, dir string, files ...string) (map[string][]string
 	return status, string(out)
 }
 
-// `helm template` of every value set validates with kubeconform against
-// the Kubernetes and the Prometheus Operator (and KEDA) schemas. The
+// `helm template` of every value set, on a cluster serving the Prometheus
+// Operator's and KEDA's APIs (clusterArgs), validates with kubeconform
+// against the Kubernetes and the Prometheus Operator (and KEDA) schemas. The
 // schemas are shown to refuse a misspelt field of a built-in kind and of
 // a custom resource, and a kind with no schema.
 func TestKubeconform(t *testing.T) {
@@ -278,7 +282,8 @@ func TestKubeconform(t *testing.T) {
 	tmp := t.TempDir()
 	var files []string
 	for name, vals := range valueSets {
-		out, err := helmCmd(t, append([]string{"template", "stockgate", "helm/stockgate", "--namespace", "stockgate"}, valueArgs(vals)...)...)
+		args := append([]string{"template", "stockgate", "helm/stockgate", "--namespace", "stockgate"}, clusterArgs...)
+		out, err := helmCmd(t, append(args, valueArgs(vals)...)...)
 		if err != nil {
 			t.Fatalf("%s values: %v", name, err)
 		}

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -76,6 +77,8 @@ func decodeStrict(t *testing.T, doc []byte) (kind string, obj any) {
 		obj = &corev1.Secret{}
 	case "v1 Namespace":
 		obj = &corev1.Namespace{}
+	case "v1 ServiceAccount":
+		obj = &corev1.ServiceAccount{}
 	case "autoscaling/v2 HorizontalPodAutoscaler":
 		obj = &autoscalingv2.HorizontalPodAutoscaler{}
 	case "policy/v1 PodDisruptionBudget":
@@ -101,9 +104,15 @@ func decodeStrict(t *testing.T, doc []byte) (kind string, obj any) {
 	return meta.Kind, obj
 }
 
-// build renders the chart with its default values, as `helm template
-// stockgate deploy/helm/stockgate --namespace stockgate` does.
-func build(t *testing.T) map[string]any { return render(t) }
+// minimalValues is the least an install sets (the admin token and the
+// DSN): the chart refuses its bare defaults.
+const minimalValues = "helm/ci/minimal-values.yaml"
+
+// build renders the chart with the minimal values, as `helm template
+// stockgate deploy/helm/stockgate --namespace stockgate -f
+// deploy/helm/ci/minimal-values.yaml` does on a cluster with the
+// Prometheus Operator and KEDA.
+func build(t *testing.T) map[string]any { return render(t, minimalValues) }
 
 // render renders the chart with Helm's Go SDK, with the values files given
 // over the chart's defaults (checked against values.schema.json), and
@@ -111,6 +120,12 @@ func build(t *testing.T) map[string]any { return render(t) }
 func render(t *testing.T, valueFiles ...string) map[string]any {
 	t.Helper()
 	return decodeAll(t, renderFiles(t, "stockgate", readValues(t, valueFiles...)))
+}
+
+// installable is vals over the minimal values.
+func installable(t *testing.T, vals map[string]any) map[string]any {
+	t.Helper()
+	return chartutil.CoalesceTables(vals, readValues(t, minimalValues))
 }
 
 // readValues merges values files, later ones over earlier ones.
@@ -127,24 +142,63 @@ func readValues(t *testing.T, valueFiles ...string) map[string]any {
 	return vals
 }
 
+// The cluster the chart's tests install on: the Kubernetes of the API
+// the kubeconform schemas describe (kubernetesModule), serving the
+// Prometheus Operator's and KEDA's APIs, as helm template is told with
+// --kube-version and --api-versions (helm install asks the cluster).
+const (
+	kubeVersion = "v1.34.1"
+	operatorAPI = "monitoring.coreos.com/v1"
+	kedaAPI     = "keda.sh/v1alpha1"
+)
+
+// clusterArgs are helm template's flags for that cluster.
+var clusterArgs = []string{"--kube-version", kubeVersion, "--api-versions", operatorAPI, "--api-versions", kedaAPI}
+
+// capabilities is a cluster of kubeVersion serving the built-in APIs and
+// apis.
+func capabilities(apis ...string) *chartutil.Capabilities {
+	caps := chartutil.DefaultCapabilities.Copy()
+	caps.KubeVersion = chartutil.KubeVersion{Version: kubeVersion, Major: "1", Minor: "34"}
+	caps.APIVersions = append(slices.Clone(chartutil.DefaultVersionSet), apis...)
+	return caps
+}
+
 // renderFiles renders the chart for an install of release into namespace
-// stockgate: template path → text, as Helm hands them to its sorter.
+// stockgate, on a cluster with the Prometheus Operator and KEDA: template
+// path → text, as Helm hands them to its sorter.
 func renderFiles(t *testing.T, release string, vals map[string]any) map[string]string {
+	t.Helper()
+	out, err := renderOn(t, release, "stockgate", vals, capabilities(operatorAPI, kedaAPI))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// renderOn renders the chart for an install of release into namespace on
+// a cluster of caps; the error is the chart's refusal (fail, required,
+// the values schema).
+func renderOn(t *testing.T, release, namespace string, vals map[string]any, caps *chartutil.Capabilities) (map[string]string, error) {
 	t.Helper()
 	ch, err := loader.Load("helm/stockgate")
 	if err != nil {
 		t.Fatal(err)
 	}
-	rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: release, Namespace: "stockgate",
-		Revision: 1, IsInstall: true}, chartutil.DefaultCapabilities)
+	// As helm install checks it.
+	if v := ch.Metadata.KubeVersion; v != "" && !chartutil.IsCompatibleRange(v, caps.KubeVersion.Version) {
+		return nil, fmt.Errorf("chart requires kubeVersion %s, the cluster is %s", v, caps.KubeVersion.Version)
+	}
+	rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: release, Namespace: namespace,
+		Revision: 1, IsInstall: true}, caps)
 	if err != nil {
-		t.Fatalf("values: %v", err)
+		return nil, fmt.Errorf("values: %w", err)
 	}
 	out, err := engine.Render(ch, rv)
 	if err != nil {
-		t.Fatalf("render: %v", err)
+		return nil, fmt.Errorf("render: %w", err)
 	}
-	return out
+	return out, nil
 }
 
 // decodeAll decodes every object of the rendered files strictly, by
@@ -195,7 +249,7 @@ func TestManifests(t *testing.T) {
 	objs := build(t)
 	want := []string{"Deployment/stockgate", "Service/stockgate", "HorizontalPodAutoscaler/stockgate",
 		"PodDisruptionBudget/stockgate", "ConfigMap/stockgate", "ServiceMonitor/stockgate",
-		"PrometheusRule/stockgate", "ConfigMap/stockgate-dashboard", "Job/stockgate-migrate"}
+		"PrometheusRule/stockgate", "ConfigMap/stockgate-dashboard", "Job/stockgate-migrate", "ServiceAccount/stockgate"}
 	for _, w := range want {
 		if objs[w] == nil {
 			t.Errorf("the chart's default render lacks %s (has %v)", w, keys(objs))
@@ -283,7 +337,12 @@ func TestManifests(t *testing.T) {
 	for _, m := range []string{"stockgate_http_requests_total", "stockgate_http_request_duration_seconds_bucket",
 		"stockgate_purchases_total", "stockgate_breaker_state", "stockgate_stock_remaining_units",
 		"stockgate_cache_hits_total", "stockgate_redis_pool_timeout_total", "stockgate_ledger_write_duration_seconds_bucket",
-		"stockgate_ledger_batch_size_bucket", "stockgate_http_rate_limited_total", "stockgate_build_info"} {
+		"stockgate_ledger_batch_size_bucket", "stockgate_http_rate_limited_total", "stockgate_build_info",
+		// The waiting room, the relay and the waitlist.
+		"stockgate_queue_waiting", "stockgate_queue_admitted_unused", "stockgate_queue_abandoned", "stockgate_queue_stock_left",
+		"stockgate_queue_joins_total", "stockgate_queue_admitted_total", "stockgate_queue_wait_seconds_bucket",
+		"stockgate_relay_lag_seconds", "stockgate_relay_backlog", "stockgate_relay_leases", "stockgate_relay_delivered_total",
+		"stockgate_relay_failed_attempts_total", "stockgate_relay_dead_lettered_total", "stockgate_waitlist_joins_total"} {
 		if !strings.Contains(all, m) {
 			t.Errorf("the dashboard does not chart %s", m)
 		}
@@ -352,7 +411,7 @@ func TestAlertRules(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"StockgateOversellGuardRefusing", "StockgateBreakerOpen", "StockgateDrift", "StockgateErrorRatio",
-		"StockgateTargetDown", "StockgatePurchaseLatencyHigh"} {
+		"StockgateTargetDown", "StockgateTargetsAbsent", "StockgatePurchaseLatencyHigh"} {
 		if !strings.Contains(strings.Join(names, " "), want) {
 			t.Errorf("no alert %s", want)
 		}
@@ -467,6 +526,11 @@ func TestChartValuesSchema(t *testing.T) {
 		{"env": map[string]any{"NOT_OURS": "x"}},
 		{"autoscaling": map[string]any{"cpuUtilization": 150}},
 		{"imagee": map[string]any{}},
+		{"image": map[string]any{"digest": "latest"}},
+		{"serviceAccount": map[string]any{"nmae": "x"}},
+		{"podDisruptionBudget": map[string]any{"maxUnavailable": 0}},
+		{"podDisruptionBudget": map[string]any{"minAvailable": "0%"}},
+		{"extraVolumeMounts": []any{map[string]any{"name": "ca"}}},
 	} {
 		if _, err := chartutil.ToRenderValues(ch, bad, chartutil.ReleaseOptions{Name: "stockgate", Namespace: "stockgate"},
 			chartutil.DefaultCapabilities); err == nil {
@@ -488,7 +552,7 @@ func TestAdapterRule(t *testing.T) {
 	}
 	name, _ := rule["name"].(map[string]any)
 	adapter := map[string]any{"autoscaling": map[string]any{"prometheusAdapter": true}}
-	hpa := decodeAll(t, renderFiles(t, "stockgate", adapter))["HorizontalPodAutoscaler/stockgate"].(*autoscalingv2.HorizontalPodAutoscaler)
+	hpa := decodeAll(t, renderFiles(t, "stockgate", installable(t, adapter)))["HorizontalPodAutoscaler/stockgate"].(*autoscalingv2.HorizontalPodAutoscaler)
 	var asked string
 	for _, m := range hpa.Spec.Metrics {
 		if m.Pods != nil {

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"regexp"
 	"slices"
@@ -34,6 +35,9 @@ type namespace map[string]any
 // It returns the steps it took, or the first pod that would wait.
 func helmRun(t *testing.T, ns namespace, files map[string]string, upgrade bool) ([]string, error) {
 	t.Helper()
+	// Helm takes NOTES.txt out before it sorts (pkg/action renderResources).
+	files = maps.Clone(files)
+	maps.DeleteFunc(files, func(name, _ string) bool { return strings.HasSuffix(name, "NOTES.txt") })
 	hooks, manifests, err := releaseutil.SortManifests(files, nil, releaseutil.InstallOrder)
 	if err != nil {
 		t.Fatalf("helm's sorter: %v", err)
@@ -270,7 +274,7 @@ func argvOn(entrypoint, cmd []string, c corev1.Container) []string {
 // serve too, so the Job ran `stockgate serve migrate`: it served for ever,
 // or failed on a fresh ledger, and never migrated).
 func TestPodCommands(t *testing.T) {
-	for _, files := range [][]string{nil, {"helm/values-production.yaml"}} {
+	for _, files := range [][]string{{minimalValues}, {"helm/values-production.yaml"}, {"helm/ci/extras-values.yaml"}} {
 		objs := render(t, files...)
 		d := objs["Deployment/stockgate"].(*appsv1.Deployment)
 		if got := argv(t, d.Spec.Template.Spec.Containers[0]); !slices.Equal(got, []string{"/stockgate", "serve"}) {
@@ -320,6 +324,12 @@ func TestHookOrder(t *testing.T) {
 		"STOCKGATE_LEDGER_DSN": "postgres://u:p@pgbouncer:6432/stockgate", "STOCKGATE_REDIS_PASSWORD": "r"})
 	inline := map[string]any{"secretEnv": map[string]any{"STOCKGATE_ADMIN_TOKEN": strings.Repeat("a", 32),
 		"STOCKGATE_LEDGER_DSN": "postgres://u:p@db:5432/stockgate"}}
+	var extra []any
+	for _, k := range []string{"STOCKGATE_ADMIN_TOKEN", "STOCKGATE_LEDGER_DSN"} {
+		extra = append(extra, map[string]any{"name": k, "valueFrom": map[string]any{
+			"secretKeyRef": map[string]any{"name": "stockgate-secrets", "key": k}}})
+	}
+	fromSecret := map[string]any{"extraEnv": extra}
 	for _, tc := range []struct {
 		name    string
 		vals    map[string]any
@@ -327,9 +337,11 @@ func TestHookOrder(t *testing.T) {
 	}{
 		{"secretEnv", inline, chartutil.CoalesceTables(map[string]any{"env": map[string]any{"STOCKGATE_LOG_LEVEL": "debug"}}, inline)},
 		{"existingSecret", map[string]any{"existingSecret": "stockgate-secrets"}, map[string]any{"secretEnv": map[string]any{
-			"STOCKGATE_LEDGER_DSN": "postgres://u:p@other:5432/stockgate"}}},
+			"STOCKGATE_LEDGER_DSN": "postgres://u:p@other:5432/stockgate", "STOCKGATE_ADMIN_TOKEN": strings.Repeat("b", 32)}}},
 		{"production", readValues(t, "helm/values-production.yaml"), readValues(t, "helm/values-production.yaml")},
-		{"no secrets", map[string]any{}, map[string]any{"migration": map[string]any{"enabled": false}}},
+		// No Secret of the chart's: each secret from the operator's, by
+		// extraEnv.
+		{"extraEnv", fromSecret, chartutil.CoalesceTables(map[string]any{"migration": map[string]any{"enabled": false}}, fromSecret)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ns := namespace{"Secret/stockgate-secrets": made}
@@ -359,8 +371,8 @@ func TestHookOrder(t *testing.T) {
 				if diff := cmpEnv(jobEnv, podEnv); diff != "" {
 					t.Errorf("helm %s: the Job's settings differ from the pods': %s", []string{"install", "upgrade"}[i], diff)
 				}
-				if ns["Secret/stockgate-migrate"] != nil {
-					t.Error("the Job's Secret is left behind after it succeeded")
+				if ns["Secret/stockgate-migrate"] != nil || ns["ServiceAccount/stockgate-migrate"] != nil {
+					t.Error("the Job's Secret or ServiceAccount is left behind after it succeeded")
 				}
 			}
 		})

@@ -122,7 +122,10 @@ func TestReadmeInstall(t *testing.T) {
 			made = secret(c[6], data)
 		case len(c) > 3 && c[0] == "helm" && c[1] == "install":
 			release = c[2]
-			helmArgs = append([]string{"template"}, c[2:]...)
+			// helm install asks the cluster what helm template is told:
+			// Kubernetes 1.34, serving the Prometheus Operator's API (the
+			// README names it) and KEDA's.
+			helmArgs = append(append([]string{"template"}, c[2:]...), clusterArgs...)
 		}
 	}
 	if nsName == "" || made == nil || release == "" {

@@ -72,15 +72,16 @@ type Options struct {
 	Now func() time.Time
 	// Metrics receives commit counts and durations by operation. Optional.
 	Metrics prometheus.Registerer
-	// NoMigrate opens a ledger only if it is already at this build's
-	// schema (ErrSchema otherwise) and runs no DDL, so the serving role
-	// needs no DDL rights: `stockgate migrate` applies the schema first.
+	// NoMigrate runs no DDL, so the serving role needs no DDL rights:
+	// `stockgate migrate` applies the schema first. It opens a ledger whose
+	// schema this build runs on (see Schema.Serves), ErrSchema otherwise.
 	NoMigrate bool
 }
 
-// ErrSchema is Open with NoMigrate on a ledger whose schema is not this
-// build's (older, newer, or none).
-var ErrSchema = errors.New("ledger: schema is not this build's: run `stockgate migrate`")
+// ErrSchema is Open on a ledger whose schema this build cannot run on:
+// older than its minimum (with NoMigrate), or past a contract step that
+// builds as old as this one predate. The wrapping error says which.
+var ErrSchema = errors.New("ledger: schema")
 
 // Ledger is an open ledger database.
 type Ledger struct {
@@ -96,6 +97,9 @@ type Ledger struct {
 	stmts   *stmts             // SQLite: the loops' repeated queries, prepared; nil on PostgreSQL
 	sql     takeSQL            // the take engine's statements in this driver's dialect
 	id      keys.ID            // see ID
+	schema  Schema             // see Schema
+	build   schemaSteps        // the migrations this build knows: thisBuild but in tests
+	dsn     string             // PostgreSQL: what migrations connect to, apart from the pool
 }
 
 // DefaultOptions are the settings a zero field takes.
@@ -116,6 +120,10 @@ func (o Options) Validate() error {
 
 // Open connects, creates the schema when missing, and returns the ledger.
 func Open(ctx context.Context, opts Options) (*Ledger, error) {
+	return open(ctx, opts, thisBuild)
+}
+
+func open(ctx context.Context, opts Options, build schemaSteps) (*Ledger, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, fmt.Errorf("ledger: %w", err)
 	}
@@ -143,7 +151,7 @@ func Open(ctx context.Context, opts Options) (*Ledger, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ledger: open: %w", err)
 	}
-	l := &Ledger{db: db, release: release, driver: opts.Driver, now: opts.Now,
+	l := &Ledger{db: db, release: release, driver: opts.Driver, now: opts.Now, dsn: opts.DSN,
 		commits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "stockgate_ledger_writes_total",
 			Help: "Ledger write transactions by operation and result (ok, duplicate, refused, error). A group-committed batch counts once.",
@@ -175,7 +183,7 @@ func Open(ctx context.Context, opts Options) (*Ledger, error) {
 			}
 		}
 	}
-	if err := l.migrate(ctx, !opts.NoMigrate); err != nil {
+	if err := l.migrate(ctx, build, !opts.NoMigrate); err != nil {
 		release()
 		return nil, err
 	}
@@ -498,11 +506,9 @@ CREATE INDEX IF NOT EXISTS holds_owed ON holds (ended_at) WHERE restore_pending 
 CREATE INDEX IF NOT EXISTS orders_owed ON orders (refunded_at) WHERE restore_pending > 0;
 `
 
-// schemaDigest names this build's schema. A ledger that already carries
-// it is not touched: DDL such as CREATE INDEX IF NOT EXISTS locks its
-// table even when there is nothing to create, and a gateway starting
-// beside others that are selling then deadlocks with their transactions
-// (seen in CI: SQLSTATE 40P01 at start-up).
+// schemaDigest names the schema of the baseline step. The builds from
+// before versioned migrations start only on a ledger that carries it, so the
+// baseline keeps writing it (see baseline).
 var schemaDigest = func() string {
 	h := sha256.New()
 	h.Write([]byte(schema))
@@ -513,74 +519,6 @@ var schemaDigest = func() string {
 	}
 	return hex.EncodeToString(h.Sum(nil))
 }()
-
-// migrate brings the schema to this build's, or with apply false only
-// checks that it is (ErrSchema).
-func (l *Ledger) migrate(ctx context.Context, apply bool) error {
-	tx, err := l.db.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("ledger: migrate: %w", err)
-	}
-	defer tx.Rollback()
-	if l.driver == Postgres {
-		// Gateways starting together would race on CREATE TABLE.
-		if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(7301)"); err != nil {
-			return fmt.Errorf("ledger: migrate lock: %w", err)
-		}
-	}
-	have, err := l.schemaAt(ctx, tx)
-	if err != nil {
-		return fmt.Errorf("ledger: migrate: %w", err)
-	}
-	if have == schemaDigest {
-		return tx.Commit()
-	}
-	if !apply {
-		return ErrSchema
-	}
-	if _, err := tx.ExecContext(ctx, schema); err != nil {
-		return fmt.Errorf("ledger: migrate: %w", err)
-	}
-	for _, col := range added {
-		if err := l.addColumn(ctx, tx, col.table, col.name, col.def); err != nil {
-			return fmt.Errorf("ledger: migrate: %w", err)
-		}
-	}
-	if _, err := tx.ExecContext(ctx, addedIndexes); err != nil {
-		return fmt.Errorf("ledger: migrate: %w", err)
-	}
-	if _, err := tx.ExecContext(ctx, laterTables(l.driver)); err != nil {
-		return fmt.Errorf("ledger: migrate: %w", err)
-	}
-	if l.driver == Postgres {
-		// Orders, holds and seats once referenced their SKU row. Each
-		// insert's key-share lock on that row, mixed with the batches'
-		// updates of it, made PostgreSQL 15 fail writes with "new multixact
-		// has more than one updating member" (SQLSTATE XX000) under
-		// concurrent batches. Every write reaches the SKU row by its own
-		// conditional update anyway, so the references go. (SQLite keeps
-		// the ones a file has: it has no such locks.)
-		for _, table := range []string{"orders", "holds", "seats"} {
-			if _, err := tx.ExecContext(ctx, `ALTER TABLE `+table+` DROP CONSTRAINT IF EXISTS `+table+`_program_ticket_fkey`); err != nil {
-				return fmt.Errorf("ledger: migrate: %w", err)
-			}
-		}
-	}
-	if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS ledger_schema (digest TEXT NOT NULL)`); err != nil {
-		return fmt.Errorf("ledger: migrate: %w", err)
-	}
-	if _, err := tx.ExecContext(ctx, `DELETE FROM ledger_schema`); err != nil {
-		return fmt.Errorf("ledger: migrate: %w", err)
-	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO ledger_schema (digest) VALUES ($1)`, schemaDigest); err != nil {
-		return fmt.Errorf("ledger: migrate: %w", err)
-	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO ledger_identity (id) SELECT $1 WHERE NOT EXISTS (SELECT 1 FROM ledger_identity)`,
-		NewID()); err != nil {
-		return fmt.Errorf("ledger: migrate: %w", err)
-	}
-	return tx.Commit()
-}
 
 // forUpdate is " FOR UPDATE" on PostgreSQL: a read that locks its rows
 // (SQLite's one writer needs none).
@@ -594,29 +532,6 @@ func (l *Ledger) forUpdate() string {
 // ID is the ledger's own id: the same for every replica of one ledger,
 // another for any other ledger.
 func (l *Ledger) ID() keys.ID { return l.id }
-
-// schemaAt reads the digest of the schema the ledger was last migrated to,
-// "" for a ledger that predates the digest or is new. It looks the table up
-// first: on PostgreSQL a failed SELECT would abort the transaction.
-func (l *Ledger) schemaAt(ctx context.Context, tx *sql.Tx) (string, error) {
-	q := `SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'ledger_schema'`
-	if l.driver == Postgres {
-		q = `SELECT COUNT(*) FROM pg_catalog.pg_tables WHERE tablename = 'ledger_schema' AND schemaname = current_schema()`
-	}
-	var n int
-	if err := tx.QueryRowContext(ctx, q).Scan(&n); err != nil {
-		return "", fmt.Errorf("look for ledger_schema: %w", err)
-	}
-	if n == 0 {
-		return "", nil
-	}
-	var digest string
-	err := tx.QueryRowContext(ctx, `SELECT digest FROM ledger_schema`).Scan(&digest)
-	if errors.Is(err, sql.ErrNoRows) {
-		return "", nil
-	}
-	return digest, err
-}
 
 // addColumn adds a column unless the table has it. SQLite has no ADD
 // COLUMN IF NOT EXISTS, so both drivers look first.

@@ -457,15 +457,15 @@ func TestServeWithoutDDLRights(t *testing.T) {
 		}
 		l.Close()
 	}
-	// A ledger at another schema (an older build migrated it last).
-	if _, err := db.ExecContext(ctx, `UPDATE ledger_schema SET digest = 'an-older-build'`); err != nil {
+	// A ledger at a schema older than this build's minimum.
+	if _, err := db.ExecContext(ctx, `DELETE FROM ledger_migrations WHERE version_id > 0`); err != nil {
 		t.Fatal(err)
 	}
 	if l, err := open(true); !errors.Is(err, ledger.ErrSchema) {
 		if l != nil {
 			l.Close()
 		}
-		t.Fatalf("NoMigrate on another schema = %v, want ErrSchema", err)
+		t.Fatalf("NoMigrate on an older schema = %v, want ErrSchema", err)
 	}
 	if l, err := open(false); err == nil {
 		l.Close()
@@ -512,8 +512,11 @@ func TestMigrateDropsSKUReferences(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := db.ExecContext(ctx, `UPDATE ledger_schema SET digest = 'before'`); err != nil {
-		t.Fatal(err)
+	// As a build from before versioned migrations left it.
+	for _, q := range []string{`UPDATE ledger_schema SET digest = 'before'`, `DROP TABLE ledger_migrations`, `DROP TABLE ledger_compat`} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if l, err = ledger.Open(ctx, ledger.Options{Driver: ledger.Postgres, DSN: dsn}); err != nil {
 		t.Fatal(err)

@@ -55,6 +55,7 @@ type config struct {
 	PprofAddr      string
 	AllowOpenAdmin bool
 	Migrate        bool
+	DownTo         int64 // migrate only: undo the schema's steps above it
 
 	// secrets are the flags that may also be read from the file
 	// STOCKGATE_<FLAG>_FILE names (parse).
@@ -186,6 +187,7 @@ func flags(fs *flag.FlagSet, c *config) {
 	b.int("code-guesses", &o.HTTP.CodeGuesses, "HTTP.CodeGuesses", "wrong access codes one client address may present a minute (per replica) before 429")
 	b.dur("slow-request", &o.HTTP.SlowRequest, "HTTP.SlowRequest", "latency above which a request is logged")
 	fs.DurationVar(&c.DrainDelay, "drain-delay", 0, "on SIGTERM, time /readyz fails while requests are still served, before connections close (Kubernetes' preStop sleep does this too)")
+	fs.Int64Var(&c.DownTo, "schema-down-to", 0, "migrate only: undo the ledger schema's steps above this version, with the build that shipped them, before rolling back to a build a contract step shut out (docs/RUNBOOK.md); 0: migrate up")
 	fs.BoolVar(&c.Migrate, "migrate", true, "serve applies the ledger schema at start; false refuses to start on a ledger not at this build's schema (run `stockgate migrate` first), so the serving role needs no DDL rights")
 	fs.BoolVar(&c.AllowOpenAdmin, "allow-open-admin", false, "start with no admin token on a non-loopback address (admin routes open to the network)")
 	fs.StringVar(&c.PprofAddr, "pprof-addr", "", "host:port of a separate listener for /debug/pprof (empty: off; keep it off the public network)")
@@ -313,16 +315,20 @@ func (c *config) checkAdmin() error {
 // migrate applies this build's ledger schema (what the chart's Job and an
 // operator run before rolling out a build whose serving role has no DDL
 // rights) and closes the ledger.
-func migrate(ctx context.Context, c *config) error {
+func migrate(ctx context.Context, c *config) (ledger.Schema, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	o := c.Ledger
-	o.NoMigrate = false
+	o.NoMigrate = c.DownTo > 0 // down: not up first
 	l, err := ledger.Open(ctx, o)
 	if err != nil {
-		return err
+		return ledger.Schema{}, err
 	}
-	return l.Close()
+	defer l.Close()
+	if c.DownTo > 0 {
+		err = l.DownTo(ctx, c.DownTo)
+	}
+	return l.Schema(), err
 }
 
 // loopback reports whether addr (host:port) listens on loopback only; an
@@ -396,11 +402,13 @@ func run(args []string, stderr io.Writer) int {
 	_ = lvl.UnmarshalText([]byte(c.LogLevel))
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lvl}))
 	if args[0] == "migrate" {
-		if err := migrate(context.Background(), &c); err != nil {
+		s, err := migrate(context.Background(), &c)
+		if err != nil {
 			log.Error("migrate failed", "err", err)
 			return 1
 		}
-		log.Info("ledger schema is this build's", "driver", cmp.Or(c.Ledger.Driver, ledger.SQLite))
+		log.Info("ledger schema migrated", "driver", cmp.Or(c.Ledger.Driver, ledger.SQLite), "version", s.Version,
+			"oldest_build", s.OldestBuild, "build_newest", s.Latest, "build_minimum", s.Minimum)
 		return 0
 	}
 	if err := c.checkAdmin(); err != nil {

@@ -207,14 +207,21 @@ func TestMigrateCommand(t *testing.T) {
 	if code, out := runBounded(t, "serve", "-migrate=false"); code != 1 || !strings.Contains(out, "stockgate migrate") {
 		t.Fatalf("serve -migrate=false on a new ledger = %d (%s), want 1 naming `stockgate migrate`", code, out)
 	}
-	if code, out := runBounded(t, "migrate"); code != 0 {
-		t.Fatalf("migrate = %d (%s), want 0", code, out)
+	if code, out := runBounded(t, "migrate"); code != 0 || !strings.Contains(out, `"version":1`) {
+		t.Fatalf("migrate = %d (%s), want 0 saying the schema's version", code, out)
 	}
 	l, err := ledger.Open(t.Context(), ledger.Options{Driver: ledger.SQLite, DSN: dsn, NoMigrate: true})
 	if err != nil {
 		t.Fatalf("after migrate, the ledger is not at this build's schema: %v", err)
 	}
 	l.Close()
+	// Down to the baseline is nothing to undo; past it is refused.
+	if code, out := runBounded(t, "migrate", "-schema-down-to", "1"); code != 0 || !strings.Contains(out, `"version":1`) {
+		t.Fatalf("migrate -schema-down-to 1 = %d (%s), want 0 at version 1", code, out)
+	}
+	if code, out := runBounded(t, "migrate", "-schema-down-to", "-1"); code != 0 {
+		t.Fatalf("migrate -schema-down-to -1 = %d (%s), want 0 (no down: up)", code, out)
+	}
 }
 
 // TLS files without TLS is a mistake an operator makes: named.

@@ -1,0 +1,337 @@
+package ledger
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/database"
+	"github.com/pressly/goose/v3/lock"
+)
+
+// The schema moves by versioned steps (goose keeps which ran, in
+// ledger_migrations) in the expand/contract discipline, so a rollout and its
+// rollback never need the schema and the build to change together:
+//
+//   - An expand step only adds (a table, a column with a default, an index):
+//     a build that predates it runs on the ledger unchanged. This is what
+//     lets `helm rollback` or `kubectl rollout undo` put an older build back
+//     on a ledger a newer one migrated.
+//   - A contract step removes or changes what older builds use. It ships in
+//     a release after the one whose code stopped using it, and it names the
+//     oldest build that may serve afterwards (oldestBuild: a build whose
+//     newest step is below it refuses to start, with ErrSchema, instead of
+//     failing at its first sale).
+//
+// A build serves a ledger whose version is at least its minSchema (the
+// oldest schema its code runs on) and whose oldest allowed build it meets;
+// a newer version is fine. docs/RUNBOOK.md says how to roll back.
+
+// migration is one migration of the ledger's schema.
+type migration struct {
+	version int64
+	name    string
+	// oldestBuild > 0 makes the step a contract: after it, only builds whose
+	// newest step is at least oldestBuild may serve the ledger.
+	oldestBuild int64
+	up          func(l *Ledger, ctx context.Context, tx *sql.Tx) error
+	down        func(l *Ledger, ctx context.Context, tx *sql.Tx) error // nil: cannot be undone
+}
+
+// schemaSteps are a build's migrations (in version order) and the oldest
+// schema its code runs on.
+type schemaSteps struct {
+	steps   []migration
+	minimum int64
+}
+
+// thisBuild is this build's schema. Add a step at the end; raise minimum
+// only when the code starts to use what a step added (and never past a step
+// released in the build before, or a rollout would stop on its own ledger).
+var thisBuild = schemaSteps{
+	steps: []migration{
+		{version: 1, name: "baseline", up: (*Ledger).baseline},
+	},
+	minimum: 1,
+}
+
+func (s schemaSteps) latest() int64 { return s.steps[len(s.steps)-1].version }
+
+// Schema is where a ledger's schema stands against the running build.
+type Schema struct {
+	Version     int64 // the newest step the ledger has run (0: none)
+	OldestBuild int64 // builds whose newest step is below this may not serve it
+	Latest      int64 // this build's newest step
+	Minimum     int64 // the oldest schema this build runs on
+}
+
+// Serves reports why this build may not serve a ledger at s (ErrSchema), or nil.
+func (s Schema) Serves() error {
+	switch {
+	case s.Version < s.Minimum:
+		return fmt.Errorf("%w: the ledger is at schema %d, this build needs at least %d: run `stockgate migrate` with this build",
+			ErrSchema, s.Version, s.Minimum)
+	case s.OldestBuild > s.Latest:
+		return fmt.Errorf("%w: the ledger is at schema %d, past a contract step that builds older than schema %d cannot run on (this build knows %d): deploy a newer build (docs/RUNBOOK.md, rolling back across a schema change)",
+			ErrSchema, s.Version, s.OldestBuild, s.Latest)
+	}
+	return nil
+}
+
+// Schema is where the ledger's schema stood when it was opened.
+func (l *Ledger) Schema() Schema { return l.schema }
+
+const (
+	migrationsTable = "ledger_migrations"
+	migrateLockID   = 7301
+)
+
+func (l *Ledger) dialect() goose.Dialect {
+	if l.driver == Postgres {
+		return goose.DialectPostgres
+	}
+	return goose.DialectSQLite3
+}
+
+// schemaAt reads where the ledger stands, without DDL or locks: a serving
+// replica without DDL rights reads it, and so does every start on a ledger
+// that is already migrated (DDL such as CREATE INDEX IF NOT EXISTS locks its
+// table even when there is nothing to create, and a gateway starting beside
+// others that are selling then deadlocked with them: SQLSTATE 40P01 in CI).
+func (l *Ledger) schemaAt(ctx context.Context, build schemaSteps) (Schema, error) {
+	s := Schema{Latest: build.latest(), Minimum: build.minimum}
+	store, err := database.NewStore(l.dialect(), migrationsTable)
+	if err != nil {
+		return s, err
+	}
+	// goose's own look-up has no SQLite query; and a failed SELECT of a
+	// missing table would abort a PostgreSQL transaction.
+	q := `SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = $1`
+	if l.driver == Postgres {
+		q = `SELECT COUNT(*) FROM pg_catalog.pg_tables WHERE tablename = $1 AND schemaname = current_schema()`
+	}
+	var n int
+	if err := l.db.QueryRowContext(ctx, q, migrationsTable).Scan(&n); err != nil || n == 0 {
+		return s, err
+	}
+	if s.Version, err = store.GetLatestVersion(ctx, l.db); err != nil {
+		if errors.Is(err, database.ErrVersionNotFound) {
+			return s, nil
+		}
+		return s, err
+	}
+	if s.Version > 0 {
+		err = l.db.QueryRowContext(ctx, `SELECT oldest_build FROM ledger_compat`).Scan(&s.OldestBuild)
+	}
+	return s, err
+}
+
+// migrate brings the schema up to build's newest step (with apply false it
+// only checks), then checks that build may serve it.
+func (l *Ledger) migrate(ctx context.Context, build schemaSteps, apply bool) error {
+	s, err := l.schemaAt(ctx, build)
+	if err != nil {
+		return fmt.Errorf("ledger: schema: %w", err)
+	}
+	if apply && s.Version < s.Latest {
+		if err := l.up(ctx, build); err != nil {
+			return fmt.Errorf("ledger: migrate: %w", err)
+		}
+		if s, err = l.schemaAt(ctx, build); err != nil {
+			return fmt.Errorf("ledger: schema: %w", err)
+		}
+	}
+	l.schema, l.build = s, build
+	return s.Serves()
+}
+
+// up runs the steps the ledger has not run, each in its own transaction
+// with its version, under goose's lock. On PostgreSQL that lock is a row of
+// a table with a lease (goose's table locker), not a session advisory lock,
+// so it holds behind PgBouncer in transaction pooling; and replicas starting
+// together take turns instead of racing on CREATE TABLE.
+func (l *Ledger) up(ctx context.Context, build schemaSteps) error {
+	p, done, err := l.provider(build)
+	if err != nil {
+		return err
+	}
+	defer done()
+	_, err = p.Up(ctx)
+	return err
+}
+
+// DownTo undoes the steps above version, newest first; a step that cannot
+// be undone stops it (ErrSchema). The ledger must not be serving a build
+// that needs what it removes.
+func (l *Ledger) DownTo(ctx context.Context, version int64) error {
+	build := l.build
+	if version < 1 {
+		return fmt.Errorf("%w: the baseline (schema 1) cannot be undone", ErrSchema)
+	}
+	for _, st := range build.steps {
+		if st.version > version && st.down == nil {
+			return fmt.Errorf("%w: step %d (%s) cannot be undone", ErrSchema, st.version, st.name)
+		}
+	}
+	p, done, err := l.provider(build)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if _, err := p.DownTo(ctx, version); err != nil {
+		return fmt.Errorf("ledger: migrate down: %w", err)
+	}
+	l.schema, err = l.schemaAt(ctx, build)
+	return err
+}
+
+// provider runs build's steps. On PostgreSQL it has connections of its own,
+// closed by done: goose holds one for the run and its lock takes another,
+// which a ledger opened with MaxConns 1 would wait for for ever.
+func (l *Ledger) provider(build schemaSteps) (_ *goose.Provider, done func(), err error) {
+	db, done := l.db, func() {}
+	if l.driver == Postgres {
+		if db, err = openPostgres(l.dsn); err != nil {
+			return nil, nil, err
+		}
+		db.SetMaxOpenConns(2)
+		done = func() { db.Close() }
+	}
+	defer func() {
+		if err != nil {
+			done()
+		}
+	}()
+	var ms []*goose.Migration
+	for _, st := range build.steps {
+		up := &goose.GoFunc{RunTx: func(ctx context.Context, tx *sql.Tx) error {
+			if err := st.up(l, ctx, tx); err != nil {
+				return fmt.Errorf("step %d (%s): %w", st.version, st.name, err)
+			}
+			if st.oldestBuild == 0 {
+				return nil
+			}
+			return setOldestBuild(ctx, tx, st.oldestBuild, true)
+		}}
+		down := &goose.GoFunc{RunTx: func(ctx context.Context, tx *sql.Tx) error {
+			if st.down == nil {
+				return fmt.Errorf("step %d (%s) cannot be undone", st.version, st.name)
+			}
+			if err := st.down(l, ctx, tx); err != nil {
+				return err
+			}
+			// The oldest build allowed is the newest of the contract steps left.
+			old := int64(1)
+			for _, o := range build.steps {
+				if o.version < st.version && o.oldestBuild > old {
+					old = o.oldestBuild
+				}
+			}
+			return setOldestBuild(ctx, tx, old, false)
+		}}
+		ms = append(ms, goose.NewGoMigration(st.version, up, down))
+	}
+	opts := []goose.ProviderOption{
+		goose.WithGoMigrations(ms...),
+		goose.WithDisableGlobalRegistry(true),
+		goose.WithTableName(migrationsTable),
+		goose.WithLogger(goose.NopLogger()),
+	}
+	if l.driver == Postgres {
+		// SQLite needs none: one connection, and the file's own lock.
+		locker, err := lock.NewPostgresTableLocker(
+			lock.WithTableName("ledger_migrate_lock"),
+			lock.WithTableLockID(migrateLockID),
+			// A replica waiting for another's migration looks again often
+			// (goose's default is every 5 s), for up to 5 minutes.
+			lock.WithTableLockTimeout(100*time.Millisecond, 3000),
+		)
+		if err != nil {
+			return nil, nil, err
+		}
+		opts = append(opts, goose.WithLocker(locker))
+	}
+	p, err := goose.NewProvider(l.dialect(), db, nil, opts...)
+	return p, done, err
+}
+
+// setOldestBuild records the oldest build that may serve the ledger (only
+// raising it with raise). The builds from before versioned steps look only
+// at ledger_schema's digest: past a contract step it no longer matches
+// theirs, so they refuse to serve with -migrate=false.
+func setOldestBuild(ctx context.Context, tx *sql.Tx, oldest int64, raise bool) error {
+	q := `UPDATE ledger_compat SET oldest_build = $1`
+	if raise {
+		q += ` WHERE oldest_build < $1`
+	}
+	if _, err := tx.ExecContext(ctx, q, oldest); err != nil {
+		return err
+	}
+	digest := schemaDigest
+	if oldest > 1 {
+		digest = fmt.Sprintf("contract-%d", oldest)
+	}
+	_, err := tx.ExecContext(ctx, `UPDATE ledger_schema SET digest = $1`, digest)
+	return err
+}
+
+// baseline is the schema as it stood when the ledger's schema became
+// versioned. It is written to run on every ledger made before (CREATE ... IF
+// NOT EXISTS, columns added when missing), so those upgrade in place, and it
+// keeps ledger_schema's digest, which the builds before versioning check:
+// one of them put back by a rollback still starts.
+func (l *Ledger) baseline(ctx context.Context, tx *sql.Tx) error {
+	if l.driver == Postgres {
+		// A build from before versioning, starting now, would race on CREATE TABLE.
+		if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(7301)"); err != nil {
+			return fmt.Errorf("lock: %w", err)
+		}
+	}
+	if _, err := tx.ExecContext(ctx, schema); err != nil {
+		return err
+	}
+	for _, col := range added {
+		if err := l.addColumn(ctx, tx, col.table, col.name, col.def); err != nil {
+			return err
+		}
+	}
+	if _, err := tx.ExecContext(ctx, addedIndexes); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, laterTables(l.driver)); err != nil {
+		return err
+	}
+	if l.driver == Postgres {
+		// Orders, holds and seats once referenced their SKU row. Each
+		// insert's key-share lock on that row, mixed with the batches'
+		// updates of it, made PostgreSQL 15 fail writes with "new multixact
+		// has more than one updating member" (SQLSTATE XX000) under
+		// concurrent batches. Every write reaches the SKU row by its own
+		// conditional update anyway, so the references go. (SQLite keeps
+		// the ones a file has: it has no such locks.)
+		for _, table := range []string{"orders", "holds", "seats"} {
+			if _, err := tx.ExecContext(ctx, `ALTER TABLE `+table+` DROP CONSTRAINT IF EXISTS `+table+`_program_ticket_fkey`); err != nil {
+				return err
+			}
+		}
+	}
+	for _, q := range []string{
+		`CREATE TABLE IF NOT EXISTS ledger_schema (digest TEXT NOT NULL)`,
+		`DELETE FROM ledger_schema`,
+		`CREATE TABLE IF NOT EXISTS ledger_compat (oldest_build BIGINT NOT NULL)`,
+		`DELETE FROM ledger_compat`,
+		`INSERT INTO ledger_compat (oldest_build) VALUES (1)`,
+	} {
+		if _, err := tx.ExecContext(ctx, q); err != nil {
+			return err
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO ledger_schema (digest) VALUES ($1)`, schemaDigest); err != nil {
+		return err
+	}
+	_, err := tx.ExecContext(ctx, `INSERT INTO ledger_identity (id) SELECT $1 WHERE NOT EXISTS (SELECT 1 FROM ledger_identity)`, NewID())
+	return err
+}

@@ -1,0 +1,171 @@
+package ledger_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
+)
+
+// The steps of two later builds: an expand (a table and a column with a
+// default: older code never notices) and a contract after it that only
+// builds knowing schema 2 may serve.
+var (
+	expand = ledger.FutureStep{Version: 2,
+		Up:   `CREATE TABLE later_things (id TEXT PRIMARY KEY); ALTER TABLE skus ADD COLUMN later_note TEXT NOT NULL DEFAULT ''`,
+		Down: `DROP TABLE later_things; ALTER TABLE skus DROP COLUMN later_note`}
+	contract = ledger.FutureStep{Version: 3, OldestBuild: 2,
+		Up:   `DROP TABLE later_things`,
+		Down: `CREATE TABLE later_things (id TEXT PRIMARY KEY)`}
+)
+
+// A build serves every schema from its minimum to the newest as long as no
+// contract step shut it out: an older build put back by a rollback sells on
+// a ledger a newer build expanded, refuses one a contract step moved past it
+// with a message that says so, and is let back in when that step is undone.
+func TestBuildRunsOnEverySchemaFromItsMinimum(t *testing.T) {
+	for _, driver := range []string{ledger.SQLite, ledger.Postgres} {
+		t.Run(driver, func(t *testing.T) {
+			ctx := context.Background()
+			o := ledger.Options{Driver: driver, DSN: testenv.SQLitePath(t)}
+			if driver == ledger.Postgres {
+				o.DSN = testenv.PostgresURL(t)
+			}
+			serving := o
+			serving.NoMigrate = true
+			sells := func(l *ledger.Ledger, key string) {
+				t.Helper()
+				if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 100, Shards: 1, MaxPerOrder: 4}); err != nil {
+					t.Fatalf("put SKU at schema %+v: %v", l.Schema(), err)
+				}
+				if _, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID(key), SKU: sku, Buyer: keys.MustID("b-" + key), Quantity: 1}); err != nil {
+					t.Fatalf("purchase at schema %+v: %v", l.Schema(), err)
+				}
+			}
+			at := func(version int64) func(*ledger.Ledger, error) *ledger.Ledger {
+				return func(l *ledger.Ledger, err error) *ledger.Ledger {
+					t.Helper()
+					if err != nil {
+						t.Fatalf("open, want schema %d: %v", version, err)
+					}
+					t.Cleanup(func() { l.Close() })
+					if s := l.Schema(); s.Version != version {
+						t.Fatalf("schema %+v, want version %d", s, version)
+					}
+					return l
+				}
+			}
+
+			// This build makes the ledger; the next one expands it.
+			sells(at(1)(ledger.Open(ctx, o)), "k1")
+			at(2)(ledger.OpenBuild(ctx, o, 1, expand))
+			// This build again (a rollback): serving without DDL, and its
+			// migrate Job too, which leaves the newer schema as it is.
+			sells(at(2)(ledger.Open(ctx, serving)), "k2")
+			sells(at(2)(ledger.Open(ctx, o)), "k3")
+
+			// The contract step shuts builds older than schema 2 out.
+			at(3)(ledger.OpenBuild(ctx, o, 1, expand, contract))
+			for _, opts := range []ledger.Options{serving, o} {
+				l, err := ledger.Open(ctx, opts)
+				if err == nil {
+					l.Close()
+					t.Fatalf("this build (schema 1) opened a ledger past a contract step for builds from 2 (NoMigrate %v)", opts.NoMigrate)
+				}
+				if !errors.Is(err, ledger.ErrSchema) || !strings.Contains(err.Error(), "deploy a newer build") {
+					t.Fatalf("open past a contract step = %v, want ErrSchema saying to deploy a newer build", err)
+				}
+			}
+			if got := digest(t, driver, o.DSN); got == ledger.SchemaDigest {
+				t.Errorf("past a contract step ledger_schema still says %q: a build from before versioned steps would serve", got)
+			}
+			newer := at(3)(ledger.OpenBuild(ctx, serving, 2, expand))
+			sells(newer, "k4")
+
+			// A build that needs schema 3 refuses a ledger left at 2.
+			down := at(3)(ledger.OpenBuild(ctx, o, 3, expand, contract))
+			if err := down.DownTo(ctx, 2); err != nil {
+				t.Fatal(err)
+			}
+			if l, err := ledger.OpenBuild(ctx, serving, 3, expand, contract); !errors.Is(err, ledger.ErrSchema) || !strings.Contains(err.Error(), "needs at least 3") {
+				if l != nil {
+					l.Close()
+				}
+				t.Fatalf("a build needing schema 3 on schema 2 = %v, want ErrSchema", err)
+			}
+			// With the contract undone, this build serves again, and so
+			// would one from before versioned steps.
+			sells(at(2)(ledger.Open(ctx, serving)), "k5")
+			if got := digest(t, driver, o.DSN); got != ledger.SchemaDigest {
+				t.Errorf("with the contract undone ledger_schema says %q, want the baseline's", got)
+			}
+			if err := down.DownTo(ctx, 0); !errors.Is(err, ledger.ErrSchema) {
+				t.Errorf("down past the baseline = %v, want ErrSchema", err)
+			}
+			if _, units, err := newer.OrderTotals(ctx, sku); err != nil || units != 5 {
+				t.Errorf("%d units sold across the schemas (%v), want 5", units, err)
+			}
+		})
+	}
+}
+
+// Replicas starting together on an empty PostgreSQL ledger take turns: each
+// opens it, the baseline runs once, and it leaves the digest the builds from
+// before versioned migrations look for, so one put back by a rollback starts.
+func TestReplicasMigrateTogether(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.PostgresURL(t)
+	var wg sync.WaitGroup
+	errs := make([]error, 6)
+	for i := range errs {
+		wg.Go(func() {
+			l, err := ledger.Open(ctx, ledger.Options{Driver: ledger.Postgres, DSN: dsn})
+			if err == nil {
+				err = l.Close()
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var runs int
+	var digest string
+	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM ledger_migrations WHERE version_id = 1`).Scan(&runs); err != nil || runs != 1 {
+		t.Errorf("the baseline ran %d times (%v), want 1", runs, err)
+	}
+	if err := db.QueryRowContext(ctx, `SELECT digest FROM ledger_schema`).Scan(&digest); err != nil || digest != ledger.SchemaDigest {
+		t.Errorf("ledger_schema digest %q (%v), want %q", digest, err, ledger.SchemaDigest)
+	}
+}
+
+// digest reads ledger_schema, what builds from before versioned steps check.
+func digest(t *testing.T, driver, dsn string) string {
+	t.Helper()
+	name := "sqlite"
+	if driver == ledger.Postgres {
+		name = "pgx"
+	}
+	db, err := sql.Open(name, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var d string
+	if err := db.QueryRowContext(context.Background(), `SELECT digest FROM ledger_schema`).Scan(&d); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}

@@ -13,9 +13,13 @@ import (
 	"github.com/gin-gonic/gin"
 	"github.com/maypok86/otter/v2"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"golang.org/x/time/rate"
 
 	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/tracing"
 )
 
 type ctxKey struct{}
@@ -79,6 +83,26 @@ func newHTTPMetrics(reg prometheus.Registerer) (*httpMetrics, error) {
 		}
 	}
 	return m, nil
+}
+
+// traced is the span of each request while tracing is on (routes adds it
+// only then): it continues the caller's W3C traceparent, is named by the
+// route template, and carries the request id and the status.
+func traced(c *gin.Context) {
+	route := c.FullPath()
+	if route == "" {
+		route = "unmatched"
+	}
+	ctx, span := tracing.StartServer(c.Request.Context(), c.Request.Header, c.Request.Method+" "+route,
+		semconv.HTTPRequestMethodKey.String(c.Request.Method), semconv.HTTPRoute(route))
+	defer span.End()
+	c.Request = c.Request.WithContext(ctx)
+	c.Next()
+	code := c.Writer.Status()
+	span.SetAttributes(semconv.HTTPResponseStatusCode(code), attribute.String("stockgate.request_id", RequestID(c.Request.Context())))
+	if code >= 500 {
+		span.SetStatus(codes.Error, http.StatusText(code))
+	}
 }
 
 // observe gives every request an id (a valid X-Request-Id from the client

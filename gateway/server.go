@@ -26,6 +26,7 @@ import (
 	"github.com/stockgate/stockgate/internal/opt"
 	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/stock"
+	"github.com/stockgate/stockgate/tracing"
 )
 
 // OpenAPI is the API's OpenAPI 3.1 document, served at /openapi.json.
@@ -227,6 +228,9 @@ func (s *Server) routes(set routeSet) (*gin.Engine, error) {
 	e := gin.New()
 	if err := e.SetTrustedProxies(s.opts.TrustedProxies); err != nil {
 		return nil, fmt.Errorf("gateway: trusted proxies: %w", err)
+	}
+	if tracing.Enabled() {
+		e.Use(traced) // off, not even a hop through it
 	}
 	e.Use(s.observe, s.recoverer, s.limit)
 	e.HandleMethodNotAllowed = true

@@ -10,9 +10,12 @@ import (
 	"net/url"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/stockgate/stockgate/internal/opt"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/sale"
+	"github.com/stockgate/stockgate/tracing"
 	"github.com/stockgate/stockgate/webhook"
 )
 
@@ -72,8 +75,15 @@ func NewWebhook(o WebhookOptions) (*Webhook, error) {
 // Name is the sink's name.
 func (w *Webhook) Name() string { return w.name }
 
-// Deliver posts e.
-func (w *Webhook) Deliver(ctx context.Context, e ledger.Event) error {
+// Deliver posts e. With tracing on, each attempt is a span (its
+// traceparent goes out with the request, so the receiver's trace joins it).
+func (w *Webhook) Deliver(ctx context.Context, e ledger.Event) (err error) {
+	ctx, span := tracing.StartClient(ctx, "webhook.deliver")
+	defer func() { tracing.End(span, err) }()
+	if span.IsRecording() {
+		span.SetAttributes(attribute.String("stockgate.sink", w.name), attribute.String("stockgate.event.id", e.ID.String()),
+			attribute.String("stockgate.event.type", e.Type), attribute.Int64("stockgate.event.seq", e.Seq))
+	}
 	body, err := json.Marshal(sale.EventOf(e).Wire())
 	if err != nil {
 		return fmt.Errorf("webhook: %w", err)
@@ -82,6 +92,7 @@ func (w *Webhook) Deliver(ctx context.Context, e ledger.Event) error {
 	if err != nil {
 		return fmt.Errorf("webhook: %w", err)
 	}
+	tracing.Inject(ctx, req.Header)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "stockgate-relay")
 	w.signer.Sign(req.Header, e.ID.String(), body, w.now())

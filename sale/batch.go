@@ -35,7 +35,7 @@ func newCommitter(s *Service, partitions, max int, direct bool) *committer {
 	return c
 }
 
-func (c *committer) commitTake(t ledger.Take) ledger.TakeResult {
+func (c *committer) commitTake(ctx context.Context, t ledger.Take) ledger.TakeResult {
 	var sku stock.SKU
 	switch {
 	case len(t.Orders) > 0:
@@ -43,7 +43,7 @@ func (c *committer) commitTake(t ledger.Take) ledger.TakeResult {
 	case len(t.Holds) > 0:
 		sku = t.Holds[0].SKU
 	}
-	out, err := c.b.do(ledger.SKULane(sku), t)
+	out, err := c.b.do(ctx, ledger.SKULane(sku), t)
 	if err != nil {
 		return ledger.TakeResult{Take: t, Err: err}
 	}

@@ -9,7 +9,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/tracing"
 )
 
 // batcher group-commits work: items queue on lanes, and each lane hands
@@ -48,6 +52,7 @@ type batcher[T, R any] struct {
 // laneMetrics is what a batcher reports: how long items waited for their
 // flush, and how many it refused. Either may be nil.
 type laneMetrics struct {
+	name string // the work, as the metrics' label and the batch span's name say it
 	wait interface{ Observe(float64) }
 	shed interface{ Inc() }
 }
@@ -77,6 +82,7 @@ type pendingItem[T, R any] struct {
 	item T
 	at   time.Time
 	out  chan outcome[R]
+	link trace.SpanContext // the request's span, which the batch's links to (zero: tracing off)
 }
 
 type outcome[R any] struct {
@@ -126,14 +132,14 @@ func newBatcher[T, R any](lanes, max int, timeout, budget time.Duration, m laneM
 // answer. It returns errClosing once the batcher is closed and a
 // *busyError when the item would wait, or waited, past the budget;
 // either way nothing was done.
-func (b *batcher[T, R]) do(part uint32, item T) (R, error) {
+func (b *batcher[T, R]) do(ctx context.Context, part uint32, item T) (R, error) {
 	l := b.lanes[part%uint32(len(b.lanes))]
 	var zero R
 	if wait, over := b.over(l); over {
 		b.metrics.refused()
 		return zero, &busyError{wait: wait}
 	}
-	p := &pendingItem[T, R]{item: item, at: time.Now(), out: make(chan outcome[R], 1)}
+	p := &pendingItem[T, R]{item: item, at: time.Now(), out: make(chan outcome[R], 1), link: tracing.Link(ctx)}
 	b.mu.RLock()
 	if b.closed {
 		b.mu.RUnlock()
@@ -226,6 +232,17 @@ func (b *batcher[T, R]) flushAll(l *lane[T, R], batch []*pendingItem[T, R]) {
 	items := make([]T, len(batch))
 	for i, p := range batch {
 		items[i] = p.item
+	}
+	if tracing.Enabled() {
+		// The batch is a trace of its own, linked to each request it
+		// carries (a span has one parent, a batch many requesters).
+		links := make([]trace.SpanContext, len(batch))
+		for i, p := range batch {
+			links[i] = p.link
+		}
+		var span trace.Span
+		ctx, span = tracing.StartLinked(ctx, "ledger.batch "+b.metrics.name, links, attribute.Int("stockgate.batch.size", len(batch)))
+		defer span.End()
 	}
 	b.flush(ctx, items, func(i int, r R) { batch[i].out <- outcome[R]{r: r} })
 	if full {

@@ -38,7 +38,7 @@ func TestBatcherRefusesPastTheBudget(t *testing.T) {
 	errs := make(chan error, 30)
 	for i := range 26 {
 		wg.Go(func() {
-			if _, err := b.do(0, i); err != nil {
+			if _, err := b.do(context.Background(), 0, i); err != nil {
 				errs <- err
 			}
 		})
@@ -49,7 +49,7 @@ func TestBatcherRefusesPastTheBudget(t *testing.T) {
 	for l.queued.Load() < 25 {
 		time.Sleep(time.Millisecond) // until 25 wait behind the first
 	}
-	_, err := b.do(0, 99)
+	_, err := b.do(context.Background(), 0, 99)
 	if !errors.Is(err, errLedgerBusy) || !errors.Is(err, ledger.ErrNotCommitted) || busyWait(err) < 250*time.Millisecond {
 		t.Fatalf("do(27th) = %v (wait %v), want a busy refusal asking to wait at least the budget", err, busyWait(err))
 	}
@@ -62,7 +62,7 @@ func TestBatcherRefusesPastTheBudget(t *testing.T) {
 	if got := len(flushedNow(&mu, &flushed)); got != 26 {
 		t.Errorf("flushed %d items, want the 26 within the budget", got)
 	}
-	if v, err := b.do(0, 7); err != nil || v != 7 {
+	if v, err := b.do(context.Background(), 0, 7); err != nil || v != 7 {
 		t.Errorf("do after the queue drained = %d, %v; want 7", v, err)
 	}
 }
@@ -96,12 +96,12 @@ func TestBatcherRefusesWhatWaitedTooLong(t *testing.T) {
 			})
 			defer b.close()
 			first := make(chan error, 1)
-			go func() { _, err := b.do(0, 0); first <- err }()
+			go func() { _, err := b.do(context.Background(), 0, 0); first <- err }()
 			<-holding
 			late := make(chan error, 3)
 			start := time.Now()
 			for i := 1; i <= 3; i++ {
-				go func() { _, err := b.do(0, i); late <- err }()
+				go func() { _, err := b.do(context.Background(), 0, i); late <- err }()
 			}
 			for b.lanes[0].queued.Load() < 3 || time.Since(start) <= budget {
 				time.Sleep(time.Millisecond) // until the three have waited past the budget

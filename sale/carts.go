@@ -261,7 +261,7 @@ func (s *Service) CartByID(ctx context.Context, id keys.ID) (Cart, error) {
 // seat consistency check repairs it.
 func (s *Service) sellSeats(ctx context.Context, o ledger.Order) {
 	if section, ids, ok := seats.DecodeGate(o.Gate); ok && s.seats != nil {
-		_ = s.redis(ctx, func(ctx context.Context) error {
+		_ = s.redis(ctx, "gate.seats_sell", func(ctx context.Context) error {
 			_, err := s.seats.Sell(ctx, o.SKU, section, o.GateRequest(), ids)
 			return err
 		})

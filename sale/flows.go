@@ -346,7 +346,7 @@ func (s *Service) LoadSeats(ctx context.Context, sku stock.SKU, list []Seat) (in
 		s.log.ErrorContext(ctx, "load seats", "sku", sku.String(), "err", err)
 		return 0, refuse(ErrUnavailable, "ledger unavailable")
 	}
-	if err := s.redis(ctx, func(ctx context.Context) error { return s.seats.Load(ctx, sku, gate) }); err != nil {
+	if err := s.redis(ctx, "gate.seats_load", func(ctx context.Context) error { return s.seats.Load(ctx, sku, gate) }); err != nil {
 		s.log.ErrorContext(ctx, "load seats into redis", "sku", sku.String(), "err", err)
 		return 0, ErrSeatsNotInRedis
 	}

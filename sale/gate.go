@@ -8,6 +8,7 @@ import (
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/shard"
 	"github.com/stockgate/stockgate/stock"
+	"github.com/stockgate/stockgate/tracing"
 )
 
 // isOutcome reports the gate errors that are answers from a working Redis
@@ -27,7 +28,12 @@ func notRun(err error) bool {
 // redis runs one gate call with its own deadline. Each of its commands
 // goes through its node's breaker (Options.Breakers), which refuses a
 // failing master's at once with breaker.ErrOpen.
-func (s *Service) redis(ctx context.Context, f func(ctx context.Context) error) error {
+//
+// With tracing on, the call is a span named op (a constant at each call
+// site, so naming it costs nothing when tracing is off).
+func (s *Service) redis(ctx context.Context, op string, f func(ctx context.Context) error) (err error) {
+	ctx, span := tracing.StartClient(ctx, op)
+	defer func() { tracing.End(span, err) }()
 	ctx, cancel := context.WithTimeout(ctx, s.opts.RedisTimeout)
 	defer cancel()
 	return f(ctx)
@@ -40,7 +46,7 @@ func (s *Service) redis(ctx context.Context, f func(ctx context.Context) error) 
 func (s *Service) deduct(ctx context.Context, req shard.Request) (shard.Deduction, error) {
 	for attempt := 0; ; attempt++ {
 		var d shard.Deduction
-		err := s.redis(ctx, func(ctx context.Context) (err error) {
+		err := s.redis(ctx, "gate.deduct", func(ctx context.Context) (err error) {
 			d, err = s.gate.Deduct(ctx, req)
 			return err
 		})
@@ -70,7 +76,7 @@ func (s *Service) giveBack(ctx context.Context, sku stock.SKU, key keys.ID, part
 	// A request out of its time budget still gives back what it took:
 	// each call has its own Redis timeout.
 	ctx = context.WithoutCancel(ctx)
-	err := s.redis(ctx, func(ctx context.Context) error { return s.gate.Restore(ctx, sku, key, parts) })
+	err := s.redis(ctx, "gate.restore", func(ctx context.Context) error { return s.gate.Restore(ctx, sku, key, parts) })
 	if err != nil {
 		// The units stay taken in Redis; the ledger is unaffected, and the
 		// drift check or the next re-seed gives them back.

@@ -24,7 +24,7 @@ var (
 
 // confirm makes the hold an order, once; a retry gets the same order.
 func (s *Service) confirm(ctx context.Context, id, buyer keys.ID, r request) answer {
-	o, err := s.confirmLedger(id, buyer, r.ledger())
+	o, err := s.confirmLedger(ctx, id, buyer, r.ledger())
 	switch {
 	case err == nil:
 		s.sellSeats(ctx, o)
@@ -43,7 +43,7 @@ func (s *Service) confirm(ctx context.Context, id, buyer keys.ID, r request) ans
 
 // cancel ends the hold; its stock goes back, once.
 func (s *Service) cancel(ctx context.Context, id, buyer keys.ID, r request) answer {
-	h, changed, err := s.cancelLedger(id, buyer, r.ledger())
+	h, changed, err := s.cancelLedger(ctx, id, buyer, r.ledger())
 	switch {
 	case errors.Is(err, ledger.ErrDuplicate):
 		return answer{hold: &h, replayed: true}
@@ -61,7 +61,7 @@ func (s *Service) cancel(ctx context.Context, id, buyer keys.ID, r request) answ
 // refund gives the order's stock back once; a second refund answers the
 // same and moves nothing.
 func (s *Service) refund(ctx context.Context, id, buyer keys.ID, r request) answer {
-	o, changed, err := s.refundLedger(id, buyer, r.ledger())
+	o, changed, err := s.refundLedger(ctx, id, buyer, r.ledger())
 	switch {
 	case errors.Is(err, ledger.ErrDuplicate):
 		return answer{order: o, replayed: true}
@@ -147,7 +147,7 @@ func (q *quotaTicket) replayed(ctx context.Context) {
 func (s *Service) releaseQuota(ctx context.Context, scopes []quotaScope, key, keyID keys.ID) {
 	ctx = context.WithoutCancel(ctx) // as giveBack: a give-back outlives the request's budget
 	for _, sc := range scopes {
-		if err := s.redis(ctx, func(ctx context.Context) error {
+		if err := s.redis(ctx, "gate.release_quota", func(ctx context.Context) error {
 			return s.gate.ReleaseQuota(ctx, sc.sku, sc.buyer, key, keyID)
 		}); err != nil {
 			s.log.WarnContext(ctx, "release quota", "scope", sc.sku.String(), "err", err)
@@ -186,7 +186,7 @@ func (s *Service) takeQuota(ctx context.Context, w want, st ledger.SKUState) (*q
 			continue
 		}
 		var fresh bool
-		err := s.redis(ctx, func(ctx context.Context) (err error) {
+		err := s.redis(ctx, "gate.take_quota", func(ctx context.Context) (err error) {
 			fresh, err = s.gate.TakeQuota(ctx, c.scope.sku, c.scope.buyer, w.req.gateID(), w.req.keyID(), c.q, c.cap)
 			return err
 		})
@@ -251,7 +251,7 @@ func (s *Service) returnToRedis(ctx context.Context, r ledger.Restore) {
 	}
 	if section, ids, ok := seats.DecodeGate(r.Gate); ok && s.seats != nil {
 		// Seats come back free, whether held or sold through the hold.
-		err := s.redis(ctx, func(ctx context.Context) error {
+		err := s.redis(ctx, "gate.seats_release", func(ctx context.Context) error {
 			if _, err := s.seats.Release(ctx, r.SKU, section, r.RequestID, ids); err != nil {
 				return err
 			}
@@ -264,7 +264,7 @@ func (s *Service) returnToRedis(ctx context.Context, r ledger.Restore) {
 		}
 	} else if !ok {
 		outcome := shard.Counted // units owed to no gate: only the counts go back
-		err := s.redis(ctx, func(ctx context.Context) (err error) {
+		err := s.redis(ctx, "gate.refill", func(ctx context.Context) (err error) {
 			if !r.CountsOnly {
 				outcome, err = s.gate.Refill(ctx, r.SKU, max(r.Shards, 1), keys.MustID(r.Kind+"-"+r.ID.String()), r.Epoch, r.Quantity)
 				if err != nil || outcome == shard.NotYet {

@@ -34,7 +34,7 @@ type metrics struct {
 
 // batchMetrics is what a batcher of one kind of work reports.
 func (m *metrics) batchMetrics(work string) laneMetrics {
-	return laneMetrics{wait: m.ledgerWait.WithLabelValues(work), shed: m.ledgerShed.WithLabelValues(work)}
+	return laneMetrics{name: work, wait: m.ledgerWait.WithLabelValues(work), shed: m.ledgerShed.WithLabelValues(work)}
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {

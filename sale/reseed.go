@@ -328,7 +328,7 @@ func (s *Service) checkDrift(ctx context.Context, prev map[stock.SKU]driftSeen, 
 // !ok) when the gate is stale, missing or left closed.
 func (s *Service) driftOf(ctx context.Context, st ledger.SKUState) (driftSeen, bool) {
 	var shards []shard.ShardStock
-	err := s.redis(ctx, func(ctx context.Context) (err error) {
+	err := s.redis(ctx, "gate.read", func(ctx context.Context) (err error) {
 		shards, err = s.gate.Read(ctx, st.SKU, st.Shards)
 		return err
 	})

@@ -166,7 +166,7 @@ func (s *Service) checkSeats(ctx context.Context, sku stock.SKU, prev map[keys.I
 			ids[i] = f.ID
 		}
 		var raw []string
-		if err := s.redis(ctx, func(ctx context.Context) (err error) {
+		if err := s.redis(ctx, "gate.seats_read", func(ctx context.Context) (err error) {
 			raw, err = s.seats.Raw(ctx, sku, section, ids)
 			return err
 		}); err != nil {
@@ -186,7 +186,7 @@ func (s *Service) checkSeats(ctx context.Context, sku stock.SKU, prev map[keys.I
 				fix[f.ID] = want
 			}
 		}
-		if err := s.redis(ctx, func(ctx context.Context) error { return s.seats.Repair(ctx, sku, section, fix) }); err != nil {
+		if err := s.redis(ctx, "gate.seats_repair", func(ctx context.Context) error { return s.seats.Repair(ctx, sku, section, fix) }); err != nil {
 			return out, nil, err
 		}
 		out.Repaired += len(fix)

@@ -17,7 +17,7 @@ func (s *Service) loadStock(ctx context.Context, sku stock.SKU) (Stock, error) {
 	}
 	var left int64
 	seeded := false
-	err = s.redis(ctx, func(ctx context.Context) (err error) {
+	err = s.redis(ctx, "gate.remaining", func(ctx context.Context) (err error) {
 		left, seeded, err = s.gate.Remaining(ctx, sku, st.Shards)
 		return err
 	})

@@ -446,7 +446,7 @@ func (t *take) gateSeats(ctx context.Context, i int) (answer, gateOut) {
 	s, ln := t.s, t.lines[i]
 	w, owner := ln.w, ln.w.req.gateID()
 	if p := ln.seats; len(p.ids) > 0 {
-		err := s.redis(ctx, func(ctx context.Context) error { return s.seats.Hold(ctx, w.sku, p.section, owner, p.ids) })
+		err := s.redis(ctx, "gate.seats_hold", func(ctx context.Context) error { return s.seats.Hold(ctx, w.sku, p.section, owner, p.ids) })
 		var se *seats.SeatError
 		switch {
 		case errors.As(err, &se) && errors.Is(err, seats.ErrTaken):
@@ -468,7 +468,7 @@ func (t *take) gateSeats(ctx context.Context, i int) (answer, gateOut) {
 	}
 	for _, sec := range sections {
 		var ids []keys.ID
-		err := s.redis(ctx, func(ctx context.Context) (err error) {
+		err := s.redis(ctx, "gate.seats_best", func(ctx context.Context) (err error) {
 			ids, err = s.seats.Best(ctx, w.sku, sec, owner, int(w.q))
 			return err
 		})
@@ -559,7 +559,7 @@ func (t *take) deadAttempts(ctx context.Context) bool {
 // seat consistency check frees them.
 func (t *take) releaseSeats(ctx context.Context, ln *line) {
 	ctx = context.WithoutCancel(ctx) // as giveBack
-	err := t.s.redis(ctx, func(ctx context.Context) error {
+	err := t.s.redis(ctx, "gate.seats_release", func(ctx context.Context) error {
 		_, err := t.s.seats.Release(ctx, ln.w.sku, ln.seats.section, ln.w.req.gateID(), ln.seats.ids)
 		return err
 	})
@@ -647,7 +647,7 @@ func (t *take) commit(ctx context.Context, direct bool) (answer, stock.SKU) {
 	if direct {
 		path, c = pathLedger, s.direct
 	}
-	r := c.commitTake(t.ledgerTake(direct))
+	r := c.commitTake(ctx, t.ledgerTake(direct))
 	err := r.Err
 	at := 0 // the line a refusal is about
 	var le *ledger.LineError

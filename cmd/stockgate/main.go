@@ -31,6 +31,7 @@ import (
 	"github.com/stockgate/stockgate/buildinfo"
 	"github.com/stockgate/stockgate/internal/opt"
 	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/tracing"
 )
 
 func main() {
@@ -431,6 +432,23 @@ func run(args []string, stderr io.Writer) int {
 func serve(ctx context.Context, c *config, log *slog.Logger) error {
 	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	// Tracing, when the OTEL_* variables ask for it (tracing.Setup), before
+	// the server is built; its buffered spans are flushed after the drain
+	// (defers run last-in first-out: after a.Close).
+	stopTracing, err := tracing.Setup(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := stopTracing(fctx); err != nil {
+			log.Warn("tracing: flush at exit", "err", err)
+		}
+	}()
+	if tracing.Enabled() {
+		log.Info("tracing on: spans exported over OTLP/HTTP")
+	}
 	o := c.Options
 	o.Logger = log
 	o.Ledger.NoMigrate = !c.Migrate

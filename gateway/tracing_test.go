@@ -1,0 +1,170 @@
+package gateway_test
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/hex"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/stock"
+	"github.com/stockgate/stockgate/tracing"
+	"github.com/stockgate/stockgate/webhook"
+)
+
+// otlpReceiver is a collector's OTLP/HTTP endpoint: it decodes what the
+// exporter sends and keeps the spans.
+type otlpReceiver struct {
+	mu    sync.Mutex
+	spans []*tracepb.Span
+}
+
+func (r *otlpReceiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	if req.URL.Path != "/v1/traces" {
+		http.NotFound(w, req)
+		return
+	}
+	var body io.Reader = req.Body
+	if req.Header.Get("Content-Encoding") == "gzip" {
+		z, err := gzip.NewReader(req.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		body = z
+	}
+	raw, _ := io.ReadAll(body)
+	var ex coltracepb.ExportTraceServiceRequest
+	if err := proto.Unmarshal(raw, &ex); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	r.mu.Lock()
+	for _, rs := range ex.ResourceSpans {
+		for _, ss := range rs.ScopeSpans {
+			r.spans = append(r.spans, ss.Spans...)
+		}
+	}
+	r.mu.Unlock()
+	out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
+	w.Header().Set("Content-Type", "application/x-protobuf")
+	w.Write(out)
+}
+
+func (r *otlpReceiver) named(name string) []*tracepb.Span {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []*tracepb.Span
+	for _, s := range r.spans {
+		if s.Name == name {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// With the standard OTEL_* variables naming a collector, a purchase that
+// arrives with a W3C traceparent continues that trace: its request span is
+// the caller's child, the gate call is the request's child, the ledger
+// batch that commits it links to the request, and the webhook delivery of
+// its event is a span whose traceparent goes out to the receiver.
+func TestTracingFollowsAPurchase(t *testing.T) {
+	recv := &otlpReceiver{}
+	collector := httptest.NewServer(recv)
+	defer collector.Close()
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.URL)
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "20") // ms: the test waits for the spans
+	shutdown, err := tracing.Setup(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shutdown(context.Background())
+	if !tracing.Enabled() {
+		t.Fatal("tracing is off with OTEL_EXPORTER_OTLP_ENDPOINT set")
+	}
+
+	var hookMu sync.Mutex
+	var hookParents []string
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hookMu.Lock()
+		hookParents = append(hookParents, r.Header.Get("Traceparent"))
+		hookMu.Unlock()
+	}))
+	defer hook.Close()
+	e := startEnv(t, envOptions{driver: ledger.Postgres, relay: true, tune: func(o *app.Options) {
+		o.Relay.WebhookURLs, o.Relay.WebhookSecret = []string{hook.URL}, webhook.NewSecret()
+		o.Relay.Poll = 20 * time.Millisecond
+	}})
+	sku := stock.SKU{Program: keys.MustID("traced"), Ticket: keys.MustID("ga")}
+	e.putSKU(t, sku, 10, 2, 4)
+
+	const caller, callerSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+	r := e.do(t, http.MethodPost, "/v1/skus/traced/ga/purchases", map[string]string{
+		"Idempotency-Key": "traced-1", "Traceparent": "00-" + caller + "-" + callerSpan + "-01",
+	}, `{"buyer":"b1","quantity":1}`)
+	if r.status != http.StatusCreated {
+		t.Fatalf("purchase = %d %s", r.status, r.body)
+	}
+
+	var request, deduct, batch, deliver *tracepb.Span
+	waitFor(t, 20*time.Second, "the purchase's spans and its webhook delivery's", func() bool {
+		request, deduct, batch, deliver = nil, nil, nil, nil
+		for _, s := range recv.named("POST /v1/skus/:program/:ticket/purchases") {
+			if hex.EncodeToString(s.TraceId) == caller {
+				request = s
+			}
+		}
+		if request == nil {
+			return false
+		}
+		for _, s := range recv.named("gate.deduct") {
+			if bytes.Equal(s.ParentSpanId, request.SpanId) {
+				deduct = s
+			}
+		}
+		for _, s := range recv.named("ledger.batch takes") {
+			for _, l := range s.Links {
+				if bytes.Equal(l.SpanId, request.SpanId) && bytes.Equal(l.TraceId, request.TraceId) {
+					batch = s
+				}
+			}
+		}
+		hookMu.Lock()
+		parents := append([]string(nil), hookParents...)
+		hookMu.Unlock()
+		for _, s := range recv.named("webhook.deliver") {
+			for _, p := range parents {
+				if strings.Contains(p, hex.EncodeToString(s.TraceId)+"-"+hex.EncodeToString(s.SpanId)) {
+					deliver = s
+				}
+			}
+		}
+		return deduct != nil && batch != nil && deliver != nil
+	})
+	if got := hex.EncodeToString(request.ParentSpanId); got != callerSpan {
+		t.Errorf("request span's parent = %s, want the caller's %s", got, callerSpan)
+	}
+	if request.Kind != tracepb.Span_SPAN_KIND_SERVER || deduct.Kind != tracepb.Span_SPAN_KIND_CLIENT {
+		t.Errorf("kinds: request %v, gate call %v", request.Kind, deduct.Kind)
+	}
+	attrs := map[string]string{}
+	for _, a := range request.Attributes {
+		attrs[a.Key] = a.Value.String()
+	}
+	if !strings.Contains(attrs["http.response.status_code"], "201") || !strings.Contains(attrs["http.route"], "/purchases") {
+		t.Errorf("request span attributes %v", attrs)
+	}
+}

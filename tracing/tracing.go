@@ -1,0 +1,187 @@
+// Package tracing is stockgate's OpenTelemetry tracing. It is off unless
+// the standard OTEL_* variables ask for it (Setup); then each HTTP request
+// has a span continuing the caller's W3C traceparent, with a child for each
+// gate call to Redis, each ledger batch has a span linked to the requests it
+// carries, and each webhook delivery has a span whose traceparent goes out
+// with the request.
+//
+// Off, every function here returns at once and allocates nothing: the hot
+// path pays one atomic load per call site.
+package tracing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+	"sync/atomic"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// scope names stockgate's spans' instrumentation scope.
+const scope = "github.com/stockgate/stockgate"
+
+var (
+	tracer     atomic.Pointer[trace.Tracer] // nil: off
+	propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	// none is the span handed out when tracing is off: a no-op, and a
+	// value made once, so handing it out allocates nothing.
+	none = trace.SpanFromContext(context.Background())
+)
+
+// Enabled reports whether spans are recorded.
+func Enabled() bool { return tracer.Load() != nil }
+
+// Use records spans with tp from now on; nil turns tracing off. Setup calls
+// it; tests call it with a provider of their own.
+func Use(tp trace.TracerProvider) {
+	if tp == nil {
+		tracer.Store(nil)
+		return
+	}
+	t := tp.Tracer(scope)
+	tracer.Store(&t)
+}
+
+// ErrExporter is Setup with OTEL_* variables that name an exporter or a
+// protocol this build does not ship.
+var ErrExporter = errors.New("tracing: unsupported exporter")
+
+// Setup turns tracing on when the environment asks for it, the way the
+// OpenTelemetry specification names it: OTEL_TRACES_EXPORTER=otlp, or an
+// OTLP endpoint (OTEL_EXPORTER_OTLP_ENDPOINT or
+// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) with no exporter named. Unlike the
+// specification's default, no variable means off: a gateway in front of a
+// flash sale should not start exporting because a collector address exists
+// somewhere. OTEL_SDK_DISABLED=true and OTEL_TRACES_EXPORTER=none turn it
+// off. The exporter speaks OTLP over HTTP/protobuf and reads its own
+// OTEL_EXPORTER_OTLP_* settings (endpoint, headers, timeout, TLS files);
+// the SDK reads OTEL_TRACES_SAMPLER(_ARG), OTEL_SERVICE_NAME (default
+// "stockgate") and OTEL_RESOURCE_ATTRIBUTES, and OTEL_BSP_* for batching.
+//
+// shutdown flushes what is buffered and stops the exporter; off, it does
+// nothing. Call it after the HTTP server has drained.
+func Setup(ctx context.Context) (shutdown func(context.Context) error, err error) {
+	off := func(context.Context) error { return nil }
+	exporter := strings.ToLower(strings.TrimSpace(os.Getenv("OTEL_TRACES_EXPORTER")))
+	if exporter == "" && (os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != "") {
+		exporter = "otlp"
+	}
+	if strings.EqualFold(os.Getenv("OTEL_SDK_DISABLED"), "true") || exporter == "" || exporter == "none" {
+		return off, nil
+	}
+	if exporter != "otlp" {
+		return nil, fmt.Errorf("%w: OTEL_TRACES_EXPORTER=%q (this build exports otlp, or none)", ErrExporter, exporter)
+	}
+	proto := os.Getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+	if proto == "" {
+		proto = os.Getenv("OTEL_EXPORTER_OTLP_PROTOCOL")
+	}
+	if proto != "" && proto != "http/protobuf" {
+		return nil, fmt.Errorf("%w: OTLP protocol %q (this build speaks http/protobuf)", ErrExporter, proto)
+	}
+	exp, err := otlptracehttp.New(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("tracing: exporter: %w", err)
+	}
+	res, err := resource.Merge(resource.NewSchemaless(semconv.ServiceName("stockgate")), resource.Default())
+	if err != nil {
+		// A conflict of schema URLs still leaves a usable resource.
+		res = resource.Default()
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	otel.SetTracerProvider(tp)
+	otel.SetTextMapPropagator(propagator)
+	Use(tp)
+	return func(ctx context.Context) error {
+		Use(nil)
+		return tp.Shutdown(ctx)
+	}, nil
+}
+
+// Start starts a span named name as a child of ctx's span (kind internal
+// unless given), or, off, returns ctx and a no-op span. End it.
+func Start(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
+	t := tracer.Load()
+	if t == nil {
+		return ctx, none
+	}
+	return (*t).Start(ctx, name, opts...)
+}
+
+var client = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
+
+// StartClient starts a span of a call to another service (Redis, a
+// webhook receiver) as a child of ctx's span, or, off, returns ctx and a
+// no-op span. End it.
+func StartClient(ctx context.Context, name string) (context.Context, trace.Span) {
+	t := tracer.Load()
+	if t == nil {
+		return ctx, none
+	}
+	return (*t).Start(ctx, name, client...)
+}
+
+// StartServer starts the span of an HTTP request, continuing the trace its
+// traceparent header names (W3C Trace Context).
+func StartServer(ctx context.Context, h http.Header, name string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+	t := tracer.Load()
+	if t == nil {
+		return ctx, none
+	}
+	ctx = propagator.Extract(ctx, propagation.HeaderCarrier(h))
+	return (*t).Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(attrs...))
+}
+
+// Inject writes ctx's trace context into h (an outgoing request's headers).
+func Inject(ctx context.Context, h http.Header) {
+	if tracer.Load() == nil {
+		return
+	}
+	propagator.Inject(ctx, propagation.HeaderCarrier(h))
+}
+
+// Link is ctx's span, for a span that carries work of several requests (a
+// ledger batch) to link to; zero when off or when ctx has none.
+func Link(ctx context.Context) trace.SpanContext {
+	if tracer.Load() == nil {
+		return trace.SpanContext{}
+	}
+	return trace.SpanContextFromContext(ctx)
+}
+
+// StartLinked starts a root span linked to each valid span context of
+// links: the span of a batch that commits many requests' work at once.
+func StartLinked(ctx context.Context, name string, links []trace.SpanContext, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+	t := tracer.Load()
+	if t == nil {
+		return ctx, none
+	}
+	ls := make([]trace.Link, 0, len(links))
+	for _, sc := range links {
+		if sc.IsValid() {
+			ls = append(ls, trace.Link{SpanContext: sc})
+		}
+	}
+	return (*t).Start(ctx, name, trace.WithNewRoot(), trace.WithLinks(ls...), trace.WithAttributes(attrs...))
+}
+
+// End ends span, marking it failed with err when err is not nil.
+func End(span trace.Span, err error) {
+	if err != nil && span.IsRecording() {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+}

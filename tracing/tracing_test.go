@@ -1,0 +1,150 @@
+package tracing_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"testing"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/stockgate/stockgate/tracing"
+)
+
+// The OTEL_* variables decide: nothing set is off (not the specification's
+// default of otlp), an endpoint alone or the otlp exporter is on, none and
+// OTEL_SDK_DISABLED are off, and what this build cannot export is an error
+// that names it.
+func TestSetupFromEnvironment(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		env  map[string]string
+		on   bool
+		err  error
+	}{
+		{"nothing set", nil, false, nil},
+		{"endpoint", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}, true, nil},
+		{"traces endpoint", map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4318/v1/traces"}, true, nil},
+		{"otlp", map[string]string{"OTEL_TRACES_EXPORTER": "otlp"}, true, nil},
+		{"none", map[string]string{"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}, false, nil},
+		{"disabled", map[string]string{"OTEL_SDK_DISABLED": "true", "OTEL_TRACES_EXPORTER": "otlp"}, false, nil},
+		{"zipkin", map[string]string{"OTEL_TRACES_EXPORTER": "zipkin"}, false, tracing.ErrExporter},
+		{"grpc", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, false, tracing.ErrExporter},
+		{"http/protobuf", map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}, true, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			for _, k := range []string{"OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+				"OTEL_SDK_DISABLED", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"} {
+				t.Setenv(k, c.env[k])
+			}
+			shutdown, err := tracing.Setup(context.Background())
+			if !errors.Is(err, c.err) {
+				t.Fatalf("Setup = %v, want %v", err, c.err)
+			}
+			if err != nil {
+				return
+			}
+			if tracing.Enabled() != c.on {
+				t.Errorf("enabled = %v, want %v", tracing.Enabled(), c.on)
+			}
+			if err := shutdown(context.Background()); err != nil {
+				t.Errorf("shutdown: %v", err)
+			}
+			if tracing.Enabled() {
+				t.Error("still on after shutdown")
+			}
+		})
+	}
+}
+
+// Off, the calls on the request path allocate nothing (and return the
+// context they were given).
+func TestOffAllocatesNothing(t *testing.T) {
+	tracing.Use(nil)
+	ctx := context.Background()
+	h := http.Header{"Traceparent": {"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}
+	allocs := testing.AllocsPerRun(1000, func() {
+		c, span := tracing.StartClient(ctx, "gate.deduct")
+		tracing.End(span, nil)
+		c, span = tracing.StartServer(c, h, "POST /x")
+		span.End()
+		_ = tracing.Link(c)
+		tracing.Inject(c, h)
+		if c != ctx {
+			panic("off, the context changed")
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("%v allocations per request with tracing off, want 0", allocs)
+	}
+}
+
+// A batch's span is a root of its own, linked to every request it carries
+// that had a span.
+func TestBatchLinksItsRequests(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	tracing.Use(tp)
+	defer tracing.Use(nil)
+	var links []trace.SpanContext
+	for range 3 {
+		ctx, span := tracing.StartServer(context.Background(), http.Header{}, "POST /x")
+		links = append(links, tracing.Link(ctx))
+		span.End()
+	}
+	links = append(links, trace.SpanContext{}) // a request without a span
+	_, batch := tracing.StartLinked(trace.ContextWithSpanContext(context.Background(), links[0]), "ledger.batch takes", links)
+	tracing.End(batch, errors.New("commit failed"))
+	var got sdktrace.ReadOnlySpan
+	for _, s := range rec.Ended() {
+		if s.Name() == "ledger.batch takes" {
+			got = s
+		}
+	}
+	if got == nil {
+		t.Fatal("no batch span")
+	}
+	if got.Parent().IsValid() {
+		t.Errorf("batch span has parent %v, want a root", got.Parent())
+	}
+	if len(got.Links()) != 3 {
+		t.Errorf("%d links, want the 3 requests with spans", len(got.Links()))
+	}
+	for i, l := range got.Links() {
+		if l.SpanContext.SpanID() != links[i].SpanID() {
+			t.Errorf("link %d = %v, want %v", i, l.SpanContext.SpanID(), links[i].SpanID())
+		}
+	}
+	if got.Status().Description != "commit failed" {
+		t.Errorf("status %+v, want the error", got.Status())
+	}
+}
+
+// BenchmarkOff is what the request path pays with tracing off: a gate
+// call's span, a request's link, an outgoing request's headers.
+func BenchmarkOff(b *testing.B) {
+	tracing.Use(nil)
+	requestPath(b)
+}
+
+// BenchmarkOn is the same with every span sampled and recorded, to no
+// exporter (what is measured is the spans, not their export).
+func BenchmarkOn(b *testing.B) {
+	tracing.Use(sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample())))
+	defer tracing.Use(nil)
+	requestPath(b)
+}
+
+func requestPath(b *testing.B) {
+	ctx := context.Background()
+	h := http.Header{}
+	b.ReportAllocs()
+	for b.Loop() {
+		c, span := tracing.StartClient(ctx, "gate.deduct")
+		tracing.End(span, nil)
+		_ = tracing.Link(c)
+		tracing.Inject(c, h)
+	}
+}

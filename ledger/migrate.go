@@ -290,6 +290,60 @@ func (l *Ledger) baseline(ctx context.Context, tx *sql.Tx) error {
 			return fmt.Errorf("lock: %w", err)
 		}
 	}
+	// A ledger the release before versioned steps left at this schema (its
+	// digest) has every table, column and index: it gets none of the DDL,
+	// as it did then. That release's gateways are still selling on it while
+	// the migration runs, and DDL locks their tables even when there is
+	// nothing to do: ALTER TABLE queued behind one long read of orders
+	// stopped every sale queued behind it until the migration timed out.
+	current, err := l.digestAt(ctx, tx)
+	if err != nil {
+		return err
+	}
+	if current != schemaDigest {
+		if err := l.baselineDDL(ctx, tx); err != nil {
+			return err
+		}
+	}
+	for _, q := range []string{
+		`CREATE TABLE IF NOT EXISTS ledger_schema (digest TEXT NOT NULL)`,
+		`DELETE FROM ledger_schema`,
+		`CREATE TABLE IF NOT EXISTS ledger_compat (oldest_build BIGINT NOT NULL)`,
+		`DELETE FROM ledger_compat`,
+		`INSERT INTO ledger_compat (oldest_build) VALUES (1)`,
+	} {
+		if _, err := tx.ExecContext(ctx, q); err != nil {
+			return err
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO ledger_schema (digest) VALUES ($1)`, schemaDigest); err != nil {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, `INSERT INTO ledger_identity (id) SELECT $1 WHERE NOT EXISTS (SELECT 1 FROM ledger_identity)`, NewID())
+	return err
+}
+
+// digestAt reads ledger_schema's digest, "" for a new ledger. It looks the
+// table up first: on PostgreSQL a failed SELECT would abort the transaction.
+func (l *Ledger) digestAt(ctx context.Context, tx *sql.Tx) (string, error) {
+	q := `SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'ledger_schema'`
+	if l.driver == Postgres {
+		q = `SELECT COUNT(*) FROM pg_catalog.pg_tables WHERE tablename = 'ledger_schema' AND schemaname = current_schema()`
+	}
+	var n int
+	if err := tx.QueryRowContext(ctx, q).Scan(&n); err != nil || n == 0 {
+		return "", err
+	}
+	var digest string
+	err := tx.QueryRowContext(ctx, `SELECT digest FROM ledger_schema`).Scan(&digest)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", nil
+	}
+	return digest, err
+}
+
+// baselineDDL creates what the baseline's schema has and the ledger lacks.
+func (l *Ledger) baselineDDL(ctx context.Context, tx *sql.Tx) error {
 	if _, err := tx.ExecContext(ctx, schema); err != nil {
 		return err
 	}
@@ -318,20 +372,5 @@ func (l *Ledger) baseline(ctx context.Context, tx *sql.Tx) error {
 			}
 		}
 	}
-	for _, q := range []string{
-		`CREATE TABLE IF NOT EXISTS ledger_schema (digest TEXT NOT NULL)`,
-		`DELETE FROM ledger_schema`,
-		`CREATE TABLE IF NOT EXISTS ledger_compat (oldest_build BIGINT NOT NULL)`,
-		`DELETE FROM ledger_compat`,
-		`INSERT INTO ledger_compat (oldest_build) VALUES (1)`,
-	} {
-		if _, err := tx.ExecContext(ctx, q); err != nil {
-			return err
-		}
-	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO ledger_schema (digest) VALUES ($1)`, schemaDigest); err != nil {
-		return err
-	}
-	_, err := tx.ExecContext(ctx, `INSERT INTO ledger_identity (id) SELECT $1 WHERE NOT EXISTS (SELECT 1 FROM ledger_identity)`, NewID())
-	return err
+	return nil
 }

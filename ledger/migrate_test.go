@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
@@ -168,4 +169,60 @@ func digest(t *testing.T, driver, dsn string) string {
 		t.Fatal(err)
 	}
 	return d
+}
+
+// Upgrading a ledger the release before versioned steps left at this
+// schema, while that release's gateways sell on it, takes no table lock:
+// the baseline used to run all its DDL again, and its ALTER TABLE, queued
+// behind one long read of orders (a report), stopped every sale queued
+// behind it until the migration gave up.
+func TestUpgradeFromBeforeVersionsLocksNoTable(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.PostgresURL(t)
+	old, err := ledger.Open(ctx, ledger.Options{Driver: ledger.Postgres, DSN: dsn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	if _, err := old.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 100, Shards: 1, MaxPerOrder: 4}); err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	// As the release before versioned steps left it: its digest, no steps.
+	for _, q := range []string{`DROP TABLE ledger_migrations`, `DROP TABLE ledger_compat`} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	report, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer report.Rollback()
+	var n int
+	if err := report.QueryRowContext(ctx, `SELECT COUNT(*) FROM orders`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	octx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	l, err := ledger.Open(octx, ledger.Options{Driver: ledger.Postgres, DSN: dsn})
+	if err != nil {
+		t.Fatalf("migrate beside a report on a live ledger: %v", err)
+	}
+	defer l.Close()
+	if s := l.Schema(); s.Version != 1 || s.OldestBuild != 1 {
+		t.Errorf("schema %+v after the upgrade, want version 1, oldest build 1", s)
+	}
+	if got := digest(t, ledger.Postgres, dsn); got != ledger.SchemaDigest {
+		t.Errorf("ledger_schema says %q after the upgrade, want the baseline's", got)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := old.Purchase(pctx, ledger.Order{IdempotencyKey: keys.MustID("k1"), SKU: sku, Buyer: keys.MustID("b1"), Quantity: 1}); err != nil {
+		t.Errorf("a sale beside the upgrade: %v", err)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/stockgate/stockgate/access"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -19,11 +20,11 @@ import (
 // held + sold <= total holds for the ticket because it holds for every
 // row, and moving units between pools is one transaction over two rows.
 
-// Access rules of a pool.
+// Access rules of a pool (package access decides them).
 const (
-	AccessOpen    = ""        // anyone, in the pool's window
-	AccessCode    = "code"    // a buyer presenting one of the pool's access codes
-	AccessChannel = "channel" // a request carrying the channel's credential
+	AccessOpen    = access.Open
+	AccessCode    = access.Code
+	AccessChannel = access.Channel
 )
 
 // ErrPoolClosed: the pool has closed (its unsold stock moved on); it takes
@@ -34,17 +35,7 @@ var ErrPoolClosed = errors.New("ledger: pool closed")
 var ErrPoolExists = errors.New("ledger: pool exists")
 
 // PoolRule is a pool's window and access rule.
-type PoolRule struct {
-	OpensAt, ClosesAt time.Time // zero: no bound
-	Access            string    // AccessOpen, AccessCode or AccessChannel
-	// Secret is the hex SHA-256 of the channel credential (AccessChannel).
-	Secret string
-	// Into is the pool unsold stock moves into at the close (zero: the
-	// public stock).
-	Into keys.ID
-	// ClosedAt is when the close moved the unsold stock on; zero before.
-	ClosedAt time.Time
-}
+type PoolRule = access.Rule
 
 // PoolConfig is what an admin sets on a pool: its allotment (taken from or
 // given back to the public stock) and its rule.
@@ -67,14 +58,8 @@ func (c PoolConfig) Validate() error {
 		return fmt.Errorf("%w: allotment %d not in 0..%d", stock.ErrInvalid, c.Allotment, stock.MaxTotal)
 	case c.Shards < 1 || c.Shards > stock.MaxShards:
 		return fmt.Errorf("%w: shards %d not in 1..%d", stock.ErrInvalid, c.Shards, stock.MaxShards)
-	case c.Rule.Access != AccessOpen && c.Rule.Access != AccessCode && c.Rule.Access != AccessChannel:
-		return fmt.Errorf("%w: access %q", stock.ErrInvalid, c.Rule.Access)
-	case (c.Rule.Access == AccessChannel) != (c.Rule.Secret != ""):
-		return fmt.Errorf("%w: a channel pool, and only one, has a credential", stock.ErrInvalid)
-	case !c.Rule.OpensAt.IsZero() && c.Rule.OpensAt.UnixMilli() <= 0, !c.Rule.ClosesAt.IsZero() && c.Rule.ClosesAt.UnixMilli() <= 0:
-		return fmt.Errorf("%w: pool times are after 1970", stock.ErrInvalid)
-	case !c.Rule.OpensAt.IsZero() && !c.Rule.ClosesAt.IsZero() && !c.Rule.OpensAt.Before(c.Rule.ClosesAt):
-		return fmt.Errorf("%w: a pool closes after it opens", stock.ErrInvalid)
+	case c.Rule.Validate() != nil:
+		return fmt.Errorf("%w: %v", stock.ErrInvalid, c.Rule.Validate())
 	case c.Rule.Into == c.SKU.Pool():
 		return fmt.Errorf("%w: a pool's stock moves into another pool", stock.ErrInvalid)
 	}

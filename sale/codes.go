@@ -1,13 +1,13 @@
 package sale
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 
+	"github.com/stockgate/stockgate/access"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
@@ -24,10 +24,10 @@ import (
 
 // Bounds of access codes.
 const (
-	MinCodeLen      = 6
-	MaxCodeLen      = 64
+	MinCodeLen      = access.MinCodeLen
+	MaxCodeLen      = access.MaxCodeLen
 	MaxCodesPerCall = ledger.MaxCodesPerCall
-	MaxCodeUses     = 1_000_000
+	MaxCodeUses     = access.MaxCodeUses
 )
 
 // CodeSpec is one code an admin adds to a pool.
@@ -45,31 +45,14 @@ type codeUse struct {
 	max  int64
 }
 
-// CodeHash names a code of a pool: the hex SHA-256 of the pool and the
-// code. It is what the ledger stores; the code itself is kept nowhere.
-func CodeHash(pool stock.SKU, code string) string {
-	h := sha256.Sum256([]byte(pool.Program.String() + "\x00" + pool.Ticket.String() + "\x00" + code))
-	return hex.EncodeToString(h[:])
-}
+// CodeHash names a code of a pool (access.CodeHash): what the ledger
+// stores of it.
+func CodeHash(pool stock.SKU, code string) string { return access.CodeHash(pool, code) }
 
 // codeKey is a code's entry in the codes cache.
 type codeKey struct {
 	pool stock.SKU
 	hash string
-}
-
-// checkCode validates a code's text: [A-Za-z0-9_-], MinCodeLen to
-// MaxCodeLen long (so it can never carry anything else into a key).
-func checkCode(code string) error {
-	ok := len(code) >= MinCodeLen && len(code) <= MaxCodeLen
-	for i := 0; ok && i < len(code); i++ {
-		c := code[i]
-		ok = c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
-	}
-	if !ok {
-		return refuse(ErrInvalid, fmt.Sprintf("an access code matches [A-Za-z0-9_-]{%d,%d}", MinCodeLen, MaxCodeLen))
-	}
-	return nil
 }
 
 // PutCodes adds access codes to a code pool of a ticket: the given ones,
@@ -82,7 +65,7 @@ func (s *Service) PutCodes(ctx context.Context, sku stock.SKU, pool keys.ID, cod
 	if generate < 0 || len(codes)+generate == 0 || len(codes)+generate > MaxCodesPerCall {
 		return 0, nil, refuse(ErrInvalid, fmt.Sprintf("1 to %d codes per call", MaxCodesPerCall))
 	}
-	if generate > 0 && (maxUses < 1 || maxUses > MaxCodeUses) {
+	if generate > 0 && access.CheckUses(maxUses) != nil {
 		return 0, nil, refuse(ErrInvalid, fmt.Sprintf("max_uses of generated codes in 1..%d", MaxCodeUses))
 	}
 	p := sku.InPool(pool)
@@ -97,11 +80,8 @@ func (s *Service) PutCodes(ctx context.Context, sku stock.SKU, pool keys.ID, cod
 	}
 	rows := make([]ledger.Code, 0, len(codes)+generate)
 	for _, c := range codes {
-		if err := checkCode(c.Code); err != nil {
-			return 0, nil, err
-		}
-		if c.MaxUses < 1 || c.MaxUses > MaxCodeUses {
-			return 0, nil, refuse(ErrInvalid, fmt.Sprintf("max_uses in 1..%d", MaxCodeUses))
+		if err := cmp.Or(access.CheckCode(c.Code), access.CheckUses(c.MaxUses)); err != nil {
+			return 0, nil, refuse(ErrInvalid, err.Error())
 		}
 		rows = append(rows, ledger.Code{Hash: CodeHash(p, c.Code), MaxUses: c.MaxUses, Buyer: c.Buyer})
 	}
@@ -134,7 +114,7 @@ func (s *Service) loadCode(ctx context.Context, k codeKey) (ledger.Code, error) 
 // codeFor checks the code a request presents to its code pool and
 // returns it as the gate counts it.
 func (s *Service) codeFor(ctx context.Context, w want) (*codeUse, error) {
-	if checkCode(w.access.Code) != nil {
+	if access.CheckCode(w.access.Code) != nil {
 		s.metrics.poolRefusals.WithLabelValues("code-invalid").Inc()
 		return nil, ErrCodeInvalid
 	}
@@ -143,7 +123,7 @@ func (s *Service) codeFor(ctx context.Context, w want) (*codeUse, error) {
 	if err != nil {
 		return nil, err
 	}
-	if c.MaxUses < 1 || !c.Buyer.IsZero() && c.Buyer != w.buyer {
+	if !access.CodeLets(c.MaxUses, c.Buyer, w.buyer) {
 		s.metrics.poolRefusals.WithLabelValues("code-invalid").Inc()
 		return nil, ErrCodeInvalid
 	}

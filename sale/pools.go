@@ -2,13 +2,11 @@ package sale
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
 
+	"github.com/stockgate/stockgate/access"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
@@ -25,11 +23,11 @@ import (
 // PublicPool is the name a request may give the public pool (or give none).
 var PublicPool = keys.MustID("public")
 
-// Access rules of a pool.
+// Access rules of a pool, as admins name them (package access decides them).
 const (
 	AccessOpen    = "open"
-	AccessCode    = "code"
-	AccessChannel = "channel"
+	AccessCode    = access.Code
+	AccessChannel = access.Channel
 )
 
 // PoolSpec is what an admin sets on a pool of a ticket.
@@ -92,48 +90,34 @@ type Access struct {
 	Code    string  // an access code
 }
 
-// fields adds what the request presents to a pool to the fields of its
-// fingerprint, so the same key with another credential is another request
-// (422); nothing is added when it presents nothing, so the fingerprints of
-// public requests are as they were.
-func (a Access) fields(fields ...string) []string {
-	if a.Channel != "" || a.Code != "" {
-		fields = append(fields, "channel:"+secretOf(a.Channel), "code:"+secretOf(a.Code))
-	}
-	return fields
+// presented is what the request presents to its pool's rule.
+func (a Access) presented() access.Presented {
+	return access.Presented{Channel: a.Channel, Code: a.Code}
 }
 
+// fields adds what the request presents to the fields of its fingerprint
+// (access.Presented.Fields).
+func (a Access) fields(fields ...string) []string { return a.presented().Fields(fields...) }
+
 // admit checks a request against its pool's window and rule (settings
-// st of the pool's SKU), at now.
+// st of the pool's SKU), at now. The public pool has none.
 func (s *Service) admit(st ledger.SKUState, a Access, now time.Time) error {
 	if st.Pool().IsZero() {
 		return nil
 	}
-	r := st.Rule
+	var r *access.Refusal
+	if err := access.Check(st.Rule, a.presented(), now); !errors.As(err, &r) {
+		return err
+	}
+	s.metrics.poolRefusals.WithLabelValues(r.Reason).Inc()
 	switch {
-	case !r.ClosedAt.IsZero() || !r.ClosesAt.IsZero() && !now.Before(r.ClosesAt):
-		s.metrics.poolRefusals.WithLabelValues("closed").Inc()
+	case errors.Is(r, access.ErrClosed):
 		return ErrPoolClosed
-	case !r.OpensAt.IsZero() && now.Before(r.OpensAt):
-		s.metrics.poolRefusals.WithLabelValues("not-open").Inc()
-		return refuse(ErrPoolNotOpen, "the pool opens at "+r.OpensAt.UTC().Format(time.RFC3339))
-	case r.Access == ledger.AccessCode && a.Code == "":
-		s.metrics.poolRefusals.WithLabelValues("denied").Inc()
-		return refuse(ErrPoolDenied, "this pool sells to holders of its access codes: access_code is required")
-	case r.Access == ledger.AccessChannel && subtle.ConstantTimeCompare([]byte(secretOf(a.Channel)), []byte(r.Secret)) != 1:
-		s.metrics.poolRefusals.WithLabelValues("denied").Inc()
-		return refuse(ErrPoolDenied, "this pool sells to its channel only: a valid channel credential is required")
+	case errors.Is(r, access.ErrNotOpen):
+		return refuse(ErrPoolNotOpen, r.Detail)
+	default:
+		return refuse(ErrPoolDenied, r.Detail)
 	}
-	return nil
-}
-
-// secretOf is what is stored of a channel credential.
-func secretOf(credential string) string {
-	if credential == "" {
-		return ""
-	}
-	h := sha256.Sum256([]byte(credential))
-	return hex.EncodeToString(h[:])
 }
 
 func (p PoolSpec) ledger() (ledger.PoolConfig, error) {
@@ -146,10 +130,10 @@ func (p PoolSpec) ledger() (ledger.PoolConfig, error) {
 	case AccessOpen:
 		c.Rule.Access = ledger.AccessOpen
 	case AccessChannel:
-		if len(p.Channel) < 16 {
-			return c, refuse(ErrInvalid, "a channel pool's credential has at least 16 characters")
+		if err := access.CheckChannel(p.Channel); err != nil {
+			return c, refuse(ErrInvalid, err.Error())
 		}
-		c.Rule.Secret = secretOf(p.Channel)
+		c.Rule.Secret = access.SecretOf(p.Channel)
 	}
 	if p.Access != AccessChannel && p.Channel != "" {
 		return c, refuse(ErrInvalid, "only a channel pool has a channel credential")

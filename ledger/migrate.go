@@ -248,6 +248,12 @@ func (l *Ledger) provider(build schemaSteps) (_ *goose.Provider, done func(), er
 			// A replica waiting for another's migration looks again often
 			// (goose's default is every 5 s), for up to 5 minutes.
 			lock.WithTableLockTimeout(100*time.Millisecond, 3000),
+			// A replica killed mid-migration holds the others up until its
+			// lease runs out: goose's 30 s was all of serve's time to open
+			// the ledger (and the chart's startup probe), so the next start
+			// failed too. A heartbeat renews it every 2 s meanwhile.
+			lock.WithTableLeaseDuration(10*time.Second),
+			lock.WithTableHeartbeatInterval(2*time.Second),
 		)
 		if err != nil {
 			return nil, nil, err

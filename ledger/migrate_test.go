@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -224,5 +226,69 @@ func TestUpgradeFromBeforeVersionsLocksNoTable(t *testing.T) {
 	defer cancel()
 	if _, err := old.Purchase(pctx, ledger.Order{IdempotencyKey: keys.MustID("k1"), SKU: sku, Buyer: keys.MustID("b1"), Quantity: 1}); err != nil {
 		t.Errorf("a sale beside the upgrade: %v", err)
+	}
+}
+
+// A replica killed in the middle of a migration (SIGKILL, an evicted pod)
+// leaves goose's lock held until its lease runs out. The next start must
+// get it well within serve's 30 s to open the ledger (and the chart's 30 s
+// startup probe): with goose's default lease of 30 s it waited all of that
+// and failed, and so did every replica starting beside it.
+func TestMigrationKilledMidwayHoldsOthersBriefly(t *testing.T) {
+	slow := ledger.FutureStep{Version: 2, Up: `SELECT pg_sleep(60)`}
+	if dsn := os.Getenv("LEDGER_TEST_MIGRATE_SLOWLY"); dsn != "" {
+		// The replica to kill.
+		_, err := ledger.OpenBuild(context.Background(), ledger.Options{Driver: ledger.Postgres, DSN: dsn}, 1, slow)
+		t.Fatalf("the slow migration returned: %v", err)
+	}
+	ctx := context.Background()
+	dsn := testenv.PostgresURL(t)
+	replica := exec.Command(os.Args[0], "-test.run=^TestMigrationKilledMidwayHoldsOthersBriefly$")
+	replica.Env = append(os.Environ(), "LEDGER_TEST_MIGRATE_SLOWLY="+dsn)
+	if err := replica.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- replica.Wait() }() // ends with the kill below
+	t.Cleanup(func() { replica.Process.Kill() })
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	// Killed once it runs step 2 (the baseline done) under the lock.
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		select {
+		case err := <-exited:
+			t.Fatalf("the migrating replica exited before it was killed: %v", err)
+		default:
+		}
+		var locked bool
+		var version int64
+		if db.QueryRowContext(ctx, `SELECT locked FROM ledger_migrate_lock`).Scan(&locked) == nil && locked &&
+			db.QueryRowContext(ctx, `SELECT MAX(version_id) FROM ledger_migrations`).Scan(&version) == nil && version == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the replica did not start step 2 within 60 s")
+		}
+	}
+	time.Sleep(500 * time.Millisecond) // inside step 2
+	replica.Process.Kill()
+	<-exited
+
+	start := time.Now()
+	octx, cancel := context.WithTimeout(ctx, 30*time.Second) // serve's
+	defer cancel()
+	l, err := ledger.OpenBuild(octx, ledger.Options{Driver: ledger.Postgres, DSN: dsn}, 1, expand)
+	if err != nil {
+		t.Fatalf("start after a replica was killed mid-migration: %v (after %v)", err, time.Since(start))
+	}
+	defer l.Close()
+	if took := time.Since(start); took > 15*time.Second {
+		t.Errorf("start after a replica was killed mid-migration took %v, want well within serve's 30 s", took)
+	}
+	if s := l.Schema(); s.Version != 2 {
+		t.Errorf("schema %+v, want version 2", s)
 	}
 }

@@ -425,11 +425,6 @@ func (l *countingLedger) SKU(ctx context.Context, sku stock.SKU) (ledger.SKUStat
 	return l.Ledger.SKU(ctx, sku)
 }
 
-func (l *countingLedger) Purchase(ctx context.Context, o ledger.Order) (ledger.Order, error) {
-	l.note("Purchase")
-	return l.Ledger.Purchase(ctx, o)
-}
-
 func (l *countingLedger) OrderByKey(ctx context.Context, key keys.ID) (ledger.Order, error) {
 	l.note("OrderByKey")
 	return l.Ledger.OrderByKey(ctx, key)
@@ -824,11 +819,6 @@ func (l *countingLedger) SeatFacts(ctx context.Context, sku stock.SKU) ([]ledger
 	return l.Ledger.SeatFacts(ctx, sku)
 }
 
-func (l *countingLedger) Hold(ctx context.Context, h ledger.Hold, v int64) (ledger.Hold, error) {
-	l.note("Hold")
-	return l.Ledger.Hold(ctx, h, v)
-}
-
 func (l *countingLedger) HoldByID(ctx context.Context, id keys.ID) (ledger.Hold, error) {
 	l.note("HoldByID")
 	return l.Ledger.HoldByID(ctx, id)
@@ -872,11 +862,6 @@ func (l *countingLedger) ExpireDue(ctx context.Context, limit int) ([]ledger.Hol
 func (l *countingLedger) Refund(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Order, bool, error) {
 	l.note("Refund")
 	return l.Ledger.Refund(ctx, id, buyer, req)
-}
-
-func (l *countingLedger) PurchaseCart(ctx context.Context, c ledger.Cart, direct bool) (ledger.Cart, error) {
-	l.note("PurchaseCart")
-	return l.Ledger.PurchaseCart(ctx, c, direct)
 }
 
 func (l *countingLedger) CartByID(ctx context.Context, id keys.ID) (ledger.Cart, error) {
@@ -957,11 +942,6 @@ func killHolderMidway(t *testing.T, e *env, mode, dsn string, sku stock.SKU, sha
 	holder.Process.Kill()
 	<-exited
 	return killed
-}
-
-func (l *countingLedger) PurchaseDirect(ctx context.Context, o ledger.Order, version int64) (ledger.Order, error) {
-	l.note("PurchaseDirect")
-	return l.Ledger.PurchaseDirect(ctx, o, version)
 }
 
 func (l *countingLedger) RequestByKey(ctx context.Context, scope, key keys.ID) (ledger.Recorded, error) {

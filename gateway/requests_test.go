@@ -386,11 +386,6 @@ func (l *slowCommits) wait(orders ...ledger.Order) {
 	}
 }
 
-func (l *slowCommits) Purchase(ctx context.Context, o ledger.Order) (ledger.Order, error) {
-	l.wait(o)
-	return l.Ledger.Purchase(ctx, o)
-}
-
 func (l *slowCommits) Commit(ctx context.Context, takes []ledger.Take, direct bool) []ledger.TakeResult {
 	for _, t := range takes {
 		l.wait(t.Orders...)

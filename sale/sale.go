@@ -46,56 +46,102 @@ type Gate interface {
 	Remaining(ctx context.Context, sku stock.SKU, n int) (int64, bool, error)
 }
 
-// Ledger is the SQL truth (package ledger).
+// Ledger is the SQL truth (package ledger), as sale uses it: the
+// capabilities below, each named for what it serves, so a wrapper (a test's
+// slow ledger) or a later consumer takes only what it calls.
 type Ledger interface {
+	SKUs
+	Takes
+	Ends
+	Restores
+	Events
+	Seating
+	Pools
+	Waitlists
+	Rooms
+}
+
+// SKUs are the SKUs' settings and their gates' bookkeeping.
+type SKUs interface {
+	ID() keys.ID
 	PutSKU(ctx context.Context, c ledger.SKUConfig) (ledger.SKUState, error)
 	SKU(ctx context.Context, sku stock.SKU) (ledger.SKUState, error)
-	Purchase(ctx context.Context, o ledger.Order) (ledger.Order, error)
-	Commit(ctx context.Context, takes []ledger.Take, direct bool) []ledger.TakeResult
-	ID() keys.ID
-	PurchaseDirect(ctx context.Context, o ledger.Order, version int64) (ledger.Order, error)
-	OrderByKey(ctx context.Context, key keys.ID) (ledger.Order, error)
+	SKUs(ctx context.Context, after stock.SKU, limit int) ([]ledger.SKUState, error)
+	EndSale(ctx context.Context, sku stock.SKU) (ledger.SKUState, error)
+	SetShards(ctx context.Context, sku stock.SKU, n int) error
+	PutProgram(ctx context.Context, program keys.ID, perBuyer int64) error
+	ProgramCap(ctx context.Context, program keys.ID) (int64, error)
 	MarkGateSeeded(ctx context.Context, sku stock.SKU, seq int64) error
-	Hold(ctx context.Context, h ledger.Hold, version int64) (ledger.Hold, error)
+	AdvanceGate(ctx context.Context, sku stock.SKU) (ledger.SKUState, error)
+}
+
+// Takes commits takes of stock (group-committed) and answers what a
+// request or a take already did.
+type Takes interface {
+	Commit(ctx context.Context, takes []ledger.Take, direct bool) []ledger.TakeResult
+	OrderByKey(ctx context.Context, key keys.ID) (ledger.Order, error)
+	OrderByID(ctx context.Context, id keys.ID) (ledger.Order, error)
 	HoldByID(ctx context.Context, id keys.ID) (ledger.Hold, error)
 	HoldByKey(ctx context.Context, key keys.ID) (ledger.Hold, error)
+	CartByID(ctx context.Context, id keys.ID) (ledger.Cart, error)
+	RequestByKey(ctx context.Context, scope, key keys.ID) (ledger.Recorded, error)
+	CommittedSince(ctx context.Context, sku stock.SKU, after int64) (ledger.Committed, error)
+}
+
+// Ends ends what was taken: confirms, cancels, expiries and refunds, alone
+// or in batches.
+type Ends interface {
 	Confirm(ctx context.Context, holdID, buyer keys.ID, req ledger.Request) (ledger.Order, error)
 	ConfirmBatch(ctx context.Context, cs []ledger.HoldRequest) ([]ledger.BatchResult, error)
 	Cancel(ctx context.Context, holdID, buyer keys.ID, req ledger.Request) (ledger.Hold, bool, error)
 	CancelBatch(ctx context.Context, cs []ledger.HoldRequest) ([]ledger.HoldResult, error)
+	Refund(ctx context.Context, orderID, buyer keys.ID, req ledger.Request) (ledger.Order, bool, error)
 	RefundBatch(ctx context.Context, rs []ledger.OrderRequest) ([]ledger.OrderResult, error)
 	ExpireDue(ctx context.Context, limit int) ([]ledger.Hold, error)
-	Refund(ctx context.Context, orderID, buyer keys.ID, req ledger.Request) (ledger.Order, bool, error)
-	OrderByID(ctx context.Context, id keys.ID) (ledger.Order, error)
-	RequestByKey(ctx context.Context, scope, key keys.ID) (ledger.Recorded, error)
-	CommittedSince(ctx context.Context, sku stock.SKU, after int64) (ledger.Committed, error)
-	AdvanceGate(ctx context.Context, sku stock.SKU) (ledger.SKUState, error)
+	ConfirmCart(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Cart, error)
+	CancelCart(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Cart, []keys.ID, error)
+	RefundCart(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Cart, []keys.ID, error)
+}
+
+// Restores are the returns of stock Redis is still owed.
+type Restores interface {
 	RestoreOwed(ctx context.Context, kind string, id keys.ID) (ledger.Restore, bool, error)
-	Events(ctx context.Context, program keys.ID, after int64, limit int) ([]ledger.Event, error)
 	PendingRestores(ctx context.Context, olderThan time.Duration, limit int) ([]ledger.Restore, error)
 	RestoreDone(ctx context.Context, kind string, id keys.ID) error
-	EndSale(ctx context.Context, sku stock.SKU) (ledger.SKUState, error)
+}
+
+// Events reads a program's event feed.
+type Events interface {
+	Events(ctx context.Context, program keys.ID, after int64, limit int) ([]ledger.Event, error)
+}
+
+// Seating is a SKU's seat map.
+type Seating interface {
 	LoadSeats(ctx context.Context, sku stock.SKU, seats []ledger.Seat) (int64, error)
 	Seats(ctx context.Context, sku stock.SKU, section keys.ID) ([]ledger.Seat, error)
 	SeatFacts(ctx context.Context, sku stock.SKU) ([]ledger.SeatFact, error)
-	PutProgram(ctx context.Context, program keys.ID, perBuyer int64) error
-	ProgramCap(ctx context.Context, program keys.ID) (int64, error)
-	SetShards(ctx context.Context, sku stock.SKU, n int) error
-	SKUs(ctx context.Context, after stock.SKU, limit int) ([]ledger.SKUState, error)
-	PurchaseCart(ctx context.Context, c ledger.Cart, direct bool) (ledger.Cart, error)
-	HoldCart(ctx context.Context, c ledger.Cart, direct bool) (ledger.Cart, error)
-	EnsurePool(ctx context.Context, pool stock.SKU) error
+}
+
+// Pools are a ticket's allocations and their access codes.
+type Pools interface {
 	PutPool(ctx context.Context, c ledger.PoolConfig) (ledger.SKUState, error)
 	ClosePool(ctx context.Context, pool stock.SKU) (int64, stock.SKU, error)
 	Pools(ctx context.Context, ticket stock.SKU) ([]ledger.SKUState, error)
 	PoolsDue(ctx context.Context, limit int) ([]stock.SKU, error)
 	PutCodes(ctx context.Context, pool stock.SKU, codes []ledger.Code) (int, error)
 	CodeOf(ctx context.Context, pool stock.SKU, hash string) (ledger.Code, error)
-	ConfirmCart(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Cart, error)
-	CancelCart(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Cart, []keys.ID, error)
-	RefundCart(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Cart, []keys.ID, error)
-	CartByID(ctx context.Context, id keys.ID) (ledger.Cart, error)
+}
+
+// Waitlists are the buyers waiting for a sold-out SKU's returns.
+type Waitlists interface {
 	JoinWaitlist(ctx context.Context, sku stock.SKU, buyer keys.ID, q int64, ttl time.Duration) (ledger.WaitEntry, bool, error)
+	LeaveWaitlist(ctx context.Context, sku stock.SKU, buyer keys.ID) (ledger.WaitEntry, error)
+	WaitEntryOf(ctx context.Context, sku stock.SKU, buyer keys.ID) (ledger.WaitEntry, error)
+}
+
+// Rooms are the programs' waiting rooms: settings, the line's record, and
+// the admissions spent.
+type Rooms interface {
 	PutQueue(ctx context.Context, c ledger.QueueConfig) (ledger.QueueConfig, error)
 	Queue(ctx context.Context, program keys.ID) (ledger.QueueConfig, error)
 	DeleteQueue(ctx context.Context, program keys.ID) (bool, error)
@@ -108,8 +154,6 @@ type Ledger interface {
 	SpendAdmission(ctx context.Context, program, room keys.ID, sp ledger.Spend) (keys.ID, error)
 	ReleaseAdmission(ctx context.Context, program, room, buyer, request keys.ID) error
 	AdmissionSpends(ctx context.Context, program, room keys.ID) ([]ledger.Spend, error)
-	LeaveWaitlist(ctx context.Context, sku stock.SKU, buyer keys.ID) (ledger.WaitEntry, error)
-	WaitEntryOf(ctx context.Context, sku stock.SKU, buyer keys.ID) (ledger.WaitEntry, error)
 }
 
 // Options configures a Service. The zero value of a setting takes its

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/pressly/goose/v3"
@@ -254,6 +255,13 @@ func (l *Ledger) provider(build schemaSteps) (_ *goose.Provider, done func(), er
 			// failed too. A heartbeat renews it every 2 s meanwhile.
 			lock.WithTableLeaseDuration(10*time.Second),
 			lock.WithTableHeartbeatInterval(2*time.Second),
+			// Only a lock another replica holds is worth waiting for: a
+			// refusal (no rights on the lock table: class 42) is not
+			// going away, and retrying it hid it behind a timeout.
+			lock.WithTableRetryPolicy(func(err error) bool {
+				var pe interface{ SQLState() string }
+				return !errors.As(err, &pe) || !strings.HasPrefix(pe.SQLState(), "42")
+			}),
 		)
 		if err != nil {
 			return nil, nil, err

@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"strings"
@@ -290,5 +292,55 @@ func TestMigrationKilledMidwayHoldsOthersBriefly(t *testing.T) {
 	}
 	if s := l.Schema(); s.Version != 2 {
 		t.Errorf("schema %+v, want version 2", s)
+	}
+}
+
+// A role that may not take the migration lock (a serving role left with
+// migrate on, when a new build's step is due) fails at once and says why.
+// goose retried the refused lock every 100 ms: serve gave up after its 30 s
+// with only "context deadline exceeded", `stockgate migrate` after 5 minutes.
+func TestMigrateWithoutLockRightsFailsAtOnce(t *testing.T) {
+	ctx := context.Background()
+	admin := testenv.PostgresURL(t)
+	l, err := ledger.Open(ctx, ledger.Options{Driver: ledger.Postgres, DSN: admin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	db, err := sql.Open("pgx", admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	role := fmt.Sprintf("serving_%d", time.Now().UnixNano()%1_000_000_000)
+	for _, q := range []string{
+		"CREATE ROLE " + role + " LOGIN",
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO " + role,
+		"REVOKE ALL ON ledger_migrate_lock FROM " + role,
+	} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	t.Cleanup(func() {
+		db.Exec("DROP OWNED BY " + role)
+		db.Exec("DROP ROLE " + role)
+	})
+	u, err := url.Parse(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(role)
+	start := time.Now()
+	octx, cancel := context.WithTimeout(ctx, 30*time.Second) // serve's
+	defer cancel()
+	if l, err := ledger.OpenBuild(octx, ledger.Options{Driver: ledger.Postgres, DSN: u.String()}, 1, expand); err == nil {
+		l.Close()
+		t.Fatal("a role without rights on the lock migrated the ledger")
+	} else if !strings.Contains(err.Error(), "permission denied") {
+		t.Errorf("migrate without rights on the lock = %v (after %v), want the refusal", err, time.Since(start))
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("migrate without rights on the lock took %v to fail", took)
 	}
 }

@@ -227,8 +227,8 @@ func promtoolAlert(t *testing.T, rule *monitoringv1.PrometheusRule, alert, serie
 
 // Without prometheus-adapter (the default) the HPA scales on CPU alone:
 // a Pods metric nobody serves would stop it from ever scaling down. Said
-// to be installed, it scales on requests per second too; and the README
-// says so.
+// to be installed, it scales on requests per second too; and
+// docs/OPERATIONS.md says so.
 func TestHPAWithoutAdapter(t *testing.T) {
 	metrics := func(vals map[string]any) (cpu, rate bool) {
 		objs := decodeAll(t, renderFiles(t, "stockgate", installable(t, vals)))
@@ -246,12 +246,12 @@ func TestHPAWithoutAdapter(t *testing.T) {
 	if cpu, rate := metrics(adapter); !cpu || !rate {
 		t.Errorf("HPA with prometheusAdapter scales on cpu %v, requests per second %v; want both", cpu, rate)
 	}
-	readme, err := os.ReadFile("../README.md")
+	readme, err := os.ReadFile("../docs/OPERATIONS.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(string(readme), "autoscaling.prometheusAdapter=true") {
-		t.Error("the README does not say how to turn the requests-per-second metric on (autoscaling.prometheusAdapter=true)")
+		t.Error("docs/OPERATIONS.md does not say how to turn the requests-per-second metric on (autoscaling.prometheusAdapter=true)")
 	}
 }
 

@@ -56,27 +56,27 @@ func shellWords(line string) []string {
 	return words
 }
 
-// installSection is the README's "Installing on Kubernetes" section.
+// installSection is docs/OPERATIONS.md's "Installing on Kubernetes" section.
 func installSection(t *testing.T) []byte {
 	t.Helper()
-	readme, err := os.ReadFile("../README.md")
+	readme, err := os.ReadFile("../docs/OPERATIONS.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	section := regexp.MustCompile("(?s)\n## Installing on Kubernetes\n.*?\n## ").Find(readme)
 	if section == nil {
-		t.Fatal("the README has no section ## Installing on Kubernetes")
+		t.Fatal("docs/OPERATIONS.md has no section ## Installing on Kubernetes")
 	}
 	return section
 }
 
-// readmeInstall is the README's "Installing on Kubernetes" walk: its
+// readmeInstall is docs/OPERATIONS.md's "Installing on Kubernetes" walk: its
 // commands, continuations joined, comments dropped.
 func readmeInstall(t *testing.T) [][]string {
 	t.Helper()
 	section := regexp.MustCompile("(?s)```sh\n(.*?)```").FindSubmatch(installSection(t))
 	if section == nil {
-		t.Fatal("the README has no ```sh block under ## Installing on Kubernetes")
+		t.Fatal("docs/OPERATIONS.md has no ```sh block under ## Installing on Kubernetes")
 	}
 	var cmds [][]string
 	for _, line := range strings.Split(strings.ReplaceAll(string(section[1]), "\\\n", " "), "\n") {
@@ -87,14 +87,14 @@ func readmeInstall(t *testing.T) [][]string {
 	return cmds
 }
 
-// The README's install, walked from an empty namespace: its commands
+// The install of docs/OPERATIONS.md, walked from an empty namespace: its commands
 // parsed as written; the Secret it makes; its `helm install` rendered by
 // helm itself (as `helm template` with the same arguments) and validated
 // by kubeconform; Helm's install order played on the namespace (the
 // migration hook finds all it needs); the Job's and the Deployment's
 // commands as the image runs them; then both run for real, built from
 // this tree, with their rendered settings and the Secret's: the Job
-// against PostgreSQL through PgBouncer (the README's DSN is a PgBouncer),
+// against PostgreSQL through PgBouncer (the documented DSN is a PgBouncer),
 // twice (install, then upgrade), each exiting 0; then serve, which with
 // the chart's STOCKGATE_MIGRATE=false starts only on a migrated ledger,
 // becomes ready and drains on SIGTERM.
@@ -124,15 +124,15 @@ func TestReadmeInstall(t *testing.T) {
 			release = c[2]
 			// helm install asks the cluster what helm template is told:
 			// Kubernetes 1.34, serving the Prometheus Operator's API (the
-			// README names it) and KEDA's.
+			// install section names it) and KEDA's.
 			helmArgs = append(append([]string{"template"}, c[2:]...), clusterArgs...)
 		}
 	}
 	if nsName == "" || made == nil || release == "" {
-		t.Fatalf("the README's install: namespace %q, secret %v, release %q", nsName, made != nil, release)
+		t.Fatalf("the documented install: namespace %q, secret %v, release %q", nsName, made != nil, release)
 	}
 	if !slices.Contains(helmArgs, "-n") && !slices.Contains(helmArgs, "--namespace") {
-		t.Errorf("the README's helm install names no namespace: %v", helmArgs)
+		t.Errorf("the documented helm install names no namespace: %v", helmArgs)
 	}
 	// helm as the user runs it, from the repository's root.
 	cmd := exec.Command(tool(t, "helm", "make deps-helm"), helmArgs...)
@@ -158,12 +158,12 @@ func TestReadmeInstall(t *testing.T) {
 	}
 
 	// A custom resource needs its operator's CRDs in the cluster: the
-	// README names each group it renders.
+	// install section names each group it renders.
 	section := string(installSection(t))
 	for _, obj := range strings.Split(string(rendered), "\n---") {
 		m := regexp.MustCompile(`(?m)^apiVersion: ([^/\s]+)/`).FindStringSubmatch(obj)
 		if m != nil && strings.Contains(m[1], ".") && !strings.HasSuffix(m[1], ".k8s.io") && !strings.Contains(section, "`"+m[1]+"`") {
-			t.Errorf("the install renders a %s resource but the README does not name its CRDs as a prerequisite", m[1])
+			t.Errorf("the install renders a %s resource but docs/OPERATIONS.md does not name its CRDs as a prerequisite", m[1])
 		}
 	}
 
@@ -193,7 +193,7 @@ func TestReadmeInstall(t *testing.T) {
 	jobEnv, podEnv := hookNS.env(t, job), ns.env(t, dep)
 
 	// Now for real: this tree's binary, real servers in place of the
-	// README's placeholders (the DSN, the Redis address, the admin token
+	// documented placeholders (the DSN, the Redis address, the admin token
 	// its shell would have made, the listen address of a pod).
 	bin := filepath.Join(t.TempDir(), "stockgate")
 	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/stockgate").CombinedOutput(); err != nil {
@@ -207,7 +207,7 @@ func TestReadmeInstall(t *testing.T) {
 		for k, placeholder := range map[string]string{"STOCKGATE_LEDGER_DSN": "…@pgbouncer", "STOCKGATE_ADMIN_TOKEN": "$(openssl rand",
 			"STOCKGATE_REDIS_ADDRS": "redis.example:"} {
 			if !strings.Contains(env[k], placeholder) {
-				t.Fatalf("%s = %q: not the README's placeholder %q", k, env[k], placeholder)
+				t.Fatalf("%s = %q: not the documented placeholder %q", k, env[k], placeholder)
 			}
 		}
 		env["STOCKGATE_LEDGER_DSN"], env["STOCKGATE_ADMIN_TOKEN"] = dsn, hex.EncodeToString(token)

@@ -20,18 +20,18 @@ import (
 	"github.com/stockgate/stockgate/internal/testenv"
 )
 
-// readmeACL is the Redis ACL user the README's "Which Redis" section
+// readmeACL is the Redis ACL user docs/OPERATIONS.md's "Which Redis" section
 // gives, as ACL SETUSER takes its rules (after the user's name), with the
 // password in place of PASSWORD.
 func readmeACL(t *testing.T, password string) []string {
 	t.Helper()
-	b, err := os.ReadFile("../../README.md")
+	b, err := os.ReadFile("../../docs/OPERATIONS.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	block := regexp.MustCompile("(?s)```\\s*\\n(ACL SETUSER stockgate .*?)```").FindSubmatch(b)
 	if block == nil {
-		t.Fatal("the README has no ``` block beginning ACL SETUSER stockgate")
+		t.Fatal("docs/OPERATIONS.md has no ``` block beginning ACL SETUSER stockgate")
 	}
 	rules := strings.Fields(string(block[1]))[3:]
 	for i, r := range rules {
@@ -43,14 +43,14 @@ func readmeACL(t *testing.T, password string) []string {
 }
 
 // allowed reports whether rules let the user run command (lower case,
-// "cluster|nodes" for a subcommand): the README grants commands one by one
+// "cluster|nodes" for a subcommand): docs/OPERATIONS.md grants commands one by one
 // after -@all.
 func allowed(rules []string, command string) bool {
 	parent, _, _ := strings.Cut(command, "|")
 	return slices.Contains(rules, "+"+command) || slices.Contains(rules, "+"+parent)
 }
 
-// Every command a Lua script calls is in the README's ACL user (ACLs apply
+// Every command a Lua script calls is in the documented ACL user (ACLs apply
 // inside scripts too): a new script's command cannot be forgotten there.
 func TestReadmeACLCoversTheScripts(t *testing.T) {
 	rules := readmeACL(t, "x")
@@ -73,7 +73,7 @@ func TestReadmeACLCoversTheScripts(t *testing.T) {
 			cmd := strings.ToLower(string(m[2]))
 			seen[cmd] = true
 			if !allowed(rules, cmd) {
-				t.Errorf("%s calls %s, which the README's ACL user may not run", filepath.Base(f), strings.ToUpper(cmd))
+				t.Errorf("%s calls %s, which the documented ACL user may not run", filepath.Base(f), strings.ToUpper(cmd))
 			}
 		}
 	}
@@ -82,10 +82,10 @@ func TestReadmeACLCoversTheScripts(t *testing.T) {
 	}
 }
 
-// A gateway logged in to Redis as exactly the README's ACL user sells,
+// A gateway logged in to Redis as exactly the documented ACL user sells,
 // runs a waiting room (its pacer admits a buyer, who then buys) and adds
 // every order's event to the Redis Streams sink, and Redis refuses it
-// nothing (ACL LOG stays empty). With the README's former user the pacer
+// nothing (ACL LOG stays empty). With the user documented before, the pacer
 // failed five times a second (buyers waited for ever while /readyz said
 // ok) and the stream sink failed.
 func TestReadmeACLRunsEverything(t *testing.T) {
@@ -204,12 +204,12 @@ func TestReadmeACLRunsEverything(t *testing.T) {
 		return maps.Equal(got, want)
 	})
 	if denied := aclLog(); len(denied) > 0 {
-		t.Errorf("Redis refused the README's ACL user %d times:\n%s", len(denied), strings.Join(denied, "\n"))
+		t.Errorf("Redis refused the documented ACL user %d times:\n%s", len(denied), strings.Join(denied, "\n"))
 	}
 	// And the user is limited: what the gateway never runs is refused.
 	user := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), Username: "stockgate", Password: password})
 	defer user.Close()
 	if err := user.FlushAll(ctx).Err(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
-		t.Errorf("FLUSHALL as the README's ACL user: %v, want NOPERM", err)
+		t.Errorf("FLUSHALL as the documented ACL user: %v, want NOPERM", err)
 	}
 }

@@ -108,9 +108,9 @@ call the admin routes anyway. A DSN cannot be generated at all. */ -}}
 {{- define "stockgate.validate" -}}
 {{- $open := eq (toString (index .Values.env "STOCKGATE_ALLOW_OPEN_ADMIN")) "true" -}}
 {{- if not (or $open (include "stockgate.hasEnv" (list . "STOCKGATE_ADMIN_TOKEN"))) -}}
-{{- fail "\n\nstockgate needs an admin token, or its pods exit 2 at start (admin routes open to the network): set secretEnv.STOCKGATE_ADMIN_TOKEN (e.g. --set secretEnv.STOCKGATE_ADMIN_TOKEN=$(openssl rand -hex 24)), or existingSecret to a Secret holding STOCKGATE_ADMIN_TOKEN and STOCKGATE_LEDGER_DSN, or env.STOCKGATE_ADMIN_TOKEN_FILE to a file of a Secret mounted with extraVolumes (README, \"Installing on Kubernetes\")." -}}
+{{- fail "\n\nstockgate needs an admin token, or its pods exit 2 at start (admin routes open to the network): set secretEnv.STOCKGATE_ADMIN_TOKEN (e.g. --set secretEnv.STOCKGATE_ADMIN_TOKEN=$(openssl rand -hex 24)), or existingSecret to a Secret holding STOCKGATE_ADMIN_TOKEN and STOCKGATE_LEDGER_DSN, or env.STOCKGATE_ADMIN_TOKEN_FILE to a file of a Secret mounted with extraVolumes (docs/OPERATIONS.md, \"Installing on Kubernetes\")." -}}
 {{- end -}}
 {{- if not (include "stockgate.hasEnv" (list . "STOCKGATE_LEDGER_DSN")) -}}
-{{- fail "\n\nstockgate needs the ledger's DSN, or its pods exit 2 at start: set secretEnv.STOCKGATE_LEDGER_DSN (postgres://user:password@host:5432/db), or existingSecret to a Secret holding STOCKGATE_ADMIN_TOKEN and STOCKGATE_LEDGER_DSN, or env.STOCKGATE_LEDGER_DSN_FILE to a file of a Secret mounted with extraVolumes (README, \"Installing on Kubernetes\")." -}}
+{{- fail "\n\nstockgate needs the ledger's DSN, or its pods exit 2 at start: set secretEnv.STOCKGATE_LEDGER_DSN (postgres://user:password@host:5432/db), or existingSecret to a Secret holding STOCKGATE_ADMIN_TOKEN and STOCKGATE_LEDGER_DSN, or env.STOCKGATE_LEDGER_DSN_FILE to a file of a Secret mounted with extraVolumes (docs/OPERATIONS.md, \"Installing on Kubernetes\")." -}}
 {{- end -}}
 {{- end -}}

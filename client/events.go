@@ -8,7 +8,10 @@ import (
 	"time"
 )
 
-// Event is one change of state from the ledger's outbox.
+// Event is one change of state from the ledger's outbox, in the one shape
+// every consumer gets it: a webhook delivery's body (the server's package
+// webhook names this type), an entry of the relay's Redis streams, and GET
+// /v1/admin/events. A pool's stock is named by its ticket and pool.
 type Event struct {
 	Seq      int64     `json:"seq"`
 	ID       string    `json:"id"` // stable: de-duplicate by it
@@ -21,7 +24,7 @@ type Event struct {
 	Buyer    string    `json:"buyer,omitempty"`
 	CartID   string    `json:"cart_id,omitempty"`
 	Quantity int64     `json:"quantity,omitempty"`
-	ToPool   string    `json:"to_pool,omitempty"`
+	ToPool   string    `json:"to_pool,omitempty"` // pool.moved: where ("public" for the public pool)
 	At       time.Time `json:"at"`
 }
 

@@ -43,7 +43,7 @@ func (s *Server) getEvents(c *gin.Context) {
 	}
 	v := eventsView{Events: make([]webhook.Event, 0, len(got)), Next: after}
 	for _, e := range got {
-		v.Events = append(v.Events, e.Wire())
+		v.Events = append(v.Events, e)
 		v.Next = e.Seq
 	}
 	c.Header("Cache-Control", "no-store")

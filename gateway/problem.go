@@ -138,9 +138,6 @@ var statusOf = map[*sale.Err]int{
 	sale.ErrNotRebuilt:        http.StatusServiceUnavailable,
 	sale.ErrGateNotClosed:     http.StatusServiceUnavailable,
 	sale.ErrSeatsNotInRedis:   http.StatusServiceUnavailable,
-	sale.ErrUnknownSink:       http.StatusNotFound,
-	sale.ErrUnknownDeadLetter: http.StatusNotFound,
-	sale.ErrRedeliveryFailed:  http.StatusBadGateway,
 }
 
 // writeError answers with the problem of a sale error: its kind's status

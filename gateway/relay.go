@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -8,9 +10,35 @@ import (
 
 	"github.com/gin-gonic/gin"
 
-	"github.com/stockgate/stockgate/sale"
+	"github.com/stockgate/stockgate/relay"
 	"github.com/stockgate/stockgate/webhook"
 )
+
+// Relay is what the /v1/admin/relay routes ask of the outbox relay, in
+// its own words (package relay); its errors are answered by relayError.
+type Relay interface {
+	Sinks(ctx context.Context) ([]relay.SinkStats, error)
+	DeadLetters(ctx context.Context, sink string, after int64, limit int) ([]relay.DeadLetter, error)
+	Redeliver(ctx context.Context, sink string, seq int64) (relay.DeadLetter, error)
+}
+
+// relayError answers a relay's error: its own refusals by their problem,
+// anything else (the ledger behind it) 503.
+func (s *Server) relayError(c *gin.Context, err error) {
+	switch {
+	case errors.Is(err, relay.ErrUnknownSink):
+		writeProblem(c, http.StatusNotFound, "unknown-sink", "no relay sink of that name", 0)
+	case errors.Is(err, relay.ErrUnknownDeadLetter):
+		writeProblem(c, http.StatusNotFound, "unknown-dead-letter", "no dead letter of that sink and seq", 0)
+	case errors.Is(err, relay.ErrRedeliveryFailed):
+		writeProblem(c, http.StatusBadGateway, "redelivery-failed", err.Error(), 0)
+	case errors.Is(err, relay.ErrInvalid):
+		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", err.Error(), 0)
+	default:
+		s.log.WarnContext(c.Request.Context(), "relay admin failed", "route", c.FullPath(), "err", err)
+		writeProblem(c, http.StatusServiceUnavailable, "unavailable", "the ledger is unavailable", retryAfter(time.Second))
+	}
+}
 
 type relaySinkView struct {
 	Name    string     `json:"name"`
@@ -30,13 +58,13 @@ type deadLetterView struct {
 	DeadAt    time.Time     `json:"dead_at"`
 }
 
-func deadLetterViewOf(d sale.DeadLetter) deadLetterView {
-	return deadLetterView{Sink: d.Sink, Event: d.Event.Wire(), Attempts: d.Attempts, LastError: d.LastError, DeadAt: d.DeadAt}
+func deadLetterViewOf(d relay.DeadLetter) deadLetterView {
+	return deadLetterView{Sink: d.Sink, Event: d.Event, Attempts: d.Attempts, LastError: d.LastError, DeadAt: d.DeadAt}
 }
 
 // noSink answers for a sink the relay does not have (or with no relay).
 func noSink(c *gin.Context, sink string) {
-	writeProblem(c, http.StatusNotFound, sale.ErrUnknownSink.Code, fmt.Sprintf("no relay sink %q", sink), 0)
+	writeProblem(c, http.StatusNotFound, "unknown-sink", fmt.Sprintf("no relay sink %q", sink), 0)
 }
 
 // getRelay handles GET /v1/admin/relay: every sink's backlog, lag, dead
@@ -48,7 +76,7 @@ func (s *Server) getRelay(c *gin.Context) {
 	if s.opts.Relay != nil {
 		got, err := s.opts.Relay.Sinks(c.Request.Context())
 		if err != nil {
-			s.writeError(c, err)
+			s.relayError(c, err)
 			return
 		}
 		for _, k := range got {
@@ -69,9 +97,9 @@ func (s *Server) getDeadLetters(c *gin.Context) {
 	sink := c.Query("sink")
 	after, err := strconv.ParseInt(c.DefaultQuery("after", "0"), 10, 64)
 	limit, lerr := strconv.Atoi(c.DefaultQuery("limit", "100"))
-	if sink == "" || err != nil || lerr != nil || after < 0 || limit < 1 || limit > sale.MaxDeadLettersPage {
+	if sink == "" || err != nil || lerr != nil || after < 0 || limit < 1 || limit > relay.MaxDeadLettersPage {
 		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field",
-			fmt.Sprintf("query: sink is required, after is a seq >= 0, limit an integer in 1..%d", sale.MaxDeadLettersPage), 0)
+			fmt.Sprintf("query: sink is required, after is a seq >= 0, limit an integer in 1..%d", relay.MaxDeadLettersPage), 0)
 		return
 	}
 	if s.opts.Relay == nil {
@@ -80,7 +108,7 @@ func (s *Server) getDeadLetters(c *gin.Context) {
 	}
 	got, err := s.opts.Relay.DeadLetters(c.Request.Context(), sink, after, limit)
 	if err != nil {
-		s.writeError(c, err)
+		s.relayError(c, err)
 		return
 	}
 	v := struct {
@@ -112,7 +140,7 @@ func (s *Server) redeliver(c *gin.Context) {
 	}
 	d, err := s.opts.Relay.Redeliver(c.Request.Context(), sink, seq)
 	if err != nil {
-		s.writeError(c, err)
+		s.relayError(c, err)
 		return
 	}
 	c.Header("Cache-Control", "no-store")

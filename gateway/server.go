@@ -82,9 +82,9 @@ type Options struct {
 	// AdminHandler, for a listener that only the cluster can reach.
 	SeparateAdmin bool
 	// Relay is the outbox relay the /v1/admin/relay routes show and
-	// drive. Optional: without it they answer as for a relay with no
-	// sinks.
-	Relay sale.Relay
+	// drive (package relay's). Optional: without it they answer as for a
+	// relay with no sinks.
+	Relay Relay
 }
 
 // DefaultOptions are the settings a zero Options takes; main takes its flag

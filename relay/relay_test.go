@@ -19,7 +19,6 @@ import (
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/relay"
-	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/stock"
 	"github.com/stockgate/stockgate/webhook"
 )
@@ -266,7 +265,7 @@ func TestRelayDeliversInOrderThroughFailuresAndACrash(t *testing.T) {
 		waitFor(t, 60*time.Second, "every event delivered", func() bool { return rcv.distinct() == len(events) })
 		// The receiver has each event before the relay's cursor moves past
 		// it: the backlog empties just after.
-		var sinks []sale.RelaySink
+		var sinks []relay.SinkStats
 		waitFor(t, 10*time.Second, "no backlog", func() bool {
 			var err error
 			sinks, err = relays[1].Sinks(context.Background())
@@ -316,10 +315,10 @@ func TestRelayDeadLettersAndRedelivers(t *testing.T) {
 		buy(t, l, skus[0])
 		waitFor(t, 20*time.Second, "the second event delivered", func() bool { return rcv.distinct() == 1 })
 		dead, err := r.DeadLetters(ctx, "hook", 0, 10)
-		if err != nil || len(dead) != 1 || dead[0].Event.ID != first.ID || dead[0].Attempts != 3 || dead[0].LastError == "" {
+		if err != nil || len(dead) != 1 || dead[0].Event.ID != first.ID.String() || dead[0].Attempts != 3 || dead[0].LastError == "" {
 			t.Fatalf("DeadLetters = %+v, %v, want the first event after 3 attempts", dead, err)
 		}
-		if _, err := r.Redeliver(ctx, "hook", first.Seq); !errors.Is(err, sale.ErrRedeliveryFailed) {
+		if _, err := r.Redeliver(ctx, "hook", first.Seq); !errors.Is(err, relay.ErrRedeliveryFailed) {
 			t.Fatalf("Redeliver(refused) = %v, want ErrRedeliveryFailed", err)
 		}
 		refuse.Store(false)
@@ -329,10 +328,10 @@ func TestRelayDeadLettersAndRedelivers(t *testing.T) {
 		if rcv.distinct() != 2 {
 			t.Fatalf("receiver has %d events, want 2", rcv.distinct())
 		}
-		if _, err := r.Redeliver(ctx, "hook", first.Seq); !errors.Is(err, sale.ErrUnknownDeadLetter) {
+		if _, err := r.Redeliver(ctx, "hook", first.Seq); !errors.Is(err, relay.ErrUnknownDeadLetter) {
 			t.Fatalf("Redeliver(again) = %v, want ErrUnknownDeadLetter", err)
 		}
-		if _, err := r.DeadLetters(ctx, "nope", 0, 10); !errors.Is(err, sale.ErrUnknownSink) {
+		if _, err := r.DeadLetters(ctx, "nope", 0, 10); !errors.Is(err, relay.ErrUnknownSink) {
 			t.Fatalf("DeadLetters(unknown sink) = %v, want ErrUnknownSink", err)
 		}
 		if sinks, _ := r.Sinks(ctx); len(sinks) != 1 || sinks[0].Dead != 0 {

@@ -14,7 +14,6 @@ import (
 
 	"github.com/stockgate/stockgate/internal/opt"
 	"github.com/stockgate/stockgate/ledger"
-	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/tracing"
 	"github.com/stockgate/stockgate/webhook"
 )
@@ -84,7 +83,7 @@ func (w *Webhook) Deliver(ctx context.Context, e ledger.Event) (err error) {
 		span.SetAttributes(attribute.String("stockgate.sink", w.name), attribute.String("stockgate.event.id", e.ID.String()),
 			attribute.String("stockgate.event.type", e.Type), attribute.Int64("stockgate.event.seq", e.Seq))
 	}
-	body, err := json.Marshal(sale.EventOf(e).Wire())
+	body, err := json.Marshal(webhook.EventOf(e))
 	if err != nil {
 		return fmt.Errorf("webhook: %w", err)
 	}

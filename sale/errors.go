@@ -75,15 +75,12 @@ var (
 	ErrQueuedProgram     = newErr("queued-program", "this program sells through its waiting room: returned tickets go back to its line, not to a waitlist")
 	// The relay's: no sink of that name, no dead letter of that seq, and a
 	// redelivery the sink refused (the dead letter is kept).
-	ErrUnknownSink       = newErr("unknown-sink", "no relay sink of that name")
-	ErrUnknownDeadLetter = newErr("unknown-dead-letter", "no dead letter of that sink and seq")
-	ErrRedeliveryFailed  = newErr("redelivery-failed", "the sink refused the redelivery; the dead letter is kept")
 )
 
 // Kinds lists every kind above, for tables that must cover them all.
 func Kinds() []*Err {
 	return []*Err{ErrInvalid, ErrUnknownSKU, ErrUnknownHold, ErrUnknownOrder, ErrUnknownCart, ErrNotOwner, ErrKeyReused, ErrOverMax, ErrSoldOut, ErrLimit, ErrSaleEnded, ErrHoldExpired, ErrHoldCancelled, ErrHoldConfirmed, ErrInCart, ErrCartNotBought, ErrUnknownPool, ErrPoolNotOpen, ErrPoolClosed, ErrPoolDenied, ErrCodeInvalid, ErrCodeUsedUp, ErrSeated, ErrNotSeated, ErrNoSeating, ErrUnknownSeats, ErrSeatsTaken, ErrSeatsNotInGate, ErrSeatsSpan, ErrNoAdjacent, ErrSeatMapRefused, ErrBelowCommitted, ErrRebuildBusy, ErrBusy, ErrUnavailable, ErrNotRebuilt, ErrGateNotClosed, ErrSeatsNotInRedis,
-		ErrUnknownSink, ErrUnknownDeadLetter, ErrRedeliveryFailed, ErrNotSoldOut, ErrNotWaiting, ErrWaitOffered,
+		ErrNotSoldOut, ErrNotWaiting, ErrWaitOffered,
 		ErrNoQueue, ErrQueueNotOpen, ErrQueueTicket, ErrAdmissionRequired, ErrAdmissionInvalid, ErrAdmissionUsed, ErrAdmissionExpired, ErrQueuedProgram}
 }
 

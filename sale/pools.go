@@ -21,7 +21,7 @@ import (
 // gate at once, so the moved units are on sale there within the sweep.
 
 // PublicPool is the name a request may give the public pool (or give none).
-var PublicPool = keys.MustID("public")
+var PublicPool = stock.PublicPool
 
 // Access rules of a pool, as admins name them (package access decides them).
 const (

@@ -54,6 +54,10 @@ func MustSKU(program, ticket string) SKU {
 	return SKU{Program: keys.MustID(program), Ticket: keys.MustID(ticket)}
 }
 
+// PublicPool is the name a request or an event gives a ticket's public
+// stock where a pool is named (the zero pool).
+var PublicPool = keys.MustID("public")
+
 // InPool is the SKU whose stock is pool's allocation of s's ticket (s for
 // the zero pool: the public one). A pool's stock is a SKU of its own in
 // every store (its own row, shards, gate), named by keys.Pooled.

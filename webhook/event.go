@@ -1,22 +1,26 @@
 package webhook
 
-import "time"
+import (
+	"github.com/stockgate/stockgate/client"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/stock"
+)
 
-// Event is an event as a delivery's body carries it (and as GET
-// /v1/admin/events lists it): a receiver decodes the body into it after
-// Verify. A pool's stock is named by its ticket and pool.
-type Event struct {
-	Seq      int64     `json:"seq"`
-	ID       string    `json:"id"` // stable: de-duplicate by it (the webhook-id header too)
-	Type     string    `json:"type"`
-	Program  string    `json:"program"`
-	Ticket   string    `json:"ticket"`
-	Pool     string    `json:"pool,omitempty"`
-	Subject  string    `json:"subject,omitempty"` // the order's or hold's id
-	OrderID  string    `json:"order_id,omitempty"`
-	Buyer    string    `json:"buyer,omitempty"`
-	CartID   string    `json:"cart_id,omitempty"`
-	Quantity int64     `json:"quantity,omitempty"`
-	ToPool   string    `json:"to_pool,omitempty"` // pool.moved: where ("public" for the public pool)
-	At       time.Time `json:"at"`
+// Event is an event as a delivery's body carries it: the client's type,
+// the one wire shape of an event (relay streams and GET /v1/admin/events
+// carry it too). A receiver decodes the body into it after Verify.
+type Event = client.Event
+
+// EventOf is the ledger's outbox event e on the wire.
+func EventOf(e ledger.Event) Event {
+	v := Event{Seq: e.Seq, ID: e.ID.String(), Type: e.Type, Program: e.SKU.Program.String(), Ticket: e.SKU.Base().Ticket.String(),
+		Pool: e.SKU.Pool().String(), Subject: e.Subject.String(), OrderID: e.Order.String(), Buyer: e.Buyer.String(),
+		CartID: e.Cart.String(), Quantity: e.Quantity, At: e.At}
+	if !e.To.IsZero() {
+		v.ToPool = e.To.Pool().String()
+		if v.ToPool == "" {
+			v.ToPool = stock.PublicPool.String()
+		}
+	}
+	return v
 }

@@ -160,8 +160,32 @@ func (l *Ledger) up(ctx context.Context, build schemaSteps) error {
 		return err
 	}
 	defer done()
-	_, err = p.Up(ctx)
+	// Each time another process ran a step first, goose lists again.
+	for range build.steps {
+		if _, err = p.Up(ctx); !errors.Is(err, errRanMeanwhile) {
+			return err
+		}
+	}
 	return err
+}
+
+// errRanMeanwhile is a step another process ran after goose listed the
+// steps to run: Up rolls its transaction back and lists again.
+var errRanMeanwhile = errors.New("the step ran in another process meanwhile")
+
+// notRunYet checks, in the step's transaction, that no other process ran
+// the step since goose listed it. goose has no lock for SQLite; there the
+// transactions, begun IMMEDIATE, serialize this check. (On PostgreSQL
+// goose's lock does.)
+func (l *Ledger) notRunYet(ctx context.Context, tx *sql.Tx, version int64) error {
+	var n int
+	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+migrationsTable+` WHERE version_id = $1 AND is_applied`, version).Scan(&n); err != nil {
+		return err
+	}
+	if n > 0 {
+		return errRanMeanwhile
+	}
+	return nil
 }
 
 // DownTo undoes the steps above version, newest first; a step that cannot
@@ -209,6 +233,9 @@ func (l *Ledger) provider(build schemaSteps) (_ *goose.Provider, done func(), er
 	var ms []*goose.Migration
 	for _, st := range build.steps {
 		up := &goose.GoFunc{RunTx: func(ctx context.Context, tx *sql.Tx) error {
+			if err := l.notRunYet(ctx, tx, st.version); err != nil {
+				return err
+			}
 			if err := st.up(l, ctx, tx); err != nil {
 				return fmt.Errorf("step %d (%s): %w", st.version, st.name, err)
 			}
@@ -242,7 +269,7 @@ func (l *Ledger) provider(build schemaSteps) (_ *goose.Provider, done func(), er
 		goose.WithLogger(goose.NopLogger()),
 	}
 	if l.driver == Postgres {
-		// SQLite needs none: one connection, and the file's own lock.
+		// SQLite has none across processes: see notRunYet.
 		locker, err := lock.NewPostgresTableLocker(
 			lock.WithTableName("ledger_migrate_lock"),
 			lock.WithTableLockID(migrateLockID),

@@ -344,3 +344,47 @@ func TestMigrateWithoutLockRightsFailsAtOnce(t *testing.T) {
 		t.Errorf("migrate without rights on the lock took %v to fail", took)
 	}
 }
+
+// Processes opening one new SQLite file together (`stockgate migrate` and
+// serve beside it, or replicas on a shared volume) run each step once. goose
+// has no lock for SQLite and lists the steps to run before it begins each
+// one: every process ran the baseline and recorded it, and a step that is
+// not idempotent (ADD COLUMN) failed in all but one.
+func TestSQLiteProcessesMigrateTogether(t *testing.T) {
+	if path := os.Getenv("LEDGER_TEST_OPEN_SQLITE"); path != "" {
+		l, err := ledger.OpenBuild(context.Background(), ledger.Options{DSN: path}, 1, expand)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Close()
+		return
+	}
+	path := testenv.SQLitePath(t)
+	var wg sync.WaitGroup
+	errs := make([]error, 6)
+	for i := range errs {
+		wg.Go(func() {
+			p := exec.Command(os.Args[0], "-test.run=^TestSQLiteProcessesMigrateTogether$")
+			p.Env = append(os.Environ(), "LEDGER_TEST_OPEN_SQLITE="+path)
+			if out, err := p.CombinedOutput(); err != nil {
+				errs[i] = fmt.Errorf("%w: %s", err, out)
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Error(err)
+	}
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var rows, versions int
+	if err := db.QueryRow(`SELECT COUNT(*), COUNT(DISTINCT version_id) FROM ledger_migrations WHERE version_id > 0`).Scan(&rows, &versions); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 2 || versions != 2 {
+		t.Errorf("ledger_migrations records %d runs of %d steps, want each of 2 once", rows, versions)
+	}
+}

@@ -196,6 +196,10 @@ func (l *Ledger) DownTo(ctx context.Context, version int64) error {
 	if version < 1 {
 		return fmt.Errorf("%w: the baseline (schema 1) cannot be undone", ErrSchema)
 	}
+	if s := l.schema; s.Version > s.Latest && version < s.Version {
+		return fmt.Errorf("%w: the ledger is at schema %d, past this build's newest step (%d): undo the steps above %d with the build that shipped them",
+			ErrSchema, s.Version, s.Latest, s.Latest)
+	}
 	for _, st := range build.steps {
 		if st.version > version && st.down == nil {
 			return fmt.Errorf("%w: step %d (%s) cannot be undone", ErrSchema, st.version, st.name)

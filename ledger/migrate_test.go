@@ -388,3 +388,30 @@ func TestSQLiteProcessesMigrateTogether(t *testing.T) {
 		t.Errorf("ledger_migrations records %d runs of %d steps, want each of 2 once", rows, versions)
 	}
 }
+
+// Undoing steps with a build older than them (the build being rolled back
+// to, not the one that shipped them) is refused saying what to run, not
+// with goose's "version not found".
+func TestDownToWithABuildOlderThanTheSteps(t *testing.T) {
+	ctx := context.Background()
+	o := ledger.Options{Driver: ledger.SQLite, DSN: testenv.SQLitePath(t)}
+	l, err := ledger.OpenBuild(ctx, o, 1, expand)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	o.NoMigrate = true
+	if l, err = ledger.Open(ctx, o); err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.DownTo(ctx, 1); !errors.Is(err, ledger.ErrSchema) || !strings.Contains(err.Error(), "with the build that shipped them") {
+		t.Errorf("down from schema 2 with a build knowing 1 = %v, want ErrSchema naming the build to use", err)
+	}
+	if err := l.DownTo(ctx, 2); err != nil {
+		t.Errorf("down to where the ledger is = %v, want nothing to do", err)
+	}
+	if s := l.Schema(); s.Version != 2 {
+		t.Errorf("schema %+v, want 2 still", s)
+	}
+}

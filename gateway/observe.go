@@ -93,8 +93,17 @@ func traced(c *gin.Context) {
 	if route == "" {
 		route = "unmatched"
 	}
-	ctx, span := tracing.StartServer(c.Request.Context(), c.Request.Header, c.Request.Method+" "+route,
-		semconv.HTTPRequestMethodKey.String(c.Request.Method), semconv.HTTPRoute(route))
+	// A client picks the method, and Go takes one up to the header limit
+	// (1 MB): taken raw, each such request's span held it twice until
+	// exported, and a slow collector's queue of 2,048 spans gigabytes.
+	// Any other than the standard ones is "_OTHER", as the semantic
+	// conventions say.
+	method := methodLabel(c.Request.Method)
+	if method == "other" {
+		method = "_OTHER"
+	}
+	ctx, span := tracing.StartServer(c.Request.Context(), c.Request.Header, method+" "+route,
+		semconv.HTTPRequestMethodKey.String(method), semconv.HTTPRoute(route))
 	defer span.End()
 	c.Request = c.Request.WithContext(ctx)
 	c.Next()

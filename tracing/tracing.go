@@ -14,7 +14,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 
@@ -84,6 +86,9 @@ func Setup(ctx context.Context) (shutdown func(context.Context) error, err error
 	if exporter != "otlp" {
 		return nil, fmt.Errorf("%w: OTEL_TRACES_EXPORTER=%q (this build exports otlp, or none)", ErrExporter, exporter)
 	}
+	if err := checkSettings(); err != nil {
+		return nil, err
+	}
 	proto := os.Getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
 	if proto == "" {
 		proto = os.Getenv("OTEL_EXPORTER_OTLP_PROTOCOL")
@@ -108,6 +113,37 @@ func Setup(ctx context.Context) (shutdown func(context.Context) error, err error
 		Use(nil)
 		return tp.Shutdown(ctx)
 	}, nil
+}
+
+// ErrSetting is Setup with an OTEL_* variable the SDK would take and then
+// fail on: it would export elsewhere than asked, spin, or panic.
+var ErrSetting = errors.New("tracing: bad setting")
+
+// checkSettings refuses what the SDK does not: an endpoint that is not an
+// http(s) URL (the exporter logged it and sent to https://localhost:4318
+// instead), and batching sizes or delays below 1 (a negative queue or
+// batch size panicked at start, a schedule delay of 0 or less kept a core
+// busy for ever).
+func checkSettings() error {
+	for _, k := range []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"} {
+		v := os.Getenv(k)
+		if v == "" {
+			continue
+		}
+		if u, err := url.Parse(v); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("%w: %s=%q is not an http:// or https:// URL", ErrSetting, k, v)
+		}
+	}
+	for _, k := range []string{"OTEL_BSP_SCHEDULE_DELAY", "OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"} {
+		v := os.Getenv(k)
+		if v == "" {
+			continue
+		}
+		if n, err := strconv.Atoi(v); err != nil || n < 1 {
+			return fmt.Errorf("%w: %s=%q is not a whole number above 0", ErrSetting, k, v)
+		}
+	}
+	return nil
 }
 
 // Start starts a span named name as a child of ctx's span (kind internal

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strings"
 	"testing"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -146,5 +147,45 @@ func requestPath(b *testing.B) {
 		tracing.End(span, nil)
 		_ = tracing.Link(c)
 		tracing.Inject(c, h)
+	}
+}
+
+// Settings the SDK takes and then fails on are refused at start: an
+// endpoint that is no http(s) URL (it exported to https://localhost:4318
+// instead, saying so only in a log line), a negative queue or batch size
+// (a panic at start), a schedule delay of 0 or less (a core busy for ever).
+func TestSetupRefusesSettingsTheSDKFailsOn(t *testing.T) {
+	for _, env := range []map[string]string{
+		{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://[::1"},
+		{"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318"},
+		{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "ftp://collector/v1/traces"},
+		{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_BSP_MAX_QUEUE_SIZE": "-1"},
+		{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "-1"},
+		{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_BSP_SCHEDULE_DELAY": "0"},
+		{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_BSP_SCHEDULE_DELAY": "-5"},
+	} {
+		for _, k := range []string{"OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+			"OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "OTEL_BSP_SCHEDULE_DELAY"} {
+			t.Setenv(k, env[k])
+		}
+		func() {
+			defer func() {
+				if p := recover(); p != nil {
+					t.Errorf("Setup with %v panicked: %v", env, p)
+				}
+			}()
+			shutdown, err := tracing.Setup(context.Background())
+			if err == nil {
+				shutdown(context.Background())
+			}
+			if !errors.Is(err, tracing.ErrSetting) {
+				t.Errorf("Setup with %v = %v, want ErrSetting", env, err)
+			}
+			for k, v := range env {
+				if err != nil && k != "OTEL_TRACES_EXPORTER" && !strings.Contains(err.Error(), k) {
+					t.Errorf("error %q does not name %s=%s", err, k, v)
+				}
+			}
+		}()
 	}
 }

@@ -236,7 +236,7 @@ func parse(fs *flag.FlagSet, c *config, args []string) error {
 		case given[name]: // on the command line
 			continue
 		}
-		b, err := os.ReadFile(path)
+		b, err := readSecret(path)
 		if err != nil {
 			return fmt.Errorf("%s_FILE: %w", env, err) // *PathError: op, path, cause
 		}
@@ -249,6 +249,29 @@ func parse(fs *flag.FlagSet, c *config, args []string) error {
 		}
 	}
 	return nil
+}
+
+// maxSecret bounds what a secret's file may hold: a token, a DSN, a list
+// of webhook URLs.
+const maxSecret = 64 << 10
+
+// readSecret reads a secret's file, at most maxSecret bytes of it. Read
+// whole, a path to /dev/zero or to a large file grew the process until it
+// was killed for memory, saying nothing.
+func readSecret(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxSecret+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > maxSecret {
+		return nil, fmt.Errorf("%s holds more than %d KiB: not a secret's file", path, maxSecret>>10)
+	}
+	return b, nil
 }
 
 // validate names the environment variable of the first bad setting. main

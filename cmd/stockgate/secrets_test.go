@@ -92,6 +92,11 @@ func TestSecretFileMistakesExit2(t *testing.T) {
 			[]string{"STOCKGATE_REDIS_PASSWORD_FILE", filepath.Join(dir, "missing"), "no such file"}},
 		{"a directory", map[string]string{"STOCKGATE_LEDGER_DSN_FILE": dir}, []string{"STOCKGATE_LEDGER_DSN_FILE", dir}},
 		{"empty", map[string]string{"STOCKGATE_WEBHOOK_SECRET_FILE": writeSecret(t, "\n")}, []string{"STOCKGATE_WEBHOOK_SECRET_FILE", "empty"}},
+		// Read whole, a file as large as memory (or /dev/zero, endless) grew
+		// the process until it was killed, saying nothing. (Not /dev/zero
+		// here: a regression would take the test's memory.)
+		{"large", map[string]string{"STOCKGATE_LEDGER_DSN_FILE": writeSecret(t, strings.Repeat(secret, 5000))},
+			[]string{"STOCKGATE_LEDGER_DSN_FILE", "more than 64 KiB"}},
 		// Read, then refused by the gateway's own check (too short).
 		{"refused value", map[string]string{"STOCKGATE_ADMIN_TOKEN_FILE": writeSecret(t, "short-"+secret[:4])},
 			[]string{"STOCKGATE_ADMIN_TOKEN", "at least"}},

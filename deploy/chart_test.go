@@ -535,3 +535,24 @@ func TestTargetsAbsent(t *testing.T) {
 		}
 	}
 }
+
+// The gateway listens where STOCKGATE_ADDR says, and the pod's port named
+// http (the probes', the Service's and the NetworkPolicy's) is that one:
+// it was 8080 whatever STOCKGATE_ADDR said, so with env.STOCKGATE_ADDR
+// ":9000" the probes knocked on a closed port and no pod ever started.
+func TestPortFollowsAddr(t *testing.T) {
+	for addr, want := range map[string]int32{":9000": 9000, "0.0.0.0:8081": 8081, "[::]:9443": 9443} {
+		objs := decodeAll(t, renderFiles(t, "stockgate", installable(t, map[string]any{
+			"env": map[string]any{"STOCKGATE_ADDR": addr}})))
+		d := objs["Deployment/stockgate"].(*appsv1.Deployment)
+		var got int32
+		for _, p := range d.Spec.Template.Spec.Containers[0].Ports {
+			if p.Name == "http" {
+				got = p.ContainerPort
+			}
+		}
+		if got != want {
+			t.Errorf("STOCKGATE_ADDR %q: the http port is %d, want %d", addr, got, want)
+		}
+	}
+}

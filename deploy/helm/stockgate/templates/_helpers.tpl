@@ -53,6 +53,12 @@ tested, whatever the tag is moved to since. */ -}}
 {{- end }}
 {{- end -}}
 
+{{- /* The gateway's port: STOCKGATE_ADDR's (the gateway's default, :8080,
+when unset). The probes, the Service and the NetworkPolicy name it. */ -}}
+{{- define "stockgate.port" -}}
+{{- splitList ":" (.Values.env.STOCKGATE_ADDR | default ":8080") | last | default "8080" -}}
+{{- end -}}
+
 {{- /* The admin listener's port when STOCKGATE_ADMIN_ADDR is set, else "". */ -}}
 {{- define "stockgate.adminPort" -}}
 {{- with .Values.env.STOCKGATE_ADMIN_ADDR }}{{ splitList ":" . | last }}{{ end -}}

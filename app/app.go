@@ -9,6 +9,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -27,11 +28,11 @@ import (
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/lock"
-	"github.com/stockgate/stockgate/queue"
 	"github.com/stockgate/stockgate/relay"
 	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/seats"
 	"github.com/stockgate/stockgate/shard"
+	"github.com/stockgate/stockgate/waitroom"
 )
 
 // Options is every setting of a process, by the package it configures.
@@ -162,6 +163,7 @@ type App struct {
 	Gate     *shard.Store
 	Seats    *seats.Store
 	Sale     *sale.Service
+	Rooms    *waitroom.Rooms
 	Server   *gateway.Server
 	Relay    *relay.Relay // nil with no sink configured
 	Registry *prometheus.Registry
@@ -234,7 +236,11 @@ func Open(ctx context.Context, o Options) (_ *App, err error) {
 		led = o.WrapLedger(led)
 	}
 	o.Sale.Gate, o.Sale.Ledger, o.Sale.Cache, o.Sale.Locker, o.Sale.Seats = a.Gate, led, a.Cache, locker, a.Seats
-	o.Sale.Queue = queue.New(a.Redis)
+	if a.Rooms, err = waitroom.New(waitroom.Options{Ledger: a.Ledger, Store: waitroom.NewStore(a.Redis), Locker: locker,
+		Logger: log, Registry: a.Registry}); err != nil {
+		return nil, err
+	}
+	o.Sale.Door = door{a.Rooms}
 	o.Sale.Notifier, o.Sale.Logger, o.Sale.Registry, o.Sale.CacheMetrics = a.Redis, log, a.Registry, cacheMetrics
 	if a.Sale, err = sale.New(o.Sale); err != nil {
 		return nil, err
@@ -250,7 +256,7 @@ func Open(ctx context.Context, o Options) (_ *App, err error) {
 		}
 		o.HTTP.Relay = a.Relay
 	}
-	o.HTTP.Sale, o.HTTP.Logger, o.HTTP.Registry = a.Sale, log, a.Registry
+	o.HTTP.Sale, o.HTTP.Rooms, o.HTTP.Logger, o.HTTP.Registry = a.Sale, a.Rooms, log, a.Registry
 	if a.Server, err = gateway.New(o.HTTP); err != nil {
 		return nil, err
 	}
@@ -274,7 +280,7 @@ func (a *App) Start(l Loops) {
 	for _, run := range []struct {
 		on bool
 		f  func(context.Context)
-	}{{l.Drift, a.Sale.RunDrift}, {l.Sweep, a.Sale.RunSweeper}, {l.Notices, a.Sale.RunNotices}, {l.Pacer, a.Sale.RunPacer},
+	}{{l.Drift, a.Sale.RunDrift}, {l.Sweep, a.Sale.RunSweeper}, {l.Notices, a.Sale.RunNotices}, {l.Pacer, a.Rooms.RunPacer},
 		{l.Relay && a.Relay != nil, func(ctx context.Context) { a.Relay.Run(ctx) }}} {
 		if run.on {
 			a.wg.Go(func() { run.f(ctx) }) // owned by a; ends with Close
@@ -341,4 +347,53 @@ func webhookSink(entry string) (name, url string) {
 func validName(s string) bool {
 	_, err := keys.ParseID(s)
 	return err == nil
+}
+
+// door is the waiting rooms as sale's Door: sale and waitroom know nothing
+// of each other, and their words meet here.
+type door struct{ r *waitroom.Rooms }
+
+func (d door) Admit(ctx context.Context, program, buyer keys.ID, token string, request keys.ID) (func(context.Context, sale.DoorOutcome), error) {
+	settle, err := d.r.Admit(ctx, program, buyer, token, request)
+	if err != nil {
+		return nil, doorError(err)
+	}
+	if settle == nil {
+		return nil, nil
+	}
+	return func(ctx context.Context, o sale.DoorOutcome) {
+		how := waitroom.Unknown
+		switch o {
+		case sale.DoorCommitted:
+			how = waitroom.Committed
+		case sale.DoorRefused:
+			how = waitroom.Refused
+		}
+		settle(ctx, how)
+	}, nil
+}
+
+func (d door) Queued(ctx context.Context, program keys.ID) (bool, error) {
+	q, err := d.r.Queued(ctx, program)
+	if err != nil {
+		return false, doorError(err)
+	}
+	return q, nil
+}
+
+func (d door) Wake(program keys.ID) { d.r.Wake(program) }
+
+// doorError is a refusal of the door in sale's words, its detail kept.
+func doorError(err error) error {
+	kind := sale.ErrUnavailable
+	for _, k := range []struct {
+		from *waitroom.Kind
+		to   *sale.Err
+	}{{waitroom.ErrAdmissionRequired, sale.ErrAdmissionRequired}, {waitroom.ErrAdmissionInvalid, sale.ErrAdmissionInvalid},
+		{waitroom.ErrAdmissionUsed, sale.ErrAdmissionUsed}, {waitroom.ErrAdmissionExpired, sale.ErrAdmissionExpired}} {
+		if errors.Is(err, k.from) {
+			kind = k.to
+		}
+	}
+	return fmt.Errorf("%w: %w", sale.Refuse(kind, waitroom.Detail(err)), err)
 }

@@ -12,7 +12,10 @@ import (
 
 // The layers of DESIGN.md's "Shape of the code", read from the import
 // graph (go list): gateway is HTTP only and reaches the stores and the
-// ledger only through sale; sale knows nothing of HTTP.
+// ledger only through sale, the waiting rooms and the relay; sale knows
+// nothing of HTTP; sale and the waiting rooms know nothing of each other
+// (app wires the door between them); the relay speaks its own words, not
+// sale's; access rules are pure.
 func TestLayers(t *testing.T) {
 	const mod = "github.com/stockgate/stockgate/"
 	for _, c := range []struct {
@@ -20,7 +23,10 @@ func TestLayers(t *testing.T) {
 		forbidden []string
 	}{
 		{"gateway", []string{mod + "shard", mod + "seats", mod + "ledger", mod + "lock", mod + "lua", mod + "cache"}},
-		{"sale", []string{"github.com/gin-gonic/gin", "net/http", mod + "gateway"}},
+		{"sale", []string{"github.com/gin-gonic/gin", "net/http", mod + "gateway", mod + "waitroom", mod + "relay"}},
+		{"waitroom", []string{"github.com/gin-gonic/gin", "net/http", mod + "gateway", mod + "sale", mod + "shard", mod + "seats"}},
+		{"relay", []string{"github.com/gin-gonic/gin", mod + "gateway", mod + "sale", mod + "waitroom"}},
+		{"access", []string{"github.com/redis/go-redis/v9", "database/sql", "time/tzdata", mod + "ledger", mod + "shard", mod + "seats", mod + "cluster", mod + "sale"}},
 	} {
 		out, err := exec.Command("go", "list", "-f", "{{.ImportPath}}\n{{join .Imports \"\\n\"}}", mod+c.pkg).Output()
 		if err != nil {

@@ -19,9 +19,8 @@ import (
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
-	"github.com/stockgate/stockgate/queue"
-	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/stock"
+	"github.com/stockgate/stockgate/waitroom"
 )
 
 // The model's waiting room: a second program whose two tickets (4 units
@@ -74,7 +73,7 @@ const qWindow = 4 * time.Second
 // qFresh is how long after a change of the line or the ledger every
 // replica's answer to a check reflects it: one refresh of its memory, and
 // a little for the clocks' granularity.
-const qFresh = sale.QueueRefresh + 20*time.Millisecond
+const qFresh = waitroom.Refresh + 20*time.Millisecond
 
 type mQueue struct {
 	program keys.ID
@@ -223,12 +222,12 @@ func (m *sim) qBuyer(name string) *mQBuyer {
 
 // qPlaceOf makes the place a ticket names, checking it is buyer's.
 func (m *sim) qPlaceOf(b *mQBuyer, ticket string) *mPlace {
-	who, place, err := queue.ParseTicket(m.q.secret, m.q.program, ticket)
+	who, place, err := waitroom.ParseTicket(m.q.secret, m.q.program, ticket)
 	if err != nil || who.String() != b.name || place.Early {
 		m.fail("ticket %q of %s: %v (%s, early %v)", ticket, b.name, err, who, place.Early)
 	}
-	pos := queue.Position(m.q.secret, place, 0)
-	return &mPlace{buyer: b, ticket: ticket, pos: pos, token: queue.Admission(m.q.secret, m.q.program, who, pos, place.At)}
+	pos := waitroom.Position(m.q.secret, place, 0)
+	return &mPlace{buyer: b, ticket: ticket, pos: pos, token: waitroom.Admission(m.q.secret, m.q.program, who, pos, place.At)}
 }
 
 // queueJoin joins the line as a random buyer: as it is, presenting one of
@@ -468,16 +467,16 @@ func (m *sim) qJudgeStatus(p *mPlace, r reply, ts, tr time.Time) {
 	beforeFlush := !q.flushedAt.IsZero() && ts.Before(q.flushedAt.Add(qFresh))
 	mustSoldOut := !q.soldOutSince.IsZero() && !ts.Before(q.soldOutSince.Add(qFresh))
 	maySoldOut := !q.soldOutSince.IsZero() || !q.reopened.IsZero() && ts.Before(q.reopened.Add(falseSoldOutBound))
-	ok := st.State == sale.QueueSoldOut || !mustSoldOut
+	ok := st.State == waitroom.SoldOut || !mustSoldOut
 	switch st.State {
-	case sale.QueueSoldOut:
+	case waitroom.SoldOut:
 		ok = maySoldOut
-	case sale.QueueAdmitted:
+	case waitroom.Admitted:
 		ok = ok && st.Admission == p.token && (a.ok || a.lost || beforeFlush)
-	case sale.QueueExpired:
+	case waitroom.Expired:
 		ok = ok && (a.ok && time.UnixMilli(a.at).Add(qWindow).Before(after) ||
 			!p.first.IsZero() && p.first.Add(qWindow).Before(tr) || beforeFlush)
-	case sale.QueueWaiting:
+	case waitroom.Waiting:
 		ok = ok && r.header.Get("Retry-After") != "" && st.Ahead != nil && *st.Ahead >= 0
 		// The replica's serving counter, from the places it says are
 		// ahead.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 	"github.com/stockgate/stockgate/sale"
+	"github.com/stockgate/stockgate/waitroom"
 )
 
 // Problem is an RFC 9457 problem detail. It is a dozen lines, so it is
@@ -116,9 +117,6 @@ var statusOf = map[*sale.Err]int{
 	sale.ErrQueuedProgram:     http.StatusConflict,
 	sale.ErrNotWaiting:        http.StatusNotFound,
 	sale.ErrWaitOffered:       http.StatusConflict,
-	sale.ErrNoQueue:           http.StatusNotFound,
-	sale.ErrQueueNotOpen:      http.StatusConflict,
-	sale.ErrQueueTicket:       http.StatusBadRequest,
 	sale.ErrAdmissionRequired: http.StatusForbidden,
 	sale.ErrAdmissionInvalid:  http.StatusForbidden,
 	sale.ErrAdmissionUsed:     http.StatusConflict,
@@ -138,6 +136,49 @@ var statusOf = map[*sale.Err]int{
 	sale.ErrNotRebuilt:        http.StatusServiceUnavailable,
 	sale.ErrGateNotClosed:     http.StatusServiceUnavailable,
 	sale.ErrSeatsNotInRedis:   http.StatusServiceUnavailable,
+}
+
+// roomStatus is the HTTP status of each kind of the waiting rooms' errors.
+var roomStatus = map[*waitroom.Kind]int{
+	waitroom.ErrInvalid:           http.StatusUnprocessableEntity,
+	waitroom.ErrUnavailable:       http.StatusServiceUnavailable,
+	waitroom.ErrNoRoom:            http.StatusNotFound,
+	waitroom.ErrNotOpen:           http.StatusConflict,
+	waitroom.ErrTicket:            http.StatusBadRequest,
+	waitroom.ErrAdmissionRequired: http.StatusForbidden,
+	waitroom.ErrAdmissionInvalid:  http.StatusForbidden,
+	waitroom.ErrAdmissionUsed:     http.StatusConflict,
+	waitroom.ErrAdmissionExpired:  http.StatusGone,
+}
+
+// roomError answers with the problem of a waiting room's error, as
+// writeError does for sale's (Retry-After on 503).
+func (s *Server) roomError(c *gin.Context, err error) {
+	var kind *waitroom.Kind
+	status, ok := 0, errors.As(err, &kind)
+	if ok {
+		status, ok = roomStatus[kind]
+	}
+	if !ok {
+		s.log.ErrorContext(c.Request.Context(), "error with no problem", "route", c.FullPath(), "err", err)
+		writeProblem(c, http.StatusInternalServerError, "internal", "internal error", 0)
+		return
+	}
+	retry := 0
+	if status == http.StatusServiceUnavailable {
+		retry = retryAfter(time.Second)
+		s.log.WarnContext(c.Request.Context(), "request failed", "route", c.FullPath(), "status", status, "err", err)
+	}
+	writeProblem(c, status, kind.Code, waitroom.Detail(err), retry)
+}
+
+// roomCode is the problem code of a waiting room's error.
+func roomCode(err error) string {
+	var kind *waitroom.Kind
+	if errors.As(err, &kind) {
+		return kind.Code
+	}
+	return "internal"
 }
 
 // writeError answers with the problem of a sale error: its kind's status

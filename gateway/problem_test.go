@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/stockgate/stockgate/sale"
+	"github.com/stockgate/stockgate/waitroom"
 )
 
 // Every kind of sale error has a status: a kind missing from statusOf
@@ -63,6 +64,9 @@ func TestEveryProblemIsDocumented(t *testing.T) {
 	want := map[string]int{}
 	for _, k := range sale.Kinds() {
 		want[k.Code] = statusOf[k]
+	}
+	for _, k := range waitroom.Kinds() {
+		want[k.Code] = roomStatus[k]
 	}
 	// The codes written here directly, with their statuses.
 	src := ""

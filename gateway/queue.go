@@ -12,7 +12,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/stockgate/stockgate/keys"
-	"github.com/stockgate/stockgate/sale"
+	"github.com/stockgate/stockgate/waitroom"
 )
 
 // queueBody is a program's waiting room as admin sets it.
@@ -43,7 +43,7 @@ type queueView struct {
 	SoldOut       bool      `json:"sold_out"`
 }
 
-func queueViewOf(c sale.QueueConfig) queueView {
+func queueViewOf(c waitroom.Config) queueView {
 	return queueView{Program: c.Program.String(), OpensAt: c.OpensAt.UTC(), JoinFrom: c.JoinFrom.UTC(), RatePerSecond: c.Rate,
 		WindowSeconds: int64(c.Window / time.Second), PerRemaining: c.PerRemaining, CheckoutURL: c.CheckoutURL}
 }
@@ -87,7 +87,7 @@ func (s *Server) putQueue(c *gin.Context) {
 		bad("per_remaining must be 0.001..1000")
 		return
 	}
-	cfg := sale.QueueConfig{Program: program, Rate: *b.RatePerSecond, Window: time.Duration(*b.WindowSeconds) * time.Second,
+	cfg := waitroom.Config{Program: program, Rate: *b.RatePerSecond, Window: time.Duration(*b.WindowSeconds) * time.Second,
 		PerRemaining: *b.PerRemaining, CheckoutURL: b.CheckoutURL}
 	if b.OpensAt != nil {
 		cfg.OpensAt = *b.OpensAt
@@ -97,9 +97,9 @@ func (s *Server) putQueue(c *gin.Context) {
 	if b.JoinFrom != nil {
 		cfg.JoinFrom = *b.JoinFrom
 	}
-	got, err := s.sale.PutQueue(c.Request.Context(), cfg)
+	got, err := s.rooms.Put(c.Request.Context(), cfg)
 	if err != nil {
-		s.writeError(c, err)
+		s.roomError(c, err)
 		return
 	}
 	c.JSON(http.StatusOK, queueViewOf(got))
@@ -111,12 +111,12 @@ func (s *Server) getQueue(c *gin.Context) {
 	if !ok {
 		return
 	}
-	v, err := s.sale.Queue(c.Request.Context(), program)
+	v, err := s.rooms.Get(c.Request.Context(), program)
 	if err != nil {
-		s.writeError(c, err)
+		s.roomError(c, err)
 		return
 	}
-	out := queueViewOf(v.QueueConfig)
+	out := queueViewOf(v.Config)
 	out.Opened, out.Joined, out.Serving, out.Unused, out.Abandoned, out.SoldOut = v.Opened, v.Joined, v.Serving, v.Unused, v.Abandoned, v.SoldOut
 	c.JSON(http.StatusOK, out)
 }
@@ -127,8 +127,8 @@ func (s *Server) deleteQueue(c *gin.Context) {
 	if !ok {
 		return
 	}
-	if err := s.sale.DeleteQueue(c.Request.Context(), program); err != nil {
-		s.writeError(c, err)
+	if err := s.rooms.Delete(c.Request.Context(), program); err != nil {
+		s.roomError(c, err)
 		return
 	}
 	c.Status(http.StatusNoContent)
@@ -148,10 +148,10 @@ type queueStatusView struct {
 	RetryAfterSeconds int64     `json:"retry_after_seconds,omitempty"`
 }
 
-func queueStatusViewOf(st sale.QueueStatus) queueStatusView {
+func queueStatusViewOf(st waitroom.Status) queueStatusView {
 	v := queueStatusView{Program: st.Program.String(), Buyer: st.Buyer.String(), Ticket: st.Ticket, State: st.State,
 		Position: st.Position, WaitSeconds: int64(max(st.Wait, 0) / time.Second), AdmissionToken: st.Admission, OpensAt: st.OpensAt.UTC()}
-	if st.State == sale.QueueWaiting && st.Position > 0 {
+	if st.State == waitroom.Waiting && st.Position > 0 {
 		ahead := st.Ahead
 		v.Ahead = &ahead
 	}
@@ -161,7 +161,7 @@ func queueStatusViewOf(st sale.QueueStatus) queueStatusView {
 	return v
 }
 
-func (s *Server) writeQueueStatus(c *gin.Context, status int, st sale.QueueStatus) {
+func (s *Server) writeQueueStatus(c *gin.Context, status int, st waitroom.Status) {
 	v := queueStatusViewOf(st)
 	if v.RetryAfterSeconds > 0 {
 		c.Header("Retry-After", strconv.FormatInt(v.RetryAfterSeconds, 10))
@@ -243,9 +243,9 @@ func (s *Server) joinQueue(c *gin.Context) {
 	if !ok {
 		return
 	}
-	st, created, err := s.sale.JoinQueue(c.Request.Context(), program, buyer, body.Ticket)
+	st, created, err := s.rooms.Join(c.Request.Context(), program, buyer, body.Ticket)
 	if err != nil {
-		s.writeError(c, err)
+		s.roomError(c, err)
 		return
 	}
 	status := http.StatusOK
@@ -262,9 +262,9 @@ func (s *Server) checkQueue(c *gin.Context) {
 	if !ok {
 		return
 	}
-	st, err := s.sale.QueueCheck(c.Request.Context(), program, c.Param("ticket"))
+	st, err := s.rooms.Check(c.Request.Context(), program, c.Param("ticket"))
 	if err != nil {
-		s.writeError(c, err)
+		s.roomError(c, err)
 		return
 	}
 	s.writeQueueStatus(c, http.StatusOK, st)
@@ -283,9 +283,9 @@ func (s *Server) queuePageHandler(c *gin.Context) {
 	if !ok {
 		return
 	}
-	checkout, err := s.sale.QueuePage(c.Request.Context(), program)
+	checkout, err := s.rooms.Page(c.Request.Context(), program)
 	if err != nil {
-		s.writeError(c, err)
+		s.roomError(c, err)
 		return
 	}
 	// The URL goes into a script as a JSON string: json.Marshal escapes

@@ -5,8 +5,7 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
-
-	"github.com/stockgate/stockgate/sale"
+	"github.com/stockgate/stockgate/waitroom"
 )
 
 // A waiting buyer may follow its place as Server-Sent Events instead of
@@ -35,9 +34,9 @@ func (s *Server) queueEvents(c *gin.Context) {
 	}
 	ctx := c.Request.Context()
 	ticket := c.Param("ticket")
-	st, err := s.sale.QueueCheck(ctx, program, ticket)
+	st, err := s.rooms.Check(ctx, program, ticket)
 	if err != nil {
-		s.writeError(c, err) // a bad ticket is a problem, not a stream
+		s.roomError(c, err) // a bad ticket is a problem, not a stream
 		return
 	}
 	h := c.Writer.Header()
@@ -56,7 +55,7 @@ func (s *Server) queueEvents(c *gin.Context) {
 		return
 	}
 	var last []byte
-	send := func(st sale.QueueStatus) bool {
+	send := func(st waitroom.Status) bool {
 		v := queueStatusViewOf(st)
 		v.WaitSeconds = int64(max(st.Wait, 0) / time.Second)
 		b := v.appendJSON(nil)
@@ -66,7 +65,7 @@ func (s *Server) queueEvents(c *gin.Context) {
 		last = b
 		return write("event: status\ndata: " + string(b) + "\n\n")
 	}
-	tick := time.NewTicker(sale.QueueRefresh)
+	tick := time.NewTicker(waitroom.Refresh)
 	defer tick.Stop()
 	beat := time.NewTicker(queueHeartbeat)
 	defer beat.Stop()
@@ -90,9 +89,9 @@ func (s *Server) queueEvents(c *gin.Context) {
 			continue
 		case <-tick.C:
 		}
-		if st, err = s.sale.QueueCheck(ctx, program, ticket); err != nil {
+		if st, err = s.rooms.Check(ctx, program, ticket); err != nil {
 			// Redis or the ledger away for a moment: the client reconnects.
-			write("event: error\ndata: {\"type\":\"" + sale.Code(err) + "\"}\n\n")
+			write("event: error\ndata: {\"type\":\"" + roomCode(err) + "\"}\n\n")
 			return
 		}
 	}
@@ -100,5 +99,5 @@ func (s *Server) queueEvents(c *gin.Context) {
 
 // final says a buyer in this state has nothing more to wait for.
 func final(state string) bool {
-	return state == sale.QueueAdmitted || state == sale.QueueSoldOut || state == sale.QueueExpired
+	return state == waitroom.Admitted || state == waitroom.SoldOut || state == waitroom.Expired
 }

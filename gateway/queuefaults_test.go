@@ -16,6 +16,7 @@ import (
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/stock"
+	"github.com/stockgate/stockgate/waitroom"
 )
 
 // putQueue turns program's waiting room on with body, or fails the test.
@@ -121,7 +122,7 @@ func TestQueueAdmissionOutlivesRefusals(t *testing.T) {
 
 // When the last ticket sells, every waiting buyer is told sold-out by every
 // replica within one refresh of the sale's answer (a replica's memory of a
-// line is never older than sale.QueueRefresh, and it reads the ledger, so
+// line is never older than waitroom.Refresh, and it reads the ledger, so
 // it needs no pacer to know: the one that admitted the buyers is gone by
 // the last sale), and nobody is admitted after it.
 func TestQueueSoldOutToldWithinARefresh(t *testing.T) {
@@ -160,7 +161,7 @@ func TestQueueSoldOutToldWithinARefresh(t *testing.T) {
 			}
 			last = time.Now()
 		}
-		time.Sleep(time.Until(last.Add(sale.QueueRefresh)))
+		time.Sleep(time.Until(last.Add(waitroom.Refresh)))
 		for i := range buyers {
 			for _, e := range []*env{a, b} {
 				r, q := e.queueCheck(t, sku.Program, tickets[i])

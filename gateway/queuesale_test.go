@@ -9,7 +9,7 @@ import (
 	"github.com/stockgate/stockgate/client"
 	"github.com/stockgate/stockgate/internal/onsale"
 	"github.com/stockgate/stockgate/internal/testenv"
-	"github.com/stockgate/stockgate/sale"
+	"github.com/stockgate/stockgate/waitroom"
 )
 
 // An on-sale through the waiting room, on two replicas that both run the
@@ -32,7 +32,7 @@ func TestQueueOnSale(t *testing.T) {
 		}
 		rep, err := onsale.Run(context.Background(), onsale.Options{BaseURLs: []string{a.url, b.url}, Admin: admin,
 			Program: testenv.ID(t, "onsale"), Buyers: 1000, Tickets: 20, Abandon: 0.3, Rate: 200, Window: 2 * time.Second,
-			PerRemaining: 1, Workers: 32, Refresh: sale.QueueRefresh, Seed: 7, Timeout: 4 * time.Minute})
+			PerRemaining: 1, Workers: 32, Refresh: waitroom.Refresh, Seed: 7, Timeout: 4 * time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}

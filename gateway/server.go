@@ -27,6 +27,7 @@ import (
 	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/stock"
 	"github.com/stockgate/stockgate/tracing"
+	"github.com/stockgate/stockgate/waitroom"
 )
 
 // OpenAPI is the API's OpenAPI 3.1 document, served at /openapi.json.
@@ -53,8 +54,11 @@ func (s *Server) Routes() []string {
 
 // Options configures a Server: the HTTP face of one sale.Service.
 type Options struct {
-	Sale   *sale.Service // required
-	Logger *slog.Logger  // default slog.Default(); see WithRequestIDs
+	Sale *sale.Service // required
+	// Rooms are the programs' waiting rooms (package waitroom). Optional:
+	// without them no program has one.
+	Rooms  *waitroom.Rooms
+	Logger *slog.Logger // default slog.Default(); see WithRequestIDs
 	// Registry receives the HTTP metrics and is served at /metrics.
 	// Default: a new registry.
 	Registry *prometheus.Registry
@@ -147,6 +151,7 @@ func (o Options) withDefaults() Options {
 // Server serves the API.
 type Server struct {
 	sale    *sale.Service
+	rooms   *waitroom.Rooms // nil: no waiting rooms
 	http    *httpMetrics
 	limiter *limiter
 	guesses *limiter // wrong access codes, per client
@@ -171,7 +176,7 @@ func New(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	opts = opts.withDefaults()
-	s := &Server{sale: opts.Sale, log: WithRequestIDs(opts.Logger), opts: opts, draining: make(chan struct{})}
+	s := &Server{sale: opts.Sale, rooms: opts.Rooms, log: WithRequestIDs(opts.Logger), opts: opts, draining: make(chan struct{})}
 	var err error
 	if s.http, err = newHTTPMetrics(opts.Registry); err != nil {
 		return nil, fmt.Errorf("gateway: metrics: %w", err)

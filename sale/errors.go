@@ -65,9 +65,6 @@ var (
 	ErrNotSoldOut        = newErr("not-sold-out", "stock is left: buy it instead of joining the waitlist")
 	ErrNotWaiting        = newErr("not-on-waitlist", "this buyer is not on this ticket's waitlist")
 	ErrWaitOffered       = newErr("waitlist-offered", "the buyer has a live offer from the waitlist: confirm or cancel its hold")
-	ErrNoQueue           = newErr("no-queue", "this program has no waiting room")
-	ErrQueueNotOpen      = newErr("queue-not-open", "the waiting room does not take buyers yet")
-	ErrQueueTicket       = newErr("invalid-queue-ticket", "not a queue ticket of this program")
 	ErrAdmissionRequired = newErr("admission-required", "this program sells through its waiting room: send the admission token")
 	ErrAdmissionInvalid  = newErr("admission-invalid", "the admission token is not valid for this buyer and program")
 	ErrAdmissionUsed     = newErr("admission-used", "the admission token was spent by another order")
@@ -81,7 +78,7 @@ var (
 func Kinds() []*Err {
 	return []*Err{ErrInvalid, ErrUnknownSKU, ErrUnknownHold, ErrUnknownOrder, ErrUnknownCart, ErrNotOwner, ErrKeyReused, ErrOverMax, ErrSoldOut, ErrLimit, ErrSaleEnded, ErrHoldExpired, ErrHoldCancelled, ErrHoldConfirmed, ErrInCart, ErrCartNotBought, ErrUnknownPool, ErrPoolNotOpen, ErrPoolClosed, ErrPoolDenied, ErrCodeInvalid, ErrCodeUsedUp, ErrSeated, ErrNotSeated, ErrNoSeating, ErrUnknownSeats, ErrSeatsTaken, ErrSeatsNotInGate, ErrSeatsSpan, ErrNoAdjacent, ErrSeatMapRefused, ErrBelowCommitted, ErrRebuildBusy, ErrBusy, ErrUnavailable, ErrNotRebuilt, ErrGateNotClosed, ErrSeatsNotInRedis,
 		ErrNotSoldOut, ErrNotWaiting, ErrWaitOffered,
-		ErrNoQueue, ErrQueueNotOpen, ErrQueueTicket, ErrAdmissionRequired, ErrAdmissionInvalid, ErrAdmissionUsed, ErrAdmissionExpired, ErrQueuedProgram}
+		ErrAdmissionRequired, ErrAdmissionInvalid, ErrAdmissionUsed, ErrAdmissionExpired, ErrQueuedProgram}
 }
 
 // refusal is an Err with a detail for this request (and the seats it
@@ -129,6 +126,10 @@ func (r *refusal) Unwrap() error { return r.kind }
 
 // refuse returns kind with a detail of its own.
 func refuse(kind *Err, detail string) error { return &refusal{kind: kind, detail: detail} }
+
+// Refuse returns kind with a detail of its own: for what answers on
+// sale's behalf (the waiting room's door, wired by app).
+func Refuse(kind *Err, detail string) error { return refuse(kind, detail) }
 
 // refuseSeats returns kind naming the seats it is about.
 func refuseSeats(kind *Err, ids []string) error {

@@ -21,13 +21,6 @@ type metrics struct {
 	poolRefusals   *prometheus.CounterVec // by reason
 	poolMoved      prometheus.Counter
 	waitJoins      prometheus.Counter
-	queueJoins     prometheus.Counter
-	queueAdmitted  prometheus.Counter
-	queueUnused    prometheus.Gauge
-	queueWaiting   prometheus.Gauge
-	queueLeft      prometheus.Gauge
-	queueAbandoned prometheus.Gauge
-	queueWait      prometheus.Histogram
 	ledgerWait     *prometheus.HistogramVec // by work
 	ledgerShed     *prometheus.CounterVec   // by work
 }
@@ -88,36 +81,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "stockgate_pool_moved_units_total",
 			Help: "Units closed pools moved into another pool (usually the public one).",
 		}),
-		queueJoins: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "stockgate_queue_joins_total",
-			Help: "Buyers this gateway put in a waiting room's line (joining again is not counted).",
-		}),
-		queueAdmitted: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "stockgate_queue_admitted_total",
-			Help: "Buyers admitted by this gateway's pacer.",
-		}),
-		queueUnused: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "stockgate_queue_admitted_unused",
-			Help: "Admitted buyers within their window who have not bought, over the programs this gateway paces.",
-		}),
-		queueWaiting: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "stockgate_queue_waiting",
-			Help: "Buyers in line not admitted yet, over the programs this gateway paces (the length of the line).",
-		}),
-		queueLeft: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "stockgate_queue_stock_left",
-			Help: "Tickets left to sell, over the programs with a line that this gateway paces.",
-		}),
-		queueAbandoned: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "stockgate_queue_abandoned",
-			Help: "Admitted buyers whose window passed without a purchase, over the programs this gateway paces.",
-		}),
-		queueWait: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "stockgate_queue_wait_seconds",
-			Help: "How long buyers who bought waited in line: from joining (or the opening, for a buyer who joined before it) to admission, observed when the admission is first spent.",
-			// From a second to two hours.
-			Buckets: []float64{1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200},
-		}),
 		ledgerWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "stockgate_ledger_queue_wait_seconds",
 			Help:    "How long requests waited for their ledger batch to start, by work (takes, confirms, cancels, refunds).",
@@ -136,7 +99,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Holds this gateway's sweeper expired and gave back.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes, m.seatDrift, m.seatRepairs, m.poolRefusals, m.poolMoved, m.waitJoins, m.queueJoins, m.queueAdmitted, m.queueUnused, m.queueWaiting, m.queueLeft, m.queueAbandoned, m.queueWait, m.ledgerWait, m.ledgerShed} {
+	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes, m.seatDrift, m.seatRepairs, m.poolRefusals, m.poolMoved, m.waitJoins, m.ledgerWait, m.ledgerShed} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -27,7 +27,6 @@ import (
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/lock"
-	"github.com/stockgate/stockgate/queue"
 	"github.com/stockgate/stockgate/seats"
 	"github.com/stockgate/stockgate/shard"
 	"github.com/stockgate/stockgate/stock"
@@ -58,7 +57,6 @@ type Ledger interface {
 	Seating
 	Pools
 	Waitlists
-	Rooms
 }
 
 // SKUs are the SKUs' settings and their gates' bookkeeping.
@@ -139,23 +137,6 @@ type Waitlists interface {
 	WaitEntryOf(ctx context.Context, sku stock.SKU, buyer keys.ID) (ledger.WaitEntry, error)
 }
 
-// Rooms are the programs' waiting rooms: settings, the line's record, and
-// the admissions spent.
-type Rooms interface {
-	PutQueue(ctx context.Context, c ledger.QueueConfig) (ledger.QueueConfig, error)
-	Queue(ctx context.Context, program keys.ID) (ledger.QueueConfig, error)
-	DeleteQueue(ctx context.Context, program keys.ID) (bool, error)
-	QueuedPrograms(ctx context.Context) ([]ledger.QueueConfig, error)
-	ProgramStock(ctx context.Context, program keys.ID) (ledger.ProgramStock, error)
-	RoomLine(ctx context.Context, program, room keys.ID) (ledger.QueueLine, error)
-	ReserveQueuePlaces(ctx context.Context, program, room keys.ID, early bool, n int64) (int64, error)
-	SeeQueueLine(ctx context.Context, q ledger.QueueLine) error
-	SetEarlyGap(ctx context.Context, program, room keys.ID, perm, hi int64) (ledger.QueueLine, error)
-	SpendAdmission(ctx context.Context, program, room keys.ID, sp ledger.Spend) (keys.ID, error)
-	ReleaseAdmission(ctx context.Context, program, room, buyer, request keys.ID) error
-	AdmissionSpends(ctx context.Context, program, room keys.ID) ([]ledger.Spend, error)
-}
-
 // Options configures a Service. The zero value of a setting takes its
 // default (DefaultOptions); Validate refuses what cannot work.
 type Options struct {
@@ -168,9 +149,9 @@ type Options struct {
 	// Seats is the Redis side of reserved seating. Optional: without it
 	// seat flows answer ErrNoSeating.
 	Seats *seats.Store
-	// Queue is the Redis side of waiting rooms. Optional: without it no
-	// program has one.
-	Queue *queue.Store
+	// Door is the waiting rooms' door (package waitroom). Optional:
+	// without it no program has one.
+	Door Door
 	// Notifier carries restock notices between replicas (the Redis
 	// client; see RunNotices). Optional: without it a replica learns that
 	// stock came back when its sold-out flag expires.
@@ -372,28 +353,11 @@ type Service struct {
 	// replays answers retries of committed requests of SKUs that take no
 	// more requests (sold out, ended) without a ledger call per request.
 	replays *replays
-	// queue is the waiting rooms' Redis records (nil: no waiting rooms);
-	// queues caches each program's waiting room, lines each line's
-	// counters, for the checks answered from memory.
-	queue  *queue.Store
-	queues *ttlCache[room]
-	lines  *ttlCache[lineView]
-	// reserving makes one reservation of line places at a time per
-	// program and kind; blocks sizes them (*placeBlock by the same key).
-	reserving singleflight.Group
-	blocks    sync.Map
-	// paces estimates each line's admission pace (*linePace by program).
-	paces sync.Map
 	// flight bounds the takes in flight (see TakesInFlight).
 	flight *flight
 	// bypassed are the SKUs this replica sold around the gate since it
 	// last read their rows (see gateFresh).
 	bypassed sync.Map
-	// roomWakes are the programs whose waiting room the pacer steps at
-	// its next tick, asleep or not; roomsChanged makes it read the rooms
-	// again (see RunPacer).
-	roomWakes    sync.Map
-	roomsChanged atomic.Bool
 	// redisTrouble: the breaker changed state since the drift check last
 	// looked, so Redis may have lost writes: it reads every SKU again.
 	redisTrouble atomic.Bool
@@ -412,8 +376,7 @@ func New(opts Options) (*Service, error) {
 	}
 	opts = opts.withDefaults()
 	s := &Service{gate: opts.Gate, ledger: opts.Ledger, cache: opts.Cache, locker: opts.Locker, log: opts.Logger, opts: opts,
-		seats: opts.Seats, fallback: make(chan struct{}, opts.FallbackConcurrency), queue: opts.Queue,
-		queues: newTTLCache[room](time.Second), lines: newTTLCache[lineView](QueueRefresh)}
+		seats: opts.Seats, fallback: make(chan struct{}, opts.FallbackConcurrency)}
 	var err error
 	if s.metrics, err = newMetrics(opts.Registry); err != nil {
 		return nil, fmt.Errorf("sale: metrics: %w", err)

@@ -76,11 +76,11 @@ func (s *Service) JoinWaitlist(ctx context.Context, sku stock.SKU, pool, buyer k
 	}
 	// A queued program's returns go back to its line (the pacer lets the
 	// next buyers in): a waitlist would pass the room by.
-	switch _, err := s.queueConfig(ctx, sku.Program); {
-	case err == nil:
-		return WaitEntry{}, false, ErrQueuedProgram
-	case !errors.Is(err, ErrNoQueue):
+	switch queued, err := s.queued(ctx, sku.Program); {
+	case err != nil:
 		return WaitEntry{}, false, err
+	case queued:
+		return WaitEntry{}, false, ErrQueuedProgram
 	}
 	ctx, cancel := s.detach(ctx)
 	defer cancel()

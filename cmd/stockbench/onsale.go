@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/internal/onsale"
-	"github.com/stockgate/stockgate/sale"
+	"github.com/stockgate/stockgate/waitroom"
 )
 
 // onsaleRun is `stockbench run -scenario onsale`: -n buyers join the
@@ -22,7 +22,7 @@ func onsaleRun(c runConfig, admin adminClient, stdout, stderr io.Writer) error {
 	o := c.onsale
 	rep, err := onsale.Run(context.Background(), onsale.Options{BaseURLs: []string{c.url}, Admin: admin.c, Program: c.program,
 		Buyers: int(c.n), Tickets: o.tickets, Abandon: o.abandon, Rate: o.admitRate, Window: o.window, PerRemaining: o.perRemaining,
-		Workers: int(c.workers), Refresh: sale.QueueRefresh, Header: c.header, Progress: stderr, Timeout: 30 * time.Minute})
+		Workers: int(c.workers), Refresh: waitroom.Refresh, Header: c.header, Progress: stderr, Timeout: 30 * time.Minute})
 	if err != nil {
 		return err
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/stockgate/stockgate/internal/loadgen"
 	"github.com/stockgate/stockgate/internal/onsale"
 	"github.com/stockgate/stockgate/keys"
-	"github.com/stockgate/stockgate/sale"
+	"github.com/stockgate/stockgate/waitroom"
 )
 
 // The waiting room in the suite: once, a line of -queue-joins buyers (the
@@ -147,7 +147,7 @@ func (s *suite) onSale() (onsale.Report, error) {
 	fmt.Fprintf(s.log, "on-sale: %d buyers for %d tickets\n", s.onsaleBuyers, s.onsaleTickets)
 	return onsale.Run(s.ctx, onsale.Options{BaseURLs: []string{s.gw.base}, Admin: s.gw.admin.c,
 		Program: "onsale" + strconv.FormatInt(time.Now().Unix(), 10), Buyers: s.onsaleBuyers, Tickets: s.onsaleTickets,
-		Abandon: 0.3, Rate: 1000, Window: time.Minute, PerRemaining: 1, Workers: int(s.workers), Refresh: sale.QueueRefresh,
+		Abandon: 0.3, Rate: 1000, Window: time.Minute, PerRemaining: 1, Workers: int(s.workers), Refresh: waitroom.Refresh,
 		Seed: 1, Progress: s.log, Timeout: 30 * time.Minute})
 }
 
@@ -197,7 +197,7 @@ func (s *suite) writeRoom(rounds []docInputs, rm room, rep onsale.Report, saleEr
 		rep.Late, rep.Unseen, rep.Slack)
 	fmt.Fprintf(d, "| waiting buyers told sold-out, after the last sale, polling as told | median %s, most %s |\n", ms(rep.ToldSoldOutP50), ms(rep.ToldSoldOutMax))
 	fmt.Fprintf(d, "| every buyer who had not bought, checked once a refresh (%v) after the last sale | %d checked in %v |\n",
-		sale.QueueRefresh, rep.Swept, rep.SweepTime.Round(time.Millisecond))
+		waitroom.Refresh, rep.Swept, rep.SweepTime.Round(time.Millisecond))
 	fmt.Fprintf(d, "| errors (retried) | %d |\n", rep.Errors)
 	if len(rep.Violations) == 0 {
 		d.WriteString("\nNo promise broken: every ticket sold once, admission in position order within the slack, nobody admitted after\nthe sold-out, and every buyer checked a refresh after the last sale was told sold-out.\n")

@@ -46,7 +46,7 @@ type Options struct {
 	PerRemaining float64
 	// Workers bounds the requests in flight (connections).
 	Workers int
-	// Refresh is the gateway's memory of a line (sale.QueueRefresh): the
+	// Refresh is the gateway's memory of a line (waitroom.Refresh): the
 	// bound on how stale a buyer's answer may be.
 	Refresh time.Duration
 	// Seed picks who walks away.

@@ -1,4 +1,4 @@
-package queue_test
+package waitroom_test
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
-	"github.com/stockgate/stockgate/queue"
+	"github.com/stockgate/stockgate/waitroom"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
@@ -29,7 +29,7 @@ func TestPositionsArePermutations(t *testing.T) {
 		seen := make(map[int64]bool, n)
 		inOrder := 0
 		for i := int64(1); i <= n; i++ {
-			p := queue.Position(secret, queue.Place{Early: true, N: i}, n)
+			p := waitroom.Position(secret, waitroom.Place{Early: true, N: i}, n)
 			if p < 1 || p > n || seen[p] {
 				t.Fatalf("n=%d: join %d at %d (seen %v)", n, i, p, seen[p])
 			}
@@ -41,7 +41,7 @@ func TestPositionsArePermutations(t *testing.T) {
 		if n >= 64 && inOrder > int(n)/8 {
 			t.Errorf("n=%d: %d early joins kept their arrival place", n, inOrder)
 		}
-		if got := queue.Position(secret, queue.Place{N: 5}, n); got != n+5 {
+		if got := waitroom.Position(secret, waitroom.Place{N: 5}, n); got != n+5 {
 			t.Errorf("late join 5 after %d early ones at %d", n, got)
 		}
 	}
@@ -52,40 +52,40 @@ func TestPositionsArePermutations(t *testing.T) {
 func TestTokens(t *testing.T) {
 	secret, other := []byte("a"), []byte("b")
 	prog, ann, bob := keys.MustID("show"), keys.MustID("ann"), keys.MustID("bob")
-	tk := queue.Ticket(secret, prog, ann, queue.Place{Early: true, N: 7, At: time.Unix(1_800_000_000, 0)})
-	if b, p, err := queue.ParseTicket(secret, prog, tk); err != nil || b != ann || !p.Early || p.N != 7 || p.At.Unix() != 1_800_000_000 {
+	tk := waitroom.Ticket(secret, prog, ann, waitroom.Place{Early: true, N: 7, At: time.Unix(1_800_000_000, 0)})
+	if b, p, err := waitroom.ParseTicket(secret, prog, tk); err != nil || b != ann || !p.Early || p.N != 7 || p.At.Unix() != 1_800_000_000 {
 		t.Fatalf("ParseTicket = %v %+v %v", b, p, err)
 	}
 	for _, bad := range []string{tk + "x", tk[:len(tk)-2], "show.ann.early.8.1800000000." + tk[len(tk)-24:], "", "a.b.c.d.e.f"} {
-		if _, _, err := queue.ParseTicket(secret, prog, bad); !errors.Is(err, queue.ErrBadToken) {
+		if _, _, err := waitroom.ParseTicket(secret, prog, bad); !errors.Is(err, waitroom.ErrBadToken) {
 			t.Errorf("ParseTicket(%q) = %v", bad, err)
 		}
 	}
-	if _, _, err := queue.ParseTicket(other, prog, tk); err == nil {
+	if _, _, err := waitroom.ParseTicket(other, prog, tk); err == nil {
 		t.Error("a ticket under another secret was taken")
 	}
-	if _, _, err := queue.ParseTicket(secret, keys.MustID("show2"), tk); err == nil {
+	if _, _, err := waitroom.ParseTicket(secret, keys.MustID("show2"), tk); err == nil {
 		t.Error("a ticket of another program was taken")
 	}
 	joined := time.Unix(1_800_000_000, 0)
-	adm := queue.Admission(secret, prog, ann, 12, joined)
-	if pos, at, err := queue.ParseAdmission(secret, prog, ann, adm); err != nil || pos != 12 || !at.Equal(joined) {
+	adm := waitroom.Admission(secret, prog, ann, 12, joined)
+	if pos, at, err := waitroom.ParseAdmission(secret, prog, ann, adm); err != nil || pos != 12 || !at.Equal(joined) {
 		t.Fatalf("ParseAdmission = %d %v %v", pos, at, err)
 	}
-	if _, _, err := queue.ParseAdmission(secret, prog, bob, adm); err == nil {
+	if _, _, err := waitroom.ParseAdmission(secret, prog, bob, adm); err == nil {
 		t.Error("another buyer's admission was taken")
 	}
-	if _, _, err := queue.ParseAdmission(secret, prog, ann, tk); err == nil {
+	if _, _, err := waitroom.ParseAdmission(secret, prog, ann, tk); err == nil {
 		t.Error("a queue ticket was taken as an admission")
 	}
 }
 
 // newLine makes a fresh line's record with room for 1,000 places of each
 // kind, as the service does from the ledger's facts.
-func newLine(t *testing.T, s *queue.Store, prog keys.ID) {
+func newLine(t *testing.T, s *waitroom.Store, prog keys.ID) {
 	t.Helper()
 	ctx := context.Background()
-	if made, err := s.Restore(ctx, prog, room, queue.Facts{}, time.Now(), time.Minute); err != nil || !made {
+	if made, err := s.Restore(ctx, prog, room, waitroom.Facts{}, time.Now(), time.Minute); err != nil || !made {
 		t.Fatalf("Restore = %v %v", made, err)
 	}
 	for _, early := range []bool{true, false} {
@@ -103,11 +103,11 @@ func newLine(t *testing.T, s *queue.Store, prog keys.ID) {
 // window.
 func TestLine(t *testing.T) {
 	ctx := context.Background()
-	s := queue.New(testenv.SharedCluster(t).Client())
+	s := waitroom.NewStore(testenv.SharedCluster(t).Client())
 	prog := keys.MustID(testenv.ID(t, "q"))
 	now := time.Now()
 	opens := now.Add(time.Hour)
-	if _, _, err := s.Join(ctx, prog, room, keys.MustID("e0"), now, opens, nil); !errors.Is(err, queue.ErrLost) {
+	if _, _, err := s.Join(ctx, prog, room, keys.MustID("e0"), now, opens, nil); !errors.Is(err, waitroom.ErrLost) {
 		t.Fatalf("join of a line with no record = %v, want ErrLost", err)
 	}
 	newLine(t, s, prog)
@@ -149,20 +149,20 @@ func TestLine(t *testing.T) {
 	if _, first, err := s.Spend(ctx, prog, room, 2, e1, keys.MustID("r1"), at, window); err != nil || first {
 		t.Fatalf("the same request again: %v %v", first, err)
 	}
-	if _, _, err := s.Spend(ctx, prog, room, 2, e1, keys.MustID("r2"), at, window); !errors.Is(err, queue.ErrSpent) {
+	if _, _, err := s.Spend(ctx, prog, room, 2, e1, keys.MustID("r2"), at, window); !errors.Is(err, waitroom.ErrSpent) {
 		t.Fatalf("another request: %v", err)
 	}
 	// Only the request that spent it gives it back, once its last copy in
 	// flight (r1 passed twice) ends refused.
-	settle := func(req string, how queue.Outcome, want bool) {
+	settle := func(req string, how waitroom.Outcome, want bool) {
 		t.Helper()
 		if ok, err := s.Settle(ctx, prog, e1, keys.MustID(req), how); err != nil || ok != want {
 			t.Fatalf("Settle(%s, %d) = %v %v, want %v", req, how, ok, err, want)
 		}
 	}
-	settle("r2", queue.Refused, false)
-	settle("r1", queue.Refused, false) // the other copy is still in flight
-	settle("r1", queue.Refused, true)
+	settle("r2", waitroom.Refused, false)
+	settle("r1", waitroom.Refused, false) // the other copy is still in flight
+	settle("r1", waitroom.Refused, true)
 	if _, first, err := s.Spend(ctx, prog, room, 2, e1, keys.MustID("r2"), at, window); err != nil || !first {
 		t.Fatalf("spend after a release: %v %v", first, err)
 	}
@@ -175,15 +175,15 @@ func TestLine(t *testing.T) {
 	if step, err = s.Advance(ctx, prog, room, at, opens, 10, 4, 0, window, false); err != nil || step.Serving != 4 || step.Unused != 4 {
 		t.Fatalf("advance while a spend is in flight = %+v %v", step, err)
 	}
-	settle("r2", queue.Committed, false)
-	settle("r2", queue.Refused, false)
-	if _, _, err := s.Spend(ctx, prog, room, 2, e1, keys.MustID("r9"), at, window); !errors.Is(err, queue.ErrSpent) {
+	settle("r2", waitroom.Committed, false)
+	settle("r2", waitroom.Refused, false)
+	if _, _, err := s.Spend(ctx, prog, room, 2, e1, keys.MustID("r9"), at, window); !errors.Is(err, waitroom.ErrSpent) {
 		t.Fatalf("another request after a commit: %v", err)
 	}
-	if _, _, err := s.Spend(ctx, prog, room, 6, e2, keys.MustID("r3"), at, window); !errors.Is(err, queue.ErrNotAdmitted) {
+	if _, _, err := s.Spend(ctx, prog, room, 6, e2, keys.MustID("r3"), at, window); !errors.Is(err, waitroom.ErrNotAdmitted) {
 		t.Fatalf("not admitted: %v", err)
 	}
-	if _, _, err := s.Spend(ctx, prog, room, 1, e2, keys.MustID("r4"), opens.Add(2*window), window); !errors.Is(err, queue.ErrExpired) {
+	if _, _, err := s.Spend(ctx, prog, room, 1, e2, keys.MustID("r4"), opens.Add(2*window), window); !errors.Is(err, waitroom.ErrExpired) {
 		t.Fatalf("expired: %v", err)
 	}
 	// One bought: one more may come in.
@@ -214,13 +214,13 @@ func TestLine(t *testing.T) {
 // more (ErrFull, naming the kind).
 func TestLineFull(t *testing.T) {
 	ctx := context.Background()
-	s := queue.New(testenv.SharedCluster(t).Client())
+	s := waitroom.NewStore(testenv.SharedCluster(t).Client())
 	prog := keys.MustID(testenv.ID(t, "full"))
 	now := time.Now()
-	if _, err := s.Restore(ctx, prog, room, queue.Facts{}, now, time.Minute); err != nil {
+	if _, err := s.Restore(ctx, prog, room, waitroom.Facts{}, now, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if p, _, err := s.Join(ctx, prog, room, keys.MustID("a"), now, now.Add(time.Hour), nil); !errors.Is(err, queue.ErrFull) || !p.Early {
+	if p, _, err := s.Join(ctx, prog, room, keys.MustID("a"), now, now.Add(time.Hour), nil); !errors.Is(err, waitroom.ErrFull) || !p.Early {
 		t.Fatalf("early join with nothing reserved = %+v %v", p, err)
 	}
 	if err := s.Reserve(ctx, prog, room, false, 2); err != nil {
@@ -234,7 +234,7 @@ func TestLineFull(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if p, _, err := s.Join(ctx, prog, room, keys.MustID("c"), now, now, nil); !errors.Is(err, queue.ErrFull) || p.Early {
+	if p, _, err := s.Join(ctx, prog, room, keys.MustID("c"), now, now, nil); !errors.Is(err, waitroom.ErrFull) || p.Early {
 		t.Fatalf("third late join with 2 reserved = %+v %v", p, err)
 	}
 }
@@ -249,16 +249,16 @@ func TestLineFull(t *testing.T) {
 func TestLineRestored(t *testing.T) {
 	ctx := context.Background()
 	rdb := testenv.SharedCluster(t).Client()
-	s := queue.New(rdb)
+	s := waitroom.NewStore(rdb)
 	prog := keys.MustID(testenv.ID(t, "lost"))
 	now := time.Now()
 	window := time.Minute
 	// Another room's line: the restore replaces it whole.
 	other := keys.MustID("room0")
-	if _, err := s.Restore(ctx, prog, other, queue.Facts{Post: 5, Opened: true, Serving: 5}, now, window); err != nil {
+	if _, err := s.Restore(ctx, prog, other, waitroom.Facts{Post: 5, Opened: true, Serving: 5}, now, window); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.Join(ctx, prog, other, keys.MustID("old"), now, now, &queue.Place{N: 3, At: now}); err != nil {
+	if _, _, err := s.Join(ctx, prog, other, keys.MustID("old"), now, now, &waitroom.Place{N: 3, At: now}); err != nil {
 		t.Fatal(err)
 	}
 	if st, err := s.State(ctx, prog, room); err != nil || !st.Lost {
@@ -266,15 +266,15 @@ func TestLineRestored(t *testing.T) {
 	}
 	// The ledger saw: 10 early, opened, 20 late joined, 12 served of which
 	// 3 longer ago than the window; 30 late places were reserved.
-	f := queue.Facts{Pre: 16, Opened: true, Early: 10, Post: 30, Serving: 12, Old: 3, GapLo: 10 + 20 + 1, GapHi: 10 + 30}
+	f := waitroom.Facts{Pre: 16, Opened: true, Early: 10, Post: 30, Serving: 12, Old: 3, GapLo: 10 + 20 + 1, GapHi: 10 + 30}
 	if made, err := s.Restore(ctx, prog, room, f, now, window); err != nil || !made {
 		t.Fatalf("Restore = %v %v", made, err)
 	}
-	if made, err := s.Restore(ctx, prog, room, queue.Facts{}, now, window); err != nil || made {
+	if made, err := s.Restore(ctx, prog, room, waitroom.Facts{}, now, window); err != nil || made {
 		t.Fatalf("a second Restore = %v %v, want nothing changed", made, err)
 	}
 	// The ledger kept two spends: e4's, and e6's (put back once only).
-	spent := []queue.Spent{{Buyer: keys.MustID("e4"), Position: 4, Request: keys.MustID("r4")},
+	spent := []waitroom.Spent{{Buyer: keys.MustID("e4"), Position: 4, Request: keys.MustID("r4")},
 		{Buyer: keys.MustID("e6"), Position: 6, Request: keys.MustID("r6")}}
 	for range 2 {
 		if err := s.Respend(ctx, prog, spent); err != nil {
@@ -293,7 +293,7 @@ func TestLineRestored(t *testing.T) {
 		t.Fatalf("the other room's buyer joins = %+v %v %v", p, created, err)
 	}
 	// A buyer with a ticket keeps its place.
-	kept := queue.Place{N: 25, At: now.Add(-time.Minute)}
+	kept := waitroom.Place{N: 25, At: now.Add(-time.Minute)}
 	if p, created, err := s.Join(ctx, prog, room, keys.MustID("tk"), now, now, &kept); err != nil || created || p.N != 25 || p.Early {
 		t.Fatalf("join with a ticket = %+v %v %v", p, created, err)
 	}
@@ -306,17 +306,17 @@ func TestLineRestored(t *testing.T) {
 	if _, _, err := s.Spend(ctx, prog, room, 5, keys.MustID("e5"), keys.MustID("r5"), at, window); err != nil {
 		t.Fatalf("spend of a restored admission: %v", err)
 	}
-	if _, _, err := s.Spend(ctx, prog, room, 2, keys.MustID("e2"), keys.MustID("r2"), at, window); !errors.Is(err, queue.ErrExpired) {
+	if _, _, err := s.Spend(ctx, prog, room, 2, keys.MustID("e2"), keys.MustID("r2"), at, window); !errors.Is(err, waitroom.ErrExpired) {
 		t.Fatalf("spend of an admission expired before the loss: %v", err)
 	}
-	if _, _, err := s.Spend(ctx, prog, room, 4, keys.MustID("e4"), keys.MustID("x4"), at, window); !errors.Is(err, queue.ErrSpent) {
+	if _, _, err := s.Spend(ctx, prog, room, 4, keys.MustID("e4"), keys.MustID("x4"), at, window); !errors.Is(err, waitroom.ErrSpent) {
 		t.Fatalf("a second spend of an admission spent before the loss: %v", err)
 	}
 	if _, first, err := s.Spend(ctx, prog, room, 4, keys.MustID("e4"), keys.MustID("r4"), at, window); err != nil || first {
 		t.Fatalf("the retry of the request that spent it: %v %v", first, err)
 	}
 	// e5's request commits (a spend in flight still counts as unused).
-	if _, err := s.Settle(ctx, prog, keys.MustID("e5"), keys.MustID("r5"), queue.Committed); err != nil {
+	if _, err := s.Settle(ctx, prog, keys.MustID("e5"), keys.MustID("r5"), waitroom.Committed); err != nil {
 		t.Fatal(err)
 	}
 	// 12 served, 3 before the window, 3 bought since: 6 unused; a limit of
@@ -343,7 +343,7 @@ func TestLineRestored(t *testing.T) {
 func TestMemoryPerWaitingBuyer(t *testing.T) {
 	ctx := context.Background()
 	rdb := testenv.SharedCluster(t).Client()
-	s := queue.New(rdb)
+	s := waitroom.NewStore(rdb)
 	prog := keys.MustID(testenv.ID(t, "mem"))
 	const n = 10_000
 	now := time.Now()
@@ -381,9 +381,9 @@ func BenchmarkLineJoinsOneSlot(b *testing.B) {
 	ctx := context.Background()
 	cl := testenv.SharedCluster(b)
 	rdb := cl.Client()
-	s := queue.New(rdb)
+	s := waitroom.NewStore(rdb)
 	prog := keys.MustID(fmt.Sprintf("bench%d", time.Now().UnixNano()))
-	if _, err := s.Restore(ctx, prog, room, queue.Facts{}, time.Now(), time.Minute); err != nil {
+	if _, err := s.Restore(ctx, prog, room, waitroom.Facts{}, time.Now(), time.Minute); err != nil {
 		b.Fatal(err)
 	}
 	if err := s.Reserve(ctx, prog, room, false, 1e12); err != nil {

@@ -1,14 +1,21 @@
-// Package queue keeps a program's waiting room in Redis: each buyer's one
-// place in line, the serving counter the pacer moves on, and the spent
-// admission tokens. It signs the queue tickets and admission tokens that
-// let a replica answer "where am I?" from memory, with no Redis call.
+// Package waitroom is a program's waiting room: buyers join its line (one
+// place each), a pacer on one replica at a time admits them in order as
+// fast as the rate ceiling and the stock allow, and an admitted buyer's
+// token lets one request through the door (Admit, then settle). The line
+// lives in Redis (Store), its settings and the facts it is made again from
+// in the ledger (Ledger).
+//
+// The Store keeps each buyer's one place in line, the serving counter the
+// pacer moves on, and the spent admission tokens. It signs the queue
+// tickets and admission tokens that let a replica answer "where am I?"
+// from memory, with no Redis call.
 //
 // A buyer who joins before the opening gets a place in a random order,
 // fixed at the opening (a keyed permutation of the early joins: nobody
 // gains by joining first or by joining many times); one who joins after
 // it comes after every early buyer, in the order of arrival. A place p is
 // admitted once the serving counter reaches p.
-package queue
+package waitroom
 
 import (
 	"bytes"
@@ -34,20 +41,20 @@ import (
 
 // Errors of the line and of spending an admission.
 var (
-	ErrSpent       = errors.New("queue: admission spent by another request")
-	ErrNotAdmitted = errors.New("queue: not admitted yet")
-	ErrExpired     = errors.New("queue: admission window passed")
-	ErrBadToken    = errors.New("queue: ticket or token not valid for this program")
+	ErrSpent       = errors.New("waitroom: admission spent by another request")
+	ErrNotAdmitted = errors.New("waitroom: not admitted yet")
+	ErrExpired     = errors.New("waitroom: admission window passed")
+	ErrBadToken    = errors.New("waitroom: ticket or token not valid for this program")
 	// ErrLost: Redis has no record of the line (it is new, or Redis lost
 	// it): Restore it from the ledger's facts, then try again.
-	ErrLost = errors.New("queue: the line has no record in Redis")
+	ErrLost = errors.New("waitroom: the line has no record in Redis")
 	// ErrFull: every place of the kind the ledger reserved is given:
 	// Reserve more, then join again.
-	ErrFull = errors.New("queue: the reserved places are all given")
+	ErrFull = errors.New("waitroom: the reserved places are all given")
 	// ErrMoved: Redis changed under the line (a failover promoted a
 	// replica, or the master restarted from its files), so joins it
 	// acknowledged may be gone: Resume it, then try again.
-	ErrMoved = errors.New("queue: the line's Redis history changed")
+	ErrMoved = errors.New("waitroom: the line's Redis history changed")
 )
 
 // Place is a buyer's join: Early (before the opening, ordered at random at
@@ -102,8 +109,8 @@ type Store struct {
 	join, advance, spend, settle, reserve, renew, respend, resume *redis.Script
 }
 
-// New returns a Store on the service's Redis.
-func New(rdb redis.UniversalClient) *Store {
+// NewStore returns a Store on the service's Redis.
+func NewStore(rdb redis.UniversalClient) *Store {
 	return &Store{rdb: rdb, join: redis.NewScript(lua.QueueJoin), advance: redis.NewScript(lua.QueueAdvance),
 		spend: redis.NewScript(lua.QueueSpend), settle: redis.NewScript(lua.QueueSettle),
 		reserve: redis.NewScript(lua.QueueReserve), renew: redis.NewScript(lua.QueueRestore), respend: redis.NewScript(lua.QueueRespend),
@@ -122,7 +129,7 @@ func (s *Store) Join(ctx context.Context, program, room, buyer keys.ID, now, ope
 	}
 	v, err := s.join.Run(ctx, s.rdb, []string{k.Meta(), k.Who()}, buyer.String(), now.UnixMilli(), opens.UnixMilli(), rec, room.String()).Int64Slice()
 	if err != nil {
-		return Place{}, false, fmt.Errorf("queue: join: %w", err)
+		return Place{}, false, fmt.Errorf("waitroom: join: %w", err)
 	}
 	switch {
 	case len(v) == 1 && v[0] == lua.QueueLost:
@@ -132,7 +139,7 @@ func (s *Store) Join(ctx context.Context, program, room, buyer keys.ID, now, ope
 	case len(v) == 2 && v[0] == lua.QueueFull:
 		return Place{Early: v[1] == 0}, false, ErrFull
 	case len(v) != 4 || (v[0] != lua.OK && v[0] != lua.Already):
-		return Place{}, false, fmt.Errorf("queue: join: answer %v", v)
+		return Place{}, false, fmt.Errorf("waitroom: join: answer %v", v)
 	}
 	return Place{Early: v[1] == 0, N: v[2], At: time.Unix(v[3], 0)}, v[0] == lua.OK, nil
 }
@@ -147,11 +154,11 @@ func (s *Store) Reserve(ctx context.Context, program, room keys.ID, early bool, 
 	v, err := s.reserve.Run(ctx, s.rdb, []string{keys.Queue(program).Meta()}, kind, upTo, room.String()).Int64Slice()
 	switch {
 	case err != nil:
-		return fmt.Errorf("queue: reserve: %w", err)
+		return fmt.Errorf("waitroom: reserve: %w", err)
 	case len(v) == 1 && v[0] == lua.QueueLost:
 		return ErrLost
 	case len(v) != 1 || v[0] != lua.OK:
-		return fmt.Errorf("queue: reserve: answer %v", v)
+		return fmt.Errorf("waitroom: reserve: answer %v", v)
 	}
 	return nil
 }
@@ -189,9 +196,9 @@ func (s *Store) Restore(ctx context.Context, program, room keys.ID, f Facts, now
 		window.Milliseconds(), f.Perm, f.EGapLo, f.EGapHi).Int64Slice()
 	switch {
 	case err != nil:
-		return false, fmt.Errorf("queue: restore: %w", err)
+		return false, fmt.Errorf("waitroom: restore: %w", err)
 	case len(v) != 1 || (v[0] != lua.OK && v[0] != lua.Already):
-		return false, fmt.Errorf("queue: restore: answer %v", v)
+		return false, fmt.Errorf("waitroom: restore: answer %v", v)
 	}
 	return v[0] == lua.OK, nil
 }
@@ -205,13 +212,13 @@ func (s *Store) Resume(ctx context.Context, program, room keys.ID, preCap, postC
 	v, err := s.resume.Run(ctx, s.rdb, []string{keys.Queue(program).Meta()}, room.String(), preCap, postCap).Int64Slice()
 	switch {
 	case err != nil:
-		return 0, false, false, fmt.Errorf("queue: resume: %w", err)
+		return 0, false, false, fmt.Errorf("waitroom: resume: %w", err)
 	case len(v) == 1 && v[0] == lua.QueueLost:
 		return 0, false, false, ErrLost
 	case len(v) == 1 && v[0] == lua.Already:
 		return 0, false, false, nil
 	case len(v) != 3 || v[0] != lua.OK:
-		return 0, false, false, fmt.Errorf("queue: resume: answer %v", v)
+		return 0, false, false, fmt.Errorf("waitroom: resume: answer %v", v)
 	}
 	return v[1], v[2] == 1, true, nil
 }
@@ -237,9 +244,9 @@ func (s *Store) Respend(ctx context.Context, program keys.ID, spent []Spent) err
 		v, err := s.respend.Run(ctx, s.rdb, []string{k.Spent(), k.Claims()}, args...).Int64Slice()
 		switch {
 		case err != nil:
-			return fmt.Errorf("queue: respend: %w", err)
+			return fmt.Errorf("waitroom: respend: %w", err)
 		case len(v) != 2 || v[0] != lua.OK:
-			return fmt.Errorf("queue: respend: answer %v", v)
+			return fmt.Errorf("waitroom: respend: answer %v", v)
 		}
 	}
 	return nil
@@ -251,7 +258,7 @@ func (s *Store) State(ctx context.Context, program, room keys.ID) (State, error)
 	v, err := s.rdb.HMGet(ctx, keys.Queue(program).Meta(), "line", "pre", "frozen", "post", "serving", "soldout", "unused", "abandoned", "old",
 		"perm").Result()
 	if err != nil {
-		return State{}, fmt.Errorf("queue: state: %w", err)
+		return State{}, fmt.Errorf("waitroom: state: %w", err)
 	}
 	if line, _ := v[0].(string); line != room.String() {
 		return State{Lost: true}, nil
@@ -290,13 +297,13 @@ func (s *Store) Advance(ctx context.Context, program, room keys.ID, now, opens t
 		now.UnixMilli(), opens.UnixMilli(), max(most, 0), max(limit, 0), window.Milliseconds(), out, room.String(), max(floor, 0)).Int64Slice()
 	switch {
 	case err != nil:
-		return Step{}, fmt.Errorf("queue: advance: %w", err)
+		return Step{}, fmt.Errorf("waitroom: advance: %w", err)
 	case len(v) == 1 && v[0] == lua.QueueLost:
 		return Step{}, ErrLost
 	case len(v) == 1 && v[0] == lua.QueueMoved:
 		return Step{}, ErrMoved
 	case len(v) != 9 || v[0] != lua.OK:
-		return Step{}, fmt.Errorf("queue: advance: answer %v", v)
+		return Step{}, fmt.Errorf("waitroom: advance: answer %v", v)
 	}
 	return Step{Serving: v[1], Unused: v[2], Abandoned: v[3], Joined: v[4], Opened: v[5] == 1, Early: v[6], Late: v[7], Old: v[8]}, nil
 }
@@ -312,7 +319,7 @@ func (s *Store) Spend(ctx context.Context, program, room keys.ID, position int64
 	v, err := s.spend.Run(ctx, s.rdb, []string{k.Spent(), k.Claims(), k.BatchesByEnd(), k.Meta(), k.Flights(), k.Pending()},
 		position, buyer.String(), request.String(), now.UnixMilli(), window.Milliseconds(), room.String()).Int64Slice()
 	if err != nil {
-		return time.Time{}, false, fmt.Errorf("queue: spend: %w", err)
+		return time.Time{}, false, fmt.Errorf("waitroom: spend: %w", err)
 	}
 	switch {
 	case len(v) == 2 && v[0] == lua.OK:
@@ -328,7 +335,7 @@ func (s *Store) Spend(ctx context.Context, program, room keys.ID, position int64
 	case len(v) == 1 && v[0] == lua.QueueLost:
 		return time.Time{}, false, ErrLost
 	}
-	return time.Time{}, false, fmt.Errorf("queue: spend: answer %v", v)
+	return time.Time{}, false, fmt.Errorf("waitroom: spend: answer %v", v)
 }
 
 // Outcome is how a request that spent an admission ended.
@@ -350,11 +357,11 @@ func (s *Store) Settle(ctx context.Context, program, buyer, request keys.ID, how
 	v, err := s.settle.Run(ctx, s.rdb, []string{k.Spent(), k.Claims(), k.Flights(), k.Pending()}, buyer.String(), request.String(), int(how)).Int64Slice()
 	switch {
 	case err != nil:
-		return false, fmt.Errorf("queue: settle: %w", err)
+		return false, fmt.Errorf("waitroom: settle: %w", err)
 	case len(v) == 1 && v[0] == lua.QueueUnclaimed:
 		return false, ErrLost
 	case len(v) != 1 || (v[0] != lua.OK && v[0] != lua.Empty):
-		return false, fmt.Errorf("queue: settle: answer %v", v)
+		return false, fmt.Errorf("waitroom: settle: answer %v", v)
 	}
 	return v[0] == lua.OK, nil
 }

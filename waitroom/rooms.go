@@ -1,27 +1,114 @@
-package sale
+package waitroom
 
 import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"log/slog"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
-	"github.com/stockgate/stockgate/queue"
-	"github.com/stockgate/stockgate/stock"
+	"github.com/stockgate/stockgate/lock"
 )
 
-// A program's waiting room: buyers join its line (one place each), a
-// pacer on one replica at a time admits them in order as fast as the rate
-// ceiling and the stock allow, and an admitted buyer's token lets one
-// order through. The line lives in Redis (package queue); its settings in
-// the ledger.
+// Ledger is what the waiting rooms keep in the ledger: their settings, the
+// facts a lost line is made again from, the admissions spent, and what a
+// program has left to sell.
+type Ledger interface {
+	ID() keys.ID
+	PutQueue(ctx context.Context, c ledger.QueueConfig) (ledger.QueueConfig, error)
+	Queue(ctx context.Context, program keys.ID) (ledger.QueueConfig, error)
+	DeleteQueue(ctx context.Context, program keys.ID) (bool, error)
+	QueuedPrograms(ctx context.Context) ([]ledger.QueueConfig, error)
+	ProgramStock(ctx context.Context, program keys.ID) (ledger.ProgramStock, error)
+	RoomLine(ctx context.Context, program, room keys.ID) (ledger.QueueLine, error)
+	ReserveQueuePlaces(ctx context.Context, program, room keys.ID, early bool, n int64) (int64, error)
+	SeeQueueLine(ctx context.Context, q ledger.QueueLine) error
+	SetEarlyGap(ctx context.Context, program, room keys.ID, perm, hi int64) (ledger.QueueLine, error)
+	SpendAdmission(ctx context.Context, program, room keys.ID, sp ledger.Spend) (keys.ID, error)
+	ReleaseAdmission(ctx context.Context, program, room, buyer, request keys.ID) error
+	AdmissionSpends(ctx context.Context, program, room keys.ID) ([]ledger.Spend, error)
+}
 
-// QueueConfig is a program's waiting room as admin sets it.
-type QueueConfig struct {
+// Options configures Rooms.
+type Options struct {
+	Ledger Ledger       // required
+	Store  *Store       // required: the lines in Redis
+	Locker *lock.Locker // required: one pacer at a time, on the Store's Redis
+	Logger *slog.Logger // default slog.Default()
+	// Registry receives the metrics. Default: a new registry.
+	Registry prometheus.Registerer
+}
+
+// Rooms are the programs' waiting rooms as one replica serves them (a nil
+// *Rooms has none: every program answers ErrNoRoom): the
+// admin's settings, joins and checks (answered from memory), the door a
+// request of a queued program goes through (Admit), and the pacer
+// (RunPacer).
+type Rooms struct {
+	ledger  Ledger
+	store   *Store
+	locker  *lock.Locker
+	log     *slog.Logger
+	metrics *metrics
+	// queues caches each program's waiting room, lines each line's
+	// counters, for the checks answered from memory.
+	queues *ttlCache[room]
+	lines  *ttlCache[lineView]
+	// reserving makes one reservation of line places at a time per
+	// program and kind; blocks sizes them (*placeBlock by the same key).
+	reserving singleflight.Group
+	blocks    sync.Map
+	// paces estimates each line's admission pace (*linePace by program).
+	paces sync.Map
+	// roomWakes are the programs whose waiting room the pacer steps at
+	// its next tick, asleep or not; roomsChanged makes it read the rooms
+	// again (see RunPacer).
+	roomWakes    sync.Map
+	roomsChanged atomic.Bool
+}
+
+// New returns the waiting rooms of opts.Ledger, their lines in opts.Store.
+func New(opts Options) (*Rooms, error) {
+	if opts.Ledger == nil || opts.Store == nil || opts.Locker == nil {
+		return nil, errors.New("waitroom: Options.Ledger, Store and Locker are required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Registry == nil {
+		opts.Registry = prometheus.NewRegistry()
+	}
+	m, err := newMetrics(opts.Registry)
+	if err != nil {
+		return nil, err
+	}
+	return &Rooms{ledger: opts.Ledger, store: opts.Store, locker: opts.Locker, log: opts.Logger, metrics: m,
+		queues: newTTLCache[room](time.Second), lines: newTTLCache[lineView](Refresh)}, nil
+}
+
+// Wake makes the pacer step program's room at its next tick, asleep or
+// not: stock came back, a buyer joined.
+func (s *Rooms) Wake(program keys.ID) { s.roomWakes.Store(program, struct{}{}) }
+
+// Queued reports whether program sells through a waiting room.
+func (s *Rooms) Queued(ctx context.Context, program keys.ID) (bool, error) {
+	_, err := s.config(ctx, program)
+	if errors.Is(err, ErrNoRoom) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// Config is a program's waiting room as admin sets it.
+type Config struct {
 	Program keys.ID
 	// OpensAt is when admission starts; JoinFrom (default OpensAt) when
 	// buyers may join. Those who join before OpensAt are ordered at random.
@@ -39,19 +126,19 @@ type QueueConfig struct {
 
 // Queue states a buyer's check answers.
 const (
-	QueueWaiting  = "waiting"
-	QueueAdmitted = "admitted"
-	QueueSoldOut  = "sold-out"
-	// QueueExpired: admitted, and the admission window has passed.
-	QueueExpired = "expired"
+	Waiting  = "waiting"
+	Admitted = "admitted"
+	SoldOut  = "sold-out"
+	// Expired: admitted, and the admission window has passed.
+	Expired = "expired"
 )
 
-// QueueRefresh is how long a replica answers checks from its memory of a
+// Refresh is how long a replica answers checks from its memory of a
 // line before reading it from Redis again.
-const QueueRefresh = 250 * time.Millisecond
+const Refresh = 250 * time.Millisecond
 
-// QueueStatus is where a buyer stands in a line.
-type QueueStatus struct {
+// Status is where a buyer stands in a line.
+type Status struct {
 	Program keys.ID
 	Buyer   keys.ID
 	Ticket  string // the signed queue ticket the buyer checks with
@@ -69,23 +156,24 @@ type QueueStatus struct {
 	OpensAt   time.Time
 }
 
-// QueueView is a waiting room's settings and line, for admin.
-type QueueView struct {
-	QueueConfig
+// View is a waiting room's settings and line, for admin.
+type View struct {
+	Config
 	Joined, Serving, Unused, Abandoned int64
 	SoldOut, Opened                    bool
 }
 
-func queueOfLedger(c ledger.QueueConfig) QueueConfig {
-	return QueueConfig{Program: c.Program, OpensAt: c.OpensAt, JoinFrom: c.JoinFrom, Rate: c.Rate, Window: c.Window,
+func configOf(c ledger.QueueConfig) Config {
+	return Config{Program: c.Program, OpensAt: c.OpensAt, JoinFrom: c.JoinFrom, Rate: c.Rate, Window: c.Window,
 		PerRemaining: float64(c.PerRemaining) / 1000, CheckoutURL: c.CheckoutURL}
 }
 
-// PutQueue turns a program's waiting room on, or changes it.
-func (s *Service) PutQueue(ctx context.Context, c QueueConfig) (QueueConfig, error) {
-	if s.queue == nil {
-		return c, refuse(ErrNoQueue, "")
+// Put turns a program's waiting room on, or changes it.
+func (s *Rooms) Put(ctx context.Context, c Config) (Config, error) {
+	if s == nil {
+		return c, ErrNoRoom
 	}
+
 	lc := ledger.QueueConfig{Program: c.Program, OpensAt: c.OpensAt, JoinFrom: c.JoinFrom, Rate: c.Rate, Window: c.Window,
 		PerRemaining: int64(c.PerRemaining*1000 + 0.5), CheckoutURL: c.CheckoutURL}
 	if lc.JoinFrom.IsZero() {
@@ -101,12 +189,16 @@ func (s *Service) PutQueue(ctx context.Context, c QueueConfig) (QueueConfig, err
 	}
 	s.queues.forget(c.Program)
 	s.roomsChanged.Store(true)
-	return queueOfLedger(got), nil
+	return configOf(got), nil
 }
 
-// DeleteQueue turns a program's waiting room off: its purchases need no
+// Delete turns a program's waiting room off: its purchases need no
 // admission any more.
-func (s *Service) DeleteQueue(ctx context.Context, program keys.ID) error {
+func (s *Rooms) Delete(ctx context.Context, program keys.ID) error {
+	if s == nil {
+		return ErrNoRoom
+	}
+
 	ok, err := s.ledger.DeleteQueue(ctx, program)
 	if err != nil {
 		return refuse(ErrUnavailable, "ledger unavailable; repeat the request")
@@ -114,61 +206,61 @@ func (s *Service) DeleteQueue(ctx context.Context, program keys.ID) error {
 	s.queues.forget(program)
 	s.roomsChanged.Store(true)
 	if !ok {
-		return ErrNoQueue
+		return ErrNoRoom
 	}
 	return nil
 }
 
-// Queue reads a program's waiting room and its line.
-func (s *Service) Queue(ctx context.Context, program keys.ID) (QueueView, error) {
-	c, err := s.queueConfig(ctx, program)
+// Get reads a program's waiting room and its line.
+func (s *Rooms) Get(ctx context.Context, program keys.ID) (View, error) {
+	c, err := s.config(ctx, program)
 	if err != nil {
-		return QueueView{}, err
+		return View{}, err
 	}
 	v, err := s.loadLine(ctx, c)
 	if err != nil {
-		return QueueView{}, err
+		return View{}, err
 	}
 	st := v.st
-	return QueueView{QueueConfig: queueOfLedger(c.QueueConfig), Joined: st.Joined(), Serving: st.Serving, Unused: st.Unused,
+	return View{Config: configOf(c.QueueConfig), Joined: st.Joined(), Serving: st.Serving, Unused: st.Unused,
 		Abandoned: st.Abandoned, SoldOut: v.soldOut(), Opened: st.Opened}, nil
 }
 
-// JoinQueue gives buyer its one place in program's line and the signed
+// Join gives buyer its one place in program's line and the signed
 // ticket to check it with; joining again answers the same place (created
 // false). ticket, when not "", is the buyer's ticket of an earlier join:
 // a buyer whose place Redis lost keeps it.
-func (s *Service) JoinQueue(ctx context.Context, program, buyer keys.ID, ticket string) (QueueStatus, bool, error) {
-	c, err := s.queueConfig(ctx, program)
+func (s *Rooms) Join(ctx context.Context, program, buyer keys.ID, ticket string) (Status, bool, error) {
+	c, err := s.config(ctx, program)
 	if err != nil {
-		return QueueStatus{}, false, err
+		return Status{}, false, err
 	}
 	now := time.Now()
 	if now.Before(c.JoinFrom) {
-		return QueueStatus{}, false, refuse(ErrQueueNotOpen, "the line opens at "+c.JoinFrom.UTC().Format(time.RFC3339))
+		return Status{}, false, refuse(ErrNotOpen, "the line opens at "+c.JoinFrom.UTC().Format(time.RFC3339))
 	}
-	var had *queue.Place
+	var had *Place
 	if ticket != "" {
 		b, p, err := c.sign.ParseTicket(program, ticket)
 		if err != nil || b != buyer {
-			return QueueStatus{}, false, refuse(ErrQueueTicket, "not a queue ticket of this buyer in this program")
+			return Status{}, false, refuse(ErrTicket, "not a queue ticket of this buyer in this program")
 		}
 		had = &p
 	}
-	var place queue.Place
+	var place Place
 	created := false
 	for attempt := 0; ; attempt++ {
-		place, created, err = s.queue.Join(ctx, program, c.id, buyer, now, c.OpensAt, had)
+		place, created, err = s.store.Join(ctx, program, c.id, buyer, now, c.OpensAt, had)
 		if err == nil {
 			break
 		}
 		if attempt < 4 {
 			switch {
-			case errors.Is(err, queue.ErrLost):
+			case errors.Is(err, ErrLost):
 				err = s.restoreLine(ctx, c)
-			case errors.Is(err, queue.ErrMoved):
+			case errors.Is(err, ErrMoved):
 				err = s.resumeLine(ctx, c)
-			case errors.Is(err, queue.ErrFull):
+			case errors.Is(err, ErrFull):
 				err = s.reservePlaces(ctx, c, place.Early)
 			}
 			if err == nil {
@@ -176,41 +268,41 @@ func (s *Service) JoinQueue(ctx context.Context, program, buyer keys.ID, ticket 
 			}
 		}
 		s.log.WarnContext(ctx, "join queue", "program", program.String(), "err", err)
-		return QueueStatus{}, false, refuse(ErrUnavailable, "Redis unavailable; repeat the request")
+		return Status{}, false, refuse(ErrUnavailable, "Redis unavailable; repeat the request")
 	}
 	if created {
-		s.metrics.queueJoins.Inc()
-		s.wakeRoom(program)
+		s.metrics.joins.Inc()
+		s.Wake(program)
 	}
-	st, err := s.QueueCheck(ctx, program, c.sign.Ticket(program, buyer, place))
+	st, err := s.Check(ctx, program, c.sign.Ticket(program, buyer, place))
 	return st, created, err
 }
 
-// QueueCheck answers where the holder of ticket stands, from this
+// Check answers where the holder of ticket stands, from this
 // replica's memory of the line (read from Redis and the ledger at most
-// once per QueueRefresh per program, whoever asks): polls cost no Redis
+// once per Refresh per program, whoever asks): polls cost no Redis
 // call. A line whose last ticket sold is answered sold-out by every
-// replica within QueueRefresh of that sale's answer.
-func (s *Service) QueueCheck(ctx context.Context, program keys.ID, ticket string) (QueueStatus, error) {
-	c, err := s.queueConfig(ctx, program)
+// replica within Refresh of that sale's answer.
+func (s *Rooms) Check(ctx context.Context, program keys.ID, ticket string) (Status, error) {
+	c, err := s.config(ctx, program)
 	if err != nil {
-		return QueueStatus{}, err
+		return Status{}, err
 	}
 	buyer, place, err := c.sign.ParseTicket(program, ticket)
 	if err != nil {
-		return QueueStatus{}, refuse(ErrQueueTicket, "not a queue ticket of this program")
+		return Status{}, refuse(ErrTicket, "not a queue ticket of this program")
 	}
 	v, err := s.lines.get(ctx, program, func(ctx context.Context) (lineView, error) { return s.loadLine(ctx, c) })
 	if err != nil {
-		return QueueStatus{}, err
+		return Status{}, err
 	}
 	return queueStatus(c, v, buyer, place, ticket), nil
 }
 
 // queueStatus is where a buyer with place stands in a line seen as v.
-func queueStatus(c room, v lineView, buyer keys.ID, place queue.Place, ticket string) QueueStatus {
+func queueStatus(c room, v lineView, buyer keys.ID, place Place, ticket string) Status {
 	st := v.st
-	out := QueueStatus{Program: c.Program, Buyer: buyer, Ticket: ticket, State: QueueWaiting, OpensAt: c.OpensAt}
+	out := Status{Program: c.Program, Buyer: buyer, Ticket: ticket, State: Waiting, OpensAt: c.OpensAt}
 	if !st.Opened {
 		// An early join's place is drawn at the opening.
 		out.Wait = time.Until(c.OpensAt)
@@ -227,11 +319,11 @@ func queueStatus(c room, v lineView, buyer keys.ID, place queue.Place, ticket st
 	}
 	switch {
 	case v.soldOut():
-		out.State = QueueSoldOut
+		out.State = SoldOut
 	case out.Position <= st.Old:
-		out.State = QueueExpired
+		out.State = Expired
 	case out.Position <= st.Serving:
-		out.State = QueueAdmitted
+		out.State = Admitted
 		out.Admission = c.sign.Admission(c.Program, buyer, out.Position, place.At)
 	default:
 		out.Ahead = out.Position - st.Serving - 1
@@ -259,7 +351,7 @@ func queueStatus(c room, v lineView, buyer keys.ID, place queue.Place, ticket st
 // lineView is what a replica remembers of a line: its counters in Redis
 // and what its program has left in the ledger.
 type lineView struct {
-	st    queue.State
+	st    State
 	stock ledger.ProgramStock
 	// pace is the line's recent admissions per second as this replica
 	// saw them (-1: not known yet).
@@ -273,7 +365,7 @@ func (v lineView) soldOut() bool { return v.st.SoldOut || v.stock.SoldOut() }
 // loadLine reads a line's counters and its program's stock; a line Redis
 // lost, or cannot answer for now, is read from the ledger's facts (the
 // pacer restores a lost one).
-func (s *Service) loadLine(ctx context.Context, c room) (lineView, error) {
+func (s *Rooms) loadLine(ctx context.Context, c room) (lineView, error) {
 	var v lineView
 	var err error
 	program := c.Program
@@ -285,7 +377,7 @@ func (s *Service) loadLine(ctx context.Context, c room) (lineView, error) {
 	// back within lineReadTimeout is answered from the ledger's facts, as
 	// a lost line is (the line stands still without Redis anyway).
 	rctx, cancel := context.WithTimeout(ctx, lineReadTimeout)
-	v.st, err = s.queue.State(rctx, program, c.id)
+	v.st, err = s.store.State(rctx, program, c.id)
 	cancel()
 	if err != nil {
 		s.log.WarnContext(ctx, "queue: read the line (answered from the ledger)", "program", program.String(), "err", err)
@@ -297,7 +389,7 @@ func (s *Service) loadLine(ctx context.Context, c room) (lineView, error) {
 			return v, refuse(ErrUnavailable, "ledger unavailable; check again")
 		}
 		f := lineFacts(ln)
-		v.st = queue.State{Opened: f.Opened, Early: f.Early, Late: ln.Post, Serving: f.Serving, Old: min(f.Old, f.Serving), Perm: f.Perm, Lost: true}
+		v.st = State{Opened: f.Opened, Early: f.Early, Late: ln.Post, Serving: f.Serving, Old: min(f.Old, f.Serving), Perm: f.Perm, Lost: true}
 	}
 	p, _ := s.paces.LoadOrStore(program, &linePace{})
 	v.pace = p.(*linePace).see(v.st.Serving, time.Now())
@@ -327,7 +419,7 @@ func (p *linePace) see(serving int64, now time.Time) float64 {
 		return p.get()
 	}
 	dt := now.Sub(p.at)
-	if dt < QueueRefresh/2 {
+	if dt < Refresh/2 {
 		return p.get()
 	}
 	inst := float64(serving-p.serving) / dt.Seconds()
@@ -352,8 +444,8 @@ func (p *linePace) get() float64 {
 // what the ledger reserved, the serving counter as the pacer last saw it,
 // and the late places reserved since then as a gap (given or not, nobody
 // can tell).
-func lineFacts(ln ledger.QueueLine) queue.Facts {
-	f := queue.Facts{Pre: ln.PreCap, Post: ln.PostCap, Serving: ln.Serving, Old: ln.Old}
+func lineFacts(ln ledger.QueueLine) Facts {
+	f := Facts{Pre: ln.PreCap, Post: ln.PostCap, Serving: ln.Serving, Old: ln.Old}
 	switch {
 	case ln.Opened:
 		f.Opened, f.Early = true, ln.Early
@@ -379,7 +471,7 @@ func lineFacts(ln ledger.QueueLine) queue.Facts {
 
 // restoreLine makes the line of c's room in Redis from the ledger's facts
 // (a new room, or a line Redis lost), then puts the admissions spent back.
-func (s *Service) restoreLine(ctx context.Context, c room) error {
+func (s *Rooms) restoreLine(ctx context.Context, c room) error {
 	ln, err := s.ledger.RoomLine(ctx, c.Program, c.id)
 	if err != nil {
 		return err
@@ -393,7 +485,7 @@ func (s *Service) restoreLine(ctx context.Context, c room) error {
 		}
 	}
 	f := lineFacts(ln)
-	made, err := s.queue.Restore(ctx, c.Program, c.id, f, time.Now(), c.Window)
+	made, err := s.store.Restore(ctx, c.Program, c.id, f, time.Now(), c.Window)
 	if err != nil || !made {
 		return err
 	}
@@ -405,11 +497,11 @@ func (s *Service) restoreLine(ctx context.Context, c room) error {
 	if err != nil {
 		return err
 	}
-	spent := make([]queue.Spent, 0, len(spends))
+	spent := make([]Spent, 0, len(spends))
 	for _, sp := range spends {
-		spent = append(spent, queue.Spent{Buyer: sp.Buyer, Position: sp.Position, Request: sp.Request})
+		spent = append(spent, Spent{Buyer: sp.Buyer, Position: sp.Position, Request: sp.Request})
 	}
-	return s.queue.Respend(ctx, c.Program, spent)
+	return s.store.Respend(ctx, c.Program, spent)
 }
 
 // resumeLine fences the line of c's room after Redis changed under it (a
@@ -417,13 +509,13 @@ func (s *Service) restoreLine(ctx context.Context, c room) error {
 // as given, so none is given twice; a line still before its opening keeps
 // the early joins it has drawn at random, and the ledger records that (as
 // a loss before the opening does).
-func (s *Service) resumeLine(ctx context.Context, c room) error {
+func (s *Rooms) resumeLine(ctx context.Context, c room) error {
 	ln, err := s.ledger.RoomLine(ctx, c.Program, c.id)
 	if err != nil {
 		return err
 	}
-	early, opened, fenced, err := s.queue.Resume(ctx, c.Program, c.id, ln.PreCap, ln.PostCap)
-	if errors.Is(err, queue.ErrLost) {
+	early, opened, fenced, err := s.store.Resume(ctx, c.Program, c.id, ln.PreCap, ln.PostCap)
+	if errors.Is(err, ErrLost) {
 		return s.restoreLine(ctx, c)
 	}
 	if err != nil || !fenced {
@@ -441,7 +533,7 @@ func (s *Service) resumeLine(ctx context.Context, c room) error {
 // ledger, then lets Redis hand them out. The block grows while joins come
 // fast (about one reservation a second per replica at any join rate) and
 // shrinks when they slow, so a lost line skips few places.
-func (s *Service) reservePlaces(ctx context.Context, c room, early bool) error {
+func (s *Rooms) reservePlaces(ctx context.Context, c room, early bool) error {
 	program := c.Program
 	key := program.String() + "/late"
 	if early {
@@ -468,8 +560,8 @@ func (s *Service) reservePlaces(ctx context.Context, c room, early bool) error {
 		if err != nil {
 			return nil, err
 		}
-		err = s.queue.Reserve(ctx, program, c.id, early, upTo)
-		if errors.Is(err, queue.ErrLost) {
+		err = s.store.Reserve(ctx, program, c.id, early, upTo)
+		if errors.Is(err, ErrLost) {
 			return nil, s.restoreLine(ctx, c) // made past every reserved place, this block's too
 		}
 		return nil, err
@@ -489,105 +581,27 @@ type placeBlock struct {
 	n  int64
 }
 
-// throughQueue runs f for a request of a queued program once its
-// admission is spent on the request (the same request again: a retry); a
-// program without a waiting room runs f at once. When f is refused and
-// moved nothing (a seat taken, a ticket sold out, a wrong code), the
-// admission is given back, so the buyer may buy with it again within its
-// window. skus are the SKUs the request takes from: a request refused at
-// the door that committed before (a retry without its token, after the
-// room was turned on, after Redis lost the line) is answered as before.
-func (s *Service) throughQueue(ctx context.Context, program keys.ID, a Ask, r request, skus []stock.SKU, f func(context.Context) answer) answer {
-	c, err := s.queueConfig(ctx, program)
-	if errors.Is(err, ErrNoQueue) {
-		return f(ctx)
-	}
-	if err != nil {
-		return fail(err)
-	}
-	door := func(err error) answer { return s.committedIn(ctx, r, skus, fail(err)) }
-	if a.Admission == "" {
-		return door(refuse(ErrAdmissionRequired, "this program sells through its waiting room: send the Admission-Token the queue gave"))
-	}
-	pos, joined, err := c.sign.ParseAdmission(program, a.Buyer, a.Admission)
-	if err != nil {
-		return door(refuse(ErrAdmissionInvalid, "the admission token is not this buyer's for this program"))
-	}
-	now := time.Now()
-	spend := func() (time.Time, bool, error) {
-		return s.queue.Spend(ctx, program, c.id, pos, a.Buyer, r.gateID(), now, c.Window)
-	}
-	admittedAt, first, err := spend()
-	if errors.Is(err, queue.ErrLost) {
-		// Redis lost the line (or has another room's): make it again, with
-		// the admissions spent, and spend then.
-		if err = s.restoreLine(ctx, c); err == nil {
-			admittedAt, first, err = spend()
-		}
-	}
-	// The buyer's own admission, refused: a committed request (or its key
-	// reused for another) is looked up in the ledger; only admitted
-	// buyers get this far, so it costs the flood nothing.
-	switch {
-	case errors.Is(err, queue.ErrSpent):
-		return s.lookupOr(ctx, r, fail(ErrAdmissionUsed))
-	case errors.Is(err, queue.ErrExpired):
-		return s.lookupOr(ctx, r, fail(ErrAdmissionExpired))
-	case errors.Is(err, queue.ErrNotAdmitted):
-		return s.lookupOr(ctx, r, fail(refuse(ErrAdmissionInvalid, "this place in line is not admitted yet")))
-	case err != nil:
-		s.log.WarnContext(ctx, "spend admission", "program", program.String(), "err", err)
-		return fail(refuse(ErrUnavailable, "Redis unavailable; retry with the same Idempotency-Key"))
-	}
-	// The ledger keeps the spend too: one per buyer across any loss of
-	// Redis.
-	holder, err := s.ledger.SpendAdmission(ctx, program, c.id, ledger.Spend{Buyer: a.Buyer, Position: pos, Request: r.gateID()})
-	if err != nil || holder != r.gateID() {
-		s.settleAdmission(ctx, c, a.Buyer, r, queue.Refused, false)
-		if err != nil {
-			s.log.WarnContext(ctx, "spend admission", "program", program.String(), "err", err)
-			return fail(refuse(ErrUnavailable, "ledger unavailable; retry with the same Idempotency-Key"))
-		}
-		return s.lookupOr(ctx, r, fail(ErrAdmissionUsed))
-	}
-	if first {
-		// The wait: from joining (or the opening, for an early join) to
-		// admission.
-		s.metrics.queueWait.Observe(max(admittedAt.Sub(later(joined, c.OpensAt)), 0).Seconds())
-	}
-	ans := f(ctx)
-	switch {
-	case ans.err == nil:
-		s.settleAdmission(ctx, c, a.Buyer, r, queue.Committed, true)
-	case movedNothing(ans.err):
-		s.settleAdmission(ctx, c, a.Buyer, r, queue.Refused, true)
-	default:
-		s.settleAdmission(ctx, c, a.Buyer, r, queue.Unknown, true)
-	}
-	return ans
-}
-
 // settleAdmission ends request's use of buyer's admission in Redis; when
 // that gives the admission back (the last copy of the request in flight
 // was refused, none committed), the ledger's spend goes too (inLedger).
 // A failure leaves it spent: the buyer retries the request.
-func (s *Service) settleAdmission(ctx context.Context, c room, buyer keys.ID, r request, how queue.Outcome, inLedger bool) {
+func (s *Rooms) settleAdmission(ctx context.Context, c room, buyer, request keys.ID, how Outcome, inLedger bool) {
 	// Settled even when the client has gone: until then the pacer counts
 	// the buyer as admitted-but-unused and the admission is not given back.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	released, err := s.queue.Settle(ctx, c.Program, buyer, r.gateID(), how)
-	if errors.Is(err, queue.ErrLost) {
+	released, err := s.store.Settle(ctx, c.Program, buyer, request, how)
+	if errors.Is(err, ErrLost) {
 		// Redis lost the line since this request spent: the ledger's spend
 		// is all there is, and a refused request gives it back.
-		released, err = how == queue.Refused, nil
+		released, err = how == Refused, nil
 	}
 	if err != nil {
 		s.log.WarnContext(ctx, "settle admission", "program", c.Program.String(), "err", err)
 		return
 	}
 	if released && inLedger {
-		if err := s.ledger.ReleaseAdmission(ctx, c.Program, c.id, buyer, r.gateID()); err != nil {
+		if err := s.ledger.ReleaseAdmission(ctx, c.Program, c.id, buyer, request); err != nil {
 			s.log.WarnContext(ctx, "release admission", "program", c.Program.String(), "err", err)
 		}
 	}
@@ -603,22 +617,12 @@ func later(a, b time.Time) time.Time {
 	return b
 }
 
-// movedNothing: err is a refusal that took nothing (not a failure after
-// which the request may still commit on a retry).
-func movedNothing(err error) bool {
-	switch Code(err) {
-	case "", "error", ErrUnavailable.Code, ErrBusy.Code:
-		return false
-	}
-	return true
-}
-
 // room is a program's waiting room as a replica keeps it: its settings and
 // the Signer of its secret.
 type room struct {
 	ledger.QueueConfig
 	id   keys.ID // the room (Room of the settings)
-	sign *queue.Signer
+	sign *Signer
 }
 
 func roomOf(c ledger.QueueConfig) room {
@@ -626,19 +630,20 @@ func roomOf(c ledger.QueueConfig) room {
 	if err != nil {
 		secret = []byte(c.Secret)
 	}
-	return room{QueueConfig: c, id: c.Room(), sign: queue.NewSigner(secret)}
+	return room{QueueConfig: c, id: c.Room(), sign: NewSigner(secret)}
 }
 
 // queueConfig is program's waiting room (cached for a second), or
-// ErrNoQueue.
-func (s *Service) queueConfig(ctx context.Context, program keys.ID) (room, error) {
-	if s.queue == nil {
-		return room{}, ErrNoQueue
+// ErrNoRoom.
+func (s *Rooms) config(ctx context.Context, program keys.ID) (room, error) {
+	if s == nil {
+		return room{}, ErrNoRoom // no waiting rooms at all
 	}
+
 	return s.queues.get(ctx, program, func(ctx context.Context) (room, error) {
 		c, err := s.ledger.Queue(ctx, program)
 		if errors.Is(err, ledger.ErrNotFound) {
-			return room{QueueConfig: c}, ErrNoQueue
+			return room{QueueConfig: c}, ErrNoRoom
 		}
 		if err != nil {
 			return room{QueueConfig: c}, refuse(ErrUnavailable, "ledger unavailable; repeat the request")
@@ -657,7 +662,7 @@ func (s *Service) queueConfig(ctx context.Context, program keys.ID) (room, error
 // any replica, wakes it; a read of its stock every few seconds makes up
 // for a lost notice), and an open room nobody waits in steps once a
 // second (a join on this replica wakes it).
-func (s *Service) RunPacer(ctx context.Context) {
+func (s *Rooms) RunPacer(ctx context.Context) {
 	const tick = 200 * time.Millisecond
 	t := time.NewTicker(tick)
 	defer t.Stop()
@@ -724,10 +729,10 @@ func (s *Service) RunPacer(ctx context.Context) {
 			p.saw = s.pace(lease.Context(), c, p)
 			sum.add(p.saw)
 		}
-		s.metrics.queueWaiting.Set(float64(sum.waiting))
-		s.metrics.queueLeft.Set(float64(sum.left))
-		s.metrics.queueUnused.Set(float64(sum.unused))
-		s.metrics.queueAbandoned.Set(float64(sum.abandoned))
+		s.metrics.waiting.Set(float64(sum.waiting))
+		s.metrics.left.Set(float64(sum.left))
+		s.metrics.unused.Set(float64(sum.unused))
+		s.metrics.abandoned.Set(float64(sum.abandoned))
 		for program := range rooms {
 			if !live[program] {
 				delete(rooms, program)
@@ -735,10 +740,6 @@ func (s *Service) RunPacer(ctx context.Context) {
 		}
 	}
 }
-
-// wakeRoom makes the pacer step program's room at its next tick, asleep
-// or not (stock came back, a buyer joined).
-func (s *Service) wakeRoom(program keys.ID) { s.roomWakes.Store(program, struct{}{}) }
 
 var (
 	lockQueue = keys.MustID("queue")
@@ -772,7 +773,7 @@ type pacing struct {
 
 // sleeps reports whether p has nothing to do at now. A sold-out room
 // whose stock read shows some left wakes.
-func (p *pacing) sleeps(ctx context.Context, s *Service, now time.Time) bool {
+func (p *pacing) sleeps(ctx context.Context, s *Rooms, now time.Time) bool {
 	if !now.Before(p.until) {
 		return false
 	}
@@ -802,7 +803,7 @@ func (p *paced) add(q paced) {
 // and the stock allows now (nobody before the opening, even a postponed
 // one), and records what it saw in the ledger (so a line Redis loses is
 // made again from there).
-func (s *Service) pace(ctx context.Context, lc ledger.QueueConfig, p *pacing) paced {
+func (s *Rooms) pace(ctx context.Context, lc ledger.QueueConfig, p *pacing) paced {
 	c := roomOf(lc)
 	now := time.Now()
 	prev := p.serving
@@ -832,16 +833,16 @@ func (s *Service) pace(ctx context.Context, lc ledger.QueueConfig, p *pacing) pa
 	// Rounded up: a factor under 1 must still let a buyer in for the last
 	// ticket.
 	limit := int64(math.Ceil(float64(left) * float64(c.PerRemaining) / 1000))
-	advance := func() (queue.Step, error) {
-		return s.queue.Advance(ctx, c.Program, c.id, now, c.OpensAt, most, limit, floor, c.Window, ps.SoldOut())
+	advance := func() (Step, error) {
+		return s.store.Advance(ctx, c.Program, c.id, now, c.OpensAt, most, limit, floor, c.Window, ps.SoldOut())
 	}
 	step, err := advance()
 	switch {
-	case errors.Is(err, queue.ErrLost):
+	case errors.Is(err, ErrLost):
 		if err = s.restoreLine(ctx, c); err == nil {
 			step, err = advance()
 		}
-	case errors.Is(err, queue.ErrMoved):
+	case errors.Is(err, ErrMoved):
 		if err = s.resumeLine(ctx, c); err == nil {
 			step, err = advance()
 		}
@@ -852,7 +853,7 @@ func (s *Service) pace(ctx context.Context, lc ledger.QueueConfig, p *pacing) pa
 	}
 	if p.serving >= 0 && step.Serving > p.serving {
 		admitted := step.Serving - p.serving
-		s.metrics.queueAdmitted.Add(float64(admitted))
+		s.metrics.admitted.Add(float64(admitted))
 		p.carry -= float64(admitted)
 	}
 	p.serving, p.unused = step.Serving, step.Unused
@@ -918,7 +919,7 @@ func (c *ttlCache[V]) get(ctx context.Context, k keys.ID, load func(context.Cont
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		e.v, e.err = load(ctx)
-		if e.err != nil && !errors.Is(e.err, ErrNoQueue) {
+		if e.err != nil && !errors.Is(e.err, ErrNoRoom) {
 			c.mu.Lock()
 			if c.m[k] == e {
 				delete(c.m, k) // a failure is not remembered
@@ -955,49 +956,9 @@ func (c *ttlCache[V]) forget(k keys.ID) {
 	c.mu.Unlock()
 }
 
-// admitted takes w once its request is let through the program's waiting
-// room (when the program has one).
-func (s *Service) admitted(ctx context.Context, a Ask, program keys.ID, r request, w want) answer {
-	return s.throughQueue(ctx, program, a, r, []stock.SKU{w.sku}, func(ctx context.Context) answer { return s.takeOne(ctx, w) })
-}
-
-// committedIn answers a request refused at a waiting room's door: a retry
-// of one that committed stock of one of skus gets its answer, any other
-// the refusal. Which purchases and holds committed is known from memory
-// (replays, read incrementally and once at a time for all askers), so a
-// flood of them without a token costs no ledger read each; a cart is
-// looked up by its key. A key the memory lacks is read again (unless its
-// set is sealed), never taken as absent as of the row version the cached
-// settings show: a retry may come right after its request committed on
-// another replica, after that version was cached.
-func (s *Service) committedIn(ctx context.Context, r request, skus []stock.SKU, refusal answer) answer {
-	switch r.op {
-	case ledger.OpPurchase, ledger.OpHold, ledger.OpSeatHold:
-	default:
-		// A SKU's set holds only the requests of that one SKU (a cart's
-		// request row is its program's): one read by its key, as every
-		// refusal of a cart costs.
-		return s.lookupOr(ctx, r, refusal)
-	}
-	for _, sku := range skus {
-		if _, err := s.settings.Get(ctx, sku); err != nil {
-			continue // no such SKU: nothing of it committed
-		}
-		committed, err := s.replays.committed(ctx, sku, r.scope, r.key)
-		if err != nil {
-			s.log.WarnContext(ctx, "committed keys", "sku", sku.String(), "err", err)
-			return ansUnavailable
-		}
-		if committed {
-			return s.lookupOr(ctx, r, refusal)
-		}
-	}
-	return refusal
-}
-
-// QueuePage is what the waiting room's page of program needs: where it
-// sends an admitted buyer (ErrNoQueue when the program has none).
-func (s *Service) QueuePage(ctx context.Context, program keys.ID) (checkoutURL string, err error) {
-	c, err := s.queueConfig(ctx, program)
+// Page is what the waiting room's page of program needs: where it
+// sends an admitted buyer (ErrNoRoom when the program has none).
+func (s *Rooms) Page(ctx context.Context, program keys.ID) (checkoutURL string, err error) {
+	c, err := s.config(ctx, program)
 	return c.CheckoutURL, err
 }

@@ -556,3 +556,37 @@ func TestPortFollowsAddr(t *testing.T) {
 		}
 	}
 }
+
+// The chart refuses what would cut a drain short or hide the pods from
+// their probes: a terminationGracePeriodSeconds shorter than the preStop
+// sleep, the drain and the span flush (it was fixed at 30, exactly their
+// default sum), and a loopback STOCKGATE_ADDR.
+func TestDrainFitsAndPortReachable(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string // in the error; "": it renders
+	}{
+		{"defaults", nil, ""},
+		{"a longer drain", []string{"--set-string", "env.STOCKGATE_SHUTDOWN_GRACE=40s"}, "terminationGracePeriodSeconds 35 is shorter"},
+		{"a longer drain, a longer grace", []string{"--set-string", "env.STOCKGATE_SHUTDOWN_GRACE=40s", "--set", "terminationGracePeriodSeconds=60"}, ""},
+		{"a longer preStop", []string{"--set", "preStopSeconds=20"}, "preStopSeconds (20)"},
+		{"loopback", []string{"--set-string", "env.STOCKGATE_ADDR=127.0.0.1:8080"}, "loopback"},
+		{"localhost", []string{"--set-string", "env.STOCKGATE_ADDR=localhost:8080"}, "loopback"},
+		{"every interface", []string{"--set-string", "env.STOCKGATE_ADDR=:9000"}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"template", "stockgate", "helm/stockgate", "-n", "stockgate", "--kube-version", kubeVersion,
+				"-f", "helm/ci/minimal-values.yaml"}, tc.args...)
+			out, err := helmCmd(t, args...)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("refused: %v\n%s", err, out)
+			case tc.want == "" && !strings.Contains(string(out), "terminationGracePeriodSeconds:"):
+				t.Errorf("no grace rendered:\n%s", out)
+			case tc.want != "" && (err == nil || !strings.Contains(string(out)+err.Error(), tc.want)):
+				t.Errorf("= %v\n%s\nwant refused naming %q", err, out, tc.want)
+			}
+		})
+	}
+}

@@ -284,6 +284,9 @@ func (c *config) validate() error {
 	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
 		return bad("addr", "not host:port: "+err.Error())
 	}
+	if c.DownTo < 0 {
+		return bad("schema-down-to", "a schema version is 1 or more (0: migrate up)")
+	}
 	if c.AdminAddr != "" && !validHostPort(c.AdminAddr) {
 		return bad("admin-addr", "not host:port")
 	}

@@ -219,8 +219,8 @@ func TestMigrateCommand(t *testing.T) {
 	if code, out := runBounded(t, "migrate", "-schema-down-to", "1"); code != 0 || !strings.Contains(out, `"version":1`) {
 		t.Fatalf("migrate -schema-down-to 1 = %d (%s), want 0 at version 1", code, out)
 	}
-	if code, out := runBounded(t, "migrate", "-schema-down-to", "-1"); code != 0 {
-		t.Fatalf("migrate -schema-down-to -1 = %d (%s), want 0 (no down: up)", code, out)
+	if code, out := runBounded(t, "migrate", "-schema-down-to", "-1"); code != 2 || !strings.Contains(out, "STOCKGATE_SCHEMA_DOWN_TO") {
+		t.Fatalf("migrate -schema-down-to -1 = %d (%s), want 2 naming the setting", code, out)
 	}
 }
 

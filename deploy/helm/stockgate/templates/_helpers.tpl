@@ -116,6 +116,20 @@ call the admin routes anyway. A DSN cannot be generated at all. */ -}}
 {{- if not (or $open (include "stockgate.hasEnv" (list . "STOCKGATE_ADMIN_TOKEN"))) -}}
 {{- fail "\n\nstockgate needs an admin token, or its pods exit 2 at start (admin routes open to the network): set secretEnv.STOCKGATE_ADMIN_TOKEN (e.g. --set secretEnv.STOCKGATE_ADMIN_TOKEN=$(openssl rand -hex 24)), or existingSecret to a Secret holding STOCKGATE_ADMIN_TOKEN and STOCKGATE_LEDGER_DSN, or env.STOCKGATE_ADMIN_TOKEN_FILE to a file of a Secret mounted with extraVolumes (docs/OPERATIONS.md, \"Installing on Kubernetes\")." -}}
 {{- end -}}
+{{- $host := splitList ":" (.Values.env.STOCKGATE_ADDR | default ":8080") | first -}}
+{{- if or (hasPrefix "127." $host) (eq $host "localhost") (eq $host "[::1]") -}}
+{{- fail (printf "\n\nenv.STOCKGATE_ADDR %q listens on loopback only: the kubelet's probes and the Service cannot reach it; listen on every interface (\":8080\") and keep the admin routes apart with STOCKGATE_ADMIN_ADDR" .Values.env.STOCKGATE_ADDR) -}}
+{{- end -}}
+{{- /* Kubernetes kills the pod terminationGracePeriodSeconds after it
+starts the preStop sleep: the sleep, the drain (STOCKGATE_SHUTDOWN_GRACE)
+and the last flush of spans (5 s) must fit, or a slow drain is cut. */ -}}
+{{- $grace := toString (.Values.env.STOCKGATE_SHUTDOWN_GRACE | default "20s") -}}
+{{- if regexMatch "^[0-9]+s$" $grace -}}
+{{- $need := add (int .Values.preStopSeconds) (atoi (trimSuffix "s" $grace)) 5 -}}
+{{- if gt (int $need) (int .Values.terminationGracePeriodSeconds) -}}
+{{- fail (printf "\n\nterminationGracePeriodSeconds %d is shorter than preStopSeconds (%d) + env.STOCKGATE_SHUTDOWN_GRACE (%s) + 5 s of span flush = %d s: Kubernetes would kill a pod mid-drain; raise terminationGracePeriodSeconds" (int .Values.terminationGracePeriodSeconds) (int .Values.preStopSeconds) $grace (int $need)) -}}
+{{- end -}}
+{{- end -}}
 {{- if not (include "stockgate.hasEnv" (list . "STOCKGATE_LEDGER_DSN")) -}}
 {{- fail "\n\nstockgate needs the ledger's DSN, or its pods exit 2 at start: set secretEnv.STOCKGATE_LEDGER_DSN (postgres://user:password@host:5432/db), or existingSecret to a Secret holding STOCKGATE_ADMIN_TOKEN and STOCKGATE_LEDGER_DSN, or env.STOCKGATE_LEDGER_DSN_FILE to a file of a Secret mounted with extraVolumes (docs/OPERATIONS.md, \"Installing on Kubernetes\")." -}}
 {{- end -}}

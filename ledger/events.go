@@ -77,33 +77,6 @@ type Event struct {
 	At       time.Time
 }
 
-// eventsTable is the outbox's table: its sequence is the one thing the
-// drivers spell differently.
-func eventsTable(driver string) string {
-	seq := "seq BIGSERIAL PRIMARY KEY"
-	if driver == SQLite {
-		seq = "seq INTEGER PRIMARY KEY AUTOINCREMENT"
-	}
-	return `CREATE TABLE IF NOT EXISTS events (
-	` + seq + `,
-	event_id   TEXT    NOT NULL UNIQUE,
-	type       TEXT    NOT NULL,
-	program    TEXT    NOT NULL,
-	ticket     TEXT    NOT NULL,
-	partition  INTEGER NOT NULL,
-	subject    TEXT    NOT NULL DEFAULT '',
-	order_id   TEXT    NOT NULL DEFAULT '',
-	buyer      TEXT    NOT NULL DEFAULT '',
-	cart_id    TEXT    NOT NULL DEFAULT '',
-	quantity   BIGINT  NOT NULL DEFAULT 0,
-	to_ticket  TEXT    NOT NULL DEFAULT '',
-	created_at BIGINT  NOT NULL
-);
-CREATE INDEX IF NOT EXISTS events_partition ON events (partition, seq);
-CREATE INDEX IF NOT EXISTS events_program ON events (program, seq);
-`
-}
-
 // partitionOf is the relay partition of a ticket's events.
 func partitionOf(sku stock.SKU) int {
 	h := fnv.New32a()

@@ -63,42 +63,6 @@ func (c QueueConfig) Validate() error {
 	return nil
 }
 
-func queueTables(driver string) string {
-	return `CREATE TABLE IF NOT EXISTS queues (
-	program       TEXT   PRIMARY KEY,
-	opens_at      BIGINT NOT NULL,
-	join_from     BIGINT NOT NULL,
-	rate          BIGINT NOT NULL,
-	window_ms     BIGINT NOT NULL,
-	per_remaining BIGINT NOT NULL,
-	secret        TEXT   NOT NULL,
-	checkout_url  TEXT   NOT NULL DEFAULT ''
-);
-CREATE TABLE IF NOT EXISTS queue_places (
-	program      TEXT   NOT NULL,
-	room         TEXT   NOT NULL,
-	pre_cap      BIGINT NOT NULL DEFAULT 0,
-	post_cap     BIGINT NOT NULL DEFAULT 0,
-	opened       BIGINT NOT NULL DEFAULT 0,
-	early        BIGINT NOT NULL DEFAULT 0,
-	post_seen    BIGINT NOT NULL DEFAULT 0,
-	serving_seen BIGINT NOT NULL DEFAULT 0,
-	old_seen     BIGINT NOT NULL DEFAULT 0,
-	perm         BIGINT NOT NULL DEFAULT 0,
-	egap_hi      BIGINT NOT NULL DEFAULT 0,
-	PRIMARY KEY (program, room)
-);
-CREATE TABLE IF NOT EXISTS queue_spends (
-	program  TEXT   NOT NULL,
-	room     TEXT   NOT NULL,
-	buyer    TEXT   NOT NULL,
-	position BIGINT NOT NULL,
-	request  TEXT   NOT NULL,
-	PRIMARY KEY (program, room, buyer)
-);
-`
-}
-
 // A line's durable facts (queue_places), per room (a waiting room turned
 // off and on again is a new room, with a new secret and a new line): the
 // places reserved for Redis to hand out, and what the pacer last saw of

@@ -29,45 +29,6 @@ const Partitions = eventPartitionCount
 // Nothing was written; stop delivering the partition.
 var ErrLeaseLost = errors.New("ledger: relay lease lost")
 
-// relayTables are the relay's tables (partition leases and cursors, the
-// live relays per sink, dead letters).
-func relayTables(driver string) string {
-	return `CREATE TABLE IF NOT EXISTS relay_partitions (
-	sink          TEXT    NOT NULL,
-	partition     INTEGER NOT NULL,
-	-- the seq the sink has the partition's events up to
-	delivered_seq BIGINT  NOT NULL DEFAULT 0,
-	-- the relay delivering the partition, until lease_until (ms)
-	owner         TEXT    NOT NULL DEFAULT '',
-	lease_until   BIGINT  NOT NULL DEFAULT 0,
-	-- the head event's failed attempts, when it may be tried again (ms),
-	-- and why the last one failed
-	attempts      INTEGER NOT NULL DEFAULT 0,
-	next_at       BIGINT  NOT NULL DEFAULT 0,
-	last_error    TEXT    NOT NULL DEFAULT '',
-	PRIMARY KEY (sink, partition)
-);
--- The relays alive per sink (each renews its row with its leases), so
--- that each takes its fair share of the partitions.
-CREATE TABLE IF NOT EXISTS relay_owners (
-	sink       TEXT   NOT NULL,
-	owner      TEXT   NOT NULL,
-	seen_until BIGINT NOT NULL,
-	PRIMARY KEY (sink, owner)
-);
-CREATE TABLE IF NOT EXISTS relay_dead (
-	sink       TEXT    NOT NULL,
-	seq        BIGINT  NOT NULL,
-	event_id   TEXT    NOT NULL,
-	partition  INTEGER NOT NULL,
-	attempts   INTEGER NOT NULL,
-	last_error TEXT    NOT NULL,
-	dead_at    BIGINT  NOT NULL,
-	PRIMARY KEY (sink, seq)
-);
-`
-}
-
 // Claim is what a relay holds of a sink after ClaimPartitions.
 type Claim struct {
 	// Held are the partitions leased to the owner, until Until by the

@@ -71,24 +71,6 @@ type WaitEntry struct {
 // IsOffer reports whether h is a waitlist offer.
 func (h Hold) IsOffer() bool { return h.Gate == offerGate }
 
-func waitlistTables(driver string) string {
-	return `CREATE TABLE IF NOT EXISTS waitlist (
-	program      TEXT   NOT NULL,
-	ticket       TEXT   NOT NULL,
-	buyer        TEXT   NOT NULL,
-	seq          BIGINT NOT NULL,
-	quantity     BIGINT NOT NULL CHECK (quantity >= 1),
-	state        TEXT   NOT NULL,
-	offer_ttl_ms BIGINT NOT NULL,
-	hold_id      TEXT   NOT NULL DEFAULT '',
-	joined_at    BIGINT NOT NULL,
-	updated_at   BIGINT NOT NULL,
-	PRIMARY KEY (program, ticket, buyer)
-);
-CREATE INDEX IF NOT EXISTS waitlist_line ON waitlist (program, ticket, state, seq);
-`
-}
-
 // JoinWaitlist puts buyer on sku's waitlist for q units, whose offer will
 // be held for ttl. A buyer has one entry per SKU: joining again while
 // waiting, or while an offer is live, answers the entry as it is (created

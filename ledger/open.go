@@ -1,0 +1,209 @@
+package ledger
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stockgate/stockgate/internal/opt"
+)
+
+// Options configures Open.
+type Options struct {
+	// Driver is SQLite or Postgres. Required.
+	Driver string
+	// DSN is the SQLite file path, or the PostgreSQL URL. Required.
+	DSN string
+	// MaxConns caps open connections on PostgreSQL. Default 32. SQLite
+	// always uses one: it has a single writer, and one connection queues
+	// writers in Go instead of failing them with SQLITE_BUSY.
+	MaxConns int
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+	// Metrics receives commit counts and durations by operation. Optional.
+	Metrics prometheus.Registerer
+	// NoMigrate runs no DDL, so the serving role needs no DDL rights:
+	// `stockgate migrate` applies the schema first. It opens a ledger whose
+	// schema this build runs on (see Schema.Serves), ErrSchema otherwise.
+	NoMigrate bool
+}
+
+// DefaultOptions are the settings a zero field takes.
+func DefaultOptions() Options { return Options{Driver: SQLite, MaxConns: 32} }
+
+// Validate reports the first field that cannot work (an *opt.Error).
+func (o Options) Validate() error {
+	switch {
+	case o.Driver != "" && o.Driver != SQLite && o.Driver != Postgres:
+		return opt.Bad("Driver", "must be sqlite or postgres")
+	case o.DSN == "":
+		return opt.Bad("DSN", "is required")
+	case o.MaxConns < 0:
+		return opt.Bad("MaxConns", "must be at least 1")
+	}
+	return nil
+}
+
+// Open connects, creates the schema when missing, and returns the ledger.
+func Open(ctx context.Context, opts Options) (*Ledger, error) {
+	return open(ctx, opts, thisBuild)
+}
+
+func open(ctx context.Context, opts Options, build schemaSteps) (*Ledger, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, fmt.Errorf("ledger: %w", err)
+	}
+	opt.Fill(&opts.MaxConns, DefaultOptions().MaxConns)
+	opt.Fill(&opts.Driver, DefaultOptions().Driver)
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	var db *sql.DB
+	var err error
+	var release func() error // closes db, or gives back a shared SQLite file
+	switch opts.Driver {
+	case SQLite:
+		db, release, err = openSQLite(opts.DSN)
+	case Postgres:
+		db, err = openPostgres(opts.DSN)
+		if err == nil {
+			db.SetMaxOpenConns(opts.MaxConns)
+			db.SetMaxIdleConns(opts.MaxConns)
+			release = db.Close
+		}
+	default:
+		return nil, fmt.Errorf("ledger: unknown driver %q (want %q or %q)", opts.Driver, SQLite, Postgres)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ledger: open: %w", err)
+	}
+	l := &Ledger{db: db, release: release, driver: opts.Driver, now: opts.Now, dsn: opts.DSN,
+		commits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "stockgate_ledger_writes_total",
+			Help: "Ledger write transactions by operation and result (ok, duplicate, refused, error). A group-committed batch counts once.",
+		}, []string{"op", "result"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "stockgate_ledger_write_duration_seconds",
+			Help:    "Ledger write transaction time by operation.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}, []string{"op"}),
+		trips: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "stockgate_ledger_batch_round_trips_total",
+			Help: "Round trips to PostgreSQL of the batches of takes and confirms (each pipeline and each COMMIT or ROLLBACK); over stockgate_ledger_batch_size_count, round trips per batch.",
+		}),
+		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "stockgate_ledger_batch_size",
+			Help:    "Orders and holds committed per ledger transaction (more than 1 when winners are group-committed).",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64},
+		}),
+	}
+	l.sql = newTakeSQL(opts.Driver)
+	if opts.Driver == SQLite {
+		l.stmts = newStmts(db)
+	}
+	if opts.Metrics != nil {
+		for _, c := range []prometheus.Collector{l.commits, l.latency, l.batch, l.trips} {
+			if err := opts.Metrics.Register(c); err != nil {
+				release()
+				return nil, fmt.Errorf("ledger: metrics: %w", err)
+			}
+		}
+	}
+	if err := l.migrate(ctx, build, !opts.NoMigrate); err != nil {
+		release()
+		return nil, err
+	}
+	if err := l.db.QueryRowContext(ctx, `SELECT id FROM ledger_identity`).Scan(&l.id); err != nil {
+		release()
+		return nil, fmt.Errorf("ledger: identity: %w", err)
+	}
+	return l, nil
+}
+
+// openPostgres opens the DSN so that the ledger keeps no state on a server
+// session between transactions, and so runs unchanged behind PgBouncer in
+// transaction pooling mode (how many gateway pods share a few server
+// connections). pgx's default prepares named statements on the session, which
+// the next transaction may not find (or find twice) once the pooler hands it
+// another session; cache_describe sends each statement unnamed in the same
+// round trip and caches only its description. A DSN that names its own
+// default_query_exec_mode keeps it.
+func openPostgres(dsn string) (*sql.DB, error) {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	if !strings.Contains(dsn, "default_query_exec_mode") {
+		cfg.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	}
+	return stdlib.OpenDB(*cfg), nil
+}
+
+// Close closes the database (a shared SQLite file once its last ledger
+// closes).
+func (l *Ledger) Close() error {
+	var err error
+	if l.stmts != nil {
+		err = l.stmts.close()
+	}
+	return errors.Join(err, l.release())
+}
+
+// sqliteFiles shares one connection per SQLite file among the ledgers one
+// process opens on it. SQLite has one writer at a time: two connections in
+// one process contend through its busy handler, which polls, and a
+// connection that commits and begins again at once starves the other past
+// any busy timeout (seen: SQLITE_BUSY after 10 s in a test running two
+// ledgers on one file). On one connection the writers queue in Go instead.
+var sqliteFiles = struct {
+	sync.Mutex
+	open map[string]*sharedFile
+}{open: map[string]*sharedFile{}}
+
+type sharedFile struct {
+	db   *sql.DB
+	refs int
+}
+
+func openSQLite(path string) (*sql.DB, func() error, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	sqliteFiles.Lock()
+	defer sqliteFiles.Unlock()
+	f := sqliteFiles.open[abs]
+	if f == nil {
+		// WAL with synchronous=FULL: a committed sale survives a power cut.
+		db, err := sql.Open("sqlite", "file:"+path+
+			"?_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=busy_timeout(10000)&_pragma=foreign_keys(1)&_txlock=immediate")
+		if err != nil {
+			return nil, nil, err
+		}
+		db.SetMaxOpenConns(1)
+		f = &sharedFile{db: db}
+		sqliteFiles.open[abs] = f
+	}
+	f.refs++
+	var once sync.Once
+	release := func() (err error) {
+		once.Do(func() {
+			sqliteFiles.Lock()
+			defer sqliteFiles.Unlock()
+			if f.refs--; f.refs == 0 {
+				delete(sqliteFiles.open, abs)
+				err = f.db.Close()
+			}
+		})
+		return err
+	}
+	return f.db, release, nil
+}

@@ -1,0 +1,149 @@
+package ledger
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// Order is a confirmed sale.
+type Order struct {
+	ID keys.ID `json:"order_id"`
+	// IdempotencyKey is the order row's own unique key, derived by the
+	// service (a purchase's gate request id, or "confirm-" and the hold id):
+	// never a client's key, so no client can take it.
+	IdempotencyKey keys.ID   `json:"-"`
+	RequestHash    string    `json:"-"`
+	SKU            stock.SKU `json:"sku"`
+	Buyer          keys.ID   `json:"buyer"`
+	Quantity       int64     `json:"quantity"`
+	// Gate is the gate's own record of where the stock came from (which
+	// Redis shards), kept so a later refund can give it back there. The
+	// ledger stores it as it is; empty for a sale around the gate.
+	Gate string `json:"-"`
+	// GateKey is the request id of the Redis records behind Gate: the
+	// order's own, or the one of the hold it confirmed. Empty means
+	// IdempotencyKey.
+	GateKey keys.ID `json:"-"`
+	HoldID  keys.ID `json:"hold_id,omitzero"`
+	CartID  keys.ID `json:"cart_id,omitzero"` // the cart it is a line of
+	// SeatIDs are the seats sold (reserved seating): through its hold, or
+	// for a cart's seat line bought at once, held in the seats table under
+	// the order's own id.
+	SeatIDs    []keys.ID `json:"seats,omitempty"`
+	RefundedAt time.Time `json:"refunded_at,omitzero"`
+	// CodeHash is the access code the order used (see CodeHash); "" for
+	// none. The order is one use of it while it stands.
+	CodeHash  string    `json:"-"`
+	CreatedAt time.Time `json:"created_at"`
+	// Req is the client request that creates the order (zero for an
+	// internal write): its row in the requests table is written in the
+	// same transaction.
+	Req Request `json:"-"`
+	// GateEpoch is the gate epoch a gate-admitted order was admitted
+	// under; it commits only while the ledger is still at that epoch.
+	GateEpoch int64 `json:"-"`
+	// TakeEpoch is the epoch its stock was taken under, as stored.
+	TakeEpoch int64 `json:"-"`
+}
+
+// ConfirmKey is the row key of the order a confirm of hold makes: derived
+// by the service, never a client's key.
+func ConfirmKey(hold keys.ID) keys.ID { return keys.MustID("confirm-" + hold.String()) }
+
+// GateRequest is the request id the order's Redis stock was deducted under.
+func (o Order) GateRequest() keys.ID {
+	if !o.GateKey.IsZero() {
+		return o.GateKey
+	}
+	return o.IdempotencyKey
+}
+
+// orderReplay answers a purchase whose request was committed before.
+func (l *Ledger) orderReplay(ctx context.Context, r Request) (Order, error) {
+	rec, err := l.replayOf(ctx, r)
+	if errors.Is(err, ErrDuplicate) && rec.Order == nil {
+		return Order{}, fmt.Errorf("%w: key was used for a %s", ErrKeyReused, rec.Op)
+	}
+	if rec.Order == nil {
+		return Order{}, err
+	}
+	return *rec.Order, err
+}
+
+func notCommitted(step string, err error) error {
+	return fmt.Errorf("ledger: %s: %w: %w", step, ErrNotCommitted, err)
+}
+
+func insertOrder(ctx context.Context, tx *sql.Tx, o Order) (bool, error) {
+	res, err := tx.ExecContext(ctx, `
+		INSERT INTO orders (id, idem_key, request_hash, program, ticket, buyer, quantity, gate, gate_key, hold_id, created_at, take_epoch, cart_id, code_hash, seat_ids)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+		ON CONFLICT (idem_key) DO NOTHING`,
+		o.ID, o.IdempotencyKey, o.RequestHash, o.SKU.Program, o.SKU.Ticket, o.Buyer, o.Quantity, o.Gate, o.GateKey,
+		o.HoldID, o.CreatedAt.UnixMilli(), o.TakeEpoch, o.CartID, o.CodeHash, keys.Join(o.SeatIDs, ","))
+	if err != nil {
+		return false, notCommitted("insert order", err)
+	}
+	n, _ := res.RowsAffected()
+	return n == 1, nil
+}
+
+// OrderByKey returns the order stored under an idempotency key, or
+// ErrNotFound.
+func (l *Ledger) OrderByKey(ctx context.Context, key keys.ID) (Order, error) {
+	return scanOrder(l.db.QueryRowContext(ctx, selectOrder+` WHERE idem_key = $1`, key))
+}
+
+// OrderByID returns an order by its id, or ErrNotFound.
+func (l *Ledger) OrderByID(ctx context.Context, id keys.ID) (Order, error) {
+	return scanOrder(l.db.QueryRowContext(ctx, selectOrder+` WHERE id = $1`, id))
+}
+
+const selectOrder = `SELECT id, idem_key, request_hash, program, ticket, buyer, quantity, gate, gate_key, hold_id,
+	refunded_at, created_at, take_epoch, cart_id, code_hash, seat_ids FROM orders`
+
+// selectOrderFrom is selectOrder with the table named alias, to join.
+func selectOrderFrom(alias string) string {
+	return `SELECT ` + qualify(alias, `id, idem_key, request_hash, program, ticket, buyer, quantity, gate, gate_key, hold_id,
+	refunded_at, created_at, take_epoch, cart_id, code_hash, seat_ids`) + ` FROM orders ` + alias
+}
+
+func scanOrder(r rowScanner) (Order, error) {
+	var o Order
+	var created, refunded int64
+	var seatIDs string
+	err := r.Scan(&o.ID, &o.IdempotencyKey, &o.RequestHash, &o.SKU.Program, &o.SKU.Ticket, &o.Buyer, &o.Quantity,
+		&o.Gate, &o.GateKey, &o.HoldID, &refunded, &created, &o.TakeEpoch, &o.CartID, &o.CodeHash, &seatIDs)
+	if errors.Is(err, sql.ErrNoRows) {
+		return o, ErrNotFound
+	}
+	if err == nil {
+		o.SeatIDs, err = splitIDs(seatIDs)
+	}
+	if err != nil {
+		return o, fmt.Errorf("ledger: order: %w", err)
+	}
+	o.CreatedAt = time.UnixMilli(created).UTC()
+	if refunded > 0 {
+		o.RefundedAt = time.UnixMilli(refunded).UTC()
+	}
+	return o, nil
+}
+
+// OrderTotals counts a SKU's orders that stand (not refunded) and their
+// units, straight from the order rows (not from the SKU row), for audits.
+func (l *Ledger) OrderTotals(ctx context.Context, sku stock.SKU) (orders, units int64, err error) {
+	err = l.db.QueryRowContext(ctx, `
+		SELECT COUNT(*), COALESCE(SUM(quantity), 0) FROM orders WHERE program = $1 AND ticket = $2 AND refunded_at = 0`,
+		sku.Program, sku.Ticket).Scan(&orders, &units)
+	if err != nil {
+		return 0, 0, fmt.Errorf("ledger: order totals: %w", err)
+	}
+	return orders, units, nil
+}

@@ -5,8 +5,11 @@
 // fingerprint of what it asks; see request.go), orchestrates the Redis gate
 // (package shard), the seat gate (seats), the ledger (ledger) and the
 // cross-replica lock (lock), and answers with domain results and the
-// errors in errors.go. It knows nothing of HTTP: package gateway maps its
-// results and errors onto the API.
+// errors in errors.go. Who may buy from a pool is package access's to
+// say; a queued program's requests go through the waiting room's Door
+// (package waitroom, wired by app; sale knows nothing of it). It knows
+// nothing of HTTP: package gateway maps its results and errors onto the
+// API.
 package sale
 
 import (

@@ -37,13 +37,33 @@ func faultEnv(t *testing.T, tune func(*app.Options)) (*env, *testenv.Cluster) {
 	return e, c
 }
 
+// slowDirect slows the takes around the Redis gate (the breaker-open
+// fallback) by per each.
+type slowDirect struct {
+	sale.Ledger
+	per time.Duration
+}
+
+func (l slowDirect) Commit(ctx context.Context, takes []ledger.Take, direct bool) []ledger.TakeResult {
+	if direct {
+		time.Sleep(time.Duration(len(takes)) * l.per)
+	}
+	return l.Ledger.Commit(ctx, takes, direct)
+}
+
 // Scenario 1: kill -9 the master holding the SKU during a flash sale.
 func TestFaultKillMaster(t *testing.T) {
 	for _, shards := range []int{1, 4} {
 		t.Run(map[int]string{1: "shards=1", 4: "shards=4"}[shards], func(t *testing.T) {
-			// A narrow ledger fallback, so the sale outlasts the failover and
-			// Redis is seen selling again after it.
-			e, c := faultEnv(t, func(o *app.Options) { o.Sale.FallbackConcurrency = 1 })
+			// A narrow, slow ledger fallback (one take at a time, 10 ms each:
+			// at most 100 a second), so the sale outlasts the failover
+			// however busy the machine, and Redis is seen selling again after
+			// it: a gate whose rebuild failed while its master was dead is
+			// back once the replica is promoted, not a breaker period later.
+			e, c := faultEnv(t, func(o *app.Options) {
+				o.Sale.FallbackConcurrency = 1
+				o.WrapLedger = func(l sale.Ledger) sale.Ledger { return slowDirect{Ledger: l, per: 10 * time.Millisecond} }
+			})
 			sku := newSKU(t)
 			const total = 4000
 			e.putSKU(t, sku, total, shards, 4)

@@ -1,4 +1,4 @@
-package gateway_test
+package carts_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/breaker"
+	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
@@ -34,44 +35,16 @@ type cartReply struct {
 	Type string `json:"type"`
 }
 
-// cartBody is the JSON of a cart of the given ticket:quantity lines.
-func cartBody(buyer string, lines map[string]int64, order ...string) string {
-	var ls []string
-	for _, t := range order {
-		if q, ok := lines[t]; ok {
-			ls = append(ls, fmt.Sprintf(`{"ticket":%q,"quantity":%d}`, t, q))
-		}
-	}
-	return fmt.Sprintf(`{"buyer":%q,"lines":[%s]}`, buyer, strings.Join(ls, ","))
-}
-
-func (e *env) cart(t *testing.T, program keys.ID, key, body string) (reply, cartReply) {
+func cart(t *testing.T, e *systest.Env, program keys.ID, key, body string) (systest.Reply, cartReply) {
 	t.Helper()
-	r := e.do(t, http.MethodPost, "/v1/programs/"+program.String()+"/carts", map[string]string{"Idempotency-Key": key}, body)
+	r := e.Do(t, http.MethodPost, "/v1/programs/"+program.String()+"/carts", map[string]string{"Idempotency-Key": key}, body)
 	var c cartReply
-	if len(r.body) > 0 {
-		if err := json.Unmarshal(r.body, &c); err != nil {
-			t.Errorf("cart answer %s: %v", r.body, err)
+	if len(r.Body) > 0 {
+		if err := json.Unmarshal(r.Body, &c); err != nil {
+			t.Errorf("cart answer %s: %v", r.Body, err)
 		}
 	}
 	return r, c
-}
-
-// cartSKUs creates adult, child and parking tickets of a new program with
-// the given totals (shards 4, 2, 1; up to 4 per order) and a program cap.
-func cartSKUs(t *testing.T, e *env, totals [3]int64, programCap int64) (keys.ID, []stock.SKU) {
-	t.Helper()
-	p := keys.MustID(testenv.ID(t, "cart"))
-	var skus []stock.SKU
-	for i, name := range []string{"adult", "child", "parking"} {
-		s := stock.SKU{Program: p, Ticket: keys.MustID(name)}
-		e.putSKU(t, s, totals[i], []int{4, 2, 1}[i], 4)
-		skus = append(skus, s)
-	}
-	if r := e.do(t, http.MethodPut, "/v1/admin/programs/"+p.String(), nil, fmt.Sprintf(`{"per_buyer":%d}`, programCap)); r.status != http.StatusOK {
-		t.Fatalf("PUT program = %d %s", r.status, r.body)
-	}
-	return p, skus
 }
 
 // 1,000 concurrent carts of 2–3 lines over three tickets of mixed stock,
@@ -81,11 +54,11 @@ func cartSKUs(t *testing.T, e *env, totals [3]int64, programCap int64) (keys.ID,
 // holds across lines and carts.
 func TestCartsRacing(t *testing.T) {
 	t.Parallel() // its own replicas, ledgers and programs: it overlaps the other long tests
-	eachDriver(t, func(t *testing.T, driver string) {
-		dsn := ledgerDSN(t, driver)
-		a := startEnv(t, envOptions{driver: driver, dsn: dsn})
-		b := startEnv(t, envOptions{driver: driver, dsn: dsn})
-		p, skus := cartSKUs(t, a, [3]int64{900, 500, 120}, 6)
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		dsn := systest.LedgerDSN(t, driver)
+		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		p, skus := systest.CartSKUs(t, a, [3]int64{900, 500, 120}, 6)
 		names := []string{"adult", "child", "parking"}
 		var mu sync.Mutex
 		counts := map[int]int{}
@@ -114,19 +87,19 @@ func TestCartsRacing(t *testing.T) {
 					// as a client does (a busy 2-core machine may run a
 					// cart past its time budget): the cart's final answer
 					// is what counts, and a 503 must move nothing.
-					r, c := e.cart(t, p, fmt.Sprintf("cart-%d", i), cartBody(buyer, lines, names...))
-					for resend := 0; r.status == http.StatusServiceUnavailable && resend < 20; resend++ {
+					r, c := cart(t, e, p, fmt.Sprintf("cart-%d", i), systest.CartBody(buyer, lines, names...))
+					for resend := 0; r.Status == http.StatusServiceUnavailable && resend < 20; resend++ {
 						mu.Lock()
 						counts[-503]++
 						mu.Unlock()
-						r, c = e.cart(t, p, fmt.Sprintf("cart-%d", i), cartBody(buyer, lines, names...))
+						r, c = cart(t, e, p, fmt.Sprintf("cart-%d", i), systest.CartBody(buyer, lines, names...))
 					}
 					mu.Lock()
-					counts[r.status]++
-					if r.status == http.StatusConflict {
+					counts[r.Status]++
+					if r.Status == http.StatusConflict {
 						refusals[strings.TrimPrefix(c.Type, "https://stockgate.dev/problems/")]++
 					}
-					if r.status == http.StatusCreated {
+					if r.Status == http.StatusCreated {
 						carts[c.CartID] = c
 						asked[c.CartID] = lines
 						for _, o := range c.Orders {
@@ -152,7 +125,7 @@ func TestCartsRacing(t *testing.T) {
 		}
 		ctx := context.Background()
 		for id, c := range carts {
-			stored, err := a.ledger.CartByID(ctx, keys.MustID(id))
+			stored, err := a.Ledger.CartByID(ctx, keys.MustID(id))
 			if err != nil || len(stored.Orders) != len(asked[id]) || len(c.Orders) != len(asked[id]) {
 				t.Errorf("cart %s: %d lines stored, %d answered, %d asked (%v)", id, len(stored.Orders), len(c.Orders), len(asked[id]), err)
 				continue
@@ -164,8 +137,8 @@ func TestCartsRacing(t *testing.T) {
 			}
 		}
 		for i, s := range skus {
-			got := a.state(t, s)
-			st, _ := a.ledger.SKU(ctx, s)
+			got := a.State(t, s)
+			st, _ := a.Ledger.SKU(ctx, s)
 			if got.Sold > st.Total || got.Sold != acked[names[i]] || got.OrderUnits != got.Sold {
 				t.Errorf("%s: sold %d of %d, order units %d, acknowledged %d", s, got.Sold, st.Total, got.OrderUnits, acked[names[i]])
 			}
@@ -186,46 +159,46 @@ func TestCartsRacing(t *testing.T) {
 // is evaluated again (a refusal is not remembered, as for purchases) and
 // commits once; a further retry, on another replica, replays it.
 func TestCartSoldOutLineThenRetried(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		dsn := ledgerDSN(t, driver)
-		a := startEnv(t, envOptions{driver: driver, dsn: dsn})
-		b := startEnv(t, envOptions{driver: driver, dsn: dsn})
-		p, skus := cartSKUs(t, a, [3]int64{10, 10, 1}, 0)
-		if r, _ := a.cart(t, p, "first", cartBody("zoe", map[string]int64{"parking": 1}, "parking")); r.status != http.StatusCreated {
-			t.Fatalf("parking cart = %d %s", r.status, r.body)
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		dsn := systest.LedgerDSN(t, driver)
+		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		p, skus := systest.CartSKUs(t, a, [3]int64{10, 10, 1}, 0)
+		if r, _ := cart(t, a, p, "first", systest.CartBody("zoe", map[string]int64{"parking": 1}, "parking")); r.Status != http.StatusCreated {
+			t.Fatalf("parking cart = %d %s", r.Status, r.Body)
 		}
-		body := cartBody("ann", map[string]int64{"adult": 2, "child": 2, "parking": 1}, "adult", "child", "parking")
-		before := []state{a.state(t, skus[0]), a.state(t, skus[1])}
-		r, c := a.cart(t, p, "family", body)
-		if r.status != http.StatusConflict || len(c.Lines) != 1 || c.Lines[0].Ticket != "parking" || c.Lines[0].Code != "sold-out" {
-			t.Fatalf("cart with parking sold out = %d %s, want 409 naming parking", r.status, r.body)
+		body := systest.CartBody("ann", map[string]int64{"adult": 2, "child": 2, "parking": 1}, "adult", "child", "parking")
+		before := []systest.State{a.State(t, skus[0]), a.State(t, skus[1])}
+		r, c := cart(t, a, p, "family", body)
+		if r.Status != http.StatusConflict || len(c.Lines) != 1 || c.Lines[0].Ticket != "parking" || c.Lines[0].Code != "sold-out" {
+			t.Fatalf("cart with parking sold out = %d %s, want 409 naming parking", r.Status, r.Body)
 		}
 		for i := range 2 {
-			if got := a.state(t, skus[i]); got != before[i] {
+			if got := a.State(t, skus[i]); got != before[i] {
 				t.Errorf("%s moved for a refused cart: %+v, was %+v", skus[i], got, before[i])
 			}
 		}
-		a.putSKU(t, skus[2], 2, 1, 4) // one more parking space
-		r, c = b.cart(t, p, "family", body)
-		if r.status != http.StatusCreated || len(c.Orders) != 3 || r.header.Get("Idempotent-Replayed") != "" {
-			t.Fatalf("retry after restock = %d %s, want a new 201 cart", r.status, r.body)
+		a.PutSKU(t, skus[2], 2, 1, 4) // one more parking space
+		r, c = cart(t, b, p, "family", body)
+		if r.Status != http.StatusCreated || len(c.Orders) != 3 || r.Header.Get("Idempotent-Replayed") != "" {
+			t.Fatalf("retry after restock = %d %s, want a new 201 cart", r.Status, r.Body)
 		}
-		r2, c2 := a.cart(t, p, "family", body)
-		if r2.status != http.StatusCreated || c2.CartID != c.CartID || r2.header.Get("Idempotent-Replayed") != "true" ||
-			r2.header.Get("Location") != "/v1/carts/"+c.CartID {
-			t.Errorf("second retry = %d %s %v, want the replay of cart %s", r2.status, r2.body, r2.header, c.CartID)
+		r2, c2 := cart(t, a, p, "family", body)
+		if r2.Status != http.StatusCreated || c2.CartID != c.CartID || r2.Header.Get("Idempotent-Replayed") != "true" ||
+			r2.Header.Get("Location") != "/v1/carts/"+c.CartID {
+			t.Errorf("second retry = %d %s %v, want the replay of cart %s", r2.Status, r2.Body, r2.Header, c.CartID)
 		}
 		for i, want := range []int64{2, 2, 2} {
-			if got := a.state(t, skus[i]); got.Sold != want || got.RedisRemaining != []int64{8, 8, 0}[i] {
+			if got := a.State(t, skus[i]); got.Sold != want || got.RedisRemaining != []int64{8, 8, 0}[i] {
 				t.Errorf("%s: %+v, want sold %d", skus[i], got, want)
 			}
 		}
-		g := a.do(t, http.MethodGet, "/v1/carts/"+c.CartID, nil, "")
-		if g.status != http.StatusOK || !strings.Contains(string(g.body), `"ticket":"parking"`) {
-			t.Errorf("GET cart = %d %s", g.status, g.body)
+		g := a.Do(t, http.MethodGet, "/v1/carts/"+c.CartID, nil, "")
+		if g.Status != http.StatusOK || !strings.Contains(string(g.Body), `"ticket":"parking"`) {
+			t.Errorf("GET cart = %d %s", g.Status, g.Body)
 		}
-		if g := a.do(t, http.MethodGet, "/v1/carts/nope", nil, ""); g.status != http.StatusNotFound {
-			t.Errorf("GET unknown cart = %d %s", g.status, g.body)
+		if g := a.Do(t, http.MethodGet, "/v1/carts/nope", nil, ""); g.Status != http.StatusNotFound {
+			t.Errorf("GET unknown cart = %d %s", g.Status, g.Body)
 		}
 		// A line is an order: refunding it gives its units back to the
 		// ledger and to Redis, once, and the cart shows the refund.
@@ -236,14 +209,14 @@ func TestCartSoldOutLineThenRetried(t *testing.T) {
 			}
 		}
 		for range 2 {
-			if r := b.do(t, http.MethodPost, "/v1/orders/"+adult+"/refund", map[string]string{"Idempotency-Key": "refund-line"}, `{"buyer":"ann"}`); r.status != http.StatusOK {
-				t.Fatalf("refund of a cart line = %d %s", r.status, r.body)
+			if r := b.Do(t, http.MethodPost, "/v1/orders/"+adult+"/refund", map[string]string{"Idempotency-Key": "refund-line"}, `{"buyer":"ann"}`); r.Status != http.StatusOK {
+				t.Fatalf("refund of a cart line = %d %s", r.Status, r.Body)
 			}
 		}
-		if got := a.state(t, skus[0]); got.Sold != 0 || got.RedisRemaining != 10 {
+		if got := a.State(t, skus[0]); got.Sold != 0 || got.RedisRemaining != 10 {
 			t.Errorf("adult after refunding its line: %+v, want sold 0 and 10 back in Redis", got)
 		}
-		if got, err := a.ledger.CartByID(context.Background(), keys.MustID(c.CartID)); err != nil || len(got.Orders) != 3 || got.Orders[0].RefundedAt.IsZero() {
+		if got, err := a.Ledger.CartByID(context.Background(), keys.MustID(c.CartID)); err != nil || len(got.Orders) != 3 || got.Orders[0].RefundedAt.IsZero() {
 			t.Errorf("cart after a line's refund = %+v, %v; want 3 orders, adult refunded", got, err)
 		}
 	})
@@ -252,34 +225,34 @@ func TestCartSoldOutLineThenRetried(t *testing.T) {
 // A cart's key with other lines, or a purchase's key, is refused with 422
 // and moves nothing; hostile bodies are clear problems that move nothing.
 func TestCartKeysAndBadInput(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		e := newEnv(t, driver)
-		p, skus := cartSKUs(t, e, [3]int64{10, 10, 10}, 0)
-		body := cartBody("ann", map[string]int64{"adult": 1, "child": 1}, "adult", "child")
-		if r, _ := e.cart(t, p, "k1", body); r.status != http.StatusCreated {
-			t.Fatalf("cart = %d %s", r.status, r.body)
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		e := systest.New(t, driver)
+		p, skus := systest.CartSKUs(t, e, [3]int64{10, 10, 10}, 0)
+		body := systest.CartBody("ann", map[string]int64{"adult": 1, "child": 1}, "adult", "child")
+		if r, _ := cart(t, e, p, "k1", body); r.Status != http.StatusCreated {
+			t.Fatalf("cart = %d %s", r.Status, r.Body)
 		}
 		// The same lines in another order are the same cart.
-		if r, _ := e.cart(t, p, "k1", cartBody("ann", map[string]int64{"adult": 1, "child": 1}, "child", "adult")); r.status != http.StatusCreated ||
-			r.header.Get("Idempotent-Replayed") != "true" {
-			t.Errorf("same lines reordered = %d %s, want the replay", r.status, r.body)
+		if r, _ := cart(t, e, p, "k1", systest.CartBody("ann", map[string]int64{"adult": 1, "child": 1}, "child", "adult")); r.Status != http.StatusCreated ||
+			r.Header.Get("Idempotent-Replayed") != "true" {
+			t.Errorf("same lines reordered = %d %s, want the replay", r.Status, r.Body)
 		}
-		before := []state{e.state(t, skus[0]), e.state(t, skus[1]), e.state(t, skus[2])}
-		e.mustBuy(t, skus[2], "k2", "ann", 1)
-		before[2] = e.state(t, skus[2])
+		before := []systest.State{e.State(t, skus[0]), e.State(t, skus[1]), e.State(t, skus[2])}
+		e.MustBuy(t, skus[2], "k2", "ann", 1)
+		before[2] = e.State(t, skus[2])
 		for _, c := range []struct {
 			name, key, body string
 			status          int
 			line            string
 		}{
-			{"other lines", "k1", cartBody("ann", map[string]int64{"adult": 2, "child": 1}, "adult", "child"), 422, ""},
-			{"a purchase's key", "k2", cartBody("ann", map[string]int64{"parking": 1}, "parking"), 422, ""},
+			{"other lines", "k1", systest.CartBody("ann", map[string]int64{"adult": 2, "child": 1}, "adult", "child"), 422, ""},
+			{"a purchase's key", "k2", systest.CartBody("ann", map[string]int64{"parking": 1}, "parking"), 422, ""},
 			{"no lines", "k3", `{"buyer":"ann","lines":[]}`, 422, ""},
 			{"a ticket twice", "k4", `{"buyer":"ann","lines":[{"ticket":"adult","quantity":1},{"ticket":"adult","quantity":1}]}`, 422, ""},
 			{"quantity 0", "k5", `{"buyer":"ann","lines":[{"ticket":"adult","quantity":0}]}`, 422, ""},
 			{"quantity missing", "k5", `{"buyer":"ann","lines":[{"ticket":"adult"}]}`, 422, ""},
-			{"over the ticket's maximum", "k6", cartBody("ann", map[string]int64{"adult": 1, "child": 5}, "adult", "child"), 422, "child"},
-			{"unknown ticket", "k7", cartBody("ann", map[string]int64{"adult": 1, "nope": 1}, "adult", "nope"), 404, "nope"},
+			{"over the ticket's maximum", "k6", systest.CartBody("ann", map[string]int64{"adult": 1, "child": 5}, "adult", "child"), 422, "child"},
+			{"unknown ticket", "k7", systest.CartBody("ann", map[string]int64{"adult": 1, "nope": 1}, "adult", "nope"), 404, "nope"},
 			{"bad ticket id", "k8", `{"buyer":"ann","lines":[{"ticket":"a b","quantity":1}]}`, 422, ""},
 			{"eleven lines", "k9", `{"buyer":"ann","lines":[` + strings.TrimSuffix(strings.Repeat(`{"ticket":"adult","quantity":1},`, 11), ",") + `]}`, 422, ""},
 			{"a member twice", "k10", `{"buyer":"ann","lines":[{"ticket":"adult","quantity":1,"quantity":4}]}`, 400, ""},
@@ -287,19 +260,19 @@ func TestCartKeysAndBadInput(t *testing.T) {
 			{"lines not an array", "k12", `{"buyer":"ann","lines":{"ticket":"adult"}}`, 422, ""},
 			{"no buyer", "k13", `{"lines":[{"ticket":"adult","quantity":1}]}`, 422, ""},
 		} {
-			r, got := e.cart(t, p, c.key, c.body)
-			if r.status != c.status || r.header.Get("Content-Type") != "application/problem+json" {
-				t.Errorf("%s: %d %s, want %d problem", c.name, r.status, r.body, c.status)
+			r, got := cart(t, e, p, c.key, c.body)
+			if r.Status != c.status || r.Header.Get("Content-Type") != "application/problem+json" {
+				t.Errorf("%s: %d %s, want %d problem", c.name, r.Status, r.Body, c.status)
 			}
 			if c.line != "" && (len(got.Lines) != 1 || got.Lines[0].Ticket != c.line) {
 				t.Errorf("%s: lines %+v, want %s named", c.name, got.Lines, c.line)
 			}
 		}
-		if r := e.do(t, http.MethodPost, "/v1/programs/bad%20id/carts", map[string]string{"Idempotency-Key": "k14"}, body); r.status != http.StatusBadRequest {
-			t.Errorf("bad program id = %d %s", r.status, r.body)
+		if r := e.Do(t, http.MethodPost, "/v1/programs/bad%20id/carts", map[string]string{"Idempotency-Key": "k14"}, body); r.Status != http.StatusBadRequest {
+			t.Errorf("bad program id = %d %s", r.Status, r.Body)
 		}
 		for i, s := range skus {
-			if got := e.state(t, s); got != before[i] {
+			if got := e.State(t, s); got != before[i] {
 				t.Errorf("%s moved for refused carts: %+v, was %+v", s, got, before[i])
 			}
 		}
@@ -311,37 +284,37 @@ func TestCartKeysAndBadInput(t *testing.T) {
 // again; a line the ledger cannot supply refuses the cart, naming it.
 func TestCartWithBreakerOpen(t *testing.T) {
 	c := testenv.NewCluster(t, testenv.ClusterOptions{})
-	e := startEnv(t, envOptions{driver: ledger.SQLite, cluster: c, tune: func(o *app.Options) {
+	e := systest.Start(t, systest.Options{Driver: ledger.SQLite, Cluster: c, Tune: func(o *app.Options) {
 		o.Sale.Breaker = breaker.Options{OpenFor: time.Minute, Probes: 1}
 		o.Sale.RedisTimeout = 200 * time.Millisecond
 	}})
-	p, skus := cartSKUs(t, e, [3]int64{10, 10, 1}, 0)
+	p, skus := systest.CartSKUs(t, e, [3]int64{10, 10, 1}, 0)
 	for _, n := range c.Nodes {
 		if err := n.Pause(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	tripBreakers(t, e, c.Masters)
+	systest.TripBreakers(t, e, c.Masters)
 	for _, n := range c.Nodes {
 		if err := n.Resume(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	before := e.state(t, skus[0]).Sold // trips that reached the ledger around the gate
-	r, got := e.cart(t, p, "open-1", cartBody("ann", map[string]int64{"adult": 2, "parking": 1}, "adult", "parking"))
-	if r.status != http.StatusCreated || len(got.Orders) != 2 {
-		t.Fatalf("cart with the breaker open = %d %s", r.status, r.body)
+	before := e.State(t, skus[0]).Sold // trips that reached the ledger around the gate
+	r, got := cart(t, e, p, "open-1", systest.CartBody("ann", map[string]int64{"adult": 2, "parking": 1}, "adult", "parking"))
+	if r.Status != http.StatusCreated || len(got.Orders) != 2 {
+		t.Fatalf("cart with the breaker open = %d %s", r.Status, r.Body)
 	}
-	r, got = e.cart(t, p, "open-2", cartBody("bob", map[string]int64{"child": 1, "parking": 1}, "child", "parking"))
-	if r.status != http.StatusConflict || len(got.Lines) != 1 || got.Lines[0].Ticket != "parking" {
-		t.Errorf("cart with parking gone, breaker open = %d %s, want 409 naming parking", r.status, r.body)
+	r, got = cart(t, e, p, "open-2", systest.CartBody("bob", map[string]int64{"child": 1, "parking": 1}, "child", "parking"))
+	if r.Status != http.StatusConflict || len(got.Lines) != 1 || got.Lines[0].Ticket != "parking" {
+		t.Errorf("cart with parking gone, breaker open = %d %s, want 409 naming parking", r.Status, r.Body)
 	}
-	if e.srv.BreakerState() != breaker.Open {
-		t.Fatalf("breaker %v: the carts did not go around the gate", e.srv.BreakerState())
+	if e.Sale.BreakerState() != breaker.Open {
+		t.Fatalf("breaker %v: the carts did not go around the gate", e.Sale.BreakerState())
 	}
 	ctx := context.Background()
 	for i, want := range []int64{before + 2, 0, 1} {
-		st, err := e.ledger.SKU(ctx, skus[i])
+		st, err := e.Ledger.SKU(ctx, skus[i])
 		if err != nil || st.Sold != want {
 			t.Errorf("%s: sold %d (%v), want %d", skus[i], st.Sold, err, want)
 		}
@@ -361,13 +334,13 @@ type heldCartReply struct {
 	} `json:"holds"`
 }
 
-func (e *env) cartCall(t *testing.T, path, key, body string) (reply, heldCartReply) {
+func cartCall(t *testing.T, e *systest.Env, path, key, body string) (systest.Reply, heldCartReply) {
 	t.Helper()
-	r := e.do(t, http.MethodPost, path, map[string]string{"Idempotency-Key": key}, body)
+	r := e.Do(t, http.MethodPost, path, map[string]string{"Idempotency-Key": key}, body)
 	var c heldCartReply
-	if len(r.body) > 0 {
-		if err := json.Unmarshal(r.body, &c); err != nil {
-			t.Errorf("cart answer %s: %v", r.body, err)
+	if len(r.Body) > 0 {
+		if err := json.Unmarshal(r.Body, &c); err != nil {
+			t.Errorf("cart answer %s: %v", r.Body, err)
 		}
 	}
 	return r, c
@@ -384,12 +357,12 @@ func (e *env) cartCall(t *testing.T, path, key, body string) (reply, heldCartRep
 // once.
 func TestHeldCartsRacing(t *testing.T) {
 	t.Parallel() // its own replicas, ledgers and programs: it overlaps the other long tests
-	eachDriver(t, func(t *testing.T, driver string) {
-		dsn := ledgerDSN(t, driver)
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		dsn := systest.LedgerDSN(t, driver)
 		fast := func(o *app.Options) { o.Sale.SweepEvery = 50 * time.Millisecond }
-		a := startEnv(t, envOptions{driver: driver, dsn: dsn, sweep: true, tune: fast})
-		b := startEnv(t, envOptions{driver: driver, dsn: dsn, sweep: true, tune: fast})
-		p, skus := cartSKUs(t, a, [3]int64{400, 250, 60}, 0)
+		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn, Sweep: true, Tune: fast})
+		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn, Sweep: true, Tune: fast})
+		p, skus := systest.CartSKUs(t, a, [3]int64{400, 250, 60}, 0)
 		names := []string{"adult", "child", "parking"}
 		var mu sync.Mutex
 		counts := map[string]int{}
@@ -415,23 +388,23 @@ func TestHeldCartsRacing(t *testing.T) {
 					if i%3 == 2 {
 						ttl = 1 // left to expire
 					}
-					body := strings.TrimSuffix(cartBody(buyer, lines, names...), "}") + fmt.Sprintf(`,"ttl_seconds":%d}`, ttl)
-					r, c := e.cartCall(t, "/v1/programs/"+p.String()+"/cart-holds", fmt.Sprintf("hc-%d", i), body)
-					outcome := fmt.Sprint(r.status)
-					if r.status == http.StatusCreated {
+					body := strings.TrimSuffix(systest.CartBody(buyer, lines, names...), "}") + fmt.Sprintf(`,"ttl_seconds":%d}`, ttl)
+					r, c := cartCall(t, e, "/v1/programs/"+p.String()+"/cart-holds", fmt.Sprintf("hc-%d", i), body)
+					outcome := fmt.Sprint(r.Status)
+					if r.Status == http.StatusCreated {
 						if len(c.Holds) != len(lines) || len(c.Orders) != 0 {
-							t.Errorf("held cart %d: %s, want a hold per line and no orders", i, r.body)
+							t.Errorf("held cart %d: %s, want a hold per line and no orders", i, r.Body)
 						}
 						switch i % 3 {
 						case 0:
-							if rl := other.act(t, "/v1/holds/"+c.Holds[0].HoldID+"/confirm", fmt.Sprintf("line-%d", i), buyer); rl.status != http.StatusConflict || !strings.Contains(string(rl.body), "in-cart") {
-								t.Errorf("confirm of one line = %d %s, want 409 in-cart", rl.status, rl.body)
+							if rl := other.Act(t, "/v1/holds/"+c.Holds[0].HoldID+"/confirm", fmt.Sprintf("line-%d", i), buyer); rl.Status != http.StatusConflict || !strings.Contains(string(rl.Body), "in-cart") {
+								t.Errorf("confirm of one line = %d %s, want 409 in-cart", rl.Status, rl.Body)
 							}
 							var done heldCartReply
-							for k, g := range []*env{other, e} { // the retry on the other replica replays
-								rc, got := g.cartCall(t, "/v1/carts/"+c.CartID+"/confirm", fmt.Sprintf("ok-%d", i), fmt.Sprintf(`{"buyer":%q}`, buyer))
-								if rc.status != http.StatusCreated || len(got.Orders) != len(lines) || (k == 1) != (rc.header.Get("Idempotent-Replayed") == "true") {
-									t.Errorf("confirm %d of cart %d = %d %s %v", k, i, rc.status, rc.body, rc.header)
+							for k, g := range []*systest.Env{other, e} { // the retry on the other replica replays
+								rc, got := cartCall(t, g, "/v1/carts/"+c.CartID+"/confirm", fmt.Sprintf("ok-%d", i), fmt.Sprintf(`{"buyer":%q}`, buyer))
+								if rc.Status != http.StatusCreated || len(got.Orders) != len(lines) || (k == 1) != (rc.Header.Get("Idempotent-Replayed") == "true") {
+									t.Errorf("confirm %d of cart %d = %d %s %v", k, i, rc.Status, rc.Body, rc.Header)
 								}
 								done = got
 							}
@@ -443,14 +416,14 @@ func TestHeldCartsRacing(t *testing.T) {
 							mu.Unlock()
 							outcome = "confirmed"
 						case 1:
-							for k, g := range []*env{other, e} {
-								rc, got := g.cartCall(t, "/v1/carts/"+c.CartID+"/cancel", fmt.Sprintf("no-%d", i), fmt.Sprintf(`{"buyer":%q}`, buyer))
-								if rc.status != http.StatusOK || len(got.Holds) != len(lines) || got.Holds[0].State != "cancelled" {
-									t.Errorf("cancel %d of cart %d = %d %s", k, i, rc.status, rc.body)
+							for k, g := range []*systest.Env{other, e} {
+								rc, got := cartCall(t, g, "/v1/carts/"+c.CartID+"/cancel", fmt.Sprintf("no-%d", i), fmt.Sprintf(`{"buyer":%q}`, buyer))
+								if rc.Status != http.StatusOK || len(got.Holds) != len(lines) || got.Holds[0].State != "cancelled" {
+									t.Errorf("cancel %d of cart %d = %d %s", k, i, rc.Status, rc.Body)
 								}
 							}
-							if rc, _ := e.cartCall(t, "/v1/carts/"+c.CartID+"/confirm", fmt.Sprintf("late-%d", i), fmt.Sprintf(`{"buyer":%q}`, buyer)); rc.status != http.StatusConflict {
-								t.Errorf("confirm of a cancelled cart = %d %s, want 409", rc.status, rc.body)
+							if rc, _ := cartCall(t, e, "/v1/carts/"+c.CartID+"/confirm", fmt.Sprintf("late-%d", i), fmt.Sprintf(`{"buyer":%q}`, buyer)); rc.Status != http.StatusConflict {
+								t.Errorf("confirm of a cancelled cart = %d %s, want 409", rc.Status, rc.Body)
 							}
 							outcome = "cancelled"
 						default:
@@ -475,18 +448,18 @@ func TestHeldCartsRacing(t *testing.T) {
 		ctx := context.Background()
 		settled := func() bool {
 			for _, s := range skus {
-				if st, err := a.ledger.SKU(ctx, s); err != nil || st.Held != 0 {
+				if st, err := a.Ledger.SKU(ctx, s); err != nil || st.Held != 0 {
 					return false
 				}
 			}
-			pending, err := a.ledger.PendingRestores(ctx, 0, 1)
+			pending, err := a.Ledger.PendingRestores(ctx, 0, 1)
 			return err == nil && len(pending) == 0
 		}
-		waitFor(t, 30*time.Second, "every held cart to end and every restore to reach Redis", settled)
+		systest.WaitFor(t, 30*time.Second, "every held cart to end and every restore to reach Redis", settled)
 		check := func(when string) {
 			for i, s := range skus {
-				got := a.state(t, s)
-				st, _ := a.ledger.SKU(ctx, s)
+				got := a.State(t, s)
+				st, _ := a.Ledger.SKU(ctx, s)
 				if got.Sold != sold[names[i]] || got.OrderUnits-st.Sold < 0 || got.Held != 0 {
 					t.Errorf("%s %s: sold %d held %d, confirmed carts' units %d", when, s, got.Sold, got.Held, sold[names[i]])
 				}
@@ -502,10 +475,10 @@ func TestHeldCartsRacing(t *testing.T) {
 			}
 			cartID, buyer, _ := strings.Cut(id, "/")
 			var first heldCartReply
-			for n, g := range []*env{a, b} {
-				rr, got := g.cartCall(t, "/v1/carts/"+cartID+"/refund", fmt.Sprintf("rf-%d-%d", k, n), fmt.Sprintf(`{"buyer":%q}`, buyer))
-				if rr.status != http.StatusOK {
-					t.Fatalf("refund %d of cart %s = %d %s", n, cartID, rr.status, rr.body)
+			for n, g := range []*systest.Env{a, b} {
+				rr, got := cartCall(t, g, "/v1/carts/"+cartID+"/refund", fmt.Sprintf("rf-%d-%d", k, n), fmt.Sprintf(`{"buyer":%q}`, buyer))
+				if rr.Status != http.StatusOK {
+					t.Fatalf("refund %d of cart %s = %d %s", n, cartID, rr.Status, rr.Body)
 				}
 				if n == 0 {
 					first = got
@@ -515,7 +488,7 @@ func TestHeldCartsRacing(t *testing.T) {
 				sold[o.Ticket] -= o.Quantity
 			}
 		}
-		waitFor(t, 30*time.Second, "every refund to reach Redis", settled)
+		systest.WaitFor(t, 30*time.Second, "every refund to reach Redis", settled)
 		check("refunded")
 	})
 }
@@ -526,14 +499,14 @@ func TestHeldCartsRacing(t *testing.T) {
 // other copy commits. Two 201s are the same cart, and Redis and the ledger
 // agree on every ticket once settled (no unit given back twice).
 func TestCartCopiesOnTwoReplicas(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		dsn := ledgerDSN(t, driver)
-		a := startEnv(t, envOptions{driver: driver, dsn: dsn})
-		b := startEnv(t, envOptions{driver: driver, dsn: dsn})
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		dsn := systest.LedgerDSN(t, driver)
+		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
 		p := keys.MustID(testenv.ID(t, "dup"))
 		skus := []stock.SKU{{Program: p, Ticket: keys.MustID("a")}, {Program: p, Ticket: keys.MustID("b")}}
-		a.putSKU(t, skus[0], 500, 2, 4)
-		a.putSKU(t, skus[1], 30, 2, 4)
+		a.PutSKU(t, skus[0], 500, 2, 4)
+		a.PutSKU(t, skus[1], 30, 2, 4)
 		var wg sync.WaitGroup
 		var mu sync.Mutex
 		answers := map[string]int{}
@@ -550,10 +523,10 @@ func TestCartCopiesOnTwoReplicas(t *testing.T) {
 					var pair [2]heldCartReply
 					var codes [2]int
 					var inner sync.WaitGroup
-					for k, e := range []*env{a, b} {
+					for k, e := range []*systest.Env{a, b} {
 						inner.Go(func() {
-							r, c := e.cartCall(t, "/v1/programs/"+p.String()+route, key, body)
-							codes[k], pair[k] = r.status, c
+							r, c := cartCall(t, e, "/v1/programs/"+p.String()+route, key, body)
+							codes[k], pair[k] = r.Status, c
 						})
 					}
 					inner.Wait()
@@ -569,13 +542,13 @@ func TestCartCopiesOnTwoReplicas(t *testing.T) {
 		wg.Wait()
 		t.Logf("%s: answer pairs %v", driver, answers)
 		ctx := context.Background()
-		waitFor(t, 10*time.Second, "restores", func() bool {
-			pnd, err := a.ledger.PendingRestores(ctx, 0, 1)
+		systest.WaitFor(t, 10*time.Second, "restores", func() bool {
+			pnd, err := a.Ledger.PendingRestores(ctx, 0, 1)
 			return err == nil && len(pnd) == 0
 		})
 		for _, s := range skus {
-			got := a.state(t, s)
-			st, _ := a.ledger.SKU(ctx, s)
+			got := a.State(t, s)
+			st, _ := a.Ledger.SKU(ctx, s)
 			if got.RedisRemaining != st.Remaining() {
 				t.Errorf("%s: Redis has %d left, the ledger %d", s, got.RedisRemaining, st.Remaining())
 			}
@@ -588,69 +561,69 @@ func TestCartCopiesOnTwoReplicas(t *testing.T) {
 // GET of the cart answers it; the cart once confirmed is refunded, and an
 // unknown cart is still 404.
 func TestRefundHeldCartNotBought(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		e := newEnv(t, driver)
-		p, skus := cartSKUs(t, e, [3]int64{20, 20, 20}, 0)
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		e := systest.New(t, driver)
+		p, skus := systest.CartSKUs(t, e, [3]int64{20, 20, 20}, 0)
 		body := func(buyer string, ttl int) string {
-			return strings.TrimSuffix(cartBody(buyer, map[string]int64{"adult": 1, "child": 2}, "adult", "child"), "}") +
+			return strings.TrimSuffix(systest.CartBody(buyer, map[string]int64{"adult": 1, "child": 2}, "adult", "child"), "}") +
 				fmt.Sprintf(`,"ttl_seconds":%d}`, ttl)
 		}
 		hold := func(key, buyer string, ttl int) string {
 			t.Helper()
-			r, c := e.cartCall(t, "/v1/programs/"+p.String()+"/cart-holds", key, body(buyer, ttl))
-			if r.status != http.StatusCreated {
-				t.Fatalf("held cart %s = %d %s", key, r.status, r.body)
+			r, c := cartCall(t, e, "/v1/programs/"+p.String()+"/cart-holds", key, body(buyer, ttl))
+			if r.Status != http.StatusCreated {
+				t.Fatalf("held cart %s = %d %s", key, r.Status, r.Body)
 			}
 			return c.CartID
 		}
 		refundRefused := func(id, buyer, cartState string) {
 			t.Helper()
-			if r := e.do(t, http.MethodGet, "/v1/carts/"+id, nil, ""); r.status != http.StatusOK {
-				t.Fatalf("GET the %s cart = %d %s", cartState, r.status, r.body)
+			if r := e.Do(t, http.MethodGet, "/v1/carts/"+id, nil, ""); r.Status != http.StatusOK {
+				t.Fatalf("GET the %s cart = %d %s", cartState, r.Status, r.Body)
 			}
-			before := map[stock.SKU]state{}
+			before := map[stock.SKU]systest.State{}
 			for _, s := range skus {
-				before[s] = e.state(t, s)
+				before[s] = e.State(t, s)
 			}
 			for n := range 2 {
-				r := e.act(t, "/v1/carts/"+id+"/refund", fmt.Sprintf("refund-%s-%d", id, n), buyer)
+				r := e.Act(t, "/v1/carts/"+id+"/refund", fmt.Sprintf("refund-%s-%d", id, n), buyer)
 				var p struct{ Detail string }
-				_ = json.Unmarshal(r.body, &p)
-				if r.status != http.StatusConflict || problemKind(r) != "cart-not-bought" || !strings.Contains(p.Detail, "the cart is "+cartState) {
-					t.Errorf("refund of the %s cart = %d %s, want 409 cart-not-bought naming %q", cartState, r.status, r.body, cartState)
+				_ = json.Unmarshal(r.Body, &p)
+				if r.Status != http.StatusConflict || systest.ProblemKind(r) != "cart-not-bought" || !strings.Contains(p.Detail, "the cart is "+cartState) {
+					t.Errorf("refund of the %s cart = %d %s, want 409 cart-not-bought naming %q", cartState, r.Status, r.Body, cartState)
 				}
 			}
 			for _, s := range skus {
-				if got := e.state(t, s); got != before[s] {
+				if got := e.State(t, s); got != before[s] {
 					t.Errorf("%s after refunds of the %s cart: %+v, want %+v", s, cartState, got, before[s])
 				}
 			}
 		}
 		held := hold("ann-cart", "ann", 600)
 		refundRefused(held, "ann", "held")
-		if r := e.act(t, "/v1/carts/"+held+"/refund", "refund-eve", "eve"); r.status != http.StatusForbidden || problemKind(r) != "not-owner" {
-			t.Errorf("refund of ann's cart by eve = %d %s, want 403 not-owner", r.status, r.body)
+		if r := e.Act(t, "/v1/carts/"+held+"/refund", "refund-eve", "eve"); r.Status != http.StatusForbidden || systest.ProblemKind(r) != "not-owner" {
+			t.Errorf("refund of ann's cart by eve = %d %s, want 403 not-owner", r.Status, r.Body)
 		}
 		cancelled := hold("bob-cart", "bob", 600)
-		if r := e.act(t, "/v1/carts/"+cancelled+"/cancel", "bob-cancel", "bob"); r.status != http.StatusOK {
-			t.Fatalf("cancel bob's cart = %d %s", r.status, r.body)
+		if r := e.Act(t, "/v1/carts/"+cancelled+"/cancel", "bob-cancel", "bob"); r.Status != http.StatusOK {
+			t.Fatalf("cancel bob's cart = %d %s", r.Status, r.Body)
 		}
 		refundRefused(cancelled, "bob", "cancelled")
 		expired := hold("cal-cart", "cal", 1)
-		waitFor(t, 10*time.Second, "cal's cart to expire", func() bool {
+		systest.WaitFor(t, 10*time.Second, "cal's cart to expire", func() bool {
 			var c heldCartReply
-			r := e.do(t, http.MethodGet, "/v1/carts/"+expired, nil, "")
-			return json.Unmarshal(r.body, &c) == nil && len(c.Holds) > 0 && c.Holds[0].State == "expired"
+			r := e.Do(t, http.MethodGet, "/v1/carts/"+expired, nil, "")
+			return json.Unmarshal(r.Body, &c) == nil && len(c.Holds) > 0 && c.Holds[0].State == "expired"
 		})
 		refundRefused(expired, "cal", "expired")
-		if r := e.act(t, "/v1/carts/"+held+"/confirm", "ann-confirm", "ann"); r.status != http.StatusCreated {
-			t.Fatalf("confirm ann's cart = %d %s", r.status, r.body)
+		if r := e.Act(t, "/v1/carts/"+held+"/confirm", "ann-confirm", "ann"); r.Status != http.StatusCreated {
+			t.Fatalf("confirm ann's cart = %d %s", r.Status, r.Body)
 		}
-		if r, c := e.cartCall(t, "/v1/carts/"+held+"/refund", "ann-refund", `{"buyer":"ann"}`); r.status != http.StatusOK || len(c.Orders) != 2 {
-			t.Errorf("refund of ann's confirmed cart = %d %s, want 200 with its 2 orders", r.status, r.body)
+		if r, c := cartCall(t, e, "/v1/carts/"+held+"/refund", "ann-refund", `{"buyer":"ann"}`); r.Status != http.StatusOK || len(c.Orders) != 2 {
+			t.Errorf("refund of ann's confirmed cart = %d %s, want 200 with its 2 orders", r.Status, r.Body)
 		}
-		if r := e.act(t, "/v1/carts/nope/refund", "refund-nope", "ann"); r.status != http.StatusNotFound || problemKind(r) != "unknown-cart" {
-			t.Errorf("refund of an unknown cart = %d %s, want 404 unknown-cart", r.status, r.body)
+		if r := e.Act(t, "/v1/carts/nope/refund", "refund-nope", "ann"); r.Status != http.StatusNotFound || systest.ProblemKind(r) != "unknown-cart" {
+			t.Errorf("refund of an unknown cart = %d %s, want 404 unknown-cart", r.Status, r.Body)
 		}
 	})
 }

@@ -1,8 +1,7 @@
-package gateway_test
+package holds_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -15,58 +14,28 @@ import (
 
 	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/breaker"
+	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
-	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/shard"
 	"github.com/stockgate/stockgate/stock"
 )
-
-type holdReply struct {
-	HoldID    string    `json:"hold_id"`
-	State     string    `json:"state"`
-	ExpiresAt time.Time `json:"expires_at"`
-	OrderID   string    `json:"order_id"`
-}
-
-func (e *env) hold(t *testing.T, sku stock.SKU, key, buyer string, q int64, ttl int) (reply, holdReply) {
-	body := fmt.Sprintf(`{"buyer":%q,"quantity":%d}`, buyer, q)
-	if ttl > 0 {
-		body = fmt.Sprintf(`{"buyer":%q,"quantity":%d,"ttl_seconds":%d}`, buyer, q, ttl)
-	}
-	r := e.do(t, http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/holds", map[string]string{"Idempotency-Key": key}, body)
-	var h holdReply
-	_ = json.Unmarshal(r.body, &h)
-	return r, h
-}
-
-func (e *env) act(t *testing.T, path, key, buyer string) reply {
-	return e.do(t, http.MethodPost, path, map[string]string{"Idempotency-Key": key}, fmt.Sprintf(`{"buyer":%q}`, buyer))
-}
-
-func orderID(r reply) string {
-	var v struct {
-		OrderID string `json:"order_id"`
-	}
-	_ = json.Unmarshal(r.body, &v)
-	return v.OrderID
-}
 
 // 3 gateways, each running its sweeper, 500 holds expiring together: every
 // unit comes back exactly once, in the ledger and in Redis, and how late is
 // measured against the bound (sweeper period 1s, the default).
 func TestHoldsExpireOnceAcrossGateways(t *testing.T) {
 	dsn := testenv.PostgresURL(t)
-	var envs []*env
+	var envs []*systest.Env
 	for range 3 {
-		envs = append(envs, startEnv(t, envOptions{driver: ledger.Postgres, dsn: dsn, sweep: true}))
+		envs = append(envs, systest.Start(t, systest.Options{Driver: ledger.Postgres, DSN: dsn, Sweep: true}))
 	}
-	sku := newSKU(t)
+	sku := systest.NewSKU(t)
 	const total, holds = 1000, 500
-	envs[0].putSKU(t, sku, total, 4, 4)
-	counts := envs[0].buyAll(holds, 32, func(i int) reply {
-		r, _ := envs[i%3].hold(t, sku, fmt.Sprintf("exp-%d", i), fmt.Sprintf("b%d", i), 1, 2)
+	envs[0].PutSKU(t, sku, total, 4, 4)
+	counts := systest.BuyAll(holds, 32, func(i int) systest.Reply {
+		r, _ := envs[i%3].Hold(t, sku, fmt.Sprintf("exp-%d", i), fmt.Sprintf("b%d", i), 1, 2)
 		return r
 	})
 	if counts[http.StatusCreated] != holds {
@@ -75,16 +44,16 @@ func TestHoldsExpireOnceAcrossGateways(t *testing.T) {
 	ctx := context.Background()
 	// On a busy machine the first holds may already be expiring while the
 	// last are placed: the checks below count every hold's end.
-	if st, _ := envs[0].ledger.SKU(ctx, sku); st.Held > holds || st.Sold != 0 {
+	if st, _ := envs[0].Ledger.SKU(ctx, sku); st.Held > holds || st.Sold != 0 {
 		t.Fatalf("held %d sold %d after %d holds", st.Held, st.Sold, holds)
 	}
-	waitFor(t, 20*time.Second, "every hold to expire", func() bool {
-		st, _ := envs[0].ledger.SKU(ctx, sku)
+	systest.WaitFor(t, 20*time.Second, "every hold to expire", func() bool {
+		st, _ := envs[0].Ledger.SKU(ctx, sku)
 		return st.Held == 0
 	})
 	var delays []time.Duration
 	for i := range holds {
-		h, err := holdOf(ctx, envs[0].ledger, fmt.Sprintf("b%d", i), fmt.Sprintf("exp-%d", i))
+		h, err := systest.HoldOf(ctx, envs[0].Ledger, fmt.Sprintf("b%d", i), fmt.Sprintf("exp-%d", i))
 		if err != nil || h.State != ledger.Expired {
 			t.Fatalf("hold %d: %+v, %v", i, h, err)
 		}
@@ -93,16 +62,16 @@ func TestHoldsExpireOnceAcrossGateways(t *testing.T) {
 	slices.Sort(delays)
 	var expired float64
 	for _, e := range envs {
-		expired += counter(t, e.reg, "stockgate_holds_expired_total", nil)
+		expired += systest.Counter(t, e.Registry, "stockgate_holds_expired_total", nil)
 	}
 	if expired != holds {
 		t.Errorf("the sweepers expired %v holds between them, want exactly %d", expired, holds)
 	}
-	waitFor(t, 10*time.Second, "every Redis restore", func() bool {
-		p, err := envs[0].ledger.PendingRestores(ctx, 0, 1)
+	systest.WaitFor(t, 10*time.Second, "every Redis restore", func() bool {
+		p, err := envs[0].Ledger.PendingRestores(ctx, 0, 1)
 		return err == nil && len(p) == 0
 	})
-	st := envs[0].state(t, sku)
+	st := envs[0].State(t, sku)
 	if st.Sold != 0 || st.Held != 0 || st.RedisRemaining != total {
 		t.Errorf("after expiry: %+v, want nothing sold or held and redis remaining %d", st, total)
 	}
@@ -118,14 +87,14 @@ func TestHoldsExpireOnceAcrossGateways(t *testing.T) {
 func TestConfirmRacesExpiryThroughGateways(t *testing.T) {
 	dsn := testenv.PostgresURL(t)
 	fast := func(o *app.Options) { o.Sale.SweepEvery = 20 * time.Millisecond }
-	a := startEnv(t, envOptions{driver: ledger.Postgres, dsn: dsn, sweep: true, tune: fast})
-	b := startEnv(t, envOptions{driver: ledger.Postgres, dsn: dsn, sweep: true, tune: fast})
-	sku := newSKU(t)
+	a := systest.Start(t, systest.Options{Driver: ledger.Postgres, DSN: dsn, Sweep: true, Tune: fast})
+	b := systest.Start(t, systest.Options{Driver: ledger.Postgres, DSN: dsn, Sweep: true, Tune: fast})
+	sku := systest.NewSKU(t)
 	const n = 200
-	a.putSKU(t, sku, 1000, 4, 4)
-	hs := make([]holdReply, n)
-	a.buyAll(n, 32, func(i int) reply {
-		r, h := a.hold(t, sku, fmt.Sprintf("race-%d", i), "b", 1, 1)
+	a.PutSKU(t, sku, 1000, 4, 4)
+	hs := make([]systest.HoldReply, n)
+	systest.BuyAll(n, 32, func(i int) systest.Reply {
+		r, h := a.Hold(t, sku, fmt.Sprintf("race-%d", i), "b", 1, 1)
 		hs[i] = h
 		return r
 	})
@@ -136,31 +105,31 @@ func TestConfirmRacesExpiryThroughGateways(t *testing.T) {
 			// Sent so that it arrives around the expiry instant: up to 30ms
 			// early (request and commit take some of that) or right on it.
 			time.Sleep(time.Until(h.ExpiresAt) - time.Duration(rand.IntN(30))*time.Millisecond)
-			r := b.act(t, "/v1/holds/"+h.HoldID+"/confirm", fmt.Sprintf("c-%d", i), "b")
-			switch r.status {
+			r := b.Act(t, "/v1/holds/"+h.HoldID+"/confirm", fmt.Sprintf("c-%d", i), "b")
+			switch r.Status {
 			case http.StatusCreated:
 				confirmed.Add(1)
 			case http.StatusGone:
 				gone.Add(1)
 			default:
-				t.Errorf("confirm = %d %s", r.status, r.body)
+				t.Errorf("confirm = %d %s", r.Status, r.Body)
 			}
 		})
 	}
 	wg.Wait()
 	ctx := context.Background()
-	waitFor(t, 10*time.Second, "the rest to expire", func() bool {
-		st, _ := a.ledger.SKU(ctx, sku)
-		p, _ := a.ledger.PendingRestores(ctx, 0, 1)
+	systest.WaitFor(t, 10*time.Second, "the rest to expire", func() bool {
+		st, _ := a.Ledger.SKU(ctx, sku)
+		p, _ := a.Ledger.PendingRestores(ctx, 0, 1)
 		return st.Held == 0 && len(p) == 0
 	})
 	for i, h := range hs {
-		got, err := a.ledger.HoldByID(ctx, keys.MustID(h.HoldID))
+		got, err := a.Ledger.HoldByID(ctx, keys.MustID(h.HoldID))
 		if err != nil || (got.State == ledger.Confirmed) != (!got.OrderID.IsZero()) {
 			t.Errorf("hold %d: %+v, %v", i, got, err)
 		}
 	}
-	st := a.state(t, sku)
+	st := a.State(t, sku)
 	if st.Sold != confirmed.Load() || st.Orders != confirmed.Load() || st.Held != 0 || st.RedisRemaining != 1000-confirmed.Load() {
 		t.Errorf("state %+v with %d confirmed, %d gone", st, confirmed.Load(), gone.Load())
 	}
@@ -170,30 +139,30 @@ func TestConfirmRacesExpiryThroughGateways(t *testing.T) {
 // Refund sent 10 times at once: one restore. A restore of a request id that
 // never deducted is refused by the script.
 func TestRefundConcurrentlyRestoresOnce(t *testing.T) {
-	e := newEnv(t, ledger.Postgres)
-	sku := newSKU(t)
-	e.putSKU(t, sku, 10, 2, 4)
-	r := e.buy(t, sku, "to-refund", "ann", 3)
-	if r.status != http.StatusCreated {
-		t.Fatalf("buy = %d %s", r.status, r.body)
+	e := systest.New(t, ledger.Postgres)
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 10, 2, 4)
+	r := e.Buy(t, sku, "to-refund", "ann", 3)
+	if r.Status != http.StatusCreated {
+		t.Fatalf("buy = %d %s", r.Status, r.Body)
 	}
-	id := orderID(r)
-	counts := e.buyAll(10, 10, func(i int) reply {
-		return e.act(t, "/v1/orders/"+id+"/refund", fmt.Sprintf("refund-%d", i), "ann")
+	id := systest.OrderID(r)
+	counts := systest.BuyAll(10, 10, func(i int) systest.Reply {
+		return e.Act(t, "/v1/orders/"+id+"/refund", fmt.Sprintf("refund-%d", i), "ann")
 	})
 	if counts[http.StatusOK] != 10 {
 		t.Errorf("10 refunds: %v, want 10×200", counts)
 	}
-	st := e.state(t, sku)
+	st := e.State(t, sku)
 	if st.Sold != 0 || st.Orders != 0 || st.RedisRemaining != 10 {
 		t.Errorf("after refunds: %+v, want sold 0 and redis remaining 10 (not 13)", st)
 	}
-	res, err := e.gate.RestorePart(context.Background(), sku, keys.MustID("never-deducted"), shard.Part{Shards: 2, Shard: 0, Taken: 5, Gen: 1})
+	res, err := e.Gate.RestorePart(context.Background(), sku, keys.MustID("never-deducted"), shard.Part{Shards: 2, Shard: 0, Taken: 5, Gen: 1})
 	if err != nil || res.Code != -3 || res.Restored != 0 {
 		t.Errorf("restore of a request that never deducted = %+v, %v; want refused (-3)", res, err)
 	}
-	if r := e.act(t, "/v1/orders/"+id+"/refund", "refund-eve", "eve"); r.status != http.StatusForbidden {
-		t.Errorf("refund by another buyer = %d, want 403", r.status)
+	if r := e.Act(t, "/v1/orders/"+id+"/refund", "refund-eve", "eve"); r.Status != http.StatusForbidden {
+		t.Errorf("refund by another buyer = %d, want 403", r.Status)
 	}
 }
 
@@ -203,28 +172,28 @@ func TestRefundConcurrentlyRestoresOnce(t *testing.T) {
 // keys, which tell a retry of a committed request from a new one); another
 // buyer is unaffected.
 func TestPerBuyerCap(t *testing.T) {
-	e, counted := countingEnv(t)
-	sku := newSKU(t)
-	r := e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String(), nil, `{"total":100,"shards":4,"max_per_order":4,"per_buyer":4}`)
-	if r.status != http.StatusOK {
-		t.Fatalf("PUT = %d %s", r.status, r.body)
+	e, counted := systest.StartCounting(t)
+	sku := systest.NewSKU(t)
+	r := e.Do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String(), nil, `{"total":100,"shards":4,"max_per_order":4,"per_buyer":4}`)
+	if r.Status != http.StatusOK {
+		t.Fatalf("PUT = %d %s", r.Status, r.Body)
 	}
-	e.buy(t, sku, "warm", "zed", 1) // loads the settings
-	before := counted.calls.Load()
-	counts := e.buyAll(50, 50, func(i int) reply { return e.buy(t, sku, fmt.Sprintf("flood-%d", i), "ann", 1) })
-	ledgerCalls := counted.calls.Load() - before
+	e.Buy(t, sku, "warm", "zed", 1) // loads the settings
+	before := counted.Calls()
+	counts := systest.BuyAll(50, 50, func(i int) systest.Reply { return e.Buy(t, sku, fmt.Sprintf("flood-%d", i), "ann", 1) })
+	ledgerCalls := counted.Calls() - before
 	if counts[http.StatusCreated] != 4 || counts[http.StatusConflict] != 46 {
 		t.Errorf("50 purchases by one buyer capped at 4: %v", counts)
 	}
-	t.Logf("by method: %v", counted.byMethod())
+	t.Logf("by method: %v", counted.ByMethod())
 	if ledgerCalls < 1 || ledgerCalls > 6 {
 		t.Errorf("the flood made %d ledger calls, want 1..6 (the 4 admitted purchases, maybe committed together, "+
 			"and at most 2 shared reads of committed keys, not one per refusal)", ledgerCalls)
 	}
-	if r := e.buy(t, sku, "other", "bob", 4); r.status != http.StatusCreated {
-		t.Errorf("another buyer = %d %s", r.status, r.body)
+	if r := e.Buy(t, sku, "other", "bob", 4); r.Status != http.StatusCreated {
+		t.Errorf("another buyer = %d %s", r.Status, r.Body)
 	}
-	if n, _ := e.ledger.BuyerUnits(context.Background(), sku, keys.MustID("ann")); n != 4 {
+	if n, _ := e.Ledger.BuyerUnits(context.Background(), sku, keys.MustID("ann")); n != 4 {
 		t.Errorf("ann owns %d, want 4", n)
 	}
 }
@@ -233,16 +202,16 @@ func TestPerBuyerCap(t *testing.T) {
 // exactly 5; one refunds → exactly one more joiner gets in; the next is
 // refused.
 func TestTeamOfFive(t *testing.T) {
-	e := newEnv(t, ledger.Postgres)
-	sku := newSKU(t)
-	e.putSKU(t, sku, 5, 1, 1)
+	e := systest.New(t, ledger.Postgres)
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 5, 1, 1)
 	var mu sync.Mutex
 	var orders []string
-	counts := e.buyAll(100, 100, func(i int) reply {
-		r := e.buy(t, sku, fmt.Sprintf("join-%d", i), fmt.Sprintf("p%d", i), 1)
-		if r.status == http.StatusCreated {
+	counts := systest.BuyAll(100, 100, func(i int) systest.Reply {
+		r := e.Buy(t, sku, fmt.Sprintf("join-%d", i), fmt.Sprintf("p%d", i), 1)
+		if r.Status == http.StatusCreated {
 			mu.Lock()
-			orders = append(orders, orderID(r))
+			orders = append(orders, systest.OrderID(r))
 			mu.Unlock()
 		}
 		return r
@@ -251,20 +220,20 @@ func TestTeamOfFive(t *testing.T) {
 		t.Fatalf("100 joiners for 5 places: %v", counts)
 	}
 	var first ledger.Order
-	first, _ = e.ledger.OrderByID(context.Background(), keys.MustID(orders[0]))
-	if r := e.act(t, "/v1/orders/"+first.ID.String()+"/refund", "leave", first.Buyer.String()); r.status != http.StatusOK {
-		t.Fatalf("refund = %d %s", r.status, r.body)
+	first, _ = e.Ledger.OrderByID(context.Background(), keys.MustID(orders[0]))
+	if r := e.Act(t, "/v1/orders/"+first.ID.String()+"/refund", "leave", first.Buyer.String()); r.Status != http.StatusOK {
+		t.Fatalf("refund = %d %s", r.Status, r.Body)
 	}
-	counts = e.buyAll(20, 20, func(i int) reply {
-		return e.buy(t, sku, fmt.Sprintf("rejoin-%d", i), fmt.Sprintf("q%d", i), 1)
+	counts = systest.BuyAll(20, 20, func(i int) systest.Reply {
+		return e.Buy(t, sku, fmt.Sprintf("rejoin-%d", i), fmt.Sprintf("q%d", i), 1)
 	})
 	if counts[http.StatusCreated] != 1 {
 		t.Errorf("after one refund, 20 joiners: %v, want exactly one 201", counts)
 	}
-	if r := e.buy(t, sku, "seventh", "late", 1); r.status != http.StatusConflict {
-		t.Errorf("the 7th joiner = %d, want 409", r.status)
+	if r := e.Buy(t, sku, "seventh", "late", 1); r.Status != http.StatusConflict {
+		t.Errorf("the 7th joiner = %d, want 409", r.Status)
 	}
-	st := e.state(t, sku)
+	st := e.State(t, sku)
 	if st.Sold != 5 || st.Orders != 5 || st.RedisRemaining != 0 {
 		t.Errorf("state %+v, want 5 sold, 5 orders, 0 left", st)
 	}
@@ -273,92 +242,92 @@ func TestTeamOfFive(t *testing.T) {
 // Holds and their bad inputs: each refused with a 4xx problem and no stock
 // movement.
 func TestHoldLifecycleAndBadInput(t *testing.T) {
-	e := newEnv(t, ledger.SQLite)
-	sku := newSKU(t)
-	r := e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String(), nil,
+	e := systest.New(t, ledger.SQLite)
+	sku := systest.NewSKU(t)
+	r := e.Do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String(), nil,
 		`{"total":20,"shards":2,"max_per_order":4,"per_buyer":6,"hold_ttl_seconds":60,"hold_ttl_max_seconds":120}`)
-	if r.status != http.StatusOK {
-		t.Fatalf("PUT = %d %s", r.status, r.body)
+	if r.Status != http.StatusOK {
+		t.Fatalf("PUT = %d %s", r.Status, r.Body)
 	}
-	r, h := e.hold(t, sku, "h1", "ann", 2, 0)
-	if r.status != http.StatusCreated || h.State != ledger.Held || time.Until(h.ExpiresAt) < 50*time.Second {
-		t.Fatalf("hold = %d %s", r.status, r.body)
+	r, h := e.Hold(t, sku, "h1", "ann", 2, 0)
+	if r.Status != http.StatusCreated || h.State != ledger.Held || time.Until(h.ExpiresAt) < 50*time.Second {
+		t.Fatalf("hold = %d %s", r.Status, r.Body)
 	}
-	if again, h2 := e.hold(t, sku, "h1", "ann", 2, 0); again.status != http.StatusCreated || h2.HoldID != h.HoldID ||
-		again.header.Get("Idempotent-Replayed") != "true" {
-		t.Errorf("hold retry = %d %s", again.status, again.body)
+	if again, h2 := e.Hold(t, sku, "h1", "ann", 2, 0); again.Status != http.StatusCreated || h2.HoldID != h.HoldID ||
+		again.Header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("hold retry = %d %s", again.Status, again.Body)
 	}
-	_, short := e.hold(t, sku, "h-short", "ann", 1, 1)
+	_, short := e.Hold(t, sku, "h-short", "ann", 1, 1)
 	time.Sleep(1100 * time.Millisecond)
-	before := e.state(t, sku)
+	before := e.State(t, sku)
 
 	cases := []struct {
 		name   string
-		do     func() reply
+		do     func() systest.Reply
 		status int
 	}{
-		{"ttl above the SKU's max", func() reply { r, _ := e.hold(t, sku, "bad-ttl", "ann", 1, 121); return r }, 422},
-		{"ttl 0", func() reply {
-			return e.do(t, http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/holds",
+		{"ttl above the SKU's max", func() systest.Reply { r, _ := e.Hold(t, sku, "bad-ttl", "ann", 1, 121); return r }, 422},
+		{"ttl 0", func() systest.Reply {
+			return e.Do(t, http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/holds",
 				map[string]string{"Idempotency-Key": "ttl0"}, `{"buyer":"ann","quantity":1,"ttl_seconds":0}`)
 		}, 422},
-		{"quantity over max per order", func() reply { r, _ := e.hold(t, sku, "bad-q", "ann", 5, 0); return r }, 422},
-		{"quantity over the buyer's cap", func() reply { r, _ := e.hold(t, sku, "bad-cap", "ann", 4, 0); return r }, 409},
-		{"confirm an expired hold", func() reply { return e.act(t, "/v1/holds/"+short.HoldID+"/confirm", "c-exp", "ann") }, 410},
-		{"confirm an unknown hold", func() reply { return e.act(t, "/v1/holds/nope/confirm", "c-unk", "ann") }, 404},
-		{"confirm another buyer's hold", func() reply { return e.act(t, "/v1/holds/"+h.HoldID+"/confirm", "c-foreign", "eve") }, 403},
-		{"cancel another buyer's hold", func() reply { return e.act(t, "/v1/holds/"+h.HoldID+"/cancel", "x-foreign", "eve") }, 403},
-		{"hold id with a brace", func() reply { return e.act(t, "/v1/holds/a%7Bb/confirm", "c-brace", "ann") }, 400},
-		{"refund an unknown order", func() reply { return e.act(t, "/v1/orders/nope/refund", "r-unk", "ann") }, 404},
-		{"confirm without a buyer", func() reply {
-			return e.do(t, http.MethodPost, "/v1/holds/"+h.HoldID+"/confirm", map[string]string{"Idempotency-Key": "c-nobody"}, `{}`)
+		{"quantity over max per order", func() systest.Reply { r, _ := e.Hold(t, sku, "bad-q", "ann", 5, 0); return r }, 422},
+		{"quantity over the buyer's cap", func() systest.Reply { r, _ := e.Hold(t, sku, "bad-cap", "ann", 4, 0); return r }, 409},
+		{"confirm an expired hold", func() systest.Reply { return e.Act(t, "/v1/holds/"+short.HoldID+"/confirm", "c-exp", "ann") }, 410},
+		{"confirm an unknown hold", func() systest.Reply { return e.Act(t, "/v1/holds/nope/confirm", "c-unk", "ann") }, 404},
+		{"confirm another buyer's hold", func() systest.Reply { return e.Act(t, "/v1/holds/"+h.HoldID+"/confirm", "c-foreign", "eve") }, 403},
+		{"cancel another buyer's hold", func() systest.Reply { return e.Act(t, "/v1/holds/"+h.HoldID+"/cancel", "x-foreign", "eve") }, 403},
+		{"hold id with a brace", func() systest.Reply { return e.Act(t, "/v1/holds/a%7Bb/confirm", "c-brace", "ann") }, 400},
+		{"refund an unknown order", func() systest.Reply { return e.Act(t, "/v1/orders/nope/refund", "r-unk", "ann") }, 404},
+		{"confirm without a buyer", func() systest.Reply {
+			return e.Do(t, http.MethodPost, "/v1/holds/"+h.HoldID+"/confirm", map[string]string{"Idempotency-Key": "c-nobody"}, `{}`)
 		}, 422},
-		{"confirm without a key", func() reply {
-			return e.do(t, http.MethodPost, "/v1/holds/"+h.HoldID+"/confirm", nil, `{"buyer":"ann"}`)
+		{"confirm without a key", func() systest.Reply {
+			return e.Do(t, http.MethodPost, "/v1/holds/"+h.HoldID+"/confirm", nil, `{"buyer":"ann"}`)
 		}, 400},
 	}
 	for _, tc := range cases {
 		r := tc.do()
-		if r.status != tc.status || r.header.Get("Content-Type") != "application/problem+json" {
-			t.Errorf("%s: %d %s (%s), want %d problem+json", tc.name, r.status, r.body, r.header.Get("Content-Type"), tc.status)
+		if r.Status != tc.status || r.Header.Get("Content-Type") != "application/problem+json" {
+			t.Errorf("%s: %d %s (%s), want %d problem+json", tc.name, r.Status, r.Body, r.Header.Get("Content-Type"), tc.status)
 		}
-		if got := e.state(t, sku); got != before {
+		if got := e.State(t, sku); got != before {
 			t.Errorf("%s moved stock: %+v → %+v", tc.name, before, got)
 		}
 	}
 
 	// The good paths: confirm, cancel, refund of the confirmed order.
-	c := e.act(t, "/v1/holds/"+h.HoldID+"/confirm", "c1", "ann")
-	if c.status != http.StatusCreated {
-		t.Fatalf("confirm = %d %s", c.status, c.body)
+	c := e.Act(t, "/v1/holds/"+h.HoldID+"/confirm", "c1", "ann")
+	if c.Status != http.StatusCreated {
+		t.Fatalf("confirm = %d %s", c.Status, c.Body)
 	}
-	if again := e.act(t, "/v1/holds/"+h.HoldID+"/confirm", "c1b", "ann"); again.status != http.StatusCreated || orderID(again) != orderID(c) {
-		t.Errorf("second confirm = %d %s, want the same order", again.status, again.body)
+	if again := e.Act(t, "/v1/holds/"+h.HoldID+"/confirm", "c1b", "ann"); again.Status != http.StatusCreated || systest.OrderID(again) != systest.OrderID(c) {
+		t.Errorf("second confirm = %d %s, want the same order", again.Status, again.Body)
 	}
-	_, h3 := e.hold(t, sku, "h3", "ann", 1, 0)
-	if x := e.act(t, "/v1/holds/"+h3.HoldID+"/cancel", "x3", "ann"); x.status != http.StatusOK {
-		t.Errorf("cancel = %d %s", x.status, x.body)
+	_, h3 := e.Hold(t, sku, "h3", "ann", 1, 0)
+	if x := e.Act(t, "/v1/holds/"+h3.HoldID+"/cancel", "x3", "ann"); x.Status != http.StatusOK {
+		t.Errorf("cancel = %d %s", x.Status, x.Body)
 	}
-	if c3 := e.act(t, "/v1/holds/"+h3.HoldID+"/confirm", "c3", "ann"); c3.status != http.StatusConflict {
-		t.Errorf("confirm of a cancelled hold = %d, want 409", c3.status)
+	if c3 := e.Act(t, "/v1/holds/"+h3.HoldID+"/confirm", "c3", "ann"); c3.Status != http.StatusConflict {
+		t.Errorf("confirm of a cancelled hold = %d, want 409", c3.Status)
 	}
-	if rf := e.act(t, "/v1/orders/"+orderID(c)+"/refund", "rf1", "ann"); rf.status != http.StatusOK {
-		t.Errorf("refund of a confirmed hold's order = %d %s", rf.status, rf.body)
+	if rf := e.Act(t, "/v1/orders/"+systest.OrderID(c)+"/refund", "rf1", "ann"); rf.Status != http.StatusOK {
+		t.Errorf("refund of a confirmed hold's order = %d %s", rf.Status, rf.Body)
 	}
-	waitFor(t, 5*time.Second, "the state to settle", func() bool {
-		st := e.state(t, sku)
+	systest.WaitFor(t, 5*time.Second, "the state to settle", func() bool {
+		st := e.State(t, sku)
 		// The short hold is expired but not swept (no sweeper here): still held.
 		return st.Sold == 0 && st.Held == 1 && st.RedisRemaining == 19
 	})
 	// End of sale: further holds and purchases refused, with nothing moved.
-	if r := e.do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/end", nil, ""); r.status != http.StatusOK {
-		t.Fatalf("end = %d %s", r.status, r.body)
+	if r := e.Do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/end", nil, ""); r.Status != http.StatusOK {
+		t.Fatalf("end = %d %s", r.Status, r.Body)
 	}
-	if r := e.buy(t, sku, "after-end", "bob", 1); r.status != http.StatusConflict || !strings.Contains(string(r.body), "sale-ended") {
-		t.Errorf("purchase after the end = %d %s", r.status, r.body)
+	if r := e.Buy(t, sku, "after-end", "bob", 1); r.Status != http.StatusConflict || !strings.Contains(string(r.Body), "sale-ended") {
+		t.Errorf("purchase after the end = %d %s", r.Status, r.Body)
 	}
-	if r, _ := e.hold(t, sku, "hold-after-end", "bob", 1, 0); r.status != http.StatusConflict {
-		t.Errorf("hold after the end = %d %s", r.status, r.body)
+	if r, _ := e.Hold(t, sku, "hold-after-end", "bob", 1, 0); r.Status != http.StatusConflict {
+		t.Errorf("hold after the end = %d %s", r.Status, r.Body)
 	}
 }
 
@@ -367,55 +336,55 @@ func TestHoldLifecycleAndBadInput(t *testing.T) {
 // the ledger then refuses (no ledger refusals at all), and each is
 // idempotent.
 func TestAdminStockChangesDuringSale(t *testing.T) {
-	e := startEnv(t, envOptions{driver: ledger.Postgres})
-	sku := newSKU(t)
-	e.putSKU(t, sku, 2000, 4, 4)
+	e := systest.Start(t, systest.Options{Driver: ledger.Postgres})
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 2000, 4, 4)
 	ctx := context.Background()
-	s := startSale(t, []*env{e}, sku, 2000, 32)
-	s.waitSold(300, 30*time.Second)
+	s := systest.StartSale(t, []*systest.Env{e}, sku, 2000, 32)
+	s.WaitSold(300, 30*time.Second)
 	var lowered int64
 	for {
-		st, _ := e.ledger.SKU(ctx, sku)
+		st, _ := e.Ledger.SKU(ctx, sku)
 		lowered = st.Sold + st.Held + 100
-		r := e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String(), nil,
+		r := e.Do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String(), nil,
 			fmt.Sprintf(`{"total":%d,"shards":4,"max_per_order":4}`, lowered))
-		if r.status == http.StatusOK {
+		if r.Status == http.StatusOK {
 			break
 		}
-		if r.status != http.StatusConflict {
-			t.Fatalf("lower total = %d %s", r.status, r.body)
+		if r.Status != http.StatusConflict {
+			t.Fatalf("lower total = %d %s", r.Status, r.Body)
 		}
 	}
-	s.waitSold(lowered, 30*time.Second)
+	s.WaitSold(lowered, 30*time.Second)
 	// Add 200 (the same PUT twice: idempotent).
 	for range 2 {
-		e.putSKU(t, sku, lowered+200, 4, 4)
+		e.PutSKU(t, sku, lowered+200, 4, 4)
 	}
-	s.waitSold(lowered+200, 30*time.Second)
-	st := s.oracle()
+	s.WaitSold(lowered+200, 30*time.Second)
+	st := s.Oracle()
 	if st.Sold != lowered+200 || st.Total != lowered+200 {
 		t.Errorf("sold %d of total %d, want %d", st.Sold, st.Total, lowered+200)
 	}
-	if n := counter(t, e.reg, "stockgate_gate_ledger_refusals_total", nil); n != 0 {
+	if n := systest.Counter(t, e.Registry, "stockgate_gate_ledger_refusals_total", nil); n != 0 {
 		t.Errorf("the gate admitted %v purchases the ledger refused: Redis was ahead after an admin change", n)
 	}
-	redisConsistent(t, e, sku)
+	systest.RedisConsistent(t, e, sku)
 
 	// Add 50 more, then end the sale: nobody gets in, twice over.
-	e.putSKU(t, sku, lowered+250, 4, 4)
+	e.PutSKU(t, sku, lowered+250, 4, 4)
 	for range 2 {
-		if r := e.do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/end", nil, ""); r.status != http.StatusOK {
-			t.Fatalf("end = %d %s", r.status, r.body)
+		if r := e.Do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/end", nil, ""); r.Status != http.StatusOK {
+			t.Fatalf("end = %d %s", r.Status, r.Body)
 		}
 	}
-	counts := e.buyAll(100, 20, func(i int) reply { return e.buy(t, sku, fmt.Sprintf("late-%d", i), "b", 1) })
+	counts := systest.BuyAll(100, 20, func(i int) systest.Reply { return e.Buy(t, sku, fmt.Sprintf("late-%d", i), "b", 1) })
 	if counts[http.StatusConflict] != 100 {
 		t.Errorf("purchases after the end: %v, want 100×409", counts)
 	}
-	if left, _, _ := e.gate.Remaining(ctx, sku, 4); left != 0 {
+	if left, _, _ := e.Gate.Remaining(ctx, sku, 4); left != 0 {
 		t.Errorf("redis remaining %d after the end, want 0", left)
 	}
-	if st, _ := e.ledger.SKU(ctx, sku); st.Sold != lowered+200 {
+	if st, _ := e.Ledger.SKU(ctx, sku); st.Sold != lowered+200 {
 		t.Errorf("sold %d after the end, want %d", st.Sold, lowered+200)
 	}
 }
@@ -424,42 +393,42 @@ func TestAdminStockChangesDuringSale(t *testing.T) {
 // (straight through the ledger), and Redis is rebuilt to match when it
 // comes back.
 func TestHoldsWhileRedisIsDown(t *testing.T) {
-	e, c := faultEnv(t, func(o *app.Options) {
+	e, c := systest.FaultEnv(t, func(o *app.Options) {
 		o.Sale.Breaker.OpenFor = 300 * time.Millisecond
 		o.Sale.SweepEvery = 100 * time.Millisecond
 	})
-	sku := newSKU(t)
-	e.putSKU(t, sku, 50, 2, 4)
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 50, 2, 4)
 	ctx := context.Background()
 	// Before the outage: an order through Redis, to refund during it.
-	pre := e.buy(t, sku, "pre", "ann", 2)
-	if pre.status != http.StatusCreated {
-		t.Fatalf("buy = %d %s", pre.status, pre.body)
+	pre := e.Buy(t, sku, "pre", "ann", 2)
+	if pre.Status != http.StatusCreated {
+		t.Fatalf("buy = %d %s", pre.Status, pre.Body)
 	}
 	for _, n := range c.Nodes {
 		n.Kill()
 	}
-	tripBreakers(t, e, c.Masters)
-	r, h := e.hold(t, sku, "down-h1", "bob", 3, 0)
-	if r.status != http.StatusCreated {
-		t.Fatalf("hold with Redis down = %d %s", r.status, r.body)
+	systest.TripBreakers(t, e, c.Masters)
+	r, h := e.Hold(t, sku, "down-h1", "bob", 3, 0)
+	if r.Status != http.StatusCreated {
+		t.Fatalf("hold with Redis down = %d %s", r.Status, r.Body)
 	}
-	if c := e.act(t, "/v1/holds/"+h.HoldID+"/confirm", "down-c1", "bob"); c.status != http.StatusCreated {
-		t.Errorf("confirm with Redis down = %d %s", c.status, c.body)
+	if c := e.Act(t, "/v1/holds/"+h.HoldID+"/confirm", "down-c1", "bob"); c.Status != http.StatusCreated {
+		t.Errorf("confirm with Redis down = %d %s", c.Status, c.Body)
 	}
-	_, h2 := e.hold(t, sku, "down-h2", "cat", 2, 0)
-	if x := e.act(t, "/v1/holds/"+h2.HoldID+"/cancel", "down-x2", "cat"); x.status != http.StatusOK {
-		t.Errorf("cancel with Redis down = %d %s", x.status, x.body)
+	_, h2 := e.Hold(t, sku, "down-h2", "cat", 2, 0)
+	if x := e.Act(t, "/v1/holds/"+h2.HoldID+"/cancel", "down-x2", "cat"); x.Status != http.StatusOK {
+		t.Errorf("cancel with Redis down = %d %s", x.Status, x.Body)
 	}
-	r3, h3 := e.hold(t, sku, "down-h3", "dan", 1, 1)
-	if r3.status != http.StatusCreated {
-		t.Fatalf("short hold with Redis down = %d %s", r3.status, r3.body)
+	r3, h3 := e.Hold(t, sku, "down-h3", "dan", 1, 1)
+	if r3.Status != http.StatusCreated {
+		t.Fatalf("short hold with Redis down = %d %s", r3.Status, r3.Body)
 	}
-	if rf := e.act(t, "/v1/orders/"+orderID(pre)+"/refund", "down-rf", "ann"); rf.status != http.StatusOK {
-		t.Errorf("refund with Redis down = %d %s", rf.status, rf.body)
+	if rf := e.Act(t, "/v1/orders/"+systest.OrderID(pre)+"/refund", "down-rf", "ann"); rf.Status != http.StatusOK {
+		t.Errorf("refund with Redis down = %d %s", rf.Status, rf.Body)
 	}
-	waitFor(t, 5*time.Second, "the short hold to expire", func() bool {
-		got, err := e.ledger.HoldByID(ctx, keys.MustID(h3.HoldID))
+	systest.WaitFor(t, 5*time.Second, "the short hold to expire", func() bool {
+		got, err := e.Ledger.HoldByID(ctx, keys.MustID(h3.HoldID))
 		return err == nil && got.State == ledger.Expired
 	})
 	for _, n := range c.Nodes {
@@ -472,18 +441,18 @@ func TestHoldsWhileRedisIsDown(t *testing.T) {
 	}
 	// The next purchase rebuilds Redis from the ledger before using it, and
 	// the refund's pending restore is finished or overtaken by the rebuild.
-	waitFor(t, 15*time.Second, "a purchase through Redis", func() bool {
-		before := counter(t, e.reg, "stockgate_purchases_total", map[string]string{"path": "gate", "result": "sold"})
-		e.buy(t, sku, fmt.Sprintf("after-%d", time.Now().UnixNano()), "eve", 1)
-		return counter(t, e.reg, "stockgate_purchases_total", map[string]string{"path": "gate", "result": "sold"}) > before
+	systest.WaitFor(t, 15*time.Second, "a purchase through Redis", func() bool {
+		before := systest.Counter(t, e.Registry, "stockgate_purchases_total", map[string]string{"path": "gate", "result": "sold"})
+		e.Buy(t, sku, fmt.Sprintf("after-%d", time.Now().UnixNano()), "eve", 1)
+		return systest.Counter(t, e.Registry, "stockgate_purchases_total", map[string]string{"path": "gate", "result": "sold"}) > before
 	})
-	waitFor(t, 10*time.Second, "pending restores to finish", func() bool {
-		p, err := e.ledger.PendingRestores(ctx, 0, 1)
+	systest.WaitFor(t, 10*time.Second, "pending restores to finish", func() bool {
+		p, err := e.Ledger.PendingRestores(ctx, 0, 1)
 		return err == nil && len(p) == 0
 	})
-	redisConsistent(t, e, sku)
-	st, _ := e.ledger.SKU(ctx, sku)
-	orders, units, _ := e.ledger.OrderTotals(ctx, sku)
+	systest.RedisConsistent(t, e, sku)
+	st, _ := e.Ledger.SKU(ctx, sku)
+	orders, units, _ := e.Ledger.OrderTotals(ctx, sku)
 	if st.Held != 0 || units != st.Sold || st.Sold+st.Held > st.Total {
 		t.Errorf("ledger: %+v with %d orders of %d units", st, orders, units)
 	}
@@ -493,37 +462,37 @@ func TestHoldsWhileRedisIsDown(t *testing.T) {
 // A program-wide cap: what one buyer holds + owns across all the program's
 // tickets, released by a refund; other buyers unaffected.
 func TestProgramCap(t *testing.T) {
-	e := newEnv(t, ledger.Postgres)
-	a := newSKU(t)
+	e := systest.New(t, ledger.Postgres)
+	a := systest.NewSKU(t)
 	b := stock.SKU{Program: a.Program, Ticket: keys.MustID("vip")}
-	e.putSKU(t, a, 100, 2, 4)
-	e.putSKU(t, b, 100, 2, 4)
-	if r := e.do(t, http.MethodPut, "/v1/admin/programs/"+a.Program.String(), nil, `{"per_buyer":5}`); r.status != http.StatusOK {
-		t.Fatalf("PUT program = %d %s", r.status, r.body)
+	e.PutSKU(t, a, 100, 2, 4)
+	e.PutSKU(t, b, 100, 2, 4)
+	if r := e.Do(t, http.MethodPut, "/v1/admin/programs/"+a.Program.String(), nil, `{"per_buyer":5}`); r.Status != http.StatusOK {
+		t.Fatalf("PUT program = %d %s", r.Status, r.Body)
 	}
-	first := e.buy(t, a, "pa-1", "ann", 3)
-	if first.status != http.StatusCreated {
-		t.Fatalf("3 of ga = %d %s", first.status, first.body)
+	first := e.Buy(t, a, "pa-1", "ann", 3)
+	if first.Status != http.StatusCreated {
+		t.Fatalf("3 of ga = %d %s", first.Status, first.Body)
 	}
-	if r, _ := e.hold(t, b, "pb-1", "ann", 3, 0); r.status != http.StatusConflict || !strings.Contains(string(r.body), "limit-reached") {
-		t.Errorf("3 more of vip (6 > 5) = %d %s", r.status, r.body)
+	if r, _ := e.Hold(t, b, "pb-1", "ann", 3, 0); r.Status != http.StatusConflict || !strings.Contains(string(r.Body), "limit-reached") {
+		t.Errorf("3 more of vip (6 > 5) = %d %s", r.Status, r.Body)
 	}
-	if r, _ := e.hold(t, b, "pb-2", "ann", 2, 0); r.status != http.StatusCreated {
-		t.Errorf("2 of vip (5) = %d %s", r.status, r.body)
+	if r, _ := e.Hold(t, b, "pb-2", "ann", 2, 0); r.Status != http.StatusCreated {
+		t.Errorf("2 of vip (5) = %d %s", r.Status, r.Body)
 	}
-	if r := e.buy(t, b, "pb-3", "ann", 1); r.status != http.StatusConflict {
-		t.Errorf("a 6th unit = %d %s", r.status, r.body)
+	if r := e.Buy(t, b, "pb-3", "ann", 1); r.Status != http.StatusConflict {
+		t.Errorf("a 6th unit = %d %s", r.Status, r.Body)
 	}
-	if r := e.buy(t, b, "pb-other", "bob", 4); r.status != http.StatusCreated {
-		t.Errorf("another buyer = %d %s", r.status, r.body)
+	if r := e.Buy(t, b, "pb-other", "bob", 4); r.Status != http.StatusCreated {
+		t.Errorf("another buyer = %d %s", r.Status, r.Body)
 	}
-	if r := e.act(t, "/v1/orders/"+orderID(first)+"/refund", "pa-refund", "ann"); r.status != http.StatusOK {
-		t.Fatalf("refund = %d %s", r.status, r.body)
+	if r := e.Act(t, "/v1/orders/"+systest.OrderID(first)+"/refund", "pa-refund", "ann"); r.Status != http.StatusOK {
+		t.Fatalf("refund = %d %s", r.Status, r.Body)
 	}
-	if r := e.buy(t, b, "pb-4", "ann", 3); r.status != http.StatusCreated {
-		t.Errorf("after refunding 3, 3 more = %d %s", r.status, r.body)
+	if r := e.Buy(t, b, "pb-4", "ann", 3); r.Status != http.StatusCreated {
+		t.Errorf("after refunding 3, 3 more = %d %s", r.Status, r.Body)
 	}
-	n, _ := e.ledger.ProgramUnits(context.Background(), a.Program, keys.MustID("ann"))
+	n, _ := e.Ledger.ProgramUnits(context.Background(), a.Program, keys.MustID("ann"))
 	if n != 5 {
 		t.Errorf("ann holds + owns %d of the program, want 5", n)
 	}
@@ -535,31 +504,31 @@ func TestProgramCap(t *testing.T) {
 // it after RestoreGrace, once.
 func TestDeadSweeperRestoreFinishedByAnother(t *testing.T) {
 	dsn := testenv.PostgresURL(t)
-	a := startEnv(t, envOptions{driver: ledger.Postgres, dsn: dsn})
-	sku := newSKU(t)
-	a.putSKU(t, sku, 10, 2, 4)
+	a := systest.Start(t, systest.Options{Driver: ledger.Postgres, DSN: dsn})
+	sku := systest.NewSKU(t)
+	a.PutSKU(t, sku, 10, 2, 4)
 	for i := range 3 {
-		if r, _ := a.hold(t, sku, fmt.Sprintf("dead-%d", i), "b", 2, 1); r.status != http.StatusCreated {
-			t.Fatalf("hold = %d %s", r.status, r.body)
+		if r, _ := a.Hold(t, sku, fmt.Sprintf("dead-%d", i), "b", 2, 1); r.Status != http.StatusCreated {
+			t.Fatalf("hold = %d %s", r.Status, r.Body)
 		}
 	}
 	time.Sleep(1100 * time.Millisecond)
 	ctx := context.Background()
-	done, err := a.ledger.ExpireDue(ctx, 100) // the ledger half, then "death"
+	done, err := a.Ledger.ExpireDue(ctx, 100) // the ledger half, then "death"
 	if err != nil || len(done) != 3 {
 		t.Fatalf("ExpireDue = %d, %v", len(done), err)
 	}
-	if st := a.state(t, sku); st.Held != 0 || st.RedisRemaining != 4 {
+	if st := a.State(t, sku); st.Held != 0 || st.RedisRemaining != 4 {
 		t.Fatalf("after the ledger half: %+v, want held 0 and redis still 4", st)
 	}
-	startEnv(t, envOptions{driver: ledger.Postgres, dsn: dsn, sweep: true, tune: func(o *app.Options) {
+	systest.Start(t, systest.Options{Driver: ledger.Postgres, DSN: dsn, Sweep: true, Tune: func(o *app.Options) {
 		o.Sale.SweepEvery, o.Sale.RestoreGrace = 100*time.Millisecond, 300*time.Millisecond
 	}})
-	waitFor(t, 5*time.Second, "another sweeper to finish the restores", func() bool {
-		p, err := a.ledger.PendingRestores(ctx, 0, 1)
+	systest.WaitFor(t, 5*time.Second, "another sweeper to finish the restores", func() bool {
+		p, err := a.Ledger.PendingRestores(ctx, 0, 1)
 		return err == nil && len(p) == 0
 	})
-	if st := a.state(t, sku); st.RedisRemaining != 10 {
+	if st := a.State(t, sku); st.RedisRemaining != 10 {
 		t.Errorf("redis remaining %d, want 10 (each restore once)", st.RedisRemaining)
 	}
 }
@@ -570,42 +539,39 @@ func TestDeadSweeperRestoreFinishedByAnother(t *testing.T) {
 // retries through another replica replay the same answers; the ledger sells
 // exactly the 120 confirmed, and the 120 cancelled units are back in Redis.
 func TestConfirmsAndCancelsGroupCommitted(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		dsn := ledgerDSN(t, driver)
-		var counted *countingLedger
-		a := startEnv(t, envOptions{driver: driver, dsn: dsn, tune: func(o *app.Options) {
-			o.WrapLedger = func(l sale.Ledger) sale.Ledger {
-				counted = &countingLedger{Ledger: l}
-				return counted
-			}
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		dsn := systest.LedgerDSN(t, driver)
+		var counted *systest.CountingLedger
+		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn, Tune: func(o *app.Options) {
+			counted = systest.CountLedger(o)
 		}})
-		b := startEnv(t, envOptions{driver: driver, dsn: dsn})
-		sku := newSKU(t)
+		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		sku := systest.NewSKU(t)
 		const n = 120
-		a.putSKU(t, sku, 2*n, 4, 4)
+		a.PutSKU(t, sku, 2*n, 4, 4)
 		holds := make([]string, 2*n)
-		a.buyAll(2*n, 16, func(i int) reply {
-			r, h := a.hold(t, sku, fmt.Sprintf("h-%d", i), fmt.Sprintf("b%d", i), 1, 0)
-			if r.status != http.StatusCreated {
-				t.Errorf("hold %d = %d %s", i, r.status, r.body)
+		systest.BuyAll(2*n, 16, func(i int) systest.Reply {
+			r, h := a.Hold(t, sku, fmt.Sprintf("h-%d", i), fmt.Sprintf("b%d", i), 1, 0)
+			if r.Status != http.StatusCreated {
+				t.Errorf("hold %d = %d %s", i, r.Status, r.Body)
 			}
 			holds[i] = h.HoldID
 			return r
 		})
 		// Even holds are confirmed, odd ones cancelled, all at once.
-		act := func(e *env, i int) reply {
+		act := func(e *systest.Env, i int) systest.Reply {
 			if i%2 == 0 {
-				return e.act(t, "/v1/holds/"+holds[i]+"/confirm", fmt.Sprintf("c-%d", i), fmt.Sprintf("b%d", i))
+				return e.Act(t, "/v1/holds/"+holds[i]+"/confirm", fmt.Sprintf("c-%d", i), fmt.Sprintf("b%d", i))
 			}
-			return e.act(t, "/v1/holds/"+holds[i]+"/cancel", fmt.Sprintf("x-%d", i), fmt.Sprintf("b%d", i))
+			return e.Act(t, "/v1/holds/"+holds[i]+"/cancel", fmt.Sprintf("x-%d", i), fmt.Sprintf("b%d", i))
 		}
-		before := counted.byMethod()
-		first := make([]reply, 2*n)
-		a.buyAll(2*n, 64, func(i int) reply {
+		before := counted.ByMethod()
+		first := make([]systest.Reply, 2*n)
+		systest.BuyAll(2*n, 64, func(i int) systest.Reply {
 			first[i] = act(a, i)
 			return first[i]
 		})
-		after := counted.byMethod()
+		after := counted.ByMethod()
 		for _, m := range []string{"Confirm", "Cancel"} {
 			if d := after[m] - before[m]; d != 0 {
 				t.Errorf("%d plain %ss were decided alone, want all in batches", d, strings.ToLower(m))
@@ -622,24 +588,24 @@ func TestConfirmsAndCancelsGroupCommitted(t *testing.T) {
 			if i%2 == 1 {
 				want = http.StatusOK
 			}
-			if first[i].status != want {
-				t.Errorf("action %d = %d %s, want %d", i, first[i].status, first[i].body, want)
+			if first[i].Status != want {
+				t.Errorf("action %d = %d %s, want %d", i, first[i].Status, first[i].Body, want)
 				continue
 			}
 			if i%2 == 0 {
-				if o := orderID(first[i]); o == "" || seen[o] {
+				if o := systest.OrderID(first[i]); o == "" || seen[o] {
 					t.Errorf("confirm %d answered order %q (empty or twice)", i, o)
 				} else {
 					seen[o] = true
 				}
 			}
 			r := act(b, i)
-			if r.status != want || string(r.body) != string(first[i].body) || r.header.Get("Idempotent-Replayed") != "true" {
-				t.Errorf("retry of action %d on the other replica = %d %s, want %s replayed", i, r.status, r.body, first[i].body)
+			if r.Status != want || string(r.Body) != string(first[i].Body) || r.Header.Get("Idempotent-Replayed") != "true" {
+				t.Errorf("retry of action %d on the other replica = %d %s, want %s replayed", i, r.Status, r.Body, first[i].Body)
 			}
 		}
-		waitFor(t, 10*time.Second, "the cancelled units back in Redis", func() bool {
-			st := a.state(t, sku)
+		systest.WaitFor(t, 10*time.Second, "the cancelled units back in Redis", func() bool {
+			st := a.State(t, sku)
 			return st.Sold == n && st.Held == 0 && st.Orders == n && st.RedisRemaining == n
 		})
 	})
@@ -650,45 +616,42 @@ func TestConfirmsAndCancelsGroupCommitted(t *testing.T) {
 // retries through another replica replayed, and the ledger and Redis agree
 // on exactly what was answered.
 func TestHoldsGroupCommitted(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		dsn := ledgerDSN(t, driver)
-		var counted *countingLedger
-		a := startEnv(t, envOptions{driver: driver, dsn: dsn, tune: func(o *app.Options) {
-			o.WrapLedger = func(l sale.Ledger) sale.Ledger {
-				counted = &countingLedger{Ledger: l}
-				return counted
-			}
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		dsn := systest.LedgerDSN(t, driver)
+		var counted *systest.CountingLedger
+		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn, Tune: func(o *app.Options) {
+			counted = systest.CountLedger(o)
 		}})
-		b := startEnv(t, envOptions{driver: driver, dsn: dsn})
-		sku := newSKU(t)
+		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		sku := systest.NewSKU(t)
 		const n = 300
-		a.putSKU(t, sku, 400, 4, 4)
-		take := func(e *env, i int) reply {
+		a.PutSKU(t, sku, 400, 4, 4)
+		take := func(e *systest.Env, i int) systest.Reply {
 			if i%3 == 2 {
-				return e.buy(t, sku, fmt.Sprintf("p-%d", i), fmt.Sprintf("b%d", i), 1)
+				return e.Buy(t, sku, fmt.Sprintf("p-%d", i), fmt.Sprintf("b%d", i), 1)
 			}
-			r, _ := e.hold(t, sku, fmt.Sprintf("h-%d", i), fmt.Sprintf("b%d", i), 1, 0)
+			r, _ := e.Hold(t, sku, fmt.Sprintf("h-%d", i), fmt.Sprintf("b%d", i), 1, 0)
 			return r
 		}
-		before := counted.byMethod()
-		first := make([]reply, n)
-		counts := a.buyAll(n, 64, func(i int) reply {
+		before := counted.ByMethod()
+		first := make([]systest.Reply, n)
+		counts := systest.BuyAll(n, 64, func(i int) systest.Reply {
 			first[i] = take(a, i)
 			return first[i]
 		})
 		if counts[http.StatusCreated] != n {
 			t.Fatalf("takes answered %v, want %d×201", counts, n)
 		}
-		after := counted.byMethod()
+		after := counted.ByMethod()
 		t.Logf("%s: %d takes: %d ledger batches, %d holds and %d purchases alone", driver, n,
 			after["Commit"]-before["Commit"], after["Hold"]-before["Hold"], after["Purchase"]-before["Purchase"])
 		for i := range n {
 			r := take(b, i)
-			if r.status != http.StatusCreated || string(r.body) != string(first[i].body) || r.header.Get("Idempotent-Replayed") != "true" {
-				t.Errorf("retry of take %d on the other replica = %d %s, want %s replayed", i, r.status, r.body, first[i].body)
+			if r.Status != http.StatusCreated || string(r.Body) != string(first[i].Body) || r.Header.Get("Idempotent-Replayed") != "true" {
+				t.Errorf("retry of take %d on the other replica = %d %s, want %s replayed", i, r.Status, r.Body, first[i].Body)
 			}
 		}
-		if st := a.state(t, sku); st.Held != 200 || st.Sold != 100 || st.Orders != 100 || st.RedisRemaining != 100 {
+		if st := a.State(t, sku); st.Held != 200 || st.Sold != 100 || st.Orders != 100 || st.RedisRemaining != 100 {
 			t.Errorf("state %+v, want 200 held, 100 sold in 100 orders, 100 left in Redis", st)
 		}
 	})
@@ -699,15 +662,15 @@ func TestHoldsGroupCommitted(t *testing.T) {
 // answered 201, their retries replayed, and the ledger holds exactly them.
 func TestHoldsAroundTheGate(t *testing.T) {
 	t.Parallel() // its own cluster and ledgers: it overlaps the other long tests
-	eachDriver(t, func(t *testing.T, driver string) {
+	systest.EachDriver(t, func(t *testing.T, driver string) {
 		c := testenv.NewCluster(t, testenv.ClusterOptions{ReplicasPerMaster: 1})
-		e := startEnv(t, envOptions{driver: driver, cluster: c, tune: func(o *app.Options) {
+		e := systest.Start(t, systest.Options{Driver: driver, Cluster: c, Tune: func(o *app.Options) {
 			o.Sale.Breaker = breaker.Options{OpenFor: time.Hour} // stays open for the test
 			o.Sale.FallbackConcurrency = 64
 		}})
-		sku := newSKU(t)
+		sku := systest.NewSKU(t)
 		const n = 120
-		e.putSKU(t, sku, 200, 4, 4)
+		e.PutSKU(t, sku, 200, 4, 4)
 		// Freeze every node (none can fail over) and let takes time out
 		// until the breaker opens.
 		for _, node := range c.Nodes {
@@ -716,25 +679,42 @@ func TestHoldsAroundTheGate(t *testing.T) {
 			}
 			t.Cleanup(func() { node.Resume() })
 		}
-		tripBreakers(t, e, c.Masters)
-		before, _ := e.ledger.SKU(context.Background(), sku)
-		first := make([]reply, n)
-		counts := e.buyAll(n, 32, func(i int) reply {
-			first[i], _ = e.hold(t, sku, fmt.Sprintf("h-%d", i), fmt.Sprintf("b%d", i), 1, 0)
+		systest.TripBreakers(t, e, c.Masters)
+		before, _ := e.Ledger.SKU(context.Background(), sku)
+		first := make([]systest.Reply, n)
+		counts := systest.BuyAll(n, 32, func(i int) systest.Reply {
+			first[i], _ = e.Hold(t, sku, fmt.Sprintf("h-%d", i), fmt.Sprintf("b%d", i), 1, 0)
 			return first[i]
 		})
 		if counts[http.StatusCreated] != n {
 			t.Fatalf("holds around the gate answered %v, want %d×201", counts, n)
 		}
 		for i := range n {
-			r, _ := e.hold(t, sku, fmt.Sprintf("h-%d", i), fmt.Sprintf("b%d", i), 1, 0)
-			if r.status != http.StatusCreated || string(r.body) != string(first[i].body) || r.header.Get("Idempotent-Replayed") != "true" {
-				t.Errorf("retry of hold %d = %d %s, want %s replayed", i, r.status, r.body, first[i].body)
+			r, _ := e.Hold(t, sku, fmt.Sprintf("h-%d", i), fmt.Sprintf("b%d", i), 1, 0)
+			if r.Status != http.StatusCreated || string(r.Body) != string(first[i].Body) || r.Header.Get("Idempotent-Replayed") != "true" {
+				t.Errorf("retry of hold %d = %d %s, want %s replayed", i, r.Status, r.Body, first[i].Body)
 			}
 		}
-		after, _ := e.ledger.SKU(context.Background(), sku)
+		after, _ := e.Ledger.SKU(context.Background(), sku)
 		if after.Held-before.Held != n || after.Sold+after.Held > after.Total || !after.GateStale() {
 			t.Errorf("held %d → %d (want +%d), sold %d, total %d, gate stale %v", before.Held, after.Held, n, after.Sold, after.Total, after.GateStale())
 		}
 	})
+}
+
+// A ticket's maximum hold lifetime below the default lifetime is refused
+// (holds without a lifetime of their own would outlive the maximum), and
+// changes nothing.
+func TestAttackHoldMaxBelowDefaultRefused(t *testing.T) {
+	e := systest.New(t, ledger.SQLite)
+	sku := systest.NewSKU(t)
+	if r := e.Do(t, http.MethodPut, systest.AdminPath(sku), nil, `{"total":20,"hold_ttl_max_seconds":60}`); r.Status != http.StatusUnprocessableEntity {
+		t.Errorf("max 60s with the 900s default = %d %s, want 422", r.Status, r.Body)
+	}
+	if r := e.Do(t, http.MethodGet, systest.AdminPath(sku), nil, ""); r.Status != http.StatusNotFound {
+		t.Errorf("the refused PUT created the SKU: %d %s", r.Status, r.Body)
+	}
+	if r := e.Do(t, http.MethodPut, systest.AdminPath(sku), nil, `{"total":20,"hold_ttl_seconds":30,"hold_ttl_max_seconds":60}`); r.Status != http.StatusOK {
+		t.Errorf("max 60s with a 30s default = %d %s, want 200", r.Status, r.Body)
+	}
 }

@@ -1,4 +1,4 @@
-package gateway_test
+package model_test
 
 import (
 	"cmp"
@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
@@ -64,7 +65,7 @@ func TestModel(t *testing.T) {
 	if v, err := strconv.ParseUint(os.Getenv("STOCKGATE_MODEL_SEED"), 10, 64); err == nil {
 		seed = v
 	}
-	eachDriver(t, func(t *testing.T, driver string) {
+	systest.EachDriver(t, func(t *testing.T, driver string) {
 		t.Logf("seed %d: STOCKGATE_MODEL_SEED=%d go test -run 'TestModel/%s' ./gateway reproduces it", seed, seed, driver)
 		m := newModel(t, driver, seed)
 		for i := range steps {
@@ -113,7 +114,7 @@ type sim struct {
 	rng          *rand.Rand
 	seed         uint64
 	step         int
-	envs         []*env
+	envs         []*systest.Env
 	redis        *testenv.Cluster
 	program      keys.ID
 	programCap   int64 // per buyer, over every ticket of the program; 0: none
@@ -211,12 +212,12 @@ type mRequest struct {
 
 func newModel(t *testing.T, driver string, seed uint64) *sim {
 	c := testenv.NewCluster(t, testenv.ClusterOptions{})
-	dsn := ledgerDSN(t, driver)
+	dsn := systest.LedgerDSN(t, driver)
 	m := &sim{t: t, rng: rand.New(rand.NewPCG(seed, 13)), seed: seed, redis: c, ops: map[string]int{},
 		program: keys.MustID(testenv.ID(t, "m")), programCap: 10, trace: os.Getenv("STOCKGATE_MODEL_TRACE") != ""}
 	for i := range 3 {
-		m.envs = append(m.envs, startEnv(t, envOptions{driver: driver, dsn: dsn, cluster: c, sweep: true, pacer: true,
-			tune: func(o *app.Options) {
+		m.envs = append(m.envs, systest.Start(t, systest.Options{Driver: driver, DSN: dsn, Cluster: c, Sweep: true, Pacer: true,
+			Tune: func(o *app.Options) {
 				o.Sale.SweepEvery = 50 * time.Millisecond
 				o.Sale.RestoreGrace = 200 * time.Millisecond
 				o.Sale.OfferTTL = offerTTL(i)
@@ -239,14 +240,14 @@ const modelPool = "fans"
 
 // putPool splits a code-only pool of 8 off skus[1] and adds 6 codes of 2
 // uses each (FANS-0 … FANS-5).
-func (m *sim) putPool(e *env) {
+func (m *sim) putPool(e *systest.Env) {
 	m.t.Helper()
 	base := m.skus[1]
 	m.pool = &mSKU{sku: stock.SKU{Program: m.program, Ticket: keys.Pooled(base.sku.Ticket, keys.MustID(modelPool))},
 		total: 8, shards: 2, base: base, name: modelPool}
-	path := adminPath(base.sku) + "/pools/" + modelPool
-	if r := e.do(m.t, http.MethodPut, path, nil, `{"allotment":8,"shards":2,"access":"code"}`); r.status != http.StatusOK {
-		m.fail("PUT pool = %d %s", r.status, r.body)
+	path := systest.AdminPath(base.sku) + "/pools/" + modelPool
+	if r := e.Do(m.t, http.MethodPut, path, nil, `{"allotment":8,"shards":2,"access":"code"}`); r.Status != http.StatusOK {
+		m.fail("PUT pool = %d %s", r.Status, r.Body)
 	}
 	base.total -= m.pool.total
 	var cs []string
@@ -254,8 +255,8 @@ func (m *sim) putPool(e *env) {
 		m.codes = append(m.codes, fmt.Sprintf("FANS-%d", i))
 		cs = append(cs, fmt.Sprintf(`{"code":"FANS-%d","max_uses":2}`, i))
 	}
-	if r := e.do(m.t, http.MethodPost, path+"/codes", nil, `{"codes":[`+strings.Join(cs, ",")+`]}`); r.status >= 300 {
-		m.fail("POST codes = %d %s", r.status, r.body)
+	if r := e.Do(m.t, http.MethodPost, path+"/codes", nil, `{"codes":[`+strings.Join(cs, ",")+`]}`); r.Status >= 300 {
+		m.fail("POST codes = %d %s", r.Status, r.Body)
 	}
 }
 
@@ -279,20 +280,20 @@ func (m *sim) codeUses(code string) int64 {
 // in ten, a code it does not have).
 func (m *sim) poolTake(hold bool) {
 	s := m.pool
-	t := mTake{path: skuPath(s.base.sku) + "/purchases?pool=" + modelPool, key: m.newKey(), buyer: m.buyer(),
+	t := mTake{path: systest.SKUPath(s.base.sku) + "/purchases?pool=" + modelPool, key: m.newKey(), buyer: m.buyer(),
 		lines: []mLine{{s, int64(1 + m.rng.IntN(2))}}, code: m.codes[m.rng.IntN(len(m.codes))]}
 	if m.rng.IntN(10) == 0 {
 		t.code = "NOT-A-CODE"
 	}
 	op := "pool-purchase"
 	if hold {
-		t.path, t.hold, t.ttl, op = skuPath(s.base.sku)+"/holds?pool="+modelPool, true, m.holdTTL(), "pool-hold"
+		t.path, t.hold, t.ttl, op = systest.SKUPath(s.base.sku)+"/holds?pool="+modelPool, true, m.holdTTL(), "pool-hold"
 	}
 	m.ops[op]++
 	body := m.body(t)
-	if r := m.send(m.env(), t, body); r.status == http.StatusCreated {
-		if r.header.Get("Idempotent-Replayed") != "" {
-			m.fail("new %s %s key %s = %s, replayed", op, body, t.key, r.body)
+	if r := m.send(m.env(), t, body); r.Status == http.StatusCreated {
+		if r.Header.Get("Idempotent-Replayed") != "" {
+			m.fail("new %s %s key %s = %s, replayed", op, body, t.key, r.Body)
 		}
 		m.ops[op+"-created"]++
 		m.taken(t, body, r)
@@ -303,9 +304,9 @@ func (m *sim) poolTake(hold bool) {
 // once; what comes back to it later is moved by a sweeper (settlePoolMoves).
 func (m *sim) closePool() {
 	m.ops["pool-close"]++
-	r := m.post(m.env(), adminPath(m.pool.base.sku)+"/pools/"+modelPool+"/close", "", "")
-	if r.status != http.StatusOK {
-		m.fail("close pool = %d %s", r.status, r.body)
+	r := m.post(m.env(), systest.AdminPath(m.pool.base.sku)+"/pools/"+modelPool+"/close", "", "")
+	if r.Status != http.StatusOK {
+		m.fail("close pool = %d %s", r.Status, r.Body)
 	}
 	m.pool.closed = true
 	m.pool.base.total += m.pool.left()
@@ -321,7 +322,7 @@ func (m *sim) settlePoolMoves() {
 	ctx := context.Background()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		st, err := m.envs[0].ledger.SKU(ctx, m.pool.sku)
+		st, err := m.envs[0].Ledger.SKU(ctx, m.pool.sku)
 		if err != nil {
 			m.fail("ledger: %v", err)
 		}
@@ -349,7 +350,7 @@ func (m *sim) fail(format string, args ...any) {
 	m.t.Fatalf("seed %d step %d: %s", m.seed, m.step, fmt.Sprintf(format, args...))
 }
 
-func (m *sim) env() *env { return m.envs[m.rng.IntN(len(m.envs))] }
+func (m *sim) env() *systest.Env { return m.envs[m.rng.IntN(len(m.envs))] }
 
 // tracef logs a step's request and answer when STOCKGATE_MODEL_TRACE is set.
 func (m *sim) tracef(format string, args ...any) {
@@ -360,14 +361,14 @@ func (m *sim) tracef(format string, args ...any) {
 }
 
 // post sends a POST with an Idempotency-Key (none when key is empty).
-func (m *sim) post(e *env, path, key, body string) reply {
+func (m *sim) post(e *systest.Env, path, key, body string) systest.Reply {
 	m.t.Helper()
 	var h map[string]string
 	if key != "" {
 		h = map[string]string{"Idempotency-Key": key}
 	}
-	r := e.do(m.t, http.MethodPost, path, h, body)
-	m.tracef("POST %s key %s %s on %d = %d %s (replayed %q)", path, key, body, slices.Index(m.envs, e), r.status, r.body, r.header.Get("Idempotent-Replayed"))
+	r := e.Do(m.t, http.MethodPost, path, h, body)
+	m.tracef("POST %s key %s %s on %d = %d %s (replayed %q)", path, key, body, slices.Index(m.envs, e), r.Status, r.Body, r.Header.Get("Idempotent-Replayed"))
 	return r
 }
 
@@ -384,27 +385,27 @@ func (s *mSKU) ticket() string { return s.sku.Ticket.String() }
 
 // put writes the SKU's settings (PUT replaces them all, the cap included).
 // A ticket's total is its whole stock: its public pool's and its pools'.
-func (m *sim) put(e *env, s *mSKU) {
+func (m *sim) put(e *systest.Env, s *mSKU) {
 	m.t.Helper()
 	total := s.total
 	if m.pool != nil && m.pool.base == s {
 		m.settlePoolMoves()
 		total += m.pool.total
 	}
-	r := e.do(m.t, http.MethodPut, adminPath(s.sku), nil,
+	r := e.Do(m.t, http.MethodPut, systest.AdminPath(s.sku), nil,
 		fmt.Sprintf(`{"total":%d,"shards":%d,"max_per_order":4,"per_buyer":%d}`, total, s.shards, s.perBuyer))
-	m.tracef("PUT %s total %d shards %d = %d", s.ticket(), s.total, s.shards, r.status)
-	if r.status != http.StatusOK {
-		m.fail("PUT %s = %d %s", s.sku, r.status, r.body)
+	m.tracef("PUT %s total %d shards %d = %d", s.ticket(), s.total, s.shards, r.Status)
+	if r.Status != http.StatusOK {
+		m.fail("PUT %s = %d %s", s.sku, r.Status, r.Body)
 	}
 }
 
-func (m *sim) putProgram(e *env) {
+func (m *sim) putProgram(e *systest.Env) {
 	m.t.Helper()
-	r := e.do(m.t, http.MethodPut, "/v1/admin/programs/"+m.program.String(), nil, fmt.Sprintf(`{"per_buyer":%d}`, m.programCap))
-	m.tracef("PUT program per_buyer %d = %d", m.programCap, r.status)
-	if r.status != http.StatusOK {
-		m.fail("PUT program = %d %s", r.status, r.body)
+	r := e.Do(m.t, http.MethodPut, "/v1/admin/programs/"+m.program.String(), nil, fmt.Sprintf(`{"per_buyer":%d}`, m.programCap))
+	m.tracef("PUT program per_buyer %d = %d", m.programCap, r.Status)
+	if r.Status != http.StatusOK {
+		m.fail("PUT program = %d %s", r.Status, r.Body)
 	}
 }
 
@@ -538,17 +539,17 @@ func (m *sim) holdTTL() int {
 
 func (m *sim) take(hold bool) {
 	s := m.skus[m.rng.IntN(len(m.skus))]
-	t := mTake{path: skuPath(s.sku) + "/purchases", key: m.newKey(), buyer: m.buyer(), lines: []mLine{{s, int64(1 + m.rng.IntN(3))}}}
+	t := mTake{path: systest.SKUPath(s.sku) + "/purchases", key: m.newKey(), buyer: m.buyer(), lines: []mLine{{s, int64(1 + m.rng.IntN(3))}}}
 	op := "purchase"
 	if hold {
-		t.path, t.hold, t.ttl, op = skuPath(s.sku)+"/holds", true, m.holdTTL(), "hold"
+		t.path, t.hold, t.ttl, op = systest.SKUPath(s.sku)+"/holds", true, m.holdTTL(), "hold"
 	}
 	m.ops[op]++
 	e := m.env()
 	body := m.body(t)
-	if r := m.send(e, t, body); r.status == http.StatusCreated {
-		if r.header.Get("Idempotent-Replayed") != "" {
-			m.fail("new %s %s key %s = %s, replayed", op, body, t.key, r.body)
+	if r := m.send(e, t, body); r.Status == http.StatusCreated {
+		if r.Header.Get("Idempotent-Replayed") != "" {
+			m.fail("new %s %s key %s = %s, replayed", op, body, t.key, r.Body)
 		}
 		m.ops[op+"-created"]++
 		m.taken(t, body, r)
@@ -582,18 +583,18 @@ func (m *sim) cart(hold bool) {
 
 // sendCart sends a cart until its answer is one the model allows and
 // applies it: a new cart, or a refusal kept for a retry.
-func (m *sim) sendCart(e *env, t mTake) {
+func (m *sim) sendCart(e *systest.Env, t mTake) {
 	body := m.body(t)
 	r := m.send(e, t, body)
-	if r.status != http.StatusCreated {
+	if r.Status != http.StatusCreated {
 		m.refused = append(m.refused, t)
 		if len(m.refused) > 40 {
 			m.refused = m.refused[1:]
 		}
 		return
 	}
-	if r.header.Get("Idempotent-Replayed") != "" {
-		m.fail("new cart %s key %s = %s, replayed", body, t.key, r.body)
+	if r.Header.Get("Idempotent-Replayed") != "" {
+		m.fail("new cart %s key %s = %s, replayed", body, t.key, r.Body)
 	}
 	m.ops[map[bool]string{false: "cart-bought", true: "cart-held"}[t.hold]]++
 	m.taken(t, body, r)
@@ -659,11 +660,11 @@ type problemLine struct {
 	Code   string `json:"code"`
 }
 
-func problemLines(r reply) []problemLine {
+func problemLines(r systest.Reply) []problemLine {
 	var p struct {
 		Lines []problemLine `json:"lines"`
 	}
-	_ = json.Unmarshal(r.body, &p)
+	_ = json.Unmarshal(r.Body, &p)
 	return p.Lines
 }
 
@@ -671,16 +672,16 @@ func problemLines(r reply) []problemLine {
 // see refusals), and if not, whether it is a refusal a stale replica may
 // give for a bounded time (a sold-out flag, a quota count or a program cap
 // not yet caught up with a return).
-func judge(r reply, cart bool, want map[string]map[string]bool) (ok, transient bool) {
-	kind := problemKind(r)
+func judge(r systest.Reply, cart bool, want map[string]map[string]bool) (ok, transient bool) {
+	kind := systest.ProblemKind(r)
 	status := http.StatusConflict
 	if kind == "access-code-invalid" {
 		status = http.StatusForbidden
 	}
 	switch {
-	case len(want) == 0 && r.status == http.StatusCreated:
+	case len(want) == 0 && r.Status == http.StatusCreated:
 		return true, false
-	case len(want) > 0 && r.status == status && want[kind] != nil:
+	case len(want) > 0 && r.Status == status && want[kind] != nil:
 		named := problemLines(r)
 		switch {
 		case !cart:
@@ -696,7 +697,7 @@ func judge(r reply, cart bool, want map[string]map[string]bool) (ok, transient b
 	}
 	// A code's use given back by an expiry reaches the gate with the
 	// sweeper's restore, as a buyer's count does.
-	return false, r.status == http.StatusConflict && (kind == "sold-out" || kind == "limit-reached" || kind == "access-code-used-up")
+	return false, r.Status == http.StatusConflict && (kind == "sold-out" || kind == "limit-reached" || kind == "access-code-used-up")
 }
 
 // send sends a take and then the same request again (with its key: a
@@ -704,20 +705,20 @@ func judge(r reply, cart bool, want map[string]map[string]bool) (ok, transient b
 // model does not allow but a stale replica may give, for at most
 // falseSoldOutBound. It returns the answer the model allows, and fails
 // the test on any other.
-func (m *sim) send(e *env, t mTake, body string) reply {
+func (m *sim) send(e *systest.Env, t mTake, body string) systest.Reply {
 	m.t.Helper()
 	return m.sendFrom(e, t, body, m.post(e, t.path, t.key, body), time.Now())
 }
 
 // sendFrom is send given the first answer, received at.
-func (m *sim) sendFrom(e *env, t mTake, body string, r reply, at time.Time) reply {
+func (m *sim) sendFrom(e *systest.Env, t mTake, body string, r systest.Reply, at time.Time) systest.Reply {
 	m.t.Helper()
 	start := at
 	var stale string
 	for {
 		want := m.refusals(t)
 		ok, transient := judge(r, t.cart, want)
-		if !ok && r.status == http.StatusCreated && m.settleExpiries(at) {
+		if !ok && r.Status == http.StatusCreated && m.settleExpiries(at) {
 			// A hold due before the answer may have given its stock or
 			// its buyer's count back in time for it (and a sweeper may
 			// have moved it on from a closed pool).
@@ -732,8 +733,8 @@ func (m *sim) sendFrom(e *env, t mTake, body string, r reply, at time.Time) repl
 			case "limit-reached":
 				m.falseLimit = max(m.falseLimit, d)
 			}
-			if r.status != http.StatusCreated {
-				m.ops[map[bool]string{false: "refused-", true: "cart-refused-"}[t.cart]+problemKind(r)]++
+			if r.Status != http.StatusCreated {
+				m.ops[map[bool]string{false: "refused-", true: "cart-refused-"}[t.cart]+systest.ProblemKind(r)]++
 			}
 			return r
 		}
@@ -744,10 +745,10 @@ func (m *sim) sendFrom(e *env, t mTake, body string, r reply, at time.Time) repl
 				units = append(units, m.units(t.buyer, s))
 			}
 			m.fail("POST %s %s key %s = %d %s after %v; model: left %v, ended %v, %s units %v of caps %v, program %d of %d (the gate counts %s); allowed %v",
-				t.path, body, t.key, r.status, r.body, time.Since(start).Round(time.Millisecond), left, m.ended, t.buyer, units,
+				t.path, body, t.key, r.Status, r.Body, time.Since(start).Round(time.Millisecond), left, m.ended, t.buyer, units,
 				[]int64{m.skus[0].perBuyer, m.skus[1].perBuyer, m.skus[2].perBuyer}, m.units(t.buyer, nil), m.programCap, m.gateCounts(t.buyer), want)
 		}
-		stale = problemKind(r)
+		stale = systest.ProblemKind(r)
 		m.ops["stale-"+stale]++
 		time.Sleep(20 * time.Millisecond)
 		r = m.post(e, t.path, t.key, body)
@@ -780,21 +781,21 @@ type cartHoldView struct {
 	ExpiresAt time.Time `json:"expires_at"`
 }
 
-func parseCart(r reply) cartView {
+func parseCart(r systest.Reply) cartView {
 	var v cartView
-	_ = json.Unmarshal(r.body, &v)
+	_ = json.Unmarshal(r.Body, &v)
 	return v
 }
 
 // taken applies a take's 201 to the model.
-func (m *sim) taken(t mTake, body string, r reply) {
-	id := orderID(r)
+func (m *sim) taken(t mTake, body string, r systest.Reply) {
+	id := systest.OrderID(r)
 	switch {
 	case t.cart:
 		id = m.cartTaken(t, r)
 	case t.hold:
-		var h holdReply
-		_ = json.Unmarshal(r.body, &h)
+		var h systest.HoldReply
+		_ = json.Unmarshal(r.Body, &h)
 		id = h.HoldID
 		s := t.lines[0].sku
 		s.held += t.lines[0].q
@@ -809,7 +810,7 @@ func (m *sim) taken(t mTake, body string, r reply) {
 
 // cartTaken checks a new cart's answer against what it asked and applies
 // it to the model.
-func (m *sim) cartTaken(t mTake, r reply) string {
+func (m *sim) cartTaken(t mTake, r systest.Reply) string {
 	v := parseCart(r)
 	c := &mCart{id: v.CartID, take: t, state: "bought"}
 	if t.hold {
@@ -820,8 +821,8 @@ func (m *sim) cartTaken(t mTake, r reply) string {
 		n = len(v.Holds)
 	}
 	if v.CartID == "" || v.Buyer != t.buyer || n != len(t.lines) || t.hold != (len(v.Orders) == 0) || t.hold == (len(v.Holds) == 0) ||
-		t.hold == (v.ExpiresAt == nil) || r.header.Get("Location") != "/v1/carts/"+v.CartID {
-		m.fail("cart %s key %s = %s, want a cart of %d lines held %v", t.fingerprint(), t.key, r.body, len(t.lines), t.hold)
+		t.hold == (v.ExpiresAt == nil) || r.Header.Get("Location") != "/v1/carts/"+v.CartID {
+		m.fail("cart %s key %s = %s, want a cart of %d lines held %v", t.fingerprint(), t.key, r.Body, len(t.lines), t.hold)
 	}
 	for _, l := range t.lines {
 		found := false
@@ -840,7 +841,7 @@ func (m *sim) cartTaken(t mTake, r reply) string {
 			}
 		}
 		if !found {
-			m.fail("cart %s key %s = %s: no line %s:%d", t.fingerprint(), t.key, r.body, l.sku.ticket(), l.q)
+			m.fail("cart %s key %s = %s: no line %s:%d", t.fingerprint(), t.key, r.Body, l.sku.ticket(), l.q)
 		}
 	}
 	m.orders = append(m.orders, c.orders...)
@@ -857,9 +858,9 @@ func (m *sim) cartTwice() {
 	t := m.newCart(m.rng.IntN(3) == 0)
 	m.ops["cart-twice"]++
 	i := m.rng.IntN(len(m.envs))
-	es := []*env{m.envs[i], m.envs[(i+1+m.rng.IntN(len(m.envs)-1))%len(m.envs)]}
+	es := []*systest.Env{m.envs[i], m.envs[(i+1+m.rng.IntN(len(m.envs)-1))%len(m.envs)]}
 	bodies := []string{m.body(t), m.body(t)}
-	rs, ats := make([]reply, 2), make([]time.Time, 2)
+	rs, ats := make([]systest.Reply, 2), make([]time.Time, 2)
 	var wg sync.WaitGroup
 	for k := range 2 {
 		wg.Go(func() {
@@ -870,25 +871,25 @@ func (m *sim) cartTwice() {
 	wg.Wait()
 	created, fresh := -1, 0
 	for k := range 2 {
-		for start := time.Now(); rs[k].status == http.StatusServiceUnavailable && problemKind(rs[k]) == "unavailable"; {
+		for start := time.Now(); rs[k].Status == http.StatusServiceUnavailable && systest.ProblemKind(rs[k]) == "unavailable"; {
 			// The copies take turns; one that waited too long for the
 			// other is answered 503, to retry with the same key.
 			if time.Since(start) > falseSoldOutBound {
-				m.fail("copy %d of cart %s key %s still 503 after %v: %s", k, bodies[k], t.key, time.Since(start), rs[k].body)
+				m.fail("copy %d of cart %s key %s still 503 after %v: %s", k, bodies[k], t.key, time.Since(start), rs[k].Body)
 			}
 			m.ops["cart-twice-busy"]++
 			time.Sleep(20 * time.Millisecond)
 			rs[k], ats[k] = m.post(es[k], t.path, t.key, bodies[k]), time.Now()
 		}
 		rs[k] = m.sendFrom(es[k], t, bodies[k], rs[k], ats[k])
-		if rs[k].status != http.StatusCreated {
+		if rs[k].Status != http.StatusCreated {
 			continue
 		}
-		if rs[k].header.Get("Idempotent-Replayed") == "" {
+		if rs[k].Header.Get("Idempotent-Replayed") == "" {
 			fresh++
 		}
 		if created >= 0 && parseCart(rs[k]).CartID != parseCart(rs[created]).CartID {
-			m.fail("one cart sent twice at once made two: %s and %s", rs[created].body, rs[k].body)
+			m.fail("one cart sent twice at once made two: %s and %s", rs[created].Body, rs[k].Body)
 		}
 		created = k
 	}
@@ -896,7 +897,7 @@ func (m *sim) cartTwice() {
 		return
 	}
 	if fresh != 1 {
-		m.fail("one cart sent twice at once: %d answers not replayed, want 1: %s / %s", fresh, rs[0].body, rs[1].body)
+		m.fail("one cart sent twice at once: %d answers not replayed, want 1: %s / %s", fresh, rs[0].Body, rs[1].Body)
 	}
 	m.taken(t, bodies[created], rs[created])
 }
@@ -921,30 +922,6 @@ func (m *sim) retryRefused() {
 	m.sendCart(m.env(), t)
 }
 
-func problemKind(r reply) string {
-	var p struct {
-		Type string `json:"type"`
-	}
-	_ = json.Unmarshal(r.body, &p)
-	for i := len(p.Type) - 1; i >= 0; i-- {
-		if p.Type[i] == '/' {
-			return p.Type[i+1:]
-		}
-	}
-	return p.Type
-}
-
-// replyID is the id an answer is about: a cart's, an order's, a hold's.
-func replyID(r reply) string {
-	var v struct {
-		CartID  string `json:"cart_id"`
-		OrderID string `json:"order_id"`
-		HoldID  string `json:"hold_id"`
-	}
-	_ = json.Unmarshal(r.body, &v)
-	return cmp.Or(v.CartID, v.OrderID, v.HoldID)
-}
-
 // live says a hold is held and far from its expiry: a long hold, never a
 // short one (a confirm racing the sweeper is another test's subject, and
 // on a busy machine a request may take a while).
@@ -966,14 +943,14 @@ func (m *sim) liveHold() *mHold {
 	return live[m.rng.IntN(len(live))]
 }
 
-func (m *sim) act(path, buyer string, want int) reply {
+func (m *sim) act(path, buyer string, want int) systest.Reply {
 	key := m.newKey()
 	body := fmt.Sprintf(`{"buyer":%q}`, buyer)
 	r := m.post(m.env(), path, key, body)
-	if r.status != want {
-		m.fail("POST %s = %d %s, want %d", path, r.status, r.body, want)
+	if r.Status != want {
+		m.fail("POST %s = %d %s, want %d", path, r.Status, r.Body, want)
 	}
-	m.done = append(m.done, mRequest{path: path, key: key, body: body, buyer: buyer, status: want, id: replyID(r)})
+	m.done = append(m.done, mRequest{path: path, key: key, body: body, buyer: buyer, status: want, id: systest.ReplyID(r)})
 	return r
 }
 
@@ -987,7 +964,7 @@ func (m *sim) confirm() {
 	h.state = ledger.Confirmed
 	h.sku.held -= h.q
 	h.sku.sold += h.q
-	m.orders = append(m.orders, &mOrder{id: orderID(r), sku: h.sku, buyer: h.buyer, code: h.code, q: h.q})
+	m.orders = append(m.orders, &mOrder{id: systest.OrderID(r), sku: h.sku, buyer: h.buyer, code: h.code, q: h.q})
 }
 
 func (m *sim) cancel() {
@@ -1088,16 +1065,16 @@ func (m *sim) cartDo(c *mCart, action, buyer string) {
 	}
 	key, body := m.newKey(), fmt.Sprintf(`{"buyer":%q}`, buyer)
 	r := m.post(m.env(), path, key, body)
-	if r.status != want || kind != "" && problemKind(r) != kind {
-		m.fail("POST %s (cart %s, as %s) = %d %s, want %d %s", path, c.state, buyer, r.status, r.body, want, kind)
+	if r.Status != want || kind != "" && systest.ProblemKind(r) != kind {
+		m.fail("POST %s (cart %s, as %s) = %d %s, want %d %s", path, c.state, buyer, r.Status, r.Body, want, kind)
 	}
 	if want >= 300 {
 		m.ops["cart-refused-"+kind]++
 		return
 	}
 	v := parseCart(r)
-	if v.CartID != c.id || r.header.Get("Idempotent-Replayed") != "" {
-		m.fail("POST %s (cart %s) = %s %v, want cart %s, not replayed", path, c.state, r.body, r.header, c.id)
+	if v.CartID != c.id || r.Header.Get("Idempotent-Replayed") != "" {
+		m.fail("POST %s (cart %s) = %s %v, want cart %s, not replayed", path, c.state, r.Body, r.Header, c.id)
 	}
 	states := map[string]string{}
 	for _, h := range v.Holds {
@@ -1120,7 +1097,7 @@ func (m *sim) cartDo(c *mCart, action, buyer string) {
 			}
 		}
 		if len(c.orders) != len(c.holds) {
-			m.fail("confirm of cart %s = %s: want an order per hold", c.id, r.body)
+			m.fail("confirm of cart %s = %s: want an order per hold", c.id, r.Body)
 		}
 		m.orders = append(m.orders, c.orders...)
 		c.state = ledger.Confirmed
@@ -1148,12 +1125,12 @@ func (m *sim) cartDo(c *mCart, action, buyer string) {
 	}
 	for _, h := range c.holds {
 		if states[h.id] != h.state {
-			m.fail("POST %s = %s: hold %s %s, want %s", path, r.body, h.id, states[h.id], h.state)
+			m.fail("POST %s = %s: hold %s %s, want %s", path, r.Body, h.id, states[h.id], h.state)
 		}
 	}
 	for _, o := range c.orders {
 		if got, ok := refunded[o.id]; !ok || got != o.refunded {
-			m.fail("POST %s = %s: order %s refunded %v (listed %v), want %v", path, r.body, o.id, got, ok, o.refunded)
+			m.fail("POST %s = %s: order %s refunded %v (listed %v), want %v", path, r.Body, o.id, got, ok, o.refunded)
 		}
 	}
 	m.done = append(m.done, mRequest{path: path, key: key, body: body, buyer: buyer, status: want, id: c.id})
@@ -1175,8 +1152,8 @@ func (m *sim) lineAlone() {
 	path := "/v1/holds/" + h.id + "/" + []string{"confirm", "cancel"}[m.rng.IntN(2)]
 	m.ops["line-alone"]++
 	r := m.post(m.env(), path, m.newKey(), fmt.Sprintf(`{"buyer":%q}`, h.buyer))
-	if r.status != http.StatusConflict || problemKind(r) != "in-cart" {
-		m.fail("POST %s (a line of cart %s, %s) = %d %s, want 409 in-cart", path, h.cart.id, h.cart.state, r.status, r.body)
+	if r.Status != http.StatusConflict || systest.ProblemKind(r) != "in-cart" {
+		m.fail("POST %s (a line of cart %s, %s) = %d %s, want 409 in-cart", path, h.cart.id, h.cart.state, r.Status, r.Body)
 	}
 }
 
@@ -1195,20 +1172,20 @@ func (m *sim) retry() {
 	e := m.env()
 	start := time.Now()
 	r := m.post(e, q.path, q.key, body)
-	for r.status == 409 && problemKind(r) == "sold-out" && time.Since(start) < falseSoldOutBound {
+	for r.Status == 409 && systest.ProblemKind(r) == "sold-out" && time.Since(start) < falseSoldOutBound {
 		// A replica whose sold-out flag predates stock coming back (and
 		// being sold again on another replica) answers from memory until
 		// the flag's next re-check: bounded, and measured here.
 		time.Sleep(20 * time.Millisecond)
 		r = m.post(e, q.path, q.key, body)
 	}
-	if d := time.Since(start); r.status == q.status && d > 5*time.Millisecond {
+	if d := time.Since(start); r.Status == q.status && d > 5*time.Millisecond {
 		m.ops["retry-stale-flag"]++
 		m.staleRetry = max(m.staleRetry, d)
 	}
-	if id := replyID(r); r.status != q.status || id != q.id || r.header.Get("Idempotent-Replayed") != "true" {
+	if id := systest.ReplyID(r); r.Status != q.status || id != q.id || r.Header.Get("Idempotent-Replayed") != "true" {
 		m.fail("retry of %s %s key %s = %d %s (replayed %q), want %d with %s replayed",
-			q.path, body, q.key, r.status, r.body, r.header.Get("Idempotent-Replayed"), q.status, q.id)
+			q.path, body, q.key, r.Status, r.Body, r.Header.Get("Idempotent-Replayed"), q.status, q.id)
 	}
 }
 
@@ -1221,15 +1198,15 @@ func (m *sim) reuse() {
 	q := m.done[m.rng.IntN(len(m.done))]
 	s := m.skus[m.rng.IntN(len(m.skus))]
 	m.ops["reuse"]++
-	path, body := skuPath(s.sku)+"/purchases", fmt.Sprintf(`{"buyer":%q,"quantity":4}`, q.buyer)
+	path, body := systest.SKUPath(s.sku)+"/purchases", fmt.Sprintf(`{"buyer":%q,"quantity":4}`, q.buyer)
 	if q.path == path && q.body == body {
 		return
 	}
 	if m.rng.IntN(2) == 0 {
-		path, body = skuPath(s.sku)+"/holds", fmt.Sprintf(`{"buyer":%q,"quantity":4,"ttl_seconds":77}`, q.buyer)
+		path, body = systest.SKUPath(s.sku)+"/holds", fmt.Sprintf(`{"buyer":%q,"quantity":4,"ttl_seconds":77}`, q.buyer)
 	}
 	r := m.post(m.env(), path, q.key, body)
-	if r.status == 422 {
+	if r.Status == 422 {
 		return
 	}
 	// A SKU that takes no more requests (or that this replica's sold-out
@@ -1237,11 +1214,11 @@ func (m *sim) reuse() {
 	// for this SKU, is answered from memory without a ledger call; only
 	// the SKU's own committed keys are known there. The request moves
 	// nothing either way (checked after the step).
-	if r.status == 409 && (problemKind(r) == "sale-ended" || problemKind(r) == "sold-out" || problemKind(r) == "limit-reached") {
+	if r.Status == 409 && (systest.ProblemKind(r) == "sale-ended" || systest.ProblemKind(r) == "sold-out" || systest.ProblemKind(r) == "limit-reached") {
 		m.ops["reuse-refused-closed"]++
 		return
 	}
-	m.fail("reuse of key %s (first %s) for %s %s = %d %s, want 422", q.key, q.path, path, body, r.status, r.body)
+	m.fail("reuse of key %s (first %s) for %s %s = %d %s, want 422", q.key, q.path, path, body, r.Status, r.Body)
 }
 
 // cartReuse sends a cart with a committed request's key and buyer that
@@ -1282,8 +1259,8 @@ func (m *sim) cartReuse() {
 	m.ops["cart-reuse"]++
 	body := m.body(t)
 	r := m.post(m.env(), t.path, t.key, body)
-	if r.status != http.StatusUnprocessableEntity || problemKind(r) != "idempotency-key-reused" {
-		m.fail("reuse of key %s (first %s %s) for cart %s = %d %s, want 422 idempotency-key-reused", q.key, q.path, q.body, body, r.status, r.body)
+	if r.Status != http.StatusUnprocessableEntity || systest.ProblemKind(r) != "idempotency-key-reused" {
+		m.fail("reuse of key %s (first %s %s) for cart %s = %d %s, want 422 idempotency-key-reused", q.key, q.path, q.body, body, r.Status, r.Body)
 	}
 }
 
@@ -1293,8 +1270,8 @@ func (m *sim) admin(what string) {
 	e := m.env()
 	switch what {
 	case "reconcile":
-		if r := m.post(e, adminPath(s.sku)+"/reconcile", "", ""); r.status != 200 && r.status != 409 {
-			m.fail("reconcile = %d %s", r.status, r.body)
+		if r := m.post(e, systest.AdminPath(s.sku)+"/reconcile", "", ""); r.Status != 200 && r.Status != 409 {
+			m.fail("reconcile = %d %s", r.Status, r.Body)
 		}
 	case "restock":
 		s.total += int64(1 + m.rng.IntN(8))
@@ -1312,8 +1289,8 @@ func (m *sim) admin(what string) {
 			m.put(e, s)
 		}
 	case "end":
-		if r := m.post(e, adminPath(s.sku)+"/end", "", ""); r.status != 200 {
-			m.fail("end = %d %s", r.status, r.body)
+		if r := m.post(e, systest.AdminPath(s.sku)+"/end", "", ""); r.Status != 200 {
+			m.fail("end = %d %s", r.Status, r.Body)
 		}
 		s.ended, m.ended = true, true
 		if m.pool.base == s {
@@ -1358,7 +1335,7 @@ func (m *sim) settleExpiries(before time.Time) bool {
 		}
 		deadline := time.Now().Add(5 * time.Second)
 		for {
-			got, err := m.envs[0].ledger.HoldByID(ctx, keys.MustID(h.id))
+			got, err := m.envs[0].Ledger.HoldByID(ctx, keys.MustID(h.id))
 			if err != nil {
 				m.fail("hold %s: %v", h.id, err)
 			}
@@ -1387,7 +1364,7 @@ func (m *sim) settleExpiries(before time.Time) bool {
 // between the model's accounting and the read: then account and read again.
 func (m *sim) checkLedger() {
 	ctx := context.Background()
-	led := m.envs[0].ledger
+	led := m.envs[0].Ledger
 	for _, s := range m.ledgerStocks() {
 		for attempt := 0; ; attempt++ {
 			st, err := led.SKU(ctx, s.sku)
@@ -1416,7 +1393,7 @@ func (m *sim) checkLedger() {
 // counts what stands then).
 func (m *sim) checkBuyers() {
 	ctx := context.Background()
-	led := m.envs[0].ledger
+	led := m.envs[0].Ledger
 	for attempt := 0; ; attempt++ {
 		var diff []string
 		for b := range modelBuyers {
@@ -1488,7 +1465,7 @@ func (m *sim) replayEvents() string {
 	kinds := map[string]int{}
 	var after int64
 	for {
-		r := m.envs[0].do(m.t, http.MethodGet, fmt.Sprintf("/v1/admin/events?program=%s&after=%d&limit=500", m.program, after), nil, "")
+		r := m.envs[0].Do(m.t, http.MethodGet, fmt.Sprintf("/v1/admin/events?program=%s&after=%d&limit=500", m.program, after), nil, "")
 		var page struct {
 			Events []struct {
 				Seq      int64  `json:"seq"`
@@ -1500,8 +1477,8 @@ func (m *sim) replayEvents() string {
 			} `json:"events"`
 			Next int64 `json:"next"`
 		}
-		if r.status != http.StatusOK || json.Unmarshal(r.body, &page) != nil {
-			m.fail("GET events = %d %s", r.status, r.body)
+		if r.Status != http.StatusOK || json.Unmarshal(r.Body, &page) != nil {
+			m.fail("GET events = %d %s", r.Status, r.Body)
 		}
 		if len(page.Events) == 0 {
 			break
@@ -1541,7 +1518,7 @@ func (m *sim) replayEvents() string {
 	}
 	ctx := context.Background()
 	for _, s := range m.stocks() {
-		st, err := m.envs[0].ledger.SKU(ctx, s.sku)
+		st, err := m.envs[0].Ledger.SKU(ctx, s.sku)
 		if err != nil {
 			m.fail("ledger: %v", err)
 		}
@@ -1571,23 +1548,23 @@ func (m *sim) checkCarts(all bool) {
 		if c.state == ledger.Held && time.Until(c.holds[0].expires) < time.Second {
 			continue // may be expiring as it is read
 		}
-		r := m.env().do(m.t, http.MethodGet, "/v1/carts/"+c.id, nil, "")
+		r := m.env().Do(m.t, http.MethodGet, "/v1/carts/"+c.id, nil, "")
 		v := parseCart(r)
-		if r.status != http.StatusOK || v.CartID != c.id || v.Buyer != c.take.buyer || len(v.Holds) != len(c.holds) || len(v.Orders) != len(c.orders) {
-			m.fail("GET cart %s (%s, %d holds, %d orders) = %d %s", c.id, c.state, len(c.holds), len(c.orders), r.status, r.body)
+		if r.Status != http.StatusOK || v.CartID != c.id || v.Buyer != c.take.buyer || len(v.Holds) != len(c.holds) || len(v.Orders) != len(c.orders) {
+			m.fail("GET cart %s (%s, %d holds, %d orders) = %d %s", c.id, c.state, len(c.holds), len(c.orders), r.Status, r.Body)
 		}
 		for _, h := range c.holds {
 			if !slices.ContainsFunc(v.Holds, func(got cartHoldView) bool {
 				return got.HoldID == h.id && got.State == h.state && got.Ticket == h.sku.ticket() && got.Quantity == h.q
 			}) {
-				m.fail("GET cart %s = %s: want hold %s %s of %d %s", c.id, r.body, h.id, h.state, h.q, h.sku.ticket())
+				m.fail("GET cart %s = %s: want hold %s %s of %d %s", c.id, r.Body, h.id, h.state, h.q, h.sku.ticket())
 			}
 		}
 		for _, o := range c.orders {
 			if !slices.ContainsFunc(v.Orders, func(got cartOrderView) bool {
 				return got.OrderID == o.id && (got.RefundedAt != nil) == o.refunded && got.Ticket == o.sku.ticket() && got.Quantity == o.q
 			}) {
-				m.fail("GET cart %s = %s: want order %s of %d %s, refunded %v", c.id, r.body, o.id, o.q, o.sku.ticket(), o.refunded)
+				m.fail("GET cart %s = %s: want order %s of %d %s, refunded %v", c.id, r.Body, o.id, o.q, o.sku.ticket(), o.refunded)
 			}
 		}
 	}
@@ -1598,7 +1575,7 @@ func (m *sim) checkCarts(all bool) {
 func (m *sim) gateCounts(buyer string) string {
 	var out []string
 	for _, t := range []keys.ID{m.skus[0].sku.Ticket, m.skus[1].sku.Ticket, m.skus[2].sku.Ticket, {}} {
-		used, err := m.envs[0].rdb.HGet(context.Background(), keys.Quota(m.program, t, keys.MustID(buyer)), "used").Result()
+		used, err := m.envs[0].Redis.HGet(context.Background(), keys.Quota(m.program, t, keys.MustID(buyer)), "used").Result()
 		if err != nil {
 			used = "none"
 		}
@@ -1615,11 +1592,11 @@ func (m *sim) checkRedis() {
 	for _, s := range m.ledgerStocks() {
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			st, err := e.ledger.SKU(ctx, s.sku)
+			st, err := e.Ledger.SKU(ctx, s.sku)
 			if err != nil {
 				m.fail("ledger: %v", err)
 			}
-			left, seeded, err := e.gate.Remaining(ctx, s.sku, st.Shards)
+			left, seeded, err := e.Gate.Remaining(ctx, s.sku, st.Shards)
 			want := st.Remaining()
 			if !st.EndedAt.IsZero() {
 				want = 0
@@ -1630,10 +1607,10 @@ func (m *sim) checkRedis() {
 			if !seeded {
 				// Lost with the rest of Redis and not asked for since: a
 				// stock read rebuilds nothing, a reconcile does.
-				e.do(m.t, http.MethodPost, adminPath(s.capped().sku)+"/reconcile"+poolParam(s), nil, "")
+				e.Do(m.t, http.MethodPost, systest.AdminPath(s.capped().sku)+"/reconcile"+poolParam(s), nil, "")
 			}
 			if time.Now().After(deadline) {
-				pending, _ := e.ledger.PendingRestores(ctx, 0, 100)
+				pending, _ := e.Ledger.PendingRestores(ctx, 0, 100)
 				m.fail("%s: Redis remaining %d (seeded %v, %v), ledger remaining %d (%+v), 10s after the step; pending restores %+v",
 					s.sku, left, seeded, err, want, st, pending)
 			}

@@ -1,4 +1,4 @@
-package gateway_test
+package model_test
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 )
@@ -53,7 +54,7 @@ func (m *sim) waitOp() {
 	s := m.skus[0]
 	buyer := m.buyer()
 	w := m.waitOf(buyer)
-	path := waitPath(s.sku, buyer)
+	path := systest.WaitPath(s.sku, buyer)
 	e := m.env()
 	switch r := m.rng.IntN(10); {
 	case r < 6:
@@ -66,10 +67,10 @@ func (m *sim) waitOp() {
 		case s.left() >= 1:
 			want, kind = http.StatusConflict, "not-sold-out"
 		}
-		rep := e.do(m.t, http.MethodPut, path, nil, `{"quantity":1}`)
-		m.tracef("PUT %s = %d %s", path, rep.status, rep.body)
-		if rep.status != want || kind != "" && problemKind(rep) != kind {
-			m.fail("join %s (entry %+v, left %d) = %d %s, want %d %s", buyer, w, s.left(), rep.status, rep.body, want, kind)
+		rep := e.Do(m.t, http.MethodPut, path, nil, `{"quantity":1}`)
+		m.tracef("PUT %s = %d %s", path, rep.Status, rep.Body)
+		if rep.Status != want || kind != "" && systest.ProblemKind(rep) != kind {
+			m.fail("join %s (entry %+v, left %d) = %d %s, want %d %s", buyer, w, s.left(), rep.Status, rep.Body, want, kind)
 		}
 		if want != http.StatusCreated {
 			m.ops["wait-join-"+map[bool]string{true: "again", false: kind}[kind == ""]]++
@@ -88,26 +89,26 @@ func (m *sim) waitOp() {
 		case w.state == ledger.Offered && w.hold.state == ledger.Held:
 			want, kind = http.StatusConflict, "waitlist-offered"
 		}
-		rep := e.do(m.t, http.MethodDelete, path, nil, "")
-		m.tracef("DELETE %s = %d %s", path, rep.status, rep.body)
-		if rep.status != want || kind != "" && problemKind(rep) != kind {
-			m.fail("leave %s (entry %+v) = %d %s, want %d %s", buyer, w, rep.status, rep.body, want, kind)
+		rep := e.Do(m.t, http.MethodDelete, path, nil, "")
+		m.tracef("DELETE %s = %d %s", path, rep.Status, rep.Body)
+		if rep.Status != want || kind != "" && systest.ProblemKind(rep) != kind {
+			m.fail("leave %s (entry %+v) = %d %s, want %d %s", buyer, w, rep.Status, rep.Body, want, kind)
 		}
 		m.ops["wait-leave"]++
 		if want == http.StatusOK && w.state == ledger.Waiting {
 			w.state = ledger.Left
 		}
 	default:
-		rep := e.do(m.t, http.MethodGet, path, nil, "")
+		rep := e.Do(m.t, http.MethodGet, path, nil, "")
 		if w == nil {
-			if rep.status != http.StatusNotFound {
-				m.fail("GET %s of no entry = %d %s", path, rep.status, rep.body)
+			if rep.Status != http.StatusNotFound {
+				m.fail("GET %s of no entry = %d %s", path, rep.Status, rep.Body)
 			}
 			return
 		}
 		m.ops["wait-read"]++
-		if rep.status != http.StatusOK {
-			m.fail("GET %s = %d %s", path, rep.status, rep.body)
+		if rep.Status != http.StatusOK {
+			m.fail("GET %s = %d %s", path, rep.Status, rep.Body)
 		}
 	}
 }
@@ -127,7 +128,7 @@ func (m *sim) returned(s *mSKU, units int64) {
 		if w.state != ledger.Waiting || !m.mayHold(w.buyer, s, 1) {
 			continue
 		}
-		got, err := m.envs[0].ledger.WaitEntryOf(ctx, s.sku, keys.MustID(w.buyer))
+		got, err := m.envs[0].Ledger.WaitEntryOf(ctx, s.sku, keys.MustID(w.buyer))
 		if err != nil || got.State != ledger.Offered || got.Offer == nil || got.Offer.Quantity != 1 {
 			m.fail("%s first in line when %d came back: the ledger has %+v (%v), want an offer", w.buyer, units, got, err)
 		}
@@ -171,7 +172,7 @@ func (m *sim) lineDiff() string {
 	ctx := context.Background()
 	var ahead int64
 	for _, w := range m.line {
-		got, err := m.envs[0].ledger.WaitEntryOf(ctx, m.skus[0].sku, keys.MustID(w.buyer))
+		got, err := m.envs[0].Ledger.WaitEntryOf(ctx, m.skus[0].sku, keys.MustID(w.buyer))
 		if err != nil && !errors.Is(err, ledger.ErrNotFound) {
 			m.fail("waitlist %s: %v", w.buyer, err)
 		}

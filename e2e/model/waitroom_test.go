@@ -1,4 +1,4 @@
-package gateway_test
+package model_test
 
 import (
 	"context"
@@ -11,11 +11,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
@@ -140,7 +140,7 @@ type qStatus struct {
 }
 
 // newQueue puts the queued program: its tickets and its waiting room.
-func (m *sim) newQueue(e *env) {
+func (m *sim) newQueue(e *systest.Env) {
 	m.t.Helper()
 	q := &mQueue{program: keys.MustID(testenv.ID(m.t, "mq")), places: map[int64]*mPlace{}, gates: map[string]string{}}
 	m.q = q
@@ -151,15 +151,15 @@ func (m *sim) newQueue(e *env) {
 	}
 	// A program cap no buyer reaches (every ticket is 4): the ledger counts
 	// each buyer's units of the program, which checkQueueBuyers reads.
-	if r := e.do(m.t, http.MethodPut, "/v1/admin/programs/"+q.program.String(), nil, `{"per_buyer":1000}`); r.status != http.StatusOK {
-		m.fail("PUT program = %d %s", r.status, r.body)
+	if r := e.Do(m.t, http.MethodPut, "/v1/admin/programs/"+q.program.String(), nil, `{"per_buyer":1000}`); r.Status != http.StatusOK {
+		m.fail("PUT program = %d %s", r.Status, r.Body)
 	}
-	r := e.do(m.t, http.MethodPut, "/v1/admin/programs/"+q.program.String()+"/queue", nil,
+	r := e.Do(m.t, http.MethodPut, "/v1/admin/programs/"+q.program.String()+"/queue", nil,
 		fmt.Sprintf(`{"opens_in_seconds":0,"rate_per_second":100,"window_seconds":%d,"per_remaining":1}`, int(qWindow/time.Second)))
-	if r.status != http.StatusOK {
-		m.fail("PUT queue = %d %s", r.status, r.body)
+	if r.Status != http.StatusOK {
+		m.fail("PUT queue = %d %s", r.Status, r.Body)
 	}
-	c, err := e.ledger.Queue(context.Background(), q.program)
+	c, err := e.Ledger.Queue(context.Background(), q.program)
 	if err != nil {
 		m.fail("ledger queue: %v", err)
 	}
@@ -264,22 +264,22 @@ func (m *sim) queueJoin() {
 	start := time.Now()
 	for retried := false; ; retried = true {
 		ts := time.Now()
-		r := e.do(m.t, http.MethodPost, path, nil, body)
+		r := e.Do(m.t, http.MethodPost, path, nil, body)
 		tr := time.Now()
-		m.tracef("POST %s %s on %d = %d %s", path, body, slices.Index(m.envs, e), r.status, r.body)
-		if r.status == http.StatusServiceUnavailable && time.Since(start) < falseSoldOutBound {
+		m.tracef("POST %s %s on %d = %d %s", path, body, slices.Index(m.envs, e), r.Status, r.Body)
+		if r.Status == http.StatusServiceUnavailable && time.Since(start) < falseSoldOutBound {
 			m.ops["queue-join-busy"]++
 			time.Sleep(20 * time.Millisecond)
 			continue
 		}
 		if bad {
-			if r.status != http.StatusBadRequest || problemKind(r) != "invalid-queue-ticket" {
-				m.fail("join of %s with ticket %q = %d %s, want 400 invalid-queue-ticket", b.name, ticket, r.status, r.body)
+			if r.Status != http.StatusBadRequest || systest.ProblemKind(r) != "invalid-queue-ticket" {
+				m.fail("join of %s with ticket %q = %d %s, want 400 invalid-queue-ticket", b.name, ticket, r.Status, r.Body)
 			}
 			return
 		}
 		var st qStatus
-		_ = json.Unmarshal(r.body, &st)
+		_ = json.Unmarshal(r.Body, &st)
 		var p *mPlace
 		switch {
 		case b.place != nil, with != nil:
@@ -288,18 +288,18 @@ func (m *sim) queueJoin() {
 			if p == nil {
 				p = with
 			}
-			if r.status != http.StatusOK {
-				m.fail("join of %s (place %d, ticket %v) = %d %s, want 200 with its place", b.name, p.pos, with != nil, r.status, r.body)
+			if r.Status != http.StatusOK {
+				m.fail("join of %s (place %d, ticket %v) = %d %s, want 200 with its place", b.name, p.pos, with != nil, r.Status, r.Body)
 			}
 		default:
 			// A new place, after every one ever given (a join that was
 			// answered 503 may have taken it: then 200).
-			if r.status != http.StatusCreated && (!retried || r.status != http.StatusOK) || st.Ticket == "" {
-				m.fail("join of %s (no place) = %d %s, want 201", b.name, r.status, r.body)
+			if r.Status != http.StatusCreated && (!retried || r.Status != http.StatusOK) || st.Ticket == "" {
+				m.fail("join of %s (no place) = %d %s, want 201", b.name, r.Status, r.Body)
 			}
 			p = m.qPlaceOf(b, st.Ticket)
 			if p.pos <= q.maxPos || q.places[p.pos] != nil {
-				m.fail("join of %s = %s: position %d given before (the highest given is %d, to %s)", b.name, r.body, p.pos, q.maxPos, fmt.Sprint(q.places[p.pos]))
+				m.fail("join of %s = %s: position %d given before (the highest given is %d, to %s)", b.name, r.Body, p.pos, q.maxPos, fmt.Sprint(q.places[p.pos]))
 			}
 			q.maxPos, q.places[p.pos] = p.pos, p
 			q.all = append(q.all, p)
@@ -331,9 +331,9 @@ func (m *sim) queueCheck() {
 	e := m.env()
 	if m.rng.IntN(20) == 0 {
 		m.ops["queue-check-forged"]++
-		r := e.do(m.t, http.MethodGet, "/v1/programs/"+m.q.program.String()+"/queue/"+forge(p.ticket), nil, "")
-		if r.status != http.StatusBadRequest || problemKind(r) != "invalid-queue-ticket" {
-			m.fail("check of a forged ticket = %d %s, want 400 invalid-queue-ticket", r.status, r.body)
+		r := e.Do(m.t, http.MethodGet, "/v1/programs/"+m.q.program.String()+"/queue/"+forge(p.ticket), nil, "")
+		if r.Status != http.StatusBadRequest || systest.ProblemKind(r) != "invalid-queue-ticket" {
+			m.fail("check of a forged ticket = %d %s, want 400 invalid-queue-ticket", r.Status, r.Body)
 		}
 		return
 	}
@@ -342,21 +342,21 @@ func (m *sim) queueCheck() {
 }
 
 // qCheckOn checks p on e and judges the answer.
-func (m *sim) qCheckOn(e *env, p *mPlace) {
+func (m *sim) qCheckOn(e *systest.Env, p *mPlace) {
 	path := "/v1/programs/" + m.q.program.String() + "/queue/" + p.ticket
 	start := time.Now()
 	for {
 		ts := time.Now()
-		r := e.do(m.t, http.MethodGet, path, nil, "")
+		r := e.Do(m.t, http.MethodGet, path, nil, "")
 		tr := time.Now()
-		m.tracef("GET %s (%s at %d) on %d = %d %s", path, p.buyer.name, p.pos, slices.Index(m.envs, e), r.status, r.body)
-		if r.status == http.StatusServiceUnavailable && time.Since(start) < falseSoldOutBound {
+		m.tracef("GET %s (%s at %d) on %d = %d %s", path, p.buyer.name, p.pos, slices.Index(m.envs, e), r.Status, r.Body)
+		if r.Status == http.StatusServiceUnavailable && time.Since(start) < falseSoldOutBound {
 			m.ops["queue-check-busy"]++
 			time.Sleep(20 * time.Millisecond)
 			continue
 		}
-		if r.status != http.StatusOK {
-			m.fail("check of %s at %d = %d %s", p.buyer.name, p.pos, r.status, r.body)
+		if r.Status != http.StatusOK {
+			m.fail("check of %s at %d = %d %s", p.buyer.name, p.pos, r.Status, r.Body)
 		}
 		m.qJudgeStatus(p, r, ts, tr)
 		return
@@ -376,7 +376,7 @@ func (m *sim) qAdmissions() qBatches {
 	ctx := context.Background()
 	k := keys.Queue(m.q.program)
 	bs := qBatches{lost: m.qLost(), read: time.Now()}
-	v, err := m.envs[0].rdb.ZRangeWithScores(ctx, k.BatchesByEnd(), 0, -1).Result()
+	v, err := m.envs[0].Redis.ZRangeWithScores(ctx, k.BatchesByEnd(), 0, -1).Result()
 	if err != nil {
 		m.fail("queue batches: %v", err)
 	}
@@ -427,7 +427,7 @@ func (m *sim) qAdmissionOf(p *mPlace) qAdm { return m.qOf(m.qAdmissions(), p) }
 
 // qLost says Redis has no record of the line.
 func (m *sim) qLost() bool {
-	err := m.envs[0].rdb.HGet(context.Background(), keys.Queue(m.q.program).Meta(), "line").Err()
+	err := m.envs[0].Redis.HGet(context.Background(), keys.Queue(m.q.program).Meta(), "line").Err()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		m.fail("queue meta: %v", err)
 	}
@@ -455,11 +455,11 @@ func (m *sim) qKnown(t time.Time, ledger bool) int64 {
 
 // qJudgeStatus checks a join's or a check's answer about p, sent at ts and
 // answered at tr.
-func (m *sim) qJudgeStatus(p *mPlace, r reply, ts, tr time.Time) {
+func (m *sim) qJudgeStatus(p *mPlace, r systest.Reply, ts, tr time.Time) {
 	q := m.q
 	var st qStatus
-	if err := json.Unmarshal(r.body, &st); err != nil || st.Ticket != p.ticket || st.Position != p.pos || st.Buyer != p.buyer.name {
-		m.fail("queue status of %s at %d = %d %s: want its ticket and position", p.buyer.name, p.pos, r.status, r.body)
+	if err := json.Unmarshal(r.Body, &st); err != nil || st.Ticket != p.ticket || st.Position != p.pos || st.Buyer != p.buyer.name {
+		m.fail("queue status of %s at %d = %d %s: want its ticket and position", p.buyer.name, p.pos, r.Status, r.Body)
 	}
 	a := m.qAdmissionOf(p)
 	after := time.Now()
@@ -477,7 +477,7 @@ func (m *sim) qJudgeStatus(p *mPlace, r reply, ts, tr time.Time) {
 		ok = ok && (a.ok && time.UnixMilli(a.at).Add(qWindow).Before(after) ||
 			!p.first.IsZero() && p.first.Add(qWindow).Before(tr) || beforeFlush)
 	case waitroom.Waiting:
-		ok = ok && r.header.Get("Retry-After") != "" && st.Ahead != nil && *st.Ahead >= 0
+		ok = ok && r.Header.Get("Retry-After") != "" && st.Ahead != nil && *st.Ahead >= 0
 		// The replica's serving counter, from the places it says are
 		// ahead.
 		if serving := p.pos - *st.Ahead - 1; ok && serving < m.qKnown(ts, false) {
@@ -489,7 +489,7 @@ func (m *sim) qJudgeStatus(p *mPlace, r reply, ts, tr time.Time) {
 	}
 	if !ok {
 		m.fail("queue status of %s at %d = %s (sent %v after the window of its batch at %v; Redis: %+v; known admitted %d, recorded %d; sold out since %v, reopened %v; flushed %v)",
-			p.buyer.name, p.pos, r.body, ts.Sub(time.UnixMilli(a.at).Add(qWindow)), time.UnixMilli(a.at).Format("15:04:05.000"), a,
+			p.buyer.name, p.pos, r.Body, ts.Sub(time.UnixMilli(a.at).Add(qWindow)), time.UnixMilli(a.at).Format("15:04:05.000"), a,
 			m.qKnown(ts, false), m.qKnown(ts, true), q.soldOutSince.Format("15:04:05.000"), q.reopened.Format("15:04:05.000"), q.flushedAt.Format("15:04:05.000"))
 	}
 	m.ops["queue-status-"+st.State]++
@@ -584,9 +584,9 @@ func (m *sim) qNewTake(b *mQBuyer, overMax bool) (t mTake, op string) {
 	}
 	switch r := m.rng.IntN(10); {
 	case r < 4:
-		t.path, t.lines, op = skuPath(s.sku)+"/purchases", []mLine{{s, n}}, "queue-purchase"
+		t.path, t.lines, op = systest.SKUPath(s.sku)+"/purchases", []mLine{{s, n}}, "queue-purchase"
 	case r < 6:
-		t.path, t.lines, t.hold, t.ttl, op = skuPath(s.sku)+"/holds", []mLine{{s, n}}, true, m.holdTTL(), "queue-hold"
+		t.path, t.lines, t.hold, t.ttl, op = systest.SKUPath(s.sku)+"/holds", []mLine{{s, n}}, true, m.holdTTL(), "queue-hold"
 	default:
 		t.cart, t.path, op = true, "/v1/programs/"+q.program.String()+"/carts", "queue-cart"
 		if r == 9 {
@@ -619,11 +619,11 @@ func (m *sim) queueTwice() {
 	}
 	m.ops[map[bool]string{true: "queue-twice-same", false: "queue-twice"}[same]]++
 	i := m.rng.IntN(len(m.envs))
-	es := []*env{m.envs[i], m.envs[(i+1+m.rng.IntN(len(m.envs)-1))%len(m.envs)]}
+	es := []*systest.Env{m.envs[i], m.envs[(i+1+m.rng.IntN(len(m.envs)-1))%len(m.envs)]}
 	bodies := []string{m.body(ts[0]), m.body(ts[1])}
 	a1 := m.qAdmissionOf(p)
 	sent := time.Now()
-	rs := make([]reply, 2)
+	rs := make([]systest.Reply, 2)
 	var wg sync.WaitGroup
 	for k := range 2 {
 		wg.Go(func() { rs[k] = m.qPost(es[k], ts[k].path, ts[k].key, p.token, bodies[k]) })
@@ -631,9 +631,9 @@ func (m *sim) queueTwice() {
 	wg.Wait()
 	busy := make([]bool, 2)
 	for k := range 2 {
-		for start := time.Now(); rs[k].status == http.StatusServiceUnavailable; busy[k] = true {
+		for start := time.Now(); rs[k].Status == http.StatusServiceUnavailable; busy[k] = true {
 			if time.Since(start) > falseSoldOutBound {
-				m.fail("take %d of %s key %s still 503 after %v: %s", k, bodies[k], ts[k].key, time.Since(start), rs[k].body)
+				m.fail("take %d of %s key %s still 503 after %v: %s", k, bodies[k], ts[k].key, time.Since(start), rs[k].Body)
 			}
 			m.ops["queue-twice-busy"]++
 			time.Sleep(20 * time.Millisecond)
@@ -659,7 +659,7 @@ func (m *sim) queueTwice() {
 			m.qWant(ts[k], qOwn, "", "", a1, a2, sent, answered).allows(rs[k], ts[k].cart):
 		default:
 			m.fail("%s's takes at once %s key %s and %s key %s = %s %s / %s %s; admitted before %+v after %+v",
-				b.name, bodies[0], ts[0].key, bodies[1], ts[1].key, outs[0], rs[0].body, outs[1], rs[1].body, a1, a2)
+				b.name, bodies[0], ts[0].key, bodies[1], ts[1].key, outs[0], rs[0].Body, outs[1], rs[1].Body, a1, a2)
 		}
 		if outs[k] == "new" {
 			fresh = append(fresh, k)
@@ -670,13 +670,13 @@ func (m *sim) queueTwice() {
 	}
 	switch {
 	case len(fresh) > 1:
-		m.fail("%s sold twice on one admission, at once: %s key %s = %s / %s key %s = %s", b.name, bodies[0], ts[0].key, rs[0].body, bodies[1], ts[1].key, rs[1].body)
+		m.fail("%s sold twice on one admission, at once: %s key %s = %s / %s key %s = %s", b.name, bodies[0], ts[0].key, rs[0].Body, bodies[1], ts[1].key, rs[1].Body)
 	case same && len(fresh) == 0 && (outs[0] == "replay" || outs[1] == "replay"):
-		m.fail("one take sent twice at once replayed and never made: %s / %s", rs[0].body, rs[1].body)
-	case same && len(fresh) == 1 && outs[1-fresh[0]] == "replay" && replyID(rs[0]) != replyID(rs[1]):
-		m.fail("one take sent twice at once made two: %s / %s", rs[0].body, rs[1].body)
+		m.fail("one take sent twice at once replayed and never made: %s / %s", rs[0].Body, rs[1].Body)
+	case same && len(fresh) == 1 && outs[1-fresh[0]] == "replay" && systest.ReplyID(rs[0]) != systest.ReplyID(rs[1]):
+		m.fail("one take sent twice at once made two: %s / %s", rs[0].Body, rs[1].Body)
 	case same && len(fresh) == 1 && outs[1-fresh[0]] != "replay":
-		m.fail("one take sent twice at once: %s and %s", rs[fresh[0]].body, rs[1-fresh[0]].body)
+		m.fail("one take sent twice at once: %s and %s", rs[fresh[0]].Body, rs[1-fresh[0]].Body)
 	}
 	// Redis holds the admission for the take that committed, for none if
 	// none did.
@@ -779,7 +779,7 @@ func (m *sim) queueSettle() {
 	h.state = ledger.Confirmed
 	h.sku.held -= h.q
 	h.sku.sold += h.q
-	m.orders = append(m.orders, &mOrder{id: orderID(r), sku: h.sku, buyer: h.buyer, q: h.q})
+	m.orders = append(m.orders, &mOrder{id: systest.OrderID(r), sku: h.sku, buyer: h.buyer, q: h.q})
 }
 
 // queueRestock adds 1 or 2 units to a queued ticket (up to 6) while the
@@ -796,14 +796,14 @@ func (m *sim) queueRestock() {
 
 // qPost sends a take with its Idempotency-Key and Admission-Token (none
 // when token is "").
-func (m *sim) qPost(e *env, path, key, token, body string) reply {
+func (m *sim) qPost(e *systest.Env, path, key, token, body string) systest.Reply {
 	m.t.Helper()
 	h := map[string]string{"Idempotency-Key": key}
 	if token != "" {
 		h["Admission-Token"] = token
 	}
-	r := e.do(m.t, http.MethodPost, path, h, body)
-	m.tracef("POST %s key %s token %.24q %s on %d = %d %s (replayed %q)", path, key, token, body, slices.Index(m.envs, e), r.status, r.body, r.header.Get("Idempotent-Replayed"))
+	r := e.Do(m.t, http.MethodPost, path, h, body)
+	m.tracef("POST %s key %s token %.24q %s on %d = %d %s (replayed %q)", path, key, token, body, slices.Index(m.envs, e), r.Status, r.Body, r.Header.Get("Idempotent-Replayed"))
 	return r
 }
 
@@ -811,7 +811,7 @@ func (m *sim) qPost(e *env, path, key, token, body string) reply {
 // admission (it keeps them across any loss of Redis), or "".
 func (m *sim) qClaim(b *mQBuyer) string {
 	ctx := context.Background()
-	l := m.envs[0].ledger
+	l := m.envs[0].Ledger
 	c, err := l.Queue(ctx, m.q.program)
 	if err != nil {
 		m.fail("queue: %v", err)
@@ -840,14 +840,14 @@ func (m *sim) qCommitted(buyer, key string) *mQDone {
 
 // qOutcome names an answer to a take: new, replay, or its status and
 // problem.
-func qOutcome(r reply) string {
-	if r.status == http.StatusCreated {
-		if r.header.Get("Idempotent-Replayed") == "true" {
+func qOutcome(r systest.Reply) string {
+	if r.Status == http.StatusCreated {
+		if r.Header.Get("Idempotent-Replayed") == "true" {
 			return "replay"
 		}
 		return "new"
 	}
-	return fmt.Sprintf("%d %s", r.status, problemKind(r))
+	return fmt.Sprintf("%d %s", r.Status, systest.ProblemKind(r))
 }
 
 // qWant is the answers the model allows a take of the queued program.
@@ -942,14 +942,14 @@ func (m *sim) qWant(t mTake, kind int, claim, claimReq string, a1, a2 qAdm, ts, 
 }
 
 // allows says whether the model allows answer r.
-func (w qWant) allows(r reply, cart bool) bool {
-	out, kind, named := qOutcome(r), problemKind(r), problemLines(r)
+func (w qWant) allows(r systest.Reply, cart bool) bool {
+	out, kind, named := qOutcome(r), systest.ProblemKind(r), problemLines(r)
 	switch {
 	case w.outcomes[out]:
 		return true
 	case w.closed && out == "409 sold-out" && len(named) == 0:
 		return true
-	case w.refusals[kind] == nil || r.status != map[string]int{"sold-out": http.StatusConflict, "quantity-over-limit": http.StatusUnprocessableEntity}[kind]:
+	case w.refusals[kind] == nil || r.Status != map[string]int{"sold-out": http.StatusConflict, "quantity-over-limit": http.StatusUnprocessableEntity}[kind]:
 		return false
 	case !cart:
 		return len(named) == 0
@@ -963,7 +963,7 @@ func (w qWant) allows(r reply, cart bool) bool {
 // answer is a stale sold-out or a 503, for at most falseSoldOutBound),
 // checks the answer and the buyer's claim in Redis against the model, and
 // applies them.
-func (m *sim) qSend(e *env, t mTake, body string, kind int, token string, p *mPlace) {
+func (m *sim) qSend(e *systest.Env, t mTake, body string, kind int, token string, p *mPlace) {
 	m.t.Helper()
 	b := m.qBuyer(t.buyer)
 	req := t.key + " " + t.fingerprint()
@@ -983,10 +983,10 @@ func (m *sim) qSend(e *env, t mTake, body string, kind int, token string, p *mPl
 		}
 		out := qOutcome(r)
 		m.qClaimed(b, req, out)
-		if r.status == http.StatusServiceUnavailable {
+		if r.Status == http.StatusServiceUnavailable {
 			// Retried with the same key; a spent admission stays spent.
 			if time.Since(start) > falseSoldOutBound {
-				m.fail("POST %s %s key %s still %d after %v: %s", t.path, body, t.key, r.status, time.Since(start), r.body)
+				m.fail("POST %s %s key %s still %d after %v: %s", t.path, body, t.key, r.Status, time.Since(start), r.Body)
 			}
 			saw503 = true
 			m.ops["queue-busy"]++
@@ -1008,8 +1008,8 @@ func (m *sim) qSend(e *env, t mTake, body string, kind int, token string, p *mPl
 			case "new":
 				m.qTaken(t, body, r, token, p)
 			case "replay":
-				if d := m.qCommitted(t.buyer, t.key); replyID(r) != d.id {
-					m.fail("retry of %s key %s = %s, want the replay of %s", t.path, t.key, r.body, d.id)
+				if d := m.qCommitted(t.buyer, t.key); systest.ReplyID(r) != d.id {
+					m.fail("retry of %s key %s = %s, want the replay of %s", t.path, t.key, r.Body, d.id)
 				}
 			}
 			return
@@ -1024,7 +1024,7 @@ func (m *sim) qSend(e *env, t mTake, body string, kind int, token string, p *mPl
 				left = append(left, s.left())
 			}
 			m.fail("POST %s %s key %s token %d (%.30q, place %v) = %s %s after %v; claim %q of %q; admitted before %+v, after %+v (window from %v, sent %v, answered %v); left %v; allowed %v, refusals %v, closed %v",
-				t.path, body, t.key, kind, token, p != nil, out, r.body, time.Since(start).Round(time.Millisecond), claim, claimReq, a1, a2,
+				t.path, body, t.key, kind, token, p != nil, out, r.Body, time.Since(start).Round(time.Millisecond), claim, claimReq, a1, a2,
 				time.UnixMilli(a2.at).Format("15:04:05.000"), ts.Format("15:04:05.000"), tr.Format("15:04:05.000"), left, w.outcomes, w.refusals, w.closed)
 		}
 		m.ops["queue-stale-sold-out"]++
@@ -1067,10 +1067,10 @@ func (m *sim) qClaimed(b *mQBuyer, req, out string) {
 // qTaken applies a new take of the queued program: the model's holds,
 // orders and carts as any take's, and its request kept for retries with
 // its token.
-func (m *sim) qTaken(t mTake, body string, r reply, token string, p *mPlace) {
+func (m *sim) qTaken(t mTake, body string, r systest.Reply, token string, p *mPlace) {
 	b := m.qBuyer(t.buyer)
 	if b.bought++; b.bought > 1 {
-		m.fail("%s bought twice on one admission: %s key %s = %s", b.name, t.path, t.key, r.body)
+		m.fail("%s bought twice on one admission: %s key %s = %s", b.name, t.path, t.key, r.Body)
 	}
 	m.taken(t, body, r)
 	// The model's other operations retry its requests without a token.
@@ -1129,10 +1129,10 @@ type qView struct {
 }
 
 func (m *sim) qView() qView {
-	r := m.env().do(m.t, http.MethodGet, "/v1/admin/programs/"+m.q.program.String()+"/queue", nil, "")
+	r := m.env().Do(m.t, http.MethodGet, "/v1/admin/programs/"+m.q.program.String()+"/queue", nil, "")
 	var v qView
-	if r.status != http.StatusOK || json.Unmarshal(r.body, &v) != nil {
-		m.fail("GET queue = %d %s", r.status, r.body)
+	if r.Status != http.StatusOK || json.Unmarshal(r.Body, &v) != nil {
+		m.fail("GET queue = %d %s", r.Status, r.Body)
 	}
 	return v
 }
@@ -1150,7 +1150,7 @@ func (m *sim) checkQueue(final bool) {
 		m.checkQueueBuyers()
 	}
 	// What the pacer last recorded in the ledger.
-	ln, err := m.envs[0].ledger.QueueLine(ctx, q.program)
+	ln, err := m.envs[0].Ledger.QueueLine(ctx, q.program)
 	if err != nil {
 		m.fail("ledger queue line: %v", err)
 	}
@@ -1193,7 +1193,7 @@ func (m *sim) checkQueue(final bool) {
 	// every check says so once a refresh has passed.
 	if q.flushedAt.Before(q.soldOutSince) {
 		k := keys.Queue(q.program)
-		v, err := m.envs[0].rdb.ZRangeByScoreWithScores(ctx, k.Batches(), &redis.ZRangeBy{Min: strconv.FormatInt(q.soldOutSince.UnixMilli(), 10), Max: "+inf"}).Result()
+		v, err := m.envs[0].Redis.ZRangeByScoreWithScores(ctx, k.Batches(), &redis.ZRangeBy{Min: strconv.FormatInt(q.soldOutSince.UnixMilli(), 10), Max: "+inf"}).Result()
 		if err != nil {
 			m.fail("queue batches: %v", err)
 		}
@@ -1223,7 +1223,7 @@ func (m *sim) checkQueueBuyers() {
 			if len(b.places) == 0 {
 				continue
 			}
-			got, err := m.envs[0].ledger.ProgramUnits(ctx, m.q.program, keys.MustID(b.name))
+			got, err := m.envs[0].Ledger.ProgramUnits(ctx, m.q.program, keys.MustID(b.name))
 			if err != nil {
 				m.fail("program units: %v", err)
 			}
@@ -1260,47 +1260,5 @@ func (m *sim) checkQueueMoves() {
 			m.fail("the line stands at %d of %d places with %d units left", v.Serving, m.q.maxPos, left)
 		}
 		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// A retry of a purchase that committed with its admission is answered its
-// order by any replica at any time (invariant 3: the same request, the
-// same answer, across the loss of Redis). While the line Redis lost is
-// not made again yet (no pacer step and no join since), the retry is
-// refused 403 admission-invalid ("this place in line is not admitted
-// yet"): the admission's spend finds no admission in Redis, and unlike a
-// spent or lapsed one (which look the request up first), a not-admitted
-// one is refused without looking it up. With pacers running it lasts until
-// one restores the line (its lock went with the rest of Redis), and for a
-// place admitted after the pacer last recorded the line, until it is
-// admitted again. Found by TestModel's reasoning about its retries after a
-// FLUSHALL (the model allows it until fixed: see qWant).
-func TestModelBugQueueRetryRefusedWhileLineLost(t *testing.T) {
-	cl := testenv.NewCluster(t, testenv.ClusterOptions{})
-	dsn := ledgerDSN(t, ledger.SQLite)
-	a := startEnv(t, envOptions{driver: ledger.SQLite, dsn: dsn, cluster: cl, pacer: true})
-	b := startEnv(t, envOptions{driver: ledger.SQLite, dsn: dsn, cluster: cl})
-	sku := newSKU(t)
-	a.putSKU(t, sku, 5, 1, 4)
-	a.putQueue(t, sku.Program, `{"opens_in_seconds":0,"rate_per_second":100,"window_seconds":60,"per_remaining":1}`)
-	q := a.admitted(t, sku.Program, "ann")
-	r := a.buyWith(t, sku, "k-ann", "ann", 1, q.Admission)
-	if r.status != http.StatusCreated {
-		t.Fatalf("ann buys = %d %s", r.status, r.body)
-	}
-	// The only pacer stops, and Redis loses everything.
-	a.kill()
-	ctx := context.Background()
-	for _, n := range cl.Nodes {
-		c := n.Client()
-		if err := c.FlushAll(ctx).Err(); err != nil {
-			t.Fatal(err)
-		}
-		c.Close()
-	}
-	got := b.buyWith(t, sku, "k-ann", "ann", 1, q.Admission)
-	if got.status != http.StatusCreated || got.header.Get("Idempotent-Replayed") != "true" || orderID(got) != orderID(r) {
-		t.Fatalf("retry of ann's purchase after Redis lost the line = %d %s (replayed %q), want 201 with order %s replayed",
-			got.status, got.body, got.header.Get("Idempotent-Replayed"), orderID(r))
 	}
 }

@@ -1,4 +1,4 @@
-package gateway_test
+package nodefaults_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/breaker"
 	"github.com/stockgate/stockgate/internal/loadgen"
+	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
@@ -24,7 +25,7 @@ import (
 // half the rate the gateway was measured to commit on this machine.
 type nodeSale struct {
 	t     *testing.T
-	e     *env
+	e     *systest.Env
 	c     *testenv.Cluster
 	skus  []stock.SKU
 	paths []string
@@ -40,17 +41,17 @@ const nodeSaleSKUs = 100
 
 func newNodeSale(t *testing.T, driver string, tune func(*app.Options)) *nodeSale {
 	c := testenv.NewCluster(t, testenv.ClusterOptions{ReplicasPerMaster: 1})
-	e := startEnv(t, envOptions{driver: driver, cluster: c, drift: true, sweep: true, tune: tune})
-	prog := newSKU(t).Program
+	e := systest.Start(t, systest.Options{Driver: driver, Cluster: c, Drift: true, Sweep: true, Tune: tune})
+	prog := systest.NewSKU(t).Program
 	s := &nodeSale{t: t, e: e, c: c, bodies: map[int][]byte{}}
 	for i := range nodeSaleSKUs {
 		sku := stock.SKU{Program: prog, Ticket: keys.MustID(fmt.Sprintf("t%d", i))}
-		e.putSKU(t, sku, 1_000_000, 1, 4)
+		e.PutSKU(t, sku, 1_000_000, 1, 4)
 		s.skus = append(s.skus, sku)
 		s.paths = append(s.paths, sku.Program.String()+"/"+sku.Ticket.String())
 	}
 	// The capacity: closed loop, 32 connections, 2 s.
-	r, err := loadgen.Attack(loadgen.Run{Name: "capacity", BaseURL: e.url, Workers: 32, Duration: 2 * time.Second,
+	r, err := loadgen.Attack(loadgen.Run{Name: "capacity", BaseURL: e.URL, Workers: 32, Duration: 2 * time.Second,
 		Scenario: loadgen.Purchases(s.paths, "cap-", 0)})
 	if err != nil {
 		t.Fatal(err)
@@ -83,7 +84,7 @@ func (s *nodeSale) run(d time.Duration, steps ...step) loadgen.Result {
 		}
 	}()
 	s.started = time.Now()
-	r, err := loadgen.Attack(loadgen.Run{Name: "sale", BaseURL: s.e.url, Rate: s.rate, Duration: d, Workers: 64,
+	r, err := loadgen.Attack(loadgen.Run{Name: "sale", BaseURL: s.e.URL, Rate: s.rate, Duration: d, Workers: 64,
 		Scenario: loadgen.Purchases(s.paths, "sale-", 0),
 		Collect: func(code int, body []byte) {
 			s.mu.Lock()
@@ -132,18 +133,18 @@ func (s *nodeSale) backOnGates(since time.Time) time.Duration {
 	t.Helper()
 	ctx := context.Background()
 	round := 0
-	waitFor(t, 60*time.Second, "every SKU back on its gate", func() bool {
+	systest.WaitFor(t, 60*time.Second, "every SKU back on its gate", func() bool {
 		round++
 		stale := 0
 		for i, sku := range s.skus {
-			st, err := s.e.ledger.SKU(ctx, sku)
+			st, err := s.e.Ledger.SKU(ctx, sku)
 			if err != nil {
 				t.Fatal(err)
 			}
-			left, seeded, err := s.e.gate.Remaining(ctx, sku, st.Shards)
+			left, seeded, err := s.e.Gate.Remaining(ctx, sku, st.Shards)
 			if st.GateStale() || !seeded || err != nil || left != st.Remaining() {
 				stale++
-				s.e.buy(t, sku, fmt.Sprintf("gate-%d-%d", round, i), "gate-b", 1)
+				s.e.Buy(t, sku, fmt.Sprintf("gate-%d-%d", round, i), "gate-b", 1)
 			}
 		}
 		return stale == 0
@@ -163,7 +164,7 @@ func (s *nodeSale) firstMaster() (int, *testenv.Node) {
 
 // sold is how many takes the gateway sold by path: "gate" or "ledger".
 func (s *nodeSale) sold(path string) float64 {
-	return counter(s.t, s.e.reg, "stockgate_purchases_total", map[string]string{"path": path, "result": "sold"})
+	return systest.Counter(s.t, s.e.Registry, "stockgate_purchases_total", map[string]string{"path": path, "result": "sold"})
 }
 
 // check asserts the sale's counts: at most maxShare of the requests 503,
@@ -185,7 +186,7 @@ func (s *nodeSale) check(r loadgen.Result, maxShare float64) {
 	}
 	lost := 0
 	for _, id := range s.orders {
-		if _, err := s.e.ledger.OrderByID(ctx, id); err != nil {
+		if _, err := s.e.Ledger.OrderByID(ctx, id); err != nil {
 			lost++
 		}
 	}
@@ -194,7 +195,7 @@ func (s *nodeSale) check(r loadgen.Result, maxShare float64) {
 	}
 	var sold int64
 	for _, sku := range s.skus {
-		st := s.e.state(t, sku)
+		st := s.e.State(t, sku)
 		if st.Sold > 1_000_000 || st.Sold != st.OrderUnits {
 			t.Errorf("%s: sold %d, order units %d of 1000000", sku, st.Sold, st.OrderUnits)
 		}
@@ -205,7 +206,7 @@ func (s *nodeSale) check(r loadgen.Result, maxShare float64) {
 	}
 	t.Logf("%d requests at %d/s: %s; p99 %v; %d 201s all in the ledger; breaker transitions %v",
 		r.Requests, s.rate, r.CodesString(), r.Quantile(99), len(s.orders),
-		counter(t, s.e.reg, "stockgate_breaker_transitions_total", map[string]string{"to": "open"}))
+		systest.Counter(t, s.e.Registry, "stockgate_breaker_transitions_total", map[string]string{"to": "open"}))
 }
 
 // A master killed mid-sale (kill -9) costs only its own slots: its SKUs
@@ -213,7 +214,7 @@ func (s *nodeSale) check(r loadgen.Result, maxShare float64) {
 // are rebuilt, the other masters' SKUs keep their gates, and nearly no
 // buyer sees a 503.
 func TestFaultKillOneMasterCostsItsSlots(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
+	systest.EachDriver(t, func(t *testing.T, driver string) {
 		s := newNodeSale(t, driver, nil)
 		ctx := context.Background()
 		slot, victim := s.firstMaster()
@@ -234,7 +235,7 @@ func TestFaultKillOneMasterCostsItsSlots(t *testing.T) {
 // sells through the ledger meanwhile (capped per replica), and each gate
 // is rebuilt from the ledger when Redis is back; at most 1 % 503.
 func TestFaultAllRedisDownTenSeconds(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
+	systest.EachDriver(t, func(t *testing.T, driver string) {
 		s := newNodeSale(t, driver, nil)
 		ctx := context.Background()
 		var killed, restarted time.Time
@@ -269,7 +270,7 @@ func TestFaultAllRedisDownTenSeconds(t *testing.T) {
 // is promoted, then resumed, mid-sale. Its late writes sell nothing twice
 // and nothing is lost.
 func TestFaultZombieMasterMidSale(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
+	systest.EachDriver(t, func(t *testing.T, driver string) {
 		s := newNodeSale(t, driver, nil)
 		ctx := context.Background()
 		_, victim := s.firstMaster()
@@ -292,7 +293,7 @@ func TestFaultZombieMasterMidSale(t *testing.T) {
 		s.backOnGates(s.started)
 		t.Logf("through the ledger %v, through Redis %v, Redis admitted and the ledger refused %v",
 			s.sold("ledger"), s.sold("gate"),
-			counter(t, s.e.reg, "stockgate_gate_ledger_refusals_total", nil))
+			systest.Counter(t, s.e.Registry, "stockgate_gate_ledger_refusals_total", nil))
 	})
 }
 
@@ -302,7 +303,7 @@ func TestFaultZombieMasterMidSale(t *testing.T) {
 // moved is retried (TRYAGAIN) or taken by the ledger, and at most 0.1 %
 // of the requests answer 503.
 func TestFaultReshardMidSale(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
+	systest.EachDriver(t, func(t *testing.T, driver string) {
 		s := newNodeSale(t, driver, nil)
 		ctx := context.Background()
 		var moved time.Duration
@@ -331,30 +332,30 @@ func TestFaultReshardMidSale(t *testing.T) {
 // breaker probes the master again, not the usual second.
 func TestRetryAfterSaysWhenTheMasterIsProbed(t *testing.T) {
 	c := testenv.NewCluster(t, testenv.ClusterOptions{ReplicasPerMaster: 1})
-	e := startEnv(t, envOptions{driver: ledger.Postgres, cluster: c, tune: func(o *app.Options) {
+	e := systest.Start(t, systest.Options{Driver: ledger.Postgres, Cluster: c, Tune: func(o *app.Options) {
 		o.Sale.Breaker = breaker.Options{OpenFor: 30 * time.Second}
 		o.Sale.FallbackConcurrency = 1 // the way around the gate fills at once
 	}})
-	sku := newSKU(t)
-	e.putSKU(t, sku, 100_000, 1, 4)
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 100_000, 1, 4)
 	victim, err := c.MasterOf(context.Background(), keys.Shard(sku.Program, sku.Ticket, 0, 1).Slot())
 	if err != nil {
 		t.Fatal(err)
 	}
 	victim.Kill()
-	for i := 0; e.srv.BreakerState() != breaker.Open; i++ {
+	for i := 0; e.Sale.BreakerState() != breaker.Open; i++ {
 		if i == 1000 {
 			t.Fatal("the dead master's breaker did not open in 1000 purchases")
 		}
-		e.buy(t, sku, fmt.Sprintf("trip-%d", i), "trip", 1)
+		e.Buy(t, sku, fmt.Sprintf("trip-%d", i), "trip", 1)
 	}
 	var mu sync.Mutex
 	var waits []string
-	counts := e.buyAll(64, 64, func(i int) reply {
-		r := e.buy(t, sku, fmt.Sprintf("busy-%d", i), fmt.Sprintf("b%d", i), 1)
-		if r.status == http.StatusServiceUnavailable {
+	counts := systest.BuyAll(64, 64, func(i int) systest.Reply {
+		r := e.Buy(t, sku, fmt.Sprintf("busy-%d", i), fmt.Sprintf("b%d", i), 1)
+		if r.Status == http.StatusServiceUnavailable {
 			mu.Lock()
-			waits = append(waits, r.header.Get("Retry-After"))
+			waits = append(waits, r.Header.Get("Retry-After"))
 			mu.Unlock()
 		}
 		return r

@@ -1,4 +1,4 @@
-package gateway_test
+package observe_test
 
 import (
 	"bytes"
@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/ledger"
 )
 
@@ -48,16 +49,16 @@ func (s *syncBuffer) lines() []map[string]any {
 func TestLogs(t *testing.T) {
 	var sink syncBuffer
 	slow := 24 * time.Hour
-	e := startEnv(t, envOptions{driver: ledger.SQLite, tune: func(o *app.Options) {
+	e := systest.Start(t, systest.Options{Driver: ledger.SQLite, Tune: func(o *app.Options) {
 		o.Logger = slog.New(slog.NewJSONHandler(&sink, nil))
 		o.HTTP.SlowRequest = slow
 	}})
-	sku := newSKU(t)
-	e.putSKU(t, sku, 100, 2, 4)
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 100, 2, 4)
 	before := len(sink.lines())
 	for i := range 20 {
-		if r := e.buy(t, sku, fmt.Sprintf("quiet-%d", i), "b", 1); r.status != http.StatusCreated {
-			t.Fatalf("buy = %d", r.status)
+		if r := e.Buy(t, sku, fmt.Sprintf("quiet-%d", i), "b", 1); r.Status != http.StatusCreated {
+			t.Fatalf("buy = %d", r.Status)
 		}
 	}
 	if n := len(sink.lines()) - before; n != 0 {
@@ -65,10 +66,10 @@ func TestLogs(t *testing.T) {
 	}
 
 	// A 5xx: the ledger is closed under the server.
-	e.ledger.Close()
-	r := e.do(t, http.MethodGet, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String(), map[string]string{"X-Request-Id": "req-fail-1"}, "")
-	if r.status != http.StatusServiceUnavailable || r.header.Get("X-Request-Id") != "req-fail-1" {
-		t.Fatalf("admin get on a closed ledger = %d, id %q", r.status, r.header.Get("X-Request-Id"))
+	e.Ledger.Close()
+	r := e.Do(t, http.MethodGet, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String(), map[string]string{"X-Request-Id": "req-fail-1"}, "")
+	if r.Status != http.StatusServiceUnavailable || r.Header.Get("X-Request-Id") != "req-fail-1" {
+		t.Fatalf("admin get on a closed ledger = %d, id %q", r.Status, r.Header.Get("X-Request-Id"))
 	}
 	found := false
 	for _, l := range sink.lines() {
@@ -82,11 +83,11 @@ func TestLogs(t *testing.T) {
 
 	// A slow request (the threshold at 1ns: every request is slow).
 	var slowSink syncBuffer
-	e2 := startEnv(t, envOptions{driver: ledger.SQLite, tune: func(o *app.Options) {
+	e2 := systest.Start(t, systest.Options{Driver: ledger.SQLite, Tune: func(o *app.Options) {
 		o.Logger = slog.New(slog.NewJSONHandler(&slowSink, nil))
 		o.HTTP.SlowRequest = time.Nanosecond
 	}})
-	e2.do(t, http.MethodGet, "/livez", map[string]string{"X-Request-Id": "req-slow-1"}, "")
+	e2.Do(t, http.MethodGet, "/livez", map[string]string{"X-Request-Id": "req-slow-1"}, "")
 	found = false
 	for _, l := range slowSink.lines() {
 		if l["request_id"] == "req-slow-1" && l["msg"] == "slow request" && l["level"] == "WARN" {

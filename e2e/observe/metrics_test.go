@@ -1,4 +1,4 @@
-package gateway_test
+package observe_test
 
 import (
 	"fmt"
@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/ledger"
 )
 
@@ -17,31 +18,31 @@ import (
 // each metric operators need is there with a plausible value, and that no
 // label takes values that grow with buyers, SKUs or keys.
 func TestMetricsAfterASale(t *testing.T) {
-	e := startEnv(t, envOptions{driver: ledger.SQLite, sweep: true, drift: true})
-	sku := newSKU(t)
-	e.putSKU(t, sku, 20, 4, 4)
-	e.hold(t, sku, "metric-hold", "metric-holder", 1, 0)
+	e := systest.Start(t, systest.Options{Driver: ledger.SQLite, Sweep: true, Drift: true})
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 20, 4, 4)
+	e.Hold(t, sku, "metric-hold", "metric-holder", 1, 0)
 	var buyers []string
 	for i := range 30 {
 		buyers = append(buyers, fmt.Sprintf("metric-buyer-%d", i))
-		e.buy(t, sku, fmt.Sprintf("metric-key-%d", i), buyers[i], 1)
+		e.Buy(t, sku, fmt.Sprintf("metric-key-%d", i), buyers[i], 1)
 	}
-	e.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/stock", nil, "")
-	e.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/stock", nil, "")
-	e.do(t, http.MethodGet, "/no/such/route", nil, "")
+	e.Do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/stock", nil, "")
+	e.Do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/stock", nil, "")
+	e.Do(t, http.MethodGet, "/no/such/route", nil, "")
 	// Made-up methods, on a route and off: one "other" series, not one
 	// each (a client could otherwise make unbounded series).
 	for i := range 40 {
-		e.do(t, fmt.Sprintf("MADEUP%d", i), "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/stock", nil, "")
-		e.do(t, fmt.Sprintf("BOGUS%d", i), "/no/such/route", nil, "")
+		e.Do(t, fmt.Sprintf("MADEUP%d", i), "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/stock", nil, "")
+		e.Do(t, fmt.Sprintf("BOGUS%d", i), "/no/such/route", nil, "")
 	}
 
-	r := e.do(t, http.MethodGet, "/metrics", nil, "")
-	if r.status != http.StatusOK {
-		t.Fatalf("/metrics = %d", r.status)
+	r := e.Do(t, http.MethodGet, "/metrics", nil, "")
+	if r.Status != http.StatusOK {
+		t.Fatalf("/metrics = %d", r.Status)
 	}
 	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(strings.NewReader(string(r.body)))
+	fams, err := parser.TextToMetricFamilies(strings.NewReader(string(r.Body)))
 	if err != nil {
 		t.Fatal(err)
 	}

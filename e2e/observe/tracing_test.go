@@ -1,4 +1,4 @@
-package gateway_test
+package observe_test
 
 import (
 	"bytes"
@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
@@ -104,23 +105,23 @@ func TestTracingFollowsAPurchase(t *testing.T) {
 		hookMu.Unlock()
 	}))
 	defer hook.Close()
-	e := startEnv(t, envOptions{driver: ledger.Postgres, relay: true, tune: func(o *app.Options) {
+	e := systest.Start(t, systest.Options{Driver: ledger.Postgres, Relay: true, Tune: func(o *app.Options) {
 		o.Relay.WebhookURLs, o.Relay.WebhookSecret = []string{hook.URL}, webhook.NewSecret()
 		o.Relay.Poll = 20 * time.Millisecond
 	}})
 	sku := stock.SKU{Program: keys.MustID("traced"), Ticket: keys.MustID("ga")}
-	e.putSKU(t, sku, 10, 2, 4)
+	e.PutSKU(t, sku, 10, 2, 4)
 
 	const caller, callerSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-	r := e.do(t, http.MethodPost, "/v1/skus/traced/ga/purchases", map[string]string{
+	r := e.Do(t, http.MethodPost, "/v1/skus/traced/ga/purchases", map[string]string{
 		"Idempotency-Key": "traced-1", "Traceparent": "00-" + caller + "-" + callerSpan + "-01",
 	}, `{"buyer":"b1","quantity":1}`)
-	if r.status != http.StatusCreated {
-		t.Fatalf("purchase = %d %s", r.status, r.body)
+	if r.Status != http.StatusCreated {
+		t.Fatalf("purchase = %d %s", r.Status, r.Body)
 	}
 
 	var request, deduct, batch, deliver *tracepb.Span
-	waitFor(t, 20*time.Second, "the purchase's spans and its webhook delivery's", func() bool {
+	systest.WaitFor(t, 20*time.Second, "the purchase's spans and its webhook delivery's", func() bool {
 		request, deduct, batch, deliver = nil, nil, nil, nil
 		for _, s := range recv.named("POST /v1/skus/:program/:ticket/purchases") {
 			if hex.EncodeToString(s.TraceId) == caller {

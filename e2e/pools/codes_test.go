@@ -1,4 +1,4 @@
-package gateway_test
+package pools_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/sale"
@@ -19,16 +20,16 @@ import (
 
 // addCodes generates n codes of a pool with maxUses each, through the
 // admin route, and returns them.
-func (e *env) addCodes(t *testing.T, sku stock.SKU, pool string, n int, maxUses int64) []string {
+func addCodes(t *testing.T, e *systest.Env, sku stock.SKU, pool string, n int, maxUses int64) []string {
 	t.Helper()
-	r := e.do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/pools/"+pool+"/codes", nil,
+	r := e.Do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/pools/"+pool+"/codes", nil,
 		fmt.Sprintf(`{"generate":%d,"max_uses":%d}`, n, maxUses))
 	var v struct {
 		Added     int
 		Generated []string
 	}
-	if r.status != http.StatusOK || json.Unmarshal(r.body, &v) != nil || v.Added != n || len(v.Generated) != n {
-		t.Fatalf("POST codes = %d %s", r.status, r.body)
+	if r.Status != http.StatusOK || json.Unmarshal(r.Body, &v) != nil || v.Added != n || len(v.Generated) != n {
+		t.Fatalf("POST codes = %d %s", r.Status, r.Body)
 	}
 	return v.Generated
 }
@@ -47,7 +48,7 @@ func codeBody(code string) string { return fmt.Sprintf(`,"access_code":%q`, code
 // same key, as a client does.
 func TestCodesRaced(t *testing.T) {
 	t.Parallel() // its own replicas, ledgers and programs: it overlaps the other long tests
-	eachDriver(t, func(t *testing.T, driver string) {
+	systest.EachDriver(t, func(t *testing.T, driver string) {
 		codes, requests := 1_000, 5_000
 		if driver == ledger.SQLite {
 			codes, requests = 250, 1_250
@@ -55,25 +56,25 @@ func TestCodesRaced(t *testing.T) {
 		if os.Getenv("STOCKGATE_FULL_SCALE") != "" {
 			codes, requests = 10_000, 50_000
 		}
-		dsn := ledgerDSN(t, driver)
-		a := startEnv(t, envOptions{driver: driver, dsn: dsn})
-		b := startEnv(t, envOptions{driver: driver, dsn: dsn})
-		sku := newSKU(t)
-		a.putSKU(t, sku, int64(3*codes), 8, 4)
-		a.putPool(t, sku, "fans", fmt.Sprintf(`{"allotment":%d,"shards":8,"access":"code"}`, 5*codes/2))
-		list := a.addCodes(t, sku, "fans", codes, 2)
+		dsn := systest.LedgerDSN(t, driver)
+		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		sku := systest.NewSKU(t)
+		a.PutSKU(t, sku, int64(3*codes), 8, 4)
+		a.PutPool(t, sku, "fans", fmt.Sprintf(`{"allotment":%d,"shards":8,"access":"code"}`, 5*codes/2))
+		list := addCodes(t, a, sku, "fans", codes, 2)
 		var mu sync.Mutex
 		uses := map[string]int{}
 		statuses := map[string]int{}
 		start := time.Now()
-		counts := a.buyAll(requests, 24, func(i int) reply {
+		counts := systest.BuyAll(requests, 24, func(i int) systest.Reply {
 			code := list[i%codes]
 			// A client retries a 503 with the same key (on a busy CI
 			// machine a request can time out queued for the ledger).
-			var r reply
+			var r systest.Reply
 			for attempt := range 20 {
-				r = []*env{a, b}[(i+attempt)%2].buyIn(t, sku, "fans", fmt.Sprintf("k%d", i), fmt.Sprintf("fan%d", i), 1, codeBody(code))
-				if r.status != http.StatusServiceUnavailable {
+				r = buyIn(t, []*systest.Env{a, b}[(i+attempt)%2], sku, "fans", fmt.Sprintf("k%d", i), fmt.Sprintf("fan%d", i), 1, codeBody(code))
+				if r.Status != http.StatusServiceUnavailable {
 					break
 				}
 				time.Sleep(time.Duration(attempt+1) * 50 * time.Millisecond)
@@ -81,12 +82,12 @@ func TestCodesRaced(t *testing.T) {
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
-			case r.status == http.StatusCreated:
+			case r.Status == http.StatusCreated:
 				uses[code]++
-			case r.status == http.StatusConflict && strings.Contains(string(r.body), "access-code-used-up"):
+			case r.Status == http.StatusConflict && strings.Contains(string(r.Body), "access-code-used-up"):
 				statuses["used-up"]++
 			default:
-				statuses[fmt.Sprintf("%d %s", r.status, r.body)]++
+				statuses[fmt.Sprintf("%d %s", r.Status, r.Body)]++
 			}
 			return r
 		})
@@ -107,56 +108,56 @@ func TestCodesRaced(t *testing.T) {
 		}
 		ctx := context.Background()
 		fans := sku.InPool(keys.MustID("fans"))
-		got := a.state(t, fans)
-		st, _ := a.ledger.SKU(ctx, fans)
+		got := a.State(t, fans)
+		st, _ := a.Ledger.SKU(ctx, fans)
 		if got.Sold != int64(sold) || got.OrderUnits != got.Sold || got.RedisRemaining != st.Remaining() {
 			t.Errorf("pool: sold %d, order units %d, Redis %d vs ledger %d remaining; %d uses answered", got.Sold, got.OrderUnits,
 				got.RedisRemaining, st.Remaining(), sold)
 		}
 		for i := 0; i < codes; i += codes / 100 {
-			if n, err := a.ledger.CodeUses(ctx, fans, codeHashOf(fans, list[i])); err != nil || n != int64(uses[list[i]]) {
+			if n, err := a.Ledger.CodeUses(ctx, fans, codeHashOf(fans, list[i])); err != nil || n != int64(uses[list[i]]) {
 				t.Errorf("ledger uses of code %d = %d, %v; answered %d", i, n, err, uses[list[i]])
 			}
 		}
 
 		// A refund gives its code's use back, once.
 		code := list[0]
-		order := b.buyIn(t, sku, "fans", "again-0", "again", 1, codeBody(code))
-		if order.status != http.StatusConflict {
-			t.Fatalf("a third use = %d %s, want 409", order.status, order.body)
+		order := buyIn(t, b, sku, "fans", "again-0", "again", 1, codeBody(code))
+		if order.Status != http.StatusConflict {
+			t.Fatalf("a third use = %d %s, want 409", order.Status, order.Body)
 		}
-		var mine reply
+		var mine systest.Reply
 		for i := range 5 {
-			if r := a.buyIn(t, sku, "fans", fmt.Sprintf("k%d", i*codes), fmt.Sprintf("fan%d", i*codes), 1, codeBody(code)); r.status == http.StatusCreated {
+			if r := buyIn(t, a, sku, "fans", fmt.Sprintf("k%d", i*codes), fmt.Sprintf("fan%d", i*codes), 1, codeBody(code)); r.Status == http.StatusCreated {
 				mine = r // the retry of one of code 0's winners replays it
-				if r.header.Get("Idempotent-Replayed") != "true" {
-					t.Errorf("retry of a winner = %s, want a replay", r.header)
+				if r.Header.Get("Idempotent-Replayed") != "true" {
+					t.Errorf("retry of a winner = %s, want a replay", r.Header)
 				}
 				break
 			}
 		}
-		id := orderID(mine)
+		id := systest.OrderID(mine)
 		var buyer string
 		for i := range 5 {
-			if r := a.buyIn(t, sku, "fans", fmt.Sprintf("k%d", i*codes), fmt.Sprintf("fan%d", i*codes), 1, codeBody(code)); orderID(r) == id {
+			if r := buyIn(t, a, sku, "fans", fmt.Sprintf("k%d", i*codes), fmt.Sprintf("fan%d", i*codes), 1, codeBody(code)); systest.OrderID(r) == id {
 				buyer = fmt.Sprintf("fan%d", i*codes)
 				break
 			}
 		}
 		for k := range 2 {
-			if r := []*env{a, b}[k].act(t, "/v1/orders/"+id+"/refund", "refund-0", buyer); r.status != http.StatusOK {
-				t.Fatalf("refund = %d %s", r.status, r.body)
+			if r := []*systest.Env{a, b}[k].Act(t, "/v1/orders/"+id+"/refund", "refund-0", buyer); r.Status != http.StatusOK {
+				t.Fatalf("refund = %d %s", r.Status, r.Body)
 			}
 		}
-		waitFor(t, 10*time.Second, "the refund's restore", func() bool {
-			p, err := a.ledger.PendingRestores(ctx, 0, 1)
+		systest.WaitFor(t, 10*time.Second, "the refund's restore", func() bool {
+			p, err := a.Ledger.PendingRestores(ctx, 0, 1)
 			return err == nil && len(p) == 0
 		})
-		if r := b.buyIn(t, sku, "fans", "again-1", "again", 1, codeBody(code)); r.status != http.StatusCreated {
-			t.Errorf("the use a refund gave back = %d %s, want 201", r.status, r.body)
+		if r := buyIn(t, b, sku, "fans", "again-1", "again", 1, codeBody(code)); r.Status != http.StatusCreated {
+			t.Errorf("the use a refund gave back = %d %s, want 201", r.Status, r.Body)
 		}
-		if r := a.buyIn(t, sku, "fans", "again-2", "again2", 1, codeBody(code)); r.status != http.StatusConflict {
-			t.Errorf("a use beyond the one given back = %d %s, want 409", r.status, r.body)
+		if r := buyIn(t, a, sku, "fans", "again-2", "again2", 1, codeBody(code)); r.Status != http.StatusConflict {
+			t.Errorf("a use beyond the one given back = %d %s, want 409", r.Status, r.Body)
 		}
 	})
 }
@@ -170,63 +171,63 @@ func codeHashOf(pool stock.SKU, code string) string { return sale.CodeHash(pool,
 // minute it gets 429 with Retry-After, even for a right code, and nothing
 // moved for any of them.
 func TestCodeRules(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		e := newEnv(t, driver)
-		sku := newSKU(t)
-		e.putSKU(t, sku, 100, 2, 4)
-		e.putPool(t, sku, "club", `{"allotment":50,"access":"code"}`)
-		r := e.do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/pools/club/codes", nil,
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		e := systest.New(t, driver)
+		sku := systest.NewSKU(t)
+		e.PutSKU(t, sku, 100, 2, 4)
+		e.PutPool(t, sku, "club", `{"allotment":50,"access":"code"}`)
+		r := e.Do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/pools/club/codes", nil,
 			`{"codes":[{"code":"ALICE-ONLY-1","max_uses":1,"buyer":"alice"},{"code":"SHARED-CODE-1","max_uses":1}]}`)
-		if r.status != http.StatusOK {
-			t.Fatalf("POST codes = %d %s", r.status, r.body)
+		if r.Status != http.StatusOK {
+			t.Fatalf("POST codes = %d %s", r.Status, r.Body)
 		}
-		if r := e.buyIn(t, sku, "club", "n1", "bob", 1, ""); r.status != http.StatusForbidden || !strings.Contains(string(r.body), "pool-access-denied") {
-			t.Errorf("no code = %d %s, want 403 pool-access-denied", r.status, r.body)
+		if r := buyIn(t, e, sku, "club", "n1", "bob", 1, ""); r.Status != http.StatusForbidden || !strings.Contains(string(r.Body), "pool-access-denied") {
+			t.Errorf("no code = %d %s, want 403 pool-access-denied", r.Status, r.Body)
 		}
-		if r := e.buyIn(t, sku, "club", "b1", "bob", 1, codeBody("ALICE-ONLY-1")); r.status != http.StatusForbidden || !strings.Contains(string(r.body), "access-code-invalid") {
-			t.Errorf("alice's code for bob = %d %s, want 403 access-code-invalid", r.status, r.body)
+		if r := buyIn(t, e, sku, "club", "b1", "bob", 1, codeBody("ALICE-ONLY-1")); r.Status != http.StatusForbidden || !strings.Contains(string(r.Body), "access-code-invalid") {
+			t.Errorf("alice's code for bob = %d %s, want 403 access-code-invalid", r.Status, r.Body)
 		}
-		if r := e.buyIn(t, sku, "club", "a1", "alice", 1, codeBody("ALICE-ONLY-1")); r.status != http.StatusCreated {
-			t.Errorf("alice's code for alice = %d %s", r.status, r.body)
+		if r := buyIn(t, e, sku, "club", "a1", "alice", 1, codeBody("ALICE-ONLY-1")); r.Status != http.StatusCreated {
+			t.Errorf("alice's code for alice = %d %s", r.Status, r.Body)
 		}
-		r = e.do(t, http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/holds?pool=club",
+		r = e.Do(t, http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/holds?pool=club",
 			map[string]string{"Idempotency-Key": "h1"}, `{"buyer":"carl","quantity":2,"access_code":"SHARED-CODE-1"}`)
-		if r.status != http.StatusCreated {
-			t.Fatalf("hold with a code = %d %s", r.status, r.body)
+		if r.Status != http.StatusCreated {
+			t.Fatalf("hold with a code = %d %s", r.Status, r.Body)
 		}
 		var h struct {
 			HoldID string `json:"hold_id"`
 		}
-		_ = json.Unmarshal(r.body, &h)
-		if r := e.buyIn(t, sku, "club", "d1", "dana", 1, codeBody("SHARED-CODE-1")); r.status != http.StatusConflict || !strings.Contains(string(r.body), "access-code-used-up") {
-			t.Errorf("a held code's second use = %d %s, want 409 access-code-used-up", r.status, r.body)
+		_ = json.Unmarshal(r.Body, &h)
+		if r := buyIn(t, e, sku, "club", "d1", "dana", 1, codeBody("SHARED-CODE-1")); r.Status != http.StatusConflict || !strings.Contains(string(r.Body), "access-code-used-up") {
+			t.Errorf("a held code's second use = %d %s, want 409 access-code-used-up", r.Status, r.Body)
 		}
-		if r := e.act(t, "/v1/holds/"+h.HoldID+"/cancel", "c1", "carl"); r.status != http.StatusOK {
-			t.Fatalf("cancel = %d %s", r.status, r.body)
+		if r := e.Act(t, "/v1/holds/"+h.HoldID+"/cancel", "c1", "carl"); r.Status != http.StatusOK {
+			t.Fatalf("cancel = %d %s", r.Status, r.Body)
 		}
-		waitFor(t, 10*time.Second, "the cancel's restore", func() bool {
-			p, err := e.ledger.PendingRestores(context.Background(), 0, 1)
+		systest.WaitFor(t, 10*time.Second, "the cancel's restore", func() bool {
+			p, err := e.Ledger.PendingRestores(context.Background(), 0, 1)
 			return err == nil && len(p) == 0
 		})
-		if r := e.buyIn(t, sku, "club", "d2", "dana", 1, codeBody("SHARED-CODE-1")); r.status != http.StatusCreated {
-			t.Errorf("the use a cancel gave back = %d %s, want 201", r.status, r.body)
+		if r := buyIn(t, e, sku, "club", "d2", "dana", 1, codeBody("SHARED-CODE-1")); r.Status != http.StatusCreated {
+			t.Errorf("the use a cancel gave back = %d %s, want 201", r.Status, r.Body)
 		}
-		before := e.state(t, sku.InPool(keys.MustID("club")))
+		before := e.State(t, sku.InPool(keys.MustID("club")))
 		limited := 0
 		for i := range 40 {
-			r := e.buyIn(t, sku, "club", fmt.Sprintf("g%d", i), "mallory", 1, codeBody(fmt.Sprintf("GUESS-%06d", i)))
+			r := buyIn(t, e, sku, "club", fmt.Sprintf("g%d", i), "mallory", 1, codeBody(fmt.Sprintf("GUESS-%06d", i)))
 			switch {
-			case r.status == http.StatusForbidden:
-			case r.status == http.StatusTooManyRequests && r.header.Get("Retry-After") != "":
+			case r.Status == http.StatusForbidden:
+			case r.Status == http.StatusTooManyRequests && r.Header.Get("Retry-After") != "":
 				limited++
 			default:
-				t.Fatalf("guess %d = %d %s", i, r.status, r.body)
+				t.Fatalf("guess %d = %d %s", i, r.Status, r.Body)
 			}
 		}
 		if limited < 15 {
 			t.Errorf("%d of 40 wrong guesses were rate limited, want all past the first 20 or so", limited)
 		}
-		if after := e.state(t, sku.InPool(keys.MustID("club"))); after != before {
+		if after := e.State(t, sku.InPool(keys.MustID("club"))); after != before {
 			t.Errorf("guessing moved stock: %+v, was %+v", after, before)
 		}
 	})

@@ -1,4 +1,4 @@
-package gateway_test
+package pools_test
 
 import (
 	"context"
@@ -14,44 +14,23 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
 )
 
-type poolReply struct {
-	Pool      string `json:"pool"`
-	Allotment int64  `json:"allotment"`
-	Sold      int64  `json:"sold"`
-	Held      int64  `json:"held"`
-	Remaining int64  `json:"remaining"`
-	ClosedAt  string `json:"closed_at"`
-}
-
-func (e *env) putPool(t *testing.T, sku stock.SKU, pool, body string) poolReply {
+func pools(t *testing.T, e *systest.Env, sku stock.SKU) map[string]systest.PoolReply {
 	t.Helper()
-	r := e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/pools/"+pool, nil, body)
-	if r.status != http.StatusOK {
-		t.Fatalf("PUT pool %s = %d %s", pool, r.status, r.body)
+	r := e.Do(t, http.MethodGet, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/pools", nil, "")
+	if r.Status != http.StatusOK {
+		t.Fatalf("GET pools = %d %s", r.Status, r.Body)
 	}
-	var p poolReply
-	if err := json.Unmarshal(r.body, &p); err != nil {
+	var v struct{ Pools []systest.PoolReply }
+	if err := json.Unmarshal(r.Body, &v); err != nil {
 		t.Fatal(err)
 	}
-	return p
-}
-
-func (e *env) pools(t *testing.T, sku stock.SKU) map[string]poolReply {
-	t.Helper()
-	r := e.do(t, http.MethodGet, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/pools", nil, "")
-	if r.status != http.StatusOK {
-		t.Fatalf("GET pools = %d %s", r.status, r.body)
-	}
-	var v struct{ Pools []poolReply }
-	if err := json.Unmarshal(r.body, &v); err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]poolReply{}
+	out := map[string]systest.PoolReply{}
 	for _, p := range v.Pools {
 		out[p.Pool] = p
 	}
@@ -59,12 +38,12 @@ func (e *env) pools(t *testing.T, sku stock.SKU) map[string]poolReply {
 }
 
 // buyIn buys from a pool (the public one for pool "").
-func (e *env) buyIn(t *testing.T, sku stock.SKU, pool, key, buyer string, q int64, extra string) reply {
+func buyIn(t *testing.T, e *systest.Env, sku stock.SKU, pool, key, buyer string, q int64, extra string) systest.Reply {
 	path := "/v1/skus/" + sku.Program.String() + "/" + sku.Ticket.String() + "/purchases"
 	if pool != "" {
 		path += "?pool=" + pool
 	}
-	return e.do(t, http.MethodPost, path, map[string]string{"Idempotency-Key": key}, fmt.Sprintf(`{"buyer":%q,"quantity":%d%s}`, buyer, q, extra))
+	return e.Do(t, http.MethodPost, path, map[string]string{"Idempotency-Key": key}, fmt.Sprintf(`{"buyer":%q,"quantity":%d%s}`, buyer, q, extra))
 }
 
 // A presale pool closes while its buyers are still buying, on two
@@ -76,20 +55,20 @@ func (e *env) buyIn(t *testing.T, sku stock.SKU, pool, key, buyer string, q int6
 // its own stock and the moved units are sold. Redis and the ledger agree
 // on every pool at the end.
 func TestPresaleClosesWhileBuying(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		dsn := ledgerDSN(t, driver)
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		dsn := systest.LedgerDSN(t, driver)
 		fast := func(o *app.Options) { o.Sale.SweepEvery = 50 * time.Millisecond }
-		a := startEnv(t, envOptions{driver: driver, dsn: dsn, sweep: true, tune: fast})
-		b := startEnv(t, envOptions{driver: driver, dsn: dsn, sweep: true, tune: fast})
-		sku := newSKU(t)
-		a.putSKU(t, sku, 300, 4, 2)
-		a.putPool(t, sku, "presale", `{"allotment":200,"shards":4}`)
-		if got := a.pools(t, sku); got["public"].Allotment != 100 || got["presale"].Allotment != 200 {
+		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn, Sweep: true, Tune: fast})
+		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn, Sweep: true, Tune: fast})
+		sku := systest.NewSKU(t)
+		a.PutSKU(t, sku, 300, 4, 2)
+		a.PutPool(t, sku, "presale", `{"allotment":200,"shards":4}`)
+		if got := pools(t, a, sku); got["public"].Allotment != 100 || got["presale"].Allotment != 200 {
 			t.Fatalf("pools after the allotment: %+v", got)
 		}
 		// The public pool sells out first.
-		counts := a.buyAll(150, 16, func(i int) reply {
-			return []*env{a, b}[i%2].buyIn(t, sku, "", fmt.Sprintf("pub-%d", i), fmt.Sprintf("pb%d", i), 1, "")
+		counts := systest.BuyAll(150, 16, func(i int) systest.Reply {
+			return buyIn(t, []*systest.Env{a, b}[i%2], sku, "", fmt.Sprintf("pub-%d", i), fmt.Sprintf("pb%d", i), 1, "")
 		})
 		if counts[http.StatusCreated] != 100 || counts[http.StatusConflict] != 50 {
 			t.Fatalf("public before the close: %v, want 100 sold and 50 sold out", counts)
@@ -107,19 +86,19 @@ func TestPresaleClosesWhileBuying(t *testing.T) {
 						return
 					default:
 					}
-					e := []*env{a, b}[(w+i)%2]
-					r := e.buyIn(t, sku, "presale", fmt.Sprintf("pre-%d-%d", w, i), fmt.Sprintf("fan%d-%d", w, i), 1, "")
+					e := []*systest.Env{a, b}[(w+i)%2]
+					r := buyIn(t, e, sku, "presale", fmt.Sprintf("pre-%d-%d", w, i), fmt.Sprintf("fan%d-%d", w, i), 1, "")
 					switch {
-					case r.status == http.StatusCreated:
+					case r.Status == http.StatusCreated:
 						presaleSold.Add(1)
-					case r.status == http.StatusConflict && strings.Contains(string(r.body), "pool-closed"):
+					case r.Status == http.StatusConflict && strings.Contains(string(r.Body), "pool-closed"):
 						closedSeen.Add(1)
-					case r.status == http.StatusConflict && (strings.Contains(string(r.body), "sale-ended") || strings.Contains(string(r.body), "sold-out")):
+					case r.Status == http.StatusConflict && (strings.Contains(string(r.Body), "sale-ended") || strings.Contains(string(r.Body), "sold-out")):
 						// Under the fence, or on a replica that has not yet
 						// read the closed rule: the pool's gate is empty.
 						closedSeen.Add(1)
 					default:
-						t.Errorf("presale purchase = %d %s", r.status, r.body)
+						t.Errorf("presale purchase = %d %s", r.Status, r.Body)
 						return
 					}
 					if closedSeen.Load() > 0 && i > 2 {
@@ -128,23 +107,23 @@ func TestPresaleClosesWhileBuying(t *testing.T) {
 				}
 			})
 		}
-		waitFor(t, 30*time.Second, "60 presale sales", func() bool { return presaleSold.Load() >= 60 })
-		r := b.do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/pools/presale/close", nil, "")
-		if r.status != http.StatusOK {
-			t.Fatalf("close = %d %s", r.status, r.body)
+		systest.WaitFor(t, 30*time.Second, "60 presale sales", func() bool { return presaleSold.Load() >= 60 })
+		r := b.Do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/pools/presale/close", nil, "")
+		if r.Status != http.StatusOK {
+			t.Fatalf("close = %d %s", r.Status, r.Body)
 		}
 		closedAt := time.Now()
 		// The moved units are on sale in public, on both replicas, soon.
 		var waited [2]time.Duration
-		for k, e := range []*env{a, b} {
+		for k, e := range []*systest.Env{a, b} {
 			for n := 0; ; n++ {
-				r := e.buyIn(t, sku, "", fmt.Sprintf("moved-%d-%d", k, n), fmt.Sprintf("mv%d-%d", k, n), 1, "")
-				if r.status == http.StatusCreated {
+				r := buyIn(t, e, sku, "", fmt.Sprintf("moved-%d-%d", k, n), fmt.Sprintf("mv%d-%d", k, n), 1, "")
+				if r.Status == http.StatusCreated {
 					waited[k] = time.Since(closedAt)
 					break
 				}
-				if r.status != http.StatusConflict || time.Since(closedAt) > 10*time.Second {
-					t.Fatalf("public after the close on replica %d = %d %s (%v after the close)", k, r.status, r.body, time.Since(closedAt))
+				if r.Status != http.StatusConflict || time.Since(closedAt) > 10*time.Second {
+					t.Fatalf("public after the close on replica %d = %d %s (%v after the close)", k, r.Status, r.Body, time.Since(closedAt))
 				}
 				time.Sleep(5 * time.Millisecond)
 			}
@@ -153,17 +132,17 @@ func TestPresaleClosesWhileBuying(t *testing.T) {
 		wg.Wait()
 		t.Logf("%s: presale sold %d before its close; public sold out until %v (replica a) and %v (replica b) after it",
 			driver, presaleSold.Load(), waited[0], waited[1])
-		if r := b.buyIn(t, sku, "presale", "late", "late", 1, ""); r.status != http.StatusConflict || !strings.Contains(string(r.body), "pool-closed") {
-			t.Errorf("presale after its close = %d %s, want 409 pool-closed", r.status, r.body)
+		if r := buyIn(t, b, sku, "presale", "late", "late", 1, ""); r.Status != http.StatusConflict || !strings.Contains(string(r.Body), "pool-closed") {
+			t.Errorf("presale after its close = %d %s, want 409 pool-closed", r.Status, r.Body)
 		}
-		ps := a.pools(t, sku)
+		ps := pools(t, a, sku)
 		moved := ps["public"].Allotment - 100
 		if ps["presale"].Sold+moved != 200 || ps["presale"].Sold != presaleSold.Load() || ps["presale"].ClosedAt == "" {
 			t.Errorf("presale sold %d (acknowledged %d) + moved %d, want 200 in all; %+v", ps["presale"].Sold, presaleSold.Load(), moved, ps)
 		}
 		// Public sells exactly its own 100 and the moved units.
-		counts = a.buyAll(int(moved)+20, 16, func(i int) reply {
-			return []*env{a, b}[i%2].buyIn(t, sku, "", fmt.Sprintf("pub2-%d", i), fmt.Sprintf("pc%d", i), 1, "")
+		counts = systest.BuyAll(int(moved)+20, 16, func(i int) systest.Reply {
+			return buyIn(t, []*systest.Env{a, b}[i%2], sku, "", fmt.Sprintf("pub2-%d", i), fmt.Sprintf("pc%d", i), 1, "")
 		})
 		if got := int64(counts[http.StatusCreated]) + 2; got != moved {
 			t.Errorf("public after the close sold %d more (with the 2 probes), want the %d moved: %v", got, moved, counts)
@@ -171,8 +150,8 @@ func TestPresaleClosesWhileBuying(t *testing.T) {
 		ctx := context.Background()
 		for _, p := range []keys.ID{{}, keys.MustID("presale")} {
 			s := sku.InPool(p)
-			got := a.state(t, s)
-			st, _ := a.ledger.SKU(ctx, s)
+			got := a.State(t, s)
+			st, _ := a.Ledger.SKU(ctx, s)
 			if got.Sold > st.Total || got.OrderUnits != got.Sold {
 				t.Errorf("%s: sold %d of %d, order units %d", s, got.Sold, st.Total, got.OrderUnits)
 			}
@@ -189,48 +168,48 @@ func TestPresaleClosesWhileBuying(t *testing.T) {
 // its credential; an unknown pool is a 404; and per-buyer caps count the
 // ticket's units of every pool.
 func TestPoolRules(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		dsn := ledgerDSN(t, driver)
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		dsn := systest.LedgerDSN(t, driver)
 		fast := func(o *app.Options) { o.Sale.SweepEvery = 50 * time.Millisecond }
-		a := startEnv(t, envOptions{driver: driver, dsn: dsn, sweep: true, tune: fast})
-		b := startEnv(t, envOptions{driver: driver, dsn: dsn, sweep: true, tune: fast})
-		sku := newSKU(t)
-		r := a.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String(), nil, `{"total":100,"shards":2,"max_per_order":4,"per_buyer":3}`)
-		if r.status != http.StatusOK {
-			t.Fatal(r.status, string(r.body))
+		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn, Sweep: true, Tune: fast})
+		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn, Sweep: true, Tune: fast})
+		sku := systest.NewSKU(t)
+		r := a.Do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String(), nil, `{"total":100,"shards":2,"max_per_order":4,"per_buyer":3}`)
+		if r.Status != http.StatusOK {
+			t.Fatal(r.Status, string(r.Body))
 		}
 		later := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
-		a.putPool(t, sku, "later", `{"allotment":10,"opens_at":"`+later+`"}`)
-		a.putPool(t, sku, "partner", `{"allotment":10,"access":"channel","channel_token":"partner-secret-0123456789"}`)
-		if r := a.buyIn(t, sku, "later", "l1", "ann", 1, ""); r.status != http.StatusConflict || !strings.Contains(string(r.body), "pool-not-open") {
-			t.Errorf("before the opening = %d %s, want 409 pool-not-open", r.status, r.body)
+		a.PutPool(t, sku, "later", `{"allotment":10,"opens_at":"`+later+`"}`)
+		a.PutPool(t, sku, "partner", `{"allotment":10,"access":"channel","channel_token":"partner-secret-0123456789"}`)
+		if r := buyIn(t, a, sku, "later", "l1", "ann", 1, ""); r.Status != http.StatusConflict || !strings.Contains(string(r.Body), "pool-not-open") {
+			t.Errorf("before the opening = %d %s, want 409 pool-not-open", r.Status, r.Body)
 		}
-		if r := a.buyIn(t, sku, "partner", "c1", "ann", 1, ""); r.status != http.StatusForbidden || !strings.Contains(string(r.body), "pool-access-denied") {
-			t.Errorf("channel pool without a credential = %d %s, want 403", r.status, r.body)
+		if r := buyIn(t, a, sku, "partner", "c1", "ann", 1, ""); r.Status != http.StatusForbidden || !strings.Contains(string(r.Body), "pool-access-denied") {
+			t.Errorf("channel pool without a credential = %d %s, want 403", r.Status, r.Body)
 		}
-		if r := a.buyIn(t, sku, "partner", "c2", "ann", 1, `,"channel_token":"wrong-secret-0123456789"`); r.status != http.StatusForbidden {
-			t.Errorf("channel pool with a wrong credential = %d %s, want 403", r.status, r.body)
+		if r := buyIn(t, a, sku, "partner", "c2", "ann", 1, `,"channel_token":"wrong-secret-0123456789"`); r.Status != http.StatusForbidden {
+			t.Errorf("channel pool with a wrong credential = %d %s, want 403", r.Status, r.Body)
 		}
-		if r := b.buyIn(t, sku, "partner", "c3", "ann", 2, `,"channel_token":"partner-secret-0123456789"`); r.status != http.StatusCreated {
-			t.Errorf("channel pool with its credential = %d %s, want 201", r.status, r.body)
+		if r := buyIn(t, b, sku, "partner", "c3", "ann", 2, `,"channel_token":"partner-secret-0123456789"`); r.Status != http.StatusCreated {
+			t.Errorf("channel pool with its credential = %d %s, want 201", r.Status, r.Body)
 		}
-		if r := a.buyIn(t, sku, "nope", "n1", "ann", 1, ""); r.status != http.StatusNotFound || !strings.Contains(string(r.body), "unknown-pool") {
-			t.Errorf("unknown pool = %d %s, want 404 unknown-pool", r.status, r.body)
+		if r := buyIn(t, a, sku, "nope", "n1", "ann", 1, ""); r.Status != http.StatusNotFound || !strings.Contains(string(r.Body), "unknown-pool") {
+			t.Errorf("unknown pool = %d %s, want 404 unknown-pool", r.Status, r.Body)
 		}
-		if r := a.buyIn(t, sku, "", "p1", "ann", 2, ""); r.status != http.StatusConflict || !strings.Contains(string(r.body), "limit-reached") {
-			t.Errorf("2 more in public after 2 in a pool (cap 3) = %d %s, want 409 limit-reached", r.status, r.body)
+		if r := buyIn(t, a, sku, "", "p1", "ann", 2, ""); r.Status != http.StatusConflict || !strings.Contains(string(r.Body), "limit-reached") {
+			t.Errorf("2 more in public after 2 in a pool (cap 3) = %d %s, want 409 limit-reached", r.Status, r.Body)
 		}
-		if r := a.buyIn(t, sku, "public", "p2", "ann", 1, ""); r.status != http.StatusCreated {
-			t.Errorf("1 more in public (pool=public) = %d %s, want 201", r.status, r.body)
+		if r := buyIn(t, a, sku, "public", "p2", "ann", 1, ""); r.Status != http.StatusCreated {
+			t.Errorf("1 more in public (pool=public) = %d %s, want 201", r.Status, r.Body)
 		}
 		// A pool that closes in a moment: the sweepers move it, once.
 		soon := time.Now().Add(300 * time.Millisecond).UTC().Format(time.RFC3339Nano)
-		a.putPool(t, sku, "flash", `{"allotment":20,"closes_at":"`+soon+`"}`)
-		if r := b.buyIn(t, sku, "flash", "f1", "bob", 3, ""); r.status != http.StatusCreated && !strings.Contains(string(r.body), "pool-closed") {
-			t.Errorf("flash pool = %d %s", r.status, r.body)
+		a.PutPool(t, sku, "flash", `{"allotment":20,"closes_at":"`+soon+`"}`)
+		if r := buyIn(t, b, sku, "flash", "f1", "bob", 3, ""); r.Status != http.StatusCreated && !strings.Contains(string(r.Body), "pool-closed") {
+			t.Errorf("flash pool = %d %s", r.Status, r.Body)
 		}
-		waitFor(t, 20*time.Second, "the flash pool to close by itself", func() bool { return a.pools(t, sku)["flash"].ClosedAt != "" })
-		ps := a.pools(t, sku)
+		systest.WaitFor(t, 20*time.Second, "the flash pool to close by itself", func() bool { return pools(t, a, sku)["flash"].ClosedAt != "" })
+		ps := pools(t, a, sku)
 		if got := ps["public"].Allotment + ps["later"].Allotment + ps["partner"].Allotment + ps["flash"].Allotment; got != 100 {
 			t.Errorf("allotments add up to %d, want the ticket's 100: %+v", got, ps)
 		}
@@ -238,9 +217,9 @@ func TestPoolRules(t *testing.T) {
 			t.Errorf("after the flash close: %+v", ps)
 		}
 		var v struct{ Total, Sold, Remaining int64 }
-		r = a.do(t, http.MethodGet, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String(), nil, "")
-		if err := json.Unmarshal(r.body, &v); err != nil || v.Total != 100 || v.Sold != 3+ps["flash"].Sold {
-			t.Errorf("the ticket as a whole = %s, want total 100 and every pool's sales", r.body)
+		r = a.Do(t, http.MethodGet, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String(), nil, "")
+		if err := json.Unmarshal(r.Body, &v); err != nil || v.Total != 100 || v.Sold != 3+ps["flash"].Sold {
+			t.Errorf("the ticket as a whole = %s, want total 100 and every pool's sales", r.Body)
 		}
 	})
 }
@@ -252,23 +231,23 @@ func TestPoolRules(t *testing.T) {
 // a cart are clear 422s; an unknown pool's stock is unknown-pool; and a
 // retry with another credential is another request (422).
 func TestPoolAttacks(t *testing.T) {
-	e := newEnv(t, ledger.SQLite)
-	sku := newSKU(t)
+	e := systest.New(t, ledger.SQLite)
+	sku := systest.NewSKU(t)
 	path := "/v1/admin/skus/" + sku.Program.String() + "/" + sku.Ticket.String()
 	put := func(body string) {
-		if r := e.do(t, http.MethodPut, path, nil, body); r.status != http.StatusOK {
-			t.Fatalf("PUT sku = %d %s", r.status, r.body)
+		if r := e.Do(t, http.MethodPut, path, nil, body); r.Status != http.StatusOK {
+			t.Fatalf("PUT sku = %d %s", r.Status, r.Body)
 		}
 	}
 	put(`{"total":100,"shards":1,"max_per_order":10}`)
-	e.putPool(t, sku, "pre", `{"allotment":20}`)
-	e.putPool(t, sku, "chan", `{"allotment":5,"access":"channel","channel_token":"partner-secret-0123456789"}`)
-	if r := e.buyIn(t, sku, "pre", "w1", "w1", 1, ""); r.status != http.StatusCreated {
-		t.Fatalf("warm = %d %s", r.status, r.body)
+	e.PutPool(t, sku, "pre", `{"allotment":20}`)
+	e.PutPool(t, sku, "chan", `{"allotment":5,"access":"channel","channel_token":"partner-secret-0123456789"}`)
+	if r := buyIn(t, e, sku, "pre", "w1", "w1", 1, ""); r.Status != http.StatusCreated {
+		t.Fatalf("warm = %d %s", r.Status, r.Body)
 	}
 	put(`{"total":100,"shards":1,"max_per_order":1}`)
-	if r := e.buyIn(t, sku, "pre", "w2", "w2", 5, ""); r.status != http.StatusUnprocessableEntity {
-		t.Errorf("5 in a pool after max_per_order became 1 = %d %s, want 422", r.status, r.body)
+	if r := buyIn(t, e, sku, "pre", "w2", "w2", 5, ""); r.Status != http.StatusUnprocessableEntity {
+		t.Errorf("5 in a pool after max_per_order became 1 = %d %s, want 422", r.Status, r.Body)
 	}
 	for _, c := range []struct{ pool, body string }{
 		{"old", `{"allotment":1,"closes_at":"1000-01-01T00:00:00Z"}`},
@@ -276,34 +255,34 @@ func TestPoolAttacks(t *testing.T) {
 		{"neg", `{"allotment":1,"shards":-3}`},
 		{"lost", `{"allotment":1,"into":"nowhere"}`},
 	} {
-		if r := e.do(t, http.MethodPut, path+"/pools/"+c.pool, nil, c.body); r.status != http.StatusUnprocessableEntity {
-			t.Errorf("PUT pool %s %s = %d %s, want 422", c.pool, c.body, r.status, r.body)
+		if r := e.Do(t, http.MethodPut, path+"/pools/"+c.pool, nil, c.body); r.Status != http.StatusUnprocessableEntity {
+			t.Errorf("PUT pool %s %s = %d %s, want 422", c.pool, c.body, r.Status, r.Body)
 		}
 	}
-	if r := e.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/stock?pool=nope", nil, ""); r.status != http.StatusNotFound || !strings.Contains(string(r.body), "unknown-pool") {
-		t.Errorf("stock of an unknown pool = %d %s", r.status, r.body)
+	if r := e.Do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/stock?pool=nope", nil, ""); r.Status != http.StatusNotFound || !strings.Contains(string(r.Body), "unknown-pool") {
+		t.Errorf("stock of an unknown pool = %d %s", r.Status, r.Body)
 	}
-	if r := e.buyIn(t, sku, "chan", "c1", "cc", 1, `,"channel_token":"partner-secret-0123456789"`); r.status != http.StatusCreated {
-		t.Fatalf("channel purchase = %d %s", r.status, r.body)
+	if r := buyIn(t, e, sku, "chan", "c1", "cc", 1, `,"channel_token":"partner-secret-0123456789"`); r.Status != http.StatusCreated {
+		t.Fatalf("channel purchase = %d %s", r.Status, r.Body)
 	}
-	if r := e.buyIn(t, sku, "chan", "c1", "cc", 1, `,"channel_token":"other-secret-0123456789"`); r.status != http.StatusUnprocessableEntity {
-		t.Errorf("the same key with another credential = %d %s, want 422", r.status, r.body)
+	if r := buyIn(t, e, sku, "chan", "c1", "cc", 1, `,"channel_token":"other-secret-0123456789"`); r.Status != http.StatusUnprocessableEntity {
+		t.Errorf("the same key with another credential = %d %s, want 422", r.Status, r.Body)
 	}
-	if r := e.do(t, http.MethodPost, "/v1/programs/"+sku.Program.String()+"/carts?pool=pre", map[string]string{"Idempotency-Key": "k"},
-		`{"buyer":"x","lines":[{"ticket":"ga","quantity":1}]}`); r.status != http.StatusUnprocessableEntity {
-		t.Errorf("?pool= on a cart = %d %s, want 422", r.status, r.body)
+	if r := e.Do(t, http.MethodPost, "/v1/programs/"+sku.Program.String()+"/carts?pool=pre", map[string]string{"Idempotency-Key": "k"},
+		`{"buyer":"x","lines":[{"ticket":"ga","quantity":1}]}`); r.Status != http.StatusUnprocessableEntity {
+		t.Errorf("?pool= on a cart = %d %s, want 422", r.Status, r.Body)
 	}
-	if r := e.do(t, http.MethodPut, path+"/seats", nil, `{"seats":[{"id":"A-01","section":"A","row":"A","number":1}]}`); r.status != http.StatusConflict && r.status != http.StatusUnprocessableEntity {
-		t.Errorf("a seat map on a ticket with pools = %d %s, want a refusal", r.status, r.body)
+	if r := e.Do(t, http.MethodPut, path+"/seats", nil, `{"seats":[{"id":"A-01","section":"A","row":"A","number":1}]}`); r.Status != http.StatusConflict && r.Status != http.StatusUnprocessableEntity {
+		t.Errorf("a seat map on a ticket with pools = %d %s, want a refusal", r.Status, r.Body)
 	}
-	if r := e.do(t, http.MethodPost, path+"/end", nil, ""); r.status != http.StatusOK {
-		t.Fatalf("end = %d %s", r.status, r.body)
+	if r := e.Do(t, http.MethodPost, path+"/end", nil, ""); r.Status != http.StatusOK {
+		t.Fatalf("end = %d %s", r.Status, r.Body)
 	}
-	if r := e.buyIn(t, sku, "pre", "w3", "w3", 1, ""); r.status != http.StatusConflict {
-		t.Errorf("a pool of an ended ticket = %d %s, want 409", r.status, r.body)
+	if r := buyIn(t, e, sku, "pre", "w3", "w3", 1, ""); r.Status != http.StatusConflict {
+		t.Errorf("a pool of an ended ticket = %d %s, want 409", r.Status, r.Body)
 	}
-	if r := e.do(t, http.MethodPut, path+"/pools/late", nil, `{"allotment":1}`); r.status != http.StatusConflict {
-		t.Errorf("a new pool of an ended ticket = %d %s, want 409", r.status, r.body)
+	if r := e.Do(t, http.MethodPut, path+"/pools/late", nil, `{"allotment":1}`); r.Status != http.StatusConflict {
+		t.Errorf("a new pool of an ended ticket = %d %s, want 409", r.Status, r.Body)
 	}
 }
 
@@ -314,49 +293,49 @@ func TestPoolAttacks(t *testing.T) {
 // or grown past what the public stock has left, keeps its allotment and
 // rule.
 func TestPoolChangeRefusedChangesNothing(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		e := newEnv(t, driver)
-		sku := newSKU(t)
-		e.putSKU(t, sku, 10, 1, 4)
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		e := systest.New(t, driver)
+		sku := systest.NewSKU(t)
+		e.PutSKU(t, sku, 10, 1, 4)
 		path := "/v1/admin/skus/" + sku.Program.String() + "/" + sku.Ticket.String() + "/pools/"
 		refused := func(pool, body string) {
 			t.Helper()
-			if r := e.do(t, http.MethodPut, path+pool, nil, body); r.status != http.StatusConflict || problemKind(r) != "total-below-committed" {
-				t.Fatalf("PUT pool %s %s = %d %s, want 409 total-below-committed", pool, body, r.status, r.body)
+			if r := e.Do(t, http.MethodPut, path+pool, nil, body); r.Status != http.StatusConflict || systest.ProblemKind(r) != "total-below-committed" {
+				t.Fatalf("PUT pool %s %s = %d %s, want 409 total-below-committed", pool, body, r.Status, r.Body)
 			}
 		}
 		refused("fans", `{"allotment":11}`)
-		if ps := e.pools(t, sku); len(ps) != 1 || ps["public"].Allotment != 10 {
+		if ps := pools(t, e, sku); len(ps) != 1 || ps["public"].Allotment != 10 {
 			t.Errorf("pools after a refused new pool: %+v, want the public pool of 10 alone", ps)
 		}
-		if r := e.buyIn(t, sku, "fans", "f1", "ann", 1, ""); r.status != http.StatusNotFound || problemKind(r) != "unknown-pool" {
-			t.Errorf("a purchase in the refused pool = %d %s, want 404 unknown-pool", r.status, r.body)
+		if r := buyIn(t, e, sku, "fans", "f1", "ann", 1, ""); r.Status != http.StatusNotFound || systest.ProblemKind(r) != "unknown-pool" {
+			t.Errorf("a purchase in the refused pool = %d %s, want 404 unknown-pool", r.Status, r.Body)
 		}
-		if st := e.state(t, sku); st.Sold != 0 || st.RedisRemaining != 10 {
+		if st := e.State(t, sku); st.Sold != 0 || st.RedisRemaining != 10 {
 			t.Errorf("the public stock after a refused new pool: %+v, want 10 left in Redis", st)
 		}
-		e.putPool(t, sku, "vip", `{"allotment":4,"access":"code"}`)
-		code := e.addCodes(t, sku, "vip", 1, 3)[0]
-		if r := e.buyIn(t, sku, "vip", "v1", "ann", 3, codeBody(code)); r.status != http.StatusCreated {
-			t.Fatalf("3 of vip = %d %s", r.status, r.body)
+		e.PutPool(t, sku, "vip", `{"allotment":4,"access":"code"}`)
+		code := addCodes(t, e, sku, "vip", 1, 3)[0]
+		if r := buyIn(t, e, sku, "vip", "v1", "ann", 3, codeBody(code)); r.Status != http.StatusCreated {
+			t.Fatalf("3 of vip = %d %s", r.Status, r.Body)
 		}
-		before := e.pools(t, sku)
+		before := pools(t, e, sku)
 		refused("vip", `{"allotment":2}`)
 		refused("vip", `{"allotment":11}`)
-		if diff := cmp.Diff(before, e.pools(t, sku)); diff != "" {
+		if diff := cmp.Diff(before, pools(t, e, sku)); diff != "" {
 			t.Errorf("pools after refused changes of vip (-before +after):\n%s", diff)
 		}
-		if r := e.buyIn(t, sku, "vip", "v2", "bob", 1, ""); r.status != http.StatusForbidden || problemKind(r) != "pool-access-denied" && problemKind(r) != "access-code-invalid" {
-			t.Errorf("vip without its code after the refused changes = %d %s, want it still behind its code", r.status, r.body)
+		if r := buyIn(t, e, sku, "vip", "v2", "bob", 1, ""); r.Status != http.StatusForbidden || systest.ProblemKind(r) != "pool-access-denied" && systest.ProblemKind(r) != "access-code-invalid" {
+			t.Errorf("vip without its code after the refused changes = %d %s, want it still behind its code", r.Status, r.Body)
 		}
-		if r := e.do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/end", nil, ""); r.status != http.StatusOK {
-			t.Fatalf("end the sale = %d %s", r.status, r.body)
+		if r := e.Do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/end", nil, ""); r.Status != http.StatusOK {
+			t.Fatalf("end the sale = %d %s", r.Status, r.Body)
 		}
-		if r := e.do(t, http.MethodPut, path+"late", nil, `{"allotment":1}`); r.status != http.StatusConflict || problemKind(r) != "sale-ended" {
-			t.Errorf("a new pool of an ended ticket = %d %s, want 409 sale-ended", r.status, r.body)
+		if r := e.Do(t, http.MethodPut, path+"late", nil, `{"allotment":1}`); r.Status != http.StatusConflict || systest.ProblemKind(r) != "sale-ended" {
+			t.Errorf("a new pool of an ended ticket = %d %s, want 409 sale-ended", r.Status, r.Body)
 		}
-		if _, ok := e.pools(t, sku)["late"]; ok {
-			t.Errorf("a pool refused for the ended sale is listed: %+v", e.pools(t, sku))
+		if _, ok := pools(t, e, sku)["late"]; ok {
+			t.Errorf("a pool refused for the ended sale is listed: %+v", pools(t, e, sku))
 		}
 	})
 }
@@ -367,12 +346,12 @@ func TestPoolChangeRefusedChangesNothing(t *testing.T) {
 // add up to its total, and each gate shows what its ledger row has left.
 // A pool every change of which is refused is never made.
 func TestPoolCreatedConcurrently(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		dsn := ledgerDSN(t, driver)
-		a := startEnv(t, envOptions{driver: driver, dsn: dsn})
-		b := startEnv(t, envOptions{driver: driver, dsn: dsn})
-		sku := newSKU(t)
-		a.putSKU(t, sku, 10, 1, 4)
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		dsn := systest.LedgerDSN(t, driver)
+		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		sku := systest.NewSKU(t)
+		a.PutSKU(t, sku, 10, 1, 4)
 		path := "/v1/admin/skus/" + sku.Program.String() + "/" + sku.Ticket.String() + "/pools/"
 		var mu sync.Mutex
 		granted := map[int64]bool{}
@@ -380,29 +359,29 @@ func TestPoolCreatedConcurrently(t *testing.T) {
 		for i, n := range []int64{11, 3, 12, 4, 13, 5, 14, 2} {
 			for pool, n := range map[string]int64{"race": n, "never": n + 10} {
 				wg.Go(func() {
-					r := []*env{a, b}[i%2].do(t, http.MethodPut, path+pool, nil, fmt.Sprintf(`{"allotment":%d}`, n))
-					unchanged := strings.Contains(string(r.body), "nothing changed") // the gates not closed within ReseedWait
+					r := []*systest.Env{a, b}[i%2].Do(t, http.MethodPut, path+pool, nil, fmt.Sprintf(`{"allotment":%d}`, n))
+					unchanged := strings.Contains(string(r.Body), "nothing changed") // the gates not closed within ReseedWait
 					switch {
-					case r.status == http.StatusServiceUnavailable && unchanged:
-					case (r.status == http.StatusOK || r.status == http.StatusServiceUnavailable) && pool == "race" && n <= 10:
+					case r.Status == http.StatusServiceUnavailable && unchanged:
+					case (r.Status == http.StatusOK || r.Status == http.StatusServiceUnavailable) && pool == "race" && n <= 10:
 						mu.Lock()
 						granted[n] = true // a 503 here: changed, its gate rebuilt later
 						mu.Unlock()
-					case r.status == http.StatusConflict && problemKind(r) == "total-below-committed" && n > 10:
+					case r.Status == http.StatusConflict && systest.ProblemKind(r) == "total-below-committed" && n > 10:
 					default:
-						t.Errorf("PUT pool %s allotment %d = %d %s", pool, n, r.status, r.body)
+						t.Errorf("PUT pool %s allotment %d = %d %s", pool, n, r.Status, r.Body)
 					}
 				})
 			}
 		}
 		wg.Wait()
-		ps := a.pools(t, sku)
+		ps := pools(t, a, sku)
 		if _, ok := ps["never"]; ok || !granted[ps["race"].Allotment] || len(ps) != 2 || ps["public"].Allotment+ps["race"].Allotment != 10 {
 			t.Errorf("pools %+v after allotments %v granted, want race with one of them and public the rest", ps, granted)
 		}
 		for name, s := range map[string]stock.SKU{"public": sku, "race": sku.InPool(keys.MustID("race"))} {
-			waitFor(t, 10*time.Second, name+"'s gate to show what its row has left", func() bool {
-				return a.state(t, s).RedisRemaining == ps[name].Remaining
+			systest.WaitFor(t, 10*time.Second, name+"'s gate to show what its row has left", func() bool {
+				return a.State(t, s).RedisRemaining == ps[name].Remaining
 			})
 		}
 	})

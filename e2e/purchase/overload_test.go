@@ -1,4 +1,4 @@
-package gateway_test
+package purchase_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/sale"
@@ -35,8 +36,8 @@ func (l slowTakes) Commit(ctx context.Context, takes []ledger.Take, direct bool)
 // answered 201 and Redis holds the rest. The refused ones, retried with
 // their keys once the storm is over, all sell.
 func TestOverloadShedsAtTheLedger(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		e := startEnv(t, envOptions{driver: driver, tune: func(o *app.Options) {
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		e := systest.Start(t, systest.Options{Driver: driver, Tune: func(o *app.Options) {
 			o.Sale.LedgerWaitBudget = 100 * time.Millisecond
 			o.Sale.CommitLanes = 1
 			o.Sale.BatchMax = 16 // full batches: the lane learns its pace
@@ -44,16 +45,16 @@ func TestOverloadShedsAtTheLedger(t *testing.T) {
 		}})
 		sku := stock.SKU{Program: keys.MustID("shed-" + driver), Ticket: keys.MustID("ga")}
 		const total, n = 1000, 600
-		e.putSKU(t, sku, total, 4, 4)
+		e.PutSKU(t, sku, total, 4, 4)
 		var mu sync.Mutex
 		var refused []int
-		counts := e.buyAll(n, 200, func(i int) reply {
-			r := e.buy(t, sku, fmt.Sprintf("k%d", i), fmt.Sprintf("b%d", i), 1)
-			if r.status == http.StatusServiceUnavailable {
+		counts := systest.BuyAll(n, 200, func(i int) systest.Reply {
+			r := e.Buy(t, sku, fmt.Sprintf("k%d", i), fmt.Sprintf("b%d", i), 1)
+			if r.Status == http.StatusServiceUnavailable {
 				var p struct{ Type string }
-				_ = json.Unmarshal(r.body, &p)
-				if p.Type != "https://stockgate.dev/problems/overloaded" || r.header.Get("Retry-After") == "" {
-					t.Errorf("a refusal = %s (Retry-After %q), want overloaded with Retry-After", r.body, r.header.Get("Retry-After"))
+				_ = json.Unmarshal(r.Body, &p)
+				if p.Type != "https://stockgate.dev/problems/overloaded" || r.Header.Get("Retry-After") == "" {
+					t.Errorf("a refusal = %s (Retry-After %q), want overloaded with Retry-After", r.Body, r.Header.Get("Retry-After"))
 				}
 				mu.Lock()
 				refused = append(refused, i)
@@ -65,25 +66,25 @@ func TestOverloadShedsAtTheLedger(t *testing.T) {
 			t.Fatalf("answers %v, want %d of 201 and 503, some 503", counts, n)
 		}
 		sold := int64(counts[http.StatusCreated])
-		waitFor(t, 10*time.Second, "Redis holds what the ledger did not sell", func() bool {
-			s := e.state(t, sku)
+		systest.WaitFor(t, 10*time.Second, "Redis holds what the ledger did not sell", func() bool {
+			s := e.State(t, sku)
 			return s.Sold == sold && s.RedisRemaining == total-sold
 		})
-		if s := e.state(t, sku); s.Sold != sold || s.Orders != sold || s.RedisRemaining != total-sold {
+		if s := e.State(t, sku); s.Sold != sold || s.Orders != sold || s.RedisRemaining != total-sold {
 			t.Fatalf("after the storm %+v, want %d sold and %d in Redis", s, sold, total-sold)
 		}
 		t.Logf("%s: %d sold, %d shed", driver, sold, len(refused))
 		for _, i := range refused {
-			var r reply
-			waitFor(t, 10*time.Second, "a shed purchase sells on retry", func() bool {
-				r = e.buy(t, sku, fmt.Sprintf("k%d", i), fmt.Sprintf("b%d", i), 1)
-				return r.status != http.StatusServiceUnavailable
+			var r systest.Reply
+			systest.WaitFor(t, 10*time.Second, "a shed purchase sells on retry", func() bool {
+				r = e.Buy(t, sku, fmt.Sprintf("k%d", i), fmt.Sprintf("b%d", i), 1)
+				return r.Status != http.StatusServiceUnavailable
 			})
-			if r.status != http.StatusCreated {
-				t.Fatalf("retry of shed purchase %d = %d %s", i, r.status, r.body)
+			if r.Status != http.StatusCreated {
+				t.Fatalf("retry of shed purchase %d = %d %s", i, r.Status, r.Body)
 			}
 		}
-		if s := e.state(t, sku); s.Sold != n || s.RedisRemaining != total-n {
+		if s := e.State(t, sku); s.Sold != n || s.RedisRemaining != total-n {
 			t.Errorf("after the retries %+v, want %d sold", s, n)
 		}
 	})
@@ -96,21 +97,21 @@ func TestOverloadShedsAtTheLedger(t *testing.T) {
 // sells the 201s, Redis still holds everything else, and each refused
 // buyer buys on retry.
 func TestOverloadShedsAtTheDoor(t *testing.T) {
-	e := startEnv(t, envOptions{driver: ledger.SQLite, tune: func(o *app.Options) {
+	e := systest.Start(t, systest.Options{Driver: ledger.SQLite, Tune: func(o *app.Options) {
 		o.Sale.TakesInFlight = 8
 		o.Sale.LedgerWaitBudget = time.Hour // only the door sheds here
 		o.WrapLedger = func(l sale.Ledger) sale.Ledger { return slowTakes{Ledger: l, perTake: 20 * time.Millisecond} }
 	}})
 	sku := stock.SKU{Program: keys.MustID("door"), Ticket: keys.MustID("ga")}
 	const total, n = 500, 100
-	e.putSKU(t, sku, total, 2, 4)
+	e.PutSKU(t, sku, total, 2, 4)
 	var mu sync.Mutex
 	var refused []int
-	counts := e.buyAll(n, n, func(i int) reply {
-		r := e.buy(t, sku, fmt.Sprintf("d%d", i), fmt.Sprintf("b%d", i), 1)
-		if r.status == http.StatusServiceUnavailable {
-			if r.header.Get("Retry-After") == "" || !strings.Contains(string(r.body), "in flight") {
-				t.Errorf("a refusal = %s (Retry-After %q), want overloaded, in flight, with Retry-After", r.body, r.header.Get("Retry-After"))
+	counts := systest.BuyAll(n, n, func(i int) systest.Reply {
+		r := e.Buy(t, sku, fmt.Sprintf("d%d", i), fmt.Sprintf("b%d", i), 1)
+		if r.Status == http.StatusServiceUnavailable {
+			if r.Header.Get("Retry-After") == "" || !strings.Contains(string(r.Body), "in flight") {
+				t.Errorf("a refusal = %s (Retry-After %q), want overloaded, in flight, with Retry-After", r.Body, r.Header.Get("Retry-After"))
 			}
 			mu.Lock()
 			refused = append(refused, i)
@@ -122,20 +123,20 @@ func TestOverloadShedsAtTheDoor(t *testing.T) {
 		t.Fatalf("answers %v, want 201s and some 503", counts)
 	}
 	sold := int64(counts[http.StatusCreated])
-	if s := e.state(t, sku); s.Sold != sold || s.RedisRemaining != total-sold {
+	if s := e.State(t, sku); s.Sold != sold || s.RedisRemaining != total-sold {
 		t.Fatalf("after the burst %+v, want %d sold and the rest in Redis", s, sold)
 	}
 	for _, i := range refused {
-		var r reply
-		waitFor(t, 10*time.Second, "a refused buyer buys on retry", func() bool {
-			r = e.buy(t, sku, fmt.Sprintf("d%d", i), fmt.Sprintf("b%d", i), 1)
-			return r.status != http.StatusServiceUnavailable
+		var r systest.Reply
+		systest.WaitFor(t, 10*time.Second, "a refused buyer buys on retry", func() bool {
+			r = e.Buy(t, sku, fmt.Sprintf("d%d", i), fmt.Sprintf("b%d", i), 1)
+			return r.Status != http.StatusServiceUnavailable
 		})
-		if r.status != http.StatusCreated {
-			t.Fatalf("retry of refused purchase %d = %d %s", i, r.status, r.body)
+		if r.Status != http.StatusCreated {
+			t.Fatalf("retry of refused purchase %d = %d %s", i, r.Status, r.Body)
 		}
 	}
-	if s := e.state(t, sku); s.Sold != n || s.RedisRemaining != total-n {
+	if s := e.State(t, sku); s.Sold != n || s.RedisRemaining != total-n {
 		t.Errorf("after the retries %+v, want %d sold", s, n)
 	}
 }

@@ -1,4 +1,4 @@
-package gateway_test
+package relay_test
 
 import (
 	"io"
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/webhook"
 )
@@ -54,19 +55,19 @@ func TestAttackWebhookSinkInheritsAnotherReceiversCursor(t *testing.T) {
 	t.Cleanup(sa.Close)
 	t.Cleanup(sb.Close)
 	secret := webhook.NewSecret()
-	dsn := ledgerDSN(t, ledger.SQLite)
+	dsn := systest.LedgerDSN(t, ledger.SQLite)
 	tune := func(urls ...string) func(o *app.Options) {
 		return func(o *app.Options) {
 			o.Relay.WebhookURLs, o.Relay.WebhookSecret = urls, secret
 			o.Relay.Poll, o.Relay.BackoffBase, o.Relay.BackoffMax, o.Relay.MaxAttempts = 20*time.Millisecond, time.Millisecond, 20*time.Millisecond, 100000
 		}
 	}
-	e1 := startEnv(t, envOptions{driver: ledger.SQLite, dsn: dsn, relay: true, tune: tune(sa.URL, sb.URL)})
-	sku := newSKU(t)
-	e1.putSKU(t, sku, 10, 1, 4)
-	e1.mustBuy(t, sku, "k1", "ann", 1)
-	e1.mustBuy(t, sku, "k2", "bob", 1)
-	events, err := e1.ledger.Events(t.Context(), sku.Program, 0, 100)
+	e1 := systest.Start(t, systest.Options{Driver: ledger.SQLite, DSN: dsn, Relay: true, Tune: tune(sa.URL, sb.URL)})
+	sku := systest.NewSKU(t)
+	e1.PutSKU(t, sku, 10, 1, 4)
+	e1.MustBuy(t, sku, "k1", "ann", 1)
+	e1.MustBuy(t, sku, "k2", "bob", 1)
+	events, err := e1.Ledger.Events(t.Context(), sku.Program, 0, 100)
 	if err != nil || len(events) != 2 {
 		t.Fatalf("events = %d, %v, want 2", len(events), err)
 	}
@@ -77,10 +78,10 @@ func TestAttackWebhookSinkInheritsAnotherReceiversCursor(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	e1.kill()
+	e1.Kill()
 	// a is decommissioned; b is back up.
 	b.down.Store(false)
-	startEnv(t, envOptions{driver: ledger.SQLite, dsn: dsn, relay: true, tune: tune(sb.URL)})
+	systest.Start(t, systest.Options{Driver: ledger.SQLite, DSN: dsn, Relay: true, Tune: tune(sb.URL)})
 	deadline = time.Now().Add(5 * time.Second)
 	for b.count() < len(events) && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)

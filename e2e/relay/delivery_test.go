@@ -1,4 +1,4 @@
-package gateway_test
+package relay_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
@@ -92,10 +93,10 @@ func TestEveryChangeReachesTheWebhook(t *testing.T) {
 	rcv := &hookReceiver{verifier: verifier, failShare: 0.2, partition: map[string]int{}, inFlight: map[int]int{}, ids: map[string]bool{}}
 	hook := httptest.NewServer(rcv)
 	t.Cleanup(hook.Close)
-	dsn := ledgerDSN(t, ledger.Postgres)
-	var envs []*env
+	dsn := systest.LedgerDSN(t, ledger.Postgres)
+	var envs []*systest.Env
 	for i := range 3 {
-		envs = append(envs, startEnv(t, envOptions{driver: ledger.Postgres, dsn: dsn, sweep: true, relay: true, tune: func(o *app.Options) {
+		envs = append(envs, systest.Start(t, systest.Options{Driver: ledger.Postgres, DSN: dsn, Sweep: true, Relay: true, Tune: func(o *app.Options) {
 			o.Sale.SweepEvery = 100 * time.Millisecond
 			o.Relay.WebhookURLs, o.Relay.WebhookSecret = []string{hook.URL}, secret
 			o.Relay.Owner = fmt.Sprintf("replica-%d", i)
@@ -108,40 +109,40 @@ func TestEveryChangeReachesTheWebhook(t *testing.T) {
 	var skus []stock.SKU
 	for i := range tickets {
 		s := stock.SKU{Program: program, Ticket: keys.MustID(fmt.Sprintf("t%d", i))}
-		envs[0].putSKU(t, s, 1_000, 2, 4)
+		envs[0].PutSKU(t, s, 1_000, 2, 4)
 		skus = append(skus, s)
 	}
 	ctx := context.Background()
 	rcv.mu.Lock()
-	for _, e := range allProgramEvents(t, envs[0].ledger, program) {
+	for _, e := range allProgramEvents(t, envs[0].Ledger, program) {
 		rcv.partition[e.SKU.Base().Ticket.String()] = e.Partition
 	}
 	rcv.mu.Unlock()
 
-	live := func(i int) *env { return envs[1+i%2] } // the replicas that stay
-	buy := func(i int, e *env) reply {
-		return e.buy(t, skus[i%tickets], fmt.Sprintf("p-%d", i), fmt.Sprintf("b%d", i%997), 1)
+	live := func(i int) *systest.Env { return envs[1+i%2] } // the replicas that stay
+	buy := func(i int, e *systest.Env) systest.Reply {
+		return e.Buy(t, skus[i%tickets], fmt.Sprintf("p-%d", i), fmt.Sprintf("b%d", i%997), 1)
 	}
-	first := envs[0].buyAll(purchases/3, 32, func(i int) reply { return buy(i, envs[i%3]) })
+	first := systest.BuyAll(purchases/3, 32, func(i int) systest.Reply { return buy(i, envs[i%3]) })
 	// Midway: replica 0 dies with its relay's leases held; the others
 	// take its partitions over when they lapse.
-	waitFor(t, 30*time.Second, "the first deliveries", func() bool { return rcv.distinct() > 100 })
-	envs[0].kill()
-	counts := envs[1].buyAll(purchases-purchases/3, 32, func(i int) reply { return buy(purchases/3+i, live(i)) })
+	systest.WaitFor(t, 30*time.Second, "the first deliveries", func() bool { return rcv.distinct() > 100 })
+	envs[0].Kill()
+	counts := systest.BuyAll(purchases-purchases/3, 32, func(i int) systest.Reply { return buy(purchases/3+i, live(i)) })
 	if first[http.StatusCreated]+counts[http.StatusCreated] != purchases {
 		t.Fatalf("purchases: %v then %v", first, counts)
 	}
 	type held struct{ id, buyer string }
 	var hs []held
 	var mu sync.Mutex
-	counts = envs[1].buyAll(holds, 32, func(i int) reply {
+	counts = systest.BuyAll(holds, 32, func(i int) systest.Reply {
 		ttl := 900
 		if i%4 == 3 {
 			ttl = 1 // a quarter expire
 		}
 		buyer := fmt.Sprintf("h%d", i)
-		r, h := live(i).hold(t, skus[i%tickets], fmt.Sprintf("h-%d", i), buyer, 1, ttl)
-		if r.status == http.StatusCreated && ttl > 1 {
+		r, h := live(i).Hold(t, skus[i%tickets], fmt.Sprintf("h-%d", i), buyer, 1, ttl)
+		if r.Status == http.StatusCreated && ttl > 1 {
 			mu.Lock()
 			hs = append(hs, held{h.HoldID, buyer})
 			mu.Unlock()
@@ -152,42 +153,42 @@ func TestEveryChangeReachesTheWebhook(t *testing.T) {
 		t.Fatalf("holds: %v", counts)
 	}
 	// Two thirds of the long holds confirmed, a third cancelled.
-	counts = envs[1].buyAll(len(hs), 32, func(i int) reply {
+	counts = systest.BuyAll(len(hs), 32, func(i int) systest.Reply {
 		action, want := "confirm", http.StatusCreated
 		if i%3 == 2 {
 			action, want = "cancel", http.StatusOK
 		}
-		r := live(i).act(t, "/v1/holds/"+hs[i].id+"/"+action, "a-"+hs[i].id, hs[i].buyer)
-		if r.status != want {
-			return reply{status: 599}
+		r := live(i).Act(t, "/v1/holds/"+hs[i].id+"/"+action, "a-"+hs[i].id, hs[i].buyer)
+		if r.Status != want {
+			return systest.Reply{Status: 599}
 		}
 		return r
 	})
 	if counts[599] != 0 {
 		t.Fatalf("confirms and cancels: %v", counts)
 	}
-	counts = envs[1].buyAll(refunds, 32, func(i int) reply {
+	counts = systest.BuyAll(refunds, 32, func(i int) systest.Reply {
 		j := i * (purchases / refunds)
-		o, err := orderOf(ctx, envs[1].ledger, fmt.Sprintf("b%d", j%997), fmt.Sprintf("p-%d", j))
+		o, err := systest.OrderOf(ctx, envs[1].Ledger, fmt.Sprintf("b%d", j%997), fmt.Sprintf("p-%d", j))
 		if err != nil {
 			t.Error(err)
-			return reply{status: 599}
+			return systest.Reply{Status: 599}
 		}
-		return live(i).act(t, "/v1/orders/"+o.ID.String()+"/refund", "r-"+o.ID.String(), o.Buyer.String())
+		return live(i).Act(t, "/v1/orders/"+o.ID.String()+"/refund", "r-"+o.ID.String(), o.Buyer.String())
 	})
 	if counts[http.StatusOK] != refunds {
 		t.Fatalf("refunds: %v", counts)
 	}
-	waitFor(t, 30*time.Second, "every short hold expired", func() bool {
+	systest.WaitFor(t, 30*time.Second, "every short hold expired", func() bool {
 		for _, s := range skus {
-			if st, err := envs[1].ledger.SKU(ctx, s); err != nil || st.Held != 0 {
+			if st, err := envs[1].Ledger.SKU(ctx, s); err != nil || st.Held != 0 {
 				return false
 			}
 		}
 		return true
 	})
 
-	events := allProgramEvents(t, envs[1].ledger, program)
+	events := allProgramEvents(t, envs[1].Ledger, program)
 	byType := map[string]int{}
 	for _, e := range events {
 		byType[e.Type]++
@@ -201,7 +202,7 @@ func TestEveryChangeReachesTheWebhook(t *testing.T) {
 			t.Errorf("%d %s events in the outbox, want one per change: %d", byType[typ], typ, n)
 		}
 	}
-	waitFor(t, 120*time.Second, "every event at the webhook", func() bool { return rcv.distinct() >= len(events) })
+	systest.WaitFor(t, 120*time.Second, "every event at the webhook", func() bool { return rcv.distinct() >= len(events) })
 	rcv.mu.Lock()
 	defer rcv.mu.Unlock()
 	inLedger := map[string]ledger.Event{}

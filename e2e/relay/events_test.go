@@ -1,4 +1,4 @@
-package gateway_test
+package relay_test
 
 import (
 	"encoding/json"
@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/ledger"
 )
 
@@ -27,29 +28,29 @@ type eventsReply struct {
 // The outbox through the API: a sale's changes in order, a pool's named
 // by ticket and pool, pages read on from next, and bad queries refused.
 func TestEventsAPI(t *testing.T) {
-	e := newEnv(t, ledger.SQLite)
-	sku := newSKU(t)
-	e.putSKU(t, sku, 3, 1, 4)
-	if r := e.do(t, http.MethodPut, adminPath(sku)+"/pools/fans", nil, `{"allotment":1}`); r.status != http.StatusOK {
-		t.Fatalf("PUT pool = %d %s", r.status, r.body)
+	e := systest.New(t, ledger.SQLite)
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 3, 1, 4)
+	if r := e.Do(t, http.MethodPut, systest.AdminPath(sku)+"/pools/fans", nil, `{"allotment":1}`); r.Status != http.StatusOK {
+		t.Fatalf("PUT pool = %d %s", r.Status, r.Body)
 	}
-	order := orderID(e.mustBuy(t, sku, "k1", "ann", 2))
-	if r := e.do(t, http.MethodPost, skuPath(sku)+"/purchases?pool=fans", map[string]string{"Idempotency-Key": "k2"}, `{"buyer":"bob","quantity":1}`); r.status != http.StatusCreated {
-		t.Fatalf("pool purchase = %d %s", r.status, r.body)
+	order := systest.OrderID(e.MustBuy(t, sku, "k1", "ann", 2))
+	if r := e.Do(t, http.MethodPost, systest.SKUPath(sku)+"/purchases?pool=fans", map[string]string{"Idempotency-Key": "k2"}, `{"buyer":"bob","quantity":1}`); r.Status != http.StatusCreated {
+		t.Fatalf("pool purchase = %d %s", r.Status, r.Body)
 	}
-	if r := e.act(t, "/v1/orders/"+order+"/refund", "k3", "ann"); r.status != http.StatusOK {
-		t.Fatalf("refund = %d %s", r.status, r.body)
+	if r := e.Act(t, "/v1/orders/"+order+"/refund", "k3", "ann"); r.Status != http.StatusOK {
+		t.Fatalf("refund = %d %s", r.Status, r.Body)
 	}
-	if r := e.do(t, http.MethodPost, adminPath(sku)+"/end", nil, ""); r.status != http.StatusOK {
-		t.Fatalf("end = %d %s", r.status, r.body)
+	if r := e.Do(t, http.MethodPost, systest.AdminPath(sku)+"/end", nil, ""); r.Status != http.StatusOK {
+		t.Fatalf("end = %d %s", r.Status, r.Body)
 	}
 	var all []string
 	var after int64
 	for page := 0; ; page++ {
-		r := e.do(t, http.MethodGet, fmt.Sprintf("/v1/admin/events?program=%s&after=%d&limit=2", sku.Program, after), nil, "")
+		r := e.Do(t, http.MethodGet, fmt.Sprintf("/v1/admin/events?program=%s&after=%d&limit=2", sku.Program, after), nil, "")
 		var got eventsReply
-		if r.status != http.StatusOK || json.Unmarshal(r.body, &got) != nil {
-			t.Fatalf("GET events = %d %s", r.status, r.body)
+		if r.Status != http.StatusOK || json.Unmarshal(r.Body, &got) != nil {
+			t.Fatalf("GET events = %d %s", r.Status, r.Body)
 		}
 		if len(got.Events) == 0 {
 			if got.Next != after {
@@ -75,11 +76,11 @@ func TestEventsAPI(t *testing.T) {
 		t.Errorf("events:\n %s\nwant\n %s", got, want)
 	}
 	for _, q := range []string{"after=-1", "after=x", "limit=0", "limit=1001", "limit=2.5"} {
-		if r := e.do(t, http.MethodGet, "/v1/admin/events?"+q, nil, ""); r.status != http.StatusUnprocessableEntity {
-			t.Errorf("events?%s = %d %s, want 422", q, r.status, r.body)
+		if r := e.Do(t, http.MethodGet, "/v1/admin/events?"+q, nil, ""); r.Status != http.StatusUnprocessableEntity {
+			t.Errorf("events?%s = %d %s, want 422", q, r.Status, r.Body)
 		}
 	}
-	if r := e.do(t, http.MethodGet, "/v1/admin/events?program=a%20b", nil, ""); r.status != http.StatusBadRequest {
-		t.Errorf("events of a bad program id = %d %s, want 400", r.status, r.body)
+	if r := e.Do(t, http.MethodGet, "/v1/admin/events?program=a%20b", nil, ""); r.Status != http.StatusBadRequest {
+		t.Errorf("events of a bad program id = %d %s, want 400", r.Status, r.Body)
 	}
 }

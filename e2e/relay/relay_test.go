@@ -1,4 +1,4 @@
-package gateway_test
+package relay_test
 
 import (
 	"encoding/json"
@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/webhook"
 )
@@ -31,14 +32,14 @@ func TestRelayAPI(t *testing.T) {
 		delivered.Add(1)
 	}))
 	t.Cleanup(rcv.Close)
-	e := startEnv(t, envOptions{driver: ledger.SQLite, relay: true, tune: func(o *app.Options) {
+	e := systest.Start(t, systest.Options{Driver: ledger.SQLite, Relay: true, Tune: func(o *app.Options) {
 		o.Relay.WebhookURLs, o.Relay.WebhookSecret = []string{"webhook=" + rcv.URL}, webhook.NewSecret()
 		o.Relay.Poll, o.Relay.BackoffBase, o.Relay.BackoffMax, o.Relay.MaxAttempts = 20*time.Millisecond, time.Millisecond, 5*time.Millisecond, 2
 		o.Relay.StatsEvery = 50 * time.Millisecond
 	}})
-	sku := newSKU(t)
-	e.putSKU(t, sku, 3, 1, 4)
-	e.mustBuy(t, sku, "k1", "ann", 1)
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 3, 1, 4)
+	e.MustBuy(t, sku, "k1", "ann", 1)
 	type deadReply struct {
 		DeadLetters []struct {
 			Sink  string        `json:"sink"`
@@ -53,13 +54,13 @@ func TestRelayAPI(t *testing.T) {
 			t.Fatal("no dead letter after 20s")
 		}
 		time.Sleep(20 * time.Millisecond)
-		r := e.do(t, http.MethodGet, "/v1/admin/relay/dead?sink=webhook", nil, "")
-		if r.status != http.StatusOK || json.Unmarshal(r.body, &dead) != nil {
-			t.Fatalf("GET dead = %d %s", r.status, r.body)
+		r := e.Do(t, http.MethodGet, "/v1/admin/relay/dead?sink=webhook", nil, "")
+		if r.Status != http.StatusOK || json.Unmarshal(r.Body, &dead) != nil {
+			t.Fatalf("GET dead = %d %s", r.Status, r.Body)
 		}
 	}
 	seq := dead.DeadLetters[0].Event.Seq
-	r := e.do(t, http.MethodGet, "/v1/admin/relay", nil, "")
+	r := e.Do(t, http.MethodGet, "/v1/admin/relay", nil, "")
 	var sinks struct {
 		Sinks []struct {
 			Name   string `json:"name"`
@@ -67,16 +68,16 @@ func TestRelayAPI(t *testing.T) {
 			Leased int    `json:"partitions_leased"`
 		} `json:"sinks"`
 	}
-	if r.status != http.StatusOK || json.Unmarshal(r.body, &sinks) != nil || len(sinks.Sinks) != 1 || sinks.Sinks[0].Dead < 1 || sinks.Sinks[0].Leased != ledger.Partitions {
-		t.Fatalf("GET relay = %d %s, want one sink with a dead letter and every partition leased", r.status, r.body)
+	if r.Status != http.StatusOK || json.Unmarshal(r.Body, &sinks) != nil || len(sinks.Sinks) != 1 || sinks.Sinks[0].Dead < 1 || sinks.Sinks[0].Leased != ledger.Partitions {
+		t.Fatalf("GET relay = %d %s, want one sink with a dead letter and every partition leased", r.Status, r.Body)
 	}
 	redeliver := fmt.Sprintf("/v1/admin/relay/dead/webhook/%d/redeliver", seq)
-	if r := e.do(t, http.MethodPost, redeliver, nil, ""); r.status != http.StatusBadGateway {
-		t.Fatalf("redeliver (refused) = %d %s, want 502", r.status, r.body)
+	if r := e.Do(t, http.MethodPost, redeliver, nil, ""); r.Status != http.StatusBadGateway {
+		t.Fatalf("redeliver (refused) = %d %s, want 502", r.Status, r.Body)
 	}
 	refuse.Store(false)
-	if r := e.do(t, http.MethodPost, redeliver, nil, ""); r.status != http.StatusOK || delivered.Load() == 0 {
-		t.Fatalf("redeliver = %d %s, want 200 and a delivery", r.status, r.body)
+	if r := e.Do(t, http.MethodPost, redeliver, nil, ""); r.Status != http.StatusOK || delivered.Load() == 0 {
+		t.Fatalf("redeliver = %d %s, want 200 and a delivery", r.Status, r.Body)
 	}
 	for _, c := range []struct {
 		method, path string
@@ -90,8 +91,8 @@ func TestRelayAPI(t *testing.T) {
 		{http.MethodGet, "/v1/admin/relay/dead?sink=webhook&after=-1", http.StatusUnprocessableEntity},
 		{http.MethodGet, "/v1/admin/relay/dead?sink=nope", http.StatusNotFound},
 	} {
-		if r := e.do(t, c.method, c.path, nil, ""); r.status != c.status {
-			t.Errorf("%s %s = %d %s, want %d", c.method, c.path, r.status, r.body, c.status)
+		if r := e.Do(t, c.method, c.path, nil, ""); r.Status != c.status {
+			t.Errorf("%s %s = %d %s, want %d", c.method, c.path, r.Status, r.Body, c.status)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package gateway_test
+package requests_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/stock"
@@ -18,92 +19,72 @@ import (
 // Regression tests for the request model (issue 13): each finding of the
 // review, through the HTTP API, on both ledgers.
 
-func skuPath(sku stock.SKU) string {
-	return "/v1/skus/" + sku.Program.String() + "/" + sku.Ticket.String()
-}
-
-func adminPath(sku stock.SKU) string {
-	return "/v1/admin/skus/" + sku.Program.String() + "/" + sku.Ticket.String()
-}
-
-// settled checks Redis remaining = ledger remaining (the sweeper and the
-// gateway's own restores have run) and returns the ledger's remaining.
-func settled(t *testing.T, e *env, sku stock.SKU) int64 {
-	t.Helper()
-	redisConsistent(t, e, sku)
-	st, err := e.ledger.SKU(context.Background(), sku)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st.Remaining()
-}
-
 // Finding 1: stock the ledger gives back after a rebuild reaches Redis.
 // Hold 2 of 2, rebuild (each kind), then cancel, expire or refund: the next
 // buyer gets the units, and Redis and the ledger agree.
 func TestReturnAfterRebuildReachesRedis(t *testing.T) {
-	rebuilds := map[string]func(t *testing.T, e *env, sku stock.SKU){
-		"reconcile": func(t *testing.T, e *env, sku stock.SKU) {
-			if r := e.do(t, http.MethodPost, adminPath(sku)+"/reconcile", nil, ""); r.status != 200 {
-				t.Fatalf("reconcile = %d %s", r.status, r.body)
+	rebuilds := map[string]func(t *testing.T, e *systest.Env, sku stock.SKU){
+		"reconcile": func(t *testing.T, e *systest.Env, sku stock.SKU) {
+			if r := e.Do(t, http.MethodPost, systest.AdminPath(sku)+"/reconcile", nil, ""); r.Status != 200 {
+				t.Fatalf("reconcile = %d %s", r.Status, r.Body)
 			}
 		},
-		"restock": func(t *testing.T, e *env, sku stock.SKU) { e.putSKU(t, sku, 3, 2, 4) },
-		"resize":  func(t *testing.T, e *env, sku stock.SKU) { e.putSKU(t, sku, 2, 4, 4) },
-		"collapse": func(t *testing.T, e *env, sku stock.SKU) {
-			if _, err := e.srv.Collapse(context.Background(), sku); err != nil {
+		"restock": func(t *testing.T, e *systest.Env, sku stock.SKU) { e.PutSKU(t, sku, 3, 2, 4) },
+		"resize":  func(t *testing.T, e *systest.Env, sku stock.SKU) { e.PutSKU(t, sku, 2, 4, 4) },
+		"collapse": func(t *testing.T, e *systest.Env, sku stock.SKU) {
+			if _, err := e.Sale.Collapse(context.Background(), sku); err != nil {
 				t.Fatal(err)
 			}
 		},
 	}
 	returns := []string{"cancel", "refund", "expire"}
-	eachDriver(t, func(t *testing.T, driver string) {
-		e := startEnv(t, envOptions{driver: driver, sweep: true})
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		e := systest.Start(t, systest.Options{Driver: driver, Sweep: true})
 		for name, rebuild := range rebuilds {
 			for _, ret := range returns {
 				t.Run(name+"/"+ret, func(t *testing.T) {
-					sku := newSKU(t)
-					e.putSKU(t, sku, 2, 2, 4)
+					sku := systest.NewSKU(t)
+					e.PutSKU(t, sku, 2, 2, 4)
 					ttl := 0
 					if ret == "expire" {
 						ttl = 1
 					}
-					r, h := e.hold(t, sku, sku.Program.String()+"-h", "ann", 2, ttl)
-					if r.status != 201 {
-						t.Fatalf("hold = %d %s", r.status, r.body)
+					r, h := e.Hold(t, sku, sku.Program.String()+"-h", "ann", 2, ttl)
+					if r.Status != 201 {
+						t.Fatalf("hold = %d %s", r.Status, r.Body)
 					}
 					orderPath := ""
 					if ret == "refund" {
-						c := e.act(t, "/v1/holds/"+h.HoldID+"/confirm", sku.Program.String()+"-c", "ann")
-						if c.status != 201 {
-							t.Fatalf("confirm = %d %s", c.status, c.body)
+						c := e.Act(t, "/v1/holds/"+h.HoldID+"/confirm", sku.Program.String()+"-c", "ann")
+						if c.Status != 201 {
+							t.Fatalf("confirm = %d %s", c.Status, c.Body)
 						}
-						orderPath = "/v1/orders/" + orderID(c)
+						orderPath = "/v1/orders/" + systest.OrderID(c)
 					}
 					rebuild(t, e, sku)
 					switch ret {
 					case "cancel":
-						if c := e.act(t, "/v1/holds/"+h.HoldID+"/cancel", sku.Program.String()+"-x", "ann"); c.status != 200 {
-							t.Fatalf("cancel = %d %s", c.status, c.body)
+						if c := e.Act(t, "/v1/holds/"+h.HoldID+"/cancel", sku.Program.String()+"-x", "ann"); c.Status != 200 {
+							t.Fatalf("cancel = %d %s", c.Status, c.Body)
 						}
 					case "refund":
-						if c := e.act(t, orderPath+"/refund", sku.Program.String()+"-x", "ann"); c.status != 200 {
-							t.Fatalf("refund = %d %s", c.status, c.body)
+						if c := e.Act(t, orderPath+"/refund", sku.Program.String()+"-x", "ann"); c.Status != 200 {
+							t.Fatalf("refund = %d %s", c.Status, c.Body)
 						}
 					case "expire":
-						waitFor(t, 10e9, "the hold to expire", func() bool {
-							st, _ := e.ledger.SKU(context.Background(), sku)
+						systest.WaitFor(t, 10e9, "the hold to expire", func() bool {
+							st, _ := e.Ledger.SKU(context.Background(), sku)
 							return st.Held == 0
 						})
 					}
-					left := settled(t, e, sku)
+					left := systest.Settled(t, e, sku)
 					if left < 2 {
 						t.Fatalf("ledger remaining %d after the return, want >= 2", left)
 					}
-					if b := e.buy(t, sku, sku.Program.String()+"-n", "bob", 2); b.status != 201 {
-						t.Errorf("the next buyer of the returned units = %d %s, want 201", b.status, b.body)
+					if b := e.Buy(t, sku, sku.Program.String()+"-n", "bob", 2); b.Status != 201 {
+						t.Errorf("the next buyer of the returned units = %d %s, want 201", b.Status, b.Body)
 					}
-					settled(t, e, sku)
+					systest.Settled(t, e, sku)
 				})
 			}
 		}
@@ -112,27 +93,27 @@ func TestReturnAfterRebuildReachesRedis(t *testing.T) {
 
 // Finding 2: the order key a confirm uses cannot be taken by a client.
 func TestConfirmOrderKeyCannotBeTaken(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		e := newEnv(t, driver)
-		sku := newSKU(t)
-		e.putSKU(t, sku, 10, 1, 4)
-		r, h := e.hold(t, sku, "h1", "ann", 2, 0)
-		if r.status != 201 {
-			t.Fatalf("hold = %d %s", r.status, r.body)
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		e := systest.New(t, driver)
+		sku := systest.NewSKU(t)
+		e.PutSKU(t, sku, 10, 1, 4)
+		r, h := e.Hold(t, sku, "h1", "ann", 2, 0)
+		if r.Status != 201 {
+			t.Fatalf("hold = %d %s", r.Status, r.Body)
 		}
 		for _, key := range []string{"hold-" + h.HoldID, "confirm-" + h.HoldID, h.HoldID} {
-			if b := e.buy(t, sku, key[:min(len(key), 64)], "mallory", 1); b.status != 201 {
-				t.Fatalf("purchase with key %s = %d %s", key, b.status, b.body)
+			if b := e.Buy(t, sku, key[:min(len(key), 64)], "mallory", 1); b.Status != 201 {
+				t.Fatalf("purchase with key %s = %d %s", key, b.Status, b.Body)
 			}
 		}
-		c := e.act(t, "/v1/holds/"+h.HoldID+"/confirm", "c1", "ann")
-		if c.status != 201 {
-			t.Fatalf("confirm = %d %s", c.status, c.body)
+		c := e.Act(t, "/v1/holds/"+h.HoldID+"/confirm", "c1", "ann")
+		if c.Status != 201 {
+			t.Fatalf("confirm = %d %s", c.Status, c.Body)
 		}
-		if g := e.do(t, http.MethodGet, "/v1/orders/"+orderID(c), nil, ""); g.status != 200 {
-			t.Errorf("GET the confirmed order = %d %s, want 200", g.status, g.body)
+		if g := e.Do(t, http.MethodGet, "/v1/orders/"+systest.OrderID(c), nil, ""); g.Status != 200 {
+			t.Errorf("GET the confirmed order = %d %s, want 200", g.Status, g.Body)
 		}
-		got := e.state(t, sku)
+		got := e.State(t, sku)
 		if got.Sold != 5 || got.Orders != 4 || got.OrderUnits != 5 {
 			t.Errorf("state %+v, want sold 5 in 4 orders", got)
 		}
@@ -143,61 +124,61 @@ func TestConfirmOrderKeyCannotBeTaken(t *testing.T) {
 // replica: on a sold-out SKU, after a reconcile, after a restart (a new
 // replica), after the end of the sale; a new key gets 409.
 func TestRetryOfPaidPurchaseReplayedEverywhere(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		dsn := ledgerDSN(t, driver)
-		a := startEnv(t, envOptions{driver: driver, dsn: dsn})
-		b := startEnv(t, envOptions{driver: driver, dsn: dsn})
-		sku := newSKU(t)
-		a.putSKU(t, sku, 3, 2, 4)
-		first := a.buy(t, sku, "paid", "ann", 1)
-		if first.status != 201 {
-			t.Fatalf("purchase = %d %s", first.status, first.body)
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		dsn := systest.LedgerDSN(t, driver)
+		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		sku := systest.NewSKU(t)
+		a.PutSKU(t, sku, 3, 2, 4)
+		first := a.Buy(t, sku, "paid", "ann", 1)
+		if first.Status != 201 {
+			t.Fatalf("purchase = %d %s", first.Status, first.Body)
 		}
 		for i := range 2 {
-			if r := b.buy(t, sku, fmt.Sprintf("other-%d", i), "bob", 1); r.status != 201 {
-				t.Fatalf("purchase = %d %s", r.status, r.body)
+			if r := b.Buy(t, sku, fmt.Sprintf("other-%d", i), "bob", 1); r.Status != 201 {
+				t.Fatalf("purchase = %d %s", r.Status, r.Body)
 			}
 		}
 		// Both replicas see the SKU sold out (and cache it).
-		for _, e := range []*env{a, b} {
-			if r := e.buy(t, sku, "late", "cat", 1); r.status != 409 {
-				t.Fatalf("purchase of a sold-out SKU = %d %s", r.status, r.body)
+		for _, e := range []*systest.Env{a, b} {
+			if r := e.Buy(t, sku, "late", "cat", 1); r.Status != 409 {
+				t.Fatalf("purchase of a sold-out SKU = %d %s", r.Status, r.Body)
 			}
 		}
-		retry := func(what string, e *env) {
+		retry := func(what string, e *systest.Env) {
 			t.Helper()
-			r := e.buy(t, sku, "paid", "ann", 1)
-			if r.status != 201 || orderID(r) != orderID(first) || r.header.Get("Idempotent-Replayed") != "true" {
+			r := e.Buy(t, sku, "paid", "ann", 1)
+			if r.Status != 201 || systest.OrderID(r) != systest.OrderID(first) || r.Header.Get("Idempotent-Replayed") != "true" {
 				t.Errorf("%s: retry = %d %s (replayed %q), want 201 with order %s replayed",
-					what, r.status, r.body, r.header.Get("Idempotent-Replayed"), orderID(first))
+					what, r.Status, r.Body, r.Header.Get("Idempotent-Replayed"), systest.OrderID(first))
 			}
-			if r := e.buy(t, sku, "never-paid", "ann", 1); r.status != 409 {
-				t.Errorf("%s: a new key = %d %s, want 409", what, r.status, r.body)
+			if r := e.Buy(t, sku, "never-paid", "ann", 1); r.Status != 409 {
+				t.Errorf("%s: a new key = %d %s, want 409", what, r.Status, r.Body)
 			}
 			// The storm's path refuses a key no buyer sold under before
 			// reading the body (a body that is not even JSON); a key that
 			// sold is always read, so its retry is never refused early.
 			path := "/v1/skus/" + sku.Program.String() + "/" + sku.Ticket.String() + "/purchases"
-			if r := e.do(t, http.MethodPost, path, map[string]string{"Idempotency-Key": "never-paid-raw"}, "{not json"); r.status != 409 {
-				t.Errorf("%s: a new key with an unread body = %d %s, want 409 before the body is read", what, r.status, r.body)
+			if r := e.Do(t, http.MethodPost, path, map[string]string{"Idempotency-Key": "never-paid-raw"}, "{not json"); r.Status != 409 {
+				t.Errorf("%s: a new key with an unread body = %d %s, want 409 before the body is read", what, r.Status, r.Body)
 			}
-			if r := e.do(t, http.MethodPost, path, map[string]string{"Idempotency-Key": "paid"}, "{not json"); r.status != 400 {
-				t.Errorf("%s: a sold key with a bad body = %d %s, want 400 (its body read)", what, r.status, r.body)
+			if r := e.Do(t, http.MethodPost, path, map[string]string{"Idempotency-Key": "paid"}, "{not json"); r.Status != 400 {
+				t.Errorf("%s: a sold key with a bad body = %d %s, want 400 (its body read)", what, r.Status, r.Body)
 			}
 		}
 		retry("sold out, same replica", a)
 		retry("sold out, other replica", b)
-		if r := a.do(t, http.MethodPost, adminPath(sku)+"/reconcile", nil, ""); r.status != 200 {
-			t.Fatalf("reconcile = %d %s", r.status, r.body)
+		if r := a.Do(t, http.MethodPost, systest.AdminPath(sku)+"/reconcile", nil, ""); r.Status != 200 {
+			t.Fatalf("reconcile = %d %s", r.Status, r.Body)
 		}
 		retry("after a reconcile", b)
-		c := startEnv(t, envOptions{driver: driver, dsn: dsn})
+		c := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
 		retry("on a new replica", c)
-		if r := a.do(t, http.MethodPost, adminPath(sku)+"/end", nil, ""); r.status != 200 {
-			t.Fatalf("end = %d %s", r.status, r.body)
+		if r := a.Do(t, http.MethodPost, systest.AdminPath(sku)+"/end", nil, ""); r.Status != 200 {
+			t.Fatalf("end = %d %s", r.Status, r.Body)
 		}
 		retry("after the end of the sale", b)
-		got := a.state(t, sku)
+		got := a.State(t, sku)
 		if got.Sold != 3 || got.Orders != 3 {
 			t.Errorf("state %+v, want 3 sold in 3 orders", got)
 		}
@@ -206,32 +187,32 @@ func TestRetryOfPaidPurchaseReplayedEverywhere(t *testing.T) {
 
 // Finding 4: one key cannot move stock twice through two endpoints.
 func TestKeyAcrossEndpoints(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		e := newEnv(t, driver)
-		sku := newSKU(t)
-		e.putSKU(t, sku, 10, 2, 4)
-		e.mustBuy(t, sku, "k", "ann", 1)
-		if r, _ := e.hold(t, sku, "k", "ann", 1, 0); r.status != 422 {
-			t.Errorf("hold with the purchase's key = %d %s, want 422", r.status, r.body)
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		e := systest.New(t, driver)
+		sku := systest.NewSKU(t)
+		e.PutSKU(t, sku, 10, 2, 4)
+		e.MustBuy(t, sku, "k", "ann", 1)
+		if r, _ := e.Hold(t, sku, "k", "ann", 1, 0); r.Status != 422 {
+			t.Errorf("hold with the purchase's key = %d %s, want 422", r.Status, r.Body)
 		}
-		if r, _ := e.hold(t, sku, "k2", "ann", 1, 0); r.status != 201 {
-			t.Fatalf("hold = %d %s", r.status, r.body)
+		if r, _ := e.Hold(t, sku, "k2", "ann", 1, 0); r.Status != 201 {
+			t.Fatalf("hold = %d %s", r.Status, r.Body)
 		}
-		if r := e.buy(t, sku, "k2", "ann", 1); r.status != 422 {
-			t.Errorf("purchase with the hold's key = %d %s, want 422", r.status, r.body)
+		if r := e.Buy(t, sku, "k2", "ann", 1); r.Status != 422 {
+			t.Errorf("purchase with the hold's key = %d %s, want 422", r.Status, r.Body)
 		}
-		if r := e.buy(t, sku, "k", "ann", 2); r.status != 422 {
-			t.Errorf("purchase with the key and another quantity = %d %s, want 422", r.status, r.body)
+		if r := e.Buy(t, sku, "k", "ann", 2); r.Status != 422 {
+			t.Errorf("purchase with the key and another quantity = %d %s, want 422", r.Status, r.Body)
 		}
 		// Another buyer's key is another request.
-		if r := e.buy(t, sku, "k", "bob", 1); r.status != 201 {
-			t.Errorf("another buyer's purchase with the same key = %d %s, want 201", r.status, r.body)
+		if r := e.Buy(t, sku, "k", "bob", 1); r.Status != 201 {
+			t.Errorf("another buyer's purchase with the same key = %d %s, want 201", r.Status, r.Body)
 		}
-		got := e.state(t, sku)
+		got := e.State(t, sku)
 		if got.Sold != 2 || got.Held != 1 {
 			t.Errorf("state %+v, want sold 2, held 1", got)
 		}
-		if left := settled(t, e, sku); left != 7 {
+		if left := systest.Settled(t, e, sku); left != 7 {
 			t.Errorf("remaining %d, want 7", left)
 		}
 	})
@@ -240,22 +221,22 @@ func TestKeyAcrossEndpoints(t *testing.T) {
 // Finding 5: the same request sent to two replicas at once gives one order
 // and leaves Redis exactly at the ledger's remaining.
 func TestSameRequestTwoReplicasAtOnce(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		dsn := ledgerDSN(t, driver)
-		a := startEnv(t, envOptions{driver: driver, dsn: dsn})
-		b := startEnv(t, envOptions{driver: driver, dsn: dsn})
-		sku := newSKU(t)
-		a.putSKU(t, sku, 200, 1, 4)
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		dsn := systest.LedgerDSN(t, driver)
+		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		sku := systest.NewSKU(t)
+		a.PutSKU(t, sku, 200, 1, 4)
 		var wg sync.WaitGroup
 		ids := make([][2]string, 50)
 		for i := range 50 {
-			for j, e := range []*env{a, b} {
+			for j, e := range []*systest.Env{a, b} {
 				wg.Go(func() {
-					r := e.buy(t, sku, fmt.Sprintf("twice-%d", i), "ann", 2)
-					if r.status != 201 {
-						t.Errorf("purchase = %d %s", r.status, r.body)
+					r := e.Buy(t, sku, fmt.Sprintf("twice-%d", i), "ann", 2)
+					if r.Status != 201 {
+						t.Errorf("purchase = %d %s", r.Status, r.Body)
 					}
-					ids[i][j] = orderID(r)
+					ids[i][j] = systest.OrderID(r)
 				})
 			}
 		}
@@ -265,11 +246,11 @@ func TestSameRequestTwoReplicasAtOnce(t *testing.T) {
 				t.Errorf("request %d: replicas answered orders %s and %s", i, p[0], p[1])
 			}
 		}
-		got := a.state(t, sku)
+		got := a.State(t, sku)
 		if got.Orders != 50 || got.Sold != 100 {
 			t.Errorf("state %+v, want 50 orders, sold 100", got)
 		}
-		if left := settled(t, a, sku); left != 100 {
+		if left := systest.Settled(t, a, sku); left != 100 {
 			t.Errorf("remaining %d, want 100", left)
 		}
 	})
@@ -278,90 +259,90 @@ func TestSameRequestTwoReplicasAtOnce(t *testing.T) {
 // Finding 6: a request refused for a reused key releases the per-buyer
 // count it took.
 func TestReusedKeyReleasesQuota(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		e := newEnv(t, driver)
-		sku := newSKU(t)
-		e.putCapped(t, sku, 2, 3)
-		e.mustBuy(t, sku, "k", "ann", 1)
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		e := systest.New(t, driver)
+		sku := systest.NewSKU(t)
+		e.PutCapped(t, sku, 2, 3)
+		e.MustBuy(t, sku, "k", "ann", 1)
 		for i := range 5 {
-			if r := e.buy(t, sku, "k", "ann", 2); r.status != 422 {
-				t.Fatalf("reuse %d = %d %s, want 422", i, r.status, r.body)
+			if r := e.Buy(t, sku, "k", "ann", 2); r.Status != 422 {
+				t.Fatalf("reuse %d = %d %s, want 422", i, r.Status, r.Body)
 			}
 		}
-		if r := e.buy(t, sku, "k2", "ann", 2); r.status != 201 {
-			t.Errorf("a fitting purchase after the reused keys = %d %s, want 201 (count leaked)", r.status, r.body)
+		if r := e.Buy(t, sku, "k2", "ann", 2); r.Status != 201 {
+			t.Errorf("a fitting purchase after the reused keys = %d %s, want 201 (count leaked)", r.Status, r.Body)
 		}
-		if r := e.buy(t, sku, "k3", "ann", 1); r.status != 409 {
-			t.Errorf("a purchase over the cap = %d %s, want 409", r.status, r.body)
+		if r := e.Buy(t, sku, "k3", "ann", 1); r.Status != 409 {
+			t.Errorf("a purchase over the cap = %d %s, want 409", r.Status, r.Body)
 		}
 	})
 }
 
 // Finding 7: a seat hold with a reused key takes no seats and blocks none.
 func TestSeatHoldKeyReuseBlocksNothing(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		e := newEnv(t, driver)
-		sku := newSKU(t)
-		e.putSKU(t, sku, 0, 1, 4)
-		e.loadSeats(t, sku, map[string]int{"A": 6})
-		if r, _ := e.seatHold(t, sku, "k", "ann", "A-01"); r.status != 201 {
-			t.Fatalf("seat hold = %d %s", r.status, r.body)
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		e := systest.New(t, driver)
+		sku := systest.NewSKU(t)
+		e.PutSKU(t, sku, 0, 1, 4)
+		e.LoadSeats(t, sku, map[string]int{"A": 6})
+		if r, _ := e.SeatHold(t, sku, "k", "ann", "A-01"); r.Status != 201 {
+			t.Fatalf("seat hold = %d %s", r.Status, r.Body)
 		}
 		for _, seats := range [][]string{{"A-02"}, {"A-01", "A-03"}} {
-			if r, _ := e.seatHold(t, sku, "k", "ann", seats...); r.status != 422 {
-				t.Errorf("seat hold of %v with the used key = %d %s, want 422", seats, r.status, r.body)
+			if r, _ := e.SeatHold(t, sku, "k", "ann", seats...); r.Status != 422 {
+				t.Errorf("seat hold of %v with the used key = %d %s, want 422", seats, r.Status, r.Body)
 			}
 		}
-		if r, _ := e.seatHold(t, sku, "b1", "bob", "A-02", "A-03"); r.status != 201 {
-			t.Errorf("another buyer's hold of the seats the reused key asked for = %d %s, want 201", r.status, r.body)
+		if r, _ := e.SeatHold(t, sku, "b1", "bob", "A-02", "A-03"); r.Status != 201 {
+			t.Errorf("another buyer's hold of the seats the reused key asked for = %d %s, want 201", r.Status, r.Body)
 		}
-		if r, _ := e.seatHold(t, sku, "b2", "bob", "A-01"); r.status != 409 {
-			t.Errorf("a hold of the first request's seat = %d %s, want 409", r.status, r.body)
+		if r, _ := e.SeatHold(t, sku, "b2", "bob", "A-01"); r.Status != 409 {
+			t.Errorf("a hold of the first request's seat = %d %s, want 409", r.Status, r.Body)
 		}
 		var check sale.SeatCheck
-		r := e.do(t, http.MethodPost, adminPath(sku)+"/seats/check", nil, "")
-		if err := json.Unmarshal(r.body, &check); err != nil || r.status != 200 || len(check.Differed) != 0 {
-			t.Errorf("seat check = %d %s, want Redis and the ledger to agree", r.status, r.body)
+		r := e.Do(t, http.MethodPost, systest.AdminPath(sku)+"/seats/check", nil, "")
+		if err := json.Unmarshal(r.Body, &check); err != nil || r.Status != 200 || len(check.Differed) != 0 {
+			t.Errorf("seat check = %d %s, want Redis and the ledger to agree", r.Status, r.Body)
 		}
 	})
 }
 
 // Finding 11 (smaller ones).
 func TestSmallerFindings(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		e := newEnv(t, driver)
-		sku := newSKU(t)
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		e := systest.New(t, driver)
+		sku := systest.NewSKU(t)
 		// A seat map for a SKU that does not exist: 404, not 503.
-		r := e.do(t, http.MethodPut, adminPath(sku)+"/seats", nil, `{"seats":[{"id":"A-1","section":"A","row":"A","number":1}]}`)
-		if r.status != 404 {
-			t.Errorf("seat map before its SKU = %d %s, want 404", r.status, r.body)
+		r := e.Do(t, http.MethodPut, systest.AdminPath(sku)+"/seats", nil, `{"seats":[{"id":"A-1","section":"A","row":"A","number":1}]}`)
+		if r.Status != 404 {
+			t.Errorf("seat map before its SKU = %d %s, want 404", r.Status, r.Body)
 		}
-		e.putSKU(t, sku, 10, 1, 4)
+		e.PutSKU(t, sku, 10, 1, 4)
 		// Duplicate member names are refused, not "last wins".
-		r = e.do(t, http.MethodPost, skuPath(sku)+"/purchases", map[string]string{"Idempotency-Key": "dup"},
+		r = e.Do(t, http.MethodPost, systest.SKUPath(sku)+"/purchases", map[string]string{"Idempotency-Key": "dup"},
 			`{"buyer":"ann","quantity":1,"quantity":4}`)
-		if r.status != 400 {
-			t.Errorf("duplicate member names = %d %s, want 400", r.status, r.body)
+		if r.Status != 400 {
+			t.Errorf("duplicate member names = %d %s, want 400", r.Status, r.Body)
 		}
 		// The quoted form of the draft's Idempotency-Key is the same key.
-		r = e.do(t, http.MethodPost, skuPath(sku)+"/purchases", map[string]string{"Idempotency-Key": `"q1"`},
+		r = e.Do(t, http.MethodPost, systest.SKUPath(sku)+"/purchases", map[string]string{"Idempotency-Key": `"q1"`},
 			`{"buyer":"ann","quantity":1}`)
-		if r.status != 201 {
-			t.Fatalf("quoted key = %d %s, want 201", r.status, r.body)
+		if r.Status != 201 {
+			t.Fatalf("quoted key = %d %s, want 201", r.Status, r.Body)
 		}
-		again := e.buy(t, sku, "q1", "ann", 1)
-		if again.status != 201 || orderID(again) != orderID(r) {
-			t.Errorf("the unquoted key after the quoted one = %d %s, want the same order", again.status, again.body)
+		again := e.Buy(t, sku, "q1", "ann", 1)
+		if again.Status != 201 || systest.OrderID(again) != systest.OrderID(r) {
+			t.Errorf("the unquoted key after the quoted one = %d %s, want the same order", again.Status, again.Body)
 		}
 		// Cancel of a confirmed hold is refused and moves nothing.
-		_, h := e.hold(t, sku, "h", "ann", 1, 0)
-		if c := e.act(t, "/v1/holds/"+h.HoldID+"/confirm", "c", "ann"); c.status != 201 {
-			t.Fatalf("confirm = %d %s", c.status, c.body)
+		_, h := e.Hold(t, sku, "h", "ann", 1, 0)
+		if c := e.Act(t, "/v1/holds/"+h.HoldID+"/confirm", "c", "ann"); c.Status != 201 {
+			t.Fatalf("confirm = %d %s", c.Status, c.Body)
 		}
-		if c := e.act(t, "/v1/holds/"+h.HoldID+"/cancel", "x", "ann"); c.status != 409 {
-			t.Errorf("cancel of a confirmed hold = %d %s, want 409", c.status, c.body)
+		if c := e.Act(t, "/v1/holds/"+h.HoldID+"/cancel", "x", "ann"); c.Status != 409 {
+			t.Errorf("cancel of a confirmed hold = %d %s, want 409", c.Status, c.Body)
 		}
-		if got := e.state(t, sku); got.Sold != 2 || got.Held != 0 {
+		if got := e.State(t, sku); got.Sold != 2 || got.Held != 0 {
 			t.Errorf("state %+v, want sold 2 held 0", got)
 		}
 	})
@@ -399,29 +380,29 @@ func (l *slowCommits) Commit(ctx context.Context, takes []ledger.Take, direct bo
 // order, and Redis exactly at the ledger's remaining (under the timer it
 // committed against a gate rebuilt without it, and Redis was one ahead).
 func TestCommitAfterRebuildIsTakenAgain(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
+	systest.EachDriver(t, func(t *testing.T, driver string) {
 		slow := &slowCommits{key: "late", held: make(chan struct{}), release: make(chan struct{})}
-		e := startEnv(t, envOptions{driver: driver, tune: func(o *app.Options) {
+		e := systest.Start(t, systest.Options{Driver: driver, Tune: func(o *app.Options) {
 			o.WrapLedger = func(l sale.Ledger) sale.Ledger { slow.Ledger = l; return slow }
 		}})
-		sku := newSKU(t)
-		e.putSKU(t, sku, 10, 2, 4)
-		done := make(chan reply, 1)
-		go func() { done <- e.buy(t, sku, "late", "ann", 2) }()
+		sku := systest.NewSKU(t)
+		e.PutSKU(t, sku, 10, 2, 4)
+		done := make(chan systest.Reply, 1)
+		go func() { done <- e.Buy(t, sku, "late", "ann", 2) }()
 		<-slow.held // admitted by the gate, its commit not yet sent
-		if r := e.do(t, http.MethodPost, adminPath(sku)+"/reconcile", nil, ""); r.status != 200 {
-			t.Fatalf("reconcile = %d %s", r.status, r.body)
+		if r := e.Do(t, http.MethodPost, systest.AdminPath(sku)+"/reconcile", nil, ""); r.Status != 200 {
+			t.Fatalf("reconcile = %d %s", r.Status, r.Body)
 		}
 		close(slow.release)
 		r := <-done
-		if r.status != 201 {
-			t.Fatalf("the late purchase = %d %s, want 201", r.status, r.body)
+		if r.Status != 201 {
+			t.Fatalf("the late purchase = %d %s, want 201", r.Status, r.Body)
 		}
-		got := e.state(t, sku)
+		got := e.State(t, sku)
 		if got.Sold != 2 || got.Orders != 1 || got.RedisRemaining != 8 {
 			t.Errorf("state %+v, want sold 2 in 1 order, Redis remaining 8", got)
 		}
-		if n := counter(t, e.reg, "stockgate_reseeds_total", map[string]string{"reason": "stale"}); n != 0 {
+		if n := systest.Counter(t, e.Registry, "stockgate_reseeds_total", map[string]string{"reason": "stale"}); n != 0 {
 			t.Logf("rebuilds for a stale gate: %v (the reconcile already built the new one)", n)
 		}
 	})
@@ -432,33 +413,33 @@ func TestCommitAfterRebuildIsTakenAgain(t *testing.T) {
 // returned unit at once, and a retry of that sale on B is replayed (not
 // 409 until B's flag expires).
 func TestRestockNoticeReachesOtherReplicas(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		dsn := ledgerDSN(t, driver)
-		a := startEnv(t, envOptions{driver: driver, dsn: dsn})
-		b := startEnv(t, envOptions{driver: driver, dsn: dsn, tune: func(o *app.Options) {
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		dsn := systest.LedgerDSN(t, driver)
+		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn, Tune: func(o *app.Options) {
 			o.Cache.SoldOutTTL = 10 * time.Second
 		}})
-		sku := newSKU(t)
-		a.putSKU(t, sku, 1, 1, 4)
-		r, h := a.hold(t, sku, "h", "xena", 1, 0)
-		if r.status != 201 {
-			t.Fatalf("hold = %d %s", r.status, r.body)
+		sku := systest.NewSKU(t)
+		a.PutSKU(t, sku, 1, 1, 4)
+		r, h := a.Hold(t, sku, "h", "xena", 1, 0)
+		if r.Status != 201 {
+			t.Fatalf("hold = %d %s", r.Status, r.Body)
 		}
-		if r := b.buy(t, sku, "y", "yuri", 1); r.status != 409 {
-			t.Fatalf("purchase of a sold-out SKU on B = %d %s, want 409", r.status, r.body)
+		if r := b.Buy(t, sku, "y", "yuri", 1); r.Status != 409 {
+			t.Fatalf("purchase of a sold-out SKU on B = %d %s, want 409", r.Status, r.Body)
 		}
-		if c := a.act(t, "/v1/holds/"+h.HoldID+"/cancel", "c", "xena"); c.status != 200 {
-			t.Fatalf("cancel = %d %s", c.status, c.body)
+		if c := a.Act(t, "/v1/holds/"+h.HoldID+"/cancel", "c", "xena"); c.Status != 200 {
+			t.Fatalf("cancel = %d %s", c.Status, c.Body)
 		}
 		start := time.Now()
-		var won reply
-		waitFor(t, 3*time.Second, "replica B to sell the returned unit", func() bool {
-			won = b.buy(t, sku, "z", "zoe", 1)
-			return won.status == 201
+		var won systest.Reply
+		systest.WaitFor(t, 3*time.Second, "replica B to sell the returned unit", func() bool {
+			won = b.Buy(t, sku, "z", "zoe", 1)
+			return won.Status == 201
 		})
 		t.Logf("B sold the returned unit %v after the cancel on A (B's sold-out memory: 10s)", time.Since(start).Round(time.Millisecond))
-		if r := b.buy(t, sku, "z", "zoe", 1); r.status != 201 || orderID(r) != orderID(won) {
-			t.Errorf("retry on B = %d %s, want the replay of %s", r.status, r.body, orderID(won))
+		if r := b.Buy(t, sku, "z", "zoe", 1); r.Status != 201 || systest.OrderID(r) != systest.OrderID(won) {
+			t.Errorf("retry on B = %d %s, want the replay of %s", r.Status, r.Body, systest.OrderID(won))
 		}
 	})
 }

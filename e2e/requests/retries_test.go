@@ -1,4 +1,4 @@
-package gateway_test
+package requests_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/sale"
@@ -21,58 +22,58 @@ import (
 // free in the ledger and taken in the gate, so the next buyer of them is
 // told they are taken (invariants 3 and 5; Redis and ledger disagree).
 func TestAttackSeatHoldRetryAfterCancel(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		e := newEnv(t, driver)
-		sku := newSKU(t)
-		e.putSKU(t, sku, 0, 1, 4)
-		e.loadSeats(t, sku, map[string]int{"A": 4})
-		r, h := e.seatHold(t, sku, "sh", "ann", "A-01", "A-02")
-		if r.status != 201 {
-			t.Fatalf("seat hold = %d %s", r.status, r.body)
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		e := systest.New(t, driver)
+		sku := systest.NewSKU(t)
+		e.PutSKU(t, sku, 0, 1, 4)
+		e.LoadSeats(t, sku, map[string]int{"A": 4})
+		r, h := e.SeatHold(t, sku, "sh", "ann", "A-01", "A-02")
+		if r.Status != 201 {
+			t.Fatalf("seat hold = %d %s", r.Status, r.Body)
 		}
-		if c := e.act(t, "/v1/holds/"+h.HoldID+"/cancel", "c1", "ann"); c.status != 200 {
-			t.Fatalf("cancel = %d %s", c.status, c.body)
+		if c := e.Act(t, "/v1/holds/"+h.HoldID+"/cancel", "c1", "ann"); c.Status != 200 {
+			t.Fatalf("cancel = %d %s", c.Status, c.Body)
 		}
 		// The client's retry of its original seat hold (a late network retry).
-		again, h2 := e.seatHold(t, sku, "sh", "ann", "A-01", "A-02")
-		if again.status != 201 || h2.HoldID != h.HoldID || again.header.Get("Idempotent-Replayed") != "true" {
-			t.Errorf("retry = %d %s, want the replay of hold %s", again.status, again.body, h.HoldID)
+		again, h2 := e.SeatHold(t, sku, "sh", "ann", "A-01", "A-02")
+		if again.Status != 201 || h2.HoldID != h.HoldID || again.Header.Get("Idempotent-Replayed") != "true" {
+			t.Errorf("retry = %d %s, want the replay of hold %s", again.Status, again.Body, h.HoldID)
 		}
 		// The ledger has both seats free: another buyer may hold them.
-		if r, _ := e.seatHold(t, sku, "b1", "bob", "A-01", "A-02"); r.status != 201 {
-			t.Errorf("another buyer's hold of the freed seats = %d %s, want 201 (the retry re-took them in Redis)", r.status, r.body)
+		if r, _ := e.SeatHold(t, sku, "b1", "bob", "A-01", "A-02"); r.Status != 201 {
+			t.Errorf("another buyer's hold of the freed seats = %d %s, want 201 (the retry re-took them in Redis)", r.Status, r.Body)
 		}
 		var check sale.SeatCheck
-		c := e.do(t, http.MethodPost, adminPath(sku)+"/seats/check", nil, "")
-		if err := json.Unmarshal(c.body, &check); err != nil || c.status != 200 || len(check.Differed) != 0 {
-			t.Errorf("seat check = %d %s, want Redis and the ledger to agree", c.status, c.body)
+		c := e.Do(t, http.MethodPost, systest.AdminPath(sku)+"/seats/check", nil, "")
+		if err := json.Unmarshal(c.Body, &check); err != nil || c.Status != 200 || len(check.Differed) != 0 {
+			t.Errorf("seat check = %d %s, want Redis and the ledger to agree", c.Status, c.Body)
 		}
 	})
 }
 
 // The same after expiry and after a refund of the confirmed seat hold.
 func TestAttackSeatHoldRetryAfterRefund(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		e := newEnv(t, driver)
-		sku := newSKU(t)
-		e.putSKU(t, sku, 0, 1, 4)
-		e.loadSeats(t, sku, map[string]int{"A": 4})
-		r, h := e.seatHold(t, sku, "sh", "ann", "A-03")
-		if r.status != 201 {
-			t.Fatalf("seat hold = %d %s", r.status, r.body)
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		e := systest.New(t, driver)
+		sku := systest.NewSKU(t)
+		e.PutSKU(t, sku, 0, 1, 4)
+		e.LoadSeats(t, sku, map[string]int{"A": 4})
+		r, h := e.SeatHold(t, sku, "sh", "ann", "A-03")
+		if r.Status != 201 {
+			t.Fatalf("seat hold = %d %s", r.Status, r.Body)
 		}
-		c := e.act(t, "/v1/holds/"+h.HoldID+"/confirm", "c1", "ann")
-		if c.status != 201 {
-			t.Fatalf("confirm = %d %s", c.status, c.body)
+		c := e.Act(t, "/v1/holds/"+h.HoldID+"/confirm", "c1", "ann")
+		if c.Status != 201 {
+			t.Fatalf("confirm = %d %s", c.Status, c.Body)
 		}
-		if f := e.act(t, "/v1/orders/"+orderID(c)+"/refund", "f1", "ann"); f.status != 200 {
-			t.Fatalf("refund = %d %s", f.status, f.body)
+		if f := e.Act(t, "/v1/orders/"+systest.OrderID(c)+"/refund", "f1", "ann"); f.Status != 200 {
+			t.Fatalf("refund = %d %s", f.Status, f.Body)
 		}
-		if again, _ := e.seatHold(t, sku, "sh", "ann", "A-03"); again.status != 201 {
-			t.Errorf("retry = %d %s, want the replay", again.status, again.body)
+		if again, _ := e.SeatHold(t, sku, "sh", "ann", "A-03"); again.Status != 201 {
+			t.Errorf("retry = %d %s, want the replay", again.Status, again.Body)
 		}
-		if r, _ := e.seatHold(t, sku, "b1", "bob", "A-03"); r.status != 201 {
-			t.Errorf("another buyer's hold of the refunded seat = %d %s, want 201", r.status, r.body)
+		if r, _ := e.SeatHold(t, sku, "b1", "bob", "A-03"); r.Status != 201 {
+			t.Errorf("another buyer's hold of the refunded seat = %d %s, want 201", r.Status, r.Body)
 		}
 	})
 }
@@ -83,42 +84,42 @@ func TestAttackSeatHoldRetryAfterRefund(t *testing.T) {
 // "limit reached" (invariant 3: the quota count moved twice for one
 // request; the Redis gate disagrees with the ledger for good).
 func TestAttackQuotaLeakRetryAfterRefund(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		e := newEnv(t, driver)
-		sku := newSKU(t)
-		e.putCapped(t, sku, 2, 2)
-		b := e.mustBuy(t, sku, "k1", "ann", 2)
-		if f := e.act(t, "/v1/orders/"+orderID(b)+"/refund", "f1", "ann"); f.status != 200 {
-			t.Fatalf("refund = %d %s", f.status, f.body)
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		e := systest.New(t, driver)
+		sku := systest.NewSKU(t)
+		e.PutCapped(t, sku, 2, 2)
+		b := e.MustBuy(t, sku, "k1", "ann", 2)
+		if f := e.Act(t, "/v1/orders/"+systest.OrderID(b)+"/refund", "f1", "ann"); f.Status != 200 {
+			t.Fatalf("refund = %d %s", f.Status, f.Body)
 		}
-		if again := e.buy(t, sku, "k1", "ann", 2); again.status != 201 || orderID(again) != orderID(b) {
-			t.Fatalf("retry = %d %s, want the replay", again.status, again.body)
+		if again := e.Buy(t, sku, "k1", "ann", 2); again.Status != 201 || systest.OrderID(again) != systest.OrderID(b) {
+			t.Fatalf("retry = %d %s, want the replay", again.Status, again.Body)
 		}
-		units, _ := e.ledger.BuyerUnits(context.Background(), sku, keys.MustID("ann"))
-		if r := e.buy(t, sku, "k2", "ann", 2); r.status != 201 {
-			t.Errorf("purchase of 2 by a buyer owning %d of a cap of 2 = %d %s, want 201 (quota count leaked)", units, r.status, r.body)
+		units, _ := e.Ledger.BuyerUnits(context.Background(), sku, keys.MustID("ann"))
+		if r := e.Buy(t, sku, "k2", "ann", 2); r.Status != 201 {
+			t.Errorf("purchase of 2 by a buyer owning %d of a cap of 2 = %d %s, want 201 (quota count leaked)", units, r.Status, r.Body)
 		}
 	})
 }
 
 // The same with a hold: hold, cancel, retry of the hold.
 func TestAttackQuotaLeakRetryAfterCancel(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		e := newEnv(t, driver)
-		sku := newSKU(t)
-		e.putCapped(t, sku, 1, 1)
-		r, h := e.hold(t, sku, "h1", "ann", 1, 0)
-		if r.status != 201 {
-			t.Fatalf("hold = %d %s", r.status, r.body)
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		e := systest.New(t, driver)
+		sku := systest.NewSKU(t)
+		e.PutCapped(t, sku, 1, 1)
+		r, h := e.Hold(t, sku, "h1", "ann", 1, 0)
+		if r.Status != 201 {
+			t.Fatalf("hold = %d %s", r.Status, r.Body)
 		}
-		if c := e.act(t, "/v1/holds/"+h.HoldID+"/cancel", "c1", "ann"); c.status != 200 {
-			t.Fatalf("cancel = %d %s", c.status, c.body)
+		if c := e.Act(t, "/v1/holds/"+h.HoldID+"/cancel", "c1", "ann"); c.Status != 200 {
+			t.Fatalf("cancel = %d %s", c.Status, c.Body)
 		}
-		if again, _ := e.hold(t, sku, "h1", "ann", 1, 0); again.status != 201 {
-			t.Fatalf("retry = %d %s, want the replay", again.status, again.body)
+		if again, _ := e.Hold(t, sku, "h1", "ann", 1, 0); again.Status != 201 {
+			t.Fatalf("retry = %d %s, want the replay", again.Status, again.Body)
 		}
-		if r := e.buy(t, sku, "k2", "ann", 1); r.status != 201 {
-			t.Errorf("purchase by a buyer owning nothing = %d %s, want 201 (quota count leaked)", r.status, r.body)
+		if r := e.Buy(t, sku, "k2", "ann", 1); r.Status != 201 {
+			t.Errorf("purchase by a buyer owning nothing = %d %s, want 201 (quota count leaked)", r.Status, r.Body)
 		}
 	})
 }
@@ -131,32 +132,32 @@ func TestAttackQuotaLeakRetryAfterCancel(t *testing.T) {
 // hold is that nothing moves, and that the same reuse on a SKU that still
 // sells gets 422.
 func TestAttackReusedKeyOnClosedSKU(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		e := newEnv(t, driver)
-		open, closed, ended := newSKU(t), newSKU(t), newSKU(t)
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		e := systest.New(t, driver)
+		open, closed, ended := systest.NewSKU(t), systest.NewSKU(t), systest.NewSKU(t)
 		closed.Ticket, ended.Ticket = keys.MustID("sold"), keys.MustID("ended")
-		e.putSKU(t, open, 10, 1, 4)
-		e.putSKU(t, closed, 1, 1, 4)
-		e.putSKU(t, ended, 5, 1, 4)
-		e.mustBuy(t, open, "k", "ann", 1)
-		e.mustBuy(t, closed, "other", "bob", 1)
-		if r := e.do(t, http.MethodPost, adminPath(ended)+"/end", nil, ""); r.status != 200 {
-			t.Fatalf("end = %d %s", r.status, r.body)
+		e.PutSKU(t, open, 10, 1, 4)
+		e.PutSKU(t, closed, 1, 1, 4)
+		e.PutSKU(t, ended, 5, 1, 4)
+		e.MustBuy(t, open, "k", "ann", 1)
+		e.MustBuy(t, closed, "other", "bob", 1)
+		if r := e.Do(t, http.MethodPost, systest.AdminPath(ended)+"/end", nil, ""); r.Status != 200 {
+			t.Fatalf("end = %d %s", r.Status, r.Body)
 		}
-		before := map[stock.SKU]state{}
+		before := map[stock.SKU]systest.State{}
 		for _, sku := range []stock.SKU{open, closed, ended} {
-			before[sku] = e.state(t, sku)
+			before[sku] = e.State(t, sku)
 		}
 		for _, sku := range []stock.SKU{closed, ended} {
-			if r := e.buy(t, sku, "k", "ann", 1); r.status != 422 && r.status != 409 {
-				t.Errorf("%s: key used for another request = %d %s, want 422 or the SKU's 409", sku, r.status, r.body)
+			if r := e.Buy(t, sku, "k", "ann", 1); r.Status != 422 && r.Status != 409 {
+				t.Errorf("%s: key used for another request = %d %s, want 422 or the SKU's 409", sku, r.Status, r.Body)
 			}
 		}
-		if r := e.buy(t, open, "k", "ann", 2); r.status != 422 {
-			t.Errorf("the key with another body on a SKU that sells = %d %s, want 422", r.status, r.body)
+		if r := e.Buy(t, open, "k", "ann", 2); r.Status != 422 {
+			t.Errorf("the key with another body on a SKU that sells = %d %s, want 422", r.Status, r.Body)
 		}
 		for sku, st := range before {
-			if got := e.state(t, sku); got.Sold != st.Sold || got.Held != st.Held || got.Orders != st.Orders {
+			if got := e.State(t, sku); got.Sold != st.Sold || got.Held != st.Held || got.Orders != st.Orders {
 				t.Errorf("%s moved: %+v, was %+v", sku, got, st)
 			}
 		}
@@ -169,73 +170,54 @@ func TestAttackReusedKeyOnClosedSKU(t *testing.T) {
 // its flag's next re-check (at most 2 × the sold-out TTL, 500ms by
 // default): the buyer's retry on B must get its order within that bound.
 func TestAttackSealedReplaysMissRetry(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		dsn := ledgerDSN(t, driver)
-		a := startEnv(t, envOptions{driver: driver, dsn: dsn})
-		b := startEnv(t, envOptions{driver: driver, dsn: dsn})
-		sku := newSKU(t)
-		a.putSKU(t, sku, 1, 1, 4)
-		r, h := a.hold(t, sku, "x", "xena", 1, 0)
-		if r.status != 201 {
-			t.Fatalf("hold = %d %s", r.status, r.body)
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		dsn := systest.LedgerDSN(t, driver)
+		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		sku := systest.NewSKU(t)
+		a.PutSKU(t, sku, 1, 1, 4)
+		r, h := a.Hold(t, sku, "x", "xena", 1, 0)
+		if r.Status != 201 {
+			t.Fatalf("hold = %d %s", r.Status, r.Body)
 		}
-		if r := b.buy(t, sku, "y", "yuri", 1); r.status != 409 {
-			t.Fatalf("purchase on a sold-out SKU = %d %s, want 409", r.status, r.body)
+		if r := b.Buy(t, sku, "y", "yuri", 1); r.Status != 409 {
+			t.Fatalf("purchase on a sold-out SKU = %d %s, want 409", r.Status, r.Body)
 		}
-		if c := a.act(t, "/v1/holds/"+h.HoldID+"/cancel", "c", "xena"); c.status != 200 {
-			t.Fatalf("cancel = %d %s", c.status, c.body)
+		if c := a.Act(t, "/v1/holds/"+h.HoldID+"/cancel", "c", "xena"); c.Status != 200 {
+			t.Fatalf("cancel = %d %s", c.Status, c.Body)
 		}
-		won := a.buy(t, sku, "z", "zoe", 1)
-		if won.status != 201 {
-			t.Fatalf("purchase of the returned unit = %d %s", won.status, won.body)
+		won := a.Buy(t, sku, "z", "zoe", 1)
+		if won.Status != 201 {
+			t.Fatalf("purchase of the returned unit = %d %s", won.Status, won.Body)
 		}
 		start := time.Now()
 		for {
-			retry := b.buy(t, sku, "z", "zoe", 1)
-			if retry.status == 201 && orderID(retry) == orderID(won) {
+			retry := b.Buy(t, sku, "z", "zoe", 1)
+			if retry.Status == 201 && systest.OrderID(retry) == systest.OrderID(won) {
 				t.Logf("retry on replica B answered with its order after %v", time.Since(start).Round(time.Millisecond))
 				break
 			}
-			if retry.status != 409 || time.Since(start) > 1500*time.Millisecond {
+			if retry.Status != 409 || time.Since(start) > 1500*time.Millisecond {
 				t.Fatalf("retry on replica B = %d %s after %v, want 201 with order %s within 2 × the sold-out TTL",
-					retry.status, retry.body, time.Since(start), orderID(won))
+					retry.Status, retry.Body, time.Since(start), systest.OrderID(won))
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
 	})
 }
 
-// encoding/json matches member names case-insensitively, and the
-// duplicate check compares them exactly: {"quantity":1,"QUANTITY":3} is
-// read as 3 and accepted, the ambiguity the duplicate check is there to
-// refuse ("bad input gets a clear 4xx").
-func TestAttackCaseFoldedDuplicateMember(t *testing.T) {
-	e := newEnv(t, ledger.SQLite)
-	sku := newSKU(t)
-	e.putSKU(t, sku, 10, 1, 4)
-	for i, body := range []string{
-		`{"buyer":"ann","quantity":1,"QUANTITY":3}`,
-		`{"buyer":"ann","Buyer":"bob","quantity":1}`,
-	} {
-		r := e.do(t, http.MethodPost, skuPath(sku)+"/purchases", map[string]string{"Idempotency-Key": fmt.Sprintf("cf%d", i)}, body)
-		if r.status != 400 {
-			t.Errorf("%s = %d %s, want 400 (a member given twice)", body, r.status, r.body)
-		}
-	}
-}
-
 // Retries racing their originals on other replicas while the gate is
 // rebuilt between take and commit: one movement per request, Redis ends
 // at the ledger's remaining.
 func TestAttackRetriesRaceRebuilds(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		dsn := ledgerDSN(t, driver)
-		var envs []*env
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		dsn := systest.LedgerDSN(t, driver)
+		var envs []*systest.Env
 		for range 3 {
-			envs = append(envs, startEnv(t, envOptions{driver: driver, dsn: dsn}))
+			envs = append(envs, systest.Start(t, systest.Options{Driver: driver, DSN: dsn}))
 		}
-		sku := newSKU(t)
-		envs[0].putSKU(t, sku, 60, 4, 4)
+		sku := systest.NewSKU(t)
+		envs[0].PutSKU(t, sku, 60, 4, 4)
 		var wg sync.WaitGroup
 		var mu sync.Mutex
 		ids := map[int]map[string]bool{}
@@ -252,11 +234,11 @@ func TestAttackRetriesRaceRebuilds(t *testing.T) {
 				e := envs[i%3]
 				switch i % 3 {
 				case 0:
-					e.do(t, http.MethodPost, adminPath(sku)+"/reconcile", nil, "")
+					e.Do(t, http.MethodPost, systest.AdminPath(sku)+"/reconcile", nil, "")
 				case 1:
-					e.do(t, http.MethodPut, adminPath(sku), nil, fmt.Sprintf(`{"total":60,"shards":%d,"max_per_order":4}`, 1+i%5))
+					e.Do(t, http.MethodPut, systest.AdminPath(sku), nil, fmt.Sprintf(`{"total":60,"shards":%d,"max_per_order":4}`, 1+i%5))
 				case 2:
-					e.do(t, http.MethodPut, adminPath(sku), nil, `{"total":60,"shards":4,"max_per_order":4}`)
+					e.Do(t, http.MethodPut, systest.AdminPath(sku), nil, `{"total":60,"shards":4,"max_per_order":4}`)
 				}
 			}
 		})
@@ -264,20 +246,20 @@ func TestAttackRetriesRaceRebuilds(t *testing.T) {
 		for i := range 30 {
 			for j := range 3 {
 				buyers.Go(func() {
-					r := envs[j].buy(t, sku, fmt.Sprintf("r-%d", i), fmt.Sprintf("b%d", i), 2)
+					r := envs[j].Buy(t, sku, fmt.Sprintf("r-%d", i), fmt.Sprintf("b%d", i), 2)
 					mu.Lock()
 					defer mu.Unlock()
 					if ids[i] == nil {
 						ids[i] = map[string]bool{}
 					}
-					switch r.status {
+					switch r.Status {
 					case 201:
-						ids[i][orderID(r)] = true
+						ids[i][systest.OrderID(r)] = true
 					case 409, 503:
-						answers[i] = append(answers[i], fmt.Sprintf("replica %d: %d %s", j, r.status, r.body))
+						answers[i] = append(answers[i], fmt.Sprintf("replica %d: %d %s", j, r.Status, r.Body))
 						falseRefusals++ // the ledger had stock for every request: sent again below
 					default:
-						t.Errorf("purchase %d on %d = %d %s", i, j, r.status, r.body)
+						t.Errorf("purchase %d on %d = %d %s", i, j, r.Status, r.Body)
 					}
 				})
 			}
@@ -287,12 +269,12 @@ func TestAttackRetriesRaceRebuilds(t *testing.T) {
 		wg.Wait()
 		t.Logf("%d refusals (409/503) while every request had stock in the ledger", falseRefusals)
 		for i := range 30 {
-			var r reply
-			waitFor(t, 5*time.Second, fmt.Sprintf("201 for request %d", i), func() bool {
-				r = envs[i%3].buy(t, sku, fmt.Sprintf("r-%d", i), fmt.Sprintf("b%d", i), 2)
-				return r.status == 201
+			var r systest.Reply
+			systest.WaitFor(t, 5*time.Second, fmt.Sprintf("201 for request %d", i), func() bool {
+				r = envs[i%3].Buy(t, sku, fmt.Sprintf("r-%d", i), fmt.Sprintf("b%d", i), 2)
+				return r.Status == 201
 			})
-			ids[i][orderID(r)] = true
+			ids[i][systest.OrderID(r)] = true
 			if len(ids[i]) != 1 {
 				t.Errorf("request %d answered orders %v", i, ids[i])
 			}
@@ -300,11 +282,11 @@ func TestAttackRetriesRaceRebuilds(t *testing.T) {
 				t.Logf("request %d: copies answered %v and 201", i, answers[i])
 			}
 		}
-		got := envs[0].state(t, sku)
+		got := envs[0].State(t, sku)
 		if got.Sold != 60 || got.Orders != 30 {
 			t.Errorf("state %+v, want 30 orders, sold 60", got)
 		}
-		if left := settled(t, envs[0], sku); left != 0 {
+		if left := systest.Settled(t, envs[0], sku); left != 0 {
 			t.Errorf("remaining %d, want 0", left)
 		}
 	})
@@ -315,16 +297,16 @@ func TestAttackRetriesRaceRebuilds(t *testing.T) {
 // the drift check sees a difference that never goes away and "repairs"
 // it with a rebuild every second check, for ever.
 func TestAttackEndedSKUDriftLoop(t *testing.T) {
-	e := startEnv(t, envOptions{driver: ledger.SQLite, drift: true})
-	sku := newSKU(t)
-	e.putSKU(t, sku, 5, 1, 4)
-	if r := e.do(t, http.MethodPost, adminPath(sku)+"/end", nil, ""); r.status != 200 {
-		t.Fatalf("end = %d %s", r.status, r.body)
+	e := systest.Start(t, systest.Options{Driver: ledger.SQLite, Drift: true})
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 5, 1, 4)
+	if r := e.Do(t, http.MethodPost, systest.AdminPath(sku)+"/end", nil, ""); r.Status != 200 {
+		t.Fatalf("end = %d %s", r.Status, r.Body)
 	}
-	before := counter(t, e.reg, "stockgate_reseeds_total", map[string]string{"reason": "drift"})
+	before := systest.Counter(t, e.Registry, "stockgate_reseeds_total", map[string]string{"reason": "drift"})
 	deadline := time.Now().Add(1500 * time.Millisecond)
-	waitFor(t, 3*time.Second, "1.5s of drift checks", func() bool { return time.Now().After(deadline) })
-	if n := counter(t, e.reg, "stockgate_reseeds_total", map[string]string{"reason": "drift"}) - before; n != 0 {
+	systest.WaitFor(t, 3*time.Second, "1.5s of drift checks", func() bool { return time.Now().After(deadline) })
+	if n := systest.Counter(t, e.Registry, "stockgate_reseeds_total", map[string]string{"reason": "drift"}) - before; n != 0 {
 		t.Errorf("%v drift rebuilds of an ended SKU in 1.5s, want 0", n)
 	}
 }
@@ -332,30 +314,30 @@ func TestAttackEndedSKUDriftLoop(t *testing.T) {
 // Held: a best-available seat hold retried after its cancel is answered
 // from the ledger and takes nothing.
 func TestAttackBestSeatsRetryAfterCancel(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		e := newEnv(t, driver)
-		sku := newSKU(t)
-		e.putSKU(t, sku, 0, 1, 4)
-		e.loadSeats(t, sku, map[string]int{"A": 4})
-		best := func(key, buyer string) (reply, holdReply) {
-			r := e.do(t, http.MethodPost, skuPath(sku)+"/seat-holds", map[string]string{"Idempotency-Key": key},
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		e := systest.New(t, driver)
+		sku := systest.NewSKU(t)
+		e.PutSKU(t, sku, 0, 1, 4)
+		e.LoadSeats(t, sku, map[string]int{"A": 4})
+		best := func(key, buyer string) (systest.Reply, systest.HoldReply) {
+			r := e.Do(t, http.MethodPost, systest.SKUPath(sku)+"/seat-holds", map[string]string{"Idempotency-Key": key},
 				fmt.Sprintf(`{"buyer":%q,"quantity":2,"section":"A"}`, buyer))
-			var h holdReply
-			_ = json.Unmarshal(r.body, &h)
+			var h systest.HoldReply
+			_ = json.Unmarshal(r.Body, &h)
 			return r, h
 		}
 		r, h := best("b", "ann")
-		if r.status != 201 {
-			t.Fatalf("best seats = %d %s", r.status, r.body)
+		if r.Status != 201 {
+			t.Fatalf("best seats = %d %s", r.Status, r.Body)
 		}
-		if c := e.act(t, "/v1/holds/"+h.HoldID+"/cancel", "c", "ann"); c.status != 200 {
-			t.Fatalf("cancel = %d %s", c.status, c.body)
+		if c := e.Act(t, "/v1/holds/"+h.HoldID+"/cancel", "c", "ann"); c.Status != 200 {
+			t.Fatalf("cancel = %d %s", c.Status, c.Body)
 		}
-		if again, h2 := best("b", "ann"); again.status != 201 || h2.HoldID != h.HoldID {
-			t.Errorf("retry = %d %s", again.status, again.body)
+		if again, h2 := best("b", "ann"); again.Status != 201 || h2.HoldID != h.HoldID {
+			t.Errorf("retry = %d %s", again.Status, again.Body)
 		}
-		if r, _ := e.seatHold(t, sku, "o", "bob", "A-01", "A-02", "A-03", "A-04"); r.status != 201 {
-			t.Errorf("another buyer's hold of all 4 free seats = %d %s", r.status, r.body)
+		if r, _ := e.SeatHold(t, sku, "o", "bob", "A-01", "A-02", "A-03", "A-04"); r.Status != 201 {
+			t.Errorf("another buyer's hold of all 4 free seats = %d %s", r.Status, r.Body)
 		}
 	})
 }
@@ -364,53 +346,53 @@ func TestAttackBestSeatsRetryAfterCancel(t *testing.T) {
 // expired: the returned units are sold again, once, within a bound, and
 // Redis settles at the ledger's remaining.
 func TestAttackSoldOutStormThenReturns(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		dsn := ledgerDSN(t, driver)
-		var envs []*env
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		dsn := systest.LedgerDSN(t, driver)
+		var envs []*systest.Env
 		for range 3 {
-			envs = append(envs, startEnv(t, envOptions{driver: driver, dsn: dsn, sweep: true}))
+			envs = append(envs, systest.Start(t, systest.Options{Driver: driver, DSN: dsn, Sweep: true}))
 		}
-		sku := newSKU(t)
-		envs[0].putSKU(t, sku, 6, 3, 4)
+		sku := systest.NewSKU(t)
+		envs[0].PutSKU(t, sku, 6, 3, 4)
 		var holds []string
 		for i := range 6 {
-			r, h := envs[i%3].hold(t, sku, fmt.Sprintf("h%d", i), fmt.Sprintf("hb%d", i), 1, 1+i%2*100)
-			if r.status != 201 {
-				t.Fatalf("hold %d = %d %s", i, r.status, r.body)
+			r, h := envs[i%3].Hold(t, sku, fmt.Sprintf("h%d", i), fmt.Sprintf("hb%d", i), 1, 1+i%2*100)
+			if r.Status != 201 {
+				t.Fatalf("hold %d = %d %s", i, r.Status, r.Body)
 			}
 			holds = append(holds, h.HoldID)
 		}
-		counts := envs[0].buyAll(300, 30, func(i int) reply {
-			return envs[i%3].buy(t, sku, fmt.Sprintf("s%d", i), fmt.Sprintf("sb%d", i), 1)
+		counts := systest.BuyAll(300, 30, func(i int) systest.Reply {
+			return envs[i%3].Buy(t, sku, fmt.Sprintf("s%d", i), fmt.Sprintf("sb%d", i), 1)
 		})
 		if counts[409] != 300 {
 			t.Fatalf("storm answers %v, want 300×409", counts)
 		}
 		for i, id := range holds {
 			if i%2 == 1 { // the 1s holds expire by themselves
-				if c := envs[(i+1)%3].act(t, "/v1/holds/"+id+"/cancel", fmt.Sprintf("c%d", i), fmt.Sprintf("hb%d", i)); c.status != 200 {
-					t.Fatalf("cancel = %d %s", c.status, c.body)
+				if c := envs[(i+1)%3].Act(t, "/v1/holds/"+id+"/cancel", fmt.Sprintf("c%d", i), fmt.Sprintf("hb%d", i)); c.Status != 200 {
+					t.Fatalf("cancel = %d %s", c.Status, c.Body)
 				}
 			}
 		}
 		sold := 0
 		start := time.Now()
-		waitFor(t, 10*time.Second, "the 6 returned units sold again", func() bool {
-			r := envs[sold%3].buy(t, sku, fmt.Sprintf("late%d", sold), fmt.Sprintf("lb%d", sold), 1)
-			if r.status == 201 {
+		systest.WaitFor(t, 10*time.Second, "the 6 returned units sold again", func() bool {
+			r := envs[sold%3].Buy(t, sku, fmt.Sprintf("late%d", sold), fmt.Sprintf("lb%d", sold), 1)
+			if r.Status == 201 {
 				sold++
 			}
 			return sold == 6
 		})
 		t.Logf("returned units sold again within %v", time.Since(start).Round(time.Millisecond))
-		if r := envs[1].buy(t, sku, "late-extra", "x", 1); r.status != 409 {
-			t.Errorf("a 7th = %d %s, want 409", r.status, r.body)
+		if r := envs[1].Buy(t, sku, "late-extra", "x", 1); r.Status != 409 {
+			t.Errorf("a 7th = %d %s, want 409", r.Status, r.Body)
 		}
-		got := envs[0].state(t, sku)
+		got := envs[0].State(t, sku)
 		if got.Sold != 6 || got.Held != 0 {
 			t.Errorf("state %+v, want sold 6 held 0", got)
 		}
-		if left := settled(t, envs[0], sku); left != 0 {
+		if left := systest.Settled(t, envs[0], sku); left != 0 {
 			t.Errorf("remaining %d", left)
 		}
 	})
@@ -422,30 +404,30 @@ func TestAttackSoldOutStormThenReturns(t *testing.T) {
 // of it is looked at: 422 or 409 instead of its order (invariant 3: the
 // same request gives the same answer).
 func TestAttackRetryAfterSettingsChange(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		e := newEnv(t, driver)
-		sku := newSKU(t)
-		if r := e.do(t, http.MethodPut, adminPath(sku), nil, `{"total":100,"shards":1,"max_per_order":4,"per_buyer":4,"hold_ttl_max_seconds":3600}`); r.status != 200 {
-			t.Fatalf("PUT = %d %s", r.status, r.body)
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		e := systest.New(t, driver)
+		sku := systest.NewSKU(t)
+		if r := e.Do(t, http.MethodPut, systest.AdminPath(sku), nil, `{"total":100,"shards":1,"max_per_order":4,"per_buyer":4,"hold_ttl_max_seconds":3600}`); r.Status != 200 {
+			t.Fatalf("PUT = %d %s", r.Status, r.Body)
 		}
-		b := e.mustBuy(t, sku, "k", "ann", 4)
-		hr, _ := e.hold(t, sku, "h", "bob", 1, 3000)
-		if hr.status != 201 {
-			t.Fatalf("hold = %d %s", hr.status, hr.body)
+		b := e.MustBuy(t, sku, "k", "ann", 4)
+		hr, _ := e.Hold(t, sku, "h", "bob", 1, 3000)
+		if hr.Status != 201 {
+			t.Fatalf("hold = %d %s", hr.Status, hr.Body)
 		}
 		for _, change := range []string{
 			`{"total":100,"shards":1,"max_per_order":2,"per_buyer":4,"hold_ttl_max_seconds":3600}`,
 			`{"total":100,"shards":1,"max_per_order":4,"per_buyer":2,"hold_ttl_max_seconds":3600}`,
 			`{"total":100,"shards":1,"max_per_order":4,"per_buyer":4,"hold_ttl_seconds":60,"hold_ttl_max_seconds":600}`,
 		} {
-			if r := e.do(t, http.MethodPut, adminPath(sku), nil, change); r.status != 200 {
-				t.Fatalf("PUT = %d %s", r.status, r.body)
+			if r := e.Do(t, http.MethodPut, systest.AdminPath(sku), nil, change); r.Status != 200 {
+				t.Fatalf("PUT = %d %s", r.Status, r.Body)
 			}
-			if r := e.buy(t, sku, "k", "ann", 4); r.status != 201 || orderID(r) != orderID(b) {
-				t.Errorf("after %s: retry of the committed purchase = %d %s, want its order", change, r.status, r.body)
+			if r := e.Buy(t, sku, "k", "ann", 4); r.Status != 201 || systest.OrderID(r) != systest.OrderID(b) {
+				t.Errorf("after %s: retry of the committed purchase = %d %s, want its order", change, r.Status, r.Body)
 			}
-			if r, _ := e.hold(t, sku, "h", "bob", 1, 3000); r.status != 201 {
-				t.Errorf("after %s: retry of the committed hold = %d %s, want its hold", change, r.status, r.body)
+			if r, _ := e.Hold(t, sku, "h", "bob", 1, 3000); r.Status != 201 {
+				t.Errorf("after %s: retry of the committed hold = %d %s, want its hold", change, r.Status, r.Body)
 			}
 		}
 	})

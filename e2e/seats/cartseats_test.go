@@ -1,4 +1,4 @@
-package gateway_test
+package seats_test
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/breaker"
+	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
@@ -44,13 +45,13 @@ type seatCartReply struct {
 	Seats []string `json:"seats"`
 }
 
-func (e *env) seatCart(t *testing.T, p keys.ID, route, key, body string) (reply, seatCartReply) {
+func seatCart(t *testing.T, e *systest.Env, p keys.ID, route, key, body string) (systest.Reply, seatCartReply) {
 	t.Helper()
-	r := e.do(t, http.MethodPost, "/v1/programs/"+p.String()+"/"+route, map[string]string{"Idempotency-Key": key}, body)
+	r := e.Do(t, http.MethodPost, "/v1/programs/"+p.String()+"/"+route, map[string]string{"Idempotency-Key": key}, body)
 	var c seatCartReply
-	if len(r.body) > 0 {
-		if err := json.Unmarshal(r.body, &c); err != nil {
-			t.Errorf("cart answer %s: %v", r.body, err)
+	if len(r.Body) > 0 {
+		if err := json.Unmarshal(r.Body, &c); err != nil {
+			t.Errorf("cart answer %s: %v", r.Body, err)
 		}
 	}
 	return r, c
@@ -59,9 +60,9 @@ func (e *env) seatCart(t *testing.T, p keys.ID, route, key, body string) (reply,
 // seatStates is the ledger's state of every seat of sku, a letter each
 // (f, h, s) in seat id order, and what a seat check found differing in
 // Redis (it repairs them: a check that finds none shows the gate agreed).
-func (e *env) seatStates(t *testing.T, sku stock.SKU) (string, string) {
+func seatStates(t *testing.T, e *systest.Env, sku stock.SKU) (string, string) {
 	t.Helper()
-	all, err := e.ledger.Seats(context.Background(), sku, keys.ID{})
+	all, err := e.Ledger.Seats(context.Background(), sku, keys.ID{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,12 +70,12 @@ func (e *env) seatStates(t *testing.T, sku stock.SKU) (string, string) {
 	for _, s := range all {
 		b.WriteString(s.State[:1])
 	}
-	r := e.do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats/check", nil, "")
+	r := e.Do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats/check", nil, "")
 	var check struct {
 		Differed []string `json:"differed"`
 	}
-	if r.status != http.StatusOK || json.Unmarshal(r.body, &check) != nil {
-		t.Fatalf("seat check = %d %s", r.status, r.body)
+	if r.Status != http.StatusOK || json.Unmarshal(r.Body, &check) != nil {
+		t.Fatalf("seat check = %d %s", r.Status, r.Body)
 	}
 	return b.String(), strings.Join(check.Differed, ",")
 }
@@ -87,88 +88,88 @@ func (e *env) seatStates(t *testing.T, sku stock.SKU) (string, string) {
 // in the gate (a seat check finds nothing to repair). Bad seat lines are
 // clear problems that move nothing.
 func TestCartSeats(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		dsn := ledgerDSN(t, driver)
-		a := startEnv(t, envOptions{driver: driver, dsn: dsn})
-		b := startEnv(t, envOptions{driver: driver, dsn: dsn})
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		dsn := systest.LedgerDSN(t, driver)
+		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
 		p := keys.MustID(testenv.ID(t, "seatcart"))
 		stalls, parking := stock.SKU{Program: p, Ticket: keys.MustID("stalls")}, stock.SKU{Program: p, Ticket: keys.MustID("zparking")}
-		a.putSKU(t, stalls, 0, 1, 4)
-		a.loadSeats(t, stalls, map[string]int{"A": 6, "B": 4})
-		a.putSKU(t, parking, 5, 1, 4)
+		a.PutSKU(t, stalls, 0, 1, 4)
+		a.LoadSeats(t, stalls, map[string]int{"A": 6, "B": 4})
+		a.PutSKU(t, parking, 5, 1, 4)
 		parkingLeft := func(want int64) {
 			t.Helper()
-			if got := a.state(t, parking); got.Sold+got.Held != 5-want || got.RedisRemaining != want {
+			if got := a.State(t, parking); got.Sold+got.Held != 5-want || got.RedisRemaining != want {
 				t.Errorf("parking: %+v, want %d left in the ledger and in Redis", got, want)
 			}
 		}
 		// Seats A-01..A-06 then B-01..B-04.
 		expect := func(want string) {
 			t.Helper()
-			got, differed := a.seatStates(t, stalls)
+			got, differed := seatStates(t, a, stalls)
 			if got != want || differed != "" {
 				t.Errorf("seats %s (gate differed on %q), want %s and none differing", got, differed, want)
 			}
 		}
-		r, ann := a.seatCart(t, p, "cart-holds", "ann-1",
+		r, ann := seatCart(t, a, p, "cart-holds", "ann-1",
 			`{"buyer":"ann","lines":[{"ticket":"zparking","quantity":1},{"ticket":"stalls","seats":["A-01","A-02"]}]}`)
-		if r.status != http.StatusCreated || len(ann.Holds) != 2 || fmt.Sprint(ann.Holds[0].Seats) != "[A-01 A-02]" {
-			t.Fatalf("held seat cart = %d %s", r.status, r.body)
+		if r.Status != http.StatusCreated || len(ann.Holds) != 2 || fmt.Sprint(ann.Holds[0].Seats) != "[A-01 A-02]" {
+			t.Fatalf("held seat cart = %d %s", r.Status, r.Body)
 		}
 		expect("hhffffffff")
 		parkingLeft(4)
 
-		r, bob := b.seatCart(t, p, "cart-holds", "bob-1",
+		r, bob := seatCart(t, b, p, "cart-holds", "bob-1",
 			`{"buyer":"bob","lines":[{"ticket":"stalls","seats":["A-02","A-03"]},{"ticket":"zparking","quantity":1}]}`)
-		if r.status != http.StatusConflict || !strings.HasSuffix(bob.Type, "/problems/seats-taken") || len(bob.Lines) != 1 || bob.Lines[0].Ticket != "stalls" ||
+		if r.Status != http.StatusConflict || !strings.HasSuffix(bob.Type, "/problems/seats-taken") || len(bob.Lines) != 1 || bob.Lines[0].Ticket != "stalls" ||
 			fmt.Sprint(bob.Seats) != "[A-02]" {
-			t.Errorf("cart over a taken seat = %d %s, want 409 seats-taken naming stalls and A-02", r.status, r.body)
+			t.Errorf("cart over a taken seat = %d %s, want 409 seats-taken naming stalls and A-02", r.Status, r.Body)
 		}
 		expect("hhffffffff")
 		parkingLeft(4)
 
 		// Best available: three adjacent in B, bought at once.
-		r, cal := b.seatCart(t, p, "carts", "cal-1",
+		r, cal := seatCart(t, b, p, "carts", "cal-1",
 			`{"buyer":"cal","lines":[{"ticket":"stalls","quantity":3,"section":"B"},{"ticket":"zparking","quantity":1}]}`)
-		if r.status != http.StatusCreated || len(cal.Orders) != 2 || len(cal.Orders[0].Seats) != 3 || !strings.HasPrefix(cal.Orders[0].Seats[0], "B-") {
-			t.Fatalf("bought best-seats cart = %d %s", r.status, r.body)
+		if r.Status != http.StatusCreated || len(cal.Orders) != 2 || len(cal.Orders[0].Seats) != 3 || !strings.HasPrefix(cal.Orders[0].Seats[0], "B-") {
+			t.Fatalf("bought best-seats cart = %d %s", r.Status, r.Body)
 		}
 		expect("hhffffsssf")
 		parkingLeft(3)
 		// The same key on the other replica replays the same seats.
-		if r, again := a.seatCart(t, p, "carts", "cal-1",
-			`{"buyer":"cal","lines":[{"ticket":"stalls","quantity":3,"section":"B"},{"ticket":"zparking","quantity":1}]}`); r.status != http.StatusCreated ||
+		if r, again := seatCart(t, a, p, "carts", "cal-1",
+			`{"buyer":"cal","lines":[{"ticket":"stalls","quantity":3,"section":"B"},{"ticket":"zparking","quantity":1}]}`); r.Status != http.StatusCreated ||
 			again.CartID != cal.CartID || fmt.Sprint(again.Orders[0].Seats) != fmt.Sprint(cal.Orders[0].Seats) {
-			t.Errorf("retry of the bought cart = %d %s, want its replay", r.status, r.body)
+			t.Errorf("retry of the bought cart = %d %s, want its replay", r.Status, r.Body)
 		}
 		expect("hhffffsssf")
 
-		if r := b.do(t, http.MethodPost, "/v1/carts/"+ann.CartID+"/confirm", map[string]string{"Idempotency-Key": "ann-c"}, `{"buyer":"ann"}`); r.status != http.StatusCreated ||
-			!strings.Contains(string(r.body), `"seats":["A-01","A-02"]`) {
-			t.Errorf("confirm = %d %s, want the orders with their seats", r.status, r.body)
+		if r := b.Do(t, http.MethodPost, "/v1/carts/"+ann.CartID+"/confirm", map[string]string{"Idempotency-Key": "ann-c"}, `{"buyer":"ann"}`); r.Status != http.StatusCreated ||
+			!strings.Contains(string(r.Body), `"seats":["A-01","A-02"]`) {
+			t.Errorf("confirm = %d %s, want the orders with their seats", r.Status, r.Body)
 		}
 		expect("ssffffsssf")
 		parkingLeft(3)
 
-		r, dee := a.seatCart(t, p, "cart-holds", "dee-1", `{"buyer":"dee","lines":[{"ticket":"stalls","quantity":2}]}`)
-		if r.status != http.StatusCreated || fmt.Sprint(dee.Holds[0].Seats) != "[A-03 A-04]" {
-			t.Fatalf("best seats in any section = %d %s, want A-03 A-04", r.status, r.body)
+		r, dee := seatCart(t, a, p, "cart-holds", "dee-1", `{"buyer":"dee","lines":[{"ticket":"stalls","quantity":2}]}`)
+		if r.Status != http.StatusCreated || fmt.Sprint(dee.Holds[0].Seats) != "[A-03 A-04]" {
+			t.Fatalf("best seats in any section = %d %s, want A-03 A-04", r.Status, r.Body)
 		}
 		expect("sshhffsssf")
-		if r := b.do(t, http.MethodPost, "/v1/carts/"+dee.CartID+"/cancel", map[string]string{"Idempotency-Key": "dee-x"}, `{"buyer":"dee"}`); r.status != http.StatusOK {
-			t.Errorf("cancel = %d %s", r.status, r.body)
+		if r := b.Do(t, http.MethodPost, "/v1/carts/"+dee.CartID+"/cancel", map[string]string{"Idempotency-Key": "dee-x"}, `{"buyer":"dee"}`); r.Status != http.StatusOK {
+			t.Errorf("cancel = %d %s", r.Status, r.Body)
 		}
 		expect("ssffffsssf")
 		for range 2 {
-			if r := a.do(t, http.MethodPost, "/v1/carts/"+cal.CartID+"/refund", map[string]string{"Idempotency-Key": "cal-r"}, `{"buyer":"cal"}`); r.status != http.StatusOK {
-				t.Errorf("refund = %d %s", r.status, r.body)
+			if r := a.Do(t, http.MethodPost, "/v1/carts/"+cal.CartID+"/refund", map[string]string{"Idempotency-Key": "cal-r"}, `{"buyer":"cal"}`); r.Status != http.StatusOK {
+				t.Errorf("refund = %d %s", r.Status, r.Body)
 			}
 		}
 		expect("ssffffffff")
 		parkingLeft(4)
 		// B has its four seats back: four adjacent are there to be had.
-		if r, _ := b.seatCart(t, p, "carts", "eve-1", `{"buyer":"eve","lines":[{"ticket":"stalls","quantity":4,"section":"B"}]}`); r.status != http.StatusCreated {
-			t.Errorf("best four in B after the refund = %d %s", r.status, r.body)
+		if r, _ := seatCart(t, b, p, "carts", "eve-1", `{"buyer":"eve","lines":[{"ticket":"stalls","quantity":4,"section":"B"}]}`); r.Status != http.StatusCreated {
+			t.Errorf("best four in B after the refund = %d %s", r.Status, r.Body)
 		}
 		expect("ssffffssss")
 
@@ -185,9 +186,9 @@ func TestCartSeats(t *testing.T) {
 			{"over the per-order maximum", `{"buyer":"x","lines":[{"ticket":"stalls","seats":["A-03","A-04","A-05","A-06","B-01"]}]}`, "quantity-over-limit"},
 		} {
 			for _, route := range []string{"carts", "cart-holds"} {
-				r, got := a.seatCart(t, p, route, "bad-"+route+"-"+strings.ReplaceAll(c.name, " ", "-"), c.body)
-				if r.status < 400 || r.status >= 500 || !strings.HasSuffix(got.Type, "/problems/"+c.problem) {
-					t.Errorf("%s (%s) = %d %s, want problem %s", c.name, route, r.status, r.body, c.problem)
+				r, got := seatCart(t, a, p, route, "bad-"+route+"-"+strings.ReplaceAll(c.name, " ", "-"), c.body)
+				if r.Status < 400 || r.Status >= 500 || !strings.HasSuffix(got.Type, "/problems/"+c.problem) {
+					t.Errorf("%s (%s) = %d %s, want problem %s", c.name, route, r.Status, r.Body, c.problem)
 				}
 			}
 		}
@@ -201,14 +202,14 @@ func TestCartSeats(t *testing.T) {
 // is had by two carts, every won cart has all its seats in the ledger
 // under its holds, and the gate agrees with the ledger on every seat.
 func TestCartSeatsRacing(t *testing.T) {
-	eachDriver(t, func(t *testing.T, driver string) {
-		dsn := ledgerDSN(t, driver)
-		a := startEnv(t, envOptions{driver: driver, dsn: dsn})
-		b := startEnv(t, envOptions{driver: driver, dsn: dsn})
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		dsn := systest.LedgerDSN(t, driver)
+		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
 		p := keys.MustID(testenv.ID(t, "seatrace"))
 		stalls := stock.SKU{Program: p, Ticket: keys.MustID("stalls")}
-		a.putSKU(t, stalls, 0, 1, 4)
-		a.loadSeats(t, stalls, map[string]int{"A": 6, "B": 8})
+		a.PutSKU(t, stalls, 0, 1, 4)
+		a.LoadSeats(t, stalls, map[string]int{"A": 6, "B": 8})
 		var mu sync.Mutex
 		won := map[string][]string{} // cart → seats
 		outcomes := map[string]int{}
@@ -223,14 +224,14 @@ func TestCartSeatsRacing(t *testing.T) {
 					body = fmt.Sprintf(`{"buyer":"u%d","lines":[{"ticket":"stalls","quantity":2,"section":"B"}]}`, i)
 					route = "carts"
 				}
-				e := []*env{a, b}[i%2]
-				r, c := e.seatCart(t, p, route, fmt.Sprintf("race-%d", i), body)
+				e := []*systest.Env{a, b}[i%2]
+				r, c := seatCart(t, e, p, route, fmt.Sprintf("race-%d", i), body)
 				mu.Lock()
 				defer mu.Unlock()
-				outcomes[fmt.Sprint(r.status)]++
-				if r.status != http.StatusCreated {
-					if r.status != http.StatusConflict {
-						t.Errorf("cart %d = %d %s", i, r.status, r.body)
+				outcomes[fmt.Sprint(r.Status)]++
+				if r.Status != http.StatusCreated {
+					if r.Status != http.StatusConflict {
+						t.Errorf("cart %d = %d %s", i, r.Status, r.Body)
 					}
 					return
 				}
@@ -255,7 +256,7 @@ func TestCartSeatsRacing(t *testing.T) {
 				owner[id] = cart
 			}
 		}
-		all, err := a.ledger.Seats(context.Background(), stalls, keys.ID{})
+		all, err := a.Ledger.Seats(context.Background(), stalls, keys.ID{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -276,10 +277,10 @@ func TestCartSeatsRacing(t *testing.T) {
 		if fmt.Sprint(taken) != fmt.Sprint(wonSeats) {
 			t.Errorf("ledger has %v taken, the carts won %v", taken, wonSeats)
 		}
-		if st := a.state(t, stalls); st.Sold+st.Held != int64(len(taken)) {
+		if st := a.State(t, stalls); st.Sold+st.Held != int64(len(taken)) {
 			t.Errorf("SKU counts %+v, %d seats taken", st, len(taken))
 		}
-		if _, differed := a.seatStates(t, stalls); differed != "" {
+		if _, differed := seatStates(t, a, stalls); differed != "" {
 			t.Errorf("gate differed from the ledger on %s", differed)
 		}
 		t.Logf("60 carts: %v, %d seats won", outcomes, len(owner))
@@ -294,30 +295,30 @@ func TestCartSeatsWhileRedisIsDown(t *testing.T) {
 	// The breaker opens for 2 s at a time: the carts below go around the
 	// gate whether it is open or probing (Redis refuses every call), and
 	// it closes soon after Redis is back.
-	e, c := faultEnv(t, func(o *app.Options) { o.Sale.Breaker.OpenFor = 2 * time.Second })
+	e, c := systest.FaultEnv(t, func(o *app.Options) { o.Sale.Breaker.OpenFor = 2 * time.Second })
 	p := keys.MustID(testenv.ID(t, "seatdown"))
 	stalls, parking := stock.SKU{Program: p, Ticket: keys.MustID("stalls")}, stock.SKU{Program: p, Ticket: keys.MustID("zparking")}
-	e.putSKU(t, stalls, 0, 1, 4)
-	e.loadSeats(t, stalls, map[string]int{"A": 8})
-	e.putSKU(t, parking, 5, 1, 4)
+	e.PutSKU(t, stalls, 0, 1, 4)
+	e.LoadSeats(t, stalls, map[string]int{"A": 8})
+	e.PutSKU(t, parking, 5, 1, 4)
 	for _, n := range c.Nodes {
 		n.Kill()
 	}
-	tripBreakers(t, e, c.Masters)
-	if r, _ := e.seatCart(t, p, "cart-holds", "down-1",
-		`{"buyer":"ann","lines":[{"ticket":"stalls","seats":["A-01","A-02"]},{"ticket":"zparking","quantity":1}]}`); r.status != http.StatusCreated {
-		t.Fatalf("held seat cart with Redis down = %d %s", r.status, r.body)
+	systest.TripBreakers(t, e, c.Masters)
+	if r, _ := seatCart(t, e, p, "cart-holds", "down-1",
+		`{"buyer":"ann","lines":[{"ticket":"stalls","seats":["A-01","A-02"]},{"ticket":"zparking","quantity":1}]}`); r.Status != http.StatusCreated {
+		t.Fatalf("held seat cart with Redis down = %d %s", r.Status, r.Body)
 	}
-	if r, got := e.seatCart(t, p, "carts", "down-2",
-		`{"buyer":"bob","lines":[{"ticket":"stalls","seats":["A-02"]},{"ticket":"zparking","quantity":1}]}`); r.status != http.StatusConflict ||
+	if r, got := seatCart(t, e, p, "carts", "down-2",
+		`{"buyer":"bob","lines":[{"ticket":"stalls","seats":["A-02"]},{"ticket":"zparking","quantity":1}]}`); r.Status != http.StatusConflict ||
 		fmt.Sprint(got.Seats) != "[A-02]" {
-		t.Errorf("taken seat with Redis down = %d %s, want 409 naming A-02", r.status, r.body)
+		t.Errorf("taken seat with Redis down = %d %s, want 409 naming A-02", r.Status, r.Body)
 	}
-	r, got := e.seatCart(t, p, "carts", "down-3", `{"buyer":"cat","lines":[{"ticket":"stalls","quantity":3}]}`)
-	if r.status != http.StatusCreated || fmt.Sprint(got.Orders[0].Seats) != "[A-03 A-04 A-05]" {
-		t.Errorf("best seats with Redis down = %d %s, want A-03..A-05", r.status, r.body)
+	r, got := seatCart(t, e, p, "carts", "down-3", `{"buyer":"cat","lines":[{"ticket":"stalls","quantity":3}]}`)
+	if r.Status != http.StatusCreated || fmt.Sprint(got.Orders[0].Seats) != "[A-03 A-04 A-05]" {
+		t.Errorf("best seats with Redis down = %d %s, want A-03..A-05", r.Status, r.Body)
 	}
-	if st, _ := e.ledger.SKU(context.Background(), stalls); st.Held != 2 || st.Sold != 3 {
+	if st, _ := e.Ledger.SKU(context.Background(), stalls); st.Held != 2 || st.Sold != 3 {
 		t.Errorf("stalls held %d sold %d, want 2 and 3", st.Held, st.Sold)
 	}
 	ctx := context.Background()
@@ -331,11 +332,11 @@ func TestCartSeatsWhileRedisIsDown(t *testing.T) {
 	}
 	// The seat check answers once Redis is back; it repairs what the
 	// ledger sold around the gate, and a second check finds nothing.
-	waitFor(t, 30*time.Second, "a seat check with Redis back", func() bool {
-		r := e.do(t, http.MethodPost, "/v1/admin/skus/"+p.String()+"/stalls/seats/check", nil, "")
-		return r.status == http.StatusOK
+	systest.WaitFor(t, 30*time.Second, "a seat check with Redis back", func() bool {
+		r := e.Do(t, http.MethodPost, "/v1/admin/skus/"+p.String()+"/stalls/seats/check", nil, "")
+		return r.Status == http.StatusOK
 	})
-	if got, differed := e.seatStates(t, stalls); got != "hhsssfff" || differed != "" {
+	if got, differed := seatStates(t, e, stalls); got != "hhsssfff" || differed != "" {
 		t.Errorf("seats %s, gate differed on %q; want hhsssfff and none", got, differed)
 	}
 }
@@ -343,101 +344,101 @@ func TestCartSeatsWhileRedisIsDown(t *testing.T) {
 // Regressions from an attack on seat lines in carts.
 func TestCartSeatsAttacks(t *testing.T) {
 	t.Run("a seat check reads a section of more than 1000 seats", func(t *testing.T) {
-		e := newEnv(t, ledger.SQLite)
-		sku := newSKU(t)
-		e.putSKU(t, sku, 0, 1, 1000)
-		e.loadSeats(t, sku, map[string]int{"S": 1200})
-		r := e.do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats/check", nil, "")
-		if r.status != http.StatusOK || !strings.Contains(string(r.body), `"checked":1200`) {
-			t.Errorf("seat check of a 1200-seat section = %d %s", r.status, r.body)
+		e := systest.New(t, ledger.SQLite)
+		sku := systest.NewSKU(t)
+		e.PutSKU(t, sku, 0, 1, 1000)
+		e.LoadSeats(t, sku, map[string]int{"S": 1200})
+		r := e.Do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats/check", nil, "")
+		if r.Status != http.StatusOK || !strings.Contains(string(r.Body), `"checked":1200`) {
+			t.Errorf("seat check of a 1200-seat section = %d %s", r.Status, r.Body)
 		}
 	})
 	t.Run("a seated ticket sells no counted units", func(t *testing.T) {
-		eachDriver(t, func(t *testing.T, driver string) {
-			dsn := ledgerDSN(t, driver)
-			a := startEnv(t, envOptions{driver: driver, dsn: dsn})
-			b := startEnv(t, envOptions{driver: driver, dsn: dsn})
+		systest.EachDriver(t, func(t *testing.T, driver string) {
+			dsn := systest.LedgerDSN(t, driver)
+			a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+			b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
 			p := keys.MustID(testenv.ID(t, "vip"))
 			vip, sold := stock.SKU{Program: p, Ticket: keys.MustID("vip")}, stock.SKU{Program: p, Ticket: keys.MustID("sold")}
 			// A ticket that sold counted units cannot take a seat map.
-			a.putSKU(t, sold, 4, 1, 4)
-			if r, _ := a.seatCart(t, p, "carts", "s-1", `{"buyer":"u0","lines":[{"ticket":"sold","quantity":1}]}`); r.status != http.StatusCreated {
-				t.Fatalf("counted cart = %d %s", r.status, r.body)
+			a.PutSKU(t, sold, 4, 1, 4)
+			if r, _ := seatCart(t, a, p, "carts", "s-1", `{"buyer":"u0","lines":[{"ticket":"sold","quantity":1}]}`); r.Status != http.StatusCreated {
+				t.Fatalf("counted cart = %d %s", r.Status, r.Body)
 			}
-			r := a.do(t, http.MethodPut, "/v1/admin/skus/"+p.String()+"/sold/seats", nil,
+			r := a.Do(t, http.MethodPut, "/v1/admin/skus/"+p.String()+"/sold/seats", nil,
 				`{"seats":[{"id":"V-1","section":"V","row":"A","number":1},{"id":"V-2","section":"V","row":"A","number":2}]}`)
-			if r.status != http.StatusConflict || !strings.Contains(string(r.body), "seat-map-refused") {
-				t.Errorf("seat map on a ticket with a counted sale = %d %s, want 409 seat-map-refused", r.status, r.body)
+			if r.Status != http.StatusConflict || !strings.Contains(string(r.Body), "seat-map-refused") {
+				t.Errorf("seat map on a ticket with a counted sale = %d %s, want 409 seat-map-refused", r.Status, r.Body)
 			}
 			// A replica whose settings predate the map cannot sell counted
 			// units of it: the ledger refuses them.
-			b.putSKU(t, vip, 4, 1, 4)
-			if r := b.do(t, http.MethodGet, "/v1/skus/"+p.String()+"/vip/stock", nil, ""); r.status != http.StatusOK {
-				t.Fatalf("stock = %d %s", r.status, r.body)
+			b.PutSKU(t, vip, 4, 1, 4)
+			if r := b.Do(t, http.MethodGet, "/v1/skus/"+p.String()+"/vip/stock", nil, ""); r.Status != http.StatusOK {
+				t.Fatalf("stock = %d %s", r.Status, r.Body)
 			}
-			if r, _ := b.seatCart(t, p, "carts", "warm", `{"buyer":"u1","lines":[{"ticket":"vip","quantity":5}]}`); r.status < 400 {
-				t.Fatalf("warm-up cart over the maximum = %d %s", r.status, r.body)
+			if r, _ := seatCart(t, b, p, "carts", "warm", `{"buyer":"u1","lines":[{"ticket":"vip","quantity":5}]}`); r.Status < 400 {
+				t.Fatalf("warm-up cart over the maximum = %d %s", r.Status, r.Body)
 			}
-			a.loadSeats(t, vip, map[string]int{"V": 4})
+			a.LoadSeats(t, vip, map[string]int{"V": 4})
 			// Once b's settings are fresh (a second on), a quantity line of
 			// the seated ticket is a best-available seat line: its seats
 			// are sold, and the last cart below takes the others.
 			free := map[string]bool{"V-01": true, "V-02": true, "V-03": true, "V-04": true}
 			for i := range 3 {
 				body := fmt.Sprintf(`{"buyer":"u%d","lines":[{"ticket":"vip","quantity":1}]}`, i)
-				r, got := b.seatCart(t, p, "carts", fmt.Sprintf("c-%d", i), body)
-				if r.status == http.StatusCreated && len(got.Orders[0].Seats) == 0 {
-					t.Fatalf("counted cart of a seated ticket on a stale replica = %d %s", r.status, r.body)
+				r, got := seatCart(t, b, p, "carts", fmt.Sprintf("c-%d", i), body)
+				if r.Status == http.StatusCreated && len(got.Orders[0].Seats) == 0 {
+					t.Fatalf("counted cart of a seated ticket on a stale replica = %d %s", r.Status, r.Body)
 				}
-				if r.status == http.StatusCreated {
+				if r.Status == http.StatusCreated {
 					for _, id := range got.Orders[0].Seats {
 						delete(free, id)
 					}
 				}
-				if r := b.do(t, http.MethodPost, "/v1/skus/"+p.String()+"/vip/purchases", map[string]string{"Idempotency-Key": fmt.Sprintf("p-%d", i)},
-					fmt.Sprintf(`{"buyer":"u%d","quantity":1}`, i)); r.status == http.StatusCreated {
-					t.Fatalf("counted purchase of a seated ticket on a stale replica = %d %s", r.status, r.body)
+				if r := b.Do(t, http.MethodPost, "/v1/skus/"+p.String()+"/vip/purchases", map[string]string{"Idempotency-Key": fmt.Sprintf("p-%d", i)},
+					fmt.Sprintf(`{"buyer":"u%d","quantity":1}`, i)); r.Status == http.StatusCreated {
+					t.Fatalf("counted purchase of a seated ticket on a stale replica = %d %s", r.Status, r.Body)
 				}
 			}
 			// Every other seat can still be had.
 			rest := slices.Sorted(maps.Keys(free))
 			last, _ := json.Marshal(map[string]any{"buyer": "u9", "lines": []map[string]any{{"ticket": "vip", "seats": rest}}})
-			if r, _ := a.seatCart(t, p, "carts", "all", string(last)); r.status != http.StatusCreated {
-				t.Errorf("the seats left %v = %d %s", rest, r.status, r.body)
+			if r, _ := seatCart(t, a, p, "carts", "all", string(last)); r.Status != http.StatusCreated {
+				t.Errorf("the seats left %v = %d %s", rest, r.Status, r.Body)
 			}
-			if st := a.state(t, vip); st.Sold != 4 {
+			if st := a.State(t, vip); st.Sold != 4 {
 				t.Errorf("vip %+v, want the 4 seats sold and nothing else", st)
 			}
 		})
 	})
 	t.Run("seat order is not part of the request", func(t *testing.T) {
-		e := newEnv(t, ledger.SQLite)
-		sku := newSKU(t)
-		e.putSKU(t, sku, 0, 1, 4)
-		e.loadSeats(t, sku, map[string]int{"A": 4})
+		e := systest.New(t, ledger.SQLite)
+		sku := systest.NewSKU(t)
+		e.PutSKU(t, sku, 0, 1, 4)
+		e.LoadSeats(t, sku, map[string]int{"A": 4})
 		path := "carts"
-		r1, c1 := e.seatCart(t, sku.Program, path, "ord", fmt.Sprintf(`{"buyer":"u","lines":[{"ticket":%q,"seats":["A-02","A-01"]}]}`, sku.Ticket))
-		r2, c2 := e.seatCart(t, sku.Program, path, "ord", fmt.Sprintf(`{"buyer":"u","lines":[{"ticket":%q,"seats":["A-01","A-02"]}]}`, sku.Ticket))
-		if r1.status != http.StatusCreated || r2.status != http.StatusCreated || c1.CartID != c2.CartID || r2.header.Get("Idempotent-Replayed") != "true" {
-			t.Errorf("the same seats in another order = %d %s / %d %s, want the replay", r1.status, r1.body, r2.status, r2.body)
+		r1, c1 := seatCart(t, e, sku.Program, path, "ord", fmt.Sprintf(`{"buyer":"u","lines":[{"ticket":%q,"seats":["A-02","A-01"]}]}`, sku.Ticket))
+		r2, c2 := seatCart(t, e, sku.Program, path, "ord", fmt.Sprintf(`{"buyer":"u","lines":[{"ticket":%q,"seats":["A-01","A-02"]}]}`, sku.Ticket))
+		if r1.Status != http.StatusCreated || r2.Status != http.StatusCreated || c1.CartID != c2.CartID || r2.Header.Get("Idempotent-Replayed") != "true" {
+			t.Errorf("the same seats in another order = %d %s / %d %s, want the replay", r1.Status, r1.Body, r2.Status, r2.Body)
 		}
 	})
 	t.Run("a retry refused after a stall gives back what the stalled attempt took", func(t *testing.T) {
 		c := testenv.NewCluster(t, testenv.ClusterOptions{})
-		e := startEnv(t, envOptions{driver: ledger.SQLite, cluster: c, tune: func(o *app.Options) {
+		e := systest.Start(t, systest.Options{Driver: ledger.SQLite, Cluster: c, Tune: func(o *app.Options) {
 			o.Sale.Breaker = breaker.Options{ConsecutiveFailures: 1000, MinRequests: 1000}
 			o.Sale.RedisTimeout = 200 * time.Millisecond
 		}})
 		p := keys.MustID(testenv.ID(t, "stall"))
 		parking, stalls := stock.SKU{Program: p, Ticket: keys.MustID("parking")}, stock.SKU{Program: p, Ticket: keys.MustID("stalls")}
-		e.putSKU(t, parking, 5, 1, 4)
-		e.putSKU(t, stalls, 0, 1, 4)
-		e.loadSeats(t, stalls, map[string]int{"A": 4})
+		e.PutSKU(t, parking, 5, 1, 4)
+		e.PutSKU(t, stalls, 0, 1, 4)
+		e.LoadSeats(t, stalls, map[string]int{"A": 4})
 		// A cart first, so the gateway's connections to every node the
 		// cart's calls go to exist: the stalled call is then written at
 		// once and runs when Redis resumes.
-		if r, _ := e.seatCart(t, p, "carts", "warm", `{"buyer":"zed","lines":[{"ticket":"parking","quantity":1},{"ticket":"stalls","seats":["A-04"]}]}`); r.status != http.StatusCreated {
-			t.Fatalf("warm-up cart = %d %s", r.status, r.body)
+		if r, _ := seatCart(t, e, p, "carts", "warm", `{"buyer":"zed","lines":[{"ticket":"parking","quantity":1},{"ticket":"stalls","seats":["A-04"]}]}`); r.Status != http.StatusCreated {
+			t.Fatalf("warm-up cart = %d %s", r.Status, r.Body)
 		}
 		body := `{"buyer":"ann","lines":[{"ticket":"parking","quantity":1},{"ticket":"stalls","seats":["A-01"]}]}`
 		// Stall the master of parking's shard only: the deduction is
@@ -456,12 +457,12 @@ func TestCartSeatsAttacks(t *testing.T) {
 		if err := node.Pause(); err != nil {
 			t.Fatal(err)
 		}
-		r, _ := e.seatCart(t, p, "carts", "stalled", body)
+		r, _ := seatCart(t, e, p, "carts", "stalled", body)
 		if err := node.Resume(); err != nil {
 			t.Fatal(err)
 		}
-		if r.status != http.StatusCreated {
-			t.Fatalf("the stalled cart = %d %s, want 201 (decided by the ledger)", r.status, r.body)
+		if r.Status != http.StatusCreated {
+			t.Fatalf("the stalled cart = %d %s, want 201 (decided by the ledger)", r.Status, r.Body)
 		}
 		// Commands queued while it was stopped run before a PING sent
 		// after it resumed is answered.
@@ -473,24 +474,24 @@ func TestCartSeatsAttacks(t *testing.T) {
 		}
 		// The stalled attempt's cart lock may have landed late: until it
 		// lapses the retry is answered 503, to be sent again.
-		var r2 reply
-		waitFor(t, 30*time.Second, "the stalled cart's retry to be answered", func() bool {
-			r2, _ = e.seatCart(t, p, "carts", "stalled", body)
-			return r2.status != http.StatusServiceUnavailable
+		var r2 systest.Reply
+		systest.WaitFor(t, 30*time.Second, "the stalled cart's retry to be answered", func() bool {
+			r2, _ = seatCart(t, e, p, "carts", "stalled", body)
+			return r2.Status != http.StatusServiceUnavailable
 		})
-		if r2.status != http.StatusCreated || r2.header.Get("Idempotent-Replayed") != "true" {
-			t.Errorf("the stalled cart's retry = %d %s, want its replay", r2.status, r2.body)
+		if r2.Status != http.StatusCreated || r2.Header.Get("Idempotent-Replayed") != "true" {
+			t.Errorf("the stalled cart's retry = %d %s, want its replay", r2.Status, r2.Body)
 		}
-		if r, _ := e.seatHold(t, stalls, "other", "bob", "A-01"); r.status != http.StatusConflict {
-			t.Errorf("a hold of the stalled cart's seat = %d %s, want 409", r.status, r.body)
+		if r, _ := e.SeatHold(t, stalls, "other", "bob", "A-01"); r.Status != http.StatusConflict {
+			t.Errorf("a hold of the stalled cart's seat = %d %s, want 409", r.Status, r.Body)
 		}
 		// A purchase of parking rebuilds its gate (sold around it) first.
-		waitFor(t, 30*time.Second, "parking's gate rebuilt from the ledger", func() bool {
-			e.buy(t, parking, fmt.Sprintf("after-%d", time.Now().UnixNano()), "cy", 1)
-			st := e.state(t, parking)
+		systest.WaitFor(t, 30*time.Second, "parking's gate rebuilt from the ledger", func() bool {
+			e.Buy(t, parking, fmt.Sprintf("after-%d", time.Now().UnixNano()), "cy", 1)
+			st := e.State(t, parking)
 			return st.RedisRemaining == 5-st.Sold
 		})
-		if st := e.state(t, parking); st.Sold < 2 || st.Orders != st.Sold {
+		if st := e.State(t, parking); st.Sold < 2 || st.Orders != st.Sold {
 			t.Errorf("parking after the stalled cart: %+v, want the warm-up's and the stalled cart's sold", st)
 		}
 	})

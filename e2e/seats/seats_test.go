@@ -1,4 +1,4 @@
-package gateway_test
+package seats_test
 
 import (
 	"context"
@@ -12,53 +12,31 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
-	"github.com/stockgate/stockgate/stock"
 )
-
-func (e *env) loadSeats(t *testing.T, sku stock.SKU, sections map[string]int) {
-	t.Helper()
-	var parts []string
-	for sec, n := range sections {
-		for i := range n {
-			parts = append(parts, fmt.Sprintf(`{"id":"%s-%02d","section":%q,"row":"A","number":%d}`, sec, i+1, sec, i+1))
-		}
-	}
-	r := e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats", nil, `{"seats":[`+strings.Join(parts, ",")+`]}`)
-	if r.status != http.StatusOK {
-		t.Fatalf("PUT seats = %d %s", r.status, r.body)
-	}
-}
-
-func (e *env) seatHold(t *testing.T, sku stock.SKU, key, buyer string, seats ...string) (reply, holdReply) {
-	b, _ := json.Marshal(map[string]any{"buyer": buyer, "seats": seats})
-	r := e.do(t, http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seat-holds", map[string]string{"Idempotency-Key": key}, string(b))
-	var h holdReply
-	_ = json.Unmarshal(r.body, &h)
-	return r, h
-}
 
 // 500 buyers racing for the same 10 seats with overlapping requests of 1
 // to 3 adjacent seats, through the HTTP API: every seat held by at most one
 // hold, every hold complete, the ledger and Redis agree.
 func TestSeatHoldRaceThroughTheAPI(t *testing.T) {
-	e := newEnv(t, ledger.Postgres)
-	sku := newSKU(t)
-	e.putSKU(t, sku, 0, 1, 4)
-	e.loadSeats(t, sku, map[string]int{"A": 10})
+	e := systest.New(t, ledger.Postgres)
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 0, 1, 4)
+	e.LoadSeats(t, sku, map[string]int{"A": 10})
 	var mu sync.Mutex
 	won := map[string][]string{}
-	counts := e.buyAll(500, 64, func(i int) reply {
+	counts := systest.BuyAll(500, 64, func(i int) systest.Reply {
 		n := 1 + rand.IntN(3)
 		start := rand.IntN(10 - n + 1)
 		var ids []string
 		for k := start; k < start+n; k++ {
 			ids = append(ids, fmt.Sprintf("A-%02d", k+1))
 		}
-		r, h := e.seatHold(t, sku, fmt.Sprintf("race-%d", i), fmt.Sprintf("b%d", i), ids...)
-		if r.status == http.StatusCreated {
+		r, h := e.SeatHold(t, sku, fmt.Sprintf("race-%d", i), fmt.Sprintf("b%d", i), ids...)
+		if r.Status == http.StatusCreated {
 			mu.Lock()
 			won[h.HoldID] = ids
 			mu.Unlock()
@@ -69,7 +47,7 @@ func TestSeatHoldRaceThroughTheAPI(t *testing.T) {
 		t.Fatalf("answers %v", counts)
 	}
 	ctx := context.Background()
-	seats, err := e.ledger.Seats(ctx, sku, keys.MustID("A"))
+	seats, err := e.Ledger.Seats(ctx, sku, keys.MustID("A"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +59,7 @@ func TestSeatHoldRaceThroughTheAPI(t *testing.T) {
 	}
 	n := 0
 	for hold, ids := range won {
-		h, _ := e.ledger.HoldByID(ctx, keys.MustID(hold))
+		h, _ := e.Ledger.HoldByID(ctx, keys.MustID(hold))
 		for _, id := range ids {
 			n++
 			if ledgerHolder[id] != hold {
@@ -89,7 +67,7 @@ func TestSeatHoldRaceThroughTheAPI(t *testing.T) {
 			}
 		}
 		// Redis holds the same seats under the hold's key.
-		st, err := e.seatStore(t).Status(ctx, sku, keys.MustID("A"), seatIDs(ids...))
+		st, err := e.Seats.Status(ctx, sku, keys.MustID("A"), seatIDs(ids...))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -102,7 +80,7 @@ func TestSeatHoldRaceThroughTheAPI(t *testing.T) {
 	if n != len(ledgerHolder) {
 		t.Errorf("%d seats won, %d held in the ledger: a seat twice or a partial hold", n, len(ledgerHolder))
 	}
-	st, _ := e.ledger.SKU(ctx, sku)
+	st, _ := e.Ledger.SKU(ctx, sku)
 	if st.Held != int64(n) || st.Total != 10 {
 		t.Errorf("SKU held %d of %d, want %d of 10", st.Held, st.Total, n)
 	}
@@ -111,71 +89,74 @@ func TestSeatHoldRaceThroughTheAPI(t *testing.T) {
 
 // Seat holds follow the life of any hold, and bad requests change nothing.
 func TestSeatHoldLifecycleAndBadInput(t *testing.T) {
-	e := newEnv(t, ledger.SQLite)
-	sku := newSKU(t)
-	e.putSKU(t, sku, 0, 1, 3)
-	e.loadSeats(t, sku, map[string]int{"A": 6, "B": 4})
+	e := systest.New(t, ledger.SQLite)
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 0, 1, 3)
+	e.LoadSeats(t, sku, map[string]int{"A": 6, "B": 4})
 	ctx := context.Background()
-	r, a := e.seatHold(t, sku, "sh-a", "ann", "A-01", "A-02")
-	if r.status != http.StatusCreated {
-		t.Fatalf("seat hold = %d %s", r.status, r.body)
+	r, a := e.SeatHold(t, sku, "sh-a", "ann", "A-01", "A-02")
+	if r.Status != http.StatusCreated {
+		t.Fatalf("seat hold = %d %s", r.Status, r.Body)
 	}
-	before := e.state(t, sku)
+	before := e.State(t, sku)
 	for _, tc := range []struct {
 		name   string
-		do     func() reply
+		do     func() systest.Reply
 		status int
 		names  string
 	}{
-		{"a taken seat", func() reply { r, _ := e.seatHold(t, sku, "x1", "bob", "A-02", "A-03"); return r }, 409, "A-02"},
-		{"an unknown seat", func() reply { r, _ := e.seatHold(t, sku, "x2", "bob", "A-03", "Z-99"); return r }, 422, "Z-99"},
-		{"a repeated seat", func() reply { r, _ := e.seatHold(t, sku, "x3", "bob", "A-03", "A-03"); return r }, 422, "A-03"},
-		{"two sections", func() reply { r, _ := e.seatHold(t, sku, "x4", "bob", "A-03", "B-01"); return r }, 422, ""},
-		{"more than the per-order maximum", func() reply { r, _ := e.seatHold(t, sku, "x5", "bob", "A-03", "A-04", "A-05", "A-06"); return r }, 422, ""},
-		{"a counted purchase on a seated ticket", func() reply { return e.buy(t, sku, "x6", "bob", 1) }, 409, ""},
-		{"cancel by another buyer", func() reply { return e.act(t, "/v1/holds/"+a.HoldID+"/cancel", "x7", "eve") }, 403, ""},
-		// Ids are parsed at the edge: a bad one is refused there, naming it.
-		{"a seat id with a brace", func() reply { r, _ := e.seatHold(t, sku, "x8", "bob", "A-03", "A{1}"); return r }, 422, "A{1}"},
-		{"an empty seat id", func() reply { r, _ := e.seatHold(t, sku, "x9", "bob", "A-03", ""); return r }, 422, ""},
-		{"a best-available section with a colon", func() reply {
-			return e.do(t, http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seat-holds", map[string]string{"Idempotency-Key": "x10"}, `{"buyer":"bob","quantity":2,"section":"A:B"}`)
+		{"a taken seat", func() systest.Reply { r, _ := e.SeatHold(t, sku, "x1", "bob", "A-02", "A-03"); return r }, 409, "A-02"},
+		{"an unknown seat", func() systest.Reply { r, _ := e.SeatHold(t, sku, "x2", "bob", "A-03", "Z-99"); return r }, 422, "Z-99"},
+		{"a repeated seat", func() systest.Reply { r, _ := e.SeatHold(t, sku, "x3", "bob", "A-03", "A-03"); return r }, 422, "A-03"},
+		{"two sections", func() systest.Reply { r, _ := e.SeatHold(t, sku, "x4", "bob", "A-03", "B-01"); return r }, 422, ""},
+		{"more than the per-order maximum", func() systest.Reply {
+			r, _ := e.SeatHold(t, sku, "x5", "bob", "A-03", "A-04", "A-05", "A-06")
+			return r
 		}, 422, ""},
-		{"a seat list naming a bad id", func() reply {
-			return e.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats?ids=A-01,A%7B2", nil, "")
+		{"a counted purchase on a seated ticket", func() systest.Reply { return e.Buy(t, sku, "x6", "bob", 1) }, 409, ""},
+		{"cancel by another buyer", func() systest.Reply { return e.Act(t, "/v1/holds/"+a.HoldID+"/cancel", "x7", "eve") }, 403, ""},
+		// Ids are parsed at the edge: a bad one is refused there, naming it.
+		{"a seat id with a brace", func() systest.Reply { r, _ := e.SeatHold(t, sku, "x8", "bob", "A-03", "A{1}"); return r }, 422, "A{1}"},
+		{"an empty seat id", func() systest.Reply { r, _ := e.SeatHold(t, sku, "x9", "bob", "A-03", ""); return r }, 422, ""},
+		{"a best-available section with a colon", func() systest.Reply {
+			return e.Do(t, http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seat-holds", map[string]string{"Idempotency-Key": "x10"}, `{"buyer":"bob","quantity":2,"section":"A:B"}`)
+		}, 422, ""},
+		{"a seat list naming a bad id", func() systest.Reply {
+			return e.Do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats?ids=A-01,A%7B2", nil, "")
 		}, 400, "A{2"},
-		{"a seat list with an empty id", func() reply {
-			return e.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats?ids=A-01,,A-02", nil, "")
+		{"a seat list with an empty id", func() systest.Reply {
+			return e.Do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats?ids=A-01,,A-02", nil, "")
 		}, 400, ""},
-		{"a section with a space", func() reply {
-			return e.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats?section=A%20B", nil, "")
+		{"a section with a space", func() systest.Reply {
+			return e.Do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats?section=A%20B", nil, "")
 		}, 400, ""},
-		{"a seat map with a bad seat id", func() reply {
-			return e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats", nil,
+		{"a seat map with a bad seat id", func() systest.Reply {
+			return e.Do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats", nil,
 				`{"seats":[{"id":"C,1","section":"C","row":"A","number":1}]}`)
 		}, 422, "C,1"},
 	} {
 		r := tc.do()
-		if r.status != tc.status || !strings.Contains(string(r.body), tc.names) || r.header.Get("Content-Type") != "application/problem+json" {
-			t.Errorf("%s = %d %s, want %d problem naming %q", tc.name, r.status, r.body, tc.status, tc.names)
+		if r.Status != tc.status || !strings.Contains(string(r.Body), tc.names) || r.Header.Get("Content-Type") != "application/problem+json" {
+			t.Errorf("%s = %d %s, want %d problem naming %q", tc.name, r.Status, r.Body, tc.status, tc.names)
 		}
-		if got := e.state(t, sku); got != before {
+		if got := e.State(t, sku); got != before {
 			t.Errorf("%s changed the SKU: %+v → %+v", tc.name, before, got)
 		}
 	}
-	store := e.seatStore(t)
-	c := e.act(t, "/v1/holds/"+a.HoldID+"/confirm", "c-a", "ann")
-	if c.status != http.StatusCreated {
-		t.Fatalf("confirm = %d %s", c.status, c.body)
+	store := e.Seats
+	c := e.Act(t, "/v1/holds/"+a.HoldID+"/confirm", "c-a", "ann")
+	if c.Status != http.StatusCreated {
+		t.Fatalf("confirm = %d %s", c.Status, c.Body)
 	}
 	if st, _ := store.Status(ctx, sku, keys.MustID("A"), seatIDs("A-01", "A-02")); !st[0].Sold || !st[1].Sold {
 		t.Errorf("after confirm Redis says %+v, want sold", st)
 	}
-	_, b := e.seatHold(t, sku, "sh-b", "bob", "A-03")
-	if x := e.act(t, "/v1/holds/"+b.HoldID+"/cancel", "x-b", "bob"); x.status != http.StatusOK {
-		t.Fatalf("cancel = %d", x.status)
+	_, b := e.SeatHold(t, sku, "sh-b", "bob", "A-03")
+	if x := e.Act(t, "/v1/holds/"+b.HoldID+"/cancel", "x-b", "bob"); x.Status != http.StatusOK {
+		t.Fatalf("cancel = %d", x.Status)
 	}
-	if rf := e.act(t, "/v1/orders/"+orderID(c)+"/refund", "rf-a", "ann"); rf.status != http.StatusOK {
-		t.Fatalf("refund = %d %s", rf.status, rf.body)
+	if rf := e.Act(t, "/v1/orders/"+systest.OrderID(c)+"/refund", "rf-a", "ann"); rf.Status != http.StatusOK {
+		t.Fatalf("refund = %d %s", rf.Status, rf.Body)
 	}
 	st, _ := store.Status(ctx, sku, keys.MustID("A"), seatIDs("A-01", "A-02", "A-03"))
 	for i, s := range st {
@@ -183,11 +164,11 @@ func TestSeatHoldLifecycleAndBadInput(t *testing.T) {
 			t.Errorf("seat %d after refund and cancel: %+v, want free", i, s)
 		}
 	}
-	r = e.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats?section=A", nil, "")
-	if r.status != http.StatusOK || !strings.Contains(string(r.body), `"free":6`) {
-		t.Errorf("GET seats = %d %s, want 6 free", r.status, r.body)
+	r = e.Do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats?section=A", nil, "")
+	if r.Status != http.StatusOK || !strings.Contains(string(r.Body), `"free":6`) {
+		t.Errorf("GET seats = %d %s, want 6 free", r.Status, r.Body)
 	}
-	if ss := e.state(t, sku); ss.Sold != 0 || ss.Held != 0 {
+	if ss := e.State(t, sku); ss.Sold != 0 || ss.Held != 0 {
 		t.Errorf("SKU after all that: %+v", ss)
 	}
 }
@@ -197,17 +178,17 @@ func TestSeatHoldLifecycleAndBadInput(t *testing.T) {
 // admin check at once, and by the periodic check once the difference holds
 // across two checks.
 func TestSeatConsistencyRepair(t *testing.T) {
-	e := startEnv(t, envOptions{driver: ledger.Postgres, drift: true})
-	sku := newSKU(t)
-	e.putSKU(t, sku, 0, 1, 4)
-	e.loadSeats(t, sku, map[string]int{"A": 6})
+	e := systest.Start(t, systest.Options{Driver: ledger.Postgres, Drift: true})
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 0, 1, 4)
+	e.LoadSeats(t, sku, map[string]int{"A": 6})
 	ctx := context.Background()
-	_, h := e.seatHold(t, sku, "sold-hold", "ann", "A-01")
-	if c := e.act(t, "/v1/holds/"+h.HoldID+"/confirm", "c1", "ann"); c.status != http.StatusCreated {
-		t.Fatalf("confirm = %d", c.status)
+	_, h := e.SeatHold(t, sku, "sold-hold", "ann", "A-01")
+	if c := e.Act(t, "/v1/holds/"+h.HoldID+"/confirm", "c1", "ann"); c.Status != http.StatusCreated {
+		t.Fatalf("confirm = %d", c.Status)
 	}
-	store := e.seatStore(t)
-	held, err := holdOf(ctx, e.ledger, "ann", "sold-hold")
+	store := e.Seats
+	held, err := systest.HoldOf(ctx, e.Ledger, "ann", "sold-hold")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,24 +209,24 @@ func TestSeatConsistencyRepair(t *testing.T) {
 		}
 	}
 	corrupt()
-	r := e.do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats/check", nil, "")
+	r := e.Do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats/check", nil, "")
 	var res struct {
 		Checked  int
 		Differed []string
 		Repaired int
 	}
-	_ = json.Unmarshal(r.body, &res)
-	if r.status != http.StatusOK || res.Checked != 6 || res.Repaired != 2 || strings.Join(res.Differed, ",") != "A-01,A-05" {
-		t.Fatalf("check = %d %s", r.status, r.body)
+	_ = json.Unmarshal(r.Body, &res)
+	if r.Status != http.StatusOK || res.Checked != 6 || res.Repaired != 2 || strings.Join(res.Differed, ",") != "A-01,A-05" {
+		t.Fatalf("check = %d %s", r.Status, r.Body)
 	}
 	want()
 	// Again, left to the periodic check (every 200ms in tests).
 	corrupt()
-	waitFor(t, 5*time.Second, "the periodic seat repair", func() bool {
+	systest.WaitFor(t, 5*time.Second, "the periodic seat repair", func() bool {
 		raw, _ := store.Raw(ctx, sku, keys.MustID("A"), seatIDs("A-01", "A-05"))
 		return raw[0] == sold && raw[1] == ""
 	})
-	if n := counter(t, e.reg, "stockgate_seat_repairs_total", nil); n < 4 {
+	if n := systest.Counter(t, e.Registry, "stockgate_seat_repairs_total", nil); n < 4 {
 		t.Errorf("seat repairs counted %v, want >= 4", n)
 	}
 }
@@ -253,12 +234,12 @@ func TestSeatConsistencyRepair(t *testing.T) {
 // Best-available through the API: q adjacent seats in one row of the
 // section, held like given seats; a retry returns the same hold.
 func TestBestAvailableThroughTheAPI(t *testing.T) {
-	e := newEnv(t, ledger.SQLite)
-	sku := newSKU(t)
-	e.putSKU(t, sku, 0, 1, 10)
-	e.loadSeats(t, sku, map[string]int{"A": 10})
-	best := func(key string, q int) reply {
-		return e.do(t, http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seat-holds",
+	e := systest.New(t, ledger.SQLite)
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 0, 1, 10)
+	e.LoadSeats(t, sku, map[string]int{"A": 10})
+	best := func(key string, q int) systest.Reply {
+		return e.Do(t, http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seat-holds",
 			map[string]string{"Idempotency-Key": key}, fmt.Sprintf(`{"buyer":"bo","quantity":%d,"section":"A"}`, q))
 	}
 	var h struct {
@@ -266,25 +247,25 @@ func TestBestAvailableThroughTheAPI(t *testing.T) {
 		Seats  []string `json:"seats"`
 	}
 	r := best("best-1", 4)
-	if err := json.Unmarshal(r.body, &h); err != nil || r.status != http.StatusCreated || len(h.Seats) != 4 {
-		t.Fatalf("best 4 = %d %s", r.status, r.body)
+	if err := json.Unmarshal(r.Body, &h); err != nil || r.Status != http.StatusCreated || len(h.Seats) != 4 {
+		t.Fatalf("best 4 = %d %s", r.Status, r.Body)
 	}
 	if strings.Join(h.Seats, ",") != "A-01,A-02,A-03,A-04" {
 		t.Errorf("best 4 of an empty row = %v, want A-01..A-04", h.Seats)
 	}
-	if again := best("best-1", 4); again.status != http.StatusCreated || !strings.Contains(string(again.body), h.HoldID) {
-		t.Errorf("retry = %d %s", again.status, again.body)
+	if again := best("best-1", 4); again.Status != http.StatusCreated || !strings.Contains(string(again.Body), h.HoldID) {
+		t.Errorf("retry = %d %s", again.Status, again.Body)
 	}
-	if r := best("best-2", 7); r.status != http.StatusConflict || !strings.Contains(string(r.body), "no-adjacent-seats") {
-		t.Errorf("7 of the 6 left = %d %s", r.status, r.body)
+	if r := best("best-2", 7); r.Status != http.StatusConflict || !strings.Contains(string(r.Body), "no-adjacent-seats") {
+		t.Errorf("7 of the 6 left = %d %s", r.Status, r.Body)
 	}
-	if r := best("best-over", 11); r.status != http.StatusUnprocessableEntity || !strings.Contains(string(r.body), "quantity-over-limit") {
-		t.Errorf("11 over the maximum of 10 = %d %s, want 422 quantity-over-limit", r.status, r.body)
+	if r := best("best-over", 11); r.Status != http.StatusUnprocessableEntity || !strings.Contains(string(r.Body), "quantity-over-limit") {
+		t.Errorf("11 over the maximum of 10 = %d %s, want 422 quantity-over-limit", r.Status, r.Body)
 	}
-	if r := best("best-3", 6); r.status != http.StatusCreated {
-		t.Errorf("the last 6 = %d %s", r.status, r.body)
+	if r := best("best-3", 6); r.Status != http.StatusCreated {
+		t.Errorf("the last 6 = %d %s", r.Status, r.Body)
 	}
-	if st := e.state(t, sku); st.Held != 10 {
+	if st := e.State(t, sku); st.Held != 10 {
 		t.Errorf("held %d, want 10", st.Held)
 	}
 }
@@ -294,13 +275,13 @@ func TestBestAvailableThroughTheAPI(t *testing.T) {
 func TestSeatHoldsExpireAcrossGateways(t *testing.T) {
 	dsn := testenv.PostgresURL(t)
 	fast := func(o *app.Options) { o.Sale.SweepEvery = 100 * time.Millisecond }
-	var envs []*env
+	var envs []*systest.Env
 	for range 3 {
-		envs = append(envs, startEnv(t, envOptions{driver: ledger.Postgres, dsn: dsn, sweep: true, tune: fast}))
+		envs = append(envs, systest.Start(t, systest.Options{Driver: ledger.Postgres, DSN: dsn, Sweep: true, Tune: fast}))
 	}
-	sku := newSKU(t)
-	envs[0].putSKU(t, sku, 0, 1, 4)
-	envs[0].loadSeats(t, sku, map[string]int{"A": 30})
+	sku := systest.NewSKU(t)
+	envs[0].PutSKU(t, sku, 0, 1, 4)
+	envs[0].LoadSeats(t, sku, map[string]int{"A": 30})
 	held := 0
 	for i := 0; i < 30; i += 3 {
 		n := 1 + (i/3)%3
@@ -309,27 +290,27 @@ func TestSeatHoldsExpireAcrossGateways(t *testing.T) {
 			ids = append(ids, fmt.Sprintf("A-%02d", k+1))
 		}
 		b, _ := json.Marshal(map[string]any{"buyer": "b", "seats": ids, "ttl_seconds": 1})
-		r := envs[i%3].do(t, http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seat-holds",
+		r := envs[i%3].Do(t, http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seat-holds",
 			map[string]string{"Idempotency-Key": fmt.Sprintf("exp-%d", i)}, string(b))
-		if r.status != http.StatusCreated {
-			t.Fatalf("seat hold = %d %s", r.status, r.body)
+		if r.Status != http.StatusCreated {
+			t.Fatalf("seat hold = %d %s", r.Status, r.Body)
 		}
 		held += n
 	}
 	ctx := context.Background()
-	waitFor(t, 10*time.Second, "every seat hold to expire and be released", func() bool {
-		st, _ := envs[0].ledger.SKU(ctx, sku)
-		p, _ := envs[0].ledger.PendingRestores(ctx, 0, 1)
+	systest.WaitFor(t, 10*time.Second, "every seat hold to expire and be released", func() bool {
+		st, _ := envs[0].Ledger.SKU(ctx, sku)
+		p, _ := envs[0].Ledger.PendingRestores(ctx, 0, 1)
 		return st.Held == 0 && len(p) == 0
 	})
 	var expired float64
 	for _, e := range envs {
-		expired += counter(t, e.reg, "stockgate_holds_expired_total", nil)
+		expired += systest.Counter(t, e.Registry, "stockgate_holds_expired_total", nil)
 	}
 	if expired != 10 {
 		t.Errorf("the sweepers expired %v holds between them, want exactly 10", expired)
 	}
-	all, _ := envs[0].ledger.Seats(ctx, sku, keys.MustID("A"))
+	all, _ := envs[0].Ledger.Seats(ctx, sku, keys.MustID("A"))
 	var ids []keys.ID
 	for _, s := range all {
 		ids = append(ids, s.ID)
@@ -337,7 +318,7 @@ func TestSeatHoldsExpireAcrossGateways(t *testing.T) {
 			t.Errorf("ledger seat %s is %s", s.ID, s.State)
 		}
 	}
-	raw, err := envs[0].seatStore(t).Raw(ctx, sku, keys.MustID("A"), ids)
+	raw, err := envs[0].Seats.Raw(ctx, sku, keys.MustID("A"), ids)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -353,27 +334,27 @@ func TestSeatHoldsExpireAcrossGateways(t *testing.T) {
 // requests for 2 to 6 seats: every granted set adjacent in one row, no
 // seat granted twice, ledger and Redis agree.
 func TestBestAvailableRaceThroughTheAPI(t *testing.T) {
-	e := newEnv(t, ledger.Postgres)
-	sku := newSKU(t)
-	e.putSKU(t, sku, 0, 1, 6)
+	e := systest.New(t, ledger.Postgres)
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 0, 1, 6)
 	var parts []string
 	for r := range 20 {
 		for n := range 30 {
 			parts = append(parts, fmt.Sprintf(`{"id":"R%02d-S%02d","section":"A","row":"R%02d","number":%d}`, r+1, n+1, r+1, n+1))
 		}
 	}
-	if r := e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats", nil, `{"seats":[`+strings.Join(parts, ",")+`]}`); r.status != http.StatusOK {
-		t.Fatalf("PUT seats = %d %s", r.status, r.body)
+	if r := e.Do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats", nil, `{"seats":[`+strings.Join(parts, ",")+`]}`); r.Status != http.StatusOK {
+		t.Fatalf("PUT seats = %d %s", r.Status, r.Body)
 	}
 	var mu sync.Mutex
 	granted := map[string]bool{}
-	counts := e.buyAll(200, 64, func(i int) reply {
+	counts := systest.BuyAll(200, 64, func(i int) systest.Reply {
 		q := 2 + rand.IntN(5)
-		r := e.do(t, http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seat-holds",
+		r := e.Do(t, http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seat-holds",
 			map[string]string{"Idempotency-Key": fmt.Sprintf("br-%d", i)}, fmt.Sprintf(`{"buyer":"b%d","quantity":%d}`, i, q))
-		if r.status == http.StatusCreated {
+		if r.Status == http.StatusCreated {
 			var h struct{ Seats []string }
-			_ = json.Unmarshal(r.body, &h)
+			_ = json.Unmarshal(r.Body, &h)
 			mu.Lock()
 			defer mu.Unlock()
 			if len(h.Seats) != q {
@@ -391,17 +372,17 @@ func TestBestAvailableRaceThroughTheAPI(t *testing.T) {
 		}
 		return r
 	})
-	st := e.state(t, sku)
+	st := e.State(t, sku)
 	if counts[201]+counts[409] != 200 || counts[201] == 0 || st.Held != int64(len(granted)) {
 		t.Errorf("answers %v; %d seats granted, ledger held %d", counts, len(granted), st.Held)
 	}
-	check := e.do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats/check", nil, "")
-	if !strings.Contains(string(check.body), `"differed":null`) {
-		t.Errorf("Redis and the ledger disagree after the race: %s", check.body)
+	check := e.Do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats/check", nil, "")
+	if !strings.Contains(string(check.Body), `"differed":null`) {
+		t.Errorf("Redis and the ledger disagree after the race: %s", check.Body)
 	}
-	one := e.do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats?ids=R01-S01,R20-S30", nil, "")
-	if one.status != http.StatusOK || strings.Count(string(one.body), `"id"`) != 2 {
-		t.Errorf("batch status = %d %s", one.status, one.body)
+	one := e.Do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats?ids=R01-S01,R20-S30", nil, "")
+	if one.Status != http.StatusOK || strings.Count(string(one.Body), `"id"`) != 2 {
+		t.Errorf("batch status = %d %s", one.Status, one.Body)
 	}
 	t.Logf("200 best-available requests: %v, %d seats", counts, len(granted))
 }
@@ -410,26 +391,26 @@ func TestBestAvailableRaceThroughTheAPI(t *testing.T) {
 // go straight to the ledger, and the seats are right in Redis once it is
 // back and checked.
 func TestSeatHoldsWhileRedisIsDown(t *testing.T) {
-	e, c := faultEnv(t, func(o *app.Options) { o.Sale.Breaker.OpenFor = time.Minute })
-	sku := newSKU(t)
-	e.putSKU(t, sku, 0, 1, 4)
-	e.loadSeats(t, sku, map[string]int{"A": 8})
+	e, c := systest.FaultEnv(t, func(o *app.Options) { o.Sale.Breaker.OpenFor = time.Minute })
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 0, 1, 4)
+	e.LoadSeats(t, sku, map[string]int{"A": 8})
 	for _, n := range c.Nodes {
 		n.Kill()
 	}
-	tripBreakers(t, e, c.Masters)
-	if r, _ := e.seatHold(t, sku, "down-1", "ann", "A-01", "A-02"); r.status != http.StatusCreated {
-		t.Fatalf("seat hold with Redis down = %d %s", r.status, r.body)
+	systest.TripBreakers(t, e, c.Masters)
+	if r, _ := e.SeatHold(t, sku, "down-1", "ann", "A-01", "A-02"); r.Status != http.StatusCreated {
+		t.Fatalf("seat hold with Redis down = %d %s", r.Status, r.Body)
 	}
-	if r, _ := e.seatHold(t, sku, "down-2", "bob", "A-02"); r.status != http.StatusConflict || !strings.Contains(string(r.body), "A-02") {
-		t.Errorf("taken seat with Redis down = %d %s, want 409 naming A-02", r.status, r.body)
+	if r, _ := e.SeatHold(t, sku, "down-2", "bob", "A-02"); r.Status != http.StatusConflict || !strings.Contains(string(r.Body), "A-02") {
+		t.Errorf("taken seat with Redis down = %d %s, want 409 naming A-02", r.Status, r.Body)
 	}
-	r := e.do(t, http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seat-holds",
+	r := e.Do(t, http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seat-holds",
 		map[string]string{"Idempotency-Key": "down-3"}, `{"buyer":"cat","quantity":3,"section":"A"}`)
-	if r.status != http.StatusCreated || !strings.Contains(string(r.body), "A-03") {
-		t.Errorf("best-available with Redis down = %d %s, want A-03..A-05", r.status, r.body)
+	if r.Status != http.StatusCreated || !strings.Contains(string(r.Body), "A-03") {
+		t.Errorf("best-available with Redis down = %d %s, want A-03..A-05", r.Status, r.Body)
 	}
-	if st, _ := e.ledger.SKU(context.Background(), sku); st.Held != 5 {
+	if st, _ := e.Ledger.SKU(context.Background(), sku); st.Held != 5 {
 		t.Errorf("held %d, want 5", st.Held)
 	}
 }
@@ -437,26 +418,26 @@ func TestSeatHoldsWhileRedisIsDown(t *testing.T) {
 // A per-buyer cap counts seats, and changing a seated ticket's settings
 // keeps its total at the seat map's size.
 func TestSeatHoldsCountAgainstTheCap(t *testing.T) {
-	e := newEnv(t, ledger.SQLite)
-	sku := newSKU(t)
-	e.putSKU(t, sku, 0, 1, 4)
-	e.loadSeats(t, sku, map[string]int{"A": 8})
-	r := e.do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String(), nil, `{"total":0,"shards":1,"max_per_order":4,"per_buyer":3}`)
-	if r.status != http.StatusOK || !strings.Contains(string(r.body), `"total":8`) {
-		t.Fatalf("PUT settings of a seated ticket = %d %s, want total kept at 8", r.status, r.body)
+	e := systest.New(t, ledger.SQLite)
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 0, 1, 4)
+	e.LoadSeats(t, sku, map[string]int{"A": 8})
+	r := e.Do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String(), nil, `{"total":0,"shards":1,"max_per_order":4,"per_buyer":3}`)
+	if r.Status != http.StatusOK || !strings.Contains(string(r.Body), `"total":8`) {
+		t.Fatalf("PUT settings of a seated ticket = %d %s, want total kept at 8", r.Status, r.Body)
 	}
-	if r, _ := e.seatHold(t, sku, "cap-1", "ann", "A-01", "A-02"); r.status != http.StatusCreated {
-		t.Fatalf("2 seats = %d %s", r.status, r.body)
+	if r, _ := e.SeatHold(t, sku, "cap-1", "ann", "A-01", "A-02"); r.Status != http.StatusCreated {
+		t.Fatalf("2 seats = %d %s", r.Status, r.Body)
 	}
-	if r, _ := e.seatHold(t, sku, "cap-2", "ann", "A-03", "A-04"); r.status != http.StatusConflict || !strings.Contains(string(r.body), "limit-reached") {
-		t.Errorf("2 more seats (4 > 3) = %d %s", r.status, r.body)
+	if r, _ := e.SeatHold(t, sku, "cap-2", "ann", "A-03", "A-04"); r.Status != http.StatusConflict || !strings.Contains(string(r.Body), "limit-reached") {
+		t.Errorf("2 more seats (4 > 3) = %d %s", r.Status, r.Body)
 	}
-	st, _ := e.seatStore(t).Status(context.Background(), sku, keys.MustID("A"), seatIDs("A-03", "A-04"))
+	st, _ := e.Seats.Status(context.Background(), sku, keys.MustID("A"), seatIDs("A-03", "A-04"))
 	if st[0].Hold != "" || st[1].Hold != "" {
 		t.Errorf("a refused seat hold left seats held in Redis: %+v", st)
 	}
-	if r, _ := e.seatHold(t, sku, "cap-3", "bob", "A-03", "A-04", "A-05"); r.status != http.StatusCreated {
-		t.Errorf("another buyer = %d %s", r.status, r.body)
+	if r, _ := e.SeatHold(t, sku, "cap-3", "bob", "A-03", "A-04", "A-05"); r.Status != http.StatusCreated {
+		t.Errorf("another buyer = %d %s", r.Status, r.Body)
 	}
 }
 

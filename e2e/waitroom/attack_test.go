@@ -1,4 +1,4 @@
-package gateway_test
+package waitroom_test
 
 // Attacks on the waiting room (issue 18): each test says what it tries and
 // what must hold. Tests that fail document a break; the others are attacks
@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/stock"
@@ -29,10 +30,10 @@ func qaRoom(opensIn int, rate, window int, perRemaining string) string {
 
 // qaJoinWith joins buyer with a join body of its own (a ticket, hostile
 // fields).
-func (e *env) qaJoinWith(t *testing.T, program keys.ID, body string) (reply, queueReply) {
-	r := e.do(t, http.MethodPost, "/v1/programs/"+program.String()+"/queue", nil, body)
+func qaJoinWith(t *testing.T, e *systest.Env, program keys.ID, body string) (systest.Reply, queueReply) {
+	r := e.Do(t, http.MethodPost, "/v1/programs/"+program.String()+"/queue", nil, body)
 	var q queueReply
-	_ = json.Unmarshal(r.body, &q)
+	_ = json.Unmarshal(r.Body, &q)
 	return r, q
 }
 
@@ -54,23 +55,23 @@ func qaFlushAll(t *testing.T, cl *testenv.Cluster) {
 }
 
 // qaLineExists says whether Redis has program's line record.
-func qaLineExists(e *env, program keys.ID) bool {
-	n, err := e.rdb.Exists(context.Background(), keys.Queue(program).Meta()).Result()
+func qaLineExists(e *systest.Env, program keys.ID) bool {
+	n, err := e.Redis.Exists(context.Background(), keys.Queue(program).Meta()).Result()
 	return err == nil && n == 1
 }
 
 // qaNeverAdmitted checks buyer's ticket for `for`: it must never be
 // admitted (an observation window: the thing must not happen at all).
-func (e *env) qaNeverAdmitted(t *testing.T, sku stock.SKU, buyer, ticket string, d time.Duration) {
+func qaNeverAdmitted(t *testing.T, e *systest.Env, sku stock.SKU, buyer, ticket string, d time.Duration) {
 	t.Helper()
 	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
-		r, q := e.queueCheck(t, sku.Program, ticket)
-		if r.status != http.StatusOK {
-			t.Fatalf("%s checks = %d %s", buyer, r.status, r.body)
+		r, q := queueCheck(t, e, sku.Program, ticket)
+		if r.Status != http.StatusOK {
+			t.Fatalf("%s checks = %d %s", buyer, r.Status, r.Body)
 		}
 		if q.State == "admitted" {
-			b := e.buyWith(t, sku, "qa-early-"+buyer, buyer, 1, q.Admission)
-			t.Fatalf("%s admitted before the room's opening: %s; its purchase = %d %s", buyer, r.body, b.status, b.body)
+			b := buyWith(t, e, sku, "qa-early-"+buyer, buyer, 1, q.Admission)
+			t.Fatalf("%s admitted before the room's opening: %s; its purchase = %d %s", buyer, r.Body, b.Status, b.Body)
 		}
 	}
 }
@@ -83,19 +84,19 @@ func (e *env) qaNeverAdmitted(t *testing.T, sku stock.SKU, buyer, ticket string,
 // whatever opens_at says now.
 func TestAttackQueuePostponedOpeningStillAdmits(t *testing.T) {
 	t.Parallel() // its own env and programs: it overlaps the others' waits
-	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
-	sku := newSKU(t)
-	e.putSKU(t, sku, 10, 1, 2)
-	e.putQueue(t, sku.Program, qaRoom(0, 100, 60, "2"))
-	e.admitted(t, sku.Program, "first") // the line is open and moving
+	e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true})
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 10, 1, 2)
+	putQueue(t, e, sku.Program, qaRoom(0, 100, 60, "2"))
+	admitted(t, e, sku.Program, "first") // the line is open and moving
 	from := time.Now().Add(-time.Minute).UTC().Format(time.RFC3339)
-	e.putQueue(t, sku.Program, fmt.Sprintf(`{"opens_in_seconds":3600,"join_from":%q,"rate_per_second":100,"window_seconds":60,"per_remaining":2}`, from))
-	r, q := e.queueJoin(t, sku.Program, "later")
-	if r.status != http.StatusCreated {
-		t.Fatalf("join after the postponement = %d %s", r.status, r.body)
+	putQueue(t, e, sku.Program, fmt.Sprintf(`{"opens_in_seconds":3600,"join_from":%q,"rate_per_second":100,"window_seconds":60,"per_remaining":2}`, from))
+	r, q := queueJoin(t, e, sku.Program, "later")
+	if r.Status != http.StatusCreated {
+		t.Fatalf("join after the postponement = %d %s", r.Status, r.Body)
 	}
-	e.qaNeverAdmitted(t, sku, "later", q.Ticket, 3*time.Second)
-	if st := e.state(t, sku); st.Sold != 0 {
+	qaNeverAdmitted(t, e, sku, "later", q.Ticket, 3*time.Second)
+	if st := e.State(t, sku); st.Sold != 0 {
 		t.Fatalf("sold %d before the opening", st.Sold)
 	}
 }
@@ -108,32 +109,32 @@ func TestAttackQueuePostponedOpeningStillAdmits(t *testing.T) {
 // an old buyer joining again gets its old, long admitted place back.
 func TestAttackQueueRecreatedRoomAdmitsBeforeItsOpening(t *testing.T) {
 	t.Parallel() // its own env and programs: it overlaps the others' waits
-	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
-	sku := newSKU(t)
-	e.putSKU(t, sku, 10, 1, 2)
-	e.putQueue(t, sku.Program, qaRoom(0, 100, 60, "2"))
-	old := e.admitted(t, sku.Program, "old")
-	if r := e.buyWith(t, sku, "old-1", "old", 1, old.Admission); r.status != http.StatusCreated {
-		t.Fatalf("old buys = %d %s", r.status, r.body)
+	e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true})
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 10, 1, 2)
+	putQueue(t, e, sku.Program, qaRoom(0, 100, 60, "2"))
+	old := admitted(t, e, sku.Program, "old")
+	if r := buyWith(t, e, sku, "old-1", "old", 1, old.Admission); r.Status != http.StatusCreated {
+		t.Fatalf("old buys = %d %s", r.Status, r.Body)
 	}
-	if r := e.do(t, http.MethodDelete, "/v1/admin/programs/"+sku.Program.String()+"/queue", nil, ""); r.status != http.StatusNoContent {
-		t.Fatalf("DELETE queue = %d %s", r.status, r.body)
+	if r := e.Do(t, http.MethodDelete, "/v1/admin/programs/"+sku.Program.String()+"/queue", nil, ""); r.Status != http.StatusNoContent {
+		t.Fatalf("DELETE queue = %d %s", r.Status, r.Body)
 	}
 	from := time.Now().Add(-time.Minute).UTC().Format(time.RFC3339)
-	e.putQueue(t, sku.Program, fmt.Sprintf(`{"opens_in_seconds":3600,"join_from":%q,"rate_per_second":100,"window_seconds":60,"per_remaining":2}`, from))
+	putQueue(t, e, sku.Program, fmt.Sprintf(`{"opens_in_seconds":3600,"join_from":%q,"rate_per_second":100,"window_seconds":60,"per_remaining":2}`, from))
 	// The old room's tickets are not the new room's.
-	if r, _ := e.queueCheck(t, sku.Program, old.Ticket); r.status != http.StatusBadRequest {
-		t.Fatalf("the old room's ticket in the new room = %d %s", r.status, r.body)
+	if r, _ := queueCheck(t, e, sku.Program, old.Ticket); r.Status != http.StatusBadRequest {
+		t.Fatalf("the old room's ticket in the new room = %d %s", r.Status, r.Body)
 	}
-	rn, qn := e.queueJoin(t, sku.Program, "new")
-	ro, qo := e.queueJoin(t, sku.Program, "old")
-	if rn.status != http.StatusCreated || ro.status >= 300 {
-		t.Fatalf("joins of the new room = %d %s / %d %s", rn.status, rn.body, ro.status, ro.body)
+	rn, qn := queueJoin(t, e, sku.Program, "new")
+	ro, qo := queueJoin(t, e, sku.Program, "old")
+	if rn.Status != http.StatusCreated || ro.Status >= 300 {
+		t.Fatalf("joins of the new room = %d %s / %d %s", rn.Status, rn.Body, ro.Status, ro.Body)
 	}
 	if qo.State == "admitted" {
-		t.Errorf("a buyer of the old room joins the new one (not open for an hour) admitted: %s", ro.body)
+		t.Errorf("a buyer of the old room joins the new one (not open for an hour) admitted: %s", ro.Body)
 	}
-	e.qaNeverAdmitted(t, sku, "new", qn.Ticket, 3*time.Second)
+	qaNeverAdmitted(t, e, sku, "new", qn.Ticket, 3*time.Second)
 }
 
 // BREAK. The line is lost (FLUSHALL) before its opening, with three early
@@ -148,33 +149,33 @@ func TestAttackQueueRecreatedRoomAdmitsBeforeItsOpening(t *testing.T) {
 func TestAttackQueueEarlyLineLostBeforeOpening(t *testing.T) {
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	cl := testenv.NewCluster(t, testenv.ClusterOptions{})
-	e := startEnv(t, envOptions{driver: "sqlite", cluster: cl, pacer: true})
-	sku := newSKU(t)
-	e.putSKU(t, sku, 3, 1, 1)
+	e := systest.Start(t, systest.Options{Driver: "sqlite", Cluster: cl, Pacer: true})
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 3, 1, 1)
 	from := time.Now().Add(-time.Minute).UTC().Format(time.RFC3339)
-	e.putQueue(t, sku.Program, fmt.Sprintf(`{"opens_in_seconds":6,"join_from":%q,"rate_per_second":100,"window_seconds":60,"per_remaining":1}`, from))
+	putQueue(t, e, sku.Program, fmt.Sprintf(`{"opens_in_seconds":6,"join_from":%q,"rate_per_second":100,"window_seconds":60,"per_remaining":1}`, from))
 	tickets := map[string]string{}
 	for _, b := range []string{"e0", "e1", "e2"} {
-		r, q := e.queueJoin(t, sku.Program, b)
-		if r.status != http.StatusCreated || q.Position != 0 {
-			t.Fatalf("early join %s = %d %s", b, r.status, r.body)
+		r, q := queueJoin(t, e, sku.Program, b)
+		if r.Status != http.StatusCreated || q.Position != 0 {
+			t.Fatalf("early join %s = %d %s", b, r.Status, r.Body)
 		}
 		tickets[b] = q.Ticket
 	}
 	qaFlushAll(t, cl)
 	// Still before the opening: the pacer makes the line again.
-	if r, q := e.queueCheck(t, sku.Program, tickets["e0"]); r.status != http.StatusOK || q.Position != 0 {
-		t.Fatalf("the opening came before the loss (slow machine): %d %s", r.status, r.body)
+	if r, q := queueCheck(t, e, sku.Program, tickets["e0"]); r.Status != http.StatusOK || q.Position != 0 {
+		t.Fatalf("the opening came before the loss (slow machine): %d %s", r.Status, r.Body)
 	}
-	waitFor(t, 20*time.Second, "the opening", func() bool {
-		_, q := e.queueCheck(t, sku.Program, tickets["e0"])
+	systest.WaitFor(t, 20*time.Second, "the opening", func() bool {
+		_, q := queueCheck(t, e, sku.Program, tickets["e0"])
 		return q.Position > 0
 	})
 	opened := time.Now()
 	admitted := map[string]bool{}
 	for time.Since(opened) < 10*time.Second && len(admitted) < 3 {
 		for b, tk := range tickets {
-			if _, q := e.queueCheck(t, sku.Program, tk); q.State == "admitted" {
+			if _, q := queueCheck(t, e, sku.Program, tk); q.State == "admitted" {
 				admitted[b] = true
 			}
 		}
@@ -183,12 +184,12 @@ func TestAttackQueueEarlyLineLostBeforeOpening(t *testing.T) {
 	if len(admitted) < 3 {
 		var where []string
 		for b, tk := range tickets {
-			_, q := e.queueCheck(t, sku.Program, tk)
+			_, q := queueCheck(t, e, sku.Program, tk)
 			where = append(where, fmt.Sprintf("%s at %d (%s)", b, q.Position, q.State))
 		}
-		g := e.do(t, http.MethodGet, "/v1/admin/programs/"+sku.Program.String()+"/queue", nil, "")
+		g := e.Do(t, http.MethodGet, "/v1/admin/programs/"+sku.Program.String()+"/queue", nil, "")
 		t.Fatalf("10 s after the opening, %d of 3 early buyers admitted for 3 tickets: %s; the line: %s",
-			len(admitted), strings.Join(where, ", "), g.body)
+			len(admitted), strings.Join(where, ", "), g.Body)
 	}
 }
 
@@ -201,29 +202,29 @@ func TestAttackQueueEarlyLineLostBeforeOpening(t *testing.T) {
 // asks for one or makes no offer to a buyer without one.
 func TestAttackQueueWaitlistSkipsTheRoom(t *testing.T) {
 	t.Parallel() // its own env and programs: it overlaps the others' waits
-	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
-	sku := newSKU(t)
-	e.putSKU(t, sku, 1, 1, 1)
-	e.putQueue(t, sku.Program, qaRoom(0, 100, 60, "1"))
-	ann := e.admitted(t, sku.Program, "ann")
-	r, h := e.holdWith(t, sku, "ann-h", "ann", 1, 60, ann.Admission)
-	if r.status != http.StatusCreated {
-		t.Fatalf("ann holds = %d %s", r.status, r.body)
+	e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true})
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 1, 1, 1)
+	putQueue(t, e, sku.Program, qaRoom(0, 100, 60, "1"))
+	ann := admitted(t, e, sku.Program, "ann")
+	r, h := holdWith(t, e, sku, "ann-h", "ann", 1, 60, ann.Admission)
+	if r.Status != http.StatusCreated {
+		t.Fatalf("ann holds = %d %s", r.Status, r.Body)
 	}
-	if r, _ := e.queueJoin(t, sku.Program, "cy"); r.status != http.StatusCreated {
-		t.Fatalf("cy joins the room = %d %s", r.status, r.body)
+	if r, _ := queueJoin(t, e, sku.Program, "cy"); r.Status != http.StatusCreated {
+		t.Fatalf("cy joins the room = %d %s", r.Status, r.Body)
 	}
-	rw, _ := e.join(t, sku, "bot", 1)
-	if rw.status >= 400 && rw.status < 500 {
+	rw, _ := e.Join(t, sku, "bot", 1)
+	if rw.Status >= 400 && rw.Status < 500 {
 		return // the waitlist asks for an admission: held
 	}
-	if rw.status != http.StatusCreated {
-		t.Fatalf("bot joins the waitlist = %d %s", rw.status, rw.body)
+	if rw.Status != http.StatusCreated {
+		t.Fatalf("bot joins the waitlist = %d %s", rw.Status, rw.Body)
 	}
-	if r := e.act(t, "/v1/holds/"+h.HoldID+"/cancel", "ann-c", "ann"); r.status != http.StatusOK {
-		t.Fatalf("ann cancels = %d %s", r.status, r.body)
+	if r := e.Act(t, "/v1/holds/"+h.HoldID+"/cancel", "ann-c", "ann"); r.Status != http.StatusOK {
+		t.Fatalf("ann cancels = %d %s", r.Status, r.Body)
 	}
-	if w := e.entry(t, sku, "bot"); w.State == "offered" {
+	if w := e.Entry(t, sku, "bot"); w.State == "offered" {
 		t.Fatalf("a buyer never admitted by the room got the returned ticket of a queued program as a waitlist offer: %+v", w)
 	}
 }
@@ -239,24 +240,24 @@ func TestAttackQueueWaitlistSkipsTheRoom(t *testing.T) {
 func TestAttackQueueExpiredRevivedByLoss(t *testing.T) {
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	cl := testenv.NewCluster(t, testenv.ClusterOptions{})
-	e := startEnv(t, envOptions{driver: "sqlite", cluster: cl, pacer: true})
-	sku := newSKU(t)
-	e.putSKU(t, sku, 5, 1, 1)
-	e.putQueue(t, sku.Program, qaRoom(0, 100, 1, "1"))
-	ann := e.admitted(t, sku.Program, "ann")
-	waitFor(t, 20*time.Second, "ann's window to pass", func() bool {
-		_, q := e.queueCheck(t, sku.Program, ann.Ticket)
+	e := systest.Start(t, systest.Options{Driver: "sqlite", Cluster: cl, Pacer: true})
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 5, 1, 1)
+	putQueue(t, e, sku.Program, qaRoom(0, 100, 1, "1"))
+	ann := admitted(t, e, sku.Program, "ann")
+	systest.WaitFor(t, 20*time.Second, "ann's window to pass", func() bool {
+		_, q := queueCheck(t, e, sku.Program, ann.Ticket)
 		return q.State == "expired"
 	})
-	if r := e.buyWith(t, sku, "ann-1", "ann", 1, ann.Admission); r.status != http.StatusGone || problemKind(r) != "admission-expired" {
-		t.Fatalf("ann buys after her window = %d %s", r.status, r.body)
+	if r := buyWith(t, e, sku, "ann-1", "ann", 1, ann.Admission); r.Status != http.StatusGone || systest.ProblemKind(r) != "admission-expired" {
+		t.Fatalf("ann buys after her window = %d %s", r.Status, r.Body)
 	}
 	qaFlushAll(t, cl)
-	waitFor(t, 20*time.Second, "the line made again", func() bool { return qaLineExists(e, sku.Program) })
-	_, q := e.queueCheck(t, sku.Program, ann.Ticket)
-	r := e.buyWith(t, sku, "ann-2", "ann", 1, ann.Admission)
-	if r.status == http.StatusCreated || q.State == "admitted" {
-		t.Fatalf("after the loss, the expired buyer checks %q and buys with her expired admission: %d %s", q.State, r.status, r.body)
+	systest.WaitFor(t, 20*time.Second, "the line made again", func() bool { return qaLineExists(e, sku.Program) })
+	_, q := queueCheck(t, e, sku.Program, ann.Ticket)
+	r := buyWith(t, e, sku, "ann-2", "ann", 1, ann.Admission)
+	if r.Status == http.StatusCreated || q.State == "admitted" {
+		t.Fatalf("after the loss, the expired buyer checks %q and buys with her expired admission: %d %s", q.State, r.Status, r.Body)
 	}
 }
 
@@ -288,10 +289,10 @@ func qaReplicaOf(t *testing.T, cl *testenv.Cluster, master *testenv.Node) *teste
 func TestAttackQueueFailoverGivesAPlaceTwice(t *testing.T) {
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	cl := testenv.NewCluster(t, testenv.ClusterOptions{ReplicasPerMaster: 1})
-	e := startEnv(t, envOptions{driver: "sqlite", cluster: cl})
-	sku := newSKU(t)
-	e.putSKU(t, sku, 10, 1, 1)
-	e.putQueue(t, sku.Program, qaRoom(0, 100, 60, "1"))
+	e := systest.Start(t, systest.Options{Driver: "sqlite", Cluster: cl})
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 10, 1, 1)
+	putQueue(t, e, sku.Program, qaRoom(0, 100, 60, "1"))
 	ctx := context.Background()
 	slot := keys.KeySlot(keys.Queue(sku.Program).Meta())
 	master, err := cl.MasterOf(ctx, slot)
@@ -303,10 +304,10 @@ func TestAttackQueueFailoverGivesAPlaceTwice(t *testing.T) {
 	join := func(buyer string) {
 		t.Helper()
 		var q queueReply
-		waitFor(t, 30*time.Second, buyer+" joined", func() bool {
-			var r reply
-			r, q = e.queueJoin(t, sku.Program, buyer)
-			return r.status == http.StatusCreated
+		systest.WaitFor(t, 30*time.Second, buyer+" joined", func() bool {
+			var r systest.Reply
+			r, q = queueJoin(t, e, sku.Program, buyer)
+			return r.Status == http.StatusCreated
 		})
 		positions[q.Position] = append(positions[q.Position], buyer)
 	}
@@ -316,7 +317,7 @@ func TestAttackQueueFailoverGivesAPlaceTwice(t *testing.T) {
 	// The replica has the first joins.
 	rc := replica.Client()
 	defer rc.Close()
-	waitFor(t, 10*time.Second, "the replica in sync", func() bool {
+	systest.WaitFor(t, 10*time.Second, "the replica in sync", func() bool {
 		_ = rc.ReadOnly(ctx).Err()
 		v, err := rc.HGet(ctx, keys.Queue(sku.Program).Meta(), "post").Result()
 		return err == nil && v == "3"
@@ -341,7 +342,7 @@ func TestAttackQueueFailoverGivesAPlaceTwice(t *testing.T) {
 	if err := cl.WaitFailover(ctx, slot, master, 60*time.Second); err != nil {
 		t.Fatalf("no failover: %v", err)
 	}
-	post, _ := e.rdb.HGet(ctx, keys.Queue(sku.Program).Meta(), "post").Result()
+	post, _ := e.Redis.HGet(ctx, keys.Queue(sku.Program).Meta(), "post").Result()
 	for i := range 3 {
 		join(fmt.Sprintf("c%d", i))
 	}
@@ -370,13 +371,13 @@ func qaPaused(t *testing.T, cl *testenv.Cluster, program keys.ID, f func()) {
 
 // qaChecksFor checks ticket every 100 ms for d and returns what was wrong:
 // an answer other than 200 with state want, or one slower than a second.
-func (e *env) qaChecksFor(t *testing.T, program keys.ID, ticket, want string, d time.Duration) []string {
+func qaChecksFor(t *testing.T, e *systest.Env, program keys.ID, ticket, want string, d time.Duration) []string {
 	var bad []string
 	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
 		start := time.Now()
-		r, got := e.queueCheck(t, program, ticket)
-		if took := time.Since(start); r.status != http.StatusOK || got.State != want || took > time.Second {
-			bad = append(bad, fmt.Sprintf("%d %q after %v", r.status, got.State, took.Round(time.Millisecond)))
+		r, got := queueCheck(t, e, program, ticket)
+		if took := time.Since(start); r.Status != http.StatusOK || got.State != want || took > time.Second {
+			bad = append(bad, fmt.Sprintf("%d %q after %v", r.Status, got.State, took.Round(time.Millisecond)))
 		}
 	}
 	return bad
@@ -389,16 +390,16 @@ func (e *env) qaChecksFor(t *testing.T, program keys.ID, ticket, want string, d 
 func TestAttackQueueChecksDuringAPausedMaster(t *testing.T) {
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	cl := testenv.NewCluster(t, testenv.ClusterOptions{})
-	e := startEnv(t, envOptions{driver: "sqlite", cluster: cl})
-	sku := newSKU(t)
-	e.putSKU(t, sku, 10, 1, 1)
-	e.putQueue(t, sku.Program, qaRoom(0, 100, 60, "1"))
-	_, q := e.queueJoin(t, sku.Program, "wai")
-	if r, q := e.queueCheck(t, sku.Program, q.Ticket); r.status != http.StatusOK || q.State != "waiting" {
-		t.Fatalf("check = %d %s", r.status, r.body)
+	e := systest.Start(t, systest.Options{Driver: "sqlite", Cluster: cl})
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 10, 1, 1)
+	putQueue(t, e, sku.Program, qaRoom(0, 100, 60, "1"))
+	_, q := queueJoin(t, e, sku.Program, "wai")
+	if r, q := queueCheck(t, e, sku.Program, q.Ticket); r.Status != http.StatusOK || q.State != "waiting" {
+		t.Fatalf("check = %d %s", r.Status, r.Body)
 	}
 	var bad []string
-	qaPaused(t, cl, sku.Program, func() { bad = e.qaChecksFor(t, sku.Program, q.Ticket, "waiting", 2*time.Second) })
+	qaPaused(t, cl, sku.Program, func() { bad = qaChecksFor(t, e, sku.Program, q.Ticket, "waiting", 2*time.Second) })
 	if len(bad) > 0 {
 		t.Fatalf("checks of a waiting buyer while the line's master is paused: %d bad: %s", len(bad), strings.Join(bad, "; "))
 	}
@@ -413,17 +414,17 @@ func TestAttackQueueChecksDuringAPausedMaster(t *testing.T) {
 func TestAttackQueueExpiredToldAdmittedWithoutRedis(t *testing.T) {
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	cl := testenv.NewCluster(t, testenv.ClusterOptions{})
-	e := startEnv(t, envOptions{driver: "sqlite", cluster: cl, pacer: true})
-	sku := newSKU(t)
-	e.putSKU(t, sku, 10, 1, 1)
-	e.putQueue(t, sku.Program, qaRoom(0, 100, 1, "1"))
-	gone := e.admitted(t, sku.Program, "gone")
-	waitFor(t, 20*time.Second, "gone's window to pass", func() bool {
-		_, q := e.queueCheck(t, sku.Program, gone.Ticket)
+	e := systest.Start(t, systest.Options{Driver: "sqlite", Cluster: cl, Pacer: true})
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 10, 1, 1)
+	putQueue(t, e, sku.Program, qaRoom(0, 100, 1, "1"))
+	gone := admitted(t, e, sku.Program, "gone")
+	systest.WaitFor(t, 20*time.Second, "gone's window to pass", func() bool {
+		_, q := queueCheck(t, e, sku.Program, gone.Ticket)
 		return q.State == "expired"
 	})
 	var bad []string
-	qaPaused(t, cl, sku.Program, func() { bad = e.qaChecksFor(t, sku.Program, gone.Ticket, "expired", 2*time.Second) })
+	qaPaused(t, cl, sku.Program, func() { bad = qaChecksFor(t, e, sku.Program, gone.Ticket, "expired", 2*time.Second) })
 	if len(bad) > 0 {
 		t.Fatalf("checks of an expired buyer while the line's master is paused: %d bad: %s", len(bad), strings.Join(bad, "; "))
 	}
@@ -438,51 +439,51 @@ func TestAttackQueueExpiredToldAdmittedWithoutRedis(t *testing.T) {
 // ledger sold exactly the orders answered.
 func TestAttackQueueOneAdmissionOneOrder(t *testing.T) {
 	t.Parallel() // its own env and programs: it overlaps the others' waits
-	eachDriver(t, func(t *testing.T, driver string) {
-		dsn := ledgerDSN(t, driver)
-		a := startEnv(t, envOptions{driver: driver, dsn: dsn, pacer: true})
-		b := startEnv(t, envOptions{driver: driver, dsn: dsn})
-		sku := newSKU(t)
-		a.putSKU(t, sku, 100, 2, 2)
-		a.putQueue(t, sku.Program, qaRoom(0, 1000, 60, "10"))
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		dsn := systest.LedgerDSN(t, driver)
+		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn, Pacer: true})
+		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		sku := systest.NewSKU(t)
+		a.PutSKU(t, sku, 100, 2, 2)
+		putQueue(t, a, sku.Program, qaRoom(0, 1000, 60, "10"))
 		const buyers = 12
 		tokens := make([]string, buyers)
 		for i := range buyers {
-			tokens[i] = a.admitted(t, sku.Program, fmt.Sprintf("u%d", i)).Admission
+			tokens[i] = admitted(t, a, sku.Program, fmt.Sprintf("u%d", i)).Admission
 		}
 		var mu sync.Mutex
 		won := map[int]map[string]bool{} // buyer → keys answered 201
 		var wg sync.WaitGroup
 		for i := range buyers {
 			buyer := fmt.Sprintf("u%d", i)
-			send := func(e *env, key string, q int64) {
+			send := func(e *systest.Env, key string, q int64) {
 				defer wg.Done()
-				r := e.buyWith(t, sku, key, buyer, q, tokens[i])
+				r := buyWith(t, e, sku, key, buyer, q, tokens[i])
 				switch {
-				case r.status == http.StatusCreated:
+				case r.Status == http.StatusCreated:
 					mu.Lock()
 					if won[i] == nil {
 						won[i] = map[string]bool{}
 					}
 					won[i][key] = true
 					mu.Unlock()
-				case r.status == http.StatusConflict && problemKind(r) == "admission-used":
-				case r.status == http.StatusUnprocessableEntity && problemKind(r) == "quantity-over-limit":
+				case r.Status == http.StatusConflict && systest.ProblemKind(r) == "admission-used":
+				case r.Status == http.StatusUnprocessableEntity && systest.ProblemKind(r) == "quantity-over-limit":
 				default:
-					t.Errorf("%s %s = %d %s", buyer, key, r.status, r.body)
+					t.Errorf("%s %s = %d %s", buyer, key, r.Status, r.Body)
 				}
 			}
 			for k := range 4 {
 				wg.Add(1)
-				go send([]*env{a, b}[k%2], fmt.Sprintf("%s-k%d", buyer, k), 1)
+				go send([]*systest.Env{a, b}[k%2], fmt.Sprintf("%s-k%d", buyer, k), 1)
 			}
 			for k := range 2 {
 				wg.Add(1)
-				go send([]*env{a, b}[k%2], fmt.Sprintf("%s-big%d", buyer, k), 3)
+				go send([]*systest.Env{a, b}[k%2], fmt.Sprintf("%s-big%d", buyer, k), 3)
 			}
 			for k := range 2 {
 				wg.Add(1)
-				go send([]*env{b, a}[k%2], buyer+"-k0", 1)
+				go send([]*systest.Env{b, a}[k%2], buyer+"-k0", 1)
 			}
 		}
 		wg.Wait()
@@ -492,16 +493,16 @@ func TestAttackQueueOneAdmissionOneOrder(t *testing.T) {
 			if len(won[i]) > 1 {
 				t.Errorf("%s made orders with %d keys on one admission: %v", buyer, len(won[i]), won[i])
 			}
-			r := b.buyWith(t, sku, buyer+"-after", buyer, 1, tokens[i])
+			r := buyWith(t, b, sku, buyer+"-after", buyer, 1, tokens[i])
 			switch {
-			case len(won[i]) == 0 && r.status == http.StatusCreated:
+			case len(won[i]) == 0 && r.Status == http.StatusCreated:
 				orders++ // its admission was never spent by an order
-			case len(won[i]) > 0 && (r.status != http.StatusConflict || problemKind(r) != "admission-used"):
-				t.Errorf("%s after its order = %d %s", buyer, r.status, r.body)
+			case len(won[i]) > 0 && (r.Status != http.StatusConflict || systest.ProblemKind(r) != "admission-used"):
+				t.Errorf("%s after its order = %d %s", buyer, r.Status, r.Body)
 			}
 			orders += len(won[i])
 		}
-		if st := a.state(t, sku); st.Sold != int64(orders) || st.Orders != int64(orders) {
+		if st := a.State(t, sku); st.Sold != int64(orders) || st.Orders != int64(orders) {
 			t.Fatalf("ledger %+v, answered %d orders", st, orders)
 		}
 	})
@@ -516,16 +517,16 @@ func TestAttackQueueOneAdmissionOneOrder(t *testing.T) {
 // a 5xx, never a stream), and nothing moves; the real token then buys once.
 func TestAttackQueueForgedTokensAndTickets(t *testing.T) {
 	t.Parallel() // its own env and programs: it overlaps the others' waits
-	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
-	sku := newSKU(t)
+	e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true})
+	sku := systest.NewSKU(t)
 	other := stock.SKU{Program: keys.MustID(testenv.ID(t, "q")), Ticket: keys.MustID("ga")}
-	e.putSKU(t, sku, 5, 1, 2)
-	e.putSKU(t, other, 5, 1, 2)
-	e.putQueue(t, sku.Program, qaRoom(0, 100, 60, "5"))
-	e.putQueue(t, other.Program, qaRoom(0, 100, 60, "5"))
-	ann := e.admitted(t, sku.Program, "ann")
-	bob := e.admitted(t, sku.Program, "bob")
-	annOther := e.admitted(t, other.Program, "ann")
+	e.PutSKU(t, sku, 5, 1, 2)
+	e.PutSKU(t, other, 5, 1, 2)
+	putQueue(t, e, sku.Program, qaRoom(0, 100, 60, "5"))
+	putQueue(t, e, other.Program, qaRoom(0, 100, 60, "5"))
+	ann := admitted(t, e, sku.Program, "ann")
+	bob := admitted(t, e, sku.Program, "bob")
+	annOther := admitted(t, e, other.Program, "ann")
 	tok := ann.Admission
 	dot := strings.LastIndexByte(tok, '.')
 	flip := func(s string, i int) string {
@@ -551,15 +552,15 @@ func TestAttackQueueForgedTokensAndTickets(t *testing.T) {
 		"spaces":            "   ",
 	}
 	for name, token := range bad {
-		r := e.buyWith(t, sku, "forged", "ann", 1, token)
-		if r.status < 400 || r.status >= 500 {
-			t.Errorf("purchase with a token %s = %d %s", name, r.status, r.body)
+		r := buyWith(t, e, sku, "forged", "ann", 1, token)
+		if r.Status < 400 || r.Status >= 500 {
+			t.Errorf("purchase with a token %s = %d %s", name, r.Status, r.Body)
 		}
 	}
-	if r := e.buy(t, sku, "none", "ann", 1); r.status != http.StatusForbidden || problemKind(r) != "admission-required" {
-		t.Errorf("purchase without a token = %d %s", r.status, r.body)
+	if r := e.Buy(t, sku, "none", "ann", 1); r.Status != http.StatusForbidden || systest.ProblemKind(r) != "admission-required" {
+		t.Errorf("purchase without a token = %d %s", r.Status, r.Body)
 	}
-	if st := e.state(t, sku); st.Sold != 0 || st.Held != 0 || st.RedisRemaining != 5 {
+	if st := e.State(t, sku); st.Sold != 0 || st.Held != 0 || st.RedisRemaining != 5 {
 		t.Fatalf("refused tokens moved stock: %+v", st)
 	}
 	// Checks and streams with hostile tickets in the path.
@@ -578,9 +579,9 @@ func TestAttackQueueForgedTokensAndTickets(t *testing.T) {
 	}
 	for _, p := range paths {
 		for _, suffix := range []string{"", "/events"} {
-			r := e.do(t, http.MethodGet, "/v1/programs/"+sku.Program.String()+"/queue/"+p+suffix, nil, "")
-			if r.status < 400 || r.status >= 500 || !strings.HasPrefix(r.header.Get("Content-Type"), "application/problem+json") {
-				t.Errorf("check %.60q%s = %d %s %.200s", p, suffix, r.status, r.header.Get("Content-Type"), r.body)
+			r := e.Do(t, http.MethodGet, "/v1/programs/"+sku.Program.String()+"/queue/"+p+suffix, nil, "")
+			if r.Status < 400 || r.Status >= 500 || !strings.HasPrefix(r.Header.Get("Content-Type"), "application/problem+json") {
+				t.Errorf("check %.60q%s = %d %s %.200s", p, suffix, r.Status, r.Header.Get("Content-Type"), r.Body)
 			}
 		}
 	}
@@ -601,21 +602,21 @@ func TestAttackQueueForgedTokensAndTickets(t *testing.T) {
 		"ticket of ann, buyer cy":   fmt.Sprintf(`{"buyer":"cy","ticket":%q}`, ann.Ticket),
 		"altered ticket, own buyer": fmt.Sprintf(`{"buyer":"ann","ticket":%q}`, strings.Replace(ann.Ticket, ".late.1.", ".late.9.", 1)),
 	} {
-		r, _ := e.qaJoinWith(t, sku.Program, body)
-		if r.status < 400 || r.status >= 500 {
-			t.Errorf("join with %s = %d %s", name, r.status, r.body)
+		r, _ := qaJoinWith(t, e, sku.Program, body)
+		if r.Status < 400 || r.Status >= 500 {
+			t.Errorf("join with %s = %d %s", name, r.Status, r.Body)
 		}
 	}
 	// The real token still buys, once.
-	if r := e.buyWith(t, sku, "real", "ann", 1, tok); r.status != http.StatusCreated {
-		t.Fatalf("the real token = %d %s", r.status, r.body)
+	if r := buyWith(t, e, sku, "real", "ann", 1, tok); r.Status != http.StatusCreated {
+		t.Fatalf("the real token = %d %s", r.Status, r.Body)
 	}
-	if r := e.buyWith(t, sku, "real-2", "ann", 1, tok); r.status != http.StatusConflict || problemKind(r) != "admission-used" {
-		t.Fatalf("the real token again = %d %s", r.status, r.body)
+	if r := buyWith(t, e, sku, "real-2", "ann", 1, tok); r.Status != http.StatusConflict || systest.ProblemKind(r) != "admission-used" {
+		t.Fatalf("the real token again = %d %s", r.Status, r.Body)
 	}
 	// ann's admission of the other program is her own, untouched.
-	if r := e.buyWith(t, other, "real-o", "ann", 1, annOther.Admission); r.status != http.StatusCreated {
-		t.Fatalf("ann's token of the other program = %d %s", r.status, r.body)
+	if r := buyWith(t, e, other, "real-o", "ann", 1, annOther.Admission); r.Status != http.StatusCreated {
+		t.Fatalf("ann's token of the other program = %d %s", r.Status, r.Body)
 	}
 }
 
@@ -626,9 +627,9 @@ func TestAttackQueueForgedTokensAndTickets(t *testing.T) {
 // never a 5xx, and no room is made.
 func TestAttackQueueHostileSettings(t *testing.T) {
 	t.Parallel() // its own env and programs: it overlaps the others' waits
-	e := startEnv(t, envOptions{driver: "sqlite"})
-	sku := newSKU(t)
-	e.putSKU(t, sku, 5, 1, 2)
+	e := systest.Start(t, systest.Options{Driver: "sqlite"})
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 5, 1, 2)
 	path := "/v1/admin/programs/" + sku.Program.String() + "/queue"
 	ok := `"rate_per_second":10,"window_seconds":60,"per_remaining":1`
 	for _, body := range []string{
@@ -672,13 +673,13 @@ func TestAttackQueueHostileSettings(t *testing.T) {
 		`null`,
 		`{"opens_in_seconds":0,` + ok + `}{}`,
 	} {
-		r := e.do(t, http.MethodPut, path, nil, body)
-		if r.status < 400 || r.status >= 500 {
-			t.Errorf("PUT queue %.120s = %d %s", body, r.status, r.body)
+		r := e.Do(t, http.MethodPut, path, nil, body)
+		if r.Status < 400 || r.Status >= 500 {
+			t.Errorf("PUT queue %.120s = %d %s", body, r.Status, r.Body)
 		}
 	}
-	if r := e.do(t, http.MethodGet, path, nil, ""); r.status != http.StatusNotFound || problemKind(r) != "no-queue" {
-		t.Fatalf("a room after only refused settings: %d %s", r.status, r.body)
+	if r := e.Do(t, http.MethodGet, path, nil, ""); r.Status != http.StatusNotFound || systest.ProblemKind(r) != "no-queue" {
+		t.Fatalf("a room after only refused settings: %d %s", r.Status, r.Body)
 	}
 	for _, p := range []string{"bad%20id", strings.Repeat("p", 65), "a.b", "%F0%9F%98%80"} {
 		for _, m := range []string{http.MethodPut, http.MethodGet, http.MethodDelete} {
@@ -686,20 +687,20 @@ func TestAttackQueueHostileSettings(t *testing.T) {
 			if m == http.MethodPut {
 				body = `{"opens_in_seconds":0,` + ok + `}`
 			}
-			if r := e.do(t, m, "/v1/admin/programs/"+p+"/queue", nil, body); r.status < 400 || r.status >= 500 {
-				t.Errorf("%s queue of program %q = %d %s", m, p, r.status, r.body)
+			if r := e.Do(t, m, "/v1/admin/programs/"+p+"/queue", nil, body); r.Status < 400 || r.Status >= 500 {
+				t.Errorf("%s queue of program %q = %d %s", m, p, r.Status, r.Body)
 			}
 		}
-		if r := e.do(t, http.MethodPost, "/v1/programs/"+p+"/queue", nil, `{"buyer":"ann"}`); r.status < 400 || r.status >= 500 {
-			t.Errorf("join program %q = %d %s", p, r.status, r.body)
+		if r := e.Do(t, http.MethodPost, "/v1/programs/"+p+"/queue", nil, `{"buyer":"ann"}`); r.Status < 400 || r.Status >= 500 {
+			t.Errorf("join program %q = %d %s", p, r.Status, r.Body)
 		}
-		if r := e.do(t, http.MethodGet, "/queue/"+p+"?buyer=ann", nil, ""); r.status < 400 || r.status >= 500 {
-			t.Errorf("page of program %q = %d %s", p, r.status, r.body)
+		if r := e.Do(t, http.MethodGet, "/queue/"+p+"?buyer=ann", nil, ""); r.Status < 400 || r.Status >= 500 {
+			t.Errorf("page of program %q = %d %s", p, r.Status, r.Body)
 		}
 	}
 	// Purchases of the program sell without admission: no room was made.
-	if r := e.buy(t, sku, "free", "ann", 1); r.status != http.StatusCreated {
-		t.Fatalf("purchase with no room = %d %s", r.status, r.body)
+	if r := e.Buy(t, sku, "free", "ann", 1); r.Status != http.StatusCreated {
+		t.Fatalf("purchase with no room = %d %s", r.Status, r.Body)
 	}
 }
 
@@ -711,25 +712,25 @@ func TestAttackQueueHostileSettings(t *testing.T) {
 // origins' scripts.
 func TestAttackQueuePageHostileInput(t *testing.T) {
 	t.Parallel() // its own env and programs: it overlaps the others' waits
-	e := startEnv(t, envOptions{driver: "sqlite"})
-	sku := newSKU(t)
-	e.putSKU(t, sku, 5, 1, 2)
+	e := systest.Start(t, systest.Options{Driver: "sqlite"})
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 5, 1, 2)
 	checkout := `https://shop.example/c?x=</script><script>alert(1)</script>&y="';alert(2)//` + "\u2028"
 	b, _ := json.Marshal(map[string]any{"opens_in_seconds": 0, "rate_per_second": 10, "window_seconds": 60, "per_remaining": 1,
 		"checkout_url": checkout})
-	r := e.do(t, http.MethodPut, "/v1/admin/programs/"+sku.Program.String()+"/queue", nil, string(b))
-	if r.status != http.StatusOK && (r.status < 400 || r.status >= 500) {
-		t.Fatalf("PUT queue with a hostile checkout URL = %d %s", r.status, r.body)
+	r := e.Do(t, http.MethodPut, "/v1/admin/programs/"+sku.Program.String()+"/queue", nil, string(b))
+	if r.Status != http.StatusOK && (r.Status < 400 || r.Status >= 500) {
+		t.Fatalf("PUT queue with a hostile checkout URL = %d %s", r.Status, r.Body)
 	}
-	if r.status != http.StatusOK {
+	if r.Status != http.StatusOK {
 		return // refused: nothing to render
 	}
 	buyer := url.QueryEscape(`"><script>alert(3)</script>`)
-	page := e.do(t, http.MethodGet, "/queue/"+sku.Program.String()+"?buyer="+buyer, nil, "")
-	if page.status != http.StatusOK {
-		t.Fatalf("page = %d %s", page.status, page.body)
+	page := e.Do(t, http.MethodGet, "/queue/"+sku.Program.String()+"?buyer="+buyer, nil, "")
+	if page.Status != http.StatusOK {
+		t.Fatalf("page = %d %s", page.Status, page.Body)
 	}
-	body := string(page.body)
+	body := string(page.Body)
 	for _, bad := range []string{"<script>alert", "alert(3)", "\u2028"} {
 		if strings.Contains(body, bad) {
 			t.Errorf("the page carries %q", bad)
@@ -745,7 +746,7 @@ func TestAttackQueuePageHostileInput(t *testing.T) {
 	if strings.Count(body, "</script>") != 1 {
 		t.Errorf("the page's script is ended %d times", strings.Count(body, "</script>"))
 	}
-	if csp := page.header.Get("Content-Security-Policy"); !strings.Contains(csp, "default-src 'self'") {
+	if csp := page.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "default-src 'self'") {
 		t.Errorf("CSP %q", csp)
 	}
 }
@@ -756,14 +757,14 @@ func TestAttackQueuePageHostileInput(t *testing.T) {
 // one 201), and once open the places are exactly 1..200, each given once.
 func TestAttackQueueJoinsRaceTheOpening(t *testing.T) {
 	t.Parallel() // its own env and programs: it overlaps the others' waits
-	eachDriver(t, func(t *testing.T, driver string) {
-		dsn := ledgerDSN(t, driver)
-		a := startEnv(t, envOptions{driver: driver, dsn: dsn, pacer: true})
-		b := startEnv(t, envOptions{driver: driver, dsn: dsn, pacer: true})
-		sku := newSKU(t)
-		a.putSKU(t, sku, 1, 1, 1)
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		dsn := systest.LedgerDSN(t, driver)
+		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn, Pacer: true})
+		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn, Pacer: true})
+		sku := systest.NewSKU(t)
+		a.PutSKU(t, sku, 1, 1, 1)
 		from := time.Now().Add(-time.Minute).UTC().Format(time.RFC3339)
-		a.putQueue(t, sku.Program, fmt.Sprintf(`{"opens_in_seconds":1,"join_from":%q,"rate_per_second":100,"window_seconds":60,"per_remaining":0.001}`, from))
+		putQueue(t, a, sku.Program, fmt.Sprintf(`{"opens_in_seconds":1,"join_from":%q,"rate_per_second":100,"window_seconds":60,"per_remaining":0.001}`, from))
 		const buyers = 200
 		type ans struct {
 			status int
@@ -773,14 +774,14 @@ func TestAttackQueueJoinsRaceTheOpening(t *testing.T) {
 		var wg sync.WaitGroup
 		sem := make(chan struct{}, 32)
 		for i := range buyers {
-			for k, e := range []*env{a, b} {
+			for k, e := range []*systest.Env{a, b} {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
 					sem <- struct{}{}
 					defer func() { <-sem }()
-					r, q := e.queueJoin(t, sku.Program, fmt.Sprintf("u%d", i))
-					got[i][k] = ans{r.status, q.Ticket}
+					r, q := queueJoin(t, e, sku.Program, fmt.Sprintf("u%d", i))
+					got[i][k] = ans{r.Status, q.Ticket}
 				}()
 			}
 		}
@@ -801,11 +802,11 @@ func TestAttackQueueJoinsRaceTheOpening(t *testing.T) {
 			tickets[i] = g[0].ticket
 		}
 		var positions []int64
-		waitFor(t, 20*time.Second, "every place drawn", func() bool {
+		systest.WaitFor(t, 20*time.Second, "every place drawn", func() bool {
 			positions = positions[:0]
 			for i, tk := range tickets {
-				r, q := []*env{a, b}[i%2].queueCheck(t, sku.Program, tk)
-				if r.status != http.StatusOK || q.Position == 0 {
+				r, q := queueCheck(t, []*systest.Env{a, b}[i%2], sku.Program, tk)
+				if r.Status != http.StatusOK || q.Position == 0 {
 					return false
 				}
 				positions = append(positions, q.Position)
@@ -828,12 +829,12 @@ func TestAttackQueueJoinsRaceTheOpening(t *testing.T) {
 func TestAttackQueueFlushMidJoinGivesNoPlaceTwice(t *testing.T) {
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	cl := testenv.NewCluster(t, testenv.ClusterOptions{})
-	dsn := ledgerDSN(t, "sqlite")
-	a := startEnv(t, envOptions{driver: "sqlite", dsn: dsn, cluster: cl, pacer: true})
-	b := startEnv(t, envOptions{driver: "sqlite", dsn: dsn, cluster: cl, pacer: true})
-	sku := newSKU(t)
-	a.putSKU(t, sku, 1, 1, 1)
-	a.putQueue(t, sku.Program, qaRoom(0, 100, 60, "0.001"))
+	dsn := systest.LedgerDSN(t, "sqlite")
+	a := systest.Start(t, systest.Options{Driver: "sqlite", DSN: dsn, Cluster: cl, Pacer: true})
+	b := systest.Start(t, systest.Options{Driver: "sqlite", DSN: dsn, Cluster: cl, Pacer: true})
+	sku := systest.NewSKU(t)
+	a.PutSKU(t, sku, 1, 1, 1)
+	putQueue(t, a, sku.Program, qaRoom(0, 100, 60, "0.001"))
 	const buyers = 240
 	tickets := make([]string, buyers)
 	var mu sync.Mutex // guards tickets
@@ -842,18 +843,18 @@ func TestAttackQueueFlushMidJoinGivesNoPlaceTwice(t *testing.T) {
 	for range 16 {
 		wg.Go(func() {
 			for i := range work {
-				e := []*env{a, b}[i%2]
+				e := []*systest.Env{a, b}[i%2]
 				buyer := fmt.Sprintf("u%d", i)
 				for attempt := 0; ; attempt++ {
-					r, q := e.queueJoin(t, sku.Program, buyer)
-					if r.status == http.StatusCreated || r.status == http.StatusOK {
+					r, q := queueJoin(t, e, sku.Program, buyer)
+					if r.Status == http.StatusCreated || r.Status == http.StatusOK {
 						mu.Lock()
 						tickets[i] = q.Ticket
 						mu.Unlock()
 						break
 					}
-					if r.status != http.StatusServiceUnavailable || attempt > 100 {
-						t.Errorf("%s joins = %d %s", buyer, r.status, r.body)
+					if r.Status != http.StatusServiceUnavailable || attempt > 100 {
+						t.Errorf("%s joins = %d %s", buyer, r.Status, r.Body)
 						break
 					}
 				}
@@ -869,7 +870,7 @@ func TestAttackQueueFlushMidJoinGivesNoPlaceTwice(t *testing.T) {
 	// Flush twice while the joins go on: after the first 80 and 160 joins
 	// have been sent.
 	for _, at := range []int{80, 160} {
-		waitFor(t, 60*time.Second, fmt.Sprintf("%d joins", at), func() bool {
+		systest.WaitFor(t, 60*time.Second, fmt.Sprintf("%d joins", at), func() bool {
 			mu.Lock()
 			defer mu.Unlock()
 			n := 0
@@ -888,9 +889,9 @@ func TestAttackQueueFlushMidJoinGivesNoPlaceTwice(t *testing.T) {
 		if tk == "" {
 			continue
 		}
-		r, q := []*env{a, b}[i%2].queueCheck(t, sku.Program, tk)
-		if r.status != http.StatusOK || q.Position == 0 {
-			t.Fatalf("u%d checks = %d %s", i, r.status, r.body)
+		r, q := queueCheck(t, []*systest.Env{a, b}[i%2], sku.Program, tk)
+		if r.Status != http.StatusOK || q.Position == 0 {
+			t.Fatalf("u%d checks = %d %s", i, r.Status, r.Body)
 		}
 		if o, dup := seen[q.Position]; dup {
 			t.Errorf("place %d given to u%d and %s", q.Position, i, o)
@@ -907,14 +908,14 @@ func TestAttackQueueSlackAtItsBounds(t *testing.T) {
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	for _, pr := range []string{"0.001", "1000"} {
 		t.Run(pr, func(t *testing.T) {
-			e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
-			sku := newSKU(t)
+			e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true})
+			sku := systest.NewSKU(t)
 			const total, buyers = 3, 8
-			e.putSKU(t, sku, total, 1, 1)
-			e.putQueue(t, sku.Program, qaRoom(0, 1000, 60, pr))
+			e.PutSKU(t, sku, total, 1, 1)
+			putQueue(t, e, sku.Program, qaRoom(0, 1000, 60, pr))
 			tickets := make([]string, buyers)
 			for i := range buyers {
-				_, q := e.queueJoin(t, sku.Program, fmt.Sprintf("u%d", i))
+				_, q := queueJoin(t, e, sku.Program, fmt.Sprintf("u%d", i))
 				tickets[i] = q.Ticket
 			}
 			sold := 0
@@ -928,21 +929,21 @@ func TestAttackQueueSlackAtItsBounds(t *testing.T) {
 					if tk == "" {
 						continue
 					}
-					_, q := e.queueCheck(t, sku.Program, tk)
+					_, q := queueCheck(t, e, sku.Program, tk)
 					switch q.State {
 					case "waiting":
 						done = false
 					case "admitted":
 						buyer := fmt.Sprintf("u%d", i)
-						r := e.buyWith(t, sku, "k-"+buyer, buyer, 1, q.Admission)
+						r := buyWith(t, e, sku, "k-"+buyer, buyer, 1, q.Admission)
 						switch {
-						case r.status == http.StatusCreated:
+						case r.Status == http.StatusCreated:
 							sold++
 							tickets[i] = ""
-						case r.status == http.StatusConflict && problemKind(r) == "sold-out":
+						case r.Status == http.StatusConflict && systest.ProblemKind(r) == "sold-out":
 							tickets[i] = ""
 						default:
-							t.Fatalf("%s buys = %d %s", buyer, r.status, r.body)
+							t.Fatalf("%s buys = %d %s", buyer, r.Status, r.Body)
 						}
 					case "sold-out":
 						tickets[i] = ""
@@ -951,7 +952,7 @@ func TestAttackQueueSlackAtItsBounds(t *testing.T) {
 					}
 				}
 			}
-			if st := e.state(t, sku); st.Sold != total || sold != total {
+			if st := e.State(t, sku); st.Sold != total || sold != total {
 				t.Fatalf("sold %d (ledger %+v), want %d", sold, st, total)
 			}
 		})
@@ -964,35 +965,35 @@ func TestAttackQueueSlackAtItsBounds(t *testing.T) {
 // admits).
 func TestAttackQueueFarOpenings(t *testing.T) {
 	t.Parallel() // its own env and programs: it overlaps the others' waits
-	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
-	far, past := newSKU(t), stock.SKU{Program: keys.MustID(testenv.ID(t, "past")), Ticket: keys.MustID("ga")}
-	e.putSKU(t, far, 5, 1, 1)
-	e.putSKU(t, past, 5, 1, 1)
+	e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true})
+	far, past := systest.NewSKU(t), stock.SKU{Program: keys.MustID(testenv.ID(t, "past")), Ticket: keys.MustID("ga")}
+	e.PutSKU(t, far, 5, 1, 1)
+	e.PutSKU(t, past, 5, 1, 1)
 	from := time.Now().Add(-time.Minute).UTC().Format(time.RFC3339)
-	e.putQueue(t, far.Program, fmt.Sprintf(`{"opens_at":"9999-12-31T23:59:59Z","join_from":%q,"rate_per_second":10,"window_seconds":60,"per_remaining":1}`, from))
-	e.putQueue(t, past.Program, `{"opens_at":"2001-01-01T00:00:00Z","rate_per_second":10,"window_seconds":60,"per_remaining":1}`)
-	r, q := e.queueJoin(t, far.Program, "ann")
-	if r.status != http.StatusCreated || q.State != "waiting" || q.Position != 0 {
-		t.Fatalf("join a room opening in 9999 = %d %s", r.status, r.body)
+	putQueue(t, e, far.Program, fmt.Sprintf(`{"opens_at":"9999-12-31T23:59:59Z","join_from":%q,"rate_per_second":10,"window_seconds":60,"per_remaining":1}`, from))
+	putQueue(t, e, past.Program, `{"opens_at":"2001-01-01T00:00:00Z","rate_per_second":10,"window_seconds":60,"per_remaining":1}`)
+	r, q := queueJoin(t, e, far.Program, "ann")
+	if r.Status != http.StatusCreated || q.State != "waiting" || q.Position != 0 {
+		t.Fatalf("join a room opening in 9999 = %d %s", r.Status, r.Body)
 	}
 	var v struct {
 		Wait  int64 `json:"estimated_wait_seconds"`
 		Retry int64 `json:"retry_after_seconds"`
 	}
-	_ = json.Unmarshal(r.body, &v)
-	ra, _ := strconv.Atoi(r.header.Get("Retry-After"))
+	_ = json.Unmarshal(r.Body, &v)
+	ra, _ := strconv.Atoi(r.Header.Get("Retry-After"))
 	if v.Wait <= 0 || v.Retry < 1 || v.Retry > 30 || ra < 1 || ra > 30 {
-		t.Fatalf("a check of a room opening in 9999: %s (Retry-After %q)", r.body, r.header.Get("Retry-After"))
+		t.Fatalf("a check of a room opening in 9999: %s (Retry-After %q)", r.Body, r.Header.Get("Retry-After"))
 	}
-	if r := e.buy(t, far, "k", "ann", 1); r.status != http.StatusForbidden {
-		t.Fatalf("a purchase before the opening = %d %s", r.status, r.body)
+	if r := e.Buy(t, far, "k", "ann", 1); r.Status != http.StatusForbidden {
+		t.Fatalf("a purchase before the opening = %d %s", r.Status, r.Body)
 	}
-	if g := e.do(t, http.MethodGet, "/v1/admin/programs/"+far.Program.String()+"/queue", nil, ""); g.status != http.StatusOK {
-		t.Fatalf("GET the far room = %d %s", g.status, g.body)
+	if g := e.Do(t, http.MethodGet, "/v1/admin/programs/"+far.Program.String()+"/queue", nil, ""); g.Status != http.StatusOK {
+		t.Fatalf("GET the far room = %d %s", g.Status, g.Body)
 	}
-	bob := e.admitted(t, past.Program, "bob")
-	if r := e.buyWith(t, past, "k", "bob", 1, bob.Admission); r.status != http.StatusCreated {
-		t.Fatalf("bob buys in a room opened in 2001 = %d %s", r.status, r.body)
+	bob := admitted(t, e, past.Program, "bob")
+	if r := buyWith(t, e, past, "k", "bob", 1, bob.Admission); r.Status != http.StatusCreated {
+		t.Fatalf("bob buys in a room opened in 2001 = %d %s", r.Status, r.Body)
 	}
 }
 
@@ -1003,13 +1004,13 @@ func TestAttackQueueFarOpenings(t *testing.T) {
 // spends it, and then a seat hold with it is admission-used.
 func TestAttackQueueEveryWriteNeedsAdmission(t *testing.T) {
 	t.Parallel() // its own env and programs: it overlaps the others' waits
-	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
-	sku := newSKU(t)
+	e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true})
+	sku := systest.NewSKU(t)
 	seated := stock.SKU{Program: sku.Program, Ticket: keys.MustID("seat")}
-	e.putSKU(t, sku, 10, 1, 2)
-	e.putSKU(t, seated, 0, 1, 4)
-	e.loadSeats(t, seated, map[string]int{"A": 6})
-	e.putQueue(t, sku.Program, qaRoom(0, 100, 60, "5"))
+	e.PutSKU(t, sku, 10, 1, 2)
+	e.PutSKU(t, seated, 0, 1, 4)
+	e.LoadSeats(t, seated, map[string]int{"A": 6})
+	putQueue(t, e, sku.Program, qaRoom(0, 100, 60, "5"))
 	p, tk := "/v1/skus/"+sku.Program.String()+"/", "/v1/programs/"+sku.Program.String()+"/"
 	writes := []struct{ path, body string }{
 		{p + "ga/purchases", `{"buyer":"ann","quantity":1}`},
@@ -1020,32 +1021,32 @@ func TestAttackQueueEveryWriteNeedsAdmission(t *testing.T) {
 		{tk + "cart-holds", `{"buyer":"ann","lines":[{"ticket":"ga","quantity":1},{"ticket":"seat","seats":["A-02"]}]}`},
 	}
 	for i, w := range writes {
-		r := e.do(t, http.MethodPost, w.path, map[string]string{"Idempotency-Key": fmt.Sprintf("none-%d", i)}, w.body)
-		if r.status != http.StatusForbidden || problemKind(r) != "admission-required" {
-			t.Errorf("%s without admission = %d %s", w.path, r.status, r.body)
+		r := e.Do(t, http.MethodPost, w.path, map[string]string{"Idempotency-Key": fmt.Sprintf("none-%d", i)}, w.body)
+		if r.Status != http.StatusForbidden || systest.ProblemKind(r) != "admission-required" {
+			t.Errorf("%s without admission = %d %s", w.path, r.Status, r.Body)
 		}
 	}
-	ann := e.admitted(t, sku.Program, "ann")
+	ann := admitted(t, e, sku.Program, "ann")
 	h := map[string]string{"Admission-Token": ann.Admission}
 	with := func(key string) map[string]string {
 		return map[string]string{"Idempotency-Key": key, "Admission-Token": h["Admission-Token"]}
 	}
-	if r := e.do(t, http.MethodPost, tk+"carts", with("too-many"), `{"buyer":"ann","lines":[{"ticket":"ga","quantity":3}]}`); r.status != http.StatusUnprocessableEntity {
-		t.Fatalf("a cart over the maximum = %d %s", r.status, r.body)
+	if r := e.Do(t, http.MethodPost, tk+"carts", with("too-many"), `{"buyer":"ann","lines":[{"ticket":"ga","quantity":3}]}`); r.Status != http.StatusUnprocessableEntity {
+		t.Fatalf("a cart over the maximum = %d %s", r.Status, r.Body)
 	}
-	if r := e.do(t, http.MethodPost, tk+"cart-holds", with("cart"), writes[5].body); r.status != http.StatusCreated {
-		t.Fatalf("a held cart with the admission = %d %s", r.status, r.body)
+	if r := e.Do(t, http.MethodPost, tk+"cart-holds", with("cart"), writes[5].body); r.Status != http.StatusCreated {
+		t.Fatalf("a held cart with the admission = %d %s", r.Status, r.Body)
 	}
-	if r := e.do(t, http.MethodPost, tk+"cart-holds", with("cart"), writes[5].body); r.status != http.StatusCreated || r.header.Get("Idempotent-Replayed") != "true" {
-		t.Fatalf("the held cart's retry = %d %s", r.status, r.body)
+	if r := e.Do(t, http.MethodPost, tk+"cart-holds", with("cart"), writes[5].body); r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("the held cart's retry = %d %s", r.Status, r.Body)
 	}
 	for i, w := range writes[:4] {
-		r := e.do(t, http.MethodPost, w.path, with(fmt.Sprintf("again-%d", i)), strings.Replace(w.body, "A-01", "A-03", 1))
-		if r.status != http.StatusConflict || problemKind(r) != "admission-used" {
-			t.Errorf("%s after the cart = %d %s", w.path, r.status, r.body)
+		r := e.Do(t, http.MethodPost, w.path, with(fmt.Sprintf("again-%d", i)), strings.Replace(w.body, "A-01", "A-03", 1))
+		if r.Status != http.StatusConflict || systest.ProblemKind(r) != "admission-used" {
+			t.Errorf("%s after the cart = %d %s", w.path, r.Status, r.Body)
 		}
 	}
-	if st := e.state(t, sku); st.Held != 1 || st.Sold != 0 {
+	if st := e.State(t, sku); st.Held != 1 || st.Sold != 0 {
 		t.Fatalf("ga %+v, want the cart's one hold", st)
 	}
 }
@@ -1056,16 +1057,16 @@ func TestAttackQueueEveryWriteNeedsAdmission(t *testing.T) {
 // streams end by themselves once the buyer is admitted (a final state).
 func TestAttackQueueEventStreamsUnread(t *testing.T) {
 	t.Parallel() // its own env and programs: it overlaps the others' waits
-	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
-	sku := newSKU(t)
-	e.putSKU(t, sku, 5, 1, 1)
-	e.putQueue(t, sku.Program, qaRoom(0, 100, 60, "0.001"))
-	first := e.admitted(t, sku.Program, "first") // holds the one admission the allowance gives
-	_, q := e.queueJoin(t, sku.Program, "wai")
+	e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true})
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 5, 1, 1)
+	putQueue(t, e, sku.Program, qaRoom(0, 100, 60, "0.001"))
+	first := admitted(t, e, sku.Program, "first") // holds the one admission the allowance gives
+	_, q := queueJoin(t, e, sku.Program, "wai")
 	var streams []*http.Response
 	for range 60 {
-		req, _ := http.NewRequest(http.MethodGet, e.url+"/v1/programs/"+sku.Program.String()+"/queue/"+q.Ticket+"/events", nil)
-		resp, err := e.client.Do(req)
+		req, _ := http.NewRequest(http.MethodGet, e.URL+"/v1/programs/"+sku.Program.String()+"/queue/"+q.Ticket+"/events", nil)
+		resp, err := e.Client.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1080,12 +1081,12 @@ func TestAttackQueueEventStreamsUnread(t *testing.T) {
 		}
 	}()
 	start := time.Now()
-	if r, got := e.queueCheck(t, sku.Program, q.Ticket); r.status != http.StatusOK || got.State != "waiting" || time.Since(start) > 2*time.Second {
-		t.Fatalf("a check with 60 unread streams open = %d %s after %v", r.status, r.body, time.Since(start))
+	if r, got := queueCheck(t, e, sku.Program, q.Ticket); r.Status != http.StatusOK || got.State != "waiting" || time.Since(start) > 2*time.Second {
+		t.Fatalf("a check with 60 unread streams open = %d %s after %v", r.Status, r.Body, time.Since(start))
 	}
 	// first buys: the allowance lets wai in, and every stream ends.
-	if r := e.buyWith(t, sku, "first-1", "first", 1, first.Admission); r.status != http.StatusCreated {
-		t.Fatalf("first buys = %d %s", r.status, r.body)
+	if r := buyWith(t, e, sku, "first-1", "first", 1, first.Admission); r.Status != http.StatusCreated {
+		t.Fatalf("first buys = %d %s", r.Status, r.Body)
 	}
 	ends := make(chan error, len(streams))
 	for _, s := range streams {
@@ -1127,26 +1128,26 @@ func TestAttackQueueEventStreamsUnread(t *testing.T) {
 // "sold out", so the line waits forever (its buyers poll, streams reopen).
 func TestAttackQueueEndedSaleNotTold(t *testing.T) {
 	t.Parallel() // its own env and programs: it overlaps the others' waits
-	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
-	sku := newSKU(t)
-	e.putSKU(t, sku, 5, 1, 1)
-	e.putQueue(t, sku.Program, qaRoom(0, 100, 60, "0.001")) // one admitted at a time
-	e.admitted(t, sku.Program, "first")
-	_, q := e.queueJoin(t, sku.Program, "wai")
-	if _, got := e.queueCheck(t, sku.Program, q.Ticket); got.State != "waiting" {
+	e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true})
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 5, 1, 1)
+	putQueue(t, e, sku.Program, qaRoom(0, 100, 60, "0.001")) // one admitted at a time
+	admitted(t, e, sku.Program, "first")
+	_, q := queueJoin(t, e, sku.Program, "wai")
+	if _, got := queueCheck(t, e, sku.Program, q.Ticket); got.State != "waiting" {
 		t.Fatalf("wai: %+v", got)
 	}
-	if r := e.do(t, http.MethodPost, adminPath(sku)+"/end", nil, ""); r.status != http.StatusOK {
-		t.Fatalf("end sale = %d %s", r.status, r.body)
+	if r := e.Do(t, http.MethodPost, systest.AdminPath(sku)+"/end", nil, ""); r.Status != http.StatusOK {
+		t.Fatalf("end sale = %d %s", r.Status, r.Body)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		r, got := e.queueCheck(t, sku.Program, q.Ticket)
-		if r.status == http.StatusOK && got.State == "sold-out" {
+		r, got := queueCheck(t, e, sku.Program, q.Ticket)
+		if r.Status == http.StatusOK && got.State == "sold-out" {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("5 s after the sale ended, a waiting buyer checks %d %s", r.status, r.body)
+			t.Fatalf("5 s after the sale ended, a waiting buyer checks %d %s", r.Status, r.Body)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -1161,44 +1162,44 @@ func TestAttackQueueEndedSaleNotTold(t *testing.T) {
 // admission-used for every buyer whose purchase made an order.
 func TestAttackQueueCopiesRaceASoldOutReplica(t *testing.T) {
 	t.Parallel() // its own env and programs: it overlaps the others' waits
-	eachDriver(t, func(t *testing.T, driver string) {
-		dsn := ledgerDSN(t, driver)
-		a := startEnv(t, envOptions{driver: driver, dsn: dsn, pacer: true})
-		b := startEnv(t, envOptions{driver: driver, dsn: dsn})
-		scarce := newSKU(t)
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		dsn := systest.LedgerDSN(t, driver)
+		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn, Pacer: true})
+		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		scarce := systest.NewSKU(t)
 		plenty := stock.SKU{Program: scarce.Program, Ticket: keys.MustID("vip")}
 		const buyers = 8
-		a.putSKU(t, scarce, buyers/2, 1, 1)
-		a.putSKU(t, plenty, 100, 2, 1)
-		a.putQueue(t, scarce.Program, qaRoom(0, 1000, 60, "100"))
+		a.PutSKU(t, scarce, buyers/2, 1, 1)
+		a.PutSKU(t, plenty, 100, 2, 1)
+		putQueue(t, a, scarce.Program, qaRoom(0, 1000, 60, "100"))
 		tokens := make([]string, buyers)
 		late := make([]string, buyers) // the buyers who find it empty on a
 		for i := range buyers {
-			tokens[i] = a.admitted(t, scarce.Program, fmt.Sprintf("y%d", i)).Admission
-			late[i] = a.admitted(t, scarce.Program, fmt.Sprintf("z%d", i)).Admission
+			tokens[i] = admitted(t, a, scarce.Program, fmt.Sprintf("y%d", i)).Admission
+			late[i] = admitted(t, a, scarce.Program, fmt.Sprintf("z%d", i)).Admission
 		}
-		type two struct{ onB, onA reply }
+		type two struct{ onB, onA systest.Reply }
 		got := make([]two, buyers)
 		var wg sync.WaitGroup
 		for i := range buyers {
 			y, z := fmt.Sprintf("y%d", i), fmt.Sprintf("z%d", i)
-			wg.Go(func() { got[i].onB = b.buyWith(t, scarce, "k-"+y, y, 1, tokens[i]) })
-			wg.Go(func() { _ = a.buyWith(t, scarce, "k-"+z, z, 1, late[i]) })
-			wg.Go(func() { got[i].onA = a.buyWith(t, scarce, "k-"+y, y, 1, tokens[i]) })
+			wg.Go(func() { got[i].onB = buyWith(t, b, scarce, "k-"+y, y, 1, tokens[i]) })
+			wg.Go(func() { _ = buyWith(t, a, scarce, "k-"+z, z, 1, late[i]) })
+			wg.Go(func() { got[i].onA = buyWith(t, a, scarce, "k-"+y, y, 1, tokens[i]) })
 		}
 		wg.Wait()
 		split := 0
 		for i, g := range got {
 			y := fmt.Sprintf("y%d", i)
-			_, err := orderOf(context.Background(), a.ledger, y, "k-"+y)
+			_, err := systest.OrderOf(context.Background(), a.Ledger, y, "k-"+y)
 			bought := err == nil
-			if bought && (g.onA.status != http.StatusCreated || g.onB.status != http.StatusCreated) {
+			if bought && (g.onA.Status != http.StatusCreated || g.onB.Status != http.StatusCreated) {
 				split++
-				t.Logf("%s: one request answered %d on b, %d %s on a", y, g.onB.status, g.onA.status, g.onA.body)
+				t.Logf("%s: one request answered %d on b, %d %s on a", y, g.onB.Status, g.onA.Status, g.onA.Body)
 			}
-			r := b.buyWith(t, plenty, "vip-"+y, y, 1, tokens[i])
-			if bought && (r.status != http.StatusConflict || problemKind(r) != "admission-used") {
-				t.Errorf("%s bought with its admission, then buys again with it = %d %s", y, r.status, r.body)
+			r := buyWith(t, b, plenty, "vip-"+y, y, 1, tokens[i])
+			if bought && (r.Status != http.StatusConflict || systest.ProblemKind(r) != "admission-used") {
+				t.Errorf("%s bought with its admission, then buys again with it = %d %s", y, r.Status, r.Body)
 			}
 		}
 		t.Logf("%d of %d purchases answered differently by the two replicas", split, buyers)
@@ -1210,19 +1211,19 @@ func TestAttackQueueCopiesRaceASoldOutReplica(t *testing.T) {
 // check and buy, places unchanged.
 func TestAttackQueuePutAgainKeepsTheLine(t *testing.T) {
 	t.Parallel() // its own env and programs: it overlaps the others' waits
-	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
-	sku := newSKU(t)
-	e.putSKU(t, sku, 5, 1, 1)
-	e.putQueue(t, sku.Program, qaRoom(0, 100, 60, "0.001"))
-	ann := e.admitted(t, sku.Program, "ann")
-	_, bob := e.queueJoin(t, sku.Program, "bob")
+	e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true})
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 5, 1, 1)
+	putQueue(t, e, sku.Program, qaRoom(0, 100, 60, "0.001"))
+	ann := admitted(t, e, sku.Program, "ann")
+	_, bob := queueJoin(t, e, sku.Program, "bob")
 	opens := time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
-	e.putQueue(t, sku.Program, fmt.Sprintf(`{"opens_at":%q,"rate_per_second":5,"window_seconds":120,"per_remaining":0.002}`, opens))
-	if r, q := e.queueCheck(t, sku.Program, bob.Ticket); r.status != http.StatusOK || q.Position != bob.Position || q.State != "waiting" {
-		t.Fatalf("bob after the room changed = %d %s", r.status, r.body)
+	putQueue(t, e, sku.Program, fmt.Sprintf(`{"opens_at":%q,"rate_per_second":5,"window_seconds":120,"per_remaining":0.002}`, opens))
+	if r, q := queueCheck(t, e, sku.Program, bob.Ticket); r.Status != http.StatusOK || q.Position != bob.Position || q.State != "waiting" {
+		t.Fatalf("bob after the room changed = %d %s", r.Status, r.Body)
 	}
-	if r := e.buyWith(t, sku, "ann-1", "ann", 1, ann.Admission); r.status != http.StatusCreated {
-		t.Fatalf("ann's token after the room changed = %d %s", r.status, r.body)
+	if r := buyWith(t, e, sku, "ann-1", "ann", 1, ann.Admission); r.Status != http.StatusCreated {
+		t.Fatalf("ann's token after the room changed = %d %s", r.Status, r.Body)
 	}
 }
 
@@ -1238,24 +1239,24 @@ func TestAttackQueuePutAgainKeepsTheLine(t *testing.T) {
 func TestAttackQueuePurchaseOnALostLineRefused(t *testing.T) {
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	cl := testenv.NewCluster(t, testenv.ClusterOptions{})
-	dsn := ledgerDSN(t, "sqlite")
-	pacer := startEnv(t, envOptions{driver: "sqlite", dsn: dsn, cluster: cl, pacer: true})
-	b := startEnv(t, envOptions{driver: "sqlite", dsn: dsn, cluster: cl})
-	sku := newSKU(t)
-	b.putSKU(t, sku, 5, 1, 1)
-	b.putQueue(t, sku.Program, qaRoom(0, 100, 60, "5"))
-	ann := b.admitted(t, sku.Program, "ann")
+	dsn := systest.LedgerDSN(t, "sqlite")
+	pacer := systest.Start(t, systest.Options{Driver: "sqlite", DSN: dsn, Cluster: cl, Pacer: true})
+	b := systest.Start(t, systest.Options{Driver: "sqlite", DSN: dsn, Cluster: cl})
+	sku := systest.NewSKU(t)
+	b.PutSKU(t, sku, 5, 1, 1)
+	putQueue(t, b, sku.Program, qaRoom(0, 100, 60, "5"))
+	ann := admitted(t, b, sku.Program, "ann")
 	ctx := context.Background()
-	waitFor(t, 10*time.Second, "the pacer's record of ann's admission", func() bool {
-		ln, err := b.ledger.QueueLine(ctx, sku.Program)
+	systest.WaitFor(t, 10*time.Second, "the pacer's record of ann's admission", func() bool {
+		ln, err := b.Ledger.QueueLine(ctx, sku.Program)
 		return err == nil && ln.Serving >= ann.Position
 	})
-	pacer.kill()
+	pacer.Kill()
 	qaFlushAll(t, cl)
-	_, q := b.queueCheck(t, sku.Program, ann.Ticket)
-	r := b.buyWith(t, sku, "ann-1", "ann", 1, ann.Admission)
-	if r.status != http.StatusCreated && r.status != http.StatusServiceUnavailable {
-		t.Fatalf("ann, admitted before the loss (her check says %q), buys = %d %s", q.State, r.status, r.body)
+	_, q := queueCheck(t, b, sku.Program, ann.Ticket)
+	r := buyWith(t, b, sku, "ann-1", "ann", 1, ann.Admission)
+	if r.Status != http.StatusCreated && r.Status != http.StatusServiceUnavailable {
+		t.Fatalf("ann, admitted before the loss (her check says %q), buys = %d %s", q.State, r.Status, r.Body)
 	}
 }
 
@@ -1271,21 +1272,21 @@ func TestAttackQueuePurchaseOnALostLineRefused(t *testing.T) {
 func TestAttackQueueRetryAfterLineLossNotReplayed(t *testing.T) {
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	cl := testenv.NewCluster(t, testenv.ClusterOptions{})
-	dsn := ledgerDSN(t, "sqlite")
-	pacer := startEnv(t, envOptions{driver: "sqlite", dsn: dsn, cluster: cl, pacer: true})
-	b := startEnv(t, envOptions{driver: "sqlite", dsn: dsn, cluster: cl})
-	sku := newSKU(t)
-	b.putSKU(t, sku, 5, 1, 1)
-	b.putQueue(t, sku.Program, qaRoom(0, 100, 60, "5"))
-	ann := b.admitted(t, sku.Program, "ann")
-	first := b.buyWith(t, sku, "ann-1", "ann", 1, ann.Admission)
-	if first.status != http.StatusCreated {
-		t.Fatalf("ann buys = %d %s", first.status, first.body)
+	dsn := systest.LedgerDSN(t, "sqlite")
+	pacer := systest.Start(t, systest.Options{Driver: "sqlite", DSN: dsn, Cluster: cl, Pacer: true})
+	b := systest.Start(t, systest.Options{Driver: "sqlite", DSN: dsn, Cluster: cl})
+	sku := systest.NewSKU(t)
+	b.PutSKU(t, sku, 5, 1, 1)
+	putQueue(t, b, sku.Program, qaRoom(0, 100, 60, "5"))
+	ann := admitted(t, b, sku.Program, "ann")
+	first := buyWith(t, b, sku, "ann-1", "ann", 1, ann.Admission)
+	if first.Status != http.StatusCreated {
+		t.Fatalf("ann buys = %d %s", first.Status, first.Body)
 	}
-	pacer.kill()
+	pacer.Kill()
 	qaFlushAll(t, cl)
-	if r := b.buyWith(t, sku, "ann-1", "ann", 1, ann.Admission); r.status != http.StatusCreated || r.header.Get("Idempotent-Replayed") != "true" {
-		t.Fatalf("the retry of ann's order after the loss = %d %s", r.status, r.body)
+	if r := buyWith(t, b, sku, "ann-1", "ann", 1, ann.Admission); r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("the retry of ann's order after the loss = %d %s", r.Status, r.Body)
 	}
 }
 
@@ -1296,20 +1297,20 @@ func TestAttackQueueRetryAfterLineLossNotReplayed(t *testing.T) {
 // same request gets the same answer, its order, replayed.
 func TestAttackQueueRetryAfterRoomRecreatedNotReplayed(t *testing.T) {
 	t.Parallel() // its own env and programs: it overlaps the others' waits
-	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
-	sku := newSKU(t)
-	e.putSKU(t, sku, 5, 1, 1)
-	e.putQueue(t, sku.Program, qaRoom(0, 100, 60, "5"))
-	ann := e.admitted(t, sku.Program, "ann")
-	if r := e.buyWith(t, sku, "ann-1", "ann", 1, ann.Admission); r.status != http.StatusCreated {
-		t.Fatalf("ann buys = %d %s", r.status, r.body)
+	e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true})
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 5, 1, 1)
+	putQueue(t, e, sku.Program, qaRoom(0, 100, 60, "5"))
+	ann := admitted(t, e, sku.Program, "ann")
+	if r := buyWith(t, e, sku, "ann-1", "ann", 1, ann.Admission); r.Status != http.StatusCreated {
+		t.Fatalf("ann buys = %d %s", r.Status, r.Body)
 	}
-	if r := e.do(t, http.MethodDelete, "/v1/admin/programs/"+sku.Program.String()+"/queue", nil, ""); r.status != http.StatusNoContent {
-		t.Fatalf("DELETE queue = %d %s", r.status, r.body)
+	if r := e.Do(t, http.MethodDelete, "/v1/admin/programs/"+sku.Program.String()+"/queue", nil, ""); r.Status != http.StatusNoContent {
+		t.Fatalf("DELETE queue = %d %s", r.Status, r.Body)
 	}
-	e.putQueue(t, sku.Program, qaRoom(0, 100, 60, "5"))
-	if r := e.buyWith(t, sku, "ann-1", "ann", 1, ann.Admission); r.status != http.StatusCreated || r.header.Get("Idempotent-Replayed") != "true" {
-		t.Fatalf("the retry of ann's order after the room was made again = %d %s", r.status, r.body)
+	putQueue(t, e, sku.Program, qaRoom(0, 100, 60, "5"))
+	if r := buyWith(t, e, sku, "ann-1", "ann", 1, ann.Admission); r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("the retry of ann's order after the room was made again = %d %s", r.Status, r.Body)
 	}
 }
 
@@ -1324,33 +1325,33 @@ func TestAttackQueueRetryAfterRoomRecreatedNotReplayed(t *testing.T) {
 func TestAttackQueueLossDoublesTheSlack(t *testing.T) {
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	cl := testenv.NewCluster(t, testenv.ClusterOptions{})
-	e := startEnv(t, envOptions{driver: "sqlite", cluster: cl, pacer: true})
-	sku := newSKU(t)
+	e := systest.Start(t, systest.Options{Driver: "sqlite", Cluster: cl, Pacer: true})
+	sku := systest.NewSKU(t)
 	const total, buyers = 4, 12
-	e.putSKU(t, sku, total, 1, 1)
-	e.putQueue(t, sku.Program, qaRoom(0, 1000, 60, "1"))
+	e.PutSKU(t, sku, total, 1, 1)
+	putQueue(t, e, sku.Program, qaRoom(0, 1000, 60, "1"))
 	tickets := make([]string, buyers)
 	for i := range buyers {
-		_, q := e.queueJoin(t, sku.Program, fmt.Sprintf("u%d", i))
+		_, q := queueJoin(t, e, sku.Program, fmt.Sprintf("u%d", i))
 		tickets[i] = q.Ticket
 	}
 	admittedNow := func() (n int, who []string) {
 		for i, tk := range tickets {
-			if _, q := e.queueCheck(t, sku.Program, tk); q.State == "admitted" {
+			if _, q := queueCheck(t, e, sku.Program, tk); q.State == "admitted" {
 				n++
 				who = append(who, fmt.Sprintf("u%d", i))
 			}
 		}
 		return n, who
 	}
-	waitFor(t, 10*time.Second, "four admitted", func() bool { n, _ := admittedNow(); return n == total })
+	systest.WaitFor(t, 10*time.Second, "four admitted", func() bool { n, _ := admittedNow(); return n == total })
 	ctx := context.Background()
-	waitFor(t, 10*time.Second, "the pacer's record of them", func() bool {
-		ln, err := e.ledger.QueueLine(ctx, sku.Program)
+	systest.WaitFor(t, 10*time.Second, "the pacer's record of them", func() bool {
+		ln, err := e.Ledger.QueueLine(ctx, sku.Program)
 		return err == nil && ln.Serving == total
 	})
 	qaFlushAll(t, cl)
-	waitFor(t, 10*time.Second, "the line made again", func() bool { return qaLineExists(e, sku.Program) })
+	systest.WaitFor(t, 10*time.Second, "the line made again", func() bool { return qaLineExists(e, sku.Program) })
 	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
 		if n, who := admittedNow(); n > total {
 			t.Fatalf("%d buyers admitted and not bought for %d tickets (per_remaining 1) after the loss: %v", n, total, who)
@@ -1365,14 +1366,14 @@ func TestAttackQueueLossDoublesTheSlack(t *testing.T) {
 // it needs no admission).
 func TestAttackQueueRetryAfterRoomTurnedOnNotReplayed(t *testing.T) {
 	t.Parallel() // its own env and programs: it overlaps the others' waits
-	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
-	sku := newSKU(t)
-	e.putSKU(t, sku, 5, 1, 1)
-	if r := e.buy(t, sku, "ann-1", "ann", 1); r.status != http.StatusCreated {
-		t.Fatalf("ann buys = %d %s", r.status, r.body)
+	e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true})
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 5, 1, 1)
+	if r := e.Buy(t, sku, "ann-1", "ann", 1); r.Status != http.StatusCreated {
+		t.Fatalf("ann buys = %d %s", r.Status, r.Body)
 	}
-	e.putQueue(t, sku.Program, qaRoom(3600, 100, 60, "5"))
-	if r := e.buy(t, sku, "ann-1", "ann", 1); r.status != http.StatusCreated || r.header.Get("Idempotent-Replayed") != "true" {
-		t.Fatalf("the retry of ann's order after the room was turned on = %d %s", r.status, r.body)
+	putQueue(t, e, sku.Program, qaRoom(3600, 100, 60, "5"))
+	if r := e.Buy(t, sku, "ann-1", "ann", 1); r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("the retry of ann's order after the room was turned on = %d %s", r.Status, r.Body)
 	}
 }

@@ -1,4 +1,4 @@
-package gateway_test
+package waitroom_test
 
 import (
 	"bufio"
@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stockgate/stockgate/internal/systest"
 )
 
 // queueStream is a buyer's event stream of its place in line.
@@ -19,10 +21,10 @@ type queueStream struct {
 	cancel context.CancelFunc
 }
 
-func (e *env) openQueueStream(t *testing.T, program, ticket string) *queueStream {
+func openQueueStream(t *testing.T, e *systest.Env, program, ticket string) *queueStream {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, e.url+"/v1/programs/"+program+"/queue/"+ticket+"/events", nil)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, e.URL+"/v1/programs/"+program+"/queue/"+ticket+"/events", nil)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		cancel()
@@ -66,15 +68,15 @@ func (s *queueStream) next(t *testing.T) (q queueReply, ok bool) {
 // ticket gets its problem, not a stream.
 func TestQueueEvents(t *testing.T) {
 	t.Parallel() // its own env and programs: it overlaps the others' waits
-	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
-	sku := newSKU(t)
-	e.putSKU(t, sku, 1, 1, 1)
+	e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true})
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 1, 1, 1)
 	program := sku.Program.String()
 	now := time.Now().UTC()
-	e.putQueue(t, sku.Program, fmt.Sprintf(`{"join_from":%q,"opens_at":%q,"rate_per_second":100,"window_seconds":60,"per_remaining":1}`,
+	putQueue(t, e, sku.Program, fmt.Sprintf(`{"join_from":%q,"opens_at":%q,"rate_per_second":100,"window_seconds":60,"per_remaining":1}`,
 		now.Format(time.RFC3339), now.Add(2*time.Second).Format(time.RFC3339Nano)))
-	_, ann := e.queueJoin(t, sku.Program, "ann")
-	s := e.openQueueStream(t, program, ann.Ticket)
+	_, ann := queueJoin(t, e, sku.Program, "ann")
+	s := openQueueStream(t, e, program, ann.Ticket)
 	q, ok := s.next(t)
 	if !ok || q.State != "waiting" {
 		t.Fatalf("first event = %+v %v, want waiting", q, ok)
@@ -92,14 +94,14 @@ func TestQueueEvents(t *testing.T) {
 
 	// bob joined after the opening: behind ann, held back while ann may
 	// still buy the one ticket.
-	_, bob := e.queueJoin(t, sku.Program, "bob")
-	b := e.openQueueStream(t, program, bob.Ticket)
+	_, bob := queueJoin(t, e, sku.Program, "bob")
+	b := openQueueStream(t, e, program, bob.Ticket)
 	q, ok = b.next(t)
 	if !ok || q.State != "waiting" || q.Position != 2 || q.Ahead == nil || *q.Ahead != 0 {
 		t.Fatalf("bob's first event = %+v %v", q, ok)
 	}
-	if r := e.buyWith(t, sku, "ann-1", "ann", 1, annToken); r.status != http.StatusCreated {
-		t.Fatalf("ann buys = %d %s", r.status, r.body)
+	if r := buyWith(t, e, sku, "ann-1", "ann", 1, annToken); r.Status != http.StatusCreated {
+		t.Fatalf("ann buys = %d %s", r.Status, r.Body)
 	}
 	if q, ok = b.next(t); !ok || q.State != "sold-out" {
 		t.Fatalf("bob after the last sale = %+v %v", q, ok)
@@ -109,22 +111,22 @@ func TestQueueEvents(t *testing.T) {
 	}
 
 	// A bad ticket is a problem.
-	r := e.do(t, http.MethodGet, "/v1/programs/"+program+"/queue/forged.x/events", nil, "")
-	if r.status != http.StatusBadRequest || problemKind(r) != "invalid-queue-ticket" {
-		t.Fatalf("events of a forged ticket = %d %s", r.status, r.body)
+	r := e.Do(t, http.MethodGet, "/v1/programs/"+program+"/queue/forged.x/events", nil, "")
+	if r.Status != http.StatusBadRequest || systest.ProblemKind(r) != "invalid-queue-ticket" {
+		t.Fatalf("events of a forged ticket = %d %s", r.Status, r.Body)
 	}
 
 	// A stream ends when the server drains.
-	other := newSKU(t)
-	e.putSKU(t, other, 5, 1, 1)
-	e.putQueue(t, other.Program, fmt.Sprintf(`{"join_from":%q,"opens_in_seconds":3600,"rate_per_second":1,"window_seconds":60,"per_remaining":1}`,
+	other := systest.NewSKU(t)
+	e.PutSKU(t, other, 5, 1, 1)
+	putQueue(t, e, other.Program, fmt.Sprintf(`{"join_from":%q,"opens_in_seconds":3600,"rate_per_second":1,"window_seconds":60,"per_remaining":1}`,
 		now.Format(time.RFC3339)))
-	_, cy := e.queueJoin(t, other.Program, "cy")
-	c := e.openQueueStream(t, other.Program.String(), cy.Ticket)
+	_, cy := queueJoin(t, e, other.Program, "cy")
+	c := openQueueStream(t, e, other.Program.String(), cy.Ticket)
 	if q, ok := c.next(t); !ok || q.State != "waiting" {
 		t.Fatalf("cy's first event = %+v %v", q, ok)
 	}
-	e.http.SetReady(false)
+	e.Server.SetReady(false)
 	if _, ok := c.next(t); ok {
 		t.Fatal("a stream went on while the server drained")
 	}

@@ -1,4 +1,4 @@
-package gateway_test
+package waitroom_test
 
 import (
 	"fmt"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -20,16 +21,16 @@ import (
 // admitted.
 func TestIdleRoomsCostNothing(t *testing.T) {
 	t.Parallel() // its own env: its waits overlap the others'
-	e := startEnv(t, envOptions{driver: "sqlite", pacer: true, sweep: true, tune: func(o *app.Options) {
+	e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true, Sweep: true, Tune: func(o *app.Options) {
 		o.Sale.DriftEvery = time.Hour // this test counts the pacer's calls, not the drift check's
 	}})
 	const programs, rooms = 100, 40
 	room := func(p keys.ID, opensIn int) {
 		t.Helper()
-		r := e.do(t, http.MethodPut, "/v1/admin/programs/"+p.String()+"/queue", nil,
+		r := e.Do(t, http.MethodPut, "/v1/admin/programs/"+p.String()+"/queue", nil,
 			fmt.Sprintf(`{"opens_in_seconds":%d,"rate_per_second":50,"window_seconds":60,"per_remaining":1}`, opensIn))
-		if r.status != http.StatusOK {
-			t.Fatalf("PUT queue = %d %s", r.status, r.body)
+		if r.Status != http.StatusOK {
+			t.Fatalf("PUT queue = %d %s", r.Status, r.Body)
 		}
 	}
 	var soldOut stock.SKU
@@ -39,14 +40,14 @@ func TestIdleRoomsCostNothing(t *testing.T) {
 		if i < rooms/2 {
 			total = 0 // sold out
 		}
-		e.putSKU(t, sku, total, 2, 4)
+		e.PutSKU(t, sku, total, 2, 4)
 		switch {
 		case i < rooms/2:
 			room(sku.Program, 0)
 			soldOut = sku
 		case i < rooms*3/4:
-			if r := e.do(t, http.MethodPost, adminPath(sku)+"/end", nil, ""); r.status != http.StatusOK {
-				t.Fatalf("end = %d %s", r.status, r.body)
+			if r := e.Do(t, http.MethodPost, systest.AdminPath(sku)+"/end", nil, ""); r.Status != http.StatusOK {
+				t.Fatalf("end = %d %s", r.Status, r.Body)
 			}
 			room(sku.Program, 0)
 		case i < rooms:
@@ -54,18 +55,18 @@ func TestIdleRoomsCostNothing(t *testing.T) {
 		}
 	}
 	// The pacer has looked at every room once: the sold-out ones say so.
-	waitFor(t, 20*time.Second, "every sold-out room closed", func() bool {
+	systest.WaitFor(t, 20*time.Second, "every sold-out room closed", func() bool {
 		for i := range rooms / 2 {
-			r := e.do(t, http.MethodGet, fmt.Sprintf("/v1/admin/programs/idle%d/queue", i), nil, "")
-			if r.status != http.StatusOK || !strings.Contains(string(r.body), `"sold_out":true`) {
+			r := e.Do(t, http.MethodGet, fmt.Sprintf("/v1/admin/programs/idle%d/queue", i), nil, "")
+			if r.Status != http.StatusOK || !strings.Contains(string(r.Body), `"sold_out":true`) {
 				return false
 			}
 		}
 		return true
 	})
-	c0, t0 := counter(t, e.reg, "stockgate_redis_calls_total", nil), time.Now()
-	waitFor(t, 10*time.Second, "three seconds of rest", func() bool { return time.Since(t0) >= 3*time.Second })
-	calls, secs := counter(t, e.reg, "stockgate_redis_calls_total", nil)-c0, time.Since(t0).Seconds()
+	c0, t0 := systest.Counter(t, e.Registry, "stockgate_redis_calls_total", nil), time.Now()
+	systest.WaitFor(t, 10*time.Second, "three seconds of rest", func() bool { return time.Since(t0) >= 3*time.Second })
+	calls, secs := systest.Counter(t, e.Registry, "stockgate_redis_calls_total", nil)-c0, time.Since(t0).Seconds()
 	// Stepped five times a second, the 40 rooms alone made 200 calls a
 	// second; asleep, what is left is the pacer's lock.
 	if calls/secs > 10 {
@@ -75,13 +76,13 @@ func TestIdleRoomsCostNothing(t *testing.T) {
 
 	// A buyer waits in a sleeping sold-out room's line; a ticket comes
 	// back: she is admitted and buys it.
-	r, ann := e.queueJoin(t, soldOut.Program, "ann")
-	if r.status != http.StatusCreated {
-		t.Fatalf("join = %d %s", r.status, r.body)
+	r, ann := queueJoin(t, e, soldOut.Program, "ann")
+	if r.Status != http.StatusCreated {
+		t.Fatalf("join = %d %s", r.Status, r.Body)
 	}
-	e.putSKU(t, soldOut, 1, 2, 4)
-	ann = e.untilAdmitted(t, soldOut.Program, ann.Ticket, "ann admitted after the restock", 20*time.Second)
-	if r := e.buyWith(t, soldOut, "ann-1", "ann", 1, ann.Admission); r.status != http.StatusCreated {
-		t.Fatalf("ann buys the restocked ticket = %d %s", r.status, r.body)
+	e.PutSKU(t, soldOut, 1, 2, 4)
+	ann = untilAdmitted(t, e, soldOut.Program, ann.Ticket, "ann admitted after the restock", 20*time.Second)
+	if r := buyWith(t, e, soldOut, "ann-1", "ann", 1, ann.Admission); r.Status != http.StatusCreated {
+		t.Fatalf("ann buys the restocked ticket = %d %s", r.Status, r.Body)
 	}
 }

@@ -1,4 +1,4 @@
-package gateway_test
+package waitroom_test
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/stockgate/stockgate/client"
 	"github.com/stockgate/stockgate/internal/onsale"
+	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/waitroom"
 )
@@ -22,15 +23,15 @@ import (
 // after the last sale.
 func TestQueueOnSale(t *testing.T) {
 	t.Parallel() // its own env and programs: it overlaps the others' waits
-	eachDriver(t, func(t *testing.T, driver string) {
-		dsn := ledgerDSN(t, driver)
-		a := startEnv(t, envOptions{driver: driver, dsn: dsn, pacer: true})
-		b := startEnv(t, envOptions{driver: driver, dsn: dsn, pacer: true})
-		admin, err := client.New(client.Options{BaseURL: a.url})
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		dsn := systest.LedgerDSN(t, driver)
+		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn, Pacer: true})
+		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn, Pacer: true})
+		admin, err := client.New(client.Options{BaseURL: a.URL})
 		if err != nil {
 			t.Fatal(err)
 		}
-		rep, err := onsale.Run(context.Background(), onsale.Options{BaseURLs: []string{a.url, b.url}, Admin: admin,
+		rep, err := onsale.Run(context.Background(), onsale.Options{BaseURLs: []string{a.URL, b.URL}, Admin: admin,
 			Program: testenv.ID(t, "onsale"), Buyers: 1000, Tickets: 20, Abandon: 0.3, Rate: 200, Window: 2 * time.Second,
 			PerRemaining: 1, Workers: 32, Refresh: waitroom.Refresh, Seed: 7, Timeout: 4 * time.Minute})
 		if err != nil {

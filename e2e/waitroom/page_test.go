@@ -1,4 +1,4 @@
-package gateway_test
+package waitroom_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/stockgate/stockgate/internal/systest"
 )
 
 // The waiting room's page in a real browser (headless Chromium, which
@@ -26,9 +27,9 @@ func TestQueuePageInABrowser(t *testing.T) {
 	if err != nil {
 		t.Fatal("chromium not found: run `make test` (it installs Debian's chromium) or install it yourself")
 	}
-	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
-	sku := newSKU(t)
-	e.putSKU(t, sku, 10, 1, 4)
+	e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true})
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 10, 1, 4)
 	got := make(chan url.Values, 1)
 	checkout := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
@@ -42,17 +43,17 @@ func TestQueuePageInABrowser(t *testing.T) {
 		t.Helper()
 		body := fmt.Sprintf(`{"opens_in_seconds":0,"rate_per_second":50,"window_seconds":60,"per_remaining":%s,"checkout_url":%q}`,
 			perRemaining, checkout.URL+"/checkout?from=queue")
-		if r := e.do(t, http.MethodPut, "/v1/admin/programs/"+sku.Program.String()+"/queue", nil, body); r.status != http.StatusOK {
-			t.Fatalf("PUT queue = %d %s", r.status, r.body)
+		if r := e.Do(t, http.MethodPut, "/v1/admin/programs/"+sku.Program.String()+"/queue", nil, body); r.Status != http.StatusOK {
+			t.Fatalf("PUT queue = %d %s", r.Status, r.Body)
 		}
 	}
 	putQueue("0.001") // 10 tickets x 0.001, rounded up: one buyer admitted, then nobody
 	for i := range 3 {
-		if r, _ := e.queueJoin(t, sku.Program, fmt.Sprintf("early%d", i)); r.status != http.StatusCreated {
-			t.Fatalf("join = %d %s", r.status, r.body)
+		if r, _ := queueJoin(t, e, sku.Program, fmt.Sprintf("early%d", i)); r.Status != http.StatusCreated {
+			t.Fatalf("join = %d %s", r.Status, r.Body)
 		}
 	}
-	e.admitted(t, sku.Program, "early0")
+	admitted(t, e, sku.Program, "early0")
 
 	alloc, cancel := chromedp.NewExecAllocator(t.Context(), append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(chrome), chromedp.NoSandbox, chromedp.Headless, chromedp.WindowSize(900, 640))...)
@@ -75,7 +76,7 @@ func TestQueuePageInABrowser(t *testing.T) {
 		}
 	}
 	if err := chromedp.Do(ctx,
-		chromedp.Navigate(e.url+"/queue/"+sku.Program.String()+"?buyer=web1"),
+		chromedp.Navigate(e.URL+"/queue/"+sku.Program.String()+"?buyer=web1"),
 		chromedp.WaitVisible(chromedp.CSS(`main[data-state="waiting"] #position`)),
 	); err != nil {
 		t.Fatalf("the waiting screen: %v", err)
@@ -107,11 +108,11 @@ func TestQueuePageInABrowser(t *testing.T) {
 	if q.Get("buyer") != "web1" || q.Get("from") != "queue" || q.Get("admission_token") == "" {
 		t.Fatalf("checkout got %v", q)
 	}
-	if r := e.buyAdmitted(t, sku, "web1-order", "web1", q.Get("admission_token")); r.status != http.StatusCreated {
-		t.Fatalf("purchase with the page's token = %d %s", r.status, r.body)
+	if r := buyAdmitted(t, e, sku, "web1-order", "web1", q.Get("admission_token")); r.Status != http.StatusCreated {
+		t.Fatalf("purchase with the page's token = %d %s", r.Status, r.Body)
 	}
 	// The page of a program with no waiting room is a problem, not a page.
-	if r := e.do(t, http.MethodGet, "/queue/no-such-program", nil, ""); r.status != http.StatusNotFound {
-		t.Fatalf("page of no queue = %d %s", r.status, r.body)
+	if r := e.Do(t, http.MethodGet, "/queue/no-such-program", nil, ""); r.Status != http.StatusNotFound {
+		t.Fatalf("page of no queue = %d %s", r.Status, r.Body)
 	}
 }

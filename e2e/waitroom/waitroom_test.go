@@ -1,4 +1,4 @@
-package gateway_test
+package waitroom_test
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -26,22 +27,22 @@ type queueReply struct {
 	Admission string `json:"admission_token"`
 }
 
-func (e *env) queueJoin(t *testing.T, program keys.ID, buyer string) (reply, queueReply) {
-	r := e.do(t, http.MethodPost, "/v1/programs/"+program.String()+"/queue", nil, fmt.Sprintf(`{"buyer":%q}`, buyer))
+func queueJoin(t *testing.T, e *systest.Env, program keys.ID, buyer string) (systest.Reply, queueReply) {
+	r := e.Do(t, http.MethodPost, "/v1/programs/"+program.String()+"/queue", nil, fmt.Sprintf(`{"buyer":%q}`, buyer))
 	var q queueReply
-	_ = json.Unmarshal(r.body, &q)
+	_ = json.Unmarshal(r.Body, &q)
 	return r, q
 }
 
-func (e *env) queueCheck(t *testing.T, program keys.ID, ticket string) (reply, queueReply) {
-	r := e.do(t, http.MethodGet, "/v1/programs/"+program.String()+"/queue/"+ticket, nil, "")
+func queueCheck(t *testing.T, e *systest.Env, program keys.ID, ticket string) (systest.Reply, queueReply) {
+	r := e.Do(t, http.MethodGet, "/v1/programs/"+program.String()+"/queue/"+ticket, nil, "")
 	var q queueReply
-	_ = json.Unmarshal(r.body, &q)
+	_ = json.Unmarshal(r.Body, &q)
 	return r, q
 }
 
-func (e *env) buyAdmitted(t *testing.T, sku stock.SKU, key, buyer, token string) reply {
-	return e.do(t, http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/purchases",
+func buyAdmitted(t *testing.T, e *systest.Env, sku stock.SKU, key, buyer, token string) systest.Reply {
+	return e.Do(t, http.MethodPost, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/purchases",
 		map[string]string{"Idempotency-Key": key, "Admission-Token": token}, fmt.Sprintf(`{"buyer":%q,"quantity":1}`, buyer))
 }
 
@@ -54,41 +55,41 @@ func (e *env) buyAdmitted(t *testing.T, sku stock.SKU, key, buyer, token string)
 // their problem, moving nothing.
 func TestQueueAdmitsInOrderUntilSoldOut(t *testing.T) {
 	t.Parallel() // its own env and programs: it overlaps the others' waits
-	eachDriver(t, func(t *testing.T, driver string) {
-		dsn := ledgerDSN(t, driver)
-		a := startEnv(t, envOptions{driver: driver, dsn: dsn, pacer: true})
-		b := startEnv(t, envOptions{driver: driver, dsn: dsn, pacer: true})
-		sku := newSKU(t)
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		dsn := systest.LedgerDSN(t, driver)
+		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn, Pacer: true})
+		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn, Pacer: true})
+		sku := systest.NewSKU(t)
 		const total, buyers = 20, 120
-		a.putSKU(t, sku, total, 2, 4)
-		if r := a.do(t, http.MethodPut, "/v1/admin/programs/"+sku.Program.String()+"/queue", nil,
-			`{"opens_in_seconds":0,"rate_per_second":200,"window_seconds":3,"per_remaining":1}`); r.status != http.StatusOK {
-			t.Fatalf("PUT queue = %d %s", r.status, r.body)
+		a.PutSKU(t, sku, total, 2, 4)
+		if r := a.Do(t, http.MethodPut, "/v1/admin/programs/"+sku.Program.String()+"/queue", nil,
+			`{"opens_in_seconds":0,"rate_per_second":200,"window_seconds":3,"per_remaining":1}`); r.Status != http.StatusOK {
+			t.Fatalf("PUT queue = %d %s", r.Status, r.Body)
 		}
 		// Without a token, nothing sells.
-		if r := a.buy(t, sku, "no-token", "x", 1); r.status != http.StatusForbidden || problemKind(r) != "admission-required" {
-			t.Fatalf("purchase without admission = %d %s", r.status, r.body)
+		if r := a.Buy(t, sku, "no-token", "x", 1); r.Status != http.StatusForbidden || systest.ProblemKind(r) != "admission-required" {
+			t.Fatalf("purchase without admission = %d %s", r.Status, r.Body)
 		}
 		tickets := make([]string, buyers)
 		positions := map[int64]int{}
 		for i := range buyers {
-			e := []*env{a, b}[i%2]
-			r, q := e.queueJoin(t, sku.Program, fmt.Sprintf("u%d", i))
-			if r.status != http.StatusCreated || q.Ticket == "" {
-				t.Fatalf("join %d = %d %s", i, r.status, r.body)
+			e := []*systest.Env{a, b}[i%2]
+			r, q := queueJoin(t, e, sku.Program, fmt.Sprintf("u%d", i))
+			if r.Status != http.StatusCreated || q.Ticket == "" {
+				t.Fatalf("join %d = %d %s", i, r.Status, r.Body)
 			}
 			tickets[i] = q.Ticket
 			if q.State != "admitted" {
 				positions[q.Position]++
 			}
 		}
-		if r, q := b.queueJoin(t, sku.Program, "u7"); r.status != http.StatusOK || q.Ticket != tickets[7] {
-			t.Fatalf("join again = %d %s", r.status, r.body)
+		if r, q := queueJoin(t, b, sku.Program, "u7"); r.Status != http.StatusOK || q.Ticket != tickets[7] {
+			t.Fatalf("join again = %d %s", r.Status, r.Body)
 		}
 		// Forged and altered tickets.
 		for _, bad := range []string{"nope", tickets[3] + "x", strings.Replace(tickets[3], "u3", "u4", 1)} {
-			if r, _ := a.queueCheck(t, sku.Program, bad); r.status != http.StatusBadRequest || problemKind(r) != "invalid-queue-ticket" {
-				t.Errorf("check of %q = %d %s", bad, r.status, r.body)
+			if r, _ := queueCheck(t, a, sku.Program, bad); r.Status != http.StatusBadRequest || systest.ProblemKind(r) != "invalid-queue-ticket" {
+				t.Errorf("check of %q = %d %s", bad, r.Status, r.Body)
 			}
 		}
 		ctx := context.Background()
@@ -106,16 +107,16 @@ func TestQueueAdmitsInOrderUntilSoldOut(t *testing.T) {
 				if _, ok := admittedAt[i]; ok {
 					continue
 				}
-				e := []*env{a, b}[i%2]
-				r, q := e.queueCheck(t, sku.Program, tickets[i])
-				if r.status != http.StatusOK {
-					t.Fatalf("check %d = %d %s", i, r.status, r.body)
+				e := []*systest.Env{a, b}[i%2]
+				r, q := queueCheck(t, e, sku.Program, tickets[i])
+				if r.Status != http.StatusOK {
+					t.Fatalf("check %d = %d %s", i, r.Status, r.Body)
 				}
 				switch q.State {
 				case "waiting":
 					done = false
-					if r.header.Get("Retry-After") == "" {
-						t.Fatalf("waiting without Retry-After: %s", r.body)
+					if r.Header.Get("Retry-After") == "" {
+						t.Fatalf("waiting without Retry-After: %s", r.Body)
 					}
 				case "admitted":
 					admittedAt[i] = q.Position
@@ -123,46 +124,46 @@ func TestQueueAdmitsInOrderUntilSoldOut(t *testing.T) {
 					if !forgedTried {
 						forgedTried = true
 						other := fmt.Sprintf("u%d", (i+1)%buyers)
-						if r := e.buyAdmitted(t, sku, "f-"+buyer, other, q.Admission); r.status != http.StatusForbidden || problemKind(r) != "admission-invalid" {
-							t.Fatalf("another buyer's token = %d %s", r.status, r.body)
+						if r := buyAdmitted(t, e, sku, "f-"+buyer, other, q.Admission); r.Status != http.StatusForbidden || systest.ProblemKind(r) != "admission-invalid" {
+							t.Fatalf("another buyer's token = %d %s", r.Status, r.Body)
 						}
-						if r := e.buyAdmitted(t, sku, "g-"+buyer, buyer, q.Admission[:len(q.Admission)-3]+"AAA"); r.status != http.StatusForbidden {
-							t.Fatalf("forged token = %d %s", r.status, r.body)
+						if r := buyAdmitted(t, e, sku, "g-"+buyer, buyer, q.Admission[:len(q.Admission)-3]+"AAA"); r.Status != http.StatusForbidden {
+							t.Fatalf("forged token = %d %s", r.Status, r.Body)
 						}
 					}
 					if i%3 == 0 {
 						walked++ // abandons
 						continue
 					}
-					r := e.buyAdmitted(t, sku, "k-"+buyer, buyer, q.Admission)
-					switch r.status {
+					r := buyAdmitted(t, e, sku, "k-"+buyer, buyer, q.Admission)
+					switch r.Status {
 					case http.StatusCreated:
 						mu.Lock()
 						sold++
 						mu.Unlock()
-						if r2 := e.buyAdmitted(t, sku, "k2-"+buyer, buyer, q.Admission); r2.status != http.StatusConflict || problemKind(r2) != "admission-used" {
-							t.Fatalf("second order on one token = %d %s", r2.status, r2.body)
+						if r2 := buyAdmitted(t, e, sku, "k2-"+buyer, buyer, q.Admission); r2.Status != http.StatusConflict || systest.ProblemKind(r2) != "admission-used" {
+							t.Fatalf("second order on one token = %d %s", r2.Status, r2.Body)
 						}
-						if r3 := e.buyAdmitted(t, sku, "k-"+buyer, buyer, q.Admission); r3.status != http.StatusCreated || r3.header.Get("Idempotent-Replayed") != "true" {
-							t.Fatalf("retry of the order = %d %s", r3.status, r3.body)
+						if r3 := buyAdmitted(t, e, sku, "k-"+buyer, buyer, q.Admission); r3.Status != http.StatusCreated || r3.Header.Get("Idempotent-Replayed") != "true" {
+							t.Fatalf("retry of the order = %d %s", r3.Status, r3.Body)
 						}
 					case http.StatusConflict:
-						if problemKind(r) != "sold-out" {
-							t.Fatalf("admitted purchase = %d %s", r.status, r.body)
+						if systest.ProblemKind(r) != "sold-out" {
+							t.Fatalf("admitted purchase = %d %s", r.Status, r.Body)
 						}
 					default:
-						t.Fatalf("admitted purchase = %d %s", r.status, r.body)
+						t.Fatalf("admitted purchase = %d %s", r.Status, r.Body)
 					}
 				case "sold-out":
 				default:
-					t.Fatalf("check %d: %s", i, r.body)
+					t.Fatalf("check %d: %s", i, r.Body)
 				}
 			}
 			if done {
 				break
 			}
 		}
-		st, err := a.ledger.SKU(ctx, sku)
+		st, err := a.Ledger.SKU(ctx, sku)
 		if err != nil || st.Sold != total || sold != total {
 			t.Fatalf("sold %d (ledger %+v %v), want %d", sold, st, err, total)
 		}
@@ -173,9 +174,9 @@ func TestQueueAdmitsInOrderUntilSoldOut(t *testing.T) {
 			Serving, Joined int64
 			SoldOut         bool `json:"sold_out"`
 		}
-		r := a.do(t, http.MethodGet, "/v1/admin/programs/"+sku.Program.String()+"/queue", nil, "")
-		if err := json.Unmarshal(r.body, &q); err != nil || r.status != http.StatusOK {
-			t.Fatalf("GET queue = %d %s", r.status, r.body)
+		r := a.Do(t, http.MethodGet, "/v1/admin/programs/"+sku.Program.String()+"/queue", nil, "")
+		if err := json.Unmarshal(r.Body, &q); err != nil || r.Status != http.StatusOK {
+			t.Fatalf("GET queue = %d %s", r.Status, r.Body)
 		}
 		// A place admitted in the pacer's last step before the sold-out is
 		// told sold-out (nothing is left to buy), so it may never have
@@ -199,14 +200,14 @@ func TestQueueAdmitsInOrderUntilSoldOut(t *testing.T) {
 			if _, ok := admittedAt[i]; ok {
 				continue
 			}
-			r, got := []*env{a, b}[i%2].queueCheck(t, sku.Program, tickets[i])
-			if r.status != http.StatusOK || got.State != "sold-out" || got.Position <= int64(len(admittedAt)) {
-				t.Fatalf("buyer %d after the sold-out: %d %s (serving %d)", i, r.status, r.body, q.Serving)
+			r, got := queueCheck(t, []*systest.Env{a, b}[i%2], sku.Program, tickets[i])
+			if r.Status != http.StatusOK || got.State != "sold-out" || got.Position <= int64(len(admittedAt)) {
+				t.Fatalf("buyer %d after the sold-out: %d %s (serving %d)", i, r.Status, r.Body, q.Serving)
 			}
 		}
-		r2 := b.do(t, http.MethodGet, "/v1/admin/programs/"+sku.Program.String()+"/queue", nil, "")
+		r2 := b.Do(t, http.MethodGet, "/v1/admin/programs/"+sku.Program.String()+"/queue", nil, "")
 		var q2 struct{ Serving int64 }
-		_ = json.Unmarshal(r2.body, &q2)
+		_ = json.Unmarshal(r2.Body, &q2)
 		if q2.Serving != q.Serving {
 			t.Fatalf("serving moved from %d to %d after the sold-out", q.Serving, q2.Serving)
 		}
@@ -220,17 +221,17 @@ func TestQueueAdmitsInOrderUntilSoldOut(t *testing.T) {
 // documented.
 func TestQueueAdmissionExpires(t *testing.T) {
 	t.Parallel() // its own env and programs: it overlaps the others' waits
-	e := startEnv(t, envOptions{driver: "sqlite", pacer: true})
-	sku := newSKU(t)
-	e.putSKU(t, sku, 5, 1, 4)
+	e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true})
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 5, 1, 4)
 	path := "/v1/admin/programs/" + sku.Program.String() + "/queue"
-	if r := e.do(t, http.MethodPut, path, nil, `{"opens_in_seconds":0,"rate_per_second":100,"window_seconds":1,"per_remaining":2}`); r.status != http.StatusOK {
-		t.Fatalf("PUT queue = %d %s", r.status, r.body)
+	if r := e.Do(t, http.MethodPut, path, nil, `{"opens_in_seconds":0,"rate_per_second":100,"window_seconds":1,"per_remaining":2}`); r.Status != http.StatusOK {
+		t.Fatalf("PUT queue = %d %s", r.Status, r.Body)
 	}
-	_, q := e.queueJoin(t, sku.Program, "ann")
+	_, q := queueJoin(t, e, sku.Program, "ann")
 	var seen time.Time
-	waitFor(t, 10*time.Second, "ann admitted", func() bool {
-		_, q = e.queueCheck(t, sku.Program, q.Ticket)
+	systest.WaitFor(t, 10*time.Second, "ann admitted", func() bool {
+		_, q = queueCheck(t, e, sku.Program, q.Ticket)
 		seen = time.Now()
 		return q.State == "admitted"
 	})
@@ -238,21 +239,21 @@ func TestQueueAdmissionExpires(t *testing.T) {
 	for time.Now().Before(seen.Add(1200 * time.Millisecond)) {
 		time.Sleep(50 * time.Millisecond)
 	}
-	if r := e.buyAdmitted(t, sku, "late", "ann", q.Admission); r.status != http.StatusGone || problemKind(r) != "admission-expired" {
-		t.Fatalf("purchase after the window = %d %s", r.status, r.body)
+	if r := buyAdmitted(t, e, sku, "late", "ann", q.Admission); r.Status != http.StatusGone || systest.ProblemKind(r) != "admission-expired" {
+		t.Fatalf("purchase after the window = %d %s", r.Status, r.Body)
 	}
-	if st := e.state(t, sku); st.Sold != 0 || st.RedisRemaining != 5 {
+	if st := e.State(t, sku); st.Sold != 0 || st.RedisRemaining != 5 {
 		t.Fatalf("an expired token moved stock: %+v", st)
 	}
 	// Turned off: the program sells without admission.
-	if r := e.do(t, http.MethodDelete, path, nil, ""); r.status != http.StatusNoContent {
-		t.Fatalf("DELETE queue = %d %s", r.status, r.body)
+	if r := e.Do(t, http.MethodDelete, path, nil, ""); r.Status != http.StatusNoContent {
+		t.Fatalf("DELETE queue = %d %s", r.Status, r.Body)
 	}
-	waitFor(t, 5*time.Second, "a purchase without admission", func() bool {
-		return e.buy(t, sku, fmt.Sprintf("free-%d", time.Now().UnixNano()), "bob", 1).status == http.StatusCreated
+	systest.WaitFor(t, 5*time.Second, "a purchase without admission", func() bool {
+		return e.Buy(t, sku, fmt.Sprintf("free-%d", time.Now().UnixNano()), "bob", 1).Status == http.StatusCreated
 	})
-	if r := e.do(t, http.MethodGet, path, nil, ""); r.status != http.StatusNotFound || problemKind(r) != "no-queue" {
-		t.Fatalf("GET of a deleted queue = %d %s", r.status, r.body)
+	if r := e.Do(t, http.MethodGet, path, nil, ""); r.Status != http.StatusNotFound || systest.ProblemKind(r) != "no-queue" {
+		t.Fatalf("GET of a deleted queue = %d %s", r.Status, r.Body)
 	}
 	// Bad settings are refused with their problem.
 	for _, body := range []string{`{"rate_per_second":1,"window_seconds":1,"per_remaining":1}`,
@@ -261,18 +262,18 @@ func TestQueueAdmissionExpires(t *testing.T) {
 		`{"opens_in_seconds":0,"rate_per_second":1,"window_seconds":1,"per_remaining":0}`,
 		`{"opens_in_seconds":0,"rate_per_second":1,"window_seconds":1,"per_remaining":1,"checkout_url":"javascript:alert(1)"}`,
 		`{"opens_in_seconds":-5,"rate_per_second":1,"window_seconds":1,"per_remaining":1}`} {
-		if r := e.do(t, http.MethodPut, path, nil, body); r.status != http.StatusUnprocessableEntity {
-			t.Errorf("PUT queue %s = %d %s", body, r.status, r.body)
+		if r := e.Do(t, http.MethodPut, path, nil, body); r.Status != http.StatusUnprocessableEntity {
+			t.Errorf("PUT queue %s = %d %s", body, r.Status, r.Body)
 		}
 	}
 }
 
 // hmgets counts the HMGET calls the cluster's masters have served (a
 // line's counters are read with one).
-func hmgets(t *testing.T, e *env) int64 {
+func hmgets(t *testing.T, e *systest.Env) int64 {
 	t.Helper()
 	var n int64
-	err := e.rdb.ForEachMaster(context.Background(), func(ctx context.Context, c *redis.Client) error {
+	err := e.Redis.ForEachMaster(context.Background(), func(ctx context.Context, c *redis.Client) error {
 		info, err := c.Info(ctx, "commandstats").Result()
 		if err != nil {
 			return err
@@ -296,22 +297,22 @@ func hmgets(t *testing.T, e *env) int64 {
 // read the line from Redis only when the replica's memory of it is due
 // (every 250 ms), whoever asks.
 func TestQueuePollsCostNoRedisCall(t *testing.T) {
-	e := startEnv(t, envOptions{driver: "sqlite"}) // no pacer: the line holds still
-	sku := newSKU(t)
-	e.putSKU(t, sku, 5, 1, 4)
-	if r := e.do(t, http.MethodPut, "/v1/admin/programs/"+sku.Program.String()+"/queue", nil,
-		`{"opens_in_seconds":0,"rate_per_second":10,"window_seconds":60,"per_remaining":1}`); r.status != http.StatusOK {
-		t.Fatalf("PUT queue = %d %s", r.status, r.body)
+	e := systest.Start(t, systest.Options{Driver: "sqlite"}) // no pacer: the line holds still
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 5, 1, 4)
+	if r := e.Do(t, http.MethodPut, "/v1/admin/programs/"+sku.Program.String()+"/queue", nil,
+		`{"opens_in_seconds":0,"rate_per_second":10,"window_seconds":60,"per_remaining":1}`); r.Status != http.StatusOK {
+		t.Fatalf("PUT queue = %d %s", r.Status, r.Body)
 	}
 	var tickets []string
 	for i := range 32 {
-		_, q := e.queueJoin(t, sku.Program, fmt.Sprintf("w%d", i))
+		_, q := queueJoin(t, e, sku.Program, fmt.Sprintf("w%d", i))
 		tickets = append(tickets, q.Ticket)
 	}
 	const polls = 10000
 	before, start := hmgets(t, e), time.Now()
-	counts := e.buyAll(polls, 32, func(i int) reply {
-		r, _ := e.queueCheck(t, sku.Program, tickets[i%len(tickets)])
+	counts := systest.BuyAll(polls, 32, func(i int) systest.Reply {
+		r, _ := queueCheck(t, e, sku.Program, tickets[i%len(tickets)])
 		return r
 	})
 	elapsed := time.Since(start)

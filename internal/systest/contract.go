@@ -1,4 +1,4 @@
-package gateway_test
+package systest
 
 import (
 	"bytes"
@@ -18,7 +18,7 @@ import (
 	"github.com/stockgate/stockgate/gateway"
 )
 
-// contract checks every answer the gateway tests receive through env.do
+// contract checks every answer the tests receive through Env.Do
 // against the OpenAPI document the server serves: the route and method are
 // documented, the status is one the operation lists, the content type is
 // the documented one, and a JSON body validates against the documented
@@ -161,87 +161,16 @@ func keysOf[V any](m map[string]V) []string {
 	return out
 }
 
-// checkContract is env.do's hook.
-func checkContract(t *testing.T, method, path string, r reply) {
+// CheckContract fails the test if an answer to method and path is not
+// what the OpenAPI document says it can be; Env.Do calls it on every
+// answer.
+func CheckContract(t *testing.T, method, path string, r Reply) {
 	t.Helper()
 	c, err := loadContract()
 	if err != nil {
 		t.Fatalf("the OpenAPI document does not load: %v", err)
 	}
-	if msg := c.check(method, path, r.status, r.header, r.body); msg != "" {
+	if msg := c.check(method, path, r.Status, r.Header, r.Body); msg != "" {
 		t.Errorf("contract: %s", msg)
-	}
-}
-
-// The checker itself: it refuses what the document does not say.
-func TestContractChecker(t *testing.T) {
-	c, err := loadContract()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pj := http.Header{"Content-Type": {"application/problem+json"}}
-	js := http.Header{"Content-Type": {"application/json"}}
-	for _, bad := range []struct {
-		method, path string
-		status       int
-		header       http.Header
-		body         string
-	}{
-		{"POST", "/v1/skus/p/t/purchases", 299, js, `{}`},                                    // undocumented status
-		{"POST", "/v1/skus/p/t/purchases", 201, js, `{"order_id":5}`},                        // wrong type
-		{"POST", "/v1/skus/p/t/purchases", 201, pj, `{"order_id":"o"}`},                      // wrong media type
-		{"POST", "/v1/skus/p/t/purchases", 409, pj, `{"type":"x","title":"t","status":409}`}, // not a problem type
-		{"PATCH", "/v1/skus/p/t/purchases", 200, js, `{}`},                                   // undocumented method
-	} {
-		if c.check(bad.method, bad.path, bad.status, bad.header, []byte(bad.body)) == "" {
-			t.Errorf("the checker accepted %+v", bad)
-		}
-	}
-}
-
-// The document says which headers come back: Retry-After on every 429 and
-// 503, Idempotent-Replayed on the successes of keyed requests, X-Request-Id
-// everywhere; and the bodies it names say which fields are always there.
-func TestOpenAPIDeclaresHeadersAndRequiredFields(t *testing.T) {
-	var doc struct {
-		Paths map[string]map[string]struct {
-			Parameters []struct{ Name string } `json:"parameters"`
-			Responses  map[string]struct {
-				Headers map[string]json.RawMessage `json:"headers"`
-			} `json:"responses"`
-		} `json:"paths"`
-		Components struct {
-			Schemas map[string]struct {
-				Required []string `json:"required"`
-			} `json:"schemas"`
-		} `json:"components"`
-	}
-	if err := json.Unmarshal(gateway.OpenAPI, &doc); err != nil {
-		t.Fatal(err)
-	}
-	for path, ops := range doc.Paths {
-		for method, op := range ops {
-			keyed := false
-			for _, p := range op.Parameters {
-				keyed = keyed || p.Name == "Idempotency-Key"
-			}
-			for code, r := range op.Responses {
-				where := method + " " + path + " " + code
-				if r.Headers["X-Request-Id"] == nil {
-					t.Errorf("%s: no X-Request-Id header", where)
-				}
-				if (code == "429" || code == "503") && r.Headers["Retry-After"] == nil {
-					t.Errorf("%s: no Retry-After header", where)
-				}
-				if keyed && (code == "200" || code == "201") && r.Headers["Idempotent-Replayed"] == nil {
-					t.Errorf("%s: no Idempotent-Replayed header", where)
-				}
-			}
-		}
-	}
-	for _, name := range []string{"Problem", "Order", "Hold", "Stock", "SKU", "Rebuild", "PurchaseRequest"} {
-		if len(doc.Components.Schemas[name].Required) == 0 {
-			t.Errorf("schema %s lists no required fields", name)
-		}
 	}
 }

@@ -1,4 +1,4 @@
-package gateway_test
+package systest
 
 import (
 	"context"
@@ -12,20 +12,18 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
-	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/stockgate/stockgate/breaker"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
 )
 
-// flashSale drives a flash sale the way real clients do: each worker buys one
+// FlashSale drives a flash sale the way real clients do: each worker buys one
 // ticket at a time with a fresh Idempotency-Key, retries a 503 with the same
 // key after a pause, and moves on after a 201 or a 409. It records every
 // answer, and optionally the history for a linearizability check.
-type flashSale struct {
+type FlashSale struct {
 	t       *testing.T
-	envs    []*env
+	envs    []*Env
 	sku     stock.SKU
 	total   int64
 	started time.Time
@@ -42,8 +40,11 @@ type flashSale struct {
 	wg       sync.WaitGroup
 }
 
-func startSale(t *testing.T, envs []*env, sku stock.SKU, total int64, workers int) *flashSale {
-	s := &flashSale{t: t, envs: envs, sku: sku, total: total, started: time.Now(),
+// StartSale starts workers buying sku's total units from the replicas
+// (worker w from envs[w%len(envs)]) until the test ends or Oracle or
+// Linearizable stop them.
+func StartSale(t *testing.T, envs []*Env, sku stock.SKU, total int64, workers int) *FlashSale {
+	s := &FlashSale{t: t, envs: envs, sku: sku, total: total, started: time.Now(),
 		counts: map[int]int{}, orders: map[string]string{}, pending: map[string]bool{}, stop: make(chan struct{})}
 	for w := range workers {
 		s.wg.Go(func() { s.worker(w) })
@@ -52,7 +53,7 @@ func startSale(t *testing.T, envs []*env, sku stock.SKU, total int64, workers in
 	return s
 }
 
-func (s *flashSale) stopped() bool {
+func (s *FlashSale) stopped() bool {
 	select {
 	case <-s.stop:
 		return true
@@ -61,22 +62,22 @@ func (s *flashSale) stopped() bool {
 	}
 }
 
-func (s *flashSale) worker(w int) {
+func (s *FlashSale) worker(w int) {
 	e := s.envs[w%len(s.envs)]
 	for n := 0; !s.stopped(); n++ {
 		key := fmt.Sprintf("w%d-%d", w, n)
 		call := time.Since(s.started).Nanoseconds()
 		for {
-			r := e.buy(s.t, s.sku, key, fmt.Sprintf("buyer-%d", w), 1)
+			r := e.Buy(s.t, s.sku, key, fmt.Sprintf("buyer-%d", w), 1)
 			ret := time.Since(s.started).Nanoseconds()
 			s.mu.Lock()
-			s.counts[r.status]++
-			switch r.status {
+			s.counts[r.Status]++
+			switch r.Status {
 			case http.StatusCreated:
 				var v struct {
 					OrderID string `json:"order_id"`
 				}
-				_ = json.Unmarshal(r.body, &v)
+				_ = json.Unmarshal(r.Body, &v)
 				s.orders[key] = v.OrderID
 				delete(s.pending, key)
 				s.oks = append(s.oks, time.Now())
@@ -91,7 +92,7 @@ func (s *flashSale) worker(w int) {
 				s.pending[key] = true
 			}
 			s.mu.Unlock()
-			if r.status != http.StatusServiceUnavailable || s.stopped() {
+			if r.Status != http.StatusServiceUnavailable || s.stopped() {
 				break
 			}
 			time.Sleep(20 * time.Millisecond)
@@ -109,24 +110,24 @@ func saleBuyer(key string) string {
 	return "buyer-" + w
 }
 
-func (s *flashSale) soldOutSeen() bool {
+func (s *FlashSale) soldOutSeen() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.counts[http.StatusConflict] > 0
 }
 
 // halt stops the workers and waits for them.
-func (s *flashSale) halt() {
+func (s *FlashSale) halt() {
 	s.stopOnce.Do(func() { close(s.stop) })
 	s.wg.Wait()
 }
 
-// waitSold waits until the ledger has sold at least n units, or fails.
-func (s *flashSale) waitSold(n int64, within time.Duration) {
+// WaitSold waits until the ledger has sold at least n units, or fails.
+func (s *FlashSale) WaitSold(n int64, within time.Duration) {
 	s.t.Helper()
 	deadline := time.Now().Add(within)
 	for {
-		st, err := s.envs[0].ledger.SKU(context.Background(), s.sku)
+		st, err := s.envs[0].Ledger.SKU(context.Background(), s.sku)
 		if err == nil && st.Sold >= n {
 			return
 		}
@@ -137,8 +138,8 @@ func (s *flashSale) waitSold(n int64, within time.Duration) {
 	}
 }
 
-// firstOKAfter is how long after t0 the first 201 arrived (-1: none).
-func (s *flashSale) firstOKAfter(t0 time.Time) time.Duration {
+// FirstOKAfter is how long after t0 the first 201 arrived (-1: none).
+func (s *FlashSale) FirstOKAfter(t0 time.Time) time.Duration {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, at := range s.oks {
@@ -149,15 +150,15 @@ func (s *flashSale) firstOKAfter(t0 time.Time) time.Duration {
 	return -1
 }
 
-// oracle is the check every fault test ends with, against the ledger:
+// Oracle is the check every fault test ends with, against the ledger:
 // sold + held <= total, the order rows add up to what the SKU row says,
 // every 201 names an order the ledger has under its key, and no key has
 // more than one order (the ledger's unique key; counted here).
-func (s *flashSale) oracle() ledger.SKUState {
+func (s *FlashSale) Oracle() ledger.SKUState {
 	s.t.Helper()
 	s.halt()
 	ctx := context.Background()
-	led := s.envs[0].ledger
+	led := s.envs[0].Ledger
 	st, err := led.SKU(ctx, s.sku)
 	if err != nil {
 		s.t.Fatal(err)
@@ -175,7 +176,7 @@ func (s *flashSale) oracle() ledger.SKUState {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for key, id := range s.orders {
-		o, err := orderOf(ctx, led, saleBuyer(key), key)
+		o, err := OrderOf(ctx, led, saleBuyer(key), key)
 		if err != nil || o.ID.String() != id {
 			s.t.Errorf("201 for key %s order %s; ledger has %+v, %v", key, id, o, err)
 		}
@@ -194,7 +195,7 @@ func (s *flashSale) oracle() ledger.SKUState {
 	return st
 }
 
-// linearizable checks the single-shard history against a counter holding
+// Linearizable checks the single-shard history against a counter holding
 // the SKU's stock: a 201 takes one unit, which must be there. With strict,
 // a 409 must also be explained by an empty counter; without it, a 409
 // proves nothing (Redis may be behind the ledger for a bounded time after a
@@ -202,13 +203,13 @@ func (s *flashSale) oracle() ledger.SKUState {
 // Keys whose outcome the clients never learned are resolved from the
 // ledger: an order there is a 201 that may have happened any time after
 // the call.
-func (s *flashSale) linearizable(strict bool) {
+func (s *FlashSale) Linearizable(strict bool) {
 	s.t.Helper()
 	s.halt()
 	s.mu.Lock()
 	ops := append([]porcupine.Operation(nil), s.ops...)
 	for key := range s.pending {
-		if _, err := orderOf(context.Background(), s.envs[0].ledger, saleBuyer(key), key); err == nil {
+		if _, err := OrderOf(context.Background(), s.envs[0].Ledger, saleBuyer(key), key); err == nil {
 			ops = append(ops, porcupine.Operation{Input: int64(1), Call: 0, Output: true, Return: time.Since(s.started).Nanoseconds()})
 		} else if !errors.Is(err, ledger.ErrNotFound) {
 			s.t.Fatal(err)
@@ -232,99 +233,13 @@ func (s *flashSale) linearizable(strict bool) {
 	}
 }
 
-// counter reads a counter's value from a registry; labels select one series.
-func counter(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+// Counts is how many answers of each status the workers have had.
+func (s *FlashSale) Counts() map[int]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[int]int, len(s.counts))
+	for k, v := range s.counts {
+		out[k] = v
 	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			have := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				have[lp.GetName()] = lp.GetValue()
-			}
-			for k, v := range labels {
-				if have[k] != v {
-					continue next
-				}
-			}
-			switch {
-			case m.GetCounter() != nil:
-				sum += m.GetCounter().GetValue()
-			case m.GetGauge() != nil:
-				sum += m.GetGauge().GetValue()
-			}
-		}
-	}
-	return sum
-}
-
-// watchBreaker records when the breaker first reaches each state after t0.
-type breakerWatch struct {
-	mu    sync.Mutex
-	first map[breaker.State]time.Time
-	stop  chan struct{}
-	done  chan struct{}
-}
-
-func watchBreaker(t *testing.T, e *env) *breakerWatch {
-	w := &breakerWatch{first: map[breaker.State]time.Time{}, stop: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(w.done)
-		for {
-			st := e.srv.BreakerState()
-			w.mu.Lock()
-			if _, ok := w.first[st]; !ok {
-				w.first[st] = time.Now()
-			}
-			w.mu.Unlock()
-			select {
-			case <-w.stop:
-				return
-			case <-time.After(5 * time.Millisecond):
-			}
-		}
-	}()
-	t.Cleanup(func() { close(w.stop); <-w.done })
-	return w
-}
-
-func (w *breakerWatch) reached(st breaker.State) (time.Time, bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	at, ok := w.first[st]
-	return at, ok
-}
-
-// redisConsistent checks that Redis remaining equals ledger remaining once
-// the sale has settled: purchases that were in flight across a re-seed can
-// leave Redis a few units apart for one drift-check period, so it waits up
-// to 5s for the gateway's own checks to converge, and reports how long.
-func redisConsistent(t *testing.T, e *env, sku stock.SKU) {
-	t.Helper()
-	ctx := context.Background()
-	start := time.Now()
-	for {
-		st, err := e.ledger.SKU(ctx, sku)
-		if err != nil {
-			t.Fatal(err)
-		}
-		left, seeded, err := e.gate.Remaining(ctx, sku, st.Shards)
-		if err == nil && seeded && left == st.Remaining() {
-			t.Logf("redis remaining = ledger remaining = %d after %v", left, time.Since(start).Round(time.Millisecond))
-			return
-		}
-		if time.Since(start) > 5*time.Second {
-			t.Errorf("redis remaining %d (seeded %v, err %v), ledger remaining %d, 5s after the sale", left, seeded, err, st.Remaining())
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	return out
 }

@@ -1,0 +1,214 @@
+// Package systest starts whole stockgate replicas (app.Open on a real
+// Redis Cluster and a real ledger, served over HTTP) for the black-box
+// tests under e2e/, one package per capability, and holds what they share:
+// the replica (Env), its requests (Do and the helpers built on it, each
+// answer checked against the OpenAPI document), the ledger and gate reads
+// the tests judge by, and the faults they inject.
+//
+// An e2e package starts with
+//
+//	func TestMain(m *testing.M) { os.Exit(systest.Main(m)) }
+//
+// and its tests call Start or New.
+package systest
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/cluster"
+	"github.com/stockgate/stockgate/gateway"
+	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/lock"
+	"github.com/stockgate/stockgate/sale"
+	"github.com/stockgate/stockgate/seats"
+	"github.com/stockgate/stockgate/shard"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// Main runs the package's tests with testenv.Main (which stops the shared
+// servers after them), or, in a helper process a test started (see
+// KillHolderMidway), that helper's work. Call it from TestMain.
+func Main(m *testing.M) int {
+	if os.Getenv(helperVar) == reseedHolderName {
+		return reseedHolder()
+	}
+	return testenv.Main(m)
+}
+
+// Env is one replica on a real Redis Cluster (the package's shared one
+// unless the test brings its own) and a real ledger, served by an
+// httptest server.
+type Env struct {
+	URL    string          // the replica's base URL
+	Client *http.Client    // the client Do sends with
+	Sale   *sale.Service   // the flows, for tests that reach past HTTP
+	Server *gateway.Server // the HTTP face
+	Ledger *ledger.Ledger
+	// Gate and Seats read and poke Redis through Redis, not through the
+	// replica.
+	Gate  *shard.Store
+	Seats *seats.Store
+	// Redis is the test's own client: it goes through none of the
+	// replica's breakers (nor trips them) and drops no replies.
+	Redis *redis.ClusterClient
+	// Guarded is the replica's client: every command through its master's
+	// breaker.
+	Guarded  *redis.ClusterClient
+	Registry *prometheus.Registry
+	// Kill stops the replica at once: its server, its loops (a relay with
+	// KeepLeases leaves its leases to lapse, as a crash does), its
+	// connections.
+	Kill func()
+}
+
+// Options say how to start an Env. The zero value (but for Driver) is a
+// replica on the shared cluster and a fresh ledger, running only the
+// restock notices.
+type Options struct {
+	Driver  string           // ledger.SQLite or ledger.Postgres
+	DSN     string           // an existing ledger (replicas share it); default a fresh one
+	Cluster *testenv.Cluster // default the package's shared cluster
+	Dialer  func(ctx context.Context, network, addr string) (net.Conn, error)
+	Drift   bool // run the drift check
+	Sweep   bool // run the hold sweeper
+	Relay   bool // run the outbox relay (configure its sinks with Tune)
+	Pacer   bool // run the waiting rooms' pacer
+	// Tune changes the app's options after the test defaults are set.
+	Tune func(*app.Options)
+}
+
+// New is Start with only the driver set.
+func New(t *testing.T, driver string) *Env { return Start(t, Options{Driver: driver}) }
+
+// Start opens a replica as o says and stops it when the test ends.
+//
+// The test defaults: a lock TTL of 1s (call timeout 300ms), a drift check
+// every 200ms (when it runs), and the log discarded (see Logger).
+func Start(t *testing.T, o Options) *Env {
+	t.Helper()
+	if o.Cluster == nil {
+		o.Cluster = testenv.SharedCluster(t)
+	}
+	if o.DSN == "" {
+		o.DSN = LedgerDSN(t, o.Driver)
+	}
+	opts := app.Options{
+		Redis:  cluster.Options{Addrs: o.Cluster.Addrs(), Dialer: o.Dialer},
+		Ledger: ledger.Options{Driver: o.Driver, DSN: o.DSN},
+		Lock:   lock.Options{TTL: time.Second, CallTimeout: 300 * time.Millisecond},
+		Sale:   sale.Options{DriftEvery: 200 * time.Millisecond},
+		Logger: Logger(t),
+	}
+	if o.Tune != nil {
+		o.Tune(&opts)
+	}
+	a, err := app.Open(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	a.Start(app.Loops{Drift: o.Drift, Sweep: o.Sweep, Notices: true, Relay: o.Relay, Pacer: o.Pacer})
+	a.Server.SetReady(true)
+	hs := httptest.NewServer(a.Server.Handler())
+	t.Cleanup(hs.Close)
+	tr := &http.Transport{MaxIdleConnsPerHost: 256}
+	t.Cleanup(tr.CloseIdleConnections)
+	probe, err := cluster.New(cluster.Options{Addrs: opts.Redis.Addrs, TLS: opts.Redis.TLS, Username: opts.Redis.Username, Password: opts.Redis.Password})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = probe.Close() })
+	gate, err := shard.New(shard.Options{Redis: probe})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seatStore, err := seats.New(probe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Env{URL: hs.URL, Client: &http.Client{Transport: tr}, Sale: a.Sale, Server: a.Server, Ledger: a.Ledger,
+		Gate: gate, Seats: seatStore, Redis: probe, Guarded: a.Redis, Registry: a.Registry,
+		Kill: func() { hs.CloseClientConnections(); hs.Close(); a.Close() }}
+}
+
+// Drivers are the ledger's drivers: every behaviour is required of both.
+var Drivers = []string{ledger.SQLite, ledger.Postgres}
+
+// EachDriver runs f as a subtest per ledger driver.
+func EachDriver(t *testing.T, f func(t *testing.T, driver string)) {
+	for _, d := range Drivers {
+		t.Run(d, func(t *testing.T) { f(t, d) })
+	}
+}
+
+// EachLedger runs f as a subtest per ledger driver, on a fresh ledger of
+// that driver, closed when the subtest ends.
+func EachLedger(t *testing.T, f func(t *testing.T, l *ledger.Ledger)) {
+	EachDriver(t, func(t *testing.T, driver string) {
+		l, err := ledger.Open(context.Background(), ledger.Options{Driver: driver, DSN: LedgerDSN(t, driver)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close() })
+		f(t, l)
+	})
+}
+
+// LedgerDSN is a fresh, empty ledger of the driver (dropped when the test
+// ends), for replicas to share.
+func LedgerDSN(t *testing.T, driver string) string {
+	if driver == ledger.Postgres {
+		return testenv.PostgresURL(t)
+	}
+	return testenv.SQLitePath(t)
+}
+
+// Logger shows a replica's log in the test's log when STOCKGATE_TEST_LOG
+// is set, and discards it otherwise.
+func Logger(t *testing.T) *slog.Logger {
+	if os.Getenv("STOCKGATE_TEST_LOG") == "" {
+		return slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return slog.New(slog.NewTextHandler(tlogWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+type tlogWriter struct{ t *testing.T }
+
+func (w tlogWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// NewSKU is a SKU (ticket "ga") of a program no other test uses.
+func NewSKU(t *testing.T) stock.SKU {
+	return stock.SKU{Program: keys.MustID(testenv.ID(t, "p")), Ticket: keys.MustID("ga")}
+}
+
+// WaitFor polls ok every 10ms until it holds, and fails the test if it
+// does not within the bound: tests wait for conditions, never for time.
+func WaitFor(t *testing.T, within time.Duration, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s within %v", what, within)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+

@@ -1,0 +1,106 @@
+package systest
+
+import (
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Counter reads a counter's (or a gauge's) value from a registry, summed
+// over the series whose labels include labels.
+func Counter(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				have[lp.GetName()] = lp.GetValue()
+			}
+			for k, v := range labels {
+				if have[k] != v {
+					continue next
+				}
+			}
+			switch {
+			case m.GetCounter() != nil:
+				sum += m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				sum += m.GetGauge().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// WaitCounter waits until a metric of the replica reaches at least want,
+// or fails.
+func WaitCounter(t *testing.T, e *Env, name string, labels map[string]string, want float64, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for Counter(t, e.Registry, name, labels) < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s%v = %v after %v, want >= %v", name, labels, Counter(t, e.Registry, name, labels), within, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Hist is a histogram's cumulative buckets at one moment.
+type Hist struct {
+	Count  uint64
+	Sum    float64
+	Bounds []float64
+	Cum    []uint64
+}
+
+// Histogram reads the first series of a histogram from a registry (the
+// zero Hist if it has none).
+func Histogram(t *testing.T, reg *prometheus.Registry, name string) Hist {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name || len(mf.GetMetric()) == 0 {
+			continue
+		}
+		h := mf.GetMetric()[0].GetHistogram()
+		s := Hist{Count: h.GetSampleCount(), Sum: h.GetSampleSum()}
+		for _, b := range h.GetBucket() {
+			s.Bounds = append(s.Bounds, b.GetUpperBound())
+			s.Cum = append(s.Cum, b.GetCumulativeCount())
+		}
+		return s
+	}
+	return Hist{}
+}
+
+// Mean is the mean of the observations, 0 without any.
+func (s Hist) Mean() float64 {
+	if s.Count == 0 {
+		return 0
+	}
+	return s.Sum / float64(s.Count)
+}
+
+// Quantile is the upper bound of the bucket holding the q-quantile.
+func (s Hist) Quantile(q float64) float64 {
+	want := uint64(q * float64(s.Count))
+	for i, c := range s.Cum {
+		if c >= want {
+			return s.Bounds[i]
+		}
+	}
+	return -1
+}

@@ -54,8 +54,8 @@ func copyWithoutVCS(t *testing.T) string {
 		if err := dec.Decode(&p); err != nil {
 			t.Fatal(err)
 		}
-		if p.Module == nil || !p.Module.Main {
-			continue // the standard library and the module cache
+		if p.Module == nil || !strings.HasPrefix(p.Dir, root+string(filepath.Separator)) {
+			continue // the standard library and the module cache (the client module, replaced by its directory, is here)
 		}
 		rel, err := filepath.Rel(root, p.Dir)
 		if err != nil {

@@ -83,6 +83,7 @@ func qaNeverAdmitted(t *testing.T, e *systest.Env, sku stock.SKU, buyer, ticket 
 // frozen in Redis at the first opening and the pacer admits a frozen line
 // whatever opens_at says now.
 func TestAttackQueuePostponedOpeningStillAdmits(t *testing.T) {
+	systest.FullTier(t)
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true})
 	sku := systest.NewSKU(t)
@@ -108,6 +109,7 @@ func TestAttackQueuePostponedOpeningStillAdmits(t *testing.T) {
 // buyers' places, their spent admissions): the new room admits at once, and
 // an old buyer joining again gets its old, long admitted place back.
 func TestAttackQueueRecreatedRoomAdmitsBeforeItsOpening(t *testing.T) {
+	systest.FullTier(t)
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true})
 	sku := systest.NewSKU(t)
@@ -147,6 +149,7 @@ func TestAttackQueueRecreatedRoomAdmitsBeforeItsOpening(t *testing.T) {
 // Redis loses nothing; the places a restore cannot tell given or not are
 // admitted without costing an admission (as a restored late gap is).
 func TestAttackQueueEarlyLineLostBeforeOpening(t *testing.T) {
+	systest.FullTier(t)
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	cl := testenv.NewCluster(t, testenv.ClusterOptions{})
 	e := systest.Start(t, systest.Options{Driver: "sqlite", Cluster: cl, Pacer: true})
@@ -201,6 +204,7 @@ func TestAttackQueueEarlyLineLostBeforeOpening(t *testing.T) {
 // of a queued program goes through an admission, so the waitlist either
 // asks for one or makes no offer to a buyer without one.
 func TestAttackQueueWaitlistSkipsTheRoom(t *testing.T) {
+	systest.FullTier(t)
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true})
 	sku := systest.NewSKU(t)
@@ -238,6 +242,7 @@ func TestAttackQueueWaitlistSkipsTheRoom(t *testing.T) {
 // stays expired; only buyers still within their window before the loss get
 // a new one.
 func TestAttackQueueExpiredRevivedByLoss(t *testing.T) {
+	systest.FullTier(t)
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	cl := testenv.NewCluster(t, testenv.ClusterOptions{})
 	e := systest.Start(t, systest.Options{Driver: "sqlite", Cluster: cl, Pacer: true})
@@ -252,6 +257,19 @@ func TestAttackQueueExpiredRevivedByLoss(t *testing.T) {
 	if r := buyWith(t, e, sku, "ann-1", "ann", 1, ann.Admission); r.Status != http.StatusGone || systest.ProblemKind(r) != "admission-expired" {
 		t.Fatalf("ann buys after her window = %d %s", r.Status, r.Body)
 	}
+	// The pacer records what it saw of the line in the ledger right after
+	// each step in Redis; the line is made again from that record. Wait
+	// until it has recorded ann's place as old: a loss in between the two
+	// writes (milliseconds, seen under make test's load) is the limit the
+	// guarantee has.
+	cfg, err := e.Ledger.Queue(context.Background(), sku.Program)
+	if err != nil {
+		t.Fatal(err)
+	}
+	systest.WaitFor(t, 20*time.Second, "the pacer to record ann's place as old", func() bool {
+		ln, err := e.Ledger.RoomLine(context.Background(), sku.Program, cfg.Room())
+		return err == nil && ln.Old >= ann.Position
+	})
 	qaFlushAll(t, cl)
 	systest.WaitFor(t, 20*time.Second, "the line made again", func() bool { return qaLineExists(e, sku.Program) })
 	_, q := queueCheck(t, e, sku.Program, ann.Ticket)
@@ -287,6 +305,7 @@ func qaReplicaOf(t *testing.T, cl *testenv.Cluster, master *testenv.Node) *teste
 // Redis hands out places up to what the ledger reserved, but only a whole
 // loss (a restore) starts past the reserved places.
 func TestAttackQueueFailoverGivesAPlaceTwice(t *testing.T) {
+	systest.FullTier(t)
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	cl := testenv.NewCluster(t, testenv.ClusterOptions{ReplicasPerMaster: 1})
 	e := systest.Start(t, systest.Options{Driver: "sqlite", Cluster: cl})
@@ -388,6 +407,7 @@ func qaChecksFor(t *testing.T, e *systest.Env, program keys.ID, ticket, want str
 // state, from the replica's memory or the ledger's facts (the line cannot
 // move anyway), never a wait on Redis and a 503 per check.
 func TestAttackQueueChecksDuringAPausedMaster(t *testing.T) {
+	systest.FullTier(t)
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	cl := testenv.NewCluster(t, testenv.ClusterOptions{})
 	e := systest.Start(t, systest.Options{Driver: "sqlite", Cluster: cl})
@@ -412,6 +432,7 @@ func TestAttackQueueChecksDuringAPausedMaster(t *testing.T) {
 // admission token, and the page sends it to checkout. What must hold: a
 // check never answers admitted to a buyer whose window has passed.
 func TestAttackQueueExpiredToldAdmittedWithoutRedis(t *testing.T) {
+	systest.FullTier(t)
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	cl := testenv.NewCluster(t, testenv.ClusterOptions{})
 	e := systest.Start(t, systest.Options{Driver: "sqlite", Cluster: cl, Pacer: true})
@@ -438,6 +459,7 @@ func TestAttackQueueExpiredToldAdmittedWithoutRedis(t *testing.T) {
 // purchase with a new key is refused admission-used if one did; the
 // ledger sold exactly the orders answered.
 func TestAttackQueueOneAdmissionOneOrder(t *testing.T) {
+	systest.FullTier(t)
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		dsn := systest.LedgerDSN(t, driver)
@@ -516,6 +538,7 @@ func TestAttackQueueOneAdmissionOneOrder(t *testing.T) {
 // buyer's or program's ticket. What must hold: each is a 4xx problem (never
 // a 5xx, never a stream), and nothing moves; the real token then buys once.
 func TestAttackQueueForgedTokensAndTickets(t *testing.T) {
+	systest.FullTier(t)
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true})
 	sku := systest.NewSKU(t)
@@ -626,6 +649,7 @@ func TestAttackQueueForgedTokensAndTickets(t *testing.T) {
 // or are too long, bad program ids. What must hold: each is a 4xx problem,
 // never a 5xx, and no room is made.
 func TestAttackQueueHostileSettings(t *testing.T) {
+	systest.FullTier(t)
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	e := systest.Start(t, systest.Options{Driver: "sqlite"})
 	sku := systest.NewSKU(t)
@@ -711,6 +735,7 @@ func TestAttackQueueHostileSettings(t *testing.T) {
 // written into the page by the server), and the page forbids other
 // origins' scripts.
 func TestAttackQueuePageHostileInput(t *testing.T) {
+	systest.FullTier(t)
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	e := systest.Start(t, systest.Options{Driver: "sqlite"})
 	sku := systest.NewSKU(t)
@@ -756,6 +781,7 @@ func TestAttackQueuePageHostileInput(t *testing.T) {
 // opens. What must hold: one place per buyer (the same ticket both times,
 // one 201), and once open the places are exactly 1..200, each given once.
 func TestAttackQueueJoinsRaceTheOpening(t *testing.T) {
+	systest.FullTier(t)
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		dsn := systest.LedgerDSN(t, driver)
@@ -827,6 +853,7 @@ func TestAttackQueueJoinsRaceTheOpening(t *testing.T) {
 // holds a place nobody else holds (restores start past every place the
 // ledger reserved; a restore never runs over a line that exists).
 func TestAttackQueueFlushMidJoinGivesNoPlaceTwice(t *testing.T) {
+	systest.FullTier(t)
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	cl := testenv.NewCluster(t, testenv.ClusterOptions{})
 	dsn := systest.LedgerDSN(t, "sqlite")
@@ -905,6 +932,7 @@ func TestAttackQueueFlushMidJoinGivesNoPlaceTwice(t *testing.T) {
 // and 1000 (everyone in line admitted at once; the ledger still sells each
 // ticket once and the admissions of buyers refused sold-out come back).
 func TestAttackQueueSlackAtItsBounds(t *testing.T) {
+	systest.FullTier(t)
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	for _, pr := range []string{"0.001", "1000"} {
 		t.Run(pr, func(t *testing.T) {
@@ -964,6 +992,7 @@ func TestAttackQueueSlackAtItsBounds(t *testing.T) {
 // not overflow; nothing sells) and in 2001 (the room is open at once and
 // admits).
 func TestAttackQueueFarOpenings(t *testing.T) {
+	systest.FullTier(t)
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true})
 	far, past := systest.NewSKU(t), stock.SKU{Program: keys.MustID(testenv.ID(t, "past")), Ticket: keys.MustID("ga")}
@@ -1003,6 +1032,7 @@ func TestAttackQueueFarOpenings(t *testing.T) {
 // nothing (a line over its maximum) gives it back, the cart that holds
 // spends it, and then a seat hold with it is admission-used.
 func TestAttackQueueEveryWriteNeedsAdmission(t *testing.T) {
+	systest.FullTier(t)
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true})
 	sku := systest.NewSKU(t)
@@ -1056,6 +1086,7 @@ func TestAttackQueueEveryWriteNeedsAdmission(t *testing.T) {
 // a problem, not a stream; the open streams do not slow a check down; the
 // streams end by themselves once the buyer is admitted (a final state).
 func TestAttackQueueEventStreamsUnread(t *testing.T) {
+	systest.FullTier(t)
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true})
 	sku := systest.NewSKU(t)
@@ -1127,6 +1158,7 @@ func TestAttackQueueEventStreamsUnread(t *testing.T) {
 // leaves ended tickets out, and a program with none on sale is never
 // "sold out", so the line waits forever (its buyers poll, streams reopen).
 func TestAttackQueueEndedSaleNotTold(t *testing.T) {
+	systest.FullTier(t)
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true})
 	sku := systest.NewSKU(t)
@@ -1161,6 +1193,7 @@ func TestAttackQueueEndedSaleNotTold(t *testing.T) {
 // same admission (another ticket of the program, a new key) is refused
 // admission-used for every buyer whose purchase made an order.
 func TestAttackQueueCopiesRaceASoldOutReplica(t *testing.T) {
+	systest.FullTier(t)
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		dsn := systest.LedgerDSN(t, driver)
@@ -1210,6 +1243,7 @@ func TestAttackQueueCopiesRaceASoldOutReplica(t *testing.T) {
 // its secret and its line: tickets and admission tokens given before still
 // check and buy, places unchanged.
 func TestAttackQueuePutAgainKeepsTheLine(t *testing.T) {
+	systest.FullTier(t)
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true})
 	sku := systest.NewSKU(t)
@@ -1237,6 +1271,7 @@ func TestAttackQueuePutAgainKeepsTheLine(t *testing.T) {
 // moment lasts; with one running it lasts a pacer tick or two, during
 // which every admitted buyer who pays is refused.
 func TestAttackQueuePurchaseOnALostLineRefused(t *testing.T) {
+	systest.FullTier(t)
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	cl := testenv.NewCluster(t, testenv.ClusterOptions{})
 	dsn := systest.LedgerDSN(t, "sqlite")
@@ -1270,6 +1305,7 @@ func TestAttackQueuePurchaseOnALostLineRefused(t *testing.T) {
 // Redis loss, as its other refusals (admission-used, -expired) look the
 // request up first. The pacer is stopped so the moment lasts.
 func TestAttackQueueRetryAfterLineLossNotReplayed(t *testing.T) {
+	systest.FullTier(t)
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	cl := testenv.NewCluster(t, testenv.ClusterOptions{})
 	dsn := systest.LedgerDSN(t, "sqlite")
@@ -1296,6 +1332,7 @@ func TestAttackQueueRetryAfterLineLossNotReplayed(t *testing.T) {
 // admission-invalid before the request is looked up. What must hold: the
 // same request gets the same answer, its order, replayed.
 func TestAttackQueueRetryAfterRoomRecreatedNotReplayed(t *testing.T) {
+	systest.FullTier(t)
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true})
 	sku := systest.NewSKU(t)
@@ -1323,6 +1360,7 @@ func TestAttackQueueRetryAfterRoomRecreatedNotReplayed(t *testing.T) {
 // sold. What must hold: the bound, after a loss too (the ledger knows which
 // of the program's buyers bought or hold).
 func TestAttackQueueLossDoublesTheSlack(t *testing.T) {
+	systest.FullTier(t)
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	cl := testenv.NewCluster(t, testenv.ClusterOptions{})
 	e := systest.Start(t, systest.Options{Driver: "sqlite", Cluster: cl, Pacer: true})
@@ -1365,6 +1403,7 @@ func TestAttackQueueLossDoublesTheSlack(t *testing.T) {
 // up, where it must be answered its order (a retry is not a new purchase:
 // it needs no admission).
 func TestAttackQueueRetryAfterRoomTurnedOnNotReplayed(t *testing.T) {
+	systest.FullTier(t)
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true})
 	sku := systest.NewSKU(t)

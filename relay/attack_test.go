@@ -52,6 +52,7 @@ func (s *lossyStream) Deliver(ctx context.Context, e ledger.Event) error {
 // relay died before advancing) is then retried and added a second time:
 // the sink promises to never add an event twice.
 func TestAttackStreamAddsAnEventTwiceAfterARedelivery(t *testing.T) {
+	fullTier(t)
 	ctx := context.Background()
 	l, err := ledger.Open(ctx, ledger.Options{Driver: ledger.SQLite, DSN: testenv.SQLitePath(t)})
 	if err != nil {
@@ -141,6 +142,7 @@ func TestAttackStreamAddsAnEventTwiceAfterARedelivery(t *testing.T) {
 // events wait seconds each behind the hanging receiver's attempts. A
 // receiver that hangs should stall only its own sink.
 func TestAttackHangingReceiverStallsTheOtherSinks(t *testing.T) {
+	fullTier(t)
 	ctx := context.Background()
 	l, err := ledger.Open(ctx, ledger.Options{Driver: ledger.SQLite, DSN: testenv.SQLitePath(t)})
 	if err != nil {
@@ -236,6 +238,7 @@ func (o *overlapReceiver) distinct() int {
 // delivered by two relays at once. The database's clock would be one
 // clock for every replica.
 func TestAttackClockSkewTwoRelaysDeliverAPartitionAtOnce(t *testing.T) {
+	fullTier(t)
 	ctx := context.Background()
 	dsn := testenv.PostgresURL(t)
 	la, err := ledger.Open(ctx, ledger.Options{Driver: ledger.Postgres, DSN: dsn})
@@ -305,6 +308,7 @@ func TestAttackClockSkewTwoRelaysDeliverAPartitionAtOnce(t *testing.T) {
 // then the relay adds, after the failover, what the promoted replica
 // lacks, and the event markers keep each event to one entry.
 func TestAttackStreamLosesEventsInAFailover(t *testing.T) {
+	fullTier(t)
 	ctx := context.Background()
 	c := testenv.NewCluster(t, testenv.ClusterOptions{ReplicasPerMaster: 1})
 	rdb := c.Client()
@@ -434,6 +438,7 @@ func (c *claimCut) ClaimPartitions(ctx context.Context, sink, owner string, ttl 
 // its partitions once the leases lapse and delivers them, and a's queued
 // attempts still go out: one partition delivered by two relays at once.
 func TestAttackAttemptQueuedForASlotOutlivesItsLease(t *testing.T) {
+	fullTier(t)
 	ctx := context.Background()
 	l, err := ledger.Open(ctx, ledger.Options{Driver: ledger.SQLite, DSN: testenv.SQLitePath(t)})
 	if err != nil {
@@ -505,5 +510,14 @@ func TestAttackAttemptQueuedForASlotOutlivesItsLease(t *testing.T) {
 	defer rcv.mu.Unlock()
 	if rcv.overlaps > 0 {
 		t.Fatalf("%d deliveries of a partition overlapped another relay's: relay-a delivered after its lease lapsed; want none", rcv.overlaps)
+	}
+}
+
+// fullTier marks an attack: the full tier only (make test); -short, the
+// fast tier (make test-short), skips it.
+func fullTier(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("an attack: full tier only, skipped with -short")
 	}
 }

@@ -39,6 +39,7 @@ func (l slowDirect) Commit(ctx context.Context, takes []ledger.Take, direct bool
 
 // Scenario 1: kill -9 the master holding the SKU during a flash sale.
 func TestFaultKillMaster(t *testing.T) {
+	systest.FullTier(t)
 	for _, shards := range []int{1, 4} {
 		t.Run(map[int]string{1: "shards=1", 4: "shards=4"}[shards], func(t *testing.T) {
 			// A narrow, slow ledger fallback (one take at a time, 10 ms each:
@@ -103,6 +104,7 @@ func TestFaultKillMaster(t *testing.T) {
 // replica is promoted, then SIGCONT it: the old master comes back believing
 // it is master until it hears otherwise (a zombie).
 func TestFaultZombieMaster(t *testing.T) {
+	systest.FullTier(t)
 	e, c := systest.FaultEnv(t, nil)
 	sku := systest.NewSKU(t)
 	const total = 1500
@@ -149,6 +151,7 @@ func TestFaultZombieMaster(t *testing.T) {
 // from the ledger before Redis serves again, and the sale ends at exactly
 // the total.
 func TestFaultAllRedisDown(t *testing.T) {
+	systest.FullTier(t)
 	e, c := systest.FaultEnv(t, func(o *app.Options) {
 		o.Sale.Breaker = breaker.Options{OpenFor: 500 * time.Millisecond}
 		o.Sale.FallbackConcurrency = 1 // keep the sale going until Redis is back
@@ -209,6 +212,7 @@ func TestFaultAllRedisDown(t *testing.T) {
 // falls back from EVALSHA to EVAL, no buyer sees an error, nothing is taken
 // twice.
 func TestFaultScriptFlush(t *testing.T) {
+	systest.FullTier(t)
 	c := testenv.SharedCluster(t)
 	e := systest.Start(t, systest.Options{Driver: ledger.Postgres, Cluster: c})
 	sku := systest.NewSKU(t)
@@ -258,6 +262,7 @@ func sinceOrNever(at, t0 time.Time) string {
 // it, or the gateway asks again, or the client retries; each time the
 // request's deduction record answers, and the stock moves once.
 func TestFaultLostDeductReply(t *testing.T) {
+	systest.FullTier(t)
 	var drop testenv.ReplyDropper
 	// The drift check runs, as in production: a purchase whose replies
 	// were all lost is sold around the gate, and a SKU that then sells out
@@ -324,6 +329,7 @@ func TestFaultLostDeductReply(t *testing.T) {
 // stock they took goes back, nothing is confirmed, and the breaker (which
 // guards Redis, not the ledger) stays closed.
 func TestFaultLedgerUnreachable(t *testing.T) {
+	systest.FullTier(t)
 	dsn, proxy := testenv.ProxiedPostgresURL(t)
 	e := systest.Start(t, systest.Options{Driver: ledger.Postgres, DSN: dsn, Tune: func(o *app.Options) {
 		o.Sale.SettingsTTL = time.Minute // so every purchase reaches the commit
@@ -385,6 +391,7 @@ func TestFaultLedgerUnreachable(t *testing.T) {
 // per request: only the read of the SKU's committed requests, once per
 // sold-out flag period (each new flag may follow a sale of returned stock).
 func TestFaultSoldOutStorm(t *testing.T) {
+	systest.FullTier(t)
 	e, counted := systest.StartCounting(t)
 	sku := systest.NewSKU(t)
 	e.PutSKU(t, sku, 0, 4, 4)
@@ -421,6 +428,7 @@ func TestFaultSoldOutStorm(t *testing.T) {
 // breaker and shard.Failed count them: every run then opens the breaker
 // with "read shard N: context canceled").
 func TestFaultCancellationsDuringHalfOpen(t *testing.T) {
+	systest.FullTier(t)
 	c := testenv.NewCluster(t, testenv.ClusterOptions{ReplicasPerMaster: 1})
 	// What opened the breaker, once the cancellations start: a cancelled
 	// client never may; a probe that outran its own Redis timeout on a busy
@@ -546,6 +554,7 @@ func TestFaultCancellationsDuringHalfOpen(t *testing.T) {
 // mid-way (a real process, SIGKILL, with the gate fenced) leaves a lock that
 // expires, and the next re-seed completes while buyers keep buying.
 func TestFaultReseedOneAtATime(t *testing.T) {
+	systest.FullTier(t)
 	dsn := testenv.PostgresURL(t)
 	// A rebuild that reaches AdvanceGate waits there until the other
 	// reconcile has answered, so the two overlap whatever the timing.

@@ -706,6 +706,7 @@ func TestHoldsAroundTheGate(t *testing.T) {
 // (holds without a lifetime of their own would outlive the maximum), and
 // changes nothing.
 func TestAttackHoldMaxBelowDefaultRefused(t *testing.T) {
+	systest.FullTier(t)
 	e := systest.New(t, ledger.SQLite)
 	sku := systest.NewSKU(t)
 	if r := e.Do(t, http.MethodPut, systest.AdminPath(sku), nil, `{"total":20,"hold_ttl_max_seconds":60}`); r.Status != http.StatusUnprocessableEntity {

@@ -56,6 +56,7 @@ import (
 // 600, which keeps make test within its time on 2 cores; more find more),
 // and STOCKGATE_MODEL_TRACE=1 logs every request and its answer.
 func TestModel(t *testing.T) {
+	systest.FullTier(t)
 	t.Parallel() // its own cluster and ledgers: it overlaps the other long tests
 	steps := 600
 	if v, err := strconv.Atoi(os.Getenv("STOCKGATE_MODEL_STEPS")); err == nil && v > 0 {

@@ -214,6 +214,7 @@ func (s *nodeSale) check(r loadgen.Result, maxShare float64) {
 // are rebuilt, the other masters' SKUs keep their gates, and nearly no
 // buyer sees a 503.
 func TestFaultKillOneMasterCostsItsSlots(t *testing.T) {
+	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		s := newNodeSale(t, driver, nil)
 		ctx := context.Background()
@@ -235,6 +236,7 @@ func TestFaultKillOneMasterCostsItsSlots(t *testing.T) {
 // sells through the ledger meanwhile (capped per replica), and each gate
 // is rebuilt from the ledger when Redis is back; at most 1 % 503.
 func TestFaultAllRedisDownTenSeconds(t *testing.T) {
+	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		s := newNodeSale(t, driver, nil)
 		ctx := context.Background()
@@ -270,6 +272,7 @@ func TestFaultAllRedisDownTenSeconds(t *testing.T) {
 // is promoted, then resumed, mid-sale. Its late writes sell nothing twice
 // and nothing is lost.
 func TestFaultZombieMasterMidSale(t *testing.T) {
+	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		s := newNodeSale(t, driver, nil)
 		ctx := context.Background()
@@ -303,6 +306,7 @@ func TestFaultZombieMasterMidSale(t *testing.T) {
 // moved is retried (TRYAGAIN) or taken by the ledger, and at most 0.1 %
 // of the requests answer 503.
 func TestFaultReshardMidSale(t *testing.T) {
+	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		s := newNodeSale(t, driver, nil)
 		ctx := context.Background()
@@ -331,6 +335,7 @@ func TestFaultReshardMidSale(t *testing.T) {
 // A 503 while a master's breaker is open says in Retry-After when the
 // breaker probes the master again, not the usual second.
 func TestRetryAfterSaysWhenTheMasterIsProbed(t *testing.T) {
+	systest.FullTier(t)
 	c := testenv.NewCluster(t, testenv.ClusterOptions{ReplicasPerMaster: 1})
 	e := systest.Start(t, systest.Options{Driver: ledger.Postgres, Cluster: c, Tune: func(o *app.Options) {
 		o.Sale.Breaker = breaker.Options{OpenFor: 30 * time.Second}

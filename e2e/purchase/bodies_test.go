@@ -88,6 +88,7 @@ func TestBadInput(t *testing.T) {
 // read as 3 and accepted, the ambiguity the duplicate check is there to
 // refuse ("bad input gets a clear 4xx").
 func TestAttackCaseFoldedDuplicateMember(t *testing.T) {
+	systest.FullTier(t)
 	e := systest.New(t, ledger.SQLite)
 	sku := systest.NewSKU(t)
 	e.PutSKU(t, sku, 10, 1, 4)
@@ -106,6 +107,7 @@ func TestAttackCaseFoldedDuplicateMember(t *testing.T) {
 // application/json is JSON, application/jsonfoo is not; a JSON body that is
 // not an object is malformed (400), and the problem names no Go type.
 func TestAttackMediaTypesAndNonObjectBodies(t *testing.T) {
+	systest.FullTier(t)
 	e := systest.New(t, ledger.SQLite)
 	sku := systest.NewSKU(t)
 	e.PutSKU(t, sku, 10, 1, 4)

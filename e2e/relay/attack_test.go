@@ -48,6 +48,7 @@ func (r *idReceiver) count() int {
 // missed. Every receiver should get every event at least once, whatever
 // the list's order.
 func TestAttackWebhookSinkInheritsAnotherReceiversCursor(t *testing.T) {
+	systest.FullTier(t)
 	a := &idReceiver{ids: map[string]bool{}}
 	b := &idReceiver{ids: map[string]bool{}}
 	b.down.Store(true)

@@ -17,6 +17,7 @@ import (
 // the first purchase arrives. The retry is the same request: it gets the
 // replay of its 201, though the gate's quota count refuses it as new.
 func TestAttackRetryAtCapAfterRefund(t *testing.T) {
+	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		e := systest.New(t, driver)
 		sku := systest.NewSKU(t)
@@ -39,6 +40,7 @@ func TestAttackRetryAtCapAfterRefund(t *testing.T) {
 
 // The same with a cancelled hold and a program cap.
 func TestAttackHoldRetryAtProgramCapAfterCancel(t *testing.T) {
+	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		e := systest.New(t, driver)
 		sku := systest.NewSKU(t)
@@ -65,6 +67,7 @@ func TestAttackHoldRetryAtProgramCapAfterCancel(t *testing.T) {
 // gets 422 (idempotency-key-reused), not the 409 limit-reached the quota
 // count gives the new fingerprint.
 func TestAttackReusedKeyAtCap(t *testing.T) {
+	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		e := systest.New(t, driver)
 		sku := systest.NewSKU(t)
@@ -82,6 +85,7 @@ func TestAttackReusedKeyAtCap(t *testing.T) {
 // counts this attempt made: the SKU count the committed order stands on
 // stays.
 func TestAttackLoweredProgramCapReleasesSKUCount(t *testing.T) {
+	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		e := systest.New(t, driver)
 		sku := systest.NewSKU(t)
@@ -115,6 +119,7 @@ func TestAttackLoweredProgramCapReleasesSKUCount(t *testing.T) {
 // another key, its retry still gets its replay (found among the SKU's
 // committed keys), not 409 limit-reached.
 func TestAttackRetryOfUncountedPurchaseAtCap(t *testing.T) {
+	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		e := systest.New(t, driver)
 		sku := systest.NewSKU(t)
@@ -139,6 +144,7 @@ func TestAttackRetryOfUncountedPurchaseAtCap(t *testing.T) {
 // drop the mark its committed request left at the gate: after a refund and
 // the buyer at the cap again, the first request's retry is still replayed.
 func TestAttackReusedKeyKeepsTheMark(t *testing.T) {
+	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		e := systest.New(t, driver)
 		sku := systest.NewSKU(t)

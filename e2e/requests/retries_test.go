@@ -22,6 +22,7 @@ import (
 // free in the ledger and taken in the gate, so the next buyer of them is
 // told they are taken (invariants 3 and 5; Redis and ledger disagree).
 func TestAttackSeatHoldRetryAfterCancel(t *testing.T) {
+	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		e := systest.New(t, driver)
 		sku := systest.NewSKU(t)
@@ -53,6 +54,7 @@ func TestAttackSeatHoldRetryAfterCancel(t *testing.T) {
 
 // The same after expiry and after a refund of the confirmed seat hold.
 func TestAttackSeatHoldRetryAfterRefund(t *testing.T) {
+	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		e := systest.New(t, driver)
 		sku := systest.NewSKU(t)
@@ -84,6 +86,7 @@ func TestAttackSeatHoldRetryAfterRefund(t *testing.T) {
 // "limit reached" (invariant 3: the quota count moved twice for one
 // request; the Redis gate disagrees with the ledger for good).
 func TestAttackQuotaLeakRetryAfterRefund(t *testing.T) {
+	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		e := systest.New(t, driver)
 		sku := systest.NewSKU(t)
@@ -104,6 +107,7 @@ func TestAttackQuotaLeakRetryAfterRefund(t *testing.T) {
 
 // The same with a hold: hold, cancel, retry of the hold.
 func TestAttackQuotaLeakRetryAfterCancel(t *testing.T) {
+	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		e := systest.New(t, driver)
 		sku := systest.NewSKU(t)
@@ -132,6 +136,7 @@ func TestAttackQuotaLeakRetryAfterCancel(t *testing.T) {
 // hold is that nothing moves, and that the same reuse on a SKU that still
 // sells gets 422.
 func TestAttackReusedKeyOnClosedSKU(t *testing.T) {
+	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		e := systest.New(t, driver)
 		open, closed, ended := systest.NewSKU(t), systest.NewSKU(t), systest.NewSKU(t)
@@ -170,6 +175,7 @@ func TestAttackReusedKeyOnClosedSKU(t *testing.T) {
 // its flag's next re-check (at most 2 × the sold-out TTL, 500ms by
 // default): the buyer's retry on B must get its order within that bound.
 func TestAttackSealedReplaysMissRetry(t *testing.T) {
+	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		dsn := systest.LedgerDSN(t, driver)
 		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
@@ -210,6 +216,7 @@ func TestAttackSealedReplaysMissRetry(t *testing.T) {
 // rebuilt between take and commit: one movement per request, Redis ends
 // at the ledger's remaining.
 func TestAttackRetriesRaceRebuilds(t *testing.T) {
+	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		dsn := systest.LedgerDSN(t, driver)
 		var envs []*systest.Env
@@ -297,6 +304,7 @@ func TestAttackRetriesRaceRebuilds(t *testing.T) {
 // the drift check sees a difference that never goes away and "repairs"
 // it with a rebuild every second check, for ever.
 func TestAttackEndedSKUDriftLoop(t *testing.T) {
+	systest.FullTier(t)
 	e := systest.Start(t, systest.Options{Driver: ledger.SQLite, Drift: true})
 	sku := systest.NewSKU(t)
 	e.PutSKU(t, sku, 5, 1, 4)
@@ -314,6 +322,7 @@ func TestAttackEndedSKUDriftLoop(t *testing.T) {
 // Held: a best-available seat hold retried after its cancel is answered
 // from the ledger and takes nothing.
 func TestAttackBestSeatsRetryAfterCancel(t *testing.T) {
+	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		e := systest.New(t, driver)
 		sku := systest.NewSKU(t)
@@ -346,6 +355,7 @@ func TestAttackBestSeatsRetryAfterCancel(t *testing.T) {
 // expired: the returned units are sold again, once, within a bound, and
 // Redis settles at the ledger's remaining.
 func TestAttackSoldOutStormThenReturns(t *testing.T) {
+	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		dsn := systest.LedgerDSN(t, driver)
 		var envs []*systest.Env
@@ -404,6 +414,7 @@ func TestAttackSoldOutStormThenReturns(t *testing.T) {
 // of it is looked at: 422 or 409 instead of its order (invariant 3: the
 // same request gives the same answer).
 func TestAttackRetryAfterSettingsChange(t *testing.T) {
+	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		e := systest.New(t, driver)
 		sku := systest.NewSKU(t)

@@ -21,6 +21,7 @@ import (
 // seats are released in that gate too: another buyer gets the free seat
 // and the check finds nothing to repair.
 func TestAttackDirectSeatHoldRepairedThenCancelled(t *testing.T) {
+	systest.FullTier(t)
 	dsn := testenv.PostgresURL(t)
 	b := systest.Start(t, systest.Options{Driver: ledger.Postgres, DSN: dsn})
 	c := testenv.NewCluster(t, testenv.ClusterOptions{})
@@ -62,6 +63,7 @@ func TestAttackDirectSeatHoldRepairedThenCancelled(t *testing.T) {
 // nothing: before, Redis picked and held the seats first and nothing gave
 // them back, so anyone could block a section with refused requests.
 func TestAttackRefusedBestSeatsHoldNothing(t *testing.T) {
+	systest.FullTier(t)
 	e := systest.New(t, ledger.SQLite)
 	sku := systest.NewSKU(t)
 	e.PutSKU(t, sku, 0, 1, 4)
@@ -96,6 +98,7 @@ func TestAttackRefusedBestSeatsHoldNothing(t *testing.T) {
 // A seat map upload that moves a seat the map has (another section) is
 // refused whole and changes nothing, in the ledger or in Redis.
 func TestAttackSeatMapCannotMoveASeat(t *testing.T) {
+	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		e := systest.New(t, driver)
 		sku := systest.NewSKU(t)

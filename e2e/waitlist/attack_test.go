@@ -19,6 +19,7 @@ import (
 // line gets it first; what nobody in line takes is sold to the public, and
 // Redis and the ledger agree.
 func TestAttackWaitPoolCloseOffersPublicLine(t *testing.T) {
+	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		e := systest.New(t, driver)
 		sku := systest.NewSKU(t)
@@ -49,6 +50,7 @@ func TestAttackWaitPoolCloseOffersPublicLine(t *testing.T) {
 // goes back to Redis (once), also across a gate rebuild while the offer
 // stood.
 func TestAttackWaitRefundOfOfferOrder(t *testing.T) {
+	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		e := systest.New(t, driver)
 		sku := systest.NewSKU(t)
@@ -99,6 +101,7 @@ func TestAttackWaitRefundOfOfferOrder(t *testing.T) {
 // anything, so joining over it is refused like joining over the ticket's
 // own cap (409 limit-reached), and no one is put in line.
 func TestAttackWaitJoinOverProgramCap(t *testing.T) {
+	systest.FullTier(t)
 	e := systest.New(t, ledger.SQLite)
 	sku := systest.NewSKU(t)
 	e.PutSKU(t, sku, 2, 1, 4)
@@ -119,6 +122,7 @@ func TestAttackWaitJoinOverProgramCap(t *testing.T) {
 // The same buyer joins on two replicas at once, many times over: one
 // entry, one 201.
 func TestAttackWaitSameBuyerTwoReplicas(t *testing.T) {
+	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		dsn := systest.LedgerDSN(t, driver)
 		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
@@ -153,6 +157,7 @@ func TestAttackWaitSameBuyerTwoReplicas(t *testing.T) {
 // Leaving races the offer that would go to the leaver; confirm races the
 // offer's expiry. Whatever wins, no unit is lost or offered twice.
 func TestAttackWaitLeaveRacesOffer(t *testing.T) {
+	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		dsn := systest.LedgerDSN(t, driver)
 		tune := func(o *app.Options) {
@@ -219,6 +224,7 @@ func TestAttackWaitLeaveRacesOffer(t *testing.T) {
 // to "code" after buyers joined its line still offers its returns to them:
 // the buyer without a code gets the pool's unit.
 func TestAttackWaitPoolTurnsToCodeStillOffers(t *testing.T) {
+	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		e := systest.New(t, driver)
 		sku := systest.NewSKU(t)
@@ -255,6 +261,7 @@ func TestAttackWaitPoolTurnsToCodeStillOffers(t *testing.T) {
 // buys what the line does not take, on two replicas: never oversold, no
 // offer twice, and Redis and the ledger agree once settled.
 func TestAttackWaitOffersDuringRebuilds(t *testing.T) {
+	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		dsn := systest.LedgerDSN(t, driver)
 		tune := func(o *app.Options) {

@@ -212,3 +212,11 @@ func WaitFor(t *testing.T, within time.Duration, what string, ok func() bool) {
 	}
 }
 
+// FullTier marks a test of the full tier only (a model run, an attack, a
+// fault run): -short, the fast tier (make test-short), skips it.
+func FullTier(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("full tier only (model, attack and fault runs): skipped with -short")
+	}
+}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sony/gobreaker/v2"
+
 	"github.com/stockgate/stockgate/internal/opt"
 )
 

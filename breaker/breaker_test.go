@@ -92,13 +92,13 @@ func TestCancellationsNeitherTripNorStick(t *testing.T) {
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
 	for range 1000 {
-		b.Do(cancelled, func(ctx context.Context) error { return ctx.Err() })
+		_ = b.Do(cancelled, func(ctx context.Context) error { return ctx.Err() })
 	}
 	if b.State() != breaker.Closed {
 		t.Fatalf("1000 cancellations left the breaker %v", b.State())
 	}
 	for range 3 {
-		b.Do(context.Background(), fails(errRedis))
+		_ = b.Do(context.Background(), fails(errRedis))
 	}
 	time.Sleep(60 * time.Millisecond)
 	// Half-open with 2 probes: many cancelled probes in a row.
@@ -140,20 +140,20 @@ func TestOnChangeGivesTheCause(t *testing.T) {
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
 	errTimeout := errors.New("redis: deadline")
-	b.Do(context.Background(), fails(errRedis))
-	b.Do(context.Background(), fails(errSoldOut))
-	b.Do(cancelled, func(ctx context.Context) error { return ctx.Err() })
-	b.Do(context.Background(), fails(errRedis))
-	b.Do(context.Background(), fails(errTimeout)) // closed → open
+	_ = b.Do(context.Background(), fails(errRedis))
+	_ = b.Do(context.Background(), fails(errSoldOut))
+	_ = b.Do(cancelled, func(ctx context.Context) error { return ctx.Err() })
+	_ = b.Do(context.Background(), fails(errRedis))
+	_ = b.Do(context.Background(), fails(errTimeout)) // closed → open
 	for b.State() != breaker.HalfOpen {
 		time.Sleep(5 * time.Millisecond)
 	}
-	b.Do(cancelled, func(ctx context.Context) error { return ctx.Err() })
-	b.Do(context.Background(), fails(errRedis)) // half-open → open
+	_ = b.Do(cancelled, func(ctx context.Context) error { return ctx.Err() })
+	_ = b.Do(context.Background(), fails(errRedis)) // half-open → open
 	for b.State() != breaker.HalfOpen {
 		time.Sleep(5 * time.Millisecond)
 	}
-	b.Do(context.Background(), fails(nil)) // half-open → closed
+	_ = b.Do(context.Background(), fails(nil)) // half-open → closed
 	want := []change{
 		{breaker.Closed, breaker.Open, errTimeout},
 		{breaker.Open, breaker.HalfOpen, nil},

@@ -26,7 +26,7 @@ func gateway() *httptest.Server {
 			}
 			w.Header().Set("Content-Type", ct)
 			w.WriteHeader(status)
-			io.WriteString(w, json)
+			_, _ = io.WriteString(w, json)
 		}
 		key := r.Header.Get("Idempotency-Key")
 		switch {

@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
 	"github.com/stockgate/stockgate/internal/opt"
 )
 

@@ -400,7 +400,7 @@ func disruptionsAllowed(pdb *policyv1.PodDisruptionBudget, n int) int {
 			return v.IntValue()
 		}
 		var p float64
-		fmt.Sscanf(v.StrVal, "%f%%", &p)
+		_, _ = fmt.Sscanf(v.StrVal, "%f%%", &p) // a malformed percentage counts 0, and the checks below fail
 		return int(math.Ceil(p * float64(n) / 100))
 	}
 	if pdb.Spec.MaxUnavailable != nil {

@@ -527,7 +527,7 @@ func TestChartValuesSchema(t *testing.T) {
 		{"autoscaling": map[string]any{"cpuUtilization": 150}},
 		{"imagee": map[string]any{}},
 		{"image": map[string]any{"digest": "latest"}},
-		{"serviceAccount": map[string]any{"nmae": "x"}},
+		{"serviceAccount": map[string]any{"nmae": "x"}}, //nolint:misspell // a misspelt key, which the chart must refuse
 		{"podDisruptionBudget": map[string]any{"maxUnavailable": 0}},
 		{"podDisruptionBudget": map[string]any{"minAvailable": "0%"}},
 		{"extraVolumeMounts": []any{map[string]any{"name": "ca"}}},

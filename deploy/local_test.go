@@ -35,7 +35,7 @@ func TestLocalClusterRestarts(t *testing.T) {
 		}
 		return out
 	}
-	t.Cleanup(func() { run("stop") }) // stops only the pids the script wrote
+	t.Cleanup(func() { _, _ = run("stop") }) // stops only the pids the script wrote
 	cli := func(port int, args ...string) string {
 		out, _ := exec.Command("redis-cli", append([]string{"-p", fmt.Sprint(port)}, args...)...).CombinedOutput()
 		return strings.TrimSpace(string(out))

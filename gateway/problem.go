@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
+
 	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/waitroom"
 )

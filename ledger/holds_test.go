@@ -165,9 +165,9 @@ func TestConfirmRacesExpiry(t *testing.T) {
 				}
 			})
 		}
-		wg.Go(func() { c.advance(time.Millisecond); l.ExpireDue(ctx, 1000) })
+		wg.Go(func() { c.advance(time.Millisecond); _, _ = l.ExpireDue(ctx, 1000) })
 		wg.Wait()
-		l.ExpireDue(ctx, 1000)
+		_, _ = l.ExpireDue(ctx, 1000)
 		st, _ := l.SKU(ctx, sku)
 		orders, _, _ := l.OrderTotals(ctx, sku)
 		if st.Held != 0 || st.Sold != confirmed.Load() || orders != confirmed.Load() {

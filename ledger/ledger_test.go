@@ -434,9 +434,9 @@ func TestServeWithoutDDLRights(t *testing.T) {
 		}
 	}
 	t.Cleanup(func() {
-		db.Exec("REASSIGN OWNED BY " + role + " TO postgres")
-		db.Exec("DROP OWNED BY " + role)
-		db.Exec("DROP ROLE " + role)
+		_, _ = db.Exec("REASSIGN OWNED BY " + role + " TO postgres")
+		_, _ = db.Exec("DROP OWNED BY " + role)
+		_, _ = db.Exec("DROP ROLE " + role)
 	})
 	u, err := url.Parse(admin)
 	if err != nil {

@@ -277,7 +277,7 @@ func TestMigrationKilledMidwayHoldsOthersBriefly(t *testing.T) {
 	}
 	time.Sleep(500 * time.Millisecond) // inside step 2
 	replica.Process.Kill()
-	<-exited
+	<-exited //nolint:errcheck // the Wait of a killed process: "signal: killed"
 
 	start := time.Now()
 	octx, cancel := context.WithTimeout(ctx, 30*time.Second) // serve's
@@ -323,8 +323,8 @@ func TestMigrateWithoutLockRightsFailsAtOnce(t *testing.T) {
 		}
 	}
 	t.Cleanup(func() {
-		db.Exec("DROP OWNED BY " + role)
-		db.Exec("DROP ROLE " + role)
+		_, _ = db.Exec("DROP OWNED BY " + role)
+		_, _ = db.Exec("DROP ROLE " + role)
 	})
 	u, err := url.Parse(admin)
 	if err != nil {

@@ -53,7 +53,7 @@ func startTurnProxy(t *testing.T, target string) *turnProxy {
 			})
 			wg.Go(func() {
 				defer c.Close()
-				io.Copy(c, s)
+				_, _ = io.Copy(c, s)
 			})
 		}
 	})

@@ -68,7 +68,7 @@ func TestBusyThenFreed(t *testing.T) {
 	if _, err := l.Acquire(ctx, key, 0); !errors.Is(err, lock.ErrBusy) {
 		t.Fatalf("second Acquire = %v, want ErrBusy", err)
 	}
-	time.AfterFunc(100*time.Millisecond, func() { a.Release(ctx) })
+	time.AfterFunc(100*time.Millisecond, func() { _ = a.Release(ctx) })
 	b, err := l.Acquire(ctx, key, 2*time.Second)
 	if err != nil {
 		t.Fatalf("Acquire while the holder releases = %v", err)
@@ -150,7 +150,7 @@ func TestCrashedHolderExpires(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Acquire after the dead holder's TTL = %v", err)
 	}
-	a.Release(ctx)
+	_ = a.Release(ctx)
 }
 
 func TestNewValidates(t *testing.T) {

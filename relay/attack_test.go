@@ -157,7 +157,7 @@ func TestAttackHangingReceiverStallsTheOtherSinks(t *testing.T) {
 	events := allEvents(t, l, program)
 	secret := webhook.NewSecret()
 	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
+		_, _ = io.Copy(io.Discard, r.Body)
 		<-r.Context().Done()
 	}))
 	t.Cleanup(hang.Close)
@@ -455,7 +455,7 @@ func TestAttackAttemptQueuedForASlotOutlivesItsLease(t *testing.T) {
 	srv := httptest.NewServer(rcv)
 	t.Cleanup(srv.Close)
 	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
+		_, _ = io.Copy(io.Discard, r.Body)
 		<-r.Context().Done()
 	}))
 	t.Cleanup(hang.Close)

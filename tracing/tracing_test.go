@@ -176,7 +176,7 @@ func TestSetupRefusesSettingsTheSDKFailsOn(t *testing.T) {
 			}()
 			shutdown, err := tracing.Setup(context.Background())
 			if err == nil {
-				shutdown(context.Background())
+				_ = shutdown(context.Background())
 			}
 			if !errors.Is(err, tracing.ErrSetting) {
 				t.Errorf("Setup with %v = %v, want ErrSetting", env, err)

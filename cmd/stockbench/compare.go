@@ -48,7 +48,7 @@ func compareCmd(args []string) error {
 	if out, err := exec.Command("git", "worktree", "add", "--detach", oldSrc, *base).CombinedOutput(); err != nil {
 		return fmt.Errorf("git worktree add %s: %v: %s", *base, err, out)
 	}
-	defer exec.Command("git", "worktree", "remove", "--force", oldSrc).Run()
+	defer func() { _ = exec.Command("git", "worktree", "remove", "--force", oldSrc).Run() }()
 	bins := map[string]string{"old": filepath.Join(abs, "stockgate-old"), "new": filepath.Join(abs, "stockgate-new")}
 	build := func(src, out string) error {
 		cmd := exec.Command("go", "build", "-o", out, "./cmd/stockgate")
@@ -86,7 +86,7 @@ func compareCmd(args []string) error {
 		if err != nil {
 			return fmt.Errorf("start %s: %w", name, err)
 		}
-		defer func() { g.cmd.Process.Kill(); g.cmd.Wait() }()
+		defer func() { g.cmd.Process.Kill(); _ = g.cmd.Wait() }()
 		gws[name] = g
 	}
 

@@ -131,7 +131,7 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 	if err != nil {
 		return row, err
 	}
-	defer func() { g.cmd.Process.Kill(); g.cmd.Wait() }()
+	defer func() { g.cmd.Process.Kill(); _ = g.cmd.Wait() }()
 	prog := fmt.Sprintf("faults%d", time.Now().UnixNano()%1_000_000)
 	var paths []string
 	var skus []stock.SKU

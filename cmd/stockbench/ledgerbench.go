@@ -201,7 +201,7 @@ func (s *suite) idleReplica(settle, window time.Duration) (idle, error) {
 	if err != nil {
 		return out, err
 	}
-	defer func() { g.cmd.Process.Kill(); g.cmd.Wait() }()
+	defer func() { g.cmd.Process.Kill(); _ = g.cmd.Wait() }()
 	ctx := context.Background()
 	for i := range out.programs {
 		sku := fmt.Sprintf("idle%d/ga", i)

@@ -226,7 +226,7 @@ func (s *suite) stop() {
 	for _, g := range []gateway{s.gw, s.fb, s.sq} {
 		if g.cmd != nil && g.cmd.Process != nil {
 			g.cmd.Process.Kill()
-			g.cmd.Wait()
+			_ = g.cmd.Wait()
 		}
 	}
 	if s.rdb != nil {
@@ -247,7 +247,7 @@ func serve(h http.Handler) (string, func()) {
 		panic(err)
 	}
 	srv := &http.Server{Handler: h}
-	go srv.Serve(l) // owned by the returned stop
+	go func() { _ = srv.Serve(l) }() // owned by the returned stop
 	return "http://" + l.Addr().String(), func() { srv.Close() }
 }
 
@@ -343,10 +343,16 @@ func (s *suite) profile(d time.Duration) <-chan string {
 			out <- err.Error()
 			return
 		}
-		f, _ := os.Create(file)
-		io.Copy(f, resp.Body)
+		f, err := os.Create(file)
+		if err == nil {
+			_, err = io.Copy(f, resp.Body)
+			err = errors.Join(err, f.Close())
+		}
 		resp.Body.Close()
-		f.Close()
+		if err != nil {
+			out <- err.Error()
+			return
+		}
 		top, err := exec.Command("go", "tool", "pprof", "-top", "-nodecount=25", filepath.Join(s.plots, "stockgate"), file).CombinedOutput()
 		if err != nil {
 			out <- fmt.Sprintf("pprof: %v %s", err, top)
@@ -407,7 +413,7 @@ func (s *suite) round(r int) (in docInputs, err error) {
 		return in, err
 	}
 	if r == 0 { // warm the connections and caches; not counted
-		loadgen.Attack(loadgen.Run{Name: "warm", BaseURL: s.gw.base, Scenario: loadgen.Reads(flashSKU, 2000), Workers: w})
+		_, _ = loadgen.Attack(loadgen.Run{Name: "warm", BaseURL: s.gw.base, Scenario: loadgen.Reads(flashSKU, 2000), Workers: w})
 	}
 
 	// 1. Flash sale through stockgate, with the memory (and a CPU profile).

@@ -43,7 +43,7 @@ func TestSIGTERMDrainsUnderLoad(t *testing.T) {
 		if err != nil {
 			return 0
 		}
-		io.Copy(io.Discard, resp.Body)
+		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		return resp.StatusCode
 	}
@@ -72,7 +72,7 @@ func TestSIGTERMDrainsUnderLoad(t *testing.T) {
 					t.Errorf("request in flight at shutdown: %v %v", err, resp)
 					continue
 				}
-				io.Copy(io.Discard, resp.Body)
+				_, _ = io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
 				answered.Add(1)
 			}

@@ -508,7 +508,7 @@ func TestFaultCancellationsDuringHalfOpen(t *testing.T) {
 				if err != nil {
 					cancelled.Add(1)
 				} else {
-					io.Copy(io.Discard, resp.Body)
+					_, _ = io.Copy(io.Discard, resp.Body)
 					resp.Body.Close()
 					answered.Add(1)
 				}

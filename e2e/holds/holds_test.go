@@ -677,7 +677,7 @@ func TestHoldsAroundTheGate(t *testing.T) {
 			if err := node.Pause(); err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { node.Resume() })
+			t.Cleanup(func() { _ = node.Resume() })
 		}
 		systest.TripBreakers(t, e, c.Masters)
 		before, _ := e.Ledger.SKU(context.Background(), sku)

@@ -62,7 +62,7 @@ func (r *otlpReceiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.mu.Unlock()
 	out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
 	w.Header().Set("Content-Type", "application/x-protobuf")
-	w.Write(out)
+	_, _ = w.Write(out)
 }
 
 func (r *otlpReceiver) named(name string) []*tracepb.Span {
@@ -92,7 +92,7 @@ func TestTracingFollowsAPurchase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer shutdown(context.Background())
+	defer func() { _ = shutdown(context.Background()) }()
 	if !tracing.Enabled() {
 		t.Fatal("tracing is off with OTEL_EXPORTER_OTLP_ENDPOINT set")
 	}

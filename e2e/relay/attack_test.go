@@ -24,7 +24,7 @@ type idReceiver struct {
 }
 
 func (r *idReceiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
-	io.Copy(io.Discard, req.Body)
+	_, _ = io.Copy(io.Discard, req.Body)
 	if r.down.Load() {
 		http.Error(w, "down", http.StatusServiceUnavailable)
 		return

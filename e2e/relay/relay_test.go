@@ -24,7 +24,7 @@ func TestRelayAPI(t *testing.T) {
 	refuse.Store(true)
 	var delivered atomic.Int64
 	rcv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
+		_, _ = io.Copy(io.Discard, r.Body)
 		if refuse.Load() {
 			http.Error(w, "no", http.StatusServiceUnavailable)
 			return

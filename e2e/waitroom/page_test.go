@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+
 	"github.com/stockgate/stockgate/internal/systest"
 )
 

@@ -1,0 +1,53 @@
+package app_test
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// The black-box tests under e2e/ see the service as its users and
+// operators do: besides the harness (internal/systest, internal/testenv for
+// the servers it starts, and the load drivers internal/loadgen and
+// internal/onsale, which speak HTTP as clients do) they import only the
+// client, app and the module's public packages; never another internal
+// package, nor another capability's tests. And the harness is for tests
+// only: no package of the service imports it.
+func TestE2EImports(t *testing.T) {
+	const mod = "github.com/stockgate/stockgate/"
+	allowed := map[string]bool{mod + "internal/systest": true, mod + "internal/testenv": true,
+		mod + "internal/loadgen": true, mod + "internal/onsale": true}
+	out, err := exec.Command("go", "list", "-f",
+		`{{.ImportPath}}|{{join .Imports " "}}|{{join .TestImports " "}} {{join .XTestImports " "}}`, mod+"...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	e2e := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Split(line, "|")
+		if len(f) != 3 {
+			t.Fatalf("go list gave %q", line)
+		}
+		pkg, imports, testImports := f[0], strings.Fields(f[1]), strings.Fields(f[2])
+		for _, imp := range imports {
+			if imp == mod+"internal/systest" && pkg != mod+"internal/systest" {
+				t.Errorf("%s imports the test harness internal/systest", pkg)
+			}
+		}
+		if !strings.HasPrefix(pkg, mod+"e2e/") {
+			continue
+		}
+		e2e++
+		for _, imp := range append(imports, testImports...) {
+			switch {
+			case strings.HasPrefix(imp, mod+"internal/") && !allowed[imp]:
+				t.Errorf("%s imports %s: e2e tests use the public packages and the harness", pkg, imp)
+			case strings.HasPrefix(imp, mod+"e2e/") && imp != pkg:
+				t.Errorf("%s imports %s: each capability's tests stand alone", pkg, imp)
+			}
+		}
+	}
+	if e2e < 10 {
+		t.Fatalf("go list found %d packages under e2e/, not the tests by capability", e2e)
+	}
+}

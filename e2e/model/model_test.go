@@ -38,7 +38,7 @@ import (
 // used up, given back by refunds, cancels and expiry; wrong codes; the
 // pool closed while its orders still stand, its later returns moved on to
 // the public pool by a sweeper); and a second program sold only through
-// its waiting room (modelqueue_test.go: joins, checks, and takes with the
+// its waiting room (waitroom_test.go: joins, checks, and takes with the
 // buyer's admission token, another's, a forged one or none). It
 // checks each answer and the ledger against a reference model after every
 // step: the status (and for a refusal its kind, and the cart line it
@@ -67,7 +67,7 @@ func TestModel(t *testing.T) {
 		seed = v
 	}
 	systest.EachDriver(t, func(t *testing.T, driver string) {
-		t.Logf("seed %d: STOCKGATE_MODEL_SEED=%d go test -run 'TestModel/%s' ./gateway reproduces it", seed, seed, driver)
+		t.Logf("seed %d: STOCKGATE_MODEL_SEED=%d go test -run 'TestModel/%s' ./e2e/model reproduces it", seed, seed, driver)
 		m := newModel(t, driver, seed)
 		for i := range steps {
 			m.step = i

@@ -46,8 +46,11 @@ if not id(ARGV[1]) or not pre or not opened or not frozen or not post or not ser
 end
 if redis.call('HGET', KEYS[1], 'line') == ARGV[1] then return {2} end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8])
+-- 'old' too: a check reads it (the places whose window passed) before the
+-- pacer's next step would set it, and without it an expired place read as
+-- admitted until then.
 redis.call('HSET', KEYS[1], 'line', ARGV[1], 'pre', pre, 'precap', pre, 'post', post, 'postcap', post, 'serving', serving,
-  'hist', string.match(redis.call('INFO', 'replication'), 'master_replid:(%w+)'))
+  'old', old, 'hist', string.match(redis.call('INFO', 'replication'), 'master_replid:(%w+)'))
 if opened == 1 then redis.call('HSET', KEYS[1], 'frozen', frozen) end
 if gaplo > 0 and gaphi >= gaplo then redis.call('HSET', KEYS[1], 'gaplo', gaplo, 'gaphi', gaphi) end
 if egaplo > 0 and egaphi >= egaplo then redis.call('HSET', KEYS[1], 'egaplo', egaplo, 'egaphi', egaphi) end

@@ -435,3 +435,21 @@ func BenchmarkLineJoinsOneSlot(b *testing.B) {
 		b.ReportMetric(1e6/per, "joins/s-one-master-core")
 	}
 }
+
+// A line made again says at once which places' windows had passed: a
+// check right after a restore (before the pacer's next step) read the old
+// count as 0, and an expired buyer as admitted (seen under make test's
+// load by e2e/waitroom's TestAttackQueueExpiredRevivedByLoss).
+func TestRestoredLineKeepsItsOldPlaces(t *testing.T) {
+	ctx := context.Background()
+	s := waitroom.NewStore(testenv.SharedCluster(t).Client())
+	prog := keys.MustID(testenv.ID(t, "old"))
+	room := keys.MustID("room1")
+	if made, err := s.Restore(ctx, prog, room, waitroom.Facts{Post: 9, Opened: true, Serving: 7, Old: 4}, time.Now(), time.Minute); err != nil || !made {
+		t.Fatalf("restore = %v, %v", made, err)
+	}
+	st, err := s.State(ctx, prog, room)
+	if err != nil || st.Old != 4 || st.Serving != 7 {
+		t.Fatalf("state after a restore = %+v, %v; want old 4, serving 7", st, err)
+	}
+}

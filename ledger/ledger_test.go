@@ -21,22 +21,7 @@ func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
 
 // eachDriver runs f against a fresh SQLite file and a fresh PostgreSQL
 // database: the same behaviour is required of both.
-func eachDriver(t *testing.T, f func(t *testing.T, l *ledger.Ledger)) {
-	for _, driver := range []string{ledger.SQLite, ledger.Postgres} {
-		t.Run(driver, func(t *testing.T) {
-			dsn := testenv.SQLitePath(t)
-			if driver == ledger.Postgres {
-				dsn = testenv.PostgresURL(t)
-			}
-			l, err := ledger.Open(context.Background(), ledger.Options{Driver: driver, DSN: dsn})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { l.Close() })
-			f(t, l)
-		})
-	}
-}
+func eachDriver(t *testing.T, f func(t *testing.T, l *ledger.Ledger)) { testenv.EachLedger(t, f) }
 
 var sku = stock.SKU{Program: keys.MustID("show-1"), Ticket: keys.MustID("ga")}
 

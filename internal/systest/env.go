@@ -146,37 +146,13 @@ func Start(t *testing.T, o Options) *Env {
 		Kill: func() { hs.CloseClientConnections(); hs.Close(); a.Close() }}
 }
 
-// Drivers are the ledger's drivers: every behaviour is required of both.
-var Drivers = []string{ledger.SQLite, ledger.Postgres}
+// EachDriver runs f as a subtest per ledger driver: testenv.EachDriver,
+// the one loop over the drivers, which the ledger's own tests use too.
+func EachDriver(t *testing.T, f func(t *testing.T, driver string)) { testenv.EachDriver(t, f) }
 
-// EachDriver runs f as a subtest per ledger driver.
-func EachDriver(t *testing.T, f func(t *testing.T, driver string)) {
-	for _, d := range Drivers {
-		t.Run(d, func(t *testing.T) { f(t, d) })
-	}
-}
-
-// EachLedger runs f as a subtest per ledger driver, on a fresh ledger of
-// that driver, closed when the subtest ends.
-func EachLedger(t *testing.T, f func(t *testing.T, l *ledger.Ledger)) {
-	EachDriver(t, func(t *testing.T, driver string) {
-		l, err := ledger.Open(context.Background(), ledger.Options{Driver: driver, DSN: LedgerDSN(t, driver)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = l.Close() })
-		f(t, l)
-	})
-}
-
-// LedgerDSN is a fresh, empty ledger of the driver (dropped when the test
-// ends), for replicas to share.
-func LedgerDSN(t *testing.T, driver string) string {
-	if driver == ledger.Postgres {
-		return testenv.PostgresURL(t)
-	}
-	return testenv.SQLitePath(t)
-}
+// LedgerDSN is a fresh, empty ledger of the driver (testenv.LedgerDSN),
+// for replicas to share.
+func LedgerDSN(t *testing.T, driver string) string { return testenv.LedgerDSN(t, driver) }
 
 // Logger shows a replica's log in the test's log when STOCKGATE_TEST_LOG
 // is set, and discards it otherwise.

@@ -183,8 +183,11 @@ func openSQLite(path string) (*sql.DB, func() error, error) {
 	f := sqliteFiles.open[abs]
 	if f == nil {
 		// WAL with synchronous=FULL: a committed sale survives a power cut.
+		// The busy timeout comes first: the pragmas run in order, and
+		// switching a new file to WAL while another process creates it
+		// answered SQLITE_BUSY at once without it (seen in CI).
 		db, err := sql.Open("sqlite", "file:"+path+
-			"?_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=busy_timeout(10000)&_pragma=foreign_keys(1)&_txlock=immediate")
+			"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=foreign_keys(1)&_txlock=immediate")
 		if err != nil {
 			return nil, nil, err
 		}

@@ -198,7 +198,7 @@ func newFloorWriter(ctx context.Context, c floorConfig) (*floorWriter, error) {
 		}
 		return w, nil
 	}
-	db, err := sql.Open("sqlite", "file:"+c.dsn+"?_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=busy_timeout(10000)&_txlock=immediate")
+	db, err := sql.Open("sqlite", "file:"+c.dsn+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_txlock=immediate")
 	if err != nil {
 		return nil, err
 	}

@@ -82,6 +82,10 @@ local before = now - window
 local last = redis.call('ZREVRANGEBYSCORE', KEYS[2], before, '-inf', 'LIMIT', 0, 1)
 local old = 0
 if #last > 0 then old = tonumber(last[1]) end
+-- Never fewer than the line said before: a pacer's step whose clock read
+-- came before a restore (or another replica's clock, behind) found no
+-- batch old enough and read 0, and an expired buyer checked as admitted.
+old = math.max(old, tonumber(redis.call('HGET', KEYS[1], 'old') or 0))
 local unused = serving - old - gap(old, serving) - spent(old, 1e15)
 local abandoned = old - gap(0, old) - count(KEYS[4], 0, old)
 redis.call('HSET', KEYS[1], 'soldout', soldout)

@@ -56,7 +56,9 @@ if gaplo > 0 and gaphi >= gaplo then redis.call('HSET', KEYS[1], 'gaplo', gaplo,
 if egaplo > 0 and egaphi >= egaplo then redis.call('HSET', KEYS[1], 'egaplo', egaplo, 'egaphi', egaphi) end
 if perm > 0 then redis.call('HSET', KEYS[1], 'perm', perm) end
 if old > 0 then
-  local at = now - window - 1 -- their window had passed
+  -- Their window had passed: admitted at the epoch, so a replica whose
+  -- clock is behind this one's still finds them expired.
+  local at = 0
   redis.call('ZADD', KEYS[3], at, old)
   redis.call('ZADD', KEYS[4], old, old .. ':' .. at)
 end

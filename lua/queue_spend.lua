@@ -34,6 +34,8 @@ if had then
   redis.call('HINCRBY', KEYS[5], ARGV[2], 1)
   return {2, 0}
 end
+-- The places the line counts as expired stay so, whatever this clock says.
+if pos <= tonumber(redis.call('HGET', KEYS[4], 'old') or 0) then return {3} end
 local batch = redis.call('ZRANGEBYSCORE', KEYS[3], pos, '+inf', 'LIMIT', 0, 1)
 if #batch == 0 then return {4} end
 local at = tonumber(string.match(batch[1], ':(%d+)$'))

@@ -453,3 +453,33 @@ func TestRestoredLineKeepsItsOldPlaces(t *testing.T) {
 		t.Fatalf("state after a restore = %+v, %v; want old 4, serving 7", st, err)
 	}
 }
+
+// A step or a spend whose clock reads earlier than the restore's (the
+// pacer reads the time before it restores the line; another replica's
+// clock may be behind) still finds the restored old places expired: the
+// pacer's step read 0 and a check answered an expired buyer admitted (CI,
+// TestAttackQueueExpiredRevivedByLoss).
+func TestRestoredOldPlacesStayExpiredForAnEarlierClock(t *testing.T) {
+	ctx := context.Background()
+	s := waitroom.NewStore(testenv.SharedCluster(t).Client())
+	prog := keys.MustID(testenv.ID(t, "old"))
+	room := keys.MustID("room1")
+	now := time.Now()
+	if made, err := s.Restore(ctx, prog, room, waitroom.Facts{Post: 9, Opened: true, Serving: 7, Old: 4}, now, time.Minute); err != nil || !made {
+		t.Fatalf("restore = %v, %v", made, err)
+	}
+	earlier := now.Add(-50 * time.Millisecond)
+	step, err := s.Advance(ctx, prog, room, earlier, earlier.Add(-time.Hour), 0, 100, 0, time.Minute, false)
+	if err != nil || step.Old != 4 {
+		t.Fatalf("a step with an earlier clock = %+v, %v; want old 4", step, err)
+	}
+	if st, err := s.State(ctx, prog, room); err != nil || st.Old != 4 {
+		t.Fatalf("state after that step = %+v, %v; want old 4", st, err)
+	}
+	if _, _, err := s.Spend(ctx, prog, room, 4, keys.MustID("ann"), keys.MustID("r1"), earlier, time.Minute); !errors.Is(err, waitroom.ErrExpired) {
+		t.Fatalf("spend of an expired place with an earlier clock = %v, want ErrExpired", err)
+	}
+	if _, first, err := s.Spend(ctx, prog, room, 5, keys.MustID("bob"), keys.MustID("r2"), earlier, time.Minute); err != nil || !first {
+		t.Fatalf("spend of a place admitted anew = %v, %v", first, err)
+	}
+}

@@ -53,6 +53,13 @@ func (s *Service) throughQueue(ctx context.Context, program keys.ID, a Ask, r re
 	switch {
 	case errors.Is(err, ErrUnavailable):
 		return fail(err)
+	case errors.Is(err, ErrAdmissionUsed), errors.Is(err, ErrAdmissionExpired):
+		// A token the line gave this buyer, spent or past its window: the
+		// key may have committed a request of another SKU, which makes
+		// this one a reuse of it (422), not a refusal of the door. Looked
+		// up by key: one ledger read, as a cart's refusal costs; only a
+		// token signed for this buyer gets this far.
+		return s.lookupOr(ctx, r, fail(err))
 	case err != nil:
 		// Only a request that committed before gets past a refused door.
 		return s.committedIn(ctx, r, skus, fail(err))

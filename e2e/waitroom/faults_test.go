@@ -72,6 +72,8 @@ func TestQueueAdmissionOutlivesRefusals(t *testing.T) {
 		plenty := stock.SKU{Program: scarce.Program, Ticket: keys.MustID("vip")}
 		a.PutSKU(t, scarce, 1, 1, 2)
 		a.PutSKU(t, plenty, 10, 2, 2)
+		other := stock.SKU{Program: scarce.Program, Ticket: keys.MustID("balcony")}
+		a.PutSKU(t, other, 10, 1, 2)
 		putQueue(t, a, scarce.Program, `{"opens_in_seconds":0,"rate_per_second":100,"window_seconds":60,"per_remaining":10}`)
 		first := admitted(t, a, scarce.Program, "first")
 		if r := buyWith(t, a, scarce, "first-1", "first", 1, first.Admission); r.Status != http.StatusCreated {
@@ -106,6 +108,12 @@ func TestQueueAdmissionOutlivesRefusals(t *testing.T) {
 			}
 			if r := buyWith(t, e, plenty, "ann-ok", "ann", 2, ann.Admission); r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "true" {
 				t.Fatalf("the retry of the order = %d %s", r.Status, r.Body)
+			}
+			// The order's key sent for another SKU is a reuse of that key,
+			// though the door would refuse the spent admission (CI's model
+			// test: 409 admission-used).
+			if r := buyWith(t, e, other, "ann-ok", "ann", 1, ann.Admission); r.Status != http.StatusUnprocessableEntity || systest.ProblemKind(r) != "idempotency-key-reused" {
+				t.Fatalf("the order's key for another SKU = %d %s, want 422 idempotency-key-reused", r.Status, r.Body)
 			}
 		}
 		// Another buyer's admission is not ann's.

@@ -56,7 +56,7 @@ var (
 	ErrNoAdjacent        = newErr("no-adjacent-seats", "no adjacent seats free")
 	ErrSeatMapRefused    = newErr("seat-map-refused", "the seat map change was refused")
 	ErrBelowCommitted    = newErr("total-below-committed", "the total is below what is sold and held")
-	ErrRebuildBusy       = newErr("reseed-in-progress", "another gateway is rebuilding this SKU's stock right now")
+	ErrRebuildBusy       = newErr("reseed-in-progress", "another replica is rebuilding this SKU's stock right now")
 	ErrBusy              = newErr("overloaded", "Redis is unavailable and the ledger is at its fallback capacity; retry with the same Idempotency-Key")
 	ErrUnavailable       = newErr("unavailable", "stock service temporarily unavailable; retry with the same Idempotency-Key")
 	ErrNotRebuilt        = newErr("unavailable", "ledger updated but Redis not rebuilt yet; it will be rebuilt before it serves this SKU")

@@ -4,7 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// metrics are the gateway's own series. No label takes a user's, a SKU's
+// metrics are this replica's own series. No label takes a user's, a SKU's
 // or a key's value: their number stays fixed however many SKUs exist.
 type metrics struct {
 	purchases      *prometheus.CounterVec // by path and result
@@ -92,11 +92,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"work"}),
 		waitJoins: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "stockgate_waitlist_joins_total",
-			Help: "Buyers this gateway put on a waitlist (a buyer joining again while in line is not counted).",
+			Help: "Buyers this replica put on a waitlist (a buyer joining again while in line is not counted).",
 		}),
 		expired: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "stockgate_holds_expired_total",
-			Help: "Holds this gateway's sweeper expired and gave back.",
+			Help: "Holds this replica's sweeper expired and gave back.",
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes, m.seatDrift, m.seatRepairs, m.poolRefusals, m.poolMoved, m.waitJoins, m.ledgerWait, m.ledgerShed} {

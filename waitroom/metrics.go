@@ -18,11 +18,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		joins: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "stockgate_queue_joins_total",
-			Help: "Buyers this gateway put in a waiting room's line (joining again is not counted).",
+			Help: "Buyers this replica put in a waiting room's line (joining again is not counted).",
 		}),
 		admitted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "stockgate_queue_admitted_total",
-			Help: "Buyers admitted by this gateway's pacer.",
+			Help: "Buyers admitted by this replica's pacer.",
 		}),
 		unused: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "stockgate_queue_admitted_unused",

@@ -500,7 +500,7 @@ func TestProgramCap(t *testing.T) {
 
 // A sweeper that dies between the ledger half of an expiry and the Redis
 // half (here: the ledger expiry run by hand, as a sweeper would, and never
-// followed up) leaves restore_pending; another gateway's sweeper finishes
+// followed up) leaves restore_pending; another replica's sweeper finishes
 // it after RestoreGrace, once.
 func TestDeadSweeperRestoreFinishedByAnother(t *testing.T) {
 	dsn := testenv.PostgresURL(t)

@@ -1,0 +1,121 @@
+package sale
+
+import (
+	"context"
+	"errors"
+
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/stock"
+)
+
+var (
+	ansHoldExpired   = fail(ErrHoldExpired)
+	ansHoldCancelled = fail(ErrHoldCancelled)
+	ansNotOwner      = fail(ErrNotOwner)
+	ansNoHold        = fail(ErrUnknownHold)
+	ansNoOrder       = fail(ErrUnknownOrder)
+	ansHoldConfirmed = fail(ErrHoldConfirmed)
+)
+
+// confirm makes the hold an order, once; a retry gets the same order.
+func (s *Service) confirm(ctx context.Context, id, buyer keys.ID, r request) answer {
+	o, err := s.confirmLedger(ctx, id, buyer, r.ledger())
+	switch {
+	case err == nil:
+		s.sellSeats(ctx, o)
+		return answer{order: o}
+	case errors.Is(err, ledger.ErrDuplicate):
+		return answer{order: o, replayed: true}
+	case errors.Is(err, ledger.ErrHoldEnded):
+		h, herr := s.ledger.HoldByID(ctx, id)
+		if herr == nil && h.State == ledger.Cancelled {
+			return ansHoldCancelled
+		}
+		return ansHoldExpired
+	}
+	return s.ownerError(ctx, err, ansNoHold)
+}
+
+// cancel ends the hold; its stock goes back, once.
+func (s *Service) cancel(ctx context.Context, id, buyer keys.ID, r request) answer {
+	h, changed, err := s.cancelLedger(ctx, id, buyer, r.ledger())
+	switch {
+	case errors.Is(err, ledger.ErrDuplicate):
+		return answer{hold: &h, replayed: true}
+	case errors.Is(err, ledger.ErrHoldConfirmed):
+		return ansHoldConfirmed
+	case err != nil:
+		return s.ownerError(ctx, err, ansNoHold)
+	}
+	if changed {
+		s.returnOwed(ctx, "hold", h.ID)
+	}
+	return answer{hold: &h}
+}
+
+// refund gives the order's stock back once; a second refund answers the
+// same and moves nothing.
+func (s *Service) refund(ctx context.Context, id, buyer keys.ID, r request) answer {
+	o, changed, err := s.refundLedger(ctx, id, buyer, r.ledger())
+	switch {
+	case errors.Is(err, ledger.ErrDuplicate):
+		return answer{order: o, replayed: true}
+	case err != nil:
+		return s.ownerError(ctx, err, ansNoOrder)
+	}
+	if changed {
+		s.returnOwed(ctx, "order", o.ID)
+	}
+	return answer{order: o}
+}
+
+func (s *Service) ownerError(ctx context.Context, err error, notFound answer) answer {
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		return notFound
+	case errors.Is(err, ledger.ErrNotOwner):
+		return ansNotOwner
+	case errors.Is(err, ledger.ErrInCart):
+		return fail(ErrInCart)
+	case errors.Is(err, ledger.ErrKeyReused):
+		return ansKeyReused
+	case errors.Is(err, errLedgerBusy):
+		return ansLedgerBusy
+	}
+	s.log.ErrorContext(ctx, "hold or order action", "err", err)
+	return ansUnavailable
+}
+
+// EndSale ends a SKU's sale behind the fence, so no replica's gate admits
+// anyone after it; holds and orders already made stay.
+func (s *Service) EndSale(ctx context.Context, sku stock.SKU) (SKUState, error) {
+	ctx, cancel := s.detach(ctx)
+	defer cancel()
+	if _, err := s.ledger.SKU(ctx, sku); errors.Is(err, stock.ErrUnknownSKU) {
+		return SKUState{}, ErrUnknownSKU
+	}
+	var st ledger.SKUState
+	_, err := s.rebuildWith(ctx, sku, reasonAdmin, true, s.opts.ReseedWait, func(ctx context.Context) (err error) {
+		st, err = s.ledger.EndSale(ctx, sku)
+		return err
+	})
+	s.settings.Invalidate(sku)
+	s.stock.Invalidate(sku)
+	if st.Program.IsZero() {
+		s.log.ErrorContext(ctx, "end sale", "sku", sku.String(), "err", err)
+		return SKUState{}, refuse(ErrUnavailable, "could not end the sale; repeat the request")
+	}
+	if err != nil {
+		s.log.ErrorContext(ctx, "end sale: gate not rebuilt", "sku", sku.String(), "err", err)
+	}
+	if err := s.endPools(ctx, sku); err != nil {
+		s.log.ErrorContext(ctx, "end sale: pools", "sku", sku.String(), "err", err)
+		return SKUState{}, refuse(ErrUnavailable, "the ticket's sale ended but not every pool's yet; repeat the request")
+	}
+	whole, err := s.ticketState(ctx, st)
+	if err != nil {
+		return skuStateOf(st), nil
+	}
+	return whole, nil
+}

@@ -310,6 +310,17 @@ func (c *Client) Cancel(ctx context.Context, holdID, key, buyer string) (Hold, e
 	return c.hold(ctx, "/v1/holds/"+url.PathEscape(holdID)+"/cancel", key, map[string]any{"buyer": buyer})
 }
 
+// Extend moves a held hold's expiry to ttl from now (0: its SKU's hold
+// TTL), up to the SKU's maximum lifetime; never nearer. An expired hold
+// is ErrHoldExpired; one at its maximum lifetime ErrHoldAtMax.
+func (c *Client) Extend(ctx context.Context, holdID, key, buyer string, ttl time.Duration) (Hold, error) {
+	body := map[string]any{"buyer": buyer}
+	if ttl > 0 {
+		body["ttl_seconds"] = int64(ttl / time.Second)
+	}
+	return c.hold(ctx, "/v1/holds/"+url.PathEscape(holdID)+"/extend", key, body)
+}
+
 // Refund refunds an order once; a repeat answers the same and moves nothing.
 func (c *Client) Refund(ctx context.Context, orderID, key, buyer string) (Order, error) {
 	var o Order

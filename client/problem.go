@@ -71,6 +71,7 @@ var (
 	ErrHoldCancelled     = kind("hold-cancelled")          // 409
 	ErrHoldConfirmed     = kind("hold-confirmed")          // 409
 	ErrInCart            = kind("in-cart")                 // 409: act on the cart, not its line
+	ErrHoldAtMax         = kind("hold-at-max-lifetime")    // 409: the hold cannot be extended further
 	ErrCartNotBought     = kind("cart-not-bought")         // 409: a held cart never confirmed; nothing to refund
 	ErrUnknownPool       = kind("unknown-pool")            // 404
 	ErrPoolNotOpen       = kind("pool-not-open")           // 409

@@ -106,6 +106,7 @@ var statusOf = map[*sale.Err]int{
 	sale.ErrHoldCancelled:     http.StatusConflict,
 	sale.ErrHoldConfirmed:     http.StatusConflict,
 	sale.ErrInCart:            http.StatusConflict,
+	sale.ErrHoldAtMax:         http.StatusConflict,
 	sale.ErrCartNotBought:     http.StatusConflict,
 	sale.ErrUnknownPool:       http.StatusNotFound,
 	sale.ErrPoolNotOpen:       http.StatusConflict,

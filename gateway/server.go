@@ -287,6 +287,7 @@ func (s *Server) routes(set routeSet) (*gin.Engine, error) {
 	v1.GET("/holds/:id", s.getHold)
 	v1.POST("/holds/:id/confirm", s.confirmHold)
 	v1.POST("/holds/:id/cancel", s.cancelHold)
+	v1.POST("/holds/:id/extend", s.extendHold)
 	v1.GET("/orders/:id", s.getOrder)
 	v1.POST("/skus/:program/:ticket/seat-holds", s.postSeatHold)
 	v1.GET("/skus/:program/:ticket/seats", s.getSeats)

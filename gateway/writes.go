@@ -233,6 +233,38 @@ func (s *Server) getOrder(c *gin.Context) {
 // order, once; a retry gets the same order.
 func (s *Server) confirmHold(c *gin.Context) { s.ownerAction(c, http.StatusCreated, s.sale.Confirm) }
 
+// extendBody asks for a hold's expiry ttl_seconds from now (absent: the
+// SKU's hold TTL).
+type extendBody struct {
+	Buyer      string `json:"buyer"`
+	TTLSeconds *int64 `json:"ttl_seconds"`
+}
+
+// extendHold handles POST /v1/holds/:id/extend: the hold's expiry moves
+// later, up to its SKU's maximum lifetime.
+func (s *Server) extendHold(c *gin.Context) {
+	id, ok := idParam(c, "hold")
+	if !ok {
+		return
+	}
+	ask, ok := s.ask(c)
+	if !ok {
+		return
+	}
+	var body extendBody
+	if !s.decodeBody(c, &body) {
+		return
+	}
+	if ask.Buyer, ok = buyerField(c, body.Buyer); !ok {
+		return
+	}
+	ttl, ok := holdTTL(c, body.TTLSeconds)
+	if !ok {
+		return
+	}
+	s.written(c, http.StatusOK)(s.sale.Extend(c.Request.Context(), id, ask, ttl))
+}
+
 // cancelHold handles POST /v1/holds/:id/cancel: the stock goes back, once.
 func (s *Server) cancelHold(c *gin.Context) { s.ownerAction(c, http.StatusOK, s.sale.Cancel) }
 

@@ -28,6 +28,7 @@ const (
 	EventHoldConfirmed = "hold.confirmed"
 	EventHoldCancelled = "hold.cancelled"
 	EventHoldExpired   = "hold.expired"
+	EventHoldExtended  = "hold.extended"
 	EventSaleSoldOut   = "sale.sold_out"
 	EventSaleEnded     = "sale.ended"
 	EventPoolMoved     = "pool.moved"

@@ -651,3 +651,104 @@ func (l *Ledger) SetShards(ctx context.Context, sku stock.SKU, n int) error {
 	}
 	return nil
 }
+
+// ErrAtMaxLifetime: a hold cannot be extended past its SKU's maximum
+// lifetime (hold_ttl_max from the hold's creation), and it is there.
+var ErrAtMaxLifetime = errors.New("ledger: hold at its maximum lifetime")
+
+// Extend moves a live hold's expiry to ttl from now, capped at its SKU's
+// maximum lifetime counted from the hold's creation; it never brings the
+// expiry nearer (an extension to less than the hold has answers the hold
+// as it is). The conditional update of the hold's row decides it against
+// a sweeper, a confirm or a cancel at the same instant, as Confirm's does:
+// a hold whose expiry has passed is ErrHoldEnded, even before the sweeper
+// has ended it. A confirmed hold is ErrHoldConfirmed; a cart's line
+// ErrInCart (a cart is extended whole, never a line). A hold already at
+// its maximum lifetime is ErrAtMaxLifetime (with the hold), so a client
+// asking for more learns it gets none. req (when not zero) is the client's request: a
+// retry answers the hold as that request left it.
+func (l *Ledger) Extend(ctx context.Context, holdID, buyer keys.ID, ttl time.Duration, req Request) (_ Hold, err error) {
+	defer l.observe("extend", time.Now(), &err)
+	if ttl < MinHoldTTL || ttl > MaxHoldTTL {
+		return Hold{}, fmt.Errorf("%w: ttl %v not in %v..%v", stock.ErrInvalid, ttl, MinHoldTTL, MaxHoldTTL)
+	}
+	now := l.now().UTC().Truncate(time.Millisecond)
+	h, err := l.HoldByID(ctx, holdID)
+	if err != nil {
+		return Hold{}, err
+	}
+	tx, taken, err := l.begin(ctx, req, h.SKU, now, "extend")
+	if taken {
+		return l.holdReplay(ctx, req)
+	}
+	if err != nil {
+		return Hold{}, err
+	}
+	defer tx.Rollback()
+	h, err = scanHold(tx.QueryRowContext(ctx, selectHold+` WHERE id = $1`, holdID))
+	switch {
+	case err != nil:
+		return Hold{}, err
+	case h.Buyer != buyer:
+		return Hold{}, ErrNotOwner
+	case !h.CartID.IsZero():
+		return Hold{}, ErrInCart
+	case h.State == Confirmed:
+		return Hold{}, ErrHoldConfirmed
+	case h.State != Held || !now.Before(h.ExpiresAt):
+		return Hold{}, fmt.Errorf("%w: %s", ErrHoldEnded, h.stateAt(now))
+	}
+	var maxMS int64
+	if err := tx.QueryRowContext(ctx, `SELECT hold_ttl_max_ms FROM skus WHERE program = $1 AND ticket = $2`,
+		h.SKU.Program, h.SKU.Ticket).Scan(&maxMS); err != nil {
+		return Hold{}, notCommitted("extend: sku", err)
+	}
+	limit := h.CreatedAt.Add(time.Duration(maxMS) * time.Millisecond)
+	until := now.Add(ttl)
+	if until.After(limit) {
+		until = limit
+	}
+	if !until.After(h.ExpiresAt) {
+		if !h.ExpiresAt.Before(limit) {
+			return h, fmt.Errorf("%w: it expires at %s", ErrAtMaxLifetime, h.ExpiresAt.Format(time.RFC3339))
+		}
+		// Asked for less than it has: answered as it is, and remembered so.
+		if err := finish(ctx, tx, req, nil, &h); err != nil {
+			return Hold{}, err
+		}
+		return h, tx.Commit()
+	}
+	res, err := tx.ExecContext(ctx, `UPDATE holds SET expires_at = $2
+		WHERE id = $1 AND state = $3 AND expires_at > $4 AND expires_at < $2`, h.ID, until.UnixMilli(), Held, now.UnixMilli())
+	if err != nil {
+		return Hold{}, notCommitted("extend hold", err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		// Changed since it was read: ended, or extended further by another
+		// request (PostgreSQL re-reads the row the update waited for).
+		cur, err := scanHold(tx.QueryRowContext(ctx, selectHold+` WHERE id = $1`, h.ID))
+		switch {
+		case err != nil:
+			return Hold{}, err
+		case cur.State == Confirmed:
+			return Hold{}, ErrHoldConfirmed
+		case cur.State != Held || !now.Before(cur.ExpiresAt):
+			return Hold{}, fmt.Errorf("%w: ended while extending", ErrHoldEnded)
+		}
+		if err := finish(ctx, tx, req, nil, &cur); err != nil {
+			return Hold{}, err
+		}
+		return cur, tx.Commit()
+	}
+	h.ExpiresAt = until
+	if err := emit(ctx, tx, now, holdEvent(EventHoldExtended, h)); err != nil {
+		return Hold{}, err
+	}
+	if err := finish(ctx, tx, req, nil, &h); err != nil {
+		return Hold{}, err
+	}
+	if err := tx.Commit(); err != nil {
+		return Hold{}, fmt.Errorf("ledger: extend: commit: %w", err)
+	}
+	return h, nil
+}

@@ -24,6 +24,7 @@ const (
 	OpConfirm  = "confirm"
 	OpCancel   = "cancel"
 	OpRefund   = "refund"
+	OpExtend   = "extend"
 	OpCart     = "cart"
 	// Held carts, and the actions on a whole cart.
 	OpCartHold    = "cart_hold"

@@ -3,6 +3,7 @@ package sale
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
@@ -30,6 +31,39 @@ func (s *Service) confirm(ctx context.Context, id, buyer keys.ID, r request) ans
 	case errors.Is(err, ledger.ErrHoldEnded):
 		h, herr := s.ledger.HoldByID(ctx, id)
 		if herr == nil && h.State == ledger.Cancelled {
+			return ansHoldCancelled
+		}
+		return ansHoldExpired
+	}
+	return s.ownerError(ctx, err, ansNoHold)
+}
+
+// extend moves the hold's expiry (ttl 0: its SKU's hold TTL).
+func (s *Service) extend(ctx context.Context, id, buyer keys.ID, ttl time.Duration, r request) answer {
+	if ttl == 0 {
+		h, err := s.ledger.HoldByID(ctx, id)
+		if err != nil {
+			return s.ownerError(ctx, err, ansNoHold)
+		}
+		st, err := s.settings.Get(ctx, h.SKU)
+		if err != nil {
+			return s.ownerError(ctx, err, ansNoHold)
+		}
+		ttl = st.HoldTTL
+	}
+	h, err := s.ledger.Extend(ctx, id, buyer, ttl, r.ledger())
+	switch {
+	case err == nil:
+		return answer{hold: &h}
+	case errors.Is(err, ledger.ErrDuplicate):
+		return answer{hold: &h, replayed: true}
+	case errors.Is(err, ledger.ErrHoldConfirmed):
+		return ansHoldConfirmed
+	case errors.Is(err, ledger.ErrAtMaxLifetime):
+		return fail(refuse(ErrHoldAtMax, "it expires at "+h.ExpiresAt.UTC().Format(time.RFC3339)))
+	case errors.Is(err, ledger.ErrHoldEnded):
+		cur, herr := s.ledger.HoldByID(ctx, id)
+		if herr == nil && cur.State == ledger.Cancelled {
 			return ansHoldCancelled
 		}
 		return ansHoldExpired

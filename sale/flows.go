@@ -178,6 +178,21 @@ func (s *Service) Confirm(ctx context.Context, holdID keys.ID, a Ask) (Result, e
 	return s.ownerAction(ctx, ledger.OpConfirm, holdID, a, s.confirm)
 }
 
+// Extend moves a held hold's expiry to ttl from now (0: the SKU's hold
+// TTL), up to the SKU's maximum lifetime from the hold's creation; never
+// nearer than it was. A retry with the same key answers the hold as that
+// request left it. An expired hold cannot be extended, even before the
+// sweeper has given its stock back.
+func (s *Service) Extend(ctx context.Context, holdID keys.ID, a Ask, ttl time.Duration) (Result, error) {
+	if ttl != 0 && (ttl < ledger.MinHoldTTL || ttl > ledger.MaxHoldTTL) {
+		return Result{}, refuse(ErrInvalid, fmt.Sprintf("ttl_seconds must be in %d..%d",
+			int(ledger.MinHoldTTL.Seconds()), int(ledger.MaxHoldTTL.Seconds())))
+	}
+	return s.ownerAction(ctx, ledger.OpExtend, holdID, a, func(ctx context.Context, id, buyer keys.ID, r request) answer {
+		return s.extend(ctx, id, buyer, ttl, r)
+	}, ttl.String())
+}
+
 // Cancel ends a held hold; its stock goes back, once.
 func (s *Service) Cancel(ctx context.Context, holdID keys.ID, a Ask) (Result, error) {
 	return s.ownerAction(ctx, ledger.OpCancel, holdID, a, s.cancel)
@@ -189,14 +204,14 @@ func (s *Service) Refund(ctx context.Context, orderID keys.ID, a Ask) (Result, e
 }
 
 func (s *Service) ownerAction(ctx context.Context, op string, id keys.ID, a Ask,
-	f func(ctx context.Context, id, buyer keys.ID, r request) answer) (Result, error) {
+	f func(ctx context.Context, id, buyer keys.ID, r request) answer, args ...string) (Result, error) {
 	if err := a.check(); err != nil {
 		return Result{}, err
 	}
 	if id.IsZero() {
 		return Result{}, refuse(ErrInvalid, "ids match [A-Za-z0-9_-]{1,64}")
 	}
-	r := newRequest(a.Buyer, a.Key, op, id.String())
+	r := newRequest(a.Buyer, a.Key, op, append([]string{id.String()}, args...)...)
 	return s.run(ctx, r, func(ctx context.Context) answer { return f(ctx, id, a.Buyer, r) })
 }
 

@@ -95,6 +95,7 @@ type Ends interface {
 	Confirm(ctx context.Context, holdID, buyer keys.ID, req ledger.Request) (ledger.Order, error)
 	ConfirmBatch(ctx context.Context, cs []ledger.HoldRequest) ([]ledger.BatchResult, error)
 	Cancel(ctx context.Context, holdID, buyer keys.ID, req ledger.Request) (ledger.Hold, bool, error)
+	Extend(ctx context.Context, holdID, buyer keys.ID, ttl time.Duration, req ledger.Request) (ledger.Hold, error)
 	CancelBatch(ctx context.Context, cs []ledger.HoldRequest) ([]ledger.HoldResult, error)
 	Refund(ctx context.Context, orderID, buyer keys.ID, req ledger.Request) (ledger.Order, bool, error)
 	RefundBatch(ctx context.Context, rs []ledger.OrderRequest) ([]ledger.OrderResult, error)

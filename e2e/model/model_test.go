@@ -451,6 +451,8 @@ func (m *sim) do() {
 		m.cart(false)
 	case r < 41:
 		m.cart(true)
+	case r < 44 && m.rng.IntN(3) == 0:
+		m.extend()
 	case r < 44:
 		m.confirm()
 	case r < 47:
@@ -966,6 +968,49 @@ func (m *sim) confirm() {
 	h.sku.held -= h.q
 	h.sku.sold += h.q
 	m.orders = append(m.orders, &mOrder{id: systest.OrderID(r), sku: h.sku, buyer: h.buyer, code: h.code, q: h.q})
+}
+
+// extend moves a live hold's expiry: ttl_seconds from now (the SKUs'
+// maximum lifetime, an hour, is never reached within a run), or never
+// nearer than it was; another buyer's extension is refused and changes
+// nothing.
+func (m *sim) extend() {
+	h := m.liveHold()
+	if h == nil {
+		return
+	}
+	m.ops["extend"]++
+	ttl := 1 + m.rng.IntN(600)
+	path, key := "/v1/holds/"+h.id+"/extend", m.newKey()
+	if m.rng.IntN(8) == 0 {
+		body := fmt.Sprintf(`{"buyer":%q,"ttl_seconds":%d}`, h.buyer+"x", ttl)
+		if r := m.post(m.env(), path, key, body); r.Status != http.StatusForbidden {
+			m.fail("POST %s %s = %d %s, want 403", path, body, r.Status, r.Body)
+		}
+		return
+	}
+	body := fmt.Sprintf(`{"buyer":%q,"ttl_seconds":%d}`, h.buyer, ttl)
+	sent := time.Now().Truncate(time.Millisecond)
+	r := m.post(m.env(), path, key, body)
+	answered := time.Now()
+	var got struct {
+		ExpiresAt time.Time `json:"expires_at"`
+		State     string    `json:"state"`
+	}
+	_ = json.Unmarshal(r.Body, &got)
+	lo := sent.Add(time.Duration(ttl) * time.Second)
+	hi := answered.Add(time.Duration(ttl) * time.Second)
+	if lo.Before(h.expires) {
+		lo = h.expires
+	}
+	if hi.Before(h.expires) {
+		hi = h.expires
+	}
+	if r.Status != http.StatusOK || got.State != ledger.Held || got.ExpiresAt.Before(lo) || got.ExpiresAt.After(hi) {
+		m.fail("POST %s %s = %d %s, want 200 held until between %v and %v", path, body, r.Status, r.Body, lo, hi)
+	}
+	m.done = append(m.done, mRequest{path: path, key: key, body: body, buyer: h.buyer, status: http.StatusOK, id: systest.ReplyID(r)})
+	h.expires = got.ExpiresAt
 }
 
 func (m *sim) cancel() {

@@ -268,6 +268,7 @@ func (s *Server) routes(set routeSet) (*gin.Engine, error) {
 		admin.PUT("/programs/:program", s.putProgram)
 		admin.PUT("/programs/:program/queue", s.putQueue)
 		admin.GET("/programs/:program/queue", s.getQueue)
+		admin.GET("/programs/:program/report", s.getReport)
 		admin.DELETE("/programs/:program/queue", s.deleteQueue)
 		admin.PUT("/skus/:program/:ticket/seats", s.putSeats)
 		admin.POST("/skus/:program/:ticket/seats/check", s.checkSeats)

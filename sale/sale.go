@@ -74,6 +74,7 @@ type SKUs interface {
 	ProgramCap(ctx context.Context, program keys.ID) (int64, error)
 	MarkGateSeeded(ctx context.Context, sku stock.SKU, seq int64) error
 	AdvanceGate(ctx context.Context, sku stock.SKU) (ledger.SKUState, error)
+	Report(ctx context.Context, program keys.ID) ([]ledger.StockReport, error)
 }
 
 // Takes commits takes of stock (group-committed) and answers what a

@@ -91,6 +91,7 @@ func TestModel(t *testing.T) {
 		m.checkLine()
 		m.checkCarts(true)
 		m.checkEvents()
+		m.checkReport()
 		m.checkQueue(true)
 		m.checkQueueMoves()
 		m.t.Logf("waiting room: %s", m.queueSummary())
@@ -1481,6 +1482,43 @@ func (m *sim) checkBuyers() {
 			m.fail("buyer units: %s", strings.Join(diff, "; "))
 		}
 		m.settleExpiries(time.Now())
+	}
+}
+
+// checkReport reads the program's reconciliation report through the API:
+// every SKU and pool adds up to its total, its row agrees with its order
+// and hold rows, and its sold is the model's.
+func (m *sim) checkReport() {
+	r := m.env().Do(m.t, http.MethodGet, "/v1/admin/programs/"+m.program.String()+"/report", nil, "")
+	var rep struct {
+		Balanced bool
+		SKUs     []struct {
+			Ticket, Pool            string
+			Total, Sold, Held, Open int64
+			Balanced                bool
+		}
+	}
+	if err := json.Unmarshal(r.Body, &rep); r.Status != http.StatusOK || err != nil || !rep.Balanced {
+		m.fail("report = %d %s (%v), want balanced", r.Status, r.Body, err)
+	}
+	lines := map[string]int{}
+	for i, l := range rep.SKUs {
+		name := l.Ticket
+		if l.Pool != "" {
+			name += "." + l.Pool
+		}
+		lines[name] = i
+		if !l.Balanced || l.Sold+l.Held+l.Open != l.Total {
+			m.fail("report line %+v does not add up", l)
+		}
+	}
+	for _, s := range m.stocks() {
+		i, ok := lines[s.sku.Ticket.String()]
+		if !ok {
+			m.fail("the report has no line of %s: %s", s.sku, r.Body)
+		} else if rep.SKUs[i].Sold != s.sold {
+			m.fail("the report has %s sold %d, the model %d", s.sku, rep.SKUs[i].Sold, s.sold)
+		}
 	}
 }
 

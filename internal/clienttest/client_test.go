@@ -122,6 +122,12 @@ func TestEveryCall(t *testing.T) {
 			t.Errorf("sold-out problem = %+v", p)
 		}
 	}
+	if got, err := c.Extend(ctx, h2.HoldID, "e1", "cat", 20*time.Minute); err != nil || !got.ExpiresAt.After(h2.ExpiresAt) {
+		t.Errorf("Extend = %+v, %v; want it later than %v", got, err, h2.ExpiresAt)
+	}
+	if _, err := c.Extend(ctx, h2.HoldID, "e2", "cat", 48*time.Hour); !errors.Is(err, client.ErrInvalid) {
+		t.Errorf("Extend by two days = %v, want ErrInvalid", err)
+	}
 	if got, err := c.Cancel(ctx, h2.HoldID, "x1", "cat"); err != nil || got.State != "cancelled" {
 		t.Errorf("Cancel = %+v, %v", got, err)
 	}
@@ -136,6 +142,10 @@ func TestEveryCall(t *testing.T) {
 	}
 	if got, err := c.SKUState(ctx, sku); err != nil || got.Sold != 1 || got.Held != 0 {
 		t.Errorf("SKUState = %+v, %v; want 1 sold (the confirm), nothing held", got, err)
+	}
+	if r, err := c.Report(ctx, sku.Program); err != nil || !r.Balanced || len(r.SKUs) != 1 || r.SKUs[0].Sold != 1 || r.SKUs[0].ConfirmedUnits != 1 ||
+		r.SKUs[0].RefundedUnits != 2 || r.SKUs[0].CancelledUnits != 2 {
+		t.Errorf("Report = %+v, %v; want 1 confirmed, 2 refunded, 2 cancelled", r, err)
 	}
 	if got, err := c.EndSale(ctx, sku); err != nil || !got.Ended {
 		t.Errorf("EndSale = %+v, %v", got, err)

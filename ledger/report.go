@@ -1,0 +1,74 @@
+package ledger
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// StockReport is one SKU's (or pool's) stock as the ledger's rows add it
+// up, for reconciliation: the SKU row's counts beside what its order and
+// hold rows say, so a platform can check one against the other and both
+// against its own books.
+type StockReport struct {
+	SKU                stock.SKU
+	Total, Sold, Held  int64 // the SKU row
+	Open               int64 // total - sold - held: still for sale
+	OrderUnits, Orders int64 // standing orders (not refunded)
+	// Of OrderUnits: bought at once (purchases), confirmed from holds
+	// (single holds and seat holds), and as lines of carts.
+	PurchasedUnits, ConfirmedUnits, CartUnits int64
+	RefundedUnits, Refunds                    int64 // orders refunded
+	HeldUnits                                 int64 // live holds' rows
+	ExpiredUnits, CancelledUnits              int64 // holds that ended without a sale
+	Seated                                    bool
+}
+
+// Balanced says the SKU row agrees with its order and hold rows and adds
+// up to its total.
+func (r StockReport) Balanced() bool {
+	return r.Sold+r.Held+r.Open == r.Total && r.Sold == r.OrderUnits && r.Held == r.HeldUnits &&
+		r.OrderUnits == r.PurchasedUnits+r.ConfirmedUnits+r.CartUnits
+}
+
+// Report adds up every SKU and pool of program from the ledger's rows, in
+// ticket order: one statement, read at one instant on PostgreSQL
+// (REPEATABLE READ is not needed: a single statement sees one snapshot).
+func (l *Ledger) Report(ctx context.Context, program keys.ID) ([]StockReport, error) {
+	rows, err := l.db.QueryContext(ctx, `SELECT s.ticket, s.total, s.sold, s.held, s.seated,
+		(SELECT COUNT(*) FROM orders o WHERE o.program = s.program AND o.ticket = s.ticket AND o.refunded_at = 0),
+		(SELECT COALESCE(SUM(o.quantity), 0) FROM orders o WHERE o.program = s.program AND o.ticket = s.ticket AND o.refunded_at = 0),
+		(SELECT COALESCE(SUM(o.quantity), 0) FROM orders o WHERE o.program = s.program AND o.ticket = s.ticket AND o.refunded_at = 0
+			AND o.hold_id = '' AND o.cart_id = ''),
+		(SELECT COALESCE(SUM(o.quantity), 0) FROM orders o WHERE o.program = s.program AND o.ticket = s.ticket AND o.refunded_at = 0
+			AND o.hold_id <> '' AND o.cart_id = ''),
+		(SELECT COALESCE(SUM(o.quantity), 0) FROM orders o WHERE o.program = s.program AND o.ticket = s.ticket AND o.refunded_at = 0
+			AND o.cart_id <> ''),
+		(SELECT COUNT(*) FROM orders o WHERE o.program = s.program AND o.ticket = s.ticket AND o.refunded_at > 0),
+		(SELECT COALESCE(SUM(o.quantity), 0) FROM orders o WHERE o.program = s.program AND o.ticket = s.ticket AND o.refunded_at > 0),
+		(SELECT COALESCE(SUM(h.quantity), 0) FROM holds h WHERE h.program = s.program AND h.ticket = s.ticket AND h.state = $2),
+		(SELECT COALESCE(SUM(h.quantity), 0) FROM holds h WHERE h.program = s.program AND h.ticket = s.ticket AND h.state = $3),
+		(SELECT COALESCE(SUM(h.quantity), 0) FROM holds h WHERE h.program = s.program AND h.ticket = s.ticket AND h.state = $4)
+		FROM skus s WHERE s.program = $1 ORDER BY s.ticket`, program, Held, Expired, Cancelled)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: report: %w", err)
+	}
+	defer rows.Close()
+	var out []StockReport
+	for rows.Next() {
+		r := StockReport{SKU: stock.SKU{Program: program}}
+		var seated int64
+		if err := rows.Scan(&r.SKU.Ticket, &r.Total, &r.Sold, &r.Held, &seated, &r.Orders, &r.OrderUnits, &r.PurchasedUnits,
+			&r.ConfirmedUnits, &r.CartUnits, &r.Refunds, &r.RefundedUnits, &r.HeldUnits, &r.ExpiredUnits, &r.CancelledUnits); err != nil {
+			return nil, fmt.Errorf("ledger: report: %w", err)
+		}
+		r.Open, r.Seated = r.Total-r.Sold-r.Held, seated != 0
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("ledger: report: %w", err)
+	}
+	return out, nil
+}

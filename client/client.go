@@ -305,6 +305,17 @@ func (c *Client) Confirm(ctx context.Context, holdID, key, buyer string) (Order,
 	return o, err
 }
 
+// ConfirmPart makes quantity of a held hold's units an order, once; the
+// rest come back to stock at once. A seat hold is confirmed whole
+// (Confirm).
+func (c *Client) ConfirmPart(ctx context.Context, holdID, key, buyer string, quantity int64) (Order, error) {
+	var o Order
+	replayed, err := c.call(ctx, http.MethodPost, "/v1/holds/"+url.PathEscape(holdID)+"/confirm", key, false,
+		map[string]any{"buyer": buyer, "quantity": quantity}, &o)
+	o.Replayed = replayed
+	return o, err
+}
+
 // Cancel gives a held hold's stock back.
 func (c *Client) Cancel(ctx context.Context, holdID, key, buyer string) (Hold, error) {
 	return c.hold(ctx, "/v1/holds/"+url.PathEscape(holdID)+"/cancel", key, map[string]any{"buyer": buyer})

@@ -231,7 +231,38 @@ func (s *Server) getOrder(c *gin.Context) {
 
 // confirmHold handles POST /v1/holds/:id/confirm: the hold becomes an
 // order, once; a retry gets the same order.
-func (s *Server) confirmHold(c *gin.Context) { s.ownerAction(c, http.StatusCreated, s.sale.Confirm) }
+func (s *Server) confirmHold(c *gin.Context) {
+	id, ok := idParam(c, "hold")
+	if !ok {
+		return
+	}
+	ask, ok := s.ask(c)
+	if !ok {
+		return
+	}
+	var body confirmBody
+	if !s.decodeBody(c, &body) {
+		return
+	}
+	if ask.Buyer, ok = buyerField(c, body.Buyer); !ok {
+		return
+	}
+	var keep int64
+	if body.Quantity != nil {
+		if keep = *body.Quantity; keep < 1 || keep > stock.MaxPerOrderCap {
+			writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "quantity out of bounds", 0)
+			return
+		}
+	}
+	s.written(c, http.StatusCreated)(s.sale.ConfirmPart(c.Request.Context(), id, ask, keep))
+}
+
+// confirmBody confirms a hold: all of it, or quantity of its units (the
+// rest come back to stock).
+type confirmBody struct {
+	Buyer    string `json:"buyer"`
+	Quantity *int64 `json:"quantity"`
+}
 
 // extendBody asks for a hold's expiry ttl_seconds from now (absent: the
 // SKU's hold TTL).

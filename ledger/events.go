@@ -29,9 +29,12 @@ const (
 	EventHoldCancelled = "hold.cancelled"
 	EventHoldExpired   = "hold.expired"
 	EventHoldExtended  = "hold.extended"
-	EventSaleSoldOut   = "sale.sold_out"
-	EventSaleEnded     = "sale.ended"
-	EventPoolMoved     = "pool.moved"
+	// EventHoldReleased: the units of a hold confirmed in part that came
+	// back (its Quantity; Order names the order that kept the rest).
+	EventHoldReleased = "hold.released"
+	EventSaleSoldOut  = "sale.sold_out"
+	EventSaleEnded    = "sale.ended"
+	EventPoolMoved    = "pool.moved"
 	// A waitlist offer is a hold: offer_made is its hold.created, and
 	// offer_expired its hold.expired (a confirmed or cancelled offer has
 	// the hold's events).

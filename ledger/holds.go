@@ -163,11 +163,25 @@ func (l *Ledger) begin(ctx context.Context, req Request, sku stock.SKU, now time
 // (when not zero) is the client's confirm request, remembered with the
 // order it got.
 func (l *Ledger) Confirm(ctx context.Context, holdID, buyer keys.ID, req Request) (_ Order, err error) {
+	return l.ConfirmPart(ctx, holdID, buyer, 0, req)
+}
+
+// ConfirmPart is Confirm of keep of the hold's units (0: all): the order
+// has keep, and the rest come back in the same transaction, as a cancel
+// gives them back (held - rest, the buyer's count - rest, a waitlist
+// offered first, restore_pending set when Redis is owed them), exactly
+// once whatever races it: the hold's state change decides. keep over the
+// hold's quantity is stock.ErrInvalid; a seat hold is confirmed whole
+// (ErrSeatedTake) unless keep is 0 or all its seats.
+func (l *Ledger) ConfirmPart(ctx context.Context, holdID, buyer keys.ID, keep int64, req Request) (_ Order, err error) {
 	defer l.observe("confirm", time.Now(), &err)
 	now := l.now().UTC().Truncate(time.Millisecond)
 	h, err := l.HoldByID(ctx, holdID)
 	if err != nil {
 		return Order{}, err
+	}
+	if keep < 0 {
+		return Order{}, fmt.Errorf("%w: keep %d", stock.ErrInvalid, keep)
 	}
 	tx, taken, err := l.begin(ctx, req, h.SKU, now, "confirm")
 	if taken {
@@ -196,8 +210,17 @@ func (l *Ledger) Confirm(ctx context.Context, holdID, buyer keys.ID, req Request
 		return o, tx.Commit()
 	case h.State != Held || !now.Before(h.ExpiresAt):
 		return Order{}, fmt.Errorf("%w: %s", ErrHoldEnded, h.stateAt(now))
+	case keep > h.Quantity:
+		return Order{}, fmt.Errorf("%w: keep %d of a hold of %d", stock.ErrInvalid, keep, h.Quantity)
+	case keep > 0 && keep < h.Quantity && len(h.SeatIDs) > 0:
+		return Order{}, fmt.Errorf("%w: a seat hold is confirmed whole", ErrSeatedTake)
 	}
+	if keep == 0 {
+		keep = h.Quantity
+	}
+	rest := h.Quantity - keep
 	o := confirmOrder(h, req, now)
+	o.Quantity = keep
 	// The state change is the one place a hold's fate is decided: a sweeper
 	// expiring it at this instant changes zero rows here, or we change zero
 	// rows there.
@@ -212,12 +235,35 @@ func (l *Ledger) Confirm(ctx context.Context, holdID, buyer keys.ID, req Request
 	var v int64
 	err = tx.QueryRowContext(ctx, `UPDATE skus SET held = held - $3, sold = sold + $3, version = version + 1, updated_at = $4
 		WHERE program = $1 AND ticket = $2 AND held >= $3 RETURNING version`,
-		h.SKU.Program, h.SKU.Ticket, h.Quantity, now.UnixMilli()).Scan(&v)
+		h.SKU.Program, h.SKU.Ticket, keep, now.UnixMilli()).Scan(&v)
 	if errors.Is(err, sql.ErrNoRows) {
-		return Order{}, fmt.Errorf("ledger: confirm: %s holds fewer than %d", h.SKU, h.Quantity)
+		return Order{}, fmt.Errorf("ledger: confirm: %s holds fewer than %d", h.SKU, keep)
 	}
 	if err != nil {
 		return Order{}, notCommitted("confirm stock", err)
+	}
+	var events []Event
+	if rest > 0 {
+		// The rest comes back as a cancel's units do; Redis is owed them
+		// (RestoreOwed: the hold's quantity less its order's and what a
+		// waitlist was offered).
+		r, err := returnStock(ctx, tx, h.SKU, h.Buyer, rest, "held", now.UnixMilli())
+		if err != nil {
+			return Order{}, err
+		}
+		v = r.version
+		pending, err := owed(ctx, tx, "holds", h.ID, h.Gate, h.TakeEpoch, false, r)
+		if err != nil {
+			return Order{}, err
+		}
+		offers, err := offerBack(ctx, tx, h.SKU, rest, []backRow{{"holds", h.ID, rest, pending}}, now)
+		if err != nil {
+			return Order{}, err
+		}
+		released := holdEvent(EventHoldReleased, h)
+		released.Order, released.Quantity = o.ID, rest
+		events = append(events, released)
+		events = append(events, offers...)
 	}
 	if inserted, err := insertOrder(ctx, tx, o); err != nil || !inserted {
 		return Order{}, fmt.Errorf("ledger: confirm: order row of hold %s: inserted %v: %w", h.ID, inserted, err)
@@ -226,7 +272,9 @@ func (l *Ledger) Confirm(ctx context.Context, holdID, buyer keys.ID, req Request
 		return Order{}, err
 	}
 	h.OrderID = o.ID
-	if err := emit(ctx, tx, now, holdEvent(EventHoldConfirmed, h)); err != nil {
+	confirmed := holdEvent(EventHoldConfirmed, h)
+	confirmed.Quantity = keep
+	if err := emit(ctx, tx, now, append([]Event{confirmed}, events...)...); err != nil {
 		return Order{}, err
 	}
 	if err := finish(ctx, tx, req, &o, nil); err != nil {
@@ -473,7 +521,8 @@ type Restore struct {
 func (l *Ledger) PendingRestores(ctx context.Context, olderThan time.Duration, limit int) ([]Restore, error) {
 	before := l.now().Add(-olderThan).UnixMilli()
 	rows, err := l.queryRepeated(ctx, `
-		SELECT 'hold', id, program, ticket, buyer, idem_key, gate, quantity - offered, restore_epoch, restore_shards, code_hash, restore_pending
+		SELECT 'hold', id, program, ticket, buyer, idem_key, gate, `+holdOwedUnits+`, restore_epoch, restore_shards, `+holdOwedCode+`,
+			restore_pending
 		FROM holds WHERE restore_pending > 0 AND ended_at <= $1
 		UNION ALL
 		SELECT 'order', id, program, ticket, buyer, CASE WHEN gate_key = '' THEN idem_key ELSE gate_key END, gate,
@@ -498,12 +547,22 @@ func (l *Ledger) PendingRestores(ctx context.Context, olderThan time.Duration, l
 	return out, rows.Err()
 }
 
+// holdOwedUnits is what a hold's return owes Redis: its units less those a
+// waitlist was offered, and less those its order kept when it was
+// confirmed in part (a hold confirmed whole owes nothing). holdOwedCode is
+// the access code whose use comes back: none when an order keeps it.
+const (
+	holdOwedUnits = `quantity - offered - CASE WHEN state = 'confirmed'
+		THEN COALESCE((SELECT o.quantity FROM orders o WHERE o.id = holds.order_id), quantity) ELSE 0 END`
+	holdOwedCode = `CASE WHEN state = 'confirmed' THEN '' ELSE code_hash END`
+)
+
 // RestoreOwed returns the restore a hold or order owes Redis, if it still
 // owes one (ok false otherwise): what the ledger recorded when it took the
 // units back.
 func (l *Ledger) RestoreOwed(ctx context.Context, kind string, id keys.ID) (Restore, bool, error) {
-	q := `SELECT 'hold', id, program, ticket, buyer, idem_key, gate, quantity - offered, restore_epoch, restore_shards, code_hash, restore_pending
-		FROM holds WHERE id = $1 AND restore_pending > 0`
+	q := `SELECT 'hold', id, program, ticket, buyer, idem_key, gate, ` + holdOwedUnits + `, restore_epoch, restore_shards, ` + holdOwedCode + `,
+		restore_pending FROM holds WHERE id = $1 AND restore_pending > 0`
 	if kind == "order" {
 		q = `SELECT 'order', id, program, ticket, buyer, CASE WHEN gate_key = '' THEN idem_key ELSE gate_key END, gate,
 			quantity - offered, restore_epoch, restore_shards, code_hash, restore_pending FROM orders WHERE id = $1 AND restore_pending > 0`

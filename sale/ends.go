@@ -38,6 +38,30 @@ func (s *Service) confirm(ctx context.Context, id, buyer keys.ID, r request) ans
 	return s.ownerError(ctx, err, ansNoHold)
 }
 
+// confirmPart confirms keep of the hold's units alone (not batched: the
+// rest's return is a cancel's work), then gives the rest to Redis.
+func (s *Service) confirmPart(ctx context.Context, id, buyer keys.ID, keep int64, r request) answer {
+	o, err := s.ledger.ConfirmPart(ctx, id, buyer, keep, r.ledger())
+	switch {
+	case err == nil:
+		s.returnOwed(ctx, "hold", id)
+		return answer{order: o}
+	case errors.Is(err, ledger.ErrDuplicate):
+		return answer{order: o, replayed: true}
+	case errors.Is(err, stock.ErrInvalid):
+		return fail(refuse(ErrInvalid, "quantity is more than the hold has"))
+	case errors.Is(err, ledger.ErrSeatedTake):
+		return fail(refuse(ErrInvalid, "a seat hold is confirmed whole: leave quantity out"))
+	case errors.Is(err, ledger.ErrHoldEnded):
+		h, herr := s.ledger.HoldByID(ctx, id)
+		if herr == nil && h.State == ledger.Cancelled {
+			return ansHoldCancelled
+		}
+		return ansHoldExpired
+	}
+	return s.ownerError(ctx, err, ansNoHold)
+}
+
 // extend moves the hold's expiry (ttl 0: its SKU's hold TTL).
 func (s *Service) extend(ctx context.Context, id, buyer keys.ID, ttl time.Duration, r request) answer {
 	if ttl == 0 {

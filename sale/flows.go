@@ -178,6 +178,22 @@ func (s *Service) Confirm(ctx context.Context, holdID keys.ID, a Ask) (Result, e
 	return s.ownerAction(ctx, ledger.OpConfirm, holdID, a, s.confirm)
 }
 
+// ConfirmPart makes keep of a held hold's units an order, once, and gives
+// the rest back to stock in the same ledger transaction (then to Redis),
+// once; keep 0 is Confirm. A seat hold is confirmed whole. A retry gets
+// the same order.
+func (s *Service) ConfirmPart(ctx context.Context, holdID keys.ID, a Ask, keep int64) (Result, error) {
+	switch {
+	case keep == 0:
+		return s.Confirm(ctx, holdID, a)
+	case keep < 0 || keep > stock.MaxPerOrderCap:
+		return Result{}, refuse(ErrInvalid, fmt.Sprintf("quantity must be in 1..%d", stock.MaxPerOrderCap))
+	}
+	return s.ownerAction(ctx, ledger.OpConfirm, holdID, a, func(ctx context.Context, id, buyer keys.ID, r request) answer {
+		return s.confirmPart(ctx, id, buyer, keep, r)
+	}, "keep", strconv.FormatInt(keep, 10))
+}
+
 // Extend moves a held hold's expiry to ttl from now (0: the SKU's hold
 // TTL), up to the SKU's maximum lifetime from the hold's creation; never
 // nearer than it was. A retry with the same key answers the hold as that

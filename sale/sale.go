@@ -94,6 +94,7 @@ type Takes interface {
 // or in batches.
 type Ends interface {
 	Confirm(ctx context.Context, holdID, buyer keys.ID, req ledger.Request) (ledger.Order, error)
+	ConfirmPart(ctx context.Context, holdID, buyer keys.ID, keep int64, req ledger.Request) (ledger.Order, error)
 	ConfirmBatch(ctx context.Context, cs []ledger.HoldRequest) ([]ledger.BatchResult, error)
 	Cancel(ctx context.Context, holdID, buyer keys.ID, req ledger.Request) (ledger.Hold, bool, error)
 	Extend(ctx context.Context, holdID, buyer keys.ID, ttl time.Duration, req ledger.Request) (ledger.Hold, error)

@@ -963,12 +963,38 @@ func (m *sim) confirm() {
 	if h == nil {
 		return
 	}
+	if h.q > 1 && m.rng.IntN(3) == 0 {
+		m.confirmPart(h)
+		return
+	}
 	m.ops["confirm"]++
 	r := m.act("/v1/holds/"+h.id+"/confirm", h.buyer, 201)
 	h.state = ledger.Confirmed
 	h.sku.held -= h.q
 	h.sku.sold += h.q
 	m.orders = append(m.orders, &mOrder{id: systest.OrderID(r), sku: h.sku, buyer: h.buyer, code: h.code, q: h.q})
+}
+
+// confirmPart confirms some of a hold's units: the order has them, the
+// rest come back at once (to a waitlist first), and the code's use stays
+// with the order.
+func (m *sim) confirmPart(h *mHold) {
+	m.ops["confirm-part"]++
+	keep := 1 + m.rng.Int64N(h.q-1)
+	path, key := "/v1/holds/"+h.id+"/confirm", m.newKey()
+	body := fmt.Sprintf(`{"buyer":%q,"quantity":%d}`, h.buyer, keep)
+	r := m.post(m.env(), path, key, body)
+	var o struct{ Quantity int64 }
+	_ = json.Unmarshal(r.Body, &o)
+	if r.Status != http.StatusCreated || o.Quantity != keep {
+		m.fail("POST %s %s = %d %s, want 201 with %d", path, body, r.Status, r.Body, keep)
+	}
+	m.done = append(m.done, mRequest{path: path, key: key, body: body, buyer: h.buyer, status: http.StatusCreated, id: systest.ReplyID(r)})
+	h.state = ledger.Confirmed
+	h.sku.held -= h.q
+	h.sku.sold += keep
+	m.orders = append(m.orders, &mOrder{id: systest.OrderID(r), sku: h.sku, buyer: h.buyer, code: h.code, q: keep})
+	m.returned(h.sku, h.q-keep)
 }
 
 // extend moves a live hold's expiry: ttl_seconds from now (the SKUs'
@@ -1594,7 +1620,7 @@ func (m *sim) replayEvents() string {
 			case "hold.confirmed":
 				c.held -= e.Quantity
 				c.sold += e.Quantity
-			case "hold.cancelled", "hold.expired", "waitlist.offer_expired":
+			case "hold.cancelled", "hold.expired", "waitlist.offer_expired", "hold.released":
 				c.held -= e.Quantity
 			}
 		}

@@ -1014,9 +1014,18 @@ func (m *sim) qSend(e *systest.Env, t mTake, body string, kind int, token string
 			}
 			return
 		}
+		// Stale: a sold-out answer naming only lines that have the stock
+		// (a replica's flag from before stock came back), or naming none
+		// while every line has it. Another line may truly lack it: the
+		// answer after the flag's re-check names that one.
 		stale := out == "409 sold-out"
+		named := problemLines(r)
 		for _, l := range t.lines {
-			stale = stale && l.sku.left() >= l.q
+			isNamed := len(named) == 0
+			for _, n := range named {
+				isNamed = isNamed || n.Ticket == l.sku.ticket()
+			}
+			stale = stale && (!isNamed || l.sku.left() >= l.q)
 		}
 		if !stale || time.Since(start) > falseSoldOutBound {
 			var left []int64

@@ -343,3 +343,27 @@ func TestRetriesWithTheSameKey(t *testing.T) {
 		t.Errorf("one attempt at a 503 = %v (%+v), want ErrUnavailable with Retry-After 1s", err, p)
 	}
 }
+
+// ConfirmPart keeps some of a hold's units and gives the rest back.
+func TestConfirmPartCall(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t, startGateway(t), client.Options{AdminToken: token})
+	sku := client.SKU{Program: testenv.ID(t, "p"), Ticket: "ga"}
+	if _, err := c.PutSKU(ctx, sku, client.SKUConfig{Total: ptr[int64](5), Shards: ptr(1), MaxPerOrder: ptr[int64](4)}); err != nil {
+		t.Fatal(err)
+	}
+	h, err := c.Hold(ctx, sku, "h1", "ann", 3, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ConfirmPart(ctx, h.HoldID, "c0", "ann", 4); !errors.Is(err, client.ErrInvalid) {
+		t.Errorf("ConfirmPart of 4 of 3 = %v, want ErrInvalid", err)
+	}
+	o, err := c.ConfirmPart(ctx, h.HoldID, "c1", "ann", 2)
+	if err != nil || o.Quantity != 2 {
+		t.Fatalf("ConfirmPart = %+v, %v", o, err)
+	}
+	if st, err := c.SKUState(ctx, sku); err != nil || st.Sold != 2 || st.Held != 0 || st.Remaining != 3 {
+		t.Errorf("after ConfirmPart: %+v, %v; want 2 sold, 3 left", st, err)
+	}
+}

@@ -30,8 +30,11 @@ func (s *Service) confirm(ctx context.Context, id, buyer keys.ID, r request) ans
 		return answer{order: o, replayed: true}
 	case errors.Is(err, ledger.ErrHoldEnded):
 		h, herr := s.ledger.HoldByID(ctx, id)
-		if herr == nil && h.State == ledger.Cancelled {
+		switch {
+		case herr == nil && h.State == ledger.Cancelled:
 			return ansHoldCancelled
+		case herr == nil:
+			return s.lateConfirm(ctx, h) // expired, or past its expiry
 		}
 		return ansHoldExpired
 	}
@@ -44,6 +47,9 @@ func (s *Service) confirmPart(ctx context.Context, id, buyer keys.ID, keep int64
 	o, err := s.ledger.ConfirmPart(ctx, id, buyer, keep, r.ledger())
 	switch {
 	case err == nil:
+		// A seat hold confirmed by a quantity naming all its seats is a
+		// whole confirm: its seats are sold in Redis's map as confirm's are.
+		s.sellSeats(ctx, o)
 		s.returnOwed(ctx, "hold", id)
 		return answer{order: o}
 	case errors.Is(err, ledger.ErrDuplicate):

@@ -72,6 +72,7 @@ var (
 	ErrHoldConfirmed     = kind("hold-confirmed")          // 409
 	ErrInCart            = kind("in-cart")                 // 409: act on the cart, not its line
 	ErrHoldAtMax         = kind("hold-at-max-lifetime")    // 409: the hold cannot be extended further
+	ErrLateRefused       = kind("late-payment-refused")    // 409: an expired hold's units are gone: refund
 	ErrCartNotBought     = kind("cart-not-bought")         // 409: a held cart never confirmed; nothing to refund
 	ErrUnknownPool       = kind("unknown-pool")            // 404
 	ErrPoolNotOpen       = kind("pool-not-open")           // 409

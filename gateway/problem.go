@@ -107,6 +107,7 @@ var statusOf = map[*sale.Err]int{
 	sale.ErrHoldConfirmed:     http.StatusConflict,
 	sale.ErrInCart:            http.StatusConflict,
 	sale.ErrHoldAtMax:         http.StatusConflict,
+	sale.ErrLateRefused:       http.StatusConflict,
 	sale.ErrCartNotBought:     http.StatusConflict,
 	sale.ErrUnknownPool:       http.StatusNotFound,
 	sale.ErrPoolNotOpen:       http.StatusConflict,

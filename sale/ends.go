@@ -30,8 +30,11 @@ func (s *Service) confirm(ctx context.Context, id, buyer keys.ID, r request) ans
 		return answer{order: o, replayed: true}
 	case errors.Is(err, ledger.ErrHoldEnded):
 		h, herr := s.ledger.HoldByID(ctx, id)
-		if herr == nil && h.State == ledger.Cancelled {
+		switch {
+		case herr == nil && h.State == ledger.Cancelled:
 			return ansHoldCancelled
+		case herr == nil:
+			return s.lateConfirm(ctx, h) // expired, or past its expiry
 		}
 		return ansHoldExpired
 	}

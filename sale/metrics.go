@@ -15,6 +15,7 @@ type metrics struct {
 	remaining      prometheus.Gauge
 	driftRepairs   prometheus.Counter
 	expired        prometheus.Counter
+	latePayments   *prometheus.CounterVec
 	probes         prometheus.Histogram
 	seatDrift      prometheus.Gauge
 	seatRepairs    prometheus.Counter
@@ -98,8 +99,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "stockgate_holds_expired_total",
 			Help: "Holds this replica's sweeper expired and gave back.",
 		}),
+		latePayments: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "stockgate_late_payments_total",
+			Help: "Confirms of holds past their expiry within the late-payment window, by outcome: sold (the units taken again), refused (gone: the platform refunds).",
+		}, []string{"outcome"}),
 	}
-	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes, m.seatDrift, m.seatRepairs, m.poolRefusals, m.poolMoved, m.waitJoins, m.ledgerWait, m.ledgerShed} {
+	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes, m.seatDrift, m.seatRepairs, m.poolRefusals, m.poolMoved, m.waitJoins, m.ledgerWait, m.ledgerShed, m.latePayments} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -95,6 +95,7 @@ type Takes interface {
 type Ends interface {
 	Confirm(ctx context.Context, holdID, buyer keys.ID, req ledger.Request) (ledger.Order, error)
 	ConfirmPart(ctx context.Context, holdID, buyer keys.ID, keep int64, req ledger.Request) (ledger.Order, error)
+	ExpireHold(ctx context.Context, id keys.ID) (ledger.Hold, bool, error)
 	ConfirmBatch(ctx context.Context, cs []ledger.HoldRequest) ([]ledger.BatchResult, error)
 	Cancel(ctx context.Context, holdID, buyer keys.ID, req ledger.Request) (ledger.Hold, bool, error)
 	Extend(ctx context.Context, holdID, buyer keys.ID, ttl time.Duration, req ledger.Request) (ledger.Hold, error)
@@ -231,7 +232,15 @@ type Options struct {
 	// OfferTTL is how long a waitlist offer's hold lasts before it passes
 	// to the next buyer in line.
 	OfferTTL time.Duration
+	// LatePayment is how long after a hold's expiry its confirm still buys
+	// its units, taken again from stock if they are there (a buyer who
+	// paid as the hold ran out); 0 turns late payments off (a confirm past
+	// the expiry is ErrHoldExpired). At most MaxLatePayment.
+	LatePayment time.Duration
 }
+
+// MaxLatePayment bounds Options.LatePayment.
+const MaxLatePayment = 24 * time.Hour
 
 // DefaultOptions are the settings a zero Options takes; main takes its flag
 // defaults from them.
@@ -305,11 +314,14 @@ func (o Options) Validate() error {
 	for name, d := range map[string]time.Duration{
 		"RedisTimeout": o.RedisTimeout, "ReseedWait": o.ReseedWait,
 		"DriftEvery": o.DriftEvery, "SweepEvery": o.SweepEvery, "RestoreGrace": o.RestoreGrace,
-		"SettingsTTL": o.SettingsTTL, "StockTTL": o.StockTTL, "WorkTimeout": o.WorkTimeout,
+		"SettingsTTL": o.SettingsTTL, "StockTTL": o.StockTTL, "WorkTimeout": o.WorkTimeout, "LatePayment": o.LatePayment,
 	} {
 		if d < 0 {
 			return opt.Bad(name, "must not be negative")
 		}
+	}
+	if o.LatePayment > MaxLatePayment {
+		return opt.Bad("LatePayment", "must be at most "+MaxLatePayment.String())
 	}
 	switch {
 	case o.FallbackConcurrency < 0:

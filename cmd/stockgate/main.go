@@ -200,6 +200,9 @@ func flags(fs *flag.FlagSet, c *config) {
 	b.field("collapse-at", "Sale.CollapseAt", func() bool { return o.Sale.CollapseAt != 0 })
 	b.dur("sweep-every", &o.Sale.SweepEvery, "Sale.SweepEvery", "period of the hold-expiry sweeper (bounds how late an expired hold's stock comes back)")
 	b.dur("offer-ttl", &o.Sale.OfferTTL, "Sale.OfferTTL", "how long a waitlist offer's hold lasts before it passes to the next buyer in line")
+	// 0 is valid here: late payments off.
+	fs.DurationVar(&o.Sale.LatePayment, "late-payment", o.Sale.LatePayment, "how long after a hold's expiry its confirm still buys its units if they are there (0: off; at most 24h)")
+	b.field("late-payment", "Sale.LatePayment", nil)
 
 	// The DSN carries the database password, a webhook URL often a token
 	// (Slack's and most receivers' URLs are the credential).

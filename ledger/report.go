@@ -24,6 +24,9 @@ type StockReport struct {
 	HeldUnits                                 int64 // live holds' rows
 	ExpiredUnits, CancelledUnits              int64 // holds that ended without a sale
 	Seated                                    bool
+	// Ended: an admin ended the sale; its gate is emptied on purpose and
+	// admits no one, so Redis's count is not the SKU's open stock.
+	Ended bool
 }
 
 // Balanced says the SKU row agrees with its order and hold rows and adds
@@ -37,7 +40,7 @@ func (r StockReport) Balanced() bool {
 // ticket order: one statement, read at one instant on PostgreSQL
 // (REPEATABLE READ is not needed: a single statement sees one snapshot).
 func (l *Ledger) Report(ctx context.Context, program keys.ID) ([]StockReport, error) {
-	rows, err := l.db.QueryContext(ctx, `SELECT s.ticket, s.total, s.sold, s.held, s.seated,
+	rows, err := l.db.QueryContext(ctx, `SELECT s.ticket, s.total, s.sold, s.held, s.seated, s.ended_at,
 		(SELECT COUNT(*) FROM orders o WHERE o.program = s.program AND o.ticket = s.ticket AND o.refunded_at = 0),
 		(SELECT COALESCE(SUM(o.quantity), 0) FROM orders o WHERE o.program = s.program AND o.ticket = s.ticket AND o.refunded_at = 0),
 		(SELECT COALESCE(SUM(o.quantity), 0) FROM orders o WHERE o.program = s.program AND o.ticket = s.ticket AND o.refunded_at = 0
@@ -59,12 +62,12 @@ func (l *Ledger) Report(ctx context.Context, program keys.ID) ([]StockReport, er
 	var out []StockReport
 	for rows.Next() {
 		r := StockReport{SKU: stock.SKU{Program: program}}
-		var seated int64
-		if err := rows.Scan(&r.SKU.Ticket, &r.Total, &r.Sold, &r.Held, &seated, &r.Orders, &r.OrderUnits, &r.PurchasedUnits,
+		var seated, ended int64
+		if err := rows.Scan(&r.SKU.Ticket, &r.Total, &r.Sold, &r.Held, &seated, &ended, &r.Orders, &r.OrderUnits, &r.PurchasedUnits,
 			&r.ConfirmedUnits, &r.CartUnits, &r.Refunds, &r.RefundedUnits, &r.HeldUnits, &r.ExpiredUnits, &r.CancelledUnits); err != nil {
 			return nil, fmt.Errorf("ledger: report: %w", err)
 		}
-		r.Open, r.Seated = r.Total-r.Sold-r.Held, seated != 0
+		r.Open, r.Seated, r.Ended = r.Total-r.Sold-r.Held, seated != 0, ended > 0
 		out = append(out, r)
 	}
 	if err := rows.Err(); err != nil {

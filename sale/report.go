@@ -14,7 +14,8 @@ type StockReport struct {
 	ledger.StockReport
 	// GateRemaining is what Redis says is left (counted stock only);
 	// GateRead false when it could not be read (Redis away, not seeded,
-	// or seated stock, whose seats are counted by the seat map).
+	// or seated stock, whose seats are counted by the seat map) or is not
+	// the SKU's count (an ended sale's gate is emptied).
 	GateRemaining int64
 	GateRead      bool
 }
@@ -43,7 +44,10 @@ func (s *Service) Report(ctx context.Context, program keys.ID) ([]StockReport, e
 	out := make([]StockReport, len(rows))
 	for i, r := range rows {
 		out[i] = StockReport{StockReport: r}
-		if r.Seated {
+		// Seats are counted by the seat map, and an ended sale's gate is
+		// emptied on purpose: neither count is comparable with open, so
+		// neither is read (a difference would report drift that is not).
+		if r.Seated || r.Ended {
 			continue
 		}
 		st, err := s.settings.Get(ctx, r.SKU)

@@ -306,8 +306,8 @@ func (c *Client) Confirm(ctx context.Context, holdID, key, buyer string) (Order,
 }
 
 // ConfirmPart makes quantity of a held hold's units an order, once; the
-// rest come back to stock at once. A seat hold is confirmed whole
-// (Confirm).
+// rest come back to stock at once. quantity must be at least 1 (Confirm
+// confirms the whole hold); a seat hold is confirmed whole.
 func (c *Client) ConfirmPart(ctx context.Context, holdID, key, buyer string, quantity int64) (Order, error) {
 	var o Order
 	replayed, err := c.call(ctx, http.MethodPost, "/v1/holds/"+url.PathEscape(holdID)+"/confirm", key, false,
@@ -326,8 +326,13 @@ func (c *Client) Cancel(ctx context.Context, holdID, key, buyer string) (Hold, e
 // is ErrHoldExpired; one at its maximum lifetime ErrHoldAtMax.
 func (c *Client) Extend(ctx context.Context, holdID, key, buyer string, ttl time.Duration) (Hold, error) {
 	body := map[string]any{"buyer": buyer}
-	if ttl > 0 {
-		body["ttl_seconds"] = int64(ttl / time.Second)
+	if ttl != 0 {
+		// Whole seconds, rounded up: a TTL under a second asks for one; a
+		// negative one is sent as it is and refused (ErrInvalid).
+		body["ttl_seconds"] = int64((ttl + time.Second - 1) / time.Second)
+		if ttl < 0 {
+			body["ttl_seconds"] = int64(ttl / time.Second)
+		}
 	}
 	return c.hold(ctx, "/v1/holds/"+url.PathEscape(holdID)+"/extend", key, body)
 }

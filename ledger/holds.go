@@ -723,8 +723,9 @@ var ErrAtMaxLifetime = errors.New("ledger: hold at its maximum lifetime")
 // a hold whose expiry has passed is ErrHoldEnded, even before the sweeper
 // has ended it. A confirmed hold is ErrHoldConfirmed; a cart's line
 // ErrInCart (a cart is extended whole, never a line). A hold already at
-// its maximum lifetime is ErrAtMaxLifetime (with the hold), so a client
-// asking for more learns it gets none. req (when not zero) is the client's request: a
+// its maximum lifetime (a waitlist offer's is its offer window) asked for
+// more is ErrAtMaxLifetime (with the hold), so a client learns it gets
+// none. req (when not zero) is the client's request: a
 // retry answers the hold as that request left it.
 func (l *Ledger) Extend(ctx context.Context, holdID, buyer keys.ID, ttl time.Duration, req Request) (_ Hold, err error) {
 	defer l.observe("extend", time.Now(), &err)
@@ -763,12 +764,18 @@ func (l *Ledger) Extend(ctx context.Context, holdID, buyer keys.ID, ttl time.Dur
 		return Hold{}, notCommitted("extend: sku", err)
 	}
 	limit := h.CreatedAt.Add(time.Duration(maxMS) * time.Millisecond)
-	until := now.Add(ttl)
+	if h.IsOffer() {
+		// A waitlist offer lasts its offer window: the next buyer in line
+		// waits for it.
+		limit = h.ExpiresAt
+	}
+	asked := now.Add(ttl)
+	until := asked
 	if until.After(limit) {
 		until = limit
 	}
 	if !until.After(h.ExpiresAt) {
-		if !h.ExpiresAt.Before(limit) {
+		if asked.After(h.ExpiresAt) {
 			return h, fmt.Errorf("%w: it expires at %s", ErrAtMaxLifetime, h.ExpiresAt.Format(time.RFC3339))
 		}
 		// Asked for less than it has: answered as it is, and remembered so.

@@ -407,8 +407,9 @@ func TestAttackReport(t *testing.T) {
 	})
 }
 
-// A waitlist offer is a hold its buyer may extend; it stays one hold and
-// its units come back once when it ends.
+// A waitlist offer lasts its offer window: its buyer cannot extend it (the
+// next buyer in line waits for it): 409 hold-at-max-lifetime, nothing
+// changes; its units come back once when it ends.
 func TestAttackExtendOffer(t *testing.T) {
 	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
@@ -426,10 +427,11 @@ func TestAttackExtendOffer(t *testing.T) {
 		if w.Offer == nil {
 			t.Fatalf("w1 %+v", w)
 		}
-		r, x := extend(t, e, w.Offer.HoldID, "x1", "w1", 300)
-		t.Logf("extend an offer = %d %s (offer until %v, now %v)", r.Status, r.Body, w.Offer.ExpiresAt, x.ExpiresAt)
-		if r.Status >= 500 {
-			t.Fatalf("extend an offer = %d %s", r.Status, r.Body)
+		if r, _ := extend(t, e, w.Offer.HoldID, "x1", "w1", 3000); r.Status != http.StatusConflict || systest.ProblemKind(r) != "hold-at-max-lifetime" {
+			t.Fatalf("extend an offer = %d %s, want 409 hold-at-max-lifetime", r.Status, r.Body)
+		}
+		if got, err := e.Ledger.HoldByID(context.Background(), keys.MustID(w.Offer.HoldID)); err != nil || !got.ExpiresAt.Equal(w.Offer.ExpiresAt) {
+			t.Fatalf("the offer after the refusal: %+v, %v; want it until %v still", got, err, w.Offer.ExpiresAt)
 		}
 		if r := e.Act(t, "/v1/holds/"+w.Offer.HoldID+"/cancel", "c2", "w1"); r.Status != http.StatusOK {
 			t.Fatalf("cancel the offer = %d %s", r.Status, r.Body)

@@ -67,6 +67,9 @@ func TestExtendHold(t *testing.T) {
 		if r, _ := extend(t, b, h.HoldID, "x4", "ann", 900); r.Status != http.StatusConflict || systest.ProblemKind(r) != "hold-at-max-lifetime" {
 			t.Fatalf("an extension at the maximum = %d %s", r.Status, r.Body)
 		}
+		if r, same := extend(t, b, h.HoldID, "x4b", "ann", 10); r.Status != http.StatusOK || !same.ExpiresAt.Equal(most.ExpiresAt) {
+			t.Fatalf("an extension to less, at the maximum = %d %s, want the hold as it is", r.Status, r.Body)
+		}
 		for _, c := range []struct {
 			name, path, key, body string
 			status                int

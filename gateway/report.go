@@ -74,8 +74,11 @@ func (s *Server) getReport(c *gin.Context) {
 	if !ok {
 		return
 	}
-	format := c.Query("format")
+	format, given := c.GetQuery("format")
 	switch {
+	case len(c.QueryArray("format")) > 1 || given && format == "":
+		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "format is json or csv, once", 0)
+		return
 	case format == "" && c.NegotiateFormat(gin.MIMEJSON, "text/csv") == "text/csv":
 		format = "csv"
 	case format == "":

@@ -108,8 +108,10 @@ func TestReconciliationReport(t *testing.T) {
 				}
 			}
 		}
-		if r := a.Do(t, http.MethodGet, "/v1/admin/programs/"+ga.Program.String()+"/report?format=xml", nil, ""); r.Status != http.StatusUnprocessableEntity {
-			t.Errorf("format=xml = %d %s", r.Status, r.Body)
+		for _, q := range []string{"format=xml", "format=csv&format=xml", "format="} {
+			if r := a.Do(t, http.MethodGet, "/v1/admin/programs/"+ga.Program.String()+"/report?"+q, nil, ""); r.Status != http.StatusUnprocessableEntity {
+				t.Errorf("%s = %d %s, want 422", q, r.Status, r.Body)
+			}
 		}
 		if r := a.Do(t, http.MethodGet, "/v1/admin/programs/no-such-program/report", nil, ""); r.Status != http.StatusOK || !strings.Contains(string(r.Body), `"skus":[]`) {
 			t.Errorf("a program without SKUs = %d %s, want an empty report", r.Status, r.Body)

@@ -346,6 +346,20 @@ func (c *Client) Refund(ctx context.Context, orderID, key, buyer string) (Order,
 	return o, err
 }
 
+// Transfer moves quantity of an order's tickets (0: all) from buyer to
+// another buyer, once; it returns the receiver's order (the same order
+// when all moved). The receiver's caps apply (ErrLimit).
+func (c *Client) Transfer(ctx context.Context, orderID, key, buyer, to string, quantity int64) (Order, error) {
+	body := map[string]any{"buyer": buyer, "to": to}
+	if quantity != 0 {
+		body["quantity"] = quantity
+	}
+	var o Order
+	replayed, err := c.call(ctx, http.MethodPost, "/v1/orders/"+url.PathEscape(orderID)+"/transfer", key, false, body, &o)
+	o.Replayed = replayed
+	return o, err
+}
+
 // GetHold reads a hold.
 func (c *Client) GetHold(ctx context.Context, holdID string) (Hold, error) {
 	var h Hold

@@ -73,6 +73,7 @@ var (
 	ErrInCart            = kind("in-cart")                 // 409: act on the cart, not its line
 	ErrHoldAtMax         = kind("hold-at-max-lifetime")    // 409: the hold cannot be extended further
 	ErrLateRefused       = kind("late-payment-refused")    // 409: an expired hold's units are gone: refund
+	ErrOrderRefunded     = kind("order-refunded")          // 409: a refunded order's tickets cannot move
 	ErrCartNotBought     = kind("cart-not-bought")         // 409: a held cart never confirmed; nothing to refund
 	ErrUnknownPool       = kind("unknown-pool")            // 404
 	ErrPoolNotOpen       = kind("pool-not-open")           // 409

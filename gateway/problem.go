@@ -108,6 +108,7 @@ var statusOf = map[*sale.Err]int{
 	sale.ErrInCart:            http.StatusConflict,
 	sale.ErrHoldAtMax:         http.StatusConflict,
 	sale.ErrLateRefused:       http.StatusConflict,
+	sale.ErrOrderRefunded:     http.StatusConflict,
 	sale.ErrCartNotBought:     http.StatusConflict,
 	sale.ErrUnknownPool:       http.StatusNotFound,
 	sale.ErrPoolNotOpen:       http.StatusConflict,

@@ -293,6 +293,7 @@ func (s *Server) routes(set routeSet) (*gin.Engine, error) {
 	v1.POST("/skus/:program/:ticket/seat-holds", s.postSeatHold)
 	v1.GET("/skus/:program/:ticket/seats", s.getSeats)
 	v1.POST("/orders/:id/refund", s.refundOrder)
+	v1.POST("/orders/:id/transfer", s.transferOrder)
 	v1.POST("/programs/:program/carts", s.postCart)
 	v1.POST("/programs/:program/queue", s.joinQueue)
 	v1.GET("/programs/:program/queue/:ticket", s.checkQueue)

@@ -444,6 +444,17 @@ func (l *Ledger) Refund(ctx context.Context, orderID, buyer keys.ID, req Request
 		}
 		return l.answerAgain(ctx, req, o.SKU, cur)
 	}
+	// Its tickets may have moved since it was read (Transfer changes its
+	// buyer, or its quantity when some moved): refund what it is now,
+	// under the lock the update took.
+	cur, err := scanOrder(tx.QueryRowContext(ctx, selectOrder+` WHERE id = $1`, o.ID))
+	if err != nil {
+		return o, false, err
+	}
+	if cur.Buyer != buyer {
+		return cur, false, ErrNotOwner
+	}
+	o.Quantity = cur.Quantity
 	r, err := returnStock(ctx, tx, o.SKU, o.Buyer, o.Quantity, "sold", now.UnixMilli())
 	if err != nil {
 		return o, false, err

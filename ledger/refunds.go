@@ -123,10 +123,23 @@ func (l *Ledger) tryRefunds(ctx context.Context, refs []refund, now time.Time) (
 		for _, r := range chunk {
 			args = append(args, r.order.ID)
 		}
+		// An order's buyer and quantity change when its tickets move
+		// (Transfer): one that changed since it was read is decided alone,
+		// by Refund, which reads it under its lock.
 		rows, err := tx.QueryContext(ctx, `UPDATE orders SET refunded_at = $1 WHERE refunded_at = 0 AND id IN (`+
-			list(1, len(chunk))+`) RETURNING id`, args...)
-		if err := collectIDs(rows, err, changed); err != nil {
+			list(1, len(chunk))+`) RETURNING id, buyer, quantity`, args...)
+		type asIs struct {
+			id, buyer keys.ID
+			q         int64
+		}
+		read := map[asIs]bool{}
+		if err := collectRows(rows, err, read, func(a *asIs) []any { return []any{&a.id, &a.buyer, &a.q} }); err != nil {
 			return nil, notCommitted("refund orders", err)
+		}
+		for _, r := range chunk {
+			if read[asIs{r.order.ID, r.order.Buyer, r.order.Quantity}] {
+				changed[r.order.ID] = true
+			}
 		}
 	}
 	gone := map[keys.ID]bool{}

@@ -25,6 +25,7 @@ const (
 	OpCancel   = "cancel"
 	OpRefund   = "refund"
 	OpExtend   = "extend"
+	OpTransfer = "transfer"
 	OpCart     = "cart"
 	// Held carts, and the actions on a whole cart.
 	OpCartHold    = "cart_hold"

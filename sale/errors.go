@@ -41,6 +41,7 @@ var (
 	ErrInCart            = newErr("in-cart", "this hold is a line of a cart: confirm or cancel the cart")
 	ErrHoldAtMax         = newErr("hold-at-max-lifetime", "the hold is at its SKU's maximum lifetime; it cannot be extended")
 	ErrLateRefused       = newErr("late-payment-refused", "the hold expired and its units could not be taken again; nothing was sold")
+	ErrOrderRefunded     = newErr("order-refunded", "the order was refunded; its tickets cannot move")
 	ErrCartNotBought     = newErr("cart-not-bought", "the held cart was never confirmed: nothing was bought to refund")
 	ErrUnknownPool       = newErr("unknown-pool", "this ticket has no such pool")
 	ErrPoolNotOpen       = newErr("pool-not-open", "the pool is not open yet")
@@ -78,7 +79,7 @@ var (
 
 // Kinds lists every kind above, for tables that must cover them all.
 func Kinds() []*Err {
-	return []*Err{ErrInvalid, ErrUnknownSKU, ErrUnknownHold, ErrUnknownOrder, ErrUnknownCart, ErrNotOwner, ErrKeyReused, ErrOverMax, ErrSoldOut, ErrLimit, ErrSaleEnded, ErrHoldExpired, ErrHoldCancelled, ErrHoldConfirmed, ErrInCart, ErrHoldAtMax, ErrLateRefused, ErrCartNotBought, ErrUnknownPool, ErrPoolNotOpen, ErrPoolClosed, ErrPoolDenied, ErrCodeInvalid, ErrCodeUsedUp, ErrSeated, ErrNotSeated, ErrNoSeating, ErrUnknownSeats, ErrSeatsTaken, ErrSeatsNotInGate, ErrSeatsSpan, ErrNoAdjacent, ErrSeatMapRefused, ErrBelowCommitted, ErrRebuildBusy, ErrBusy, ErrUnavailable, ErrNotRebuilt, ErrGateNotClosed, ErrSeatsNotInRedis,
+	return []*Err{ErrInvalid, ErrUnknownSKU, ErrUnknownHold, ErrUnknownOrder, ErrUnknownCart, ErrNotOwner, ErrKeyReused, ErrOverMax, ErrSoldOut, ErrLimit, ErrSaleEnded, ErrHoldExpired, ErrHoldCancelled, ErrHoldConfirmed, ErrInCart, ErrHoldAtMax, ErrLateRefused, ErrOrderRefunded, ErrCartNotBought, ErrUnknownPool, ErrPoolNotOpen, ErrPoolClosed, ErrPoolDenied, ErrCodeInvalid, ErrCodeUsedUp, ErrSeated, ErrNotSeated, ErrNoSeating, ErrUnknownSeats, ErrSeatsTaken, ErrSeatsNotInGate, ErrSeatsSpan, ErrNoAdjacent, ErrSeatMapRefused, ErrBelowCommitted, ErrRebuildBusy, ErrBusy, ErrUnavailable, ErrNotRebuilt, ErrGateNotClosed, ErrSeatsNotInRedis,
 		ErrNotSoldOut, ErrNotWaiting, ErrWaitOffered,
 		ErrAdmissionRequired, ErrAdmissionInvalid, ErrAdmissionUsed, ErrAdmissionExpired, ErrQueuedProgram}
 }

@@ -96,6 +96,7 @@ type Ends interface {
 	Confirm(ctx context.Context, holdID, buyer keys.ID, req ledger.Request) (ledger.Order, error)
 	ConfirmPart(ctx context.Context, holdID, buyer keys.ID, keep int64, req ledger.Request) (ledger.Order, error)
 	ExpireHold(ctx context.Context, id keys.ID) (ledger.Hold, bool, error)
+	Transfer(ctx context.Context, orderID, from, to keys.ID, q int64, req ledger.Request) (ledger.Order, error)
 	ConfirmBatch(ctx context.Context, cs []ledger.HoldRequest) ([]ledger.BatchResult, error)
 	Cancel(ctx context.Context, holdID, buyer keys.ID, req ledger.Request) (ledger.Hold, bool, error)
 	Extend(ctx context.Context, holdID, buyer keys.ID, ttl time.Duration, req ledger.Request) (ledger.Hold, error)

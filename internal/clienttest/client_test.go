@@ -367,3 +367,24 @@ func TestConfirmPartCall(t *testing.T) {
 		t.Errorf("after ConfirmPart: %+v, %v; want 2 sold, 3 left", st, err)
 	}
 }
+
+// Transfer moves an order's tickets to another buyer.
+func TestTransferCall(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t, startGateway(t), client.Options{AdminToken: token})
+	sku := client.SKU{Program: testenv.ID(t, "p"), Ticket: "ga"}
+	if _, err := c.PutSKU(ctx, sku, client.SKUConfig{Total: ptr[int64](5), Shards: ptr(1), MaxPerOrder: ptr[int64](4)}); err != nil {
+		t.Fatal(err)
+	}
+	o, err := c.Purchase(ctx, sku, "p1", "ann", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.Transfer(ctx, o.OrderID, "t1", "ann", "bob", 1)
+	if err != nil || got.Buyer != "bob" || got.Quantity != 1 || got.OrderID == o.OrderID {
+		t.Fatalf("Transfer = %+v, %v", got, err)
+	}
+	if _, err := c.Transfer(ctx, o.OrderID, "t2", "eve", "bob", 0); !errors.Is(err, client.ErrNotOwner) {
+		t.Errorf("Transfer by another buyer = %v, want ErrNotOwner", err)
+	}
+}

@@ -1,0 +1,115 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// ErrRefunded: the order was refunded; its tickets cannot move.
+var ErrRefunded = errors.New("ledger: order refunded")
+
+// EventOrderTransferred: q of an order's tickets (Subject) moved to a
+// buyer (Buyer), as the order Order (the same order when all moved).
+const EventOrderTransferred = "order.transferred"
+
+// Transfer moves q of an order's tickets (0: all) from its buyer to
+// another, once per request: all of them re-owns the order; some of them
+// split it (the sender's order keeps the rest, the receiver gets an order
+// of its own, refunded on its own later). The receiver's caps apply (the
+// SKU's and the program's: stock.ErrLimit, nothing moved); the sender's
+// counts go down. The order's row is the one place it is decided, so a
+// transfer racing a refund or another transfer moves each ticket once. A
+// cart's line is ErrInCart (a cart is refunded whole by its buyer); a
+// refunded order ErrRefunded; a seat order moves whole (ErrSeatedTake).
+// It returns the receiver's order; a retry answers it again
+// (ErrDuplicate).
+func (l *Ledger) Transfer(ctx context.Context, orderID, from, to keys.ID, q int64, req Request) (_ Order, err error) {
+	defer l.observe("transfer", time.Now(), &err)
+	if to.IsZero() || to == from || q < 0 {
+		return Order{}, fmt.Errorf("%w: transfer to %q of %d", stock.ErrInvalid, to, q)
+	}
+	now := l.now().UTC().Truncate(time.Millisecond)
+	o, err := l.OrderByID(ctx, orderID)
+	if err != nil {
+		return Order{}, err
+	}
+	tx, taken, err := l.begin(ctx, req, o.SKU, now, "transfer")
+	if taken {
+		return l.orderReplay(ctx, req)
+	}
+	if err != nil {
+		return Order{}, err
+	}
+	defer tx.Rollback()
+	// Locked first (on PostgreSQL; SQLite's transaction has the file), so
+	// transfers and refunds of one order take turns instead of failing.
+	if err := l.lockRows(ctx, tx, l.sql.lockOrders, []keys.ID{orderID}); err != nil {
+		return Order{}, err
+	}
+	if o, err = scanOrder(tx.QueryRowContext(ctx, selectOrder+` WHERE id = $1`, orderID)); err != nil {
+		return Order{}, err
+	}
+	if q == 0 {
+		q = o.Quantity
+	}
+	switch {
+	case o.Buyer != from:
+		return Order{}, ErrNotOwner
+	case !o.CartID.IsZero():
+		return Order{}, ErrInCart
+	case !o.RefundedAt.IsZero():
+		return Order{}, ErrRefunded
+	case q > o.Quantity:
+		return Order{}, fmt.Errorf("%w: %d of an order of %d", stock.ErrInvalid, q, o.Quantity)
+	case q < o.Quantity && len(o.SeatIDs) > 0:
+		return Order{}, fmt.Errorf("%w: a seat order moves whole", ErrSeatedTake)
+	}
+	// The order's row decides: a refund or another transfer since the read
+	// changes no row here.
+	moved := o
+	var res interface{ RowsAffected() (int64, error) }
+	if q == o.Quantity {
+		res, err = tx.ExecContext(ctx, `UPDATE orders SET buyer = $3 WHERE id = $1 AND buyer = $2 AND refunded_at = 0`, o.ID, from, to)
+		moved.Buyer = to
+	} else {
+		res, err = tx.ExecContext(ctx, `UPDATE orders SET quantity = quantity - $3 WHERE id = $1 AND buyer = $2 AND refunded_at = 0 AND quantity > $3`,
+			o.ID, from, q)
+		moved = Order{ID: NewIDOf(o.SKU), IdempotencyKey: keys.MustID("xfer-" + NewID().String()), RequestHash: o.RequestHash,
+			SKU: o.SKU, Buyer: to, Quantity: q, Gate: o.Gate, GateKey: o.GateRequest(), CreatedAt: now, TakeEpoch: o.TakeEpoch}
+	}
+	if err != nil {
+		return Order{}, notCommitted("transfer", err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return Order{}, fmt.Errorf("%w: the order changed meanwhile; ask again", ErrNotCommitted)
+	}
+	if moved.ID != o.ID {
+		if inserted, err := insertOrder(ctx, tx, moved); err != nil || !inserted {
+			return Order{}, fmt.Errorf("ledger: transfer: the receiver's order: inserted %v: %w", inserted, err)
+		}
+	}
+	if err := uncountBuyer(ctx, tx, o.SKU, from, q); err != nil {
+		return Order{}, err
+	}
+	base := o.SKU.Base()
+	if refused, err := countBuyers(ctx, tx, []buyerRow{{sku: base, buyer: to, units: q}, {sku: stock.SKU{Program: base.Program}, buyer: to, units: q}}); err != nil {
+		return Order{}, err
+	} else if refused != nil {
+		return Order{}, fmt.Errorf("%w: the receiver's cap", stock.ErrLimit)
+	}
+	if err := emit(ctx, tx, now, Event{Type: EventOrderTransferred, SKU: o.SKU, Subject: o.ID, Order: moved.ID, Buyer: to, Quantity: q}); err != nil {
+		return Order{}, err
+	}
+	if err := finish(ctx, tx, req, &moved, nil); err != nil {
+		return Order{}, err
+	}
+	if err := tx.Commit(); err != nil {
+		return Order{}, fmt.Errorf("ledger: transfer: commit: %w", err)
+	}
+	return moved, nil
+}

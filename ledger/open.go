@@ -72,6 +72,11 @@ func open(ctx context.Context, opts Options, build schemaSteps) (*Ledger, error)
 	switch opts.Driver {
 	case SQLite:
 		db, release, err = openSQLite(opts.DSN)
+		if err == nil {
+			if err = connectSQLite(ctx, db); err != nil {
+				release()
+			}
+		}
 	case Postgres:
 		db, err = openPostgres(opts.DSN)
 		if err == nil {
@@ -117,7 +122,7 @@ func open(ctx context.Context, opts Options, build schemaSteps) (*Ledger, error)
 			}
 		}
 	}
-	if err := l.migrate(ctx, build, !opts.NoMigrate); err != nil {
+	if err := l.migrateRetrying(ctx, build, !opts.NoMigrate); err != nil {
 		release()
 		return nil, err
 	}
@@ -183,9 +188,7 @@ func openSQLite(path string) (*sql.DB, func() error, error) {
 	f := sqliteFiles.open[abs]
 	if f == nil {
 		// WAL with synchronous=FULL: a committed sale survives a power cut.
-		// The busy timeout comes first: the pragmas run in order, and
-		// switching a new file to WAL while another process creates it
-		// answered SQLITE_BUSY at once without it (seen in CI).
+		// (The driver sets the busy timeout before the other pragmas.)
 		db, err := sql.Open("sqlite", "file:"+path+
 			"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=foreign_keys(1)&_txlock=immediate")
 		if err != nil {
@@ -209,4 +212,52 @@ func openSQLite(path string) (*sql.DB, func() error, error) {
 		return err
 	}
 	return f.db, release, nil
+}
+
+// connectSQLite makes db's connection, again while SQLite answers BUSY.
+// Its pragmas switch a file to WAL, which takes the file's exclusive lock:
+// two processes opening one new file at once deadlock on it, and SQLite
+// then answers one of them SQLITE_BUSY at once, without waiting out the
+// busy timeout (TestSQLiteProcessesMigrateTogether, in CI). A second try
+// finds the file in WAL already. It tries for up to 10 s, as long as the
+// busy timeout would have waited.
+func connectSQLite(ctx context.Context, db *sql.DB) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for wait := time.Millisecond; ; wait = min(2*wait, 100*time.Millisecond) {
+		err := db.PingContext(ctx)
+		if !sqliteBusy(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+	}
+}
+
+// sqliteBusy reports SQLITE_BUSY (any of its extended codes).
+func sqliteBusy(err error) bool {
+	var se interface{ Code() int }
+	return errors.As(err, &se) && se.Code()&0xff == 5
+}
+
+// migrateRetrying is migrate, run again while a SQLite file answers BUSY
+// at once (processes opening one new file together: see connectSQLite),
+// for up to 10 s. Every step of it is safe to run again.
+func (l *Ledger) migrateRetrying(ctx context.Context, build schemaSteps, apply bool) error {
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for wait := time.Millisecond; ; wait = min(2*wait, 100*time.Millisecond) {
+		err := l.migrate(ctx, build, apply)
+		if l.driver != SQLite || !sqliteBusy(err) {
+			return err
+		}
+		select {
+		case <-rctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+	}
 }

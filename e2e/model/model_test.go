@@ -456,6 +456,8 @@ func (m *sim) do() {
 		m.extend()
 	case r < 44:
 		m.confirm()
+	case r < 47 && m.rng.IntN(2) == 0:
+		m.transfer()
 	case r < 47:
 		m.cancel()
 	case r < 50:
@@ -1052,6 +1054,60 @@ func (m *sim) cancel() {
 	m.returned(h.sku, h.q)
 }
 
+// transfer moves some or all of a standing order's tickets (not a cart's
+// line) to a buyer holding nothing (so its count is the model's orders):
+// 200 with the receiver's order when its caps allow, else 409
+// limit-reached and nothing moves.
+func (m *sim) transfer() {
+	var standing []*mOrder
+	for _, o := range m.orders {
+		if !o.refunded && o.cart == nil && slices.Contains(m.stocks(), o.sku) {
+			standing = append(standing, o)
+		}
+	}
+	if len(standing) == 0 {
+		return
+	}
+	o := standing[m.rng.IntN(len(standing))]
+	to := m.buyer()
+	for _, h := range m.holds {
+		if h.buyer == to && h.state == ledger.Held {
+			return // its count depends on when the sweeper gets there
+		}
+	}
+	if to == o.buyer {
+		return
+	}
+	m.ops["transfer"]++
+	q := 1 + m.rng.Int64N(o.q)
+	path, key := "/v1/orders/"+o.id+"/transfer", m.newKey()
+	body := fmt.Sprintf(`{"buyer":%q,"to":%q,"quantity":%d}`, o.buyer, to, q)
+	r := m.post(m.env(), path, key, body)
+	if !m.mayHold(to, o.sku, q) {
+		if r.Status != http.StatusConflict || systest.ProblemKind(r) != "limit-reached" {
+			m.fail("POST %s %s = %d %s, want 409 limit-reached", path, body, r.Status, r.Body)
+		}
+		m.ops["transfer-refused"]++
+		return
+	}
+	var got struct {
+		OrderID  string `json:"order_id"`
+		Buyer    string `json:"buyer"`
+		Quantity int64  `json:"quantity"`
+	}
+	_ = json.Unmarshal(r.Body, &got)
+	if r.Status != http.StatusOK || got.Buyer != to || got.Quantity != q || (q == o.q) != (got.OrderID == o.id) {
+		m.fail("POST %s %s = %d %s, want 200 with %d for %s", path, body, r.Status, r.Body, q, to)
+	}
+	m.done = append(m.done, mRequest{path: path, key: key, body: body, buyer: o.buyer, status: http.StatusOK, id: got.OrderID})
+	if q == o.q {
+		o.buyer = to
+		return
+	}
+	o.q -= q
+	m.orders = append(m.orders, &mOrder{id: got.OrderID, sku: o.sku, buyer: to, q: q})
+}
+
 // refund refunds an order alone: any (a cart's line among them), or only
 // a cart's line.
 func (m *sim) refund(lineOnly bool) {
@@ -1595,7 +1651,9 @@ func (m *sim) replayEvents() string {
 		}
 		for _, e := range page.Events {
 			kinds[e.Type]++
-			if e.Subject != "" {
+			// One event per subject and type, but for transfers: an order's
+			// tickets may move again and again.
+			if e.Subject != "" && e.Type != "order.transferred" {
 				if k := e.Type + " " + e.Subject; seen[k] {
 					m.fail("event %s twice", k)
 				} else {

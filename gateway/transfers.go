@@ -20,19 +20,9 @@ type transferBody struct {
 // transferOrder handles POST /v1/orders/:id/transfer: the receiver's order
 // (the same order when all its tickets moved).
 func (s *Server) transferOrder(c *gin.Context) {
-	id, ok := idParam(c, "order")
-	if !ok {
-		return
-	}
-	ask, ok := s.ask(c)
-	if !ok {
-		return
-	}
 	var body transferBody
-	if !s.decodeBody(c, &body) {
-		return
-	}
-	if ask.Buyer, ok = buyerField(c, body.Buyer); !ok {
+	id, ask, ok := s.ownerAsk(c, "order", &body)
+	if !ok {
 		return
 	}
 	to, err := keys.ParseID(body.To)

@@ -232,19 +232,9 @@ func (s *Server) getOrder(c *gin.Context) {
 // confirmHold handles POST /v1/holds/:id/confirm: the hold becomes an
 // order, once; a retry gets the same order.
 func (s *Server) confirmHold(c *gin.Context) {
-	id, ok := idParam(c, "hold")
-	if !ok {
-		return
-	}
-	ask, ok := s.ask(c)
-	if !ok {
-		return
-	}
 	var body confirmBody
-	if !s.decodeBody(c, &body) {
-		return
-	}
-	if ask.Buyer, ok = buyerField(c, body.Buyer); !ok {
+	id, ask, ok := s.ownerAsk(c, "hold", &body)
+	if !ok {
 		return
 	}
 	var keep int64
@@ -274,19 +264,9 @@ type extendBody struct {
 // extendHold handles POST /v1/holds/:id/extend: the hold's expiry moves
 // later, up to its SKU's maximum lifetime.
 func (s *Server) extendHold(c *gin.Context) {
-	id, ok := idParam(c, "hold")
-	if !ok {
-		return
-	}
-	ask, ok := s.ask(c)
-	if !ok {
-		return
-	}
 	var body extendBody
-	if !s.decodeBody(c, &body) {
-		return
-	}
-	if ask.Buyer, ok = buyerField(c, body.Buyer); !ok {
+	id, ask, ok := s.ownerAsk(c, "hold", &body)
+	if !ok {
 		return
 	}
 	ttl, ok := holdTTL(c, body.TTLSeconds)
@@ -305,29 +285,34 @@ func (s *Server) refundOrder(c *gin.Context) { s.ownerAction(c, http.StatusOK, s
 
 // ownerAction reads the id from the path and the buyer from the body.
 func (s *Server) ownerAction(c *gin.Context, status int, f func(ctx context.Context, id keys.ID, a sale.Ask) (sale.Result, error)) {
-	if id, ask, ok := s.ownerAsk(c, ""); ok {
+	if id, ask, ok := s.ownerAsk(c, "", &ownerBody{}); ok {
 		s.written(c, status)(f(c.Request.Context(), id, ask))
 	}
 }
 
 // ownerAsk reads an action on a hold, an order or a cart (what names it
-// in a problem): its id from the path, the buyer from the body.
-func (s *Server) ownerAsk(c *gin.Context, what string) (keys.ID, sale.Ask, bool) {
+// in a problem): its id from the path, its body into body, the buyer it
+// names.
+func (s *Server) ownerAsk(c *gin.Context, what string, body buyerNamer) (keys.ID, sale.Ask, bool) {
 	id, ok := idParam(c, what)
 	if !ok {
 		return id, sale.Ask{}, false
 	}
 	ask, ok := s.ask(c)
-	if !ok {
+	if !ok || !s.decodeBody(c, body) {
 		return id, ask, false
 	}
-	var body ownerBody
-	if !s.decodeBody(c, &body) {
-		return id, ask, false
-	}
-	ask.Buyer, ok = buyerField(c, body.Buyer)
+	ask.Buyer, ok = buyerField(c, body.buyer())
 	return id, ask, ok
 }
+
+// buyerNamer is a body that names the buyer acting.
+type buyerNamer interface{ buyer() string }
+
+func (b *ownerBody) buyer() string    { return b.Buyer }
+func (b *confirmBody) buyer() string  { return b.Buyer }
+func (b *extendBody) buyer() string   { return b.Buyer }
+func (b *transferBody) buyer() string { return b.Buyer }
 
 // poolQuery parses the ?pool= of a request (zero when absent: the public
 // pool).
@@ -462,7 +447,7 @@ func (s *Server) cancelCart(c *gin.Context) { s.cartAction(c, http.StatusOK, s.s
 func (s *Server) refundCart(c *gin.Context) { s.cartAction(c, http.StatusOK, s.sale.RefundCart) }
 
 func (s *Server) cartAction(c *gin.Context, status int, f func(ctx context.Context, id keys.ID, a sale.Ask) (sale.Result, error)) {
-	if id, ask, ok := s.ownerAsk(c, "cart"); ok {
+	if id, ask, ok := s.ownerAsk(c, "cart", &ownerBody{}); ok {
 		r, err := f(c.Request.Context(), id, ask)
 		s.cartWritten(c, status, r, err)
 	}

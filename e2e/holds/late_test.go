@@ -67,6 +67,9 @@ func TestLatePayment(t *testing.T) {
 		// Gone meanwhile: refused, nothing moves.
 		_, h3 := a.Hold(t, sku, "h3", "cat", 1, 1)
 		systest.WaitFor(t, 10*time.Second, "the third hold to expire", func() bool { return expired(h3.HoldID) })
+		// The sweeper gives the unit back to the gate after the ledger
+		// marks the hold expired: buy it once the gate has it.
+		systest.WaitFor(t, 10*time.Second, "the expired unit back at the gate", func() bool { return a.State(t, sku).RedisRemaining == 1 })
 		a.MustBuy(t, sku, "p1", "dan", 1)
 		if r := b.Act(t, "/v1/holds/"+h3.HoldID+"/confirm", "c5", "cat"); r.Status != http.StatusConflict || systest.ProblemKind(r) != "late-payment-refused" {
 			t.Fatalf("a late confirm of units sold meanwhile = %d %s", r.Status, r.Body)

@@ -422,10 +422,26 @@ func (c *Client) EndSale(ctx context.Context, sku SKU) (SKUState, error) {
 }
 
 // PutProgram sets the per-buyer cap over all of a program's tickets; 0 is
-// no cap (admin).
+// no cap, and no hold budgets (admin).
 func (c *Client) PutProgram(ctx context.Context, program string, perBuyer int64) error {
-	_, err := c.call(ctx, http.MethodPut, "/v1/admin/programs/"+url.PathEscape(program), "", true,
-		map[string]any{"per_buyer": perBuyer}, nil)
+	return c.PutProgramSettings(ctx, ProgramSettings{Program: program, PerBuyer: perBuyer})
+}
+
+// ProgramSettings are a program's caps over all of its tickets; 0 is none.
+type ProgramSettings struct {
+	Program string `json:"program"`
+	// PerBuyer caps what one buyer holds + owns.
+	PerBuyer int64 `json:"per_buyer"`
+	// HoldBudget caps what one buyer holds at once (ErrHoldBudget), and
+	// DeviceHoldBudget what one fingerprint does (WithFingerprint).
+	HoldBudget       int64 `json:"hold_budget"`
+	DeviceHoldBudget int64 `json:"device_hold_budget"`
+}
+
+// PutProgramSettings sets a program's caps and hold budgets (admin).
+func (c *Client) PutProgramSettings(ctx context.Context, s ProgramSettings) error {
+	_, err := c.call(ctx, http.MethodPut, "/v1/admin/programs/"+url.PathEscape(s.Program), "", true,
+		map[string]any{"per_buyer": s.PerBuyer, "hold_budget": s.HoldBudget, "device_hold_budget": s.DeviceHoldBudget}, nil)
 	return err
 }
 
@@ -505,6 +521,9 @@ func (c *Client) once(ctx context.Context, method, path, key string, admin bool,
 	}
 	if t, _ := ctx.Value(admissionKey{}).(string); t != "" {
 		req.Header.Set("Admission-Token", t)
+	}
+	if f, _ := ctx.Value(fingerprintKey{}).(string); f != "" {
+		req.Header.Set("Buyer-Fingerprint", f)
 	}
 	if admin && c.opts.AdminToken != "" {
 		req.Header.Set("Authorization", "Bearer "+c.opts.AdminToken)

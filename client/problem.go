@@ -55,6 +55,7 @@ func kind(code string) *Problem { return &Problem{Type: problemBase + code} }
 var (
 	ErrSoldOut           = kind("sold-out")                // 409: not enough stock left
 	ErrLimit             = kind("limit-reached")           // 409: the buyer's cap
+	ErrHoldBudget        = kind("hold-budget-reached")     // 409: the buyer's or device's hold budget
 	ErrSaleEnded         = kind("sale-ended")              // 409
 	ErrKeyReused         = kind("idempotency-key-reused")  // 422: the key was used for another request
 	ErrOverMax           = kind("quantity-over-limit")     // 422: over the SKU's maximum per order

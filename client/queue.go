@@ -103,3 +103,12 @@ type admissionKey struct{}
 func WithAdmission(ctx context.Context, token string) context.Context {
 	return context.WithValue(ctx, admissionKey{}, token)
 }
+
+type fingerprintKey struct{}
+
+// WithFingerprint returns ctx whose holds carry the buyer's device or
+// payment fingerprint (the Buyer-Fingerprint header), counted against its
+// program's device hold budget.
+func WithFingerprint(ctx context.Context, fingerprint string) context.Context {
+	return context.WithValue(ctx, fingerprintKey{}, fingerprint)
+}

@@ -141,8 +141,10 @@ func (s *Server) reconcile(c *gin.Context) {
 }
 
 // putProgram handles PUT /v1/admin/programs/:program: {"per_buyer": n}
-// caps what one buyer may hold + own of all the program's tickets; 0
-// removes the cap.
+// caps what one buyer may hold + own of all the program's tickets;
+// "hold_budget" what one buyer may hold at once across them, and
+// "device_hold_budget" what one Buyer-Fingerprint may (both optional); 0
+// removes each.
 func (s *Server) putProgram(c *gin.Context) {
 	program, err := keys.ParseID(c.Param("program"))
 	if err != nil {
@@ -150,7 +152,9 @@ func (s *Server) putProgram(c *gin.Context) {
 		return
 	}
 	var body struct {
-		PerBuyer *int64 `json:"per_buyer"`
+		PerBuyer         *int64 `json:"per_buyer"`
+		HoldBudget       int64  `json:"hold_budget"`
+		DeviceHoldBudget int64  `json:"device_hold_budget"`
 	}
 	if !s.decodeBody(c, &body) {
 		return
@@ -159,9 +163,11 @@ func (s *Server) putProgram(c *gin.Context) {
 		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "per_buyer must be an integer >= 0", 0)
 		return
 	}
-	if err = s.sale.PutProgram(c.Request.Context(), program, *body.PerBuyer); err != nil {
+	p := sale.Program{ID: program, PerBuyer: *body.PerBuyer, HoldBudget: body.HoldBudget, DeviceHoldBudget: body.DeviceHoldBudget}
+	if err = s.sale.PutProgram(c.Request.Context(), p); err != nil {
 		s.writeError(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, gin.H{"program": program.String(), "per_buyer": *body.PerBuyer})
+	c.JSON(http.StatusOK, gin.H{"program": program.String(), "per_buyer": p.PerBuyer,
+		"hold_budget": p.HoldBudget, "device_hold_budget": p.DeviceHoldBudget})
 }

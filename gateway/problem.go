@@ -101,6 +101,7 @@ var statusOf = map[*sale.Err]int{
 	sale.ErrOverMax:           http.StatusUnprocessableEntity,
 	sale.ErrSoldOut:           http.StatusConflict,
 	sale.ErrLimit:             http.StatusConflict,
+	sale.ErrHoldBudget:        http.StatusConflict,
 	sale.ErrSaleEnded:         http.StatusConflict,
 	sale.ErrHoldExpired:       http.StatusGone,
 	sale.ErrHoldCancelled:     http.StatusConflict,

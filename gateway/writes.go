@@ -164,7 +164,16 @@ func (s *Server) take(c *gin.Context, hold bool) {
 // ask reads the Idempotency-Key (the buyer is filled in from the body).
 func (s *Server) ask(c *gin.Context) (sale.Ask, bool) {
 	key, ok := idempotencyKey(c)
-	return sale.Ask{Key: key, Admission: c.GetHeader("Admission-Token")}, ok
+	if !ok {
+		return sale.Ask{}, false
+	}
+	device := c.GetHeader("Buyer-Fingerprint")
+	if !sale.ValidDevice(device) {
+		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field",
+			fmt.Sprintf("the Buyer-Fingerprint header must be 1..%d printable ASCII characters", sale.MaxDevice), 0)
+		return sale.Ask{}, false
+	}
+	return sale.Ask{Key: key, Admission: c.GetHeader("Admission-Token"), Device: device}, true
 }
 
 // written writes the result of a write with status, or its error's problem.

@@ -273,6 +273,22 @@ func Quota(program, ticket, buyer ID) string {
 	return "sg:{" + slotTags()[slot] + "}:quota:" + k
 }
 
+// HoldBudget is the pair of keys (entries by expiry, and their units) of
+// what one identity holds at once across a program, for the program's hold
+// budget: kind "b" for a buyer, "d" for a device or payment fingerprint
+// (identity its digest). Both are hashed by program, kind and identity
+// into one slot, so one script reads and writes them together.
+func HoldBudget(program ID, kind, identity string) (entries, units string) {
+	mustHave("HoldBudget", program)
+	if identity == "" || (kind != "b" && kind != "d") {
+		panic("keys.HoldBudget: missing identity or kind")
+	}
+	k := program.s + ":" + kind + ":" + identity
+	slot := int(CRC16([]byte(k))) % Slots
+	base := "sg:{" + slotTags()[slot] + "}:budget:" + k
+	return base + ":entries", base + ":units"
+}
+
 // Seats is the key of one section of a SKU's seat map: a hash of seat id
 // to state, so a hold of several seats of one section is one script on one
 // slot. The section's tag is hashed from the SKU and the section, so the

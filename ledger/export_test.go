@@ -9,6 +9,9 @@ import (
 // look for in ledger_schema.
 var SchemaDigest = schemaDigest
 
+// LatestStep is this build's newest schema step.
+var LatestStep = thisBuild.latest()
+
 // FutureStep is a migration a later build would ship, for the tests of
 // rollouts and rollbacks across schema changes: SQL run in its transaction.
 type FutureStep struct {

@@ -55,6 +55,7 @@ type schemaSteps struct {
 var thisBuild = schemaSteps{
 	steps: []migration{
 		{version: 1, name: "baseline", up: (*Ledger).baseline},
+		{version: 2, name: "hold budgets", up: (*Ledger).holdBudgetsUp, down: (*Ledger).holdBudgetsDown},
 	},
 	minimum: 1,
 }
@@ -320,6 +321,24 @@ func setOldestBuild(ctx context.Context, tx *sql.Tx, oldest int64, raise bool) e
 		digest = fmt.Sprintf("contract-%d", oldest)
 	}
 	_, err := tx.ExecContext(ctx, `UPDATE ledger_schema SET digest = $1`, digest)
+	return err
+}
+
+// holdBudgetsUp (an expand step) adds the programs' hold budgets: what one
+// buyer, and one device or payment fingerprint, may hold at once. Builds
+// before it never read them; this build reads them only on a ledger that
+// ran it (schemaHas), so it still runs on schema 1.
+func (l *Ledger) holdBudgetsUp(ctx context.Context, tx *sql.Tx) error {
+	for _, col := range []string{"hold_budget", "device_hold_budget"} {
+		if err := l.addColumn(ctx, tx, "programs", col, "BIGINT NOT NULL DEFAULT 0"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (l *Ledger) holdBudgetsDown(ctx context.Context, tx *sql.Tx) error {
+	_, err := tx.ExecContext(ctx, `ALTER TABLE programs DROP COLUMN hold_budget; ALTER TABLE programs DROP COLUMN device_hold_budget`)
 	return err
 }
 

@@ -20,12 +20,13 @@ import (
 
 // The steps of two later builds: an expand (a table and a column with a
 // default: older code never notices) and a contract after it that only
-// builds knowing schema 2 may serve.
+// builds knowing the expand may serve. this is this build's newest step.
 var (
-	expand = ledger.FutureStep{Version: 2,
+	this   = ledger.LatestStep
+	expand = ledger.FutureStep{Version: this + 1,
 		Up:   `CREATE TABLE later_things (id TEXT PRIMARY KEY); ALTER TABLE skus ADD COLUMN later_note TEXT NOT NULL DEFAULT ''`,
 		Down: `DROP TABLE later_things; ALTER TABLE skus DROP COLUMN later_note`}
-	contract = ledger.FutureStep{Version: 3, OldestBuild: 2,
+	contract = ledger.FutureStep{Version: this + 2, OldestBuild: this + 1,
 		Up:   `DROP TABLE later_things`,
 		Down: `CREATE TABLE later_things (id TEXT PRIMARY KEY)`}
 )
@@ -68,20 +69,20 @@ func TestBuildRunsOnEverySchemaFromItsMinimum(t *testing.T) {
 			}
 
 			// This build makes the ledger; the next one expands it.
-			sells(at(1)(ledger.Open(ctx, o)), "k1")
-			at(2)(ledger.OpenBuild(ctx, o, 1, expand))
+			sells(at(this)(ledger.Open(ctx, o)), "k1")
+			at(this + 1)(ledger.OpenBuild(ctx, o, 1, expand))
 			// This build again (a rollback): serving without DDL, and its
 			// migrate Job too, which leaves the newer schema as it is.
-			sells(at(2)(ledger.Open(ctx, serving)), "k2")
-			sells(at(2)(ledger.Open(ctx, o)), "k3")
+			sells(at(this+1)(ledger.Open(ctx, serving)), "k2")
+			sells(at(this+1)(ledger.Open(ctx, o)), "k3")
 
-			// The contract step shuts builds older than schema 2 out.
-			at(3)(ledger.OpenBuild(ctx, o, 1, expand, contract))
+			// The contract step shuts builds older than the expand out.
+			at(this + 2)(ledger.OpenBuild(ctx, o, 1, expand, contract))
 			for _, opts := range []ledger.Options{serving, o} {
 				l, err := ledger.Open(ctx, opts)
 				if err == nil {
 					l.Close()
-					t.Fatalf("this build (schema 1) opened a ledger past a contract step for builds from 2 (NoMigrate %v)", opts.NoMigrate)
+					t.Fatalf("this build (schema %d) opened a ledger past a contract step for builds from %d (NoMigrate %v)", this, this+1, opts.NoMigrate)
 				}
 				if !errors.Is(err, ledger.ErrSchema) || !strings.Contains(err.Error(), "deploy a newer build") {
 					t.Fatalf("open past a contract step = %v, want ErrSchema saying to deploy a newer build", err)
@@ -90,23 +91,23 @@ func TestBuildRunsOnEverySchemaFromItsMinimum(t *testing.T) {
 			if got := digest(t, driver, o.DSN); got == ledger.SchemaDigest {
 				t.Errorf("past a contract step ledger_schema still says %q: a build from before versioned steps would serve", got)
 			}
-			newer := at(3)(ledger.OpenBuild(ctx, serving, 2, expand))
+			newer := at(this + 2)(ledger.OpenBuild(ctx, serving, this+1, expand))
 			sells(newer, "k4")
 
-			// A build that needs schema 3 refuses a ledger left at 2.
-			down := at(3)(ledger.OpenBuild(ctx, o, 3, expand, contract))
-			if err := down.DownTo(ctx, 2); err != nil {
+			// A build that needs the contract refuses a ledger left below it.
+			down := at(this + 2)(ledger.OpenBuild(ctx, o, this+2, expand, contract))
+			if err := down.DownTo(ctx, this+1); err != nil {
 				t.Fatal(err)
 			}
-			if l, err := ledger.OpenBuild(ctx, serving, 3, expand, contract); !errors.Is(err, ledger.ErrSchema) || !strings.Contains(err.Error(), "needs at least 3") {
+			if l, err := ledger.OpenBuild(ctx, serving, this+2, expand, contract); !errors.Is(err, ledger.ErrSchema) || !strings.Contains(err.Error(), fmt.Sprintf("needs at least %d", this+2)) {
 				if l != nil {
 					l.Close()
 				}
-				t.Fatalf("a build needing schema 3 on schema 2 = %v, want ErrSchema", err)
+				t.Fatalf("a build needing schema %d on schema %d = %v, want ErrSchema", this+2, this+1, err)
 			}
 			// With the contract undone, this build serves again, and so
 			// would one from before versioned steps.
-			sells(at(2)(ledger.Open(ctx, serving)), "k5")
+			sells(at(this+1)(ledger.Open(ctx, serving)), "k5")
 			if got := digest(t, driver, o.DSN); got != ledger.SchemaDigest {
 				t.Errorf("with the contract undone ledger_schema says %q, want the baseline's", got)
 			}
@@ -218,8 +219,8 @@ func TestUpgradeFromBeforeVersionsLocksNoTable(t *testing.T) {
 		t.Fatalf("migrate beside a report on a live ledger: %v", err)
 	}
 	defer l.Close()
-	if s := l.Schema(); s.Version != 1 || s.OldestBuild != 1 {
-		t.Errorf("schema %+v after the upgrade, want version 1, oldest build 1", s)
+	if s := l.Schema(); s.Version != this || s.OldestBuild != 1 {
+		t.Errorf("schema %+v after the upgrade, want version %d, oldest build 1", s, this)
 	}
 	if got := digest(t, ledger.Postgres, dsn); got != ledger.SchemaDigest {
 		t.Errorf("ledger_schema says %q after the upgrade, want the baseline's", got)
@@ -237,7 +238,7 @@ func TestUpgradeFromBeforeVersionsLocksNoTable(t *testing.T) {
 // startup probe): with goose's default lease of 30 s it waited all of that
 // and failed, and so did every replica starting beside it.
 func TestMigrationKilledMidwayHoldsOthersBriefly(t *testing.T) {
-	slow := ledger.FutureStep{Version: 2, Up: `SELECT pg_sleep(60)`}
+	slow := ledger.FutureStep{Version: this + 1, Up: `SELECT pg_sleep(60)`}
 	if dsn := os.Getenv("LEDGER_TEST_MIGRATE_SLOWLY"); dsn != "" {
 		// The replica to kill.
 		_, err := ledger.OpenBuild(context.Background(), ledger.Options{Driver: ledger.Postgres, DSN: dsn}, 1, slow)
@@ -258,7 +259,7 @@ func TestMigrationKilledMidwayHoldsOthersBriefly(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	// Killed once it runs step 2 (the baseline done) under the lock.
+	// Killed once it runs the slow step (this build's done) under the lock.
 	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		select {
 		case err := <-exited:
@@ -268,14 +269,14 @@ func TestMigrationKilledMidwayHoldsOthersBriefly(t *testing.T) {
 		var locked bool
 		var version int64
 		if db.QueryRowContext(ctx, `SELECT locked FROM ledger_migrate_lock`).Scan(&locked) == nil && locked &&
-			db.QueryRowContext(ctx, `SELECT MAX(version_id) FROM ledger_migrations`).Scan(&version) == nil && version == 1 {
+			db.QueryRowContext(ctx, `SELECT MAX(version_id) FROM ledger_migrations`).Scan(&version) == nil && version == this {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the replica did not start step 2 within 60 s")
+			t.Fatal("the replica did not start the slow step within 60 s")
 		}
 	}
-	time.Sleep(500 * time.Millisecond) // inside step 2
+	time.Sleep(500 * time.Millisecond) // inside the slow step
 	replica.Process.Kill()
 	<-exited //nolint:errcheck // the Wait of a killed process: "signal: killed"
 
@@ -290,8 +291,8 @@ func TestMigrationKilledMidwayHoldsOthersBriefly(t *testing.T) {
 	if took := time.Since(start); took > 15*time.Second {
 		t.Errorf("start after a replica was killed mid-migration took %v, want well within serve's 30 s", took)
 	}
-	if s := l.Schema(); s.Version != 2 {
-		t.Errorf("schema %+v, want version 2", s)
+	if s := l.Schema(); s.Version != this+1 {
+		t.Errorf("schema %+v, want version %d", s, this+1)
 	}
 }
 
@@ -384,8 +385,8 @@ func TestSQLiteProcessesMigrateTogether(t *testing.T) {
 	if err := db.QueryRow(`SELECT COUNT(*), COUNT(DISTINCT version_id) FROM ledger_migrations WHERE version_id > 0`).Scan(&rows, &versions); err != nil {
 		t.Fatal(err)
 	}
-	if rows != 2 || versions != 2 {
-		t.Errorf("ledger_migrations records %d runs of %d steps, want each of 2 once", rows, versions)
+	if rows != int(this+1) || versions != int(this+1) {
+		t.Errorf("ledger_migrations records %d runs of %d steps, want each of %d once", rows, versions, this+1)
 	}
 }
 
@@ -405,13 +406,13 @@ func TestDownToWithABuildOlderThanTheSteps(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	if err := l.DownTo(ctx, 1); !errors.Is(err, ledger.ErrSchema) || !strings.Contains(err.Error(), "with the build that shipped them") {
-		t.Errorf("down from schema 2 with a build knowing 1 = %v, want ErrSchema naming the build to use", err)
+	if err := l.DownTo(ctx, this); !errors.Is(err, ledger.ErrSchema) || !strings.Contains(err.Error(), "with the build that shipped them") {
+		t.Errorf("down from schema %d with a build knowing %d = %v, want ErrSchema naming the build to use", this+1, this, err)
 	}
-	if err := l.DownTo(ctx, 2); err != nil {
+	if err := l.DownTo(ctx, this+1); err != nil {
 		t.Errorf("down to where the ledger is = %v, want nothing to do", err)
 	}
-	if s := l.Schema(); s.Version != 2 {
-		t.Errorf("schema %+v, want 2 still", s)
+	if s := l.Schema(); s.Version != this+1 {
+		t.Errorf("schema %+v, want %d still", s, this+1)
 	}
 }

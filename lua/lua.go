@@ -134,6 +134,13 @@ var Unquota = prelude + unquotaBody
 //go:embed unquota.lua
 var unquotaBody string
 
+// Budget counts, ends and extends the holds of one identity under its
+// program's hold budget.
+var Budget = prelude + budgetBody
+
+//go:embed budget.lua
+var budgetBody string
+
 // SeatsHold holds seats of one section, all or nothing.
 var SeatsHold = prelude + seatsHoldBody
 

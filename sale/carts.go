@@ -145,7 +145,7 @@ func (s *Service) takeCart(ctx context.Context, t CartTake, hold bool) (Result, 
 		op, fields = ledger.OpCartHold, append(fields, t.TTL.String())
 	}
 	r := newRequest(t.Buyer, t.Key, op, fields...)
-	tk := &take{s: s, req: r, ttl: t.TTL, cart: true}
+	tk := &take{s: s, req: r, ttl: t.TTL, cart: true, device: t.Device}
 	skus := make([]stock.SKU, 0, len(lines))
 	for i, l := range lines {
 		sku := stock.SKU{Program: t.Program, Ticket: l.Ticket}
@@ -181,6 +181,7 @@ func (s *Service) confirmCart(ctx context.Context, id, buyer keys.ID, r request)
 	case err == nil:
 		for _, o := range c.Orders {
 			s.sellSeats(ctx, o)
+			s.holdEnded(ctx, o.SKU.Program, o.Buyer, o.GateRequest())
 		}
 		return answer{cart: &c}
 	case errors.Is(err, ledger.ErrDuplicate):
@@ -207,6 +208,11 @@ func (s *Service) cancelCart(ctx context.Context, id, buyer keys.ID, r request) 
 		return fail(refuse(ErrHoldConfirmed, "the cart is bought; refund it instead"))
 	case err != nil:
 		return s.ownerError(ctx, err, fail(ErrUnknownCart))
+	}
+	for _, h := range c.Holds {
+		if slices.Contains(changed, h.ID) {
+			s.holdEnded(ctx, h.SKU.Program, h.Buyer, h.IdempotencyKey)
+		}
 	}
 	for _, id := range changed {
 		s.returnOwed(ctx, "hold", id)

@@ -25,6 +25,7 @@ func (s *Service) confirm(ctx context.Context, id, buyer keys.ID, r request) ans
 	switch {
 	case err == nil:
 		s.sellSeats(ctx, o)
+		s.holdEnded(ctx, o.SKU.Program, o.Buyer, o.GateRequest())
 		return answer{order: o}
 	case errors.Is(err, ledger.ErrDuplicate):
 		return answer{order: o, replayed: true}
@@ -50,6 +51,7 @@ func (s *Service) confirmPart(ctx context.Context, id, buyer keys.ID, keep int64
 		// A seat hold confirmed by a quantity naming all its seats is a
 		// whole confirm: its seats are sold in Redis's map as confirm's are.
 		s.sellSeats(ctx, o)
+		s.holdEnded(ctx, o.SKU.Program, o.Buyer, o.GateRequest())
 		s.returnOwed(ctx, "hold", id)
 		return answer{order: o}
 	case errors.Is(err, ledger.ErrDuplicate):
@@ -84,6 +86,7 @@ func (s *Service) extend(ctx context.Context, id, buyer keys.ID, ttl time.Durati
 	h, err := s.ledger.Extend(ctx, id, buyer, ttl, r.ledger())
 	switch {
 	case err == nil:
+		s.holdExtended(ctx, h)
 		return answer{hold: &h}
 	case errors.Is(err, ledger.ErrDuplicate):
 		return answer{hold: &h, replayed: true}
@@ -113,6 +116,7 @@ func (s *Service) cancel(ctx context.Context, id, buyer keys.ID, r request) answ
 		return s.ownerError(ctx, err, ansNoHold)
 	}
 	if changed {
+		s.holdEnded(ctx, h.SKU.Program, h.Buyer, h.IdempotencyKey)
 		s.returnOwed(ctx, "hold", h.ID)
 	}
 	return answer{hold: &h}

@@ -34,6 +34,7 @@ var (
 	ErrOverMax           = newErr("quantity-over-limit", "quantity over this ticket's maximum per order")
 	ErrSoldOut           = newErr("sold-out", "not enough stock left for this quantity")
 	ErrLimit             = newErr("limit-reached", "this buyer already holds or owns as many of this ticket as it allows")
+	ErrHoldBudget        = newErr("hold-budget-reached", "this buyer or device already holds as many of this program's tickets at once as it allows: confirm or cancel a hold first")
 	ErrSaleEnded         = newErr("sale-ended", "the sale of this ticket has ended")
 	ErrHoldExpired       = newErr("hold-expired", "the hold expired; nothing was sold")
 	ErrHoldCancelled     = newErr("hold-cancelled", "the hold was cancelled; nothing was sold")
@@ -79,7 +80,7 @@ var (
 
 // Kinds lists every kind above, for tables that must cover them all.
 func Kinds() []*Err {
-	return []*Err{ErrInvalid, ErrUnknownSKU, ErrUnknownHold, ErrUnknownOrder, ErrUnknownCart, ErrNotOwner, ErrKeyReused, ErrOverMax, ErrSoldOut, ErrLimit, ErrSaleEnded, ErrHoldExpired, ErrHoldCancelled, ErrHoldConfirmed, ErrInCart, ErrHoldAtMax, ErrLateRefused, ErrOrderRefunded, ErrCartNotBought, ErrUnknownPool, ErrPoolNotOpen, ErrPoolClosed, ErrPoolDenied, ErrCodeInvalid, ErrCodeUsedUp, ErrSeated, ErrNotSeated, ErrNoSeating, ErrUnknownSeats, ErrSeatsTaken, ErrSeatsNotInGate, ErrSeatsSpan, ErrNoAdjacent, ErrSeatMapRefused, ErrBelowCommitted, ErrRebuildBusy, ErrBusy, ErrUnavailable, ErrNotRebuilt, ErrGateNotClosed, ErrSeatsNotInRedis,
+	return []*Err{ErrInvalid, ErrUnknownSKU, ErrUnknownHold, ErrUnknownOrder, ErrUnknownCart, ErrNotOwner, ErrKeyReused, ErrOverMax, ErrSoldOut, ErrLimit, ErrHoldBudget, ErrSaleEnded, ErrHoldExpired, ErrHoldCancelled, ErrHoldConfirmed, ErrInCart, ErrHoldAtMax, ErrLateRefused, ErrOrderRefunded, ErrCartNotBought, ErrUnknownPool, ErrPoolNotOpen, ErrPoolClosed, ErrPoolDenied, ErrCodeInvalid, ErrCodeUsedUp, ErrSeated, ErrNotSeated, ErrNoSeating, ErrUnknownSeats, ErrSeatsTaken, ErrSeatsNotInGate, ErrSeatsSpan, ErrNoAdjacent, ErrSeatMapRefused, ErrBelowCommitted, ErrRebuildBusy, ErrBusy, ErrUnavailable, ErrNotRebuilt, ErrGateNotClosed, ErrSeatsNotInRedis,
 		ErrNotSoldOut, ErrNotWaiting, ErrWaitOffered,
 		ErrAdmissionRequired, ErrAdmissionInvalid, ErrAdmissionUsed, ErrAdmissionExpired, ErrQueuedProgram}
 }

@@ -21,6 +21,27 @@ type Ask struct {
 	Key   keys.ID
 	// Admission is the waiting room's token, for a program that has one.
 	Admission string
+	// Device is the request's device or payment fingerprint, as the
+	// platform saw it (opaque; "" for none): a hold counts against its
+	// program's device hold budget under it.
+	Device string
+}
+
+// MaxDevice is the longest device fingerprint.
+const MaxDevice = 256
+
+// ValidDevice reports whether d is a device fingerprint the gate takes:
+// empty, or 1..MaxDevice printable ASCII characters.
+func ValidDevice(d string) bool {
+	if len(d) > MaxDevice {
+		return false
+	}
+	for i := 0; i < len(d); i++ {
+		if d[i] < 0x20 || d[i] > 0x7e {
+			return false
+		}
+	}
+	return true
 }
 
 // check refuses a missing buyer or key. Both were parsed at the edge, so
@@ -115,7 +136,7 @@ func (s *Service) Hold(ctx context.Context, t Take) (Result, error) {
 		return Result{}, err
 	}
 	sku := poolOf(t.SKU, t.Access.Pool)
-	w := want{sku: sku, buyer: t.Buyer, q: t.Quantity, hold: true, ttl: t.TTL, access: t.Access,
+	w := want{sku: sku, buyer: t.Buyer, q: t.Quantity, hold: true, ttl: t.TTL, access: t.Access, device: t.Device,
 		req: newRequest(t.Buyer, t.Key, ledger.OpHold, t.Access.fields(sku.Program.String(), sku.Ticket.String(), strconv.FormatInt(t.Quantity, 10), t.TTL.String())...)}
 	return s.runTake(ctx, w.req, func(ctx context.Context) answer { return s.admitted(ctx, t.Ask, sku.Program, w.req, w) })
 }
@@ -323,20 +344,27 @@ func (s *Service) SKU(ctx context.Context, sku stock.SKU) (SKUState, error) {
 	return whole, nil
 }
 
-// PutProgram caps what one buyer may hold + own of all the program's
-// tickets; 0 removes the cap.
-func (s *Service) PutProgram(ctx context.Context, program keys.ID, perBuyer int64) error {
-	if program.IsZero() {
+// PutProgram sets a program's caps across its tickets: what one buyer may
+// hold + own, and hold at once (per buyer and per device fingerprint); 0
+// removes each.
+func (s *Service) PutProgram(ctx context.Context, p Program) error {
+	switch {
+	case p.ID.IsZero():
 		return refuse(ErrInvalid, "program ids match [A-Za-z0-9_-]{1,64}")
-	}
-	if perBuyer < 0 || perBuyer > stock.MaxTotal {
+	case p.PerBuyer < 0 || p.PerBuyer > stock.MaxTotal:
 		return refuse(ErrInvalid, "per_buyer must be an integer >= 0")
+	case p.HoldBudget < 0 || p.HoldBudget > ledger.MaxHoldBudget || p.DeviceHoldBudget < 0 || p.DeviceHoldBudget > ledger.MaxHoldBudget:
+		return refuse(ErrInvalid, fmt.Sprintf("hold_budget and device_hold_budget must be integers in 0..%d", ledger.MaxHoldBudget))
 	}
-	if err := s.ledger.PutProgram(ctx, program, perBuyer); err != nil {
-		s.log.ErrorContext(ctx, "put program", "program", program.String(), "err", err)
+	err := s.ledger.SetProgram(ctx, p)
+	switch {
+	case errors.Is(err, ledger.ErrSchema):
+		return refuse(ErrUnavailable, "hold budgets need the ledger at a newer schema: run `stockgate migrate` with this build")
+	case err != nil:
+		s.log.ErrorContext(ctx, "put program", "program", p.ID.String(), "err", err)
 		return refuse(ErrUnavailable, "ledger unavailable")
 	}
-	s.programs.Invalidate(program)
+	s.programs.Invalidate(p.ID)
 	return nil
 }
 

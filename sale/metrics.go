@@ -20,6 +20,7 @@ type metrics struct {
 	seatDrift      prometheus.Gauge
 	seatRepairs    prometheus.Counter
 	poolRefusals   *prometheus.CounterVec // by reason
+	budgetRefusals *prometheus.CounterVec // by identity: buyer, device
 	poolMoved      prometheus.Counter
 	waitJoins      prometheus.Counter
 	ledgerWait     *prometheus.HistogramVec // by work
@@ -78,6 +79,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "stockgate_pool_refusals_total",
 			Help: "Requests a pool's window or access rule refused, by reason (not-open, closed, denied, code-invalid, code-used-up, code-guessing).",
 		}, []string{"reason"}),
+		budgetRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "stockgate_hold_budget_refusals_total",
+			Help: "Holds refused at the gate because the buyer, or the device fingerprint, held its program's hold budget already, by identity (buyer, device).",
+		}, []string{"identity"}),
 		poolMoved: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "stockgate_pool_moved_units_total",
 			Help: "Units closed pools moved into another pool (usually the public one).",
@@ -104,7 +109,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Confirms of holds past their expiry within the late-payment window, by outcome: sold (the units taken again), refused (gone: the platform refunds).",
 		}, []string{"outcome"}),
 	}
-	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes, m.seatDrift, m.seatRepairs, m.poolRefusals, m.poolMoved, m.waitJoins, m.ledgerWait, m.ledgerShed, m.latePayments} {
+	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes, m.seatDrift, m.seatRepairs, m.poolRefusals, m.budgetRefusals, m.poolMoved, m.waitJoins, m.ledgerWait, m.ledgerShed, m.latePayments} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

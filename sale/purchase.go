@@ -38,6 +38,9 @@ type want struct {
 	q     int64
 	hold  bool
 	ttl   time.Duration // a hold's lifetime; 0 for the SKU's default
+	// device is a hold's device fingerprint (Ask.Device), for its
+	// program's device hold budget.
+	device string
 	// access is what the request presents to its pool's rule (sku is the
 	// pool's stock); code is its access code as the gate counts it.
 	access Access

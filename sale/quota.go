@@ -81,10 +81,11 @@ func (s *Service) releaseQuota(ctx context.Context, scopes []quotaScope, key, ke
 // ledger call per request. The ledger checks all of them again when it
 // commits. No cap and no code, no call.
 func (s *Service) takeQuota(ctx context.Context, w want, st ledger.SKUState) (*quotaTicket, error) {
-	programCap, err := s.programs.Get(ctx, w.sku.Program)
+	program, err := s.programs.Get(ctx, w.sku.Program)
 	if err != nil {
 		return nil, err
 	}
+	programCap := program.PerBuyer
 	if programCap > 0 && w.q > programCap {
 		return nil, errOverCap
 	}

@@ -118,6 +118,7 @@ func (s *Service) sweep(ctx context.Context) {
 		}
 		s.metrics.expired.Add(float64(len(done)))
 		for _, h := range done {
+			s.holdEnded(ctx, h.SKU.Program, h.Buyer, h.IdempotencyKey)
 			s.returnOwed(ctx, "hold", h.ID)
 		}
 		if err != nil || len(done) < 200 {

@@ -44,6 +44,9 @@ type Gate interface {
 	Fence(ctx context.Context, sku stock.SKU, n int, closed bool) error
 	TakeQuota(ctx context.Context, sku stock.SKU, buyer, requestID, keyID keys.ID, q, limit int64) (bool, error)
 	ReleaseQuota(ctx context.Context, sku stock.SKU, buyer, requestID, keyID keys.ID) error
+	TakeBudget(ctx context.Context, b shard.Budget, entry keys.ID, q, budget int64, expires time.Time, device string) (bool, error)
+	EndBudget(ctx context.Context, b shard.Budget, entry keys.ID) (string, error)
+	ExtendBudget(ctx context.Context, b shard.Budget, entry keys.ID, expires time.Time) (string, error)
 	Read(ctx context.Context, sku stock.SKU, n int) ([]shard.ShardStock, error)
 	Remaining(ctx context.Context, sku stock.SKU, n int) (int64, bool, error)
 }
@@ -70,8 +73,8 @@ type SKUs interface {
 	SKUs(ctx context.Context, after stock.SKU, limit int) ([]ledger.SKUState, error)
 	EndSale(ctx context.Context, sku stock.SKU) (ledger.SKUState, error)
 	SetShards(ctx context.Context, sku stock.SKU, n int) error
-	PutProgram(ctx context.Context, program keys.ID, perBuyer int64) error
-	ProgramCap(ctx context.Context, program keys.ID) (int64, error)
+	SetProgram(ctx context.Context, p ledger.Program) error
+	Program(ctx context.Context, program keys.ID) (ledger.Program, error)
 	MarkGateSeeded(ctx context.Context, sku stock.SKU, seq int64) error
 	AdvanceGate(ctx context.Context, sku stock.SKU) (ledger.SKUState, error)
 	Report(ctx context.Context, program keys.ID) ([]ledger.StockReport, error)
@@ -358,7 +361,7 @@ type Service struct {
 	opts     Options
 	settings *cache.Loading[stock.SKU, ledger.SKUState]
 	codes    *cache.Loading[codeKey, ledger.Code]
-	programs *cache.Loading[keys.ID, int64] // per-buyer cap of a program
+	programs *cache.Loading[keys.ID, ledger.Program] // a program's caps and hold budgets
 	seatMaps *cache.Loading[stock.SKU, seatMap]
 	// sectionViews serves seat status reads from memory for StockTTL.
 	sectionViews *cache.Loading[sectionKey, Section]
@@ -423,7 +426,7 @@ func New(opts Options) (*Service, error) {
 	if s.codes, err = cache.NewLoading(opts.SettingsTTL, 1_000_000, cm.Recorder("codes"), s.loadCode); err != nil {
 		return nil, err
 	}
-	if s.programs, err = cache.NewLoading(opts.SettingsTTL, 100_000, cm.Recorder("programs"), s.ledger.ProgramCap); err != nil {
+	if s.programs, err = cache.NewLoading(opts.SettingsTTL, 100_000, cm.Recorder("programs"), s.ledger.Program); err != nil {
 		return nil, err
 	}
 	if s.replays, err = newReplays(s.ledger, 10*time.Minute); err != nil {

@@ -47,6 +47,10 @@ type take struct {
 	// line's id was then made by an attempt that is over (a 503 whose
 	// script ran late, after a stall).
 	exclusive bool
+	// device is the request's device fingerprint (Ask.Device); budgets are
+	// the hold budget entries this request's attempts counted.
+	device  string
+	budgets []budgetEntry
 }
 
 // line is one ticket of a take, and what this attempt took of it.
@@ -81,14 +85,14 @@ func (ln *line) seated() bool { return ln.st.Seated }
 
 // takeOne takes w, a purchase or a hold: a take of one line.
 func (s *Service) takeOne(ctx context.Context, w want) answer {
-	t := &take{s: s, req: w.req, ttl: w.ttl, lines: []*line{{w: w}}}
+	t := &take{s: s, req: w.req, ttl: w.ttl, lines: []*line{{w: w}}, device: w.device}
 	return t.run(ctx)
 }
 
 // seatTake is the take of a seat hold: q seats, as pick says.
 func (s *Service) seatTake(t SeatTake, r request, q int64, pick seatPick) *take {
 	w := want{sku: t.SKU, buyer: t.Buyer, q: q, hold: true, ttl: t.TTL, req: r}
-	return &take{s: s, req: r, ttl: t.TTL, seatHold: true, lines: []*line{{w: w, pick: pick}}}
+	return &take{s: s, req: r, ttl: t.TTL, seatHold: true, lines: []*line{{w: w, pick: pick}}, device: t.Device}
 }
 
 // takeAttempts bounds how often one take is taken again after its gate
@@ -121,9 +125,11 @@ func (t *take) run(ctx context.Context) answer {
 	for attempt := 1; ; attempt++ {
 		a, stale := t.once(ctx)
 		if stale.IsZero() {
+			t.settleBudgets(ctx, a)
 			return a
 		}
 		if attempt == takeAttempts {
+			t.settleBudgets(ctx, ansUnavailable)
 			return s.counted(pathGate, ansUnavailable)
 		}
 		// A rebuild closed the gate a line was admitted by: its stock went
@@ -276,6 +282,13 @@ func (t *take) once(ctx context.Context) (_ answer, stale stock.SKU) {
 	}
 	if a, ok := t.placeGiven(ctx); !ok {
 		return a, stale
+	}
+	if !direct {
+		// Held units count against the program's hold budgets first: an
+		// identity at its budget is refused with nothing taken.
+		if a, ok := t.takeBudgets(ctx); !ok {
+			return a, stale
+		}
 	}
 	if direct {
 		return t.direct(ctx), stale

@@ -23,6 +23,9 @@ const (
 	MaxHoldTTL = ledger.MaxHoldTTL
 )
 
+// Program is a program's caps across all of its tickets.
+type Program = ledger.Program
+
 // Order is a sale.
 type Order struct {
 	ID         keys.ID

@@ -106,6 +106,7 @@ type Store struct {
 	fence     *redis.Script
 	quota     *redis.Script
 	unquota   *redis.Script
+	budget    *redis.Script
 }
 
 // MinRecordTTL is the shortest RecordTTL: a record must outlive a client's
@@ -144,6 +145,7 @@ func New(opts Options) (*Store, error) {
 		fence:     redis.NewScript(lua.Fence),
 		quota:     redis.NewScript(lua.Quota),
 		unquota:   redis.NewScript(lua.Unquota),
+		budget:    redis.NewScript(lua.Budget),
 	}, nil
 }
 

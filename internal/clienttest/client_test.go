@@ -388,3 +388,31 @@ func TestTransferCall(t *testing.T) {
 		t.Errorf("Transfer by another buyer = %v, want ErrNotOwner", err)
 	}
 }
+
+// Hold budgets through the client: a program's settings, and a hold over
+// a fingerprint's budget matched as ErrHoldBudget.
+func TestHoldBudgetCalls(t *testing.T) {
+	ctx := context.Background()
+	base := startGateway(t)
+	c := newClient(t, base, client.Options{AdminToken: token})
+	sku := client.SKU{Program: testenv.ID(t, "p"), Ticket: "ga"}
+	if _, err := c.PutSKU(ctx, sku, client.SKUConfig{Total: ptr[int64](10), MaxPerOrder: ptr[int64](4)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.PutProgramSettings(ctx, client.ProgramSettings{Program: sku.Program, HoldBudget: 3, DeviceHoldBudget: 2}); err != nil {
+		t.Fatalf("PutProgramSettings: %v", err)
+	}
+	phone := client.WithFingerprint(ctx, "phone-1")
+	if _, err := c.Hold(phone, sku, "h1", "ann", 2, time.Minute); err != nil {
+		t.Fatalf("Hold within the budgets: %v", err)
+	}
+	if _, err := c.Hold(phone, sku, "h2", "bob", 1, time.Minute); !errors.Is(err, client.ErrHoldBudget) {
+		t.Errorf("a hold over the fingerprint's budget = %v, want ErrHoldBudget", err)
+	}
+	if _, err := c.Hold(ctx, sku, "h3", "bob", 1, time.Minute); err != nil {
+		t.Errorf("the same hold without the fingerprint = %v, want held", err)
+	}
+	if err := c.PutProgramSettings(ctx, client.ProgramSettings{Program: sku.Program, HoldBudget: -1}); !errors.Is(err, client.ErrInvalid) {
+		t.Errorf("a negative budget = %v, want ErrInvalid", err)
+	}
+}

@@ -167,14 +167,14 @@ func (l *CountingLedger) EndSale(ctx context.Context, sku stock.SKU) (ledger.SKU
 	return l.Ledger.EndSale(ctx, sku)
 }
 
-func (l *CountingLedger) PutProgram(ctx context.Context, program keys.ID, perBuyer int64) error {
-	l.note("PutProgram")
-	return l.Ledger.PutProgram(ctx, program, perBuyer)
+func (l *CountingLedger) SetProgram(ctx context.Context, p ledger.Program) error {
+	l.note("SetProgram")
+	return l.Ledger.SetProgram(ctx, p)
 }
 
-func (l *CountingLedger) ProgramCap(ctx context.Context, program keys.ID) (int64, error) {
-	l.note("ProgramCap")
-	return l.Ledger.ProgramCap(ctx, program)
+func (l *CountingLedger) Program(ctx context.Context, program keys.ID) (ledger.Program, error) {
+	l.note("Program")
+	return l.Ledger.Program(ctx, program)
 }
 
 func (l *CountingLedger) RequestByKey(ctx context.Context, scope, key keys.ID) (ledger.Recorded, error) {

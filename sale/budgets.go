@@ -1,0 +1,194 @@
+package sale
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/shard"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// Hold budgets: what one buyer, and one device or payment fingerprint, may
+// hold at once across a program (ledger.Program). They are the gate's to
+// enforce: a hold counts against them before its stock is taken, so an
+// identity at its budget is refused with nothing moved and no ledger call,
+// and its count ends when the hold does (confirmed, cancelled, expired).
+// A count the replica could not end (it died between the ledger and Redis)
+// leaves by itself at the hold's expiry plus budgetGrace. The budgets are
+// one identity's counts across the program's SKUs, so they live in their
+// own slot, not in the deduction's script. While Redis cannot be used the
+// holds that go around the gate are not counted: selling goes on.
+
+// budgetGrace is how long a count outlives its hold's expiry: the sweeper
+// ends an expired hold a little after it is due.
+const budgetGrace = 5 * time.Second
+
+// budgetEntry is one count a take made: a hold line's under its buyer's
+// budget, or under its device's.
+type budgetEntry struct {
+	b     shard.Budget
+	entry keys.ID
+}
+
+// deviceTag is the name a device fingerprint is counted under: a digest,
+// so the raw fingerprint (often personal data) never reaches Redis.
+func deviceTag(device string) string {
+	sum := sha256.Sum256([]byte(device))
+	return hex.EncodeToString(sum[:16])
+}
+
+// takeBudgets counts each hold line of t against its program's hold
+// budgets; ok is false with the refusal when one would be passed (the
+// counts this attempt made are given back). Redis failing counts nothing:
+// the take goes on without (see the package comment above).
+func (t *take) takeBudgets(ctx context.Context) (answer, bool) {
+	s := t.s
+	if !t.lines[0].w.hold {
+		return answer{}, true
+	}
+	program := t.lines[0].w.sku.Program
+	p, err := s.programs.Get(ctx, program)
+	if err != nil {
+		s.log.ErrorContext(ctx, "load program", "program", program.String(), "err", err)
+		return ansUnavailable, false
+	}
+	if p.HoldBudget == 0 && p.DeviceHoldBudget == 0 {
+		return answer{}, true
+	}
+	tag := ""
+	if t.device != "" && p.DeviceHoldBudget > 0 {
+		tag = deviceTag(t.device)
+	}
+	now := time.Now()
+	for i, ln := range t.lines {
+		ttl := t.ttl
+		if ttl == 0 {
+			ttl = ln.st.HoldTTL
+		}
+		expires := now.Add(ttl + budgetGrace)
+		entry := ln.w.req.gateID()
+		counts := []struct {
+			b      shard.Budget
+			budget int64
+			tag    string
+		}{{shard.Budget{Program: program, Buyer: ln.w.buyer}, p.HoldBudget, tag}}
+		if tag != "" {
+			counts = append(counts, struct {
+				b      shard.Budget
+				budget int64
+				tag    string
+			}{shard.Budget{Program: program, Device: tag}, p.DeviceHoldBudget, ""})
+		}
+		for _, c := range counts {
+			var fresh bool
+			err := s.redis(ctx, "gate.hold_budget", func(ctx context.Context) (err error) {
+				fresh, err = s.gate.TakeBudget(ctx, c.b, entry, ln.w.q, c.budget, expires, c.tag)
+				return err
+			})
+			switch {
+			case errors.Is(err, stock.ErrLimit):
+				s.metrics.budgetRefusals.WithLabelValues(budgetKind(c.b)).Inc()
+				t.settleBudgets(ctx, answer{err: ErrHoldBudget})
+				detail := fmt.Sprintf("this buyer may hold %d of this program's tickets at once", p.HoldBudget)
+				if c.b.Buyer.IsZero() {
+					detail = fmt.Sprintf("this device may hold %d of this program's tickets at once", p.DeviceHoldBudget)
+				}
+				if t.cart {
+					return t.no(ctx, i, ErrHoldBudget, detail, false), false
+				}
+				// A retry of a hold that committed gets its replay, found
+				// among the SKU's committed keys (read at most once per
+				// change of its row): a flood of new holds from an identity
+				// at its budget costs no ledger call each.
+				return s.committedAt(ctx, ln.w, fail(refuse(ErrHoldBudget, detail)), ln.st.Version), false
+			case err != nil && notRun(err):
+				return answer{}, true // Redis is out: not counted
+			case err != nil:
+				// Maybe counted: given back with the others if the take
+				// does not commit.
+				s.log.WarnContext(ctx, "hold budget outcome unknown", "program", program.String(), "err", err)
+				t.budgets = append(t.budgets, budgetEntry{c.b, entry})
+			case fresh:
+				t.budgets = append(t.budgets, budgetEntry{c.b, entry})
+			}
+		}
+	}
+	return answer{}, true
+}
+
+func budgetKind(b shard.Budget) string {
+	if b.Buyer.IsZero() {
+		return "device"
+	}
+	return "buyer"
+}
+
+// settleBudgets keeps the counts of a take that made its holds, and gives
+// back the ones this request counted otherwise (refused, failed, or a
+// replay: the committed holds were counted by their own attempt, and may
+// have ended since).
+func (t *take) settleBudgets(ctx context.Context, a answer) {
+	if len(t.budgets) == 0 {
+		return
+	}
+	if a.err == nil && !a.replayed {
+		t.budgets = nil
+		return
+	}
+	ctx = context.WithoutCancel(ctx)
+	for _, e := range t.budgets {
+		if err := t.s.redis(ctx, "gate.hold_budget", func(ctx context.Context) error {
+			_, err := t.s.gate.EndBudget(ctx, e.b, e.entry)
+			return err
+		}); err != nil {
+			t.s.log.WarnContext(ctx, "give back a hold budget count; it leaves at the hold's expiry", "err", err)
+		}
+	}
+	t.budgets = nil
+}
+
+// holdEnded ends the hold budget counts of a hold that ended (confirmed,
+// cancelled, expired): entry is its gate request id. A program without
+// budgets costs no Redis call; a count missed here leaves by itself.
+func (s *Service) holdEnded(ctx context.Context, program, buyer, entry keys.ID) {
+	s.budgetEntry(ctx, program, buyer, entry, time.Time{})
+}
+
+// holdExtended moves the budget counts of an extended hold to its new
+// expiry.
+func (s *Service) holdExtended(ctx context.Context, h ledger.Hold) {
+	s.budgetEntry(ctx, h.SKU.Program, h.Buyer, h.IdempotencyKey, h.ExpiresAt.Add(budgetGrace))
+}
+
+func (s *Service) budgetEntry(ctx context.Context, program, buyer, entry keys.ID, expires time.Time) {
+	if program.IsZero() || buyer.IsZero() || entry.IsZero() {
+		return
+	}
+	p, err := s.programs.Get(ctx, program)
+	if err != nil || (p.HoldBudget == 0 && p.DeviceHoldBudget == 0) {
+		return
+	}
+	ctx = context.WithoutCancel(ctx)
+	call := func(b shard.Budget) (device string) {
+		if err := s.redis(ctx, "gate.hold_budget", func(ctx context.Context) (err error) {
+			if expires.IsZero() {
+				device, err = s.gate.EndBudget(ctx, b, entry)
+			} else {
+				device, err = s.gate.ExtendBudget(ctx, b, entry, expires)
+			}
+			return err
+		}); err != nil {
+			s.log.WarnContext(ctx, "hold budget count; it leaves at the hold's expiry", "program", program.String(), "err", err)
+		}
+		return device
+	}
+	if device := call(shard.Budget{Program: program, Buyer: buyer}); device != "" {
+		call(shard.Budget{Program: program, Device: device})
+	}
+}

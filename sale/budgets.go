@@ -85,6 +85,7 @@ func (t *take) takeBudgets(ctx context.Context) (answer, bool) {
 				tag    string
 			}{shard.Budget{Program: program, Device: tag}, p.DeviceHoldBudget, ""})
 		}
+	counting:
 		for _, c := range counts {
 			var fresh bool
 			err := s.redis(ctx, "gate.hold_budget", func(ctx context.Context) (err error) {
@@ -116,6 +117,12 @@ func (t *take) takeBudgets(ctx context.Context) (answer, bool) {
 				t.budgets = append(t.budgets, budgetEntry{c.b, entry})
 			case fresh:
 				t.budgets = append(t.budgets, budgetEntry{c.b, entry})
+			default:
+				// The buyer's count of this hold was made before (a retry,
+				// or a copy on another replica), with the device it was
+				// made under: a retry naming another device counts nothing
+				// under it, as its end would not end it.
+				break counting
 			}
 		}
 	}
@@ -131,8 +138,10 @@ func budgetKind(b shard.Budget) string {
 
 // settleBudgets keeps the counts of a take that made its holds, and gives
 // back the ones this request counted otherwise (refused, failed, or a
-// replay: the committed holds were counted by their own attempt, and may
-// have ended since).
+// replay of holds that ended since). A replay's holds still held keep the
+// count: the count is the hold's own entry, which this attempt made when
+// a copy of the request on another replica, which found it made and
+// counted nothing, committed first.
 func (t *take) settleBudgets(ctx context.Context, a answer) {
 	if len(t.budgets) == 0 {
 		return
@@ -142,7 +151,14 @@ func (t *take) settleBudgets(ctx context.Context, a answer) {
 		return
 	}
 	ctx = context.WithoutCancel(ctx)
+	var held map[keys.ID]bool
+	if a.err == nil {
+		held = t.s.stillHeld(ctx, a)
+	}
 	for _, e := range t.budgets {
+		if held[e.entry] {
+			continue
+		}
 		if err := t.s.redis(ctx, "gate.hold_budget", func(ctx context.Context) error {
 			_, err := t.s.gate.EndBudget(ctx, e.b, e.entry)
 			return err
@@ -153,25 +169,53 @@ func (t *take) settleBudgets(ctx context.Context, a answer) {
 	t.budgets = nil
 }
 
+// stillHeld is the set of entries (gate request ids) of replay a's holds
+// that are held now, read from the ledger: a replay's stored answer shows
+// its holds as they were answered. A read that fails counts none.
+func (s *Service) stillHeld(ctx context.Context, a answer) map[keys.ID]bool {
+	var holds []ledger.Hold
+	switch {
+	case a.hold != nil:
+		h, err := s.ledger.HoldByID(ctx, a.hold.ID)
+		if err != nil {
+			return nil
+		}
+		holds = []ledger.Hold{h}
+	case a.cart != nil && len(a.cart.Holds) > 0:
+		c, err := s.ledger.CartByID(ctx, a.cart.ID)
+		if err != nil {
+			return nil
+		}
+		holds = c.Holds
+	}
+	held := map[keys.ID]bool{}
+	for _, h := range holds {
+		if h.State == ledger.Held {
+			held[h.IdempotencyKey] = true
+		}
+	}
+	return held
+}
+
 // holdEnded ends the hold budget counts of a hold that ended (confirmed,
-// cancelled, expired): entry is its gate request id. A program without
-// budgets costs no Redis call; a count missed here leaves by itself.
+// cancelled, expired): entry is its gate request id. It is ended whatever
+// the program's budgets are now: a hold counted under a budget since
+// removed (or by a replica whose cache already had it) must not be counted
+// when the budget is back. A count missed here leaves by itself.
 func (s *Service) holdEnded(ctx context.Context, program, buyer, entry keys.ID) {
 	s.budgetEntry(ctx, program, buyer, entry, time.Time{})
 }
 
 // holdExtended moves the budget counts of an extended hold to its new
-// expiry.
+// expiry (as holdEnded, whatever the program's budgets are now).
 func (s *Service) holdExtended(ctx context.Context, h ledger.Hold) {
 	s.budgetEntry(ctx, h.SKU.Program, h.Buyer, h.IdempotencyKey, h.ExpiresAt.Add(budgetGrace))
 }
 
+// budgetEntry ends (expires zero) or moves the entry's counts: one Redis
+// call for a hold never counted.
 func (s *Service) budgetEntry(ctx context.Context, program, buyer, entry keys.ID, expires time.Time) {
 	if program.IsZero() || buyer.IsZero() || entry.IsZero() {
-		return
-	}
-	p, err := s.programs.Get(ctx, program)
-	if err != nil || (p.HoldBudget == 0 && p.DeviceHoldBudget == 0) {
 		return
 	}
 	ctx = context.WithoutCancel(ctx)
@@ -183,7 +227,7 @@ func (s *Service) budgetEntry(ctx context.Context, program, buyer, entry keys.ID
 				device, err = s.gate.ExtendBudget(ctx, b, entry, expires)
 			}
 			return err
-		}); err != nil {
+		}); err != nil && !notRun(err) {
 			s.log.WarnContext(ctx, "hold budget count; it leaves at the hold's expiry", "program", program.String(), "err", err)
 		}
 		return device

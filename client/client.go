@@ -566,3 +566,47 @@ func (c *Client) once(ctx context.Context, method, path, key string, admin bool,
 	}
 	return false, -1, p
 }
+
+// Listing is tickets of an order listed for resale.
+type Listing struct {
+	ListingID string    `json:"listing_id"`
+	Program   string    `json:"program"`
+	Ticket    string    `json:"ticket"`
+	OrderID   string    `json:"order_id"`
+	Seller    string    `json:"seller"`
+	Quantity  int64     `json:"quantity"`
+	Sold      int64     `json:"sold"` // settled to other buyers' sales: refund the seller for these
+	Withdrawn int64     `json:"withdrawn"`
+	State     string    `json:"state"` // listed, sold, withdrawn
+	CreatedAt time.Time `json:"created_at"`
+	EndedAt   time.Time `json:"ended_at,omitzero"`
+	Replayed  bool      `json:"-"`
+}
+
+// ListForResale lists quantity of an order's tickets for resale, once
+// (ErrOrderRefunded, ErrInCart, ErrNotOwner; listed tickets then refuse
+// refunds and transfers with ErrOrderListed).
+func (c *Client) ListForResale(ctx context.Context, orderID, key, buyer string, quantity int64) (Listing, error) {
+	var x Listing
+	replayed, err := c.call(ctx, http.MethodPost, "/v1/orders/"+url.PathEscape(orderID)+"/resale", key, false,
+		map[string]any{"buyer": buyer, "quantity": quantity}, &x)
+	x.Replayed = replayed
+	return x, err
+}
+
+// WithdrawListing takes a listing's unsold tickets off sale, once
+// (ErrListingEnded; ErrListingSelling while they are being bought).
+func (c *Client) WithdrawListing(ctx context.Context, listingID, key, buyer string) (Listing, error) {
+	var x Listing
+	replayed, err := c.call(ctx, http.MethodPost, "/v1/listings/"+url.PathEscape(listingID)+"/withdraw", key, false,
+		map[string]any{"buyer": buyer}, &x)
+	x.Replayed = replayed
+	return x, err
+}
+
+// GetListing reads a listing (ErrUnknownListing).
+func (c *Client) GetListing(ctx context.Context, listingID string) (Listing, error) {
+	var x Listing
+	_, err := c.call(ctx, http.MethodGet, "/v1/listings/"+url.PathEscape(listingID), "", false, nil, &x)
+	return x, err
+}

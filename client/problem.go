@@ -75,6 +75,10 @@ var (
 	ErrHoldAtMax         = kind("hold-at-max-lifetime")    // 409: the hold cannot be extended further
 	ErrLateRefused       = kind("late-payment-refused")    // 409: an expired hold's units are gone: refund
 	ErrOrderRefunded     = kind("order-refunded")          // 409: a refunded order's tickets cannot move
+	ErrOrderListed       = kind("order-listed")            // 409: withdraw the order's listing first
+	ErrUnknownListing    = kind("unknown-listing")         // 404
+	ErrListingEnded      = kind("listing-ended")           // 409: sold out or withdrawn
+	ErrListingSelling    = kind("listing-selling")         // 409: its tickets are being bought; try later
 	ErrCartNotBought     = kind("cart-not-bought")         // 409: a held cart never confirmed; nothing to refund
 	ErrUnknownPool       = kind("unknown-pool")            // 404
 	ErrPoolNotOpen       = kind("pool-not-open")           // 409

@@ -17,6 +17,7 @@ type skuBody struct {
 	PerBuyer    *int64 `json:"per_buyer"`
 	HoldTTL     *int64 `json:"hold_ttl_seconds"`
 	HoldTTLMax  *int64 `json:"hold_ttl_max_seconds"`
+	Resale      string `json:"resale"`
 }
 
 type skuView struct {
@@ -33,13 +34,15 @@ type skuView struct {
 	HoldTTL     int64  `json:"hold_ttl_seconds"`
 	HoldTTLMax  int64  `json:"hold_ttl_max_seconds"`
 	Ended       bool   `json:"ended"`
+	Listed      int64  `json:"listed"`
+	Resale      string `json:"resale"`
 }
 
 func skuViewOf(st sale.SKUState) skuView {
 	return skuView{Program: st.SKU.Program.String(), Ticket: st.SKU.Ticket.String(), Total: st.Total, Sold: st.Sold, Held: st.Held,
 		Remaining: st.Remain, Shards: st.Shards, MaxPerOrder: st.MaxPerOrder, Version: st.Version,
 		PerBuyer: st.PerBuyer, HoldTTL: int64(st.HoldTTL.Seconds()), HoldTTLMax: int64(st.HoldTTLMax.Seconds()),
-		Ended: st.Ended}
+		Ended: st.Ended, Listed: st.Listed, Resale: st.Resale}
 }
 
 // putSKU handles PUT /v1/admin/skus/:program/:ticket: create a SKU or change
@@ -58,7 +61,7 @@ func (s *Server) putSKU(c *gin.Context) {
 		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "total is required", 0)
 		return
 	}
-	cfg := sale.SKUConfig{SKU: sku, Total: *body.Total, Shards: 1, MaxPerOrder: 10}
+	cfg := sale.SKUConfig{SKU: sku, Total: *body.Total, Shards: 1, MaxPerOrder: 10, Resale: body.Resale}
 	if body.Shards != nil {
 		cfg.Shards = *body.Shards
 	}

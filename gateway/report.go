@@ -28,6 +28,9 @@ type reportLine struct {
 	HeldUnits      int64  `json:"held_units"`
 	ExpiredUnits   int64  `json:"expired_units"`
 	CancelledUnits int64  `json:"cancelled_units"`
+	Listed         int64  `json:"listed_units"`
+	Resold         int64  `json:"resold_units"`
+	Transferred    int64  `json:"transferred_units"`
 	Seated         bool   `json:"seated"`
 	Balanced       bool   `json:"balanced"`
 	GateRemaining  *int64 `json:"gate_remaining"`
@@ -38,7 +41,8 @@ func reportLineOf(r sale.StockReport) reportLine {
 	l := reportLine{Ticket: r.SKU.Base().Ticket.String(), Total: r.Total, Sold: r.Sold, Held: r.Held, Open: r.Open,
 		Orders: r.Orders, OrderUnits: r.OrderUnits, PurchasedUnits: r.PurchasedUnits, ConfirmedUnits: r.ConfirmedUnits,
 		CartUnits: r.CartUnits, Refunds: r.Refunds, RefundedUnits: r.RefundedUnits, HeldUnits: r.HeldUnits,
-		ExpiredUnits: r.ExpiredUnits, CancelledUnits: r.CancelledUnits, Seated: r.Seated, Balanced: r.Balanced(),
+		ExpiredUnits: r.ExpiredUnits, CancelledUnits: r.CancelledUnits, Listed: r.Listed, Resold: r.Resold,
+		Transferred: r.Transferred, Seated: r.Seated, Balanced: r.Balanced(),
 		GateDifference: r.GateDifference()}
 	if p := r.SKU.Pool(); !p.IsZero() {
 		l.Pool = p.String()
@@ -51,7 +55,8 @@ func reportLineOf(r sale.StockReport) reportLine {
 
 // reportColumns are the CSV's columns, in the JSON's names and order.
 var reportColumns = []string{"ticket", "pool", "total", "sold", "held", "open", "orders", "order_units", "purchased_units",
-	"confirmed_units", "cart_units", "refunds", "refunded_units", "held_units", "expired_units", "cancelled_units", "seated",
+	"confirmed_units", "cart_units", "refunds", "refunded_units", "held_units", "expired_units", "cancelled_units",
+	"listed_units", "resold_units", "transferred_units", "seated",
 	"balanced", "gate_remaining", "gate_difference"}
 
 func (l reportLine) csv() []string {
@@ -62,7 +67,7 @@ func (l reportLine) csv() []string {
 	}
 	return []string{l.Ticket, l.Pool, n(l.Total), n(l.Sold), n(l.Held), n(l.Open), n(l.Orders), n(l.OrderUnits),
 		n(l.PurchasedUnits), n(l.ConfirmedUnits), n(l.CartUnits), n(l.Refunds), n(l.RefundedUnits), n(l.HeldUnits),
-		n(l.ExpiredUnits), n(l.CancelledUnits), strconv.FormatBool(l.Seated), strconv.FormatBool(l.Balanced), gate,
+		n(l.ExpiredUnits), n(l.CancelledUnits), n(l.Listed), n(l.Resold), n(l.Transferred), strconv.FormatBool(l.Seated), strconv.FormatBool(l.Balanced), gate,
 		n(l.GateDifference)}
 }
 

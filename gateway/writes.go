@@ -186,6 +186,11 @@ func (s *Server) written(c *gin.Context, status int) func(sale.Result, error) {
 		if r.Replayed {
 			c.Header("Idempotent-Replayed", "true")
 		}
+		if r.Listing != nil {
+			c.Header("Location", "/v1/listings/"+r.Listing.ID.String())
+			c.JSON(status, listingViewOf(*r.Listing))
+			return
+		}
 		if r.Hold != nil {
 			c.Header("Location", "/v1/holds/"+r.Hold.ID.String())
 			c.JSON(status, holdViewOf(*r.Hold))

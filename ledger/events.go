@@ -49,7 +49,8 @@ const (
 func EventTypes() []string {
 	return []string{EventOrderCreated, EventOrderRefunded, EventHoldCreated, EventHoldConfirmed, EventHoldCancelled,
 		EventHoldExpired, EventSaleSoldOut, EventSaleEnded, EventPoolMoved, EventOfferMade, EventOfferExpired,
-		EventWaitlistJoined, EventWaitlistLeft}
+		EventWaitlistJoined, EventWaitlistLeft, EventOrderTransferred, EventHoldExtended, EventHoldReleased,
+		EventListingCreated, EventListingSold, EventListingWithdrawn}
 }
 
 // Event is one change of state, as the outbox keeps it.

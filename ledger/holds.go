@@ -431,11 +431,19 @@ func (l *Ledger) Refund(ctx context.Context, orderID, buyer keys.ID, req Request
 	// The order row decides (a concurrent refund changes zero rows); then
 	// the SKU row, then buyer rows, the order every write that moves stock
 	// takes rows in, so no two of them wait on each other in a cycle.
+	// Tickets listed for resale are not refunded (the listing is
+	// withdrawn first): the order's row says so under the same lock.
 	res, err := tx.ExecContext(ctx, `UPDATE orders SET refunded_at = $2 WHERE id = $1 AND refunded_at = 0`, o.ID, now.UnixMilli())
 	if err != nil {
 		return o, false, notCommitted("refund", err)
 	}
-	if n, _ := res.RowsAffected(); n != 1 {
+	if n, _ := res.RowsAffected(); n == 1 {
+		if listed, err := orderListed(ctx, tx, o.ID); err != nil {
+			return o, false, err
+		} else if listed > 0 {
+			return o, false, ErrListed
+		}
+	} else {
 		// Refunded before: answer with the order as it is.
 		tx.Rollback()
 		cur, err := l.OrderByID(ctx, o.ID)
@@ -507,7 +515,7 @@ func (l *Ledger) answerAgain(ctx context.Context, req Request, sku stock.SKU, o 
 // Restore is stock the ledger took back (a cancelled or expired hold, a
 // refunded order) that is still owed to Redis.
 type Restore struct {
-	Kind      string // "hold" or "order"
+	Kind      string // "hold", "order" or "listing"
 	ID        keys.ID
 	SKU       stock.SKU
 	Buyer     keys.ID
@@ -539,6 +547,8 @@ func (l *Ledger) PendingRestores(ctx context.Context, olderThan time.Duration, l
 		SELECT 'order', id, program, ticket, buyer, CASE WHEN gate_key = '' THEN idem_key ELSE gate_key END, gate,
 			quantity - offered, restore_epoch, restore_shards, code_hash, restore_pending
 		FROM orders WHERE restore_pending > 0 AND refunded_at <= $1
+		UNION ALL
+		SELECT 'listing', `+listingOwed+` FROM listings WHERE restore_pending > 0 AND created_at <= $1
 		LIMIT $2`, before, limit)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: pending restores: %w", err)
@@ -558,6 +568,11 @@ func (l *Ledger) PendingRestores(ctx context.Context, olderThan time.Duration, l
 	return out, rows.Err()
 }
 
+// listingOwed are a listing's restore columns: its units, owed to the gate
+// of the epoch it was made in, under its own id (which counted nothing at
+// the gate, so no buyer's count goes back with them).
+const listingOwed = `id, program, ticket, seller, id, '', quantity, restore_epoch, restore_shards, '', restore_pending`
+
 // holdOwedUnits is what a hold's return owes Redis: its units less those a
 // waitlist was offered, and less those its order kept when it was
 // confirmed in part (a hold confirmed whole owes nothing). holdOwedCode is
@@ -574,9 +589,12 @@ const (
 func (l *Ledger) RestoreOwed(ctx context.Context, kind string, id keys.ID) (Restore, bool, error) {
 	q := `SELECT 'hold', id, program, ticket, buyer, idem_key, gate, ` + holdOwedUnits + `, restore_epoch, restore_shards, ` + holdOwedCode + `,
 		restore_pending FROM holds WHERE id = $1 AND restore_pending > 0`
-	if kind == "order" {
+	switch kind {
+	case "order":
 		q = `SELECT 'order', id, program, ticket, buyer, CASE WHEN gate_key = '' THEN idem_key ELSE gate_key END, gate,
 			quantity - offered, restore_epoch, restore_shards, code_hash, restore_pending FROM orders WHERE id = $1 AND restore_pending > 0`
+	case "listing":
+		q = `SELECT 'listing', ` + listingOwed + ` FROM listings WHERE id = $1 AND restore_pending > 0`
 	}
 	var r Restore
 	var pending int
@@ -596,8 +614,11 @@ func (l *Ledger) RestoreOwed(ctx context.Context, kind string, id keys.ID) (Rest
 // need it (a later rebuild counted it).
 func (l *Ledger) RestoreDone(ctx context.Context, kind string, id keys.ID) error {
 	table := "holds"
-	if kind == "order" {
+	switch kind {
+	case "order":
 		table = "orders"
+	case "listing":
+		table = "listings"
 	}
 	if _, err := l.db.ExecContext(ctx, `UPDATE `+table+` SET restore_pending = 0 WHERE id = $1`, id); err != nil {
 		return fmt.Errorf("ledger: restore done: %w", err)

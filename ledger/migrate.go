@@ -56,8 +56,12 @@ var thisBuild = schemaSteps{
 	steps: []migration{
 		{version: 1, name: "baseline", up: (*Ledger).baseline},
 		{version: 2, name: "hold budgets", up: (*Ledger).holdBudgetsUp, down: (*Ledger).holdBudgetsDown},
+		{version: 3, name: "resale", up: (*Ledger).resaleUp, down: (*Ledger).resaleDown},
 	},
-	minimum: 1,
+	// Resale's columns are read by every refund and transfer: this build
+	// needs step 3. The chart's pre-install/pre-upgrade Job (or serve with
+	// migrate on) runs it before this build serves; see docs/RUNBOOK.md.
+	minimum: 3,
 }
 
 func (s schemaSteps) latest() int64 { return s.steps[len(s.steps)-1].version }
@@ -339,6 +343,55 @@ func (l *Ledger) holdBudgetsUp(ctx context.Context, tx *sql.Tx) error {
 
 func (l *Ledger) holdBudgetsDown(ctx context.Context, tx *sql.Tx) error {
 	_, err := tx.ExecContext(ctx, `ALTER TABLE programs DROP COLUMN hold_budget; ALTER TABLE programs DROP COLUMN device_hold_budget`)
+	return err
+}
+
+// resaleUp (an expand step) adds resale: the listings, what each SKU and
+// order has listed, each SKU's resale mode and settle mark. An order's
+// listed units are a table of their own, not a column: ALTER TABLE orders
+// would wait behind every long read of orders (a report) with the sales
+// queued behind it.
+func (l *Ledger) resaleUp(ctx context.Context, tx *sql.Tx) error {
+	for _, c := range []struct{ table, name, def string }{
+		{"skus", "listed", "BIGINT NOT NULL DEFAULT 0"},
+		{"skus", "resale_seq", "BIGINT NOT NULL DEFAULT 0"},
+		{"skus", "resale", "TEXT NOT NULL DEFAULT 'first'"},
+	} {
+		if err := l.addColumn(ctx, tx, c.table, c.name, c.def); err != nil {
+			return err
+		}
+	}
+	_, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS listings (
+	id              TEXT    PRIMARY KEY,
+	program         TEXT    NOT NULL,
+	ticket          TEXT    NOT NULL,
+	order_id        TEXT    NOT NULL,
+	seller          TEXT    NOT NULL,
+	quantity        BIGINT  NOT NULL CHECK (quantity > 0),
+	sold            BIGINT  NOT NULL DEFAULT 0 CHECK (sold >= 0 AND sold <= quantity),
+	withdrawn       BIGINT  NOT NULL DEFAULT 0,
+	state           TEXT    NOT NULL,
+	created_at      BIGINT  NOT NULL,
+	ended_at        BIGINT  NOT NULL DEFAULT 0,
+	restore_pending INTEGER NOT NULL DEFAULT 0,
+	restore_epoch   BIGINT  NOT NULL DEFAULT 0,
+	restore_shards  INTEGER NOT NULL DEFAULT 1
+);
+CREATE TABLE IF NOT EXISTS order_listings (
+	order_id TEXT   PRIMARY KEY,
+	listed   BIGINT NOT NULL CHECK (listed >= 0)
+);
+CREATE INDEX IF NOT EXISTS listings_open ON listings (program, ticket, created_at) WHERE state = 'listed';
+CREATE INDEX IF NOT EXISTS listings_order ON listings (order_id);
+CREATE INDEX IF NOT EXISTS listings_owed ON listings (created_at) WHERE restore_pending > 0;
+CREATE INDEX IF NOT EXISTS skus_listed ON skus (updated_at) WHERE listed > 0;`)
+	return err
+}
+
+func (l *Ledger) resaleDown(ctx context.Context, tx *sql.Tx) error {
+	_, err := tx.ExecContext(ctx, `DROP INDEX IF EXISTS skus_listed; DROP TABLE IF EXISTS listings;
+		DROP TABLE IF EXISTS order_listings;
+		ALTER TABLE skus DROP COLUMN listed; ALTER TABLE skus DROP COLUMN resale_seq; ALTER TABLE skus DROP COLUMN resale`)
 	return err
 }
 

@@ -142,6 +142,22 @@ func (l *Ledger) tryRefunds(ctx context.Context, refs []refund, now time.Time) (
 			}
 		}
 	}
+	// An order with tickets listed for resale is not refunded: Refund
+	// alone says why. Its row is held here, as by whoever lists from it.
+	for chunk := range slices.Chunk(refs, rowsPerStatement) {
+		args := make([]any, 0, len(chunk))
+		for _, r := range chunk {
+			args = append(args, r.order.ID)
+		}
+		rows, err := tx.QueryContext(ctx, `SELECT order_id FROM order_listings WHERE listed > 0 AND order_id IN (`+list(0, len(chunk))+`)`, args...)
+		listed := map[keys.ID]bool{}
+		if err := collectIDs(rows, err, listed); err != nil {
+			return nil, notCommitted("listed orders", err)
+		}
+		for id := range listed {
+			delete(changed, id)
+		}
+	}
 	gone := map[keys.ID]bool{}
 	var holds []any
 	for _, r := range refs {

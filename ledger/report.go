@@ -13,10 +13,15 @@ import (
 // hold rows say, so a platform can check one against the other and both
 // against its own books.
 type StockReport struct {
-	SKU                stock.SKU
-	Total, Sold, Held  int64 // the SKU row
-	Open               int64 // total - sold - held: still for sale
-	OrderUnits, Orders int64 // standing orders (not refunded)
+	SKU               stock.SKU
+	Total, Sold, Held int64 // the SKU row (Total the organizer's, listed units apart)
+	Open              int64 // what is still for sale: the public stock and the listed units
+	// Listed: units of orders listed for resale and not sold yet (for sale
+	// in Open, their sellers' in Sold). Resold: listed units sold to other
+	// buyers, given up by their sellers' orders. Transferred: units moved
+	// from one buyer to another.
+	Listed, Resold, Transferred int64
+	OrderUnits, Orders          int64 // standing orders (not refunded)
 	// Of OrderUnits: bought at once (purchases), confirmed from holds
 	// (single holds and seat holds), and as lines of carts.
 	PurchasedUnits, ConfirmedUnits, CartUnits int64
@@ -32,7 +37,7 @@ type StockReport struct {
 // Balanced says the SKU row agrees with its order and hold rows and adds
 // up to its total.
 func (r StockReport) Balanced() bool {
-	return r.Sold+r.Held+r.Open == r.Total && r.Sold == r.OrderUnits && r.Held == r.HeldUnits &&
+	return r.Sold+r.Held+r.Open == r.Total+r.Listed && r.Sold == r.OrderUnits && r.Held == r.HeldUnits &&
 		r.OrderUnits == r.PurchasedUnits+r.ConfirmedUnits+r.CartUnits
 }
 
@@ -53,8 +58,11 @@ func (l *Ledger) Report(ctx context.Context, program keys.ID) ([]StockReport, er
 		(SELECT COALESCE(SUM(o.quantity), 0) FROM orders o WHERE o.program = s.program AND o.ticket = s.ticket AND o.refunded_at > 0),
 		(SELECT COALESCE(SUM(h.quantity), 0) FROM holds h WHERE h.program = s.program AND h.ticket = s.ticket AND h.state = $2),
 		(SELECT COALESCE(SUM(h.quantity), 0) FROM holds h WHERE h.program = s.program AND h.ticket = s.ticket AND h.state = $3),
-		(SELECT COALESCE(SUM(h.quantity), 0) FROM holds h WHERE h.program = s.program AND h.ticket = s.ticket AND h.state = $4)
-		FROM skus s WHERE s.program = $1 ORDER BY s.ticket`, program, Held, Expired, Cancelled)
+		(SELECT COALESCE(SUM(h.quantity), 0) FROM holds h WHERE h.program = s.program AND h.ticket = s.ticket AND h.state = $4),
+		s.listed,
+		(SELECT COALESCE(SUM(x.sold), 0) FROM listings x WHERE x.program = s.program AND x.ticket = s.ticket),
+		(SELECT COALESCE(SUM(e.quantity), 0) FROM events e WHERE e.program = s.program AND e.ticket = s.ticket AND e.type = $5)
+		FROM skus s WHERE s.program = $1 ORDER BY s.ticket`, program, Held, Expired, Cancelled, EventOrderTransferred)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: report: %w", err)
 	}
@@ -64,10 +72,12 @@ func (l *Ledger) Report(ctx context.Context, program keys.ID) ([]StockReport, er
 		r := StockReport{SKU: stock.SKU{Program: program}}
 		var seated, ended int64
 		if err := rows.Scan(&r.SKU.Ticket, &r.Total, &r.Sold, &r.Held, &seated, &ended, &r.Orders, &r.OrderUnits, &r.PurchasedUnits,
-			&r.ConfirmedUnits, &r.CartUnits, &r.Refunds, &r.RefundedUnits, &r.HeldUnits, &r.ExpiredUnits, &r.CancelledUnits); err != nil {
+			&r.ConfirmedUnits, &r.CartUnits, &r.Refunds, &r.RefundedUnits, &r.HeldUnits, &r.ExpiredUnits, &r.CancelledUnits,
+			&r.Listed, &r.Resold, &r.Transferred); err != nil {
 			return nil, fmt.Errorf("ledger: report: %w", err)
 		}
 		r.Open, r.Seated, r.Ended = r.Total-r.Sold-r.Held, seated != 0, ended > 0
+		r.Total -= r.Listed
 		out = append(out, r)
 	}
 	if err := rows.Err(); err != nil {

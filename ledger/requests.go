@@ -26,6 +26,8 @@ const (
 	OpRefund   = "refund"
 	OpExtend   = "extend"
 	OpTransfer = "transfer"
+	OpResale   = "resale"
+	OpWithdraw = "withdraw"
 	OpCart     = "cart"
 	// Held carts, and the actions on a whole cart.
 	OpCartHold    = "cart_hold"
@@ -62,9 +64,10 @@ func (r Request) validate() error {
 type Recorded struct {
 	Request
 	SKU       stock.SKU
-	Order     *Order // purchase, confirm, refund
-	Hold      *Hold  // hold, seat hold, cancel
-	Cart      *Cart  // cart
+	Order     *Order  // purchase, confirm, refund
+	Hold      *Hold   // hold, seat hold, cancel
+	Cart      *Cart   // cart
+	Listing   keys.ID // resale, withdraw: the listing (read as it is now)
 	CreatedAt time.Time
 }
 
@@ -75,6 +78,8 @@ type snapshot struct {
 	Order *orderSnap `json:"o,omitempty"`
 	Hold  *holdSnap  `json:"h,omitempty"`
 	Cart  *cartSnap  `json:"c,omitempty"`
+	// Listing names a listing (its state is read when replayed).
+	Listing keys.ID `json:"l,omitzero"`
 }
 
 type cartSnap struct {
@@ -149,11 +154,17 @@ func encodeSnapshot(o *Order, h *Hold) string {
 	return string(b)
 }
 
+func encodeListing(id keys.ID) string {
+	b, _ := json.Marshal(snapshot{Listing: id}) // an id: cannot fail
+	return string(b)
+}
+
 func decodeSnapshot(raw string, r *Recorded) error {
 	var s snapshot
 	if err := json.Unmarshal([]byte(raw), &s); err != nil {
 		return fmt.Errorf("ledger: stored answer: %w", err)
 	}
+	r.Listing = s.Listing
 	if o := s.Order; o != nil {
 		ord := o.order(r.Request)
 		r.Order = &ord

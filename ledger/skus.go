@@ -22,6 +22,9 @@ type SKUConfig struct {
 	// may not exceed HoldTTLMax. Defaults 15m and 1h.
 	HoldTTL    time.Duration `json:"-"`
 	HoldTTLMax time.Duration `json:"-"`
+	// Resale is how listed tickets sell (ResaleFirst, ResaleAlongside);
+	// "" keeps the SKU's (first for a new one).
+	Resale string `json:"-"`
 }
 
 // Hold lifetimes a SKU may be configured with.
@@ -36,6 +39,8 @@ func (c SKUConfig) Validate() error {
 		return fmt.Errorf("%w: missing sku", stock.ErrInvalid)
 	}
 	switch {
+	case !ValidResale(c.Resale):
+		return fmt.Errorf("%w: resale %q is not first or alongside", stock.ErrInvalid, c.Resale)
 	case c.Total < 0 || c.Total > stock.MaxTotal:
 		return fmt.Errorf("%w: total %d not in 0..%d", stock.ErrInvalid, c.Total, stock.MaxTotal)
 	case c.Shards < 1 || c.Shards > stock.MaxShards:
@@ -78,7 +83,10 @@ type SKUState struct {
 	// EndedAt is when an admin ended the sale; zero while it runs.
 	EndedAt time.Time `json:"-"`
 	// Seated: the SKU sells specific seats (a seat map), not counted stock.
-	Seated    bool      `json:"-"`
+	Seated bool `json:"-"`
+	// Listed is what orders have listed for resale and not sold yet: in
+	// Total (for sale again) and in Sold (their sellers' still).
+	Listed    int64     `json:"-"`
 	UpdatedAt time.Time `json:"updated_at"`
 	// Rule is a pool's window and access rule (zero for a ticket's public
 	// stock).
@@ -134,15 +142,20 @@ func (l *Ledger) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 		return SKUState{}, err
 	}
 	res, err := tx.ExecContext(ctx, `
-		UPDATE skus SET total = CASE WHEN seated = 1 THEN total ELSE $3 END, shards = $4, max_per_order = $5,
+		UPDATE skus SET total = CASE WHEN seated = 1 THEN total ELSE $3 + listed END, shards = $4, max_per_order = $5,
 			updated_at = $6, version = version + 1, bypass_seq = bypass_seq + 1
-		WHERE program = $1 AND ticket = $2 AND (seated = 1 OR sold + held <= $3)`,
+		WHERE program = $1 AND ticket = $2 AND (seated = 1 OR sold + held <= $3 + listed)`,
 		c.Program, c.Ticket, c.Total-pooled, c.Shards, c.MaxPerOrder, now)
 	if err != nil {
 		return SKUState{}, fmt.Errorf("ledger: put sku: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n != 1 {
 		return SKUState{}, fmt.Errorf("%w: total %d below sold + held (and %d allotted to pools)", stock.ErrInvalid, c.Total, pooled)
+	}
+	if c.Resale != "" {
+		if _, err := tx.ExecContext(ctx, `UPDATE skus SET resale = $3 WHERE program = $1 AND ticket = $2`, c.Program, c.Ticket, c.Resale); err != nil {
+			return SKUState{}, fmt.Errorf("ledger: put sku: resale: %w", err)
+		}
 	}
 	// A ticket's pools sell under its settings.
 	if _, err := tx.ExecContext(ctx, `UPDATE skus SET max_per_order = $3, per_buyer = $4, hold_ttl_ms = $5, hold_ttl_max_ms = $6,
@@ -169,7 +182,7 @@ func (l *Ledger) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 
 const skuColumns = `program, ticket, total, sold, held, version, shards, max_per_order, bypass_seq, gate_seq,
 	per_buyer, ended_at, hold_ttl_ms, hold_ttl_max_ms, seated, updated_at, gate_epoch,
-	pool_opens_at, pool_closes_at, pool_access, pool_secret, pool_into, pool_closed_at`
+	pool_opens_at, pool_closes_at, pool_access, pool_secret, pool_into, pool_closed_at, listed, resale`
 
 const selectSKU = `SELECT ` + skuColumns + ` FROM skus WHERE program = $1 AND ticket = $2`
 
@@ -180,7 +193,7 @@ func scanSKU(r rowScanner) (SKUState, error) {
 	var updated, ended, ttl, ttlMax, seated, opens, closes, closed int64
 	err := r.Scan(&s.Program, &s.Ticket, &s.Total, &s.Sold, &s.Held, &s.Version, &s.Shards, &s.MaxPerOrder,
 		&s.BypassSeq, &s.GateSeq, &s.PerBuyer, &ended, &ttl, &ttlMax, &seated, &updated, &s.GateEpoch,
-		&opens, &closes, &s.Rule.Access, &s.Rule.Secret, &s.Rule.Into, &closed)
+		&opens, &closes, &s.Rule.Access, &s.Rule.Secret, &s.Rule.Into, &closed, &s.Listed, &s.Resale)
 	s.Seated = seated == 1
 	s.Rule.OpensAt, s.Rule.ClosesAt, s.Rule.ClosedAt = fromMS(opens), fromMS(closes), fromMS(closed)
 	if errors.Is(err, sql.ErrNoRows) {

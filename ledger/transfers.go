@@ -57,9 +57,15 @@ func (l *Ledger) Transfer(ctx context.Context, orderID, from, to keys.ID, q int6
 	if q == 0 {
 		q = o.Quantity
 	}
+	listed, err := orderListed(ctx, tx, orderID)
+	if err != nil {
+		return Order{}, err
+	}
 	switch {
 	case o.Buyer != from:
 		return Order{}, ErrNotOwner
+	case o.RefundedAt.IsZero() && q <= o.Quantity && q > o.Quantity-listed:
+		return Order{}, ErrListed
 	case !o.CartID.IsZero():
 		return Order{}, ErrInCart
 	case !o.RefundedAt.IsZero():
@@ -77,7 +83,8 @@ func (l *Ledger) Transfer(ctx context.Context, orderID, from, to keys.ID, q int6
 		res, err = tx.ExecContext(ctx, `UPDATE orders SET buyer = $3 WHERE id = $1 AND buyer = $2 AND refunded_at = 0`, o.ID, from, to)
 		moved.Buyer = to
 	} else {
-		res, err = tx.ExecContext(ctx, `UPDATE orders SET quantity = quantity - $3 WHERE id = $1 AND buyer = $2 AND refunded_at = 0 AND quantity > $3`,
+		res, err = tx.ExecContext(ctx, `UPDATE orders SET quantity = quantity - $3 WHERE id = $1 AND buyer = $2 AND refunded_at = 0
+			AND quantity > $3`,
 			o.ID, from, q)
 		moved = Order{ID: NewIDOf(o.SKU), IdempotencyKey: keys.MustID("xfer-" + NewID().String()), RequestHash: o.RequestHash,
 			SKU: o.SKU, Buyer: to, Quantity: q, Gate: o.Gate, GateKey: o.GateRequest(), CreatedAt: now, TakeEpoch: o.TakeEpoch}

@@ -129,6 +129,8 @@ func (s *Service) refund(ctx context.Context, id, buyer keys.ID, r request) answ
 	switch {
 	case errors.Is(err, ledger.ErrDuplicate):
 		return answer{order: o, replayed: true}
+	case errors.Is(err, ledger.ErrListed):
+		return fail(ErrOrderListed)
 	case err != nil:
 		return s.ownerError(ctx, err, ansNoOrder)
 	}

@@ -43,6 +43,10 @@ var (
 	ErrHoldAtMax         = newErr("hold-at-max-lifetime", "the hold is at its SKU's maximum lifetime; it cannot be extended")
 	ErrLateRefused       = newErr("late-payment-refused", "the hold expired and its units could not be taken again; nothing was sold")
 	ErrOrderRefunded     = newErr("order-refunded", "the order was refunded; its tickets cannot move")
+	ErrOrderListed       = newErr("order-listed", "tickets of this order are listed for resale: withdraw the listing first")
+	ErrUnknownListing    = newErr("unknown-listing", "no such listing")
+	ErrListingEnded      = newErr("listing-ended", "the listing sold out or was withdrawn")
+	ErrListingSelling    = newErr("listing-selling", "the listing's tickets are held or being bought right now; withdraw again later")
 	ErrCartNotBought     = newErr("cart-not-bought", "the held cart was never confirmed: nothing was bought to refund")
 	ErrUnknownPool       = newErr("unknown-pool", "this ticket has no such pool")
 	ErrPoolNotOpen       = newErr("pool-not-open", "the pool is not open yet")
@@ -80,7 +84,7 @@ var (
 
 // Kinds lists every kind above, for tables that must cover them all.
 func Kinds() []*Err {
-	return []*Err{ErrInvalid, ErrUnknownSKU, ErrUnknownHold, ErrUnknownOrder, ErrUnknownCart, ErrNotOwner, ErrKeyReused, ErrOverMax, ErrSoldOut, ErrLimit, ErrHoldBudget, ErrSaleEnded, ErrHoldExpired, ErrHoldCancelled, ErrHoldConfirmed, ErrInCart, ErrHoldAtMax, ErrLateRefused, ErrOrderRefunded, ErrCartNotBought, ErrUnknownPool, ErrPoolNotOpen, ErrPoolClosed, ErrPoolDenied, ErrCodeInvalid, ErrCodeUsedUp, ErrSeated, ErrNotSeated, ErrNoSeating, ErrUnknownSeats, ErrSeatsTaken, ErrSeatsNotInGate, ErrSeatsSpan, ErrNoAdjacent, ErrSeatMapRefused, ErrBelowCommitted, ErrRebuildBusy, ErrBusy, ErrUnavailable, ErrNotRebuilt, ErrGateNotClosed, ErrSeatsNotInRedis,
+	return []*Err{ErrInvalid, ErrUnknownSKU, ErrUnknownHold, ErrUnknownOrder, ErrUnknownCart, ErrNotOwner, ErrKeyReused, ErrOverMax, ErrSoldOut, ErrLimit, ErrHoldBudget, ErrSaleEnded, ErrHoldExpired, ErrHoldCancelled, ErrHoldConfirmed, ErrInCart, ErrHoldAtMax, ErrLateRefused, ErrOrderRefunded, ErrOrderListed, ErrUnknownListing, ErrListingEnded, ErrListingSelling, ErrCartNotBought, ErrUnknownPool, ErrPoolNotOpen, ErrPoolClosed, ErrPoolDenied, ErrCodeInvalid, ErrCodeUsedUp, ErrSeated, ErrNotSeated, ErrNoSeating, ErrUnknownSeats, ErrSeatsTaken, ErrSeatsNotInGate, ErrSeatsSpan, ErrNoAdjacent, ErrSeatMapRefused, ErrBelowCommitted, ErrRebuildBusy, ErrBusy, ErrUnavailable, ErrNotRebuilt, ErrGateNotClosed, ErrSeatsNotInRedis,
 		ErrNotSoldOut, ErrNotWaiting, ErrWaitOffered,
 		ErrAdmissionRequired, ErrAdmissionInvalid, ErrAdmissionUsed, ErrAdmissionExpired, ErrQueuedProgram}
 }

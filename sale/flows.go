@@ -281,7 +281,7 @@ func (s *Service) OrderByID(ctx context.Context, id keys.ID) (Order, error) {
 // from it, the gate reopens, so Redis never admits more than the new total
 // allows. The same config twice leaves the same state.
 func (s *Service) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
-	cfg := ledger.SKUConfig{SKU: c.SKU, Total: c.Total, Shards: c.Shards, MaxPerOrder: c.MaxPerOrder,
+	cfg := ledger.SKUConfig{SKU: c.SKU, Total: c.Total, Shards: c.Shards, MaxPerOrder: c.MaxPerOrder, Resale: c.Resale,
 		PerBuyer: c.PerBuyer, HoldTTL: c.HoldTTL, HoldTTLMax: c.HoldTTLMax}
 	if err := cfg.Validate(); err != nil {
 		return SKUState{}, refuse(ErrInvalid, err.Error())

@@ -21,6 +21,7 @@ type metrics struct {
 	seatRepairs    prometheus.Counter
 	poolRefusals   *prometheus.CounterVec // by reason
 	budgetRefusals *prometheus.CounterVec // by identity: buyer, device
+	listings       *prometheus.CounterVec // resale units, by what happened: listed, sold, withdrawn
 	poolMoved      prometheus.Counter
 	waitJoins      prometheus.Counter
 	ledgerWait     *prometheus.HistogramVec // by work
@@ -83,6 +84,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "stockgate_hold_budget_refusals_total",
 			Help: "Holds refused at the gate because the buyer, or the device fingerprint, held its program's hold budget already, by identity (buyer, device).",
 		}, []string{"identity"}),
+		listings: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "stockgate_resale_units_total",
+			Help: "Units of orders listed for resale (listed), settled to other buyers' sales (sold: refund the seller) and taken back off sale (withdrawn).",
+		}, []string{"what"}),
 		poolMoved: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "stockgate_pool_moved_units_total",
 			Help: "Units closed pools moved into another pool (usually the public one).",
@@ -109,7 +114,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Confirms of holds past their expiry within the late-payment window, by outcome: sold (the units taken again), refused (gone: the platform refunds).",
 		}, []string{"outcome"}),
 	}
-	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes, m.seatDrift, m.seatRepairs, m.poolRefusals, m.budgetRefusals, m.poolMoved, m.waitJoins, m.ledgerWait, m.ledgerShed, m.latePayments} {
+	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes, m.seatDrift, m.seatRepairs, m.poolRefusals, m.budgetRefusals, m.listings, m.poolMoved, m.waitJoins, m.ledgerWait, m.ledgerShed, m.latePayments} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -17,6 +17,7 @@ type answer struct {
 	order    ledger.Order
 	hold     *ledger.Hold
 	cart     *ledger.Cart
+	listing  *ledger.Listing
 	replayed bool
 	err      error
 }

@@ -135,4 +135,5 @@ func (s *Service) sweep(ctx context.Context) {
 		s.returnToRedis(ctx, r)
 	}
 	s.closeDuePools(ctx)
+	s.settleResales(ctx)
 }

@@ -63,6 +63,7 @@ type Ledger interface {
 	Seating
 	Pools
 	Waitlists
+	Resales
 }
 
 // SKUs are the SKUs' settings and their gates' bookkeeping.

@@ -72,8 +72,12 @@ type Result struct {
 	Order    *Order
 	Hold     *Hold
 	Cart     *Cart
+	Listing  *Listing
 	Replayed bool
 }
+
+// Listing is tickets of an order listed for resale.
+type Listing = ledger.Listing
 
 func (a answer) result() (Result, error) {
 	if a.err != nil {
@@ -81,6 +85,8 @@ func (a answer) result() (Result, error) {
 	}
 	r := Result{Replayed: a.replayed}
 	switch {
+	case a.listing != nil:
+		r.Listing = a.listing
 	case a.cart != nil:
 		c := cartOf(*a.cart)
 		r.Cart = &c
@@ -106,23 +112,30 @@ type SKUConfig struct {
 	PerBuyer    int64
 	HoldTTL     time.Duration
 	HoldTTLMax  time.Duration
+	// Resale is how listed tickets sell: "first" (before public stock),
+	// "alongside" (by their share); "" keeps the SKU's.
+	Resale string
 }
 
 // SKUState is a SKU's settings and counts, per the ledger.
 type SKUState struct {
-	SKU                       stock.SKU
-	Total, Sold, Held, Remain int64
-	Shards                    int
-	MaxPerOrder, PerBuyer     int64
-	Version                   int64
-	HoldTTL, HoldTTLMax       time.Duration
-	Ended                     bool
+	SKU stock.SKU
+	// Total is the organizer's stock; Listed the units orders listed for
+	// resale and not sold yet, for sale again (in Remain) and still their
+	// sellers' (in Sold).
+	Total, Sold, Held, Remain, Listed int64
+	Shards                            int
+	MaxPerOrder, PerBuyer             int64
+	Version                           int64
+	HoldTTL, HoldTTLMax               time.Duration
+	Ended                             bool
+	Resale                            string
 }
 
 func skuStateOf(st ledger.SKUState) SKUState {
-	return SKUState{SKU: st.SKU, Total: st.Total, Sold: st.Sold, Held: st.Held, Remain: st.Remaining(),
-		Shards: st.Shards, MaxPerOrder: st.MaxPerOrder, PerBuyer: st.PerBuyer, Version: st.Version,
-		HoldTTL: st.HoldTTL, HoldTTLMax: st.HoldTTLMax, Ended: !st.EndedAt.IsZero()}
+	return SKUState{SKU: st.SKU, Total: st.Total - st.Listed, Sold: st.Sold, Held: st.Held, Remain: st.Remaining(),
+		Listed: st.Listed, Shards: st.Shards, MaxPerOrder: st.MaxPerOrder, PerBuyer: st.PerBuyer, Version: st.Version,
+		HoldTTL: st.HoldTTL, HoldTTLMax: st.HoldTTLMax, Ended: !st.EndedAt.IsZero(), Resale: st.Resale}
 }
 
 // Stock is what buyers can still get of a SKU.

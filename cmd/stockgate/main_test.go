@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"flag"
 	"io"
 	"os"
@@ -207,7 +208,7 @@ func TestMigrateCommand(t *testing.T) {
 	if code, out := runBounded(t, "serve", "-migrate=false"); code != 1 || !strings.Contains(out, "stockgate migrate") {
 		t.Fatalf("serve -migrate=false on a new ledger = %d (%s), want 1 naming `stockgate migrate`", code, out)
 	}
-	if code, out := runBounded(t, "migrate"); code != 0 || !strings.Contains(out, `"version":2`) {
+	if code, out := runBounded(t, "migrate"); code != 0 || !strings.Contains(out, `"version":3`) {
 		t.Fatalf("migrate = %d (%s), want 0 saying the schema's version", code, out)
 	}
 	l, err := ledger.Open(t.Context(), ledger.Options{Driver: ledger.SQLite, DSN: dsn, NoMigrate: true})
@@ -215,15 +216,21 @@ func TestMigrateCommand(t *testing.T) {
 		t.Fatalf("after migrate, the ledger is not at this build's schema: %v", err)
 	}
 	l.Close()
-	// Down to the baseline undoes the hold budgets step (an expand, so this
-	// build still serves it); past the baseline is refused.
+	// Down to the baseline undoes the later steps; this build, which needs
+	// the resale step, then refuses to serve it until migrated again; past
+	// the baseline is refused.
 	if code, out := runBounded(t, "migrate", "-schema-down-to", "1"); code != 0 || !strings.Contains(out, `"version":1`) {
 		t.Fatalf("migrate -schema-down-to 1 = %d (%s), want 0 at version 1", code, out)
 	}
-	if l, err = ledger.Open(t.Context(), ledger.Options{Driver: ledger.SQLite, DSN: dsn, NoMigrate: true}); err != nil {
-		t.Fatalf("this build on the baseline: %v", err)
+	if l, err = ledger.Open(t.Context(), ledger.Options{Driver: ledger.SQLite, DSN: dsn, NoMigrate: true}); !errors.Is(err, ledger.ErrSchema) {
+		if l != nil {
+			l.Close()
+		}
+		t.Fatalf("this build on the baseline = %v, want ErrSchema", err)
 	}
-	l.Close()
+	if code, out := runBounded(t, "migrate"); code != 0 || !strings.Contains(out, `"version":3`) {
+		t.Fatalf("migrate again = %d (%s), want 0 at version 3", code, out)
+	}
 	if code, out := runBounded(t, "migrate", "-schema-down-to", "-1"); code != 2 || !strings.Contains(out, "STOCKGATE_SCHEMA_DOWN_TO") {
 		t.Fatalf("migrate -schema-down-to -1 = %d (%s), want 2 naming the setting", code, out)
 	}

@@ -416,3 +416,38 @@ func TestHoldBudgetCalls(t *testing.T) {
 		t.Errorf("a negative budget = %v, want ErrInvalid", err)
 	}
 }
+
+// Resale through the client: list, read, refuse a refund of listed
+// tickets, withdraw.
+func TestResaleCalls(t *testing.T) {
+	ctx := context.Background()
+	base := startGateway(t)
+	c := newClient(t, base, client.Options{AdminToken: token})
+	sku := client.SKU{Program: testenv.ID(t, "p"), Ticket: "ga"}
+	if _, err := c.PutSKU(ctx, sku, client.SKUConfig{Total: ptr[int64](10), MaxPerOrder: ptr[int64](4)}); err != nil {
+		t.Fatal(err)
+	}
+	o, err := c.Purchase(ctx, sku, "k1", "ann", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := c.ListForResale(ctx, o.OrderID, "l1", "ann", 2)
+	if err != nil || x.State != "listed" || x.Quantity != 2 {
+		t.Fatalf("ListForResale = %+v, %v", x, err)
+	}
+	if got, err := c.GetListing(ctx, x.ListingID); err != nil || got.ListingID != x.ListingID {
+		t.Errorf("GetListing = %+v, %v", got, err)
+	}
+	if _, err := c.Refund(ctx, o.OrderID, "r1", "ann"); !errors.Is(err, client.ErrOrderListed) {
+		t.Errorf("a refund of listed tickets = %v, want ErrOrderListed", err)
+	}
+	if w, err := c.WithdrawListing(ctx, x.ListingID, "w1", "ann"); err != nil || w.State != "withdrawn" || w.Withdrawn != 2 {
+		t.Errorf("WithdrawListing = %+v, %v", w, err)
+	}
+	if _, err := c.WithdrawListing(ctx, x.ListingID, "w2", "ann"); !errors.Is(err, client.ErrListingEnded) {
+		t.Errorf("a second withdrawal = %v, want ErrListingEnded", err)
+	}
+	if _, err := c.GetListing(ctx, "nope"); !errors.Is(err, client.ErrUnknownListing) {
+		t.Errorf("GetListing of nothing = %v, want ErrUnknownListing", err)
+	}
+}

@@ -1,0 +1,463 @@
+package ledger
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// Resale. A buyer lists some of an order's tickets; they go back on sale
+// beside the SKU's public stock, and the seller's order gives them up (the
+// platform refunds the seller) only once a buyer's sale takes them.
+//
+// A listing of q adds q to the SKU row's total and listed: the units are
+// for sale again (Redis is owed them, as after a refund) while the
+// seller's order still counts them in sold. A sale never needs to know
+// whose units it took: total - sold - held is what is free either way.
+// Which sales took listed units is settled afterwards (Settle): of the
+// units sold since the settle before (the order.created and
+// hold.confirmed events of the SKU), a SKU whose resale is "first" gives
+// every one to its listings, oldest first; "alongside" gives them the
+// share listed / (listed + public stock left). Each unit settled leaves
+// total, sold and listed, the listing and the seller's order in one
+// transaction, with a listing.sold event to refund the seller by. So a
+// seller is refunded only for units a buyer's committed sale took, each
+// once. A withdrawal takes the unsold units back off sale while the
+// SKU's free stock still has them (not while held or being bought).
+
+// Resale modes of a SKU.
+const (
+	ResaleFirst     = "first"     // listings sell before public stock
+	ResaleAlongside = "alongside" // listings sell beside it, by their share
+)
+
+// Listing states.
+const (
+	Listed    = "listed"
+	Sold      = "sold"
+	Withdrawn = "withdrawn"
+)
+
+// Events of listings.
+const (
+	EventListingCreated   = "listing.created"   // Subject listing, Order the seller's order
+	EventListingSold      = "listing.sold"      // Quantity of the listing sold: refund the seller
+	EventListingWithdrawn = "listing.withdrawn" // Quantity taken off sale
+)
+
+var (
+	// ErrListed: the order has tickets listed for resale; withdraw the
+	// listing first (a refund, a transfer of them).
+	ErrListed = errors.New("ledger: order has tickets listed for resale")
+	// ErrListingEnded: the listing sold out or was withdrawn.
+	ErrListingEnded = errors.New("ledger: listing ended")
+	// ErrListingSelling: the listing's units are held or being bought
+	// right now; withdraw again later.
+	ErrListingSelling = errors.New("ledger: listing's units are being sold")
+)
+
+// Listing is tickets of an order on sale again.
+type Listing struct {
+	ID       keys.ID
+	SKU      stock.SKU
+	OrderID  keys.ID
+	Seller   keys.ID
+	Quantity int64
+	Sold     int64 // settled to buyers' sales so far
+	State    string
+	// Withdrawn is the units taken off sale by a withdrawal.
+	Withdrawn int64
+	CreatedAt time.Time
+	EndedAt   time.Time
+}
+
+const selectListing = `SELECT id, program, ticket, order_id, seller, quantity, sold, withdrawn, state, created_at, ended_at FROM listings`
+
+func scanListing(r rowScanner) (Listing, error) {
+	var x Listing
+	var created, ended int64
+	err := r.Scan(&x.ID, &x.SKU.Program, &x.SKU.Ticket, &x.OrderID, &x.Seller, &x.Quantity, &x.Sold, &x.Withdrawn, &x.State, &created, &ended)
+	if errors.Is(err, sql.ErrNoRows) {
+		return x, ErrNotFound
+	}
+	x.CreatedAt, x.EndedAt = fromMS(created), fromMS(ended)
+	return x, err
+}
+
+// ListingByID reads a listing, or ErrNotFound.
+func (l *Ledger) ListingByID(ctx context.Context, id keys.ID) (Listing, error) {
+	x, err := scanListing(l.db.QueryRowContext(ctx, selectListing+` WHERE id = $1`, id))
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return x, fmt.Errorf("ledger: listing: %w", err)
+	}
+	return x, err
+}
+
+// retried runs f again when PostgreSQL rolled it back for a deadlock or a
+// serialization failure (resale locks a SKU row before orders; refunds
+// lock an order before its SKU row).
+func retried[T any](f func() (T, error)) (T, error) {
+	for i := 0; ; i++ {
+		v, err := f()
+		if err == nil || i == 2 || !isRetryable(err) {
+			return v, err
+		}
+	}
+}
+
+// List puts q of an order's tickets on sale again, once per request: the
+// SKU's total and listed grow by q, and Redis is owed the units (the
+// listing's restore). The order must be the seller's, not refunded, not a
+// cart's line (ErrInCart), not of seats (ErrSeatedTake), with q of its
+// tickets not listed already (stock.ErrInvalid); an ended sale refuses
+// (stock.ErrSaleEnded). A retry answers the same listing (ErrDuplicate).
+func (l *Ledger) List(ctx context.Context, orderID, seller keys.ID, q int64, req Request) (Listing, error) {
+	return retried(func() (Listing, error) { return l.list(ctx, orderID, seller, q, req) })
+}
+
+func (l *Ledger) list(ctx context.Context, orderID, seller keys.ID, q int64, req Request) (_ Listing, err error) {
+	defer l.observe("list", time.Now(), &err)
+	if q < 1 {
+		return Listing{}, fmt.Errorf("%w: list %d", stock.ErrInvalid, q)
+	}
+	now := l.now().UTC().Truncate(time.Millisecond)
+	o, err := l.OrderByID(ctx, orderID)
+	if err != nil {
+		return Listing{}, err
+	}
+	tx, taken, err := l.begin(ctx, req, o.SKU, now, "list")
+	if taken {
+		return l.listingReplay(ctx, req)
+	}
+	if err != nil {
+		return Listing{}, err
+	}
+	defer tx.Rollback()
+	// The SKU row first, as a sale locks it, then the order.
+	var total, ended, seated, epoch int64
+	var shards int
+	if err := tx.QueryRowContext(ctx, `SELECT total, ended_at, seated, gate_epoch, shards FROM skus WHERE program = $1 AND ticket = $2`+l.forUpdate(),
+		o.SKU.Program, o.SKU.Ticket).Scan(&total, &ended, &seated, &epoch, &shards); err != nil {
+		return Listing{}, notCommitted("list: sku", err)
+	}
+	if err := l.lockRows(ctx, tx, l.sql.lockOrders, []keys.ID{orderID}); err != nil {
+		return Listing{}, err
+	}
+	listed, err := orderListed(ctx, tx, orderID)
+	if err != nil {
+		return Listing{}, err
+	}
+	if o, err = scanOrder(tx.QueryRowContext(ctx, selectOrder+` WHERE id = $1`, orderID)); err != nil {
+		return Listing{}, err
+	}
+	switch {
+	case o.Buyer != seller:
+		return Listing{}, ErrNotOwner
+	case !o.CartID.IsZero():
+		return Listing{}, ErrInCart
+	case !o.RefundedAt.IsZero():
+		return Listing{}, ErrRefunded
+	case len(o.SeatIDs) > 0 || seated != 0:
+		return Listing{}, fmt.Errorf("%w: seats are not listed for resale", ErrSeatedTake)
+	case ended != 0:
+		return Listing{}, stock.ErrSaleEnded
+	case q > o.Quantity-listed:
+		return Listing{}, fmt.Errorf("%w: %d of an order of %d with %d listed", stock.ErrInvalid, q, o.Quantity, listed)
+	}
+	x := Listing{ID: NewIDOf(o.SKU), SKU: o.SKU, OrderID: o.ID, Seller: seller, Quantity: q, State: Listed, CreatedAt: now}
+	// The settle mark starts at the newest event when the SKU had nothing
+	// listed: sales before the listing are not resales.
+	if _, err := tx.ExecContext(ctx, `UPDATE skus SET total = total + $3, listed = listed + $3, version = version + 1, updated_at = $4,
+		resale_seq = CASE WHEN listed = 0 THEN COALESCE((SELECT MAX(seq) FROM events), 0) ELSE resale_seq END
+		WHERE program = $1 AND ticket = $2`, o.SKU.Program, o.SKU.Ticket, q, now.UnixMilli()); err != nil {
+		return Listing{}, notCommitted("list: sku", err)
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO order_listings (order_id, listed) VALUES ($1, $2)
+		ON CONFLICT (order_id) DO UPDATE SET listed = order_listings.listed + excluded.listed`, o.ID, q); err != nil {
+		return Listing{}, notCommitted("list: order", err)
+	}
+	// Redis is owed the units, at the gate of this epoch (a gate rebuilt
+	// later counts them from the row's total).
+	if _, err := tx.ExecContext(ctx, `INSERT INTO listings (id, program, ticket, order_id, seller, quantity, state, created_at,
+		restore_pending, restore_epoch, restore_shards) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
+		x.ID, o.SKU.Program, o.SKU.Ticket, o.ID, seller, q, Listed, now.UnixMilli(), owedUnits, epoch, shards); err != nil {
+		return Listing{}, notCommitted("list", err)
+	}
+	if err := emit(ctx, tx, now, Event{Type: EventListingCreated, SKU: o.SKU, Subject: x.ID, Order: o.ID, Buyer: seller, Quantity: q}); err != nil {
+		return Listing{}, err
+	}
+	if err := finishListing(ctx, tx, req, x.ID); err != nil {
+		return Listing{}, err
+	}
+	if err := tx.Commit(); err != nil {
+		return Listing{}, fmt.Errorf("ledger: list: commit: %w", err)
+	}
+	return x, nil
+}
+
+// finishListing records a listing request's answer: the listing, read as
+// it is then when the request is replayed.
+func finishListing(ctx context.Context, tx *sql.Tx, r Request, id keys.ID) error {
+	if r.IsZero() {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE requests SET result = $3 WHERE scope = $1 AND idem_key = $2`,
+		r.Scope, r.Key, encodeListing(id)); err != nil {
+		return notCommitted("request answer", err)
+	}
+	return nil
+}
+
+// listingReplay answers a listing request committed before: the listing
+// as it is now, with ErrDuplicate.
+func (l *Ledger) listingReplay(ctx context.Context, r Request) (Listing, error) {
+	rec, err := l.replayOf(ctx, r)
+	if errors.Is(err, ErrDuplicate) && rec.Listing.IsZero() {
+		return Listing{}, fmt.Errorf("%w: key was used for a %s", ErrKeyReused, rec.Op)
+	}
+	if rec.Listing.IsZero() {
+		return Listing{}, err
+	}
+	x, lerr := l.ListingByID(ctx, rec.Listing)
+	if lerr != nil {
+		return x, lerr
+	}
+	return x, err
+}
+
+// Withdraw takes a listing's unsold units off sale, once per request:
+// the sales so far are settled first, then total and listed lose the rest
+// while the SKU's free stock has them (ErrListingSelling when they are
+// held or bought right now, nothing changed). expect is the unsold units
+// the caller took out of Redis for it: a withdrawal that finds another
+// count (sold meanwhile) changes nothing and says so (ErrListingSelling).
+// A listing sold out or withdrawn is ErrListingEnded; a retry answers the
+// same listing (ErrDuplicate).
+func (l *Ledger) Withdraw(ctx context.Context, listingID, seller keys.ID, expect int64, req Request) (Listing, error) {
+	return retried(func() (Listing, error) { return l.withdraw(ctx, listingID, seller, expect, req) })
+}
+
+func (l *Ledger) withdraw(ctx context.Context, listingID, seller keys.ID, expect int64, req Request) (_ Listing, err error) {
+	defer l.observe("withdraw", time.Now(), &err)
+	now := l.now().UTC().Truncate(time.Millisecond)
+	x, err := l.ListingByID(ctx, listingID)
+	if err != nil {
+		return x, err
+	}
+	tx, taken, err := l.begin(ctx, req, x.SKU, now, "withdraw")
+	if taken {
+		return l.listingReplay(ctx, req)
+	}
+	if err != nil {
+		return x, err
+	}
+	defer tx.Rollback()
+	if _, err := l.settleIn(ctx, tx, x.SKU, now); err != nil {
+		return x, err
+	}
+	if x, err = scanListing(tx.QueryRowContext(ctx, selectListing+` WHERE id = $1`, listingID)); err != nil {
+		return x, err
+	}
+	left := x.Quantity - x.Sold
+	switch {
+	case x.Seller != seller:
+		return x, ErrNotOwner
+	case x.State != Listed:
+		return x, ErrListingEnded
+	case left != expect:
+		return x, fmt.Errorf("%w: %d unsold, not %d", ErrListingSelling, left, expect)
+	}
+	res, err := tx.ExecContext(ctx, `UPDATE skus SET total = total - $3, listed = listed - $3, version = version + 1, updated_at = $4
+		WHERE program = $1 AND ticket = $2 AND total - $3 - sold - held >= 0 AND listed >= $3`, x.SKU.Program, x.SKU.Ticket, left, now.UnixMilli())
+	if err != nil {
+		return x, notCommitted("withdraw: sku", err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return x, ErrListingSelling
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE listings SET state = $2, withdrawn = $3, ended_at = $4 WHERE id = $1`,
+		x.ID, Withdrawn, left, now.UnixMilli()); err != nil {
+		return x, notCommitted("withdraw", err)
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE order_listings SET listed = listed - $2 WHERE order_id = $1`, x.OrderID, left); err != nil {
+		return x, notCommitted("withdraw: order", err)
+	}
+	if err := emit(ctx, tx, now, Event{Type: EventListingWithdrawn, SKU: x.SKU, Subject: x.ID, Order: x.OrderID, Buyer: seller, Quantity: left}); err != nil {
+		return x, err
+	}
+	if err := finishListing(ctx, tx, req, x.ID); err != nil {
+		return x, err
+	}
+	if err := tx.Commit(); err != nil {
+		return x, fmt.Errorf("ledger: withdraw: commit: %w", err)
+	}
+	x.State, x.Withdrawn, x.EndedAt = Withdrawn, left, now
+	return x, nil
+}
+
+// orderListed is what an order has listed and not sold, read in tx (which
+// holds the order's row: whoever changes it holds that row too).
+func orderListed(ctx context.Context, tx *sql.Tx, orderID keys.ID) (int64, error) {
+	var n int64
+	if err := tx.QueryRowContext(ctx, `SELECT COALESCE((SELECT listed FROM order_listings WHERE order_id = $1), 0)`, orderID).Scan(&n); err != nil {
+		return 0, notCommitted("listed units", err)
+	}
+	return n, nil
+}
+
+// ResaleHorizon is how old a sale's event must be before a settle counts
+// it: on PostgreSQL an event's seq is taken before its transaction
+// commits, so one with a lower seq than the newest may still appear for a
+// moment; counting only older events never skips one.
+const ResaleHorizon = 2 * time.Second
+
+// SettleDue settles the sales of up to limit SKUs with units listed (see
+// the top of this file), and returns the listings' sales it settled.
+func (l *Ledger) SettleDue(ctx context.Context, limit int) ([]Event, error) {
+	rows, err := l.db.QueryContext(ctx, `SELECT program, ticket FROM skus WHERE listed > 0 ORDER BY updated_at LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: listed skus: %w", err)
+	}
+	var skus []stock.SKU
+	for rows.Next() {
+		var s stock.SKU
+		if err := rows.Scan(&s.Program, &s.Ticket); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("ledger: listed skus: %w", err)
+		}
+		skus = append(skus, s)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("ledger: listed skus: %w", err)
+	}
+	var out []Event
+	for _, sku := range skus {
+		got, err := retried(func() ([]Event, error) { return l.settle(ctx, sku) })
+		if err != nil {
+			return out, err
+		}
+		out = append(out, got...)
+	}
+	return out, nil
+}
+
+func (l *Ledger) settle(ctx context.Context, sku stock.SKU) (_ []Event, err error) {
+	defer l.observe("settle", time.Now(), &err)
+	now := l.now().UTC().Truncate(time.Millisecond)
+	tx, err := l.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, notCommitted("settle: begin", err)
+	}
+	defer tx.Rollback()
+	events, err := l.settleIn(ctx, tx, sku, now)
+	if err != nil || len(events) == 0 {
+		return nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("ledger: settle: commit: %w", err)
+	}
+	return events, nil
+}
+
+// settleIn settles sku's sales to its listings inside tx (its SKU row
+// locked first): the units the SKU sold since its mark, older than
+// ResaleHorizon, go to the open listings oldest first, as its resale mode
+// says; each leaves total, sold and listed, and its seller's order.
+func (l *Ledger) settleIn(ctx context.Context, tx *sql.Tx, sku stock.SKU, now time.Time) ([]Event, error) {
+	var total, sold, listed, mark int64
+	var mode string
+	err := tx.QueryRowContext(ctx, `SELECT total, sold, listed, resale_seq, resale FROM skus WHERE program = $1 AND ticket = $2`+l.forUpdate(),
+		sku.Program, sku.Ticket).Scan(&total, &sold, &listed, &mark, &mode)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, notCommitted("settle: sku", err)
+	}
+	if listed == 0 {
+		return nil, nil
+	}
+	var units, last int64
+	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(SUM(quantity), 0), COALESCE(MAX(seq), $4) FROM events
+		WHERE program = $1 AND ticket = $2 AND seq > $4 AND created_at <= $5 AND type IN ($3, $6)`,
+		sku.Program, sku.Ticket, EventOrderCreated, mark, now.Add(-ResaleHorizon).UnixMilli(), EventHoldConfirmed).Scan(&units, &last); err != nil {
+		return nil, notCommitted("settle: sales", err)
+	}
+	n := resold(mode, units, listed, total-sold+units)
+	if n == 0 && last == mark {
+		return nil, nil
+	}
+	rows, err := tx.QueryContext(ctx, selectListing+` WHERE program = $1 AND ticket = $2 AND state = $3 ORDER BY created_at, id`,
+		sku.Program, sku.Ticket, Listed)
+	if err != nil {
+		return nil, notCommitted("settle: listings", err)
+	}
+	var open []Listing
+	for rows.Next() {
+		x, err := scanListing(rows)
+		if err != nil {
+			rows.Close()
+			return nil, notCommitted("settle: listings", err)
+		}
+		open = append(open, x)
+	}
+	rows.Close()
+	var events []Event
+	var done int64
+	for _, x := range open {
+		y := min(n-done, x.Quantity-x.Sold)
+		if y <= 0 {
+			break
+		}
+		done += y
+		state, ended := Listed, int64(0)
+		if x.Sold+y == x.Quantity {
+			state, ended = Sold, now.UnixMilli()
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE listings SET sold = sold + $2, state = $3, ended_at = $4 WHERE id = $1`,
+			x.ID, y, state, ended); err != nil {
+			return nil, notCommitted("settle: listing", err)
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE orders SET quantity = quantity - $2 WHERE id = $1`, x.OrderID, y); err != nil {
+			return nil, notCommitted("settle: order", err)
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE order_listings SET listed = listed - $2 WHERE order_id = $1`, x.OrderID, y); err != nil {
+			return nil, notCommitted("settle: order", err)
+		}
+		if err := uncountBuyer(ctx, tx, sku, x.Seller, y); err != nil {
+			return nil, err
+		}
+		events = append(events, Event{Type: EventListingSold, SKU: sku, Subject: x.ID, Order: x.OrderID, Buyer: x.Seller, Quantity: y})
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE skus SET total = total - $3, sold = sold - $3, listed = listed - $3, resale_seq = $4,
+		version = version + 1, updated_at = $5 WHERE program = $1 AND ticket = $2`, sku.Program, sku.Ticket, done, last, now.UnixMilli()); err != nil {
+		return nil, notCommitted("settle: sku", err)
+	}
+	if err := emit(ctx, tx, now, events...); err != nil {
+		return nil, err
+	}
+	return events, nil
+}
+
+// resold is how many of units sold go to listings of listed units, free
+// being what was for sale before those sales (the listed units with the
+// public stock, holds included): "first" all of them; "alongside" their
+// share listed / free, rounded up. Never more than is listed.
+func resold(mode string, units, listed, free int64) int64 {
+	n := units
+	if mode == ResaleAlongside && free > 0 {
+		n = (units*listed + free - 1) / free
+	}
+	return max(0, min(n, units, listed))
+}
+
+// ValidResale reports a resale mode a SKU takes ("" keeps the current).
+func ValidResale(mode string) bool {
+	return mode == "" || mode == ResaleFirst || mode == ResaleAlongside
+}

@@ -1,0 +1,150 @@
+package sale
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/shard"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// Resale (see ledger/resale.go): a buyer lists some of an order's
+// tickets, which go back on sale at the gate; a withdrawal takes the
+// unsold ones back; the sweeper settles which sales took them, and each
+// settled listing.sold event is the platform's cue to refund the seller.
+
+// Resales are the ledger's listings.
+type Resales interface {
+	List(ctx context.Context, orderID, seller keys.ID, q int64, req ledger.Request) (ledger.Listing, error)
+	Withdraw(ctx context.Context, listingID, seller keys.ID, expect int64, req ledger.Request) (ledger.Listing, error)
+	ListingByID(ctx context.Context, id keys.ID) (ledger.Listing, error)
+	SettleDue(ctx context.Context, limit int) ([]ledger.Event, error)
+}
+
+// ListForResale lists q of an order's tickets for resale, once: they are
+// for sale again at once, and the seller's order gives them up only when
+// a buyer's sale takes them. A retry, on any replica, answers the same
+// listing.
+func (s *Service) ListForResale(ctx context.Context, orderID keys.ID, a Ask, q int64) (Result, error) {
+	if q < 1 || q > stock.MaxPerOrderCap {
+		return Result{}, refuse(ErrInvalid, fmt.Sprintf("quantity must be in 1..%d", stock.MaxPerOrderCap))
+	}
+	return s.ownerAction(ctx, ledger.OpResale, orderID, a, func(ctx context.Context, id, seller keys.ID, r request) answer {
+		x, err := s.ledger.List(ctx, id, seller, q, r.ledger())
+		switch {
+		case err == nil:
+			s.metrics.listings.WithLabelValues("listed").Add(float64(q))
+			s.returnOwed(ctx, "listing", x.ID) // the units go back on sale at the gate
+			return answer{listing: &x}
+		case errors.Is(err, ledger.ErrDuplicate):
+			return answer{listing: &x, replayed: true}
+		case errors.Is(err, ledger.ErrRefunded):
+			return fail(ErrOrderRefunded)
+		case errors.Is(err, ledger.ErrSeatedTake):
+			return fail(refuse(ErrInvalid, "seat orders are not listed for resale"))
+		case errors.Is(err, stock.ErrSaleEnded):
+			return fail(ErrSaleEnded)
+		case errors.Is(err, stock.ErrInvalid):
+			return fail(refuse(ErrInvalid, "quantity is more than the order has that is not listed already"))
+		case errors.Is(err, ledger.ErrNotCommitted):
+			return ansUnavailable
+		}
+		return s.ownerError(ctx, err, ansNoOrder)
+	}, strconv.FormatInt(q, 10))
+}
+
+// WithdrawListing takes a listing's unsold tickets off sale, once: out of
+// the gate first (so no buyer is admitted for them meanwhile), then out
+// of the ledger. Units held or being bought right now cannot be taken
+// back (ErrListingSelling: try again later).
+func (s *Service) WithdrawListing(ctx context.Context, listingID keys.ID, a Ask) (Result, error) {
+	return s.ownerAction(ctx, ledger.OpWithdraw, listingID, a, s.withdraw)
+}
+
+func (s *Service) withdraw(ctx context.Context, id, seller keys.ID, r request) answer {
+	x, err := s.ledger.ListingByID(ctx, id)
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		return fail(ErrUnknownListing)
+	case err != nil:
+		return ansUnavailable
+	case x.Seller != seller:
+		return ansNotOwner
+	}
+	left := x.Quantity - x.Sold
+	var parts []shard.Part
+	gateID := keys.MustID("withdraw-" + id.String())
+	if x.State == ledger.Listed && left > 0 {
+		st, err := s.settings.Get(ctx, x.SKU)
+		if err != nil {
+			return ansUnavailable
+		}
+		d, err := s.deduct(ctx, shard.Request{SKU: x.SKU, Shards: st.Shards, RequestID: gateID, Quantity: left, MaxQuantity: left})
+		switch {
+		case errors.Is(err, stock.ErrSoldOut):
+			return fail(ErrListingSelling)
+		case err != nil:
+			return ansUnavailable
+		}
+		parts = d.Parts
+	}
+	x, err = s.ledger.Withdraw(ctx, id, seller, left, r.ledger())
+	if err != nil && len(parts) > 0 && !errors.Is(err, ledger.ErrNotCommitted) {
+		s.giveBack(ctx, x.SKU, gateID, parts) // nothing withdrawn: the units stay on sale
+	}
+	switch {
+	case err == nil:
+		s.metrics.listings.WithLabelValues("withdrawn").Add(float64(x.Withdrawn))
+		s.cache.ClearSoldOut(x.SKU)
+		s.stock.Invalidate(x.SKU)
+		return answer{listing: &x}
+	case errors.Is(err, ledger.ErrDuplicate):
+		return answer{listing: &x, replayed: true}
+	case errors.Is(err, ledger.ErrListingEnded):
+		return fail(ErrListingEnded)
+	case errors.Is(err, ledger.ErrListingSelling):
+		return fail(ErrListingSelling)
+	case errors.Is(err, ledger.ErrNotCommitted):
+		// Maybe withdrawn: a retry with the same key finds out. The gate
+		// keeps the units out meanwhile (the safe side; the drift check
+		// puts them back if the withdrawal did not commit).
+		return ansUnavailable
+	}
+	return s.ownerError(ctx, err, fail(ErrUnknownListing))
+}
+
+// ListingByID reads a listing.
+func (s *Service) ListingByID(ctx context.Context, id keys.ID) (Listing, error) {
+	x, err := s.ledger.ListingByID(ctx, id)
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		return x, ErrUnknownListing
+	case err != nil:
+		return x, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return x, nil
+}
+
+// settleResales settles the sales of listed units (run by the sweeper):
+// each listing.sold gives up its units from the seller's order, and the
+// seller's counts at the gate go with them.
+func (s *Service) settleResales(ctx context.Context) {
+	sold, err := s.ledger.SettleDue(ctx, 100)
+	if err != nil {
+		s.log.WarnContext(ctx, "settle resales", "err", err)
+	}
+	for _, e := range sold {
+		s.metrics.listings.WithLabelValues("sold").Add(float64(e.Quantity))
+		o, err := s.ledger.OrderByID(ctx, e.Order)
+		if err != nil {
+			continue
+		}
+		// The seller's counts for the order's request go, as for a
+		// transfer: the gate under-counts what it keeps, never over.
+		s.releaseQuota(ctx, []quotaScope{{o.SKU.Base(), o.Buyer}, {o.SKU.Whole(), o.Buyer}}, o.GateRequest(), keys.ID{})
+	}
+}

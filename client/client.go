@@ -610,3 +610,14 @@ func (c *Client) GetListing(ctx context.Context, listingID string) (Listing, err
 	_, err := c.call(ctx, http.MethodGet, "/v1/listings/"+url.PathEscape(listingID), "", false, nil, &x)
 	return x, err
 }
+
+// OrganizerOrder gives an order as the organizer (admin): channel "comp"
+// (complimentary tickets) or "box_office" (sold at the venue). Stock and
+// caps apply as to a purchase; the report counts it apart.
+func (c *Client) OrganizerOrder(ctx context.Context, sku SKU, key, buyer string, quantity int64, channel string) (Order, error) {
+	var o Order
+	replayed, err := c.call(ctx, http.MethodPost, "/v1/admin"+sku.path()[len("/v1"):]+"/orders", key, true,
+		map[string]any{"buyer": buyer, "quantity": quantity, "channel": channel}, &o)
+	o.Replayed = replayed
+	return o, err
+}

@@ -174,3 +174,42 @@ func (s *Server) putProgram(c *gin.Context) {
 	c.JSON(http.StatusOK, gin.H{"program": program.String(), "per_buyer": p.PerBuyer,
 		"hold_budget": p.HoldBudget, "device_hold_budget": p.DeviceHoldBudget})
 }
+
+// organizerOrderBody is an order the organizer gives: comps, or a sale at
+// the box office.
+type organizerOrderBody struct {
+	Buyer    string `json:"buyer"`
+	Quantity *int64 `json:"quantity"`
+	Channel  string `json:"channel"`
+}
+
+// postOrganizerOrder handles POST /v1/admin/skus/:program/:ticket/orders:
+// an order of the SKU's public stock through the gate, as a purchase is
+// (caps and stock apply, no waiting room), that the report counts as comps
+// or box office by its channel. 201 with the order; the key makes it once.
+func (s *Server) postOrganizerOrder(c *gin.Context) {
+	sku, ok := skuParam(c)
+	if !ok {
+		return
+	}
+	ask, ok := s.ask(c)
+	if !ok {
+		return
+	}
+	var body organizerOrderBody
+	if !s.decodeBody(c, &body) {
+		return
+	}
+	if ask.Buyer, ok = buyerField(c, body.Buyer); !ok {
+		return
+	}
+	switch {
+	case body.Quantity == nil || *body.Quantity < 1:
+		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "quantity must be an integer >= 1", 0)
+		return
+	case body.Channel != "comp" && body.Channel != "box_office":
+		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "channel must be comp or box_office", 0)
+		return
+	}
+	s.written(c, http.StatusCreated)(s.sale.Purchase(c.Request.Context(), sale.Take{Ask: ask, SKU: sku, Quantity: *body.Quantity, Channel: body.Channel}))
+}

@@ -31,6 +31,8 @@ type reportLine struct {
 	Listed         int64  `json:"listed_units"`
 	Resold         int64  `json:"resold_units"`
 	Transferred    int64  `json:"transferred_units"`
+	CompUnits      int64  `json:"comp_units"`
+	BoxOfficeUnits int64  `json:"box_office_units"`
 	Seated         bool   `json:"seated"`
 	Balanced       bool   `json:"balanced"`
 	GateRemaining  *int64 `json:"gate_remaining"`
@@ -42,7 +44,7 @@ func reportLineOf(r sale.StockReport) reportLine {
 		Orders: r.Orders, OrderUnits: r.OrderUnits, PurchasedUnits: r.PurchasedUnits, ConfirmedUnits: r.ConfirmedUnits,
 		CartUnits: r.CartUnits, Refunds: r.Refunds, RefundedUnits: r.RefundedUnits, HeldUnits: r.HeldUnits,
 		ExpiredUnits: r.ExpiredUnits, CancelledUnits: r.CancelledUnits, Listed: r.Listed, Resold: r.Resold,
-		Transferred: r.Transferred, Seated: r.Seated, Balanced: r.Balanced(),
+		Transferred: r.Transferred, CompUnits: r.CompUnits, BoxOfficeUnits: r.BoxOfficeUnits, Seated: r.Seated, Balanced: r.Balanced(),
 		GateDifference: r.GateDifference()}
 	if p := r.SKU.Pool(); !p.IsZero() {
 		l.Pool = p.String()
@@ -56,7 +58,7 @@ func reportLineOf(r sale.StockReport) reportLine {
 // reportColumns are the CSV's columns, in the JSON's names and order.
 var reportColumns = []string{"ticket", "pool", "total", "sold", "held", "open", "orders", "order_units", "purchased_units",
 	"confirmed_units", "cart_units", "refunds", "refunded_units", "held_units", "expired_units", "cancelled_units",
-	"listed_units", "resold_units", "transferred_units", "seated",
+	"listed_units", "resold_units", "transferred_units", "comp_units", "box_office_units", "seated",
 	"balanced", "gate_remaining", "gate_difference"}
 
 func (l reportLine) csv() []string {
@@ -67,7 +69,8 @@ func (l reportLine) csv() []string {
 	}
 	return []string{l.Ticket, l.Pool, n(l.Total), n(l.Sold), n(l.Held), n(l.Open), n(l.Orders), n(l.OrderUnits),
 		n(l.PurchasedUnits), n(l.ConfirmedUnits), n(l.CartUnits), n(l.Refunds), n(l.RefundedUnits), n(l.HeldUnits),
-		n(l.ExpiredUnits), n(l.CancelledUnits), n(l.Listed), n(l.Resold), n(l.Transferred), strconv.FormatBool(l.Seated), strconv.FormatBool(l.Balanced), gate,
+		n(l.ExpiredUnits), n(l.CancelledUnits), n(l.Listed), n(l.Resold), n(l.Transferred), n(l.CompUnits),
+		n(l.BoxOfficeUnits), strconv.FormatBool(l.Seated), strconv.FormatBool(l.Balanced), gate,
 		n(l.GateDifference)}
 }
 

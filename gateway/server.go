@@ -261,6 +261,7 @@ func (s *Server) routes(set routeSet) (*gin.Engine, error) {
 		admin.GET("/skus/:program/:ticket", s.getSKU)
 		admin.POST("/skus/:program/:ticket/reconcile", s.reconcile)
 		admin.POST("/skus/:program/:ticket/end", s.endSale)
+		admin.POST("/skus/:program/:ticket/orders", s.postOrganizerOrder)
 		admin.GET("/skus/:program/:ticket/pools", s.getPools)
 		admin.PUT("/skus/:program/:ticket/pools/:pool", s.putPool)
 		admin.POST("/skus/:program/:ticket/pools/:pool/close", s.closePool)

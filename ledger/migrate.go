@@ -57,11 +57,13 @@ var thisBuild = schemaSteps{
 		{version: 1, name: "baseline", up: (*Ledger).baseline},
 		{version: 2, name: "hold budgets", up: (*Ledger).holdBudgetsUp, down: (*Ledger).holdBudgetsDown},
 		{version: 3, name: "resale", up: (*Ledger).resaleUp, down: (*Ledger).resaleDown},
+		{version: 4, name: "organizer channels", up: (*Ledger).channelsUp, down: (*Ledger).channelsDown},
 	},
-	// Resale's columns are read by every refund and transfer: this build
-	// needs step 3. The chart's pre-install/pre-upgrade Job (or serve with
-	// migrate on) runs it before this build serves; see docs/RUNBOOK.md.
-	minimum: 3,
+	// Resale's tables are read by every refund and transfer, the channels'
+	// by the report: this build needs step 4. The chart's
+	// pre-install/pre-upgrade Job (or serve with migrate on) runs them
+	// before this build serves; see docs/RUNBOOK.md.
+	minimum: 4,
 }
 
 func (s schemaSteps) latest() int64 { return s.steps[len(s.steps)-1].version }

@@ -50,7 +50,36 @@ type Order struct {
 	GateEpoch int64 `json:"-"`
 	// TakeEpoch is the epoch its stock was taken under, as stored.
 	TakeEpoch int64 `json:"-"`
+	// Channel is how the organizer gave the order when not sold online:
+	// ChannelComp, ChannelBoxOffice ("" for a buyer's own purchase). It is
+	// written with the order, for the reconciliation report.
+	Channel string `json:"-"`
 }
+
+// Channels an organizer gives orders through, besides buyers' purchases.
+const (
+	ChannelComp      = "comp"       // complimentary tickets
+	ChannelBoxOffice = "box_office" // sold at the venue's box office
+)
+
+// channelsUp (an expand step) adds order_channels: the channel of each
+// order an organizer gave (Order.Channel). A table of its own, not a
+// column of orders (see resaleUp).
+func (l *Ledger) channelsUp(ctx context.Context, tx *sql.Tx) error {
+	_, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS order_channels (
+	order_id TEXT PRIMARY KEY,
+	channel  TEXT NOT NULL
+)`)
+	return err
+}
+
+func (l *Ledger) channelsDown(ctx context.Context, tx *sql.Tx) error {
+	_, err := tx.ExecContext(ctx, `DROP TABLE IF EXISTS order_channels`)
+	return err
+}
+
+// ValidChannel reports an organizer's channel.
+func ValidChannel(c string) bool { return c == ChannelComp || c == ChannelBoxOffice }
 
 // ConfirmKey is the row key of the order a confirm of hold makes: derived
 // by the service, never a client's key.

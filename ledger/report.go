@@ -21,7 +21,10 @@ type StockReport struct {
 	// buyers, given up by their sellers' orders. Transferred: units moved
 	// from one buyer to another.
 	Listed, Resold, Transferred int64
-	OrderUnits, Orders          int64 // standing orders (not refunded)
+	// Of PurchasedUnits: the organizer's comps and box-office sales
+	// (Order.Channel), standing.
+	CompUnits, BoxOfficeUnits int64
+	OrderUnits, Orders        int64 // standing orders (not refunded)
 	// Of OrderUnits: bought at once (purchases), confirmed from holds
 	// (single holds and seat holds), and as lines of carts.
 	PurchasedUnits, ConfirmedUnits, CartUnits int64
@@ -61,8 +64,13 @@ func (l *Ledger) Report(ctx context.Context, program keys.ID) ([]StockReport, er
 		(SELECT COALESCE(SUM(h.quantity), 0) FROM holds h WHERE h.program = s.program AND h.ticket = s.ticket AND h.state = $4),
 		s.listed,
 		(SELECT COALESCE(SUM(x.sold), 0) FROM listings x WHERE x.program = s.program AND x.ticket = s.ticket),
-		(SELECT COALESCE(SUM(e.quantity), 0) FROM events e WHERE e.program = s.program AND e.ticket = s.ticket AND e.type = $5)
-		FROM skus s WHERE s.program = $1 ORDER BY s.ticket`, program, Held, Expired, Cancelled, EventOrderTransferred)
+		(SELECT COALESCE(SUM(e.quantity), 0) FROM events e WHERE e.program = s.program AND e.ticket = s.ticket AND e.type = $5),
+		(SELECT COALESCE(SUM(o.quantity), 0) FROM orders o JOIN order_channels c ON c.order_id = o.id
+			WHERE o.program = s.program AND o.ticket = s.ticket AND o.refunded_at = 0 AND c.channel = $6),
+		(SELECT COALESCE(SUM(o.quantity), 0) FROM orders o JOIN order_channels c ON c.order_id = o.id
+			WHERE o.program = s.program AND o.ticket = s.ticket AND o.refunded_at = 0 AND c.channel = $7)
+		FROM skus s WHERE s.program = $1 ORDER BY s.ticket`, program, Held, Expired, Cancelled, EventOrderTransferred,
+		ChannelComp, ChannelBoxOffice)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: report: %w", err)
 	}
@@ -73,7 +81,7 @@ func (l *Ledger) Report(ctx context.Context, program keys.ID) ([]StockReport, er
 		var seated, ended int64
 		if err := rows.Scan(&r.SKU.Ticket, &r.Total, &r.Sold, &r.Held, &seated, &ended, &r.Orders, &r.OrderUnits, &r.PurchasedUnits,
 			&r.ConfirmedUnits, &r.CartUnits, &r.Refunds, &r.RefundedUnits, &r.HeldUnits, &r.ExpiredUnits, &r.CancelledUnits,
-			&r.Listed, &r.Resold, &r.Transferred); err != nil {
+			&r.Listed, &r.Resold, &r.Transferred, &r.CompUnits, &r.BoxOfficeUnits); err != nil {
 			return nil, fmt.Errorf("ledger: report: %w", err)
 		}
 		r.Open, r.Seated, r.Ended = r.Total-r.Sold-r.Held, seated != 0, ended > 0

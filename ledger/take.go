@@ -1055,6 +1055,17 @@ func (b *takeBatch) writeSteps(d string, kept []int, lines []tline) *writes {
 	}
 	if len(orders) > 0 {
 		w.steps = append(w.steps, l.ordersStep(b.now, orders, w.inserted))
+		// An organizer's orders (comps, box office) say so beside them; a
+		// buyer's purchase writes nothing more.
+		chans := newRowset("tt")
+		for _, o := range orders {
+			if o.Channel != "" {
+				chans.add(o.ID.String(), o.Channel)
+			}
+		}
+		if chans.n > 0 {
+			w.steps = append(w.steps, step{sql: l.sql.takeChannels, args: chans.args(d)})
+		}
 	}
 	if len(holds) > 0 {
 		hs := newRowset("tttttittiittt")
@@ -1227,6 +1238,7 @@ func (l *Ledger) replayTake(ctx context.Context, t Take) TakeResult {
 // same text but for how each reads its input rows.
 type takeSQL struct {
 	takeLock, takeSeats, takeUpdate, takeClaims, takeOrders, takeHolds, takeBuyers string
+	takeChannels                                                                   string
 	takeCodesLock, codesRead, buyersRead, takeEvents                               string
 	confirmHolds, confirmUpdate, sellSeats, holdsRead, ordersRead                  string
 	lockHolds, lockOrders                                                          string
@@ -1272,6 +1284,9 @@ func newTakeSQL(d string) takeSQL {
 		FROM ` + rowsAt(2, "id text", "idem_key text", "request_hash text", "program text", "ticket text", "buyer text",
 		"quantity bigint", "gate text", "gate_key text", "hold_id text", "epoch bigint", "cart_id text", "code_hash text", "seat_ids text") + `
 		WHERE true ON CONFLICT (idem_key) DO NOTHING RETURNING idem_key`
+	q.takeChannels = `INSERT INTO order_channels (order_id, channel)
+		SELECT w.order_id, w.channel FROM ` + rowsAt(1, "order_id text", "channel text") + `
+		WHERE true ON CONFLICT (order_id) DO NOTHING`
 	q.takeHolds = `INSERT INTO holds (id, idem_key, request_hash, program, ticket, quantity, buyer, gate, state, expires_at,
 			take_epoch, seat_ids, cart_id, code_hash, created_at)
 		SELECT w.id, w.idem_key, w.request_hash, w.program, w.ticket, w.quantity, w.buyer, w.gate, 'held', w.expires_at,

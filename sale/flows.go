@@ -64,6 +64,10 @@ type Take struct {
 	Quantity int64
 	TTL      time.Duration
 	Access   Access
+	// Channel makes a purchase an organizer's order (ledger.ChannelComp,
+	// ledger.ChannelBoxOffice): it skips the waiting room and is counted
+	// apart in the report. "" for a buyer's own purchase.
+	Channel string
 }
 
 func (t Take) check(hold bool) error {
@@ -124,8 +128,19 @@ func (s *Service) Purchase(ctx context.Context, t Take) (Result, error) {
 		return Result{}, err
 	}
 	sku := poolOf(t.SKU, t.Access.Pool)
-	w := want{sku: sku, buyer: t.Buyer, q: t.Quantity, access: t.Access,
-		req: newRequest(t.Buyer, t.Key, ledger.OpPurchase, t.Access.fields(sku.Program.String(), sku.Ticket.String(), strconv.FormatInt(t.Quantity, 10))...)}
+	fields := t.Access.fields(sku.Program.String(), sku.Ticket.String(), strconv.FormatInt(t.Quantity, 10))
+	if t.Channel != "" {
+		if !ledger.ValidChannel(t.Channel) {
+			return Result{}, refuse(ErrInvalid, "channel must be comp or box_office")
+		}
+		fields = append(fields, "channel", t.Channel)
+	}
+	w := want{sku: sku, buyer: t.Buyer, q: t.Quantity, access: t.Access, channel: t.Channel,
+		req: newRequest(t.Buyer, t.Key, ledger.OpPurchase, fields...)}
+	if t.Channel != "" {
+		// The organizer's own order: no waiting room to pass.
+		return s.runTake(ctx, w.req, func(ctx context.Context) answer { return s.takeOne(ctx, w) })
+	}
 	return s.runTake(ctx, w.req, func(ctx context.Context) answer { return s.admitted(ctx, t.Ask, sku.Program, w.req, w) })
 }
 

@@ -42,6 +42,9 @@ type want struct {
 	// device is a hold's device fingerprint (Ask.Device), for its
 	// program's device hold budget.
 	device string
+	// channel is an organizer's order's channel (comp, box office); "" for
+	// a buyer's purchase.
+	channel string
 	// access is what the request presents to its pool's rule (sku is the
 	// pool's stock); code is its access code as the gate counts it.
 	access Access

@@ -620,7 +620,7 @@ func (t *take) ledgerTake(direct bool) ledger.Take {
 				Gate: gate, GateEpoch: epoch, ExpiresAt: expires, SeatIDs: ln.seats.ids, CodeHash: w.codeHash()})
 		} else {
 			orders = append(orders, ledger.Order{IdempotencyKey: w.req.gateID(), SKU: w.sku, Buyer: w.buyer, Quantity: w.q,
-				Gate: gate, GateEpoch: epoch, SeatIDs: ln.seats.ids, CodeHash: w.codeHash()})
+				Gate: gate, GateEpoch: epoch, SeatIDs: ln.seats.ids, CodeHash: w.codeHash(), Channel: w.channel})
 		}
 	}
 	if !t.cart {

@@ -441,6 +441,12 @@ func TestResaleCalls(t *testing.T) {
 	if _, err := c.Refund(ctx, o.OrderID, "r1", "ann"); !errors.Is(err, client.ErrOrderListed) {
 		t.Errorf("a refund of listed tickets = %v, want ErrOrderListed", err)
 	}
+	if comp, err := c.OrganizerOrder(ctx, sku, "c1", "press", 1, "comp"); err != nil || comp.Quantity != 1 {
+		t.Errorf("OrganizerOrder = %+v, %v", comp, err)
+	}
+	if _, err := c.OrganizerOrder(ctx, sku, "c2", "press", 1, "gift"); !errors.Is(err, client.ErrInvalid) {
+		t.Errorf("OrganizerOrder of another channel = %v, want ErrInvalid", err)
+	}
 	if w, err := c.WithdrawListing(ctx, x.ListingID, "w1", "ann"); err != nil || w.State != "withdrawn" || w.Withdrawn != 2 {
 		t.Errorf("WithdrawListing = %+v, %v", w, err)
 	}

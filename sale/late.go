@@ -37,6 +37,7 @@ func (s *Service) lateConfirm(ctx context.Context, h ledger.Hold) answer {
 			return s.ownerError(ctx, err, ansNoHold)
 		} else if changed {
 			s.metrics.expired.Inc()
+			s.holdEnded(ctx, h.SKU.Program, h.Buyer, h.IdempotencyKey)
 			s.returnOwed(ctx, "hold", h.ID)
 		}
 		cur, err := s.ledger.HoldByID(ctx, h.ID)

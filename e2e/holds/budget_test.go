@@ -201,3 +201,25 @@ func TestHoldBudgetBadInput(t *testing.T) {
 		t.Errorf("after refusals: %+v, want nothing held", st)
 	}
 }
+
+// A hold paid late (expired, not swept, bought again by its confirm)
+// gives its budget back at once: the buyer may hold again right away.
+func TestHoldBudgetLatePayment(t *testing.T) {
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		e := systest.Start(t, systest.Options{Driver: driver, Tune: func(o *app.Options) { o.Sale.LatePayment = time.Minute }})
+		sku := systest.NewSKU(t)
+		e.PutSKU(t, sku, 10, 1, 4)
+		putBudgets(t, e, sku.Program.String(), 2, 0)
+		r, h := e.Hold(t, sku, "h1", "ann", 2, 1)
+		if r.Status != http.StatusCreated {
+			t.Fatalf("hold = %d %s", r.Status, r.Body)
+		}
+		systest.WaitFor(t, 10*time.Second, "the hold's expiry to pass", func() bool { return time.Now().After(h.ExpiresAt) })
+		if r := e.Act(t, "/v1/holds/"+h.HoldID+"/confirm", "c1", "ann"); r.Status != http.StatusCreated {
+			t.Fatalf("late confirm = %d %s", r.Status, r.Body)
+		}
+		if r := holdAs(t, e, sku, "h2", "ann", "", 2); r.Status != http.StatusCreated {
+			t.Errorf("a hold right after a late payment = %d %s, want the budget back", r.Status, r.Body)
+		}
+	})
+}

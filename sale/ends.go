@@ -53,6 +53,9 @@ func (s *Service) confirmPart(ctx context.Context, id, buyer keys.ID, keep int64
 		s.sellSeats(ctx, o)
 		s.holdEnded(ctx, o.SKU.Program, o.Buyer, o.GateRequest())
 		s.returnOwed(ctx, "hold", id)
+		if h, err := s.ledger.HoldByID(ctx, id); err == nil && h.Quantity > o.Quantity {
+			s.metrics.afterSale.WithLabelValues("released").Add(float64(h.Quantity - o.Quantity))
+		}
 		return answer{order: o}
 	case errors.Is(err, ledger.ErrDuplicate):
 		return answer{order: o, replayed: true}
@@ -87,6 +90,7 @@ func (s *Service) extend(ctx context.Context, id, buyer keys.ID, ttl time.Durati
 	switch {
 	case err == nil:
 		s.holdExtended(ctx, h)
+		s.metrics.extended.Inc()
 		return answer{hold: &h}
 	case errors.Is(err, ledger.ErrDuplicate):
 		return answer{hold: &h, replayed: true}

@@ -22,6 +22,8 @@ type metrics struct {
 	poolRefusals   *prometheus.CounterVec // by reason
 	budgetRefusals *prometheus.CounterVec // by identity: buyer, device
 	listings       *prometheus.CounterVec // resale units, by what happened: listed, sold, withdrawn
+	afterSale      *prometheus.CounterVec // units moved after the first click: transferred, released
+	extended       prometheus.Counter
 	poolMoved      prometheus.Counter
 	waitJoins      prometheus.Counter
 	ledgerWait     *prometheus.HistogramVec // by work
@@ -88,6 +90,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "stockgate_resale_units_total",
 			Help: "Units of orders listed for resale (listed), settled to other buyers' sales (sold: refund the seller) and taken back off sale (withdrawn).",
 		}, []string{"what"}),
+		afterSale: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "stockgate_after_sale_units_total",
+			Help: "Units moved after the sale by what moved them: transferred (to another buyer), released (the rest of a hold confirmed in part, back on sale).",
+		}, []string{"what"}),
+		extended: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "stockgate_holds_extended_total",
+			Help: "Holds extended by their buyers (a retry not counted).",
+		}),
 		poolMoved: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "stockgate_pool_moved_units_total",
 			Help: "Units closed pools moved into another pool (usually the public one).",
@@ -114,7 +124,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Confirms of holds past their expiry within the late-payment window, by outcome: sold (the units taken again), refused (gone: the platform refunds).",
 		}, []string{"outcome"}),
 	}
-	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes, m.seatDrift, m.seatRepairs, m.poolRefusals, m.budgetRefusals, m.listings, m.poolMoved, m.waitJoins, m.ledgerWait, m.ledgerShed, m.latePayments} {
+	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes, m.seatDrift, m.seatRepairs, m.poolRefusals, m.budgetRefusals, m.listings, m.afterSale, m.extended, m.poolMoved, m.waitJoins, m.ledgerWait, m.ledgerShed, m.latePayments} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

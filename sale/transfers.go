@@ -38,6 +38,7 @@ func (s *Service) transfer(ctx context.Context, id, from, to keys.ID, q int64, r
 		// gate under-counts what it keeps of a split order, never over
 		// (the ledger checks the caps at every commit).
 		s.releaseQuota(ctx, []quotaScope{{o.SKU.Base(), from}, {o.SKU.Whole(), from}}, o.GateRequest(), keys.ID{})
+		s.metrics.afterSale.WithLabelValues("transferred").Add(float64(o.Quantity))
 		return answer{order: o}
 	case errors.Is(err, ledger.ErrDuplicate):
 		return answer{order: o, replayed: true}

@@ -383,6 +383,14 @@ CREATE TABLE IF NOT EXISTS order_listings (
 	order_id TEXT   PRIMARY KEY,
 	listed   BIGINT NOT NULL CHECK (listed >= 0)
 );
+-- the holds a SKU had live when its listings began: their confirms are
+-- no resales
+CREATE TABLE IF NOT EXISTS resale_prior_holds (
+	hold_id TEXT PRIMARY KEY,
+	program TEXT NOT NULL,
+	ticket  TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS resale_prior_sku ON resale_prior_holds (program, ticket);
 CREATE INDEX IF NOT EXISTS listings_open ON listings (program, ticket, created_at) WHERE state = 'listed';
 CREATE INDEX IF NOT EXISTS listings_order ON listings (order_id);
 CREATE INDEX IF NOT EXISTS listings_owed ON listings (created_at) WHERE restore_pending > 0;
@@ -392,7 +400,7 @@ CREATE INDEX IF NOT EXISTS skus_listed ON skus (updated_at) WHERE listed > 0;`)
 
 func (l *Ledger) resaleDown(ctx context.Context, tx *sql.Tx) error {
 	_, err := tx.ExecContext(ctx, `DROP INDEX IF EXISTS skus_listed; DROP TABLE IF EXISTS listings;
-		DROP TABLE IF EXISTS order_listings;
+		DROP TABLE IF EXISTS order_listings; DROP TABLE IF EXISTS resale_prior_holds;
 		ALTER TABLE skus DROP COLUMN listed; ALTER TABLE skus DROP COLUMN resale_seq; ALTER TABLE skus DROP COLUMN resale`)
 	return err
 }

@@ -151,8 +151,10 @@ func (l *Ledger) PutPool(ctx context.Context, c PoolConfig) (SKUState, error) {
 	} else if !b.EndedAt.IsZero() {
 		return SKUState{}, stock.ErrSaleEnded
 	}
+	// Units listed for resale are free in the public row but their
+	// sellers': a pool is never allotted them.
 	res, err := tx.ExecContext(ctx, `UPDATE skus SET total = total - $3, version = version + 1, bypass_seq = bypass_seq + 1,
-		updated_at = $4 WHERE program = $1 AND ticket = $2 AND total - sold - held >= $3`, base.Program, base.Ticket, delta, now)
+		updated_at = $4 WHERE program = $1 AND ticket = $2 AND ($3 <= 0 OR total - sold - held - listed >= $3)`, base.Program, base.Ticket, delta, now)
 	if err != nil {
 		return SKUState{}, notCommitted("put pool: public stock", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/stockgate/stockgate/keys"
@@ -59,6 +60,9 @@ var (
 	// ErrListingSelling: the listing's units are held or being bought
 	// right now; withdraw again later.
 	ErrListingSelling = errors.New("ledger: listing's units are being sold")
+	// ErrPoolResale: a pool's tickets are not listed (a pool's total moves
+	// at every change of its allotment and at its close).
+	ErrPoolResale = errors.New("ledger: a pool's tickets are not listed for resale")
 )
 
 // Listing is tickets of an order on sale again.
@@ -114,7 +118,8 @@ func retried[T any](f func() (T, error)) (T, error) {
 // SKU's total and listed grow by q, and Redis is owed the units (the
 // listing's restore). The order must be the seller's, not refunded, not a
 // cart's line (ErrInCart), not of seats (ErrSeatedTake), with q of its
-// tickets not listed already (stock.ErrInvalid); an ended sale refuses
+// tickets not listed already (stock.ErrInvalid), not a pool's
+// (ErrPoolResale); an ended sale refuses
 // (stock.ErrSaleEnded). A retry answers the same listing (ErrDuplicate).
 func (l *Ledger) List(ctx context.Context, orderID, seller keys.ID, q int64, req Request) (Listing, error) {
 	return retried(func() (Listing, error) { return l.list(ctx, orderID, seller, q, req) })
@@ -139,10 +144,10 @@ func (l *Ledger) list(ctx context.Context, orderID, seller keys.ID, q int64, req
 	}
 	defer tx.Rollback()
 	// The SKU row first, as a sale locks it, then the order.
-	var total, ended, seated, epoch int64
+	var total, ended, seated, epoch, skuListed int64
 	var shards int
-	if err := tx.QueryRowContext(ctx, `SELECT total, ended_at, seated, gate_epoch, shards FROM skus WHERE program = $1 AND ticket = $2`+l.forUpdate(),
-		o.SKU.Program, o.SKU.Ticket).Scan(&total, &ended, &seated, &epoch, &shards); err != nil {
+	if err := tx.QueryRowContext(ctx, `SELECT total, ended_at, seated, gate_epoch, shards, listed FROM skus WHERE program = $1 AND ticket = $2`+l.forUpdate(),
+		o.SKU.Program, o.SKU.Ticket).Scan(&total, &ended, &seated, &epoch, &shards, &skuListed); err != nil {
 		return Listing{}, notCommitted("list: sku", err)
 	}
 	if err := l.lockRows(ctx, tx, l.sql.lockOrders, []keys.ID{orderID}); err != nil {
@@ -164,12 +169,25 @@ func (l *Ledger) list(ctx context.Context, orderID, seller keys.ID, q int64, req
 		return Listing{}, ErrRefunded
 	case len(o.SeatIDs) > 0 || seated != 0:
 		return Listing{}, fmt.Errorf("%w: seats are not listed for resale", ErrSeatedTake)
+	case !o.SKU.Pool().IsZero():
+		return Listing{}, ErrPoolResale
 	case ended != 0:
 		return Listing{}, stock.ErrSaleEnded
 	case q > o.Quantity-listed:
 		return Listing{}, fmt.Errorf("%w: %d of an order of %d with %d listed", stock.ErrInvalid, q, o.Quantity, listed)
 	}
 	x := Listing{ID: NewIDOf(o.SKU), SKU: o.SKU, OrderID: o.ID, Seller: seller, Quantity: q, State: Listed, CreatedAt: now}
+	if skuListed == 0 {
+		// The holds live now took public stock before any listing: their
+		// confirms later are no resales (settleIn).
+		if _, err := tx.ExecContext(ctx, `DELETE FROM resale_prior_holds WHERE program = $1 AND ticket = $2`, o.SKU.Program, o.SKU.Ticket); err != nil {
+			return Listing{}, notCommitted("list: prior holds", err)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO resale_prior_holds (hold_id, program, ticket)
+			SELECT id, program, ticket FROM holds WHERE program = $1 AND ticket = $2 AND state = $3`, o.SKU.Program, o.SKU.Ticket, Held); err != nil {
+			return Listing{}, notCommitted("list: prior holds", err)
+		}
+	}
 	// The settle mark starts at the newest event when the SKU had nothing
 	// listed: sales before the listing are not resales.
 	if _, err := tx.ExecContext(ctx, `UPDATE skus SET total = total + $3, listed = listed + $3, version = version + 1, updated_at = $4,
@@ -236,13 +254,16 @@ func (l *Ledger) listingReplay(ctx context.Context, r Request) (Listing, error) 
 // held or bought right now, nothing changed). expect is the unsold units
 // the caller took out of Redis for it: a withdrawal that finds another
 // count (sold meanwhile) changes nothing and says so (ErrListingSelling).
+// epoch is the gate epoch the caller took them out under (-1: none, the
+// sale ended): a gate rebuilt since counts them again from this ledger,
+// so the withdrawal changes nothing then either (ErrListingSelling).
 // A listing sold out or withdrawn is ErrListingEnded; a retry answers the
 // same listing (ErrDuplicate).
-func (l *Ledger) Withdraw(ctx context.Context, listingID, seller keys.ID, expect int64, req Request) (Listing, error) {
-	return retried(func() (Listing, error) { return l.withdraw(ctx, listingID, seller, expect, req) })
+func (l *Ledger) Withdraw(ctx context.Context, listingID, seller keys.ID, expect, epoch int64, req Request) (Listing, error) {
+	return retried(func() (Listing, error) { return l.withdraw(ctx, listingID, seller, expect, epoch, req) })
 }
 
-func (l *Ledger) withdraw(ctx context.Context, listingID, seller keys.ID, expect int64, req Request) (_ Listing, err error) {
+func (l *Ledger) withdraw(ctx context.Context, listingID, seller keys.ID, expect, epoch int64, req Request) (_ Listing, err error) {
 	defer l.observe("withdraw", time.Now(), &err)
 	now := l.now().UTC().Truncate(time.Millisecond)
 	x, err := l.ListingByID(ctx, listingID)
@@ -273,7 +294,8 @@ func (l *Ledger) withdraw(ctx context.Context, listingID, seller keys.ID, expect
 		return x, fmt.Errorf("%w: %d unsold, not %d", ErrListingSelling, left, expect)
 	}
 	res, err := tx.ExecContext(ctx, `UPDATE skus SET total = total - $3, listed = listed - $3, version = version + 1, updated_at = $4
-		WHERE program = $1 AND ticket = $2 AND total - $3 - sold - held >= 0 AND listed >= $3`, x.SKU.Program, x.SKU.Ticket, left, now.UnixMilli())
+		WHERE program = $1 AND ticket = $2 AND total - $3 - sold - held >= 0 AND listed >= $3 AND ($5 < 0 OR gate_epoch = $5)`,
+		x.SKU.Program, x.SKU.Ticket, left, now.UnixMilli(), epoch)
 	if err != nil {
 		return x, notCommitted("withdraw: sku", err)
 	}
@@ -313,7 +335,8 @@ func orderListed(ctx context.Context, tx *sql.Tx, orderID keys.ID) (int64, error
 // ResaleHorizon is how old a sale's event must be before a settle counts
 // it: on PostgreSQL an event's seq is taken before its transaction
 // commits, so one with a lower seq than the newest may still appear for a
-// moment; counting only older events never skips one.
+// moment. A settle counts the sales below the first one inside the
+// horizon, never one above it (the mark would pass it by).
 const ResaleHorizon = 2 * time.Second
 
 // SettleDue settles the sales of up to limit SKUs with units listed (see
@@ -336,15 +359,18 @@ func (l *Ledger) SettleDue(ctx context.Context, limit int) ([]Event, error) {
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("ledger: listed skus: %w", err)
 	}
+	// A SKU that fails does not hold up the others behind it.
 	var out []Event
+	var errs []error
 	for _, sku := range skus {
 		got, err := retried(func() ([]Event, error) { return l.settle(ctx, sku) })
 		if err != nil {
-			return out, err
+			errs = append(errs, fmt.Errorf("%s: %w", sku, err))
+			continue
 		}
 		out = append(out, got...)
 	}
-	return out, nil
+	return out, errors.Join(errs...)
 }
 
 func (l *Ledger) settle(ctx context.Context, sku stock.SKU) (_ []Event, err error) {
@@ -383,10 +409,17 @@ func (l *Ledger) settleIn(ctx context.Context, tx *sql.Tx, sku stock.SKU, now ti
 	if listed == 0 {
 		return nil, nil
 	}
+	// A hold's confirm is a sale of the listings only when the hold was
+	// taken while they were listed: one taken before took public stock.
+	// Only the sales below the first one inside the horizon count: seq
+	// and created_at (each replica's clock, taken before the commit) are
+	// not in the same order, and the mark moves past every sale counted.
 	var units, last int64
-	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(SUM(quantity), 0), COALESCE(MAX(seq), $4) FROM events
-		WHERE program = $1 AND ticket = $2 AND seq > $4 AND created_at <= $5 AND type IN ($3, $6)`,
-		sku.Program, sku.Ticket, EventOrderCreated, mark, now.Add(-ResaleHorizon).UnixMilli(), EventHoldConfirmed).Scan(&units, &last); err != nil {
+	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(SUM(CASE WHEN type = $3 OR NOT EXISTS (SELECT 1 FROM resale_prior_holds p
+		WHERE p.hold_id = events.subject) THEN quantity ELSE 0 END), 0), COALESCE(MAX(seq), $4) FROM events
+		WHERE program = $1 AND ticket = $2 AND seq > $4 AND type IN ($3, $6) AND seq < COALESCE((SELECT MIN(n.seq) FROM events n
+			WHERE n.program = $1 AND n.ticket = $2 AND n.seq > $4 AND n.type IN ($3, $6) AND n.created_at > $5), $7)`,
+		sku.Program, sku.Ticket, EventOrderCreated, mark, now.Add(-ResaleHorizon).UnixMilli(), EventHoldConfirmed, int64(math.MaxInt64)).Scan(&units, &last); err != nil {
 		return nil, notCommitted("settle: sales", err)
 	}
 	n := resold(mode, units, listed, total-sold+units)
@@ -424,7 +457,11 @@ func (l *Ledger) settleIn(ctx context.Context, tx *sql.Tx, sku stock.SKU, now ti
 			x.ID, y, state, ended); err != nil {
 			return nil, notCommitted("settle: listing", err)
 		}
-		if _, err := tx.ExecContext(ctx, `UPDATE orders SET quantity = quantity - $2 WHERE id = $1`, x.OrderID, y); err != nil {
+		// An order keeps at least one ticket (quantity > 0): one whose
+		// every ticket is resold is given up whole, as refunded (its
+		// listing.sold events are the refund; no stock comes back).
+		if _, err := tx.ExecContext(ctx, `UPDATE orders SET quantity = CASE WHEN quantity > $2 THEN quantity - $2 ELSE quantity END,
+			refunded_at = CASE WHEN quantity > $2 THEN refunded_at ELSE $3 END WHERE id = $1`, x.OrderID, y, now.UnixMilli()); err != nil {
 			return nil, notCommitted("settle: order", err)
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE order_listings SET listed = listed - $2 WHERE order_id = $1`, x.OrderID, y); err != nil {

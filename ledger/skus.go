@@ -136,7 +136,10 @@ func (l *Ledger) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 		return SKUState{}, fmt.Errorf("ledger: put sku: %w", err)
 	}
 	// The total is the ticket's whole stock: the public row has what its
-	// pools were not allotted.
+	// pools were not allotted. Units listed for resale are in the row's
+	// total too but are their sellers' (and in sold): the organizer's
+	// total may grow, or shrink while it still covers what is sold and
+	// held, so the listed units stay for sale.
 	pooled, err := pooledTotal(ctx, tx, c.SKU)
 	if err != nil {
 		return SKUState{}, err
@@ -144,7 +147,7 @@ func (l *Ledger) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 	res, err := tx.ExecContext(ctx, `
 		UPDATE skus SET total = CASE WHEN seated = 1 THEN total ELSE $3 + listed END, shards = $4, max_per_order = $5,
 			updated_at = $6, version = version + 1, bypass_seq = bypass_seq + 1
-		WHERE program = $1 AND ticket = $2 AND (seated = 1 OR sold + held <= $3 + listed)`,
+		WHERE program = $1 AND ticket = $2 AND (seated = 1 OR sold + held <= $3 OR $3 + listed >= total)`,
 		c.Program, c.Ticket, c.Total-pooled, c.Shards, c.MaxPerOrder, now)
 	if err != nil {
 		return SKUState{}, fmt.Errorf("ledger: put sku: %w", err)

@@ -20,7 +20,7 @@ import (
 // Resales are the ledger's listings.
 type Resales interface {
 	List(ctx context.Context, orderID, seller keys.ID, q int64, req ledger.Request) (ledger.Listing, error)
-	Withdraw(ctx context.Context, listingID, seller keys.ID, expect int64, req ledger.Request) (ledger.Listing, error)
+	Withdraw(ctx context.Context, listingID, seller keys.ID, expect, epoch int64, req ledger.Request) (ledger.Listing, error)
 	ListingByID(ctx context.Context, id keys.ID) (ledger.Listing, error)
 	SettleDue(ctx context.Context, limit int) ([]ledger.Event, error)
 }
@@ -46,6 +46,8 @@ func (s *Service) ListForResale(ctx context.Context, orderID keys.ID, a Ask, q i
 			return fail(ErrOrderRefunded)
 		case errors.Is(err, ledger.ErrSeatedTake):
 			return fail(refuse(ErrInvalid, "seat orders are not listed for resale"))
+		case errors.Is(err, ledger.ErrPoolResale):
+			return fail(refuse(ErrInvalid, "a pool's tickets are not listed for resale"))
 		case errors.Is(err, stock.ErrSaleEnded):
 			return fail(ErrSaleEnded)
 		case errors.Is(err, stock.ErrInvalid):
@@ -76,25 +78,47 @@ func (s *Service) withdraw(ctx context.Context, id, seller keys.ID, r request) a
 		return ansNotOwner
 	}
 	left := x.Quantity - x.Sold
-	var parts []shard.Part
-	gateID := keys.MustID("withdraw-" + id.String())
+	sku := x.SKU
+	// The deduction is this request's own (as a purchase's is): a retry
+	// meets it again, another withdrawal of the listing makes its own.
+	var fresh []shard.Part
+	epoch := int64(-1) // no units taken out of a gate
+	gateID := r.gateID()
 	if x.State == ledger.Listed && left > 0 {
-		st, err := s.settings.Get(ctx, x.SKU)
+		st, err := s.ledger.SKU(ctx, sku)
 		if err != nil {
 			return ansUnavailable
 		}
-		d, err := s.deduct(ctx, shard.Request{SKU: x.SKU, Shards: st.Shards, RequestID: gateID, Quantity: left, MaxQuantity: left})
-		switch {
-		case errors.Is(err, stock.ErrSoldOut):
-			return fail(ErrListingSelling)
-		case err != nil:
-			return ansUnavailable
+		// An ended sale's gate is empty and admits no one: nothing to take
+		// the units out of.
+		if st.EndedAt.IsZero() {
+			d, err := s.deduct(ctx, shard.Request{SKU: sku, Shards: st.Shards, RequestID: gateID, Quantity: left, MaxQuantity: left})
+			switch {
+			case errors.Is(err, stock.ErrSoldOut):
+				return fail(ErrListingSelling)
+			case err != nil:
+				return ansUnavailable
+			}
+			if !d.Replayed {
+				fresh = d.Parts
+			}
+			// The ledger takes them out only under the gate they came out
+			// of: a gate rebuilt meanwhile counts them again.
+			for i, p := range d.Parts {
+				if i > 0 && p.Epoch != epoch {
+					s.giveBack(ctx, sku, gateID, fresh)
+					return fail(ErrListingSelling)
+				}
+				epoch = p.Epoch
+			}
 		}
-		parts = d.Parts
 	}
-	x, err = s.ledger.Withdraw(ctx, id, seller, left, r.ledger())
-	if err != nil && len(parts) > 0 && !errors.Is(err, ledger.ErrNotCommitted) {
-		s.giveBack(ctx, x.SKU, gateID, parts) // nothing withdrawn: the units stay on sale
+	x, err = s.ledger.Withdraw(ctx, id, seller, left, epoch, r.ledger())
+	if err != nil && len(fresh) > 0 && !errors.Is(err, ledger.ErrNotCommitted) && !errors.Is(err, ledger.ErrDuplicate) {
+		// Nothing withdrawn: the units this call took stay on sale. Units
+		// a copy of this request took (Replayed) are that copy's to give
+		// back; a withdrawal that committed keeps them out.
+		s.giveBack(ctx, sku, gateID, fresh)
 	}
 	switch {
 	case err == nil:

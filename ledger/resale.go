@@ -270,6 +270,12 @@ func (l *Ledger) withdraw(ctx context.Context, listingID, seller keys.ID, expect
 	if err != nil {
 		return x, err
 	}
+	// The sales so far settle in a transaction of their own, so they stand
+	// whatever the withdrawal answers (it settles again under its own lock
+	// for any that came of age meanwhile).
+	if _, err := l.settle(ctx, x.SKU); err != nil {
+		return x, err
+	}
 	tx, taken, err := l.begin(ctx, req, x.SKU, now, "withdraw")
 	if taken {
 		return l.listingReplay(ctx, req)

@@ -309,6 +309,16 @@ func (r *resaleModel) list() {
 	q := 1 + r.rng.Int64N(o.q+1)
 	r.ops["list"]++
 	got := r.post("/v1/orders/"+o.id+"/resale", r.key(), fmt.Sprintf(`{"buyer":%q,"quantity":%d}`, o.buyer, q))
+	if got.Status == http.StatusConflict && systest.ProblemKind(got) == "order-refunded" {
+		// Its last listed tickets' sales settled since the step read them
+		// back: the order was given up whole.
+		r.sync()
+		if !o.refunded {
+			r.fail("list %d of order %s = %d %s, but it stands with %d", q, o.id, got.Status, got.Body, o.q)
+		}
+		r.ops["list-resold-whole"]++
+		return
+	}
 	if q > r.unlisted(o) {
 		if got.Status != http.StatusUnprocessableEntity {
 			r.fail("list %d of order %s with %d unlisted = %d %s, want 422", q, o.id, r.unlisted(o), got.Status, got.Body)
@@ -388,6 +398,11 @@ func (r *resaleModel) settled(x *rListing, sold int64) {
 	x.order.sku.listed -= y
 	if x.sold == x.q {
 		x.open = false
+	}
+	if x.order.q == 0 {
+		// All its tickets resold: the order is given up whole, as
+		// refunded (its listing.sold events are the seller's refund).
+		x.order.refunded = true
 	}
 }
 

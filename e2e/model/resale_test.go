@@ -76,7 +76,6 @@ type rSKU struct {
 	sold, held  int64
 	listed      int64 // the open listings' unsold units, as last read
 	alongside   bool
-	soldOutSeen bool
 }
 
 func (s *rSKU) free() int64 { return rTotal + s.listed - s.sold - s.held }
@@ -96,11 +95,10 @@ type rHold struct {
 }
 
 type rListing struct {
-	id              string
-	order           *rOrder
-	q, sold, gone   int64 // gone: withdrawn
-	open            bool
-	soldRead, qRead int64
+	id            string
+	order         *rOrder
+	q, sold, gone int64 // gone: withdrawn
+	open          bool
 }
 
 type resaleModel struct {

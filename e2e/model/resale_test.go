@@ -72,10 +72,10 @@ const (
 )
 
 type rSKU struct {
-	sku         stock.SKU
-	sold, held  int64
-	listed      int64 // the open listings' unsold units, as last read
-	alongside   bool
+	sku        stock.SKU
+	sold, held int64
+	listed     int64 // the open listings' unsold units, as last read
+	alongside  bool
 }
 
 func (s *rSKU) free() int64 { return rTotal + s.listed - s.sold - s.held }

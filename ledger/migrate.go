@@ -358,6 +358,7 @@ func (l *Ledger) resaleUp(ctx context.Context, tx *sql.Tx) error {
 		{"skus", "listed", "BIGINT NOT NULL DEFAULT 0"},
 		{"skus", "resale_seq", "BIGINT NOT NULL DEFAULT 0"},
 		{"skus", "resale", "TEXT NOT NULL DEFAULT 'first'"},
+		{"skus", "resale_carry", "BIGINT NOT NULL DEFAULT 0"},
 	} {
 		if err := l.addColumn(ctx, tx, c.table, c.name, c.def); err != nil {
 			return err
@@ -401,7 +402,8 @@ CREATE INDEX IF NOT EXISTS skus_listed ON skus (updated_at) WHERE listed > 0;`)
 func (l *Ledger) resaleDown(ctx context.Context, tx *sql.Tx) error {
 	_, err := tx.ExecContext(ctx, `DROP INDEX IF EXISTS skus_listed; DROP TABLE IF EXISTS listings;
 		DROP TABLE IF EXISTS order_listings; DROP TABLE IF EXISTS resale_prior_holds;
-		ALTER TABLE skus DROP COLUMN listed; ALTER TABLE skus DROP COLUMN resale_seq; ALTER TABLE skus DROP COLUMN resale`)
+		ALTER TABLE skus DROP COLUMN listed; ALTER TABLE skus DROP COLUMN resale_seq; ALTER TABLE skus DROP COLUMN resale;
+		ALTER TABLE skus DROP COLUMN resale_carry`)
 	return err
 }
 

@@ -191,7 +191,8 @@ func (l *Ledger) list(ctx context.Context, orderID, seller keys.ID, q int64, req
 	// The settle mark starts at the newest event when the SKU had nothing
 	// listed: sales before the listing are not resales.
 	if _, err := tx.ExecContext(ctx, `UPDATE skus SET total = total + $3, listed = listed + $3, version = version + 1, updated_at = $4,
-		resale_seq = CASE WHEN listed = 0 THEN COALESCE((SELECT MAX(seq) FROM events), 0) ELSE resale_seq END
+		resale_seq = CASE WHEN listed = 0 THEN COALESCE((SELECT MAX(seq) FROM events), 0) ELSE resale_seq END,
+		resale_carry = CASE WHEN listed = 0 THEN 0 ELSE resale_carry END
 		WHERE program = $1 AND ticket = $2`, o.SKU.Program, o.SKU.Ticket, q, now.UnixMilli()); err != nil {
 		return Listing{}, notCommitted("list: sku", err)
 	}
@@ -387,8 +388,10 @@ func (l *Ledger) settle(ctx context.Context, sku stock.SKU) (_ []Event, err erro
 		return nil, notCommitted("settle: begin", err)
 	}
 	defer tx.Rollback()
+	// Committed even when no listing sold: the mark (and an alongside
+	// share's fraction) moves past the sales counted.
 	events, err := l.settleIn(ctx, tx, sku, now)
-	if err != nil || len(events) == 0 {
+	if err != nil {
 		return nil, err
 	}
 	if err := tx.Commit(); err != nil {
@@ -402,10 +405,10 @@ func (l *Ledger) settle(ctx context.Context, sku stock.SKU) (_ []Event, err erro
 // ResaleHorizon, go to the open listings oldest first, as its resale mode
 // says; each leaves total, sold and listed, and its seller's order.
 func (l *Ledger) settleIn(ctx context.Context, tx *sql.Tx, sku stock.SKU, now time.Time) ([]Event, error) {
-	var total, sold, listed, mark int64
+	var total, sold, listed, mark, carry int64
 	var mode string
-	err := tx.QueryRowContext(ctx, `SELECT total, sold, listed, resale_seq, resale FROM skus WHERE program = $1 AND ticket = $2`+l.forUpdate(),
-		sku.Program, sku.Ticket).Scan(&total, &sold, &listed, &mark, &mode)
+	err := tx.QueryRowContext(ctx, `SELECT total, sold, listed, resale_seq, resale, resale_carry FROM skus WHERE program = $1 AND ticket = $2`+l.forUpdate(),
+		sku.Program, sku.Ticket).Scan(&total, &sold, &listed, &mark, &mode, &carry)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, ErrNotFound
 	}
@@ -428,7 +431,7 @@ func (l *Ledger) settleIn(ctx context.Context, tx *sql.Tx, sku stock.SKU, now ti
 		sku.Program, sku.Ticket, EventOrderCreated, mark, now.Add(-ResaleHorizon).UnixMilli(), EventHoldConfirmed, int64(math.MaxInt64)).Scan(&units, &last); err != nil {
 		return nil, notCommitted("settle: sales", err)
 	}
-	n := resold(mode, units, listed, total-sold+units)
+	n, carry := resold(mode, units, listed, total-sold+units, carry)
 	if n == 0 && last == mark {
 		return nil, nil
 	}
@@ -479,7 +482,8 @@ func (l *Ledger) settleIn(ctx context.Context, tx *sql.Tx, sku stock.SKU, now ti
 		events = append(events, Event{Type: EventListingSold, SKU: sku, Subject: x.ID, Order: x.OrderID, Buyer: x.Seller, Quantity: y})
 	}
 	if _, err := tx.ExecContext(ctx, `UPDATE skus SET total = total - $3, sold = sold - $3, listed = listed - $3, resale_seq = $4,
-		version = version + 1, updated_at = $5 WHERE program = $1 AND ticket = $2`, sku.Program, sku.Ticket, done, last, now.UnixMilli()); err != nil {
+		resale_carry = $6, version = version + 1, updated_at = $5 WHERE program = $1 AND ticket = $2`,
+		sku.Program, sku.Ticket, done, last, now.UnixMilli(), carry); err != nil {
 		return nil, notCommitted("settle: sku", err)
 	}
 	if err := emit(ctx, tx, now, events...); err != nil {
@@ -491,14 +495,30 @@ func (l *Ledger) settleIn(ctx context.Context, tx *sql.Tx, sku stock.SKU, now ti
 // resold is how many of units sold go to listings of listed units, free
 // being what was for sale before those sales (the listed units with the
 // public stock, holds included): "first" all of them; "alongside" their
-// share listed / free, rounded up. Never more than is listed.
-func resold(mode string, units, listed, free int64) int64 {
-	n := units
-	if mode == ResaleAlongside && free > 0 {
-		n = (units*listed + free - 1) / free
+// share listed / free in whole units, the fraction left over (carry, in
+// carryUnit parts of a unit) added to the next settle's share, so that
+// settles of a sale or two each add up as one settle of them all would.
+// Never more than is listed.
+func resold(mode string, units, listed, free, carry int64) (n, left int64) {
+	most := max(0, min(units, listed))
+	if mode != ResaleAlongside || free <= 0 {
+		return most, 0
 	}
-	return max(0, min(n, units, listed))
+	share := float64(units)*float64(listed)/float64(free) + float64(carry)/carryUnit
+	n = int64(share)
+	left = int64(math.Round((share - float64(n)) * carryUnit))
+	if left >= carryUnit {
+		n, left = n+1, left-carryUnit
+	}
+	if n >= most {
+		return most, 0
+	}
+	return n, left
 }
+
+// carryUnit is the parts of a unit an alongside share's fraction is kept
+// in between settles.
+const carryUnit = 1_000_000
 
 // ValidResale reports a resale mode a SKU takes ("" keeps the current).
 func ValidResale(mode string) bool {

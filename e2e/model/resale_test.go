@@ -497,6 +497,18 @@ func (r *resaleModel) check() {
 // finish waits for every sale to settle, then checks the events, the
 // report and Redis.
 func (r *resaleModel) finish() {
+	// Holds still open may hold listed units (a withdrawal leaves those
+	// to their checkout): they end first.
+	for _, h := range r.holds {
+		if h.live {
+			got := r.post("/v1/holds/"+h.id+"/cancel", r.key(), fmt.Sprintf(`{"buyer":%q}`, h.buyer))
+			if got.Status != http.StatusOK {
+				r.fail("cancel hold %s = %d %s", h.id, got.Status, got.Body)
+			}
+			h.live = false
+			h.sku.held -= h.q
+		}
+	}
 	// Withdraw what is left (a listing whose sales have not settled yet is
 	// withdrawn once they have).
 	systest.WaitFor(r.t, 30*time.Second, "every listing withdrawn or sold", func() bool {

@@ -520,3 +520,47 @@ func TestAttackWithdrawRacedByReconcile(t *testing.T) {
 		}
 	})
 }
+
+// alongside: listed tickets sell by their share of what is for sale,
+// whichever way the sales fall into settles. 2 listed of 100 for sale:
+// two single sales, settled one at a time, are public stock's (a share
+// of 0.02 each), not the listing's (each settle rounded its share up to
+// a whole unit).
+func TestAttackAlongsideOneSaleAtATime(t *testing.T) {
+	systest.FullTier(t)
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		a, b := start(t, driver)
+		sku := systest.NewSKU(t)
+		if r := a.Do(t, http.MethodPut, systest.AdminPath(sku), nil, `{"total":100,"max_per_order":10,"resale":"alongside"}`); r.Status != http.StatusOK {
+			t.Fatalf("put sku = %d %s", r.Status, r.Body)
+		}
+		ann := systest.OrderID(a.MustBuy(t, sku, "p1", "ann", 2))
+		r := list(t, a, ann, "l1", "ann", 2)
+		if r.Status != http.StatusCreated {
+			t.Fatalf("list = %d %s", r.Status, r.Body)
+		}
+		x := listingOf(t, r)
+		version := func() int64 {
+			st, err := a.Ledger.SKU(context.Background(), sku)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return st.Version
+		}
+		for i, buyer := range []string{"bob", "cat"} {
+			b.MustBuy(t, sku, fmt.Sprintf("p%d", i+2), buyer, 1)
+			v := version()
+			systest.WaitFor(t, 15*time.Second, "the sale's settle", func() bool { return version() > v })
+		}
+		if got := getListing(t, a, x.ListingID); got.Sold != 0 {
+			t.Errorf("listing %+v after 2 single sales with 2 of 100 listed: want none sold", got)
+		}
+		if q := orderQuantity(t, a, ann); q != 2 {
+			t.Errorf("the seller's order has %d, want 2", q)
+		}
+		if r := a.Act(t, "/v1/listings/"+x.ListingID+"/withdraw", "w1", "ann"); r.Status != http.StatusOK || listingOf(t, r).Withdrawn != 2 {
+			t.Errorf("withdraw = %d %s, want 2 withdrawn", r.Status, r.Body)
+		}
+		systest.WaitSettled(t, a, sku)
+	})
+}

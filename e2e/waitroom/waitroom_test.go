@@ -151,6 +151,15 @@ func TestQueueAdmitsInOrderUntilSoldOut(t *testing.T) {
 						if systest.ProblemKind(r) != "sold-out" {
 							t.Fatalf("admitted purchase = %d %s", r.Status, r.Body)
 						}
+					case http.StatusGone:
+						// Admitted longer ago than the 3 s window: one pass
+						// over 120 buyers under -race on a busy machine can
+						// take that long. As good as walking away; the
+						// room admits others in its place.
+						if systest.ProblemKind(r) != "admission-expired" {
+							t.Fatalf("admitted purchase = %d %s", r.Status, r.Body)
+						}
+						walked++
 					default:
 						t.Fatalf("admitted purchase = %d %s", r.Status, r.Body)
 					}

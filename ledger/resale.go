@@ -380,6 +380,12 @@ func (l *Ledger) SettleDue(ctx context.Context, limit int) ([]Event, error) {
 	return out, errors.Join(errs...)
 }
 
+// Settle settles sku's sales to its listings now, as SettleDue does for
+// every SKU with units listed, and returns the listings' sales it settled.
+func (l *Ledger) Settle(ctx context.Context, sku stock.SKU) ([]Event, error) {
+	return retried(func() ([]Event, error) { return l.settle(ctx, sku) })
+}
+
 func (l *Ledger) settle(ctx context.Context, sku stock.SKU) (_ []Event, err error) {
 	defer l.observe("settle", time.Now(), &err)
 	now := l.now().UTC().Truncate(time.Millisecond)

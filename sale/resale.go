@@ -23,6 +23,7 @@ type Resales interface {
 	Withdraw(ctx context.Context, listingID, seller keys.ID, expect, epoch int64, req ledger.Request) (ledger.Listing, error)
 	ListingByID(ctx context.Context, id keys.ID) (ledger.Listing, error)
 	SettleDue(ctx context.Context, limit int) ([]ledger.Event, error)
+	Settle(ctx context.Context, sku stock.SKU) ([]ledger.Event, error)
 }
 
 // ListForResale lists q of an order's tickets for resale, once: they are
@@ -76,6 +77,16 @@ func (s *Service) withdraw(ctx context.Context, id, seller keys.ID, r request) a
 		return ansUnavailable
 	case x.Seller != seller:
 		return ansNotOwner
+	}
+	// What sold settles first, so the units left are what a withdrawal
+	// takes back (and the sellers' counts at the gate go with the sales).
+	if sold, err := s.ledger.Settle(ctx, x.SKU); err != nil {
+		return ansUnavailable
+	} else if len(sold) > 0 {
+		s.resold(ctx, sold)
+		if x, err = s.ledger.ListingByID(ctx, id); err != nil {
+			return ansUnavailable
+		}
 	}
 	left := x.Quantity - x.Sold
 	sku := x.SKU
@@ -161,6 +172,12 @@ func (s *Service) settleResales(ctx context.Context) {
 	if err != nil {
 		s.log.WarnContext(ctx, "settle resales", "err", err)
 	}
+	s.resold(ctx, sold)
+}
+
+// resold follows the listings' sales the ledger settled: each seller's
+// counts at the gate for the order's request go.
+func (s *Service) resold(ctx context.Context, sold []ledger.Event) {
 	for _, e := range sold {
 		s.metrics.listings.WithLabelValues("sold").Add(float64(e.Quantity))
 		o, err := s.ledger.OrderByID(ctx, e.Order)

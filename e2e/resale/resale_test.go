@@ -264,3 +264,34 @@ func TestResaleAlongside(t *testing.T) {
 		t.Errorf("the seller's order has %d, want 3", q)
 	}
 }
+
+// A seller whose listed tickets resold may buy again up to the cap: the
+// settle a withdrawal makes gives the seller's counts at the gate back,
+// as the sweeper's does (this replica runs no sweeper).
+func TestResaleSellerBuysAgainAfterWithdrawalSettles(t *testing.T) {
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		e := systest.New(t, driver)
+		sku := systest.NewSKU(t)
+		e.PutCapped(t, sku, 1, 4)
+		order := systest.OrderID(e.MustBuy(t, sku, "p1", "sam", 4))
+		r := list(t, e, order, "l1", "sam", 2)
+		if r.Status != http.StatusCreated {
+			t.Fatalf("list = %d %s", r.Status, r.Body)
+		}
+		x := listingOf(t, r)
+		e.MustBuy(t, sku, "p2", "bob", 2)
+		// A sale settles once it is older than the horizon (before, a
+		// withdrawal would count it as the public stock's).
+		sold := time.Now()
+		systest.WaitFor(t, 15*time.Second, "the sale to come of age", func() bool { return time.Since(sold) > ledger.ResaleHorizon })
+		if w := e.Act(t, "/v1/listings/"+x.ListingID+"/withdraw", "w1", "sam"); w.Status != http.StatusConflict || systest.ProblemKind(w) != "listing-ended" {
+			t.Fatalf("withdraw after the sale = %d %s, want 409 listing-ended", w.Status, w.Body)
+		}
+		if got := getListing(t, e, x.ListingID); got.Sold != 2 {
+			t.Fatalf("listing %+v, want 2 sold", got)
+		}
+		if r := e.Buy(t, sku, "p3", "sam", 2); r.Status != http.StatusCreated {
+			t.Errorf("the seller buying again under its cap = %d %s, want 201", r.Status, r.Body)
+		}
+	})
+}

@@ -208,3 +208,28 @@ func StartCounting(t *testing.T) (*Env, *CountingLedger) {
 	}})
 	return e, counted
 }
+
+func (l *CountingLedger) List(ctx context.Context, orderID, seller keys.ID, q int64, req ledger.Request) (ledger.Listing, error) {
+	l.note("List")
+	return l.Ledger.List(ctx, orderID, seller, q, req)
+}
+
+func (l *CountingLedger) Withdraw(ctx context.Context, listingID, seller keys.ID, expect, epoch int64, req ledger.Request) (ledger.Listing, error) {
+	l.note("Withdraw")
+	return l.Ledger.Withdraw(ctx, listingID, seller, expect, epoch, req)
+}
+
+func (l *CountingLedger) ListingByID(ctx context.Context, id keys.ID) (ledger.Listing, error) {
+	l.note("ListingByID")
+	return l.Ledger.ListingByID(ctx, id)
+}
+
+func (l *CountingLedger) SettleDue(ctx context.Context, limit int) ([]ledger.Event, error) {
+	l.note("SettleDue")
+	return l.Ledger.SettleDue(ctx, limit)
+}
+
+func (l *CountingLedger) Settle(ctx context.Context, sku stock.SKU) ([]ledger.Event, error) {
+	l.note("Settle")
+	return l.Ledger.Settle(ctx, sku)
+}

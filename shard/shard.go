@@ -249,13 +249,8 @@ func (s *Store) Deduct(ctx context.Context, r Request) (Deduction, error) {
 	for i := range seen {
 		seen[i] = -1
 	}
-	for j := range r.Shards {
-		i := (start + j) % r.Shards
-		// The start shard is always asked: it is where a retry finds its record.
-		if j > 0 && s.empty != nil && s.empty.IsEmpty(r.SKU, r.Shards, i) {
-			seen[i] = 0
-			continue
-		}
+	// probe asks shard i for a whole take; done says d is the answer.
+	probe := func(i int) (done bool, err error) {
 		res, err := s.deductOne(ctx, r, i, r.Quantity, r.Quantity)
 		d.Probes++
 		if err != nil && NotRun(err) && r.Shards > 1 {
@@ -269,10 +264,10 @@ func (s *Store) Deduct(ctx context.Context, r Request) (Deduction, error) {
 			// Redis until the duplicate's give-back or the drift check.
 			seen[i] = unreachable
 			unreached = cmp.Or(unreached, err)
-			continue
+			return false, nil
 		}
 		if err != nil {
-			return d, err
+			return true, err
 		}
 		switch res.code {
 		case lua.OK, lua.Already:
@@ -281,16 +276,45 @@ func (s *Store) Deduct(ctx context.Context, r Request) (Deduction, error) {
 			if res.code == lua.Already && res.taken < r.Quantity {
 				// An earlier attempt assembled the quantity from several
 				// shards; collect its other parts below.
-				return s.assemble(ctx, r, d, seen)
+				d, err = s.assemble(ctx, r, d, seen)
+				return true, err
 			}
 			if res.code == lua.OK && res.avail == 0 {
 				s.markEmpty(r, i)
 			}
-			return d, nil
+			return true, nil
 		case lua.Empty:
 			seen[i] = res.avail
 			if res.avail == 0 {
 				s.markEmpty(r, i)
+			}
+		}
+		return false, nil
+	}
+	var skipped []int
+	for j := range r.Shards {
+		i := (start + j) % r.Shards
+		// The start shard is always asked: it is where a retry finds its record.
+		if j > 0 && s.empty != nil && s.empty.IsEmpty(r.SKU, r.Shards, i) {
+			seen[i] = 0
+			skipped = append(skipped, i)
+			continue
+		}
+		if done, err := probe(i); done {
+			return d, err
+		}
+	}
+	if len(skipped) > 0 && shortOf(seen, r.Quantity) {
+		// A verdict of sold out rests on what Redis says, never on a hint:
+		// stock may have come back to a skipped shard on another replica's
+		// watch, or another copy of this request may have taken its units
+		// there (its record answers Already), and this replica would answer
+		// sold out to a buyer whose request is being sold. Only the short
+		// outcome pays for these probes; the SKU's sold-out flag then spares
+		// the requests after it.
+		for _, i := range skipped {
+			if done, err := probe(i); done {
+				return d, err
 			}
 		}
 	}
@@ -312,6 +336,19 @@ func (s *Store) Deduct(ctx context.Context, r Request) (Deduction, error) {
 		return d, unreached
 	}
 	return d, err
+}
+
+// shortOf reports whether the shards as seen cannot supply q: no single
+// shard has q (a whole take would have been made), or all of them together
+// have less.
+func shortOf(seen []int64, q int64) bool {
+	var sum int64
+	for _, v := range seen {
+		if v > 0 {
+			sum += v
+		}
+	}
+	return q == 1 || sum < q
 }
 
 // unreachable marks, among the shards Deduct has seen, one whose master

@@ -114,17 +114,24 @@ func (s *Stream) Deliver(ctx context.Context, e ledger.Event) error {
 	if !ok {
 		return s.reply(s.script.Run(ctx, s.redis, ks, args...), nil)
 	}
+	// A master with no replica has nothing to wait for: WAIT would block
+	// for its whole timeout there and then answer 0. The layout is the
+	// cluster's as read in the last few seconds.
+	slot := int64(keys.KeySlot(ks[0]))
+	replicas, err := s.replicas.of(ctx, c, slot)
+	if err != nil {
+		return fmt.Errorf("stream: replicas: %w", err)
+	}
+	if replicas == 0 {
+		return s.reply(s.script.Run(ctx, c, ks, args...), nil)
+	}
 	// The script and the WAIT on one connection of the stream's master:
 	// WAIT counts the writes of its own connection.
 	node, err := c.MasterForKey(ctx, ks[0])
 	if err != nil {
 		return fmt.Errorf("stream: %w", err)
 	}
-	// The wait leaves room in the attempt for asking the layout after it.
-	wait := s.waitFor
-	if d, ok := ctx.Deadline(); ok {
-		wait = min(wait, time.Until(d)/3)
-	}
+	wait := replicaWait(ctx, s.waitFor, node.Options().ReadTimeout)
 	var added *redis.Cmd
 	var acked *redis.Cmd
 	_, err = node.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -138,16 +145,27 @@ func (s *Stream) Deliver(ctx context.Context, e ledger.Event) error {
 	if n, err := acked.Int64(); err == nil && n >= 1 {
 		return nil
 	}
-	// No replica has it yet. A master that has none has nothing to wait
-	// for; one that has replicas may fail over to one without it.
-	n, err := s.replicas.of(ctx, c, ks[0])
-	if err != nil {
-		return fmt.Errorf("stream: replicas: %w", err)
+	return fmt.Errorf("stream: no replica of the stream's master has the entry within %v", wait)
+}
+
+// replicaWait is how long the WAIT after an add may block: at most the
+// sink's ReplicaWait, a third of what is left of the attempt (room for the
+// attempt after it), and three quarters of the client's read timeout. The
+// client reads a pipeline's answers under its read timeout whatever the
+// commands in it are, so a longer WAIT fails as an i/o timeout (and counts
+// against the master's breaker) where it should answer how many replicas
+// have the entry.
+func replicaWait(ctx context.Context, want, readTimeout time.Duration) time.Duration {
+	if d, ok := ctx.Deadline(); ok {
+		want = min(want, time.Until(d)/3)
 	}
-	if n > 0 {
-		return fmt.Errorf("stream: no replica of the stream's master has the entry within %v", wait)
+	switch {
+	case readTimeout == 0:
+		readTimeout = 3 * time.Second // go-redis's default
+	case readTimeout < 0:
+		return want // no read deadline
 	}
-	return nil
+	return min(want, readTimeout*3/4)
 }
 
 // reply reads the script's answer.
@@ -182,11 +200,7 @@ type replicaCounts struct {
 	nodes string // CLUSTER NODES
 }
 
-func (r *replicaCounts) of(ctx context.Context, c *redis.ClusterClient, key string) (int, error) {
-	slot, err := c.ClusterKeySlot(ctx, key).Result()
-	if err != nil {
-		return 0, err
-	}
+func (r *replicaCounts) of(ctx context.Context, c *redis.ClusterClient, slot int64) (int, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if time.Since(r.at) > 5*time.Second {

@@ -40,3 +40,11 @@ func OpenBuild(ctx context.Context, opts Options, minimum int64, steps ...Future
 	}
 	return open(ctx, opts, b)
 }
+
+// Steps are this build's schema steps as (version, name), and its minimum.
+func Steps() (steps [][2]any, minimum int64) {
+	for _, m := range thisBuild.steps {
+		steps = append(steps, [2]any{m.version, m.name})
+	}
+	return steps, thisBuild.minimum
+}

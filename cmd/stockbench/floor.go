@@ -179,10 +179,11 @@ func newHex(n int) string {
 
 // floorWriter writes batches of winners of one kind.
 type floorWriter struct {
-	driver string
-	pool   *pgxpool.Pool // PostgreSQL
-	db     *sql.DB       // SQLite
-	stmts  map[string]*sql.Stmt
+	driver  string
+	pool    *pgxpool.Pool // PostgreSQL
+	db      *sql.DB       // SQLite
+	release func() error  // closes db
+	stmts   map[string]*sql.Stmt
 }
 
 func newFloorWriter(ctx context.Context, c floorConfig) (*floorWriter, error) {
@@ -198,17 +199,17 @@ func newFloorWriter(ctx context.Context, c floorConfig) (*floorWriter, error) {
 		}
 		return w, nil
 	}
-	db, err := sql.Open("sqlite", "file:"+c.dsn+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_txlock=immediate")
+	// The ledger's own opening: its pragmas and its checkpointer.
+	db, release, err := ledger.OpenSQLite(c.dsn)
 	if err != nil {
 		return nil, err
 	}
-	db.SetMaxOpenConns(1)
-	w.db, w.stmts = db, map[string]*sql.Stmt{}
+	w.db, w.release, w.stmts = db, release, map[string]*sql.Stmt{}
 	for _, kind := range []string{"purchase", "hold", "confirm"} {
 		for _, q := range floorSQL(ledger.SQLite, kind).all() {
 			if q != "" && w.stmts[q] == nil {
 				if w.stmts[q], err = db.PrepareContext(ctx, q); err != nil {
-					db.Close()
+					_ = release()
 					return nil, fmt.Errorf("prepare %q: %w", q, err)
 				}
 			}
@@ -222,7 +223,10 @@ func (w *floorWriter) close() {
 		w.pool.Close()
 	}
 	if w.db != nil {
-		w.db.Close()
+		for _, st := range w.stmts {
+			st.Close()
+		}
+		_ = w.release()
 	}
 }
 

@@ -561,7 +561,10 @@ func (s *suite) round(r int) (in docInputs, err error) {
 	if err := s.fb.admin.putSKU(fbSKU, 1_000_000, 1); err != nil && !strings.Contains(err.Error(), "503") {
 		return in, err
 	}
-	fallback := s.attack("fallback: ledger only, 32 buyers", s.fb.base, loadgen.Purchases([]string{fbSKU}, k("fb"), 0), 0, 32, 10*time.Second)
+	var fallback loadgen.Result
+	fallbackCPU := cpuDuring(s.fb.cmd.Process.Pid, func() {
+		fallback = s.attack("fallback: ledger only, 32 buyers", s.fb.base, loadgen.Purchases([]string{fbSKU}, k("fb"), 0), 0, 32, 10*time.Second)
+	})
 	fbAudit := s.audit(s.fb, []string{fbSKU}, fallback)
 
 	// 7. Latency at half the measured maximum, open loop.
@@ -588,7 +591,7 @@ func (s *suite) round(r int) (in docInputs, err error) {
 		bareReads: bareReads, steady: steady, steadyAudit: steadyAudit, carts: carts, cartSingles: cartSingles,
 		cartAudit: cartAudit, holds: holds, confirms: confirms, fallback: fallback,
 		fbAudit: fbAudit, admitLat: admitLat, buyLat: buyLat, rssKB: rssKB, cpuTop: cpuTop, shardMem: shardMem,
-		floors: in.floors, steadyCPU: steadyCPU, holdsCPU: holdsCPU, confirmsCPU: confirmsCPU, sqCPU: sqCPU, shape: shape,
+		floors: in.floors, steadyCPU: steadyCPU, holdsCPU: holdsCPU, confirmsCPU: confirmsCPU, sqCPU: sqCPU, fallbackCPU: fallbackCPU, shape: shape,
 		sqSteady: sqSteady, sqAudit: sqAudit, overPG: overPG, overSQ: overSQ, overAudit: overAudit, sqOverAudit: sqOverAudit,
 		flashScripts: scripts1 - scripts0, flashScriptUsec: usec1 - usec0,
 		recMem: recMem}, nil

@@ -118,11 +118,10 @@ func (s *Stream) Deliver(ctx context.Context, e ledger.Event) error {
 	// for its whole timeout there and then answer 0. The layout is the
 	// cluster's as read in the last few seconds.
 	slot := int64(keys.KeySlot(ks[0]))
-	replicas, err := s.replicas.of(ctx, c, slot)
-	if err != nil {
-		return fmt.Errorf("stream: replicas: %w", err)
-	}
-	if replicas == 0 {
+	// A layout that cannot be read (the node asked is down, mid-failover)
+	// is taken to have replicas: the add waits for one, as it must where
+	// one may be promoted.
+	if replicas, err := s.replicas.of(ctx, c, slot); err == nil && replicas == 0 {
 		return s.reply(s.script.Run(ctx, c, ks, args...), nil)
 	}
 	// The script and the WAIT on one connection of the stream's master:

@@ -59,7 +59,14 @@ type floorResult struct {
 	config  floorConfig
 	winners int
 	elapsed time.Duration
+	// ledgerCPU is the CPU seconds the database spent writing them (every
+	// PostgreSQL process; for SQLite, the process writing, which is the
+	// database): what the ledger's own work costs at the best batching.
+	ledgerCPU float64
 }
+
+// ledgerMicros is the floor's database CPU per winner.
+func (r floorResult) ledgerMicros() float64 { return r.ledgerCPU * 1e6 / float64(max(r.winners, 1)) }
 
 func (r floorResult) perSecond() float64 { return float64(r.winners) / r.elapsed.Seconds() }
 

@@ -59,9 +59,17 @@ func (s *suite) floors() (f floors, err error) {
 			defer os.RemoveAll(dir)
 			c.dsn = filepath.Join(dir, "floor.db")
 		}
+		db := func() float64 {
+			if c.driver == ledger.Postgres {
+				return procCPU(0, "postgres")
+			}
+			return procCPU(os.Getpid(), "")
+		}
+		before := db()
 		if *run.out, err = runFloor(s.ctx, c); err != nil {
 			return f, fmt.Errorf("%s: %w", c, err)
 		}
+		run.out.ledgerCPU = db() - before
 		fmt.Fprintf(s.log, "%s: %.0f/s\n", c, run.out.perSecond())
 	}
 	return f, nil
@@ -320,4 +328,25 @@ func bucketQuantile(before, after map[float64]float64, q float64) time.Duration 
 		}
 	}
 	return -1
+}
+
+// checkpointsDuring runs f and returns how many checkpoints PostgreSQL
+// began meanwhile (timed and requested): each writes out the dirty pages
+// of what came before, beside the commits being measured.
+func (s *suite) checkpointsDuring(f func()) int64 {
+	read := func() int64 {
+		var n int64
+		if err := s.ledgerDB.QueryRowContext(s.ctx, "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter").Scan(&n); err != nil {
+			fmt.Fprintln(s.log, "pg_stat_bgwriter:", err)
+			return -1
+		}
+		return n
+	}
+	before := read()
+	f()
+	after := read()
+	if before < 0 || after < 0 {
+		return -1
+	}
+	return after - before
 }

@@ -33,7 +33,9 @@
 //	stockbench suite -out docs/BENCHMARKS.md
 //	    starts its own Redis Cluster and PostgreSQL, runs stockgate and the
 //	    approaches it replaces side by side on this machine, and writes the
-//	    benchmark document (what `make bench` runs).
+//	    benchmark document (what `make bench` runs). -only room or
+//	    -only buy runs only the waiting room's or the purchase latency's
+//	    measurements and prints them.
 //	stockbench compare -base REV
 //	    the flash sale and the sold-out storm through the build at REV and
 //	    the working tree side by side, interleaved (`make compare BASE=REV`).

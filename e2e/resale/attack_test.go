@@ -38,21 +38,13 @@ func TestAttackWholeOrderResold(t *testing.T) {
 		sku := systest.NewSKU(t)
 		a.PutSKU(t, sku, 2, 1, 4)
 		ann := systest.OrderID(a.MustBuy(t, sku, "p1", "ann", 2))
-		r := list(t, a, ann, "l1", "ann", 2)
-		if r.Status != http.StatusCreated {
-			t.Fatalf("list = %d %s", r.Status, r.Body)
-		}
-		x := listingOf(t, r)
+		x := mustList(t, a, ann, "l1", "ann", 2)
 		// Another SKU of the program, listed after: its settle comes after
 		// the first one's.
 		other := stock.SKU{Program: sku.Program, Ticket: keys.MustID("vip")}
 		a.PutSKU(t, other, 3, 1, 4)
 		dan := systest.OrderID(a.MustBuy(t, other, "p2", "dan", 3))
-		r = list(t, a, dan, "l2", "dan", 1)
-		if r.Status != http.StatusCreated {
-			t.Fatalf("list other = %d %s", r.Status, r.Body)
-		}
-		y := listingOf(t, r)
+		y := mustList(t, a, dan, "l2", "dan", 1)
 		systest.WaitFor(t, 10*time.Second, "the listed units at the gate", func() bool {
 			return a.State(t, sku).RedisRemaining == 2 && a.State(t, other).RedisRemaining == 1
 		})
@@ -104,11 +96,7 @@ func TestAttackWithdrawAfterSaleEnded(t *testing.T) {
 		sku := systest.NewSKU(t)
 		a.PutSKU(t, sku, 3, 1, 4)
 		ann := systest.OrderID(a.MustBuy(t, sku, "p1", "ann", 3))
-		r := list(t, a, ann, "l1", "ann", 2)
-		if r.Status != http.StatusCreated {
-			t.Fatalf("list = %d %s", r.Status, r.Body)
-		}
-		x := listingOf(t, r)
+		x := mustList(t, a, ann, "l1", "ann", 2)
 		systest.WaitFor(t, 10*time.Second, "the listed units at the gate", func() bool { return a.State(t, sku).RedisRemaining == 2 })
 		if r := a.Do(t, http.MethodPost, systest.AdminPath(sku)+"/end", nil, ""); r.Status != http.StatusOK {
 			t.Fatalf("end = %d %s", r.Status, r.Body)
@@ -116,7 +104,7 @@ func TestAttackWithdrawAfterSaleEnded(t *testing.T) {
 		if r := a.Buy(t, sku, "p2", "bob", 1); r.Status == http.StatusCreated {
 			t.Fatalf("a purchase after the end = %d %s", r.Status, r.Body)
 		}
-		r = b.Act(t, "/v1/listings/"+x.ListingID+"/withdraw", "w1", "ann")
+		r := b.Act(t, "/v1/listings/"+x.ListingID+"/withdraw", "w1", "ann")
 		if r.Status != http.StatusOK || listingOf(t, r).Withdrawn != 2 {
 			t.Fatalf("withdrawal after the end = %d %s, want 200 with 2 withdrawn", r.Status, r.Body)
 		}
@@ -142,11 +130,7 @@ func TestAttackShrinkTotalWhileListed(t *testing.T) {
 		sku := systest.NewSKU(t)
 		a.PutSKU(t, sku, 5, 1, 5)
 		ann := systest.OrderID(a.MustBuy(t, sku, "p1", "ann", 5))
-		r := list(t, a, ann, "l1", "ann", 2)
-		if r.Status != http.StatusCreated {
-			t.Fatalf("list = %d %s", r.Status, r.Body)
-		}
-		x := listingOf(t, r)
+		x := mustList(t, a, ann, "l1", "ann", 2)
 		systest.WaitFor(t, 10*time.Second, "the listed units at the gate", func() bool { return a.State(t, sku).RedisRemaining == 2 })
 		if r := a.Do(t, http.MethodPut, systest.AdminPath(sku), nil, `{"total":3,"shards":1,"max_per_order":5}`); r.Status != http.StatusConflict {
 			t.Errorf("PUT total 3 below the 5 sold, 2 of them listed = %d %s, want 409", r.Status, r.Body)
@@ -180,11 +164,7 @@ func TestAttackPoolTakesListedUnits(t *testing.T) {
 		sku := systest.NewSKU(t)
 		a.PutSKU(t, sku, 6, 1, 5)
 		ann := systest.OrderID(a.MustBuy(t, sku, "p1", "ann", 5))
-		r := list(t, a, ann, "l1", "ann", 2)
-		if r.Status != http.StatusCreated {
-			t.Fatalf("list = %d %s", r.Status, r.Body)
-		}
-		x := listingOf(t, r)
+		x := mustList(t, a, ann, "l1", "ann", 2)
 		// 1 public unit left and 2 listed: a pool of 2 must be refused.
 		if r := a.Do(t, http.MethodPut, systest.AdminPath(sku)+"/pools/fans", nil, `{"allotment":2,"shards":1}`); r.Status/100 != 4 {
 			t.Errorf("PUT pool of 2 with 1 public unit and 2 listed = %d %s, want 4xx", r.Status, r.Body)
@@ -194,7 +174,7 @@ func TestAttackPoolTakesListedUnits(t *testing.T) {
 		}
 		// A pool of 1 is fine; its buyer's order cannot be listed.
 		a.PutPool(t, sku, "club", `{"allotment":1,"shards":1}`)
-		r = a.Do(t, http.MethodPost, systest.SKUPath(sku)+"/purchases?pool=club", map[string]string{"Idempotency-Key": "p2"}, `{"buyer":"cat","quantity":1}`)
+		r := a.Do(t, http.MethodPost, systest.SKUPath(sku)+"/purchases?pool=club", map[string]string{"Idempotency-Key": "p2"}, `{"buyer":"cat","quantity":1}`)
 		if r.Status != http.StatusCreated {
 			t.Fatalf("pool purchase = %d %s", r.Status, r.Body)
 		}
@@ -222,11 +202,7 @@ func TestAttackHoldBeforeListing(t *testing.T) {
 		if hr.Status != http.StatusCreated {
 			t.Fatalf("hold = %d %s", hr.Status, hr.Body)
 		}
-		r := list(t, a, ann, "l1", "ann", 2)
-		if r.Status != http.StatusCreated {
-			t.Fatalf("list = %d %s", r.Status, r.Body)
-		}
-		x := listingOf(t, r)
+		x := mustList(t, a, ann, "l1", "ann", 2)
 		systest.WaitFor(t, 10*time.Second, "the listed units at the gate", func() bool { return a.State(t, sku).RedisRemaining == 2 })
 		if r := b.Act(t, "/v1/holds/"+h.HoldID+"/confirm", "c1", "bob"); r.Status != http.StatusCreated {
 			t.Fatalf("confirm = %d %s", r.Status, r.Body)
@@ -239,7 +215,7 @@ func TestAttackHoldBeforeListing(t *testing.T) {
 		if q := orderQuantity(t, a, ann); q != 2 {
 			t.Errorf("the seller's order has %d, want 2", q)
 		}
-		r = a.Act(t, "/v1/listings/"+x.ListingID+"/withdraw", "w1", "ann")
+		r := a.Act(t, "/v1/listings/"+x.ListingID+"/withdraw", "w1", "ann")
 		if r.Status != http.StatusOK || listingOf(t, r).Withdrawn != 1 {
 			t.Errorf("withdraw = %d %s, want 1 withdrawn", r.Status, r.Body)
 		}
@@ -260,11 +236,7 @@ func TestAttackWithdrawKeyReused(t *testing.T) {
 		sku := systest.NewSKU(t)
 		a.PutSKU(t, sku, 3, 1, 4)
 		ann := systest.OrderID(a.MustBuy(t, sku, "p1", "ann", 3))
-		r := list(t, a, ann, "k1", "ann", 2)
-		if r.Status != http.StatusCreated {
-			t.Fatalf("list = %d %s", r.Status, r.Body)
-		}
-		x := listingOf(t, r)
+		x := mustList(t, a, ann, "k1", "ann", 2)
 		systest.WaitFor(t, 10*time.Second, "the listed units at the gate", func() bool { return a.State(t, sku).RedisRemaining == 2 })
 		for _, key := range []string{"k1", "p1"} {
 			if r := b.Act(t, "/v1/listings/"+x.ListingID+"/withdraw", key, "ann"); r.Status != http.StatusUnprocessableEntity ||
@@ -399,11 +371,7 @@ func TestAttackWithdrawRacedOnTwoReplicas(t *testing.T) {
 		a.PutSKU(t, sku, 40, 1, 20)
 		ann := systest.OrderID(a.MustBuy(t, sku, "p1", "ann", 20))
 		for i := range 8 {
-			r := list(t, a, ann, fmt.Sprintf("l%d", i), "ann", 2)
-			if r.Status != http.StatusCreated {
-				t.Fatalf("list = %d %s", r.Status, r.Body)
-			}
-			x := listingOf(t, r)
+			x := mustList(t, a, ann, fmt.Sprintf("l%d", i), "ann", 2)
 			systest.WaitFor(t, 10*time.Second, "the listed units at the gate", func() bool { return a.State(t, sku).RedisRemaining == 22 })
 			k1, k2 := fmt.Sprintf("w%d", i), fmt.Sprintf("w%d", i)
 			if i%2 == 1 {
@@ -456,11 +424,7 @@ func TestAttackSettleSkewedClocks(t *testing.T) {
 		sku := systest.NewSKU(t)
 		a.PutSKU(t, sku, 4, 1, 4)
 		ann := systest.OrderID(a.MustBuy(t, sku, "p1", "ann", 4))
-		r := list(t, a, ann, "l1", "ann", 2)
-		if r.Status != http.StatusCreated {
-			t.Fatalf("list = %d %s", r.Status, r.Body)
-		}
-		x := listingOf(t, r)
+		x := mustList(t, a, ann, "l1", "ann", 2)
 		systest.WaitFor(t, 10*time.Second, "the listed units at the gate", func() bool { return a.State(t, sku).RedisRemaining == 2 })
 		a.MustBuy(t, sku, "p2", "bob", 1)
 		b.MustBuy(t, sku, "p3", "cat", 1)
@@ -487,11 +451,7 @@ func TestAttackWithdrawRacedByReconcile(t *testing.T) {
 		a.PutSKU(t, sku, 40, 1, 20)
 		ann := systest.OrderID(a.MustBuy(t, sku, "p1", "ann", 20))
 		for i := range 12 {
-			r := list(t, a, ann, fmt.Sprintf("l%d", i), "ann", 2)
-			if r.Status != http.StatusCreated {
-				t.Fatalf("list = %d %s", r.Status, r.Body)
-			}
-			x := listingOf(t, r)
+			x := mustList(t, a, ann, fmt.Sprintf("l%d", i), "ann", 2)
 			systest.WaitFor(t, 10*time.Second, "the listed units at the gate", func() bool { return a.State(t, sku).RedisRemaining == 22 })
 			done := make(chan systest.Reply, 2)
 			go func() { done <- b.Act(t, "/v1/listings/"+x.ListingID+"/withdraw", fmt.Sprintf("w%d", i), "ann") }()
@@ -535,11 +495,7 @@ func TestAttackAlongsideOneSaleAtATime(t *testing.T) {
 			t.Fatalf("put sku = %d %s", r.Status, r.Body)
 		}
 		ann := systest.OrderID(a.MustBuy(t, sku, "p1", "ann", 2))
-		r := list(t, a, ann, "l1", "ann", 2)
-		if r.Status != http.StatusCreated {
-			t.Fatalf("list = %d %s", r.Status, r.Body)
-		}
-		x := listingOf(t, r)
+		x := mustList(t, a, ann, "l1", "ann", 2)
 		version := func() int64 {
 			st, err := a.Ledger.SKU(context.Background(), sku)
 			if err != nil {

@@ -23,11 +23,7 @@ func TestResaleRacedByFiftyBuyers(t *testing.T) {
 		sku := systest.NewSKU(t)
 		a.PutSKU(t, sku, 5, 2, 5)
 		order := systest.OrderID(a.MustBuy(t, sku, "p0", "seller", 5))
-		r := list(t, a, order, "l1", "seller", 3)
-		if r.Status != http.StatusCreated {
-			t.Fatalf("list = %d %s", r.Status, r.Body)
-		}
-		x := listingOf(t, r)
+		x := mustList(t, a, order, "l1", "seller", 3)
 		systest.WaitFor(t, 10*time.Second, "the listed units at the gate", func() bool { return a.State(t, sku).RedisRemaining == 3 })
 		var bought atomic.Int64
 		var withdrawn int64

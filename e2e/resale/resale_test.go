@@ -39,6 +39,17 @@ func list(t *testing.T, e *systest.Env, order, key, buyer string, q int64) syste
 		fmt.Sprintf(`{"buyer":%q,"quantity":%d}`, buyer, q))
 }
 
+// mustList lists q of order's tickets and returns the listing; any answer
+// but 201 fails the test.
+func mustList(t *testing.T, e *systest.Env, order, key, buyer string, q int64) listing {
+	t.Helper()
+	r := list(t, e, order, key, buyer, q)
+	if r.Status != http.StatusCreated {
+		t.Fatalf("list = %d %s", r.Status, r.Body)
+	}
+	return listingOf(t, r)
+}
+
 func getListing(t *testing.T, e *systest.Env, id string) listing {
 	t.Helper()
 	r := e.Do(t, http.MethodGet, "/v1/listings/"+id, nil, "")
@@ -99,11 +110,7 @@ func TestResaleLifecycle(t *testing.T) {
 		if r := a.Buy(t, sku, "p3", "cat", 1); r.Status != http.StatusConflict {
 			t.Fatalf("a purchase of a sold-out SKU = %d %s", r.Status, r.Body)
 		}
-		r := list(t, a, ann, "l1", "ann", 2)
-		if r.Status != http.StatusCreated {
-			t.Fatalf("list = %d %s", r.Status, r.Body)
-		}
-		x := listingOf(t, r)
+		x := mustList(t, a, ann, "l1", "ann", 2)
 		if x.Quantity != 2 || x.State != "listed" || x.OrderID != ann || x.Seller != "ann" {
 			t.Fatalf("listing %+v", x)
 		}
@@ -135,7 +142,7 @@ func TestResaleLifecycle(t *testing.T) {
 			t.Errorf("%d listing.sold events of %d units, want 1 of 1", n, units)
 		}
 		// Withdrawn: the unsold ticket goes off sale, once.
-		r = b.Act(t, "/v1/listings/"+x.ListingID+"/withdraw", "w1", "ann")
+		r := b.Act(t, "/v1/listings/"+x.ListingID+"/withdraw", "w1", "ann")
 		if r.Status != http.StatusOK || listingOf(t, r).State != "withdrawn" || listingOf(t, r).Withdrawn != 1 {
 			t.Fatalf("withdraw = %d %s", r.Status, r.Body)
 		}
@@ -214,11 +221,7 @@ func TestResaleBadInput(t *testing.T) {
 			t.Errorf("POST %s %s = %d %s, want %d %s", c.path, c.body, r.Status, r.Body, c.status, c.kind)
 		}
 	}
-	r := list(t, a, order, "l1", "ann", 3)
-	if r.Status != http.StatusCreated {
-		t.Fatalf("list = %d %s", r.Status, r.Body)
-	}
-	x := listingOf(t, r)
+	x := mustList(t, a, order, "l1", "ann", 3)
 	if r := a.Act(t, "/v1/listings/"+x.ListingID+"/withdraw", "w-bob", "bob"); r.Status != http.StatusForbidden {
 		t.Errorf("another buyer's withdrawal = %d %s, want 403", r.Status, r.Body)
 	}
@@ -251,11 +254,7 @@ func TestResaleAlongside(t *testing.T) {
 		t.Fatalf("put sku = %d %s", r.Status, r.Body)
 	}
 	order := systest.OrderID(a.MustBuy(t, sku, "p1", "ann", 5))
-	r := list(t, a, order, "l1", "ann", 5)
-	if r.Status != http.StatusCreated {
-		t.Fatalf("list = %d %s", r.Status, r.Body)
-	}
-	x := listingOf(t, r)
+	x := mustList(t, a, order, "l1", "ann", 5)
 	systest.WaitFor(t, 10*time.Second, "the listed units at the gate", func() bool { return a.State(t, sku).RedisRemaining == 10 })
 	a.MustBuy(t, sku, "p2", "bob", 4)
 	// 5 listed of 10 for sale: half of the 4 sold are resales.
@@ -274,11 +273,7 @@ func TestResaleSellerBuysAgainAfterWithdrawalSettles(t *testing.T) {
 		sku := systest.NewSKU(t)
 		e.PutCapped(t, sku, 1, 4)
 		order := systest.OrderID(e.MustBuy(t, sku, "p1", "sam", 4))
-		r := list(t, e, order, "l1", "sam", 2)
-		if r.Status != http.StatusCreated {
-			t.Fatalf("list = %d %s", r.Status, r.Body)
-		}
-		x := listingOf(t, r)
+		x := mustList(t, e, order, "l1", "sam", 2)
 		e.MustBuy(t, sku, "p2", "bob", 2)
 		// A sale settles once it is older than the horizon (before, a
 		// withdrawal would count it as the public stock's).

@@ -3,10 +3,16 @@ package testenv
 import (
 	"context"
 	"database/sql"
+	"os"
 	"strings"
 	"testing"
 	"time"
 )
+
+// TestMain stops the servers the tests started on first use (the shared
+// PostgreSQL behind PgBouncerURL): without it the test binary's exit left
+// the server's temp directory behind on every run.
+func TestMain(m *testing.M) { os.Exit(Main(m)) }
 
 func TestMasterRangesMatchRedisCli(t *testing.T) {
 	// redis-cli --cluster create splits 3 masters as 0-5460, 5461-10922, 10923-16383.

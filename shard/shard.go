@@ -295,8 +295,9 @@ func (s *Store) Deduct(ctx context.Context, r Request) (Deduction, error) {
 	for j := range r.Shards {
 		i := (start + j) % r.Shards
 		// The start shard is always asked: it is where a retry finds its record.
+		// Its avail stays unknown (-1): counted as 0, but an assembly still
+		// asks it, where a record or a unit the hint missed may be.
 		if j > 0 && s.empty != nil && s.empty.IsEmpty(r.SKU, r.Shards, i) {
-			seen[i] = 0
 			skipped = append(skipped, i)
 			continue
 		}
@@ -368,35 +369,46 @@ func (s *Store) assemble(ctx context.Context, r Request, d Deduction, seen []int
 	}
 	var fresh []Part
 	start := Start(r.RequestID, r.Shards)
-	for j := 0; j < r.Shards && have < r.Quantity; j++ {
-		i := (start + j) % r.Shards
-		if inD[i] || seen[i] == 0 || seen[i] == unreachable {
-			continue
-		}
-		res, err := s.deductOne(ctx, r, i, r.Quantity-have, 1)
-		d.Probes++
-		if err != nil {
-			if rerr := s.Restore(ctx, r.SKU, r.RequestID, fresh); rerr != nil {
-				// Units stay taken in Redis until a re-seed: say the
-				// outcome is unknown, not that nothing ran.
-				return d, errors.Join(err, fmt.Errorf("%w: %w", errStranded, rerr))
+	// Collecting an earlier attempt's parts, the shards never asked (hinted
+	// empty, or not reached) go first: one may hold its record, while a
+	// shard that answered Empty holds none, and a fresh take there would
+	// take for the request twice. A new take asks the shards seen stocked
+	// first, and those hinted empty only if it is still short.
+	replay := len(d.Parts) > 0
+	for round := range 2 {
+		for j := 0; j < r.Shards && have < r.Quantity; j++ {
+			i := (start + j) % r.Shards
+			asked := seen[i] != -1
+			if inD[i] || seen[i] == 0 || seen[i] == unreachable || (round == 0) != (asked != replay) {
+				continue
 			}
-			return d, err
-		}
-		switch res.code {
-		case lua.OK, lua.Already:
-			p := Part{Shards: r.Shards, Shard: i, Taken: res.taken, Gen: res.gen, Epoch: res.epoch}
-			d.Parts = append(d.Parts, p)
-			have += res.taken
-			if res.code == lua.OK {
-				fresh = append(fresh, p)
-				d.Replayed = false
-				if res.avail == 0 {
-					s.markEmpty(r, i)
+			res, err := s.deductOne(ctx, r, i, r.Quantity-have, 1)
+			d.Probes++
+			if err != nil {
+				if rerr := s.Restore(ctx, r.SKU, r.RequestID, fresh); rerr != nil {
+					// Units stay taken in Redis until a re-seed: say the
+					// outcome is unknown, not that nothing ran.
+					return d, errors.Join(err, fmt.Errorf("%w: %w", errStranded, rerr))
 				}
+				return d, err
 			}
-		case lua.Empty:
-			s.markEmpty(r, i)
+			switch res.code {
+			case lua.OK, lua.Already:
+				p := Part{Shards: r.Shards, Shard: i, Taken: res.taken, Gen: res.gen, Epoch: res.epoch}
+				d.Parts = append(d.Parts, p)
+				inD[i] = true
+				have += res.taken
+				if res.code == lua.OK {
+					fresh = append(fresh, p)
+					d.Replayed = false
+					if res.avail == 0 {
+						s.markEmpty(r, i)
+					}
+				}
+			case lua.Empty:
+				seen[i] = 0
+				s.markEmpty(r, i)
+			}
 		}
 	}
 	if have < r.Quantity {

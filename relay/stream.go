@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -219,7 +220,11 @@ func replicasOf(nodes string, slot int64) (int, error) {
 	master := ""
 	for _, line := range lines {
 		f := strings.Fields(line)
-		if len(f) < 8 || !strings.Contains(f[2], "master") || strings.Contains(f[2], "fail") && !strings.Contains(f[2], "fail?") {
+		// Flags are whole words: "nofailover" is no "fail".
+		if len(f) < 8 {
+			continue
+		}
+		if flags := strings.Split(f[2], ","); !slices.Contains(flags, "master") || slices.Contains(flags, "fail") {
 			continue
 		}
 		for _, r := range f[8:] {

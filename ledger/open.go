@@ -251,10 +251,13 @@ func openSQLite(path string) (*sql.DB, func() error, error) {
 			return nil, nil, err
 		}
 		db.SetMaxOpenConns(1)
-		stop, err := checkpointer(path)
-		if err != nil {
-			db.Close()
-			return nil, nil, err
+		stop := func() {} // an in-memory database has no WAL to checkpoint
+		if path != ":memory:" && !strings.Contains(path, "mode=memory") {
+			// The absolute path: the process may change directory later.
+			if stop, err = checkpointer(abs); err != nil {
+				db.Close()
+				return nil, nil, err
+			}
 		}
 		f = &sharedFile{db: db, stop: stop}
 		sqliteFiles.open[abs] = f

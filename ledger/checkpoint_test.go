@@ -26,11 +26,21 @@ func TestSQLiteCheckpointsBesideTheWriter(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.Close() })
+	awaitCheckpoint(t, l, path, "ck", 300)
+}
+
+// awaitCheckpoint sells n units of a new SKU through l (keys prefix-i) and
+// waits until the file at path holds every page of the ledger: until a
+// checkpoint besides the writer's moved the WAL into it (the writes stay
+// under SQLite's own threshold of 1,000 pages, which the test checks).
+func awaitCheckpoint(t *testing.T, l *ledger.Ledger, path, prefix string, n int) {
+	t.Helper()
+	ctx := context.Background()
 	if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 1000, Shards: 1, MaxPerOrder: 4}); err != nil {
 		t.Fatal(err)
 	}
-	for i := range 300 {
-		if _, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID(fmt.Sprintf("ck-%d", i)), SKU: sku, Buyer: keys.MustID("b"), Quantity: 1}); err != nil {
+	for i := range n {
+		if _, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID(fmt.Sprintf("%s-%d", prefix, i)), SKU: sku, Buyer: keys.MustID("b"), Quantity: 1}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -40,9 +50,10 @@ func TestSQLiteCheckpointsBesideTheWriter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer db.Close()
 	var pages, size int64
-	if err := db.QueryRowContext(ctx, "SELECT page_count * page_size, page_count FROM pragma_page_count(), pragma_page_size()").Scan(&size, &pages); err != nil {
+	err = db.QueryRowContext(ctx, "SELECT page_count * page_size, page_count FROM pragma_page_count(), pragma_page_size()").Scan(&size, &pages)
+	db.Close()
+	if err != nil {
 		t.Fatal(err)
 	}
 	if pages >= 1000 {

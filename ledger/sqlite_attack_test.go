@@ -2,9 +2,6 @@ package ledger_test
 
 import (
 	"context"
-	"database/sql"
-	"fmt"
-	"os"
 	"path/filepath"
 	"runtime"
 	"sync"
@@ -12,7 +9,6 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/internal/testenv"
-	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 )
 
@@ -71,38 +67,7 @@ func TestAttackSQLiteCheckpointerLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 1000, Shards: 1, MaxPerOrder: 4}); err != nil {
-		t.Fatal(err)
-	}
-	for i := range 100 {
-		if _, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID(fmt.Sprintf("re-%d", i)), SKU: sku, Buyer: keys.MustID("b"), Quantity: 1}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var size int64
-	err = db.QueryRowContext(ctx, "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()").Scan(&size)
-	db.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		fi, err := os.Stat(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if fi.Size() >= size {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the re-opened file has %d bytes of the ledger's %d: its checkpointer never ran", fi.Size(), size)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	awaitCheckpoint(t, l, path, "re", 100)
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -58,14 +58,7 @@ import (
 func TestModel(t *testing.T) {
 	systest.FullTier(t)
 	t.Parallel() // its own cluster and ledgers: it overlaps the other long tests
-	steps := 600
-	if v, err := strconv.Atoi(os.Getenv("STOCKGATE_MODEL_STEPS")); err == nil && v > 0 {
-		steps = v
-	}
-	seed := uint64(time.Now().UnixNano())
-	if v, err := strconv.ParseUint(os.Getenv("STOCKGATE_MODEL_SEED"), 10, 64); err == nil {
-		seed = v
-	}
+	steps, seed := runOf(600, 1)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		t.Logf("seed %d: STOCKGATE_MODEL_SEED=%d go test -run 'TestModel/%s' ./e2e/model reproduces it", seed, seed, driver)
 		m := newModel(t, driver, seed)
@@ -1793,4 +1786,18 @@ func poolParam(s *mSKU) string {
 		return ""
 	}
 	return "?pool=" + s.name
+}
+
+// runOf is a model run's length and seed: steps (STOCKGATE_MODEL_STEPS
+// over per, when set) and a new seed (STOCKGATE_MODEL_SEED, when set,
+// replays a run).
+func runOf(steps, per int) (int, uint64) {
+	if v, err := strconv.Atoi(os.Getenv("STOCKGATE_MODEL_STEPS")); err == nil && v > 0 {
+		steps = v / per
+	}
+	seed := uint64(time.Now().UnixNano())
+	if v, err := strconv.ParseUint(os.Getenv("STOCKGATE_MODEL_SEED"), 10, 64); err == nil {
+		seed = v
+	}
+	return steps, seed
 }

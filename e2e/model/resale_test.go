@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
-	"os"
 	"slices"
-	"strconv"
 	"testing"
 	"time"
 
@@ -42,14 +40,7 @@ import (
 func TestModelResale(t *testing.T) {
 	systest.FullTier(t)
 	t.Parallel()
-	steps := 300
-	if v, err := strconv.Atoi(os.Getenv("STOCKGATE_MODEL_STEPS")); err == nil && v > 0 {
-		steps = v / 4
-	}
-	seed := uint64(time.Now().UnixNano())
-	if v, err := strconv.ParseUint(os.Getenv("STOCKGATE_MODEL_SEED"), 10, 64); err == nil {
-		seed = v
-	}
+	steps, seed := runOf(300, 4)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		t.Logf("seed %d: STOCKGATE_MODEL_SEED=%d go test -run 'TestModelResale/%s' ./e2e/model reproduces it", seed, seed, driver)
 		r := newResaleModel(t, driver, seed)

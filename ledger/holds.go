@@ -408,8 +408,22 @@ func (l *Ledger) endHold(ctx context.Context, h Hold, state string, dueOnly bool
 // Refund undoes an order once: refunded_at set, sold - q, the buyer's count
 // - q, restore_pending set when Redis is owed the units. changed is false
 // for an order already refunded: nothing moved. buyer must be the order's;
-// req (when not zero) is the client's refund request.
-func (l *Ledger) Refund(ctx context.Context, orderID, buyer keys.ID, req Request) (o Order, changed bool, err error) {
+// req (when not zero) is the client's refund request. A refund rolled back
+// by a deadlock check (a listing locks the SKU row before the order) runs
+// again, as the listing does.
+func (l *Ledger) Refund(ctx context.Context, orderID, buyer keys.ID, req Request) (Order, bool, error) {
+	type refunded struct {
+		o       Order
+		changed bool
+	}
+	r, err := retried(func() (refunded, error) {
+		o, changed, err := l.refund(ctx, orderID, buyer, req)
+		return refunded{o, changed}, err
+	})
+	return r.o, r.changed, err
+}
+
+func (l *Ledger) refund(ctx context.Context, orderID, buyer keys.ID, req Request) (o Order, changed bool, err error) {
 	defer l.observe("refund", time.Now(), &err)
 	o, err = l.OrderByID(ctx, orderID)
 	if err != nil {

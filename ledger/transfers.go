@@ -28,7 +28,17 @@ const EventOrderTransferred = "order.transferred"
 // refunded order ErrRefunded; a seat order moves whole (ErrSeatedTake).
 // It returns the receiver's order; a retry answers it again
 // (ErrDuplicate).
-func (l *Ledger) Transfer(ctx context.Context, orderID, from, to keys.ID, q int64, req Request) (_ Order, err error) {
+//
+// On PostgreSQL a transfer waiting for the order's row can be the one a
+// deadlock check rolls back, though it holds no other row: the first
+// waiter holds the row's tuple lock, so a listing (SKU row, then the
+// order) queued behind it and a refund (the order, then the SKU row) close
+// a cycle through it. It runs again then, as a listing does.
+func (l *Ledger) Transfer(ctx context.Context, orderID, from, to keys.ID, q int64, req Request) (Order, error) {
+	return retried(func() (Order, error) { return l.transfer(ctx, orderID, from, to, q, req) })
+}
+
+func (l *Ledger) transfer(ctx context.Context, orderID, from, to keys.ID, q int64, req Request) (_ Order, err error) {
 	defer l.observe("transfer", time.Now(), &err)
 	if to.IsZero() || to == from || q < 0 {
 		return Order{}, fmt.Errorf("%w: transfer to %q of %d", stock.ErrInvalid, to, q)

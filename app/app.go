@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -23,6 +24,7 @@ import (
 	"github.com/stockgate/stockgate/buildinfo"
 	"github.com/stockgate/stockgate/cache"
 	"github.com/stockgate/stockgate/cluster"
+	"github.com/stockgate/stockgate/fleet"
 	"github.com/stockgate/stockgate/gateway"
 	"github.com/stockgate/stockgate/internal/opt"
 	"github.com/stockgate/stockgate/keys"
@@ -41,13 +43,20 @@ import (
 type Options struct {
 	Redis  cluster.Options
 	Ledger ledger.Options
-	Cache  cache.Options
-	Shard  shard.Options
-	Lock   lock.Options
-	Sale   sale.Options
-	HTTP   gateway.Options
-	Relay  RelayOptions
-	Logger *slog.Logger // default slog.Default()
+	// Primaries are further PostgreSQL primaries beside Ledger (which is
+	// named FirstPrimary and keeps the directory): each program's rows
+	// live on one of them (package fleet). None: one ledger.
+	Primaries []fleet.Primary
+	// PlaceTTL is how long a replica trusts a program's place in the
+	// directory (fleet.Options.PlaceTTL).
+	PlaceTTL time.Duration
+	Cache    cache.Options
+	Shard    shard.Options
+	Lock     lock.Options
+	Sale     sale.Options
+	HTTP     gateway.Options
+	Relay    RelayOptions
+	Logger   *slog.Logger // default slog.Default()
 	// WrapLedger, when set, wraps the ledger the sale flows use: tests
 	// inject faults and count calls with it.
 	WrapLedger func(sale.Ledger) sale.Ledger
@@ -132,7 +141,7 @@ func DefaultOptions() Options {
 	return Options{
 		Redis: cluster.DefaultOptions(), Ledger: ledger.DefaultOptions(), Cache: cache.DefaultOptions(),
 		Shard: shard.DefaultOptions(), Lock: lock.DefaultOptions(), Sale: sale.DefaultOptions(),
-		HTTP: gateway.DefaultOptions(), Relay: RelayOptions{Options: relay.DefaultOptions()},
+		HTTP: gateway.DefaultOptions(), Relay: RelayOptions{Options: relay.DefaultOptions()}, PlaceTTL: fleet.DefaultPlaceTTL,
 	}
 }
 
@@ -144,7 +153,7 @@ func (o Options) Validate() error {
 		name string
 		err  error
 	}{
-		{"Redis", o.Redis.Validate()}, {"Ledger", o.Ledger.Validate()}, {"Cache", o.Cache.Validate()},
+		{"Redis", o.Redis.Validate()}, {"Ledger", o.Ledger.Validate()}, {"Fleet", o.fleet().Validate()}, {"Cache", o.Cache.Validate()},
 		{"Shard", o.Shard.Validate()}, {"Lock", o.Lock.Validate()}, {"Sale", o.Sale.Validate()},
 		{"HTTP", o.HTTP.Validate()}, {"Relay", o.Relay.Validate()},
 	} {
@@ -155,17 +164,26 @@ func (o Options) Validate() error {
 	return nil
 }
 
+// FirstPrimary is the name of the ledger Options.Ledger opens.
+const FirstPrimary = "main"
+
+// fleet is the ledger's options as a fleet: Ledger first, then Primaries.
+func (o Options) fleet() fleet.Options {
+	ps := append([]fleet.Primary{{Name: FirstPrimary, Ledger: o.Ledger}}, o.Primaries...)
+	return fleet.Options{Primaries: ps, PlaceTTL: o.PlaceTTL, Logger: o.Logger}
+}
+
 // App is one assembled process.
 type App struct {
 	Redis    *redis.ClusterClient
-	Ledger   *ledger.Ledger
+	Ledger   *fleet.Fleet
 	Cache    *cache.Cache
 	Gate     *shard.Store
 	Seats    *seats.Store
 	Sale     *sale.Service
 	Rooms    *waitroom.Rooms
 	Server   *gateway.Server
-	Relay    *relay.Relay // nil with no sink configured
+	Relay    relay.Group // one relay per primary; none with no sink configured
 	Registry *prometheus.Registry
 
 	stop  context.CancelFunc
@@ -207,8 +225,9 @@ func Open(ctx context.Context, o Options) (_ *App, err error) {
 	a.Redis.AddHook(countCalls{redisCalls})
 	a.Registry.MustRegister(buildinfo.Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		redisprometheus.NewCollector("stockgate", "redis", a.Redis), redisCalls)
-	o.Ledger.Metrics = a.Registry
-	if a.Ledger, err = ledger.Open(ctx, o.Ledger); err != nil {
+	fo := o.fleet()
+	fo.Metrics, fo.Logger = a.Registry, log
+	if a.Ledger, err = fleet.Open(ctx, fo); err != nil {
 		return nil, err
 	}
 	cacheMetrics, err := cache.NewMetrics(a.Registry)
@@ -251,8 +270,16 @@ func Open(ctx context.Context, o Options) (_ *App, err error) {
 			return nil, err
 		}
 		ro.Metrics, ro.Logger = a.Registry, log
-		if a.Relay, err = relay.New(a.Ledger, ro); err != nil {
-			return nil, err
+		for _, name := range a.Ledger.Primaries() {
+			if len(o.Primaries) > 0 {
+				ro.Metrics = prometheus.WrapRegistererWith(prometheus.Labels{"primary": name}, a.Registry)
+				ro.Logger = log.With("primary", name)
+			}
+			r, err := relay.New(a.Ledger.Primary(name), ro)
+			if err != nil {
+				return nil, err
+			}
+			a.Relay = append(a.Relay, r)
 		}
 		o.HTTP.Relay = a.Relay
 	}
@@ -281,7 +308,7 @@ func (a *App) Start(l Loops) {
 		on bool
 		f  func(context.Context)
 	}{{l.Drift, a.Sale.RunDrift}, {l.Sweep, a.Sale.RunSweeper}, {l.Notices, a.Sale.RunNotices}, {l.Pacer, a.Rooms.RunPacer},
-		{l.Relay && a.Relay != nil, func(ctx context.Context) { a.Relay.Run(ctx) }}} {
+		{l.Relay && a.Relay != nil, a.Relay.Run}} {
 		if run.on {
 			a.wg.Go(func() { run.f(ctx) }) // owned by a; ends with Close
 		}
@@ -397,3 +424,9 @@ func doorError(err error) error {
 	}
 	return fmt.Errorf("%w: %w", sale.Refuse(kind, waitroom.Detail(err)), err)
 }
+
+// The fleet is the ledger every consumer takes.
+var (
+	_ sale.Ledger     = (*fleet.Fleet)(nil)
+	_ waitroom.Ledger = (*fleet.Fleet)(nil)
+)

@@ -58,6 +58,7 @@ var thisBuild = schemaSteps{
 		{version: 2, name: "hold budgets", up: (*Ledger).holdBudgetsUp, down: (*Ledger).holdBudgetsDown},
 		{version: 3, name: "resale", up: (*Ledger).resaleUp, down: (*Ledger).resaleDown},
 		{version: 4, name: "organizer channels", up: (*Ledger).channelsUp, down: (*Ledger).channelsDown},
+		{version: 5, name: "program directory", up: (*Ledger).directoryUp, down: (*Ledger).directoryDown},
 	},
 	// Resale's tables are read by every refund and transfer, the channels'
 	// by the report: this build needs step 4. The chart's

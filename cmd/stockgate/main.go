@@ -29,7 +29,9 @@ import (
 
 	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/buildinfo"
+	"github.com/stockgate/stockgate/fleet"
 	"github.com/stockgate/stockgate/internal/opt"
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/tracing"
 )
@@ -56,7 +58,10 @@ type config struct {
 	PprofAddr      string
 	AllowOpenAdmin bool
 	Migrate        bool
-	DownTo         int64 // migrate only: undo the schema's steps above it
+	DownTo         int64  // migrate only: undo the schema's steps above it
+	Primaries      string // name=URL, comma-separated, into Options.Primaries
+	MoveProgram    string // move only: the program
+	MoveTo         string // move only: the primary it goes to
 
 	// secrets are the flags that may also be read from the file
 	// STOCKGATE_<FLAG>_FILE names (parse).
@@ -151,6 +156,11 @@ func flags(fs *flag.FlagSet, c *config) {
 	b.str("ledger-driver", &o.Ledger.Driver, "Ledger.Driver", "ledger database: sqlite or postgres")
 	b.str("ledger-dsn", &o.Ledger.DSN, "Ledger.DSN", "SQLite file path, or PostgreSQL URL")
 	b.int("ledger-max-conns", &o.Ledger.MaxConns, "Ledger.MaxConns", "PostgreSQL connection cap")
+	fs.StringVar(&c.Primaries, "ledger-primaries", "", "further PostgreSQL primaries beside -ledger-dsn (named main, which keeps the program directory), comma-separated name=URL: each program's rows live on one of them (docs/OPERATIONS.md, adding a primary)")
+	c.flagOf["Primaries"] = "ledger-primaries"
+	b.dur("place-ttl", &o.PlaceTTL, "PlaceTTL", "how long a replica trusts what it read of a program's primary before reading the directory again")
+	fs.StringVar(&c.MoveProgram, "program", "", "move only: the program to move")
+	fs.StringVar(&c.MoveTo, "to", "", "move only: the primary to move it to")
 	b.str("admin-token", &o.HTTP.AdminToken, "HTTP.AdminToken", "bearer token for /v1/admin routes (empty: open, local use only)")
 	b.dur("record-ttl", &o.Shard.RecordTTL, "Shard.RecordTTL", "lifetime of a deduction record in Redis")
 	b.dur("sold-out-ttl", &o.Cache.SoldOutTTL, "Cache.SoldOutTTL", "how long a sold-out SKU is answered from memory")
@@ -206,7 +216,7 @@ func flags(fs *flag.FlagSet, c *config) {
 
 	// The DSN carries the database password, a webhook URL often a token
 	// (Slack's and most receivers' URLs are the credential).
-	for _, name := range []string{"admin-token", "ledger-dsn", "redis-username", "redis-password", "webhook-secret", "webhook-urls"} {
+	for _, name := range []string{"admin-token", "ledger-dsn", "ledger-primaries", "redis-username", "redis-password", "webhook-secret", "webhook-urls"} {
 		b.secret(name)
 	}
 }
@@ -297,6 +307,19 @@ func (c *config) validate() error {
 	c.Redis.Addrs = splitList(c.RedisAddrs)
 	c.Relay.WebhookURLs = splitList(c.WebhookURLs)
 	c.HTTP.TrustedProxies = splitList(c.TrustedProxies)
+	c.Options.Primaries = nil
+	for _, entry := range splitList(c.Primaries) {
+		name, dsn, ok := strings.Cut(entry, "=")
+		if !ok || name == "" || dsn == "" {
+			return bad("ledger-primaries", "each entry is name=postgres://...")
+		}
+		lo := c.Ledger
+		lo.Driver, lo.DSN = ledger.Postgres, dsn
+		c.Options.Primaries = append(c.Options.Primaries, fleet.Primary{Name: name, Ledger: lo})
+	}
+	if len(c.Options.Primaries) > 0 && c.Ledger.Driver != ledger.Postgres {
+		return bad("ledger-primaries", "several primaries are PostgreSQL only: set -ledger-driver postgres")
+	}
 	names := make([]string, 0, len(c.nonZero))
 	for name := range c.nonZero {
 		names = append(names, name)
@@ -348,17 +371,62 @@ func (c *config) checkAdmin() error {
 func migrate(ctx context.Context, c *config) (ledger.Schema, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	o := c.Ledger
-	o.NoMigrate = c.DownTo > 0 // down: not up first
-	l, err := ledger.Open(ctx, o)
+	// Every primary, the directory's first.
+	fo := c.fleet()
+	for i := range fo.Primaries {
+		fo.Primaries[i].Ledger.NoMigrate = c.DownTo > 0 // down: not up first
+	}
+	f, err := fleet.Open(ctx, fo)
 	if err != nil {
 		return ledger.Schema{}, err
 	}
-	defer l.Close()
-	if c.DownTo > 0 {
-		err = l.DownTo(ctx, c.DownTo)
+	defer f.Close()
+	var s ledger.Schema
+	err = f.Each(ctx, func(ctx context.Context, _ string, l *ledger.Ledger) error {
+		if c.DownTo > 0 {
+			if err := l.DownTo(ctx, c.DownTo); err != nil {
+				return err
+			}
+		}
+		s = l.Schema()
+		return nil
+	})
+	return s, err
+}
+
+// fleet is the configured ledger as a fleet (app.Options' own).
+func (c *config) fleet() fleet.Options {
+	return fleet.Options{Primaries: append([]fleet.Primary{{Name: app.FirstPrimary, Ledger: c.Ledger}}, c.Options.Primaries...),
+		PlaceTTL: c.PlaceTTL}
+}
+
+// move moves -program to the primary -to names (fleet.Fleet.Move) and
+// reports what it copied.
+func move(ctx context.Context, c *config, log *slog.Logger) error {
+	program, err := keys.ParseID(c.MoveProgram)
+	if err != nil {
+		return fmt.Errorf("STOCKGATE_PROGRAM (-program): %w", err)
 	}
-	return l.Schema(), err
+	fo := c.fleet()
+	fo.Logger = log
+	for i := range fo.Primaries {
+		fo.Primaries[i].Ledger.NoMigrate = true
+	}
+	f, err := fleet.Open(ctx, fo)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	r, err := f.Move(ctx, program, c.MoveTo)
+	if err != nil {
+		return err
+	}
+	for _, t := range r.Counts {
+		log.Info("moved", "table", t.Table, "source_rows", t.Source, "target_rows", t.Target)
+	}
+	log.Info("program moved", "program", program.String(), "from", r.From, "to", r.To, "total", r.Sums[0], "sold", r.Sums[1],
+		"held", r.Sums[2])
+	return nil
 }
 
 // loopback reports whether addr (host:port) listens on loopback only; an
@@ -401,7 +469,7 @@ func run(args []string, stderr io.Writer) int {
 		fmt.Fprintln(stdout, buildinfo.Read().String())
 		return 0
 	}
-	if len(args) == 0 || (args[0] != "serve" && args[0] != "migrate") {
+	if len(args) == 0 || (args[0] != "serve" && args[0] != "migrate" && args[0] != "move") {
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
 			fs.Usage()
 			return 0
@@ -431,6 +499,15 @@ func run(args []string, stderr io.Writer) int {
 	var lvl slog.Level
 	_ = lvl.UnmarshalText([]byte(c.LogLevel))
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lvl}))
+	if args[0] == "move" {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+		if err := move(ctx, &c, log); err != nil {
+			log.Error("move failed", "err", err)
+			return 1
+		}
+		return 0
+	}
 	if args[0] == "migrate" {
 		s, err := migrate(context.Background(), &c)
 		if err != nil {

@@ -36,7 +36,7 @@ func TestSecretFromFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"admin-token", "ledger-dsn", "redis-username", "redis-password", "webhook-secret", "webhook-urls"}
+	want := []string{"admin-token", "ledger-dsn", "ledger-primaries", "redis-username", "redis-password", "webhook-secret", "webhook-urls"}
 	if diff := cmp.Diff(want, c.secrets); diff != "" {
 		t.Errorf("secret flags (-want +got):\n%s", diff)
 	}

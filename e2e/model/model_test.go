@@ -59,9 +59,9 @@ func TestModel(t *testing.T) {
 	systest.FullTier(t)
 	t.Parallel() // its own cluster and ledgers: it overlaps the other long tests
 	steps, seed := runOf(600, 1)
-	systest.EachDriver(t, func(t *testing.T, driver string) {
-		t.Logf("seed %d: STOCKGATE_MODEL_SEED=%d go test -run 'TestModel/%s' ./e2e/model reproduces it", seed, seed, driver)
-		m := newModel(t, driver, seed)
+	systest.EachShape(t, func(t *testing.T, shape string) {
+		t.Logf("seed %d: STOCKGATE_MODEL_SEED=%d go test -run 'TestModel/%s' ./e2e/model reproduces it", seed, seed, shape)
+		m := newModel(t, shape, seed)
 		for i := range steps {
 			m.step = i
 			m.settleExpiries(time.Now())
@@ -105,6 +105,7 @@ const falseSoldOutBound = 3 * time.Second
 const modelBuyers = 8
 
 type sim struct {
+	shape        string // systest.EachShape's
 	t            *testing.T
 	rng          *rand.Rand
 	seed         uint64
@@ -205,19 +206,22 @@ type mRequest struct {
 	id              string // cart, order or hold id in the answer
 }
 
-func newModel(t *testing.T, driver string, seed uint64) *sim {
+func newModel(t *testing.T, shape string, seed uint64) *sim {
 	c := testenv.NewCluster(t, testenv.ClusterOptions{})
-	dsn := systest.LedgerDSN(t, driver)
-	m := &sim{t: t, rng: rand.New(rand.NewPCG(seed, 13)), seed: seed, redis: c, ops: map[string]int{},
+	base := systest.NewLedger(t, shape)
+	m := &sim{shape: shape, t: t, rng: rand.New(rand.NewPCG(seed, 13)), seed: seed, redis: c, ops: map[string]int{},
 		program: keys.MustID(testenv.ID(t, "m")), programCap: 10, trace: os.Getenv("STOCKGATE_MODEL_TRACE") != ""}
 	for i := range 3 {
-		m.envs = append(m.envs, systest.Start(t, systest.Options{Driver: driver, DSN: dsn, Cluster: c, Sweep: true, Pacer: true,
-			Tune: func(o *app.Options) {
-				o.Sale.SweepEvery = 50 * time.Millisecond
-				o.Sale.RestoreGrace = 200 * time.Millisecond
-				o.Sale.OfferTTL = offerTTL(i)
-			}}))
+		o := base
+		o.Cluster, o.Sweep, o.Pacer = c, true, true
+		o.Tune = func(o *app.Options) {
+			o.Sale.SweepEvery = 50 * time.Millisecond
+			o.Sale.RestoreGrace = 200 * time.Millisecond
+			o.Sale.OfferTTL = offerTTL(i)
+		}
+		m.envs = append(m.envs, systest.Start(t, o))
 	}
+	m.placeOnSecond(m.program)
 	for i := range 3 {
 		s := &mSKU{sku: stock.SKU{Program: m.program, Ticket: keys.MustID(fmt.Sprintf("t%d", i))},
 			total: int64(5 + 10*i), shards: 1 + i, perBuyer: []int64{3, 0, 0}[i]}
@@ -228,6 +232,22 @@ func newModel(t *testing.T, driver string, seed uint64) *sim {
 	m.putPool(m.envs[0])
 	m.newQueue(m.envs[0])
 	return m
+}
+
+// placeOnSecond puts a program of the model on the second primary (p1) of
+// a two-primary ledger, not the one keeping the directory: a call sent to
+// the wrong primary finds nothing there. Every program of the model goes
+// there: an Idempotency-Key is unique per buyer within a primary (a key
+// reused for a program on another primary is that primary's first use;
+// docs/OPERATIONS.md), and the model reuses keys across its programs.
+func (m *sim) placeOnSecond(program keys.ID) {
+	m.t.Helper()
+	if m.shape != systest.TwoPrimaries {
+		return
+	}
+	if err := m.envs[0].Ledger.First().SetPlacement(context.Background(), program, "", systest.PrimaryName(0), false); err != nil {
+		m.t.Fatal(err)
+	}
 }
 
 // modelPool is the name of the model's presale pool.

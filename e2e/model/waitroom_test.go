@@ -144,6 +144,7 @@ func (m *sim) newQueue(e *systest.Env) {
 	m.t.Helper()
 	q := &mQueue{program: keys.MustID(testenv.ID(m.t, "mq")), places: map[int64]*mPlace{}, gates: map[string]string{}}
 	m.q = q
+	m.placeOnSecond(q.program)
 	for i := range 2 {
 		s := &mSKU{sku: stock.SKU{Program: q.program, Ticket: keys.MustID(fmt.Sprintf("q%d", i))}, total: 4, shards: 1 + i}
 		m.put(e, s)

@@ -236,7 +236,9 @@ func TestEveryChangeReachesTheWebhook(t *testing.T) {
 }
 
 // allProgramEvents reads a program's whole event log.
-func allProgramEvents(t *testing.T, l *ledger.Ledger, program keys.ID) []ledger.Event {
+func allProgramEvents(t *testing.T, l interface {
+	Events(ctx context.Context, program keys.ID, after int64, limit int) ([]ledger.Event, error)
+}, program keys.ID) []ledger.Event {
 	t.Helper()
 	var out []ledger.Event
 	for after := int64(0); ; {

@@ -29,6 +29,7 @@ import (
 
 	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/cluster"
+	"github.com/stockgate/stockgate/fleet"
 	"github.com/stockgate/stockgate/gateway"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
@@ -58,7 +59,7 @@ type Env struct {
 	Client *http.Client    // the client Do sends with
 	Sale   *sale.Service   // the flows, for tests that reach past HTTP
 	Server *gateway.Server // the HTTP face
-	Ledger *ledger.Ledger
+	Ledger *fleet.Fleet
 	// Gate and Seats read and poke Redis through Redis, not through the
 	// replica.
 	Gate  *shard.Store
@@ -80,14 +81,17 @@ type Env struct {
 // replica on the shared cluster and a fresh ledger, running only the
 // restock notices.
 type Options struct {
-	Driver  string           // ledger.SQLite or ledger.Postgres
-	DSN     string           // an existing ledger (replicas share it); default a fresh one
-	Cluster *testenv.Cluster // default the package's shared cluster
-	Dialer  func(ctx context.Context, network, addr string) (net.Conn, error)
-	Drift   bool // run the drift check
-	Sweep   bool // run the hold sweeper
-	Relay   bool // run the outbox relay (configure its sinks with Tune)
-	Pacer   bool // run the waiting rooms' pacer
+	Driver string // ledger.SQLite or ledger.Postgres
+	DSN    string // an existing ledger (replicas share it); default a fresh one
+	// Primaries are further PostgreSQL primaries beside DSN, named p1,
+	// p2, ... (package fleet); none: one ledger.
+	Primaries []string
+	Cluster   *testenv.Cluster // default the package's shared cluster
+	Dialer    func(ctx context.Context, network, addr string) (net.Conn, error)
+	Drift     bool // run the drift check
+	Sweep     bool // run the hold sweeper
+	Relay     bool // run the outbox relay (configure its sinks with Tune)
+	Pacer     bool // run the waiting rooms' pacer
 	// Tune changes the app's options after the test defaults are set.
 	Tune func(*app.Options)
 }
@@ -108,11 +112,12 @@ func Start(t *testing.T, o Options) *Env {
 		o.DSN = LedgerDSN(t, o.Driver)
 	}
 	opts := app.Options{
-		Redis:  cluster.Options{Addrs: o.Cluster.Addrs(), Dialer: o.Dialer},
-		Ledger: ledger.Options{Driver: o.Driver, DSN: o.DSN},
-		Lock:   lock.Options{TTL: time.Second, CallTimeout: 300 * time.Millisecond},
-		Sale:   sale.Options{DriftEvery: 200 * time.Millisecond},
-		Logger: Logger(t),
+		Redis:     cluster.Options{Addrs: o.Cluster.Addrs(), Dialer: o.Dialer},
+		Ledger:    ledger.Options{Driver: o.Driver, DSN: o.DSN},
+		Primaries: primaries(o.Primaries),
+		Lock:      lock.Options{TTL: time.Second, CallTimeout: 300 * time.Millisecond},
+		Sale:      sale.Options{DriftEvery: 200 * time.Millisecond},
+		Logger:    Logger(t),
 	}
 	if o.Tune != nil {
 		o.Tune(&opts)

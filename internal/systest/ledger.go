@@ -46,9 +46,17 @@ func (e *Env) Epoch(t *testing.T, sku stock.SKU) int64 {
 	return st.GateEpoch
 }
 
+// Rows are the ledger's reads of requests, orders and holds: a
+// *ledger.Ledger's, or a fleet's over several primaries.
+type Rows interface {
+	RequestByKey(ctx context.Context, scope, key keys.ID) (ledger.Recorded, error)
+	OrderByID(ctx context.Context, id keys.ID) (ledger.Order, error)
+	HoldByID(ctx context.Context, id keys.ID) (ledger.Hold, error)
+}
+
 // OrderOf is the order the request (buyer, key) committed, as the ledger
 // has it now; ledger.ErrNotFound when the request committed nothing.
-func OrderOf(ctx context.Context, l *ledger.Ledger, buyer, key string) (ledger.Order, error) {
+func OrderOf(ctx context.Context, l Rows, buyer, key string) (ledger.Order, error) {
 	rec, err := l.RequestByKey(ctx, keys.MustID(buyer), keys.MustID(key))
 	if err != nil {
 		return ledger.Order{}, err
@@ -61,7 +69,7 @@ func OrderOf(ctx context.Context, l *ledger.Ledger, buyer, key string) (ledger.O
 
 // HoldOf is the hold the request (buyer, key) created, as the ledger has
 // it now.
-func HoldOf(ctx context.Context, l *ledger.Ledger, buyer, key string) (ledger.Hold, error) {
+func HoldOf(ctx context.Context, l Rows, buyer, key string) (ledger.Hold, error) {
 	rec, err := l.RequestByKey(ctx, keys.MustID(buyer), keys.MustID(key))
 	if err != nil {
 		return ledger.Hold{}, err

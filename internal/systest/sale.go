@@ -27,6 +27,7 @@ type FlashSale struct {
 	sku     stock.SKU
 	total   int64
 	started time.Time
+	who     string // prefix of its keys and buyers (StartSaleAs)
 
 	mu       sync.Mutex
 	counts   map[int]int
@@ -44,7 +45,13 @@ type FlashSale struct {
 // (worker w from envs[w%len(envs)]) until the test ends or Oracle or
 // Linearizable stop them.
 func StartSale(t *testing.T, envs []*Env, sku stock.SKU, total int64, workers int) *FlashSale {
-	s := &FlashSale{t: t, envs: envs, sku: sku, total: total, started: time.Now(),
+	return StartSaleAs(t, envs, sku, total, workers, "")
+}
+
+// StartSaleAs is StartSale with keys and buyers of its own (each begins
+// with who): two sales at once on one ledger.
+func StartSaleAs(t *testing.T, envs []*Env, sku stock.SKU, total int64, workers int, who string) *FlashSale {
+	s := &FlashSale{t: t, envs: envs, sku: sku, total: total, started: time.Now(), who: who,
 		counts: map[int]int{}, orders: map[string]string{}, pending: map[string]bool{}, stop: make(chan struct{})}
 	for w := range workers {
 		s.wg.Go(func() { s.worker(w) })
@@ -65,10 +72,10 @@ func (s *FlashSale) stopped() bool {
 func (s *FlashSale) worker(w int) {
 	e := s.envs[w%len(s.envs)]
 	for n := 0; !s.stopped(); n++ {
-		key := fmt.Sprintf("w%d-%d", w, n)
+		key := fmt.Sprintf("%sw%d-%d", s.who, w, n)
 		call := time.Since(s.started).Nanoseconds()
 		for {
-			r := e.Buy(s.t, s.sku, key, fmt.Sprintf("buyer-%d", w), 1)
+			r := e.Buy(s.t, s.sku, key, fmt.Sprintf("%sbuyer-%d", s.who, w), 1)
 			ret := time.Since(s.started).Nanoseconds()
 			s.mu.Lock()
 			s.counts[r.Status]++
@@ -104,10 +111,10 @@ func (s *FlashSale) worker(w int) {
 	}
 }
 
-// saleBuyer is the buyer of a worker's key ("w3-17" is buyer-3's).
-func saleBuyer(key string) string {
-	w, _, _ := strings.Cut(strings.TrimPrefix(key, "w"), "-")
-	return "buyer-" + w
+// buyerOf is the buyer of a worker's key ("w3-17" is buyer-3's).
+func (s *FlashSale) buyerOf(key string) string {
+	w, _, _ := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(key, s.who), "w"), "-")
+	return s.who + "buyer-" + w
 }
 
 func (s *FlashSale) soldOutSeen() bool {
@@ -176,7 +183,7 @@ func (s *FlashSale) Oracle() ledger.SKUState {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for key, id := range s.orders {
-		o, err := OrderOf(ctx, led, saleBuyer(key), key)
+		o, err := OrderOf(ctx, led, s.buyerOf(key), key)
 		if err != nil || o.ID.String() != id {
 			s.t.Errorf("201 for key %s order %s; ledger has %+v, %v", key, id, o, err)
 		}
@@ -209,7 +216,7 @@ func (s *FlashSale) Linearizable(strict bool) {
 	s.mu.Lock()
 	ops := append([]porcupine.Operation(nil), s.ops...)
 	for key := range s.pending {
-		if _, err := OrderOf(context.Background(), s.envs[0].Ledger, saleBuyer(key), key); err == nil {
+		if _, err := OrderOf(context.Background(), s.envs[0].Ledger, s.buyerOf(key), key); err == nil {
 			ops = append(ops, porcupine.Operation{Input: int64(1), Call: 0, Output: true, Return: time.Since(s.started).Nanoseconds()})
 		} else if !errors.Is(err, ledger.ErrNotFound) {
 			s.t.Fatal(err)

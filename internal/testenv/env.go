@@ -20,7 +20,7 @@ import (
 var shared struct {
 	mu      sync.Mutex
 	cluster *Cluster
-	pg      *Postgres
+	pgs     []*Postgres // the first is PostgresURL's; more for PostgresURLs
 }
 
 // Main runs the package's tests and then stops the shared servers. Use it
@@ -36,8 +36,8 @@ func Main(m *testing.M) int {
 	if shared.cluster != nil {
 		shared.cluster.Stop()
 	}
-	if shared.pg != nil {
-		shared.pg.Stop()
+	for _, pg := range shared.pgs {
+		pg.Stop()
 	}
 	return code
 }
@@ -79,25 +79,38 @@ func NewCluster(tb testing.TB, opts ClusterOptions) *Cluster {
 // test ends. The server is shared by the package.
 func PostgresURL(tb testing.TB) string {
 	tb.Helper()
+	return PostgresURLs(tb, 1)[0]
+}
+
+// PostgresURLs returns the URLs of n fresh, empty databases, each on a
+// server of its own (started on first use, shared by the package's tests):
+// the primaries of a ledger split over several. With
+// STOCKGATE_TEST_DATABASE_URL they are databases of that one server.
+func PostgresURLs(tb testing.TB, n int) []string {
+	tb.Helper()
 	shared.mu.Lock()
-	if shared.pg == nil {
+	for len(shared.pgs) < n {
 		p, err := StartPostgres(context.Background())
 		if err != nil {
 			shared.mu.Unlock()
 			tb.Fatalf("start postgres: %v", err)
 		}
-		shared.pg = p
+		shared.pgs = append(shared.pgs, p)
 	}
-	pg := shared.pg
+	pgs := shared.pgs[:n]
 	shared.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	u, drop, err := pg.NewDatabase(ctx)
-	if err != nil {
-		tb.Fatalf("new database: %v", err)
+	out := make([]string, n)
+	for i, pg := range pgs {
+		u, drop, err := pg.NewDatabase(ctx)
+		if err != nil {
+			tb.Fatalf("new database: %v", err)
+		}
+		tb.Cleanup(drop)
+		out[i] = u
 	}
-	tb.Cleanup(drop)
-	return u
+	return out
 }
 
 // PgBouncerURL returns the URL of a fresh, empty database through a

@@ -30,6 +30,10 @@ type Postgres struct {
 	cmd      *exec.Cmd // nil when the server was given by DatabaseURLEnv
 	done     chan struct{}
 	dir      string
+	// What Restart starts again (a server this package started).
+	bin  string
+	args []string
+	cred *syscall.Credential
 }
 
 // StartPostgres returns the server named by STOCKGATE_TEST_DATABASE_URL or,
@@ -50,6 +54,15 @@ func startPostgres(ctx context.Context, durable bool) (*Postgres, error) {
 	if u := os.Getenv(DatabaseURLEnv); u != "" {
 		return &Postgres{adminURL: u}, nil
 	}
+	return startOwnPostgres(ctx, durable)
+}
+
+// StartOwnPostgres starts a throwaway server of the test's own, even when
+// STOCKGATE_TEST_DATABASE_URL names one: a server the test may Halt and
+// Restart.
+func StartOwnPostgres(ctx context.Context) (*Postgres, error) { return startOwnPostgres(ctx, false) }
+
+func startOwnPostgres(ctx context.Context, durable bool) (*Postgres, error) {
 	bin, err := postgresBin()
 	if err != nil {
 		return nil, err
@@ -89,22 +102,11 @@ func startPostgres(ctx context.Context, durable bool) (*Postgres, error) {
 			// pg_stat_statements (CREATE EXTENSION in the database it reads).
 			args = append(args, "-c", "shared_preload_libraries=pg_stat_statements")
 		}
-		cmd := exec.Command(filepath.Join(bin, "postgres"), args...)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true, Pdeathsig: syscall.SIGKILL}
-		log, err := os.Create(filepath.Join(dir, "postgres.log"))
-		if err != nil {
+		p.bin, p.args, p.cred = bin, args, cred
+		if err := p.run(); err != nil {
 			p.Stop()
 			return nil, err
 		}
-		cmd.Stdout, cmd.Stderr = log, log
-		if err := cmd.Start(); err != nil {
-			log.Close()
-			p.Stop()
-			return nil, fmt.Errorf("start postgres: %w", err)
-		}
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); log.Close(); close(done) }() // ends with the process
-		p.cmd, p.done = cmd, done
 		p.adminURL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
 		if err := p.waitUp(ctx); err == nil {
 			return p, nil
@@ -114,6 +116,43 @@ func startPostgres(ctx context.Context, durable bool) (*Postgres, error) {
 	err = fmt.Errorf("postgres did not start: %s", tail(filepath.Join(dir, "postgres.log")))
 	p.Stop()
 	return nil, err
+}
+
+// run starts the server process with p's arguments.
+func (p *Postgres) run() error {
+	cmd := exec.Command(filepath.Join(p.bin, "postgres"), p.args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred, Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	log, err := os.OpenFile(filepath.Join(p.dir, "postgres.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	if p.cred != nil {
+		_ = log.Chown(int(p.cred.Uid), int(p.cred.Gid))
+	}
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		log.Close()
+		return fmt.Errorf("start postgres: %w", err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); log.Close(); close(done) }() // ends with the process
+	p.cmd, p.done = cmd, done
+	return nil
+}
+
+// Halt stops a server this package started and keeps its files: a primary
+// gone mid-sale. Restart brings it back.
+func (p *Postgres) Halt() { p.kill() }
+
+// Restart starts a halted server again on its port, with its data.
+func (p *Postgres) Restart(ctx context.Context) error {
+	if p.bin == "" {
+		return errors.New("testenv: restart: not a server this package started")
+	}
+	if err := p.run(); err != nil {
+		return err
+	}
+	return p.waitUp(ctx)
 }
 
 func (p *Postgres) waitUp(ctx context.Context) error {

@@ -590,3 +590,29 @@ func TestDrainFitsAndPortReachable(t *testing.T) {
 		})
 	}
 }
+
+// A ledger over several primaries (helm/ci/primaries-values.yaml): their
+// URLs, each to its own PgBouncer, reach the pods and the migration Job
+// (which migrates every primary) from the Secret each reads.
+func TestPrimariesReachEveryPod(t *testing.T) {
+	objs := render(t, "helm/ci/primaries-values.yaml")
+	d := objs["Deployment/stockgate"].(*appsv1.Deployment)
+	j := objs["Job/stockgate-migrate"].(*batchv1.Job)
+	for what, spec := range map[string]corev1.PodSpec{"Deployment": d.Spec.Template.Spec, "migration Job": j.Spec.Template.Spec} {
+		found := false
+		for _, c := range spec.Containers {
+			for _, from := range c.EnvFrom {
+				if from.SecretRef == nil {
+					continue
+				}
+				s, ok := objs["Secret/"+from.SecretRef.Name].(*corev1.Secret)
+				if ok && strings.Contains(s.StringData["STOCKGATE_LEDGER_PRIMARIES"], "p1=postgres://stockgate:secret@pgbouncer-p1.db:6432/") {
+					found = true
+				}
+			}
+		}
+		if !found {
+			t.Errorf("the %s's container reads no Secret with STOCKGATE_LEDGER_PRIMARIES", what)
+		}
+	}
+}

@@ -30,14 +30,16 @@ const (
 // valueSets are the values the chart is checked with: the defaults with
 // the two values they lack (TestDefaultsRefused: the chart refuses them
 // bare), the production example, Redis over TLS with an ACL user, an HPA
-// scaling on requests per second too, and a platform team's additions
-// (private CA, digest, node pool, IAM role, ...).
+// scaling on requests per second too, a platform team's additions
+// (private CA, digest, node pool, IAM role, ...), and a ledger over three
+// primaries.
 var valueSets = map[string][]string{
 	"minimal":     {minimalValues},
 	"production":  {"helm/values-production.yaml"},
 	"tls-acl":     {"helm/ci/tls-acl-values.yaml"},
 	"autoscaling": {"helm/ci/autoscaling-values.yaml"},
 	"extras":      {"helm/ci/extras-values.yaml"},
+	"primaries":   {"helm/ci/primaries-values.yaml"},
 }
 
 // tool finds a command on PATH or in Go's install directory.

@@ -3,7 +3,10 @@ package fleet
 // The ledger's calls, each sent where its rows live (see the package doc).
 
 import (
+	"cmp"
 	"context"
+	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -367,8 +370,40 @@ func (f *Fleet) RestoreDone(ctx context.Context, kind string, id keys.ID) error 
 
 // --- events, seats, pools, waitlists, resale: the program's primary ---
 
+// Events reads a program's events from its primary. Every program's (no
+// program named) come from every primary, in one order: an event's Seq is
+// then its primary's seq × the number of primaries + the primary's index,
+// so a page's last Seq is where the next one starts.
 func (f *Fleet) Events(ctx context.Context, program keys.ID, after int64, limit int) ([]ledger.Event, error) {
-	return onProgram(ctx, f, program, func(l *ledger.Ledger) ([]ledger.Event, error) { return l.Events(ctx, program, after, limit) })
+	if !program.IsZero() || len(f.ps) == 1 {
+		return onProgram(ctx, f, program, func(l *ledger.Ledger) ([]ledger.Event, error) { return l.Events(ctx, program, after, limit) })
+	}
+	n := int64(len(f.ps))
+	var all []ledger.Event
+	// A primary that filled its page may have more below another's last:
+	// the page ends at the lowest last Seq of those.
+	upTo := int64(math.MaxInt64)
+	for i, p := range f.ps {
+		got, err := p.l.Events(ctx, program, max(after/n-1, 0), limit)
+		if err != nil {
+			return nil, fmt.Errorf("primary %s: %w", p.name, err)
+		}
+		for _, e := range got {
+			e.Seq = e.Seq*n + int64(i)
+			if e.Seq > after {
+				all = append(all, e)
+			}
+		}
+		if len(got) == limit {
+			upTo = min(upTo, got[len(got)-1].Seq*n+int64(i))
+		}
+	}
+	slices.SortFunc(all, func(a, b ledger.Event) int { return cmp.Compare(a.Seq, b.Seq) })
+	all = slices.DeleteFunc(all, func(e ledger.Event) bool { return e.Seq > upTo })
+	if len(all) > limit {
+		all = all[:limit]
+	}
+	return all, nil
 }
 
 func (f *Fleet) LoadSeats(ctx context.Context, sku stock.SKU, seats []ledger.Seat) (int64, error) {

@@ -49,7 +49,9 @@ type suite struct {
 	gw      gateway
 	fb      gateway // a second gateway whose Redis is unreachable: the fallback
 	sq      gateway // a third on the SQLite ledger, as `make run` runs it
+	two     gateway // a fourth whose ledger is split over pg and pg2
 	pg      *testenv.Postgres
+	pg2     *testenv.Postgres // the second primary of two
 	bin     string // the stockgate binary the gateways run
 	// redisAddrs are the cluster's seed nodes, for the gateways.
 	redisAddrs string
@@ -83,7 +85,7 @@ func suiteCmd(args []string) error {
 	queueJoins := fs.Uint64("queue-joins", 1_000_000, "buyers joined to the waiting room whose places the rounds check")
 	onsaleBuyers := fs.Int("onsale-buyers", 100_000, "buyers of the on-sale through the waiting room (0: none)")
 	onsaleTickets := fs.Int("onsale-tickets", 1000, "tickets of the on-sale")
-	only := fs.String("only", "", `"room": only the waiting room's measurements; "buy": only the purchase-with-commit latency; printed (no document written)`)
+	only := fs.String("only", "", `"room": only the waiting room's measurements; "buy": only the purchase-with-commit latency; "primaries": only one primary against two; printed (no document written)`)
 	_ = fs.Parse(args)
 	if *rounds < 1 {
 		return fmt.Errorf("-rounds %d: at least 1", *rounds)
@@ -111,8 +113,15 @@ func suiteCmd(args []string) error {
 		fmt.Print(s.doc.String())
 		return nil
 	}
+	if *only == "primaries" {
+		if err := s.runPrimaries(); err != nil {
+			return err
+		}
+		fmt.Print(s.doc.String())
+		return nil
+	}
 	if *only != "" {
-		return fmt.Errorf("-only %q: want room or buy", *only)
+		return fmt.Errorf("-only %q: want room, buy or primaries", *only)
 	}
 	if err := s.runAll(); err != nil {
 		return err
@@ -230,7 +239,7 @@ func (s *suite) stop() {
 	if s.ledgerDB != nil {
 		s.ledgerDB.Close()
 	}
-	for _, g := range []gateway{s.gw, s.fb, s.sq} {
+	for _, g := range []gateway{s.gw, s.fb, s.sq, s.two} {
 		if g.cmd != nil && g.cmd.Process != nil {
 			g.cmd.Process.Kill()
 			_ = g.cmd.Wait()
@@ -244,6 +253,9 @@ func (s *suite) stop() {
 	}
 	if pgStop != nil {
 		pgStop()
+	}
+	if s.pg2 != nil {
+		s.pg2.Stop()
 	}
 }
 
@@ -396,7 +408,12 @@ func (s *suite) runAll() error {
 	if s.onsaleBuyers > 0 {
 		sale, saleErr = s.onSale()
 	}
+	prim, err := s.primaries()
+	if err != nil {
+		return err
+	}
 	s.write(rounds, microBenchmarks(), hotSKU())
+	s.writePrimaries(prim)
 	s.writeRoom(rounds, s.room, sale, saleErr)
 	return nil
 }

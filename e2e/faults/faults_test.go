@@ -39,20 +39,32 @@ func (l slowDirect) Commit(ctx context.Context, takes []ledger.Take, direct bool
 }
 
 // Scenario 1: kill -9 the master holding the SKU during a flash sale.
+//
+// shards=4 runs again on a ledger split over two primaries, the SKU's
+// program on the one that does not keep the directory.
 func TestFaultKillMaster(t *testing.T) {
 	systest.FullTier(t)
-	for _, shards := range []int{1, 4} {
-		t.Run(map[int]string{1: "shards=1", 4: "shards=4"}[shards], func(t *testing.T) {
+	for _, run := range []struct {
+		shards int
+		shape  string
+	}{{1, ledger.Postgres}, {4, ledger.Postgres}, {4, systest.TwoPrimaries}} {
+		shards := run.shards
+		name := fmt.Sprintf("shards=%d", shards)
+		if run.shape != ledger.Postgres {
+			name += "/" + run.shape
+		}
+		t.Run(name, func(t *testing.T) {
 			// A narrow, slow ledger fallback (one take at a time, 10 ms each:
 			// at most 100 a second), so the sale outlasts the failover
 			// however busy the machine, and Redis is seen selling again after
 			// it: a gate whose rebuild failed while its master was dead is
 			// back once the replica is promoted, not a breaker period later.
-			e, c := systest.FaultEnv(t, func(o *app.Options) {
+			e, c := systest.FaultEnvOn(t, run.shape, func(o *app.Options) {
 				o.Sale.FallbackConcurrency = 1
 				o.WrapLedger = func(l sale.Ledger) sale.Ledger { return slowDirect{Ledger: l, per: 10 * time.Millisecond} }
 			})
 			sku := systest.NewSKU(t)
+			systest.PlaceOnSecond(t, e, sku.Program)
 			const total = 4000
 			e.PutSKU(t, sku, total, shards, 4)
 			ctx := context.Background()
@@ -329,13 +341,31 @@ func TestFaultLostDeductReply(t *testing.T) {
 // Scenario 6: the ledger is unreachable. Purchases answer 503, the Redis
 // stock they took goes back, nothing is confirmed, and the breaker (which
 // guards Redis, not the ledger) stays closed.
+//
+// On two primaries the program's primary is cut off and the directory's
+// is not: the same answers.
 func TestFaultLedgerUnreachable(t *testing.T) {
 	systest.FullTier(t)
+	for _, shape := range []string{ledger.Postgres, systest.TwoPrimaries} {
+		t.Run(shape, func(t *testing.T) { ledgerUnreachable(t, shape) })
+	}
+}
+
+func ledgerUnreachable(t *testing.T, shape string) {
 	dsn, proxy := testenv.ProxiedPostgresURL(t)
-	e := systest.Start(t, systest.Options{Driver: ledger.Postgres, DSN: dsn, Tune: func(o *app.Options) {
+	o := systest.Options{Driver: ledger.Postgres, DSN: dsn, Tune: func(o *app.Options) {
 		o.Sale.SettingsTTL = time.Minute // so every purchase reaches the commit
-	}})
+	}}
+	if shape == systest.TwoPrimaries {
+		o.DSN, o.Primaries = testenv.PostgresURL(t), []string{dsn}
+	}
+	e := systest.Start(t, o)
 	sku := systest.NewSKU(t)
+	if shape == systest.TwoPrimaries {
+		if err := e.Ledger.First().SetPlacement(context.Background(), sku.Program, "", systest.PrimaryName(0), false); err != nil {
+			t.Fatal(err)
+		}
+	}
 	const total = 500
 	e.PutSKU(t, sku, total, 2, 4)
 	pre := systest.BuyAll(100, 20, func(i int) systest.Reply { return e.Buy(t, sku, fmt.Sprintf("pre-%d", i), "b", 1) })

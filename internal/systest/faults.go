@@ -151,7 +151,27 @@ func reseedHolder() int {
 // own (the test will damage it), a PostgreSQL ledger, and the drift check
 // and the sweeper running; tune, if not nil, changes the app's options.
 func FaultEnv(t *testing.T, tune func(*app.Options)) (*Env, *testenv.Cluster) {
+	return FaultEnvOn(t, ledger.Postgres, tune)
+}
+
+// FaultEnvOn is FaultEnv on a ledger of the shape (EachShape's, but
+// SQLite): on TwoPrimaries, programs the test places with PlaceOnSecond
+// live on the primary that does not keep the directory.
+func FaultEnvOn(t *testing.T, shape string, tune func(*app.Options)) (*Env, *testenv.Cluster) {
 	c := testenv.NewCluster(t, testenv.ClusterOptions{ReplicasPerMaster: 1})
-	e := Start(t, Options{Driver: ledger.Postgres, Cluster: c, Drift: true, Sweep: true, Tune: tune})
-	return e, c
+	o := NewLedger(t, shape)
+	o.Cluster, o.Drift, o.Sweep, o.Tune = c, true, true, tune
+	return Start(t, o), c
+}
+
+// PlaceOnSecond puts program on the second primary (p1) of e's ledger, if
+// it has one; on one primary it does nothing.
+func PlaceOnSecond(t *testing.T, e *Env, program keys.ID) {
+	t.Helper()
+	if len(e.Ledger.Primaries()) < 2 {
+		return
+	}
+	if err := e.Ledger.First().SetPlacement(context.Background(), program, "", PrimaryName(0), false); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -140,6 +140,15 @@ func (p *Postgres) run() error {
 	return nil
 }
 
+// Pid is the server's process id (its process group's: its backends
+// share it); 0 for a server this package did not start.
+func (p *Postgres) Pid() int {
+	if p.cmd == nil || p.cmd.Process == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
 // Halt stops a server this package started and keeps its files: a primary
 // gone mid-sale. Restart brings it back.
 func (p *Postgres) Halt() { p.kill() }

@@ -184,6 +184,13 @@ func startNode(ctx context.Context, bin, dir string, nodeTimeout time.Duration, 
 			"--cluster-enabled", "yes",
 			"--cluster-config-file", filepath.Join(dir, "nodes.conf"),
 			"--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10),
+			// Any replica may be promoted, however long since it heard
+			// from its master: a test that pauses a replica while its
+			// master takes writes (then kills the master) waits for the
+			// promotion, and on a busy machine the pause can outlast the
+			// default's bound (10 × node timeout + 10s), after which the
+			// replica never stands (CI saw "no failover" for 60s).
+			"--cluster-replica-validity-factor", "0",
 			"--dir", dir, "--save", "", "--appendonly", "no",
 			// Replicas get their first copy at once, not after the default
 			// 5s wait: a replica that never synced cannot be promoted.
@@ -445,7 +452,14 @@ func (c *Cluster) WaitFailover(ctx context.Context, slot int, old *Node, timeout
 		return nil
 	})
 	if err != nil {
-		return err
+		// What the nodes said of the failover, for the test's failure.
+		var said []string
+		for _, n := range c.Nodes {
+			if n != old {
+				said = append(said, n.Addr+": "+tail(filepath.Join(n.dir, "redis.log")))
+			}
+		}
+		return fmt.Errorf("%w; the nodes' logs end: %s", err, strings.Join(said, " || "))
 	}
 	return c.WaitHealthy(ctx, timeout-time.Since(start))
 }

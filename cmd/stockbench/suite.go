@@ -52,7 +52,7 @@ type suite struct {
 	two     gateway // a fourth whose ledger is split over pg and pg2
 	pg      *testenv.Postgres
 	pg2     *testenv.Postgres // the second primary of two
-	bin     string // the stockgate binary the gateways run
+	bin     string            // the stockgate binary the gateways run
 	// redisAddrs are the cluster's seed nodes, for the gateways.
 	redisAddrs string
 	// ledgerDB is gw's ledger, for pg_stat_statements.

@@ -57,9 +57,10 @@ func (s *suite) startPrimaries() error {
 	return err
 }
 
-// groupCPU is the CPU seconds of the processes of process group pgid (a
-// PostgreSQL server and its backends).
-func groupCPU(pgid int) float64 {
+// serverCPU is the CPU seconds of a PostgreSQL server: the postmaster
+// (pid) and its children, the backends and workers (each its own process
+// group: PostgreSQL calls setsid in every child).
+func serverCPU(pid int) float64 {
 	var sum float64
 	dirs, _ := os.ReadDir("/proc")
 	for _, d := range dirs {
@@ -76,7 +77,8 @@ func groupCPU(pgid int) float64 {
 		if len(f) < 13 {
 			continue
 		}
-		if g, _ := strconv.Atoi(f[2]); g != pgid {
+		self, _ := strconv.Atoi(d.Name())
+		if parent, _ := strconv.Atoi(f[1]); self != pid && parent != pid {
 			continue
 		}
 		u, _ := strconv.ParseFloat(f[11], 64)
@@ -88,7 +90,7 @@ func groupCPU(pgid int) float64 {
 
 func (s *suite) primaryCPUDuring(gwPid int, f func()) primaryCPU {
 	snap := func() primaryCPU {
-		return primaryCPU{procCPU(gwPid, ""), groupCPU(s.pg.Pid()), groupCPU(s.pg2.Pid()), procCPU(0, "redis-server"), procCPU(os.Getpid(), "")}
+		return primaryCPU{procCPU(gwPid, ""), serverCPU(s.pg.Pid()), serverCPU(s.pg2.Pid()), procCPU(0, "redis-server"), procCPU(os.Getpid(), "")}
 	}
 	a := snap()
 	f()

@@ -140,8 +140,8 @@ func (p *Postgres) run() error {
 	return nil
 }
 
-// Pid is the server's process id (its process group's: its backends
-// share it); 0 for a server this package did not start.
+// Pid is the server's (the postmaster's) process id, the parent of its
+// backends; 0 for a server this package did not start.
 func (p *Postgres) Pid() int {
 	if p.cmd == nil || p.cmd.Process == nil {
 		return 0

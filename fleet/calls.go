@@ -3,10 +3,9 @@ package fleet
 // The ledger's calls, each sent where its rows live (see the package doc).
 
 import (
-	"cmp"
 	"context"
+	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"sync"
 	"time"
@@ -92,7 +91,7 @@ func (f *Fleet) Commit(ctx context.Context, takes []ledger.Take, direct bool) []
 			out[i] = ledger.TakeResult{Take: t, Err: err}
 			continue
 		}
-		f.seen(sku, p)
+		f.seen(sku)
 		shares[p] = append(shares[p], i)
 	}
 	fanOut(shares, func(p *primary, idx []int) {
@@ -152,15 +151,15 @@ func (f *Fleet) RequestByKey(ctx context.Context, scope, key keys.ID) (ledger.Re
 }
 
 func (f *Fleet) OrderByID(ctx context.Context, id keys.ID) (ledger.Order, error) {
-	return byID(ctx, f, id, func(l *ledger.Ledger) (ledger.Order, error) { return l.OrderByID(ctx, id) })
+	return byID(ctx, f, id, false, func(l *ledger.Ledger) (ledger.Order, error) { return l.OrderByID(ctx, id) })
 }
 
 func (f *Fleet) HoldByID(ctx context.Context, id keys.ID) (ledger.Hold, error) {
-	return byID(ctx, f, id, func(l *ledger.Ledger) (ledger.Hold, error) { return l.HoldByID(ctx, id) })
+	return byID(ctx, f, id, false, func(l *ledger.Ledger) (ledger.Hold, error) { return l.HoldByID(ctx, id) })
 }
 
 func (f *Fleet) CartByID(ctx context.Context, id keys.ID) (ledger.Cart, error) {
-	return byID(ctx, f, id, func(l *ledger.Ledger) (ledger.Cart, error) { return l.CartByID(ctx, id) })
+	return byID(ctx, f, id, false, func(l *ledger.Ledger) (ledger.Cart, error) { return l.CartByID(ctx, id) })
 }
 
 func (f *Fleet) CommittedSince(ctx context.Context, sku stock.SKU, after int64) (ledger.Committed, error) {
@@ -170,11 +169,11 @@ func (f *Fleet) CommittedSince(ctx context.Context, sku stock.SKU, after int64) 
 // --- ends of holds, orders and carts: where the row is ---
 
 func (f *Fleet) Confirm(ctx context.Context, holdID, buyer keys.ID, req ledger.Request) (ledger.Order, error) {
-	return byID(ctx, f, holdID, func(l *ledger.Ledger) (ledger.Order, error) { return l.Confirm(ctx, holdID, buyer, req) })
+	return byID(ctx, f, holdID, true, func(l *ledger.Ledger) (ledger.Order, error) { return l.Confirm(ctx, holdID, buyer, req) })
 }
 
 func (f *Fleet) ConfirmPart(ctx context.Context, holdID, buyer keys.ID, keep int64, req ledger.Request) (ledger.Order, error) {
-	return byID(ctx, f, holdID, func(l *ledger.Ledger) (ledger.Order, error) { return l.ConfirmPart(ctx, holdID, buyer, keep, req) })
+	return byID(ctx, f, holdID, true, func(l *ledger.Ledger) (ledger.Order, error) { return l.ConfirmPart(ctx, holdID, buyer, keep, req) })
 }
 
 // twoOf carries a call's two answers through byID.
@@ -184,7 +183,7 @@ type twoOf[A, B any] struct {
 }
 
 func (f *Fleet) ExpireHold(ctx context.Context, id keys.ID) (ledger.Hold, bool, error) {
-	r, err := byID(ctx, f, id, func(l *ledger.Ledger) (twoOf[ledger.Hold, bool], error) {
+	r, err := byID(ctx, f, id, true, func(l *ledger.Ledger) (twoOf[ledger.Hold, bool], error) {
 		h, ok, err := l.ExpireHold(ctx, id)
 		return twoOf[ledger.Hold, bool]{h, ok}, err
 	})
@@ -192,11 +191,11 @@ func (f *Fleet) ExpireHold(ctx context.Context, id keys.ID) (ledger.Hold, bool, 
 }
 
 func (f *Fleet) Transfer(ctx context.Context, orderID, from, to keys.ID, q int64, req ledger.Request) (ledger.Order, error) {
-	return byID(ctx, f, orderID, func(l *ledger.Ledger) (ledger.Order, error) { return l.Transfer(ctx, orderID, from, to, q, req) })
+	return byID(ctx, f, orderID, true, func(l *ledger.Ledger) (ledger.Order, error) { return l.Transfer(ctx, orderID, from, to, q, req) })
 }
 
 func (f *Fleet) Cancel(ctx context.Context, holdID, buyer keys.ID, req ledger.Request) (ledger.Hold, bool, error) {
-	r, err := byID(ctx, f, holdID, func(l *ledger.Ledger) (twoOf[ledger.Hold, bool], error) {
+	r, err := byID(ctx, f, holdID, true, func(l *ledger.Ledger) (twoOf[ledger.Hold, bool], error) {
 		h, ok, err := l.Cancel(ctx, holdID, buyer, req)
 		return twoOf[ledger.Hold, bool]{h, ok}, err
 	})
@@ -204,11 +203,11 @@ func (f *Fleet) Cancel(ctx context.Context, holdID, buyer keys.ID, req ledger.Re
 }
 
 func (f *Fleet) Extend(ctx context.Context, holdID, buyer keys.ID, ttl time.Duration, req ledger.Request) (ledger.Hold, error) {
-	return byID(ctx, f, holdID, func(l *ledger.Ledger) (ledger.Hold, error) { return l.Extend(ctx, holdID, buyer, ttl, req) })
+	return byID(ctx, f, holdID, true, func(l *ledger.Ledger) (ledger.Hold, error) { return l.Extend(ctx, holdID, buyer, ttl, req) })
 }
 
 func (f *Fleet) Refund(ctx context.Context, orderID, buyer keys.ID, req ledger.Request) (ledger.Order, bool, error) {
-	r, err := byID(ctx, f, orderID, func(l *ledger.Ledger) (twoOf[ledger.Order, bool], error) {
+	r, err := byID(ctx, f, orderID, true, func(l *ledger.Ledger) (twoOf[ledger.Order, bool], error) {
 		o, ok, err := l.Refund(ctx, orderID, buyer, req)
 		return twoOf[ledger.Order, bool]{o, ok}, err
 	})
@@ -216,11 +215,11 @@ func (f *Fleet) Refund(ctx context.Context, orderID, buyer keys.ID, req ledger.R
 }
 
 func (f *Fleet) ConfirmCart(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Cart, error) {
-	return byID(ctx, f, id, func(l *ledger.Ledger) (ledger.Cart, error) { return l.ConfirmCart(ctx, id, buyer, req) })
+	return byID(ctx, f, id, true, func(l *ledger.Ledger) (ledger.Cart, error) { return l.ConfirmCart(ctx, id, buyer, req) })
 }
 
 func (f *Fleet) CancelCart(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Cart, []keys.ID, error) {
-	r, err := byID(ctx, f, id, func(l *ledger.Ledger) (twoOf[ledger.Cart, []keys.ID], error) {
+	r, err := byID(ctx, f, id, true, func(l *ledger.Ledger) (twoOf[ledger.Cart, []keys.ID], error) {
 		c, ids, err := l.CancelCart(ctx, id, buyer, req)
 		return twoOf[ledger.Cart, []keys.ID]{c, ids}, err
 	})
@@ -228,18 +227,21 @@ func (f *Fleet) CancelCart(ctx context.Context, id, buyer keys.ID, req ledger.Re
 }
 
 func (f *Fleet) RefundCart(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Cart, []keys.ID, error) {
-	r, err := byID(ctx, f, id, func(l *ledger.Ledger) (twoOf[ledger.Cart, []keys.ID], error) {
+	r, err := byID(ctx, f, id, true, func(l *ledger.Ledger) (twoOf[ledger.Cart, []keys.ID], error) {
 		c, ids, err := l.RefundCart(ctx, id, buyer, req)
 		return twoOf[ledger.Cart, []keys.ID]{c, ids}, err
 	})
 	return r.a, r.b, err
 }
 
-// batchByID sends each request of a batch to where its row's lane was
-// seen (the first primary when nowhere), each primary's share in one call.
-// A row not on the primary guessed comes back ErrSplit (a batch decides
-// only rows it has), and the caller asks for it alone, through byID.
-func batchByID[R any](ctx context.Context, f *Fleet, ids []keys.ID, call func(l *ledger.Ledger, idx []int) ([]R, error)) ([]R, error) {
+// batchByID sends each request of a batch to the primary of its row's
+// program (known from the id's lane; else the first primary), each
+// primary's share in one call, all at once. A row not on the primary it
+// was sent to comes back split (a batch decides only rows it has, with
+// nothing written for the others), as does every request of a share whose
+// call failed or whose program is moving: the caller asks for each alone,
+// through byID, so one primary down fails only its own.
+func batchByID[R any](ctx context.Context, f *Fleet, ids []keys.ID, split R, call func(l *ledger.Ledger, idx []int) ([]R, error)) ([]R, error) {
 	if len(f.ps) == 1 {
 		idx := make([]int, len(ids))
 		for i := range idx {
@@ -247,32 +249,32 @@ func batchByID[R any](ctx context.Context, f *Fleet, ids []keys.ID, call func(l 
 		}
 		return call(f.ps[0].l, idx)
 	}
+	out := make([]R, len(ids))
 	shares := map[*primary][]int{}
 	for i, id := range ids {
 		p := f.ps[0]
-		if g := f.guesses(id); len(g) > 0 {
-			p = g[0]
+		if programs := f.programsOf(id); len(programs) == 1 {
+			var err error
+			if p, err = f.write(ctx, programs[0], false); err != nil {
+				out[i] = split
+				continue
+			}
 		}
 		shares[p] = append(shares[p], i)
 	}
-	out := make([]R, len(ids))
-	var errs []error
 	var mu sync.Mutex
 	fanOut(shares, func(p *primary, idx []int) {
 		got, err := call(p.l, idx)
 		mu.Lock()
 		defer mu.Unlock()
-		if err != nil {
-			errs = append(errs, err)
-			return
-		}
-		for k, r := range got {
-			out[idx[k]] = r
+		for k, i := range idx {
+			if err != nil || k >= len(got) {
+				out[i] = split
+			} else {
+				out[i] = got[k]
+			}
 		}
 	})
-	if len(errs) > 0 {
-		return nil, errs[0]
-	}
 	return out, nil
 }
 
@@ -281,7 +283,7 @@ func (f *Fleet) ConfirmBatch(ctx context.Context, cs []ledger.HoldRequest) ([]le
 	for i, c := range cs {
 		ids[i] = c.HoldID
 	}
-	return batchByID(ctx, f, ids, func(l *ledger.Ledger, idx []int) ([]ledger.BatchResult, error) {
+	return batchByID(ctx, f, ids, ledger.BatchResult{Err: ledger.ErrSplit}, func(l *ledger.Ledger, idx []int) ([]ledger.BatchResult, error) {
 		return l.ConfirmBatch(ctx, pick(cs, idx))
 	})
 }
@@ -291,7 +293,7 @@ func (f *Fleet) CancelBatch(ctx context.Context, cs []ledger.HoldRequest) ([]led
 	for i, c := range cs {
 		ids[i] = c.HoldID
 	}
-	return batchByID(ctx, f, ids, func(l *ledger.Ledger, idx []int) ([]ledger.HoldResult, error) {
+	return batchByID(ctx, f, ids, ledger.HoldResult{Err: ledger.ErrSplit}, func(l *ledger.Ledger, idx []int) ([]ledger.HoldResult, error) {
 		return l.CancelBatch(ctx, pick(cs, idx))
 	})
 }
@@ -301,7 +303,7 @@ func (f *Fleet) RefundBatch(ctx context.Context, rs []ledger.OrderRequest) ([]le
 	for i, r := range rs {
 		ids[i] = r.OrderID
 	}
-	return batchByID(ctx, f, ids, func(l *ledger.Ledger, idx []int) ([]ledger.OrderResult, error) {
+	return batchByID(ctx, f, ids, ledger.OrderResult{Err: ledger.ErrSplit}, func(l *ledger.Ledger, idx []int) ([]ledger.OrderResult, error) {
 		return l.RefundBatch(ctx, pick(rs, idx))
 	})
 }
@@ -340,12 +342,12 @@ func (f *Fleet) QueuedPrograms(ctx context.Context) ([]ledger.QueueConfig, error
 // --- restores: where the row is ---
 
 func (f *Fleet) RestoreOwed(ctx context.Context, kind string, id keys.ID) (ledger.Restore, bool, error) {
-	r, err := byID(ctx, f, id, func(l *ledger.Ledger) (twoOf[ledger.Restore, bool], error) {
+	r, err := byID(ctx, f, id, false, func(l *ledger.Ledger) (twoOf[ledger.Restore, bool], error) {
 		r, ok, err := l.RestoreOwed(ctx, kind, id)
 		if err == nil && !ok && len(f.ps) > 1 {
 			// Owed nothing here may be "not here": only the row's
 			// primary answers for it.
-			if has, herr := l.HasRow(ctx, id); herr == nil && !has {
+			if _, herr := l.ProgramOfRow(ctx, id); errors.Is(herr, ledger.ErrNotFound) {
 				return twoOf[ledger.Restore, bool]{}, ledger.ErrNotFound
 			}
 		}
@@ -355,12 +357,10 @@ func (f *Fleet) RestoreOwed(ctx context.Context, kind string, id keys.ID) (ledge
 }
 
 func (f *Fleet) RestoreDone(ctx context.Context, kind string, id keys.ID) error {
-	_, err := byID(ctx, f, id, func(l *ledger.Ledger) (struct{}, error) {
+	_, err := byID(ctx, f, id, true, func(l *ledger.Ledger) (struct{}, error) {
 		if len(f.ps) > 1 {
-			if has, err := l.HasRow(ctx, id); err != nil {
+			if _, err := l.ProgramOfRow(ctx, id); err != nil {
 				return struct{}{}, err
-			} else if !has {
-				return struct{}{}, ledger.ErrNotFound
 			}
 		}
 		return struct{}{}, l.RestoreDone(ctx, kind, id)
@@ -370,40 +370,18 @@ func (f *Fleet) RestoreDone(ctx context.Context, kind string, id keys.ID) error 
 
 // --- events, seats, pools, waitlists, resale: the program's primary ---
 
+// ErrFeedPerProgram: on several primaries, events are read per program
+// (each primary numbers its own; no one order spans them).
+var ErrFeedPerProgram = fmt.Errorf("%w: name a program: the ledger is split over several primaries, each numbering its own events",
+	stock.ErrInvalid)
+
 // Events reads a program's events from its primary. Every program's (no
-// program named) come from every primary, in one order: an event's Seq is
-// then its primary's seq × the number of primaries + the primary's index,
-// so a page's last Seq is where the next one starts.
+// program named) are one primary's only: on several, ErrFeedPerProgram.
 func (f *Fleet) Events(ctx context.Context, program keys.ID, after int64, limit int) ([]ledger.Event, error) {
-	if !program.IsZero() || len(f.ps) == 1 {
-		return onProgram(ctx, f, program, func(l *ledger.Ledger) ([]ledger.Event, error) { return l.Events(ctx, program, after, limit) })
+	if program.IsZero() && len(f.ps) > 1 {
+		return nil, ErrFeedPerProgram
 	}
-	n := int64(len(f.ps))
-	var all []ledger.Event
-	// A primary that filled its page may have more below another's last:
-	// the page ends at the lowest last Seq of those.
-	upTo := int64(math.MaxInt64)
-	for i, p := range f.ps {
-		got, err := p.l.Events(ctx, program, max(after/n-1, 0), limit)
-		if err != nil {
-			return nil, fmt.Errorf("primary %s: %w", p.name, err)
-		}
-		for _, e := range got {
-			e.Seq = e.Seq*n + int64(i)
-			if e.Seq > after {
-				all = append(all, e)
-			}
-		}
-		if len(got) == limit {
-			upTo = min(upTo, got[len(got)-1].Seq*n+int64(i))
-		}
-	}
-	slices.SortFunc(all, func(a, b ledger.Event) int { return cmp.Compare(a.Seq, b.Seq) })
-	all = slices.DeleteFunc(all, func(e ledger.Event) bool { return e.Seq > upTo })
-	if len(all) > limit {
-		all = all[:limit]
-	}
-	return all, nil
+	return onProgram(ctx, f, program, func(l *ledger.Ledger) ([]ledger.Event, error) { return l.Events(ctx, program, after, limit) })
 }
 
 func (f *Fleet) LoadSeats(ctx context.Context, sku stock.SKU, seats []ledger.Seat) (int64, error) {
@@ -467,17 +445,17 @@ func (f *Fleet) WaitlistLength(ctx context.Context, sku stock.SKU) (int64, error
 }
 
 func (f *Fleet) List(ctx context.Context, orderID, seller keys.ID, q int64, req ledger.Request) (ledger.Listing, error) {
-	return byID(ctx, f, orderID, func(l *ledger.Ledger) (ledger.Listing, error) { return l.List(ctx, orderID, seller, q, req) })
+	return byID(ctx, f, orderID, true, func(l *ledger.Ledger) (ledger.Listing, error) { return l.List(ctx, orderID, seller, q, req) })
 }
 
 func (f *Fleet) Withdraw(ctx context.Context, listingID, seller keys.ID, expect, epoch int64, req ledger.Request) (ledger.Listing, error) {
-	return byID(ctx, f, listingID, func(l *ledger.Ledger) (ledger.Listing, error) {
+	return byID(ctx, f, listingID, true, func(l *ledger.Ledger) (ledger.Listing, error) {
 		return l.Withdraw(ctx, listingID, seller, expect, epoch, req)
 	})
 }
 
 func (f *Fleet) ListingByID(ctx context.Context, id keys.ID) (ledger.Listing, error) {
-	return byID(ctx, f, id, func(l *ledger.Ledger) (ledger.Listing, error) { return l.ListingByID(ctx, id) })
+	return byID(ctx, f, id, false, func(l *ledger.Ledger) (ledger.Listing, error) { return l.ListingByID(ctx, id) })
 }
 
 func (f *Fleet) Settle(ctx context.Context, sku stock.SKU) ([]ledger.Event, error) {

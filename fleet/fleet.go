@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -77,6 +78,9 @@ func (o Options) Validate() error {
 			return opt.Bad(fmt.Sprintf("Primaries[%d].Ledger.Driver", i), "several primaries must all be PostgreSQL")
 		}
 	}
+	if len(o.Primaries) > 256 {
+		return opt.Bad("Primaries", "at most 256 (a dead letter's seq names its primary in 8 bits)")
+	}
 	if o.PlaceTTL < 0 {
 		return opt.Bad("PlaceTTL", "must not be negative")
 	}
@@ -91,9 +95,9 @@ type Fleet struct {
 	log    *slog.Logger
 
 	mu     sync.Mutex
-	places map[keys.ID]place     // what this replica read of the directory
-	lanes  map[uint32][]*primary // where ids of each SKU lane were seen
-	ids    map[keys.ID]*primary  // rows found by asking every primary (bounded)
+	places map[keys.ID]place      // what this replica read of the directory
+	lanes  map[uint32][]stock.SKU // the SKUs of each lane (ledger.NewIDOf) seen
+	ids    map[keys.ID]keys.ID    // the program of rows found by asking every primary (bounded)
 }
 
 type primary struct {
@@ -119,7 +123,7 @@ func Open(ctx context.Context, o Options) (_ *Fleet, err error) {
 	}
 	opt.Fill(&o.PlaceTTL, DefaultPlaceTTL)
 	f := &Fleet{byName: map[string]*primary{}, ttl: o.PlaceTTL, log: o.Logger, places: map[keys.ID]place{},
-		lanes: map[uint32][]*primary{}, ids: map[keys.ID]*primary{}}
+		lanes: map[uint32][]stock.SKU{}, ids: map[keys.ID]keys.ID{}}
 	if f.log == nil {
 		f.log = slog.Default()
 	}
@@ -143,11 +147,42 @@ func Open(ctx context.Context, o Options) (_ *Fleet, err error) {
 		f.byName[p.Name] = q
 	}
 	if len(f.ps) > 1 {
+		if err := f.adopt(ctx); err != nil {
+			return nil, err
+		}
 		if err := f.loadDirectory(ctx); err != nil {
 			return nil, err
 		}
 	}
 	return f, nil
+}
+
+// adopt places every program that has rows on a primary but no place in
+// the directory (a ledger that was one primary before others were added)
+// where its rows are, so no write puts it anywhere else.
+func (f *Fleet) adopt(ctx context.Context) error {
+	return f.Each(ctx, func(ctx context.Context, name string, l *ledger.Ledger) error {
+		programs, err := l.Programs(ctx)
+		if err != nil {
+			return err
+		}
+		for _, program := range programs {
+			if err := f.ps[0].l.SetPlacement(ctx, program, name); err != nil && !errors.Is(err, ledger.ErrConflict) {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Place puts a program not placed yet on the named primary (the first
+// write stands): how a test or an operator chooses instead of the
+// least-loaded rule.
+func (f *Fleet) Place(ctx context.Context, program keys.ID, name string) error {
+	if f.byName[name] == nil {
+		return fmt.Errorf("fleet: no primary named %q", name)
+	}
+	return f.ps[0].l.SetPlacement(ctx, program, name)
 }
 
 // Close closes every primary's ledger.
@@ -298,7 +333,18 @@ func (f *Fleet) write(ctx context.Context, program keys.ID, create bool) (*prima
 		if !create {
 			return f.ps[0], nil
 		}
-		got, err := f.ps[0].l.Place(ctx, program, f.Primaries())
+		// A program with rows but no place (written by a build before the
+		// directory, or while this one adopted) stays where its rows are.
+		names := f.Primaries()
+		for _, p := range f.ps {
+			if has, err := p.l.HasProgram(ctx, program); err != nil {
+				return nil, unavailable(err)
+			} else if has {
+				names = []string{p.name}
+				break
+			}
+		}
+		got, err := f.ps[0].l.Place(ctx, program, names)
 		if err != nil {
 			return nil, unavailable(err)
 		}
@@ -322,86 +368,125 @@ func unavailable(err error) error {
 	return fmt.Errorf("%w: %w", ledger.ErrNotCommitted, err)
 }
 
-// seen notes that rows of sku's lane live on p.
-func (f *Fleet) seen(sku stock.SKU, p *primary) {
+// seen notes sku's lane, so ids of its rows are routed by its program.
+func (f *Fleet) seen(sku stock.SKU) {
 	if len(f.ps) == 1 {
 		return
 	}
 	lane := ledger.SKULane(sku)
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	at := f.lanes[lane]
-	for _, q := range at {
-		if q == p {
-			return
-		}
+	if !slices.Contains(f.lanes[lane], sku) {
+		f.lanes[lane] = append(f.lanes[lane], sku)
 	}
-	f.lanes[lane] = append(at, p)
 }
 
-// guesses are the primaries to ask first for the row id names.
-func (f *Fleet) guesses(id keys.ID) []*primary {
+// programsOf are the programs the row id names may be of: the one found
+// for it before, or those of the SKUs of its lane seen here.
+func (f *Fleet) programsOf(id keys.ID) []keys.ID {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if p := f.ids[id]; p != nil {
-		return []*primary{p}
+	if p, ok := f.ids[id]; ok {
+		return []keys.ID{p}
 	}
-	return f.lanes[ledger.LaneOf(id)]
+	var out []keys.ID
+	for _, s := range f.lanes[ledger.LaneOf(id)] {
+		if !slices.Contains(out, s.Program) {
+			out = append(out, s.Program)
+		}
+	}
+	return out
 }
 
-// found remembers where a row asked for everywhere was.
-func (f *Fleet) found(id keys.ID, p *primary) {
+// found remembers the program of a row asked for everywhere.
+func (f *Fleet) found(id, program keys.ID) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if len(f.ids) >= idMemory {
 		clear(f.ids)
 	}
-	f.ids[id] = p
+	f.ids[id] = program
 }
 
-// byID runs call on the primary holding the row id names (an order, a
-// hold, a cart, a listing): first where its lane was seen, then where
-// locate finds it. call must write nothing where the row is not (every
-// ledger call by id reads the row first).
-func byID[T any](ctx context.Context, f *Fleet, id keys.ID, call func(l *ledger.Ledger) (T, error)) (T, error) {
+// byID runs call on the primary the directory names for the program of
+// the row id names (an order, a hold, a cart, a listing): the program is
+// known from the id's lane, or found by asking every primary; a copy of
+// the row on a primary the directory does not name (a move's leftover) is
+// never used. A write (write set) of a moving program is refused. call
+// must write nothing where the row is not (every ledger call by id reads
+// the row first).
+func byID[T any](ctx context.Context, f *Fleet, id keys.ID, write bool, call func(l *ledger.Ledger) (T, error)) (T, error) {
 	if len(f.ps) == 1 {
 		return call(f.ps[0].l)
 	}
-	for _, p := range f.guesses(id) {
+	var zero T
+	var failed error
+	tried := map[*primary]bool{}
+	for _, program := range f.programsOf(id) {
+		p, err := f.routeRow(ctx, program, write)
+		if err != nil {
+			failed = err
+			continue
+		}
+		if tried[p] {
+			continue
+		}
+		tried[p] = true
 		if v, err := call(p.l); !errors.Is(err, ledger.ErrNotFound) {
 			return v, err
 		}
 	}
-	p, err := f.locate(ctx, id)
-	if err != nil {
-		var zero T
+	program, err := f.locate(ctx, id)
+	switch {
+	case errors.Is(err, ledger.ErrNotFound) && failed != nil:
+		return zero, failed
+	case err != nil:
 		return zero, err
 	}
-	f.found(id, p)
+	f.found(id, program)
+	p, err := f.routeRow(ctx, program, write)
+	if err != nil {
+		return zero, err
+	}
 	return call(p.l)
 }
 
-// locate asks every primary at once which holds the row id names:
-// ledger.ErrNotFound when none does and all answered.
-func (f *Fleet) locate(ctx context.Context, id keys.ID) (*primary, error) {
+// routeRow is the primary of program's rows, for a read or a write.
+func (f *Fleet) routeRow(ctx context.Context, program keys.ID, write bool) (*primary, error) {
+	if write {
+		return f.write(ctx, program, false)
+	}
+	return f.read(ctx, program)
+}
+
+// locate asks every primary at once for the program of the row id names,
+// and answers the program whose primary (as the directory says) holds the
+// row: ledger.ErrNotFound when none does and all answered.
+func (f *Fleet) locate(ctx context.Context, id keys.ID) (keys.ID, error) {
 	var mu sync.Mutex
-	var at *primary
+	at := map[string]keys.ID{}
 	err := f.Each(ctx, func(ctx context.Context, name string, l *ledger.Ledger) error {
-		has, err := l.HasRow(ctx, id)
-		if has {
+		program, err := l.ProgramOfRow(ctx, id)
+		if errors.Is(err, ledger.ErrNotFound) {
+			return nil
+		}
+		if err == nil {
 			mu.Lock()
-			at = f.byName[name]
+			at[name] = program
 			mu.Unlock()
 		}
 		return err
 	})
-	switch {
-	case at != nil:
-		return at, nil
-	case err != nil:
-		return nil, unavailable(err)
+	for name, program := range at {
+		p, err := f.read(ctx, program)
+		if err == nil && p.name == name {
+			return program, nil
+		}
 	}
-	return nil, ledger.ErrNotFound
+	if err != nil {
+		return keys.ID{}, unavailable(err)
+	}
+	return keys.ID{}, ledger.ErrNotFound
 }
 
 // first asks every primary at once and answers the first that found
@@ -473,7 +558,7 @@ func onSKU[T any](ctx context.Context, f *Fleet, sku stock.SKU, write, create bo
 		var zero T
 		return zero, err
 	}
-	f.seen(sku, p)
+	f.seen(sku)
 	return call(p.l)
 }
 

@@ -152,7 +152,7 @@ func TestMoveProgram(t *testing.T) {
 	f := open(t, urls, 200*time.Millisecond)
 	s, open2 := sku("moving"), sku("open")
 	for _, x := range []stock.SKU{s, open2} {
-		if err := f.First().SetPlacement(ctx, x.Program, "", "main", false); err != nil {
+		if err := f.Place(ctx, x.Program, "main"); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := f.PutSKU(ctx, ledger.SKUConfig{SKU: x, Total: 20, Shards: 1, MaxPerOrder: 4, PerBuyer: 8}); err != nil {
@@ -237,7 +237,7 @@ func TestDirectoryDown(t *testing.T) {
 	f := open(t, urls, time.Nanosecond)
 	fresh := open(t, urls, time.Nanosecond)
 	far := sku("far")
-	if err := f.First().SetPlacement(ctx, far.Program, "", "p1", false); err != nil {
+	if err := f.Place(ctx, far.Program, "p1"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := f.PutSKU(ctx, ledger.SKUConfig{SKU: far, Total: 5, Shards: 1, MaxPerOrder: 4}); err != nil {
@@ -255,57 +255,5 @@ func TestDirectoryDown(t *testing.T) {
 	}
 	if _, err := f.SKU(ctx, sku("nowhere")); !errors.Is(err, ledger.ErrNotCommitted) {
 		t.Errorf("a program placed nowhere with the directory down: %v, want unavailable", err)
-	}
-}
-
-// Every program's events, read page by page over two primaries, come
-// each once, in increasing Seq.
-func TestEventsOfEveryPrimary(t *testing.T) {
-	ctx := context.Background()
-	f := open(t, testenv.PostgresURLs(t, 2), time.Minute)
-	want := map[keys.ID]bool{}
-	for i, on := range []string{"main", "p1", "p1", "main"} {
-		s := sku(fmt.Sprintf("ev%d", i))
-		if err := f.First().SetPlacement(ctx, s.Program, "", on, false); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := f.PutSKU(ctx, ledger.SKUConfig{SKU: s, Total: 10, Shards: 1, MaxPerOrder: 4}); err != nil {
-			t.Fatal(err)
-		}
-		for j := range 1 + i {
-			buy(t, f, s, fmt.Sprintf("e%d-%d", i, j), "ann", 1)
-		}
-		evs, err := f.Events(ctx, s.Program, 0, 100)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, e := range evs {
-			want[e.ID] = true
-		}
-	}
-	seen := map[keys.ID]bool{}
-	last := int64(0)
-	for pages := 0; ; pages++ {
-		page, err := f.Events(ctx, keys.ID{}, last, 3)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(page) == 0 || pages > 100 {
-			break
-		}
-		for _, e := range page {
-			if e.Seq <= last || seen[e.ID] {
-				t.Fatalf("event %s at seq %d after %d (seen before: %v)", e.ID, e.Seq, last, seen[e.ID])
-			}
-			seen[e.ID], last = true, e.Seq
-		}
-	}
-	if len(seen) != len(want) || len(want) < 10 {
-		t.Errorf("read %d events page by page, the programs have %d", len(seen), len(want))
-	}
-	for id := range want {
-		if !seen[id] {
-			t.Errorf("event %s never read", id)
-		}
 	}
 }

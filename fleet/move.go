@@ -22,16 +22,25 @@ type MoveReport struct {
 	Dropped []string
 }
 
+// MoveLease is how long a move's mark stands without the move renewing it
+// (at each step): a run of Move finds the mark of a move that stopped
+// and takes it over only after this.
+const MoveLease = 2 * time.Minute
+
 // Move moves program's rows to the primary named to while its sale is
 // closed (every SKU ended, no live hold, nothing listed for resale):
 //
-//  1. the directory marks it moving: replicas refuse its writes once they
-//     read that, so Move waits PlaceTTL and a second for them;
-//  2. the source's rows are locked and read, and copied to the target in
+//  1. the directory marks it moving under this run's token (another run's
+//     mark stands until its lease lapses: ErrMoveRunning): replicas refuse
+//     its writes once they read that, and Move waits PlaceTTL and a second
+//     for them;
+//  2. a tombstone on the source refuses any write that would create rows
+//     of the program there, whoever sends it, and the source's rows are
+//     locked and read (ledger.BeginMove); they are copied to the target in
 //     one transaction that commits only if every table has as many rows
 //     there and the SKUs add up to the same stock (the verify step);
-//  3. the directory names the target;
-//  4. the source's rows are deleted.
+//  3. the directory names the target, if the mark is still this run's;
+//  4. the source's rows are deleted (the tombstone stays).
 //
 // Run again after a failure, it finishes the job: a copy the directory does
 // not name is deleted first, and rows left behind on the source after step
@@ -58,39 +67,44 @@ func (f *Fleet) Move(ctx context.Context, program keys.ID, to string) (MoveRepor
 		return r, fmt.Errorf("%w: %s on %q", ErrUnplaced, program, pl.Primary)
 	}
 	r.From = src.name
-	if src == dst {
-		// Already there: what a move stopped after step 3 left elsewhere.
-		return r, f.dropElsewhere(ctx, program, dst, &r)
-	}
-	if pl.Moving {
-		// A move stopped before step 3: the target's copy, if any, goes.
-		if err := dst.l.DropProgram(ctx, program); err != nil {
-			return r, err
-		}
-	} else if err := dir.SetPlacement(ctx, program, src.name, src.name, true); err != nil {
+	token := ledger.NewID().String()
+	if err := dir.MarkMoving(ctx, program, src.name, token, MoveLease); err != nil {
 		return r, err
 	}
-	unmark := func(cause error) error {
-		if err := dir.SetPlacement(context.WithoutCancel(ctx), program, src.name, src.name, false); err != nil {
-			return errors.Join(cause, fmt.Errorf("fleet: move: still marked moving: %w", err))
-		}
-		return cause
+	if src == dst {
+		// Already there: what a move that stopped after step 3 left
+		// elsewhere goes, and the program is writable.
+		err := f.dropElsewhere(ctx, program, dst, &r)
+		return r, errors.Join(err, dir.EndMoving(context.WithoutCancel(ctx), program, token, src.name))
+	}
+	// A copy a stopped move left on the target (the directory never named
+	// it) goes.
+	if err := dst.l.DropProgram(ctx, program); err != nil {
+		return r, errors.Join(err, dir.EndMoving(context.WithoutCancel(ctx), program, token, src.name))
+	}
+	giveUp := func(cause error) error {
+		return errors.Join(cause, dir.EndMoving(context.WithoutCancel(ctx), program, token, src.name))
 	}
 	select {
 	case <-ctx.Done():
-		return r, unmark(ctx.Err())
+		return r, giveUp(ctx.Err())
 	case <-time.After(f.ttl + time.Second):
 	}
-	m, err := ledger.BeginMove(ctx, src.l, dst.l, program)
+	if err := dir.MarkMoving(ctx, program, src.name, token, MoveLease); err != nil {
+		return r, err // taken over meanwhile: the other run decides
+	}
+	m, err := ledger.BeginMove(ctx, src.l, dst.l, program, dst.name)
 	if err != nil {
-		return r, unmark(err)
+		return r, giveUp(err)
 	}
 	if err := m.Copy(ctx); err != nil {
-		return r, unmark(errors.Join(err, m.Abort(context.WithoutCancel(ctx))))
+		return r, giveUp(errors.Join(err, m.Abort(context.WithoutCancel(ctx))))
 	}
 	r.Counts, r.Sums = m.Counts, m.Sums[1]
-	if err := dir.SetPlacement(ctx, program, src.name, dst.name, false); err != nil {
-		return r, unmark(errors.Join(err, m.Abort(context.WithoutCancel(ctx))))
+	if err := dir.EndMoving(ctx, program, token, dst.name); err != nil {
+		// Not this run's mark any more, or the directory is unreachable:
+		// the program stays where the directory says.
+		return r, errors.Join(err, m.Abort(context.WithoutCancel(ctx)))
 	}
 	f.mu.Lock()
 	f.places[program] = place{p: dst, read: time.Now()}

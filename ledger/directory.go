@@ -9,6 +9,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"time"
 
 	"github.com/stockgate/stockgate/keys"
@@ -24,21 +25,41 @@ type Placement struct {
 	UpdatedAt time.Time
 }
 
+// directoryStep is the schema step that added the directory and the
+// moves' tombstones.
+const directoryStep = 5
+
 // ErrMoving: the program is being moved between primaries.
 var ErrMoving = errors.New("ledger: program being moved between primaries")
 
+// directoryUp adds the directory (read on the first primary) and, on
+// every primary, the programs moved out of it or being moved (their
+// tombstones: a write that would create one of them here is refused).
 func (l *Ledger) directoryUp(ctx context.Context, tx *sql.Tx) error {
 	_, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS program_primaries (
 	program      TEXT    PRIMARY KEY,
 	primary_name TEXT    NOT NULL,
 	moving       INTEGER NOT NULL DEFAULT 0,
+	-- the move holding the mark (its token), and since when: a move
+	-- that stopped is taken over only after its lease
+	mover        TEXT    NOT NULL DEFAULT '',
 	updated_at   BIGINT  NOT NULL
 )`)
+	if err == nil {
+		_, err = tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS program_moves (
+	program    TEXT   PRIMARY KEY,
+	to_primary TEXT   NOT NULL,
+	moved_at   BIGINT NOT NULL
+)`)
+	}
 	return err
 }
 
 func (l *Ledger) directoryDown(ctx context.Context, tx *sql.Tx) error {
 	_, err := tx.ExecContext(ctx, `DROP TABLE IF EXISTS program_primaries`)
+	if err == nil {
+		_, err = tx.ExecContext(ctx, `DROP TABLE IF EXISTS program_moves`)
+	}
 	return err
 }
 
@@ -126,28 +147,60 @@ func (l *Ledger) Placements(ctx context.Context) ([]Placement, error) {
 	return out, rows.Err()
 }
 
-// SetPlacement writes where program lives, and whether it is moving, if
-// the directory still says from (the one who began a move finishes it):
-// ErrConflict otherwise. An empty from places a program not placed yet.
-func (l *Ledger) SetPlacement(ctx context.Context, program keys.ID, from, to string, moving bool) error {
-	m := 0
-	if moving {
-		m = 1
-	}
-	var res sql.Result
-	var err error
-	if from == "" {
-		res, err = l.db.ExecContext(ctx, `INSERT INTO program_primaries (program, primary_name, moving, updated_at) VALUES ($1, $2, $3, $4)
-			ON CONFLICT (program) DO NOTHING`, program, to, m, l.now().UnixMilli())
-	} else {
-		res, err = l.db.ExecContext(ctx, `UPDATE program_primaries SET primary_name = $3, moving = $4, updated_at = $5
-			WHERE program = $1 AND primary_name = $2`, program, from, to, m, l.now().UnixMilli())
-	}
+// SetPlacement places a program not placed yet on the primary to (the
+// first write stands: ErrConflict if it is placed already).
+func (l *Ledger) SetPlacement(ctx context.Context, program keys.ID, to string) error {
+	res, err := l.db.ExecContext(ctx, `INSERT INTO program_primaries (program, primary_name, moving, updated_at) VALUES ($1, $2, 0, $3)
+		ON CONFLICT (program) DO NOTHING`, program, to, l.now().UnixMilli())
 	if err != nil {
 		return fmt.Errorf("ledger: set placement: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n != 1 {
-		return fmt.Errorf("%w: %s is not on %q", ErrConflict, program, from)
+		return fmt.Errorf("%w: %s is placed already", ErrConflict, program)
+	}
+	return nil
+}
+
+// ErrMoveRunning: another move of the program holds its mark.
+var ErrMoveRunning = errors.New("ledger: a move of the program is running")
+
+// MarkMoving marks program, placed on from, as moving under the move's
+// token: if no move holds it, or the one that does has not renewed its
+// mark for lease (it stopped). ErrMoveRunning otherwise; ErrConflict if
+// the program is not on from.
+func (l *Ledger) MarkMoving(ctx context.Context, program keys.ID, from, token string, lease time.Duration) error {
+	now := l.now().UnixMilli()
+	res, err := l.db.ExecContext(ctx, `UPDATE program_primaries SET moving = 1, mover = $3, updated_at = $4
+		WHERE program = $1 AND primary_name = $2 AND (moving = 0 OR mover = $3 OR updated_at < $5)`,
+		program, from, token, now, now-lease.Milliseconds())
+	if err != nil {
+		return fmt.Errorf("ledger: mark moving: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 1 {
+		return nil
+	}
+	p, err := l.PlacementOf(ctx, program)
+	switch {
+	case err != nil:
+		return err
+	case p.Primary != from:
+		return fmt.Errorf("%w: %s is on %q, not %q", ErrConflict, program, p.Primary, from)
+	}
+	return fmt.Errorf("%w: %s, marked %s ago; a move that stopped is taken over %s after its mark", ErrMoveRunning, program,
+		l.now().Sub(p.UpdatedAt).Round(time.Second), lease)
+}
+
+// EndMoving ends the move holding program's mark: the program is on to
+// (its source, when the move gave up) and writable. ErrMoveRunning if the
+// mark is not the move's any more (another took it over).
+func (l *Ledger) EndMoving(ctx context.Context, program keys.ID, token, to string) error {
+	res, err := l.db.ExecContext(ctx, `UPDATE program_primaries SET primary_name = $3, moving = 0, mover = '', updated_at = $4
+		WHERE program = $1 AND mover = $2 AND moving = 1`, program, token, to, l.now().UnixMilli())
+	if err != nil {
+		return fmt.Errorf("ledger: end moving: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return fmt.Errorf("%w: %s: the mark is not this move's", ErrMoveRunning, program)
 	}
 	return nil
 }
@@ -184,14 +237,51 @@ func (l *Ledger) HasProgram(ctx context.Context, program keys.ID) (bool, error) 
 	return n > 0, nil
 }
 
-// HasRow reports whether a row of id lives here: an order, a hold, a cart
-// (its lines') or a listing.
-func (l *Ledger) HasRow(ctx context.Context, id keys.ID) (bool, error) {
-	var n int64
-	if err := l.db.QueryRowContext(ctx, `SELECT (SELECT COUNT(*) FROM orders WHERE id = $1) + (SELECT COUNT(*) FROM holds WHERE id = $1)
-		+ (SELECT COUNT(*) FROM listings WHERE id = $1) + (SELECT COUNT(*) FROM (SELECT 1 FROM orders WHERE cart_id = $1 AND cart_id <> '' LIMIT 1) o)
-		+ (SELECT COUNT(*) FROM (SELECT 1 FROM holds WHERE cart_id = $1 AND cart_id <> '' LIMIT 1) h)`, id).Scan(&n); err != nil {
-		return false, fmt.Errorf("ledger: has row: %w", err)
+// ProgramOfRow is the program of the row id names here: an order, a
+// hold, a cart (its lines') or a listing; ErrNotFound when none is here.
+func (l *Ledger) ProgramOfRow(ctx context.Context, id keys.ID) (keys.ID, error) {
+	var p keys.ID
+	err := l.db.QueryRowContext(ctx, `SELECT program FROM (
+		SELECT program FROM orders WHERE id = $1 UNION ALL SELECT program FROM holds WHERE id = $1
+		UNION ALL SELECT program FROM listings WHERE id = $1
+		UNION ALL SELECT program FROM (SELECT program FROM orders WHERE cart_id = $1 AND cart_id <> '' LIMIT 1) o
+		UNION ALL SELECT program FROM (SELECT program FROM holds WHERE cart_id = $1 AND cart_id <> '' LIMIT 1) h) r LIMIT 1`, id).Scan(&p)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return p, ErrNotFound
+	case err != nil:
+		return p, fmt.Errorf("ledger: row's program: %w", err)
 	}
-	return n > 0, nil
+	return p, nil
+}
+
+// fenceMoved refuses, inside tx, a write that would create rows of a
+// program moved away from this primary or being moved (ErrMoving). On
+// PostgreSQL it first waits for a move copying the program now (the move
+// holds the program's advisory lock; each such write shares it), so no
+// new row of the program lands behind the copy.
+func (l *Ledger) fenceMoved(ctx context.Context, tx *sql.Tx, program keys.ID) error {
+	if l.schema.Version < directoryStep {
+		return nil // no move without the step, on any primary
+	}
+	if l.driver == Postgres {
+		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock_shared($1)`, moveLock(program)); err != nil {
+			return notCommitted("move fence", err)
+		}
+	}
+	var n int64
+	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM program_moves WHERE program = $1`, program).Scan(&n); err != nil {
+		return notCommitted("move fence", err)
+	}
+	if n > 0 {
+		return fmt.Errorf("%w: %w: %s", ErrNotCommitted, ErrMoving, program)
+	}
+	return nil
+}
+
+// moveLock is the advisory lock key of program's moves.
+func moveLock(program keys.ID) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("stockgate-move:" + program.String()))
+	return int64(h.Sum64())
 }

@@ -741,6 +741,9 @@ func (l *Ledger) SetProgram(ctx context.Context, p Program) error {
 		return fmt.Errorf("ledger: put program: %w", err)
 	}
 	defer tx.Rollback()
+	if err := l.fenceMoved(ctx, tx, program); err != nil {
+		return err
+	}
 	// The program's SKU rows first, in order, as every take takes them: no
 	// take of the program commits while its cap changes and is counted.
 	rows, err := tx.QueryContext(ctx, `SELECT ticket FROM skus WHERE program = $1 ORDER BY ticket`+l.forUpdate(), program)

@@ -52,6 +52,10 @@ var programTables = []struct {
 type TableCount struct {
 	Table          string
 	Source, Target int64
+	// Skipped are request rows the target holds already under their
+	// key: a buyer's Idempotency-Key used for a program there too. The
+	// key stays the other program's there.
+	Skipped int64
 }
 
 // Move is a program's move in progress: the source's rows locked and read.
@@ -75,7 +79,13 @@ type tableRows struct {
 // BeginMove locks program's SKU and order rows on from (so a replica still
 // writing there waits, then finds them gone), checks its sale is closed,
 // and reads every row of it. to must hold none of the program's rows.
-func BeginMove(ctx context.Context, from, to *Ledger, program keys.ID) (_ *Move, err error) {
+//
+// Before it reads, a tombstone of the program is committed on from (a
+// write that would create its rows there is refused from then on: see
+// fenceMoved), and the source's transaction takes the program's move lock,
+// so writes creating rows of it that began before wait for it and those
+// after see the tombstone. Abort lifts the tombstone; Finish keeps it.
+func BeginMove(ctx context.Context, from, to *Ledger, program keys.ID, toName string) (_ *Move, err error) {
 	if from.driver != Postgres || to.driver != Postgres {
 		return nil, errors.New("ledger: move: both ledgers must be PostgreSQL")
 	}
@@ -89,22 +99,37 @@ func BeginMove(ctx context.Context, from, to *Ledger, program keys.ID) (_ *Move,
 	if held > 0 {
 		return nil, fmt.Errorf("%w: the target already holds %d rows of %s", ErrConflict, held, program)
 	}
+	if _, err := from.db.ExecContext(ctx, `INSERT INTO program_moves (program, to_primary, moved_at) VALUES ($1, $2, $3)
+		ON CONFLICT (program) DO UPDATE SET to_primary = excluded.to_primary, moved_at = excluded.moved_at`,
+		program, toName, from.now().UnixMilli()); err != nil {
+		return nil, fmt.Errorf("ledger: move: tombstone: %w", err)
+	}
 	m := &Move{program: program, from: from, to: to, rows: map[string]tableRows{}}
+	defer func() {
+		if err != nil {
+			if m.src != nil {
+				m.src.Rollback()
+			}
+			from.liftTombstone(context.WithoutCancel(ctx), program)
+		}
+	}()
 	if m.src, err = from.db.BeginTx(ctx, nil); err != nil {
 		return nil, fmt.Errorf("ledger: move: %w", err)
 	}
-	defer func() {
-		if err != nil {
-			m.src.Rollback()
-		}
-	}()
+	if _, err := m.src.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, moveLock(program)); err != nil {
+		return nil, fmt.Errorf("ledger: move: lock: %w", err)
+	}
 	var open, live, listed int64
 	if err := m.src.QueryRowContext(ctx, `SELECT COUNT(*) FILTER (WHERE ended_at = 0), COALESCE(SUM(listed), 0) FROM
 		(SELECT ended_at, listed FROM skus WHERE program = $1 ORDER BY ticket FOR UPDATE) s`, program).Scan(&open, &listed); err != nil {
 		return nil, fmt.Errorf("ledger: move: skus: %w", err)
 	}
-	if _, err := m.src.ExecContext(ctx, `SELECT id FROM orders WHERE program = $1 ORDER BY id FOR UPDATE`, program); err != nil {
-		return nil, fmt.Errorf("ledger: move: orders: %w", err)
+	// Every row a write by id changes waits for the move, then finds it
+	// gone from here.
+	for _, t := range []string{"orders", "holds", "listings", "waitlist"} {
+		if _, err := m.src.ExecContext(ctx, `SELECT 1 FROM `+t+` WHERE program = $1 FOR UPDATE`, program); err != nil {
+			return nil, fmt.Errorf("ledger: move: lock %s: %w", t, err)
+		}
 	}
 	if err := m.src.QueryRowContext(ctx, `SELECT COUNT(*) FROM holds WHERE program = $1 AND state = $2`, program, Held).Scan(&live); err != nil {
 		return nil, fmt.Errorf("ledger: move: holds: %w", err)
@@ -204,8 +229,16 @@ func (m *Move) Copy(ctx context.Context) error {
 		return fmt.Errorf("ledger: move: %w", err)
 	}
 	defer tx.Rollback()
-	for _, t := range programTables {
+	// Moving in: a tombstone of an earlier move out goes.
+	if _, err := tx.ExecContext(ctx, `DELETE FROM program_moves WHERE program = $1`, m.program); err != nil {
+		return fmt.Errorf("ledger: move: tombstone: %w", err)
+	}
+	for i, t := range programTables {
 		tr := m.rows[t.name]
+		onConflict := ""
+		if t.name == "requests" {
+			onConflict = " ON CONFLICT (scope, idem_key) DO NOTHING"
+		}
 		for chunk := range slices.Chunk(tr.vals, max(1, 4000/max(1, len(tr.cols)))) {
 			vals := make([]string, len(chunk))
 			args := make([]any, 0, len(chunk)*len(tr.cols))
@@ -213,17 +246,20 @@ func (m *Move) Copy(ctx context.Context) error {
 				vals[i] = placeholders(len(args), len(tr.cols))
 				args = append(args, row...)
 			}
-			if _, err := tx.ExecContext(ctx, `INSERT INTO `+t.name+` (`+strings.Join(tr.cols, ", ")+`) VALUES `+strings.Join(vals, ", "),
-				args...); err != nil {
+			res, err := tx.ExecContext(ctx, `INSERT INTO `+t.name+` (`+strings.Join(tr.cols, ", ")+`) VALUES `+strings.Join(vals, ", ")+onConflict,
+				args...)
+			if err != nil {
 				return fmt.Errorf("ledger: move: write %s: %w", t.name, err)
 			}
+			n, _ := res.RowsAffected()
+			m.Counts[i].Skipped += int64(len(chunk)) - n
 		}
 	}
 	for i, t := range programTables {
 		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+t.name+` WHERE `+t.where, m.program).Scan(&m.Counts[i].Target); err != nil {
 			return fmt.Errorf("ledger: move: verify %s: %w", t.name, err)
 		}
-		if c := m.Counts[i]; c.Target != c.Source {
+		if c := m.Counts[i]; c.Target+c.Skipped != c.Source {
 			return fmt.Errorf("ledger: move: verify %s: %d rows on the target, %d on the source", t.name, c.Target, c.Source)
 		}
 	}
@@ -256,13 +292,21 @@ func (m *Move) Finish(ctx context.Context) error {
 	return nil
 }
 
-// Abort releases the source and deletes whatever Copy wrote to the target.
+// Abort releases the source, lifts its tombstone, and deletes whatever
+// Copy wrote to the target.
 func (m *Move) Abort(ctx context.Context) error {
 	m.src.Rollback()
+	m.from.liftTombstone(ctx, m.program)
 	if !m.copied {
 		return nil
 	}
 	return m.to.DropProgram(ctx, m.program)
+}
+
+// liftTombstone lets program's rows be created here again (a move that
+// gave up before the directory changed).
+func (l *Ledger) liftTombstone(ctx context.Context, program keys.ID) {
+	_, _ = l.db.ExecContext(ctx, `DELETE FROM program_moves WHERE program = $1`, program)
 }
 
 // DropProgram deletes every row of program from this ledger: what a move
@@ -282,6 +326,12 @@ func (l *Ledger) DropProgram(ctx context.Context, program keys.ID) error {
 // deleteProgram deletes program's rows in tx, the tables keyed by its
 // orders before the orders.
 func deleteProgram(ctx context.Context, tx *sql.Tx, program keys.ID) error {
+	// The relay's dead letters of its events first (they name the events
+	// by seq here).
+	if _, err := tx.ExecContext(ctx, `DELETE FROM relay_dead WHERE event_id IN (SELECT event_id FROM events WHERE program = $1)`,
+		program); err != nil {
+		return fmt.Errorf("ledger: delete dead letters: %w", err)
+	}
 	for i := len(programTables) - 1; i >= 0; i-- {
 		t := programTables[i]
 		if _, err := tx.ExecContext(ctx, `DELETE FROM `+t.name+` WHERE `+t.where, program); err != nil {

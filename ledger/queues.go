@@ -258,12 +258,21 @@ func (l *Ledger) PutQueue(ctx context.Context, c QueueConfig) (QueueConfig, erro
 	}
 	var b [32]byte
 	_, _ = rand.Read(b[:])
+	// A program moved away from this primary gets no room here (no row
+	// inserted: ErrMoving).
+	fence := " WHERE true" // SQLite needs a WHERE before ON CONFLICT here
+	if l.schema.Version >= directoryStep {
+		fence = ` WHERE NOT EXISTS (SELECT 1 FROM program_moves WHERE program = $1)`
+	}
 	err := l.db.QueryRowContext(ctx, `INSERT INTO queues (program, opens_at, join_from, rate, window_ms, per_remaining, secret, checkout_url)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+		SELECT $1, $2, $3, $4, $5, $6, $7, $8`+fence+`
 		ON CONFLICT (program) DO UPDATE SET opens_at = excluded.opens_at, join_from = excluded.join_from, rate = excluded.rate,
 			window_ms = excluded.window_ms, per_remaining = excluded.per_remaining, checkout_url = excluded.checkout_url
 		RETURNING secret`, c.Program, c.OpensAt.UnixMilli(), c.JoinFrom.UnixMilli(), c.Rate, c.Window.Milliseconds(),
 		c.PerRemaining, hex.EncodeToString(b[:]), c.CheckoutURL).Scan(&c.Secret)
+	if errors.Is(err, sql.ErrNoRows) {
+		return c, fmt.Errorf("%w: %w: %s", ErrNotCommitted, ErrMoving, c.Program)
+	}
 	if err != nil {
 		return c, fmt.Errorf("ledger: put queue: %w", err)
 	}

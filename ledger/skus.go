@@ -116,6 +116,9 @@ func (l *Ledger) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 		return SKUState{}, fmt.Errorf("ledger: put sku: %w", err)
 	}
 	defer tx.Rollback()
+	if err := l.fenceMoved(ctx, tx, c.Program); err != nil {
+		return SKUState{}, err
+	}
 	_, err = tx.ExecContext(ctx, `
 		INSERT INTO skus (program, ticket, total, shards, max_per_order, updated_at)
 		VALUES ($1, $2, $3, $4, $5, $6)

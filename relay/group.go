@@ -5,16 +5,24 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"time"
 )
 
 // Group is the relays of a ledger split over several primaries (package
-// fleet), one per primary, shown to admins as one: a sink's figures add
-// up, and a dead letter's seq names its primary too (seq × len(Group) +
-// the primary's index; with one primary the seq is the ledger's own).
+// fleet), one per primary in the fleet's order, shown to admins as one: a
+// sink's figures add up, and a dead letter's seq names its primary too:
+// seq × DeadStride + the primary's index (with one primary the seq is the
+// ledger's own). The stride does not change with the number of primaries,
+// so a seq listed by a replica still names the same letter on one that
+// has a primary more (added at the end).
 type Group []*Relay
+
+// DeadStride is the dead-letter seq's multiplier on several primaries: at
+// most this many primaries.
+const DeadStride = 256
 
 // Run runs every relay until ctx ends.
 func (g Group) Run(ctx context.Context) {
@@ -65,24 +73,32 @@ func (g Group) DeadLetters(ctx context.Context, sink string, after int64, limit 
 	if len(g) == 1 {
 		return g[0].DeadLetters(ctx, sink, after, limit)
 	}
-	if after < 0 {
-		return nil, fmt.Errorf("%w: after >= 0", ErrInvalid)
+	if after < 0 || limit < 1 || limit > MaxDeadLettersPage {
+		return nil, fmt.Errorf("%w: after >= 0 and limit in 1..%d", ErrInvalid, MaxDeadLettersPage)
 	}
-	n := int64(len(g))
 	var out []DeadLetter
+	// A primary that filled its page may have more below another's last:
+	// the page ends at the lowest last seq of those.
+	upTo := int64(math.MaxInt64)
 	for i, r := range g {
-		got, err := r.DeadLetters(ctx, sink, max(after/n-1, 0), limit)
+		from := int64(0)
+		if after >= int64(i) {
+			from = (after - int64(i)) / DeadStride // its seqs above this are above after
+		}
+		got, err := r.DeadLetters(ctx, sink, from, limit)
 		if err != nil {
 			return nil, err
 		}
 		for _, d := range got {
-			d.Event.Seq = d.Event.Seq*n + int64(i)
-			if d.Event.Seq > after {
-				out = append(out, d)
-			}
+			d.Event.Seq = d.Event.Seq*DeadStride + int64(i)
+			out = append(out, d)
+		}
+		if len(got) == limit {
+			upTo = min(upTo, out[len(out)-1].Event.Seq)
 		}
 	}
 	slices.SortFunc(out, func(a, b DeadLetter) int { return cmp.Compare(a.Event.Seq, b.Event.Seq) })
+	out = slices.DeleteFunc(out, func(d DeadLetter) bool { return d.Event.Seq > upTo })
 	if len(out) > limit {
 		out = out[:limit]
 	}
@@ -94,11 +110,10 @@ func (g Group) Redeliver(ctx context.Context, sink string, seq int64) (DeadLette
 	if len(g) == 1 {
 		return g[0].Redeliver(ctx, sink, seq)
 	}
-	if seq < 0 {
+	if seq < 0 || seq%DeadStride >= int64(len(g)) {
 		return DeadLetter{}, fmt.Errorf("%w: %s seq %d", ErrUnknownDeadLetter, sink, seq)
 	}
-	n := int64(len(g))
-	d, err := g[seq%n].Redeliver(ctx, sink, seq/n)
+	d, err := g[seq%DeadStride].Redeliver(ctx, sink, seq/DeadStride)
 	d.Event.Seq = seq
 	return d, err
 }

@@ -2,9 +2,11 @@ package sale
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/stock"
 	"github.com/stockgate/stockgate/webhook"
 )
 
@@ -19,6 +21,10 @@ func (s *Service) Events(ctx context.Context, program keys.ID, after int64, limi
 		return nil, refuse(ErrInvalid, fmt.Sprintf("after >= 0 and limit in 1..%d", MaxEventsPage))
 	}
 	got, err := s.ledger.Events(ctx, program, after, limit)
+	if errors.Is(err, stock.ErrInvalid) {
+		// The feed of every program, of a ledger over several primaries.
+		return nil, refuse(ErrInvalid, "name a program (?program=): the ledger is split over several primaries, each numbering its own events")
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}

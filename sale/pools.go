@@ -354,8 +354,9 @@ func (s *Service) closePool(ctx context.Context, pool stock.SKU) error {
 func (s *Service) closeDuePools(ctx context.Context) {
 	due, err := s.ledger.PoolsDue(ctx, 100)
 	if err != nil {
+		// Those that were read still close (a ledger over several
+		// primaries answers what the reachable ones hold).
 		s.log.WarnContext(ctx, "pools due", "err", err)
-		return
 	}
 	for _, p := range due {
 		if err := s.closePool(ctx, p); err != nil {

@@ -261,8 +261,12 @@ func (s *Service) checkDrift(ctx context.Context, prev map[stock.SKU]driftSeen, 
 	for {
 		page, err := s.ledger.SKUs(ctx, after, driftPage)
 		if err != nil {
+			// A ledger over several primaries answers the reachable ones'
+			// SKUs with the others' error: those are checked still.
 			s.log.WarnContext(ctx, "drift check", "err", err)
-			return prev
+			if len(page) == 0 {
+				return prev
+			}
 		}
 		for _, st := range page {
 			if ctx.Err() != nil {

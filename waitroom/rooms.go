@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -702,10 +703,14 @@ func (s *Rooms) RunPacer(ctx context.Context) {
 		if now.Sub(listed) >= time.Second || s.roomsChanged.Swap(false) {
 			got, err := s.ledger.QueuedPrograms(ctx)
 			if err != nil {
+				// Part of a ledger over several primaries not answering:
+				// the rooms the others list are paced still, with those
+				// listed before (listed again next round).
 				s.log.WarnContext(ctx, "queued programs", "err", err)
-				continue
+				programs = mergeRooms(programs, got)
+			} else {
+				programs, listed = got, now
 			}
-			programs, listed = got, now
 		}
 		live := map[keys.ID]bool{}
 		var sum paced
@@ -961,4 +966,15 @@ func (c *ttlCache[V]) forget(k keys.ID) {
 func (s *Rooms) Page(ctx context.Context, program keys.ID) (checkoutURL string, err error) {
 	c, err := s.config(ctx, program)
 	return c.CheckoutURL, err
+}
+
+// mergeRooms is old with got's rooms put in (got's settings win).
+func mergeRooms(old, got []ledger.QueueConfig) []ledger.QueueConfig {
+	out := slices.Clone(got)
+	for _, c := range old {
+		if !slices.ContainsFunc(got, func(g ledger.QueueConfig) bool { return g.Program == c.Program }) {
+			out = append(out, c)
+		}
+	}
+	return out
 }

@@ -362,7 +362,7 @@ func ledgerUnreachable(t *testing.T, shape string) {
 	e := systest.Start(t, o)
 	sku := systest.NewSKU(t)
 	if shape == systest.TwoPrimaries {
-		if err := e.Ledger.First().SetPlacement(context.Background(), sku.Program, "", systest.PrimaryName(0), false); err != nil {
+		if err := e.Ledger.Place(context.Background(), sku.Program, systest.PrimaryName(0)); err != nil {
 			t.Fatal(err)
 		}
 	}

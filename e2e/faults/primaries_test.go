@@ -42,7 +42,7 @@ func TestFaultPrimaryDown(t *testing.T) {
 		program keys.ID
 		on      string
 	}{{up.Program, app.FirstPrimary}, {down.Program, systest.PrimaryName(0)}} {
-		if err := a.Ledger.First().SetPlacement(ctx, p.program, "", p.on, false); err != nil {
+		if err := a.Ledger.Place(ctx, p.program, p.on); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -245,7 +245,7 @@ func (m *sim) placeOnSecond(program keys.ID) {
 	if m.shape != systest.TwoPrimaries {
 		return
 	}
-	if err := m.envs[0].Ledger.First().SetPlacement(context.Background(), program, "", systest.PrimaryName(0), false); err != nil {
+	if err := m.envs[0].Ledger.Place(context.Background(), program, systest.PrimaryName(0)); err != nil {
 		m.t.Fatal(err)
 	}
 }

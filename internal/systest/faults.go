@@ -171,7 +171,7 @@ func PlaceOnSecond(t *testing.T, e *Env, program keys.ID) {
 	if len(e.Ledger.Primaries()) < 2 {
 		return
 	}
-	if err := e.Ledger.First().SetPlacement(context.Background(), program, "", PrimaryName(0), false); err != nil {
+	if err := e.Ledger.Place(context.Background(), program, PrimaryName(0)); err != nil {
 		t.Fatal(err)
 	}
 }

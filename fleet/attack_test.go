@@ -297,21 +297,8 @@ func TestAttackConcurrentMoveRunsLoseTheProgram(t *testing.T) {
 	s := sku("twice")
 	place(t, f, s, "main", 10)
 	o := buy(t, f, s, "t1", "ann", 3)
-	if _, err := f.EndSale(ctx, s); err != nil {
-		t.Fatal(err)
-	}
-	main, p1, dir := f.Primary("main"), f.Primary("p1"), f.First()
-	// Run 1, by the steps Move takes, as far as the copy.
-	if err := dir.MarkMoving(ctx, s.Program, "main", "run1", fleet.MoveLease); err != nil {
-		t.Fatal(err)
-	}
-	m, err := ledger.BeginMove(ctx, main, p1, s.Program, "p1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Copy(ctx); err != nil {
-		t.Fatal(err)
-	}
+	dir := f.First()
+	m := copiedMove(t, f, s, "run1") // run 1, by the steps Move takes, as far as the copy
 	// Run 2: refused while run 1 holds the mark.
 	second := open(t, urls, time.Millisecond)
 	if _, err := second.Move(ctx, s.Program, "p1"); !errors.Is(err, ledger.ErrMoveRunning) {
@@ -350,20 +337,8 @@ func TestAttackStaleCopyWrittenAfterFailedFinish(t *testing.T) {
 	s := sku("stale")
 	place(t, f, s, "main", 10)
 	o := buy(t, f, s, "s1", "ann", 2)
-	if _, err := f.EndSale(ctx, s); err != nil {
-		t.Fatal(err)
-	}
-	main, p1, dir := f.Primary("main"), f.Primary("p1"), f.First()
-	if err := dir.MarkMoving(ctx, s.Program, "main", "run", fleet.MoveLease); err != nil {
-		t.Fatal(err)
-	}
-	m, err := ledger.BeginMove(ctx, main, p1, s.Program, "p1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Copy(ctx); err != nil {
-		t.Fatal(err)
-	}
+	p1, dir := f.Primary("p1"), f.First()
+	m := copiedMove(t, f, s, "run")
 	if err := dir.EndMoving(ctx, s.Program, "run", "p1"); err != nil {
 		t.Fatal(err)
 	}
@@ -519,4 +494,25 @@ func ageMark(t *testing.T, dirURL string, program keys.ID) {
 		program, (fleet.MoveLease + time.Minute).Milliseconds()); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// copiedMove ends s's sale and takes a move of its program from main to
+// p1 by Move's steps, under token, as far as the copy.
+func copiedMove(t *testing.T, f *fleet.Fleet, s stock.SKU, token string) *ledger.Move {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := f.EndSale(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.First().MarkMoving(ctx, s.Program, "main", token, fleet.MoveLease); err != nil {
+		t.Fatal(err)
+	}
+	m, err := ledger.BeginMove(ctx, f.Primary("main"), f.Primary("p1"), s.Program, "p1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Copy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return m
 }

@@ -79,18 +79,8 @@ func (s *suite) floors() (f floors, err error) {
 // comm is "") have used, from /proc.
 func procCPU(pid int, comm string) float64 {
 	ticks := func(stat string) float64 {
-		// The fields after the command's ")" start at state (field 3).
-		i := strings.LastIndexByte(stat, ')')
-		if i < 0 {
-			return 0
-		}
-		f := strings.Fields(stat[i+1:])
-		if len(f) < 13 {
-			return 0
-		}
-		u, _ := strconv.ParseFloat(f[11], 64)
-		k, _ := strconv.ParseFloat(f[12], 64)
-		return (u + k) / 100 // USER_HZ
+		secs, _ := statCPU(stat)
+		return secs
 	}
 	if comm == "" {
 		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
@@ -349,4 +339,22 @@ func (s *suite) checkpointsDuring(f func()) int64 {
 		return -1
 	}
 	return after - before
+}
+
+// statCPU reads a /proc/<pid>/stat line: the CPU seconds the process
+// spent (user + system) and its parent's pid; 0s when unreadable.
+func statCPU(stat string) (secs float64, parent int) {
+	// The fields after the command's ")" start at state (field 3).
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, 0
+	}
+	f := strings.Fields(stat[i+1:])
+	if len(f) < 13 {
+		return 0, 0
+	}
+	u, _ := strconv.ParseFloat(f[11], 64)
+	k, _ := strconv.ParseFloat(f[12], 64)
+	parent, _ = strconv.Atoi(f[1])
+	return (u + k) / 100, parent // USER_HZ
 }

@@ -64,26 +64,14 @@ func serverCPU(pid int) float64 {
 	var sum float64
 	dirs, _ := os.ReadDir("/proc")
 	for _, d := range dirs {
-		if _, err := strconv.Atoi(d.Name()); err != nil {
+		self, err := strconv.Atoi(d.Name())
+		if err != nil {
 			continue
 		}
 		b, _ := os.ReadFile("/proc/" + d.Name() + "/stat")
-		stat := string(b)
-		i := strings.LastIndexByte(stat, ')')
-		if i < 0 {
-			continue
+		if secs, parent := statCPU(string(b)); self == pid || parent == pid {
+			sum += secs
 		}
-		f := strings.Fields(stat[i+1:])
-		if len(f) < 13 {
-			continue
-		}
-		self, _ := strconv.Atoi(d.Name())
-		if parent, _ := strconv.Atoi(f[1]); self != pid && parent != pid {
-			continue
-		}
-		u, _ := strconv.ParseFloat(f[11], 64)
-		k, _ := strconv.ParseFloat(f[12], 64)
-		sum += (u + k) / 100 // USER_HZ
 	}
 	return sum
 }

@@ -278,7 +278,6 @@ func TestAttackMoveToItsOwnPrimaryLeavesItMoving(t *testing.T) {
 	if _, err := f.Move(ctx, s.Program, "main"); err != nil {
 		t.Fatalf("move to where it is: %v", err)
 	}
-	time.Sleep(5 * time.Millisecond)
 	if _, err := f.PutSKU(ctx, ledger.SKUConfig{SKU: s, Total: 12, Shards: 1, MaxPerOrder: 10}); err != nil {
 		pl, _ := f.First().PlacementOf(ctx, s.Program)
 		t.Errorf("the move answered success, but a write after it is refused: %v (placement %+v)", err, pl)
@@ -507,7 +506,7 @@ func copiedMove(t *testing.T, f *fleet.Fleet, s stock.SKU, token string) *ledger
 	if err := f.First().MarkMoving(ctx, s.Program, "main", token, fleet.MoveLease); err != nil {
 		t.Fatal(err)
 	}
-	m, err := ledger.BeginMove(ctx, f.Primary("main"), f.Primary("p1"), s.Program, "p1")
+	m, err := ledger.BeginMove(ctx, f.Primary("main"), f.Primary("p1"), s.Program, "p1", token)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -235,7 +235,7 @@ func (f *Fleet) RefundCart(ctx context.Context, id, buyer keys.ID, req ledger.Re
 }
 
 // batchByID sends each request of a batch to the primary of its row's
-// program (known from the id's lane; else the first primary), each
+// program (known from the id's lane or an earlier call), each
 // primary's share in one call, all at once. A row not on the primary it
 // was sent to comes back split (a batch decides only rows it has, with
 // nothing written for the others), as does every request of a share whose
@@ -252,13 +252,18 @@ func batchByID[R any](ctx context.Context, f *Fleet, ids []keys.ID, split R, cal
 	out := make([]R, len(ids))
 	shares := map[*primary][]int{}
 	for i, id := range ids {
-		p := f.ps[0]
-		if programs := f.programsOf(id); len(programs) == 1 {
-			var err error
-			if p, err = f.write(ctx, programs[0], false); err != nil {
-				out[i] = split
-				continue
-			}
+		// A row whose program is not known here yet is decided alone:
+		// byID finds it where the directory says (a copy elsewhere, a
+		// move's leftover, is never written).
+		programs := f.programsOf(id)
+		if len(programs) != 1 {
+			out[i] = split
+			continue
+		}
+		p, err := f.write(ctx, programs[0], false)
+		if err != nil {
+			out[i] = split
+			continue
 		}
 		shares[p] = append(shares[p], i)
 	}

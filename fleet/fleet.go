@@ -295,7 +295,7 @@ func (f *Fleet) lookup(ctx context.Context, program keys.ID) (pl place, found bo
 	}
 	// Nothing read before: the primary holding the program's rows.
 	for _, p := range f.ps[1:] {
-		if has, herr := p.l.HasProgram(ctx, program); herr == nil && has {
+		if home, herr := p.l.LivesHere(ctx, program); herr == nil && home {
 			return place{p: p, read: time.Now()}, true, nil
 		}
 	}
@@ -337,9 +337,9 @@ func (f *Fleet) write(ctx context.Context, program keys.ID, create bool) (*prima
 		// directory, or while this one adopted) stays where its rows are.
 		names := f.Primaries()
 		for _, p := range f.ps {
-			if has, err := p.l.HasProgram(ctx, program); err != nil {
+			if home, err := p.l.LivesHere(ctx, program); err != nil {
 				return nil, unavailable(err)
-			} else if has {
+			} else if home {
 				names = []string{p.name}
 				break
 			}

@@ -67,44 +67,70 @@ func (f *Fleet) Move(ctx context.Context, program keys.ID, to string) (MoveRepor
 		return r, fmt.Errorf("%w: %s on %q", ErrUnplaced, program, pl.Primary)
 	}
 	r.From = src.name
+	if f.ttl+time.Second > MoveLease/2 {
+		return r, fmt.Errorf("fleet: move: PlaceTTL %s is too long for a move's lease of %s", f.ttl, MoveLease)
+	}
 	token := ledger.NewID().String()
 	if err := dir.MarkMoving(ctx, program, src.name, token, MoveLease); err != nil {
 		return r, err
 	}
+	// giveUp leaves the program where it is, writable: the mark ends and,
+	// if it was still this run's, no tombstone stays at its home (one a
+	// stopped run left there included).
+	giveUp := func(cause error) error {
+		ctx := context.WithoutCancel(ctx)
+		if err := dir.EndMoving(ctx, program, token, src.name); err != nil {
+			return errors.Join(cause, err)
+		}
+		f.mu.Lock()
+		f.places[program] = place{p: src, read: time.Now()}
+		f.mu.Unlock()
+		return errors.Join(cause, src.l.LiftTombstone(ctx, program, ""))
+	}
 	if src == dst {
 		// Already there: what a move that stopped after step 3 left
 		// elsewhere goes, and the program is writable.
-		err := f.dropElsewhere(ctx, program, dst, &r)
-		return r, errors.Join(err, dir.EndMoving(context.WithoutCancel(ctx), program, token, src.name))
+		return r, giveUp(f.dropElsewhere(ctx, program, dst, &r))
 	}
 	// A copy a stopped move left on the target (the directory never named
 	// it) goes.
 	if err := dst.l.DropProgram(ctx, program); err != nil {
-		return r, errors.Join(err, dir.EndMoving(context.WithoutCancel(ctx), program, token, src.name))
-	}
-	giveUp := func(cause error) error {
-		return errors.Join(cause, dir.EndMoving(context.WithoutCancel(ctx), program, token, src.name))
+		return r, giveUp(err)
 	}
 	select {
 	case <-ctx.Done():
 		return r, giveUp(ctx.Err())
 	case <-time.After(f.ttl + time.Second):
 	}
-	if err := dir.MarkMoving(ctx, program, src.name, token, MoveLease); err != nil {
+	renew := func() error { return dir.MarkMoving(ctx, program, src.name, token, MoveLease) }
+	if err := renew(); err != nil {
 		return r, err // taken over meanwhile: the other run decides
 	}
-	m, err := ledger.BeginMove(ctx, src.l, dst.l, program, dst.name)
+	m, err := ledger.BeginMove(ctx, src.l, dst.l, program, dst.name, token)
 	if err != nil {
 		return r, giveUp(err)
+	}
+	if err := renew(); err != nil {
+		return r, errors.Join(err, m.Abort(context.WithoutCancel(ctx)))
 	}
 	if err := m.Copy(ctx); err != nil {
 		return r, giveUp(errors.Join(err, m.Abort(context.WithoutCancel(ctx))))
 	}
 	r.Counts, r.Sums = m.Counts, m.Sums[1]
 	if err := dir.EndMoving(ctx, program, token, dst.name); err != nil {
-		// Not this run's mark any more, or the directory is unreachable:
-		// the program stays where the directory says.
-		return r, errors.Join(err, m.Abort(context.WithoutCancel(ctx)))
+		// Its answer lost, the flip may have happened: the directory says.
+		pl, perr := dir.PlacementOf(context.WithoutCancel(ctx), program)
+		switch {
+		case perr != nil:
+			// Unknown: nothing is dropped; the rows are on both, the
+			// directory names one, and a run again finishes.
+			m.Release()
+			return r, fmt.Errorf("fleet: move: %w; the directory could not be read after (%w): run the move again", err, perr)
+		case pl.Primary != dst.name || pl.Moving:
+			// Not flipped (the mark is another run's, or still this
+			// one's): the program stays on the source.
+			return r, errors.Join(err, m.Abort(context.WithoutCancel(ctx)))
+		}
 	}
 	f.mu.Lock()
 	f.places[program] = place{p: dst, read: time.Now()}

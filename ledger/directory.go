@@ -49,6 +49,8 @@ func (l *Ledger) directoryUp(ctx context.Context, tx *sql.Tx) error {
 		_, err = tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS program_moves (
 	program    TEXT   PRIMARY KEY,
 	to_primary TEXT   NOT NULL,
+	-- the move that wrote it (its token): only that move lifts it
+	mover      TEXT   NOT NULL DEFAULT '',
 	moved_at   BIGINT NOT NULL
 )`)
 	}
@@ -235,6 +237,31 @@ func (l *Ledger) HasProgram(ctx context.Context, program keys.ID) (bool, error) 
 		return false, fmt.Errorf("ledger: has program: %w", err)
 	}
 	return n > 0, nil
+}
+
+// LivesHere reports whether program's rows are here and not moved away
+// (no tombstone): where a replica that cannot read the directory, or a
+// program's first write, finds its home.
+func (l *Ledger) LivesHere(ctx context.Context, program keys.ID) (bool, error) {
+	has, err := l.HasProgram(ctx, program)
+	if err != nil || !has || l.schema.Version < directoryStep {
+		return has, err
+	}
+	var n int64
+	if err := l.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM program_moves WHERE program = $1`, program).Scan(&n); err != nil {
+		return false, fmt.Errorf("ledger: tombstone: %w", err)
+	}
+	return n == 0, nil
+}
+
+// LiftTombstone lets program's rows be created here again: the tombstone
+// the move of token wrote (any, with token ""), when that move gave up
+// or the program's home is here after all.
+func (l *Ledger) LiftTombstone(ctx context.Context, program keys.ID, token string) error {
+	if _, err := l.db.ExecContext(ctx, `DELETE FROM program_moves WHERE program = $1 AND ($2 = '' OR mover = $2)`, program, token); err != nil {
+		return fmt.Errorf("ledger: lift tombstone: %w", err)
+	}
+	return nil
 }
 
 // ProgramOfRow is the program of the row id names here: an order, a

@@ -63,6 +63,7 @@ type TableCount struct {
 // source; Abort undoes what was copied.
 type Move struct {
 	program  keys.ID
+	token    string // the move's, on its tombstone
 	from, to *Ledger
 	src      *sql.Tx
 	rows     map[string]tableRows
@@ -84,8 +85,9 @@ type tableRows struct {
 // write that would create its rows there is refused from then on: see
 // fenceMoved), and the source's transaction takes the program's move lock,
 // so writes creating rows of it that began before wait for it and those
-// after see the tombstone. Abort lifts the tombstone; Finish keeps it.
-func BeginMove(ctx context.Context, from, to *Ledger, program keys.ID, toName string) (_ *Move, err error) {
+// after see the tombstone. Abort lifts the tombstone (if still token's);
+// Finish keeps it.
+func BeginMove(ctx context.Context, from, to *Ledger, program keys.ID, toName, token string) (_ *Move, err error) {
 	if from.driver != Postgres || to.driver != Postgres {
 		return nil, errors.New("ledger: move: both ledgers must be PostgreSQL")
 	}
@@ -99,18 +101,18 @@ func BeginMove(ctx context.Context, from, to *Ledger, program keys.ID, toName st
 	if held > 0 {
 		return nil, fmt.Errorf("%w: the target already holds %d rows of %s", ErrConflict, held, program)
 	}
-	if _, err := from.db.ExecContext(ctx, `INSERT INTO program_moves (program, to_primary, moved_at) VALUES ($1, $2, $3)
-		ON CONFLICT (program) DO UPDATE SET to_primary = excluded.to_primary, moved_at = excluded.moved_at`,
-		program, toName, from.now().UnixMilli()); err != nil {
+	if _, err := from.db.ExecContext(ctx, `INSERT INTO program_moves (program, to_primary, mover, moved_at) VALUES ($1, $2, $3, $4)
+		ON CONFLICT (program) DO UPDATE SET to_primary = excluded.to_primary, mover = excluded.mover, moved_at = excluded.moved_at`,
+		program, toName, token, from.now().UnixMilli()); err != nil {
 		return nil, fmt.Errorf("ledger: move: tombstone: %w", err)
 	}
-	m := &Move{program: program, from: from, to: to, rows: map[string]tableRows{}}
+	m := &Move{program: program, token: token, from: from, to: to, rows: map[string]tableRows{}}
 	defer func() {
 		if err != nil {
 			if m.src != nil {
 				m.src.Rollback()
 			}
-			from.liftTombstone(context.WithoutCancel(ctx), program)
+			_ = from.LiftTombstone(context.WithoutCancel(ctx), program, token)
 		}
 	}()
 	if m.src, err = from.db.BeginTx(ctx, nil); err != nil {
@@ -292,22 +294,22 @@ func (m *Move) Finish(ctx context.Context) error {
 	return nil
 }
 
-// Abort releases the source, lifts its tombstone, and deletes whatever
-// Copy wrote to the target.
+// Abort deletes whatever Copy wrote to the target (first, while the
+// source's transaction still holds the program's move lock, so no other
+// move's copy is there yet), releases the source, and lifts its
+// tombstone if it is still this move's.
 func (m *Move) Abort(ctx context.Context) error {
-	m.src.Rollback()
-	m.from.liftTombstone(ctx, m.program)
-	if !m.copied {
-		return nil
+	var err error
+	if m.copied {
+		err = m.to.DropProgram(ctx, m.program)
 	}
-	return m.to.DropProgram(ctx, m.program)
+	m.src.Rollback()
+	return errors.Join(err, m.from.LiftTombstone(ctx, m.program, m.token))
 }
 
-// liftTombstone lets program's rows be created here again (a move that
-// gave up before the directory changed).
-func (l *Ledger) liftTombstone(ctx context.Context, program keys.ID) {
-	_, _ = l.db.ExecContext(ctx, `DELETE FROM program_moves WHERE program = $1`, program)
-}
+// Release ends the move's hold on the source and leaves everything as it
+// is (the directory's state unknown: a run again decides).
+func (m *Move) Release() { m.src.Rollback() }
 
 // DropProgram deletes every row of program from this ledger: what a move
 // left on a primary the directory does not name.

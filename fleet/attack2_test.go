@@ -1,0 +1,210 @@
+package fleet_test
+
+// Regression tests for breaks a second review found in the fixes of the
+// first (attack_test.go). Each fails on the code it was written against;
+// the comment above each says the scenario.
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stockgate/stockgate/fleet"
+	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/ledger"
+)
+
+// BREAK: a move killed after BeginMove committed the source's tombstone
+// (here: its source transaction dropped, as when the process dies during
+// the copy) leaves the tombstone behind. Taken back by running the move
+// towards where the program is (or by a rerun that gives up before its
+// own BeginMove, e.g. Ctrl-C during the PlaceTTL wait), Move answers
+// success and the directory says the program is writable on main, but the
+// tombstone is never lifted: every restock (PutSKU), SetProgram and
+// PutQueue of the program is refused with ErrMoving, for good.
+func TestAttack2KilledMoveTombstoneBlocksForever(t *testing.T) {
+	ctx := context.Background()
+	urls := testenv.PostgresURLs(t, 2)
+	f := open(t, urls, time.Millisecond)
+	s := sku("killed")
+	place(t, f, s, "main", 10)
+	buy(t, f, s, "k1", "ann", 2)
+	if _, err := f.EndSale(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	// The killed run: its mark, its tombstone and source transaction.
+	if err := f.First().MarkMoving(ctx, s.Program, "main", "killed", fleet.MoveLease); err != nil {
+		t.Fatal(err)
+	}
+	dying, die := context.WithCancel(ctx)
+	if _, err := ledger.BeginMove(dying, f.Primary("main"), f.Primary("p1"), s.Program, "p1", "killed"); err != nil {
+		t.Fatal(err)
+	}
+	die() // the process dies: its source transaction rolls back, the tombstone stays
+	ageMark(t, urls[0], s.Program)
+	if _, err := f.Move(ctx, s.Program, "main"); err != nil {
+		t.Fatalf("taking the program back to where it is: %v", err)
+	}
+	pl, _ := f.First().PlacementOf(ctx, s.Program)
+	if _, err := f.PutSKU(ctx, ledger.SKUConfig{SKU: s, Total: 20, Shards: 1, MaxPerOrder: 10}); err != nil {
+		t.Errorf("the program is on %s and not moving (%+v), but its restock is refused: %v", pl.Primary, pl, err)
+	}
+}
+
+// BREAK: a run whose mark lapsed (its copy took longer than MoveLease) is
+// taken over by a second run; the second commits its tombstone and waits
+// for the first's move lock. The first then fails (its copy, or EndMoving
+// as the mark is no longer its own) and Abort lifts the tombstone by
+// program: the second run's. The second run completes the move with no
+// tombstone on the source, so a replica cut off from the directory
+// creates the moved program's rows there again (the break
+// TestAttackPartitionedReplicaWritesAfterMove was fixed for).
+func TestAttack2TakenOverRunLiftsTheNewRunsTombstone(t *testing.T) {
+	ctx := context.Background()
+	urls := testenv.PostgresURLs(t, 2)
+	f := open(t, urls, time.Millisecond)
+	s := sku("takeover")
+	place(t, f, s, "main", 10)
+	buy(t, f, s, "t1", "ann", 2)
+	if _, err := f.EndSale(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	// Run 1, by Move's steps, has locked and read the source.
+	if err := f.First().MarkMoving(ctx, s.Program, "main", "run1", fleet.MoveLease); err != nil {
+		t.Fatal(err)
+	}
+	m, err := ledger.BeginMove(ctx, f.Primary("main"), f.Primary("p1"), s.Program, "p1", "run1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ageMark(t, urls[0], s.Program) // run 1's copy outlasts the lease
+	second := open(t, urls, time.Millisecond)
+	done := make(chan error, 1)
+	go func() { _, err := second.Move(ctx, s.Program, "p1"); done <- err }()
+	// Wait until run 2 waits for run 1's move lock (its tombstone written).
+	db, err := sql.Open("pgx", urls[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		var n int
+		if err := db.QueryRow(`SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("run 2 never waited for run 1's lock")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Run 1 fails (its copy; or EndMoving, the mark being run 2's) and
+	// gives up.
+	if err := f.First().EndMoving(ctx, s.Program, "run1", "p1"); !errors.Is(err, ledger.ErrMoveRunning) {
+		t.Fatalf("run 1's EndMoving after the takeover: %v", err)
+	}
+	if err := m.Abort(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("run 2: %v", err)
+	}
+	if pl, err := f.First().PlacementOf(ctx, s.Program); err != nil || pl.Primary != "p1" {
+		t.Fatalf("after run 2: %+v %v", pl, err)
+	}
+	// A replica cut off from the directory still writes to main.
+	if _, err := f.Primary("main").PutSKU(ctx, ledger.SKUConfig{SKU: s, Total: 10, Shards: 1, MaxPerOrder: 10}); !errors.Is(err, ledger.ErrMoving) {
+		t.Errorf("the program moved to p1, but a write creating it on main again: %v, want ErrMoving (no tombstone left on main)", err)
+	}
+}
+
+// BREAK: batches are not routed by the directory when the row's lane is
+// unknown (a fresh replica): every such request goes to the first
+// primary. After a move main -> p1 whose last step failed (the source's
+// rows left behind: "run the move again to delete them"), a fresh
+// replica's RefundBatch refunds the stale copy on main and answers
+// success; the order on p1, the one every reader sees and the rerun
+// keeps, is not refunded (the fix of TestAttackStaleCopyWrittenAfterFailedFinish
+// covers byID, not batchByID).
+func TestAttack2BatchRefundsStaleCopy(t *testing.T) {
+	ctx := context.Background()
+	urls := testenv.PostgresURLs(t, 2)
+	f := open(t, urls, time.Millisecond)
+	s := sku("batchstale")
+	place(t, f, s, "main", 10)
+	o := buy(t, f, s, "b1", "ann", 2)
+	m := copiedMove(t, f, s, "run")
+	if err := f.First().EndMoving(ctx, s.Program, "run", "p1"); err != nil {
+		t.Fatal(err)
+	}
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := m.Finish(gone); err == nil {
+		t.Fatal("finish with a dead connection succeeded")
+	}
+	fresh := open(t, urls, time.Millisecond)
+	got, err := fresh.RefundBatch(ctx, []ledger.OrderRequest{{OrderID: o.ID, Buyer: o.Buyer, Req: refundReq(o.Buyer, "rb1")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[0].Err != nil {
+		return // decided alone: byID follows the directory
+	}
+	if p1o, err := f.Primary("p1").OrderByID(ctx, o.ID); err != nil || p1o.RefundedAt.IsZero() {
+		st, _ := f.SKU(ctx, s)
+		t.Errorf("RefundBatch answered success, but the order on p1 (the directory's) is not refunded: %+v %v; SKU sold %d", p1o, err, st.Sold)
+	}
+}
+
+// BREAK: a replica that never read a program's place and cannot read the
+// directory falls back to "the primary that holds the program's rows",
+// asking every primary but the first, and ignoring tombstones. After a
+// move p1 -> main whose last step failed (p1 keeps a stale copy and the
+// tombstone), with main unreachable from the replica, a refund of the
+// program's order is written on p1's stale copy and answered success: the
+// program lives on main (down: the right answer is 503), and the rerun of
+// the move deletes the refund with the copy.
+func TestAttack2DirectoryDownFallbackWritesStaleCopy(t *testing.T) {
+	ctx := context.Background()
+	urls := testenv.PostgresURLs(t, 2)
+	mainURL, proxy := proxied(t, urls[0])
+	mover := open(t, urls, time.Millisecond)
+	r := open(t, []string{mainURL, urls[1]}, time.Millisecond) // before the program exists
+	s := sku("fallback")
+	place(t, mover, s, "p1", 10)
+	o := buy(t, mover, s, "f1", "ann", 2)
+	if _, err := mover.EndSale(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	dir := mover.First()
+	if err := dir.MarkMoving(ctx, s.Program, "p1", "run", fleet.MoveLease); err != nil {
+		t.Fatal(err)
+	}
+	m, err := ledger.BeginMove(ctx, mover.Primary("p1"), mover.Primary("main"), s.Program, "main", "run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Copy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := dir.EndMoving(ctx, s.Program, "run", "main"); err != nil {
+		t.Fatal(err)
+	}
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := m.Finish(gone); err == nil {
+		t.Fatal("finish with a dead connection succeeded")
+	}
+	proxy.Cut()
+	defer proxy.Restore()
+	_, _, err = r.Refund(ctx, o.ID, o.Buyer, refundReq(o.Buyer, "rf1"))
+	if err == nil {
+		mo, merr := mover.Primary("main").OrderByID(ctx, o.ID)
+		t.Errorf("with main (the program's primary and the directory) down, a refund answered success on p1's stale copy; "+
+			"main's order refunded: %v (%v)", !mo.RefundedAt.IsZero(), merr)
+	}
+}

@@ -29,11 +29,7 @@ func TestAttack2KilledMoveTombstoneBlocksForever(t *testing.T) {
 	urls := testenv.PostgresURLs(t, 2)
 	f := open(t, urls, time.Millisecond)
 	s := sku("killed")
-	place(t, f, s, "main", 10)
-	buy(t, f, s, "k1", "ann", 2)
-	if _, err := f.EndSale(ctx, s); err != nil {
-		t.Fatal(err)
-	}
+	closedWithOrder(t, f, s, "main", "k1", 2)
 	// The killed run: its mark, its tombstone and source transaction.
 	if err := f.First().MarkMoving(ctx, s.Program, "main", "killed", fleet.MoveLease); err != nil {
 		t.Fatal(err)
@@ -66,11 +62,7 @@ func TestAttack2TakenOverRunLiftsTheNewRunsTombstone(t *testing.T) {
 	urls := testenv.PostgresURLs(t, 2)
 	f := open(t, urls, time.Millisecond)
 	s := sku("takeover")
-	place(t, f, s, "main", 10)
-	buy(t, f, s, "t1", "ann", 2)
-	if _, err := f.EndSale(ctx, s); err != nil {
-		t.Fatal(err)
-	}
+	closedWithOrder(t, f, s, "main", "t1", 2)
 	// Run 1, by Move's steps, has locked and read the source.
 	if err := f.First().MarkMoving(ctx, s.Program, "main", "run1", fleet.MoveLease); err != nil {
 		t.Fatal(err)
@@ -175,11 +167,7 @@ func TestAttack2DirectoryDownFallbackWritesStaleCopy(t *testing.T) {
 	mover := open(t, urls, time.Millisecond)
 	r := open(t, []string{mainURL, urls[1]}, time.Millisecond) // before the program exists
 	s := sku("fallback")
-	place(t, mover, s, "p1", 10)
-	o := buy(t, mover, s, "f1", "ann", 2)
-	if _, err := mover.EndSale(ctx, s); err != nil {
-		t.Fatal(err)
-	}
+	o := closedWithOrder(t, mover, s, "p1", "f1", 2)
 	dir := mover.First()
 	if err := dir.MarkMoving(ctx, s.Program, "p1", "run", fleet.MoveLease); err != nil {
 		t.Fatal(err)

@@ -49,6 +49,18 @@ func place(t *testing.T, f *fleet.Fleet, s stock.SKU, on string, total int64) {
 	}
 }
 
+// closedWithOrder places s's program on the primary on, sells ann q of
+// s under key, and ends the sale: a program ready to move.
+func closedWithOrder(t *testing.T, f *fleet.Fleet, s stock.SKU, on, key string, q int64) ledger.Order {
+	t.Helper()
+	place(t, f, s, on, 10)
+	o := buy(t, f, s, key, "ann", q)
+	if _, err := f.EndSale(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
 func hold(t *testing.T, f *fleet.Fleet, s stock.SKU, key, buyer string, q int64) ledger.Hold {
 	t.Helper()
 	r := f.Commit(context.Background(), []ledger.Take{ledger.HoldTake(ledger.Hold{IdempotencyKey: keys.MustID(key), SKU: s,
@@ -365,11 +377,7 @@ func TestAttackMovedRowsUnreachableWhileOldPrimaryDown(t *testing.T) {
 	mainURL, proxy := proxied(t, urls[0])
 	f := open(t, []string{mainURL, urls[1]}, time.Millisecond)
 	s := sku("moved")
-	place(t, f, s, "main", 10)
-	o := buy(t, f, s, "m1", "ann", 2)
-	if _, err := f.EndSale(ctx, s); err != nil {
-		t.Fatal(err)
-	}
+	o := closedWithOrder(t, f, s, "main", "m1", 2)
 	if _, err := f.Move(ctx, s.Program, "p1"); err != nil {
 		t.Fatal(err)
 	}
@@ -427,11 +435,7 @@ func TestAttackPartitionedReplicaWritesAfterMove(t *testing.T) {
 	mover := open(t, urls, time.Millisecond)
 	r := open(t, []string{mainURL, urls[1]}, time.Millisecond)
 	s := sku("partition")
-	place(t, mover, s, "p1", 10)
-	buy(t, mover, s, "p-1", "ann", 4)
-	if _, err := mover.EndSale(ctx, s); err != nil {
-		t.Fatal(err)
-	}
+	closedWithOrder(t, mover, s, "p1", "p-1", 4)
 	if _, err := r.SKU(ctx, s); err != nil {
 		t.Fatal(err)
 	}

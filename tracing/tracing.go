@@ -10,6 +10,7 @@
 package tracing
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -20,10 +21,10 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"go.opentelemetry.io/contrib/exporters/autoexport"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -61,44 +62,43 @@ func Use(tp trace.TracerProvider) {
 var ErrExporter = errors.New("tracing: unsupported exporter")
 
 // Setup turns tracing on when the environment asks for it, the way the
-// OpenTelemetry specification names it: OTEL_TRACES_EXPORTER=otlp, or an
-// OTLP endpoint (OTEL_EXPORTER_OTLP_ENDPOINT or
-// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) with no exporter named. Unlike the
-// specification's default, no variable means off: a gateway in front of a
-// flash sale should not start exporting because a collector address exists
-// somewhere. OTEL_SDK_DISABLED=true and OTEL_TRACES_EXPORTER=none turn it
-// off. The exporter speaks OTLP over HTTP/protobuf and reads its own
-// OTEL_EXPORTER_OTLP_* settings (endpoint, headers, timeout, TLS files);
-// the SDK reads OTEL_TRACES_SAMPLER(_ARG), OTEL_SERVICE_NAME (default
-// "stockgate") and OTEL_RESOURCE_ATTRIBUTES, and OTEL_BSP_* for batching.
+// OpenTelemetry specification names it: OTEL_TRACES_EXPORTER (otlp, or
+// console: spans as JSON on stdout), or an OTLP endpoint
+// (OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) with
+// no exporter named. Unlike the specification's default, no variable means
+// off: a gateway in front of a flash sale should not start exporting
+// because a collector address exists somewhere. OTEL_SDK_DISABLED=true and
+// OTEL_TRACES_EXPORTER=none turn it off.
+//
+// The exporter is OpenTelemetry's autoexport, so what platforms inject
+// works as the specification says: OTLP over gRPC or HTTP/protobuf (the
+// default) by OTEL_EXPORTER_OTLP_PROTOCOL or OTEL_EXPORTER_OTLP_TRACES_PROTOCOL,
+// each reading its own OTEL_EXPORTER_OTLP_* settings (endpoint, headers,
+// timeout, TLS files); the SDK reads OTEL_TRACES_SAMPLER(_ARG),
+// OTEL_SERVICE_NAME (default "stockgate") and OTEL_RESOURCE_ATTRIBUTES,
+// and OTEL_BSP_* for batching.
 //
 // shutdown flushes what is buffered and stops the exporter; off, it does
 // nothing. Call it after the HTTP server has drained.
 func Setup(ctx context.Context) (shutdown func(context.Context) error, err error) {
 	off := func(context.Context) error { return nil }
-	exporter := strings.ToLower(strings.TrimSpace(os.Getenv("OTEL_TRACES_EXPORTER")))
-	if exporter == "" && (os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != "") {
-		exporter = "otlp"
-	}
-	if strings.EqualFold(os.Getenv("OTEL_SDK_DISABLED"), "true") || exporter == "" || exporter == "none" {
+	exporter := strings.TrimSpace(os.Getenv("OTEL_TRACES_EXPORTER"))
+	endpoint := os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != ""
+	if strings.EqualFold(os.Getenv("OTEL_SDK_DISABLED"), "true") || (exporter == "" && !endpoint) || exporter == "none" {
 		return off, nil
-	}
-	if exporter != "otlp" {
-		return nil, fmt.Errorf("%w: OTEL_TRACES_EXPORTER=%q (this build exports otlp, or none)", ErrExporter, exporter)
 	}
 	if err := checkSettings(); err != nil {
 		return nil, err
 	}
-	proto := os.Getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-	if proto == "" {
-		proto = os.Getenv("OTEL_EXPORTER_OTLP_PROTOCOL")
-	}
-	if proto != "" && proto != "http/protobuf" {
-		return nil, fmt.Errorf("%w: OTLP protocol %q (this build speaks http/protobuf)", ErrExporter, proto)
-	}
-	exp, err := otlptracehttp.New(ctx)
+	// An empty OTEL_TRACES_EXPORTER (here: with an endpoint) is autoexport's
+	// otlp.
+	exp, err := autoexport.NewSpanExporter(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("tracing: exporter: %w", err)
+		return nil, fmt.Errorf("%w: OTEL_TRACES_EXPORTER=%q, protocol %q (this build exports otlp over grpc or http/protobuf, console, or none): %v",
+			ErrExporter, exporter, protocol(), err)
+	}
+	if autoexport.IsNoneSpanExporter(exp) {
+		return off, nil
 	}
 	res, err := resource.Merge(resource.NewSchemaless(semconv.ServiceName("stockgate")), resource.Default())
 	if err != nil {
@@ -113,6 +113,26 @@ func Setup(ctx context.Context) (shutdown func(context.Context) error, err error
 		Use(nil)
 		return tp.Shutdown(ctx)
 	}, nil
+}
+
+// protocol is the OTLP protocol the environment names for traces, as
+// autoexport reads it ("" when unset: http/protobuf).
+func protocol() string {
+	return cmp.Or(os.Getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"), os.Getenv("OTEL_EXPORTER_OTLP_PROTOCOL"))
+}
+
+// Protocol names what Setup exports with, for the start-up log line:
+// "otlp/grpc", "otlp/http/protobuf", "console" (empty when off).
+func Protocol() string {
+	if !Enabled() {
+		return ""
+	}
+	switch e := strings.TrimSpace(os.Getenv("OTEL_TRACES_EXPORTER")); e {
+	case "", "otlp":
+		return "otlp/" + cmp.Or(protocol(), "http/protobuf")
+	default:
+		return e
+	}
 }
 
 // ErrSetting is Setup with an OTEL_* variable the SDK would take and then

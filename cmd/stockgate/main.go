@@ -553,7 +553,7 @@ func serve(ctx context.Context, c *config, log *slog.Logger) error {
 		}
 	}()
 	if tracing.Enabled() {
-		log.Info("tracing on: spans exported over OTLP/HTTP")
+		log.Info("tracing on", "exporter", tracing.Protocol())
 	}
 	o := c.Options
 	o.Logger = log

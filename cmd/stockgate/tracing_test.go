@@ -2,12 +2,15 @@ package main
 
 import (
 	"bytes"
+	"cmp"
+	"context"
 	"compress/gzip"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -15,15 +18,47 @@ import (
 
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/stockgate/stockgate/internal/testenv"
 )
 
-// collector is an OTLP/HTTP endpoint that keeps the spans it is sent.
+// collector is an OTLP endpoint that keeps the spans it is sent: over
+// HTTP/protobuf as an http.Handler, over gRPC as a TraceServiceServer.
 type collector struct {
+	coltracepb.UnimplementedTraceServiceServer
 	mu    sync.Mutex
 	spans []*tracepb.Span
+}
+
+func (c *collector) add(ex *coltracepb.ExportTraceServiceRequest) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, rs := range ex.ResourceSpans {
+		for _, ss := range rs.ScopeSpans {
+			c.spans = append(c.spans, ss.Spans...)
+		}
+	}
+}
+
+// Export is the OTLP/gRPC trace service.
+func (c *collector) Export(_ context.Context, ex *coltracepb.ExportTraceServiceRequest) (*coltracepb.ExportTraceServiceResponse, error) {
+	c.add(ex)
+	return &coltracepb.ExportTraceServiceResponse{}, nil
+}
+
+// serverSpans is the names of the HTTP requests' spans received so far.
+func (c *collector) serverSpans() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var names []string
+	for _, s := range c.spans {
+		if s.Kind == tracepb.Span_SPAN_KIND_SERVER {
+			names = append(names, s.Name)
+		}
+	}
+	return names
 }
 
 func (c *collector) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -42,13 +77,7 @@ func (c *collector) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	c.mu.Lock()
-	for _, rs := range ex.ResourceSpans {
-		for _, ss := range rs.ScopeSpans {
-			c.spans = append(c.spans, ss.Spans...)
-		}
-	}
-	c.mu.Unlock()
+	c.add(&ex)
 	out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
 	w.Header().Set("Content-Type", "application/x-protobuf")
 	_, _ = w.Write(out)
@@ -107,5 +136,62 @@ func TestTracedMadeUpMethodIsBounded(t *testing.T) {
 	}
 	if !strings.HasPrefix(span.Name, "_OTHER ") {
 		t.Errorf("span name %.40q, want _OTHER and the route", span.Name)
+	}
+}
+
+// OTEL_EXPORTER_OTLP_PROTOCOL is what platforms inject (the OpenTelemetry
+// Operator, collectors' charts), grpc as often as http/protobuf. With grpc
+// the gateway exited 1 at start ("unsupported exporter"), so every pod
+// crash-looped. Each protocol, and none (http/protobuf, the default):
+// the gateway starts, serves, and its spans reach a collector speaking
+// that protocol.
+func TestTracingOverEachOTLPProtocol(t *testing.T) {
+	c := testenv.SharedCluster(t)
+	for _, proto := range []string{"", "http/protobuf", "grpc"} {
+		t.Run(cmp.Or(proto, "unset"), func(t *testing.T) {
+			col := &collector{}
+			var endpoint string
+			if proto == "grpc" {
+				l, err := net.Listen("tcp", "127.0.0.1:0")
+				if err != nil {
+					t.Fatal(err)
+				}
+				gs := grpc.NewServer()
+				coltracepb.RegisterTraceServiceServer(gs, col)
+				go func() { _ = gs.Serve(l) }() // ends with Stop
+				t.Cleanup(gs.Stop)
+				endpoint = "http://" + l.Addr().String()
+			} else {
+				hs := httptest.NewServer(col)
+				t.Cleanup(hs.Close)
+				endpoint = hs.URL
+			}
+			env := []string{"STOCKGATE_REDIS_ADDRS=" + strings.Join(c.Addrs(), ","), "STOCKGATE_LOG_LEVEL=info",
+				"OTEL_EXPORTER_OTLP_ENDPOINT=" + endpoint, "OTEL_BSP_SCHEDULE_DELAY=50"}
+			if proto != "" {
+				env = append(env, "OTEL_EXPORTER_OTLP_PROTOCOL="+proto)
+			}
+			srv := startServe(t, env...)
+			client := &http.Client{Timeout: 5 * time.Second}
+			waitUntil(t, 20*time.Second, func() bool {
+				select {
+				case err := <-srv.exited:
+					t.Fatalf("with OTEL_EXPORTER_OTLP_PROTOCOL=%q the gateway exited at start: %v\n%s", proto, err, srv.logs.String())
+				default:
+				}
+				r, err := client.Get(srv.base + "/v1/skus/p1/t1/stock")
+				if err != nil {
+					return false
+				}
+				r.Body.Close()
+				return true
+			})
+			waitUntil(t, 10*time.Second, func() bool {
+				return slices.ContainsFunc(col.serverSpans(), func(n string) bool { return strings.HasPrefix(n, "GET /v1/skus/") })
+			})
+			if want := "otlp/" + cmp.Or(proto, "http/protobuf"); !strings.Contains(srv.logs.String(), want) {
+				t.Errorf("the start's log does not say spans go out over %s:\n%s", want, srv.logs.String())
+			}
+		})
 	}
 }

@@ -101,9 +101,27 @@ type Order struct {
 	CreatedAt time.Time `json:"created_at"`
 	// RefundedAt is set once the order is refunded.
 	RefundedAt *time.Time `json:"refunded_at,omitempty"`
+	// State is "standing", "refunded" or "resold" (every ticket resold to
+	// other buyers: ResoldAt is set, and no refund took place).
+	State    string     `json:"state"`
+	ResoldAt *time.Time `json:"resold_at,omitempty"`
+	// Units says where the order's tickets went.
+	Units OrderUnits `json:"units"`
 	// Replayed is true when the answer is the stored one of an earlier
 	// request with the same key (nothing new was sold).
 	Replayed bool `json:"-"`
+}
+
+// OrderUnits are where an order's tickets went: Began = Standing + Resold
+// + Refunded + Transferred, always. A platform refunds a seller once per
+// unit Resold or Refunded (docs/API.md, reconciling money).
+type OrderUnits struct {
+	Began       int64 `json:"began"`
+	Standing    int64 `json:"standing"`
+	Listed      int64 `json:"listed"` // of Standing: on sale again
+	Resold      int64 `json:"resold"`
+	Refunded    int64 `json:"refunded"`
+	Transferred int64 `json:"transferred"`
 }
 
 // Hold is stock held for a buyer until it is confirmed, cancelled or

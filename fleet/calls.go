@@ -176,6 +176,10 @@ func (f *Fleet) ConfirmPart(ctx context.Context, holdID, buyer keys.ID, keep int
 	return byID(ctx, f, holdID, true, func(l *ledger.Ledger) (ledger.Order, error) { return l.ConfirmPart(ctx, holdID, buyer, keep, req) })
 }
 
+func (f *Fleet) AnswerWith(ctx context.Context, req ledger.Request, o ledger.Order) (ledger.Order, error) {
+	return byID(ctx, f, o.ID, true, func(l *ledger.Ledger) (ledger.Order, error) { return l.AnswerWith(ctx, req, o) })
+}
+
 // twoOf carries a call's two answers through byID.
 type twoOf[A, B any] struct {
 	a A

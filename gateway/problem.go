@@ -29,7 +29,40 @@ type Problem struct {
 	Lines []problemLine `json:"lines,omitempty"`
 	// Seats are the seats a seat problem is about (taken, unknown).
 	Seats []string `json:"seats,omitempty"`
+	// Outcome, on every 5xx, says what became of the request: "unchanged"
+	// (nothing moved: shed before the ledger, a read, a refusal decided
+	// before any write) or "unknown" (the ledger may have committed it: the
+	// same request with the same Idempotency-Key, on any replica, answers
+	// what happened). A 4xx changed nothing and a 2xx stands, so neither
+	// needs it.
+	Outcome string `json:"outcome,omitempty"`
 }
+
+// Outcomes of a 5xx (Problem.Outcome).
+const (
+	outcomeUnchanged = "unchanged"
+	outcomeUnknown   = "unknown"
+)
+
+// unchangedCodes are the problem codes of 5xx answers given before
+// anything could be written.
+var unchangedCodes = map[string]bool{"overloaded": true, "not-ready": true, "no-seats": true}
+
+// outcomeOf is a 5xx answer's Outcome: unchanged for a read, or a
+// refusal known to have moved nothing (unchanged true, or its code one of
+// unchangedCodes); unknown otherwise. "" below 500.
+func outcomeOf(method string, status int, code string, unchanged bool) string {
+	switch {
+	case status < 500:
+		return ""
+	case unchanged || unchangedCodes[code] || method == http.MethodGet || method == http.MethodHead:
+		return outcomeUnchanged
+	}
+	return outcomeUnknown
+}
+
+// unchangedKinds are the sale errors of a 5xx that moved nothing.
+var unchangedKinds = map[*sale.Err]bool{sale.ErrBusy: true, sale.ErrGateNotClosed: true}
 
 // problemLine is a cart line a refusal names: its ticket and why (a
 // problem type's last segment).
@@ -54,12 +87,12 @@ func retryAfter(wait time.Duration) int {
 
 // retryAfter > 0 sets Retry-After in seconds (429 and 503).
 func writeProblem(c *gin.Context, status int, kind, detail string, retryAfter int) {
-	writeProblemLines(c, status, kind, detail, retryAfter, nil, nil)
+	writeProblemLines(c, status, kind, detail, retryAfter, nil, nil, outcomeOf(c.Request.Method, status, kind, false))
 }
 
 // writeProblemLines is writeProblem naming the cart lines refused and the
 // seats the problem is about.
-func writeProblemLines(c *gin.Context, status int, kind, detail string, retryAfter int, lines []problemLine, seats []string) {
+func writeProblemLines(c *gin.Context, status int, kind, detail string, retryAfter int, lines []problemLine, seats []string, outcome string) {
 	if retryAfter > 0 {
 		c.Header("Retry-After", strconv.Itoa(retryAfter))
 	}
@@ -72,6 +105,7 @@ func writeProblemLines(c *gin.Context, status int, kind, detail string, retryAft
 		Instance: c.Request.URL.Path,
 		Lines:    lines,
 		Seats:    seats,
+		Outcome:  outcome,
 	}})
 	c.Abort()
 }
@@ -110,6 +144,7 @@ var statusOf = map[*sale.Err]int{
 	sale.ErrHoldAtMax:         http.StatusConflict,
 	sale.ErrLateRefused:       http.StatusConflict,
 	sale.ErrOrderRefunded:     http.StatusConflict,
+	sale.ErrOrderResold:       http.StatusConflict,
 	sale.ErrOrderListed:       http.StatusConflict,
 	sale.ErrUnknownListing:    http.StatusNotFound,
 	sale.ErrListingEnded:      http.StatusConflict,
@@ -142,7 +177,6 @@ var statusOf = map[*sale.Err]int{
 	sale.ErrRebuildBusy:       http.StatusConflict,
 	sale.ErrBusy:              http.StatusServiceUnavailable,
 	sale.ErrUnavailable:       http.StatusServiceUnavailable,
-	sale.ErrNotRebuilt:        http.StatusServiceUnavailable,
 	sale.ErrGateNotClosed:     http.StatusServiceUnavailable,
 	sale.ErrSeatsNotInRedis:   http.StatusServiceUnavailable,
 }
@@ -224,5 +258,6 @@ func (s *Server) writeError(c *gin.Context, err error) {
 	for _, l := range sale.Lines(err) {
 		lines = append(lines, problemLine{Ticket: l.Ticket, Code: l.Code})
 	}
-	writeProblemLines(c, status, kind.Code, sale.Detail(err), retry, lines, sale.Seats(err))
+	writeProblemLines(c, status, kind.Code, sale.Detail(err), retry, lines, sale.Seats(err),
+		outcomeOf(c.Request.Method, status, kind.Code, unchangedKinds[kind]))
 }

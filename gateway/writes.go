@@ -49,6 +49,22 @@ type orderView struct {
 	Seats      []string   `json:"seats,omitempty"`
 	CreatedAt  time.Time  `json:"created_at"`
 	RefundedAt *time.Time `json:"refunded_at,omitempty"`
+	// State is standing, refunded or resold (every ticket resold to
+	// other buyers: ResoldAt, and no refunded_at).
+	State    string     `json:"state"`
+	ResoldAt *time.Time `json:"resold_at,omitempty"`
+	Units    unitsView  `json:"units"`
+}
+
+// unitsView is where an order's tickets went: began = standing + resold
+// + refunded + transferred, always (docs/API.md, reconciling money).
+type unitsView struct {
+	Began       int64 `json:"began"`
+	Standing    int64 `json:"standing"`
+	Listed      int64 `json:"listed"`
+	Resold      int64 `json:"resold"`
+	Refunded    int64 `json:"refunded"`
+	Transferred int64 `json:"transferred"`
 }
 
 func orderViewOf(o sale.Order) orderView {
@@ -57,8 +73,16 @@ func orderViewOf(o sale.Order) orderView {
 	for _, id := range o.Seats {
 		v.Seats = append(v.Seats, id.String())
 	}
-	if !o.RefundedAt.IsZero() {
-		v.RefundedAt = &o.RefundedAt
+	standing, refunded, began := o.Told()
+	v.Units = unitsView{Began: began, Standing: standing, Listed: o.Units.Listed, Resold: o.Units.Resold, Refunded: refunded,
+		Transferred: o.Units.Transferred}
+	switch {
+	case o.Units.ResoldOut:
+		v.State, v.ResoldAt = "resold", &o.RefundedAt
+	case !o.RefundedAt.IsZero():
+		v.State, v.RefundedAt = "refunded", &o.RefundedAt
+	default:
+		v.State = "standing"
 	}
 	return v
 }

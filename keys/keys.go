@@ -137,6 +137,19 @@ func (id ID) Unpooled() (ticket, pool ID) {
 	return ID{t}, ID{p}
 }
 
+// Derived is the id of a record the service makes for id on its own
+// behalf (purpose names which: a late payment's request for a hold, say):
+// purpose and id joined by the separator no client id has, so a client's
+// Idempotency-Key can never take it. It is stored (ParseStored reads it
+// back) and never goes into a Redis key as it is.
+func Derived(purpose string, id ID) ID {
+	mustHave("Derived", id)
+	if err := CheckID(purpose); err != nil || strings.Contains(id.s, poolSep) {
+		panic(fmt.Sprintf("keys.Derived(%q, %q): not two plain ids", purpose, id.s))
+	}
+	return ID{purpose + poolSep + id.s}
+}
+
 // ParseStored parses an id the service stored or sent itself (a ledger
 // row, a record, a notice from another replica): what ParseID accepts, or
 // a Pooled id of two such parts.

@@ -250,3 +250,20 @@ func TestIDIsMadeOnlyFromValidText(t *testing.T) {
 		t.Error("program-wide and SKU quota keys are the same")
 	}
 }
+
+// A derived id is stored and read back, and no client id equals it: a
+// client's Idempotency-Key can never take a record the service derives.
+func TestDerivedIsNoClientID(t *testing.T) {
+	hold := MustID("8962d0fa0f4cb1a7")
+	d := Derived("late", hold)
+	if _, err := ParseID(d.String()); err == nil {
+		t.Fatalf("client input %q parses: a client's key could take the derived id", d)
+	}
+	back, err := ParseStored(d.String())
+	if err != nil || back != d {
+		t.Fatalf("stored %q reads back as %q, %v", d, back, err)
+	}
+	if Derived("late", hold) == Derived("confirm", hold) {
+		t.Fatal("two purposes give one id")
+	}
+}

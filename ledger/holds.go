@@ -200,14 +200,7 @@ func (l *Ledger) ConfirmPart(ctx context.Context, holdID, buyer keys.ID, keep in
 	case !h.CartID.IsZero():
 		return Order{}, ErrInCart
 	case h.State == Confirmed:
-		o, err := scanOrder(tx.QueryRowContext(ctx, selectOrder+` WHERE id = $1`, h.OrderID))
-		if err != nil {
-			return Order{}, err
-		}
-		if err := finish(ctx, tx, req, &o, nil); err != nil {
-			return Order{}, err
-		}
-		return o, tx.Commit()
+		return confirmedAgain(ctx, tx, h, keep, req)
 	case h.State != Held || !now.Before(h.ExpiresAt):
 		return Order{}, fmt.Errorf("%w: %s", ErrHoldEnded, h.stateAt(now))
 	case keep > h.Quantity:
@@ -230,7 +223,20 @@ func (l *Ledger) ConfirmPart(ctx context.Context, holdID, buyer keys.ID, keep in
 		return Order{}, notCommitted("confirm hold", err)
 	}
 	if n, _ := res.RowsAffected(); n != 1 {
-		return Order{}, fmt.Errorf("%w: ended while confirming", ErrHoldEnded)
+		// Another confirm (or a sweeper, or a cancel) changed the row while
+		// this one waited for it. On PostgreSQL's READ COMMITTED the
+		// conditional update then sees the row as that one left it and
+		// changes nothing; this is no expiry: read what the hold is now,
+		// in this transaction (a new statement sees the winner's commit),
+		// and answer that.
+		cur, err := scanHold(tx.QueryRowContext(ctx, selectHold+` WHERE id = $1`, holdID))
+		switch {
+		case err != nil:
+			return Order{}, err
+		case cur.State == Confirmed:
+			return confirmedAgain(ctx, tx, cur, keep, req)
+		}
+		return Order{}, fmt.Errorf("%w: %s while confirming", ErrHoldEnded, cur.stateAt(now))
 	}
 	var v int64
 	err = tx.QueryRowContext(ctx, `UPDATE skus SET held = held - $3, sold = sold + $3, version = version + 1, updated_at = $4
@@ -281,6 +287,39 @@ func (l *Ledger) ConfirmPart(ctx context.Context, holdID, buyer keys.ID, keep in
 		return Order{}, err
 	}
 	if err := stamp(ctx, tx, h.SKU, v); err != nil {
+		return Order{}, err
+	}
+	if err := tx.Commit(); err != nil {
+		return Order{}, fmt.Errorf("ledger: confirm: commit: %w", err)
+	}
+	return o, nil
+}
+
+// confirmedAgain answers a confirm of a hold already confirmed (a retry
+// under a new key, or the loser of a race): the hold's order, recorded as
+// req's answer, when the confirm names no quantity or the order's; any
+// other quantity is ErrHoldConfirmed and records nothing (the order stands
+// as it is, and a 4xx moves nothing).
+func confirmedAgain(ctx context.Context, tx *sql.Tx, h Hold, keep int64, req Request) (Order, error) {
+	o, err := scanOrder(tx.QueryRowContext(ctx, selectOrder+` WHERE id = $1`, h.OrderID))
+	if err != nil {
+		return Order{}, err
+	}
+	// The quantity the hold was confirmed for, not what the order has now
+	// (a transfer or a resale since takes units out of it).
+	var moved, out int64
+	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(SUM(resold + transferred), 0), COALESCE(SUM(resold_out), 0)
+		FROM order_listings WHERE order_id = $1`, o.ID).Scan(&moved, &out); err != nil {
+		return Order{}, notCommitted("order units", err)
+	}
+	confirmed := o.Quantity + moved
+	if out != 0 {
+		confirmed = moved // the row's quantity is its last units resold, counted in moved
+	}
+	if keep > 0 && keep != confirmed {
+		return o, fmt.Errorf("%w: as order %s of %d, not %d", ErrHoldConfirmed, o.ID, confirmed, keep)
+	}
+	if err := finish(ctx, tx, req, &o, nil); err != nil {
 		return Order{}, err
 	}
 	if err := tx.Commit(); err != nil {
@@ -458,7 +497,12 @@ func (l *Ledger) refund(ctx context.Context, orderID, buyer keys.ID, req Request
 			return o, false, ErrListed
 		}
 	} else {
-		// Refunded before: answer with the order as it is.
+		// Refunded before: answer with the order as it is. One whose every
+		// ticket was resold was never refunded: its money went back by its
+		// listing.sold events, and a refund's 200 would tell it twice.
+		if err := endedAs(ctx, tx, o.ID); errors.Is(err, ErrResold) || !errors.Is(err, ErrRefunded) {
+			return o, false, err
+		}
 		tx.Rollback()
 		cur, err := l.OrderByID(ctx, o.ID)
 		if err != nil || req.IsZero() {
@@ -507,6 +551,18 @@ func (l *Ledger) refund(ctx context.Context, orderID, buyer keys.ID, req Request
 		return o, false, fmt.Errorf("ledger: refund: commit: %w", err)
 	}
 	return o, true, nil
+}
+
+// AnswerWith records req (a client's request, not yet committed) as
+// answered by o, an order that stands already: a late payment commits
+// under a key derived from its hold (one order per hold), and its
+// client's own key then remembers that order, so a retry under it gets
+// the order from any replica, whenever, and the key can't be reused for
+// another request. A key taken already answers what it recorded
+// (ErrDuplicate), or ErrKeyReused for another request.
+func (l *Ledger) AnswerWith(ctx context.Context, req Request, o Order) (Order, error) {
+	got, _, err := l.answerAgain(ctx, req, o.SKU, o)
+	return got, err
 }
 
 // answerAgain records req as answered by an order already refunded.

@@ -59,12 +59,14 @@ var thisBuild = schemaSteps{
 		{version: 3, name: "resale", up: (*Ledger).resaleUp, down: (*Ledger).resaleDown},
 		{version: 4, name: "organizer channels", up: (*Ledger).channelsUp, down: (*Ledger).channelsDown},
 		{version: 5, name: "program directory", up: (*Ledger).directoryUp, down: (*Ledger).directoryDown},
+		{version: 6, name: "order units", up: (*Ledger).orderUnitsUp, down: (*Ledger).orderUnitsDown},
 	},
 	// Resale's tables are read by every refund and transfer, the channels'
-	// by the report: this build needs step 4. The chart's
+	// by the report, an order's units (step 6) by every order read, resale
+	// settle and refund: this build needs step 6. The chart's
 	// pre-install/pre-upgrade Job (or serve with migrate on) runs them
 	// before this build serves; see docs/RUNBOOK.md.
-	minimum: 4,
+	minimum: 6,
 }
 
 func (s schemaSteps) latest() int64 { return s.steps[len(s.steps)-1].version }
@@ -405,6 +407,36 @@ func (l *Ledger) resaleDown(ctx context.Context, tx *sql.Tx) error {
 		DROP TABLE IF EXISTS order_listings; DROP TABLE IF EXISTS resale_prior_holds;
 		ALTER TABLE skus DROP COLUMN listed; ALTER TABLE skus DROP COLUMN resale_seq; ALTER TABLE skus DROP COLUMN resale;
 		ALTER TABLE skus DROP COLUMN resale_carry`)
+	return err
+}
+
+// orderUnitsUp (an expand step) keeps, beside what an order has listed,
+// where the rest of its units went, so each unit's money is told once:
+// resold (to other buyers through its listings), transferred (split off
+// to other buyers' orders) and resold_out (1: every unit was resold; the
+// order's refunded_at is then when the last one went, and no refund took
+// place). Orders from before are filled in from their listings and
+// events: an order given up with no order.refunded event was resold out.
+func (l *Ledger) orderUnitsUp(ctx context.Context, tx *sql.Tx) error {
+	for _, c := range []string{"resold", "transferred", "resold_out"} {
+		if err := l.addColumn(ctx, tx, "order_listings", c, "BIGINT NOT NULL DEFAULT 0"); err != nil {
+			return err
+		}
+	}
+	_, err := tx.ExecContext(ctx, `
+UPDATE order_listings SET resold = COALESCE((SELECT SUM(x.sold) FROM listings x WHERE x.order_id = order_listings.order_id), 0);
+INSERT INTO order_listings (order_id, listed, transferred)
+	SELECT subject, 0, SUM(quantity) FROM events WHERE type = 'order.transferred' AND order_id <> subject GROUP BY subject
+	ON CONFLICT (order_id) DO UPDATE SET transferred = excluded.transferred;
+UPDATE order_listings SET resold_out = 1 WHERE resold > 0
+	AND order_id IN (SELECT id FROM orders WHERE refunded_at > 0)
+	AND NOT EXISTS (SELECT 1 FROM events e WHERE e.type = 'order.refunded' AND e.subject = order_listings.order_id);`)
+	return err
+}
+
+func (l *Ledger) orderUnitsDown(ctx context.Context, tx *sql.Tx) error {
+	_, err := tx.ExecContext(ctx, `ALTER TABLE order_listings DROP COLUMN resold; ALTER TABLE order_listings DROP COLUMN transferred;
+		ALTER TABLE order_listings DROP COLUMN resold_out`)
 	return err
 }
 

@@ -37,6 +37,8 @@ type Order struct {
 	// the order's own id.
 	SeatIDs    []keys.ID `json:"seats,omitempty"`
 	RefundedAt time.Time `json:"refunded_at,omitzero"`
+	// Units says where the order's units went (OrderByID fills it in).
+	Units Units `json:"-"`
 	// CodeHash is the access code the order used (see CodeHash); "" for
 	// none. The order is one use of it while it stands.
 	CodeHash  string    `json:"-"`
@@ -129,10 +131,57 @@ func (l *Ledger) OrderByKey(ctx context.Context, key keys.ID) (Order, error) {
 	return scanOrder(l.db.QueryRowContext(ctx, selectOrder+` WHERE idem_key = $1`, key))
 }
 
-// OrderByID returns an order by its id, or ErrNotFound.
-func (l *Ledger) OrderByID(ctx context.Context, id keys.ID) (Order, error) {
-	return scanOrder(l.db.QueryRowContext(ctx, selectOrder+` WHERE id = $1`, id))
+// Units are where an order's units went besides its buyer: every unit
+// it began with (sold to its buyer, or moved to it by a transfer) is now
+// standing (its buyer's, Listed of them on sale again), resold to other
+// buyers through its listings (a listing.sold event each), refunded (its
+// order.refunded event) or transferred to other buyers' orders. So
+// Began = Standing + Resold + Refunded + Transferred, always (Order.Told).
+type Units struct {
+	Listed, Resold, Transferred int64
+	// ResoldOut: every unit was resold; the order's RefundedAt is when the
+	// last one went, and no refund took place.
+	ResoldOut bool
 }
+
+// Told is the order's units as its money is told (see Units). A row
+// given up keeps a quantity (orders.quantity > 0): the last units resold,
+// or the units refunded.
+func (o Order) Told() (standing, refunded, began int64) {
+	switch {
+	case o.Units.ResoldOut:
+	case !o.RefundedAt.IsZero():
+		refunded = o.Quantity
+	default:
+		standing = o.Quantity
+	}
+	return standing, refunded, standing + refunded + o.Units.Resold + o.Units.Transferred
+}
+
+// OrderByID returns an order by its id, with its Units, or ErrNotFound.
+func (l *Ledger) OrderByID(ctx context.Context, id keys.ID) (Order, error) {
+	// One statement: the order and its units at one instant.
+	var out int64
+	var u Units
+	o, err := scanOrder(unitsScanner{l.db.QueryRowContext(ctx, `SELECT o.id, o.idem_key, o.request_hash, o.program, o.ticket, o.buyer,
+		o.quantity, o.gate, o.gate_key, o.hold_id, o.refunded_at, o.created_at, o.take_epoch, o.cart_id, o.code_hash, o.seat_ids,
+		COALESCE(u.listed, 0), COALESCE(u.resold, 0), COALESCE(u.transferred, 0), COALESCE(u.resold_out, 0)
+		FROM orders o LEFT JOIN order_listings u ON u.order_id = o.id WHERE o.id = $1`, id), []any{&u.Listed, &u.Resold, &u.Transferred, &out}})
+	if err != nil {
+		return o, err
+	}
+	u.ResoldOut = out != 0
+	o.Units = u
+	return o, nil
+}
+
+// unitsScanner scans a row of an order's columns and then extra.
+type unitsScanner struct {
+	r     rowScanner
+	extra []any
+}
+
+func (s unitsScanner) Scan(dest ...any) error { return s.r.Scan(append(dest, s.extra...)...) }
 
 const selectOrder = `SELECT id, idem_key, request_hash, program, ticket, buyer, quantity, gate, gate_key, hold_id,
 	refunded_at, created_at, take_epoch, cart_id, code_hash, seat_ids FROM orders`

@@ -14,8 +14,11 @@ import (
 // against its own books.
 type StockReport struct {
 	SKU               stock.SKU
-	Total, Sold, Held int64 // the SKU row (Total the organizer's, listed units apart)
-	Open              int64 // what is still for sale: the public stock and the listed units
+	// Total is the organizer's (listed units apart); Sold the units sold
+	// and standing with their buyers, not on sale again; Held the live
+	// holds'; Open what is still for sale: the public stock and the listed
+	// units. Sold + Held + Open = Total, always.
+	Total, Sold, Held, Open int64
 	// Listed: units of orders listed for resale and not sold yet (for sale
 	// in Open, their sellers' in Sold). Resold: listed units sold to other
 	// buyers, given up by their sellers' orders. Transferred: units moved
@@ -38,11 +41,16 @@ type StockReport struct {
 }
 
 // Balanced says the SKU row agrees with its order and hold rows and adds
-// up to its total.
+// up to its total: Sold + Held + Open = Total, the standing orders' units
+// are Sold and the units listed again, and so on.
 func (r StockReport) Balanced() bool {
-	return r.Sold+r.Held+r.Open == r.Total+r.Listed && r.Sold == r.OrderUnits && r.Held == r.HeldUnits &&
+	return r.Sold+r.Held+r.Open == r.Total && r.Sold+r.Listed == r.OrderUnits && r.Held == r.HeldUnits &&
 		r.OrderUnits == r.PurchasedUnits+r.ConfirmedUnits+r.CartUnits
 }
+
+// notResoldOut keeps an order whose every unit was resold out of the
+// refunds: its refunded_at is when the last one went, not a refund.
+const notResoldOut = ` AND NOT EXISTS (SELECT 1 FROM order_listings ol WHERE ol.order_id = o.id AND ol.resold_out <> 0)`
 
 // Report adds up every SKU and pool of program from the ledger's rows, in
 // ticket order: one statement, read at one instant on PostgreSQL
@@ -57,8 +65,8 @@ func (l *Ledger) Report(ctx context.Context, program keys.ID) ([]StockReport, er
 			AND o.hold_id <> '' AND o.cart_id = ''),
 		(SELECT COALESCE(SUM(o.quantity), 0) FROM orders o WHERE o.program = s.program AND o.ticket = s.ticket AND o.refunded_at = 0
 			AND o.cart_id <> ''),
-		(SELECT COUNT(*) FROM orders o WHERE o.program = s.program AND o.ticket = s.ticket AND o.refunded_at > 0),
-		(SELECT COALESCE(SUM(o.quantity), 0) FROM orders o WHERE o.program = s.program AND o.ticket = s.ticket AND o.refunded_at > 0),
+		(SELECT COUNT(*) FROM orders o WHERE o.program = s.program AND o.ticket = s.ticket AND o.refunded_at > 0`+notResoldOut+`),
+		(SELECT COALESCE(SUM(o.quantity), 0) FROM orders o WHERE o.program = s.program AND o.ticket = s.ticket AND o.refunded_at > 0`+notResoldOut+`),
 		(SELECT COALESCE(SUM(h.quantity), 0) FROM holds h WHERE h.program = s.program AND h.ticket = s.ticket AND h.state = $2),
 		(SELECT COALESCE(SUM(h.quantity), 0) FROM holds h WHERE h.program = s.program AND h.ticket = s.ticket AND h.state = $3),
 		(SELECT COALESCE(SUM(h.quantity), 0) FROM holds h WHERE h.program = s.program AND h.ticket = s.ticket AND h.state = $4),
@@ -85,7 +93,10 @@ func (l *Ledger) Report(ctx context.Context, program keys.ID) ([]StockReport, er
 			return nil, fmt.Errorf("ledger: report: %w", err)
 		}
 		r.Open, r.Seated, r.Ended = r.Total-r.Sold-r.Held, seated != 0, ended > 0
+		// The listed units are on sale again (in Open), not the sellers'
+		// sold ones any more: the organizer's total is told once.
 		r.Total -= r.Listed
+		r.Sold -= r.Listed
 		out = append(out, r)
 	}
 	if err := rows.Err(); err != nil {

@@ -60,6 +60,10 @@ var (
 	// ErrListingSelling: the listing's units are held or being bought
 	// right now; withdraw again later.
 	ErrListingSelling = errors.New("ledger: listing's units are being sold")
+	// ErrResold: every ticket of the order was resold to other buyers
+	// (listing.sold events tell the seller's money): nothing is left to
+	// refund, transfer or list.
+	ErrResold = errors.New("ledger: order resold")
 	// ErrPoolResale: a pool's tickets are not listed (a pool's total moves
 	// at every change of its allotment and at its close).
 	ErrPoolResale = errors.New("ledger: a pool's tickets are not listed for resale")
@@ -166,7 +170,7 @@ func (l *Ledger) list(ctx context.Context, orderID, seller keys.ID, q int64, req
 	case !o.CartID.IsZero():
 		return Listing{}, ErrInCart
 	case !o.RefundedAt.IsZero():
-		return Listing{}, ErrRefunded
+		return Listing{}, endedAs(ctx, tx, o.ID)
 	case len(o.SeatIDs) > 0 || seated != 0:
 		return Listing{}, fmt.Errorf("%w: seats are not listed for resale", ErrSeatedTake)
 	case !o.SKU.Pool().IsZero():
@@ -329,6 +333,21 @@ func (l *Ledger) withdraw(ctx context.Context, listingID, seller keys.ID, expect
 	return x, nil
 }
 
+// endedAs is the error for an order that no longer stands, read in tx
+// (which holds the order's row): ErrResold when its last units were
+// resold, else ErrRefunded.
+func endedAs(ctx context.Context, tx *sql.Tx, orderID keys.ID) error {
+	var out int64
+	err := tx.QueryRowContext(ctx, `SELECT COALESCE((SELECT resold_out FROM order_listings WHERE order_id = $1), 0)`, orderID).Scan(&out)
+	switch {
+	case err != nil:
+		return notCommitted("order units", err)
+	case out != 0:
+		return ErrResold
+	}
+	return ErrRefunded
+}
+
 // orderListed is what an order has listed and not sold, read in tx (which
 // holds the order's row: whoever changes it holds that row too).
 func orderListed(ctx context.Context, tx *sql.Tx, orderID keys.ID) (int64, error) {
@@ -479,7 +498,11 @@ func (l *Ledger) settleIn(ctx context.Context, tx *sql.Tx, sku stock.SKU, now ti
 			refunded_at = CASE WHEN quantity > $2 THEN refunded_at ELSE $3 END WHERE id = $1`, x.OrderID, y, now.UnixMilli()); err != nil {
 			return nil, notCommitted("settle: order", err)
 		}
-		if _, err := tx.ExecContext(ctx, `UPDATE order_listings SET listed = listed - $2 WHERE order_id = $1`, x.OrderID, y); err != nil {
+		// The order's units: y leave listed for resold; an order given up
+		// whole is resold out, so its refunded_at is told as no refund.
+		if _, err := tx.ExecContext(ctx, `UPDATE order_listings SET listed = listed - $2, resold = resold + $2,
+			resold_out = CASE WHEN (SELECT refunded_at FROM orders WHERE id = $1) > 0 THEN 1 ELSE resold_out END
+			WHERE order_id = $1`, x.OrderID, y); err != nil {
 			return nil, notCommitted("settle: order", err)
 		}
 		if err := uncountBuyer(ctx, tx, sku, x.Seller, y); err != nil {

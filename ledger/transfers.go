@@ -79,7 +79,7 @@ func (l *Ledger) transfer(ctx context.Context, orderID, from, to keys.ID, q int6
 	case !o.CartID.IsZero():
 		return Order{}, ErrInCart
 	case !o.RefundedAt.IsZero():
-		return Order{}, ErrRefunded
+		return Order{}, endedAs(ctx, tx, o.ID)
 	case q > o.Quantity:
 		return Order{}, fmt.Errorf("%w: %d of an order of %d", stock.ErrInvalid, q, o.Quantity)
 	case q < o.Quantity && len(o.SeatIDs) > 0:
@@ -108,6 +108,11 @@ func (l *Ledger) transfer(ctx context.Context, orderID, from, to keys.ID, q int6
 	if moved.ID != o.ID {
 		if inserted, err := insertOrder(ctx, tx, moved); err != nil || !inserted {
 			return Order{}, fmt.Errorf("ledger: transfer: the receiver's order: inserted %v: %w", inserted, err)
+		}
+		// The sender's order tells where its q units went.
+		if _, err := tx.ExecContext(ctx, `INSERT INTO order_listings (order_id, listed, transferred) VALUES ($1, 0, $2)
+			ON CONFLICT (order_id) DO UPDATE SET transferred = order_listings.transferred + excluded.transferred`, o.ID, q); err != nil {
+			return Order{}, notCommitted("transfer: order units", err)
 		}
 	}
 	if err := uncountBuyer(ctx, tx, o.SKU, from, q); err != nil {

@@ -103,11 +103,14 @@ func (t *take) takeBudgets(ctx context.Context) (answer, bool) {
 				if t.cart {
 					return t.no(ctx, i, ErrHoldBudget, detail, false), false
 				}
-				// A retry of a hold that committed gets its replay, found
-				// among the SKU's committed keys (read at most once per
-				// change of its row): a flood of new holds from an identity
-				// at its budget costs no ledger call each.
-				return s.committedAt(ctx, ln.w, fail(refuse(ErrHoldBudget, detail)), ln.st.Version), false
+				// A retry of a hold that committed gets its replay: its key
+				// is looked up in the ledger (one primary-key read per
+				// refusal). The SKU's committed-key set read at the cached
+				// settings' version was free, but that row may be older
+				// than the hold's commit on another replica, and a retry
+				// then read "budget reached" for a hold that stands
+				// (found by the concurrent model).
+				return s.lookupOr(ctx, ln.w.req, fail(refuse(ErrHoldBudget, detail))), false
 			case err != nil && notRun(err):
 				return answer{}, true // Redis is out: not counted
 			case err != nil:

@@ -3,6 +3,7 @@ package sale
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/stockgate/stockgate/keys"
@@ -30,16 +31,27 @@ func (s *Service) confirm(ctx context.Context, id, buyer keys.ID, r request) ans
 	case errors.Is(err, ledger.ErrDuplicate):
 		return answer{order: o, replayed: true}
 	case errors.Is(err, ledger.ErrHoldEnded):
-		h, herr := s.ledger.HoldByID(ctx, id)
-		switch {
-		case herr == nil && h.State == ledger.Cancelled:
-			return ansHoldCancelled
-		case herr == nil:
-			return s.lateConfirm(ctx, h) // expired, or past its expiry
-		}
-		return ansHoldExpired
+		return s.confirmEnded(ctx, id, 0, r)
 	}
 	return s.ownerError(ctx, err, ansNoHold)
+}
+
+// confirmEnded answers a confirm the ledger found the hold ended for: a
+// cancelled hold is ErrHoldCancelled; an expired one (or past its expiry)
+// may still be paid late, for keep of its units (0: all of them).
+func (s *Service) confirmEnded(ctx context.Context, id keys.ID, keep int64, r request) answer {
+	h, err := s.ledger.HoldByID(ctx, id)
+	switch {
+	case err != nil:
+		return s.ownerError(ctx, err, ansNoHold)
+	case h.State == ledger.Cancelled:
+		return ansHoldCancelled
+	case h.State == ledger.Confirmed:
+		// The ledger answers a confirmed hold with its order; a hold seen
+		// ended and then confirmed is a bug, never a guess of "expired".
+		return fail(refuse(ErrHoldConfirmed, "the hold became order "+h.OrderID.String()))
+	}
+	return s.lateConfirm(ctx, h, keep, r) // expired, or past its expiry
 }
 
 // confirmPart confirms keep of the hold's units alone (not batched: the
@@ -63,12 +75,11 @@ func (s *Service) confirmPart(ctx context.Context, id, buyer keys.ID, keep int64
 		return fail(refuse(ErrInvalid, "quantity is more than the hold has"))
 	case errors.Is(err, ledger.ErrSeatedTake):
 		return fail(refuse(ErrInvalid, "a seat hold is confirmed whole: leave quantity out"))
+	case errors.Is(err, ledger.ErrHoldConfirmed):
+		return fail(refuse(ErrHoldConfirmed, "the hold was confirmed "+strings.TrimPrefix(err.Error(), ledger.ErrHoldConfirmed.Error()+": ")+
+			"; a confirm under another key changes nothing"))
 	case errors.Is(err, ledger.ErrHoldEnded):
-		h, herr := s.ledger.HoldByID(ctx, id)
-		if herr == nil && h.State == ledger.Cancelled {
-			return ansHoldCancelled
-		}
-		return ansHoldExpired
+		return s.confirmEnded(ctx, id, keep, r)
 	}
 	return s.ownerError(ctx, err, ansNoHold)
 }
@@ -135,6 +146,8 @@ func (s *Service) refund(ctx context.Context, id, buyer keys.ID, r request) answ
 		return answer{order: o, replayed: true}
 	case errors.Is(err, ledger.ErrListed):
 		return fail(ErrOrderListed)
+	case errors.Is(err, ledger.ErrResold):
+		return fail(ErrOrderResold)
 	case err != nil:
 		return s.ownerError(ctx, err, ansNoOrder)
 	}

@@ -43,6 +43,7 @@ var (
 	ErrHoldAtMax         = newErr("hold-at-max-lifetime", "the hold is at its SKU's maximum lifetime; it cannot be extended")
 	ErrLateRefused       = newErr("late-payment-refused", "the hold expired and its units could not be taken again; nothing was sold")
 	ErrOrderRefunded     = newErr("order-refunded", "the order was refunded; its tickets cannot move")
+	ErrOrderResold       = newErr("order-resold", "every ticket of the order was resold to other buyers (its listing.sold events refund the seller); nothing is left to refund, transfer or list")
 	ErrOrderListed       = newErr("order-listed", "tickets of this order are listed for resale: withdraw the listing first")
 	ErrUnknownListing    = newErr("unknown-listing", "no such listing")
 	ErrListingEnded      = newErr("listing-ended", "the listing sold out or was withdrawn")
@@ -67,7 +68,6 @@ var (
 	ErrRebuildBusy       = newErr("reseed-in-progress", "another replica is rebuilding this SKU's stock right now")
 	ErrBusy              = newErr("overloaded", "Redis is unavailable and the ledger is at its fallback capacity; retry with the same Idempotency-Key")
 	ErrUnavailable       = newErr("unavailable", "stock service temporarily unavailable; retry with the same Idempotency-Key")
-	ErrNotRebuilt        = newErr("unavailable", "ledger updated but Redis not rebuilt yet; it will be rebuilt before it serves this SKU")
 	ErrGateNotClosed     = newErr("unavailable", "could not close the gate for the change; nothing changed")
 	ErrSeatsNotInRedis   = newErr("unavailable", "ledger updated, Redis not; repeat the request")
 	ErrNotSoldOut        = newErr("not-sold-out", "stock is left: buy it instead of joining the waitlist")
@@ -84,7 +84,7 @@ var (
 
 // Kinds lists every kind above, for tables that must cover them all.
 func Kinds() []*Err {
-	return []*Err{ErrInvalid, ErrUnknownSKU, ErrUnknownHold, ErrUnknownOrder, ErrUnknownCart, ErrNotOwner, ErrKeyReused, ErrOverMax, ErrSoldOut, ErrLimit, ErrHoldBudget, ErrSaleEnded, ErrHoldExpired, ErrHoldCancelled, ErrHoldConfirmed, ErrInCart, ErrHoldAtMax, ErrLateRefused, ErrOrderRefunded, ErrOrderListed, ErrUnknownListing, ErrListingEnded, ErrListingSelling, ErrCartNotBought, ErrUnknownPool, ErrPoolNotOpen, ErrPoolClosed, ErrPoolDenied, ErrCodeInvalid, ErrCodeUsedUp, ErrSeated, ErrNotSeated, ErrNoSeating, ErrUnknownSeats, ErrSeatsTaken, ErrSeatsNotInGate, ErrSeatsSpan, ErrNoAdjacent, ErrSeatMapRefused, ErrBelowCommitted, ErrRebuildBusy, ErrBusy, ErrUnavailable, ErrNotRebuilt, ErrGateNotClosed, ErrSeatsNotInRedis,
+	return []*Err{ErrInvalid, ErrUnknownSKU, ErrUnknownHold, ErrUnknownOrder, ErrUnknownCart, ErrNotOwner, ErrKeyReused, ErrOverMax, ErrSoldOut, ErrLimit, ErrHoldBudget, ErrSaleEnded, ErrHoldExpired, ErrHoldCancelled, ErrHoldConfirmed, ErrInCart, ErrHoldAtMax, ErrLateRefused, ErrOrderRefunded, ErrOrderResold, ErrOrderListed, ErrUnknownListing, ErrListingEnded, ErrListingSelling, ErrCartNotBought, ErrUnknownPool, ErrPoolNotOpen, ErrPoolClosed, ErrPoolDenied, ErrCodeInvalid, ErrCodeUsedUp, ErrSeated, ErrNotSeated, ErrNoSeating, ErrUnknownSeats, ErrSeatsTaken, ErrSeatsNotInGate, ErrSeatsSpan, ErrNoAdjacent, ErrSeatMapRefused, ErrBelowCommitted, ErrRebuildBusy, ErrBusy, ErrUnavailable, ErrGateNotClosed, ErrSeatsNotInRedis,
 		ErrNotSoldOut, ErrNotWaiting, ErrWaitOffered,
 		ErrAdmissionRequired, ErrAdmissionInvalid, ErrAdmissionUsed, ErrAdmissionExpired, ErrQueuedProgram}
 }

@@ -323,22 +323,25 @@ func (s *Service) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 	case errors.Is(putErr, stock.ErrInvalid):
 		return SKUState{}, refuse(ErrBelowCommitted, putErr.Error())
 	case putErr != nil:
+		// The ledger's answer was lost or it refused: the change may have
+		// been made. A PUT sets, so the same PUT again tells.
 		s.log.ErrorContext(ctx, "put sku", "sku", sku.String(), "err", putErr)
-		return SKUState{}, refuse(ErrUnavailable, "ledger unavailable")
+		return SKUState{}, refuse(ErrUnavailable, "ledger unavailable: the change may or may not have been made; PUT the same settings again to know")
 	case st.Program.IsZero():
 		// The change never ran: the gate could not be closed.
 		s.log.ErrorContext(ctx, "put sku: gate not closed", "sku", sku.String(), "err", err)
 		return SKUState{}, ErrGateNotClosed
 	case err != nil:
-		// The ledger changed and marked the gate stale; the next purchase or
-		// drift check rebuilds it.
-		s.log.ErrorContext(ctx, "re-seed after put sku", "sku", sku.String(), "err", err)
-		return SKUState{}, ErrNotRebuilt
+		// The ledger changed and marked the gate stale: the change stands
+		// (a 5xx would say otherwise), and the gate is rebuilt from the
+		// ledger before it serves the SKU (the next purchase, the drift
+		// check, or the breaker's re-seed when Redis is back).
+		s.log.WarnContext(ctx, "put sku: committed; gate rebuilt later", "sku", sku.String(), "err", err)
 	}
 	s.forgetPools(ctx, sku)
 	whole, err := s.ticketState(ctx, st)
 	if err != nil {
-		return SKUState{}, refuse(ErrUnavailable, "ledger unavailable")
+		return skuStateOf(st), nil // the row as committed
 	}
 	return whole, nil
 }

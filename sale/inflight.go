@@ -18,19 +18,26 @@ type call struct {
 }
 
 // do runs f once per key at a time. A request with the same key but a
-// different body hash does not wait: it gets mismatch = true at once.
-func (f *inflight) do(key, hash string, fn func() answer) (res answer, mismatch bool) {
-	f.mu.Lock()
-	if f.calls == nil {
-		f.calls = make(map[string]*call)
-	}
-	if c, ok := f.calls[key]; ok {
-		f.mu.Unlock()
-		if c.hash != hash {
-			return answer{}, true
+// different body hash waits for the one in flight to end and is then
+// decided on its own: the key's record says whether it is a retry of what
+// committed (replayed) or a reuse (422). Answering it 422 at once would
+// refuse a retry of a committed request just because a reuse of its key
+// happened to be in flight beside it.
+func (f *inflight) do(key, hash string, fn func() answer) answer {
+	for {
+		f.mu.Lock()
+		if f.calls == nil {
+			f.calls = make(map[string]*call)
 		}
+		c, ok := f.calls[key]
+		if !ok {
+			break // with f.mu held
+		}
+		f.mu.Unlock()
 		<-c.done
-		return c.res, false
+		if c.hash == hash {
+			return c.res
+		}
 	}
 	c := &call{hash: hash, done: make(chan struct{})}
 	f.calls[key] = c
@@ -43,5 +50,5 @@ func (f *inflight) do(key, hash string, fn func() answer) (res answer, mismatch 
 		close(c.done)
 	}()
 	c.res = fn()
-	return c.res, false
+	return c.res
 }

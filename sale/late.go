@@ -3,6 +3,7 @@ package sale
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/stockgate/stockgate/keys"
@@ -17,7 +18,27 @@ import (
 // on any replica, buys once and answers that order); if they are gone,
 // ErrLateRefused, a refusal the platform refunds against. Past the window,
 // or with late payments off, the hold is simply expired (ErrHoldExpired).
-func (s *Service) lateConfirm(ctx context.Context, h ledger.Hold) answer {
+// keep is the quantity the confirm named (0: the hold's): a late payment
+// buys keep of the hold's units, once per hold. The derived request names
+// the hold, not the quantity, so a second late payment under another
+// client key gets the order the first made, or ErrHoldConfirmed when it
+// asks for another quantity (as a confirm of a confirmed hold does).
+func (s *Service) lateConfirm(ctx context.Context, h ledger.Hold, keep int64, r request) answer {
+	a := s.latePaid(ctx, h, keep)
+	if a.err != nil || a.order.ID.IsZero() || r.key.IsZero() {
+		return a
+	}
+	// The client's key remembers the order too: a retry under it, past
+	// the window or on another replica, gets it, and the key can't be
+	// reused for another request.
+	if _, err := s.ledger.AnswerWith(ctx, r.ledger(), a.order); err != nil && !errors.Is(err, ledger.ErrDuplicate) {
+		s.log.WarnContext(ctx, "late payment: client key not recorded", "hold", h.ID.String(), "err", err)
+	}
+	return a
+}
+
+// latePaid is lateConfirm's payment, under the key derived from the hold.
+func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64) answer {
 	if s.opts.LatePayment <= 0 || time.Since(h.ExpiresAt) > s.opts.LatePayment {
 		return ansHoldExpired
 	}
@@ -51,9 +72,24 @@ func (s *Service) lateConfirm(ctx context.Context, h ledger.Hold) answer {
 			return ansHoldConfirmed
 		}
 	}
-	key := keys.MustID("late-" + h.ID.String())
-	w := want{sku: h.SKU, buyer: h.Buyer, q: h.Quantity, req: newRequest(h.Buyer, key, ledger.OpPurchase, "late", h.ID.String())}
+	named := keep
+	if keep == 0 {
+		keep = h.Quantity
+	}
+	if keep > h.Quantity {
+		return fail(refuse(ErrInvalid, "quantity is more than the hold has"))
+	}
+	if a, ok := s.lateBefore(ctx, h); ok {
+		return s.sameQuantity(ctx, a, named)
+	}
+	// The key is derived (keys.Derived): no client's Idempotency-Key can
+	// take it, so a buyer's own request can never block the late payment.
+	key := keys.Derived("late", h.ID)
+	w := want{sku: h.SKU, buyer: h.Buyer, q: keep, req: newRequest(h.Buyer, key, ledger.OpPurchase, "late", h.ID.String())}
 	a := s.takeOne(ctx, w)
+	if a.err == nil && a.replayed {
+		a = s.sameQuantity(ctx, a, named)
+	}
 	if a.err != nil && (errors.Is(a.err, stock.ErrSoldOut) || errors.Is(a.err, ErrSoldOut) || errors.Is(a.err, ErrLimit) ||
 		errors.Is(a.err, ErrSaleEnded) || errors.Is(a.err, stock.ErrLimit) || errors.Is(a.err, stock.ErrSaleEnded)) {
 		s.metrics.latePayments.WithLabelValues("refused").Inc()
@@ -63,4 +99,41 @@ func (s *Service) lateConfirm(ctx context.Context, h ledger.Hold) answer {
 		s.metrics.latePayments.WithLabelValues("sold").Inc()
 	}
 	return a
+}
+
+// lateBefore answers a late payment that a build before keys.Derived
+// made under the key "late-" and the hold id, so a retry across an
+// upgrade buys once. The fingerprint tells it from a client's purchase
+// under that key (which fingerprints its SKU and quantity, never "late").
+func (s *Service) lateBefore(ctx context.Context, h ledger.Hold) (answer, bool) {
+	old, err := keys.ParseID("late-" + h.ID.String())
+	if err != nil {
+		return answer{}, false
+	}
+	r := newRequest(h.Buyer, old, ledger.OpPurchase, "late", h.ID.String())
+	rec, err := s.ledger.RequestByKey(ctx, r.scope, r.key)
+	if err != nil || rec.Fingerprint != r.ledger().Fingerprint || rec.Order == nil {
+		return answer{}, false
+	}
+	return replayed(rec), true
+}
+
+// sameQuantity is a's order as the answer to a confirm that asked for
+// keep units: ErrHoldConfirmed when the hold was paid for another
+// quantity (nothing moves; the order stands as it is). The quantity paid
+// for is what the order began with, not what it has now (a transfer or a
+// resale since takes units out of it).
+func (s *Service) sameQuantity(ctx context.Context, a answer, keep int64) answer {
+	if a.err != nil || keep == 0 {
+		return a
+	}
+	began := a.order.Quantity
+	if o, err := s.ledger.OrderByID(ctx, a.order.ID); err == nil {
+		_, _, began = orderOf(o).Told()
+	}
+	if began == keep {
+		return a
+	}
+	return fail(refuse(ErrHoldConfirmed, fmt.Sprintf("the hold was paid as order %s of %d tickets; a confirm of %d under another key changes nothing",
+		a.order.ID, began, keep)))
 }

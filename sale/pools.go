@@ -220,8 +220,9 @@ func (s *Service) PutPool(ctx context.Context, p PoolSpec) (PoolState, error) {
 		s.log.ErrorContext(ctx, "put pool: gates not closed", "sku", pool.String(), "err", err)
 		return PoolState{}, ErrGateNotClosed
 	case err != nil:
-		s.log.ErrorContext(ctx, "re-seed after put pool", "sku", pool.String(), "err", err)
-		return PoolState{}, ErrNotRebuilt
+		// Committed: the change stands and the gates are rebuilt before
+		// they serve (see PutSKU).
+		s.log.WarnContext(ctx, "put pool: committed; gate rebuilt later", "sku", pool.String(), "err", err)
 	}
 	return poolStateOf(st), nil
 }

@@ -45,6 +45,8 @@ func (s *Service) ListForResale(ctx context.Context, orderID keys.ID, a Ask, q i
 			return answer{listing: &x, replayed: true}
 		case errors.Is(err, ledger.ErrRefunded):
 			return fail(ErrOrderRefunded)
+		case errors.Is(err, ledger.ErrResold):
+			return fail(ErrOrderResold)
 		case errors.Is(err, ledger.ErrSeatedTake):
 			return fail(refuse(ErrInvalid, "seat orders are not listed for resale"))
 		case errors.Is(err, ledger.ErrPoolResale):

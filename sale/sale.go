@@ -99,6 +99,7 @@ type Takes interface {
 type Ends interface {
 	Confirm(ctx context.Context, holdID, buyer keys.ID, req ledger.Request) (ledger.Order, error)
 	ConfirmPart(ctx context.Context, holdID, buyer keys.ID, keep int64, req ledger.Request) (ledger.Order, error)
+	AnswerWith(ctx context.Context, req ledger.Request, o ledger.Order) (ledger.Order, error)
 	ExpireHold(ctx context.Context, id keys.ID) (ledger.Hold, bool, error)
 	Transfer(ctx context.Context, orderID, from, to keys.ID, q int64, req ledger.Request) (ledger.Order, error)
 	ConfirmBatch(ctx context.Context, cs []ledger.HoldRequest) ([]ledger.BatchResult, error)
@@ -489,15 +490,13 @@ func (s *Service) runTake(ctx context.Context, r request, f func(ctx context.Con
 
 // run runs f once per request at a time on this replica, detached from the
 // caller (see detach), and turns its answer into a Result. A concurrent
-// request with the same key and another fingerprint is refused at once.
+// request with the same key and another fingerprint runs after it, and
+// the key's record decides it.
 func (s *Service) run(ctx context.Context, r request, f func(ctx context.Context) answer) (Result, error) {
-	a, mismatch := s.inflight.do(r.joinKey(), r.fp, func() answer {
+	a := s.inflight.do(r.joinKey(), r.fp, func() answer {
 		ctx, cancel := s.detach(ctx)
 		defer cancel()
 		return f(ctx)
 	})
-	if mismatch {
-		a = ansKeyReused
-	}
 	return a.result()
 }

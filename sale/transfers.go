@@ -44,6 +44,8 @@ func (s *Service) transfer(ctx context.Context, id, from, to keys.ID, q int64, r
 		return answer{order: o, replayed: true}
 	case errors.Is(err, ledger.ErrRefunded):
 		return fail(ErrOrderRefunded)
+	case errors.Is(err, ledger.ErrResold):
+		return fail(ErrOrderResold)
 	case errors.Is(err, ledger.ErrListed):
 		return fail(ErrOrderListed)
 	case errors.Is(err, stock.ErrLimit):

@@ -35,12 +35,21 @@ type Order struct {
 	HoldID     keys.ID // the hold it confirmed, if any
 	Seats      []keys.ID
 	CreatedAt  time.Time
-	RefundedAt time.Time // zero until refunded
+	RefundedAt time.Time // zero until refunded (or every unit resold: Units.ResoldOut)
+	// Units: where its units went besides its buyer (filled in by reads of
+	// the order; an order just made has none).
+	Units ledger.Units
+}
+
+// Told is the order's units as its money is told: standing with its
+// buyer, refunded, and what it began with (ledger.Order.Told).
+func (o Order) Told() (standing, refunded, began int64) {
+	return ledger.Order{Quantity: o.Quantity, RefundedAt: o.RefundedAt, Units: o.Units}.Told()
 }
 
 func orderOf(o ledger.Order) Order {
 	return Order{ID: o.ID, SKU: o.SKU, Buyer: o.Buyer, Quantity: o.Quantity, HoldID: o.HoldID, Seats: o.SeatIDs,
-		CreatedAt: o.CreatedAt, RefundedAt: o.RefundedAt}
+		CreatedAt: o.CreatedAt, RefundedAt: o.RefundedAt, Units: o.Units}
 }
 
 // Hold is stock set aside for a buyer until it is confirmed (an order),

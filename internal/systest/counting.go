@@ -112,6 +112,11 @@ func (l *CountingLedger) Confirm(ctx context.Context, id, buyer keys.ID, req led
 	return l.Ledger.Confirm(ctx, id, buyer, req)
 }
 
+func (l *CountingLedger) AnswerWith(ctx context.Context, req ledger.Request, o ledger.Order) (ledger.Order, error) {
+	l.note("AnswerWith")
+	return l.Ledger.AnswerWith(ctx, req, o)
+}
+
 func (l *CountingLedger) Commit(ctx context.Context, takes []ledger.Take, direct bool) []ledger.TakeResult {
 	l.note("Commit")
 	return l.Ledger.Commit(ctx, takes, direct)

@@ -13,7 +13,7 @@ import (
 // hold rows say, so a platform can check one against the other and both
 // against its own books.
 type StockReport struct {
-	SKU               stock.SKU
+	SKU stock.SKU
 	// Total is the organizer's (listed units apart); Sold the units sold
 	// and standing with their buyers, not on sale again; Held the live
 	// holds'; Open what is still for sale: the public stock and the listed

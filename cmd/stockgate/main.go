@@ -2,8 +2,12 @@
 // builds the Redis cluster client, the ledger, the cache and the HTTP
 // server, serves until SIGTERM, then drains and exits once.
 //
-//	stockgate serve [flags]   every flag also reads STOCKGATE_<FLAG> from the environment,
-//	                          and a secret STOCKGATE_<FLAG>_FILE (a file holding it)
+//	stockgate serve|migrate|move|version [flags]
+//
+// Every flag also reads STOCKGATE_<FLAG> from the environment, and a secret
+// STOCKGATE_<FLAG>_FILE (a file holding it); a STOCKGATE_ variable or a
+// flag that is no setting stops the start, naming the nearest that is.
+// `stockgate <command> -help` lists the flags the command takes.
 package main
 
 import (
@@ -14,11 +18,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -70,6 +76,10 @@ type config struct {
 	// flagOf names the flag that sets each Options field ("Shard.RecordTTL"),
 	// so that a package's refusal names what the operator set.
 	flagOf map[string]string
+	// settings are the environment variables the flags read, with the
+	// secrets' _FILE variants: what checkEnv knows (flags fills it).
+	settings map[string]bool
+
 	// nonZero are the flags whose zero would silently mean "the default":
 	// main refuses zero and negative values there; every other bound is
 	// the package's own (app.Options.Validate).
@@ -219,6 +229,182 @@ func flags(fs *flag.FlagSet, c *config) {
 	for _, name := range []string{"admin-token", "ledger-dsn", "ledger-primaries", "redis-username", "redis-password", "webhook-secret", "webhook-urls"} {
 		b.secret(name)
 	}
+	c.settings = map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) { c.settings[envVar(f.Name)] = true })
+	for _, name := range c.secrets {
+		c.settings[envVar(name)+"_FILE"] = true
+	}
+}
+
+// command is one of stockgate's subcommands and the flags it takes.
+type command struct {
+	name, about string
+	takes       func(flag string) bool
+}
+
+// ledgerFlags are what a command that only opens the ledger takes.
+var ledgerFlags = []string{"ledger-driver", "ledger-dsn", "ledger-max-conns", "ledger-primaries", "log-level"}
+
+// oneShot are the flags of migrate and move alone; serve takes every
+// other.
+var oneShot = []string{"schema-down-to", "program", "to"}
+
+// commands are stockgate's subcommands, in the order usage lists them: the
+// one table run dispatches on and usage prints, so neither can leave one
+// out.
+var commands = []command{
+	{"serve", "run the gateway until SIGTERM, then drain", func(f string) bool { return !slices.Contains(oneShot, f) }},
+	{"migrate", "apply the ledger schema and exit (run it before serve -migrate=false)", func(f string) bool {
+		return slices.Contains(ledgerFlags, f) || f == "schema-down-to"
+	}},
+	{"move", "move a closed program's rows to another primary and exit (docs/OPERATIONS.md, \"Several primaries\")", func(f string) bool {
+		return slices.Contains(ledgerFlags, f) || f == "place-ttl" || f == "program" || f == "to"
+	}},
+	{"version", "print the build and exit", func(string) bool { return false }},
+}
+
+func commandNamed(name string) (command, bool) {
+	i := slices.IndexFunc(commands, func(c command) bool { return c.name == name })
+	if i < 0 {
+		return command{}, false
+	}
+	return commands[i], true
+}
+
+// flagsOf is cmd's flag set: the flags of all (flags) it takes, the same
+// values, so defaults and what parse sets land in the one config.
+func flagsOf(all *flag.FlagSet, cmd command, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("stockgate "+cmd.name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	all.VisitAll(func(f *flag.Flag) {
+		if cmd.takes(f.Name) {
+			fs.Var(f.Value, f.Name, f.Usage)
+		}
+	})
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: stockgate %s", cmd.name)
+		if n := countFlags(fs); n > 0 {
+			fmt.Fprint(stderr, " [flags]")
+		}
+		fmt.Fprintf(stderr, "\n\n%s.\n\n", cmd.about)
+		if countFlags(fs) > 0 {
+			fmt.Fprint(stderr, envHelp)
+			fs.PrintDefaults()
+		}
+	}
+	return fs
+}
+
+func countFlags(fs *flag.FlagSet) int {
+	n := 0
+	fs.VisitAll(func(*flag.Flag) { n++ })
+	return n
+}
+
+// notSettings are STOCKGATE_ variables that are no setting of the gateway
+// (docs/TESTING.md): the test harness's (STOCKGATE_TEST_*) and the tests'
+// own knobs, which a test run's environment hands to every process it
+// starts. An entry ending in _ is a prefix.
+var notSettings = []string{"STOCKGATE_TEST_", "STOCKGATE_MODEL_", "STOCKGATE_FULL_SCALE", "STOCKGATE_QUEUE_SHOTS"}
+
+// serviceLink is a variable Kubernetes sets in every pod for each Service
+// of the namespace (unless the pod says enableServiceLinks: false): a
+// Service named stockgate or stockgate-admin gives STOCKGATE_SERVICE_HOST,
+// STOCKGATE_ADMIN_PORT_9090_TCP_ADDR and the like. No flag ends so.
+var serviceLink = regexp.MustCompile(`^[A-Z0-9_]+_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT(_[0-9]+_(TCP|UDP|SCTP)(_(PROTO|PORT|ADDR))?)?)$`)
+
+// checkEnv refuses a STOCKGATE_ variable that is no setting, naming the
+// nearest that is: ff reads only the variables of declared flags, so a
+// misspelt one (STOCKGATE_REDIS_ADDRS without its S) was
+// ignored without a word, and the gateway started on the default.
+func (c *config) checkEnv(environ []string) error {
+	var bad []string
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, "STOCKGATE_") || c.settings[name] || serviceLink.MatchString(name) ||
+			slices.ContainsFunc(notSettings, func(p string) bool { return name == p || strings.HasSuffix(p, "_") && strings.HasPrefix(name, p) }) {
+			continue
+		}
+		bad = append(bad, fmt.Sprintf("%s (did you mean %s?)", name, nearest(name, slices.Collect(maps.Keys(c.settings)))))
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	slices.Sort(bad)
+	return fmt.Errorf("unknown environment variable %s: no such setting (stockgate -help lists them)", strings.Join(bad, ", "))
+}
+
+// checkFlags refuses a flag fs does not declare before ff.Parse does, so
+// the refusal names the nearest flag, or the command whose flag it is.
+// It walks args as package flag does: up to the first word that is not a
+// flag, or "--"; a flag that is not boolean and has no =value takes the
+// next word.
+func checkFlags(fs, all *flag.FlagSet, args []string) error {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if len(a) < 2 || a[0] != '-' || a == "--" {
+			return nil
+		}
+		name := strings.TrimPrefix(a[1:], "-")
+		name, _, hasValue := strings.Cut(name, "=")
+		if name == "" || name[0] == '-' || name == "h" || name == "help" {
+			return nil // package flag's to refuse, or help
+		}
+		f := fs.Lookup(name)
+		if f == nil {
+			if all.Lookup(name) != nil {
+				var of []string
+				for _, cmd := range commands {
+					if cmd.takes(name) {
+						of = append(of, cmd.name)
+					}
+				}
+				return fmt.Errorf("flag -%s is not one of %s: it is %s's (%s -help lists its flags)", name, fs.Name(),
+					strings.Join(of, " and "), fs.Name())
+			}
+			var names []string
+			fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+			return fmt.Errorf("unknown flag -%s (did you mean -%s?)", name, nearest(name, names))
+		}
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); !hasValue && !(ok && b.IsBoolFlag()) {
+			i++
+		}
+	}
+	return nil
+}
+
+// nearest is the name of names nearest to s by edit distance, the first
+// in sorted order among equals.
+func nearest(s string, names []string) string {
+	slices.Sort(names)
+	best, bestD := "", -1
+	for _, n := range names {
+		if d := editDistance(s, n); bestD < 0 || d < bestD {
+			best, bestD = n, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance of a and b: the fewest
+// insertions, deletions and substitutions of one byte that turn a into b.
+func editDistance(a, b string) int {
+	prev, cur := make([]int, len(b)+1), make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			sub := prev[j-1]
+			if a[i-1] != b[j-1] {
+				sub++
+			}
+			cur[j] = min(sub, prev[j]+1, cur[j-1]+1)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 // envVar is the environment variable of a flag: STOCKGATE_<FLAG>, as
@@ -233,12 +419,18 @@ func envVar(flag string) string {
 // both variables set is a mistake, refused. Errors name the variable and
 // the file, never what the file holds.
 func parse(fs *flag.FlagSet, c *config, args []string) error {
+	if err := c.checkEnv(os.Environ()); err != nil {
+		return err
+	}
 	if err := ff.Parse(fs, args, ff.WithEnvVarPrefix("STOCKGATE")); err != nil {
 		return err
 	}
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	for _, name := range c.secrets {
+		if fs.Lookup(name) == nil {
+			continue // another command's
+		}
 		env := envVar(name)
 		path := os.Getenv(env + "_FILE")
 		switch {
@@ -443,45 +635,76 @@ func loopback(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-func usage(w io.Writer, fs *flag.FlagSet) func() {
-	return func() {
-		fmt.Fprintf(w, "Usage: stockgate serve [flags] | stockgate migrate [flags] | stockgate version\n\nmigrate applies the ledger schema and exits (run it before serve -migrate=false).\n\nEvery flag can be set by the environment variable STOCKGATE_<FLAG>, e.g. STOCKGATE_REDIS_ADDRS.\n"+
-			"A secret (its line below names STOCKGATE_<FLAG>_FILE) can instead be read from the file that variable names,\n"+
-			"e.g. a Kubernetes Secret mounted as files: STOCKGATE_ADMIN_TOKEN_FILE=/run/secrets/admin-token. Its trailing\n"+
-			"newline is dropped; setting both STOCKGATE_<FLAG> and STOCKGATE_<FLAG>_FILE exits 2.\n\n")
-		fs.PrintDefaults()
+// envHelp says how the environment sets the flags.
+const envHelp = "Every flag can be set by the environment variable STOCKGATE_<FLAG>, e.g. STOCKGATE_REDIS_ADDRS; a STOCKGATE_\n" +
+	"variable that is no flag's stops the start, naming the nearest. A secret (its line below names\n" +
+	"STOCKGATE_<FLAG>_FILE) can instead be read from the file that variable names, e.g. a Kubernetes Secret\n" +
+	"mounted as files: STOCKGATE_ADMIN_TOKEN_FILE=/run/secrets/admin-token. Its trailing newline is dropped;\n" +
+	"setting both STOCKGATE_<FLAG> and STOCKGATE_<FLAG>_FILE exits 2.\n\n"
+
+// usage is stockgate's usage: every command, then every flag once (each
+// command's -help lists its own).
+func usage(w io.Writer, all *flag.FlagSet) {
+	names := make([]string, len(commands))
+	for i, cmd := range commands {
+		names[i] = cmd.name
 	}
+	fmt.Fprintf(w, "Usage: stockgate %s [flags]\n\nCommands:\n", strings.Join(names, "|"))
+	for _, cmd := range commands {
+		fmt.Fprintf(w, "  %-8s %s\n", cmd.name, cmd.about)
+	}
+	fmt.Fprintf(w, "\n`stockgate <command> -help` lists the flags the command takes.\n\n%sFlags of all commands:\n", envHelp)
+	all.PrintDefaults()
 }
 
 // run returns the exit code: 0 after a clean drain, 2 for bad usage or
 // configuration, 1 for a failure to start or serve.
 func run(args []string, stderr io.Writer) int {
-	fs := flag.NewFlagSet("stockgate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	all := flag.NewFlagSet("stockgate", flag.ContinueOnError)
+	all.SetOutput(stderr)
 	var c config
-	flags(fs, &c)
-	fs.Usage = usage(stderr, fs)
-	if len(args) > 0 && args[0] == "version" {
-		if len(args) > 1 {
+	flags(all, &c)
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, "stockgate: no command given")
+		usage(stderr, all)
+		return 2
+	}
+	if args[0] == "-h" || args[0] == "-help" || args[0] == "--help" || args[0] == "help" {
+		usage(stderr, all)
+		return 0
+	}
+	cmd, ok := commandNamed(args[0])
+	if !ok {
+		names := make([]string, len(commands))
+		for i, cmd := range commands {
+			names[i] = cmd.name
+		}
+		fmt.Fprintf(stderr, "stockgate: unknown command %q (did you mean %s?)\n\n", args[0], nearest(args[0], names))
+		usage(stderr, all)
+		return 2
+	}
+	fs := flagsOf(all, cmd, stderr)
+	if cmd.name == "version" {
+		switch {
+		case len(args) == 2 && (args[1] == "-h" || args[1] == "-help" || args[1] == "--help"):
+			fs.Usage()
+			return 0
+		case len(args) > 1:
 			fmt.Fprintf(stderr, "stockgate version: takes no arguments, got %q\n", args[1:])
 			return 2
 		}
 		fmt.Fprintln(stdout, buildinfo.Read().String())
 		return 0
 	}
-	if len(args) == 0 || (args[0] != "serve" && args[0] != "migrate" && args[0] != "move") {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
-			fs.Usage()
-			return 0
-		}
-		fs.Usage()
+	if err := checkFlags(fs, all, args[1:]); err != nil {
+		fmt.Fprintf(stderr, "stockgate %s: %v\n", cmd.name, err)
 		return 2
 	}
 	if err := parse(fs, &c, args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
-		fmt.Fprintf(stderr, "stockgate: %v\n", err)
+		fmt.Fprintf(stderr, "stockgate %s: %v\n", cmd.name, err)
 		return 2
 	}
 	// Words after the flags are a mistake, never ignored: an image whose

@@ -3,8 +3,8 @@ package main
 import (
 	"bytes"
 	"cmp"
-	"context"
 	"compress/gzip"
+	"context"
 	"fmt"
 	"io"
 	"net"

@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"github.com/peterbourgon/ff/v3"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/buildinfo"
@@ -722,6 +723,8 @@ func run(args []string, stderr io.Writer) int {
 	var lvl slog.Level
 	_ = lvl.UnmarshalText([]byte(c.LogLevel))
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lvl}))
+	// go-redis's own notices into the JSON log, not plain text beside it.
+	redis.SetLogger(app.RedisLog{Logger: log})
 	if args[0] == "move" {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 		defer stop()

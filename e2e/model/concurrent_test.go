@@ -856,7 +856,7 @@ func (c *ccModel) runRound(n int) {
 	left.Store(int64(n))
 	var wg sync.WaitGroup
 	for i := range ccClients {
-		cl := &ccClient{c: c, n: i, rng: rand.New(rand.NewPCG(c.seed, uint64(c.round*ccClients+i)))}
+		cl := &ccClient{c: c, n: i, rng: rand.New(&lockedSource{src: rand.NewPCG(c.seed, uint64(c.round*ccClients+i))})}
 		wg.Go(func() {
 			for left.Add(-1) >= 0 {
 				cl.step()
@@ -1902,4 +1902,17 @@ func (c *ccModel) seen() string {
 	}
 	sort.Strings(ks)
 	return strings.Join(ks, " ") + fmt.Sprintf(" holds=%d orders=%d listings=%d", len(c.holds), len(c.orders), len(c.listings))
+}
+
+// lockedSource is a rand.Source one client's goroutines share: race()
+// draws from both of its requests at once.
+type lockedSource struct {
+	mu  sync.Mutex
+	src rand.Source
+}
+
+func (l *lockedSource) Uint64() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.src.Uint64()
 }

@@ -74,7 +74,6 @@ type problemLine struct {
 // problemBase prefixes the type URIs; they name documentation anchors.
 const problemBase = "https://stockgate.dev/problems/"
 
-// writeProblem answers with a problem+json body and aborts the handler chain.
 // retryAfter is a Retry-After in whole seconds for an expected wait: from
 // the wait (at least a second) up to twice it, uniformly. The same
 // "Retry-After: 1" to every buyer refused at one instant brings the whole
@@ -85,7 +84,8 @@ func retryAfter(wait time.Duration) int {
 	return base + rand.IntN(base+1)
 }
 
-// retryAfter > 0 sets Retry-After in seconds (429 and 503).
+// writeProblem answers with a problem+json body and aborts the handler
+// chain; retryAfter > 0 sets Retry-After in seconds (429 and 503).
 func writeProblem(c *gin.Context, status int, kind, detail string, retryAfter int) {
 	writeProblemLines(c, status, kind, detail, retryAfter, nil, nil, outcomeOf(c.Request.Method, status, kind, false))
 }

@@ -44,6 +44,11 @@ type scaledObject struct {
 		ScaleTargetRef struct {
 			Name string `json:"name"`
 		} `json:"scaleTargetRef"`
+		Advanced struct {
+			HorizontalPodAutoscalerConfig struct {
+				Behavior *autoscalingv2.HorizontalPodAutoscalerBehavior `json:"behavior"`
+			} `json:"horizontalPodAutoscalerConfig"`
+		} `json:"advanced"`
 		MinReplicaCount int `json:"minReplicaCount"`
 		MaxReplicaCount int `json:"maxReplicaCount"`
 		Triggers        []struct {

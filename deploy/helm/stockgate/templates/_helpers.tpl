@@ -81,6 +81,19 @@ hpa
 {{- end -}}
 {{- end -}}
 
+{{- /* How the autoscaler (the chart's HPA, or the one KEDA makes) moves:
+on-sales start as a wall of traffic, so up at once, down slowly. */ -}}
+{{- define "stockgate.scaleBehavior" -}}
+scaleUp:
+  stabilizationWindowSeconds: 0
+  policies:
+    - type: Percent
+      value: 100
+      periodSeconds: 15
+scaleDown:
+  stabilizationWindowSeconds: 300
+{{- end -}}
+
 {{- /* The fewest pods the Deployment runs: autoscaling.minReplicas when
 autoscaled, else replicas. */ -}}
 {{- define "stockgate.minReplicas" -}}
@@ -98,6 +111,18 @@ entry (valueFrom a Secret of one's own), or, we trust, in existingSecret. */ -}}
 {{- if or (index $root.Values.env $name) (index $root.Values.secretEnv $name) }}{{ $set = true }}{{ end -}}
 {{- end -}}
 {{- if $set }}true{{ end -}}
+{{- end -}}
+
+{{- /* The migration Job's secrets, as YAML {existingSecret, secretEnv}:
+migration.existingSecret and migration.secretEnv when either is set (a
+login of its own), else the pods'. */ -}}
+{{- define "stockgate.migrationSecrets" -}}
+{{- $m := .Values.migration -}}
+{{- if or $m.existingSecret $m.secretEnv -}}
+{{- toYaml (dict "existingSecret" ($m.existingSecret | default "") "secretEnv" ($m.secretEnv | default dict)) -}}
+{{- else -}}
+{{- toYaml (dict "existingSecret" .Values.existingSecret "secretEnv" .Values.secretEnv) -}}
+{{- end -}}
 {{- end -}}
 
 {{- /* Refuse to render what cannot start. The gateway exits 2 at once
@@ -132,5 +157,17 @@ and the last flush of spans (5 s) must fit, or a slow drain is cut. */ -}}
 {{- end -}}
 {{- if not (include "stockgate.hasEnv" (list . "STOCKGATE_LEDGER_DSN")) -}}
 {{- fail "\n\nstockgate needs the ledger's DSN, or its pods exit 2 at start: set secretEnv.STOCKGATE_LEDGER_DSN (postgres://user:password@host:5432/db), or existingSecret to a Secret holding STOCKGATE_ADMIN_TOKEN and STOCKGATE_LEDGER_DSN, or env.STOCKGATE_LEDGER_DSN_FILE to a file of a Secret mounted with extraVolumes (docs/OPERATIONS.md, \"Installing on Kubernetes\")." -}}
+{{- end -}}
+{{- if and (has (toString .Values.rollout.maxSurge) (list "0" "0%")) (has (toString .Values.rollout.maxUnavailable) (list "0" "0%")) -}}
+{{- fail "\n\nrollout.maxSurge and rollout.maxUnavailable are both 0: a rollout could neither add a pod nor take one away; raise maxSurge (e.g. 25%)" -}}
+{{- end -}}
+{{- /* A login of the Job's own must carry a DSN: it has none of the pods'. */ -}}
+{{- $m := .Values.migration -}}
+{{- if and $m.enabled $m.secretEnv (not $m.existingSecret) -}}
+{{- $dsn := or (index $m.secretEnv "STOCKGATE_LEDGER_DSN") .Values.env.STOCKGATE_LEDGER_DSN_FILE -}}
+{{- range ($m.extraEnv | default .Values.extraEnv) }}{{ if has .name (list "STOCKGATE_LEDGER_DSN" "STOCKGATE_LEDGER_DSN_FILE") }}{{ $dsn = true }}{{ end }}{{ end -}}
+{{- if not $dsn -}}
+{{- fail "\n\nmigration.secretEnv is the migration Job's own login, and carries no STOCKGATE_LEDGER_DSN (the Job has none of the pods' secrets then): set migration.secretEnv.STOCKGATE_LEDGER_DSN to the DSN of the role that may change the schema, or migration.existingSecret to a Secret holding it." -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/stockgate/stockgate/keys"
@@ -19,10 +20,10 @@ import (
 // ErrLateRefused, a refusal the platform refunds against. Past the window,
 // or with late payments off, the hold is simply expired (ErrHoldExpired).
 // keep is the quantity the confirm named (0: the hold's): a late payment
-// buys keep of the hold's units, once per hold. The derived request names
-// the hold, not the quantity, so a second late payment under another
-// client key gets the order the first made, or ErrHoldConfirmed when it
-// asks for another quantity (as a confirm of a confirmed hold does).
+// buys keep of the hold's units, once per hold. The derived key names the
+// hold, not the quantity, so a second late payment under another client
+// key gets the order the first made, or ErrHoldConfirmed when it asks for
+// another quantity (as a confirm of a confirmed hold does).
 func (s *Service) lateConfirm(ctx context.Context, h ledger.Hold, keep int64, r request) answer {
 	a := s.latePaid(ctx, h, keep)
 	if a.err != nil || a.order.ID.IsZero() || r.key.IsZero() {
@@ -84,11 +85,29 @@ func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64) answe
 	}
 	// The key is derived (keys.Derived): no client's Idempotency-Key can
 	// take it, so a buyer's own request can never block the late payment.
+	// The quantity is in the fingerprint, so a late payment of another
+	// quantity has gate records of its own (gateID): were it to replay
+	// this one's deduction at the gate, the order it commits of keep
+	// units would stand on a deduction of another size, and the
+	// difference would never come back to Redis. The ledger's row under
+	// the derived key still lets one of them commit, once per hold; the
+	// other is refused as a reuse of the key (its own deduction given
+	// back) and answered with the order made.
 	key := keys.Derived("late", h.ID)
-	w := want{sku: h.SKU, buyer: h.Buyer, q: keep, req: newRequest(h.Buyer, key, ledger.OpPurchase, "late", h.ID.String())}
+	w := want{sku: h.SKU, buyer: h.Buyer, q: keep,
+		req: newRequest(h.Buyer, key, ledger.OpPurchase, "late", h.ID.String(), strconv.FormatInt(keep, 10))}
 	a := s.takeOne(ctx, w)
 	if a.err == nil && a.replayed {
 		a = s.sameQuantity(ctx, a, named)
+	}
+	if errors.Is(a.err, ErrKeyReused) {
+		// Paid late before for another quantity (or by a build whose
+		// fingerprint named none): its order is the hold's.
+		rec, err := s.ledger.RequestByKey(ctx, w.req.scope, w.req.key)
+		if err != nil || rec.Order == nil {
+			return ansUnavailable
+		}
+		return s.sameQuantity(ctx, replayed(rec), named)
 	}
 	if a.err != nil && (errors.Is(a.err, stock.ErrSoldOut) || errors.Is(a.err, ErrSoldOut) || errors.Is(a.err, ErrLimit) ||
 		errors.Is(a.err, ErrSaleEnded) || errors.Is(a.err, stock.ErrLimit) || errors.Is(a.err, stock.ErrSaleEnded)) {

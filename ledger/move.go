@@ -22,9 +22,11 @@ var ErrSaleOpen = errors.New("ledger: the program's sale is not closed")
 
 // programTables are the tables holding a program's rows, each with the
 // condition that picks them ($1 the program) and the columns left to the
-// target (an outbox sequence is the target's own). The program's outbox
-// events go along: the target's relay announces them again under their
-// event ids (webhook-id), as at-least-once delivery may anyway.
+// target (an outbox sequence is the target's own: the events are written
+// there in their seq order, so they keep it under the new numbers). The
+// program's outbox events go along: the target's relay announces them
+// again under their event ids (webhook-id), as at-least-once delivery may
+// anyway.
 var programTables = []struct {
 	name, where, skip string
 }{
@@ -145,7 +147,15 @@ func BeginMove(ctx context.Context, from, to *Ledger, program keys.ID, toName, t
 		return nil, fmt.Errorf("%w: %d tickets listed for resale", ErrSaleOpen, listed)
 	}
 	for _, t := range programTables {
-		rows, err := m.src.QueryContext(ctx, `SELECT * FROM `+t.name+` WHERE `+t.where, program)
+		// A column left to the target is numbered there in the order the
+		// rows are written: read them in its order on the source, so the
+		// target's numbers keep it (the outbox's seq orders a SKU's
+		// events; a scan in the order the rows lie on disk does not).
+		order := ""
+		if t.skip != "" {
+			order = ` ORDER BY ` + t.skip
+		}
+		rows, err := m.src.QueryContext(ctx, `SELECT * FROM `+t.name+` WHERE `+t.where+order, program)
 		if err != nil {
 			return nil, fmt.Errorf("ledger: move: read %s: %w", t.name, err)
 		}

@@ -75,7 +75,7 @@ func dig(m any, path ...string) any {
 }
 
 // The gateway stops at start on a STOCKGATE_ variable that is no setting
-// (a misspelt one was ignored, and a pod with STOCKGATE_REDIS_ADDR went
+// (a misspelt one was ignored, and a pod with REDIS_ADDR for ADDRS went
 // ready on the default Redis address). The chart holds the same line:
 // its values schema names exactly the gateway's settings (less the
 // one-shot commands'), and everything it renders (every values file of
@@ -179,8 +179,8 @@ func TestSecretsRefusedUnderEnv(t *testing.T) {
 	if _, err := helmCmd(t, append([]string{"template"}, append(base, "--set", "env.STOCKGATE_LEDGER_DSN_FILE=/run/secrets/dsn")...)...); err != nil {
 		t.Errorf("env.STOCKGATE_LEDGER_DSN_FILE: %v", err)
 	}
-	for _, set := range []string{"env.STOCKGATE_REDIS_ADDR=redis:6379", "secretEnv.STOCKGATE_REDIS_PASWORD=x",
-		"extraEnv[0].name=STOCKGATE_LEDGER_DNS", "migration.secretEnv.STOCKGATE_LEDGER_DNS=x"} {
+	for _, set := range []string{"env.STOCKGATE_REDIS_ADDR=redis:6379", "secretEnv.STOCKGATE_REDIS_PASWORD=x", // misspelt on purpose
+		"extraEnv[0].name=STOCKGATE_LEDGER_DNS", "migration.secretEnv.STOCKGATE_LEDGER_DNS=x"} { // misspelt on purpose
 		name := regexp.MustCompile(`STOCKGATE_[A-Z_]+`).FindString(set)
 		if _, err := helmCmd(t, append([]string{"template"}, append(base, "--set", set)...)...); err == nil {
 			t.Errorf("helm template --set %s: accepted", set)

@@ -208,7 +208,7 @@ func TestMigrateCommand(t *testing.T) {
 	if code, out := runBounded(t, "serve", "-migrate=false"); code != 1 || !strings.Contains(out, "stockgate migrate") {
 		t.Fatalf("serve -migrate=false on a new ledger = %d (%s), want 1 naming `stockgate migrate`", code, out)
 	}
-	if code, out := runBounded(t, "migrate"); code != 0 || !strings.Contains(out, `"version":5`) {
+	if code, out := runBounded(t, "migrate"); code != 0 || !strings.Contains(out, `"version":6`) {
 		t.Fatalf("migrate = %d (%s), want 0 saying the schema's version", code, out)
 	}
 	l, err := ledger.Open(t.Context(), ledger.Options{Driver: ledger.SQLite, DSN: dsn, NoMigrate: true})
@@ -228,8 +228,8 @@ func TestMigrateCommand(t *testing.T) {
 		}
 		t.Fatalf("this build on the baseline = %v, want ErrSchema", err)
 	}
-	if code, out := runBounded(t, "migrate"); code != 0 || !strings.Contains(out, `"version":5`) {
-		t.Fatalf("migrate again = %d (%s), want 0 at version 4", code, out)
+	if code, out := runBounded(t, "migrate"); code != 0 || !strings.Contains(out, `"version":6`) {
+		t.Fatalf("migrate again = %d (%s), want 0 at version 6", code, out)
 	}
 	if code, out := runBounded(t, "migrate", "-schema-down-to", "-1"); code != 2 || !strings.Contains(out, "STOCKGATE_SCHEMA_DOWN_TO") {
 		t.Fatalf("migrate -schema-down-to -1 = %d (%s), want 2 naming the setting", code, out)

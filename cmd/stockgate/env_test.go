@@ -29,7 +29,7 @@ func TestUnknownSettingExits2NamingTheNearest(t *testing.T) {
 		{"STOCKGATE_ADMIN_TOKEN_FIEL=/run/x", []string{"serve"}, []string{"did you mean STOCKGATE_ADMIN_TOKEN_FILE?"}},
 		{"STOCKGATE_PLACETTL=1s", []string{"move", "-program", "p", "-to", "p1"}, []string{"did you mean STOCKGATE_PLACE_TTL?"}},
 		{"", []string{"serve", "-redis-addr", "10.0.0.1:6379"}, []string{"-redis-addr", "did you mean -redis-addrs?"}},
-		{"", []string{"serve", "--log-levle=warn"}, []string{"-log-levle", "did you mean -log-level?"}},
+		{"", []string{"serve", "--log-leve=warn"}, []string{"-log-leve", "did you mean -log-level?"}},
 		{"", []string{"migrate", "-schema-down", "1"}, []string{"did you mean -schema-down-to?"}},
 		// Another command's flag: said whose it is.
 		{"", []string{"serve", "-program", "show-1"}, []string{"-program", "move"}},

@@ -21,9 +21,10 @@ import (
 // or with late payments off, the hold is simply expired (ErrHoldExpired).
 // keep is the quantity the confirm named (0: the hold's): a late payment
 // buys keep of the hold's units, once per hold. The derived key names the
-// hold, not the quantity, so a second late payment under another client
-// key gets the order the first made, or ErrHoldConfirmed when it asks for
-// another quantity (as a confirm of a confirmed hold does).
+// hold (its fingerprint the quantity too, see latePaid), so a second late
+// payment under another client key gets the order the first made, or
+// ErrHoldConfirmed when it asks for another quantity (as a confirm of a
+// confirmed hold does).
 func (s *Service) lateConfirm(ctx context.Context, h ledger.Hold, keep int64, r request) answer {
 	a := s.latePaid(ctx, h, keep)
 	if a.err != nil || a.order.ID.IsZero() || r.key.IsZero() {

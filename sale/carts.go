@@ -267,6 +267,9 @@ func (s *Service) CartByID(ctx context.Context, id keys.ID) (Cart, error) {
 // seat consistency check repairs it.
 func (s *Service) sellSeats(ctx context.Context, o ledger.Order) {
 	if section, ids, ok := seats.DecodeGate(o.Gate); ok && s.seats != nil {
+		// The order stands: mark its seats even when the request's own
+		// budget ran out committing it (the call has its own timeout).
+		ctx = context.WithoutCancel(ctx)
 		_ = s.redis(ctx, "gate.seats_sell", func(ctx context.Context) error {
 			_, err := s.seats.Sell(ctx, o.SKU, section, o.GateRequest(), ids)
 			return err

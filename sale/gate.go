@@ -3,6 +3,7 @@ package sale
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/stockgate/stockgate/breaker"
 	"github.com/stockgate/stockgate/keys"
@@ -71,12 +72,27 @@ func (s *Service) deduct(ctx context.Context, req shard.Request) (shard.Deductio
 	}
 }
 
+// restoreAttempts bounds giveBack's tries of a failing Redis call.
+const restoreAttempts = 3
+
 // giveBack returns the stock a purchase took when it did not commit.
 func (s *Service) giveBack(ctx context.Context, sku stock.SKU, key keys.ID, parts []shard.Part) {
 	// A request out of its time budget still gives back what it took:
 	// each call has its own Redis timeout.
 	ctx = context.WithoutCancel(ctx)
-	err := s.redis(ctx, "gate.restore", func(ctx context.Context) error { return s.gate.Restore(ctx, sku, key, parts) })
+	var err error
+	for attempt := range restoreAttempts {
+		if attempt > 0 {
+			// A call that timed out on a busy node may have restored some
+			// parts: a part already given back is refused, so a repeat
+			// moves each unit at most once.
+			time.Sleep(time.Duration(attempt) * 50 * time.Millisecond)
+		}
+		err = s.redis(ctx, "gate.restore", func(ctx context.Context) error { return s.gate.Restore(ctx, sku, key, parts) })
+		if err == nil || errors.Is(err, breaker.ErrOpen) || isOutcome(err) {
+			break
+		}
+	}
 	if err != nil {
 		// The units stay taken in Redis; the ledger is unaffected, and the
 		// drift check or the next re-seed gives them back.

@@ -427,13 +427,7 @@ func TestAlertRules(t *testing.T) {
 // The image's binary is static (no cgo, no dynamic loader), as the
 // Dockerfile builds it, so it runs on distroless/static.
 func TestStaticBinary(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "stockgate")
-	cmd := exec.Command("go", "build", "-trimpath", "-o", bin, "../cmd/stockgate")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
-	f, err := elf.Open(bin)
+	f, err := elf.Open(gatewayBinary(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,11 @@ import (
 	"github.com/stockgate/stockgate/internal/testenv"
 )
 
-func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
+func TestMain(m *testing.M) {
+	code := testenv.Main(m)
+	removeBuilt()
+	os.Exit(code)
+}
 
 // shellWords splits one shell command line (continuations joined) into
 // words: quotes removed, nothing expanded.
@@ -195,10 +199,7 @@ func TestReadmeInstall(t *testing.T) {
 	// Now for real: this tree's binary, real servers in place of the
 	// documented placeholders (the DSN, the Redis address, the admin token
 	// its shell would have made, the listen address of a pod).
-	bin := filepath.Join(t.TempDir(), "stockgate")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/stockgate").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	bin := gatewayBinary(t)
 	dsn, _ := testenv.PgBouncerURL(t, testenv.PgBouncerOptions{})
 	token := make([]byte, 24)
 	rand.Read(token)

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -25,10 +24,7 @@ import (
 // each secret (secrets: their STOCKGATE_<FLAG>).
 func gatewaySettings(t *testing.T) (settings, secrets []string) {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "stockgate")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/stockgate").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := gatewayBinary(t)
 	out, _ := exec.Command(bin, "-help").CombinedOutput()
 	for _, m := range regexp.MustCompile(`(?m)^  -([a-z0-9-]+)`).FindAllStringSubmatch(string(out), -1) {
 		settings = append(settings, "STOCKGATE_"+strings.ToUpper(strings.ReplaceAll(m[1], "-", "_")))

@@ -215,7 +215,7 @@ func (s *nodeSale) check(r loadgen.Result, maxShare float64) {
 // buyer sees a 503.
 func TestFaultKillOneMasterCostsItsSlots(t *testing.T) {
 	systest.FullTier(t)
-	systest.EachDriver(t, func(t *testing.T, driver string) {
+	systest.OnDriver(t, ledger.Postgres, func(t *testing.T, driver string) {
 		s := newNodeSale(t, driver, nil)
 		ctx := context.Background()
 		slot, victim := s.firstMaster()
@@ -237,7 +237,7 @@ func TestFaultKillOneMasterCostsItsSlots(t *testing.T) {
 // is rebuilt from the ledger when Redis is back; at most 1 % 503.
 func TestFaultAllRedisDownTenSeconds(t *testing.T) {
 	systest.FullTier(t)
-	systest.EachDriver(t, func(t *testing.T, driver string) {
+	systest.OnDriver(t, ledger.SQLite, func(t *testing.T, driver string) {
 		s := newNodeSale(t, driver, nil)
 		ctx := context.Background()
 		var killed, restarted time.Time
@@ -273,7 +273,7 @@ func TestFaultAllRedisDownTenSeconds(t *testing.T) {
 // and nothing is lost.
 func TestFaultZombieMasterMidSale(t *testing.T) {
 	systest.FullTier(t)
-	systest.EachDriver(t, func(t *testing.T, driver string) {
+	systest.OnDriver(t, ledger.Postgres, func(t *testing.T, driver string) {
 		s := newNodeSale(t, driver, nil)
 		ctx := context.Background()
 		_, victim := s.firstMaster()
@@ -307,7 +307,7 @@ func TestFaultZombieMasterMidSale(t *testing.T) {
 // of the requests answer 503.
 func TestFaultReshardMidSale(t *testing.T) {
 	systest.FullTier(t)
-	systest.EachDriver(t, func(t *testing.T, driver string) {
+	systest.OnDriver(t, ledger.SQLite, func(t *testing.T, driver string) {
 		s := newNodeSale(t, driver, nil)
 		ctx := context.Background()
 		var moved time.Duration

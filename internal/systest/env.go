@@ -155,6 +155,19 @@ func Start(t *testing.T, o Options) *Env {
 // the one loop over the drivers, which the ledger's own tests use too.
 func EachDriver(t *testing.T, f func(t *testing.T, driver string)) { testenv.EachDriver(t, f) }
 
+// OnDriver runs f as a subtest on the one ledger driver named, or on each
+// when STOCKGATE_TEST_EVERY_LEDGER is set. It is for the long runs whose
+// subject is Redis (a node killed, frozen, resharded mid-sale): each
+// takes one ledger and the family of them covers both, which halves
+// their share of make test on 2 cores.
+func OnDriver(t *testing.T, driver string, f func(t *testing.T, driver string)) {
+	if os.Getenv("STOCKGATE_TEST_EVERY_LEDGER") != "" {
+		EachDriver(t, f)
+		return
+	}
+	t.Run(driver, func(t *testing.T) { f(t, driver) })
+}
+
 // LedgerDSN is a fresh, empty ledger of the driver (testenv.LedgerDSN),
 // for replicas to share.
 func LedgerDSN(t *testing.T, driver string) string { return testenv.LedgerDSN(t, driver) }

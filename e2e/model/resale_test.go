@@ -298,13 +298,7 @@ func (r *resaleModel) list() {
 	q := 1 + r.rng.Int64N(o.q+1)
 	r.ops["list"]++
 	got := r.post("/v1/orders/"+o.id+"/resale", r.key(), fmt.Sprintf(`{"buyer":%q,"quantity":%d}`, o.buyer, q))
-	if got.Status == http.StatusConflict && systest.ProblemKind(got) == "order-refunded" {
-		// Its last listed tickets' sales settled since the step read them
-		// back: the order was given up whole.
-		r.sync()
-		if !o.refunded {
-			r.fail("list %d of order %s = %d %s, but it stands with %d", q, o.id, got.Status, got.Body, o.q)
-		}
+	if r.resoldWhole(o, got) {
 		r.ops["list-resold-whole"]++
 		return
 	}
@@ -389,10 +383,26 @@ func (r *resaleModel) settled(x *rListing, sold int64) {
 		x.open = false
 	}
 	if x.order.q == 0 {
-		// All its tickets resold: the order is given up whole, as
-		// refunded (its listing.sold events are the seller's refund).
+		// All its tickets resold: the order is given up whole (its
+		// listing.sold events are the seller's refund; 409 order-resold
+		// to a refund, a transfer or a listing).
 		x.order.refunded = true
 	}
+}
+
+// resoldWhole reports that got refused an action on o because every unit
+// of it was resold (409 order-resold): the sweeper settled its listings'
+// last sales since the step read them back. It fails the run if, read
+// back now, o still stands.
+func (r *resaleModel) resoldWhole(o *rOrder, got systest.Reply) bool {
+	if got.Status != http.StatusConflict || systest.ProblemKind(got) != "order-resold" {
+		return false
+	}
+	r.sync()
+	if !o.refunded {
+		r.fail("order %s answered %d %s, but it stands with %d", o.id, got.Status, got.Body, o.q)
+	}
+	return true
 }
 
 // refund refunds a standing order: 409 order-listed while it has units
@@ -410,6 +420,10 @@ func (r *resaleModel) refund() {
 	o := standing[r.rng.IntN(len(standing))]
 	r.ops["refund"]++
 	got := r.post("/v1/orders/"+o.id+"/refund", r.key(), fmt.Sprintf(`{"buyer":%q}`, o.buyer))
+	if r.resoldWhole(o, got) {
+		r.ops["refund-resold-whole"]++
+		return
+	}
 	if r.unlisted(o) < o.q {
 		if got.Status == http.StatusOK {
 			// The sweeper may have settled the listing's last units since

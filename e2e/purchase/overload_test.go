@@ -37,7 +37,10 @@ func (l slowTakes) Commit(ctx context.Context, takes []ledger.Take, direct bool)
 // their keys once the storm is over, all sell.
 func TestOverloadShedsAtTheLedger(t *testing.T) {
 	systest.EachDriver(t, func(t *testing.T, driver string) {
-		e := systest.Start(t, systest.Options{Driver: driver, Tune: func(o *app.Options) {
+		// The drift check runs: a shed take whose give-back found Redis
+		// timing out (a busy machine opens the breaker) is repaired by it,
+		// as in production; what the ledger sold is the answers' alone.
+		e := systest.Start(t, systest.Options{Driver: driver, Drift: true, Tune: func(o *app.Options) {
 			o.Sale.LedgerWaitBudget = 100 * time.Millisecond
 			o.Sale.CommitLanes = 1
 			o.Sale.BatchMax = 16 // full batches: the lane learns its pace
@@ -66,10 +69,12 @@ func TestOverloadShedsAtTheLedger(t *testing.T) {
 			t.Fatalf("answers %v, want %d of 201 and 503, some 503", counts, n)
 		}
 		sold := int64(counts[http.StatusCreated])
-		systest.WaitFor(t, 10*time.Second, "Redis holds what the ledger did not sell", func() bool {
-			s := e.State(t, sku)
-			return s.Sold == sold && s.RedisRemaining == total-sold
-		})
+		// Bounded; on time-out the check below says what stands.
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if s := e.State(t, sku); s.Sold == sold && s.RedisRemaining == total-sold {
+				break
+			}
+		}
 		if s := e.State(t, sku); s.Sold != sold || s.Orders != sold || s.RedisRemaining != total-sold {
 			t.Fatalf("after the storm %+v, want %d sold and %d in Redis", s, sold, total-sold)
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -133,4 +134,24 @@ func OrderID(r Reply) string {
 	}
 	_ = json.Unmarshal(r.Body, &v)
 	return v.OrderID
+}
+
+// Retried sends a keyed request as a platform's worker does: a 503 or 429
+// is sent again with the same key after its Retry-After (at most 2 s
+// apart, for 30 s in all). It returns the last answer and how many
+// answers came before it.
+func (e *Env) Retried(t *testing.T, method, path, key, body string) (Reply, int) {
+	t.Helper()
+	give := time.Now().Add(30 * time.Second)
+	for tries := 0; ; tries++ {
+		r := e.Do(t, method, path, map[string]string{"Idempotency-Key": key}, body)
+		if r.Status != http.StatusServiceUnavailable && r.Status != http.StatusTooManyRequests || time.Now().After(give) {
+			return r, tries
+		}
+		wait := time.Second
+		if s, err := strconv.Atoi(r.Header.Get("Retry-After")); err == nil {
+			wait = time.Duration(min(max(s, 0), 2)) * time.Second
+		}
+		time.Sleep(wait)
+	}
 }

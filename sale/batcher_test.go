@@ -99,11 +99,15 @@ func TestBatcherRefusesWhatWaitedTooLong(t *testing.T) {
 			go func() { _, err := b.do(context.Background(), 0, 0); first <- err }()
 			<-holding
 			late := make(chan error, 3)
-			start := time.Now()
 			for i := 1; i <= 3; i++ {
 				go func() { _, err := b.do(context.Background(), 0, i); late <- err }()
 			}
-			for b.lanes[0].queued.Load() < 3 || time.Since(start) <= budget {
+			for b.lanes[0].queued.Load() < 3 {
+				time.Sleep(time.Millisecond) // until the three are queued
+			}
+			// From the last one's arrival: on a busy machine the third may
+			// be queued well after the first two.
+			for queued := time.Now(); time.Since(queued) <= budget; {
 				time.Sleep(time.Millisecond) // until the three have waited past the budget
 			}
 			b.lanes[0].rate.Store(math.Float64bits(tc.rate))

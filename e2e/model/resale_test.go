@@ -36,11 +36,12 @@ import (
 // report is balanced and Redis agrees with the ledger.
 //
 // STOCKGATE_MODEL_SEED replays a sequence, STOCKGATE_MODEL_STEPS sets the
-// steps (default 300 per ledger).
+// steps (default 200 per ledger: TestModelConcurrent takes resale's
+// operations through 5,000 a shape beside it).
 func TestModelResale(t *testing.T) {
 	systest.FullTier(t)
 	t.Parallel()
-	steps, seed := runOf(300, 4)
+	steps, seed := runOf(200, 4)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		t.Logf("seed %d: STOCKGATE_MODEL_SEED=%d go test -run 'TestModelResale/%s' ./e2e/model reproduces it", seed, seed, driver)
 		r := newResaleModel(t, driver, seed)

@@ -74,8 +74,8 @@ func (r *hookReceiver) distinct() int {
 	return len(r.ids)
 }
 
-// A sale of 4,000 purchases over 3 replicas, with 800 holds (confirmed,
-// cancelled, left to expire) and 200 refunds: every state change reaches
+// A sale of 2,000 purchases over 3 replicas, with 400 holds (confirmed,
+// cancelled, left to expire) and 100 refunds: every state change reaches
 // a platform's webhook exactly once after de-duplication by id, each
 // ticket's in the order the ledger committed them, while the receiver
 // fails 20 % of deliveries and one replica is killed midway with its
@@ -84,7 +84,7 @@ func (r *hookReceiver) distinct() int {
 // commit order (the relay package's tests run both ledgers).
 func TestEveryChangeReachesTheWebhook(t *testing.T) {
 	t.Parallel() // its own replicas, ledger, receiver and program: it overlaps the other long tests
-	const tickets, purchases, holds, refunds = 20, 4_000, 800, 200
+	const tickets, purchases, holds, refunds = 20, 2_000, 400, 100
 	secret := webhook.NewSecret()
 	verifier, err := webhook.NewVerifier(secret)
 	if err != nil {

@@ -3,9 +3,10 @@ package sale
 import "sync"
 
 // inflight joins concurrent requests that carry the same idempotency key on
-// this replica: the first runs, the others wait and get its answer, so 20
-// concurrent copies of one request give 20 identical answers. Across
-// replicas the ledger's unique key does the same job, more slowly.
+// this replica: the first runs, the others wait and get its answer,
+// replayed, so 20 concurrent copies of one request give 20 identical
+// bodies and one of them is the request made. Across replicas the
+// ledger's unique key does the same job, more slowly.
 type inflight struct {
 	mu    sync.Mutex
 	calls map[string]*call
@@ -36,7 +37,12 @@ func (f *inflight) do(key, hash string, fn func() answer) answer {
 		f.mu.Unlock()
 		<-c.done
 		if c.hash == hash {
-			return c.res
+			// Another copy made this answer: to this one it is a replay,
+			// as to a retry after it or on another replica (a 201 here
+			// without the header read as a second request made).
+			res := c.res
+			res.replayed = true
+			return res
 		}
 	}
 	c := &call{hash: hash, done: make(chan struct{})}

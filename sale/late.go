@@ -32,9 +32,17 @@ func (s *Service) lateConfirm(ctx context.Context, h ledger.Hold, keep int64, r 
 	}
 	// The client's key remembers the order too: a retry under it, past
 	// the window or on another replica, gets it, and the key can't be
-	// reused for another request.
-	if _, err := s.ledger.AnswerWith(ctx, r.ledger(), a.order); err != nil && !errors.Is(err, ledger.ErrDuplicate) {
+	// reused for another request. Unrecorded, the key would answer 410
+	// past the window and take another request: the payment is answered
+	// 503 instead (outcome unknown), and its retry, which finds the
+	// order under the hold's key, records the client's key again.
+	switch _, err := s.ledger.AnswerWith(ctx, r.ledger(), a.order); {
+	case err == nil, errors.Is(err, ledger.ErrDuplicate):
+	case errors.Is(err, ledger.ErrKeyReused):
+		return ansKeyReused // another request took the key meanwhile
+	default:
 		s.log.WarnContext(ctx, "late payment: client key not recorded", "hold", h.ID.String(), "err", err)
+		return ansUnavailable
 	}
 	return a
 }

@@ -280,8 +280,18 @@ func TestCartSeatsRacing(t *testing.T) {
 		if st := a.State(t, stalls); st.Sold+st.Held != int64(len(taken)) {
 			t.Errorf("SKU counts %+v, %d seats taken", st, len(taken))
 		}
+		// The gate agrees with the ledger, unless a breaker opened on the
+		// way (a busy machine's Redis timeout): carts then took seats in
+		// the ledger alone, and the check repairs the gate.
 		if _, differed := seatStates(t, a, stalls); differed != "" {
-			t.Errorf("gate differed from the ledger on %s", differed)
+			if !a.RedisFaulted(t) && !b.RedisFaulted(t) {
+				t.Errorf("gate differed from the ledger on %s", differed)
+			} else {
+				t.Logf("a breaker opened; the check repaired %s", differed)
+			}
+		}
+		if _, differed := seatStates(t, a, stalls); differed != "" {
+			t.Errorf("gate still differed from the ledger on %s after a check", differed)
 		}
 		t.Logf("60 carts: %v, %d seats won", outcomes, len(owner))
 	})

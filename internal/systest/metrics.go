@@ -104,3 +104,12 @@ func (s Hist) Quantile(q float64) float64 {
 	}
 	return -1
 }
+
+// RedisFaulted reports whether the replica's gate went around Redis at
+// some point: a node's breaker opened. On a busy machine a Redis call can
+// time out with no fault injected, and what was taken meanwhile is in
+// the ledger only until a consistency check repairs the gate.
+func (e *Env) RedisFaulted(t *testing.T) bool {
+	t.Helper()
+	return Counter(t, e.Registry, "stockgate_breaker_transitions_total", map[string]string{"to": "open"}) > 0
+}

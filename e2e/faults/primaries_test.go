@@ -46,7 +46,7 @@ func TestFaultPrimaryDown(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	const total = 1500
+	const total = 600
 	a.PutSKU(t, up, total, 2, 4)
 	a.PutSKU(t, down, total, 2, 4)
 	// Each SKU row is on its program's primary only.

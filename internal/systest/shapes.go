@@ -31,7 +31,7 @@ func NewLedger(t *testing.T, shape string) Options {
 	if shape != TwoPrimaries {
 		return Options{Driver: shape, DSN: LedgerDSN(t, shape)}
 	}
-	urls := testenv.PostgresURLs(t, 2)
+	urls := testenv.LedgerPostgresURLs(t, 2)
 	return Options{Driver: ledger.Postgres, DSN: urls[0], Primaries: urls[1:]}
 }
 

@@ -88,6 +88,18 @@ func PostgresURL(tb testing.TB) string {
 // STOCKGATE_TEST_DATABASE_URL they are databases of that one server.
 func PostgresURLs(tb testing.TB, n int) []string {
 	tb.Helper()
+	return postgresURLs(tb, n, (*Postgres).NewDatabase)
+}
+
+// LedgerPostgresURLs is PostgresURLs at this build's schema: the
+// databases of a ledger opened without migrating (see NewLedgerDatabase).
+func LedgerPostgresURLs(tb testing.TB, n int) []string {
+	tb.Helper()
+	return postgresURLs(tb, n, (*Postgres).NewLedgerDatabase)
+}
+
+func postgresURLs(tb testing.TB, n int, create func(*Postgres, context.Context) (string, func(), error)) []string {
+	tb.Helper()
 	shared.mu.Lock()
 	for len(shared.pgs) < n {
 		p, err := StartPostgres(context.Background())
@@ -103,7 +115,7 @@ func PostgresURLs(tb testing.TB, n int) []string {
 	defer cancel()
 	out := make([]string, n)
 	for i, pg := range pgs {
-		u, drop, err := pg.NewDatabase(ctx)
+		u, drop, err := create(pg, ctx)
 		if err != nil {
 			tb.Fatalf("new database: %v", err)
 		}

@@ -17,13 +17,15 @@ func EachDriver(t *testing.T, f func(t *testing.T, driver string)) {
 	}
 }
 
-// LedgerDSN is a fresh, empty ledger of the driver, removed when the test
-// ends: a SQLite file, or a PostgreSQL database on the package's server.
+// LedgerDSN is a fresh ledger of the driver at this build's schema, with
+// no rows but its own identity, removed when the test ends: a SQLite
+// file, or a PostgreSQL database on the package's server. (PostgresURL
+// and SQLitePath are empty ones, for tests of the migrations.)
 func LedgerDSN(tb testing.TB, driver string) string {
 	if driver == ledger.Postgres {
-		return PostgresURL(tb)
+		return LedgerPostgresURLs(tb, 1)[0]
 	}
-	return SQLitePath(tb)
+	return LedgerSQLitePath(tb)
 }
 
 // EachLedger runs f as a subtest per ledger driver, on a fresh ledger of

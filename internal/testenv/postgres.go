@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -30,6 +31,10 @@ type Postgres struct {
 	cmd      *exec.Cmd // nil when the server was given by DatabaseURLEnv
 	done     chan struct{}
 	dir      string
+	// The migrated template (NewLedgerDatabase), made on first use.
+	tmplMu   sync.Mutex
+	tmpl     string
+	dropTmpl func()
 	// What Restart starts again (a server this package started).
 	bin  string
 	args []string
@@ -183,6 +188,11 @@ func (p *Postgres) waitUp(ctx context.Context) error {
 // NewDatabase creates a fresh, empty database and returns its URL. The
 // database is dropped by the returned function.
 func (p *Postgres) NewDatabase(ctx context.Context) (string, func(), error) {
+	return p.newDatabase(ctx, "")
+}
+
+// newDatabase creates a database, a copy of tmpl when it is named.
+func (p *Postgres) newDatabase(ctx context.Context, tmpl string) (string, func(), error) {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	name := "stockgate_test_" + hex.EncodeToString(b[:])
@@ -190,7 +200,11 @@ func (p *Postgres) NewDatabase(ctx context.Context) (string, func(), error) {
 	if err != nil {
 		return "", nil, err
 	}
-	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
+	create := func() error { _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); return err }
+	if tmpl != "" {
+		create = func() error { return copyFromTemplate(ctx, admin, name, tmpl) }
+	}
+	if err := create(); err != nil {
 		admin.Close()
 		return "", nil, fmt.Errorf("create database: %w", err)
 	}
@@ -212,6 +226,9 @@ func (p *Postgres) NewDatabase(ctx context.Context) (string, func(), error) {
 // Stop stops a server this package started (by its pid) and removes its
 // files. A server named by the environment is left alone.
 func (p *Postgres) Stop() {
+	if p.dropTmpl != nil && p.cmd == nil {
+		p.dropTmpl() // a server the tests were given keeps no template
+	}
 	p.kill()
 	if p.dir != "" {
 		_ = os.RemoveAll(p.dir)

@@ -244,12 +244,9 @@ func openSQLite(path string) (*sql.DB, func() error, error) {
 		// statements each keep one, to undo themselves alone) in memory:
 		// on files they cost an open, writes and a close per statement,
 		// 10 % of the writer's time in the steady run.
-		db, err := sql.Open("sqlite", "file:"+path+
-			"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=foreign_keys(1)"+
-			"&_pragma=temp_store(MEMORY)&_pragma=wal_autocheckpoint("+strconv.Itoa(walSafetyPages)+")&_txlock=immediate")
-		if err != nil {
-			return nil, nil, err
-		}
+		db := newSQLiteDB("file:" + path +
+			"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=foreign_keys(1)" +
+			"&_pragma=temp_store(MEMORY)&_pragma=wal_autocheckpoint(" + strconv.Itoa(walSafetyPages) + ")&_txlock=immediate")
 		db.SetMaxOpenConns(1)
 		stop := func() {} // an in-memory database has no WAL to checkpoint
 		if path != ":memory:" && !strings.Contains(path, "mode=memory") {

@@ -517,8 +517,31 @@ func (b *takeBatch) attempt(ctx context.Context, live []int, careful bool) (out 
 				steps = append(steps, s)
 			}
 		}
+		// The requests committed meanwhile (by a copy of the request on
+		// another replica, while an earlier attempt of this batch rolled
+		// back): duplicates, decided before any row says "sold out" to
+		// a request that stands.
+		committed := map[ScopedKey]bool{}
+		if s, ok := b.requestsReadStep(kept, committed); ok {
+			steps = append(steps, s)
+		}
 		if err := r.run(ctx, steps); err != nil {
 			return out, notCommitted("take: read", err)
+		}
+		if len(committed) > 0 {
+			dup := map[int]bool{}
+			for _, i := range kept {
+				if t := &b.takes[i]; !t.Req.IsZero() && committed[ScopedKey{t.Req.Scope, t.Req.Key}] {
+					dup[i] = true
+					out.dups = append(out.dups, i)
+				}
+			}
+			kept = slices.DeleteFunc(kept, func(i int) bool { return dup[i] })
+			lines = slices.DeleteFunc(lines, func(ln tline) bool { return dup[ln.take] })
+			if len(kept) == 0 {
+				r.end(ctx, false)
+				return attemptOut{committed: true, dups: out.dups}, nil
+			}
 		}
 		refused := b.decide(kept, lines, rows, buyers, codes)
 		if len(refused) > 0 {
@@ -795,6 +818,28 @@ func namedBefore(ls []tline, seen map[seatName]bool) (tline, []string) {
 type seatName struct {
 	sku  stock.SKU
 	seat keys.ID
+}
+
+// requestsReadStep reads which of the takes' requests are committed
+// already (found); ok is false when no take names a request.
+func (b *takeBatch) requestsReadStep(kept []int, found map[ScopedKey]bool) (step, bool) {
+	in := newRowset("tt")
+	for _, i := range kept {
+		if r := b.takes[i].Req; !r.IsZero() {
+			in.add(r.Scope.String(), r.Key.String())
+		}
+	}
+	if in.n == 0 {
+		return step{}, false
+	}
+	return step{sql: b.l.sql.requestsRead, args: in.args(b.l.driver), read: func(rs resultRows) error {
+		var k ScopedKey
+		if err := rs.Scan(&k.Scope, &k.Key); err != nil {
+			return err
+		}
+		found[k] = true
+		return nil
+	}}, true
 }
 
 // lockStep locks the SKU rows, in (program, ticket) order, and reads them
@@ -1242,6 +1287,7 @@ type takeSQL struct {
 	takeCodesLock, codesRead, buyersRead, takeEvents                               string
 	confirmHolds, confirmUpdate, sellSeats, holdsRead, ordersRead                  string
 	lockHolds, lockOrders                                                          string
+	requestsRead                                                                   string
 }
 
 func newTakeSQL(d string) takeSQL {
@@ -1345,6 +1391,8 @@ func newTakeSQL(d string) takeSQL {
 		}
 		return ""
 	}
+	q.requestsRead = `SELECT r.scope, r.idem_key FROM requests r JOIN ` + rowsAt(1, "scope text", "idem_key text") +
+		` ON r.scope = w.scope AND r.idem_key = w.idem_key`
 	q.lockHolds = `SELECT h.id FROM holds h JOIN ` + rowsAt(1, "id text") + ` ON h.id = w.id ORDER BY h.id` + forUpdateOf("h")
 	q.lockOrders = `SELECT o.id FROM orders o JOIN ` + rowsAt(1, "id text") + ` ON o.id = w.id ORDER BY o.id` + forUpdateOf("o")
 	q.holdsRead = selectHoldFrom("h") + ` JOIN ` + rowsAt(1, "id text") + ` ON h.id = w.id`

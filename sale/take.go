@@ -519,22 +519,31 @@ const (
 )
 
 // undo gives back what this attempt took at the gate: each line's stock
-// (or seats), and its counts as counts says. A cart line another attempt
-// deducted (replayed) keeps its stock unless no attempt may still commit
-// it (deadAttempts), which at worst keeps units out of Redis until the
-// consistency check, never sells one twice. A single take's replayed
-// deduction goes back: the ledger refused it, and should the attempt
-// that made it still commit, the ledger has the stock and Redis is a unit
-// ahead until the drift check, which the ledger's own check covers.
+// (or seats), and its counts as counts says. A line another attempt
+// deducted (replayed: a copy of the request on another replica) keeps
+// its stock unless no attempt may still commit it (deadAttempts), which
+// at worst keeps units out of Redis until the drift check, never sells
+// one twice. Once the request is known committed (counts is
+// countsReplayed), a single take gives back only the parts its order or
+// hold does not stand on, whichever attempt deducted them: the copy that
+// committed may have done so on this very deduction (TestModelConcurrent
+// found Redis two units ahead of the ledger when a refused twin gave
+// back the deduction its committed copy stood on).
 func (t *take) undo(ctx context.Context, counts countsFate) {
 	s := t.s
-	ownerless := !t.cart || (counts == countsRelease && t.deadAttempts(ctx))
+	ownerless := counts == countsRelease && t.deadAttempts(ctx)
 	for _, ln := range t.lines {
 		switch {
 		case !ln.counted:
 			t.settleCounts(ctx, ln, counts)
 		case len(ln.seats.ids) > 0:
 			t.releaseSeats(ctx, ln)
+		case counts == countsReplayed && !t.cart:
+			// The request committed (this refusal is its replay), maybe
+			// on this very deduction: give back only what its rows do not
+			// stand on, whichever attempt took it.
+			s.giveBackUnused(ctx, ln.w, ln.parts)
+			ln.quota.replayed(ctx)
 		case ln.replayed && !ownerless:
 			ln.quota.replayed(ctx) // only the counts this attempt made
 		default:

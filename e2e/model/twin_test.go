@@ -1,0 +1,237 @@
+package model_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/internal/systest"
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/sale"
+	"github.com/stockgate/stockgate/stock"
+
+	_ "github.com/jackc/pgx/v5/stdlib"
+)
+
+// TestTwinRefusalKeepsTheCommittedDeduction: one purchase sent to two
+// replicas at once (TestModelConcurrent's "take-twice"). Replica A deducts
+// the units at the gate; replica B's deduct finds A's record (Replayed)
+// and B commits too. The ledger commits A's copy and does not commit B's:
+//
+//   - sold-out: B's batch was rolled back once (another take of it
+//     refused) and its careful attempt decides B's copy against the rows
+//     read after A's commit, before its request row could say "duplicate":
+//     remaining 1 < 2, stock.ErrSoldOut. B looks the key up, finds A's
+//     order and answers it replayed;
+//   - not-committed: B's batch failed before anything was written
+//     (ledger.ErrNotCommitted); B answers 503 while A commits.
+//
+// Either way B gives back the deduction A's order stands on (take.undo: a
+// single take's replayed deduction goes back), and Redis shows 2 units
+// the ledger has sold: Redis ahead of the ledger, for good (nothing but
+// the drift check or a rebuild puts it right).
+//
+// The ledger's answers to B are injected (WrapLedger) at the moment the
+// real ledger gives them, so the interleaving runs the same every time.
+func TestTwinRefusalKeepsTheCommittedDeduction(t *testing.T) {
+	systest.FullTier(t)
+	for _, tc := range []struct {
+		name string
+		// refuse is B's ledger answer to its copy, given once A's copy
+		// committed (after) or while A's waits (before).
+		refuse func(take ledger.Take) ledger.TakeResult
+		after  bool
+		status int // B's answer
+	}{
+		{"sold-out", func(take ledger.Take) ledger.TakeResult {
+			return ledger.TakeResult{Take: take, Err: stock.ErrSoldOut}
+		}, true, http.StatusCreated},
+		{"not-committed", func(take ledger.Take) ledger.TakeResult {
+			return ledger.TakeResult{Take: take, Err: fmt.Errorf("%w: connection lost before the batch was sent (injected)", ledger.ErrNotCommitted)}
+		}, false, http.StatusServiceUnavailable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const key = "twin-1"
+			aAt, bAt, aDone, bAnswered := newSignal(), newSignal(), newSignal(), newSignal()
+			// A's copy reaches its commit and waits: for B's commit (sold-out)
+			// or B's answer (not-committed).
+			aDecide := func(ctx context.Context, take ledger.Take, commit func() ledger.TakeResult) ledger.TakeResult {
+				aAt.fire()
+				if tc.after {
+					bAt.wait()
+				} else {
+					bAnswered.wait()
+				}
+				r := commit()
+				aDone.fire()
+				return r
+			}
+			bDecide := func(ctx context.Context, take ledger.Take, commit func() ledger.TakeResult) ledger.TakeResult {
+				bAt.fire()
+				if tc.after {
+					aDone.wait()
+				}
+				return tc.refuse(take)
+			}
+			base := systest.NewLedger(t, ledger.Postgres)
+			replica := func(decide decideFunc) *systest.Env {
+				o := base
+				o.Tune = func(o *app.Options) {
+					o.WrapLedger = func(l sale.Ledger) sale.Ledger { return gatedLedger{Ledger: l, key: key, decide: decide} }
+				}
+				return systest.Start(t, o)
+			}
+			a, b := replica(aDecide), replica(bDecide)
+			sku := systest.NewSKU(t)
+			a.PutSKU(t, sku, 3, 1, 4)
+
+			aReply := make(chan systest.Reply, 1)
+			go func() { aReply <- a.Buy(t, sku, key, "cb1", 2) }()
+			aAt.wait() // A deducted 2 at the gate and is committing
+			rb := b.Buy(t, sku, key, "cb1", 2)
+			bAnswered.fire()
+			ra := <-aReply
+			if ra.Status != http.StatusCreated {
+				t.Fatalf("A's copy = %d %s, want 201", ra.Status, ra.Body)
+			}
+			if rb.Status != tc.status {
+				t.Fatalf("B's copy = %d %s, want %d", rb.Status, rb.Body, tc.status)
+			}
+
+			ctx := context.Background()
+			var left, want int64
+			ok := false
+			for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+				st, err := a.Ledger.SKU(ctx, sku)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var seeded bool
+				left, seeded, err = a.Gate.Remaining(ctx, sku, 1)
+				want = st.Remaining()
+				if ok = err == nil && seeded && left == want; ok {
+					break
+				}
+			}
+			if !ok {
+				t.Errorf("Redis remaining %d, ledger %d: the give-back of B's copy returned the units A's order stands on", left, want)
+			}
+		})
+	}
+}
+
+// decideFunc decides one take of the watched request on a replica:
+// commit commits it through the real ledger.
+type decideFunc func(ctx context.Context, take ledger.Take, commit func() ledger.TakeResult) ledger.TakeResult
+
+// gatedLedger hands the take of the request under key to decide; every
+// other take commits as usual.
+type gatedLedger struct {
+	sale.Ledger
+	key    string
+	decide decideFunc
+}
+
+func (l gatedLedger) Commit(ctx context.Context, takes []ledger.Take, direct bool) []ledger.TakeResult {
+	i := slices.IndexFunc(takes, func(t ledger.Take) bool { return t.Req.Key.String() == l.key })
+	if i < 0 {
+		return l.Ledger.Commit(ctx, takes, direct)
+	}
+	var out []ledger.TakeResult
+	if rest := slices.Delete(slices.Clone(takes), i, i+1); len(rest) > 0 {
+		out = l.Ledger.Commit(ctx, rest, direct)
+	}
+	r := l.decide(ctx, takes[i], func() ledger.TakeResult { return l.Ledger.Commit(ctx, []ledger.Take{takes[i]}, direct)[0] })
+	return slices.Insert(out, i, r)
+}
+
+// signal is a one-shot event.
+type signal struct {
+	once sync.Once
+	ch   chan struct{}
+}
+
+func newSignal() *signal { return &signal{ch: make(chan struct{})} }
+func (s *signal) fire()  { s.once.Do(func() { close(s.ch) }) }
+func (s *signal) wait()  { <-s.ch }
+
+// TestCarefulAttemptRefusesACommittedRequestAsSoldOut is the ledger's half
+// of the sold-out case above, on a real PostgreSQL ledger: replica B's
+// batch holds X' (a copy of request X) and W' (a copy of W, committed
+// already). Its first attempt claims X' and finds W' a duplicate, so it
+// rolls back; replica A's batch, queued on the SKU row behind it, commits
+// X meanwhile; B's careful attempt then decides X' against the rows read
+// after that commit, 0 left for 2, and answers stock.ErrSoldOut, not
+// ErrDuplicate: the request row that would say so is never tried.
+func TestCarefulAttemptRefusesACommittedRequestAsSoldOut(t *testing.T) {
+	systest.FullTier(t)
+	ctx := context.Background()
+	dsn := systest.LedgerDSN(t, ledger.Postgres)
+	l, err := ledger.Open(ctx, ledger.Options{Driver: ledger.Postgres, DSN: dsn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	sku := systest.NewSKU(t)
+	if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 3, Shards: 1, MaxPerOrder: 4}); err != nil {
+		t.Fatal(err)
+	}
+	buyer := keys.MustID("cb1")
+	purchase := func(key string, q int64) ledger.Take {
+		req := ledger.Request{Scope: buyer, Key: keys.MustID(key), Fingerprint: "fp-" + key, Op: ledger.OpPurchase}
+		return ledger.PurchaseTake(ledger.Order{IdempotencyKey: keys.MustID("gate-" + key), SKU: sku, Buyer: buyer, Quantity: q,
+			Gate: "[]", GateEpoch: -1, Req: req})
+	}
+	if r := l.Commit(ctx, []ledger.Take{purchase("w", 1)}, false); r[0].Err != nil {
+		t.Fatal(r[0].Err)
+	}
+
+	// Hold the SKU row, so both batches queue on it: B's first.
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback() //nolint:errcheck // committed below
+	if _, err := tx.ExecContext(ctx, `SELECT 1 FROM skus WHERE program = $1 AND ticket = $2 FOR UPDATE`, sku.Program, sku.Ticket); err != nil {
+		t.Fatal(err)
+	}
+	waiting := func(n int) {
+		systest.WaitFor(t, 10*time.Second, fmt.Sprintf("%d batches waiting on the SKU row", n), func() bool {
+			var got int
+			err := db.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%FOR UPDATE OF s%'`).Scan(&got)
+			return err == nil && got >= n
+		})
+	}
+	bOut := make(chan []ledger.TakeResult, 1)
+	go func() { bOut <- l.Commit(ctx, []ledger.Take{purchase("x", 2), purchase("w", 1)}, false) }()
+	waiting(1)
+	aOut := make(chan []ledger.TakeResult, 1)
+	go func() { aOut <- l.Commit(ctx, []ledger.Take{purchase("x", 2)}, false) }()
+	waiting(2)
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	a, b := <-aOut, <-bOut
+	if a[0].Err != nil {
+		t.Fatalf("A's X = %v, want committed", a[0].Err)
+	}
+	if !errors.Is(b[1].Err, ledger.ErrDuplicate) {
+		t.Errorf("B's W' = %v, want ErrDuplicate", b[1].Err)
+	}
+	if !errors.Is(b[0].Err, ledger.ErrDuplicate) {
+		t.Errorf("B's X' = %v: a copy of a request that committed, want ErrDuplicate (not sold out)", b[0].Err)
+	}
+}

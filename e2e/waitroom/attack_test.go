@@ -389,15 +389,25 @@ func qaPaused(t *testing.T, cl *testenv.Cluster, program keys.ID, f func()) {
 }
 
 // qaChecksFor checks ticket every 100 ms for d and returns what was wrong:
-// an answer other than 200 with state want, or one slower than a second.
+// an answer other than 200 with state want, or most answers slower than a
+// second (checks that wait on the paused master all are; one slow answer
+// is a busy machine's, which a CI run on 2 cores gave once: 1.135 s).
 func qaChecksFor(t *testing.T, e *systest.Env, program keys.ID, ticket, want string, d time.Duration) []string {
-	var bad []string
+	var bad, slow []string
+	n := 0
 	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
 		start := time.Now()
 		r, got := queueCheck(t, e, program, ticket)
-		if took := time.Since(start); r.Status != http.StatusOK || got.State != want || took > time.Second {
+		took := time.Since(start)
+		n++
+		if r.Status != http.StatusOK || got.State != want {
 			bad = append(bad, fmt.Sprintf("%d %q after %v", r.Status, got.State, took.Round(time.Millisecond)))
+		} else if took > time.Second {
+			slow = append(slow, fmt.Sprintf("%q after %v", got.State, took.Round(time.Millisecond)))
 		}
+	}
+	if 2*len(slow) > n {
+		bad = append(bad, fmt.Sprintf("%d of %d checks slower than a second: %s", len(slow), n, strings.Join(slow, ", ")))
 	}
 	return bad
 }

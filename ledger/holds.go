@@ -306,13 +306,18 @@ func confirmedAgain(ctx context.Context, tx *sql.Tx, h Hold, keep int64, req Req
 		return Order{}, err
 	}
 	// The quantity the hold was confirmed for, not what the order has now
-	// (a transfer or a resale since takes units out of it).
-	var moved, out int64
-	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(SUM(resold + transferred), 0), COALESCE(SUM(resold_out), 0)
-		FROM order_listings WHERE order_id = $1`, o.ID).Scan(&moved, &out); err != nil {
+	// (a transfer or a resale since takes units out of it). The order's
+	// quantity is read again with the units moved out of it, in one
+	// statement: under READ COMMITTED two statements see two snapshots,
+	// and a transfer committing between them counted its units twice (3
+	// + 2 moved: "confirmed as 5, not 3", a 409 for the order's own
+	// quantity; TestModelConcurrent/two-primaries).
+	var quantity, moved, out int64
+	if err := tx.QueryRowContext(ctx, `SELECT o.quantity, COALESCE(SUM(l.resold + l.transferred), 0), COALESCE(SUM(l.resold_out), 0)
+		FROM orders o LEFT JOIN order_listings l ON l.order_id = o.id WHERE o.id = $1 GROUP BY o.quantity`, o.ID).Scan(&quantity, &moved, &out); err != nil {
 		return Order{}, notCommitted("order units", err)
 	}
-	confirmed := o.Quantity + moved
+	confirmed := quantity + moved
 	if out != 0 {
 		confirmed = moved // the row's quantity is its last units resold, counted in moved
 	}

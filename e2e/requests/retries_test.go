@@ -375,8 +375,12 @@ func TestAttackSoldOutStormThenReturns(t *testing.T) {
 		counts := systest.BuyAll(300, 30, func(i int) systest.Reply {
 			return envs[i%3].Buy(t, sku, fmt.Sprintf("s%d", i), fmt.Sprintf("sb%d", i), 1)
 		})
-		if counts[409] != 300 {
-			t.Fatalf("storm answers %v, want 300×409", counts)
+		// A 1 s hold may expire during the storm on a busy machine (make
+		// test once sold one unit so): its unit is sold in the storm,
+		// once, and the rest come back after it.
+		early := counts[201]
+		if counts[409]+early != 300 || early > 3 {
+			t.Fatalf("storm answers %v, want 409s and at most 3×201 (the 1 s holds expiring)", counts)
 		}
 		for i, id := range holds {
 			if i%2 == 1 { // the 1s holds expire by themselves
@@ -387,12 +391,12 @@ func TestAttackSoldOutStormThenReturns(t *testing.T) {
 		}
 		sold := 0
 		start := time.Now()
-		systest.WaitFor(t, 10*time.Second, "the 6 returned units sold again", func() bool {
+		systest.WaitFor(t, 10*time.Second, "the returned units sold again", func() bool {
 			r := envs[sold%3].Buy(t, sku, fmt.Sprintf("late%d", sold), fmt.Sprintf("lb%d", sold), 1)
 			if r.Status == 201 {
 				sold++
 			}
-			return sold == 6
+			return sold+early == 6
 		})
 		t.Logf("returned units sold again within %v", time.Since(start).Round(time.Millisecond))
 		if r := envs[1].Buy(t, sku, "late-extra", "x", 1); r.Status != 409 {

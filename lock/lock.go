@@ -117,20 +117,37 @@ func New(opts Options) (*Locker, error) {
 func (l *Locker) Acquire(ctx context.Context, key string, wait time.Duration) (*Lease, error) {
 	token := newToken()
 	deadline := time.Now().Add(wait)
+	lost := false // a SET's reply was lost: it may have taken the lock for token
 	for {
 		cctx, cancel := context.WithTimeout(ctx, l.opts.CallTimeout)
 		ok, err := l.rdb.SetNX(cctx, key, token, l.opts.TTL).Result()
+		if err == nil && !ok && lost {
+			// Held: maybe by the SET whose reply was lost, so by us.
+			var v string
+			v, err = l.rdb.Get(cctx, key).Result()
+			ok = err == nil && v == token
+			if errors.Is(err, redis.Nil) {
+				err = nil // expired meanwhile: try again
+			}
+		}
 		cancel()
 		switch {
-		case err != nil:
-			// A SET whose reply was lost may have taken the lock; it is not
-			// ours to use, and it expires after TTL.
-			return nil, fmt.Errorf("lock: acquire %s: %w", key, err)
 		case ok:
 			return l.start(key, token), nil
+		case err != nil && (ctx.Err() != nil || !time.Now().Before(deadline)):
+			return nil, fmt.Errorf("lock: acquire %s: %w", key, err)
+		case err != nil:
+			// A slow node, not a lost one, is the common case on a busy
+			// machine: within the wait, ask again, and since a SET whose
+			// reply was lost may have taken the lock for token, look whose
+			// it is then.
+			lost = true
 		}
 		pause := l.opts.RetryEvery/2 + rand.N(l.opts.RetryEvery)
 		if time.Now().Add(pause).After(deadline) {
+			if err != nil {
+				return nil, fmt.Errorf("lock: acquire %s: %w", key, err)
+			}
 			return nil, fmt.Errorf("%w: %s", ErrBusy, key)
 		}
 		select {

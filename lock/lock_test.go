@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/lock"
@@ -163,4 +165,80 @@ func TestNewValidates(t *testing.T) {
 			t.Errorf("New(%+v) succeeded", o)
 		}
 	}
+}
+
+// failHook tells failed once a command fails.
+type failHook struct {
+	once   sync.Once
+	failed chan struct{}
+}
+
+func (h *failHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *failHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *failHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if err != nil && !errors.Is(err, redis.Nil) {
+			h.once.Do(func() { close(h.failed) })
+		}
+		return err
+	}
+}
+
+// A SET that times out on a stalled node (on a busy machine, a slow one)
+// is asked again within the wait, and one whose reply was lost after it
+// took the lock is found to be the caller's: Acquire holds the lease
+// instead of failing at the first slow reply (a cart's copies then went
+// around each other).
+func TestSlowReplyStillAcquires(t *testing.T) {
+	c := testenv.SharedCluster(t)
+	rdb := c.Client()
+	t.Cleanup(func() { rdb.Close() })
+	h := &failHook{failed: make(chan struct{})}
+	rdb.AddHook(h)
+	l, err := lock.New(lock.Options{Redis: rdb, TTL: 30 * time.Second, RetryEvery: 10 * time.Millisecond, CallTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	key := keys.Lock(keys.MustID(testenv.ID(t, "p")), keys.MustID("t"), keys.MustID("test"))
+	master, err := c.MasterOf(ctx, keys.KeySlot(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := master.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	resumed := make(chan error, 1)
+	go func() {
+		// The first SET timed out: the node runs it once resumed. (The
+		// bound only keeps a broken build from hanging the run.)
+		select {
+		case <-h.failed:
+		case <-time.After(15 * time.Second):
+		}
+		resumed <- master.Resume()
+	}()
+	lease, err := l.Acquire(ctx, key, 20*time.Second)
+	if rerr := <-resumed; rerr != nil {
+		t.Fatal(rerr)
+	}
+	if err != nil {
+		t.Fatalf("acquire across a slow reply: %v", err)
+	}
+	if _, err := l.Acquire(ctx, key, 0); !errors.Is(err, lock.ErrBusy) {
+		t.Fatalf("second acquire = %v, want ErrBusy", err)
+	}
+	// The lease is the caller's: releasing it frees the lock (a TTL of
+	// 30 s would still hold it otherwise).
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	again, err := l.Acquire(ctx, key, 0)
+	if err != nil {
+		t.Fatalf("acquire after release: %v", err)
+	}
+	_ = again.Release(ctx)
 }

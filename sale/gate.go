@@ -96,6 +96,7 @@ func (s *Service) giveBack(ctx context.Context, sku stock.SKU, key keys.ID, part
 	if err != nil {
 		// The units stay taken in Redis; the ledger is unaffected, and the
 		// drift check or the next re-seed gives them back.
+		s.metrics.restoreFailed.Inc()
 		s.log.ErrorContext(ctx, "restore after refused commit", "sku", sku.String(), "err", err)
 	}
 }

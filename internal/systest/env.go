@@ -75,6 +75,9 @@ type Env struct {
 	// KeepLeases leaves its leases to lapse, as a crash does), its
 	// connections.
 	Kill func()
+	// drift: the replica runs the drift check, which repairs a gate a
+	// Redis fault left apart from the ledger.
+	drift bool
 }
 
 // Options say how to start an Env. The zero value (but for Driver) is a
@@ -148,7 +151,7 @@ func Start(t *testing.T, o Options) *Env {
 	}
 	return &Env{URL: hs.URL, Client: &http.Client{Transport: tr}, Sale: a.Sale, Server: a.Server, Ledger: a.Ledger,
 		Gate: gate, Seats: seatStore, Redis: probe, Guarded: a.Redis, Registry: a.Registry,
-		Kill: func() { hs.CloseClientConnections(); hs.Close(); a.Close() }}
+		Kill: func() { hs.CloseClientConnections(); hs.Close(); a.Close() }, drift: o.Drift}
 }
 
 // EachDriver runs f as a subtest per ledger driver: testenv.EachDriver,

@@ -30,6 +30,7 @@ import (
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/lock"
+	"github.com/stockgate/stockgate/ratelimit"
 	"github.com/stockgate/stockgate/relay"
 	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/seats"
@@ -50,13 +51,17 @@ type Options struct {
 	// PlaceTTL is how long a replica trusts a program's place in the
 	// directory (fleet.Options.PlaceTTL).
 	PlaceTTL time.Duration
-	Cache    cache.Options
-	Shard    shard.Options
-	Lock     lock.Options
-	Sale     sale.Options
-	HTTP     gateway.Options
-	Relay    RelayOptions
-	Logger   *slog.Logger // default slog.Default()
+	// RateScope keeps the per-client rate budgets in Redis (the shared
+	// limit HTTP.RatePerClient turns on) apart from another service's on
+	// the same Redis: every replica of one service uses the same.
+	RateScope string
+	Cache     cache.Options
+	Shard     shard.Options
+	Lock      lock.Options
+	Sale      sale.Options
+	HTTP      gateway.Options
+	Relay     RelayOptions
+	Logger    *slog.Logger // default slog.Default()
 	// WrapLedger, when set, wraps the ledger the sale flows use: tests
 	// inject faults and count calls with it.
 	WrapLedger func(sale.Ledger) sale.Ledger
@@ -284,6 +289,13 @@ func Open(ctx context.Context, o Options) (_ *App, err error) {
 		o.HTTP.Relay = a.Relay
 	}
 	o.HTTP.Sale, o.HTTP.Rooms, o.HTTP.Logger, o.HTTP.Registry = a.Sale, a.Rooms, log, a.Registry
+	if o.HTTP.RatePerClient > 0 && o.HTTP.SharedLimit == nil {
+		// One budget per client across the replicas, through the same
+		// breakers as the gate: with Redis out, each replica's own.
+		if o.HTTP.SharedLimit, err = ratelimit.New(ratelimit.Options{Redis: a.Redis, Scope: o.RateScope}); err != nil {
+			return nil, err
+		}
+	}
 	if a.Server, err = gateway.New(o.HTTP); err != nil {
 		return nil, err
 	}

@@ -62,6 +62,9 @@ type httpMetrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	limited  prometheus.Counter
+	// localLimits counts rate decisions the replica's own limiter made
+	// because the shared one (Redis) did not answer.
+	localLimits prometheus.Counter
 }
 
 func newHTTPMetrics(reg prometheus.Registerer) (*httpMetrics, error) {
@@ -77,7 +80,11 @@ func newHTTPMetrics(reg prometheus.Registerer) (*httpMetrics, error) {
 			Name: "stockgate_http_rate_limited_total", Help: "Requests refused with 429 because their client was over its rate.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.limited} {
+	m.localLimits = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "stockgate_http_rate_local_total",
+		Help: "Rate-limit decisions this replica's own limiter made because the shared limit in Redis did not answer.",
+	})
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.limited, m.localLimits} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -191,8 +198,10 @@ func (l *limiter) client(ctx context.Context, addr string) *rate.Limiter {
 	return b
 }
 
-// limit answers 429 with Retry-After to a client over its rate. Health
-// checks and metrics scrapes are not limited.
+// limit answers 429 with Retry-After to a client over its rate: the
+// budget every replica shares (Options.SharedLimit) when it answers, this
+// replica's own otherwise. Health checks and metrics scrapes are not
+// limited.
 func (s *Server) limit(c *gin.Context) {
 	if s.limiter == nil {
 		return
@@ -201,15 +210,39 @@ func (s *Server) limit(c *gin.Context) {
 	case "/livez", "/readyz", "/metrics":
 		return
 	}
-	l := s.limiter.client(c.Request.Context(), c.ClientIP())
-	if l == nil || l.Allow() {
+	ctx, client := c.Request.Context(), c.ClientIP()
+	var wait time.Duration
+	if shared := s.opts.SharedLimit; shared != nil {
+		ok, retry, err := shared.Allow(ctx, client, float64(s.limiter.perSec), s.limiter.burst)
+		switch {
+		case err != nil:
+			s.http.localLimits.Inc()
+			if s.local(ctx, client, &wait) {
+				return
+			}
+		case ok:
+			return
+		default:
+			wait = retry
+		}
+	} else if s.local(ctx, client, &wait) {
 		return
 	}
 	s.http.limited.Inc()
-	// The real wait: when the client's next token comes.
-	r := l.Reserve()
-	wait := r.Delay()
-	r.Cancel()
 	writeProblem(c, http.StatusTooManyRequests, "rate-limited", "too many requests from this client", retryAfter(wait))
 	c.Abort()
+}
+
+// local asks this replica's own limiter for client: allowed, or the wait
+// until its next token.
+func (s *Server) local(ctx context.Context, client string, wait *time.Duration) bool {
+	l := s.limiter.client(ctx, client)
+	if l == nil || l.Allow() {
+		return true
+	}
+	// The real wait: when the client's next token comes.
+	r := l.Reserve()
+	*wait = r.Delay()
+	r.Cancel()
+	return false
 }

@@ -6,6 +6,7 @@
 package gateway
 
 import (
+	"context"
 	"crypto/subtle"
 	_ "embed"
 	"errors"
@@ -71,6 +72,11 @@ type Options struct {
 	// limiting off.
 	RatePerClient float64
 	RateBurst     int
+	// SharedLimit keeps those budgets outside the replica (package
+	// ratelimit's, in Redis), so a client gets one budget however many
+	// replicas its requests reach; when it does not answer, the replica's
+	// own bucket decides. Nil: each replica limits on its own.
+	SharedLimit SharedLimit
 	// CodeGuesses is how many wrong access codes one client (by address)
 	// may present a minute, per replica, before its code requests get 429
 	// with Retry-After. Default 20.
@@ -89,6 +95,14 @@ type Options struct {
 	// drive (package relay's). Optional: without it they answer as for a
 	// relay with no sinks.
 	Relay Relay
+}
+
+// SharedLimit is a per-client rate limit kept outside the replica.
+type SharedLimit interface {
+	// Allow spends one request of client's budget of perSec a second
+	// with bursts of burst: ok, or when the next is allowed. An error
+	// decides nothing.
+	Allow(ctx context.Context, client string, perSec float64, burst int) (ok bool, retryAfter time.Duration, err error)
 }
 
 // DefaultOptions are the settings a zero Options takes; main takes its flag

@@ -13,6 +13,7 @@
 package systest
 
 import (
+	"cmp"
 	"context"
 	"io"
 	"log/slog"
@@ -92,6 +93,10 @@ type Options struct {
 	Cluster   *testenv.Cluster // default the package's shared cluster
 	Dialer    func(ctx context.Context, network, addr string) (net.Conn, error)
 	Drift     bool // run the drift check
+	// RateScope names the shared rate budgets (app.Options.RateScope):
+	// replicas of one test that share them pass the same. Default: the
+	// replica's own.
+	RateScope string
 	Sweep     bool // run the hold sweeper
 	Relay     bool // run the outbox relay (configure its sinks with Tune)
 	Pacer     bool // run the waiting rooms' pacer
@@ -121,6 +126,9 @@ func Start(t *testing.T, o Options) *Env {
 		Lock:      lock.Options{TTL: time.Second, CallTimeout: 300 * time.Millisecond},
 		Sale:      sale.Options{DriftEvery: 200 * time.Millisecond},
 		Logger:    Logger(t),
+		// The shared rate budgets are the test's own: its replicas share
+		// them, other tests on the cluster (one client address) do not.
+		RateScope: cmp.Or(o.RateScope, testenv.ID(t, "rate")),
 	}
 	if o.Tune != nil {
 		o.Tune(&opts)

@@ -1,0 +1,79 @@
+package security_test
+
+import (
+	"net/http"
+	"testing"
+
+	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/internal/systest"
+	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/ledger"
+)
+
+// Two replicas behind one load balancer draw on one budget per client,
+// kept in Redis: 60 quick requests from one client, alternating between
+// them, at 1 a second with bursts of 20, are limited as 60 to one
+// replica would be (about the 40 over the burst), not as 30 to each
+// (about 20 over two bursts). Each 429 is problem+json with the wait in
+// Retry-After. With Redis out (every node paused), each replica's own
+// limiter decides, and says so in its metrics.
+func TestRateLimitSharedByReplicas(t *testing.T) {
+	c := testenv.NewCluster(t, testenv.ClusterOptions{})
+	dsn := systest.LedgerDSN(t, ledger.SQLite)
+	scope := testenv.ID(t, "rate")
+	start := func() *systest.Env {
+		return systest.Start(t, systest.Options{Driver: ledger.SQLite, DSN: dsn, Cluster: c, RateScope: scope,
+			Tune: func(o *app.Options) { o.HTTP.RatePerClient, o.HTTP.RateBurst = 1, 20 }})
+	}
+	a, b := start(), start()
+	sku := systest.NewSKU(t)
+	a.PutSKU(t, sku, 10, 1, 4)
+	send := func(n int) (limited int) {
+		for i := range n {
+			e := []*systest.Env{a, b}[i%2]
+			r := e.Do(t, http.MethodGet, systest.SKUPath(sku)+"/stock", nil, "")
+			switch r.Status {
+			case http.StatusTooManyRequests:
+				limited++
+				if r.Header.Get("Content-Type") != "application/problem+json" || r.Header.Get("Retry-After") == "" {
+					t.Errorf("429 with Content-Type %q, Retry-After %q", r.Header.Get("Content-Type"), r.Header.Get("Retry-After"))
+				}
+			case http.StatusOK:
+			default:
+				t.Errorf("stock read = %d %s", r.Status, r.Body)
+			}
+		}
+		return limited
+	}
+	// A token a second refills a shared budget by one per second of the
+	// run and two replicas' own by two: 30 separates them for runs of up
+	// to 10 s.
+	limited := send(60)
+	t.Logf("Redis up: %d of 60 limited", limited)
+	if limited < 30 {
+		t.Errorf("%d of 60 requests to two replicas limited, want at least 30 (one budget for the client)", limited)
+	}
+	for _, e := range []*systest.Env{a, b} {
+		if n := systest.Counter(t, e.Registry, "stockgate_http_rate_local_total", nil); n != 0 {
+			t.Errorf("%v decisions made by a replica's own limiter with Redis up", n)
+		}
+	}
+
+	for _, n := range c.Nodes {
+		if err := n.Pause(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = n.Resume() })
+	}
+	// Redis out: each replica's own bucket (20 each, unused so far).
+	limited = send(60)
+	t.Logf("Redis out: %d of 60 limited", limited)
+	for i, e := range []*systest.Env{a, b} {
+		if n := systest.Counter(t, e.Registry, "stockgate_http_rate_local_total", nil); n == 0 {
+			t.Errorf("replica %d: no decision by its own limiter with Redis out", i)
+		}
+	}
+	if limited < 10 || limited > 30 {
+		t.Errorf("%d of 60 requests limited with Redis out, want those over two replicas' own bursts of 20 (about 20)", limited)
+	}
+}

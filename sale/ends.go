@@ -47,11 +47,36 @@ func (s *Service) confirmEnded(ctx context.Context, id keys.ID, keep int64, r re
 	case h.State == ledger.Cancelled:
 		return ansHoldCancelled
 	case h.State == ledger.Confirmed:
-		// The ledger answers a confirmed hold with its order; a hold seen
-		// ended and then confirmed is a bug, never a guess of "expired".
-		return fail(refuse(ErrHoldConfirmed, "the hold became order "+h.OrderID.String()))
+		// Seen held and past its expiry by a transaction that began
+		// before another confirm (made just before the expiry) committed:
+		// on PostgreSQL's READ COMMITTED the row read first is older than
+		// this one. The hold is confirmed: ask the ledger again, which
+		// answers a confirm of a confirmed hold as any other, its order
+		// (recorded as this request's answer), or 409 for another
+		// quantity; never "expired", nor a 409 a retry would not get.
+		// The ledger checked ownership before it saw the hold ended.
+		return s.confirmConfirmed(ctx, h, keep, r)
 	}
 	return s.lateConfirm(ctx, h, keep, r) // expired, or past its expiry
+}
+
+// confirmConfirmed answers a confirm of hold h, found confirmed, as the
+// ledger answers a confirm of a confirmed hold.
+func (s *Service) confirmConfirmed(ctx context.Context, h ledger.Hold, keep int64, r request) answer {
+	o, err := s.ledger.ConfirmPart(ctx, h.ID, h.Buyer, keep, r.ledger())
+	switch {
+	case err == nil:
+		return answer{order: o}
+	case errors.Is(err, ledger.ErrDuplicate):
+		return answer{order: o, replayed: true}
+	case errors.Is(err, ledger.ErrHoldConfirmed):
+		return fail(refuse(ErrHoldConfirmed, "the hold was confirmed "+strings.TrimPrefix(err.Error(), ledger.ErrHoldConfirmed.Error()+": ")+
+			"; a confirm under another key changes nothing"))
+	case errors.Is(err, ledger.ErrHoldEnded):
+		// Confirmed, then not: the ledger never moves a hold back.
+		return fail(refuse(ErrHoldConfirmed, "the hold became order "+h.OrderID.String()))
+	}
+	return s.ownerError(ctx, err, ansNoHold)
 }
 
 // confirmPart confirms keep of the hold's units alone (not batched: the

@@ -26,7 +26,7 @@ import (
 // ErrHoldConfirmed when it asks for another quantity (as a confirm of a
 // confirmed hold does).
 func (s *Service) lateConfirm(ctx context.Context, h ledger.Hold, keep int64, r request) answer {
-	a := s.latePaid(ctx, h, keep)
+	a := s.latePaid(ctx, h, keep, r)
 	if a.err != nil || a.order.ID.IsZero() || r.key.IsZero() {
 		return a
 	}
@@ -48,7 +48,7 @@ func (s *Service) lateConfirm(ctx context.Context, h ledger.Hold, keep int64, r 
 }
 
 // latePaid is lateConfirm's payment, under the key derived from the hold.
-func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64) answer {
+func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64, r request) answer {
 	if s.opts.LatePayment <= 0 || time.Since(h.ExpiresAt) > s.opts.LatePayment {
 		return ansHoldExpired
 	}
@@ -64,9 +64,13 @@ func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64) answe
 	if h.State == ledger.Held {
 		// Past its expiry, not swept yet: expire it first, so its units
 		// are back (and counted once) before they are taken again.
-		if _, changed, err := s.ledger.ExpireHold(ctx, h.ID); err != nil {
+		_, changed, err := s.ledger.ExpireHold(ctx, h.ID)
+		switch {
+		case errors.Is(err, ledger.ErrHoldConfirmed):
+			// Confirmed meanwhile: read below.
+		case err != nil:
 			return s.ownerError(ctx, err, ansNoHold)
-		} else if changed {
+		case changed:
 			s.metrics.expired.Inc()
 			s.holdEnded(ctx, h.SKU.Program, h.Buyer, h.IdempotencyKey)
 			s.returnOwed(ctx, "hold", h.ID)
@@ -79,7 +83,10 @@ func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64) answe
 		case ledger.Cancelled:
 			return ansHoldCancelled
 		case ledger.Confirmed:
-			return ansHoldConfirmed
+			// A confirm made before the expiry committed while this one
+			// looked: answered as a confirm of a confirmed hold (its
+			// order, or 409 for another quantity), as a retry would be.
+			return s.confirmConfirmed(ctx, cur, keep, r)
 		}
 	}
 	named := keep

@@ -178,11 +178,13 @@ compare: deps-redis deps-postgres
 # crasher (golang/go#75804, fixed in Go 1.27).
 FUZZTIME ?= 200000x
 FUZZ_TARGETS := gateway:FuzzDecodePurchase gateway:FuzzIdempotencyKey shard:FuzzDeductArgs shard:FuzzRefillArgs shard:FuzzSeedArgs shard:FuzzScriptReplies
+# Two targets at a time (each fuzzes with one worker: one core each),
+# each target's output printed whole when it ends.
 fuzz: deps-redis
-	@set -e; for t in $(FUZZ_TARGETS); do \
-	  pkg=$${t%%:*}; name=$${t#*:}; echo "fuzz $$pkg $$name for $(FUZZTIME)"; \
-	  $(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -parallel 1 ./$$pkg; \
-	done
+	@printf '%s\n' $(FUZZ_TARGETS) | xargs -P 2 -n 1 sh -c '\
+	  pkg=$${1%%:*}; name=$${1#*:}; \
+	  out=$$($(GO) test -run "^$$" -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -parallel 1 ./$$pkg 2>&1); rc=$$?; \
+	  printf "fuzz %s %s for %s\n%s\n" "$$pkg" "$$name" "$(FUZZTIME)" "$$out"; exit $$rc' _
 
 # The side-by-side benchmark: its own Redis Cluster and PostgreSQL,
 # stockgate as its own process, the comparators; writes docs/BENCHMARKS.md

@@ -231,8 +231,13 @@ func endStates(ctx context.Context, tx *sql.Tx, ends []holdEnd, state string, du
 		// a burst of new holds cannot pick the (state, expires_at) index and
 		// read every held hold (see confirmHolds).
 		due := ""
-		if dueOnly {
+		switch {
+		case dueOnly:
 			due = " AND expires_at + 0 <= $2"
+		case state == Cancelled:
+			// A hold past its expiry is not cancelled: Cancel ends it
+			// expired, alone (see endHold).
+			due = " AND expires_at + 0 > $2"
 		}
 		rows, err := tx.QueryContext(ctx, `UPDATE holds SET state = $1, ended_at = $2 WHERE state || '' = $3`+due+
 			` AND id IN (`+list(3, len(chunk))+`) RETURNING id`, args...)

@@ -396,12 +396,24 @@ func (l *Ledger) endHold(ctx context.Context, h Hold, state string, dueOnly bool
 	if dueOnly {
 		cond = " AND expires_at <= $4"
 	}
-	res, err := tx.ExecContext(ctx, `UPDATE holds SET state = $2, ended_at = $4
-		WHERE id = $1 AND state = $3`+cond, h.ID, state, Held, now.UnixMilli())
-	if err != nil {
-		return h, false, notCommitted("end hold", err)
+	set := "$2"
+	if state == Cancelled {
+		// A hold past its expiry has that fate, whoever ends it: a cancel
+		// after the expiry (before the sweeper) ends it expired, as the
+		// sweeper would and as a read of it already said, not cancelled.
+		set = "CASE WHEN expires_at <= $4 THEN '" + Expired + "' ELSE $2 END"
 	}
-	if n, _ := res.RowsAffected(); n != 1 {
+	var ended string
+	err = tx.QueryRowContext(ctx, `UPDATE holds SET state = `+set+`, ended_at = $4
+		WHERE id = $1 AND state = $3`+cond+` RETURNING state`, h.ID, state, Held, now.UnixMilli()).Scan(&ended)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+	case err != nil:
+		return h, false, notCommitted("end hold", err)
+	default:
+		state = ended
+	}
+	if errors.Is(err, sql.ErrNoRows) {
 		cur, err := scanHold(tx.QueryRowContext(ctx, selectHold+` WHERE id = $1`, h.ID))
 		if err != nil {
 			return cur, false, err

@@ -208,10 +208,14 @@ func TestCarefulAttemptRefusesACommittedRequestAsSoldOut(t *testing.T) {
 	if _, err := tx.ExecContext(ctx, `SELECT 1 FROM skus WHERE program = $1 AND ticket = $2 FOR UPDATE`, sku.Program, sku.Ticket); err != nil {
 		t.Fatal(err)
 	}
+	// Waiters in this test's own database: the package's other tests
+	// (TestModelConcurrent runs beside it) queue on their SKU rows with
+	// the same statements on the same server, and counting theirs let
+	// the lock go before both batches queued (a make test failure).
 	waiting := func(n int) {
 		systest.WaitFor(t, 10*time.Second, fmt.Sprintf("%d batches waiting on the SKU row", n), func() bool {
 			var got int
-			err := db.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%FOR UPDATE OF s%'`).Scan(&got)
+			err := db.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%FOR UPDATE OF s%'`).Scan(&got)
 			return err == nil && got >= n
 		})
 	}
@@ -226,7 +230,8 @@ func TestCarefulAttemptRefusesACommittedRequestAsSoldOut(t *testing.T) {
 	}
 	a, b := <-aOut, <-bOut
 	if a[0].Err != nil {
-		t.Fatalf("A's X = %v, want committed", a[0].Err)
+		rec, err := l.RequestByKey(ctx, buyer, keys.MustID("x"))
+		t.Fatalf("A's X = %v, want committed (B: %v, %v; X's request %+v %v)", a[0].Err, b[0].Err, b[1].Err, rec, err)
 	}
 	if !errors.Is(b[1].Err, ledger.ErrDuplicate) {
 		t.Errorf("B's W' = %v, want ErrDuplicate", b[1].Err)

@@ -1085,18 +1085,22 @@ func (cl *ccClient) extend() {
 	}
 }
 
-// anOrder is an order to act on (its family's latest known owner).
-func (cl *ccClient) anOrder() *ccOrder {
+// anOrder is an order to act on and its family's latest known owner,
+// read under the lock: a transfer on another client changes it.
+func (cl *ccClient) anOrder() (*ccOrder, int) {
 	c := cl.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	o, _ := pick(cl.rng, c.orders)
-	return o
+	o, ok := pick(cl.rng, c.orders)
+	if !ok {
+		return nil, 0
+	}
+	return o, o.owner
 }
 
 func (cl *ccClient) refund() {
-	if o := cl.anOrder(); o != nil {
-		cl.refundOn(cl.env(), o, cl.actor(o.owner))
+	if o, owner := cl.anOrder(); o != nil {
+		cl.refundOn(cl.env(), o, cl.actor(owner))
 	}
 }
 
@@ -1106,8 +1110,8 @@ func (cl *ccClient) refundOn(e *systest.Env, o *ccOrder, buyer int) {
 }
 
 func (cl *ccClient) transfer() {
-	if o := cl.anOrder(); o != nil {
-		cl.transferOn(cl.env(), o, cl.actor(o.owner))
+	if o, owner := cl.anOrder(); o != nil {
+		cl.transferOn(cl.env(), o, cl.actor(owner))
 	}
 }
 
@@ -1135,8 +1139,8 @@ func (cl *ccClient) transferOn(e *systest.Env, o *ccOrder, buyer int) {
 }
 
 func (cl *ccClient) list() {
-	if o := cl.anOrder(); o != nil {
-		cl.listOn(cl.env(), o, cl.actor(o.owner))
+	if o, owner := cl.anOrder(); o != nil {
+		cl.listOn(cl.env(), o, cl.actor(owner))
 	}
 }
 
@@ -1194,7 +1198,7 @@ func (cl *ccClient) read() {
 			c.readHold(cl.n, cl.env(), h.id)
 		}
 	case 1:
-		if o := cl.anOrder(); o != nil {
+		if o, _ := cl.anOrder(); o != nil {
 			c.readOrder(cl.n, cl.env(), o.id)
 		}
 	default:
@@ -1243,19 +1247,19 @@ func (cl *ccClient) race() {
 			both(func(e *systest.Env) { cl.confirmOn(e, h, h.buyer) }, func(e *systest.Env) { cl.cancelOn(e, h, h.buyer) })
 		}
 	case 3: // a refund and a listing of one order
-		if o := cl.anOrder(); o != nil {
+		if o, owner := cl.anOrder(); o != nil {
 			c.count("race-refund-list")
-			both(func(e *systest.Env) { cl.refundOn(e, o, o.owner) }, func(e *systest.Env) { cl.listOn(e, o, o.owner) })
+			both(func(e *systest.Env) { cl.refundOn(e, o, owner) }, func(e *systest.Env) { cl.listOn(e, o, owner) })
 		}
 	case 4: // a refund and a transfer
-		if o := cl.anOrder(); o != nil {
+		if o, owner := cl.anOrder(); o != nil {
 			c.count("race-refund-transfer")
-			both(func(e *systest.Env) { cl.refundOn(e, o, o.owner) }, func(e *systest.Env) { cl.transferOn(e, o, o.owner) })
+			both(func(e *systest.Env) { cl.refundOn(e, o, owner) }, func(e *systest.Env) { cl.transferOn(e, o, owner) })
 		}
 	case 5: // a transfer and a listing
-		if o := cl.anOrder(); o != nil {
+		if o, owner := cl.anOrder(); o != nil {
 			c.count("race-transfer-list")
-			both(func(e *systest.Env) { cl.transferOn(e, o, o.owner) }, func(e *systest.Env) { cl.listOn(e, o, o.owner) })
+			both(func(e *systest.Env) { cl.transferOn(e, o, owner) }, func(e *systest.Env) { cl.listOn(e, o, owner) })
 		}
 	case 6: // two withdrawals
 		if x := cl.aListing(); x != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/stockgate/stockgate/internal/opt"
 )
 
@@ -27,6 +28,9 @@ type Options struct {
 	// always uses one: it has a single writer, and one connection queues
 	// writers in Go instead of failing them with SQLITE_BUSY.
 	MaxConns int
+	// IdleTimeout closes a PostgreSQL connection idle this long, so the
+	// pool a burst or a slow ledger grew shrinks back. Default 1m.
+	IdleTimeout time.Duration
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
 	// Metrics receives commit counts and durations by operation. Optional.
@@ -38,7 +42,7 @@ type Options struct {
 }
 
 // DefaultOptions are the settings a zero field takes.
-func DefaultOptions() Options { return Options{Driver: SQLite, MaxConns: 32} }
+func DefaultOptions() Options { return Options{Driver: SQLite, MaxConns: 32, IdleTimeout: time.Minute} }
 
 // Validate reports the first field that cannot work (an *opt.Error).
 func (o Options) Validate() error {
@@ -49,6 +53,8 @@ func (o Options) Validate() error {
 		return opt.Bad("DSN", "is required")
 	case o.MaxConns < 0:
 		return opt.Bad("MaxConns", "must be at least 1")
+	case o.IdleTimeout < 0:
+		return opt.Bad("IdleTimeout", "must not be negative")
 	}
 	return nil
 }
@@ -64,6 +70,7 @@ func open(ctx context.Context, opts Options, build schemaSteps) (*Ledger, error)
 	}
 	opt.Fill(&opts.MaxConns, DefaultOptions().MaxConns)
 	opt.Fill(&opts.Driver, DefaultOptions().Driver)
+	opt.Fill(&opts.IdleTimeout, DefaultOptions().IdleTimeout)
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
@@ -83,6 +90,7 @@ func open(ctx context.Context, opts Options, build schemaSteps) (*Ledger, error)
 		if err == nil {
 			db.SetMaxOpenConns(opts.MaxConns)
 			db.SetMaxIdleConns(opts.MaxConns)
+			db.SetConnMaxIdleTime(opts.IdleTimeout)
 			release = db.Close
 		}
 	default:
@@ -116,7 +124,13 @@ func open(ctx context.Context, opts Options, build schemaSteps) (*Ledger, error)
 		l.stmts = newStmts(db)
 	}
 	if opts.Metrics != nil {
-		for _, c := range []prometheus.Collector{l.commits, l.latency, l.batch, l.trips} {
+		cs := []prometheus.Collector{l.commits, l.latency, l.batch, l.trips}
+		if opts.Driver == Postgres {
+			// go_sql_open_connections, go_sql_idle_connections, waits and
+			// closes by cause: the pool's size after a fault is visible.
+			cs = append(cs, collectors.NewDBStatsCollector(db, "ledger"))
+		}
+		for _, c := range cs {
 			if err := opts.Metrics.Register(c); err != nil {
 				release()
 				return nil, fmt.Errorf("ledger: metrics: %w", err)

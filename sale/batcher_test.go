@@ -136,3 +136,52 @@ func flushedNow(mu *sync.Mutex, s *[]int) []int {
 	defer mu.Unlock()
 	return append([]int(nil), (*s)...)
 }
+
+// Behind a flush that has run past stuckAfter (the ledger not answering),
+// a new item is refused at once, whatever the lane's pace; the item that
+// queued before is refused unflushed when the stuck flush ends; and once
+// a flush goes through, the lane takes items again.
+func TestBatcherShedsBehindAStuckFlush(t *testing.T) {
+	release, holding := make(chan struct{}), make(chan struct{})
+	b := newBatcher(1, 1000, time.Minute, 20*time.Millisecond, laneMetrics{}, func(_ context.Context, items []int, answer func(int, int)) {
+		if items[0] == 0 {
+			close(holding)
+			<-release
+		}
+		for i, v := range items {
+			answer(i, v)
+		}
+	})
+	defer b.close()
+	l := b.lanes[0]
+	first, queued := make(chan error, 1), make(chan error, 1)
+	go func() { _, err := b.do(context.Background(), 0, 0); first <- err }()
+	<-holding
+	go func() { _, err := b.do(context.Background(), 0, 1); queued <- err }()
+	for l.queued.Load() < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	for time.Since(time.Unix(0, l.flushing.Load())) <= b.stuckAfter() {
+		time.Sleep(5 * time.Millisecond) // until the flush is stuck
+	}
+	late := make(chan error, 1)
+	go func() { _, err := b.do(context.Background(), 0, 2); late <- err }()
+	select {
+	case err := <-late:
+		if !errors.Is(err, errLedgerBusy) || busyWait(err) < b.stuckAfter() {
+			t.Errorf("do behind a stuck flush = %v (wait %v), want a busy refusal", err, busyWait(err))
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("an item was queued behind a stuck flush")
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatalf("the stuck flush's item: %v", err)
+	}
+	if err := <-queued; !errors.Is(err, errLedgerBusy) {
+		t.Errorf("the item queued behind the stuck flush = %v, want refused unflushed", err)
+	}
+	if v, err := b.do(context.Background(), 0, 7); err != nil || v != 7 {
+		t.Errorf("do once the flush ended = %d, %v; want 7", v, err)
+	}
+}

@@ -895,11 +895,25 @@ type ttlCache[V any] struct {
 }
 
 type ttlEntry[V any] struct {
-	once    sync.Once
-	started time.Time // made (and its load started) then: its value is never older than ttl
+	done    chan struct{} // closed when the load ended: v and err are set
+	started time.Time     // made (and its load started) then: its value is never older than ttl
 	v       V
 	err     error
+	// last is the value this entry replaces (nil: none, or it failed),
+	// answered while this one's load is slow or fails.
+	last *ttlValue[V]
 }
+
+type ttlValue[V any] struct {
+	v   V
+	err error
+}
+
+// staleAfter is how long a caller waits for a reload before it is
+// answered the value the reload replaces: a ledger that is slow or cut
+// off (a failover, a lost link) keeps the door at its last known setting
+// instead of holding every purchase for the load's 5 s.
+const staleAfter = 250 * time.Millisecond
 
 func newTTLCache[V any](ttl time.Duration) *ttlCache[V] {
 	return &ttlCache[V]{ttl: ttl, m: map[keys.ID]*ttlEntry[V]{}}
@@ -907,7 +921,9 @@ func newTTLCache[V any](ttl time.Duration) *ttlCache[V] {
 
 // get returns k's value, loading it when the one remembered is older than
 // ttl. A caller waits for a load in flight only if it started within ttl,
-// so every answer reflects the source as of ttl ago or later.
+// so every answer reflects the source as of ttl ago or later, but while
+// the source does not answer within staleAfter (or fails): then it is
+// the last value the source gave.
 func (c *ttlCache[V]) get(ctx context.Context, k keys.ID, load func(context.Context) (V, error)) (V, error) {
 	c.mu.Lock()
 	e := c.m[k]
@@ -915,24 +931,59 @@ func (c *ttlCache[V]) get(ctx context.Context, k keys.ID, load func(context.Cont
 		if e == nil && len(c.m) >= ttlCacheMax {
 			c.sweep()
 		}
-		e = &ttlEntry[V]{started: time.Now()}
-		c.m[k] = e
+		n := &ttlEntry[V]{started: time.Now(), done: make(chan struct{}), last: lastOf(e)}
+		c.m[k] = n
+		e = n
+		// One load for every caller, not cut short by any of them
+		// leaving; it ends by itself within 5 s.
+		go c.load(context.WithoutCancel(ctx), k, e, load)
 	}
 	c.mu.Unlock()
-	e.once.Do(func() {
-		// One load for every caller: not cut short by the first one leaving.
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		e.v, e.err = load(ctx)
-		if e.err != nil && !errors.Is(e.err, ErrNoRoom) {
-			c.mu.Lock()
-			if c.m[k] == e {
-				delete(c.m, k) // a failure is not remembered
-			}
-			c.mu.Unlock()
+	if e.last == nil {
+		<-e.done
+		return e.v, e.err
+	}
+	t := time.NewTimer(staleAfter)
+	defer t.Stop()
+	select {
+	case <-e.done:
+		if e.err == nil || errors.Is(e.err, ErrNoRoom) {
+			return e.v, e.err
 		}
-	})
-	return e.v, e.err
+	case <-t.C:
+	}
+	return e.last.v, e.last.err
+}
+
+// lastOf is what an entry replacing e answers while it loads: e's value
+// when its load ended well, else what e itself answered while loading.
+func lastOf[V any](e *ttlEntry[V]) *ttlValue[V] {
+	if e == nil {
+		return nil
+	}
+	select {
+	case <-e.done:
+		if e.err == nil || errors.Is(e.err, ErrNoRoom) {
+			return &ttlValue[V]{v: e.v, err: e.err}
+		}
+	default:
+	}
+	return e.last
+}
+
+func (c *ttlCache[V]) load(ctx context.Context, k keys.ID, e *ttlEntry[V], load func(context.Context) (V, error)) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	v, err := load(ctx)
+	if err != nil && !errors.Is(err, ErrNoRoom) && e.last == nil {
+		c.mu.Lock()
+		if c.m[k] == e {
+			delete(c.m, k) // a failure is not remembered
+		}
+		c.mu.Unlock()
+	}
+	e.v, e.err = v, err
+	close(e.done)
 }
 
 // ttlCacheMax bounds a ttlCache: requests name programs, so a client

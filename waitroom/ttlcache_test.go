@@ -2,6 +2,7 @@ package waitroom
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -31,5 +32,45 @@ func TestTTLCacheBounded(t *testing.T) {
 	k := keys.MustID(fmt.Sprintf("p%d", 3*ttlCacheMax-1))
 	if _, _ = c.get(context.Background(), k, func(context.Context) (int, error) { loads++; return 0, nil }); loads != 3*ttlCacheMax {
 		t.Fatal("a fresh entry was loaded again")
+	}
+}
+
+// While a reload is slow or fails, a ttlCache answers the value the
+// reload replaces; without one, the caller waits for the load and gets
+// its error.
+func TestTTLCacheStaleWhileTheSourceIsSlow(t *testing.T) {
+	c := newTTLCache[int](time.Millisecond)
+	k := keys.MustID("p")
+	ctx := context.Background()
+	fail := errors.New("ledger unreachable")
+	if _, err := c.get(ctx, k, func(context.Context) (int, error) { return 0, fail }); !errors.Is(err, fail) {
+		t.Fatalf("a first load's failure = %v, want it", err)
+	}
+	if v, err := c.get(ctx, k, func(context.Context) (int, error) { return 1, nil }); v != 1 || err != nil {
+		t.Fatalf("get = %d %v, want 1", v, err)
+	}
+	time.Sleep(2 * time.Millisecond) // past the ttl
+	release := make(chan struct{})
+	slow := func(context.Context) (int, error) { <-release; return 2, nil }
+	if v, err := c.get(ctx, k, slow); v != 1 || err != nil {
+		t.Fatalf("get while the reload hangs = %d %v, want the last value 1", v, err)
+	}
+	close(release)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		v, _ := c.get(ctx, k, func(context.Context) (int, error) { return 2, nil })
+		if v == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("get = %d 10s after the reload ended, want 2", v)
+		}
+	}
+	time.Sleep(2 * time.Millisecond)
+	if v, err := c.get(ctx, k, func(context.Context) (int, error) { return 0, fail }); v != 2 || err != nil {
+		t.Fatalf("get when the reload fails = %d %v, want the last value 2", v, err)
+	}
+	c.forget(k)
+	if _, err := c.get(ctx, k, func(context.Context) (int, error) { return 0, fail }); !errors.Is(err, fail) {
+		t.Fatalf("after forget, a failing load = %v, want its error", err)
 	}
 }

@@ -167,6 +167,7 @@ func flags(fs *flag.FlagSet, c *config) {
 	b.str("ledger-driver", &o.Ledger.Driver, "Ledger.Driver", "ledger database: sqlite or postgres")
 	b.str("ledger-dsn", &o.Ledger.DSN, "Ledger.DSN", "SQLite file path, or PostgreSQL URL")
 	b.int("ledger-max-conns", &o.Ledger.MaxConns, "Ledger.MaxConns", "PostgreSQL connection cap")
+	b.dur("ledger-idle-timeout", &o.Ledger.IdleTimeout, "Ledger.IdleTimeout", "how long a PostgreSQL connection may sit idle before it is closed")
 	fs.StringVar(&c.Primaries, "ledger-primaries", "", "further PostgreSQL primaries beside -ledger-dsn (named main, which keeps the program directory), comma-separated name=URL: each program's rows live on one of them (docs/OPERATIONS.md, adding a primary)")
 	c.flagOf["Primaries"] = "ledger-primaries"
 	b.dur("place-ttl", &o.PlaceTTL, "PlaceTTL", "how long a replica trusts what it read of a program's primary before reading the directory again")

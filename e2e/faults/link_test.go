@@ -1,0 +1,120 @@
+package faults_test
+
+import (
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/internal/systest"
+	"github.com/stockgate/stockgate/ledger"
+)
+
+// TestFaultLedgerLinkBlackHole: the link to PostgreSQL dies silently
+// mid-sale (every byte dropped, no connection closed, as when a network
+// path or a primary's host vanishes) and comes back. While it is cut,
+// every purchase is answered 503 with Retry-After, none 201 and none a
+// client's error, most of them at once (the commit lane's flush is
+// stuck, so nothing queues behind it); a Redis breaker never opens (the
+// fault is the ledger's); afterwards each refused purchase sent again with its key is
+// sold exactly once (a COMMIT whose reply the cut swallowed answers its
+// order), the ledger, Redis and the answers agree, and the connection
+// pool the fault left behind shrinks back to what a quiet replica holds.
+func TestFaultLedgerLinkBlackHole(t *testing.T) {
+	systest.FullTier(t)
+	link, dsn := systest.LedgerLink(t, systest.LedgerDSN(t, ledger.Postgres))
+	e := systest.Start(t, systest.Options{Driver: ledger.Postgres, DSN: dsn, Tune: func(o *app.Options) {
+		o.Ledger.IdleTimeout = 300 * time.Millisecond
+		o.Sale.WorkTimeout = 1500 * time.Millisecond
+		o.Sale.SettingsTTL = time.Minute // every purchase reaches the commit
+	}})
+	sku := systest.NewSKU(t)
+	const total, before, during = 400, 60, 120
+	e.PutSKU(t, sku, total, 2, 4)
+	if got := systest.BuyAll(before, 12, func(i int) systest.Reply {
+		return e.Buy(t, sku, fmt.Sprintf("before-%d", i), "b", 1)
+	}); got[http.StatusCreated] != before {
+		t.Fatalf("before the cut: %v", got)
+	}
+
+	link.Cut(t)
+	var mu sync.Mutex
+	noRetryAfter := 0
+	kinds := map[string]int{}
+	var slowest time.Duration
+	cut := systest.BuyAll(during, 24, func(i int) systest.Reply {
+		began := time.Now()
+		r := e.Buy(t, sku, fmt.Sprintf("cut-%d", i), "b", 1)
+		mu.Lock()
+		defer mu.Unlock()
+		slowest = max(slowest, time.Since(began))
+		kinds[systest.ProblemKind(r)]++
+		if r.Status == http.StatusServiceUnavailable && r.Header.Get("Retry-After") == "" {
+			noRetryAfter++
+		}
+		return r
+	})
+	link.Heal(t)
+	t.Logf("with the link cut: %v %v, the slowest answered in %v", cut, kinds, slowest.Round(time.Millisecond))
+	if cut[http.StatusServiceUnavailable] != during || noRetryAfter != 0 {
+		t.Errorf("with the link cut: answers %v, %d 503s without Retry-After; want %d x 503 with it", cut, noRetryAfter, during)
+	}
+	// Once the lane's flush has hung past its stuck bound, what comes
+	// after is refused at once (overloaded), not queued for that flush's
+	// timeout and then its own.
+	if kinds["overloaded"] < during/2 {
+		t.Errorf("with the link cut: %v; want most refused at once as overloaded", kinds)
+	}
+
+	// Sent again with their keys, as a platform's workers do.
+	sold := 0
+	for i := range during {
+		r, _ := e.Retried(t, http.MethodPost, systest.SKUPath(sku)+"/purchases", fmt.Sprintf("cut-%d", i), `{"buyer":"b","quantity":1}`)
+		if r.Status != http.StatusCreated {
+			t.Errorf("cut-%d sent again after the link healed = %d %s", i, r.Status, r.Body)
+			continue
+		}
+		sold++
+	}
+	got := e.State(t, sku)
+	if got.Orders != before+int64(sold) || got.Sold != before+int64(sold) || got.OrderUnits != got.Sold {
+		t.Errorf("ledger %+v after %d + %d purchases answered 201", got, before, sold)
+	}
+	systest.RedisConsistent(t, e, sku)
+	if n := systest.Counter(t, e.Registry, "stockgate_breaker_transitions_total", map[string]string{"to": "open"}); n != 0 {
+		t.Errorf("a Redis breaker opened %v times while the ledger's link was cut", n)
+	}
+
+	// The pool: connections the cut broke are dropped, and those a burst
+	// opened close after IdleTimeout; a quiet replica keeps at most a
+	// couple.
+	open := func() float64 {
+		return systest.Counter(t, e.Registry, "go_sql_open_connections", map[string]string{"db_name": "ledger"})
+	}
+	// Reads of an order over a slow link, 32 at once, open one
+	// connection each.
+	order := systest.OrderID(e.Buy(t, sku, "cut-0", "b", 1))
+	link.Latency(t, 20*time.Millisecond)
+	var peak float64
+	systest.BuyAll(320, 32, func(int) systest.Reply {
+		r := e.Do(t, http.MethodGet, "/v1/orders/"+order, nil, "")
+		mu.Lock()
+		peak = max(peak, open())
+		mu.Unlock()
+		return r
+	})
+	link.Heal(t)
+	if peak <= 2 {
+		t.Errorf("the slow reads opened %v connections at most: the shrink below is not shown", peak)
+	}
+	for deadline := time.Now().Add(30 * time.Second); open() > 2 && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+	}
+	closedIdle := systest.Counter(t, e.Registry, "go_sql_max_idle_time_closed_total", map[string]string{"db_name": "ledger"})
+	t.Logf("ledger connections: %v at most in a burst of slow reads, %v when quiet (%v closed idle)", peak, open(), closedIdle)
+	if n := open(); n > 2 {
+		t.Errorf("%v ledger connections open 30s after the fault on a quiet replica, want at most 2", n)
+	}
+}

@@ -358,6 +358,7 @@ type Service struct {
 	cancels  *batcher[ledger.HoldRequest, cancelOut]
 	refunds  *batcher[ledger.OrderRequest, refundOut]
 	fallback chan struct{} // semaphore of ledger-direct requests
+	logs     logEvery      // failing dependencies' lines, one a second
 	reseeds  singleflight.Group
 	log      *slog.Logger
 	opts     Options

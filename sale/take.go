@@ -749,14 +749,14 @@ func (t *take) commit(ctx context.Context, direct bool) (answer, stock.SKU) {
 		t.undo(ctx, countsRelease)
 		return s.counted(path, ansLedgerBusy), stock.SKU{}
 	case errors.Is(err, ledger.ErrNotCommitted):
-		s.log.ErrorContext(ctx, "ledger commit", "err", err)
+		s.logCommit(ctx, err)
 		t.undo(ctx, countsRelease)
 		return s.counted(path, ansUnavailable), stock.SKU{}
 	}
 	// COMMIT failed and may have landed. Look before giving anything back:
 	// restoring stock that was in fact sold would let Redis admit a buyer
 	// the ledger must refuse.
-	s.log.ErrorContext(ctx, "ledger commit", "err", err)
+	s.logCommit(ctx, err)
 	if a, ok, lerr := s.recorded(ctx, t.req); lerr == nil && ok {
 		return a, stock.SKU{}
 	} else if lerr == nil {
@@ -765,6 +765,14 @@ func (t *take) commit(ctx context.Context, direct bool) (answer, stock.SKU) {
 	// Otherwise the stock stays taken in Redis: under-selling until the
 	// drift check repairs it is the safe side of not knowing.
 	return s.counted(path, ansUnavailable), stock.SKU{}
+}
+
+// logCommit logs a failed ledger commit, one line a second: a ledger
+// that is down fails every request's.
+func (s *Service) logCommit(ctx context.Context, err error) {
+	if ok, left := s.logs.allow("ledger commit", time.Now()); ok {
+		s.log.ErrorContext(ctx, "ledger commit", "err", err, "left_out", left)
+	}
 }
 
 // settleDuplicate gives back what this attempt took that the request's

@@ -76,10 +76,6 @@ type lane[T, R any] struct {
 	// rate is the items a second this lane committed while busy (a flush
 	// with more waiting behind it), a moving average; 0 until known.
 	rate atomic.Uint64 // float64 bits
-	// flushing is when the flush running now began (unix ns), 0 between
-	// flushes; stalled, whether the last flush ran past stuckAfter.
-	flushing atomic.Int64
-	stalled  atomic.Bool
 }
 
 type pendingItem[T, R any] struct {
@@ -163,25 +159,10 @@ func (b *batcher[T, R]) do(ctx context.Context, part uint32, item T) (R, error) 
 }
 
 // over reports whether one more item on l would wait past the budget,
-// and how long the queue ahead of it would take. A lane whose flush has
-// run past stuckAfter is over whatever its pace: the ledger is not
-// answering (a cut link, a failover, a lost primary), and an item queued
-// behind it would wait for that flush's timeout and then its own.
+// and how long the queue ahead of it would take.
 func (b *batcher[T, R]) over(l *lane[T, R]) (time.Duration, bool) {
-	if b.budget > 0 {
-		if began := l.flushing.Load(); began != 0 {
-			if d := time.Since(time.Unix(0, began)); d > b.stuckAfter() {
-				return d, true
-			}
-		}
-	}
 	return b.overloaded(l, l.queued.Load()+1)
 }
-
-// stuckAfter is how long a flush runs before its lane counts as stuck:
-// four wait budgets and at least a second, well past a healthy batch on
-// a busy machine, well short of the work timeout.
-func (b *batcher[T, R]) stuckAfter() time.Duration { return max(4*b.budget, time.Second) }
 
 // overloaded reports whether committing n items takes l longer than the
 // budget at its learned pace, and how long.
@@ -231,9 +212,6 @@ func (b *batcher[T, R]) flushAll(l *lane[T, R], batch []*pendingItem[T, R]) {
 	start := time.Now()
 	full := len(batch) == b.max
 	_, behind := b.overloaded(l, int64(len(batch))+l.queued.Load())
-	// Behind a stuck flush, an item that waited past the budget is
-	// refused unflushed too: the ledger did not answer the last batch.
-	behind = behind || l.stalled.Load()
 	fresh := batch[:0]
 	for _, p := range batch {
 		waited := start.Sub(p.at)
@@ -251,11 +229,6 @@ func (b *batcher[T, R]) flushAll(l *lane[T, R], batch []*pendingItem[T, R]) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 	defer cancel()
-	l.flushing.Store(start.UnixNano())
-	defer func() {
-		l.flushing.Store(0)
-		l.stalled.Store(b.budget > 0 && time.Since(start) > b.stuckAfter())
-	}()
 	items := make([]T, len(batch))
 	for i, p := range batch {
 		items[i] = p.item

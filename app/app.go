@@ -191,9 +191,11 @@ type App struct {
 	Relay    relay.Group // one relay per primary; none with no sink configured
 	Registry *prometheus.Registry
 
-	stop  context.CancelFunc
-	wg    sync.WaitGroup
-	close sync.Once
+	log    *slog.Logger
+	health *ledgerHealth
+	stop   context.CancelFunc
+	wg     sync.WaitGroup
+	close  sync.Once
 }
 
 // Open connects to Redis and the ledger (migrating its schema) and builds
@@ -206,7 +208,7 @@ func Open(ctx context.Context, o Options) (_ *App, err error) {
 		o.Logger = slog.Default()
 	}
 	log := gateway.WithRequestIDs(o.Logger)
-	a := &App{Registry: prometheus.NewRegistry()}
+	a := &App{Registry: prometheus.NewRegistry(), log: log}
 	defer func() {
 		if err != nil {
 			a.Close()
@@ -230,6 +232,9 @@ func Open(ctx context.Context, o Options) (_ *App, err error) {
 	a.Redis.AddHook(countCalls{redisCalls})
 	a.Registry.MustRegister(buildinfo.Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		redisprometheus.NewCollector("stockgate", "redis", a.Redis), redisCalls)
+	if a.health, err = newLedgerHealth(a.Registry); err != nil {
+		return nil, err
+	}
 	fo := o.fleet()
 	fo.Metrics, fo.Logger = a.Registry, log
 	if a.Ledger, err = fleet.Open(ctx, fo); err != nil {
@@ -305,12 +310,13 @@ func Open(ctx context.Context, o Options) (_ *App, err error) {
 // Loops chooses the background loops Start runs. A replica runs all of
 // them; a test may leave the drift check or the sweeper out to watch a
 // state they would repair. Relay runs only with a sink configured.
+// Health checks the ledger for /readyz and the ledger gauges.
 type Loops struct {
-	Drift, Sweep, Notices, Relay, Pacer bool
+	Drift, Sweep, Notices, Relay, Pacer, Health bool
 }
 
 // AllLoops is what a replica runs.
-var AllLoops = Loops{Drift: true, Sweep: true, Notices: true, Relay: true, Pacer: true}
+var AllLoops = Loops{Drift: true, Sweep: true, Notices: true, Relay: true, Pacer: true, Health: true}
 
 // Start runs the chosen loops until Close. Call it once.
 func (a *App) Start(l Loops) {
@@ -320,7 +326,7 @@ func (a *App) Start(l Loops) {
 		on bool
 		f  func(context.Context)
 	}{{l.Drift, a.Sale.RunDrift}, {l.Sweep, a.Sale.RunSweeper}, {l.Notices, a.Sale.RunNotices}, {l.Pacer, a.Rooms.RunPacer},
-		{l.Relay && a.Relay != nil, a.Relay.Run}} {
+		{l.Relay && a.Relay != nil, a.Relay.Run}, {l.Health, a.runHealth}} {
 		if run.on {
 			a.wg.Go(func() { run.f(ctx) }) // owned by a; ends with Close
 		}

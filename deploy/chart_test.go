@@ -477,19 +477,8 @@ func TestMigrationJobNotSelected(t *testing.T) {
 		objs := render(t, files...)
 		j := objs["Job/stockgate-migrate"].(*batchv1.Job)
 		labels := j.Spec.Template.Labels
-		for key, obj := range objs {
-			var sel map[string]string
-			switch o := obj.(type) {
-			case *corev1.Service:
-				sel = o.Spec.Selector
-			case *policyv1.PodDisruptionBudget:
-				sel = o.Spec.Selector.MatchLabels
-			default:
-				continue
-			}
-			if selects(sel, labels) {
-				t.Errorf("%s values: %s selects the migration Job's pods (%v)", name, key, labels)
-			}
+		for _, key := range selecting(objs, labels) {
+			t.Errorf("%s values: %s selects the migration Job's pods (%v)", name, key, labels)
 		}
 		d := objs["Deployment/stockgate"].(*appsv1.Deployment)
 		if svc := objs["Service/stockgate"].(*corev1.Service); !selects(svc.Spec.Selector, d.Spec.Template.Labels) {
@@ -615,4 +604,70 @@ func TestPrimariesReachEveryPod(t *testing.T) {
 			t.Errorf("the %s's container reads no Secret with STOCKGATE_LEDGER_PRIMARIES", what)
 		}
 	}
+}
+
+// `helm test` runs one Pod: the release's own image running `stockgate
+// smoke` (cmd/stockgate's TestSmokeCommand runs that against a gateway)
+// at the buyers' Service, and at the admin Service when the admin routes
+// have a port of their own, with the release's Secret for the admin
+// token; no Service or PodDisruptionBudget selects it.
+func TestSmokeHook(t *testing.T) {
+	for name, files := range valueSets {
+		objs := render(t, files...)
+		p, ok := objs["Pod/stockgate-smoke"].(*corev1.Pod)
+		if !ok {
+			t.Fatalf("%s values: no Pod/stockgate-smoke", name)
+		}
+		if p.Annotations["helm.sh/hook"] != "test" || p.Spec.RestartPolicy != corev1.RestartPolicyNever || len(p.Spec.Containers) != 1 {
+			t.Errorf("%s values: the smoke pod is no helm test run once: %v, %s, %d containers", name, p.Annotations, p.Spec.RestartPolicy, len(p.Spec.Containers))
+			continue
+		}
+		c := p.Spec.Containers[0]
+		d := objs["Deployment/stockgate"].(*appsv1.Deployment)
+		if c.Image != d.Spec.Template.Spec.Containers[0].Image || strings.Join(c.Args, " ") != "smoke" {
+			t.Errorf("%s values: the smoke pod runs %s %v, want the gateway's image %s with [smoke]", name, c.Image, c.Args, d.Spec.Template.Spec.Containers[0].Image)
+		}
+		env := map[string]string{}
+		for _, e := range c.Env {
+			env[e.Name] = e.Value
+		}
+		svc := objs["Service/stockgate"].(*corev1.Service)
+		if want := fmt.Sprintf("http://stockgate:%d", svc.Spec.Ports[0].Port); env["STOCKGATE_SMOKE_URL"] != want {
+			t.Errorf("%s values: STOCKGATE_SMOKE_URL = %q, want the Service's %q", name, env["STOCKGATE_SMOKE_URL"], want)
+		}
+		want := ""
+		if admin, ok := objs["Service/stockgate-admin"].(*corev1.Service); ok {
+			want = fmt.Sprintf("http://stockgate-admin:%d", admin.Spec.Ports[0].Port)
+		}
+		if env["STOCKGATE_SMOKE_ADMIN_URL"] != want {
+			t.Errorf("%s values: STOCKGATE_SMOKE_ADMIN_URL = %q, want %q", name, env["STOCKGATE_SMOKE_ADMIN_URL"], want)
+		}
+		if len(c.EnvFrom) != 1 || c.EnvFrom[0].SecretRef == nil {
+			t.Errorf("%s values: the smoke pod's envFrom %+v, want the release's Secret (the admin token)", name, c.EnvFrom)
+		}
+		for _, key := range selecting(objs, p.Labels) {
+			t.Errorf("%s values: %s selects the smoke pod (%v)", name, key, p.Labels)
+		}
+	}
+}
+
+// selecting names the Services and PodDisruptionBudgets among objs that
+// select pods with labels.
+func selecting(objs map[string]any, labels map[string]string) []string {
+	var out []string
+	for key, obj := range objs {
+		var sel map[string]string
+		switch o := obj.(type) {
+		case *corev1.Service:
+			sel = o.Spec.Selector
+		case *policyv1.PodDisruptionBudget:
+			sel = o.Spec.Selector.MatchLabels
+		default:
+			continue
+		}
+		if selects(sel, labels) {
+			out = append(out, key)
+		}
+	}
+	return out
 }

@@ -84,6 +84,8 @@ func decodeStrict(t *testing.T, doc []byte) (kind string, obj any) {
 		obj = &corev1.Namespace{}
 	case "v1 ServiceAccount":
 		obj = &corev1.ServiceAccount{}
+	case "v1 Pod":
+		obj = &corev1.Pod{} // the helm test hook
 	case "autoscaling/v2 HorizontalPodAutoscaler":
 		obj = &autoscalingv2.HorizontalPodAutoscaler{}
 	case "policy/v1 PodDisruptionBudget":
@@ -446,16 +448,23 @@ func TestStaticBinary(t *testing.T) {
 			t.Errorf("Dockerfile lacks %q", want)
 		}
 	}
-	// `go mod download` before the sources are copied needs the go.mod of
-	// every module the root one replaces with a directory (the client).
-	gomod, err := os.ReadFile("../go.mod")
+	// `go mod download` before the sources are copied needs the workspace
+	// (go.work) and the go.mod of every module it uses (the client).
+	gowork, err := os.ReadFile("../go.work")
 	if err != nil {
 		t.Fatal(err)
 	}
 	download := strings.Index(string(docker), "RUN go mod download")
-	for _, m := range regexp.MustCompile(`(?m)^replace \S+ => \./(\S+)$`).FindAllStringSubmatch(string(gomod), -1) {
+	if i := strings.Index(string(docker), "COPY go.mod go.sum go.work go.work.sum ./"); i < 0 || i > download {
+		t.Errorf("the Dockerfile does not copy go.mod, go.sum, go.work and go.work.sum before go mod download")
+	}
+	uses := regexp.MustCompile(`(?m)^\s+\./(\S+)$`).FindAllStringSubmatch(string(gowork), -1)
+	if len(uses) == 0 {
+		t.Fatal("go.work uses no module beside the root one: the parse went wrong")
+	}
+	for _, m := range uses {
 		if i := strings.Index(string(docker), "COPY "+m[1]+"/go.mod "); i < 0 || i > download {
-			t.Errorf("the Dockerfile does not copy %s/go.mod before go mod download (go.mod replaces a module with ./%s)", m[1], m[1])
+			t.Errorf("the Dockerfile does not copy %s/go.mod before go mod download (go.work uses ./%s)", m[1], m[1])
 		}
 	}
 }

@@ -42,8 +42,9 @@ func gatewaySettings(t *testing.T) (settings, secrets []string) {
 }
 
 // oneShot are the settings of `stockgate move` and `migrate
-// -schema-down-to`, run by hand: never the chart's.
-var oneShot = []string{"STOCKGATE_PROGRAM", "STOCKGATE_SCHEMA_DOWN_TO", "STOCKGATE_TO"}
+// -schema-down-to`, run by hand, and of `stockgate smoke`, which only the
+// chart's helm test pod sets: never values' (the ConfigMap, the Secret).
+var oneShot = []string{"STOCKGATE_PROGRAM", "STOCKGATE_SCHEMA_DOWN_TO", "STOCKGATE_SMOKE_ADMIN_URL", "STOCKGATE_SMOKE_URL", "STOCKGATE_TO"}
 
 // notSecret is a flag the gateway lets come from a file that is no
 // credential: the ACL user's name (production values set it under env).

@@ -146,6 +146,11 @@ func (f *Fleet) HoldByKey(ctx context.Context, key keys.ID) (ledger.Hold, error)
 	return first(ctx, f, func(l *ledger.Ledger) (ledger.Hold, error) { return l.HoldByKey(ctx, key) })
 }
 
+func (f *Fleet) RequestDurable(ctx context.Context, scope, key keys.ID) error {
+	_, err := first(ctx, f, func(l *ledger.Ledger) (struct{}, error) { return struct{}{}, l.RequestDurable(ctx, scope, key) })
+	return err
+}
+
 func (f *Fleet) RequestByKey(ctx context.Context, scope, key keys.ID) (ledger.Recorded, error) {
 	return first(ctx, f, func(l *ledger.Ledger) (ledger.Recorded, error) { return l.RequestByKey(ctx, scope, key) })
 }

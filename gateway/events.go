@@ -7,9 +7,9 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/stockgate/stockgate/client/webhook"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/sale"
-	"github.com/stockgate/stockgate/webhook"
 )
 
 type eventsView struct {

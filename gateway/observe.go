@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/time/rate"
 
 	"github.com/stockgate/stockgate/keys"
@@ -41,12 +42,17 @@ func WithRequestIDs(l *slog.Logger) *slog.Logger {
 }
 
 // logHandler adds the request id of the context to every record logged
-// with one (s.log.ErrorContext(ctx, ...)), so a 5xx can be traced.
+// with one (s.log.ErrorContext(ctx, ...)), so a 5xx can be traced, and
+// with tracing on the trace and span ids, so a log line leads to its
+// trace (the ledger batch's own span inside a batch's work).
 type logHandler struct{ slog.Handler }
 
 func (h logHandler) Handle(ctx context.Context, r slog.Record) error {
 	if id := RequestID(ctx); id != "" {
 		r.AddAttrs(slog.String("request_id", id))
+	}
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		r.AddAttrs(slog.String("trace_id", sc.TraceID().String()), slog.String("span_id", sc.SpanID().String()))
 	}
 	return h.Handler.Handle(ctx, r)
 }

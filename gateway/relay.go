@@ -10,8 +10,8 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/stockgate/stockgate/client/webhook"
 	"github.com/stockgate/stockgate/relay"
-	"github.com/stockgate/stockgate/webhook"
 )
 
 // Relay is what the /v1/admin/relay routes ask of the outbox relay, in

@@ -172,6 +172,9 @@ type Server struct {
 	log     *slog.Logger
 	opts    Options
 	ready   atomic.Bool
+	// ledgerDown is why the ledger takes no writes ("" when it does):
+	// /readyz fails with it (SetLedger).
+	ledgerDown atomic.Pointer[string]
 	// draining is closed when the server stops being ready after it was:
 	// long-lived streams end, so the HTTP server can drain.
 	draining  chan struct{}
@@ -242,6 +245,17 @@ func (s *Server) SetReady(ready bool) {
 	}
 }
 
+// SetLedger tells /readyz whether the ledger takes writes: with down
+// set, /readyz answers 503 naming why, and the server serves on (a
+// request that reaches it is answered as the ledger allows). "" is up.
+func (s *Server) SetLedger(down string) {
+	if down == "" {
+		s.ledgerDown.Store(nil)
+		return
+	}
+	s.ledgerDown.Store(&down)
+}
+
 func (s *Server) routes(set routeSet) (*gin.Engine, error) {
 	gin.SetMode(gin.ReleaseMode)
 	e := gin.New()
@@ -262,6 +276,10 @@ func (s *Server) routes(set routeSet) (*gin.Engine, error) {
 	e.GET("/readyz", func(c *gin.Context) {
 		if !s.ready.Load() {
 			writeProblem(c, http.StatusServiceUnavailable, "not-ready", "starting or draining", retryAfter(time.Second))
+			return
+		}
+		if why := s.ledgerDown.Load(); why != nil {
+			writeProblem(c, http.StatusServiceUnavailable, "not-ready", "the ledger takes no writes: "+*why, retryAfter(time.Second))
 			return
 		}
 		c.String(http.StatusOK, "ok\n")

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/stockgate/stockgate/client"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -178,4 +179,19 @@ func scanEvents(rows *sql.Rows) ([]Event, error) {
 		return nil, fmt.Errorf("ledger: events: %w", err)
 	}
 	return out, nil
+}
+
+// Wire is e in its one shape on the wire (client.Event): a webhook
+// delivery's body, a relay stream's entry, GET /v1/admin/events.
+func (e Event) Wire() client.Event {
+	v := client.Event{Seq: e.Seq, ID: e.ID.String(), Type: e.Type, Program: e.SKU.Program.String(), Ticket: e.SKU.Base().Ticket.String(),
+		Pool: e.SKU.Pool().String(), Subject: e.Subject.String(), OrderID: e.Order.String(), Buyer: e.Buyer.String(),
+		CartID: e.Cart.String(), Quantity: e.Quantity, At: e.At}
+	if !e.To.IsZero() {
+		v.ToPool = e.To.Pool().String()
+		if v.ToPool == "" {
+			v.ToPool = stock.PublicPool.String()
+		}
+	}
+	return v
 }

@@ -664,9 +664,19 @@ const listingOwed = `id, program, ticket, seller, id, '', quantity, restore_epoc
 // waitlist was offered, and less those its order kept when it was
 // confirmed in part (a hold confirmed whole owes nothing). holdOwedCode is
 // the access code whose use comes back: none when an order keeps it.
+//
+// What the order kept is the quantity it was confirmed for, not what it
+// has now: a transfer or a resale since moved units out of it (counted in
+// its order_listings rows), and reading its quantity now gave Redis back
+// the moved units too, one more unit in Redis than the ledger for good
+// (a partial confirm whose COMMIT reply was lost, a transfer, then the
+// confirm's retry or the sweeper). As confirmedAgain reads it.
 const (
 	holdOwedUnits = `quantity - offered - CASE WHEN state = 'confirmed'
-		THEN COALESCE((SELECT o.quantity FROM orders o WHERE o.id = holds.order_id), quantity) ELSE 0 END`
+		THEN COALESCE((SELECT CASE WHEN COALESCE(SUM(l.resold_out), 0) <> 0 THEN COALESCE(SUM(l.resold + l.transferred), 0)
+				ELSE o.quantity + COALESCE(SUM(l.resold + l.transferred), 0) END
+			FROM orders o LEFT JOIN order_listings l ON l.order_id = o.id WHERE o.id = holds.order_id GROUP BY o.quantity), quantity)
+		ELSE 0 END`
 	holdOwedCode = `CASE WHEN state = 'confirmed' THEN '' ELSE code_hash END`
 )
 

@@ -67,6 +67,7 @@ type Ledger struct {
 	schema  Schema             // see Schema
 	build   schemaSteps        // the migrations this build knows: thisBuild but in tests
 	dsn     string             // PostgreSQL: what migrations connect to, apart from the pool
+	health  healthDB           // PostgreSQL: Health's own connection
 }
 
 // forUpdate is " FOR UPDATE" on PostgreSQL: a read that locks its rows

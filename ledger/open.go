@@ -11,11 +11,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/stockgate/stockgate/internal/opt"
+	"github.com/stockgate/stockgate/tracing"
 )
 
 // Options configures Open.
@@ -164,6 +166,13 @@ func openPostgres(dsn string) (*sql.DB, error) {
 	if !strings.Contains(dsn, "default_query_exec_mode") {
 		cfg.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
 	}
+	if tracing.Enabled() {
+		// A span per statement, batch and COMMIT, the child of the span
+		// of the request or ledger batch that runs it (otelpgx, through
+		// the provider tracing.Setup made global). Off, pgx runs no
+		// tracer at all.
+		cfg.Tracer = otelpgx.NewTracer() // span names: the statement's first word
+	}
 	return stdlib.OpenDB(*cfg), nil
 }
 
@@ -174,7 +183,9 @@ func (l *Ledger) Close() error {
 	if l.stmts != nil {
 		err = l.stmts.close()
 	}
-	return errors.Join(err, l.release())
+	// Health's connection: once has run, so nothing opens it after this.
+	l.health.once.Do(func() {})
+	return errors.Join(err, l.health.close(), l.release())
 }
 
 // sqliteFiles shares one connection per SQLite file among the ledgers one

@@ -137,18 +137,21 @@ func TestLostLeaseNeverFreesTheNewOwner(t *testing.T) {
 // A holder that dies without releasing (here: a raw SET NX PX with nobody
 // renewing it) blocks others for TTL, then its lock expires.
 func TestCrashedHolderExpires(t *testing.T) {
-	l := newLocker(t, 300*time.Millisecond)
+	// A TTL of 1 s: its call timeout (a third) outlasts a starved
+	// machine's Redis round trip (at 300 ms, one SET took over 100 ms in
+	// a loaded make test and the first Acquire failed on its deadline).
+	l := newLocker(t, time.Second)
 	rdb := testenv.SharedCluster(t).Client()
 	defer rdb.Close()
 	ctx := context.Background()
 	key := keys.Lock(keys.MustID(testenv.ID(t, "p")), keys.MustID("t"), keys.MustID("test"))
-	if ok, err := rdb.SetNX(ctx, key, "dead-holder", 300*time.Millisecond).Result(); err != nil || !ok {
+	if ok, err := rdb.SetNX(ctx, key, "dead-holder", time.Second).Result(); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
 	if _, err := l.Acquire(ctx, key, 0); !errors.Is(err, lock.ErrBusy) {
 		t.Fatalf("Acquire against a live dead holder's lock = %v, want ErrBusy", err)
 	}
-	a, err := l.Acquire(ctx, key, 2*time.Second)
+	a, err := l.Acquire(ctx, key, 3*time.Second)
 	if err != nil {
 		t.Fatalf("Acquire after the dead holder's TTL = %v", err)
 	}

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/stockgate/stockgate/client/webhook"
 	"github.com/stockgate/stockgate/ledger"
-	"github.com/stockgate/stockgate/webhook"
 )
 
 // The admin side, for the gateway's /v1/admin/relay routes: what admins
@@ -71,7 +71,7 @@ func (r *Relay) sink(name string) (Sink, error) {
 }
 
 func deadLetterOf(d ledger.DeadLetter) DeadLetter {
-	return DeadLetter{Sink: d.Sink, Event: webhook.EventOf(d.Event), Attempts: d.Attempts, LastError: d.LastError, DeadAt: d.DeadAt}
+	return DeadLetter{Sink: d.Sink, Event: d.Event.Wire(), Attempts: d.Attempts, LastError: d.LastError, DeadAt: d.DeadAt}
 }
 
 // DeadLetters are up to limit of sink's dead letters after seq.

@@ -15,12 +15,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockgate/stockgate/client/webhook"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/relay"
 	"github.com/stockgate/stockgate/stock"
-	"github.com/stockgate/stockgate/webhook"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }

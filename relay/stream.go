@@ -16,7 +16,6 @@ import (
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/lua"
-	"github.com/stockgate/stockgate/webhook"
 )
 
 // Redis Streams were chosen over Kafka for platforms that run a broker:
@@ -105,7 +104,7 @@ func (s *Stream) Key(partition int) string { return keys.EventStream(s.prefix, p
 
 // Deliver adds e to its partition's stream, once.
 func (s *Stream) Deliver(ctx context.Context, e ledger.Event) error {
-	body, err := json.Marshal(webhook.EventOf(e))
+	body, err := json.Marshal(e.Wire())
 	if err != nil {
 		return fmt.Errorf("stream: %w", err)
 	}

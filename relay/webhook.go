@@ -12,10 +12,10 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/stockgate/stockgate/client/webhook"
 	"github.com/stockgate/stockgate/internal/opt"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/tracing"
-	"github.com/stockgate/stockgate/webhook"
 )
 
 // WebhookOptions configures a webhook sink.
@@ -83,7 +83,7 @@ func (w *Webhook) Deliver(ctx context.Context, e ledger.Event) (err error) {
 		span.SetAttributes(attribute.String("stockgate.sink", w.name), attribute.String("stockgate.event.id", e.ID.String()),
 			attribute.String("stockgate.event.type", e.Type), attribute.Int64("stockgate.event.seq", e.Seq))
 	}
-	body, err := json.Marshal(webhook.EventOf(e))
+	body, err := json.Marshal(e.Wire())
 	if err != nil {
 		return fmt.Errorf("webhook: %w", err)
 	}

@@ -30,8 +30,16 @@ import (
 // queued (errLedgerBusy, with the wait), and refuses, unflushed, an item
 // that waited longer while the queue is still longer than the lane can
 // commit within the budget. An overloaded ledger then sheds load with
-// answers clients can retry, instead of queueing without bound; a slow
-// flush that holds up a short queue is waited out, not shed.
+// answers clients can retry, instead of queueing without bound.
+//
+// A slow ledger is the other case: a link that adds half a second to each
+// round trip never fills a batch, so the pace above is never learned, and
+// every item would wait out the slow flush ahead of it and then its own.
+// A lane also keeps what its flushes take (a moving average, and the one
+// running, once it has run longer): while flushes take longer than the
+// budget, an item that would queue behind one is refused at once. An
+// idle lane takes any item: those are what measure the ledger again, so
+// the lane opens by itself once the ledger is fast again.
 type batcher[T, R any] struct {
 	max     int
 	timeout time.Duration
@@ -47,6 +55,8 @@ type batcher[T, R any] struct {
 	// queued where no lane will take it.
 	mu     sync.RWMutex
 	closed bool
+	// The spans' names: a request's wait and commit, and a batch's.
+	commitSpan, batchSpan string
 }
 
 // laneMetrics is what a batcher reports: how long items waited for their
@@ -76,18 +86,30 @@ type lane[T, R any] struct {
 	// rate is the items a second this lane committed while busy (a flush
 	// with more waiting behind it), a moving average; 0 until known.
 	rate atomic.Uint64 // float64 bits
+	// busySince is when the running flush began (Unix ns; 0 while the
+	// lane waits for work), and flushTime what its flushes take, a
+	// moving average in seconds (float64 bits; 0 until the first).
+	busySince atomic.Int64
+	flushTime atomic.Uint64
+	// timedOut: the lane's last batch ran out of time (a silent or cut
+	// ledger link, a hung server). Its next batch ends at its items'
+	// earliest deadline, so none is answered past its request's work
+	// timeout while the ledger hangs. Only the lane's goroutine uses it.
+	timedOut bool
 }
 
 type pendingItem[T, R any] struct {
-	item T
-	at   time.Time
-	out  chan outcome[R]
-	link trace.SpanContext // the request's span, which the batch's links to (zero: tracing off)
+	item     T
+	at       time.Time
+	deadline time.Time // the request's (zero: none)
+	out      chan outcome[R]
+	link     trace.SpanContext // the request's span, which the batch's links to (zero: tracing off)
 }
 
 type outcome[R any] struct {
-	r   R
-	err error
+	r     R
+	err   error
+	batch trace.SpanContext // the span of the batch that decided it (zero: tracing off)
 }
 
 // errClosing refuses work after close: nothing was done.
@@ -119,7 +141,8 @@ func busyWait(err error) time.Duration {
 
 func newBatcher[T, R any](lanes, max int, timeout, budget time.Duration, m laneMetrics,
 	flush func(ctx context.Context, items []T, answer func(i int, r R))) *batcher[T, R] {
-	b := &batcher[T, R]{max: max, timeout: timeout, budget: budget, metrics: m, flush: flush, stop: make(chan struct{})}
+	b := &batcher[T, R]{max: max, timeout: timeout, budget: budget, metrics: m, flush: flush, stop: make(chan struct{}),
+		commitSpan: "ledger.commit " + m.name, batchSpan: "ledger.batch " + m.name}
 	for range lanes {
 		l := &lane[T, R]{q: make(chan *pendingItem[T, R], 4*max)}
 		b.lanes = append(b.lanes, l)
@@ -133,17 +156,35 @@ func newBatcher[T, R any](lanes, max int, timeout, budget time.Duration, m laneM
 // *busyError when the item would wait, or waited, past the budget;
 // either way nothing was done.
 func (b *batcher[T, R]) do(ctx context.Context, part uint32, item T) (R, error) {
+	if !tracing.Enabled() {
+		r, _, err := b.wait(ctx, part, item)
+		return r, err
+	}
+	// The request's own span of its wait and commit, which the batch that
+	// commits it links to, and which links back to that batch's span.
+	ctx, span := tracing.Start(ctx, b.commitSpan)
+	r, batch, err := b.wait(ctx, part, item)
+	tracing.AddLink(span, batch)
+	tracing.End(span, err)
+	return r, err
+}
+
+// wait is do's work: it also returns the span of the batch that decided
+// item (zero when tracing is off or no batch did).
+func (b *batcher[T, R]) wait(ctx context.Context, part uint32, item T) (R, trace.SpanContext, error) {
 	l := b.lanes[part%uint32(len(b.lanes))]
 	var zero R
+	var none trace.SpanContext
 	if wait, over := b.over(l); over {
 		b.metrics.refused()
-		return zero, &busyError{wait: wait}
+		return zero, none, &busyError{wait: wait}
 	}
 	p := &pendingItem[T, R]{item: item, at: time.Now(), out: make(chan outcome[R], 1), link: tracing.Link(ctx)}
+	p.deadline, _ = ctx.Deadline()
 	b.mu.RLock()
 	if b.closed {
 		b.mu.RUnlock()
-		return zero, errClosing
+		return zero, none, errClosing
 	}
 	select {
 	case l.q <- p: // the lane drains its queue before it stops
@@ -151,17 +192,41 @@ func (b *batcher[T, R]) do(ctx context.Context, part uint32, item T) (R, error) 
 	default:
 		b.mu.RUnlock()
 		b.metrics.refused()
-		return zero, &busyError{wait: b.budget}
+		return zero, none, &busyError{wait: b.budget}
 	}
 	b.mu.RUnlock()
 	o := <-p.out
-	return o.r, o.err
+	return o.r, o.batch, o.err
 }
 
 // over reports whether one more item on l would wait past the budget,
 // and how long the queue ahead of it would take.
 func (b *batcher[T, R]) over(l *lane[T, R]) (time.Duration, bool) {
-	return b.overloaded(l, l.queued.Load()+1)
+	n := l.queued.Load() + 1
+	if wait, over := b.overloaded(l, n); over {
+		return wait, true
+	}
+	return b.slow(l, n, time.Now())
+}
+
+// slow reports whether the ledger is slower than the budget: l's flushes
+// take longer than it (an item queued now would wait for the rest of the
+// running one, one per max items ahead of it, and its own, which it
+// returns). A busy ledger whose flushes fit the budget is the pace's to
+// judge (overloaded): shedding behind every long flush turned away, on a
+// loaded machine, confirms and drained requests a healthy ledger would
+// have committed. An idle lane is never slow.
+func (b *batcher[T, R]) slow(l *lane[T, R], n int64, now time.Time) (time.Duration, bool) {
+	since := l.busySince.Load()
+	if b.budget <= 0 || since == 0 {
+		return 0, false
+	}
+	ran := now.Sub(time.Unix(0, since))
+	// A flush that has run longer than the average says the ledger is
+	// slower now than it was: the next ones are taken to be as slow.
+	per := max(time.Duration(math.Float64frombits(l.flushTime.Load())*float64(time.Second)), ran)
+	wait := per - ran + time.Duration((n-1)/int64(b.max)+1)*per
+	return wait, per > b.budget
 }
 
 // overloaded reports whether committing n items takes l longer than the
@@ -213,13 +278,20 @@ func (b *batcher[T, R]) flushAll(l *lane[T, R], batch []*pendingItem[T, R]) {
 	full := len(batch) == b.max
 	_, behind := b.overloaded(l, int64(len(batch))+l.queued.Load())
 	fresh := batch[:0]
+	end := start.Add(b.timeout)
 	for _, p := range batch {
 		waited := start.Sub(p.at)
 		b.metrics.waited(waited)
-		if behind && waited > b.budget {
+		// Refused unflushed (nothing moved; the caller gives its stock
+		// back): one that waited past the budget behind a lane that
+		// can't keep up, and one whose request ran out of time waiting.
+		if behind && waited > b.budget || !p.deadline.IsZero() && !start.Before(p.deadline) {
 			b.metrics.refused()
 			p.out <- outcome[R]{err: &busyError{wait: waited}}
 			continue
+		}
+		if l.timedOut && !p.deadline.IsZero() && p.deadline.Before(end) {
+			end = p.deadline
 		}
 		fresh = append(fresh, p)
 	}
@@ -227,8 +299,11 @@ func (b *batcher[T, R]) flushAll(l *lane[T, R], batch []*pendingItem[T, R]) {
 	if len(batch) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
+	// A healthy batch has the whole timeout, however short its items'
+	// time: a slow one (SQLite on a busy machine) still commits.
+	ctx, cancel := context.WithDeadline(context.Background(), end)
 	defer cancel()
+	defer func() { l.timedOut = ctx.Err() != nil }()
 	items := make([]T, len(batch))
 	for i, p := range batch {
 		items[i] = p.item
@@ -241,10 +316,18 @@ func (b *batcher[T, R]) flushAll(l *lane[T, R], batch []*pendingItem[T, R]) {
 			links[i] = p.link
 		}
 		var span trace.Span
-		ctx, span = tracing.StartLinked(ctx, "ledger.batch "+b.metrics.name, links, attribute.Int("stockgate.batch.size", len(batch)))
+		ctx, span = tracing.StartLinked(ctx, b.batchSpan, links, attribute.Int("stockgate.batch.size", len(batch)))
 		defer span.End()
 	}
-	b.flush(ctx, items, func(i int, r R) { batch[i].out <- outcome[R]{r: r} })
+	bsc := tracing.Link(ctx) // zero when off
+	l.busySince.Store(start.UnixNano())
+	b.flush(ctx, items, func(i int, r R) { batch[i].out <- outcome[R]{r: r, batch: bsc} })
+	took := time.Since(start).Seconds()
+	l.busySince.Store(0)
+	if old := math.Float64frombits(l.flushTime.Load()); old > 0 {
+		took = 0.8*old + 0.2*took
+	}
+	l.flushTime.Store(math.Float64bits(took))
 	if full {
 		// A full batch: the lane commits as fast as it can. Its pace is
 		// the lane's capacity.

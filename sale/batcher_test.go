@@ -136,3 +136,139 @@ func flushedNow(mu *sync.Mutex, s *[]int) []int {
 	defer mu.Unlock()
 	return append([]int(nil), (*s)...)
 }
+
+// A lane whose batch ran out of time (a ledger that hangs) gives its next
+// batch no more than its items' earliest deadline, so no request is
+// answered past its own; once a batch ends in time, the next has the
+// whole timeout again, however near its items' deadlines. An item whose
+// request ran out of time while it waited is refused, never flushed.
+func TestBatcherAfterAHungBatchEndsAtTheDeadline(t *testing.T) {
+	var mu sync.Mutex
+	var deadlines []time.Time
+	var flushed []int
+	b := newBatcher(1, 1000, 30*time.Millisecond, 0, laneMetrics{}, func(ctx context.Context, items []int, answer func(int, int)) {
+		d, _ := ctx.Deadline()
+		mu.Lock()
+		deadlines = append(deadlines, d)
+		flushed = append(flushed, items...)
+		mu.Unlock()
+		if items[0] == 0 {
+			<-ctx.Done() // the ledger hangs until the batch's time is out
+		}
+		for i, v := range items {
+			answer(i, v)
+		}
+	})
+	defer b.close()
+	if _, err := b.do(context.Background(), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	// Set before the next item is sent, which the lane receives after.
+	b.timeout = time.Hour
+
+	ctx1, cancel1 := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel1()
+	d1, _ := ctx1.Deadline()
+	if _, err := b.do(ctx1, 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel2()
+	d2, _ := ctx2.Deadline()
+	if _, err := b.do(ctx2, 0, 2); err != nil {
+		t.Fatal(err)
+	}
+	gone, cancel3 := context.WithDeadline(context.Background(), time.Now().Add(-time.Millisecond))
+	defer cancel3()
+	if _, err := b.do(gone, 0, 3); !errors.Is(err, errLedgerBusy) {
+		t.Errorf("an item whose request ran out of time = %v, want refused busy", err)
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	switch {
+	case len(deadlines) != 3:
+		t.Fatalf("flushed %v in %d batches, want 3 (the expired item never flushed)", flushed, len(deadlines))
+	case !deadlines[1].Equal(d1):
+		t.Errorf("the batch after a hung one ends at %v, want its item's deadline %v", deadlines[1], d1)
+	case !deadlines[2].After(d2.Add(time.Minute)):
+		t.Errorf("a batch after one that ended in time ends at %v, want the whole timeout (its item's deadline is %v)", deadlines[2], d2)
+	}
+}
+
+// A slow ledger (each flush longer than the budget) never fills a batch,
+// so no pace is learned: the lane refuses at once an item that would wait
+// for the running flush's rest and its own, past the budget, while an
+// idle lane takes any item (it measures the ledger again).
+func TestBatcherRefusesBehindASlowFlush(t *testing.T) {
+	release, holding := make(chan struct{}), make(chan struct{})
+	b := newBatcher(1, 100, time.Minute, 250*time.Millisecond, laneMetrics{}, func(_ context.Context, items []int, answer func(int, int)) {
+		if items[0] == 0 {
+			close(holding)
+			<-release
+		}
+		for i, v := range items {
+			answer(i, v)
+		}
+	})
+	defer b.close()
+	l := b.lanes[0]
+	l.flushTime.Store(math.Float64bits(0.6)) // the ledger's flushes take 600 ms
+	first := make(chan error, 1)
+	go func() { _, err := b.do(context.Background(), 0, 0); first <- err }()
+	<-holding
+	_, err := b.do(context.Background(), 0, 1)
+	if !errors.Is(err, errLedgerBusy) || busyWait(err) <= 250*time.Millisecond {
+		t.Errorf("do behind a 600 ms flush = %v (wait %v), want a busy refusal past the budget", err, busyWait(err))
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Errorf("the item an idle lane took = %v", err)
+	}
+	if v, err := b.do(context.Background(), 0, 2); err != nil || v != 2 {
+		t.Errorf("do on the idle lane again = %d, %v; want 2 (an idle lane is never slow)", v, err)
+	}
+}
+
+// The wait slow predicts: the running flush's rest, one flush per max
+// items ahead, and the item's own; a running flush longer than the
+// average counts as the pace; it refuses only when flushes take longer
+// than the budget (a busy ledger is the pace's to judge); an idle lane or
+// no budget waits nothing.
+func TestBatcherSlowWait(t *testing.T) {
+	now := time.Unix(1000, 0)
+	ms := time.Millisecond
+	for _, tc := range []struct {
+		name      string
+		avg, ran  time.Duration // flushTime, and how long the running flush has run (0: idle)
+		n         int64
+		wait      time.Duration
+		over      bool
+		budgetOff bool
+	}{
+		{"idle", 600 * ms, 0, 50, 0, false, false},
+		{"fast ledger", 10 * ms, 4 * ms, 1, 16 * ms, false, false},
+		{"fast ledger, 3 batches ahead", 10 * ms, 4 * ms, 31, 46 * ms, false, false},
+		{"busy, its flushes within the budget", 200 * ms, 100 * ms, 1, 300 * ms, false, false},
+		{"slow ledger", 600 * ms, 100 * ms, 1, 1100 * ms, true, false},
+		{"slower than learned", 10 * ms, 300 * ms, 1, 300 * ms, true, false},
+		{"no history yet", 0, 200 * ms, 1, 200 * ms, false, false},
+		{"no budget", 600 * ms, 100 * ms, 1, 0, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := &lane[int, int]{}
+			l.flushTime.Store(math.Float64bits(tc.avg.Seconds()))
+			if tc.ran > 0 {
+				l.busySince.Store(now.Add(-tc.ran).UnixNano())
+			}
+			b := &batcher[int, int]{max: 10, budget: 250 * time.Millisecond}
+			if tc.budgetOff {
+				b.budget = -1
+			}
+			wait, over := b.slow(l, tc.n, now)
+			if wait.Round(ms) != tc.wait || over != tc.over {
+				t.Errorf("slow = %v, %v; want %v, %v", wait, over, tc.wait, tc.over)
+			}
+		})
+	}
+}

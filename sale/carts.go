@@ -203,6 +203,11 @@ func (s *Service) cancelCart(ctx context.Context, id, buyer keys.ID, r request) 
 	c, changed, err := s.ledger.CancelCart(ctx, id, buyer, r.ledger())
 	switch {
 	case errors.Is(err, ledger.ErrDuplicate):
+		// The first answer may never have been given (its COMMIT reply
+		// lost): what it owes Redis goes back now, not at a sweep.
+		for _, h := range c.Holds {
+			s.returnOwed(ctx, "hold", h.ID)
+		}
 		return answer{cart: &c, replayed: true}
 	case errors.Is(err, ledger.ErrHoldConfirmed):
 		return fail(refuse(ErrHoldConfirmed, "the cart is bought; refund it instead"))
@@ -224,6 +229,9 @@ func (s *Service) refundCart(ctx context.Context, id, buyer keys.ID, r request) 
 	c, changed, err := s.ledger.RefundCart(ctx, id, buyer, r.ledger())
 	switch {
 	case errors.Is(err, ledger.ErrDuplicate):
+		for _, o := range c.Orders { // as cancelCart's replay
+			s.returnOwed(ctx, "order", o.ID)
+		}
 		return answer{cart: &c, replayed: true}
 	case errors.Is(err, ledger.ErrNotBought):
 		return fail(notBought(c))

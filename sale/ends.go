@@ -31,15 +31,18 @@ func (s *Service) confirm(ctx context.Context, id, buyer keys.ID, r request) ans
 	case errors.Is(err, ledger.ErrDuplicate):
 		return answer{order: o, replayed: true}
 	case errors.Is(err, ledger.ErrHoldEnded):
-		return s.confirmEnded(ctx, id, 0, r)
+		return s.confirmEnded(ctx, id, buyer, 0, r, 1)
 	}
 	return s.ownerError(ctx, err, ansNoHold)
 }
 
 // confirmEnded answers a confirm the ledger found the hold ended for: a
 // cancelled hold is ErrHoldCancelled; an expired one (or past its expiry)
-// may still be paid late, for keep of its units (0: all of them).
-func (s *Service) confirmEnded(ctx context.Context, id keys.ID, keep int64, r request) answer {
+// may still be paid late, for keep of its units (0: all of them). One
+// found held and not due was extended while the confirm looked: it is
+// confirmed again, at most again times, and never paid late beside
+// itself (two orders of one hold's units for one buyer).
+func (s *Service) confirmEnded(ctx context.Context, id, buyer keys.ID, keep int64, r request, again int) answer {
 	h, err := s.ledger.HoldByID(ctx, id)
 	switch {
 	case err != nil:
@@ -57,7 +60,15 @@ func (s *Service) confirmEnded(ctx context.Context, id keys.ID, keep int64, r re
 		// The ledger checked ownership before it saw the hold ended.
 		return s.confirmConfirmed(ctx, h, keep, r)
 	}
-	return s.lateConfirm(ctx, h, keep, r) // expired, or past its expiry
+	a := s.lateConfirm(ctx, h, keep, r) // expired, or past its expiry
+	if !errors.Is(a.err, errStillHeld) {
+		return a
+	}
+	if again <= 0 {
+		s.log.WarnContext(ctx, "confirm: the hold was extended under every attempt", "hold", id.String())
+		return ansUnavailable // a retry with the key confirms it
+	}
+	return s.confirmKeep(ctx, id, buyer, keep, r, again-1)
 }
 
 // confirmConfirmed answers a confirm of hold h, found confirmed, as the
@@ -82,6 +93,12 @@ func (s *Service) confirmConfirmed(ctx context.Context, h ledger.Hold, keep int6
 // confirmPart confirms keep of the hold's units alone (not batched: the
 // rest's return is a cancel's work), then gives the rest to Redis.
 func (s *Service) confirmPart(ctx context.Context, id, buyer keys.ID, keep int64, r request) answer {
+	return s.confirmKeep(ctx, id, buyer, keep, r, 1)
+}
+
+// confirmKeep is confirmPart, which confirms an ended hold found held
+// again at most again times more (see confirmEnded).
+func (s *Service) confirmKeep(ctx context.Context, id, buyer keys.ID, keep int64, r request, again int) answer {
 	o, err := s.ledger.ConfirmPart(ctx, id, buyer, keep, r.ledger())
 	switch {
 	case err == nil:
@@ -95,6 +112,9 @@ func (s *Service) confirmPart(ctx context.Context, id, buyer keys.ID, keep int64
 		}
 		return answer{order: o}
 	case errors.Is(err, ledger.ErrDuplicate):
+		// The first answer may never have been given (its COMMIT reply
+		// lost): the rest it owes Redis is returned now, not at a sweep.
+		s.returnOwed(ctx, "hold", id)
 		return answer{order: o, replayed: true}
 	case errors.Is(err, stock.ErrInvalid):
 		return fail(refuse(ErrInvalid, "quantity is more than the hold has"))
@@ -104,7 +124,7 @@ func (s *Service) confirmPart(ctx context.Context, id, buyer keys.ID, keep int64
 		return fail(refuse(ErrHoldConfirmed, "the hold was confirmed "+strings.TrimPrefix(err.Error(), ledger.ErrHoldConfirmed.Error()+": ")+
 			"; a confirm under another key changes nothing"))
 	case errors.Is(err, ledger.ErrHoldEnded):
-		return s.confirmEnded(ctx, id, keep, r)
+		return s.confirmEnded(ctx, id, buyer, keep, r, again)
 	}
 	return s.ownerError(ctx, err, ansNoHold)
 }
@@ -149,6 +169,7 @@ func (s *Service) cancel(ctx context.Context, id, buyer keys.ID, r request) answ
 	h, changed, err := s.cancelLedger(ctx, id, buyer, r.ledger())
 	switch {
 	case errors.Is(err, ledger.ErrDuplicate):
+		s.returnOwed(ctx, "hold", h.ID) // as confirmKeep's replay
 		return answer{hold: &h, replayed: true}
 	case errors.Is(err, ledger.ErrHoldConfirmed):
 		return ansHoldConfirmed
@@ -168,6 +189,7 @@ func (s *Service) refund(ctx context.Context, id, buyer keys.ID, r request) answ
 	o, changed, err := s.refundLedger(ctx, id, buyer, r.ledger())
 	switch {
 	case errors.Is(err, ledger.ErrDuplicate):
+		s.returnOwed(ctx, "order", o.ID) // as confirmKeep's replay
 		return answer{order: o, replayed: true}
 	case errors.Is(err, ledger.ErrListed):
 		return fail(ErrOrderListed)

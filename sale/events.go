@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/stockgate/stockgate/client/webhook"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/stock"
-	"github.com/stockgate/stockgate/webhook"
 )
 
 // MaxEventsPage is the most events one read returns.
@@ -30,7 +30,7 @@ func (s *Service) Events(ctx context.Context, program keys.ID, after int64, limi
 	}
 	out := make([]webhook.Event, len(got))
 	for i, e := range got {
-		out[i] = webhook.EventOf(e)
+		out[i] = e.Wire()
 	}
 	return out, nil
 }

@@ -12,6 +12,10 @@ import (
 	"github.com/stockgate/stockgate/stock"
 )
 
+// errStillHeld is latePaid's answer for a hold that turned out held and
+// not due; confirmEnded confirms it instead. It never reaches a client.
+var errStillHeld = errors.New("sale: the hold is held again")
+
 // lateConfirm answers the confirm of a hold whose expiry has passed: within
 // Options.LatePayment of it (the buyer paid while the hold ran out), its
 // units are taken again for its buyer, through the gate and the ledger as
@@ -87,6 +91,14 @@ func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64, r req
 			// looked: answered as a confirm of a confirmed hold (its
 			// order, or 409 for another quantity), as a retry would be.
 			return s.confirmConfirmed(ctx, cur, keep, r)
+		case ledger.Held:
+			// Not due: an extension committed while this confirm looked
+			// (its transaction read the expiry the extension replaced).
+			// A late payment now would sell the buyer a second order
+			// beside the hold, which a confirm then makes its own
+			// (TestModelConcurrent/two-primaries): confirmEnded confirms
+			// the hold instead.
+			return answer{err: errStillHeld}
 		}
 	}
 	named := keep

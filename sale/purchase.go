@@ -19,7 +19,10 @@ type answer struct {
 	cart     *ledger.Cart
 	listing  *ledger.Listing
 	replayed bool
-	err      error
+	// durable: a replay whose request row is known to be on the
+	// synchronous standby (ledger.RequestDurable); run checks the others.
+	durable bool
+	err     error
 }
 
 func fail(err error) answer { return answer{err: err} }
@@ -73,7 +76,13 @@ func (s *Service) recorded(ctx context.Context, r request) (answer, bool, error)
 	case rec.Fingerprint != r.ledger().Fingerprint:
 		return ansKeyReused, true, nil
 	}
-	return replayed(rec), true, nil
+	// Never replay a row a failover can take back (ledger.RequestDurable).
+	if err := s.ledger.RequestDurable(ctx, r.scope, r.key); err != nil && !errors.Is(err, ledger.ErrNotFound) {
+		return answer{}, false, err
+	}
+	a := replayed(rec)
+	a.durable = true
+	return a, true, nil
 }
 
 // replayed is the answer of a committed request, replayed.

@@ -91,6 +91,9 @@ type Takes interface {
 	HoldByKey(ctx context.Context, key keys.ID) (ledger.Hold, error)
 	CartByID(ctx context.Context, id keys.ID) (ledger.Cart, error)
 	RequestByKey(ctx context.Context, scope, key keys.ID) (ledger.Recorded, error)
+	// RequestDurable returns once a recorded request is on the synchronous
+	// standby: asked before a replay is answered (see ledger's).
+	RequestDurable(ctx context.Context, scope, key keys.ID) error
 	CommittedSince(ctx context.Context, sku stock.SKU, after int64) (ledger.Committed, error)
 }
 
@@ -497,7 +500,27 @@ func (s *Service) run(ctx context.Context, r request, f func(ctx context.Context
 	a := s.inflight.do(r.joinKey(), r.fp, func() answer {
 		ctx, cancel := s.detach(ctx)
 		defer cancel()
-		return f(ctx)
+		return s.durable(ctx, r, f(ctx))
 	})
 	return a.result()
+}
+
+// durable passes a on unless it replays a request row that a failover
+// could still take back: PostgreSQL marks a COMMIT done on the primary
+// before its synchronous standby has it, and a backend that ends in that
+// wait (killed, its connection cut) leaves a row the next reader sees and
+// a promoted standby lacks. A replay of a confirm, a cancel, a refund, a
+// transfer, a listing or a cart action (ledger.ErrDuplicate) is answered
+// once ledger.RequestDurable says the row is on the standby; unknown, it
+// is 503 and the client's retry asks again. Purchases and holds check
+// before their give-backs (recorded, take.commit).
+func (s *Service) durable(ctx context.Context, r request, a answer) answer {
+	if !a.replayed || a.durable || a.err != nil {
+		return a
+	}
+	if err := s.ledger.RequestDurable(ctx, r.scope, r.key); err != nil && !errors.Is(err, ledger.ErrNotFound) {
+		s.log.WarnContext(ctx, "replay not known to be on the standby", "err", err)
+		return ansUnavailable
+	}
+	return a
 }

@@ -701,9 +701,15 @@ func (t *take) commit(ctx context.Context, direct bool) (answer, stock.SKU) {
 		// replica, around the gate, or before a Redis re-send). Give back
 		// only what its rows do not stand on; a seat line holds the same
 		// seats under the same owner: they stay, unless that take has
-		// ended since.
+		// ended since. Not before its row is known to be on the
+		// synchronous standby (ledger.RequestDurable): unknown, the stock
+		// stays taken and the client asks again.
+		if derr := s.ledger.RequestDurable(ctx, t.req.scope, t.req.key); derr != nil && !errors.Is(derr, ledger.ErrNotFound) {
+			s.logCommit(ctx, derr)
+			return s.counted(path, ansUnavailable), stock.SKU{}
+		}
 		a := t.answerOf(r)
-		a.replayed = true
+		a.replayed, a.durable = true, true
 		t.settleDuplicate(ctx, a)
 		return a, stock.SKU{}
 	case errors.Is(err, ledger.ErrKeyReused):

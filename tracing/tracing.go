@@ -233,6 +233,14 @@ func StartLinked(ctx context.Context, name string, links []trace.SpanContext, at
 	return (*t).Start(ctx, name, trace.WithNewRoot(), trace.WithLinks(ls...), trace.WithAttributes(attrs...))
 }
 
+// AddLink links span to sc (a batch's span, known only once the batch
+// ran); nothing when either is off or zero.
+func AddLink(span trace.Span, sc trace.SpanContext) {
+	if sc.IsValid() && span.IsRecording() {
+		span.AddLink(trace.Link{SpanContext: sc})
+	}
+}
+
 // End ends span, marking it failed with err when err is not nil.
 func End(span trace.Span, err error) {
 	if err != nil && span.IsRecording() {

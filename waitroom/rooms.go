@@ -943,6 +943,16 @@ func (c *ttlCache[V]) get(ctx context.Context, k keys.ID, load func(context.Cont
 		<-e.done
 		return e.v, e.err
 	}
+	select {
+	case <-e.done:
+		// Loaded already, the common case: no timer for it (this is one
+		// call per purchase at the door).
+		if e.err == nil || errors.Is(e.err, ErrNoRoom) {
+			return e.v, e.err
+		}
+		return e.last.v, e.last.err
+	default:
+	}
 	t := time.NewTimer(staleAfter)
 	defer t.Stop()
 	select {

@@ -22,14 +22,15 @@ import (
 
 // faultsHeading opens the section faultsCmd writes into the benchmark
 // document (replacing it when present, so a suite run keeps it).
-const faultsHeading = "## Redis faults during a sale"
+const faultsHeading = "## Redis and ledger faults during a sale"
 
-// faultsCmd runs the four Redis faults of a sale against a stockgate
-// process (PostgreSQL ledger, a 3+3 cluster of its own per fault) through
-// the load tool, and writes their section of the benchmark document.
+// faultsCmd runs the four Redis faults and the two ledger-link faults of a
+// sale against a stockgate process (PostgreSQL ledger through a fault
+// proxy, a 3+3 cluster of its own per fault) through the load tool, and
+// writes their section of the benchmark document.
 func faultsCmd(args []string) error {
 	fs := flag.NewFlagSet("faults", flag.ExitOnError)
-	out := fs.String("out", "docs/BENCHMARKS.md", "benchmark document whose Redis faults section to write")
+	out := fs.String("out", "docs/BENCHMARKS.md", "benchmark document whose faults section to write")
 	dir := fs.String("dir", ".run/bench", "working directory (the stockgate binary)")
 	_ = fs.Parse(args)
 	ctx := context.Background()
@@ -59,20 +60,20 @@ func faultsCmd(args []string) error {
 }
 
 // fault is one scenario: do starts it at the fault window's start, with
-// the cluster and the first SKU's master; it returns when the fault (and
-// its repair, if the scenario has one) is done, and the moment from which
-// the gates are timed back.
+// the cluster, the first SKU's master and the ledger's link; it returns
+// when the fault (and its repair, if the scenario has one) is done, and
+// the moment from which the gates are timed back.
 type fault struct {
 	name string
-	do   func(ctx context.Context, c *testenv.Cluster, victim *testenv.Node) (from time.Time, err error)
+	do   func(ctx context.Context, c *testenv.Cluster, victim *testenv.Node, link *pgLink) (from time.Time, err error)
 }
 
 var faults = []fault{
-	{"kill -9 of one master of three", func(ctx context.Context, c *testenv.Cluster, v *testenv.Node) (time.Time, error) {
+	{"kill -9 of one master of three", func(ctx context.Context, c *testenv.Cluster, v *testenv.Node, _ *pgLink) (time.Time, error) {
 		v.Kill()
 		return time.Now(), nil
 	}},
-	{"all of Redis down 10 s, restarted empty", func(ctx context.Context, c *testenv.Cluster, v *testenv.Node) (time.Time, error) {
+	{"all of Redis down 10 s, restarted empty", func(ctx context.Context, c *testenv.Cluster, v *testenv.Node, _ *pgLink) (time.Time, error) {
 		for _, n := range c.Nodes {
 			n.Kill()
 		}
@@ -84,7 +85,7 @@ var faults = []fault{
 		}
 		return time.Now(), nil
 	}},
-	{"a quarter of the slots resharded to a new master", func(ctx context.Context, c *testenv.Cluster, v *testenv.Node) (time.Time, error) {
+	{"a quarter of the slots resharded to a new master", func(ctx context.Context, c *testenv.Cluster, v *testenv.Node, _ *pgLink) (time.Time, error) {
 		start := time.Now()
 		n, err := c.AddMaster(ctx)
 		if err != nil {
@@ -92,12 +93,28 @@ var faults = []fault{
 		}
 		return start, c.Reshard(ctx, n, 16384/4)
 	}},
-	{"zombie master: SIGSTOP 5 s (node timeout 2 s), then SIGCONT", func(ctx context.Context, c *testenv.Cluster, v *testenv.Node) (time.Time, error) {
+	{"zombie master: SIGSTOP 5 s (node timeout 2 s), then SIGCONT", func(ctx context.Context, c *testenv.Cluster, v *testenv.Node, _ *pgLink) (time.Time, error) {
 		if err := v.Pause(); err != nil {
 			return time.Time{}, err
 		}
 		time.Sleep(5 * time.Second) // frozen past the node timeout
 		return time.Now(), v.Resume()
+	}},
+	{"PostgreSQL 500 ms slower per round trip for 12 s", func(ctx context.Context, _ *testenv.Cluster, _ *testenv.Node, l *pgLink) (time.Time, error) {
+		if err := l.latency(250 * time.Millisecond); err != nil {
+			return time.Time{}, err
+		}
+		time.Sleep(12 * time.Second) // the scenario's slow spell
+		l.heal(ctx)
+		return time.Now(), nil
+	}},
+	{"link to PostgreSQL black-holed for 10 s", func(ctx context.Context, _ *testenv.Cluster, _ *testenv.Node, l *pgLink) (time.Time, error) {
+		if err := l.cut(); err != nil {
+			return time.Time{}, err
+		}
+		time.Sleep(10 * time.Second) // the scenario's outage
+		l.heal(ctx)
+		return time.Now(), nil
 	}},
 }
 
@@ -127,7 +144,12 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 		return row, err
 	}
 	defer drop()
-	g, err := startGateway(ctx, bin, strings.Join(c.Addrs(), ","), url, "STOCKGATE_DRIFT_EVERY=2s")
+	link, err := newPGLink(url)
+	if err != nil {
+		return row, err
+	}
+	defer link.stop()
+	g, err := startGateway(ctx, bin, strings.Join(c.Addrs(), ","), link.dsn, "STOCKGATE_DRIFT_EVERY=2s")
 	if err != nil {
 		return row, err
 	}
@@ -183,7 +205,7 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 	}
 	over := make(chan done, 1)
 	go func() { // the fault, owned by this run; it ends by itself
-		from, err := f.do(ctx, c, victim)
+		from, err := f.do(ctx, c, victim, link)
 		if err == nil {
 			err = c.WaitHealthy(ctx, 60*time.Second)
 		}
@@ -264,10 +286,12 @@ func faultsDoc(rows []faultRow) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s\n\n", faultsHeading)
 	fmt.Fprintf(&b, "`go run ./cmd/stockbench faults` (%s UTC): each fault on a 3-master + 3-replica cluster of its own "+
-		"(node timeout 2 s), a stockgate process on a fresh PostgreSQL ledger, 100 SKUs of one shard each. Purchases are "+
+		"(node timeout 2 s), a stockgate process on a fresh PostgreSQL ledger reached through a TCP fault proxy (toxiproxy, "+
+		"for the two ledger faults; wait budget 250 ms), 100 SKUs of one shard each. Purchases are "+
 		"sent open loop at half the rate measured closed loop first: 3 s before the fault, 15 s from its start (the fault "+
 		"window), 10 s more. \"Back on its gate\" is from the fault (the restart, for all of Redis) until the cluster is "+
-		"healthy and every SKU's gate serves again (seeded, and rebuilt after every sale around it), polled every "+
+		"healthy and every SKU's gate serves again (seeded, and rebuilt after every sale around it; for a ledger fault, from the "+
+		"link's repair), polled every "+
 		"100 ms under the load; the ledger's sales are counted against the 201s.\n\n",
 		time.Now().UTC().Format("2006-01-02 15:04"))
 	b.WriteString("| fault | req/s | requests | 503 | other answers | p99 in the fault window | every SKU back on its gate | 201s / ledger sold |\n|---|---|---|---|---|---|---|---|\n")

@@ -44,7 +44,7 @@ func copyWithoutVCS(t *testing.T) string {
 	if err != nil {
 		t.Fatalf("go list: %v", err)
 	}
-	files := []string{"go.mod", "go.sum", "client/go.mod"}
+	files := []string{"go.mod", "go.sum", "go.work", "go.work.sum", "client/go.mod"}
 	for dec := json.NewDecoder(strings.NewReader(string(out))); dec.More(); {
 		var p struct {
 			Dir                 string
@@ -55,7 +55,7 @@ func copyWithoutVCS(t *testing.T) string {
 			t.Fatal(err)
 		}
 		if p.Module == nil || !strings.HasPrefix(p.Dir, root+string(filepath.Separator)) {
-			continue // the standard library and the module cache (the client module, replaced by its directory, is here)
+			continue // the standard library and the module cache (the client module, in the workspace, is here)
 		}
 		rel, err := filepath.Rel(root, p.Dir)
 		if err != nil {

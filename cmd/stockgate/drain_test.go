@@ -35,7 +35,10 @@ func TestSIGTERMDrainsUnderLoad(t *testing.T) {
 	c := testenv.SharedCluster(t)
 	const grace = 10 * time.Second
 	srv := startServe(t, "STOCKGATE_REDIS_ADDRS="+strings.Join(c.Addrs(), ","),
-		"STOCKGATE_DRAIN_DELAY=1s", "STOCKGATE_SHUTDOWN_GRACE="+grace.String(), "STOCKGATE_LOG_LEVEL=warn")
+		"STOCKGATE_DRAIN_DELAY=1s", "STOCKGATE_SHUTDOWN_GRACE="+grace.String(), "STOCKGATE_LOG_LEVEL=warn",
+		// A drain, not a shedding test: on a loaded machine the SQLite
+		// ledger's commits outlast production's 250 ms wait budget.
+		"STOCKGATE_LEDGER_WAIT_BUDGET=5s")
 	cmd, exited, logs, base := srv.cmd, srv.exited, &srv.logs, srv.base
 	client := &http.Client{Timeout: 5 * time.Second}
 	get := func(path string) int {

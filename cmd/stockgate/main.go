@@ -69,6 +69,8 @@ type config struct {
 	Primaries      string // name=URL, comma-separated, into Options.Primaries
 	MoveProgram    string // move only: the program
 	MoveTo         string // move only: the primary it goes to
+	SmokeURL       string // smoke only: the gateway's URL
+	SmokeAdminURL  string // smoke only: its admin routes' URL, when they have a listener of their own
 
 	// secrets are the flags that may also be read from the file
 	// STOCKGATE_<FLAG>_FILE names (parse).
@@ -173,6 +175,8 @@ func flags(fs *flag.FlagSet, c *config) {
 	b.dur("place-ttl", &o.PlaceTTL, "PlaceTTL", "how long a replica trusts what it read of a program's primary before reading the directory again")
 	fs.StringVar(&c.MoveProgram, "program", "", "move only: the program to move")
 	fs.StringVar(&c.MoveTo, "to", "", "move only: the primary to move it to")
+	fs.StringVar(&c.SmokeURL, "smoke-url", "", "smoke only: the gateway's URL (in a cluster, its Service's)")
+	fs.StringVar(&c.SmokeAdminURL, "smoke-admin-url", "", "smoke only: the admin routes' URL when -admin-addr gives them a listener of their own (default: -smoke-url)")
 	b.str("admin-token", &o.HTTP.AdminToken, "HTTP.AdminToken", "bearer token for /v1/admin routes (empty: open, local use only)")
 	b.dur("record-ttl", &o.Shard.RecordTTL, "Shard.RecordTTL", "lifetime of a deduction record in Redis")
 	b.dur("sold-out-ttl", &o.Cache.SoldOutTTL, "Cache.SoldOutTTL", "how long a sold-out SKU is answered from memory")
@@ -249,7 +253,7 @@ var ledgerFlags = []string{"ledger-driver", "ledger-dsn", "ledger-max-conns", "l
 
 // oneShot are the flags of migrate and move alone; serve takes every
 // other.
-var oneShot = []string{"schema-down-to", "program", "to"}
+var oneShot = []string{"schema-down-to", "program", "to", "smoke-url", "smoke-admin-url"}
 
 // commands are stockgate's subcommands, in the order usage lists them: the
 // one table run dispatches on and usage prints, so neither can leave one
@@ -261,6 +265,9 @@ var commands = []command{
 	}},
 	{"move", "move a closed program's rows to another primary and exit (docs/OPERATIONS.md, \"Several primaries\")", func(f string) bool {
 		return slices.Contains(ledgerFlags, f) || f == "place-ttl" || f == "program" || f == "to"
+	}},
+	{"smoke", "buy a ticket through a running gateway, refund it and exit (the chart's helm test)", func(f string) bool {
+		return f == "smoke-url" || f == "smoke-admin-url" || f == "admin-token" || f == "log-level"
 	}},
 	{"version", "print the build and exit", func(string) bool { return false }},
 }
@@ -726,6 +733,15 @@ func run(args []string, stderr io.Writer) int {
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lvl}))
 	// go-redis's own notices into the JSON log, not plain text beside it.
 	redis.SetLogger(app.RedisLog{Logger: log})
+	if args[0] == "smoke" {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+		if err := smoke(ctx, c.SmokeURL, cmp.Or(c.SmokeAdminURL, c.SmokeURL), c.HTTP.AdminToken, log); err != nil {
+			log.Error("smoke test failed", "err", err)
+			return 1
+		}
+		return 0
+	}
 	if args[0] == "move" {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 		defer stop()

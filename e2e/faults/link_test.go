@@ -3,6 +3,8 @@ package faults_test
 import (
 	"fmt"
 	"net/http"
+	"runtime"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"testing"
@@ -21,8 +23,9 @@ import (
 // answered as last read); a Redis breaker never opens (the fault is the
 // ledger's); afterwards each refused purchase sent again with its key is
 // sold exactly once (a COMMIT whose reply the cut swallowed answers its
-// order), the ledger, Redis and the answers agree, and the connection
-// pool the fault left behind shrinks back to what a quiet replica holds.
+// order), the ledger, Redis and the answers agree, the connection pool
+// the fault left behind shrinks back to what a quiet replica holds, and
+// no goroutine the cut started is left running.
 func TestFaultLedgerLinkBlackHole(t *testing.T) {
 	systest.FullTier(t)
 	link, dsn := systest.LedgerLink(t, systest.LedgerDSN(t, ledger.Postgres))
@@ -39,6 +42,11 @@ func TestFaultLedgerLinkBlackHole(t *testing.T) {
 	}); got[http.StatusCreated] != before {
 		t.Fatalf("before the cut: %v", got)
 	}
+	// The goroutines of a replica at work, less the test client's idle
+	// connections (each holds some on both ends); the tests of this
+	// package run one at a time, so the count is this one's.
+	e.Client.CloseIdleConnections()
+	base := runtime.NumGoroutine()
 
 	link.Cut(t)
 	var mu sync.Mutex
@@ -61,7 +69,20 @@ func TestFaultLedgerLinkBlackHole(t *testing.T) {
 		}
 		return r
 	})
+	// /readyz follows the ledger: not ready while it takes no writes
+	// (the load balancer sends elsewhere), ready again once it does.
+	ready := func() int { return e.Do(t, http.MethodGet, "/readyz", nil, "").Status }
+	systest.WaitFor(t, 15*time.Second, "/readyz to fail with the ledger's link cut", func() bool {
+		return ready() == http.StatusServiceUnavailable
+	})
+	if w := systest.Counter(t, e.Registry, "stockgate_ledger_writable", map[string]string{"primary": "main"}); w != 0 {
+		t.Errorf("stockgate_ledger_writable = %v with the link cut, want 0", w)
+	}
 	link.Heal(t)
+	systest.WaitFor(t, 15*time.Second, "/readyz to pass once the link heals", func() bool { return ready() == http.StatusOK })
+	if w := systest.Counter(t, e.Registry, "stockgate_ledger_writable", map[string]string{"primary": "main"}); w != 1 {
+		t.Errorf("stockgate_ledger_writable = %v once the link healed, want 1", w)
+	}
 	t.Logf("with the link cut: %v %v, the slowest answered in %v", cut, kinds, slowest.Round(time.Millisecond))
 	if cut[http.StatusServiceUnavailable] != during || noRetryAfter != 0 {
 		t.Errorf("with the link cut: answers %v, %d 503s without Retry-After; want %d x 503 with it", cut, noRetryAfter, during)
@@ -121,5 +142,18 @@ func TestFaultLedgerLinkBlackHole(t *testing.T) {
 	t.Logf("ledger connections: %v at most in a burst of slow reads, %v when quiet (%v closed idle)", peak, open(), closedIdle)
 	if n := open(); n > 2 {
 		t.Errorf("%v ledger connections open 30s after the fault on a quiet replica, want at most 2", n)
+	}
+
+	// Nothing the cut started is left running: every request that waited
+	// on the silent link, its batch, its retries and its timers ended.
+	e.Client.CloseIdleConnections()
+	for deadline := time.Now().Add(30 * time.Second); runtime.NumGoroutine() > base+2 && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("goroutines: %d before the cut, %d after it", base, runtime.NumGoroutine())
+	if n := runtime.NumGoroutine(); n > base+2 {
+		var stacks strings.Builder
+		_ = pprof.Lookup("goroutine").WriteTo(&stacks, 1)
+		t.Errorf("%d goroutines 30 s after the cut, %d before it:\n%s", n, base, stacks.String())
 	}
 }

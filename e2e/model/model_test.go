@@ -53,13 +53,14 @@ import (
 // A failure names its seed; STOCKGATE_MODEL_SEED=<seed> replays its
 // sequence (as far as timing lets it: which holds have expired steers the
 // choices), STOCKGATE_MODEL_STEPS sets the steps per ledger (default
-// 200, which keeps make test within its time on 2 cores beside
-// TestModelConcurrent's 5,000 operations a shape; more find more),
+// 150, which keeps make test within its time on 2 cores beside
+// TestModelConcurrent's 5,000 operations a shape, which covers every
+// operation too; more find more),
 // and STOCKGATE_MODEL_TRACE=1 logs every request and its answer.
 func TestModel(t *testing.T) {
 	systest.FullTier(t)
 	t.Parallel() // its own cluster and ledgers: it overlaps the other long tests
-	steps, seed := runOf(200, 1)
+	steps, seed := runOf(150, 1)
 	systest.EachShape(t, func(t *testing.T, shape string) {
 		t.Logf("seed %d: STOCKGATE_MODEL_SEED=%d go test -run 'TestModel/%s' ./e2e/model reproduces it", seed, seed, shape)
 		m := newModel(t, shape, seed)

@@ -21,8 +21,11 @@ import (
 )
 
 // nodeSale is a steady sale over 100 one-shard SKUs (a third of them on
-// each master), on a 3+3 cluster of the test's own, sent open-loop at
-// half the rate the gateway was measured to commit on this machine.
+// each master), on a 3+3 cluster of the test's own, sent open-loop at a
+// third of the rate the gateway was measured to commit on this machine:
+// the measure takes 2 s, and make test's other packages can take more of
+// the cores afterwards (at half, a SQLite run with all of Redis down shed
+// 1.8 % in a loaded run).
 type nodeSale struct {
 	t     *testing.T
 	e     *systest.Env
@@ -56,8 +59,8 @@ func newNodeSale(t *testing.T, driver string, tune func(*app.Options)) *nodeSale
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.rate = max(int(float64(r.Count(http.StatusCreated))/r.Elapsed.Seconds()/2), 20)
-	t.Logf("measured %.0f purchases/s committed (%s); the sale runs at half: %d/s", float64(r.Count(http.StatusCreated))/r.Elapsed.Seconds(), r.CodesString(), s.rate)
+	s.rate = max(int(float64(r.Count(http.StatusCreated))/r.Elapsed.Seconds()/3), 20)
+	t.Logf("measured %.0f purchases/s committed (%s); the sale runs at a third: %d/s", float64(r.Count(http.StatusCreated))/r.Elapsed.Seconds(), r.CodesString(), s.rate)
 	return s
 }
 

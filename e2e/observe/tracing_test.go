@@ -18,12 +18,12 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/client/webhook"
 	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
 	"github.com/stockgate/stockgate/tracing"
-	"github.com/stockgate/stockgate/webhook"
 )
 
 // otlpReceiver is a collector's OTLP/HTTP endpoint: it decodes what the
@@ -79,9 +79,11 @@ func (r *otlpReceiver) named(name string) []*tracepb.Span {
 
 // With the standard OTEL_* variables naming a collector, a purchase that
 // arrives with a W3C traceparent continues that trace: its request span is
-// the caller's child, the gate call is the request's child, the ledger
-// batch that commits it links to the request, and the webhook delivery of
-// its event is a span whose traceparent goes out to the receiver.
+// the caller's child, the gate call and its commit (its wait for and part
+// in a ledger batch) are the request's children, the ledger batch that
+// commits it and that commit span link to each other, and the webhook delivery of
+// its event is a span whose traceparent goes out to the receiver; the
+// batch's SQL statements and COMMIT are spans of the batch.
 func TestTracingFollowsAPurchase(t *testing.T) {
 	recv := &otlpReceiver{}
 	collector := httptest.NewServer(recv)
@@ -120,7 +122,7 @@ func TestTracingFollowsAPurchase(t *testing.T) {
 		t.Fatalf("purchase = %d %s", r.Status, r.Body)
 	}
 
-	var request, deduct, batch, deliver *tracepb.Span
+	var request, deduct, commit, batch, deliver *tracepb.Span
 	systest.WaitFor(t, 20*time.Second, "the purchase's spans and its webhook delivery's", func() bool {
 		request, deduct, batch, deliver = nil, nil, nil, nil
 		for _, s := range recv.named("POST /v1/skus/:program/:ticket/purchases") {
@@ -136,9 +138,18 @@ func TestTracingFollowsAPurchase(t *testing.T) {
 				deduct = s
 			}
 		}
+		commit = nil
+		for _, s := range recv.named("ledger.commit takes") {
+			if bytes.Equal(s.ParentSpanId, request.SpanId) && bytes.Equal(s.TraceId, request.TraceId) {
+				commit = s
+			}
+		}
+		if commit == nil {
+			return false
+		}
 		for _, s := range recv.named("ledger.batch takes") {
 			for _, l := range s.Links {
-				if bytes.Equal(l.SpanId, request.SpanId) && bytes.Equal(l.TraceId, request.TraceId) {
+				if bytes.Equal(l.SpanId, commit.SpanId) && bytes.Equal(l.TraceId, commit.TraceId) {
 					batch = s
 				}
 			}
@@ -153,8 +164,28 @@ func TestTracingFollowsAPurchase(t *testing.T) {
 				}
 			}
 		}
-		return deduct != nil && batch != nil && deliver != nil
+		return deduct != nil && batch != nil && deliver != nil && len(sqlUnder(recv, batch)) > 0
 	})
+	// The request's commit span links back to the batch that committed it.
+	back := false
+	for _, l := range commit.Links {
+		back = back || bytes.Equal(l.SpanId, batch.SpanId) && bytes.Equal(l.TraceId, batch.TraceId)
+	}
+	if !back {
+		t.Errorf("the request's ledger.commit span links to %v, not to its batch", commit.Links)
+	}
+	// The batch's SQL, each statement and its COMMIT a span of the batch
+	// (otelpgx).
+	var names []string
+	sawCommit := false
+	for _, s := range sqlUnder(recv, batch) {
+		names = append(names, s.Name)
+		sawCommit = sawCommit || strings.Contains(strings.ToUpper(s.Name), "COMMIT")
+	}
+	if !sawCommit {
+		t.Errorf("the ledger batch's SQL spans %v: no COMMIT among them", names)
+	}
+	t.Logf("the ledger batch's SQL spans: %v", names)
 	if got := hex.EncodeToString(request.ParentSpanId); got != callerSpan {
 		t.Errorf("request span's parent = %s, want the caller's %s", got, callerSpan)
 	}
@@ -168,4 +199,24 @@ func TestTracingFollowsAPurchase(t *testing.T) {
 	if !strings.Contains(attrs["http.response.status_code"], "201") || !strings.Contains(attrs["http.route"], "/purchases") {
 		t.Errorf("request span attributes %v", attrs)
 	}
+}
+
+// sqlUnder is the spans of statements (otelpgx's, a db.system attribute)
+// whose parent is span.
+func sqlUnder(recv *otlpReceiver, span *tracepb.Span) []*tracepb.Span {
+	recv.mu.Lock()
+	defer recv.mu.Unlock()
+	var out []*tracepb.Span
+	for _, s := range recv.spans {
+		if !bytes.Equal(s.ParentSpanId, span.SpanId) || !bytes.Equal(s.TraceId, span.TraceId) {
+			continue
+		}
+		for _, a := range s.Attributes {
+			if strings.HasPrefix(a.Key, "db.system") {
+				out = append(out, s)
+				break
+			}
+		}
+	}
+	return out
 }

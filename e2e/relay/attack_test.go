@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/client/webhook"
 	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/ledger"
-	"github.com/stockgate/stockgate/webhook"
 )
 
 // idReceiver records the webhook-id of every delivery it accepts; down,

@@ -13,11 +13,11 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/client/webhook"
 	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
-	"github.com/stockgate/stockgate/webhook"
 )
 
 // hookReceiver is a platform's webhook endpoint: it verifies each

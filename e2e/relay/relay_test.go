@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/client/webhook"
 	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/ledger"
-	"github.com/stockgate/stockgate/webhook"
 )
 
 // The relay's admin routes: a sink's figures, its dead letters, a

@@ -70,13 +70,7 @@ func seatStates(t *testing.T, e *systest.Env, sku stock.SKU) (string, string) {
 	for _, s := range all {
 		b.WriteString(s.State[:1])
 	}
-	r := e.Do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats/check", nil, "")
-	var check struct {
-		Differed []string `json:"differed"`
-	}
-	if r.Status != http.StatusOK || json.Unmarshal(r.Body, &check) != nil {
-		t.Fatalf("seat check = %d %s", r.Status, r.Body)
-	}
+	check := e.SeatCheck(t, sku)
 	return b.String(), strings.Join(check.Differed, ",")
 }
 

@@ -53,10 +53,16 @@ func TestRateLimitSharedByReplicas(t *testing.T) {
 	if limited < 30 {
 		t.Errorf("%d of 60 requests to two replicas limited, want at least 30 (one budget for the client)", limited)
 	}
+	// A budget call that Redis doesn't answer within the limiter's 50 ms
+	// is decided by the replica's own bucket, by design: on a busy 2-core
+	// machine one in 60 did (CI, 2026-11-29). The 30 limited above is what
+	// shows one shared budget; the local ones must stay a rare exception.
+	local := 0.0
 	for _, e := range []*systest.Env{a, b} {
-		if n := systest.Counter(t, e.Registry, "stockgate_http_rate_local_total", nil); n != 0 {
-			t.Errorf("%v decisions made by a replica's own limiter with Redis up", n)
-		}
+		local += systest.Counter(t, e.Registry, "stockgate_http_rate_local_total", nil)
+	}
+	if local > 3 {
+		t.Errorf("%v of 60 decisions made by a replica's own limiter with Redis up, want at most 3", local)
 	}
 
 	for _, n := range c.Nodes {

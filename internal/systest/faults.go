@@ -3,8 +3,10 @@ package systest
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"strings"
@@ -174,4 +176,22 @@ func PlaceOnSecond(t *testing.T, e *Env, program keys.ID) {
 	if err := e.Ledger.Place(context.Background(), program, PrimaryName(0)); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// SeatCheck runs the admin seat check of sku (it repairs what differs)
+// and returns what it found. A check needs Redis: answered 503 while a
+// breaker is open (a busy machine's Redis timeout in a race), it is asked
+// again until the breaker lets it through.
+func (e *Env) SeatCheck(t *testing.T, sku stock.SKU) sale.SeatCheck {
+	t.Helper()
+	var r Reply
+	WaitFor(t, 30*time.Second, "a seat check past an open breaker", func() bool {
+		r = e.Do(t, http.MethodPost, AdminPath(sku)+"/seats/check", nil, "")
+		return r.Status != http.StatusServiceUnavailable
+	})
+	var check sale.SeatCheck
+	if err := json.Unmarshal(r.Body, &check); err != nil || r.Status != http.StatusOK {
+		t.Fatalf("seat check = %d %s", r.Status, r.Body)
+	}
+	return check
 }

@@ -1,14 +1,17 @@
 package systest
 
 import (
+	"bytes"
 	"fmt"
 	"net"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/Shopify/toxiproxy/v2/toxics"
 	"github.com/rs/zerolog"
 )
 
@@ -79,5 +82,63 @@ func (l *Link) add(t *testing.T, spec string) {
 	t.Helper()
 	if _, err := l.p.Toxics.AddToxicJson(strings.NewReader(spec)); err != nil {
 		t.Fatalf("link fault %s: %v", spec, err)
+	}
+}
+
+// LoseCommitReplies lets the next skip COMMIT replies that cross the link
+// pass, then drops PostgreSQL's reply to the n after them, closing each
+// one's connection: the server committed and the replica never hears so,
+// the one fault after which only the request's key can tell what
+// happened. It returns the count of replies dropped so far.
+func (l *Link) LoseCommitReplies(t *testing.T, skip, n int) (lost func() int) {
+	t.Helper()
+	w, err := l.p.Toxics.AddToxicJson(strings.NewReader(fmt.Sprintf(
+		`{"name":"commit_lost","type":"commit_lost","stream":"downstream","attributes":{"skip":%d,"count":%d}}`, skip, n)))
+	if err != nil {
+		t.Fatalf("link fault commit_lost: %v", err)
+	}
+	c := w.Toxic.(*commitLost)
+	return func() int { return int(c.lost.Load()) }
+}
+
+func init() { toxics.Register("commit_lost", new(commitLost)) }
+
+// commitTag is the end of PostgreSQL's CommandComplete for COMMIT (a 'C'
+// message, its length, "COMMIT" and its NUL), as the server sends it.
+var commitTag = []byte("\x00\x00\x00\x0bCOMMIT\x00")
+
+// commitLost is a toxiproxy toxic for a server's replies: past the first
+// Skip COMMIT replies, the chunk holding each of the next Count is
+// dropped and its connection closed. One instance serves every
+// connection of the link.
+type commitLost struct {
+	Skip  int64 `json:"skip"`
+	Count int64 `json:"count"`
+	seen  atomic.Int64
+	lost  atomic.Int64
+}
+
+func (c *commitLost) Pipe(stub *toxics.ToxicStub) {
+	var tail []byte // a tag split across two chunks is found too
+	for {
+		select {
+		case <-stub.Interrupt:
+			return
+		case chunk := <-stub.Input:
+			if chunk == nil {
+				stub.Close()
+				return
+			}
+			buf := append(tail, chunk.Data...)
+			if bytes.Contains(buf, commitTag) {
+				if k := c.seen.Add(1); k > c.Skip && k <= c.Skip+c.Count {
+					c.lost.Add(1)
+					stub.Close() // the reply is dropped, the connection ends
+					return
+				}
+			}
+			tail = append([]byte(nil), buf[max(0, len(buf)-len(commitTag)+1):]...)
+			stub.Output <- chunk
+		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	"golang.org/x/time/rate"
 
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
@@ -27,7 +28,8 @@ type FlashSale struct {
 	sku     stock.SKU
 	total   int64
 	started time.Time
-	who     string // prefix of its keys and buyers (StartSaleAs)
+	who     string        // prefix of its keys and buyers (StartSaleAs)
+	pace    *rate.Limiter // new purchases a second, all workers together (nil: as fast as they go)
 
 	mu       sync.Mutex
 	counts   map[int]int
@@ -51,13 +53,48 @@ func StartSale(t *testing.T, envs []*Env, sku stock.SKU, total int64, workers in
 // StartSaleAs is StartSale with keys and buyers of its own (each begins
 // with who): two sales at once on one ledger.
 func StartSaleAs(t *testing.T, envs []*Env, sku stock.SKU, total int64, workers int, who string) *FlashSale {
-	s := &FlashSale{t: t, envs: envs, sku: sku, total: total, started: time.Now(), who: who,
+	return startSale(t, envs, sku, total, workers, who, nil)
+}
+
+// StartSalePaced is StartSale with the workers starting at most perSec new
+// purchases a second between them (a retry of a 503 is not a new one): a
+// fault test whose faults take their own time (a failover) sells no more
+// than it needs to land each fault mid-sale, and spends the machine's CPU
+// on the faults, not on a sale at full speed beside them.
+func StartSalePaced(t *testing.T, envs []*Env, sku stock.SKU, total int64, workers int, perSec float64) *FlashSale {
+	return startSale(t, envs, sku, total, workers, "", rate.NewLimiter(rate.Limit(perSec), 1))
+}
+
+func startSale(t *testing.T, envs []*Env, sku stock.SKU, total int64, workers int, who string, pace *rate.Limiter) *FlashSale {
+	s := &FlashSale{t: t, envs: envs, sku: sku, total: total, started: time.Now(), who: who, pace: pace,
 		counts: map[int]int{}, orders: map[string]string{}, pending: map[string]bool{}, stop: make(chan struct{})}
 	for w := range workers {
 		s.wg.Go(func() { s.worker(w) })
 	}
 	t.Cleanup(s.halt)
 	return s
+}
+
+// Unpace lets a paced sale's workers go as fast as they can: the faults
+// are over, the rest only needs selling.
+func (s *FlashSale) Unpace() {
+	if s.pace != nil {
+		s.pace.SetLimit(rate.Inf)
+	}
+}
+
+// paced waits for the pace's next purchase; false when the sale stops.
+func (s *FlashSale) paced() bool {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-s.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return s.pace.Wait(ctx) == nil
 }
 
 func (s *FlashSale) stopped() bool {
@@ -72,6 +109,9 @@ func (s *FlashSale) stopped() bool {
 func (s *FlashSale) worker(w int) {
 	e := s.envs[w%len(s.envs)]
 	for n := 0; !s.stopped(); n++ {
+		if s.pace != nil && !s.paced() {
+			return
+		}
 		key := fmt.Sprintf("%sw%d-%d", s.who, w, n)
 		call := time.Since(s.started).Nanoseconds()
 		for {
@@ -249,4 +289,27 @@ func (s *FlashSale) Counts() map[int]int {
 		out[k] = v
 	}
 	return out
+}
+
+// Lost stops the workers and returns the keys answered 201 whose order
+// the ledger does not have (under the key, with the id answered): sales
+// an asynchronous failover dropped. A read error fails the test.
+func (s *FlashSale) Lost() []string {
+	s.t.Helper()
+	s.halt()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var lost []string
+	for key, id := range s.orders {
+		o, err := OrderOf(context.Background(), s.envs[0].Ledger, s.buyerOf(key), key)
+		switch {
+		case errors.Is(err, ledger.ErrNotFound):
+			lost = append(lost, key)
+		case err != nil:
+			s.t.Fatal(err)
+		case o.ID.String() != id:
+			s.t.Errorf("201 for key %s order %s; ledger has %s under it", key, id, o.ID)
+		}
+	}
+	return lost
 }

@@ -5,7 +5,8 @@
 // base64 HMAC-SHA256 of "id.timestamp.body" under the secret; several,
 // space-separated, while a secret is being rotated).
 //
-// A receiver in Go:
+// It is in the client module (standard library only), so a receiver
+// depends on nothing of the server's. A receiver in Go:
 //
 //	v, err := webhook.NewVerifier(secret)
 //	...
@@ -23,6 +24,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/stockgate/stockgate/client"
 )
 
 // Header names.
@@ -136,3 +139,8 @@ func (v *Verifier) Verify(h http.Header, body []byte, now time.Time) error {
 	}
 	return ErrSignature
 }
+
+// Event is an event as a delivery's body carries it: the client's type,
+// the one wire shape of an event (relay streams and GET /v1/admin/events
+// carry it too). A receiver decodes the body into it after Verify.
+type Event = client.Event

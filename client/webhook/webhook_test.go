@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stockgate/stockgate/webhook"
+	"github.com/stockgate/stockgate/client/webhook"
 )
 
 // The Standard Webhooks reference vector: a receiver using any library of

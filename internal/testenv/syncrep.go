@@ -1,0 +1,78 @@
+package testenv
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// SetSyncStandby sets the server's synchronous_standby_names to names
+// through db (a superuser's connection to a server of the test's own)
+// and returns once commits follow it: with names set, a probe write's
+// COMMIT waits for the standby (its backend is then ended); with none,
+// a probe commits. A reload reaches the process that decides whether
+// commits wait (the checkpointer) in its own time, later on a busy
+// machine, so a test that acted straight after pg_reload_conf raced it.
+func SetSyncStandby(ctx context.Context, db *sql.DB, names string) error {
+	// The probe's table first: created once the setting is in force, its
+	// own COMMIT would wait for the standby for ever.
+	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS sync_probe (at bigint)`); err != nil {
+		return err
+	}
+	if _, err := db.ExecContext(ctx, `ALTER SYSTEM SET synchronous_standby_names = '`+names+`'`); err != nil {
+		return err
+	}
+	if _, err := db.ExecContext(ctx, `SELECT pg_reload_conf()`); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		waits, err := probeWaits(ctx, db)
+		if err != nil {
+			return err
+		}
+		if waits == (names != "") {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond) // the reload still on its way
+	}
+	return fmt.Errorf("synchronous_standby_names = %q not in force within 30 s", names)
+}
+
+// probeWaits writes a row and reports whether its COMMIT waited for a
+// synchronous standby (seen in pg_stat_activity; the waiting backend is
+// ended, its row committed locally) or committed within 2 s.
+func probeWaits(ctx context.Context, db *sql.DB) (bool, error) {
+	pctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := db.ExecContext(pctx, `INSERT INTO sync_probe VALUES ($1)`, time.Now().UnixNano())
+		done <- err
+	}()
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); {
+		select {
+		case err := <-done:
+			return false, err
+		case <-time.After(20 * time.Millisecond):
+		}
+		var n int
+		if err := db.QueryRowContext(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+			WHERE wait_event = 'SyncRep' AND query LIKE 'INSERT INTO sync_probe%'`).Scan(&n); err != nil {
+			return false, err
+		}
+		if n > 0 {
+			if err := <-done; err == nil {
+				return false, errors.New("a probe ended in its wait for the standby reported no error")
+			}
+			return true, nil
+		}
+	}
+	cancel()
+	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+		return false, nil // slower than 2 s without a standby's wait: ask again
+	}
+	return false, nil
+}

@@ -1,0 +1,86 @@
+package ledger
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// ErrReadOnly is Health's answer for a PostgreSQL server that takes no
+// writes: a standby (the old primary after a failover, or a DSN naming a
+// replica) or one set read-only.
+var ErrReadOnly = errors.New("ledger: the server takes no writes")
+
+// Durability is what a COMMIT the ledger acknowledges survives.
+type Durability struct {
+	// Synchronous: PostgreSQL waits for a standby to have each commit
+	// (synchronous_standby_names set, synchronous_commit on, remote_write
+	// or remote_apply), so a failover to that standby loses none. False
+	// on SQLite and on a primary without a synchronous standby: a
+	// failover may lose acknowledged commits.
+	Synchronous bool
+	Standbys    string // synchronous_standby_names
+	Commit      string // synchronous_commit
+}
+
+// healthDB is the one connection Health asks through, apart from the
+// pool: a check queued behind a busy pool's writers (or a slow link's)
+// said "no answer" of a ledger that was selling, and took every replica
+// out of the load balancer at the peak.
+type healthDB struct {
+	once sync.Once
+	db   *sql.DB
+	err  error
+}
+
+// Health reports whether the ledger can take writes now (nil, or why
+// not: the server unreachable, or ErrReadOnly) and what its commits
+// survive, in one round trip on a connection of its own; it writes
+// nothing. SQLite is a file in this process: as writable as its disk,
+// which a write's own error tells, so it is always nil here (a check
+// would queue behind the one connection's writers).
+func (l *Ledger) Health(ctx context.Context) (Durability, error) {
+	if l.driver != Postgres {
+		return Durability{}, nil
+	}
+	l.health.once.Do(func() {
+		l.health.db, l.health.err = openPostgres(l.dsn)
+		if l.health.err == nil {
+			l.health.db.SetMaxOpenConns(1)
+			l.health.db.SetMaxIdleConns(1)
+			l.health.db.SetConnMaxLifetime(time.Hour)
+		}
+	})
+	if l.health.err != nil {
+		return Durability{}, fmt.Errorf("ledger: health: %w", l.health.err)
+	}
+	var d Durability
+	var standby bool
+	var readOnly string
+	if err := l.health.db.QueryRowContext(ctx, `SELECT pg_is_in_recovery(), current_setting('transaction_read_only'),
+		current_setting('synchronous_standby_names'), current_setting('synchronous_commit')`).
+		Scan(&standby, &readOnly, &d.Standbys, &d.Commit); err != nil {
+		return d, fmt.Errorf("ledger: health: %w", err)
+	}
+	switch {
+	case standby:
+		return d, fmt.Errorf("%w: a standby (in recovery)", ErrReadOnly)
+	case readOnly == "on":
+		return d, fmt.Errorf("%w: transaction_read_only is on", ErrReadOnly)
+	}
+	switch d.Commit {
+	case "on", "remote_write", "remote_apply":
+		d.Synchronous = d.Standbys != ""
+	}
+	return d, nil
+}
+
+func (h *healthDB) close() error {
+	if h.db == nil {
+		return nil
+	}
+	return h.db.Close()
+}

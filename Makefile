@@ -145,7 +145,7 @@ lint: deps-golangci-lint
 
 # The slowest packages, named first so that go test starts them first and
 # none of them runs alone at the end.
-SLOW_PKGS := ./e2e/model ./e2e/nodefaults ./ledger ./e2e/waitroom ./deploy ./relay ./e2e/faults ./cmd/stockgate
+SLOW_PKGS := ./e2e/faults ./e2e/model ./ledger ./e2e/nodefaults ./e2e/waitroom ./deploy ./relay ./cmd/stockgate
 
 # Everything, with the race detector, against real servers the tests start:
 # the linters first (go vet's analyzers among them); then every package as

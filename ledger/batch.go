@@ -53,10 +53,3 @@ func insertOrders(ctx context.Context, tx *sql.Tx, orders []Order) (map[keys.ID]
 	}
 	return inserted, nil
 }
-
-func b2i(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}

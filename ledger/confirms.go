@@ -209,7 +209,7 @@ func (l *Ledger) tryConfirms(ctx context.Context, orders []Order, live []int, se
 		if !updated[sku] {
 			// Fewer held than the live holds of the SKU add up to: the
 			// ledger disagrees with itself, which no retry mends.
-			r.end(ctx, false)
+			_ = r.end(ctx, false) // the failure returned says more than the rollback's
 			return nil, notCommitted("confirm batch", fmt.Errorf("%s holds fewer than %d", sku, sums[sku]))
 		}
 	}

@@ -46,14 +46,6 @@ const (
 	eventPartitionCount = 64
 )
 
-// EventTypes lists every type an event may have.
-func EventTypes() []string {
-	return []string{EventOrderCreated, EventOrderRefunded, EventHoldCreated, EventHoldConfirmed, EventHoldCancelled,
-		EventHoldExpired, EventSaleSoldOut, EventSaleEnded, EventPoolMoved, EventOfferMade, EventOfferExpired,
-		EventWaitlistJoined, EventWaitlistLeft, EventOrderTransferred, EventHoldExtended, EventHoldReleased,
-		EventListingCreated, EventListingSold, EventListingWithdrawn}
-}
-
 // Event is one change of state, as the outbox keeps it.
 type Event struct {
 	// Seq orders events: within one SKU, in the order their transactions

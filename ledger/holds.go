@@ -863,12 +863,6 @@ func (l *Ledger) SetProgram(ctx context.Context, p Program) error {
 	return nil
 }
 
-// ProgramCap is a program's per-buyer cap; 0 when it has none.
-func (l *Ledger) ProgramCap(ctx context.Context, program keys.ID) (int64, error) {
-	p, err := l.Program(ctx, program)
-	return p.PerBuyer, err
-}
-
 // Program is a program's settings; all zero when it has none.
 func (l *Ledger) Program(ctx context.Context, program keys.ID) (Program, error) {
 	p := Program{ID: program}

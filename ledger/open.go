@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
 	"github.com/stockgate/stockgate/internal/opt"
 	"github.com/stockgate/stockgate/tracing"
 )
@@ -84,7 +85,7 @@ func open(ctx context.Context, opts Options, build schemaSteps) (*Ledger, error)
 		db, release, err = openSQLite(opts.DSN)
 		if err == nil {
 			if err = connectSQLite(ctx, db); err != nil {
-				release()
+				_ = release() // the connect error is the one to report
 			}
 		}
 	case Postgres:
@@ -134,17 +135,17 @@ func open(ctx context.Context, opts Options, build schemaSteps) (*Ledger, error)
 		}
 		for _, c := range cs {
 			if err := opts.Metrics.Register(c); err != nil {
-				release()
+				_ = release() // the registration error is the one to report
 				return nil, fmt.Errorf("ledger: metrics: %w", err)
 			}
 		}
 	}
 	if err := l.migrateRetrying(ctx, build, !opts.NoMigrate); err != nil {
-		release()
+		_ = release() // the migration error is the one to report
 		return nil, err
 	}
 	if err := l.db.QueryRowContext(ctx, `SELECT id FROM ledger_identity`).Scan(&l.id); err != nil {
-		release()
+		_ = release() // the identity error is the one to report
 		return nil, fmt.Errorf("ledger: identity: %w", err)
 	}
 	return l, nil

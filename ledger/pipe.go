@@ -198,7 +198,7 @@ func (r *sqliteRunner) run(ctx context.Context, steps []step) error {
 			// Inside the transaction: prepared on its connection, for it.
 			p, err := r.tx.PrepareContext(ctx, s.sql)
 			if err != nil {
-				r.end(ctx, false)
+				_ = r.end(ctx, false) // the failure returned says more than the rollback's
 				return fmt.Errorf("prepare statement %d: %w", i+1, err)
 			}
 			st = p
@@ -216,7 +216,7 @@ func (r *sqliteRunner) run(ctx context.Context, steps []step) error {
 			}
 		}
 		if err != nil {
-			r.end(ctx, false)
+			_ = r.end(ctx, false) // the failure returned says more than the rollback's
 			return fmt.Errorf("statement %d: %w", i+1, err)
 		}
 	}

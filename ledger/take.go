@@ -539,7 +539,7 @@ func (b *takeBatch) attempt(ctx context.Context, live []int, careful bool) (out 
 			kept = slices.DeleteFunc(kept, func(i int) bool { return dup[i] })
 			lines = slices.DeleteFunc(lines, func(ln tline) bool { return dup[ln.take] })
 			if len(kept) == 0 {
-				r.end(ctx, false)
+				_ = r.end(ctx, false) // the failure returned says more than the rollback's
 				return attemptOut{committed: true, dups: out.dups}, nil
 			}
 		}
@@ -549,7 +549,7 @@ func (b *takeBatch) attempt(ctx context.Context, live []int, careful bool) (out 
 			lines = slices.DeleteFunc(lines, func(ln tline) bool { return refused[ln.take] })
 		}
 		if len(kept) == 0 {
-			r.end(ctx, false)
+			_ = r.end(ctx, false) // the failure returned says more than the rollback's
 			return attemptOut{committed: true, dups: out.dups}, nil
 		}
 	}
@@ -885,7 +885,7 @@ func buyerRows(lines []tline) []buyerRow {
 	}
 	names := slices.SortedFunc(maps.Keys(units), func(a, b buyerName) int {
 		// Ticket rows before program rows (an empty ticket), then by name.
-		if c := cmp.Compare(b2i(a.ticket.IsZero()), b2i(b.ticket.IsZero())); c != 0 {
+		if c := cmp.Compare(boolInt(a.ticket.IsZero()), boolInt(b.ticket.IsZero())); c != 0 {
 			return c
 		}
 		if c := a.program.Compare(b.program); c != 0 {

@@ -52,7 +52,7 @@ func (t *take) takeBudgets(ctx context.Context) (answer, bool) {
 	if !t.lines[0].w.hold {
 		return answer{}, true
 	}
-	program := t.lines[0].w.sku.Program
+	program := t.program()
 	p, err := s.programs.Get(ctx, program)
 	if err != nil {
 		s.log.ErrorContext(ctx, "load program", "program", program.String(), "err", err)

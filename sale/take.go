@@ -56,6 +56,9 @@ type take struct {
 	budgets []budgetEntry
 }
 
+// program is the take's program: every line of a take is of one.
+func (t *take) program() keys.ID { return t.lines[0].w.sku.Program }
+
 // line is one ticket of a take, and what this attempt took of it.
 type line struct {
 	w    want     // its stock (a pool's for a pool line), units and request (its gate records)
@@ -109,7 +112,7 @@ const takeAttempts = 3
 func (t *take) run(ctx context.Context) answer {
 	s := t.s
 	if t.cart {
-		lease, err := s.locker.Acquire(ctx, keys.Lock(t.lines[0].w.sku.Program, t.req.gateID(), lockCart), s.opts.ReseedWait)
+		lease, err := s.locker.Acquire(ctx, keys.Lock(t.program(), t.req.gateID(), lockCart), s.opts.ReseedWait)
 		switch {
 		case errors.Is(err, lock.ErrBusy):
 			return ansUnavailable // the other copy is still at it: retry with the same key
@@ -646,7 +649,7 @@ func (t *take) ledgerTake(direct bool) ledger.Take {
 		orders[0].Req = t.req.ledger()
 		return ledger.PurchaseTake(orders[0])
 	}
-	return ledger.CartTake(ledger.Cart{Program: t.lines[0].w.sku.Program, Buyer: t.lines[0].w.buyer, Orders: orders, Holds: holds,
+	return ledger.CartTake(ledger.Cart{Program: t.program(), Buyer: t.lines[0].w.buyer, Orders: orders, Holds: holds,
 		Req: t.req.ledger()})
 }
 

@@ -673,7 +673,7 @@ func (s *Rooms) RunPacer(ctx context.Context) {
 	}
 	defer func() {
 		if lease != nil {
-			lease.Release(context.WithoutCancel(ctx))
+			_ = lease.Release(context.WithoutCancel(ctx)) // an unreleased lease lapses at its TTL
 		}
 	}()
 	var tried, listed time.Time

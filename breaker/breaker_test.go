@@ -69,7 +69,7 @@ stockgate_breaker_transitions_total{breaker="redis",from="half-open",to="open"} 
 stockgate_breaker_transitions_total{breaker="redis",from="open",to="half-open"} 0
 `, "stockgate_breaker_rejected_total", "stockgate_breaker_transitions_total")
 	// Recovery: half-open after OpenFor, closed after Probes successes.
-	time.Sleep(60 * time.Millisecond)
+	time.Sleep(60 * time.Millisecond) // time under test: OpenFor (50 ms) lapses
 	for range 2 {
 		if err := b.Do(ctx, fails(nil)); err != nil {
 			t.Fatal(err)
@@ -100,7 +100,7 @@ func TestCancellationsNeitherTripNorStick(t *testing.T) {
 	for range 3 {
 		_ = b.Do(context.Background(), fails(errRedis))
 	}
-	time.Sleep(60 * time.Millisecond)
+	time.Sleep(60 * time.Millisecond) // time under test: OpenFor (50 ms) lapses
 	// Half-open with 2 probes: many cancelled probes in a row.
 	for range 100 {
 		err := b.Do(cancelled, func(ctx context.Context) error { return ctx.Err() })
@@ -146,12 +146,12 @@ func TestOnChangeGivesTheCause(t *testing.T) {
 	_ = b.Do(context.Background(), fails(errRedis))
 	_ = b.Do(context.Background(), fails(errTimeout)) // closed → open
 	for b.State() != breaker.HalfOpen {
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // poll interval: until OpenFor (20 ms) lapses
 	}
 	_ = b.Do(cancelled, func(ctx context.Context) error { return ctx.Err() })
 	_ = b.Do(context.Background(), fails(errRedis)) // half-open → open
 	for b.State() != breaker.HalfOpen {
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // poll interval: until OpenFor (20 ms) lapses
 	}
 	_ = b.Do(context.Background(), fails(nil)) // half-open → closed
 	want := []change{
@@ -268,7 +268,7 @@ func TestSetForgetsANodeNoCallNames(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("state %v 10s after the last call, want closed (the node is not in use)", s.State())
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // poll interval
 	}
 	if got := testutil.ToFloat64(mustGauge(t, reg, "dead:1")); got != 0 || s.States()["dead:1"] != breaker.Open {
 		t.Errorf("gauge %v, own state %v; want 0 and still open", got, s.States()["dead:1"])

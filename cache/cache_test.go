@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/maypok86/otter/v2/stats"
+
 	"github.com/stockgate/stockgate/cache"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/stock"
@@ -38,14 +40,15 @@ func TestSoldOutAndEmptyShards(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("sold-out flag outlived its TTL by over a second")
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // poll interval
 	}
 }
 
 func TestLoadingLoadsOncePerKey(t *testing.T) {
 	var loads atomic.Int64
 	release := make(chan struct{})
-	l, err := cache.NewLoading(time.Minute, 100, nil, func(ctx context.Context, s stock.SKU) (int, error) {
+	rec := stats.NewCounter()
+	l, err := cache.NewLoading(time.Minute, 100, rec, func(ctx context.Context, s stock.SKU) (int, error) {
 		loads.Add(1)
 		<-release
 		return 42, nil
@@ -62,7 +65,12 @@ func TestLoadingLoadsOncePerKey(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(50 * time.Millisecond)
+	// Released once every Get has missed: all 50 came while it loads.
+	for deadline := time.Now().Add(10 * time.Second); rec.Snapshot().Misses < 50; time.Sleep(time.Millisecond) { // poll interval
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 50 Gets missed within 10s", rec.Snapshot().Misses)
+		}
+	}
 	close(release)
 	wg.Wait()
 	if n := loads.Load(); n != 1 {
@@ -106,7 +114,7 @@ func TestStaleSoldOutLetsOneThrough(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.MarkSoldOut(sku)
-	time.Sleep(120 * time.Millisecond)
+	time.Sleep(120 * time.Millisecond) // time under test: the 100 ms TTL lapses
 	var through atomic.Int64
 	var wg sync.WaitGroup
 	for range 64 {
@@ -124,7 +132,7 @@ func TestStaleSoldOutLetsOneThrough(t *testing.T) {
 	if !c.SoldOut(sku) {
 		t.Error("a renewed flag is not fresh")
 	}
-	time.Sleep(250 * time.Millisecond)
+	time.Sleep(250 * time.Millisecond) // time under test: two TTLs lapse
 	if c.SoldOut(sku) {
 		t.Error("flag alive after two TTLs")
 	}
@@ -144,7 +152,7 @@ func TestSoldOutFreshLeavesTheRecheck(t *testing.T) {
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for c.SoldOutFresh(sku) && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond) // waiting for the TTL itself, the condition under test
+		time.Sleep(time.Millisecond) // poll interval: the TTL itself lapsing, the condition under test
 	}
 	for range 3 {
 		if c.SoldOutFresh(sku) {

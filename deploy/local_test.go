@@ -47,7 +47,7 @@ func TestLocalClusterRestarts(t *testing.T) {
 			if time.Now().After(deadline) {
 				t.Fatalf("%s: not within 60s", what)
 			}
-			time.Sleep(100 * time.Millisecond)
+			time.Sleep(100 * time.Millisecond) // poll interval
 		}
 	}
 	// A failover between runs: kill a master (by the pid the script wrote),
@@ -141,6 +141,6 @@ func waitFree(t *testing.T, base, n int) {
 		if time.Now().After(deadline) {
 			t.Fatalf("ports %d.. still taken 30s after stop", base)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // poll interval
 	}
 }

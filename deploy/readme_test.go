@@ -266,7 +266,7 @@ func TestReadmeInstall(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("serve not ready within 30s:\n%s", logs.String())
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // poll interval
 	}
 	srv.Process.Signal(syscall.SIGTERM)
 	select {

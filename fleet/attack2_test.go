@@ -92,7 +92,7 @@ func TestAttack2TakenOverRunLiftsTheNewRunsTombstone(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("run 2 never waited for run 1's lock")
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // poll interval
 	}
 	// Run 1 fails (its copy; or EndMoving, the mark being run 2's) and
 	// gives up.

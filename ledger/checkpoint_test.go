@@ -71,6 +71,6 @@ func awaitCheckpoint(t *testing.T, l *ledger.Ledger, path, prefix string, n int)
 		if time.Now().After(deadline) {
 			t.Fatalf("the database file has %d bytes of the ledger's %d after 20 s: nothing checkpointed the WAL", fi.Size(), size)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // poll interval
 	}
 }

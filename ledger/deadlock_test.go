@@ -71,7 +71,7 @@ func TestDeadlockVictimsRunAgain(t *testing.T) {
 			const lockSKU = `SELECT total FROM skus WHERE program = $1 AND ticket = $2 FOR UPDATE`
 			waiting := func(n int) {
 				t.Helper()
-				for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+				for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) { // poll interval
 					var got int
 					err := db.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&got)
 					if err == nil && got >= n {

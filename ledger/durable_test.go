@@ -2,7 +2,6 @@ package ledger_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"testing"
 	"time"
@@ -22,19 +21,8 @@ import (
 // the server stops waiting for a standby, it confirms.
 func TestRequestDurableWaitsForTheStandby(t *testing.T) {
 	ctx := context.Background()
-	pg, err := testenv.StartOwnPostgres(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pg.Stop)
-	dsn, drop, err := pg.NewDatabase(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(drop)
-	// The test servers commit without waiting (synchronous_commit off);
-	// this one's sessions wait, as a production primary's do.
-	dsn = withParam(t, dsn, "synchronous_commit", "on")
+	pg := testenv.NewSyncPostgres(t)
+	dsn, raw := pg.DSN, pg.Raw
 	l, err := ledger.Open(ctx, ledger.Options{Driver: ledger.Postgres, DSN: dsn})
 	if err != nil {
 		t.Fatal(err)
@@ -43,19 +31,8 @@ func TestRequestDurableWaitsForTheStandby(t *testing.T) {
 	if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 10, Shards: 1, MaxPerOrder: 4}); err != nil {
 		t.Fatal(err)
 	}
-	raw, err := sql.Open("pgx", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { raw.Close() })
-	standby := func(names string) {
-		t.Helper()
-		if err := testenv.SetSyncStandby(ctx, raw, names); err != nil {
-			t.Fatal(err)
-		}
-	}
-	standby("nobody") // a synchronous standby that never answers
-	t.Cleanup(func() { standby("") })
+	pg.Standby(t, "nobody") // a synchronous standby that never answers
+	t.Cleanup(func() { pg.Standby(t, "") })
 
 	// The purchase commits locally, then waits for the standby for ever.
 	// Its backend is ended in that wait (as a killed primary's are): the
@@ -69,7 +46,7 @@ func TestRequestDurableWaitsForTheStandby(t *testing.T) {
 		done <- err
 	}()
 	ended := 0
-	for deadline := time.Now().Add(30 * time.Second); ended == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); ended == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) { // poll interval
 		if err := raw.QueryRowContext(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE wait_event = 'SyncRep'`).Scan(&ended); err != nil {
 			t.Fatal(err)
 		}
@@ -81,7 +58,7 @@ func TestRequestDurableWaitsForTheStandby(t *testing.T) {
 		t.Fatal("the purchase whose backend was ended in its COMMIT's wait answered no error")
 	}
 	n := 0
-	for deadline := time.Now().Add(30 * time.Second); n == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); n == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) { // poll interval
 		if err := raw.QueryRowContext(ctx, `SELECT count(*) FROM requests`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
@@ -98,7 +75,7 @@ func TestRequestDurableWaitsForTheStandby(t *testing.T) {
 		t.Errorf("RequestDurable of a row not on the standby = %v; want it unconfirmed (the deadline)", err)
 	}
 
-	standby("") // no synchronous standby: a local commit is the promise
+	pg.Standby(t, "") // no synchronous standby: a local commit is the promise
 	if err := l.RequestDurable(ctx, keys.MustID("ann"), keys.MustID("k")); err != nil {
 		t.Errorf("RequestDurable once the server waits for no standby = %v", err)
 	}

@@ -260,23 +260,24 @@ func TestMigrationKilledMidwayHoldsOthersBriefly(t *testing.T) {
 	}
 	defer db.Close()
 	// Killed once it runs the slow step (this build's done) under the lock.
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) { // poll interval
 		select {
 		case err := <-exited:
 			t.Fatalf("the migrating replica exited before it was killed: %v", err)
 		default:
 		}
 		var locked bool
-		var version int64
+		var version, sleeping int64
 		if db.QueryRowContext(ctx, `SELECT locked FROM ledger_migrate_lock`).Scan(&locked) == nil && locked &&
-			db.QueryRowContext(ctx, `SELECT MAX(version_id) FROM ledger_migrations`).Scan(&version) == nil && version == this {
+			db.QueryRowContext(ctx, `SELECT MAX(version_id) FROM ledger_migrations`).Scan(&version) == nil && version == this &&
+			// Inside the slow step: its pg_sleep is running.
+			db.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event = 'PgSleep'`).Scan(&sleeping) == nil && sleeping > 0 {
 			break
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("the replica did not start the slow step within 60 s")
 		}
 	}
-	time.Sleep(500 * time.Millisecond) // inside the slow step
 	replica.Process.Kill()
 	<-exited //nolint:errcheck // the Wait of a killed process: "signal: killed"
 

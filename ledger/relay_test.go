@@ -68,7 +68,7 @@ func TestRelayLeases(t *testing.T) {
 		// a stops renewing: once its leases lapse, b takes them all, and a
 		// is fenced out.
 		clk.advance(ttl + time.Second)
-		for deadline := time.Now().Add(3 * ttl); ; time.Sleep(50 * time.Millisecond) {
+		for deadline := time.Now().Add(3 * ttl); ; time.Sleep(50 * time.Millisecond) { // poll interval
 			if b, err = l.ClaimPartitions(ctx, "hook", "b", ttl); err != nil || len(b.Held) == ledger.Partitions || time.Now().After(deadline) {
 				break
 			}

@@ -21,7 +21,7 @@ func waitGoroutines(t *testing.T, n int) {
 			buf := make([]byte, 1<<20)
 			t.Fatalf("%d goroutines, want at most %d (before the test):\n%s", runtime.NumGoroutine(), n, buf[:runtime.Stack(buf, true)])
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // poll interval
 	}
 }
 

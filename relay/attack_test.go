@@ -186,7 +186,7 @@ func TestAttackHangingReceiverStallsTheOtherSinks(t *testing.T) {
 	start := time.Now()
 	deadline := start.Add(8 * time.Second)
 	for rcv.distinct() < len(events) && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // poll interval
 	}
 	if got := rcv.distinct(); got < len(events) {
 		t.Fatalf("the healthy sink got %d of %d events in %v while the other sink's receiver hangs; want all within a second or two",
@@ -218,7 +218,7 @@ func (o *overlapReceiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	var e struct{ Ticket string }
 	_ = json.Unmarshal(body, &e)
 	p := o.partition[e.Ticket]
-	time.Sleep(60 * time.Millisecond)
+	time.Sleep(60 * time.Millisecond) // time under test: a 60 ms receiver, so deliveries can overlap
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if req.Context().Err() == nil {

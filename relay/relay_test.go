@@ -101,7 +101,7 @@ func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	fail := rand.Float64() < r.failShare || (r.fail != nil && r.fail(e))
 	r.mu.Unlock()
-	time.Sleep(time.Duration(rand.IntN(500)) * time.Microsecond) // let overlaps show
+	time.Sleep(time.Duration(rand.IntN(500)) * time.Microsecond) // time under test: a random stay, to let overlaps show
 	r.mu.Lock()
 	r.inFlight[p]--
 	if !fail {
@@ -158,7 +158,7 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out after %v waiting for %s", d, what)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // poll interval
 	}
 }
 

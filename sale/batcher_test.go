@@ -47,7 +47,7 @@ func TestBatcherRefusesPastTheBudget(t *testing.T) {
 		}
 	}
 	for l.queued.Load() < 25 {
-		time.Sleep(time.Millisecond) // until 25 wait behind the first
+		time.Sleep(time.Millisecond) // poll interval: until 25 wait behind the first
 	}
 	_, err := b.do(context.Background(), 0, 99)
 	if !errors.Is(err, errLedgerBusy) || !errors.Is(err, ledger.ErrNotCommitted) || busyWait(err) < 250*time.Millisecond {
@@ -103,12 +103,12 @@ func TestBatcherRefusesWhatWaitedTooLong(t *testing.T) {
 				go func() { _, err := b.do(context.Background(), 0, i); late <- err }()
 			}
 			for b.lanes[0].queued.Load() < 3 {
-				time.Sleep(time.Millisecond) // until the three are queued
+				time.Sleep(time.Millisecond) // poll interval: until the three are queued
 			}
 			// From the last one's arrival: on a busy machine the third may
 			// be queued well after the first two.
 			for queued := time.Now(); time.Since(queued) <= budget; {
-				time.Sleep(time.Millisecond) // until the three have waited past the budget
+				time.Sleep(time.Millisecond) // time under test: until the three have waited past the budget
 			}
 			b.lanes[0].rate.Store(math.Float64bits(tc.rate))
 			close(release)

@@ -49,14 +49,14 @@ func TestTTLCacheStaleWhileTheSourceIsSlow(t *testing.T) {
 	if v, err := c.get(ctx, k, func(context.Context) (int, error) { return 1, nil }); v != 1 || err != nil {
 		t.Fatalf("get = %d %v, want 1", v, err)
 	}
-	time.Sleep(2 * time.Millisecond) // past the ttl
+	time.Sleep(2 * time.Millisecond) // time under test: past the 1 ms ttl
 	release := make(chan struct{})
 	slow := func(context.Context) (int, error) { <-release; return 2, nil }
 	if v, err := c.get(ctx, k, slow); v != 1 || err != nil {
 		t.Fatalf("get while the reload hangs = %d %v, want the last value 1", v, err)
 	}
 	close(release)
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) { // poll interval
 		v, _ := c.get(ctx, k, func(context.Context) (int, error) { return 2, nil })
 		if v == 2 {
 			break
@@ -65,7 +65,7 @@ func TestTTLCacheStaleWhileTheSourceIsSlow(t *testing.T) {
 			t.Fatalf("get = %d 10s after the reload ended, want 2", v)
 		}
 	}
-	time.Sleep(2 * time.Millisecond)
+	time.Sleep(2 * time.Millisecond) // time under test: past the ttl again
 	if v, err := c.get(ctx, k, func(context.Context) (int, error) { return 0, fail }); v != 2 || err != nil {
 		t.Fatalf("get when the reload fails = %d %v, want the last value 2", v, err)
 	}

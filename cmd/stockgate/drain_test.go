@@ -81,7 +81,8 @@ func TestSIGTERMDrainsUnderLoad(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(300 * time.Millisecond)
+	// Under load at the signal: answers are coming back, more in flight.
+	waitUntil(t, 20*time.Second, func() bool { return answered.Load() >= 16 })
 	sentAtSignal := sent.Load()
 	signalled := time.Now()
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
@@ -155,6 +156,6 @@ func waitUntil(t *testing.T, within time.Duration, ok func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("condition not met within %v", within)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // poll interval
 	}
 }

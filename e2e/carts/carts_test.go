@@ -55,9 +55,7 @@ func cart(t *testing.T, e *systest.Env, program keys.ID, key, body string) (syst
 func TestCartsRacing(t *testing.T) {
 	t.Parallel() // its own replicas, ledgers and programs: it overlaps the other long tests
 	systest.EachDriver(t, func(t *testing.T, driver string) {
-		dsn := systest.LedgerDSN(t, driver)
-		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
-		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		a, b := systest.Pair(t, driver)
 		p, skus := systest.CartSKUs(t, a, [3]int64{900, 500, 120}, 6)
 		names := []string{"adult", "child", "parking"}
 		var mu sync.Mutex
@@ -160,9 +158,7 @@ func TestCartsRacing(t *testing.T) {
 // commits once; a further retry, on another replica, replays it.
 func TestCartSoldOutLineThenRetried(t *testing.T) {
 	systest.EachDriver(t, func(t *testing.T, driver string) {
-		dsn := systest.LedgerDSN(t, driver)
-		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
-		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		a, b := systest.Pair(t, driver)
 		p, skus := systest.CartSKUs(t, a, [3]int64{10, 10, 1}, 0)
 		if r, _ := cart(t, a, p, "first", systest.CartBody("zoe", map[string]int64{"parking": 1}, "parking")); r.Status != http.StatusCreated {
 			t.Fatalf("parking cart = %d %s", r.Status, r.Body)
@@ -518,9 +514,7 @@ func TestHeldCartsRacing(t *testing.T) {
 // agree on every ticket once settled (no unit given back twice).
 func TestCartCopiesOnTwoReplicas(t *testing.T) {
 	systest.EachDriver(t, func(t *testing.T, driver string) {
-		dsn := systest.LedgerDSN(t, driver)
-		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
-		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		a, b := systest.Pair(t, driver)
 		p := keys.MustID(testenv.ID(t, "dup"))
 		skus := []stock.SKU{{Program: p, Ticket: keys.MustID("a")}, {Program: p, Ticket: keys.MustID("b")}}
 		a.PutSKU(t, skus[0], 500, 2, 4)

@@ -33,7 +33,7 @@ type slowDirect struct {
 
 func (l slowDirect) Commit(ctx context.Context, takes []ledger.Take, direct bool) []ledger.TakeResult {
 	if direct {
-		time.Sleep(time.Duration(len(takes)) * l.per)
+		time.Sleep(time.Duration(len(takes)) * l.per) // time under test: the slowness injected
 	}
 	return l.Ledger.Commit(ctx, takes, direct)
 }
@@ -127,7 +127,8 @@ func TestFaultZombieMaster(t *testing.T) {
 	const total = 1500
 	e.PutSKU(t, sku, total, 1, 4)
 	ctx := context.Background()
-	victim, err := c.MasterOf(ctx, keys.Shard(sku.Program, sku.Ticket, 0, 1).Slot())
+	slot := keys.Shard(sku.Program, sku.Ticket, 0, 1).Slot()
+	victim, err := c.MasterOf(ctx, slot)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +138,40 @@ func TestFaultZombieMaster(t *testing.T) {
 	if err := victim.Pause(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(5 * time.Second) // node timeout is 2s
+	// Paused until its replica is promoted (node timeout 2 s): a fixed
+	// pause can end before the election on a busy machine, and then there
+	// is no zombie.
+	systest.WaitFor(t, 30*time.Second, "promotion of the paused master's replica", func() bool {
+		for _, n := range c.Nodes {
+			if n == victim || !n.Alive() {
+				continue
+			}
+			cl := n.Client()
+			shards, err := cl.ClusterShards(ctx).Result()
+			cl.Close()
+			if err != nil {
+				return false
+			}
+			successor := false // this node routes the slot to a master other than the victim
+			for _, sh := range shards {
+				for _, r := range sh.Slots {
+					if int64(slot) < r.Start || int64(slot) > r.End {
+						continue
+					}
+					for _, m := range sh.Nodes {
+						if m.Role == "master" {
+							successor = m.ID != victim.ID
+						}
+					}
+				}
+			}
+			if !successor {
+				return false
+			}
+		}
+		return true
+	})
+	paused := time.Since(fault)
 	if err := victim.Resume(); err != nil {
 		t.Fatal(err)
 	}
@@ -156,8 +190,8 @@ func TestFaultZombieMaster(t *testing.T) {
 	if len(role) == 0 || role[0] != "slave" {
 		t.Errorf("the resumed master's role is %v, want a replica of the promoted one", role)
 	}
-	t.Logf("pause 5s; fault→cluster settled %v; first 201 after the pause began %v later; Redis admitted, ledger refused: %v; ledger-path sales %v",
-		settled, s.FirstOKAfter(fault),
+	t.Logf("pause %v; fault→cluster settled %v; first 201 after the pause began %v later; Redis admitted, ledger refused: %v; ledger-path sales %v",
+		paused.Round(time.Millisecond), settled, s.FirstOKAfter(fault),
 		systest.Counter(t, e.Registry, "stockgate_gate_ledger_refusals_total", nil),
 		systest.Counter(t, e.Registry, "stockgate_purchases_total", map[string]string{"path": "ledger", "result": "sold"}))
 	s.Linearizable(false)
@@ -256,7 +290,7 @@ func TestFaultScriptFlush(t *testing.T) {
 			cl.Close()
 		}
 		flushes++
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // time under test: a script flush every 20 ms through the sale
 	}
 	st := s.Oracle()
 	if st.Sold != total {
@@ -444,7 +478,7 @@ func ledgerUnreachable(t *testing.T, shape string) {
 	}
 	want := float64(200 - door)
 	for deadline := time.Now().Add(30 * time.Second); failed() < want && time.Now().Before(deadline); {
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // poll interval
 	}
 	if n := failed(); n != want {
 		by := map[string]float64{"shed in flight": systest.Counter(t, e.Registry, "stockgate_ledger_shed_total", map[string]string{"work": "in_flight"})}
@@ -558,9 +592,7 @@ func TestFaultCancellationsDuringHalfOpen(t *testing.T) {
 	if err := c.WaitHealthy(context.Background(), 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	for e.Sale.BreakerState() != breaker.HalfOpen {
-		time.Sleep(5 * time.Millisecond)
-	}
+	systest.WaitFor(t, 10*time.Second, "half-open breaker", func() bool { return e.Sale.BreakerState() == breaker.HalfOpen })
 	mu.Lock()
 	watching = true
 	mu.Unlock()

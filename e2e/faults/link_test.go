@@ -136,7 +136,7 @@ func TestFaultLedgerLinkBlackHole(t *testing.T) {
 		t.Errorf("the slow reads opened %v connections at most: the shrink below is not shown", peak)
 	}
 	for deadline := time.Now().Add(30 * time.Second); open() > 2 && time.Now().Before(deadline); {
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // poll interval
 	}
 	closedIdle := systest.Counter(t, e.Registry, "go_sql_max_idle_time_closed_total", map[string]string{"db_name": "ledger"})
 	t.Logf("ledger connections: %v at most in a burst of slow reads, %v when quiet (%v closed idle)", peak, open(), closedIdle)
@@ -148,7 +148,7 @@ func TestFaultLedgerLinkBlackHole(t *testing.T) {
 	// on the silent link, its batch, its retries and its timers ended.
 	e.Client.CloseIdleConnections()
 	for deadline := time.Now().Add(30 * time.Second); runtime.NumGoroutine() > base+2 && time.Now().Before(deadline); {
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // poll interval
 	}
 	t.Logf("goroutines: %d before the cut, %d after it", base, runtime.NumGoroutine())
 	if n := runtime.NumGoroutine(); n > base+2 {

@@ -97,28 +97,9 @@ func TestFaultLedgerSlowShedsAtOnce(t *testing.T) {
 // queue longer than bound seconds (a bucket bound of the histogram).
 func waitedPast(t *testing.T, e *systest.Env, work string, bound float64) uint64 {
 	t.Helper()
-	mfs, err := e.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
+	n, ok := systest.Histogram(t, e.Registry, "stockgate_ledger_queue_wait_seconds", map[string]string{"work": work}).Past(bound)
+	if !ok {
+		t.Fatalf("stockgate_ledger_queue_wait_seconds has no bucket at %v", bound)
 	}
-	for _, mf := range mfs {
-		if mf.GetName() != "stockgate_ledger_queue_wait_seconds" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() != "work" || lp.GetValue() != work {
-					continue
-				}
-				h := m.GetHistogram()
-				for _, b := range h.GetBucket() {
-					if b.GetUpperBound() == bound {
-						return h.GetSampleCount() - b.GetCumulativeCount()
-					}
-				}
-				t.Fatalf("stockgate_ledger_queue_wait_seconds has no bucket at %v", bound)
-			}
-		}
-	}
-	return 0
+	return n
 }

@@ -190,7 +190,7 @@ func TestAttackExpiryStorm(t *testing.T) {
 			wg.Go(func() {
 				// Fire just around the expiry.
 				for time.Now().Before(exp[i].Add(time.Duration(i%10-7) * 5 * time.Millisecond)) {
-					time.Sleep(time.Millisecond)
+					time.Sleep(time.Millisecond) // time under test: fired around the hold's expiry
 				}
 				var iw sync.WaitGroup
 				send := func(what string, e *systest.Env, path, key, body string) {

@@ -43,9 +43,7 @@ func TestAttackConfirmPartSeatHoldSold(t *testing.T) {
 func TestAttackConfirmPartWaitlist(t *testing.T) {
 	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
-		dsn := systest.LedgerDSN(t, driver)
-		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
-		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		a, b := systest.Pair(t, driver)
 		sku := systest.NewSKU(t)
 		a.PutSKU(t, sku, 8, 2, 4)
 		_, h1 := a.Hold(t, sku, "h1", "ann", 4, 0)
@@ -99,9 +97,7 @@ func TestAttackConfirmPartWaitlist(t *testing.T) {
 func TestAttackConfirmPartCap(t *testing.T) {
 	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
-		dsn := systest.LedgerDSN(t, driver)
-		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
-		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		a, b := systest.Pair(t, driver)
 		sku := systest.NewSKU(t)
 		a.PutCapped(t, sku, 2, 4)
 		_, h := a.Hold(t, sku, "h1", "ann", 4, 0)
@@ -126,9 +122,7 @@ func TestAttackConfirmPartCap(t *testing.T) {
 func TestAttackConfirmPartCode(t *testing.T) {
 	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
-		dsn := systest.LedgerDSN(t, driver)
-		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
-		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		a, b := systest.Pair(t, driver)
 		sku := systest.NewSKU(t)
 		a.PutSKU(t, sku, 10, 2, 4)
 		a.PutPool(t, sku, "club", `{"allotment":6,"shards":1,"access":"code"}`)
@@ -551,9 +545,7 @@ func TestAttackConfirmPartAfterEnd(t *testing.T) {
 func TestAttackKeyAcrossExtendConfirm(t *testing.T) {
 	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
-		dsn := systest.LedgerDSN(t, driver)
-		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
-		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		a, b := systest.Pair(t, driver)
 		sku := systest.NewSKU(t)
 		a.PutSKU(t, sku, 10, 2, 4)
 		_, h1 := a.Hold(t, sku, "h1", "ann", 4, 0)

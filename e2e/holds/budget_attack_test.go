@@ -70,9 +70,7 @@ func cartHold(t *testing.T, e *systest.Env, program keys.ID, key, buyer, device 
 // device's count ends with its hold whichever buyer held under it.
 func TestHoldBudgetAttackEnds(t *testing.T) {
 	systest.EachDriver(t, func(t *testing.T, driver string) {
-		dsn := systest.LedgerDSN(t, driver)
-		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
-		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		a, b := systest.Pair(t, driver)
 		one := systest.NewSKU(t)
 		two := stock.SKU{Program: one.Program, Ticket: keys.MustID(one.Ticket.String() + "-two")}
 		seated := stock.SKU{Program: one.Program, Ticket: keys.MustID(one.Ticket.String() + "-seated")}
@@ -206,9 +204,7 @@ func TestHoldBudgetAttackOtherRefusals(t *testing.T) {
 // back, and the ones still held are.
 func TestHoldBudgetAttackBudgetChanged(t *testing.T) {
 	systest.EachDriver(t, func(t *testing.T, driver string) {
-		dsn := systest.LedgerDSN(t, driver)
-		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
-		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		a, b := systest.Pair(t, driver)
 		sku := systest.NewSKU(t)
 		a.PutSKU(t, sku, 100_000, 2, 10)
 		p := sku.Program.String()
@@ -254,9 +250,7 @@ func TestHoldBudgetAttackBudgetChanged(t *testing.T) {
 // buyer never holds past its budget however many such pairs it sends.
 func TestHoldBudgetAttackCopiesAcrossReplicas(t *testing.T) {
 	systest.EachDriver(t, func(t *testing.T, driver string) {
-		dsn := systest.LedgerDSN(t, driver)
-		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
-		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		a, b := systest.Pair(t, driver)
 		sku := systest.NewSKU(t)
 		a.PutSKU(t, sku, 1000, 2, 4)
 		putBudgets(t, a, sku.Program.String(), 3, 0)
@@ -348,9 +342,7 @@ func TestHoldBudgetAttackBadBodies(t *testing.T) {
 // has its whole budget.
 func TestHoldBudgetAttackRetryOtherDevice(t *testing.T) {
 	systest.EachDriver(t, func(t *testing.T, driver string) {
-		dsn := systest.LedgerDSN(t, driver)
-		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
-		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		a, b := systest.Pair(t, driver)
 		sku := systest.NewSKU(t)
 		a.PutSKU(t, sku, 100, 2, 10)
 		putBudgets(t, a, sku.Program.String(), 5, 2)

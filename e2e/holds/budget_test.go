@@ -149,9 +149,7 @@ func TestHoldBudget(t *testing.T) {
 // budget and not one unit more; the refusals move nothing.
 func TestHoldBudgetUnderConcurrency(t *testing.T) {
 	systest.EachDriver(t, func(t *testing.T, driver string) {
-		dsn := systest.LedgerDSN(t, driver)
-		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
-		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		a, b := systest.Pair(t, driver)
 		sku := systest.NewSKU(t)
 		a.PutSKU(t, sku, 1000, 4, 4)
 		putBudgets(t, a, sku.Program.String(), 5, 0)

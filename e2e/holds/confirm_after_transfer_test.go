@@ -20,9 +20,7 @@ import (
 func TestConfirmAgainAfterItsOrderMoved(t *testing.T) {
 	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
-		dsn := systest.LedgerDSN(t, driver)
-		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
-		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		a, b := systest.Pair(t, driver)
 		sku := systest.NewSKU(t)
 		a.PutSKU(t, sku, 10, 1, 4)
 		_, h := a.Hold(t, sku, "h1", "bob", 4, 300)

@@ -50,12 +50,12 @@ func TestConfirmsAcrossTheExpiryAgree(t *testing.T) {
 				// Sent from 40 ms before the expiry to 30 ms after it,
 				// a few milliseconds apart: the race is the input here;
 				// what is asserted holds in any order.
-				time.Sleep(time.Until(h.ExpiresAt.Add(time.Duration(i%8*10-40) * time.Millisecond)))
+				time.Sleep(time.Until(h.ExpiresAt.Add(time.Duration(i%8*10-40) * time.Millisecond))) // time under test: sent around the hold's expiry
 				var answers [4]systest.Reply
 				var inner sync.WaitGroup
 				for k := range answers {
 					inner.Go(func() {
-						time.Sleep(time.Duration(k*4) * time.Millisecond)
+						time.Sleep(time.Duration(k*4) * time.Millisecond) // time under test: the copies a few ms apart
 						e, body := []*systest.Env{a, b}[k%2], `{"buyer":"ann"}`
 						if k >= 2 {
 							body = `{"buyer":"ann","quantity":2}`

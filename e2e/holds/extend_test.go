@@ -37,9 +37,7 @@ func extend(t *testing.T, e *systest.Env, id, key, buyer string, ttl int) (syste
 // confirmed, cancelled or expired hold is not extended.
 func TestExtendHold(t *testing.T) {
 	systest.EachDriver(t, func(t *testing.T, driver string) {
-		dsn := systest.LedgerDSN(t, driver)
-		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
-		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		a, b := systest.Pair(t, driver)
 		sku := systest.NewSKU(t)
 		if r := a.Do(t, http.MethodPut, systest.AdminPath(sku), nil,
 			`{"total":10,"shards":2,"max_per_order":4,"hold_ttl_seconds":60,"hold_ttl_max_seconds":600}`); r.Status != http.StatusOK {
@@ -140,7 +138,7 @@ func TestExtendRacesExpiry(t *testing.T) {
 		var wg sync.WaitGroup
 		for i, h := range hs {
 			wg.Go(func() {
-				time.Sleep(time.Until(h.ExpiresAt) - time.Duration(rand.IntN(30))*time.Millisecond)
+				time.Sleep(time.Until(h.ExpiresAt) - time.Duration(rand.IntN(30))*time.Millisecond) // time under test: sent just before the hold's expiry
 				r, _ := extend(t, b, h.HoldID, fmt.Sprintf("x-%d", i), "b", 60)
 				switch r.Status {
 				case http.StatusOK:

@@ -104,7 +104,7 @@ func TestConfirmRacesExpiryThroughGateways(t *testing.T) {
 		wg.Go(func() {
 			// Sent so that it arrives around the expiry instant: up to 30ms
 			// early (request and commit take some of that) or right on it.
-			time.Sleep(time.Until(h.ExpiresAt) - time.Duration(rand.IntN(30))*time.Millisecond)
+			time.Sleep(time.Until(h.ExpiresAt) - time.Duration(rand.IntN(30))*time.Millisecond) // time under test: sent just before the hold's expiry
 			r := b.Act(t, "/v1/holds/"+h.HoldID+"/confirm", fmt.Sprintf("c-%d", i), "b")
 			switch r.Status {
 			case http.StatusCreated:
@@ -258,7 +258,7 @@ func TestHoldLifecycleAndBadInput(t *testing.T) {
 		t.Errorf("hold retry = %d %s", again.Status, again.Body)
 	}
 	_, short := e.Hold(t, sku, "h-short", "ann", 1, 1)
-	time.Sleep(1100 * time.Millisecond)
+	time.Sleep(1100 * time.Millisecond) // time under test: the 1 s hold h-short lapses
 	before := e.State(t, sku)
 
 	cases := []struct {
@@ -512,7 +512,7 @@ func TestDeadSweeperRestoreFinishedByAnother(t *testing.T) {
 			t.Fatalf("hold = %d %s", r.Status, r.Body)
 		}
 	}
-	time.Sleep(1100 * time.Millisecond)
+	time.Sleep(1100 * time.Millisecond) // time under test: the 1 s holds come due
 	ctx := context.Background()
 	done, err := a.Ledger.ExpireDue(ctx, 100) // the ledger half, then "death"
 	if err != nil || len(done) != 3 {

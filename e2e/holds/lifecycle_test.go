@@ -27,9 +27,7 @@ import (
 // 410, and one order per hold.
 func TestConcurrentConfirmsOfOneHold(t *testing.T) {
 	systest.EachDriver(t, func(t *testing.T, driver string) {
-		dsn := systest.LedgerDSN(t, driver)
-		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
-		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		a, b := systest.Pair(t, driver)
 		ctx := context.Background()
 		sku := systest.NewSKU(t)
 		const holds = 8

@@ -15,9 +15,7 @@ import (
 // nothing.
 func TestOrganizerOrders(t *testing.T) {
 	systest.EachDriver(t, func(t *testing.T, driver string) {
-		dsn := systest.LedgerDSN(t, driver)
-		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
-		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		a, b := systest.Pair(t, driver)
 		sku := systest.NewSKU(t)
 		a.PutSKU(t, sku, 10, 2, 10)
 		path := systest.AdminPath(sku) + "/orders"

@@ -33,9 +33,7 @@ func confirmPart(t *testing.T, e *systest.Env, id, key, buyer string, keep int64
 // nothing; a seat hold is confirmed whole.
 func TestConfirmPart(t *testing.T) {
 	systest.EachDriver(t, func(t *testing.T, driver string) {
-		dsn := systest.LedgerDSN(t, driver)
-		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
-		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		a, b := systest.Pair(t, driver)
 		sku := systest.NewSKU(t)
 		a.PutSKU(t, sku, 10, 2, 4)
 		_, h := a.Hold(t, sku, "h1", "ann", 4, 0)
@@ -137,7 +135,7 @@ func TestConfirmPartRacesExpiry(t *testing.T) {
 		var wg sync.WaitGroup
 		for i, h := range hs {
 			wg.Go(func() {
-				time.Sleep(time.Until(h.ExpiresAt) - time.Duration(rand.IntN(30))*time.Millisecond)
+				time.Sleep(time.Until(h.ExpiresAt) - time.Duration(rand.IntN(30))*time.Millisecond) // time under test: sent just before the hold's expiry
 				r, _ := confirmPart(t, b, h.HoldID, fmt.Sprintf("c-%d", i), "b", 1)
 				switch r.Status {
 				case http.StatusCreated:

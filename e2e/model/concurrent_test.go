@@ -755,7 +755,7 @@ func (c *ccModel) send(e *systest.Env, method, path, key, body string) (systest.
 			c.t.Errorf("%s %s key %s %s: still %d %s after %v", method, path, key, body, r.Status, r.Body, ccAnswerWait)
 			return r, call, time.Now()
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // poll interval
 	}
 }
 
@@ -1390,7 +1390,7 @@ func (c *ccModel) quiesce() {
 		if time.Now().After(deadline) {
 			t.Fatalf("round %d: the entities read back do not add up to the ledger 20s after the round: %s", c.round, diff)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // poll interval
 	}
 	c.checks["sums-equal"]++
 	c.checkRedis()
@@ -1447,7 +1447,7 @@ func (c *ccModel) checkRedis() {
 				}
 				c.t.Fatalf("round %d: %s: Redis remaining %d (seeded %v, %v), ledger %d, 10s after the round", c.round, sku, left, seeded, err, want)
 			}
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // poll interval
 		}
 	}
 	c.checks["redis-equal"]++

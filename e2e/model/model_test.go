@@ -354,7 +354,7 @@ func (m *sim) settlePoolMoves() {
 		if time.Now().After(deadline) {
 			m.fail("closed pool still has %d left 5s on", st.Remaining())
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // poll interval
 	}
 }
 
@@ -771,7 +771,7 @@ func (m *sim) sendFrom(e *systest.Env, t mTake, body string, r systest.Reply, at
 		}
 		stale = systest.ProblemKind(r)
 		m.ops["stale-"+stale]++
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // poll interval
 		r = m.post(e, t.path, t.key, body)
 		at = time.Now()
 	}
@@ -899,7 +899,7 @@ func (m *sim) cartTwice() {
 				m.fail("copy %d of cart %s key %s still 503 after %v: %s", k, bodies[k], t.key, time.Since(start), rs[k].Body)
 			}
 			m.ops["cart-twice-busy"]++
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // poll interval
 			rs[k], ats[k] = m.post(es[k], t.path, t.key, bodies[k]), time.Now()
 		}
 		rs[k] = m.sendFrom(es[k], t, bodies[k], rs[k], ats[k])
@@ -1320,7 +1320,7 @@ func (m *sim) retry() {
 		// A replica whose sold-out flag predates stock coming back (and
 		// being sold again on another replica) answers from memory until
 		// the flag's next re-check: bounded, and measured here.
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // poll interval
 		r = m.post(e, q.path, q.key, body)
 	}
 	if d := time.Since(start); r.Status == q.status && d > 5*time.Millisecond {
@@ -1489,7 +1489,7 @@ func (m *sim) settleExpiries(before time.Time) bool {
 			if time.Now().After(deadline) {
 				m.fail("hold %s still %s 5s after its expiry", h.id, got.State)
 			}
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // poll interval
 		}
 		m.ops["expired"]++
 		m.tracef("hold %s of %d %s expired", h.id, h.q, h.sku.ticket())
@@ -1797,7 +1797,7 @@ func (m *sim) checkRedis() {
 				m.fail("%s: Redis remaining %d (seeded %v, %v), ledger remaining %d (%+v), 10s after the step; pending restores %+v",
 					s.sku, left, seeded, err, want, st, pending)
 			}
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // poll interval
 		}
 	}
 }

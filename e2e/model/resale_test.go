@@ -234,7 +234,7 @@ func (r *resaleModel) take(hold bool) {
 			// A replica's sold-out flag from before a listing or a return
 			// on the other replica lives for its TTL: the same request
 			// again, once it has passed.
-			time.Sleep(50 * time.Millisecond)
+			time.Sleep(50 * time.Millisecond) // poll interval
 			continue
 		}
 		r.fail("POST %s %s (fingerprint %q) = %d %s; want stock ok %v, over budget %v (free %d)",
@@ -346,7 +346,7 @@ func (r *resaleModel) withdraw() {
 		// with it, the sweeper settles them again within a sweep).
 		deadline := time.Now().Add(10 * time.Second)
 		for r.sync(); x.open && time.Now().Before(deadline); r.sync() {
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // poll interval
 		}
 		if x.open {
 			r.fail("withdraw %s = %d %s, but it is open with %d of %d sold", x.id, got.Status, got.Body, x.sold, x.q)

@@ -109,7 +109,7 @@ func TestTwinRefusalKeepsTheCommittedDeduction(t *testing.T) {
 			ctx := context.Background()
 			var left, want int64
 			ok := false
-			for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) { // poll interval
 				st, err := a.Ledger.SKU(ctx, sku)
 				if err != nil {
 					t.Fatal(err)

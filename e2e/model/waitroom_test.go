@@ -270,7 +270,7 @@ func (m *sim) queueJoin() {
 		m.tracef("POST %s %s on %d = %d %s", path, body, slices.Index(m.envs, e), r.Status, r.Body)
 		if r.Status == http.StatusServiceUnavailable && time.Since(start) < falseSoldOutBound {
 			m.ops["queue-join-busy"]++
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // poll interval
 			continue
 		}
 		if bad {
@@ -353,7 +353,7 @@ func (m *sim) qCheckOn(e *systest.Env, p *mPlace) {
 		m.tracef("GET %s (%s at %d) on %d = %d %s", path, p.buyer.name, p.pos, slices.Index(m.envs, e), r.Status, r.Body)
 		if r.Status == http.StatusServiceUnavailable && time.Since(start) < falseSoldOutBound {
 			m.ops["queue-check-busy"]++
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // poll interval
 			continue
 		}
 		if r.Status != http.StatusOK {
@@ -637,7 +637,7 @@ func (m *sim) queueTwice() {
 				m.fail("take %d of %s key %s still 503 after %v: %s", k, bodies[k], ts[k].key, time.Since(start), rs[k].Body)
 			}
 			m.ops["queue-twice-busy"]++
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // poll interval
 			rs[k] = m.qPost(es[k], ts[k].path, ts[k].key, p.token, bodies[k])
 		}
 	}
@@ -991,7 +991,7 @@ func (m *sim) qSend(e *systest.Env, t mTake, body string, kind int, token string
 			}
 			saw503 = true
 			m.ops["queue-busy"]++
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // poll interval
 			continue
 		}
 		w := m.qWant(t, kind, claim, claimReq, a1, a2, ts, tr)
@@ -1038,7 +1038,7 @@ func (m *sim) qSend(e *systest.Env, t mTake, body string, kind int, token string
 				time.UnixMilli(a2.at).Format("15:04:05.000"), ts.Format("15:04:05.000"), tr.Format("15:04:05.000"), left, w.outcomes, w.refusals, w.closed)
 		}
 		m.ops["queue-stale-sold-out"]++
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // poll interval
 	}
 }
 
@@ -1269,6 +1269,6 @@ func (m *sim) checkQueueMoves() {
 		if time.Now().After(deadline) {
 			m.fail("the line stands at %d of %d places with %d units left", v.Serving, m.q.maxPos, left)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // poll interval
 	}
 }

@@ -15,9 +15,7 @@ import (
 func TestAttackReportEndedSale(t *testing.T) {
 	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
-		dsn := systest.LedgerDSN(t, driver)
-		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
-		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		a, b := systest.Pair(t, driver)
 		sku := systest.NewSKU(t)
 		a.PutSKU(t, sku, 10, 2, 4)
 		a.MustBuy(t, sku, "p1", "ann", 2)

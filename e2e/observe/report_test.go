@@ -37,9 +37,7 @@ type reportLine struct {
 // refused.
 func TestReconciliationReport(t *testing.T) {
 	systest.EachDriver(t, func(t *testing.T, driver string) {
-		dsn := systest.LedgerDSN(t, driver)
-		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
-		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		a, b := systest.Pair(t, driver)
 		ga := systest.NewSKU(t)
 		vip := stock.SKU{Program: ga.Program, Ticket: keys.MustID("vip")}
 		a.PutSKU(t, ga, 20, 2, 4)

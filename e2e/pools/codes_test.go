@@ -56,9 +56,7 @@ func TestCodesRaced(t *testing.T) {
 		if os.Getenv("STOCKGATE_FULL_SCALE") != "" {
 			codes, requests = 10_000, 50_000
 		}
-		dsn := systest.LedgerDSN(t, driver)
-		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
-		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		a, b := systest.Pair(t, driver)
 		sku := systest.NewSKU(t)
 		a.PutSKU(t, sku, int64(3*codes), 8, 4)
 		a.PutPool(t, sku, "fans", fmt.Sprintf(`{"allotment":%d,"shards":8,"access":"code"}`, 5*codes/2))
@@ -77,7 +75,7 @@ func TestCodesRaced(t *testing.T) {
 				if r.Status != http.StatusServiceUnavailable {
 					break
 				}
-				time.Sleep(time.Duration(attempt+1) * 50 * time.Millisecond)
+				time.Sleep(time.Duration(attempt+1) * 50 * time.Millisecond) // poll interval: a client's growing backoff
 			}
 			mu.Lock()
 			defer mu.Unlock()

@@ -125,7 +125,7 @@ func TestPresaleClosesWhileBuying(t *testing.T) {
 				if r.Status != http.StatusConflict || time.Since(closedAt) > 10*time.Second {
 					t.Fatalf("public after the close on replica %d = %d %s (%v after the close)", k, r.Status, r.Body, time.Since(closedAt))
 				}
-				time.Sleep(5 * time.Millisecond)
+				time.Sleep(5 * time.Millisecond) // poll interval
 			}
 		}
 		close(stop)
@@ -347,9 +347,7 @@ func TestPoolChangeRefusedChangesNothing(t *testing.T) {
 // A pool every change of which is refused is never made.
 func TestPoolCreatedConcurrently(t *testing.T) {
 	systest.EachDriver(t, func(t *testing.T, driver string) {
-		dsn := systest.LedgerDSN(t, driver)
-		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
-		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		a, b := systest.Pair(t, driver)
 		sku := systest.NewSKU(t)
 		a.PutSKU(t, sku, 10, 1, 4)
 		path := "/v1/admin/skus/" + sku.Program.String() + "/" + sku.Ticket.String() + "/pools/"

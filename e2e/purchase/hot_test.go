@@ -64,7 +64,7 @@ func TestHotSKUTail(t *testing.T) {
 			break
 		}
 		// Stop when only quantities nobody can be sold are left for long.
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // poll interval
 		mu.Lock()
 		n := len(results)
 		mu.Unlock()
@@ -110,7 +110,7 @@ func TestHotSKUTail(t *testing.T) {
 	if !firstFalse.IsZero() {
 		window = lastOK.Sub(firstFalse)
 	}
-	all := systest.Histogram(t, e.Registry, "stockgate_purchase_probes")
+	all := systest.Histogram(t, e.Registry, "stockgate_purchase_probes", nil)
 	t.Logf("1000 units over 16 shards, q 1..4: %d orders, %d answers; probes per purchase (the metric): mean %.2f, p99 ≤%v; "+
 		"false sold-out window %v (the last 1%% is measured per call by shard's TestProbesPerPurchase)",
 		orders, len(results), all.Mean(), all.Quantile(0.99), window.Round(time.Millisecond))
@@ -227,7 +227,7 @@ func TestGroupCommit(t *testing.T) {
 	if counts[http.StatusCreated] != 2000 || st.Sold != 2000 || st.Orders != 2000 || st.RedisRemaining != 0 {
 		t.Errorf("answers %v, state %+v; want exactly 2000 sold", counts, st)
 	}
-	h := systest.Histogram(t, e.Registry, "stockgate_ledger_batch_size")
+	h := systest.Histogram(t, e.Registry, "stockgate_ledger_batch_size", nil)
 	batches := systest.Counter(t, e.Registry, "stockgate_ledger_writes_total", map[string]string{"op": "purchase", "result": "ok"})
 	if batches == 0 || h.Sum <= float64(h.Count) {
 		t.Errorf("no group commit: %v batch transactions, %v orders in %d transactions", batches, h.Sum, h.Count)

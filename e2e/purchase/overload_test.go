@@ -26,7 +26,7 @@ type slowTakes struct {
 }
 
 func (l slowTakes) Commit(ctx context.Context, takes []ledger.Take, direct bool) []ledger.TakeResult {
-	time.Sleep(time.Duration(len(takes)) * l.perTake)
+	time.Sleep(time.Duration(len(takes)) * l.perTake) // time under test: a ledger slower than the load
 	return l.Ledger.Commit(ctx, takes, direct)
 }
 
@@ -71,7 +71,7 @@ func TestOverloadShedsAtTheLedger(t *testing.T) {
 		}
 		sold := int64(counts[http.StatusCreated])
 		// Bounded; on time-out the check below says what stands.
-		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) { // poll interval
 			if s := e.State(t, sku); s.Sold == sold && s.RedisRemaining == total-sold {
 				break
 			}
@@ -83,7 +83,7 @@ func TestOverloadShedsAtTheLedger(t *testing.T) {
 		for _, i := range refused {
 			// Bounded; a retry still shed at the end is reported with its answer.
 			var r systest.Reply
-			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) { // poll interval
 				r = e.Buy(t, sku, fmt.Sprintf("k%d", i), fmt.Sprintf("b%d", i), 1)
 				if r.Status != http.StatusServiceUnavailable || time.Now().After(deadline) {
 					break

@@ -37,9 +37,7 @@ type orderReply struct {
 // and refunded orders move nothing; the stock never moves.
 func TestTransferOrder(t *testing.T) {
 	systest.EachDriver(t, func(t *testing.T, driver string) {
-		dsn := systest.LedgerDSN(t, driver)
-		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
-		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		a, b := systest.Pair(t, driver)
 		sku := systest.NewSKU(t)
 		a.PutCapped(t, sku, 2, 4)
 		order := systest.OrderID(a.MustBuy(t, sku, "p1", "ann", 4))
@@ -120,9 +118,7 @@ func TestTransferOrder(t *testing.T) {
 // seen refunding all 4 while 3 had moved, on PostgreSQL).
 func TestTransferRaces(t *testing.T) {
 	systest.EachDriver(t, func(t *testing.T, driver string) {
-		dsn := systest.LedgerDSN(t, driver)
-		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
-		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		a, b := systest.Pair(t, driver)
 		sku := systest.NewSKU(t)
 		a.PutCapped(t, sku, 2, 10) // capped: the ledger counts each buyer's units
 		order := systest.OrderID(a.MustBuy(t, sku, "p1", "ann", 4))

@@ -77,7 +77,7 @@ func TestAttackWebhookSinkInheritsAnotherReceiversCursor(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("receiver a has %d of %d events after 20s", a.count(), len(events))
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // poll interval
 	}
 	e1.Kill()
 	// a is decommissioned; b is back up.
@@ -85,7 +85,7 @@ func TestAttackWebhookSinkInheritsAnotherReceiversCursor(t *testing.T) {
 	systest.Start(t, systest.Options{Driver: ledger.SQLite, DSN: dsn, Relay: true, Tune: tune(sb.URL)})
 	deadline = time.Now().Add(5 * time.Second)
 	for b.count() < len(events) && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // poll interval
 	}
 	if b.count() < len(events) {
 		t.Fatalf("receiver b got %d of the %d events once the list changed, want every one", b.count(), len(events))

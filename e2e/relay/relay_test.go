@@ -48,17 +48,13 @@ func TestRelayAPI(t *testing.T) {
 		Next int64 `json:"next"`
 	}
 	var dead deadReply
-	deadline := time.Now().Add(20 * time.Second)
-	for len(dead.DeadLetters) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("no dead letter after 20s")
-		}
-		time.Sleep(20 * time.Millisecond)
+	systest.WaitFor(t, 20*time.Second, "dead letter", func() bool {
 		r := e.Do(t, http.MethodGet, "/v1/admin/relay/dead?sink=webhook", nil, "")
 		if r.Status != http.StatusOK || json.Unmarshal(r.Body, &dead) != nil {
 			t.Fatalf("GET dead = %d %s", r.Status, r.Body)
 		}
-	}
+		return len(dead.DeadLetters) > 0
+	})
 	seq := dead.DeadLetters[0].Event.Seq
 	r := e.Do(t, http.MethodGet, "/v1/admin/relay", nil, "")
 	var sinks struct {

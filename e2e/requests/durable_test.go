@@ -1,10 +1,7 @@
 package requests_test
 
 import (
-	"context"
-	"database/sql"
 	"net/http"
-	"net/url"
 	"testing"
 	"time"
 
@@ -24,38 +21,8 @@ import (
 // waits for no standby, the same retries answer their replays.
 func TestReplaysWaitForTheStandby(t *testing.T) {
 	systest.FullTier(t)
-	ctx := context.Background()
-	pg, err := testenv.StartOwnPostgres(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pg.Stop)
-	dsn, drop, err := pg.NewDatabase(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(drop)
-	// The test servers commit without waiting (synchronous_commit off);
-	// this one's sessions wait, as a production primary's do.
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := u.Query()
-	q.Set("synchronous_commit", "on")
-	u.RawQuery = q.Encode()
-	dsn = u.String()
-	raw, err := sql.Open("pgx", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { raw.Close() })
-	standby := func(names string) {
-		t.Helper()
-		if err := testenv.SetSyncStandby(ctx, raw, names); err != nil {
-			t.Fatal(err)
-		}
-	}
+	pg := testenv.NewSyncPostgres(t)
+	dsn := pg.DSN
 	e := systest.Start(t, systest.Options{Driver: ledger.Postgres, DSN: dsn, Tune: func(o *app.Options) {
 		o.Sale.WorkTimeout = 2 * time.Second
 	}})
@@ -92,8 +59,8 @@ func TestReplaysWaitForTheStandby(t *testing.T) {
 		return `{"buyer":"ann"}`
 	}
 
-	standby("nobody") // a synchronous standby that never answers
-	t.Cleanup(func() { standby("") })
+	pg.Standby(t, "nobody") // a synchronous standby that never answers
+	t.Cleanup(func() { pg.Standby(t, "") })
 	for _, s := range all {
 		r := e.Do(t, http.MethodPost, s.path, map[string]string{"Idempotency-Key": s.key}, body(s))
 		if r.Status != http.StatusServiceUnavailable {
@@ -102,7 +69,7 @@ func TestReplaysWaitForTheStandby(t *testing.T) {
 		}
 	}
 
-	standby("") // no synchronous standby: a local commit is the promise
+	pg.Standby(t, "") // no synchronous standby: a local commit is the promise
 	for _, s := range all {
 		r, _ := e.Retried(t, http.MethodPost, s.path, s.key, body(s))
 		if r.Status != s.status || r.Header.Get("Idempotent-Replayed") != "true" {

@@ -231,9 +231,7 @@ func TestKeyAcrossEndpoints(t *testing.T) {
 // and leaves Redis exactly at the ledger's remaining.
 func TestSameRequestTwoReplicasAtOnce(t *testing.T) {
 	systest.EachDriver(t, func(t *testing.T, driver string) {
-		dsn := systest.LedgerDSN(t, driver)
-		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
-		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		a, b := systest.Pair(t, driver)
 		sku := systest.NewSKU(t)
 		a.PutSKU(t, sku, 200, 1, 4)
 		var wg sync.WaitGroup

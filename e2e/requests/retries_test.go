@@ -177,9 +177,7 @@ func TestAttackReusedKeyOnClosedSKU(t *testing.T) {
 func TestAttackSealedReplaysMissRetry(t *testing.T) {
 	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
-		dsn := systest.LedgerDSN(t, driver)
-		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
-		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		a, b := systest.Pair(t, driver)
 		sku := systest.NewSKU(t)
 		a.PutSKU(t, sku, 1, 1, 4)
 		r, h := a.Hold(t, sku, "x", "xena", 1, 0)
@@ -207,7 +205,7 @@ func TestAttackSealedReplaysMissRetry(t *testing.T) {
 				t.Fatalf("retry on replica B = %d %s after %v, want 201 with order %s within 2 × the sold-out TTL",
 					retry.Status, retry.Body, time.Since(start), systest.OrderID(won))
 			}
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // poll interval
 		}
 	})
 }

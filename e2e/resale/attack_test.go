@@ -457,7 +457,7 @@ func TestAttackWithdrawRacedByReconcile(t *testing.T) {
 			done := make(chan systest.Reply, 2)
 			go func() { done <- b.Act(t, "/v1/listings/"+x.ListingID+"/withdraw", fmt.Sprintf("w%d", i), "ann") }()
 			go func() {
-				time.Sleep(time.Duration(i%4) * time.Millisecond)
+				time.Sleep(time.Duration(i%4) * time.Millisecond) // time under test: the reconcile 0-3 ms behind the withdrawal
 				done <- a.Do(t, http.MethodPost, systest.AdminPath(sku)+"/reconcile", nil, "")
 			}()
 			for range 2 {

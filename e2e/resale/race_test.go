@@ -31,7 +31,7 @@ func TestResaleRacedByFiftyBuyers(t *testing.T) {
 		wg.Go(func() {
 			// Once the first buyer is served: mid-race.
 			for deadline := time.Now().Add(10 * time.Second); bought.Load() == 0 && time.Now().Before(deadline); {
-				time.Sleep(time.Millisecond)
+				time.Sleep(time.Millisecond) // poll interval
 			}
 			w := b.Act(t, "/v1/listings/"+x.ListingID+"/withdraw", "w1", "seller")
 			switch {

@@ -83,9 +83,7 @@ func seatStates(t *testing.T, e *systest.Env, sku stock.SKU) (string, string) {
 // clear problems that move nothing.
 func TestCartSeats(t *testing.T) {
 	systest.EachDriver(t, func(t *testing.T, driver string) {
-		dsn := systest.LedgerDSN(t, driver)
-		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
-		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		a, b := systest.Pair(t, driver)
 		p := keys.MustID(testenv.ID(t, "seatcart"))
 		stalls, parking := stock.SKU{Program: p, Ticket: keys.MustID("stalls")}, stock.SKU{Program: p, Ticket: keys.MustID("zparking")}
 		a.PutSKU(t, stalls, 0, 1, 4)
@@ -197,9 +195,7 @@ func TestCartSeats(t *testing.T) {
 // under its holds, and the gate agrees with the ledger on every seat.
 func TestCartSeatsRacing(t *testing.T) {
 	systest.EachDriver(t, func(t *testing.T, driver string) {
-		dsn := systest.LedgerDSN(t, driver)
-		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
-		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		a, b := systest.Pair(t, driver)
 		p := keys.MustID(testenv.ID(t, "seatrace"))
 		stalls := stock.SKU{Program: p, Ticket: keys.MustID("stalls")}
 		a.PutSKU(t, stalls, 0, 1, 4)
@@ -359,9 +355,7 @@ func TestCartSeatsAttacks(t *testing.T) {
 	})
 	t.Run("a seated ticket sells no counted units", func(t *testing.T) {
 		systest.EachDriver(t, func(t *testing.T, driver string) {
-			dsn := systest.LedgerDSN(t, driver)
-			a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
-			b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+			a, b := systest.Pair(t, driver)
 			p := keys.MustID(testenv.ID(t, "vip"))
 			vip, sold := stock.SKU{Program: p, Ticket: keys.MustID("vip")}, stock.SKU{Program: p, Ticket: keys.MustID("sold")}
 			// A ticket that sold counted units cannot take a seat map.

@@ -124,9 +124,7 @@ func TestAttackWaitJoinOverProgramCap(t *testing.T) {
 func TestAttackWaitSameBuyerTwoReplicas(t *testing.T) {
 	systest.FullTier(t)
 	systest.EachDriver(t, func(t *testing.T, driver string) {
-		dsn := systest.LedgerDSN(t, driver)
-		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
-		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		a, b := systest.Pair(t, driver)
 		sku := systest.NewSKU(t)
 		a.PutSKU(t, sku, 1, 1, 2)
 		a.MustBuy(t, sku, "x", "x", 1)
@@ -199,7 +197,7 @@ func TestAttackWaitLeaveRacesOffer(t *testing.T) {
 			if w.Offer != nil {
 				wg.Go(func() {
 					for time.Until(w.Offer.ExpiresAt) > 30*time.Millisecond {
-						time.Sleep(5 * time.Millisecond)
+						time.Sleep(5 * time.Millisecond) // time under test: sent as the offer's expiry comes up
 					}
 					r := []*systest.Env{a, b}[i%2].Act(t, "/v1/holds/"+w.Offer.HoldID+"/confirm", "k", fmt.Sprintf("w%d", i))
 					if r.Status != http.StatusCreated && r.Status != http.StatusGone && r.Status != http.StatusConflict {
@@ -300,7 +298,7 @@ func TestAttackWaitOffersDuringRebuilds(t *testing.T) {
 				} else {
 					e.Do(t, http.MethodPost, systest.AdminPath(sku)+"/reconcile", nil, "")
 				}
-				time.Sleep(20 * time.Millisecond)
+				time.Sleep(20 * time.Millisecond) // time under test: the admin writes' pace
 			}
 		})
 		var sold sync.Map
@@ -317,7 +315,7 @@ func TestAttackWaitOffersDuringRebuilds(t *testing.T) {
 				} else if r.Status >= 500 {
 					t.Errorf("purchase = %d %s", r.Status, r.Body)
 				}
-				time.Sleep(10 * time.Millisecond)
+				time.Sleep(10 * time.Millisecond) // time under test: the buyers' pace
 			}
 		})
 		ctx := context.Background()

@@ -64,7 +64,7 @@ func qaLineExists(e *systest.Env, program keys.ID) bool {
 // admitted (an observation window: the thing must not happen at all).
 func qaNeverAdmitted(t *testing.T, e *systest.Env, sku stock.SKU, buyer, ticket string, d time.Duration) {
 	t.Helper()
-	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(100 * time.Millisecond) { // time under test: a window in which it must not happen
 		r, q := queueCheck(t, e, sku.Program, ticket)
 		if r.Status != http.StatusOK {
 			t.Fatalf("%s checks = %d %s", buyer, r.Status, r.Body)
@@ -182,7 +182,7 @@ func TestAttackQueueEarlyLineLostBeforeOpening(t *testing.T) {
 				admitted[b] = true
 			}
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // poll interval
 	}
 	if len(admitted) < 3 {
 		var where []string
@@ -395,7 +395,7 @@ func qaPaused(t *testing.T, cl *testenv.Cluster, program keys.ID, f func()) {
 func qaChecksFor(t *testing.T, e *systest.Env, program keys.ID, ticket, want string, d time.Duration) []string {
 	var bad, slow []string
 	n := 0
-	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(100 * time.Millisecond) { // time under test: a check every 100 ms for d
 		start := time.Now()
 		r, got := queueCheck(t, e, program, ticket)
 		took := time.Since(start)
@@ -1191,7 +1191,7 @@ func TestAttackQueueEndedSaleNotTold(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("5 s after the sale ended, a waiting buyer checks %d %s", r.Status, r.Body)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // poll interval
 	}
 }
 
@@ -1400,7 +1400,7 @@ func TestAttackQueueLossDoublesTheSlack(t *testing.T) {
 	})
 	qaFlushAll(t, cl)
 	systest.WaitFor(t, 10*time.Second, "the line made again", func() bool { return qaLineExists(e, sku.Program) })
-	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) { // time under test: 3 s in which nobody more is admitted
 		if n, who := admittedNow(); n > total {
 			t.Fatalf("%d buyers admitted and not bought for %d tickets (per_remaining 1) after the loss: %v", n, total, who)
 		}

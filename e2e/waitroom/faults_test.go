@@ -170,7 +170,7 @@ func TestQueueSoldOutToldWithinARefresh(t *testing.T) {
 			}
 			last = time.Now()
 		}
-		time.Sleep(time.Until(last.Add(waitroom.Refresh)))
+		time.Sleep(time.Until(last.Add(waitroom.Refresh))) // time under test: a replica remembers the line for Refresh
 		for i := range buyers {
 			for _, e := range []*systest.Env{a, b} {
 				r, q := queueCheck(t, e, sku.Program, tickets[i])
@@ -304,7 +304,7 @@ func TestQueueLineSurvivesRedisLoss(t *testing.T) {
 			if time.Now().After(deadline) {
 				t.Fatalf("after 150s: %d bought", len(bought))
 			}
-			time.Sleep(20 * time.Millisecond) // a pass, then the next: buyers poll, they do not spin
+			time.Sleep(20 * time.Millisecond) // poll interval: buyers poll, they do not spin
 		}
 		if st := a.State(t, sku); st.Sold != total || len(bought) != total {
 			t.Fatalf("sold %d (%d buyers), want %d", st.Sold, len(bought), total)
@@ -476,7 +476,7 @@ type laggingCommits struct {
 }
 
 func (l laggingCommits) Commit(ctx context.Context, takes []ledger.Take, direct bool) []ledger.TakeResult {
-	time.Sleep(l.delay)
+	time.Sleep(l.delay) // time under test: commits lag by delay
 	return l.Ledger.Commit(ctx, takes, direct)
 }
 
@@ -525,7 +525,7 @@ func TestQueueAdmitsNoMoreThanItSells(t *testing.T) {
 					}
 					return
 				}
-				time.Sleep(20 * time.Millisecond) // a buyer's poll, not a wait for a condition
+				time.Sleep(20 * time.Millisecond) // poll interval: a buyer's
 			}
 			ends[i] = "still waiting after 60s"
 		})

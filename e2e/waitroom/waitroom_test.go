@@ -279,7 +279,7 @@ func TestQueueAdmissionExpires(t *testing.T) {
 	})
 	// Admitted at or before seen: the window is over a second after it.
 	for time.Now().Before(seen.Add(1200 * time.Millisecond)) {
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // time under test: the 1 s admission window lapses
 	}
 	if r := buyAdmitted(t, e, sku, "late", "ann", q.Admission); r.Status != http.StatusGone || systest.ProblemKind(r) != "admission-expired" {
 		t.Fatalf("purchase after the window = %d %s", r.Status, r.Body)

@@ -38,7 +38,7 @@ func TestQueueCalls(t *testing.T) {
 	if _, err := c.CheckQueue(ctx, sku.Program, st.Ticket+"x"); !errors.Is(err, client.ErrQueueTicket) {
 		t.Fatalf("CheckQueue of a forged ticket = %v", err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); st.State != "admitted"; time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); st.State != "admitted"; time.Sleep(50 * time.Millisecond) { // poll interval
 		if time.Now().After(deadline) {
 			t.Fatalf("not admitted after 10s: %+v", st)
 		}

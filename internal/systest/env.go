@@ -234,7 +234,7 @@ func WaitFor(t *testing.T, within time.Duration, what string, ok func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("no %s within %v", what, within)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // poll interval
 	}
 }
 
@@ -245,4 +245,12 @@ func FullTier(t *testing.T) {
 	if testing.Short() {
 		t.Skip("full tier only (model, attack and fault runs): skipped with -short")
 	}
+}
+
+// Pair starts two replicas on one fresh ledger of driver: the whole-system
+// tests' usual "several replicas, one ledger".
+func Pair(t *testing.T, driver string) (a, b *Env) {
+	t.Helper()
+	dsn := LedgerDSN(t, driver)
+	return Start(t, Options{Driver: driver, DSN: dsn}), Start(t, Options{Driver: driver, DSN: dsn})
 }

@@ -94,7 +94,7 @@ func KillHolderMidway(t *testing.T, e *Env, mode, dsn string, sku stock.SKU, sha
 			err := <-exited
 			t.Fatalf("no fence from the reseed holder within 60s (%v): %s", err, stderr.String())
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // poll interval
 	}
 	killed := time.Now()
 	_ = holder.Process.Kill()
@@ -146,7 +146,7 @@ func reseedHolder() int {
 		if !errors.Is(err, lock.ErrBusy) && !errors.Is(err, sale.ErrRebuildBusy) && !errors.Is(err, context.DeadlineExceeded) {
 			break
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // poll interval: the next try for the lock
 	}
 	fmt.Fprintf(os.Stderr, "reseed holder: returned after %d busy tries (it should have been killed): %v\n", tries, err)
 	return 1

@@ -161,6 +161,6 @@ func (e *Env) Retried(t *testing.T, method, path, key, body string) (Reply, int)
 		if s, err := strconv.Atoi(r.Header.Get("Retry-After")); err == nil {
 			wait = time.Duration(min(max(s, 0), 2)) * time.Second
 		}
-		time.Sleep(wait)
+		time.Sleep(wait) // time under test: a client's wait, as Retry-After says
 	}
 }

@@ -111,7 +111,7 @@ func RedisConsistent(t *testing.T, e *Env, sku stock.SKU) {
 			t.Errorf("redis remaining %d (seeded %v, err %v), ledger remaining %d, 5s after the sale", left, seeded, err, st.Remaining())
 			return
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // poll interval
 	}
 }
 

@@ -5,17 +5,33 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // Counter reads a counter's (or a gauge's) value from a registry, summed
 // over the series whose labels include labels.
 func Counter(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
 	t.Helper()
+	var sum float64
+	for _, m := range series(t, reg, name, labels) {
+		switch {
+		case m.GetCounter() != nil:
+			sum += m.GetCounter().GetValue()
+		case m.GetGauge() != nil:
+			sum += m.GetGauge().GetValue()
+		}
+	}
+	return sum
+}
+
+// series are the series of a metric whose labels include labels.
+func series(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) []*dto.Metric {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var sum float64
+	var out []*dto.Metric
 	for _, mf := range mfs {
 		if mf.GetName() != name {
 			continue
@@ -31,15 +47,10 @@ func Counter(t *testing.T, reg *prometheus.Registry, name string, labels map[str
 					continue next
 				}
 			}
-			switch {
-			case m.GetCounter() != nil:
-				sum += m.GetCounter().GetValue()
-			case m.GetGauge() != nil:
-				sum += m.GetGauge().GetValue()
-			}
+			out = append(out, m)
 		}
 	}
-	return sum
+	return out
 }
 
 // WaitCounter waits until a metric of the replica reaches at least want,
@@ -51,7 +62,7 @@ func WaitCounter(t *testing.T, e *Env, name string, labels map[string]string, wa
 		if time.Now().After(deadline) {
 			t.Fatalf("%s%v = %v after %v, want >= %v", name, labels, Counter(t, e.Registry, name, labels), within, want)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // poll interval
 	}
 }
 
@@ -63,27 +74,38 @@ type Hist struct {
 	Cum    []uint64
 }
 
-// Histogram reads the first series of a histogram from a registry (the
-// zero Hist if it has none).
-func Histogram(t *testing.T, reg *prometheus.Registry, name string) Hist {
+// Histogram reads a histogram from a registry, summed over the series
+// whose labels include labels (the zero Hist if none has).
+func Histogram(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) Hist {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name || len(mf.GetMetric()) == 0 {
+	var s Hist
+	for _, m := range series(t, reg, name, labels) {
+		h := m.GetHistogram()
+		if h == nil {
 			continue
 		}
-		h := mf.GetMetric()[0].GetHistogram()
-		s := Hist{Count: h.GetSampleCount(), Sum: h.GetSampleSum()}
-		for _, b := range h.GetBucket() {
-			s.Bounds = append(s.Bounds, b.GetUpperBound())
-			s.Cum = append(s.Cum, b.GetCumulativeCount())
+		s.Count += h.GetSampleCount()
+		s.Sum += h.GetSampleSum()
+		for i, b := range h.GetBucket() {
+			if i == len(s.Bounds) {
+				s.Bounds = append(s.Bounds, b.GetUpperBound())
+				s.Cum = append(s.Cum, 0)
+			}
+			s.Cum[i] += b.GetCumulativeCount()
 		}
-		return s
 	}
-	return Hist{}
+	return s
+}
+
+// Past is how many observations exceeded bound, which must be one of the
+// histogram's bucket bounds (ok false otherwise).
+func (s Hist) Past(bound float64) (n uint64, ok bool) {
+	for i, b := range s.Bounds {
+		if b == bound {
+			return s.Count - s.Cum[i], true
+		}
+	}
+	return 0, false
 }
 
 // Mean is the mean of the observations, 0 without any.

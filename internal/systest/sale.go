@@ -142,11 +142,11 @@ func (s *FlashSale) worker(w int) {
 			if r.Status != http.StatusServiceUnavailable || s.stopped() {
 				break
 			}
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // time under test: a worker's pause before it retries a 503
 		}
 		if s.soldOutSeen() {
 			// Past the end: slow down, the monitor decides when to stop.
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // time under test: the workers' pace past the end
 		}
 	}
 }
@@ -181,7 +181,7 @@ func (s *FlashSale) WaitSold(n int64, within time.Duration) {
 		if time.Now().After(deadline) {
 			s.t.Fatalf("ledger sold %d (err %v) after %v, want %d", st.Sold, err, within, n)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // poll interval
 	}
 }
 

@@ -168,7 +168,7 @@ func SQLitePath(tb testing.TB) string {
 				tb.Errorf("remove sqlite dir: %v", err)
 				return
 			}
-			time.Sleep(50 * time.Millisecond)
+			time.Sleep(50 * time.Millisecond) // poll interval: until the directory is gone
 		}
 	})
 	return filepath.Join(dir, "ledger.db")

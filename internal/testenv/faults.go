@@ -104,7 +104,7 @@ type slowConn struct {
 
 func (c *slowConn) Write(b []byte) (int, error) {
 	if d := time.Duration(c.l.delay.Load()); d > 0 {
-		time.Sleep(d)
+		time.Sleep(d) // time under test: the latency injected
 	}
 	return c.Conn.Write(b)
 }

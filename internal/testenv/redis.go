@@ -253,7 +253,7 @@ func (n *Node) waitUp(ctx context.Context) error {
 			n.ID = id
 			return nil
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // poll interval
 	}
 	return fmt.Errorf("redis-server on %s did not answer", n.Addr)
 }

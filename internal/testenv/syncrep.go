@@ -5,8 +5,50 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"testing"
 	"time"
 )
+
+// SyncPostgres is a PostgreSQL server of the test's own, a fresh database
+// on it whose sessions commit as a production primary's do
+// (synchronous_commit on; the shared test servers commit without
+// waiting), and Raw, a superuser's connection to that database.
+type SyncPostgres struct {
+	DSN string
+	Raw *sql.DB
+}
+
+// NewSyncPostgres starts a SyncPostgres and stops it when t ends.
+func NewSyncPostgres(t testing.TB) *SyncPostgres {
+	t.Helper()
+	ctx := context.Background()
+	pg, err := StartOwnPostgres(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pg.Stop)
+	dsn, drop, err := pg.NewDatabase(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(drop)
+	dsn = withParam(dsn, "synchronous_commit", "on")
+	raw, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = raw.Close() })
+	return &SyncPostgres{DSN: dsn, Raw: raw}
+}
+
+// Standby sets the server's synchronous standby names (SetSyncStandby):
+// "nobody" names one that never answers, "" none.
+func (p *SyncPostgres) Standby(t testing.TB, names string) {
+	t.Helper()
+	if err := SetSyncStandby(context.Background(), p.Raw, names); err != nil {
+		t.Fatal(err)
+	}
+}
 
 // SetSyncStandby sets the server's synchronous_standby_names to names
 // through db (a superuser's connection to a server of the test's own)
@@ -36,7 +78,7 @@ func SetSyncStandby(ctx context.Context, db *sql.DB, names string) error {
 		if waits == (names != "") {
 			return nil
 		}
-		time.Sleep(50 * time.Millisecond) // the reload still on its way
+		time.Sleep(50 * time.Millisecond) // poll interval: the reload still on its way
 	}
 	return fmt.Errorf("synchronous_standby_names = %q not in force within 30 s", names)
 }

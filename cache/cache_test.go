@@ -169,3 +169,68 @@ func TestSoldOutFreshLeavesTheRecheck(t *testing.T) {
 		t.Errorf("SoldOut picked %d callers to re-check after SoldOutFresh was asked, want exactly 1", picked)
 	}
 }
+
+// A refreshing cache past its TTL answers the old value at once while one
+// load replaces it in the background, on a context the read that started
+// it cannot cancel; a key never loaded waits for its load.
+func TestRefreshingServesTheOldValueWhileItLoads(t *testing.T) {
+	var loads atomic.Int64
+	release := make(chan struct{})
+	canceled := make(chan error, 1)
+	l, err := cache.NewRefreshing(20*time.Millisecond, time.Minute, 100, nil, func(ctx context.Context, s stock.SKU) (int, error) {
+		n := loads.Add(1)
+		if n == 1 {
+			return 1, nil // the first load: at once
+		}
+		<-release // the refresh: as slow as the test wants
+		select {
+		case canceled <- ctx.Err():
+		default: // a later refresh: the test asked about the first
+		}
+		return int(n), nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := l.Get(context.Background(), sku); err != nil || v != 1 {
+		t.Fatalf("first Get = %d, %v, want 1 (a miss waits for its load)", v, err)
+	}
+	time.Sleep(30 * time.Millisecond) // time under test: the 20 ms TTL lapses
+	ctx, cancel := context.WithCancel(context.Background())
+	v, err := l.Get(ctx, sku)
+	cancel() // the read is over; its refresh must go on
+	if err != nil || v != 1 {
+		t.Fatalf("stale Get = %d, %v, want the old 1 at once", v, err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); loads.Load() < 2; {
+		if time.Now().After(deadline) {
+			t.Fatal("no refresh started by the stale read")
+		}
+		time.Sleep(time.Millisecond) // poll interval
+	}
+	for range 100 {
+		if v, _ := l.Get(context.Background(), sku); v != 1 {
+			t.Fatalf("Get during the refresh = %d, want the old 1", v)
+		}
+	}
+	if n := loads.Load(); n != 2 {
+		t.Errorf("%d loads during the refresh, want 2: one refresh however many stale reads", n)
+	}
+	close(release)
+	if err := <-canceled; err != nil {
+		t.Fatalf("the refresh ran on a context its reader ended: %v", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if v, _ := l.Get(context.Background(), sku); v == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the refreshed value 2 never served")
+		}
+		time.Sleep(time.Millisecond) // poll interval
+	}
+	if _, err := cache.NewRefreshing[stock.SKU, int](time.Second, time.Second, 1, nil, func(context.Context, stock.SKU) (int, error) { return 0, nil }); err == nil {
+		t.Error("NewRefreshing accepted stale == ttl")
+	}
+}

@@ -29,7 +29,7 @@ import (
 // at once an item that would wait longer than the budget behind those
 // queued (errLedgerBusy, with the wait), and refuses, unflushed, an item
 // that waited longer while the queue is still longer than the lane can
-// commit within the budget. An overloaded ledger then sheds load with
+// commit within the budget, or while its flushes take longer than it. An overloaded ledger then sheds load with
 // answers clients can retry, instead of queueing without bound.
 //
 // A slow ledger is the other case: a link that adds half a second to each
@@ -277,6 +277,12 @@ func (b *batcher[T, R]) flushAll(l *lane[T, R], batch []*pendingItem[T, R]) {
 	start := time.Now()
 	full := len(batch) == b.max
 	_, behind := b.overloaded(l, int64(len(batch))+l.queued.Load())
+	// A lane whose flushes take longer than the budget (a slow ledger)
+	// refuses what queued past it too: the items that queued at the
+	// onset, before the first slow flush had run past the budget, would
+	// otherwise each wait out a slow flush in turn (stockbench faults,
+	// PostgreSQL 500 ms slower: seconds at the p99).
+	slow := b.budget > 0 && time.Duration(math.Float64frombits(l.flushTime.Load())*float64(time.Second)) > b.budget
 	fresh := batch[:0]
 	end := start.Add(b.timeout)
 	for _, p := range batch {
@@ -284,8 +290,9 @@ func (b *batcher[T, R]) flushAll(l *lane[T, R], batch []*pendingItem[T, R]) {
 		b.metrics.waited(waited)
 		// Refused unflushed (nothing moved; the caller gives its stock
 		// back): one that waited past the budget behind a lane that
-		// can't keep up, and one whose request ran out of time waiting.
-		if behind && waited > b.budget || !p.deadline.IsZero() && !start.Before(p.deadline) {
+		// can't keep up or a slow one, and one whose request ran out of
+		// time waiting.
+		if (behind || slow) && waited > b.budget || !p.deadline.IsZero() && !start.Before(p.deadline) {
 			b.metrics.refused()
 			p.out <- outcome[R]{err: &busyError{wait: waited}}
 			continue

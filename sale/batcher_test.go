@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -69,14 +70,16 @@ func TestBatcherRefusesPastTheBudget(t *testing.T) {
 
 // An item that waited longer than the budget behind a slow flush, on a
 // lane whose queue is longer than it commits within the budget, is
-// refused when its turn comes, never flushed; on a lane that keeps up,
-// it is flushed however long it waited.
+// refused when its turn comes, never flushed. (On a lane that keeps up
+// and whose flushes are fast, it is flushed however long it waited:
+// TestBatcherRefusesWhatQueuedBehindASlowLedger. Here the held flush
+// itself runs past the budget, which makes the lane slow.)
 func TestBatcherRefusesWhatWaitedTooLong(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		rate float64 // what the lane learned, set once the three wait
 		shed bool
-	}{{"overloaded", 10, true}, {"keeping up", 1e6, false}} {
+	}{{"overloaded", 10, true}, {"slow, keeping up", 1e6, true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			const budget = 20 * time.Millisecond
 			release, holding := make(chan struct{}), make(chan struct{})
@@ -268,6 +271,48 @@ func TestBatcherSlowWait(t *testing.T) {
 			wait, over := b.slow(l, tc.n, now)
 			if wait.Round(ms) != tc.wait || over != tc.over {
 				t.Errorf("slow = %v, %v; want %v, %v", wait, over, tc.wait, tc.over)
+			}
+		})
+	}
+}
+
+// An item that queued past the budget on a lane whose flushes take longer
+// than the budget is refused unflushed (the onset of a slow ledger: items
+// queued before the first slow flush had run long would each wait out a
+// slow flush in turn); on a fast lane it is flushed, however long it
+// waited, and so is a fresh item on the slow lane.
+func TestBatcherRefusesWhatQueuedBehindASlowLedger(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		avg     time.Duration // the lane's flushTime
+		waited  time.Duration // how long the item had queued
+		refused bool
+	}{
+		{"slow lane, queued past the budget", 600 * time.Millisecond, time.Second, true},
+		{"slow lane, fresh item", 600 * time.Millisecond, 0, false},
+		{"fast lane, queued past the budget", 10 * time.Millisecond, time.Second, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var flushed atomic.Int64
+			b := newBatcher(1, 100, time.Minute, 250*time.Millisecond, laneMetrics{}, func(_ context.Context, items []int, answer func(int, int)) {
+				flushed.Add(int64(len(items)))
+				for i, v := range items {
+					answer(i, v)
+				}
+			})
+			defer b.close()
+			l := b.lanes[0]
+			l.flushTime.Store(math.Float64bits(tc.avg.Seconds()))
+			l.rate.Store(math.Float64bits(1e6)) // the pace keeps up: only slowness refuses
+			p := &pendingItem[int, int]{item: 7, at: time.Now().Add(-tc.waited), out: make(chan outcome[int], 1)}
+			l.queued.Add(1)
+			l.q <- p
+			o := <-p.out
+			switch {
+			case tc.refused && (!errors.Is(o.err, errLedgerBusy) || flushed.Load() != 0):
+				t.Errorf("answer %d, %v with %d flushed; want a busy refusal, nothing flushed", o.r, o.err, flushed.Load())
+			case !tc.refused && (o.err != nil || o.r != 7 || flushed.Load() != 1):
+				t.Errorf("answer %d, %v with %d flushed; want 7 from one flush", o.r, o.err, flushed.Load())
 			}
 		})
 	}

@@ -153,6 +153,11 @@ type Waitlists interface {
 	WaitEntryOf(ctx context.Context, sku stock.SKU, buyer keys.ID) (ledger.WaitEntry, error)
 }
 
+// settingsStale is how many SettingsTTLs a settings value may be served
+// while its refreshes fail: a minute at the default, longer than a
+// failover.
+const settingsStale = 60
+
 // Options configures a Service. The zero value of a setting takes its
 // default (DefaultOptions); Validate refuses what cannot work.
 type Options struct {
@@ -230,7 +235,11 @@ type Options struct {
 	// RestoreGrace is how long a restore may stay half-done (ledger side
 	// done, Redis side not) before any sweeper finishes it.
 	RestoreGrace time.Duration
-	// SettingsTTL is how long a SKU's settings are served from memory.
+	// SettingsTTL is how long a SKU's (a program's, a code's, a seat
+	// map's) settings are served from memory before a read refreshes them
+	// in the background; the old value is served until the refresh lands,
+	// for at most settingsStale times as long (a ledger that does not
+	// answer). The ledger checks again what it commits.
 	SettingsTTL time.Duration
 	// StockTTL is how long a stock read is served from memory.
 	StockTTL time.Duration
@@ -426,19 +435,19 @@ func New(opts Options) (*Service, error) {
 		s.log.Warn("redis breaker", "node", node, "from", from.String(), "to", to.String(), "cause", cause)
 	})
 	cm := opts.CacheMetrics
-	if s.settings, err = cache.NewLoading(opts.SettingsTTL, 100_000, cm.Recorder("settings"), s.ledger.SKU); err != nil {
+	if s.settings, err = cache.NewRefreshing(opts.SettingsTTL, settingsStale*opts.SettingsTTL, 100_000, cm.Recorder("settings"), s.ledger.SKU); err != nil {
 		return nil, err
 	}
-	if s.codes, err = cache.NewLoading(opts.SettingsTTL, 1_000_000, cm.Recorder("codes"), s.loadCode); err != nil {
+	if s.codes, err = cache.NewRefreshing(opts.SettingsTTL, settingsStale*opts.SettingsTTL, 1_000_000, cm.Recorder("codes"), s.loadCode); err != nil {
 		return nil, err
 	}
-	if s.programs, err = cache.NewLoading(opts.SettingsTTL, 100_000, cm.Recorder("programs"), s.ledger.Program); err != nil {
+	if s.programs, err = cache.NewRefreshing(opts.SettingsTTL, settingsStale*opts.SettingsTTL, 100_000, cm.Recorder("programs"), s.ledger.Program); err != nil {
 		return nil, err
 	}
 	if s.replays, err = newReplays(s.ledger, 10*time.Minute); err != nil {
 		return nil, err
 	}
-	if s.seatMaps, err = cache.NewLoading(opts.SettingsTTL, 1_000, cm.Recorder("seatmaps"), s.loadSeatMap); err != nil {
+	if s.seatMaps, err = cache.NewRefreshing(opts.SettingsTTL, settingsStale*opts.SettingsTTL, 1_000, cm.Recorder("seatmaps"), s.loadSeatMap); err != nil {
 		return nil, err
 	}
 	if s.sectionViews, err = cache.NewLoading(opts.StockTTL, 10_000, cm.Recorder("sections"), s.loadSection); err != nil {

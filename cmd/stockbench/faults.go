@@ -32,6 +32,7 @@ func faultsCmd(args []string) error {
 	fs := flag.NewFlagSet("faults", flag.ExitOnError)
 	out := fs.String("out", "docs/BENCHMARKS.md", "benchmark document whose faults section to write")
 	dir := fs.String("dir", ".run/bench", "working directory (the stockgate binary)")
+	only := fs.String("only", "", "run only the faults whose name contains this (the section then lists only them)")
 	_ = fs.Parse(args)
 	ctx := context.Background()
 	if err := os.MkdirAll(*dir, 0o755); err != nil {
@@ -49,6 +50,9 @@ func faultsCmd(args []string) error {
 	defer pg.Stop()
 	var rows []faultRow
 	for _, f := range faults {
+		if !strings.Contains(f.name, *only) {
+			continue
+		}
 		row, err := runFault(ctx, bin, pg, f)
 		if err != nil {
 			return fmt.Errorf("%s: %w", f.name, err)

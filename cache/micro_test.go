@@ -37,3 +37,19 @@ func BenchmarkMicroSettingsHit(b *testing.B) {
 		}
 	}
 }
+
+// The settings caches' hit, as sale builds them: fresh for the TTL, then
+// refreshed behind the reads (NewRefreshing).
+func BenchmarkMicroSettingsHitRefreshing(b *testing.B) {
+	l, err := cache.NewRefreshing(time.Hour, 2*time.Hour, 100, nil, func(context.Context, stock.SKU) (int64, error) { return 1, nil })
+	if err != nil {
+		b.Fatal(err)
+	}
+	sku := stock.SKU{Program: keys.MustID("show-1"), Ticket: keys.MustID("ga")}
+	ctx := context.Background()
+	for b.Loop() {
+		if _, err := l.Get(ctx, sku); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -74,3 +74,41 @@ func TestTTLCacheStaleWhileTheSourceIsSlow(t *testing.T) {
 		t.Fatalf("after forget, a failing load = %v, want its error", err)
 	}
 }
+
+// Once a reload took longer than staleAfter, callers wait for no reload
+// (they are answered the last value at once) until a reload ends in time
+// again.
+func TestTTLCacheStopsWaitingWhileTheSourceStaysSlow(t *testing.T) {
+	c := newTTLCache[int](time.Millisecond)
+	k := keys.MustID("p")
+	ctx := context.Background()
+	if v, err := c.get(ctx, k, func(context.Context) (int, error) { return 1, nil }); v != 1 || err != nil {
+		t.Fatalf("get = %d %v, want 1", v, err)
+	}
+	if c.slow.Load() {
+		t.Fatal("slow after a load that ended at once")
+	}
+	time.Sleep(2 * time.Millisecond) // time under test: past the 1 ms ttl
+	slowLoad := func(context.Context) (int, error) {
+		time.Sleep(staleAfter + 50*time.Millisecond) // time under test: a reload slower than staleAfter
+		return 2, nil
+	}
+	if v, _ := c.get(ctx, k, slowLoad); v != 1 {
+		t.Fatalf("get while the reload is slow = %d, want the last value 1", v)
+	}
+	for deadline := time.Now().Add(10 * time.Second); !c.slow.Load(); time.Sleep(time.Millisecond) { // poll interval
+		if time.Now().After(deadline) {
+			t.Fatal("not slow 10s after a reload slower than staleAfter began")
+		}
+	}
+	// Slow: the next caller is answered without a wait, however soon its
+	// reload would end; that reload, in time, makes the cache wait again.
+	for deadline := time.Now().Add(10 * time.Second); c.slow.Load(); time.Sleep(time.Millisecond) { // poll interval
+		if v, _ := c.get(ctx, k, func(context.Context) (int, error) { return 3, nil }); v != 2 && v != 3 {
+			t.Fatalf("get = %d, want the last value 2 or the new 3", v)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("still slow 10s after reloads that end at once")
+		}
+	}
+}

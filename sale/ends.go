@@ -187,6 +187,15 @@ func (s *Service) cancel(ctx context.Context, id, buyer keys.ID, r request) answ
 // same and moves nothing.
 func (s *Service) refund(ctx context.Context, id, buyer keys.ID, r request) answer {
 	o, changed, err := s.refundLedger(ctx, id, buyer, r.ledger())
+	if err == nil || errors.Is(err, ledger.ErrDuplicate) {
+		// The order the refund returns has no units (where its tickets
+		// went: began, resold, refunded); every answer that carries an
+		// order tells them (API.md), so answer it as a read shows it. A
+		// refunded order changes no more, so a replay tells the same.
+		if full, rerr := s.ledger.OrderByID(ctx, o.ID); rerr == nil {
+			o = full
+		}
+	}
 	switch {
 	case errors.Is(err, ledger.ErrDuplicate):
 		s.returnOwed(ctx, "order", o.ID) // as confirmKeep's replay

@@ -130,10 +130,13 @@ func (s *Service) withdraw(ctx context.Context, id, seller keys.ID, r request) a
 		}
 	}
 	x, err = s.ledger.Withdraw(ctx, id, seller, left, epoch, r.ledger())
-	if err != nil && len(fresh) > 0 && !errors.Is(err, ledger.ErrNotCommitted) && !errors.Is(err, ledger.ErrDuplicate) {
+	if err != nil && len(fresh) > 0 && withdrawRefused(err) {
 		// Nothing withdrawn: the units this call took stay on sale. Units
 		// a copy of this request took (Replayed) are that copy's to give
-		// back; a withdrawal that committed keeps them out.
+		// back; a withdrawal that committed keeps them out, and so does
+		// one whose COMMIT's outcome is unknown (its reply lost): a retry
+		// with the same key finds out, and the drift check puts the units
+		// back if it did not commit.
 		s.giveBack(ctx, sku, gateID, fresh)
 	}
 	switch {
@@ -149,12 +152,24 @@ func (s *Service) withdraw(ctx context.Context, id, seller keys.ID, r request) a
 	case errors.Is(err, ledger.ErrListingSelling):
 		return fail(ErrListingSelling)
 	case errors.Is(err, ledger.ErrNotCommitted):
-		// Maybe withdrawn: a retry with the same key finds out. The gate
-		// keeps the units out meanwhile (the safe side; the drift check
-		// puts them back if the withdrawal did not commit).
+		// Rolled back, its units given back above: a retry with the same
+		// key withdraws afresh.
 		return ansUnavailable
 	}
 	return s.ownerError(ctx, err, fail(ErrUnknownListing))
+}
+
+// withdrawRefused reports whether a withdrawal's error says that nothing
+// was written: the ledger refused it, or it failed before COMMIT. Any
+// other failure (at COMMIT, the reply lost) may have withdrawn.
+func withdrawRefused(err error) bool {
+	for _, e := range []error{ledger.ErrNotCommitted, ledger.ErrListingEnded, ledger.ErrListingSelling,
+		ledger.ErrNotFound, ledger.ErrNotOwner, ledger.ErrInCart, ledger.ErrKeyReused, errLedgerBusy} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // ListingByID reads a listing.

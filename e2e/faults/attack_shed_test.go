@@ -169,6 +169,46 @@ func retryAll(t *testing.T, e *systest.Env, ops []*shedOp) {
 	}
 }
 
+// slowSpell makes the link 500 ms slower per round trip; heal makes it
+// fast again (once; at the test's end if nothing did).
+func slowSpell(t *testing.T, link *systest.Link) (heal func()) {
+	link.Latency(t, 250*time.Millisecond)
+	var once sync.Once
+	heal = func() { once.Do(func() { link.Heal(t) }) }
+	t.Cleanup(heal)
+	return heal
+}
+
+// underPressure sends ops at once while sku's lane is shed: a purchase
+// on the slow link first (the lane learns its flush time), then workers
+// pressing the SKU until one is shed. It returns the pressure and a
+// tally of the first answers.
+func underPressure(t *testing.T, e *systest.Env, sku stock.SKU, workers int, ops []*shedOp) (*pressure, map[string]int) {
+	t.Helper()
+	if r := e.Buy(t, sku, "warm", "warm", 1); r.Status != http.StatusCreated {
+		t.Fatalf("a purchase on the slow link = %d %s", r.Status, r.Body)
+	}
+	p := press(t, e, sku, workers, "press")
+	systest.WaitFor(t, 20*time.Second, "the pressure to be shed", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.shed > 0
+	})
+	var wg sync.WaitGroup
+	for _, op := range ops {
+		wg.Go(func() {
+			op.first = e.Do(t, http.MethodPost, op.path, map[string]string{"Idempotency-Key": op.key}, op.body)
+			check5xx(t, op.name, op.first)
+		})
+	}
+	wg.Wait()
+	kinds := map[string]int{}
+	for _, op := range ops {
+		kinds[fmt.Sprintf("%d %s", op.first.Status, systest.ProblemKind(op.first))]++
+	}
+	return p, kinds
+}
+
 // slowEnv is a replica on PostgreSQL behind a link, with production's
 // wait budget.
 func slowEnv(t *testing.T, tune func(o *app.Options)) (*systest.Env, *systest.Link) {
@@ -334,39 +374,8 @@ func TestAttackShedLatePayment(t *testing.T) {
 		ops = append(ops, &shedOp{name: "late payment " + h.HoldID, path: "/v1/holds/" + h.HoldID + "/confirm",
 			key: fmt.Sprintf("lc-%d", i), body: body, want: http.StatusCreated})
 	}
-	link.Latency(t, 250*time.Millisecond)
-	healed := false
-	heal := func() {
-		if !healed {
-			link.Heal(t)
-			healed = true
-		}
-	}
-	t.Cleanup(heal)
-	if r := e.Buy(t, sku, "warm", "warm", 1); r.Status != http.StatusCreated { // the lane learns the flush time
-		t.Fatalf("a purchase on the slow link = %d %s", r.Status, r.Body)
-	}
-	p := press(t, e, sku, 6, "press")
-	systest.WaitFor(t, 20*time.Second, "the pressure to be shed", func() bool {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		return p.shed > 0
-	})
-	var wg sync.WaitGroup
-	for _, op := range ops {
-		wg.Go(func() {
-			op.first = e.Do(t, http.MethodPost, op.path, map[string]string{"Idempotency-Key": op.key}, op.body)
-			check5xx(t, op.name, op.first)
-		})
-	}
-	wg.Wait()
-	kinds := map[string]int{}
-	for _, op := range ops {
-		kinds[fmt.Sprintf("%d %s", op.first.Status, systest.ProblemKind(op.first))]++
-		if op.first.Status >= 500 {
-			t.Logf("%s: %s", op.name, op.first.Body)
-		}
-	}
+	heal := slowSpell(t, link)
+	p, kinds := underPressure(t, e, sku, 6, ops)
 	t.Logf("late payments in the fault: %v", kinds)
 	sold := p.end(t, e, sku, heal) + 1 // and warm
 	retryAll(t, e, ops)
@@ -608,36 +617,8 @@ func TestAttackShedCarts(t *testing.T) {
 			&shedOp{name: "held cart " + buyer, path: carts + "/cart-holds", key: fmt.Sprintf("chold-%d", i),
 				body: systest.CartBody(buyer, map[string]int64{"adult": 1, "parking": 1}, "adult", "parking"), want: http.StatusCreated})
 	}
-	link.Latency(t, 250*time.Millisecond)
-	healed := false
-	heal := func() {
-		if !healed {
-			link.Heal(t)
-			healed = true
-		}
-	}
-	t.Cleanup(heal)
-	if r := e.Buy(t, skus[0], "warm", "warm", 1); r.Status != http.StatusCreated {
-		t.Fatalf("a purchase on the slow link = %d %s", r.Status, r.Body)
-	}
-	pr := press(t, e, skus[0], 6, "press")
-	systest.WaitFor(t, 20*time.Second, "the pressure to be shed", func() bool {
-		pr.mu.Lock()
-		defer pr.mu.Unlock()
-		return pr.shed > 0
-	})
-	var wg sync.WaitGroup
-	for _, op := range ops {
-		wg.Go(func() {
-			op.first = e.Do(t, http.MethodPost, op.path, map[string]string{"Idempotency-Key": op.key}, op.body)
-			check5xx(t, op.name, op.first)
-		})
-	}
-	wg.Wait()
-	kinds := map[string]int{}
-	for _, op := range ops {
-		kinds[fmt.Sprintf("%d %s", op.first.Status, systest.ProblemKind(op.first))]++
-	}
+	heal := slowSpell(t, link)
+	pr, kinds := underPressure(t, e, skus[0], 6, ops)
 	t.Logf("carts in the fault: %v", kinds)
 	// The carts first: the pressure's purchases, sent again, may sell the
 	// adult tickets out.
@@ -693,15 +674,7 @@ func TestAttackShedResale(t *testing.T) {
 		t.Fatalf("list = %d %s", r.Status, r.Body)
 	}
 	x := listingOfReply(r)
-	link.Latency(t, 250*time.Millisecond)
-	healed := false
-	heal := func() {
-		if !healed {
-			link.Heal(t)
-			healed = true
-		}
-	}
-	t.Cleanup(heal)
+	heal := slowSpell(t, link)
 	if r := e.Buy(t, sku, "warm", "warm", 1); r.Status != http.StatusCreated {
 		t.Fatalf("a purchase of a listed ticket on the slow link = %d %s", r.Status, r.Body)
 	}
@@ -821,36 +794,8 @@ func TestAttackShedBuyerCap(t *testing.T) {
 			&shedOp{name: "purchase " + buyer, path: systest.SKUPath(sku) + "/purchases", key: "p-" + buyer,
 				body: fmt.Sprintf(`{"buyer":%q,"quantity":1}`, buyer), want: http.StatusCreated})
 	}
-	link.Latency(t, 250*time.Millisecond)
-	healed := false
-	heal := func() {
-		if !healed {
-			link.Heal(t)
-			healed = true
-		}
-	}
-	t.Cleanup(heal)
-	if r := e.Buy(t, sku, "warm", "warm", 1); r.Status != http.StatusCreated {
-		t.Fatalf("a purchase on the slow link = %d %s", r.Status, r.Body)
-	}
-	pr := press(t, e, sku, 4, "press")
-	systest.WaitFor(t, 20*time.Second, "the pressure to be shed", func() bool {
-		pr.mu.Lock()
-		defer pr.mu.Unlock()
-		return pr.shed > 0
-	})
-	var wg sync.WaitGroup
-	for _, op := range ops {
-		wg.Go(func() {
-			op.first = e.Do(t, http.MethodPost, op.path, map[string]string{"Idempotency-Key": op.key}, op.body)
-			check5xx(t, op.name, op.first)
-		})
-	}
-	wg.Wait()
-	kinds := map[string]int{}
-	for _, op := range ops {
-		kinds[fmt.Sprintf("%d %s", op.first.Status, systest.ProblemKind(op.first))]++
-	}
+	heal := slowSpell(t, link)
+	pr, kinds := underPressure(t, e, sku, 4, ops)
 	t.Logf("in the fault: %v", kinds)
 	sold := pr.end(t, e, sku, heal) + 1
 	retryAll(t, e, ops)

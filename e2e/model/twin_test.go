@@ -191,7 +191,10 @@ func TestCarefulAttemptRefusesACommittedRequestAsSoldOut(t *testing.T) {
 			buyer := keys.MustID(fmt.Sprintf("cb%d", round))
 			purchase := func(key string, q int64) ledger.Take {
 				req := ledger.Request{Scope: buyer, Key: keys.MustID(key), Fingerprint: "fp-" + key, Op: ledger.OpPurchase}
-				return ledger.PurchaseTake(ledger.Order{IdempotencyKey: keys.MustID("gate-" + key), SKU: sku, Buyer: buyer, Quantity: q,
+				// Order keys are global: a later round's must not meet an
+				// earlier round's order (its take reads as a duplicate
+				// whose request is nowhere: a make test failure).
+				return ledger.PurchaseTake(ledger.Order{IdempotencyKey: keys.MustID("gate-" + buyer.String() + "-" + key), SKU: sku, Buyer: buyer, Quantity: q,
 					Gate: "[]", GateEpoch: -1, Req: req})
 			}
 			if r := l.Commit(ctx, []ledger.Take{purchase("w", 1)}, false); r[0].Err != nil {

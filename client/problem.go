@@ -19,8 +19,20 @@ type Problem struct {
 	Lines []RefusedLine `json:"lines,omitempty"`
 	// Seats are the seats a seat problem is about (taken, unknown).
 	Seats []string `json:"seats,omitempty"`
+	// Puzzle is the proof-of-work puzzle a waiting room's join was
+	// refused for (ErrProofRequired, ErrProofInvalid).
+	Puzzle *Puzzle `json:"puzzle,omitempty"`
 	// RetryAfter is the answer's Retry-After (503 and 429).
 	RetryAfter time.Duration `json:"-"`
+}
+
+// Puzzle is a waiting room's proof of work: a nonce such that
+// SHA-256(Challenge + ":" + nonce) starts with Difficulty zero bits.
+type Puzzle struct {
+	Challenge  string    `json:"challenge"`
+	Difficulty int       `json:"difficulty"`
+	Algorithm  string    `json:"algorithm"`
+	ExpiresAt  time.Time `json:"expires_at"`
 }
 
 // RefusedLine is a cart line a refusal names, and the code of why.
@@ -91,6 +103,8 @@ var (
 	ErrNoQueue           = kind("no-queue")                // 404: the program has no waiting room
 	ErrQueueNotOpen      = kind("queue-not-open")          // 409
 	ErrQueueTicket       = kind("invalid-queue-ticket")    // 400
+	ErrProofRequired     = kind("proof-of-work-required")  // 403: solve Problem.Puzzle (JoinQueue does)
+	ErrProofInvalid      = kind("proof-of-work-invalid")   // 403: a new Problem.Puzzle to solve
 	ErrAdmissionRequired = kind("admission-required")      // 403: join the waiting room
 	ErrAdmissionInvalid  = kind("admission-invalid")       // 403
 	ErrAdmissionUsed     = kind("admission-used")          // 409: one order per admission

@@ -2,8 +2,13 @@ package client
 
 import (
 	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"math/bits"
 	"net/http"
 	"net/url"
+	"strconv"
 	"time"
 )
 
@@ -33,22 +38,26 @@ type QueueConfig struct {
 	RatePerSecond  int64      `json:"rate_per_second"`
 	WindowSeconds  int64      `json:"window_seconds"`
 	PerRemaining   float64    `json:"per_remaining"`
+	// ProofOfWorkBits, when not 0, makes every join bring a solved puzzle
+	// of at least this many bits (1..24).
+	ProofOfWorkBits int64 `json:"proof_of_work_bits,omitempty"`
 }
 
 // Queue is a waiting room and its line (admin).
 type Queue struct {
-	Program        string    `json:"program"`
-	OpensAt        time.Time `json:"opens_at"`
-	JoinFrom       time.Time `json:"join_from"`
-	RatePerSecond  int64     `json:"rate_per_second"`
-	WindowSeconds  int64     `json:"window_seconds"`
-	PerRemaining   float64   `json:"per_remaining"`
-	Opened         bool      `json:"opened"`
-	Joined         int64     `json:"joined"`
-	Serving        int64     `json:"serving"`
-	AdmittedUnused int64     `json:"admitted_unused"`
-	Abandoned      int64     `json:"abandoned"`
-	SoldOut        bool      `json:"sold_out"`
+	Program         string    `json:"program"`
+	OpensAt         time.Time `json:"opens_at"`
+	JoinFrom        time.Time `json:"join_from"`
+	RatePerSecond   int64     `json:"rate_per_second"`
+	WindowSeconds   int64     `json:"window_seconds"`
+	PerRemaining    float64   `json:"per_remaining"`
+	ProofOfWorkBits int64     `json:"proof_of_work_bits"`
+	Opened          bool      `json:"opened"`
+	Joined          int64     `json:"joined"`
+	Serving         int64     `json:"serving"`
+	AdmittedUnused  int64     `json:"admitted_unused"`
+	Abandoned       int64     `json:"abandoned"`
+	SoldOut         bool      `json:"sold_out"`
 }
 
 // PutQueue turns a program's waiting room on, or changes it (admin).
@@ -72,21 +81,66 @@ func (c *Client) DeleteQueue(ctx context.Context, program string) error {
 }
 
 // JoinQueue gives buyer its one place in program's waiting room (again:
-// the same place) and the ticket to check it with.
+// the same place) and the ticket to check it with. A room that asks for
+// proof of work answers with a puzzle, which JoinQueue solves (on this
+// goroutine: 2^difficulty hashes on average) and joins again with.
 func (c *Client) JoinQueue(ctx context.Context, program, buyer string) (QueueStatus, error) {
-	var out QueueStatus
-	_, err := c.call(ctx, http.MethodPost, "/v1/programs/"+url.PathEscape(program)+"/queue", "", false,
-		map[string]any{"buyer": buyer}, &out)
-	return out, err
+	return c.join(ctx, program, map[string]any{"buyer": buyer})
 }
 
 // RejoinQueue is JoinQueue presenting the ticket of buyer's earlier join:
 // the place is kept even if the line's record was lost.
 func (c *Client) RejoinQueue(ctx context.Context, program, buyer, ticket string) (QueueStatus, error) {
+	return c.join(ctx, program, map[string]any{"buyer": buyer, "ticket": ticket})
+}
+
+func (c *Client) join(ctx context.Context, program string, body map[string]any) (QueueStatus, error) {
 	var out QueueStatus
-	_, err := c.call(ctx, http.MethodPost, "/v1/programs/"+url.PathEscape(program)+"/queue", "", false,
-		map[string]any{"buyer": buyer, "ticket": ticket}, &out)
+	path := "/v1/programs/" + url.PathEscape(program) + "/queue"
+	_, err := c.call(ctx, http.MethodPost, path, "", false, body, &out)
+	// A puzzle, solved, is good for one more try: a second refusal (the
+	// room asked for more meanwhile) is the caller's to see.
+	var p *Problem
+	if !errors.As(err, &p) || p.Puzzle == nil {
+		return out, err
+	}
+	nonce, err := SolvePuzzle(ctx, *p.Puzzle)
+	if err != nil {
+		return out, err
+	}
+	body["proof"] = map[string]string{"challenge": p.Puzzle.Challenge, "nonce": nonce}
+	_, err = c.call(ctx, http.MethodPost, path, "", false, body, &out)
 	return out, err
+}
+
+// SolvePuzzle finds a nonce for a waiting room's proof-of-work puzzle by
+// counting, as the waiting room's page does; it gives up when ctx is done.
+func SolvePuzzle(ctx context.Context, pz Puzzle) (string, error) {
+	if pz.Difficulty < 0 || pz.Difficulty > 64 {
+		return "", fmt.Errorf("client: puzzle difficulty %d out of range", pz.Difficulty)
+	}
+	buf := []byte(pz.Challenge + ":")
+	n := len(buf)
+	for i := uint64(0); ; i++ {
+		if i&0xffff == 0 && ctx.Err() != nil {
+			return "", ctx.Err()
+		}
+		buf = strconv.AppendUint(buf[:n], i, 10)
+		if sum := sha256.Sum256(buf); leadingZeros(sum[:]) >= pz.Difficulty {
+			return string(buf[n:]), nil
+		}
+	}
+}
+
+func leadingZeros(b []byte) int {
+	z := 0
+	for _, x := range b {
+		if x != 0 {
+			return z + bits.LeadingZeros8(x)
+		}
+		z += 8
+	}
+	return z
 }
 
 // CheckQueue reads where the holder of ticket stands.

@@ -347,7 +347,7 @@ func TestManifests(t *testing.T) {
 		"stockgate_ledger_batch_size_bucket", "stockgate_http_rate_limited_total", "stockgate_build_info",
 		// The waiting room, the relay and the waitlist.
 		"stockgate_queue_waiting", "stockgate_queue_admitted_unused", "stockgate_queue_abandoned", "stockgate_queue_stock_left",
-		"stockgate_queue_joins_total", "stockgate_queue_admitted_total", "stockgate_queue_wait_seconds_bucket",
+		"stockgate_queue_joins_total", "stockgate_queue_pow_refused_total", "stockgate_queue_admitted_total", "stockgate_queue_wait_seconds_bucket",
 		"stockgate_relay_lag_seconds", "stockgate_relay_backlog", "stockgate_relay_leases", "stockgate_relay_delivered_total",
 		"stockgate_relay_failed_attempts_total", "stockgate_relay_dead_lettered_total", "stockgate_waitlist_joins_total"} {
 		if !strings.Contains(all, m) {

@@ -36,6 +36,19 @@ type Problem struct {
 	// what happened). A 4xx changed nothing and a 2xx stands, so neither
 	// needs it.
 	Outcome string `json:"outcome,omitempty"`
+	// Puzzle, on a join refused for its proof of work, is the puzzle to
+	// solve before joining again.
+	Puzzle *problemPuzzle `json:"puzzle,omitempty"`
+}
+
+// problemPuzzle is a waiting room's proof-of-work puzzle: find a nonce
+// such that SHA-256(challenge + ":" + nonce) starts with difficulty zero
+// bits, and join again with both before expires_at.
+type problemPuzzle struct {
+	Challenge  string    `json:"challenge"`
+	Difficulty int       `json:"difficulty"`
+	Algorithm  string    `json:"algorithm"`
+	ExpiresAt  time.Time `json:"expires_at"`
 }
 
 // Outcomes of a 5xx (Problem.Outcome).
@@ -188,6 +201,8 @@ var roomStatus = map[*waitroom.Kind]int{
 	waitroom.ErrNoRoom:            http.StatusNotFound,
 	waitroom.ErrNotOpen:           http.StatusConflict,
 	waitroom.ErrTicket:            http.StatusBadRequest,
+	waitroom.ErrProofRequired:     http.StatusForbidden,
+	waitroom.ErrProofInvalid:      http.StatusForbidden,
 	waitroom.ErrAdmissionRequired: http.StatusForbidden,
 	waitroom.ErrAdmissionInvalid:  http.StatusForbidden,
 	waitroom.ErrAdmissionUsed:     http.StatusConflict,
@@ -211,6 +226,15 @@ func (s *Server) roomError(c *gin.Context, err error) {
 	if status == http.StatusServiceUnavailable {
 		retry = retryAfter(time.Second)
 		s.log.WarnContext(c.Request.Context(), "request failed", "route", c.FullPath(), "status", status, "err", err)
+	}
+	var pz *waitroom.PuzzleError
+	if errors.As(err, &pz) {
+		c.Header("Cache-Control", "no-store")
+		c.Render(status, problemRender{Problem{Type: problemBase + kind.Code, Title: http.StatusText(status), Status: status,
+			Detail: waitroom.Detail(err), Instance: c.Request.URL.Path, Puzzle: &problemPuzzle{Challenge: pz.Puzzle.Challenge,
+				Difficulty: pz.Puzzle.Bits, Algorithm: waitroom.PowAlgorithm, ExpiresAt: pz.Puzzle.ExpiresAt.UTC()}}})
+		c.Abort()
+		return
 	}
 	writeProblem(c, status, kind.Code, waitroom.Detail(err), retry)
 }

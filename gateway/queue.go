@@ -3,6 +3,7 @@ package gateway
 import (
 	_ "embed"
 	"encoding/json"
+	"fmt"
 	"math"
 	"net/http"
 	"strconv"
@@ -24,6 +25,9 @@ type queueBody struct {
 	PerRemaining   *float64   `json:"per_remaining"`
 	OpensInSeconds *int64     `json:"opens_in_seconds"` // instead of opens_at: from now
 	CheckoutURL    string     `json:"checkout_url"`
+	// ProofOfWorkBits, when given and not 0, makes every join bring a
+	// solved puzzle of at least this many bits.
+	ProofOfWorkBits *int64 `json:"proof_of_work_bits"`
 }
 
 // queueView is a waiting room and its line, for admin.
@@ -35,6 +39,7 @@ type queueView struct {
 	WindowSeconds int64     `json:"window_seconds"`
 	PerRemaining  float64   `json:"per_remaining"`
 	CheckoutURL   string    `json:"checkout_url,omitempty"`
+	PowBits       int       `json:"proof_of_work_bits"`
 	Opened        bool      `json:"opened"`
 	Joined        int64     `json:"joined"`
 	Serving       int64     `json:"serving"`
@@ -45,7 +50,7 @@ type queueView struct {
 
 func queueViewOf(c waitroom.Config) queueView {
 	return queueView{Program: c.Program.String(), OpensAt: c.OpensAt.UTC(), JoinFrom: c.JoinFrom.UTC(), RatePerSecond: c.Rate,
-		WindowSeconds: int64(c.Window / time.Second), PerRemaining: c.PerRemaining, CheckoutURL: c.CheckoutURL}
+		WindowSeconds: int64(c.Window / time.Second), PerRemaining: c.PerRemaining, CheckoutURL: c.CheckoutURL, PowBits: c.PowBits}
 }
 
 // programParam parses the :program of the path.
@@ -86,9 +91,15 @@ func (s *Server) putQueue(c *gin.Context) {
 	case math.IsNaN(*b.PerRemaining) || *b.PerRemaining < 0.001 || *b.PerRemaining > 1000:
 		bad("per_remaining must be 0.001..1000")
 		return
+	case b.ProofOfWorkBits != nil && (*b.ProofOfWorkBits < 0 || *b.ProofOfWorkBits > waitroom.MaxPowBits):
+		bad(fmt.Sprintf("proof_of_work_bits must be 0..%d", waitroom.MaxPowBits))
+		return
 	}
 	cfg := waitroom.Config{Program: program, Rate: *b.RatePerSecond, Window: time.Duration(*b.WindowSeconds) * time.Second,
 		PerRemaining: *b.PerRemaining, CheckoutURL: b.CheckoutURL}
+	if b.ProofOfWorkBits != nil {
+		cfg.PowBits = int(*b.ProofOfWorkBits)
+	}
 	if b.OpensAt != nil {
 		cfg.OpensAt = *b.OpensAt
 	} else {
@@ -221,10 +232,17 @@ func appendJSONString(b []byte, s string) []byte {
 }
 
 // joinBody is a buyer joining a line; Ticket, optional, is the ticket of
-// the buyer's earlier join (its place is kept even if Redis lost it).
+// the buyer's earlier join (its place is kept even if Redis lost it);
+// Proof the solved puzzle of a room that asks for proof of work.
 type joinBody struct {
-	Buyer  string `json:"buyer"`
-	Ticket string `json:"ticket"`
+	Buyer  string     `json:"buyer"`
+	Ticket string     `json:"ticket"`
+	Proof  *joinProof `json:"proof"`
+}
+
+type joinProof struct {
+	Challenge string `json:"challenge"`
+	Nonce     string `json:"nonce"`
 }
 
 // joinQueue handles POST /v1/programs/:program/queue {"buyer": ...,
@@ -243,7 +261,11 @@ func (s *Server) joinQueue(c *gin.Context) {
 	if !ok {
 		return
 	}
-	st, created, err := s.rooms.Join(c.Request.Context(), program, buyer, body.Ticket)
+	ask := waitroom.JoinAsk{Buyer: buyer, Ticket: body.Ticket, Client: c.ClientIP()}
+	if body.Proof != nil {
+		ask.Proof = waitroom.Proof{Challenge: body.Proof.Challenge, Nonce: body.Proof.Nonce}
+	}
+	st, created, err := s.rooms.Join(c.Request.Context(), program, ask)
 	if err != nil {
 		s.roomError(c, err)
 		return
@@ -273,6 +295,16 @@ func (s *Server) checkQueue(c *gin.Context) {
 //go:embed page/queue.html
 var queuePage string
 
+//go:embed page/pow-worker.js
+var powWorker []byte
+
+// powWorkerHandler handles GET /queue-worker.js: the web worker in which the
+// waiting room's page solves a proof-of-work puzzle.
+func (s *Server) powWorkerHandler(c *gin.Context) {
+	c.Header("Cache-Control", "public, max-age=3600")
+	c.Data(http.StatusOK, "text/javascript; charset=utf-8", powWorker)
+}
+
 // queuePageHandler handles GET /queue/:program?buyer=…: the waiting
 // room's page. It joins the line, shows the place and a progress bar,
 // checks again when Retry-After says, and sends the buyer on to the
@@ -293,6 +325,6 @@ func (s *Server) queuePageHandler(c *gin.Context) {
 	quoted, _ := json.Marshal(checkout)
 	page := strings.Replace(queuePage, `"{{CHECKOUT}}"`, string(quoted), 1)
 	c.Header("Cache-Control", "no-store")
-	c.Header("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'")
+	c.Header("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; worker-src 'self'; style-src 'unsafe-inline'; connect-src 'self'")
 	c.Data(http.StatusOK, "text/html; charset=utf-8", []byte(page))
 }

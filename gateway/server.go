@@ -315,6 +315,7 @@ func (s *Server) routes(set routeSet) (*gin.Engine, error) {
 	}
 	e.GET("/openapi.json", func(c *gin.Context) { c.Data(http.StatusOK, "application/json", OpenAPI) })
 	e.GET("/queue/:program", s.queuePageHandler)
+	e.GET("/queue-worker.js", s.powWorkerHandler)
 	v1.GET("/skus/:program/:ticket/stock", s.getStock)
 	v1.POST("/skus/:program/:ticket/purchases", s.purchase)
 	v1.POST("/skus/:program/:ticket/holds", s.postHold)

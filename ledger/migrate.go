@@ -60,13 +60,15 @@ var thisBuild = schemaSteps{
 		{version: 4, name: "organizer channels", up: (*Ledger).channelsUp, down: (*Ledger).channelsDown},
 		{version: 5, name: "program directory", up: (*Ledger).directoryUp, down: (*Ledger).directoryDown},
 		{version: 6, name: "order units", up: (*Ledger).orderUnitsUp, down: (*Ledger).orderUnitsDown},
+		{version: 7, name: "proof of work", up: (*Ledger).powUp, down: (*Ledger).powDown},
 	},
 	// Resale's tables are read by every refund and transfer, the channels'
 	// by the report, an order's units (step 6) by every order read, resale
-	// settle and refund: this build needs step 6. The chart's
+	// settle and refund, a room's proof of work (step 7) by every read of
+	// a waiting room: this build needs step 7. The chart's
 	// pre-install/pre-upgrade Job (or serve with migrate on) runs them
 	// before this build serves; see docs/RUNBOOK.md.
-	minimum: 6,
+	minimum: 7,
 }
 
 func (s schemaSteps) latest() int64 { return s.steps[len(s.steps)-1].version }
@@ -437,6 +439,17 @@ UPDATE order_listings SET resold_out = 1 WHERE resold > 0
 func (l *Ledger) orderUnitsDown(ctx context.Context, tx *sql.Tx) error {
 	_, err := tx.ExecContext(ctx, `ALTER TABLE order_listings DROP COLUMN resold; ALTER TABLE order_listings DROP COLUMN transferred;
 		ALTER TABLE order_listings DROP COLUMN resold_out`)
+	return err
+}
+
+// powUp adds a waiting room's proof of work (0: none asked; an expand step:
+// older builds never read it).
+func (l *Ledger) powUp(ctx context.Context, tx *sql.Tx) error {
+	return l.addColumn(ctx, tx, "queues", "pow_bits", "BIGINT NOT NULL DEFAULT 0")
+}
+
+func (l *Ledger) powDown(ctx context.Context, tx *sql.Tx) error {
+	_, err := tx.ExecContext(ctx, `ALTER TABLE queues DROP COLUMN pow_bits`)
 	return err
 }
 

@@ -20,6 +20,10 @@ var (
 	ErrNoRoom      = &Kind{"no-queue", "this program has no waiting room"}
 	ErrNotOpen     = &Kind{"queue-not-open", "the waiting room does not take buyers yet"}
 	ErrTicket      = &Kind{"invalid-queue-ticket", "not a queue ticket of this program"}
+	// A join of a room that asks for proof of work (a PuzzleError carries
+	// the puzzle).
+	ErrProofRequired = &Kind{"proof-of-work-required", "this waiting room asks for proof of work: solve the puzzle and join again with it"}
+	ErrProofInvalid  = &Kind{"proof-of-work-invalid", "the proof of work does not solve a puzzle of this waiting room for this buyer"}
 	// The door's (Admit).
 	ErrAdmissionRequired = &Kind{"admission-required", "this program sells through its waiting room: send the admission token"}
 	ErrAdmissionInvalid  = &Kind{"admission-invalid", "the admission token is not valid for this buyer and program"}
@@ -29,7 +33,7 @@ var (
 
 // Kinds are every kind, for the tests that hold the API's document to them.
 func Kinds() []*Kind {
-	return []*Kind{ErrInvalid, ErrUnavailable, ErrNoRoom, ErrNotOpen, ErrTicket,
+	return []*Kind{ErrInvalid, ErrUnavailable, ErrNoRoom, ErrNotOpen, ErrTicket, ErrProofRequired, ErrProofInvalid,
 		ErrAdmissionRequired, ErrAdmissionInvalid, ErrAdmissionUsed, ErrAdmissionExpired}
 }
 

@@ -5,13 +5,14 @@ import "github.com/prometheus/client_golang/prometheus"
 // metrics are the waiting rooms' (the gauges over the programs this
 // replica paces).
 type metrics struct {
-	joins     prometheus.Counter
-	admitted  prometheus.Counter
-	unused    prometheus.Gauge
-	waiting   prometheus.Gauge
-	left      prometheus.Gauge
-	abandoned prometheus.Gauge
-	wait      prometheus.Histogram
+	joins      prometheus.Counter
+	powRefused *prometheus.CounterVec
+	admitted   prometheus.Counter
+	unused     prometheus.Gauge
+	waiting    prometheus.Gauge
+	left       prometheus.Gauge
+	abandoned  prometheus.Gauge
+	wait       prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -20,6 +21,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "stockgate_queue_joins_total",
 			Help: "Buyers this replica put in a waiting room's line (joining again is not counted).",
 		}),
+		powRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "stockgate_queue_pow_refused_total",
+			Help: "Joins this replica refused for their proof of work, by reason: required (none sent) or invalid (wrong, expired, another buyer's); each got a new puzzle.",
+		}, []string{"reason"}),
 		admitted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "stockgate_queue_admitted_total",
 			Help: "Buyers admitted by this replica's pacer.",
@@ -47,7 +52,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: []float64{1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200},
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.joins, m.admitted, m.unused, m.waiting, m.left, m.abandoned, m.wait} {
+	for _, c := range []prometheus.Collector{m.joins, m.powRefused, m.admitted, m.unused, m.waiting, m.left, m.abandoned, m.wait} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

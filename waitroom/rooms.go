@@ -74,6 +74,8 @@ type Rooms struct {
 	// again (see RunPacer).
 	roomWakes    sync.Map
 	roomsChanged atomic.Bool
+	// nets counts joins per client network, for the puzzles' difficulty.
+	nets *netMeter
 }
 
 // New returns the waiting rooms of opts.Ledger, their lines in opts.Store.
@@ -92,7 +94,7 @@ func New(opts Options) (*Rooms, error) {
 		return nil, err
 	}
 	return &Rooms{ledger: opts.Ledger, store: opts.Store, locker: opts.Locker, log: opts.Logger, metrics: m,
-		queues: newTTLCache[room](time.Second), lines: newTTLCache[lineView](Refresh)}, nil
+		queues: newTTLCache[room](time.Second), lines: newTTLCache[lineView](Refresh), nets: newNetMeter()}, nil
 }
 
 // Wake makes the pacer step program's room at its next tick, asleep or
@@ -123,6 +125,10 @@ type Config struct {
 	PerRemaining float64
 	// CheckoutURL is where the waiting room's page sends an admitted buyer.
 	CheckoutURL string
+	// PowBits, when not 0, is the proof of work a join must bring: a
+	// puzzle of at least this many leading zero bits (1..ledger.MaxPowBits),
+	// more for a network that joins fast.
+	PowBits int
 }
 
 // Queue states a buyer's check answers.
@@ -166,7 +172,7 @@ type View struct {
 
 func configOf(c ledger.QueueConfig) Config {
 	return Config{Program: c.Program, OpensAt: c.OpensAt, JoinFrom: c.JoinFrom, Rate: c.Rate, Window: c.Window,
-		PerRemaining: float64(c.PerRemaining) / 1000, CheckoutURL: c.CheckoutURL}
+		PerRemaining: float64(c.PerRemaining) / 1000, CheckoutURL: c.CheckoutURL, PowBits: int(c.PowBits)}
 }
 
 // Put turns a program's waiting room on, or changes it.
@@ -176,7 +182,7 @@ func (s *Rooms) Put(ctx context.Context, c Config) (Config, error) {
 	}
 
 	lc := ledger.QueueConfig{Program: c.Program, OpensAt: c.OpensAt, JoinFrom: c.JoinFrom, Rate: c.Rate, Window: c.Window,
-		PerRemaining: int64(c.PerRemaining*1000 + 0.5), CheckoutURL: c.CheckoutURL}
+		PerRemaining: int64(c.PerRemaining*1000 + 0.5), CheckoutURL: c.CheckoutURL, PowBits: int64(c.PowBits)}
 	if lc.JoinFrom.IsZero() {
 		lc.JoinFrom = lc.OpensAt
 	}
@@ -227,11 +233,24 @@ func (s *Rooms) Get(ctx context.Context, program keys.ID) (View, error) {
 		Abandoned: st.Abandoned, SoldOut: v.soldOut(), Opened: st.Opened}, nil
 }
 
-// Join gives buyer its one place in program's line and the signed
+// JoinAsk is a buyer asking for a place in line.
+type JoinAsk struct {
+	Buyer keys.ID
+	// Ticket, when not "", is the buyer's ticket of an earlier join: a
+	// buyer whose place Redis lost keeps it.
+	Ticket string
+	// Proof is the solved puzzle a room with PowBits asks for.
+	Proof Proof
+	// Client is the caller's address, whose network's join rate sets the
+	// puzzles' difficulty.
+	Client string
+}
+
+// Join gives the buyer its one place in program's line and the signed
 // ticket to check it with; joining again answers the same place (created
-// false). ticket, when not "", is the buyer's ticket of an earlier join:
-// a buyer whose place Redis lost keeps it.
-func (s *Rooms) Join(ctx context.Context, program, buyer keys.ID, ticket string) (Status, bool, error) {
+// false). A room that asks for proof of work refuses a join without a
+// solved puzzle with a *PuzzleError.
+func (s *Rooms) Join(ctx context.Context, program keys.ID, j JoinAsk) (Status, bool, error) {
 	c, err := s.config(ctx, program)
 	if err != nil {
 		return Status{}, false, err
@@ -239,6 +258,12 @@ func (s *Rooms) Join(ctx context.Context, program, buyer keys.ID, ticket string)
 	now := time.Now()
 	if now.Before(c.JoinFrom) {
 		return Status{}, false, refuse(ErrNotOpen, "the line opens at "+c.JoinFrom.UTC().Format(time.RFC3339))
+	}
+	buyer, ticket := j.Buyer, j.Ticket
+	if c.PowBits > 0 {
+		if err := s.proven(c, j, now); err != nil {
+			return Status{}, false, err
+		}
 	}
 	var had *Place
 	if ticket != "" {
@@ -298,6 +323,27 @@ func (s *Rooms) Check(ctx context.Context, program keys.ID, ticket string) (Stat
 		return Status{}, err
 	}
 	return queueStatus(c, v, buyer, place, ticket), nil
+}
+
+// proven is nil when j brings a solved puzzle of c's room, else a
+// *PuzzleError with a new puzzle, as hard as the join rate of j's network
+// makes it.
+func (s *Rooms) proven(c room, j JoinAsk, now time.Time) error {
+	joins := s.nets.add(networkOf(j.Client), now)
+	var err error
+	switch {
+	case j.Proof == Proof{}:
+		s.metrics.powRefused.WithLabelValues("required").Inc()
+		err = refuse(ErrProofRequired, "")
+	default:
+		why := c.checkProof(j.Buyer, j.Proof, int(c.PowBits), now)
+		if why == "" {
+			return nil
+		}
+		s.metrics.powRefused.WithLabelValues("invalid").Inc()
+		err = refuse(ErrProofInvalid, why)
+	}
+	return &PuzzleError{err: err, Puzzle: c.puzzle(j.Buyer, int(c.PowBits)+extraBits(joins), now)}
 }
 
 // queueStatus is where a buyer with place stands in a line seen as v.

@@ -112,6 +112,35 @@ func TestQueuePageInABrowser(t *testing.T) {
 	if r := buyAdmitted(t, e, sku, "web1-order", "web1", q.Get("admission_token")); r.Status != http.StatusCreated {
 		t.Fatalf("purchase with the page's token = %d %s", r.Status, r.Body)
 	}
+
+	// A room that asks for proof of work: the page solves the puzzle in its
+	// web worker and takes its place; the solve time is this browser's.
+	pow := systest.NewSKU(t)
+	e.PutSKU(t, pow, 10, 1, 4)
+	if r := e.Do(t, http.MethodPut, "/v1/admin/programs/"+pow.Program.String()+"/queue", nil,
+		`{"opens_in_seconds":0,"rate_per_second":50,"window_seconds":60,"per_remaining":1,"proof_of_work_bits":18}`); r.Status != http.StatusOK {
+		t.Fatalf("PUT queue = %d %s", r.Status, r.Body)
+	}
+	if err := chromedp.Do(ctx,
+		chromedp.Navigate(e.URL+"/queue/"+pow.Program.String()+"?buyer=web2"),
+		chromedp.WaitVisible(chromedp.CSS(`main[data-state="waiting"], main[data-state="admitted"]`)),
+	); err != nil {
+		state, _ := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`main`)))
+		t.Fatalf("the page of a room with proof of work: %v (it shows %q)", err, state)
+	}
+	ms, err := chromedp.Run(ctx, chromedp.AttributeValue(chromedp.CSS(`body`), "data-pow-ms"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tries, err := chromedp.Run(ctx, chromedp.AttributeValue(chromedp.CSS(`body`), "data-pow-tries"))
+	if err != nil || !ms.Exists || !tries.Exists {
+		t.Fatalf("the page took its place without solving a puzzle (%+v ms, %+v tries, %v)", ms, tries, err)
+	}
+	t.Logf("proof of work, 18 bits, in headless Chromium's web worker: %s ms, %s tries", ms.Value, tries.Value)
+	if v := queueView(t, e, pow.Program); v.Joined != 1 {
+		t.Fatalf("joined %d, want the page's buyer", v.Joined)
+	}
+
 	// The page of a program with no waiting room is a problem, not a page.
 	if r := e.Do(t, http.MethodGet, "/queue/no-such-program", nil, ""); r.Status != http.StatusNotFound {
 		t.Fatalf("page of no queue = %d %s", r.Status, r.Body)

@@ -38,8 +38,10 @@ type QueueConfig struct {
 	RatePerSecond  int64      `json:"rate_per_second"`
 	WindowSeconds  int64      `json:"window_seconds"`
 	PerRemaining   float64    `json:"per_remaining"`
+	// CheckoutURL is where the waiting room's page sends an admitted buyer.
+	CheckoutURL string `json:"checkout_url,omitempty"`
 	// ProofOfWorkBits, when not 0, makes every join bring a solved puzzle
-	// of at least this many bits (1..24).
+	// of at least this many bits (1..24). A PUT replaces every setting.
 	ProofOfWorkBits int64 `json:"proof_of_work_bits,omitempty"`
 }
 
@@ -51,6 +53,7 @@ type Queue struct {
 	RatePerSecond   int64     `json:"rate_per_second"`
 	WindowSeconds   int64     `json:"window_seconds"`
 	PerRemaining    float64   `json:"per_remaining"`
+	CheckoutURL     string    `json:"checkout_url,omitempty"`
 	ProofOfWorkBits int64     `json:"proof_of_work_bits"`
 	Opened          bool      `json:"opened"`
 	Joined          int64     `json:"joined"`

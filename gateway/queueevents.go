@@ -14,8 +14,10 @@ import (
 // answered from the same memory of the line as a check (no Redis call per
 // buyer), sends a "status" event (the check's JSON) whenever what the
 // buyer would see changes, and ends after a final state (admitted,
-// sold-out, expired), after queueStreamLife (the client reconnects, maybe
-// to another replica), or when the server drains.
+// expired), after queueStreamLife (the client reconnects, maybe to another
+// replica), or when the server drains. Sold-out is told and the stream
+// goes on: a returned ticket re-opens the line, and the next buyer hears
+// it as promptly.
 
 const (
 	// queueStreamLife bounds one stream, so connections move between
@@ -72,6 +74,7 @@ func (s *Server) queueEvents(c *gin.Context) {
 	defer beat.Stop()
 	end := time.NewTimer(queueStreamLife)
 	defer end.Stop()
+	changes := s.rooms.Changes(program)
 	for {
 		if !send(st) || final(st.State) {
 			return
@@ -89,7 +92,9 @@ func (s *Server) queueEvents(c *gin.Context) {
 			}
 			continue
 		case <-tick.C:
+		case <-changes: // the line moved (a notice from any replica)
 		}
+		changes = s.rooms.Changes(program)
 		if st, err = s.rooms.Check(ctx, program, ticket); err != nil {
 			// Redis or the ledger away for a moment: the client reconnects.
 			write("event: error\ndata: {\"type\":\"" + roomCode(err) + "\"}\n\n")
@@ -100,5 +105,5 @@ func (s *Server) queueEvents(c *gin.Context) {
 
 // final says a buyer in this state has nothing more to wait for.
 func final(state string) bool {
-	return state == waitroom.Admitted || state == waitroom.SoldOut || state == waitroom.Expired
+	return state == waitroom.Admitted || state == waitroom.Expired
 }

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/maypok86/otter/v2"
 
@@ -34,14 +35,13 @@ import (
 // hashes. A bot farm pays 2^bits hashes per place: one solution serves one
 // buyer of one program.
 //
-// A room asks for 1..ledger.MaxPowBits bits; a network's join rate adds up
-// to netMaxExtra more.
-//
 // The difficulty rises with the join rate of the caller's network (an IPv4
 // /24, an IPv6 /48, as the gateway sees the client): one bit per doubling
-// past netFree joins in netWindow, at most netMaxExtra bits more. Counted
-// per replica: behind a load balancer that spreads one network over n
-// replicas, each sees 1/n of it.
+// past netFree joins in netWindow, at most netMaxExtra bits more and never
+// past MaxPowBits. Only joins that brought a valid proof count: each cost
+// its sender the work, so asking for puzzles without solving them (free)
+// cannot make a neighbour's harder. Counted per replica: behind a load
+// balancer that spreads one network over n replicas, each sees 1/n of it.
 
 const (
 	// powLife is how long a puzzle may be solved and used.
@@ -123,7 +123,7 @@ func (c room) checkProof(buyer keys.ID, p Proof, least int, now time.Time) strin
 	if err != nil || now.UnixMilli() > exp {
 		return "the challenge has expired"
 	}
-	if p.Nonce == "" || len(p.Nonce) > maxNonce {
+	if p.Nonce == "" || utf8.RuneCountInString(p.Nonce) > maxNonce {
 		return "the nonce must be 1.." + strconv.Itoa(maxNonce) + " characters"
 	}
 	if leadingZeros(p.Challenge, p.Nonce) < n {
@@ -184,6 +184,23 @@ func newNetMeter() *netMeter {
 	})}
 }
 
+// count is network's joins over the last netWindow, as of now.
+func (m *netMeter) count(network string, now time.Time) int64 {
+	c, ok := m.nets.GetIfPresent(network)
+	if !ok {
+		return 0
+	}
+	half := (netWindow / 2).Milliseconds()
+	elapsed := now.UnixMilli() - c.start.Load()
+	switch {
+	case elapsed >= 2*half:
+		return 0
+	case elapsed >= half:
+		return c.cur.Load() // as add counts it when it starts the next half
+	}
+	return c.cur.Load() + int64(float64(c.prev.Load())*max(1-float64(elapsed)/float64(half), 0))
+}
+
 // add counts one join from network at now and returns the network's joins
 // over the last netWindow, this one included.
 func (m *netMeter) add(network string, now time.Time) int64 {
@@ -215,6 +232,12 @@ func (m *netMeter) add(network string, now time.Time) int64 {
 	// The previous half weighted by how much of it the window still covers.
 	frac := 1 - float64(ms-c.start.Load())/float64(half)
 	return cur + int64(float64(c.prev.Load())*max(frac, 0))
+}
+
+// powBits is the difficulty of a puzzle for a room asking base bits, given
+// its asker's network's joins.
+func powBits(base int, joins int64) int {
+	return min(base+extraBits(joins), max(base, MaxPowBits))
 }
 
 // extraBits is the difficulty a network's joins add: one bit per doubling

@@ -116,6 +116,24 @@ func TestPowDifficultyFollowsTheNetworksJoins(t *testing.T) {
 	if got := m.add("192.0.2.0/24", now.Add(3*netWindow)); got != 1 {
 		t.Errorf("after a quiet window: %d, want 1", got)
 	}
+	// count reads without counting, as add would.
+	if got := m.count("192.0.2.0/24", now.Add(3*netWindow)); got != 1 {
+		t.Errorf("count = %d, want 1", got)
+	}
+	if got := m.count("203.0.113.0/24", now); got != 0 {
+		t.Errorf("count of a network never seen = %d", got)
+	}
+	// A network's joins never push a puzzle past MaxPowBits (its expected
+	// work would outlive it), unless the room asks for that much itself.
+	if got := powBits(20, 1<<40); got != MaxPowBits {
+		t.Errorf("powBits(20, many) = %d, want %d", got, MaxPowBits)
+	}
+	if got := powBits(8, 1<<40); got != 8+netMaxExtra {
+		t.Errorf("powBits(8, many) = %d, want %d", got, 8+netMaxExtra)
+	}
+	if got := powBits(MaxPowBits, 0); got != MaxPowBits {
+		t.Errorf("powBits(max, 0) = %d", got)
+	}
 }
 
 // What a join's proof costs the gateway to check, against what a puzzle

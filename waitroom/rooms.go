@@ -67,8 +67,9 @@ type Rooms struct {
 	// program and kind; blocks sizes them (*placeBlock by the same key).
 	reserving singleflight.Group
 	blocks    sync.Map
-	// paces estimates each line's admission pace (*linePace by program).
-	paces sync.Map
+	// paces estimates each line's admission pace, drains its sales pace
+	// (*linePace by program).
+	paces, drains sync.Map
 	// roomWakes are the programs whose waiting room the pacer steps at
 	// its next tick, asleep or not; roomsChanged makes it read the rooms
 	// again (see RunPacer).
@@ -76,6 +77,8 @@ type Rooms struct {
 	roomsChanged atomic.Bool
 	// nets counts joins per client network, for the puzzles' difficulty.
 	nets *netMeter
+	// watch wakes the event streams of a line that changed (notices.go).
+	watch watchers
 }
 
 // New returns the waiting rooms of opts.Ledger, their lines in opts.Store.
@@ -99,7 +102,11 @@ func New(opts Options) (*Rooms, error) {
 
 // Wake makes the pacer step program's room at its next tick, asleep or
 // not: stock came back, a buyer joined.
-func (s *Rooms) Wake(program keys.ID) { s.roomWakes.Store(program, struct{}{}) }
+func (s *Rooms) Wake(program keys.ID) {
+	s.roomWakes.Store(program, struct{}{})
+	// What the line shows (its stock) changed: read again, streams look.
+	s.changed(program)
+}
 
 // Queued reports whether program sells through a waiting room.
 func (s *Rooms) Queued(ctx context.Context, program keys.ID) (bool, error) {
@@ -329,7 +336,7 @@ func (s *Rooms) Check(ctx context.Context, program keys.ID, ticket string) (Stat
 // *PuzzleError with a new puzzle, as hard as the join rate of j's network
 // makes it.
 func (s *Rooms) proven(c room, j JoinAsk, now time.Time) error {
-	joins := s.nets.add(networkOf(j.Client), now)
+	network := networkOf(j.Client)
 	var err error
 	switch {
 	case j.Proof == Proof{}:
@@ -338,12 +345,13 @@ func (s *Rooms) proven(c room, j JoinAsk, now time.Time) error {
 	default:
 		why := c.checkProof(j.Buyer, j.Proof, int(c.PowBits), now)
 		if why == "" {
+			s.nets.add(network, now) // a join that did the work counts
 			return nil
 		}
 		s.metrics.powRefused.WithLabelValues("invalid").Inc()
 		err = refuse(ErrProofInvalid, why)
 	}
-	return &PuzzleError{err: err, Puzzle: c.puzzle(j.Buyer, int(c.PowBits)+extraBits(joins), now)}
+	return &PuzzleError{err: err, Puzzle: c.puzzle(j.Buyer, powBits(int(c.PowBits), s.nets.count(network, now)), now)}
 }
 
 // queueStatus is where a buyer with place stands in a line seen as v.
@@ -367,6 +375,9 @@ func queueStatus(c room, v lineView, buyer keys.ID, place Place, ticket string) 
 	switch {
 	case v.soldOut():
 		out.State = SoldOut
+		// Only a return (a refund) brings a ticket back, and the line
+		// goes on from where it stood: a buyer still looking hears it.
+		out.RetryAfter = soldOutRecheck
 	case out.Position <= st.Old:
 		out.State = Expired
 	case out.Position <= st.Serving:
@@ -391,9 +402,25 @@ func queueStatus(c room, v lineView, buyer keys.ID, place Place, ticket string) 
 		if float64(out.Ahead) < float64(v.stock.Remaining)*float64(c.PerRemaining)/1000 {
 			out.RetryAfter = time.Second
 		}
+		// As the stock runs down, sooner: at most half the time the
+		// tickets left (and held) last at the pace they have been selling,
+		// so a polling buyer hears of the sell-out about a second after it.
+		// Nothing left but holds: any confirm may end it.
+		left := v.stock.Remaining + v.stock.Held
+		switch {
+		case v.stock.Remaining <= 0:
+			out.RetryAfter = time.Second
+		case v.drain > 0:
+			last := time.Duration(min(float64(left)/v.drain, 86400) * float64(time.Second))
+			out.RetryAfter = min(out.RetryAfter, max(last/2, time.Second))
+		}
 	}
 	return out
 }
+
+// soldOutRecheck is the Retry-After of a sold-out answer: a buyer who keeps
+// looking learns of a returned ticket that soon (a stream, at once).
+const soldOutRecheck = 5 * time.Second
 
 // lineView is what a replica remembers of a line: its counters in Redis
 // and what its program has left in the ledger.
@@ -401,8 +428,9 @@ type lineView struct {
 	st    State
 	stock ledger.ProgramStock
 	// pace is the line's recent admissions per second as this replica
-	// saw them (-1: not known yet).
-	pace float64
+	// saw them (-1: not known yet); drain the tickets sold per second
+	// (the fall of what is left and held; -1: not known yet).
+	pace, drain float64
 }
 
 // soldOut: the line is closed, by the pacer or because the ledger has
@@ -438,8 +466,13 @@ func (s *Rooms) loadLine(ctx context.Context, c room) (lineView, error) {
 		f := lineFacts(ln)
 		v.st = State{Opened: f.Opened, Early: f.Early, Late: ln.Post, Serving: f.Serving, Old: min(f.Old, f.Serving), Perm: f.Perm, Lost: true}
 	}
+	now := time.Now()
 	p, _ := s.paces.LoadOrStore(program, &linePace{})
-	v.pace = p.(*linePace).see(v.st.Serving, time.Now())
+	v.pace = p.(*linePace).see(v.st.Serving, now)
+	// Sold is what went from left and held; stock that comes back starts
+	// the estimate again (as a line made again does the pace's).
+	d, _ := s.drains.LoadOrStore(program, &linePace{})
+	v.drain = d.(*linePace).see(-(v.stock.Remaining + v.stock.Held), now)
 	return v, nil
 }
 
@@ -857,7 +890,7 @@ func (p *paced) add(q paced) {
 func (s *Rooms) pace(ctx context.Context, lc ledger.QueueConfig, p *pacing) paced {
 	c := roomOf(lc)
 	now := time.Now()
-	prev := p.serving
+	prev, wasSoldOut := p.serving, p.soldOut
 	p.carry += float64(c.Rate) * min(now.Sub(p.last), time.Second).Seconds()
 	p.last = now
 	most := int64(p.carry)
@@ -921,6 +954,9 @@ func (s *Rooms) pace(ctx context.Context, lc ledger.QueueConfig, p *pacing) pace
 	p.carry = min(max(p.carry, 0), float64(c.Rate))
 	// Nothing to do until...
 	p.soldOut, p.until, p.check = ps.SoldOut(), time.Time{}, time.Time{}
+	if prev >= 0 && (step.Serving != prev || p.soldOut != wasSoldOut) {
+		s.announce(ctx, c.Program) // every replica's buyers hear it now
+	}
 	switch {
 	case now.Before(c.OpensAt) && prev >= 0:
 		p.until = c.OpensAt // the opening (this first look is done)
@@ -1072,6 +1108,16 @@ func (c *ttlCache[V]) sweep() {
 		}
 		delete(c.m, k)
 	}
+}
+
+// expire makes k's value due for a reload at its next get, which answers
+// as one past its ttl does (the old value while the reload is slow).
+func (c *ttlCache[V]) expire(k keys.ID) {
+	c.mu.Lock()
+	if e := c.m[k]; e != nil {
+		e.started = time.Time{}
+	}
+	c.mu.Unlock()
 }
 
 func (c *ttlCache[V]) forget(k keys.ID) {

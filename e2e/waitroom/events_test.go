@@ -106,9 +106,9 @@ func TestQueueEvents(t *testing.T) {
 	if q, ok = b.next(t); !ok || q.State != "sold-out" {
 		t.Fatalf("bob after the last sale = %+v %v", q, ok)
 	}
-	if _, ok := b.next(t); ok {
-		t.Fatal("the stream went on after sold-out")
-	}
+	// Bob's stream stays open (a refund would re-open the line for him:
+	// TestQueueSoldOutToldAtOnceOnEveryStream); he may close it.
+	b.cancel()
 
 	// A bad ticket is a problem.
 	r := e.Do(t, http.MethodGet, "/v1/programs/"+program+"/queue/forged.x/events", nil, "")
@@ -129,5 +129,115 @@ func TestQueueEvents(t *testing.T) {
 	e.Server.SetReady(false)
 	if _, ok := c.next(t); ok {
 		t.Fatal("a stream went on while the server drained")
+	}
+}
+
+// heard is when a stream first said a state, read on its own goroutine.
+type heard struct {
+	state string
+	at    time.Time
+}
+
+// follow reads s until it says one of want (or ends), reporting each state
+// it hears with the time it heard it.
+func follow(t *testing.T, s *queueStream, out chan<- heard, want ...string) {
+	for {
+		q, ok := s.next(t)
+		if !ok {
+			out <- heard{state: "ended", at: time.Now()}
+			return
+		}
+		for _, w := range want {
+			if q.State == w {
+				out <- heard{state: q.State, at: time.Now()}
+				return
+			}
+		}
+	}
+}
+
+// Sold-out is told at once, on every replica: the streams of buyers
+// waiting on one replica hear it within a second of the last sale's answer
+// on another (a third one paces), and their streams stay open; a polling
+// buyer is told when to look again. A refund then re-opens the line: the
+// next buyer's stream hears admitted as promptly.
+func TestQueueSoldOutToldAtOnceOnEveryStream(t *testing.T) {
+	t.Parallel() // its own env and programs: it overlaps the others' waits
+	dsn := systest.LedgerDSN(t, "sqlite")
+	systest.Start(t, systest.Options{Driver: "sqlite", DSN: dsn, Pacer: true}) // paces; a and b do not
+	a := systest.Start(t, systest.Options{Driver: "sqlite", DSN: dsn})
+	b := systest.Start(t, systest.Options{Driver: "sqlite", DSN: dsn})
+	sku := systest.NewSKU(t)
+	const total, buyers = 2, 10
+	a.PutSKU(t, sku, total, 1, 1)
+	putQueue(t, a, sku.Program, `{"opens_in_seconds":0,"rate_per_second":1000,"window_seconds":60,"per_remaining":1}`)
+	tickets := make([]string, buyers)
+	for i := range buyers {
+		r, q := queueJoin(t, a, sku.Program, fmt.Sprintf("s%d", i))
+		if r.Status != http.StatusCreated {
+			t.Fatalf("join %d = %d %s", i, r.Status, r.Body)
+		}
+		tickets[i] = q.Ticket
+	}
+	var admissions []queueReply
+	for i := range total {
+		admissions = append(admissions, admitted(t, a, sku.Program, fmt.Sprintf("s%d", i)))
+	}
+	// The waiting buyers follow their places on b.
+	got := make(chan heard, buyers)
+	streams := map[int]*queueStream{}
+	for i := total; i < buyers; i++ {
+		s := openQueueStream(t, b, sku.Program.String(), tickets[i])
+		if q, ok := s.next(t); !ok || q.State != "waiting" {
+			t.Fatalf("s%d's first event = %+v %v", i, q, ok)
+		}
+		streams[i] = s
+	}
+	for i := total; i < buyers; i++ {
+		go follow(t, streams[i], got, "sold-out")
+	}
+	var last time.Time
+	var orders []string
+	for i, q := range admissions {
+		r := buyWith(t, a, sku, fmt.Sprintf("sk%d", i), fmt.Sprintf("s%d", i), 1, q.Admission)
+		if r.Status != http.StatusCreated {
+			t.Fatalf("s%d buys = %d %s", i, r.Status, r.Body)
+		}
+		last = time.Now()
+		orders = append(orders, systest.OrderID(r))
+	}
+	var slowest time.Duration
+	for range buyers - total {
+		h := <-got
+		if h.state != "sold-out" {
+			t.Fatalf("a stream %s before it heard sold-out", h.state)
+		}
+		slowest = max(slowest, h.at.Sub(last))
+	}
+	t.Logf("every stream on the other replica heard sold-out within %v of the last sale", slowest)
+	if slowest > time.Second {
+		t.Errorf("a stream heard sold-out %v after the last sale, want within 1s", slowest)
+	}
+	// A polling buyer is told sold-out, and when to look again.
+	if r, q := queueCheck(t, b, sku.Program, tickets[total]); q.State != "sold-out" || r.Header.Get("Retry-After") == "" {
+		t.Fatalf("a check after the sold-out = %d %s (Retry-After %q)", r.Status, r.Body, r.Header.Get("Retry-After"))
+	}
+
+	// s0's refund brings a ticket back: the next place, s2, hears
+	// admitted on the stream it kept open.
+	next := total
+	go follow(t, streams[next], got, "admitted")
+	if r := a.Do(t, http.MethodPost, "/v1/orders/"+orders[0]+"/refund", map[string]string{"Idempotency-Key": "s0-refund"},
+		`{"buyer":"s0"}`); r.Status != http.StatusOK {
+		t.Fatalf("refund = %d %s", r.Status, r.Body)
+	}
+	back := time.Now()
+	h := <-got
+	if h.state != "admitted" {
+		t.Fatalf("s%d's stream: %s, want admitted after the refund", next, h.state)
+	}
+	t.Logf("the next buyer's stream heard admitted %v after the refund", h.at.Sub(back))
+	if d := h.at.Sub(back); d > time.Second {
+		t.Errorf("s%d heard admitted %v after the refund, want within 1s", next, d)
 	}
 }

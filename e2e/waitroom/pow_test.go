@@ -133,18 +133,26 @@ func TestQueueProofOfWork(t *testing.T) {
 		t.Fatalf("the client's join = %+v, %v", st, err)
 	}
 
-	// A burst from one network (this test's loopback): the puzzles get
-	// harder, one bit per doubling past the free joins.
+	// Asking for puzzles costs nothing, so it raises nobody's difficulty.
+	for i := range 100 {
+		if _, _, p := powJoin(t, a, program, fmt.Sprintf("asker%d", i), nil); p.Puzzle == nil || p.Puzzle.Difficulty != 8 {
+			t.Fatalf("asker%d's puzzle = %+v", i, p.Puzzle)
+		}
+	}
+	// A burst of joins that did the work, from one network (this test's
+	// loopback): the puzzles get harder, one bit per doubling past the
+	// free joins.
 	most := 0
 	for i := range 100 {
-		_, _, p := powJoin(t, a, program, fmt.Sprintf("bot%d", i), nil)
-		if p.Puzzle == nil {
-			t.Fatalf("bot%d got no puzzle", i)
-		}
+		buyer := fmt.Sprintf("bot%d", i)
+		_, _, p := powJoin(t, a, program, buyer, nil)
 		most = max(most, p.Puzzle.Difficulty)
+		if r, _, _ := powJoin(t, a, program, buyer, solve(t, p)); r.Status != http.StatusCreated {
+			t.Fatalf("%s with its proof = %d %s", buyer, r.Status, r.Body)
+		}
 	}
 	if most < 10 {
-		t.Errorf("100 joins in a row from one network: hardest puzzle %d bits, want at least 10", most)
+		t.Errorf("100 solved joins in a row from one network: hardest puzzle %d bits, want at least 10", most)
 	}
 
 	// Off again: a join needs nothing.

@@ -43,6 +43,10 @@ type QueueConfig struct {
 	// ProofOfWorkBits, when not 0, makes every join bring a solved puzzle
 	// of at least this many bits (1..24). A PUT replaces every setting.
 	ProofOfWorkBits int64 `json:"proof_of_work_bits,omitempty"`
+	// SoldOutShare is the share of admitted buyers the pacer may let meet
+	// sold out (0..0.5; nil: 0.05). 0 admits no more than PerRemaining
+	// per ticket left.
+	SoldOutShare *float64 `json:"sold_out_share,omitempty"`
 }
 
 // Queue is a waiting room and its line (admin).
@@ -55,6 +59,8 @@ type Queue struct {
 	PerRemaining    float64   `json:"per_remaining"`
 	CheckoutURL     string    `json:"checkout_url,omitempty"`
 	ProofOfWorkBits int64     `json:"proof_of_work_bits"`
+	SoldOutShare    float64   `json:"sold_out_share"`
+	Conversion      float64   `json:"conversion"`
 	Opened          bool      `json:"opened"`
 	Joined          int64     `json:"joined"`
 	Serving         int64     `json:"serving"`

@@ -28,6 +28,9 @@ type queueBody struct {
 	// ProofOfWorkBits, when given and not 0, makes every join bring a
 	// solved puzzle of at least this many bits.
 	ProofOfWorkBits *int64 `json:"proof_of_work_bits"`
+	// SoldOutShare is the share of admitted buyers the pacer may let meet
+	// sold out (0..0.5; default 0.05).
+	SoldOutShare *float64 `json:"sold_out_share"`
 }
 
 // queueView is a waiting room and its line, for admin.
@@ -40,6 +43,8 @@ type queueView struct {
 	PerRemaining  float64   `json:"per_remaining"`
 	CheckoutURL   string    `json:"checkout_url,omitempty"`
 	PowBits       int       `json:"proof_of_work_bits"`
+	SoldOutShare  float64   `json:"sold_out_share"`
+	Conversion    float64   `json:"conversion"`
 	Opened        bool      `json:"opened"`
 	Joined        int64     `json:"joined"`
 	Serving       int64     `json:"serving"`
@@ -50,7 +55,7 @@ type queueView struct {
 
 func queueViewOf(c waitroom.Config) queueView {
 	return queueView{Program: c.Program.String(), OpensAt: c.OpensAt.UTC(), JoinFrom: c.JoinFrom.UTC(), RatePerSecond: c.Rate,
-		WindowSeconds: int64(c.Window / time.Second), PerRemaining: c.PerRemaining, CheckoutURL: c.CheckoutURL, PowBits: c.PowBits}
+		WindowSeconds: int64(c.Window / time.Second), PerRemaining: c.PerRemaining, CheckoutURL: c.CheckoutURL, PowBits: c.PowBits, SoldOutShare: c.SoldOutShare}
 }
 
 // programParam parses the :program of the path.
@@ -91,6 +96,9 @@ func (s *Server) putQueue(c *gin.Context) {
 	case math.IsNaN(*b.PerRemaining) || *b.PerRemaining < 0.001 || *b.PerRemaining > 1000:
 		bad("per_remaining must be 0.001..1000")
 		return
+	case b.SoldOutShare != nil && (math.IsNaN(*b.SoldOutShare) || *b.SoldOutShare < 0 || *b.SoldOutShare > 0.5):
+		bad("sold_out_share must be 0..0.5")
+		return
 	case b.ProofOfWorkBits != nil && (*b.ProofOfWorkBits < 0 || *b.ProofOfWorkBits > waitroom.MaxPowBits):
 		bad(fmt.Sprintf("proof_of_work_bits must be 0..%d", waitroom.MaxPowBits))
 		return
@@ -99,6 +107,10 @@ func (s *Server) putQueue(c *gin.Context) {
 		PerRemaining: *b.PerRemaining, CheckoutURL: b.CheckoutURL}
 	if b.ProofOfWorkBits != nil {
 		cfg.PowBits = int(*b.ProofOfWorkBits)
+	}
+	cfg.SoldOutShare = waitroom.DefaultSoldOutShare
+	if b.SoldOutShare != nil {
+		cfg.SoldOutShare = *b.SoldOutShare
 	}
 	if b.OpensAt != nil {
 		cfg.OpensAt = *b.OpensAt
@@ -129,6 +141,7 @@ func (s *Server) getQueue(c *gin.Context) {
 	}
 	out := queueViewOf(v.Config)
 	out.Opened, out.Joined, out.Serving, out.Unused, out.Abandoned, out.SoldOut = v.Opened, v.Joined, v.Serving, v.Unused, v.Abandoned, v.SoldOut
+	out.Conversion = math.Round(v.Conversion*1000) / 1000
 	c.JSON(http.StatusOK, out)
 }
 

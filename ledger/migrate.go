@@ -61,14 +61,16 @@ var thisBuild = schemaSteps{
 		{version: 5, name: "program directory", up: (*Ledger).directoryUp, down: (*Ledger).directoryDown},
 		{version: 6, name: "order units", up: (*Ledger).orderUnitsUp, down: (*Ledger).orderUnitsDown},
 		{version: 7, name: "proof of work", up: (*Ledger).powUp, down: (*Ledger).powDown},
+		{version: 8, name: "room sold-out share", up: (*Ledger).soldOutShareUp, down: (*Ledger).soldOutShareDown},
 	},
 	// Resale's tables are read by every refund and transfer, the channels'
 	// by the report, an order's units (step 6) by every order read, resale
-	// settle and refund, a room's proof of work (step 7) by every read of
-	// a waiting room: this build needs step 7. The chart's
+	// settle and refund, a room's proof of work (step 7) and sold-out share
+	// (step 8) by every read of a waiting room: this build needs step 8.
+	// The chart's
 	// pre-install/pre-upgrade Job (or serve with migrate on) runs them
 	// before this build serves; see docs/RUNBOOK.md.
-	minimum: 7,
+	minimum: 8,
 }
 
 func (s schemaSteps) latest() int64 { return s.steps[len(s.steps)-1].version }
@@ -450,6 +452,19 @@ func (l *Ledger) powUp(ctx context.Context, tx *sql.Tx) error {
 
 func (l *Ledger) powDown(ctx context.Context, tx *sql.Tx) error {
 	_, err := tx.ExecContext(ctx, `ALTER TABLE queues DROP COLUMN pow_bits`)
+	return err
+}
+
+// soldOutShareUp adds the share of a room's admitted buyers the pacer may
+// let meet sold out, in thousandths; rooms made before get the default,
+// 5 % (an expand step: older builds never read it, and keep admitting
+// no more than the tickets left).
+func (l *Ledger) soldOutShareUp(ctx context.Context, tx *sql.Tx) error {
+	return l.addColumn(ctx, tx, "queues", "sold_out_share", "BIGINT NOT NULL DEFAULT 50")
+}
+
+func (l *Ledger) soldOutShareDown(ctx context.Context, tx *sql.Tx) error {
+	_, err := tx.ExecContext(ctx, `ALTER TABLE queues DROP COLUMN sold_out_share`)
 	return err
 }
 

@@ -43,6 +43,10 @@ type QueueConfig struct {
 	// PowBits, when not 0, is the proof of work a join must bring (leading
 	// zero bits of a hash puzzle, package waitroom).
 	PowBits int64
+	// SoldOutShare is the share of admitted buyers the pacer may let meet
+	// sold out, in thousandths (0..500): above 0 it admits past the
+	// tickets left as the line's conversion allows (package waitroom).
+	SoldOutShare int64
 }
 
 // MaxPowBits bounds a room's proof of work.
@@ -63,6 +67,8 @@ func (c QueueConfig) Validate() error {
 		return fmt.Errorf("%w: window %v not in 1s..24h", stock.ErrInvalid, c.Window)
 	case c.PerRemaining < 1 || c.PerRemaining > 1_000_000:
 		return fmt.Errorf("%w: per_remaining %d not in 1..1000000 thousandths", stock.ErrInvalid, c.PerRemaining)
+	case c.SoldOutShare < 0 || c.SoldOutShare > 500:
+		return fmt.Errorf("%w: sold_out_share %d not in 0..500 thousandths", stock.ErrInvalid, c.SoldOutShare)
 	case c.PowBits < 0 || c.PowBits > MaxPowBits:
 		return fmt.Errorf("%w: proof_of_work_bits %d not in 0..%d", stock.ErrInvalid, c.PowBits, MaxPowBits)
 	case c.CheckoutURL != "" && !validCheckout(c.CheckoutURL):
@@ -272,13 +278,13 @@ func (l *Ledger) PutQueue(ctx context.Context, c QueueConfig) (QueueConfig, erro
 	if l.schema.Version >= directoryStep {
 		fence = ` WHERE NOT EXISTS (SELECT 1 FROM program_moves WHERE program = $1)`
 	}
-	err := l.db.QueryRowContext(ctx, `INSERT INTO queues (program, opens_at, join_from, rate, window_ms, per_remaining, secret, checkout_url, pow_bits)
-		SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9`+fence+`
+	err := l.db.QueryRowContext(ctx, `INSERT INTO queues (program, opens_at, join_from, rate, window_ms, per_remaining, secret, checkout_url, pow_bits, sold_out_share)
+		SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10`+fence+`
 		ON CONFLICT (program) DO UPDATE SET opens_at = excluded.opens_at, join_from = excluded.join_from, rate = excluded.rate,
 			window_ms = excluded.window_ms, per_remaining = excluded.per_remaining, checkout_url = excluded.checkout_url,
-			pow_bits = excluded.pow_bits
+			pow_bits = excluded.pow_bits, sold_out_share = excluded.sold_out_share
 		RETURNING secret`, c.Program, c.OpensAt.UnixMilli(), c.JoinFrom.UnixMilli(), c.Rate, c.Window.Milliseconds(),
-		c.PerRemaining, hex.EncodeToString(b[:]), c.CheckoutURL, c.PowBits).Scan(&c.Secret)
+		c.PerRemaining, hex.EncodeToString(b[:]), c.CheckoutURL, c.PowBits, c.SoldOutShare).Scan(&c.Secret)
 	if errors.Is(err, sql.ErrNoRows) {
 		return c, fmt.Errorf("%w: %w: %s", ErrNotCommitted, ErrMoving, c.Program)
 	}
@@ -292,8 +298,9 @@ func (l *Ledger) PutQueue(ctx context.Context, c QueueConfig) (QueueConfig, erro
 func (l *Ledger) Queue(ctx context.Context, program keys.ID) (QueueConfig, error) {
 	c := QueueConfig{Program: program}
 	var opens, from, window int64
-	err := l.db.QueryRowContext(ctx, `SELECT opens_at, join_from, rate, window_ms, per_remaining, secret, checkout_url, pow_bits
-		FROM queues WHERE program = $1`, program).Scan(&opens, &from, &c.Rate, &window, &c.PerRemaining, &c.Secret, &c.CheckoutURL, &c.PowBits)
+	err := l.db.QueryRowContext(ctx, `SELECT opens_at, join_from, rate, window_ms, per_remaining, secret, checkout_url, pow_bits, sold_out_share
+		FROM queues WHERE program = $1`, program).Scan(&opens, &from, &c.Rate, &window, &c.PerRemaining, &c.Secret, &c.CheckoutURL, &c.PowBits,
+		&c.SoldOutShare)
 	if errors.Is(err, sql.ErrNoRows) {
 		return c, ErrNotFound
 	}
@@ -317,7 +324,7 @@ func (l *Ledger) DeleteQueue(ctx context.Context, program keys.ID) (bool, error)
 // QueuedPrograms lists the programs with a waiting room and their rooms
 // (for the pacer), in one query.
 func (l *Ledger) QueuedPrograms(ctx context.Context) ([]QueueConfig, error) {
-	rows, err := l.queryRepeated(ctx, `SELECT program, opens_at, join_from, rate, window_ms, per_remaining, secret, checkout_url, pow_bits
+	rows, err := l.queryRepeated(ctx, `SELECT program, opens_at, join_from, rate, window_ms, per_remaining, secret, checkout_url, pow_bits, sold_out_share
 		FROM queues ORDER BY program`)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: queued programs: %w", err)
@@ -327,7 +334,8 @@ func (l *Ledger) QueuedPrograms(ctx context.Context) ([]QueueConfig, error) {
 	for rows.Next() {
 		var c QueueConfig
 		var opens, from, window int64
-		if err := rows.Scan(&c.Program, &opens, &from, &c.Rate, &window, &c.PerRemaining, &c.Secret, &c.CheckoutURL, &c.PowBits); err != nil {
+		if err := rows.Scan(&c.Program, &opens, &from, &c.Rate, &window, &c.PerRemaining, &c.Secret, &c.CheckoutURL, &c.PowBits,
+			&c.SoldOutShare); err != nil {
 			return nil, fmt.Errorf("ledger: queued programs: %w", err)
 		}
 		c.OpensAt, c.JoinFrom, c.Window = time.UnixMilli(opens).UTC(), time.UnixMilli(from).UTC(), time.Duration(window)*time.Millisecond

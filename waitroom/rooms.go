@@ -132,6 +132,10 @@ type Config struct {
 	PerRemaining float64
 	// CheckoutURL is where the waiting room's page sends an admitted buyer.
 	CheckoutURL string
+	// SoldOutShare is the share of admitted buyers the pacer may let meet
+	// sold out (0..0.5): above 0 it admits past the tickets left as the
+	// line's conversion allows; 0 admits no more than per_remaining says.
+	SoldOutShare float64
 	// PowBits, when not 0, is the proof of work a join must bring: a
 	// puzzle of at least this many leading zero bits (1..ledger.MaxPowBits),
 	// more for a network that joins fast.
@@ -175,11 +179,15 @@ type View struct {
 	Config
 	Joined, Serving, Unused, Abandoned int64
 	SoldOut, Opened                    bool
+	// Conversion is the share of admitted buyers who buy, as the pacer
+	// estimates it from those whose outcome is known.
+	Conversion float64
 }
 
 func configOf(c ledger.QueueConfig) Config {
 	return Config{Program: c.Program, OpensAt: c.OpensAt, JoinFrom: c.JoinFrom, Rate: c.Rate, Window: c.Window,
-		PerRemaining: float64(c.PerRemaining) / 1000, CheckoutURL: c.CheckoutURL, PowBits: int(c.PowBits)}
+		PerRemaining: float64(c.PerRemaining) / 1000, CheckoutURL: c.CheckoutURL, PowBits: int(c.PowBits),
+		SoldOutShare: float64(c.SoldOutShare) / 1000}
 }
 
 // Put turns a program's waiting room on, or changes it.
@@ -189,7 +197,8 @@ func (s *Rooms) Put(ctx context.Context, c Config) (Config, error) {
 	}
 
 	lc := ledger.QueueConfig{Program: c.Program, OpensAt: c.OpensAt, JoinFrom: c.JoinFrom, Rate: c.Rate, Window: c.Window,
-		PerRemaining: int64(c.PerRemaining*1000 + 0.5), CheckoutURL: c.CheckoutURL, PowBits: int64(c.PowBits)}
+		PerRemaining: int64(c.PerRemaining*1000 + 0.5), CheckoutURL: c.CheckoutURL, PowBits: int64(c.PowBits),
+		SoldOutShare: int64(math.Round(c.SoldOutShare * 1000))}
 	if lc.JoinFrom.IsZero() {
 		lc.JoinFrom = lc.OpensAt
 	}
@@ -237,7 +246,8 @@ func (s *Rooms) Get(ctx context.Context, program keys.ID) (View, error) {
 	}
 	st := v.st
 	return View{Config: configOf(c.QueueConfig), Joined: st.Joined(), Serving: st.Serving, Unused: st.Unused,
-		Abandoned: st.Abandoned, SoldOut: v.soldOut(), Opened: st.Opened}, nil
+		Abandoned: st.Abandoned, SoldOut: v.soldOut(), Opened: st.Opened,
+		Conversion: conversion(st.Serving-st.Unused-st.Abandoned, st.Abandoned)}, nil
 }
 
 // JoinAsk is a buyer asking for a place in line.
@@ -405,10 +415,13 @@ func queueStatus(c room, v lineView, buyer keys.ID, place Place, ticket string) 
 		// As the stock runs down, sooner: at most half the time the
 		// tickets left (and held) last at the pace they have been selling,
 		// so a polling buyer hears of the sell-out about a second after it.
-		// Nothing left but holds: any confirm may end it.
+		// Nothing left but holds, or the last few tickets within reach of
+		// buyers admitted already: any purchase may end it.
 		left := v.stock.Remaining + v.stock.Held
 		switch {
 		case v.stock.Remaining <= 0:
+			out.RetryAfter = time.Second
+		case v.stock.Remaining <= st.Unused && float64(v.stock.Remaining) <= max(v.drain, 1)*lastFewSeconds:
 			out.RetryAfter = time.Second
 		case v.drain > 0:
 			last := time.Duration(min(float64(left)/v.drain, 86400) * float64(time.Second))
@@ -417,6 +430,10 @@ func queueStatus(c room, v lineView, buyer keys.ID, place Place, ticket string) 
 	}
 	return out
 }
+
+// lastFewSeconds: tickets the line sells in this long at its pace are its
+// last few.
+const lastFewSeconds = 5
 
 // soldOutRecheck is the Retry-After of a sold-out answer: a buyer who keeps
 // looking learns of a returned ticket that soon (a stream, at once).
@@ -800,6 +817,7 @@ func (s *Rooms) RunPacer(ctx context.Context) {
 				p = &pacing{config: c, last: now, serving: -1}
 				if old := rooms[c.Program]; old != nil {
 					p.serving, p.unused, p.seen, p.carry = old.serving, old.unused, old.seen, old.carry
+					p.spent, p.abandoned = old.spent, old.abandoned
 				}
 				rooms[c.Program] = p
 			}
@@ -845,10 +863,13 @@ type pacing struct {
 	config  ledger.QueueConfig
 	last    time.Time
 	carry   float64
-	serving int64            // the serving counter after the last step; -1 before the first
-	unused  int64            // the admitted-but-unused the last step counted
-	seen    ledger.QueueLine // what the ledger has of the line, as this pacer wrote it
-	saw     paced            // what the last step saw, for the gauges while it sleeps
+	serving int64 // the serving counter after the last step; -1 before the first
+	unused  int64 // the admitted-but-unused the last step counted
+	// spent and abandoned: the admitted who bought, and who let their
+	// window pass, as the last step counted (the line's conversion).
+	spent, abandoned int64
+	seen             ledger.QueueLine // what the ledger has of the line, as this pacer wrote it
+	saw              paced            // what the last step saw, for the gauges while it sleeps
 	// until: no step before then (zero: step); check, for a sold-out
 	// room: its stock is read again then, and a room with some wakes.
 	until, check time.Time
@@ -917,6 +938,13 @@ func (s *Rooms) pace(ctx context.Context, lc ledger.QueueConfig, p *pacing) pace
 	// Rounded up: a factor under 1 must still let a buyer in for the last
 	// ticket.
 	limit := int64(math.Ceil(float64(left) * float64(c.PerRemaining) / 1000))
+	if c.SoldOutShare > 0 && c.PerRemaining >= 1000 {
+		// Past the tickets left as far as the line's buyers convert
+		// (conversion.go), from the outcomes the last step counted. A
+		// room asking fewer admitted than tickets left paces on purpose:
+		// its per_remaining rules.
+		limit = max(limit, conversionLimit(left, p.spent+p.abandoned, conversion(p.spent, p.abandoned), float64(c.SoldOutShare)/1000))
+	}
 	advance := func() (Step, error) {
 		return s.store.Advance(ctx, c.Program, c.id, now, c.OpensAt, most, limit, floor, c.Window, ps.SoldOut())
 	}
@@ -941,6 +969,7 @@ func (s *Rooms) pace(ctx context.Context, lc ledger.QueueConfig, p *pacing) pace
 		p.carry -= float64(admitted)
 	}
 	p.serving, p.unused = step.Serving, step.Unused
+	p.spent, p.abandoned = step.Serving-step.Unused-step.Abandoned, step.Abandoned
 	seen := ledger.QueueLine{Program: c.Program, Room: c.id, Opened: step.Opened, Early: step.Early, Post: step.Late,
 		Serving: step.Serving, Old: step.Old}
 	if seen != p.seen {

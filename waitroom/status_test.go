@@ -11,7 +11,8 @@ import (
 // When a waiting buyer is told to look again: the estimate's quarter
 // within half the window as before, and, as the stock runs down, at most
 // half the time what is left lasts at the pace it sells (a second at
-// least); a second once nothing is left but holds. A sold-out answer says
+// least); a second once nothing is left but holds, or the last few
+// tickets are within reach of the buyers admitted (5 unused here). A sold-out answer says
 // when to look for a returned ticket.
 func TestRetryAfterShortensAsTheStockRunsDown(t *testing.T) {
 	c := roomOf(ledger.QueueConfig{Program: keys.MustID("show"), Secret: "aa11", Rate: 100, Window: time.Minute,
@@ -31,6 +32,8 @@ func TestRetryAfterShortensAsTheStockRunsDown(t *testing.T) {
 		{"selling 100 a second", 50, 0, 100, Waiting, time.Second},
 		{"held ones count as left", 40, 10, 10, Waiting, 2500 * time.Millisecond},
 		{"only holds left", 0, 3, 0, Waiting, time.Second},
+		{"the last few, within reach of the admitted", 5, 0, 0.1, Waiting, time.Second},
+		{"the last few, nobody admitted to buy them", 6, 0, 0.1, Waiting, 22500 * time.Millisecond},
 		{"sold out", 0, 0, 10, SoldOut, soldOutRecheck},
 	}
 	for _, tc := range cases {

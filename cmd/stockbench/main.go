@@ -131,6 +131,7 @@ type onsaleConfig struct {
 	abandon, perRemaining float64
 	admitRate             int64
 	window                time.Duration
+	soldOutShare          float64 // negative: the room's default
 }
 
 // headerFlag collects repeated -H 'Name: value' flags.
@@ -181,6 +182,7 @@ func parseRun(args []string, stderr io.Writer) (runConfig, error) {
 	fs.Int64Var(&c.onsale.admitRate, "admit-rate", 1000, "onsale: the waiting room's admissions per second at most")
 	fs.DurationVar(&c.onsale.window, "window", 5*time.Second, "onsale: the admission window (whole seconds)")
 	fs.Float64Var(&c.onsale.perRemaining, "per-remaining", 1, "onsale: admitted-but-unused buyers per ticket left")
+	fs.Float64Var(&c.onsale.soldOutShare, "sold-out-share", -1, "onsale: the room's sold_out_share, 0..0.5 (negative: the room's default, 0.05)")
 	fs.Uint64Var(&c.n, "n", 50_000, "requests; 0, or left out with -duration: until -duration")
 	fs.DurationVar(&c.duration, "duration", 0, "stop after this long (0: after -n requests)")
 	fs.IntVar(&c.rate, "rate", 0, "open-loop requests per second (0: as fast as -workers allow)")
@@ -228,6 +230,8 @@ func parseRun(args []string, stderr io.Writer) (runConfig, error) {
 			return c, badFlag("-window %v: whole seconds, at least 1s", o.window)
 		case o.perRemaining < 0.001:
 			return c, badFlag("-per-remaining %v: at least 0.001", o.perRemaining)
+		case o.soldOutShare > 0.5:
+			return c, badFlag("-sold-out-share %v: at most 0.5", o.soldOutShare)
 		case c.sku != "":
 			return c, badFlag("-sku and -scenario onsale: the run makes its own program")
 		}

@@ -20,9 +20,13 @@ import (
 // (package onsale), exiting 1 if one broke.
 func onsaleRun(c runConfig, admin adminClient, stdout, stderr io.Writer) error {
 	o := c.onsale
+	var share *float64
+	if o.soldOutShare >= 0 {
+		share = &o.soldOutShare
+	}
 	rep, err := onsale.Run(context.Background(), onsale.Options{BaseURLs: []string{c.url}, Admin: admin.c, Program: c.program,
 		Buyers: int(c.n), Tickets: o.tickets, Abandon: o.abandon, Rate: o.admitRate, Window: o.window, PerRemaining: o.perRemaining,
-		Workers: int(c.workers), Refresh: waitroom.Refresh, Header: c.header, Progress: stderr, Timeout: 30 * time.Minute})
+		SoldOutShare: share, Workers: int(c.workers), Refresh: waitroom.Refresh, Header: c.header, Progress: stderr, Timeout: 30 * time.Minute})
 	if err != nil {
 		return err
 	}

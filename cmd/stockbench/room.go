@@ -135,11 +135,69 @@ func (s *suite) runRoom() error {
 	}
 	var rep onsale.Report
 	saleErr := errors.New("not run (-onsale-buyers 0)")
+	var pacers []pacerRun
 	if s.onsaleBuyers > 0 {
 		rep, saleErr = s.onSale()
+		pacers = s.pacerRuns()
 	}
 	s.writeRoom(rounds, s.room, rep, saleErr)
+	s.writePacers(pacers)
 	return nil
+}
+
+// pacerRun is one on-sale of the pacers' comparison.
+type pacerRun struct {
+	abandon, share float64
+	rep            onsale.Report
+	err            error
+}
+
+// The pacers' comparison: a smaller on-sale (a 10 s window, so that the
+// older rule's trickle ends within minutes) at three walk-away rates, with
+// share 0 (the older rule) and the default 5 %.
+const (
+	pacerBuyers, pacerTickets = 5000, 500
+	pacerWindow               = 10 * time.Second
+)
+
+func (s *suite) pacerRuns() []pacerRun {
+	var out []pacerRun
+	for _, abandon := range []float64{0.1, 0.3, 0.6} {
+		for _, share := range []float64{0, waitroom.DefaultSoldOutShare} {
+			fmt.Fprintf(s.log, "on-sale: %d buyers for %d tickets, %.0f %% walking away, sold-out share %v\n",
+				pacerBuyers, pacerTickets, 100*abandon, share)
+			rep, err := onsale.Run(s.ctx, onsale.Options{BaseURLs: []string{s.gw.base}, Admin: s.gw.admin.c,
+				Program: fmt.Sprintf("pacer%d", time.Now().UnixNano()), Buyers: pacerBuyers, Tickets: pacerTickets,
+				Abandon: abandon, Rate: 1000, Window: pacerWindow, PerRemaining: 1, SoldOutShare: &share, Workers: int(s.workers),
+				Refresh: waitroom.Refresh, Seed: 1, Progress: s.log, Timeout: 30 * time.Minute})
+			out = append(out, pacerRun{abandon: abandon, share: share, rep: rep, err: err})
+		}
+	}
+	return out
+}
+
+// writePacers is the pacers' comparison table.
+func (s *suite) writePacers(runs []pacerRun) {
+	if len(runs) == 0 {
+		return
+	}
+	d := &s.doc
+	fmt.Fprintf(d, "\n**The pacer, conversion-aware against the older rule.** %d buyers for %d tickets, a %v window, the rest as above;\n"+
+		"sold-out share 0 is the older rule (no more admitted-but-unused than tickets left), 0.05 the default (admitted past\n"+
+		"the tickets left as the line's conversion allows, keeping the buyers expected to meet sold out within 5 %% of the\n"+
+		"admitted). Told sold-out: how long after the last sale the waiting buyers, polling as Retry-After says, heard it.\n\n",
+		pacerBuyers, pacerTickets, pacerWindow)
+	fmt.Fprintf(d, "| walk away | sold-out share | sold out in | admitted | met sold out | share of admitted | told sold-out, median / most |\n|---|---|---|---|---|---|---|\n")
+	ms := func(t time.Duration) string { return fmt.Sprintf("%.0f ms", float64(t.Microseconds())/1000) }
+	for _, r := range runs {
+		if r.err != nil {
+			fmt.Fprintf(d, "| %.0f %% | %v | failed: %v | | | | |\n", 100*r.abandon, r.share, r.err)
+			continue
+		}
+		fmt.Fprintf(d, "| %.0f %% | %v | %v | %d | %d | %.1f %% | %s / %s |\n", 100*r.abandon, r.share, r.rep.SaleTime.Round(100*time.Millisecond),
+			r.rep.Admitted, r.rep.Refused, 100*float64(r.rep.Refused)/float64(max(r.rep.Admitted, 1)),
+			ms(r.rep.ToldSoldOutP50), ms(r.rep.ToldSoldOutMax))
+	}
 }
 
 // onSale runs the on-sale of the suite's size through the gateway.
@@ -179,8 +237,9 @@ func (s *suite) writeRoom(rounds []docInputs, rm room, rep onsale.Report, saleEr
 	}
 	fmt.Fprintf(d, "\n**An on-sale of %d tickets to %d buyers** (`stockbench run -scenario onsale` does the same against a running\n"+
 		"gateway): every buyer joins, polls as Retry-After says, and buys when admitted, or walks away (30 %% of the\n"+
-		"admitted); the room admits at most 1,000 a second, with a one-minute window and one admitted-but-unused buyer\n"+
-		"per ticket left. The run checks every promise from what the buyers saw (package onsale).\n\n", s.onsaleTickets, s.onsaleBuyers)
+		"admitted); the room admits at most 1,000 a second, with a one-minute window, one admitted-but-unused buyer\n"+
+		"per ticket left and the default sold-out share (5 %%: past the tickets left as the line's conversion allows).\n"+
+		"The run checks every promise from what the buyers saw (package onsale).\n\n", s.onsaleTickets, s.onsaleBuyers)
 	if saleErr != nil {
 		fmt.Fprintf(d, "The run failed: %v\n", saleErr)
 		return

@@ -405,8 +405,10 @@ func (s *suite) runAll() error {
 	}
 	var sale onsale.Report
 	saleErr := errors.New("not run (-onsale-buyers 0)")
+	var pacers []pacerRun
 	if s.onsaleBuyers > 0 {
 		sale, saleErr = s.onSale()
+		pacers = s.pacerRuns()
 	}
 	prim, err := s.primaries()
 	if err != nil {
@@ -415,6 +417,7 @@ func (s *suite) runAll() error {
 	s.write(rounds, microBenchmarks(), hotSKU())
 	s.writePrimaries(prim)
 	s.writeRoom(rounds, s.room, sale, saleErr)
+	s.writePacers(pacers)
 	return nil
 }
 

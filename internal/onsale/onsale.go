@@ -44,6 +44,8 @@ type Options struct {
 	Rate         int64
 	Window       time.Duration
 	PerRemaining float64
+	// SoldOutShare is the room's sold-out share (nil: the room's default).
+	SoldOutShare *float64
 	// Workers bounds the requests in flight (connections).
 	Workers int
 	// Refresh is the gateway's memory of a line (waitroom.Refresh): the
@@ -176,7 +178,7 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	secs := int64(o.Window / time.Second)
 	zero := int64(0)
 	if _, err := o.Admin.PutQueue(ctx, o.Program, client.QueueConfig{OpensInSeconds: &zero, RatePerSecond: o.Rate,
-		WindowSeconds: secs, PerRemaining: o.PerRemaining}); err != nil {
+		WindowSeconds: secs, PerRemaining: o.PerRemaining, SoldOutShare: o.SoldOutShare}); err != nil {
 		return Report{}, fmt.Errorf("onsale: put queue: %w", err)
 	}
 

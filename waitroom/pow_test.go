@@ -137,9 +137,9 @@ func TestPowDifficultyFollowsTheNetworksJoins(t *testing.T) {
 }
 
 // What a join's proof costs the gateway to check, against what a puzzle
-// costs to solve (2^bits hashes on average): `go test -run XXX -bench Pow
+// costs to solve (2^bits hashes on average): `go test -run XXX -bench MicroPow
 // ./waitroom`.
-func BenchmarkPowVerify(b *testing.B) {
+func BenchmarkMicroPowVerify(b *testing.B) {
 	c := powRoom("show", "aa11")
 	ann := keys.MustID("ann")
 	now := time.Now()
@@ -157,9 +157,9 @@ func BenchmarkPowVerify(b *testing.B) {
 	}
 }
 
-// BenchmarkPowHash is one try of a solver: a bot's cost per place is
+// BenchmarkMicroPowHash is one try of a solver: a bot's cost per place is
 // 2^bits of these.
-func BenchmarkPowHash(b *testing.B) {
+func BenchmarkMicroPowHash(b *testing.B) {
 	c := powRoom("show", "aa11")
 	pz := c.puzzle(keys.MustID("ann"), 12, time.Now())
 	n := 0

@@ -250,7 +250,7 @@ func (s *suite) write(rounds []docInputs, micro, hot string) {
 		"One SKU's flash sale straight through package shard (stock 10 % of 20,000 purchases): the share of its scripts each\n" +
 		"master ran, from INFO commandstats deltas, with 1 and with 12 shards; then probes per purchase over a 1,000-unit,\n" +
 		"16-shard sale with quantities 1 to 4.\n\n```\n" + hot + "```\n")
-	d.WriteString("\n## Micro-benchmarks of the hot path\n\n`go test -run '^$' -bench Micro -benchmem -benchtime 200000x ./keys ./shard ./cache ./gateway`\n\n```\n" + micro + "\n```\n")
+	d.WriteString("\n## Micro-benchmarks of the hot path\n\n`go test -run '^$' -bench Micro -benchmem -benchtime 200000x ./keys ./shard ./cache ./gateway ./waitroom`\n\n```\n" + micro + "\n```\n")
 }
 
 func trimTop(s string) string {

@@ -750,7 +750,7 @@ func (s *suite) redisMemory(sku, prefix string) (shard, record int64) {
 // microBenchmarks runs the hot-path Go benchmarks and returns their output.
 func microBenchmarks() string {
 	out, err := exec.Command("go", "test", "-run", "^$", "-bench", "Micro", "-benchmem", "-benchtime", "200000x",
-		"./keys", "./shard", "./cache", "./gateway").CombinedOutput()
+		"./keys", "./shard", "./cache", "./gateway", "./waitroom").CombinedOutput()
 	if err != nil {
 		return fmt.Sprintf("go test -bench failed: %v\n%s", err, out)
 	}

@@ -433,7 +433,7 @@ func queueStatus(c room, v lineView, buyer keys.ID, place Place, ticket string) 
 
 // lastFewSeconds: tickets the line sells in this long at its pace are its
 // last few.
-const lastFewSeconds = 5
+const lastFewSeconds = 10
 
 // soldOutRecheck is the Retry-After of a sold-out answer: a buyer who keeps
 // looking learns of a returned ticket that soon (a stream, at once).

@@ -132,6 +132,7 @@ type onsaleConfig struct {
 	admitRate             int64
 	window                time.Duration
 	soldOutShare          float64 // negative: the room's default
+	streams               int
 }
 
 // headerFlag collects repeated -H 'Name: value' flags.
@@ -182,6 +183,7 @@ func parseRun(args []string, stderr io.Writer) (runConfig, error) {
 	fs.Int64Var(&c.onsale.admitRate, "admit-rate", 1000, "onsale: the waiting room's admissions per second at most")
 	fs.DurationVar(&c.onsale.window, "window", 5*time.Second, "onsale: the admission window (whole seconds)")
 	fs.Float64Var(&c.onsale.perRemaining, "per-remaining", 1, "onsale: admitted-but-unused buyers per ticket left")
+	fs.IntVar(&c.onsale.streams, "streams", 0, "onsale: the last buyers to join who also follow their places by event stream (to time the sold-out notice)")
 	fs.Float64Var(&c.onsale.soldOutShare, "sold-out-share", -1, "onsale: the room's sold_out_share, 0..0.5 (negative: the room's default, 0.05)")
 	fs.Uint64Var(&c.n, "n", 50_000, "requests; 0, or left out with -duration: until -duration")
 	fs.DurationVar(&c.duration, "duration", 0, "stop after this long (0: after -n requests)")

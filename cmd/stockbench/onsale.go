@@ -26,7 +26,7 @@ func onsaleRun(c runConfig, admin adminClient, stdout, stderr io.Writer) error {
 	}
 	rep, err := onsale.Run(context.Background(), onsale.Options{BaseURLs: []string{c.url}, Admin: admin.c, Program: c.program,
 		Buyers: int(c.n), Tickets: o.tickets, Abandon: o.abandon, Rate: o.admitRate, Window: o.window, PerRemaining: o.perRemaining,
-		SoldOutShare: share, Workers: int(c.workers), Refresh: waitroom.Refresh, Header: c.header, Progress: stderr, Timeout: 30 * time.Minute})
+		SoldOutShare: share, Streams: o.streams, Workers: int(c.workers), Refresh: waitroom.Refresh, Header: c.header, Progress: stderr, Timeout: 30 * time.Minute})
 	if err != nil {
 		return err
 	}
@@ -50,6 +50,10 @@ func onsaleRun(c runConfig, admin adminClient, stdout, stderr io.Writer) error {
 			rep.Admitted, rep.SeenAdmitted, rep.Walked, rep.Refused, rep.Late, rep.Unseen, rep.Slack)
 		fmt.Fprintf(stdout, "  sold-out   waiting buyers heard it %s (median) to %s (most) after the last sale, polling as told;\n",
 			ms(rep.ToldSoldOutP50), ms(rep.ToldSoldOutMax))
+		if o.streams > 0 {
+			fmt.Fprintf(stdout, "             %d of %d event streams heard it %s (median) to %s (most) after it\n",
+				rep.StreamsHeard, o.streams, ms(rep.StreamToldP50), ms(rep.StreamToldMax))
+		}
 		fmt.Fprintf(stdout, "             %d checked a refresh after it, in %v: every one told sold-out unless listed below\n",
 			rep.Swept, rep.SweepTime.Round(time.Millisecond))
 		fmt.Fprintf(stdout, "  errors     %d (retried)\n", rep.Errors)

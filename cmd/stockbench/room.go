@@ -158,6 +158,7 @@ type pacerRun struct {
 const (
 	pacerBuyers, pacerTickets = 5000, 500
 	pacerWindow               = 10 * time.Second
+	pacerStreams              = 200 // the last buyers to join also follow by event stream
 )
 
 func (s *suite) pacerRuns() []pacerRun {
@@ -168,7 +169,7 @@ func (s *suite) pacerRuns() []pacerRun {
 				pacerBuyers, pacerTickets, 100*abandon, share)
 			rep, err := onsale.Run(s.ctx, onsale.Options{BaseURLs: []string{s.gw.base}, Admin: s.gw.admin.c,
 				Program: fmt.Sprintf("pacer%d", time.Now().UnixNano()), Buyers: pacerBuyers, Tickets: pacerTickets,
-				Abandon: abandon, Rate: 1000, Window: pacerWindow, PerRemaining: 1, SoldOutShare: &share, Workers: int(s.workers),
+				Abandon: abandon, Rate: 1000, Window: pacerWindow, PerRemaining: 1, SoldOutShare: &share, Workers: int(s.workers), Streams: pacerStreams,
 				Refresh: waitroom.Refresh, Seed: 1, Progress: s.log, Timeout: 30 * time.Minute})
 			out = append(out, pacerRun{abandon: abandon, share: share, rep: rep, err: err})
 		}
@@ -187,16 +188,16 @@ func (s *suite) writePacers(runs []pacerRun) {
 		"the tickets left as the line's conversion allows, keeping the buyers expected to meet sold out within 5 %% of the\n"+
 		"admitted). Told sold-out: how long after the last sale the waiting buyers, polling as Retry-After says, heard it.\n\n",
 		pacerBuyers, pacerTickets, pacerWindow)
-	fmt.Fprintf(d, "| walk away | sold-out share | sold out in | admitted | met sold out | share of admitted | told sold-out, median / most |\n|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(d, "| walk away | sold-out share | sold out in | admitted | met sold out | share of admitted | told sold-out polling, median / most | on %d streams, median / most |\n|---|---|---|---|---|---|---|---|\n", pacerStreams)
 	ms := func(t time.Duration) string { return fmt.Sprintf("%.0f ms", float64(t.Microseconds())/1000) }
 	for _, r := range runs {
 		if r.err != nil {
-			fmt.Fprintf(d, "| %.0f %% | %v | failed: %v | | | | |\n", 100*r.abandon, r.share, r.err)
+			fmt.Fprintf(d, "| %.0f %% | %v | failed: %v | | | | | |\n", 100*r.abandon, r.share, r.err)
 			continue
 		}
-		fmt.Fprintf(d, "| %.0f %% | %v | %v | %d | %d | %.1f %% | %s / %s |\n", 100*r.abandon, r.share, r.rep.SaleTime.Round(100*time.Millisecond),
-			r.rep.Admitted, r.rep.Refused, 100*float64(r.rep.Refused)/float64(max(r.rep.Admitted, 1)),
-			ms(r.rep.ToldSoldOutP50), ms(r.rep.ToldSoldOutMax))
+		fmt.Fprintf(d, "| %.0f %% | %v | %v | %d | %d | %.1f %% | %s / %s | %s / %s (%d heard) |\n", 100*r.abandon, r.share,
+			r.rep.SaleTime.Round(100*time.Millisecond), r.rep.Admitted, r.rep.Refused, 100*float64(r.rep.Refused)/float64(max(r.rep.Admitted, 1)),
+			ms(r.rep.ToldSoldOutP50), ms(r.rep.ToldSoldOutMax), ms(r.rep.StreamToldP50), ms(r.rep.StreamToldMax), r.rep.StreamsHeard)
 	}
 }
 

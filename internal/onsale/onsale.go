@@ -10,6 +10,7 @@
 package onsale
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -21,6 +22,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,6 +50,10 @@ type Options struct {
 	SoldOutShare *float64
 	// Workers bounds the requests in flight (connections).
 	Workers int
+	// Streams of the buyers who joined last also follow their places as
+	// Server-Sent Events (connections of their own), to time the
+	// sold-out notice on a stream.
+	Streams int
 	// Refresh is the gateway's memory of a line (waitroom.Refresh): the
 	// bound on how stale a buyer's answer may be.
 	Refresh time.Duration
@@ -108,10 +114,14 @@ type Report struct {
 	// the waiting buyers checked once a refresh after the last sale, all
 	// told sold-out unless a violation says otherwise.
 	ToldSoldOutP50, ToldSoldOutMax time.Duration
-	Swept                          int
-	SweepTime                      time.Duration
-	Errors                         int64 // transport errors and 5xx answers (retried)
-	Violations                     []string
+	// StreamsHeard of the Streams heard sold-out on their event streams,
+	// StreamToldP50 and StreamToldMax how long after the last sale.
+	StreamsHeard                 int
+	StreamToldP50, StreamToldMax time.Duration
+	Swept                        int
+	SweepTime                    time.Duration
+	Errors                       int64 // transport errors and 5xx answers (retried)
+	Violations                   []string
 }
 
 // buyer is what one buyer saw; only its own goroutine writes it.
@@ -141,13 +151,18 @@ type runner struct {
 	// not this process's queue of buyers.
 	slots, buySlots chan struct{}
 	buyers          []buyer
-	polls           atomic.Int64
-	buys            atomic.Int64
-	errs            atomic.Int64
-	mu              sync.Mutex
-	pollLat         []time.Duration
-	joinLat         []time.Duration
-	bad             []string
+	// tickets are the buyers' queue tickets, each written before its
+	// buyer is counted joined (for the streams); streamHeard when each
+	// stream heard sold-out.
+	tickets     []string
+	streamHeard []time.Time
+	polls       atomic.Int64
+	buys        atomic.Int64
+	errs        atomic.Int64
+	mu          sync.Mutex
+	pollLat     []time.Duration
+	joinLat     []time.Duration
+	bad         []string
 }
 
 // Run runs the on-sale and returns its report; err is for a run that could
@@ -169,7 +184,8 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	buyTr := &http.Transport{MaxIdleConnsPerHost: buyWorkers, IdleConnTimeout: time.Minute}
 	defer buyTr.CloseIdleConnections()
 	r := &runner{o: o, http: &http.Client{Transport: tr, Timeout: 30 * time.Second}, buyHTTP: &http.Client{Transport: buyTr, Timeout: 30 * time.Second},
-		slots: make(chan struct{}, o.Workers), buySlots: make(chan struct{}, buyWorkers), buyers: make([]buyer, o.Buyers)}
+		slots: make(chan struct{}, o.Workers), buySlots: make(chan struct{}, buyWorkers), buyers: make([]buyer, o.Buyers),
+		tickets: make([]string, o.Buyers)}
 	sku := client.SKU{Program: o.Program, Ticket: "ga"}
 	total, shards, one := int64(o.Tickets), 4, int64(1)
 	if _, err := o.Admin.PutSKU(ctx, sku, client.SKUConfig{Total: &total, Shards: &shards, MaxPerOrder: &one}); err != nil {
@@ -203,9 +219,11 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	joined.Wait()
 	joinTime := time.Duration(joinEnd.Load() - start.UnixNano())
 	pollStart := time.Now()
+	heard := r.follow(ctx)
 	wg.Wait()
 	stopProgress()
 	pollTime := time.Since(pollStart)
+	r.streamHeard = heard(5 * time.Second) // the streams' last notices are in flight still
 	if ctx.Err() != nil {
 		return Report{}, fmt.Errorf("onsale: the run did not end within %v", o.Timeout)
 	}
@@ -241,6 +259,7 @@ func (r *runner) buyer(ctx context.Context, i int, walks bool, joined *sync.Wait
 			break
 		}
 	}
+	r.tickets[i] = st.Ticket
 	joined.Done()
 	b.ticket, b.position = st.Ticket, st.Position
 	// The longest Retry-After a placed buyer may be told: half the window,
@@ -599,9 +618,67 @@ func (r *runner) verify(ctx context.Context, rep *Report) {
 		}
 	}
 	rep.ToldSoldOutP50, rep.ToldSoldOutMax = quantile(told, 0.5), quantile(told, 1)
+	var streamTold []time.Duration
+	for _, at := range r.streamHeard {
+		streamTold = append(streamTold, max(at.Sub(lastSale), 0))
+	}
+	rep.StreamsHeard = len(streamTold)
+	rep.StreamToldP50, rep.StreamToldMax = quantile(streamTold, 0.5), quantile(streamTold, 1)
 	r.mu.Lock()
 	rep.Violations = slices.Clone(r.bad)
 	r.mu.Unlock()
+}
+
+// follow opens the event streams of the Options.Streams buyers who joined
+// last, each on a connection of its own, and notes when each hears
+// sold-out. heard waits up to within for the streams that have not, ends
+// the rest, and returns the times heard. Call after every buyer joined.
+func (r *runner) follow(ctx context.Context) (heard func(within time.Duration) []time.Time) {
+	ctx, cancel := context.WithCancel(ctx)
+	n := min(r.o.Streams, len(r.tickets))
+	times := make([]time.Time, n)
+	var wg sync.WaitGroup
+	cl := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: max(n, 1)}}
+	for k := range n {
+		i := len(r.tickets) - 1 - k
+		wg.Go(func() { // owned by follow: ends at sold-out or when heard cancels it
+			base := r.o.BaseURLs[i%len(r.o.BaseURLs)]
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/programs/"+r.o.Program+"/queue/"+r.tickets[i]+"/events", nil)
+			if err != nil {
+				return
+			}
+			r.header(req, "", "", false)
+			resp, err := cl.Do(req)
+			if err != nil {
+				return
+			}
+			defer resp.Body.Close()
+			sc := bufio.NewScanner(resp.Body)
+			for sc.Scan() {
+				if line := sc.Text(); strings.HasPrefix(line, "data: ") && strings.Contains(line, `"state":"sold-out"`) {
+					times[k] = time.Now()
+					return
+				}
+			}
+		})
+	}
+	return func(within time.Duration) []time.Time {
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }() // ends once every stream has
+		select {
+		case <-done:
+		case <-time.After(within):
+		}
+		cancel()
+		<-done
+		var out []time.Time
+		for _, t := range times {
+			if !t.IsZero() {
+				out = append(out, t)
+			}
+		}
+		return out
+	}
 }
 
 // quantile of ds (sorted in place); 0 for none.

@@ -2,13 +2,16 @@ package waitroom
 
 import (
 	"context"
+	"strings"
 	"sync"
 
 	"github.com/stockgate/stockgate/keys"
 )
 
 // Line notices: when the pacer moves a line (admits buyers, closes it as
-// sold out, opens it again) it publishes the program, and every replica
+// sold out, opens it again) it publishes the program (and a replica that
+// puts or deletes a room publishes "room:" and the program, so every
+// replica reads the room's settings again and every pacer its rooms), and every replica
 // reads the line again at its next check and wakes the event streams that
 // follow it. Without them a replica tells a change within two refreshes
 // (its memory of the line, then a stream's next look); with them, within
@@ -72,6 +75,27 @@ func (s *Rooms) announce(ctx context.Context, program keys.ID) {
 	}
 }
 
+// roomNotice prefixes a notice that a program's room was put or deleted:
+// every replica reads its settings again, and the pacer its rooms.
+const roomNotice = "room:"
+
+// roomChanged drops what this replica remembers of program's room.
+func (s *Rooms) roomChanged(program keys.ID) {
+	s.queues.forget(program)
+	s.lines.forget(program)
+	s.roomsChanged.Store(true)
+	s.watch.wake(program)
+}
+
+// announceRoom tells every replica, this one first, that program's room
+// was put or deleted.
+func (s *Rooms) announceRoom(ctx context.Context, program keys.ID) {
+	s.roomChanged(program)
+	if err := s.store.rdb.Publish(ctx, noticeChannel, roomNotice+program.String()).Err(); err != nil {
+		s.log.DebugContext(ctx, "publish room notice", "program", program.String(), "err", err)
+	}
+}
+
 // RunNotices applies the line notices of every replica until ctx is done.
 func (s *Rooms) RunNotices(ctx context.Context) {
 	if s == nil {
@@ -89,11 +113,15 @@ func (s *Rooms) RunNotices(ctx context.Context) {
 				return
 			}
 			// Another replica's message: parsed like any input.
-			program, err := keys.ParseID(msg.Payload)
-			if err != nil {
-				continue
+			payload, room := strings.CutPrefix(msg.Payload, roomNotice)
+			program, err := keys.ParseID(payload)
+			switch {
+			case err != nil:
+			case room:
+				s.roomChanged(program)
+			default:
+				s.changed(program)
 			}
-			s.changed(program)
 		}
 	}
 }

@@ -210,8 +210,7 @@ func (s *Rooms) Put(ctx context.Context, c Config) (Config, error) {
 		s.log.ErrorContext(ctx, "put queue", "program", c.Program.String(), "err", err)
 		return c, refuse(ErrUnavailable, "ledger unavailable; repeat the request")
 	}
-	s.queues.forget(c.Program)
-	s.roomsChanged.Store(true)
+	s.announceRoom(ctx, c.Program)
 	return configOf(got), nil
 }
 
@@ -226,8 +225,7 @@ func (s *Rooms) Delete(ctx context.Context, program keys.ID) error {
 	if err != nil {
 		return refuse(ErrUnavailable, "ledger unavailable; repeat the request")
 	}
-	s.queues.forget(program)
-	s.roomsChanged.Store(true)
+	s.announceRoom(ctx, program)
 	if !ok {
 		return ErrNoRoom
 	}
@@ -335,9 +333,19 @@ func (s *Rooms) Check(ctx context.Context, program keys.ID, ticket string) (Stat
 	if err != nil {
 		return Status{}, refuse(ErrTicket, "not a queue ticket of this program")
 	}
-	v, err := s.lines.get(ctx, program, func(ctx context.Context) (lineView, error) { return s.loadLine(ctx, c) })
+	load := func(ctx context.Context) (lineView, error) { return s.loadLine(ctx, c) }
+	v, err := s.lines.get(ctx, program, load)
+	if err == nil && v.room != c.id {
+		// The line remembered is another room's (the room was made
+		// again): never judge this room's ticket against it.
+		s.lines.forget(program)
+		v, err = s.lines.get(ctx, program, load)
+	}
 	if err != nil {
 		return Status{}, err
+	}
+	if v.room != c.id {
+		return Status{}, refuse(ErrUnavailable, "the waiting room changed; check again")
 	}
 	return queueStatus(c, v, buyer, place, ticket), nil
 }
@@ -442,6 +450,7 @@ const soldOutRecheck = 5 * time.Second
 // lineView is what a replica remembers of a line: its counters in Redis
 // and what its program has left in the ledger.
 type lineView struct {
+	room  keys.ID // the room whose line this is
 	st    State
 	stock ledger.ProgramStock
 	// pace is the line's recent admissions per second as this replica
@@ -458,7 +467,7 @@ func (v lineView) soldOut() bool { return v.st.SoldOut || v.stock.SoldOut() }
 // lost, or cannot answer for now, is read from the ledger's facts (the
 // pacer restores a lost one).
 func (s *Rooms) loadLine(ctx context.Context, c room) (lineView, error) {
-	var v lineView
+	v := lineView{room: c.id}
 	var err error
 	program := c.Program
 	if v.stock, err = s.ledger.ProgramStock(ctx, program); err != nil {
@@ -815,9 +824,12 @@ func (s *Rooms) RunPacer(ctx context.Context) {
 			p := rooms[c.Program]
 			if p == nil || p.config != c {
 				p = &pacing{config: c, last: now, serving: -1}
-				if old := rooms[c.Program]; old != nil {
+				if old := rooms[c.Program]; old != nil && old.config.Room() == c.Room() {
+					// The same room, new settings: what it learned holds.
+					// A room made again starts over (its first step only
+					// looks).
 					p.serving, p.unused, p.seen, p.carry = old.serving, old.unused, old.seen, old.carry
-					p.spent, p.abandoned = old.spent, old.abandoned
+					p.spent, p.abandoned, p.soldOutOnce = old.spent, old.abandoned, old.soldOutOnce
 				}
 				rooms[c.Program] = p
 			}
@@ -866,8 +878,10 @@ type pacing struct {
 	serving int64 // the serving counter after the last step; -1 before the first
 	unused  int64 // the admitted-but-unused the last step counted
 	// spent and abandoned: the admitted who bought, and who let their
-	// window pass, as the last step counted (the line's conversion).
+	// window pass, as the last step counted (the line's conversion);
+	// soldOutOnce: the line has sold out since this pacer paced it.
 	spent, abandoned int64
+	soldOutOnce      bool
 	seen             ledger.QueueLine // what the ledger has of the line, as this pacer wrote it
 	saw              paced            // what the last step saw, for the gauges while it sleeps
 	// until: no step before then (zero: step); check, for a sold-out
@@ -938,11 +952,14 @@ func (s *Rooms) pace(ctx context.Context, lc ledger.QueueConfig, p *pacing) pace
 	// Rounded up: a factor under 1 must still let a buyer in for the last
 	// ticket.
 	limit := int64(math.Ceil(float64(left) * float64(c.PerRemaining) / 1000))
-	if c.SoldOutShare > 0 && c.PerRemaining >= 1000 {
+	if c.SoldOutShare > 0 && c.PerRemaining >= 1000 && !p.soldOutOnce {
 		// Past the tickets left as far as the line's buyers convert
 		// (conversion.go), from the outcomes the last step counted. A
 		// room asking fewer admitted than tickets left paces on purpose:
-		// its per_remaining rules.
+		// its per_remaining rules. Once the line has sold out, its
+		// buyers turned away count as walk-aways the pacer cannot tell
+		// apart, and the share was spent: a re-opened line (a refund)
+		// admits no more than tickets left.
 		limit = max(limit, conversionLimit(left, p.spent+p.abandoned, conversion(p.spent, p.abandoned), float64(c.SoldOutShare)/1000))
 	}
 	advance := func() (Step, error) {
@@ -951,6 +968,13 @@ func (s *Rooms) pace(ctx context.Context, lc ledger.QueueConfig, p *pacing) pace
 	step, err := advance()
 	switch {
 	case errors.Is(err, ErrLost):
+		// Redis has no line, or another room's: a room made again since
+		// the rooms were listed must not have its line replaced by this
+		// older room's. The ledger says which room is current.
+		if cur, cerr := s.ledger.Queue(ctx, c.Program); cerr != nil || cur.Room() != c.id {
+			s.roomsChanged.Store(true)
+			return paced{left: left}
+		}
 		if err = s.restoreLine(ctx, c); err == nil {
 			step, err = advance()
 		}
@@ -983,6 +1007,7 @@ func (s *Rooms) pace(ctx context.Context, lc ledger.QueueConfig, p *pacing) pace
 	p.carry = min(max(p.carry, 0), float64(c.Rate))
 	// Nothing to do until...
 	p.soldOut, p.until, p.check = ps.SoldOut(), time.Time{}, time.Time{}
+	p.soldOutOnce = p.soldOutOnce || p.soldOut
 	if prev >= 0 && (step.Serving != prev || p.soldOut != wasSoldOut) {
 		s.announce(ctx, c.Program) // every replica's buyers hear it now
 	}

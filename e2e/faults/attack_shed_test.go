@@ -386,7 +386,10 @@ func TestAttackShedLatePayment(t *testing.T) {
 			t.Errorf("late payment %d again = %d %s; want 201 of %d", i, r.Status, r.Body, wantQ[h.HoldID])
 		}
 		late += wantQ[h.HoldID]
-		other := e.Act(t, "/v1/holds/"+h.HoldID+"/confirm", fmt.Sprintf("lc2-%d", i), fmt.Sprintf("lb-%d", i))
+		// Retried as a client retries a 503 with its key: the lane may
+		// still shed while its flush times come down from the fault's
+		// (a make test failure: 503 overloaded, outcome unchanged).
+		other, _ := e.Retried(t, http.MethodPost, "/v1/holds/"+h.HoldID+"/confirm", fmt.Sprintf("lc2-%d", i), fmt.Sprintf(`{"buyer":"lb-%d"}`, i))
 		if other.Status != http.StatusCreated || systest.OrderID(other) != systest.OrderID(r) {
 			t.Errorf("late payment %d under another key = %d %s; want 201 order %s", i, other.Status, other.Body, systest.OrderID(r))
 		}

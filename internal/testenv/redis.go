@@ -587,6 +587,29 @@ func (c *Cluster) AddMaster(ctx context.Context) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("add-node %s: %w: %s", n.Addr, err, out)
 	}
+	// Every node must know the new one before slots move to it: a reshard
+	// that starts while gossip still spreads it fails with "I don't know
+	// about node" (a make test failure).
+	known := retry(ctx, 30*time.Second, func() error {
+		for _, m := range c.Nodes {
+			if !m.Alive() {
+				continue
+			}
+			cl := m.client()
+			nodes, err := cl.ClusterNodes(ctx).Result()
+			cl.Close()
+			if err == nil && !strings.Contains(nodes, n.ID) {
+				err = fmt.Errorf("%s does not know %s yet", m.Addr, n.Addr)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if known != nil {
+		return n, known
+	}
 	return n, c.WaitHealthy(ctx, 30*time.Second)
 }
 

@@ -1,7 +1,6 @@
 package waitroom_test
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"testing"
@@ -10,24 +9,6 @@ import (
 	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/keys"
 )
-
-type shareView struct {
-	SoldOutShare float64 `json:"sold_out_share"`
-	Conversion   float64 `json:"conversion"`
-	Serving      int64   `json:"serving"`
-	Unused       int64   `json:"admitted_unused"`
-	Abandoned    int64   `json:"abandoned"`
-}
-
-func getShareView(t *testing.T, e *systest.Env, program keys.ID) shareView {
-	t.Helper()
-	r := e.Do(t, http.MethodGet, "/v1/admin/programs/"+program.String()+"/queue", nil, "")
-	var v shareView
-	if r.Status != http.StatusOK || json.Unmarshal(r.Body, &v) != nil {
-		t.Fatalf("GET queue = %d %s", r.Status, r.Body)
-	}
-	return v
-}
 
 // A room's sold-out share: validated, 0.05 unless set, shown with the
 // line's conversion. Buyers who let their windows pass teach the pacer the
@@ -49,7 +30,7 @@ func TestQueueSoldOutShare(t *testing.T) {
 		}
 	}
 	putQueue(t, e, bad.Program, room(""))
-	if v := getShareView(t, e, bad.Program); v.SoldOutShare != 0.05 || v.Conversion != 1 {
+	if v := getRoom(t, e, bad.Program); v.SoldOutShare != 0.05 || v.Conversion != 1 {
 		t.Fatalf("a room with no share set: %+v, want 0.05 and conversion 1", v)
 	}
 
@@ -69,12 +50,12 @@ func TestQueueSoldOutShare(t *testing.T) {
 	// and lets more in than there are tickets; the other never does.
 	most := int64(0)
 	systest.WaitFor(t, 30*time.Second, "the room with a share admitting past the tickets left", func() bool {
-		v := getShareView(t, e, without.Program)
+		v := getRoom(t, e, without.Program)
 		most = max(most, v.Unused)
-		w := getShareView(t, e, withShare.Program)
+		w := getRoom(t, e, withShare.Program)
 		return w.Unused > tickets && w.Conversion < 1
 	})
-	if v := getShareView(t, e, without.Program); max(most, v.Unused) > tickets || v.Abandoned == 0 {
+	if v := getRoom(t, e, without.Program); max(most, v.Unused) > tickets || v.Abandoned == 0 {
 		t.Fatalf("share 0: %d admitted-but-unused at most for %d tickets (%+v)", max(most, v.Unused), tickets, v)
 	}
 }

@@ -40,27 +40,6 @@ func pcRoom(window int, share string) string {
 	return b + "}"
 }
 
-// pcView is the admin's view of a room and its line.
-type pcView struct {
-	SoldOutShare float64 `json:"sold_out_share"`
-	Conversion   float64 `json:"conversion"`
-	Joined       int64   `json:"joined"`
-	Serving      int64   `json:"serving"`
-	Unused       int64   `json:"admitted_unused"`
-	Abandoned    int64   `json:"abandoned"`
-	SoldOut      bool    `json:"sold_out"`
-}
-
-func pcGet(t *testing.T, e *systest.Env, program keys.ID) pcView {
-	t.Helper()
-	r := e.Do(t, http.MethodGet, "/v1/admin/programs/"+program.String()+"/queue", nil, "")
-	var v pcView
-	if r.Status != http.StatusOK || json.Unmarshal(r.Body, &v) != nil {
-		t.Fatalf("GET queue = %d %s", r.Status, r.Body)
-	}
-	return v
-}
-
 // pcJoinAll joins buyers (prefix0..prefix{n-1}) to program's line on e at
 // once and returns their tickets by name.
 func pcJoinAll(t *testing.T, e *systest.Env, program keys.ID, prefix string, n int) map[string]string {
@@ -166,7 +145,7 @@ func TestAttackPacerRecreatedRoomOverAdmits(t *testing.T) {
 	// The old room: 3 admitted, 2 waiting for the stock (the pacer steps it
 	// every tick).
 	pcJoinAll(t, b, sku.Program, "old", 5)
-	systest.WaitFor(t, 10*time.Second, "the old room's 3 admitted", func() bool { return pcGet(t, b, sku.Program).Serving == tickets })
+	systest.WaitFor(t, 10*time.Second, "the old room's 3 admitted", func() bool { return getRoom(t, b, sku.Program).Serving == tickets })
 	pcPacerJustRead(t, b) // the pacer reads the rooms next in a second
 	if r := b.Do(t, http.MethodDelete, "/v1/admin/programs/"+sku.Program.String()+"/queue", nil, ""); r.Status != http.StatusNoContent {
 		t.Fatalf("DELETE queue = %d %s", r.Status, r.Body)
@@ -179,7 +158,7 @@ func TestAttackPacerRecreatedRoomOverAdmits(t *testing.T) {
 	}
 	soldOut, bought := pcBuyAll(t, b, sku, "new", admitted)
 	t.Logf("new room, share 0, %d tickets: %d of %d buyers admitted; %d bought, %d met sold out; line %+v",
-		tickets, len(admitted), buyers, len(bought), len(soldOut), pcGet(t, b, sku.Program))
+		tickets, len(admitted), buyers, len(bought), len(soldOut), getRoom(t, b, sku.Program))
 	if len(admitted) > tickets || len(soldOut) > 0 {
 		t.Errorf("share 0: %d admitted for %d tickets, %d of them met sold out (%v)", len(admitted), tickets, len(soldOut), soldOut)
 	}
@@ -269,12 +248,12 @@ func (s *pcStream) until(want string, d time.Duration) (pcEvent, []string) {
 // pcSettled waits until program's serving counter has not moved for
 // three pacer ticks (the pacer has reached what it will admit) and
 // returns the view.
-func pcSettled(t *testing.T, e *systest.Env, program keys.ID, within time.Duration) pcView {
+func pcSettled(t *testing.T, e *systest.Env, program keys.ID, within time.Duration) roomState {
 	t.Helper()
-	var v pcView
+	var v roomState
 	last, since := int64(-1), time.Now()
 	systest.WaitFor(t, within, "the pacer done admitting", func() bool {
-		v = pcGet(t, e, program)
+		v = getRoom(t, e, program)
 		if v.Serving != last {
 			last, since = v.Serving, time.Now()
 		}
@@ -345,7 +324,7 @@ func TestAttackPacerSoldOutBudgetSpentAgainAfterARefund(t *testing.T) {
 		fmt.Sprintf(`{"buyer":%q}`, bought[0])); r.Status != http.StatusOK {
 		t.Fatalf("refund = %d %s", r.Status, r.Body)
 	}
-	systest.WaitFor(t, 10*time.Second, "the line re-opened", func() bool { return pcGet(t, e, sku.Program).Serving > v.Serving })
+	systest.WaitFor(t, 10*time.Second, "the line re-opened", func() bool { return getRoom(t, e, sku.Program).Serving > v.Serving })
 	pcExpect(t, away, soldOut[0], "expired", 5*time.Second)
 	pcEnds(t, away, soldOut[0])
 	v = pcSettled(t, e, sku.Program, 10*time.Second)
@@ -423,7 +402,7 @@ func TestAttackPacerShareLoweredMidSaleStillOverAdmits(t *testing.T) {
 		over := pcWatchAdmitted(t, b, sku.Program, waiting, 0, 2*time.Second)
 		if len(over) > 0 {
 			t.Errorf("try %d: after the PUT of share 0 answered, %d more admitted with 8 admitted-but-unused for %d tickets left (line %+v)",
-				try, len(over), tickets+1, pcGet(t, b, sku.Program))
+				try, len(over), tickets+1, getRoom(t, b, sku.Program))
 			return
 		}
 	}
@@ -680,7 +659,7 @@ func TestAttackPacerRoomDeletedUnderOpenStreams(t *testing.T) {
 	a.PutSKU(t, sku, 1, 1, 1)
 	putQueue(t, a, sku.Program, pcRoom(60, ""))
 	tickets := pcJoinAll(t, a, sku.Program, "d", 5)
-	systest.WaitFor(t, 10*time.Second, "one admitted", func() bool { return pcGet(t, a, sku.Program).Serving == 1 })
+	systest.WaitFor(t, 10*time.Second, "one admitted", func() bool { return getRoom(t, a, sku.Program).Serving == 1 })
 	streams := map[string]*pcStream{}
 	i := 0
 	for who, ticket := range tickets {
@@ -803,12 +782,12 @@ func TestAttackPacerHostileSoldOutShares(t *testing.T) {
 			}
 			continue
 		}
-		var put pcView
+		var put roomState
 		if r.Status != http.StatusOK || json.Unmarshal(r.Body, &put) != nil {
 			t.Errorf("sold_out_share %s = %d %s, want 200", c.share, r.Status, r.Body)
 			continue
 		}
-		if got := pcGet(t, e, sku.Program); put.SoldOutShare != c.want || got.SoldOutShare != c.want {
+		if got := getRoom(t, e, sku.Program); put.SoldOutShare != c.want || got.SoldOutShare != c.want {
 			t.Errorf("sold_out_share %s: PUT answered %v, GET shows %v, want %v", c.share, put.SoldOutShare, got.SoldOutShare, c.want)
 		}
 	}
@@ -950,7 +929,7 @@ func TestAttackPacerNewRoomInheritsTheOldLinesConversion(t *testing.T) {
 		pcJoinAll(t, e, sku.Program, "old", 12)
 		// Nobody buys: every window passes, the line learns they walk away.
 		systest.WaitFor(t, 20*time.Second, "the old room's 12 walked away", func() bool {
-			v := pcGet(t, e, sku.Program)
+			v := getRoom(t, e, sku.Program)
 			return v.Abandoned == 12 && v.Unused == 0
 		})
 		if r := e.Do(t, http.MethodDelete, "/v1/admin/programs/"+sku.Program.String()+"/queue", nil, ""); r.Status != http.StatusNoContent {

@@ -137,7 +137,7 @@ func TestQueuePageInABrowser(t *testing.T) {
 		t.Fatalf("the page took its place without solving a puzzle (%+v ms, %+v tries, %v)", ms, tries, err)
 	}
 	t.Logf("proof of work, 18 bits, in headless Chromium's web worker: %s ms, %s tries", ms.Value, tries.Value)
-	if v := queueView(t, e, pow.Program); v.Joined != 1 {
+	if v := getRoom(t, e, pow.Program); v.Joined != 1 {
 		t.Fatalf("joined %d, want the page's buyer", v.Joined)
 	}
 

@@ -38,24 +38,6 @@ func paRoom(bits int, extra string) string {
 	return b + "}"
 }
 
-// paView is the admin's view of a room.
-type paView struct {
-	PowBits  int       `json:"proof_of_work_bits"`
-	Joined   int64     `json:"joined"`
-	JoinFrom time.Time `json:"join_from"`
-	Checkout string    `json:"checkout_url"`
-}
-
-func paGet(t *testing.T, e *systest.Env, program keys.ID) paView {
-	t.Helper()
-	r := e.Do(t, http.MethodGet, "/v1/admin/programs/"+program.String()+"/queue", nil, "")
-	var v paView
-	if r.Status != http.StatusOK || json.Unmarshal(r.Body, &v) != nil {
-		t.Fatalf("GET queue = %d %s", r.Status, r.Body)
-	}
-	return v
-}
-
 // paJoin posts body as a join and decodes the answer; every answer must
 // be a 2xx, or a problem+json that is not a 5xx unless allow5xx.
 func paJoin(t *testing.T, e *systest.Env, program keys.ID, body string, allow5xx bool) (systest.Reply, queueReply, powProblem) {
@@ -215,7 +197,7 @@ func TestAttackPowHostileProofJSON(t *testing.T) {
 	if r, _, pp := paJoin(t, e, program, raw, false); r.Status != http.StatusForbidden || pp.Puzzle == nil {
 		t.Errorf("a nonce with bytes not UTF-8 = %d %s", r.Status, r.Body)
 	}
-	if v := paGet(t, e, program); v.Joined != 0 {
+	if v := getRoom(t, e, program); v.Joined != 0 {
 		t.Fatalf("hostile proofs placed %d buyers", v.Joined)
 	}
 
@@ -233,7 +215,7 @@ func TestAttackPowHostileProofJSON(t *testing.T) {
 			t.Errorf("%s's nonce %q = %d %s", buyer, nonce, r.Status, r.Body)
 		}
 	}
-	if v := paGet(t, e, program); v.Joined != 5 {
+	if v := getRoom(t, e, program); v.Joined != 5 {
 		t.Fatalf("joined %d, want 5 (ann and the four nonces)", v.Joined)
 	}
 }
@@ -307,7 +289,7 @@ func TestAttackPowRecreatedRoom(t *testing.T) {
 		r, _ := queueCheck(t, b, program, staleTicket)
 		t.Logf("that ticket, checked on b now: %d %s", r.Status, r.Body)
 	}
-	if v := paGet(t, a, program); v.Joined != 0 {
+	if v := getRoom(t, a, program); v.Joined != 0 {
 		t.Fatalf("the new room has %d joined after only old proofs, want 0", v.Joined)
 	}
 	// bob's old ticket with a good proof of the new room: not a ticket.
@@ -323,7 +305,7 @@ func TestAttackPowRecreatedRoom(t *testing.T) {
 	if r.Status != http.StatusCreated || q.Ticket == "" {
 		t.Fatalf("ann's new proof = %d %s", r.Status, r.Body)
 	}
-	if v := paGet(t, a, program); v.Joined != 1 {
+	if v := getRoom(t, a, program); v.Joined != 1 {
 		t.Fatalf("the new room has %d joined, want 1", v.Joined)
 	}
 }
@@ -345,10 +327,10 @@ func TestAttackPowBitsChangedUnderAPuzzle(t *testing.T) {
 	easyProof := paProof(easy.Puzzle.Challenge, paSolveWith(t, easy, ""))
 
 	putQueue(t, a, program, paRoom(10, ""))
-	if v := paGet(t, a, program); v.PowBits != 10 {
+	if v := getRoom(t, a, program); v.PowBits != 10 {
 		t.Errorf("GET on a shows %d bits, want 10", v.PowBits)
 	}
-	systest.WaitFor(t, 10*time.Second, "GET on b to show 10 bits", func() bool { return paGet(t, b, program).PowBits == 10 })
+	systest.WaitFor(t, 10*time.Second, "GET on b to show 10 bits", func() bool { return getRoom(t, b, program).PowBits == 10 })
 	r, _, p := paJoin(t, a, program, paBody("ann", easyProof, ""), false)
 	paRefused(t, "a 4-bit proof in a 10-bit room on a", r, p, "proof-of-work-invalid", "ann")
 	if p.Puzzle != nil && p.Puzzle.Difficulty < 10 {
@@ -358,10 +340,10 @@ func TestAttackPowBitsChangedUnderAPuzzle(t *testing.T) {
 		r, _, p := paJoin(t, b, program, paBody("ann", easyProof, ""), false)
 		return r.Status == http.StatusForbidden && p.Puzzle != nil && p.Puzzle.Difficulty >= 10
 	})
-	if v := paGet(t, a, program); v.Joined > 1 {
+	if v := getRoom(t, a, program); v.Joined > 1 {
 		t.Fatalf("joined %d", v.Joined)
 	}
-	joinedBefore := paGet(t, a, program).Joined // 1 if b took ann's proof while it remembered 4 bits
+	joinedBefore := getRoom(t, a, program).Joined // 1 if b took ann's proof while it remembered 4 bits
 
 	hard := paPuzzle(t, a, program, "bob")
 	hardProof := paProof(hard.Puzzle.Challenge, paSolveWith(t, hard, ""))
@@ -371,7 +353,7 @@ func TestAttackPowBitsChangedUnderAPuzzle(t *testing.T) {
 			t.Errorf("a harder proof in a room asking fewer bits = %d %s", r.Status, r.Body)
 		}
 	}
-	if v := paGet(t, a, program); v.Joined != joinedBefore+1 || v.PowBits != 4 {
+	if v := getRoom(t, a, program); v.Joined != joinedBefore+1 || v.PowBits != 4 {
 		t.Fatalf("room %+v, want %d joined at 4 bits", v, joinedBefore+1)
 	}
 }
@@ -416,7 +398,7 @@ func TestAttackPowRejoinWithTicket(t *testing.T) {
 	// ann's ticket with bob's proof: the proof is refused first.
 	r, _, pp = paJoin(t, a, program, paBody("ann", bobProof, withTicket(ann.Ticket)), false)
 	paRefused(t, "ann's ticket with bob's proof", r, pp, "proof-of-work-invalid", "ann")
-	if v := paGet(t, a, program); v.Joined != 1 {
+	if v := getRoom(t, a, program); v.Joined != 1 {
 		t.Fatalf("joined %d, want 1 (ann)", v.Joined)
 	}
 
@@ -433,7 +415,7 @@ func TestAttackPowRejoinWithTicket(t *testing.T) {
 	if !errors.As(err, &prob) || prob.Status != http.StatusBadRequest {
 		t.Errorf("the client's rejoin of bob with ann's ticket = %v, want a 400 problem", err)
 	}
-	if v := paGet(t, a, program); v.Joined != 1 {
+	if v := getRoom(t, a, program); v.Joined != 1 {
 		t.Fatalf("joined %d, want 1 (ann)", v.Joined)
 	}
 }
@@ -463,7 +445,7 @@ func TestAttackPowCrossProgram(t *testing.T) {
 	if r, q, _ := paJoin(t, b, pd, paBody("ann", proofA, ""), false); r.Status != http.StatusCreated || q.Ticket == "" {
 		t.Errorf("A's proof on a room asking none = %d %s, want 201", r.Status, r.Body)
 	}
-	if v := paGet(t, a, pb); v.Joined != 0 {
+	if v := getRoom(t, a, pb); v.Joined != 0 {
 		t.Fatalf("B has %d joined", v.Joined)
 	}
 	if r, _, _ := paJoin(t, b, pa, paBody("ann", proofA, ""), false); r.Status != http.StatusCreated {
@@ -499,7 +481,7 @@ func TestAttackPowBeforeJoinFrom(t *testing.T) {
 	if r, _, _ := paJoin(t, e, program, paBody("ann", proof, ""), false); r.Status != http.StatusConflict {
 		t.Errorf("a solved proof after join_from moved later = %d %s, want 409", r.Status, r.Body)
 	}
-	if v := paGet(t, e, program); v.Joined != 0 {
+	if v := getRoom(t, e, program); v.Joined != 0 {
 		t.Fatalf("joined %d before join_from", v.Joined)
 	}
 	putQueue(t, e, program, room(time.Now().Add(-time.Minute).UTC().Format(time.RFC3339)))
@@ -526,7 +508,7 @@ func TestAttackPowPutWithoutTheField(t *testing.T) {
 	}
 	for i, off := range []string{paRoom(-1, ""), paRoom(-1, `,"proof_of_work_bits":null`), paRoom(0, "")} {
 		putQueue(t, a, program, paRoom(6, `,"checkout_url":"https://shop.example/buy"`))
-		if v := paGet(t, a, program); v.PowBits != 6 || v.Checkout != "https://shop.example/buy" {
+		if v := getRoom(t, a, program); v.PowBits != 6 || v.Checkout != "https://shop.example/buy" {
 			t.Fatalf("GET = %+v", v)
 		}
 		systest.WaitFor(t, 10*time.Second, "b to ask for proof", func() bool {
@@ -537,7 +519,7 @@ func TestAttackPowPutWithoutTheField(t *testing.T) {
 			t.Fatalf("client GetQueue = %+v, %v", q, err)
 		}
 		putQueue(t, a, program, off)
-		if v := paGet(t, a, program); v.PowBits != 0 || v.Checkout != "" {
+		if v := getRoom(t, a, program); v.PowBits != 0 || v.Checkout != "" {
 			t.Errorf("PUT %s: GET shows %+v, want 0 bits and no checkout_url (PUT replaces the room)", off, v)
 		}
 		buyer := fmt.Sprintf("off%d", i)
@@ -599,7 +581,7 @@ func TestAttackPowSameProofConcurrently(t *testing.T) {
 	if created != 1 || len(tickets) != 1 {
 		t.Errorf("%d created, tickets %v: want one place", created, tickets)
 	}
-	if v := paGet(t, b, program); v.Joined != 1 {
+	if v := getRoom(t, b, program); v.Joined != 1 {
 		t.Fatalf("joined %d, want 1", v.Joined)
 	}
 }
@@ -731,7 +713,7 @@ func TestAttackPowClient(t *testing.T) {
 	if took := time.Since(start); took > 5*time.Second {
 		t.Errorf("JoinQueue gave up after %v", took)
 	}
-	if v := paGet(t, e, hard); v.Joined != 0 {
+	if v := getRoom(t, e, hard); v.Joined != 0 {
 		t.Errorf("joined %d", v.Joined)
 	}
 	_, err = cl.JoinQueue(t.Context(), early.String(), "ann")
@@ -841,8 +823,10 @@ func TestAttackPowPuzzleOutlivesItsLife(t *testing.T) {
 	need := time.Duration(math.Pow(2, float64(d)) * docsNsPerHash)
 	t.Logf("1,100 proofless joins from the /24 in %v; the neighbour's puzzle: %d bits, %v of life, %v of expected work at %d ns a try",
 		took.Round(time.Millisecond), d, life.Round(time.Second), need.Round(time.Second), docsNsPerHash)
-	if took > 5*time.Second {
-		t.Skipf("the flood took %v: too slow on this machine to fill the 10 s window", took)
+	// Proofless joins count for nothing, however fast they came: the
+	// neighbour's puzzle is the room's own.
+	if d != 24 {
+		t.Errorf("after 1,100 proofless joins from its /24 the neighbour's puzzle asks %d bits, want the room's 24", d)
 	}
 	if need > life {
 		t.Errorf("the neighbour's puzzle asks %d bits: %v of expected work on the docs' fastest solver, past its %v of life; "+
@@ -860,7 +844,7 @@ func TestAttackPowOnPostgres(t *testing.T) {
 	a, b := systest.Pair(t, "postgres")
 	program := systest.NewSKU(t).Program
 	putQueue(t, a, program, paRoom(7, ""))
-	if v := paGet(t, a, program); v.PowBits != 7 {
+	if v := getRoom(t, a, program); v.PowBits != 7 {
 		t.Fatalf("GET shows %d bits, want 7", v.PowBits)
 	}
 	p := paPuzzle(t, b, program, "ann")
@@ -878,7 +862,7 @@ func TestAttackPowOnPostgres(t *testing.T) {
 	r, _, pp := paJoin(t, a, program, paBody("ann", proof, ""), false)
 	paRefused(t, "the old room's proof", r, pp, "proof-of-work-invalid", "ann")
 	putQueue(t, a, program, paRoom(-1, ""))
-	if v := paGet(t, a, program); v.PowBits != 0 || v.Joined != 0 {
+	if v := getRoom(t, a, program); v.PowBits != 0 || v.Joined != 0 {
 		t.Fatalf("after a PUT without the field: %+v, want 0 bits and nobody", v)
 	}
 	if r, _, _ := paJoin(t, a, program, paBody("bob", "", ""), false); r.Status != http.StatusCreated {
@@ -904,7 +888,7 @@ func TestAttackPowPageAndWorker(t *testing.T) {
 	if w.Status != http.StatusOK || !strings.HasPrefix(w.Header.Get("Content-Type"), "text/javascript") || !strings.Contains(string(w.Body), "onmessage") {
 		t.Errorf("the worker = %d %v", w.Status, w.Header)
 	}
-	if v := paGet(t, e, program); v.Joined != 0 {
+	if v := getRoom(t, e, program); v.Joined != 0 {
 		t.Errorf("the page placed %d", v.Joined)
 	}
 }

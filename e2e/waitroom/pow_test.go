@@ -109,7 +109,7 @@ func TestQueueProofOfWork(t *testing.T) {
 	if r, _, _ := powJoin(t, a, program, "ann", wrong); r.Status != http.StatusForbidden || systest.ProblemKind(r) != "proof-of-work-invalid" {
 		t.Fatalf("a wrong nonce = %d %s", r.Status, r.Body)
 	}
-	if v := queueView(t, a, program); v.Joined != 0 {
+	if v := getRoom(t, a, program); v.Joined != 0 {
 		t.Fatalf("refused joins placed %d buyers", v.Joined)
 	}
 
@@ -121,7 +121,7 @@ func TestQueueProofOfWork(t *testing.T) {
 	if r2, q2, _ := powJoin(t, a, program, "ann", annProof); r2.Status != http.StatusOK || q2.Ticket != q.Ticket {
 		t.Fatalf("ann again on a = %d %s", r2.Status, r2.Body)
 	}
-	if v := queueView(t, a, program); v.Joined != 1 {
+	if v := getRoom(t, a, program); v.Joined != 1 {
 		t.Fatalf("joined %d, want 1", v.Joined)
 	}
 	// The Go client solves the puzzle itself.
@@ -173,18 +173,4 @@ func leading(p map[string]string) int {
 		}
 	}
 	return 32
-}
-
-type roomView struct {
-	Joined int64 `json:"joined"`
-}
-
-func queueView(t *testing.T, e *systest.Env, program keys.ID) roomView {
-	t.Helper()
-	r := e.Do(t, http.MethodGet, "/v1/admin/programs/"+program.String()+"/queue", nil, "")
-	var v roomView
-	if r.Status != http.StatusOK || json.Unmarshal(r.Body, &v) != nil {
-		t.Fatalf("GET queue = %d %s", r.Status, r.Body)
-	}
-	return v
 }

@@ -29,6 +29,31 @@ type queueReply struct {
 	Admission string `json:"admission_token"`
 }
 
+// roomState is the admin's view of a room and its line (GET
+// /v1/admin/programs/{program}/queue).
+type roomState struct {
+	PowBits      int       `json:"proof_of_work_bits"`
+	SoldOutShare float64   `json:"sold_out_share"`
+	Conversion   float64   `json:"conversion"`
+	JoinFrom     time.Time `json:"join_from"`
+	Checkout     string    `json:"checkout_url"`
+	Joined       int64     `json:"joined"`
+	Serving      int64     `json:"serving"`
+	Unused       int64     `json:"admitted_unused"`
+	Abandoned    int64     `json:"abandoned"`
+	SoldOut      bool      `json:"sold_out"`
+}
+
+func getRoom(t *testing.T, e *systest.Env, program keys.ID) roomState {
+	t.Helper()
+	r := e.Do(t, http.MethodGet, "/v1/admin/programs/"+program.String()+"/queue", nil, "")
+	var v roomState
+	if r.Status != http.StatusOK || json.Unmarshal(r.Body, &v) != nil {
+		t.Fatalf("GET queue = %d %s", r.Status, r.Body)
+	}
+	return v
+}
+
 func queueJoin(t *testing.T, e *systest.Env, program keys.ID, buyer string) (systest.Reply, queueReply) {
 	r := e.Do(t, http.MethodPost, "/v1/programs/"+program.String()+"/queue", nil, fmt.Sprintf(`{"buyer":%q}`, buyer))
 	var q queueReply

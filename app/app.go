@@ -325,7 +325,7 @@ func (a *App) Start(l Loops) {
 	for _, run := range []struct {
 		on bool
 		f  func(context.Context)
-	}{{l.Drift, a.Sale.RunDrift}, {l.Sweep, a.Sale.RunSweeper}, {l.Notices, a.Sale.RunNotices}, {l.Notices, a.Rooms.RunNotices}, {l.Pacer, a.Rooms.RunPacer},
+	}{{l.Drift, a.Sale.RunDrift}, {l.Drift, a.Sale.RunSizer}, {l.Sweep, a.Sale.RunSweeper}, {l.Notices, a.Sale.RunNotices}, {l.Notices, a.Rooms.RunNotices}, {l.Pacer, a.Rooms.RunPacer},
 		{l.Relay && a.Relay != nil, a.Relay.Run}, {l.Health, a.runHealth}} {
 		if run.on {
 			a.wg.Go(func() { run.f(ctx) }) // owned by a; ends with Close

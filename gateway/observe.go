@@ -102,6 +102,12 @@ func newHTTPMetrics(reg prometheus.Registerer) (*httpMetrics, error) {
 // only then): it continues the caller's W3C traceparent, is named by the
 // route template, and carries the request id and the status.
 func traced(c *gin.Context) {
+	// A probe or a scrape every few seconds from every kubelet and
+	// Prometheus is no one's request: traced, it filled the collector
+	// with spans nobody reads.
+	if probe(c.Request.URL.Path) {
+		return
+	}
 	route := c.FullPath()
 	if route == "" {
 		route = "unmatched"
@@ -204,6 +210,9 @@ func (l *limiter) client(ctx context.Context, addr string) *rate.Limiter {
 	return b
 }
 
+// probe: a health check or a metrics scrape, neither traced nor limited.
+func probe(path string) bool { return path == "/livez" || path == "/readyz" || path == "/metrics" }
+
 // limit answers 429 with Retry-After to a client over its rate: the
 // budget every replica shares (Options.SharedLimit) when it answers, this
 // replica's own otherwise. Health checks and metrics scrapes are not
@@ -212,8 +221,7 @@ func (s *Server) limit(c *gin.Context) {
 	if s.limiter == nil {
 		return
 	}
-	switch c.Request.URL.Path {
-	case "/livez", "/readyz", "/metrics":
+	if probe(c.Request.URL.Path) {
 		return
 	}
 	ctx, client := c.Request.Context(), c.ClientIP()

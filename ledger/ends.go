@@ -400,14 +400,18 @@ func isOwed(gate string, takeEpoch int64, seats bool, r returned) int {
 		return owedUnits
 	case seats:
 		return owedNothing
-	case r.ended && gate != "":
-		// The gate that admitted it counted the buyer's units (and a
-		// code's use): those are owed back even when the units are not.
-		return owedCounts
 	case !r.ended && (gate != "" || takeEpoch != r.epoch):
 		return owedUnits
 	}
-	return owedNothing
+	// The units are not owed: the gate has ended, or the take went around
+	// it at this epoch (the gate's next rebuild reads the units from the
+	// ledger). The buyer's counts (and a code's use) are owed all the
+	// same: the gate counted them if it admitted the take, and also when
+	// an attempt it admitted met a rebuilt gate and the retake went around
+	// it, keeping its counts. Owed nothing, such a buyer was refused at the
+	// cap after a refund of its only order (found with self-sized shards).
+	// A release of counts never made is a no-op.
+	return owedCounts
 }
 
 // What a return owes Redis, as restore_pending stores it.

@@ -5,13 +5,19 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
-// ErrReadOnly is Health's answer for a PostgreSQL server that takes no
-// writes: a standby (the old primary after a failover, or a DSN naming a
-// replica) or one set read-only.
+// ErrReadOnly is Health's answer for a ledger that takes no writes: a
+// PostgreSQL standby (the old primary after a failover, or a DSN naming a
+// replica) or server set read-only, or a SQLite file that may not be
+// written (immutable, on a read-only mount).
 var ErrReadOnly = errors.New("ledger: the server takes no writes")
 
 // Durability is what a COMMIT the ledger acknowledges survives.
@@ -39,12 +45,13 @@ type healthDB struct {
 // Health reports whether the ledger can take writes now (nil, or why
 // not: the server unreachable, or ErrReadOnly) and what its commits
 // survive, in one round trip on a connection of its own; it writes
-// nothing. SQLite is a file in this process: as writable as its disk,
-// which a write's own error tells, so it is always nil here (a check
-// would queue behind the one connection's writers).
+// nothing. SQLite is a file in this process: Health asks the kernel
+// whether the file, its WAL and their directory may be written (an
+// immutable file, a read-only mount), never the one connection, behind
+// whose writers a check would queue.
 func (l *Ledger) Health(ctx context.Context) (Durability, error) {
 	if l.driver != Postgres {
-		return Durability{}, nil
+		return Durability{}, sqliteWritable(l.dsn)
 	}
 	l.health.once.Do(func() {
 		l.health.db, l.health.err = openPostgres(l.dsn)
@@ -83,4 +90,27 @@ func (h *healthDB) close() error {
 		return nil
 	}
 	return h.db.Close()
+}
+
+// sqliteWritable is nil when the SQLite ledger at path may be written: the
+// file and its WAL (when there is one) and the directory that holds them
+// (SQLite creates its journal and shared-memory files there). access(2)
+// refuses writes to an immutable file or on a read-only mount even to
+// root, as SQLite's own writes are refused. An in-memory database is
+// always writable.
+func sqliteWritable(path string) error {
+	if path == ":memory:" || strings.Contains(path, "mode=memory") {
+		return nil
+	}
+	path, _, _ = strings.Cut(strings.TrimPrefix(path, "file:"), "?")
+	for _, p := range []string{path, path + "-wal", filepath.Dir(path)} {
+		err := unix.Access(p, unix.W_OK)
+		if p == path+"-wal" && errors.Is(err, os.ErrNotExist) {
+			continue // no WAL yet (or checkpointed away)
+		}
+		if err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrReadOnly, p, err)
+		}
+	}
+	return nil
 }

@@ -66,7 +66,7 @@ type Ledger struct {
 	id      keys.ID            // see ID
 	schema  Schema             // see Schema
 	build   schemaSteps        // the migrations this build knows: thisBuild but in tests
-	dsn     string             // PostgreSQL: what migrations connect to, apart from the pool
+	dsn     string             // PostgreSQL: what migrations connect to, apart from the pool; SQLite: the file
 	health  healthDB           // PostgreSQL: Health's own connection
 }
 

@@ -119,3 +119,48 @@ func TestRefundBatch(t *testing.T) {
 		}
 	})
 }
+
+// A take around the gate returned at the gate's epoch owes Redis no units
+// (the next rebuild reads them from the ledger) but still owes the buyer's
+// counts: an attempt the gate admitted counted them before it met a
+// rebuilt gate, and its retake went around the gate keeping them. Owed
+// nothing, the buyer was refused at the cap after refunding its only
+// order (TestAttackAutoShardsRefundFreesCap, 3 runs in 15 under load).
+func TestReturnAroundTheGateOwesCounts(t *testing.T) {
+	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
+		ctx := context.Background()
+		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 20, Shards: 1, MaxPerOrder: 4, PerBuyer: 2}); err != nil {
+			t.Fatal(err)
+		}
+		st, err := l.SKU(ctx, sku)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID("p-around"), SKU: sku, Buyer: keys.MustID("ann"), Quantity: 2,
+			TakeEpoch: st.GateEpoch, Req: req("ann", "p-around", "buy", ledger.OpPurchase)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := l.Hold(ctx, ledger.Hold{IdempotencyKey: keys.MustID("h-around"), SKU: sku, Buyer: keys.MustID("bob"), Quantity: 1,
+			TakeEpoch: st.GateEpoch, ExpiresAt: c.now().Add(time.Minute)}, -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := l.Refund(ctx, o.ID, o.Buyer, req("ann", "r-around", "refund", ledger.OpRefund)); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := l.Cancel(ctx, h.ID, h.Buyer, req("bob", "c-around", "cancel", ledger.OpCancel)); err != nil {
+			t.Fatal(err)
+		}
+		for _, x := range []struct {
+			kind string
+			id   keys.ID
+			rid  keys.ID
+		}{{"order", o.ID, o.IdempotencyKey}, {"hold", h.ID, h.IdempotencyKey}} {
+			r, ok, err := l.RestoreOwed(ctx, x.kind, x.id)
+			if err != nil || !ok || !r.CountsOnly || r.RequestID != x.rid {
+				t.Errorf("%s around the gate: owed %+v, %v, %v; want its counts (request %s), not its units", x.kind, r, ok, err, x.rid)
+			}
+		}
+	})
+}

@@ -138,8 +138,10 @@ func TestReturnOwedByEpoch(t *testing.T) {
 		if err != nil || !ok || r.Epoch != 1 || r.Quantity != 2 || r.Shards != 2 {
 			t.Errorf("gate-taken hold returned at epoch 1: owed %+v %v %v; want 2 units to epoch 1's 2 shards", r, ok, err)
 		}
-		if _, ok, _ := l.RestoreOwed(ctx, "hold", direct.ID); ok {
-			t.Error("a hold taken around the gate and returned in the same epoch owes Redis units it never took")
+		if r, ok, _ := l.RestoreOwed(ctx, "hold", direct.ID); !ok || !r.CountsOnly {
+			// Its counts are owed: an attempt the gate admitted may have
+			// made them (TestReturnAroundTheGateOwesCounts).
+			t.Errorf("a hold taken around the gate and returned in the same epoch: owed %+v %v; want its counts only, not units it never took", r, ok)
 		}
 		if _, err := l.AdvanceGate(ctx, sku); err != nil { // epoch 2: counts directLater as held
 			t.Fatal(err)

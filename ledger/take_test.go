@@ -578,13 +578,13 @@ func TestMixedBatchesRacing(t *testing.T) {
 			}
 			const programCap, skuCap = 30, 6
 			// Hundreds of batches where rows are locked (PostgreSQL, where
-			// a lock-order slip deadlocks: 600, down from 1,020, which took
-			// 39 s of a loaded make test); fewer through the pooler and on
+			// a lock-order slip deadlocks: 360, down from 600, which took
+			// 94 s of a loaded make test); fewer through the pooler and on
 			// SQLite, whose one writer cannot deadlock (90 batches each:
 			// the SQLite run took 49 s of a loaded make test at 180).
 			rounds := 15
 			if via == ledger.Postgres {
-				rounds = 100
+				rounds = 60
 			}
 			skus := []ledger.SKUConfig{{Total: 300, PerBuyer: skuCap}, {Total: 300}, {Total: 12}, {Total: 400}}
 			for i := range skus {

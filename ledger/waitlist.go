@@ -432,7 +432,9 @@ func offer(ctx context.Context, tx *sql.Tx, e WaitEntry, epoch int64, now time.T
 // takeOffOwed takes offered units off what rows owe Redis (see offerBack).
 func takeOffOwed(ctx context.Context, tx *sql.Tx, rows []backRow, offered int64) error {
 	for _, r := range rows {
-		if r.pending == owedNothing {
+		if r.pending != owedUnits {
+			// Units Redis is not owed (a take around the gate: owed its
+			// counts at most) are offered first.
 			offered -= min(offered, r.q)
 		}
 	}

@@ -63,11 +63,11 @@ func TestBusyThenFreed(t *testing.T) {
 	l := newLocker(t, time.Second)
 	ctx := context.Background()
 	key := keys.Lock(keys.MustID(testenv.ID(t, "p")), keys.MustID("t"), keys.MustID("test"))
-	a, err := l.Acquire(ctx, key, 0)
+	a, err := l.Acquire(ctx, key, 3*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.Acquire(ctx, key, 0); !errors.Is(err, lock.ErrBusy) {
+	if _, err := l.Acquire(ctx, key, 300*time.Millisecond); !errors.Is(err, lock.ErrBusy) {
 		t.Fatalf("second Acquire = %v, want ErrBusy", err)
 	}
 	time.AfterFunc(100*time.Millisecond, func() { _ = a.Release(ctx) })
@@ -84,15 +84,17 @@ func TestBusyThenFreed(t *testing.T) {
 }
 
 func TestRenewalOutlivesTTL(t *testing.T) {
-	l := newLocker(t, 300*time.Millisecond)
+	l := newLocker(t, time.Second)
 	ctx := context.Background()
 	key := keys.Lock(keys.MustID(testenv.ID(t, "p")), keys.MustID("t"), keys.MustID("test"))
-	a, err := l.Acquire(ctx, key, 0)
+	// A wait, not 0: on a loaded machine one SET took longer than the
+	// call timeout (a third of the TTL) and a first try alone failed.
+	a, err := l.Acquire(ctx, key, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Second) // time under test: more than three TTLs
-	if _, err := l.Acquire(ctx, key, 0); !errors.Is(err, lock.ErrBusy) {
+	time.Sleep(3500 * time.Millisecond) // time under test: more than three TTLs
+	if _, err := l.Acquire(ctx, key, 500*time.Millisecond); !errors.Is(err, lock.ErrBusy) {
 		t.Errorf("Acquire after 3 TTLs of a renewed lock = %v, want ErrBusy", err)
 	}
 	if a.Context().Err() != nil {
@@ -106,12 +108,12 @@ func TestRenewalOutlivesTTL(t *testing.T) {
 // A lease whose key was taken over (it expired during a pause, say) ends
 // itself, and its late release leaves the new owner's lock alone.
 func TestLostLeaseNeverFreesTheNewOwner(t *testing.T) {
-	l := newLocker(t, 300*time.Millisecond)
+	l := newLocker(t, time.Second)
 	rdb := testenv.SharedCluster(t).Client()
 	defer rdb.Close()
 	ctx := context.Background()
 	key := keys.Lock(keys.MustID(testenv.ID(t, "p")), keys.MustID("t"), keys.MustID("test"))
-	a, err := l.Acquire(ctx, key, 0)
+	a, err := l.Acquire(ctx, key, 3*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +150,7 @@ func TestCrashedHolderExpires(t *testing.T) {
 	if ok, err := rdb.SetNX(ctx, key, "dead-holder", time.Second).Result(); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
-	if _, err := l.Acquire(ctx, key, 0); !errors.Is(err, lock.ErrBusy) {
+	if _, err := l.Acquire(ctx, key, 300*time.Millisecond); !errors.Is(err, lock.ErrBusy) {
 		t.Fatalf("Acquire against a live dead holder's lock = %v, want ErrBusy", err)
 	}
 	a, err := l.Acquire(ctx, key, 3*time.Second)
@@ -231,7 +233,7 @@ func TestSlowReplyStillAcquires(t *testing.T) {
 	if err != nil {
 		t.Fatalf("acquire across a slow reply: %v", err)
 	}
-	if _, err := l.Acquire(ctx, key, 0); !errors.Is(err, lock.ErrBusy) {
+	if _, err := l.Acquire(ctx, key, 300*time.Millisecond); !errors.Is(err, lock.ErrBusy) {
 		t.Fatalf("second acquire = %v, want ErrBusy", err)
 	}
 	// The lease is the caller's: releasing it frees the lock (a TTL of
@@ -239,7 +241,7 @@ func TestSlowReplyStillAcquires(t *testing.T) {
 	if err := lease.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	again, err := l.Acquire(ctx, key, 0)
+	again, err := l.Acquire(ctx, key, 3*time.Second)
 	if err != nil {
 		t.Fatalf("acquire after release: %v", err)
 	}

@@ -23,6 +23,7 @@ const (
 	reasonReconcile = "reconcile"  // an admin asked
 	reasonDrift     = "drift"      // the drift check found Redis and the ledger apart
 	reasonCollapse  = "collapse"   // the tail of a sale moved onto one shard
+	reasonResize    = "resize"     // the sizer followed the SKU's takes (AutoShards)
 	reasonStale     = "stale"      // Redis is at an older gate epoch than the ledger
 )
 

@@ -19,7 +19,42 @@ func (s *Service) returnOwed(ctx context.Context, kind string, id keys.ID) {
 		return
 	}
 	if ok {
-		s.returnToRedis(ctx, r)
+		s.returnToRedis(ctx, r, refillWaits)
+	}
+}
+
+// refillWaits are the pauses before asking a gate again that is being
+// built to the return's epoch (a resize or a rebuild: milliseconds behind
+// its fence): waited out here, the units are back at once rather than
+// after the sweeper's RestoreGrace, and no buyer meets a false sold-out.
+var refillWaits = []time.Duration{10 * time.Millisecond, 40 * time.Millisecond, 150 * time.Millisecond}
+
+// refill gives the return's units to the gate of its epoch, pausing
+// waits for a gate not at that epoch yet; NotYet after them.
+func (s *Service) refill(ctx context.Context, r ledger.Restore, waits []time.Duration) (int, error) {
+	id := keys.MustID(r.Kind + "-" + r.ID.String())
+	if t, ok := s.refillStale.Load(r.SKU); ok && time.Since(t.(time.Time)) < time.Second {
+		// Its gate outlasted the waits a moment ago (a rebuild failing,
+		// Redis lost): a batch of expiries waits once, not each.
+		waits = nil
+	}
+	for i := 0; ; i++ {
+		var outcome int
+		err := s.redis(ctx, "gate.refill", func(ctx context.Context) (err error) {
+			outcome, err = s.gate.Refill(ctx, r.SKU, max(r.Shards, 1), id, r.Epoch, r.Quantity)
+			return err
+		})
+		if err != nil || outcome != shard.NotYet || i == len(waits) {
+			if outcome == shard.NotYet && len(waits) > 0 {
+				s.refillStale.Store(r.SKU, time.Now())
+			}
+			return outcome, err
+		}
+		select {
+		case <-ctx.Done():
+			return outcome, nil
+		case <-time.After(waits[i]):
+		}
 	}
 }
 
@@ -30,7 +65,7 @@ func (s *Service) returnOwed(ctx context.Context, kind string, id keys.ID) {
 // one not yet rebuilt to that epoch is tried again by the sweeper. Seats
 // are freed by their owner id. If Redis cannot be reached the mark stays
 // and a sweeper retries; every step is idempotent.
-func (s *Service) returnToRedis(ctx context.Context, r ledger.Restore) {
+func (s *Service) returnToRedis(ctx context.Context, r ledger.Restore, waits []time.Duration) {
 	if seats.IsGate(r.Gate) && !seats.ValidGate(r.Gate) {
 		// A seat record that does not decode: never refill it as counted
 		// stock. It stays pending, and the seat consistency check rewrites
@@ -53,26 +88,31 @@ func (s *Service) returnToRedis(ctx context.Context, r ledger.Restore) {
 		}
 	} else if !ok {
 		outcome := shard.Counted // units owed to no gate: only the counts go back
-		err := s.redis(ctx, "gate.refill", func(ctx context.Context) (err error) {
-			if !r.CountsOnly {
-				outcome, err = s.gate.Refill(ctx, r.SKU, max(r.Shards, 1), keys.MustID(r.Kind+"-"+r.ID.String()), r.Epoch, r.Quantity)
-				if err != nil || outcome == shard.NotYet {
+		var err error
+		if !r.CountsOnly {
+			outcome, err = s.refill(ctx, r, waits)
+		}
+		// The counts go back even when the units must wait for their
+		// epoch's gate: the ledger has taken the units from the buyer, who
+		// would otherwise be refused at the cap until the sweeper's grace
+		// ran out (found with self-sized shards, which rebuild a hot SKU
+		// as often as each second).
+		if err == nil {
+			err = s.redis(ctx, "gate.release_counts", func(ctx context.Context) error {
+				// The request stays known (no key id): a retry of it at
+				// the cap is looked up, and replayed.
+				if err := s.gate.ReleaseQuota(ctx, r.SKU.Base(), r.Buyer, r.RequestID, keys.ID{}); err != nil {
 					return err
 				}
-			}
-			// The request stays known (no key id): a retry of it at the
-			// cap is looked up, and replayed.
-			if err := s.gate.ReleaseQuota(ctx, r.SKU.Base(), r.Buyer, r.RequestID, keys.ID{}); err != nil {
-				return err
-			}
-			if r.CodeHash != "" {
-				// The code's use comes back with the units.
-				if err := s.gate.ReleaseQuota(ctx, codeScope(r.SKU), keys.MustID(r.CodeHash), r.RequestID, keys.ID{}); err != nil {
-					return err
+				if r.CodeHash != "" {
+					// The code's use comes back with the units.
+					if err := s.gate.ReleaseQuota(ctx, codeScope(r.SKU), keys.MustID(r.CodeHash), r.RequestID, keys.ID{}); err != nil {
+						return err
+					}
 				}
-			}
-			return s.gate.ReleaseQuota(ctx, r.SKU.Whole(), r.Buyer, r.RequestID, keys.ID{})
-		})
+				return s.gate.ReleaseQuota(ctx, r.SKU.Whole(), r.Buyer, r.RequestID, keys.ID{})
+			})
+		}
 		if err != nil {
 			s.log.WarnContext(ctx, "restore to redis; a sweeper will retry", "kind", r.Kind, "id", r.ID, "err", err)
 			return
@@ -132,7 +172,7 @@ func (s *Service) sweep(ctx context.Context) {
 		s.log.WarnContext(ctx, "pending restores", "err", err)
 	}
 	for _, r := range pending {
-		s.returnToRedis(ctx, r)
+		s.returnToRedis(ctx, r, nil) // a gate still not built waits for the next sweep, not here
 	}
 	s.closeDuePools(ctx)
 	s.settleResales(ctx)

@@ -229,6 +229,14 @@ type Options struct {
 	// (a fenced resize), so the last units sit together. Negative turns it
 	// off; 0 takes the default.
 	CollapseAt int64
+	// AutoShards, when above 0, lets RunSizer size the shards of every SKU
+	// this replica takes from between 1 and AutoShards, following its
+	// takes (see sizer.go); a SKU's configured shards are where it starts.
+	// 0 keeps every SKU at its configured shards.
+	AutoShards int
+	// AutoShardRate is the takes a second one shard is sized for, so one
+	// master's share of a hot SKU stays small. Default 2,000.
+	AutoShardRate float64
 	// SweepEvery is the period of RunSweeper, which expires due holds: a
 	// hold's stock is back at most about this long after its expiry.
 	SweepEvery time.Duration
@@ -274,6 +282,7 @@ func DefaultOptions() Options {
 		LedgerWaitBudget:    250 * time.Millisecond,
 		TakesInFlight:       1024,
 		CollapseAt:          1,
+		AutoShardRate:       2000,
 		SweepEvery:          time.Second,
 		RestoreGrace:        5 * time.Second,
 		SettingsTTL:         time.Second,
@@ -317,6 +326,9 @@ func (o Options) withDefaults() Options {
 	if o.CollapseAt == 0 {
 		o.CollapseAt = d.CollapseAt
 	}
+	if o.AutoShardRate == 0 {
+		o.AutoShardRate = d.AutoShardRate
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -348,6 +360,10 @@ func (o Options) Validate() error {
 		return opt.Bad("BatchMax", "must be at least 1")
 	case o.CommitLanes < 0:
 		return opt.Bad("CommitLanes", "must be at least 1")
+	case o.AutoShards < 0 || o.AutoShards > stock.MaxShards:
+		return opt.Bad("AutoShards", "must be in 0..256")
+	case o.AutoShardRate < 0 || o.AutoShardRate != o.AutoShardRate:
+		return opt.Bad("AutoShardRate", "must be above 0")
 	}
 	return opt.In("Breaker", o.Breaker.Validate())
 }
@@ -401,6 +417,11 @@ type Service struct {
 	// rebuildsFailed: SKU → when a rebuild of its stale gate last failed
 	// (see rebuildDue).
 	rebuildsFailed sync.Map
+	// refillStale: SKU → when a return last waited out refillWaits for
+	// its gate in vain.
+	refillStale sync.Map
+	// sizer counts takes for RunSizer (AutoShards).
+	sizer sizer
 }
 
 // New validates opts and returns a Service; Close stops it.

@@ -130,14 +130,22 @@ func (t *take) run(ctx context.Context) answer {
 			}()
 		}
 	}
+	var kept []*quotaTicket // the counts stale attempts kept for their retakes
 	for attempt := 1; ; attempt++ {
 		a, stale := t.once(ctx)
 		if stale.IsZero() {
 			t.settleBudgets(ctx, a)
+			releaseKept(ctx, kept, a)
 			return a
+		}
+		for _, ln := range t.lines {
+			if ln.quota != nil {
+				kept = append(kept, ln.quota)
+			}
 		}
 		if attempt == takeAttempts {
 			t.settleBudgets(ctx, ansUnavailable)
+			releaseKept(ctx, kept, ansUnavailable)
 			return s.counted(pathGate, ansUnavailable)
 		}
 		// A rebuild closed the gate a line was admitted by: its stock went
@@ -147,6 +155,27 @@ func (t *take) run(ctx context.Context) answer {
 			s.log.WarnContext(ctx, "rebuild after a stale admission", "sku", stale.String(), "err", err)
 		}
 		s.settings.Invalidate(stale)
+	}
+}
+
+// releaseKept settles the counts stale attempts of a take kept for their
+// retakes, by a, the take's answer. Sold now: its order or hold stands on
+// them, and its return gives them back. A replay of a request committed
+// before: what they counted afresh is one too many (the committed
+// request's own counts stand, or went back with its stock). Refused: all
+// go back. A retake through the gate counts under the same ids and
+// settles them itself; one that went around the gate (the new gate not up
+// yet) never touched them, and its refusal left the buyer counted at the
+// cap for a request that took nothing. Giving back what was given back
+// already is a no-op.
+func releaseKept(ctx context.Context, kept []*quotaTicket, a answer) {
+	for _, q := range kept {
+		switch {
+		case a.replayed:
+			q.replayed(ctx)
+		case a.err != nil:
+			q.release(ctx)
+		}
 	}
 }
 
@@ -406,6 +435,10 @@ func (t *take) gateUnits(ctx context.Context, i int) (answer, gateOut) {
 	}
 	if d.Probes > 0 {
 		s.metrics.probes.Observe(float64(d.Probes))
+	}
+	if s.opts.AutoShards > 0 && w.sku.Pool().IsZero() {
+		// A pool's stock keeps the shards its pool was given.
+		s.sizer.note(w.sku, d.Probes)
 	}
 	switch {
 	case errors.Is(err, stock.ErrSoldOut):

@@ -24,10 +24,11 @@ import (
 // document (replacing it when present, so a suite run keeps it).
 const faultsHeading = "## Redis and ledger faults during a sale"
 
-// faultsCmd runs the four Redis faults and the two ledger-link faults of a
-// sale against a stockgate process (PostgreSQL ledger through a fault
-// proxy, a 3+3 cluster of its own per fault) through the load tool, and
-// writes their section of the benchmark document.
+// faultsCmd runs the four Redis faults, the two ledger-link faults and
+// the three failovers of the ledger's primary during a sale against a
+// stockgate process (PostgreSQL through a fault proxy or a formation, a
+// 3+3 cluster of its own per fault) through the load tool, and writes
+// their section of the benchmark document.
 func faultsCmd(args []string) error {
 	fs := flag.NewFlagSet("faults", flag.ExitOnError)
 	out := fs.String("out", "docs/BENCHMARKS.md", "benchmark document whose faults section to write")
@@ -63,63 +64,103 @@ func faultsCmd(args []string) error {
 	return writeSection(*out, faultsDoc(rows))
 }
 
-// fault is one scenario: do starts it at the fault window's start, with
-// the cluster, the first SKU's master and the ledger's link; it returns
-// when the fault (and its repair, if the scenario has one) is done, and
-// the moment from which the gates are timed back.
+// fault is one scenario: do starts it at the fault window's start; it
+// returns when the fault (and its repair, if the scenario has one) is
+// done, and the moment from which the gates are timed back. A fault of
+// the ledger's primary (formation) runs on a pg_auto_failover formation of
+// its own, a primary and two synchronous standbys reached by a multi-host
+// DSN as OPERATIONS.md advises, instead of the proxied PostgreSQL, and
+// watches for window (default 15 s): a failover outlasts a link's fault.
 type fault struct {
-	name string
-	do   func(ctx context.Context, c *testenv.Cluster, victim *testenv.Node, link *pgLink) (from time.Time, err error)
+	name      string
+	formation bool
+	window    time.Duration
+	do        func(ctx context.Context, e faultEnv) (from time.Time, err error)
+}
+
+// faultEnv is what a fault acts on: the cluster, the first SKU's master,
+// the ledger's link (the proxied PostgreSQL) or its formation.
+type faultEnv struct {
+	c      *testenv.Cluster
+	victim *testenv.Node
+	link   *pgLink
+	ha     *testenv.AutoFailover
 }
 
 var faults = []fault{
-	{"kill -9 of one master of three", func(ctx context.Context, c *testenv.Cluster, v *testenv.Node, _ *pgLink) (time.Time, error) {
-		v.Kill()
+	{name: "kill -9 of one master of three", do: func(ctx context.Context, e faultEnv) (time.Time, error) {
+		e.victim.Kill()
 		return time.Now(), nil
 	}},
-	{"all of Redis down 10 s, restarted empty", func(ctx context.Context, c *testenv.Cluster, v *testenv.Node, _ *pgLink) (time.Time, error) {
-		for _, n := range c.Nodes {
+	{name: "all of Redis down 10 s, restarted empty", do: func(ctx context.Context, e faultEnv) (time.Time, error) {
+		for _, n := range e.c.Nodes {
 			n.Kill()
 		}
 		time.Sleep(10 * time.Second) // the scenario's outage
-		for _, n := range c.Nodes {
+		for _, n := range e.c.Nodes {
 			if err := n.Restart(ctx); err != nil {
 				return time.Time{}, err
 			}
 		}
 		return time.Now(), nil
 	}},
-	{"a quarter of the slots resharded to a new master", func(ctx context.Context, c *testenv.Cluster, v *testenv.Node, _ *pgLink) (time.Time, error) {
+	{name: "a quarter of the slots resharded to a new master", do: func(ctx context.Context, e faultEnv) (time.Time, error) {
 		start := time.Now()
-		n, err := c.AddMaster(ctx)
+		n, err := e.c.AddMaster(ctx)
 		if err != nil {
 			return start, err
 		}
-		return start, c.Reshard(ctx, n, 16384/4)
+		return start, e.c.Reshard(ctx, n, 16384/4)
 	}},
-	{"zombie master: SIGSTOP 5 s (node timeout 2 s), then SIGCONT", func(ctx context.Context, c *testenv.Cluster, v *testenv.Node, _ *pgLink) (time.Time, error) {
-		if err := v.Pause(); err != nil {
+	{name: "zombie master: SIGSTOP 5 s (node timeout 2 s), then SIGCONT", do: func(ctx context.Context, e faultEnv) (time.Time, error) {
+		if err := e.victim.Pause(); err != nil {
 			return time.Time{}, err
 		}
 		time.Sleep(5 * time.Second) // frozen past the node timeout
-		return time.Now(), v.Resume()
+		return time.Now(), e.victim.Resume()
 	}},
-	{"PostgreSQL 500 ms slower per round trip for 12 s", func(ctx context.Context, _ *testenv.Cluster, _ *testenv.Node, l *pgLink) (time.Time, error) {
-		if err := l.latency(250 * time.Millisecond); err != nil {
+	{name: "PostgreSQL 500 ms slower per round trip for 12 s", do: func(ctx context.Context, e faultEnv) (time.Time, error) {
+		if err := e.link.latency(250 * time.Millisecond); err != nil {
 			return time.Time{}, err
 		}
 		time.Sleep(12 * time.Second) // the scenario's slow spell
-		l.heal(ctx)
+		e.link.heal(ctx)
 		return time.Now(), nil
 	}},
-	{"link to PostgreSQL black-holed for 10 s", func(ctx context.Context, _ *testenv.Cluster, _ *testenv.Node, l *pgLink) (time.Time, error) {
-		if err := l.cut(); err != nil {
+	{name: "link to PostgreSQL black-holed for 10 s", do: func(ctx context.Context, e faultEnv) (time.Time, error) {
+		if err := e.link.cut(); err != nil {
 			return time.Time{}, err
 		}
 		time.Sleep(10 * time.Second) // the scenario's outage
-		l.heal(ctx)
+		e.link.heal(ctx)
 		return time.Now(), nil
 	}},
+	// The ledger's primary fails over: the gateway finds the new one by
+	// its DSN (target_session_attrs=read-write). Timed from the fault.
+	{name: "PostgreSQL planned failover (pg_autoctl perform failover)", formation: true, window: 40 * time.Second,
+		do: func(ctx context.Context, e faultEnv) (time.Time, error) {
+			from := time.Now()
+			_, err := e.ha.Failover(ctx)
+			return from, err
+		}},
+	{name: "PostgreSQL primary's postmaster killed -9", formation: true, window: 40 * time.Second,
+		do: func(ctx context.Context, e faultEnv) (time.Time, error) {
+			from := time.Now()
+			if _, _, err := e.ha.KillPrimary(ctx); err != nil {
+				return from, err
+			}
+			_, err := e.ha.WaitPrimary(ctx)
+			return from, err
+		}},
+	{name: "PostgreSQL primary's node lost (pg_autoctl and postgres killed)", formation: true, window: 60 * time.Second,
+		do: func(ctx context.Context, e faultEnv) (time.Time, error) {
+			from := time.Now()
+			if _, err := e.ha.StopPrimaryNode(ctx); err != nil {
+				return from, err
+			}
+			_, err := e.ha.WaitPrimary(ctx)
+			return from, err
+		}},
 }
 
 // faultRow is what one fault run measured.
@@ -129,6 +170,7 @@ type faultRow struct {
 	requests, n503 uint64
 	other          string // answers other than 201 and 503
 	p99            time.Duration
+	p99ok, p99shed time.Duration // the window's 201s and its 503s apart: a sale waits on the ledger, a shed answer should not
 	back           time.Duration // from the fault (or Redis's return) until every SKU's gate agreed with the ledger
 	ok             uint64
 	sold           int64
@@ -143,17 +185,27 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 		return row, err
 	}
 	defer c.Stop()
-	url, drop, err := pg.NewDatabase(ctx)
-	if err != nil {
-		return row, err
+	env := faultEnv{c: c}
+	var dsn string
+	if f.formation {
+		if env.ha, err = testenv.StartAutoFailover(ctx, testenv.AutoFailoverOptions{Sync: true, Standbys: 2}); err != nil {
+			return row, err
+		}
+		defer env.ha.Stop()
+		dsn = env.ha.DSN()
+	} else {
+		url, drop, err := pg.NewDatabase(ctx)
+		if err != nil {
+			return row, err
+		}
+		defer drop()
+		if env.link, err = newPGLink(url); err != nil {
+			return row, err
+		}
+		defer env.link.stop()
+		dsn = env.link.dsn
 	}
-	defer drop()
-	link, err := newPGLink(url)
-	if err != nil {
-		return row, err
-	}
-	defer link.stop()
-	g, err := startGateway(ctx, bin, strings.Join(c.Addrs(), ","), link.dsn, "STOCKGATE_DRIFT_EVERY=2s")
+	g, err := startGateway(ctx, bin, strings.Join(c.Addrs(), ","), dsn, "STOCKGATE_DRIFT_EVERY=2s")
 	if err != nil {
 		return row, err
 	}
@@ -174,11 +226,11 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 		return row, err
 	}
 	row.rate = max(int(float64(capRun.Count(http.StatusCreated))/capRun.Elapsed.Seconds()/2), 10)
-	victim, err := c.MasterOf(ctx, keys.Shard(skus[0].Program, skus[0].Ticket, 0, 1).Slot())
+	env.victim, err = c.MasterOf(ctx, keys.Shard(skus[0].Program, skus[0].Ticket, 0, 1).Slot())
 	if err != nil {
 		return row, err
 	}
-	led, err := ledger.Open(ctx, ledger.Options{Driver: ledger.Postgres, DSN: url, NoMigrate: true})
+	led, err := ledger.Open(ctx, ledger.Options{Driver: ledger.Postgres, DSN: dsn, NoMigrate: true})
 	if err != nil {
 		return row, err
 	}
@@ -209,7 +261,7 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 	}
 	over := make(chan done, 1)
 	go func() { // the fault, owned by this run; it ends by itself
-		from, err := f.do(ctx, c, victim, link)
+		from, err := f.do(ctx, env)
 		if err == nil {
 			err = c.WaitHealthy(ctx, 60*time.Second)
 		}
@@ -220,12 +272,17 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 		// Buyers keep coming meanwhile: the gates come back under load.
 		over <- done{back: gatesBack(ctx, led, gate, skus, from)}
 	}()
-	during, err := phase("during", 15*time.Second)
+	window := f.window
+	if window == 0 {
+		window = 15 * time.Second
+	}
+	during, err := phase("during", window)
 	if err != nil {
 		return row, err
 	}
 	results = append(results, during)
 	row.p99 = during.Quantile(99)
+	row.p99ok, row.p99shed = during.QuantileOf(http.StatusCreated, 99), during.QuantileOf(http.StatusServiceUnavailable, 99)
 	after, err := phase("after", 10*time.Second)
 	if err != nil {
 		return row, err
@@ -291,14 +348,17 @@ func faultsDoc(rows []faultRow) string {
 	fmt.Fprintf(&b, "%s\n\n", faultsHeading)
 	fmt.Fprintf(&b, "`go run ./cmd/stockbench faults` (%s UTC): each fault on a 3-master + 3-replica cluster of its own "+
 		"(node timeout 2 s), a stockgate process on a fresh PostgreSQL ledger reached through a TCP fault proxy (toxiproxy, "+
-		"for the two ledger faults; wait budget 250 ms), 100 SKUs of one shard each. Purchases are "+
+		"for the two ledger faults; wait budget 250 ms), or, for a fault of the ledger's primary, on a pg_auto_failover "+
+		"formation of its own (a primary and two synchronous standbys, the gateway on a multi-host DSN with "+
+		"target_session_attrs=read-write), 100 SKUs of one shard each. Purchases are "+
 		"sent open loop at half the rate measured closed loop first: 3 s before the fault, 15 s from its start (the fault "+
-		"window), 10 s more. \"Back on its gate\" is from the fault (the restart, for all of Redis) until the cluster is "+
+		"window; 40 s for a failover, 60 s for a node lost), 10 s more. The p99 is given for all answers in the window, "+
+		"then for its 201s and its 503s apart. \"Back on its gate\" is from the fault (the restart, for all of Redis) until the cluster is "+
 		"healthy and every SKU's gate serves again (seeded, and rebuilt after every sale around it; for a ledger fault, from the "+
 		"link's repair), polled every "+
 		"100 ms under the load; the ledger's sales are counted against the 201s.\n\n",
 		time.Now().UTC().Format("2006-01-02 15:04"))
-	b.WriteString("| fault | req/s | requests | 503 | other answers | p99 in the fault window | every SKU back on its gate | 201s / ledger sold |\n|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| fault | req/s | requests | 503 | other answers | p99 in the fault window: all / 201s / 503s | every SKU back on its gate | 201s / ledger sold |\n|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		share := 0.0
 		if r.requests > 0 {
@@ -312,8 +372,9 @@ func faultsDoc(rows []faultRow) string {
 		if other == "" {
 			other = "none"
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %d (%.2f %%) | %s | %v | %s | %d / %d |\n",
-			r.name, r.rate, r.requests, r.n503, share, other, r.p99.Round(time.Millisecond), back, r.ok, r.sold)
+		fmt.Fprintf(&b, "| %s | %d | %d | %d (%.2f %%) | %s | %v / %v / %v | %s | %d / %d |\n",
+			r.name, r.rate, r.requests, r.n503, share, other, r.p99.Round(time.Millisecond), r.p99ok.Round(time.Millisecond),
+			r.p99shed.Round(time.Millisecond), back, r.ok, r.sold)
 	}
 	return b.String()
 }

@@ -118,7 +118,7 @@ func badFlag(format string, args ...any) error { return usageError{fmt.Sprintf(f
 type runConfig struct {
 	url, scenario, program, sku, runID, token, plot string
 	n, workers                                      uint64
-	rate, rateEnd, skus                             int
+	rate, rateEnd, skus, shards                     int
 	duration                                        time.Duration
 	header                                          http.Header
 	json                                            bool
@@ -193,6 +193,7 @@ func parseRun(args []string, stderr io.Writer) (runConfig, error) {
 	fs.StringVar(&c.program, "program", "", "program id of the SKUs the run creates (default bench<unix time>)")
 	fs.StringVar(&c.sku, "sku", "", "drive this existing SKU (program/ticket): no admin calls, no audit")
 	fs.IntVar(&c.skus, "skus", 100, "SKUs for the steady scenario")
+	fs.IntVar(&c.shards, "shards", 12, "Redis shards of each SKU the run creates, 1..256 (a gateway run with -auto-shards sizes them itself from there)")
 	fs.StringVar(&c.runID, "run-id", "", "goes into every Idempotency-Key and buyer, so runs never collide (default random)")
 	fs.Var(&headerFlag{c.header}, "H", "extra request header 'Name: value' (repeatable)")
 	fs.BoolVar(&c.json, "json", false, "print a JSON summary instead of the table")
@@ -212,6 +213,9 @@ func parseRun(args []string, stderr io.Writer) (runConfig, error) {
 	}
 	if c.duration > 0 && !isSet(fs, "n") {
 		c.n = 0 // "-duration 5m" means five minutes, not 50,000 requests
+	}
+	if c.shards < 1 || c.shards > 256 {
+		return c, badFlag("-shards %d: want 1..256", c.shards)
 	}
 	switch c.scenario {
 	case "flash", "steady", "reads", "soldout", "holds", "carts", "queue", "onsale":
@@ -324,7 +328,7 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 	sc := c.load(names)
 	if c.sku == "" {
 		for _, s := range names {
-			if err := admin.putSKU(s, units, 12); err != nil {
+			if err := admin.putSKU(s, units, c.shards); err != nil {
 				return err
 			}
 		}
@@ -341,13 +345,13 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 	if c.sku != "" {
 		out.AuditSkipped = "-sku: the SKU is not the run's own, and its audit needs admin rights"
 	} else {
-		a := &runAudit{Created: res.Count(http.StatusCreated)}
+		a := &runAudit{Created: res.Count(http.StatusCreated), SoldOutWindow: res.SoldOutWindow().Seconds()}
 		for _, s := range names {
 			st, err := admin.sku(s)
 			if err != nil {
 				return err
 			}
-			a.SoldHeld, a.Total = a.SoldHeld+st.Sold+st.Held, a.Total+st.Total
+			a.SoldHeld, a.Total, a.Shards = a.SoldHeld+st.Sold+st.Held, a.Total+st.Total, max(a.Shards, st.Shards)
 		}
 		a.Oversold = a.SoldHeld > a.Total
 		a.EveryCreatedInLedger = c.scenario == "reads" || a.SoldHeld >= int64(a.Created)*c.ticketsPerRequest()
@@ -368,6 +372,8 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 		if a := out.Audit; a != nil {
 			fmt.Fprintf(stdout, "audit: ledger sold+held %d of %d; 201 answers %d; oversold %v; every 201 in the ledger %v\n",
 				a.SoldHeld, a.Total, a.Created, a.Oversold, a.EveryCreatedInLedger)
+			fmt.Fprintf(stdout, "last 201 after the first 409: %.3fs; unsold at the end: %d; shards at the end: %d\n",
+				a.SoldOutWindow, a.Total-a.SoldHeld, a.Shards)
 		} else {
 			fmt.Fprintf(stdout, "audit skipped (%s)\n", out.AuditSkipped)
 		}
@@ -478,6 +484,11 @@ type runAudit struct {
 	Created              uint64 `json:"created_answers"`
 	Oversold             bool   `json:"oversold"`
 	EveryCreatedInLedger bool   `json:"every_201_in_the_ledger"`
+	// SoldOutWindow: seconds from the first 409 to the last 201 (a buyer
+	// told sold out while others still bought). Shards: the most any of
+	// the run's SKUs has at the end.
+	SoldOutWindow float64 `json:"sold_out_window_seconds"`
+	Shards        int     `json:"shards_at_end"`
 }
 
 // adminClient makes the tool's admin calls (SKUs for a run, the audit)

@@ -224,6 +224,9 @@ func flags(fs *flag.FlagSet, c *config) {
 	fs.Int64Var(&o.Sale.TakesInFlight, "takes-in-flight", o.Sale.TakesInFlight, "fewest takes a replica lets in flight before 503 overloaded; grows with its pace (negative: no bound)")
 	fs.Int64Var(&o.Sale.CollapseAt, "collapse-at", o.Sale.CollapseAt, "units left per shard at which a sharded SKU's tail collapses onto one shard (negative: never)")
 	b.field("collapse-at", "Sale.CollapseAt", func() bool { return o.Sale.CollapseAt != 0 })
+	// 0 is valid here: shards as configured.
+	fs.IntVar(&o.Sale.AutoShards, "auto-shards", o.Sale.AutoShards, "size every SKU's Redis shards between 1 and this, following its takes (0: each keeps its configured shards)")
+	b.field("auto-shards", "Sale.AutoShards", nil)
 	b.dur("sweep-every", &o.Sale.SweepEvery, "Sale.SweepEvery", "period of the hold-expiry sweeper (bounds how late an expired hold's stock comes back)")
 	b.dur("offer-ttl", &o.Sale.OfferTTL, "Sale.OfferTTL", "how long a waitlist offer's hold lasts before it passes to the next buyer in line")
 	// 0 is valid here: late payments off.

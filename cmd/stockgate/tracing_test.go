@@ -110,7 +110,8 @@ func TestTracedMadeUpMethodIsBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fmt.Fprintf(conn, "%s /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", method)
+	// A route that is traced (probes and scrapes are not).
+	fmt.Fprintf(conn, "%s /v1/skus/p/t HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", method)
 	reply, _ := io.ReadAll(conn)
 	conn.Close()
 	if !bytes.HasPrefix(reply, []byte("HTTP/1.1 4")) {

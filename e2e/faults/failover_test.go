@@ -11,9 +11,11 @@ import (
 	"github.com/stockgate/stockgate/ledger"
 )
 
-// TestFaultLedgerFailover: the ledger is a PostgreSQL primary with a
-// synchronous standby under a real failover manager (pg_auto_failover's
-// monitor and keepers), reached as a platform reaches it: a multi-host DSN
+// TestFaultLedgerFailover: the ledger is a PostgreSQL primary with two
+// standbys, one of which every commit waits for (number_sync_standbys 1:
+// with one standby, pg_auto_failover acknowledges commits alone while it
+// is away, and a fault then loses them), under a real failover manager
+// (pg_auto_failover's monitor and keepers), reached as a platform reaches it: a multi-host DSN
 // with target_session_attrs=read-write, no address changed by hand. Mid-
 // sale, two replicas on it live through a planned failover, a kill -9 of
 // the primary's postmaster, then the loss of the whole primary node (its
@@ -24,7 +26,7 @@ import (
 // sale sells out on the last primary standing, Redis equal to the ledger.
 func TestFaultLedgerFailover(t *testing.T) {
 	systest.FullTier(t)
-	ha, err := testenv.StartAutoFailover(t.Context(), testenv.AutoFailoverOptions{Sync: true})
+	ha, err := testenv.StartAutoFailover(t.Context(), testenv.AutoFailoverOptions{Sync: true, Standbys: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,8 +35,9 @@ func TestFaultLedgerFailover(t *testing.T) {
 	a, b := systest.Start(t, o), systest.Start(t, o)
 	sku := systest.NewSKU(t)
 	// 25 sales a second while the faults last (each lands mid-sale
-	// with room to spare), then the rest as fast as it goes.
-	const total = 1400
+	// with room to spare, even when a failover takes 30s on a slow
+	// machine), then the rest as fast as it goes.
+	const total = 2400
 	a.PutSKU(t, sku, total, 4, 4)
 	s := systest.StartSalePaced(t, []*systest.Env{a, b}, sku, total, 8, 25)
 	s.WaitSold(total/8, 60*time.Second)
@@ -77,8 +80,8 @@ func TestFaultLedgerFailover(t *testing.T) {
 	// The whole primary node lost: the monitor promotes the standby after
 	// its health checks and the demote timeout.
 	mid := s.Counts()
-	if mid[http.StatusCreated] >= total {
-		t.Fatalf("sold out before the primary node was lost (%v): the fault would test nothing", mid)
+	if st, err := a.Ledger.SKU(ctx, sku); err != nil || st.Sold+st.Held >= total {
+		t.Fatalf("sold out before the primary node was lost (%+v, %v; answers %v): the fault would test nothing", st, err, mid)
 	}
 	began = time.Now()
 	lost, err := ha.StopPrimaryNode(ctx)

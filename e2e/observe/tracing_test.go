@@ -114,6 +114,13 @@ func TestTracingFollowsAPurchase(t *testing.T) {
 	sku := stock.SKU{Program: keys.MustID("traced"), Ticket: keys.MustID("ga")}
 	e.PutSKU(t, sku, 10, 2, 4)
 
+	// Probes and scrapes first: untraced, so by the time the purchase's
+	// spans are in (one exporter, in order) none of theirs is.
+	for _, path := range []string{"/livez", "/readyz", "/metrics"} {
+		if r := e.Do(t, http.MethodGet, path, nil, ""); r.Status != http.StatusOK {
+			t.Fatalf("GET %s = %d %s", path, r.Status, r.Body)
+		}
+	}
 	const caller, callerSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 	r := e.Do(t, http.MethodPost, "/v1/skus/traced/ga/purchases", map[string]string{
 		"Idempotency-Key": "traced-1", "Traceparent": "00-" + caller + "-" + callerSpan + "-01",
@@ -166,6 +173,11 @@ func TestTracingFollowsAPurchase(t *testing.T) {
 		}
 		return deduct != nil && batch != nil && deliver != nil && len(sqlUnder(recv, batch)) > 0
 	})
+	for _, name := range []string{"GET /livez", "GET /readyz", "GET /metrics"} {
+		if got := recv.named(name); len(got) > 0 {
+			t.Errorf("%d spans named %q: probes and scrapes are not traced", len(got), name)
+		}
+	}
 	// The request's commit span links back to the batch that committed it.
 	back := false
 	for _, l := range commit.Links {

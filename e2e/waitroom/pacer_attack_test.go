@@ -245,20 +245,28 @@ func (s *pcStream) until(want string, d time.Duration) (pcEvent, []string) {
 	}
 }
 
-// pcSettled waits until program's serving counter has not moved for
-// three pacer ticks (the pacer has reached what it will admit) and
-// returns the view.
-func pcSettled(t *testing.T, e *systest.Env, program keys.ID, within time.Duration) roomState {
+// pcSettled waits until the pacer has admitted past from on program's
+// line and then gone through a whole reading of the rooms without
+// admitting more there (the pacer has reached what it will admit), and
+// returns the view. A reading is seen end to end by pcPacerJustRead's
+// probe, never by a quiet spell of so long: under load the pacer once
+// had not admitted anyone 700 ms after the joins, and the test read 0.
+func pcSettled(t *testing.T, e *systest.Env, program keys.ID, from int64, within time.Duration) roomState {
 	t.Helper()
 	var v roomState
-	last, since := int64(-1), time.Now()
-	systest.WaitFor(t, within, "the pacer done admitting", func() bool {
+	systest.WaitFor(t, within, "the pacer admitting", func() bool {
 		v = getRoom(t, e, program)
-		if v.Serving != last {
-			last, since = v.Serving, time.Now()
-		}
-		return time.Since(since) > 700*time.Millisecond
+		return v.Serving > from
 	})
+	for range 10 {
+		pcPacerJustRead(t, e)
+		w := getRoom(t, e, program)
+		if w.Serving == v.Serving {
+			return w
+		}
+		v = w
+	}
+	t.Fatalf("the pacer still admitting after 10 readings: %+v", v)
 	return v
 }
 
@@ -290,7 +298,7 @@ func TestAttackPacerSoldOutBudgetSpentAgainAfterARefund(t *testing.T) {
 		}
 		line[fmt.Sprintf("c%d", i)] = q.Ticket
 	}
-	v := pcSettled(t, e, sku.Program, 10*time.Second)
+	v := pcSettled(t, e, sku.Program, 0, 10*time.Second)
 	first := pcAdmitted(t, e, sku.Program, line)
 	soldOut, bought := pcBuyAll(t, e, sku, "first", first)
 	t.Logf("first window: %d admitted (line %+v): %d bought, %d met sold out", len(first), v, len(bought), len(soldOut))
@@ -327,7 +335,7 @@ func TestAttackPacerSoldOutBudgetSpentAgainAfterARefund(t *testing.T) {
 	systest.WaitFor(t, 10*time.Second, "the line re-opened", func() bool { return getRoom(t, e, sku.Program).Serving > v.Serving })
 	pcExpect(t, away, soldOut[0], "expired", 5*time.Second)
 	pcEnds(t, away, soldOut[0])
-	v = pcSettled(t, e, sku.Program, 10*time.Second)
+	v = pcSettled(t, e, sku.Program, v.Serving, 10*time.Second)
 	waiting := map[string]string{}
 	for buyer, ticket := range line {
 		if !everAdmitted[buyer] {
@@ -382,7 +390,7 @@ func TestAttackPacerShareLoweredMidSaleStillOverAdmits(t *testing.T) {
 		b.PutSKU(t, sku, tickets, 1, 1)
 		putQueue(t, b, sku.Program, pcRoom(60, "0.5"))
 		line := pcJoinAll(t, b, sku.Program, "s", buyers)
-		v := pcSettled(t, b, sku.Program, 10*time.Second)
+		v := pcSettled(t, b, sku.Program, 0, 10*time.Second)
 		if v.Serving != 2*tickets {
 			t.Fatalf("share 0.5, %d tickets: %d admitted, want %d (%+v)", tickets, v.Serving, 2*tickets, v)
 		}
@@ -856,7 +864,7 @@ func TestAttackPacerHeldTicketsAcrossSKUsAreNotLeft(t *testing.T) {
 		}
 		line[fmt.Sprintf("m%d", i)] = q.Ticket
 	}
-	v := pcSettled(t, a, x.Program, 10*time.Second)
+	v := pcSettled(t, a, x.Program, 0, 10*time.Second)
 	first := pcAdmitted(t, b, x.Program, line)
 	if v.Serving != 3 || len(first) != 3 {
 		t.Fatalf("3 tickets over two SKUs: %d admitted (%+v)", len(first), v)
@@ -937,7 +945,7 @@ func TestAttackPacerNewRoomInheritsTheOldLinesConversion(t *testing.T) {
 		}
 		putQueue(t, e, sku.Program, pcRoom(60, "0.5"))
 		fresh := pcJoinAll(t, e, sku.Program, "new", buyers)
-		v := pcSettled(t, e, sku.Program, 10*time.Second)
+		v := pcSettled(t, e, sku.Program, 0, 10*time.Second)
 		admitted := pcAdmitted(t, e, sku.Program, fresh)
 		if v.Conversion != 1 || v.Abandoned != 0 {
 			t.Fatalf("the new room's line: %+v, want conversion 1 and nobody walked away", v)

@@ -262,15 +262,25 @@ func TestQueueAdmitsInOrderUntilSoldOut(t *testing.T) {
 			}
 		}
 		// Nobody admitted after the sold-out: every other buyer still reads
-		// sold-out, from a place past the counter, which has not moved.
+		// sold-out, and the counter has not moved. A place at or under it
+		// was admitted in the pacer's last step and told sold-out before
+		// the buyer looked (seen under load: position 30 of 32); there are
+		// no more of those than the counter leaves.
+		unseen := 0
 		for i := range buyers {
 			if _, ok := admittedAt[i]; ok {
 				continue
 			}
 			r, got := queueCheck(t, []*systest.Env{a, b}[i%2], sku.Program, tickets[i])
-			if r.Status != http.StatusOK || got.State != "sold-out" || got.Position <= int64(len(admittedAt)) {
+			if r.Status != http.StatusOK || got.State != "sold-out" || got.Position <= 0 {
 				t.Fatalf("buyer %d after the sold-out: %d %s (serving %d)", i, r.Status, r.Body, q.Serving)
 			}
+			if got.Position <= q.Serving {
+				unseen++
+			}
+		}
+		if len(admittedAt)+unseen != int(q.Serving) {
+			t.Fatalf("%d seen admitted and %d admitted unseen, serving %d", len(admittedAt), unseen, q.Serving)
 		}
 		r2 := b.Do(t, http.MethodGet, "/v1/admin/programs/"+sku.Program.String()+"/queue", nil, "")
 		var q2 struct{ Serving int64 }
@@ -278,7 +288,7 @@ func TestQueueAdmitsInOrderUntilSoldOut(t *testing.T) {
 		if q2.Serving != q.Serving {
 			t.Fatalf("serving moved from %d to %d after the sold-out", q.Serving, q2.Serving)
 		}
-		t.Logf("%d buyers, %d tickets: %d admitted, %d walked away, %d sold", buyers, total, q.Serving, walked, sold)
+		t.Logf("%d buyers, %d tickets: %d admitted (%d told sold-out first), %d walked away, %d sold", buyers, total, q.Serving, unseen, walked, sold)
 	})
 }
 

@@ -70,14 +70,34 @@ type Result struct {
 	// answers), and MaxLag is the latest. A latency counts from when its
 	// request was due, so lateness is in it; ToolLimited says the tool's
 	// in-flight cap, not the server, set the pace of the run.
-	Late      uint64
-	MaxLag    time.Duration
-	Asked     float64 // the requests a second asked for (open loop)
-	latencies *hdrhistogram.Histogram
+	Late   uint64
+	MaxLag time.Duration
+	Asked  float64 // the requests a second asked for (open loop)
+	// FirstConflict and LastCreated are when the first 409 and the last
+	// 201 were answered: in a flash sale, LastCreated past FirstConflict
+	// is a window in which some buyers were told sold out while units
+	// were still sold to others (stranded on shards their probes missed).
+	FirstConflict, LastCreated time.Time
+	latencies                  *hdrhistogram.Histogram
+	byCode                     map[int]*hdrhistogram.Histogram // the same latencies, per status
+}
+
+// newLatencies holds latencies from 1 µs to a minute, 3 digits.
+func newLatencies() *hdrhistogram.Histogram {
+	return hdrhistogram.New(1, int64(time.Minute/time.Microsecond), 3)
 }
 
 // lateAfter is how late a request may start before it counts as late.
 const lateAfter = 10 * time.Millisecond
+
+// SoldOutWindow is how long after the first 409 the last 201 was
+// answered (0 when none was).
+func (r Result) SoldOutWindow() time.Duration {
+	if r.FirstConflict.IsZero() || !r.LastCreated.After(r.FirstConflict) {
+		return 0
+	}
+	return r.LastCreated.Sub(r.FirstConflict)
+}
 
 // ToolLimited reports an open-loop run in which more than 1 % of the
 // requests went out late: the tool's workers (Workers × 16 in flight)
@@ -108,6 +128,17 @@ func (r Result) Quantile(q float64) time.Duration {
 		return 0
 	}
 	return time.Duration(r.latencies.ValueAtQuantile(q)) * time.Microsecond
+}
+
+// QuantileOf is the latency at quantile q of the answers with the status
+// code (0 when there were none): a shed 503 decided at once and a 201
+// that waited on a slow ledger are told apart.
+func (r Result) QuantileOf(code int, q float64) time.Duration {
+	h := r.byCode[code]
+	if h == nil {
+		return 0
+	}
+	return time.Duration(h.ValueAtQuantile(q)) * time.Microsecond
 }
 
 // Count is how many answers had the status code.
@@ -170,7 +201,7 @@ func Attack(r Run) (Result, error) {
 	}
 	atk := vegeta.NewAttacker(opts...)
 	res := Result{Name: r.Name, Codes: map[int]uint64{}, Errors: map[string]uint64{},
-		latencies: hdrhistogram.New(1, int64(time.Minute/time.Microsecond), 3)}
+		latencies: newLatencies(), byCode: map[int]*hdrhistogram.Histogram{}}
 	var p *plot.Plot
 	if r.Plot != "" {
 		p = plot.New(plot.Title(r.Name), plot.Downsample(4000))
@@ -184,6 +215,12 @@ func Attack(r Run) (Result, error) {
 		}
 		res.Requests++
 		res.Codes[int(hit.Code)]++
+		switch answered := hit.Timestamp.Add(hit.Latency); {
+		case hit.Code == http.StatusConflict && (res.FirstConflict.IsZero() || answered.Before(res.FirstConflict)):
+			res.FirstConflict = answered
+		case hit.Code == http.StatusCreated && answered.After(res.LastCreated):
+			res.LastCreated = answered
+		}
 		if hit.Error != "" && hit.Code == 0 {
 			res.Errors[hit.Error]++
 		}
@@ -200,6 +237,12 @@ func Attack(r Run) (Result, error) {
 			}
 		}
 		_ = res.latencies.RecordValue(latency.Microseconds())
+		h := res.byCode[int(hit.Code)]
+		if h == nil {
+			h = newLatencies()
+			res.byCode[int(hit.Code)] = h
+		}
+		_ = h.RecordValue(latency.Microseconds())
 		if r.Collect != nil {
 			r.Collect(int(hit.Code), hit.Body)
 		}

@@ -38,6 +38,37 @@ func TestAttackCountsEveryAnswer(t *testing.T) {
 	}
 }
 
+// Latencies per status: a 201 that waited 200 ms and a 503 answered at
+// once are told apart (the fault bench's shed answers against its sales).
+func TestQuantileOfAStatus(t *testing.T) {
+	var seen atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if seen.Add(1)%2 == 0 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		time.Sleep(200 * time.Millisecond) // the slow answer the test tells apart
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	res, err := Attack(Run{Name: "mixed", BaseURL: srv.URL, Scenario: Purchases([]string{"p/t"}, "k", 40), Workers: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Count(201) != 20 || res.Count(503) != 20 {
+		t.Fatalf("answers %s, want 20 of each", res.CodesString())
+	}
+	if got := res.QuantileOf(201, 0); got < 200*time.Millisecond {
+		t.Errorf("the fastest 201 took %v, less than the 200 ms each waited", got)
+	}
+	if slow, fast := res.QuantileOf(201, 50), res.QuantileOf(503, 50); fast >= slow {
+		t.Errorf("median 503 %v not faster than the median 201 %v", fast, slow)
+	}
+	if got := res.QuantileOf(409, 99); got != 0 {
+		t.Errorf("p99 of no 409s = %v, want 0", got)
+	}
+}
+
 // An open-loop run is paced at its rate (checked on the pacer, not on the
 // clock of a busy machine), and a duration bounds it.
 func TestOpenLoopKeepsItsRate(t *testing.T) {

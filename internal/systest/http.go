@@ -70,7 +70,8 @@ func (e *Env) PutSKU(t *testing.T, sku stock.SKU, total int64, shards int, maxPe
 	// the same PUT again re-seeds it. With Redis unreachable the 200
 	// stands: the test is about the gate being down.
 	var r Reply
-	WaitFor(t, 10*time.Second, "PUT sku answered, the gate seeded", func() bool {
+	// 30 s: a bound, not a timing (10 s ran out once in a loaded make test).
+	WaitFor(t, 30*time.Second, "PUT sku answered, the gate seeded", func() bool {
 		r = e.Do(t, http.MethodPut, AdminPath(sku), nil,
 			fmt.Sprintf(`{"total":%d,"shards":%d,"max_per_order":%d}`, total, shards, maxPerOrder))
 		if r.Status != http.StatusOK {

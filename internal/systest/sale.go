@@ -83,6 +83,13 @@ func (s *FlashSale) Unpace() {
 	}
 }
 
+// Pace sets a paced sale's pace again: perSec new purchases a second.
+func (s *FlashSale) Pace(perSec float64) {
+	if s.pace != nil {
+		s.pace.SetLimit(rate.Limit(perSec))
+	}
+}
+
 // paced waits for the pace's next purchase; false when the sale stops.
 func (s *FlashSale) paced() bool {
 	ctx, cancel := context.WithCancel(context.Background())

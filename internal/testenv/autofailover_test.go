@@ -13,14 +13,17 @@ import (
 // while the primary fails three ways: a planned failover, its postmaster
 // killed with -9 (pg_autoctl restarts it) and its whole node killed. After
 // each, writes must land on the node that is primary, and no row whose
-// commit returned may be missing there: replication is synchronous.
+// commit returned may be missing there: replication is synchronous, to
+// two standbys. With one, CI lost 324 of 820 acknowledged rows in the
+// planned failover: the primary had dropped to wait_primary (see
+// AutoFailoverOptions.Standbys).
 func TestAutoFailover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("full tier only (a formation of three servers): skipped with -short")
 	}
 	start := time.Now()
 	sctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	af, err := StartAutoFailover(sctx, AutoFailoverOptions{Sync: true})
+	af, err := StartAutoFailover(sctx, AutoFailoverOptions{Sync: true, Standbys: 2})
 	cancel()
 	if err != nil {
 		t.Fatal(err)

@@ -668,15 +668,27 @@ func TestAttackPacerRoomDeletedUnderOpenStreams(t *testing.T) {
 	putQueue(t, a, sku.Program, pcRoom(60, ""))
 	tickets := pcJoinAll(t, a, sku.Program, "d", 5)
 	systest.WaitFor(t, 10*time.Second, "one admitted", func() bool { return getRoom(t, a, sku.Program).Serving == 1 })
+	// A check answers from the replica's memory of the line (a quarter
+	// second, longer when a reload is slow): the one admitted is known
+	// once both replicas' checks say so, or a stream opened for her hears
+	// "admitted" (make test under load: d3's did).
+	var admitted map[string]string
+	systest.WaitFor(t, 10*time.Second, "both replicas' checks show the one admitted", func() bool {
+		admitted = pcAdmitted(t, a, sku.Program, tickets)
+		return len(admitted) == 1 && len(pcAdmitted(t, b, sku.Program, tickets)) == 1
+	})
 	streams := map[string]*pcStream{}
 	i := 0
 	for who, ticket := range tickets {
-		if _, q := queueCheck(t, a, sku.Program, ticket); q.State == "admitted" {
+		if _, ok := admitted[who]; ok {
 			continue
 		}
 		streams[who] = pcOpenStream(t, []*systest.Env{a, b}[i%2], sku.Program, ticket)
 		pcExpect(t, streams[who], who, "waiting", 5*time.Second)
 		i++
+	}
+	if len(streams) != len(tickets)-1 {
+		t.Fatalf("%d streams of waiting buyers, want %d", len(streams), len(tickets)-1)
 	}
 	if r := b.Do(t, http.MethodDelete, "/v1/admin/programs/"+sku.Program.String()+"/queue", nil, ""); r.Status != http.StatusNoContent {
 		t.Fatalf("DELETE queue = %d %s", r.Status, r.Body)

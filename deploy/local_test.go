@@ -40,12 +40,23 @@ func TestLocalClusterRestarts(t *testing.T) {
 		out, _ := exec.Command("redis-cli", append([]string{"-p", fmt.Sprint(port)}, args...)...).CombinedOutput()
 		return strings.TrimSpace(string(out))
 	}
+	// Two minutes: a failover is the node timeout (5 s), a vote of the
+	// masters and, when two replicas' elections collide, another try
+	// twice the node timeout later; with both cores busy (make test, 3
+	// packages at a time) one run saw no replica take over within 60 s.
+	// What the nodes logged and thought is printed when it fails.
 	waitFor := func(what string, ok func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(60 * time.Second)
+		deadline := time.Now().Add(2 * time.Minute)
 		for !ok() {
 			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 60s", what)
+				for p := base; p < base+6; p++ {
+					log, _ := os.ReadFile(filepath.Join(dir, fmt.Sprintf("%d.log", p)))
+					lines := strings.Split(strings.TrimSpace(string(log)), "\n")
+					t.Logf(":%d role %q\n%s\nlog tail:\n%s", p, cli(p, "role"), cli(p, "cluster", "nodes"),
+						strings.Join(lines[max(len(lines)-15, 0):], "\n"))
+				}
+				t.Fatalf("%s: not within 2m", what)
 			}
 			time.Sleep(100 * time.Millisecond) // poll interval
 		}

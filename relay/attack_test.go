@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -232,20 +231,7 @@ func (o *overlapReceiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 func (o *overlapReceiver) overlaps() int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	n := 0
-	for _, ss := range o.spans {
-		slices.SortFunc(ss, func(a, b span) int { return a.from.Compare(b.from) })
-		var end time.Time
-		for _, s := range ss {
-			if s.from.Before(end) {
-				n++
-			}
-			if s.to.After(end) {
-				end = s.to
-			}
-		}
-	}
-	return n
+	return countOverlaps(o.spans)
 }
 
 func (o *overlapReceiver) distinct() int {

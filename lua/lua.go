@@ -164,6 +164,7 @@ var seatsSetBody string
 const (
 	OK        = 1  // the operation happened
 	Already   = 2  // it had happened before for this request; nothing moved now
+	Shared    = 3  // restore of a deduction another attempt still holds; nothing moved
 	Empty     = 0  // not enough stock in this shard; nothing moved
 	NotSeeded = -1 // the shard has no stock hash (never seeded, or Redis lost it)
 	BadArg    = -2 // an argument failed the script's own checks; nothing moved

@@ -1,13 +1,19 @@
 -- restore: give one deduction back to its shard, once, never above the
--- shard's allotment.
+-- shard's allotment, when no attempt holds it any more.
 --
 -- KEYS[1]  shard stock hash {avail, allot, epoch, fence}
--- KEYS[2]  deduction record {q, gen, epoch, restored}
+-- KEYS[2]  deduction record {q, gen, epoch, restored, h:<holder>...}
 -- ARGV[1]  gen of the deduction being given back (integer >= 1)
+-- ARGV[2]  optional: the holder letting go (see deduct.lua); the units go
+--          back once no holder is left. "*" or absent: back whoever holds
+--          it (the request committed on other units, or no attempt may
+--          still commit it). Letting go twice is letting go once.
 --
 -- Returns {code, restored, avail}:
 --   1  restored units are back; avail is the shard's new level
 --   2  this deduction was restored before; nothing moved
+--   3  another attempt still holds it (a copy of the request that may
+--      commit on it): this holder let go, nothing moved
 --  -3  no such deduction here (never made, expired, or a different gen);
 --      nothing moved. A restore can only follow a deduct.
 --  -4  the deduction predates the shard's last seed, whose ledger facts
@@ -16,10 +22,17 @@
 --      will count the units; marked restored, nothing moved
 --  -2  bad argument; nothing moved
 if not int(ARGV[1], 1, 1e15) then return {-2, 0, 0} end
+local holder = ARGV[2] or '*'
+if not id(holder) then return {-2, 0, 0} end
 
 local rec = redis.call('HMGET', KEYS[2], 'q', 'gen', 'epoch', 'restored')
 if not rec[1] or rec[2] ~= ARGV[1] then return {-3, 0, 0} end
 if rec[4] == '1' then return {2, 0, 0} end
+if holder ~= '*' then
+  redis.call('HDEL', KEYS[2], 'h:' .. holder)
+  -- q, gen, epoch, restored, and a field per holder left
+  if redis.call('HLEN', KEYS[2]) > 4 then return {3, 0, 0} end
+end
 redis.call('HSET', KEYS[2], 'restored', '1')
 
 local s = redis.call('HMGET', KEYS[1], 'avail', 'allot', 'epoch')

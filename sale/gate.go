@@ -75,8 +75,13 @@ func (s *Service) deduct(ctx context.Context, req shard.Request) (shard.Deductio
 // restoreAttempts bounds giveBack's tries of a failing Redis call.
 const restoreAttempts = 3
 
-// giveBack returns the stock a purchase took when it did not commit.
-func (s *Service) giveBack(ctx context.Context, sku stock.SKU, key keys.ID, parts []shard.Part) {
+// giveBack lets holder (an attempt of a purchase) go of the stock it
+// took, or found another attempt had taken (Replayed), when it did not
+// commit. The units move when no attempt holds them any more
+// (shard.Store.Restore): a copy of the request on another replica may be
+// committing on them. shard.AllHolders moves them whoever holds them: the
+// request committed on other units, or no attempt may still commit it.
+func (s *Service) giveBack(ctx context.Context, sku stock.SKU, key keys.ID, holder string, parts []shard.Part) {
 	// A request out of its time budget still gives back what it took:
 	// each call has its own Redis timeout.
 	ctx = context.WithoutCancel(ctx)
@@ -88,7 +93,7 @@ func (s *Service) giveBack(ctx context.Context, sku stock.SKU, key keys.ID, part
 			// moves each unit at most once.
 			time.Sleep(time.Duration(attempt) * 50 * time.Millisecond)
 		}
-		err = s.redis(ctx, "gate.restore", func(ctx context.Context) error { return s.gate.Restore(ctx, sku, key, parts) })
+		err = s.redis(ctx, "gate.restore", func(ctx context.Context) error { return s.gate.Restore(ctx, sku, key, holder, parts) })
 		if err == nil || errors.Is(err, breaker.ErrOpen) || isOutcome(err) {
 			break
 		}

@@ -133,11 +133,16 @@ func (s *Service) lookupOr(ctx context.Context, r request, refusal answer) answe
 	return refusal
 }
 
-// giveBackUnused returns the parts of this attempt's deduction that the
-// committed row of the same request does not stand on. Two attempts of one
-// request share its deduction records: the first to deduct and the one to
-// commit may differ, and the loser must not give back the winner's stock.
-func (s *Service) giveBackUnused(ctx context.Context, w want, parts []shard.Part) {
+// giveBackUnused lets holder (this attempt) go of its deduction, and
+// returns the parts of it that the committed row of the same request does
+// not stand on. Two attempts of one request share its deduction records:
+// the first to deduct and the one to commit may differ, and the loser
+// must not give back the winner's stock. Letting go is always safe: the
+// attempt that committed holds what its row stands on for good, and a
+// request recorded as a refusal stands on nothing (its other attempts
+// let go too, and the last one returns the units).
+func (s *Service) giveBackUnused(ctx context.Context, w want, holder string, parts []shard.Part) {
+	s.giveBack(ctx, w.sku, w.req.gateID(), holder, parts)
 	var gate string
 	if w.hold {
 		h, err := s.ledger.HoldByKey(ctx, w.req.gateID())
@@ -172,6 +177,7 @@ func (s *Service) giveBackUnused(ctx context.Context, w want, parts []shard.Part
 		}
 	}
 	if len(unused) > 0 {
-		s.giveBack(ctx, w.sku, w.req.gateID(), unused)
+		// The request committed: no attempt may commit on these.
+		s.giveBack(ctx, w.sku, w.req.gateID(), shard.AllHolders, unused)
 	}
 }

@@ -97,7 +97,8 @@ func (s *Service) withdraw(ctx context.Context, id, seller keys.ID, r request) a
 	sku := x.SKU
 	// The deduction is this request's own (as a purchase's is): a retry
 	// meets it again, another withdrawal of the listing makes its own.
-	var fresh []shard.Part
+	var taken []shard.Part
+	holder := newHolder()
 	epoch := int64(-1) // no units taken out of a gate
 	gateID := r.gateID()
 	if x.State == ledger.Listed && left > 0 {
@@ -108,21 +109,22 @@ func (s *Service) withdraw(ctx context.Context, id, seller keys.ID, r request) a
 		// An ended sale's gate is empty and admits no one: nothing to take
 		// the units out of.
 		if st.EndedAt.IsZero() {
-			d, err := s.deduct(ctx, shard.Request{SKU: sku, Shards: st.Shards, RequestID: gateID, Quantity: left, MaxQuantity: left})
+			d, err := s.deduct(ctx, shard.Request{SKU: sku, Shards: st.Shards, RequestID: gateID, Quantity: left, MaxQuantity: left, Holder: holder})
 			switch {
 			case errors.Is(err, stock.ErrSoldOut):
 				return fail(ErrListingSelling)
 			case err != nil:
 				return ansUnavailable
 			}
-			if !d.Replayed {
-				fresh = d.Parts
-			}
+			// Found (Replayed) or taken, they are this call's to let go
+			// of when it withdraws nothing: a found deduction's units go
+			// back only once its other holder lets go too.
+			taken = d.Parts
 			// The ledger takes them out only under the gate they came out
 			// of: a gate rebuilt meanwhile counts them again.
 			for i, p := range d.Parts {
 				if i > 0 && p.Epoch != epoch {
-					s.giveBack(ctx, sku, gateID, fresh)
+					s.giveBack(ctx, sku, gateID, holder, taken)
 					return fail(ErrListingSelling)
 				}
 				epoch = p.Epoch
@@ -130,14 +132,14 @@ func (s *Service) withdraw(ctx context.Context, id, seller keys.ID, r request) a
 		}
 	}
 	x, err = s.ledger.Withdraw(ctx, id, seller, left, epoch, r.ledger())
-	if err != nil && len(fresh) > 0 && withdrawRefused(err) {
+	if err != nil && len(taken) > 0 && withdrawRefused(err) {
 		// Nothing withdrawn: the units this call took stay on sale. Units
-		// a copy of this request took (Replayed) are that copy's to give
-		// back; a withdrawal that committed keeps them out, and so does
-		// one whose COMMIT's outcome is unknown (its reply lost): a retry
-		// with the same key finds out, and the drift check puts the units
-		// back if it did not commit.
-		s.giveBack(ctx, sku, gateID, fresh)
+		// a copy of this request took (Replayed) go back once that copy
+		// lets go of them too; a withdrawal that committed keeps them
+		// out, and so does one whose COMMIT's outcome is unknown (its
+		// reply lost): a retry with the same key finds out, and the drift
+		// check puts the units back if it did not commit.
+		s.giveBack(ctx, sku, gateID, holder, taken)
 	}
 	switch {
 	case err == nil:

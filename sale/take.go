@@ -2,6 +2,7 @@ package sale
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"slices"
@@ -54,6 +55,22 @@ type take struct {
 	// the hold budget entries this request's attempts counted.
 	device  string
 	budgets []budgetEntry
+	// holder names this attempt at the gate (shard.Request.Holder): a
+	// deduction it makes or finds goes back once it and every other
+	// attempt holding it have let go. Made at its first deduct (most
+	// takes of a flash sale are refused before one).
+	holder string
+}
+
+// newHolder is a fresh attempt's holder id.
+func newHolder() string { return rand.Text()[:16] }
+
+// holderID is t's holder, made on first use.
+func (t *take) holderID() string {
+	if t.holder == "" {
+		t.holder = newHolder()
+	}
+	return t.holder
 }
 
 // program is the take's program: every line of a take is of one.
@@ -424,7 +441,7 @@ func (t *take) gateUnits(ctx context.Context, i int) (answer, gateOut) {
 		s.log.WarnContext(ctx, "quota outcome unknown; the ledger decides", "sku", w.sku.String(), "err", qerr)
 		return answer{}, gateDirect
 	}
-	req := shard.Request{SKU: w.sku, Shards: st.Shards, RequestID: w.req.gateID(), Quantity: w.q, MaxQuantity: st.MaxPerOrder}
+	req := shard.Request{SKU: w.sku, Shards: st.Shards, RequestID: w.req.gateID(), Quantity: w.q, MaxQuantity: st.MaxPerOrder, Holder: t.holderID()}
 	d, err := s.deduct(ctx, req)
 	if err != nil && !notRun(err) && !isOutcome(err) {
 		// The outcome is unknown: the script may have run and its reply been
@@ -487,8 +504,14 @@ func (t *take) gateUnits(ctx context.Context, i int) (answer, gateOut) {
 			s.log.ErrorContext(ctx, "lookup request", "err", err)
 			return ansUnavailable, gateRefuse
 		case ok:
+			// The committed request stands on the deduction (its
+			// committing attempt holds it for good), or was refused and
+			// stands on nothing: either way this attempt lets go, so the
+			// last attempt of a refused request to let go returns the
+			// units (TestReplayOfARefusalLetsGo).
+			s.giveBack(ctx, w.sku, w.req.gateID(), t.holder, d.Parts)
 			quota.replayed(ctx)
-			ln.counted = false // the committed request stands on it
+			ln.counted = false
 			return a, gateReplay
 		}
 	}
@@ -561,11 +584,17 @@ const (
 )
 
 // undo gives back what this attempt took at the gate: each line's stock
-// (or seats), and its counts as counts says. A line another attempt
-// deducted (replayed: a copy of the request on another replica) keeps
-// its stock unless no attempt may still commit it (deadAttempts), which
-// at worst keeps units out of Redis until the drift check, never sells
-// one twice. Once the request is known committed (counts is
+// (or seats), and its counts as counts says. A deduction goes back only
+// when no attempt holds it any more (shard.Store.Restore): a line another
+// attempt deducted (replayed: a copy of the request on another replica)
+// lets go of it, and so does the attempt that made it, and whichever of
+// them commits keeps it (TestOriginalRefusalKeepsTheTwinsDeduction: the
+// maker refused, its twin committed, and the maker's give-back once left
+// Redis ahead of the ledger). An attempt that holds the cart's lock over
+// a cart the ledger lacks gives them back outright (deadAttempts). At
+// worst units stay out of Redis until the drift check (an attempt that
+// never lets go: a replica lost mid-take, a commit's unknown outcome),
+// never sold twice. Once the request is known committed (counts is
 // countsReplayed), a single take gives back only the parts its order or
 // hold does not stand on, whichever attempt deducted them: the copy that
 // committed may have done so on this very deduction (TestModelConcurrent
@@ -584,12 +613,20 @@ func (t *take) undo(ctx context.Context, counts countsFate) {
 			// The request committed (this refusal is its replay), maybe
 			// on this very deduction: give back only what its rows do not
 			// stand on, whichever attempt took it.
-			s.giveBackUnused(ctx, ln.w, ln.parts)
+			s.giveBackUnused(ctx, ln.w, t.holder, ln.parts)
 			ln.quota.replayed(ctx)
 		case ln.replayed && !ownerless:
-			ln.quota.replayed(ctx) // only the counts this attempt made
+			// Another attempt's deduction, which it may yet commit on:
+			// this attempt lets go of it (the units go back once no
+			// attempt holds them), and of the counts it made.
+			s.giveBack(ctx, ln.w.sku, ln.w.req.gateID(), t.holder, ln.parts)
+			ln.quota.replayed(ctx)
 		default:
-			s.giveBack(ctx, ln.w.sku, ln.w.req.gateID(), ln.parts)
+			holder := t.holder
+			if ownerless {
+				holder = shard.AllHolders
+			}
+			s.giveBack(ctx, ln.w.sku, ln.w.req.gateID(), holder, ln.parts)
 			t.settleCounts(ctx, ln, counts)
 		}
 		ln.counted = false
@@ -832,7 +869,7 @@ func (t *take) settleDuplicate(ctx context.Context, a answer) {
 				t.releaseSeats(ctx, ln)
 			}
 		default:
-			s.giveBackUnused(ctx, ln.w, ln.parts)
+			s.giveBackUnused(ctx, ln.w, t.holder, ln.parts)
 			ln.quota.replayed(ctx)
 		}
 	}

@@ -180,7 +180,7 @@ func FuzzScriptReplies(f *testing.F) {
 		codes []int64
 	}{
 		{"deduct", lua.Deduct, []string{tag, k.Deduction(keys.MustID("fz"))}, []int64{lua.OK, lua.Already, lua.Empty, lua.NotSeeded, lua.BadArg, lua.Fenced}},
-		{"restore", lua.Restore, []string{tag, k.Deduction(keys.MustID("fz"))}, []int64{lua.OK, lua.Already, lua.NoRecord, lua.Stale, lua.NotSeeded, lua.BadArg}},
+		{"restore", lua.Restore, []string{tag, k.Deduction(keys.MustID("fz"))}, []int64{lua.OK, lua.Already, lua.Shared, lua.NoRecord, lua.Stale, lua.NotSeeded, lua.BadArg}},
 		{"refill", lua.Refill, []string{tag, k.Refill(keys.MustID("fz"))}, []int64{lua.OK, lua.Already, lua.RefillCounted, lua.RefillNotYet, lua.NotSeeded, lua.BadArg}},
 		{"quota", lua.Quota, []string{keys.Quota(keys.MustID("fuzz"), keys.MustID("t"), keys.MustID("b"))}, []int64{lua.OK, lua.Already, lua.Empty, lua.QuotaKeyKnown, lua.BadArg}},
 		{"unquota", lua.Unquota, []string{keys.Quota(keys.MustID("fuzz"), keys.MustID("t"), keys.MustID("b"))}, []int64{lua.OK, lua.NoRecord, lua.BadArg}},

@@ -197,6 +197,23 @@ type Request struct {
 	RequestID   keys.ID // the same id on a retry
 	Quantity    int64   // 1 <= Quantity <= MaxQuantity
 	MaxQuantity int64   // the SKU's per-order maximum; the script checks it too
+	// Holder names the attempt (1 to 64 bytes, not AllHolders; empty: one
+	// anonymous holder). An attempt that finds another's deduction of the
+	// request (Deduction.Replayed) holds it too, and Restore gives it back
+	// only once every holder has let go of it: any one of them may be the
+	// attempt whose commit stands on it.
+	Holder string
+}
+
+// AllHolders, as Restore's holder, gives a deduction back whoever holds it.
+const AllHolders = "*"
+
+// holder is r's holder as the scripts take it.
+func (r Request) holder() string {
+	if r.Holder == "" {
+		return "_"
+	}
+	return r.Holder
 }
 
 func (r Request) validate() error {
@@ -205,6 +222,9 @@ func (r Request) validate() error {
 	}
 	if r.Shards < 1 || r.Shards > stock.MaxShards {
 		return fmt.Errorf("%w: shards %d", stock.ErrInvalid, r.Shards)
+	}
+	if len(r.Holder) > 64 || r.Holder == AllHolders {
+		return fmt.Errorf("%w: holder %q", stock.ErrInvalid, r.Holder)
 	}
 	if r.MaxQuantity < 1 || r.Quantity < 1 || r.Quantity > r.MaxQuantity {
 		return fmt.Errorf("%w: quantity %d not in 1..%d", stock.ErrInvalid, r.Quantity, r.MaxQuantity)
@@ -385,7 +405,7 @@ func (s *Store) assemble(ctx context.Context, r Request, d Deduction, seen []int
 			res, err := s.deductOne(ctx, r, i, r.Quantity-have, 1)
 			d.Probes++
 			if err != nil {
-				if rerr := s.Restore(ctx, r.SKU, r.RequestID, fresh); rerr != nil {
+				if rerr := s.Restore(ctx, r.SKU, r.RequestID, r.holder(), d.Parts); rerr != nil {
 					// Units stay taken in Redis until a re-seed: say the
 					// outcome is unknown, not that nothing ran.
 					return d, errors.Join(err, fmt.Errorf("%w: %w", errStranded, rerr))
@@ -412,7 +432,9 @@ func (s *Store) assemble(ctx context.Context, r Request, d Deduction, seen []int
 		}
 	}
 	if have < r.Quantity {
-		if err := s.Restore(ctx, r.SKU, r.RequestID, fresh); err != nil {
+		// Every part this call took or found goes back: a found one only
+		// counts one holder fewer (another attempt's, it stays taken).
+		if err := s.Restore(ctx, r.SKU, r.RequestID, r.holder(), d.Parts); err != nil {
 			return d, fmt.Errorf("give back partial take: %w", err)
 		}
 		return Deduction{Probes: d.Probes, Left: have}, stock.ErrSoldOut
@@ -434,7 +456,7 @@ type deductReply struct{ code, taken, avail, gen, epoch int64 }
 func (s *Store) deductOne(ctx context.Context, r Request, i int, q, min int64) (deductReply, error) {
 	k := keys.Shard(r.SKU.Program, r.SKU.Ticket, i, r.Shards)
 	v, err := s.deduct.Run(ctx, s.rdb, []string{k.Stock(), k.Deduction(r.RequestID)},
-		q, min, r.MaxQuantity, s.recordTTL).Int64Slice()
+		q, min, r.MaxQuantity, s.recordTTL, r.holder()).Int64Slice()
 	if err != nil {
 		return deductReply{}, fmt.Errorf("deduct shard %d: %w", i, err)
 	}
@@ -455,13 +477,18 @@ func (s *Store) deductOne(ctx context.Context, r Request, i int, q, min int64) (
 	return res, fmt.Errorf("deduct shard %d: %w: code %d", i, ErrScript, res.code)
 }
 
-// Restore gives back the parts a request took, each once. A part whose
-// record is gone, or that predates the shard's last seed, is not given back:
-// the ledger facts behind the seed already count it.
-func (s *Store) Restore(ctx context.Context, sku stock.SKU, requestID keys.ID, parts []Part) error {
+// Restore lets holder (Request.Holder; AllHolders: every holder) go of
+// the parts its attempt of a request took or found (Deduction.Replayed),
+// and gives each part back, once, when no holder is left: a part another
+// attempt still holds (a copy of the request on another replica, which
+// may commit on it) stays taken. Letting go twice is letting go once, so
+// a call re-sent after a timeout moves nothing twice. A part whose record
+// is gone, or that predates the shard's last seed, is not given back: the
+// ledger facts behind the seed already count it.
+func (s *Store) Restore(ctx context.Context, sku stock.SKU, requestID keys.ID, holder string, parts []Part) error {
 	var errs []error
 	for _, p := range parts {
-		if _, err := s.RestorePart(ctx, sku, requestID, p); err != nil {
+		if _, err := s.RestorePart(ctx, sku, requestID, holder, p); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -475,17 +502,23 @@ type RestoreResult struct {
 	Avail    int64
 }
 
-// RestorePart gives back one part. Refusals (no record, stale, already
-// restored) are results, not errors.
-func (s *Store) RestorePart(ctx context.Context, sku stock.SKU, requestID keys.ID, p Part) (RestoreResult, error) {
+// RestorePart is Restore of one part. Refusals (no record, stale,
+// already restored, still held) are results, not errors.
+func (s *Store) RestorePart(ctx context.Context, sku stock.SKU, requestID keys.ID, holder string, p Part) (RestoreResult, error) {
 	if err := present(sku, requestID); err != nil {
 		return RestoreResult{}, err
+	}
+	if holder == "" {
+		holder = "_" // Request.Holder's anonymous holder
+	}
+	if len(holder) > 64 {
+		return RestoreResult{}, fmt.Errorf("%w: holder %q", stock.ErrInvalid, holder)
 	}
 	if p.Shards < 1 || p.Shards > stock.MaxShards || p.Shard < 0 || p.Shard >= p.Shards {
 		return RestoreResult{}, fmt.Errorf("%w: shard %d of %d", stock.ErrInvalid, p.Shard, p.Shards)
 	}
 	k := keys.Shard(sku.Program, sku.Ticket, p.Shard, p.Shards)
-	v, err := s.restore.Run(ctx, s.rdb, []string{k.Stock(), k.Deduction(requestID)}, p.Gen).Int64Slice()
+	v, err := s.restore.Run(ctx, s.rdb, []string{k.Stock(), k.Deduction(requestID)}, p.Gen, holder).Int64Slice()
 	if err != nil {
 		return RestoreResult{}, fmt.Errorf("restore shard %d: %w", p.Shard, err)
 	}

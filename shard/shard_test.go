@@ -139,7 +139,7 @@ func TestRestoreOnceCappedAndOnlyAfterDeduct(t *testing.T) {
 	results := make(chan shard.RestoreResult, 10)
 	for range 10 {
 		wg.Go(func() {
-			res, err := s.RestorePart(ctx, sku, keys.MustID("r1"), d.Parts[0])
+			res, err := s.RestorePart(ctx, sku, keys.MustID("r1"), "", d.Parts[0])
 			if err != nil {
 				t.Error(err)
 			}
@@ -159,7 +159,7 @@ func TestRestoreOnceCappedAndOnlyAfterDeduct(t *testing.T) {
 		t.Errorf("remaining = %d, want 5", got)
 	}
 	// A request id that never deducted is refused by the script.
-	res, err := s.RestorePart(ctx, sku, keys.MustID("never"), shard.Part{Shards: 1, Shard: 0, Taken: 3, Gen: 1})
+	res, err := s.RestorePart(ctx, sku, keys.MustID("never"), "", shard.Part{Shards: 1, Shard: 0, Taken: 3, Gen: 1})
 	if err != nil || res.Code != lua.NoRecord || res.Restored != 0 {
 		t.Errorf("restore of unknown request = %+v, %v, want code %d", res, err, lua.NoRecord)
 	}
@@ -172,12 +172,89 @@ func TestRestoreOnceCappedAndOnlyAfterDeduct(t *testing.T) {
 	if err := s.Seed(ctx, sku, 1, 4, 2, true); err != nil {
 		t.Fatal(err)
 	}
-	res, err = s.RestorePart(ctx, sku, keys.MustID("r2"), d2.Parts[0])
+	res, err = s.RestorePart(ctx, sku, keys.MustID("r2"), "", d2.Parts[0])
 	if err != nil || res.Code != lua.Stale {
 		t.Errorf("restore across re-seed = %+v, %v, want code %d", res, err, lua.Stale)
 	}
 	if got := remaining(t, s, sku, 1); got != 4 {
 		t.Errorf("remaining = %d, want 4", got)
+	}
+}
+
+// TestRestoreWaitsForEveryHolder: a deduction found by other attempts of
+// its request (copies on other replicas, a client's retry) goes back only
+// when every attempt that holds it has let go, since any one of them may
+// commit on it; an attempt that asks or lets go twice (a re-send after a
+// timeout) counts once; AllHolders gives it back at once; a record
+// written before holders were kept had an unknown maker.
+func TestRestoreWaitsForEveryHolder(t *testing.T) {
+	ctx := context.Background()
+	s, rdb, sku := seeded(t, 1, 10)
+	r := shard.Request{SKU: sku, Shards: 1, RequestID: keys.MustID("held-3"), Quantity: 3, MaxQuantity: 4}
+	var d shard.Deduction
+	for n, h := range []string{"maker", "maker", "f1", "f2", "f1"} {
+		r.Holder = h
+		var err error
+		if d, err = s.Deduct(ctx, r); err != nil || d.Replayed != (n > 0) {
+			t.Fatalf("deduct #%d by %s = %+v, %v", n+1, h, d, err)
+		}
+	}
+	for n, step := range []struct {
+		holder string
+		code   int64
+		left   int64
+	}{{"f1", lua.Shared, 7}, {"f1", lua.Shared, 7}, {"maker", lua.Shared, 7}, {"f2", lua.OK, 10}, {"f2", lua.Already, 10}} {
+		res, err := s.RestorePart(ctx, sku, r.RequestID, step.holder, d.Parts[0])
+		if err != nil || res.Code != step.code {
+			t.Fatalf("restore #%d by %s = %+v, %v, want code %d", n+1, step.holder, res, err, step.code)
+		}
+		if got := remaining(t, s, sku, 1); got != step.left {
+			t.Fatalf("after restore #%d remaining = %d, want %d", n+1, got, step.left)
+		}
+	}
+	// AllHolders moves a held deduction at once, once.
+	r.RequestID = keys.MustID("held-all")
+	r.Holder = "maker"
+	d1, err := s.Deduct(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Holder = "finder"
+	if d2, err := s.Deduct(ctx, r); err != nil || !d2.Replayed {
+		t.Fatalf("second deduct = %+v, %v", d2, err)
+	}
+	for range 2 {
+		if err := s.Restore(ctx, sku, r.RequestID, shard.AllHolders, d1.Parts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := remaining(t, s, sku, 1); got != 10 {
+		t.Errorf("after giving back to all remaining = %d, want 10", got)
+	}
+	// A record from before holders were kept: its maker, unknown, holds
+	// it until it is given back to all.
+	r.RequestID = keys.MustID("held-old")
+	r.Holder = "maker"
+	d1, err = s.Deduct(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := keys.Shard(sku.Program, sku.Ticket, 0, 1)
+	if err := rdb.HDel(ctx, k.Deduction(r.RequestID), "h:maker").Err(); err != nil {
+		t.Fatal(err)
+	}
+	r.Holder = "finder"
+	if d2, err := s.Deduct(ctx, r); err != nil || !d2.Replayed {
+		t.Fatalf("deduct over the old record = %+v, %v", d2, err)
+	}
+	for n, h := range []string{"finder", shard.AllHolders} {
+		want := map[string]int64{"finder": lua.Shared, shard.AllHolders: lua.OK}[h]
+		if res, err := s.RestorePart(ctx, sku, r.RequestID, h, d1.Parts[0]); err != nil || res.Code != want {
+			t.Fatalf("restore #%d of the old record by %s = %+v, %v, want code %d", n+1, h, res, err, want)
+		}
+	}
+	if got := remaining(t, s, sku, 1); got != 10 {
+		t.Errorf("remaining = %d, want 10", got)
 	}
 }
 
@@ -379,7 +456,7 @@ func TestRecordFromBeforeReseedDoesNotReplay(t *testing.T) {
 	if err != nil || again.Replayed || remaining(t, s, sku, 1) != 8 {
 		t.Fatalf("retry after re-seed = %+v, %v, %d left; want a fresh take leaving 8", again, err, remaining(t, s, sku, 1))
 	}
-	res, err := s.RestorePart(ctx, sku, keys.MustID("r1"), first.Parts[0])
+	res, err := s.RestorePart(ctx, sku, keys.MustID("r1"), "", first.Parts[0])
 	if err != nil || res.Restored != 0 || remaining(t, s, sku, 1) != 8 {
 		t.Errorf("late restore of the pre-seed deduction = %+v, %v; want nothing moved", res, err)
 	}

@@ -157,7 +157,7 @@ func TestRefundConcurrentlyRestoresOnce(t *testing.T) {
 	if st.Sold != 0 || st.Orders != 0 || st.RedisRemaining != 10 {
 		t.Errorf("after refunds: %+v, want sold 0 and redis remaining 10 (not 13)", st)
 	}
-	res, err := e.Gate.RestorePart(context.Background(), sku, keys.MustID("never-deducted"), shard.Part{Shards: 2, Shard: 0, Taken: 5, Gen: 1})
+	res, err := e.Gate.RestorePart(context.Background(), sku, keys.MustID("never-deducted"), shard.AllHolders, shard.Part{Shards: 2, Shard: 0, Taken: 5, Gen: 1})
 	if err != nil || res.Code != -3 || res.Restored != 0 {
 		t.Errorf("restore of a request that never deducted = %+v, %v; want refused (-3)", res, err)
 	}

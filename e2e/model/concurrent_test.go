@@ -25,6 +25,8 @@ import (
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // TestModelConcurrent drives every after-sale operation from several
@@ -1447,6 +1449,7 @@ func (c *ccModel) checkRedis() {
 					deadline, rebuilt = time.Now().Add(10*time.Second), true
 					continue
 				}
+				c.dumpHeld(sku)
 				c.t.Fatalf("round %d: %s: Redis remaining %d (seeded %v, %v), ledger %d, 10s after the round", c.round, sku, left, seeded, err, want)
 			}
 			time.Sleep(20 * time.Millisecond) // poll interval
@@ -1943,4 +1946,22 @@ func (l *lockedSource) Uint64() uint64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.src.Uint64()
+}
+
+// dumpHeld logs sku's deduction records not given back, with their
+// holders (shard.Request.Holder): when Redis is below the ledger, one of
+// them is held by attempts that never let go.
+func (c *ccModel) dumpHeld(sku stock.SKU) {
+	ctx := context.Background()
+	pat := "*:ded:" + sku.Program.String() + ":" + sku.Ticket.String() + ":*"
+	_ = c.envs[0].Redis.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		iter := m.Scan(ctx, 0, pat, 1000).Iterator()
+		for iter.Next(ctx) {
+			f, _ := m.HGetAll(ctx, iter.Val()).Result()
+			if f["restored"] == "0" {
+				c.t.Logf("held: %s %v", iter.Val(), f)
+			}
+		}
+		return nil
+	})
 }

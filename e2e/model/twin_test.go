@@ -81,15 +81,7 @@ func TestTwinRefusalKeepsTheCommittedDeduction(t *testing.T) {
 				}
 				return tc.refuse(take)
 			}
-			base := systest.NewLedger(t, ledger.Postgres)
-			replica := func(decide decideFunc) *systest.Env {
-				o := base
-				o.Tune = func(o *app.Options) {
-					o.WrapLedger = func(l sale.Ledger) sale.Ledger { return gatedLedger{Ledger: l, key: key, decide: decide} }
-				}
-				return systest.Start(t, o)
-			}
-			a, b := replica(aDecide), replica(bDecide)
+			a, b := gatedPair(t, key, aDecide, bDecide)
 			sku := systest.NewSKU(t)
 			a.PutSKU(t, sku, 3, 1, 4)
 
@@ -126,6 +118,20 @@ func TestTwinRefusalKeepsTheCommittedDeduction(t *testing.T) {
 			}
 		})
 	}
+}
+
+// gatedPair is two replicas on one PostgreSQL ledger whose takes of the
+// request under key are decided by aDecide and bDecide.
+func gatedPair(t *testing.T, key string, aDecide, bDecide decideFunc) (a, b *systest.Env) {
+	base := systest.NewLedger(t, ledger.Postgres)
+	replica := func(decide decideFunc) *systest.Env {
+		o := base
+		o.Tune = func(o *app.Options) {
+			o.WrapLedger = func(l sale.Ledger) sale.Ledger { return gatedLedger{Ledger: l, key: key, decide: decide} }
+		}
+		return systest.Start(t, o)
+	}
+	return replica(aDecide), replica(bDecide)
 }
 
 // decideFunc decides one take of the watched request on a replica:
@@ -258,4 +264,121 @@ func TestCarefulAttemptRefusesACommittedRequestAsSoldOut(t *testing.T) {
 		}
 	}
 	t.Fatal("in 5 rounds B's retry always took the SKU row before A's batch")
+}
+
+// TestOriginalRefusalKeepsTheTwinsDeduction is the mirror of the test
+// above: the copy that deducted is the one refused. Replica A deducts 2
+// units at the gate and reaches its commit; replica B's copy finds A's
+// record (Replayed) and reaches its own; the ledger refuses A's copy (a
+// busy or a failed batch: nothing written) and commits B's. A gives its
+// deduction back, and B's order stands on that same deduction: before
+// the gate counted the attempts holding a deduction (deduct.lua,
+// restore.lua), A's give-back returned the 2 units and Redis stayed 2
+// ahead of the ledger (TestAttackExpiryStorm, under load: two late
+// payments of one hold on two replicas, 3 ahead). Now the units move back
+// only when no attempt holds them: here never, as B's order stands on
+// them.
+func TestOriginalRefusalKeepsTheTwinsDeduction(t *testing.T) {
+	systest.FullTier(t)
+	const key = "twin-2"
+	aAt, bAt, aAnswered := newSignal(), newSignal(), newSignal()
+	aDecide := func(ctx context.Context, take ledger.Take, commit func() ledger.TakeResult) ledger.TakeResult {
+		aAt.fire()
+		bAt.wait() // B's copy deducted (found A's record) and is committing
+		return ledger.TakeResult{Take: take, Err: fmt.Errorf("%w: the batch failed before anything was written (injected)", ledger.ErrNotCommitted)}
+	}
+	bDecide := func(ctx context.Context, take ledger.Take, commit func() ledger.TakeResult) ledger.TakeResult {
+		bAt.fire()
+		aAnswered.wait() // A answered: its give-back ran
+		return commit()
+	}
+	a, b := gatedPair(t, key, aDecide, bDecide)
+	sku := systest.NewSKU(t)
+	a.PutSKU(t, sku, 3, 1, 4)
+
+	bReply := make(chan systest.Reply, 1)
+	aReply := make(chan systest.Reply, 1)
+	go func() { aReply <- a.Buy(t, sku, key, "cb2", 2) }()
+	aAt.wait() // A deducted 2 at the gate and is committing
+	go func() { bReply <- b.Buy(t, sku, key, "cb2", 2) }()
+	ra := <-aReply
+	aAnswered.fire()
+	rb := <-bReply
+	if ra.Status != http.StatusServiceUnavailable {
+		t.Fatalf("A's copy = %d %s, want 503", ra.Status, ra.Body)
+	}
+	if rb.Status != http.StatusCreated {
+		t.Fatalf("B's copy = %d %s, want 201", rb.Status, rb.Body)
+	}
+	ctx := context.Background()
+	st, err := a.Ledger.SKU(ctx, sku)
+	if err != nil {
+		t.Fatal(err)
+	}
+	left, seeded, err := a.Gate.Remaining(ctx, sku, 1)
+	if err != nil || !seeded || left != st.Remaining() || left != 1 {
+		t.Errorf("Redis remaining %d (seeded %v, %v), ledger %d, want 1: A's give-back returned the units B's order stands on",
+			left, seeded, err, st.Remaining())
+	}
+	// A retry of A's 503 with its key is answered B's order, and moves
+	// nothing: the deduction is B's order's.
+	if r := a.Buy(t, sku, key, "cb2", 2); r.Status != http.StatusCreated || systest.OrderID(r) != systest.OrderID(rb) {
+		t.Errorf("retry on A = %d %s, want B's order %s", r.Status, r.Body, systest.OrderID(rb))
+	}
+	if left, _, _ := a.Gate.Remaining(ctx, sku, 1); left != 1 {
+		t.Errorf("Redis remaining %d after the retry, want 1", left)
+	}
+}
+
+// TestReplayOfARefusalLetsGo: an attempt that finds its request's
+// deduction and then its request answered from the ledger lets go of the
+// deduction, whatever the answer. Here the answer is a refusal: the
+// client reused the key for another purchase (another quantity), which
+// committed first. Replica A's copy of the first purchase deducted 2 and
+// waits at its commit; replica B's copy finds A's deduction, then the key
+// taken by the other purchase (422), and must let go, for when A's commit
+// is refused in turn and A lets go, no attempt holds the 2 units and they
+// go back. B once kept its hold on them (a replay stood on the
+// deduction, it was thought), and Redis stayed 2 below the ledger
+// (TestModelConcurrent, two late payments of one hold for other
+// quantities).
+func TestReplayOfARefusalLetsGo(t *testing.T) {
+	systest.FullTier(t)
+	const key = "twin-3"
+	aAt, release := newSignal(), newSignal()
+	aDecide := func(ctx context.Context, take ledger.Take, commit func() ledger.TakeResult) ledger.TakeResult {
+		aAt.fire()
+		release.wait()
+		return commit()
+	}
+	bDecide := func(ctx context.Context, take ledger.Take, commit func() ledger.TakeResult) ledger.TakeResult {
+		return commit()
+	}
+	a, b := gatedPair(t, key, aDecide, bDecide)
+	sku := systest.NewSKU(t)
+	a.PutSKU(t, sku, 3, 1, 4)
+
+	aReply := make(chan systest.Reply, 1)
+	go func() { aReply <- a.Buy(t, sku, key, "cb3", 2) }()
+	aAt.wait() // A deducted 2 at the gate and is committing
+	if r := b.Buy(t, sku, key, "cb3", 1); r.Status != http.StatusCreated {
+		t.Fatalf("the other purchase under the key = %d %s, want 201", r.Status, r.Body)
+	}
+	if r := b.Buy(t, sku, key, "cb3", 2); r.Status != http.StatusUnprocessableEntity {
+		t.Fatalf("B's copy of the first purchase = %d %s, want 422 (the key is the other purchase's)", r.Status, r.Body)
+	}
+	release.fire()
+	if ra := <-aReply; ra.Status != http.StatusUnprocessableEntity {
+		t.Fatalf("A's copy = %d %s, want 422", ra.Status, ra.Body)
+	}
+	ctx := context.Background()
+	st, err := a.Ledger.SKU(ctx, sku)
+	if err != nil {
+		t.Fatal(err)
+	}
+	left, seeded, err := a.Gate.Remaining(ctx, sku, 1)
+	if err != nil || !seeded || left != st.Remaining() || left != 2 {
+		t.Errorf("Redis remaining %d (seeded %v, %v), ledger %d, want 2: the refused purchase's 2 units stayed held",
+			left, seeded, err, st.Remaining())
+	}
 }

@@ -26,6 +26,13 @@ import (
 // half-open with its probes already out). Nothing was sent.
 var ErrOpen = errors.New("breaker: open")
 
+// ErrCallerOutOfTime marks a caller's own deadline (set as its context's
+// cause, context.WithTimeoutCause): a call cut short by it is the caller
+// giving up, never a failure, whatever Options.Deadlines says. A request
+// whose work timed out waiting on something else (a cut ledger link)
+// must not open the breakers of the Redis nodes it asked last.
+var ErrCallerOutOfTime = errors.New("breaker: the caller's deadline passed")
+
 // State of a breaker.
 type State = gobreaker.State
 
@@ -272,7 +279,8 @@ func (b *Breaker) Do(ctx context.Context, f func(ctx context.Context) error) err
 			// that met this or another node's breaker, whose refusal can
 			// come back unwrapped): it says nothing about the node.
 			return struct{}{}, excluded{err}
-		case ctx.Err() != nil && !(deadlines && errors.Is(ctx.Err(), context.DeadlineExceeded)):
+		case ctx.Err() != nil && (!(deadlines && errors.Is(ctx.Err(), context.DeadlineExceeded)) ||
+			errors.Is(context.Cause(ctx), ErrCallerOutOfTime)):
 			// The caller gave up (cancelled or out of time): whatever Redis
 			// did, this call says nothing about it.
 			return struct{}{}, excluded{err}

@@ -274,3 +274,36 @@ func TestSetForgetsANodeNoCallNames(t *testing.T) {
 		t.Errorf("gauge %v, own state %v; want 0 and still open", got, s.States()["dead:1"])
 	}
 }
+
+// With Deadlines, a call out of its own deadline is a failure, and one
+// cut short by its caller's deadline (ErrCallerOutOfTime, a request whose
+// work timed out waiting on its ledger) is not: a cut ledger link once
+// opened the Redis node breakers under load (TestFaultLedgerLinkBlackHole).
+func TestCallersDeadlineIsNoFailure(t *testing.T) {
+	b, err := breaker.New(breaker.Options{ConsecutiveFailures: 3, OpenFor: time.Minute, Deadlines: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expired := func(cause error) context.Context {
+		ctx, cancel := context.WithDeadlineCause(context.Background(), time.Now().Add(-time.Second), cause)
+		t.Cleanup(cancel)
+		return ctx
+	}
+	out := func(ctx context.Context) error { return ctx.Err() }
+	// The request's deadline, with the call's own beneath it, as sale's
+	// Redis calls are made.
+	for range 10 {
+		call, cancel := context.WithTimeout(expired(breaker.ErrCallerOutOfTime), time.Second)
+		_ = b.Do(call, out)
+		cancel()
+	}
+	if b.State() != breaker.Closed {
+		t.Fatalf("10 calls past their caller's deadline left the breaker %v", b.State())
+	}
+	for range 3 {
+		_ = b.Do(expired(nil), out)
+	}
+	if b.State() != breaker.Open {
+		t.Errorf("3 calls past their own deadline left the breaker %v, want open", b.State())
+	}
+}

@@ -3,8 +3,9 @@
 --
 -- KEYS[1]  shard stock hash {avail, allot, epoch, fence}
 -- KEYS[2]  deduction record of this request on this shard {q, gen, epoch,
---          restored, h:<holder>...}: a field per attempt holding the
---          deduction (the one that made it, and each that found it since)
+--          restored, n, h:<holder>...}: a field per attempt holding the
+--          deduction (the one that made it, and each that found it since),
+--          n of them
 -- ARGV[1]  quantity wanted (integer, 1 <= q <= ARGV[3])
 -- ARGV[2]  least quantity worth taking (integer, 1 <= min <= q): q for an
 --          exact take, 1 when a purchase is being assembled from several shards
@@ -25,8 +26,9 @@
 --      The finder becomes a holder (once, however often it asks): the
 --      deduction goes back only when every holder has let go of it
 --      (restore.lua), since any one of them may be the attempt whose commit
---      stands on it. A record from before holders were kept (4 fields) gets
---      "h:-" for its unknown maker.
+--      stands on it. A record from before holders were kept (no n) gets
+--      "h:-" for its unknown maker. (HLEN would count the holders, but the
+--      documented ACL user may not run it.)
 --   0  fewer than min units left (avail says how many); nothing moved
 --  -1  the shard is not seeded; nothing moved
 --  -2  bad argument; nothing moved
@@ -44,10 +46,12 @@ local s = redis.call('HMGET', KEYS[1], 'avail', 'epoch', 'fence')
 if s[3] == '1' then return {-6, 0, 0, 0, 0} end
 local epoch = tonumber(s[2] or '0')
 
-local rec = redis.call('HMGET', KEYS[2], 'q', 'gen', 'restored', 'epoch')
+local rec = redis.call('HMGET', KEYS[2], 'q', 'gen', 'restored', 'epoch', 'n')
 if rec[1] and rec[3] == '0' and rec[4] == (s[2] or '0') then
-  if redis.call('HLEN', KEYS[2]) == 4 then redis.call('HSET', KEYS[2], 'h:-', 1) end
-  redis.call('HSET', KEYS[2], 'h:' .. holder, 1)
+  if not rec[5] then redis.call('HSET', KEYS[2], 'h:-', 1, 'n', 1) end
+  if redis.call('HSETNX', KEYS[2], 'h:' .. holder, 1) == 1 then
+    redis.call('HINCRBY', KEYS[2], 'n', 1)
+  end
   return {2, tonumber(rec[1]), -1, tonumber(rec[2]), epoch}
 end
 
@@ -62,6 +66,6 @@ avail = redis.call('HINCRBY', KEYS[1], 'avail', -take)
 -- give back the second.
 local gen = (tonumber(rec[2]) or 0) + 1
 if rec[2] then redis.call('DEL', KEYS[2]) end -- an earlier gen's holders go with it
-redis.call('HSET', KEYS[2], 'q', take, 'gen', gen, 'epoch', s[2] or '0', 'restored', '0', 'h:' .. holder, 1)
+redis.call('HSET', KEYS[2], 'q', take, 'gen', gen, 'epoch', s[2] or '0', 'restored', '0', 'h:' .. holder, 1, 'n', 1)
 redis.call('PEXPIRE', KEYS[2], ttl)
 return {1, take, avail, gen, epoch}

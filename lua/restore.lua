@@ -2,7 +2,7 @@
 -- shard's allotment, when no attempt holds it any more.
 --
 -- KEYS[1]  shard stock hash {avail, allot, epoch, fence}
--- KEYS[2]  deduction record {q, gen, epoch, restored, h:<holder>...}
+-- KEYS[2]  deduction record {q, gen, epoch, restored, n, h:<holder>...}
 -- ARGV[1]  gen of the deduction being given back (integer >= 1)
 -- ARGV[2]  optional: the holder letting go (see deduct.lua); the units go
 --          back once no holder is left. "*" or absent: back whoever holds
@@ -25,13 +25,15 @@ if not int(ARGV[1], 1, 1e15) then return {-2, 0, 0} end
 local holder = ARGV[2] or '*'
 if not id(holder) then return {-2, 0, 0} end
 
-local rec = redis.call('HMGET', KEYS[2], 'q', 'gen', 'epoch', 'restored')
+local rec = redis.call('HMGET', KEYS[2], 'q', 'gen', 'epoch', 'restored', 'n')
 if not rec[1] or rec[2] ~= ARGV[1] then return {-3, 0, 0} end
 if rec[4] == '1' then return {2, 0, 0} end
 if holder ~= '*' then
-  redis.call('HDEL', KEYS[2], 'h:' .. holder)
-  -- q, gen, epoch, restored, and a field per holder left
-  if redis.call('HLEN', KEYS[2]) > 4 then return {3, 0, 0} end
+  local n = tonumber(rec[5]) or 0 -- none: a record from before holders were kept
+  if redis.call('HDEL', KEYS[2], 'h:' .. holder) == 1 then
+    n = redis.call('HINCRBY', KEYS[2], 'n', -1)
+  end
+  if n > 0 then return {3, 0, 0} end
 end
 redis.call('HSET', KEYS[2], 'restored', '1')
 

@@ -508,7 +508,9 @@ func (s *Service) BreakerState() breaker.State { return s.breakers.State() }
 // once begun ends in a commit or a give-back, whether or not the client is
 // still there.
 func (s *Service) detach(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), s.opts.WorkTimeout)
+	// Its deadline is the request's: a Redis call it cuts short is the
+	// request giving up, not the node failing.
+	return context.WithTimeoutCause(context.WithoutCancel(ctx), s.opts.WorkTimeout, breaker.ErrCallerOutOfTime)
 }
 
 // runTake is run for a take: within the replica's bound of takes in

@@ -240,7 +240,7 @@ func TestRestoreWaitsForEveryHolder(t *testing.T) {
 		t.Fatal(err)
 	}
 	k := keys.Shard(sku.Program, sku.Ticket, 0, 1)
-	if err := rdb.HDel(ctx, k.Deduction(r.RequestID), "h:maker").Err(); err != nil {
+	if err := rdb.HDel(ctx, k.Deduction(r.RequestID), "h:maker", "n").Err(); err != nil {
 		t.Fatal(err)
 	}
 	r.Holder = "finder"

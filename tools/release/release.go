@@ -180,7 +180,10 @@ func image(o Options, arch string, bin, certs []byte) (v1.Image, error) {
 	}
 	data := buf.Bytes()
 	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil },
-		tarball.WithMediaType(types.OCILayer))
+		// Compressed once and kept: without it the layer is gzipped
+		// again for every read after the digest (the layout's write),
+		// about 40 MB of binary each time.
+		tarball.WithMediaType(types.OCILayer), tarball.WithCompressedCaching)
 	if err != nil {
 		return nil, fmt.Errorf("release: layer: %w", err)
 	}

@@ -2,6 +2,8 @@ package sale
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -97,10 +99,16 @@ func (s *Service) withdraw(ctx context.Context, id, seller keys.ID, r request) a
 	sku := x.SKU
 	// The deduction is this request's own (as a purchase's is): a retry
 	// meets it again, another withdrawal of the listing makes its own.
+	// Its record is named by the count this copy read too: two copies
+	// that read different counts (a resale settled between them) each
+	// take their own, so the one that commits stands on exactly the
+	// units it withdraws and the refused one gives all of its own back.
+	// Sharing one record, the committing copy (4 units) stood on the
+	// refused copy's 5, and the fifth stayed out of Redis.
 	var taken []shard.Part
 	holder := newHolder()
 	epoch := int64(-1) // no units taken out of a gate
-	gateID := r.gateID()
+	gateID := withdrawGateID(r.gateID(), left)
 	if x.State == ledger.Listed && left > 0 {
 		st, err := s.ledger.SKU(ctx, sku)
 		if err != nil {
@@ -148,6 +156,13 @@ func (s *Service) withdraw(ctx context.Context, id, seller keys.ID, r request) a
 		s.stock.Invalidate(x.SKU)
 		return answer{listing: &x}
 	case errors.Is(err, ledger.ErrDuplicate):
+		// A copy of this request withdrew. It stands on its own record,
+		// which it holds for good, so letting go of what this call took
+		// moves units only when they are not the ones it stands on: a
+		// record of this call's own, made after the gate was rebuilt.
+		if len(taken) > 0 {
+			s.giveBack(ctx, sku, gateID, holder, taken)
+		}
 		return answer{listing: &x, replayed: true}
 	case errors.Is(err, ledger.ErrListingEnded):
 		return fail(ErrListingEnded)
@@ -159,6 +174,13 @@ func (s *Service) withdraw(ctx context.Context, id, seller keys.ID, r request) a
 		return ansUnavailable
 	}
 	return s.ownerError(ctx, err, fail(ErrUnknownListing))
+}
+
+// withdrawGateID names a withdrawal's deduction by its request and the
+// count it takes.
+func withdrawGateID(id keys.ID, left int64) keys.ID {
+	h := sha256.Sum256([]byte(id.String() + "\x00withdraw\x00" + strconv.FormatInt(left, 10)))
+	return keys.MustID(hex.EncodeToString(h[:16]))
 }
 
 // withdrawRefused reports whether a withdrawal's error says that nothing

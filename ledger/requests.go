@@ -290,11 +290,11 @@ func (l *Ledger) RequestByKey(ctx context.Context, scope, key keys.ID) (Recorded
 
 // RequestDurable returns once the request row (scope, key) is known to
 // be on the synchronous standby, or fails; ErrNotFound when this ledger
-// has no such row. PostgreSQL shows a transaction to other sessions once
-// it is committed locally, while its COMMIT still waits for the standby;
-// a backend that ends in that wait (its postmaster killed, its client
-// gone) leaves the row on that node alone, and a failover to the standby
-// takes it back. A 201 replayed from such a row is a sale the ledger may
+// has no such row. PostgreSQL commits locally before its COMMIT waits
+// for the standby; while it waits, other sessions still see the
+// transaction running (the row absent). A backend that ends that wait
+// (cancelled, its postmaster killed, its client gone) shows the row on
+// that node alone, and a failover to the standby takes it back. A 201 replayed from such a row is a sale the ledger may
 // lose (TestFaultLedgerFailover: one of 2,401). So before a replay is
 // answered the row is rewritten as it is: that COMMIT writes WAL, so it
 // waits until the standby has all the WAL before it, this row's commit

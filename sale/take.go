@@ -832,17 +832,21 @@ func (t *take) commit(ctx context.Context, direct bool) (answer, stock.SKU) {
 		t.undo(ctx, countsRelease)
 		return s.counted(path, ansUnavailable), stock.SKU{}
 	}
-	// COMMIT failed and may have landed. Look before giving anything back:
-	// restoring stock that was in fact sold would let Redis admit a buyer
-	// the ledger must refuse.
+	// COMMIT failed and may have landed. A row found answers; a row not
+	// found proves nothing, so nothing is given back: while a COMMIT
+	// waits (for a synchronous standby, or a backend still finishing it
+	// after its client gave up) other sessions see its transaction as
+	// running and its row as absent, and it lands a moment later. Giving
+	// back then left Redis a unit ahead of the ledger
+	// (TestAttackShedFreshCommitUnconfirmed, in a loaded make test). The
+	// stock stays taken: the client's retry with its key joins this
+	// deduction and commits or replays on it, and without a retry the
+	// drift check repairs it: under-selling is the safe side of not
+	// knowing.
 	s.logCommit(ctx, err)
 	if a, ok, lerr := s.recorded(ctx, t.req); lerr == nil && ok {
 		return a, stock.SKU{}
-	} else if lerr == nil {
-		t.undo(ctx, countsRelease)
 	}
-	// Otherwise the stock stays taken in Redis: under-selling until the
-	// drift check repairs it is the safe side of not knowing.
 	return s.counted(path, ansUnavailable), stock.SKU{}
 }
 

@@ -48,3 +48,6 @@ func Steps() (steps [][2]any, minimum int64) {
 	}
 	return steps, thisBuild.minimum
 }
+
+// CommitRefused is commitRefused, for its table test.
+var CommitRefused = commitRefused

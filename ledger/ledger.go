@@ -29,8 +29,11 @@ var (
 	// since it was read. Nothing was written; read again and retry.
 	ErrConflict = errors.New("ledger: version conflict")
 	// ErrNotCommitted wraps a write failure that happened before COMMIT was
-	// sent: the transaction is certainly rolled back. A failure without it
-	// (at COMMIT itself) leaves the outcome unknown until it is looked up.
+	// sent, or a COMMIT the database refused (SQLite's any failure,
+	// PostgreSQL's ERROR): the transaction is certainly rolled back. A
+	// failure without it (a COMMIT whose reply was lost) leaves the
+	// outcome unknown until it is looked up, and a lookup that finds
+	// nothing proves nothing while the COMMIT may still be running.
 	ErrNotCommitted = errors.New("ledger: not committed")
 	// ErrStaleGate: a request the Redis gate admitted under an epoch that
 	// a rebuild has since closed. Nothing was written: the rebuild counted

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 )
 
@@ -47,7 +48,9 @@ type txRunner interface {
 	// on the first call. An error rolls it back.
 	run(ctx context.Context, steps []step) error
 	// end commits (or with commit false rolls back) the transaction run
-	// began. A failed COMMIT leaves the outcome unknown.
+	// began. A failed COMMIT wraps ErrNotCommitted when the failure
+	// proves nothing landed (commitRefused); otherwise the outcome is
+	// unknown.
 	end(ctx context.Context, commit bool) error
 	// close gives the connection back.
 	close()
@@ -153,6 +156,9 @@ func (r *pgRunner) end(ctx context.Context, commit bool) error {
 		r.trips.Inc()
 		if _, err := c.Exec(ctx, "COMMIT"); err != nil {
 			r.bad = true
+			if commitRefused(err) {
+				return notCommitted("commit", err)
+			}
 			return err
 		}
 		return nil
@@ -232,7 +238,13 @@ func (r *sqliteRunner) end(_ context.Context, commit bool) error {
 	if !commit {
 		return tx.Rollback()
 	}
-	return tx.Commit()
+	if err := tx.Commit(); err != nil {
+		// SQLite runs in this process: a COMMIT that returns an error
+		// (the disk full, the file read-only, the context done before it
+		// began) rolled back. Nothing is in flight elsewhere.
+		return notCommitted("commit", err)
+	}
+	return nil
 }
 
 func (r *sqliteRunner) close() {
@@ -352,6 +364,20 @@ func rowsFrom(d, alias string, first int, cols ...string) string {
 	}
 	fmt.Fprintf(&b, " FROM json_each($%d)) AS %s", first, alias)
 	return b.String()
+}
+
+// commitRefused reports a PostgreSQL COMMIT failure that proves the
+// transaction did not commit: the server refused it with an ERROR (a
+// serialization failure, a deferred constraint, no space left), which it
+// sends only before the commit record is written. A lost link, a timeout
+// or a FATAL leaves it unknown: the server may have committed, and a
+// COMMIT still waiting for a synchronous standby lands after its client
+// gave up. pgconn.SafeToRetry is no proof here: with the COMMIT's reply
+// lost, pgx v5.12 answered "conn closed", safe to retry, for COMMITs
+// that had landed (TestFaultLedgerCommitReplyLost).
+func commitRefused(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Severity == "ERROR"
 }
 
 // isRetryable reports a PostgreSQL failure that rolled the transaction

@@ -1,0 +1,118 @@
+package faults
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/internal/systest"
+	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/sale"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// lostReplies commits the takes of the requests under keys in the
+// background, and answers them after wait as a COMMIT whose reply was
+// lost: the outcome unknown while the COMMIT still runs. It is what a
+// batch's own deadline does to a request queued behind an older one
+// (make test, 2026-12-02), without the race: the driver's cut closes
+// the connection, and the backend then ends its wait and shows the row,
+// before or after the lookup.
+type lostReplies struct {
+	sale.Ledger
+	keys    []string
+	wait    time.Duration
+	pending *sync.WaitGroup
+}
+
+func (l lostReplies) Commit(ctx context.Context, takes []ledger.Take, direct bool) []ledger.TakeResult {
+	if len(takes) != 1 || !slices.Contains(l.keys, takes[0].Req.Key.String()) {
+		return l.Ledger.Commit(ctx, takes, direct)
+	}
+	// The background commit gets its own copy: Commit writes into its
+	// takes' orders and holds.
+	t := takes[0]
+	t.Orders, t.Holds = slices.Clone(t.Orders), slices.Clone(t.Holds)
+	l.pending.Go(func() { l.Ledger.Commit(context.WithoutCancel(ctx), []ledger.Take{t}, direct) })
+	time.Sleep(l.wait) // the reply that never comes
+	return []ledger.TakeResult{{Take: takes[0], Err: errors.New("ledger: take: commit: reply lost")}}
+}
+
+// TestFaultCommitCutWhileStandbyWaits: a purchase's and a hold's COMMIT
+// wait for a silent synchronous standby, and their replies are lost
+// while the requests still have time. PostgreSQL shows their rows to
+// nobody until the wait ends, so the lookup that follows finds nothing; that proves nothing, and the stock must stay taken in
+// Redis (a give-back left Redis a unit ahead of the ledger once the rows
+// landed). Sent again with their keys once no standby is named, each is
+// answered from its row, and Redis equals the ledger.
+func TestFaultCommitCutWhileStandbyWaits(t *testing.T) {
+	systest.FullTier(t)
+	pg := testenv.NewSyncPostgres(t)
+	var pending sync.WaitGroup
+	e := systest.Start(t, systest.Options{Driver: ledger.Postgres, DSN: pg.DSN, Tune: func(o *app.Options) {
+		o.Sale.WorkTimeout = 10 * time.Second
+		o.WrapLedger = func(l sale.Ledger) sale.Ledger {
+			return lostReplies{Ledger: l, keys: []string{"p-cut", "h-cut"}, wait: time.Second, pending: &pending}
+		}
+	}})
+	ctx := context.Background()
+	// Two SKUs: a waiting COMMIT keeps its SKU row locked.
+	sku, sku2 := systest.NewSKU(t), systest.NewSKU(t)
+	for i, s := range []stock.SKU{sku, sku2} {
+		e.PutSKU(t, s, 10, 1, 4)
+		e.MustBuy(t, s, fmt.Sprintf("p%d", i), "ann", 1)
+	}
+
+	pg.Standby(t, "nobody")
+	t.Cleanup(func() { pg.Standby(t, "") })
+	ops := []struct{ path, key, body string }{
+		{systest.SKUPath(sku) + "/purchases", "p-cut", `{"buyer":"bob","quantity":2}`},
+		{systest.SKUPath(sku2) + "/holds", "h-cut", `{"buyer":"cat","quantity":3}`},
+	}
+	for _, op := range ops {
+		r := e.Do(t, http.MethodPost, op.path, map[string]string{"Idempotency-Key": op.key}, op.body)
+		if r.Status != http.StatusServiceUnavailable {
+			t.Errorf("%s with its COMMIT cut = %d %s; want 503", op.key, r.Status, r.Body)
+		}
+	}
+	// The rows wait on the primary, seen by nobody: the ledger shows 9
+	// left, and Redis must still count each take as taken.
+	for i, s := range []stock.SKU{sku, sku2} {
+		st, err := e.Ledger.SKU(ctx, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		left, _, err := e.Gate.Remaining(ctx, s, st.Shards)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := 7 - int64(i); st.Remaining() != 9 || left != want {
+			t.Errorf("%s with its COMMIT waiting: ledger remaining %d, Redis %d; want 9 and %d (nothing given back)",
+				ops[i].key, st.Remaining(), left, want)
+		}
+	}
+
+	pg.Standby(t, "")
+	pending.Wait()
+	for _, op := range ops {
+		r, _ := e.Retried(t, http.MethodPost, op.path, op.key, op.body)
+		if r.Status != http.StatusCreated {
+			t.Errorf("%s sent again = %d %s; want 201 from its row", op.key, r.Status, r.Body)
+		}
+	}
+	if st := e.State(t, sku); st.Sold != 3 || st.Held != 0 {
+		t.Errorf("%s: ledger %+v; want 3 sold", sku, st)
+	}
+	if st := e.State(t, sku2); st.Sold != 1 || st.Held != 3 {
+		t.Errorf("%s: ledger %+v; want 1 sold, 3 held", sku2, st)
+	}
+	systest.RedisConsistent(t, e, sku)
+	systest.RedisConsistent(t, e, sku2)
+}

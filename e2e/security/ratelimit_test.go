@@ -2,6 +2,7 @@ package security_test
 
 import (
 	"net/http"
+	"strconv"
 	"testing"
 
 	"github.com/stockgate/stockgate/app"
@@ -81,5 +82,48 @@ func TestRateLimitSharedByReplicas(t *testing.T) {
 	}
 	if limited < 10 || limited > 30 {
 		t.Errorf("%d of 60 requests limited with Redis out, want those over two replicas' own bursts of 20 (about 20)", limited)
+	}
+}
+
+// TestRateLimitRetryAfterIsTheWait: a client over a budget of one token
+// every 10 s (bursts of 2) is told in Retry-After to come back when its
+// next token comes, spread up to twice that (gateway's retryAfter), not a
+// fixed second: between 9 and 20 s, from the shared budget with Redis up
+// and from the replica's own with Redis out.
+func TestRateLimitRetryAfterIsTheWait(t *testing.T) {
+	c := testenv.NewCluster(t, testenv.ClusterOptions{})
+	e := systest.Start(t, systest.Options{Driver: ledger.SQLite, DSN: systest.LedgerDSN(t, ledger.SQLite), Cluster: c,
+		Tune: func(o *app.Options) { o.HTTP.RatePerClient, o.HTTP.RateBurst = 0.1, 2 }})
+	path := systest.SKUPath(systest.NewSKU(t)) + "/stock"
+	over := func(what string) {
+		t.Helper()
+		for i := range 2 { // the burst
+			if r := e.Do(t, http.MethodGet, path, nil, ""); r.Status == http.StatusTooManyRequests {
+				t.Fatalf("%s: request %d of the burst of 2 limited", what, i+1)
+			}
+		}
+		r := e.Do(t, http.MethodGet, path, nil, "")
+		if r.Status != http.StatusTooManyRequests {
+			t.Fatalf("%s: the third request = %d %s; want 429", what, r.Status, r.Body)
+		}
+		ra, err := strconv.Atoi(r.Header.Get("Retry-After"))
+		if err != nil || ra < 9 || ra > 20 {
+			t.Errorf("%s: Retry-After %q; want the wait for the next token, 9 to 20 s", what, r.Header.Get("Retry-After"))
+		}
+		t.Logf("%s: Retry-After %d", what, ra)
+	}
+	over("shared budget")
+	if n := systest.Counter(t, e.Registry, "stockgate_http_rate_local_total", nil); n != 0 {
+		t.Logf("%v decisions by the replica's own limiter with Redis up", n)
+	}
+	for _, n := range c.Nodes {
+		if err := n.Pause(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = n.Resume() })
+	}
+	over("own budget, Redis out")
+	if n := systest.Counter(t, e.Registry, "stockgate_http_rate_local_total", nil); n == 0 {
+		t.Error("no decision by the replica's own limiter with Redis out")
 	}
 }

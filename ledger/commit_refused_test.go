@@ -23,7 +23,10 @@ func TestCommitRefused(t *testing.T) {
 	}{
 		{"serialization failure", &pgconn.PgError{Severity: "ERROR", Code: "40001"}, true},
 		{"disk full, wrapped", fmt.Errorf("commit: %w", &pgconn.PgError{Severity: "ERROR", Code: "53100"}), true},
+		{"localized", &pgconn.PgError{Severity: "FEHLER", SeverityUnlocalized: "ERROR", Code: "40001"}, true},
 		{"terminated", &pgconn.PgError{Severity: "FATAL", Code: "57P01"}, false},
+		{"an old PgBouncer's disconnect", &pgconn.PgError{Severity: "ERROR", Code: "08P01"}, false},
+		{"a query cancelled", &pgconn.PgError{Severity: "ERROR", Code: "57014"}, false},
 		{"link reset", &net.OpError{Op: "read", Err: errors.New("connection reset by peer")}, false},
 		{"deadline", context.DeadlineExceeded, false},
 	}

@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"database/sql/driver"
@@ -153,6 +154,13 @@ func (r *pgRunner) end(ctx context.Context, commit bool) error {
 			return nil
 		}
 		r.open = false
+		if err := ctx.Err(); err != nil {
+			// Out of time before COMMIT was sent (a batch's deadline):
+			// certainly not committed. The connection, its transaction
+			// open, is thrown away, which rolls it back.
+			r.bad = true
+			return notCommitted("commit", err)
+		}
 		r.trips.Inc()
 		if _, err := c.Exec(ctx, "COMMIT"); err != nil {
 			r.bad = true
@@ -375,9 +383,20 @@ func rowsFrom(d, alias string, first int, cols ...string) string {
 // gave up. pgconn.SafeToRetry is no proof here: with the COMMIT's reply
 // lost, pgx v5.12 answered "conn closed", safe to retry, for COMMITs
 // that had landed (TestFaultLedgerCommitReplyLost).
+//
+// PgBouncer before 1.16 sends its own disconnects ("server conn
+// crashed?") as ERROR: connection exceptions (class 08), operator
+// intervention (57), system (58) and internal (XX) errors stay unknown.
 func commitRefused(err error) bool {
 	var pe *pgconn.PgError
-	return errors.As(err, &pe) && pe.Severity == "ERROR"
+	if !errors.As(err, &pe) {
+		return false
+	}
+	switch pe.Code[:min(2, len(pe.Code))] {
+	case "08", "57", "58", "XX":
+		return false
+	}
+	return cmp.Or(pe.SeverityUnlocalized, pe.Severity) == "ERROR"
 }
 
 // isRetryable reports a PostgreSQL failure that rolled the transaction

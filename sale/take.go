@@ -842,10 +842,17 @@ func (t *take) commit(ctx context.Context, direct bool) (answer, stock.SKU) {
 	// stock stays taken: the client's retry with its key joins this
 	// deduction and commits or replays on it, and without a retry the
 	// drift check repairs it: under-selling is the safe side of not
-	// knowing.
+	// knowing. The buyer's counts and the code's uses go back (the key's
+	// mark stays): nothing repairs them but their day-long lifetime, so
+	// kept they would tell a buyer who bought nothing "limit reached",
+	// while the ledger checks every cap and code at its commit anyway.
 	s.logCommit(ctx, err)
 	if a, ok, lerr := s.recorded(ctx, t.req); lerr == nil && ok {
 		return a, stock.SKU{}
+	}
+	for _, ln := range t.lines {
+		ln.quota.keepKey()
+		ln.quota.release(ctx)
 	}
 	return s.counted(path, ansUnavailable), stock.SKU{}
 }

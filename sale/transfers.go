@@ -32,15 +32,21 @@ func (s *Service) Transfer(ctx context.Context, orderID keys.ID, a Ask, to keys.
 
 func (s *Service) transfer(ctx context.Context, id, from, to keys.ID, q int64, r request) answer {
 	o, err := s.ledger.Transfer(ctx, id, from, to, q, r.ledger())
+	// The sender's counts at the gate for the order's request go: the
+	// gate under-counts what it keeps of a split order, never over (the
+	// ledger checks the caps at every commit). A replay lets them go too
+	// (once: a second time is a no-op): the first attempt's reply may
+	// have been lost before it did.
+	release := func() {
+		s.releaseQuota(ctx, []quotaScope{{o.SKU.Base(), from}, {o.SKU.Whole(), from}}, o.GateRequest(), keys.ID{})
+	}
 	switch {
 	case err == nil:
-		// The sender's counts at the gate for the order's request go: the
-		// gate under-counts what it keeps of a split order, never over
-		// (the ledger checks the caps at every commit).
-		s.releaseQuota(ctx, []quotaScope{{o.SKU.Base(), from}, {o.SKU.Whole(), from}}, o.GateRequest(), keys.ID{})
+		release()
 		s.metrics.afterSale.WithLabelValues("transferred").Add(float64(o.Quantity))
 		return answer{order: o}
 	case errors.Is(err, ledger.ErrDuplicate):
+		release()
 		return answer{order: o, replayed: true}
 	case errors.Is(err, ledger.ErrRefunded):
 		return fail(ErrOrderRefunded)

@@ -25,14 +25,21 @@ import (
 // (make test, 2026-12-02), without the race: the driver's cut closes
 // the connection, and the backend then ends its wait and shows the row,
 // before or after the lookup.
+//
+// The takes under drop are never committed, and answered the same: a
+// COMMIT that never reached the server, its client none the wiser.
 type lostReplies struct {
 	sale.Ledger
-	keys    []string
-	wait    time.Duration
-	pending *sync.WaitGroup
+	keys, drop []string
+	wait       time.Duration
+	pending    *sync.WaitGroup
 }
 
 func (l lostReplies) Commit(ctx context.Context, takes []ledger.Take, direct bool) []ledger.TakeResult {
+	lost := errors.New("ledger: take: commit: reply lost")
+	if len(takes) == 1 && slices.Contains(l.drop, takes[0].Req.Key.String()) {
+		return []ledger.TakeResult{{Take: takes[0], Err: lost}}
+	}
 	if len(takes) != 1 || !slices.Contains(l.keys, takes[0].Req.Key.String()) {
 		return l.Ledger.Commit(ctx, takes, direct)
 	}
@@ -42,7 +49,7 @@ func (l lostReplies) Commit(ctx context.Context, takes []ledger.Take, direct boo
 	t.Orders, t.Holds = slices.Clone(t.Orders), slices.Clone(t.Holds)
 	l.pending.Go(func() { l.Ledger.Commit(context.WithoutCancel(ctx), []ledger.Take{t}, direct) })
 	time.Sleep(l.wait) // the reply that never comes
-	return []ledger.TakeResult{{Take: takes[0], Err: errors.New("ledger: take: commit: reply lost")}}
+	return []ledger.TakeResult{{Take: takes[0], Err: lost}}
 }
 
 // TestFaultCommitCutWhileStandbyWaits: a purchase's and a hold's COMMIT
@@ -59,7 +66,7 @@ func TestFaultCommitCutWhileStandbyWaits(t *testing.T) {
 	e := systest.Start(t, systest.Options{Driver: ledger.Postgres, DSN: pg.DSN, Tune: func(o *app.Options) {
 		o.Sale.WorkTimeout = 10 * time.Second
 		o.WrapLedger = func(l sale.Ledger) sale.Ledger {
-			return lostReplies{Ledger: l, keys: []string{"p-cut", "h-cut"}, wait: time.Second, pending: &pending}
+			return lostReplies{Ledger: l, keys: []string{"p-cut", "h-cut"}, drop: []string{"p-drop"}, wait: time.Second, pending: &pending}
 		}
 	}})
 	ctx := context.Background()
@@ -115,4 +122,37 @@ func TestFaultCommitCutWhileStandbyWaits(t *testing.T) {
 	}
 	systest.RedisConsistent(t, e, sku)
 	systest.RedisConsistent(t, e, sku2)
+}
+
+// TestFaultCommitNeverLandedFreesTheCap: a purchase whose COMMIT outcome
+// is unknown, and which in fact never landed, keeps its stock out of
+// Redis (the drift check's to repair) but not the buyer's count at the
+// gate: dan, at a cap of 1, buys with a new key after the 503 and gets
+// his ticket, not 409 limit-reached for one he never had. The ledger
+// still holds him to the cap.
+func TestFaultCommitNeverLandedFreesTheCap(t *testing.T) {
+	systest.FullTier(t)
+	var pending sync.WaitGroup
+	e := systest.Start(t, systest.Options{Driver: ledger.Postgres, Tune: func(o *app.Options) {
+		o.WrapLedger = func(l sale.Ledger) sale.Ledger {
+			return lostReplies{Ledger: l, drop: []string{"p-drop"}, pending: &pending}
+		}
+	}})
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 10, 1, 4)
+	if r := e.Do(t, http.MethodPut, "/v1/admin/programs/"+sku.Program.String(), nil, `{"per_buyer":1}`); r.Status != http.StatusOK {
+		t.Fatalf("program cap = %d %s", r.Status, r.Body)
+	}
+	if r := e.Buy(t, sku, "p-drop", "dan", 1); r.Status != http.StatusServiceUnavailable {
+		t.Fatalf("a purchase whose COMMIT never landed = %d %s; want 503", r.Status, r.Body)
+	}
+	if r := e.Buy(t, sku, "p-dan", "dan", 1); r.Status != http.StatusCreated {
+		t.Errorf("dan's first ticket after a 503 = %d %s; want 201", r.Status, r.Body)
+	}
+	if r := e.Buy(t, sku, "p-dan-2", "dan", 1); r.Status != http.StatusConflict || systest.ProblemKind(r) != "limit-reached" {
+		t.Errorf("dan's second ticket = %d %s; want 409 limit-reached", r.Status, r.Body)
+	}
+	if st := e.State(t, sku); st.Sold != 1 {
+		t.Errorf("ledger %+v; want 1 sold", st)
+	}
 }

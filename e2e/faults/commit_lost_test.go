@@ -110,3 +110,40 @@ func TestFaultLedgerCommitReplyLost(t *testing.T) {
 		t.Errorf("report after the lost replies: %d %s", r.Status, r.Body)
 	}
 }
+
+// TestFaultTransferReplyLostFreesTheSendersCap: ann, at her cap of 2,
+// transfers her order to bob and the transfer's COMMIT reply is lost;
+// sent again with its key, it is answered from the ledger. Ann owns
+// nothing now, so she may buy again: the replay lets go of her counts at
+// the gate, which the lost first answer never did (409 limit-reached
+// for a buyer who holds no ticket).
+func TestFaultTransferReplyLostFreesTheSendersCap(t *testing.T) {
+	systest.FullTier(t)
+	link, dsn := systest.LedgerLink(t, systest.LedgerDSN(t, ledger.Postgres))
+	e := systest.Start(t, systest.Options{Driver: ledger.Postgres, DSN: dsn})
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 40, 2, 4)
+	if r := e.Do(t, http.MethodPut, "/v1/admin/programs/"+sku.Program.String(), nil, `{"per_buyer":2}`); r.Status != http.StatusOK {
+		t.Fatalf("program cap = %d %s", r.Status, r.Body)
+	}
+	order := systest.OrderID(e.MustBuy(t, sku, "ann-1", "ann", 2))
+	if r := e.Buy(t, sku, "ann-over", "ann", 1); r.Status != http.StatusConflict || systest.ProblemKind(r) != "limit-reached" {
+		t.Fatalf("ann's third ticket = %d %s; want 409 limit-reached", r.Status, r.Body)
+	}
+	path, body := "/v1/orders/"+order+"/transfer", `{"buyer":"ann","to":"bob"}`
+	lost := link.LoseCommitReplies(t, 0, 1)
+	first := e.Do(t, http.MethodPost, path, map[string]string{"Idempotency-Key": "t1"}, body)
+	if n := lost(); n != 1 {
+		t.Fatalf("%d COMMIT replies lost, want the transfer's (answered %d %s)", n, first.Status, first.Body)
+	}
+	link.Heal(t)
+	again, _ := e.Retried(t, http.MethodPost, path, "t1", body)
+	t.Logf("transfer with its reply lost = %d, again = %d", first.Status, again.Status)
+	if again.Status != http.StatusOK {
+		t.Fatalf("transfer sent again = %d %s; want 200", again.Status, again.Body)
+	}
+	if r := e.Buy(t, sku, "ann-2", "ann", 2); r.Status != http.StatusCreated {
+		t.Errorf("ann, who gave her 2 tickets away, buys 2 = %d %s; want 201", r.Status, r.Body)
+	}
+	systest.RedisConsistent(t, e, sku)
+}

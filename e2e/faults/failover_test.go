@@ -2,13 +2,17 @@ package faults_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/stock"
 )
 
 // TestFaultLedgerFailover: the ledger is a PostgreSQL primary with two
@@ -24,6 +28,8 @@ import (
 // was on the standby before it was acknowledged), nothing is oversold,
 // every 503 sent again with its key is answered what happened, and the
 // sale sells out on the last primary standing, Redis equal to the ledger.
+// Replica b reaches the nodes through PgBouncer, one on each, and after
+// each fault sells and is ready again by itself.
 func TestFaultLedgerFailover(t *testing.T) {
 	systest.FullTier(t)
 	ha, err := testenv.StartAutoFailover(t.Context(), testenv.AutoFailoverOptions{Sync: true, Standbys: 2})
@@ -32,7 +38,11 @@ func TestFaultLedgerFailover(t *testing.T) {
 	}
 	t.Cleanup(ha.Stop)
 	o := systest.Options{Driver: ledger.Postgres, DSN: ha.DSN(), Sweep: true, Drift: true}
-	a, b := systest.Start(t, o), systest.Start(t, o)
+	a := systest.Start(t, o)
+	o.DSN = bouncedDSN(t, ha)
+	b := systest.Start(t, o) // through PgBouncer, one on each node
+	probe := systest.NewSKU(t)
+	a.PutSKU(t, probe, 10, 1, 4)
 	sku := systest.NewSKU(t)
 	// 25 sales a second while the faults last (each lands mid-sale
 	// with room to spare, even when a failover takes 30s on a slow
@@ -60,6 +70,7 @@ func TestFaultLedgerFailover(t *testing.T) {
 	if err := ha.WaitSecondary(ctx); err != nil {
 		t.Fatalf("the old primary back as the standby: %v", err)
 	}
+	sellsThroughBouncers(t, b, probe, "after the planned failover")
 	s.WaitSold(total/8+200, 120*time.Second)
 
 	// kill -9 of the primary's postmaster: its keeper starts it again in
@@ -76,6 +87,7 @@ func TestFaultLedgerFailover(t *testing.T) {
 	if err := ha.WaitSecondary(ctx); err != nil {
 		t.Fatalf("the standby back after the kill: %v", err)
 	}
+	sellsThroughBouncers(t, b, probe, "after the postmaster's kill")
 	s.WaitSold(total/8+400, 120*time.Second)
 
 	// The whole primary node lost: the monitor promotes the standby after
@@ -94,6 +106,7 @@ func TestFaultLedgerFailover(t *testing.T) {
 		t.Fatalf("a new primary after :%d was lost: %v", lost, err)
 	}
 	t.Logf("primary node :%d lost; :%d took writes %v later; answers before %v", lost, now, time.Since(began).Round(time.Millisecond), mid)
+	sellsThroughBouncers(t, b, probe, "after the node's loss")
 	s.Unpace()
 	s.WaitSold(total, 180*time.Second)
 
@@ -111,6 +124,51 @@ func TestFaultLedgerFailover(t *testing.T) {
 	}
 	systest.RedisConsistent(t, a, sku)
 	t.Logf("answers across the three faults: %v (a 503 is sent again with its key after 20 ms, so retries count)", counts)
+}
+
+// bouncedDSN puts a PgBouncer (transaction pooling) in front of each of
+// ha's nodes, as a platform runs one beside each PostgreSQL, and returns
+// the multi-host DSN over them with target_session_attrs=read-write: after
+// a failover the bouncer a connection was made through may front a
+// standby.
+func bouncedDSN(t *testing.T, ha *testenv.AutoFailover) string {
+	t.Helper()
+	var hosts []string
+	var db string
+	for _, port := range ha.Ports() {
+		bo, dsn, err := testenv.StartPgBouncer(t.Context(), ha.URL(port), testenv.PgBouncerOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(bo.Stop)
+		u, err := url.Parse(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hosts, db = append(hosts, u.Host), u.Path
+	}
+	return fmt.Sprintf("postgres://postgres@%s%s?target_session_attrs=read-write&sslmode=disable", strings.Join(hosts, ","), db)
+}
+
+// sellsThroughBouncers checks that replica e, reaching the ledger through
+// PgBouncers, sells and is ready again by itself after a fault (a
+// purchase sent with its key, retried on 503 for 30 s; /readyz 200
+// within 30 s), not stuck on a bouncer whose server is now a standby.
+func sellsThroughBouncers(t *testing.T, e *systest.Env, sku stock.SKU, when string) {
+	t.Helper()
+	key := "bounced-" + strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' {
+			return r
+		}
+		return '-'
+	}, when)
+	r, tries := e.Retried(t, http.MethodPost, systest.SKUPath(sku)+"/purchases", key, `{"buyer":"bo","quantity":1}`)
+	if r.Status != http.StatusCreated {
+		t.Errorf("a purchase through PgBouncer %s = %d %s after %d tries", when, r.Status, r.Body, tries)
+	}
+	systest.WaitFor(t, 30*time.Second, "the replica behind PgBouncer ready "+when, func() bool {
+		return e.Do(t, http.MethodGet, "/readyz", nil, "").Status == http.StatusOK
+	})
 }
 
 // TestFaultLedgerFailoverAsync: the same formation with an asynchronous

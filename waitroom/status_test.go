@@ -10,8 +10,8 @@ import (
 
 // When a waiting buyer is told to look again: the estimate's quarter
 // within half the window as before, and, as the stock runs down, at most
-// half the time what is left lasts at the pace it sells (a second at
-// least); a second once nothing is left but holds, or the last few
+// a third of the time what is left lasts at the pace it sells, in whole
+// seconds (a second at least); a second once nothing is left but holds, or the last few
 // tickets are within reach of the buyers admitted (5 unused here). A sold-out answer says
 // when to look for a returned ticket.
 func TestRetryAfterShortensAsTheStockRunsDown(t *testing.T) {
@@ -28,12 +28,13 @@ func TestRetryAfterShortensAsTheStockRunsDown(t *testing.T) {
 		retry      time.Duration
 	}{
 		{"no sales seen yet", 50, 0, -1, Waiting, 22500 * time.Millisecond}, // 90 ahead at 1/s: 90 s / 4
-		{"selling 10 a second", 50, 0, 10, Waiting, 2500 * time.Millisecond},
+		{"selling 10 a second", 70, 0, 10, Waiting, 2 * time.Second},        // 7 s left: a third, whole seconds
+		{"selling 10 a second, 5 s left", 50, 0, 10, Waiting, time.Second},
 		{"selling 100 a second", 50, 0, 100, Waiting, time.Second},
-		{"held ones count as left", 40, 10, 10, Waiting, 2500 * time.Millisecond},
+		{"held ones count as left", 60, 10, 10, Waiting, 2 * time.Second},
 		{"only holds left", 0, 3, 0, Waiting, time.Second},
 		{"the last few, within reach of the admitted", 5, 0, 0.1, Waiting, time.Second},
-		{"the last few, nobody admitted to buy them", 6, 0, 0.1, Waiting, 22500 * time.Millisecond},
+		{"the last few, nobody admitted to buy them", 6, 0, 0.1, Waiting, 20 * time.Second}, // 60 s left: a third
 		{"sold out", 0, 0, 10, SoldOut, soldOutRecheck},
 	}
 	for _, tc := range cases {
@@ -42,5 +43,33 @@ func TestRetryAfterShortensAsTheStockRunsDown(t *testing.T) {
 		if st.State != tc.state || st.RetryAfter != tc.retry {
 			t.Errorf("%s: %s, Retry-After %v; want %s, %v", tc.name, st.State, st.RetryAfter, tc.state, tc.retry)
 		}
+	}
+}
+
+// The sales pace a replica reads follows a sale that speeds up at its end
+// within a few readings: 10 tickets a second for 20 s, then 100 a second.
+// The slow average alone reads under 40 a second after the burst's first
+// second; the pace that shortens Retry-After must not.
+func TestDrainFollowsTheSalesEndingBurst(t *testing.T) {
+	d := &drainPace{fast: linePace{span: drainFastSpan}}
+	now := time.Unix(0, 0)
+	sold := int64(0)
+	step := Refresh
+	for range 80 { // 20 s at 10 a second
+		sold += 10 * int64(step) / int64(time.Second)
+		now = now.Add(step)
+		d.see(sold, now)
+	}
+	var got float64
+	for range 4 { // one second at 100 a second
+		sold += 25
+		now = now.Add(step)
+		got = d.see(sold, now)
+	}
+	if slow := d.slow.get(); slow >= 40 {
+		t.Fatalf("the slow average reads %.1f a second: the test no longer shows a lag", slow)
+	}
+	if got < 50 {
+		t.Errorf("after a second at 100 a second the pace reads %.1f, want at least 50", got)
 	}
 }

@@ -851,7 +851,7 @@ func (s *Rooms) RunPacer(ctx context.Context) {
 					// A room made again starts over (its first step only
 					// looks).
 					p.serving, p.unused, p.seen, p.carry = old.serving, old.unused, old.seen, old.carry
-					p.spent, p.abandoned, p.soldOutOnce = old.spent, old.abandoned, old.soldOutOnce
+					p.spent, p.abandoned, p.soldOutOnce, p.conv = old.spent, old.abandoned, old.soldOutOnce, old.conv
 				}
 				rooms[c.Program] = p
 			}
@@ -903,6 +903,7 @@ type pacing struct {
 	// window pass, as the last step counted (the line's conversion);
 	// soldOutOnce: the line has sold out since this pacer paced it.
 	spent, abandoned int64
+	conv             convTrack // the conversion the line's recent outcomes show
 	soldOutOnce      bool
 	seen             ledger.QueueLine // what the ledger has of the line, as this pacer wrote it
 	saw              paced            // what the last step saw, for the gauges while it sleeps
@@ -982,7 +983,8 @@ func (s *Rooms) pace(ctx context.Context, lc ledger.QueueConfig, p *pacing) pace
 		// buyers turned away count as walk-aways the pacer cannot tell
 		// apart, and the share was spent: a re-opened line (a refund)
 		// admits no more than tickets left.
-		limit = max(limit, conversionLimit(left, p.spent+p.abandoned, conversion(p.spent, p.abandoned), float64(c.SoldOutShare)/1000))
+		conv := p.conv.estimate(now, c.Window, p.serving, p.unused, p.spent, p.abandoned)
+		limit = max(limit, conversionLimit(left, p.spent+p.abandoned, conv, float64(c.SoldOutShare)/1000))
 	}
 	advance := func() (Step, error) {
 		return s.store.Advance(ctx, c.Program, c.id, now, c.OpensAt, most, limit, floor, c.Window, ps.SoldOut())

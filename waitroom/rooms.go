@@ -431,6 +431,13 @@ func queueStatus(c room, v lineView, buyer keys.ID, place Place, ticket string) 
 			out.RetryAfter = time.Second
 		case v.stock.Remaining <= st.Unused && float64(v.stock.Remaining) <= max(v.drain, 1)*lastFewSeconds:
 			out.RetryAfter = time.Second
+		case v.stock.Remaining <= st.Unused && c.SoldOutShare > 0 && c.PerRemaining >= 1000:
+			// Admitted past the tickets left: the pacer waits for these
+			// buyers to buy or for their windows to end, and then lets in
+			// the rest at once, who may buy the last tickets within a
+			// second however slowly they sold before. (A buyer told 2 s
+			// in such a pause heard of the sell-out 2.3 s after it.)
+			out.RetryAfter = time.Second
 		case v.drain > 0:
 			// A third, in whole seconds (the header's unit, which the
 			// gateway rounds up): a pace that doubles near the end still

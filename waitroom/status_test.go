@@ -44,6 +44,26 @@ func TestRetryAfterShortensAsTheStockRunsDown(t *testing.T) {
 			t.Errorf("%s: %s, Retry-After %v; want %s, %v", tc.name, st.State, st.RetryAfter, tc.state, tc.retry)
 		}
 	}
+	// A room admitting past the tickets left pauses while more are
+	// admitted than tickets left, then lets the rest in at once: a
+	// second, however slowly the last tickets sold.
+	shared := roomOf(ledger.QueueConfig{Program: keys.MustID("show"), Secret: "aa11", Rate: 100, Window: time.Minute,
+		PerRemaining: 1000, SoldOutShare: 50, OpensAt: time.Now().Add(-time.Hour)})
+	paused := State{Opened: true, Late: 200, Serving: 40, Unused: 30}
+	for _, tc := range []struct {
+		c     room
+		left  int64
+		retry time.Duration
+	}{
+		{shared, 25, time.Second},
+		{shared, 31, 15 * time.Second}, // more left than admitted: as the pace says
+		{c, 25, 15 * time.Second},      // share 0: nobody is let in past the tickets left
+	} {
+		v := lineView{st: paused, stock: ledger.ProgramStock{SKUs: 1, Remaining: tc.left}, pace: 1, drain: 0.5}
+		if st := queueStatus(tc.c, v, buyer, place, "ticket"); st.RetryAfter != tc.retry {
+			t.Errorf("paused line, share %v, %d left: Retry-After %v, want %v", tc.c.SoldOutShare, tc.left, st.RetryAfter, tc.retry)
+		}
+	}
 }
 
 // The sales pace a replica reads follows a sale that speeds up at its end

@@ -245,7 +245,7 @@ fuzz: deps-redis
 # The side-by-side benchmark: its own Redis Cluster and PostgreSQL,
 # stockgate as its own process, the comparators; writes docs/BENCHMARKS.md
 # (about 10 minutes on 2 cores). Charts land in .run/bench/.
-bench: deps-redis deps-postgres
+bench: deps-redis deps-postgres deps-chromium
 	$(GO) run ./cmd/stockbench suite -out docs/BENCHMARKS.md
 
 # The release artifacts under dist/, built without a container daemon

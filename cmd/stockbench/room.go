@@ -140,8 +140,10 @@ func (s *suite) runRoom() error {
 		rep, saleErr = s.onSale()
 		pacers = s.pacerRuns()
 	}
+	pow := s.powRuns()
 	s.writeRoom(rounds, s.room, rep, saleErr)
 	s.writePacers(pacers)
+	s.writePow(pow)
 	return nil
 }
 

@@ -417,6 +417,7 @@ func (s *suite) runAll() error {
 		sale, saleErr = s.onSale()
 		pacers = s.pacerRuns()
 	}
+	pow := s.powRuns()
 	prim, err := s.primaries()
 	if err != nil {
 		return err
@@ -429,6 +430,7 @@ func (s *suite) runAll() error {
 	s.writePrimaries(prim)
 	s.writeRoom(rounds, s.room, sale, saleErr)
 	s.writePacers(pacers)
+	s.writePow(pow)
 	s.writeShards(shards)
 	return nil
 }

@@ -51,8 +51,8 @@ func onsaleRun(c runConfig, admin adminClient, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "  sold-out   waiting buyers heard it %s (median) to %s (most) after the last sale, polling as told;\n",
 			ms(rep.ToldSoldOutP50), ms(rep.ToldSoldOutMax))
 		if o.streams > 0 {
-			fmt.Fprintf(stdout, "             %d of %d event streams heard it %s (median) to %s (most) after it\n",
-				rep.StreamsHeard, o.streams, ms(rep.StreamToldP50), ms(rep.StreamToldMax))
+			fmt.Fprintf(stdout, "             %d of %d event streams still waiting heard it %s (median) to %s (most) after it (%d of %d admitted first; %d opened again)\n",
+				rep.StreamsHeard, rep.StreamsWaiting, ms(rep.StreamToldP50), ms(rep.StreamToldMax), o.streams-rep.StreamsWaiting, o.streams, rep.StreamErrors)
 		}
 		fmt.Fprintf(stdout, "             %d checked a refresh after it, in %v: every one told sold-out unless listed below\n",
 			rep.Swept, rep.SweepTime.Round(time.Millisecond))

@@ -197,9 +197,9 @@ func (s *suite) writePacers(runs []pacerRun) {
 			fmt.Fprintf(d, "| %.0f %% | %v | failed: %v | | | | | |\n", 100*r.abandon, r.share, r.err)
 			continue
 		}
-		fmt.Fprintf(d, "| %.0f %% | %v | %v | %d | %d | %.1f %% | %s / %s | %s / %s (%d heard) |\n", 100*r.abandon, r.share,
+		fmt.Fprintf(d, "| %.0f %% | %v | %v | %d | %d | %.1f %% | %s / %s | %s / %s (%d of %d waiting heard, %d reopened) |\n", 100*r.abandon, r.share,
 			r.rep.SaleTime.Round(100*time.Millisecond), r.rep.Admitted, r.rep.Refused, 100*float64(r.rep.Refused)/float64(max(r.rep.Admitted, 1)),
-			ms(r.rep.ToldSoldOutP50), ms(r.rep.ToldSoldOutMax), ms(r.rep.StreamToldP50), ms(r.rep.StreamToldMax), r.rep.StreamsHeard)
+			ms(r.rep.ToldSoldOutP50), ms(r.rep.ToldSoldOutMax), ms(r.rep.StreamToldP50), ms(r.rep.StreamToldMax), r.rep.StreamsHeard, r.rep.StreamsWaiting, r.rep.StreamErrors)
 	}
 }
 

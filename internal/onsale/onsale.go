@@ -116,7 +116,13 @@ type Report struct {
 	ToldSoldOutP50, ToldSoldOutMax time.Duration
 	// StreamsHeard of the Streams heard sold-out on their event streams,
 	// StreamToldP50 and StreamToldMax how long after the last sale.
-	StreamsHeard                 int
+	StreamsHeard int
+	// StreamsWaiting of the Streams were still waiting when the show sold
+	// out (the others' buyers were admitted first).
+	StreamsWaiting int
+	// StreamErrors is how many times a stream was opened again: it could
+	// not be opened, or it ended before sold-out.
+	StreamErrors                 int64
 	StreamToldP50, StreamToldMax time.Duration
 	Swept                        int
 	SweepTime                    time.Duration
@@ -156,6 +162,8 @@ type runner struct {
 	// stream heard sold-out.
 	tickets     []string
 	streamHeard []time.Time
+	streamErrs  atomic.Int64 // streams opened again
+	streamLeft  atomic.Int64 // streams whose buyer was admitted: they wait for no sold-out
 	polls       atomic.Int64
 	buys        atomic.Int64
 	errs        atomic.Int64
@@ -623,6 +631,11 @@ func (r *runner) verify(ctx context.Context, rep *Report) {
 		streamTold = append(streamTold, max(at.Sub(lastSale), 0))
 	}
 	rep.StreamsHeard = len(streamTold)
+	rep.StreamErrors = r.streamErrs.Load()
+	rep.StreamsWaiting = min(r.o.Streams, len(r.tickets)) - int(r.streamLeft.Load())
+	if rep.StreamsHeard < rep.StreamsWaiting {
+		bad("%d of the %d event streams still waiting never heard sold-out", rep.StreamsWaiting-rep.StreamsHeard, rep.StreamsWaiting)
+	}
 	rep.StreamToldP50, rep.StreamToldMax = quantile(streamTold, 0.5), quantile(streamTold, 1)
 	r.mu.Lock()
 	rep.Violations = slices.Clone(r.bad)
@@ -643,21 +656,65 @@ func (r *runner) follow(ctx context.Context) (heard func(within time.Duration) [
 		i := len(r.tickets) - 1 - k
 		wg.Go(func() { // owned by follow: ends at sold-out or when heard cancels it
 			base := r.o.BaseURLs[i%len(r.o.BaseURLs)]
-			req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/programs/"+r.o.Program+"/queue/"+r.tickets[i]+"/events", nil)
-			if err != nil {
-				return
-			}
-			r.header(req, "", "", false)
-			resp, err := cl.Do(req)
-			if err != nil {
-				return
-			}
-			defer resp.Body.Close()
-			sc := bufio.NewScanner(resp.Body)
-			for sc.Scan() {
-				if line := sc.Text(); strings.HasPrefix(line, "data: ") && strings.Contains(line, `"state":"sold-out"`) {
-					times[k] = time.Now()
+			// As a browser's EventSource does: a stream that ends (an
+			// error event, a replica draining) is opened again after the
+			// retry the stream asked for.
+			for retry := time.Duration(0); ; {
+				select {
+				case <-ctx.Done():
 					return
+				case <-time.After(retry):
+				}
+				retry = 3 * time.Second // EventSource's default, until the stream says
+				req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/programs/"+r.o.Program+"/queue/"+r.tickets[i]+"/events", nil)
+				if err != nil {
+					return
+				}
+				r.header(req, "", "", false)
+				resp, err := cl.Do(req)
+				if err != nil {
+					r.reopen("%v", err)
+					continue
+				}
+				if resp.StatusCode != http.StatusOK {
+					b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+					resp.Body.Close()
+					r.reopen("%d %s", resp.StatusCode, b)
+					continue
+				}
+				sc := bufio.NewScanner(resp.Body)
+				last := ""
+				for sc.Scan() {
+					line := sc.Text()
+					if strings.HasPrefix(line, "data: ") {
+						last = line
+					}
+					if ms, ok := strings.CutPrefix(line, "retry: "); ok {
+						if n, err := strconv.Atoi(ms); err == nil {
+							retry = time.Duration(n) * time.Millisecond
+						}
+					}
+					if strings.HasPrefix(line, "data: ") && strings.Contains(line, `"state":"sold-out"`) {
+						times[k] = time.Now()
+						resp.Body.Close()
+						return
+					}
+					// Admitted (the buyer buys or walks away) or past its
+					// window: out of the line, it waits for no sold-out.
+					// (An early join's place is drawn at the opening, so the
+					// last to join are not always the last in line.)
+					if strings.HasPrefix(line, "data: ") && (strings.Contains(line, `"state":"admitted"`) || strings.Contains(line, `"state":"expired"`)) {
+						r.streamLeft.Add(1)
+						resp.Body.Close()
+						return
+					}
+					if strings.HasPrefix(line, "data: ") && strings.Contains(line, `"type":`) {
+						r.reopen("%s", line)
+					}
+				}
+				resp.Body.Close()
+				if ctx.Err() == nil {
+					r.reopen("the stream ended (%v) after %s", sc.Err(), last[max(len(last)-200, 0):])
 				}
 			}
 		})
@@ -678,6 +735,14 @@ func (r *runner) follow(ctx context.Context) (heard func(within time.Duration) [
 			}
 		}
 		return out
+	}
+}
+
+// reopen counts a stream opened again, and says why.
+func (r *runner) reopen(format string, args ...any) {
+	r.streamErrs.Add(1)
+	if r.o.Progress != nil {
+		fmt.Fprintf(r.o.Progress, "onsale: a stream opened again: "+format+"\n", args...)
 	}
 }
 

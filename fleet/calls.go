@@ -151,6 +151,11 @@ func (f *Fleet) RequestDurable(ctx context.Context, scope, key keys.ID) error {
 	return err
 }
 
+func (f *Fleet) RequestSettled(ctx context.Context, scope, key keys.ID) error {
+	_, err := first(ctx, f, func(l *ledger.Ledger) (struct{}, error) { return struct{}{}, l.RequestSettled(ctx, scope, key) })
+	return err
+}
+
 func (f *Fleet) RequestByKey(ctx context.Context, scope, key keys.ID) (ledger.Recorded, error) {
 	return first(ctx, f, func(l *ledger.Ledger) (ledger.Recorded, error) { return l.RequestByKey(ctx, scope, key) })
 }

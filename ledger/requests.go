@@ -314,6 +314,37 @@ func (l *Ledger) RequestDurable(ctx context.Context, scope, key keys.ID) error {
 	return nil
 }
 
+// RequestSettled returns nil once the request row (scope, key) is
+// committed, and ErrNotFound once no row is committed and no transaction
+// is writing one; waiting for any transaction still writing it to end.
+// RequestByKey's ErrNotFound proves neither: on PostgreSQL a COMMIT in
+// flight (waiting for the synchronous standby, or a backend finishing it
+// after its client gave up) keeps its row unseen, and on SQLite another
+// process's write is unseen until it commits. An insert of the same key
+// waits for such a writer, and learns how it ended; the probe's row is
+// rolled back. Bound the wait with ctx: a writer that never ends (a
+// standby that never answers) leaves the outcome unknown.
+func (l *Ledger) RequestSettled(ctx context.Context, scope, key keys.ID) error {
+	tx, err := l.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("ledger: request settled: %w", err)
+	}
+	defer tx.Rollback()
+	res, err := tx.ExecContext(ctx, `INSERT INTO requests (scope, idem_key, fingerprint, op, program, ticket, created_at)
+		VALUES ($1, $2, '', 'probe', '', '', 0) ON CONFLICT (scope, idem_key) DO NOTHING`, scope, key)
+	if err != nil {
+		return fmt.Errorf("ledger: request settled: %w", err)
+	}
+	n, err := res.RowsAffected()
+	switch {
+	case err != nil:
+		return fmt.Errorf("ledger: request settled: %w", err)
+	case n == 1:
+		return ErrNotFound // the probe's own row: nobody has the key
+	}
+	return nil
+}
+
 // ScopedKey is one committed request's scope and key.
 type ScopedKey struct{ Scope, Key keys.ID }
 

@@ -51,6 +51,23 @@ func TestRequestReplayAndReuse(t *testing.T) {
 		if _, err := l.RequestByKey(ctx, keys.MustID("cat"), keys.MustID("k")); !errors.Is(err, ledger.ErrNotFound) {
 			t.Errorf("RequestByKey of an unknown key = %v, want ErrNotFound", err)
 		}
+		// RequestSettled: the committed key is settled, an unknown one is
+		// not, and its probe leaves no row behind (asked twice, and the
+		// key then commits as new).
+		if err := l.RequestSettled(ctx, keys.MustID("ann"), keys.MustID("k")); err != nil {
+			t.Errorf("RequestSettled of a committed key = %v, want nil", err)
+		}
+		for range 2 {
+			if err := l.RequestSettled(ctx, keys.MustID("cat"), keys.MustID("k")); !errors.Is(err, ledger.ErrNotFound) {
+				t.Errorf("RequestSettled of an unknown key = %v, want ErrNotFound", err)
+			}
+		}
+		if _, err := l.RequestByKey(ctx, keys.MustID("cat"), keys.MustID("k")); !errors.Is(err, ledger.ErrNotFound) {
+			t.Errorf("after the probes, RequestByKey = %v, want ErrNotFound", err)
+		}
+		if _, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID("g6"), SKU: sku, Buyer: keys.MustID("cat"), Quantity: 1, Req: req("cat", "k", "fp3", ledger.OpPurchase)}); err != nil {
+			t.Errorf("cat's key k after the probes = %v", err)
+		}
 	})
 }
 

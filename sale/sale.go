@@ -94,6 +94,9 @@ type Takes interface {
 	// RequestDurable returns once a recorded request is on the synchronous
 	// standby: asked before a replay is answered (see ledger's).
 	RequestDurable(ctx context.Context, scope, key keys.ID) error
+	// RequestSettled waits out any transaction writing a request's row:
+	// nil once it is committed, ledger.ErrNotFound once nobody has it.
+	RequestSettled(ctx context.Context, scope, key keys.ID) error
 	CommittedSince(ctx context.Context, sku stock.SKU, after int64) (ledger.Committed, error)
 }
 

@@ -645,15 +645,25 @@ func (t *take) settleCounts(ctx context.Context, ln *line, counts countsFate) {
 
 // deadAttempts reports whether the deductions replayed (made under a
 // line's id before this attempt) belong to no attempt that may still
-// commit them: this attempt holds the cart's lock, and the cart is not in
-// the ledger. Then a refusal gives them back with its own.
+// commit them: this attempt holds the cart's lock, and the ledger neither
+// has the cart nor is committing it. Then a refusal gives them back with
+// its own. The cart's lock does not prove an earlier attempt done: one
+// whose reply was lost let go of it while its COMMIT still waited (for a
+// synchronous standby), its row unseen, and a give-back then left Redis
+// ahead of the ledger once the row landed. So the ledger is asked to wait
+// out any writer of the cart's row (ledger.RequestSettled), for at most
+// settleWait; not knowing, the units stay taken for the drift check.
 func (t *take) deadAttempts(ctx context.Context) bool {
 	if !t.exclusive || !slices.ContainsFunc(t.lines, func(ln *line) bool { return ln.replayed }) {
 		return false
 	}
-	_, committed, err := t.s.recorded(ctx, t.req)
-	return err == nil && !committed
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleWait)
+	defer cancel()
+	return errors.Is(t.s.ledger.RequestSettled(ctx, t.req.scope, t.req.key), ledger.ErrNotFound)
 }
+
+// settleWait bounds deadAttempts' wait for an earlier attempt's COMMIT.
+const settleWait = 2 * time.Second
 
 // releaseSeats gives back the seats a line held in the gate. If Redis
 // cannot, they stay held by the line's id, which nothing else holds; the

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,17 +29,28 @@ import (
 //
 // The takes under drop are never committed, and answered the same: a
 // COMMIT that never reached the server, its client none the wiser.
+//
+// With tries, a take under keys that comes a second time is not committed
+// and says so (its time ran out before its COMMIT was sent); a third and
+// later go to the ledger.
 type lostReplies struct {
 	sale.Ledger
 	keys, drop []string
 	wait       time.Duration
 	pending    *sync.WaitGroup
+	tries      *sync.Map // key → *atomic.Int64; nil: every try as the first
 }
 
 func (l lostReplies) Commit(ctx context.Context, takes []ledger.Take, direct bool) []ledger.TakeResult {
 	lost := errors.New("ledger: take: commit: reply lost")
 	if len(takes) == 1 && slices.Contains(l.drop, takes[0].Req.Key.String()) {
 		return []ledger.TakeResult{{Take: takes[0], Err: lost}}
+	}
+	if len(takes) == 1 && l.tries != nil && slices.Contains(l.keys, takes[0].Req.Key.String()) {
+		n, _ := l.tries.LoadOrStore(takes[0].Req.Key.String(), new(atomic.Int64))
+		if n.(*atomic.Int64).Add(1) == 2 {
+			return []ledger.TakeResult{{Take: takes[0], Err: fmt.Errorf("ledger: take: %w: context deadline exceeded", ledger.ErrNotCommitted)}}
+		}
 	}
 	if len(takes) != 1 || !slices.Contains(l.keys, takes[0].Req.Key.String()) {
 		return l.Ledger.Commit(ctx, takes, direct)
@@ -154,5 +166,65 @@ func TestFaultCommitNeverLandedFreesTheCap(t *testing.T) {
 	}
 	if st := e.State(t, sku); st.Sold != 1 {
 		t.Errorf("ledger %+v; want 1 sold", st)
+	}
+}
+
+// TestFaultCartRetryWhileFirstCommitWaits: a cart's COMMIT waits for a
+// silent synchronous standby and its reply is lost (503), so the first
+// attempt lets go of the cart's lock while its row is unseen. The retry
+// takes the lock, joins the first attempt's deductions, and is itself not
+// committed (its time ran out before COMMIT). Holding the lock proves
+// the first attempt done no more than a row not found does: the retry
+// must not give back the deductions that attempt's COMMIT stands on.
+// Before the ledger was asked to wait out the first attempt's writer, it
+// gave them all back (Redis 20 and 20 left, the ledger 18 and 19 once the
+// row landed). The cart sent again once no standby is named is answered
+// from its row, and Redis equals the ledger.
+func TestFaultCartRetryWhileFirstCommitWaits(t *testing.T) {
+	systest.FullTier(t)
+	pg := testenv.NewSyncPostgres(t)
+	var pending sync.WaitGroup
+	e := systest.Start(t, systest.Options{Driver: ledger.Postgres, DSN: pg.DSN, Tune: func(o *app.Options) {
+		o.Sale.WorkTimeout = 10 * time.Second
+		o.WrapLedger = func(l sale.Ledger) sale.Ledger {
+			return lostReplies{Ledger: l, keys: []string{"c-cut"}, wait: time.Second, pending: &pending, tries: &sync.Map{}}
+		}
+	}})
+	ctx := context.Background()
+	p, skus := systest.CartSKUs(t, e, [3]int64{20, 20, 20}, 0)
+	path := "/v1/programs/" + p.String() + "/carts"
+	body := systest.CartBody("cid", map[string]int64{"adult": 2, "child": 1}, "adult", "child")
+
+	pg.Standby(t, "nobody")
+	t.Cleanup(func() { pg.Standby(t, "") })
+	for _, what := range []string{"the cart, its COMMIT cut", "its retry, not committed"} {
+		if r := e.Do(t, http.MethodPost, path, map[string]string{"Idempotency-Key": "c-cut"}, body); r.Status != http.StatusServiceUnavailable {
+			t.Errorf("%s = %d %s; want 503", what, r.Status, r.Body)
+		}
+	}
+	for i, want := range []int64{18, 19} {
+		st, err := e.Ledger.SKU(ctx, skus[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		left, _, err := e.Gate.Remaining(ctx, skus[i], st.Shards)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if left != want {
+			t.Errorf("%s while the cart's COMMIT waits: Redis %d left; want %d (nothing given back)", skus[i], left, want)
+		}
+	}
+
+	pg.Standby(t, "")
+	pending.Wait()
+	if r, _ := e.Retried(t, http.MethodPost, path, "c-cut", body); r.Status != http.StatusCreated {
+		t.Errorf("the cart sent again = %d %s; want 201 from its row", r.Status, r.Body)
+	}
+	for i, want := range []int64{2, 1} {
+		if st := e.State(t, skus[i]); st.Sold != want {
+			t.Errorf("%s: ledger %+v; want %d sold", skus[i], st, want)
+		}
+		systest.RedisConsistent(t, e, skus[i])
 	}
 }

@@ -8,15 +8,17 @@ import (
 
 // The black-box tests under e2e/ see the service as its users and
 // operators do: besides the harness (internal/systest, internal/testenv for
-// the servers it starts, and the load drivers internal/loadgen and
-// internal/onsale, which speak HTTP as clients do) they import only the
+// the servers it starts, the load drivers internal/loadgen and
+// internal/onsale, which speak HTTP as clients do, and internal/powpage,
+// which drives the waiting room's page in a browser as a buyer does) they
+// import only the
 // client, app and the module's public packages; never another internal
 // package, nor another capability's tests. And the harness is for tests
 // only: no package of the service imports it.
 func TestE2EImports(t *testing.T) {
 	const mod = "github.com/stockgate/stockgate/"
 	allowed := map[string]bool{mod + "internal/systest": true, mod + "internal/testenv": true,
-		mod + "internal/loadgen": true, mod + "internal/onsale": true}
+		mod + "internal/loadgen": true, mod + "internal/onsale": true, mod + "internal/powpage": true}
 	out, err := exec.Command("go", "list", "-f",
 		`{{.ImportPath}}|{{join .Imports " "}}|{{join .TestImports " "}} {{join .XTestImports " "}}`, mod+"...").Output()
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/stockgate/stockgate/keys"
@@ -322,14 +323,26 @@ func (l *Ledger) RequestDurable(ctx context.Context, scope, key keys.ID) error {
 // after its client gave up) keeps its row unseen, and on SQLite another
 // process's write is unseen until it commits. An insert of the same key
 // waits for such a writer, and learns how it ended; the probe's row is
-// rolled back. Bound the wait with ctx: a writer that never ends (a
-// standby that never answers) leaves the outcome unknown.
+// rolled back. Bound the wait with ctx's deadline (on PostgreSQL also the
+// probe's lock_timeout): a writer that never ends (a standby that never
+// answers) leaves the outcome unknown.
 func (l *Ledger) RequestSettled(ctx context.Context, scope, key keys.ID) error {
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("ledger: request settled: %w", err)
 	}
 	defer tx.Rollback()
+	if l.driver == Postgres {
+		// The server ends the wait itself: a client that gives up only
+		// closes its socket, and the backend would wait on for the
+		// writer (a standby that never answers) holding a connection.
+		if d, ok := ctx.Deadline(); ok {
+			ms := max(time.Until(d).Milliseconds(), 1)
+			if _, err := tx.ExecContext(ctx, "SET LOCAL lock_timeout = "+strconv.FormatInt(ms, 10)); err != nil {
+				return fmt.Errorf("ledger: request settled: %w", err)
+			}
+		}
+	}
 	res, err := tx.ExecContext(ctx, `INSERT INTO requests (scope, idem_key, fingerprint, op, program, ticket, created_at)
 		VALUES ($1, $2, '', 'probe', '', '', 0) ON CONFLICT (scope, idem_key) DO NOTHING`, scope, key)
 	if err != nil {

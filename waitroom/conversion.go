@@ -56,16 +56,24 @@ type convSnap struct {
 	serving int64
 }
 
+// convSnaps bounds the snapshots a convTrack keeps per span.
+const convSnaps = 256
+
 // estimate records the serving counter at now and returns the conversion
 // to admit by, from the outcomes known (spent bought, abandoned walked
 // away) and the admitted within their window who have not bought
 // (unused).
 func (t *convTrack) estimate(now time.Time, span time.Duration, serving, unused, spent, abandoned int64) float64 {
 	all := conversion(spent, abandoned)
+	if serving < 0 {
+		return all // a pacer that has not looked yet: -1 is no count
+	}
 	if n := len(t.snaps); n > 0 && serving < t.snaps[n-1].serving {
 		t.snaps = t.snaps[:0] // a line made again: its counts start over
 	}
-	if n := len(t.snaps); n == 0 || t.snaps[n-1].serving != serving {
+	// At most about convSnaps a span: a room's window may be a day, and
+	// the pacer steps five times a second.
+	if n := len(t.snaps); n == 0 || t.snaps[n-1].serving != serving && now.Sub(t.snaps[n-1].at) >= span/convSnaps {
 		t.snaps = append(t.snaps, convSnap{at: now, serving: serving})
 	}
 	// Keep one snapshot at least span old, and none older.

@@ -221,4 +221,17 @@ func TestConversionFollowsTheLatestBuyers(t *testing.T) {
 	if len(tr.snaps) != 1 {
 		t.Errorf("a line made again kept %d snapshots", len(tr.snaps))
 	}
+	// A pacer's first step has no count (-1): nothing is recorded, and a
+	// day's window keeps a bounded number of snapshots however often the
+	// pacer steps.
+	var day convTrack
+	if c := day.estimate(at(0), 24*time.Hour, -1, 0, 0, 0); c != conversion(0, 0) || len(day.snaps) != 0 {
+		t.Errorf("a first look: estimate %v, %d snapshots", c, len(day.snaps))
+	}
+	for i := range 100_000 { // 5.5 hours of steps at 200 ms
+		day.estimate(time.Unix(0, int64(i)*int64(200*time.Millisecond)), 24*time.Hour, int64(i+1), 0, int64(i+1), 0)
+	}
+	if len(day.snaps) > 2*convSnaps {
+		t.Errorf("a day's window kept %d snapshots", len(day.snaps))
+	}
 }

@@ -431,12 +431,16 @@ func queueStatus(c room, v lineView, buyer keys.ID, place Place, ticket string) 
 			out.RetryAfter = time.Second
 		case v.stock.Remaining <= st.Unused && float64(v.stock.Remaining) <= max(v.drain, 1)*lastFewSeconds:
 			out.RetryAfter = time.Second
-		case v.stock.Remaining <= st.Unused && c.SoldOutShare > 0 && c.PerRemaining >= 1000:
+		case v.stock.Remaining <= st.Unused && c.SoldOutShare > 0 && c.PerRemaining >= 1000 &&
+			float64(v.stock.Remaining) <= max(v.peak, 1)*lastFewSeconds:
 			// Admitted past the tickets left: the pacer waits for these
 			// buyers to buy or for their windows to end, and then lets in
 			// the rest at once, who may buy the last tickets within a
 			// second however slowly they sold before. (A buyer told 2 s
-			// in such a pause heard of the sell-out 2.3 s after it.)
+			// in such a pause heard of the sell-out 2.3 s after it.) Only
+			// for the last few tickets at the fastest pace the line has
+			// sold at: earlier, the whole line polling each second would
+			// cost more than it tells.
 			out.RetryAfter = time.Second
 		case v.drain > 0:
 			// A third, in whole seconds (the header's unit, which the
@@ -468,6 +472,8 @@ type lineView struct {
 	// saw them (-1: not known yet); drain the tickets sold per second
 	// (the fall of what is left and held; -1: not known yet).
 	pace, drain float64
+	// peak is the fastest sales pace seen since the stock last came back.
+	peak float64
 }
 
 // soldOut: the line is closed, by the pacer or because the ledger has
@@ -509,7 +515,7 @@ func (s *Rooms) loadLine(ctx context.Context, c room) (lineView, error) {
 	// Sold is what went from left and held; stock that comes back starts
 	// the estimate again (as a line made again does the pace's).
 	d, _ := s.drains.LoadOrStore(program, &drainPace{fast: linePace{span: drainFastSpan}})
-	v.drain = d.(*drainPace).see(-(v.stock.Remaining + v.stock.Held), now)
+	v.drain, v.peak = d.(*drainPace).see(-(v.stock.Remaining + v.stock.Held), now)
 	return v, nil
 }
 
@@ -534,24 +540,44 @@ const paceSpan = 10 * time.Second
 // pacer lets in the line's last buyers at once), and a slow average alone
 // read 15 tickets a second while the last 134 sold in about one, so the
 // buyers told to look again in 4.5 s heard of the sell-out 4 s late.
-type drainPace struct{ slow, fast linePace }
+type drainPace struct {
+	slow, fast linePace
+	mu         sync.Mutex
+	peak       float64
+}
 
 const drainFastSpan = time.Second
 
-func (d *drainPace) see(sold int64, now time.Time) float64 {
-	return max(d.slow.see(sold, now), d.fast.see(sold, now))
+// see returns the pace and the fastest pace seen since the counts last
+// started again (stock that came back, a line made again).
+func (d *drainPace) see(sold int64, now time.Time) (pace, peak float64) {
+	slow, fresh := d.slow.seeFresh(sold, now)
+	pace = max(slow, d.fast.see(sold, now))
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if fresh {
+		d.peak = 0
+	}
+	d.peak = max(d.peak, pace)
+	return pace, d.peak
 }
 
 func (p *linePace) see(serving int64, now time.Time) float64 {
+	rate, _ := p.seeFresh(serving, now)
+	return rate
+}
+
+// seeFresh is see, and whether the estimate started again at this look.
+func (p *linePace) seeFresh(serving int64, now time.Time) (float64, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.at.IsZero() || serving < p.serving {
 		p.serving, p.at = serving, now // the first look, or a line made again
-		return p.get()
+		return p.get(), true
 	}
 	dt := now.Sub(p.at)
 	if dt < Refresh/2 {
-		return p.get()
+		return p.get(), false
 	}
 	inst := float64(serving-p.serving) / dt.Seconds()
 	if !p.known {
@@ -565,7 +591,7 @@ func (p *linePace) see(serving int64, now time.Time) float64 {
 		p.rate += a * (inst - p.rate)
 	}
 	p.serving, p.at = serving, now
-	return p.rate
+	return p.rate, false
 }
 
 func (p *linePace) get() float64 {

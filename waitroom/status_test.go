@@ -46,20 +46,23 @@ func TestRetryAfterShortensAsTheStockRunsDown(t *testing.T) {
 	}
 	// A room admitting past the tickets left pauses while more are
 	// admitted than tickets left, then lets the rest in at once: a
-	// second, however slowly the last tickets sold.
+	// second for the last few tickets at the fastest pace the line sold
+	// at, however slowly they sell in the pause.
 	shared := roomOf(ledger.QueueConfig{Program: keys.MustID("show"), Secret: "aa11", Rate: 100, Window: time.Minute,
 		PerRemaining: 1000, SoldOutShare: 50, OpensAt: time.Now().Add(-time.Hour)})
 	paused := State{Opened: true, Late: 200, Serving: 40, Unused: 30}
 	for _, tc := range []struct {
 		c     room
 		left  int64
+		peak  float64
 		retry time.Duration
 	}{
-		{shared, 25, time.Second},
-		{shared, 31, 15 * time.Second}, // more left than admitted: as the pace says
-		{c, 25, 15 * time.Second},      // share 0: nobody is let in past the tickets left
+		{shared, 25, 10, time.Second},
+		{shared, 31, 10, 15 * time.Second}, // more left than admitted: as the pace says
+		{c, 25, 10, 15 * time.Second},      // share 0: nobody is let in past the tickets left
+		{shared, 25, 2, 15 * time.Second},  // not the last few: 25 is over 10 s at its fastest
 	} {
-		v := lineView{st: paused, stock: ledger.ProgramStock{SKUs: 1, Remaining: tc.left}, pace: 1, drain: 0.5}
+		v := lineView{st: paused, stock: ledger.ProgramStock{SKUs: 1, Remaining: tc.left}, pace: 1, drain: 0.5, peak: tc.peak}
 		if st := queueStatus(tc.c, v, buyer, place, "ticket"); st.RetryAfter != tc.retry {
 			t.Errorf("paused line, share %v, %d left: Retry-After %v, want %v", tc.c.SoldOutShare, tc.left, st.RetryAfter, tc.retry)
 		}
@@ -72,6 +75,7 @@ func TestRetryAfterShortensAsTheStockRunsDown(t *testing.T) {
 // second; the pace that shortens Retry-After must not.
 func TestDrainFollowsTheSalesEndingBurst(t *testing.T) {
 	d := &drainPace{fast: linePace{span: drainFastSpan}}
+	var peak float64
 	now := time.Unix(0, 0)
 	sold := int64(0)
 	step := Refresh
@@ -84,12 +88,27 @@ func TestDrainFollowsTheSalesEndingBurst(t *testing.T) {
 	for range 4 { // one second at 100 a second
 		sold += 25
 		now = now.Add(step)
-		got = d.see(sold, now)
+		got, peak = d.see(sold, now)
 	}
 	if slow := d.slow.get(); slow >= 40 {
 		t.Fatalf("the slow average reads %.1f a second: the test no longer shows a lag", slow)
 	}
 	if got < 50 {
 		t.Errorf("after a second at 100 a second the pace reads %.1f, want at least 50", got)
+	}
+	if peak < got {
+		t.Errorf("the peak %.1f is under the pace %.1f", peak, got)
+	}
+	// A pause: the pace falls, the peak stays; stock that comes back
+	// starts it again.
+	for range 20 {
+		now = now.Add(step)
+		got, peak = d.see(sold, now)
+	}
+	if got >= 40 || peak < 50 {
+		t.Errorf("after 5 s of no sales: pace %.1f, peak %.1f; want the pace down and the peak kept", got, peak)
+	}
+	if _, peak = d.see(sold-10, now.Add(step)); peak > 50 {
+		t.Errorf("stock came back: peak %.1f, want it started again", peak)
 	}
 }

@@ -38,11 +38,17 @@ func TestRetryAfterShortensAsTheStockRunsDown(t *testing.T) {
 		{"sold out", 0, 0, 10, SoldOut, soldOutRecheck},
 	}
 	for _, tc := range cases {
-		v := lineView{st: line, stock: ledger.ProgramStock{SKUs: 1, Remaining: tc.left, Held: tc.held}, pace: 1, drain: tc.drain}
+		v := lineView{st: line, stock: ledger.ProgramStock{SKUs: 1, Remaining: tc.left, Held: tc.held}, pace: 1, drain: tc.drain, peak: tc.drain}
 		st := queueStatus(c, v, buyer, place, "ticket")
 		if st.State != tc.state || st.RetryAfter != tc.retry {
 			t.Errorf("%s: %s, Retry-After %v; want %s, %v", tc.name, st.State, st.RetryAfter, tc.state, tc.retry)
 		}
+	}
+	// A pause after a faster pace: 135 left at 15 a second, having sold
+	// at 70, is under two seconds of its fastest.
+	slowed := lineView{st: line, stock: ledger.ProgramStock{SKUs: 1, Remaining: 135}, pace: 1, drain: 15, peak: 70}
+	if st := queueStatus(c, slowed, buyer, place, "ticket"); st.RetryAfter != time.Second {
+		t.Errorf("135 left at 15 a second after 70: Retry-After %v, want 1s", st.RetryAfter)
 	}
 	// A room admitting past the tickets left pauses while more are
 	// admitted than tickets left, then lets the rest in at once: a
@@ -57,10 +63,10 @@ func TestRetryAfterShortensAsTheStockRunsDown(t *testing.T) {
 		peak  float64
 		retry time.Duration
 	}{
-		{shared, 25, 10, time.Second},
-		{shared, 31, 10, 15 * time.Second}, // more left than admitted: as the pace says
-		{c, 25, 10, 15 * time.Second},      // share 0: nobody is let in past the tickets left
-		{shared, 25, 2, 15 * time.Second},  // not the last few: 25 is over 10 s at its fastest
+		{shared, 25, 3, time.Second},     // a third of 8.3 s at its fastest would be 2 s
+		{shared, 31, 3, 3 * time.Second}, // more left than admitted: a third of 10.3 s
+		{c, 25, 3, 2 * time.Second},      // share 0: nobody is let in past the tickets left
+		{shared, 25, 2, 4 * time.Second}, // not the last few: 12.5 s at its fastest
 	} {
 		v := lineView{st: paused, stock: ledger.ProgramStock{SKUs: 1, Remaining: tc.left}, pace: 1, drain: 0.5, peak: tc.peak}
 		if st := queueStatus(tc.c, v, buyer, place, "ticket"); st.RetryAfter != tc.retry {

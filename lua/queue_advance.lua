@@ -29,8 +29,10 @@
 -- when the line reaches them and count in neither.
 --
 -- Returns {1, serving, unused, abandoned, joined, opened, early, late,
--- old} (opened 1 once the early count is fixed; old the last position
--- admitted before the window); {-1} the line's record is missing or
+-- old, then a size and a bought for each of three cohorts} (opened 1 once
+-- the early count is fixed; old the last position admitted before the
+-- window; a cohort: the buyers admitted within the window at least an
+-- eighth, a quarter and half of it ago, and how many of them bought); {-1} the line's record is missing or
 -- another room's (restore it first); {-8} Redis changed under the line
 -- (fence it first: queue_resume); -2 bad argument.
 local now, opens = int(ARGV[1], 0, 1e15), int(ARGV[2], 0, 1e15)
@@ -130,4 +132,15 @@ end
 redis.call('HSET', KEYS[1], 'unused', unused, 'abandoned', abandoned, 'old', old)
 local opened = 0
 if frozen then opened = 1 end
-return {1, serving, unused, abandoned, joined, opened, early, late, old}
+local out = {1, serving, unused, abandoned, joined, opened, early, late, old}
+-- The cohorts: who was admitted long enough ago to have bought by now,
+-- if they buy, shows the line's latest conversion sooner than the
+-- walk-aways do (a walk-away is known only when its window ends).
+for _, part in ipairs({8, 4, 2}) do
+  local at = redis.call('ZREVRANGEBYSCORE', KEYS[2], now - math.floor(window / part), '-inf', 'LIMIT', 0, 1)
+  local to = old
+  if #at > 0 then to = math.max(tonumber(at[1]), old) end
+  out[#out + 1] = to - old - gap(old, to)
+  out[#out + 1] = spent(old, to)
+end
+return out

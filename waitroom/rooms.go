@@ -887,7 +887,7 @@ func (s *Rooms) RunPacer(ctx context.Context) {
 					// A room made again starts over (its first step only
 					// looks).
 					p.serving, p.unused, p.seen, p.carry = old.serving, old.unused, old.seen, old.carry
-					p.spent, p.abandoned, p.soldOutOnce, p.conv = old.spent, old.abandoned, old.soldOutOnce, old.conv
+					p.spent, p.abandoned, p.soldOutOnce, p.conv, p.cohorts = old.spent, old.abandoned, old.soldOutOnce, old.conv, old.cohorts
 				}
 				rooms[c.Program] = p
 			}
@@ -940,6 +940,7 @@ type pacing struct {
 	// soldOutOnce: the line has sold out since this pacer paced it.
 	spent, abandoned int64
 	conv             convTrack // the conversion the line's recent outcomes show
+	cohorts          [3]Cohort // the last step's (Step.Cohorts)
 	soldOutOnce      bool
 	seen             ledger.QueueLine // what the ledger has of the line, as this pacer wrote it
 	saw              paced            // what the last step saw, for the gauges while it sleeps
@@ -1019,7 +1020,7 @@ func (s *Rooms) pace(ctx context.Context, lc ledger.QueueConfig, p *pacing) pace
 		// buyers turned away count as walk-aways the pacer cannot tell
 		// apart, and the share was spent: a re-opened line (a refund)
 		// admits no more than tickets left.
-		conv := p.conv.estimate(now, c.Window, p.serving, p.unused, p.spent, p.abandoned)
+		conv := p.conv.estimate(now, c.Window, p.serving, p.unused, p.spent, p.abandoned, p.cohorts[:]...)
 		limit = max(limit, conversionLimit(left, p.spent+p.abandoned, conv, float64(c.SoldOutShare)/1000))
 	}
 	advance := func() (Step, error) {
@@ -1054,6 +1055,7 @@ func (s *Rooms) pace(ctx context.Context, lc ledger.QueueConfig, p *pacing) pace
 	}
 	p.serving, p.unused = step.Serving, step.Unused
 	p.spent, p.abandoned = step.Serving-step.Unused-step.Abandoned, step.Abandoned
+	p.cohorts = step.Cohorts
 	seen := ledger.QueueLine{Program: c.Program, Room: c.id, Opened: step.Opened, Early: step.Early, Post: step.Late,
 		Serving: step.Serving, Old: step.Old}
 	if seen != p.seen {

@@ -282,7 +282,13 @@ type Step struct {
 	Early, Late                        int64
 	// Old is the last place admitted longer ago than the window.
 	Old int64
+	// Cohorts: the buyers admitted within the window at least an eighth,
+	// a quarter and half of it ago, and how many of them bought.
+	Cohorts [3]Cohort
 }
+
+// Cohort is a group of admitted buyers and how many of them bought.
+type Cohort struct{ Size, Bought int64 }
 
 // Advance admits up to most more buyers of program's line, keeping the
 // admitted-but-unused (counted as at least floor) at or under limit;
@@ -302,10 +308,14 @@ func (s *Store) Advance(ctx context.Context, program, room keys.ID, now, opens t
 		return Step{}, ErrLost
 	case len(v) == 1 && v[0] == lua.QueueMoved:
 		return Step{}, ErrMoved
-	case len(v) != 9 || v[0] != lua.OK:
+	case len(v) != 9+2*len(Step{}.Cohorts) || v[0] != lua.OK:
 		return Step{}, fmt.Errorf("waitroom: advance: answer %v", v)
 	}
-	return Step{Serving: v[1], Unused: v[2], Abandoned: v[3], Joined: v[4], Opened: v[5] == 1, Early: v[6], Late: v[7], Old: v[8]}, nil
+	st := Step{Serving: v[1], Unused: v[2], Abandoned: v[3], Joined: v[4], Opened: v[5] == 1, Early: v[6], Late: v[7], Old: v[8]}
+	for i := range st.Cohorts {
+		st.Cohorts[i] = Cohort{Size: v[9+2*i], Bought: v[10+2*i]}
+	}
+	return st, nil
 }
 
 // Spend spends buyer's admission, at position, on request (a retry of the

@@ -194,6 +194,16 @@ func TestLine(t *testing.T) {
 	if step, err = s.Advance(ctx, prog, room, opens.Add(3*time.Second), opens, 10, 5, 5, window, false); err != nil || step.Serving != 5 || step.Unused != 4 {
 		t.Fatalf("advance with a floor = %+v %v", step, err)
 	}
+	if step.Cohorts != [3]waitroom.Cohort{} {
+		t.Fatalf("cohorts within an eighth of the window: %+v", step.Cohorts)
+	}
+	// Half the window on: the cohorts let in at least an eighth and a
+	// quarter of it ago are places 1-5, half of it ago 1-3 (the batch at
+	// the opening); one of them (2) bought.
+	if step, err = s.Advance(ctx, prog, room, opens.Add(window/2), opens, 0, 100, 0, window, false); err != nil ||
+		step.Cohorts != [3]waitroom.Cohort{{5, 1}, {5, 1}, {3, 1}} {
+		t.Fatalf("cohorts = %+v %v", step.Cohorts, err)
+	}
 	// Past the window, the 4 unspent of the first batches have abandoned.
 	if step, err = s.Advance(ctx, prog, room, opens.Add(window+4*time.Second), opens, 10, 100, 0, window, false); err != nil ||
 		step.Serving != 7 || step.Abandoned != 4 {

@@ -36,3 +36,41 @@ func TestCommitRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestNoPrimary: a write that found no server taking writes before it
+// wrote anything (a connection refused, a session ended by a shutdown, a
+// read-only one) is one to send again once a primary takes writes; a
+// COMMIT whose reply was lost, a refusal, and a connect that ran out of
+// time are not.
+func TestNoPrimary(t *testing.T) {
+	notCommitted := func(err error) error { return fmt.Errorf("ledger: take: %w: %w", ledger.ErrNotCommitted, err) }
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now: refused
+	_, refused := pgconn.Connect(t.Context(), "postgres://u@"+addr+"/db?sslmode=disable")
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	_, canceled := pgconn.Connect(ctx, "postgres://u@"+addr+"/db?sslmode=disable")
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"connection refused", notCommitted(refused), true},
+		{"admin shutdown at begin", notCommitted(&pgconn.PgError{Severity: "FATAL", Code: "57P01"}), true},
+		{"cannot connect now", notCommitted(&pgconn.PgError{Severity: "FATAL", Code: "57P03"}), true},
+		{"read-only transaction", notCommitted(&pgconn.PgError{Severity: "ERROR", Code: "25006"}), true},
+		{"admin shutdown at COMMIT", fmt.Errorf("ledger: take: commit: %w", &pgconn.PgError{Severity: "FATAL", Code: "57P01"}), false},
+		{"unique violation", notCommitted(&pgconn.PgError{Severity: "ERROR", Code: "23505"}), false},
+		{"connect canceled", notCommitted(canceled), false},
+		{"not committed, no cause", ledger.ErrNotCommitted, false},
+		{"nil", nil, false},
+	} {
+		if got := ledger.NoPrimary(tc.err); got != tc.want {
+			t.Errorf("%s: NoPrimary(%v) = %v, want %v", tc.name, tc.err, got, tc.want)
+		}
+	}
+}

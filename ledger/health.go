@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"golang.org/x/sys/unix"
 )
 
@@ -19,6 +20,34 @@ import (
 // replica) or server set read-only, or a SQLite file that may not be
 // written (immutable, on a read-only mount).
 var ErrReadOnly = errors.New("ledger: the server takes no writes")
+
+// NoPrimary reports a write that failed before anything was written
+// because no server it reached takes writes: what a PostgreSQL failover
+// looks like from the client. The old primary ends its sessions
+// (57P01-57P03) and refuses connections, the standby accepts none with
+// target_session_attrs=read-write (or runs no write: 25006), until the
+// standby is promoted, about a second and a half in a planned failover of
+// pg_auto_failover (stockbench faults). The same write may then commit on
+// the new primary: a caller with time left waits and sends it again. A
+// COMMIT whose reply was lost is not one (its outcome is unknown), nor a
+// write that timed out (a slow or cut link), nor anything on SQLite.
+func NoPrimary(err error) bool {
+	if !errors.Is(err, ErrNotCommitted) {
+		return false
+	}
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) {
+		return !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled)
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch pe.Code {
+		case "57P01", "57P02", "57P03", "25006": // admin or crash shutdown, cannot connect now, read-only transaction
+			return true
+		}
+	}
+	return false
+}
 
 // Durability is what a COMMIT the ledger acknowledges survives.
 type Durability struct {

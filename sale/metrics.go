@@ -29,6 +29,7 @@ type metrics struct {
 	waitJoins      prometheus.Counter
 	ledgerWait     *prometheus.HistogramVec // by work
 	ledgerShed     *prometheus.CounterVec   // by work
+	primaryWaits   prometheus.Counter       // takes that waited for a primary (awaitPrimary)
 }
 
 // batchMetrics is what a batcher of one kind of work reports.
@@ -42,6 +43,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "stockgate_purchases_total",
 			Help: "Purchase answers by path (gate: through Redis; ledger: breaker fallback) and result.",
 		}, []string{"path", "result"}),
+		primaryWaits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "stockgate_ledger_primary_waits_total",
+			Help: "Waits of a take before sending its write again, having found no PostgreSQL server that takes writes (a failover under way).",
+		}),
 		ledgerRefusals: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "stockgate_gate_ledger_refusals_total",
 			Help: "Purchases Redis admitted and the ledger refused (Redis was ahead of the truth); their stock went back.",
@@ -129,7 +134,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Confirms of holds past their expiry within the late-payment window, by outcome: sold (the units taken again), refused (gone: the platform refunds).",
 		}, []string{"outcome"}),
 	}
-	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.restoreFailed, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes, m.seatDrift, m.seatRepairs, m.poolRefusals, m.budgetRefusals, m.listings, m.afterSale, m.extended, m.poolMoved, m.waitJoins, m.ledgerWait, m.ledgerShed, m.latePayments} {
+	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.restoreFailed, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes, m.seatDrift, m.seatRepairs, m.poolRefusals, m.budgetRefusals, m.listings, m.afterSale, m.extended, m.poolMoved, m.waitJoins, m.ledgerWait, m.ledgerShed, m.latePayments, m.primaryWaits} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -34,6 +34,7 @@ func faultsCmd(args []string) error {
 	out := fs.String("out", "docs/BENCHMARKS.md", "benchmark document whose faults section to write")
 	dir := fs.String("dir", ".run/bench", "working directory (the stockgate binary)")
 	only := fs.String("only", "", "run only the faults whose name contains this (the section then lists only them)")
+	fs.IntVar(&faultStandbys, "standbys", faultStandbys, "synchronous standbys of the formation the primary's faults run on")
 	_ = fs.Parse(args)
 	ctx := context.Background()
 	if err := os.MkdirAll(*dir, 0o755); err != nil {
@@ -178,6 +179,9 @@ type faultRow struct {
 
 const faultSKUs = 100
 
+// faultStandbys is how many standbys the formation runs (-standbys).
+var faultStandbys = 2
+
 func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (faultRow, error) {
 	row := faultRow{name: f.name}
 	c, err := testenv.StartCluster(ctx, testenv.ClusterOptions{ReplicasPerMaster: 1})
@@ -188,7 +192,7 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 	env := faultEnv{c: c}
 	var dsn string
 	if f.formation {
-		if env.ha, err = testenv.StartAutoFailover(ctx, testenv.AutoFailoverOptions{Sync: true, Standbys: 2}); err != nil {
+		if env.ha, err = testenv.StartAutoFailover(ctx, testenv.AutoFailoverOptions{Sync: true, Standbys: faultStandbys}); err != nil {
 			return row, err
 		}
 		defer env.ha.Stop()
@@ -262,6 +266,9 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 	over := make(chan done, 1)
 	go func() { // the fault, owned by this run; it ends by itself
 		from, err := f.do(ctx, env)
+		if f.formation {
+			fmt.Fprintf(os.Stderr, "%s: writes taken %v after the fault\n", f.name, time.Since(from).Round(100*time.Millisecond))
+		}
 		if err == nil {
 			err = c.WaitHealthy(ctx, 60*time.Second)
 		}
@@ -281,6 +288,7 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 		return row, err
 	}
 	results = append(results, during)
+	fmt.Fprintf(os.Stderr, "%s: 503s by second of the window: %v\n", f.name, during.Seconds[http.StatusServiceUnavailable])
 	row.p99 = during.Quantile(99)
 	row.p99ok, row.p99shed = during.QuantileOf(http.StatusCreated, 99), during.QuantileOf(http.StatusServiceUnavailable, 99)
 	after, err := phase("after", 10*time.Second)

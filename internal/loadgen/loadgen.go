@@ -78,6 +78,9 @@ type Result struct {
 	// is a window in which some buyers were told sold out while units
 	// were still sold to others (stranded on shards their probes missed).
 	FirstConflict, LastCreated time.Time
+	// Seconds: the answers by status, per second of the run the request
+	// was sent in (a fault's 503s, when they began and ended).
+	Seconds   map[int][]uint64
 	latencies                  *hdrhistogram.Histogram
 	byCode                     map[int]*hdrhistogram.Histogram // the same latencies, per status
 }
@@ -200,7 +203,7 @@ func Attack(r Run) (Result, error) {
 		opts = append(opts, vegeta.Workers(r.Workers), vegeta.MaxWorkers(r.Workers*16))
 	}
 	atk := vegeta.NewAttacker(opts...)
-	res := Result{Name: r.Name, Codes: map[int]uint64{}, Errors: map[string]uint64{},
+	res := Result{Name: r.Name, Codes: map[int]uint64{}, Errors: map[string]uint64{}, Seconds: map[int][]uint64{},
 		latencies: newLatencies(), byCode: map[int]*hdrhistogram.Histogram{}}
 	var p *plot.Plot
 	if r.Plot != "" {
@@ -215,6 +218,14 @@ func Attack(r Run) (Result, error) {
 		}
 		res.Requests++
 		res.Codes[int(hit.Code)]++
+		if sec := int(max(hit.Timestamp.Sub(start), 0) / time.Second); sec < 3600 {
+			per := res.Seconds[int(hit.Code)]
+			for len(per) <= sec {
+				per = append(per, 0)
+			}
+			per[sec]++
+			res.Seconds[int(hit.Code)] = per
+		}
 		switch answered := hit.Timestamp.Add(hit.Latency); {
 		case hit.Code == http.StatusConflict && (res.FirstConflict.IsZero() || answered.Before(res.FirstConflict)):
 			res.FirstConflict = answered

@@ -317,3 +317,34 @@ func TestBatcherRefusesWhatQueuedBehindASlowLedger(t *testing.T) {
 		})
 	}
 }
+
+// A batch has the whole timeout, however near its items' deadlines, but
+// one carrying an item sent again late in its request (withinDeadline)
+// ends by that item's deadline: a take retried while no primary took
+// writes is answered within its work time.
+func TestBatcherEndsByAStrictItemsDeadline(t *testing.T) {
+	ends := make(chan time.Time, 1)
+	b := newBatcher(1, 10, time.Hour, 0, laneMetrics{}, func(ctx context.Context, items []int, answer func(int, int)) {
+		dl, _ := ctx.Deadline()
+		ends <- dl
+		for i, v := range items {
+			answer(i, v)
+		}
+	})
+	defer b.close()
+	deadline := time.Now().Add(time.Minute)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	if _, err := b.do(ctx, 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	if end := <-ends; !end.After(deadline) {
+		t.Fatalf("a batch of an item due in a minute ends at %v: want the whole hour's timeout", end)
+	}
+	if _, err := b.do(withinDeadline(ctx), 0, 2); err != nil {
+		t.Fatal(err)
+	}
+	if end := <-ends; !end.Equal(deadline) {
+		t.Fatalf("a batch of a strict item ends at %v, want its deadline %v", end, deadline)
+	}
+}

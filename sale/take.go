@@ -762,7 +762,7 @@ func (t *take) commit(ctx context.Context, direct bool) (answer, stock.SKU) {
 	lt := t.ledgerTake(direct)
 	r := c.commitTake(ctx, lt)
 	for try := 0; ledger.NoPrimary(r.Err) && s.awaitPrimary(ctx, try); try++ {
-		r = c.commitTake(ctx, lt)
+		r = c.commitTake(withinDeadline(ctx), lt)
 	}
 	err := r.Err
 	at := 0 // the line a refusal is about

@@ -18,7 +18,7 @@ func TestConversionLimit(t *testing.T) {
 		{0, 0, 0.5, 0.05, 0},
 		{10, 0, 0.5, 0, 10},
 		{1, 0, 0.7, 0.05, 1},     // the first ticket: two admitted would meet it 49 % of the time
-		{1, 1000, 0.7, 0.05, 68}, // the last of a thousand: the line's budget lets 68 try
+		{1, 1000, 0.7, 0.05, 65}, // the last of a thousand: the line's budget lets 65 try
 		{20, 0, 1, 0.05, 21},     // everyone buys: 1 of 21 meets sold out
 		{1000, 0, 1, 0.05, 1052}, // 52 of 1,052 is under 5 %
 	} {
@@ -142,9 +142,10 @@ func sim(seed uint64, tickets int64, l line, share float64) (seconds int, admitt
 }
 
 // A model of the pacer with random walk-aways: at share 0 nobody admitted
-// meets sold out; at 5 % the share who do stays within it over the runs
-// and in all but a few (2 of 20; the margin took a bound on the average
-// alone, passed by every other sale, to this), and the sale ends sooner.
+// meets sold out; at 5 % the share who do stays within it in every run
+// (a bound on the average alone was passed by every other sale; the
+// margin at one-sided 95 % by one in 20 of the first line), and the sale
+// ends sooner.
 // The lines: steady ones let in as fast as the pacer likes, and ones let
 // in at 40 a second whose buyers change halfway or near the end.
 func TestPacerStaysWithinItsSoldOutShare(t *testing.T) {
@@ -183,7 +184,7 @@ func TestPacerStaysWithinItsSoldOutShare(t *testing.T) {
 		share := float64(met) / float64(adm)
 		t.Logf("%+v: %.2f %% of admitted met sold out, %d of %d runs over %.1f %%; sold out in %.1f s on average, against %.1f s at share 0",
 			l, 100*share, over, runs, 100*tc.bound, float64(fast)/runs, float64(slow)/runs)
-		if share > tc.bound || (tc.bound == 0.05 && over > runs/10) {
+		if share > tc.bound || (tc.bound == 0.05 && over > 0) {
 			t.Errorf("%+v: %.3f of admitted met sold out, %d runs over %v", l, share, over, tc.bound)
 		}
 		if fast >= slow {

@@ -288,7 +288,8 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 		return row, err
 	}
 	results = append(results, during)
-	fmt.Fprintf(os.Stderr, "%s: 503s by second of the window: %v\n", f.name, during.Seconds[http.StatusServiceUnavailable])
+	fmt.Fprintf(os.Stderr, "%s: 503s by second of the window: %v; sent late by the tool %d (most %v), errors %v\n",
+		f.name, during.Seconds[http.StatusServiceUnavailable], during.Late, during.MaxLag.Round(time.Millisecond), during.Errors)
 	row.p99 = during.Quantile(99)
 	row.p99ok, row.p99shed = during.QuantileOf(http.StatusCreated, 99), during.QuantileOf(http.StatusServiceUnavailable, 99)
 	after, err := phase("after", 10*time.Second)

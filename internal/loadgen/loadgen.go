@@ -81,8 +81,8 @@ type Result struct {
 	// Seconds: the answers by status, per second of the run the request
 	// was sent in (a fault's 503s, when they began and ended).
 	Seconds   map[int][]uint64
-	latencies                  *hdrhistogram.Histogram
-	byCode                     map[int]*hdrhistogram.Histogram // the same latencies, per status
+	latencies *hdrhistogram.Histogram
+	byCode    map[int]*hdrhistogram.Histogram // the same latencies, per status
 }
 
 // newLatencies holds latencies from 1 µs to a minute, 3 digits.

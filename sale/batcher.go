@@ -205,6 +205,16 @@ func (b *batcher[T, R]) wait(ctx context.Context, part uint32, item T) (R, trace
 // and how long the queue ahead of it would take.
 func (b *batcher[T, R]) over(l *lane[T, R]) (time.Duration, bool) {
 	n := l.queued.Load() + 1
+	// An idle lane flushes the item at once: it waits for nothing, so
+	// the pace refuses nothing. The pace is learned from full batches
+	// only, and a lane whose last ones were slow (a stalled machine)
+	// refused every item after them, alone, for as long as it never saw
+	// another full batch: once the storm had passed, forever
+	// (TestOverloadShedsAtTheLedger in a loaded make test: every retry
+	// of a shed purchase refused for 30 s).
+	if n == 1 && l.busySince.Load() == 0 {
+		return 0, false
+	}
 	if wait, over := b.overloaded(l, n); over {
 		return wait, true
 	}

@@ -348,3 +348,22 @@ func TestBatcherEndsByAStrictItemsDeadline(t *testing.T) {
 		t.Fatalf("a batch of a strict item ends at %v, want its deadline %v", end, deadline)
 	}
 }
+
+// A lane whose learned pace is far below the budget's (its last full
+// batches ran on a stalled machine) still takes an item when idle: it
+// flushes at once, and with no full batch the pace is never learned
+// again, so refusing it refused every item after the storm.
+func TestBatcherIdleLaneTakesAnItemWhateverItsPace(t *testing.T) {
+	b := newBatcher(1, 16, time.Minute, 100*time.Millisecond, laneMetrics{}, func(_ context.Context, items []int, answer func(int, int)) {
+		for i, v := range items {
+			answer(i, v)
+		}
+	})
+	defer b.close()
+	b.lanes[0].rate.Store(math.Float64bits(1)) // one item a second: a second's wait, ten budgets
+	for i := range 3 {
+		if _, err := b.do(context.Background(), 0, i); err != nil {
+			t.Fatalf("item %d on an idle lane: %v", i, err)
+		}
+	}
+}

@@ -362,8 +362,7 @@ func (b *batcher[T, R]) flushAll(l *lane[T, R], batch []*pendingItem[T, R]) {
 // withinDeadline marks ctx's items as ones whose batch must end by their
 // deadline, where a batch has the whole timeout otherwise: an item sent
 // again late in its request's time (awaitPrimary) would else be answered
-// up to a timeout past it. A node lost mid-failover answered purchases
-// after 11 s with a 5 s work timeout so (stockbench faults).
+// up to a whole timeout past its deadline.
 func withinDeadline(ctx context.Context) context.Context {
 	return context.WithValue(ctx, strictKey{}, true)
 }

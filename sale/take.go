@@ -883,7 +883,8 @@ func (t *take) commit(ctx context.Context, direct bool) (answer, stock.SKU) {
 func (s *Service) awaitPrimary(ctx context.Context, try int) bool {
 	d := min(primaryBackoff<<min(try, 8), primaryBackoffMax)
 	d = d/2 + mrand.N(d/2+1) // spread: the waiting takes do not come back at once
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d+primaryMargin {
+	// No deadline, no bound on the waits: answer as before.
+	if dl, ok := ctx.Deadline(); !ok || time.Until(dl) < d+primaryMargin {
 		return false
 	}
 	s.metrics.primaryWaits.Inc()

@@ -187,7 +187,9 @@ func (l *Ledger) tryEnds(ctx context.Context, ends []holdEnd, state string, dueO
 	}
 	events := make([]Event, 0, len(ends)+len(offers))
 	for _, e := range ends {
-		events = append(events, holdEvent(endEvent(state, e.hold), e.hold))
+		ev := holdEvent(endEvent(state, e.hold), e.hold)
+		ev.Trace = e.req.Trace // the cancel's ("" for the sweeper's expiries)
+		events = append(events, ev)
 	}
 	events = append(events, offers...)
 	if err := emit(ctx, tx, now, events...); err != nil {

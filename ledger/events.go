@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"github.com/stockgate/stockgate/client"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/stock"
+	"github.com/stockgate/stockgate/tracing"
 )
 
 // Events are the ledger's outbox: every change of state a platform acts on
@@ -73,6 +75,10 @@ type Event struct {
 	Quantity int64
 	To       stock.SKU
 	At       time.Time
+	// Trace is the W3C traceparent of the span of the request whose change
+	// wrote the event ("" for a sweeper's or an untraced one): its
+	// deliveries are spans of that trace.
+	Trace string
 }
 
 // partitionOf is the relay partition of a ticket's events.
@@ -86,17 +92,17 @@ func partitionOf(sku stock.SKU) int {
 
 // orderEvent is the event of an order's change.
 func orderEvent(typ string, o Order) Event {
-	return Event{Type: typ, SKU: o.SKU, Subject: o.ID, Buyer: o.Buyer, Cart: o.CartID, Quantity: o.Quantity}
+	return Event{Type: typ, SKU: o.SKU, Subject: o.ID, Buyer: o.Buyer, Cart: o.CartID, Quantity: o.Quantity, Trace: o.Req.Trace}
 }
 
 // holdEvent is the event of a hold's change (Order: a confirm's order).
 func holdEvent(typ string, h Hold) Event {
-	return Event{Type: typ, SKU: h.SKU, Subject: h.ID, Order: h.OrderID, Buyer: h.Buyer, Cart: h.CartID, Quantity: h.Quantity}
+	return Event{Type: typ, SKU: h.SKU, Subject: h.ID, Order: h.OrderID, Buyer: h.Buyer, Cart: h.CartID, Quantity: h.Quantity, Trace: h.Req.Trace}
 }
 
 // confirmEvent is the event of the confirm that made order o of its hold.
 func confirmEvent(o Order) Event {
-	return Event{Type: EventHoldConfirmed, SKU: o.SKU, Subject: o.HoldID, Order: o.ID, Buyer: o.Buyer, Cart: o.CartID, Quantity: o.Quantity}
+	return Event{Type: EventHoldConfirmed, SKU: o.SKU, Subject: o.HoldID, Order: o.ID, Buyer: o.Buyer, Cart: o.CartID, Quantity: o.Quantity, Trace: o.Req.Trace}
 }
 
 // endEvent is the event type of hold h ended into state.
@@ -115,17 +121,21 @@ func endEvent(state string, h Hold) string {
 // it runs in a transaction that already has its PostgreSQL transaction id
 // when the events take their seq: the relay's horizon (SettledSeq)
 // relies on that order.
+//
+// An event without a Trace takes ctx's span's: the request whose change
+// it is (none for a sweeper's).
 func emit(ctx context.Context, tx *sql.Tx, now time.Time, events ...Event) error {
+	trace := tracing.Traceparent(ctx)
 	for chunk := range slices.Chunk(events, rowsPerStatement) {
 		var vals []string
 		var args []any
 		for _, e := range chunk {
-			vals = append(vals, placeholders(len(args), 12))
+			vals = append(vals, placeholders(len(args), 13))
 			args = append(args, NewID(), e.Type, e.SKU.Program, e.SKU.Ticket, partitionOf(e.SKU), e.Subject, e.Order,
-				e.Buyer, e.Cart, e.Quantity, e.To.Ticket, now.UnixMilli())
+				e.Buyer, e.Cart, e.Quantity, e.To.Ticket, now.UnixMilli(), cmp.Or(e.Trace, trace))
 		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO events (event_id, type, program, ticket, partition, subject, order_id,
-			buyer, cart_id, quantity, to_ticket, created_at) VALUES `+strings.Join(vals, ", "), args...); err != nil {
+			buyer, cart_id, quantity, to_ticket, created_at, traceparent) VALUES `+strings.Join(vals, ", "), args...); err != nil {
 			return notCommitted("events", err)
 		}
 	}
@@ -148,7 +158,7 @@ func (l *Ledger) Events(ctx context.Context, program keys.ID, after int64, limit
 }
 
 // eventColumns are the columns scanEvents reads, in its order.
-const eventColumns = `seq, event_id, type, program, ticket, partition, subject, order_id, buyer, cart_id, quantity, to_ticket, created_at`
+const eventColumns = `seq, event_id, type, program, ticket, partition, subject, order_id, buyer, cart_id, quantity, to_ticket, created_at, traceparent`
 
 // scanEvents reads rows of eventColumns.
 func scanEvents(rows *sql.Rows) ([]Event, error) {
@@ -158,7 +168,7 @@ func scanEvents(rows *sql.Rows) ([]Event, error) {
 		var to keys.ID
 		var at int64
 		if err := rows.Scan(&e.Seq, &e.ID, &e.Type, &e.SKU.Program, &e.SKU.Ticket, &e.Partition, &e.Subject, &e.Order,
-			&e.Buyer, &e.Cart, &e.Quantity, &to, &at); err != nil {
+			&e.Buyer, &e.Cart, &e.Quantity, &to, &at, &e.Trace); err != nil {
 			return nil, fmt.Errorf("ledger: events: %w", err)
 		}
 		if !to.IsZero() {

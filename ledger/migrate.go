@@ -62,15 +62,17 @@ var thisBuild = schemaSteps{
 		{version: 6, name: "order units", up: (*Ledger).orderUnitsUp, down: (*Ledger).orderUnitsDown},
 		{version: 7, name: "proof of work", up: (*Ledger).powUp, down: (*Ledger).powDown},
 		{version: 8, name: "room sold-out share", up: (*Ledger).soldOutShareUp, down: (*Ledger).soldOutShareDown},
+		{version: 9, name: "event trace context", up: (*Ledger).eventTraceUp, down: (*Ledger).eventTraceDown},
 	},
 	// Resale's tables are read by every refund and transfer, the channels'
 	// by the report, an order's units (step 6) by every order read, resale
 	// settle and refund, a room's proof of work (step 7) and sold-out share
-	// (step 8) by every read of a waiting room: this build needs step 8.
+	// (step 8) by every read of a waiting room, an event's trace context
+	// (step 9) by every event written: this build needs step 9.
 	// The chart's
 	// pre-install/pre-upgrade Job (or serve with migrate on) runs them
 	// before this build serves; see docs/RUNBOOK.md.
-	minimum: 8,
+	minimum: 9,
 }
 
 func (s schemaSteps) latest() int64 { return s.steps[len(s.steps)-1].version }
@@ -563,4 +565,17 @@ func (l *Ledger) baselineDDL(ctx context.Context, tx *sql.Tx) error {
 		}
 	}
 	return nil
+}
+
+// eventTraceUp adds the W3C traceparent of the request an event is of, so
+// its webhook deliveries join that request's trace (empty for events written
+// before, or untraced; an expand step: older builds never read it and
+// write the default).
+func (l *Ledger) eventTraceUp(ctx context.Context, tx *sql.Tx) error {
+	return l.addColumn(ctx, tx, "events", "traceparent", "TEXT NOT NULL DEFAULT ''")
+}
+
+func (l *Ledger) eventTraceDown(ctx context.Context, tx *sql.Tx) error {
+	_, err := tx.ExecContext(ctx, `ALTER TABLE events DROP COLUMN traceparent`)
+	return err
 }

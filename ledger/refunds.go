@@ -200,7 +200,9 @@ func (l *Ledger) tryRefunds(ctx context.Context, refs []refund, now time.Time) (
 	}
 	events := make([]Event, 0, len(refs)+len(offers))
 	for _, r := range refs {
-		events = append(events, orderEvent(EventOrderRefunded, r.order))
+		e := orderEvent(EventOrderRefunded, r.order)
+		e.Trace = r.req.Trace // the refund's, not the purchase's
+		events = append(events, e)
 	}
 	events = append(events, offers...)
 	if err := emit(ctx, tx, now, events...); err != nil {

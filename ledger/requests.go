@@ -48,6 +48,10 @@ type Request struct {
 	Key         keys.ID // the client's Idempotency-Key
 	Fingerprint string  // what it asks, as the caller fingerprints it
 	Op          string  // OpPurchase, OpHold, …
+	// Trace is the W3C traceparent of the request's span ("" untraced):
+	// the events its change writes keep it, so their webhook deliveries
+	// join the request's trace. Neither remembered nor fingerprinted.
+	Trace string
 }
 
 // IsZero reports a request with no client key: an internal write, which is

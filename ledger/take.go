@@ -1163,11 +1163,14 @@ func (b *takeBatch) writeSteps(d string, kept []int, lines []tline) *writes {
 	var events []Event
 	for _, ln := range lines {
 		t := &b.takes[ln.take]
+		var e Event
 		if ln.hold {
-			events = append(events, holdEvent(EventHoldCreated, t.Holds[ln.idx]))
+			e = holdEvent(EventHoldCreated, t.Holds[ln.idx])
 		} else {
-			events = append(events, orderEvent(EventOrderCreated, t.Orders[ln.idx]))
+			e = orderEvent(EventOrderCreated, t.Orders[ln.idx])
 		}
+		e.Trace = t.Req.Trace // a cart's lines carry no request of their own
+		events = append(events, e)
 	}
 	w.steps = append(w.steps, l.eventsStep(b.now, events, slices.SortedFunc(maps.Keys(deltas), stock.SKU.Compare)))
 	return w
@@ -1226,16 +1229,16 @@ func readKeys(into map[keys.ID]bool) func(resultRows) error {
 // eventsStep writes events in order, then a sale.sold_out for each of
 // soldOut that has nothing left by then.
 func (l *Ledger) eventsStep(now time.Time, events []Event, soldOut []stock.SKU) step {
-	rs := newRowset("ittttittttii")
+	rs := newRowset("ittttittttiit")
 	ord := int64(0)
 	for _, e := range events {
 		rs.add(ord, NewID().String(), e.Type, e.SKU.Program.String(), e.SKU.Ticket.String(), int64(partitionOf(e.SKU)),
-			e.Subject.String(), e.Order.String(), e.Buyer.String(), e.Cart.String(), e.Quantity, int64(0))
+			e.Subject.String(), e.Order.String(), e.Buyer.String(), e.Cart.String(), e.Quantity, int64(0), e.Trace)
 		ord++
 	}
 	for _, sku := range soldOut {
 		rs.add(ord, NewID().String(), EventSaleSoldOut, sku.Program.String(), sku.Ticket.String(), int64(partitionOf(sku)),
-			"", "", "", "", int64(0), int64(1))
+			"", "", "", "", int64(0), int64(1), "")
 		ord++
 	}
 	return step{sql: l.sql.takeEvents, args: append([]any{now.UnixMilli()}, rs.args(l.driver)...)}
@@ -1360,10 +1363,10 @@ func newTakeSQL(d string) takeSQL {
 			+ (SELECT COUNT(*) FROM holds h WHERE h.code_hash = c.code_hash AND h.code_hash <> '' AND h.program = c.program AND h.ticket = c.ticket AND h.state = 'held')
 		FROM access_codes c JOIN ` + rowsAt(1, "program text", "ticket text", "code_hash text") + `
 			ON c.program = w.program AND c.ticket = w.ticket AND c.code_hash = w.code_hash`
-	q.takeEvents = `INSERT INTO events (event_id, type, program, ticket, partition, subject, order_id, buyer, cart_id, quantity, created_at)
-		SELECT w.event_id, w.type, w.program, w.ticket, w.part, w.subject, w.order_id, w.buyer, w.cart_id, w.quantity, $1
+	q.takeEvents = `INSERT INTO events (event_id, type, program, ticket, partition, subject, order_id, buyer, cart_id, quantity, created_at, traceparent)
+		SELECT w.event_id, w.type, w.program, w.ticket, w.part, w.subject, w.order_id, w.buyer, w.cart_id, w.quantity, $1, w.traceparent
 		FROM ` + rowsAt(2, "ord bigint", "event_id text", "type text", "program text", "ticket text", "part bigint", "subject text",
-		"order_id text", "buyer text", "cart_id text", "quantity bigint", "if_empty bigint") + `
+		"order_id text", "buyer text", "cart_id text", "quantity bigint", "if_empty bigint", "traceparent text") + `
 		WHERE w.if_empty = 0 OR (SELECT s.total - s.sold - s.held FROM skus s WHERE s.program = w.program AND s.ticket = w.ticket) = 0
 		ORDER BY w.ord`
 	// The holds are found by id alone and the state change is decided in

@@ -74,10 +74,12 @@ func NewWebhook(o WebhookOptions) (*Webhook, error) {
 // Name is the sink's name.
 func (w *Webhook) Name() string { return w.name }
 
-// Deliver posts e. With tracing on, each attempt is a span (its
-// traceparent goes out with the request, so the receiver's trace joins it).
+// Deliver posts e. With tracing on, each attempt is a span of the trace of
+// the request whose change wrote e (a root of its own for a sweeper's
+// event), and its traceparent goes out with the request, so the
+// receiver's trace joins the purchase's.
 func (w *Webhook) Deliver(ctx context.Context, e ledger.Event) (err error) {
-	ctx, span := tracing.StartClient(ctx, "webhook.deliver")
+	ctx, span := tracing.StartClient(tracing.WithParent(ctx, e.Trace), "webhook.deliver")
 	defer func() { tracing.End(span, err) }()
 	if span.IsRecording() {
 		span.SetAttributes(attribute.String("stockgate.sink", w.name), attribute.String("stockgate.event.id", e.ID.String()),

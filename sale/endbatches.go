@@ -6,7 +6,15 @@ import (
 
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/tracing"
 )
+
+// traced is req with ctx's span as its trace: a batch's events keep it
+// for their deliveries (a single change's take it from ctx).
+func traced(ctx context.Context, req ledger.Request) ledger.Request {
+	req.Trace = tracing.Traceparent(ctx)
+	return req
+}
 
 // confirmOut is one confirm's outcome, as Ledger.Confirm gives it.
 type confirmOut struct {
@@ -21,7 +29,7 @@ func (s *Service) confirmLedger(ctx context.Context, id, buyer keys.ID, req ledg
 	// Confirms queue by their hold's SKU, which its id names (LaneOf):
 	// one SKU's confirms are batched together, so its row has one writer
 	// per replica, and a retry meets the first in the same partition.
-	out, err := s.confirms.do(ctx, ledger.LaneOf(id), ledger.HoldRequest{HoldID: id, Buyer: buyer, Req: req})
+	out, err := s.confirms.do(ctx, ledger.LaneOf(id), ledger.HoldRequest{HoldID: id, Buyer: buyer, Req: traced(ctx, req)})
 	if err != nil {
 		return ledger.Order{}, err
 	}
@@ -80,7 +88,7 @@ type cancelOut struct {
 // cancelLedger cancels a hold through the group committer of cancels. It
 // answers as Ledger.Cancel does.
 func (s *Service) cancelLedger(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Hold, bool, error) {
-	out, err := s.cancels.do(ctx, ledger.LaneOf(id), ledger.HoldRequest{HoldID: id, Buyer: buyer, Req: req})
+	out, err := s.cancels.do(ctx, ledger.LaneOf(id), ledger.HoldRequest{HoldID: id, Buyer: buyer, Req: traced(ctx, req)})
 	if err != nil {
 		return ledger.Hold{}, false, err
 	}
@@ -110,7 +118,7 @@ type refundOut struct {
 // refundLedger refunds an order through the group committer of refunds. It
 // answers as Ledger.Refund does.
 func (s *Service) refundLedger(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Order, bool, error) {
-	out, err := s.refunds.do(ctx, ledger.LaneOf(id), ledger.OrderRequest{OrderID: id, Buyer: buyer, Req: req})
+	out, err := s.refunds.do(ctx, ledger.LaneOf(id), ledger.OrderRequest{OrderID: id, Buyer: buyer, Req: traced(ctx, req)})
 	if err != nil {
 		return ledger.Order{}, false, err
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/stockgate/stockgate/seats"
 	"github.com/stockgate/stockgate/shard"
 	"github.com/stockgate/stockgate/stock"
+	"github.com/stockgate/stockgate/tracing"
 )
 
 // The take engine. Every request for stock is a take of one or more
@@ -698,7 +699,7 @@ func (t *take) expiry() time.Time {
 // hold until the take's expiry, with its gate record (its deduction's
 // parts, or its seats) and the epoch the gate admitted it under (direct:
 // none, taken at the row's).
-func (t *take) ledgerTake(direct bool) ledger.Take {
+func (t *take) ledgerTake(direct bool, trace string) ledger.Take {
 	expires := t.expiry()
 	var orders []ledger.Order
 	var holds []ledger.Hold
@@ -722,16 +723,17 @@ func (t *take) ledgerTake(direct bool) ledger.Take {
 				Gate: gate, GateEpoch: epoch, SeatIDs: ln.seats.ids, CodeHash: w.codeHash(), Channel: w.channel})
 		}
 	}
+	req := t.req.ledger()
+	req.Trace = trace
 	if !t.cart {
 		if len(holds) > 0 {
-			holds[0].Req = t.req.ledger()
+			holds[0].Req = req
 			return ledger.HoldTake(holds[0])
 		}
-		orders[0].Req = t.req.ledger()
+		orders[0].Req = req
 		return ledger.PurchaseTake(orders[0])
 	}
-	return ledger.CartTake(ledger.Cart{Program: t.program(), Buyer: t.lines[0].w.buyer, Orders: orders, Holds: holds,
-		Req: t.req.ledger()})
+	return ledger.CartTake(ledger.Cart{Program: t.program(), Buyer: t.lines[0].w.buyer, Orders: orders, Holds: holds, Req: req})
 }
 
 // answerOf is what the ledger committed (or replayed), as the take's
@@ -759,7 +761,7 @@ func (t *take) commit(ctx context.Context, direct bool) (answer, stock.SKU) {
 	if direct {
 		path, c = pathLedger, s.direct
 	}
-	lt := t.ledgerTake(direct)
+	lt := t.ledgerTake(direct, tracing.Traceparent(ctx))
 	r := c.commitTake(ctx, lt)
 	for try := 0; ledger.NoPrimary(r.Err) && s.awaitPrimary(ctx, try); try++ {
 		r = c.commitTake(withinDeadline(ctx), lt)

@@ -2,8 +2,9 @@
 // the standard OTEL_* variables ask for it (Setup); then each HTTP request
 // has a span continuing the caller's W3C traceparent, with a child for each
 // gate call to Redis, each ledger batch has a span linked to the requests it
-// carries, and each webhook delivery has a span whose traceparent goes out
-// with the request.
+// carries, and each webhook delivery is a span of the trace of the request
+// whose change wrote its event (Traceparent, WithParent), whose traceparent
+// goes out with the delivery.
 //
 // Off, every function here returns at once and allocates nothing: the hot
 // path pays one atomic load per call site.
@@ -206,6 +207,33 @@ func Inject(ctx context.Context, h http.Header) {
 		return
 	}
 	propagator.Inject(ctx, propagation.HeaderCarrier(h))
+}
+
+// Traceparent is ctx's span as a W3C traceparent, for work that runs
+// later in another process: an event row keeps it, so the webhook
+// delivery of a purchase's event joins the purchase's trace. "" when off
+// or when ctx has no span.
+func Traceparent(ctx context.Context) string {
+	if tracer.Load() == nil {
+		return ""
+	}
+	sc := trace.SpanContextFromContext(ctx)
+	if !sc.IsValid() {
+		return ""
+	}
+	c := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(ctx, c)
+	return c["traceparent"]
+}
+
+// WithParent is ctx with the span traceparent names (Traceparent's) as
+// its remote parent, so the next span started from it joins that trace.
+// A malformed or empty traceparent leaves ctx as it is.
+func WithParent(ctx context.Context, traceparent string) context.Context {
+	if traceparent == "" || tracer.Load() == nil {
+		return ctx
+	}
+	return propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier{"traceparent": traceparent})
 }
 
 // Link is ctx's span, for a span that carries work of several requests (a

@@ -79,6 +79,9 @@ func TestOffAllocatesNothing(t *testing.T) {
 		_ = tracing.Link(c)
 		tracing.AddLink(span, tracing.Link(c))
 		tracing.Inject(c, h)
+		if tracing.Traceparent(c) != "" || tracing.WithParent(c, h.Get("Traceparent")) != ctx {
+			panic("off, a traceparent was kept or read")
+		}
 		if c != ctx {
 			panic("off, the context changed")
 		}
@@ -126,6 +129,37 @@ func TestBatchLinksItsRequests(t *testing.T) {
 	}
 	if got.Status().Description != "commit failed" {
 		t.Errorf("status %+v, want the error", got.Status())
+	}
+}
+
+// A span's traceparent, kept (in an event row) and read back later,
+// makes the next span a child of it in the same trace; a malformed one
+// starts a trace of its own.
+func TestTraceparentRoundTrip(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tracing.Use(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)))
+	defer tracing.Use(nil)
+	if got := tracing.Traceparent(context.Background()); got != "" {
+		t.Errorf("Traceparent without a span = %q, want \"\"", got)
+	}
+	ctx, req := tracing.StartServer(context.Background(), http.Header{}, "POST /x")
+	kept := tracing.Traceparent(ctx)
+	req.End()
+	if len(kept) != 55 {
+		t.Fatalf("Traceparent = %q, want a W3C traceparent", kept)
+	}
+	_, deliver := tracing.StartClient(tracing.WithParent(context.Background(), kept), "webhook.deliver")
+	deliver.End()
+	_, lone := tracing.StartClient(tracing.WithParent(context.Background(), "00-zz-bad"), "webhook.deliver")
+	lone.End()
+	sc := trace.SpanContextFromContext(ctx)
+	spans := rec.Ended()
+	if got := spans[1]; got.Parent().SpanID() != sc.SpanID() || got.SpanContext().TraceID() != sc.TraceID() {
+		t.Errorf("delivery span: parent %v in trace %v, want the request's span %v in %v",
+			got.Parent().SpanID(), got.SpanContext().TraceID(), sc.SpanID(), sc.TraceID())
+	}
+	if got := spans[2]; got.Parent().IsValid() || got.SpanContext().TraceID() == sc.TraceID() {
+		t.Errorf("a malformed traceparent gave parent %v in trace %v, want a root of its own", got.Parent(), got.SpanContext().TraceID())
 	}
 }
 

@@ -82,8 +82,10 @@ func (r *otlpReceiver) named(name string) []*tracepb.Span {
 // the caller's child, the gate call and its commit (its wait for and part
 // in a ledger batch) are the request's children, the ledger batch that
 // commits it and that commit span link to each other, and the webhook delivery of
-// its event is a span whose traceparent goes out to the receiver; the
-// batch's SQL statements and COMMIT are spans of the batch.
+// its event is a span of the purchase's trace, a child of its request's
+// span, whose traceparent goes out to the receiver; the batch's SQL
+// statements and COMMIT are spans of the batch. A refund's delivery is
+// likewise a span of the refund's trace.
 func TestTracingFollowsAPurchase(t *testing.T) {
 	recv := &otlpReceiver{}
 	collector := httptest.NewServer(recv)
@@ -172,6 +174,40 @@ func TestTracingFollowsAPurchase(t *testing.T) {
 			}
 		}
 		return deduct != nil && batch != nil && deliver != nil && len(sqlUnder(recv, batch)) > 0
+	})
+	// The delivery is the purchase's: one trace from the caller to the
+	// receiver, though the relay posted it from the outbox later.
+	if !bytes.Equal(deliver.TraceId, request.TraceId) || !bytes.Equal(deliver.ParentSpanId, request.SpanId) {
+		t.Errorf("webhook.deliver is in trace %x under span %x, want the purchase's trace %s under its request span %x",
+			deliver.TraceId, deliver.ParentSpanId, caller, request.SpanId)
+	}
+	// A refund (a batch of the refund lane, written with emit) is traced
+	// the same way: its order.refunded delivery is in the refund's trace.
+	const refundCaller = "5cf92f3577b34da6a3ce929d0e0e4737"
+	if r := e.Do(t, http.MethodPost, "/v1/orders/"+systest.OrderID(r)+"/refund", map[string]string{
+		"Idempotency-Key": "traced-rf", "Traceparent": "00-" + refundCaller + "-" + callerSpan + "-01",
+	}, `{"buyer":"b1"}`); r.Status != http.StatusOK {
+		t.Fatalf("refund = %d %s", r.Status, r.Body)
+	}
+	systest.WaitFor(t, 20*time.Second, "the refund's delivery in the refund's trace", func() bool {
+		var refund *tracepb.Span
+		for _, s := range recv.named("POST /v1/orders/:id/refund") {
+			if hex.EncodeToString(s.TraceId) == refundCaller {
+				refund = s
+			}
+		}
+		if refund == nil {
+			return false
+		}
+		for _, s := range recv.named("webhook.deliver") {
+			for _, a := range s.Attributes {
+				if a.Key == "stockgate.event.type" && a.Value.GetStringValue() == ledger.EventOrderRefunded &&
+					bytes.Equal(s.TraceId, refund.TraceId) && bytes.Equal(s.ParentSpanId, refund.SpanId) {
+					return true
+				}
+			}
+		}
+		return false
 	})
 	for _, name := range []string{"GET /livez", "GET /readyz", "GET /metrics"} {
 		if got := recv.named(name); len(got) > 0 {

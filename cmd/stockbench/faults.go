@@ -2,13 +2,16 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/stockgate/stockgate/cluster"
@@ -249,9 +252,29 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 		return row, err
 	}
 
+	// Workers × 16 requests in flight cover the rate for the gateway's
+	// 5 s work timeout and a second more: in a fault each request may
+	// take that long, and one the tool could not send on time would be
+	// its own wait, not the server's (counted Late if it still happens).
+	workers := uint64(max(64, row.rate*6/16+1))
+	// Why each 503 was answered (its problem's type and the start of its
+	// detail), for the run's stderr: a fault's 503s have several causes.
+	var whyMu sync.Mutex
+	why := map[string]int{}
+	collect := func(code int, body []byte) {
+		if code != http.StatusServiceUnavailable {
+			return
+		}
+		var p struct{ Type, Detail string }
+		_ = json.Unmarshal(body, &p) // a body that is no problem counts under ""
+		k := path.Base(p.Type) + ": " + p.Detail[:min(len(p.Detail), 48)]
+		whyMu.Lock()
+		why[k]++
+		whyMu.Unlock()
+	}
 	phase := func(name string, d time.Duration) (loadgen.Result, error) {
-		return loadgen.Attack(loadgen.Run{Name: name, BaseURL: g.base, Rate: row.rate, Duration: d, Workers: 64,
-			Scenario: loadgen.Purchases(paths, name+"-", 0)})
+		return loadgen.Attack(loadgen.Run{Name: name, BaseURL: g.base, Rate: row.rate, Duration: d, Workers: workers,
+			Scenario: loadgen.Purchases(paths, name+"-", 0), Collect: collect})
 	}
 	var results []loadgen.Result
 	before, err := phase("before", 3*time.Second)
@@ -290,6 +313,9 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 	results = append(results, during)
 	fmt.Fprintf(os.Stderr, "%s: 503s by second of the window: %v; sent late by the tool %d (most %v), errors %v\n",
 		f.name, during.Seconds[http.StatusServiceUnavailable], during.Late, during.MaxLag.Round(time.Millisecond), during.Errors)
+	whyMu.Lock()
+	fmt.Fprintf(os.Stderr, "%s: 503s so far by cause: %v\n", f.name, why)
+	whyMu.Unlock()
 	row.p99 = during.Quantile(99)
 	row.p99ok, row.p99shed = during.QuantileOf(http.StatusCreated, 99), during.QuantileOf(http.StatusServiceUnavailable, 99)
 	after, err := phase("after", 10*time.Second)

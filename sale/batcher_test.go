@@ -233,6 +233,59 @@ func TestBatcherRefusesBehindASlowFlush(t *testing.T) {
 	}
 }
 
+// Items that queued behind a flush before it had run the budget (a
+// ledger turning slow or silent: the door still took them) are answered
+// busy once they have waited the budget, while that flush still hangs,
+// not when it ends; nothing of theirs is flushed.
+func TestBatcherShedsWhatQueuedBehindAHangingFlush(t *testing.T) {
+	release, holding := make(chan struct{}), make(chan struct{})
+	var flushed atomic.Int64
+	b := newBatcher(1, 100, time.Minute, 50*time.Millisecond, laneMetrics{}, func(_ context.Context, items []int, answer func(int, int)) {
+		if items[0] == 0 {
+			close(holding)
+			<-release // the ledger hangs until the test has its answers
+		}
+		flushed.Add(int64(len(items)))
+		for i, v := range items {
+			answer(i, v)
+		}
+	})
+	var once sync.Once
+	unhang := func() { once.Do(func() { close(release) }) }
+	defer b.close()
+	defer unhang() // before close, which waits for the flush
+	first := make(chan error, 1)
+	go func() { _, err := b.do(context.Background(), 0, 0); first <- err }()
+	<-holding
+	// Queued at the onset, as the door takes items before the flush has
+	// run the budget.
+	l := b.lanes[0]
+	var behind []*pendingItem[int, int]
+	for i := 1; i <= 3; i++ {
+		p := &pendingItem[int, int]{item: i, at: time.Now(), out: make(chan outcome[int], 1)}
+		l.queued.Add(1)
+		l.q <- p
+		behind = append(behind, p)
+	}
+	for _, p := range behind {
+		select {
+		case o := <-p.out:
+			if !errors.Is(o.err, errLedgerBusy) || busyWait(o.err) <= 50*time.Millisecond {
+				t.Errorf("item %d behind the hanging flush = %d, %v; want a busy refusal past the budget", p.item, o.r, o.err)
+			}
+		case <-time.After(10 * time.Second): // bounded: the flush hangs until release
+			t.Fatalf("item %d behind a hanging flush was not answered while it hung", p.item)
+		}
+	}
+	unhang()
+	if err := <-first; err != nil {
+		t.Errorf("the flushing item = %v", err)
+	}
+	if n, q := flushed.Load(), l.queued.Load(); n != 1 || q != 0 {
+		t.Errorf("%d flushed, %d still counted queued; want only the first flushed, none queued", n, q)
+	}
+}
+
 // The wait slow predicts: the running flush's rest, one flush per max
 // items ahead, and the item's own; a running flush longer than the
 // average counts as the pace; it refuses only when flushes take longer

@@ -1117,8 +1117,12 @@ type ttlValue[V any] struct {
 // staleAfter is how long a caller waits for a reload before it is
 // answered the value the reload replaces: a ledger that is slow or cut
 // off (a failover, a lost link) keeps the door at its last known setting
-// instead of holding every purchase for the load's 5 s.
-const staleAfter = 250 * time.Millisecond
+// instead of holding every purchase for the load's 5 s. Every purchase of
+// a queued program meets the door before the ledger's wait budget
+// (250 ms) starts, so this wait adds to it at the onset of a slow ledger:
+// at 250 ms, the 503s of a black-holed link's first second took 500 ms
+// (stockbench faults). A room's row is read in about a millisecond.
+const staleAfter = 50 * time.Millisecond
 
 func newTTLCache[V any](ttl time.Duration) *ttlCache[V] {
 	return &ttlCache[V]{ttl: ttl, m: map[keys.ID]*ttlEntry[V]{}}
@@ -1169,6 +1173,13 @@ func (c *ttlCache[V]) get(ctx context.Context, k keys.ID, load func(context.Cont
 			return e.v, e.err
 		}
 	case <-t.C:
+		// The load has run staleAfter: the source is slow now, whatever
+		// its last load said, and the callers after this one are answered
+		// at once until a load ends in time. Marked only when a load
+		// ended, every purchase at the door waited staleAfter for as long
+		// as the first slow load ran: with the ledger's link black-holed,
+		// 5 s of 503s that each took 250 ms (stockbench faults).
+		c.slow.Store(true)
 	}
 	return e.last.v, e.last.err
 }

@@ -96,9 +96,23 @@ func TestTTLCacheStopsWaitingWhileTheSourceStaysSlow(t *testing.T) {
 	if v, _ := c.get(ctx, k, slowLoad); v != 1 {
 		t.Fatalf("get while the reload is slow = %d, want the last value 1", v)
 	}
-	for deadline := time.Now().Add(10 * time.Second); !c.slow.Load(); time.Sleep(time.Millisecond) { // poll interval
+	// The slow reload ends (its value 2 is then the last), and the cache
+	// is slow.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) { // poll interval
+		c.mu.Lock()
+		e := c.m[k]
+		c.mu.Unlock()
+		done := false
+		select {
+		case <-e.done:
+			done = true
+		default:
+		}
+		if done && c.slow.Load() {
+			break
+		}
 		if time.Now().After(deadline) {
-			t.Fatal("not slow 10s after a reload slower than staleAfter began")
+			t.Fatal("the reload slower than staleAfter had not ended, slow, 10s after it began")
 		}
 	}
 	// Slow: the next caller is answered without a wait, however soon its
@@ -110,5 +124,31 @@ func TestTTLCacheStopsWaitingWhileTheSourceStaysSlow(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("still slow 10s after reloads that end at once")
 		}
+	}
+}
+
+// The first caller that waits staleAfter for a reload still running marks
+// the source slow: the callers after it are answered the last value at
+// once, though that reload has not ended (with a ledger link cut, it runs
+// for its whole 5 s).
+func TestTTLCacheSlowOnceAReloadOutlivesStaleAfter(t *testing.T) {
+	c := newTTLCache[int](time.Millisecond)
+	k := keys.MustID("p")
+	ctx := context.Background()
+	if v, err := c.get(ctx, k, func(context.Context) (int, error) { return 1, nil }); v != 1 || err != nil {
+		t.Fatalf("get = %d %v, want 1", v, err)
+	}
+	time.Sleep(2 * time.Millisecond) // time under test: past the 1 ms ttl
+	release := make(chan struct{})
+	defer close(release)
+	hung := func(context.Context) (int, error) {
+		<-release // the source does not answer while the test runs
+		return 2, nil
+	}
+	if v, _ := c.get(ctx, k, hung); v != 1 {
+		t.Fatalf("get while the reload hangs = %d, want the last value 1", v)
+	}
+	if !c.slow.Load() {
+		t.Fatal("not slow after a caller waited staleAfter for a reload still running: every caller waits for it")
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -38,6 +39,7 @@ func faultsCmd(args []string) error {
 	dir := fs.String("dir", ".run/bench", "working directory (the stockgate binary)")
 	only := fs.String("only", "", "run only the faults whose name contains this (the section then lists only them)")
 	fs.IntVar(&faultStandbys, "standbys", faultStandbys, "synchronous standbys of the formation the primary's faults run on")
+	fs.StringVar(&faultDump, "goroutines", "", "write the gateway's goroutines (pprof, debug=1) into this file 2 s into each fault")
 	_ = fs.Parse(args)
 	ctx := context.Background()
 	if err := os.MkdirAll(*dir, 0o755); err != nil {
@@ -185,6 +187,11 @@ const faultSKUs = 100
 // faultStandbys is how many standbys the formation runs (-standbys).
 var faultStandbys = 2
 
+// faultDump is where -goroutines writes a dump of the gateway's
+// goroutines during a fault (a file per fault, its name suffixed), to see
+// where requests wait; "" writes none.
+var faultDump string
+
 func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (faultRow, error) {
 	row := faultRow{name: f.name}
 	c, err := testenv.StartCluster(ctx, testenv.ClusterOptions{ReplicasPerMaster: 1})
@@ -305,6 +312,17 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 	window := f.window
 	if window == 0 {
 		window = 15 * time.Second
+	}
+	if faultDump != "" {
+		go func() { // owned by this run: one fetch, bounded by its timeout
+			time.Sleep(2 * time.Second)
+			name := fmt.Sprintf("%s.%d", faultDump, time.Now().Unix())
+			if err := dumpGoroutines(g.pprof, name); err != nil {
+				fmt.Fprintf(os.Stderr, "%s: goroutines: %v\n", f.name, err)
+				return
+			}
+			fmt.Fprintf(os.Stderr, "%s: goroutines 2 s into the fault in %s\n", f.name, name)
+		}()
 	}
 	during, err := phase("during", window)
 	if err != nil {
@@ -449,4 +467,20 @@ func replaceSection(doc, section string) string {
 		return doc[:i] + section + rest[j:]
 	}
 	return doc[:i] + section
+}
+
+// dumpGoroutines writes the goroutines of the gateway whose pprof
+// listener is at addr into file, grouped by stack with counts.
+func dumpGoroutines(addr, file string) error {
+	c := http.Client{Timeout: 10 * time.Second}
+	resp, err := c.Get("http://" + addr + "/debug/pprof/goroutine?debug=1")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(file, b, 0o644)
 }

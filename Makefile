@@ -4,7 +4,7 @@ RUN_DIR := .run
 GO ?= go
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run stop test test-side test-short lint bench bench-faults compare fuzz dashboard deps-redis deps-postgres deps-pgbouncer deps-autofailover deps-promtool deps-chromium deps-lint deps-golangci-lint deps-helm deps-kubeconform deps-schemas build vet release
+.PHONY: test-unit run stop test test-side test-short lint bench bench-faults compare fuzz dashboard deps-redis deps-postgres deps-pgbouncer deps-autofailover deps-promtool deps-chromium deps-lint deps-golangci-lint deps-helm deps-kubeconform deps-schemas build vet release
 
 build:
 	$(GO) build -o $(RUN_DIR)/stockgate ./cmd/stockgate
@@ -209,6 +209,16 @@ test-side:
 	cd client && $(GO) test -race $(TRIM) $(TESTLD) -count=1 ./...
 	cd tools/release && GOWORK=off $(GO) test -race $(TRIM) $(TESTLD) -count=1 -timeout 20m ./...
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=500x
+
+# The unit tier: no server starts and nothing is installed. testenv skips
+# every test that needs Redis, PostgreSQL, PgBouncer or a proxy in front
+# of one (STOCKGATE_TEST_TIER=unit; make test never sets it, so nothing is
+# skipped in CI). e2e/ and deploy/ are whole-system and build tests and
+# are not in it.
+UNIT_PKGS = $(shell $(GO) list ./... | grep -v -e /e2e/ -e /deploy)
+test-unit:
+	STOCKGATE_TEST_TIER=unit $(GO) test -short $(TRIM) $(TESTLD) -count=1 $(UNIT_PKGS)
+	cd client && $(GO) test -short $(TRIM) -count=1 ./...
 
 # The fast tier, about 2 minutes on 2 cores (2m00s-2m09s measured, build
 # cache warm): every package with -short and without the race detector.

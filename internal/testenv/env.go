@@ -51,6 +51,7 @@ func (quietRedis) Printf(context.Context, string, ...any) {}
 // their own SKU ids; tests that damage nodes take a NewCluster instead.
 func SharedCluster(tb testing.TB) *Cluster {
 	tb.Helper()
+	needsServer(tb, "a Redis Cluster")
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
 	if shared.cluster == nil {
@@ -67,6 +68,7 @@ func SharedCluster(tb testing.TB) *Cluster {
 // nodes) and stops it when the test ends.
 func NewCluster(tb testing.TB, opts ClusterOptions) *Cluster {
 	tb.Helper()
+	needsServer(tb, "a Redis Cluster")
 	c, err := StartCluster(context.Background(), opts)
 	if err != nil {
 		tb.Fatalf("start redis cluster: %v", err)
@@ -100,6 +102,7 @@ func LedgerPostgresURLs(tb testing.TB, n int) []string {
 
 func postgresURLs(tb testing.TB, n int, create func(*Postgres, context.Context) (string, func(), error)) []string {
 	tb.Helper()
+	needsServer(tb, "PostgreSQL")
 	shared.mu.Lock()
 	for len(shared.pgs) < n {
 		p, err := StartPostgres(context.Background())

@@ -21,6 +21,7 @@ type SyncPostgres struct {
 // NewSyncPostgres starts a SyncPostgres and stops it when t ends.
 func NewSyncPostgres(t testing.TB) *SyncPostgres {
 	t.Helper()
+	needsServer(t, "PostgreSQL with a synchronous standby")
 	ctx := context.Background()
 	pg, err := StartOwnPostgres(ctx)
 	if err != nil {

@@ -449,21 +449,108 @@ type codeRow struct {
 // write only what passes; the first attempt writes at once, and checks
 // after.
 func (b *takeBatch) attempt(ctx context.Context, live []int, careful bool) (out attemptOut, err error) {
-	l, d := b.l, b.l.driver
+	l := b.l
 	r, err := l.runner(ctx)
 	if err != nil {
 		return out, notCommitted("take: connect", err)
 	}
 	defer r.close()
 
-	// Duplicates within the batch: the first of a request (or row key)
-	// goes on, the others are answered by its replay.
-	// A seat an earlier take of the batch names is taken for the later.
+	lines, kept, dups := b.within(live)
+	out.dups = dups
+	if len(kept) == 0 {
+		return attemptOut{committed: true, dups: out.dups}, nil
+	}
+	skus := skusOf(lines)
+	var rows map[stock.SKU]skuRow
+	careful = careful || slices.ContainsFunc(kept, func(i int) bool { return b.takes[i].versioned })
+	if careful {
+		rd, err := b.readFirst(ctx, r, kept, lines, skus)
+		if err != nil {
+			return out, err
+		}
+		rows = rd.rows
+		kept, lines, dups = b.decideRead(kept, lines, rd)
+		out.dups = append(out.dups, dups...)
+		if len(kept) == 0 {
+			_ = r.end(ctx, false) // the failure returned says more than the rollback's
+			return attemptOut{committed: true, dups: out.dups}, nil
+		}
+	}
+
+	w := b.writeSteps(l.driver, kept, lines)
+	steps := []step{w.seats}
+	if !careful && l.driver == Postgres {
+		// Lock the SKU rows in order before the update (a careful attempt
+		// holds them already; SQLite has one writer).
+		steps = append(steps, l.lockStep(skus, nil))
+	}
+	steps = append(steps, w.steps...)
+	steps = slices.DeleteFunc(steps, func(s step) bool { return s.sql == "" })
+	if err := r.run(ctx, steps); err != nil {
+		return out, notCommitted("take", err)
+	}
+
+	v := b.check(kept, lines, w)
+	out.dups = append(out.dups, v.dups...)
+	capRefused := false
+	if !v.sku && len(v.refused) == 0 {
+		if capRefused, err = b.capsRefuse(ctx, r, w); err != nil {
+			return out, err
+		}
+	}
+	if len(v.refused) == 0 && !v.sku && !capRefused && !v.code {
+		if err := r.end(ctx, true); err != nil {
+			return out, fmt.Errorf("ledger: take: commit: %w", err)
+		}
+		b.committed(kept, lines, w)
+		return attemptOut{committed: true, kept: kept, dups: out.dups}, nil
+	}
+	if err := r.end(ctx, false); err != nil {
+		return out, notCommitted("take: roll back", err)
+	}
+	// What the rows refuse is decided by the next attempt, which reads them
+	// (and buyers' caps and codes, when those refused) before it writes.
+	b.readCaps = b.readCaps || capRefused
+	b.readCodes = b.readCodes || v.code
+	if careful && v.sku {
+		// Even after its read, a SKU's update refused: decide by the read.
+		for i := range b.decide(kept, lines, rows, nil, nil) {
+			v.refused[i] = true
+		}
+	}
+	kept = slices.DeleteFunc(kept, func(i int) bool { return v.refused[i] })
+	return attemptOut{kept: kept, dups: out.dups}, nil
+}
+
+// capsRefuse counts the buyers of w's capped lines under their caps (one
+// more round trip, for capped SKUs only) and reports whether a cap
+// refused.
+func (b *takeBatch) capsRefuse(ctx context.Context, r txRunner, w *writes) (bool, error) {
+	capped := w.capped()
+	if len(capped) == 0 {
+		return false, nil
+	}
+	if err := r.run(ctx, []step{b.l.buyersStep(capped, w.counted)}); err != nil {
+		return false, notCommitted("take: buyers", err)
+	}
+	for _, c := range capped {
+		if !w.counted[buyerName{c.sku.Program, c.sku.Ticket, c.buyer}] {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// within keeps, of the takes live, the first of each request (or row
+// key): the others are duplicates, answered by its replay. A take naming
+// a seat an earlier take of the batch names is refused: the seat is the
+// earlier's. It returns the kept takes' lines, the kept and the
+// duplicates.
+func (b *takeBatch) within(live []int) (lines []tline, kept, dups []int) {
 	seenReq := map[ScopedKey]bool{}
 	seenKey := map[keys.ID]bool{}
 	seenSeat := map[seatName]bool{}
-	var lines []tline
-	var kept []int
 	for _, i := range live {
 		t := &b.takes[i]
 		ls := b.lines(i)
@@ -477,7 +564,7 @@ func (b *takeBatch) attempt(ctx context.Context, live []int, careful bool) (out 
 			dup = dup || seenKey[ln.key]
 		}
 		if dup {
-			out.dups = append(out.dups, i)
+			dups = append(dups, i)
 			continue
 		}
 		if ln, named := namedBefore(ls, seenSeat); len(named) > 0 {
@@ -493,177 +580,159 @@ func (b *takeBatch) attempt(ctx context.Context, live []int, careful bool) (out 
 		lines = append(lines, ls...)
 		kept = append(kept, i)
 	}
-	if len(kept) == 0 {
-		return attemptOut{committed: true, dups: out.dups}, nil
-	}
-	skuSet := map[stock.SKU]bool{}
+	return lines, kept, dups
+}
+
+// skusOf is the SKUs lines name, in the order their rows are locked.
+func skusOf(lines []tline) []stock.SKU {
+	set := map[stock.SKU]bool{}
 	for _, ln := range lines {
-		skuSet[ln.sku] = true
+		set[ln.sku] = true
 	}
-	skus := slices.SortedFunc(maps.Keys(skuSet), stock.SKU.Compare)
-	rows := map[stock.SKU]skuRow{}
-	var buyers map[buyerName][2]int64 // units, cap
-	var codes map[codeName]codeRow
-	careful = careful || slices.ContainsFunc(kept, func(i int) bool { return b.takes[i].versioned })
-	if careful {
-		steps := []step{b.lockStep(skus, rows)}
-		if b.readCaps {
-			buyers = map[buyerName][2]int64{}
-			steps = append(steps, b.buyersReadStep(lines, buyers))
-		}
-		if b.readCodes {
-			codes = map[codeName]codeRow{}
-			if s, ok := b.codesReadStep(lines, codes); ok {
-				steps = append(steps, s)
-			}
-		}
-		// The requests committed meanwhile (by a copy of the request on
-		// another replica, while an earlier attempt of this batch rolled
-		// back): duplicates, decided before any row says "sold out" to
-		// a request that stands.
-		committed := map[ScopedKey]bool{}
-		if s, ok := b.requestsReadStep(kept, committed); ok {
+	return slices.SortedFunc(maps.Keys(set), stock.SKU.Compare)
+}
+
+// readRows is what a careful attempt reads before it writes.
+type readRows struct {
+	rows      map[stock.SKU]skuRow
+	buyers    map[buyerName][2]int64 // units, cap; nil unless caps are read
+	codes     map[codeName]codeRow   // nil unless codes are read
+	committed map[ScopedKey]bool     // the kept takes' requests committed meanwhile
+}
+
+// readFirst locks and reads the rows of skus, and the buyers' counts and
+// code uses when an attempt before found them refusing, and which of the
+// kept takes' requests committed meanwhile.
+func (b *takeBatch) readFirst(ctx context.Context, r txRunner, kept []int, lines []tline, skus []stock.SKU) (readRows, error) {
+	rd := readRows{rows: map[stock.SKU]skuRow{}, committed: map[ScopedKey]bool{}}
+	steps := []step{b.lockStep(skus, rd.rows)}
+	if b.readCaps {
+		rd.buyers = map[buyerName][2]int64{}
+		steps = append(steps, b.buyersReadStep(lines, rd.buyers))
+	}
+	if b.readCodes {
+		rd.codes = map[codeName]codeRow{}
+		if s, ok := b.codesReadStep(lines, rd.codes); ok {
 			steps = append(steps, s)
 		}
-		if err := r.run(ctx, steps); err != nil {
-			return out, notCommitted("take: read", err)
-		}
-		if len(committed) > 0 {
-			dup := map[int]bool{}
-			for _, i := range kept {
-				if t := &b.takes[i]; !t.Req.IsZero() && committed[ScopedKey{t.Req.Scope, t.Req.Key}] {
-					dup[i] = true
-					out.dups = append(out.dups, i)
-				}
-			}
-			kept = slices.DeleteFunc(kept, func(i int) bool { return dup[i] })
-			lines = slices.DeleteFunc(lines, func(ln tline) bool { return dup[ln.take] })
-			if len(kept) == 0 {
-				_ = r.end(ctx, false) // the failure returned says more than the rollback's
-				return attemptOut{committed: true, dups: out.dups}, nil
-			}
-		}
-		refused := b.decide(kept, lines, rows, buyers, codes)
-		if len(refused) > 0 {
-			kept = slices.DeleteFunc(kept, func(i int) bool { return refused[i] })
-			lines = slices.DeleteFunc(lines, func(ln tline) bool { return refused[ln.take] })
-		}
-		if len(kept) == 0 {
-			_ = r.end(ctx, false) // the failure returned says more than the rollback's
-			return attemptOut{committed: true, dups: out.dups}, nil
-		}
 	}
-
-	w := b.writeSteps(d, kept, lines)
-	steps := []step{w.seats}
-	if !careful && d == Postgres {
-		// Lock the SKU rows in order before the update (a careful attempt
-		// holds them already; SQLite has one writer).
-		steps = append(steps, l.lockStep(skus, nil))
+	if s, ok := b.requestsReadStep(kept, rd.committed); ok {
+		steps = append(steps, s)
 	}
-	steps = append(steps, w.steps...)
-	steps = slices.DeleteFunc(steps, func(s step) bool { return s.sql == "" })
 	if err := r.run(ctx, steps); err != nil {
-		return out, notCommitted("take", err)
+		return rd, notCommitted("take: read", err)
 	}
+	return rd, nil
+}
 
-	// What the statements did, against what they were to do.
-	refused := map[int]bool{}
+// decideRead drops from kept, first, the takes whose requests committed
+// meanwhile (a copy of the request on another replica, while an earlier
+// attempt of this batch rolled back): duplicates, decided before any row
+// says "sold out" to a request that stands. Then those the rows read
+// refuse (decide). It returns what is left and the duplicates.
+func (b *takeBatch) decideRead(kept []int, lines []tline, rd readRows) (_ []int, _ []tline, dups []int) {
+	drop := map[int]bool{}
+	for _, i := range kept {
+		if t := &b.takes[i]; !t.Req.IsZero() && rd.committed[ScopedKey{t.Req.Scope, t.Req.Key}] {
+			drop[i] = true
+			dups = append(dups, i)
+		}
+	}
+	kept, lines = without(kept, lines, drop)
+	kept, lines = without(kept, lines, b.decide(kept, lines, rd.rows, rd.buyers, rd.codes))
+	return kept, lines, dups
+}
+
+// without is kept and lines without the takes in drop.
+func without(kept []int, lines []tline, drop map[int]bool) ([]int, []tline) {
+	if len(drop) == 0 {
+		return kept, lines
+	}
+	kept = slices.DeleteFunc(kept, func(i int) bool { return drop[i] })
+	lines = slices.DeleteFunc(lines, func(ln tline) bool { return drop[ln.take] })
+	return kept, lines
+}
+
+// checked is what an attempt's statements did against what they were to
+// do: the takes refused, those of them another committed first (dups),
+// and whether a SKU's update or a code's use refused.
+type checked struct {
+	refused   map[int]bool
+	dups      []int
+	sku, code bool
+}
+
+// check reads what the statements w did for the kept takes' lines: a
+// request or row key not claimed (another committed it first), a seat
+// not got (taken), a SKU's update that did not happen, a code used past
+// its uses or by another buyer.
+func (b *takeBatch) check(kept []int, lines []tline, w *writes) checked {
+	c := checked{refused: map[int]bool{}}
 	for _, i := range kept {
 		t := &b.takes[i]
 		if !t.Req.IsZero() && !w.claimed[ScopedKey{t.Req.Scope, t.Req.Key}] {
-			refused[i] = true
-			out.dups = append(out.dups, i)
+			c.refused[i] = true
+			c.dups = append(c.dups, i)
 		}
 	}
 	for _, ln := range lines {
-		if refused[ln.take] {
+		if c.refused[ln.take] {
 			continue
 		}
 		if !w.inserted[ln.key] {
-			refused[ln.take] = true
-			out.dups = append(out.dups, ln.take)
+			c.refused[ln.take] = true
+			c.dups = append(c.dups, ln.take)
 			continue
 		}
 		if missing := missingSeats(ln, w.seatsGot); len(missing) > 0 {
-			refused[ln.take] = true
+			c.refused[ln.take] = true
 			b.refuse(ln, &SeatsTakenError{Seats: missing})
 		}
 	}
-	skuRefused := false
 	for _, ln := range lines { // the lines written, after a careful attempt's refusals
 		if _, ok := w.updated[ln.sku]; !ok {
-			skuRefused = true
+			c.sku = true
 		}
 	}
-	capRefused := false
-	if capped := w.capped(); !skuRefused && len(refused) == 0 && len(capped) > 0 {
-		// Under caps: count the buyers (one more round trip, for capped
-		// SKUs only).
-		if err := r.run(ctx, []step{l.buyersStep(capped, w.counted)}); err != nil {
-			return out, notCommitted("take: buyers", err)
-		}
-		for _, c := range capped {
-			capRefused = capRefused || !w.counted[buyerName{c.sku.Program, c.sku.Ticket, c.buyer}]
+	for cn, cr := range w.codes {
+		if cr.uses > cr.maxUses || !w.codeFound[cn] {
+			c.code = true
 		}
 	}
-	codeRefused := false
-	for c, cr := range w.codes {
-		if cr.uses > cr.maxUses || !w.codeFound[c] {
-			codeRefused = true
-		}
-	}
-	if !codeRefused {
+	if !c.code {
 		for _, ln := range lines {
-			if ln.code == "" || refused[ln.take] {
+			if ln.code == "" || c.refused[ln.take] {
 				continue
 			}
 			if cr := w.codes[codeName{ln.sku, ln.code}]; !cr.buyer.IsZero() && cr.buyer != ln.buyer {
-				codeRefused = true
+				c.code = true
 			}
 		}
 	}
-	if len(refused) == 0 && !skuRefused && !capRefused && !codeRefused {
-		if err := r.end(ctx, true); err != nil {
-			return out, fmt.Errorf("ledger: take: commit: %w", err)
+	return c
+}
+
+// committed fills in what the commit of the kept takes decided: lines
+// taken at the row's epoch took it as their update saw it, and a cart
+// carries its lines.
+func (b *takeBatch) committed(kept []int, lines []tline, w *writes) {
+	for _, ln := range lines {
+		e := ln.epoch
+		if e < 0 {
+			e = w.updated[ln.sku].epoch
 		}
-		// Lines taken at the row's epoch took it as their update saw it.
-		for _, ln := range lines {
-			e := ln.epoch
-			if e < 0 {
-				e = w.updated[ln.sku].epoch
-			}
-			t := &b.takes[ln.take]
-			if ln.hold {
-				t.Holds[ln.idx].TakeEpoch = e
-			} else {
-				t.Orders[ln.idx].TakeEpoch = e
-			}
-		}
-		if t := b.takes; len(t) > 0 {
-			for _, i := range kept {
-				if t[i].Cart != nil {
-					t[i].Cart.Orders, t[i].Cart.Holds = t[i].Orders, t[i].Holds
-				}
-			}
-		}
-		return attemptOut{committed: true, kept: kept, dups: out.dups}, nil
-	}
-	if err := r.end(ctx, false); err != nil {
-		return out, notCommitted("take: roll back", err)
-	}
-	// What the rows refuse is decided by the next attempt, which reads them
-	// (and buyers' caps and codes, when those refused) before it writes.
-	b.readCaps = b.readCaps || capRefused
-	b.readCodes = b.readCodes || codeRefused
-	if careful && skuRefused {
-		// Even after its read, a SKU's update refused: decide by the read.
-		for i := range b.decide(kept, lines, rows, nil, nil) {
-			refused[i] = true
+		t := &b.takes[ln.take]
+		if ln.hold {
+			t.Holds[ln.idx].TakeEpoch = e
+		} else {
+			t.Orders[ln.idx].TakeEpoch = e
 		}
 	}
-	kept = slices.DeleteFunc(kept, func(i int) bool { return refused[i] })
-	return attemptOut{kept: kept, dups: out.dups}, nil
+	for _, i := range kept {
+		if t := &b.takes[i]; t.Cart != nil {
+			t.Cart.Orders, t.Cart.Holds = t.Orders, t.Holds
+		}
+	}
 }
 
 // refuse records why take ln.take is refused, naming the line in a cart.
@@ -697,73 +766,13 @@ func (b *takeBatch) decide(kept []int, lines []tline, rows map[stock.SKU]skuRow,
 	refused := map[int]bool{}
 	for _, i := range kept {
 		ls := byTake[i]
-		var why error
-		var at tline
-		need := map[stock.SKU]int64{}
-		t := &b.takes[i]
-		for _, ln := range ls {
-			r, ok := rows[ln.sku]
-			switch {
-			case !ok:
-				why = stock.ErrUnknownSKU
-			case r.ended:
-				why = stock.ErrSaleEnded
-			case len(ln.seats) == 0 && r.seated:
-				why = ErrSeatedTake
-			case ln.epoch >= 0 && ln.epoch != r.epoch:
-				why = ErrStaleGate
-			case left[ln.sku]-need[ln.sku] < ln.q:
-				why = stock.ErrSoldOut
-			case t.versioned && r.version != t.version:
-				why = ErrConflict
-			}
-			if why != nil {
-				at = ln
-				break
-			}
-			need[ln.sku] += ln.q
-		}
+		need, at, why := rowsRefusal(&b.takes[i], ls, rows, left)
 		var counts map[buyerName]int64
 		if why == nil && buyers != nil {
-			counts = map[buyerName]int64{}
-			for _, ln := range ls {
-				base, whole := ln.sku.Base(), ln.sku.Whole()
-				counts[buyerName{base.Program, base.Ticket, ln.buyer}] += ln.q
-				counts[buyerName{whole.Program, whole.Ticket, ln.buyer}] += ln.q
-			}
-			for _, ln := range ls {
-				for _, n := range []buyerName{{ln.sku.Base().Program, ln.sku.Base().Ticket, ln.buyer}, {ln.sku.Program, keys.ID{}, ln.buyer}} {
-					bu := buyers[n]
-					if bu[1] > 0 && bu[0]+units[n]+counts[n] > bu[1] {
-						why, at = stock.ErrLimit, ln
-						if n.ticket.IsZero() {
-							at.sku = ln.sku.Whole()
-						}
-						break
-					}
-				}
-				if why != nil {
-					break
-				}
-			}
+			counts, at, why = capsRefusal(ls, buyers, units)
 		}
 		if why == nil && codes != nil {
-			for _, ln := range ls {
-				if ln.code == "" {
-					continue
-				}
-				c := codeName{ln.sku, ln.code}
-				cr, ok := codes[c]
-				switch {
-				case !ok || (!cr.buyer.IsZero() && cr.buyer != ln.buyer):
-					why, at = ErrCodeInvalid, ln
-				case cr.uses+uses[c]+1 > cr.maxUses:
-					why, at = ErrCodeUsedUp, ln
-				}
-				if why != nil {
-					break
-				}
-			}
+			at, why = codesRefusal(ls, codes, uses)
 		}
 		if why != nil {
 			refused[i] = true
@@ -783,6 +792,81 @@ func (b *takeBatch) decide(kept []int, lines []tline, rows map[stock.SKU]skuRow,
 		}
 	}
 	return refused
+}
+
+// rowsRefusal is why the rows read refuse take t of lines ls (nil: they
+// do not) and the line refused, with what t needs of each SKU, given
+// what the takes decided before it left.
+func rowsRefusal(t *Take, ls []tline, rows map[stock.SKU]skuRow, left map[stock.SKU]int64) (need map[stock.SKU]int64, at tline, why error) {
+	need = map[stock.SKU]int64{}
+	for _, ln := range ls {
+		r, ok := rows[ln.sku]
+		switch {
+		case !ok:
+			why = stock.ErrUnknownSKU
+		case r.ended:
+			why = stock.ErrSaleEnded
+		case len(ln.seats) == 0 && r.seated:
+			why = ErrSeatedTake
+		case ln.epoch >= 0 && ln.epoch != r.epoch:
+			why = ErrStaleGate
+		case left[ln.sku]-need[ln.sku] < ln.q:
+			why = stock.ErrSoldOut
+		case t.versioned && r.version != t.version:
+			why = ErrConflict
+		}
+		if why != nil {
+			return need, ln, why
+		}
+		need[ln.sku] += ln.q
+	}
+	return need, tline{}, nil
+}
+
+// capsRefusal is whether the buyers' counts read refuse lines ls under a
+// ticket's or the program's cap (stock.ErrLimit; the line refused names
+// the whole program's SKU for the program's), given the units the takes
+// decided before them count; and what ls count.
+func capsRefusal(ls []tline, buyers map[buyerName][2]int64, units map[buyerName]int64) (counts map[buyerName]int64, at tline, why error) {
+	counts = map[buyerName]int64{}
+	for _, ln := range ls {
+		base, whole := ln.sku.Base(), ln.sku.Whole()
+		counts[buyerName{base.Program, base.Ticket, ln.buyer}] += ln.q
+		counts[buyerName{whole.Program, whole.Ticket, ln.buyer}] += ln.q
+	}
+	for _, ln := range ls {
+		for _, n := range []buyerName{{ln.sku.Base().Program, ln.sku.Base().Ticket, ln.buyer}, {ln.sku.Program, keys.ID{}, ln.buyer}} {
+			bu := buyers[n]
+			if bu[1] > 0 && bu[0]+units[n]+counts[n] > bu[1] {
+				at = ln
+				if n.ticket.IsZero() {
+					at.sku = ln.sku.Whole()
+				}
+				return counts, at, stock.ErrLimit
+			}
+		}
+	}
+	return counts, tline{}, nil
+}
+
+// codesRefusal is whether the code uses read refuse lines ls: a code
+// unknown or another buyer's, or one used up, given the uses the takes
+// decided before them make.
+func codesRefusal(ls []tline, codes map[codeName]codeRow, uses map[codeName]int64) (at tline, why error) {
+	for _, ln := range ls {
+		if ln.code == "" {
+			continue
+		}
+		c := codeName{ln.sku, ln.code}
+		cr, ok := codes[c]
+		switch {
+		case !ok || (!cr.buyer.IsZero() && cr.buyer != ln.buyer):
+			return ln, ErrCodeInvalid
+		case cr.uses+uses[c]+1 > cr.maxUses:
+			return ln, ErrCodeUsedUp
+		}
+	}
+	return tline{}, nil
 }
 
 // missingSeats are the seats of ln the seat statement did not get.

@@ -101,7 +101,7 @@ func (t *take) takeBudgets(ctx context.Context) (answer, bool) {
 					detail = fmt.Sprintf("this device may hold %d of this program's tickets at once", p.DeviceHoldBudget)
 				}
 				if t.cart {
-					return t.no(ctx, i, ErrHoldBudget, detail, false), false
+					return t.no(ctx, i, lineRefusal{kind: ErrHoldBudget, detail: detail}), false
 				}
 				// A retry of a hold that committed gets its replay: its key
 				// is looked up in the ledger (one primary-key read per

@@ -201,22 +201,22 @@ func releaseKept(ctx context.Context, kept []*quotaTicket, a answer) {
 // lockCart names the lock copies of one cart request take turns under.
 var lockCart = keys.MustID("cart")
 
-// no answers a refusal of line i: for a cart it names the line. A retry of
-// a request that committed before gets its replay instead: looked up in
-// the ledger, or, for a single take of a SKU that takes no more requests
-// (closed: sold out, ended), found in memory (see committedOr), so a storm
-// of them costs no ledger read each.
-func (t *take) no(ctx context.Context, i int, kind *Err, detail string, closed bool) answer {
+// no answers r, a refusal of line i: for a cart it names the line. A
+// retry of a request that committed before gets its replay instead:
+// looked up in the ledger, or, for a single take of a SKU that takes no
+// more requests (r.closed: sold out, ended), found in memory (see
+// committedOr), so a storm of them costs no ledger read each.
+func (t *take) no(ctx context.Context, i int, r lineRefusal) answer {
 	var err error
 	switch {
 	case t.cart:
-		err = refuseLine(kind, t.lines[i].w.sku.Ticket, detail)
-	case detail != "":
-		err = refuse(kind, detail)
+		err = refuseLine(r.kind, t.lines[i].w.sku.Ticket, r.detail)
+	case r.detail != "":
+		err = refuse(r.kind, r.detail)
 	default:
-		err = kind
+		err = r.kind
 	}
-	if closed && !t.cart {
+	if r.closed && !t.cart {
 		return t.s.committedOr(ctx, t.lines[i].w, fail(err))
 	}
 	return t.s.lookupOr(ctx, t.req, fail(err))
@@ -245,10 +245,10 @@ func (t *take) refused(ctx context.Context, refusal answer) answer {
 	return refusal
 }
 
-// settle reads each line's settings and refuses what they refuse, before
+// checkSettings reads each line's settings and refuses what they refuse, before
 // the gate moves anything. direct says the take must go around the gate
 // (the breaker is open, or a gate that must be rebuilt could not be).
-func (t *take) settle(ctx context.Context) (a answer, ok, direct bool) {
+func (t *take) checkSettings(ctx context.Context) (a answer, ok, direct bool) {
 	s := t.s
 	now := time.Now()
 	for i, ln := range t.lines {
@@ -258,7 +258,7 @@ func (t *take) settle(ctx context.Context) (a answer, ok, direct bool) {
 		case errors.Is(err, stock.ErrUnknownSKU) && !w.sku.Pool().IsZero():
 			return fail(ErrUnknownPool), false, false
 		case errors.Is(err, stock.ErrUnknownSKU) && t.cart:
-			return t.no(ctx, i, ErrUnknownSKU, "", false), false, false
+			return t.no(ctx, i, lineRefusal{kind: ErrUnknownSKU}), false, false
 		case errors.Is(err, stock.ErrUnknownSKU):
 			return ansUnknownSKU, false, false
 		case err != nil:
@@ -281,29 +281,12 @@ func (t *take) settle(ctx context.Context) (a answer, ok, direct bool) {
 			}
 			w.code = c
 		}
-		picked := len(ln.pick.seats) > 0 || !ln.pick.section.IsZero()
-		switch {
-		case w.q > st.MaxPerOrder && t.seatHold:
-			return t.no(ctx, i, ErrOverMax, fmt.Sprintf("%d seats over this ticket's maximum of %d per order", w.q, st.MaxPerOrder), false), false, false
-		case w.q > st.MaxPerOrder:
-			return t.no(ctx, i, ErrOverMax, fmt.Sprintf("quantity %d over this ticket's maximum of %d per order", w.q, st.MaxPerOrder), false), false, false
-		case st.Seated && s.seats == nil:
-			return t.no(ctx, i, ErrNoSeating, "", false), false, false
-		case st.Seated && !t.cart && !t.seatHold:
-			return t.no(ctx, i, ErrSeated, "", false), false, false
-		case !st.Seated && (picked || t.seatHold):
-			return t.no(ctx, i, ErrNotSeated, "", false), false, false
-		case st.Seated && len(ln.pick.seats) == 0 && w.q > MaxBestSeats:
-			return t.no(ctx, i, ErrInvalid, fmt.Sprintf("at most %d best seats per line", MaxBestSeats), false), false, false
-		case w.hold && t.ttl != 0 && (t.ttl < ledger.MinHoldTTL || t.ttl > st.HoldTTLMax):
-			return t.no(ctx, i, ErrInvalid, fmt.Sprintf("ttl_seconds must be in %d..%d for this ticket",
-				int(ledger.MinHoldTTL.Seconds()), int(st.HoldTTLMax.Seconds())), false), false, false
-		case !st.EndedAt.IsZero():
-			return t.no(ctx, i, ErrSaleEnded, "", !st.Seated), false, false
-		case !st.Seated && s.cache.SoldOut(w.sku):
-			return t.no(ctx, i, ErrSoldOut, "", true), false, false
-		case st.PerBuyer > 0 && w.q > st.PerBuyer:
-			return t.no(ctx, i, ErrLimit, "", false), false, false // more than the cap in one request; no count needed
+		ask := lineAsk{st: st, q: w.q, hold: w.hold, ttl: t.ttl,
+			picked: len(ln.pick.seats) > 0 || !ln.pick.section.IsZero(), best: len(ln.pick.seats) == 0,
+			cart: t.cart, seatHold: t.seatHold, seating: s.seats != nil,
+			soldOut: s.cache, sku: w.sku}
+		if r, ok := refuseBySettings(ask); ok {
+			return t.no(ctx, i, r), false, false
 		}
 		if st, err = s.gateFresh(ctx, w.sku, st); err != nil {
 			s.log.ErrorContext(ctx, "load sku settings", "sku", w.sku.String(), "err", err)
@@ -332,7 +315,7 @@ func (t *take) once(ctx context.Context) (_ answer, stale stock.SKU) {
 	for _, ln := range t.lines { // a fresh attempt: nothing taken yet
 		*ln = line{w: ln.w, pick: ln.pick}
 	}
-	a, ok, direct := t.settle(ctx)
+	a, ok, direct := t.checkSettings(ctx)
 	if !ok {
 		return a, stale
 	}
@@ -418,12 +401,12 @@ func (t *take) gateUnits(ctx context.Context, i int) (answer, gateOut) {
 		// Its uses are counted: a retry of a request that used it gets its
 		// replay.
 		s.metrics.poolRefusals.WithLabelValues("code-used-up").Inc()
-		return t.no(ctx, i, ErrCodeUsedUp, "", false), gateRefuse
+		return t.no(ctx, i, lineRefusal{kind: ErrCodeUsedUp}), gateRefuse
 	case errors.Is(qerr, errOverCap), errors.Is(qerr, shard.ErrKeyCounted):
 		// Over the cap, or over it but this key was counted before (a
 		// retry of a request whose stock came back, or a reuse of the
 		// key): the ledger knows which.
-		return t.no(ctx, i, ErrLimit, "", false), gateRefuse
+		return t.no(ctx, i, lineRefusal{kind: ErrLimit}), gateRefuse
 	case errors.Is(qerr, stock.ErrLimit) && !t.cart:
 		// A retry of a request that was counted passes (its count is kept
 		// per request id). A request never counted here (sold around the
@@ -432,7 +415,7 @@ func (t *take) gateUnits(ctx context.Context, i int) (answer, gateOut) {
 		// flood of new requests from one buyer costs no ledger call each.
 		return s.committedAt(ctx, w, ansLimit, st.Version), gateRefuse
 	case errors.Is(qerr, stock.ErrLimit):
-		return t.no(ctx, i, ErrLimit, "", false), gateRefuse
+		return t.no(ctx, i, lineRefusal{kind: ErrLimit}), gateRefuse
 	case qerr != nil && notRun(qerr):
 		t.openNode(qerr)
 		return answer{}, gateDirect
@@ -466,7 +449,7 @@ func (t *take) gateUnits(ctx context.Context, i int) (answer, gateOut) {
 		if d.Left == 0 {
 			s.markSoldOut(w.sku)
 		}
-		return t.no(ctx, i, ErrSoldOut, "", d.Left == 0), gateRefuse
+		return t.no(ctx, i, lineRefusal{kind: ErrSoldOut, closed: d.Left == 0}), gateRefuse
 	case err != nil && notRun(err):
 		// Nothing moved in Redis: the ledger can take this one directly
 		// (and may commit it: its key keeps its mark).
@@ -573,7 +556,7 @@ func (t *take) noAdjacent(ctx context.Context, i int, sections []keys.ID) answer
 	if len(sections) == 1 && !t.lines[i].pick.section.IsZero() {
 		where = "section " + sections[0].String()
 	}
-	return t.no(ctx, i, ErrNoAdjacent, fmt.Sprintf("no %d adjacent seats free in %s", t.lines[i].w.q, where), false)
+	return t.no(ctx, i, lineRefusal{kind: ErrNoAdjacent, detail: fmt.Sprintf("no %d adjacent seats free in %s", t.lines[i].w.q, where)})
 }
 
 // countsFate is what undo does with the buyer's counts a line made.
@@ -766,15 +749,9 @@ func (t *take) commit(ctx context.Context, direct bool) (answer, stock.SKU) {
 	for try := 0; ledger.NoPrimary(r.Err) && s.awaitPrimary(ctx, try); try++ {
 		r = c.commitTake(withinDeadline(ctx), lt)
 	}
-	err := r.Err
-	at := 0 // the line a refusal is about
-	var le *ledger.LineError
-	if errors.As(err, &le) {
-		at = le.Line
-	}
-	var te *ledger.SeatsTakenError
-	switch {
-	case err == nil:
+	o := judgeCommit(r.Err, direct, t.cart)
+	switch o.verdict {
+	case verdictSold:
 		if direct {
 			for _, ln := range t.lines {
 				// Before this replica lets Redis serve the SKU again it
@@ -786,7 +763,7 @@ func (t *take) commit(ctx context.Context, direct bool) (answer, stock.SKU) {
 		t.sellSeats(ctx, a)
 		s.count(path, "sold")
 		return a, stock.SKU{}
-	case errors.Is(err, ledger.ErrDuplicate):
+	case verdictReplay:
 		// Another attempt of this request committed first (on another
 		// replica, around the gate, or before a Redis re-send). Give back
 		// only what its rows do not stand on; a seat line holds the same
@@ -802,50 +779,30 @@ func (t *take) commit(ctx context.Context, direct bool) (answer, stock.SKU) {
 		a.replayed, a.durable = true, true
 		t.settleDuplicate(ctx, a)
 		return a, stock.SKU{}
-	case errors.Is(err, ledger.ErrKeyReused):
+	case verdictKeyReused:
 		t.undo(ctx, countsRelease)
 		return ansKeyReused, stock.SKU{}
-	case errors.Is(err, ledger.ErrStaleGate) && !direct:
-		// The gate was rebuilt after it admitted a line: the rebuild wiped
-		// this deduction (a give-back of it is refused as stale). The
-		// counts stay: the retake counts under the same request ids.
-		t.undo(ctx, countsKeep)
-		return answer{}, t.lines[at].w.sku
-	case errors.As(err, &te):
-		return s.counted(path, t.refused(ctx, t.noSeats(ctx, at, ErrSeatsTaken, te.Seats))), stock.SKU{}
-	case errors.Is(err, ledger.ErrSeatedTake):
-		// A seat map came since this replica read the settings.
-		return s.counted(path, t.refused(ctx, t.no(ctx, at, ErrSeated, "", false))), stock.SKU{}
-	case errors.Is(err, stock.ErrSoldOut):
-		if direct {
-			if st, rerr := s.ledger.SKU(ctx, t.lines[at].w.sku); rerr == nil && st.Remaining() == 0 {
-				s.markSoldOut(t.lines[at].w.sku)
-			}
-		} else {
-			// Redis admitted what the ledger refuses: Redis was ahead of the
-			// truth (a write lost in a failover, sales around it). The
-			// ledger wins.
-			s.metrics.ledgerRefusals.Inc()
+	case verdictRetake:
+		t.undo(ctx, countsKeep) // the retake counts under the same request ids
+		return answer{}, t.lines[o.line].w.sku
+	case verdictRefuse:
+		if o.refusal.kind == ErrSoldOut {
+			t.ledgerSoldOut(ctx, direct, o.line)
 		}
-		return s.counted(path, t.refused(ctx, t.no(ctx, at, ErrSoldOut, "", false))), stock.SKU{}
-	case errors.Is(err, stock.ErrLimit) && le == nil && t.cart:
-		// The program's cap: the cart as a whole.
+		var no answer
+		if o.refusal.kind == ErrSeatsTaken {
+			no = t.noSeats(ctx, o.line, o.refusal.kind, o.seats)
+		} else {
+			no = t.no(ctx, o.line, o.refusal)
+		}
+		return s.counted(path, t.refused(ctx, no)), stock.SKU{}
+	case verdictCartLimit:
 		return s.counted(path, t.refused(ctx, s.lookupOr(ctx, t.req, ansLimit))), stock.SKU{}
-	case errors.Is(err, stock.ErrLimit):
-		return s.counted(path, t.refused(ctx, t.no(ctx, at, ErrLimit, "", false))), stock.SKU{}
-	case errors.Is(err, ledger.ErrCodeUsedUp):
-		return s.counted(path, t.refused(ctx, t.no(ctx, at, ErrCodeUsedUp, "", false))), stock.SKU{}
-	case errors.Is(err, ledger.ErrCodeInvalid):
-		return s.counted(path, t.refused(ctx, t.no(ctx, at, ErrCodeInvalid, "", false))), stock.SKU{}
-	case errors.Is(err, stock.ErrSaleEnded):
-		return s.counted(path, t.refused(ctx, t.no(ctx, at, ErrSaleEnded, "", true))), stock.SKU{}
-	case errors.Is(err, stock.ErrUnknownSKU):
-		return s.counted(path, t.refused(ctx, t.no(ctx, at, ErrUnknownSKU, "", false))), stock.SKU{}
-	case errors.Is(err, errLedgerBusy):
+	case verdictBusy:
 		t.undo(ctx, countsRelease)
 		return s.counted(path, ansLedgerBusy), stock.SKU{}
-	case errors.Is(err, ledger.ErrNotCommitted):
-		s.logCommit(ctx, err)
+	case verdictNotCommitted:
+		s.logCommit(ctx, r.Err)
 		t.undo(ctx, countsRelease)
 		return s.counted(path, ansUnavailable), stock.SKU{}
 	}
@@ -863,7 +820,7 @@ func (t *take) commit(ctx context.Context, direct bool) (answer, stock.SKU) {
 	// mark stays): nothing repairs them but their day-long lifetime, so
 	// kept they would tell a buyer who bought nothing "limit reached",
 	// while the ledger checks every cap and code at its commit anyway.
-	s.logCommit(ctx, err)
+	s.logCommit(ctx, r.Err)
 	if a, ok, lerr := s.recorded(ctx, t.req); lerr == nil && ok {
 		return a, stock.SKU{}
 	}
@@ -872,6 +829,21 @@ func (t *take) commit(ctx context.Context, direct bool) (answer, stock.SKU) {
 		ln.quota.release(ctx)
 	}
 	return s.counted(path, ansUnavailable), stock.SKU{}
+}
+
+// ledgerSoldOut notes the ledger's "sold out" for line i. Around the
+// gate, a row with nothing left marks the SKU sold out here; through it,
+// Redis admitted what the ledger refuses: Redis was ahead of the truth (a
+// write lost in a failover, sales around it), and the ledger wins.
+func (t *take) ledgerSoldOut(ctx context.Context, direct bool, i int) {
+	s := t.s
+	if !direct {
+		s.metrics.ledgerRefusals.Inc()
+		return
+	}
+	if st, err := s.ledger.SKU(ctx, t.lines[i].w.sku); err == nil && st.Remaining() == 0 {
+		s.markSoldOut(t.lines[i].w.sku)
+	}
 }
 
 // awaitPrimary waits before the try-th retry of a write that found no
@@ -996,7 +968,7 @@ func (t *take) placeGiven(ctx context.Context) (answer, bool) {
 		section, unknown, spans := m.section(ln.pick.seats)
 		switch {
 		case spans:
-			return t.no(ctx, i, ErrSeatsSpan, "", false), false
+			return t.no(ctx, i, lineRefusal{kind: ErrSeatsSpan}), false
 		case len(unknown) > 0:
 			return t.noSeats(ctx, i, ErrUnknownSeats, unknown), false
 		}

@@ -1,0 +1,192 @@
+package ledger
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// A hold's confirm as a single change: whole or in part (ConfirmPart),
+// and its replay. The batched confirms of the lanes are confirms.go.
+
+// Confirm turns a live hold into an order, once: held - q, sold + q, in the
+// same transaction as the hold's state change. A hold already confirmed
+// returns its order (a retry); one cancelled, expired, or past its expiry
+// returns ErrHoldEnded and sells nothing. buyer must be the hold's. req
+// (when not zero) is the client's confirm request, remembered with the
+// order it got.
+func (l *Ledger) Confirm(ctx context.Context, holdID, buyer keys.ID, req Request) (_ Order, err error) {
+	return l.ConfirmPart(ctx, holdID, buyer, 0, req)
+}
+
+// ConfirmPart is Confirm of keep of the hold's units (0: all): the order
+// has keep, and the rest come back in the same transaction, as a cancel
+// gives them back (held - rest, the buyer's count - rest, a waitlist
+// offered first, restore_pending set when Redis is owed them), exactly
+// once whatever races it: the hold's state change decides. keep over the
+// hold's quantity is stock.ErrInvalid; a seat hold is confirmed whole
+// (ErrSeatedTake) unless keep is 0 or all its seats.
+func (l *Ledger) ConfirmPart(ctx context.Context, holdID, buyer keys.ID, keep int64, req Request) (_ Order, err error) {
+	defer l.observe("confirm", time.Now(), &err)
+	now := l.now().UTC().Truncate(time.Millisecond)
+	h, err := l.HoldByID(ctx, holdID)
+	if err != nil {
+		return Order{}, err
+	}
+	if keep < 0 {
+		return Order{}, fmt.Errorf("%w: keep %d", stock.ErrInvalid, keep)
+	}
+	tx, taken, err := l.begin(ctx, req, h.SKU, now, "confirm")
+	if taken {
+		return l.orderReplay(ctx, req)
+	}
+	if err != nil {
+		return Order{}, err
+	}
+	defer tx.Rollback()
+	h, err = scanHold(tx.QueryRowContext(ctx, selectHold+` WHERE id = $1`, holdID))
+	switch {
+	case err != nil:
+		return Order{}, err
+	case h.Buyer != buyer:
+		return Order{}, ErrNotOwner
+	case !h.CartID.IsZero():
+		return Order{}, ErrInCart
+	case h.State == Confirmed:
+		return confirmedAgain(ctx, tx, h, keep, req)
+	case h.State != Held || !now.Before(h.ExpiresAt):
+		return Order{}, fmt.Errorf("%w: %s", ErrHoldEnded, h.stateAt(now))
+	case keep > h.Quantity:
+		return Order{}, fmt.Errorf("%w: keep %d of a hold of %d", stock.ErrInvalid, keep, h.Quantity)
+	case keep > 0 && keep < h.Quantity && len(h.SeatIDs) > 0:
+		return Order{}, fmt.Errorf("%w: a seat hold is confirmed whole", ErrSeatedTake)
+	}
+	if keep == 0 {
+		keep = h.Quantity
+	}
+	rest := h.Quantity - keep
+	o := confirmOrder(h, req, now)
+	o.Quantity = keep
+	// The state change is the one place a hold's fate is decided: a sweeper
+	// expiring it at this instant changes zero rows here, or we change zero
+	// rows there.
+	res, err := tx.ExecContext(ctx, `UPDATE holds SET state = $2, order_id = $3, ended_at = $4
+		WHERE id = $1 AND state = $5 AND expires_at > $4`, h.ID, Confirmed, o.ID, now.UnixMilli(), Held)
+	if err != nil {
+		return Order{}, notCommitted("confirm hold", err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		// Another confirm (or a sweeper, or a cancel) changed the row while
+		// this one waited for it. On PostgreSQL's READ COMMITTED the
+		// conditional update then sees the row as that one left it and
+		// changes nothing; this is no expiry: read what the hold is now,
+		// in this transaction (a new statement sees the winner's commit),
+		// and answer that.
+		cur, err := scanHold(tx.QueryRowContext(ctx, selectHold+` WHERE id = $1`, holdID))
+		switch {
+		case err != nil:
+			return Order{}, err
+		case cur.State == Confirmed:
+			return confirmedAgain(ctx, tx, cur, keep, req)
+		}
+		return Order{}, fmt.Errorf("%w: %s while confirming", ErrHoldEnded, cur.stateAt(now))
+	}
+	var v int64
+	err = tx.QueryRowContext(ctx, `UPDATE skus SET held = held - $3, sold = sold + $3, version = version + 1, updated_at = $4
+		WHERE program = $1 AND ticket = $2 AND held >= $3 RETURNING version`,
+		h.SKU.Program, h.SKU.Ticket, keep, now.UnixMilli()).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Order{}, fmt.Errorf("ledger: confirm: %s holds fewer than %d", h.SKU, keep)
+	}
+	if err != nil {
+		return Order{}, notCommitted("confirm stock", err)
+	}
+	var events []Event
+	if rest > 0 {
+		// The rest comes back as a cancel's units do; Redis is owed them
+		// (RestoreOwed: the hold's quantity less its order's and what a
+		// waitlist was offered).
+		r, err := returnStock(ctx, tx, h.SKU, h.Buyer, rest, "held", now.UnixMilli())
+		if err != nil {
+			return Order{}, err
+		}
+		v = r.version
+		pending, err := owed(ctx, tx, "holds", h.ID, h.Gate, h.TakeEpoch, false, r)
+		if err != nil {
+			return Order{}, err
+		}
+		offers, err := offerBack(ctx, tx, h.SKU, rest, []backRow{{"holds", h.ID, rest, pending}}, now)
+		if err != nil {
+			return Order{}, err
+		}
+		released := holdEvent(EventHoldReleased, h)
+		released.Order, released.Quantity = o.ID, rest
+		events = append(events, released)
+		events = append(events, offers...)
+	}
+	if inserted, err := insertOrder(ctx, tx, o); err != nil || !inserted {
+		return Order{}, fmt.Errorf("ledger: confirm: order row of hold %s: inserted %v: %w", h.ID, inserted, err)
+	}
+	if err := moveSeats(ctx, tx, h.ID, seatHeld, seatSold); err != nil {
+		return Order{}, err
+	}
+	h.OrderID = o.ID
+	confirmed := holdEvent(EventHoldConfirmed, h)
+	confirmed.Quantity = keep
+	if err := emit(ctx, tx, now, append([]Event{confirmed}, events...)...); err != nil {
+		return Order{}, err
+	}
+	if err := finish(ctx, tx, req, &o, nil); err != nil {
+		return Order{}, err
+	}
+	if err := stamp(ctx, tx, h.SKU, v); err != nil {
+		return Order{}, err
+	}
+	if err := tx.Commit(); err != nil {
+		return Order{}, fmt.Errorf("ledger: confirm: commit: %w", err)
+	}
+	return o, nil
+}
+
+// confirmedAgain answers a confirm of a hold already confirmed (a retry
+// under a new key, or the loser of a race): the hold's order, recorded as
+// req's answer, when the confirm names no quantity or the order's; any
+// other quantity is ErrHoldConfirmed and records nothing (the order stands
+// as it is, and a 4xx moves nothing).
+func confirmedAgain(ctx context.Context, tx *sql.Tx, h Hold, keep int64, req Request) (Order, error) {
+	o, err := scanOrder(tx.QueryRowContext(ctx, selectOrder+` WHERE id = $1`, h.OrderID))
+	if err != nil {
+		return Order{}, err
+	}
+	// The quantity the hold was confirmed for, not what the order has now
+	// (a transfer or a resale since takes units out of it). The order's
+	// quantity is read again with the units moved out of it, in one
+	// statement: under READ COMMITTED two statements see two snapshots,
+	// and a transfer committing between them counted its units twice (3
+	// + 2 moved: "confirmed as 5, not 3", a 409 for the order's own
+	// quantity; TestModelConcurrent/two-primaries).
+	var quantity, moved, out int64
+	if err := tx.QueryRowContext(ctx, `SELECT o.quantity, COALESCE(SUM(l.resold + l.transferred), 0), COALESCE(SUM(l.resold_out), 0)
+		FROM orders o LEFT JOIN order_listings l ON l.order_id = o.id WHERE o.id = $1 GROUP BY o.quantity`, o.ID).Scan(&quantity, &moved, &out); err != nil {
+		return Order{}, notCommitted("order units", err)
+	}
+	confirmed := quantity + moved
+	if out != 0 {
+		confirmed = moved // the row's quantity is its last units resold, counted in moved
+	}
+	if keep > 0 && keep != confirmed {
+		return o, fmt.Errorf("%w: as order %s of %d, not %d", ErrHoldConfirmed, o.ID, confirmed, keep)
+	}
+	if err := finish(ctx, tx, req, &o, nil); err != nil {
+		return Order{}, err
+	}
+	if err := tx.Commit(); err != nil {
+		return Order{}, fmt.Errorf("ledger: confirm: commit: %w", err)
+	}
+	return o, nil
+}

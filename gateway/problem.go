@@ -61,6 +61,16 @@ const (
 // anything could be written.
 var unchangedCodes = map[string]bool{"overloaded": true, "not-ready": true, "no-seats": true}
 
+// kindOutcome is outcomeOf for a sale error, by its kind when the kind
+// tells (outcomeKinds).
+func kindOutcome(method string, status int, kind *sale.Err) string {
+	unchanged, told := outcomeKinds[kind]
+	if told && !unchanged && status >= 500 && method != http.MethodGet && method != http.MethodHead {
+		return outcomeUnknown
+	}
+	return outcomeOf(method, status, kind.Code, unchanged)
+}
+
 // outcomeOf is a 5xx answer's Outcome: unchanged for a read, or a
 // refusal known to have moved nothing (unchanged true, or its code one of
 // unchangedCodes); unknown otherwise. "" below 500.
@@ -74,8 +84,11 @@ func outcomeOf(method string, status int, code string, unchanged bool) string {
 	return outcomeUnknown
 }
 
-// unchangedKinds are the sale errors of a 5xx that moved nothing.
-var unchangedKinds = map[*sale.Err]bool{sale.ErrBusy: true, sale.ErrGateNotClosed: true}
+// outcomeKinds are the sale errors of a 5xx whose outcome the kind tells:
+// moved nothing (true), or an attempt that moved nothing while another
+// attempt of the request may still commit it (false: unknown, though its
+// code is one of unchangedCodes).
+var outcomeKinds = map[*sale.Err]bool{sale.ErrBusy: true, sale.ErrGateNotClosed: true, sale.ErrBusyShared: false}
 
 // problemLine is a cart line a refusal names: its ticket and why (a
 // problem type's last segment).
@@ -189,6 +202,7 @@ var statusOf = map[*sale.Err]int{
 	sale.ErrBelowCommitted:    http.StatusConflict,
 	sale.ErrRebuildBusy:       http.StatusConflict,
 	sale.ErrBusy:              http.StatusServiceUnavailable,
+	sale.ErrBusyShared:        http.StatusServiceUnavailable,
 	sale.ErrUnavailable:       http.StatusServiceUnavailable,
 	sale.ErrGateNotClosed:     http.StatusServiceUnavailable,
 	sale.ErrSeatsNotInRedis:   http.StatusServiceUnavailable,
@@ -274,7 +288,7 @@ func (s *Server) writeError(c *gin.Context, err error) {
 		}
 		retry = retryAfter(wait)
 	}
-	if status >= 500 && kind != sale.ErrBusy {
+	if status >= 500 && kind != sale.ErrBusy && kind != sale.ErrBusyShared {
 		// Shedding load is not a failure to log: the metrics count it.
 		s.log.WarnContext(c.Request.Context(), "request failed", "route", c.FullPath(), "status", status, "err", err)
 	}
@@ -283,5 +297,5 @@ func (s *Server) writeError(c *gin.Context, err error) {
 		lines = append(lines, problemLine{Ticket: l.Ticket, Code: l.Code})
 	}
 	writeProblemLines(c, status, kind.Code, sale.Detail(err), retry, lines, sale.Seats(err),
-		outcomeOf(c.Request.Method, status, kind.Code, unchangedKinds[kind]))
+		kindOutcome(c.Request.Method, status, kind))
 }

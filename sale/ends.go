@@ -224,7 +224,10 @@ func (s *Service) ownerError(ctx context.Context, err error, notFound answer) an
 	case errors.Is(err, ledger.ErrKeyReused):
 		return ansKeyReused
 	case errors.Is(err, errLedgerBusy):
-		return ansLedgerBusy
+		// This attempt moved nothing, but a copy of the request on another
+		// replica may be committing it, and nothing here can tell (a take
+		// can: its deduction is shared, take.undo): the outcome is unknown.
+		return ansLedgerBusyShared
 	}
 	s.log.ErrorContext(ctx, "hold or order action", "err", err)
 	return ansUnavailable

@@ -12,6 +12,11 @@ var (
 	// ansLedgerBusy: the ledger could not take the request within the wait
 	// budget (see batcher); nothing moved.
 	ansLedgerBusy = fail(refuse(ErrBusy, "the ledger is committing at its capacity; retry with the same Idempotency-Key"))
+	// ansLedgerBusyShared: as ansLedgerBusy, when another attempt of the
+	// request (a copy on another replica) may still commit it: a take's
+	// that holds its deduction, or any copy of a hold's or order's action,
+	// which nothing here can see. The outcome is unknown.
+	ansLedgerBusyShared = fail(refuse(ErrBusyShared, "the ledger is committing at its capacity, and another attempt of this request may still commit it; retry with the same Idempotency-Key"))
 	// ansInFlightBusy: the replica has as many takes in flight as it
 	// answers within the wait budget; nothing moved.
 	ansInFlightBusy = fail(refuse(ErrBusy, "this replica has as many requests in flight as it can answer in time; retry with the same Idempotency-Key"))

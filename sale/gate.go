@@ -81,7 +81,8 @@ const restoreAttempts = 3
 // (shard.Store.Restore): a copy of the request on another replica may be
 // committing on them. shard.AllHolders moves them whoever holds them: the
 // request committed on other units, or no attempt may still commit it.
-func (s *Service) giveBack(ctx context.Context, sku stock.SKU, key keys.ID, holder string, parts []shard.Part) {
+// held reports units that stayed taken for another attempt holding them.
+func (s *Service) giveBack(ctx context.Context, sku stock.SKU, key keys.ID, holder string, parts []shard.Part) (held bool) {
 	// A request out of its time budget still gives back what it took:
 	// each call has its own Redis timeout.
 	ctx = context.WithoutCancel(ctx)
@@ -93,7 +94,11 @@ func (s *Service) giveBack(ctx context.Context, sku stock.SKU, key keys.ID, hold
 			// moves each unit at most once.
 			time.Sleep(time.Duration(attempt) * 50 * time.Millisecond)
 		}
-		err = s.redis(ctx, "gate.restore", func(ctx context.Context) error { return s.gate.Restore(ctx, sku, key, holder, parts) })
+		err = s.redis(ctx, "gate.restore", func(ctx context.Context) error {
+			h, err := s.gate.Restore(ctx, sku, key, holder, parts)
+			held = held || h
+			return err
+		})
 		if err == nil || errors.Is(err, breaker.ErrOpen) || isOutcome(err) {
 			break
 		}
@@ -104,4 +109,5 @@ func (s *Service) giveBack(ctx context.Context, sku stock.SKU, key keys.ID, hold
 		s.metrics.restoreFailed.Inc()
 		s.log.ErrorContext(ctx, "restore after refused commit", "sku", sku.String(), "err", err)
 	}
+	return held
 }

@@ -38,7 +38,7 @@ import (
 // Gate is the Redis side of the stock (package shard).
 type Gate interface {
 	Deduct(ctx context.Context, r shard.Request) (shard.Deduction, error)
-	Restore(ctx context.Context, sku stock.SKU, requestID keys.ID, holder string, parts []shard.Part) error
+	Restore(ctx context.Context, sku stock.SKU, requestID keys.ID, holder string, parts []shard.Part) (held bool, err error)
 	Seed(ctx context.Context, sku stock.SKU, n int, remaining, epoch int64, overwrite bool) error
 	Refill(ctx context.Context, sku stock.SKU, n int, returnID keys.ID, epoch, q int64) (int, error)
 	Fence(ctx context.Context, sku stock.SKU, n int, closed bool) error

@@ -138,7 +138,12 @@ func (t *take) commit(ctx context.Context, direct bool) (answer, stock.SKU) {
 	case verdictCartLimit:
 		return s.counted(path, t.refused(ctx, s.lookupOr(ctx, t.req, ansLimit))), stock.SKU{}
 	case verdictBusy:
-		t.undo(ctx, countsRelease)
+		if t.undo(ctx, countsRelease) {
+			// A copy of the request on another replica holds the same
+			// deduction and may commit on it: this attempt moved nothing,
+			// but the request's outcome is not known.
+			return s.counted(path, ansLedgerBusyShared), stock.SKU{}
+		}
 		return s.counted(path, ansLedgerBusy), stock.SKU{}
 	case verdictNotCommitted:
 		s.logCommit(ctx, r.Err)

@@ -233,8 +233,10 @@ const (
 // hold does not stand on, whichever attempt deducted them: the copy that
 // committed may have done so on this very deduction (TestModelConcurrent
 // found Redis two units ahead of the ledger when a refused twin gave
-// back the deduction its committed copy stood on).
-func (t *take) undo(ctx context.Context, counts countsFate) {
+// back the deduction its committed copy stood on). shared reports a
+// deduction another attempt of the request still holds: that copy may
+// yet commit, so a 503 of this one must say the outcome is unknown.
+func (t *take) undo(ctx context.Context, counts countsFate) (shared bool) {
 	s := t.s
 	ownerless := counts == countsRelease && t.deadAttempts(ctx)
 	for _, ln := range t.lines {
@@ -255,16 +257,18 @@ func (t *take) undo(ctx context.Context, counts countsFate) {
 			// attempt holds them), and of the counts it made.
 			s.giveBack(ctx, ln.w.sku, ln.w.req.gateID(), t.holder, ln.parts)
 			ln.quota.replayed(ctx)
+			shared = true
 		default:
 			holder := t.holder
 			if ownerless {
 				holder = shard.AllHolders
 			}
-			s.giveBack(ctx, ln.w.sku, ln.w.req.gateID(), holder, ln.parts)
+			shared = s.giveBack(ctx, ln.w.sku, ln.w.req.gateID(), holder, ln.parts) || shared
 			t.settleCounts(ctx, ln, counts)
 		}
 		ln.counted = false
 	}
+	return shared
 }
 
 // settleCounts does with line ln's counts what counts says.

@@ -21,15 +21,19 @@ import (
 // may commit on it) stays taken. Letting go twice is letting go once, so
 // a call re-sent after a timeout moves nothing twice. A part whose record
 // is gone, or that predates the shard's last seed, is not given back: the
-// ledger facts behind the seed already count it.
-func (s *Store) Restore(ctx context.Context, sku stock.SKU, requestID keys.ID, holder string, parts []Part) error {
+// ledger facts behind the seed already count it. held reports a part
+// that stays taken for another attempt holding it: that attempt may yet
+// commit the request.
+func (s *Store) Restore(ctx context.Context, sku stock.SKU, requestID keys.ID, holder string, parts []Part) (held bool, err error) {
 	var errs []error
 	for _, p := range parts {
-		if _, err := s.RestorePart(ctx, sku, requestID, holder, p); err != nil {
+		res, err := s.RestorePart(ctx, sku, requestID, holder, p)
+		if err != nil {
 			errs = append(errs, err)
 		}
+		held = held || res.Code == lua.Shared
 	}
-	return errors.Join(errs...)
+	return held, errors.Join(errs...)
 }
 
 // RestoreResult is one restore's outcome, a lua code and the units moved.

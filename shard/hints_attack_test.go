@@ -86,7 +86,7 @@ func TestAttackAssembledCopyOnHintedShards(t *testing.T) {
 	t.Run("a unit back on the start shard", func(t *testing.T) {
 		a, b, sku, first, firstReq, req, da := setup(t)
 		// The first sale is given back: shard 0 has 1 unit again.
-		if err := a.Restore(ctx, sku, firstReq.RequestID, firstReq.Holder, first.Parts); err != nil {
+		if _, err := a.Restore(ctx, sku, firstReq.RequestID, firstReq.Holder, first.Parts); err != nil {
 			t.Fatal(err)
 		}
 		db, err := b.Deduct(ctx, req)

@@ -405,7 +405,7 @@ func (s *Store) assemble(ctx context.Context, r Request, d Deduction, seen []int
 			res, err := s.deductOne(ctx, r, i, r.Quantity-have, 1)
 			d.Probes++
 			if err != nil {
-				if rerr := s.Restore(ctx, r.SKU, r.RequestID, r.holder(), d.Parts); rerr != nil {
+				if _, rerr := s.Restore(ctx, r.SKU, r.RequestID, r.holder(), d.Parts); rerr != nil {
 					// Units stay taken in Redis until a re-seed: say the
 					// outcome is unknown, not that nothing ran.
 					return d, errors.Join(err, fmt.Errorf("%w: %w", errStranded, rerr))
@@ -434,7 +434,7 @@ func (s *Store) assemble(ctx context.Context, r Request, d Deduction, seen []int
 	if have < r.Quantity {
 		// Every part this call took or found goes back: a found one only
 		// counts one holder fewer (another attempt's, it stays taken).
-		if err := s.Restore(ctx, r.SKU, r.RequestID, r.holder(), d.Parts); err != nil {
+		if _, err := s.Restore(ctx, r.SKU, r.RequestID, r.holder(), d.Parts); err != nil {
 			return d, fmt.Errorf("give back partial take: %w", err)
 		}
 		return Deduction{Probes: d.Probes, Left: have}, stock.ErrSoldOut

@@ -224,7 +224,7 @@ func TestRestoreWaitsForEveryHolder(t *testing.T) {
 		t.Fatalf("second deduct = %+v, %v", d2, err)
 	}
 	for range 2 {
-		if err := s.Restore(ctx, sku, r.RequestID, shard.AllHolders, d1.Parts); err != nil {
+		if _, err := s.Restore(ctx, sku, r.RequestID, shard.AllHolders, d1.Parts); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -39,7 +39,11 @@ func problemOutcome(r systest.Reply) string {
 }
 
 // check5xx fails an answer in the fault that is a 5xx other than a 503
-// with Retry-After and an outcome, or an overloaded 503 not "unchanged".
+// with Retry-After and an outcome. An overloaded 503 may be "unknown":
+// an action of a hold or order shed while a copy of it may commit
+// elsewhere, or a take whose deduction another copy holds
+// (TestAttackBehindUnchangedWhileTwinCommits); the tests check that an
+// "unchanged" one moved nothing.
 func check5xx(t *testing.T, name string, r systest.Reply) {
 	t.Helper()
 	if r.Status < 500 {
@@ -51,8 +55,6 @@ func check5xx(t *testing.T, name string, r systest.Reply) {
 		t.Errorf("%s = %d %s: want 503 for a slow ledger", name, r.Status, r.Body)
 	case r.Header.Get("Retry-After") == "":
 		t.Errorf("%s = 503 without Retry-After: %s", name, r.Body)
-	case systest.ProblemKind(r) == "overloaded" && out != "unchanged":
-		t.Errorf("%s = 503 overloaded with outcome %q: %s", name, out, r.Body)
 	case out != "unchanged" && out != "unknown":
 		t.Errorf("%s = 503 with outcome %q: %s", name, out, r.Body)
 	}

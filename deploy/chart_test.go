@@ -118,11 +118,11 @@ func TestChartPodSettings(t *testing.T) {
 // the mount. Helm's install order on a namespace holding the Secrets
 // starts every pod; without the CA's Secret the pods would not start.
 func TestRedisPrivateCA(t *testing.T) {
-	main, err := os.ReadFile("../cmd/stockgate/main.go")
+	flags, err := os.ReadFile("../cmd/stockgate/config.go") // the flags' definitions
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(main), `"redis-tls-ca-file"`) {
+	if !strings.Contains(string(flags), `"redis-tls-ca-file"`) {
 		t.Fatal("stockgate has no -redis-tls-ca-file (STOCKGATE_REDIS_TLS_CA_FILE) setting any more")
 	}
 	vals := readValues(t, "helm/ci/extras-values.yaml")

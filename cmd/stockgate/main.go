@@ -210,6 +210,16 @@ func usage(w io.Writer, all *flag.FlagSet) {
 // run returns the exit code: 0 after a clean drain, 2 for bad usage or
 // configuration, 1 for a failure to start or serve.
 func run(args []string, stderr io.Writer) int {
+	c, code := setUp(args, stderr)
+	if c == nil {
+		return code
+	}
+	return execute(args[0], c, stderr)
+}
+
+// setUp reads the command line into a checked config, or says how to
+// exit (c nil): help, the version, or a mistake in the arguments.
+func setUp(args []string, stderr io.Writer) (_ *config, code int) {
 	all := flag.NewFlagSet("stockgate", flag.ContinueOnError)
 	all.SetOutput(stderr)
 	var c config
@@ -217,11 +227,11 @@ func run(args []string, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprintln(stderr, "stockgate: no command given")
 		usage(stderr, all)
-		return 2
+		return nil, 2
 	}
 	if args[0] == "-h" || args[0] == "-help" || args[0] == "--help" || args[0] == "help" {
 		usage(stderr, all)
-		return 0
+		return nil, 0
 	}
 	cmd, ok := commandNamed(args[0])
 	if !ok {
@@ -231,31 +241,31 @@ func run(args []string, stderr io.Writer) int {
 		}
 		fmt.Fprintf(stderr, "stockgate: unknown command %q (did you mean %s?)\n\n", args[0], nearest(args[0], names))
 		usage(stderr, all)
-		return 2
+		return nil, 2
 	}
 	fs := flagsOf(all, cmd, stderr)
 	if cmd.name == "version" {
 		switch {
 		case len(args) == 2 && (args[1] == "-h" || args[1] == "-help" || args[1] == "--help"):
 			fs.Usage()
-			return 0
+			return nil, 0
 		case len(args) > 1:
 			fmt.Fprintf(stderr, "stockgate version: takes no arguments, got %q\n", args[1:])
-			return 2
+			return nil, 2
 		}
 		fmt.Fprintln(stdout, buildinfo.Read().String())
-		return 0
+		return nil, 0
 	}
 	if err := checkFlags(fs, all, args[1:]); err != nil {
 		fmt.Fprintf(stderr, "stockgate %s: %v\n", cmd.name, err)
-		return 2
+		return nil, 2
 	}
 	if err := parse(fs, &c, args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return 0
+			return nil, 0
 		}
 		fmt.Fprintf(stderr, "stockgate %s: %v\n", cmd.name, err)
-		return 2
+		return nil, 2
 	}
 	// Words after the flags are a mistake, never ignored: an image whose
 	// entrypoint already says serve, given args [migrate], would otherwise
@@ -263,18 +273,23 @@ func run(args []string, stderr io.Writer) int {
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "stockgate %s: unexpected arguments %q (one command, then flags)\n", args[0], fs.Args())
 		fs.Usage()
-		return 2
+		return nil, 2
 	}
 	if err := c.validate(); err != nil {
 		fmt.Fprintf(stderr, "stockgate: bad configuration: %v\n", err)
-		return 2
+		return nil, 2
 	}
+	return &c, 0
+}
+
+// execute runs the command name (one of commands, but version) with c.
+func execute(name string, c *config, stderr io.Writer) int {
 	var lvl slog.Level
 	_ = lvl.UnmarshalText([]byte(c.LogLevel))
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lvl}))
 	// go-redis's own notices into the JSON log, not plain text beside it.
 	redis.SetLogger(app.RedisLog{Logger: log})
-	if args[0] == "smoke" {
+	if name == "smoke" {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 		defer stop()
 		if err := smoke(ctx, c.SmokeURL, cmp.Or(c.SmokeAdminURL, c.SmokeURL), c.HTTP.AdminToken, log); err != nil {
@@ -283,17 +298,17 @@ func run(args []string, stderr io.Writer) int {
 		}
 		return 0
 	}
-	if args[0] == "move" {
+	if name == "move" {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 		defer stop()
-		if err := move(ctx, &c, log); err != nil {
+		if err := move(ctx, c, log); err != nil {
 			log.Error("move failed", "err", err)
 			return 1
 		}
 		return 0
 	}
-	if args[0] == "migrate" {
-		s, err := migrate(context.Background(), &c)
+	if name == "migrate" {
+		s, err := migrate(context.Background(), c)
 		if err != nil {
 			log.Error("migrate failed", "err", err)
 			return 1
@@ -312,7 +327,7 @@ func run(args []string, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := serve(ctx, &c, log); err != nil {
+	if err := serve(ctx, c, log); err != nil {
 		log.Error("stockgate stopped", "err", err)
 		return 1
 	}

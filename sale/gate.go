@@ -108,6 +108,10 @@ func (s *Service) giveBack(ctx context.Context, sku stock.SKU, key keys.ID, hold
 		// drift check or the next re-seed gives them back.
 		s.metrics.restoreFailed.Inc()
 		s.log.ErrorContext(ctx, "restore after refused commit", "sku", sku.String(), "err", err)
+	} else if !held && len(parts) > 0 {
+		// The units are back: a replica that found the SKU empty while
+		// they were out keeps its sold-out flag until it hears so.
+		s.notifyRestocked(ctx, sku)
 	}
 	return held
 }

@@ -185,8 +185,9 @@ func (t *take) ledgerSoldOut(ctx context.Context, direct bool, i int) {
 		s.metrics.ledgerRefusals.Inc()
 		return
 	}
+	since := s.cache.Since()
 	if st, err := s.ledger.SKU(ctx, t.lines[i].w.sku); err == nil && st.Remaining() == 0 {
-		s.markSoldOut(t.lines[i].w.sku)
+		s.markSoldOut(t.lines[i].w.sku, since)
 	}
 }
 

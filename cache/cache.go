@@ -6,11 +6,11 @@
 //
 // The sold-out flag lives per change, not per unit of time, while the
 // replica hears the restock notices (Trust): it stands until a notice says
-// stock came back (Forget), up to SoldOutMaxAge, the bound for a notice
+// stock came back (Forget), up to NoticeMaxAge, the bound for a notice
 // whose publish failed. A replica that does not hear them (no subscription,
 // or one broken: Distrust) trusts a flag for SoldOutTTL only, re-checking
 // Redis once per TTL, as before notices existed. A sold-out storm then
-// costs Redis a call per SKU per SoldOutMaxAge instead of per SoldOutTTL.
+// costs Redis a call per SKU per NoticeMaxAge instead of per SoldOutTTL.
 package cache
 
 import (
@@ -32,11 +32,11 @@ type Options struct {
 	// memory without asking Redis while restock notices are not heard.
 	// Default 500ms.
 	SoldOutTTL time.Duration
-	// SoldOutMaxAge is how long a sold-out flag stands while the notices
+	// NoticeMaxAge is how long a sold-out flag stands while the notices
 	// are heard and none said the SKU's stock came back: the bound on a
 	// false sold-out when a notice's publish was lost. At or below
 	// SoldOutTTL, flags live SoldOutTTL whatever is heard. Default 10s.
-	SoldOutMaxAge time.Duration
+	NoticeMaxAge time.Duration
 	// EmptyShardTTL is how long a shard found empty is skipped. Default 250ms.
 	EmptyShardTTL time.Duration
 	// MaxEntries bounds each of the caches. Default 100,000.
@@ -47,7 +47,7 @@ type Options struct {
 
 // DefaultOptions are the settings a zero field takes.
 func DefaultOptions() Options {
-	return Options{SoldOutTTL: 500 * time.Millisecond, SoldOutMaxAge: 10 * time.Second, EmptyShardTTL: 250 * time.Millisecond,
+	return Options{SoldOutTTL: 500 * time.Millisecond, NoticeMaxAge: 10 * time.Second, EmptyShardTTL: 250 * time.Millisecond,
 		MaxEntries: 100_000}
 }
 
@@ -56,8 +56,8 @@ func (o Options) Validate() error {
 	switch {
 	case o.SoldOutTTL < 0:
 		return opt.Bad("SoldOutTTL", "must not be negative")
-	case o.SoldOutMaxAge < 0:
-		return opt.Bad("SoldOutMaxAge", "must not be negative")
+	case o.NoticeMaxAge < 0:
+		return opt.Bad("NoticeMaxAge", "must not be negative")
 	case o.EmptyShardTTL < 0:
 		return opt.Bad("EmptyShardTTL", "must not be negative")
 	case o.MaxEntries < 0:
@@ -72,7 +72,7 @@ func (o *Options) defaults() error {
 	}
 	d := DefaultOptions()
 	opt.Fill(&o.SoldOutTTL, d.SoldOutTTL)
-	opt.Fill(&o.SoldOutMaxAge, d.SoldOutMaxAge)
+	opt.Fill(&o.NoticeMaxAge, d.NoticeMaxAge)
 	opt.Fill(&o.EmptyShardTTL, d.EmptyShardTTL)
 	opt.Fill(&o.MaxEntries, d.MaxEntries)
 	return nil
@@ -99,7 +99,9 @@ type Cache struct {
 }
 
 // Since is the cache's moment, taken before a caller asks Redis whether a
-// SKU is sold out and given back to MarkSoldOut with the answer.
+// SKU is sold out and given back to MarkSoldOut with the answer. The zero
+// Since marks a flag for its TTL only: it is never the cache's moment
+// while notices are heard (Trust starts epoch 1).
 type Since struct{ epoch, notices uint64 }
 
 // flag is a sold-out flag. It is fresh for the TTL, or until the max age
@@ -128,7 +130,7 @@ func New(opts Options) (*Cache, error) {
 	}
 	soldOut, err := otter.New(&otter.Options[stock.SKU, *flag]{
 		MaximumSize:      opts.MaxEntries,
-		ExpiryCalculator: otter.ExpiryWriting[stock.SKU, *flag](max(opts.SoldOutTTL, opts.SoldOutMaxAge) + opts.SoldOutTTL),
+		ExpiryCalculator: otter.ExpiryWriting[stock.SKU, *flag](max(opts.SoldOutTTL, opts.NoticeMaxAge) + opts.SoldOutTTL),
 		StatsRecorder:    opts.Stats,
 	})
 	if err != nil {
@@ -141,7 +143,7 @@ func New(opts Options) (*Cache, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cache: %w", err)
 	}
-	return &Cache{soldOut: soldOut, empty: empty, ttl: opts.SoldOutTTL, maxAge: opts.SoldOutMaxAge}, nil
+	return &Cache{soldOut: soldOut, empty: empty, ttl: opts.SoldOutTTL, maxAge: opts.NoticeMaxAge}, nil
 }
 
 // SoldOut reports whether the SKU's flag is fresh. For one TTL after
@@ -319,3 +321,100 @@ func (l *Loading[K, V]) Get(ctx context.Context, key K) (V, error) {
 
 // Invalidate drops a key's value so the next Get loads it again.
 func (l *Loading[K, V]) Invalidate(key K) { l.c.Invalidate(key) }
+
+// Heard counts a notice that changes no flag (a SKU's stock view moved):
+// a view loaded from a read it overtook lives its TTL only (see Viewed).
+func (c *Cache) Heard() { c.notices.Add(1) }
+
+// trusts reports whether a value read at since may stand past its TTL:
+// the notices heard since, and none heard since (any SKU's: they are
+// counted, not kept).
+func (c *Cache) trusts(since Since) bool {
+	return c.maxAge > 0 && c.heard.Load() && c.Since() == since
+}
+
+// stillTrusts reports whether a value trusted when stored, read at at in
+// the period since.epoch, still stands past its TTL as of now.
+func (c *Cache) stillTrusts(since Since, at time.Time) bool {
+	return c.heard.Load() && since.epoch == c.epoch.Load() && time.Since(at) < c.maxAge
+}
+
+// Viewed is a read-through cache of a view that changes only when a
+// notice says so (a SKU's stock: see sale's change notices). While the
+// notices are heard (Cache.Trust), a value stands until its key is
+// invalidated, up to the Cache's NoticeMaxAge; otherwise it lives ttl,
+// as a Loading's does. A view nobody changes then costs no load.
+type Viewed[K comparable, V any] struct {
+	c     *otter.Cache[K, *view[V]]
+	trust *Cache
+	ttl   time.Duration
+	load  otter.Loader[K, *view[V]]
+}
+
+type view[V any] struct {
+	v     V
+	since Since
+	at    time.Time
+	// checked: the first read after the value was stored decided trusted
+	// (so a notice counted before then is seen, and one counted after
+	// invalidates the stored value).
+	checked, trusted atomic.Bool
+}
+
+// NewViewed returns a Viewed cache that fills itself with load and
+// trusts its values as trust hears the notices.
+func NewViewed[K comparable, V any](trust *Cache, ttl time.Duration, maxEntries int, rec stats.Recorder,
+	load func(ctx context.Context, key K) (V, error)) (*Viewed[K, V], error) {
+	if trust == nil || ttl <= 0 || maxEntries < 1 || load == nil {
+		return nil, fmt.Errorf("cache: viewed cache needs a Cache, ttl > 0 (%v), maxEntries >= 1 (%d) and a loader", ttl, maxEntries)
+	}
+	c, err := otter.New(&otter.Options[K, *view[V]]{
+		MaximumSize:      maxEntries,
+		ExpiryCalculator: otter.ExpiryWriting[K, *view[V]](max(ttl, trust.maxAge)),
+		StatsRecorder:    rec,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cache: %w", err)
+	}
+	l := &Viewed[K, V]{c: c, trust: trust, ttl: ttl}
+	l.load = otter.LoaderFunc[K, *view[V]](func(ctx context.Context, key K) (*view[V], error) {
+		since := trust.Since()
+		v, err := load(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		// Its TTL runs from the load's end, as a Loading's: a load slower
+		// than the TTL still answers the reads that waited for it.
+		return &view[V]{v: v, since: since, at: time.Now()}, nil
+	})
+	return l, nil
+}
+
+// Get returns the value if it still stands, or loads it; load errors are
+// not cached.
+func (l *Viewed[K, V]) Get(ctx context.Context, key K) (V, error) {
+	for {
+		w, err := l.c.Get(ctx, key, l.load)
+		if err != nil {
+			var zero V
+			return zero, err
+		}
+		if !w.checked.Load() && w.checked.CompareAndSwap(false, true) {
+			w.trusted.Store(l.ttl < l.trust.maxAge && l.trust.trusts(w.since))
+		}
+		if time.Since(w.at) < l.ttl || w.trusted.Load() && l.trust.stillTrusts(w.since, w.at) {
+			return w.v, nil
+		}
+		// Its time is up: read again (only the value this caller found
+		// goes; another may have stored a newer one meanwhile).
+		l.c.Compute(key, func(old *view[V], found bool) (*view[V], otter.ComputeOp) {
+			if found && old == w {
+				return nil, otter.InvalidateOp
+			}
+			return old, otter.CancelOp
+		})
+	}
+}
+
+// Invalidate drops a key's value so the next Get loads it again.
+func (l *Viewed[K, V]) Invalidate(key K) { l.c.Invalidate(key) }

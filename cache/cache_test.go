@@ -238,7 +238,7 @@ func TestRefreshingServesTheOldValueWhileItLoads(t *testing.T) {
 // While the notices are heard, a flag stands past its TTL until a notice
 // forgets it: a storm of askers is told sold out without a re-check turn.
 func TestSoldOutStandsUntilANotice(t *testing.T) {
-	c, err := cache.New(cache.Options{SoldOutTTL: 20 * time.Millisecond, SoldOutMaxAge: time.Minute})
+	c, err := cache.New(cache.Options{SoldOutTTL: 20 * time.Millisecond, NoticeMaxAge: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +260,7 @@ func TestSoldOutStandsUntilANotice(t *testing.T) {
 // may be missed (Distrust), and is not trusted again by a later
 // subscription (Trust): a notice may have been lost in between.
 func TestDistrustEndsTheFlagsStanding(t *testing.T) {
-	c, err := cache.New(cache.Options{SoldOutTTL: 20 * time.Millisecond, SoldOutMaxAge: time.Minute})
+	c, err := cache.New(cache.Options{SoldOutTTL: 20 * time.Millisecond, NoticeMaxAge: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -286,7 +286,7 @@ func TestDistrustEndsTheFlagsStanding(t *testing.T) {
 // Since, before MarkSoldOut) leaves that flag its TTL only, however the
 // two interleave: it cannot stand on news older than the notice.
 func TestNoticeOvertakingTheReadIsNotLost(t *testing.T) {
-	c, err := cache.New(cache.Options{SoldOutTTL: time.Nanosecond, SoldOutMaxAge: time.Minute})
+	c, err := cache.New(cache.Options{SoldOutTTL: time.Nanosecond, NoticeMaxAge: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,5 +307,70 @@ func TestNoticeOvertakingTheReadIsNotLost(t *testing.T) {
 		if c.SoldOutFresh(sku) {
 			t.Fatalf("round %d: a flag stands after the notice that raced its marking", i)
 		}
+	}
+}
+
+// A Viewed value stands past its TTL while the notices are heard, until
+// its key is invalidated; without them, or loaded across a notice or a
+// lapse in them, it lives its TTL.
+func TestViewedStandsPerChange(t *testing.T) {
+	const ttl = 20 * time.Millisecond
+	c, err := cache.New(cache.Options{SoldOutTTL: ttl, NoticeMaxAge: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var loads atomic.Int64
+	var during func() // runs inside the next load
+	v, err := cache.NewViewed(c, ttl, 100, nil, func(ctx context.Context, s stock.SKU) (int64, error) {
+		if f := during; f != nil {
+			during = nil
+			f()
+		}
+		return loads.Add(1), nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func() int64 {
+		t.Helper()
+		n, err := v.Get(context.Background(), sku)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	lapse := func() { time.Sleep(3 * ttl) } // time under test: past the TTL
+	// Not heard: the TTL.
+	get()
+	lapse()
+	if get() != 2 {
+		t.Fatal("a value loaded while no notice is heard outlived its TTL")
+	}
+	c.Trust()
+	v.Invalidate(sku)
+	first := get()
+	lapse()
+	if get() != first {
+		t.Fatal("a value loaded while the notices are heard did not stand past its TTL")
+	}
+	v.Invalidate(sku) // its change notice
+	if get() == first {
+		t.Fatal("a value outlived the notice of its change")
+	}
+	// A notice heard during the load: its TTL only.
+	v.Invalidate(sku)
+	during = c.Heard
+	overtaken := get()
+	lapse()
+	if get() == overtaken {
+		t.Fatal("a value whose load a notice overtook stood past its TTL")
+	}
+	// A lapse in the notices ends a standing value, even once they are back.
+	standing := get()
+	c.Distrust()
+	c.Trust()
+	lapse()
+	if get() == standing {
+		t.Fatal("a value from before a lapse in the notices stood past its TTL")
 	}
 }

@@ -51,6 +51,11 @@ func (s *Service) deduct(ctx context.Context, req shard.Request) (shard.Deductio
 			d, err = s.gate.Deduct(ctx, req)
 			return err
 		})
+		if d.GaveBack {
+			// Units it took for a moment are back (a short assembly):
+			// whoever found the SKU empty meanwhile hears so.
+			s.notifyRestocked(ctx, req.SKU)
+		}
 		closed := errors.Is(err, stock.ErrNotSeeded) || errors.Is(err, stock.ErrFenced)
 		if !closed || attempt == 2 {
 			return d, err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -19,7 +20,7 @@ import (
 // answering from memory until its flag's next re-check: a false sold-out
 // for new buyers, and a 409 for a retry of a sale of the returned units.
 // While a replica hears the notices its flags wait for one (up to the
-// cache's SoldOutMaxAge, the bound when a publish was lost); while it may
+// cache's NoticeMaxAge, the bound when a publish was lost); while it may
 // not, up to 2 x the sold-out TTL (see RunNotices).
 
 // noticeChannel is the Redis pub/sub channel of restock notices (classic
@@ -68,6 +69,9 @@ func (s *Service) RunNotices(ctx context.Context) {
 		return
 	}
 	defer s.cache.Distrust()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { s.publishChanges(ctx) })
 	for ctx.Err() == nil {
 		s.listen(ctx)
 		s.cache.Distrust()
@@ -84,7 +88,8 @@ func (s *Service) RunNotices(ctx context.Context) {
 
 // listen holds one subscription until it fails or ctx is done.
 func (s *Service) listen(ctx context.Context) {
-	sub := s.opts.Notifier.Subscribe(ctx, noticeChannel)
+	channels := []string{noticeChannel, changeChannel}
+	sub := s.opts.Notifier.Subscribe(ctx, channels...)
 	defer sub.Close()
 	// A read waits up to a beat and does not watch ctx: closing the
 	// subscription ends it at once.
@@ -115,10 +120,14 @@ func (s *Service) listen(ctx context.Context) {
 		silent = 0
 		switch m := msg.(type) {
 		case *redis.Subscription:
-			if m.Kind == "subscribe" {
+			if m.Kind == "subscribe" && m.Count == len(channels) {
 				s.cache.Trust() // every notice from here on reaches this loop
 			}
 		case *redis.Message:
+			if m.Channel == changeChannel {
+				s.applyChanges(m.Payload)
+				continue
+			}
 			// Another replica's message: parsed like any input.
 			program, ticket, _ := strings.Cut(m.Payload, "/")
 			sku, err := stock.ParseStored(program, ticket)

@@ -404,7 +404,8 @@ type Service struct {
 		m  map[stock.SKU]map[keys.ID]string // seat → mismatch at the last periodic check
 	}
 	seats    *seats.Store
-	stock    *cache.Loading[stock.SKU, Stock]
+	stock    *cache.Viewed[stock.SKU, Stock]
+	changes  changes // what the next change notice tells
 	inflight inflight
 	// replays answers retries of committed requests of SKUs that take no
 	// more requests (sold out, ended) without a ledger call per request.
@@ -477,7 +478,7 @@ func New(opts Options) (*Service, error) {
 	if s.sectionViews, err = cache.NewLoading(opts.StockTTL, 10_000, cm.Recorder("sections"), s.loadSection); err != nil {
 		return nil, err
 	}
-	if s.stock, err = cache.NewLoading(opts.StockTTL, 100_000, cm.Recorder("stock"), s.loadStock); err != nil {
+	if s.stock, err = cache.NewViewed(opts.Cache, opts.StockTTL, 100_000, cm.Recorder("stock"), s.loadStock); err != nil {
 		return nil, err
 	}
 	s.flight = newFlight(opts.TakesInFlight, opts.LedgerWaitBudget)

@@ -154,7 +154,7 @@ func flags(fs *flag.FlagSet, c *config) {
 	b.str("admin-token", &o.HTTP.AdminToken, "HTTP.AdminToken", "bearer token for /v1/admin routes (empty: open, local use only)")
 	b.dur("record-ttl", &o.Shard.RecordTTL, "Shard.RecordTTL", "lifetime of a deduction record in Redis")
 	b.dur("sold-out-ttl", &o.Cache.SoldOutTTL, "Cache.SoldOutTTL", "how long a sold-out SKU is answered from memory while restock notices may be missed")
-	b.dur("sold-out-max-age", &o.Cache.SoldOutMaxAge, "Cache.SoldOutMaxAge", "how long a sold-out SKU is answered from memory while restock notices are heard and none came for it")
+	b.dur("notice-max-age", &o.Cache.NoticeMaxAge, "Cache.NoticeMaxAge", "how long a sold-out SKU is answered from memory while restock notices are heard and none came for it")
 	b.dur("empty-shard-ttl", &o.Cache.EmptyShardTTL, "Cache.EmptyShardTTL", "how long an empty shard is skipped")
 	b.dur("work-timeout", &o.Sale.WorkTimeout, "Sale.WorkTimeout", "time limit of one request's work")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 20*time.Second, "time in-flight requests get to finish on SIGTERM")

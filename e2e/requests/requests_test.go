@@ -504,7 +504,7 @@ func TestNoticesHeardAgainAfterTheirConnectionDies(t *testing.T) {
 	dsn := systest.LedgerDSN(t, ledger.SQLite)
 	a := systest.Start(t, systest.Options{Driver: ledger.SQLite, DSN: dsn})
 	b := systest.Start(t, systest.Options{Driver: ledger.SQLite, DSN: dsn, Tune: func(o *app.Options) {
-		o.Cache.SoldOutTTL, o.Cache.SoldOutMaxAge = ttl, time.Minute
+		o.Cache.SoldOutTTL, o.Cache.NoticeMaxAge = ttl, time.Minute
 	}})
 	sku := systest.NewSKU(t)
 	a.PutSKU(t, sku, 1, 1, 4)
@@ -576,4 +576,58 @@ func (c *skuCalls) count(cmd redis.Cmder) {
 			return
 		}
 	}
+}
+
+// Issue 43: a stock view changes per change, not per unit of time. Reads
+// of a SKU nobody buys cost Redis one load in all (ten reads per
+// StockTTL, for forty TTLs); a purchase on another replica reaches the
+// reader's view by its change notice, within a few StockTTLs, not the
+// view's max age.
+func TestStockViewCallsRedisPerChange(t *testing.T) {
+	const ttl = 50 * time.Millisecond
+	dsn := systest.LedgerDSN(t, ledger.SQLite)
+	a := systest.Start(t, systest.Options{Driver: ledger.SQLite, DSN: dsn})
+	b := systest.Start(t, systest.Options{Driver: ledger.SQLite, DSN: dsn, Tune: func(o *app.Options) {
+		o.Sale.StockTTL, o.Cache.NoticeMaxAge = ttl, time.Minute
+	}})
+	sku := systest.NewSKU(t)
+	a.PutSKU(t, sku, 10, 4, 4)
+	path := "/v1/skus/" + sku.Program.String() + "/" + sku.Ticket.String() + "/stock"
+	read := func() string {
+		r := b.Do(t, http.MethodGet, path, nil, "")
+		if r.Status != 200 {
+			t.Fatalf("stock read = %d %s", r.Status, r.Body)
+		}
+		var st struct{ Remaining int64 }
+		if err := json.Unmarshal(r.Body, &st); err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprint(st.Remaining)
+	}
+	calls := &skuCalls{program: sku.Program.String()}
+	b.Guarded.AddHook(calls)
+	// Until a view is loaded while B's notices are heard (B just started).
+	systest.WaitFor(t, 10*time.Second, "a view that stands for ten TTLs", func() bool {
+		read()
+		before := calls.n.Load()
+		for range 20 {
+			read()
+			time.Sleep(ttl / 2) // time under test: two reads per TTL
+		}
+		return calls.n.Load() == before
+	})
+	before := calls.n.Load()
+	for range 80 {
+		if got := read(); got != "10" {
+			t.Fatalf("stock view = %s, want 10", got)
+		}
+		time.Sleep(ttl / 2) // time under test: two reads per TTL, forty TTLs
+	}
+	if n := calls.n.Load() - before; n != 0 {
+		t.Errorf("80 reads over 40 TTLs of a SKU nobody changed made %d Redis calls, want 0", n)
+	}
+	if r := a.Buy(t, sku, "k1", "ann", 1); r.Status != 201 {
+		t.Fatalf("purchase on A = %d %s", r.Status, r.Body)
+	}
+	systest.WaitFor(t, 5*time.Second, "B's view to show A's sale", func() bool { return read() == "9" })
 }

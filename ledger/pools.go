@@ -72,32 +72,6 @@ func (c PoolConfig) Validate() error {
 // non-C collation: "GA.x" sorts between "ga." and "ga/").
 const pooledRange = `substr(ticket, 1, length($2) + 1) = $2 || '.'`
 
-// EnsurePool creates a pool's row, with no stock and the ticket's
-// settings, if it has none, so that its gate can be fenced before stock
-// moves into it. stock.ErrUnknownSKU when the ticket has no row.
-func (l *Ledger) EnsurePool(ctx context.Context, pool stock.SKU) error {
-	if pool.Pool().IsZero() {
-		return fmt.Errorf("%w: not a pool's sku", stock.ErrInvalid)
-	}
-	base := pool.Base()
-	res, err := l.db.ExecContext(ctx, insertPool, base.Program, base.Ticket, pool.Ticket, l.now().UnixMilli())
-	if err != nil {
-		return fmt.Errorf("ledger: ensure pool: %w", err)
-	}
-	if n, _ := res.RowsAffected(); n == 1 {
-		return nil
-	}
-	st, err := l.SKU(ctx, base)
-	if err != nil {
-		return err
-	}
-	if st.Seated {
-		return fmt.Errorf("%w: a seated ticket has no pools", stock.ErrInvalid)
-	}
-	_, err = l.SKU(ctx, pool)
-	return err
-}
-
 // insertPool makes a pool's row ($3) of a ticket ($1, $2) that is not
 // seated, with no stock and the ticket's settings, if it has none.
 const insertPool = `

@@ -50,12 +50,6 @@ func (p Program) budgeted() bool { return p.HoldBudget > 0 || p.DeviceHoldBudget
 // holdBudgetsStep is the schema step that added the hold budgets.
 const holdBudgetsStep = 2
 
-// PutProgram sets a program's per-buyer cap (0 removes it), and no hold
-// budgets.
-func (l *Ledger) PutProgram(ctx context.Context, program keys.ID, perBuyer int64) error {
-	return l.SetProgram(ctx, Program{ID: program, PerBuyer: perBuyer})
-}
-
 // SetProgram sets a program's settings. Hold budgets need a ledger at
 // schema 2 (ErrSchema before it: run `stockgate migrate`).
 func (l *Ledger) SetProgram(ctx context.Context, p Program) error {

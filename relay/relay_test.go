@@ -49,9 +49,10 @@ var bought atomic.Int64
 func buy(t *testing.T, l *ledger.Ledger, s stock.SKU) {
 	k := keys.MustID(fmt.Sprintf("k%d", bought.Add(1)))
 	b := keys.MustID("buyer")
-	if _, err := l.Purchase(context.Background(), ledger.Order{IdempotencyKey: k, SKU: s, Buyer: b, Quantity: 1,
-		Req: ledger.Request{Scope: b, Key: k, Fingerprint: "fp", Op: ledger.OpPurchase}}); err != nil {
-		t.Error(err)
+	o := ledger.Order{IdempotencyKey: k, SKU: s, Buyer: b, Quantity: 1,
+		Req: ledger.Request{Scope: b, Key: k, Fingerprint: "fp", Op: ledger.OpPurchase}}
+	if r := l.Commit(context.Background(), []ledger.Take{ledger.PurchaseTake(o)}, false)[0]; r.Err != nil {
+		t.Error(r.Err)
 	}
 }
 

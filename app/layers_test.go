@@ -88,3 +88,47 @@ func TestIDsCheckedOnceAtTheEdge(t *testing.T) {
 		t.Fatalf("walked %d Go files under %s (%v): not the module", found, root, err)
 	}
 }
+
+// Tests wait for conditions, never for time (the house rule "no flaky tests";
+// issue 42): a time.Sleep in a test file is allowed only where time itself
+// is under test or paces a loop, and says so in a comment on its line
+// ("time under test: …", "poll interval", a client's back-off). A bare
+// sleep is a guess at how long something takes, which a busy 2-core
+// machine gets wrong.
+func TestSleepsInTestsSayWhy(t *testing.T) {
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (strings.HasPrefix(d.Name(), ".") || d.Name() == "node_modules") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for i, line := range strings.Split(string(b), "\n") {
+			if !strings.Contains(line, "time.Sleep(") || strings.HasPrefix(strings.TrimSpace(line), "//") {
+				continue
+			}
+			n++
+			if !strings.Contains(line, "//") {
+				rel, _ := filepath.Rel(root, path)
+				t.Errorf("%s:%d: a time.Sleep with no comment saying why time itself is under test: %s", rel, i+1, strings.TrimSpace(line))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d sleeps in test files, each commented", n)
+}

@@ -250,7 +250,7 @@ func retryShed(send func() systest.Reply) systest.Reply {
 		if r.Status != http.StatusServiceUnavailable || r.Header.Get("Retry-After") == "" || i == 30 {
 			return r
 		}
-		time.Sleep(time.Duration(min(i, 10)) * 50 * time.Millisecond)
+		time.Sleep(time.Duration(min(i, 10)) * 50 * time.Millisecond) // a client's back-off between retries
 	}
 }
 

@@ -40,11 +40,11 @@ func (c *changes) mark(sku stock.SKU) {
 }
 
 // drain returns the SKUs marked since the last drain.
-func (c *changes) drain() []string {
-	var out []string
+func (c *changes) drain() []stock.SKU {
+	var out []stock.SKU
 	c.m.Range(func(k, v any) bool {
 		if v.(*atomic.Bool).Swap(false) {
-			out = append(out, k.(stock.SKU).String())
+			out = append(out, k.(stock.SKU))
 		}
 		return true
 	})
@@ -59,24 +59,44 @@ func (s *Service) stockChanged(sku stock.SKU) {
 }
 
 // publishChanges sends the change notices, once per StockTTL, until ctx
-// is done. Best effort: a notice lost is made up for by the views' max age
-// on a replica that hears the rest, and by their TTL on one that may not.
+// is done, and the restock notices whose publish failed. A publish that
+// fails is tried again at the next tick; until one goes through, the
+// views' and flags' max age bounds what other replicas serve.
 func (s *Service) publishChanges(ctx context.Context) {
 	t := time.NewTicker(s.opts.StockTTL)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return // Close sends what is left
 		case <-t.C:
 		}
-		skus := s.changes.drain()
-		for len(skus) > 0 {
-			n := min(len(skus), changesPerNotice)
-			if err := s.opts.Notifier.Publish(ctx, changeChannel, strings.Join(skus[:n], "\n")).Err(); err != nil && ctx.Err() == nil {
-				s.log.WarnContext(ctx, "publish change notice", "skus", n, "err", err)
+		s.sendNotices(ctx)
+	}
+}
+
+// sendNotices publishes the change notices due and the restock notices
+// owed; what fails is marked again for the next round.
+func (s *Service) sendNotices(ctx context.Context) {
+	for skus := s.changes.drain(); len(skus) > 0; {
+		n := min(len(skus), changesPerNotice)
+		lines := make([]string, n)
+		for i, sku := range skus[:n] {
+			lines[i] = sku.String()
+		}
+		if err := s.opts.Notifier.Publish(ctx, changeChannel, strings.Join(lines, "\n")).Err(); err != nil && ctx.Err() == nil {
+			for _, sku := range skus[:n] {
+				s.changes.mark(sku) // with the next notice
 			}
-			skus = skus[n:]
+			if ok, left := s.logs.allow("change notice", time.Now()); ok {
+				s.log.WarnContext(ctx, "publish change notice; sent again with the next", "skus", n, "err", err, "left_out", left)
+			}
+		}
+		skus = skus[n:]
+	}
+	for _, sku := range s.restocksOwed.drain() {
+		if err := s.opts.Notifier.Publish(ctx, noticeChannel, sku.String()).Err(); err != nil && ctx.Err() == nil {
+			s.restocksOwed.mark(sku)
 		}
 	}
 }

@@ -113,6 +113,10 @@ func (s *Service) giveBack(ctx context.Context, sku stock.SKU, key keys.ID, hold
 		// drift check or the next re-seed gives them back.
 		s.metrics.restoreFailed.Inc()
 		s.log.ErrorContext(ctx, "restore after refused commit", "sku", sku.String(), "err", err)
+		// A try that failed part-way may have given some parts back: the
+		// notice goes with the next ones (a notice too many costs a
+		// re-check; one too few, a false sold-out).
+		s.restocksOwed.mark(sku)
 	} else if !held && len(parts) > 0 {
 		// The units are back: a replica that found the SKU empty while
 		// they were out keeps its sold-out flag until it hears so.

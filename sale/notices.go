@@ -34,15 +34,20 @@ type Notifier interface {
 }
 
 // notifyRestocked tells every replica that sku's gate has stock again.
-// Best effort: a notice whose publish fails is made up for by the flags'
-// max age; one lost on a subscriber's broken connection, by its Distrust.
+// A notice whose publish fails is sent again with the next change notices
+// (publishChanges) until one goes through; until then the flags' max age
+// bounds it. One lost on a subscriber's broken connection is made up for
+// by its Distrust.
 func (s *Service) notifyRestocked(ctx context.Context, sku stock.SKU) {
 	s.wakeRoom(sku.Program)
 	if s.opts.Notifier == nil {
 		return
 	}
 	if err := s.opts.Notifier.Publish(ctx, noticeChannel, sku.String()).Err(); err != nil {
-		s.log.WarnContext(ctx, "publish restock notice", "sku", sku.String(), "err", err)
+		s.restocksOwed.mark(sku)
+		if ok, left := s.logs.allow("restock notice", time.Now()); ok {
+			s.log.WarnContext(ctx, "publish restock notice; sent again with the next change notices", "sku", sku.String(), "err", err, "left_out", left)
+		}
 	}
 }
 

@@ -98,8 +98,11 @@ func (t *take) commit(ctx context.Context, direct bool) (answer, stock.SKU) {
 		if direct {
 			for _, ln := range t.lines {
 				// Before this replica lets Redis serve the SKU again it
-				// reads the row afresh, which shows the gate stale.
+				// reads the row afresh, which shows the gate stale; the
+				// others do at the next notices (a stock view read from
+				// the stale gate would stand otherwise).
 				s.bypassed.Store(ln.w.sku, struct{}{})
+				s.restocksOwed.mark(ln.w.sku)
 			}
 		}
 		a := t.answerOf(r)

@@ -412,7 +412,9 @@ func (s *Store) assemble(ctx context.Context, r Request, d Deduction, seen []int
 			if err != nil {
 				if _, rerr := s.Restore(ctx, r.SKU, r.RequestID, r.holder(), d.Parts); rerr != nil {
 					// Units stay taken in Redis until a re-seed: say the
-					// outcome is unknown, not that nothing ran.
+					// outcome is unknown, not that nothing ran. Some parts
+					// may have gone back before the failure.
+					d.GaveBack = len(fresh) > 0
 					return d, errors.Join(err, fmt.Errorf("%w: %w", errStranded, rerr))
 				}
 				d.GaveBack = len(fresh) > 0

@@ -3,7 +3,6 @@ package sale
 import (
 	"context"
 
-	"github.com/stockgate/stockgate/cache"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -50,11 +49,10 @@ func (s *Service) fallbackSlot() (release func(), ok bool) {
 	}
 }
 
-// markSoldOut remembers the SKU as sold out on this replica, as a read
-// begun at since found it (cache.Cache.MarkSoldOut), and makes the next
-// unknown key read the ledger's committed requests again.
-func (s *Service) markSoldOut(sku stock.SKU, since cache.Since) {
-	s.cache.MarkSoldOut(sku, since)
+// markSoldOut remembers the SKU as sold out on this replica, and makes the
+// next unknown key read the ledger's committed requests again.
+func (s *Service) markSoldOut(sku stock.SKU) {
+	s.cache.MarkSoldOut(sku)
 	s.replays.unseal(sku)
 }
 

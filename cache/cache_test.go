@@ -25,7 +25,7 @@ func TestSoldOutAndEmptyShards(t *testing.T) {
 	if c.SoldOut(sku) {
 		t.Fatal("SoldOut before MarkSoldOut")
 	}
-	c.MarkSoldOut(sku)
+	c.MarkSoldOut(sku, c.Since())
 	c.MarkEmpty(sku, 4, 2)
 	if !c.SoldOut(sku) || !c.IsEmpty(sku, 4, 2) || c.IsEmpty(sku, 4, 1) || c.IsEmpty(sku, 8, 2) {
 		t.Fatal("flags not remembered per SKU and shard")
@@ -34,7 +34,7 @@ func TestSoldOutAndEmptyShards(t *testing.T) {
 	if c.SoldOut(sku) || c.IsEmpty(sku, 4, 2) {
 		t.Fatal("MarkStocked left flags set")
 	}
-	c.MarkSoldOut(sku)
+	c.MarkSoldOut(sku, c.Since())
 	deadline := time.Now().Add(2 * time.Second)
 	for c.SoldOut(sku) {
 		if time.Now().After(deadline) {
@@ -113,7 +113,7 @@ func TestStaleSoldOutLetsOneThrough(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.MarkSoldOut(sku)
+	c.MarkSoldOut(sku, c.Since())
 	time.Sleep(120 * time.Millisecond) // time under test: the 100 ms TTL lapses
 	var through atomic.Int64
 	var wg sync.WaitGroup
@@ -128,7 +128,7 @@ func TestStaleSoldOutLetsOneThrough(t *testing.T) {
 	if through.Load() != 1 {
 		t.Errorf("%d of 64 callers let through to re-check a stale flag, want 1", through.Load())
 	}
-	c.MarkSoldOut(sku) // the re-check found it still sold out
+	c.MarkSoldOut(sku, c.Since()) // the re-check found it still sold out
 	if !c.SoldOut(sku) {
 		t.Error("a renewed flag is not fresh")
 	}
@@ -146,7 +146,7 @@ func TestSoldOutFreshLeavesTheRecheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	sku := stock.MustSKU("p", "t")
-	c.MarkSoldOut(sku)
+	c.MarkSoldOut(sku, c.Since())
 	if !c.SoldOutFresh(sku) || !c.SoldOut(sku) {
 		t.Fatal("a fresh flag reads sold out")
 	}
@@ -232,5 +232,145 @@ func TestRefreshingServesTheOldValueWhileItLoads(t *testing.T) {
 	}
 	if _, err := cache.NewRefreshing[stock.SKU, int](time.Second, time.Second, 1, nil, func(context.Context, stock.SKU) (int, error) { return 0, nil }); err == nil {
 		t.Error("NewRefreshing accepted stale == ttl")
+	}
+}
+
+// While the notices are heard, a flag stands past its TTL until a notice
+// forgets it: a storm of askers is told sold out without a re-check turn.
+func TestSoldOutStandsUntilANotice(t *testing.T) {
+	c, err := cache.New(cache.Options{SoldOutTTL: 20 * time.Millisecond, NoticeMaxAge: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Trust()
+	c.MarkSoldOut(sku, c.Since())
+	time.Sleep(100 * time.Millisecond) // time under test: five TTLs lapse
+	for i := range 64 {
+		if !c.SoldOut(sku) || !c.SoldOutFresh(sku) {
+			t.Fatalf("asker %d let through to re-check a flag the notices still stand behind", i)
+		}
+	}
+	c.Forget(sku)
+	if c.SoldOut(sku) || c.SoldOutFresh(sku) {
+		t.Fatal("a flag outlived the notice that stock came back")
+	}
+}
+
+// A flag marked while the notices were heard lives its TTL only once they
+// may be missed (Distrust), and is not trusted again by a later
+// subscription (Trust): a notice may have been lost in between.
+func TestDistrustEndsTheFlagsStanding(t *testing.T) {
+	c, err := cache.New(cache.Options{SoldOutTTL: 20 * time.Millisecond, NoticeMaxAge: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Trust()
+	c.MarkSoldOut(sku, c.Since())
+	c.Distrust()
+	c.Trust()
+	time.Sleep(50 * time.Millisecond) // time under test: two TTLs lapse
+	if c.SoldOut(sku) {
+		t.Fatal("a flag from before a lapse in the notices stood past two TTLs")
+	}
+	// Marked while nothing is heard: the TTL as well.
+	c.Distrust()
+	c.MarkSoldOut(sku, c.Since())
+	c.Trust()
+	time.Sleep(50 * time.Millisecond) // time under test: two TTLs lapse
+	if c.SoldOut(sku) {
+		t.Fatal("a flag marked while the notices were not heard stood past two TTLs")
+	}
+}
+
+// A notice that overtakes the read a flag is marked from (heard after
+// Since, before MarkSoldOut) leaves that flag its TTL only, however the
+// two interleave: it cannot stand on news older than the notice.
+func TestNoticeOvertakingTheReadIsNotLost(t *testing.T) {
+	c, err := cache.New(cache.Options{SoldOutTTL: time.Nanosecond, NoticeMaxAge: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Trust()
+	other := stock.SKU{Program: keys.MustID("p"), Ticket: keys.MustID("other")}
+	since := c.Since()
+	c.Forget(other) // any SKU's notice: the cache counts them, not per SKU
+	c.MarkSoldOut(sku, since)
+	if c.SoldOutFresh(sku) {
+		t.Fatal("a flag marked from a read a notice overtook stands")
+	}
+	for i := range 2000 {
+		since := c.Since()
+		var wg sync.WaitGroup
+		wg.Go(func() { c.Forget(sku) })
+		c.MarkSoldOut(sku, since)
+		wg.Wait()
+		if c.SoldOutFresh(sku) {
+			t.Fatalf("round %d: a flag stands after the notice that raced its marking", i)
+		}
+	}
+}
+
+// A Viewed value stands past its TTL while the notices are heard, until
+// its key is invalidated; without them, or loaded across a notice or a
+// lapse in them, it lives its TTL.
+func TestViewedStandsPerChange(t *testing.T) {
+	const ttl = 20 * time.Millisecond
+	c, err := cache.New(cache.Options{SoldOutTTL: ttl, NoticeMaxAge: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var loads atomic.Int64
+	var during func() // runs inside the next load
+	v, err := cache.NewViewed(c, ttl, 100, nil, func(ctx context.Context, s stock.SKU) (int64, error) {
+		if f := during; f != nil {
+			during = nil
+			f()
+		}
+		return loads.Add(1), nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func() int64 {
+		t.Helper()
+		n, err := v.Get(context.Background(), sku)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	lapse := func() { time.Sleep(3 * ttl) } // time under test: past the TTL
+	// Not heard: the TTL.
+	get()
+	lapse()
+	if get() != 2 {
+		t.Fatal("a value loaded while no notice is heard outlived its TTL")
+	}
+	c.Trust()
+	v.Invalidate(sku)
+	first := get()
+	lapse()
+	if get() != first {
+		t.Fatal("a value loaded while the notices are heard did not stand past its TTL")
+	}
+	v.Invalidate(sku) // its change notice
+	if get() == first {
+		t.Fatal("a value outlived the notice of its change")
+	}
+	// A notice heard during the load: its TTL only.
+	v.Invalidate(sku)
+	during = c.Heard
+	overtaken := get()
+	lapse()
+	if get() == overtaken {
+		t.Fatal("a value whose load a notice overtook stood past its TTL")
+	}
+	// A lapse in the notices ends a standing value, even once they are back.
+	standing := get()
+	c.Distrust()
+	c.Trust()
+	lapse()
+	if get() == standing {
+		t.Fatal("a value from before a lapse in the notices stood past its TTL")
 	}
 }

@@ -16,7 +16,7 @@ func BenchmarkMicroSoldOutHit(b *testing.B) {
 		b.Fatal(err)
 	}
 	sku := stock.SKU{Program: keys.MustID("show-1"), Ticket: keys.MustID("ga")}
-	c.MarkSoldOut(sku)
+	c.MarkSoldOut(sku, c.Since())
 	for b.Loop() {
 		if !c.SoldOut(sku) {
 			b.Fatal("miss")

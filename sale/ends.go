@@ -247,7 +247,7 @@ func (s *Service) EndSale(ctx context.Context, sku stock.SKU) (SKUState, error) 
 		return err
 	})
 	s.settings.Invalidate(sku)
-	s.stock.Invalidate(sku)
+	s.stockChanged(sku)
 	if st.Program.IsZero() {
 		s.log.ErrorContext(ctx, "end sale", "sku", sku.String(), "err", err)
 		return SKUState{}, refuse(ErrUnavailable, "could not end the sale; repeat the request")

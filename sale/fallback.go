@@ -3,6 +3,7 @@ package sale
 import (
 	"context"
 
+	"github.com/stockgate/stockgate/cache"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -49,10 +50,11 @@ func (s *Service) fallbackSlot() (release func(), ok bool) {
 	}
 }
 
-// markSoldOut remembers the SKU as sold out on this replica, and makes the
-// next unknown key read the ledger's committed requests again.
-func (s *Service) markSoldOut(sku stock.SKU) {
-	s.cache.MarkSoldOut(sku)
+// markSoldOut remembers the SKU as sold out on this replica, as a read
+// begun at since found it (cache.Cache.MarkSoldOut), and makes the next
+// unknown key read the ledger's committed requests again.
+func (s *Service) markSoldOut(sku stock.SKU, since cache.Since) {
+	s.cache.MarkSoldOut(sku, since)
 	s.replays.unseal(sku)
 }
 

@@ -317,7 +317,7 @@ func (s *Service) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 		err = s.reseed(ctx, sku, reasonAdmin, true)
 	}
 	s.settings.Invalidate(sku)
-	s.stock.Invalidate(sku)
+	s.stockChanged(sku)
 	s.cache.ClearSoldOut(sku)
 	switch {
 	case errors.Is(putErr, stock.ErrInvalid):

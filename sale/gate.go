@@ -51,6 +51,11 @@ func (s *Service) deduct(ctx context.Context, req shard.Request) (shard.Deductio
 			d, err = s.gate.Deduct(ctx, req)
 			return err
 		})
+		if d.GaveBack {
+			// Units it took for a moment are back (a short assembly):
+			// whoever found the SKU empty meanwhile hears so.
+			s.notifyRestocked(ctx, req.SKU)
+		}
 		closed := errors.Is(err, stock.ErrNotSeeded) || errors.Is(err, stock.ErrFenced)
 		if !closed || attempt == 2 {
 			return d, err
@@ -108,6 +113,14 @@ func (s *Service) giveBack(ctx context.Context, sku stock.SKU, key keys.ID, hold
 		// drift check or the next re-seed gives them back.
 		s.metrics.restoreFailed.Inc()
 		s.log.ErrorContext(ctx, "restore after refused commit", "sku", sku.String(), "err", err)
+		// A try that failed part-way may have given some parts back: the
+		// notice goes with the next ones (a notice too many costs a
+		// re-check; one too few, a false sold-out).
+		s.restocksOwed.mark(sku)
+	} else if !held && len(parts) > 0 {
+		// The units are back: a replica that found the SKU empty while
+		// they were out keeps its sold-out flag until it hears so.
+		s.notifyRestocked(ctx, sku)
 	}
 	return held
 }

@@ -2,7 +2,11 @@ package sale
 
 import (
 	"context"
+	"errors"
+	"net"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -13,9 +17,11 @@ import (
 // a rebuild), the replica that did it publishes the SKU, and every replica
 // forgets its sold-out flag, unseals its committed-key set and drops its
 // cached stock read and settings for it. Without them another replica keeps
-// answering from memory until its flag's next re-check (up to 2 x the
-// sold-out TTL): a false sold-out for new buyers, and a 409 for a retry of a
-// sale of the returned units. A lost notice costs only that bounded wait.
+// answering from memory until its flag's next re-check: a false sold-out
+// for new buyers, and a 409 for a retry of a sale of the returned units.
+// While a replica hears the notices its flags wait for one (up to the
+// cache's NoticeMaxAge, the bound when a publish was lost); while it may
+// not, up to 2 x the sold-out TTL (see RunNotices).
 
 // noticeChannel is the Redis pub/sub channel of restock notices (classic
 // pub/sub: a publish reaches subscribers on every node of the cluster).
@@ -28,36 +34,107 @@ type Notifier interface {
 }
 
 // notifyRestocked tells every replica that sku's gate has stock again.
-// Best effort: a notice that is lost is made up for by the flags' TTL.
+// A notice whose publish fails is sent again with the next change notices
+// (publishChanges) until one goes through; until then the flags' max age
+// bounds it. One lost on a subscriber's broken connection is made up for
+// by its Distrust.
 func (s *Service) notifyRestocked(ctx context.Context, sku stock.SKU) {
 	s.wakeRoom(sku.Program)
 	if s.opts.Notifier == nil {
 		return
 	}
 	if err := s.opts.Notifier.Publish(ctx, noticeChannel, sku.String()).Err(); err != nil {
-		s.log.WarnContext(ctx, "publish restock notice", "sku", sku.String(), "err", err)
+		s.restocksOwed.mark(sku)
+		if ok, left := s.logs.allow("restock notice", time.Now()); ok {
+			s.log.WarnContext(ctx, "publish restock notice; sent again with the next change notices", "sku", sku.String(), "err", err, "left_out", left)
+		}
 	}
 }
 
+// noticeBeat is how long the notices' connection may stay silent before
+// it is pinged; a ping unanswered for noticeDeaf beats counts it broken
+// (a busy replica may read its pong late; a false alarm costs a re-check
+// per SKU, not a false answer).
+const (
+	noticeBeat = time.Second
+	noticeDeaf = 3
+)
+
 // RunNotices applies other replicas' restock notices (and this one's own)
 // until ctx is done. Without a Notifier it returns at once.
+//
+// While its subscription is confirmed and answers, the replica's sold-out
+// flags stand until a notice (cache.Cache.Trust): a sold-out storm costs
+// no Redis call per TTL. Any sign that a notice may have been missed (an
+// error, a ping unanswered) makes them TTL-bound again until the
+// subscription is confirmed anew (Distrust), and a flag from before that
+// is never trusted again.
 func (s *Service) RunNotices(ctx context.Context) {
 	if s.opts.Notifier == nil {
 		return
 	}
-	sub := s.opts.Notifier.Subscribe(ctx, noticeChannel)
-	defer sub.Close()
-	ch := sub.Channel() // go-redis re-subscribes by itself after a broken connection
-	for {
+	defer s.cache.Distrust()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { s.publishChanges(ctx) })
+	for ctx.Err() == nil {
+		s.listen(ctx)
+		s.cache.Distrust()
+		// Before subscribing anew: a Redis that is down is not asked in a
+		// tight loop.
+		t := time.NewTimer(noticeBeat / 4)
 		select {
 		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// listen holds one subscription until it fails or ctx is done.
+func (s *Service) listen(ctx context.Context) {
+	channels := []string{noticeChannel, changeChannel}
+	sub := s.opts.Notifier.Subscribe(ctx, channels...)
+	defer sub.Close()
+	// A read waits up to a beat and does not watch ctx: closing the
+	// subscription ends it at once.
+	defer context.AfterFunc(ctx, func() { _ = sub.Close() })()
+	silent := 0 // beats since anything was heard
+	for {
+		msg, err := sub.ReceiveTimeout(ctx, noticeBeat)
+		var ne net.Error
+		switch {
+		case ctx.Err() != nil:
 			return
-		case msg, ok := <-ch:
-			if !ok {
-				return
+		case errors.As(err, &ne) && ne.Timeout() && silent+1 < noticeDeaf:
+			// Silence: a live connection answers a ping.
+			if silent++; silent == 1 {
+				if err := sub.Ping(ctx); err != nil {
+					return
+				}
+			}
+			continue
+		case err != nil:
+			// Broken, or a ping unanswered (a connection that died without
+			// a word): notices may be lost from here on.
+			if !errors.As(err, &ne) || !ne.Timeout() {
+				s.log.WarnContext(ctx, "restock notices: subscription lost; sold-out flags live their TTL until it is back", "err", err)
+			}
+			return
+		}
+		silent = 0
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			if m.Kind == "subscribe" && m.Count == len(channels) {
+				s.cache.Trust() // every notice from here on reaches this loop
+			}
+		case *redis.Message:
+			if m.Channel == changeChannel {
+				s.applyChanges(m.Payload)
+				continue
 			}
 			// Another replica's message: parsed like any input.
-			program, ticket, _ := strings.Cut(msg.Payload, "/")
+			program, ticket, _ := strings.Cut(m.Payload, "/")
 			sku, err := stock.ParseStored(program, ticket)
 			if err != nil {
 				continue
@@ -69,7 +146,7 @@ func (s *Service) RunNotices(ctx context.Context) {
 
 // forgetClosed drops what this replica remembers of a SKU being closed.
 func (s *Service) forgetClosed(sku stock.SKU) {
-	s.cache.ClearSoldOut(sku)
+	s.cache.Forget(sku)
 	s.replays.unseal(sku)
 	s.stock.Invalidate(sku)
 	s.settings.Invalidate(sku)

@@ -153,7 +153,7 @@ func (s *Service) withdraw(ctx context.Context, id, seller keys.ID, r request) a
 	case err == nil:
 		s.metrics.listings.WithLabelValues("withdrawn").Add(float64(x.Withdrawn))
 		s.cache.ClearSoldOut(x.SKU)
-		s.stock.Invalidate(x.SKU)
+		s.stockChanged(x.SKU)
 		return answer{listing: &x}
 	case errors.Is(err, ledger.ErrDuplicate):
 		// A copy of this request withdrew. It stands on its own record,

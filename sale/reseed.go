@@ -175,7 +175,7 @@ func (s *Service) rebuildWith(ctx context.Context, sku stock.SKU, reason string,
 		return r, err
 	}
 	s.settings.Invalidate(sku)
-	s.stock.Invalidate(sku)
+	s.stockChanged(sku)
 	if fresh.Remaining() > 0 {
 		s.cache.ClearSoldOut(sku)
 	}

@@ -122,7 +122,7 @@ func (s *Service) returnToRedis(ctx context.Context, r ledger.Restore, waits []t
 		}
 		if !r.CountsOnly {
 			s.cache.ClearSoldOut(r.SKU)
-			s.stock.Invalidate(r.SKU)
+			s.stockChanged(r.SKU)
 		}
 		if outcome == shard.Refilled {
 			s.notifyRestocked(ctx, r.SKU)

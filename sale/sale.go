@@ -403,9 +403,14 @@ type Service struct {
 		mu sync.Mutex
 		m  map[stock.SKU]map[keys.ID]string // seat → mismatch at the last periodic check
 	}
-	seats    *seats.Store
-	stock    *cache.Loading[stock.SKU, Stock]
-	inflight inflight
+	seats   *seats.Store
+	stock   *cache.Viewed[stock.SKU, Stock]
+	changes changes // what the next change notice tells
+	// restocksOwed are restock notices sent with the next change notices:
+	// those whose publish failed, and SKUs sold around the gate (their gate
+	// went stale, so every replica must read their settings again).
+	restocksOwed changes
+	inflight     inflight
 	// replays answers retries of committed requests of SKUs that take no
 	// more requests (sold out, ended) without a ledger call per request.
 	replays *replays
@@ -477,7 +482,7 @@ func New(opts Options) (*Service, error) {
 	if s.sectionViews, err = cache.NewLoading(opts.StockTTL, 10_000, cm.Recorder("sections"), s.loadSection); err != nil {
 		return nil, err
 	}
-	if s.stock, err = cache.NewLoading(opts.StockTTL, 100_000, cm.Recorder("stock"), s.loadStock); err != nil {
+	if s.stock, err = cache.NewViewed(opts.Cache, opts.StockTTL, 100_000, cm.Recorder("stock"), s.loadStock); err != nil {
 		return nil, err
 	}
 	s.flight = newFlight(opts.TakesInFlight, opts.LedgerWaitBudget)
@@ -498,6 +503,14 @@ func (s *Service) Close() {
 	s.confirms.close()
 	s.cancels.close()
 	s.refunds.close()
+	if s.opts.Notifier != nil {
+		// What changed since the loops' last notice, those commits
+		// included: a replica leaving (a rollout, a scale-in) would
+		// otherwise leave the others' views standing their max age.
+		ctx, cancel := context.WithTimeout(context.Background(), s.opts.RedisTimeout)
+		s.sendNotices(ctx)
+		cancel()
+	}
 }
 
 // Breakers are the Redis masters' breakers.

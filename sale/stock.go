@@ -32,8 +32,17 @@ func (s *Service) loadStock(ctx context.Context, sku stock.SKU) (Stock, error) {
 }
 
 // Stock is what buyers can still get of a SKU: the gate's view, served
-// from memory for StockTTL (a miss loads it once for all readers).
+// from memory for StockTTL (a miss loads it once for all readers), or
+// sold out while the SKU's sold-out flag is fresh.
 func (s *Service) Stock(ctx context.Context, sku stock.SKU) (Stock, error) {
+	if s.cache.SoldOutFresh(sku) {
+		// What the takes are told, from the same flag: a read flood of a
+		// sold-out SKU costs Redis no call per StockTTL either. A seated
+		// SKU's flag is not asked (see settingsRules), nor answered here.
+		if set, err := s.settings.Get(ctx, sku); err == nil && !set.Seated {
+			return Stock{SKU: sku, SoldOut: true}, nil
+		}
+	}
 	st, err := s.stock.Get(ctx, sku)
 	switch {
 	case errors.Is(err, stock.ErrUnknownSKU) && !sku.Pool().IsZero():

@@ -6,6 +6,7 @@ import (
 	mrand "math/rand/v2"
 	"time"
 
+	"github.com/stockgate/stockgate/cache"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/seats"
 	"github.com/stockgate/stockgate/shard"
@@ -91,11 +92,17 @@ func (t *take) commit(ctx context.Context, direct bool) (answer, stock.SKU) {
 	o := judgeCommit(r.Err, direct, t.cart)
 	switch o.verdict {
 	case verdictSold:
+		for _, ln := range t.lines {
+			s.changes.mark(ln.w.sku) // every replica's stock view, at the next notice
+		}
 		if direct {
 			for _, ln := range t.lines {
 				// Before this replica lets Redis serve the SKU again it
-				// reads the row afresh, which shows the gate stale.
+				// reads the row afresh, which shows the gate stale; the
+				// others do at the next notices (a stock view read from
+				// the stale gate would stand otherwise).
 				s.bypassed.Store(ln.w.sku, struct{}{})
+				s.restocksOwed.mark(ln.w.sku)
 			}
 		}
 		a := t.answerOf(r)
@@ -185,8 +192,11 @@ func (t *take) ledgerSoldOut(ctx context.Context, direct bool, i int) {
 		s.metrics.ledgerRefusals.Inc()
 		return
 	}
+	// Marked for its TTL only (the zero Since): a unit that comes back
+	// while this SKU's gate is out of reach (its master down) may come
+	// back to the ledger alone, and nothing publishes a notice for that.
 	if st, err := s.ledger.SKU(ctx, t.lines[i].w.sku); err == nil && st.Remaining() == 0 {
-		s.markSoldOut(t.lines[i].w.sku)
+		s.markSoldOut(t.lines[i].w.sku, cache.Since{})
 	}
 }
 

@@ -76,6 +76,7 @@ func (t *take) gateUnits(ctx context.Context, i int) (answer, gateOut) {
 		return answer{}, gateDirect
 	}
 	req := shard.Request{SKU: w.sku, Shards: st.Shards, RequestID: w.req.gateID(), Quantity: w.q, MaxQuantity: st.MaxPerOrder, Holder: t.holderID()}
+	since := s.cache.Since()
 	d, err := s.deduct(ctx, req)
 	if err != nil && !notRun(err) && !isOutcome(err) {
 		// The outcome is unknown: the script may have run and its reply been
@@ -96,7 +97,7 @@ func (t *take) gateUnits(ctx context.Context, i int) (answer, gateOut) {
 		// Only an empty SKU is remembered as sold out: 3 left is sold out
 		// for a buyer of 4, not for a buyer of 1.
 		if d.Left == 0 {
-			s.markSoldOut(w.sku)
+			s.markSoldOut(w.sku, since)
 		}
 		return t.no(ctx, i, lineRefusal{kind: ErrSoldOut, closed: d.Left == 0}), gateRefuse
 	case err != nil && notRun(err):

@@ -244,6 +244,11 @@ type Deduction struct {
 	// shards (shards known to be empty count 0): 0 means the SKU is empty,
 	// more means there is stock, just not enough for this quantity.
 	Left int64
+	// GaveBack: units this call took went back before it answered (an
+	// assembly from several shards that fell short, or failed part-way).
+	// A replica that found the SKU empty meanwhile must be told (sale's
+	// restock notice): for a moment the units were out.
+	GaveBack bool
 }
 
 // Start is the shard a request id begins at. It depends on the id alone, so
@@ -407,9 +412,12 @@ func (s *Store) assemble(ctx context.Context, r Request, d Deduction, seen []int
 			if err != nil {
 				if _, rerr := s.Restore(ctx, r.SKU, r.RequestID, r.holder(), d.Parts); rerr != nil {
 					// Units stay taken in Redis until a re-seed: say the
-					// outcome is unknown, not that nothing ran.
+					// outcome is unknown, not that nothing ran. Some parts
+					// may have gone back before the failure.
+					d.GaveBack = len(fresh) > 0
 					return d, errors.Join(err, fmt.Errorf("%w: %w", errStranded, rerr))
 				}
+				d.GaveBack = len(fresh) > 0
 				return d, err
 			}
 			switch res.code {
@@ -437,7 +445,7 @@ func (s *Store) assemble(ctx context.Context, r Request, d Deduction, seen []int
 		if _, err := s.Restore(ctx, r.SKU, r.RequestID, r.holder(), d.Parts); err != nil {
 			return d, fmt.Errorf("give back partial take: %w", err)
 		}
-		return Deduction{Probes: d.Probes, Left: have}, stock.ErrSoldOut
+		return Deduction{Probes: d.Probes, Left: have, GaveBack: len(fresh) > 0}, stock.ErrSoldOut
 	}
 	if len(fresh) == 0 {
 		d.Replayed = true

@@ -81,7 +81,7 @@ func suiteCmd(args []string) error {
 	queueJoins := fs.Uint64("queue-joins", 1_000_000, "buyers joined to the waiting room whose places the rounds check")
 	onsaleBuyers := fs.Int("onsale-buyers", 100_000, "buyers of the on-sale through the waiting room (0: none)")
 	onsaleTickets := fs.Int("onsale-tickets", 1000, "tickets of the on-sale")
-	only := fs.String("only", "", `"room": only the waiting room's measurements; "buy": only the purchase-with-commit latency; "primaries": only one primary against two; "shards": only self-sized shards against fixed ones; printed (no document written)`)
+	only := fs.String("only", "", `"room": only the waiting room's measurements; "buy": only the purchase-with-commit latency; "primaries": only one primary against two; "shards": only self-sized shards against fixed ones; "calls": only the Redis calls of the sold-out storm and read floods at three paces; printed (no document written)`)
 	_ = fs.Parse(args)
 	if *rounds < 1 {
 		return fmt.Errorf("-rounds %d: at least 1", *rounds)
@@ -123,8 +123,15 @@ func suiteCmd(args []string) error {
 		fmt.Print(s.doc.String())
 		return nil
 	}
+	if *only == "calls" {
+		if err := s.runCalls(); err != nil {
+			return err
+		}
+		fmt.Print(s.doc.String())
+		return nil
+	}
 	if *only != "" {
-		return fmt.Errorf("-only %q: want room, buy, primaries or shards", *only)
+		return fmt.Errorf("-only %q: want room, buy, primaries, shards or calls", *only)
 	}
 	if err := s.runAll(); err != nil {
 		return err

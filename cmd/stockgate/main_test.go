@@ -29,6 +29,7 @@ func TestBadConfigExits2NamingTheVariable(t *testing.T) {
 		{"STOCKGATE_LEDGER_MAX_CONNS", "0"},
 		{"STOCKGATE_RECORD_TTL", "1s"},
 		{"STOCKGATE_SOLD_OUT_TTL", "0s"},
+		{"STOCKGATE_NOTICE_MAX_AGE", "0s"},
 		{"STOCKGATE_EMPTY_SHARD_TTL", "0s"},
 		{"STOCKGATE_WORK_TIMEOUT", "0s"},
 		{"STOCKGATE_SHUTDOWN_GRACE", "0s"},

@@ -5,9 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/internal/systest"
@@ -449,4 +453,181 @@ func TestRestockNoticeReachesOtherReplicas(t *testing.T) {
 			t.Errorf("retry on B = %d %s, want the replay of %s", r.Status, r.Body, systest.OrderID(won))
 		}
 	})
+}
+
+// Issue 43: a sold-out storm and a read flood cost Redis calls per change,
+// not per unit of time. While the replica hears the restock notices, its
+// sold-out flag stands past the TTL until a notice: the purchases and
+// stock reads of a sold-out SKU, at one pace and then at half of it, make
+// no Redis call for the SKU at all (one re-check at most, for a flag
+// marked before the subscription was confirmed). With the TTL's flag
+// alone, each phase re-checks every TTL: ten times each.
+func TestSoldOutStormCallsRedisPerChange(t *testing.T) {
+	const ttl = 100 * time.Millisecond
+	e := systest.Start(t, systest.Options{Driver: ledger.SQLite, Tune: func(o *app.Options) { o.Cache.SoldOutTTL = ttl }})
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 0, 4, 4)
+	calls := &skuCalls{program: sku.Program.String()}
+	e.Guarded.AddHook(calls)
+	if r := e.Buy(t, sku, "warm", "w", 1); r.Status != http.StatusConflict {
+		t.Fatalf("purchase at stock 0 = %d %s", r.Status, r.Body)
+	}
+	stockPath := "/v1/skus/" + sku.Program.String() + "/" + sku.Ticket.String() + "/stock"
+	phase := func(name string, every time.Duration, n int) int64 {
+		before := calls.n.Load()
+		for i := range n {
+			if r := e.Buy(t, sku, fmt.Sprintf("%s-%d", name, i), "b", 1); r.Status != http.StatusConflict {
+				t.Fatalf("%s: purchase %d = %d %s, want 409", name, i, r.Status, r.Body)
+			}
+			if r := e.Do(t, http.MethodGet, stockPath, nil, ""); r.Status != 200 || !strings.Contains(string(r.Body), `"sold_out":true`) {
+				t.Fatalf("%s: stock read %d = %d %s, want sold out", name, i, r.Status, r.Body)
+			}
+			time.Sleep(every) // time under test: the requests' pace, ten TTLs a phase
+		}
+		return calls.n.Load() - before
+	}
+	full := phase("full", ttl/4, 40)
+	half := phase("half", ttl/2, 20)
+	t.Logf("Redis calls for the SKU: %d at the full pace (40 purchases, 40 reads), %d at half (20, 20)", full, half)
+	// One re-check is one deduct script per shard.
+	if full+half > 4 {
+		t.Errorf("the storm made %d and %d Redis calls for a SKU nobody changed, want at most one re-check (4) in all", full, half)
+	}
+}
+
+// A replica whose notices' connection dies does not trust its sold-out
+// flags while it may have missed a notice, subscribes again, and trusts
+// them again once it is back: the storm's re-checks stop, and a return on
+// another replica reaches it through a notice, not its flag's max age.
+func TestNoticesHeardAgainAfterTheirConnectionDies(t *testing.T) {
+	const ttl = 100 * time.Millisecond
+	dsn := systest.LedgerDSN(t, ledger.SQLite)
+	a := systest.Start(t, systest.Options{Driver: ledger.SQLite, DSN: dsn})
+	b := systest.Start(t, systest.Options{Driver: ledger.SQLite, DSN: dsn, Tune: func(o *app.Options) {
+		o.Cache.SoldOutTTL, o.Cache.NoticeMaxAge = ttl, time.Minute
+	}})
+	sku := systest.NewSKU(t)
+	a.PutSKU(t, sku, 1, 1, 4)
+	r, h := a.Hold(t, sku, "h", "xena", 1, 0)
+	if r.Status != 201 {
+		t.Fatalf("hold = %d %s", r.Status, r.Body)
+	}
+	calls := &skuCalls{program: sku.Program.String()}
+	b.Guarded.AddHook(calls)
+	// Every subscriber's connection on every node, B's among them.
+	err := b.Redis.ForEachShard(context.Background(), func(ctx context.Context, c *redis.Client) error {
+		return c.ClientKillByFilter(ctx, "TYPE", "pubsub").Err()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := 0
+	buy := func() {
+		i++
+		if r := b.Buy(t, sku, fmt.Sprintf("storm-%d", i), "b", 1); r.Status != http.StatusConflict {
+			t.Fatalf("purchase %d on B = %d %s, want 409", i, r.Status, r.Body)
+		}
+	}
+	// Back and trusted: ten TTLs of purchases without a Redis call.
+	systest.WaitFor(t, 20*time.Second, "B's storm to cost no Redis call for ten TTLs", func() bool {
+		before := calls.n.Load()
+		for range 10 {
+			buy()
+			time.Sleep(ttl) // time under test: a TTL per purchase
+		}
+		return calls.n.Load() == before
+	})
+	if c := a.Act(t, "/v1/holds/"+h.HoldID+"/cancel", "c", "xena"); c.Status != 200 {
+		t.Fatalf("cancel = %d %s", c.Status, c.Body)
+	}
+	systest.WaitFor(t, 5*time.Second, "B to sell the returned unit", func() bool {
+		return b.Buy(t, sku, "z", "zoe", 1).Status == 201
+	})
+}
+
+// skuCalls counts the Redis commands that name a program's keys.
+type skuCalls struct {
+	program string
+	n       atomic.Int64
+}
+
+func (c *skuCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *skuCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.count(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (c *skuCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			c.count(cmd)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (c *skuCalls) count(cmd redis.Cmder) {
+	for _, a := range cmd.Args() {
+		if s, ok := a.(string); ok && strings.Contains(s, c.program) {
+			c.n.Add(1)
+			return
+		}
+	}
+}
+
+// Issue 43: a stock view changes per change, not per unit of time. Reads
+// of a SKU nobody buys cost Redis one load in all (ten reads per
+// StockTTL, for forty TTLs); a purchase on another replica reaches the
+// reader's view by its change notice, within a few StockTTLs, not the
+// view's max age.
+func TestStockViewCallsRedisPerChange(t *testing.T) {
+	const ttl = 50 * time.Millisecond
+	dsn := systest.LedgerDSN(t, ledger.SQLite)
+	a := systest.Start(t, systest.Options{Driver: ledger.SQLite, DSN: dsn})
+	b := systest.Start(t, systest.Options{Driver: ledger.SQLite, DSN: dsn, Tune: func(o *app.Options) {
+		o.Sale.StockTTL, o.Cache.NoticeMaxAge = ttl, time.Minute
+	}})
+	sku := systest.NewSKU(t)
+	a.PutSKU(t, sku, 10, 4, 4)
+	path := "/v1/skus/" + sku.Program.String() + "/" + sku.Ticket.String() + "/stock"
+	read := func() string {
+		r := b.Do(t, http.MethodGet, path, nil, "")
+		if r.Status != 200 {
+			t.Fatalf("stock read = %d %s", r.Status, r.Body)
+		}
+		var st struct{ Remaining int64 }
+		if err := json.Unmarshal(r.Body, &st); err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprint(st.Remaining)
+	}
+	calls := &skuCalls{program: sku.Program.String()}
+	b.Guarded.AddHook(calls)
+	// Until a view is loaded while B's notices are heard (B just started).
+	systest.WaitFor(t, 10*time.Second, "a view that stands for ten TTLs", func() bool {
+		read()
+		before := calls.n.Load()
+		for range 20 {
+			read()
+			time.Sleep(ttl / 2) // time under test: two reads per TTL
+		}
+		return calls.n.Load() == before
+	})
+	before := calls.n.Load()
+	for range 80 {
+		if got := read(); got != "10" {
+			t.Fatalf("stock view = %s, want 10", got)
+		}
+		time.Sleep(ttl / 2) // time under test: two reads per TTL, forty TTLs
+	}
+	if n := calls.n.Load() - before; n != 0 {
+		t.Errorf("80 reads over 40 TTLs of a SKU nobody changed made %d Redis calls, want 0", n)
+	}
+	if r := a.Buy(t, sku, "k1", "ann", 1); r.Status != 201 {
+		t.Fatalf("purchase on A = %d %s", r.Status, r.Body)
+	}
+	systest.WaitFor(t, 5*time.Second, "B's view to show A's sale", func() bool { return read() == "9" })
 }

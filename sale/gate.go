@@ -54,7 +54,7 @@ func (s *Service) deduct(ctx context.Context, req shard.Request) (shard.Deductio
 		if d.GaveBack {
 			// Units it took for a moment are back (a short assembly):
 			// whoever found the SKU empty meanwhile hears so.
-			s.notifyRestocked(ctx, req.SKU)
+			s.notifyBack(ctx, req.SKU)
 		}
 		closed := errors.Is(err, stock.ErrNotSeeded) || errors.Is(err, stock.ErrFenced)
 		if !closed || attempt == 2 {
@@ -120,7 +120,7 @@ func (s *Service) giveBack(ctx context.Context, sku stock.SKU, key keys.ID, hold
 	} else if !held && len(parts) > 0 {
 		// The units are back: a replica that found the SKU empty while
 		// they were out keeps its sold-out flag until it hears so.
-		s.notifyRestocked(ctx, sku)
+		s.notifyBack(ctx, sku)
 	}
 	return held
 }

@@ -27,6 +27,13 @@ import (
 // pub/sub: a publish reaches subscribers on every node of the cluster).
 const noticeChannel = "sg:notices:restocked"
 
+// backChannel carries the lighter notice of units that were out of the
+// gate for a moment and are back (a refused take given back, a short
+// assembly): nothing about the SKU changed but its stock, so its settings
+// stay. Dropping them would send every purchase of a SKU whose ledger is
+// cut off to read them from that ledger, and refuse it at the door.
+const backChannel = "sg:notices:back"
+
 // Notifier is the part of the Redis client notices use.
 type Notifier interface {
 	Publish(ctx context.Context, channel string, message any) *redis.IntCmd
@@ -47,6 +54,22 @@ func (s *Service) notifyRestocked(ctx context.Context, sku stock.SKU) {
 		s.restocksOwed.mark(sku)
 		if ok, left := s.logs.allow("restock notice", time.Now()); ok {
 			s.log.WarnContext(ctx, "publish restock notice; sent again with the next change notices", "sku", sku.String(), "err", err, "left_out", left)
+		}
+	}
+}
+
+// notifyBack tells every replica that units of sku taken for a moment are
+// back in its gate (see backChannel). A failed publish is owed as a full
+// restock notice.
+func (s *Service) notifyBack(ctx context.Context, sku stock.SKU) {
+	s.wakeRoom(sku.Program)
+	if s.opts.Notifier == nil {
+		return
+	}
+	if err := s.opts.Notifier.Publish(ctx, backChannel, sku.String()).Err(); err != nil {
+		s.restocksOwed.mark(sku)
+		if ok, left := s.logs.allow("restock notice", time.Now()); ok {
+			s.log.WarnContext(ctx, "publish units-back notice; sent again with the next change notices", "sku", sku.String(), "err", err, "left_out", left)
 		}
 	}
 }
@@ -93,7 +116,7 @@ func (s *Service) RunNotices(ctx context.Context) {
 
 // listen holds one subscription until it fails or ctx is done.
 func (s *Service) listen(ctx context.Context) {
-	channels := []string{noticeChannel, changeChannel}
+	channels := []string{noticeChannel, backChannel, changeChannel}
 	sub := s.opts.Notifier.Subscribe(ctx, channels...)
 	defer sub.Close()
 	// A read waits up to a beat and does not watch ctx: closing the
@@ -139,6 +162,10 @@ func (s *Service) listen(ctx context.Context) {
 			if err != nil {
 				continue
 			}
+			if m.Channel == backChannel {
+				s.forgetSoldOut(sku)
+				continue
+			}
 			s.forgetClosed(sku)
 		}
 	}
@@ -146,9 +173,15 @@ func (s *Service) listen(ctx context.Context) {
 
 // forgetClosed drops what this replica remembers of a SKU being closed.
 func (s *Service) forgetClosed(sku stock.SKU) {
+	s.forgetSoldOut(sku)
+	s.settings.Invalidate(sku)
+}
+
+// forgetSoldOut drops what this replica remembers of a SKU's gate being
+// empty: its stock may be sold again.
+func (s *Service) forgetSoldOut(sku stock.SKU) {
 	s.cache.Forget(sku)
 	s.replays.unseal(sku)
 	s.stock.Invalidate(sku)
-	s.settings.Invalidate(sku)
 	s.wakeRoom(sku.Program)
 }

@@ -119,7 +119,7 @@ func open(ctx context.Context, opts Options, build schemaSteps) (*Ledger, error)
 		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "stockgate_ledger_batch_size",
 			Help:    "Orders and holds committed per ledger transaction (more than 1 when winners are group-committed).",
-			Buckets: []float64{1, 2, 4, 8, 16, 32, 64},
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256},
 		}),
 	}
 	l.sql = newTakeSQL(opts.Driver)

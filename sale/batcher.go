@@ -23,6 +23,13 @@ import (
 // alone, and an idle lane costs nothing. Each lane is a goroutine owned by
 // the batcher and ended by close.
 //
+// Items fill the lanes in order (pick): the next lane takes work only
+// while every lane before it runs a flush with a full batch already
+// waiting behind it, a lane that can't keep up. So a crowd's items go
+// through as few lanes, and so as few and as large transactions, as keep
+// up with it: spread by SKU over two lanes, 64 buyers of 100 SKUs made
+// batches of 13 (docs/BENCHMARKS.md, 2026-12-03).
+//
 // An item waits for its flush at most about budget when the ledger is
 // overloaded: a lane learns how many items a second it commits from its
 // full batches (a lane that never fills one is not overloaded), refuses
@@ -152,19 +159,19 @@ func newBatcher[T, R any](lanes, max int, timeout, budget time.Duration, m laneM
 	return b
 }
 
-// do queues item on lane part (mod the lane count) and waits for its
+// do queues item on the first lane that keeps up and waits for its
 // answer. It returns errClosing once the batcher is closed and a
 // *busyError when the item would wait, or waited, past the budget;
 // either way nothing was done.
-func (b *batcher[T, R]) do(ctx context.Context, part uint32, item T) (R, error) {
+func (b *batcher[T, R]) do(ctx context.Context, item T) (R, error) {
 	if !tracing.Enabled() {
-		r, _, err := b.wait(ctx, part, item)
+		r, _, err := b.wait(ctx, item)
 		return r, err
 	}
 	// The request's own span of its wait and commit, which the batch that
 	// commits it links to, and which links back to that batch's span.
 	ctx, span := tracing.Start(ctx, b.commitSpan)
-	r, batch, err := b.wait(ctx, part, item)
+	r, batch, err := b.wait(ctx, item)
 	tracing.AddLink(span, batch)
 	tracing.End(span, err)
 	return r, err
@@ -172,8 +179,8 @@ func (b *batcher[T, R]) do(ctx context.Context, part uint32, item T) (R, error) 
 
 // wait is do's work: it also returns the span of the batch that decided
 // item (zero when tracing is off or no batch did).
-func (b *batcher[T, R]) wait(ctx context.Context, part uint32, item T) (R, trace.SpanContext, error) {
-	l := b.lanes[part%uint32(len(b.lanes))]
+func (b *batcher[T, R]) wait(ctx context.Context, item T) (R, trace.SpanContext, error) {
+	l := b.pick()
 	var zero R
 	var none trace.SpanContext
 	if wait, over := b.over(l); over {
@@ -199,6 +206,18 @@ func (b *batcher[T, R]) wait(ctx context.Context, part uint32, item T) (R, trace
 	b.mu.RUnlock()
 	o := <-p.out
 	return o.r, o.batch, o.err
+}
+
+// pick returns the first lane that keeps up: one that is idle, or whose
+// next batch is not full yet; the last lane when none does.
+func (b *batcher[T, R]) pick() *lane[T, R] {
+	last := len(b.lanes) - 1
+	for _, l := range b.lanes[:last] {
+		if l.busySince.Load() == 0 || l.queued.Load() < int64(b.max) {
+			return l
+		}
+	}
+	return b.lanes[last]
 }
 
 // over reports whether one more item on l would wait past the budget,

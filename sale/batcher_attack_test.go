@@ -103,7 +103,7 @@ func TestAttackBehindBatcherExactlyOnce(t *testing.T) {
 			for i := range each {
 				item := w*each + i
 				began := time.Now()
-				v, err := b.do(context.Background(), uint32(item%2), item)
+				v, err := b.do(context.Background(), item)
 				mu.Lock()
 				got[item], vals[item] = err, v
 				if errors.Is(err, errLedgerBusy) && time.Since(began) > 10*time.Millisecond {
@@ -144,7 +144,7 @@ func TestAttackBehindBatcherCloseWhileHung(t *testing.T) {
 		var wg sync.WaitGroup
 		send := func(item int) {
 			wg.Go(func() {
-				v, err := b.do(context.Background(), 0, item)
+				v, err := b.do(context.Background(), item)
 				mu.Lock()
 				got[item], vals[item] = err, v
 				mu.Unlock()
@@ -192,7 +192,7 @@ func TestAttackBehindBatcherCloseWhileHung(t *testing.T) {
 		case <-time.After(10 * time.Second): // bounded
 			t.Fatalf("round %d: an item queued behind the hung flush was never answered after close", round)
 		}
-		if _, err := b.do(context.Background(), 0, 99); !errors.Is(err, errClosing) {
+		if _, err := b.do(context.Background(), 99); !errors.Is(err, errClosing) {
 			t.Errorf("round %d: do after close = %v, want errClosing", round, err)
 		}
 		checkBehind(t, b, f, got, vals)
@@ -215,7 +215,7 @@ func TestAttackBehindBatcherCountsStayTrue(t *testing.T) {
 	for w := range 32 {
 		wg.Go(func() {
 			for i := range 50 {
-				_, _ = b.do(context.Background(), 0, 1_000_000+w*100+i)
+				_, _ = b.do(context.Background(), 1_000_000+w*100+i)
 				sent.Add(1)
 			}
 		})
@@ -230,7 +230,7 @@ func TestAttackBehindBatcherCountsStayTrue(t *testing.T) {
 		for b.lanes[0].busySince.Load() != 0 {
 			time.Sleep(100 * time.Microsecond) // poll interval
 		}
-		if _, err := b.do(context.Background(), 0, i); err != nil {
+		if _, err := b.do(context.Background(), i); err != nil {
 			t.Errorf("item %d on an idle lane after the storm (%d sent) = %v; want flushed (queued %d)",
 				i, sent.Load(), err, b.lanes[0].queued.Load())
 		}

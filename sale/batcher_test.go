@@ -39,7 +39,7 @@ func TestBatcherRefusesPastTheBudget(t *testing.T) {
 	errs := make(chan error, 30)
 	for i := range 26 {
 		wg.Go(func() {
-			if _, err := b.do(context.Background(), 0, i); err != nil {
+			if _, err := b.do(context.Background(), i); err != nil {
 				errs <- err
 			}
 		})
@@ -50,7 +50,7 @@ func TestBatcherRefusesPastTheBudget(t *testing.T) {
 	for l.queued.Load() < 25 {
 		time.Sleep(time.Millisecond) // poll interval: until 25 wait behind the first
 	}
-	_, err := b.do(context.Background(), 0, 99)
+	_, err := b.do(context.Background(), 99)
 	if !errors.Is(err, errLedgerBusy) || !errors.Is(err, ledger.ErrNotCommitted) || busyWait(err) < 250*time.Millisecond {
 		t.Fatalf("do(27th) = %v (wait %v), want a busy refusal asking to wait at least the budget", err, busyWait(err))
 	}
@@ -63,7 +63,7 @@ func TestBatcherRefusesPastTheBudget(t *testing.T) {
 	if got := len(flushedNow(&mu, &flushed)); got != 26 {
 		t.Errorf("flushed %d items, want the 26 within the budget", got)
 	}
-	if v, err := b.do(context.Background(), 0, 7); err != nil || v != 7 {
+	if v, err := b.do(context.Background(), 7); err != nil || v != 7 {
 		t.Errorf("do after the queue drained = %d, %v; want 7", v, err)
 	}
 }
@@ -99,11 +99,11 @@ func TestBatcherRefusesWhatWaitedTooLong(t *testing.T) {
 			})
 			defer b.close()
 			first := make(chan error, 1)
-			go func() { _, err := b.do(context.Background(), 0, 0); first <- err }()
+			go func() { _, err := b.do(context.Background(), 0); first <- err }()
 			<-holding
 			late := make(chan error, 3)
 			for i := 1; i <= 3; i++ {
-				go func() { _, err := b.do(context.Background(), 0, i); late <- err }()
+				go func() { _, err := b.do(context.Background(), i); late <- err }()
 			}
 			for b.lanes[0].queued.Load() < 3 {
 				time.Sleep(time.Millisecond) // poll interval: until the three are queued
@@ -163,7 +163,7 @@ func TestBatcherAfterAHungBatchEndsAtTheDeadline(t *testing.T) {
 		}
 	})
 	defer b.close()
-	if _, err := b.do(context.Background(), 0, 0); err != nil {
+	if _, err := b.do(context.Background(), 0); err != nil {
 		t.Fatal(err)
 	}
 	// Set before the next item is sent, which the lane receives after.
@@ -172,18 +172,18 @@ func TestBatcherAfterAHungBatchEndsAtTheDeadline(t *testing.T) {
 	ctx1, cancel1 := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel1()
 	d1, _ := ctx1.Deadline()
-	if _, err := b.do(ctx1, 0, 1); err != nil {
+	if _, err := b.do(ctx1, 1); err != nil {
 		t.Fatal(err)
 	}
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel2()
 	d2, _ := ctx2.Deadline()
-	if _, err := b.do(ctx2, 0, 2); err != nil {
+	if _, err := b.do(ctx2, 2); err != nil {
 		t.Fatal(err)
 	}
 	gone, cancel3 := context.WithDeadline(context.Background(), time.Now().Add(-time.Millisecond))
 	defer cancel3()
-	if _, err := b.do(gone, 0, 3); !errors.Is(err, errLedgerBusy) {
+	if _, err := b.do(gone, 3); !errors.Is(err, errLedgerBusy) {
 		t.Errorf("an item whose request ran out of time = %v, want refused busy", err)
 	}
 
@@ -218,9 +218,9 @@ func TestBatcherRefusesBehindASlowFlush(t *testing.T) {
 	l := b.lanes[0]
 	l.flushTime.Store(math.Float64bits(0.6)) // the ledger's flushes take 600 ms
 	first := make(chan error, 1)
-	go func() { _, err := b.do(context.Background(), 0, 0); first <- err }()
+	go func() { _, err := b.do(context.Background(), 0); first <- err }()
 	<-holding
-	_, err := b.do(context.Background(), 0, 1)
+	_, err := b.do(context.Background(), 1)
 	if !errors.Is(err, errLedgerBusy) || busyWait(err) <= 250*time.Millisecond {
 		t.Errorf("do behind a 600 ms flush = %v (wait %v), want a busy refusal past the budget", err, busyWait(err))
 	}
@@ -228,7 +228,7 @@ func TestBatcherRefusesBehindASlowFlush(t *testing.T) {
 	if err := <-first; err != nil {
 		t.Errorf("the item an idle lane took = %v", err)
 	}
-	if v, err := b.do(context.Background(), 0, 2); err != nil || v != 2 {
+	if v, err := b.do(context.Background(), 2); err != nil || v != 2 {
 		t.Errorf("do on the idle lane again = %d, %v; want 2 (an idle lane is never slow)", v, err)
 	}
 }
@@ -255,7 +255,7 @@ func TestBatcherShedsWhatQueuedBehindAHangingFlush(t *testing.T) {
 	defer b.close()
 	defer unhang() // before close, which waits for the flush
 	first := make(chan error, 1)
-	go func() { _, err := b.do(context.Background(), 0, 0); first <- err }()
+	go func() { _, err := b.do(context.Background(), 0); first <- err }()
 	<-holding
 	// Queued at the onset, as the door takes items before the flush has
 	// run the budget.
@@ -388,13 +388,13 @@ func TestBatcherEndsByAStrictItemsDeadline(t *testing.T) {
 	deadline := time.Now().Add(time.Minute)
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
-	if _, err := b.do(ctx, 0, 1); err != nil {
+	if _, err := b.do(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
 	if end := <-ends; !end.After(deadline) {
 		t.Fatalf("a batch of an item due in a minute ends at %v: want the whole hour's timeout", end)
 	}
-	if _, err := b.do(withinDeadline(ctx), 0, 2); err != nil {
+	if _, err := b.do(withinDeadline(ctx), 2); err != nil {
 		t.Fatal(err)
 	}
 	if end := <-ends; !end.Equal(deadline) {
@@ -415,8 +415,75 @@ func TestBatcherIdleLaneTakesAnItemWhateverItsPace(t *testing.T) {
 	defer b.close()
 	b.lanes[0].rate.Store(math.Float64bits(1)) // one item a second: a second's wait, ten budgets
 	for i := range 3 {
-		if _, err := b.do(context.Background(), 0, i); err != nil {
+		if _, err := b.do(context.Background(), i); err != nil {
 			t.Fatalf("item %d on an idle lane: %v", i, err)
 		}
+	}
+}
+
+// Items fill the first lane while it keeps up: behind a running flush, a
+// lane of 4 queues 4 more, all on the first lane, and only the item after
+// a full batch opens the second lane, which flushes it at once beside the
+// first. Spread over the lanes by key instead, those items made two
+// batches half the size.
+func TestBatcherOpensALaneOnlyWhenTheFirstCantKeepUp(t *testing.T) {
+	release := make(chan struct{})
+	var running, most atomic.Int32
+	var mu sync.Mutex
+	var sizes []int
+	b := newBatcher(2, 4, time.Minute, 0, laneMetrics{}, func(_ context.Context, items []int, answer func(int, int)) {
+		n := running.Add(1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		mu.Lock()
+		sizes = append(sizes, len(items))
+		mu.Unlock()
+		if items[0] == 0 {
+			<-release // the first flush holds the first lane
+		}
+		running.Add(-1)
+		for i, v := range items {
+			answer(i, v)
+		}
+	})
+	defer b.close()
+	first, second := b.lanes[0], b.lanes[1]
+	var wg sync.WaitGroup
+	do := func(v int) {
+		wg.Go(func() {
+			if got, err := b.do(context.Background(), v); err != nil || got != v {
+				t.Errorf("do(%d) = %d, %v", v, got, err)
+			}
+		})
+	}
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !ok(); {
+			if time.Now().After(deadline) {
+				t.Fatalf("waited 10 s for %s", what)
+			}
+			time.Sleep(time.Millisecond) // poll interval
+		}
+	}
+	do(0)
+	waitFor("the first flush", func() bool { return running.Load() == 1 })
+	for v := 1; v <= 4; v++ {
+		do(v)
+		waitFor("the item queued", func() bool { return first.queued.Load()+second.queued.Load() == int64(v) })
+		if second.queued.Load() != 0 || most.Load() != 1 {
+			t.Fatalf("item %d of a batch that is not full yet went to the second lane (%d queued there, %d flushes at once)", v, second.queued.Load(), most.Load())
+		}
+	}
+	do(5) // a full batch waits behind the first lane's flush: the second opens
+	waitFor("the second lane's flush", func() bool { return most.Load() == 2 })
+	close(release)
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(sizes) != 3 || sizes[0] != 1 || sizes[1] != 1 || sizes[2] != 4 {
+		t.Errorf("batches %v, want [1 1 4]: the first alone, the sixth on the second lane, then the four that waited", sizes)
+	}
+	if first.queued.Load() != 0 || second.queued.Load() != 0 {
+		t.Errorf("queued counts %d, %d after every answer, want 0", first.queued.Load(), second.queued.Load())
 	}
 }

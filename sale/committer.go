@@ -4,15 +4,13 @@ import (
 	"context"
 
 	"github.com/stockgate/stockgate/ledger"
-	"github.com/stockgate/stockgate/stock"
 )
 
 // committer group-commits the takes of stock (purchases, holds, seat
-// holds, carts): takes queue on the partitions of a batcher, by the SKU of
-// their first line, and each partition commits whatever queued while its
-// previous transaction ran as one ledger transaction (Ledger.Commit). The
-// winners of a hot SKU then wait on one row lock per batch, not per take,
-// so ledger load grows with batches, not with winners; a quiet SKU's
+// holds, carts): takes queue on the lanes of a batcher, and each lane
+// commits whatever queued while its previous transaction ran as one ledger
+// transaction (Ledger.Commit). The winners of a hot SKU then wait on one
+// row lock per batch, not per take, so ledger load grows with batches, not with winners; a quiet SKU's
 // purchase still commits at once, alone. A take the ledger refuses is
 // refused alone, never failing its batch.
 type committer struct {
@@ -36,14 +34,7 @@ func newCommitter(s *Service, partitions, max int, direct bool) *committer {
 }
 
 func (c *committer) commitTake(ctx context.Context, t ledger.Take) ledger.TakeResult {
-	var sku stock.SKU
-	switch {
-	case len(t.Orders) > 0:
-		sku = t.Orders[0].SKU
-	case len(t.Holds) > 0:
-		sku = t.Holds[0].SKU
-	}
-	out, err := c.b.do(ctx, ledger.SKULane(sku), t)
+	out, err := c.b.do(ctx, t)
 	if err != nil {
 		return ledger.TakeResult{Take: t, Err: err}
 	}

@@ -26,10 +26,10 @@ type confirmOut struct {
 // under load, the confirms that queue together commit in one transaction.
 // It answers as Ledger.Confirm does.
 func (s *Service) confirmLedger(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Order, error) {
-	// Confirms queue by their hold's SKU, which its id names (LaneOf):
-	// one SKU's confirms are batched together, so its row has one writer
-	// per replica, and a retry meets the first in the same partition.
-	out, err := s.confirms.do(ctx, ledger.LaneOf(id), ledger.HoldRequest{HoldID: id, Buyer: buyer, Req: traced(ctx, req)})
+	// Confirms fill the first lane that keeps up (batcher.pick): one
+	// SKU's confirms are batched together, and its row has one writer per
+	// replica, until that lane can't keep up.
+	out, err := s.confirms.do(ctx, ledger.HoldRequest{HoldID: id, Buyer: buyer, Req: traced(ctx, req)})
 	if err != nil {
 		return ledger.Order{}, err
 	}
@@ -88,7 +88,7 @@ type cancelOut struct {
 // cancelLedger cancels a hold through the group committer of cancels. It
 // answers as Ledger.Cancel does.
 func (s *Service) cancelLedger(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Hold, bool, error) {
-	out, err := s.cancels.do(ctx, ledger.LaneOf(id), ledger.HoldRequest{HoldID: id, Buyer: buyer, Req: traced(ctx, req)})
+	out, err := s.cancels.do(ctx, ledger.HoldRequest{HoldID: id, Buyer: buyer, Req: traced(ctx, req)})
 	if err != nil {
 		return ledger.Hold{}, false, err
 	}
@@ -118,7 +118,7 @@ type refundOut struct {
 // refundLedger refunds an order through the group committer of refunds. It
 // answers as Ledger.Refund does.
 func (s *Service) refundLedger(ctx context.Context, id, buyer keys.ID, req ledger.Request) (ledger.Order, bool, error) {
-	out, err := s.refunds.do(ctx, ledger.LaneOf(id), ledger.OrderRequest{OrderID: id, Buyer: buyer, Req: traced(ctx, req)})
+	out, err := s.refunds.do(ctx, ledger.OrderRequest{OrderID: id, Buyer: buyer, Req: traced(ctx, req)})
 	if err != nil {
 		return ledger.Order{}, false, err
 	}

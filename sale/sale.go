@@ -212,9 +212,10 @@ type Options struct {
 	// BatchMax is the most gate-admitted purchases committed in one ledger
 	// transaction (group commit); 1 commits each alone.
 	BatchMax int
-	// CommitLanes is how many ledger transactions of takes (and of
-	// confirms, cancels, refunds) one replica runs at once; one SKU's
-	// always share a lane, so its row has one writer per replica.
+	// CommitLanes is the most ledger transactions of takes (and of
+	// confirms, cancels, refunds) one replica runs at once. A lane opens
+	// only while those before it can't keep up (a full batch waits behind
+	// each one's flush), so under a crowd batches grow before lanes do.
 	CommitLanes int
 	// LedgerWaitBudget bounds how long a request waits for its ledger
 	// batch: beyond it, it is refused at once with ErrBusy (503,

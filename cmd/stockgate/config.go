@@ -194,7 +194,7 @@ func flags(fs *flag.FlagSet, c *config) {
 	fs.BoolVar(&c.AllowOpenAdmin, "allow-open-admin", false, "start with no admin token on a non-loopback address (admin routes open to the network)")
 	fs.StringVar(&c.PprofAddr, "pprof-addr", "", "host:port of a separate listener for /debug/pprof (empty: off; keep it off the public network)")
 	b.int("batch-max", &o.Sale.BatchMax, "Sale.BatchMax", "most gate-admitted purchases committed in one ledger transaction (group commit; 1: each alone)")
-	b.int("commit-lanes", &o.Sale.CommitLanes, "Sale.CommitLanes", "ledger transactions of takes one replica runs at once")
+	b.int("commit-lanes", &o.Sale.CommitLanes, "Sale.CommitLanes", "the most ledger transactions of takes one replica runs at once; the next lane opens only while those before it have a full batch waiting")
 	fs.DurationVar(&o.Sale.LedgerWaitBudget, "ledger-wait-budget", o.Sale.LedgerWaitBudget, "longest a request waits for its ledger batch before 503 overloaded (negative: no bound)")
 	fs.Int64Var(&o.Sale.TakesInFlight, "takes-in-flight", o.Sale.TakesInFlight, "fewest takes a replica lets in flight before 503 overloaded; grows with its pace (negative: no bound)")
 	fs.Int64Var(&o.Sale.CollapseAt, "collapse-at", o.Sale.CollapseAt, "units left per shard at which a sharded SKU's tail collapses onto one shard (negative: never)")

@@ -234,3 +234,60 @@ func TestGroupCommit(t *testing.T) {
 	}
 	t.Logf("2000 winners in %d ledger transactions (%v batches, mean %.1f orders each)", h.Count, batches, h.Mean())
 }
+
+// Batches grow with the crowd: 200 buyers of 20 SKUs behind a ledger link
+// 100 ms slower a round trip. Takes queue on the first commit lane while
+// it keeps up, so each transaction carries what waited behind the last
+// one: batches of more than 128 takes. Spread over the two lanes by SKU,
+// as before, no batch could carry more than 100, half the crowd.
+func TestBatchesGrowWithTheCrowd(t *testing.T) {
+	link, dsn := systest.LedgerLink(t, systest.LedgerDSN(t, ledger.Postgres))
+	e := systest.Start(t, systest.Options{Driver: ledger.Postgres, DSN: dsn, Tune: func(o *app.Options) {
+		o.Sale.SettingsTTL = time.Minute      // every purchase reaches the commit without a settings read
+		o.Sale.LedgerWaitBudget = -1          // the crowd waits; nothing is shed
+		o.Sale.WorkTimeout = 30 * time.Second // a batch over the slow link has time
+	}})
+	base := systest.NewSKU(t)
+	const skus, buyers, each = 20, 200, 15
+	var all []stock.SKU
+	for i := range skus {
+		sku := stock.SKU{Program: base.Program, Ticket: keys.MustID(fmt.Sprintf("t%d", i))}
+		e.PutSKU(t, sku, buyers*each, 4, 4)
+		all = append(all, sku)
+	}
+	for _, sku := range all { // settings read once each, before the link slows
+		if r := e.Buy(t, sku, "warm-"+sku.Ticket.String(), "w", 1); r.Status != http.StatusCreated {
+			t.Fatalf("warm-up purchase of %v = %d %s", sku, r.Status, r.Body)
+		}
+	}
+	before := systest.Histogram(t, e.Registry, "stockgate_ledger_batch_size", nil)
+	link.Latency(t, 50*time.Millisecond) // each way
+	counts := systest.BuyAll(buyers*each, buyers, func(i int) systest.Reply {
+		return e.Buy(t, all[i%skus], fmt.Sprintf("crowd-%d", i), fmt.Sprintf("b%d", i), 1)
+	})
+	if counts[http.StatusCreated] != buyers*each {
+		t.Fatalf("answers %v, want %d × 201", counts, buyers*each)
+	}
+	h := systest.Histogram(t, e.Registry, "stockgate_ledger_batch_size", nil)
+	n, sum := h.Count-before.Count, h.Sum-before.Sum
+	if sum != buyers*each || n == 0 {
+		t.Fatalf("%v takes in %d batches, want %d takes", sum, n, buyers*each)
+	}
+	big, _ := h.Past(128)
+	wasBig, _ := before.Past(128)
+	over64, _ := h.Past(64)
+	wasOver64, _ := before.Past(64)
+	// A closed crowd alternates: a batch of what waited, then one of the
+	// few answered meanwhile. Each buyer's 15 purchases wait behind about
+	// 15 large batches.
+	if big-wasBig < 10 {
+		t.Errorf("%d of %d ledger transactions carried more than 128 takes, want at least 10", big-wasBig, n)
+	}
+	t.Logf("%d takes of %d buyers in %d ledger transactions, %.1f each; %d over 64 takes, %d over 128",
+		buyers*each, buyers, n, sum/float64(n), over64-wasOver64, big-wasBig)
+	for _, sku := range all {
+		if st := e.State(t, sku); st.Sold != each*buyers/skus+1 {
+			t.Errorf("%v sold %d, want %d", sku, st.Sold, each*buyers/skus+1)
+		}
+	}
+}

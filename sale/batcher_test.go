@@ -487,3 +487,42 @@ func TestBatcherOpensALaneOnlyWhenTheFirstCantKeepUp(t *testing.T) {
 		t.Errorf("queued counts %d, %d after every answer, want 0", first.queued.Load(), second.queued.Load())
 	}
 }
+
+// A lane that would make one more item wait past the budget opens the
+// next lane instead of refusing it: the first lane, learned at 100 items a
+// second behind a held flush, queues the 25 it commits within 250 ms, and
+// the next item is flushed at once on the second lane.
+func TestBatcherOpensALaneRatherThanRefuse(t *testing.T) {
+	release, holding := make(chan struct{}), make(chan struct{})
+	b := newBatcher(2, 1000, time.Minute, 250*time.Millisecond, laneMetrics{}, func(_ context.Context, items []int, answer func(int, int)) {
+		if items[0] == 0 {
+			close(holding)
+			<-release // the first flush holds the first lane
+		}
+		for i, v := range items {
+			answer(i, v)
+		}
+	})
+	defer b.close()
+	first := b.lanes[0]
+	first.rate.Store(math.Float64bits(100))
+	var wg sync.WaitGroup
+	for i := range 26 {
+		wg.Go(func() {
+			if _, err := b.do(context.Background(), i); err != nil {
+				t.Errorf("do(%d) = %v", i, err)
+			}
+		})
+		if i == 0 {
+			<-holding
+		}
+	}
+	for first.queued.Load() < 25 {
+		time.Sleep(time.Millisecond) // poll interval: until 25 wait behind the first
+	}
+	if v, err := b.do(context.Background(), 99); err != nil || v != 99 {
+		t.Fatalf("do(27th) = %d, %v, want it committed on the second lane while the first is held", v, err)
+	}
+	close(release)
+	wg.Wait()
+}

@@ -46,30 +46,27 @@ type Notifier interface {
 // bounds it. One lost on a subscriber's broken connection is made up for
 // by its Distrust.
 func (s *Service) notifyRestocked(ctx context.Context, sku stock.SKU) {
-	s.wakeRoom(sku.Program)
-	if s.opts.Notifier == nil {
-		return
-	}
-	if err := s.opts.Notifier.Publish(ctx, noticeChannel, sku.String()).Err(); err != nil {
-		s.restocksOwed.mark(sku)
-		if ok, left := s.logs.allow("restock notice", time.Now()); ok {
-			s.log.WarnContext(ctx, "publish restock notice; sent again with the next change notices", "sku", sku.String(), "err", err, "left_out", left)
-		}
-	}
+	s.publishNotice(ctx, noticeChannel, sku)
 }
 
 // notifyBack tells every replica that units of sku taken for a moment are
 // back in its gate (see backChannel). A failed publish is owed as a full
 // restock notice.
 func (s *Service) notifyBack(ctx context.Context, sku stock.SKU) {
+	s.publishNotice(ctx, backChannel, sku)
+}
+
+// publishNotice wakes this replica's room and publishes sku on channel; a
+// failed publish is owed as a full restock notice.
+func (s *Service) publishNotice(ctx context.Context, channel string, sku stock.SKU) {
 	s.wakeRoom(sku.Program)
 	if s.opts.Notifier == nil {
 		return
 	}
-	if err := s.opts.Notifier.Publish(ctx, backChannel, sku.String()).Err(); err != nil {
+	if err := s.opts.Notifier.Publish(ctx, channel, sku.String()).Err(); err != nil {
 		s.restocksOwed.mark(sku)
 		if ok, left := s.logs.allow("restock notice", time.Now()); ok {
-			s.log.WarnContext(ctx, "publish units-back notice; sent again with the next change notices", "sku", sku.String(), "err", err, "left_out", left)
+			s.log.WarnContext(ctx, "publish notice; a restock notice is sent again with the next change notices", "channel", channel, "sku", sku.String(), "err", err, "left_out", left)
 		}
 	}
 }

@@ -81,13 +81,19 @@ func suiteCmd(args []string) error {
 	queueJoins := fs.Uint64("queue-joins", 1_000_000, "buyers joined to the waiting room whose places the rounds check")
 	onsaleBuyers := fs.Int("onsale-buyers", 100_000, "buyers of the on-sale through the waiting room (0: none)")
 	onsaleTickets := fs.Int("onsale-tickets", 1000, "tickets of the on-sale")
-	only := fs.String("only", "", `"room": only the waiting room's measurements; "buy": only the purchase-with-commit latency; "primaries": only one primary against two; "shards": only self-sized shards against fixed ones; "calls": only the Redis calls of the sold-out storm and read floods at three paces; printed (no document written)`)
+	only := fs.String("only", "", `"room": only the waiting room's measurements; "buy": only the purchase-with-commit latency; "crowd": only the winners at 64 and 1,024 connections against their floor, with takes per batch; "primaries": only one primary against two; "shards": only self-sized shards against fixed ones; "calls": only the Redis calls of the sold-out storm and read floods at three paces; printed (no document written)`)
 	_ = fs.Parse(args)
 	if *rounds < 1 {
 		return fmt.Errorf("-rounds %d: at least 1", *rounds)
 	}
 	s := &suite{ctx: context.Background(), n: *n, workers: *workers, rounds: *rounds, plots: *plots, log: os.Stderr,
 		queueJoins: max(*queueJoins, 1), onsaleBuyers: *onsaleBuyers, onsaleTickets: max(*onsaleTickets, 1)}
+	// A part alone, checked before any server starts.
+	onlyRun, ok := map[string]func(*suite) error{"": nil, "room": (*suite).runRoom, "buy": (*suite).runBuy,
+		"crowd": (*suite).runCrowd, "primaries": (*suite).runPrimaries, "shards": (*suite).runShards, "calls": (*suite).runCalls}[*only]
+	if !ok {
+		return fmt.Errorf("-only %q: want room, buy, crowd, primaries, shards or calls", *only)
+	}
 	if err := os.MkdirAll(s.plots, 0o755); err != nil {
 		return err
 	}
@@ -95,43 +101,12 @@ func suiteCmd(args []string) error {
 	if err := s.start(); err != nil {
 		return err
 	}
-	if *only == "room" {
-		if err := s.runRoom(); err != nil {
-			return err
-		}
-		fmt.Print(s.doc.String())
-		return nil
-	}
-	if *only == "buy" {
-		if err := s.runBuy(); err != nil {
-			return err
-		}
-		fmt.Print(s.doc.String())
-		return nil
-	}
-	if *only == "primaries" {
-		if err := s.runPrimaries(); err != nil {
-			return err
-		}
-		fmt.Print(s.doc.String())
-		return nil
-	}
-	if *only == "shards" {
-		if err := s.runShards(); err != nil {
-			return err
-		}
-		fmt.Print(s.doc.String())
-		return nil
-	}
-	if *only == "calls" {
-		if err := s.runCalls(); err != nil {
-			return err
-		}
-		fmt.Print(s.doc.String())
-		return nil
-	}
 	if *only != "" {
-		return fmt.Errorf("-only %q: want room, buy, primaries, shards or calls", *only)
+		if err := onlyRun(s); err != nil {
+			return err
+		}
+		fmt.Print(s.doc.String())
+		return nil
 	}
 	if err := s.runAll(); err != nil {
 		return err
@@ -472,6 +447,8 @@ func (s *suite) round(r int) (in docInputs, err error) {
 		buyLat = s.attack(fmt.Sprintf("purchase with commit at %d/s (open loop)", halfBuy), s.gw.base,
 			loadgen.Purchases(steadySKUs, k("lat"), 0), halfBuy, w, 10*time.Second)
 	})
+	// 4c. The same SKUs at crowd size: 1,024 buyers waiting at once.
+	crowd := s.crowd(steadySKUs, k("crowd"), n/2)
 	overPG := s.overload("stockgate steady purchases (100 SKUs)", s.gw, steadySKUs, k("over"), steady.Throughput())
 	overAudit := s.audit(s.gw, steadySKUs, overPG.res)
 
@@ -544,7 +521,7 @@ func (s *suite) round(r int) (in docInputs, err error) {
 		bareReads: bareReads, steady: steady, steadyAudit: steadyAudit, carts: carts, cartSingles: cartSingles,
 		cartAudit: cartAudit, holds: holds, confirms: confirms, fallback: fallback,
 		fbAudit: fbAudit, admitLat: admitLat, buyLat: buyLat, buyCheckpoints: buyCheckpoints, rssKB: rssKB, cpuTop: cpuTop, shardMem: shardMem,
-		floors: in.floors, steadyCPU: steadyCPU, holdsCPU: holdsCPU, confirmsCPU: confirmsCPU, sqCPU: sqCPU, fallbackCPU: fallbackCPU, shape: shape,
+		crowd: crowd, floors: in.floors, steadyCPU: steadyCPU, holdsCPU: holdsCPU, confirmsCPU: confirmsCPU, sqCPU: sqCPU, fallbackCPU: fallbackCPU, shape: shape,
 		sqSteady: sqSteady, sqAudit: sqAudit, overPG: overPG, overSQ: overSQ, overAudit: overAudit, sqOverAudit: sqOverAudit,
 		flashScripts: scripts1 - scripts0, flashScriptUsec: usec1 - usec0,
 		recMem: recMem}, nil

@@ -18,10 +18,10 @@ func NewID() keys.ID {
 }
 
 // NewIDOf returns a random id for a row of sku's (an order, a hold): 32
-// bits naming the SKU (Lane), then 96 random ones, in hex. Any replica
-// can tell from the id alone which lane the row's SKU commits in, so
-// confirms, cancels and refunds of one SKU queue on one lane without
-// reading the row first.
+// bits naming the SKU (SKULane), then 96 random ones, in hex. Any replica
+// can tell from the id alone which SKU the row belongs to, so a fleet of
+// primaries routes confirms, cancels and refunds of one SKU to its
+// primary without reading the row first (fleet).
 func NewIDOf(sku stock.SKU) keys.ID {
 	var b [16]byte
 	_, _ = rand.Read(b[4:])

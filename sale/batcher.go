@@ -208,15 +208,17 @@ func (b *batcher[T, R]) wait(ctx context.Context, item T) (R, trace.SpanContext,
 	return o.r, o.batch, o.err
 }
 
-// pick returns the first lane that keeps up: one that is idle, or whose
-// next batch is not full yet and would not make one more item wait past
-// the budget (over); the last lane when none does. A lane that can't take
-// an item within the budget thus opens the next one rather than refusing
-// it while that one idles.
+// pick returns the first lane that keeps up: one that is idle (nothing
+// running, nothing queued), or whose next batch is not full yet and would
+// not make one more item wait past the budget (over); the last lane when
+// none does. A lane that can't take an item within the budget thus opens
+// the next one rather than refusing it while that one idles. (A lane
+// between two flushes has no flush running but may have a queue: it is
+// judged by its queue, not taken for idle.)
 func (b *batcher[T, R]) pick() *lane[T, R] {
 	last := len(b.lanes) - 1
 	for _, l := range b.lanes[:last] {
-		if l.busySince.Load() == 0 {
+		if l.busySince.Load() == 0 && l.queued.Load() <= 0 {
 			return l
 		}
 		if _, over := b.over(l); l.queued.Load() < int64(b.max) && !over {

@@ -526,3 +526,26 @@ func TestBatcherOpensALaneRatherThanRefuse(t *testing.T) {
 	close(release)
 	wg.Wait()
 }
+
+// A lane between two flushes (none running, a queue waiting its turn) is
+// judged by its queue, not taken for idle: work it can't take within the
+// budget goes to the next lane rather than being refused there while that
+// one idles (found by review: pick took any lane with no flush running).
+func TestBatcherJudgesALaneBetweenFlushesByItsQueue(t *testing.T) {
+	b := newBatcher(2, 1000, time.Minute, 250*time.Millisecond, laneMetrics{}, func(_ context.Context, items []int, answer func(int, int)) {
+		for i, v := range items {
+			answer(i, v)
+		}
+	})
+	defer b.close()
+	first := b.lanes[0]
+	first.rate.Store(math.Float64bits(10))
+	first.queued.Store(50) // between two flushes: none running, 50 waiting at 10/s
+	defer first.queued.Store(0)
+	if v, err := b.do(context.Background(), 7); err != nil || v != 7 {
+		t.Fatalf("do = %d, %v, want it committed on the second lane", v, err)
+	}
+	if got := first.queued.Load(); got != 50 {
+		t.Fatalf("first lane's queue = %d, want 50: the item went to it", got)
+	}
+}

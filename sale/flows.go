@@ -319,6 +319,12 @@ func (s *Service) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 	s.settings.Invalidate(sku)
 	s.stockChanged(sku)
 	s.cache.ClearSoldOut(sku)
+	if err != nil {
+		// The rebuild, which tells the replicas, did not finish: tell
+		// them here, so none answers sold-out from memory past a
+		// restock; they meet the fence and rebuild.
+		s.notifyRestocked(ctx, sku)
+	}
 	switch {
 	case errors.Is(putErr, stock.ErrInvalid):
 		return SKUState{}, refuse(ErrBelowCommitted, putErr.Error())

@@ -117,9 +117,11 @@ func (s *Service) giveBack(ctx context.Context, sku stock.SKU, key keys.ID, hold
 		// notice goes with the next ones (a notice too many costs a
 		// re-check; one too few, a false sold-out).
 		s.restocksOwed.mark(sku)
-	} else if !held && len(parts) > 0 {
+	} else if len(parts) > 0 {
 		// The units are back: a replica that found the SKU empty while
-		// they were out keeps its sold-out flag until it hears so.
+		// they were out keeps its sold-out flag until it hears so. Told
+		// even when a part stays held for another attempt: the others
+		// may have come back, and a notice too many costs a re-check.
 		s.notifyBack(ctx, sku)
 	}
 	return held

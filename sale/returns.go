@@ -115,6 +115,13 @@ func (s *Service) returnToRedis(ctx context.Context, r ledger.Restore, waits []t
 		}
 		if err != nil {
 			s.log.WarnContext(ctx, "restore to redis; a sweeper will retry", "kind", r.Kind, "id", r.ID, "err", err)
+			if !r.CountsOnly {
+				// The ledger has the units back even so: a stock view
+				// read from it (Redis unreachable) must not stand on,
+				// nor a sold-out flag, while the sweeper retries.
+				s.cache.ClearSoldOut(r.SKU)
+				s.stockChanged(r.SKU)
+			}
 			return
 		}
 		if outcome == shard.NotYet && !r.CountsOnly {

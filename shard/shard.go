@@ -443,6 +443,10 @@ func (s *Store) assemble(ctx context.Context, r Request, d Deduction, seen []int
 		// Every part this call took or found goes back: a found one only
 		// counts one holder fewer (another attempt's, it stays taken).
 		if _, err := s.Restore(ctx, r.SKU, r.RequestID, r.holder(), d.Parts); err != nil {
+			// Some parts may have gone back before the failure: whoever
+			// found the SKU empty meanwhile hears so (a notice too many
+			// costs a re-check; one too few, a false sold-out).
+			d.GaveBack = len(fresh) > 0
 			return d, fmt.Errorf("give back partial take: %w", err)
 		}
 		return Deduction{Probes: d.Probes, Left: have, GaveBack: len(fresh) > 0}, stock.ErrSoldOut

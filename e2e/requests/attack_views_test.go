@@ -196,3 +196,36 @@ func TestAttackViewChangeLostAtShutdown(t *testing.T) {
 		})
 	}
 }
+
+// BREAK V5 (review of b38c2bb, fixed). A replica cut off its SKU's master
+// reads the stock view from the ledger, and trusts it while it hears the
+// notices. A refund there gives the unit back in the ledger, but the
+// return's Redis half fails (the cut), and returnToRedis gave up before
+// dropping the view: V said sold out for the max age while it would sell
+// the unit around the gate, and no sweeper could end it (every one is cut
+// off that master; here V is the only replica). It now drops the view and
+// the flag whenever the ledger's half is done.
+func TestAttackViewRefundWhoseRefillFails(t *testing.T) {
+	for _, m := range flagModes {
+		t.Run(m.name, func(t *testing.T) {
+			dsn := systest.LedgerDSN(t, ledger.SQLite)
+			d := &cutDialer{}
+			v := systest.Start(t, systest.Options{Driver: ledger.SQLite, DSN: dsn, Dialer: d.Dial, Tune: viewVictimTune(m.maxAge)})
+			sku, port := skuOffAllNotices(t)
+			v.PutSKU(t, sku, 1, 1, 4)
+			b := v.Buy(t, sku, "k", "ann", 1)
+			if b.Status != http.StatusCreated {
+				t.Fatalf("purchase = %d %s", b.Status, b.Body)
+			}
+			d.Cut(port)
+			systest.WaitFor(t, 10*time.Second, "V's view of the sold-out SKU", func() bool { return viewOf(t, v, sku).SoldOut })
+			if r := v.Act(t, "/v1/orders/"+systest.OrderID(b)+"/refund", "rf", "ann"); r.Status != http.StatusOK {
+				t.Fatalf("refund = %d %s", r.Status, r.Body)
+			}
+			if st := v.State(t, sku); st.Sold != 0 {
+				t.Fatalf("ledger sold = %d after the refund, want 0", st.Sold)
+			}
+			viewShowsLedger(t, v, sku)
+		})
+	}
+}

@@ -81,7 +81,7 @@ func suiteCmd(args []string) error {
 	queueJoins := fs.Uint64("queue-joins", 1_000_000, "buyers joined to the waiting room whose places the rounds check")
 	onsaleBuyers := fs.Int("onsale-buyers", 100_000, "buyers of the on-sale through the waiting room (0: none)")
 	onsaleTickets := fs.Int("onsale-tickets", 1000, "tickets of the on-sale")
-	only := fs.String("only", "", `"room": only the waiting room's measurements; "buy": only the purchase-with-commit latency; "crowd": only the winners at 64 and 1,024 connections against their floor, with takes per batch; "primaries": only one primary against two; "shards": only self-sized shards against fixed ones; "calls": only the Redis calls of the sold-out storm and read floods at three paces; printed (no document written)`)
+	only := fs.String("only", "", `"room": only the waiting room's measurements; "buy": only the purchase-with-commit latency; "crowd": only the winners at 64 and 1,024 connections against their floor, with takes per batch; "admit": only the admission latency, after the purchase runs the suite runs before it; "primaries": only one primary against two; "shards": only self-sized shards against fixed ones; "calls": only the Redis calls of the sold-out storm and read floods at three paces; printed (no document written)`)
 	_ = fs.Parse(args)
 	if *rounds < 1 {
 		return fmt.Errorf("-rounds %d: at least 1", *rounds)
@@ -90,9 +90,9 @@ func suiteCmd(args []string) error {
 		queueJoins: max(*queueJoins, 1), onsaleBuyers: *onsaleBuyers, onsaleTickets: max(*onsaleTickets, 1)}
 	// A part alone, checked before any server starts.
 	onlyRun, ok := map[string]func(*suite) error{"": nil, "room": (*suite).runRoom, "buy": (*suite).runBuy,
-		"crowd": (*suite).runCrowd, "primaries": (*suite).runPrimaries, "shards": (*suite).runShards, "calls": (*suite).runCalls}[*only]
+		"crowd": (*suite).runCrowd, "admit": (*suite).runAdmit, "primaries": (*suite).runPrimaries, "shards": (*suite).runShards, "calls": (*suite).runCalls}[*only]
 	if !ok {
-		return fmt.Errorf("-only %q: want room, buy, crowd, primaries, shards or calls", *only)
+		return fmt.Errorf("-only %q: want room, buy, crowd, admit, primaries, shards or calls", *only)
 	}
 	if err := os.MkdirAll(s.plots, 0o755); err != nil {
 		return err

@@ -203,9 +203,15 @@ func Attack(r Run) (Result, error) {
 	// against 1,024 in flight), a ledger fault's 4 s answers at 900
 	// requests/s queued the tool's own requests past 10 s: 497 "timeouts"
 	// while the gateway answered every request within 5 s. A request
-	// that finds every worker busy is counted Late instead.
+	// that finds every worker busy is counted Late instead. And as many
+	// kept idle: with Workers idle, every connection past them was closed
+	// after its answer and dialled again for the next burst; an open loop
+	// after a crowd run left 23,000 sockets of the 28,000 loopback ports
+	// in TIME_WAIT, and the tool spent 85 % of its CPU in connect()
+	// looking for a free port (admission p99 6 s, the gateway at 30 % of a
+	// core: `suite -only admit` after a steady, crowd and overload run).
 	opts := []func(*vegeta.Attacker){vegeta.Timeout(r.Timeout), vegeta.KeepAlive(true),
-		vegeta.Connections(int(r.Workers)), vegeta.MaxConnections(int(inFlight)),
+		vegeta.Connections(int(inFlight)), vegeta.MaxConnections(int(inFlight)),
 		vegeta.Workers(r.Workers), vegeta.MaxWorkers(inFlight)}
 	atk := vegeta.NewAttacker(opts...)
 	res := Result{Name: r.Name, Codes: map[int]uint64{}, Errors: map[string]uint64{}, Seconds: map[int][]uint64{},

@@ -2,6 +2,7 @@ package loadgen
 
 import (
 	"encoding/json"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -84,6 +85,41 @@ func TestOpenLoopKeepsItsRate(t *testing.T) {
 	}
 	if res.Requests == 0 || res.Count(200) != res.Requests {
 		t.Errorf("a 200 ms run at 200/s sent %d requests (%s)", res.Requests, res.CodesString())
+	}
+}
+
+// An open loop keeps the connections it opened: with more requests in
+// flight than Workers, the ones past Workers were closed after their
+// answer and dialled again, and after a crowd run the loopback ports ran
+// out into TIME_WAIT (the tool then spent its CPU in connect()). At most
+// the requests in flight are ever dialled.
+func TestOpenLoopReusesItsConnections(t *testing.T) {
+	var dialled atomic.Int64
+	start := time.Now()
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Answers go out in bursts, at each 100 ms since the start (a
+		// server pausing, as a ledger's commits do): the requests of a
+		// window are in flight together and their connections come back
+		// at once.
+		time.Sleep(100*time.Millisecond - time.Since(start)%(100*time.Millisecond))
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			dialled.Add(1)
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	const workers = 2
+	res, err := Attack(Run{Name: "open", BaseURL: srv.URL, Scenario: Reads("p/t", 0), Rate: 200, Workers: workers, Duration: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Requests < 100 || res.Count(200) != res.Requests {
+		t.Fatalf("sent %d requests (%s), want about 200 answered 200", res.Requests, res.CodesString())
+	}
+	if n := dialled.Load(); n > workers*16 {
+		t.Errorf("%d connections dialled for %d requests, at most %d in flight: connections closed and dialled again", n, res.Requests, workers*16)
 	}
 }
 

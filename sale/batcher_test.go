@@ -549,3 +549,44 @@ func TestBatcherJudgesALaneBetweenFlushesByItsQueue(t *testing.T) {
 		t.Fatalf("first lane's queue = %d, want 50: the item went to it", got)
 	}
 }
+
+// A lane whose flushes run past the budget (a slow ledger link) refuses
+// the item rather than opening the next lane: that lane's flush would be
+// as slow, and items queued behind it would each wait it out
+// (TestFaultLedgerSlowShedsAtOnce: 45 to 67 past the budget when pick
+// opened lanes for a slow ledger).
+func TestBatcherRefusesOnASlowLedgerRatherThanOpenALane(t *testing.T) {
+	release, holding := make(chan struct{}), make(chan struct{})
+	b := newBatcher(2, 1000, time.Minute, 250*time.Millisecond, laneMetrics{}, func(_ context.Context, items []int, answer func(int, int)) {
+		if items[0] == 0 {
+			close(holding)
+			<-release // the first flush holds the first lane
+		}
+		for i, v := range items {
+			answer(i, v)
+		}
+	})
+	defer b.close()
+	first := b.lanes[0]
+	first.flushTime.Store(math.Float64bits(0.5)) // its flushes take 500 ms
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.do(context.Background(), 0)
+		done <- err
+	}()
+	<-holding
+	_, err := b.do(context.Background(), 1)
+	if !errors.Is(err, errLedgerBusy) {
+		t.Errorf("do behind a 500 ms flush = %v, want errLedgerBusy", err)
+	}
+	if w := busyWait(err); w <= 250*time.Millisecond {
+		t.Errorf("busy wait = %v, want the slow flush's (> 250ms)", w)
+	}
+	if got := b.lanes[1].flushTime.Load(); got != 0 {
+		t.Errorf("the second lane ran a flush: it was opened for a slow ledger")
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Errorf("first item = %v", err)
+	}
+}

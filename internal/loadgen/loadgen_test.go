@@ -101,7 +101,8 @@ func TestOpenLoopReusesItsConnections(t *testing.T) {
 		// server pausing, as a ledger's commits do): the requests of a
 		// window are in flight together and their connections come back
 		// at once.
-		time.Sleep(100*time.Millisecond - time.Since(start)%(100*time.Millisecond))
+		next := 100*time.Millisecond - time.Since(start)%(100*time.Millisecond)
+		time.Sleep(next) // the server's pause is what the test is about
 	}))
 	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
 		if s == http.StateNew {

@@ -16,13 +16,13 @@ import (
 	"cmp"
 	"context"
 	"hash/fnv"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -205,12 +205,42 @@ func OnDriver(t *testing.T, driver string, f func(t *testing.T, driver string)) 
 func LedgerDSN(t *testing.T, driver string) string { return testenv.LedgerDSN(t, driver) }
 
 // Logger shows a replica's log in the test's log when STOCKGATE_TEST_LOG
-// is set, and discards it otherwise.
+// is set. Otherwise it keeps the replica's last warnings and errors and
+// shows them only if the test fails: a fault test that fails once in CI
+// then says what the replica saw (a 503 alone does not).
 func Logger(t *testing.T) *slog.Logger {
 	if os.Getenv("STOCKGATE_TEST_LOG") == "" {
-		return slog.New(slog.NewTextHandler(io.Discard, nil))
+		r := &logRing{}
+		t.Cleanup(func() {
+			if t.Failed() {
+				r.mu.Lock()
+				defer r.mu.Unlock()
+				t.Logf("a replica's last %d warnings and errors (of %d):\n%s", len(r.lines), r.seen, strings.Join(r.lines, ""))
+			}
+		})
+		return slog.New(slog.NewTextHandler(r, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
 	return slog.New(slog.NewTextHandler(tlogWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+// logRing keeps the last ringLines lines written to it.
+type logRing struct {
+	mu    sync.Mutex
+	lines []string
+	seen  int
+}
+
+const ringLines = 60
+
+func (r *logRing) Write(p []byte) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.seen++
+	if len(r.lines) == ringLines {
+		r.lines = append(r.lines[:0], r.lines[1:]...)
+	}
+	r.lines = append(r.lines, string(p))
+	return len(p), nil
 }
 
 type tlogWriter struct{ t *testing.T }

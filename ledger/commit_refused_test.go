@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 )
 
@@ -72,5 +73,41 @@ func TestNoPrimary(t *testing.T) {
 		if got := ledger.NoPrimary(tc.err); got != tc.want {
 			t.Errorf("%s: NoPrimary(%v) = %v, want %v", tc.name, tc.err, got, tc.want)
 		}
+	}
+}
+
+// TestReadOnlySessionIsThrownAway: a pooled connection whose session
+// takes no writes (behind a PgBouncer whose server became a standby in a
+// failover) fails its write with 25006, a NoPrimary the caller sends
+// again; the connection is then thrown away, so the write sent again
+// commits on a fresh session instead of failing on the same one for as
+// long as the pool keeps it (TestFaultLedgerFailover in CI: a replica
+// behind PgBouncer answered 503 for 30 s after a planned failover).
+func TestReadOnlySessionIsThrownAway(t *testing.T) {
+	ls, _, _ := openLedgers(t, ledger.Postgres, 1)
+	l, ctx := ls[0], t.Context()
+	if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 10, Shards: 1, MaxPerOrder: 4}); err != nil {
+		t.Fatal(err)
+	}
+	db := l.DB()
+	db.SetMaxOpenConns(1) // the one pooled session is the one every write gets
+	c, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ExecContext(ctx, "SET SESSION default_transaction_read_only = on"); err != nil {
+		t.Fatal(err)
+	}
+	c.Close() // back to the pool, read-only
+	buy := func(key string) error {
+		o := ledger.Order{IdempotencyKey: keys.MustID(key), SKU: sku, Buyer: keys.MustID("ann"), Quantity: 1,
+			Req: req("ann", key, "f", ledger.OpPurchase)}
+		return l.Commit(ctx, []ledger.Take{ledger.PurchaseTake(o)}, true)[0].Err
+	}
+	if err := buy("ro-1"); !ledger.NoPrimary(err) {
+		t.Fatalf("a write on the read-only session = %v, want a NoPrimary error", err)
+	}
+	if err := buy("ro-1"); err != nil {
+		t.Fatalf("the same write sent again = %v, want it committed on a fresh session", err)
 	}
 }

@@ -163,3 +163,7 @@ func (l *Ledger) EnsurePool(ctx context.Context, pool stock.SKU) error {
 func (l *Ledger) PutProgram(ctx context.Context, program keys.ID, perBuyer int64) error {
 	return l.SetProgram(ctx, Program{ID: program, PerBuyer: perBuyer})
 }
+
+// DB is the ledger's connection pool, for tests that change a pooled
+// session.
+func (l *Ledger) DB() *sql.DB { return l.db }

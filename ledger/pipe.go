@@ -131,9 +131,24 @@ func (r *pgRunner) run(ctx context.Context, steps []step) error {
 		}
 		if err != nil {
 			r.rollback(ctx, c)
+			if readOnly(err) {
+				// The session takes no writes: behind a PgBouncer whose
+				// server became a standby in a failover, every
+				// transaction on this client connection would. Thrown
+				// away, the pool dials again, and target_session_attrs=
+				// read-write finds the primary.
+				r.bad = true
+			}
 		}
 		return err
 	})
+}
+
+// readOnly reports a write refused because the session is read-only
+// (25006): a standby, or a server or session set read-only.
+func readOnly(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "25006"
 }
 
 func (r *pgRunner) rollback(ctx context.Context, c *pgx.Conn) {

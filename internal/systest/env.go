@@ -212,9 +212,9 @@ func Logger(t *testing.T) *slog.Logger {
 	if os.Getenv("STOCKGATE_TEST_LOG") == "" {
 		r := &logRing{}
 		t.Cleanup(func() {
-			if t.Failed() {
-				r.mu.Lock()
-				defer r.mu.Unlock()
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			if t.Failed() && r.seen > 0 {
 				t.Logf("a replica's last %d warnings and errors (of %d):\n%s", len(r.lines), r.seen, strings.Join(r.lines, ""))
 			}
 		})

@@ -75,6 +75,16 @@ func TestMetricsAfterASale(t *testing.T) {
 		return sum, found
 	}
 	purchases := "/v1/skus/:program/:ticket/purchases"
+	// The drift check collapses the last units onto one shard (CollapseAt)
+	// when a tick falls in the sale's tail, as on a loaded machine: a take
+	// in flight across that rebuild is refused as admitted by the old
+	// gate and taken again, one more transaction that commits nothing of
+	// its own (make test at 9b53696: 20 purchase writes, 21 batches). Each
+	// collapse allows one such retake; with none, the counts are exact.
+	collapses, _ := value("stockgate_reseeds_total", map[string]string{"reason": "collapse"})
+	retakes := func(base float64) func(float64) bool {
+		return func(v float64) bool { return v >= base && v <= base+collapses }
+	}
 	checks := []struct {
 		name   string
 		labels map[string]string
@@ -87,11 +97,11 @@ func TestMetricsAfterASale(t *testing.T) {
 		{"stockgate_http_requests_total", map[string]string{"method": "other"}, eq(80), "80 made-up methods as other"},
 		{"stockgate_http_request_duration_seconds", map[string]string{"route": purchases}, eq(30), "30 timed"},
 		{"stockgate_purchases_total", map[string]string{"path": "gate", "result": "sold"}, eq(20), "19 sales + 1 hold"},
-		{"stockgate_ledger_writes_total", map[string]string{"op": "purchase", "result": "ok"}, eq(19), "19 commits"},
+		{"stockgate_ledger_writes_total", map[string]string{"op": "purchase", "result": "ok"}, retakes(19), "19 commits (+1 per collapse)"},
 		{"stockgate_ledger_write_duration_seconds", map[string]string{"op": "hold"}, eq(1), "1 hold write"},
 		{"stockgate_breaker_state", nil, eq(0), "closed"},
 		{"stockgate_breaker_transitions_total", nil, eq(0), "no transition"},
-		{"stockgate_ledger_batch_size", nil, eq(20), "19 orders + 1 hold, one per transaction"},
+		{"stockgate_ledger_batch_size", nil, retakes(20), "19 orders + 1 hold, one per transaction (+1 per collapse)"},
 		{"stockgate_purchase_probes", nil, atLeast(20), ">= 20 takes probed"},
 		{"stockgate_cache_hits_total", map[string]string{"cache": "settings"}, atLeast(19), "settings from memory"},
 		{"stockgate_cache_misses_total", map[string]string{"cache": "settings"}, atLeast(1), "first load"},

@@ -28,6 +28,9 @@ type QueueStatus struct {
 	AdmissionToken    string    `json:"admission_token,omitempty"`
 	OpensAt           time.Time `json:"opens_at"`
 	RetryAfterSeconds int64     `json:"retry_after_seconds,omitempty"`
+	// AsOf is when the answering replica read the line: within a
+	// quarter second of the answer unless Redis or the ledger was slow.
+	AsOf time.Time `json:"as_of"`
 }
 
 // QueueConfig is a program's waiting room (admin).

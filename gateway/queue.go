@@ -170,11 +170,13 @@ type queueStatusView struct {
 	AdmissionToken    string    `json:"admission_token,omitempty"`
 	OpensAt           time.Time `json:"opens_at"`
 	RetryAfterSeconds int64     `json:"retry_after_seconds,omitempty"`
+	AsOf              time.Time `json:"as_of"`
 }
 
 func queueStatusViewOf(st waitroom.Status) queueStatusView {
 	v := queueStatusView{Program: st.Program.String(), Buyer: st.Buyer.String(), Ticket: st.Ticket, State: st.State,
-		Position: st.Position, WaitSeconds: int64(max(st.Wait, 0) / time.Second), AdmissionToken: st.Admission, OpensAt: st.OpensAt.UTC()}
+		Position: st.Position, WaitSeconds: int64(max(st.Wait, 0) / time.Second), AdmissionToken: st.Admission, OpensAt: st.OpensAt.UTC(),
+		AsOf: st.AsOf.UTC()}
 	if st.State == waitroom.Waiting && st.Position > 0 {
 		ahead := st.Ahead
 		v.Ahead = &ahead
@@ -226,7 +228,9 @@ func (v queueStatusView) appendJSON(b []byte) []byte {
 		b = append(b, `,"retry_after_seconds":`...)
 		b = strconv.AppendInt(b, v.RetryAfterSeconds, 10)
 	}
-	return append(b, '}')
+	b = append(b, `,"as_of":"`...)
+	b = v.AsOf.AppendFormat(b, time.RFC3339Nano)
+	return append(b, `"}`...)
 }
 
 // appendJSONString appends s as a JSON string: as it is when it needs no

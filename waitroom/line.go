@@ -25,7 +25,10 @@ const soldOutRecheck = 5 * time.Second
 // lineView is what a replica remembers of a line: its counters in Redis
 // and what its program has left in the ledger.
 type lineView struct {
-	room  keys.ID // the room whose line this is
+	room keys.ID // the room whose line this is
+	// at is when this replica began to read it: the view holds every
+	// change to Redis and the ledger made before then.
+	at    time.Time
 	st    State
 	stock ledger.ProgramStock
 	// pace is the line's recent admissions per second as this replica
@@ -44,7 +47,7 @@ func (v lineView) soldOut() bool { return v.st.SoldOut || v.stock.SoldOut() }
 // lost, or cannot answer for now, is read from the ledger's facts (the
 // pacer restores a lost one).
 func (s *Rooms) loadLine(ctx context.Context, c room) (lineView, error) {
-	v := lineView{room: c.id}
+	v := lineView{room: c.id, at: time.Now()}
 	var err error
 	program := c.Program
 	if v.stock, err = s.ledger.ProgramStock(ctx, program); err != nil {

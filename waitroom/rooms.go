@@ -97,7 +97,7 @@ func New(opts Options) (*Rooms, error) {
 		return nil, err
 	}
 	return &Rooms{ledger: opts.Ledger, store: opts.Store, locker: opts.Locker, log: opts.Logger, metrics: m,
-		queues: newTTLCache[room](time.Second), lines: newTTLCache[lineView](Refresh), nets: newNetMeter()}, nil
+		queues: newTTLCache[room](time.Second), lines: newTTLCache[lineView](Refresh).answerStaleWithin(lineIdle), nets: newNetMeter()}, nil
 }
 
 // Wake makes the pacer step program's room at its next tick, asleep or
@@ -155,6 +155,12 @@ const (
 // line before reading it from Redis again.
 const Refresh = 250 * time.Millisecond
 
+// lineIdle: a replica's memory of a line nobody checked for this long is
+// never answered while its reload is slow (the caller waits for it). A
+// line polled steadily is reloaded every Refresh, so its memory is
+// answered stale only while Redis or the ledger turns slow.
+const lineIdle = 2 * Refresh
+
 // Status is where a buyer stands in a line.
 type Status struct {
 	Program keys.ID
@@ -172,6 +178,10 @@ type Status struct {
 	// Admission-Token), for Window from its admission.
 	Admission string
 	OpensAt   time.Time
+	// AsOf is when the replica read the line this answer comes from: at
+	// most Refresh before the answer, unless Redis or the ledger was
+	// slow (then the last reading the replica had, as checked steadily).
+	AsOf time.Time
 }
 
 // View is a waiting room's settings and line, for admin.
@@ -375,7 +385,7 @@ func (s *Rooms) proven(c room, j JoinAsk, now time.Time) error {
 // queueStatus is where a buyer with place stands in a line seen as v.
 func queueStatus(c room, v lineView, buyer keys.ID, place Place, ticket string) Status {
 	st := v.st
-	out := Status{Program: c.Program, Buyer: buyer, Ticket: ticket, State: Waiting, OpensAt: c.OpensAt}
+	out := Status{Program: c.Program, Buyer: buyer, Ticket: ticket, State: Waiting, OpensAt: c.OpensAt, AsOf: v.at}
 	if !st.Opened {
 		// An early join's place is drawn at the opening.
 		out.Wait = time.Until(c.OpensAt)

@@ -18,8 +18,15 @@ import (
 // at a time.
 type ttlCache[V any] struct {
 	ttl time.Duration
-	mu  sync.Mutex
-	m   map[keys.ID]*ttlEntry[V]
+	// idle, when set: a value nobody asked for in this long is not
+	// answered stale; its next caller waits for the reload. A buyer
+	// polling a quiet line after one slow load anywhere was told the
+	// line as it stood seconds before (TestModel, on CI: serving 0 where
+	// 65 had been admitted 3 s earlier). Stale answers are for a source
+	// that turns slow under steady demand, not for an old memory.
+	idle time.Duration
+	mu   sync.Mutex
+	m    map[keys.ID]*ttlEntry[V]
 	// slow: the last load to end took longer than staleAfter or failed.
 	// A caller then waits for no reload, since every purchase at the door
 	// would otherwise pay staleAfter while the source stays slow
@@ -32,6 +39,7 @@ type ttlCache[V any] struct {
 type ttlEntry[V any] struct {
 	done    chan struct{} // closed when the load ended: v and err are set
 	started time.Time     // made (and its load started) then: its value is never older than ttl
+	made    time.Time     // as started, but never moved by expire
 	v       V
 	err     error
 	// last is the value this entry replaces (nil: none, or it failed),
@@ -58,6 +66,12 @@ func newTTLCache[V any](ttl time.Duration) *ttlCache[V] {
 	return &ttlCache[V]{ttl: ttl, m: map[keys.ID]*ttlEntry[V]{}}
 }
 
+// answerStaleWithin sets c.idle (see it) and returns c.
+func (c *ttlCache[V]) answerStaleWithin(idle time.Duration) *ttlCache[V] {
+	c.idle = idle
+	return c
+}
+
 // get returns k's value, loading it when the one remembered is older than
 // ttl. A caller waits for a load in flight only if it started within ttl,
 // so every answer reflects the source as of ttl ago or later, but while
@@ -70,7 +84,11 @@ func (c *ttlCache[V]) get(ctx context.Context, k keys.ID, load func(context.Cont
 		if e == nil && len(c.m) >= ttlCacheMax {
 			c.sweep()
 		}
-		n := &ttlEntry[V]{started: time.Now(), done: make(chan struct{}), last: lastOf(e)}
+		now := time.Now()
+		n := &ttlEntry[V]{started: now, made: now, done: make(chan struct{}), last: lastOf(e)}
+		if e != nil && c.idle > 0 && now.Sub(e.made) > c.idle {
+			n.last = nil
+		}
 		c.m[k] = n
 		e = n
 		// One load for every caller, not cut short by any of them

@@ -152,3 +152,37 @@ func TestTTLCacheSlowOnceAReloadOutlivesStaleAfter(t *testing.T) {
 		t.Fatal("not slow after a caller waited staleAfter for a reload still running: every caller waits for it")
 	}
 }
+
+// A value nobody asked for in idle is not answered stale: with the
+// source marked slow and the reload slower than staleAfter, the caller
+// still waits for it and gets the new value, not the old memory. (A
+// quiet line's poll after one slow load anywhere was answered with the
+// line as it stood seconds before.) Asked again within idle, the last
+// value is answered while the reload is slow, as before.
+func TestTTLCacheAnswersNoOldMemoryAfterIdle(t *testing.T) {
+	c := newTTLCache[int](time.Millisecond).answerStaleWithin(time.Second)
+	k := keys.MustID("p")
+	ctx := context.Background()
+	if v, err := c.get(ctx, k, func(context.Context) (int, error) { return 1, nil }); v != 1 || err != nil {
+		t.Fatalf("get = %d %v, want 1", v, err)
+	}
+	c.slow.Store(true)                            // as after a slow load of another program
+	time.Sleep(time.Second + 50*time.Millisecond) // time under test: past idle (1 s)
+	slowLoad := func(v int) func(context.Context) (int, error) {
+		return func(context.Context) (int, error) {
+			time.Sleep(staleAfter + 20*time.Millisecond) // time under test: a reload slower than staleAfter
+			return v, nil
+		}
+	}
+	if v, err := c.get(ctx, k, slowLoad(2)); v != 2 || err != nil {
+		t.Fatalf("get after idle, reload slow = %d %v, want the reload's 2, not the old 1", v, err)
+	}
+	// Within idle of that entry (made 70 ms ago, before its slow load;
+	// the cache is slow since): the last value at once.
+	c.mu.Lock()
+	c.m[k].started = time.Time{} // due for a reload, as expire does
+	c.mu.Unlock()
+	if v, _ := c.get(ctx, k, slowLoad(3)); v != 2 {
+		t.Fatalf("get within idle while the reload is slow = %d, want the last value 2", v)
+	}
+}

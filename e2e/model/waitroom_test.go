@@ -73,7 +73,16 @@ const qWindow = 4 * time.Second
 // qFresh is how long after a change of the line or the ledger every
 // replica's answer to a check reflects it: one refresh of its memory, and
 // a little for the clocks' granularity.
-const qFresh = waitroom.Refresh + 20*time.Millisecond
+const qFresh = waitroom.Refresh + qSkew
+
+// qSkew is the clocks' granularity: a change made this long before a
+// replica began to read the line (its answer's as_of) is in the answer.
+const qSkew = 20 * time.Millisecond
+
+// qStaleMost bounds how old a replica's reading of the line may be when
+// it answers (as_of): older than qFresh only while a reload is slow, and a
+// reload gives up after 5 s.
+const qStaleMost = 10 * time.Second
 
 type mQueue struct {
 	program keys.ID
@@ -131,12 +140,13 @@ type mQDone struct {
 
 // qStatus is a join's or a check's answer.
 type qStatus struct {
-	Buyer     string `json:"buyer"`
-	Ticket    string `json:"ticket"`
-	State     string `json:"state"`
-	Position  int64  `json:"position"`
-	Ahead     *int64 `json:"ahead"`
-	Admission string `json:"admission_token"`
+	Buyer     string    `json:"buyer"`
+	Ticket    string    `json:"ticket"`
+	State     string    `json:"state"`
+	Position  int64     `json:"position"`
+	Ahead     *int64    `json:"ahead"`
+	Admission string    `json:"admission_token"`
+	AsOf      time.Time `json:"as_of"`
 }
 
 // newQueue puts the queued program: its tickets and its waiting room.
@@ -435,19 +445,19 @@ func (m *sim) qLost() bool {
 	return err != nil
 }
 
-// qKnown is the highest position known admitted at least qFresh before t
-// (since the last FLUSHALL) in Redis (in the ledger's record: ledger):
-// every replica's answer to a check sent at t has its serving counter at
-// or past it (one answered from the ledger's facts, while Redis is slow or
-// lost, the ledger's).
-func (m *sim) qKnown(t time.Time, ledger bool) int64 {
+// qKnown is the highest position known admitted at least qSkew before
+// asOf (since the last FLUSHALL) in Redis (in the ledger's record:
+// ledger): every replica's answer read from the line at asOf has its
+// serving counter at or past it (one answered from the ledger's facts,
+// while Redis is slow or lost, the ledger's).
+func (m *sim) qKnown(asOf time.Time, ledger bool) int64 {
 	marks := m.q.marks
 	if ledger {
 		marks = m.q.ledgerMarks
 	}
 	var n int64
 	for _, k := range marks {
-		if !t.Before(k.at.Add(qFresh)) {
+		if !asOf.Before(k.at.Add(qSkew)) {
 			n = max(n, k.pos)
 		}
 	}
@@ -464,10 +474,21 @@ func (m *sim) qJudgeStatus(p *mPlace, r systest.Reply, ts, tr time.Time) {
 	}
 	a := m.qAdmissionOf(p)
 	after := time.Now()
+	// The answer is the line as the replica read it at as_of: every change
+	// before then is in it. A replica reads again every Refresh; an older
+	// reading is answered only while a reload is slow (counted).
+	asOf := st.AsOf
+	if asOf.IsZero() || asOf.After(tr.Add(qSkew)) || asOf.Before(ts.Add(-qStaleMost)) {
+		m.fail("queue status of %s at %d = %s: as_of %v, sent %v, answered %v", p.buyer.name, p.pos, r.Body,
+			asOf.Format("15:04:05.000"), ts.Format("15:04:05.000"), tr.Format("15:04:05.000"))
+	}
+	if asOf.Before(ts.Add(-qFresh)) {
+		m.ops["queue-status-stale"]++
+	}
 	// An answer from a memory of the line older than the FLUSHALL.
-	beforeFlush := !q.flushedAt.IsZero() && ts.Before(q.flushedAt.Add(qFresh))
-	mustSoldOut := !q.soldOutSince.IsZero() && !ts.Before(q.soldOutSince.Add(qFresh))
-	maySoldOut := !q.soldOutSince.IsZero() || !q.reopened.IsZero() && ts.Before(q.reopened.Add(falseSoldOutBound))
+	beforeFlush := !q.flushedAt.IsZero() && asOf.Before(q.flushedAt.Add(qSkew))
+	mustSoldOut := !q.soldOutSince.IsZero() && !asOf.Before(q.soldOutSince.Add(qSkew))
+	maySoldOut := !q.soldOutSince.IsZero() || !q.reopened.IsZero() && asOf.Before(q.reopened.Add(falseSoldOutBound))
 	ok := st.State == waitroom.SoldOut || !mustSoldOut
 	switch st.State {
 	case waitroom.SoldOut:
@@ -481,17 +502,17 @@ func (m *sim) qJudgeStatus(p *mPlace, r systest.Reply, ts, tr time.Time) {
 		ok = ok && r.Header.Get("Retry-After") != "" && st.Ahead != nil && *st.Ahead >= 0
 		// The replica's serving counter, from the places it says are
 		// ahead.
-		if serving := p.pos - *st.Ahead - 1; ok && serving < m.qKnown(ts, false) {
-			ok = serving >= m.qKnown(ts, true)
+		if serving := p.pos - *st.Ahead - 1; ok && serving < m.qKnown(asOf, false) {
+			ok = serving >= m.qKnown(asOf, true)
 			m.ops["queue-status-waiting-as-recorded"]++
 		}
 	default:
 		ok = false
 	}
 	if !ok {
-		m.fail("queue status of %s at %d = %s (sent %v after the window of its batch at %v; Redis: %+v; known admitted %d, recorded %d; sold out since %v, reopened %v; flushed %v)",
-			p.buyer.name, p.pos, r.Body, ts.Sub(time.UnixMilli(a.at).Add(qWindow)), time.UnixMilli(a.at).Format("15:04:05.000"), a,
-			m.qKnown(ts, false), m.qKnown(ts, true), q.soldOutSince.Format("15:04:05.000"), q.reopened.Format("15:04:05.000"), q.flushedAt.Format("15:04:05.000"))
+		m.fail("queue status of %s at %d = %s (sent %s, %v after the window of its batch at %v; Redis: %+v; known admitted %d, recorded %d; sold out since %v, reopened %v; flushed %v)",
+			p.buyer.name, p.pos, r.Body, ts.Format("15:04:05.000"), ts.Sub(time.UnixMilli(a.at).Add(qWindow)), time.UnixMilli(a.at).Format("15:04:05.000"), a,
+			m.qKnown(asOf, false), m.qKnown(asOf, true), q.soldOutSince.Format("15:04:05.000"), q.reopened.Format("15:04:05.000"), q.flushedAt.Format("15:04:05.000"))
 	}
 	m.ops["queue-status-"+st.State]++
 }

@@ -107,6 +107,7 @@ type barePoll struct {
 	WaitSeconds       int64     `json:"estimated_wait_seconds"`
 	OpensAt           time.Time `json:"opens_at"`
 	RetryAfterSeconds int64     `json:"retry_after_seconds,omitempty"`
+	AsOf              time.Time `json:"as_of"`
 }
 
 // BarePolls answers every waiting-room check (GET
@@ -121,7 +122,7 @@ func BarePolls() http.Handler {
 		ahead := int64(41)
 		g.Header("Retry-After", "10")
 		g.JSON(http.StatusOK, barePoll{Program: g.Param("program"), Buyer: "b", Ticket: g.Param("ticket"), State: "waiting",
-			Position: 42, Ahead: &ahead, WaitSeconds: 42, OpensAt: opens, RetryAfterSeconds: 10})
+			Position: 42, Ahead: &ahead, WaitSeconds: 42, OpensAt: opens, RetryAfterSeconds: 10, AsOf: time.Now().UTC()})
 	})
 	return e
 }

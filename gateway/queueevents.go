@@ -61,12 +61,17 @@ func (s *Server) queueEvents(c *gin.Context) {
 	send := func(st waitroom.Status) bool {
 		v := queueStatusViewOf(st)
 		v.WaitSeconds = int64(max(st.Wait, 0) / time.Second)
+		// as_of moves at every reading of the line: an event goes out
+		// when anything else changed.
+		asOf := v.AsOf
+		v.AsOf = time.Time{}
 		b := v.appendJSON(nil)
 		if string(b) == string(last) {
 			return true
 		}
 		last = b
-		return write("event: status\ndata: " + string(b) + "\n\n")
+		v.AsOf = asOf
+		return write("event: status\ndata: " + string(v.appendJSON(nil)) + "\n\n")
 	}
 	tick := time.NewTicker(waitroom.Refresh)
 	defer tick.Stop()

@@ -19,6 +19,9 @@ type queueStream struct {
 	resp   *http.Response
 	lines  *bufio.Scanner
 	cancel context.CancelFunc
+	// last is the previous event's data without its as_of: a stream
+	// sends an event only when the standing changed.
+	last string
 }
 
 func openQueueStream(t *testing.T, e *systest.Env, program, ticket string) *queueStream {
@@ -50,9 +53,20 @@ func (s *queueStream) next(t *testing.T) (q queueReply, ok bool) {
 		case strings.HasPrefix(line, "event: "):
 			event = strings.TrimPrefix(line, "event: ")
 		case strings.HasPrefix(line, "data: ") && event == "status":
-			if err := json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &q); err != nil {
+			data := []byte(strings.TrimPrefix(line, "data: "))
+			var m map[string]any
+			if err := json.Unmarshal(data, &q); err != nil || json.Unmarshal(data, &m) != nil {
 				t.Fatalf("event data %q: %v", line, err)
 			}
+			if _, ok := m["as_of"].(string); !ok {
+				t.Fatalf("event data %q: no as_of", line)
+			}
+			delete(m, "as_of")
+			same, _ := json.Marshal(m)
+			if string(same) == s.last {
+				t.Fatalf("event %s: the standing did not change since the last event (only as_of moves)", line)
+			}
+			s.last = string(same)
 			return q, true
 		case strings.HasPrefix(line, "data: "):
 			t.Fatalf("unexpected %s event: %s", event, line)

@@ -35,9 +35,9 @@ func gateway() *httptest.Server {
 		case r.URL.Path == "/v1/skus/show-1/ga/purchases" && key == "order-2":
 			answer(http.StatusConflict, `{"type":"https://stockgate.dev/problems/sold-out","title":"Conflict","status":409,"detail":"not enough stock left for this quantity"}`)
 		case r.URL.Path == "/v1/programs/show-2/queue" && strings.Contains(string(body), `"buyer":"bob"`):
-			answer(http.StatusOK, `{"program":"show-2","buyer":"bob","ticket":"qt_1","state":"waiting","position":41,"ahead":40,"estimated_wait_seconds":2,"opens_at":"2026-11-24T10:00:00Z","retry_after_seconds":1}`)
+			answer(http.StatusOK, `{"program":"show-2","buyer":"bob","ticket":"qt_1","state":"waiting","position":41,"ahead":40,"estimated_wait_seconds":2,"opens_at":"2026-11-24T10:00:00Z","retry_after_seconds":1,"as_of":"2026-11-24T10:00:02.25Z"}`)
 		case r.URL.Path == "/v1/programs/show-2/queue/qt_1":
-			answer(http.StatusOK, `{"program":"show-2","buyer":"bob","ticket":"qt_1","state":"admitted","position":41,"estimated_wait_seconds":0,"admission_token":"adm_1","opens_at":"2026-11-24T10:00:00Z"}`)
+			answer(http.StatusOK, `{"program":"show-2","buyer":"bob","ticket":"qt_1","state":"admitted","position":41,"estimated_wait_seconds":0,"admission_token":"adm_1","opens_at":"2026-11-24T10:00:00Z","as_of":"2026-11-24T10:00:03.5Z"}`)
 		case r.URL.Path == "/v1/skus/show-2/ga/purchases" && r.Header.Get("Admission-Token") == "adm_1":
 			answer(http.StatusCreated, `{"order_id":"ord_2","program":"show-2","ticket":"ga","buyer":"bob","quantity":1,"created_at":"2026-11-24T10:00:03Z"}`)
 		case r.URL.Path == "/v1/skus/show-2/ga/purchases":

@@ -29,7 +29,8 @@ type QueueStatus struct {
 	OpensAt           time.Time `json:"opens_at"`
 	RetryAfterSeconds int64     `json:"retry_after_seconds,omitempty"`
 	// AsOf is when the answering replica read the line: within a
-	// quarter second of the answer unless Redis or the ledger was slow.
+	// quarter second of the answer unless a reload was slow (Redis or the
+	// ledger struggling).
 	AsOf time.Time `json:"as_of"`
 }
 

@@ -97,7 +97,7 @@ func New(opts Options) (*Rooms, error) {
 		return nil, err
 	}
 	return &Rooms{ledger: opts.Ledger, store: opts.Store, locker: opts.Locker, log: opts.Logger, metrics: m,
-		queues: newTTLCache[room](time.Second), lines: newTTLCache[lineView](Refresh).answerStaleWithin(lineIdle), nets: newNetMeter()}, nil
+		queues: newTTLCache[room](time.Second), lines: newTTLCache[lineView](Refresh).answerStaleAfterIdle(LineIdle, LineIdleWait), nets: newNetMeter()}, nil
 }
 
 // Wake makes the pacer step program's room at its next tick, asleep or
@@ -155,11 +155,16 @@ const (
 // line before reading it from Redis again.
 const Refresh = 250 * time.Millisecond
 
-// lineIdle: a replica's memory of a line nobody checked for this long is
-// never answered while its reload is slow (the caller waits for it). A
-// line polled steadily is reloaded every Refresh, so its memory is
-// answered stale only while Redis or the ledger turns slow.
-const lineIdle = 2 * Refresh
+// LineIdle and LineIdleWait: a check that finds nobody checked the line
+// on this replica for LineIdle (its memory was last reloaded longer ago)
+// waits up to LineIdleWait for the reload before it is answered the last
+// reading; a line checked steadily is reloaded every Refresh and answered
+// the last reading once a reload takes staleAfter (or at once while
+// reloads are slow). Either way the answer's as_of says which reading.
+const (
+	LineIdle     = 2 * Refresh
+	LineIdleWait = time.Second
+)
 
 // Status is where a buyer stands in a line.
 type Status struct {
@@ -179,8 +184,8 @@ type Status struct {
 	Admission string
 	OpensAt   time.Time
 	// AsOf is when the replica read the line this answer comes from: at
-	// most Refresh before the answer, unless Redis or the ledger was
-	// slow (then the last reading the replica had, as checked steadily).
+	// most Refresh before the answer, unless a reload was slow (then the
+	// freshest reading the replica has: see LineIdle).
 	AsOf time.Time
 }
 

@@ -12,21 +12,22 @@ import (
 
 // ttlCache: the rooms' configs and line views kept in memory for a
 // moment, reloaded by one caller at a time; a caller that would wait past
-// staleAfter for a hung reload is served the stale value.
+// staleAfter for a hung reload is served the freshest value loaded.
 
 // ttlCache keeps one value per program for a short time, loading it once
 // at a time.
 type ttlCache[V any] struct {
 	ttl time.Duration
-	// idle, when set: a value nobody asked for in this long is not
-	// answered stale; its next caller waits for the reload. A buyer
-	// polling a quiet line after one slow load anywhere was told the
-	// line as it stood seconds before (TestModel, on CI: serving 0 where
-	// 65 had been admitted 3 s earlier). Stale answers are for a source
-	// that turns slow under steady demand, not for an old memory.
-	idle time.Duration
-	mu   sync.Mutex
-	m    map[keys.ID]*ttlEntry[V]
+	// idle, when set: the first caller after nobody asked for a value in
+	// this long waits up to idleWait for its reload, not staleAfter, and
+	// not at all only when slow is set: a buyer polling a quiet line after
+	// one slow load anywhere was told the line as it stood seconds before
+	// (TestModel, on CI: serving 0 where 65 had been admitted 3 s
+	// earlier). Stale answers at once are for a source that turns slow
+	// under steady demand, not for an old memory.
+	idle, idleWait time.Duration
+	mu             sync.Mutex
+	m              map[keys.ID]*ttlEntry[V]
 	// slow: the last load to end took longer than staleAfter or failed.
 	// A caller then waits for no reload, since every purchase at the door
 	// would otherwise pay staleAfter while the source stays slow
@@ -42,14 +43,18 @@ type ttlEntry[V any] struct {
 	made    time.Time     // as started, but never moved by expire
 	v       V
 	err     error
-	// last is the value this entry replaces (nil: none, or it failed),
-	// answered while this one's load is slow or fails.
-	last *ttlValue[V]
+	// best is the freshest value the key's loads gave (nil: none gave
+	// one), answered while this entry's load is slow or fails. Shared by
+	// the key's successive entries: a load that ends after the next entry
+	// was made still counts (else, with loads slower than ttl, every
+	// answer stayed the first reading).
+	best *atomic.Pointer[ttlValue[V]]
 }
 
 type ttlValue[V any] struct {
 	v   V
 	err error
+	at  time.Time // when its load began
 }
 
 // staleAfter is how long a caller waits for a reload before it is
@@ -66,9 +71,10 @@ func newTTLCache[V any](ttl time.Duration) *ttlCache[V] {
 	return &ttlCache[V]{ttl: ttl, m: map[keys.ID]*ttlEntry[V]{}}
 }
 
-// answerStaleWithin sets c.idle (see it) and returns c.
-func (c *ttlCache[V]) answerStaleWithin(idle time.Duration) *ttlCache[V] {
-	c.idle = idle
+// answerStaleAfterIdle sets c.idle and c.idleWait (see them) and returns
+// c.
+func (c *ttlCache[V]) answerStaleAfterIdle(idle, wait time.Duration) *ttlCache[V] {
+	c.idle, c.idleWait = idle, wait
 	return c
 }
 
@@ -76,18 +82,23 @@ func (c *ttlCache[V]) answerStaleWithin(idle time.Duration) *ttlCache[V] {
 // ttl. A caller waits for a load in flight only if it started within ttl,
 // so every answer reflects the source as of ttl ago or later, but while
 // the source does not answer within staleAfter (or fails): then it is
-// the last value the source gave, at once while the source stays slow.
+// the freshest value the source gave, at once while the source stays
+// slow (see idle for a caller after a quiet spell).
 func (c *ttlCache[V]) get(ctx context.Context, k keys.ID, load func(context.Context) (V, error)) (V, error) {
 	c.mu.Lock()
 	e := c.m[k]
+	afterIdle := false // this caller made the entry after a quiet spell
 	if e == nil || time.Since(e.started) > c.ttl {
 		if e == nil && len(c.m) >= ttlCacheMax {
 			c.sweep()
 		}
 		now := time.Now()
-		n := &ttlEntry[V]{started: now, made: now, done: make(chan struct{}), last: lastOf(e)}
-		if e != nil && c.idle > 0 && now.Sub(e.made) > c.idle {
-			n.last = nil
+		n := &ttlEntry[V]{started: now, made: now, done: make(chan struct{})}
+		if e != nil {
+			n.best = e.best
+			afterIdle = c.idle > 0 && now.Sub(e.made) > c.idle
+		} else {
+			n.best = new(atomic.Pointer[ttlValue[V]])
 		}
 		c.m[k] = n
 		e = n
@@ -96,7 +107,8 @@ func (c *ttlCache[V]) get(ctx context.Context, k keys.ID, load func(context.Cont
 		go c.load(context.WithoutCancel(ctx), k, e, load)
 	}
 	c.mu.Unlock()
-	if e.last == nil {
+	last := e.best.Load()
+	if last == nil {
 		<-e.done
 		return e.v, e.err
 	}
@@ -107,13 +119,17 @@ func (c *ttlCache[V]) get(ctx context.Context, k keys.ID, load func(context.Cont
 		if e.err == nil || errors.Is(e.err, ErrNoRoom) {
 			return e.v, e.err
 		}
-		return e.last.v, e.last.err
+		return c.freshest(e)
 	default:
 	}
-	if c.slow.Load() {
-		return e.last.v, e.last.err
+	wait := staleAfter
+	switch {
+	case afterIdle:
+		wait = c.idleWait
+	case c.slow.Load():
+		return c.freshest(e)
 	}
-	t := time.NewTimer(staleAfter)
+	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
 	case <-e.done:
@@ -129,23 +145,13 @@ func (c *ttlCache[V]) get(ctx context.Context, k keys.ID, load func(context.Cont
 		// 5 s of 503s that each took 250 ms (stockbench faults).
 		c.slow.Store(true)
 	}
-	return e.last.v, e.last.err
+	return c.freshest(e)
 }
 
-// lastOf is what an entry replacing e answers while it loads: e's value
-// when its load ended well, else what e itself answered while loading.
-func lastOf[V any](e *ttlEntry[V]) *ttlValue[V] {
-	if e == nil {
-		return nil
-	}
-	select {
-	case <-e.done:
-		if e.err == nil || errors.Is(e.err, ErrNoRoom) {
-			return &ttlValue[V]{v: e.v, err: e.err}
-		}
-	default:
-	}
-	return e.last
+// freshest is the freshest value e's key was loaded with.
+func (c *ttlCache[V]) freshest(e *ttlEntry[V]) (V, error) {
+	b := e.best.Load()
+	return b.v, b.err
 }
 
 func (c *ttlCache[V]) load(ctx context.Context, k keys.ID, e *ttlEntry[V], load func(context.Context) (V, error)) {
@@ -153,8 +159,18 @@ func (c *ttlCache[V]) load(ctx context.Context, k keys.ID, e *ttlEntry[V], load 
 	defer cancel()
 	began := time.Now()
 	v, err := load(ctx)
-	c.slow.Store(time.Since(began) > staleAfter || err != nil && !errors.Is(err, ErrNoRoom))
-	if err != nil && !errors.Is(err, ErrNoRoom) && e.last == nil {
+	good := err == nil || errors.Is(err, ErrNoRoom)
+	c.slow.Store(time.Since(began) > staleAfter || !good)
+	if good {
+		// Kept unless a load that began later has given one already.
+		nv := &ttlValue[V]{v: v, err: err, at: began}
+		for {
+			old := e.best.Load()
+			if old != nil && old.at.After(began) || e.best.CompareAndSwap(old, nv) {
+				break
+			}
+		}
+	} else if e.best.Load() == nil {
 		c.mu.Lock()
 		if c.m[k] == e {
 			delete(c.m, k) // a failure is not remembered

@@ -153,14 +153,16 @@ func TestTTLCacheSlowOnceAReloadOutlivesStaleAfter(t *testing.T) {
 	}
 }
 
-// A value nobody asked for in idle is not answered stale: with the
-// source marked slow and the reload slower than staleAfter, the caller
-// still waits for it and gets the new value, not the old memory. (A
-// quiet line's poll after one slow load anywhere was answered with the
-// line as it stood seconds before.) Asked again within idle, the last
-// value is answered while the reload is slow, as before.
+// A value nobody asked for in idle is not answered at once while the
+// source is slow: with the cache marked slow and the reload slower than
+// staleAfter, the first caller after the quiet spell waits for it (up to
+// idleWait) and gets the new value, not the old memory. (A quiet line's
+// poll after one slow load anywhere was answered with the line as it
+// stood seconds before.) Asked again within idle, the last value is
+// answered while the reload is slow, as before; and a reload slower than
+// idleWait answers the last value after idleWait.
 func TestTTLCacheAnswersNoOldMemoryAfterIdle(t *testing.T) {
-	c := newTTLCache[int](time.Millisecond).answerStaleWithin(time.Second)
+	c := newTTLCache[int](time.Millisecond).answerStaleAfterIdle(time.Second, 500*time.Millisecond)
 	k := keys.MustID("p")
 	ctx := context.Background()
 	if v, err := c.get(ctx, k, func(context.Context) (int, error) { return 1, nil }); v != 1 || err != nil {
@@ -184,5 +186,61 @@ func TestTTLCacheAnswersNoOldMemoryAfterIdle(t *testing.T) {
 	c.mu.Unlock()
 	if v, _ := c.get(ctx, k, slowLoad(3)); v != 2 {
 		t.Fatalf("get within idle while the reload is slow = %d, want the last value 2", v)
+	}
+	// After idle again, a reload that hangs: the last value (2, or 3 if
+	// that reload has ended), after idleWait.
+	time.Sleep(time.Second + 50*time.Millisecond) // time under test: past idle (1 s)
+	release := make(chan struct{})
+	defer close(release)
+	start := time.Now()
+	if v, _ := c.get(ctx, k, func(context.Context) (int, error) { <-release; return 4, nil }); v != 2 && v != 3 {
+		t.Fatalf("get after idle, reload hung = %d, want the last value", v)
+	}
+	if d := time.Since(start); d < 500*time.Millisecond {
+		t.Fatalf("answered after %v, want after idleWait (500ms) of waiting for the reload", d)
+	}
+}
+
+// With reloads slower than the ttl and callers steady, each new entry is
+// made while the last one still loads; a reload that ends is answered
+// from then on, though a newer entry was made before it ended. (Each
+// entry used to carry the value answered when it was made: every answer
+// stayed the first reading, 6 s old and growing.)
+func TestTTLCacheAnswersTheFreshestReload(t *testing.T) {
+	c := newTTLCache[int](time.Millisecond)
+	k := keys.MustID("p")
+	ctx := context.Background()
+	if v, _ := c.get(ctx, k, func(context.Context) (int, error) { return 1, nil }); v != 1 {
+		t.Fatalf("get = %d, want 1", v)
+	}
+	hang := func(rel chan struct{}, v int) func(context.Context) (int, error) {
+		return func(context.Context) (int, error) { <-rel; return v, nil }
+	}
+	rel2, rel3, rel4 := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	defer close(rel3)
+	defer close(rel4)
+	time.Sleep(2 * time.Millisecond) // time under test: past the 1 ms ttl
+	if v, _ := c.get(ctx, k, hang(rel2, 2)); v != 1 {
+		t.Fatalf("get while reload 2 hangs = %d, want 1", v)
+	}
+	time.Sleep(2 * time.Millisecond) // time under test: past the ttl
+	if v, _ := c.get(ctx, k, hang(rel3, 3)); v != 1 {
+		t.Fatalf("get while reloads 2 and 3 hang = %d, want 1", v)
+	}
+	close(rel2)                                                                        // reload 2 ends; reload 3's entry is the current one
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) { // poll interval
+		c.mu.Lock()
+		b := c.m[k].best.Load()
+		c.mu.Unlock()
+		if b.v == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("reload 2 ended, its value not kept 10s later")
+		}
+	}
+	time.Sleep(2 * time.Millisecond) // time under test: past the ttl
+	if v, _ := c.get(ctx, k, hang(rel4, 4)); v != 2 {
+		t.Fatalf("get while reloads 3 and 4 hang = %d, want 2 (reload 2 ended)", v)
 	}
 }

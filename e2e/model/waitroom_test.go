@@ -103,6 +103,9 @@ type mQueue struct {
 	reopened           time.Time     // when it last stopped being sold out
 	took               time.Duration // spent in the waiting room's operations and checks
 	checks             int
+	// answered is when each replica last answered a join or check of the
+	// line: a replica's memory of the line was made at or before it.
+	answered map[*systest.Env]time.Time
 }
 
 type qMark struct {
@@ -152,7 +155,8 @@ type qStatus struct {
 // newQueue puts the queued program: its tickets and its waiting room.
 func (m *sim) newQueue(e *systest.Env) {
 	m.t.Helper()
-	q := &mQueue{program: keys.MustID(testenv.ID(m.t, "mq")), places: map[int64]*mPlace{}, gates: map[string]string{}}
+	q := &mQueue{program: keys.MustID(testenv.ID(m.t, "mq")), places: map[int64]*mPlace{}, gates: map[string]string{},
+		answered: map[*systest.Env]time.Time{}}
 	m.q = q
 	m.placeOnSecond(q.program)
 	for i := range 2 {
@@ -274,9 +278,12 @@ func (m *sim) queueJoin() {
 	e := m.env()
 	start := time.Now()
 	for retried := false; ; retried = true {
-		ts := time.Now()
+		ts, prev := time.Now(), q.answered[e]
 		r := e.Do(m.t, http.MethodPost, path, nil, body)
 		tr := time.Now()
+		if !bad {
+			q.answered[e] = tr
+		}
 		m.tracef("POST %s %s on %d = %d %s", path, body, slices.Index(m.envs, e), r.Status, r.Body)
 		if r.Status == http.StatusServiceUnavailable && time.Since(start) < falseSoldOutBound {
 			m.ops["queue-join-busy"]++
@@ -318,7 +325,7 @@ func (m *sim) queueJoin() {
 			m.ops["queue-join-new"]++
 		}
 		b.place = p
-		m.qJudgeStatus(p, r, ts, tr)
+		m.qJudgeStatus(p, r, ts, tr, prev)
 		return
 	}
 }
@@ -357,9 +364,10 @@ func (m *sim) qCheckOn(e *systest.Env, p *mPlace) {
 	path := "/v1/programs/" + m.q.program.String() + "/queue/" + p.ticket
 	start := time.Now()
 	for {
-		ts := time.Now()
+		ts, prev := time.Now(), m.q.answered[e]
 		r := e.Do(m.t, http.MethodGet, path, nil, "")
 		tr := time.Now()
+		m.q.answered[e] = tr
 		m.tracef("GET %s (%s at %d) on %d = %d %s", path, p.buyer.name, p.pos, slices.Index(m.envs, e), r.Status, r.Body)
 		if r.Status == http.StatusServiceUnavailable && time.Since(start) < falseSoldOutBound {
 			m.ops["queue-check-busy"]++
@@ -369,7 +377,7 @@ func (m *sim) qCheckOn(e *systest.Env, p *mPlace) {
 		if r.Status != http.StatusOK {
 			m.fail("check of %s at %d = %d %s", p.buyer.name, p.pos, r.Status, r.Body)
 		}
-		m.qJudgeStatus(p, r, ts, tr)
+		m.qJudgeStatus(p, r, ts, tr, prev)
 		return
 	}
 }
@@ -465,8 +473,8 @@ func (m *sim) qKnown(asOf time.Time, ledger bool) int64 {
 }
 
 // qJudgeStatus checks a join's or a check's answer about p, sent at ts and
-// answered at tr.
-func (m *sim) qJudgeStatus(p *mPlace, r systest.Reply, ts, tr time.Time) {
+// answered at tr by a replica that last answered one at prev.
+func (m *sim) qJudgeStatus(p *mPlace, r systest.Reply, ts, tr, prev time.Time) {
 	q := m.q
 	var st qStatus
 	if err := json.Unmarshal(r.Body, &st); err != nil || st.Ticket != p.ticket || st.Position != p.pos || st.Buyer != p.buyer.name {
@@ -476,13 +484,21 @@ func (m *sim) qJudgeStatus(p *mPlace, r systest.Reply, ts, tr time.Time) {
 	after := time.Now()
 	// The answer is the line as the replica read it at as_of: every change
 	// before then is in it. A replica reads again every Refresh; an older
-	// reading is answered only while a reload is slow (counted).
+	// reading is answered only while a reload is slow: at once to a line
+	// checked steadily (the replica answered one within LineIdle: its
+	// memory was made by then), else after waiting LineIdleWait for the
+	// reload.
 	asOf := st.AsOf
 	if asOf.IsZero() || asOf.After(tr.Add(qSkew)) || asOf.Before(ts.Add(-qStaleMost)) {
 		m.fail("queue status of %s at %d = %s: as_of %v, sent %v, answered %v", p.buyer.name, p.pos, r.Body,
 			asOf.Format("15:04:05.000"), ts.Format("15:04:05.000"), tr.Format("15:04:05.000"))
 	}
 	if asOf.Before(ts.Add(-qFresh)) {
+		steady := !prev.IsZero() && ts.Sub(prev) <= waitroom.LineIdle
+		if waited := tr.Sub(ts) >= waitroom.LineIdleWait; !steady && !waited {
+			m.fail("queue status of %s at %d = %s: a reading %v old, sent %v after this replica's last answer and answered in %v (a line not checked steadily waits %v for its reload)",
+				p.buyer.name, p.pos, r.Body, ts.Sub(asOf), ts.Sub(prev), tr.Sub(ts), waitroom.LineIdleWait)
+		}
 		m.ops["queue-status-stale"]++
 	}
 	// An answer from a memory of the line older than the FLUSHALL.

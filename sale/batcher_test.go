@@ -228,6 +228,13 @@ func TestBatcherRefusesBehindASlowFlush(t *testing.T) {
 	if err := <-first; err != nil {
 		t.Errorf("the item an idle lane took = %v", err)
 	}
+	// The answer goes out before the flush has ended: wait for the lane
+	// to be idle (make test, once: refused behind the flush still ending).
+	for deadline := time.Now().Add(10 * time.Second); l.busySince.Load() != 0; time.Sleep(time.Millisecond) { // poll interval
+		if time.Now().After(deadline) {
+			t.Fatal("the lane still busy 10s after its flush answered")
+		}
+	}
 	if v, err := b.do(context.Background(), 2); err != nil || v != 2 {
 		t.Errorf("do on the idle lane again = %d, %v; want 2 (an idle lane is never slow)", v, err)
 	}
@@ -588,5 +595,25 @@ func TestBatcherRefusesOnASlowLedgerRatherThanOpenALane(t *testing.T) {
 	close(release)
 	if err := <-done; err != nil {
 		t.Errorf("first item = %v", err)
+	}
+}
+
+// A flush past twice the budget makes its lane slow at once; one merely
+// long (a loaded machine) is averaged in with the fast ones before it.
+func TestBatcherLearnsASlowLedgerFromOneFlush(t *testing.T) {
+	b := newBatcher(1, 10, time.Minute, 250*time.Millisecond, laneMetrics{}, func(context.Context, []int, func(int, int)) {})
+	defer b.close()
+	fast := 0.015
+	if got := b.learnFlush(fast, 1100*time.Millisecond); got < 0.25 {
+		t.Errorf("after a 1.1 s flush beside 15 ms ones: %v s, want past the 250 ms budget (slow at once)", got)
+	}
+	if got := b.learnFlush(fast, 400*time.Millisecond); got > 0.25 {
+		t.Errorf("after a 400 ms flush beside 15 ms ones: %v s, want averaged under the budget", got)
+	}
+	if got := b.learnFlush(1.1, 15*time.Millisecond); got < 0.8 || got > 0.9 {
+		t.Errorf("a fast flush after slow ones: %v s, want the average (0.883)", got)
+	}
+	if got := b.learnFlush(0, 15*time.Millisecond); got != 0.015 {
+		t.Errorf("first flush: %v s, want it (0.015)", got)
 	}
 }

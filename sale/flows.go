@@ -267,9 +267,17 @@ func (s *Service) ownerAction(ctx context.Context, op string, id keys.ID, a Ask,
 	return s.run(ctx, r, func(ctx context.Context) answer { return f(ctx, id, a.Buyer, r) })
 }
 
-// HoldByID reads a hold.
+// HoldByID reads a hold. One still held past its expiry is expired
+// first (expireDue): an answer "expired" is then what every later
+// confirm, cancel or extension finds, whichever replica and primary.
 func (s *Service) HoldByID(ctx context.Context, id keys.ID) (Hold, error) {
 	h, err := s.ledger.HoldByID(ctx, id)
+	if err == nil && h.State == ledger.Held && !time.Now().Before(h.ExpiresAt) {
+		// Detached: an expiry begun is finished, its stock given back.
+		wctx, cancel := s.detach(ctx)
+		h, err = s.expireDue(wctx, h)
+		cancel()
+	}
 	switch {
 	case errors.Is(err, ledger.ErrNotFound):
 		return Hold{}, ErrUnknownHold

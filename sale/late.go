@@ -68,18 +68,7 @@ func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64, r req
 	if h.State == ledger.Held {
 		// Past its expiry, not swept yet: expire it first, so its units
 		// are back (and counted once) before they are taken again.
-		_, changed, err := s.ledger.ExpireHold(ctx, h.ID)
-		switch {
-		case errors.Is(err, ledger.ErrHoldConfirmed):
-			// Confirmed meanwhile: read below.
-		case err != nil:
-			return s.ownerError(ctx, err, ansNoHold)
-		case changed:
-			s.metrics.expired.Inc()
-			s.holdEnded(ctx, h.SKU.Program, h.Buyer, h.IdempotencyKey)
-			s.returnOwed(ctx, "hold", h.ID)
-		}
-		cur, err := s.ledger.HoldByID(ctx, h.ID)
+		cur, err := s.expireDue(ctx, h)
 		if err != nil {
 			return s.ownerError(ctx, err, ansNoHold)
 		}

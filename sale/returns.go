@@ -2,6 +2,7 @@ package sale
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/stockgate/stockgate/keys"
@@ -155,6 +156,27 @@ func (s *Service) RunSweeper(ctx context.Context) {
 		}
 		s.sweep(ctx)
 	}
+}
+
+// expireDue expires h, read held and past its expiry, as the sweeper
+// would, and reads it again. Whoever sees a hold past its expiry ends it
+// first: a confirm, cancel or extension that read the hold live before
+// its expiry but has not reached the hold's row yet then finds it ended
+// (and a confirm pays late), never a hold a read already called expired.
+// A hold confirmed or extended meanwhile is read as it is now.
+func (s *Service) expireDue(ctx context.Context, h ledger.Hold) (ledger.Hold, error) {
+	_, changed, err := s.ledger.ExpireHold(ctx, h.ID)
+	switch {
+	case errors.Is(err, ledger.ErrHoldConfirmed):
+		// Confirmed meanwhile: read below.
+	case err != nil:
+		return h, err
+	case changed:
+		s.metrics.expired.Inc()
+		s.holdEnded(ctx, h.SKU.Program, h.Buyer, h.IdempotencyKey)
+		s.returnOwed(ctx, "hold", h.ID)
+	}
+	return s.ledger.HoldByID(ctx, h.ID)
 }
 
 func (s *Service) sweep(ctx context.Context) {

@@ -7,7 +7,10 @@ package holds_test
 // "confirmed" ever after. A hold read expired must stay expired.
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
 	"runtime"
 	"strings"
@@ -17,6 +20,9 @@ import (
 
 	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/internal/systest"
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/sale"
 )
 
 // stallClock is a ledger clock that stops the first reading from a
@@ -132,5 +138,78 @@ func TestAHoldReadExpiredStaysExpired(t *testing.T) {
 			t.Errorf("ledger: %+v %v, want 3 sold and 7 remaining", st, err)
 		}
 		systest.WaitSettled(t, e, sku)
+	})
+}
+
+// noExpiry is a ledger that takes no expiry (a failover, a program on
+// the move).
+type noExpiry struct{ sale.Ledger }
+
+func (noExpiry) ExpireHold(context.Context, keys.ID) (ledger.Hold, bool, error) {
+	return ledger.Hold{}, false, errors.New("no write now")
+}
+
+// A read of a hold past its expiry when the ledger takes no write is
+// answered from the clock, 200 "expired", as before reads expired holds:
+// never a 503 for a read the ledger can answer.
+func TestAHoldReadPastItsExpiryWithoutWrites(t *testing.T) {
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		e := systest.Start(t, systest.Options{Driver: driver, Tune: func(o *app.Options) {
+			o.WrapLedger = func(l sale.Ledger) sale.Ledger { return noExpiry{l} }
+		}})
+		sku := systest.NewSKU(t)
+		e.PutSKU(t, sku, 10, 1, 4)
+		r, h := e.Hold(t, sku, "h1", "ann", 2, 1)
+		if r.Status != http.StatusCreated {
+			t.Fatalf("hold = %d %s", r.Status, r.Body)
+		}
+		systest.WaitFor(t, 5*time.Second, "the expiry", func() bool { return time.Now().After(h.ExpiresAt) })
+		r = e.Do(t, http.MethodGet, "/v1/holds/"+h.HoldID, nil, "")
+		var got systest.HoldReply
+		_ = json.Unmarshal(r.Body, &got)
+		if r.Status != http.StatusOK || got.State != "expired" {
+			t.Fatalf("read past the expiry = %d %s, want 200 expired", r.Status, r.Body)
+		}
+		if cur, err := e.Ledger.HoldByID(t.Context(), keys.MustID(h.HoldID)); err != nil || cur.State != ledger.Held {
+			t.Fatalf("ledger row %+v %v, want still held (no expiry taken)", cur, err)
+		}
+	})
+}
+
+// A read of one line of a cart past its expiry leaves the line to its
+// cart, which ends whole: a cancel of the cart then ends every line alike.
+func TestACartLineReadPastItsExpiry(t *testing.T) {
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		e := systest.New(t, driver) // no sweeper
+		p, _ := systest.CartSKUs(t, e, [3]int64{10, 10, 10}, 6)
+		body := strings.TrimSuffix(systest.CartBody("ann", map[string]int64{"adult": 1, "child": 1}, "adult", "child"), "}") + `,"ttl_seconds":1}`
+		r := e.Do(t, http.MethodPost, "/v1/programs/"+p.String()+"/cart-holds", map[string]string{"Idempotency-Key": "c1"}, body)
+		var c struct {
+			CartID    string              `json:"cart_id"`
+			Holds     []systest.HoldReply `json:"holds"`
+			ExpiresAt time.Time           `json:"expires_at"`
+		}
+		if err := json.Unmarshal(r.Body, &c); r.Status != http.StatusCreated || err != nil || len(c.Holds) != 2 {
+			t.Fatalf("cart = %d %s (%v)", r.Status, r.Body, err)
+		}
+		systest.WaitFor(t, 5*time.Second, "the expiry", func() bool { return time.Now().After(c.ExpiresAt) })
+		if r := e.Do(t, http.MethodGet, "/v1/holds/"+c.Holds[0].HoldID, nil, ""); r.Status != http.StatusOK {
+			t.Fatalf("read of a line = %d %s", r.Status, r.Body)
+		}
+		if r := e.Act(t, "/v1/carts/"+c.CartID+"/cancel", "x1", "ann"); r.Status != http.StatusOK {
+			t.Fatalf("cart cancel = %d %s", r.Status, r.Body)
+		}
+		var states []string
+		for _, h := range c.Holds {
+			cur, err := e.Ledger.HoldByID(t.Context(), keys.MustID(h.HoldID))
+			if err != nil {
+				t.Fatal(err)
+			}
+			states = append(states, cur.State)
+		}
+		if states[0] != states[1] {
+			t.Errorf("the cart's lines ended %v, want alike", states)
+		}
+		t.Log(fmt.Sprint("lines ended ", states))
 	})
 }

@@ -79,28 +79,8 @@ func (s *Server) putQueue(c *gin.Context) {
 	if !s.decodeBody(c, &b) {
 		return
 	}
-	bad := func(detail string) { writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", detail, 0) }
-	switch {
-	case (b.OpensAt == nil) == (b.OpensInSeconds == nil):
-		bad("give opens_at (RFC 3339) or opens_in_seconds")
-		return
-	case b.RatePerSecond == nil || b.WindowSeconds == nil || b.PerRemaining == nil:
-		bad("rate_per_second, window_seconds and per_remaining are required")
-		return
-	case b.OpensInSeconds != nil && (*b.OpensInSeconds < 0 || *b.OpensInSeconds > 366*86400):
-		bad("opens_in_seconds must be 0..31622400")
-		return
-	case *b.WindowSeconds < 1 || *b.WindowSeconds > 86400:
-		bad("window_seconds must be 1..86400")
-		return
-	case math.IsNaN(*b.PerRemaining) || *b.PerRemaining < 0.001 || *b.PerRemaining > 1000:
-		bad("per_remaining must be 0.001..1000")
-		return
-	case b.SoldOutShare != nil && (math.IsNaN(*b.SoldOutShare) || *b.SoldOutShare < 0 || *b.SoldOutShare > 0.5):
-		bad("sold_out_share must be 0..0.5")
-		return
-	case b.ProofOfWorkBits != nil && (*b.ProofOfWorkBits < 0 || *b.ProofOfWorkBits > waitroom.MaxPowBits):
-		bad(fmt.Sprintf("proof_of_work_bits must be 0..%d", waitroom.MaxPowBits))
+	if detail := b.invalid(); detail != "" {
+		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", detail, 0)
 		return
 	}
 	cfg := waitroom.Config{Program: program, Rate: *b.RatePerSecond, Window: time.Duration(*b.WindowSeconds) * time.Second,
@@ -126,6 +106,27 @@ func (s *Server) putQueue(c *gin.Context) {
 		return
 	}
 	c.JSON(http.StatusOK, queueViewOf(got))
+}
+
+// invalid is what is wrong with a waiting room's settings, or "".
+func (b queueBody) invalid() string {
+	switch {
+	case (b.OpensAt == nil) == (b.OpensInSeconds == nil):
+		return "give opens_at (RFC 3339) or opens_in_seconds"
+	case b.RatePerSecond == nil || b.WindowSeconds == nil || b.PerRemaining == nil:
+		return "rate_per_second, window_seconds and per_remaining are required"
+	case b.OpensInSeconds != nil && (*b.OpensInSeconds < 0 || *b.OpensInSeconds > 366*86400):
+		return "opens_in_seconds must be 0..31622400"
+	case *b.WindowSeconds < 1 || *b.WindowSeconds > 86400:
+		return "window_seconds must be 1..86400"
+	case math.IsNaN(*b.PerRemaining) || *b.PerRemaining < 0.001 || *b.PerRemaining > 1000:
+		return "per_remaining must be 0.001..1000"
+	case b.SoldOutShare != nil && (math.IsNaN(*b.SoldOutShare) || *b.SoldOutShare < 0 || *b.SoldOutShare > 0.5):
+		return "sold_out_share must be 0..0.5"
+	case b.ProofOfWorkBits != nil && (*b.ProofOfWorkBits < 0 || *b.ProofOfWorkBits > waitroom.MaxPowBits):
+		return fmt.Sprintf("proof_of_work_bits must be 0..%d", waitroom.MaxPowBits)
+	}
+	return ""
 }
 
 // getQueue handles GET /v1/admin/programs/:program/queue.

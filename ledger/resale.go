@@ -164,21 +164,8 @@ func (l *Ledger) list(ctx context.Context, orderID, seller keys.ID, q int64, req
 	if o, err = scanOrder(tx.QueryRowContext(ctx, selectOrder+` WHERE id = $1`, orderID)); err != nil {
 		return Listing{}, err
 	}
-	switch {
-	case o.Buyer != seller:
-		return Listing{}, ErrNotOwner
-	case !o.CartID.IsZero():
-		return Listing{}, ErrInCart
-	case !o.RefundedAt.IsZero():
-		return Listing{}, endedAs(ctx, tx, o.ID)
-	case len(o.SeatIDs) > 0 || seated != 0:
-		return Listing{}, fmt.Errorf("%w: seats are not listed for resale", ErrSeatedTake)
-	case !o.SKU.Pool().IsZero():
-		return Listing{}, ErrPoolResale
-	case ended != 0:
-		return Listing{}, stock.ErrSaleEnded
-	case q > o.Quantity-listed:
-		return Listing{}, fmt.Errorf("%w: %d of an order of %d with %d listed", stock.ErrInvalid, q, o.Quantity, listed)
+	if err := listRefusal(ctx, tx, o, seller, q, listed, seated != 0, ended != 0); err != nil {
+		return Listing{}, err
 	}
 	x := Listing{ID: NewIDOf(o.SKU), SKU: o.SKU, OrderID: o.ID, Seller: seller, Quantity: q, State: Listed, CreatedAt: now}
 	if skuListed == 0 {
@@ -221,6 +208,28 @@ func (l *Ledger) list(ctx context.Context, orderID, seller keys.ID, q int64, req
 		return Listing{}, fmt.Errorf("ledger: list: commit: %w", err)
 	}
 	return x, nil
+}
+
+// listRefusal is why order o (locked, listed units already on sale)
+// cannot have q more listed by seller, or nil.
+func listRefusal(ctx context.Context, tx *sql.Tx, o Order, seller keys.ID, q, listed int64, seated, ended bool) error {
+	switch {
+	case o.Buyer != seller:
+		return ErrNotOwner
+	case !o.CartID.IsZero():
+		return ErrInCart
+	case !o.RefundedAt.IsZero():
+		return endedAs(ctx, tx, o.ID)
+	case len(o.SeatIDs) > 0 || seated:
+		return fmt.Errorf("%w: seats are not listed for resale", ErrSeatedTake)
+	case !o.SKU.Pool().IsZero():
+		return ErrPoolResale
+	case ended:
+		return stock.ErrSaleEnded
+	case q > o.Quantity-listed:
+		return fmt.Errorf("%w: %d of an order of %d with %d listed", stock.ErrInvalid, q, o.Quantity, listed)
+	}
+	return nil
 }
 
 // finishListing records a listing request's answer: the listing, read as

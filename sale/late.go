@@ -66,28 +66,8 @@ func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64, r req
 		return fail(refuse(ErrLateRefused, "a pool's or an access code's hold is not taken again (its access rule applies): refund the payment"))
 	}
 	if h.State == ledger.Held {
-		// Past its expiry, not swept yet: expire it first, so its units
-		// are back (and counted once) before they are taken again.
-		cur, err := s.expireDue(ctx, h)
-		if err != nil {
-			return s.ownerError(ctx, err, ansNoHold)
-		}
-		switch cur.State {
-		case ledger.Cancelled:
-			return ansHoldCancelled
-		case ledger.Confirmed:
-			// A confirm made before the expiry committed while this one
-			// looked: answered as a confirm of a confirmed hold (its
-			// order, or 409 for another quantity), as a retry would be.
-			return s.confirmConfirmed(ctx, cur, keep, r)
-		case ledger.Held:
-			// Not due: an extension committed while this confirm looked
-			// (its transaction read the expiry the extension replaced).
-			// A late payment now would sell the buyer a second order
-			// beside the hold, which a confirm then makes its own
-			// (TestModelConcurrent/two-primaries): confirmEnded confirms
-			// the hold instead.
-			return answer{err: errStillHeld}
+		if a, done := s.expireBeforeLate(ctx, h, keep, r); done {
+			return a
 		}
 	}
 	named := keep
@@ -126,8 +106,7 @@ func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64, r req
 		}
 		return s.sameQuantity(ctx, replayed(rec), named)
 	}
-	if a.err != nil && (errors.Is(a.err, stock.ErrSoldOut) || errors.Is(a.err, ErrSoldOut) || errors.Is(a.err, ErrLimit) ||
-		errors.Is(a.err, ErrSaleEnded) || errors.Is(a.err, stock.ErrLimit) || errors.Is(a.err, stock.ErrSaleEnded)) {
+	if unitsGone(a.err) {
 		s.metrics.latePayments.WithLabelValues("refused").Inc()
 		return fail(refuse(ErrLateRefused, "the hold expired and its units are gone: nothing was sold; refund the payment"))
 	}
@@ -135,6 +114,47 @@ func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64, r req
 		s.metrics.latePayments.WithLabelValues("sold").Inc()
 	}
 	return a
+}
+
+// expireBeforeLate expires h, held past its expiry and not swept yet,
+// before a late payment takes its units again, so they are back (and
+// counted once) first. done says the hold was found otherwise, and a is
+// the answer then.
+func (s *Service) expireBeforeLate(ctx context.Context, h ledger.Hold, keep int64, r request) (a answer, done bool) {
+	cur, err := s.expireDue(ctx, h)
+	if err != nil {
+		return s.ownerError(ctx, err, ansNoHold), true
+	}
+	switch cur.State {
+	case ledger.Cancelled:
+		return ansHoldCancelled, true
+	case ledger.Confirmed:
+		// A confirm made before the expiry committed while this one
+		// looked: answered as a confirm of a confirmed hold (its
+		// order, or 409 for another quantity), as a retry would be.
+		return s.confirmConfirmed(ctx, cur, keep, r), true
+	case ledger.Held:
+		// Not due: an extension committed while this confirm looked
+		// (its transaction read the expiry the extension replaced).
+		// A late payment now would sell the buyer a second order
+		// beside the hold, which a confirm then makes its own
+		// (TestModelConcurrent/two-primaries): confirmEnded confirms
+		// the hold instead.
+		return answer{err: errStillHeld}, true
+	}
+	return answer{}, false
+}
+
+// unitsGone reports a take refused because the units are not there for
+// the buyer (sold out, over the buyer's cap, the sale ended): a late
+// payment is then refused, to be refunded.
+func unitsGone(err error) bool {
+	for _, gone := range []error{stock.ErrSoldOut, ErrSoldOut, ErrLimit, ErrSaleEnded, stock.ErrLimit, stock.ErrSaleEnded} {
+		if errors.Is(err, gone) {
+			return true
+		}
+	}
+	return false
 }
 
 // lateBefore answers a late payment that a build before keys.Derived

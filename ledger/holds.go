@@ -513,34 +513,19 @@ func (l *Ledger) Extend(ctx context.Context, holdID, buyer keys.ID, ttl time.Dur
 	}
 	defer tx.Rollback()
 	h, err = scanHold(tx.QueryRowContext(ctx, selectHold+` WHERE id = $1`, holdID))
-	switch {
-	case err != nil:
+	if err != nil {
 		return Hold{}, err
-	case h.Buyer != buyer:
-		return Hold{}, ErrNotOwner
-	case !h.CartID.IsZero():
-		return Hold{}, ErrInCart
-	case h.State == Confirmed:
-		return Hold{}, ErrHoldConfirmed
-	case h.State != Held || !now.Before(h.ExpiresAt):
-		return Hold{}, fmt.Errorf("%w: %s", ErrHoldEnded, h.stateAt(now))
+	}
+	if err := h.extendRefusal(buyer, now); err != nil {
+		return Hold{}, err
 	}
 	var maxMS int64
 	if err := tx.QueryRowContext(ctx, `SELECT hold_ttl_max_ms FROM skus WHERE program = $1 AND ticket = $2`,
 		h.SKU.Program, h.SKU.Ticket).Scan(&maxMS); err != nil {
 		return Hold{}, notCommitted("extend: sku", err)
 	}
-	limit := h.CreatedAt.Add(time.Duration(maxMS) * time.Millisecond)
-	if h.IsOffer() {
-		// A waitlist offer lasts its offer window: the next buyer in line
-		// waits for it.
-		limit = h.ExpiresAt
-	}
 	asked := now.Add(ttl)
-	until := asked
-	if until.After(limit) {
-		until = limit
-	}
+	until := h.extendedTo(asked, time.Duration(maxMS)*time.Millisecond)
 	if !until.After(h.ExpiresAt) {
 		if asked.After(h.ExpiresAt) {
 			return h, fmt.Errorf("%w: it expires at %s", ErrAtMaxLifetime, h.ExpiresAt.Format(time.RFC3339))
@@ -584,4 +569,33 @@ func (l *Ledger) Extend(ctx context.Context, holdID, buyer keys.ID, ttl time.Dur
 		return Hold{}, fmt.Errorf("ledger: extend: commit: %w", err)
 	}
 	return h, nil
+}
+
+// extendRefusal is why buyer cannot extend h at now, or nil.
+func (h Hold) extendRefusal(buyer keys.ID, now time.Time) error {
+	switch {
+	case h.Buyer != buyer:
+		return ErrNotOwner
+	case !h.CartID.IsZero():
+		return ErrInCart
+	case h.State == Confirmed:
+		return ErrHoldConfirmed
+	case h.State != Held || !now.Before(h.ExpiresAt):
+		return fmt.Errorf("%w: %s", ErrHoldEnded, h.stateAt(now))
+	}
+	return nil
+}
+
+// extendedTo is the expiry h gets when asked to last until asked: at
+// most maxLife after its creation, and a waitlist offer lasts its offer
+// window (the next buyer in line waits for it).
+func (h Hold) extendedTo(asked time.Time, maxLife time.Duration) time.Time {
+	limit := h.CreatedAt.Add(maxLife)
+	if h.IsOffer() {
+		limit = h.ExpiresAt
+	}
+	if asked.After(limit) {
+		return limit
+	}
+	return asked
 }

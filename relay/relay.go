@@ -369,11 +369,7 @@ func (r *Relay) deliverPartition(ctx context.Context, s Sink, w *worker, upTo *a
 		}
 		for {
 			if w.release.Load() {
-				ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-				if err := r.ledger.ReleasePartitions(ctx, name, r.o.Owner, p); err != nil {
-					r.log.WarnContext(ctx, "relay release", "sink", name, "partition", p, "err", err)
-				}
-				cancel()
+				r.giveBack(ctx, name, p)
 				return
 			}
 			events, err := r.ledger.PartitionEvents(ctx, p, cursor, upTo.Load(), r.o.Batch)
@@ -390,16 +386,9 @@ func (r *Relay) deliverPartition(ctx context.Context, s Sink, w *worker, upTo *a
 							return
 						}
 					}
-					left := time.Until(time.Unix(0, w.until.Load()))
-					if left < r.o.LeaseTTL/3 {
-						// Not renewed lately: wait for the renewal rather
-						// than start an attempt that could outlive it.
-						if !sleep(ctx, r.o.Poll) {
-							return
-						}
-						if time.Until(time.Unix(0, w.until.Load())) <= 0 {
-							return // lapsed: the claim loop starts again if it gets it back
-						}
+					if short, lapsed := r.leaseShort(ctx, w); lapsed {
+						return // the claim loop starts again if it gets it back
+					} else if short {
 						continue
 					}
 					derr := r.attempt(ctx, s, e, w)
@@ -410,25 +399,7 @@ func (r *Relay) deliverPartition(ctx context.Context, s Sink, w *worker, upTo *a
 						continue // waited for a slot past the renewal: check the lease again
 					}
 					var lerr error
-					switch {
-					case derr == nil:
-						lerr = r.ledger.Advance(ctx, name, p, r.o.Owner, e.Seq)
-						r.metrics.delivered.WithLabelValues(name).Inc()
-						done = true
-					case attempts+1 >= r.o.MaxAttempts:
-						r.metrics.failed.WithLabelValues(name).Inc()
-						lerr = r.ledger.Bury(ctx, name, r.o.Owner, e, attempts+1, derr.Error())
-						if lerr == nil {
-							r.metrics.dead.WithLabelValues(name).Inc()
-							r.log.WarnContext(ctx, "relay dead letter", "sink", name, "seq", e.Seq, "event", e.ID, "attempts", attempts+1, "err", derr)
-						}
-						done = true
-					default:
-						r.metrics.failed.WithLabelValues(name).Inc()
-						attempts++
-						next = time.Now().Add(r.backoff(attempts))
-						lerr = r.ledger.RecordFailure(ctx, name, p, r.o.Owner, attempts, next, derr.Error())
-					}
+					done, attempts, next, lerr = r.record(ctx, name, p, e, derr, attempts)
 					if lerr != nil {
 						if !errors.Is(lerr, ledger.ErrLeaseLost) && ctx.Err() == nil {
 							r.log.WarnContext(ctx, "relay progress", "sink", name, "partition", p, "err", lerr)
@@ -436,12 +407,60 @@ func (r *Relay) deliverPartition(ctx context.Context, s Sink, w *worker, upTo *a
 						return // lost, or unknown: the next holder starts from the ledger
 					}
 					if done {
-						cursor, attempts, next = e.Seq, 0, time.Time{}
+						cursor = e.Seq
 					}
 				}
 			}
 		}
 	}
+}
+
+// giveBack releases partition p of sink name, as asked: within 5 s even
+// when ctx is ending (the replica stopping), so another takes it at once.
+func (r *Relay) giveBack(ctx context.Context, name string, p int) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := r.ledger.ReleasePartitions(ctx, name, r.o.Owner, p); err != nil {
+		r.log.WarnContext(ctx, "relay release", "sink", name, "partition", p, "err", err)
+	}
+}
+
+// leaseShort waits a poll when w's lease has less than a third of its TTL
+// left (not renewed lately), rather than start an attempt that could
+// outlive it: short says it waited, lapsed that the lease is gone (or
+// ctx ended) and the partition must be left.
+func (r *Relay) leaseShort(ctx context.Context, w *worker) (short, lapsed bool) {
+	if time.Until(time.Unix(0, w.until.Load())) >= r.o.LeaseTTL/3 {
+		return false, false
+	}
+	if !sleep(ctx, r.o.Poll) {
+		return true, true
+	}
+	return true, time.Until(time.Unix(0, w.until.Load())) <= 0
+}
+
+// record records in the ledger how delivering e went (derr), after
+// attempts failed before it: delivered or buried, e is done and the next
+// event starts afresh (no attempts, no wait); failed, it is tried again
+// at next. err is the ledger's (a lease lost, or unknown).
+func (r *Relay) record(ctx context.Context, name string, p int, e ledger.Event, derr error, attempts int) (done bool, tried int, next time.Time, err error) {
+	switch {
+	case derr == nil:
+		r.metrics.delivered.WithLabelValues(name).Inc()
+		return true, 0, time.Time{}, r.ledger.Advance(ctx, name, p, r.o.Owner, e.Seq)
+	case attempts+1 >= r.o.MaxAttempts:
+		r.metrics.failed.WithLabelValues(name).Inc()
+		if err := r.ledger.Bury(ctx, name, r.o.Owner, e, attempts+1, derr.Error()); err != nil {
+			return true, 0, time.Time{}, err
+		}
+		r.metrics.dead.WithLabelValues(name).Inc()
+		r.log.WarnContext(ctx, "relay dead letter", "sink", name, "seq", e.Seq, "event", e.ID, "attempts", attempts+1, "err", derr)
+		return true, 0, time.Time{}, nil
+	}
+	r.metrics.failed.WithLabelValues(name).Inc()
+	attempts++
+	next = time.Now().Add(r.backoff(attempts))
+	return false, attempts, next, r.ledger.RecordFailure(ctx, name, p, r.o.Owner, attempts, next, derr.Error())
 }
 
 // errLeaseShort: an attempt got its slot with too little of w's lease

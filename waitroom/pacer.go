@@ -281,20 +281,7 @@ func (s *Rooms) pace(ctx context.Context, lc ledger.QueueConfig, p *pacing) pace
 		return paced{}
 	}
 	left := max(ps.Remaining, 0)
-	// Rounded up: a factor under 1 must still let a buyer in for the last
-	// ticket.
-	limit := int64(math.Ceil(float64(left) * float64(c.PerRemaining) / 1000))
-	if c.SoldOutShare > 0 && c.PerRemaining >= 1000 && !p.soldOutOnce {
-		// Past the tickets left as far as the line's buyers convert
-		// (conversion.go), from the outcomes the last step counted. A
-		// room asking fewer admitted than tickets left paces on purpose:
-		// its per_remaining rules. Once the line has sold out, its
-		// buyers turned away count as walk-aways the pacer cannot tell
-		// apart, and the share was spent: a re-opened line (a refund)
-		// admits no more than tickets left.
-		conv := p.conv.estimate(now, c.Window, p.serving, p.unused, p.spent, p.abandoned, p.cohorts[:]...)
-		limit = max(limit, conversionLimit(left, p.spent+p.abandoned, conv, float64(c.SoldOutShare)/1000))
-	}
+	limit := p.limit(now, c, left)
 	advance := func() (Step, error) {
 		return s.store.Advance(ctx, c.Program, c.id, now, c.OpensAt, most, limit, floor, c.Window, ps.SoldOut())
 	}
@@ -345,6 +332,33 @@ func (s *Rooms) pace(ctx context.Context, lc ledger.QueueConfig, p *pacing) pace
 	if prev >= 0 && (step.Serving != prev || p.soldOut != wasSoldOut) {
 		s.announce(ctx, c.Program) // every replica's buyers hear it now
 	}
+	p.rest(now, c, step, prev)
+	return paced{waiting: max(step.Joined-step.Serving, 0), left: left, unused: step.Unused, abandoned: step.Abandoned}
+}
+
+// limit is how many of c's line may be served in all at now, with left
+// tickets left.
+func (p *pacing) limit(now time.Time, c room, left int64) int64 {
+	// Rounded up: a factor under 1 must still let a buyer in for the last
+	// ticket.
+	limit := int64(math.Ceil(float64(left) * float64(c.PerRemaining) / 1000))
+	if c.SoldOutShare > 0 && c.PerRemaining >= 1000 && !p.soldOutOnce {
+		// Past the tickets left as far as the line's buyers convert
+		// (conversion.go), from the outcomes the last step counted. A
+		// room asking fewer admitted than tickets left paces on purpose:
+		// its per_remaining rules. Once the line has sold out, its
+		// buyers turned away count as walk-aways the pacer cannot tell
+		// apart, and the share was spent: a re-opened line (a refund)
+		// admits no more than tickets left.
+		conv := p.conv.estimate(now, c.Window, p.serving, p.unused, p.spent, p.abandoned, p.cohorts[:]...)
+		limit = max(limit, conversionLimit(left, p.spent+p.abandoned, conv, float64(c.SoldOutShare)/1000))
+	}
+	return limit
+}
+
+// rest sets when p's line needs no step before (until) and no stock
+// check before (check), after a step that left it at step from prev.
+func (p *pacing) rest(now time.Time, c room, step Step, prev int64) {
 	switch {
 	case now.Before(c.OpensAt) && prev >= 0:
 		p.until = c.OpensAt // the opening (this first look is done)
@@ -353,7 +367,6 @@ func (s *Rooms) pace(ctx context.Context, lc ledger.QueueConfig, p *pacing) pace
 	case !p.soldOut && step.Joined == step.Serving && prev >= 0:
 		p.until = now.Add(emptyStep) // someone joins
 	}
-	return paced{waiting: max(step.Joined-step.Serving, 0), left: left, unused: step.Unused, abandoned: step.Abandoned}
 }
 
 var (

@@ -24,12 +24,7 @@ func TestCancelAfterTheExpiryEndsItExpired(t *testing.T) {
 		if r.Status != http.StatusCreated {
 			t.Fatalf("hold = %d %s", r.Status, r.Body)
 		}
-		state := func() string {
-			r := e.Do(t, http.MethodGet, "/v1/holds/"+h.HoldID, nil, "")
-			var got systest.HoldReply
-			_ = json.Unmarshal(r.Body, &got)
-			return got.State
-		}
+		state := func() string { return e.HoldState(t, h.HoldID) }
 		systest.WaitFor(t, 10*time.Second, "the hold read as expired", func() bool { return state() == "expired" })
 		for n := range 2 { // the cancel, then its retry
 			r := e.Act(t, "/v1/holds/"+h.HoldID+"/cancel", "c1", "ann")

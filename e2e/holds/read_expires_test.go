@@ -96,12 +96,7 @@ func TestAHoldReadExpiredStaysExpired(t *testing.T) {
 				if r.Status != http.StatusCreated {
 					t.Fatalf("hold = %d %s", r.Status, r.Body)
 				}
-				state := func() string {
-					r := e.Do(t, http.MethodGet, "/v1/holds/"+h.HoldID, nil, "")
-					var got systest.HoldReply
-					_ = json.Unmarshal(r.Body, &got)
-					return got.State
-				}
+				state := func() string { return e.HoldState(t, h.HoldID) }
 				clock.arm(c.fn)
 				done := make(chan systest.Reply, 1)
 				go func() {

@@ -34,6 +34,14 @@ func (e *Env) Hold(t *testing.T, sku stock.SKU, key, buyer string, q int64, ttl 
 	return r, h
 }
 
+// HoldState reads hold id's state ("" when the read fails).
+func (e *Env) HoldState(t *testing.T, id string) string {
+	r := e.Do(t, http.MethodGet, "/v1/holds/"+id, nil, "")
+	var h HoldReply
+	_ = json.Unmarshal(r.Body, &h)
+	return h.State
+}
+
 // Act posts a buyer's action (confirm, cancel, refund …) to path.
 func (e *Env) Act(t *testing.T, path, key, buyer string) Reply {
 	return e.Do(t, http.MethodPost, path, map[string]string{"Idempotency-Key": key}, fmt.Sprintf(`{"buyer":%q}`, buyer))

@@ -172,11 +172,17 @@ func (s *Service) expireDue(ctx context.Context, h ledger.Hold) (ledger.Hold, er
 	case err != nil:
 		return h, err
 	case changed:
-		s.metrics.expired.Inc()
-		s.holdEnded(ctx, h.SKU.Program, h.Buyer, h.IdempotencyKey)
-		s.returnOwed(ctx, "hold", h.ID)
+		s.expired(ctx, h)
 	}
 	return s.ledger.HoldByID(ctx, h.ID)
+}
+
+// expired finishes an expiry of h the ledger just committed: counted,
+// the buyer's and the gate's records of it ended, Redis given its units.
+func (s *Service) expired(ctx context.Context, h ledger.Hold) {
+	s.metrics.expired.Inc()
+	s.holdEnded(ctx, h.SKU.Program, h.Buyer, h.IdempotencyKey)
+	s.returnOwed(ctx, "hold", h.ID)
 }
 
 func (s *Service) sweep(ctx context.Context) {
@@ -185,10 +191,8 @@ func (s *Service) sweep(ctx context.Context) {
 		if err != nil {
 			s.log.WarnContext(ctx, "expire holds", "err", err)
 		}
-		s.metrics.expired.Add(float64(len(done)))
 		for _, h := range done {
-			s.holdEnded(ctx, h.SKU.Program, h.Buyer, h.IdempotencyKey)
-			s.returnOwed(ctx, "hold", h.ID)
+			s.expired(ctx, h)
 		}
 		if err != nil || len(done) < 200 {
 			break

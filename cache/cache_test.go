@@ -109,12 +109,16 @@ func TestOptionsValidated(t *testing.T) {
 // Past its TTL a sold-out flag lets exactly one caller through to re-check
 // while everyone else is still told sold out; gone after a second TTL.
 func TestStaleSoldOutLetsOneThrough(t *testing.T) {
-	c, err := cache.New(cache.Options{SoldOutTTL: 100 * time.Millisecond})
+	c, err := cache.New(cache.Options{SoldOutTTL: 500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c.MarkSoldOut(sku, c.Since())
-	time.Sleep(120 * time.Millisecond) // time under test: the 100 ms TTL lapses
+	// A TTL of 500 ms, not 100: the callers below must all ask while the flag
+	// is stale and not yet gone (between one TTL and two). With 100 ms, on
+	// a loaded 2-core make test, 57 of 64 goroutines ran past 200 ms and
+	// found it gone.
+	time.Sleep(550 * time.Millisecond) // time under test: the 500 ms TTL lapses
 	var through atomic.Int64
 	var wg sync.WaitGroup
 	for range 64 {
@@ -132,7 +136,7 @@ func TestStaleSoldOutLetsOneThrough(t *testing.T) {
 	if !c.SoldOut(sku) {
 		t.Error("a renewed flag is not fresh")
 	}
-	time.Sleep(250 * time.Millisecond) // time under test: two TTLs lapse
+	time.Sleep(1050 * time.Millisecond) // time under test: two TTLs lapse
 	if c.SoldOut(sku) {
 		t.Error("flag alive after two TTLs")
 	}

@@ -200,39 +200,19 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 	}
 	defer c.Stop()
 	env := faultEnv{c: c}
-	var dsn string
-	if f.formation {
-		if env.ha, err = testenv.StartAutoFailover(ctx, testenv.AutoFailoverOptions{Sync: true, Standbys: faultStandbys}); err != nil {
-			return row, err
-		}
-		defer env.ha.Stop()
-		dsn = env.ha.DSN()
-	} else {
-		url, drop, err := pg.NewDatabase(ctx)
-		if err != nil {
-			return row, err
-		}
-		defer drop()
-		if env.link, err = newPGLink(url); err != nil {
-			return row, err
-		}
-		defer env.link.stop()
-		dsn = env.link.dsn
+	dsn, stopLedger, err := env.startLedger(ctx, pg, f.formation)
+	if err != nil {
+		return row, err
 	}
+	defer stopLedger()
 	g, err := startGateway(ctx, bin, strings.Join(c.Addrs(), ","), dsn, "STOCKGATE_DRIFT_EVERY=2s")
 	if err != nil {
 		return row, err
 	}
 	defer func() { g.cmd.Process.Kill(); _ = g.cmd.Wait() }()
-	prog := fmt.Sprintf("faults%d", time.Now().UnixNano()%1_000_000)
-	var paths []string
-	var skus []stock.SKU
-	for i := range faultSKUs {
-		sku := stock.SKU{Program: keys.MustID(prog), Ticket: keys.MustID(fmt.Sprintf("t%d", i))}
-		if err := g.admin.putSKU(prog+"/"+sku.Ticket.String(), 1_000_000, 1); err != nil {
-			return row, err
-		}
-		paths, skus = append(paths, prog+"/"+sku.Ticket.String()), append(skus, sku)
+	paths, skus, err := putFaultSKUs(&g)
+	if err != nil {
+		return row, err
 	}
 	capRun, err := loadgen.Attack(loadgen.Run{Name: "capacity", BaseURL: g.base, Workers: 64, Duration: 3 * time.Second,
 		Scenario: loadgen.Purchases(paths, "cap-", 0)})
@@ -264,24 +244,10 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 	// take that long, and one the tool could not send on time would be
 	// its own wait, not the server's (counted Late if it still happens).
 	workers := uint64(max(64, row.rate*6/16+1))
-	// Why each 503 was answered (its problem's type and the start of its
-	// detail), for the run's stderr: a fault's 503s have several causes.
-	var whyMu sync.Mutex
-	why := map[string]int{}
-	collect := func(code int, body []byte) {
-		if code != http.StatusServiceUnavailable {
-			return
-		}
-		var p struct{ Type, Detail string }
-		_ = json.Unmarshal(body, &p) // a body that is no problem counts under ""
-		k := path.Base(p.Type) + ": " + p.Detail[:min(len(p.Detail), 48)]
-		whyMu.Lock()
-		why[k]++
-		whyMu.Unlock()
-	}
+	why := &causes{n: map[string]int{}}
 	phase := func(name string, d time.Duration) (loadgen.Result, error) {
 		return loadgen.Attack(loadgen.Run{Name: name, BaseURL: g.base, Rate: row.rate, Duration: d, Workers: workers,
-			Scenario: loadgen.Purchases(paths, name+"-", 0), Collect: collect})
+			Scenario: loadgen.Purchases(paths, name+"-", 0), Collect: why.collect})
 	}
 	var results []loadgen.Result
 	before, err := phase("before", 3*time.Second)
@@ -314,15 +280,7 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 		window = 15 * time.Second
 	}
 	if faultDump != "" {
-		go func() { // owned by this run: one fetch, bounded by its timeout
-			time.Sleep(2 * time.Second)
-			name := fmt.Sprintf("%s.%d", faultDump, time.Now().Unix())
-			if err := dumpGoroutines(g.pprof, name); err != nil {
-				fmt.Fprintf(os.Stderr, "%s: goroutines: %v\n", f.name, err)
-				return
-			}
-			fmt.Fprintf(os.Stderr, "%s: goroutines 2 s into the fault in %s\n", f.name, name)
-		}()
+		go dumpDuring(f.name, g.pprof) // owned by this run: one fetch, bounded by its timeout
 	}
 	during, err := phase("during", window)
 	if err != nil {
@@ -331,9 +289,7 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 	results = append(results, during)
 	fmt.Fprintf(os.Stderr, "%s: 503s by second of the window: %v; sent late by the tool %d (most %v), errors %v\n",
 		f.name, during.Seconds[http.StatusServiceUnavailable], during.Late, during.MaxLag.Round(time.Millisecond), during.Errors)
-	whyMu.Lock()
-	fmt.Fprintf(os.Stderr, "%s: 503s so far by cause: %v\n", f.name, why)
-	whyMu.Unlock()
+	fmt.Fprintf(os.Stderr, "%s: 503s so far by cause: %v\n", f.name, why.String())
 	row.p99 = during.Quantile(99)
 	row.p99ok, row.p99shed = during.QuantileOf(http.StatusCreated, 99), during.QuantileOf(http.StatusServiceUnavailable, 99)
 	after, err := phase("after", 10*time.Second)
@@ -346,6 +302,82 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 		return row, d.err
 	}
 	row.back = d.back
+	row.count(results)
+	for _, sku := range skus {
+		st, err := led.SKU(ctx, sku)
+		if err != nil {
+			return row, err
+		}
+		row.sold += st.Sold
+	}
+	row.sold -= int64(capRun.Count(http.StatusCreated))
+	return row, nil
+}
+
+// startLedger starts the fault's ledger: a pg_auto_failover formation of
+// its own, or a fresh database on pg behind a fault proxy. It returns the
+// gateway's DSN and what stops it.
+func (env *faultEnv) startLedger(ctx context.Context, pg *testenv.Postgres, formation bool) (string, func(), error) {
+	if formation {
+		ha, err := testenv.StartAutoFailover(ctx, testenv.AutoFailoverOptions{Sync: true, Standbys: faultStandbys})
+		if err != nil {
+			return "", nil, err
+		}
+		env.ha = ha
+		return ha.DSN(), ha.Stop, nil
+	}
+	url, drop, err := pg.NewDatabase(ctx)
+	if err != nil {
+		return "", nil, err
+	}
+	if env.link, err = newPGLink(url); err != nil {
+		drop()
+		return "", nil, err
+	}
+	return env.link.dsn, func() { env.link.stop(); drop() }, nil
+}
+
+// putFaultSKUs creates the run's faultSKUs SKUs of one shard each.
+func putFaultSKUs(g *gateway) (paths []string, skus []stock.SKU, err error) {
+	prog := fmt.Sprintf("faults%d", time.Now().UnixNano()%1_000_000)
+	for i := range faultSKUs {
+		sku := stock.SKU{Program: keys.MustID(prog), Ticket: keys.MustID(fmt.Sprintf("t%d", i))}
+		if err := g.admin.putSKU(prog+"/"+sku.Ticket.String(), 1_000_000, 1); err != nil {
+			return nil, nil, err
+		}
+		paths, skus = append(paths, prog+"/"+sku.Ticket.String()), append(skus, sku)
+	}
+	return paths, skus, nil
+}
+
+// causes counts why each 503 was answered (its problem's type and the
+// start of its detail), for the run's stderr: a fault's 503s have
+// several causes.
+type causes struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *causes) collect(code int, body []byte) {
+	if code != http.StatusServiceUnavailable {
+		return
+	}
+	var p struct{ Type, Detail string }
+	_ = json.Unmarshal(body, &p) // a body that is no problem counts under ""
+	k := path.Base(p.Type) + ": " + p.Detail[:min(len(p.Detail), 48)]
+	c.mu.Lock()
+	c.n[k]++
+	c.mu.Unlock()
+}
+
+func (c *causes) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return fmt.Sprint(c.n)
+}
+
+// count adds the phases' answers to the row.
+func (row *faultRow) count(results []loadgen.Result) {
 	for _, r := range results {
 		row.requests += r.Requests
 		row.n503 += r.Count(http.StatusServiceUnavailable)
@@ -356,15 +388,18 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 			}
 		}
 	}
-	for _, sku := range skus {
-		st, err := led.SKU(ctx, sku)
-		if err != nil {
-			return row, err
-		}
-		row.sold += st.Sold
+}
+
+// dumpDuring writes the gateway's goroutines 2 s into a fault to a file
+// named for faultDump and the time.
+func dumpDuring(fault, pprof string) {
+	time.Sleep(2 * time.Second) // into the fault: the moment to look at
+	name := fmt.Sprintf("%s.%d", faultDump, time.Now().Unix())
+	if err := dumpGoroutines(pprof, name); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: goroutines: %v\n", fault, err)
+		return
 	}
-	row.sold -= int64(capRun.Count(http.StatusCreated))
-	return row, nil
+	fmt.Fprintf(os.Stderr, "%s: goroutines 2 s into the fault in %s\n", fault, name)
 }
 
 // gatesBack waits (at most a minute) until every SKU's gate serves again

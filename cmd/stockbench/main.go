@@ -176,6 +176,35 @@ func parseRun(args []string, stderr io.Writer) (runConfig, error) {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	// A bad flag is one line, printed by main; only -h lists the flags.
 	fs.SetOutput(io.Discard)
+	ramp := c.flags(fs)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(stderr)
+			fmt.Fprintln(stderr, "usage: stockbench run [flags]")
+			fs.PrintDefaults()
+			return c, err
+		}
+		return c, usageError{err.Error() + " (stockbench run -h lists the flags)"}
+	}
+	if fs.NArg() > 0 {
+		return c, badFlag("unexpected argument %q", fs.Arg(0))
+	}
+	if c.duration > 0 && !isSet(fs, "n") {
+		c.n = 0 // "-duration 5m" means five minutes, not 50,000 requests
+	}
+	// In this order: the first one wrong is the one reported.
+	checks := []func() error{c.checkScenario, c.checkOnsale, func() error { return c.setRamp(*ramp) }, c.checkPace, c.checkSKU, c.setIDs}
+	for _, check := range checks {
+		if err := check(); err != nil {
+			return c, err
+		}
+	}
+	return c, nil
+}
+
+// flags defines run's flags on fs, into c; it returns -ramp's, which
+// setRamp reads.
+func (c *runConfig) flags(fs *flag.FlagSet) *string {
 	fs.StringVar(&c.url, "url", "http://localhost:8080", "gateway base URL")
 	fs.StringVar(&c.scenario, "scenario", "flash", "flash, steady, reads, soldout, holds, carts, queue (joins a waiting room, then polls it) or onsale (-n buyers through a waiting room for -tickets, checked)")
 	fs.IntVar(&c.onsale.tickets, "tickets", 1000, "onsale: tickets for sale")
@@ -199,87 +228,104 @@ func parseRun(args []string, stderr io.Writer) (runConfig, error) {
 	fs.BoolVar(&c.json, "json", false, "print a JSON summary instead of the table")
 	fs.StringVar(&c.token, "admin-token", os.Getenv("STOCKGATE_ADMIN_TOKEN"), "admin bearer token")
 	fs.StringVar(&c.plot, "plot", "", "write a latency-over-time HTML chart here")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(stderr)
-			fmt.Fprintln(stderr, "usage: stockbench run [flags]")
-			fs.PrintDefaults()
-			return c, err
-		}
-		return c, usageError{err.Error() + " (stockbench run -h lists the flags)"}
-	}
-	if fs.NArg() > 0 {
-		return c, badFlag("unexpected argument %q", fs.Arg(0))
-	}
-	if c.duration > 0 && !isSet(fs, "n") {
-		c.n = 0 // "-duration 5m" means five minutes, not 50,000 requests
-	}
+	return ramp
+}
+
+// checkScenario checks -shards and -scenario.
+func (c *runConfig) checkScenario() error {
 	if c.shards < 1 || c.shards > 256 {
-		return c, badFlag("-shards %d: want 1..256", c.shards)
+		return badFlag("-shards %d: want 1..256", c.shards)
 	}
 	switch c.scenario {
 	case "flash", "steady", "reads", "soldout", "holds", "carts", "queue", "onsale":
-	default:
-		return c, badFlag("-scenario %q: want flash, steady, reads, soldout, holds, carts, queue or onsale", c.scenario)
+		return nil
 	}
-	if o := c.onsale; c.scenario == "onsale" {
-		switch {
-		case c.n == 0 || c.n > 10_000_000:
-			return c, badFlag("-n %d: onsale wants 1..10000000 buyers", c.n)
-		case o.tickets < 1:
-			return c, badFlag("-tickets %d: at least 1", o.tickets)
-		case o.abandon < 0 || o.abandon >= 1:
-			return c, badFlag("-abandon %v: in [0, 1)", o.abandon)
-		case o.admitRate < 1:
-			return c, badFlag("-admit-rate %d: at least 1", o.admitRate)
-		case o.window < time.Second || o.window%time.Second != 0:
-			return c, badFlag("-window %v: whole seconds, at least 1s", o.window)
-		case o.perRemaining < 0.001:
-			return c, badFlag("-per-remaining %v: at least 0.001", o.perRemaining)
-		case o.soldOutShare > 0.5:
-			return c, badFlag("-sold-out-share %v: at most 0.5", o.soldOutShare)
-		case c.sku != "":
-			return c, badFlag("-sku and -scenario onsale: the run makes its own program")
-		}
-	}
-	if *ramp != "" {
-		a, b, ok := strings.Cut(*ramp, ":")
-		start, err1 := strconv.Atoi(a)
-		end, err2 := strconv.Atoi(b)
-		if !ok || err1 != nil || err2 != nil || start < 1 || end < 1 {
-			return c, badFlag("-ramp %q: want START:END, both at least 1 request per second", *ramp)
-		}
-		if c.rate != 0 {
-			return c, badFlag("-ramp and -rate: give one")
-		}
-		c.rate, c.rateEnd = start, end
+	return badFlag("-scenario %q: want flash, steady, reads, soldout, holds, carts, queue or onsale", c.scenario)
+}
+
+// checkOnsale checks the onsale scenario's flags (none for another).
+func (c *runConfig) checkOnsale() error {
+	o := c.onsale
+	if c.scenario != "onsale" {
+		return nil
 	}
 	switch {
+	case c.n == 0 || c.n > 10_000_000:
+		return badFlag("-n %d: onsale wants 1..10000000 buyers", c.n)
+	case o.tickets < 1:
+		return badFlag("-tickets %d: at least 1", o.tickets)
+	case o.abandon < 0 || o.abandon >= 1:
+		return badFlag("-abandon %v: in [0, 1)", o.abandon)
+	case o.admitRate < 1:
+		return badFlag("-admit-rate %d: at least 1", o.admitRate)
+	case o.window < time.Second || o.window%time.Second != 0:
+		return badFlag("-window %v: whole seconds, at least 1s", o.window)
+	case o.perRemaining < 0.001:
+		return badFlag("-per-remaining %v: at least 0.001", o.perRemaining)
+	case o.soldOutShare > 0.5:
+		return badFlag("-sold-out-share %v: at most 0.5", o.soldOutShare)
+	case c.sku != "":
+		return badFlag("-sku and -scenario onsale: the run makes its own program")
+	}
+	return nil
+}
+
+// setRamp reads -ramp START:END ("": none) into the rates.
+func (c *runConfig) setRamp(ramp string) error {
+	if ramp == "" {
+		return nil
+	}
+	a, b, ok := strings.Cut(ramp, ":")
+	start, err1 := strconv.Atoi(a)
+	end, err2 := strconv.Atoi(b)
+	if !ok || err1 != nil || err2 != nil || start < 1 || end < 1 {
+		return badFlag("-ramp %q: want START:END, both at least 1 request per second", ramp)
+	}
+	if c.rate != 0 {
+		return badFlag("-ramp and -rate: give one")
+	}
+	c.rate, c.rateEnd = start, end
+	return nil
+}
+
+// checkPace checks how much the run sends and how fast.
+func (c *runConfig) checkPace() error {
+	switch {
 	case c.rate < 0:
-		return c, badFlag("-rate %d: at least 0", c.rate)
+		return badFlag("-rate %d: at least 0", c.rate)
 	case c.rateEnd > 0 && c.duration <= 0:
-		return c, badFlag("-ramp needs -duration")
+		return badFlag("-ramp needs -duration")
 	case c.duration < 0:
-		return c, badFlag("-duration %v: at least 0", c.duration)
+		return badFlag("-duration %v: at least 0", c.duration)
 	case c.n == 0 && c.duration == 0:
-		return c, badFlag("-n 0 runs until -duration: give one")
+		return badFlag("-n 0 runs until -duration: give one")
 	case c.workers == 0:
-		return c, badFlag("-workers 0: at least 1")
+		return badFlag("-workers 0: at least 1")
 	case c.skus < 1:
-		return c, badFlag("-skus %d: at least 1", c.skus)
+		return badFlag("-skus %d: at least 1", c.skus)
 	}
-	if c.sku != "" && c.scenario == "queue" {
-		return c, badFlag("-sku and -scenario queue: the run puts its own program behind a waiting room")
+	return nil
+}
+
+// checkSKU checks -sku: an existing SKU, for a scenario that can drive one.
+func (c *runConfig) checkSKU() error {
+	switch {
+	case c.sku == "":
+		return nil
+	case c.scenario == "queue":
+		return badFlag("-sku and -scenario queue: the run puts its own program behind a waiting room")
+	case c.scenario == "carts":
+		return badFlag("-sku and -scenario carts: a cart spans %d SKUs the run creates", len(cartTickets))
 	}
-	if c.sku != "" && c.scenario == "carts" {
-		return c, badFlag("-sku and -scenario carts: a cart spans %d SKUs the run creates", len(cartTickets))
+	prog, ticket, _ := strings.Cut(c.sku, "/")
+	if !isID(prog) || !isID(ticket) {
+		return badFlag("-sku %q: want program/ticket, each [A-Za-z0-9_-]{1,64}", c.sku)
 	}
-	if c.sku != "" {
-		prog, ticket, _ := strings.Cut(c.sku, "/")
-		if !isID(prog) || !isID(ticket) {
-			return c, badFlag("-sku %q: want program/ticket, each [A-Za-z0-9_-]{1,64}", c.sku)
-		}
-	}
+	return nil
+}
+
+// setIDs checks -run-id and -program, or makes them up.
+func (c *runConfig) setIDs() error {
 	if c.runID == "" {
 		var b [4]byte
 		_, _ = rand.Read(b[:])
@@ -288,14 +334,14 @@ func parseRun(args []string, stderr io.Writer) (runConfig, error) {
 	// The longest key is a scenario's prefix, the run id and a request
 	// number: keep it inside an id's 64 bytes.
 	if !isID(c.runID) || len(c.runID) > 24 {
-		return c, badFlag("-run-id %q: want [A-Za-z0-9_-]{1,24}", c.runID)
+		return badFlag("-run-id %q: want [A-Za-z0-9_-]{1,24}", c.runID)
 	}
 	if c.program == "" {
 		c.program = fmt.Sprintf("bench%d", time.Now().Unix())
 	} else if !isID(c.program) {
-		return c, badFlag("-program %q: want [A-Za-z0-9_-]{1,64}", c.program)
+		return badFlag("-program %q: want [A-Za-z0-9_-]{1,64}", c.program)
 	}
-	return c, nil
+	return nil
 }
 
 // isSet reports whether the command line gave the flag.

@@ -171,49 +171,10 @@ func Attack(r Run) (Result, error) {
 	if r.Timeout == 0 {
 		r.Timeout = 10 * time.Second
 	}
-	var seq atomic.Uint64
-	targeter := func(t *vegeta.Target) error {
-		req, ok := r.Scenario(seq.Add(1) - 1)
-		if !ok {
-			return errDone
-		}
-		t.Method, t.URL, t.Header = req.Method, r.BaseURL+req.Path, req.Header
-		if len(r.Header) > 0 {
-			t.Header = req.Header.Clone()
-			if t.Header == nil {
-				t.Header = http.Header{}
-			}
-			for k, vs := range r.Header {
-				t.Header[k] = append(t.Header[k], vs...)
-			}
-		}
-		t.Body = []byte(req.Body)
-		return nil
-	}
 	if r.RateEnd > 0 && (r.Duration <= 0 || r.Rate <= 0) {
 		return Result{}, errors.New("loadgen: a ramp needs a start rate and a duration")
 	}
-	pacer, inFlight := r.pacer(), r.Workers*16
-	if r.Rate == 0 {
-		pacer, inFlight = vegeta.ConstantPacer{}, r.Workers
-	}
-	// As many connections as requests in flight: a request that waited
-	// for one inside the transport would count that wait against its
-	// Timeout, unseen by the server. With twice Workers (128 for 64,
-	// against 1,024 in flight), a ledger fault's 4 s answers at 900
-	// requests/s queued the tool's own requests past 10 s: 497 "timeouts"
-	// while the gateway answered every request within 5 s. A request
-	// that finds every worker busy is counted Late instead. And as many
-	// kept idle: with Workers idle, every connection past them was closed
-	// after its answer and dialled again for the next burst; an open loop
-	// after a crowd run left 23,000 sockets of the 28,000 loopback ports
-	// in TIME_WAIT, and the tool spent 85 % of its CPU in connect()
-	// looking for a free port (admission p99 6 s, the gateway at 30 % of a
-	// core: `suite -only admit` after a steady, crowd and overload run).
-	opts := []func(*vegeta.Attacker){vegeta.Timeout(r.Timeout), vegeta.KeepAlive(true),
-		vegeta.Connections(int(inFlight)), vegeta.MaxConnections(int(inFlight)),
-		vegeta.Workers(r.Workers), vegeta.MaxWorkers(inFlight)}
-	atk := vegeta.NewAttacker(opts...)
+	atk, pacer := r.attacker()
 	res := Result{Name: r.Name, Codes: map[int]uint64{}, Errors: map[string]uint64{}, Seconds: map[int][]uint64{},
 		latencies: newLatencies(), byCode: map[int]*hdrhistogram.Histogram{}}
 	var p *plot.Plot
@@ -223,48 +184,11 @@ func Attack(r Run) (Result, error) {
 	start := time.Now()
 	next := start.Add(time.Second)
 	due := r.dueTime(start)
-	for hit := range atk.Attack(targeter, pacer, r.Duration, r.Name) {
+	for hit := range atk.Attack(r.targeter(), pacer, r.Duration, r.Name) {
 		if hit.Error == errDone.Error() {
 			continue // the scenario ran out: not a request
 		}
-		res.Requests++
-		res.Codes[int(hit.Code)]++
-		if sec := int(max(hit.Timestamp.Sub(start), 0) / time.Second); sec < 3600 {
-			per := res.Seconds[int(hit.Code)]
-			for len(per) <= sec {
-				per = append(per, 0)
-			}
-			per[sec]++
-			res.Seconds[int(hit.Code)] = per
-		}
-		switch answered := hit.Timestamp.Add(hit.Latency); {
-		case hit.Code == http.StatusConflict && (res.FirstConflict.IsZero() || answered.Before(res.FirstConflict)):
-			res.FirstConflict = answered
-		case hit.Code == http.StatusCreated && answered.After(res.LastCreated):
-			res.LastCreated = answered
-		}
-		if hit.Error != "" && hit.Code == 0 {
-			res.Errors[hit.Error]++
-		}
-		latency := hit.Latency
-		if due != nil {
-			// Open loop: from when the request was due, not when the
-			// tool got round to sending it (no coordinated omission).
-			if lag := hit.Timestamp.Sub(due(hit.Seq)); lag > 0 {
-				latency += lag
-				res.MaxLag = max(res.MaxLag, lag)
-				if lag > lateAfter {
-					res.Late++
-				}
-			}
-		}
-		_ = res.latencies.RecordValue(latency.Microseconds())
-		h := res.byCode[int(hit.Code)]
-		if h == nil {
-			h = newLatencies()
-			res.byCode[int(hit.Code)] = h
-		}
-		_ = h.RecordValue(latency.Microseconds())
+		res.record(hit, start, due)
 		if r.Collect != nil {
 			r.Collect(int(hit.Code), hit.Body)
 		}
@@ -293,16 +217,115 @@ func Attack(r Run) (Result, error) {
 		}
 	}
 	if p != nil {
-		f, err := os.Create(r.Plot)
-		if err != nil {
-			return res, err
-		}
-		defer f.Close()
-		if _, err := p.WriteTo(f); err != nil {
-			return res, err
-		}
+		return res, writePlot(r.Plot, p)
 	}
 	return res, nil
+}
+
+// targeter turns r's scenario into vegeta's targets, r.Header added to
+// each; it says errDone when the scenario runs out.
+func (r Run) targeter() vegeta.Targeter {
+	var seq atomic.Uint64
+	return func(t *vegeta.Target) error {
+		req, ok := r.Scenario(seq.Add(1) - 1)
+		if !ok {
+			return errDone
+		}
+		t.Method, t.URL, t.Header = req.Method, r.BaseURL+req.Path, req.Header
+		if len(r.Header) > 0 {
+			t.Header = req.Header.Clone()
+			if t.Header == nil {
+				t.Header = http.Header{}
+			}
+			for k, vs := range r.Header {
+				t.Header[k] = append(t.Header[k], vs...)
+			}
+		}
+		t.Body = []byte(req.Body)
+		return nil
+	}
+}
+
+// attacker is r's vegeta attacker and pacer: r.Rate a second, or closed
+// loop over r.Workers when 0.
+func (r Run) attacker() (*vegeta.Attacker, vegeta.Pacer) {
+	pacer, inFlight := r.pacer(), r.Workers*16
+	if r.Rate == 0 {
+		pacer, inFlight = vegeta.ConstantPacer{}, r.Workers
+	}
+	// As many connections as requests in flight: a request that waited
+	// for one inside the transport would count that wait against its
+	// Timeout, unseen by the server. With twice Workers (128 for 64,
+	// against 1,024 in flight), a ledger fault's 4 s answers at 900
+	// requests/s queued the tool's own requests past 10 s: 497 "timeouts"
+	// while the gateway answered every request within 5 s. A request
+	// that finds every worker busy is counted Late instead. And as many
+	// kept idle: with Workers idle, every connection past them was closed
+	// after its answer and dialled again for the next burst; an open loop
+	// after a crowd run left 23,000 sockets of the 28,000 loopback ports
+	// in TIME_WAIT, and the tool spent 85 % of its CPU in connect()
+	// looking for a free port (admission p99 6 s, the gateway at 30 % of a
+	// core: `suite -only admit` after a steady, crowd and overload run).
+	opts := []func(*vegeta.Attacker){vegeta.Timeout(r.Timeout), vegeta.KeepAlive(true),
+		vegeta.Connections(int(inFlight)), vegeta.MaxConnections(int(inFlight)),
+		vegeta.Workers(r.Workers), vegeta.MaxWorkers(inFlight)}
+	return vegeta.NewAttacker(opts...), pacer
+}
+
+// record counts one answer into res. due is when an open loop's request
+// was due (nil: closed loop).
+func (res *Result) record(hit *vegeta.Result, start time.Time, due func(uint64) time.Time) {
+	res.Requests++
+	res.Codes[int(hit.Code)]++
+	if sec := int(max(hit.Timestamp.Sub(start), 0) / time.Second); sec < 3600 {
+		per := res.Seconds[int(hit.Code)]
+		for len(per) <= sec {
+			per = append(per, 0)
+		}
+		per[sec]++
+		res.Seconds[int(hit.Code)] = per
+	}
+	switch answered := hit.Timestamp.Add(hit.Latency); {
+	case hit.Code == http.StatusConflict && (res.FirstConflict.IsZero() || answered.Before(res.FirstConflict)):
+		res.FirstConflict = answered
+	case hit.Code == http.StatusCreated && answered.After(res.LastCreated):
+		res.LastCreated = answered
+	}
+	if hit.Error != "" && hit.Code == 0 {
+		res.Errors[hit.Error]++
+	}
+	latency := hit.Latency
+	if due != nil {
+		// Open loop: from when the request was due, not when the tool got
+		// round to sending it (no coordinated omission).
+		if lag := hit.Timestamp.Sub(due(hit.Seq)); lag > 0 {
+			latency += lag
+			res.MaxLag = max(res.MaxLag, lag)
+			if lag > lateAfter {
+				res.Late++
+			}
+		}
+	}
+	_ = res.latencies.RecordValue(latency.Microseconds())
+	h := res.byCode[int(hit.Code)]
+	if h == nil {
+		h = newLatencies()
+		res.byCode[int(hit.Code)] = h
+	}
+	_ = h.RecordValue(latency.Microseconds())
+}
+
+// writePlot writes p's chart to path.
+func writePlot(path string, p *plot.Plot) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := p.WriteTo(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // dueTime is when request seq of an open-loop run started at start was

@@ -20,65 +20,87 @@ import (
 
 // verify fills in the report's outcome and checks every promise.
 func (r *runner) verify(ctx context.Context, rep *Report) {
-	o := r.o
-	bad := func(format string, args ...any) { r.violate(format, args...) }
-	var lastSale, firstAdmit time.Time
-	var lateUnseen int64
+	t := r.tally(rep)
+	// The last sale is a moment ago at most (every buyer has finished):
+	// check everyone who did not buy once a refresh has passed since it.
+	time.Sleep(time.Until(t.lastSale.Add(r.o.Refresh)))
+	r.sweep(ctx, rep, t.lastSale)
+	r.checkLedger(ctx, rep, t)
+	r.checkOrder(rep)
+	r.checkSoldOut(rep, t.lastSale)
+	r.mu.Lock()
+	rep.Violations = slices.Clone(r.bad)
+	r.mu.Unlock()
+}
+
+// tallied is what verify learns from the buyers' own records.
+type tallied struct {
+	lastSale, firstAdmit time.Time
+	lateUnseen           int64 // admitted, but back only once it had expired
+}
+
+// tally counts the buyers' outcomes into rep, and checks each finished
+// and no place went to two.
+func (r *runner) tally(rep *Report) tallied {
+	var t tallied
 	positions := map[int64]int{}
 	for i := range r.buyers {
 		b := &r.buyers[i]
 		positions[b.position]++
 		if !b.done {
-			bad("buyer %d never finished", i)
+			r.violate("buyer %d never finished", i)
 		}
 		if !b.firstAdmitted.IsZero() {
 			rep.SeenAdmitted++
-			if firstAdmit.IsZero() || b.firstAdmitted.Before(firstAdmit) {
-				firstAdmit = b.firstAdmitted
+			if t.firstAdmit.IsZero() || b.firstAdmitted.Before(t.firstAdmit) {
+				t.firstAdmit = b.firstAdmitted
 			}
 		}
-		if b.walked {
-			rep.Walked++
-		}
-		if b.refused {
-			rep.Refused++
-		}
+		rep.Walked += b2i(b.walked)
+		rep.Refused += b2i(b.refused)
 		if b.expired {
 			rep.Late++
-			if b.firstAdmitted.IsZero() {
-				lateUnseen++ // admitted, but back only once it had expired
-			}
+			t.lateUnseen += b2i(b.firstAdmitted.IsZero())
 		}
 		if !b.boughtAt.IsZero() {
 			rep.Sold++
-			if b.boughtAt.After(lastSale) {
-				lastSale = b.boughtAt
+			if b.boughtAt.After(t.lastSale) {
+				t.lastSale = b.boughtAt
 			}
 		}
 	}
 	for p, n := range positions {
 		if n > 1 {
-			bad("position %d given to %d buyers", p, n)
+			r.violate("position %d given to %d buyers", p, n)
 		}
 	}
-	// The last sale is a moment ago at most (every buyer has finished):
-	// check everyone who did not buy once a refresh has passed since it.
-	time.Sleep(time.Until(lastSale.Add(o.Refresh)))
+	return t
+}
+
+func b2i(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// sweep asks every buyer who did not buy for its place, on o.Workers
+// connections: each must be told sold-out.
+func (r *runner) sweep(ctx context.Context, rep *Report, lastSale time.Time) {
+	o := r.o
 	sweepStart := time.Now()
 	var sweep sync.WaitGroup
 	next := make(chan int)
 	for range o.Workers {
-		sweep.Add(1)
-		go func() { // owned by verify: it waits for the sweep
-			defer sweep.Done()
+		sweep.Go(func() { // owned by sweep: it waits for them
 			for i := range next {
 				b := &r.buyers[i]
 				st, ok := r.call(ctx, http.MethodGet, b.url+"/v1/programs/"+o.Program+"/queue/"+b.ticket, "", "", "", &r.pollLat)
 				if ok && st.State != "sold-out" {
-					bad("buyer %d (position %d) checked %v after the last sale: %s", i, b.position, time.Since(lastSale), st.State)
+					r.violate("buyer %d (position %d) checked %v after the last sale: %s", i, b.position, time.Since(lastSale), st.State)
 				}
 			}
-		}()
+		})
 	}
 	for i := range r.buyers {
 		if r.buyers[i].boughtAt.IsZero() {
@@ -89,34 +111,41 @@ func (r *runner) verify(ctx context.Context, rep *Report) {
 	close(next)
 	sweep.Wait()
 	rep.SweepTime = time.Since(sweepStart)
+}
+
+// checkLedger holds the room's counter and the ledger to the answers:
+// every ticket sold once, every 201 in the ledger, and nobody admitted
+// past the stock's slack.
+func (r *runner) checkLedger(ctx context.Context, rep *Report, t tallied) {
+	o := r.o
 	q, err := o.Admin.GetQueue(ctx, o.Program)
 	if err != nil {
-		bad("get queue: %v", err)
+		r.violate("get queue: %v", err)
 	}
 	st, err := o.Admin.SKUState(ctx, client.SKU{Program: o.Program, Ticket: "ga"})
 	if err != nil {
-		bad("sku state: %v", err)
+		r.violate("sku state: %v", err)
 	}
 	rep.Admitted, rep.LedgerSold = q.Serving, st.Sold
-	rep.Unseen = max(rep.Admitted-rep.SeenAdmitted-lateUnseen, 0) // each admitted buyer counted once
-	if !firstAdmit.IsZero() && !lastSale.IsZero() {
-		rep.SaleTime = lastSale.Sub(firstAdmit)
+	rep.Unseen = max(rep.Admitted-rep.SeenAdmitted-t.lateUnseen, 0) // each admitted buyer counted once
+	if !t.firstAdmit.IsZero() && !t.lastSale.IsZero() {
+		rep.SaleTime = t.lastSale.Sub(t.firstAdmit)
 	}
-
-	// Every ticket sold, once, and every 201 is in the ledger.
 	if st.Sold != int64(o.Tickets) || rep.Sold != st.Sold || st.Sold+st.Held > st.Total {
-		bad("sold %d (ledger %d, held %d) of %d tickets", rep.Sold, st.Sold, st.Held, o.Tickets)
+		r.violate("sold %d (ledger %d, held %d) of %d tickets", rep.Sold, st.Sold, st.Held, o.Tickets)
 	}
-	// Never admitted past the stock's slack: whoever was admitted bought,
-	// walked away, never saw it, or found it sold out, and the last are at
-	// most the slack.
+	// Whoever was admitted bought, walked away, never saw it, or found it
+	// sold out, and the last are at most the slack.
 	if rep.Refused > rep.Slack || rep.Admitted > rep.Sold+rep.Walked+rep.Late+rep.Unseen+rep.Slack {
-		bad("admitted %d: sold %d + walked %d + late %d + unseen %d + slack %d (refused %d)", rep.Admitted, rep.Sold, rep.Walked,
+		r.violate("admitted %d: sold %d + walked %d + late %d + unseen %d + slack %d (refused %d)", rep.Admitted, rep.Sold, rep.Walked,
 			rep.Late, rep.Unseen, rep.Slack, rep.Refused)
 	}
-	// In position order: no place past the counter was admitted, and no
-	// buyer was still told waiting a refresh after a later place was
-	// admitted.
+}
+
+// checkOrder checks, in position order, that no place past the counter
+// was admitted, and no buyer was still told waiting a refresh after a
+// later place was admitted.
+func (r *runner) checkOrder(rep *Report) {
 	order := make([]*buyer, 0, len(r.buyers))
 	for i := range r.buyers {
 		order = append(order, &r.buyers[i])
@@ -126,10 +155,10 @@ func (r *runner) verify(ctx context.Context, rep *Report) {
 	for _, b := range order {
 		if !b.firstAdmitted.IsZero() {
 			if b.position > rep.Admitted {
-				bad("position %d admitted past the counter %d", b.position, rep.Admitted)
+				r.violate("position %d admitted past the counter %d", b.position, rep.Admitted)
 			}
-			if latestWaiting.After(b.firstAdmitted.Add(o.Refresh)) {
-				bad("position %d admitted at %v while an earlier place was still waiting at %v", b.position,
+			if latestWaiting.After(b.firstAdmitted.Add(r.o.Refresh)) {
+				r.violate("position %d admitted at %v while an earlier place was still waiting at %v", b.position,
 					b.firstAdmitted.Format(time.StampMilli), latestWaiting.Format(time.StampMilli))
 			}
 		}
@@ -137,12 +166,17 @@ func (r *runner) verify(ctx context.Context, rep *Report) {
 			latestWaiting = b.lastWaiting
 		}
 	}
-	// Nobody admitted after the sold-out, and every waiting buyer told so.
+}
+
+// checkSoldOut checks nobody was admitted after the sold-out, and times
+// how long every waiting buyer, polling or by event stream, took to be
+// told.
+func (r *runner) checkSoldOut(rep *Report, lastSale time.Time) {
 	var told []time.Duration
 	for i := range r.buyers {
 		b := &r.buyers[i]
-		if !b.firstAdmitted.IsZero() && b.firstAdmitted.After(lastSale.Add(o.Refresh)) {
-			bad("buyer %d first saw its admission %v after the last sale", i, b.firstAdmitted.Sub(lastSale))
+		if !b.firstAdmitted.IsZero() && b.firstAdmitted.After(lastSale.Add(r.o.Refresh)) {
+			r.violate("buyer %d first saw its admission %v after the last sale", i, b.firstAdmitted.Sub(lastSale))
 		}
 		if !b.soldOutAt.IsZero() {
 			told = append(told, max(b.soldOutAt.Sub(lastSale), 0))
@@ -157,12 +191,9 @@ func (r *runner) verify(ctx context.Context, rep *Report) {
 	rep.StreamErrors = r.streamErrs.Load()
 	rep.StreamsWaiting = min(r.o.Streams, len(r.tickets)) - int(r.streamLeft.Load())
 	if rep.StreamsHeard < rep.StreamsWaiting {
-		bad("%d of the %d event streams still waiting never heard sold-out", rep.StreamsWaiting-rep.StreamsHeard, rep.StreamsWaiting)
+		r.violate("%d of the %d event streams still waiting never heard sold-out", rep.StreamsWaiting-rep.StreamsHeard, rep.StreamsWaiting)
 	}
 	rep.StreamToldP50, rep.StreamToldMax = quantile(streamTold, 0.5), quantile(streamTold, 1)
-	r.mu.Lock()
-	rep.Violations = slices.Clone(r.bad)
-	r.mu.Unlock()
 }
 
 // follow opens the event streams of the Options.Streams buyers who joined

@@ -381,7 +381,11 @@ func (s *suite) writeLedger(rounds []docInputs) {
 		"(pg_stat_statements of the ledger's database, everything the gateway ran there meanwhile over the batches), and\n"+
 		"round trips (the gateway's stockgate_ledger_batch_round_trips_total: each pipeline, each COMMIT). A batch holds\n"+
 		"the takes that came while the one before it committed: the connections not waiting on the ledger (in HTTP, Redis,\n"+
-		"the load generator's turn for the cores) are not in it.\n\n"+
+		"the load generator's turn for the cores) are not in it. So two batches in a row never share a connection, and\n"+
+		"over a closed loop of N connections carry N takes at most: whatever the ledger's pace, a lane that starts its\n"+
+		"next batch as soon as one commits averages N/2 takes a batch at most (32 at 64 connections). Only a lane that\n"+
+		"holds a batch back for the takes on their way, each waiting the longer, would pass that (TestBatchesGrowWithTheCrowd\n"+
+		"shows the alternation: 200 buyers behind a slowed ledger in batches of 3 and 197).\n\n"+
 		"| per batch | %d connections, median of %d | range | %d connections, median | range |\n|---|---|---|---|---|\n",
 		s.workers, crowdWorkers, s.workers, len(rounds), crowdWorkers)
 	for _, m := range []struct {

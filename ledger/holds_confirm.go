@@ -50,21 +50,14 @@ func (l *Ledger) ConfirmPart(ctx context.Context, holdID, buyer keys.ID, keep in
 	}
 	defer tx.Rollback()
 	h, err = scanHold(tx.QueryRowContext(ctx, selectHold+` WHERE id = $1`, holdID))
-	switch {
-	case err != nil:
+	if err != nil {
 		return Order{}, err
-	case h.Buyer != buyer:
-		return Order{}, ErrNotOwner
-	case !h.CartID.IsZero():
-		return Order{}, ErrInCart
-	case h.State == Confirmed:
+	}
+	if h.State == Confirmed && h.Buyer == buyer && h.CartID.IsZero() {
 		return confirmedAgain(ctx, tx, h, keep, req)
-	case h.State != Held || !now.Before(h.ExpiresAt):
-		return Order{}, fmt.Errorf("%w: %s", ErrHoldEnded, h.stateAt(now))
-	case keep > h.Quantity:
-		return Order{}, fmt.Errorf("%w: keep %d of a hold of %d", stock.ErrInvalid, keep, h.Quantity)
-	case keep > 0 && keep < h.Quantity && len(h.SeatIDs) > 0:
-		return Order{}, fmt.Errorf("%w: a seat hold is confirmed whole", ErrSeatedTake)
+	}
+	if err := checkConfirm(h, buyer, keep, now); err != nil {
+		return Order{}, err
 	}
 	if keep == 0 {
 		keep = h.Quantity
@@ -72,62 +65,18 @@ func (l *Ledger) ConfirmPart(ctx context.Context, holdID, buyer keys.ID, keep in
 	rest := h.Quantity - keep
 	o := confirmOrder(h, req, now)
 	o.Quantity = keep
-	// The state change is the one place a hold's fate is decided: a sweeper
-	// expiring it at this instant changes zero rows here, or we change zero
-	// rows there.
-	res, err := tx.ExecContext(ctx, `UPDATE holds SET state = $2, order_id = $3, ended_at = $4
-		WHERE id = $1 AND state = $5 AND expires_at > $4`, h.ID, Confirmed, o.ID, now.UnixMilli(), Held)
+	if claimed, answer, err := claimHold(ctx, tx, h, o.ID, keep, req, now); !claimed {
+		return answer, err
+	}
+	v, err := sellHeld(ctx, tx, h.SKU, keep, now)
 	if err != nil {
-		return Order{}, notCommitted("confirm hold", err)
-	}
-	if n, _ := res.RowsAffected(); n != 1 {
-		// Another confirm (or a sweeper, or a cancel) changed the row while
-		// this one waited for it. On PostgreSQL's READ COMMITTED the
-		// conditional update then sees the row as that one left it and
-		// changes nothing; this is no expiry: read what the hold is now,
-		// in this transaction (a new statement sees the winner's commit),
-		// and answer that.
-		cur, err := scanHold(tx.QueryRowContext(ctx, selectHold+` WHERE id = $1`, holdID))
-		switch {
-		case err != nil:
-			return Order{}, err
-		case cur.State == Confirmed:
-			return confirmedAgain(ctx, tx, cur, keep, req)
-		}
-		return Order{}, fmt.Errorf("%w: %s while confirming", ErrHoldEnded, cur.stateAt(now))
-	}
-	var v int64
-	err = tx.QueryRowContext(ctx, `UPDATE skus SET held = held - $3, sold = sold + $3, version = version + 1, updated_at = $4
-		WHERE program = $1 AND ticket = $2 AND held >= $3 RETURNING version`,
-		h.SKU.Program, h.SKU.Ticket, keep, now.UnixMilli()).Scan(&v)
-	if errors.Is(err, sql.ErrNoRows) {
-		return Order{}, fmt.Errorf("ledger: confirm: %s holds fewer than %d", h.SKU, keep)
-	}
-	if err != nil {
-		return Order{}, notCommitted("confirm stock", err)
+		return Order{}, err
 	}
 	var events []Event
 	if rest > 0 {
-		// The rest comes back as a cancel's units do; Redis is owed them
-		// (RestoreOwed: the hold's quantity less its order's and what a
-		// waitlist was offered).
-		r, err := returnStock(ctx, tx, h.SKU, h.Buyer, rest, "held", now.UnixMilli())
-		if err != nil {
+		if v, events, err = releaseRest(ctx, tx, h, o.ID, rest, now); err != nil {
 			return Order{}, err
 		}
-		v = r.version
-		pending, err := owed(ctx, tx, "holds", h.ID, h.Gate, h.TakeEpoch, false, r)
-		if err != nil {
-			return Order{}, err
-		}
-		offers, err := offerBack(ctx, tx, h.SKU, rest, []backRow{{"holds", h.ID, rest, pending}}, now)
-		if err != nil {
-			return Order{}, err
-		}
-		released := holdEvent(EventHoldReleased, h)
-		released.Order, released.Quantity = o.ID, rest
-		events = append(events, released)
-		events = append(events, offers...)
 	}
 	if inserted, err := insertOrder(ctx, tx, o); err != nil || !inserted {
 		return Order{}, fmt.Errorf("ledger: confirm: order row of hold %s: inserted %v: %w", h.ID, inserted, err)
@@ -151,6 +100,94 @@ func (l *Ledger) ConfirmPart(ctx context.Context, holdID, buyer keys.ID, keep in
 		return Order{}, fmt.Errorf("ledger: confirm: commit: %w", err)
 	}
 	return o, nil
+}
+
+// checkConfirm refuses a confirm by buyer of keep units of the hold h,
+// as read under its lock, that the hold does not allow (h confirmed and
+// buyer's is confirmedAgain's to answer).
+func checkConfirm(h Hold, buyer keys.ID, keep int64, now time.Time) error {
+	switch {
+	case h.Buyer != buyer:
+		return ErrNotOwner
+	case !h.CartID.IsZero():
+		return ErrInCart
+	case h.State != Held || !now.Before(h.ExpiresAt):
+		return fmt.Errorf("%w: %s", ErrHoldEnded, h.stateAt(now))
+	case keep > h.Quantity:
+		return fmt.Errorf("%w: keep %d of a hold of %d", stock.ErrInvalid, keep, h.Quantity)
+	case keep > 0 && keep < h.Quantity && len(h.SeatIDs) > 0:
+		return fmt.Errorf("%w: a seat hold is confirmed whole", ErrSeatedTake)
+	}
+	return nil
+}
+
+// claimHold moves the held h to confirmed, as order orderID. The state
+// change is the one place a hold's fate is decided: a sweeper expiring it
+// at this instant changes zero rows here, or we change zero rows there.
+// When it changes none (claimed false), answer and err are the confirm's
+// answer.
+func claimHold(ctx context.Context, tx *sql.Tx, h Hold, orderID keys.ID, keep int64, req Request, now time.Time) (claimed bool, answer Order, err error) {
+	res, err := tx.ExecContext(ctx, `UPDATE holds SET state = $2, order_id = $3, ended_at = $4
+		WHERE id = $1 AND state = $5 AND expires_at > $4`, h.ID, Confirmed, orderID, now.UnixMilli(), Held)
+	if err != nil {
+		return false, Order{}, notCommitted("confirm hold", err)
+	}
+	if n, _ := res.RowsAffected(); n == 1 {
+		return true, Order{}, nil
+	}
+	// Another confirm (or a sweeper, or a cancel) changed the row while
+	// this one waited for it. On PostgreSQL's READ COMMITTED the
+	// conditional update then sees the row as that one left it and
+	// changes nothing; this is no expiry: read what the hold is now, in
+	// this transaction (a new statement sees the winner's commit), and
+	// answer that.
+	cur, err := scanHold(tx.QueryRowContext(ctx, selectHold+` WHERE id = $1`, h.ID))
+	switch {
+	case err != nil:
+		return false, Order{}, err
+	case cur.State == Confirmed:
+		answer, err = confirmedAgain(ctx, tx, cur, keep, req)
+		return false, answer, err
+	}
+	return false, Order{}, fmt.Errorf("%w: %s while confirming", ErrHoldEnded, cur.stateAt(now))
+}
+
+// sellHeld moves keep of sku's held units to sold and returns the SKU's
+// new version.
+func sellHeld(ctx context.Context, tx *sql.Tx, sku stock.SKU, keep int64, now time.Time) (int64, error) {
+	var v int64
+	err := tx.QueryRowContext(ctx, `UPDATE skus SET held = held - $3, sold = sold + $3, version = version + 1, updated_at = $4
+		WHERE program = $1 AND ticket = $2 AND held >= $3 RETURNING version`,
+		sku.Program, sku.Ticket, keep, now.UnixMilli()).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, fmt.Errorf("ledger: confirm: %s holds fewer than %d", sku, keep)
+	}
+	if err != nil {
+		return 0, notCommitted("confirm stock", err)
+	}
+	return v, nil
+}
+
+// releaseRest gives back the rest of the hold h that its order orderID
+// does not keep, as a cancel's units come back; Redis is owed them
+// (RestoreOwed: the hold's quantity less its order's and what a waitlist
+// was offered). It returns the SKU's new version and the events to emit.
+func releaseRest(ctx context.Context, tx *sql.Tx, h Hold, orderID keys.ID, rest int64, now time.Time) (int64, []Event, error) {
+	r, err := returnStock(ctx, tx, h.SKU, h.Buyer, rest, "held", now.UnixMilli())
+	if err != nil {
+		return 0, nil, err
+	}
+	pending, err := owed(ctx, tx, "holds", h.ID, h.Gate, h.TakeEpoch, false, r)
+	if err != nil {
+		return 0, nil, err
+	}
+	offers, err := offerBack(ctx, tx, h.SKU, rest, []backRow{{"holds", h.ID, rest, pending}}, now)
+	if err != nil {
+		return 0, nil, err
+	}
+	released := holdEvent(EventHoldReleased, h)
+	released.Order, released.Quantity = orderID, rest
+	return r.version, append([]Event{released}, offers...), nil
 }
 
 // confirmedAgain answers a confirm of a hold already confirmed (a retry

@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"slices"
 	"time"
@@ -117,6 +118,57 @@ func (l *Ledger) tryRefunds(ctx context.Context, refs []refund, now time.Time) (
 	if err := l.lockRows(ctx, tx, l.sql.lockOrders, ids); err != nil {
 		return nil, err
 	}
+	changed, err := markRefunded(ctx, tx, refs, now)
+	if err != nil {
+		return nil, err
+	}
+	gone := map[keys.ID]bool{}
+	var holds []any
+	for _, r := range refs {
+		if !changed[r.order.ID] {
+			gone[r.order.ID] = true
+		}
+		if holder, ok := r.order.seatHolder(); ok {
+			holds = append(holds, holder)
+		}
+	}
+	if len(gone) > 0 {
+		return gone, nil
+	}
+	seated, err := freeSeats(ctx, tx, holds)
+	if err != nil {
+		return nil, err
+	}
+	backs := make([]back, 0, len(refs))
+	for _, r := range refs {
+		o := r.order
+		backs = append(backs, back{id: o.ID, sku: o.SKU, buyer: o.Buyer, quantity: o.Quantity, gate: o.Gate,
+			takeEpoch: o.TakeEpoch, seats: seated[seatHolderOf(o)]})
+	}
+	offers, err := giveBack(ctx, tx, "sold", "orders", backs, now)
+	if err != nil {
+		return nil, err
+	}
+	events := make([]Event, 0, len(refs)+len(offers))
+	for _, r := range refs {
+		e := orderEvent(EventOrderRefunded, r.order)
+		e.Trace = r.req.Trace // the refund's, not the purchase's
+		events = append(events, e)
+	}
+	events = append(events, offers...)
+	if err := emit(ctx, tx, now, events...); err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("ledger: refunds: commit: %w", err)
+	}
+	return nil, nil
+}
+
+// markRefunded marks the orders refunded and returns the ones it did,
+// as they were read: not already refunded, with the buyer and quantity
+// read, and none of their tickets listed for resale.
+func markRefunded(ctx context.Context, tx *sql.Tx, refs []refund, now time.Time) (map[keys.ID]bool, error) {
 	changed := map[keys.ID]bool{}
 	for chunk := range slices.Chunk(refs, rowsPerStatement) {
 		args := []any{now.UnixMilli()}
@@ -158,23 +210,16 @@ func (l *Ledger) tryRefunds(ctx context.Context, refs []refund, now time.Time) (
 			delete(changed, id)
 		}
 	}
-	gone := map[keys.ID]bool{}
-	var holds []any
-	for _, r := range refs {
-		if !changed[r.order.ID] {
-			gone[r.order.ID] = true
-		}
-		if holder, ok := r.order.seatHolder(); ok {
-			holds = append(holds, holder)
-		}
-	}
-	if len(gone) > 0 {
-		return gone, nil
-	}
-	// Seats sold through a confirmed seat hold (or a cart's seat line) go
-	// back with its order. No
-	// one else moves them meanwhile: only the refund of that order frees
-	// them, and this transaction holds its row.
+	return changed, nil
+}
+
+// freeSeats frees the seats sold through the seat holds and returns the
+// holds that had any.
+//
+// Seats sold through a confirmed seat hold (or a cart's seat line) go back
+// with its order. No one else moves them meanwhile: only the refund of
+// that order frees them, and the refund holds its row.
+func freeSeats(ctx context.Context, tx *sql.Tx, holds []any) (map[keys.ID]bool, error) {
 	seated := map[keys.ID]bool{}
 	for chunk := range slices.Chunk(holds, rowsPerStatement) {
 		args := append([]any{seatSold}, chunk...)
@@ -188,30 +233,7 @@ func (l *Ledger) tryRefunds(ctx context.Context, refs []refund, now time.Time) (
 			return nil, notCommitted("free seats", err)
 		}
 	}
-	backs := make([]back, 0, len(refs))
-	for _, r := range refs {
-		o := r.order
-		backs = append(backs, back{id: o.ID, sku: o.SKU, buyer: o.Buyer, quantity: o.Quantity, gate: o.Gate,
-			takeEpoch: o.TakeEpoch, seats: seated[seatHolderOf(o)]})
-	}
-	offers, err := giveBack(ctx, tx, "sold", "orders", backs, now)
-	if err != nil {
-		return nil, err
-	}
-	events := make([]Event, 0, len(refs)+len(offers))
-	for _, r := range refs {
-		e := orderEvent(EventOrderRefunded, r.order)
-		e.Trace = r.req.Trace // the refund's, not the purchase's
-		events = append(events, e)
-	}
-	events = append(events, offers...)
-	if err := emit(ctx, tx, now, events...); err != nil {
-		return nil, err
-	}
-	if err := tx.Commit(); err != nil {
-		return nil, fmt.Errorf("ledger: refunds: commit: %w", err)
-	}
-	return nil, nil
+	return seated, nil
 }
 
 // seatHolderOf is the order's seat holder, or the zero id for none.

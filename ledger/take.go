@@ -270,40 +270,55 @@ func (b *takeBatch) prepare(i int) error {
 		t.Cart = &c
 	}
 	for j := range t.Orders {
-		o := &t.Orders[j]
-		if o.Quantity < 1 || o.IdempotencyKey.IsZero() {
-			return fmt.Errorf("%w: order quantity %d key %q", stock.ErrInvalid, o.Quantity, o.IdempotencyKey)
-		}
-		if len(o.SeatIDs) > 0 && int64(len(o.SeatIDs)) != o.Quantity {
-			return fmt.Errorf("%w: %d seats for quantity %d", stock.ErrInvalid, len(o.SeatIDs), o.Quantity)
-		}
-		if o.ID.IsZero() {
-			o.ID = NewIDOf(o.SKU)
-		}
-		o.CreatedAt = b.now
-		if t.Cart != nil {
-			o.CartID, o.Req = t.Cart.ID, Request{}
+		if err := b.prepareOrder(&t.Orders[j], t.Cart); err != nil {
+			return err
 		}
 	}
 	for j := range t.Holds {
-		h := &t.Holds[j]
-		if h.Quantity < 1 || h.IdempotencyKey.IsZero() || h.ExpiresAt.IsZero() {
-			return fmt.Errorf("%w: hold quantity %d key %q", stock.ErrInvalid, h.Quantity, h.IdempotencyKey)
-		}
-		if len(h.SeatIDs) > 0 && int64(len(h.SeatIDs)) != h.Quantity {
-			return fmt.Errorf("%w: %d seats for quantity %d", stock.ErrInvalid, len(h.SeatIDs), h.Quantity)
-		}
-		if h.ID.IsZero() {
-			h.ID = NewIDOf(h.SKU)
-		}
-		h.State, h.CreatedAt = Held, b.now
-		h.ExpiresAt = h.ExpiresAt.UTC().Truncate(time.Millisecond)
-		if t.Cart != nil {
-			h.CartID, h.Req = t.Cart.ID, Request{}
+		if err := b.prepareHold(&t.Holds[j], t.Cart); err != nil {
+			return err
 		}
 	}
 	if t.Cart != nil {
 		t.Cart.Orders, t.Cart.Holds = t.Orders, t.Holds
+	}
+	return nil
+}
+
+// prepareOrder checks o and fills in its id and creation time, and its
+// cart's id when it is a line of cart (nil: none).
+func (b *takeBatch) prepareOrder(o *Order, cart *Cart) error {
+	if o.Quantity < 1 || o.IdempotencyKey.IsZero() {
+		return fmt.Errorf("%w: order quantity %d key %q", stock.ErrInvalid, o.Quantity, o.IdempotencyKey)
+	}
+	if len(o.SeatIDs) > 0 && int64(len(o.SeatIDs)) != o.Quantity {
+		return fmt.Errorf("%w: %d seats for quantity %d", stock.ErrInvalid, len(o.SeatIDs), o.Quantity)
+	}
+	if o.ID.IsZero() {
+		o.ID = NewIDOf(o.SKU)
+	}
+	o.CreatedAt = b.now
+	if cart != nil {
+		o.CartID, o.Req = cart.ID, Request{}
+	}
+	return nil
+}
+
+// prepareHold is prepareOrder for a hold, which also starts held.
+func (b *takeBatch) prepareHold(h *Hold, cart *Cart) error {
+	if h.Quantity < 1 || h.IdempotencyKey.IsZero() || h.ExpiresAt.IsZero() {
+		return fmt.Errorf("%w: hold quantity %d key %q", stock.ErrInvalid, h.Quantity, h.IdempotencyKey)
+	}
+	if len(h.SeatIDs) > 0 && int64(len(h.SeatIDs)) != h.Quantity {
+		return fmt.Errorf("%w: %d seats for quantity %d", stock.ErrInvalid, len(h.SeatIDs), h.Quantity)
+	}
+	if h.ID.IsZero() {
+		h.ID = NewIDOf(h.SKU)
+	}
+	h.State, h.CreatedAt = Held, b.now
+	h.ExpiresAt = h.ExpiresAt.UTC().Truncate(time.Millisecond)
+	if cart != nil {
+		h.CartID, h.Req = cart.ID, Request{}
 	}
 	return nil
 }

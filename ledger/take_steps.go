@@ -232,14 +232,54 @@ func (l *Ledger) buyersStep(rows []buyerRow, counted map[buyerName]bool) step {
 	}}
 }
 
-// writeSteps builds the set-based statements of takes[kept] and lines.
+// writeSteps builds the set-based statements of takes[kept] and lines, in
+// the order they run: the SKUs' updates, the requests' claims, the order
+// and hold rows, the access codes, the events (the seats are a step of
+// their own, run first).
 func (b *takeBatch) writeSteps(d string, kept []int, lines []tline) *writes {
-	l := b.l
-	now := b.now.UnixMilli()
 	w := &writes{updated: map[stock.SKU]updatedRow{}, claimed: map[ScopedKey]bool{}, inserted: map[keys.ID]bool{},
 		seatsGot: map[seatName]bool{}, counted: map[buyerName]bool{}, codes: map[codeName]codeRow{}, codeFound: map[codeName]bool{}}
+	b.seatsStep(w, d, lines)
+	skus := b.updateStep(w, d, lines)
 
-	// Seats, held by their hold or sold to their order.
+	// The requests, with their answers and the row version they made.
+	var claims []claimRow
+	for _, i := range kept {
+		if t := &b.takes[i]; !t.Req.IsZero() {
+			claims = append(claims, claimRow{req: t.Req, sku: b.claimSKU(i), answer: b.answer(i)})
+		}
+	}
+	if len(claims) > 0 {
+		w.steps = append(w.steps, b.l.claimsStep(b.now, claims, w.claimed))
+	}
+	b.rowSteps(w, d, lines)
+
+	// The buyers' counts: only under a cap, so only once the SKUs'
+	// updates have said which rows have one (see buyersStep).
+	w.buyerRows = buyerRows(lines)
+	b.codeSteps(w, d, lines)
+
+	// Events last, after every row they are about: each line's, then a
+	// sale.sold_out for each SKU the attempt left with nothing.
+	var events []Event
+	for _, ln := range lines {
+		t := &b.takes[ln.take]
+		var e Event
+		if ln.hold {
+			e = holdEvent(EventHoldCreated, t.Holds[ln.idx])
+		} else {
+			e = orderEvent(EventOrderCreated, t.Orders[ln.idx])
+		}
+		e.Trace = t.Req.Trace // a cart's lines carry no request of their own
+		events = append(events, e)
+	}
+	w.steps = append(w.steps, b.l.eventsStep(b.now, events, skus))
+	return w
+}
+
+// seatsStep sets w.seats: the lines' seats, held by their hold or sold to
+// their order.
+func (b *takeBatch) seatsStep(w *writes, d string, lines []tline) {
 	seats := newRowset("ttttt")
 	for _, ln := range lines {
 		state := seatSold
@@ -250,18 +290,22 @@ func (b *takeBatch) writeSteps(d string, kept []int, lines []tline) *writes {
 			seats.add(ln.sku.Program.String(), ln.sku.Ticket.String(), s.String(), ln.id.String(), state)
 		}
 	}
-	if seats.n > 0 {
-		w.seats = step{sql: l.sql.takeSeats, args: seats.args(d), read: func(rs resultRows) error {
-			var s seatName
-			if err := rs.Scan(&s.sku.Program, &s.sku.Ticket, &s.seat); err != nil {
-				return err
-			}
-			w.seatsGot[s] = true
-			return nil
-		}}
+	if seats.n == 0 {
+		return
 	}
+	w.seats = step{sql: b.l.sql.takeSeats, args: seats.args(d), read: func(rs resultRows) error {
+		var s seatName
+		if err := rs.Scan(&s.sku.Program, &s.sku.Ticket, &s.seat); err != nil {
+			return err
+		}
+		w.seatsGot[s] = true
+		return nil
+	}}
+}
 
-	// One conditional update per SKU, for the sum of its lines.
+// updateStep adds one conditional update per SKU, for the sum of its
+// lines, and returns the SKUs in order.
+func (b *takeBatch) updateStep(w *writes, d string, lines []tline) []stock.SKU {
 	type delta struct{ sold, held, epoch, counted int64 }
 	deltas := map[stock.SKU]*delta{}
 	for _, ln := range lines {
@@ -286,12 +330,13 @@ func (b *takeBatch) writeSteps(d string, kept []int, lines []tline) *writes {
 	if b.direct {
 		bypass = 1
 	}
+	skus := slices.SortedFunc(maps.Keys(deltas), stock.SKU.Compare)
 	upd := newRowset("ttiiiii")
-	for _, sku := range slices.SortedFunc(maps.Keys(deltas), stock.SKU.Compare) {
+	for _, sku := range skus {
 		dl := deltas[sku]
 		upd.add(sku.Program.String(), sku.Ticket.String(), dl.sold, dl.held, dl.epoch, dl.counted, bypass)
 	}
-	w.steps = append(w.steps, step{sql: l.sql.takeUpdate, args: append([]any{now}, upd.args(d)...), read: func(rs resultRows) error {
+	w.steps = append(w.steps, step{sql: b.l.sql.takeUpdate, args: append([]any{b.now.UnixMilli()}, upd.args(d)...), read: func(rs resultRows) error {
 		var sku stock.SKU
 		var u updatedRow
 		if err := rs.Scan(&sku.Program, &sku.Ticket, &u.epoch, &u.perBuyer, &u.programCap); err != nil {
@@ -300,19 +345,11 @@ func (b *takeBatch) writeSteps(d string, kept []int, lines []tline) *writes {
 		w.updated[sku] = u
 		return nil
 	}})
+	return skus
+}
 
-	// The requests, with their answers and the row version they made.
-	var claims []claimRow
-	for _, i := range kept {
-		if t := &b.takes[i]; !t.Req.IsZero() {
-			claims = append(claims, claimRow{req: t.Req, sku: b.claimSKU(i), answer: b.answer(i)})
-		}
-	}
-	if len(claims) > 0 {
-		w.steps = append(w.steps, l.claimsStep(b.now, claims, w.claimed))
-	}
-
-	// The order and hold rows.
+// rowSteps adds the lines' order and hold rows.
+func (b *takeBatch) rowSteps(w *writes, d string, lines []tline) {
 	var orders []Order
 	var holds []Hold
 	for _, ln := range lines {
@@ -328,7 +365,7 @@ func (b *takeBatch) writeSteps(d string, kept []int, lines []tline) *writes {
 		orders = append(orders, o)
 	}
 	if len(orders) > 0 {
-		w.steps = append(w.steps, l.ordersStep(b.now, orders, w.inserted))
+		w.steps = append(w.steps, b.l.ordersStep(b.now, orders, w.inserted))
 		// An organizer's orders (comps, box office) say so beside them; a
 		// buyer's purchase writes nothing more.
 		chans := newRowset("tt")
@@ -338,7 +375,7 @@ func (b *takeBatch) writeSteps(d string, kept []int, lines []tline) *writes {
 			}
 		}
 		if chans.n > 0 {
-			w.steps = append(w.steps, step{sql: l.sql.takeChannels, args: chans.args(d)})
+			w.steps = append(w.steps, step{sql: b.l.sql.takeChannels, args: chans.args(d)})
 		}
 	}
 	if len(holds) > 0 {
@@ -348,15 +385,13 @@ func (b *takeBatch) writeSteps(d string, kept []int, lines []tline) *writes {
 				h.Quantity, h.Buyer.String(), h.Gate, h.ExpiresAt.UnixMilli(), h.TakeEpoch, keys.Join(h.SeatIDs, ","),
 				h.CartID.String(), h.CodeHash)
 		}
-		w.steps = append(w.steps, step{sql: l.sql.takeHolds, args: append([]any{now}, hs.args(d)...), read: readKeys(w.inserted)})
+		w.steps = append(w.steps, step{sql: b.l.sql.takeHolds, args: append([]any{b.now.UnixMilli()}, hs.args(d)...), read: readKeys(w.inserted)})
 	}
+}
 
-	// The buyers' counts: only under a cap, so only once the SKUs'
-	// updates have said which rows have one (see buyersStep).
-	w.buyerRows = buyerRows(lines)
-
-	// Access codes, after the rows that use them: each code's row locked,
-	// its standing uses counted with this attempt's.
+// codeSteps adds the access codes, after the rows that use them: each
+// code's row locked, its standing uses counted with this attempt's.
+func (b *takeBatch) codeSteps(w *writes, d string, lines []tline) {
 	cs := newRowset("ttt")
 	seenCode := map[codeName]bool{}
 	for _, ln := range lines {
@@ -366,6 +401,9 @@ func (b *takeBatch) writeSteps(d string, kept []int, lines []tline) *writes {
 			w.codes[c] = codeRow{}
 		}
 	}
+	if len(seenCode) == 0 {
+		return
+	}
 	for _, c := range slices.SortedFunc(maps.Keys(seenCode), func(a, b codeName) int {
 		if v := a.sku.Compare(b.sku); v != 0 {
 			return v
@@ -374,35 +412,16 @@ func (b *takeBatch) writeSteps(d string, kept []int, lines []tline) *writes {
 	}) {
 		cs.add(c.sku.Program.String(), c.sku.Ticket.String(), c.hash)
 	}
-	if cs.n > 0 {
-		w.steps = append(w.steps, step{sql: l.sql.takeCodesLock, args: cs.args(d)}, step{sql: l.sql.codesRead, args: cs.args(d),
-			read: func(rs resultRows) error {
-				var c codeName
-				var r codeRow
-				if err := rs.Scan(&c.sku.Program, &c.sku.Ticket, &c.hash, &r.maxUses, &r.buyer, &r.uses); err != nil {
-					return err
-				}
-				w.codes[c], w.codeFound[c] = r, true
-				return nil
-			}})
-	}
-
-	// Events last, after every row they are about: each line's, then a
-	// sale.sold_out for each SKU the attempt left with nothing.
-	var events []Event
-	for _, ln := range lines {
-		t := &b.takes[ln.take]
-		var e Event
-		if ln.hold {
-			e = holdEvent(EventHoldCreated, t.Holds[ln.idx])
-		} else {
-			e = orderEvent(EventOrderCreated, t.Orders[ln.idx])
-		}
-		e.Trace = t.Req.Trace // a cart's lines carry no request of their own
-		events = append(events, e)
-	}
-	w.steps = append(w.steps, l.eventsStep(b.now, events, slices.SortedFunc(maps.Keys(deltas), stock.SKU.Compare)))
-	return w
+	w.steps = append(w.steps, step{sql: b.l.sql.takeCodesLock, args: cs.args(d)}, step{sql: b.l.sql.codesRead, args: cs.args(d),
+		read: func(rs resultRows) error {
+			var c codeName
+			var r codeRow
+			if err := rs.Scan(&c.sku.Program, &c.sku.Ticket, &c.hash, &r.maxUses, &r.buyer, &r.uses); err != nil {
+				return err
+			}
+			w.codes[c], w.codeFound[c] = r, true
+			return nil
+		}})
 }
 
 // claimsStep claims the requests in one global order (scope, key): two

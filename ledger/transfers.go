@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -71,24 +72,57 @@ func (l *Ledger) transfer(ctx context.Context, orderID, from, to keys.ID, q int6
 	if err != nil {
 		return Order{}, err
 	}
+	if err := checkTransfer(ctx, tx, o, from, q, listed); err != nil {
+		return Order{}, err
+	}
+	moved, err := moveUnits(ctx, tx, o, from, to, q, now)
+	if err != nil {
+		return Order{}, err
+	}
+	if err := moveBuyerCounts(ctx, tx, o.SKU, from, to, q); err != nil {
+		return Order{}, err
+	}
+	if err := emit(ctx, tx, now, Event{Type: EventOrderTransferred, SKU: o.SKU, Subject: o.ID, Order: moved.ID, Buyer: to, Quantity: q}); err != nil {
+		return Order{}, err
+	}
+	if err := finish(ctx, tx, req, &moved, nil); err != nil {
+		return Order{}, err
+	}
+	if err := tx.Commit(); err != nil {
+		return Order{}, fmt.Errorf("ledger: transfer: commit: %w", err)
+	}
+	return moved, nil
+}
+
+// checkTransfer refuses a transfer of q units of o from from that the
+// order as read under its lock does not allow; listed is how many of its
+// units are listed for resale.
+func checkTransfer(ctx context.Context, tx *sql.Tx, o Order, from keys.ID, q, listed int64) error {
 	switch {
 	case o.Buyer != from:
-		return Order{}, ErrNotOwner
+		return ErrNotOwner
 	case o.RefundedAt.IsZero() && q <= o.Quantity && q > o.Quantity-listed:
-		return Order{}, ErrListed
+		return ErrListed
 	case !o.CartID.IsZero():
-		return Order{}, ErrInCart
+		return ErrInCart
 	case !o.RefundedAt.IsZero():
-		return Order{}, endedAs(ctx, tx, o.ID)
+		return endedAs(ctx, tx, o.ID)
 	case q > o.Quantity:
-		return Order{}, fmt.Errorf("%w: %d of an order of %d", stock.ErrInvalid, q, o.Quantity)
+		return fmt.Errorf("%w: %d of an order of %d", stock.ErrInvalid, q, o.Quantity)
 	case q < o.Quantity && len(o.SeatIDs) > 0:
-		return Order{}, fmt.Errorf("%w: a seat order moves whole", ErrSeatedTake)
+		return fmt.Errorf("%w: a seat order moves whole", ErrSeatedTake)
 	}
-	// The order's row decides: a refund or another transfer since the read
-	// changes no row here.
+	return nil
+}
+
+// moveUnits moves q units of o from from to to and returns the order the
+// receiver holds them by: o itself with a new buyer when it moves whole,
+// a new order split off it otherwise. The order's row decides: a refund
+// or another transfer since the read changes no row here.
+func moveUnits(ctx context.Context, tx *sql.Tx, o Order, from, to keys.ID, q int64, now time.Time) (Order, error) {
 	moved := o
-	var res interface{ RowsAffected() (int64, error) }
+	var res sql.Result
+	var err error
 	if q == o.Quantity {
 		res, err = tx.ExecContext(ctx, `UPDATE orders SET buyer = $3 WHERE id = $1 AND buyer = $2 AND refunded_at = 0`, o.ID, from, to)
 		moved.Buyer = to
@@ -105,33 +139,33 @@ func (l *Ledger) transfer(ctx context.Context, orderID, from, to keys.ID, q int6
 	if n, _ := res.RowsAffected(); n != 1 {
 		return Order{}, fmt.Errorf("%w: the order changed meanwhile; ask again", ErrNotCommitted)
 	}
-	if moved.ID != o.ID {
-		if inserted, err := insertOrder(ctx, tx, moved); err != nil || !inserted {
-			return Order{}, fmt.Errorf("ledger: transfer: the receiver's order: inserted %v: %w", inserted, err)
-		}
-		// The sender's order tells where its q units went.
-		if _, err := tx.ExecContext(ctx, `INSERT INTO order_listings (order_id, listed, transferred) VALUES ($1, 0, $2)
-			ON CONFLICT (order_id) DO UPDATE SET transferred = order_listings.transferred + excluded.transferred`, o.ID, q); err != nil {
-			return Order{}, notCommitted("transfer: order units", err)
-		}
+	if moved.ID == o.ID {
+		return moved, nil
 	}
-	if err := uncountBuyer(ctx, tx, o.SKU, from, q); err != nil {
-		return Order{}, err
+	if inserted, err := insertOrder(ctx, tx, moved); err != nil || !inserted {
+		return Order{}, fmt.Errorf("ledger: transfer: the receiver's order: inserted %v: %w", inserted, err)
 	}
-	base := o.SKU.Base()
-	if refused, err := countBuyers(ctx, tx, []buyerRow{{sku: base, buyer: to, units: q}, {sku: stock.SKU{Program: base.Program}, buyer: to, units: q}}); err != nil {
-		return Order{}, err
-	} else if refused != nil {
-		return Order{}, fmt.Errorf("%w: the receiver's cap", stock.ErrLimit)
-	}
-	if err := emit(ctx, tx, now, Event{Type: EventOrderTransferred, SKU: o.SKU, Subject: o.ID, Order: moved.ID, Buyer: to, Quantity: q}); err != nil {
-		return Order{}, err
-	}
-	if err := finish(ctx, tx, req, &moved, nil); err != nil {
-		return Order{}, err
-	}
-	if err := tx.Commit(); err != nil {
-		return Order{}, fmt.Errorf("ledger: transfer: commit: %w", err)
+	// The sender's order tells where its q units went.
+	if _, err := tx.ExecContext(ctx, `INSERT INTO order_listings (order_id, listed, transferred) VALUES ($1, 0, $2)
+		ON CONFLICT (order_id) DO UPDATE SET transferred = order_listings.transferred + excluded.transferred`, o.ID, q); err != nil {
+		return Order{}, notCommitted("transfer: order units", err)
 	}
 	return moved, nil
+}
+
+// moveBuyerCounts moves q units of sku from from's per-buyer counts to
+// to's, for the ticket and the program, refusing past the receiver's cap.
+func moveBuyerCounts(ctx context.Context, tx *sql.Tx, sku stock.SKU, from, to keys.ID, q int64) error {
+	if err := uncountBuyer(ctx, tx, sku, from, q); err != nil {
+		return err
+	}
+	base := sku.Base()
+	refused, err := countBuyers(ctx, tx, []buyerRow{{sku: base, buyer: to, units: q}, {sku: stock.SKU{Program: base.Program}, buyer: to, units: q}})
+	if err != nil {
+		return err
+	}
+	if refused != nil {
+		return fmt.Errorf("%w: the receiver's cap", stock.ErrLimit)
+	}
+	return nil
 }

@@ -90,38 +90,9 @@ func (l *Ledger) JoinWaitlist(ctx context.Context, sku stock.SKU, buyer keys.ID,
 		return WaitEntry{}, false, notCommitted("waitlist: begin", err)
 	}
 	defer tx.Rollback()
-	// The SKU row's lock orders joins with the returns that offer: a
-	// return either sees the entry, or committed before the join read the
-	// stock it freed (and the join is refused: buy it).
-	var left, ended, seated, closed, perBuyer, maxPer, seq int64
-	err = tx.QueryRowContext(ctx, `UPDATE skus SET wait_seq = wait_seq + 1 WHERE program = $1 AND ticket = $2
-		RETURNING total - sold - held, ended_at, seated, pool_closed_at, per_buyer, max_per_order, wait_seq`,
-		sku.Program, sku.Ticket).Scan(&left, &ended, &seated, &closed, &perBuyer, &maxPer, &seq)
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		return WaitEntry{}, false, stock.ErrUnknownSKU
-	case err != nil:
-		return WaitEntry{}, false, notCommitted("waitlist: lock sku", err)
-	case ended > 0 && closed > 0:
-		return WaitEntry{}, false, ErrPoolClosed
-	case ended > 0:
-		return WaitEntry{}, false, stock.ErrSaleEnded
-	case seated != 0:
-		return WaitEntry{}, false, ErrSeatedWait
-	case q > maxPer:
-		return WaitEntry{}, false, fmt.Errorf("%w: quantity %d over %d per order", stock.ErrInvalid, q, maxPer)
-	case perBuyer > 0 && q > perBuyer:
-		return WaitEntry{}, false, stock.ErrLimit
-	}
-	// Over the program's cap no offer could ever be made: the entry would
-	// stand first in line for good.
-	var programCap int64
-	if err := tx.QueryRowContext(ctx, `SELECT COALESCE((SELECT per_buyer FROM programs WHERE program = $1), 0)`,
-		sku.Program).Scan(&programCap); err != nil {
-		return WaitEntry{}, false, notCommitted("waitlist: program cap", err)
-	}
-	if programCap > 0 && q > programCap {
-		return WaitEntry{}, false, stock.ErrLimit
+	left, seq, err := lockForWait(ctx, tx, sku, q)
+	if err != nil {
+		return WaitEntry{}, false, err
 	}
 	cur, err := entryOf(ctx, tx, sku, buyer)
 	switch {
@@ -152,6 +123,47 @@ func (l *Ledger) JoinWaitlist(ctx context.Context, sku stock.SKU, buyer keys.ID,
 		return e, false, fmt.Errorf("ledger: waitlist join: commit: %w", err)
 	}
 	return e, true, nil
+}
+
+// lockForWait locks sku's row for a join of q units, and takes the
+// join's place in line (seq); it returns the units the ledger has left.
+// It refuses what JoinWaitlist refuses from the SKU and its program.
+//
+// The SKU row's lock orders joins with the returns that offer: a return
+// either sees the entry, or committed before the join read the stock it
+// freed (and the join is refused: buy it).
+func lockForWait(ctx context.Context, tx *sql.Tx, sku stock.SKU, q int64) (left, seq int64, err error) {
+	var ended, seated, closed, perBuyer, maxPer int64
+	err = tx.QueryRowContext(ctx, `UPDATE skus SET wait_seq = wait_seq + 1 WHERE program = $1 AND ticket = $2
+		RETURNING total - sold - held, ended_at, seated, pool_closed_at, per_buyer, max_per_order, wait_seq`,
+		sku.Program, sku.Ticket).Scan(&left, &ended, &seated, &closed, &perBuyer, &maxPer, &seq)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return 0, 0, stock.ErrUnknownSKU
+	case err != nil:
+		return 0, 0, notCommitted("waitlist: lock sku", err)
+	case ended > 0 && closed > 0:
+		return 0, 0, ErrPoolClosed
+	case ended > 0:
+		return 0, 0, stock.ErrSaleEnded
+	case seated != 0:
+		return 0, 0, ErrSeatedWait
+	case q > maxPer:
+		return 0, 0, fmt.Errorf("%w: quantity %d over %d per order", stock.ErrInvalid, q, maxPer)
+	case perBuyer > 0 && q > perBuyer:
+		return 0, 0, stock.ErrLimit
+	}
+	// Over the program's cap no offer could ever be made: the entry would
+	// stand first in line for good.
+	var programCap int64
+	if err := tx.QueryRowContext(ctx, `SELECT COALESCE((SELECT per_buyer FROM programs WHERE program = $1), 0)`,
+		sku.Program).Scan(&programCap); err != nil {
+		return 0, 0, notCommitted("waitlist: program cap", err)
+	}
+	if programCap > 0 && q > programCap {
+		return 0, 0, stock.ErrLimit
+	}
+	return left, seq, nil
 }
 
 // LeaveWaitlist takes a waiting buyer off the line. Leaving again answers

@@ -107,15 +107,9 @@ func (s *Service) rebuildWith(ctx context.Context, sku stock.SKU, reason string,
 	if err != nil {
 		return r, err
 	}
-	shards, err := s.gate.Read(ctx, sku, st.Shards)
+	open, before, err := s.gateOpen(ctx, sku, st)
 	if err != nil {
 		return r, err
-	}
-	open := true
-	var before int64
-	for _, sh := range shards {
-		open = open && sh.Seeded && !sh.Fenced && sh.Epoch == st.GateEpoch
-		before += sh.Avail
 	}
 	if open {
 		r.RedisBefore = before
@@ -144,11 +138,42 @@ func (s *Service) rebuildWith(ctx context.Context, sku stock.SKU, reason string,
 	if err != nil {
 		return r, err
 	}
+	left, err := s.seedFresh(ctx, sku, st, fresh)
+	if err != nil {
+		return r, err
+	}
+	s.reopened(ctx, sku, fresh, left)
+	s.metrics.reseeds.WithLabelValues(reason).Inc()
+	r.Ledger, r.Shards, r.Rebuilt = left, fresh.Shards, true
+	s.log.InfoContext(ctx, "re-seeded", "sku", sku.String(), "reason", reason, "redis_before", r.RedisBefore,
+		"ledger_remaining", r.Ledger, "shards", r.Shards, "epoch", fresh.GateEpoch)
+	return r, nil
+}
+
+// gateOpen reports whether sku's gate serves at the ledger's epoch st
+// (every shard seeded and unfenced), and the units its shards hold.
+func (s *Service) gateOpen(ctx context.Context, sku stock.SKU, st ledger.SKUState) (open bool, avail int64, err error) {
+	shards, err := s.gate.Read(ctx, sku, st.Shards)
+	if err != nil {
+		return false, 0, err
+	}
+	open = true
+	for _, sh := range shards {
+		open = open && sh.Seeded && !sh.Fenced && sh.Epoch == st.GateEpoch
+		avail += sh.Avail
+	}
+	return open, avail, nil
+}
+
+// seedFresh writes the fenced gate of sku from the ledger as fresh has it
+// (st before the epoch advanced) and opens it again; it returns the units
+// seeded.
+func (s *Service) seedFresh(ctx context.Context, sku stock.SKU, st, fresh ledger.SKUState) (int64, error) {
 	if fresh.Shards != st.Shards {
 		// The shard count changed: fence the new set too before writing it
 		// (a layout used before may still hold old stock, open).
 		if err := s.gate.Fence(ctx, sku, fresh.Shards, true); err != nil {
-			return r, err
+			return 0, err
 		}
 	}
 	left := fresh.Remaining()
@@ -156,24 +181,30 @@ func (s *Service) rebuildWith(ctx context.Context, sku stock.SKU, reason string,
 		left = 0 // an ended sale admits no one
 	}
 	if err := s.gate.Seed(ctx, sku, fresh.Shards, left, fresh.GateEpoch, true); err != nil {
-		return r, err
+		return 0, err
 	}
 	if fresh.Shards != st.Shards {
 		// A resize: retire the old layout. Its shards stay closed at the new
 		// epoch, so a late give-back of a deduction taken there is refused
 		// (the ledger facts above already count it).
 		if err := s.gate.Seed(ctx, sku, st.Shards, 0, fresh.GateEpoch, true); err != nil {
-			return r, err
+			return 0, err
 		}
 	}
 	if err := s.ledger.MarkGateSeeded(ctx, sku, fresh.BypassSeq); err != nil {
 		// Redis is right but the ledger still says stale: the next purchase
 		// rebuilds again, which is wasteful but harmless. Stay closed.
-		return r, err
+		return 0, err
 	}
 	if err := s.gate.Fence(ctx, sku, fresh.Shards, false); err != nil {
-		return r, err
+		return 0, err
 	}
+	return left, nil
+}
+
+// reopened tells this replica's caches, and the buyers waiting for stock,
+// that sku's gate holds left units again.
+func (s *Service) reopened(ctx context.Context, sku stock.SKU, fresh ledger.SKUState, left int64) {
 	s.settings.Invalidate(sku)
 	s.stockChanged(sku)
 	if fresh.Remaining() > 0 {
@@ -183,11 +214,6 @@ func (s *Service) rebuildWith(ctx context.Context, sku stock.SKU, reason string,
 	if left > 0 {
 		s.notifyRestocked(ctx, sku)
 	}
-	s.metrics.reseeds.WithLabelValues(reason).Inc()
-	r.Ledger, r.Shards, r.Rebuilt = left, fresh.Shards, true
-	s.log.InfoContext(ctx, "re-seeded", "sku", sku.String(), "reason", reason, "redis_before", r.RedisBefore,
-		"ledger_remaining", r.Ledger, "shards", r.Shards, "epoch", fresh.GateEpoch)
-	return r, nil
 }
 
 // Reconcile rebuilds a SKU's Redis shards from the ledger now, unless

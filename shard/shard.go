@@ -267,55 +267,11 @@ func (s *Store) Deduct(ctx context.Context, r Request) (Deduction, error) {
 	if err := r.validate(); err != nil {
 		return Deduction{}, err
 	}
-	var d Deduction
-	var unreached error
+	x := deducting{s: s, r: r, seen: make([]int64, r.Shards)} // avail per shard as last seen; -1 unknown, unreachable
+	for i := range x.seen {
+		x.seen[i] = -1
+	}
 	start := Start(r.RequestID, r.Shards)
-	seen := make([]int64, r.Shards) // avail per shard as last seen; -1 unknown, unreachable
-	for i := range seen {
-		seen[i] = -1
-	}
-	// probe asks shard i for a whole take; done says d is the answer.
-	probe := func(i int) (done bool, err error) {
-		res, err := s.deductOne(ctx, r, i, r.Quantity, r.Quantity)
-		d.Probes++
-		if err != nil && NotRun(err) && r.Shards > 1 {
-			// This shard's master cannot be reached (its breaker is open,
-			// or no connection): nothing ran there, so try the others.
-			// Should none have enough, the call reports this error, and
-			// the take goes to the ledger rather than answer sold out. A
-			// retry whose first attempt's record is on the unreachable
-			// start shard may deduct a second time elsewhere: the ledger
-			// commits the request once, and the extra units stay out of
-			// Redis until the duplicate's give-back or the drift check.
-			seen[i] = unreachable
-			unreached = cmp.Or(unreached, err)
-			return false, nil
-		}
-		if err != nil {
-			return true, err
-		}
-		switch res.code {
-		case lua.OK, lua.Already:
-			d.Parts = []Part{{Shards: r.Shards, Shard: i, Taken: res.taken, Gen: res.gen, Epoch: res.epoch}}
-			d.Replayed = res.code == lua.Already
-			if res.code == lua.Already && res.taken < r.Quantity {
-				// An earlier attempt assembled the quantity from several
-				// shards; collect its other parts below.
-				d, err = s.assemble(ctx, r, d, seen)
-				return true, err
-			}
-			if res.code == lua.OK && res.avail == 0 {
-				s.markEmpty(r, i)
-			}
-			return true, nil
-		case lua.Empty:
-			seen[i] = res.avail
-			if res.avail == 0 {
-				s.markEmpty(r, i)
-			}
-		}
-		return false, nil
-	}
 	var skipped []int
 	for j := range r.Shards {
 		i := (start + j) % r.Shards
@@ -326,11 +282,11 @@ func (s *Store) Deduct(ctx context.Context, r Request) (Deduction, error) {
 			skipped = append(skipped, i)
 			continue
 		}
-		if done, err := probe(i); done {
-			return d, err
+		if done, err := x.probe(ctx, i); done {
+			return x.d, err
 		}
 	}
-	if len(skipped) > 0 && shortOf(seen, r.Quantity) {
+	if len(skipped) > 0 && shortOf(x.seen, r.Quantity) {
 		// A verdict of sold out rests on what Redis says, never on a hint:
 		// stock may have come back to a skipped shard on another replica's
 		// watch, or another copy of this request may have taken its units
@@ -339,27 +295,88 @@ func (s *Store) Deduct(ctx context.Context, r Request) (Deduction, error) {
 		// outcome pays for these probes; the SKU's sold-out flag then spares
 		// the requests after it.
 		for _, i := range skipped {
-			if done, err := probe(i); done {
-				return d, err
+			if done, err := x.probe(ctx, i); done {
+				return x.d, err
 			}
 		}
 	}
+	return x.short(ctx)
+}
+
+// deducting is one Deduct under way: the request, the deduction so far,
+// and what it has seen of the shards.
+type deducting struct {
+	s         *Store
+	r         Request
+	d         Deduction
+	seen      []int64 // avail per shard as last seen; -1 unknown, unreachable
+	unreached error   // the first shard that could not be reached
+}
+
+// probe asks shard i for a whole take; done says x.d (and err) is the
+// answer.
+func (x *deducting) probe(ctx context.Context, i int) (done bool, err error) {
+	r := x.r
+	res, err := x.s.deductOne(ctx, r, i, r.Quantity, r.Quantity)
+	x.d.Probes++
+	if err != nil && NotRun(err) && r.Shards > 1 {
+		// This shard's master cannot be reached (its breaker is open, or
+		// no connection): nothing ran there, so try the others. Should
+		// none have enough, the call reports this error, and the take
+		// goes to the ledger rather than answer sold out. A retry whose
+		// first attempt's record is on the unreachable start shard may
+		// deduct a second time elsewhere: the ledger commits the request
+		// once, and the extra units stay out of Redis until the
+		// duplicate's give-back or the drift check.
+		x.seen[i] = unreachable
+		x.unreached = cmp.Or(x.unreached, err)
+		return false, nil
+	}
+	if err != nil {
+		return true, err
+	}
+	switch res.code {
+	case lua.OK, lua.Already:
+		x.d.Parts = []Part{{Shards: r.Shards, Shard: i, Taken: res.taken, Gen: res.gen, Epoch: res.epoch}}
+		x.d.Replayed = res.code == lua.Already
+		if res.code == lua.Already && res.taken < r.Quantity {
+			// An earlier attempt assembled the quantity from several
+			// shards; collect its other parts.
+			x.d, err = x.s.assemble(ctx, r, x.d, x.seen)
+			return true, err
+		}
+		if res.code == lua.OK && res.avail == 0 {
+			x.s.markEmpty(r, i)
+		}
+		return true, nil
+	case lua.Empty:
+		x.seen[i] = res.avail
+		if res.avail == 0 {
+			x.s.markEmpty(r, i)
+		}
+	}
+	return false, nil
+}
+
+// short answers a Deduct no single shard could take whole: sold out, the
+// unreachable shard's error, or the quantity assembled from several.
+func (x *deducting) short(ctx context.Context) (Deduction, error) {
 	var sum int64
-	for _, v := range seen {
+	for _, v := range x.seen {
 		if v > 0 {
 			sum += v
 		}
 	}
-	if unreached != nil && sum < r.Quantity {
-		return d, unreached
+	if x.unreached != nil && sum < x.r.Quantity {
+		return x.d, x.unreached
 	}
-	if r.Quantity == 1 || sum < r.Quantity {
-		d.Left = sum
-		return d, stock.ErrSoldOut
+	if x.r.Quantity == 1 || sum < x.r.Quantity {
+		x.d.Left = sum
+		return x.d, stock.ErrSoldOut
 	}
-	d, err := s.assemble(ctx, r, d, seen)
-	if errors.Is(err, stock.ErrSoldOut) && unreached != nil {
-		return d, unreached
+	d, err := x.s.assemble(ctx, x.r, x.d, x.seen)
+	if errors.Is(err, stock.ErrSoldOut) && x.unreached != nil {
+		return d, x.unreached
 	}
 	return d, err
 }

@@ -3,7 +3,7 @@ package testenv
 import (
 	"context"
 	"database/sql"
-	"errors"
+	"database/sql/driver"
 	"fmt"
 	"testing"
 	"time"
@@ -87,35 +87,63 @@ func SetSyncStandby(ctx context.Context, db *sql.DB, names string) error {
 // probeWaits writes a row and reports whether its COMMIT waited for a
 // synchronous standby (seen in pg_stat_activity; the waiting backend is
 // ended, its row committed locally) or committed within 2 s.
-func probeWaits(ctx context.Context, db *sql.DB) (bool, error) {
+//
+// The probe writes on a connection of its own, ended by its pid and then
+// thrown away. Found by its query text on any of db's connections, as
+// before, a reload that released the wait between the look and the end
+// had the end strike the connection idle: the probe answered no error,
+// and the next statement on that pooled connection (a test's clean-up)
+// failed with 57P01 (a make test beside a busy loop,
+// TestRequestDurableWaitsForTheStandby).
+func probeWaits(ctx context.Context, db *sql.DB) (waited bool, err error) {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return false, err
+	}
+	var pid int
+	if err := conn.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		_ = conn.Close()
+		return false, err
+	}
 	pctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
 	done := make(chan error, 1)
-	go func() {
-		_, err := db.ExecContext(pctx, `INSERT INTO sync_probe VALUES ($1)`, time.Now().UnixNano())
+	go func() { // owned by probeWaits: it waits for it before returning
+		_, err := conn.ExecContext(pctx, `INSERT INTO sync_probe VALUES ($1)`, time.Now().UnixNano())
 		done <- err
+	}()
+	ended, answered := false, false
+	defer func() {
+		cancel()
+		if !answered {
+			<-done
+		}
+		if ended { // a backend ended: never hand its connection to the pool
+			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		}
+		_ = conn.Close()
 	}()
 	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); {
 		select {
 		case err := <-done:
+			answered = true
 			return false, err
 		case <-time.After(20 * time.Millisecond):
 		}
 		var n int
 		if err := db.QueryRowContext(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-			WHERE wait_event = 'SyncRep' AND query LIKE 'INSERT INTO sync_probe%'`).Scan(&n); err != nil {
+			WHERE wait_event = 'SyncRep' AND pid = $1`, pid).Scan(&n); err != nil {
 			return false, err
 		}
 		if n > 0 {
-			if err := <-done; err == nil {
-				return false, errors.New("a probe ended in its wait for the standby reported no error")
-			}
+			ended, answered = true, true
+			// No error: a reload released the wait as the probe was ended.
+			// It did wait, so the standby setting was in force when it began.
+			<-done
 			return true, nil
 		}
 	}
 	cancel()
-	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-		return false, nil // slower than 2 s without a standby's wait: ask again
-	}
+	answered = true
+	<-done // an error, or a commit slower than 2 s without a standby's wait: ask again
 	return false, nil
 }

@@ -106,17 +106,16 @@ func probeWaits(ctx context.Context, db *sql.DB) (waited bool, err error) {
 		return false, err
 	}
 	pctx, cancel := context.WithTimeout(ctx, time.Minute)
-	done := make(chan error, 1)
+	var insertErr error // the INSERT's, once done is closed
+	done := make(chan struct{})
 	go func() { // owned by probeWaits: it waits for it before returning
-		_, err := conn.ExecContext(pctx, `INSERT INTO sync_probe VALUES ($1)`, time.Now().UnixNano())
-		done <- err
+		defer close(done)
+		_, insertErr = conn.ExecContext(pctx, `INSERT INTO sync_probe VALUES ($1)`, time.Now().UnixNano())
 	}()
-	ended, answered := false, false
+	ended := false
 	defer func() {
 		cancel()
-		if !answered {
-			<-done
-		}
+		<-done     // closed: a second receive returns at once
 		if ended { // a backend ended: never hand its connection to the pool
 			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 		}
@@ -124,9 +123,8 @@ func probeWaits(ctx context.Context, db *sql.DB) (waited bool, err error) {
 	}()
 	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); {
 		select {
-		case err := <-done:
-			answered = true
-			return false, err
+		case <-done:
+			return false, insertErr
 		case <-time.After(20 * time.Millisecond):
 		}
 		var n int
@@ -135,15 +133,12 @@ func probeWaits(ctx context.Context, db *sql.DB) (waited bool, err error) {
 			return false, err
 		}
 		if n > 0 {
-			ended, answered = true, true
-			// No error: a reload released the wait as the probe was ended.
-			// It did wait, so the standby setting was in force when it began.
-			<-done
+			// Ended in its wait, or (no error) released by a reload as it
+			// was ended: either way it waited, so the standby setting was
+			// in force when it began.
+			ended = true
 			return true, nil
 		}
 	}
-	cancel()
-	answered = true
-	<-done // an error, or a commit slower than 2 s without a standby's wait: ask again
-	return false, nil
+	return false, nil // a commit slower than 2 s without a standby's wait: ask again
 }

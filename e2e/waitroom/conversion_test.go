@@ -48,12 +48,15 @@ func TestQueueSoldOutShare(t *testing.T) {
 	}
 	// Nobody buys: every window passes. The room with a share learns it
 	// and lets more in than there are tickets; the other never does.
+	// The two rooms' windows lapse on their own ticks, so each is waited
+	// for: the one with a share past its tickets, the other with windows
+	// abandoned (it has learned the same) and never past them.
 	most := int64(0)
-	systest.WaitFor(t, 30*time.Second, "the room with a share admitting past the tickets left", func() bool {
+	systest.WaitFor(t, 30*time.Second, "the room with a share admitting past the tickets left, the other abandoning", func() bool {
 		v := getRoom(t, e, without.Program)
 		most = max(most, v.Unused)
 		w := getRoom(t, e, withShare.Program)
-		return w.Unused > tickets && w.Conversion < 1
+		return w.Unused > tickets && w.Conversion < 1 && v.Abandoned > 0
 	})
 	if v := getRoom(t, e, without.Program); max(most, v.Unused) > tickets || v.Abandoned == 0 {
 		t.Fatalf("share 0: %d admitted-but-unused at most for %d tickets (%+v)", max(most, v.Unused), tickets, v)

@@ -617,3 +617,83 @@ func TestBatcherLearnsASlowLedgerFromOneFlush(t *testing.T) {
 		t.Errorf("first flush: %v s, want it (0.015)", got)
 	}
 }
+
+// A failover's backlog is waited out, not shed: behind a flush that
+// hangs past the budget, an item sent again (withinDeadline) and one that
+// came within a timeout of it stay queued and are committed once the
+// ledger answers, while one that was not patient is refused by the same
+// pass of the shedding.
+func TestBatcherWaitsOutAFailoversBacklog(t *testing.T) {
+	release, holding := make(chan struct{}), make(chan struct{})
+	b := newBatcher(1, 100, time.Minute, 50*time.Millisecond, laneMetrics{}, func(_ context.Context, items []int, answer func(int, int)) {
+		if items[0] == 0 {
+			close(holding)
+			<-release // the ledger hangs until the test has its answers
+		}
+		for i, v := range items {
+			answer(i, v)
+		}
+	})
+	var once sync.Once
+	unhang := func() { once.Do(func() { close(release) }) }
+	defer b.close()
+	defer unhang() // before close, which waits for the flush
+	first := make(chan error, 1)
+	go func() { _, err := b.do(context.Background(), 0); first <- err }()
+	<-holding
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	answers := make(chan error, 2)
+	go func() { _, err := b.do(withinDeadline(ctx), 1); answers <- err }() // sent again
+	l := b.lanes[0]
+	for l.queued.Load() < 1 { // bounded: the item queues or answers
+		select {
+		case err := <-answers:
+			t.Fatalf("the item sent again was answered while the ledger hung: %v", err)
+		default:
+			time.Sleep(time.Millisecond) // polling the queue's count
+		}
+	}
+	go func() { _, err := b.do(ctx, 2); answers <- err }() // patient: within a timeout of the re-send
+	for l.queued.Load() < 2 {
+		select {
+		case err := <-answers:
+			t.Fatalf("an item behind the re-send was answered while the ledger hung: %v", err)
+		default:
+			time.Sleep(time.Millisecond) // polling the queue's count
+		}
+	}
+	// Time under test: both have waited past the budget (twice over)
+	// before the one that is not patient queues.
+	queuedAt := time.Now()
+	for time.Since(queuedAt) < 2*b.budget {
+		time.Sleep(time.Millisecond)
+	}
+	// One that is not patient, queued a second ago: the shedding's next
+	// pass refuses it, and would refuse the older two were they not.
+	impatient := &pendingItem[int, int]{item: 3, at: time.Now().Add(-time.Second), out: make(chan outcome[int], 1)}
+	l.queued.Add(1)
+	l.q <- impatient
+	select {
+	case o := <-impatient.out:
+		if !errors.Is(o.err, errLedgerBusy) {
+			t.Fatalf("the item that was not patient = %d, %v; want a busy refusal", o.r, o.err)
+		}
+	case <-time.After(10 * time.Second): // bounded: the flush hangs until release
+		t.Fatal("an item past the budget behind a hanging flush was not refused")
+	}
+	select {
+	case err := <-answers:
+		t.Fatalf("a patient item was answered while the ledger hung: %v", err)
+	default:
+	}
+	unhang()
+	for range 2 {
+		if err := <-answers; err != nil {
+			t.Errorf("a patient item = %v, want it committed", err)
+		}
+	}
+	if err := <-first; err != nil {
+		t.Errorf("the flushing item = %v", err)
+	}
+}

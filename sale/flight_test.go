@@ -11,7 +11,7 @@ import (
 // test's.
 func TestFlightBound(t *testing.T) {
 	clock := time.Unix(1000, 0)
-	f := newFlight(2, 250*time.Millisecond)
+	f := newFlight(2, 250*time.Millisecond, 5*time.Second)
 	f.now = func() time.Time { return clock }
 	if first, second := f.enter(), f.enter(); !first || !second {
 		t.Fatal("a take within the floor was refused")
@@ -50,10 +50,72 @@ func TestFlightBound(t *testing.T) {
 		t.Fatalf("limit after a quiet spell = %d, want the floor 2", got)
 	}
 	// No bound when turned off.
-	off := newFlight(-1, 250*time.Millisecond)
+	off := newFlight(-1, 250*time.Millisecond, 5*time.Second)
 	for range 100 {
 		if !off.enter() {
 			t.Fatal("refused with no bound")
 		}
+	}
+}
+
+// A take waiting for a primary parks: its place goes to new work, up to
+// parkFactor times the floor parked; back, it takes its place past the
+// bound. After a re-send the bound is the last second's pace times half
+// the patience, for the patience, then the budget's again.
+func TestFlightParksAndWaitsOutAFailover(t *testing.T) {
+	clock := time.Unix(1000, 0)
+	f := newFlight(2, 250*time.Millisecond, 4*time.Second)
+	f.now = func() time.Time { return clock }
+	for i := range 2 {
+		if !f.enter() {
+			t.Fatalf("take %d of the floor's 2 refused", i+1)
+		}
+	}
+	if f.enter() {
+		t.Fatal("a third take let in with a floor of 2")
+	}
+	if !f.park() {
+		t.Fatal("a take could not park")
+	}
+	if !f.enter() {
+		t.Fatal("a parked take's place was not given to a new one")
+	}
+	f.unpark()
+	if got := f.n.Load(); got != 3 {
+		t.Fatalf("in flight after the parked take came back = %d, want 3 (past the bound)", got)
+	}
+	for range 3 {
+		f.leave()
+	}
+	for i := range parkFactor * 2 {
+		if !f.park() {
+			t.Fatalf("park %d of %d refused", i+1, parkFactor*2)
+		}
+	}
+	if f.park() {
+		t.Fatal("parked past parkFactor times the floor")
+	}
+	for range parkFactor * 2 {
+		f.unpark()
+		f.leave()
+	}
+	// A quiet spell, then 40 finished in a second: the budget's bound is
+	// 10, the patient 80.
+	clock = clock.Add(2 * time.Second)
+	for range 40 {
+		f.enter()
+		f.leave()
+	}
+	clock = clock.Add(time.Second)
+	if got := f.limit(); got != 10 {
+		t.Fatalf("limit = %d, want 10", got)
+	}
+	f.resent()
+	if got := f.limit(); got != 80 {
+		t.Fatalf("limit after a re-send = %d, want 40 × 2 s = 80", got)
+	}
+	clock = clock.Add(4 * time.Second)
+	if got := f.limit(); got != 2 {
+		t.Fatalf("limit a patience after the re-send, a quiet spell later = %d, want the floor 2", got)
 	}
 }

@@ -486,7 +486,7 @@ func New(opts Options) (*Service, error) {
 	if s.stock, err = cache.NewViewed(opts.Cache, opts.StockTTL, 100_000, cm.Recorder("stock"), s.loadStock); err != nil {
 		return nil, err
 	}
-	s.flight = newFlight(opts.TakesInFlight, opts.LedgerWaitBudget)
+	s.flight = newFlight(opts.TakesInFlight, opts.LedgerWaitBudget, opts.WorkTimeout)
 	s.committer = newCommitter(s, opts.CommitLanes, opts.BatchMax, false)
 	s.direct = newCommitter(s, 4, opts.BatchMax, true)
 	lanes, max, timeout, budget := opts.CommitLanes, opts.BatchMax, opts.WorkTimeout, opts.LedgerWaitBudget

@@ -86,8 +86,8 @@ func (t *take) commit(ctx context.Context, direct bool) (answer, stock.SKU) {
 	}
 	lt := t.ledgerTake(direct, tracing.Traceparent(ctx))
 	r := c.commitTake(ctx, lt)
-	for try := 0; ledger.NoPrimary(r.Err) && s.awaitPrimary(ctx, try); try++ {
-		r = c.commitTake(withinDeadline(ctx), lt)
+	if ledger.NoPrimary(r.Err) {
+		r = s.resendWithoutPrimary(ctx, c, lt, r)
 	}
 	o := judgeCommit(r.Err, direct, t.cart)
 	switch o.verdict {
@@ -198,6 +198,25 @@ func (t *take) ledgerSoldOut(ctx context.Context, direct bool, i int) {
 	if st, err := s.ledger.SKU(ctx, t.lines[i].w.sku); err == nil && st.Remaining() == 0 {
 		s.markSoldOut(t.lines[i].w.sku, cache.Since{})
 	}
+}
+
+// resendWithoutPrimary sends lt again, after r found no server taking
+// writes, until it finds one or the request's time runs out
+// (awaitPrimary); parked meanwhile (flight.park), re-sends included: at
+// the end of a planned failover's gap its take came back at once, filled
+// the bound of takes in flight and had new ones refused (881 of 82,308
+// answered 503, stockbench faults at 1,553 a second). When as many are
+// parked as may be, r stands.
+func (s *Service) resendWithoutPrimary(ctx context.Context, c *committer, lt ledger.Take, r ledger.TakeResult) ledger.TakeResult {
+	if !s.flight.park() {
+		return r
+	}
+	defer s.flight.unpark()
+	for try := 0; ledger.NoPrimary(r.Err) && s.awaitPrimary(ctx, try); try++ {
+		s.flight.resent()
+		r = c.commitTake(withinDeadline(ctx), lt)
+	}
+	return r
 }
 
 // awaitPrimary waits before the try-th retry of a write that found no

@@ -39,7 +39,7 @@ func faultsCmd(args []string) error {
 	dir := fs.String("dir", ".run/bench", "working directory (the stockgate binary)")
 	only := fs.String("only", "", "run only the faults whose name contains this (the section then lists only them)")
 	fs.IntVar(&faultStandbys, "standbys", faultStandbys, "synchronous standbys of the formation the primary's faults run on")
-	fs.StringVar(&faultDump, "goroutines", "", "write the gateway's goroutines (pprof, debug=1) into this file 2 s into each fault")
+	fs.StringVar(&faultDump, "goroutines", "", "write the gateway's goroutines (pprof, debug=1) into this file, suffixed .1 to .8, each second of a fault's first eight")
 	_ = fs.Parse(args)
 	ctx := context.Background()
 	if err := os.MkdirAll(*dir, 0o755); err != nil {
@@ -390,16 +390,20 @@ func (row *faultRow) count(results []loadgen.Result) {
 	}
 }
 
-// dumpDuring writes the gateway's goroutines 2 s into a fault to a file
-// named for faultDump and the time.
+// dumpDuring writes the gateway's goroutines each second of a fault's
+// first eight to files named for faultDump and the second: where the
+// requests wait moves as the fault goes on (a failover's gap without a
+// primary comes seconds after pg_autoctl is asked for it).
 func dumpDuring(fault, pprof string) {
-	time.Sleep(2 * time.Second) // into the fault: the moment to look at
-	name := fmt.Sprintf("%s.%d", faultDump, time.Now().Unix())
-	if err := dumpGoroutines(pprof, name); err != nil {
-		fmt.Fprintf(os.Stderr, "%s: goroutines: %v\n", fault, err)
-		return
+	for sec := 1; sec <= 8; sec++ {
+		time.Sleep(time.Second) // the moments to look at: one a second
+		name := fmt.Sprintf("%s.%d", faultDump, sec)
+		if err := dumpGoroutines(pprof, name); err != nil {
+			fmt.Fprintf(os.Stderr, "%s: goroutines: %v\n", fault, err)
+			return
+		}
 	}
-	fmt.Fprintf(os.Stderr, "%s: goroutines 2 s into the fault in %s\n", fault, name)
+	fmt.Fprintf(os.Stderr, "%s: goroutines each second of the fault's first 8 in %s.1 to .8\n", fault, faultDump)
 }
 
 // gatesBack waits (at most a minute) until every SKU's gate serves again

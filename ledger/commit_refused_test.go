@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
@@ -55,6 +56,8 @@ func TestNoPrimary(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	_, canceled := pgconn.Connect(ctx, "postgres://u@"+addr+"/db?sslmode=disable")
+	tooMany := refusedAtStartup(t, "53300")  // an overloaded server: answered, not waited out
+	shutdown := refusedAtStartup(t, "57P03") // a server starting or shutting down in a failover
 	for _, tc := range []struct {
 		name string
 		err  error
@@ -67,6 +70,8 @@ func TestNoPrimary(t *testing.T) {
 		{"admin shutdown at COMMIT", fmt.Errorf("ledger: take: commit: %w", &pgconn.PgError{Severity: "FATAL", Code: "57P01"}), false},
 		{"unique violation", notCommitted(&pgconn.PgError{Severity: "ERROR", Code: "23505"}), false},
 		{"connect canceled", notCommitted(canceled), false},
+		{"too many clients at connect", notCommitted(tooMany), false},
+		{"cannot connect now, at connect", notCommitted(shutdown), true},
 		{"not committed, no cause", ledger.ErrNotCommitted, false},
 		{"nil", nil, false},
 	} {
@@ -74,6 +79,40 @@ func TestNoPrimary(t *testing.T) {
 			t.Errorf("%s: NoPrimary(%v) = %v, want %v", tc.name, tc.err, got, tc.want)
 		}
 	}
+}
+
+// refusedAtStartup is the error pgconn.Connect returns from a server that
+// answers its startup with a FATAL error of code: a listener on loopback
+// that reads the startup message and writes that ErrorResponse.
+func refusedAtStartup(t *testing.T, code string) error {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	served := make(chan struct{})
+	go func() { // owned by this call: one connection, then it ends
+		defer close(served)
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, 1024)
+		if _, err := c.Read(buf); err != nil {
+			return
+		}
+		msg, _ := (&pgproto3.ErrorResponse{Severity: "FATAL", SeverityUnlocalized: "FATAL", Code: code, Message: "refused"}).Encode(nil)
+		_, _ = c.Write(msg)
+	}()
+	_, err = pgconn.Connect(t.Context(), "postgres://u@"+ln.Addr().String()+"/db?sslmode=disable")
+	<-served
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != code {
+		t.Fatalf("connecting to a server that refuses with %s = %v, want that error", code, err)
+	}
+	return err
 }
 
 // TestReadOnlySessionIsThrownAway: a pooled connection whose session

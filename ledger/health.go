@@ -35,16 +35,28 @@ func NoPrimary(err error) bool {
 	if !errors.Is(err, ErrNotCommitted) {
 		return false
 	}
-	var ce *pgconn.ConnectError
-	if errors.As(err, &ce) {
-		return !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled)
-	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
-		switch pe.Code {
-		case "57P01", "57P02", "57P03", "25006": // admin or crash shutdown, cannot connect now, read-only transaction
-			return true
-		}
+		// A server's own refusal, connecting or not, is a failover's only
+		// when it says so: too many clients (53300), a password refused
+		// or a TLS error is not waited out, it is answered (an overloaded
+		// server's refusals taken for a failover made the commit lanes
+		// patient, and its overload waited out instead of shed).
+		return failoverCode(pe.Code)
+	}
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) { // refused, or a standby under target_session_attrs=read-write
+		return !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled)
+	}
+	return false
+}
+
+// failoverCode reports a PostgreSQL error code a failover answers with:
+// admin or crash shutdown, cannot connect now, read-only transaction.
+func failoverCode(code string) bool {
+	switch code {
+	case "57P01", "57P02", "57P03", "25006":
+		return true
 	}
 	return false
 }

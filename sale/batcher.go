@@ -236,8 +236,29 @@ func (b *batcher[T, R]) patient(p *pendingItem[T, R]) bool {
 		b.resent.Store(p.at.UnixNano())
 		return true
 	}
+	return b.patientAt(p.at)
+}
+
+// patientAt reports whether t is within a timeout of the last re-send.
+func (b *batcher[T, R]) patientAt(t time.Time) bool {
 	last := b.resent.Load()
-	return last != 0 && p.at.Sub(time.Unix(0, last)) < b.timeout
+	return last != 0 && t.Sub(time.Unix(0, last)) < b.timeout
+}
+
+// tooLate reports whether a patient item has too little time left at
+// start to be flushed: under the budget, or under two of l's flushes.
+// Its batch ends by its deadline (strict) or would be cut by it, and a
+// patient item can have waited most of its time: flushed with
+// milliseconds left, it cut its whole batch short, up to a lane of
+// healthy takes answered 503 (some with their COMMIT's outcome unknown),
+// and the next batch, ending at its own earliest deadline, the same.
+// Refused unflushed instead, nothing moved.
+func (b *batcher[T, R]) tooLate(l *lane[T, R], p *pendingItem[T, R], start time.Time) bool {
+	if !p.patient || p.deadline.IsZero() {
+		return false
+	}
+	flush := time.Duration(math.Float64frombits(l.flushTime.Load()) * float64(time.Second))
+	return p.deadline.Sub(start) < max(b.budget, 2*flush)
 }
 
 // waitsOut reports whether p waits for a queue that takes wait to commit
@@ -268,10 +289,15 @@ func (b *batcher[T, R]) enqueue(ctx context.Context, l *lane[T, R], p *pendingIt
 			return false
 		}
 	}
+	// Not past the time its batch would need (tooLate).
+	wait := time.NewTimer(time.Until(p.deadline) - b.budget)
+	defer wait.Stop()
 	select {
 	case l.q <- p:
 		return true
 	case <-ctx.Done():
+		return false
+	case <-wait.C:
 		return false
 	}
 }
@@ -411,7 +437,7 @@ func (b *batcher[T, R]) flushAll(l *lane[T, R], batch []*pendingItem[T, R]) {
 		// back): one that waited past the budget behind a lane that
 		// can't keep up or a slow one (unless patient),
 		// and one whose request ran out of time waiting.
-		if (behind || slow) && waited > b.budget && !p.patient || !p.deadline.IsZero() && !start.Before(p.deadline) {
+		if (behind || slow) && waited > b.budget && !p.patient || !p.deadline.IsZero() && !start.Before(p.deadline) || b.tooLate(l, p, start) {
 			b.metrics.refused()
 			p.out <- outcome[R]{err: &busyError{wait: waited}}
 			continue
@@ -502,6 +528,15 @@ func (b *batcher[T, R]) shedBehind(l *lane[T, R], since int64) {
 	tick := max(b.budget/10, time.Millisecond)
 	for l.busySince.Load() == since {
 		now := time.Now()
+		if b.patientAt(now) {
+			// Waiting out a failover's backlog: its items are not shed
+			// here, and the drain below, which assumes the door lets
+			// nothing in meanwhile, would let blocked re-sends and new
+			// patient items jump the queue and refuse the older ones
+			// when they found it full again. flushAll sheds the rest.
+			time.Sleep(tick)
+			continue
+		}
 		var young []*pendingItem[T, R]
 	drain:
 		for {

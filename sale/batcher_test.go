@@ -621,8 +621,7 @@ func TestBatcherLearnsASlowLedgerFromOneFlush(t *testing.T) {
 // A failover's backlog is waited out, not shed: behind a flush that
 // hangs past the budget, an item sent again (withinDeadline) and one that
 // came within a timeout of it stay queued and are committed once the
-// ledger answers, while one that was not patient is refused by the same
-// pass of the shedding.
+// ledger answers, while one that was not patient is refused.
 func TestBatcherWaitsOutAFailoversBacklog(t *testing.T) {
 	release, holding := make(chan struct{}), make(chan struct{})
 	b := newBatcher(1, 100, time.Minute, 50*time.Millisecond, laneMetrics{}, func(_ context.Context, items []int, answer func(int, int)) {
@@ -669,25 +668,21 @@ func TestBatcherWaitsOutAFailoversBacklog(t *testing.T) {
 	for time.Since(queuedAt) < 2*b.budget {
 		time.Sleep(time.Millisecond)
 	}
-	// One that is not patient, queued a second ago: the shedding's next
-	// pass refuses it, and would refuse the older two were they not.
+	// One that is not patient, queued a second ago: while the lane is
+	// patient nothing is shed behind the hanging flush; once it ends, the
+	// next batch refuses that one, unflushed, and commits the other two.
 	impatient := &pendingItem[int, int]{item: 3, at: time.Now().Add(-time.Second), out: make(chan outcome[int], 1)}
 	l.queued.Add(1)
 	l.q <- impatient
-	select {
-	case o := <-impatient.out:
-		if !errors.Is(o.err, errLedgerBusy) {
-			t.Fatalf("the item that was not patient = %d, %v; want a busy refusal", o.r, o.err)
-		}
-	case <-time.After(10 * time.Second): // bounded: the flush hangs until release
-		t.Fatal("an item past the budget behind a hanging flush was not refused")
-	}
 	select {
 	case err := <-answers:
 		t.Fatalf("a patient item was answered while the ledger hung: %v", err)
 	default:
 	}
 	unhang()
+	if o := <-impatient.out; !errors.Is(o.err, errLedgerBusy) {
+		t.Errorf("the item that was not patient = %d, %v; want a busy refusal", o.r, o.err)
+	}
 	for range 2 {
 		if err := <-answers; err != nil {
 			t.Errorf("a patient item = %v, want it committed", err)
@@ -695,5 +690,33 @@ func TestBatcherWaitsOutAFailoversBacklog(t *testing.T) {
 	}
 	if err := <-first; err != nil {
 		t.Errorf("the flushing item = %v", err)
+	}
+}
+
+// A patient item with less time left than the budget or two of its
+// lane's flushes is refused unflushed: its deadline would cut its batch.
+func TestBatcherRefusesAPatientItemTooLateToFlush(t *testing.T) {
+	b := newBatcher(1, 10, time.Minute, 50*time.Millisecond, laneMetrics{}, func(context.Context, []int, func(int, int)) {})
+	defer b.close()
+	l := b.lanes[0]
+	l.flushTime.Store(math.Float64bits(0.1)) // flushes take 100 ms
+	start := time.Now()
+	for _, tc := range []struct {
+		name    string
+		patient bool
+		left    time.Duration
+		want    bool
+	}{
+		{"patient, 150 ms left", true, 150 * time.Millisecond, true},
+		{"patient, 250 ms left", true, 250 * time.Millisecond, false},
+		{"not patient, 10 ms left", false, 10 * time.Millisecond, false},
+	} {
+		p := &pendingItem[int, int]{patient: tc.patient, deadline: start.Add(tc.left)}
+		if got := b.tooLate(l, p, start); got != tc.want {
+			t.Errorf("%s: tooLate = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	if p := (&pendingItem[int, int]{patient: true}); b.tooLate(l, p, start) {
+		t.Error("a patient item with no deadline is too late")
 	}
 }

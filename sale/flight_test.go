@@ -114,8 +114,15 @@ func TestFlightParksAndWaitsOutAFailover(t *testing.T) {
 	if got := f.limit(); got != 80 {
 		t.Fatalf("limit after a re-send = %d, want 40 × 2 s = 80", got)
 	}
-	clock = clock.Add(4 * time.Second)
-	if got := f.limit(); got != 2 {
-		t.Fatalf("limit a patience after the re-send, a quiet spell later = %d, want the floor 2", got)
+	// A patience after the re-send, 40 more in the second before: the
+	// budget's bound again.
+	clock = clock.Add(3 * time.Second)
+	for range 40 {
+		f.enter()
+		f.leave()
+	}
+	clock = clock.Add(time.Second)
+	if got := f.limit(); got != 10 {
+		t.Fatalf("limit a patience after the re-send = %d, want the budget's 10", got)
 	}
 }

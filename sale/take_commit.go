@@ -206,12 +206,11 @@ func (t *take) ledgerSoldOut(ctx context.Context, direct bool, i int) {
 // the end of a planned failover's gap its take came back at once, filled
 // the bound of takes in flight and had new ones refused (881 of 82,308
 // answered 503, stockbench faults at 1,553 a second). When as many are
-// parked as may be, r stands.
+// parked as may be, it waits and re-sends in its place, as before.
 func (s *Service) resendWithoutPrimary(ctx context.Context, c *committer, lt ledger.Take, r ledger.TakeResult) ledger.TakeResult {
-	if !s.flight.park() {
-		return r
+	if s.flight.park() {
+		defer s.flight.unpark()
 	}
-	defer s.flight.unpark()
 	for try := 0; ledger.NoPrimary(r.Err) && s.awaitPrimary(ctx, try); try++ {
 		s.flight.resent()
 		r = c.commitTake(withinDeadline(ctx), lt)

@@ -256,14 +256,18 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 	}
 	results = append(results, before)
 	type done struct {
-		back time.Duration
-		err  error
+		back   time.Duration
+		writes time.Time // when the formation took writes again (zero: not a formation's fault)
+		err    error
 	}
 	over := make(chan done, 1)
-	go func() { // the fault, owned by this run; it ends by itself
+	duringFrom := time.Now() // about when phase "during" starts sending, below
+	go func() {              // the fault, owned by this run; it ends by itself
 		from, err := f.do(ctx, env)
+		var writes time.Time
 		if f.formation {
-			fmt.Fprintf(os.Stderr, "%s: writes taken %v after the fault\n", f.name, time.Since(from).Round(100*time.Millisecond))
+			writes = time.Now()
+			fmt.Fprintf(os.Stderr, "%s: writes taken %v after the fault\n", f.name, writes.Sub(from).Round(100*time.Millisecond))
 		}
 		if err == nil {
 			err = c.WaitHealthy(ctx, 60*time.Second)
@@ -273,7 +277,7 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 			return
 		}
 		// Buyers keep coming meanwhile: the gates come back under load.
-		over <- done{back: gatesBack(ctx, led, gate, skus, from)}
+		over <- done{back: gatesBack(ctx, led, gate, skus, from), writes: writes}
 	}()
 	window := f.window
 	if window == 0 {
@@ -303,6 +307,11 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 	}
 	row.back = d.back
 	row.count(results)
+	if !d.writes.IsZero() {
+		n := shedAfter(during, d.writes.Sub(duringFrom)) + uint64(after.Count(http.StatusServiceUnavailable))
+		fmt.Fprintf(os.Stderr, "%s: 503s sent in the seconds after the one writes were taken again in: %d (%.2f %% of %d)\n",
+			f.name, n, 100*float64(n)/float64(max(row.requests, 1)), row.requests)
+	}
 	for _, sku := range skus {
 		st, err := led.SKU(ctx, sku)
 		if err != nil {
@@ -312,6 +321,20 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 	}
 	row.sold -= int64(capRun.Count(http.StatusCreated))
 	return row, nil
+}
+
+// shedAfter counts the 503s of r sent in the whole seconds of its run
+// after the one that at falls in: what a fault cost once the failover
+// manager had promoted a primary (issue 40: "beyond the seconds the
+// manager needs").
+func shedAfter(r loadgen.Result, at time.Duration) uint64 {
+	var n uint64
+	for sec, c := range r.Seconds[http.StatusServiceUnavailable] {
+		if sec > int(at/time.Second) {
+			n += c
+		}
+	}
+	return n
 }
 
 // startLedger starts the fault's ledger: a pg_auto_failover formation of

@@ -191,14 +191,7 @@ func (l *Ledger) tryEnds(ctx context.Context, ends []holdEnd, state string, dueO
 		ev.Trace = e.req.Trace // the cancel's ("" for the sweeper's expiries)
 		events = append(events, ev)
 	}
-	events = append(events, offers...)
-	if err := emit(ctx, tx, now, events...); err != nil {
-		return nil, err
-	}
-	if err := tx.Commit(); err != nil {
-		return nil, fmt.Errorf("ledger: end holds: commit: %w", err)
-	}
-	return nil, nil
+	return nil, emitCommit(ctx, tx, now, "end holds", append(events, offers...)...)
 }
 
 // lockRows locks the rows of ids in id order (q is lockHolds or

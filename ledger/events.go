@@ -124,6 +124,19 @@ func endEvent(state string, h Hold) string {
 //
 // An event without a Trace takes ctx's span's: the request whose change
 // it is (none for a sweeper's).
+// emitCommit emits events in tx and commits it: the end of every
+// transaction that moves stock and says so. step names the work in the
+// commit's error.
+func emitCommit(ctx context.Context, tx *sql.Tx, now time.Time, step string, events ...Event) error {
+	if err := emit(ctx, tx, now, events...); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("ledger: %s: commit: %w", step, err)
+	}
+	return nil
+}
+
 func emit(ctx context.Context, tx *sql.Tx, now time.Time, events ...Event) error {
 	trace := tracing.Traceparent(ctx)
 	for chunk := range slices.Chunk(events, rowsPerStatement) {

@@ -3,7 +3,6 @@ package ledger
 import (
 	"context"
 	"database/sql"
-	"fmt"
 	"slices"
 	"time"
 
@@ -155,14 +154,7 @@ func (l *Ledger) tryRefunds(ctx context.Context, refs []refund, now time.Time) (
 		e.Trace = r.req.Trace // the refund's, not the purchase's
 		events = append(events, e)
 	}
-	events = append(events, offers...)
-	if err := emit(ctx, tx, now, events...); err != nil {
-		return nil, err
-	}
-	if err := tx.Commit(); err != nil {
-		return nil, fmt.Errorf("ledger: refunds: commit: %w", err)
-	}
-	return nil, nil
+	return nil, emitCommit(ctx, tx, now, "refunds", append(events, offers...)...)
 }
 
 // markRefunded marks the orders refunded and returns the ones it did,

@@ -116,11 +116,8 @@ func (l *Ledger) JoinWaitlist(ctx context.Context, sku stock.SKU, buyer keys.ID,
 	if e.Ahead, err = aheadOf(ctx, tx, e); err != nil {
 		return e, false, err
 	}
-	if err := emit(ctx, tx, now, Event{Type: EventWaitlistJoined, SKU: sku, Buyer: buyer, Quantity: q}); err != nil {
+	if err := emitCommit(ctx, tx, now, "waitlist join", Event{Type: EventWaitlistJoined, SKU: sku, Buyer: buyer, Quantity: q}); err != nil {
 		return e, false, err
-	}
-	if err := tx.Commit(); err != nil {
-		return e, false, fmt.Errorf("ledger: waitlist join: commit: %w", err)
 	}
 	return e, true, nil
 }
@@ -183,11 +180,8 @@ func (l *Ledger) LeaveWaitlist(ctx context.Context, sku stock.SKU, buyer keys.ID
 		return WaitEntry{}, notCommitted("waitlist: leave", err)
 	}
 	if n, _ := res.RowsAffected(); n == 1 {
-		if err := emit(ctx, tx, now, Event{Type: EventWaitlistLeft, SKU: sku, Buyer: buyer}); err != nil {
+		if err := emitCommit(ctx, tx, now, "waitlist leave", Event{Type: EventWaitlistLeft, SKU: sku, Buyer: buyer}); err != nil {
 			return WaitEntry{}, err
-		}
-		if err := tx.Commit(); err != nil {
-			return WaitEntry{}, fmt.Errorf("ledger: waitlist leave: commit: %w", err)
 		}
 	} else {
 		tx.Rollback()

@@ -666,7 +666,7 @@ func TestBatcherWaitsOutAFailoversBacklog(t *testing.T) {
 	// before the one that is not patient queues.
 	queuedAt := time.Now()
 	for time.Since(queuedAt) < 2*b.budget {
-		time.Sleep(time.Millisecond)
+		time.Sleep(time.Millisecond) // time under test: the wait past the budget
 	}
 	// One that is not patient, queued a second ago: while the lane is
 	// patient nothing is shed behind the hanging flush; once it ends, the

@@ -30,6 +30,7 @@ type metrics struct {
 	ledgerWait     *prometheus.HistogramVec // by work
 	ledgerShed     *prometheus.CounterVec   // by work
 	primaryWaits   prometheus.Counter       // takes that waited for a primary (awaitPrimary)
+	parked         prometheus.Gauge         // takes waiting for a primary out of the in-flight bound (flight.park)
 }
 
 // batchMetrics is what a batcher of one kind of work reports.
@@ -46,6 +47,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		primaryWaits: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "stockgate_ledger_primary_waits_total",
 			Help: "Waits of a take before sending its write again, having found no PostgreSQL server that takes writes (a failover under way).",
+		}),
+		parked: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "stockgate_ledger_takes_parked",
+			Help: "Takes waiting for a PostgreSQL server that takes writes (a failover under way), their places in flight given to new work.",
 		}),
 		ledgerRefusals: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "stockgate_gate_ledger_refusals_total",
@@ -134,7 +139,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Confirms of holds past their expiry within the late-payment window, by outcome: sold (the units taken again), refused (gone: the platform refunds).",
 		}, []string{"outcome"}),
 	}
-	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.restoreFailed, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes, m.seatDrift, m.seatRepairs, m.poolRefusals, m.budgetRefusals, m.listings, m.afterSale, m.extended, m.poolMoved, m.waitJoins, m.ledgerWait, m.ledgerShed, m.latePayments, m.primaryWaits} {
+	for _, c := range []prometheus.Collector{m.purchases, m.ledgerRefusals, m.restoreFailed, m.reseeds, m.driftUnits, m.driftSKUs, m.remaining, m.driftRepairs, m.expired, m.probes, m.seatDrift, m.seatRepairs, m.poolRefusals, m.budgetRefusals, m.listings, m.afterSale, m.extended, m.poolMoved, m.waitJoins, m.ledgerWait, m.ledgerShed, m.latePayments, m.primaryWaits, m.parked} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

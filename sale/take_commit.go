@@ -209,6 +209,8 @@ func (t *take) ledgerSoldOut(ctx context.Context, direct bool, i int) {
 // parked as may be, it waits and re-sends in its place, as before.
 func (s *Service) resendWithoutPrimary(ctx context.Context, c *committer, lt ledger.Take, r ledger.TakeResult) ledger.TakeResult {
 	if s.flight.park() {
+		s.metrics.parked.Inc()
+		defer s.metrics.parked.Dec()
 		defer s.flight.unpark()
 	}
 	for try := 0; ledger.NoPrimary(r.Err) && s.awaitPrimary(ctx, try); try++ {

@@ -11,6 +11,7 @@ import (
 	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/stock"
 )
 
 // TestFaultLedgerTakesNoWritesAWhile: what a failover looks like from the
@@ -36,46 +37,10 @@ func TestFaultLedgerTakesNoWritesAWhile(t *testing.T) {
 	e.PutSKU(t, sku, 10, 1, 4)
 	e.MustBuy(t, sku, "np-0", "b0", 1)
 
-	admin, err := sql.Open("pgx", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	admin.SetMaxOpenConns(1)
-	var db string
-	if err := admin.QueryRowContext(t.Context(), `SELECT current_database()`).Scan(&db); err != nil {
-		t.Fatal(err)
-	}
-	// writable sets the database's sessions to start read-only or not,
-	// and ends every session but the test's, so the next ones do.
-	writable := func(on bool) {
-		t.Helper()
-		set := fmt.Sprintf(`ALTER DATABASE %q SET default_transaction_read_only = on`, db)
-		if on {
-			set = fmt.Sprintf(`ALTER DATABASE %q RESET default_transaction_read_only`, db)
-		}
-		if _, err := admin.ExecContext(t.Context(), set); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := admin.ExecContext(t.Context(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-			WHERE datname = current_database() AND pid <> pg_backend_pid()`); err != nil {
-			t.Fatal(err)
-		}
-	}
+	writable := sessionsWritable(t, dsn)
 	writable(false)
 	answered := make(chan int, 1)
-	go func() { // ends with the request: its work time bounds it
-		req, _ := http.NewRequest(http.MethodPost, e.URL+systest.SKUPath(sku)+"/purchases", strings.NewReader(`{"buyer":"b1","quantity":1}`))
-		req.Header.Set("Idempotency-Key", "np-1")
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := e.Client.Do(req)
-		if err != nil {
-			answered <- 0
-			return
-		}
-		resp.Body.Close()
-		answered <- resp.StatusCode
-	}()
+	go buyInto(e, sku, "np-1", "b1", answered) // ends with the request: its work time bounds it
 	// Three waits: the purchase met the read-only sessions more than once.
 	systest.WaitCounter(t, e, "stockgate_ledger_primary_waits_total", nil, 3, 20*time.Second)
 	select {
@@ -99,4 +64,102 @@ func TestFaultLedgerTakesNoWritesAWhile(t *testing.T) {
 		t.Fatalf("sold %d, want 2 (np-0, np-1 once)", st.Sold)
 	}
 	systest.RedisConsistent(t, e, sku)
+}
+
+// sessionsWritable returns what sets the database of dsn's sessions to
+// start read-only or not and ends every session but its own, so the next
+// ones do: a failover's gap (57P01, then 25006) without the formation.
+func sessionsWritable(t *testing.T, dsn string) func(on bool) {
+	t.Helper()
+	admin, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Close() })
+	admin.SetMaxOpenConns(1)
+	var db string
+	if err := admin.QueryRowContext(t.Context(), `SELECT current_database()`).Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	return func(on bool) {
+		t.Helper()
+		set := fmt.Sprintf(`ALTER DATABASE %q SET default_transaction_read_only = on`, db)
+		if on {
+			set = fmt.Sprintf(`ALTER DATABASE %q RESET default_transaction_read_only`, db)
+		}
+		if _, err := admin.ExecContext(t.Context(), set); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admin.ExecContext(t.Context(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+			WHERE datname = current_database() AND pid <> pg_backend_pid()`); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestFaultLedgerGapKeepsItsArrivals: the purchases that arrive while no
+// server takes writes wait for one without holding the replica's places
+// in flight (TakesInFlight 4 here): twelve wait through the gap, none is
+// turned away, and all twelve are sold once the ledger takes writes.
+// Counted against the bound, eight of them were answered 503 at once, as
+// a planned failover's arrivals were under load (stockbench faults).
+func TestFaultLedgerGapKeepsItsArrivals(t *testing.T) {
+	systest.FullTier(t)
+	dsn := systest.LedgerDSN(t, ledger.Postgres)
+	e := systest.Start(t, systest.Options{Driver: ledger.Postgres, DSN: dsn, Tune: func(o *app.Options) {
+		o.Sale.WorkTimeout = 30 * time.Second // room for the steps on a loaded machine
+		o.Sale.TakesInFlight = 4
+	}})
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 100, 1, 4)
+	e.MustBuy(t, sku, "gap-0", "g0", 1)
+	writable := sessionsWritable(t, dsn)
+	writable(false)
+	const buyers = 12
+	answered := make(chan int, buyers)
+	for i := 1; i <= buyers; i++ {
+		// One at a time, each sent once the one before has parked: the
+		// bound of 4 is then never reached.
+		if i > 1 {
+			systest.WaitCounter(t, e, "stockgate_ledger_takes_parked", nil, float64(i-1), 30*time.Second)
+		}
+		go buyInto(e, sku, fmt.Sprintf("gap-%d", i), fmt.Sprintf("g%d", i), answered) // ends with its request
+	}
+	systest.WaitCounter(t, e, "stockgate_ledger_takes_parked", nil, buyers, 30*time.Second)
+	select {
+	case status := <-answered:
+		t.Fatalf("a purchase was answered %d while no session took writes", status)
+	default:
+	}
+	writable(true)
+	for range buyers {
+		select {
+		case status := <-answered:
+			if status != http.StatusCreated {
+				t.Errorf("a purchase sent during the gap = %d, want 201 once the ledger takes writes", status)
+			}
+		case <-time.After(60 * time.Second):
+			t.Fatal("a purchase sent during the gap was not answered in 60 s")
+		}
+	}
+	if st := e.State(t, sku); st.Sold != buyers+1 {
+		t.Fatalf("sold %d, want %d", st.Sold, buyers+1)
+	}
+	systest.RedisConsistent(t, e, sku)
+}
+
+// buyInto sends a purchase of one unit of sku by buyer with key and puts
+// its status on answered (0: no answer).
+func buyInto(e *systest.Env, sku stock.SKU, key, buyer string, answered chan<- int) {
+	body := fmt.Sprintf(`{"buyer":%q,"quantity":1}`, buyer)
+	req, _ := http.NewRequest(http.MethodPost, e.URL+systest.SKUPath(sku)+"/purchases", strings.NewReader(body))
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := e.Client.Do(req)
+	if err != nil {
+		answered <- 0
+		return
+	}
+	resp.Body.Close()
+	answered <- resp.StatusCode
 }

@@ -442,7 +442,10 @@ func (b *batcher[T, R]) flushAll(l *lane[T, R], batch []*pendingItem[T, R]) {
 			p.out <- outcome[R]{err: &busyError{wait: waited}}
 			continue
 		}
-		if (l.timedOut || p.strict) && !p.deadline.IsZero() && p.deadline.Before(end) {
+		// A patient item may have waited most of its time in the queue:
+		// its batch ends by its deadline too (tooLate left it the time
+		// for one), or it was answered up to a whole timeout past it.
+		if (l.timedOut || p.patient) && !p.deadline.IsZero() && p.deadline.Before(end) {
 			end = p.deadline
 		}
 		fresh = append(fresh, p)

@@ -720,3 +720,33 @@ func TestBatcherRefusesAPatientItemTooLateToFlush(t *testing.T) {
 		t.Error("a patient item with no deadline is too late")
 	}
 }
+
+// A patient item's batch ends by its deadline, as a re-sent one's does:
+// it may have waited most of its time already.
+func TestBatcherEndsByAPatientItemsDeadline(t *testing.T) {
+	ends := make(chan time.Time, 1)
+	b := newBatcher(1, 10, time.Hour, 50*time.Millisecond, laneMetrics{}, func(ctx context.Context, items []int, answer func(int, int)) {
+		dl, _ := ctx.Deadline()
+		ends <- dl
+		for i, v := range items {
+			answer(i, v)
+		}
+	})
+	defer b.close()
+	deadline := time.Now().Add(time.Minute)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	if _, err := b.do(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if end := <-ends; !end.After(deadline) {
+		t.Fatalf("a batch of an item due in a minute ends at %v: want the whole hour's timeout", end)
+	}
+	b.resent.Store(time.Now().UnixNano()) // a re-send just now: what comes next is patient
+	if _, err := b.do(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if end := <-ends; !end.Equal(deadline) {
+		t.Fatalf("a batch of a patient item ends at %v, want its deadline %v", end, deadline)
+	}
+}

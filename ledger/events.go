@@ -116,14 +116,6 @@ func endEvent(state string, h Hold) string {
 	return EventHoldCancelled
 }
 
-// emit writes events inside tx, after the rows of the change they are
-// about, in multi-row statements. Coming after the change's own writes,
-// it runs in a transaction that already has its PostgreSQL transaction id
-// when the events take their seq: the relay's horizon (SettledSeq)
-// relies on that order.
-//
-// An event without a Trace takes ctx's span's: the request whose change
-// it is (none for a sweeper's).
 // emitCommit emits events in tx and commits it: the end of every
 // transaction that moves stock and says so. step names the work in the
 // commit's error.
@@ -137,6 +129,14 @@ func emitCommit(ctx context.Context, tx *sql.Tx, now time.Time, step string, eve
 	return nil
 }
 
+// emit writes events inside tx, after the rows of the change they are
+// about, in multi-row statements. Coming after the change's own writes,
+// it runs in a transaction that already has its PostgreSQL transaction id
+// when the events take their seq: the relay's horizon (SettledSeq)
+// relies on that order.
+//
+// An event without a Trace takes ctx's span's: the request whose change
+// it is (none for a sweeper's).
 func emit(ctx context.Context, tx *sql.Tx, now time.Time, events ...Event) error {
 	trace := tracing.Traceparent(ctx)
 	for chunk := range slices.Chunk(events, rowsPerStatement) {

@@ -765,9 +765,10 @@ func (m *sim) sendFrom(e *systest.Env, t mTake, body string, r systest.Reply, at
 				left = append(left, s.left())
 				units = append(units, m.units(t.buyer, s))
 			}
-			m.fail("POST %s %s key %s = %d %s after %v; model: left %v, ended %v, %s units %v of caps %v, program %d of %d (the gate counts %s); allowed %v",
+			m.fail("POST %s %s key %s = %d %s after %v; model: left %v, ended %v, %s units %v of caps %v, program %d of %d (the gate counts %s); allowed %v; %s",
 				t.path, body, t.key, r.Status, r.Body, time.Since(start).Round(time.Millisecond), left, m.ended, t.buyer, units,
-				[]int64{m.skus[0].perBuyer, m.skus[1].perBuyer, m.skus[2].perBuyer}, m.units(t.buyer, nil), m.programCap, m.gateCounts(t.buyer), want)
+				[]int64{m.skus[0].perBuyer, m.skus[1].perBuyer, m.skus[2].perBuyer}, m.units(t.buyer, nil), m.programCap, m.gateCounts(t.buyer), want,
+				m.gates())
 		}
 		stale = systest.ProblemKind(r)
 		m.ops["stale-"+stale]++
@@ -1800,6 +1801,28 @@ func (m *sim) checkRedis() {
 			time.Sleep(20 * time.Millisecond) // poll interval
 		}
 	}
+}
+
+// gates describes each SKU's gate beside its ledger row and the restores
+// still owed, for a failure that may come from their gap (a false
+// sold-out: a return not yet in Redis, or a replica's flag outliving it).
+func (m *sim) gates() string {
+	ctx := context.Background()
+	e := m.envs[0]
+	var b strings.Builder
+	for _, s := range m.ledgerStocks() {
+		st, err := e.Ledger.SKU(ctx, s.sku)
+		if err != nil {
+			fmt.Fprintf(&b, "%s: ledger: %v; ", s.sku, err)
+			continue
+		}
+		left, seeded, err := e.Gate.Remaining(ctx, s.sku, st.Shards)
+		fmt.Fprintf(&b, "%s: ledger remaining %d (epoch %d, %d shards, version %d), Redis %d (seeded %v, %v); ",
+			s.sku, st.Remaining(), st.GateEpoch, st.Shards, st.Version, left, seeded, err)
+	}
+	pending, err := e.Ledger.PendingRestores(ctx, 0, 100)
+	fmt.Fprintf(&b, "pending restores %+v (%v)", pending, err)
+	return b.String()
 }
 
 // poolParam is the query naming s's pool, if it is one.

@@ -1,6 +1,7 @@
 package sale
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -78,12 +79,26 @@ func (f *flight) leave() {
 // parkFactor times the floor takes may be parked at once.
 const parkFactor = 8
 
-// park gives a take's place back while it waits for a primary, false
-// when as many are parked as may be (the take then ends as it would have
-// without the wait); unpark takes the place again, past the bound if need
-// be: the take was let in and holds its stock, and refusing it now would
-// only waste its wait.
-func (f *flight) park() bool {
+// heldPlaceKey marks the context of a take that holds a place (runTake).
+type heldPlaceKey struct{}
+
+// holdingPlace marks ctx as a take's that entered: only such a take has a
+// place to give back while it waits (park). A late payment's take runs
+// under its confirm, outside the bound: parked, it would give back a
+// place it never took and let one more new take in than the bound says.
+func holdingPlace(ctx context.Context) context.Context {
+	return context.WithValue(ctx, heldPlaceKey{}, true)
+}
+
+// park gives the place of ctx's take back while it waits for a primary,
+// false when it holds none (see holdingPlace) or as many are parked as may be
+// (the take then ends as it would have without the wait); unpark takes
+// the place again, past the bound if need be: the take was let in and
+// holds its stock, and refusing it now would only waste its wait.
+func (f *flight) park(ctx context.Context) bool {
+	if ctx.Value(heldPlaceKey{}) == nil {
+		return false
+	}
 	if f.floor <= 0 || f.budget <= 0 {
 		return true
 	}

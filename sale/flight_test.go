@@ -1,6 +1,7 @@
 package sale
 
 import (
+	"context"
 	"testing"
 	"time"
 )
@@ -26,12 +27,7 @@ func TestFlightBound(t *testing.T) {
 	f.leave()
 	f.leave()
 	// 40 finish in one second: the next second's bound is 40 × 0.25 = 10.
-	for range 40 {
-		if !f.enter() {
-			t.Fatal("refused within the floor")
-		}
-		f.leave()
-	}
+	finish(t, f, 40)
 	clock = clock.Add(time.Second)
 	if got := f.limit(); got != 10 {
 		t.Fatalf("limit after 40 finished in a second = %d, want 10", got)
@@ -66,6 +62,7 @@ func TestFlightParksAndWaitsOutAFailover(t *testing.T) {
 	clock := time.Unix(1000, 0)
 	f := newFlight(2, 250*time.Millisecond, 4*time.Second)
 	f.now = func() time.Time { return clock }
+	ctx := holdingPlace(context.Background())
 	for i := range 2 {
 		if !f.enter() {
 			t.Fatalf("take %d of the floor's 2 refused", i+1)
@@ -74,7 +71,7 @@ func TestFlightParksAndWaitsOutAFailover(t *testing.T) {
 	if f.enter() {
 		t.Fatal("a third take let in with a floor of 2")
 	}
-	if !f.park() {
+	if !f.park(ctx) {
 		t.Fatal("a take could not park")
 	}
 	if !f.enter() {
@@ -84,15 +81,23 @@ func TestFlightParksAndWaitsOutAFailover(t *testing.T) {
 	if got := f.n.Load(); got != 3 {
 		t.Fatalf("in flight after the parked take came back = %d, want 3 (past the bound)", got)
 	}
+	// A take that never entered (a late payment's, under its confirm)
+	// has no place to give: it waits in none, and lets no one in.
+	if f.park(context.Background()) {
+		t.Fatal("a take outside the bound parked")
+	}
+	if got := f.n.Load(); got != 3 {
+		t.Fatalf("in flight after a take outside the bound tried to park = %d, want 3", got)
+	}
 	for range 3 {
 		f.leave()
 	}
 	for i := range parkFactor * 2 {
-		if !f.park() {
+		if !f.park(ctx) {
 			t.Fatalf("park %d of %d refused", i+1, parkFactor*2)
 		}
 	}
-	if f.park() {
+	if f.park(ctx) {
 		t.Fatal("parked past parkFactor times the floor")
 	}
 	for range parkFactor * 2 {
@@ -102,10 +107,7 @@ func TestFlightParksAndWaitsOutAFailover(t *testing.T) {
 	// A quiet spell, then 40 finished in a second: the budget's bound is
 	// 10, the patient 80.
 	clock = clock.Add(2 * time.Second)
-	for range 40 {
-		f.enter()
-		f.leave()
-	}
+	finish(t, f, 40)
 	clock = clock.Add(time.Second)
 	if got := f.limit(); got != 10 {
 		t.Fatalf("limit = %d, want 10", got)
@@ -117,12 +119,20 @@ func TestFlightParksAndWaitsOutAFailover(t *testing.T) {
 	// A patience after the re-send, 40 more in the second before: the
 	// budget's bound again.
 	clock = clock.Add(3 * time.Second)
-	for range 40 {
-		f.enter()
-		f.leave()
-	}
+	finish(t, f, 40)
 	clock = clock.Add(time.Second)
 	if got := f.limit(); got != 10 {
 		t.Fatalf("limit a patience after the re-send = %d, want the budget's 10", got)
+	}
+}
+
+// finish lets n takes in and out of f within its clock's second.
+func finish(t *testing.T, f *flight, n int) {
+	t.Helper()
+	for range n {
+		if !f.enter() {
+			t.Fatal("a take refused while none was in flight")
+		}
+		f.leave()
 	}
 }

@@ -538,7 +538,7 @@ func (s *Service) runTake(ctx context.Context, r request, f func(ctx context.Con
 		return ansInFlightBusy.result()
 	}
 	defer s.flight.leave()
-	return s.run(ctx, r, f)
+	return s.run(holdingPlace(ctx), r, f)
 }
 
 // run runs f once per request at a time on this replica, detached from the

@@ -208,7 +208,7 @@ func (t *take) ledgerSoldOut(ctx context.Context, direct bool, i int) {
 // answered 503, stockbench faults at 1,553 a second). When as many are
 // parked as may be, it waits and re-sends in its place, as before.
 func (s *Service) resendWithoutPrimary(ctx context.Context, c *committer, lt ledger.Take, r ledger.TakeResult) ledger.TakeResult {
-	if s.flight.park() {
+	if s.flight.park(ctx) {
 		s.metrics.parked.Inc()
 		defer s.metrics.parked.Dec()
 		defer s.flight.unpark()

@@ -54,6 +54,18 @@ func (s *Service) lateConfirm(ctx context.Context, h ledger.Hold, keep int64, r 
 // latePaid is lateConfirm's payment, under the key derived from the hold.
 func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64, r request) answer {
 	if s.opts.LatePayment <= 0 || time.Since(h.ExpiresAt) > s.opts.LatePayment {
+		// Paid within the window, and answered 503 (its COMMIT's reply
+		// lost, its client key not recorded): the retry that comes after
+		// the window gets the order, not 410 "nothing was sold" beside
+		// it, nor does a confirm under another key (or with late
+		// payments turned off since).
+		a, ok, err := s.paidLate(ctx, h)
+		switch {
+		case err != nil:
+			return ansUnavailable // an order may stand: not "nothing was sold"
+		case ok:
+			return s.sameQuantity(ctx, a, keep)
+		}
 		return ansHoldExpired
 	}
 	switch {
@@ -69,6 +81,13 @@ func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64, r req
 		if a, done := s.expireBeforeLate(ctx, h, keep, r); done {
 			return a
 		}
+	} else {
+		// Expired by a sweeper that has not given its units to Redis yet
+		// (a batch restored one by one, a failed call its grace retries):
+		// the units are the buyer's and the ledger has them, so they go
+		// back first, or the gate refuses them and the platform refunds
+		// a payment for units that were there. Nothing owed: one read.
+		s.returnOwed(ctx, "hold", h.ID)
 	}
 	named := keep
 	if keep == 0 {
@@ -155,6 +174,22 @@ func unitsGone(err error) bool {
 		}
 	}
 	return false
+}
+
+// paidLate answers the late payment h's buyer made, under the key
+// derived from it or a build's before (lateBefore); false when none was
+// made, an error when the ledger could not say.
+func (s *Service) paidLate(ctx context.Context, h ledger.Hold) (answer, bool, error) {
+	r := newRequest(h.Buyer, keys.Derived("late", h.ID), ledger.OpPurchase)
+	rec, err := s.ledger.RequestByKey(ctx, r.scope, r.key)
+	switch {
+	case err == nil && rec.Order != nil:
+		return replayed(rec), true, nil
+	case err != nil && !errors.Is(err, ledger.ErrNotFound):
+		return answer{}, false, err
+	}
+	a, ok := s.lateBefore(ctx, h)
+	return a, ok, nil
 }
 
 // lateBefore answers a late payment that a build before keys.Derived

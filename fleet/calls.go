@@ -196,6 +196,10 @@ type twoOf[A, B any] struct {
 	b B
 }
 
+func (f *Fleet) RefuseLate(ctx context.Context, req ledger.Request, sku stock.SKU, why string) (ledger.Recorded, error) {
+	return onSKU(ctx, f, sku, true, false, func(l *ledger.Ledger) (ledger.Recorded, error) { return l.RefuseLate(ctx, req, sku, why) })
+}
+
 func (f *Fleet) ExpireHold(ctx context.Context, id keys.ID) (ledger.Hold, bool, error) {
 	r, err := byID(ctx, f, id, true, func(l *ledger.Ledger) (twoOf[ledger.Hold, bool], error) {
 		h, ok, err := l.ExpireHold(ctx, id)

@@ -302,3 +302,39 @@ func TestProgramCapAcrossTickets(t *testing.T) {
 		}
 	})
 }
+
+// A late payment's refusal is recorded once under its key and read back
+// as refused; a key an order took first is left as it is and answered
+// with that order. Both are ErrDuplicate when the key was taken.
+func TestRefuseLateOnce(t *testing.T) {
+	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
+		ctx := context.Background()
+		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 5, Shards: 1, MaxPerOrder: 4}); err != nil {
+			t.Fatal(err)
+		}
+		buyer := keys.MustID("b")
+		req := ledger.Request{Scope: buyer, Key: keys.MustID("late-refused"), Fingerprint: "f1", Op: ledger.OpConfirm}
+		rec, err := l.RefuseLate(ctx, req, sku, "gone")
+		if err != nil || rec.Refused != "gone" {
+			t.Fatalf("the first refusal = %+v, %v; want it recorded", rec, err)
+		}
+		rec, err = l.RefuseLate(ctx, req, sku, "gone again")
+		if !errors.Is(err, ledger.ErrDuplicate) || rec.Refused != "gone" || rec.Order != nil {
+			t.Fatalf("the second refusal = %+v, %v; want the first, ErrDuplicate", rec, err)
+		}
+		if rec, err := l.RequestByKey(ctx, buyer, req.Key); err != nil || rec.Refused != "gone" {
+			t.Fatalf("the refusal read back = %+v, %v", rec, err)
+		}
+		// A key an order took first.
+		sold := ledger.Request{Scope: buyer, Key: keys.MustID("late-sold"), Fingerprint: "f2", Op: ledger.OpPurchase}
+		o, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID("late-sold"), SKU: sku, Buyer: buyer, Quantity: 2, Gate: "[]", Req: sold})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, err = l.RefuseLate(ctx, ledger.Request{Scope: buyer, Key: sold.Key, Fingerprint: "f3", Op: ledger.OpConfirm}, sku, "gone")
+		if !errors.Is(err, ledger.ErrDuplicate) || rec.Order == nil || rec.Order.ID != o.ID || rec.Refused != "" {
+			t.Fatalf("a refusal under a key an order took = %+v, %v; want the order %s, ErrDuplicate", rec, err, o.ID)
+		}
+		expectSKU(t, l, 2, 0)
+	})
+}

@@ -68,11 +68,14 @@ func (r Request) validate() error {
 // Recorded is a committed request and the answer it got.
 type Recorded struct {
 	Request
-	SKU       stock.SKU
-	Order     *Order  // purchase, confirm, refund
-	Hold      *Hold   // hold, seat hold, cancel
-	Cart      *Cart   // cart
-	Listing   keys.ID // resale, withdraw: the listing (read as it is now)
+	SKU     stock.SKU
+	Order   *Order  // purchase, confirm, refund
+	Hold    *Hold   // hold, seat hold, cancel
+	Cart    *Cart   // cart
+	Listing keys.ID // resale, withdraw: the listing (read as it is now)
+	// Refused is why a late payment was refused (RefuseLate): the
+	// hold's every late payment is answered that refusal.
+	Refused   string
 	CreatedAt time.Time
 }
 
@@ -85,6 +88,8 @@ type snapshot struct {
 	Cart  *cartSnap  `json:"c,omitempty"`
 	// Listing names a listing (its state is read when replayed).
 	Listing keys.ID `json:"l,omitzero"`
+	// Refused is a late payment's refusal (RefuseLate).
+	Refused string `json:"x,omitempty"`
 }
 
 type cartSnap struct {
@@ -164,12 +169,17 @@ func encodeListing(id keys.ID) string {
 	return string(b)
 }
 
+func encodeRefusal(why string) string {
+	b, _ := json.Marshal(snapshot{Refused: why}) // a string: cannot fail
+	return string(b)
+}
+
 func decodeSnapshot(raw string, r *Recorded) error {
 	var s snapshot
 	if err := json.Unmarshal([]byte(raw), &s); err != nil {
 		return fmt.Errorf("ledger: stored answer: %w", err)
 	}
-	r.Listing = s.Listing
+	r.Listing, r.Refused = s.Listing, s.Refused
 	if o := s.Order; o != nil {
 		ord := o.order(r.Request)
 		r.Order = &ord

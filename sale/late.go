@@ -96,7 +96,10 @@ func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64, r req
 	if keep > h.Quantity {
 		return fail(refuse(ErrInvalid, "quantity is more than the hold has"))
 	}
-	if a, ok := s.lateBefore(ctx, h); ok {
+	switch a, ok, err := s.paidLate(ctx, h); {
+	case err != nil:
+		return ansUnavailable
+	case ok:
 		return s.sameQuantity(ctx, a, named)
 	}
 	// The key is derived (keys.Derived): no client's Idempotency-Key can
@@ -118,16 +121,19 @@ func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64, r req
 	}
 	if errors.Is(a.err, ErrKeyReused) {
 		// Paid late before for another quantity (or by a build whose
-		// fingerprint named none): its order is the hold's.
+		// fingerprint named none): its order is the hold's. Or refused
+		// meanwhile, on another replica: its refusal is.
 		rec, err := s.ledger.RequestByKey(ctx, w.req.scope, w.req.key)
-		if err != nil || rec.Order == nil {
+		if err != nil {
 			return ansUnavailable
 		}
-		return s.sameQuantity(ctx, replayed(rec), named)
+		if a, ok := lateAnswer(rec); ok {
+			return s.sameQuantity(ctx, a, named)
+		}
+		return ansUnavailable
 	}
 	if unitsGone(a.err) {
-		s.metrics.latePayments.WithLabelValues("refused").Inc()
-		return fail(refuse(ErrLateRefused, "the hold expired and its units are gone: nothing was sold; refund the payment"))
+		return s.refuseLate(ctx, h, keep, named, a.err)
 	}
 	if a.err == nil && !a.replayed {
 		s.metrics.latePayments.WithLabelValues("sold").Inc()
@@ -177,19 +183,76 @@ func unitsGone(err error) bool {
 }
 
 // paidLate answers the late payment h's buyer made, under the key
-// derived from it or a build's before (lateBefore); false when none was
-// made, an error when the ledger could not say.
+// derived from it or a build's before (lateBefore), or its refusal
+// (refuseLate); false when there was none, an error when the ledger
+// could not say.
 func (s *Service) paidLate(ctx context.Context, h ledger.Hold) (answer, bool, error) {
 	r := newRequest(h.Buyer, keys.Derived("late", h.ID), ledger.OpPurchase)
 	rec, err := s.ledger.RequestByKey(ctx, r.scope, r.key)
 	switch {
-	case err == nil && rec.Order != nil:
-		return replayed(rec), true, nil
-	case err != nil && !errors.Is(err, ledger.ErrNotFound):
+	case err == nil:
+		if a, ok := lateAnswer(rec); ok {
+			return a, true, nil
+		}
+	case !errors.Is(err, ledger.ErrNotFound):
 		return answer{}, false, err
 	}
 	a, ok := s.lateBefore(ctx, h)
 	return a, ok, nil
+}
+
+// lateAnswer is the answer a late payment's row under the hold's derived
+// key gives: the order it made, or its refusal.
+func lateAnswer(rec ledger.Recorded) (answer, bool) {
+	switch {
+	case rec.Order != nil:
+		return replayed(rec), true
+	case rec.Refused != "":
+		return fail(refuse(ErrLateRefused, rec.Refused)), true
+	}
+	return answer{}, false
+}
+
+// refuseLate answers a late payment of keep units whose take was refused
+// (gone: unitsGone) with ErrLateRefused. When the ledger bears it out
+// (the units are not there, or the sale ended) the refusal is recorded
+// under the hold's derived key first: the platform refunds on it, so no
+// later late payment of the hold, under any key or quantity, may sell.
+// A gate's "sold out" the ledger does not bear out (a return on its way
+// to Redis, a replica's flag outliving a notice it missed) is not final:
+// 503, nothing moved, and the retry finds the units. A buyer's cap
+// reached is refused unrecorded, as before: the ledger's counts are not
+// read here, and a false one (a count on its way back) must not be
+// final. Unrecorded for a ledger failing, the refusal is not final
+// either: 503.
+func (s *Service) refuseLate(ctx context.Context, h ledger.Hold, keep, named int64, gone error) answer {
+	refused := fail(refuse(ErrLateRefused, "the hold expired and its units are gone: nothing was sold; refund the payment"))
+	st, err := s.ledger.SKU(ctx, h.SKU)
+	switch {
+	case err != nil:
+		return ansUnavailable
+	case st.EndedAt.IsZero() && st.Remaining() >= keep:
+		if errors.Is(gone, ErrLimit) || errors.Is(gone, stock.ErrLimit) {
+			s.metrics.latePayments.WithLabelValues("refused").Inc()
+			return refused
+		}
+		return ansUnavailable
+	}
+	r := newRequest(h.Buyer, keys.Derived("late", h.ID), ledger.OpConfirm, "late refused", h.ID.String())
+	rec, err := s.ledger.RefuseLate(ctx, r.ledger(), h.SKU, refused.err.Error())
+	switch {
+	case err == nil:
+		s.metrics.latePayments.WithLabelValues("refused").Inc()
+	case errors.Is(err, ledger.ErrDuplicate):
+		// Another replica's late payment of the hold came first.
+	default:
+		s.log.WarnContext(ctx, "late payment: refusal not recorded", "hold", h.ID.String(), "err", err)
+		return ansUnavailable
+	}
+	if a, ok := lateAnswer(rec); ok {
+		return s.sameQuantity(ctx, a, named)
+	}
+	return ansUnavailable
 }
 
 // lateBefore answers a late payment that a build before keys.Derived

@@ -70,12 +70,29 @@ func TestLatePayment(t *testing.T) {
 		// The sweeper gives the unit back to the gate after the ledger
 		// marks the hold expired: buy it once the gate has it.
 		systest.WaitFor(t, 10*time.Second, "the expired unit back at the gate", func() bool { return a.State(t, sku).RedisRemaining == 1 })
-		a.MustBuy(t, sku, "p1", "dan", 1)
+		dan := a.MustBuy(t, sku, "p1", "dan", 1)
 		if r := b.Act(t, "/v1/holds/"+h3.HoldID+"/confirm", "c5", "cat"); r.Status != http.StatusConflict || systest.ProblemKind(r) != "late-payment-refused" {
 			t.Fatalf("a late confirm of units sold meanwhile = %d %s", r.Status, r.Body)
 		}
 		if st := a.State(t, sku); st.Sold != 4 || st.Held != 0 || st.RedisRemaining != 0 {
 			t.Fatalf("after the refusal: %+v, want 4 sold, none left", st)
+		}
+		// The refusal is final: the platform refunded on it. The unit
+		// coming back (dan's refund) is for sale, not for a retry of the
+		// late payment, nor for one under another key.
+		if r := a.Act(t, "/v1/orders/"+systest.OrderID(dan)+"/refund", "r1", "dan"); r.Status != http.StatusOK {
+			t.Fatalf("dan's refund = %d %s", r.Status, r.Body)
+		}
+		systest.WaitFor(t, 10*time.Second, "the refunded unit back at the gate", func() bool { return a.State(t, sku).RedisRemaining == 1 })
+		for _, e := range []*systest.Env{a, b} {
+			for _, key := range []string{"c5", "c6"} {
+				if r := e.Act(t, "/v1/holds/"+h3.HoldID+"/confirm", key, "cat"); r.Status != http.StatusConflict || systest.ProblemKind(r) != "late-payment-refused" {
+					t.Fatalf("a late confirm (key %s) after the refusal, its units back = %d %s, want the refusal again", key, r.Status, r.Body)
+				}
+			}
+		}
+		if st := a.State(t, sku); st.Sold != 3 || st.Orders != 2 || st.RedisRemaining != 1 {
+			t.Fatalf("after the refused late payment's retries: %+v, want 3 sold, the refunded unit left", st)
 		}
 	})
 }

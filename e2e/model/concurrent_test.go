@@ -369,25 +369,28 @@ func (s ccHoldSt) apply(in ccIn, out ccOut) []any {
 			past := in.ret-s.expires > ccLateMS-ccSkew     // may be past the window
 			within := in.call-s.expires <= ccLateMS+ccSkew // may be within it
 			switch {
+			case s.late != 0:
+				// The hold's late order, whenever asked: past the window
+				// too (a payment answered 503 whose retry came late).
+				if in.q == 0 || in.q == s.lq {
+					if out.status == http.StatusCreated && out.id == s.late {
+						return same
+					}
+				} else if is(out, http.StatusConflict, "hold-confirmed") || in.q > s.q && is(out, http.StatusUnprocessableEntity, "invalid-field") {
+					return same
+				}
 			case is(out, http.StatusGone, "hold-expired"):
 				if past {
 					return same
 				}
+			case is(out, http.StatusConflict, "late-payment-refused"):
+				// Within the window; or past it, a refusal recorded then.
+				return same
 			case !within:
 			case in.q > s.q:
 				if is(out, http.StatusUnprocessableEntity, "invalid-field") {
 					return same
 				}
-			case s.late != 0:
-				if in.q == 0 || in.q == s.lq {
-					if out.status == http.StatusCreated && out.id == s.late {
-						return same
-					}
-				} else if is(out, http.StatusConflict, "hold-confirmed") {
-					return same
-				}
-			case is(out, http.StatusConflict, "late-payment-refused"):
-				return same
 			case out.status == http.StatusCreated && out.id != 0 && out.id != s.order && (out.replayed || out.q == want):
 				n := s
 				n.late, n.lq = out.id, want

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/stockgate/stockgate/breaker"
+	"github.com/stockgate/stockgate/internal/wait"
 )
 
 var (
@@ -145,14 +146,10 @@ func TestOnChangeGivesTheCause(t *testing.T) {
 	_ = b.Do(cancelled, func(ctx context.Context) error { return ctx.Err() })
 	_ = b.Do(context.Background(), fails(errRedis))
 	_ = b.Do(context.Background(), fails(errTimeout)) // closed → open
-	for b.State() != breaker.HalfOpen {
-		time.Sleep(5 * time.Millisecond) // poll interval: until OpenFor (20 ms) lapses
-	}
+	wait.For(t, 10*time.Second, "half-open once OpenFor (20 ms) lapsed", func() bool { return b.State() == breaker.HalfOpen })
 	_ = b.Do(cancelled, func(ctx context.Context) error { return ctx.Err() })
 	_ = b.Do(context.Background(), fails(errRedis)) // half-open → open
-	for b.State() != breaker.HalfOpen {
-		time.Sleep(5 * time.Millisecond) // poll interval: until OpenFor (20 ms) lapses
-	}
+	wait.For(t, 10*time.Second, "half-open once OpenFor (20 ms) lapsed", func() bool { return b.State() == breaker.HalfOpen })
 	_ = b.Do(context.Background(), fails(nil)) // half-open → closed
 	want := []change{
 		{breaker.Closed, breaker.Open, errTimeout},
@@ -263,13 +260,7 @@ func TestSetForgetsANodeNoCallNames(t *testing.T) {
 	if s.State() != breaker.Open {
 		t.Fatalf("state %v after the failure, want open", s.State())
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for s.State() != breaker.Closed {
-		if time.Now().After(deadline) {
-			t.Fatalf("state %v 10s after the last call, want closed (the node is not in use)", s.State())
-		}
-		time.Sleep(50 * time.Millisecond) // poll interval
-	}
+	wait.For(t, 10*time.Second, "closed state after the last call (the node is not in use)", func() bool { return s.State() == breaker.Closed })
 	if got := testutil.ToFloat64(mustGauge(t, reg, "dead:1")); got != 0 || s.States()["dead:1"] != breaker.Open {
 		t.Errorf("gauge %v, own state %v; want 0 and still open", got, s.States()["dead:1"])
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/maypok86/otter/v2/stats"
 
 	"github.com/stockgate/stockgate/cache"
+	"github.com/stockgate/stockgate/internal/wait"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -35,13 +36,7 @@ func TestSoldOutAndEmptyShards(t *testing.T) {
 		t.Fatal("MarkStocked left flags set")
 	}
 	c.MarkSoldOut(sku, c.Since())
-	deadline := time.Now().Add(2 * time.Second)
-	for c.SoldOut(sku) {
-		if time.Now().After(deadline) {
-			t.Fatal("sold-out flag outlived its TTL by over a second")
-		}
-		time.Sleep(10 * time.Millisecond) // poll interval
-	}
+	wait.For(t, 2*time.Second, "sold-out flag's end (its TTL is far shorter)", func() bool { return !c.SoldOut(sku) })
 }
 
 func TestLoadingLoadsOncePerKey(t *testing.T) {
@@ -66,11 +61,7 @@ func TestLoadingLoadsOncePerKey(t *testing.T) {
 		})
 	}
 	// Released once every Get has missed: all 50 came while it loads.
-	for deadline := time.Now().Add(10 * time.Second); rec.Snapshot().Misses < 50; time.Sleep(time.Millisecond) { // poll interval
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of 50 Gets missed within 10s", rec.Snapshot().Misses)
-		}
-	}
+	wait.For(t, 10*time.Second, "50 Gets missed", func() bool { return rec.Snapshot().Misses >= 50 })
 	close(release)
 	wg.Wait()
 	if n := loads.Load(); n != 1 {
@@ -154,10 +145,7 @@ func TestSoldOutFreshLeavesTheRecheck(t *testing.T) {
 	if !c.SoldOutFresh(sku) || !c.SoldOut(sku) {
 		t.Fatal("a fresh flag reads sold out")
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for c.SoldOutFresh(sku) && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond) // poll interval: the TTL itself lapsing, the condition under test
-	}
+	wait.Until(5*time.Second, func() bool { return !c.SoldOutFresh(sku) }) // the TTL itself lapsing, the condition under test
 	for range 3 {
 		if c.SoldOutFresh(sku) {
 			t.Fatal("a stale flag reads fresh")
@@ -206,12 +194,7 @@ func TestRefreshingServesTheOldValueWhileItLoads(t *testing.T) {
 	if err != nil || v != 1 {
 		t.Fatalf("stale Get = %d, %v, want the old 1 at once", v, err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); loads.Load() < 2; {
-		if time.Now().After(deadline) {
-			t.Fatal("no refresh started by the stale read")
-		}
-		time.Sleep(time.Millisecond) // poll interval
-	}
+	wait.For(t, 10*time.Second, "refresh started by the stale read", func() bool { return loads.Load() >= 2 })
 	for range 100 {
 		if v, _ := l.Get(context.Background(), sku); v != 1 {
 			t.Fatalf("Get during the refresh = %d, want the old 1", v)
@@ -224,16 +207,10 @@ func TestRefreshingServesTheOldValueWhileItLoads(t *testing.T) {
 	if err := <-canceled; err != nil {
 		t.Fatalf("the refresh ran on a context its reader ended: %v", err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if v, _ := l.Get(context.Background(), sku); v == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the refreshed value 2 never served")
-		}
-		time.Sleep(time.Millisecond) // poll interval
-	}
+	wait.For(t, 10*time.Second, "refreshed value 2 served", func() bool {
+		v, _ := l.Get(context.Background(), sku)
+		return v == 2
+	})
 	if _, err := cache.NewRefreshing[stock.SKU, int](time.Second, time.Second, 1, nil, func(context.Context, stock.SKU) (int, error) { return 0, nil }); err == nil {
 		t.Error("NewRefreshing accepted stale == ttl")
 	}

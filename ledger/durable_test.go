@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/internal/wait"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 )
@@ -46,11 +47,12 @@ func TestRequestDurableWaitsForTheStandby(t *testing.T) {
 		done <- err
 	}()
 	ended := 0
-	for deadline := time.Now().Add(30 * time.Second); ended == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) { // poll interval
+	wait.Until(30*time.Second, func() bool {
 		if err := raw.QueryRowContext(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE wait_event = 'SyncRep'`).Scan(&ended); err != nil {
 			t.Fatal(err)
 		}
-	}
+		return ended > 0
+	})
 	if ended == 0 {
 		t.Fatal("no COMMIT waited for the synchronous standby within 30 s")
 	}
@@ -58,11 +60,12 @@ func TestRequestDurableWaitsForTheStandby(t *testing.T) {
 		t.Fatal("the purchase whose backend was ended in its COMMIT's wait answered no error")
 	}
 	n := 0
-	for deadline := time.Now().Add(30 * time.Second); n == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) { // poll interval
+	wait.Until(30*time.Second, func() bool {
 		if err := raw.QueryRowContext(ctx, `SELECT count(*) FROM requests`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-	}
+		return n > 0
+	})
 	if n != 1 {
 		t.Fatalf("the purchase's row was never seen by a plain read (%d rows): the case is not shown", n)
 	}

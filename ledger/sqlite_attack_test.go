@@ -9,19 +9,16 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/internal/wait"
 	"github.com/stockgate/stockgate/ledger"
 )
 
 // waitGoroutines waits for the goroutine count to come back to at most n.
 func waitGoroutines(t *testing.T, n int) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for runtime.NumGoroutine() > n {
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<20)
-			t.Fatalf("%d goroutines, want at most %d (before the test):\n%s", runtime.NumGoroutine(), n, buf[:runtime.Stack(buf, true)])
-		}
-		time.Sleep(10 * time.Millisecond) // poll interval
+	if !wait.Until(20*time.Second, func() bool { return runtime.NumGoroutine() <= n }) {
+		buf := make([]byte, 1<<20)
+		t.Fatalf("%d goroutines, want at most %d (before the test):\n%s", runtime.NumGoroutine(), n, buf[:runtime.Stack(buf, true)])
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/stockgate/stockgate/client/webhook"
 	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/internal/wait"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/relay"
@@ -183,10 +184,7 @@ func TestAttackHangingReceiverStallsTheOtherSinks(t *testing.T) {
 	wg.Go(func() { r.Run(rctx) })
 	t.Cleanup(func() { stop(); wg.Wait() })
 	start := time.Now()
-	deadline := start.Add(8 * time.Second)
-	for rcv.distinct() < len(events) && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond) // poll interval
-	}
+	wait.Until(8*time.Second, func() bool { return rcv.distinct() >= len(events) })
 	if got := rcv.distinct(); got < len(events) {
 		t.Fatalf("the healthy sink got %d of %d events in %v while the other sink's receiver hangs; want all within a second or two",
 			got, len(events), time.Since(start).Round(time.Millisecond))

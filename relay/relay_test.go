@@ -18,6 +18,7 @@ import (
 
 	"github.com/stockgate/stockgate/client/webhook"
 	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/internal/wait"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/relay"
@@ -182,13 +183,7 @@ func allEvents(t *testing.T, l *ledger.Ledger, program keys.ID) []ledger.Event {
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond) // poll interval
-	}
+	wait.For(t, d, what, cond)
 }
 
 func fastOptions(sinks ...relay.Sink) relay.Options {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockgate/stockgate/internal/wait"
 	"github.com/stockgate/stockgate/ledger"
 )
 
@@ -47,9 +48,7 @@ func TestBatcherRefusesPastTheBudget(t *testing.T) {
 			<-holding
 		}
 	}
-	for l.queued.Load() < 25 {
-		time.Sleep(time.Millisecond) // poll interval: until 25 wait behind the first
-	}
+	wait.For(t, 10*time.Second, "25 waiting behind the first", func() bool { return l.queued.Load() >= 25 })
 	_, err := b.do(context.Background(), 99)
 	if !errors.Is(err, errLedgerBusy) || !errors.Is(err, ledger.ErrNotCommitted) || busyWait(err) < 250*time.Millisecond {
 		t.Fatalf("do(27th) = %v (wait %v), want a busy refusal asking to wait at least the budget", err, busyWait(err))
@@ -105,9 +104,7 @@ func TestBatcherRefusesWhatWaitedTooLong(t *testing.T) {
 			for i := 1; i <= 3; i++ {
 				go func() { _, err := b.do(context.Background(), i); late <- err }()
 			}
-			for b.lanes[0].queued.Load() < 3 {
-				time.Sleep(time.Millisecond) // poll interval: until the three are queued
-			}
+			wait.For(t, 10*time.Second, "the three queued", func() bool { return b.lanes[0].queued.Load() >= 3 })
 			// From the last one's arrival: on a busy machine the third may
 			// be queued well after the first two.
 			for queued := time.Now(); time.Since(queued) <= budget; {
@@ -230,11 +227,7 @@ func TestBatcherRefusesBehindASlowFlush(t *testing.T) {
 	}
 	// The answer goes out before the flush has ended: wait for the lane
 	// to be idle (make test, once: refused behind the flush still ending).
-	for deadline := time.Now().Add(10 * time.Second); l.busySince.Load() != 0; time.Sleep(time.Millisecond) { // poll interval
-		if time.Now().After(deadline) {
-			t.Fatal("the lane still busy 10s after its flush answered")
-		}
-	}
+	wait.For(t, 10*time.Second, "the lane idle after its flush answered", func() bool { return l.busySince.Load() == 0 })
 	if v, err := b.do(context.Background(), 2); err != nil || v != 2 {
 		t.Errorf("do on the idle lane again = %d, %v; want 2 (an idle lane is never slow)", v, err)
 	}
@@ -480,12 +473,7 @@ func TestBatcherOpensALaneOnlyWhenTheFirstCantKeepUp(t *testing.T) {
 	}
 	waitFor := func(what string, ok func() bool) {
 		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); !ok(); {
-			if time.Now().After(deadline) {
-				t.Fatalf("waited 10 s for %s", what)
-			}
-			time.Sleep(time.Millisecond) // poll interval
-		}
+		wait.For(t, 10*time.Second, what, ok)
 	}
 	do(0)
 	waitFor("the first flush", func() bool { return running.Load() == 1 })
@@ -539,9 +527,7 @@ func TestBatcherOpensALaneRatherThanRefuse(t *testing.T) {
 			<-holding
 		}
 	}
-	for first.queued.Load() < 25 {
-		time.Sleep(time.Millisecond) // poll interval: until 25 wait behind the first
-	}
+	wait.For(t, 10*time.Second, "25 waiting behind the first", func() bool { return first.queued.Load() >= 25 })
 	if v, err := b.do(context.Background(), 99); err != nil || v != 99 {
 		t.Fatalf("do(27th) = %d, %v, want it committed on the second lane while the first is held", v, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockgate/stockgate/internal/wait"
 	"github.com/stockgate/stockgate/keys"
 )
 
@@ -56,15 +57,10 @@ func TestTTLCacheStaleWhileTheSourceIsSlow(t *testing.T) {
 		t.Fatalf("get while the reload hangs = %d %v, want the last value 1", v, err)
 	}
 	close(release)
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) { // poll interval
+	wait.For(t, 10*time.Second, "the reload's value 2 got after it ended", func() bool {
 		v, _ := c.get(ctx, k, func(context.Context) (int, error) { return 2, nil })
-		if v == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("get = %d 10s after the reload ended, want 2", v)
-		}
-	}
+		return v == 2
+	})
 	time.Sleep(2 * time.Millisecond) // time under test: past the ttl again
 	if v, err := c.get(ctx, k, func(context.Context) (int, error) { return 0, fail }); v != 2 || err != nil {
 		t.Fatalf("get when the reload fails = %d %v, want the last value 2", v, err)
@@ -98,33 +94,25 @@ func TestTTLCacheStopsWaitingWhileTheSourceStaysSlow(t *testing.T) {
 	}
 	// The slow reload ends (its value 2 is then the last), and the cache
 	// is slow.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) { // poll interval
+	wait.For(t, 10*time.Second, "end of the reload slower than staleAfter, the cache slow", func() bool {
 		c.mu.Lock()
 		e := c.m[k]
 		c.mu.Unlock()
-		done := false
 		select {
 		case <-e.done:
-			done = true
+			return c.slow.Load()
 		default:
+			return false
 		}
-		if done && c.slow.Load() {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the reload slower than staleAfter had not ended, slow, 10s after it began")
-		}
-	}
+	})
 	// Slow: the next caller is answered without a wait, however soon its
 	// reload would end; that reload, in time, makes the cache wait again.
-	for deadline := time.Now().Add(10 * time.Second); c.slow.Load(); time.Sleep(time.Millisecond) { // poll interval
+	wait.For(t, 10*time.Second, "end of the slow mark after reloads that end at once", func() bool {
 		if v, _ := c.get(ctx, k, func(context.Context) (int, error) { return 3, nil }); v != 2 && v != 3 {
 			t.Fatalf("get = %d, want the last value 2 or the new 3", v)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("still slow 10s after reloads that end at once")
-		}
-	}
+		return !c.slow.Load()
+	})
 }
 
 // The first caller that waits staleAfter for a reload still running marks
@@ -227,18 +215,13 @@ func TestTTLCacheAnswersTheFreshestReload(t *testing.T) {
 	if v, _ := c.get(ctx, k, hang(rel3, 3)); v != 1 {
 		t.Fatalf("get while reloads 2 and 3 hang = %d, want 1", v)
 	}
-	close(rel2)                                                                        // reload 2 ends; reload 3's entry is the current one
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) { // poll interval
+	close(rel2) // reload 2 ends; reload 3's entry is the current one
+	wait.For(t, 10*time.Second, "reload 2's value kept once it ended", func() bool {
 		c.mu.Lock()
 		b := c.m[k].best.Load()
 		c.mu.Unlock()
-		if b.v == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("reload 2 ended, its value not kept 10s later")
-		}
-	}
+		return b.v == 2
+	})
 	time.Sleep(2 * time.Millisecond) // time under test: past the ttl
 	if v, _ := c.get(ctx, k, hang(rel4, 4)); v != 2 {
 		t.Fatalf("get while reloads 3 and 4 hang = %d, want 2 (reload 2 ended)", v)

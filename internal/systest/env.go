@@ -34,6 +34,7 @@ import (
 	"github.com/stockgate/stockgate/fleet"
 	"github.com/stockgate/stockgate/gateway"
 	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/internal/wait"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/lock"
@@ -259,13 +260,7 @@ func NewSKU(t *testing.T) stock.SKU {
 // does not within the bound: tests wait for conditions, never for time.
 func WaitFor(t *testing.T, within time.Duration, what string, ok func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s within %v", what, within)
-		}
-		time.Sleep(10 * time.Millisecond) // poll interval
-	}
+	wait.For(t, within, what, ok)
 }
 
 // FullTier marks a test of the full tier only (a model run, an attack, a

@@ -196,8 +196,8 @@ type twoOf[A, B any] struct {
 	b B
 }
 
-func (f *Fleet) RefuseLate(ctx context.Context, req ledger.Request, sku stock.SKU, why string) (ledger.Recorded, error) {
-	return onSKU(ctx, f, sku, true, false, func(l *ledger.Ledger) (ledger.Recorded, error) { return l.RefuseLate(ctx, req, sku, why) })
+func (f *Fleet) RefuseLate(ctx context.Context, r ledger.LateRefusal) (ledger.Recorded, error) {
+	return onSKU(ctx, f, r.SKU, true, false, func(l *ledger.Ledger) (ledger.Recorded, error) { return l.RefuseLate(ctx, r) })
 }
 
 func (f *Fleet) ExpireHold(ctx context.Context, id keys.ID) (ledger.Hold, bool, error) {

@@ -303,38 +303,57 @@ func TestProgramCapAcrossTickets(t *testing.T) {
 	})
 }
 
-// A late payment's refusal is recorded once under its key and read back
-// as refused; a key an order took first is left as it is and answered
-// with that order. Both are ErrDuplicate when the key was taken.
+// A late payment's refusal is recorded only when the ledger bears it out
+// (fewer units left than asked, the buyer's cap reached), once under its
+// key, and read back as refused; a key an order took first is left as
+// it is and answered with that order. Both are ErrDuplicate when the key
+// was taken.
 func TestRefuseLateOnce(t *testing.T) {
 	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
 		ctx := context.Background()
-		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 5, Shards: 1, MaxPerOrder: 4}); err != nil {
+		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 5, Shards: 1, MaxPerOrder: 4, PerBuyer: 3}); err != nil {
 			t.Fatal(err)
 		}
-		buyer := keys.MustID("b")
-		req := ledger.Request{Scope: buyer, Key: keys.MustID("late-refused"), Fingerprint: "f1", Op: ledger.OpConfirm}
-		rec, err := l.RefuseLate(ctx, req, sku, "gone")
-		if err != nil || rec.Refused != "gone" {
-			t.Fatalf("the first refusal = %+v, %v; want it recorded", rec, err)
+		buyer, other := keys.MustID("b"), keys.MustID("o")
+		refusal := func(key string, who keys.ID, q int64) ledger.LateRefusal {
+			return ledger.LateRefusal{Req: ledger.Request{Scope: who, Key: keys.MustID(key), Fingerprint: "f1", Op: ledger.OpConfirm},
+				SKU: sku, Buyer: who, Quantity: q, Why: "gone"}
 		}
-		rec, err = l.RefuseLate(ctx, req, sku, "gone again")
+		if _, err := l.RefuseLate(ctx, refusal("late-1", buyer, 2)); !errors.Is(err, ledger.ErrUnitsThere) {
+			t.Fatalf("a refusal of 2 with 5 left, under the cap = %v, want ErrUnitsThere", err)
+		}
+		if _, err := l.RequestByKey(ctx, buyer, keys.MustID("late-1")); !errors.Is(err, ledger.ErrNotFound) {
+			t.Fatalf("a refusal the ledger did not bear out left a row (%v)", err)
+		}
+		// The buyer's cap: 2 of 3 owned, 2 more asked.
+		if _, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID("own"), SKU: sku, Buyer: buyer, Quantity: 2, Gate: "[]"}); err != nil {
+			t.Fatal(err)
+		}
+		rec, err := l.RefuseLate(ctx, refusal("late-1", buyer, 2))
+		if err != nil || rec.Refused != "gone" {
+			t.Fatalf("a refusal over the buyer's cap = %+v, %v; want it recorded", rec, err)
+		}
+		rec, err = l.RefuseLate(ctx, refusal("late-1", buyer, 2))
 		if !errors.Is(err, ledger.ErrDuplicate) || rec.Refused != "gone" || rec.Order != nil {
 			t.Fatalf("the second refusal = %+v, %v; want the first, ErrDuplicate", rec, err)
 		}
-		if rec, err := l.RequestByKey(ctx, buyer, req.Key); err != nil || rec.Refused != "gone" {
+		if rec, err := l.RequestByKey(ctx, buyer, keys.MustID("late-1")); err != nil || rec.Refused != "gone" {
 			t.Fatalf("the refusal read back = %+v, %v", rec, err)
 		}
+		// Fewer left than asked: another buyer, far under the cap.
+		if rec, err := l.RefuseLate(ctx, refusal("late-2", other, 4)); err != nil || rec.Refused != "gone" {
+			t.Fatalf("a refusal of 4 with 3 left = %+v, %v; want it recorded", rec, err)
+		}
 		// A key an order took first.
-		sold := ledger.Request{Scope: buyer, Key: keys.MustID("late-sold"), Fingerprint: "f2", Op: ledger.OpPurchase}
-		o, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID("late-sold"), SKU: sku, Buyer: buyer, Quantity: 2, Gate: "[]", Req: sold})
+		sold := ledger.Request{Scope: other, Key: keys.MustID("late-sold"), Fingerprint: "f2", Op: ledger.OpPurchase}
+		o, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID("late-sold"), SKU: sku, Buyer: other, Quantity: 3, Gate: "[]", Req: sold})
 		if err != nil {
 			t.Fatal(err)
 		}
-		rec, err = l.RefuseLate(ctx, ledger.Request{Scope: buyer, Key: sold.Key, Fingerprint: "f3", Op: ledger.OpConfirm}, sku, "gone")
+		rec, err = l.RefuseLate(ctx, refusal("late-sold", other, 1))
 		if !errors.Is(err, ledger.ErrDuplicate) || rec.Order == nil || rec.Order.ID != o.ID || rec.Refused != "" {
 			t.Fatalf("a refusal under a key an order took = %+v, %v; want the order %s, ErrDuplicate", rec, err, o.ID)
 		}
-		expectSKU(t, l, 2, 0)
+		expectSKU(t, l, 5, 0)
 	})
 }

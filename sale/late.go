@@ -133,7 +133,7 @@ func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64, r req
 		return ansUnavailable
 	}
 	if unitsGone(a.err) {
-		return s.refuseLate(ctx, h, keep, named, a.err)
+		return s.refuseLate(ctx, h, keep, named)
 	}
 	if a.err == nil && !a.replayed {
 		s.metrics.latePayments.WithLabelValues("sold").Inc()
@@ -192,6 +192,9 @@ func (s *Service) paidLate(ctx context.Context, h ledger.Hold) (answer, bool, er
 	switch {
 	case err == nil:
 		if a, ok := lateAnswer(rec); ok {
+			if err := s.lateDurable(ctx, h); err != nil {
+				return answer{}, false, err
+			}
 			return a, true, nil
 		}
 	case !errors.Is(err, ledger.ErrNotFound):
@@ -214,37 +217,31 @@ func lateAnswer(rec ledger.Recorded) (answer, bool) {
 }
 
 // refuseLate answers a late payment of keep units whose take was refused
-// (gone: unitsGone) with ErrLateRefused. When the ledger bears it out
-// (the units are not there, or the sale ended) the refusal is recorded
-// under the hold's derived key first: the platform refunds on it, so no
-// later late payment of the hold, under any key or quantity, may sell.
-// A gate's "sold out" the ledger does not bear out (a return on its way
-// to Redis, a replica's flag outliving a notice it missed) is not final:
-// 503, nothing moved, and the retry finds the units. A buyer's cap
-// reached is refused unrecorded, as before: the ledger's counts are not
-// read here, and a false one (a count on its way back) must not be
-// final. Unrecorded for a ledger failing, the refusal is not final
+// (gone: unitsGone) with ErrLateRefused, recorded under the hold's
+// derived key first, when the ledger bears it out in the same
+// transaction (ledger.RefuseLate: the units sold, the sale ended, the
+// buyer's cap reached): the platform refunds on it, so no later late
+// payment of the hold, under any key or quantity, may sell. A refusal
+// the ledger does not bear out (a gate behind it: a return on its way to
+// Redis, a replica's flag outliving a notice it missed, a buyer's count
+// not given back yet) is not final: 503, nothing moved, and the retry
+// finds the units. Unrecorded for a ledger failing, it is not final
 // either: 503.
-func (s *Service) refuseLate(ctx context.Context, h ledger.Hold, keep, named int64, gone error) answer {
-	refused := fail(refuse(ErrLateRefused, "the hold expired and its units are gone: nothing was sold; refund the payment"))
-	st, err := s.ledger.SKU(ctx, h.SKU)
-	switch {
-	case err != nil:
-		return ansUnavailable
-	case st.EndedAt.IsZero() && st.Remaining() >= keep:
-		if errors.Is(gone, ErrLimit) || errors.Is(gone, stock.ErrLimit) {
-			s.metrics.latePayments.WithLabelValues("refused").Inc()
-			return refused
-		}
-		return ansUnavailable
-	}
+func (s *Service) refuseLate(ctx context.Context, h ledger.Hold, keep, named int64) answer {
 	r := newRequest(h.Buyer, keys.Derived("late", h.ID), ledger.OpConfirm, "late refused", h.ID.String())
-	rec, err := s.ledger.RefuseLate(ctx, r.ledger(), h.SKU, refused.err.Error())
+	rec, err := s.ledger.RefuseLate(ctx, ledger.LateRefusal{Req: r.ledger(), SKU: h.SKU, Buyer: h.Buyer, Quantity: keep,
+		Why: "the hold expired and its units are gone: nothing was sold; refund the payment"})
 	switch {
 	case err == nil:
 		s.metrics.latePayments.WithLabelValues("refused").Inc()
 	case errors.Is(err, ledger.ErrDuplicate):
-		// Another replica's late payment of the hold came first.
+		// Another replica's late payment of the hold came first: its
+		// answer, once its row is known to survive a failover.
+		if err := s.lateDurable(ctx, h); err != nil {
+			return ansUnavailable
+		}
+	case errors.Is(err, ledger.ErrUnitsThere):
+		return ansUnavailable
 	default:
 		s.log.WarnContext(ctx, "late payment: refusal not recorded", "hold", h.ID.String(), "err", err)
 		return ansUnavailable
@@ -253,6 +250,20 @@ func (s *Service) refuseLate(ctx context.Context, h ledger.Hold, keep, named int
 		return s.sameQuantity(ctx, a, named)
 	}
 	return ansUnavailable
+}
+
+// lateDurable returns once the row under h's derived key is known to be
+// on the synchronous standby (see durable): a refusal or an order read
+// from a row a failover could take back is not answered, or a platform
+// refunds on a refusal the promoted standby lacks, and the next payment
+// sells.
+func (s *Service) lateDurable(ctx context.Context, h ledger.Hold) error {
+	r := newRequest(h.Buyer, keys.Derived("late", h.ID), ledger.OpPurchase)
+	if err := s.ledger.RequestDurable(ctx, r.scope, r.key); err != nil && !errors.Is(err, ledger.ErrNotFound) {
+		s.log.WarnContext(ctx, "late payment: its row not known to be on the standby", "hold", h.ID.String(), "err", err)
+		return err
+	}
+	return nil
 }
 
 // lateBefore answers a late payment that a build before keys.Derived

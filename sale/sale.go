@@ -106,7 +106,7 @@ type Ends interface {
 	Confirm(ctx context.Context, holdID, buyer keys.ID, req ledger.Request) (ledger.Order, error)
 	ConfirmPart(ctx context.Context, holdID, buyer keys.ID, keep int64, req ledger.Request) (ledger.Order, error)
 	AnswerWith(ctx context.Context, req ledger.Request, o ledger.Order) (ledger.Order, error)
-	RefuseLate(ctx context.Context, req ledger.Request, sku stock.SKU, why string) (ledger.Recorded, error)
+	RefuseLate(ctx context.Context, r ledger.LateRefusal) (ledger.Recorded, error)
 	ExpireHold(ctx context.Context, id keys.ID) (ledger.Hold, bool, error)
 	Transfer(ctx context.Context, orderID, from, to keys.ID, q int64, req ledger.Request) (ledger.Order, error)
 	ConfirmBatch(ctx context.Context, cs []ledger.HoldRequest) ([]ledger.BatchResult, error)

@@ -68,3 +68,41 @@ func TestLatePaymentBeforeTheSweepersRestore(t *testing.T) {
 		}
 	})
 }
+
+// A late payment refused at the buyer's cap is final, as one refused for
+// units sold is: once the buyer's count comes back (a refund of another
+// order), neither its retry nor a payment under another key sells.
+func TestLatePaymentRefusedAtTheCapStaysRefused(t *testing.T) {
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		dsn := systest.LedgerDSN(t, driver)
+		late := func(o *app.Options) { o.Sale.LatePayment = time.Minute; o.Sale.SweepEvery = 20 * time.Millisecond }
+		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn, Sweep: true, Tune: late})
+		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn, Tune: late})
+		sku := systest.NewSKU(t)
+		a.PutCapped(t, sku, 1, 2)
+		_, h := a.Hold(t, sku, "h1", "ann", 2, 1)
+		systest.WaitFor(t, 10*time.Second, "the hold's expiry to pass", func() bool { return time.Now().After(h.ExpiresAt) })
+		// The buyer buys 2 more once the expired hold's count is back:
+		// at the cap of 2, the late payment of the hold's 2 is over it.
+		systest.WaitFor(t, 10*time.Second, "the expired hold's count given back", func() bool {
+			return a.Buy(t, sku, "own", "ann", 2).Status == http.StatusCreated
+		})
+		own := a.Buy(t, sku, "own", "ann", 2)
+		if r := b.Act(t, "/v1/holds/"+h.HoldID+"/confirm", "c1", "ann"); r.Status != http.StatusConflict || systest.ProblemKind(r) != "late-payment-refused" {
+			t.Fatalf("a late payment over the buyer's cap = %d %s, want 409 late-payment-refused", r.Status, r.Body)
+		}
+		if r := a.Act(t, "/v1/orders/"+systest.OrderID(own)+"/refund", "r1", "ann"); r.Status != http.StatusOK {
+			t.Fatalf("the refund of the other order = %d %s", r.Status, r.Body)
+		}
+		for _, e := range []*systest.Env{a, b} {
+			for _, key := range []string{"c1", "c2"} {
+				if r := e.Act(t, "/v1/holds/"+h.HoldID+"/confirm", key, "ann"); r.Status != http.StatusConflict || systest.ProblemKind(r) != "late-payment-refused" {
+					t.Fatalf("a late payment (key %s) after the refusal, the cap free again = %d %s, want the refusal again", key, r.Status, r.Body)
+				}
+			}
+		}
+		if st := a.State(t, sku); st.Sold != 0 || st.Held != 0 {
+			t.Fatalf("after the refused late payment's retries: %+v, want nothing sold or held", st)
+		}
+	})
+}

@@ -112,9 +112,9 @@ func (l *CountingLedger) Confirm(ctx context.Context, id, buyer keys.ID, req led
 	return l.Ledger.Confirm(ctx, id, buyer, req)
 }
 
-func (l *CountingLedger) RefuseLate(ctx context.Context, req ledger.Request, sku stock.SKU, why string) (ledger.Recorded, error) {
+func (l *CountingLedger) RefuseLate(ctx context.Context, r ledger.LateRefusal) (ledger.Recorded, error) {
 	l.note("RefuseLate")
-	return l.Ledger.RefuseLate(ctx, req, sku, why)
+	return l.Ledger.RefuseLate(ctx, r)
 }
 
 func (l *CountingLedger) AnswerWith(ctx context.Context, req ledger.Request, o ledger.Order) (ledger.Order, error) {

@@ -173,6 +173,15 @@ func (t *take) commit(ctx context.Context, direct bool) (answer, stock.SKU) {
 	// while the ledger checks every cap and code at its commit anyway.
 	s.logCommit(ctx, r.Err)
 	if a, ok, lerr := s.recorded(ctx, t.req); lerr == nil && ok {
+		if errors.Is(a.err, ErrKeyReused) {
+			// Another request's row holds the key: this take's claim of
+			// it cannot commit, so its units and counts go back, as for
+			// a key reuse the ledger answered (a late payment's take and
+			// its hold's refusal on another replica; a client's key sent
+			// with two bodies at once). Kept, they waited for the drift
+			// check, and the counts for their day.
+			t.undo(ctx, countsRelease)
+		}
 		return a, stock.SKU{}
 	}
 	for _, ln := range t.lines {

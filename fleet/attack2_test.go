@@ -13,6 +13,7 @@ import (
 
 	"github.com/stockgate/stockgate/fleet"
 	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/internal/wait"
 	"github.com/stockgate/stockgate/ledger"
 )
 
@@ -81,19 +82,13 @@ func TestAttack2TakenOverRunLiftsTheNewRunsTombstone(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	for deadline := time.Now().Add(20 * time.Second); ; {
+	wait.For(t, 20*time.Second, "run 2 waiting for run 1's lock", func() bool {
 		var n int
 		if err := db.QueryRow(`SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-		if n > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("run 2 never waited for run 1's lock")
-		}
-		time.Sleep(20 * time.Millisecond) // poll interval
-	}
+		return n > 0
+	})
 	// Run 1 fails (its copy; or EndMoving, the mark being run 2's) and
 	// gives up.
 	if err := f.First().EndMoving(ctx, s.Program, "run1", "p1"); !errors.Is(err, ledger.ErrMoveRunning) {

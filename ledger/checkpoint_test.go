@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/internal/wait"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 )
@@ -59,18 +60,15 @@ func awaitCheckpoint(t *testing.T, l *ledger.Ledger, path, prefix string, n int)
 	if pages >= 1000 {
 		t.Fatalf("the ledger has %d pages: the test's writes must stay under SQLite's own threshold", pages)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	var file int64
+	if !wait.Until(20*time.Second, func() bool {
 		fi, err := os.Stat(path)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if fi.Size() >= size {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the database file has %d bytes of the ledger's %d after 20 s: nothing checkpointed the WAL", fi.Size(), size)
-		}
-		time.Sleep(20 * time.Millisecond) // poll interval
+		file = fi.Size()
+		return file >= size
+	}) {
+		t.Fatalf("the database file has %d bytes of the ledger's %d after 20 s: nothing checkpointed the WAL", file, size)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/internal/wait"
 )
 
 func TestMain(m *testing.M) {
@@ -151,11 +152,5 @@ func startServe(t *testing.T, env ...string) *served {
 
 func waitUntil(t *testing.T, within time.Duration, ok func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %v", within)
-		}
-		time.Sleep(10 * time.Millisecond) // poll interval
-	}
+	wait.For(t, within, "condition", ok)
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/stockgate/stockgate/breaker"
 	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/internal/wait"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/sale"
@@ -477,9 +478,7 @@ func ledgerUnreachable(t *testing.T, shape string) {
 		return n
 	}
 	want := float64(200 - door)
-	for deadline := time.Now().Add(30 * time.Second); failed() < want && time.Now().Before(deadline); {
-		time.Sleep(10 * time.Millisecond) // poll interval
-	}
+	wait.Until(30*time.Second, func() bool { return failed() >= want })
 	if n := failed(); n != want {
 		by := map[string]float64{"shed in flight": systest.Counter(t, e.Registry, "stockgate_ledger_shed_total", map[string]string{"work": "in_flight"})}
 		for _, path := range []string{"gate", "ledger"} {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/internal/systest"
+	"github.com/stockgate/stockgate/internal/wait"
 	"github.com/stockgate/stockgate/ledger"
 )
 
@@ -135,9 +136,7 @@ func TestFaultLedgerLinkBlackHole(t *testing.T) {
 	if peak <= 2 {
 		t.Errorf("the slow reads opened %v connections at most: the shrink below is not shown", peak)
 	}
-	for deadline := time.Now().Add(30 * time.Second); open() > 2 && time.Now().Before(deadline); {
-		time.Sleep(50 * time.Millisecond) // poll interval
-	}
+	wait.Until(30*time.Second, func() bool { return open() <= 2 })
 	closedIdle := systest.Counter(t, e.Registry, "go_sql_max_idle_time_closed_total", map[string]string{"db_name": "ledger"})
 	t.Logf("ledger connections: %v at most in a burst of slow reads, %v when quiet (%v closed idle)", peak, open(), closedIdle)
 	if n := open(); n > 2 {
@@ -147,9 +146,7 @@ func TestFaultLedgerLinkBlackHole(t *testing.T) {
 	// Nothing the cut started is left running: every request that waited
 	// on the silent link, its batch, its retries and its timers ended.
 	e.Client.CloseIdleConnections()
-	for deadline := time.Now().Add(30 * time.Second); runtime.NumGoroutine() > base+2 && time.Now().Before(deadline); {
-		time.Sleep(50 * time.Millisecond) // poll interval
-	}
+	wait.Until(30*time.Second, func() bool { return runtime.NumGoroutine() <= base+2 })
 	t.Logf("goroutines: %d before the cut, %d after it", base, runtime.NumGoroutine())
 	if n := runtime.NumGoroutine(); n > base+2 {
 		var stacks strings.Builder

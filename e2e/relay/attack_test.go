@@ -12,6 +12,7 @@ import (
 	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/client/webhook"
 	"github.com/stockgate/stockgate/internal/systest"
+	"github.com/stockgate/stockgate/internal/wait"
 	"github.com/stockgate/stockgate/ledger"
 )
 
@@ -72,21 +73,12 @@ func TestAttackWebhookSinkInheritsAnotherReceiversCursor(t *testing.T) {
 	if err != nil || len(events) != 2 {
 		t.Fatalf("events = %d, %v, want 2", len(events), err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for a.count() < len(events) {
-		if time.Now().After(deadline) {
-			t.Fatalf("receiver a has %d of %d events after 20s", a.count(), len(events))
-		}
-		time.Sleep(20 * time.Millisecond) // poll interval
-	}
+	wait.For(t, 20*time.Second, "every event at receiver a", func() bool { return a.count() >= len(events) })
 	e1.Kill()
 	// a is decommissioned; b is back up.
 	b.down.Store(false)
 	systest.Start(t, systest.Options{Driver: ledger.SQLite, DSN: dsn, Relay: true, Tune: tune(sb.URL)})
-	deadline = time.Now().Add(5 * time.Second)
-	for b.count() < len(events) && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond) // poll interval
-	}
+	wait.Until(5*time.Second, func() bool { return b.count() >= len(events) })
 	if b.count() < len(events) {
 		t.Fatalf("receiver b got %d of the %d events once the list changed, want every one", b.count(), len(events))
 	}

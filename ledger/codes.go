@@ -93,10 +93,26 @@ func (l *Ledger) CodeOf(ctx context.Context, pool stock.SKU, hash string) (Code,
 	return c, nil
 }
 
-// codeUsesSQL counts a code's uses: the orders that stand and the holds
-// still held on it.
-const codeUsesSQL = `SELECT (SELECT COUNT(*) FROM orders WHERE code_hash = $3 AND code_hash <> '' AND program = $1 AND ticket = $2 AND refunded_at = 0)
+// orderPurchase is the purchase an order's units came from: its gate
+// request (which a transfer's split keeps), else its own key.
+const orderPurchase = `CASE WHEN gate_key = '' THEN idem_key ELSE gate_key END`
+
+// codeUsesSQL counts a code's uses: the purchases with an order standing
+// (a transfer's split is one use with the order it was split from) and
+// the holds still held on it.
+const codeUsesSQL = `SELECT (SELECT COUNT(DISTINCT ` + orderPurchase + `) FROM orders WHERE code_hash = $3 AND code_hash <> '' AND program = $1 AND ticket = $2 AND refunded_at = 0)
 	+ (SELECT COUNT(*) FROM holds WHERE code_hash = $3 AND code_hash <> '' AND program = $1 AND ticket = $2 AND state = 'held')`
+
+// orderOwedCode is the access code whose use an order's refund gives
+// back: none while another part of its purchase (a transfer's split, or
+// the order it was split from) stands with the code. An order without a
+// code reads nothing more (the partial index on code_hash never holds
+// the empty ones).
+const orderOwedCode = `CASE WHEN orders.code_hash = '' THEN ''
+	WHEN EXISTS (SELECT 1 FROM orders s WHERE s.code_hash = orders.code_hash AND s.code_hash <> '' AND s.program = orders.program
+	AND s.ticket = orders.ticket AND s.refunded_at = 0 AND s.id <> orders.id
+	AND (CASE WHEN s.gate_key = '' THEN s.idem_key ELSE s.gate_key END) = (CASE WHEN orders.gate_key = '' THEN orders.idem_key ELSE orders.gate_key END))
+	THEN '' ELSE orders.code_hash END`
 
 // CodeUses is how many uses of a code stand now.
 func (l *Ledger) CodeUses(ctx context.Context, pool stock.SKU, hash string) (int64, error) {

@@ -48,7 +48,7 @@ func (l *Ledger) PendingRestores(ctx context.Context, olderThan time.Duration, l
 		FROM holds WHERE restore_pending > 0 AND ended_at <= $1
 		UNION ALL
 		SELECT 'order', id, program, ticket, buyer, CASE WHEN gate_key = '' THEN idem_key ELSE gate_key END, gate,
-			quantity - offered, restore_epoch, restore_shards, code_hash, restore_pending
+			quantity - offered, restore_epoch, restore_shards, `+orderOwedCode+`, restore_pending
 		FROM orders WHERE restore_pending > 0 AND refunded_at <= $1
 		UNION ALL
 		SELECT 'listing', `+listingOwed+` FROM listings WHERE restore_pending > 0 AND created_at <= $1
@@ -85,7 +85,7 @@ func (l *Ledger) RestoreOwed(ctx context.Context, kind string, id keys.ID) (Rest
 	switch kind {
 	case "order":
 		q = `SELECT 'order', id, program, ticket, buyer, CASE WHEN gate_key = '' THEN idem_key ELSE gate_key END, gate,
-			quantity - offered, restore_epoch, restore_shards, code_hash, restore_pending FROM orders WHERE id = $1 AND restore_pending > 0`
+			quantity - offered, restore_epoch, restore_shards, ` + orderOwedCode + `, restore_pending FROM orders WHERE id = $1 AND restore_pending > 0`
 	case "listing":
 		q = `SELECT 'listing', ` + listingOwed + ` FROM listings WHERE id = $1 AND restore_pending > 0`
 	}

@@ -569,7 +569,8 @@ func newTakeSQL(d string) takeSQL {
 		FROM ` + rowsAt(1, "program text", "ticket text", "code_hash text") + `
 		WHERE access_codes.program = w.program AND access_codes.ticket = w.ticket AND access_codes.code_hash = w.code_hash`
 	q.codesRead = `SELECT c.program, c.ticket, c.code_hash, c.max_uses, c.buyer,
-			(SELECT COUNT(*) FROM orders o WHERE o.code_hash = c.code_hash AND o.code_hash <> '' AND o.program = c.program AND o.ticket = c.ticket AND o.refunded_at = 0)
+			(SELECT COUNT(DISTINCT CASE WHEN o.gate_key = '' THEN o.idem_key ELSE o.gate_key END) FROM orders o
+				WHERE o.code_hash = c.code_hash AND o.code_hash <> '' AND o.program = c.program AND o.ticket = c.ticket AND o.refunded_at = 0)
 			+ (SELECT COUNT(*) FROM holds h WHERE h.code_hash = c.code_hash AND h.code_hash <> '' AND h.program = c.program AND h.ticket = c.ticket AND h.state = 'held')
 		FROM access_codes c JOIN ` + rowsAt(1, "program text", "ticket text", "code_hash text") + `
 			ON c.program = w.program AND c.ticket = w.ticket AND c.code_hash = w.code_hash`

@@ -131,7 +131,12 @@ func moveUnits(ctx context.Context, tx *sql.Tx, o Order, from, to keys.ID, q int
 			AND quantity > $3`,
 			o.ID, from, q)
 		moved = Order{ID: NewIDOf(o.SKU), IdempotencyKey: keys.MustID("xfer-" + NewID().String()), RequestHash: o.RequestHash,
-			SKU: o.SKU, Buyer: to, Quantity: q, Gate: o.Gate, GateKey: o.GateRequest(), CreatedAt: now, TakeEpoch: o.TakeEpoch}
+			SKU: o.SKU, Buyer: to, Quantity: q, Gate: o.Gate, GateKey: o.GateRequest(), CreatedAt: now, TakeEpoch: o.TakeEpoch,
+			// The code's one use stands while any part of its purchase
+			// does: split off without it, the sender's refund of the rest
+			// gave the use back with the receiver's part still standing,
+			// and one single-use code bought again and again.
+			CodeHash: o.CodeHash}
 	}
 	if err != nil {
 		return Order{}, notCommitted("transfer", err)

@@ -230,3 +230,59 @@ func TestCodeRules(t *testing.T) {
 		}
 	})
 }
+
+// A code's one use stands while any part of its purchase does: ann buys
+// 4 with a single-use code and transfers 3 to bob, then refunds her 1.
+// Bob's 3 still stand on the code, so it stays used up (it was given back
+// with ann's refund, and bought 4 more each round); once bob refunds too,
+// the use is back, once.
+func TestCodeUseStandsWithATransferredPart(t *testing.T) {
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		e := systest.New(t, driver)
+		sku := systest.NewSKU(t)
+		e.PutSKU(t, sku, 100, 2, 4)
+		e.PutPool(t, sku, "club", `{"allotment":50,"access":"code"}`)
+		if r := e.Do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/pools/club/codes", nil,
+			`{"codes":[{"code":"ONE-USE-1","max_uses":1}]}`); r.Status != http.StatusOK {
+			t.Fatalf("POST codes = %d %s", r.Status, r.Body)
+		}
+		settled := func() {
+			t.Helper()
+			systest.WaitFor(t, 10*time.Second, "the refund's restore", func() bool {
+				p, err := e.Ledger.PendingRestores(context.Background(), 0, 1)
+				return err == nil && len(p) == 0
+			})
+		}
+		bought := buyIn(t, e, sku, "club", "p1", "ann", 4, codeBody("ONE-USE-1"))
+		if bought.Status != http.StatusCreated {
+			t.Fatalf("ann's 4 with the code = %d %s", bought.Status, bought.Body)
+		}
+		order := systest.OrderID(bought)
+		r := e.Do(t, http.MethodPost, "/v1/orders/"+order+"/transfer", map[string]string{"Idempotency-Key": "x1"},
+			`{"buyer":"ann","to":"bob","quantity":3}`)
+		if r.Status != http.StatusOK {
+			t.Fatalf("transfer of 3 to bob = %d %s", r.Status, r.Body)
+		}
+		split := systest.OrderID(r)
+		if r := e.Act(t, "/v1/orders/"+order+"/refund", "r1", "ann"); r.Status != http.StatusOK {
+			t.Fatalf("ann's refund of her 1 = %d %s", r.Status, r.Body)
+		}
+		settled()
+		if r := buyIn(t, e, sku, "club", "p2", "carl", 4, codeBody("ONE-USE-1")); r.Status != http.StatusConflict || !strings.Contains(string(r.Body), "access-code-used-up") {
+			t.Fatalf("the code again, bob's 3 standing on it = %d %s, want 409 access-code-used-up", r.Status, r.Body)
+		}
+		if r := e.Act(t, "/v1/orders/"+split+"/refund", "r2", "bob"); r.Status != http.StatusOK {
+			t.Fatalf("bob's refund = %d %s", r.Status, r.Body)
+		}
+		settled()
+		if r := buyIn(t, e, sku, "club", "p3", "carl", 4, codeBody("ONE-USE-1")); r.Status != http.StatusCreated {
+			t.Fatalf("the code once its whole purchase was refunded = %d %s, want 201", r.Status, r.Body)
+		}
+		if r := buyIn(t, e, sku, "club", "p4", "dana", 1, codeBody("ONE-USE-1")); r.Status != http.StatusConflict {
+			t.Fatalf("the code used again = %d %s, want 409", r.Status, r.Body)
+		}
+		if st := e.State(t, sku.InPool(keys.MustID("club"))); st.Sold != 4 {
+			t.Errorf("the pool after: %+v, want carl's 4 sold", st)
+		}
+	})
+}

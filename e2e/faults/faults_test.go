@@ -18,7 +18,6 @@ import (
 	"github.com/stockgate/stockgate/breaker"
 	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/internal/testenv"
-	"github.com/stockgate/stockgate/internal/wait"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/sale"
@@ -478,7 +477,7 @@ func ledgerUnreachable(t *testing.T, shape string) {
 		return n
 	}
 	want := float64(200 - door)
-	wait.Until(30*time.Second, func() bool { return failed() >= want })
+	systest.WaitUntil(30*time.Second, func() bool { return failed() >= want })
 	if n := failed(); n != want {
 		by := map[string]float64{"shed in flight": systest.Counter(t, e.Registry, "stockgate_ledger_shed_total", map[string]string{"work": "in_flight"})}
 		for _, path := range []string{"gate", "ledger"} {

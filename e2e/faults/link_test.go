@@ -12,7 +12,6 @@ import (
 
 	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/internal/systest"
-	"github.com/stockgate/stockgate/internal/wait"
 	"github.com/stockgate/stockgate/ledger"
 )
 
@@ -136,7 +135,7 @@ func TestFaultLedgerLinkBlackHole(t *testing.T) {
 	if peak <= 2 {
 		t.Errorf("the slow reads opened %v connections at most: the shrink below is not shown", peak)
 	}
-	wait.Until(30*time.Second, func() bool { return open() <= 2 })
+	systest.WaitUntil(30*time.Second, func() bool { return open() <= 2 })
 	closedIdle := systest.Counter(t, e.Registry, "go_sql_max_idle_time_closed_total", map[string]string{"db_name": "ledger"})
 	t.Logf("ledger connections: %v at most in a burst of slow reads, %v when quiet (%v closed idle)", peak, open(), closedIdle)
 	if n := open(); n > 2 {
@@ -146,7 +145,7 @@ func TestFaultLedgerLinkBlackHole(t *testing.T) {
 	// Nothing the cut started is left running: every request that waited
 	// on the silent link, its batch, its retries and its timers ended.
 	e.Client.CloseIdleConnections()
-	wait.Until(30*time.Second, func() bool { return runtime.NumGoroutine() <= base+2 })
+	systest.WaitUntil(30*time.Second, func() bool { return runtime.NumGoroutine() <= base+2 })
 	t.Logf("goroutines: %d before the cut, %d after it", base, runtime.NumGoroutine())
 	if n := runtime.NumGoroutine(); n > base+2 {
 		var stacks strings.Builder

@@ -12,7 +12,6 @@ import (
 	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/client/webhook"
 	"github.com/stockgate/stockgate/internal/systest"
-	"github.com/stockgate/stockgate/internal/wait"
 	"github.com/stockgate/stockgate/ledger"
 )
 
@@ -73,12 +72,12 @@ func TestAttackWebhookSinkInheritsAnotherReceiversCursor(t *testing.T) {
 	if err != nil || len(events) != 2 {
 		t.Fatalf("events = %d, %v, want 2", len(events), err)
 	}
-	wait.For(t, 20*time.Second, "every event at receiver a", func() bool { return a.count() >= len(events) })
+	systest.WaitFor(t, 20*time.Second, "every event at receiver a", func() bool { return a.count() >= len(events) })
 	e1.Kill()
 	// a is decommissioned; b is back up.
 	b.down.Store(false)
 	systest.Start(t, systest.Options{Driver: ledger.SQLite, DSN: dsn, Relay: true, Tune: tune(sb.URL)})
-	wait.Until(5*time.Second, func() bool { return b.count() >= len(events) })
+	systest.WaitUntil(5*time.Second, func() bool { return b.count() >= len(events) })
 	if b.count() < len(events) {
 		t.Fatalf("receiver b got %d of the %d events once the list changed, want every one", b.count(), len(events))
 	}

@@ -263,6 +263,11 @@ func WaitFor(t *testing.T, within time.Duration, what string, ok func() bool) {
 	wait.For(t, within, what, ok)
 }
 
+// WaitUntil checks ok until it holds or the time is up, and reports
+// whether it held (wait.Until): for a test that fails with more than
+// WaitFor says, or goes on either way.
+func WaitUntil(within time.Duration, ok func() bool) bool { return wait.Until(within, ok) }
+
 // FullTier marks a test of the full tier only (a model run, an attack, a
 // fault run): -short, the fast tier (make test-short), skips it.
 func FullTier(t *testing.T) {

@@ -112,7 +112,7 @@ func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64, r req
 	// the derived key still lets one of them commit, once per hold; the
 	// other is refused as a reuse of the key (its own deduction given
 	// back) and answered with the order made.
-	key := keys.Derived("late", h.ID)
+	key := lateKey(h)
 	w := want{sku: h.SKU, buyer: h.Buyer, q: keep,
 		req: newRequest(h.Buyer, key, ledger.OpPurchase, "late", h.ID.String(), strconv.FormatInt(keep, 10))}
 	a := s.takeOne(ctx, w)
@@ -182,12 +182,16 @@ func unitsGone(err error) bool {
 	return false
 }
 
+// lateKey is the request key of h's late payment, derived from the hold
+// (keys.Derived): its order, or its refusal, is the row under it.
+func lateKey(h ledger.Hold) keys.ID { return keys.Derived("late", h.ID) }
+
 // paidLate answers the late payment h's buyer made, under the key
 // derived from it or a build's before (lateBefore), or its refusal
 // (refuseLate); false when there was none, an error when the ledger
 // could not say.
 func (s *Service) paidLate(ctx context.Context, h ledger.Hold) (answer, bool, error) {
-	r := newRequest(h.Buyer, keys.Derived("late", h.ID), ledger.OpPurchase)
+	r := newRequest(h.Buyer, lateKey(h), ledger.OpPurchase)
 	rec, err := s.ledger.RequestByKey(ctx, r.scope, r.key)
 	switch {
 	case err == nil:
@@ -228,7 +232,7 @@ func lateAnswer(rec ledger.Recorded) (answer, bool) {
 // finds the units. Unrecorded for a ledger failing, it is not final
 // either: 503.
 func (s *Service) refuseLate(ctx context.Context, h ledger.Hold, keep, named int64) answer {
-	r := newRequest(h.Buyer, keys.Derived("late", h.ID), ledger.OpConfirm, "late refused", h.ID.String())
+	r := newRequest(h.Buyer, lateKey(h), ledger.OpConfirm, "late refused", h.ID.String())
 	rec, err := s.ledger.RefuseLate(ctx, ledger.LateRefusal{Req: r.ledger(), SKU: h.SKU, Buyer: h.Buyer, Quantity: keep,
 		Why: "the hold expired and its units are gone: nothing was sold; refund the payment"})
 	switch {
@@ -258,7 +262,7 @@ func (s *Service) refuseLate(ctx context.Context, h ledger.Hold, keep, named int
 // refunds on a refusal the promoted standby lacks, and the next payment
 // sells.
 func (s *Service) lateDurable(ctx context.Context, h ledger.Hold) error {
-	r := newRequest(h.Buyer, keys.Derived("late", h.ID), ledger.OpPurchase)
+	r := newRequest(h.Buyer, lateKey(h), ledger.OpPurchase)
 	if err := s.ledger.RequestDurable(ctx, r.scope, r.key); err != nil && !errors.Is(err, ledger.ErrNotFound) {
 		s.log.WarnContext(ctx, "late payment: its row not known to be on the standby", "hold", h.ID.String(), "err", err)
 		return err

@@ -1,4 +1,4 @@
-package faults_test
+package shed_test
 
 // Attacks on shedBehind (sale/batcher.go, 63c1baa): a lane's timer
 // refuses (503 overloaded, outcome unchanged, stock given back) what

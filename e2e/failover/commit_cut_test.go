@@ -1,4 +1,4 @@
-package faults
+package failover
 
 import (
 	"context"

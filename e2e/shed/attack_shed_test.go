@@ -1,4 +1,4 @@
-package faults_test
+package shed_test
 
 // Attacks on a slow ledger shed at the lane's door (503 overloaded, stock
 // given back) and on replays held back off an unconfirmed standby, where

@@ -1,4 +1,4 @@
-package faults_test
+package failover_test
 
 // Attacks on a replay giving back what its request owes Redis, and on
 // /readyz following the ledger. Two broke: a hold confirmed in part owed

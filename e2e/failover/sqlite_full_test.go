@@ -1,4 +1,4 @@
-package faults_test
+package failover_test
 
 import (
 	"errors"

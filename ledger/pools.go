@@ -126,14 +126,18 @@ func (l *Ledger) PutPool(ctx context.Context, c PoolConfig) (SKUState, error) {
 		return SKUState{}, stock.ErrSaleEnded
 	}
 	// Units listed for resale are free in the public row but their
-	// sellers': a pool is never allotted them.
+	// sellers': a pool is never allotted them. seated = 0 is checked again
+	// here, under the row's lock: a seat map loaded since insertPool read
+	// the row (LoadSeats locks it first) made the ticket seated, and a
+	// seated ticket sells seats, not counted pool units.
 	res, err := tx.ExecContext(ctx, `UPDATE skus SET total = total - $3, version = version + 1, bypass_seq = bypass_seq + 1,
-		updated_at = $4 WHERE program = $1 AND ticket = $2 AND ($3 <= 0 OR total - sold - held - listed >= $3)`, base.Program, base.Ticket, delta, now)
+		updated_at = $4 WHERE program = $1 AND ticket = $2 AND seated = 0 AND ($3 <= 0 OR total - sold - held - listed >= $3)`,
+		base.Program, base.Ticket, delta, now)
 	if err != nil {
 		return SKUState{}, notCommitted("put pool: public stock", err)
 	}
 	if n, _ := res.RowsAffected(); n != 1 {
-		return SKUState{}, fmt.Errorf("%w: the public stock has fewer than %d units left", stock.ErrInvalid, delta)
+		return SKUState{}, fmt.Errorf("%w: the public stock has fewer than %d units left, or the ticket is seated", stock.ErrInvalid, delta)
 	}
 	res, err = tx.ExecContext(ctx, `UPDATE skus SET total = $3, shards = $4, pool_opens_at = $5, pool_closes_at = $6,
 		pool_access = $7, pool_secret = $8, pool_into = $9, version = version + 1, bypass_seq = bypass_seq + 1, updated_at = $10

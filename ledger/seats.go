@@ -49,6 +49,14 @@ func (l *Ledger) LoadSeats(ctx context.Context, sku stock.SKU, seats []Seat) (in
 		return 0, fmt.Errorf("ledger: load seats: %w", err)
 	}
 	defer tx.Rollback()
+	// The ticket's row is locked before its pools are counted: a pool
+	// being made locks it too, so the count below sees that pool once it
+	// committed (read committed: each statement reads anew), not the
+	// snapshot of before it, and a seat map never lands beside a pool.
+	if _, err := tx.ExecContext(ctx, `SELECT 1 FROM skus WHERE program = $1 AND ticket = $2`+l.forUpdate(),
+		sku.Program, sku.Ticket); err != nil {
+		return 0, fmt.Errorf("ledger: load seats: lock: %w", err)
+	}
 	if pooled, err := pooledTotal(ctx, tx, sku); err != nil {
 		return 0, err
 	} else if pooled > 0 || !sku.Pool().IsZero() {

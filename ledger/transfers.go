@@ -65,6 +65,16 @@ func (l *Ledger) transfer(ctx context.Context, orderID, from, to keys.ID, q int6
 	if o, err = scanOrder(tx.QueryRowContext(ctx, selectOrder+` WHERE id = $1`, orderID)); err != nil {
 		return Order{}, err
 	}
+	// The ticket's row is shared, then the counts move: a buyer cap
+	// switched on (PutSKU, SetProgram) recounts its scope from one read
+	// while it holds that row for update, and this transaction, which
+	// touches no SKU row otherwise, would slip between: the sender counted
+	// for units gone, the receiver not counted at all. Either the recount
+	// waits for this commit, or this waits for the cap and counts under it.
+	if _, err := tx.ExecContext(ctx, `SELECT 1 FROM skus WHERE program = $1 AND ticket = $2`+l.forShare(),
+		o.SKU.Program, o.SKU.Base().Ticket); err != nil {
+		return Order{}, notCommitted("transfer: ticket", err)
+	}
 	if q == 0 {
 		q = o.Quantity
 	}

@@ -62,7 +62,9 @@ func (s *Service) PutCodes(ctx context.Context, sku stock.SKU, pool keys.ID, cod
 	if pool.IsZero() || pool == PublicPool || !sku.Pool().IsZero() {
 		return 0, nil, refuse(ErrInvalid, "codes belong to a pool other than public")
 	}
-	if generate < 0 || len(codes)+generate == 0 || len(codes)+generate > MaxCodesPerCall {
+	// generate is bounded before it is added to: a huge count overflowed
+	// the sum into a negative one that passed, and make panicked.
+	if generate < 0 || generate > MaxCodesPerCall-len(codes) || len(codes)+generate == 0 {
 		return 0, nil, refuse(ErrInvalid, fmt.Sprintf("1 to %d codes per call", MaxCodesPerCall))
 	}
 	if generate > 0 && access.CheckUses(maxUses) != nil {

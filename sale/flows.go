@@ -327,10 +327,19 @@ func (s *Service) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 		return putErr
 	}
 	var err error
-	if _, lerr := s.ledger.SKU(ctx, sku); lerr == nil {
+	_, lerr := s.ledger.SKU(ctx, sku)
+	switch {
+	case lerr == nil:
 		_, err = s.rebuildWith(ctx, sku, reasonAdmin, true, s.opts.ReseedWait, put)
-	} else if err = put(ctx); err == nil {
-		err = s.reseed(ctx, sku, reasonAdmin, true)
+	case !errors.Is(lerr, stock.ErrUnknownSKU):
+		// Not known to be new: changed without closing its gate, a live
+		// SKU's Redis would admit past a lowered total for a while.
+		s.log.ErrorContext(ctx, "put sku: read", "sku", sku.String(), "err", lerr)
+		return SKUState{}, ErrGateNotClosed
+	default:
+		if err = put(ctx); err == nil {
+			err = s.reseed(ctx, sku, reasonAdmin, true)
+		}
 	}
 	s.settings.Invalidate(sku)
 	s.stockChanged(sku)

@@ -12,7 +12,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/redis/go-redis/v9"
 
@@ -43,10 +46,32 @@ func (s Seat) Validate() error {
 	if s.ID.IsZero() || s.Section.IsZero() {
 		return fmt.Errorf("%w: seat %q section %q: missing id", stock.ErrInvalid, s.ID, s.Section)
 	}
-	if s.Row == "" || len(s.Row) > 16 || s.Number < 1 {
-		return fmt.Errorf("%w: seat %q row %q number %d", stock.ErrInvalid, s.ID, s.Row, s.Number)
+	if s.Row == "" || len(s.Row) > MaxRowLen || !printable(s.Row) || s.Number < 1 || s.Number > MaxSeatNumber {
+		return fmt.Errorf("%w: seat %q row %q number %d (a row of 1 to %d printable bytes, a number in 1..%d)",
+			stock.ErrInvalid, s.ID, s.Row, s.Number, MaxRowLen, MaxSeatNumber)
 	}
 	return nil
+}
+
+// The bounds of a seat's row and number: what every ledger stores (the
+// number is a 32-bit INTEGER in PostgreSQL, whose text holds no NUL), so a
+// map the ledger can't keep is the admin's 422, not the ledger's 503.
+const (
+	MaxRowLen     = 16
+	MaxSeatNumber = math.MaxInt32
+)
+
+// printable: valid UTF-8 with no control characters (NUL among them).
+func printable(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return false
+		}
+	}
+	return true
 }
 
 // SeatError names the seats a hold could not have.

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -356,5 +357,30 @@ func TestAttackReadyzBusyPool(t *testing.T) {
 	t.Logf("answers %v; /readyz not ready %d of %d: %s", got, notReady, checks, last.Body)
 	if got[http.StatusCreated] > 0 && notReady > 0 {
 		t.Errorf("the replica sold %d while /readyz answered not-ready %d of %d times: %s", got[http.StatusCreated], notReady, checks, last.Body)
+	}
+}
+
+// A change of a SKU whose first read fails (the ledger's link cut) is
+// refused with nothing changed, and says so (helper-33: any failed read
+// was taken for "a new SKU" and the change ran without closing the gate,
+// answered "may or may not have been made"; with the link back before the
+// write, a lowered total would have stood while Redis still admitted the
+// old one).
+func TestAdminPutOfALiveSKUWithTheLedgerCut(t *testing.T) {
+	link, dsn := systest.LedgerLink(t, systest.LedgerDSN(t, ledger.Postgres))
+	e := systest.Start(t, systest.Options{Driver: ledger.Postgres, DSN: dsn, Tune: func(o *app.Options) {
+		o.Sale.WorkTimeout = time.Second
+	}})
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 10, 1, 4)
+	link.Cut(t)
+	r := e.Do(t, http.MethodPut, systest.AdminPath(sku), nil, `{"total":4,"shards":1,"max_per_order":4}`)
+	link.Heal(t)
+	if r.Status != http.StatusServiceUnavailable || !strings.Contains(string(r.Body), `"outcome":"unchanged"`) {
+		t.Errorf("PUT with the ledger cut = %d %s, want 503 with outcome unchanged", r.Status, r.Body)
+	}
+	st, err := e.Ledger.SKU(context.Background(), sku)
+	if err != nil || st.Total != 10 {
+		t.Errorf("the ledger after the refused change: total %d, %v; want 10", st.Total, err)
 	}
 }

@@ -231,6 +231,39 @@ func TestCodeRules(t *testing.T) {
 	})
 }
 
+// Code calls past their bounds are refused whole, 422, with no code
+// added (helper-33: a generate count near 2^63 overflowed the per-call
+// bound into a negative one that passed, and the handler panicked: 500,
+// outcome unknown).
+func TestCodeCallsOutOfBoundsRefused(t *testing.T) {
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		e := systest.New(t, driver)
+		sku := systest.NewSKU(t)
+		e.PutSKU(t, sku, 100, 1, 4)
+		e.PutPool(t, sku, "club", `{"allotment":50,"access":"code"}`)
+		path := "/v1/admin/skus/" + sku.Program.String() + "/" + sku.Ticket.String() + "/pools/club/codes"
+		for _, body := range []string{
+			`{"codes":[{"code":"GIVEN-CODE-1","max_uses":1}],"generate":9223372036854775807,"max_uses":1}`,
+			`{"codes":[{"code":"GIVEN-CODE-1","max_uses":1}],"generate":10000,"max_uses":1}`,
+			`{"codes":[{"code":"GIVEN-CODE-1","max_uses":1}],"generate":-1,"max_uses":1}`,
+			`{"codes":[{"code":"GIVEN-CODE-1","max_uses":1}],"generate":9223372036854775808,"max_uses":1}`,
+			`{"generate":10001,"max_uses":1}`,
+			`{"generate":0}`,
+		} {
+			r := e.Do(t, http.MethodPost, path, nil, body)
+			if r.Status != http.StatusUnprocessableEntity && r.Status != http.StatusBadRequest {
+				t.Errorf("POST codes %s = %d %s, want 4xx", body, r.Status, r.Body)
+			}
+		}
+		if r := buyIn(t, e, sku, "club", "g1", "ann", 1, codeBody("GIVEN-CODE-1")); r.Status != http.StatusForbidden || !strings.Contains(string(r.Body), "access-code-invalid") {
+			t.Errorf("the refused calls' given code = %d %s, want 403 access-code-invalid (not added)", r.Status, r.Body)
+		}
+		if got := addCodes(t, e, sku, "club", 10000, 1); len(got) != 10000 {
+			t.Errorf("the bound itself: %d codes", len(got))
+		}
+	})
+}
+
 // A code's one use stands while any part of its purchase does: ann buys
 // 4 with a single-use code and transfers 3 to bob, then refunds her 1.
 // Bob's 3 still stand on the code, so it stays used up (it was given back

@@ -1,0 +1,180 @@
+package ledger_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// Admin changes racing on PostgreSQL (SQLite's one writer serializes
+// them). A plain transaction holds the ticket's row, as the racing change
+// would; the calls under test queue behind it, in a known order, and are
+// let go together.
+
+// lockWaiter is a second connection to the ledger's database: it holds a
+// ticket's row, and counts the backends waiting for a lock.
+type lockWaiter struct {
+	t  *testing.T
+	db *sql.DB
+	tx *sql.Tx
+}
+
+func holdTicketRow(t *testing.T, dsn string, s stock.SKU) *lockWaiter {
+	t.Helper()
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	tx, err := db.BeginTx(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Rollback() })
+	if _, err := tx.Exec(`SELECT total FROM skus WHERE program = $1 AND ticket = $2 FOR UPDATE`, s.Program, s.Ticket); err != nil {
+		t.Fatal(err)
+	}
+	return &lockWaiter{t: t, db: db, tx: tx}
+}
+
+// waiting returns once n backends wait for a lock, or done has a value
+// (a call that should have waited ended): then it fails with what it was.
+func (w *lockWaiter) waiting(n int, done <-chan error, what string) {
+	w.t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) { // poll interval
+		select {
+		case err := <-done:
+			w.t.Fatalf("%s ended while the ticket's row was held (err %v): it did not wait for it", what, err)
+		default:
+		}
+		var got int
+		err := w.db.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&got)
+		if err == nil && got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			w.t.Fatalf("%d lock waits after 20 s, want %d (%v)", got, n, err)
+		}
+	}
+}
+
+func (w *lockWaiter) release() { w.tx.Rollback() }
+
+func runAsync(f func() error) <-chan error {
+	done := make(chan error, 1)
+	go func() { done <- f() }()
+	return done
+}
+
+// A seat map loaded while a pool of the same ticket is made: one of the
+// two stands, never both (helper-33: the map's check of "no pools" read
+// before the pool committed, and each wrote the ticket's total over the
+// other's: a seated ticket of 100 seats beside a counted pool of 20).
+func TestSeatMapAndPoolTakeTurns(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.LedgerDSN(t, ledger.Postgres)
+	l, err := ledger.Open(ctx, ledger.Options{Driver: ledger.Postgres, DSN: dsn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 100, Shards: 1, MaxPerOrder: 4}); err != nil {
+		t.Fatal(err)
+	}
+	w := holdTicketRow(t, dsn, sku)
+	pool := sku.InPool(keys.MustID("fans"))
+	pooled := runAsync(func() error {
+		_, err := l.PutPool(ctx, ledger.PoolConfig{SKU: pool, Allotment: 20, Shards: 1, Create: true})
+		return err
+	})
+	w.waiting(1, pooled, "the pool")
+	seats := make([]ledger.Seat, 100)
+	for i := range seats {
+		seats[i] = ledger.Seat{ID: keys.MustID(fmt.Sprintf("A-%d", i+1)), Section: keys.MustID("A"), Row: "A", Number: i + 1}
+	}
+	mapped := runAsync(func() error {
+		_, err := l.LoadSeats(ctx, sku, seats)
+		return err
+	})
+	w.waiting(2, mapped, "the seat map")
+	w.release()
+	perr, merr := <-pooled, <-mapped
+	if (perr == nil) == (merr == nil) {
+		t.Fatalf("pool: %v, seat map: %v; want exactly one to stand", perr, merr)
+	}
+	for _, err := range []error{perr, merr} {
+		if err != nil && !errors.Is(err, stock.ErrInvalid) {
+			t.Errorf("the refused one: %v, want stock.ErrInvalid", err)
+		}
+	}
+	st, err := l.SKU(ctx, sku)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps, _ := l.SKU(ctx, pool)
+	switch {
+	case merr == nil && (!st.Seated || st.Total != 100 || ps.Total != 0):
+		t.Errorf("seat map stood: ticket %+v, pool %+v; want seated 100 and no pool stock", st, ps)
+	case perr == nil && (st.Seated || st.Total != 80 || ps.Total != 20):
+		t.Errorf("pool stood: ticket %+v, pool %+v; want 80 counted and 20 pooled", st, ps)
+	}
+}
+
+// A transfer waits for a buyer cap being switched on (helper-33): the
+// switch recounts the ticket's buyers from one read while it holds the
+// ticket's row, and a transfer that touched no SKU row committed in
+// between, so the sender stayed counted for units gone and the receiver
+// was counted for none (under a cap of 4, bob could own 8). Here the held
+// row stands for the switch: the transfer must queue behind it. Then the
+// cap is switched on, and the counts are the owners'.
+func TestTransferWaitsForACapSwitch(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.LedgerDSN(t, ledger.Postgres)
+	l, err := ledger.Open(ctx, ledger.Options{Driver: ledger.Postgres, DSN: dsn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	cfg := ledger.SKUConfig{SKU: sku, Total: 100, Shards: 1, MaxPerOrder: 4}
+	if _, err := l.PutSKU(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	o, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID("p"), SKU: sku, Buyer: keys.MustID("ann"), Quantity: 4,
+		Gate: `[{"shards":1}]`, Req: req("ann", "p", "buy", ledger.OpPurchase)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := holdTicketRow(t, dsn, sku)
+	moved := runAsync(func() error {
+		_, err := l.Transfer(ctx, o.ID, o.Buyer, keys.MustID("bob"), 0, req("ann", "xf", "transfer", ledger.OpTransfer))
+		return err
+	})
+	w.waiting(1, moved, "the transfer")
+	w.release()
+	if err := <-moved; err != nil {
+		t.Fatal(err)
+	}
+	cfg.PerBuyer = 4
+	if _, err := l.PutSKU(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	buy := func(buyer, key string) error {
+		_, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID(key), SKU: sku, Buyer: keys.MustID(buyer), Quantity: 1,
+			Gate: `[{"shards":1}]`, Req: req(buyer, key, key, ledger.OpPurchase)})
+		return err
+	}
+	if err := buy("bob", "b1"); !errors.Is(err, stock.ErrLimit) {
+		t.Errorf("bob, who owns 4 under a cap of 4, buys 1: %v, want stock.ErrLimit", err)
+	}
+	if err := buy("ann", "a1"); err != nil {
+		t.Errorf("ann, who owns none, buys 1: %v", err)
+	}
+}

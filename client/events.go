@@ -13,19 +13,22 @@ import (
 // webhook names this type), an entry of the relay's Redis streams, and GET
 // /v1/admin/events. A pool's stock is named by its ticket and pool.
 type Event struct {
-	Seq      int64     `json:"seq"`
-	ID       string    `json:"id"` // stable: de-duplicate by it
-	Type     string    `json:"type"`
-	Program  string    `json:"program"`
-	Ticket   string    `json:"ticket"`
-	Pool     string    `json:"pool,omitempty"`
-	Subject  string    `json:"subject,omitempty"` // the order's or hold's id
-	OrderID  string    `json:"order_id,omitempty"`
-	Buyer    string    `json:"buyer,omitempty"`
-	CartID   string    `json:"cart_id,omitempty"`
-	Quantity int64     `json:"quantity,omitempty"`
-	ToPool   string    `json:"to_pool,omitempty"` // pool.moved: where ("public" for the public pool)
-	At       time.Time `json:"at"`
+	Seq      int64  `json:"seq"`
+	ID       string `json:"id"` // stable: de-duplicate by it
+	Type     string `json:"type"`
+	Program  string `json:"program"`
+	Ticket   string `json:"ticket"`
+	Pool     string `json:"pool,omitempty"`
+	Subject  string `json:"subject,omitempty"` // the order's or hold's id
+	OrderID  string `json:"order_id,omitempty"`
+	Buyer    string `json:"buyer,omitempty"`
+	CartID   string `json:"cart_id,omitempty"`
+	Quantity int64  `json:"quantity,omitempty"`
+	// Channel: the order it names was given by the organizer, "comp" or
+	// "box_office" (not paid online: a comp owes no money back).
+	Channel string    `json:"channel,omitempty"`
+	ToPool  string    `json:"to_pool,omitempty"` // pool.moved: where ("public" for the public pool)
+	At      time.Time `json:"at"`
 }
 
 // Events reads up to limit events after seq `after` (of one program when

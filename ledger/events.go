@@ -73,8 +73,12 @@ type Event struct {
 	// Quantity is the units the change moved (for pool.moved, the units
 	// moved into To).
 	Quantity int64
-	To       stock.SKU
-	At       time.Time
+	// Channel is how the organizer gave the order the event names
+	// (ChannelComp, ChannelBoxOffice), "" for a buyer's own purchase:
+	// a comp's units were never paid for, and owe no money back.
+	Channel string
+	To      stock.SKU
+	At      time.Time
 	// Trace is the W3C traceparent of the span of the request whose change
 	// wrote the event ("" for a sweeper's or an untraced one): its
 	// deliveries are spans of that trace.
@@ -171,7 +175,12 @@ func (l *Ledger) Events(ctx context.Context, program keys.ID, after int64, limit
 }
 
 // eventColumns are the columns scanEvents reads, in its order.
-const eventColumns = `seq, event_id, type, program, ticket, partition, subject, order_id, buyer, cart_id, quantity, to_ticket, created_at, traceparent`
+// The channel is not a column of events: it is read from the order the
+// event names (order_channels, set when an organizer gave the order and
+// copied to what a transfer splits off it), so events written before it
+// tell it too.
+const eventColumns = `seq, event_id, type, program, ticket, partition, subject, order_id, buyer, cart_id, quantity, to_ticket, created_at, traceparent,
+	COALESCE((SELECT MAX(c.channel) FROM order_channels c WHERE c.order_id IN (events.subject, events.order_id)), '')`
 
 // scanEvents reads rows of eventColumns.
 func scanEvents(rows *sql.Rows) ([]Event, error) {
@@ -181,7 +190,7 @@ func scanEvents(rows *sql.Rows) ([]Event, error) {
 		var to keys.ID
 		var at int64
 		if err := rows.Scan(&e.Seq, &e.ID, &e.Type, &e.SKU.Program, &e.SKU.Ticket, &e.Partition, &e.Subject, &e.Order,
-			&e.Buyer, &e.Cart, &e.Quantity, &to, &at, &e.Trace); err != nil {
+			&e.Buyer, &e.Cart, &e.Quantity, &to, &at, &e.Trace, &e.Channel); err != nil {
 			return nil, fmt.Errorf("ledger: events: %w", err)
 		}
 		if !to.IsZero() {
@@ -201,7 +210,7 @@ func scanEvents(rows *sql.Rows) ([]Event, error) {
 func (e Event) Wire() client.Event {
 	v := client.Event{Seq: e.Seq, ID: e.ID.String(), Type: e.Type, Program: e.SKU.Program.String(), Ticket: e.SKU.Base().Ticket.String(),
 		Pool: e.SKU.Pool().String(), Subject: e.Subject.String(), OrderID: e.Order.String(), Buyer: e.Buyer.String(),
-		CartID: e.Cart.String(), Quantity: e.Quantity, At: e.At}
+		CartID: e.Cart.String(), Quantity: e.Quantity, Channel: e.Channel, At: e.At}
 	if !e.To.IsZero() {
 		v.ToPool = e.To.Pool().String()
 		if v.ToPool == "" {

@@ -196,24 +196,21 @@ func releaseRest(ctx context.Context, tx *sql.Tx, h Hold, orderID keys.ID, rest 
 // other quantity is ErrHoldConfirmed and records nothing (the order stands
 // as it is, and a 4xx moves nothing).
 func confirmedAgain(ctx context.Context, tx *sql.Tx, h Hold, keep int64, req Request) (Order, error) {
-	o, err := scanOrder(tx.QueryRowContext(ctx, selectOrder+` WHERE id = $1`, h.OrderID))
+	// The order with the units moved out of it, in one statement: under
+	// READ COMMITTED two statements see two snapshots, and a transfer
+	// committing between them counted its units twice (3 + 2 moved:
+	// "confirmed as 5, not 3", a 409 for the order's own quantity;
+	// TestModelConcurrent/two-primaries). The answer recorded shows them
+	// too: built from the bare row, a resold order read as refunded.
+	o, err := orderWithUnits(ctx, tx, h.OrderID)
 	if err != nil {
 		return Order{}, err
 	}
 	// The quantity the hold was confirmed for, not what the order has now
-	// (a transfer or a resale since takes units out of it). The order's
-	// quantity is read again with the units moved out of it, in one
-	// statement: under READ COMMITTED two statements see two snapshots,
-	// and a transfer committing between them counted its units twice (3
-	// + 2 moved: "confirmed as 5, not 3", a 409 for the order's own
-	// quantity; TestModelConcurrent/two-primaries).
-	var quantity, moved, out int64
-	if err := tx.QueryRowContext(ctx, `SELECT o.quantity, COALESCE(SUM(l.resold + l.transferred), 0), COALESCE(SUM(l.resold_out), 0)
-		FROM orders o LEFT JOIN order_listings l ON l.order_id = o.id WHERE o.id = $1 GROUP BY o.quantity`, o.ID).Scan(&quantity, &moved, &out); err != nil {
-		return Order{}, notCommitted("order units", err)
-	}
-	confirmed := quantity + moved
-	if out != 0 {
+	// (a transfer or a resale since takes units out of it).
+	moved := o.Units.Resold + o.Units.Transferred
+	confirmed := o.Quantity + moved
+	if o.Units.ResoldOut {
 		confirmed = moved // the row's quantity is its last units resold, counted in moved
 	}
 	if keep > 0 && keep != confirmed {

@@ -160,10 +160,23 @@ func (o Order) Told() (standing, refunded, began int64) {
 
 // OrderByID returns an order by its id, with its Units, or ErrNotFound.
 func (l *Ledger) OrderByID(ctx context.Context, id keys.ID) (Order, error) {
+	return orderWithUnits(ctx, l.db, id)
+}
+
+// rowQueryer is a *sql.DB or a *sql.Tx.
+type rowQueryer interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// orderWithUnits reads an order with its Units through q: inside a
+// transaction, what an answer it records must show (a confirm's or a
+// transfer's answer built from the bare row told a resold order as
+// refunded, and a transfer's began without its resold units).
+func orderWithUnits(ctx context.Context, q rowQueryer, id keys.ID) (Order, error) {
 	// One statement: the order and its units at one instant.
 	var out int64
 	var u Units
-	o, err := scanOrder(unitsScanner{l.db.QueryRowContext(ctx, `SELECT o.id, o.idem_key, o.request_hash, o.program, o.ticket, o.buyer,
+	o, err := scanOrder(unitsScanner{q.QueryRowContext(ctx, `SELECT o.id, o.idem_key, o.request_hash, o.program, o.ticket, o.buyer,
 		o.quantity, o.gate, o.gate_key, o.hold_id, o.refunded_at, o.created_at, o.take_epoch, o.cart_id, o.code_hash, o.seat_ids,
 		COALESCE(u.listed, 0), COALESCE(u.resold, 0), COALESCE(u.transferred, 0), COALESCE(u.resold_out, 0)
 		FROM orders o LEFT JOIN order_listings u ON u.order_id = o.id WHERE o.id = $1`, id), []any{&u.Listed, &u.Resold, &u.Transferred, &out}})

@@ -72,7 +72,10 @@ type Recorded struct {
 	Order   *Order  // purchase, confirm, refund
 	Hold    *Hold   // hold, seat hold, cancel
 	Cart    *Cart   // cart
-	Listing keys.ID // resale, withdraw: the listing (read as it is now)
+	Listing keys.ID // resale, withdraw: the listing
+	// ListingAt is the listing as the request answered it (nil in rows of
+	// builds before it: then read as it is now).
+	ListingAt *Listing
 	// Refused is why a late payment was refused (RefuseLate): the
 	// hold's every late payment is answered that refusal.
 	Refused   string
@@ -86,8 +89,10 @@ type snapshot struct {
 	Order *orderSnap `json:"o,omitempty"`
 	Hold  *holdSnap  `json:"h,omitempty"`
 	Cart  *cartSnap  `json:"c,omitempty"`
-	// Listing names a listing (its state is read when replayed).
-	Listing keys.ID `json:"l,omitzero"`
+	// Listing names a listing; ListingAt is it as answered, replayed as
+	// it was (a row recorded without it is read as the listing is now).
+	Listing   keys.ID  `json:"l,omitzero"`
+	ListingAt *Listing `json:"la,omitempty"`
 	// Refused is a late payment's refusal (RefuseLate).
 	Refused string `json:"x,omitempty"`
 }
@@ -164,8 +169,8 @@ func encodeSnapshot(o *Order, h *Hold) string {
 	return string(b)
 }
 
-func encodeListing(id keys.ID) string {
-	b, _ := json.Marshal(snapshot{Listing: id}) // an id: cannot fail
+func encodeListing(x Listing) string {
+	b, _ := json.Marshal(snapshot{Listing: x.ID, ListingAt: &x}) // ids, numbers and times: cannot fail
 	return string(b)
 }
 
@@ -179,7 +184,7 @@ func decodeSnapshot(raw string, r *Recorded) error {
 	if err := json.Unmarshal([]byte(raw), &s); err != nil {
 		return fmt.Errorf("ledger: stored answer: %w", err)
 	}
-	r.Listing, r.Refused = s.Listing, s.Refused
+	r.Listing, r.ListingAt, r.Refused = s.Listing, s.ListingAt, s.Refused
 	if o := s.Order; o != nil {
 		ord := o.order(r.Request)
 		r.Order = &ord

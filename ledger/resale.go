@@ -161,7 +161,7 @@ func (l *Ledger) list(ctx context.Context, orderID, seller keys.ID, q int64, req
 	if err != nil {
 		return Listing{}, err
 	}
-	if o, err = scanOrder(tx.QueryRowContext(ctx, selectOrder+` WHERE id = $1`, orderID)); err != nil {
+	if o, err = orderWithUnits(ctx, tx, orderID); err != nil {
 		return Listing{}, err
 	}
 	if err := listRefusal(ctx, tx, o, seller, q, listed, seated != 0, ended != 0); err != nil {
@@ -201,7 +201,7 @@ func (l *Ledger) list(ctx context.Context, orderID, seller keys.ID, q int64, req
 	if err := emit(ctx, tx, now, Event{Type: EventListingCreated, SKU: o.SKU, Subject: x.ID, Order: o.ID, Buyer: seller, Quantity: q}); err != nil {
 		return Listing{}, err
 	}
-	if err := finishListing(ctx, tx, req, x.ID); err != nil {
+	if err := finishListing(ctx, tx, req, x); err != nil {
 		return Listing{}, err
 	}
 	if err := tx.Commit(); err != nil {
@@ -227,19 +227,19 @@ func listRefusal(ctx context.Context, tx *sql.Tx, o Order, seller keys.ID, q, li
 	case ended:
 		return stock.ErrSaleEnded
 	case q > o.Quantity-listed:
-		return fmt.Errorf("%w: %d of an order of %d with %d listed", stock.ErrInvalid, q, o.Quantity, listed)
+		return overStanding(o, q, o.Quantity-listed)
 	}
 	return nil
 }
 
-// finishListing records a listing request's answer: the listing, read as
-// it is then when the request is replayed.
-func finishListing(ctx context.Context, tx *sql.Tx, r Request, id keys.ID) error {
+// finishListing records a listing request's answer: the listing x as
+// answered, which a replay answers again.
+func finishListing(ctx context.Context, tx *sql.Tx, r Request, x Listing) error {
 	if r.IsZero() {
 		return nil
 	}
 	if _, err := tx.ExecContext(ctx, `UPDATE requests SET result = $3 WHERE scope = $1 AND idem_key = $2`,
-		r.Scope, r.Key, encodeListing(id)); err != nil {
+		r.Scope, r.Key, encodeListing(x)); err != nil {
 		return notCommitted("request answer", err)
 	}
 	return nil
@@ -254,6 +254,9 @@ func (l *Ledger) listingReplay(ctx context.Context, r Request) (Listing, error) 
 	}
 	if rec.Listing.IsZero() {
 		return Listing{}, err
+	}
+	if rec.ListingAt != nil {
+		return *rec.ListingAt, err // same key, same answer
 	}
 	x, lerr := l.ListingByID(ctx, rec.Listing)
 	if lerr != nil {
@@ -332,13 +335,13 @@ func (l *Ledger) withdraw(ctx context.Context, listingID, seller keys.ID, expect
 	if err := emit(ctx, tx, now, Event{Type: EventListingWithdrawn, SKU: x.SKU, Subject: x.ID, Order: x.OrderID, Buyer: seller, Quantity: left}); err != nil {
 		return x, err
 	}
-	if err := finishListing(ctx, tx, req, x.ID); err != nil {
+	x.State, x.Withdrawn, x.EndedAt = Withdrawn, left, now
+	if err := finishListing(ctx, tx, req, x); err != nil {
 		return x, err
 	}
 	if err := tx.Commit(); err != nil {
 		return x, fmt.Errorf("ledger: withdraw: commit: %w", err)
 	}
-	x.State, x.Withdrawn, x.EndedAt = Withdrawn, left, now
 	return x, nil
 }
 

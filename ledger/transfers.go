@@ -62,7 +62,7 @@ func (l *Ledger) transfer(ctx context.Context, orderID, from, to keys.ID, q int6
 	if err := l.lockRows(ctx, tx, l.sql.lockOrders, []keys.ID{orderID}); err != nil {
 		return Order{}, err
 	}
-	if o, err = scanOrder(tx.QueryRowContext(ctx, selectOrder+` WHERE id = $1`, orderID)); err != nil {
+	if o, err = orderWithUnits(ctx, tx, orderID); err != nil {
 		return Order{}, err
 	}
 	// The ticket's row is shared, then the counts move: a buyer cap
@@ -118,7 +118,7 @@ func checkTransfer(ctx context.Context, tx *sql.Tx, o Order, from keys.ID, q, li
 	case !o.RefundedAt.IsZero():
 		return endedAs(ctx, tx, o.ID)
 	case q > o.Quantity:
-		return fmt.Errorf("%w: %d of an order of %d", stock.ErrInvalid, q, o.Quantity)
+		return overStanding(o, q, o.Quantity)
 	case q < o.Quantity && len(o.SeatIDs) > 0:
 		return fmt.Errorf("%w: a seat order moves whole", ErrSeatedTake)
 	}
@@ -146,7 +146,12 @@ func moveUnits(ctx context.Context, tx *sql.Tx, o Order, from, to keys.ID, q int
 			// does: split off without it, the sender's refund of the rest
 			// gave the use back with the receiver's part still standing,
 			// and one single-use code bought again and again.
-			CodeHash: o.CodeHash}
+			CodeHash: o.CodeHash,
+			// Where its units came from (a confirmed hold, below a comp
+			// or box-office channel) goes with them: the report counts a
+			// split of a comp as comp, not as a purchase. Seat orders move
+			// whole, so the hold's seats stay the parent's alone.
+			HoldID: o.HoldID}
 	}
 	if err != nil {
 		return Order{}, notCommitted("transfer", err)
@@ -159,6 +164,10 @@ func moveUnits(ctx context.Context, tx *sql.Tx, o Order, from, to keys.ID, q int
 	}
 	if inserted, err := insertOrder(ctx, tx, moved); err != nil || !inserted {
 		return Order{}, fmt.Errorf("ledger: transfer: the receiver's order: inserted %v: %w", inserted, err)
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO order_channels (order_id, channel)
+		SELECT $2, channel FROM order_channels WHERE order_id = $1`, o.ID, moved.ID); err != nil {
+		return Order{}, notCommitted("transfer: order channel", err)
 	}
 	// The sender's order tells where its q units went.
 	if _, err := tx.ExecContext(ctx, `INSERT INTO order_listings (order_id, listed, transferred) VALUES ($1, 0, $2)
@@ -183,4 +192,15 @@ func moveBuyerCounts(ctx context.Context, tx *sql.Tx, sku stock.SKU, from, to ke
 		return fmt.Errorf("%w: the receiver's cap", stock.ErrLimit)
 	}
 	return nil
+}
+
+// overStanding refuses q of order o's tickets where only free of them
+// may go: as resold (ErrResold, naming the count) when its resold tickets
+// would make up the rest, which is the state the buyer must hear; else as
+// more than it ever had (stock.ErrInvalid).
+func overStanding(o Order, q, free int64) error {
+	if o.Units.Resold > 0 && q <= free+o.Units.Resold {
+		return fmt.Errorf("%w: %d of the order's tickets were resold to other buyers; %d are free to move", ErrResold, o.Units.Resold, free)
+	}
+	return fmt.Errorf("%w: %d of an order of %d (%d free)", stock.ErrInvalid, q, o.Quantity, free)
 }

@@ -31,6 +31,18 @@ var errStillHeld = errors.New("sale: the hold is held again")
 // confirmed hold does).
 func (s *Service) lateConfirm(ctx context.Context, h ledger.Hold, keep int64, r request) answer {
 	a := s.latePaid(ctx, h, keep, r)
+	if a.err == nil && a.replayed && !a.order.ID.IsZero() {
+		// Found under the hold's key: that row's answer is the order as
+		// it was then. The client's key is not a replay (it would have
+		// been answered before the hold was read), so it hears the order
+		// as it is now, as a confirm of a confirmed hold does: a transfer
+		// or a resale since is not told as the buyer's standing order.
+		o, err := s.ledger.OrderByID(ctx, a.order.ID)
+		if err != nil {
+			return ansUnavailable
+		}
+		a.order = o
+	}
 	if a.err != nil || a.order.ID.IsZero() || r.key.IsZero() {
 		return a
 	}

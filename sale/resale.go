@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
@@ -51,7 +52,7 @@ func (s *Service) ListForResale(ctx context.Context, orderID keys.ID, a Ask, q i
 		case errors.Is(err, ledger.ErrRefunded):
 			return fail(ErrOrderRefunded)
 		case errors.Is(err, ledger.ErrResold):
-			return fail(ErrOrderResold)
+			return fail(resoldRefusal(err))
 		case errors.Is(err, ledger.ErrSeatedTake):
 			return fail(refuse(ErrInvalid, "seat orders are not listed for resale"))
 		case errors.Is(err, ledger.ErrPoolResale):
@@ -232,4 +233,13 @@ func (s *Service) resold(ctx context.Context, sold []ledger.Event) {
 		// transfer: the gate under-counts what it keeps, never over.
 		s.releaseQuota(ctx, []quotaScope{{o.SKU.Base(), o.Buyer}, {o.SKU.Whole(), o.Buyer}}, o.GateRequest(), keys.ID{})
 	}
+}
+
+// resoldRefusal is a refusal for resold tickets: the order's last (the
+// kind's own words), or some of them, which the ledger counts.
+func resoldRefusal(err error) error {
+	if detail := strings.TrimPrefix(err.Error(), ledger.ErrResold.Error()+": "); detail != err.Error() {
+		return refuse(ErrOrderResold, detail)
+	}
+	return ErrOrderResold
 }

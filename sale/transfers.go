@@ -51,7 +51,7 @@ func (s *Service) transfer(ctx context.Context, id, from, to keys.ID, q int64, r
 	case errors.Is(err, ledger.ErrRefunded):
 		return fail(ErrOrderRefunded)
 	case errors.Is(err, ledger.ErrResold):
-		return fail(ErrOrderResold)
+		return fail(resoldRefusal(err))
 	case errors.Is(err, ledger.ErrListed):
 		return fail(ErrOrderListed)
 	case errors.Is(err, stock.ErrLimit):

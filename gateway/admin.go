@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"fmt"
 	"net/http"
 	"time"
 
@@ -71,12 +72,19 @@ func (s *Server) putSKU(c *gin.Context) {
 	if body.PerBuyer != nil {
 		cfg.PerBuyer = *body.PerBuyer
 	}
+	for name, p := range map[string]*int64{"hold_ttl_seconds": body.HoldTTL, "hold_ttl_max_seconds": body.HoldTTLMax} {
+		// Bounded here, in the unit the client sent: past it, seconds
+		// overflow a Duration, and the config's own check would name a
+		// value the client never wrote.
+		if p != nil && (*p < 1 || *p > int64(sale.MaxHoldTTL/time.Second)) {
+			writeProblem(c, http.StatusUnprocessableEntity, "invalid-field",
+				fmt.Sprintf("%s must be in 1..%d, not %d", name, int64(sale.MaxHoldTTL/time.Second), *p), 0)
+			return
+		}
+	}
 	secs := func(p *int64) time.Duration {
 		if p == nil {
 			return 0
-		}
-		if *p < 1 || *p > int64(sale.MaxHoldTTL/time.Second) {
-			return -1 // refused by the config's validation
 		}
 		return time.Duration(*p) * time.Second
 	}

@@ -8,8 +8,10 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/gin-gonic/gin"
 )
@@ -29,14 +31,40 @@ func (s *Server) decodeBodyMax(c *gin.Context, v any, maxBytes int64) bool {
 		writeProblem(c, http.StatusUnsupportedMediaType, "unsupported-media-type", "send application/json", 0)
 		return false
 	}
+	if c.Request.ContentLength > maxBytes {
+		// Said up front (and before "100 Continue": net/http sends it at
+		// the first read), so nothing is read of it.
+		writeProblem(c, http.StatusRequestEntityTooLarge, "body-too-large",
+			fmt.Sprintf("request body over %d bytes", maxBytes), 0)
+		return false
+	}
 	// Read it whole first (it is small and bounded), so a body over the
-	// limit is noticed even when its first bytes were a complete object.
+	// limit is noticed even when its first bytes were a complete object;
+	// within BodyTimeout (bodies are small: a client still sending past it
+	// is stalled or hostile), so it holds no goroutine and socket longer.
+	// The server bounds only the headers' time: a whole-request read
+	// timeout would also cut the event streams, which read nothing after
+	// their headers.
+	rc := http.NewResponseController(c.Writer)
+	if s.opts.BodyTimeout > 0 {
+		_ = rc.SetReadDeadline(time.Now().Add(s.opts.BodyTimeout)) // unsupported (a test's recorder): unbounded, as before
+		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+	}
 	raw, err := io.ReadAll(http.MaxBytesReader(c.Writer, c.Request.Body, maxBytes))
 	var tooBig *http.MaxBytesError
 	if errors.As(err, &tooBig) {
 		writeProblem(c, http.StatusRequestEntityTooLarge, "body-too-large",
 			fmt.Sprintf("request body over %d bytes", maxBytes), 0)
 		return false
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		c.Header("Connection", "close") // the rest of the body would be read as the next request
+		writeProblem(c, http.StatusRequestTimeout, "body-timeout",
+			fmt.Sprintf("the request body did not arrive within %v", s.opts.BodyTimeout), 0)
+		return false
+	}
+	if err == nil && bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+		err = errors.New("null is not an object") // json would leave v as it was: {} by another name
 	}
 	if err == nil {
 		dec := json.NewDecoder(bytes.NewReader(raw))

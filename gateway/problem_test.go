@@ -78,7 +78,7 @@ func TestEveryProblemIsDocumented(t *testing.T) {
 		}
 	}
 	for _, m := range regexp.MustCompile(`writeProblem\(c, http\.Status(\w+), "([a-z-]+)"`).FindAllStringSubmatch(src, -1) {
-		want[m[2]] = map[string]int{"BadRequest": 400, "Unauthorized": 401, "NotFound": 404, "MethodNotAllowed": 405,
+		want[m[2]] = map[string]int{"BadRequest": 400, "Unauthorized": 401, "NotFound": 404, "MethodNotAllowed": 405, "RequestTimeout": 408,
 			"RequestEntityTooLarge": 413, "UnsupportedMediaType": 415, "UnprocessableEntity": 422, "TooManyRequests": 429,
 			"InternalServerError": 500, "BadGateway": 502, "ServiceUnavailable": 503}[m[1]]
 	}

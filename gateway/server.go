@@ -88,6 +88,9 @@ type Options struct {
 	AdminToken string
 	// MaxBodyBytes caps a request body (a seat map may be larger: 1 MiB).
 	MaxBodyBytes int64
+	// BodyTimeout bounds the read of a request's body, from the handler's
+	// first read (408 body-timeout past it). Default 10 s.
+	BodyTimeout time.Duration
 	// SeparateAdmin moves /metrics and the admin routes off Handler onto
 	// AdminHandler, for a listener that only the cluster can reach.
 	SeparateAdmin bool
@@ -108,7 +111,7 @@ type SharedLimit interface {
 // DefaultOptions are the settings a zero Options takes; main takes its flag
 // defaults from them.
 func DefaultOptions() Options {
-	return Options{RateBurst: 100, CodeGuesses: 20, SlowRequest: time.Second, MaxBodyBytes: 4 << 10}
+	return Options{RateBurst: 100, CodeGuesses: 20, SlowRequest: time.Second, MaxBodyBytes: 4 << 10, BodyTimeout: 10 * time.Second}
 }
 
 // MinAdminToken is the shortest admin token accepted.
@@ -122,6 +125,8 @@ func (o Options) Validate() error {
 		return opt.Bad("MaxBodyBytes", "must be at least 64")
 	case o.SlowRequest < 0:
 		return opt.Bad("SlowRequest", "must not be negative")
+	case o.BodyTimeout < 0:
+		return opt.Bad("BodyTimeout", "must not be negative")
 	case o.RatePerClient < 0:
 		return opt.Bad("RatePerClient", "must not be negative")
 	case o.RateBurst < 0:
@@ -152,6 +157,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxBodyBytes == 0 {
 		o.MaxBodyBytes = d.MaxBodyBytes
+	}
+	if o.BodyTimeout == 0 {
+		o.BodyTimeout = d.BodyTimeout
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -267,6 +275,10 @@ func (s *Server) routes(set routeSet) (*gin.Engine, error) {
 	}
 	e.Use(s.observe, s.recoverer, s.limit)
 	e.HandleMethodNotAllowed = true
+	// A path with a trailing slash is no route (404 problem), not a
+	// redirect: a 301/307 to another path is HTML or a Location a client
+	// of this API never follows for a POST.
+	e.RedirectTrailingSlash = false
 	e.NoRoute(func(c *gin.Context) { writeProblem(c, http.StatusNotFound, "not-found", "no such route", 0) })
 	e.NoMethod(func(c *gin.Context) {
 		writeProblem(c, http.StatusMethodNotAllowed, "method-not-allowed", "method not allowed on this route", 0)

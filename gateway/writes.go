@@ -384,6 +384,11 @@ func idParam(c *gin.Context, what string) (keys.ID, bool) {
 // string form of the IETF draft (`"abc"`), either matching
 // [A-Za-z0-9_-]{1,64} inside.
 func idempotencyKey(c *gin.Context) (keys.ID, bool) {
+	if len(c.Request.Header.Values("Idempotency-Key")) > 1 {
+		// Two keys name two requests: which one would the retry use?
+		writeProblem(c, http.StatusBadRequest, "invalid-idempotency-key", "one Idempotency-Key header, not several", 0)
+		return keys.ID{}, false
+	}
 	text := c.GetHeader("Idempotency-Key")
 	if len(text) >= 2 && text[0] == '"' && text[len(text)-1] == '"' {
 		text = text[1 : len(text)-1]

@@ -219,6 +219,8 @@ func (s *Service) ownerError(ctx context.Context, err error, notFound answer) an
 		return notFound
 	case errors.Is(err, ledger.ErrNotOwner):
 		return ansNotOwner
+	case errors.Is(err, ledger.ErrInCart) && notFound.err == ErrUnknownOrder:
+		return fail(refuse(ErrInCart, "this order is a line of a cart: the cart is refunded whole, and its lines are not moved or listed alone"))
 	case errors.Is(err, ledger.ErrInCart):
 		return fail(ErrInCart)
 	case errors.Is(err, ledger.ErrKeyReused):

@@ -470,12 +470,33 @@ func (s *Service) Seats(ctx context.Context, sku stock.SKU, section keys.ID) (Se
 	if err != nil {
 		return Section{}, refuse(ErrUnavailable, "ledger unavailable")
 	}
+	if len(v.Seats) == 0 {
+		if err := s.known(ctx, sku); err != nil {
+			return Section{}, err // an empty map of a SKU that is not there: 404, as its stock is
+		}
+	}
 	return v, nil
+}
+
+// known refuses a SKU the ledger does not have (ErrUnknownSKU), from the
+// settings cache: a read of what it holds would otherwise answer an
+// empty 200 where its stock answers 404.
+func (s *Service) known(ctx context.Context, sku stock.SKU) error {
+	switch _, err := s.settings.Get(ctx, sku); {
+	case errors.Is(err, stock.ErrUnknownSKU):
+		return ErrUnknownSKU
+	case err != nil:
+		return refuse(ErrUnavailable, "ledger unavailable")
+	}
+	return nil
 }
 
 // CheckSeats compares the gate's seat states with the ledger's now and
 // writes the ledger's over every seat that differs.
 func (s *Service) CheckSeats(ctx context.Context, sku stock.SKU) (SeatCheck, error) {
+	if err := s.known(ctx, sku); err != nil {
+		return SeatCheck{}, err
+	}
 	r, _, err := s.checkSeats(ctx, sku, nil)
 	if err != nil && !errors.Is(err, ErrNoSeating) {
 		s.log.ErrorContext(ctx, "seat check", "sku", sku.String(), "err", err)

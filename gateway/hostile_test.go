@@ -1,0 +1,93 @@
+package gateway_test
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stockgate/stockgate/gateway"
+	"github.com/stockgate/stockgate/sale"
+)
+
+// Hostile requests the HTTP layer answers before the service is asked
+// (helper-35's probe of a running gateway): each a problem+json with its
+// 4xx, none a hang, a redirect or a request read as something else.
+
+func hostileServer(t *testing.T) *httptest.Server {
+	t.Helper()
+	srv, err := gateway.New(gateway.Options{Sale: new(sale.Service), BodyTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(srv.Handler())
+	t.Cleanup(ts.Close)
+	return ts
+}
+
+// raw sends text on a connection of its own and returns the first answer's
+// status line and headers, read within 5 s.
+func raw(t *testing.T, ts *httptest.Server, text string) string {
+	t.Helper()
+	conn, err := net.Dial("tcp", ts.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, text); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	r := bufio.NewReader(conn)
+	var head strings.Builder
+	for {
+		line, err := r.ReadString('\n')
+		head.WriteString(line)
+		if err != nil || line == "\r\n" {
+			return head.String()
+		}
+	}
+}
+
+func TestHostileRequestsAnsweredAtTheDoor(t *testing.T) {
+	ts := hostileServer(t)
+	put := "PUT /v1/admin/skus/p1/ga HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+	for _, tc := range []struct {
+		name, request, status, problem string
+	}{
+		// It hung until the client gave up (70 s seen): only the headers
+		// had a deadline.
+		{"a body that stops coming", put + "Content-Length: 100\r\n\r\n{\"total\":", "408", "body-timeout"},
+		// "100 Continue", then a wait for 100 MB the server would refuse.
+		{"a body too large, announced", put + "Expect: 100-continue\r\nContent-Length: 100000000\r\n\r\n", "413", "body-too-large"},
+		// A JSON null was read as {}.
+		{"a null body", put + "Content-Length: 4\r\n\r\nnull", "400", "malformed-json"},
+		// Two keys name two requests; the first one won.
+		{"two idempotency keys", "POST /v1/skus/p1/ga/purchases HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
+			"Idempotency-Key: k1\r\nIdempotency-Key: k2\r\nContent-Length: 2\r\n\r\n{}", "400", "invalid-idempotency-key"},
+		// 301/307 to the path without the slash, as HTML.
+		{"a trailing slash", "GET /v1/orders/abc/ HTTP/1.1\r\nHost: x\r\n\r\n", "404", "not-found"},
+		{"a trailing slash on a write", "POST /v1/skus/p1/ga/purchases/ HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", "404", "not-found"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			head := raw(t, ts, tc.request)
+			if !strings.HasPrefix(head, "HTTP/1.1 "+tc.status+" ") || !strings.Contains(head, "application/problem+json") {
+				t.Errorf("%q answered\n%s\nwant %s problem+json (%s)", tc.request, head, tc.status, tc.problem)
+			}
+		})
+	}
+	// The problem's type, read whole once.
+	r, err := http.Get(ts.URL + "/v1/orders/abc/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(r.Body)
+	r.Body.Close()
+	if !strings.Contains(string(b), "/problems/not-found") {
+		t.Errorf("trailing slash: %d %s", r.StatusCode, b)
+	}
+}

@@ -129,12 +129,12 @@ func TestSeatMapAndPoolTakeTurns(t *testing.T) {
 }
 
 // A transfer waits for a buyer cap being switched on (helper-33): the
-// switch recounts the ticket's buyers from one read while it holds the
-// ticket's row, and a transfer that touched no SKU row committed in
-// between, so the sender stayed counted for units gone and the receiver
-// was counted for none (under a cap of 4, bob could own 8). Here the held
-// row stands for the switch: the transfer must queue behind it. Then the
-// cap is switched on, and the counts are the owners'.
+// switch recounts the ticket's buyers from one read, and a transfer that
+// locked nothing the switch held committed in between, so the sender
+// stayed counted for units gone and the receiver was counted for none
+// (under a cap of 4, bob could own 8). Here the switch is held up at the
+// ticket's row (by the plain transaction) after it took its cap lock; the
+// transfer must queue behind it, and then count under the cap.
 func TestTransferWaitsForACapSwitch(t *testing.T) {
 	ctx := context.Background()
 	dsn := testenv.LedgerDSN(t, ledger.Postgres)
@@ -153,17 +153,23 @@ func TestTransferWaitsForACapSwitch(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := holdTicketRow(t, dsn, sku)
+	capped := cfg
+	capped.PerBuyer = 4
+	switched := runAsync(func() error {
+		_, err := l.PutSKU(ctx, capped)
+		return err
+	})
+	w.waiting(1, switched, "the cap switch")
 	moved := runAsync(func() error {
 		_, err := l.Transfer(ctx, o.ID, o.Buyer, keys.MustID("bob"), 0, req("ann", "xf", "transfer", ledger.OpTransfer))
 		return err
 	})
-	w.waiting(1, moved, "the transfer")
+	w.waiting(2, moved, "the transfer")
 	w.release()
-	if err := <-moved; err != nil {
+	if err := <-switched; err != nil {
 		t.Fatal(err)
 	}
-	cfg.PerBuyer = 4
-	if _, err := l.PutSKU(ctx, cfg); err != nil {
+	if err := <-moved; err != nil {
 		t.Fatal(err)
 	}
 	buy := func(buyer, key string) error {
@@ -176,5 +182,77 @@ func TestTransferWaitsForACapSwitch(t *testing.T) {
 	}
 	if err := buy("ann", "a1"); err != nil {
 		t.Errorf("ann, who owns none, buys 1: %v", err)
+	}
+}
+
+// A transfer does not hold up the sales of its ticket (helper-36: a share
+// lock on the ticket's row did, for the transfer's length, and closed
+// cycles with listings and settles, which lock the row, then the order).
+// The transfer is stopped in its count of the receiver (bob's count row
+// held by a plain transaction), past its cap locks; a purchase of the
+// ticket must commit meanwhile.
+func TestTransferHoldsNoSKURow(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.LedgerDSN(t, ledger.Postgres)
+	l, err := ledger.Open(ctx, ledger.Options{Driver: ledger.Postgres, DSN: dsn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 100, Shards: 1, MaxPerOrder: 4, PerBuyer: 10}); err != nil {
+		t.Fatal(err)
+	}
+	buy := func(buyer, key string, q int64) (ledger.Order, error) {
+		return l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID(key), SKU: sku, Buyer: keys.MustID(buyer), Quantity: q,
+			Gate: `[{"shards":1}]`, Req: req(buyer, key, key, ledger.OpPurchase)})
+	}
+	o, err := buy("ann", "p", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.Exec(`INSERT INTO buyer_units (program, ticket, buyer, units) VALUES ($1, $2, 'bob', 0)`, sku.Program, sku.Ticket); err != nil {
+		t.Fatal(err)
+	}
+	w := &lockWaiter{t: t, db: db, tx: tx}
+	moved := runAsync(func() error {
+		_, err := l.Transfer(ctx, o.ID, o.Buyer, keys.MustID("bob"), 0, req("ann", "xf", "transfer", ledger.OpTransfer))
+		return err
+	})
+	w.waiting(1, moved, "the transfer")
+	bought := runAsync(func() error {
+		_, err := buy("cat", "c1", 2)
+		return err
+	})
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) { // poll interval
+		select {
+		case err := <-bought:
+			if err != nil {
+				t.Errorf("a purchase while a transfer of the ticket waits: %v", err)
+			}
+			w.release()
+			if err := <-moved; err != nil {
+				t.Fatal(err)
+			}
+			return
+		default:
+		}
+		var n int
+		if err := db.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n); err == nil && n >= 2 {
+			w.release()
+			t.Fatalf("a purchase of the ticket waits for a transfer of it (%d lock waits)", n)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the purchase neither committed nor waited in 20 s")
+		}
 	}
 }

@@ -155,3 +155,28 @@ func uncountBuyer(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer keys.ID,
 	}
 	return nil
 }
+
+// capLock takes, on PostgreSQL, the transaction's advisory lock of a
+// buyer cap's scope (a ticket, or with a zero Ticket its program): shared
+// by a transfer, which moves buyer counts without locking any SKU row,
+// and exclusive by a change of the scope's cap, which recounts it from one
+// read. Neither then slips between the other's read and write (a transfer
+// committing during the recount left the sender counted for units gone
+// and the receiver uncounted). An advisory lock, not the ticket's row: a
+// share lock on the row held every sale of the ticket up for the
+// transfer's length, and its order (order, then row) was the reverse of a
+// listing's and a settle's. SQLite's one writer needs none.
+func (l *Ledger) capLock(ctx context.Context, tx *sql.Tx, scope stock.SKU, exclusive bool) error {
+	if l.driver != Postgres {
+		return nil
+	}
+	fn := "pg_advisory_xact_lock_shared"
+	if exclusive {
+		fn = "pg_advisory_xact_lock"
+	}
+	if _, err := tx.ExecContext(ctx, `SELECT `+fn+`(hashtextextended($1, 0))`,
+		"stockgate cap "+scope.Program.String()+"/"+scope.Ticket.String()); err != nil {
+		return notCommitted("cap lock", err)
+	}
+	return nil
+}

@@ -82,16 +82,6 @@ func (l *Ledger) forUpdate() string {
 	return ""
 }
 
-// forShare is " FOR SHARE" on PostgreSQL: a read that keeps its rows
-// from changing (and from being locked for update) until the end of the
-// transaction, while other readers share them.
-func (l *Ledger) forShare() string {
-	if l.driver == Postgres {
-		return " FOR SHARE"
-	}
-	return ""
-}
-
 // ID is the ledger's own id: the same for every replica of one ledger,
 // another for any other ledger.
 func (l *Ledger) ID() keys.ID { return l.id }

@@ -66,6 +66,10 @@ func (l *Ledger) SetProgram(ctx context.Context, p Program) error {
 		return fmt.Errorf("ledger: put program: %w", err)
 	}
 	defer tx.Rollback()
+	// First, before any row: a transfer waiting for it holds its order.
+	if err := l.capLock(ctx, tx, stock.SKU{Program: program}, true); err != nil {
+		return err
+	}
 	if err := l.fenceMoved(ctx, tx, program); err != nil {
 		return err
 	}

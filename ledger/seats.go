@@ -49,18 +49,16 @@ func (l *Ledger) LoadSeats(ctx context.Context, sku stock.SKU, seats []Seat) (in
 		return 0, fmt.Errorf("ledger: load seats: %w", err)
 	}
 	defer tx.Rollback()
-	// The ticket's row is locked before its pools are counted: a pool
-	// being made locks it too, so the count below sees that pool once it
-	// committed (read committed: each statement reads anew), not the
-	// snapshot of before it, and a seat map never lands beside a pool.
-	if _, err := tx.ExecContext(ctx, `SELECT 1 FROM skus WHERE program = $1 AND ticket = $2`+l.forUpdate(),
-		sku.Program, sku.Ticket); err != nil {
-		return 0, fmt.Errorf("ledger: load seats: lock: %w", err)
+	noPools := func() error {
+		if pooled, err := pooledTotal(ctx, tx, sku); err != nil {
+			return err
+		} else if pooled > 0 || !sku.Pool().IsZero() {
+			return fmt.Errorf("%w: a ticket with pools sells counted stock; it cannot take a seat map", stock.ErrInvalid)
+		}
+		return nil
 	}
-	if pooled, err := pooledTotal(ctx, tx, sku); err != nil {
+	if err := noPools(); err != nil {
 		return 0, err
-	} else if pooled > 0 || !sku.Pool().IsZero() {
-		return 0, fmt.Errorf("%w: a ticket with pools sells counted stock; it cannot take a seat map", stock.ErrInvalid)
 	}
 	for _, s := range seats {
 		res, err := tx.ExecContext(ctx, `INSERT INTO seats (program, ticket, seat_id, section, row_label, number)
@@ -86,6 +84,20 @@ func (l *Ledger) LoadSeats(ctx context.Context, sku stock.SKU, seats []Seat) (in
 	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM seats WHERE program = $1 AND ticket = $2`,
 		sku.Program, sku.Ticket).Scan(&n); err != nil {
 		return 0, fmt.Errorf("ledger: load seats: %w", err)
+	}
+	// The pools are counted again under the ticket's row lock, taken
+	// last, after the seats (as a take takes them: seats, then the row),
+	// so a map being loaded never freezes the ticket's sales nor closes a
+	// cycle with them. A pool being made holds the row until it commits,
+	// and read committed reads each statement anew: the count sees that
+	// pool, and a seat map never lands beside one (PutPool checks
+	// seated = 0 under the same lock).
+	if _, err := tx.ExecContext(ctx, `SELECT 1 FROM skus WHERE program = $1 AND ticket = $2`+l.forUpdate(),
+		sku.Program, sku.Ticket); err != nil {
+		return 0, fmt.Errorf("ledger: load seats: lock: %w", err)
+	}
+	if err := noPools(); err != nil {
+		return 0, err
 	}
 	// A ticket that sold or holds counted units cannot become seated:
 	// those units have no seats, and the map's seats would be sold twice.

@@ -116,6 +116,10 @@ func (l *Ledger) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 		return SKUState{}, fmt.Errorf("ledger: put sku: %w", err)
 	}
 	defer tx.Rollback()
+	// First, before any row: a transfer waiting for it holds its order.
+	if err := l.capLock(ctx, tx, c.SKU.Base(), true); err != nil {
+		return SKUState{}, err
+	}
 	if err := l.fenceMoved(ctx, tx, c.Program); err != nil {
 		return SKUState{}, err
 	}

@@ -65,15 +65,13 @@ func (l *Ledger) transfer(ctx context.Context, orderID, from, to keys.ID, q int6
 	if o, err = orderWithUnits(ctx, tx, orderID); err != nil {
 		return Order{}, err
 	}
-	// The ticket's row is shared, then the counts move: a buyer cap
-	// switched on (PutSKU, SetProgram) recounts its scope from one read
-	// while it holds that row for update, and this transaction, which
-	// touches no SKU row otherwise, would slip between: the sender counted
-	// for units gone, the receiver not counted at all. Either the recount
-	// waits for this commit, or this waits for the cap and counts under it.
-	if _, err := tx.ExecContext(ctx, `SELECT 1 FROM skus WHERE program = $1 AND ticket = $2`+l.forShare(),
-		o.SKU.Program, o.SKU.Base().Ticket); err != nil {
-		return Order{}, notCommitted("transfer: ticket", err)
+	// The caps' scopes are shared before the counts move (capLock): a
+	// cap switched on meanwhile either waits for this commit, or this
+	// waits for the cap and counts under it.
+	for _, scope := range []stock.SKU{o.SKU.Base(), {Program: o.SKU.Program}} {
+		if err := l.capLock(ctx, tx, scope, false); err != nil {
+			return Order{}, err
+		}
 	}
 	if q == 0 {
 		q = o.Quantity
@@ -146,12 +144,12 @@ func moveUnits(ctx context.Context, tx *sql.Tx, o Order, from, to keys.ID, q int
 			// does: split off without it, the sender's refund of the rest
 			// gave the use back with the receiver's part still standing,
 			// and one single-use code bought again and again.
-			CodeHash: o.CodeHash,
-			// Where its units came from (a confirmed hold, below a comp
-			// or box-office channel) goes with them: the report counts a
-			// split of a comp as comp, not as a purchase. Seat orders move
-			// whole, so the hold's seats stay the parent's alone.
-			HoldID: o.HoldID}
+			CodeHash: o.CodeHash}
+		// Not its hold: a split is no hold's order (the hold names the
+		// parent, and a hold id on it would name the sender's hold to the
+		// receiver, and free the parent's seats with the split's refund
+		// on an order confirmed before seat_ids were kept). The report
+		// counts a split of a confirmed order as ordered without a hold.
 	}
 	if err != nil {
 		return Order{}, notCommitted("transfer", err)
@@ -195,11 +193,14 @@ func moveBuyerCounts(ctx context.Context, tx *sql.Tx, sku stock.SKU, from, to ke
 }
 
 // overStanding refuses q of order o's tickets where only free of them
-// may go: as resold (ErrResold, naming the count) when its resold tickets
-// would make up the rest, which is the state the buyer must hear; else as
-// more than it ever had (stock.ErrInvalid).
+// may go: as resold (ErrResold, naming the count) when q is more than
+// stand and its resold tickets would make up the rest, which is the state
+// the buyer must hear; else as more than it may move (stock.ErrInvalid).
 func overStanding(o Order, q, free int64) error {
-	if o.Units.Resold > 0 && q <= free+o.Units.Resold {
+	// Past what stands, not merely past what is free: listed tickets
+	// stand (a listing of more than the unlisted is refused as invalid,
+	// and withdrawing makes it possible), resold ones do not.
+	if o.Units.Resold > 0 && q > o.Quantity && q <= o.Quantity+o.Units.Resold {
 		return fmt.Errorf("%w: %d of the order's tickets were resold to other buyers; %d are free to move", ErrResold, o.Units.Resold, free)
 	}
 	return fmt.Errorf("%w: %d of an order of %d (%d free)", stock.ErrInvalid, q, o.Quantity, free)

@@ -94,8 +94,13 @@ func (s *Service) PutCodes(ctx context.Context, sku stock.SKU, pool keys.ID, cod
 	}
 	added, err = s.ledger.PutCodes(ctx, p, rows)
 	if err != nil {
+		// The route takes no key, and generated codes are never kept in
+		// plain text: no retry can tell whether they were added. Say what
+		// a retry does tell, and that an unknown generated code is safe.
 		s.log.ErrorContext(ctx, "put codes", "sku", p.String(), "err", err)
-		return 0, nil, refuse(ErrUnavailable, "ledger unavailable")
+		return 0, nil, refuse(ErrUnavailable, "ledger unavailable: the codes may or may not have been added. "+
+			"Given codes sent again are told by added (0 for those already there); generated ones are never kept in plain text, "+
+			"so generate new ones: a code nobody was given admits no one")
 	}
 	for _, r := range rows {
 		s.codes.Invalidate(codeKey{p, r.Hash}) // a code refused as unknown a moment ago is known now

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/stockgate/stockgate/internal/systest"
@@ -146,4 +147,36 @@ func TestFaultTransferReplyLostFreesTheSendersCap(t *testing.T) {
 		t.Errorf("ann, who gave her 2 tickets away, buys 2 = %d %s; want 201", r.Status, r.Body)
 	}
 	systest.RedisConsistent(t, e, sku)
+}
+
+// Access codes generated while the COMMIT's reply is lost: the route takes
+// no key and keeps no generated code in plain text, so its 503 cannot
+// promise that a retry tells (helper-33: it said "unknown", as if one
+// could). It says what a retry tells (given codes, by added) and that a
+// generated code nobody was given is safe; the given code, sent again, is
+// told as already there, once.
+func TestCodesCommitReplyLostSaysWhatARetryTells(t *testing.T) {
+	link, dsn := systest.LedgerLink(t, systest.LedgerDSN(t, ledger.Postgres))
+	e := systest.Start(t, systest.Options{Driver: ledger.Postgres, DSN: dsn})
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 40, 1, 4)
+	e.PutPool(t, sku, "club", `{"allotment":20,"access":"code"}`)
+	path := systest.AdminPath(sku) + "/pools/club/codes"
+	body := `{"codes":[{"code":"GIVEN-CODE-1","max_uses":1}]}`
+	lost := link.LoseCommitReplies(t, 0, 1)
+	first := e.Do(t, http.MethodPost, path, nil, body)
+	got := lost()
+	link.Heal(t)
+	if got != 1 {
+		t.Fatalf("%d COMMIT replies lost, want the codes' (answered %d %s)", got, first.Status, first.Body)
+	}
+	if first.Status != http.StatusServiceUnavailable || !strings.Contains(string(first.Body), "generate new ones") ||
+		!strings.Contains(string(first.Body), "added") {
+		t.Errorf("codes with the COMMIT reply lost = %d %s, want 503 saying what a retry tells", first.Status, first.Body)
+	}
+	again := e.Do(t, http.MethodPost, path, nil, body)
+	var v struct{ Added int }
+	if again.Status != http.StatusOK || json.Unmarshal(again.Body, &v) != nil || v.Added != 0 {
+		t.Errorf("the given code sent again = %d %s, want 200 with added 0 (the lost COMMIT committed)", again.Status, again.Body)
+	}
 }

@@ -486,6 +486,12 @@ func (s ccOrderSt) apply(in ccIn, out ccOut) []any {
 			if is(out, http.StatusConflict, "order-listed") {
 				return same
 			}
+		case q > s.q && s.resold > 0 && q <= s.q+s.resold:
+			// More than stand, and the resold ones make up the rest: the
+			// state is the answer, not "more than it has".
+			if is(out, http.StatusConflict, "order-resold") {
+				return same
+			}
 		case q > s.q:
 			if is(out, http.StatusUnprocessableEntity, "invalid-field") {
 				return same
@@ -505,6 +511,10 @@ func (s ccOrderSt) apply(in ccIn, out ccOut) []any {
 		switch {
 		case !standing:
 			if ended() {
+				return same
+			}
+		case in.q > s.q && s.resold > 0 && in.q <= s.q+s.resold:
+			if is(out, http.StatusConflict, "order-resold") {
 				return same
 			}
 		case in.q > s.q-s.listed():

@@ -14,7 +14,9 @@ import (
 	"github.com/stockgate/stockgate/fleet"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/internal/wait"
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/stock"
 )
 
 // BREAK: a move killed after BeginMove committed the source's tombstone
@@ -189,5 +191,53 @@ func TestAttack2DirectoryDownFallbackWritesStaleCopy(t *testing.T) {
 		mo, merr := mover.Primary("main").OrderByID(ctx, o.ID)
 		t.Errorf("with main (the program's primary and the directory) down, a refund answered success on p1's stale copy; "+
 			"main's order refunded: %v (%v)", !mo.RefundedAt.IsZero(), merr)
+	}
+}
+
+// BREAK (helper-37): access codes put on the source while a move copies
+// the program: PutCodes had no fence, answered 200, and Finish deleted
+// the codes the copy never read. Now refused (ErrMoving) under the
+// source's tombstone, as PutSKU is.
+func TestAttack2CodesFencedDuringAMove(t *testing.T) {
+	ctx := context.Background()
+	urls := testenv.PostgresURLs(t, 2)
+	f := open(t, urls, time.Millisecond)
+	s := sku("codesmove")
+	place(t, f, s, "main", 10)
+	pool := s.InPool(keys.MustID("club"))
+	if _, err := f.PutPool(ctx, ledger.PoolConfig{SKU: pool, Allotment: 2, Shards: 1, Rule: ledger.PoolRule{Access: ledger.AccessCode}, Create: true}); err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range []stock.SKU{s, pool} {
+		if _, err := f.EndSale(ctx, x); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.First().MarkMoving(ctx, s.Program, "main", "run", fleet.MoveLease); err != nil {
+		t.Fatal(err)
+	}
+	m, err := ledger.BeginMove(ctx, f.Primary("main"), f.Primary("p1"), s.Program, "p1", "run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The codes are put on the source while the move holds it (a replica
+	// that still routes the program there): they wait for the move's
+	// lock, or, unfenced, commit at once where Finish will delete them.
+	put := make(chan error, 1)
+	go func() {
+		_, err := f.Primary("main").PutCodes(ctx, pool, []ledger.Code{{Hash: "h-during-move", MaxUses: 1}})
+		put <- err
+	}()
+	if err := m.Copy(ctx); err != nil {
+		t.Fatal(errors.Join(err, m.Abort(context.WithoutCancel(ctx))))
+	}
+	if err := f.First().EndMoving(ctx, s.Program, "run", "p1"); err != nil {
+		t.Fatal(errors.Join(err, m.Abort(context.WithoutCancel(ctx))))
+	}
+	if err := m.Finish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-put; !errors.Is(err, ledger.ErrMoving) {
+		t.Errorf("codes put on the source during the move: %v, want ErrMoving (Finish deleted what it put)", err)
 	}
 }

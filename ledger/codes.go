@@ -57,6 +57,11 @@ func (l *Ledger) PutCodes(ctx context.Context, pool stock.SKU, codes []Code) (in
 		return 0, fmt.Errorf("ledger: put codes: %w", err)
 	}
 	defer tx.Rollback()
+	// A move copying the program would not copy these: refused under its
+	// tombstone, as every other write of the program is.
+	if err := l.fenceMoved(ctx, tx, pool.Program); err != nil {
+		return 0, err
+	}
 	added := 0
 	for chunk := range slices.Chunk(codes, rowsPerStatement) {
 		var vals []string

@@ -241,3 +241,55 @@ func TestAttack2CodesFencedDuringAMove(t *testing.T) {
 		t.Errorf("codes put on the source during the move: %v, want ErrMoving (Finish deleted what it put)", err)
 	}
 }
+
+// BREAK (helper-37): a move that stopped between its copy and the switch
+// (the mover died: its source transaction gone, its tombstone on the
+// source, its full copy on the target) left a copy with no mark. A
+// replica that cannot read the directory asks the other primaries where
+// the program lives: the source said no (its tombstone), the copy said
+// yes, and a refund was committed on the copy, answered 200, and deleted
+// with the copy by the move's rerun. The copy is marked arriving now:
+// that replica finds no home (503) until a completed move lifts the mark,
+// and then finds the program on its new primary.
+func TestAttack3StoppedMoveCopyIsNobodysHome(t *testing.T) {
+	ctx := context.Background()
+	urls := testenv.PostgresURLs(t, 3)
+	mainURL, proxy := proxied(t, urls[0])
+	mover := open(t, urls, time.Millisecond)
+	r := open(t, []string{mainURL, urls[1], urls[2]}, time.Millisecond) // before the program exists
+	s := sku("arriving")
+	o := closedWithOrder(t, mover, s, "p1", "a1", 2)
+	if err := mover.First().MarkMoving(ctx, s.Program, "p1", "died", fleet.MoveLease); err != nil {
+		t.Fatal(err)
+	}
+	m, err := ledger.BeginMove(ctx, mover.Primary("p1"), mover.Primary("p2"), s.Program, "p2", "died")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Copy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	m.Release() // the mover dies before the switch
+
+	proxy.Cut()
+	if _, _, err := r.Refund(ctx, o.ID, o.Buyer, refundReq(o.Buyer, "ra1")); err == nil {
+		c, cerr := mover.Primary("p2").OrderByID(ctx, o.ID)
+		t.Fatalf("with the directory down, a refund answered success; refunded on p2's unswitched copy: %v (%v)",
+			!c.RefundedAt.IsZero(), cerr)
+	}
+	proxy.Restore()
+
+	ageMark(t, urls[0], s.Program)
+	if _, err := mover.Move(ctx, s.Program, "p2"); err != nil {
+		t.Fatalf("the move run again: %v", err)
+	}
+	proxy.Cut()
+	defer proxy.Restore()
+	got, ok, err := r.Refund(ctx, o.ID, o.Buyer, refundReq(o.Buyer, "ra2"))
+	if err != nil || !ok {
+		t.Fatalf("after the move, with the directory down, the refund: %v %v (the arrival mark still stands?)", ok, err)
+	}
+	if c, err := mover.Primary("p2").OrderByID(ctx, got.ID); err != nil || c.RefundedAt.IsZero() {
+		t.Errorf("refund answered on the moved program, but p2's order is %+v (%v)", c, err)
+	}
+}

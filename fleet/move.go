@@ -39,7 +39,9 @@ const MoveLease = 2 * time.Minute
 //     locked and read (ledger.BeginMove); they are copied to the target in
 //     one transaction that commits only if every table has as many rows
 //     there and the SKUs add up to the same stock (the verify step);
-//  3. the directory names the target, if the mark is still this run's;
+//  3. the directory names the target, if the mark is still this run's,
+//     and the copy's arrival mark is lifted (until then a replica that
+//     cannot read the directory finds no home there: ledger.LivesHere);
 //  4. the source's rows are deleted (the tombstone stays).
 //
 // Run again after a failure, it finishes the job: a copy the directory does
@@ -127,17 +129,26 @@ func (f *Fleet) Move(ctx context.Context, program keys.ID, to string) (MoveRepor
 			m.Release()
 			return r, fmt.Errorf("fleet: move: %w; the directory could not be read after (%w): run the move again", err, perr)
 		case pl.Primary != dst.name || pl.Moving:
-			// Not flipped (the mark is another run's, or still this
-			// one's): the program stays on the source.
-			return r, errors.Join(err, m.Abort(context.WithoutCancel(ctx)))
+			// Not flipped: the program stays on the source. If the mark
+			// is still this run's, giveUp ends it (the program writable
+			// now, not after the lease); if another run's, its EndMoving
+			// refuses and that run's mark and tombstone stand.
+			return r, giveUp(errors.Join(err, m.Abort(context.WithoutCancel(ctx))))
 		}
 	}
 	f.mu.Lock()
 	f.places[program] = place{p: dst, read: time.Now()}
 	f.mu.Unlock()
+	arrived := m.Arrived(ctx)
 	if err := m.Finish(ctx); err != nil {
 		return r, fmt.Errorf("fleet: move: %s is on %s now, but its rows are still on %s (run the move again to delete them): %w",
-			program, dst.name, src.name, err)
+			program, dst.name, src.name, errors.Join(err, arrived))
+	}
+	if arrived != nil {
+		// Until a run again lifts it, a replica that cannot read the
+		// directory finds the program nowhere (503), not on a copy.
+		return r, fmt.Errorf("fleet: move: %s is on %s now, but its arrival mark stands there (run the move again to lift it): %w",
+			program, dst.name, arrived)
 	}
 	return r, nil
 }

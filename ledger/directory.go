@@ -29,6 +29,14 @@ type Placement struct {
 // moves' tombstones.
 const directoryStep = 5
 
+// arriving is a move's mark on its target (program_moves.to_primary),
+// written with the copy and lifted once the directory names the target:
+// until then the copy is nobody's home for a replica that cannot read the
+// directory (LivesHere), though writes the directory routes there go on
+// (fenceMoved ignores it), so a move that stops between the copy and the
+// switch leaves no copy a refund could be written on.
+const arriving = ""
+
 // ErrMoving: the program is being moved between primaries.
 var ErrMoving = errors.New("ledger: program being moved between primaries")
 
@@ -46,6 +54,8 @@ func (l *Ledger) directoryUp(ctx context.Context, tx *sql.Tx) error {
 	updated_at   BIGINT  NOT NULL
 )`)
 	if err == nil {
+		// to_primary is arriving ('') on a move's target until the
+		// directory names it (see Move.Copy).
 		_, err = tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS program_moves (
 	program    TEXT   PRIMARY KEY,
 	to_primary TEXT   NOT NULL,
@@ -239,8 +249,9 @@ func (l *Ledger) HasProgram(ctx context.Context, program keys.ID) (bool, error) 
 	return n > 0, nil
 }
 
-// LivesHere reports whether program's rows are here and not moved away
-// (no tombstone): where a replica that cannot read the directory, or a
+// LivesHere reports whether program's rows are here, not moved away (no
+// tombstone) and not a move's copy the directory may not name yet (no
+// arrival mark): where a replica that cannot read the directory, or a
 // program's first write, finds its home.
 func (l *Ledger) LivesHere(ctx context.Context, program keys.ID) (bool, error) {
 	has, err := l.HasProgram(ctx, program)
@@ -297,7 +308,8 @@ func (l *Ledger) fenceMoved(ctx context.Context, tx *sql.Tx, program keys.ID) er
 		}
 	}
 	var n int64
-	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM program_moves WHERE program = $1`, program).Scan(&n); err != nil {
+	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM program_moves WHERE program = $1 AND to_primary <> $2`,
+		program, arriving).Scan(&n); err != nil {
 		return notCommitted("move fence", err)
 	}
 	if n > 0 {

@@ -241,9 +241,12 @@ func (m *Move) Copy(ctx context.Context) error {
 		return fmt.Errorf("ledger: move: %w", err)
 	}
 	defer tx.Rollback()
-	// Moving in: a tombstone of an earlier move out goes.
-	if _, err := tx.ExecContext(ctx, `DELETE FROM program_moves WHERE program = $1`, m.program); err != nil {
-		return fmt.Errorf("ledger: move: tombstone: %w", err)
+	// Moving in: a tombstone of an earlier move out goes, and the copy is
+	// marked arriving until Arrived.
+	if _, err := tx.ExecContext(ctx, `INSERT INTO program_moves (program, to_primary, mover, moved_at) VALUES ($1, $2, $3, $4)
+		ON CONFLICT (program) DO UPDATE SET to_primary = excluded.to_primary, mover = excluded.mover, moved_at = excluded.moved_at`,
+		m.program, arriving, m.token, m.to.now().UnixMilli()); err != nil {
+		return fmt.Errorf("ledger: move: arrival mark: %w", err)
 	}
 	for i, t := range programTables {
 		tr := m.rows[t.name]
@@ -304,6 +307,13 @@ func (m *Move) Finish(ctx context.Context) error {
 	return nil
 }
 
+// Arrived lifts the copy's arrival mark on the target, once the directory
+// names it: a replica that cannot read the directory finds the program
+// there from then on (see LivesHere).
+func (m *Move) Arrived(ctx context.Context) error {
+	return m.to.LiftTombstone(ctx, m.program, m.token)
+}
+
 // Abort deletes whatever Copy wrote to the target (first, while the
 // source's transaction still holds the program's move lock, so no other
 // move's copy is there yet), releases the source, and lifts its
@@ -321,8 +331,8 @@ func (m *Move) Abort(ctx context.Context) error {
 // is (the directory's state unknown: a run again decides).
 func (m *Move) Release() { m.src.Rollback() }
 
-// DropProgram deletes every row of program from this ledger: what a move
-// left on a primary the directory does not name.
+// DropProgram deletes every row of program from this ledger, and a move's
+// arrival mark: what a move left on a primary the directory does not name.
 func (l *Ledger) DropProgram(ctx context.Context, program keys.ID) error {
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -331,6 +341,9 @@ func (l *Ledger) DropProgram(ctx context.Context, program keys.ID) error {
 	defer tx.Rollback()
 	if err := deleteProgram(ctx, tx, program); err != nil {
 		return err
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM program_moves WHERE program = $1 AND to_primary = $2`, program, arriving); err != nil {
+		return fmt.Errorf("ledger: drop program: arrival mark: %w", err)
 	}
 	return tx.Commit()
 }

@@ -276,7 +276,7 @@ func (l *Ledger) PutQueue(ctx context.Context, c QueueConfig) (QueueConfig, erro
 	// inserted: ErrMoving).
 	fence := " WHERE true" // SQLite needs a WHERE before ON CONFLICT here
 	if l.schema.Version >= directoryStep {
-		fence = ` WHERE NOT EXISTS (SELECT 1 FROM program_moves WHERE program = $1)`
+		fence = ` WHERE NOT EXISTS (SELECT 1 FROM program_moves WHERE program = $1 AND to_primary <> '')` // '': arriving
 	}
 	err := l.db.QueryRowContext(ctx, `INSERT INTO queues (program, opens_at, join_from, rate, window_ms, per_remaining, secret, checkout_url, pow_bits, sold_out_share)
 		SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10`+fence+`

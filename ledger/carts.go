@@ -118,9 +118,26 @@ func (l *Ledger) cartTx(ctx context.Context, id, buyer keys.ID, req Request, now
 	if taken || err != nil {
 		return nil, c, taken, err
 	}
-	// Read again inside the transaction: the rows a concurrent action
-	// changed decide below, by their state conditions.
+	// Read again inside the transaction, the cart's rows locked first
+	// (holds before orders, as a batch locks them): a concurrent action on
+	// the cart (a confirm or cancel under another key, a line's refund,
+	// the sweeper) has committed, and is read, or waits for this one. Read
+	// unlocked, a confirm losing to another key's answered 410 "nothing
+	// was sold", and a cancel losing to a confirm answered 200.
+	if l.driver == Postgres {
+		for _, t := range []string{"holds", "orders"} {
+			if _, err := tx.ExecContext(ctx, `SELECT id FROM `+t+` WHERE cart_id = $1 AND cart_id <> '' ORDER BY id FOR UPDATE`, id); err != nil {
+				tx.Rollback()
+				return nil, c, false, notCommitted("lock cart", err)
+			}
+		}
+	}
 	c, err = cartIn(ctx, tx, id)
+	if errors.Is(err, ErrNotFound) {
+		// Read a moment ago, gone now: only a program's move deletes a
+		// cart's rows (it was on the primary the move left).
+		err = fmt.Errorf("%w: %w: cart %s", ErrNotCommitted, ErrMoving, id)
+	}
 	if err != nil {
 		tx.Rollback()
 		return nil, c, false, err
@@ -244,15 +261,19 @@ func (l *Ledger) CancelCart(ctx context.Context, id, buyer keys.ID, req Request)
 		if h.State != Held {
 			continue
 		}
-		res, err := tx.ExecContext(ctx, `UPDATE holds SET state = $2, ended_at = $4 WHERE id = $1 AND state = $3`,
-			h.ID, Cancelled, Held, now.UnixMilli())
-		if err != nil {
+		// A line past its expiry ends expired, as a single hold's cancel
+		// after its expiry does (the sweeper's fate, and what a read said).
+		var state string
+		err := tx.QueryRowContext(ctx, `UPDATE holds SET state = CASE WHEN expires_at <= $4 THEN '`+Expired+`' ELSE $2 END, ended_at = $4
+			WHERE id = $1 AND state = $3 RETURNING state`, h.ID, Cancelled, Held, now.UnixMilli()).Scan(&state)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			continue
+		case err != nil:
 			return c, nil, notCommitted("cancel cart hold", err)
 		}
-		if n, _ := res.RowsAffected(); n == 1 {
-			ended = append(ended, i)
-			c.Holds[i].State, c.Holds[i].EndedAt = Cancelled, now
-		}
+		ended = append(ended, i)
+		c.Holds[i].State, c.Holds[i].EndedAt = state, now
 	}
 	lines := make([]returnLine, len(ended))
 	for k, i := range ended {
@@ -272,7 +293,11 @@ func (l *Ledger) CancelCart(ctx context.Context, id, buyer keys.ID, req Request)
 	var events []Event
 	for _, i := range ended {
 		changed = append(changed, c.Holds[i].ID)
-		events = append(events, holdEvent(EventHoldCancelled, c.Holds[i]))
+		kind := EventHoldCancelled
+		if c.Holds[i].State == Expired {
+			kind = EventHoldExpired
+		}
+		events = append(events, holdEvent(kind, c.Holds[i]))
 	}
 	if err := emit(ctx, tx, now, append(events, offers...)...); err != nil {
 		return c, nil, err

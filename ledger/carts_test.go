@@ -345,20 +345,31 @@ func TestHeldCartConfirmRacesCancel(t *testing.T) {
 				}
 				var wg sync.WaitGroup
 				var okConfirm, okCancel bool
+				var confirmErr, cancelErr error
 				wg.Add(2)
 				go func() {
 					defer wg.Done()
-					_, err := ls[1].ConfirmCart(ctx, c.ID, buyer, clientReq(buyer, fmt.Sprintf("ok%d", i), ledger.OpCartConfirm))
-					okConfirm = err == nil
+					_, confirmErr = ls[1].ConfirmCart(ctx, c.ID, buyer, clientReq(buyer, fmt.Sprintf("ok%d", i), ledger.OpCartConfirm))
+					okConfirm = confirmErr == nil
 				}()
 				go func() {
 					defer wg.Done()
-					_, changed, err := ls[2].CancelCart(ctx, c.ID, buyer, clientReq(buyer, fmt.Sprintf("no%d", i), ledger.OpCartCancel))
-					okCancel = err == nil && len(changed) == 2
+					var changed []keys.ID
+					_, changed, cancelErr = ls[2].CancelCart(ctx, c.ID, buyer, clientReq(buyer, fmt.Sprintf("no%d", i), ledger.OpCartCancel))
+					okCancel = cancelErr == nil && len(changed) == 2
 				}()
 				wg.Wait()
 				if okConfirm == okCancel {
-					t.Fatalf("cart %d: confirmed %v, cancelled %v; want exactly one", i, okConfirm, okCancel)
+					t.Fatalf("cart %d: confirmed %v (%v), cancelled %v (%v); want exactly one", i, okConfirm, confirmErr, okCancel, cancelErr)
+				}
+				// The loser is told what won (helper-39): a cancel after the
+				// confirm is refused, not answered 200 with nothing ended; a
+				// confirm after the cancel is told the cart ended.
+				if okConfirm && !errors.Is(cancelErr, ledger.ErrHoldConfirmed) {
+					t.Fatalf("cart %d: confirmed, and the cancel answered %v; want ErrHoldConfirmed", i, cancelErr)
+				}
+				if okCancel && !errors.Is(confirmErr, ledger.ErrHoldEnded) {
+					t.Fatalf("cart %d: cancelled, and the confirm answered %v; want ErrHoldEnded", i, confirmErr)
 				}
 				if okConfirm {
 					confirmed++
@@ -492,4 +503,60 @@ func TestCartSeatLines(t *testing.T) {
 			t.Errorf("restore owed = %+v, %v, %v; want the seats owed to the gate under the line's key", r, ok, err)
 		}
 	})
+}
+
+// Two confirms of one held cart under different keys (the payment webhook
+// and the browser's redirect) race from two replicas: both answer the
+// cart with its orders, one set of orders (helper-39: on PostgreSQL the
+// loser read the holds unlocked and answered ErrHoldEnded, 410 "nothing
+// was sold", while the cart stood confirmed).
+func TestHeldCartConfirmsRaceUnderTwoKeys(t *testing.T) {
+	for _, driver := range []string{ledger.SQLite, ledger.Postgres} {
+		t.Run(driver, func(t *testing.T) {
+			ctx := context.Background()
+			ls, clk, _ := openLedgers(t, driver, 2)
+			p := keys.MustID("show-k")
+			a, b := stock.SKU{Program: p, Ticket: keys.MustID("a")}, stock.SKU{Program: p, Ticket: keys.MustID("b")}
+			for _, s := range []stock.SKU{a, b} {
+				if _, err := ls[0].PutSKU(ctx, ledger.SKUConfig{SKU: s, Total: 1000, Shards: 1, MaxPerOrder: 4}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			const carts = 20
+			for i := range carts {
+				buyer := keys.MustID(fmt.Sprintf("k%d", i))
+				c, err := ls[0].HoldCart(ctx, heldCartOf(fmt.Sprintf("kc%d", i), buyer, clk.now().Add(time.Hour),
+					map[stock.SKU]int64{a: 1, b: 2}, []stock.SKU{a, b}), false)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var got [2]ledger.Cart
+				var errs [2]error
+				var wg sync.WaitGroup
+				for j := range 2 {
+					wg.Go(func() {
+						got[j], errs[j] = ls[j].ConfirmCart(ctx, c.ID, buyer, clientReq(buyer, fmt.Sprintf("pay%d-%d", i, j), ledger.OpCartConfirm))
+					})
+				}
+				wg.Wait()
+				for j := range 2 {
+					if errs[j] != nil {
+						t.Fatalf("cart %d: confirm %d answered %v; the other %v", i, j, errs[j], errs[1-j])
+					}
+					if len(got[j].Orders) != 2 || got[j].Orders[0].ID != got[0].Orders[0].ID {
+						t.Fatalf("cart %d: confirm %d answered orders %v, the other %v", i, j, got[j].Orders, got[0].Orders)
+					}
+				}
+			}
+			for i, s := range []stock.SKU{a, b} {
+				st, err := ls[0].SKU(ctx, s)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if want := int64(carts * (i + 1)); st.Held != 0 || st.Sold != want {
+					t.Errorf("%s: held %d sold %d; want 0 and %d", s, st.Held, st.Sold, want)
+				}
+			}
+		})
+	}
 }

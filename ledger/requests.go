@@ -111,6 +111,10 @@ type orderSnap struct {
 	CartID                                                 keys.ID `json:",omitzero"`
 	Quantity, CreatedAt, RefundedAt                        int64
 	Seats                                                  []keys.ID `json:",omitempty"`
+	// Units are where the order's units had gone when it was answered
+	// (a confirm again of a resold order, a transfer): replayed as told,
+	// not read as refunded (helper-38). Absent from rows before them.
+	Units Units `json:",omitzero"`
 }
 
 type holdSnap struct {
@@ -124,13 +128,13 @@ type holdSnap struct {
 func snapOrder(o *Order) *orderSnap {
 	return &orderSnap{ID: o.ID, RequestID: o.IdempotencyKey, GateKey: o.GateKey, Program: o.SKU.Program,
 		Ticket: o.SKU.Ticket, Buyer: o.Buyer, HoldID: o.HoldID, CartID: o.CartID, Quantity: o.Quantity,
-		CreatedAt: o.CreatedAt.UnixMilli(), RefundedAt: ms(o.RefundedAt), Seats: o.SeatIDs}
+		CreatedAt: o.CreatedAt.UnixMilli(), RefundedAt: ms(o.RefundedAt), Seats: o.SeatIDs, Units: o.Units}
 }
 
 func (o *orderSnap) order(req Request) Order {
 	return Order{ID: o.ID, IdempotencyKey: o.RequestID, GateKey: o.GateKey, SKU: stock.SKU{Program: o.Program, Ticket: o.Ticket},
 		Buyer: o.Buyer, HoldID: o.HoldID, CartID: o.CartID, Quantity: o.Quantity, CreatedAt: fromMS(o.CreatedAt),
-		RefundedAt: fromMS(o.RefundedAt), SeatIDs: o.Seats, Req: req}
+		RefundedAt: fromMS(o.RefundedAt), SeatIDs: o.Seats, Units: o.Units, Req: req}
 }
 
 func encodeCart(c *Cart) string {

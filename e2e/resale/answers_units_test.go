@@ -43,6 +43,17 @@ func TestConfirmAgainAfterResaleAndListingReplay(t *testing.T) {
 			o.Units.Resold != 4 || o.Units.Refunded != 0 || o.Units.Began != 4 {
 			t.Errorf("confirm under a new key of the resold order's hold = %d %s, want 201 with the order resold, no refund", r.Status, r.Body)
 		}
+		// Sent again (its client timed out), on either replica: the same
+		// answer, not "refunded" from a snapshot without the units
+		// (helper-38).
+		for _, e := range []*systest.Env{a, b} {
+			again := e.Act(t, "/v1/holds/"+h.HoldID+"/confirm", "c2", "ann")
+			var o2 orderBody
+			if again.Status != http.StatusCreated || json.Unmarshal(again.Body, &o2) != nil || o2.State != o.State || o2.Units != o.Units ||
+				o2.RefundedAt != nil {
+				t.Errorf("the confirm under c2 again = %d %s, want its first answer %s", again.Status, again.Body, r.Body)
+			}
+		}
 		for _, e := range []*systest.Env{a, b} {
 			r := list(t, e, ann, "l1", "ann", 4)
 			if y := listingOf(t, r); r.Status != http.StatusCreated || y.ListingID != x.ListingID || y.State != "listed" || y.Sold != 0 {
@@ -82,6 +93,12 @@ func TestPartlyResoldOrderTellsItsResoldUnits(t *testing.T) {
 		var o orderBody
 		if r.Status != http.StatusOK || json.Unmarshal(r.Body, &o) != nil || o.Units.Began != 4 || o.Units.Resold != 2 || o.Units.Standing != 2 {
 			t.Errorf("whole transfer = %d %s, want the units: began 4, resold 2, standing 2", r.Status, r.Body)
+		}
+		// Sent again: the same units (the replay said began 2, resold 0).
+		again := a.Do(t, http.MethodPost, "/v1/orders/"+ann+"/transfer", map[string]string{"Idempotency-Key": "t1"}, `{"buyer":"ann","to":"fay"}`)
+		var o2 orderBody
+		if again.Status != http.StatusOK || json.Unmarshal(again.Body, &o2) != nil || o2.Units != o.Units {
+			t.Errorf("the whole transfer again = %d %s, want its first answer %s", again.Status, again.Body, r.Body)
 		}
 		getOrder(t, a, ann) // adds up
 	})

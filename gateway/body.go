@@ -16,6 +16,21 @@ import (
 	"github.com/gin-gonic/gin"
 )
 
+// bodyDeadline bounds, by BodyTimeout, the read of a request's body by
+// anyone: a refusal answered before the handler reads it (a 429, a 404, a
+// sold-out answered at the door) has net/http read what is left of it
+// once the handler is done (up to 256 KiB), and the server bounds only the
+// headers' time, so a client that stopped sending held a goroutine and its
+// socket as long as it liked. The deadline stays for that read (the
+// server sets the next request's own); decodeBodyMax sets its own and
+// clears it once the body is read, before net/http's background read
+// starts (a deadline standing then would cancel the request's context).
+func (s *Server) bodyDeadline(c *gin.Context) {
+	if s.opts.BodyTimeout > 0 && c.Request.ContentLength != 0 {
+		_ = http.NewResponseController(c.Writer).SetReadDeadline(time.Now().Add(s.opts.BodyTimeout)) // unsupported: unbounded, as before
+	}
+}
+
 // decodeBody reads exactly one JSON object into v: unknown fields, trailing
 // data and bodies over the limit are refused, each with its own status.
 // It reports whether the handler may go on.
@@ -28,12 +43,15 @@ func (s *Server) decodeBody(c *gin.Context, v any) bool {
 func (s *Server) decodeBodyMax(c *gin.Context, v any, maxBytes int64) bool {
 	ct := c.GetHeader("Content-Type")
 	if mt, _, err := mime.ParseMediaType(ct); ct != "" && (err != nil || mt != "application/json") {
+		c.Header("Connection", "close") // the body is not read: see bodyDeadline
 		writeProblem(c, http.StatusUnsupportedMediaType, "unsupported-media-type", "send application/json", 0)
 		return false
 	}
 	if c.Request.ContentLength > maxBytes {
 		// Said up front (and before "100 Continue": net/http sends it at
-		// the first read), so nothing is read of it.
+		// the first read), so nothing is read of it, and the connection
+		// ends with the answer (net/http would read the body first).
+		c.Header("Connection", "close")
 		writeProblem(c, http.StatusRequestEntityTooLarge, "body-too-large",
 			fmt.Sprintf("request body over %d bytes", maxBytes), 0)
 		return false

@@ -64,6 +64,12 @@ func TestHostileRequestsAnsweredAtTheDoor(t *testing.T) {
 		{"a body that stops coming", put + "Content-Length: 100\r\n\r\n{\"total\":", "408", "body-timeout"},
 		// "100 Continue", then a wait for 100 MB the server would refuse.
 		{"a body too large, announced", put + "Expect: 100-continue\r\nContent-Length: 100000000\r\n\r\n", "413", "body-too-large"},
+		// Refused before the body is read, with the body stalled: net/http
+		// read the rest of it first, with no deadline (helper-38).
+		{"a body too large, stalled", put + "Content-Length: 100000\r\n\r\n{\"total\":", "413", "body-too-large"},
+		{"a wrong content type, stalled", "PUT /v1/admin/skus/p1/ga HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n" +
+			"Content-Length: 100\r\n\r\n{", "415", "unsupported-media-type"},
+		{"no route, stalled", "POST /v1/nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{", "404", "not-found"},
 		// A JSON null was read as {}.
 		{"a null body", put + "Content-Length: 4\r\n\r\nnull", "400", "malformed-json"},
 		// Two keys name two requests; the first one won.

@@ -270,6 +270,7 @@ func (s *Server) routes(set routeSet) (*gin.Engine, error) {
 	if err := e.SetTrustedProxies(s.opts.TrustedProxies); err != nil {
 		return nil, fmt.Errorf("gateway: trusted proxies: %w", err)
 	}
+	e.Use(s.bodyDeadline)
 	if tracing.Enabled() {
 		e.Use(traced) // off, not even a hop through it
 	}

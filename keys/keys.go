@@ -275,6 +275,16 @@ func Lock(program, ticket, purpose ID) string {
 	return "sg:" + s.tag + ":lock:" + purpose.s + ":" + program.s + ":" + ticket.s
 }
 
+// RequestLock is the key of a lock named purpose for one request (id)
+// about a SKU: hashed like the SKU's shard 0, as Lock is, so the lock
+// lives on a master the request needs anyway (a cart's lock hashed by the
+// request alone sent a third of the carts around their gates, healthy
+// SKUs' too, while one master was down).
+func RequestLock(program, ticket, purpose, id ID) string {
+	mustHave("RequestLock", purpose, id)
+	return Lock(program, ticket, purpose) + ":" + id.s
+}
+
 // Quota is the key of what one buyer holds + owns of one SKU at the gate,
 // for the per-buyer cap; with the zero ticket it counts the whole program.
 // It is hashed by SKU and buyer together, so one buyer's flood lands on one

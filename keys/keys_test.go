@@ -158,6 +158,18 @@ func TestLockKey(t *testing.T) {
 	Lock(MustID("show-1"), MustID("ga"), ID{})
 }
 
+// A request's lock lives beside the SKU's shard 0, one key per request.
+func TestRequestLockKey(t *testing.T) {
+	p, tk, cart := MustID("show-1"), MustID("ga"), MustID("cart")
+	a, b := RequestLock(p, tk, cart, MustID("r1")), RequestLock(p, tk, cart, MustID("r2"))
+	if a == b {
+		t.Errorf("two requests share a lock: %q", a)
+	}
+	if got, want := KeySlot(a), Shard(p, tk, 0, 1).Slot(); got != want || KeySlot(b) != want {
+		t.Errorf("request lock %q in slot %d, want the SKU's shard-0 slot %d", a, got, want)
+	}
+}
+
 func TestSeatsKey(t *testing.T) {
 	a, b := Seats(MustID("show-1"), MustID("stalls"), MustID("A")), Seats(MustID("show-1"), MustID("stalls"), MustID("B"))
 	if a == b || a != Seats(MustID("show-1"), MustID("stalls"), MustID("A")) {
@@ -228,13 +240,14 @@ func TestIDIsMadeOnlyFromValidText(t *testing.T) {
 	}
 	p, tk := MustID("p"), MustID("t")
 	for name, f := range map[string]func(){
-		"Shard":     func() { Shard(ID{}, tk, 0, 1) },
-		"Deduction": func() { Shard(p, tk, 0, 1).Deduction(ID{}) },
-		"Refill":    func() { Shard(p, tk, 0, 1).Refill(ID{}) },
-		"Quota":     func() { Quota(p, tk, ID{}) },
-		"Seats":     func() { Seats(p, ID{}, MustID("A")) },
-		"Lock":      func() { Lock(p, tk, ID{}) },
-		"Bench":     func() { Bench(p, tk, ID{}) },
+		"Shard":       func() { Shard(ID{}, tk, 0, 1) },
+		"Deduction":   func() { Shard(p, tk, 0, 1).Deduction(ID{}) },
+		"Refill":      func() { Shard(p, tk, 0, 1).Refill(ID{}) },
+		"Quota":       func() { Quota(p, tk, ID{}) },
+		"Seats":       func() { Seats(p, ID{}, MustID("A")) },
+		"Lock":        func() { Lock(p, tk, ID{}) },
+		"RequestLock": func() { RequestLock(p, tk, MustID("cart"), ID{}) },
+		"Bench":       func() { Bench(p, tk, ID{}) },
 	} {
 		func() {
 			defer func() {

@@ -126,7 +126,8 @@ const takeAttempts = 3
 func (t *take) run(ctx context.Context) answer {
 	s := t.s
 	if t.cart {
-		lease, err := s.locker.Acquire(ctx, keys.Lock(t.program(), t.req.gateID(), lockCart), s.opts.ReseedWait)
+		first := t.lines[0].w.sku
+		lease, err := s.locker.Acquire(ctx, keys.RequestLock(first.Program, first.Ticket, lockCart, t.req.gateID()), s.opts.ReseedWait)
 		switch {
 		case errors.Is(err, lock.ErrBusy):
 			return ansUnavailable // the other copy is still at it: retry with the same key

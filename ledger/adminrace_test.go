@@ -128,6 +128,49 @@ func TestSeatMapAndPoolTakeTurns(t *testing.T) {
 	}
 }
 
+// Two parts of a seat map loaded at once (two replicas, disjoint seats):
+// the ticket's total is every seat of both (helper-38: each load counted
+// the map before it waited for the ticket's row, and the last to commit
+// wrote its own count: 50 of 100 seats sellable).
+func TestSeatMapsLoadedTogetherCountBoth(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.LedgerDSN(t, ledger.Postgres)
+	l, err := ledger.Open(ctx, ledger.Options{Driver: ledger.Postgres, DSN: dsn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 1, Shards: 1, MaxPerOrder: 4}); err != nil {
+		t.Fatal(err)
+	}
+	w := holdTicketRow(t, dsn, sku)
+	var loads []<-chan error
+	for i, section := range []string{"A", "B"} {
+		seats := make([]ledger.Seat, 50)
+		for k := range seats {
+			seats[k] = ledger.Seat{ID: keys.MustID(fmt.Sprintf("%s-%d", section, k+1)), Section: keys.MustID(section), Row: "1", Number: k + 1}
+		}
+		loads = append(loads, runAsync(func() error {
+			_, err := l.LoadSeats(ctx, sku, seats)
+			return err
+		}))
+		w.waiting(i+1, loads[i], "section "+section)
+	}
+	w.release()
+	for i, done := range loads {
+		if err := <-done; err != nil {
+			t.Fatalf("load %d: %v", i, err)
+		}
+	}
+	st, err := l.SKU(ctx, sku)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Seated || st.Total != 100 {
+		t.Errorf("after two loads of 50 seats each: seated %v, total %d; want 100", st.Seated, st.Total)
+	}
+}
+
 // A transfer waits for a buyer cap being switched on (helper-33): the
 // switch recounts the ticket's buyers from one read, and a transfer that
 // locked nothing the switch held committed in between, so the sender

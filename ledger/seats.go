@@ -80,11 +80,6 @@ func (l *Ledger) LoadSeats(ctx context.Context, sku stock.SKU, seats []Seat) (in
 			return 0, fmt.Errorf("%w: seat %s is in the map with another section, row or number", stock.ErrInvalid, s.ID)
 		}
 	}
-	var n int64
-	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM seats WHERE program = $1 AND ticket = $2`,
-		sku.Program, sku.Ticket).Scan(&n); err != nil {
-		return 0, fmt.Errorf("ledger: load seats: %w", err)
-	}
 	// The pools are counted again under the ticket's row lock, taken
 	// last, after the seats (as a take takes them: seats, then the row),
 	// so a map being loaded never freezes the ticket's sales nor closes a
@@ -98,6 +93,15 @@ func (l *Ledger) LoadSeats(ctx context.Context, sku stock.SKU, seats []Seat) (in
 	}
 	if err := noPools(); err != nil {
 		return 0, err
+	}
+	// Counted under the lock too: another load of the map committed its
+	// seats while this one waited, and the total is both maps' (counted
+	// before, two loads of disjoint seats each wrote its own count, and
+	// the last one's total left the other's seats out; helper-38).
+	var n int64
+	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM seats WHERE program = $1 AND ticket = $2`,
+		sku.Program, sku.Ticket).Scan(&n); err != nil {
+		return 0, fmt.Errorf("ledger: load seats: %w", err)
 	}
 	// A ticket that sold or holds counted units cannot become seated:
 	// those units have no seats, and the map's seats would be sold twice.

@@ -57,6 +57,17 @@ func (l *Ledger) transfer(ctx context.Context, orderID, from, to keys.ID, q int6
 		return Order{}, err
 	}
 	defer tx.Rollback()
+	// The caps' scopes are shared before the counts move (capLock): a
+	// cap switched on meanwhile either waits for this commit, or this
+	// waits for the cap and counts under it. Before the order's row (an
+	// order's SKU never changes): a cap switch holds its lock while it
+	// waits for the SKU row, which a listing or a resale settle holds
+	// while it waits for this order's row (helper-38).
+	for _, scope := range []stock.SKU{o.SKU.Base(), {Program: o.SKU.Program}} {
+		if err := l.capLock(ctx, tx, scope, false); err != nil {
+			return Order{}, err
+		}
+	}
 	// Locked first (on PostgreSQL; SQLite's transaction has the file), so
 	// transfers and refunds of one order take turns instead of failing.
 	if err := l.lockRows(ctx, tx, l.sql.lockOrders, []keys.ID{orderID}); err != nil {
@@ -64,14 +75,6 @@ func (l *Ledger) transfer(ctx context.Context, orderID, from, to keys.ID, q int6
 	}
 	if o, err = orderWithUnits(ctx, tx, orderID); err != nil {
 		return Order{}, err
-	}
-	// The caps' scopes are shared before the counts move (capLock): a
-	// cap switched on meanwhile either waits for this commit, or this
-	// waits for the cap and counts under it.
-	for _, scope := range []stock.SKU{o.SKU.Base(), {Program: o.SKU.Program}} {
-		if err := l.capLock(ctx, tx, scope, false); err != nil {
-			return Order{}, err
-		}
 	}
 	if q == 0 {
 		q = o.Quantity
@@ -116,7 +119,7 @@ func checkTransfer(ctx context.Context, tx *sql.Tx, o Order, from keys.ID, q, li
 	case !o.RefundedAt.IsZero():
 		return endedAs(ctx, tx, o.ID)
 	case q > o.Quantity:
-		return overStanding(o, q, o.Quantity)
+		return overStanding(o, q, o.Quantity-listed) // listed ones stand but are not free to move
 	case q < o.Quantity && len(o.SeatIDs) > 0:
 		return fmt.Errorf("%w: a seat order moves whole", ErrSeatedTake)
 	}

@@ -93,6 +93,12 @@ func (s *Service) PutCodes(ctx context.Context, sku stock.SKU, pool keys.ID, cod
 		rows = append(rows, ledger.Code{Hash: CodeHash(p, c), MaxUses: maxUses})
 	}
 	added, err = s.ledger.PutCodes(ctx, p, rows)
+	if errors.Is(err, ledger.ErrNotCommitted) {
+		// Known not written (the program moving, a connection refused
+		// before the write): nothing to tell but a retry.
+		s.log.WarnContext(ctx, "put codes", "sku", p.String(), "err", err)
+		return 0, nil, refuse(ErrUnavailable, "ledger unavailable: no code was added; send the request again")
+	}
 	if err != nil {
 		// The route takes no key, and generated codes are never kept in
 		// plain text: no retry can tell whether they were added. Say what

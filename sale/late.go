@@ -53,7 +53,10 @@ func (s *Service) lateConfirm(ctx context.Context, h ledger.Hold, keep int64, r 
 	// 503 instead (outcome unknown), and its retry, which finds the
 	// order under the hold's key, records the client's key again.
 	switch _, err := s.ledger.AnswerWith(ctx, r.ledger(), a.order); {
-	case err == nil, errors.Is(err, ledger.ErrDuplicate):
+	case err == nil:
+		a.replayed = false // the client's key is used first now, whatever the hold's key said
+	case errors.Is(err, ledger.ErrDuplicate):
+		a.replayed = true
 	case errors.Is(err, ledger.ErrKeyReused):
 		return ansKeyReused // another request took the key meanwhile
 	default:

@@ -228,6 +228,20 @@ func TestAttack2CodesFencedDuringAMove(t *testing.T) {
 		_, err := f.Primary("main").PutCodes(ctx, pool, []ledger.Code{{Hash: "h-during-move", MaxUses: 1}})
 		put <- err
 	}()
+	// The put waits for the move's lock before the copy goes on (it
+	// could else come after Finish and find no pool: not the race).
+	db, err := sql.Open("pgx", urls[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	wait.For(t, 20*time.Second, "the put waiting for the move's lock", func() bool {
+		var n int
+		if err := db.QueryRow(`SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	})
 	if err := m.Copy(ctx); err != nil {
 		t.Fatal(errors.Join(err, m.Abort(context.WithoutCancel(ctx))))
 	}

@@ -307,3 +307,45 @@ func TestAttack3StoppedMoveCopyIsNobodysHome(t *testing.T) {
 		t.Errorf("refund answered on the moved program, but p2's order is %+v (%v)", c, err)
 	}
 }
+
+// BREAK (helper-40): a replica that read a program's place before it
+// moved away (p1 -> p2), and cannot read the directory now, routed by
+// what it read: to p1, where a move back that stopped after its copy left
+// the program's rows, marked arriving. Its refund was committed on that
+// copy and answered success; the move's rerun deletes the copy. What was
+// read now stands only if its primary still has the program at home.
+func TestAttack3StaleCacheFindsNoHomeOnAMarkedCopy(t *testing.T) {
+	ctx := context.Background()
+	urls := testenv.PostgresURLs(t, 3)
+	mainURL, proxy := proxied(t, urls[0])
+	mover := open(t, urls, time.Millisecond)
+	r := open(t, []string{mainURL, urls[1], urls[2]}, time.Millisecond)
+	s := sku("staleback")
+	o := closedWithOrder(t, mover, s, "p1", "s1", 2)
+	if _, err := r.OrderByID(ctx, o.ID); err != nil { // r reads the program's place: p1
+		t.Fatal(err)
+	}
+	if _, err := mover.Move(ctx, s.Program, "p2"); err != nil {
+		t.Fatal(err)
+	}
+	// The move back stops after its copy.
+	if err := mover.First().MarkMoving(ctx, s.Program, "p2", "back", fleet.MoveLease); err != nil {
+		t.Fatal(err)
+	}
+	m, err := ledger.BeginMove(ctx, mover.Primary("p2"), mover.Primary("p1"), s.Program, "p1", "back")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Copy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	m.Release()
+
+	proxy.Cut()
+	defer proxy.Restore()
+	if _, _, err := r.Refund(ctx, o.ID, o.Buyer, refundReq(o.Buyer, "rs1")); err == nil {
+		c, cerr := mover.Primary("p1").OrderByID(ctx, o.ID)
+		t.Errorf("with the directory down, a refund answered success; refunded on p1's unswitched copy: %v (%v)",
+			!c.RefundedAt.IsZero(), cerr)
+	}
+}

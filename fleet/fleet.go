@@ -263,7 +263,8 @@ var ErrUnplaced = errors.New("fleet: program on a primary this replica does not 
 
 // lookup is where program lives: the directory as read within PlaceTTL,
 // read again after it; while the directory cannot be read, what was read
-// before, or failing that the primary that holds the program's rows.
+// before if that primary still has the program at home, or failing that
+// the primary that holds the program's rows.
 // found is false for a program placed nowhere.
 func (f *Fleet) lookup(ctx context.Context, program keys.ID) (pl place, found bool, err error) {
 	f.mu.Lock()
@@ -290,8 +291,13 @@ func (f *Fleet) lookup(ctx context.Context, program keys.ID) (pl place, found bo
 		f.mu.Unlock()
 		return place{}, false, nil
 	case ok:
-		// The directory's primary is down: what was read stands.
-		return pl, true, nil
+		// The directory's primary is down: what was read stands, unless
+		// that primary says the program is not at home there now (moved
+		// away since, or a copy a move back left unswitched: a write
+		// there would be lost with it). Unknown stands as read.
+		if home, herr := pl.p.l.LivesHere(ctx, program); herr != nil || home {
+			return pl, true, nil
+		}
 	}
 	// Nothing read before: the primary holding the program's rows.
 	for _, p := range f.ps[1:] {

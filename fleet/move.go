@@ -128,11 +128,14 @@ func (f *Fleet) Move(ctx context.Context, program keys.ID, to string) (MoveRepor
 			// directory names one, and a run again finishes.
 			m.Release()
 			return r, fmt.Errorf("fleet: move: %w; the directory could not be read after (%w): run the move again", err, perr)
-		case pl.Primary != dst.name || pl.Moving:
+		case pl.Primary != dst.name:
 			// Not flipped: the program stays on the source. If the mark
 			// is still this run's, giveUp ends it (the program writable
 			// now, not after the lease); if another run's, its EndMoving
-			// refuses and that run's mark and tombstone stand.
+			// refuses and that run's mark and tombstone stand. (Named
+			// the target and moving again is flipped, and another run
+			// moving it on: the target's rows are the program's, never
+			// dropped here.)
 			return r, giveUp(errors.Join(err, m.Abort(context.WithoutCancel(ctx))))
 		}
 	}

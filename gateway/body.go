@@ -66,11 +66,19 @@ func (s *Server) decodeBodyMax(c *gin.Context, v any, maxBytes int64) bool {
 	rc := http.NewResponseController(c.Writer)
 	if s.opts.BodyTimeout > 0 {
 		_ = rc.SetReadDeadline(time.Now().Add(s.opts.BodyTimeout)) // unsupported (a test's recorder): unbounded, as before
-		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
 	}
 	raw, err := io.ReadAll(http.MaxBytesReader(c.Writer, c.Request.Body, maxBytes))
+	if err == nil && s.opts.BodyTimeout > 0 {
+		_ = rc.SetReadDeadline(time.Time{}) // read whole: the handler may take its time
+	}
+	// A body not read whole is not read further: net/http would read what
+	// is left of it (up to 256 KiB) before the answer or when it closes
+	// the body, and with no deadline a stalled client holds it for good.
+	// The connection ends with the answer.
 	var tooBig *http.MaxBytesError
 	if errors.As(err, &tooBig) {
+		_ = rc.SetReadDeadline(time.Now())
+		c.Header("Connection", "close")
 		writeProblem(c, http.StatusRequestEntityTooLarge, "body-too-large",
 			fmt.Sprintf("request body over %d bytes", maxBytes), 0)
 		return false

@@ -2,10 +2,12 @@ package gateway_test
 
 import (
 	"bufio"
+	"errors"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -50,6 +52,44 @@ func raw(t *testing.T, ts *httptest.Server, text string) string {
 		if err != nil || line == "\r\n" {
 			return head.String()
 		}
+	}
+}
+
+// closes sends text on a connection of its own and reports whether the
+// server answered and closed it within 5 s (the status line, then EOF, or
+// a reset: closed with the client's bytes unread).
+func closes(t *testing.T, ts *httptest.Server, text string) (string, bool) {
+	t.Helper()
+	conn, err := net.Dial("tcp", ts.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, text); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	all, err := io.ReadAll(conn)
+	status, _, _ := strings.Cut(string(all), "\r\n")
+	return status, !errors.Is(err, os.ErrDeadlineExceeded)
+}
+
+// A body that stops part-way, answered 408 or 413: the answer comes and
+// the connection ends, rather than net/http reading the rest of the body,
+// with no deadline, when it closes it (helper-40).
+func TestStalledBodiesEndTheirConnection(t *testing.T) {
+	ts := hostileServer(t)
+	put := "PUT /v1/admin/skus/p1/ga HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+	for _, tc := range []struct{ name, request, status string }{
+		{"408", put + "Content-Length: 100\r\n\r\n{\"total\":", "408"},
+		{"413 chunked", put + "Transfer-Encoding: chunked\r\n\r\n2000\r\n" + strings.Repeat(" ", 0x2000) + "\r\n10\r\n", "413"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			status, closed := closes(t, ts, tc.request)
+			if !strings.Contains(status, " "+tc.status+" ") || !closed {
+				t.Errorf("answered %q, connection closed within 5 s: %v; want %s and closed", status, closed, tc.status)
+			}
+		})
 	}
 }
 

@@ -52,11 +52,12 @@ func (s *Service) lateConfirm(ctx context.Context, h ledger.Hold, keep int64, r 
 	// past the window and take another request: the payment is answered
 	// 503 instead (outcome unknown), and its retry, which finds the
 	// order under the hold's key, records the client's key again.
-	switch _, err := s.ledger.AnswerWith(ctx, r.ledger(), a.order); {
+	switch got, err := s.ledger.AnswerWith(ctx, r.ledger(), a.order); {
 	case err == nil:
 		a.replayed = false // the client's key is used first now, whatever the hold's key said
 	case errors.Is(err, ledger.ErrDuplicate):
-		a.replayed = true
+		// Another copy recorded the key first: its answer is the key's.
+		a.replayed, a.order = true, got
 	case errors.Is(err, ledger.ErrKeyReused):
 		return ansKeyReused // another request took the key meanwhile
 	default:

@@ -12,7 +12,7 @@
 -- ARGV[3]  now (ms)
 -- take:    ARGV[4] units (>= 1), ARGV[5] budget (0: count only),
 --          ARGV[6] expiry (ms), ARGV[7] device tag ("" for none)
--- extend:  ARGV[4] new expiry (ms)
+-- extend:  ARGV[4] new expiry (ms); an earlier one moves nothing
 --
 -- Returns {code, used or tag}:
 --   take    1 counted (used: the new total), 2 counted before (a retry;
@@ -75,7 +75,7 @@ if op == 'end' then
 elseif op == 'extend' then
   local exp = int(ARGV[4], 0, 1e15)
   if not exp then return {-2, 0} end
-  redis.call('ZADD', KEYS[1], 'XX', exp, entry)
+  redis.call('ZADD', KEYS[1], 'XX', 'GT', exp, entry) -- later only: a replayed extension's older expiry moves nothing
   keep()
   return {1, tag}
 end

@@ -149,6 +149,11 @@ func (s *Service) extend(ctx context.Context, id, buyer keys.ID, ttl time.Durati
 		s.metrics.extended.Inc()
 		return answer{hold: &h}
 	case errors.Is(err, ledger.ErrDuplicate):
+		// The first answer may never have been given (its replica gone
+		// after the commit, or its budget call failed): the budget's
+		// count moves with the expiry now (idempotent, and never
+		// earlier; an ended hold's count is gone and stays gone).
+		s.holdExtended(ctx, h)
 		return answer{hold: &h, replayed: true}
 	case errors.Is(err, ledger.ErrHoldConfirmed):
 		return ansHoldConfirmed

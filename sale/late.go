@@ -54,7 +54,6 @@ func (s *Service) lateConfirm(ctx context.Context, h ledger.Hold, keep int64, r 
 	// order under the hold's key, records the client's key again.
 	switch got, err := s.ledger.AnswerWith(ctx, r.ledger(), a.order); {
 	case err == nil:
-		a.replayed = false // the client's key is used first now, whatever the hold's key said
 	case errors.Is(err, ledger.ErrDuplicate):
 		// Another copy recorded the key first: its answer is the key's.
 		a.replayed, a.order = true, got

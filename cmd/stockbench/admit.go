@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/stockgate/stockgate/internal/loadgen"
+	"github.com/stockgate/stockgate/e2e/loadgen"
 )
 
 // runAdmit is `suite -only admit`: the admission latency, each round a

@@ -11,8 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/stockgate/stockgate/e2e/loadgen"
 	"github.com/stockgate/stockgate/internal/comparators"
-	"github.com/stockgate/stockgate/internal/loadgen"
 )
 
 // The bare gin ceilings (a purchase or stock read answered at once, a

@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/stockgate/stockgate/internal/loadgen"
+	"github.com/stockgate/stockgate/e2e/loadgen"
 )
 
 // runBuy is `suite -only buy`: the purchase-with-commit latency alone,

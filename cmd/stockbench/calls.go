@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/stockgate/stockgate/internal/loadgen"
+	"github.com/stockgate/stockgate/e2e/loadgen"
 )
 
 // runCalls measures what a sold-out storm and read floods cost Redis, per

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/stockgate/stockgate/internal/loadgen"
+	"github.com/stockgate/stockgate/e2e/loadgen"
 	"github.com/stockgate/stockgate/internal/testenv"
 )
 

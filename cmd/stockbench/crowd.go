@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/stockgate/stockgate/internal/loadgen"
+	"github.com/stockgate/stockgate/e2e/loadgen"
 )
 
 // crowdWorkers is the crowd-sized run's buyers in flight at once: an

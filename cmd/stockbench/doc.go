@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/stockgate/stockgate/e2e/loadgen"
 	"github.com/stockgate/stockgate/internal/comparators"
-	"github.com/stockgate/stockgate/internal/loadgen"
 )
 
 type docInputs struct {

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/client"
-	"github.com/stockgate/stockgate/internal/loadgen"
+	"github.com/stockgate/stockgate/e2e/loadgen"
 	"github.com/stockgate/stockgate/ledger"
 )
 

@@ -15,7 +15,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/stockgate/stockgate/internal/loadgen"
+	"github.com/stockgate/stockgate/e2e/loadgen"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/stock"

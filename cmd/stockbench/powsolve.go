@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/client"
-	"github.com/stockgate/stockgate/internal/powpage"
+	"github.com/stockgate/stockgate/e2e/powpage"
 )
 
 // The waiting room page's proof of work, solved in headless Chromium's

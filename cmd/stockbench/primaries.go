@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/stockgate/stockgate/internal/loadgen"
+	"github.com/stockgate/stockgate/e2e/loadgen"
 	"github.com/stockgate/stockgate/internal/testenv"
 )
 

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/client"
-	"github.com/stockgate/stockgate/internal/loadgen"
+	"github.com/stockgate/stockgate/e2e/loadgen"
 )
 
 // queueSample is how many waiting buyers the poll phase checks for.

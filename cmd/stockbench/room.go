@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/client"
-	"github.com/stockgate/stockgate/internal/loadgen"
+	"github.com/stockgate/stockgate/e2e/loadgen"
 	"github.com/stockgate/stockgate/internal/onsale"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/waitroom"

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/stockgate/stockgate/internal/loadgen"
+	"github.com/stockgate/stockgate/e2e/loadgen"
 )
 
 // shardRun is one flash sale of the shards' comparison.

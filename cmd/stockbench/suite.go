@@ -25,8 +25,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stockgate/stockgate/cluster"
+	"github.com/stockgate/stockgate/e2e/loadgen"
 	"github.com/stockgate/stockgate/internal/comparators"
-	"github.com/stockgate/stockgate/internal/loadgen"
 	"github.com/stockgate/stockgate/internal/onsale"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/ledger"

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/stockgate/stockgate/internal/systest"
+	"github.com/stockgate/stockgate/e2e/systest"
 	"github.com/stockgate/stockgate/ledger"
 )
 

@@ -10,7 +10,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/stockgate/stockgate/internal/systest"
+	"github.com/stockgate/stockgate/e2e/systest"
 	"github.com/stockgate/stockgate/ledger"
 )
 

@@ -9,7 +9,7 @@ import (
 
 	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/breaker"
-	"github.com/stockgate/stockgate/internal/systest"
+	"github.com/stockgate/stockgate/e2e/systest"
 )
 
 // Redis goes away (every node killed) while holds are confirmed in part,

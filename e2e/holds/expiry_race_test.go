@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/app"
-	"github.com/stockgate/stockgate/internal/systest"
+	"github.com/stockgate/stockgate/e2e/systest"
 )
 
 // Confirms of one hold sent across its expiry, to two replicas under

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/app"
-	"github.com/stockgate/stockgate/internal/systest"
+	"github.com/stockgate/stockgate/e2e/systest"
 	"github.com/stockgate/stockgate/ledger"
 )
 

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/app"
-	"github.com/stockgate/stockgate/internal/systest"
+	"github.com/stockgate/stockgate/e2e/systest"
 )
 
 // A late payment sent again under a new key, after its order moved on,

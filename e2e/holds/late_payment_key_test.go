@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/app"
-	"github.com/stockgate/stockgate/internal/systest"
+	"github.com/stockgate/stockgate/e2e/systest"
 )
 
 // The client's Idempotency-Key of a late payment is a request like any

@@ -5,7 +5,7 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/stockgate/stockgate/internal/systest"
+	"github.com/stockgate/stockgate/e2e/systest"
 )
 
 // What moves after the first click is counted: units released by a

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/stockgate/stockgate/internal/systest"
+	"github.com/stockgate/stockgate/e2e/systest"
 	"github.com/stockgate/stockgate/keys"
 )
 

@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/stockgate/stockgate/internal/systest"
+	"github.com/stockgate/stockgate/e2e/systest"
 )
 
 func TestMain(m *testing.M) { os.Exit(systest.Main(m)) }

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/app"
-	"github.com/stockgate/stockgate/internal/systest"
+	"github.com/stockgate/stockgate/e2e/systest"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/ledger"
 )

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stockgate/stockgate/internal/systest"
+	"github.com/stockgate/stockgate/e2e/systest"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/sale"

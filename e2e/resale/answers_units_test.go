@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stockgate/stockgate/internal/systest"
+	"github.com/stockgate/stockgate/e2e/systest"
 )
 
 // A confirm under a new key of a hold whose order was resold whole since

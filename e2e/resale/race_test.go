@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stockgate/stockgate/internal/systest"
+	"github.com/stockgate/stockgate/e2e/systest"
 )
 
 // A listing of 3 raced by 50 buyers over two replicas, with its seller

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stockgate/stockgate/internal/systest"
+	"github.com/stockgate/stockgate/e2e/systest"
 )
 
 // Issue 39's last unaudited corner: an order with some units resold is

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stockgate/stockgate/internal/systest"
+	"github.com/stockgate/stockgate/e2e/systest"
 )
 
 // queueStream is a buyer's event stream of its place in line.

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/client"
+	"github.com/stockgate/stockgate/e2e/systest"
 	"github.com/stockgate/stockgate/internal/onsale"
-	"github.com/stockgate/stockgate/internal/systest"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/waitroom"
 )

@@ -14,8 +14,8 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/stockgate/stockgate/internal/powpage"
-	"github.com/stockgate/stockgate/internal/systest"
+	"github.com/stockgate/stockgate/e2e/powpage"
+	"github.com/stockgate/stockgate/e2e/systest"
 )
 
 // The waiting room's page in a real browser (headless Chromium, which

@@ -142,6 +142,13 @@ func (s *Service) extend(ctx context.Context, id, buyer keys.ID, ttl time.Durati
 		}
 		ttl = st.HoldTTL
 	}
+	return s.extendBy(ctx, id, buyer, ttl, r, 1)
+}
+
+// extendBy is extend's ledger call with its ttl, which extends a hold
+// found ended but then held (another extension committed while it
+// looked) again, at most again times more.
+func (s *Service) extendBy(ctx context.Context, id, buyer keys.ID, ttl time.Duration, r request, again int) answer {
 	h, err := s.ledger.Extend(ctx, id, buyer, ttl, r.ledger())
 	switch {
 	case err == nil:
@@ -160,9 +167,25 @@ func (s *Service) extend(ctx context.Context, id, buyer keys.ID, ttl time.Durati
 	case errors.Is(err, ledger.ErrAtMaxLifetime):
 		return fail(refuse(ErrHoldAtMax, "it expires at "+h.ExpiresAt.UTC().Format(time.RFC3339)))
 	case errors.Is(err, ledger.ErrHoldEnded):
+		// "Expired" only once the ledger has it expired (expireDue, as a
+		// read of the hold does): a confirm begun before the expiry and
+		// still committing holds the row, and is told as what it made.
 		cur, herr := s.ledger.HoldByID(ctx, id)
-		if herr == nil && cur.State == ledger.Cancelled {
+		if herr == nil && cur.State == ledger.Held && cur.CartID.IsZero() {
+			cur, herr = s.expireDue(ctx, cur)
+		}
+		switch {
+		case herr != nil:
+			return s.ownerError(ctx, herr, ansNoHold)
+		case cur.State == ledger.Cancelled:
 			return ansHoldCancelled
+		case cur.State == ledger.Confirmed:
+			return ansHoldConfirmed
+		case cur.State == ledger.Held && cur.CartID.IsZero() && again > 0:
+			// Not due: another extension committed while this one looked.
+			return s.extendBy(ctx, id, buyer, ttl, r, again-1)
+		case cur.State == ledger.Held && cur.CartID.IsZero():
+			return ansUnavailable // extended under every attempt: a retry extends it
 		}
 		return ansHoldExpired
 	}

@@ -69,6 +69,17 @@ func (s *Service) lateConfirm(ctx context.Context, h ledger.Hold, keep int64, r 
 // latePaid is lateConfirm's payment, under the key derived from the hold.
 func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64, r request) answer {
 	if s.opts.LatePayment <= 0 || time.Since(h.ExpiresAt) > s.opts.LatePayment {
+		// "Expired, nothing was sold" only once the ledger has the hold
+		// expired, as a read of it does: a confirm begun before the
+		// expiry may still be committing (PostgreSQL's READ COMMITTED
+		// read showed the row as it was before it), and its order is
+		// then this answer, not a 410 beside it (issue 39). Or it has
+		// not claimed the row yet, and finds it expired.
+		if h.State == ledger.Held {
+			if a, done := s.expireBeforeLate(ctx, h, keep, r); done {
+				return a
+			}
+		}
 		// Paid within the window, and answered 503 (its COMMIT's reply
 		// lost, its client key not recorded): the retry that comes after
 		// the window gets the order, not 410 "nothing was sold" beside

@@ -448,24 +448,31 @@ func TestStaticBinary(t *testing.T) {
 			t.Errorf("Dockerfile lacks %q", want)
 		}
 	}
-	// `go mod download` before the sources are copied needs the workspace
-	// (go.work) and the go.mod of every module it uses (the client).
-	gowork, err := os.ReadFile("../go.work")
+	// `go mod download` before the sources are copied needs the image's
+	// workspace (deploy/image.work: the server and the client alone, not
+	// the tests' modules of go.work) and the go.mod of every module it
+	// uses.
+	work, err := os.ReadFile("image.work")
 	if err != nil {
 		t.Fatal(err)
 	}
 	download := strings.Index(string(docker), "RUN go mod download")
-	if i := strings.Index(string(docker), "COPY go.mod go.sum go.work go.work.sum ./"); i < 0 || i > download {
-		t.Errorf("the Dockerfile does not copy go.mod, go.sum, go.work and go.work.sum before go mod download")
-	}
-	uses := regexp.MustCompile(`(?m)^\s+\./(\S+)$`).FindAllStringSubmatch(string(gowork), -1)
-	if len(uses) == 0 {
-		t.Fatal("go.work uses no module beside the root one: the parse went wrong")
-	}
-	for _, m := range uses {
-		if i := strings.Index(string(docker), "COPY "+m[1]+"/go.mod "); i < 0 || i > download {
-			t.Errorf("the Dockerfile does not copy %s/go.mod before go mod download (go.work uses ./%s)", m[1], m[1])
+	for _, want := range []string{"COPY go.mod go.sum ./", "COPY deploy/image.work deploy/image.work.sum deploy/",
+		"ENV GOWORK=/src/deploy/image.work"} {
+		if i := strings.Index(string(docker), want); i < 0 || i > download {
+			t.Errorf("the Dockerfile does not say %q before go mod download", want)
 		}
+	}
+	uses := regexp.MustCompile(`(?m)^\s+(\.\.\S*)$`).FindAllStringSubmatch(string(work), -1)
+	var mods []string
+	for _, m := range uses {
+		mods = append(mods, strings.TrimPrefix(strings.TrimPrefix(m[1], ".."), "/"))
+	}
+	if !slices.Equal(mods, []string{"", "client"}) {
+		t.Fatalf("deploy/image.work uses %q, want the server (..) and the client (../client) alone", mods)
+	}
+	if i := strings.Index(string(docker), "COPY client/go.mod client/"); i < 0 || i > download {
+		t.Errorf("the Dockerfile does not copy client/go.mod before go mod download (deploy/image.work uses it)")
 	}
 }
 

@@ -96,7 +96,7 @@ func TestDockerignore(t *testing.T) {
 			t.Errorf("the build context carries %s", rel)
 		}
 	}
-	need := []string{"go.mod", "go.sum", "go.work", "go.work.sum", "client/go.mod", "cmd/stockgate"}
+	need := []string{"go.mod", "go.sum", "deploy/image.work", "deploy/image.work.sum", "client/go.mod", "cmd/stockgate"}
 	// Every package the binary imports from this module, with the files
 	// the build reads there (sources and embedded files).
 	cmd := exec.Command("go", "list", "-deps", "-json=Dir,Module,GoFiles,EmbedFiles", "../cmd/stockgate")

@@ -44,7 +44,7 @@ func copyWithoutVCS(t *testing.T) string {
 	if err != nil {
 		t.Fatalf("go list: %v", err)
 	}
-	files := []string{"go.mod", "go.sum", "go.work", "go.work.sum", "client/go.mod"}
+	files := []string{"go.mod", "go.sum", "deploy/image.work", "deploy/image.work.sum", "client/go.mod"}
 	for dec := json.NewDecoder(strings.NewReader(string(out))); dec.More(); {
 		var p struct {
 			Dir                 string
@@ -102,7 +102,9 @@ func buildIn(t *testing.T, dir string, flags ...string) string {
 	args := append(append([]string{"build", "-trimpath"}, flags...), "-o", bin, "./cmd/stockgate")
 	cmd := exec.Command("go", args...)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-mod=readonly")
+	// The image's workspace (the server and the client), as the
+	// Dockerfile's ENV GOWORK names it.
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-mod=readonly", "GOWORK="+filepath.Join(dir, "deploy", "image.work"))
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
 	}

@@ -32,3 +32,22 @@ func TestClientIsStandardLibraryOnly(t *testing.T) {
 		}
 	}
 }
+
+// The client asks for Go 1.22, not the server's toolchain: a platform a
+// few releases behind can import it. go vet's stdversion check fails on
+// any standard library symbol newer than the go line (strings.FieldsSeq,
+// 1.24, was one), and the compiler on any newer language feature.
+func TestClientBuildsAtGo122(t *testing.T) {
+	mod, err := os.ReadFile("../../client/go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(mod), "\ngo 1.22\n") {
+		t.Errorf("client/go.mod's go line is not 1.22:\n%s", mod)
+	}
+	cmd := exec.Command("go", "vet", "./...")
+	cmd.Dir = "../../client"
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Errorf("go vet in client/ at go 1.22: %v\n%s", err, out)
+	}
+}

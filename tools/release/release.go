@@ -136,9 +136,14 @@ func buildBinary(ctx context.Context, o Options, arch string) ([]byte, error) {
 		"-ldflags", fmt.Sprintf("-s -w -buildid= -X %s.version=%s -X %s.revision=%s", pkg, o.Version, pkg, o.Revision),
 		"-o", out, "./cmd/stockgate")
 	cmd.Dir = o.Repo
-	// GOWORK empty: the repository's own go.work (this tool runs with
-	// GOWORK=off, outside it).
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+arch, "GOWORK=")
+	repo, err := filepath.Abs(o.Repo)
+	if err != nil {
+		return nil, err
+	}
+	// The image's workspace, as deploy/Dockerfile's: the server and the
+	// client alone (this tool runs with GOWORK=off, outside any).
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+arch,
+		"GOWORK="+filepath.Join(repo, "deploy", "image.work"))
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("release: go build for linux/%s: %w\n%s", arch, err, b)
 	}

@@ -94,6 +94,14 @@ func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64, r req
 		}
 		return ansHoldExpired
 	}
+	// Expired first, as above: a refusal ("refund the payment") beside
+	// an order a confirm in flight makes, or of a hold an extension
+	// kept, is as wrong as a 410 beside it.
+	if h.State == ledger.Held {
+		if a, done := s.expireBeforeLate(ctx, h, keep, r); done {
+			return a
+		}
+	}
 	switch {
 	case h.IsOffer():
 		// Its units went to the next buyer in the waitlist's line.
@@ -103,18 +111,14 @@ func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64, r req
 	case !h.SKU.Pool().IsZero() || h.CodeHash != "":
 		return fail(refuse(ErrLateRefused, "a pool's or an access code's hold is not taken again (its access rule applies): refund the payment"))
 	}
-	if h.State == ledger.Held {
-		if a, done := s.expireBeforeLate(ctx, h, keep, r); done {
-			return a
-		}
-	} else {
-		// Expired by a sweeper that has not given its units to Redis yet
-		// (a batch restored one by one, a failed call its grace retries):
-		// the units are the buyer's and the ledger has them, so they go
-		// back first, or the gate refuses them and the platform refunds
-		// a payment for units that were there. Nothing owed: one read.
-		s.returnOwed(ctx, "hold", h.ID)
-	}
+	// Expired by a sweeper, a read or an extension that has not given
+	// its units to Redis yet (a batch restored one by one, a failed call
+	// its grace retries, a restore still under way): the units are the
+	// buyer's and the ledger has them, so they go back first, or the gate
+	// refuses them and the platform refunds a payment for units that
+	// were there. Nothing owed (this call expired it and gave them
+	// back): one read.
+	s.returnOwed(ctx, "hold", h.ID)
 	named := keep
 	if keep == 0 {
 		keep = h.Quantity

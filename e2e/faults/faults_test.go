@@ -218,8 +218,11 @@ func TestFaultAllRedisDown(t *testing.T) {
 	for _, n := range c.Nodes {
 		n.Kill()
 	}
-	// 100 sales through the ledger alone.
-	systest.WaitCounter(t, e, "stockgate_purchases_total", map[string]string{"path": "ledger", "result": "sold"}, 100, 30*time.Second)
+	// 100 sales through the ledger alone. One at a time (the fallback's
+	// concurrency), on a loaded 2-core machine: 98 in 30 s was seen
+	// (make test, 2026-12-05) with another test run beside it, so the
+	// bound is a hang's guard, not a rate.
+	systest.WaitCounter(t, e, "stockgate_purchases_total", map[string]string{"path": "ledger", "result": "sold"}, 100, 120*time.Second)
 	opened, ok := w.reached(breaker.Open)
 	if !ok {
 		t.Fatal("breaker never opened")

@@ -170,8 +170,9 @@ func (s *Service) extendBy(ctx context.Context, id, buyer keys.ID, ttl time.Dura
 		// "Expired" only once the ledger has it expired (expireDue, as a
 		// read of the hold does): a confirm begun before the expiry and
 		// still committing holds the row, and is told as what it made.
+		// (A cart's hold never gets here: Extend refuses it, ErrInCart.)
 		cur, herr := s.ledger.HoldByID(ctx, id)
-		if herr == nil && cur.State == ledger.Held && cur.CartID.IsZero() {
+		if herr == nil && cur.State == ledger.Held {
 			cur, herr = s.expireDue(ctx, cur)
 		}
 		switch {
@@ -181,10 +182,10 @@ func (s *Service) extendBy(ctx context.Context, id, buyer keys.ID, ttl time.Dura
 			return ansHoldCancelled
 		case cur.State == ledger.Confirmed:
 			return ansHoldConfirmed
-		case cur.State == ledger.Held && cur.CartID.IsZero() && again > 0:
+		case cur.State == ledger.Held && again > 0:
 			// Not due: another extension committed while this one looked.
 			return s.extendBy(ctx, id, buyer, ttl, r, again-1)
-		case cur.State == ledger.Held && cur.CartID.IsZero():
+		case cur.State == ledger.Held:
 			return ansUnavailable // extended under every attempt: a retry extends it
 		}
 		return ansHoldExpired

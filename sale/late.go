@@ -68,18 +68,19 @@ func (s *Service) lateConfirm(ctx context.Context, h ledger.Hold, keep int64, r 
 
 // latePaid is lateConfirm's payment, under the key derived from the hold.
 func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64, r request) answer {
-	if s.opts.LatePayment <= 0 || time.Since(h.ExpiresAt) > s.opts.LatePayment {
-		// "Expired, nothing was sold" only once the ledger has the hold
-		// expired, as a read of it does: a confirm begun before the
-		// expiry may still be committing (PostgreSQL's READ COMMITTED
-		// read showed the row as it was before it), and its order is
-		// then this answer, not a 410 beside it (issue 39). Or it has
-		// not claimed the row yet, and finds it expired.
-		if h.State == ledger.Held {
-			if a, done := s.expireBeforeLate(ctx, h, keep, r); done {
-				return a
-			}
+	// "Expired, nothing was sold" (410), or "refund the payment" (409),
+	// only once the ledger has the hold expired, as a read of it does: a
+	// confirm begun before the expiry may still be committing
+	// (PostgreSQL's READ COMMITTED read showed the row as it was before
+	// it), and its order is then this answer, not a refusal beside it
+	// (issue 39); or it has not claimed the row yet, and finds it
+	// expired. A hold an extension kept is confirmed instead.
+	if h.State == ledger.Held {
+		if a, done := s.expireBeforeLate(ctx, h, keep, r); done {
+			return a
 		}
+	}
+	if s.opts.LatePayment <= 0 || time.Since(h.ExpiresAt) > s.opts.LatePayment {
 		// Paid within the window, and answered 503 (its COMMIT's reply
 		// lost, its client key not recorded): the retry that comes after
 		// the window gets the order, not 410 "nothing was sold" beside
@@ -93,14 +94,6 @@ func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64, r req
 			return s.sameQuantity(ctx, a, keep)
 		}
 		return ansHoldExpired
-	}
-	// Expired first, as above: a refusal ("refund the payment") beside
-	// an order a confirm in flight makes, or of a hold an extension
-	// kept, is as wrong as a 410 beside it.
-	if h.State == ledger.Held {
-		if a, done := s.expireBeforeLate(ctx, h, keep, r); done {
-			return a
-		}
 	}
 	switch {
 	case h.IsOffer():

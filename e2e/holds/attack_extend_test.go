@@ -51,10 +51,7 @@ func confirmUnderExtension(t *testing.T, e *systest.Env, db *sql.DB, holdID, key
 			return true
 		default:
 		}
-		var n int
-		err := db.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
-			AND wait_event_type = 'Lock' AND query LIKE '%holds%'`).Scan(&n)
-		return err == nil && n >= 1
+		return lockWaiters(ctx, db, "holds") >= 1
 	})
 	if early != nil {
 		t.Logf("the confirm answered without waiting on the row: %d %s", early.Status, early.Body)

@@ -61,10 +61,7 @@ func TestConfirmWhileAnExtensionCommits(t *testing.T) {
 			out <- a.Do(t, http.MethodPost, "/v1/holds/"+h.HoldID+"/confirm", map[string]string{"Idempotency-Key": fmt.Sprintf("c%d", i)}, body)
 		}()
 		systest.WaitFor(t, 10*time.Second, "the confirm to wait on the hold's row", func() bool {
-			var n int
-			err := db.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
-				AND wait_event_type = 'Lock' AND query LIKE '%holds%'`).Scan(&n)
-			return err == nil && n >= 1
+			return lockWaiters(ctx, db, "holds") >= 1
 		})
 		if err := tx.Commit(); err != nil {
 			t.Fatal(err)

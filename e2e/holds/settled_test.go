@@ -43,14 +43,6 @@ func inFlight(t *testing.T, e, to *systest.Env, db *sql.DB, sku stock.SKU, hold 
 	first, path, body string) (firstAnswer, second systest.Reply, holdID string) {
 	t.Helper()
 	ctx := context.Background()
-	waiters := func(table string) int {
-		var n int
-		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
-			AND wait_event_type = 'Lock' AND query LIKE '%`+table+`%'`).Scan(&n); err != nil {
-			return -1
-		}
-		return n
-	}
 	for try, ttl := range []int{3, 8, 20} {
 		id, expires := hold(fmt.Sprintf("%s-h%d", path, try), ttl)
 		tx, err := db.BeginTx(ctx, nil)
@@ -77,7 +69,7 @@ func inFlight(t *testing.T, e, to *systest.Env, db *sql.DB, sku stock.SKU, hold 
 			}
 		}
 		systest.WaitFor(t, 30*time.Second, "the first confirm to wait on the SKU's row", func() bool {
-			return answered() || waiters("skus") >= 1
+			return answered() || lockWaiters(ctx, db, "skus") >= 1
 		})
 		if early == nil {
 			systest.WaitFor(t, 30*time.Second, "the hold's expiry to pass", func() bool {
@@ -104,7 +96,7 @@ func inFlight(t *testing.T, e, to *systest.Env, db *sql.DB, sku stock.SKU, hold 
 				return true
 			default:
 			}
-			return waiters("holds") >= 1
+			return lockWaiters(ctx, db, "holds") >= 1
 		})
 		if err := tx.Rollback(); err != nil {
 			t.Fatal(err)
@@ -204,4 +196,17 @@ func TestSeatHoldLateRefusalWaitsForAConfirmInFlight(t *testing.T) {
 	if s := e.HoldState(t, id); s != "confirmed" {
 		t.Errorf("the hold reads %q, want confirmed", s)
 	}
+}
+
+// lockWaiters is how many of the ledger's sessions wait on a row lock in a
+// statement naming table (-1 when PostgreSQL can't say): a test holds a
+// row in a transaction of its own and waits until the request it sent is
+// parked on it, not a fixed time.
+func lockWaiters(ctx context.Context, db *sql.DB, table string) int {
+	var n int
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+		AND wait_event_type = 'Lock' AND query LIKE '%'||$1||'%'`, table).Scan(&n); err != nil {
+		return -1
+	}
+	return n
 }

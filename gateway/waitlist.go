@@ -20,7 +20,8 @@ type waitView struct {
 	Quantity int64  `json:"quantity"`
 	// State: waiting, offered (confirm the offer's hold to buy), bought,
 	// lapsed (the offer expired), declined (its hold was cancelled), left,
-	// closed (the sale ended or the pool closed: no offer will come).
+	// closed (no offer will come: the sale ended, the pool closed or is
+	// no longer open to all, seats came, or a waiting room).
 	State string `json:"state"`
 	// Position is the place in line (1 = next) and Ahead the buyers
 	// before it, while waiting.

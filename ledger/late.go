@@ -38,6 +38,10 @@ type LateRefusal struct {
 	Buyer    keys.ID
 	Quantity int64  // what the payment asked for
 	Why      string // the reason told, and told again
+	// Final: the hold's units are never taken again by a late payment
+	// (a seat, pool, access-code or waitlist-offer hold), so the refusal
+	// needs nothing borne out by the SKU's row.
+	Final bool
 }
 
 // RefuseLate records a late payment of a hold as refused, when the
@@ -45,7 +49,8 @@ type LateRefusal struct {
 // locked: the sale ended, fewer than Quantity left, or the buyer's
 // ticket or program cap reached): the hold's later late payments, under
 // any key and on any replica, are answered the same, and nothing sells
-// after the platform refunded. ErrUnitsThere when it does not. A key
+// after the platform refunded. ErrUnitsThere when it does not (unless
+// the refusal is Final). A key
 // taken already (a late payment that sold, on another replica) is left
 // as it is, and answered from (ErrDuplicate with the row).
 func (l *Ledger) RefuseLate(ctx context.Context, r LateRefusal) (Recorded, error) {
@@ -82,7 +87,7 @@ func (l *Ledger) RefuseLate(ctx context.Context, r LateRefusal) (Recorded, error
 	gone := ended > 0 || left < r.Quantity ||
 		ticketCap > 0 && ticketUnits+r.Quantity > ticketCap ||
 		programCap > 0 && programUnits+r.Quantity > programCap
-	if !gone {
+	if !gone && !r.Final {
 		return Recorded{}, ErrUnitsThere
 	}
 	if _, err := tx.ExecContext(ctx, `UPDATE requests SET result = $3 WHERE scope = $1 AND idem_key = $2`,

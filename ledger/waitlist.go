@@ -45,6 +45,9 @@ var (
 	ErrOffered = errors.New("ledger: entry offered")
 	// ErrSeatedWait: a seated SKU has no waitlist (its seats are specific).
 	ErrSeatedWait = errors.New("ledger: seated ticket has no waitlist")
+	// ErrQueuedWait: the program sells through a waiting room, whose line
+	// gets the returns; a waitlist's entry would never be offered any.
+	ErrQueuedWait = errors.New("ledger: program behind a waiting room has no waitlist")
 )
 
 // WaitEntry is a buyer's place on a SKU's waitlist.
@@ -152,12 +155,18 @@ func lockForWait(ctx context.Context, tx *sql.Tx, sku stock.SKU, q int64) (left,
 	}
 	// Over the program's cap no offer could ever be made: the entry would
 	// stand first in line for good.
-	var programCap int64
-	if err := tx.QueryRowContext(ctx, `SELECT COALESCE((SELECT per_buyer FROM programs WHERE program = $1), 0)`,
-		sku.Program).Scan(&programCap); err != nil {
+	// Behind a waiting room no offer is made either (offerBack): the
+	// replica's view of the rooms may be a second old, this read is not.
+	var programCap, queued int64
+	if err := tx.QueryRowContext(ctx, `SELECT COALESCE((SELECT per_buyer FROM programs WHERE program = $1), 0),
+			(SELECT COUNT(*) FROM queues WHERE program = $1)`,
+		sku.Program).Scan(&programCap, &queued); err != nil {
 		return 0, 0, notCommitted("waitlist: program cap", err)
 	}
-	if programCap > 0 && q > programCap {
+	switch {
+	case queued > 0:
+		return 0, 0, ErrQueuedWait
+	case programCap > 0 && q > programCap:
 		return 0, 0, stock.ErrLimit
 	}
 	return left, seq, nil
@@ -217,13 +226,18 @@ func entryOf(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer keys.ID) (Wai
 	}
 	switch e.State {
 	case Waiting:
-		var ended int64
+		// Closed where offerBack offers nothing: a waiting entry there
+		// will never be offered a unit (a pool closed or made a code's or
+		// a channel's, a seat map loaded, a waiting room put in front).
+		var ended, closed, seated, queued int64
 		var access string
-		if err := tx.QueryRowContext(ctx, `SELECT ended_at, pool_access FROM skus WHERE program = $1 AND ticket = $2`,
-			sku.Program, sku.Ticket).Scan(&ended, &access); err != nil {
+		if err := tx.QueryRowContext(ctx, `SELECT ended_at, pool_closed_at, seated, pool_access,
+				(SELECT COUNT(*) FROM queues WHERE queues.program = skus.program)
+			FROM skus WHERE program = $1 AND ticket = $2`,
+			sku.Program, sku.Ticket).Scan(&ended, &closed, &seated, &access, &queued); err != nil {
 			return e, fmt.Errorf("ledger: waitlist sku: %w", err)
 		}
-		e.Closed = ended > 0 || access != AccessOpen
+		e.Closed = ended > 0 || closed > 0 || seated != 0 || access != AccessOpen || queued > 0
 		e.Ahead, err = aheadOf(ctx, tx, e)
 	case Offered:
 		var h Hold

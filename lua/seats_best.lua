@@ -46,7 +46,18 @@ table.sort(names, function(a, b)
   return a < b
 end)
 
-local best, bestScore
+-- The best run is the least (orphan, row rank, position) compared in that
+-- order, as the Go side's bestAdjacent walks them; one packed number
+-- (orphan * 10^6 + rank * 1000 + position) let a row past 1000 seats, or
+-- past 1000 rows, spill into the next field (helper-46).
+local function better(a, b)
+  if not b then return true end
+  if a.orphan ~= b.orphan then return a.orphan < b.orphan end
+  if a.r ~= b.r then return a.r < b.r end
+  return a.from < b.from
+end
+
+local best
 for r, row in ipairs(names) do
   local seats = rows[row]
   table.sort(seats, function(a, b) return a.n < b.n end)
@@ -59,9 +70,8 @@ for r, row in ipairs(names) do
       local len = j - i + 1
       if len >= q then
         -- take the run's left end, or its right end: leftover len - q either way
-        local orphan = (len - q == 1) and 1 or 0
-        local score = orphan * 1000000 + r * 1000 + i
-        if not bestScore or score < bestScore then bestScore, best = score, {row = row, from = i} end
+        local run = {orphan = (len - q == 1) and 1 or 0, r = r, row = row, from = i}
+        if better(run, best) then best = run end
       end
       i = j + 1
     else

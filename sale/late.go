@@ -95,14 +95,11 @@ func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64, r req
 		}
 		return ansHoldExpired
 	}
-	switch {
-	case h.IsOffer():
-		// Its units went to the next buyer in the waitlist's line.
-		return fail(refuse(ErrLateRefused, "a waitlist offer that expired passed to the next buyer: refund the payment"))
-	case len(h.SeatIDs) > 0:
-		return fail(refuse(ErrLateRefused, "a seat hold's seats are not taken again: refund the payment"))
-	case !h.SKU.Pool().IsZero() || h.CodeHash != "":
-		return fail(refuse(ErrLateRefused, "a pool's or an access code's hold is not taken again (its access rule applies): refund the payment"))
+	if why := notTakenAgain(h); why != "" {
+		// Recorded, so a retry past the window, or a payment under
+		// another key, is told "refund" again, not 410 "nothing was
+		// sold" (helper-46): the same request, one answer.
+		return s.refuseLate(ctx, h, ledger.LateRefusal{Quantity: h.Quantity, Why: why, Final: true}, 0)
 	}
 	// Expired by a sweeper, a read or an extension that has not given
 	// its units to Redis yet (a batch restored one by one, a failed call
@@ -156,7 +153,8 @@ func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64, r req
 		return ansUnavailable
 	}
 	if unitsGone(a.err) {
-		return s.refuseLate(ctx, h, keep, named)
+		return s.refuseLate(ctx, h, ledger.LateRefusal{Quantity: keep,
+			Why: "the hold expired and its units are gone: nothing was sold; refund the payment"}, named)
 	}
 	if a.err == nil && !a.replayed {
 		s.metrics.latePayments.WithLabelValues("sold").Inc()
@@ -231,6 +229,21 @@ func (s *Service) paidLate(ctx context.Context, h ledger.Hold) (answer, bool, er
 	return a, ok, nil
 }
 
+// notTakenAgain is why h's units are never taken again by a late payment
+// ("": they may be): a seat hold's seats, a pool's or a code's hold (the
+// access rule applies), a waitlist offer (its units went down the line).
+func notTakenAgain(h ledger.Hold) string {
+	switch {
+	case h.IsOffer():
+		return "a waitlist offer that expired passed to the next buyer: refund the payment"
+	case len(h.SeatIDs) > 0:
+		return "a seat hold's seats are not taken again: refund the payment"
+	case !h.SKU.Pool().IsZero() || h.CodeHash != "":
+		return "a pool's or an access code's hold is not taken again (its access rule applies): refund the payment"
+	}
+	return ""
+}
+
 // lateAnswer is the answer a late payment's row under the hold's derived
 // key gives: the order it made, or its refusal.
 func lateAnswer(rec ledger.Recorded) (answer, bool) {
@@ -243,21 +256,22 @@ func lateAnswer(rec ledger.Recorded) (answer, bool) {
 	return answer{}, false
 }
 
-// refuseLate answers a late payment of keep units whose take was refused
-// (gone: unitsGone) with ErrLateRefused, recorded under the hold's
-// derived key first, when the ledger bears it out in the same
-// transaction (ledger.RefuseLate: the units sold, the sale ended, the
-// buyer's cap reached): the platform refunds on it, so no later late
-// payment of the hold, under any key or quantity, may sell. A refusal
-// the ledger does not bear out (a gate behind it: a return on its way to
-// Redis, a replica's flag outliving a notice it missed, a buyer's count
-// not given back yet) is not final: 503, nothing moved, and the retry
-// finds the units. Unrecorded for a ledger failing, it is not final
-// either: 503.
-func (s *Service) refuseLate(ctx context.Context, h ledger.Hold, keep, named int64) answer {
+// refuseLate answers a late payment of h whose take was refused (its
+// units gone: unitsGone; or a hold never taken again: notTakenAgain)
+// with ErrLateRefused, recorded under the hold's derived key first, when
+// the ledger bears it out in the same transaction (ledger.RefuseLate:
+// the units sold, the sale ended, the buyer's cap reached) or the
+// refusal is final: the platform refunds on it, so no later late payment
+// of the hold, under any key or quantity, may sell. A refusal the ledger
+// does not bear out (a gate behind it: a return on its way to Redis, a
+// replica's flag outliving a notice it missed, a buyer's count not given
+// back yet) is not final: 503, nothing moved, and the retry finds the
+// units. Unrecorded for a ledger failing, it is not final either: 503.
+// lr says the quantity asked and why; named is what the confirm named.
+func (s *Service) refuseLate(ctx context.Context, h ledger.Hold, lr ledger.LateRefusal, named int64) answer {
 	r := newRequest(h.Buyer, lateKey(h), ledger.OpConfirm, "late refused", h.ID.String())
-	rec, err := s.ledger.RefuseLate(ctx, ledger.LateRefusal{Req: r.ledger(), SKU: h.SKU, Buyer: h.Buyer, Quantity: keep,
-		Why: "the hold expired and its units are gone: nothing was sold; refund the payment"})
+	lr.Req, lr.SKU, lr.Buyer = r.ledger(), h.SKU, h.Buyer
+	rec, err := s.ledger.RefuseLate(ctx, lr)
 	switch {
 	case err == nil:
 		s.metrics.latePayments.WithLabelValues("refused").Inc()

@@ -21,7 +21,7 @@ const (
 	WaitLapsed   = "lapsed"   // the offer expired; it passed on
 	WaitDeclined = "declined" // the buyer cancelled the offer's hold
 	WaitLeft     = "left"
-	WaitClosed   = "closed" // still in line, but the sale ended or the pool closed: no offer will come
+	WaitClosed   = "closed" // still in line, but no offer will come: the sale ended, the pool closed or changed its rule, seats or a waiting room came
 )
 
 // WaitEntry is a buyer's place on a ticket's (or a pool's) waitlist.
@@ -95,6 +95,8 @@ func (s *Service) JoinWaitlist(ctx context.Context, sku stock.SKU, pool, buyer k
 		return WaitEntry{}, false, refuse(ErrNotSoldOut, fmt.Sprintf("%s has %d or more left: buy instead", p, q))
 	case errors.Is(err, ledger.ErrSeatedWait):
 		return WaitEntry{}, false, refuse(ErrSeated, "a seated ticket has no waitlist")
+	case errors.Is(err, ledger.ErrQueuedWait):
+		return WaitEntry{}, false, ErrQueuedProgram
 	case errors.Is(err, ledger.ErrPoolClosed):
 		return WaitEntry{}, false, ErrPoolClosed
 	case errors.Is(err, stock.ErrSaleEnded):

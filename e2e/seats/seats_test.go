@@ -269,6 +269,42 @@ func TestBestAvailableThroughTheAPI(t *testing.T) {
 	}
 }
 
+// Best available takes the front-most row that has the run, however long
+// its rows or however many: row 1 of 1,001 scattered seats and a pair at
+// its far end comes before row 2's pair (seats_best.lua packed its choice
+// into one number, and a position past 1000 spilled into the next row's
+// range: row 2 was taken; helper-46).
+func TestBestAvailableInALongRow(t *testing.T) {
+	e := systest.New(t, ledger.SQLite)
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 0, 1, 4)
+	var seats []string
+	add := func(row string, n int) {
+		seats = append(seats, fmt.Sprintf(`{"id":"R%s-%d","section":"S","row":%q,"number":%d}`, row, n, row, n))
+	}
+	for n := 1; n <= 2001; n += 2 {
+		add("1", n) // 1,001 seats, no two adjacent
+	}
+	add("1", 2003)
+	add("1", 2004)
+	add("2", 1)
+	add("2", 2)
+	if r := e.Do(t, http.MethodPut, systest.AdminPath(sku)+"/seats", nil, `{"seats":[`+strings.Join(seats, ",")+`]}`); r.Status != http.StatusOK {
+		t.Fatalf("PUT seats = %d %s", r.Status, r.Body)
+	}
+	r := e.Do(t, http.MethodPost, systest.SKUPath(sku)+"/seat-holds", map[string]string{"Idempotency-Key": "long-1"},
+		`{"buyer":"bo","quantity":2,"section":"S"}`)
+	var h struct {
+		Seats []string `json:"seats"`
+	}
+	if r.Status != http.StatusCreated || json.Unmarshal(r.Body, &h) != nil {
+		t.Fatalf("best 2 = %d %s", r.Status, r.Body)
+	}
+	if got := strings.Join(h.Seats, ","); got != "R1-2003,R1-2004" {
+		t.Errorf("best 2 = %s, want R1-2003,R1-2004 (the front row's pair)", got)
+	}
+}
+
 // Seat holds expiring with 3 gateways sweeping: every seat comes back free
 // exactly once, in the ledger and in Redis.
 func TestSeatHoldsExpireAcrossGateways(t *testing.T) {

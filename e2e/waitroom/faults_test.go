@@ -437,9 +437,11 @@ func TestQueueChecksWithoutRedis(t *testing.T) {
 }
 
 // A queued program has no waitlist: a join is refused (409
-// queued-program), and a buyer who joined before the room was turned on is
-// offered nothing; the ticket that comes back goes to the buyer the room
-// lets in next.
+// queued-program) as soon as the room is put (the ledger's check, not only
+// a replica's view of the rooms, which may be a second old), and a buyer
+// who joined before the room was turned on reads "closed" (no offer will
+// come: helper-45 found it "waiting" for good) and is offered nothing;
+// the ticket that comes back goes to the buyer the room lets in next.
 func TestQueueProgramHasNoWaitlist(t *testing.T) {
 	t.Parallel() // its own env and programs: it overlaps the others' waits
 	e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true})
@@ -449,11 +451,16 @@ func TestQueueProgramHasNoWaitlist(t *testing.T) {
 	if r, _ := e.Join(t, sku, "early-bird", 1); r.Status != http.StatusCreated {
 		t.Fatalf("a waitlist join before the room = %d %s", r.Status, r.Body)
 	}
+	if w := e.Entry(t, sku, "early-bird"); w.State != "waiting" {
+		t.Fatalf("a waitlist entry before the room: %+v, want waiting", w)
+	}
 	putQueue(t, e, sku.Program, `{"opens_in_seconds":0,"rate_per_second":100,"window_seconds":60,"per_remaining":1}`)
-	systest.WaitFor(t, 5*time.Second, "the room refuses waitlist joins", func() bool {
-		r, _ := e.Join(t, sku, "late-bird", 1)
-		return r.Status == http.StatusConflict && systest.ProblemKind(r) == "queued-program"
-	})
+	if r, _ := e.Join(t, sku, "late-bird", 1); r.Status != http.StatusConflict || systest.ProblemKind(r) != "queued-program" {
+		t.Fatalf("a waitlist join once the room is put = %d %s, want 409 queued-program", r.Status, r.Body)
+	}
+	if w := e.Entry(t, sku, "early-bird"); w.State != "closed" {
+		t.Fatalf("a waitlist entry once the room is put: %+v, want closed (no offer will come)", w)
+	}
 	_, cy := queueJoin(t, e, sku.Program, "cy")
 	if r := e.Act(t, "/v1/holds/"+h.HoldID+"/cancel", "ann-c", "ann"); r.Status != http.StatusOK {
 		t.Fatalf("ann cancels = %d %s", r.Status, r.Body)

@@ -66,14 +66,14 @@ import (
 // entities read back add up to, no buyer holds more than the hold budget
 // allows, and Redis equals the ledger.
 //
-// STOCKGATE_MODEL_STEPS sets the operations per shape (default 3000:
-// 5000 took 433 s of a loaded make test, the suite's longest test, and
-// CI is held to 20 minutes; a longer run is one variable away);
+// STOCKGATE_MODEL_STEPS sets the operations per shape (default 5000, the
+// issue's floor: 151 s for the three shapes alone under -race, 2026-12-05;
+// a longer run is one variable away);
 // STOCKGATE_MODEL_SEED replays a seed's choices (not its timing).
 func TestModelConcurrent(t *testing.T) {
 	systest.FullTier(t)
 	t.Parallel()
-	ops, seed := runOf(3000, 1)
+	ops, seed := runOf(5000, 1)
 	systest.EachShape(t, func(t *testing.T, shape string) {
 		t.Logf("seed %d: STOCKGATE_MODEL_SEED=%d go test -run 'TestModelConcurrent/%s' ./e2e/model reproduces its choices", seed, seed, shape)
 		c := newCC(t, shape, seed)

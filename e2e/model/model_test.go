@@ -54,7 +54,7 @@ import (
 // sequence (as far as timing lets it: which holds have expired steers the
 // choices), STOCKGATE_MODEL_STEPS sets the steps per ledger (default
 // 150, which keeps make test within its time on 2 cores beside
-// TestModelConcurrent's 3,000 operations a shape, which covers every
+// TestModelConcurrent's 5,000 operations a shape, which covers every
 // operation too; more find more),
 // and STOCKGATE_MODEL_TRACE=1 logs every request and its answer.
 func TestModel(t *testing.T) {

@@ -37,7 +37,7 @@ import (
 //
 // STOCKGATE_MODEL_SEED replays a sequence, STOCKGATE_MODEL_STEPS sets the
 // steps (default 200 per ledger: TestModelConcurrent takes resale's
-// operations through 3,000 a shape beside it).
+// operations through 5,000 a shape beside it).
 func TestModelResale(t *testing.T) {
 	systest.FullTier(t)
 	t.Parallel()

@@ -156,6 +156,14 @@ func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64, r req
 		return s.refuseLate(ctx, h, ledger.LateRefusal{Quantity: keep,
 			Why: "the hold expired and its units are gone: nothing was sold; refund the payment"}, named)
 	}
+	if why := settingsRefuse(a.err); why != "" {
+		// The ticket's settings changed since the hold (a seat map
+		// loaded, a lower maximum per order): the buyer did nothing
+		// wrong, and the payment is refused for good, as a seat hold's
+		// is, not told 409 seated now and 410 past the window
+		// (helper-47).
+		return s.refuseLate(ctx, h, ledger.LateRefusal{Quantity: keep, Why: why, Final: true}, named)
+	}
 	if a.err == nil && !a.replayed {
 		s.metrics.latePayments.WithLabelValues("sold").Inc()
 	}
@@ -240,6 +248,18 @@ func notTakenAgain(h ledger.Hold) string {
 		return "a seat hold's seats are not taken again: refund the payment"
 	case !h.SKU.Pool().IsZero() || h.CodeHash != "":
 		return "a pool's or an access code's hold is not taken again (its access rule applies): refund the payment"
+	}
+	return ""
+}
+
+// settingsRefuse is why a late payment's take was refused by the
+// ticket's settings as they are now ("": it was not).
+func settingsRefuse(err error) string {
+	switch {
+	case errors.Is(err, ErrSeated), errors.Is(err, ErrNoSeating):
+		return "the ticket sells specific seats since the hold was made: nothing was sold; refund the payment"
+	case errors.Is(err, ErrOverMax):
+		return "the ticket's maximum per order is below the hold's quantity now: nothing was sold; refund the payment"
 	}
 	return ""
 }

@@ -83,3 +83,54 @@ func TestLateRefusalOfASeatOrPoolHoldOutlivesTheWindow(t *testing.T) {
 		}
 	})
 }
+
+// A late payment of a hold whose ticket's settings changed after it was
+// made (a seat map loaded once its units were back; a maximum per order
+// lowered below its quantity) is refused as a late payment, for good: the
+// buyer did nothing wrong, so not 409 seated or 422 quantity-over-limit
+// inside the window and 410 past it (helper-47).
+func TestLatePaymentAfterTheSettingsChangedIsRefusedForGood(t *testing.T) {
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		dsn := systest.LedgerDSN(t, driver)
+		const window = 3 * time.Second
+		late := func(o *app.Options) { o.Sale.LatePayment = window; o.Sale.SweepEvery = 20 * time.Millisecond }
+		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn, Sweep: true, Tune: late})
+		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn, Tune: late})
+		seated, lowered := systest.NewSKU(t), systest.NewSKU(t)
+		a.PutSKU(t, seated, 4, 1, 4)
+		a.PutSKU(t, lowered, 10, 1, 4)
+		_, hs := a.Hold(t, seated, "hs", "ann", 1, 1)
+		_, hl := a.Hold(t, lowered, "hl", "ann", 3, 1)
+		systest.WaitFor(t, 10*time.Second, "the seated ticket's hold swept", func() bool {
+			st := a.State(t, seated)
+			return st.Held == 0 && st.RedisRemaining == 4
+		})
+		a.LoadSeats(t, seated, map[string]int{"A": 4})
+		a.PutSKU(t, lowered, 10, 1, 2)
+		refused := func(r systest.Reply) bool {
+			return r.Status == http.StatusConflict && systest.ProblemKind(r) == "late-payment-refused"
+		}
+		for _, h := range []systest.HoldReply{hs, hl} {
+			systest.WaitFor(t, 10*time.Second, "the hold's expiry to pass", func() bool { return time.Now().After(h.ExpiresAt) })
+			if time.Now().After(h.ExpiresAt.Add(window)) {
+				t.Fatalf("the machine took the whole window before the late payment")
+			}
+			if r := b.Act(t, "/v1/holds/"+h.HoldID+"/confirm", "pay", "ann"); !refused(r) {
+				t.Errorf("a late payment after the settings changed = %d %s, want 409 late-payment-refused", r.Status, r.Body)
+			}
+		}
+		for _, h := range []systest.HoldReply{hs, hl} {
+			systest.WaitFor(t, 10*time.Second, "the late-payment window to pass", func() bool {
+				return time.Now().After(h.ExpiresAt.Add(window + 100*time.Millisecond))
+			})
+			for _, key := range []string{"pay", "other"} {
+				if r := a.Act(t, "/v1/holds/"+h.HoldID+"/confirm", key, "ann"); !refused(r) {
+					t.Errorf("key %s past the window, after the refusal = %d %s, want the refusal again", key, r.Status, r.Body)
+				}
+			}
+		}
+		if st := a.State(t, lowered); st.Sold != 0 || st.Held != 0 {
+			t.Errorf("after the refusals: %+v, want nothing sold or held", st)
+		}
+	})
+}

@@ -19,7 +19,7 @@ import (
 func TestLateRefusalOfASeatOrPoolHoldOutlivesTheWindow(t *testing.T) {
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		dsn := systest.LedgerDSN(t, driver)
-		const window = 2 * time.Second
+		const window = 10 * time.Second // room for a loaded machine's steps inside it
 		late := func(o *app.Options) { o.Sale.LatePayment = window; o.Sale.SweepEvery = 20 * time.Millisecond }
 		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn, Sweep: true, Tune: late})
 		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn, Tune: late})
@@ -54,13 +54,16 @@ func TestLateRefusalOfASeatOrPoolHoldOutlivesTheWindow(t *testing.T) {
 		for kind, hs := range holds {
 			paid := hs[0]
 			systest.WaitFor(t, 10*time.Second, "the hold's expiry to pass", func() bool { return time.Now().After(paid.ExpiresAt) })
+			if time.Now().After(paid.ExpiresAt.Add(window)) {
+				t.Fatalf("the machine took the whole window before the late payment")
+			}
 			if r := b.Act(t, "/v1/holds/"+paid.HoldID+"/confirm", "pay-"+kind, "ann"); !refused(r) {
 				t.Fatalf("%s hold: a late payment inside the window = %d %s, want 409 late-payment-refused", kind, r.Status, r.Body)
 			}
 		}
 		for kind, hs := range holds {
 			paid, unpaid := hs[0], hs[1]
-			systest.WaitFor(t, 10*time.Second, "the late-payment window to pass", func() bool {
+			systest.WaitFor(t, 2*window, "the late-payment window to pass", func() bool {
 				return time.Now().After(paid.ExpiresAt.Add(window+100*time.Millisecond)) &&
 					time.Now().After(unpaid.ExpiresAt.Add(window+100*time.Millisecond))
 			})
@@ -92,7 +95,7 @@ func TestLateRefusalOfASeatOrPoolHoldOutlivesTheWindow(t *testing.T) {
 func TestLatePaymentAfterTheSettingsChangedIsRefusedForGood(t *testing.T) {
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		dsn := systest.LedgerDSN(t, driver)
-		const window = 3 * time.Second
+		const window = 10 * time.Second // room for a sweep, a seat map and a PUT inside it
 		late := func(o *app.Options) { o.Sale.LatePayment = window; o.Sale.SweepEvery = 20 * time.Millisecond }
 		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn, Sweep: true, Tune: late})
 		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn, Tune: late})
@@ -120,7 +123,7 @@ func TestLatePaymentAfterTheSettingsChangedIsRefusedForGood(t *testing.T) {
 			}
 		}
 		for _, h := range []systest.HoldReply{hs, hl} {
-			systest.WaitFor(t, 10*time.Second, "the late-payment window to pass", func() bool {
+			systest.WaitFor(t, 2*window, "the late-payment window to pass", func() bool {
 				return time.Now().After(h.ExpiresAt.Add(window + 100*time.Millisecond))
 			})
 			for _, key := range []string{"pay", "other"} {

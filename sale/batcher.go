@@ -345,8 +345,14 @@ func (b *batcher[T, R]) over(l *lane[T, R]) (time.Duration, bool) {
 	// another full batch: once the storm had passed, forever
 	// (TestOverloadShedsAtTheLedger in a loaded make test: every retry
 	// of a shed purchase refused for 30 s).
-	if n == 1 && l.busySince.Load() == 0 {
-		return 0, false
+	//
+	// Nor does a lane finishing a flush with nothing queued: it answers
+	// its items before it marks itself idle, so a client's next item can
+	// arrive in between (TestBatcherIdleLaneTakesAnItemWhateverItsPace in
+	// a loaded make test). Such an item waits for the rest of the running
+	// flush and its own, which slow judges; a stale pace does not.
+	if n == 1 {
+		return b.slow(l, n, time.Now())
 	}
 	if wait, over := b.overloaded(l, n); over {
 		return wait, true

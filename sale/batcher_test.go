@@ -436,6 +436,39 @@ func TestBatcherIdleLaneTakesAnItemWhateverItsPace(t *testing.T) {
 	}
 }
 
+// A lane answers its items before it marks itself idle: the item a
+// client sends on its answer can find the lane still in that flush, with
+// nothing queued. It waits only for that flush's end, so a stale pace
+// must not refuse it either (a loaded make test did, once in a run).
+func TestBatcherLaneEndingAFlushTakesTheNextItem(t *testing.T) {
+	gate := make(chan struct{})
+	b := newBatcher(1, 16, time.Minute, 100*time.Millisecond, laneMetrics{}, func(_ context.Context, items []int, answer func(int, int)) {
+		for i, v := range items {
+			answer(i, v)
+		}
+		<-gate // answered, not yet idle
+	})
+	defer b.close()
+	b.lanes[0].rate.Store(math.Float64bits(1)) // one item a second: a second's wait, ten budgets
+	for i := range 3 {
+		res := make(chan error, 1)
+		go func() {
+			_, err := b.do(context.Background(), i)
+			res <- err
+		}()
+		if i > 0 {
+			wait.For(t, time.Minute, "the item queued or refused", func() bool {
+				return b.lanes[0].queued.Load() == 1 || len(res) == 1
+			})
+			gate <- struct{}{} // the previous flush ends
+		}
+		if err := <-res; err != nil {
+			t.Fatalf("item %d behind a flush that answered: %v", i, err)
+		}
+	}
+	gate <- struct{}{}
+}
+
 // Items fill the first lane while it keeps up: behind a running flush, a
 // lane of 4 queues 4 more, all on the first lane, and only the item after
 // a full batch opens the second lane, which flushes it at once beside the

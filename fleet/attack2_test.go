@@ -349,3 +349,43 @@ func TestAttack3StaleCacheFindsNoHomeOnAMarkedCopy(t *testing.T) {
 			!c.RefundedAt.IsZero(), cerr)
 	}
 }
+
+// BREAK (helper-48): a replica that read a program as moving kept
+// routing its reads to the source for the rest of PlaceTTL after the
+// move flipped the directory and deleted the source's rows: every read by
+// id answered "not found" (404 for an order, a hold, a committed
+// purchase's retry) while the target had them.
+func TestReadsFollowAMoveAtOnce(t *testing.T) {
+	ctx := context.Background()
+	urls := testenv.PostgresURLs(t, 2)
+	mover := open(t, urls, time.Second)
+	s := sku("follow")
+	o := closedWithOrder(t, mover, s, "main", "f-1", 2)
+	moved := make(chan error, 1)
+	go func() {
+		_, err := mover.Move(ctx, s.Program, "p1")
+		moved <- err
+	}()
+	// A replica that reads the program only once it is moving: its
+	// PlaceTTL is long, so what it read stands unless read again.
+	wait.For(t, time.Minute, "the program marked moving", func() bool {
+		pl, err := mover.First().PlacementOf(ctx, s.Program)
+		return err == nil && pl.Moving
+	})
+	r := open(t, urls, time.Hour)
+	if _, err := r.OrderByID(ctx, o.ID); err != nil {
+		t.Fatalf("order on the source while it moves: %v", err)
+	}
+	if err := <-moved; err != nil {
+		t.Fatal(err)
+	}
+	if has, _ := mover.Primary("main").HasProgram(ctx, s.Program); has {
+		t.Fatal("the source still has the program's rows: the read below proves nothing")
+	}
+	if _, err := r.OrderByID(ctx, o.ID); err != nil {
+		t.Errorf("order after the move, on a replica that read the program as moving: %v", err)
+	}
+	if rec, err := r.RequestByKey(ctx, s.Program, o.Buyer, keys.MustID("f-1")); err != nil || rec.Order == nil || rec.Order.ID != o.ID {
+		t.Errorf("the order's request after the move: %+v %v", rec, err)
+	}
+}

@@ -146,18 +146,35 @@ func (f *Fleet) HoldByKey(ctx context.Context, key keys.ID) (ledger.Hold, error)
 	return first(ctx, f, func(l *ledger.Ledger) (ledger.Hold, error) { return l.HoldByKey(ctx, key) })
 }
 
-func (f *Fleet) RequestDurable(ctx context.Context, scope, key keys.ID) error {
-	_, err := first(ctx, f, func(l *ledger.Ledger) (struct{}, error) { return struct{}{}, l.RequestDurable(ctx, scope, key) })
+// A request's row is on the primary of the program it took from, which
+// alone is asked when the caller names it: keys are unique per buyer
+// within a primary, and another primary's row under the same key is
+// another request, never this one's answer (its retry answered 422 when
+// the first primary in the configured order had it), nor is another
+// primary's outage this one's (a refusal on a healthy primary answered
+// 503 while asking a dead one). Zero program: every primary is asked.
+
+func (f *Fleet) RequestDurable(ctx context.Context, program, scope, key keys.ID) error {
+	_, err := byKey(ctx, f, program, func(l *ledger.Ledger) (struct{}, error) { return struct{}{}, l.RequestDurable(ctx, scope, key) })
 	return err
 }
 
-func (f *Fleet) RequestSettled(ctx context.Context, scope, key keys.ID) error {
-	_, err := first(ctx, f, func(l *ledger.Ledger) (struct{}, error) { return struct{}{}, l.RequestSettled(ctx, scope, key) })
+func (f *Fleet) RequestSettled(ctx context.Context, program, scope, key keys.ID) error {
+	_, err := byKey(ctx, f, program, func(l *ledger.Ledger) (struct{}, error) { return struct{}{}, l.RequestSettled(ctx, scope, key) })
 	return err
 }
 
-func (f *Fleet) RequestByKey(ctx context.Context, scope, key keys.ID) (ledger.Recorded, error) {
-	return first(ctx, f, func(l *ledger.Ledger) (ledger.Recorded, error) { return l.RequestByKey(ctx, scope, key) })
+func (f *Fleet) RequestByKey(ctx context.Context, program, scope, key keys.ID) (ledger.Recorded, error) {
+	return byKey(ctx, f, program, func(l *ledger.Ledger) (ledger.Recorded, error) { return l.RequestByKey(ctx, scope, key) })
+}
+
+// byKey runs a read by a request's key on program's primary, or on every
+// primary when program is zero (first).
+func byKey[T any](ctx context.Context, f *Fleet, program keys.ID, call func(l *ledger.Ledger) (T, error)) (T, error) {
+	if program.IsZero() {
+		return first(ctx, f, call)
+	}
+	return onProgram(ctx, f, program, call)
 }
 
 func (f *Fleet) OrderByID(ctx context.Context, id keys.ID) (ledger.Order, error) {
@@ -471,10 +488,14 @@ func (f *Fleet) List(ctx context.Context, orderID, seller keys.ID, q int64, req 
 	return byID(ctx, f, orderID, true, func(l *ledger.Ledger) (ledger.Listing, error) { return l.List(ctx, orderID, seller, q, req) })
 }
 
-func (f *Fleet) Withdraw(ctx context.Context, listingID, seller keys.ID, expect, epoch int64, req ledger.Request) (ledger.Listing, error) {
-	return byID(ctx, f, listingID, true, func(l *ledger.Ledger) (ledger.Listing, error) {
-		return l.Withdraw(ctx, listingID, seller, expect, epoch, req)
+func (f *Fleet) Withdraw(ctx context.Context, listingID, seller keys.ID, expect, epoch int64, req ledger.Request) (ledger.Listing, []ledger.Event, error) {
+	var settled []ledger.Event
+	x, err := byID(ctx, f, listingID, true, func(l *ledger.Ledger) (ledger.Listing, error) {
+		x, sold, err := l.Withdraw(ctx, listingID, seller, expect, epoch, req)
+		settled = append(settled, sold...)
+		return x, err
 	})
+	return x, settled, err
 }
 
 func (f *Fleet) ListingByID(ctx context.Context, id keys.ID) (ledger.Listing, error) {

@@ -266,11 +266,17 @@ var ErrUnplaced = errors.New("fleet: program on a primary this replica does not 
 // before if that primary still has the program at home, or failing that
 // the primary that holds the program's rows.
 // found is false for a program placed nowhere.
+//
+// A place read as moving is read again every time: the move flips the
+// directory and deletes the source's rows at once, so a replica that
+// went on reading there for the rest of PlaceTTL answered 404 for rows
+// the target had (an order, a hold, a committed purchase's retry). A
+// move costs its program one directory read per call while it runs.
 func (f *Fleet) lookup(ctx context.Context, program keys.ID) (pl place, found bool, err error) {
 	f.mu.Lock()
 	pl, ok := f.places[program]
 	f.mu.Unlock()
-	if ok && time.Since(pl.read) < f.ttl {
+	if ok && !pl.moving && time.Since(pl.read) < f.ttl {
 		return pl, true, nil
 	}
 	got, err := f.ps[0].l.PlacementOf(ctx, program)

@@ -216,7 +216,7 @@ func TestMoveProgram(t *testing.T) {
 }
 
 func systestOrder(ctx context.Context, f *fleet.Fleet, buyer, key string) (ledger.Order, error) {
-	rec, err := f.RequestByKey(ctx, keys.MustID(buyer), keys.MustID(key))
+	rec, err := f.RequestByKey(ctx, keys.ID{}, keys.MustID(buyer), keys.MustID(key))
 	if err != nil {
 		return ledger.Order{}, err
 	}

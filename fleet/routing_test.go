@@ -25,6 +25,7 @@ var routers = map[string]string{
 	"byID":         "the primary an id's row names (ids carry their program's hash)",
 	"batchByID":    "each id's primary, one call per primary",
 	"first":        "every primary in turn until one has the row (keys carry no program)",
+	"byKey":        "a request's program's primary, or first when the caller names none",
 	"fanOut":       "each take's program's primary, each primary's share in one call",
 }
 

@@ -276,11 +276,16 @@ func (l *Ledger) listingReplay(ctx context.Context, r Request) (Listing, error) 
 // so the withdrawal changes nothing then either (ErrListingSelling).
 // A listing sold out or withdrawn is ErrListingEnded; a retry answers the
 // same listing (ErrDuplicate).
-func (l *Ledger) Withdraw(ctx context.Context, listingID, seller keys.ID, expect, epoch int64, req Request) (Listing, error) {
-	return retried(func() (Listing, error) { return l.withdraw(ctx, listingID, seller, expect, epoch, req) })
+//
+// settled are the sales of the SKU's listings the call settled on its
+// way (whatever it answers): the caller follows them as it does
+// Settle's, or their sellers' counts at the gate never went (helper-49).
+func (l *Ledger) Withdraw(ctx context.Context, listingID, seller keys.ID, expect, epoch int64, req Request) (_ Listing, settled []Event, _ error) {
+	x, err := retried(func() (Listing, error) { return l.withdraw(ctx, listingID, seller, expect, epoch, req, &settled) })
+	return x, settled, err
 }
 
-func (l *Ledger) withdraw(ctx context.Context, listingID, seller keys.ID, expect, epoch int64, req Request) (_ Listing, err error) {
+func (l *Ledger) withdraw(ctx context.Context, listingID, seller keys.ID, expect, epoch int64, req Request, settled *[]Event) (_ Listing, err error) {
 	defer l.observe("withdraw", time.Now(), &err)
 	now := l.now().UTC().Truncate(time.Millisecond)
 	x, err := l.ListingByID(ctx, listingID)
@@ -290,7 +295,9 @@ func (l *Ledger) withdraw(ctx context.Context, listingID, seller keys.ID, expect
 	// The sales so far settle in a transaction of their own, so they stand
 	// whatever the withdrawal answers (it settles again under its own lock
 	// for any that came of age meanwhile).
-	if _, err := l.settle(ctx, x.SKU); err != nil {
+	sold, err := l.settle(ctx, x.SKU)
+	*settled = append(*settled, sold...)
+	if err != nil {
 		return x, err
 	}
 	tx, taken, err := l.begin(ctx, req, x.SKU, now, "withdraw")
@@ -301,7 +308,8 @@ func (l *Ledger) withdraw(ctx context.Context, listingID, seller keys.ID, expect
 		return x, err
 	}
 	defer tx.Rollback()
-	if _, err := l.settleIn(ctx, tx, x.SKU, now); err != nil {
+	inTx, err := l.settleIn(ctx, tx, x.SKU, now)
+	if err != nil {
 		return x, err
 	}
 	if x, err = scanListing(tx.QueryRowContext(ctx, selectListing+` WHERE id = $1`, listingID)); err != nil {
@@ -342,6 +350,7 @@ func (l *Ledger) withdraw(ctx context.Context, listingID, seller keys.ID, expect
 	if err := tx.Commit(); err != nil {
 		return x, fmt.Errorf("ledger: withdraw: commit: %w", err)
 	}
+	*settled = append(*settled, inTx...)
 	return x, nil
 }
 

@@ -144,7 +144,7 @@ func (s *Service) takeCart(ctx context.Context, t CartTake, hold bool) (Result, 
 	if hold {
 		op, fields = ledger.OpCartHold, append(fields, t.TTL.String())
 	}
-	r := newRequest(t.Buyer, t.Key, op, fields...)
+	r := newRequest(t.Buyer, t.Key, op, fields...).on(t.Program)
 	tk := &take{s: s, req: r, ttl: t.TTL, cart: true, device: t.Device}
 	skus := make([]stock.SKU, 0, len(lines))
 	for i, l := range lines {

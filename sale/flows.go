@@ -136,7 +136,7 @@ func (s *Service) Purchase(ctx context.Context, t Take) (Result, error) {
 		fields = append(fields, "channel", t.Channel)
 	}
 	w := want{sku: sku, buyer: t.Buyer, q: t.Quantity, access: t.Access, channel: t.Channel,
-		req: newRequest(t.Buyer, t.Key, ledger.OpPurchase, fields...)}
+		req: newRequest(t.Buyer, t.Key, ledger.OpPurchase, fields...).on(sku.Program)}
 	if t.Channel != "" {
 		// The organizer's own order: no waiting room to pass.
 		return s.runTake(ctx, w.req, func(ctx context.Context) answer { return s.takeOne(ctx, w) })
@@ -152,7 +152,7 @@ func (s *Service) Hold(ctx context.Context, t Take) (Result, error) {
 	}
 	sku := poolOf(t.SKU, t.Access.Pool)
 	w := want{sku: sku, buyer: t.Buyer, q: t.Quantity, hold: true, ttl: t.TTL, access: t.Access, device: t.Device,
-		req: newRequest(t.Buyer, t.Key, ledger.OpHold, t.Access.fields(sku.Program.String(), sku.Ticket.String(), strconv.FormatInt(t.Quantity, 10), t.TTL.String())...)}
+		req: newRequest(t.Buyer, t.Key, ledger.OpHold, t.Access.fields(sku.Program.String(), sku.Ticket.String(), strconv.FormatInt(t.Quantity, 10), t.TTL.String())...).on(sku.Program)}
 	return s.runTake(ctx, w.req, func(ctx context.Context) answer { return s.admitted(ctx, t.Ask, sku.Program, w.req, w) })
 }
 
@@ -183,7 +183,7 @@ func (s *Service) HoldSeats(ctx context.Context, t SeatTake) (Result, error) {
 				"give seats (a list of seat ids), or quantity (1..%d) and optionally a section, for the best adjacent seats", MaxBestSeats))
 		}
 		r := newRequest(t.Buyer, t.Key, ledger.OpSeatHold, t.SKU.Program.String(), t.SKU.Ticket.String(), "best", t.Section.String(),
-			strconv.Itoa(t.Quantity), t.TTL.String())
+			strconv.Itoa(t.Quantity), t.TTL.String()).on(t.SKU.Program)
 		return s.runTake(ctx, r, func(ctx context.Context) answer {
 			return s.throughQueue(ctx, t.SKU.Program, t.Ask, r, []stock.SKU{t.SKU}, s.seatTake(t, r, int64(t.Quantity), seatPick{section: t.Section}).run)
 		})
@@ -203,7 +203,7 @@ func (s *Service) HoldSeats(ctx context.Context, t SeatTake) (Result, error) {
 	}
 	ids := slices.Clone(t.Seats)
 	slices.SortFunc(ids, keys.ID.Compare)
-	r := newRequest(t.Buyer, t.Key, ledger.OpSeatHold, t.SKU.Program.String(), t.SKU.Ticket.String(), "seats", keys.Join(ids, ","), t.TTL.String())
+	r := newRequest(t.Buyer, t.Key, ledger.OpSeatHold, t.SKU.Program.String(), t.SKU.Ticket.String(), "seats", keys.Join(ids, ","), t.TTL.String()).on(t.SKU.Program)
 	return s.runTake(ctx, r, func(ctx context.Context) answer {
 		return s.throughQueue(ctx, t.SKU.Program, t.Ask, r, []stock.SKU{t.SKU}, s.seatTake(t, r, int64(len(ids)), seatPick{seats: ids}).run)
 	})

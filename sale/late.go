@@ -58,7 +58,14 @@ func (s *Service) lateConfirm(ctx context.Context, h ledger.Hold, keep int64, r 
 		// Another copy recorded the key first: its answer is the key's.
 		a.replayed, a.order = true, got
 	case errors.Is(err, ledger.ErrKeyReused):
-		return ansKeyReused // another request took the key meanwhile
+		// Another request took the key between the late order and this
+		// record (the client sent two under one key at once). The order
+		// stands, so it is the answer: a 422 says nothing moved, and a
+		// platform refunding on it gave the tickets away (helper-49).
+		// The key stays the other request's.
+		s.log.WarnContext(ctx, "late payment: its client key was taken by another request meanwhile; answered with the order",
+			"hold", h.ID.String(), "order", a.order.ID.String())
+		return a
 	default:
 		s.log.WarnContext(ctx, "late payment: client key not recorded", "hold", h.ID.String(), "err", err)
 		return ansUnavailable
@@ -134,7 +141,7 @@ func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64, r req
 	// back) and answered with the order made.
 	key := lateKey(h)
 	w := want{sku: h.SKU, buyer: h.Buyer, q: keep,
-		req: newRequest(h.Buyer, key, ledger.OpPurchase, "late", h.ID.String(), strconv.FormatInt(keep, 10))}
+		req: newRequest(h.Buyer, key, ledger.OpPurchase, "late", h.ID.String(), strconv.FormatInt(keep, 10)).on(h.SKU.Program)}
 	a := s.takeOne(ctx, w)
 	if a.err == nil && a.replayed {
 		a = s.sameQuantity(ctx, a, named)
@@ -143,7 +150,7 @@ func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64, r req
 		// Paid late before for another quantity (or by a build whose
 		// fingerprint named none): its order is the hold's. Or refused
 		// meanwhile, on another replica: its refusal is.
-		rec, err := s.ledger.RequestByKey(ctx, w.req.scope, w.req.key)
+		rec, err := s.ledger.RequestByKey(ctx, w.req.program, w.req.scope, w.req.key)
 		if err != nil {
 			return ansUnavailable
 		}
@@ -220,8 +227,8 @@ func lateKey(h ledger.Hold) keys.ID { return keys.Derived("late", h.ID) }
 // (refuseLate); false when there was none, an error when the ledger
 // could not say.
 func (s *Service) paidLate(ctx context.Context, h ledger.Hold) (answer, bool, error) {
-	r := newRequest(h.Buyer, lateKey(h), ledger.OpPurchase)
-	rec, err := s.ledger.RequestByKey(ctx, r.scope, r.key)
+	r := newRequest(h.Buyer, lateKey(h), ledger.OpPurchase).on(h.SKU.Program)
+	rec, err := s.ledger.RequestByKey(ctx, r.program, r.scope, r.key)
 	switch {
 	case err == nil:
 		if a, ok := lateAnswer(rec); ok {
@@ -319,8 +326,8 @@ func (s *Service) refuseLate(ctx context.Context, h ledger.Hold, lr ledger.LateR
 // refunds on a refusal the promoted standby lacks, and the next payment
 // sells.
 func (s *Service) lateDurable(ctx context.Context, h ledger.Hold) error {
-	r := newRequest(h.Buyer, lateKey(h), ledger.OpPurchase)
-	if err := s.ledger.RequestDurable(ctx, r.scope, r.key); err != nil && !errors.Is(err, ledger.ErrNotFound) {
+	r := newRequest(h.Buyer, lateKey(h), ledger.OpPurchase).on(h.SKU.Program)
+	if err := s.ledger.RequestDurable(ctx, r.program, r.scope, r.key); err != nil && !errors.Is(err, ledger.ErrNotFound) {
 		s.log.WarnContext(ctx, "late payment: its row not known to be on the standby", "hold", h.ID.String(), "err", err)
 		return err
 	}
@@ -336,8 +343,8 @@ func (s *Service) lateBefore(ctx context.Context, h ledger.Hold) (answer, bool) 
 	if err != nil {
 		return answer{}, false
 	}
-	r := newRequest(h.Buyer, old, ledger.OpPurchase, "late", h.ID.String())
-	rec, err := s.ledger.RequestByKey(ctx, r.scope, r.key)
+	r := newRequest(h.Buyer, old, ledger.OpPurchase, "late", h.ID.String()).on(h.SKU.Program)
+	rec, err := s.ledger.RequestByKey(ctx, r.program, r.scope, r.key)
 	if err != nil || rec.Fingerprint != r.ledger().Fingerprint || rec.Order == nil {
 		return answer{}, false
 	}

@@ -67,7 +67,7 @@ func (w want) codeHash() string {
 // ok is false when the key has no committed request; a key used for
 // another request answers 422.
 func (s *Service) recorded(ctx context.Context, r request) (answer, bool, error) {
-	rec, err := s.ledger.RequestByKey(ctx, r.scope, r.key)
+	rec, err := s.ledger.RequestByKey(ctx, r.program, r.scope, r.key)
 	switch {
 	case errors.Is(err, ledger.ErrNotFound):
 		return answer{}, false, nil
@@ -77,7 +77,7 @@ func (s *Service) recorded(ctx context.Context, r request) (answer, bool, error)
 		return ansKeyReused, true, nil
 	}
 	// Never replay a row a failover can take back (ledger.RequestDurable).
-	if err := s.ledger.RequestDurable(ctx, r.scope, r.key); err != nil && !errors.Is(err, ledger.ErrNotFound) {
+	if err := s.ledger.RequestDurable(ctx, r.program, r.scope, r.key); err != nil && !errors.Is(err, ledger.ErrNotFound) {
 		return answer{}, false, err
 	}
 	a := replayed(rec)

@@ -21,6 +21,16 @@ type request struct {
 	op    string  // ledger.OpPurchase, …
 	fp    string  // fingerprint: the operation and everything it asks
 	line  int     // a cart's line (from 1): its own gate records; 0 for the request itself
+	// program is the program the request takes from: its row is on that
+	// program's primary, which alone is asked for it (zero: not known
+	// here, every primary is).
+	program keys.ID
+}
+
+// on is r taking from program.
+func (r request) on(program keys.ID) request {
+	r.program = program
+	return r
 }
 
 // lineOf is the request of line i (from 0) of a cart request: the same

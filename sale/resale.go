@@ -23,7 +23,8 @@ import (
 // Resales are the ledger's listings.
 type Resales interface {
 	List(ctx context.Context, orderID, seller keys.ID, q int64, req ledger.Request) (ledger.Listing, error)
-	Withdraw(ctx context.Context, listingID, seller keys.ID, expect, epoch int64, req ledger.Request) (ledger.Listing, error)
+	// Withdraw also returns the sales it settled on its way (Settle's).
+	Withdraw(ctx context.Context, listingID, seller keys.ID, expect, epoch int64, req ledger.Request) (ledger.Listing, []ledger.Event, error)
 	ListingByID(ctx context.Context, id keys.ID) (ledger.Listing, error)
 	SettleDue(ctx context.Context, limit int) ([]ledger.Event, error)
 	Settle(ctx context.Context, sku stock.SKU) ([]ledger.Event, error)
@@ -140,7 +141,8 @@ func (s *Service) withdraw(ctx context.Context, id, seller keys.ID, r request) a
 			}
 		}
 	}
-	x, err = s.ledger.Withdraw(ctx, id, seller, left, epoch, r.ledger())
+	x, sold, err := s.ledger.Withdraw(ctx, id, seller, left, epoch, r.ledger())
+	s.resold(ctx, sold)
 	if err != nil && len(taken) > 0 && withdrawRefused(err) {
 		// Nothing withdrawn: the units this call took stay on sale. Units
 		// a copy of this request took (Replayed) go back once that copy

@@ -90,13 +90,15 @@ type Takes interface {
 	HoldByID(ctx context.Context, id keys.ID) (ledger.Hold, error)
 	HoldByKey(ctx context.Context, key keys.ID) (ledger.Hold, error)
 	CartByID(ctx context.Context, id keys.ID) (ledger.Cart, error)
-	RequestByKey(ctx context.Context, scope, key keys.ID) (ledger.Recorded, error)
+	// RequestByKey reads a committed request by its key, on program's
+	// primary (zero: on any).
+	RequestByKey(ctx context.Context, program, scope, key keys.ID) (ledger.Recorded, error)
 	// RequestDurable returns once a recorded request is on the synchronous
 	// standby: asked before a replay is answered (see ledger's).
-	RequestDurable(ctx context.Context, scope, key keys.ID) error
+	RequestDurable(ctx context.Context, program, scope, key keys.ID) error
 	// RequestSettled waits out any transaction writing a request's row:
 	// nil once it is committed, ledger.ErrNotFound once nobody has it.
-	RequestSettled(ctx context.Context, scope, key keys.ID) error
+	RequestSettled(ctx context.Context, program, scope, key keys.ID) error
 	CommittedSince(ctx context.Context, sku stock.SKU, after int64) (ledger.Committed, error)
 }
 
@@ -568,7 +570,7 @@ func (s *Service) durable(ctx context.Context, r request, a answer) answer {
 	if !a.replayed || a.durable || a.err != nil {
 		return a
 	}
-	if err := s.ledger.RequestDurable(ctx, r.scope, r.key); err != nil && !errors.Is(err, ledger.ErrNotFound) {
+	if err := s.ledger.RequestDurable(ctx, r.program, r.scope, r.key); err != nil && !errors.Is(err, ledger.ErrNotFound) {
 		s.log.WarnContext(ctx, "replay not known to be on the standby", "err", err)
 		return ansUnavailable
 	}

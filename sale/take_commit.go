@@ -117,7 +117,7 @@ func (t *take) commit(ctx context.Context, direct bool) (answer, stock.SKU) {
 		// ended since. Not before its row is known to be on the
 		// synchronous standby (ledger.RequestDurable): unknown, the stock
 		// stays taken and the client asks again.
-		if derr := s.ledger.RequestDurable(ctx, t.req.scope, t.req.key); derr != nil && !errors.Is(derr, ledger.ErrNotFound) {
+		if derr := s.ledger.RequestDurable(ctx, t.req.program, t.req.scope, t.req.key); derr != nil && !errors.Is(derr, ledger.ErrNotFound) {
 			s.logCommit(ctx, derr)
 			return s.counted(path, ansUnavailable), stock.SKU{}
 		}

@@ -298,7 +298,7 @@ func (t *take) deadAttempts(ctx context.Context) bool {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleWait)
 	defer cancel()
-	return errors.Is(t.s.ledger.RequestSettled(ctx, t.req.scope, t.req.key), ledger.ErrNotFound)
+	return errors.Is(t.s.ledger.RequestSettled(ctx, t.req.program, t.req.scope, t.req.key), ledger.ErrNotFound)
 }
 
 // settleWait bounds deadAttempts' wait for an earlier attempt's COMMIT.

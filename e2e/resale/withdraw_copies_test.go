@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/sale"
+	"github.com/stockgate/stockgate/stock"
 )
 
 // pausedWithdrawals holds a replica's ledger withdrawals of one listing
@@ -24,7 +26,7 @@ type pausedWithdrawals struct {
 	once    sync.Once
 }
 
-func (l *pausedWithdrawals) Withdraw(ctx context.Context, id, seller keys.ID, expect, epoch int64, req ledger.Request) (ledger.Listing, error) {
+func (l *pausedWithdrawals) Withdraw(ctx context.Context, id, seller keys.ID, expect, epoch int64, req ledger.Request) (ledger.Listing, []ledger.Event, error) {
 	if id.String() == *l.listing {
 		l.once.Do(func() { close(l.arrived) })
 		<-l.release
@@ -82,4 +84,61 @@ func TestWithdrawCopiesReadingDifferentCounts(t *testing.T) {
 		t.Errorf("listing %+v, want withdrawn 4 after 1 sold", got)
 	}
 	systest.WaitSettled(t, b, sku) // Redis equal to the ledger
+}
+
+// laterSettles stands for a settle that ran before a resale came of age:
+// while armed, the replica's Settle of the SKU finds nothing, and its
+// withdrawals wait until the sales before them are due, so the one the
+// ledger's withdrawal settles on its way is the first to settle them.
+type laterSettles struct {
+	sale.Ledger
+	armed  atomic.Bool
+	soldAt atomic.Int64 // Unix ns of the last sale to come of age
+}
+
+func (l *laterSettles) Settle(ctx context.Context, sku stock.SKU) ([]ledger.Event, error) {
+	if l.armed.Load() {
+		return nil, nil
+	}
+	return l.Ledger.Settle(ctx, sku)
+}
+
+func (l *laterSettles) Withdraw(ctx context.Context, id, seller keys.ID, expect, epoch int64, req ledger.Request) (ledger.Listing, []ledger.Event, error) {
+	if l.armed.Load() {
+		due := time.Unix(0, l.soldAt.Load()).Add(ledger.ResaleHorizon + 100*time.Millisecond)
+		time.Sleep(time.Until(due)) // the horizon is under test: a sale settles once it is ResaleHorizon old
+	}
+	return l.Ledger.Withdraw(ctx, id, seller, expect, epoch, req)
+}
+
+// A sale of one seller's listing settled inside another listing's
+// withdrawal (the sale came of age between the service's settle and the
+// ledger's) took the seller's units in the ledger but never gave back
+// their count at the gate: carol, owning 3 of a cap of 4, was refused one
+// more for as long as Redis kept the count (helper-49).
+func TestASaleSettledInsideAWithdrawalFreesItsSellersCount(t *testing.T) {
+	systest.FullTier(t)
+	later := &laterSettles{}
+	a := systest.Start(t, systest.Options{Driver: ledger.Postgres, DSN: systest.LedgerDSN(t, ledger.Postgres), Tune: func(o *app.Options) {
+		o.WrapLedger = func(l sale.Ledger) sale.Ledger { later.Ledger = l; return later }
+	}})
+	sku := systest.NewSKU(t)
+	a.PutCapped(t, sku, 1, 4)
+	carol := systest.OrderID(a.MustBuy(t, sku, "c1", "carol", 4))
+	ann := systest.OrderID(a.MustBuy(t, sku, "a1", "ann", 1))
+	mustList(t, a, carol, "lc", "carol", 2)
+	x := mustList(t, a, ann, "la", "ann", 1)
+	later.armed.Store(true)
+	a.MustBuy(t, sku, "b1", "bob", 1) // carol's listing, the oldest, once settled
+	later.soldAt.Store(time.Now().UnixNano())
+	if r := a.Act(t, "/v1/listings/"+x.ListingID+"/withdraw", "w1", "ann"); r.Status != http.StatusOK {
+		t.Fatalf("withdraw = %d %s", r.Status, r.Body)
+	}
+	later.armed.Store(false)
+	if got := orderQuantity(t, a, carol); got != 3 {
+		t.Fatalf("carol's order holds %d after one resold, want 3 (the sale settled by the withdrawal)", got)
+	}
+	if r := a.Buy(t, sku, "c2", "carol", 1); r.Status != http.StatusCreated {
+		t.Errorf("carol owns 3 of a cap of 4 and buys 1: %d %s", r.Status, r.Body)
+	}
 }

@@ -187,9 +187,9 @@ func (l *CountingLedger) Program(ctx context.Context, program keys.ID) (ledger.P
 	return l.Ledger.Program(ctx, program)
 }
 
-func (l *CountingLedger) RequestByKey(ctx context.Context, scope, key keys.ID) (ledger.Recorded, error) {
+func (l *CountingLedger) RequestByKey(ctx context.Context, program, scope, key keys.ID) (ledger.Recorded, error) {
 	l.note("RequestByKey")
-	return l.Ledger.RequestByKey(ctx, scope, key)
+	return l.Ledger.RequestByKey(ctx, program, scope, key)
 }
 
 func (l *CountingLedger) CommittedSince(ctx context.Context, sku stock.SKU, after int64) (ledger.Committed, error) {
@@ -224,7 +224,7 @@ func (l *CountingLedger) List(ctx context.Context, orderID, seller keys.ID, q in
 	return l.Ledger.List(ctx, orderID, seller, q, req)
 }
 
-func (l *CountingLedger) Withdraw(ctx context.Context, listingID, seller keys.ID, expect, epoch int64, req ledger.Request) (ledger.Listing, error) {
+func (l *CountingLedger) Withdraw(ctx context.Context, listingID, seller keys.ID, expect, epoch int64, req ledger.Request) (ledger.Listing, []ledger.Event, error) {
 	l.note("Withdraw")
 	return l.Ledger.Withdraw(ctx, listingID, seller, expect, epoch, req)
 }

@@ -46,10 +46,10 @@ func (e *Env) Epoch(t *testing.T, sku stock.SKU) int64 {
 	return st.GateEpoch
 }
 
-// Rows are the ledger's reads of requests, orders and holds: a
-// *ledger.Ledger's, or a fleet's over several primaries.
+// Rows are the ledger's reads of requests, orders and holds: a fleet's,
+// over one primary or several (a request is looked for on every one).
 type Rows interface {
-	RequestByKey(ctx context.Context, scope, key keys.ID) (ledger.Recorded, error)
+	RequestByKey(ctx context.Context, program, scope, key keys.ID) (ledger.Recorded, error)
 	OrderByID(ctx context.Context, id keys.ID) (ledger.Order, error)
 	HoldByID(ctx context.Context, id keys.ID) (ledger.Hold, error)
 }
@@ -57,7 +57,7 @@ type Rows interface {
 // OrderOf is the order the request (buyer, key) committed, as the ledger
 // has it now; ledger.ErrNotFound when the request committed nothing.
 func OrderOf(ctx context.Context, l Rows, buyer, key string) (ledger.Order, error) {
-	rec, err := l.RequestByKey(ctx, keys.MustID(buyer), keys.MustID(key))
+	rec, err := l.RequestByKey(ctx, keys.ID{}, keys.MustID(buyer), keys.MustID(key))
 	if err != nil {
 		return ledger.Order{}, err
 	}
@@ -70,7 +70,7 @@ func OrderOf(ctx context.Context, l Rows, buyer, key string) (ledger.Order, erro
 // HoldOf is the hold the request (buyer, key) created, as the ledger has
 // it now.
 func HoldOf(ctx context.Context, l Rows, buyer, key string) (ledger.Hold, error) {
-	rec, err := l.RequestByKey(ctx, keys.MustID(buyer), keys.MustID(key))
+	rec, err := l.RequestByKey(ctx, keys.ID{}, keys.MustID(buyer), keys.MustID(key))
 	if err != nil {
 		return ledger.Hold{}, err
 	}

@@ -1,0 +1,84 @@
+package holds_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/e2e/systest"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/sale"
+)
+
+// keyTaken runs take once, just before the client key of a late payment
+// is recorded beside its order: another request under that key commits
+// in between.
+type keyTaken struct {
+	sale.Ledger
+	key  string
+	take func()
+	done atomic.Bool
+}
+
+func (l *keyTaken) AnswerWith(ctx context.Context, req ledger.Request, o ledger.Order) (ledger.Order, error) {
+	if req.Key.String() == l.key && l.done.CompareAndSwap(false, true) {
+		l.take()
+	}
+	return l.Ledger.AnswerWith(ctx, req, o)
+}
+
+// A late payment sells the hold's units under the key derived from the
+// hold, then records the client's key beside the order. A client that
+// sent another request under the same key at the same moment had that
+// one commit in between, and the payment answered 422
+// idempotency-key-reused ("nothing moved") beside the order it made: a
+// platform refunding on it gave the tickets away (helper-49). It answers
+// the order.
+func TestLatePaymentWhoseKeyAnotherRequestTookAnswersItsOrder(t *testing.T) {
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		dsn := systest.LedgerDSN(t, driver)
+		const window = 10 * time.Second // room for a loaded machine's steps inside it
+		late := func(o *app.Options) { o.Sale.LatePayment = window }
+		taken := &keyTaken{key: "pay"}
+		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn, Tune: func(o *app.Options) {
+			late(o)
+			o.WrapLedger = func(l sale.Ledger) sale.Ledger { taken.Ledger = l; return taken }
+		}})
+		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn, Tune: late})
+		sku, other := systest.NewSKU(t), systest.NewSKU(t)
+		a.PutSKU(t, sku, 10, 1, 4)
+		a.PutSKU(t, other, 10, 1, 4)
+		var otherAnswer systest.Reply
+		taken.take = func() { otherAnswer = b.Buy(t, other, "pay", "ann", 1) }
+		_, h := a.Hold(t, sku, "h", "ann", 2, 1)
+		systest.WaitFor(t, 10*time.Second, "the hold's expiry to pass", func() bool { return time.Now().After(h.ExpiresAt) })
+		r := a.Act(t, "/v1/holds/"+h.HoldID+"/confirm", "pay", "ann")
+		if time.Now().After(h.ExpiresAt.Add(window)) {
+			t.Fatalf("the machine took the whole window before the late payment")
+		}
+		if !taken.done.Load() || otherAnswer.Status != http.StatusCreated {
+			t.Fatalf("the other request under the key: ran %v, %d %s", taken.done.Load(), otherAnswer.Status, otherAnswer.Body)
+		}
+		if r.Status != http.StatusCreated {
+			t.Fatalf("a late payment that sold, its key taken meanwhile = %d %s, want 201 with the order", r.Status, r.Body)
+		}
+		var o struct {
+			OrderID  string `json:"order_id"`
+			Quantity int64  `json:"quantity"`
+		}
+		if err := json.Unmarshal(r.Body, &o); err != nil || o.Quantity != 2 {
+			t.Errorf("the late payment's order = %s (%v), want 2 tickets", r.Body, err)
+		}
+		if st := a.State(t, sku); st.Sold != 2 {
+			t.Errorf("sold %d, want the 2 paid late", st.Sold)
+		}
+		// The key is the other request's: its retry replays it.
+		if again := b.Buy(t, other, "pay", "ann", 1); again.Status != http.StatusCreated || systest.OrderID(again) != systest.OrderID(otherAnswer) {
+			t.Errorf("the other request's retry = %d %s, want its order", again.Status, again.Body)
+		}
+	})
+}

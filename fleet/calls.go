@@ -169,12 +169,31 @@ func (f *Fleet) RequestByKey(ctx context.Context, program, scope, key keys.ID) (
 }
 
 // byKey runs a read by a request's key on program's primary, or on every
-// primary when program is zero (first).
+// primary when program is zero (first). A program read as moving may
+// have arrived on its target since, its source's rows deleted: a row the
+// source lacks is asked of the primary the directory names now
+// (helper-50), as byID's locate does for rows by id.
 func byKey[T any](ctx context.Context, f *Fleet, program keys.ID, call func(l *ledger.Ledger) (T, error)) (T, error) {
-	if program.IsZero() {
+	if program.IsZero() || len(f.ps) == 1 {
 		return first(ctx, f, call)
 	}
-	return onProgram(ctx, f, program, call)
+	var zero T
+	pl, found, err := f.lookup(ctx, program)
+	switch {
+	case err != nil:
+		return zero, unavailable(err)
+	case !found:
+		return call(f.ps[0].l) // placed nowhere: it has no rows, and the first says so
+	}
+	v, err := call(pl.p.l)
+	if !errors.Is(err, ledger.ErrNotFound) || !pl.moving {
+		return v, err
+	}
+	// Read as moving: never cached, so this reads the directory again.
+	if now, found, lerr := f.lookup(ctx, program); lerr == nil && found && now.p != pl.p {
+		return call(now.p.l)
+	}
+	return v, err
 }
 
 func (f *Fleet) OrderByID(ctx context.Context, id keys.ID) (ledger.Order, error) {

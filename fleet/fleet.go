@@ -279,6 +279,10 @@ func (f *Fleet) lookup(ctx context.Context, program keys.ID) (pl place, found bo
 	if ok && !pl.moving && time.Since(pl.read) < f.ttl {
 		return pl, true, nil
 	}
+	// Stamped with when it was asked: a read that began before a move was
+	// marked and answered late must not count as one after it (the move
+	// waits PlaceTTL from the mark for every replica to see it).
+	asked := time.Now()
 	got, err := f.ps[0].l.PlacementOf(ctx, program)
 	switch {
 	case err == nil:
@@ -286,7 +290,7 @@ func (f *Fleet) lookup(ctx context.Context, program keys.ID) (pl place, found bo
 		if p == nil {
 			return place{}, false, fmt.Errorf("%w: %s on %q", ErrUnplaced, program, got.Primary)
 		}
-		pl = place{p: p, moving: got.Moving, read: time.Now()}
+		pl = place{p: p, moving: got.Moving, read: asked}
 		f.mu.Lock()
 		f.places[program] = pl
 		f.mu.Unlock()

@@ -129,3 +129,42 @@ func TestPools(t *testing.T) {
 		}
 	})
 }
+
+// A program's stock, as its waiting room reads it, is what a buyer the
+// line admits could buy now: a pool that opens later and a channel's pool
+// are left out until the one opens (the other never counts), a code's
+// pool counts. The room admitted five buyers for a pool opening tomorrow
+// and each met sold out (helper-51).
+func TestProgramStockIsWhatTheLineCanBuy(t *testing.T) {
+	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, clk *clock) {
+		ctx := context.Background()
+		ga := stock.SKU{Program: keys.MustID("show-line"), Ticket: keys.MustID("ga")}
+		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: ga, Total: 20, Shards: 1, MaxPerOrder: 4}); err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range []struct {
+			name  string
+			units int64
+			rule  ledger.PoolRule
+		}{
+			{"later", 5, ledger.PoolRule{OpensAt: clk.now().Add(time.Hour)}},
+			{"box", 3, ledger.PoolRule{Access: ledger.AccessChannel, Secret: "s"}},
+			{"fans", 2, ledger.PoolRule{Access: ledger.AccessCode}},
+		} {
+			pool := ga.InPool(keys.MustID(p.name))
+			if err := l.EnsurePool(ctx, pool); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := l.PutPool(ctx, ledger.PoolConfig{SKU: pool, Allotment: p.units, Shards: 1, Rule: p.rule}); err != nil {
+				t.Fatalf("pool %s: %v", p.name, err)
+			}
+		}
+		if st, err := l.ProgramStock(ctx, ga.Program); err != nil || st.Remaining != 10+2 || st.SKUs != 4 {
+			t.Errorf("with a pool not open yet and a channel's: %+v %v, want 12 left (public 10, the code's 2) of 4 on sale", st, err)
+		}
+		clk.advance(time.Hour)
+		if st, err := l.ProgramStock(ctx, ga.Program); err != nil || st.Remaining != 10+2+5 {
+			t.Errorf("once the pool opened: %+v %v, want 17 left", st, err)
+		}
+	})
+}

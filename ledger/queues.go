@@ -348,7 +348,12 @@ func (l *Ledger) QueuedPrograms(ctx context.Context) ([]QueueConfig, error) {
 }
 
 // ProgramStock is what a program has to sell, over every ticket and pool
-// whose sale has not ended.
+// whose sale has not ended. Remaining and Held count only what a buyer
+// the line admits could buy now: a pool not open yet, or one of an
+// organizer's channel (which sells around the line), is left out, or the
+// room admitted buyers for tickets none of them could buy, and they met
+// sold out (helper-51). A code's pool counts: a presale's line is its
+// code holders.
 type ProgramStock struct {
 	Ended     int64 // tickets and pools whose sale ended
 	SKUs      int64 // tickets and pools on sale
@@ -366,12 +371,13 @@ func (p ProgramStock) SoldOut() bool {
 // ProgramStock reads what program has to sell.
 func (l *Ledger) ProgramStock(ctx context.Context, program keys.ID) (ProgramStock, error) {
 	var p ProgramStock
+	const sells = `ended_at = 0 AND pool_access <> '` + AccessChannel + `' AND pool_opens_at <= $2`
 	err := l.queryRowRepeated(ctx, `SELECT
 			COALESCE(SUM(CASE WHEN ended_at = 0 THEN 0 ELSE 1 END), 0),
 			COALESCE(SUM(CASE WHEN ended_at = 0 THEN 1 ELSE 0 END), 0),
-			COALESCE(SUM(CASE WHEN ended_at = 0 THEN total - sold - held ELSE 0 END), 0),
-			COALESCE(SUM(CASE WHEN ended_at = 0 THEN held ELSE 0 END), 0)
-		FROM skus WHERE program = $1`, program).Scan(&p.Ended, &p.SKUs, &p.Remaining, &p.Held)
+			COALESCE(SUM(CASE WHEN `+sells+` THEN total - sold - held ELSE 0 END), 0),
+			COALESCE(SUM(CASE WHEN `+sells+` THEN held ELSE 0 END), 0)
+		FROM skus WHERE program = $1`, program, l.now().UnixMilli()).Scan(&p.Ended, &p.SKUs, &p.Remaining, &p.Held)
 	if err != nil {
 		return p, fmt.Errorf("ledger: program stock: %w", err)
 	}

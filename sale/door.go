@@ -3,6 +3,7 @@ package sale
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
@@ -17,7 +18,9 @@ import (
 // refusals are ErrAdmissionRequired, ErrAdmissionInvalid, ErrAdmissionUsed,
 // ErrAdmissionExpired and ErrUnavailable, with their details.
 type Door interface {
-	Admit(ctx context.Context, program, buyer keys.ID, token string, request keys.ID) (settle func(context.Context, DoorOutcome), err error)
+	// settle's committed is when a replayed answer's request committed
+	// (DoorReplayed; zero otherwise).
+	Admit(ctx context.Context, program, buyer keys.ID, token string, request keys.ID) (settle func(ctx context.Context, o DoorOutcome, committed time.Time), err error)
 	// Queued reports whether program sells through a waiting room.
 	Queued(ctx context.Context, program keys.ID) (bool, error)
 	// Wake tells program's room that stock came back.
@@ -35,6 +38,10 @@ const (
 	// DoorUnknown: it failed in a way a retry may still commit; the
 	// admission stays spent until a retry settles.
 	DoorUnknown
+	// DoorReplayed: it was answered as a request that committed at the
+	// time settle is given; the admission comes back if that was before
+	// the admission was given (the request cannot have used it).
+	DoorReplayed
 )
 
 // throughQueue runs f for a request of a queued program once the door let
@@ -68,12 +75,14 @@ func (s *Service) throughQueue(ctx context.Context, program keys.ID, a Ask, r re
 	}
 	ans := f(ctx)
 	switch {
+	case ans.err == nil && ans.replayed:
+		settle(ctx, DoorReplayed, ans.committedAt())
 	case ans.err == nil:
-		settle(ctx, DoorCommitted)
+		settle(ctx, DoorCommitted, time.Time{})
 	case movedNothing(ans.err):
-		settle(ctx, DoorRefused)
+		settle(ctx, DoorRefused, time.Time{})
 	default:
-		settle(ctx, DoorUnknown)
+		settle(ctx, DoorUnknown, time.Time{})
 	}
 	return ans
 }
@@ -128,8 +137,15 @@ func (s *Service) committedIn(ctx context.Context, r request, skus []stock.SKU, 
 		return s.lookupOr(ctx, r, refusal)
 	}
 	for _, sku := range skus {
-		if _, err := s.settings.Get(ctx, sku); err != nil {
+		switch _, err := s.settings.Get(ctx, sku); {
+		case errors.Is(err, stock.ErrUnknownSKU):
 			continue // no such SKU: nothing of it committed
+		case err != nil:
+			// Not known: a committed request's retry told the door's
+			// refusal (a 4xx, "nothing moved") would lose its 201
+			// (helper-51).
+			s.log.WarnContext(ctx, "committed keys: settings", "sku", sku.String(), "err", err)
+			return ansUnavailable
 		}
 		committed, err := s.replays.committed(ctx, sku, r.scope, r.key)
 		if err != nil {

@@ -32,8 +32,36 @@ func (s *Service) confirm(ctx context.Context, id, buyer keys.ID, r request) ans
 		return answer{order: o, replayed: true}
 	case errors.Is(err, ledger.ErrHoldEnded):
 		return s.confirmEnded(ctx, id, buyer, 0, r, 1)
+	case errors.Is(err, ledger.ErrKeyReused):
+		return s.confirmReusedKey(ctx, id, buyer, 0, r)
 	}
 	return s.ownerError(ctx, err, ansNoHold)
+}
+
+// confirmReusedKey answers a confirm whose key the ledger found taken by
+// another request. A hold paid late answers as a late payment under any
+// key does: its order (or its final refusal). Its own payment's retry
+// lands here when another request took the client key between the late
+// order and the key's record, and a 422 ("nothing moved") beside the
+// order had the platform refund it (helper-50). Only a key taken after
+// the hold expired can be that: a key used before is a reuse, 422
+// (helper-52). Anything else is 422.
+func (s *Service) confirmReusedKey(ctx context.Context, id, buyer keys.ID, keep int64, r request) answer {
+	h, err := s.ledger.HoldByID(ctx, id)
+	if err != nil || h.Buyer != buyer || h.State != ledger.Expired {
+		return ansKeyReused
+	}
+	if other, err := s.ledger.RequestByKey(ctx, h.SKU.Program, r.scope, r.key); err != nil || other.CreatedAt.Before(h.ExpiresAt) {
+		return ansKeyReused
+	}
+	a, ok, err := s.paidLate(ctx, h)
+	switch {
+	case err != nil:
+		return ansUnavailable // an order may stand: not "nothing moved"
+	case !ok:
+		return ansKeyReused
+	}
+	return s.currentOrder(ctx, s.sameQuantity(ctx, a, keep))
 }
 
 // confirmEnded answers a confirm the ledger found the hold ended for: a
@@ -125,6 +153,8 @@ func (s *Service) confirmKeep(ctx context.Context, id, buyer keys.ID, keep int64
 			"; a confirm under another key changes nothing"))
 	case errors.Is(err, ledger.ErrHoldEnded):
 		return s.confirmEnded(ctx, id, buyer, keep, r, again)
+	case errors.Is(err, ledger.ErrKeyReused):
+		return s.confirmReusedKey(ctx, id, buyer, keep, r)
 	}
 	return s.ownerError(ctx, err, ansNoHold)
 }

@@ -30,19 +30,7 @@ var errStillHeld = errors.New("sale: the hold is held again")
 // ErrHoldConfirmed when it asks for another quantity (as a confirm of a
 // confirmed hold does).
 func (s *Service) lateConfirm(ctx context.Context, h ledger.Hold, keep int64, r request) answer {
-	a := s.latePaid(ctx, h, keep, r)
-	if a.err == nil && a.replayed && !a.order.ID.IsZero() {
-		// Found under the hold's key: that row's answer is the order as
-		// it was then. The client's key is not a replay (it would have
-		// been answered before the hold was read), so it hears the order
-		// as it is now, as a confirm of a confirmed hold does: a transfer
-		// or a resale since is not told as the buyer's standing order.
-		o, err := s.ledger.OrderByID(ctx, a.order.ID)
-		if err != nil {
-			return ansUnavailable
-		}
-		a.order = o
-	}
+	a := s.currentOrder(ctx, s.latePaid(ctx, h, keep, r))
 	if a.err != nil || a.order.ID.IsZero() || r.key.IsZero() {
 		return a
 	}
@@ -70,6 +58,24 @@ func (s *Service) lateConfirm(ctx context.Context, h ledger.Hold, keep int64, r 
 		s.log.WarnContext(ctx, "late payment: client key not recorded", "hold", h.ID.String(), "err", err)
 		return ansUnavailable
 	}
+	return a
+}
+
+// currentOrder is a, with the order a late payment's row answered (found
+// under the hold's key: the order as it was then) read as it is now. The
+// client's key is not a replay (it would have been answered before the
+// hold was read), so it hears the order as it is now, as a confirm of a
+// confirmed hold does: a transfer or a resale since is not told as the
+// buyer's standing order.
+func (s *Service) currentOrder(ctx context.Context, a answer) answer {
+	if a.err != nil || !a.replayed || a.order.ID.IsZero() {
+		return a
+	}
+	o, err := s.ledger.OrderByID(ctx, a.order.ID)
+	if err != nil {
+		return ansUnavailable
+	}
+	a.order = o
 	return a
 }
 
@@ -107,6 +113,16 @@ func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64, r req
 		// another key, is told "refund" again, not 410 "nothing was
 		// sold" (helper-46): the same request, one answer.
 		return s.refuseLate(ctx, h, ledger.LateRefusal{Quantity: h.Quantity, Why: why, Final: true}, 0)
+	}
+	// Behind a waiting room, an expired hold's tickets go to the next
+	// buyer in line: the room admits one for each, and a late payment
+	// taking it past the line had that buyer meet sold out (helper-51).
+	switch queued, err := s.queued(ctx, h.SKU.Program); {
+	case err != nil:
+		return ansUnavailable
+	case queued:
+		return s.refuseLate(ctx, h, ledger.LateRefusal{Quantity: h.Quantity, Final: true,
+			Why: "a program behind a waiting room gives an expired hold's tickets to the next buyer in line: refund the payment"}, 0)
 	}
 	// Expired by a sweeper, a read or an extension that has not given
 	// its units to Redis yet (a batch restored one by one, a failed call

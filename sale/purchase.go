@@ -27,6 +27,30 @@ type answer struct {
 
 func fail(err error) answer { return answer{err: err} }
 
+// committedAt is when what a answers was made (zero: not known).
+func (a answer) committedAt() time.Time {
+	switch {
+	case a.hold != nil:
+		return a.hold.CreatedAt
+	case a.cart != nil:
+		return a.cart.CreatedAt
+	}
+	return a.order.CreatedAt
+}
+
+// program is the program of what a answers (zero: none).
+func (a answer) program() keys.ID {
+	switch {
+	case a.hold != nil:
+		return a.hold.SKU.Program
+	case a.cart != nil:
+		return a.cart.Program
+	case a.listing != nil:
+		return a.listing.SKU.Program
+	}
+	return a.order.SKU.Program
+}
+
 var (
 	ansKeyReused   = fail(ErrKeyReused)
 	ansUnknownSKU  = fail(ErrUnknownSKU)

@@ -570,7 +570,10 @@ func (s *Service) durable(ctx context.Context, r request, a answer) answer {
 	if !a.replayed || a.durable || a.err != nil {
 		return a
 	}
-	if err := s.ledger.RequestDurable(ctx, r.program, r.scope, r.key); err != nil && !errors.Is(err, ledger.ErrNotFound) {
+	// An action by id names no program; its answer does. On several
+	// primaries another program's row under the same key must not vouch
+	// for this one (helper-50).
+	if err := s.ledger.RequestDurable(ctx, r.on(a.program()).program, r.scope, r.key); err != nil && !errors.Is(err, ledger.ErrNotFound) {
 		s.log.WarnContext(ctx, "replay not known to be on the standby", "err", err)
 		return ansUnavailable
 	}

@@ -43,16 +43,7 @@ func confirmUnderExtension(t *testing.T, e *systest.Env, db *sql.DB, holdID, key
 	go func() {
 		out <- e.Do(t, http.MethodPost, "/v1/holds/"+holdID+"/confirm", map[string]string{"Idempotency-Key": key}, body)
 	}()
-	var early *systest.Reply
-	systest.WaitFor(t, 10*time.Second, "the confirm to wait on the hold's row", func() bool {
-		select {
-		case c := <-out:
-			early = &c
-			return true
-		default:
-		}
-		return lockWaiters(ctx, db, "holds") >= 1
-	})
+	early := answeredOrParked(t, ctx, db, out, 10*time.Second, "the confirm to wait on the hold's row")
 	if early != nil {
 		t.Logf("the confirm answered without waiting on the row: %d %s", early.Status, early.Body)
 	}

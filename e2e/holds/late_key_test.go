@@ -37,7 +37,7 @@ func (l *keyTaken) AnswerWith(ctx context.Context, req ledger.Request, o ledger.
 // one commit in between, and the payment answered 422
 // idempotency-key-reused ("nothing moved") beside the order it made: a
 // platform refunding on it gave the tickets away (helper-49). It answers
-// the order.
+// the order, and so does its retry under that key (helper-50).
 func TestLatePaymentWhoseKeyAnotherRequestTookAnswersItsOrder(t *testing.T) {
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		dsn := systest.LedgerDSN(t, driver)
@@ -75,6 +75,14 @@ func TestLatePaymentWhoseKeyAnotherRequestTookAnswersItsOrder(t *testing.T) {
 		}
 		if st := a.State(t, sku); st.Sold != 2 {
 			t.Errorf("sold %d, want the 2 paid late", st.Sold)
+		}
+		// The payment's retry (its answer lost) hears the order again on
+		// either replica, not 422 beside it (helper-50); so would a late
+		// payment of the hold under any other key.
+		for _, e := range []*systest.Env{a, b} {
+			if again := e.Act(t, "/v1/holds/"+h.HoldID+"/confirm", "pay", "ann"); again.Status != http.StatusCreated || systest.OrderID(again) != o.OrderID {
+				t.Errorf("the late payment's retry = %d %s, want 201 with order %s", again.Status, again.Body, o.OrderID)
+			}
 		}
 		// The key is the other request's: its retry replays it.
 		if again := b.Buy(t, other, "pay", "ann", 1); again.Status != http.StatusCreated || systest.OrderID(again) != systest.OrderID(otherAnswer) {

@@ -88,16 +88,7 @@ func inFlight(t *testing.T, e, to *systest.Env, db *sql.DB, sku stock.SKU, hold 
 			secondOut <- to.Do(t, http.MethodPost, "/v1/holds/"+id+"/"+path,
 				map[string]string{"Idempotency-Key": fmt.Sprintf("%s-s%d", path, try)}, body)
 		}()
-		var secondEarly *systest.Reply
-		systest.WaitFor(t, 30*time.Second, "the second request to answer or wait on the hold's row", func() bool {
-			select {
-			case c := <-secondOut:
-				secondEarly = &c
-				return true
-			default:
-			}
-			return lockWaiters(ctx, db, "holds") >= 1
-		})
+		secondEarly := answeredOrParked(t, ctx, db, secondOut, 30*time.Second, "the second request to answer or wait on the hold's row")
 		if err := tx.Rollback(); err != nil {
 			t.Fatal(err)
 		}
@@ -196,6 +187,24 @@ func TestSeatHoldLateRefusalWaitsForAConfirmInFlight(t *testing.T) {
 	if s := e.HoldState(t, id); s != "confirmed" {
 		t.Errorf("the hold reads %q, want confirmed", s)
 	}
+}
+
+// answeredOrParked waits until a request in flight answers (its answer,
+// returned) or a backend waits on a lock of the holds table (nil): the
+// request is then parked on the row the test's transaction holds.
+func answeredOrParked(t *testing.T, ctx context.Context, db *sql.DB, out <-chan systest.Reply, within time.Duration, what string) *systest.Reply {
+	t.Helper()
+	var early *systest.Reply
+	systest.WaitFor(t, within, what, func() bool {
+		select {
+		case c := <-out:
+			early = &c
+			return true
+		default:
+		}
+		return lockWaiters(ctx, db, "holds") >= 1
+	})
+	return early
 }
 
 // lockWaiters is how many of the ledger's sessions wait on a row lock in a

@@ -7,6 +7,7 @@ package waitroom_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -17,9 +18,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/e2e/systest"
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/stock"
 )
 
@@ -1432,5 +1436,108 @@ func TestAttackQueueRetryAfterRoomTurnedOnNotReplayed(t *testing.T) {
 	putQueue(t, e, sku.Program, qaRoom(3600, 100, 60, "5"))
 	if r := e.Buy(t, sku, "ann-1", "ann", 1); r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("the retry of ann's order after the room was turned on = %d %s", r.Status, r.Body)
+	}
+}
+
+// A retry of a request that committed before the room (or before this
+// admission) is answered as it was, with any token: the admission it
+// brought is not what bought, so it comes back. It was spent by the
+// replay, and the buyer's next purchase with it got 409 admission-used
+// though nothing was bought with it (helper-51).
+func TestRetryOfAnEarlierPurchaseLeavesTheAdmission(t *testing.T) {
+	systest.FullTier(t)
+	t.Parallel() // its own env and programs: it overlaps the others' waits
+	e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true})
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 5, 1, 1)
+	if r := e.Buy(t, sku, "ann-0", "ann", 1); r.Status != http.StatusCreated {
+		t.Fatalf("ann buys before the room = %d %s", r.Status, r.Body)
+	}
+	bought := time.Now()
+	// The margin is under test: an order made well before the admission
+	// can't have used it.
+	systest.WaitFor(t, time.Minute, "the order older than the replay margin", func() bool { return time.Since(bought) > time.Second })
+	putQueue(t, e, sku.Program, qaRoom(0, 100, 60, "5"))
+	q := admitted(t, e, sku.Program, "ann")
+	if r := buyWith(t, e, sku, "ann-0", "ann", 1, q.Admission); r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("the retry of ann's first order, with her new admission = %d %s", r.Status, r.Body)
+	}
+	if r := buyWith(t, e, sku, "ann-1", "ann", 1, q.Admission); r.Status != http.StatusCreated {
+		t.Errorf("ann buys with the admission a replay came with = %d %s, want 201", r.Status, r.Body)
+	}
+}
+
+// Behind a waiting room an expired hold's ticket goes back to the line,
+// which admits the next buyer for it. A late payment took it past the
+// line (late payments skip the door), and that admitted buyer met sold
+// out (helper-51). It is refused ("refund the payment"), for good.
+func TestLatePaymentBehindARoomLeavesTheTicketToTheLine(t *testing.T) {
+	systest.FullTier(t)
+	t.Parallel()                    // its own env and programs: it overlaps the others' waits
+	const window = 10 * time.Second // room for a loaded machine's steps inside it
+	e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true, Tune: func(o *app.Options) { o.Sale.LatePayment = window }})
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 1, 1, 1)
+	putQueue(t, e, sku.Program, qaRoom(0, 100, 60, "1"))
+	q := admitted(t, e, sku.Program, "ann")
+	r, h := holdWith(t, e, sku, "ann-h", "ann", 1, 1, q.Admission)
+	if r.Status != http.StatusCreated {
+		t.Fatalf("ann's hold = %d %s", r.Status, r.Body)
+	}
+	systest.WaitFor(t, 10*time.Second, "the hold's expiry to pass", func() bool { return time.Now().After(h.ExpiresAt) })
+	for _, key := range []string{"pay", "pay", "other"} {
+		if r := e.Act(t, "/v1/holds/"+h.HoldID+"/confirm", key, "ann"); r.Status != http.StatusConflict || systest.ProblemKind(r) != "late-payment-refused" {
+			t.Errorf("a late payment behind a room (key %s) = %d %s, want 409 late-payment-refused", key, r.Status, r.Body)
+		}
+	}
+	if time.Now().After(h.ExpiresAt.Add(window)) {
+		t.Fatalf("the machine took the whole window before the late payments")
+	}
+	// The ticket is the line's: the next buyer admitted buys it.
+	b := admitted(t, e, sku.Program, "bob")
+	if r := buyWith(t, e, sku, "bob-1", "bob", 1, b.Admission); r.Status != http.StatusCreated {
+		t.Errorf("bob, admitted for the returned ticket = %d %s, want 201", r.Status, r.Body)
+	}
+}
+
+// replyLost commits the take under key and answers it as a COMMIT whose
+// reply was lost: the service finds the row and answers it as a replay.
+type replyLost struct {
+	sale.Ledger
+	key string
+}
+
+func (l replyLost) Commit(ctx context.Context, takes []ledger.Take, direct bool) []ledger.TakeResult {
+	res := l.Ledger.Commit(ctx, takes, direct)
+	for i := range res {
+		if res[i].Err == nil && res[i].Take.Req.Key.String() == l.key {
+			res[i].Err = errors.New("ledger: take: commit: reply lost")
+		}
+	}
+	return res
+}
+
+// A purchase that committed with its admission and lost its COMMIT's
+// reply is answered from its row, as a replay: its admission stays spent.
+// The first version of the fix above gave it back (the call had spent it
+// first), and one token bought twice (helper-52).
+func TestLostReplyOfAnAdmittedPurchaseKeepsTheAdmissionSpent(t *testing.T) {
+	systest.FullTier(t)
+	t.Parallel() // its own env and programs: it overlaps the others' waits
+	e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true, Tune: func(o *app.Options) {
+		o.WrapLedger = func(l sale.Ledger) sale.Ledger { return replyLost{Ledger: l, key: "ann-1"} }
+	}})
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 5, 1, 1)
+	putQueue(t, e, sku.Program, qaRoom(0, 100, 60, "5"))
+	q := admitted(t, e, sku.Program, "ann")
+	if r := buyWith(t, e, sku, "ann-1", "ann", 1, q.Admission); r.Status != http.StatusCreated {
+		t.Fatalf("ann's purchase, its reply lost = %d %s", r.Status, r.Body)
+	}
+	if r := buyWith(t, e, sku, "ann-2", "ann", 1, q.Admission); r.Status != http.StatusConflict || systest.ProblemKind(r) != "admission-used" {
+		t.Errorf("a second purchase with the admission the first bought with = %d %s, want 409 admission-used", r.Status, r.Body)
+	}
+	if st := e.State(t, sku); st.Sold != 1 {
+		t.Errorf("sold %d with one admission, want 1", st.Sold)
 	}
 }

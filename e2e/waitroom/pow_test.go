@@ -134,9 +134,14 @@ func TestQueueProofOfWork(t *testing.T) {
 	}
 
 	// Asking for puzzles costs nothing, so it raises nobody's difficulty.
+	var early powProblem
 	for i := range 100 {
-		if _, _, p := powJoin(t, a, program, fmt.Sprintf("asker%d", i), nil); p.Puzzle == nil || p.Puzzle.Difficulty != 8 {
+		_, _, p := powJoin(t, a, program, fmt.Sprintf("asker%d", i), nil)
+		if p.Puzzle == nil || p.Puzzle.Difficulty != 8 {
 			t.Fatalf("asker%d's puzzle = %+v", i, p.Puzzle)
+		}
+		if i == 0 {
+			early = p
 		}
 	}
 	// A burst of joins that did the work, from one network (this test's
@@ -153,6 +158,14 @@ func TestQueueProofOfWork(t *testing.T) {
 	}
 	if most < 10 {
 		t.Errorf("100 solved joins in a row from one network: hardest puzzle %d bits, want at least 10", most)
+	}
+	// A solution is good on every replica for as long as its puzzle
+	// lasts, so a puzzle asked for before a burst keeps its difficulty:
+	// the rate prices the puzzles asked for during it (helper-51 showed
+	// the price can be dodged by asking early; judging at the join made
+	// one proof good on one replica and refused on another, helper-52).
+	if r, _, _ := powJoin(t, b, program, "asker0", solve(t, early)); r.Status != http.StatusCreated {
+		t.Errorf("a puzzle asked for before the burst, joined on the other replica after it = %d %s, want 201", r.Status, r.Body)
 	}
 
 	// Off again: a join needs nothing.

@@ -3,7 +3,6 @@ package sale
 import (
 	"context"
 	"errors"
-	"time"
 
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
@@ -18,9 +17,7 @@ import (
 // refusals are ErrAdmissionRequired, ErrAdmissionInvalid, ErrAdmissionUsed,
 // ErrAdmissionExpired and ErrUnavailable, with their details.
 type Door interface {
-	// settle's committed is when a replayed answer's request committed
-	// (DoorReplayed; zero otherwise).
-	Admit(ctx context.Context, program, buyer keys.ID, token string, request keys.ID) (settle func(ctx context.Context, o DoorOutcome, committed time.Time), err error)
+	Admit(ctx context.Context, program, buyer keys.ID, token string, request keys.ID) (settle func(context.Context, DoorOutcome), err error)
 	// Queued reports whether program sells through a waiting room.
 	Queued(ctx context.Context, program keys.ID) (bool, error)
 	// Wake tells program's room that stock came back.
@@ -38,10 +35,6 @@ const (
 	// DoorUnknown: it failed in a way a retry may still commit; the
 	// admission stays spent until a retry settles.
 	DoorUnknown
-	// DoorReplayed: it was answered as a request that committed at the
-	// time settle is given; the admission comes back if that was before
-	// the admission was given (the request cannot have used it).
-	DoorReplayed
 )
 
 // throughQueue runs f for a request of a queued program once the door let
@@ -75,14 +68,14 @@ func (s *Service) throughQueue(ctx context.Context, program keys.ID, a Ask, r re
 	}
 	ans := f(ctx)
 	switch {
-	case ans.err == nil && ans.replayed:
-		settle(ctx, DoorReplayed, ans.committedAt())
 	case ans.err == nil:
-		settle(ctx, DoorCommitted, time.Time{})
+		// A replay too: it may be the answer of a request that committed
+		// with this admission and lost its COMMIT's reply (helper-52).
+		settle(ctx, DoorCommitted)
 	case movedNothing(ans.err):
-		settle(ctx, DoorRefused, time.Time{})
+		settle(ctx, DoorRefused)
 	default:
-		settle(ctx, DoorUnknown, time.Time{})
+		settle(ctx, DoorUnknown)
 	}
 	return ans
 }

@@ -39,30 +39,48 @@ func (s *Service) confirm(ctx context.Context, id, buyer keys.ID, r request) ans
 }
 
 // confirmReusedKey answers a confirm whose key the ledger found taken by
-// another request. A hold paid late answers as a late payment under any
-// key does: its order (or its final refusal). Its own payment's retry
-// lands here when another request took the client key between the late
-// order and the key's record, and a 422 ("nothing moved") beside the
-// order had the platform refund it (helper-50). Only a key taken after
-// the hold expired can be that: a key used before is a reuse, 422
-// (helper-52). Anything else is 422.
+// another request. A late payment records its client key after its
+// order, so another request under the same key sent at the same moment
+// can take it in between; the payment is answered its order, and so must
+// its retry be, or the 422 ("nothing moved") had the platform refund an
+// order that stands (helper-50). So a hold paid late answers its order
+// when the key's other request was made after the hold, no earlier than
+// keyRace before its expiry and no later than keyRace after the order;
+// any other reuse, and a late payment refused, is 422 (helper-52,
+// helper-53).
 func (s *Service) confirmReusedKey(ctx context.Context, id, buyer keys.ID, keep int64, r request) answer {
 	h, err := s.ledger.HoldByID(ctx, id)
 	if err != nil || h.Buyer != buyer || h.State != ledger.Expired {
-		return ansKeyReused
-	}
-	if other, err := s.ledger.RequestByKey(ctx, h.SKU.Program, r.scope, r.key); err != nil || other.CreatedAt.Before(h.ExpiresAt) {
 		return ansKeyReused
 	}
 	a, ok, err := s.paidLate(ctx, h)
 	switch {
 	case err != nil:
 		return ansUnavailable // an order may stand: not "nothing moved"
-	case !ok:
+	case !ok || a.err != nil || a.order.ID.IsZero():
 		return ansKeyReused
+	}
+	other, err := s.ledger.RequestByKey(ctx, h.SKU.Program, r.scope, r.key)
+	switch {
+	case err != nil:
+		return ansUnavailable
+	case other.Order != nil && other.Order.ID == a.order.ID:
+		// The key is the late payment's own (recorded beside its order):
+		// this is another body under it, a reuse (TestModelConcurrent).
+		return ansKeyReused
+	case other.CreatedAt.Before(h.CreatedAt) || other.CreatedAt.Before(h.ExpiresAt.Add(-keyRace)) ||
+		other.CreatedAt.After(a.order.CreatedAt.Add(keyRace)):
+		return ansKeyReused // made before the hold, or well before its expiry or after its late order
 	}
 	return s.currentOrder(ctx, s.sameQuantity(ctx, a, keep))
 }
+
+// keyRace bounds how far apart a late payment's order and another
+// request under its client key can be made and still be the race
+// confirmReusedKey answers: the late payment's own steps between the
+// two (an expiry, a return to Redis, a take) on a loaded machine, and the
+// replicas' clocks.
+const keyRace = 5 * time.Second
 
 // confirmEnded answers a confirm the ledger found the hold ended for: a
 // cancelled hold is ErrHoldCancelled; an expired one (or past its expiry)

@@ -24,8 +24,8 @@ import (
 // which the caller looks up.
 //
 // This is the two steps of gobreaker's TwoStepCircuitBreaker: ask, then
-// report. settle's committed is when a Replayed request committed.
-func (s *Rooms) Admit(ctx context.Context, program, buyer keys.ID, token string, request keys.ID) (settle func(context.Context, Outcome, time.Time), err error) {
+// report.
+func (s *Rooms) Admit(ctx context.Context, program, buyer keys.ID, token string, request keys.ID) (settle func(context.Context, Outcome), err error) {
 	c, err := s.config(ctx, program)
 	if errors.Is(err, ErrNoRoom) {
 		return nil, nil
@@ -77,27 +77,5 @@ func (s *Rooms) Admit(ctx context.Context, program, buyer keys.ID, token string,
 		// admission.
 		s.metrics.wait.Observe(max(admittedAt.Sub(later(joined, c.OpensAt)), 0).Seconds())
 	}
-	return func(ctx context.Context, how Outcome, committed time.Time) {
-		if how == Replayed {
-			// A retry of a request that committed before the buyer was
-			// admitted (before the room, or in another room) spent this
-			// admission, which it cannot have used: it comes back
-			// (helper-51). Only this call's own spend, and only by the
-			// commit's time: a replay is also how a request that
-			// committed with it and lost its COMMIT's reply is answered,
-			// whose admission stays spent (helper-52). The margin covers
-			// the replicas' clocks.
-			how = Committed
-			if first && !committed.IsZero() && committed.Before(admittedAt.Add(-replayMargin)) {
-				how = Refused
-			}
-		}
-		s.settleAdmission(ctx, c, buyer, request, how, true)
-	}, nil
+	return func(ctx context.Context, how Outcome) { s.settleAdmission(ctx, c, buyer, request, how, true) }, nil
 }
-
-// replayMargin is how much earlier than its admission a replayed request
-// must have committed for the admission to come back: more than the
-// replicas' clocks differ by, far less than a buyer takes to be admitted
-// and buy.
-const replayMargin = 250 * time.Millisecond

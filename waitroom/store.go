@@ -356,11 +356,6 @@ const (
 	Refused   Outcome = iota // refused having moved nothing: give it back
 	Committed                // it stays spent
 	Unknown                  // a failure: the client retries the request
-	// Replayed: the request was answered as one that committed before.
-	// Admit's settle makes it Refused when it committed before the
-	// admission was given (it cannot have used it: the replay moved
-	// nothing), else Committed. Store.Settle never sees it.
-	Replayed
 )
 
 // Settle ends request's use of buyer's admission. The admission goes back

@@ -52,6 +52,7 @@ func TestLatePaymentWhoseKeyAnotherRequestTookAnswersItsOrder(t *testing.T) {
 		sku, other := systest.NewSKU(t), systest.NewSKU(t)
 		a.PutSKU(t, sku, 10, 1, 4)
 		a.PutSKU(t, other, 10, 1, 4)
+		early := a.MustBuy(t, other, "early", "ann", 1) // a key of ann's, used before the hold
 		var otherAnswer systest.Reply
 		taken.take = func() { otherAnswer = b.Buy(t, other, "pay", "ann", 1) }
 		_, h := a.Hold(t, sku, "h", "ann", 2, 1)
@@ -83,6 +84,14 @@ func TestLatePaymentWhoseKeyAnotherRequestTookAnswersItsOrder(t *testing.T) {
 			if again := e.Act(t, "/v1/holds/"+h.HoldID+"/confirm", "pay", "ann"); again.Status != http.StatusCreated || systest.OrderID(again) != o.OrderID {
 				t.Errorf("the late payment's retry = %d %s, want 201 with order %s", again.Status, again.Body, o.OrderID)
 			}
+		}
+		// A key ann used for another request before is a reuse on the
+		// hold, paid late or not (helper-52, helper-53).
+		if r := a.Act(t, "/v1/holds/"+h.HoldID+"/confirm", "early", "ann"); r.Status != http.StatusUnprocessableEntity {
+			t.Errorf("a confirm of the paid-late hold under the key of an earlier purchase = %d %s, want 422", r.Status, r.Body)
+		}
+		if again := a.Buy(t, other, "early", "ann", 1); systest.OrderID(again) != systest.OrderID(early) {
+			t.Errorf("the earlier purchase's retry = %d %s, want its order", again.Status, again.Body)
 		}
 		// The key is the other request's: its retry replays it.
 		if again := b.Buy(t, other, "pay", "ann", 1); again.Status != http.StatusCreated || systest.OrderID(again) != systest.OrderID(otherAnswer) {

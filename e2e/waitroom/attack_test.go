@@ -1439,34 +1439,6 @@ func TestAttackQueueRetryAfterRoomTurnedOnNotReplayed(t *testing.T) {
 	}
 }
 
-// A retry of a request that committed before the room (or before this
-// admission) is answered as it was, with any token: the admission it
-// brought is not what bought, so it comes back. It was spent by the
-// replay, and the buyer's next purchase with it got 409 admission-used
-// though nothing was bought with it (helper-51).
-func TestRetryOfAnEarlierPurchaseLeavesTheAdmission(t *testing.T) {
-	systest.FullTier(t)
-	t.Parallel() // its own env and programs: it overlaps the others' waits
-	e := systest.Start(t, systest.Options{Driver: "sqlite", Pacer: true})
-	sku := systest.NewSKU(t)
-	e.PutSKU(t, sku, 5, 1, 1)
-	if r := e.Buy(t, sku, "ann-0", "ann", 1); r.Status != http.StatusCreated {
-		t.Fatalf("ann buys before the room = %d %s", r.Status, r.Body)
-	}
-	bought := time.Now()
-	// The margin is under test: an order made well before the admission
-	// can't have used it.
-	systest.WaitFor(t, time.Minute, "the order older than the replay margin", func() bool { return time.Since(bought) > time.Second })
-	putQueue(t, e, sku.Program, qaRoom(0, 100, 60, "5"))
-	q := admitted(t, e, sku.Program, "ann")
-	if r := buyWith(t, e, sku, "ann-0", "ann", 1, q.Admission); r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "true" {
-		t.Fatalf("the retry of ann's first order, with her new admission = %d %s", r.Status, r.Body)
-	}
-	if r := buyWith(t, e, sku, "ann-1", "ann", 1, q.Admission); r.Status != http.StatusCreated {
-		t.Errorf("ann buys with the admission a replay came with = %d %s, want 201", r.Status, r.Body)
-	}
-}
-
 // Behind a waiting room an expired hold's ticket goes back to the line,
 // which admits the next buyer for it. A late payment took it past the
 // line (late payments skip the door), and that admitted buyer met sold
@@ -1519,8 +1491,9 @@ func (l replyLost) Commit(ctx context.Context, takes []ledger.Take, direct bool)
 
 // A purchase that committed with its admission and lost its COMMIT's
 // reply is answered from its row, as a replay: its admission stays spent.
-// The first version of the fix above gave it back (the call had spent it
-// first), and one token bought twice (helper-52).
+// A replay that gave back an admission its call had spent first (meant
+// for a retry of a purchase made before the room) let one token buy
+// twice (helper-52).
 func TestLostReplyOfAnAdmittedPurchaseKeepsTheAdmissionSpent(t *testing.T) {
 	systest.FullTier(t)
 	t.Parallel() // its own env and programs: it overlaps the others' waits

@@ -280,10 +280,18 @@ func TestFaultScriptFlush(t *testing.T) {
 	ctx := context.Background()
 	s := systest.StartSale(t, []*systest.Env{e}, sku, total, 32)
 	flushes := 0
-	for {
+	// Bounded: a unit the gate took and never gave back would leave the
+	// ledger short of total with every buyer told sold out, and the loop
+	// would otherwise spin until the package's timeout with no word.
+	for deadline := time.Now().Add(3 * time.Minute); ; {
 		st, _ := e.Ledger.SKU(ctx, sku)
 		if st.Sold >= total {
 			break
+		}
+		if time.Now().After(deadline) {
+			left, seeded, err := e.Gate.Remaining(ctx, sku, st.Shards)
+			t.Fatalf("ledger sold %d of %d after 3m of SCRIPT FLUSH (%d rounds); redis remaining %d (seeded %v, err %v); answers %v",
+				st.Sold, total, flushes, left, seeded, err, s.Counts())
 		}
 		for _, n := range c.Nodes {
 			cl := n.Client()

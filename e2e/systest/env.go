@@ -163,7 +163,10 @@ func Start(t *testing.T, o Options) *Env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Env{URL: hs.URL, Client: &http.Client{Transport: tr}, Sale: a.Sale, Server: a.Server, Ledger: a.Ledger,
+	// The client's timeout is a hang's guard, not a bound under test: a
+	// request the gateway never answers fails the test that sent it, by
+	// name, instead of the whole package at go test's timeout.
+	return &Env{URL: hs.URL, Client: &http.Client{Transport: tr, Timeout: 3 * time.Minute}, Sale: a.Sale, Server: a.Server, Ledger: a.Ledger,
 		Gate: gate, Seats: seatStore, Redis: probe, Guarded: a.Redis, Registry: a.Registry,
 		Kill: func() { hs.CloseClientConnections(); hs.Close(); a.Close() }, drift: o.Drift}
 }

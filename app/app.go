@@ -398,7 +398,7 @@ func validName(s string) bool {
 // of each other, and their words meet here.
 type door struct{ r *waitroom.Rooms }
 
-func (d door) Admit(ctx context.Context, program, buyer keys.ID, token string, request keys.ID) (func(context.Context, sale.DoorOutcome), error) {
+func (d door) Admit(ctx context.Context, program, buyer keys.ID, token string, request keys.ID) (func(context.Context, sale.DoorOutcome, time.Time), error) {
 	settle, err := d.r.Admit(ctx, program, buyer, token, request)
 	if err != nil {
 		return nil, doorError(err)
@@ -406,15 +406,17 @@ func (d door) Admit(ctx context.Context, program, buyer keys.ID, token string, r
 	if settle == nil {
 		return nil, nil
 	}
-	return func(ctx context.Context, o sale.DoorOutcome) {
+	return func(ctx context.Context, o sale.DoorOutcome, committedAt time.Time) {
 		how := waitroom.Unknown
 		switch o {
 		case sale.DoorCommitted:
 			how = waitroom.Committed
 		case sale.DoorRefused:
 			how = waitroom.Refused
+		case sale.DoorReplayed:
+			how = waitroom.Replayed
 		}
-		settle(ctx, how)
+		settle(ctx, how, committedAt)
 	}, nil
 }
 

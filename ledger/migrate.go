@@ -63,16 +63,18 @@ var thisBuild = schemaSteps{
 		{version: 7, name: "proof of work", up: (*Ledger).powUp, down: (*Ledger).powDown},
 		{version: 8, name: "room sold-out share", up: (*Ledger).soldOutShareUp, down: (*Ledger).soldOutShareDown},
 		{version: 9, name: "event trace context", up: (*Ledger).eventTraceUp, down: (*Ledger).eventTraceDown},
+		{version: 10, name: "admission spend time", up: (*Ledger).spendTimeUp, down: (*Ledger).spendTimeDown},
 	},
 	// Resale's tables are read by every refund and transfer, the channels'
 	// by the report, an order's units (step 6) by every order read, resale
 	// settle and refund, a room's proof of work (step 7) and sold-out share
 	// (step 8) by every read of a waiting room, an event's trace context
-	// (step 9) by every event written: this build needs step 9.
+	// (step 9) by every event written, an admission spend's time (step 10)
+	// by every spend: this build needs step 10.
 	// The chart's
 	// pre-install/pre-upgrade Job (or serve with migrate on) runs them
 	// before this build serves; see docs/RUNBOOK.md.
-	minimum: 9,
+	minimum: 10,
 }
 
 func (s schemaSteps) latest() int64 { return s.steps[len(s.steps)-1].version }
@@ -467,6 +469,19 @@ func (l *Ledger) soldOutShareUp(ctx context.Context, tx *sql.Tx) error {
 
 func (l *Ledger) soldOutShareDown(ctx context.Context, tx *sql.Tx) error {
 	_, err := tx.ExecContext(ctx, `ALTER TABLE queues DROP COLUMN sold_out_share`)
+	return err
+}
+
+// spendTimeUp adds when an admission was spent (Unix ms): a retry of a
+// request that committed before it gives it back (waitroom's door).
+// Spends recorded before have 0, and such a retry keeps them spent, as
+// builds before did (an expand step: older builds never read it).
+func (l *Ledger) spendTimeUp(ctx context.Context, tx *sql.Tx) error {
+	return l.addColumn(ctx, tx, "queue_spends", "spent_at", "BIGINT NOT NULL DEFAULT 0")
+}
+
+func (l *Ledger) spendTimeDown(ctx context.Context, tx *sql.Tx) error {
+	_, err := tx.ExecContext(ctx, `ALTER TABLE queue_spends DROP COLUMN spent_at`)
 	return err
 }
 

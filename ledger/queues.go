@@ -209,20 +209,25 @@ type Spend struct {
 }
 
 // SpendAdmission records that request spent buyer's admission of a room,
-// unless another request did: it returns the request that holds it.
-func (l *Ledger) SpendAdmission(ctx context.Context, program, room keys.ID, sp Spend) (keys.ID, error) {
+// unless another request did: it returns the request that holds it and
+// when that spend was recorded (zero for spends recorded before schema
+// step 10). A retry of a request that committed well before that time did
+// not buy with the admission (it bought before the room, or in an earlier
+// one); one that committed after it may have.
+func (l *Ledger) SpendAdmission(ctx context.Context, program, room keys.ID, sp Spend) (keys.ID, time.Time, error) {
 	var holder string
-	err := l.db.QueryRowContext(ctx, `INSERT INTO queue_spends (program, room, buyer, position, request) VALUES ($1, $2, $3, $4, $5)
+	var at int64
+	err := l.db.QueryRowContext(ctx, `INSERT INTO queue_spends (program, room, buyer, position, request, spent_at) VALUES ($1, $2, $3, $4, $5, $6)
 		ON CONFLICT (program, room, buyer) DO UPDATE SET request = queue_spends.request
-		RETURNING request`, program, room, sp.Buyer, sp.Position, sp.Request).Scan(&holder)
+		RETURNING request, spent_at`, program, room, sp.Buyer, sp.Position, sp.Request, l.now().UnixMilli()).Scan(&holder, &at)
 	if err != nil {
-		return keys.ID{}, fmt.Errorf("ledger: spend admission: %w", err)
+		return keys.ID{}, time.Time{}, fmt.Errorf("ledger: spend admission: %w", err)
 	}
 	id, err := keys.ParseID(holder)
 	if err != nil {
-		return keys.ID{}, fmt.Errorf("ledger: spend admission: %w", err)
+		return keys.ID{}, time.Time{}, fmt.Errorf("ledger: spend admission: %w", err)
 	}
-	return id, nil
+	return id, fromMS(at), nil
 }
 
 // ReleaseAdmission gives buyer's admission back, if request holds it.

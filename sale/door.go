@@ -3,6 +3,7 @@ package sale
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
@@ -17,7 +18,7 @@ import (
 // refusals are ErrAdmissionRequired, ErrAdmissionInvalid, ErrAdmissionUsed,
 // ErrAdmissionExpired and ErrUnavailable, with their details.
 type Door interface {
-	Admit(ctx context.Context, program, buyer keys.ID, token string, request keys.ID) (settle func(context.Context, DoorOutcome), err error)
+	Admit(ctx context.Context, program, buyer keys.ID, token string, request keys.ID) (settle func(ctx context.Context, how DoorOutcome, committedAt time.Time), err error)
 	// Queued reports whether program sells through a waiting room.
 	Queued(ctx context.Context, program keys.ID) (bool, error)
 	// Wake tells program's room that stock came back.
@@ -35,6 +36,9 @@ const (
 	// DoorUnknown: it failed in a way a retry may still commit; the
 	// admission stays spent until a retry settles.
 	DoorUnknown
+	// DoorReplayed: it had committed, at the committedAt settle is given;
+	// the door gives the admission back if that was before it was spent.
+	DoorReplayed
 )
 
 // throughQueue runs f for a request of a queued program once the door let
@@ -68,14 +72,18 @@ func (s *Service) throughQueue(ctx context.Context, program keys.ID, a Ask, r re
 	}
 	ans := f(ctx)
 	switch {
+	case ans.err == nil && ans.replayed:
+		// A request made before the room gives back the admission its
+		// retry brought (helper-51); one that bought with it and lost its
+		// COMMIT's reply, answered from its row too, keeps it spent
+		// (helper-52): the door tells them apart by when it committed.
+		settle(ctx, DoorReplayed, ans.committedAt())
 	case ans.err == nil:
-		// A replay too: it may be the answer of a request that committed
-		// with this admission and lost its COMMIT's reply (helper-52).
-		settle(ctx, DoorCommitted)
+		settle(ctx, DoorCommitted, time.Time{})
 	case movedNothing(ans.err):
-		settle(ctx, DoorRefused)
+		settle(ctx, DoorRefused, time.Time{})
 	default:
-		settle(ctx, DoorUnknown)
+		settle(ctx, DoorUnknown, time.Time{})
 	}
 	return ans
 }

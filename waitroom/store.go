@@ -356,6 +356,14 @@ const (
 	Refused   Outcome = iota // refused having moved nothing: give it back
 	Committed                // it stays spent
 	Unknown                  // a failure: the client retries the request
+	// Replayed: the request had committed before (a retry); Rooms.Admit's
+	// settle tells which of the two below it is. Settle takes it as
+	// Committed.
+	Replayed
+	// replayedBefore: a replay of a request that committed before this
+	// admission was spent. Settle takes it as Refused; with the line lost
+	// from Redis it stays spent (see settleAdmission).
+	replayedBefore
 )
 
 // Settle ends request's use of buyer's admission. The admission goes back
@@ -364,7 +372,14 @@ const (
 // was lost since): the ledger's record decides.
 func (s *Store) Settle(ctx context.Context, program, buyer, request keys.ID, how Outcome) (bool, error) {
 	k := keys.Queue(program)
-	v, err := s.settle.Run(ctx, s.rdb, []string{k.Spent(), k.Claims(), k.Flights(), k.Pending()}, buyer.String(), request.String(), int(how)).Int64Slice()
+	script := how
+	switch how {
+	case Replayed:
+		script = Committed
+	case replayedBefore:
+		script = Refused
+	}
+	v, err := s.settle.Run(ctx, s.rdb, []string{k.Spent(), k.Claims(), k.Flights(), k.Pending()}, buyer.String(), request.String(), int(script)).Int64Slice()
 	switch {
 	case err != nil:
 		return false, fmt.Errorf("waitroom: settle: %w", err)

@@ -25,6 +25,7 @@ import (
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/stock"
+	"github.com/stockgate/stockgate/waitroom"
 )
 
 // qaRoom is a waiting room's PUT body.
@@ -1513,4 +1514,54 @@ func TestLostReplyOfAnAdmittedPurchaseKeepsTheAdmissionSpent(t *testing.T) {
 	if st := e.State(t, sku); st.Sold != 1 {
 		t.Errorf("sold %d with one admission, want 1", st.Sold)
 	}
+}
+
+// A purchase made before the room was turned on, retried with the
+// admission its buyer got from the line since, is answered its order and
+// gives the admission back: it did not buy with it, so the buyer's next
+// purchase may (helper-51). Retried again on the other replica, it is
+// still answered and still spends nothing; the next purchase spends the
+// admission for good.
+func TestRetryOfAPurchaseFromBeforeTheRoomGivesItsTokenBack(t *testing.T) {
+	systest.FullTier(t)
+	t.Parallel() // its own env and programs: it overlaps the others' waits
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		dsn := systest.LedgerDSN(t, driver)
+		a := systest.Start(t, systest.Options{Driver: driver, DSN: dsn, Pacer: true})
+		b := systest.Start(t, systest.Options{Driver: driver, DSN: dsn})
+		sku := systest.NewSKU(t)
+		a.PutSKU(t, sku, 5, 1, 2)
+		early := buyWith(t, a, sku, "ann-early", "ann", 1, "")
+		if early.Status != http.StatusCreated {
+			t.Fatalf("ann's purchase before the room = %d %s", early.Status, early.Body)
+		}
+		var order struct {
+			CreatedAt time.Time `json:"created_at"`
+		}
+		if err := json.Unmarshal(early.Body, &order); err != nil || order.CreatedAt.IsZero() {
+			t.Fatalf("the early order's created_at: %v in %s", err, early.Body)
+		}
+		putQueue(t, a, sku.Program, qaRoom(0, 100, 60, "5"))
+		q := admitted(t, a, sku.Program, "ann")
+		// The door gives an admission back to a replay only of a request
+		// that committed a margin before the spend (clocks of replicas
+		// differ): a buyer who bought before the room and retries within
+		// it keeps the admission spent, the safe side.
+		time.Sleep(time.Until(order.CreatedAt.Add(waitroom.ReplayMargin + 100*time.Millisecond))) // time under test: the retry comes past the margin
+		for n, e := range []*systest.Env{a, b} {
+			r := buyWith(t, e, sku, "ann-early", "ann", 1, q.Admission)
+			if r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "true" || systest.ReplyID(r) != systest.ReplyID(early) {
+				t.Fatalf("replica %d: the early purchase retried with the admission = %d %s, want 201 replaying %s", n, r.Status, r.Body, systest.ReplyID(early))
+			}
+		}
+		if r := buyWith(t, b, sku, "ann-now", "ann", 2, q.Admission); r.Status != http.StatusCreated {
+			t.Fatalf("ann's purchase with the admission the retries brought = %d %s, want 201", r.Status, r.Body)
+		}
+		if r := buyWith(t, a, sku, "ann-again", "ann", 1, q.Admission); r.Status != http.StatusConflict || systest.ProblemKind(r) != "admission-used" {
+			t.Errorf("a third purchase with the admission = %d %s, want 409 admission-used", r.Status, r.Body)
+		}
+		if st := a.State(t, sku); st.Sold != 3 {
+			t.Errorf("sold %d, want 3 (1 before the room, 2 with the admission)", st.Sold)
+		}
+	})
 }

@@ -125,6 +125,20 @@ func TestHoldConfirmCancelExpire(t *testing.T) {
 		if err != nil || len(pend) != 2 {
 			t.Fatalf("pending restores = %+v, %v; want the cancelled and the expired hold", pend, err)
 		}
+		// One at a time, each is listed by some sweep: a restore that keeps
+		// failing does not hide the other (a random pick; the chance that
+		// 64 picks miss one is 2^-63).
+		seen := map[keys.ID]bool{}
+		for range 64 {
+			one, err := l.PendingRestores(ctx, 0, 1)
+			if err != nil || len(one) != 1 {
+				t.Fatalf("one pending restore = %+v, %v", one, err)
+			}
+			seen[one[0].ID] = true
+		}
+		if len(seen) != 2 {
+			t.Errorf("64 sweeps of one restore listed %v, want both holds", seen)
+		}
 		for _, p := range pend {
 			if err := l.RestoreDone(ctx, p.Kind, p.ID); err != nil {
 				t.Fatal(err)

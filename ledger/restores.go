@@ -39,12 +39,14 @@ type Restore struct {
 
 // PendingRestores lists up to limit restores whose ledger side ended at
 // least olderThan ago: work a sweeper left unfinished when it died, or
-// found too early (Redis not yet at the return's epoch).
+// found too early (Redis not yet at the return's epoch). A random sample
+// when there are more: restores that keep failing (their Redis master
+// down) must not hide the others from every sweep (helper-55).
 func (l *Ledger) PendingRestores(ctx context.Context, olderThan time.Duration, limit int) ([]Restore, error) {
 	before := l.now().Add(-olderThan).UnixMilli()
-	rows, err := l.queryRepeated(ctx, `
-		SELECT 'hold', id, program, ticket, buyer, idem_key, gate, `+holdOwedUnits+`, restore_epoch, restore_shards, `+holdOwedCode+`,
-			restore_pending
+	rows, err := l.queryRepeated(ctx, `SELECT * FROM (
+		SELECT 'hold' AS kind, id, program, ticket, buyer, idem_key, gate, `+holdOwedUnits+` AS units, restore_epoch, restore_shards,
+			`+holdOwedCode+` AS code, restore_pending
 		FROM holds WHERE restore_pending > 0 AND ended_at <= $1
 		UNION ALL
 		SELECT 'order', id, program, ticket, buyer, CASE WHEN gate_key = '' THEN idem_key ELSE gate_key END, gate,
@@ -52,7 +54,7 @@ func (l *Ledger) PendingRestores(ctx context.Context, olderThan time.Duration, l
 		FROM orders WHERE restore_pending > 0 AND refunded_at <= $1
 		UNION ALL
 		SELECT 'listing', `+listingOwed+` FROM listings WHERE restore_pending > 0 AND created_at <= $1
-		LIMIT $2`, before, limit)
+		) pending ORDER BY random() LIMIT $2`, before, limit)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: pending restores: %w", err)
 	}

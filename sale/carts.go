@@ -185,6 +185,9 @@ func (s *Service) confirmCart(ctx context.Context, id, buyer keys.ID, r request)
 		}
 		return answer{cart: &c}
 	case errors.Is(err, ledger.ErrDuplicate):
+		for _, o := range c.Orders { // as confirm's replay
+			s.holdEnded(ctx, o.SKU.Program, o.Buyer, o.GateRequest())
+		}
 		return answer{cart: &c, replayed: true}
 	case errors.Is(err, ledger.ErrHoldEnded):
 		for _, h := range c.Holds {
@@ -207,6 +210,7 @@ func (s *Service) cancelCart(ctx context.Context, id, buyer keys.ID, r request) 
 		// lost): what it owes Redis goes back now, not at a sweep.
 		for _, h := range c.Holds {
 			s.returnOwed(ctx, "hold", h.ID)
+			s.holdEnded(ctx, h.SKU.Program, h.Buyer, h.IdempotencyKey)
 		}
 		return answer{cart: &c, replayed: true}
 	case errors.Is(err, ledger.ErrHoldConfirmed):

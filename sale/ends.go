@@ -29,6 +29,11 @@ func (s *Service) confirm(ctx context.Context, id, buyer keys.ID, r request) ans
 		s.holdEnded(ctx, o.SKU.Program, o.Buyer, o.GateRequest())
 		return answer{order: o}
 	case errors.Is(err, ledger.ErrDuplicate):
+		// The first answer may never have been given (a batch whose
+		// COMMIT's outcome was unknown, decided again alone): its hold's
+		// budget count ends now, not at its expiry (helper-55). Ending an
+		// ended entry changes nothing.
+		s.holdEnded(ctx, o.SKU.Program, o.Buyer, o.GateRequest())
 		return answer{order: o, replayed: true}
 	case errors.Is(err, ledger.ErrHoldEnded):
 		return s.confirmEnded(ctx, id, buyer, 0, r, 1)
@@ -159,8 +164,10 @@ func (s *Service) confirmKeep(ctx context.Context, id, buyer keys.ID, keep int64
 		return answer{order: o}
 	case errors.Is(err, ledger.ErrDuplicate):
 		// The first answer may never have been given (its COMMIT reply
-		// lost): the rest it owes Redis is returned now, not at a sweep.
+		// lost): the rest it owes Redis is returned now, not at a sweep,
+		// and its budget count ends (as confirm's replay).
 		s.returnOwed(ctx, "hold", id)
+		s.holdEnded(ctx, o.SKU.Program, o.Buyer, o.GateRequest())
 		return answer{order: o, replayed: true}
 	case errors.Is(err, stock.ErrInvalid):
 		return fail(refuse(ErrInvalid, "quantity is more than the hold has"))
@@ -247,6 +254,7 @@ func (s *Service) cancel(ctx context.Context, id, buyer keys.ID, r request) answ
 	switch {
 	case errors.Is(err, ledger.ErrDuplicate):
 		s.returnOwed(ctx, "hold", h.ID) // as confirmKeep's replay
+		s.holdEnded(ctx, h.SKU.Program, h.Buyer, h.IdempotencyKey)
 		return answer{hold: &h, replayed: true}
 	case errors.Is(err, ledger.ErrHoldConfirmed):
 		return ansHoldConfirmed

@@ -398,15 +398,15 @@ func validName(s string) bool {
 // of each other, and their words meet here.
 type door struct{ r *waitroom.Rooms }
 
-func (d door) Admit(ctx context.Context, program, buyer keys.ID, token string, request keys.ID) (func(context.Context, sale.DoorOutcome, time.Time), error) {
-	settle, err := d.r.Admit(ctx, program, buyer, token, request)
+func (d door) Admit(ctx context.Context, program, buyer keys.ID, token string, request, key keys.ID) (func(context.Context, sale.DoorOutcome), error) {
+	settle, err := d.r.Admit(ctx, program, buyer, token, request, key)
 	if err != nil {
 		return nil, doorError(err)
 	}
 	if settle == nil {
 		return nil, nil
 	}
-	return func(ctx context.Context, o sale.DoorOutcome, committedAt time.Time) {
+	return func(ctx context.Context, o sale.DoorOutcome) {
 		how := waitroom.Unknown
 		switch o {
 		case sale.DoorCommitted:
@@ -416,7 +416,7 @@ func (d door) Admit(ctx context.Context, program, buyer keys.ID, token string, r
 		case sale.DoorReplayed:
 			how = waitroom.Replayed
 		}
-		settle(ctx, how, committedAt)
+		settle(ctx, how)
 	}, nil
 }
 

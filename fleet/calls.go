@@ -586,16 +586,16 @@ func (f *Fleet) SetEarlyGap(ctx context.Context, program, room keys.ID, perm, hi
 	})
 }
 
-func (f *Fleet) SpendAdmission(ctx context.Context, program, room keys.ID, sp ledger.Spend) (keys.ID, time.Time, error) {
+func (f *Fleet) SpendAdmission(ctx context.Context, program, room keys.ID, sp ledger.Spend) (keys.ID, bool, error) {
 	type spent struct {
 		holder keys.ID
-		at     time.Time
+		before bool
 	}
 	s, err := writeProgram(ctx, f, program, false, func(l *ledger.Ledger) (spent, error) {
-		holder, at, err := l.SpendAdmission(ctx, program, room, sp)
-		return spent{holder, at}, err
+		holder, before, err := l.SpendAdmission(ctx, program, room, sp)
+		return spent{holder, before}, err
 	})
-	return s.holder, s.at, err
+	return s.holder, s.before, err
 }
 
 func (f *Fleet) ReleaseAdmission(ctx context.Context, program, room, buyer, request keys.ID) error {

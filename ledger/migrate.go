@@ -63,14 +63,15 @@ var thisBuild = schemaSteps{
 		{version: 7, name: "proof of work", up: (*Ledger).powUp, down: (*Ledger).powDown},
 		{version: 8, name: "room sold-out share", up: (*Ledger).soldOutShareUp, down: (*Ledger).soldOutShareDown},
 		{version: 9, name: "event trace context", up: (*Ledger).eventTraceUp, down: (*Ledger).eventTraceDown},
-		{version: 10, name: "admission spend time", up: (*Ledger).spendTimeUp, down: (*Ledger).spendTimeDown},
+		{version: 10, name: "admission spends of committed requests", up: (*Ledger).spendBeforeUp, down: (*Ledger).spendBeforeDown},
 	},
 	// Resale's tables are read by every refund and transfer, the channels'
 	// by the report, an order's units (step 6) by every order read, resale
 	// settle and refund, a room's proof of work (step 7) and sold-out share
 	// (step 8) by every read of a waiting room, an event's trace context
-	// (step 9) by every event written, an admission spend's time (step 10)
-	// by every spend: this build needs step 10.
+	// (step 9) by every event written, an admission spend's mark of a
+	// request committed before it (step 10) by every spend: this build
+	// needs step 10.
 	// The chart's
 	// pre-install/pre-upgrade Job (or serve with migrate on) runs them
 	// before this build serves; see docs/RUNBOOK.md.
@@ -472,16 +473,17 @@ func (l *Ledger) soldOutShareDown(ctx context.Context, tx *sql.Tx) error {
 	return err
 }
 
-// spendTimeUp adds when an admission was spent (Unix ms): a retry of a
-// request that committed before it gives it back (waitroom's door).
-// Spends recorded before have 0, and such a retry keeps them spent, as
-// builds before did (an expand step: older builds never read it).
-func (l *Ledger) spendTimeUp(ctx context.Context, tx *sql.Tx) error {
-	return l.addColumn(ctx, tx, "queue_spends", "spent_at", "BIGINT NOT NULL DEFAULT 0")
+// spendBeforeUp adds whether an admission's spend was recorded for a
+// request that had committed already (1): its retry replays it and gives
+// the admission back (waitroom's door). Spends recorded before have 0
+// and stay spent on such a retry, as builds before did (an expand step:
+// older builds never read it).
+func (l *Ledger) spendBeforeUp(ctx context.Context, tx *sql.Tx) error {
+	return l.addColumn(ctx, tx, "queue_spends", "request_before", "BIGINT NOT NULL DEFAULT 0")
 }
 
-func (l *Ledger) spendTimeDown(ctx context.Context, tx *sql.Tx) error {
-	_, err := tx.ExecContext(ctx, `ALTER TABLE queue_spends DROP COLUMN spent_at`)
+func (l *Ledger) spendBeforeDown(ctx context.Context, tx *sql.Tx) error {
+	_, err := tx.ExecContext(ctx, `ALTER TABLE queue_spends DROP COLUMN request_before`)
 	return err
 }
 

@@ -201,33 +201,38 @@ func (l *Ledger) SetEarlyGap(ctx context.Context, program, room keys.ID, perm, h
 	return l.RoomLine(ctx, program, room)
 }
 
-// Spend is an admission spent: buyer's, admitted at Position, by Request.
+// Spend is an admission spent: buyer's, admitted at Position, by Request
+// (whose Idempotency-Key, in the buyer's scope, is Key).
 type Spend struct {
 	Buyer    keys.ID
 	Position int64
 	Request  keys.ID
+	Key      keys.ID
 }
 
 // SpendAdmission records that request spent buyer's admission of a room,
-// unless another request did: it returns the request that holds it and
-// when that spend was recorded (zero for spends recorded before schema
-// step 10). A retry of a request that committed well before that time did
-// not buy with the admission (it bought before the room, or in an earlier
-// one); one that committed after it may have.
-func (l *Ledger) SpendAdmission(ctx context.Context, program, room keys.ID, sp Spend) (keys.ID, time.Time, error) {
+// unless another request did: it returns the request that holds it, and
+// whether the holder's key had a committed request when the spend was
+// recorded (before). A request commits after its spend is recorded, so a
+// request that bought with the admission never has before set: a retry
+// of one that has committed before the admission (before the room, or in
+// an earlier one). A request still committing when the spend is recorded
+// reads as not before, the safe side (its admission stays spent).
+func (l *Ledger) SpendAdmission(ctx context.Context, program, room keys.ID, sp Spend) (keys.ID, bool, error) {
 	var holder string
-	var at int64
-	err := l.db.QueryRowContext(ctx, `INSERT INTO queue_spends (program, room, buyer, position, request, spent_at) VALUES ($1, $2, $3, $4, $5, $6)
+	var before int64
+	err := l.db.QueryRowContext(ctx, `INSERT INTO queue_spends (program, room, buyer, position, request, request_before)
+		VALUES ($1, $2, $3, $4, $5, CASE WHEN EXISTS (SELECT 1 FROM requests WHERE scope = $3 AND idem_key = $6) THEN 1 ELSE 0 END)
 		ON CONFLICT (program, room, buyer) DO UPDATE SET request = queue_spends.request
-		RETURNING request, spent_at`, program, room, sp.Buyer, sp.Position, sp.Request, l.now().UnixMilli()).Scan(&holder, &at)
+		RETURNING request, request_before`, program, room, sp.Buyer, sp.Position, sp.Request, sp.Key).Scan(&holder, &before)
 	if err != nil {
-		return keys.ID{}, time.Time{}, fmt.Errorf("ledger: spend admission: %w", err)
+		return keys.ID{}, false, fmt.Errorf("ledger: spend admission: %w", err)
 	}
 	id, err := keys.ParseID(holder)
 	if err != nil {
-		return keys.ID{}, time.Time{}, fmt.Errorf("ledger: spend admission: %w", err)
+		return keys.ID{}, false, fmt.Errorf("ledger: spend admission: %w", err)
 	}
-	return id, fromMS(at), nil
+	return id, before == 1, nil
 }
 
 // ReleaseAdmission gives buyer's admission back, if request holds it.

@@ -16,7 +16,8 @@
 --
 -- Returns {code, used or tag}:
 --   take    1 counted (used: the new total), 2 counted before (a retry;
---           nothing changed), 0 over the budget (nothing changed)
+--           nothing changed; a third element: the device tag it was
+--           counted under), 0 over the budget (nothing changed)
 --   end     1 ended (tag: the device tag to end it under too), -3 no entry
 --   extend  1 moved (tag as for end), -3 no entry
 --  -2  bad argument
@@ -53,7 +54,9 @@ if op == 'take' then
   local exp = int(ARGV[6], 0, 1e15)
   local tag = ARGV[7]
   if not q or not budget or not exp or type(tag) ~= 'string' or #tag > 64 then return {-2, 0} end
-  if redis.call('HEXISTS', KEYS[2], 'u:' .. entry) == 1 then return {2, used} end
+  if redis.call('HEXISTS', KEYS[2], 'u:' .. entry) == 1 then
+    return {2, used, redis.call('HGET', KEYS[2], 'd:' .. entry) or ''}
+  end
   if budget > 0 and used + q > budget then return {0, used} end
   used = used + q
   redis.call('HSET', KEYS[2], 'used', used, 'u:' .. entry, q, 'd:' .. entry, tag)

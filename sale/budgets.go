@@ -88,8 +88,9 @@ func (t *take) takeBudgets(ctx context.Context) (answer, bool) {
 	counting:
 		for _, c := range counts {
 			var fresh bool
+			var under string
 			err := s.redis(ctx, "gate.hold_budget", func(ctx context.Context) (err error) {
-				fresh, err = s.gate.TakeBudget(ctx, c.b, entry, ln.w.q, c.budget, expires, c.tag)
+				fresh, under, err = s.gate.TakeBudget(ctx, c.b, entry, ln.w.q, c.budget, expires, c.tag)
 				return err
 			})
 			switch {
@@ -120,12 +121,19 @@ func (t *take) takeBudgets(ctx context.Context) (answer, bool) {
 				t.budgets = append(t.budgets, budgetEntry{c.b, entry})
 			case fresh:
 				t.budgets = append(t.budgets, budgetEntry{c.b, entry})
-			default:
-				// The buyer's count of this hold was made before (a retry,
-				// or a copy on another replica), with the device it was
-				// made under: a retry naming another device counts nothing
-				// under it, as its end would not end it.
+			case under != c.tag:
+				// The buyer's count of this hold was made before (a
+				// retry) under another device: nothing is counted under
+				// this one, as the hold's end would not end it.
 				break counting
+			default:
+				// Made before under this device too (a retry, or a copy
+				// on another replica): the device is counted still (the
+				// same entry; made before too, or given back with this
+				// take's others if it fails). A copy that stopped here
+				// held uncounted when the other copy, refused by the
+				// device's budget, gave the buyer's count back
+				// (helper-57).
 			}
 		}
 	}

@@ -3,7 +3,6 @@ package sale
 import (
 	"context"
 	"errors"
-	"time"
 
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
@@ -18,7 +17,7 @@ import (
 // refusals are ErrAdmissionRequired, ErrAdmissionInvalid, ErrAdmissionUsed,
 // ErrAdmissionExpired and ErrUnavailable, with their details.
 type Door interface {
-	Admit(ctx context.Context, program, buyer keys.ID, token string, request keys.ID) (settle func(ctx context.Context, how DoorOutcome, committedAt time.Time), err error)
+	Admit(ctx context.Context, program, buyer keys.ID, token string, request, key keys.ID) (settle func(ctx context.Context, how DoorOutcome), err error)
 	// Queued reports whether program sells through a waiting room.
 	Queued(ctx context.Context, program keys.ID) (bool, error)
 	// Wake tells program's room that stock came back.
@@ -36,8 +35,8 @@ const (
 	// DoorUnknown: it failed in a way a retry may still commit; the
 	// admission stays spent until a retry settles.
 	DoorUnknown
-	// DoorReplayed: it had committed, at the committedAt settle is given;
-	// the door gives the admission back if that was before it was spent.
+	// DoorReplayed: it had committed (a retry); the door gives the
+	// admission back if it had committed before the admission was spent.
 	DoorReplayed
 )
 
@@ -53,7 +52,7 @@ func (s *Service) throughQueue(ctx context.Context, program keys.ID, a Ask, r re
 	if s.opts.Door == nil {
 		return f(ctx)
 	}
-	settle, err := s.opts.Door.Admit(ctx, program, a.Buyer, a.Admission, r.gateID())
+	settle, err := s.opts.Door.Admit(ctx, program, a.Buyer, a.Admission, r.gateID(), r.key)
 	switch {
 	case errors.Is(err, ErrUnavailable):
 		return fail(err)
@@ -76,14 +75,15 @@ func (s *Service) throughQueue(ctx context.Context, program keys.ID, a Ask, r re
 		// A request made before the room gives back the admission its
 		// retry brought (helper-51); one that bought with it and lost its
 		// COMMIT's reply, answered from its row too, keeps it spent
-		// (helper-52): the door tells them apart by when it committed.
-		settle(ctx, DoorReplayed, ans.committedAt())
+		// (helper-52): the door tells them apart by whether its key had
+		// committed when the spend was recorded.
+		settle(ctx, DoorReplayed)
 	case ans.err == nil:
-		settle(ctx, DoorCommitted, time.Time{})
+		settle(ctx, DoorCommitted)
 	case movedNothing(ans.err):
-		settle(ctx, DoorRefused, time.Time{})
+		settle(ctx, DoorRefused)
 	default:
-		settle(ctx, DoorUnknown, time.Time{})
+		settle(ctx, DoorUnknown)
 	}
 	return ans
 }

@@ -27,18 +27,6 @@ type answer struct {
 
 func fail(err error) answer { return answer{err: err} }
 
-// committedAt is when what a answers was made, by the ledger's clock at
-// its commit (zero: not known).
-func (a answer) committedAt() time.Time {
-	switch {
-	case a.hold != nil:
-		return a.hold.CreatedAt
-	case a.cart != nil:
-		return a.cart.CreatedAt
-	}
-	return a.order.CreatedAt
-}
-
 // program is the program of what a answers (zero: none).
 func (a answer) program() keys.ID {
 	switch {

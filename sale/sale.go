@@ -44,7 +44,7 @@ type Gate interface {
 	Fence(ctx context.Context, sku stock.SKU, n int, closed bool) error
 	TakeQuota(ctx context.Context, sku stock.SKU, buyer, requestID, keyID keys.ID, q, limit int64) (bool, error)
 	ReleaseQuota(ctx context.Context, sku stock.SKU, buyer, requestID, keyID keys.ID) error
-	TakeBudget(ctx context.Context, b shard.Budget, entry keys.ID, q, budget int64, expires time.Time, device string) (bool, error)
+	TakeBudget(ctx context.Context, b shard.Budget, entry keys.ID, q, budget int64, expires time.Time, device string) (fresh bool, countedUnder string, err error)
 	EndBudget(ctx context.Context, b shard.Budget, entry keys.ID) (string, error)
 	ExtendBudget(ctx context.Context, b shard.Budget, entry keys.ID, expires time.Time) (string, error)
 	Read(ctx context.Context, sku stock.SKU, n int) ([]shard.ShardStock, error)

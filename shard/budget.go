@@ -39,25 +39,30 @@ func ms(t time.Time) string { return strconv.FormatInt(t.UnixMilli(), 10) }
 // until expires against the identity's budget (0: count only), once per
 // entry, noting device as the fingerprint it is also counted under;
 // stock.ErrLimit when the budget would be passed. fresh reports that this
-// call counted it (false: it was counted before).
-func (s *Store) TakeBudget(ctx context.Context, b Budget, entry keys.ID, q, budget int64, expires time.Time, device string) (fresh bool, err error) {
+// call counted it (false: it was counted before); countedUnder is the
+// fingerprint it is counted under (for one counted before: the one noted
+// then).
+func (s *Store) TakeBudget(ctx context.Context, b Budget, entry keys.ID, q, budget int64, expires time.Time, device string) (fresh bool, countedUnder string, err error) {
 	k, err := b.keys()
 	if err != nil || entry.IsZero() || q < 1 || budget < 0 {
-		return false, fmt.Errorf("%w: hold budget take %q of %d under %d", stock.ErrInvalid, entry, q, budget)
+		return false, "", fmt.Errorf("%w: hold budget take %q of %d under %d", stock.ErrInvalid, entry, q, budget)
 	}
 	v, err := s.budget.Run(ctx, s.rdb, k, "take", entry.String(), ms(time.Now()), q, budget, ms(expires), device).Slice()
 	if err != nil {
-		return false, fmt.Errorf("hold budget: %w", err)
+		return false, "", fmt.Errorf("hold budget: %w", err)
 	}
 	switch code, _ := v[0].(int64); code {
 	case lua.OK:
-		return true, nil
+		return true, device, nil
 	case lua.Already:
-		return false, nil
+		if len(v) > 2 {
+			countedUnder, _ = v[2].(string)
+		}
+		return false, countedUnder, nil
 	case lua.Empty:
-		return false, stock.ErrLimit
+		return false, "", stock.ErrLimit
 	}
-	return false, fmt.Errorf("hold budget: %w: %v", ErrScript, v)
+	return false, "", fmt.Errorf("hold budget: %w: %v", ErrScript, v)
 }
 
 // EndBudget takes the hold entry off the identity's count, once, and

@@ -19,7 +19,7 @@ func TestBudgetExtendMovesLaterOnly(t *testing.T) {
 	b := shard.Budget{Program: keys.MustID(newSKU(t).Program.String()), Buyer: keys.MustID("ann")}
 	entry := keys.MustID("hold-1")
 	now := time.Now()
-	if _, err := s.TakeBudget(ctx, b, entry, 1, 4, now.Add(time.Minute), ""); err != nil {
+	if _, _, err := s.TakeBudget(ctx, b, entry, 1, 4, now.Add(time.Minute), ""); err != nil {
 		t.Fatal(err)
 	}
 	entries, _ := keys.HoldBudget(b.Program, "b", b.Buyer.String())

@@ -16,10 +16,11 @@ import (
 // admission spent; Refused (the request moved nothing) gives it back, so
 // the buyer may buy with it again within its window; Unknown keeps it
 // until a retry of the same request settles; Replayed (the request had
-// committed, at committedAt) gives it back if that was more than
-// ReplayMargin before the ledger recorded the spend (the request bought
-// before the room, or in an earlier one), and keeps it otherwise (it may
-// have bought with it and lost its reply). Call settle exactly once.
+// committed: a retry) gives it back if the request had committed before
+// the ledger recorded the spend (it bought before the room, or in an
+// earlier one), and keeps it otherwise (it may have bought with it and
+// lost its reply). key is the request's Idempotency-Key. Call settle
+// exactly once.
 //
 // A program without a waiting room is let through: settle and err are
 // nil. A refusal is ErrAdmissionRequired, ErrAdmissionInvalid,
@@ -29,7 +30,7 @@ import (
 //
 // This is the two steps of gobreaker's TwoStepCircuitBreaker: ask, then
 // report.
-func (s *Rooms) Admit(ctx context.Context, program, buyer keys.ID, token string, request keys.ID) (settle func(ctx context.Context, how Outcome, committedAt time.Time), err error) {
+func (s *Rooms) Admit(ctx context.Context, program, buyer keys.ID, token string, request, key keys.ID) (settle func(ctx context.Context, how Outcome), err error) {
 	c, err := s.config(ctx, program)
 	if errors.Is(err, ErrNoRoom) {
 		return nil, nil
@@ -67,7 +68,7 @@ func (s *Rooms) Admit(ctx context.Context, program, buyer keys.ID, token string,
 		s.log.WarnContext(ctx, "spend admission", "program", program.String(), "err", err)
 		return nil, refuse(ErrUnavailable, "Redis unavailable; retry with the same Idempotency-Key")
 	}
-	holder, spentAt, err := s.ledger.SpendAdmission(ctx, program, c.id, ledger.Spend{Buyer: buyer, Position: pos, Request: request})
+	holder, before, err := s.ledger.SpendAdmission(ctx, program, c.id, ledger.Spend{Buyer: buyer, Position: pos, Request: request, Key: key})
 	if err != nil || holder != request {
 		s.settleAdmission(ctx, c, buyer, request, Refused, false)
 		if err != nil {
@@ -81,20 +82,13 @@ func (s *Rooms) Admit(ctx context.Context, program, buyer keys.ID, token string,
 		// admission.
 		s.metrics.wait.Observe(max(admittedAt.Sub(later(joined, c.OpensAt)), 0).Seconds())
 	}
-	return func(ctx context.Context, how Outcome, committedAt time.Time) {
+	return func(ctx context.Context, how Outcome) {
 		if how == Replayed {
 			how = Committed
-			if !spentAt.IsZero() && !committedAt.IsZero() && committedAt.Before(spentAt.Add(-ReplayMargin)) {
+			if before {
 				how = replayedBefore
 			}
 		}
 		s.settleAdmission(ctx, c, buyer, request, how, true)
 	}, nil
 }
-
-// ReplayMargin is how long before an admission's spend a replayed request
-// must have committed for the spend to be given back: the spend is
-// recorded before its request commits, so a request that bought with it
-// committed after it, by the clocks of two replicas that may disagree by
-// this much.
-const ReplayMargin = 2 * time.Second

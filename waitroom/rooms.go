@@ -33,7 +33,7 @@ type Ledger interface {
 	ReserveQueuePlaces(ctx context.Context, program, room keys.ID, early bool, n int64) (int64, error)
 	SeeQueueLine(ctx context.Context, q ledger.QueueLine) error
 	SetEarlyGap(ctx context.Context, program, room keys.ID, perm, hi int64) (ledger.QueueLine, error)
-	SpendAdmission(ctx context.Context, program, room keys.ID, sp ledger.Spend) (holder keys.ID, spentAt time.Time, err error)
+	SpendAdmission(ctx context.Context, program, room keys.ID, sp ledger.Spend) (holder keys.ID, before bool, err error)
 	ReleaseAdmission(ctx context.Context, program, room, buyer, request keys.ID) error
 	AdmissionSpends(ctx context.Context, program, room keys.ID) ([]ledger.Spend, error)
 }
@@ -484,10 +484,10 @@ func (s *Rooms) settleAdmission(ctx context.Context, c room, buyer, request keys
 	released, err := s.store.Settle(ctx, c.Program, buyer, request, how)
 	if errors.Is(err, ErrLost) {
 		// Redis lost the line since this request spent: the ledger's spend
-		// is all there is, and a refused request gives it back. A replay
-		// keeps it: the count of the request's copies in flight went with
-		// the line, and one of them may still commit with it.
-		released, err = how == Refused, nil
+		// is all there is, and a refused request gives it back, as does a
+		// replay of a request that committed before the spend (every copy
+		// of it replays).
+		released, err = how == Refused || how == replayedBefore, nil
 	}
 	if err != nil {
 		s.log.WarnContext(ctx, "settle admission", "program", c.Program.String(), "err", err)

@@ -361,8 +361,8 @@ const (
 	// Committed.
 	Replayed
 	// replayedBefore: a replay of a request that committed before this
-	// admission was spent. Settle takes it as Refused; with the line lost
-	// from Redis it stays spent (see settleAdmission).
+	// admission was spent: no copy of it can buy with the admission.
+	// Settle takes it as Refused.
 	replayedBefore
 )
 

@@ -358,3 +358,42 @@ func TestHoldBudgetAttackRetryOtherDevice(t *testing.T) {
 		budgetHold(t, b, sku, "k-3", "cat", "dev-1", 2)
 	})
 }
+
+// Copies of one hold sent to two replicas at once, from a device at its
+// own budget: every copy is refused. A copy that found the buyer's count
+// made by the other copy skipped the device's, and held uncounted while
+// the other, refused by the device, gave the buyer's count back: a hold
+// under neither budget, again with every new key (helper-57).
+func TestHoldBudgetAttackCopiesPastTheDeviceBudget(t *testing.T) {
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		a, b := systest.Pair(t, driver)
+		sku := systest.NewSKU(t)
+		a.PutSKU(t, sku, 1000, 2, 4)
+		putBudgets(t, a, sku.Program.String(), 4, 6)
+		budgetHold(t, a, sku, "bob-1", "bob", "dev", 4)
+		budgetHold(t, b, sku, "carl-1", "carl", "dev", 2)
+		granted := 0
+		for i := range 24 {
+			key := fmt.Sprintf("ann-copy-%d", i)
+			var wg sync.WaitGroup
+			var ra, rb systest.Reply
+			wg.Add(2)
+			go func() { defer wg.Done(); ra = holdAs(t, a, sku, key, "ann", "dev", 1) }()
+			go func() { defer wg.Done(); rb = holdAs(t, b, sku, key, "ann", "dev", 1) }()
+			wg.Wait()
+			for _, r := range []systest.Reply{ra, rb} {
+				switch {
+				case r.Status == http.StatusCreated:
+					granted++
+				case r.Status == http.StatusConflict && systest.ProblemKind(r) == "hold-budget-reached",
+					r.Status == http.StatusServiceUnavailable:
+				default:
+					t.Fatalf("copy of %s = %d %s", key, r.Status, r.Body)
+				}
+			}
+		}
+		if st := a.State(t, sku); granted > 0 || st.Held != 6 {
+			t.Errorf("ann's copies from a device at its budget: %d granted, %d units held, want 0 and bob's and carl's 6", granted, st.Held)
+		}
+	})
+}

@@ -29,6 +29,31 @@ func budgetHold(t *testing.T, e *systest.Env, sku stock.SKU, key, buyer, device 
 	return systest.ReplyID(r)
 }
 
+// copiesGranted sends one request to replicas a and b at once (a client
+// retrying on another replica before the first answered) and returns the
+// copies answered 201; every other copy must be refused by a hold budget
+// or be a 503.
+func copiesGranted(t *testing.T, what string, a, b *systest.Env, send func(e *systest.Env) systest.Reply) []systest.Reply {
+	t.Helper()
+	var wg sync.WaitGroup
+	var ra, rb systest.Reply
+	wg.Go(func() { ra = send(a) })
+	wg.Go(func() { rb = send(b) })
+	wg.Wait()
+	var granted []systest.Reply
+	for _, r := range []systest.Reply{ra, rb} {
+		switch {
+		case r.Status == http.StatusCreated:
+			granted = append(granted, r)
+		case r.Status == http.StatusConflict && systest.ProblemKind(r) == "hold-budget-reached",
+			r.Status == http.StatusServiceUnavailable:
+		default:
+			t.Fatalf("copy of %s = %d %s", what, r.Status, r.Body)
+		}
+	}
+	return granted
+}
+
 // atBudget checks that buyer's next hold of one unit is refused with 409
 // hold-budget-reached.
 func atBudget(t *testing.T, e *systest.Env, sku stock.SKU, key, buyer, device string) {
@@ -257,21 +282,8 @@ func TestHoldBudgetAttackCopiesAcrossReplicas(t *testing.T) {
 		held := map[string]bool{}
 		for i := range 16 {
 			key := fmt.Sprintf("copy-%d", i)
-			var wg sync.WaitGroup
-			var ra, rb systest.Reply
-			wg.Add(2)
-			go func() { defer wg.Done(); ra = holdAs(t, a, sku, key, "ann", "", 1) }()
-			go func() { defer wg.Done(); rb = holdAs(t, b, sku, key, "ann", "", 1) }()
-			wg.Wait()
-			for _, r := range []systest.Reply{ra, rb} {
-				switch {
-				case r.Status == http.StatusCreated:
-					held[systest.ReplyID(r)] = true
-				case r.Status == http.StatusConflict && systest.ProblemKind(r) == "hold-budget-reached",
-					r.Status == http.StatusServiceUnavailable:
-				default:
-					t.Fatalf("copy of %s = %d %s", key, r.Status, r.Body)
-				}
+			for _, r := range copiesGranted(t, key, a, b, func(e *systest.Env) systest.Reply { return holdAs(t, e, sku, key, "ann", "", 1) }) {
+				held[systest.ReplyID(r)] = true
 			}
 		}
 		st := a.State(t, sku)
@@ -284,21 +296,10 @@ func TestHoldBudgetAttackCopiesAcrossReplicas(t *testing.T) {
 		carts := map[string]bool{}
 		for i := range 8 {
 			key := fmt.Sprintf("cart-%d", i)
-			var wg sync.WaitGroup
-			var ra, rb systest.Reply
-			wg.Add(2)
-			go func() { defer wg.Done(); ra = cartHold(t, a, sku.Program, key, "cat", "", sku, two) }()
-			go func() { defer wg.Done(); rb = cartHold(t, b, sku.Program, key, "cat", "", sku, two) }()
-			wg.Wait()
-			for _, r := range []systest.Reply{ra, rb} {
-				switch {
-				case r.Status == http.StatusCreated:
-					carts[systest.ReplyID(r)] = true
-				case r.Status == http.StatusConflict && systest.ProblemKind(r) == "hold-budget-reached",
-					r.Status == http.StatusServiceUnavailable:
-				default:
-					t.Fatalf("copy of cart %s = %d %s", key, r.Status, r.Body)
-				}
+			for _, r := range copiesGranted(t, "cart "+key, a, b, func(e *systest.Env) systest.Reply {
+				return cartHold(t, e, sku.Program, key, "cat", "", sku, two)
+			}) {
+				carts[systest.ReplyID(r)] = true
 			}
 		}
 		if len(carts) > 1 {
@@ -375,22 +376,7 @@ func TestHoldBudgetAttackCopiesPastTheDeviceBudget(t *testing.T) {
 		granted := 0
 		for i := range 24 {
 			key := fmt.Sprintf("ann-copy-%d", i)
-			var wg sync.WaitGroup
-			var ra, rb systest.Reply
-			wg.Add(2)
-			go func() { defer wg.Done(); ra = holdAs(t, a, sku, key, "ann", "dev", 1) }()
-			go func() { defer wg.Done(); rb = holdAs(t, b, sku, key, "ann", "dev", 1) }()
-			wg.Wait()
-			for _, r := range []systest.Reply{ra, rb} {
-				switch {
-				case r.Status == http.StatusCreated:
-					granted++
-				case r.Status == http.StatusConflict && systest.ProblemKind(r) == "hold-budget-reached",
-					r.Status == http.StatusServiceUnavailable:
-				default:
-					t.Fatalf("copy of %s = %d %s", key, r.Status, r.Body)
-				}
-			}
+			granted += len(copiesGranted(t, key, a, b, func(e *systest.Env) systest.Reply { return holdAs(t, e, sku, key, "ann", "dev", 1) }))
 		}
 		if st := a.State(t, sku); granted > 0 || st.Held != 6 {
 			t.Errorf("ann's copies from a device at its budget: %d granted, %d units held, want 0 and bob's and carl's 6", granted, st.Held)

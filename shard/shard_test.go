@@ -16,6 +16,7 @@ import (
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/lua"
 	"github.com/stockgate/stockgate/shard"
+	"github.com/stockgate/stockgate/shard/shardmem"
 	"github.com/stockgate/stockgate/stock"
 )
 
@@ -34,6 +35,36 @@ func newStore(t testing.TB) (*shard.Store, *redis.ClusterClient) {
 
 func newSKU(t *testing.T) stock.SKU {
 	return stock.SKU{Program: keys.MustID(testenv.ID(t, "p")), Ticket: keys.MustID("ga")}
+}
+
+// eachGate runs test on a Store over each of the two script runners the
+// tests hold alike: a real Redis Cluster, and package shardmem's scripts
+// in memory (the unit tier's gate). The Redis half is skipped only in the
+// unit tier; make test runs both.
+func eachGate(t *testing.T, test func(t *testing.T, s *shard.Store, sc redis.Scripter)) {
+	t.Helper()
+	t.Run("redis", func(t *testing.T) {
+		s, rdb := newStore(t)
+		test(t, s, rdb)
+	})
+	t.Run("memory", func(t *testing.T) {
+		mem := shardmem.New()
+		s, err := shard.New(shard.Options{Redis: mem})
+		if err != nil {
+			t.Fatal(err)
+		}
+		test(t, s, mem)
+	})
+}
+
+// seedOn seeds a new SKU on s with units over n shards.
+func seedOn(t *testing.T, s *shard.Store, n int, units int64) stock.SKU {
+	t.Helper()
+	sku := newSKU(t)
+	if err := s.Seed(context.Background(), sku, n, units, 1, true); err != nil {
+		t.Fatal(err)
+	}
+	return sku
 }
 
 // seeded returns a store and a new SKU seeded with units over n shards.
@@ -57,128 +88,134 @@ func remaining(t *testing.T, s *shard.Store, sku stock.SKU, n int) int64 {
 }
 
 func TestDeductResentMovesOnce(t *testing.T) {
-	ctx := context.Background()
-	s, rdb, sku := seeded(t, 1, 10)
-	// The script itself, twice with the same request id, as the Redis client
-	// re-sends it after a timeout.
-	k := keys.Shard(sku.Program, sku.Ticket, 0, 1)
-	script := redis.NewScript(lua.Deduct)
-	for n := range 2 {
-		v, err := script.Run(ctx, rdb, []string{k.Stock(), k.Deduction(keys.MustID("req-1"))}, 3, 3, 4, 60000).Int64Slice()
-		if err != nil {
-			t.Fatal(err)
+	eachGate(t, func(t *testing.T, s *shard.Store, sc redis.Scripter) {
+		ctx := context.Background()
+		sku := seedOn(t, s, 1, 10)
+		// The script itself, twice with the same request id, as the Redis client
+		// re-sends it after a timeout.
+		k := keys.Shard(sku.Program, sku.Ticket, 0, 1)
+		script := redis.NewScript(lua.Deduct)
+		for n := range 2 {
+			v, err := script.Run(ctx, sc, []string{k.Stock(), k.Deduction(keys.MustID("req-1"))}, 3, 3, 4, 60000).Int64Slice()
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantCode := int64(lua.OK)
+			if n == 1 {
+				wantCode = lua.Already
+			}
+			if v[0] != wantCode || v[1] != 3 {
+				t.Errorf("deduct #%d = %v, want code %d taken 3", n+1, v, wantCode)
+			}
 		}
-		wantCode := int64(lua.OK)
-		if n == 1 {
-			wantCode = lua.Already
+		if got := remaining(t, s, sku, 1); got != 7 {
+			t.Errorf("remaining = %d, want 7", got)
 		}
-		if v[0] != wantCode || v[1] != 3 {
-			t.Errorf("deduct #%d = %v, want code %d taken 3", n+1, v, wantCode)
+		// And through the Store.
+		r := shard.Request{SKU: sku, Shards: 1, RequestID: keys.MustID("req-2"), Quantity: 2, MaxQuantity: 4}
+		d1, err := s.Deduct(ctx, r)
+		if err != nil || d1.Replayed {
+			t.Fatalf("Deduct = %+v, %v", d1, err)
 		}
-	}
-	if got := remaining(t, s, sku, 1); got != 7 {
-		t.Errorf("remaining = %d, want 7", got)
-	}
-	// And through the Store.
-	r := shard.Request{SKU: sku, Shards: 1, RequestID: keys.MustID("req-2"), Quantity: 2, MaxQuantity: 4}
-	d1, err := s.Deduct(ctx, r)
-	if err != nil || d1.Replayed {
-		t.Fatalf("Deduct = %+v, %v", d1, err)
-	}
-	d2, err := s.Deduct(ctx, r)
-	if err != nil || !d2.Replayed || d2.Parts[0].Taken != 2 {
-		t.Fatalf("second Deduct = %+v, %v, want replayed 2", d2, err)
-	}
-	if got := remaining(t, s, sku, 1); got != 5 {
-		t.Errorf("remaining = %d, want 5", got)
-	}
+		d2, err := s.Deduct(ctx, r)
+		if err != nil || !d2.Replayed || d2.Parts[0].Taken != 2 {
+			t.Fatalf("second Deduct = %+v, %v, want replayed 2", d2, err)
+		}
+		if got := remaining(t, s, sku, 1); got != 5 {
+			t.Errorf("remaining = %d, want 5", got)
+		}
+	})
 }
 
 func TestScriptsRefuseBadArguments(t *testing.T) {
-	ctx := context.Background()
-	s, rdb, sku := seeded(t, 1, 10)
-	k := keys.Shard(sku.Program, sku.Ticket, 0, 1)
-	deduct := redis.NewScript(lua.Deduct)
-	for _, args := range [][]any{
-		{0, 0, 4, 60000},
-		{-1, -1, 4, 60000},
-		{"1.5", 1, 4, 60000},
-		{"1e3", 1, 4000, 60000},
-		{5, 5, 4, 60000},                     // over the max
-		{"9223372036854775808", 1, 4, 60000}, // 2^63
-		{" 1", 1, 4, 60000},
-		{1, 2, 4, 60000}, // min above q
-		{1, 1, 4, 10},    // ttl too short
-		{"0x1", 1, 4, 60000},
-	} {
-		v, err := deduct.Run(ctx, rdb, []string{k.Stock(), k.Deduction(keys.MustID("bad"))}, args...).Int64Slice()
-		if err != nil || v[0] != lua.BadArg {
-			t.Errorf("deduct%v = %v, %v, want code %d", args, v, err, lua.BadArg)
+	eachGate(t, func(t *testing.T, s *shard.Store, sc redis.Scripter) {
+		ctx := context.Background()
+		sku := seedOn(t, s, 1, 10)
+		k := keys.Shard(sku.Program, sku.Ticket, 0, 1)
+		deduct := redis.NewScript(lua.Deduct)
+		for _, args := range [][]any{
+			{0, 0, 4, 60000},
+			{-1, -1, 4, 60000},
+			{"1.5", 1, 4, 60000},
+			{"1e3", 1, 4000, 60000},
+			{5, 5, 4, 60000},                     // over the max
+			{"9223372036854775808", 1, 4, 60000}, // 2^63
+			{" 1", 1, 4, 60000},
+			{1, 2, 4, 60000}, // min above q
+			{1, 1, 4, 10},    // ttl too short
+			{"0x1", 1, 4, 60000},
+		} {
+			v, err := deduct.Run(ctx, sc, []string{k.Stock(), k.Deduction(keys.MustID("bad"))}, args...).Int64Slice()
+			if err != nil || v[0] != lua.BadArg {
+				t.Errorf("deduct%v = %v, %v, want code %d", args, v, err, lua.BadArg)
+			}
 		}
-	}
-	seed := redis.NewScript(lua.Seed)
-	for _, args := range [][]any{{5, 4, 1}, {-1, 4, 1}, {1, 1, 2}, {"1.0", 2, 1}} {
-		v, err := seed.Run(ctx, rdb, []string{k.Stock()}, args...).Int64Slice()
-		if err != nil || v[0] != lua.BadArg {
-			t.Errorf("seed%v = %v, %v, want code %d", args, v, err, lua.BadArg)
+		seed := redis.NewScript(lua.Seed)
+		for _, args := range [][]any{{5, 4, 1}, {-1, 4, 1}, {1, 1, 2}, {"1.0", 2, 1}} {
+			v, err := seed.Run(ctx, sc, []string{k.Stock()}, args...).Int64Slice()
+			if err != nil || v[0] != lua.BadArg {
+				t.Errorf("seed%v = %v, %v, want code %d", args, v, err, lua.BadArg)
+			}
 		}
-	}
-	if got := remaining(t, s, sku, 1); got != 10 {
-		t.Errorf("remaining = %d after refused calls, want 10", got)
-	}
+		if got := remaining(t, s, sku, 1); got != 10 {
+			t.Errorf("remaining = %d after refused calls, want 10", got)
+		}
+	})
 }
 
 func TestRestoreOnceCappedAndOnlyAfterDeduct(t *testing.T) {
-	ctx := context.Background()
-	s, _, sku := seeded(t, 1, 5)
-	d, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: 1, RequestID: keys.MustID("r1"), Quantity: 3, MaxQuantity: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	results := make(chan shard.RestoreResult, 10)
-	for range 10 {
-		wg.Go(func() {
-			res, err := s.RestorePart(ctx, sku, keys.MustID("r1"), "", d.Parts[0])
-			if err != nil {
-				t.Error(err)
-			}
-			results <- res
-		})
-	}
-	wg.Wait()
-	close(results)
-	var moved int64
-	for r := range results {
-		moved += r.Restored
-	}
-	if moved != 3 {
-		t.Errorf("10 concurrent restores moved %d, want 3", moved)
-	}
-	if got := remaining(t, s, sku, 1); got != 5 {
-		t.Errorf("remaining = %d, want 5", got)
-	}
-	// A request id that never deducted is refused by the script.
-	res, err := s.RestorePart(ctx, sku, keys.MustID("never"), "", shard.Part{Shards: 1, Shard: 0, Taken: 3, Gen: 1})
-	if err != nil || res.Code != lua.NoRecord || res.Restored != 0 {
-		t.Errorf("restore of unknown request = %+v, %v, want code %d", res, err, lua.NoRecord)
-	}
-	// A deduction made before a re-seed is not given back after it: the
-	// ledger facts the seed used already count it.
-	d2, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: 1, RequestID: keys.MustID("r2"), Quantity: 2, MaxQuantity: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Seed(ctx, sku, 1, 4, 2, true); err != nil {
-		t.Fatal(err)
-	}
-	res, err = s.RestorePart(ctx, sku, keys.MustID("r2"), "", d2.Parts[0])
-	if err != nil || res.Code != lua.Stale {
-		t.Errorf("restore across re-seed = %+v, %v, want code %d", res, err, lua.Stale)
-	}
-	if got := remaining(t, s, sku, 1); got != 4 {
-		t.Errorf("remaining = %d, want 4", got)
-	}
+	eachGate(t, func(t *testing.T, s *shard.Store, sc redis.Scripter) {
+		ctx := context.Background()
+		sku := seedOn(t, s, 1, 5)
+		d, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: 1, RequestID: keys.MustID("r1"), Quantity: 3, MaxQuantity: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		results := make(chan shard.RestoreResult, 10)
+		for range 10 {
+			wg.Go(func() {
+				res, err := s.RestorePart(ctx, sku, keys.MustID("r1"), "", d.Parts[0])
+				if err != nil {
+					t.Error(err)
+				}
+				results <- res
+			})
+		}
+		wg.Wait()
+		close(results)
+		var moved int64
+		for r := range results {
+			moved += r.Restored
+		}
+		if moved != 3 {
+			t.Errorf("10 concurrent restores moved %d, want 3", moved)
+		}
+		if got := remaining(t, s, sku, 1); got != 5 {
+			t.Errorf("remaining = %d, want 5", got)
+		}
+		// A request id that never deducted is refused by the script.
+		res, err := s.RestorePart(ctx, sku, keys.MustID("never"), "", shard.Part{Shards: 1, Shard: 0, Taken: 3, Gen: 1})
+		if err != nil || res.Code != lua.NoRecord || res.Restored != 0 {
+			t.Errorf("restore of unknown request = %+v, %v, want code %d", res, err, lua.NoRecord)
+		}
+		// A deduction made before a re-seed is not given back after it: the
+		// ledger facts the seed used already count it.
+		d2, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: 1, RequestID: keys.MustID("r2"), Quantity: 2, MaxQuantity: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Seed(ctx, sku, 1, 4, 2, true); err != nil {
+			t.Fatal(err)
+		}
+		res, err = s.RestorePart(ctx, sku, keys.MustID("r2"), "", d2.Parts[0])
+		if err != nil || res.Code != lua.Stale {
+			t.Errorf("restore across re-seed = %+v, %v, want code %d", res, err, lua.Stale)
+		}
+		if got := remaining(t, s, sku, 1); got != 4 {
+			t.Errorf("remaining = %d, want 4", got)
+		}
+	})
 }
 
 // TestRestoreWaitsForEveryHolder: a deduction found by other attempts of
@@ -259,78 +296,81 @@ func TestRestoreWaitsForEveryHolder(t *testing.T) {
 }
 
 func TestDeductProbesAndSellsOut(t *testing.T) {
-	ctx := context.Background()
-	s, _ := newStore(t)
-	sku := newSKU(t)
-	const n = 8
-	if err := s.Seed(ctx, sku, n, 20, 1, true); err != nil {
-		t.Fatal(err)
-	}
-	var taken int64
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for g := range 50 {
-		wg.Go(func() {
-			q := int64(g%4 + 1)
-			d, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: n, RequestID: keys.MustID(testenv.ID(t, "r") + string(rune('a'+g%26)) + "-" + string(rune('a'+g/26))), Quantity: q, MaxQuantity: 4})
-			switch {
-			case errors.Is(err, stock.ErrSoldOut):
-			case err != nil:
-				t.Error(err)
-			default:
-				var sum int64
-				for _, p := range d.Parts {
-					sum += p.Taken
-				}
-				if sum != q {
-					t.Errorf("Deduct(q=%d) took %d", q, sum)
-				}
-				mu.Lock()
-				taken += sum
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	left := remaining(t, s, sku, n)
-	if taken+left != 20 {
-		t.Errorf("taken %d + remaining %d != 20", taken, left)
-	}
-	// Drain what is left one unit at a time: the last unit, wherever it sits,
-	// must be found before sold out is answered.
-	for i := range left {
-		if _, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: n, RequestID: keys.MustID("drain-" + string(rune('a'+i))), Quantity: 1, MaxQuantity: 4}); err != nil {
-			t.Fatalf("drain %d of %d: %v", i+1, left, err)
+	eachGate(t, func(t *testing.T, s *shard.Store, sc redis.Scripter) {
+		ctx := context.Background()
+		sku := newSKU(t)
+		const n = 8
+		if err := s.Seed(ctx, sku, n, 20, 1, true); err != nil {
+			t.Fatal(err)
 		}
-	}
-	if _, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: n, RequestID: keys.MustID("after"), Quantity: 1, MaxQuantity: 4}); !errors.Is(err, stock.ErrSoldOut) {
-		t.Errorf("Deduct after drain = %v, want ErrSoldOut", err)
-	}
+		var taken int64
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for g := range 50 {
+			wg.Go(func() {
+				q := int64(g%4 + 1)
+				d, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: n, RequestID: keys.MustID(testenv.ID(t, "r") + string(rune('a'+g%26)) + "-" + string(rune('a'+g/26))), Quantity: q, MaxQuantity: 4})
+				switch {
+				case errors.Is(err, stock.ErrSoldOut):
+				case err != nil:
+					t.Error(err)
+				default:
+					var sum int64
+					for _, p := range d.Parts {
+						sum += p.Taken
+					}
+					if sum != q {
+						t.Errorf("Deduct(q=%d) took %d", q, sum)
+					}
+					mu.Lock()
+					taken += sum
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		left := remaining(t, s, sku, n)
+		if taken+left != 20 {
+			t.Errorf("taken %d + remaining %d != 20", taken, left)
+		}
+		// Drain what is left one unit at a time: the last unit, wherever it sits,
+		// must be found before sold out is answered.
+		for i := range left {
+			if _, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: n, RequestID: keys.MustID("drain-" + string(rune('a'+i))), Quantity: 1, MaxQuantity: 4}); err != nil {
+				t.Fatalf("drain %d of %d: %v", i+1, left, err)
+			}
+		}
+		if _, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: n, RequestID: keys.MustID("after"), Quantity: 1, MaxQuantity: 4}); !errors.Is(err, stock.ErrSoldOut) {
+			t.Errorf("Deduct after drain = %v, want ErrSoldOut", err)
+		}
+	})
 }
 
 func TestAssembleAcrossShards(t *testing.T) {
-	ctx := context.Background()
-	// 4 units over 4 shards: 1 each, so q=3 needs three shards and q=2
-	// after it must fail with everything given back.
-	s, _, sku := seeded(t, 4, 4)
-	d, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: 4, RequestID: keys.MustID("big"), Quantity: 3, MaxQuantity: 4})
-	if err != nil || len(d.Parts) != 3 {
-		t.Fatalf("Deduct(3) = %+v, %v, want 3 parts", d, err)
-	}
-	if _, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: 4, RequestID: keys.MustID("two"), Quantity: 2, MaxQuantity: 4}); !errors.Is(err, stock.ErrSoldOut) {
-		t.Fatalf("Deduct(2) = %v, want ErrSoldOut", err)
-	}
-	if got := remaining(t, s, sku, 4); got != 1 {
-		t.Errorf("remaining = %d, want 1 (partial take given back)", got)
-	}
-	// A retry of the assembled purchase finds all its parts, moves nothing.
-	d2, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: 4, RequestID: keys.MustID("big"), Quantity: 3, MaxQuantity: 4})
-	if err != nil || !d2.Replayed {
-		t.Fatalf("retry = %+v, %v, want replayed", d2, err)
-	}
-	if got := remaining(t, s, sku, 4); got != 1 {
-		t.Errorf("remaining = %d after retry, want 1", got)
-	}
+	eachGate(t, func(t *testing.T, s *shard.Store, sc redis.Scripter) {
+		ctx := context.Background()
+		// 4 units over 4 shards: 1 each, so q=3 needs three shards and q=2
+		// after it must fail with everything given back.
+		sku := seedOn(t, s, 4, 4)
+		d, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: 4, RequestID: keys.MustID("big"), Quantity: 3, MaxQuantity: 4})
+		if err != nil || len(d.Parts) != 3 {
+			t.Fatalf("Deduct(3) = %+v, %v, want 3 parts", d, err)
+		}
+		if _, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: 4, RequestID: keys.MustID("two"), Quantity: 2, MaxQuantity: 4}); !errors.Is(err, stock.ErrSoldOut) {
+			t.Fatalf("Deduct(2) = %v, want ErrSoldOut", err)
+		}
+		if got := remaining(t, s, sku, 4); got != 1 {
+			t.Errorf("remaining = %d, want 1 (partial take given back)", got)
+		}
+		// A retry of the assembled purchase finds all its parts, moves nothing.
+		d2, err := s.Deduct(ctx, shard.Request{SKU: sku, Shards: 4, RequestID: keys.MustID("big"), Quantity: 3, MaxQuantity: 4})
+		if err != nil || !d2.Replayed {
+			t.Fatalf("retry = %+v, %v, want replayed", d2, err)
+		}
+		if got := remaining(t, s, sku, 4); got != 1 {
+			t.Errorf("remaining = %d after retry, want 1", got)
+		}
+	})
 }
 
 // TestScriptKeysShareSlotOnCluster asks the real cluster for the slot of
@@ -386,80 +426,85 @@ func TestScriptKeysShareSlotOnCluster(t *testing.T) {
 }
 
 func TestDeductValidates(t *testing.T) {
-	ctx := context.Background()
-	s, _ := newStore(t)
-	for _, r := range []shard.Request{
-		{SKU: stock.SKU{Ticket: keys.MustID("x")}, Shards: 1, RequestID: keys.MustID("r"), Quantity: 1, MaxQuantity: 1},
-		{SKU: stock.SKU{Program: keys.MustID("a"), Ticket: keys.MustID("x")}, Shards: 1, RequestID: keys.ID{}, Quantity: 1, MaxQuantity: 1},
-		{SKU: stock.SKU{Program: keys.MustID("a"), Ticket: keys.MustID("x")}, Shards: 0, RequestID: keys.MustID("r"), Quantity: 1, MaxQuantity: 1},
-		{SKU: stock.SKU{Program: keys.MustID("a"), Ticket: keys.MustID("x")}, Shards: 1, RequestID: keys.MustID("r"), Quantity: 2, MaxQuantity: 1},
-	} {
-		if _, err := s.Deduct(ctx, r); !errors.Is(err, stock.ErrInvalid) {
-			t.Errorf("Deduct(%+v) = %v, want ErrInvalid", r, err)
+	eachGate(t, func(t *testing.T, s *shard.Store, sc redis.Scripter) {
+		ctx := context.Background()
+		for _, r := range []shard.Request{
+			{SKU: stock.SKU{Ticket: keys.MustID("x")}, Shards: 1, RequestID: keys.MustID("r"), Quantity: 1, MaxQuantity: 1},
+			{SKU: stock.SKU{Program: keys.MustID("a"), Ticket: keys.MustID("x")}, Shards: 1, RequestID: keys.ID{}, Quantity: 1, MaxQuantity: 1},
+			{SKU: stock.SKU{Program: keys.MustID("a"), Ticket: keys.MustID("x")}, Shards: 0, RequestID: keys.MustID("r"), Quantity: 1, MaxQuantity: 1},
+			{SKU: stock.SKU{Program: keys.MustID("a"), Ticket: keys.MustID("x")}, Shards: 1, RequestID: keys.MustID("r"), Quantity: 2, MaxQuantity: 1},
+		} {
+			if _, err := s.Deduct(ctx, r); !errors.Is(err, stock.ErrInvalid) {
+				t.Errorf("Deduct(%+v) = %v, want ErrInvalid", r, err)
+			}
 		}
-	}
+	})
 }
 
 // A fenced shard moves nothing and says so; reopened, it serves again. Read
 // shows the fence, also on a shard the fence created (not seeded yet).
 func TestFence(t *testing.T) {
-	s, _, sku := seeded(t, 2, 10)
-	ctx := context.Background()
-	req := shard.Request{SKU: sku, Shards: 2, RequestID: keys.MustID("f1"), Quantity: 1, MaxQuantity: 4}
-	if err := s.Fence(ctx, sku, 2, true); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.Deduct(ctx, req); !errors.Is(err, stock.ErrFenced) {
-		t.Fatalf("Deduct on a fenced SKU = %v, want ErrFenced", err)
-	}
-	shards, err := s.Read(ctx, sku, 2)
-	if err != nil || !shards[0].Fenced || !shards[0].Seeded || remaining(t, s, sku, 2) != 10 {
-		t.Fatalf("fenced shards = %+v, %v; want fenced, seeded, 10 left", shards, err)
-	}
-	if err := s.Fence(ctx, sku, 2, false); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.Deduct(ctx, req); err != nil {
-		t.Fatalf("Deduct after reopening = %v", err)
-	}
-	fresh := newSKU(t)
-	if err := s.Fence(ctx, fresh, 1, true); err != nil {
-		t.Fatal(err)
-	}
-	shards, _ = s.Read(ctx, fresh, 1)
-	if !shards[0].Fenced || shards[0].Seeded {
-		t.Errorf("fence on an absent shard reads %+v, want fenced and not seeded", shards[0])
-	}
-	if err := s.Seed(ctx, fresh, 1, 3, 1, false); err != nil {
-		t.Fatal(err)
-	}
-	if shards, _ = s.Read(ctx, fresh, 1); !shards[0].Seeded || !shards[0].Fenced || shards[0].Avail != 3 {
-		t.Errorf("seed under a fence reads %+v, want seeded with 3 and still fenced", shards[0])
-	}
+	eachGate(t, func(t *testing.T, s *shard.Store, sc redis.Scripter) {
+		sku := seedOn(t, s, 2, 10)
+		ctx := context.Background()
+		req := shard.Request{SKU: sku, Shards: 2, RequestID: keys.MustID("f1"), Quantity: 1, MaxQuantity: 4}
+		if err := s.Fence(ctx, sku, 2, true); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Deduct(ctx, req); !errors.Is(err, stock.ErrFenced) {
+			t.Fatalf("Deduct on a fenced SKU = %v, want ErrFenced", err)
+		}
+		shards, err := s.Read(ctx, sku, 2)
+		if err != nil || !shards[0].Fenced || !shards[0].Seeded || remaining(t, s, sku, 2) != 10 {
+			t.Fatalf("fenced shards = %+v, %v; want fenced, seeded, 10 left", shards, err)
+		}
+		if err := s.Fence(ctx, sku, 2, false); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Deduct(ctx, req); err != nil {
+			t.Fatalf("Deduct after reopening = %v", err)
+		}
+		fresh := newSKU(t)
+		if err := s.Fence(ctx, fresh, 1, true); err != nil {
+			t.Fatal(err)
+		}
+		shards, _ = s.Read(ctx, fresh, 1)
+		if !shards[0].Fenced || shards[0].Seeded {
+			t.Errorf("fence on an absent shard reads %+v, want fenced and not seeded", shards[0])
+		}
+		if err := s.Seed(ctx, fresh, 1, 3, 1, false); err != nil {
+			t.Fatal(err)
+		}
+		if shards, _ = s.Read(ctx, fresh, 1); !shards[0].Seeded || !shards[0].Fenced || shards[0].Avail != 3 {
+			t.Errorf("seed under a fence reads %+v, want seeded with 3 and still fenced", shards[0])
+		}
+	})
 }
 
 // A deduction record from before a re-seed does not replay: the seed was
 // built from ledger facts without it, so a retry of that request takes anew,
 // and a late restore of the old deduction is refused.
 func TestRecordFromBeforeReseedDoesNotReplay(t *testing.T) {
-	s, _, sku := seeded(t, 1, 10)
-	ctx := context.Background()
-	req := shard.Request{SKU: sku, Shards: 1, RequestID: keys.MustID("r1"), Quantity: 2, MaxQuantity: 4}
-	first, err := s.Deduct(ctx, req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Seed(ctx, sku, 1, 10, 2, true); err != nil { // a rebuild: the ledger still says 10
-		t.Fatal(err)
-	}
-	again, err := s.Deduct(ctx, req)
-	if err != nil || again.Replayed || remaining(t, s, sku, 1) != 8 {
-		t.Fatalf("retry after re-seed = %+v, %v, %d left; want a fresh take leaving 8", again, err, remaining(t, s, sku, 1))
-	}
-	res, err := s.RestorePart(ctx, sku, keys.MustID("r1"), "", first.Parts[0])
-	if err != nil || res.Restored != 0 || remaining(t, s, sku, 1) != 8 {
-		t.Errorf("late restore of the pre-seed deduction = %+v, %v; want nothing moved", res, err)
-	}
+	eachGate(t, func(t *testing.T, s *shard.Store, sc redis.Scripter) {
+		sku := seedOn(t, s, 1, 10)
+		ctx := context.Background()
+		req := shard.Request{SKU: sku, Shards: 1, RequestID: keys.MustID("r1"), Quantity: 2, MaxQuantity: 4}
+		first, err := s.Deduct(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Seed(ctx, sku, 1, 10, 2, true); err != nil { // a rebuild: the ledger still says 10
+			t.Fatal(err)
+		}
+		again, err := s.Deduct(ctx, req)
+		if err != nil || again.Replayed || remaining(t, s, sku, 1) != 8 {
+			t.Fatalf("retry after re-seed = %+v, %v, %d left; want a fresh take leaving 8", again, err, remaining(t, s, sku, 1))
+		}
+		res, err := s.RestorePart(ctx, sku, keys.MustID("r1"), "", first.Parts[0])
+		if err != nil || res.Restored != 0 || remaining(t, s, sku, 1) != 8 {
+			t.Errorf("late restore of the pre-seed deduction = %+v, %v; want nothing moved", res, err)
+		}
+	})
 }
 
 func TestNotRun(t *testing.T) {

@@ -160,13 +160,21 @@ func emit(ctx context.Context, tx *sql.Tx, now time.Time, events ...Event) error
 }
 
 // Events reads up to limit events with Seq > after, in Seq order; program
-// narrows them to one program's when given.
+// narrows them to one program's when given. It reads only settled events
+// (feedSeq): on PostgreSQL a seq is taken at insert, and transactions
+// commit in any order, so an event visible now may have one below it
+// still committing, which a reader moving on from the last seq it read
+// would skip for good.
 func (l *Ledger) Events(ctx context.Context, program keys.ID, after int64, limit int) ([]Event, error) {
 	if limit < 1 || limit > 1000 {
 		return nil, fmt.Errorf("%w: limit %d out of 1..1000", stock.ErrInvalid, limit)
 	}
-	rows, err := l.db.QueryContext(ctx, `SELECT `+eventColumns+` FROM events WHERE seq > $1 AND ($2 = '' OR program = $2) ORDER BY seq LIMIT $3`,
-		after, program, limit)
+	upTo, err := l.feedSeq(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := l.db.QueryContext(ctx, `SELECT `+eventColumns+` FROM events WHERE seq > $1 AND seq <= $2 AND ($3 = '' OR program = $3) ORDER BY seq LIMIT $4`,
+		after, upTo, program, limit)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: events: %w", err)
 	}

@@ -443,22 +443,60 @@ func (l *Ledger) RelayStats(ctx context.Context, sink string) (RelayStats, error
 // The snapshot's xmax is no bound either: it is the last completed id
 // plus one, and running transactions may have ids above it.)
 func (l *Ledger) SettledSeq(ctx context.Context) (int64, error) {
+	settled, _, err := l.settledSeq(ctx)
+	return settled, err
+}
+
+// settledSeq is SettledSeq and the last seq handed out, which it noted.
+func (l *Ledger) settledSeq(ctx context.Context) (settled, last int64, err error) {
 	if l.driver == SQLite {
-		return math.MaxInt64, nil
+		return math.MaxInt64, math.MaxInt64, nil
 	}
-	var last sql.NullInt64
+	var seq sql.NullInt64
 	if err := l.db.QueryRowContext(ctx, `SELECT pg_sequence_last_value(pg_get_serial_sequence('events', 'seq')::regclass)`).
-		Scan(&last); err != nil {
-		return 0, fmt.Errorf("ledger: settled seq: %w", err)
+		Scan(&seq); err != nil {
+		return 0, 0, fmt.Errorf("ledger: settled seq: %w", err)
 	}
 	// A statement of its own, after the read above; it spends one
 	// transaction id per call.
 	var xid, xmin int64
 	if err := l.db.QueryRowContext(ctx, `SELECT pg_current_xact_id()::text::bigint,
 		pg_snapshot_xmin(pg_current_snapshot())::text::bigint`).Scan(&xid, &xmin); err != nil {
-		return 0, fmt.Errorf("ledger: settled seq: %w", err)
+		return 0, 0, fmt.Errorf("ledger: settled seq: %w", err)
 	}
-	return l.horizon.settle(last.Int64, xid, xmin), nil
+	return l.horizon.settle(seq.Int64, xid, xmin), seq.Int64, nil
+}
+
+// feedWait bounds how long a read of the event feed waits for the events
+// numbered below the last one handed out to commit: about what a commit
+// takes, many times over. Past it the read answers what is settled (a long
+// transaction holds the feed back, never makes it skip).
+const feedWait = 500 * time.Millisecond
+
+// feedSeq is the seq the event feed reads up to: SettledSeq, waited on
+// (feedWait at most) while transactions that hold seqs below the last one
+// handed out are still open, so that a reader is not left a poll behind
+// the writers it raced.
+func (l *Ledger) feedSeq(ctx context.Context) (int64, error) {
+	settled, last, err := l.settledSeq(ctx)
+	for pause, waited := time.Millisecond, time.Duration(0); err == nil && settled < last && waited < feedWait; pause *= 2 {
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return 0, ctx.Err()
+		case <-t.C:
+		}
+		waited += pause
+		var xmin int64
+		if err = l.db.QueryRowContext(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint`).Scan(&xmin); err == nil {
+			settled = l.horizon.advance(xmin)
+		}
+	}
+	if err != nil {
+		return 0, fmt.Errorf("ledger: events: %w", err)
+	}
+	return settled, nil
 }
 
 // horizon keeps the (seq, transaction id) notes SettledSeq waits on.
@@ -476,10 +514,18 @@ const maxNotes = 64
 
 func (h *horizon) settle(seq, xid, xmin int64) int64 {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if len(h.pending) < maxNotes {
 		h.pending = append(h.pending, note{seq, xid})
 	}
+	h.mu.Unlock()
+	return h.advance(xmin)
+}
+
+// advance settles the notes whose transaction id the oldest running
+// transaction (xmin) has passed.
+func (h *horizon) advance(xmin int64) int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	keep := h.pending[:0]
 	for _, n := range h.pending {
 		if xmin >= n.xid {

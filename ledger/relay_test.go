@@ -251,7 +251,17 @@ func TestRelaySettledSeqWaitsForOpenTransactions(t *testing.T) {
 	if err := older.Commit(); err != nil { // and commits first.
 		t.Fatal(err)
 	}
-	all, _ := l.Events(ctx, s.Program, 0, 10)
+	all, err := l.Events(ctx, s.Program, 0, 10)
+	if err != nil || len(all) == 0 {
+		t.Fatalf("Events = %v, %v", all, err)
+	}
+	for _, e := range all {
+		// The feed's reader would move its cursor to high and never
+		// read low (helper-58).
+		if e.Seq >= low {
+			t.Fatalf("Events shows seq %d while seq %d is still open: a reader moving on from it skips that one", e.Seq, low)
+		}
+	}
 	p := all[0].Partition
 	upTo := settle()
 	if upTo >= low {
@@ -267,6 +277,12 @@ func TestRelaySettledSeqWaitsForOpenTransactions(t *testing.T) {
 	got, _ := l.PartitionEvents(ctx, p, 0, upTo, 10)
 	if upTo < high || len(got) != 3 || got[1].Seq != low || got[2].Seq != high {
 		t.Fatalf("SettledSeq = %d, PartitionEvents = %+v after both committed, want seqs ..., %d, %d", upTo, got, low, high)
+	}
+	// The feed shows both, once the server's oldest transaction is past
+	// them (another test's may hold it back a while).
+	if !wait.Until(time.Minute, func() bool { all, err = l.Events(ctx, s.Program, 0, 10); return err == nil && len(all) == 3 }) ||
+		all[1].Seq != low || all[2].Seq != high {
+		t.Fatalf("Events = %+v, %v after both committed, want seqs ..., %d, %d", all, err, low, high)
 	}
 }
 

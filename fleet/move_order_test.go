@@ -85,3 +85,73 @@ func TestMoveKeepsTheEventsInOrder(t *testing.T) {
 		t.Errorf("the program's events by seq after the move:\n %v\nbefore it:\n %v", after, before)
 	}
 }
+
+// A feed reader's cursor outlives a move (helper-58): it was read on the
+// source, whose seqs may be far above the target's. The target numbers
+// the program's events above the source's last seq, so every event
+// written after the move is read on from that cursor (and the copied ones
+// again, under the ids the reader de-duplicates by). Before, the target
+// wrote them below the cursor, where the reader never looked.
+func TestMoveKeepsAFeedReadersCursor(t *testing.T) {
+	ctx := context.Background()
+	urls := testenv.PostgresURLs(t, 2)
+	f := open(t, urls, 200*time.Millisecond)
+	db, err := sql.Open("pgx", urls[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	// The source has numbered a million events (its other programs').
+	if _, err := db.ExecContext(ctx, `SELECT setval(pg_get_serial_sequence('events', 'seq'), 1000000)`); err != nil {
+		t.Fatal(err)
+	}
+	s := sku("cursor")
+	place(t, f, s, "p1", 10)
+	a, b := buy(t, f, s, "k1", "ann", 1), buy(t, f, s, "k2", "bob", 1)
+	if _, err := f.EndSale(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	// The reader, up to date before the move.
+	cursor := int64(0)
+	seen := map[keys.ID]bool{}
+	readOn := func() []ledger.Event {
+		t.Helper()
+		var got []ledger.Event
+		for {
+			page, err := f.Events(ctx, s.Program, cursor, 100)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(page) == 0 {
+				return got
+			}
+			for _, e := range page {
+				if !seen[e.ID] {
+					seen[e.ID] = true
+					got = append(got, e)
+				}
+			}
+			cursor = page[len(page)-1].Seq
+		}
+	}
+	if got := readOn(); len(got) == 0 || cursor <= 1000000 {
+		t.Fatalf("before the move: %d events up to seq %d", len(got), cursor)
+	}
+	if _, err := f.Move(ctx, s.Program, "main"); err != nil {
+		t.Fatal(err)
+	}
+	for i, o := range []ledger.Order{a, b} {
+		if _, _, err := f.Refund(ctx, o.ID, o.Buyer, refundReq(o.Buyer, fmt.Sprintf("r%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	refunds := 0
+	for _, e := range readOn() {
+		if e.Type == "order.refunded" {
+			refunds++
+		}
+	}
+	if refunds != 2 {
+		t.Fatalf("read on from seq %d after the move: %d order.refunded, want the 2 written there", cursor, refunds)
+	}
+}

@@ -23,7 +23,8 @@ var ErrSaleOpen = errors.New("ledger: the program's sale is not closed")
 // programTables are the tables holding a program's rows, each with the
 // condition that picks them ($1 the program) and the columns left to the
 // target (an outbox sequence is the target's own: the events are written
-// there in their seq order, so they keep it under the new numbers). The
+// there in their seq order, so they keep it under the new numbers, all
+// above the source's last: see seqPast). The
 // program's outbox events go along: the target's relay announces them
 // again under their event ids (webhook-id), as at-least-once delivery may
 // anyway.
@@ -72,6 +73,9 @@ type Move struct {
 	Counts   []TableCount
 	Sums     [2][3]int64 // source, target: the SKUs' total, sold and held
 	copied   bool
+	// lastSeq is the last event seq the source handed out: the target
+	// numbers the program's events above it (see seqPast).
+	lastSeq int64
 }
 
 type tableRows struct {
@@ -169,7 +173,40 @@ func BeginMove(ctx context.Context, from, to *Ledger, program keys.ID, toName, t
 	if m.Sums[0], err = skuSums(ctx, m.src, program); err != nil {
 		return nil, err
 	}
+	var last sql.NullInt64
+	if err := m.src.QueryRowContext(ctx, `SELECT pg_sequence_last_value(pg_get_serial_sequence('events', 'seq')::regclass)`).Scan(&last); err != nil {
+		return nil, fmt.Errorf("ledger: move: events seq: %w", err)
+	}
+	m.lastSeq = last.Int64
 	return m, nil
+}
+
+// seqPast moves l's event sequence past seq, if it is not already: a
+// program's feed read on the source left its reader's cursor at up to
+// the source's last seq, and the target's own numbers may be far below
+// it, where every event written after the move would hide behind that
+// cursor. Numbered above it, the program's events copied there are read
+// again (under their ids, to de-duplicate by) and none written after is
+// missed. The table is locked while the sequence moves, so that no insert
+// takes a seq meanwhile (setval could otherwise set back one handed
+// out); lock_timeout bounds the wait behind a long transaction, which
+// fails the move (to run again) rather than hold every write back.
+func (l *Ledger) seqPast(ctx context.Context, seq int64) error {
+	tx, err := l.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("ledger: move: events seq: %w", err)
+	}
+	defer tx.Rollback()
+	for _, q := range []string{`SET LOCAL lock_timeout = '2s'`, `LOCK TABLE events IN EXCLUSIVE MODE`} {
+		if _, err := tx.ExecContext(ctx, q); err != nil {
+			return fmt.Errorf("ledger: move: events seq: %w", err)
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `SELECT setval(pg_get_serial_sequence('events', 'seq'), $1::bigint)
+		WHERE $1::bigint > COALESCE(pg_sequence_last_value(pg_get_serial_sequence('events', 'seq')::regclass), 0)`, seq); err != nil {
+		return fmt.Errorf("ledger: move: events seq: %w", err)
+	}
+	return tx.Commit()
 }
 
 // readAll reads every row, leaving out the column skip.
@@ -236,6 +273,9 @@ func (l *Ledger) programRows(ctx context.Context, q interface {
 // before it commits, that every table has as many rows there as on the
 // source and the SKUs add up to the same stock: the verify step.
 func (m *Move) Copy(ctx context.Context) error {
+	if err := m.to.seqPast(ctx, m.lastSeq); err != nil {
+		return err
+	}
 	tx, err := m.to.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("ledger: move: %w", err)

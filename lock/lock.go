@@ -38,10 +38,20 @@ var (
 	ErrLost = errors.New("lock: lease lost")
 )
 
+// Redis is what a Locker calls: SET NX PX and GET to take a lock, and
+// its two scripts (package lua's unlock and renew) to give it back and
+// keep it. A *redis.ClusterClient is one; so is package shard/shardmem's
+// in-memory Scripter, for tests that start no server.
+type Redis interface {
+	redis.Scripter
+	SetNX(ctx context.Context, key string, value any, expiration time.Duration) *redis.BoolCmd
+	Get(ctx context.Context, key string) *redis.StringCmd
+}
+
 // Options configures a Locker.
 type Options struct {
 	// Redis holds the locks. Required.
-	Redis redis.Cmdable
+	Redis Redis
 	// TTL is how long a lock outlives its last renewal: how long a crashed
 	// holder blocks the others. Default 10s.
 	TTL time.Duration
@@ -57,7 +67,7 @@ type Options struct {
 
 // Locker takes locks.
 type Locker struct {
-	rdb    redis.Cmdable
+	rdb    Redis
 	opts   Options
 	unlock *redis.Script
 	renew  *redis.Script

@@ -14,6 +14,7 @@ import (
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/lock"
+	"github.com/stockgate/stockgate/shard/shardmem"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
@@ -22,87 +23,111 @@ func newLocker(t *testing.T, ttl time.Duration) *lock.Locker {
 	t.Helper()
 	rdb := testenv.SharedCluster(t).Client()
 	t.Cleanup(func() { rdb.Close() })
-	l, err := lock.New(lock.Options{Redis: rdb, TTL: ttl, RetryEvery: 10 * time.Millisecond, CallTimeout: ttl / 3})
+	return newLockerOn(t, rdb, ttl)
+}
+
+func newLockerOn(t *testing.T, r lock.Redis, ttl time.Duration) *lock.Locker {
+	t.Helper()
+	l, err := lock.New(lock.Options{Redis: r, TTL: ttl, RetryEvery: 10 * time.Millisecond, CallTimeout: ttl / 3})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return l
 }
 
+// eachBackend runs test on a real Redis Cluster and on package
+// shard/shardmem's locks in memory (the unit tier's), holding the one to
+// the other: make test runs both, the unit tier skips the Redis half.
+func eachBackend(t *testing.T, test func(t *testing.T, r lock.Redis)) {
+	t.Helper()
+	t.Run("redis", func(t *testing.T) {
+		rdb := testenv.SharedCluster(t).Client()
+		t.Cleanup(func() { rdb.Close() })
+		test(t, rdb)
+	})
+	t.Run("memory", func(t *testing.T) { test(t, shardmem.New()) })
+}
+
 func TestOneHolderAtATime(t *testing.T) {
-	l := newLocker(t, time.Second)
-	ctx := context.Background()
-	key := keys.Lock(keys.MustID(testenv.ID(t, "p")), keys.MustID("t"), keys.MustID("test"))
-	var inside, most, entered atomic.Int32
-	var wg sync.WaitGroup
-	for range 20 {
-		wg.Go(func() {
-			lease, err := l.Acquire(ctx, key, 10*time.Second)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			n := inside.Add(1)
-			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
-			}
-			entered.Add(1)
-			time.Sleep(5 * time.Millisecond) // time under test: each holder stays 5 ms, a window for an overlap
-			inside.Add(-1)
-			if err := lease.Release(ctx); err != nil {
-				t.Error(err)
-			}
-		})
-	}
-	wg.Wait()
-	if most.Load() != 1 || entered.Load() != 20 {
-		t.Errorf("at most %d holders at once, %d of 20 entered; want 1 and 20", most.Load(), entered.Load())
-	}
+	eachBackend(t, func(t *testing.T, r lock.Redis) {
+		l := newLockerOn(t, r, time.Second)
+		ctx := context.Background()
+		key := keys.Lock(keys.MustID(testenv.ID(t, "p")), keys.MustID("t"), keys.MustID("test"))
+		var inside, most, entered atomic.Int32
+		var wg sync.WaitGroup
+		for range 20 {
+			wg.Go(func() {
+				lease, err := l.Acquire(ctx, key, 10*time.Second)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				n := inside.Add(1)
+				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+				}
+				entered.Add(1)
+				time.Sleep(5 * time.Millisecond) // time under test: each holder stays 5 ms, a window for an overlap
+				inside.Add(-1)
+				if err := lease.Release(ctx); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+		if most.Load() != 1 || entered.Load() != 20 {
+			t.Errorf("at most %d holders at once, %d of 20 entered; want 1 and 20", most.Load(), entered.Load())
+		}
+	})
 }
 
 func TestBusyThenFreed(t *testing.T) {
-	l := newLocker(t, time.Second)
-	ctx := context.Background()
-	key := keys.Lock(keys.MustID(testenv.ID(t, "p")), keys.MustID("t"), keys.MustID("test"))
-	a, err := l.Acquire(ctx, key, 3*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := l.Acquire(ctx, key, 300*time.Millisecond); !errors.Is(err, lock.ErrBusy) {
-		t.Fatalf("second Acquire = %v, want ErrBusy", err)
-	}
-	time.AfterFunc(100*time.Millisecond, func() { _ = a.Release(ctx) })
-	b, err := l.Acquire(ctx, key, 2*time.Second)
-	if err != nil {
-		t.Fatalf("Acquire while the holder releases = %v", err)
-	}
-	if err := b.Release(ctx); err != nil {
-		t.Error(err)
-	}
-	if err := b.Release(ctx); err != nil {
-		t.Errorf("second Release = %v, want nil", err)
-	}
+	eachBackend(t, func(t *testing.T, r lock.Redis) {
+		l := newLockerOn(t, r, time.Second)
+		ctx := context.Background()
+		key := keys.Lock(keys.MustID(testenv.ID(t, "p")), keys.MustID("t"), keys.MustID("test"))
+		a, err := l.Acquire(ctx, key, 3*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.Acquire(ctx, key, 300*time.Millisecond); !errors.Is(err, lock.ErrBusy) {
+			t.Fatalf("second Acquire = %v, want ErrBusy", err)
+		}
+		time.AfterFunc(100*time.Millisecond, func() { _ = a.Release(ctx) })
+		b, err := l.Acquire(ctx, key, 2*time.Second)
+		if err != nil {
+			t.Fatalf("Acquire while the holder releases = %v", err)
+		}
+		if err := b.Release(ctx); err != nil {
+			t.Error(err)
+		}
+		if err := b.Release(ctx); err != nil {
+			t.Errorf("second Release = %v, want nil", err)
+		}
+	})
 }
 
 func TestRenewalOutlivesTTL(t *testing.T) {
-	l := newLocker(t, time.Second)
-	ctx := context.Background()
-	key := keys.Lock(keys.MustID(testenv.ID(t, "p")), keys.MustID("t"), keys.MustID("test"))
-	// A wait, not 0: on a loaded machine one SET took longer than the
-	// call timeout (a third of the TTL) and a first try alone failed.
-	a, err := l.Acquire(ctx, key, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(3500 * time.Millisecond) // time under test: more than three TTLs
-	if _, err := l.Acquire(ctx, key, 500*time.Millisecond); !errors.Is(err, lock.ErrBusy) {
-		t.Errorf("Acquire after 3 TTLs of a renewed lock = %v, want ErrBusy", err)
-	}
-	if a.Context().Err() != nil {
-		t.Errorf("renewed lease ended: %v", context.Cause(a.Context()))
-	}
-	if err := a.Release(ctx); err != nil {
-		t.Error(err)
-	}
+	eachBackend(t, func(t *testing.T, r lock.Redis) {
+		l := newLockerOn(t, r, time.Second)
+		ctx := context.Background()
+		key := keys.Lock(keys.MustID(testenv.ID(t, "p")), keys.MustID("t"), keys.MustID("test"))
+		// A wait, not 0: on a loaded machine one SET took longer than the
+		// call timeout (a third of the TTL) and a first try alone failed.
+		a, err := l.Acquire(ctx, key, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(3500 * time.Millisecond) // time under test: more than three TTLs
+		if _, err := l.Acquire(ctx, key, 500*time.Millisecond); !errors.Is(err, lock.ErrBusy) {
+			t.Errorf("Acquire after 3 TTLs of a renewed lock = %v, want ErrBusy", err)
+		}
+		if a.Context().Err() != nil {
+			t.Errorf("renewed lease ended: %v", context.Cause(a.Context()))
+		}
+		if err := a.Release(ctx); err != nil {
+			t.Error(err)
+		}
+	})
 }
 
 // A lease whose key was taken over (it expired during a pause, say) ends
@@ -139,25 +164,25 @@ func TestLostLeaseNeverFreesTheNewOwner(t *testing.T) {
 // A holder that dies without releasing (here: a raw SET NX PX with nobody
 // renewing it) blocks others for TTL, then its lock expires.
 func TestCrashedHolderExpires(t *testing.T) {
-	// A TTL of 1 s: its call timeout (a third) outlasts a starved
-	// machine's Redis round trip (at 300 ms, one SET took over 100 ms in
-	// a loaded make test and the first Acquire failed on its deadline).
-	l := newLocker(t, time.Second)
-	rdb := testenv.SharedCluster(t).Client()
-	defer rdb.Close()
-	ctx := context.Background()
-	key := keys.Lock(keys.MustID(testenv.ID(t, "p")), keys.MustID("t"), keys.MustID("test"))
-	if ok, err := rdb.SetNX(ctx, key, "dead-holder", time.Second).Result(); err != nil || !ok {
-		t.Fatal(ok, err)
-	}
-	if _, err := l.Acquire(ctx, key, 300*time.Millisecond); !errors.Is(err, lock.ErrBusy) {
-		t.Fatalf("Acquire against a live dead holder's lock = %v, want ErrBusy", err)
-	}
-	a, err := l.Acquire(ctx, key, 3*time.Second)
-	if err != nil {
-		t.Fatalf("Acquire after the dead holder's TTL = %v", err)
-	}
-	_ = a.Release(ctx)
+	eachBackend(t, func(t *testing.T, r lock.Redis) {
+		// A TTL of 1 s: its call timeout (a third) outlasts a starved
+		// machine's Redis round trip (at 300 ms, one SET took over 100 ms in
+		// a loaded make test and the first Acquire failed on its deadline).
+		l := newLockerOn(t, r, time.Second)
+		ctx := context.Background()
+		key := keys.Lock(keys.MustID(testenv.ID(t, "p")), keys.MustID("t"), keys.MustID("test"))
+		if ok, err := r.SetNX(ctx, key, "dead-holder", time.Second).Result(); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		if _, err := l.Acquire(ctx, key, 300*time.Millisecond); !errors.Is(err, lock.ErrBusy) {
+			t.Fatalf("Acquire against a live dead holder's lock = %v, want ErrBusy", err)
+		}
+		a, err := l.Acquire(ctx, key, 3*time.Second)
+		if err != nil {
+			t.Fatalf("Acquire after the dead holder's TTL = %v", err)
+		}
+		_ = a.Release(ctx)
+	})
 }
 
 func TestNewValidates(t *testing.T) {

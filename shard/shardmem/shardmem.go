@@ -2,11 +2,15 @@
 // stock scripts of package lua (seed, deduct, restore, refill, read,
 // fence), the buyer caps' (quota, unquota) and the hold budgets'
 // (budget), each a Go port of its Lua, run one at a time and whole, as
-// Redis runs a script. A *Scripter is a redis.Scripter, so
+// Redis runs a script; and the locks' (SET NX, GET, unlock, renew). A
+// *Scripter is a redis.Scripter and a lock.Redis, so
 //
-//	gate, _ := shard.New(shard.Options{Redis: shardmem.New()})
+//	mem := shardmem.New()
+//	gate, _ := shard.New(shard.Options{Redis: mem})
+//	locker, _ := lock.New(lock.Options{Redis: mem})
 //
-// is the sale's Gate with no server: the unit tier's (make test-unit).
+// are the sale's Gate and Locker with no server: the unit tier's (make
+// test-unit).
 //
 // It is a fake, and only as good as its contract: shard's tests run the
 // same cases, and random operation sequences side by side, on a real
@@ -55,6 +59,7 @@ func New() *Scripter {
 	for src, run := range map[string]script{
 		lua.Seed: seed, lua.Deduct: deduct, lua.Restore: restore, lua.Refill: refill, lua.Read: read,
 		lua.Fence: fence, lua.Quota: quota, lua.Unquota: unquota, lua.Budget: budget,
+		lua.Unlock: unlock, lua.Renew: renew,
 	} {
 		s.scripts[sha(src)] = run
 	}
@@ -134,13 +139,19 @@ func (s *Scripter) run(ctx context.Context, run script, keys []string, a []any) 
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.expireDue(keys...)
+	return redis.NewCmdResult(reply(run(s, keys, argv)), nil)
+}
+
+// expireDue deletes those of keys whose expiry has come, as Redis does
+// when a command touches one.
+func (s *Scripter) expireDue(keys ...string) {
 	now := s.now()
 	for _, k := range keys {
 		if at, ok := s.expires[k]; ok && !now.Before(at) {
 			s.del(k)
 		}
 	}
-	return redis.NewCmdResult(reply(run(s, keys, argv)), nil)
 }
 
 // argString is an argument as go-redis writes it on the wire.

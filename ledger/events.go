@@ -161,18 +161,38 @@ func emit(ctx context.Context, tx *sql.Tx, now time.Time, events ...Event) error
 
 // Events reads up to limit events with Seq > after, in Seq order; program
 // narrows them to one program's when given. It reads only settled events
-// (feedSeq): on PostgreSQL a seq is taken at insert, and transactions
+// (SettledSeq): on PostgreSQL a seq is taken at insert, and transactions
 // commit in any order, so an event visible now may have one below it
 // still committing, which a reader moving on from the last seq it read
-// would skip for good.
+// would skip for good. A read that reaches the settled tip with room
+// left waits (waitSettled) for the seqs handed out before it, so a
+// reader sees what committed before it asked, as soon as nothing below
+// is open.
 func (l *Ledger) Events(ctx context.Context, program keys.ID, after int64, limit int) ([]Event, error) {
 	if limit < 1 || limit > 1000 {
 		return nil, fmt.Errorf("%w: limit %d out of 1..1000", stock.ErrInvalid, limit)
 	}
-	upTo, err := l.feedSeq(ctx)
+	settled, last, err := l.settledSeq(ctx)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("ledger: events: %w", err)
 	}
+	out, err := l.events(ctx, program, after, settled, limit)
+	if err != nil || len(out) == limit || settled >= last {
+		return out, err
+	}
+	from := max(after, settled) // every settled event past after was read
+	if settled, err = l.waitSettled(ctx, settled, last); err != nil {
+		return nil, fmt.Errorf("ledger: events: %w", err)
+	}
+	if settled <= from {
+		return out, nil
+	}
+	more, err := l.events(ctx, program, from, settled, limit-len(out))
+	return append(out, more...), err
+}
+
+// events reads up to limit events with after < Seq <= upTo.
+func (l *Ledger) events(ctx context.Context, program keys.ID, after, upTo int64, limit int) ([]Event, error) {
 	rows, err := l.db.QueryContext(ctx, `SELECT `+eventColumns+` FROM events WHERE seq > $1 AND seq <= $2 AND ($3 = '' OR program = $3) ORDER BY seq LIMIT $4`,
 		after, upTo, program, limit)
 	if err != nil {

@@ -467,34 +467,30 @@ func (l *Ledger) settledSeq(ctx context.Context) (settled, last int64, err error
 	return l.horizon.settle(seq.Int64, xid, xmin), seq.Int64, nil
 }
 
-// feedWait bounds how long a read of the event feed waits for the events
-// numbered below the last one handed out to commit: about what a commit
-// takes, many times over. Past it the read answers what is settled (a long
-// transaction holds the feed back, never makes it skip).
-const feedWait = 500 * time.Millisecond
+// feedWait bounds how long a read of the event feed at its tip waits for
+// the events numbered below the last one handed out to commit: what a
+// commit takes, many times over. Past it the read answers what is settled
+// (a long transaction holds the feed back, never makes it skip).
+const feedWait = 2 * time.Second
 
-// feedSeq is the seq the event feed reads up to: SettledSeq, waited on
-// (feedWait at most) while transactions that hold seqs below the last one
-// handed out are still open, so that a reader is not left a poll behind
-// the writers it raced.
-func (l *Ledger) feedSeq(ctx context.Context) (int64, error) {
-	settled, last, err := l.settledSeq(ctx)
-	for pause, waited := time.Millisecond, time.Duration(0); err == nil && settled < last && waited < feedWait; pause *= 2 {
+// waitSettled waits, feedWait at most, for the seqs up to last to settle
+// (transactions holding one still open), re-reading only the snapshot's
+// xmin, and returns how far they did.
+func (l *Ledger) waitSettled(ctx context.Context, settled, last int64) (int64, error) {
+	for pause, waited := time.Millisecond, time.Duration(0); settled < last && waited < feedWait; pause = min(2*pause, 100*time.Millisecond) {
 		t := time.NewTimer(pause)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return 0, ctx.Err()
+			return settled, ctx.Err()
 		case <-t.C:
 		}
 		waited += pause
 		var xmin int64
-		if err = l.db.QueryRowContext(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint`).Scan(&xmin); err == nil {
-			settled = l.horizon.advance(xmin)
+		if err := l.db.QueryRowContext(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint`).Scan(&xmin); err != nil {
+			return settled, err
 		}
-	}
-	if err != nil {
-		return 0, fmt.Errorf("ledger: events: %w", err)
+		settled = l.horizon.advance(xmin)
 	}
 	return settled, nil
 }
@@ -514,6 +510,12 @@ const maxNotes = 64
 
 func (h *horizon) settle(seq, xid, xmin int64) int64 {
 	h.mu.Lock()
+	if seq < h.settled {
+		// The sequence went back: a standby promoted that had not
+		// replayed all of it. What was settled, and the notes' ids, were
+		// the old primary's.
+		h.settled, h.pending = 0, h.pending[:0]
+	}
 	if len(h.pending) < maxNotes {
 		h.pending = append(h.pending, note{seq, xid})
 	}

@@ -2,10 +2,13 @@ package shard_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
@@ -22,10 +25,11 @@ import (
 // alike at every step, and leave every shard alike. A script changed
 // without its port fails here, with the step that told them apart.
 func TestContractMemoryAnswersAsRedis(t *testing.T) {
-	onRedis, _ := newStore(t)
+	onRedis, rdb := newStore(t)
 	for seed := range uint64(40) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			onMemory, err := shard.New(shard.Options{Redis: shardmem.New()})
+			mem := shardmem.New()
+			onMemory, err := shard.New(shard.Options{Redis: mem})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -44,7 +48,71 @@ func TestContractMemoryAnswersAsRedis(t *testing.T) {
 					t.Fatalf("at the end, %s:\n  redis:  %s\n  memory: %s", name, a, b)
 				}
 			}
+			c.compareKept(t, rdb, mem)
 		})
+	}
+}
+
+// compareKept compares what the scripts keep beside the stock, which the
+// Store's answers do not all show: every deduction and refill record, the
+// buyers' cap counts and the hold budgets' counts and entries.
+func (c *contract) compareKept(t *testing.T, rdb *redis.ClusterClient, mem *shardmem.Scripter) {
+	t.Helper()
+	ctx := context.Background()
+	var hashes, zsets, strs []string
+	for i, l := range contractLayouts {
+		for n := range l.shards {
+			k := keys.Shard(c.program, keys.MustID(l.ticket), n, l.shards)
+			for r := range 8 {
+				hashes = append(hashes, k.Deduction(keys.MustID(fmt.Sprintf("r%d", r))))
+			}
+			for r := range 5 {
+				strs = append(strs, k.Refill(keys.MustID(fmt.Sprintf("ret%d", r))))
+			}
+		}
+		for b := range 3 {
+			buyer := keys.MustID(fmt.Sprintf("b%d", b))
+			hashes = append(hashes, keys.Quota(c.program, c.sku(i).Ticket, buyer), keys.Quota(c.program, keys.ID{}, buyer))
+		}
+	}
+	for _, id := range []struct{ kind, name string }{{"b", "b0"}, {"b", "b1"}, {"b", "b2"}, {"d", "d0"}, {"d", "d1"}} {
+		entries, counts := keys.HoldBudget(c.program, id.kind, id.name)
+		zsets, hashes = append(zsets, entries), append(hashes, counts)
+	}
+	for _, k := range hashes {
+		got, err := rdb.HGetAll(ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := mem.Hash(k); fmt.Sprint(got) != fmt.Sprint(want) && len(got)+len(want) > 0 {
+			t.Fatalf("at the end, %s:\n  redis:  %v\n  memory: %v", k, got, want)
+		}
+	}
+	for _, k := range strs {
+		got, err := rdb.Get(ctx, k).Result()
+		if errors.Is(err, redis.Nil) {
+			got, err = "(none)", nil
+		}
+		want, merr := mem.Get(ctx, k).Result()
+		if errors.Is(merr, redis.Nil) {
+			want = "(none)"
+		}
+		if err != nil || got != want {
+			t.Fatalf("at the end, %s:\n  redis:  %q, %v\n  memory: %q", k, got, err, want)
+		}
+	}
+	for _, k := range zsets {
+		got, err := rdb.ZRangeWithScores(ctx, k, 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		redisSet := map[string]float64{}
+		for _, z := range got {
+			redisSet[z.Member.(string)] = z.Score
+		}
+		if want := mem.ZSet(k); fmt.Sprint(redisSet) != fmt.Sprint(want) && len(redisSet)+len(want) > 0 {
+			t.Fatalf("at the end, %s:\n  redis:  %v\n  memory: %v", k, redisSet, want)
+		}
 	}
 }
 

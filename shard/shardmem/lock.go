@@ -28,7 +28,8 @@ func (s *Scripter) SetNX(ctx context.Context, key string, value any, expiration 
 	}
 	s.strs[key] = v
 	if expiration > 0 {
-		s.expires[key] = s.now().Add(expiration)
+		// go-redis sends PX in whole milliseconds, at least 1.
+		s.expires[key] = s.now().Add(max(expiration.Truncate(time.Millisecond), time.Millisecond))
 	}
 	return redis.NewBoolResult(true, nil)
 }

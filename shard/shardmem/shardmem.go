@@ -140,21 +140,35 @@ func (s *Scripter) run(ctx context.Context, run script, keys []string, a []any) 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.expireDue(keys...)
+	return s.answer(run, keys, argv)
+}
+
+// answer is the script's reply; a port that fails (too few KEYS, say)
+// answers with an error reply, as Redis does for a Lua error.
+func (s *Scripter) answer(run script, keys []string, argv args) (cmd *redis.Cmd) {
+	defer func() {
+		if p := recover(); p != nil {
+			cmd = redis.NewCmdResult(nil, replyError(fmt.Sprintf("ERR Error running script: %v", p)))
+		}
+	}()
 	return redis.NewCmdResult(reply(run(s, keys, argv)), nil)
 }
 
-// expireDue deletes those of keys whose expiry has come, as Redis does
-// when a command touches one.
+// expireDue deletes those of keys whose expiry has passed, as Redis does
+// when a command touches one (in whole milliseconds: a key lives through
+// the millisecond it expires in).
 func (s *Scripter) expireDue(keys ...string) {
-	now := s.now()
+	now := s.now().UnixMilli()
 	for _, k := range keys {
-		if at, ok := s.expires[k]; ok && !now.Before(at) {
+		if at, ok := s.expires[k]; ok && now > at.UnixMilli() {
 			s.del(k)
 		}
 	}
 }
 
-// argString is an argument as go-redis writes it on the wire.
+// argString is an argument as go-redis writes it on the wire (its
+// proto.Writer's WriteArg), for the types the callers pass and their
+// near kin; any other is refused, never guessed.
 func argString(v any) (string, error) {
 	switch v := v.(type) {
 	case nil:
@@ -165,12 +179,25 @@ func argString(v any) (string, error) {
 		return string(v), nil
 	case int:
 		return strconv.Itoa(v), nil
-	case int32:
-		return strconv.FormatInt(int64(v), 10), nil
+	case int8, int16, int32:
+		return fmt.Sprint(v), nil
 	case int64:
 		return strconv.FormatInt(v, 10), nil
-	case uint64:
-		return strconv.FormatUint(v, 10), nil
+	case uint, uint8, uint16, uint32, uint64:
+		return fmt.Sprint(v), nil
+	case float32:
+		return strconv.FormatFloat(float64(v), 'f', -1, 32), nil
+	case float64:
+		return strconv.FormatFloat(v, 'f', -1, 64), nil
+	case bool:
+		if v {
+			return "1", nil
+		}
+		return "0", nil
+	case time.Duration:
+		return strconv.FormatInt(v.Nanoseconds(), 10), nil
+	case time.Time:
+		return v.Format(time.RFC3339Nano), nil
 	case encoding.BinaryMarshaler:
 		b, err := v.MarshalBinary()
 		return string(b), err
@@ -327,3 +354,38 @@ func or0(v string, ok bool) string {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// Hash is a copy of the hash at key (nil when there is none), for the
+// contract tests that compare what the scripts keep with Redis's
+// HGETALL; nothing else reads the keys from outside.
+func (s *Scripter) Hash(key string) map[string]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.expireDue(key)
+	h, ok := s.hashes[key]
+	if !ok {
+		return nil
+	}
+	out := make(map[string]string, len(h))
+	for f, v := range h {
+		out[f] = v
+	}
+	return out
+}
+
+// ZSet is a copy of the sorted set at key (nil when there is none), as
+// Hash.
+func (s *Scripter) ZSet(key string) map[string]float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.expireDue(key)
+	z, ok := s.zsets[key]
+	if !ok {
+		return nil
+	}
+	out := make(map[string]float64, len(z))
+	for m, v := range z {
+		out[m] = v
+	}
+	return out
+}

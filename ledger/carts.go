@@ -461,9 +461,21 @@ func (l *Ledger) cartReplay(ctx context.Context, r Request) (Cart, error) {
 }
 
 // CartByID returns a cart with its orders and holds as they are now
-// (refunds included), or ErrNotFound.
+// (refunds included), or ErrNotFound. Both are read in one snapshot: read
+// apart, a confirm committing between the two reads showed its holds
+// confirmed and no order (helper-61).
 func (l *Ledger) CartByID(ctx context.Context, id keys.ID) (Cart, error) {
-	return cartIn(ctx, l.db, id)
+	var opts *sql.TxOptions
+	if l.driver == Postgres {
+		// SQLite's read transaction is one snapshot already (WAL).
+		opts = &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true}
+	}
+	tx, err := l.db.BeginTx(ctx, opts)
+	if err != nil {
+		return Cart{}, fmt.Errorf("ledger: cart: %w", err)
+	}
+	defer tx.Rollback()
+	return cartIn(ctx, tx, id)
 }
 
 // querier is what cartIn reads with: the database, or a transaction.

@@ -560,3 +560,64 @@ func TestHeldCartConfirmsRaceUnderTwoKeys(t *testing.T) {
 		})
 	}
 }
+
+// A cart read while its confirm commits shows it before or after, never
+// half: its holds confirmed with no orders, or orders beside held holds
+// (helper-61: the orders and the holds were two reads, and a confirm
+// committing between them answered a GET with a paid cart and nothing
+// bought).
+func TestCartReadWhileConfirming(t *testing.T) {
+	for _, driver := range []string{ledger.SQLite, ledger.Postgres} {
+		t.Run(driver, func(t *testing.T) {
+			ctx := context.Background()
+			ls, clk, _ := openLedgers(t, driver, 2)
+			p := keys.MustID("show-read")
+			a, b := stock.SKU{Program: p, Ticket: keys.MustID("a")}, stock.SKU{Program: p, Ticket: keys.MustID("b")}
+			for _, s := range []stock.SKU{a, b} {
+				if _, err := ls[0].PutSKU(ctx, ledger.SKUConfig{SKU: s, Total: 1000, Shards: 1, MaxPerOrder: 4}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			reads := 0
+			for i := range 30 {
+				buyer := keys.MustID(fmt.Sprintf("b%d", i))
+				c, err := ls[0].HoldCart(ctx, heldCartOf(fmt.Sprintf("c%d", i), buyer, clk.now().Add(time.Hour),
+					map[stock.SKU]int64{a: 1, b: 2}, []stock.SKU{a, b}), false)
+				if err != nil {
+					t.Fatal(err)
+				}
+				done := make(chan error, 1)
+				go func() {
+					_, err := ls[0].ConfirmCart(ctx, c.ID, buyer, clientReq(buyer, fmt.Sprintf("ok%d", i), ledger.OpCartConfirm))
+					done <- err
+				}()
+				for finished := false; !finished; {
+					select {
+					case err := <-done:
+						if err != nil {
+							t.Fatal(err)
+						}
+						finished = true // one more read, after it
+					default:
+					}
+					got, err := ls[1].CartByID(ctx, c.ID)
+					if err != nil {
+						t.Fatal(err)
+					}
+					reads++
+					confirmed := 0
+					for _, h := range got.Holds {
+						if h.State == ledger.Confirmed {
+							confirmed++
+						}
+					}
+					if (confirmed == 0) != (len(got.Orders) == 0) || (confirmed > 0 && (confirmed != 2 || len(got.Orders) != 2)) {
+						t.Fatalf("cart %d read while confirming: %d of %d holds confirmed, %d orders; want all or nothing",
+							i, confirmed, len(got.Holds), len(got.Orders))
+					}
+				}
+			}
+			t.Logf("%d reads", reads)
+		})
+	}
+}

@@ -30,8 +30,13 @@ import (
 // contract tests) and its ledger a SQLite file. It runs in the unit tier.
 func unitService(t *testing.T) (*sale.Service, *shard.Store) {
 	t.Helper()
+	return unitServiceOn(t, shardmem.New())
+}
+
+// unitServiceOn is unitService with its gate and locks on mem.
+func unitServiceOn(t *testing.T, mem lock.Redis) (*sale.Service, *shard.Store) {
+	t.Helper()
 	ctx := context.Background()
-	mem := shardmem.New()
 	c, err := cache.New(cache.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -60,23 +65,29 @@ func unitService(t *testing.T) (*sale.Service, *shard.Store) {
 }
 
 // TestServiceAgainstAModel drives sale.Service, with no server, through
-// random sequences of purchases, holds, confirms, cancels and refunds by
-// four buyers over two SKUs (one shard, and three), retries under the
-// same key and reuses of a key for another request among them, and holds
+// random sequences of purchases, holds, whole and partial confirms,
+// cancels, refunds, transfers of all or some of an order, and carts bought
+// or held (then confirmed, cancelled or refunded whole) by four buyers
+// over two SKUs (one shard, and three), where they meet (a cart's hold
+// confirmed alone, a cart's order transferred, a transferred order
+// refunded by its new buyer, a part-confirmed hold confirmed whole),
+// retries under the same key and reuses of a key for another request
+// among them, and holds
 // every answer to a reference model of the stock: who got what, what is
 // left, and that Redis (here the in-memory gate) counts what the ledger
 // does after every step. Many seeds, in seconds: the sale's decisions
 // exercised where make test-unit runs.
 func TestServiceAgainstAModel(t *testing.T) {
-	for seed := range uint64(12) {
+	for seed := range uint64(16) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			svc, gate := unitService(t)
 			m := newModel(t, svc, gate, seed)
-			for step := range 150 {
+			for step := range 200 {
 				m.step(step)
 			}
 			m.check("at the end")
-			t.Logf("%d orders (%d refunded), %d holds, %d sold-out answers, %d retries", len(m.orders), m.count["refunded"], len(m.holds), m.count["sold-out"], m.count["retry"])
+			t.Logf("%d orders (%d refunded, %d split off), %d holds (%d confirmed in part), %d carts, %d sold-out answers, %d retries",
+				len(m.orders), m.count["refunded"], m.count["split"], len(m.holds), m.count["part"], len(m.carts), m.count["sold-out"], m.count["retry"])
 		})
 	}
 }
@@ -90,7 +101,8 @@ type model struct {
 	skus   []modelSKU
 	orders []*modelOrder
 	holds  []*modelHold
-	done   []modelRequest // committed purchases and holds, by key, for retries
+	carts  []*modelCart
+	done   []modelRequest // committed purchases, holds and carts, by key, for retries
 	keys   int
 	where  string
 	count  map[string]int // answers by kind, for the log
@@ -106,8 +118,9 @@ type modelOrder struct {
 	id       keys.ID
 	sku      int
 	buyer    keys.ID
-	q        int64
+	q        int64 // standing: less what transfers split off
 	refunded bool
+	cart     *modelCart // the cart it is a line of
 }
 
 type modelHold struct {
@@ -117,10 +130,24 @@ type modelHold struct {
 	q     int64
 	state string // held, confirmed, cancelled
 	order keys.ID
+	kept  int64      // the units it was confirmed for
+	cart  *modelCart // the cart it is a line of
+}
+
+// modelCart is a cart: bought (its orders) or held (its holds, then the
+// orders its confirm made).
+type modelCart struct {
+	id     keys.ID
+	buyer  keys.ID
+	held   bool
+	state  string // bought, held, confirmed, cancelled
+	holds  []*modelHold
+	orders []*modelOrder
 }
 
 type modelRequest struct {
 	take sale.Take
+	cart *sale.CartTake // a cart's request instead of take
 	hold bool
 	id   keys.ID // what it made
 }
@@ -130,7 +157,7 @@ var modelBuyers = []keys.ID{keys.MustID("ann"), keys.MustID("bob"), keys.MustID(
 func newModel(t *testing.T, svc *sale.Service, gate *shard.Store, seed uint64) *model {
 	m := &model{t: t, ctx: context.Background(), svc: svc, gate: gate, rnd: rand.New(rand.NewPCG(seed, 7)), count: map[string]int{}}
 	program := keys.MustID(fmt.Sprintf("m%d", seed))
-	for _, s := range []modelSKU{{shards: 1, total: 8}, {shards: 3, total: 12}} {
+	for _, s := range []modelSKU{{shards: 1, total: 16}, {shards: 3, total: 24}} {
 		s.sku = stock.SKU{Program: program, Ticket: keys.MustID(fmt.Sprintf("t%d", len(m.skus)))}
 		s.remaining = s.total
 		if _, err := svc.PutSKU(m.ctx, sale.SKUConfig{SKU: s.sku, Total: s.total, Shards: s.shards, MaxPerOrder: 4}); err != nil {
@@ -158,18 +185,26 @@ func (m *model) key() keys.ID {
 
 func (m *model) step(n int) {
 	switch w := m.rnd.IntN(100); {
-	case w < 30:
+	case w < 20:
 		m.take(n, false)
-	case w < 50:
+	case w < 32:
 		m.take(n, true)
-	case w < 60:
+	case w < 40:
 		m.retry(n)
-	case w < 75:
+	case w < 48:
 		m.confirm(n)
-	case w < 85:
+	case w < 54:
+		m.confirmPart(n)
+	case w < 61:
 		m.cancel(n)
-	default:
+	case w < 70:
 		m.refund(n)
+	case w < 79:
+		m.transfer(n)
+	case w < 85:
+		m.cart(n, m.rnd.IntN(2) == 0)
+	default:
+		m.cartEnd(n)
 	}
 	m.check("after it")
 }
@@ -225,13 +260,33 @@ func (m *model) retry(n int) {
 		return
 	}
 	r := m.done[m.rnd.IntN(len(m.done))]
-	tk := r.take
 	reuse := m.rnd.IntN(3) == 0
+	m.count["retry"]++
+	if r.cart != nil {
+		ct := *r.cart
+		ct.Lines = slices.Clone(ct.Lines)
+		if reuse {
+			ct.Lines[0].Quantity = ct.Lines[0].Quantity%4 + 1
+		}
+		m.where = fmt.Sprintf("step %d: retry of cart %v (held %v, reuse %v)", n, ct.Key, r.hold, reuse)
+		res, err := m.sendCart(ct, r.hold)
+		switch {
+		case reuse:
+			if !errors.Is(err, sale.ErrKeyReused) {
+				m.fail("got %+v, %v; want the key refused as reused", res, err)
+			}
+		case err != nil:
+			m.fail("refused: %v", err)
+		case res.Cart == nil || res.Cart.ID != r.id || !res.Replayed:
+			m.fail("answered %+v; want cart %v replayed", res, r.id)
+		}
+		return
+	}
+	tk := r.take
 	if reuse {
 		tk.Quantity = tk.Quantity%4 + 1
 	}
 	m.where = fmt.Sprintf("step %d: retry of %v (hold %v, reuse %v)", n, tk.Key, r.hold, reuse)
-	m.count["retry"]++
 	res, err := m.send(tk, r.hold)
 	switch {
 	case reuse:
@@ -254,8 +309,21 @@ func (m *model) someHold() *modelHold {
 	return m.holds[m.rnd.IntN(len(m.holds))]
 }
 
+func (m *model) someOrder() *modelOrder {
+	if len(m.orders) == 0 {
+		return nil
+	}
+	return m.orders[m.rnd.IntN(len(m.orders))]
+}
+
+// otherBuyer is a buyer other than b.
+func otherBuyer(b keys.ID, rnd *rand.Rand) keys.ID {
+	return modelBuyers[(slices.Index(modelBuyers, b)+1+rnd.IntN(len(modelBuyers)-1))%len(modelBuyers)]
+}
+
 // confirm: a held hold becomes its buyer's order; another buyer is not
-// its owner; a confirmed one answers its order; a cancelled one refuses.
+// its owner; a confirmed one answers its order (whatever it was confirmed
+// for); a cancelled one refuses; a cart's line is confirmed by its cart.
 func (m *model) confirm(n int) {
 	h := m.someHold()
 	if h == nil {
@@ -264,14 +332,18 @@ func (m *model) confirm(n int) {
 	owner := m.rnd.IntN(5) > 0
 	a := sale.Ask{Buyer: h.buyer, Key: m.key()}
 	if !owner {
-		a.Buyer = modelBuyers[(slices.Index(modelBuyers, h.buyer)+1)%len(modelBuyers)]
+		a.Buyer = otherBuyer(h.buyer, m.rnd)
 	}
-	m.where = fmt.Sprintf("step %d: confirm of a %s hold of %d (owner %v)", n, h.state, h.q, owner)
+	m.where = fmt.Sprintf("step %d: confirm of a %s hold of %d (owner %v, in a cart %v)", n, h.state, h.q, owner, h.cart != nil)
 	res, err := m.svc.Confirm(m.ctx, h.id, a)
 	switch {
 	case !owner:
 		if !errors.Is(err, sale.ErrNotOwner) {
 			m.fail("got %+v, %v; want not owner", res, err)
+		}
+	case h.cart != nil:
+		if !errors.Is(err, sale.ErrInCart) {
+			m.fail("got %+v, %v; want in cart", res, err)
 		}
 	case h.state == "cancelled":
 		if !errors.Is(err, sale.ErrHoldCancelled) {
@@ -279,30 +351,87 @@ func (m *model) confirm(n int) {
 		}
 	case err != nil:
 		m.fail("refused: %v", err)
-	case res.Order == nil || res.Order.Quantity != h.q || (h.state == "confirmed" && res.Order.ID != h.order):
+	case h.state == "confirmed":
+		if res.Order == nil || res.Order.ID != h.order {
+			m.fail("answered %+v; want order %v", res, h.order)
+		}
+	case res.Order == nil || res.Order.Quantity != h.q:
 		m.fail("answered %+v", res)
-	case h.state == "held":
-		h.state, h.order = "confirmed", res.Order.ID
-		m.skus[h.sku].on -= h.q
-		m.orders = append(m.orders, &modelOrder{id: res.Order.ID, sku: h.sku, buyer: h.buyer, q: h.q})
+	default:
+		m.confirmed(h, res.Order.ID, h.q)
+	}
+}
+
+// confirmed makes h's order of kept units, and gives the rest back.
+func (m *model) confirmed(h *modelHold, order keys.ID, kept int64) {
+	h.state, h.order, h.kept = "confirmed", order, kept
+	s := &m.skus[h.sku]
+	s.on -= h.q
+	s.remaining += h.q - kept
+	m.orders = append(m.orders, &modelOrder{id: order, sku: h.sku, buyer: h.buyer, q: kept, cart: h.cart})
+}
+
+// confirmPart: a held hold keeps k of its units as an order and gives the
+// rest back; a confirmed one answers its order for the k it was confirmed
+// for and refuses another k as confirmed; more than the hold is invalid.
+func (m *model) confirmPart(n int) {
+	h := m.someHold()
+	if h == nil {
+		return
+	}
+	k := int64(m.rnd.IntN(int(h.q)+1) + 1) // one past the hold now and then
+	m.where = fmt.Sprintf("step %d: confirm of %d of a %s hold of %d (kept %d, in a cart %v)", n, k, h.state, h.q, h.kept, h.cart != nil)
+	res, err := m.svc.ConfirmPart(m.ctx, h.id, sale.Ask{Buyer: h.buyer, Key: m.key()}, k)
+	switch {
+	case h.cart != nil:
+		if !errors.Is(err, sale.ErrInCart) {
+			m.fail("got %+v, %v; want in cart", res, err)
+		}
+	case h.state == "cancelled":
+		if !errors.Is(err, sale.ErrHoldCancelled) {
+			m.fail("got %+v, %v; want hold cancelled", res, err)
+		}
+	case h.state == "confirmed" && k == h.kept:
+		if err != nil || res.Order == nil || res.Order.ID != h.order {
+			m.fail("got %+v, %v; want order %v", res, err, h.order)
+		}
+	case h.state == "confirmed":
+		if !errors.Is(err, sale.ErrHoldConfirmed) {
+			m.fail("got %+v, %v; want hold confirmed", res, err)
+		}
+	case k > h.q:
+		if !errors.Is(err, sale.ErrInvalid) {
+			m.fail("got %+v, %v; want invalid", res, err)
+		}
+	case err != nil:
+		m.fail("refused: %v", err)
+	case res.Order == nil || res.Order.Quantity != k:
+		m.fail("answered %+v", res)
+	default:
+		m.count["part"]++
+		m.confirmed(h, res.Order.ID, k)
 	}
 }
 
 // cancel: a held hold gives its units back; a confirmed one refuses; a
-// cancelled one stays so.
+// cancelled one stays so; a cart's line is cancelled by its cart.
 func (m *model) cancel(n int) {
 	h := m.someHold()
 	if h == nil {
 		return
 	}
-	m.where = fmt.Sprintf("step %d: cancel of a %s hold of %d", n, h.state, h.q)
+	m.where = fmt.Sprintf("step %d: cancel of a %s hold of %d (in a cart %v)", n, h.state, h.q, h.cart != nil)
 	res, err := m.svc.Cancel(m.ctx, h.id, sale.Ask{Buyer: h.buyer, Key: m.key()})
-	switch h.state {
-	case "confirmed":
+	switch {
+	case h.cart != nil:
+		if !errors.Is(err, sale.ErrInCart) {
+			m.fail("got %+v, %v; want in cart", res, err)
+		}
+	case h.state == "confirmed":
 		if !errors.Is(err, sale.ErrHoldConfirmed) {
 			m.fail("got %+v, %v; want hold confirmed", res, err)
 		}
-	case "cancelled":
+	case h.state == "cancelled":
 		if err != nil && !errors.Is(err, sale.ErrHoldCancelled) {
 			m.fail("got %v; want the cancel again, or hold cancelled", err)
 		}
@@ -310,21 +439,35 @@ func (m *model) cancel(n int) {
 		if err != nil {
 			m.fail("refused: %v", err)
 		}
-		h.state = "cancelled"
-		m.skus[h.sku].on -= h.q
-		m.skus[h.sku].remaining += h.q
+		m.cancelled(h)
 	}
 }
 
-// refund: a standing order's units come back; a refunded one stays so.
+func (m *model) cancelled(h *modelHold) {
+	h.state = "cancelled"
+	m.skus[h.sku].on -= h.q
+	m.skus[h.sku].remaining += h.q
+}
+
+// refund: a standing order's units come back, whoever holds it now; a
+// refunded one stays so; another buyer is not its owner.
 func (m *model) refund(n int) {
-	if len(m.orders) == 0 {
+	o := m.someOrder()
+	if o == nil {
 		return
 	}
-	o := m.orders[m.rnd.IntN(len(m.orders))]
-	m.where = fmt.Sprintf("step %d: refund of an order of %d (refunded %v)", n, o.q, o.refunded)
-	res, err := m.svc.Refund(m.ctx, o.id, sale.Ask{Buyer: o.buyer, Key: m.key()})
+	owner := m.rnd.IntN(6) > 0
+	a := sale.Ask{Buyer: o.buyer, Key: m.key()}
+	if !owner {
+		a.Buyer = otherBuyer(o.buyer, m.rnd)
+	}
+	m.where = fmt.Sprintf("step %d: refund of an order of %d (refunded %v, owner %v, in a cart %v)", n, o.q, o.refunded, owner, o.cart != nil)
+	res, err := m.svc.Refund(m.ctx, o.id, a)
 	switch {
+	case !owner:
+		if !errors.Is(err, sale.ErrNotOwner) {
+			m.fail("got %+v, %v; want not owner", res, err)
+		}
 	case o.refunded:
 		if err != nil && !errors.Is(err, sale.ErrOrderRefunded) {
 			m.fail("got %v; want the refund again, or order refunded", err)
@@ -334,9 +477,235 @@ func (m *model) refund(n int) {
 	case res.Order == nil || res.Order.ID != o.id || res.Order.RefundedAt.IsZero():
 		m.fail("answered %+v", res)
 	default:
-		o.refunded = true
-		m.count["refunded"]++
-		m.skus[o.sku].remaining += o.q
+		m.refunded(o)
+	}
+}
+
+func (m *model) refunded(o *modelOrder) {
+	o.refunded = true
+	m.count["refunded"]++
+	m.skus[o.sku].remaining += o.q
+}
+
+// transfer moves all of an order (q 0, or all it stands for) to another
+// buyer, or splits q of it off as the receiver's new order; more than it
+// stands for, a refunded order, a cart's line and another's order are
+// refused. A retry under the same key answers the receiver's order again.
+// Nothing is sold or given back.
+func (m *model) transfer(n int) {
+	o := m.someOrder()
+	if o == nil {
+		return
+	}
+	owner := m.rnd.IntN(6) > 0
+	a := sale.Ask{Buyer: o.buyer, Key: m.key()}
+	if !owner {
+		a.Buyer = otherBuyer(o.buyer, m.rnd)
+	}
+	to := otherBuyer(a.Buyer, m.rnd)
+	q := int64(m.rnd.IntN(5)) // 0: all
+	m.where = fmt.Sprintf("step %d: transfer of %d of an order of %d to %v (refunded %v, owner %v, in a cart %v)", n, q, o.q, to, o.refunded, owner, o.cart != nil)
+	res, err := m.svc.Transfer(m.ctx, o.id, a, to, q)
+	switch {
+	case !owner:
+		if !errors.Is(err, sale.ErrNotOwner) {
+			m.fail("got %+v, %v; want not owner", res, err)
+		}
+		return
+	case o.cart != nil && !o.refunded:
+		if !errors.Is(err, sale.ErrInCart) {
+			m.fail("got %+v, %v; want in cart", res, err)
+		}
+		return
+	case o.refunded:
+		if !errors.Is(err, sale.ErrOrderRefunded) && !errors.Is(err, sale.ErrInCart) {
+			m.fail("got %+v, %v; want order refunded", res, err)
+		}
+		return
+	case q > o.q:
+		if err == nil || errors.Is(err, sale.ErrUnavailable) {
+			m.fail("got %+v, %v; want more than the order refused", res, err)
+		}
+		return
+	case err != nil:
+		m.fail("refused: %v", err)
+	case res.Order == nil || res.Order.Buyer != to:
+		m.fail("answered %+v", res)
+	case q == 0 || q == o.q:
+		if res.Order.ID != o.id || res.Order.Quantity != o.q {
+			m.fail("answered %+v; want order %v of %d, now %v's", res.Order, o.id, o.q, to)
+		}
+		o.buyer = to
+	default:
+		if res.Order.ID == o.id || res.Order.Quantity != q {
+			m.fail("answered %+v; want a new order of %d split off %v", res.Order, q, o.id)
+		}
+		o.q -= q
+		m.count["split"]++
+		m.orders = append(m.orders, &modelOrder{id: res.Order.ID, sku: o.sku, buyer: to, q: q})
+	}
+	if m.rnd.IntN(4) == 0 {
+		again, err := m.svc.Transfer(m.ctx, o.id, a, to, q)
+		if err != nil || again.Order == nil || again.Order.ID != res.Order.ID || !again.Replayed {
+			m.fail("retry answered %+v, %v; want order %v replayed", again, err, res.Order.ID)
+		}
+	}
+}
+
+func (m *model) sendCart(ct sale.CartTake, hold bool) (sale.Result, error) {
+	if hold {
+		ct.TTL = time.Hour
+		return m.svc.HoldCart(m.ctx, ct)
+	}
+	return m.svc.PurchaseCart(m.ctx, ct)
+}
+
+// cart buys or holds a line of each SKU (or of one), all or nothing:
+// refused sold out when any line's stock is short, and then nothing moves.
+func (m *model) cart(n int, hold bool) {
+	b := modelBuyers[m.rnd.IntN(len(modelBuyers))]
+	ct := sale.CartTake{Ask: sale.Ask{Buyer: b, Key: m.key()}, Program: m.skus[0].sku.Program}
+	var idx []int
+	short := false
+	for i, s := range m.skus {
+		if len(idx) > 0 && m.rnd.IntN(3) == 0 {
+			continue
+		}
+		q := int64(m.rnd.IntN(3) + 1)
+		ct.Lines = append(ct.Lines, sale.CartLine{Ticket: s.sku.Ticket, Quantity: q})
+		idx = append(idx, i)
+		short = short || s.remaining < q
+	}
+	m.where = fmt.Sprintf("step %d: cart of %v by %v (held %v)", n, ct.Lines, b, hold)
+	res, err := m.sendCart(ct, hold)
+	switch {
+	case short:
+		if !errors.Is(err, sale.ErrSoldOut) {
+			m.fail("got %+v, %v; want sold out", res, err)
+		}
+		m.count["sold-out"]++
+		return
+	case err != nil:
+		m.fail("refused: %v", err)
+	case res.Cart == nil || res.Replayed:
+		m.fail("answered %+v", res)
+	}
+	c := &modelCart{id: res.Cart.ID, buyer: b, held: hold, state: "bought"}
+	if hold {
+		c.state = "held"
+		if len(res.Cart.Holds) != len(ct.Lines) {
+			m.fail("answered %+v; want a hold per line", res.Cart)
+		}
+	} else if len(res.Cart.Orders) != len(ct.Lines) {
+		m.fail("answered %+v; want an order per line", res.Cart)
+	}
+	for l, ln := range ct.Lines {
+		s := &m.skus[idx[l]]
+		s.remaining -= ln.Quantity
+		if hold {
+			h := res.Cart.Holds[l]
+			if h.SKU != s.sku || h.Quantity != ln.Quantity {
+				m.fail("line %d answered %+v", l, h)
+			}
+			s.on += ln.Quantity
+			mh := &modelHold{id: h.ID, sku: idx[l], buyer: b, q: ln.Quantity, state: "held", cart: c}
+			c.holds = append(c.holds, mh)
+			m.holds = append(m.holds, mh)
+			continue
+		}
+		o := res.Cart.Orders[l]
+		if o.SKU != s.sku || o.Quantity != ln.Quantity {
+			m.fail("line %d answered %+v", l, o)
+		}
+		mo := &modelOrder{id: o.ID, sku: idx[l], buyer: b, q: ln.Quantity, cart: c}
+		c.orders = append(c.orders, mo)
+		m.orders = append(m.orders, mo)
+	}
+	m.carts = append(m.carts, c)
+	m.done = append(m.done, modelRequest{cart: &ct, hold: hold, id: c.id})
+}
+
+// cartEnd confirms, cancels or refunds a cart whole: a held cart's
+// confirm makes an order per hold, its cancel gives every line back; a
+// bought or confirmed cart's refund gives back what its lines stand for
+// (a line refunded alone stays so); a cart not bought has nothing to
+// refund; an ended cart answers as it ended, or refuses.
+func (m *model) cartEnd(n int) {
+	if len(m.carts) == 0 {
+		return
+	}
+	c := m.carts[m.rnd.IntN(len(m.carts))]
+	a := sale.Ask{Buyer: c.buyer, Key: m.key()}
+	switch w := m.rnd.IntN(3); {
+	case w == 0:
+		m.where = fmt.Sprintf("step %d: confirm of a %s cart", n, c.state)
+		res, err := m.svc.ConfirmCart(m.ctx, c.id, a)
+		switch c.state {
+		case "held":
+			if err != nil || res.Cart == nil || len(res.Cart.Orders) != len(c.holds) {
+				m.fail("got %+v, %v; want an order per hold", res, err)
+			}
+			for l, h := range c.holds {
+				m.confirmed(h, res.Cart.Orders[l].ID, h.q)
+				c.orders = append(c.orders, m.orders[len(m.orders)-1])
+			}
+			c.state = "confirmed"
+		case "confirmed":
+			if err != nil || res.Cart == nil || len(res.Cart.Orders) != len(c.orders) {
+				m.fail("got %+v, %v; want its orders", res, err)
+			}
+		case "cancelled":
+			if !errors.Is(err, sale.ErrHoldCancelled) {
+				m.fail("got %+v, %v; want hold cancelled", res, err)
+			}
+		default:
+			if err == nil {
+				m.fail("got %+v; want a bought cart's confirm refused", res)
+			}
+		}
+	case w == 1:
+		m.where = fmt.Sprintf("step %d: cancel of a %s cart", n, c.state)
+		res, err := m.svc.CancelCart(m.ctx, c.id, a)
+		switch c.state {
+		case "held":
+			if err != nil {
+				m.fail("refused: %v", err)
+			}
+			for _, h := range c.holds {
+				m.cancelled(h)
+			}
+			c.state = "cancelled"
+		case "confirmed":
+			if !errors.Is(err, sale.ErrHoldConfirmed) {
+				m.fail("got %+v, %v; want hold confirmed", res, err)
+			}
+		case "cancelled":
+			if err != nil && !errors.Is(err, sale.ErrHoldCancelled) {
+				m.fail("got %v; want the cancel again, or hold cancelled", err)
+			}
+		default:
+			if err == nil {
+				m.fail("got %+v; want a bought cart's cancel refused", res)
+			}
+		}
+	default:
+		m.where = fmt.Sprintf("step %d: refund of a %s cart", n, c.state)
+		res, err := m.svc.RefundCart(m.ctx, c.id, a)
+		switch c.state {
+		case "held", "cancelled":
+			if !errors.Is(err, sale.ErrCartNotBought) {
+				m.fail("got %+v, %v; want cart not bought", res, err)
+			}
+		default:
+			if err != nil {
+				m.fail("refused: %v", err)
+			}
+			for _, o := range c.orders {
+				if !o.refunded {
+					m.refunded(o)
+				}
+			}
+		}
 	}
 }
 

@@ -4,20 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/stockgate/stockgate/cache"
-	"github.com/stockgate/stockgate/fleet"
-	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
-	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/lock"
 	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/shard"
@@ -36,32 +28,7 @@ func unitService(t *testing.T) (*sale.Service, *shard.Store) {
 // unitServiceOn is unitService with its gate and locks on mem.
 func unitServiceOn(t *testing.T, mem lock.Redis) (*sale.Service, *shard.Store) {
 	t.Helper()
-	ctx := context.Background()
-	c, err := cache.New(cache.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	gate, err := shard.New(shard.Options{Redis: mem, Empty: c})
-	if err != nil {
-		t.Fatal(err)
-	}
-	locker, err := lock.New(lock.Options{Redis: mem})
-	if err != nil {
-		t.Fatal(err)
-	}
-	led, err := fleet.Open(ctx, fleet.Options{Primaries: []fleet.Primary{{Name: "main",
-		Ledger: ledger.Options{Driver: ledger.SQLite, DSN: testenv.LedgerSQLitePath(t)}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { led.Close() })
-	svc, err := sale.New(sale.Options{Gate: gate, Ledger: led, Cache: c, Locker: locker,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registry: prometheus.NewRegistry()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(svc.Close)
-	return svc, gate
+	return sale.TestService(t, mem, nil)
 }
 
 // TestServiceAgainstAModel drives sale.Service, with no server, through

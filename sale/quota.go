@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
+	"github.com/stockgate/stockgate/breaker"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/shard"
@@ -67,13 +69,91 @@ func (q *quotaTicket) replayed(ctx context.Context) {
 func (s *Service) releaseQuota(ctx context.Context, scopes []quotaScope, key, keyID keys.ID) {
 	ctx = context.WithoutCancel(ctx) // as giveBack: a give-back outlives the request's budget
 	for _, sc := range scopes {
-		if err := s.redis(ctx, "gate.release_quota", func(ctx context.Context) error {
-			return s.gate.ReleaseQuota(ctx, sc.sku, sc.buyer, key, keyID)
-		}); err != nil {
-			s.log.WarnContext(ctx, "release quota", "scope", sc.sku.String(), "err", err)
+		r := quotaRelease{scope: sc, key: key, keyID: keyID}
+		if err := s.giveQuota(ctx, r); err != nil {
+			s.log.WarnContext(ctx, "release quota; the sweeper tries again", "scope", sc.sku.String(), "err", err)
+			s.quotaOwed.add(r)
 		}
 	}
 }
+
+func (s *Service) giveQuota(ctx context.Context, r quotaRelease) error {
+	return s.redis(ctx, "gate.release_quota", func(ctx context.Context) error {
+		return s.gate.ReleaseQuota(ctx, r.scope.sku, r.scope.buyer, r.key, r.keyID)
+	})
+}
+
+// quotaRelease is one count to give back at the gate (releaseQuota's).
+type quotaRelease struct {
+	scope      quotaScope
+	key, keyID keys.ID
+}
+
+// maxQuotaOwed bounds the releases a replica keeps for the sweeper: past
+// it, a count stays until the buyer's hash goes its lifetime (a day)
+// without a new count (the ledger checks every cap at commit, so a count
+// left over refuses a buyer, never sells too much).
+const maxQuotaOwed = 10_000
+
+// quotaOwed are counts whose release failed (Redis out of reach, its
+// breaker open): left there, a buyer who owns nothing would be refused at
+// the cap for a day. The sweeper gives them back (releaseOwedQuota). A
+// late release is safe: unquota.lua takes a request's units off once, so
+// it can only under-count a request that was counted again and committed
+// meanwhile, which the ledger's check at commit covers. A replica that
+// stops loses its list; those counts stay as maxQuotaOwed's do.
+type quotaOwed struct {
+	mu      sync.Mutex
+	list    []quotaRelease
+	dropped int
+}
+
+func (o *quotaOwed) add(r quotaRelease) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.list) >= maxQuotaOwed {
+		o.dropped++
+		return
+	}
+	o.list = append(o.list, r)
+}
+
+func (o *quotaOwed) drain() (list []quotaRelease, dropped int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	list, dropped, o.list, o.dropped = o.list, o.dropped, nil, 0
+	return list, dropped
+}
+
+// releaseOwedQuota gives back the counts whose release failed, up to
+// owedPerSweep a sweep. Those that fail again wait for the next sweep.
+// Past a master whose breaker is open the calls fail at once; a master
+// that answers slowly costs up to RedisTimeout a call, so the first such
+// failure ends the round (the sweep also expires holds).
+func (s *Service) releaseOwedQuota(ctx context.Context) {
+	list, dropped := s.quotaOwed.drain()
+	if dropped > 0 {
+		s.log.WarnContext(ctx, "quota releases dropped; their counts stay until the buyer's count lapses", "dropped", dropped)
+	}
+	for i, r := range list {
+		if i >= owedPerSweep || ctx.Err() != nil {
+			s.quotaOwed.add(r)
+			continue
+		}
+		if err := s.giveQuota(ctx, r); err != nil {
+			s.quotaOwed.add(r)
+			if !errors.Is(err, breaker.ErrOpen) {
+				for _, left := range list[i+1:] {
+					s.quotaOwed.add(left)
+				}
+				return
+			}
+		}
+	}
+}
+
+// owedPerSweep bounds the owed releases one sweep tries.
+const owedPerSweep = 500
 
 // takeQuota counts the request against the buyer's caps in Redis (the
 // SKU's, then the program's) and against its access code's uses, so a
@@ -122,6 +202,12 @@ func (s *Service) takeQuota(ctx context.Context, w want, st ledger.SKUState) (*q
 			}
 			if errors.Is(err, shard.ErrKeyCounted) {
 				t.keyID = keys.ID{} // the key may be a committed request's: keep its mark
+			}
+			if !isOutcome(err) && !notRun(err) {
+				// Sent, then no answer: the count may stand. Released by the
+				// request id, it goes if it was made (and only under-counts
+				// if another attempt of this request made it and commits).
+				t.fresh = append(t.fresh, c.scope)
 			}
 			t.scopes = t.fresh
 			t.release(ctx)

@@ -211,6 +211,7 @@ func (s *Service) sweep(ctx context.Context) {
 	for _, r := range pending {
 		s.returnToRedis(ctx, r, nil) // a gate still not built waits for the next sweep, not here
 	}
+	s.releaseOwedQuota(ctx)
 	s.closeDuePools(ctx)
 	s.settleResales(ctx)
 }

@@ -1,0 +1,4 @@
+package sale
+
+// TestService is testService for the package's external tests.
+var TestService = testService

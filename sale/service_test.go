@@ -1,0 +1,50 @@
+package sale
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/stockgate/stockgate/cache"
+	"github.com/stockgate/stockgate/fleet"
+	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/lock"
+	"github.com/stockgate/stockgate/seats"
+	"github.com/stockgate/stockgate/shard"
+)
+
+// testService is a Service for tests: its gate and locks on rdb (a Redis
+// Cluster client, or the in-memory shardmem), its seats on st (nil: no
+// reserved seating), its ledger a SQLite file; stopped at the test's end.
+func testService(t testing.TB, rdb lock.Redis, st *seats.Store) (*Service, *shard.Store) {
+	t.Helper()
+	c, err := cache.New(cache.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate, err := shard.New(shard.Options{Redis: rdb, Empty: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	locker, err := lock.New(lock.Options{Redis: rdb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	led, err := fleet.Open(context.Background(), fleet.Options{Primaries: []fleet.Primary{{Name: "main",
+		Ledger: ledger.Options{Driver: ledger.SQLite, DSN: testenv.LedgerSQLitePath(t)}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { led.Close() })
+	s, err := New(Options{Gate: gate, Ledger: led, Cache: c, Locker: locker, Seats: st,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registry: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s, gate
+}

@@ -125,9 +125,21 @@ func (s *Service) HoldCart(ctx context.Context, t CartTake) (Result, error) {
 }
 
 func (s *Service) takeCart(ctx context.Context, t CartTake, hold bool) (Result, error) {
-	lines, err := t.check(hold)
+	tk, skus, err := s.cartTake(t, hold)
 	if err != nil {
 		return Result{}, err
+	}
+	return s.runTake(ctx, tk.req, func(ctx context.Context) answer {
+		return s.throughQueue(ctx, t.Program, t.Ask, tk.req, skus, tk.run)
+	})
+}
+
+// cartTake is the take a cart asks for (held when hold), a line per
+// ticket, and the SKUs of its lines.
+func (s *Service) cartTake(t CartTake, hold bool) (*take, []stock.SKU, error) {
+	lines, err := t.check(hold)
+	if err != nil {
+		return nil, nil, err
 	}
 	op := ledger.OpCart
 	fields := []string{t.Program.String()}
@@ -153,9 +165,7 @@ func (s *Service) takeCart(ctx context.Context, t CartTake, hold bool) (Result, 
 			pick: seatPick{seats: l.Seats, section: l.Section}})
 		skus = append(skus, sku)
 	}
-	return s.runTake(ctx, r, func(ctx context.Context) answer {
-		return s.throughQueue(ctx, t.Program, t.Ask, r, skus, tk.run)
-	})
+	return tk, skus, nil
 }
 
 // ConfirmCart makes every hold of a held cart an order, all or none, once;

@@ -98,6 +98,9 @@ type seatPick struct {
 type placed struct {
 	section keys.ID
 	ids     []keys.ID
+	// keep are those of ids the request's committed take stands on, when
+	// this attempt turned out to be its replay: undo leaves them held.
+	keep []keys.ID
 }
 
 // seated reports a line of seats (as its ticket's settings say).
@@ -236,6 +239,13 @@ func (t *take) refused(ctx context.Context, refusal answer) answer {
 	counts := countsRelease
 	if refusal.replayed {
 		counts = countsReplayed
+		for _, ln := range t.lines {
+			if ln.counted && len(ln.seats.ids) > 0 {
+				// The same seats under the same owner: those the committed
+				// take stands on stay held (undo releases the rest).
+				ln.seats.keep = t.committedSeats(ctx, refusal, ln)
+			}
+		}
 	}
 	t.undo(ctx, counts)
 	return refusal

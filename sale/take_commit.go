@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	mrand "math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/stockgate/stockgate/cache"
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/seats"
 	"github.com/stockgate/stockgate/shard"
@@ -278,11 +280,14 @@ func (t *take) settleDuplicate(ctx context.Context, a answer) {
 		switch {
 		case !ln.counted:
 		case len(ln.seats.ids) > 0:
-			// The same seats under the same owner: they stay, unless the
-			// committed take has ended since (its seats were freed, and
-			// this attempt just took them again).
-			if t.takeEnded(ctx, a) {
-				t.releaseSeats(ctx, ln)
+			// The same seats under the same owner stay while the committed
+			// take stands on them. Any other seat this attempt took goes
+			// back: a best-seats retry of a confirmed hold (whose seats are
+			// sold, so none read as its own) took new ones, and a take that
+			// has ended since (cancelled, expired, refunded) had its seats
+			// freed and just took them again.
+			if extra := without(ln.seats.ids, t.committedSeats(ctx, a, ln)); len(extra) > 0 {
+				t.releaseSeats(ctx, ln, extra)
 			}
 		default:
 			s.giveBackUnused(ctx, ln.w, t.holder, ln.parts)
@@ -291,17 +296,62 @@ func (t *take) settleDuplicate(ctx context.Context, a answer) {
 	}
 }
 
-// takeEnded reports whether the committed take a replays no longer holds
-// or owns its seats (cancelled, expired, refunded).
-func (t *take) takeEnded(ctx context.Context, a answer) bool {
-	if a.hold == nil {
-		return false
+// committedSeats are the seats line ln's committed take (a replays)
+// stands on now: none once it has ended. A cart answers per line, by the
+// line's SKU (no SKU twice in a cart).
+func (t *take) committedSeats(ctx context.Context, a answer, ln *line) []keys.ID {
+	switch {
+	case a.err != nil:
+		return nil // a refusal recorded under the request stands on nothing
+	case a.hold != nil:
+		return t.holdSeats(ctx, *a.hold)
+	case a.cart != nil:
+		for _, h := range a.cart.Holds {
+			if h.SKU == ln.w.sku {
+				return t.holdSeats(ctx, h)
+			}
+		}
+		for _, o := range a.cart.Orders {
+			if o.SKU == ln.w.sku {
+				return t.orderSeats(ctx, o)
+			}
+		}
+	case !a.order.ID.IsZero():
+		return t.orderSeats(ctx, a.order)
 	}
-	cur, err := t.s.ledger.HoldByID(ctx, a.hold.ID)
-	if err != nil || cur.State == ledger.Held {
-		return false
+	return ln.seats.ids // not known: kept (the seat check frees them)
+}
+
+// holdSeats are hold h's seats while it is held or its order stands. A
+// failed read keeps them all: the seat check frees what it should not.
+func (t *take) holdSeats(ctx context.Context, h ledger.Hold) []keys.ID {
+	cur, err := t.s.ledger.HoldByID(ctx, h.ID)
+	switch {
+	case err != nil, cur.State == ledger.Held:
+		return h.SeatIDs
+	case cur.State != ledger.Confirmed:
+		return nil
 	}
-	return cur.State != ledger.Confirmed || t.s.orderRefunded(ctx, cur.OrderID)
+	return t.orderSeats(ctx, ledger.Order{ID: cur.OrderID, SeatIDs: h.SeatIDs})
+}
+
+// orderSeats are order o's seats unless it was refunded.
+func (t *take) orderSeats(ctx context.Context, o ledger.Order) []keys.ID {
+	if t.s.orderRefunded(ctx, o.ID) {
+		return nil
+	}
+	return o.SeatIDs
+}
+
+// without is ids less those in keep.
+func without(ids, keep []keys.ID) []keys.ID {
+	var out []keys.ID
+	for _, id := range ids {
+		if !slices.Contains(keep, id) {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 // direct commits the take straight in the ledger while Redis cannot be

@@ -245,7 +245,9 @@ func (t *take) undo(ctx context.Context, counts countsFate) (shared bool) {
 		case !ln.counted:
 			t.settleCounts(ctx, ln, counts)
 		case len(ln.seats.ids) > 0:
-			t.releaseSeats(ctx, ln)
+			if free := without(ln.seats.ids, ln.seats.keep); len(free) > 0 {
+				t.releaseSeats(ctx, ln, free)
+			}
 		case counts == countsReplayed && !t.cart:
 			// The request committed (this refusal is its replay), maybe
 			// on this very deduction: give back only what its rows do not
@@ -304,13 +306,13 @@ func (t *take) deadAttempts(ctx context.Context) bool {
 // settleWait bounds deadAttempts' wait for an earlier attempt's COMMIT.
 const settleWait = 2 * time.Second
 
-// releaseSeats gives back the seats a line held in the gate. If Redis
+// releaseSeats gives back ids, seats line ln held in the gate. If Redis
 // cannot, they stay held by the line's id, which nothing else holds; the
 // seat consistency check frees them.
-func (t *take) releaseSeats(ctx context.Context, ln *line) {
+func (t *take) releaseSeats(ctx context.Context, ln *line, ids []keys.ID) {
 	ctx = context.WithoutCancel(ctx) // as giveBack
 	err := t.s.redis(ctx, "gate.seats_release", func(ctx context.Context) error {
-		_, err := t.s.seats.Release(ctx, ln.w.sku, ln.seats.section, ln.w.req.gateID(), ln.seats.ids)
+		_, err := t.s.seats.Release(ctx, ln.w.sku, ln.seats.section, ln.w.req.gateID(), ids)
 		return err
 	})
 	if err != nil {

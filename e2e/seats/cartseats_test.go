@@ -502,3 +502,75 @@ func TestCartSeatsAttacks(t *testing.T) {
 		}
 	})
 }
+
+// A retry of a seated cart after the cart ended (its holds cancelled, its
+// orders refunded, alone or whole) is a replay, and leaves no seat held in
+// Redis: they are free in the ledger, so the next buyer of them gets them
+// and a seat check finds nothing to repair. Given seats and best seats,
+// held and bought carts, on both ledgers. A retry sent after the commit is
+// answered from the ledger before its seats are touched; a copy that
+// passed that check first is sale's TestSeatCopyAfterTheCommitGivesBackWhatItTook.
+func TestAttackSeatCartRetryAfterEnd(t *testing.T) {
+	systest.FullTier(t)
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		e := systest.New(t, driver)
+		for _, c := range []struct {
+			name, route, line string
+			end               func(t *testing.T, got seatCartReply) systest.Reply
+		}{
+			{"a held cart cancelled", "cart-holds", `{"ticket":"stalls","seats":["A-01","A-02"]}`,
+				func(t *testing.T, got seatCartReply) systest.Reply {
+					return e.Act(t, "/v1/carts/"+got.CartID+"/cancel", got.CartID+"-end", "ann")
+				}},
+			{"a held cart of best seats cancelled", "cart-holds", `{"ticket":"stalls","quantity":2}`,
+				func(t *testing.T, got seatCartReply) systest.Reply {
+					return e.Act(t, "/v1/carts/"+got.CartID+"/cancel", got.CartID+"-end", "ann")
+				}},
+			{"a bought cart refunded", "carts", `{"ticket":"stalls","seats":["A-01","A-02"]}`,
+				func(t *testing.T, got seatCartReply) systest.Reply {
+					return e.Act(t, "/v1/carts/"+got.CartID+"/refund", got.CartID+"-end", "ann")
+				}},
+			{"one order of a bought cart refunded", "carts", `{"ticket":"stalls","seats":["A-01","A-02"]}`,
+				func(t *testing.T, got seatCartReply) systest.Reply {
+					return e.Act(t, "/v1/orders/"+got.Orders[0].OrderID+"/refund", got.CartID+"-end", "ann")
+				}},
+			{"a held cart confirmed then refunded", "cart-holds", `{"ticket":"stalls","seats":["A-01","A-02"]}`,
+				func(t *testing.T, got seatCartReply) systest.Reply {
+					if r := e.Act(t, "/v1/carts/"+got.CartID+"/confirm", got.CartID+"-pay", "ann"); r.Status != http.StatusCreated {
+						return r
+					}
+					return e.Act(t, "/v1/carts/"+got.CartID+"/refund", got.CartID+"-end", "ann")
+				}},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				p := keys.MustID(testenv.ID(t, "retry"))
+				stalls, parking := stock.SKU{Program: p, Ticket: keys.MustID("stalls")}, stock.SKU{Program: p, Ticket: keys.MustID("zparking")}
+				e.PutSKU(t, stalls, 0, 1, 4)
+				e.LoadSeats(t, stalls, map[string]int{"A": 2})
+				e.PutSKU(t, parking, 5, 1, 4)
+				body := `{"buyer":"ann","lines":[{"ticket":"zparking","quantity":1},` + c.line + `]}`
+				key := p.String() // keys are the buyer's, across programs
+				r, got := seatCart(t, e, p, c.route, key, body)
+				if r.Status != http.StatusCreated {
+					t.Fatalf("cart = %d %s", r.Status, r.Body)
+				}
+				if r := c.end(t, got); r.Status >= 300 {
+					t.Fatalf("ending the cart = %d %s", r.Status, r.Body)
+				}
+				// The client's late retry of its original cart.
+				again, replay := seatCart(t, e, p, c.route, key, body)
+				if again.Status != http.StatusCreated || replay.CartID != got.CartID || again.Header.Get("Idempotent-Replayed") != "true" {
+					t.Errorf("retry = %d %s, want the replay of cart %s", again.Status, again.Body, got.CartID)
+				}
+				// Both seats are free in the ledger: another buyer has
+				// them, and the gate agrees.
+				if r, _ := seatCart(t, e, p, "carts", key+"-bob", `{"buyer":"bob","lines":[{"ticket":"stalls","seats":["A-01","A-02"]}]}`); r.Status != http.StatusCreated {
+					t.Errorf("another buyer's cart of the freed seats = %d %s, want 201", r.Status, r.Body)
+				}
+				if states, differed := seatStates(t, e, stalls); states != "ss" || differed != "" {
+					t.Errorf("seats %s, gate differed on %q; want both sold and none differing", states, differed)
+				}
+			})
+		}
+	})
+}

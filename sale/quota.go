@@ -125,35 +125,43 @@ func (o *quotaOwed) drain() (list []quotaRelease, dropped int) {
 	return list, dropped
 }
 
-// releaseOwedQuota gives back the counts whose release failed, up to
-// owedPerSweep a sweep. Those that fail again wait for the next sweep.
-// Past a master whose breaker is open the calls fail at once; a master
-// that answers slowly costs up to RedisTimeout a call, so the first such
-// failure ends the round (the sweep also expires holds).
+// releaseOwedQuota gives back the counts whose release failed: up to
+// owedPerSweep calls a sweep, and up to owedSlowPerSweep that fail other
+// than at an open breaker (which refuses at once): a master that answers
+// slowly costs up to RedisTimeout a call, and the sweep also expires
+// holds. Those that fail again wait for the next sweep behind the ones
+// not tried, so a master still out holds up no other master's counts.
 func (s *Service) releaseOwedQuota(ctx context.Context) {
 	list, dropped := s.quotaOwed.drain()
 	if dropped > 0 {
 		s.log.WarnContext(ctx, "quota releases dropped; their counts stay until the buyer's count lapses", "dropped", dropped)
 	}
-	for i, r := range list {
-		if i >= owedPerSweep || ctx.Err() != nil {
-			s.quotaOwed.add(r)
+	var failed []quotaRelease
+	calls, slow, i := 0, 0, 0
+	for ; i < len(list) && calls < owedPerSweep && slow < owedSlowPerSweep && ctx.Err() == nil; i++ {
+		err := s.giveQuota(ctx, list[i])
+		if err == nil {
+			calls++
 			continue
 		}
-		if err := s.giveQuota(ctx, r); err != nil {
-			s.quotaOwed.add(r)
-			if !errors.Is(err, breaker.ErrOpen) {
-				for _, left := range list[i+1:] {
-					s.quotaOwed.add(left)
-				}
-				return
-			}
+		failed = append(failed, list[i])
+		if !errors.Is(err, breaker.ErrOpen) {
+			calls++
+			slow++
 		}
+	}
+	for _, r := range list[i:] {
+		s.quotaOwed.add(r)
+	}
+	for _, r := range failed {
+		s.quotaOwed.add(r)
 	}
 }
 
-// owedPerSweep bounds the owed releases one sweep tries.
-const owedPerSweep = 500
+const (
+	owedPerSweep     = 500 // calls to Redis a sweep makes for owed releases
+	owedSlowPerSweep = 3   // failures other than an open breaker a sweep tolerates
+)
 
 // takeQuota counts the request against the buyer's caps in Redis (the
 // SKU's, then the program's) and against its access code's uses, so a

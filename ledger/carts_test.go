@@ -328,12 +328,7 @@ func TestHeldCartConfirmRacesCancel(t *testing.T) {
 			ctx := context.Background()
 			ls, clk, _ := openLedgers(t, driver, 3)
 			p := keys.MustID("show-r")
-			a, b := stock.SKU{Program: p, Ticket: keys.MustID("a")}, stock.SKU{Program: p, Ticket: keys.MustID("b")}
-			for _, s := range []stock.SKU{a, b} {
-				if _, err := ls[0].PutSKU(ctx, ledger.SKUConfig{SKU: s, Total: 1000, Shards: 1, MaxPerOrder: 4}); err != nil {
-					t.Fatal(err)
-				}
-			}
+			a, b := twoSKUs(t, ls[0], p)
 			const carts = 20
 			confirmed, cancelled := 0, 0
 			for i := range carts {
@@ -516,12 +511,7 @@ func TestHeldCartConfirmsRaceUnderTwoKeys(t *testing.T) {
 			ctx := context.Background()
 			ls, clk, _ := openLedgers(t, driver, 2)
 			p := keys.MustID("show-k")
-			a, b := stock.SKU{Program: p, Ticket: keys.MustID("a")}, stock.SKU{Program: p, Ticket: keys.MustID("b")}
-			for _, s := range []stock.SKU{a, b} {
-				if _, err := ls[0].PutSKU(ctx, ledger.SKUConfig{SKU: s, Total: 1000, Shards: 1, MaxPerOrder: 4}); err != nil {
-					t.Fatal(err)
-				}
-			}
+			a, b := twoSKUs(t, ls[0], p)
 			const carts = 20
 			for i := range carts {
 				buyer := keys.MustID(fmt.Sprintf("k%d", i))
@@ -572,12 +562,7 @@ func TestCartReadWhileConfirming(t *testing.T) {
 			ctx := context.Background()
 			ls, clk, _ := openLedgers(t, driver, 2)
 			p := keys.MustID("show-read")
-			a, b := stock.SKU{Program: p, Ticket: keys.MustID("a")}, stock.SKU{Program: p, Ticket: keys.MustID("b")}
-			for _, s := range []stock.SKU{a, b} {
-				if _, err := ls[0].PutSKU(ctx, ledger.SKUConfig{SKU: s, Total: 1000, Shards: 1, MaxPerOrder: 4}); err != nil {
-					t.Fatal(err)
-				}
-			}
+			a, b := twoSKUs(t, ls[0], p)
 			reads := 0
 			for i := range 30 {
 				buyer := keys.MustID(fmt.Sprintf("b%d", i))
@@ -620,4 +605,17 @@ func TestCartReadWhileConfirming(t *testing.T) {
 			t.Logf("%d reads", reads)
 		})
 	}
+}
+
+// twoSKUs puts tickets a and b of program p in l, 1,000 each: a cart's two
+// lines.
+func twoSKUs(t *testing.T, l *ledger.Ledger, p keys.ID) (a, b stock.SKU) {
+	t.Helper()
+	a, b = stock.SKU{Program: p, Ticket: keys.MustID("a")}, stock.SKU{Program: p, Ticket: keys.MustID("b")}
+	for _, s := range []stock.SKU{a, b} {
+		if _, err := l.PutSKU(context.Background(), ledger.SKUConfig{SKU: s, Total: 1000, Shards: 1, MaxPerOrder: 4}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return a, b
 }

@@ -276,11 +276,19 @@ func (m *model) someHold() *modelHold {
 	return m.holds[m.rnd.IntN(len(m.holds))]
 }
 
-func (m *model) someOrder() *modelOrder {
+// orderAsk picks an order (nil: none yet) and an ask of it under a new
+// key: by its buyer, or a time in six by another (owner false).
+func (m *model) orderAsk() (o *modelOrder, a sale.Ask, owner bool) {
 	if len(m.orders) == 0 {
-		return nil
+		return nil, a, false
 	}
-	return m.orders[m.rnd.IntN(len(m.orders))]
+	o = m.orders[m.rnd.IntN(len(m.orders))]
+	owner = m.rnd.IntN(6) > 0
+	a = sale.Ask{Buyer: o.buyer, Key: m.key()}
+	if !owner {
+		a.Buyer = otherBuyer(o.buyer, m.rnd)
+	}
+	return o, a, owner
 }
 
 // otherBuyer is a buyer other than b.
@@ -419,14 +427,9 @@ func (m *model) cancelled(h *modelHold) {
 // refund: a standing order's units come back, whoever holds it now; a
 // refunded one stays so; another buyer is not its owner.
 func (m *model) refund(n int) {
-	o := m.someOrder()
+	o, a, owner := m.orderAsk()
 	if o == nil {
 		return
-	}
-	owner := m.rnd.IntN(6) > 0
-	a := sale.Ask{Buyer: o.buyer, Key: m.key()}
-	if !owner {
-		a.Buyer = otherBuyer(o.buyer, m.rnd)
 	}
 	m.where = fmt.Sprintf("step %d: refund of an order of %d (refunded %v, owner %v, in a cart %v)", n, o.q, o.refunded, owner, o.cart != nil)
 	res, err := m.svc.Refund(m.ctx, o.id, a)
@@ -460,14 +463,9 @@ func (m *model) refunded(o *modelOrder) {
 // refused. A retry under the same key answers the receiver's order again.
 // Nothing is sold or given back.
 func (m *model) transfer(n int) {
-	o := m.someOrder()
+	o, a, owner := m.orderAsk()
 	if o == nil {
 		return
-	}
-	owner := m.rnd.IntN(6) > 0
-	a := sale.Ask{Buyer: o.buyer, Key: m.key()}
-	if !owner {
-		a.Buyer = otherBuyer(o.buyer, m.rnd)
 	}
 	to := otherBuyer(a.Buyer, m.rnd)
 	q := int64(m.rnd.IntN(5)) // 0: all

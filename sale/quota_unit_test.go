@@ -64,11 +64,7 @@ func TestQuotaCountsGoBackThroughFaults(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			mem := &quotaFaults{Scripter: shardmem.New()}
-			svc, _ := unitServiceOn(t, mem)
-			ctx, stop := context.WithCancel(context.Background())
-			done := make(chan struct{})
-			go func() { defer close(done); svc.RunSweeper(ctx) }()
-			t.Cleanup(func() { stop(); <-done })
+			svc, ctx := sweeping(t, mem)
 
 			sku := stock.SKU{Program: keys.MustID("quota"), Ticket: keys.MustID("t")}
 			if _, err := svc.PutSKU(ctx, sale.SKUConfig{SKU: sku, Total: 1, Shards: 1, MaxPerOrder: 2, PerBuyer: 2}); err != nil {
@@ -87,6 +83,18 @@ func TestQuotaCountsGoBackThroughFaults(t *testing.T) {
 			buysOnceGivenBack(t, svc, sku, ann)
 		})
 	}
+}
+
+// sweeping is a unit Service on mem with its sweeper running (stopped at
+// the test's end), and the context to call it with.
+func sweeping(t *testing.T, mem *quotaFaults) (*sale.Service, context.Context) {
+	t.Helper()
+	svc, _ := unitServiceOn(t, mem)
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); svc.RunSweeper(ctx) }()
+	t.Cleanup(func() { stop(); <-done })
+	return svc, ctx
 }
 
 // buysOnceGivenBack waits until buyer's purchase of one ticket of sku
@@ -115,11 +123,7 @@ func buysOnceGivenBack(t *testing.T, svc *sale.Service, sku stock.SKU, buyer key
 // tried. Here ann's count's master stays out and bob's comes back.
 func TestOwedReleasesOfOneMasterHoldUpNoOther(t *testing.T) {
 	mem := &quotaFaults{Scripter: shardmem.New()}
-	svc, _ := unitServiceOn(t, mem)
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); svc.RunSweeper(ctx) }()
-	t.Cleanup(func() { stop(); <-done })
+	svc, ctx := sweeping(t, mem)
 
 	skus := map[string]stock.SKU{}
 	for _, b := range []string{"ann", "bob"} {

@@ -19,8 +19,9 @@ import (
 // enforce: a hold counts against them before its stock is taken, so an
 // identity at its budget is refused with nothing moved and no ledger call,
 // and its count ends when the hold does (confirmed, cancelled, expired).
-// A count the replica could not end (it died between the ledger and Redis)
-// leaves by itself at the hold's expiry plus budgetGrace. The budgets are
+// An end Redis failed is owed: the sweeper makes it again. A count the
+// replica could not end (it died between the ledger and Redis) leaves by
+// itself at the hold's expiry plus budgetGrace. The budgets are
 // one identity's counts across the program's SKUs, so they live in their
 // own slot, not in the deduction's script. While Redis cannot be used the
 // holds that go around the gate are not counted: selling goes on.
@@ -170,11 +171,14 @@ func (t *take) settleBudgets(ctx context.Context, a answer) {
 		if held[e.entry] {
 			continue
 		}
+		// Its device's count is one of t.budgets too (a count this
+		// attempt made): ended by itself, not through the buyer's.
 		if err := t.s.redis(ctx, "gate.hold_budget", func(ctx context.Context) error {
 			_, err := t.s.gate.EndBudget(ctx, e.b, e.entry)
 			return err
 		}); err != nil {
-			t.s.log.WarnContext(ctx, "give back a hold budget count; it leaves at the hold's expiry", "err", err)
+			t.s.log.WarnContext(ctx, "give back a hold budget count; the sweeper tries again", "err", err)
+			t.s.budgetOwed.add(budgetCall{b: e.b, entry: e.entry, giveBack: true})
 		}
 	}
 	t.budgets = nil
@@ -224,26 +228,81 @@ func (s *Service) holdExtended(ctx context.Context, h ledger.Hold) {
 }
 
 // budgetEntry ends (expires zero) or moves the entry's counts: one Redis
-// call for a hold never counted.
+// call for a hold never counted. A call that fails is owed: the sweeper
+// makes it again (retryOwedBudgets).
 func (s *Service) budgetEntry(ctx context.Context, program, buyer, entry keys.ID, expires time.Time) {
 	if program.IsZero() || buyer.IsZero() || entry.IsZero() {
 		return
 	}
-	ctx = context.WithoutCancel(ctx)
-	call := func(b shard.Budget) (device string) {
-		if err := s.redis(ctx, "gate.hold_budget", func(ctx context.Context) (err error) {
-			if expires.IsZero() {
-				device, err = s.gate.EndBudget(ctx, b, entry)
-			} else {
-				device, err = s.gate.ExtendBudget(ctx, b, entry, expires)
-			}
-			return err
-		}); err != nil && !notRun(err) {
-			s.log.WarnContext(ctx, "hold budget count; it leaves at the hold's expiry", "program", program.String(), "err", err)
+	s.budgetCall(context.WithoutCancel(ctx), budgetCall{b: shard.Budget{Program: program, Buyer: buyer}, entry: entry, expires: expires})
+}
+
+// budgetCall is one end (expires zero) or extension of a hold's count
+// under one identity's budget.
+type budgetCall struct {
+	b       shard.Budget
+	entry   keys.ID
+	expires time.Time
+	// giveBack: the end of an attempt's count that made no hold
+	// (settleBudgets'), not of a hold that ended. A retry of the request
+	// under the same key finds the count standing and makes it its own
+	// hold's, so it is made only while no hold of the request stands.
+	giveBack bool
+}
+
+// budgetCall makes c, or owes it when Redis fails it: an end left undone
+// refuses a buyer who holds nothing (409 hold-budget-reached) until the
+// hold's old expiry, and an extension left undone lets the count lapse
+// while the hold lives on.
+func (s *Service) budgetCall(ctx context.Context, c budgetCall) {
+	if err := s.makeBudgetCall(ctx, c); err != nil {
+		if !notRun(err) {
+			s.log.WarnContext(ctx, "hold budget count; the sweeper tries again", "program", c.b.Program.String(), "err", err)
 		}
-		return device
+		s.budgetOwed.add(c)
 	}
-	if device := call(shard.Budget{Program: program, Buyer: buyer}); device != "" {
-		call(shard.Budget{Program: program, Device: device})
+}
+
+// makeBudgetCall makes c once; a buyer's count that was also counted
+// under a device has that one made too (owed if it fails).
+func (s *Service) makeBudgetCall(ctx context.Context, c budgetCall) error {
+	var device string
+	if err := s.redis(ctx, "gate.hold_budget", func(ctx context.Context) (err error) {
+		if c.expires.IsZero() {
+			device, err = s.gate.EndBudget(ctx, c.b, c.entry)
+		} else {
+			device, err = s.gate.ExtendBudget(ctx, c.b, c.entry, c.expires)
+		}
+		return err
+	}); err != nil {
+		return err
+	}
+	if device != "" && !c.b.Buyer.IsZero() && !c.giveBack {
+		s.budgetCall(ctx, budgetCall{b: shard.Budget{Program: c.b.Program, Device: device}, entry: c.entry, expires: c.expires})
+	}
+	return nil
+}
+
+// makeOwedBudgetCall makes c again for the sweeper: a give-back whose
+// request has a hold now (a retry under its key that committed on the
+// count) is dropped, as the hold's end will end the count.
+func (s *Service) makeOwedBudgetCall(ctx context.Context, c budgetCall) error {
+	if c.giveBack {
+		switch h, err := s.ledger.HoldByKey(ctx, c.entry); {
+		case err == nil && h.State == ledger.Held:
+			return nil
+		case err != nil && !errors.Is(err, ledger.ErrNotFound):
+			return err
+		}
+	}
+	return s.makeBudgetCall(ctx, c)
+}
+
+// retryOwedBudgets makes the budget calls that failed again (see owed).
+// One made late is safe: an end takes its entry off once, and an
+// extension only moves an expiry later.
+func (s *Service) retryOwedBudgets(ctx context.Context, slow *int) {
+	if dropped := s.budgetOwed.retry(ctx, slow, s.makeOwedBudgetCall); dropped > 0 {
+		s.log.WarnContext(ctx, "hold budget calls dropped; their counts lapse at their holds' expiry", "dropped", dropped)
 	}
 }

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 
-	"github.com/stockgate/stockgate/breaker"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/shard"
@@ -89,79 +87,15 @@ type quotaRelease struct {
 	key, keyID keys.ID
 }
 
-// maxQuotaOwed bounds the releases a replica keeps for the sweeper: past
-// it, a count stays until the buyer's hash goes its lifetime (a day)
-// without a new count (the ledger checks every cap at commit, so a count
-// left over refuses a buyer, never sells too much).
-const maxQuotaOwed = 10_000
-
-// quotaOwed are counts whose release failed (Redis out of reach, its
-// breaker open): left there, a buyer who owns nothing would be refused at
-// the cap for a day. The sweeper gives them back (releaseOwedQuota). A
-// late release is safe: unquota.lua takes a request's units off once, so
-// it can only under-count a request that was counted again and committed
-// meanwhile, which the ledger's check at commit covers. A replica that
-// stops loses its list; those counts stay as maxQuotaOwed's do.
-type quotaOwed struct {
-	mu      sync.Mutex
-	list    []quotaRelease
-	dropped int
-}
-
-func (o *quotaOwed) add(r quotaRelease) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if len(o.list) >= maxQuotaOwed {
-		o.dropped++
-		return
-	}
-	o.list = append(o.list, r)
-}
-
-func (o *quotaOwed) drain() (list []quotaRelease, dropped int) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	list, dropped, o.list, o.dropped = o.list, o.dropped, nil, 0
-	return list, dropped
-}
-
-// releaseOwedQuota gives back the counts whose release failed: up to
-// owedPerSweep calls a sweep, and up to owedSlowPerSweep that fail other
-// than at an open breaker (which refuses at once): a master that answers
-// slowly costs up to RedisTimeout a call, and the sweep also expires
-// holds. Those that fail again wait for the next sweep behind the ones
-// not tried, so a master still out holds up no other master's counts.
-func (s *Service) releaseOwedQuota(ctx context.Context) {
-	list, dropped := s.quotaOwed.drain()
-	if dropped > 0 {
+// releaseOwedQuota gives back the counts whose release failed (see owed).
+// A late release is safe: unquota.lua takes a request's units off once,
+// so it can only under-count a request that was counted again and
+// committed meanwhile, which the ledger's check at commit covers.
+func (s *Service) releaseOwedQuota(ctx context.Context, slow *int) {
+	if dropped := s.quotaOwed.retry(ctx, slow, s.giveQuota); dropped > 0 {
 		s.log.WarnContext(ctx, "quota releases dropped; their counts stay until the buyer's count lapses", "dropped", dropped)
 	}
-	var failed []quotaRelease
-	calls, slow, i := 0, 0, 0
-	for ; i < len(list) && calls < owedPerSweep && slow < owedSlowPerSweep && ctx.Err() == nil; i++ {
-		err := s.giveQuota(ctx, list[i])
-		if err == nil {
-			calls++
-			continue
-		}
-		failed = append(failed, list[i])
-		if !errors.Is(err, breaker.ErrOpen) {
-			calls++
-			slow++
-		}
-	}
-	for _, r := range list[i:] {
-		s.quotaOwed.add(r)
-	}
-	for _, r := range failed {
-		s.quotaOwed.add(r)
-	}
 }
-
-const (
-	owedPerSweep     = 500 // calls to Redis a sweep makes for owed releases
-	owedSlowPerSweep = 3   // failures other than an open breaker a sweep tolerates
-)
 
 // takeQuota counts the request against the buyer's caps in Redis (the
 // SKU's, then the program's) and against its access code's uses, so a

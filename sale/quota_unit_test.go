@@ -25,13 +25,17 @@ type quotaFaults struct {
 	*shardmem.Scripter
 	release, lose atomic.Bool
 	stuck         atomic.Value // string: unquota fails on the keys holding it
+	endStuck      atomic.Value // string: budget.lua's end fails unrun on the keys holding it
 }
 
 // run runs a script call (call) on keys through the faults: args tell
 // which script it is.
 func (f *quotaFaults) run(keys []string, args []any, call func() *redis.Cmd) *redis.Cmd {
 	stuck, _ := f.stuck.Load().(string)
+	endStuck, _ := f.endStuck.Load().(string)
 	switch {
+	case endStuck != "" && len(args) > 0 && args[0] == "end" && strings.Contains(keys[0], endStuck):
+		return redis.NewCmdResult(nil, context.DeadlineExceeded) // not run
 	case len(args) == 2 && (f.release.Load() || stuck != "" && strings.Contains(keys[0], stuck)):
 		return redis.NewCmdResult(nil, context.DeadlineExceeded) // not run
 	case f.lose.Load() && len(args) == 5:
@@ -142,4 +146,130 @@ func TestOwedReleasesOfOneMasterHoldUpNoOther(t *testing.T) {
 	mem.stuck.Store("ann")
 	mem.release.Store(false)
 	buysOnceGivenBack(t, svc, skus["bob"], keys.MustID("bob"))
+}
+
+// A hold budget count whose end Redis fails is ended by the sweeper once
+// Redis answers: left there, it refused a buyer (or a device) who held
+// nothing with 409 hold-budget-reached until the old hold's expiry
+// (helper-64). The buyer's count and the device's fail alone or together,
+// for a hold that ended (cancelled, confirmed) and for one refused after
+// it was counted.
+func TestHoldBudgetEndsGoBackThroughFaults(t *testing.T) {
+	for _, c := range []struct {
+		name, stuck string // stuck: which counts' ends fail (their keys' kind)
+		end         string // how ann's hold ends: cancel, confirm, refused
+	}{
+		{"buyer's end fails at a cancel", ":b:", "cancel"},
+		{"device's end fails at a confirm", ":d:", "confirm"},
+		{"both ends fail at a cancel", ":budget:", "cancel"},
+		{"both ends fail at a refusal", ":budget:", "refused"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			mem := &quotaFaults{Scripter: shardmem.New()}
+			svc, ctx := sweeping(t, mem)
+			program := keys.MustID("budget")
+			if err := svc.PutProgram(ctx, sale.Program{ID: program, HoldBudget: 2, DeviceHoldBudget: 2}); err != nil {
+				t.Fatal(err)
+			}
+			sku := stock.SKU{Program: program, Ticket: keys.MustID("t")}
+			total := int64(10)
+			if c.end == "refused" {
+				total = 1
+			}
+			if _, err := svc.PutSKU(ctx, sale.SKUConfig{SKU: sku, Total: total, Shards: 1, MaxPerOrder: 4, HoldTTL: 10 * time.Minute}); err != nil {
+				t.Fatal(err)
+			}
+			ann := sale.Ask{Buyer: keys.MustID("ann"), Key: keys.MustID("h2"), Device: "phone-1"}
+			hold := sale.Take{Ask: ann, SKU: sku, Quantity: 2}
+			mem.endStuck.Store(c.stuck)
+			switch res, err := svc.Hold(ctx, hold); c.end {
+			case "refused":
+				if !errors.Is(err, sale.ErrSoldOut) {
+					t.Fatalf("hold of 2 of 1 = %+v, %v; want sold out", res, err)
+				}
+			default:
+				if err != nil || res.Hold == nil {
+					t.Fatalf("hold of 2 = %+v, %v", res, err)
+				}
+				end := svc.Cancel
+				if c.end == "confirm" {
+					end = svc.Confirm
+				}
+				if _, err := end(ctx, res.Hold.ID, sale.Ask{Buyer: ann.Buyer, Key: keys.MustID("end")}); err != nil {
+					t.Fatalf("%s of the hold: %v", c.end, err)
+				}
+			}
+			mem.endStuck.Store("")
+			// ann holds nothing, and neither does her phone: each is
+			// refused 1 more while the 2 are counted, and held it once the
+			// counts are ended.
+			holdsOnceEnded(t, svc, sale.Take{Ask: sale.Ask{Buyer: ann.Buyer}, SKU: sku, Quantity: 1})
+			holdsOnceEnded(t, svc, sale.Take{Ask: sale.Ask{Buyer: keys.MustID("cat"), Device: "phone-1"}, SKU: sku, Quantity: 1})
+		})
+	}
+}
+
+// holdsOnceEnded waits until hold t is made, refused at a hold budget
+// until then (each try a new request, cancelled at once so that it
+// counts nothing after).
+func holdsOnceEnded(t *testing.T, svc *sale.Service, tk sale.Take) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for i := 0; ; i++ {
+		tk.Key = keys.MustID(fmt.Sprintf("try-%s-%d", tk.Buyer, i))
+		res, err := svc.Hold(context.Background(), tk)
+		if err == nil && res.Hold != nil {
+			if _, err := svc.Cancel(context.Background(), res.Hold.ID, sale.Ask{Buyer: tk.Buyer, Key: keys.MustID(fmt.Sprintf("cancel-%s-%d", tk.Buyer, i))}); err != nil {
+				t.Fatalf("cancel of %v's hold: %v", tk.Buyer, err)
+			}
+			return
+		}
+		if !errors.Is(err, sale.ErrHoldBudget) {
+			t.Fatalf("%v's hold of %d (device %q) = %+v, %v; want refused at the budget until the counts are ended, then held", tk.Buyer, tk.Quantity, tk.Device, res, err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("30 s on, %v (device %q) is still refused (%v): an ended hold's budget count was never ended", tk.Buyer, tk.Device, err)
+		}
+		time.Sleep(50 * time.Millisecond) // poll interval: the sweeper runs once a second
+	}
+}
+
+// A refused hold's count whose give-back Redis failed is not given back
+// once a retry of the request under its key has made its hold on it: the
+// retry finds the count made and takes it as its own, so the sweeper's
+// end would have let the buyer hold past the budget (helper-66).
+func TestOwedBudgetGiveBackSparesARetrysHold(t *testing.T) {
+	mem := &quotaFaults{Scripter: shardmem.New()}
+	svc, ctx := sweeping(t, mem)
+	program := keys.MustID("retried")
+	if err := svc.PutProgram(ctx, sale.Program{ID: program, HoldBudget: 2}); err != nil {
+		t.Fatal(err)
+	}
+	sku := stock.SKU{Program: program, Ticket: keys.MustID("t")}
+	put := func(total int64) {
+		if _, err := svc.PutSKU(ctx, sale.SKUConfig{SKU: sku, Total: total, Shards: 1, MaxPerOrder: 4, HoldTTL: 10 * time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put(1)
+	hold := sale.Take{Ask: sale.Ask{Buyer: keys.MustID("ann"), Key: keys.MustID("h1")}, SKU: sku, Quantity: 2}
+	mem.endStuck.Store(":budget:")
+	if _, err := svc.Hold(ctx, hold); !errors.Is(err, sale.ErrSoldOut) {
+		t.Fatalf("hold of 2 of 1 = %v, want sold out", err)
+	}
+	put(3)
+	if res, err := svc.Hold(ctx, hold); err != nil || res.Hold == nil {
+		t.Fatalf("the hold's retry after a restock = %+v, %v; want held", res, err)
+	}
+	mem.endStuck.Store("")
+	deadline := time.Now().Add(30 * time.Second)
+	for sale.OwedBudgetCalls(svc) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("30 s on, the sweeper still owes the give-back")
+		}
+		time.Sleep(20 * time.Millisecond) // poll interval: the sweeper runs once a second
+	}
+	if res, err := svc.Hold(ctx, sale.Take{Ask: sale.Ask{Buyer: keys.MustID("ann"), Key: keys.MustID("h2")}, SKU: sku, Quantity: 1}); !errors.Is(err, sale.ErrHoldBudget) {
+		t.Fatalf("ann's third unit on hold, her budget 2 = %+v, %v; want hold-budget-reached", res, err)
+	}
 }

@@ -211,7 +211,9 @@ func (s *Service) sweep(ctx context.Context) {
 	for _, r := range pending {
 		s.returnToRedis(ctx, r, nil) // a gate still not built waits for the next sweep, not here
 	}
-	s.releaseOwedQuota(ctx)
+	slow := owedSlowPerSweep
+	s.releaseOwedQuota(ctx, &slow)
+	s.retryOwedBudgets(ctx, &slow)
 	s.closeDuePools(ctx)
 	s.settleResales(ctx)
 }

@@ -414,7 +414,8 @@ type Service struct {
 	// those whose publish failed, and SKUs sold around the gate (their gate
 	// went stale, so every replica must read their settings again).
 	restocksOwed changes
-	quotaOwed    quotaOwed
+	quotaOwed    owed[quotaRelease]
+	budgetOwed   owed[budgetCall]
 	inflight     inflight
 	// replays answers retries of committed requests of SKUs that take no
 	// more requests (sold out, ended) without a ledger call per request.

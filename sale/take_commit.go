@@ -190,6 +190,11 @@ func (t *take) commit(ctx context.Context, direct bool) (answer, stock.SKU) {
 		ln.quota.keepKey()
 		ln.quota.release(ctx)
 	}
+	// A hold's budget counts stay, as its stock does: the gate alone
+	// enforces budgets, so given back for a hold that landed they let the
+	// buyer hold past the budget (helper-64). Kept for one that did not,
+	// they lapse at its expiry plus budgetGrace, or end with it.
+	t.budgets = nil
 	return s.counted(path, ansUnavailable), stock.SKU{}
 }
 

@@ -30,7 +30,22 @@ var errStillHeld = errors.New("sale: the hold is held again")
 // ErrHoldConfirmed when it asks for another quantity (as a confirm of a
 // confirmed hold does).
 func (s *Service) lateConfirm(ctx context.Context, h ledger.Hold, keep int64, r request) answer {
-	a := s.currentOrder(ctx, s.latePaid(ctx, h, keep, r))
+	// "Expired, nothing was sold" (410), or "refund the payment" (409),
+	// only once the ledger has the hold expired, as a read of it does: a
+	// confirm begun before the expiry may still be committing
+	// (PostgreSQL's READ COMMITTED read showed the row as it was before
+	// it), and its order is then this answer, not a refusal beside it
+	// (issue 39); or it has not claimed the row yet, and finds it
+	// expired. A hold an extension kept is confirmed instead. Such an
+	// answer is the ledger's to a confirm of the hold, under the
+	// client's key already: recorded again below, it read as a replay
+	// (Idempotent-Replayed) on its first and only answer (helper-64).
+	if h.State == ledger.Held {
+		if a, done := s.expireBeforeLate(ctx, h, keep, r); done {
+			return a
+		}
+	}
+	a := s.currentOrder(ctx, s.latePaid(ctx, h, keep))
 	if a.err != nil || a.order.ID.IsZero() || r.key.IsZero() {
 		return a
 	}
@@ -80,19 +95,7 @@ func (s *Service) currentOrder(ctx context.Context, a answer) answer {
 }
 
 // latePaid is lateConfirm's payment, under the key derived from the hold.
-func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64, r request) answer {
-	// "Expired, nothing was sold" (410), or "refund the payment" (409),
-	// only once the ledger has the hold expired, as a read of it does: a
-	// confirm begun before the expiry may still be committing
-	// (PostgreSQL's READ COMMITTED read showed the row as it was before
-	// it), and its order is then this answer, not a refusal beside it
-	// (issue 39); or it has not claimed the row yet, and finds it
-	// expired. A hold an extension kept is confirmed instead.
-	if h.State == ledger.Held {
-		if a, done := s.expireBeforeLate(ctx, h, keep, r); done {
-			return a
-		}
-	}
+func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64) answer {
 	if s.opts.LatePayment <= 0 || time.Since(h.ExpiresAt) > s.opts.LatePayment {
 		// Paid within the window, and answered 503 (its COMMIT's reply
 		// lost, its client key not recorded): the retry that comes after

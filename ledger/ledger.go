@@ -71,6 +71,7 @@ type Ledger struct {
 	build   schemaSteps        // the migrations this build knows: thisBuild but in tests
 	dsn     string             // PostgreSQL: what migrations connect to, apart from the pool; SQLite: the file
 	health  healthDB           // PostgreSQL: Health's own connection
+	settled settleCursor       // where SettleDue's round of listed SKUs goes on from
 }
 
 // forUpdate is " FOR UPDATE" on PostgreSQL: a read that locks its rows

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"time"
 
 	"github.com/stockgate/stockgate/keys"
@@ -387,24 +388,16 @@ func orderListed(ctx context.Context, tx *sql.Tx, orderID keys.ID) (int64, error
 const ResaleHorizon = 2 * time.Second
 
 // SettleDue settles the sales of up to limit SKUs with units listed (see
-// the top of this file), and returns the listings' sales it settled.
+// the top of this file), and returns the listings' sales it settled. The
+// SKUs are taken in turn, each call going on from where the one before
+// stopped: by last change, the SKUs with nothing to settle (a quiet
+// listing leaves its row as it was) stayed first in line, and more of
+// them than a call takes held up every other SKU's settles for good
+// (helper-65).
 func (l *Ledger) SettleDue(ctx context.Context, limit int) ([]Event, error) {
-	rows, err := l.db.QueryContext(ctx, `SELECT program, ticket FROM skus WHERE listed > 0 ORDER BY updated_at LIMIT $1`, limit)
+	skus, err := l.settled.next(ctx, l.db, limit)
 	if err != nil {
-		return nil, fmt.Errorf("ledger: listed skus: %w", err)
-	}
-	var skus []stock.SKU
-	for rows.Next() {
-		var s stock.SKU
-		if err := rows.Scan(&s.Program, &s.Ticket); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("ledger: listed skus: %w", err)
-		}
-		skus = append(skus, s)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("ledger: listed skus: %w", err)
+		return nil, err
 	}
 	// A SKU that fails does not hold up the others behind it.
 	var out []Event
@@ -418,6 +411,60 @@ func (l *Ledger) SettleDue(ctx context.Context, limit int) ([]Event, error) {
 		out = append(out, got...)
 	}
 	return out, errors.Join(errs...)
+}
+
+// settleCursor is the SKU a round of SettleDue calls last took (zero: the
+// round starts over).
+type settleCursor struct {
+	mu    sync.Mutex
+	after stock.SKU
+}
+
+// next is the next up to limit SKUs with units listed, after c's in the
+// order of their keys and then from the first, and moves c past them.
+func (c *settleCursor) next(ctx context.Context, db *sql.DB, limit int) ([]stock.SKU, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	skus, err := listedSKUs(ctx, db, `AND (program > $2 OR program = $2 AND ticket > $3)`, limit, c.after)
+	if err != nil {
+		return nil, err
+	}
+	if len(skus) < limit && !c.after.Program.IsZero() {
+		// Round the end: the first ones again, up to where this call began.
+		first, err := listedSKUs(ctx, db, `AND (program < $2 OR program = $2 AND ticket <= $3)`, limit-len(skus), c.after)
+		if err != nil {
+			return nil, err
+		}
+		skus = append(skus, first...)
+	}
+	c.after = stock.SKU{}
+	if len(skus) > 0 {
+		c.after = skus[len(skus)-1]
+	}
+	return skus, nil
+}
+
+// listedSKUs is up to limit SKUs with units listed, in key order, that
+// also meet where (of $2, $3: from's program and ticket).
+func listedSKUs(ctx context.Context, db *sql.DB, where string, limit int, from stock.SKU) ([]stock.SKU, error) {
+	rows, err := db.QueryContext(ctx, `SELECT program, ticket FROM skus WHERE listed > 0 `+where+` ORDER BY program, ticket LIMIT $1`,
+		limit, from.Program.String(), from.Ticket.String())
+	if err != nil {
+		return nil, fmt.Errorf("ledger: listed skus: %w", err)
+	}
+	defer rows.Close()
+	var skus []stock.SKU
+	for rows.Next() {
+		var s stock.SKU
+		if err := rows.Scan(&s.Program, &s.Ticket); err != nil {
+			return nil, fmt.Errorf("ledger: listed skus: %w", err)
+		}
+		skus = append(skus, s)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("ledger: listed skus: %w", err)
+	}
+	return skus, nil
 }
 
 // Settle settles sku's sales to its listings now, as SettleDue does for
@@ -451,10 +498,10 @@ func (l *Ledger) settle(ctx context.Context, sku stock.SKU) (_ []Event, err erro
 // ResaleHorizon, go to the open listings oldest first, as its resale mode
 // says; each leaves total, sold and listed, and its seller's order.
 func (l *Ledger) settleIn(ctx context.Context, tx *sql.Tx, sku stock.SKU, now time.Time) ([]Event, error) {
-	var total, sold, listed, mark, carry int64
+	var total, sold, held, listed, mark, carry int64
 	var mode string
-	err := tx.QueryRowContext(ctx, `SELECT total, sold, listed, resale_seq, resale, resale_carry FROM skus WHERE program = $1 AND ticket = $2`+l.forUpdate(),
-		sku.Program, sku.Ticket).Scan(&total, &sold, &listed, &mark, &mode, &carry)
+	err := tx.QueryRowContext(ctx, `SELECT total, sold, held, listed, resale_seq, resale, resale_carry FROM skus WHERE program = $1 AND ticket = $2`+l.forUpdate(),
+		sku.Program, sku.Ticket).Scan(&total, &sold, &held, &listed, &mark, &mode, &carry)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, ErrNotFound
 	}
@@ -477,7 +524,33 @@ func (l *Ledger) settleIn(ctx context.Context, tx *sql.Tx, sku stock.SKU, now ti
 		sku.Program, sku.Ticket, EventOrderCreated, mark, now.Add(-ResaleHorizon).UnixMilli(), EventHoldConfirmed, int64(math.MaxInt64)).Scan(&units, &last); err != nil {
 		return nil, notCommitted("settle: sales", err)
 	}
-	n, carry := resold(mode, units, listed, total-sold+units, carry)
+	// What was for sale before those sales leaves out the units of holds
+	// taken before the listings: their confirms are never counted above,
+	// so counted in the share's whole they shrank it for good (an
+	// "alongside" listing whose units a buyer took was never settled,
+	// helper-65).
+	var prior int64
+	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(SUM(h.quantity), 0) FROM resale_prior_holds p JOIN holds h ON h.id = p.hold_id
+		WHERE p.program = $1 AND p.ticket = $2 AND h.state = $3`, sku.Program, sku.Ticket, Held).Scan(&prior); err != nil {
+		return nil, notCommitted("settle: prior holds", err)
+	}
+	n, carry := resold(mode, units, listed, total-sold+units-prior, carry)
+	// The listed units left unsold must be somewhere: in the free stock,
+	// in a hold taken since the listings, or taken by a sale not counted
+	// yet (inside the horizon). Those that are nowhere were sold: a
+	// share's rounding, or a listing stuck by an older settle, never
+	// leaves them listed (withdraw needs them free, so it refused them
+	// for good).
+	if free := total - sold - held; listed-n > free {
+		recent, err := recentSales(ctx, tx, sku, last)
+		if err != nil {
+			return nil, err
+		}
+		heldSince := held - prior
+		if least := min(listed, listed-free-heldSince-recent); least > n {
+			n, carry = least, 0
+		}
+	}
 	if n == 0 && last == mark {
 		return nil, nil
 	}
@@ -540,6 +613,19 @@ func (l *Ledger) settleIn(ctx context.Context, tx *sql.Tx, sku stock.SKU, now ti
 		return nil, err
 	}
 	return events, nil
+}
+
+// recentSales is the units of sku's sales above seq after (inside the
+// horizon, not counted yet), read in tx (which holds the SKU row); a
+// confirm of a hold taken before the listings is none.
+func recentSales(ctx context.Context, tx *sql.Tx, sku stock.SKU, after int64) (int64, error) {
+	var recent int64
+	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(SUM(quantity), 0) FROM events WHERE program = $1 AND ticket = $2 AND seq > $3
+		AND (type = $4 OR type = $5 AND NOT EXISTS (SELECT 1 FROM resale_prior_holds p WHERE p.hold_id = events.subject))`,
+		sku.Program, sku.Ticket, after, EventOrderCreated, EventHoldConfirmed).Scan(&recent); err != nil {
+		return 0, notCommitted("settle: recent sales", err)
+	}
+	return recent, nil
 }
 
 // resold is how many of units sold go to listings of listed units, free

@@ -89,13 +89,17 @@ func (s *Service) withdraw(ctx context.Context, id, seller keys.ID, r request) a
 	}
 	// What sold settles first, so the units left are what a withdrawal
 	// takes back (and the sellers' counts at the gate go with the sales).
-	if sold, err := s.ledger.Settle(ctx, x.SKU); err != nil {
+	// Read again whatever this settle did: the sweeper's may have settled
+	// the listing since the read above, and a withdrawal of the count
+	// read then took public units out of the gate meanwhile (buyers told
+	// sold out) to be refused with the wrong problem (helper-65).
+	sold, err := s.ledger.Settle(ctx, x.SKU)
+	if err != nil {
 		return ansUnavailable
-	} else if len(sold) > 0 {
-		s.resold(ctx, sold)
-		if x, err = s.ledger.ListingByID(ctx, id); err != nil {
-			return ansUnavailable
-		}
+	}
+	s.resold(ctx, sold)
+	if x, err = s.ledger.ListingByID(ctx, id); err != nil {
+		return ansUnavailable
 	}
 	left := x.Quantity - x.Sold
 	sku := x.SKU
@@ -141,7 +145,7 @@ func (s *Service) withdraw(ctx context.Context, id, seller keys.ID, r request) a
 			}
 		}
 	}
-	x, sold, err := s.ledger.Withdraw(ctx, id, seller, left, epoch, r.ledger())
+	x, sold, err = s.ledger.Withdraw(ctx, id, seller, left, epoch, r.ledger())
 	s.resold(ctx, sold)
 	if err != nil && len(taken) > 0 && withdrawRefused(err) {
 		// Nothing withdrawn: the units this call took stay on sale. Units

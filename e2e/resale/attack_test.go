@@ -492,9 +492,7 @@ func TestAttackAlongsideOneSaleAtATime(t *testing.T) {
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		a, b := start(t, driver)
 		sku := systest.NewSKU(t)
-		if r := a.Do(t, http.MethodPut, systest.AdminPath(sku), nil, `{"total":100,"max_per_order":10,"resale":"alongside"}`); r.Status != http.StatusOK {
-			t.Fatalf("put sku = %d %s", r.Status, r.Body)
-		}
+		putAlongside(t, a, sku, 100, 10)
 		ann := systest.OrderID(a.MustBuy(t, sku, "p1", "ann", 2))
 		x := mustList(t, a, ann, "l1", "ann", 2)
 		version := func() int64 {

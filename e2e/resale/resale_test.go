@@ -246,13 +246,20 @@ func TestResaleBadInput(t *testing.T) {
 	}
 }
 
+// putAlongside makes sku (total, max per order) with resale "alongside".
+func putAlongside(t *testing.T, e *systest.Env, sku stock.SKU, total, most int) {
+	t.Helper()
+	body := fmt.Sprintf(`{"total":%d,"max_per_order":%d,"resale":"alongside"}`, total, most)
+	if r := e.Do(t, http.MethodPut, systest.AdminPath(sku), nil, body); r.Status != http.StatusOK {
+		t.Fatalf("put sku = %d %s", r.Status, r.Body)
+	}
+}
+
 // alongside: listed tickets sell by their share of what is for sale.
 func TestResaleAlongside(t *testing.T) {
 	a, _ := start(t, "postgres")
 	sku := systest.NewSKU(t)
-	if r := a.Do(t, http.MethodPut, systest.AdminPath(sku), nil, `{"total":10,"max_per_order":10,"resale":"alongside"}`); r.Status != http.StatusOK {
-		t.Fatalf("put sku = %d %s", r.Status, r.Body)
-	}
+	putAlongside(t, a, sku, 10, 10)
 	order := systest.OrderID(a.MustBuy(t, sku, "p1", "ann", 5))
 	x := mustList(t, a, order, "l1", "ann", 5)
 	systest.WaitFor(t, 10*time.Second, "the listed units at the gate", func() bool { return a.State(t, sku).RedisRemaining == 10 })
@@ -287,6 +294,53 @@ func TestResaleSellerBuysAgainAfterWithdrawalSettles(t *testing.T) {
 		}
 		if r := e.Buy(t, sku, "p3", "sam", 2); r.Status != http.StatusCreated {
 			t.Errorf("the seller buying again under its cap = %d %s, want 201", r.Status, r.Body)
+		}
+	})
+}
+
+// alongside beside a hold taken before the listing: the one free unit is
+// the listed one, so the buyer who takes it takes a resale, and the
+// settle tells it while the hold still counts in what was for sale (its
+// confirm is never a resale). Before, the share left it unsettled (1 of 2
+// for sale) and, once the hold was confirmed, for good: three orders
+// stood on two tickets, the seller was never told, and the listing could
+// be neither withdrawn (409 listing-selling) nor its order refunded
+// (helper-65).
+func TestResaleAlongsideBesideAnEarlierHold(t *testing.T) {
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		a, b := start(t, driver)
+		sku := systest.NewSKU(t)
+		putAlongside(t, a, sku, 2, 4)
+		order := systest.OrderID(a.MustBuy(t, sku, "p1", "ann", 1))
+		r, h := b.Hold(t, sku, "h1", "hal", 1, 0)
+		if r.Status != http.StatusCreated {
+			t.Fatalf("hold = %d %s", r.Status, r.Body)
+		}
+		x := mustList(t, b, order, "l1", "ann", 1)
+		systest.WaitFor(t, 10*time.Second, "the listed unit at the gate", func() bool { return a.State(t, sku).RedisRemaining == 1 })
+		b.MustBuy(t, sku, "p2", "bob", 1)
+		systest.WaitFor(t, 15*time.Second, "bob's sale settled to the listing while hal's hold is held",
+			func() bool { return getListing(t, a, x.ListingID).Sold == 1 })
+		if r := b.Act(t, "/v1/holds/"+h.HoldID+"/confirm", "c1", "hal"); r.Status != http.StatusCreated {
+			t.Fatalf("confirm of hal's hold = %d %s", r.Status, r.Body)
+		}
+		// A later settle changes nothing: one listing.sold of 1, ann's
+		// order resold out, two orders on two tickets.
+		systest.WaitFor(t, 15*time.Second, "a settle after the confirm", func() bool {
+			st, err := a.Ledger.SKU(context.Background(), sku)
+			return err == nil && st.Sold == 2 && st.Held == 0
+		})
+		if got := getListing(t, a, x.ListingID); got.State != "sold" || got.Sold != 1 {
+			t.Errorf("listing %+v, want sold, 1", got)
+		}
+		if n, units := soldEvents(t, a, sku); n != 1 || units != 1 {
+			t.Errorf("%d listing.sold events of %d units, want 1 of 1", n, units)
+		}
+		if st, err := a.Ledger.SKU(context.Background(), sku); err != nil || st.Total != 2 || st.Listed != 0 {
+			t.Errorf("SKU row %+v (%v): want total 2 (ann's ticket resold to bob), nothing listed", st, err)
+		}
+		if r := a.Act(t, "/v1/orders/"+order+"/refund", "rf1", "ann"); r.Status != http.StatusConflict || systest.ProblemKind(r) != "order-resold" {
+			t.Errorf("ann's refund of her resold order = %d %s, want 409 order-resold", r.Status, r.Body)
 		}
 	})
 }

@@ -1,0 +1,108 @@
+package ledger_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// A sweep's settles go to the SKUs with sales to settle: listings with
+// none (a sale ended with a listing forgotten) kept their place first in
+// line, and more of them than a sweep takes held up every other SKU's
+// settles for good; its sellers were never told (helper-65).
+func TestSettleDueSkipsQuietListings(t *testing.T) {
+	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
+		ctx := context.Background()
+		program := keys.MustID(fmt.Sprintf("quiet%d", time.Now().UnixNano()))
+		sell := func(s stock.SKU, buyer string, n int) ledger.Order { return sellOne(t, l, s, buyer, n) }
+		listed := func(s stock.SKU, total int64) {
+			listOne(t, l, s, total)
+			c.advance(time.Second) // its place in line: older than the next
+		}
+		const perSweep = 2
+		for i := range perSweep + 1 {
+			listed(stock.SKU{Program: program, Ticket: keys.MustID(fmt.Sprintf("quiet%d", i))}, 10)
+		}
+		busy := stock.SKU{Program: program, Ticket: keys.MustID("busy")}
+		listed(busy, 1) // sold out but for sam's listed ticket
+		sell(busy, "bob", 1)
+		c.advance(2 * ledger.ResaleHorizon)
+		for sweep := range 3 {
+			events, err := l.SettleDue(ctx, perSweep)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range events {
+				if e.Type == ledger.EventListingSold && e.SKU == busy && e.Quantity == 1 {
+					return
+				}
+			}
+			t.Logf("sweep %d settled %d sales, none of %v", sweep, len(events), busy)
+		}
+		t.Fatalf("3 sweeps of %d SKUs never settled bob's purchase of the listed ticket behind %d quiet listings", perSweep, perSweep+1)
+	})
+}
+
+// sellOne commits buyer's purchase of one unit of s (n tells the key).
+func sellOne(t *testing.T, l *ledger.Ledger, s stock.SKU, buyer string, n int) ledger.Order {
+	t.Helper()
+	k := keys.MustID(fmt.Sprintf("%s-%s-%d", s.Ticket, buyer, n))
+	o, err := l.Purchase(context.Background(), ledger.Order{IdempotencyKey: k, SKU: s, Buyer: keys.MustID(buyer), Quantity: 1,
+		Req: ledger.Request{Scope: keys.MustID(buyer), Key: k, Fingerprint: "fp", Op: ledger.OpPurchase}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+// listOne makes s (total units), sells sam one and lists it.
+func listOne(t *testing.T, l *ledger.Ledger, s stock.SKU, total int64) ledger.Listing {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: s, Total: total, Shards: 1, MaxPerOrder: 4}); err != nil {
+		t.Fatal(err)
+	}
+	o := sellOne(t, l, s, "sam", 0)
+	k := keys.MustID("list-" + s.Ticket.String())
+	x, err := l.List(ctx, o.ID, o.Buyer, 1, ledger.Request{Scope: o.Buyer, Key: k, Fingerprint: "fp", Op: ledger.OpResale})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return x
+}
+
+// A listing whose buyer's sale an older settle passed by (its mark moved
+// past the sale, which took the last free unit: helper-65's alongside
+// share beside an earlier hold) is settled at the next sweep: its listed
+// unit is nowhere (not free, not held, no sale left to count), so it was
+// sold. Left, the listing could be neither withdrawn nor its order
+// refunded, and its seller was never told.
+func TestSettleFreesAListingAnOlderSettlePassedBy(t *testing.T) {
+	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
+		ctx := context.Background()
+		sku := stock.SKU{Program: keys.MustID(fmt.Sprintf("stuck%d", time.Now().UnixNano())), Ticket: keys.MustID("t")}
+		x := listOne(t, l, sku, 1)
+		sellOne(t, l, sku, "bob", 1)
+		// The older settle: its mark past bob's sale, nothing settled.
+		if _, err := l.DB().ExecContext(ctx, `UPDATE skus SET resale_seq = (SELECT MAX(seq) FROM events) WHERE program = $1 AND ticket = $2`,
+			sku.Program, sku.Ticket); err != nil {
+			t.Fatal(err)
+		}
+		c.advance(2 * ledger.ResaleHorizon)
+		events, err := l.SettleDue(ctx, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(events) != 1 || events[0].Type != ledger.EventListingSold || events[0].Subject != x.ID || events[0].Quantity != 1 {
+			t.Fatalf("the sweep settled %+v; want listing.sold of 1 for %v", events, x.ID)
+		}
+		if st, err := l.SKU(ctx, sku); err != nil || st.Total != 1 || st.Sold != 1 || st.Listed != 0 {
+			t.Errorf("SKU row %+v (%v): want total 1, sold 1 (bob's), nothing listed", st, err)
+		}
+	})
+}

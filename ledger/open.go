@@ -170,7 +170,7 @@ func openPostgres(dsn string) (*sql.DB, error) {
 	if tracing.Enabled() {
 		// A span per statement, batch and COMMIT, the child of the span
 		// of the request or ledger batch that runs it (otelpgx, through
-		// the provider tracing.Setup made global). Off, pgx runs no
+		// the provider otelenv.Setup made global). Off, pgx runs no
 		// tracer at all.
 		cfg.Tracer = otelpgx.NewTracer() // span names: the statement's first word
 	}

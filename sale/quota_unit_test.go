@@ -93,7 +93,8 @@ func TestQuotaCountsGoBackThroughFaults(t *testing.T) {
 // the test's end), and the context to call it with.
 func sweeping(t *testing.T, mem *quotaFaults) (*sale.Service, context.Context) {
 	t.Helper()
-	svc, _ := unitServiceOn(t, mem)
+	// Every 20 ms, not the default second: the tests wait for a sweep.
+	svc, _ := sale.TestService(t, mem, nil, func(o *sale.Options) { o.SweepEvery = 20 * time.Millisecond })
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); svc.RunSweeper(ctx) }()
@@ -118,7 +119,7 @@ func buysOnceGivenBack(t *testing.T, svc *sale.Service, sku stock.SKU, buyer key
 		if time.Now().After(deadline) {
 			t.Fatalf("30 s on, %v's refused purchase's count was never given back: a buyer who owns nothing is refused at the cap", buyer)
 		}
-		time.Sleep(50 * time.Millisecond) // poll interval: the sweeper runs once a second
+		time.Sleep(10 * time.Millisecond) // poll interval: the sweeper runs every 20 ms
 	}
 }
 
@@ -230,7 +231,7 @@ func holdsOnceEnded(t *testing.T, svc *sale.Service, tk sale.Take) {
 		if time.Now().After(deadline) {
 			t.Fatalf("30 s on, %v (device %q) is still refused (%v): an ended hold's budget count was never ended", tk.Buyer, tk.Device, err)
 		}
-		time.Sleep(50 * time.Millisecond) // poll interval: the sweeper runs once a second
+		time.Sleep(10 * time.Millisecond) // poll interval: the sweeper runs every 20 ms
 	}
 }
 
@@ -267,7 +268,7 @@ func TestOwedBudgetGiveBackSparesARetrysHold(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("30 s on, the sweeper still owes the give-back")
 		}
-		time.Sleep(20 * time.Millisecond) // poll interval: the sweeper runs once a second
+		time.Sleep(10 * time.Millisecond) // poll interval: the sweeper runs every 20 ms
 	}
 	if res, err := svc.Hold(ctx, sale.Take{Ask: sale.Ask{Buyer: keys.MustID("ann"), Key: keys.MustID("h2")}, SKU: sku, Quantity: 1}); !errors.Is(err, sale.ErrHoldBudget) {
 		t.Fatalf("ann's third unit on hold, her budget 2 = %+v, %v; want hold-budget-reached", res, err)

@@ -20,7 +20,8 @@ import (
 // testService is a Service for tests: its gate and locks on rdb (a Redis
 // Cluster client, or the in-memory shardmem), its seats on st (nil: no
 // reserved seating), its ledger a SQLite file; stopped at the test's end.
-func testService(t testing.TB, rdb lock.Redis, st *seats.Store) (*Service, *shard.Store) {
+// tune changes its options before it starts.
+func testService(t testing.TB, rdb lock.Redis, st *seats.Store, tune ...func(*Options)) (*Service, *shard.Store) {
 	t.Helper()
 	c, err := cache.New(cache.Options{})
 	if err != nil {
@@ -40,8 +41,12 @@ func testService(t testing.TB, rdb lock.Redis, st *seats.Store) (*Service, *shar
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { led.Close() })
-	s, err := New(Options{Gate: gate, Ledger: led, Cache: c, Locker: locker, Seats: st,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registry: prometheus.NewRegistry()})
+	o := Options{Gate: gate, Ledger: led, Cache: c, Locker: locker, Seats: st,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registry: prometheus.NewRegistry()}
+	for _, f := range tune {
+		f(&o)
+	}
+	s, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,6 +36,7 @@ import (
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/tracing"
+	"github.com/stockgate/stockgate/tracing/otelenv"
 )
 
 func main() {
@@ -337,10 +338,10 @@ func execute(name string, c *config, stderr io.Writer) int {
 func serve(ctx context.Context, c *config, log *slog.Logger) error {
 	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	// Tracing, when the OTEL_* variables ask for it (tracing.Setup), before
+	// Tracing, when the OTEL_* variables ask for it (otelenv.Setup), before
 	// the server is built; its buffered spans are flushed after the drain
 	// (defers run last-in first-out: after a.Close).
-	stopTracing, err := tracing.Setup(ctx)
+	stopTracing, err := otelenv.Setup(ctx)
 	if err != nil {
 		return err
 	}
@@ -352,7 +353,7 @@ func serve(ctx context.Context, c *config, log *slog.Logger) error {
 		}
 	}()
 	if tracing.Enabled() {
-		log.Info("tracing on", "exporter", tracing.Protocol())
+		log.Info("tracing on", "exporter", otelenv.Protocol())
 	}
 	o := c.Options
 	o.Logger = log

@@ -24,6 +24,7 @@ import (
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
 	"github.com/stockgate/stockgate/tracing"
+	"github.com/stockgate/stockgate/tracing/otelenv"
 )
 
 // otlpReceiver is a collector's OTLP/HTTP endpoint: it decodes what the
@@ -92,7 +93,7 @@ func TestTracingFollowsAPurchase(t *testing.T) {
 	defer collector.Close()
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.URL)
 	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "20") // ms: the test waits for the spans
-	shutdown, err := tracing.Setup(context.Background())
+	shutdown, err := otelenv.Setup(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -110,21 +110,26 @@ func (l *Ledger) PutPool(ctx context.Context, c PoolConfig) (SKUState, error) {
 			return SKUState{}, fmt.Errorf("%w: no ticket to make a pool of (or a seated one)", stock.ErrUnknownSKU)
 		}
 	}
-	cur, err := scanSKU(tx.QueryRowContext(ctx, selectSKU, c.SKU.Program, c.SKU.Ticket))
+	// The public row first (its ticket sorts before its pools'): the order
+	// every write that moves stock takes rows in. Both are locked before
+	// the pool's total is read: a close of another pool into this one
+	// commits its units into the total between an unlocked read and the
+	// absolute write below, which then lost them, and the public row gave
+	// delta for units that were already there (helper-67: the ticket's
+	// total shrank by the moved units on PostgreSQL).
+	if b, err := scanSKU(tx.QueryRowContext(ctx, selectSKU+l.forUpdate(), base.Program, base.Ticket)); err != nil {
+		return SKUState{}, err
+	} else if !b.EndedAt.IsZero() {
+		return SKUState{}, stock.ErrSaleEnded
+	}
+	cur, err := scanSKU(tx.QueryRowContext(ctx, selectSKU+l.forUpdate(), c.SKU.Program, c.SKU.Ticket))
 	if err != nil {
 		return SKUState{}, err
 	}
 	if !cur.Rule.ClosedAt.IsZero() {
 		return SKUState{}, ErrPoolClosed
 	}
-	// The public row first (its ticket sorts before its pools'): the order
-	// every write that moves stock takes rows in.
 	delta := c.Allotment - cur.Total
-	if b, err := scanSKU(tx.QueryRowContext(ctx, selectSKU, base.Program, base.Ticket)); err != nil {
-		return SKUState{}, err
-	} else if !b.EndedAt.IsZero() {
-		return SKUState{}, stock.ErrSaleEnded
-	}
 	// Units listed for resale are free in the public row but their
 	// sellers': a pool is never allotted them. seated = 0 is checked again
 	// here, under the row's lock: a seat map loaded since insertPool read
@@ -217,9 +222,14 @@ func (l *Ledger) ClosePool(ctx context.Context, pool stock.SKU) (moved int64, in
 		WHERE program = $1 AND ticket = $2`, pool.Program, pool.Ticket, moved, now); err != nil {
 		return 0, into, notCommitted("close pool", err)
 	}
-	if _, err := tx.ExecContext(ctx, `UPDATE skus SET total = total + $3, bypass_seq = bypass_seq + 1
-		WHERE program = $1 AND ticket = $2`, into.Program, into.Ticket, moved); err != nil {
-		return 0, into, notCommitted("close pool: target", err)
+	// The target's gate is stale only when units came to it: a bypass
+	// with none rebuilt the public gate for nothing, often at the public
+	// on-sale as a presale closed (helper-68).
+	if moved > 0 {
+		if _, err := tx.ExecContext(ctx, `UPDATE skus SET total = total + $3, bypass_seq = bypass_seq + 1
+			WHERE program = $1 AND ticket = $2`, into.Program, into.Ticket, moved); err != nil {
+			return 0, into, notCommitted("close pool: target", err)
+		}
 	}
 	if moved > 0 {
 		// The moved units are the target's waitlist's first: they are in

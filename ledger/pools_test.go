@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -165,6 +166,100 @@ func TestProgramStockIsWhatTheLineCanBuy(t *testing.T) {
 		clk.advance(time.Hour)
 		if st, err := l.ProgramStock(ctx, ga.Program); err != nil || st.Remaining != 10+2+5 {
 			t.Errorf("once the pool opened: %+v %v, want 17 left", st, err)
+		}
+	})
+}
+
+// A pool's allotment changed while another pool closes into it keeps
+// every unit of the ticket: PutPool read the pool's total unlocked, and
+// a close that committed its moved units between that read and its
+// absolute write lost them on PostgreSQL (the public row gave the change
+// for units already there; helper-67). Run as a race, many rounds.
+func TestPoolPutRacingACloseIntoItKeepsTheTicketWhole(t *testing.T) {
+	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, clk *clock) {
+		ctx := context.Background()
+		for round := range 30 {
+			ga := stock.SKU{Program: keys.MustID(fmt.Sprintf("race%d", round)), Ticket: keys.MustID("ga")}
+			pre, partner := ga.InPool(keys.MustID("presale")), ga.InPool(keys.MustID("partner"))
+			if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: ga, Total: 100, Shards: 1, MaxPerOrder: 4}); err != nil {
+				t.Fatal(err)
+			}
+			put := func(p stock.SKU, allotment int64, into keys.ID) error {
+				if err := l.EnsurePool(ctx, p); err != nil {
+					return err
+				}
+				_, err := l.PutPool(ctx, ledger.PoolConfig{SKU: p, Allotment: allotment, Shards: 1,
+					Rule: ledger.PoolRule{ClosesAt: clk.now().Add(time.Hour), Into: into}})
+				return err
+			}
+			if err := put(partner, 10, keys.ID{}); err != nil {
+				t.Fatal(err)
+			}
+			if err := put(pre, 20, keys.MustID("partner")); err != nil {
+				t.Fatal(err)
+			}
+			var wg sync.WaitGroup
+			errs := make([]error, 2)
+			wg.Go(func() { _, _, errs[0] = l.ClosePool(ctx, pre) })
+			wg.Go(func() { errs[1] = put(partner, 30, keys.ID{}) })
+			wg.Wait()
+			for _, err := range errs {
+				if err != nil && !errors.Is(err, stock.ErrInvalid) {
+					t.Fatalf("round %d: %v", round, err)
+				}
+			}
+			var sum int64
+			for _, s := range []stock.SKU{ga, pre, partner} {
+				st, err := l.SKU(ctx, s)
+				if err != nil {
+					t.Fatal(err)
+				}
+				sum += st.Total
+			}
+			if sum != 100 {
+				t.Fatalf("round %d: the ticket's rows add up to %d units, want its 100 (errors %v)", round, sum, errs)
+			}
+		}
+	})
+}
+
+// A pool that closes with nothing left leaves its target's gate as it
+// is: a bypass with no units moved made the next take rebuild the public
+// gate for nothing, often at the public on-sale as a presale closed
+// (helper-68). One with units left marks it stale.
+func TestPoolClosedEmptyLeavesTheTargetGate(t *testing.T) {
+	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, clk *clock) {
+		ctx := context.Background()
+		for _, left := range []int64{0, 2} {
+			ga := stock.SKU{Program: keys.MustID(fmt.Sprintf("empty%d", left)), Ticket: keys.MustID("ga")}
+			pre := ga.InPool(keys.MustID("presale"))
+			if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: ga, Total: 10, Shards: 1, MaxPerOrder: 4}); err != nil {
+				t.Fatal(err)
+			}
+			if err := l.EnsurePool(ctx, pre); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := l.PutPool(ctx, ledger.PoolConfig{SKU: pre, Allotment: 2, Shards: 1, Rule: ledger.PoolRule{ClosesAt: clk.now().Add(time.Hour)}}); err != nil {
+				t.Fatal(err)
+			}
+			for i := range 2 - left {
+				sellOne(t, l, pre, "fan", int(i))
+			}
+			before, err := l.SKU(ctx, ga)
+			if err != nil {
+				t.Fatal(err)
+			}
+			moved, _, err := l.ClosePool(ctx, pre)
+			if err != nil || moved != left {
+				t.Fatalf("close with %d left = moved %d, %v", left, moved, err)
+			}
+			after, err := l.SKU(ctx, ga)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if stale := after.BypassSeq != before.BypassSeq; stale != (left > 0) {
+				t.Errorf("close with %d left: the public gate's bypass went %d -> %d; want it moved only when units came", left, before.BypassSeq, after.BypassSeq)
+			}
 		}
 	})
 }

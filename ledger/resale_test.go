@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -51,7 +52,7 @@ func TestSettleDueSkipsQuietListings(t *testing.T) {
 // sellOne commits buyer's purchase of one unit of s (n tells the key).
 func sellOne(t *testing.T, l *ledger.Ledger, s stock.SKU, buyer string, n int) ledger.Order {
 	t.Helper()
-	k := keys.MustID(fmt.Sprintf("%s-%s-%d", s.Ticket, buyer, n))
+	k := keys.MustID(strings.ReplaceAll(fmt.Sprintf("%s-%s-%d", s.Ticket, buyer, n), ".", "-")) // a pool's ticket has a dot
 	o, err := l.Purchase(context.Background(), ledger.Order{IdempotencyKey: k, SKU: s, Buyer: keys.MustID(buyer), Quantity: 1,
 		Req: ledger.Request{Scope: keys.MustID(buyer), Key: k, Fingerprint: "fp", Op: ledger.OpPurchase}})
 	if err != nil {

@@ -67,7 +67,7 @@ func waitEntryOf(e ledger.WaitEntry) WaitEntry {
 // line order as a hold for OfferTTL. A pool whose access rule asks for a
 // code or a channel has no waitlist (an offer would pass the rule by).
 func (s *Service) JoinWaitlist(ctx context.Context, sku stock.SKU, pool, buyer keys.ID, q int64) (WaitEntry, bool, error) {
-	p, err := s.waitSKU(ctx, sku, pool, buyer)
+	p, err := s.waitSKU(ctx, sku, pool, buyer, true)
 	if err != nil {
 		return WaitEntry{}, false, err
 	}
@@ -113,7 +113,7 @@ func (s *Service) JoinWaitlist(ctx context.Context, sku stock.SKU, pool, buyer k
 // answers the entry; an entry with a live offer is refused (cancel the
 // offer's hold to decline it).
 func (s *Service) LeaveWaitlist(ctx context.Context, sku stock.SKU, pool, buyer keys.ID) (WaitEntry, error) {
-	p, err := s.waitSKU(ctx, sku, pool, buyer)
+	p, err := s.waitSKU(ctx, sku, pool, buyer, false)
 	if err != nil {
 		return WaitEntry{}, err
 	}
@@ -133,7 +133,7 @@ func (s *Service) LeaveWaitlist(ctx context.Context, sku stock.SKU, pool, buyer 
 
 // WaitEntry reads buyer's place in sku's line (in pool).
 func (s *Service) WaitEntry(ctx context.Context, sku stock.SKU, pool, buyer keys.ID) (WaitEntry, error) {
-	p, err := s.waitSKU(ctx, sku, pool, buyer)
+	p, err := s.waitSKU(ctx, sku, pool, buyer, false)
 	if err != nil {
 		return WaitEntry{}, err
 	}
@@ -147,9 +147,12 @@ func (s *Service) WaitEntry(ctx context.Context, sku stock.SKU, pool, buyer keys
 	return WaitEntry{}, s.waitFailed(ctx, "read waitlist", p, err)
 }
 
-// waitSKU is the stock a waitlist request is about, refused when unknown
-// or in a pool that is not open to all.
-func (s *Service) waitSKU(ctx context.Context, sku stock.SKU, pool, buyer keys.ID) (stock.SKU, error) {
+// waitSKU is the stock a waitlist request is about, refused when unknown,
+// and a join when in a pool that is not open to all. A read or a leave of
+// an entry made while the pool was open still works after its rule
+// changed: the entry keeps its place (API.md), and a buyer must be able
+// to leave it, or to find a live offer's hold (helper-68).
+func (s *Service) waitSKU(ctx context.Context, sku stock.SKU, pool, buyer keys.ID, join bool) (stock.SKU, error) {
 	if sku.IsZero() || buyer.IsZero() {
 		return sku, refuse(ErrInvalid, "ids match [A-Za-z0-9_-]{1,64}")
 	}
@@ -162,7 +165,7 @@ func (s *Service) waitSKU(ctx context.Context, sku stock.SKU, pool, buyer keys.I
 		return p, ErrUnknownSKU
 	case err != nil:
 		return p, fmt.Errorf("%w: %w", ErrUnavailable, err)
-	case st.Rule.Access != ledger.AccessOpen:
+	case join && st.Rule.Access != ledger.AccessOpen:
 		return p, refuse(ErrPoolDenied, "a pool sold by code or channel has no waitlist")
 	}
 	return p, nil

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"strings"
 	"testing"
 	"time"
 
@@ -239,8 +240,14 @@ func TestAttackWaitPoolTurnsToCodeStillOffers(t *testing.T) {
 		if j.Status != http.StatusCreated {
 			t.Fatalf("join the pool's line = %d %s", j.Status, j.Body)
 		}
-		// The pool is now sold by code only.
+		// The pool is now sold by code only. w1's entry still reads (it
+		// is closed, and keeps its place), which it did not: 403 for the
+		// read and the leave alike, so a buyer could neither leave nor
+		// find a live offer's hold (helper-68).
 		e.PutPool(t, sku, "fans", `{"allotment":1,"shards":1,"access":"code"}`)
+		if g := e.Do(t, http.MethodGet, systest.WaitPath(sku, "w1")+"?pool=fans", nil, ""); g.Status != http.StatusOK || !strings.Contains(string(g.Body), `"closed"`) {
+			t.Errorf("w1's entry after the pool turned to code = %d %s, want 200, closed", g.Status, g.Body)
+		}
 		if c := e.Act(t, "/v1/holds/"+h.HoldID+"/cancel", "c1", "fan"); c.Status != http.StatusOK {
 			t.Fatalf("cancel = %d %s", c.Status, c.Body)
 		}
@@ -250,6 +257,9 @@ func TestAttackWaitPoolTurnsToCodeStillOffers(t *testing.T) {
 		}
 		if st, _ := e.Ledger.SKU(context.Background(), sku.InPool(keys.MustID("fans"))); st.Held != 0 {
 			t.Errorf("the pool's unit is held (%+v), want it back in the pool for a buyer with a code", st)
+		}
+		if d := e.Do(t, http.MethodDelete, systest.WaitPath(sku, "w1")+"?pool=fans", nil, ""); d.Status != http.StatusOK {
+			t.Errorf("w1 leaving the line of a pool turned to code = %d %s, want 200", d.Status, d.Body)
 		}
 	})
 }

@@ -17,10 +17,16 @@ func (s *Service) loadStock(ctx context.Context, sku stock.SKU) (Stock, error) {
 	}
 	var left int64
 	seeded := false
-	err = s.redis(ctx, "gate.remaining", func(ctx context.Context) (err error) {
-		left, seeded, err = s.gate.Remaining(ctx, sku, st.Shards)
-		return err
-	})
+	// A seated SKU sells seats, not the counted shards: a rebuild seeds
+	// them (an admin PUT, a reconcile), and no seat hold or sale moves
+	// them after, so read from there its stock froze at the rebuild's
+	// count (helper-67). The ledger counts its seats.
+	if !st.Seated {
+		err = s.redis(ctx, "gate.remaining", func(ctx context.Context) (err error) {
+			left, seeded, err = s.gate.Remaining(ctx, sku, st.Shards)
+			return err
+		})
+	}
 	if err != nil || !seeded || st.GateStale() {
 		fresh, lerr := s.ledger.SKU(ctx, sku)
 		if lerr != nil {

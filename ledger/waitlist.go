@@ -93,11 +93,11 @@ func (l *Ledger) JoinWaitlist(ctx context.Context, sku stock.SKU, buyer keys.ID,
 		return WaitEntry{}, false, notCommitted("waitlist: begin", err)
 	}
 	defer tx.Rollback()
-	left, seq, err := lockForWait(ctx, tx, sku, q)
+	left, seq, err := lockForWait(ctx, tx, sku, q, now)
 	if err != nil {
 		return WaitEntry{}, false, err
 	}
-	cur, err := entryOf(ctx, tx, sku, buyer)
+	cur, err := entryOf(ctx, tx, sku, buyer, now)
 	switch {
 	case err == nil && (cur.State == Waiting || cur.State == Offered && cur.Offer.stateAt(now) == Held):
 		return cur, false, nil
@@ -132,12 +132,14 @@ func (l *Ledger) JoinWaitlist(ctx context.Context, sku stock.SKU, buyer keys.ID,
 // The SKU row's lock orders joins with the returns that offer: a return
 // either sees the entry, or committed before the join read the stock it
 // freed (and the join is refused: buy it).
-func lockForWait(ctx context.Context, tx *sql.Tx, sku stock.SKU, q int64) (left, seq int64, err error) {
-	var ended, seated, closed, perBuyer, maxPer int64
+func lockForWait(ctx context.Context, tx *sql.Tx, sku stock.SKU, q int64, now time.Time) (left, seq int64, err error) {
+	var ended, seated, closed, closes, perBuyer, maxPer int64
 	err = tx.QueryRowContext(ctx, `UPDATE skus SET wait_seq = wait_seq + 1 WHERE program = $1 AND ticket = $2
-		RETURNING total - sold - held, ended_at, seated, pool_closed_at, per_buyer, max_per_order, wait_seq`,
-		sku.Program, sku.Ticket).Scan(&left, &ended, &seated, &closed, &perBuyer, &maxPer, &seq)
+		RETURNING total - sold - held, ended_at, seated, pool_closed_at, pool_closes_at, per_buyer, max_per_order, wait_seq`,
+		sku.Program, sku.Ticket).Scan(&left, &ended, &seated, &closed, &closes, &perBuyer, &maxPer, &seq)
 	switch {
+	case err == nil && closedBy(closes, now):
+		return 0, 0, ErrPoolClosed
 	case errors.Is(err, sql.ErrNoRows):
 		return 0, 0, stock.ErrUnknownSKU
 	case err != nil:
@@ -210,7 +212,7 @@ func (l *Ledger) WaitEntryOf(ctx context.Context, sku stock.SKU, buyer keys.ID) 
 		return WaitEntry{}, fmt.Errorf("ledger: waitlist: %w", err)
 	}
 	defer tx.Rollback()
-	e, err := entryOf(ctx, tx, sku, buyer)
+	e, err := entryOf(ctx, tx, sku, buyer, l.now())
 	if err != nil {
 		return e, err
 	}
@@ -218,7 +220,7 @@ func (l *Ledger) WaitEntryOf(ctx context.Context, sku stock.SKU, buyer keys.ID) 
 }
 
 // entryOf reads buyer's entry with its place in line or its offer.
-func entryOf(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer keys.ID) (WaitEntry, error) {
+func entryOf(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer keys.ID, now time.Time) (WaitEntry, error) {
 	e, err := scanEntry(tx.QueryRowContext(ctx, selectEntry+` WHERE program = $1 AND ticket = $2 AND buyer = $3`,
 		sku.Program, sku.Ticket, buyer))
 	if err != nil {
@@ -229,15 +231,15 @@ func entryOf(ctx context.Context, tx *sql.Tx, sku stock.SKU, buyer keys.ID) (Wai
 		// Closed where offerBack offers nothing: a waiting entry there
 		// will never be offered a unit (a pool closed or made a code's or
 		// a channel's, a seat map loaded, a waiting room put in front).
-		var ended, closed, seated, queued int64
+		var ended, closed, closes, seated, queued int64
 		var access string
-		if err := tx.QueryRowContext(ctx, `SELECT ended_at, pool_closed_at, seated, pool_access,
+		if err := tx.QueryRowContext(ctx, `SELECT ended_at, pool_closed_at, pool_closes_at, seated, pool_access,
 				(SELECT COUNT(*) FROM queues WHERE queues.program = skus.program)
 			FROM skus WHERE program = $1 AND ticket = $2`,
-			sku.Program, sku.Ticket).Scan(&ended, &closed, &seated, &access, &queued); err != nil {
+			sku.Program, sku.Ticket).Scan(&ended, &closed, &closes, &seated, &access, &queued); err != nil {
 			return e, fmt.Errorf("ledger: waitlist sku: %w", err)
 		}
-		e.Closed = ended > 0 || closed > 0 || seated != 0 || access != AccessOpen || queued > 0
+		e.Closed = ended > 0 || closed > 0 || closedBy(closes, now) || seated != 0 || access != AccessOpen || queued > 0
 		e.Ahead, err = aheadOf(ctx, tx, e)
 	case Offered:
 		var h Hold
@@ -327,12 +329,19 @@ func offerBack(ctx context.Context, tx *sql.Tx, sku stock.SKU, units int64, rows
 		}
 		if !checked {
 			checked = true
-			var ended, closed, seated, queued int64
+			var ended, closed, closes, seated, queued int64
 			var access string
-			if err := tx.QueryRowContext(ctx, `SELECT gate_epoch, ended_at, pool_closed_at, seated, pool_access,
+			if err := tx.QueryRowContext(ctx, `SELECT gate_epoch, ended_at, pool_closed_at, pool_closes_at, seated, pool_access,
 					(SELECT COUNT(*) FROM queues WHERE queues.program = skus.program)
-				FROM skus WHERE program = $1 AND ticket = $2`, sku.Program, sku.Ticket).Scan(&epoch, &ended, &closed, &seated, &access, &queued); err != nil {
+				FROM skus WHERE program = $1 AND ticket = $2`, sku.Program, sku.Ticket).Scan(&epoch, &ended, &closed, &closes, &seated, &access, &queued); err != nil {
 				return nil, notCommitted("waitlist: read sku", err)
+			}
+			// A pool past its window's end sells nothing, and the
+			// sweeper's close moves what it has on: an offer now passed
+			// the window by, and the unit never reached the line it
+			// moves to (helper-68).
+			if closedBy(closes, now) {
+				closed = 1
 			}
 			// A pool whose rule became a code or a channel after buyers
 			// joined its line offers nothing: an offer would pass the
@@ -477,4 +486,10 @@ func takeOffOwed(ctx context.Context, tx *sql.Tx, rows []backRow, offered int64)
 		}
 	}
 	return nil
+}
+
+// closedBy reports whether a pool's window (closes, Unix ms; 0: none) has
+// ended by now, closed by the sweeper or not yet.
+func closedBy(closes int64, now time.Time) bool {
+	return closes > 0 && closes <= now.UnixMilli()
 }

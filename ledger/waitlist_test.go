@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -174,6 +175,49 @@ func TestWaitlistOffers(t *testing.T) {
 		if count[ledger.EventOfferMade] != 5 || count[ledger.EventOfferExpired] != 2 || count[ledger.EventWaitlistJoined] != 7 ||
 			count[ledger.EventWaitlistLeft] != 1 {
 			t.Fatalf("events %v", count)
+		}
+	})
+}
+
+// A pool past the end of its window, not closed yet by the sweeper (which
+// may be seconds away, or stuck on a master out of reach), takes no join
+// and makes no offer: a unit back then went to a buyer of a pool that
+// sells nothing any more, and never reached the line the close moves it
+// to (helper-68). Its waiting entries read closed.
+func TestWaitlistOfAPoolPastItsWindow(t *testing.T) {
+	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, clk *clock) {
+		ctx := context.Background()
+		ga := stock.SKU{Program: keys.MustID(fmt.Sprintf("window%d", time.Now().UnixNano())), Ticket: keys.MustID("ga")}
+		fans := ga.InPool(keys.MustID("fans"))
+		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: ga, Total: 10, Shards: 1, MaxPerOrder: 4}); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.EnsurePool(ctx, fans); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.PutPool(ctx, ledger.PoolConfig{SKU: fans, Allotment: 1, Shards: 1, Rule: ledger.PoolRule{ClosesAt: clk.now().Add(time.Hour)}}); err != nil {
+			t.Fatal(err)
+		}
+		h, err := l.Hold(ctx, ledger.Hold{IdempotencyKey: keys.MustID("fan-h1"), SKU: fans, Buyer: keys.MustID("fan"), Quantity: 1,
+			ExpiresAt: clk.now().Add(2 * time.Hour), Gate: `[{"shards":1}]`}, -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := l.JoinWaitlist(ctx, fans, keys.MustID("w1"), 1, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		clk.advance(90 * time.Minute) // past the window, before any close
+		if _, _, err := l.JoinWaitlist(ctx, fans, keys.MustID("w2"), 1, time.Minute); !errors.Is(err, ledger.ErrPoolClosed) {
+			t.Errorf("a join past the pool's window = %v, want ErrPoolClosed", err)
+		}
+		if e, err := l.WaitEntryOf(ctx, fans, keys.MustID("w1")); err != nil || !e.Closed {
+			t.Errorf("w1's entry past the window = %+v, %v; want closed", e, err)
+		}
+		if _, _, err := l.Cancel(ctx, h.ID, h.Buyer, ledger.Request{}); err != nil {
+			t.Fatal(err)
+		}
+		if e, err := l.WaitEntryOf(ctx, fans, keys.MustID("w1")); err != nil || e.State != ledger.Waiting {
+			t.Errorf("w1 after the pool's unit came back past its window = %+v, %v; want still waiting, no offer", e, err)
 		}
 	})
 }

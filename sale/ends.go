@@ -329,13 +329,22 @@ func (s *Service) EndSale(ctx context.Context, sku stock.SKU) (SKUState, error) 
 		return SKUState{}, ErrUnknownSKU
 	}
 	var st ledger.SKUState
+	ran := false
 	_, err := s.rebuildWith(ctx, sku, reasonAdmin, true, s.opts.ReseedWait, func(ctx context.Context) (err error) {
+		ran = true
 		st, err = s.ledger.EndSale(ctx, sku)
 		return err
 	})
 	s.settings.Invalidate(sku)
 	s.stockChanged(sku)
-	if st.Program.IsZero() {
+	switch {
+	case !ran:
+		// The gate could not be closed (a master of the SKU out of
+		// reach): the ledger was never asked, so nothing changed, and
+		// the answer says so rather than "unknown" (helper-67).
+		s.log.ErrorContext(ctx, "end sale: gate not closed", "sku", sku.String(), "err", err)
+		return SKUState{}, ErrGateNotClosed
+	case st.Program.IsZero():
 		s.log.ErrorContext(ctx, "end sale", "sku", sku.String(), "err", err)
 		return SKUState{}, refuse(ErrUnavailable, "could not end the sale; repeat the request")
 	}

@@ -26,6 +26,7 @@ type quotaFaults struct {
 	release, lose atomic.Bool
 	stuck         atomic.Value // string: unquota fails on the keys holding it
 	endStuck      atomic.Value // string: budget.lua's end fails unrun on the keys holding it
+	down          atomic.Bool  // every script fails unrun: the masters out of reach
 }
 
 // run runs a script call (call) on keys through the faults: args tell
@@ -34,6 +35,8 @@ func (f *quotaFaults) run(keys []string, args []any, call func() *redis.Cmd) *re
 	stuck, _ := f.stuck.Load().(string)
 	endStuck, _ := f.endStuck.Load().(string)
 	switch {
+	case f.down.Load():
+		return redis.NewCmdResult(nil, context.DeadlineExceeded) // not run
 	case endStuck != "" && len(args) > 0 && args[0] == "end" && strings.Contains(keys[0], endStuck):
 		return redis.NewCmdResult(nil, context.DeadlineExceeded) // not run
 	case len(args) == 2 && (f.release.Load() || stuck != "" && strings.Contains(keys[0], stuck)):

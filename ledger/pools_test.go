@@ -185,12 +185,7 @@ func TestPoolPutRacingACloseIntoItKeepsTheTicketWhole(t *testing.T) {
 				t.Fatal(err)
 			}
 			put := func(p stock.SKU, allotment int64, into keys.ID) error {
-				if err := l.EnsurePool(ctx, p); err != nil {
-					return err
-				}
-				_, err := l.PutPool(ctx, ledger.PoolConfig{SKU: p, Allotment: allotment, Shards: 1,
-					Rule: ledger.PoolRule{ClosesAt: clk.now().Add(time.Hour), Into: into}})
-				return err
+				return putPool(l, p, allotment, ledger.PoolRule{ClosesAt: clk.now().Add(time.Hour), Into: into})
 			}
 			if err := put(partner, 10, keys.ID{}); err != nil {
 				t.Fatal(err)
@@ -236,10 +231,7 @@ func TestPoolClosedEmptyLeavesTheTargetGate(t *testing.T) {
 			if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: ga, Total: 10, Shards: 1, MaxPerOrder: 4}); err != nil {
 				t.Fatal(err)
 			}
-			if err := l.EnsurePool(ctx, pre); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := l.PutPool(ctx, ledger.PoolConfig{SKU: pre, Allotment: 2, Shards: 1, Rule: ledger.PoolRule{ClosesAt: clk.now().Add(time.Hour)}}); err != nil {
+			if err := putPool(l, pre, 2, ledger.PoolRule{ClosesAt: clk.now().Add(time.Hour)}); err != nil {
 				t.Fatal(err)
 			}
 			for i := range 2 - left {
@@ -262,4 +254,15 @@ func TestPoolClosedEmptyLeavesTheTargetGate(t *testing.T) {
 			}
 		}
 	})
+}
+
+// putPool makes pool p's row if it has none and sets its allotment (one
+// shard) and rule.
+func putPool(l *ledger.Ledger, p stock.SKU, allotment int64, rule ledger.PoolRule) error {
+	ctx := context.Background()
+	if err := l.EnsurePool(ctx, p); err != nil {
+		return err
+	}
+	_, err := l.PutPool(ctx, ledger.PoolConfig{SKU: p, Allotment: allotment, Shards: 1, Rule: rule})
+	return err
 }

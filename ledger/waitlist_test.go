@@ -192,10 +192,7 @@ func TestWaitlistOfAPoolPastItsWindow(t *testing.T) {
 		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: ga, Total: 10, Shards: 1, MaxPerOrder: 4}); err != nil {
 			t.Fatal(err)
 		}
-		if err := l.EnsurePool(ctx, fans); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := l.PutPool(ctx, ledger.PoolConfig{SKU: fans, Allotment: 1, Shards: 1, Rule: ledger.PoolRule{ClosesAt: clk.now().Add(time.Hour)}}); err != nil {
+		if err := putPool(l, fans, 1, ledger.PoolRule{ClosesAt: clk.now().Add(time.Hour)}); err != nil {
 			t.Fatal(err)
 		}
 		h, err := l.Hold(ctx, ledger.Hold{IdempotencyKey: keys.MustID("fan-h1"), SKU: fans, Buyer: keys.MustID("fan"), Quantity: 1,

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/internal/testenv/ledgerenv"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
@@ -80,7 +80,7 @@ func runAsync(f func() error) <-chan error {
 // other's: a seated ticket of 100 seats beside a counted pool of 20).
 func TestSeatMapAndPoolTakeTurns(t *testing.T) {
 	ctx := context.Background()
-	dsn := testenv.LedgerDSN(t, ledger.Postgres)
+	dsn := ledgerenv.DSN(t, ledger.Postgres)
 	l, err := ledger.Open(ctx, ledger.Options{Driver: ledger.Postgres, DSN: dsn})
 	if err != nil {
 		t.Fatal(err)
@@ -134,7 +134,7 @@ func TestSeatMapAndPoolTakeTurns(t *testing.T) {
 // wrote its own count: 50 of 100 seats sellable).
 func TestSeatMapsLoadedTogetherCountBoth(t *testing.T) {
 	ctx := context.Background()
-	dsn := testenv.LedgerDSN(t, ledger.Postgres)
+	dsn := ledgerenv.DSN(t, ledger.Postgres)
 	l, err := ledger.Open(ctx, ledger.Options{Driver: ledger.Postgres, DSN: dsn})
 	if err != nil {
 		t.Fatal(err)
@@ -180,7 +180,7 @@ func TestSeatMapsLoadedTogetherCountBoth(t *testing.T) {
 // transfer must queue behind it, and then count under the cap.
 func TestTransferWaitsForACapSwitch(t *testing.T) {
 	ctx := context.Background()
-	dsn := testenv.LedgerDSN(t, ledger.Postgres)
+	dsn := ledgerenv.DSN(t, ledger.Postgres)
 	l, err := ledger.Open(ctx, ledger.Options{Driver: ledger.Postgres, DSN: dsn})
 	if err != nil {
 		t.Fatal(err)
@@ -236,7 +236,7 @@ func TestTransferWaitsForACapSwitch(t *testing.T) {
 // ticket must commit meanwhile.
 func TestTransferHoldsNoSKURow(t *testing.T) {
 	ctx := context.Background()
-	dsn := testenv.LedgerDSN(t, ledger.Postgres)
+	dsn := ledgerenv.DSN(t, ledger.Postgres)
 	l, err := ledger.Open(ctx, ledger.Options{Driver: ledger.Postgres, DSN: dsn})
 	if err != nil {
 		t.Fatal(err)

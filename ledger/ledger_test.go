@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/internal/testenv/ledgerenv"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
@@ -21,7 +22,7 @@ func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
 
 // eachDriver runs f against a fresh SQLite file and a fresh PostgreSQL
 // database: the same behaviour is required of both.
-func eachDriver(t *testing.T, f func(t *testing.T, l *ledger.Ledger)) { testenv.EachLedger(t, f) }
+func eachDriver(t *testing.T, f func(t *testing.T, l *ledger.Ledger)) { ledgerenv.Each(t, f) }
 
 var sku = stock.SKU{Program: keys.MustID("show-1"), Ticket: keys.MustID("ga")}
 

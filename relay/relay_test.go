@@ -18,6 +18,7 @@ import (
 
 	"github.com/stockgate/stockgate/client/webhook"
 	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/internal/testenv/ledgerenv"
 	"github.com/stockgate/stockgate/internal/wait"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
@@ -29,7 +30,7 @@ func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
 
 // eachDriver runs f against a fresh SQLite file and a fresh PostgreSQL
 // database: the same behaviour is required of both.
-func eachDriver(t *testing.T, f func(t *testing.T, l *ledger.Ledger)) { testenv.EachLedger(t, f) }
+func eachDriver(t *testing.T, f func(t *testing.T, l *ledger.Ledger)) { ledgerenv.Each(t, f) }
 
 // sale makes skus SKUs of one program.
 func makeSKUs(t *testing.T, l *ledger.Ledger, program string, n int) []stock.SKU {

@@ -10,7 +10,7 @@ import (
 
 	"github.com/stockgate/stockgate/cache"
 	"github.com/stockgate/stockgate/fleet"
-	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/internal/testenv/ledgerenv"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/lock"
 	"github.com/stockgate/stockgate/seats"
@@ -36,7 +36,7 @@ func testService(t testing.TB, rdb lock.Redis, st *seats.Store, tune ...func(*Op
 		t.Fatal(err)
 	}
 	led, err := fleet.Open(context.Background(), fleet.Options{Primaries: []fleet.Primary{{Name: "main",
-		Ledger: ledger.Options{Driver: ledger.SQLite, DSN: testenv.LedgerSQLitePath(t)}}}})
+		Ledger: ledger.Options{Driver: ledger.SQLite, DSN: ledgerenv.SQLitePath(t)}}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,6 +34,7 @@ import (
 	"github.com/stockgate/stockgate/fleet"
 	"github.com/stockgate/stockgate/gateway"
 	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/internal/testenv/ledgerenv"
 	"github.com/stockgate/stockgate/internal/wait"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
@@ -174,7 +175,7 @@ func Start(t *testing.T, o Options) *Env {
 // EachDriver runs f as a subtest on a ledger driver: in make test on one
 // per test, SQLite or PostgreSQL by a hash of the test's name (so the
 // family of a package's tests covers both, and a test always gets the
-// same one), and on each (testenv.EachDriver) when
+// same one), and on each (ledgerenv.EachDriver) when
 // STOCKGATE_TEST_EVERY_LEDGER is set. Every whole-system test on both
 // ledgers was a third of make test's CPU, past its 20 minutes on 2 cores;
 // what each ledger does itself is still run on both: the ledger's own
@@ -182,12 +183,12 @@ func Start(t *testing.T, o Options) *Env {
 // on each ledger shape (EachShape).
 func EachDriver(t *testing.T, f func(t *testing.T, driver string)) {
 	if os.Getenv("STOCKGATE_TEST_EVERY_LEDGER") != "" {
-		testenv.EachDriver(t, f)
+		ledgerenv.EachDriver(t, f)
 		return
 	}
 	h := fnv.New32a()
 	h.Write([]byte(t.Name()))
-	d := testenv.Drivers[h.Sum32()%uint32(len(testenv.Drivers))]
+	d := ledgerenv.Drivers[h.Sum32()%uint32(len(ledgerenv.Drivers))]
 	t.Run(d, func(t *testing.T) { f(t, d) })
 }
 
@@ -204,9 +205,9 @@ func OnDriver(t *testing.T, driver string, f func(t *testing.T, driver string)) 
 	t.Run(driver, func(t *testing.T) { f(t, driver) })
 }
 
-// LedgerDSN is a fresh, empty ledger of the driver (testenv.LedgerDSN),
+// LedgerDSN is a fresh, empty ledger of the driver (ledgerenv.DSN),
 // for replicas to share.
-func LedgerDSN(t *testing.T, driver string) string { return testenv.LedgerDSN(t, driver) }
+func LedgerDSN(t *testing.T, driver string) string { return ledgerenv.DSN(t, driver) }
 
 // Logger shows a replica's log in the test's log when STOCKGATE_TEST_LOG
 // is set. Otherwise it keeps the replica's last warnings and errors and

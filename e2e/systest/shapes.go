@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/stockgate/stockgate/fleet"
-	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/internal/testenv/ledgerenv"
 	"github.com/stockgate/stockgate/ledger"
 )
 
@@ -16,7 +16,7 @@ const TwoPrimaries = "two-primaries"
 
 // Shapes are the ledgers the model and fault tests run on: each driver,
 // then PostgreSQL over two primaries.
-var Shapes = append(append([]string{}, testenv.Drivers...), TwoPrimaries)
+var Shapes = append(append([]string{}, ledgerenv.Drivers...), TwoPrimaries)
 
 // EachShape runs f as a subtest per ledger shape.
 func EachShape(t *testing.T, f func(t *testing.T, shape string)) {
@@ -31,7 +31,7 @@ func NewLedger(t *testing.T, shape string) Options {
 	if shape != TwoPrimaries {
 		return Options{Driver: shape, DSN: LedgerDSN(t, shape)}
 	}
-	urls := testenv.LedgerPostgresURLs(t, 2)
+	urls := ledgerenv.PostgresURLs(t, 2)
 	return Options{Driver: ledger.Postgres, DSN: urls[0], Primaries: urls[1:]}
 }
 

@@ -93,13 +93,6 @@ func PostgresURLs(tb testing.TB, n int) []string {
 	return postgresURLs(tb, n, (*Postgres).NewDatabase)
 }
 
-// LedgerPostgresURLs is PostgresURLs at this build's schema: the
-// databases of a ledger opened without migrating (see NewLedgerDatabase).
-func LedgerPostgresURLs(tb testing.TB, n int) []string {
-	tb.Helper()
-	return postgresURLs(tb, n, (*Postgres).NewLedgerDatabase)
-}
-
 func postgresURLs(tb testing.TB, n int, create func(*Postgres, context.Context) (string, func(), error)) []string {
 	tb.Helper()
 	needsServer(tb, "PostgreSQL")

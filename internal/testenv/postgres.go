@@ -31,7 +31,7 @@ type Postgres struct {
 	cmd      *exec.Cmd // nil when the server was given by DatabaseURLEnv
 	done     chan struct{}
 	dir      string
-	// The migrated template (NewLedgerDatabase), made on first use.
+	// The migrated template (NewDatabaseFrom), made on first use.
 	tmplMu   sync.Mutex
 	tmpl     string
 	dropTmpl func()

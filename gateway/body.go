@@ -38,22 +38,25 @@ func (s *Server) decodeBody(c *gin.Context, v any) bool {
 	return s.decodeBodyMax(c, v, s.opts.MaxBodyBytes)
 }
 
+// decodeOptionalBody is decodeBody for a route where no body at all means
+// its defaults: an empty body, announced (Content-Length: 0) or not
+// (chunked), leaves v as it is.
+func (s *Server) decodeOptionalBody(c *gin.Context, v any) bool {
+	if c.Request.ContentLength == 0 {
+		return true
+	}
+	return s.decode(c, v, s.opts.MaxBodyBytes, true)
+}
+
 // decodeBodyMax is decodeBody with its own size limit (an admin seat map is
 // larger than any buyer's request).
 func (s *Server) decodeBodyMax(c *gin.Context, v any, maxBytes int64) bool {
-	ct := c.GetHeader("Content-Type")
-	if mt, _, err := mime.ParseMediaType(ct); ct != "" && (err != nil || mt != "application/json") {
-		c.Header("Connection", "close") // the body is not read: see bodyDeadline
-		writeProblem(c, http.StatusUnsupportedMediaType, "unsupported-media-type", "send application/json", 0)
-		return false
-	}
-	if c.Request.ContentLength > maxBytes {
-		// Said up front (and before "100 Continue": net/http sends it at
-		// the first read), so nothing is read of it, and the connection
-		// ends with the answer (net/http would read the body first).
-		c.Header("Connection", "close")
-		writeProblem(c, http.StatusRequestEntityTooLarge, "body-too-large",
-			fmt.Sprintf("request body over %d bytes", maxBytes), 0)
+	return s.decode(c, v, maxBytes, false)
+}
+
+// decode is decodeBodyMax; optional: an empty body leaves v as it is.
+func (s *Server) decode(c *gin.Context, v any, maxBytes int64, optional bool) bool {
+	if !bodyHeadersOK(c, maxBytes) {
 		return false
 	}
 	// Read it whole first (it is small and bounded), so a body over the
@@ -89,6 +92,9 @@ func (s *Server) decodeBodyMax(c *gin.Context, v any, maxBytes int64) bool {
 			fmt.Sprintf("the request body did not arrive within %v", s.opts.BodyTimeout), 0)
 		return false
 	}
+	if err == nil && optional && len(bytes.TrimSpace(raw)) == 0 {
+		return true // no body: the route's defaults
+	}
 	if err == nil && bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
 		err = errors.New("null is not an object") // json would leave v as it was: {} by another name
 	}
@@ -107,9 +113,16 @@ func (s *Server) decodeBodyMax(c *gin.Context, v any, maxBytes int64) bool {
 		err = duplicateMember(raw)
 	}
 	var typeErr *json.UnmarshalTypeError
+	var timeErr *time.ParseError
 	switch {
 	case err == nil:
 		return true
+	case errors.As(err, &timeErr) || (err != nil && strings.HasPrefix(err.Error(), "Time.UnmarshalJSON")):
+		// A time.Time field's own error names no field (json adds the
+		// field only to its own type errors), and it is the client's
+		// value that is wrong, not the JSON.
+		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field",
+			"times are RFC 3339 strings, as 2026-12-06T18:00:00Z: "+err.Error(), 0)
 	case errors.As(err, &typeErr) && typeErr.Field == "":
 		writeProblem(c, http.StatusBadRequest, "malformed-json", "the body must be a JSON object", 0)
 	case errors.As(err, &typeErr):
@@ -177,4 +190,26 @@ func kindOf(e *json.UnmarshalTypeError) string {
 		return "an integer in range"
 	}
 	return e.Type.String()
+}
+
+// bodyHeadersOK refuses, from the headers alone, a body of another type or
+// announced over the limit. It costs nothing, so it comes before any
+// answer given without reading the body (a sold-out storm's 409).
+func bodyHeadersOK(c *gin.Context, maxBytes int64) bool {
+	ct := c.GetHeader("Content-Type")
+	if mt, _, err := mime.ParseMediaType(ct); ct != "" && (err != nil || mt != "application/json") {
+		c.Header("Connection", "close") // the body is not read: see bodyDeadline
+		writeProblem(c, http.StatusUnsupportedMediaType, "unsupported-media-type", "send application/json", 0)
+		return false
+	}
+	if c.Request.ContentLength > maxBytes {
+		// Said up front (and before "100 Continue": net/http sends it at
+		// the first read), so nothing is read of it, and the connection
+		// ends with the answer (net/http would read the body first).
+		c.Header("Connection", "close")
+		writeProblem(c, http.StatusRequestEntityTooLarge, "body-too-large",
+			fmt.Sprintf("request body over %d bytes", maxBytes), 0)
+		return false
+	}
+	return true
 }

@@ -112,6 +112,12 @@ func TestHostileRequestsAnsweredAtTheDoor(t *testing.T) {
 		{"no route, stalled", "POST /v1/nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{", "404", "not-found"},
 		// A JSON null was read as {}.
 		{"a null body", put + "Content-Length: 4\r\n\r\nnull", "400", "malformed-json"},
+		// A time that is not RFC 3339 was "malformed JSON", a 400 that
+		// told the client nothing of which value (helper-67 #10).
+		{"a time that is no time", "PUT /v1/admin/skus/p1/ga/pools/fan HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
+			"Content-Length: 41\r\n\r\n{\"allotment\":1,\"opens_at\":\"next tuesday\"}", "422", "invalid-field"},
+		{"a time that is a number", "PUT /v1/admin/skus/p1/ga/pools/fan HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
+			"Content-Length: 31\r\n\r\n{\"allotment\":1,\"opens_at\":1700}", "422", "invalid-field"},
 		// Two keys name two requests; the first one won.
 		{"two idempotency keys", "POST /v1/skus/p1/ga/purchases HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
 			"Idempotency-Key: k1\r\nIdempotency-Key: k2\r\nContent-Length: 2\r\n\r\n{}", "400", "invalid-idempotency-key"},

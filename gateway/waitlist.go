@@ -81,7 +81,7 @@ func (s *Server) joinWaitlist(c *gin.Context) {
 	}
 	// No body at all is a join for one unit; a body must be valid.
 	var body waitBody
-	if c.Request.ContentLength != 0 && !s.decodeBody(c, &body) {
+	if !s.decodeOptionalBody(c, &body) {
 		return
 	}
 	q := int64(1)

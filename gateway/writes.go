@@ -131,7 +131,12 @@ func (s *Server) take(c *gin.Context, hold bool) {
 		return
 	}
 	// A sold-out or ended SKU refuses a key it never sold under before the
-	// body is read: the storm's answer costs no decoding.
+	// body is read: the storm's answer costs no decoding. What the headers
+	// alone show wrong (a body of another type, or too large) is told
+	// first, as it costs nothing.
+	if !bodyHeadersOK(c, s.opts.MaxBodyBytes) {
+		return
+	}
 	if err := s.sale.Closed(c.Request.Context(), sale.PoolSKU(sku, pool), ask.Key); err != nil {
 		s.writeError(c, err)
 		return
@@ -365,6 +370,18 @@ func poolQuery(c *gin.Context) (keys.ID, bool) {
 		return keys.ID{}, false
 	}
 	return pool, true
+}
+
+// noPoolQuery refuses ?pool= on an admin write of a whole ticket: read
+// as the pool's, "end" would have ended the ticket and all its pools, and
+// a total PUT set the public one (helper-69 #2). A pool has routes of its
+// own.
+func noPoolQuery(c *gin.Context) {
+	if _, given := c.GetQuery("pool"); given {
+		c.Abort()
+		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field",
+			"this route acts on the whole ticket and takes no pool; a pool's are under /pools/{pool}", 0)
+	}
 }
 
 // idParam parses the :id of the path (what names it in the problem).

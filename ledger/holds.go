@@ -504,6 +504,9 @@ func (l *Ledger) Extend(ctx context.Context, holdID, buyer keys.ID, ttl time.Dur
 	if err != nil {
 		return Hold{}, err
 	}
+	if h.Buyer != buyer {
+		return Hold{}, ErrNotOwner // before the key, as ConfirmPart
+	}
 	tx, taken, err := l.begin(ctx, req, h.SKU, now, "extend")
 	if taken {
 		return l.holdReplay(ctx, req)

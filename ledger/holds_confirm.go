@@ -41,6 +41,12 @@ func (l *Ledger) ConfirmPart(ctx context.Context, holdID, buyer keys.ID, keep in
 	if keep < 0 {
 		return Order{}, fmt.Errorf("%w: keep %d", stock.ErrInvalid, keep)
 	}
+	if h.Buyer != buyer {
+		// Before the key is looked up, as API.md says: a hold never
+		// changes buyer, so no retry of this buyer's can be refused by it
+		// (a key of another request said 422, helper-69 #5).
+		return Order{}, ErrNotOwner
+	}
 	tx, taken, err := l.begin(ctx, req, h.SKU, now, "confirm")
 	if taken {
 		return l.orderReplay(ctx, req)

@@ -180,10 +180,16 @@ func (s *Service) PutPool(ctx context.Context, p PoolSpec) (PoolState, error) {
 		st, putErr = s.ledger.PutPool(ctx, c)
 		return putErr
 	}
-	_, err = s.ledger.SKU(ctx, pool)
+	was, err := s.ledger.SKU(ctx, pool)
 	if c.Create = errors.Is(err, stock.ErrUnknownSKU); err != nil && !c.Create {
 		s.log.ErrorContext(ctx, "read pool", "sku", pool.String(), "err", err)
 		return PoolState{}, refuse(ErrUnavailable, "ledger unavailable")
+	}
+	// A closing time already past would close the pool as it is made (or
+	// changed) and move its units on for good; a PUT that sends again the
+	// time it has is its settings re-sent (helper-69 #3).
+	if cl := c.Rule.ClosesAt; !cl.IsZero() && !cl.After(time.Now()) && (c.Create || was.Rule.ClosedAt.IsZero() && !cl.Equal(was.Rule.ClosesAt)) {
+		return PoolState{}, refuse(ErrInvalid, "closes_at is in the past; to close a pool now, POST its /close")
 	}
 	if c.Create {
 		// A new pool is made by the change's own transaction, so a refused

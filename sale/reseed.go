@@ -228,6 +228,8 @@ func (s *Service) Reconcile(ctx context.Context, sku stock.SKU) (Rebuild, error)
 	switch {
 	case err == nil:
 		return r, nil
+	case errors.Is(err, stock.ErrUnknownSKU) && !sku.Pool().IsZero():
+		return r, ErrUnknownPool
 	case errors.Is(err, stock.ErrUnknownSKU):
 		return r, ErrUnknownSKU
 	case errors.Is(err, lock.ErrBusy):

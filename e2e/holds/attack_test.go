@@ -12,6 +12,7 @@ import (
 	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/e2e/systest"
 	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
 )
 
@@ -596,4 +597,32 @@ func TestAttackKeyAcrossExtendConfirm(t *testing.T) {
 			t.Errorf("state %+v", st)
 		}
 	})
+}
+
+// Another buyer's confirm or extension of a hold, under a key that buyer
+// used for a purchase, is 403 not-owner: API.md lists it among the
+// refusals given before the key is looked up. The ledger claimed the key
+// first and answered 422 idempotency-key-reused (helper-69 #5).
+func TestNotOwnerBeforeTheKey(t *testing.T) {
+	e := systest.New(t, ledger.SQLite)
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 10, 1, 4)
+	r, h := e.Hold(t, sku, "h1", "ann", 1, 0)
+	if r.Status != http.StatusCreated {
+		t.Fatalf("hold = %d %s", r.Status, r.Body)
+	}
+	e.MustBuy(t, sku, "bobs", "bob", 1)
+	for _, what := range []string{"confirm", "extend"} {
+		body := `{"buyer":"bob"}`
+		if what == "extend" {
+			body = `{"buyer":"bob","ttl_seconds":60}`
+		}
+		got := e.Do(t, http.MethodPost, "/v1/holds/"+h.HoldID+"/"+what, map[string]string{"Idempotency-Key": "bobs"}, body)
+		if got.Status != http.StatusForbidden || systest.ProblemKind(got) != "not-owner" {
+			t.Errorf("bob's %s of ann's hold under his purchase's key = %d %s, want 403 not-owner", what, got.Status, got.Body)
+		}
+	}
+	if g := e.Do(t, http.MethodGet, "/v1/holds/"+h.HoldID, nil, ""); !strings.Contains(string(g.Body), `"state":"held"`) {
+		t.Errorf("ann's hold after bob's refused acts = %s", g.Body)
+	}
 }

@@ -228,7 +228,8 @@ func TestPoolRules(t *testing.T) {
 // ticket's settings at once; ending a ticket's sale ends its pools; a
 // seated ticket has no pools and a ticket with pools takes no seat map;
 // pool times before 1970, shards below 1, an unknown `into` and ?pool= on
-// a cart are clear 422s; an unknown pool's stock is unknown-pool; and a
+// a cart are clear 422s; an unknown pool's stock and reconcile are
+// unknown-pool; and a
 // retry with another credential is another request (422).
 func TestPoolAttacks(t *testing.T) {
 	e := systest.New(t, ledger.SQLite)
@@ -254,6 +255,9 @@ func TestPoolAttacks(t *testing.T) {
 		{"epoch", `{"allotment":1,"closes_at":"1970-01-01T00:00:00Z"}`},
 		{"neg", `{"allotment":1,"shards":-3}`},
 		{"lost", `{"allotment":1,"into":"nowhere"}`},
+		// Made closed: its allotment left the public stock and moved on
+		// at once, and the id was spent for good (helper-69 #3).
+		{"past", `{"allotment":1,"closes_at":"2020-01-01T00:00:00Z"}`},
 	} {
 		if r := e.Do(t, http.MethodPut, path+"/pools/"+c.pool, nil, c.body); r.Status != http.StatusUnprocessableEntity {
 			t.Errorf("PUT pool %s %s = %d %s, want 422", c.pool, c.body, r.Status, r.Body)
@@ -261,6 +265,24 @@ func TestPoolAttacks(t *testing.T) {
 	}
 	if r := e.Do(t, http.MethodGet, "/v1/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/stock?pool=nope", nil, ""); r.Status != http.StatusNotFound || !strings.Contains(string(r.Body), "unknown-pool") {
 		t.Errorf("stock of an unknown pool = %d %s", r.Status, r.Body)
+	}
+	// ?pool= on a write of the whole ticket was ignored: "end" ended the
+	// ticket and all its pools, a PUT reset the public ticket (helper-69 #2).
+	for _, w := range []struct{ method, path, body string }{
+		{http.MethodPost, path + "/end?pool=pre", ""},
+		{http.MethodPut, path + "?pool=pre", `{"total":3,"shards":1}`},
+		{http.MethodPost, path + "/seats/check?pool=pre", ""},
+	} {
+		if r := e.Do(t, w.method, w.path, nil, w.body); r.Status != http.StatusUnprocessableEntity {
+			t.Errorf("%s %s = %d %s, want 422", w.method, w.path, r.Status, r.Body)
+		}
+	}
+	if r := e.Do(t, http.MethodGet, path, nil, ""); r.Status != http.StatusOK || strings.Contains(string(r.Body), `"ended":true`) || !strings.Contains(string(r.Body), `"total":100`) {
+		t.Errorf("the ticket after refused pool writes = %d %s, want it whole and selling", r.Status, r.Body)
+	}
+	// A reconcile of an unknown pool said the ticket was unknown (helper-67 #10).
+	if r := e.Do(t, http.MethodPost, path+"/reconcile?pool=nope", nil, ""); r.Status != http.StatusNotFound || systest.ProblemKind(r) != "unknown-pool" {
+		t.Errorf("reconcile of an unknown pool = %d %s, want 404 unknown-pool", r.Status, r.Body)
 	}
 	if r := buyIn(t, e, sku, "chan", "c1", "cc", 1, `,"channel_token":"partner-secret-0123456789"`); r.Status != http.StatusCreated {
 		t.Fatalf("channel purchase = %d %s", r.Status, r.Body)

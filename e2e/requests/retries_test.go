@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -160,6 +161,19 @@ func TestAttackReusedKeyOnClosedSKU(t *testing.T) {
 		}
 		if r := e.Buy(t, open, "k", "ann", 2); r.Status != 422 {
 			t.Errorf("the key with another body on a SKU that sells = %d %s, want 422", r.Status, r.Body)
+		}
+		// What the headers alone show wrong is told before the sold-out
+		// (helper-69 #1): it costs no more than the 409 (API.md).
+		for _, sku := range []stock.SKU{closed, ended} {
+			path := systest.SKUPath(sku) + "/purchases"
+			if r := e.Do(t, http.MethodPost, path, map[string]string{"Idempotency-Key": "t1", "Content-Type": "text/plain"},
+				`{"buyer":"ann","quantity":1}`); r.Status != http.StatusUnsupportedMediaType {
+				t.Errorf("%s: a text/plain body = %d %s, want 415", sku, r.Status, r.Body)
+			}
+			if r := e.Do(t, http.MethodPost, path, map[string]string{"Idempotency-Key": "t2"},
+				`{"buyer":"ann","quantity":1,"x":"`+strings.Repeat("a", 5000)+`"}`); r.Status != http.StatusRequestEntityTooLarge {
+				t.Errorf("%s: a body over the limit = %d %s, want 413", sku, r.Status, r.Body)
+			}
 		}
 		for sku, st := range before {
 			if got := e.State(t, sku); got.Sold != st.Sold || got.Held != st.Held || got.Orders != st.Orders {

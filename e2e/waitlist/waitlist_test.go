@@ -1,10 +1,14 @@
 package waitlist_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -307,6 +311,11 @@ func TestWaitlistBadInput(t *testing.T) {
 	if w := e.Entry(t, sku, "ann"); w.State != "waiting" || w.Position != 1 || w.Quantity != 1 {
 		t.Fatalf("entry %+v", w)
 	}
+	// An empty body sent chunked (no Content-Length) is no body too: it
+	// was read as malformed JSON (helper-69).
+	if status := chunkedEmptyPut(t, e, systest.WaitPath(sku, "cy")); status != "201" {
+		t.Errorf("join with an empty chunked body = %s, want 201", status)
+	}
 	// The sale ends: the entry stays, closed (no offer will come), and no
 	// one joins.
 	if r := e.Do(t, http.MethodPost, systest.AdminPath(sku)+"/end", nil, ""); r.Status != http.StatusOK {
@@ -318,4 +327,30 @@ func TestWaitlistBadInput(t *testing.T) {
 	if r, _ := e.Join(t, sku, "bob", 1); r.Status != http.StatusConflict || systest.ProblemKind(r) != "sale-ended" {
 		t.Fatalf("join after the end = %d %s", r.Status, r.Body)
 	}
+}
+
+// chunkedEmptyPut sends PUT path with an empty chunked body on a
+// connection of its own (Go's client sends an empty body as
+// Content-Length: 0) and returns the answer's status code.
+func chunkedEmptyPut(t *testing.T, e *systest.Env, path string) string {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(e.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "PUT "+path+" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"+
+		"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n0\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(time.Minute))
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	fields := strings.Fields(line)
+	if len(fields) < 2 {
+		t.Fatalf("answer %q", line)
+	}
+	return fields[1]
 }

@@ -414,6 +414,7 @@ func (s *Service) PutProgram(ctx context.Context, p Program) error {
 		return refuse(ErrUnavailable, "ledger unavailable")
 	}
 	s.programs.Invalidate(p.ID)
+	s.notifyProgram(ctx, p.ID)
 	return nil
 }
 
@@ -460,6 +461,10 @@ func (s *Service) LoadSeats(ctx context.Context, sku stock.SKU, list []Seat) (in
 	}
 	s.settings.Invalidate(sku)
 	s.seatMaps.Invalidate(sku)
+	// New seats are new stock: other replicas drop their seat map and
+	// settings too, rather than refuse the new seats for SettingsTTL
+	// (helper-70 #7).
+	s.notifyRestocked(ctx, sku)
 	return n, nil
 }
 

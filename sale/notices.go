@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/stock"
 )
 
@@ -33,6 +34,12 @@ const noticeChannel = "sg:notices:restocked"
 // stay. Dropping them would send every purchase of a SKU whose ledger is
 // cut off to read them from that ledger, and refuse it at the door.
 const backChannel = "sg:notices:back"
+
+// programChannel carries program ids whose caps or hold budgets an admin
+// changed: every replica drops its cached copy, rather than serve the old
+// one for SettingsTTL (holds taken meanwhile under a budget it did not yet
+// know were never counted against it, helper-70 #2).
+const programChannel = "sg:notices:program"
 
 // Notifier is the part of the Redis client notices use.
 type Notifier interface {
@@ -68,6 +75,17 @@ func (s *Service) publishNotice(ctx context.Context, channel string, sku stock.S
 		if ok, left := s.logs.allow("restock notice", time.Now()); ok {
 			s.log.WarnContext(ctx, "publish notice; a restock notice is sent again with the next change notices", "channel", channel, "sku", sku.String(), "err", err, "left_out", left)
 		}
+	}
+}
+
+// notifyProgram tells every replica that program p's caps changed. A
+// failed publish is logged: the caches' SettingsTTL bounds it.
+func (s *Service) notifyProgram(ctx context.Context, p keys.ID) {
+	if s.opts.Notifier == nil {
+		return
+	}
+	if err := s.opts.Notifier.Publish(ctx, programChannel, p.String()).Err(); err != nil {
+		s.log.WarnContext(ctx, "publish program notice; other replicas keep the old caps up to the settings TTL", "program", p.String(), "err", err)
 	}
 }
 
@@ -113,7 +131,7 @@ func (s *Service) RunNotices(ctx context.Context) {
 
 // listen holds one subscription until it fails or ctx is done.
 func (s *Service) listen(ctx context.Context) {
-	channels := []string{noticeChannel, backChannel, changeChannel}
+	channels := []string{noticeChannel, backChannel, changeChannel, programChannel}
 	sub := s.opts.Notifier.Subscribe(ctx, channels...)
 	defer sub.Close()
 	// A read waits up to a beat and does not watch ctx: closing the
@@ -149,8 +167,14 @@ func (s *Service) listen(ctx context.Context) {
 				s.cache.Trust() // every notice from here on reaches this loop
 			}
 		case *redis.Message:
-			if m.Channel == changeChannel {
+			switch m.Channel {
+			case changeChannel:
 				s.applyChanges(m.Payload)
+				continue
+			case programChannel:
+				if id, err := keys.ParseID(m.Payload); err == nil {
+					s.programs.Invalidate(id)
+				}
 				continue
 			}
 			// Another replica's message: parsed like any input.
@@ -172,6 +196,7 @@ func (s *Service) listen(ctx context.Context) {
 func (s *Service) forgetClosed(sku stock.SKU) {
 	s.forgetSoldOut(sku)
 	s.settings.Invalidate(sku)
+	s.seatMaps.Invalidate(sku)
 }
 
 // forgetSoldOut drops what this replica remembers of a SKU's gate being

@@ -83,6 +83,10 @@ func (s *Service) returnToRedis(ctx context.Context, r ledger.Restore, waits []t
 			_, err := s.seats.ReleaseSold(ctx, r.SKU, section, r.RequestID, ids)
 			return err
 		})
+		// A seated SKU's stock view reads the ledger, which has the seats
+		// back whether or not Redis has yet: every replica's view goes
+		// (it stood for NoticeMaxAge, helper-70 #8).
+		s.stockChanged(r.SKU)
 		if err != nil {
 			s.log.WarnContext(ctx, "release seats in redis; a sweeper will retry", "kind", r.Kind, "id", r.ID, "err", err)
 			return

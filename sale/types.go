@@ -98,9 +98,20 @@ func (a answer) result() (Result, error) {
 		r.Listing = a.listing
 	case a.cart != nil:
 		c := cartOf(*a.cart)
+		if a.replayed {
+			for i := range c.Holds {
+				c.Holds[i].State = a.cart.Holds[i].State
+			}
+		}
 		r.Cart = &c
 	case a.hold != nil:
 		h := holdOf(*a.hold)
+		if a.replayed {
+			// As first told: the hold's expiry since is not what this
+			// request answered, and the hold may have been confirmed
+			// meanwhile ("expired" said neither, helper-69 #4).
+			h.State = a.hold.State
+		}
 		r.Hold = &h
 	case !a.order.ID.IsZero():
 		o := orderOf(a.order)

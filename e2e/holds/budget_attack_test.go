@@ -8,8 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/e2e/systest"
 	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
 )
 
@@ -381,5 +383,28 @@ func TestHoldBudgetAttackCopiesPastTheDeviceBudget(t *testing.T) {
 		if st := a.State(t, sku); granted > 0 || st.Held != 6 {
 			t.Errorf("ann's copies from a device at its budget: %d granted, %d units held, want 0 and bob's and carl's 6", granted, st.Held)
 		}
+	})
+}
+
+// A budget set on one replica reaches the other by its notice: b's copy of
+// the program stood for its settings TTL, and every hold b took meanwhile
+// was never counted against the budget, for that hold's whole life
+// (helper-70 #2). Here the TTL is 10 minutes, so only the notice can
+// bring the budget to b within the wait.
+func TestHoldBudgetSetReachesOtherReplicaAtOnce(t *testing.T) {
+	dsn := systest.LedgerDSN(t, ledger.SQLite)
+	slow := func(o *app.Options) { o.Sale.SettingsTTL = 10 * time.Minute }
+	a := systest.Start(t, systest.Options{Driver: ledger.SQLite, DSN: dsn, Tune: slow})
+	b := systest.Start(t, systest.Options{Driver: ledger.SQLite, DSN: dsn, Tune: slow})
+	sku := systest.NewSKU(t)
+	a.PutSKU(t, sku, 100_000, 2, 10)
+	budgetHold(t, b, sku, "warm", "warm", "", 3) // b reads the program: no budget
+	putBudgets(t, a, sku.Program.String(), 1, 0)
+	n := 0
+	systest.WaitFor(t, 60*time.Second, "b to refuse a second hold under the new budget", func() bool {
+		n++
+		buyer := fmt.Sprintf("b%d", n)
+		budgetHold(t, b, sku, buyer+"-1", buyer, "", 1)
+		return systest.ProblemKind(holdAs(t, b, sku, buyer+"-2", buyer, "", 1)) == "hold-budget-reached"
 	})
 }

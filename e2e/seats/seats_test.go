@@ -516,3 +516,60 @@ func TestSeatedStockAfterARebuild(t *testing.T) {
 		return g.Status == http.StatusOK && json.Unmarshal(g.Body, &st) == nil && st.Remaining == 0 && st.SoldOut
 	})
 }
+
+// A seat that comes back (a cancelled seat hold) reaches every replica's
+// stock read by a change notice. The seated branch of the return sent
+// none, so another replica's read, trusted while it hears the notices,
+// stood for their max age, 10 s by default (helper-70 #8). Whether b's
+// read was trusted at that moment depends on what else it heard; the
+// notice itself is what this test waits for.
+func TestSeatReturnReachesOtherReplicasStock(t *testing.T) {
+	a, b := systest.Pair(t, ledger.SQLite)
+	sku := systest.NewSKU(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sub := a.Redis.Subscribe(ctx, "sg:notices:changed") // sale/changes.go's channel
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil { // subscribed: what follows is heard
+		t.Fatal(err)
+	}
+	notices := make(chan struct{}, 100)
+	go func() {
+		for m := range sub.Channel() {
+			if strings.Contains(m.Payload, sku.String()) {
+				notices <- struct{}{}
+			}
+		}
+	}()
+	a.PutSKU(t, sku, 0, 1, 4)
+	a.LoadSeats(t, sku, map[string]int{"A": 2})
+	r, h := a.SeatHold(t, sku, "sh1", "ann", "A-01")
+	if r.Status != http.StatusCreated {
+		t.Fatalf("seat hold = %d %s", r.Status, r.Body)
+	}
+	// The set-up's notices (sent each StockTTL, 200 ms here) are heard
+	// until a second goes by without one: the next is the return's.
+	<-notices
+	for quiet := false; !quiet; {
+		select {
+		case <-notices:
+		case <-time.After(time.Second): // a quiet period: 5 notice ticks
+			quiet = true
+		}
+	}
+	if c := a.Act(t, "/v1/holds/"+h.HoldID+"/cancel", "c1", "ann"); c.Status != http.StatusOK {
+		t.Fatalf("cancel = %d %s", c.Status, c.Body)
+	}
+	select {
+	case <-notices:
+	case <-time.After(60 * time.Second):
+		t.Fatal("no change notice of the seated SKU after its seat came back")
+	}
+	systest.WaitFor(t, 30*time.Second, "b's stock read to count the seat that came back", func() bool {
+		g := b.Do(t, http.MethodGet, systest.SKUPath(sku)+"/stock", nil, "")
+		var st struct {
+			Remaining int64 `json:"remaining"`
+		}
+		return g.Status == http.StatusOK && json.Unmarshal(g.Body, &st) == nil && st.Remaining == 2
+	})
+}

@@ -92,7 +92,7 @@ func (s *Server) decode(c *gin.Context, v any, maxBytes int64, optional bool) bo
 			fmt.Sprintf("the request body did not arrive within %v", s.opts.BodyTimeout), 0)
 		return false
 	}
-	if err == nil && optional && len(bytes.TrimSpace(raw)) == 0 {
+	if err == nil && optional && len(raw) == 0 {
 		return true // no body: the route's defaults
 	}
 	if err == nil && bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {

@@ -414,7 +414,7 @@ func (s *Service) PutProgram(ctx context.Context, p Program) error {
 		return refuse(ErrUnavailable, "ledger unavailable")
 	}
 	s.programs.Invalidate(p.ID)
-	s.notifyProgram(ctx, p.ID)
+	s.notifySettings(ctx, "program "+p.ID.String())
 	return nil
 }
 
@@ -455,15 +455,17 @@ func (s *Service) LoadSeats(ctx context.Context, sku stock.SKU, list []Seat) (in
 		s.log.ErrorContext(ctx, "load seats", "sku", sku.String(), "err", err)
 		return 0, refuse(ErrUnavailable, "ledger unavailable")
 	}
-	if err := s.redis(ctx, "gate.seats_load", func(ctx context.Context) error { return s.seats.Load(ctx, sku, gate) }); err != nil {
+	err = s.redis(ctx, "gate.seats_load", func(ctx context.Context) error { return s.seats.Load(ctx, sku, gate) })
+	// The ledger has the seats either way: every replica drops its seat
+	// map and settings rather than refuse the new seats for SettingsTTL
+	// (helper-70 #7), and new seats are new stock.
+	s.settings.Invalidate(sku)
+	s.seatMaps.Invalidate(sku)
+	s.notifySettings(ctx, "seats "+sku.String())
+	if err != nil {
 		s.log.ErrorContext(ctx, "load seats into redis", "sku", sku.String(), "err", err)
 		return 0, ErrSeatsNotInRedis
 	}
-	s.settings.Invalidate(sku)
-	s.seatMaps.Invalidate(sku)
-	// New seats are new stock: other replicas drop their seat map and
-	// settings too, rather than refuse the new seats for SettingsTTL
-	// (helper-70 #7).
 	s.notifyRestocked(ctx, sku)
 	return n, nil
 }

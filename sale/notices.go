@@ -35,11 +35,13 @@ const noticeChannel = "sg:notices:restocked"
 // cut off to read them from that ledger, and refuse it at the door.
 const backChannel = "sg:notices:back"
 
-// programChannel carries program ids whose caps or hold budgets an admin
-// changed: every replica drops its cached copy, rather than serve the old
-// one for SettingsTTL (holds taken meanwhile under a budget it did not yet
-// know were never counted against it, helper-70 #2).
-const programChannel = "sg:notices:program"
+// settingsChannel carries settings an admin changed that the restock
+// notices do not: "program <id>" (its caps and hold budgets) and "seats
+// <program>/<ticket>" (a seat map grew). Every replica drops its cached
+// copy rather than serve the old one for SettingsTTL: holds taken
+// meanwhile under a budget it did not yet know were never counted against
+// it (helper-70 #2), and new seats were refused (#7).
+const settingsChannel = "sg:notices:settings"
 
 // Notifier is the part of the Redis client notices use.
 type Notifier interface {
@@ -78,14 +80,33 @@ func (s *Service) publishNotice(ctx context.Context, channel string, sku stock.S
 	}
 }
 
-// notifyProgram tells every replica that program p's caps changed. A
-// failed publish is logged: the caches' SettingsTTL bounds it.
-func (s *Service) notifyProgram(ctx context.Context, p keys.ID) {
+// notifySettings tells every replica that what names changed ("program
+// <id>" or "seats <sku>"). A failed publish is logged: the caches'
+// SettingsTTL bounds it.
+func (s *Service) notifySettings(ctx context.Context, what string) {
 	if s.opts.Notifier == nil {
 		return
 	}
-	if err := s.opts.Notifier.Publish(ctx, programChannel, p.String()).Err(); err != nil {
-		s.log.WarnContext(ctx, "publish program notice; other replicas keep the old caps up to the settings TTL", "program", p.String(), "err", err)
+	if err := s.opts.Notifier.Publish(ctx, settingsChannel, what).Err(); err != nil {
+		s.log.WarnContext(ctx, "publish settings notice; other replicas keep the old settings up to the settings TTL", "what", what, "err", err)
+	}
+}
+
+// applySettings drops what a settings notice names (another replica's
+// message: parsed like any input).
+func (s *Service) applySettings(payload string) {
+	kind, name, _ := strings.Cut(payload, " ")
+	switch kind {
+	case "program":
+		if id, err := keys.ParseID(name); err == nil {
+			s.programs.Invalidate(id)
+		}
+	case "seats":
+		program, ticket, _ := strings.Cut(name, "/")
+		if sku, err := stock.ParseStored(program, ticket); err == nil {
+			s.seatMaps.Invalidate(sku)
+			s.settings.Invalidate(sku)
+		}
 	}
 }
 
@@ -131,7 +152,7 @@ func (s *Service) RunNotices(ctx context.Context) {
 
 // listen holds one subscription until it fails or ctx is done.
 func (s *Service) listen(ctx context.Context) {
-	channels := []string{noticeChannel, backChannel, changeChannel, programChannel}
+	channels := []string{noticeChannel, backChannel, changeChannel, settingsChannel}
 	sub := s.opts.Notifier.Subscribe(ctx, channels...)
 	defer sub.Close()
 	// A read waits up to a beat and does not watch ctx: closing the
@@ -171,10 +192,8 @@ func (s *Service) listen(ctx context.Context) {
 			case changeChannel:
 				s.applyChanges(m.Payload)
 				continue
-			case programChannel:
-				if id, err := keys.ParseID(m.Payload); err == nil {
-					s.programs.Invalidate(id)
-				}
+			case settingsChannel:
+				s.applySettings(m.Payload)
 				continue
 			}
 			// Another replica's message: parsed like any input.
@@ -196,7 +215,6 @@ func (s *Service) listen(ctx context.Context) {
 func (s *Service) forgetClosed(sku stock.SKU) {
 	s.forgetSoldOut(sku)
 	s.settings.Invalidate(sku)
-	s.seatMaps.Invalidate(sku)
 }
 
 // forgetSoldOut drops what this replica remembers of a SKU's gate being

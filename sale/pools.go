@@ -187,8 +187,9 @@ func (s *Service) PutPool(ctx context.Context, p PoolSpec) (PoolState, error) {
 	}
 	// A closing time already past would close the pool as it is made (or
 	// changed) and move its units on for good; a PUT that sends again the
-	// time it has is its settings re-sent (helper-69 #3).
-	if cl := c.Rule.ClosesAt; !cl.IsZero() && !cl.After(time.Now()) && (c.Create || was.Rule.ClosedAt.IsZero() && !cl.Equal(was.Rule.ClosesAt)) {
+	// time it has (to the millisecond the ledger keeps) is its settings
+	// re-sent (helper-69 #3).
+	if cl := c.Rule.ClosesAt; !cl.IsZero() && !cl.After(time.Now()) && (c.Create || was.Rule.ClosedAt.IsZero() && cl.UnixMilli() != was.Rule.ClosesAt.UnixMilli()) {
 		return PoolState{}, refuse(ErrInvalid, "closes_at is in the past; to close a pool now, POST its /close")
 	}
 	if c.Create {

@@ -392,10 +392,7 @@ func TestHoldBudgetAttackCopiesPastTheDeviceBudget(t *testing.T) {
 // (helper-70 #2). Here the TTL is 10 minutes, so only the notice can
 // bring the budget to b within the wait.
 func TestHoldBudgetSetReachesOtherReplicaAtOnce(t *testing.T) {
-	dsn := systest.LedgerDSN(t, ledger.SQLite)
-	slow := func(o *app.Options) { o.Sale.SettingsTTL = 10 * time.Minute }
-	a := systest.Start(t, systest.Options{Driver: ledger.SQLite, DSN: dsn, Tune: slow})
-	b := systest.Start(t, systest.Options{Driver: ledger.SQLite, DSN: dsn, Tune: slow})
+	a, b := systest.PairTuned(t, ledger.SQLite, func(o *app.Options) { o.Sale.SettingsTTL = 10 * time.Minute })
 	sku := systest.NewSKU(t)
 	a.PutSKU(t, sku, 100_000, 2, 10)
 	budgetHold(t, b, sku, "warm", "warm", "", 3) // b reads the program: no budget

@@ -573,3 +573,23 @@ func TestSeatReturnReachesOtherReplicasStock(t *testing.T) {
 		return g.Status == http.StatusOK && json.Unmarshal(g.Body, &st) == nil && st.Remaining == 2
 	})
 }
+
+// Seats added on one replica are sold on the other at once: its seat map
+// stood for its settings TTL, refusing the new seats (helper-70 #7). The
+// TTL here is 10 minutes, so only the settings notice can bring them.
+func TestNewSeatsReachOtherReplicaAtOnce(t *testing.T) {
+	a, b := systest.PairTuned(t, ledger.SQLite, func(o *app.Options) { o.Sale.SettingsTTL = 10 * time.Minute })
+	sku := systest.NewSKU(t)
+	a.PutSKU(t, sku, 0, 1, 4)
+	a.LoadSeats(t, sku, map[string]int{"A": 2})
+	if r, _ := b.SeatHold(t, sku, "warm", "ann", "A-01"); r.Status != http.StatusCreated { // b reads the map
+		t.Fatalf("seat hold on b = %d %s", r.Status, r.Body)
+	}
+	a.LoadSeats(t, sku, map[string]int{"A": 3})
+	n := 0
+	systest.WaitFor(t, 60*time.Second, "b to sell the new seat", func() bool {
+		n++
+		r, _ := b.SeatHold(t, sku, fmt.Sprintf("new-%d", n), "bob", "A-03")
+		return r.Status == http.StatusCreated
+	})
+}

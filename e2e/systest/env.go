@@ -285,6 +285,12 @@ func FullTier(t *testing.T) {
 // tests' usual "several replicas, one ledger".
 func Pair(t *testing.T, driver string) (a, b *Env) {
 	t.Helper()
+	return PairTuned(t, driver, nil)
+}
+
+// PairTuned is Pair with tune applied to both replicas' options.
+func PairTuned(t *testing.T, driver string, tune func(*app.Options)) (a, b *Env) {
+	t.Helper()
 	dsn := LedgerDSN(t, driver)
-	return Start(t, Options{Driver: driver, DSN: dsn}), Start(t, Options{Driver: driver, DSN: dsn})
+	return Start(t, Options{Driver: driver, DSN: dsn, Tune: tune}), Start(t, Options{Driver: driver, DSN: dsn, Tune: tune})
 }

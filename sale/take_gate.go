@@ -119,9 +119,8 @@ func (t *take) gateUnits(ctx context.Context, i int) (answer, gateOut) {
 	}
 	epoch, same := d.Epoch()
 	ln.parts, ln.epoch, ln.replayed, ln.counted = d.Parts, epoch, d.Replayed, true
-	if !same {
-		// A shard was rebuilt part-way through the take: the ledger would
-		// refuse it. Give back what this epoch's shards took and go again.
+	if tookStale(w.sku, st, epoch, same) {
+		// Give back what this epoch's shards took and go again.
 		return answer{}, gateStale
 	}
 	if !d.Replayed {
@@ -318,4 +317,16 @@ func (t *take) releaseSeats(ctx context.Context, ln *line, ids []keys.ID) {
 	if err != nil {
 		t.s.log.WarnContext(ctx, "release seats; the seat check frees them", "sku", ln.w.sku.String(), "err", err)
 	}
+}
+
+// tookStale reports whether a deduction of sku, admitted under settings
+// st, must be taken again: a shard was rebuilt part-way through it (not
+// same: the ledger would refuse it), or the pool's gate was rebuilt since
+// its rule admitted the take (a change of the pool, waited out at the
+// fence). The ledger checks no access rule, so such a take goes again
+// under the pool's settings as they are now: a rule made stricter is not
+// sold around (helper-70 #1). A ticket's own settings the ledger checks
+// again, so its takes go on.
+func tookStale(sku stock.SKU, st ledger.SKUState, epoch int64, same bool) bool {
+	return !same || epoch != st.GateEpoch && !sku.Pool().IsZero()
 }

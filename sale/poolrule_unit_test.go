@@ -1,0 +1,50 @@
+package sale_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/sale"
+	"github.com/stockgate/stockgate/shard/shardmem"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// A pool made code-only on replica b is not sold without a code on
+// replica a, whose settings still show it open: a's take reaches the
+// pool's rebuilt gate, whose epoch is not the one its settings admitted
+// it under, and takes again under the settings as they are. It sold,
+// because the ledger checks no access rule (helper-70 #1; in a running
+// fleet, the takes waiting at the fence while b changed the pool).
+func TestPoolRuleChangedOnAnotherReplica(t *testing.T) {
+	a, b := sale.TwoReplicas(t, shardmem.New(), func(o *sale.Options) { o.SettingsTTL = 10 * time.Minute })
+	ctx := context.Background()
+	sku := stock.SKU{Program: keys.MustID("rules"), Ticket: keys.MustID("t")}
+	fans := keys.MustID("fans")
+	if _, err := a.PutSKU(ctx, sale.SKUConfig{SKU: sku, Total: 50, Shards: 1, MaxPerOrder: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.PutPool(ctx, sale.PoolSpec{SKU: sku, Pool: fans, Allotment: 10, Access: sale.AccessOpen}); err != nil {
+		t.Fatal(err)
+	}
+	buy := func(s *sale.Service, key, buyer string) error {
+		_, err := s.Purchase(ctx, sale.Take{Ask: sale.Ask{Buyer: keys.MustID(buyer), Key: keys.MustID(key)},
+			SKU: sku, Quantity: 1, Access: sale.Access{Pool: fans}})
+		return err
+	}
+	if err := buy(a, "k1", "ann"); err != nil { // a reads the pool: open
+		t.Fatalf("purchase in the open pool: %v", err)
+	}
+	if _, err := b.PutPool(ctx, sale.PoolSpec{SKU: sku, Pool: fans, Allotment: 10, Access: sale.AccessCode}); err != nil {
+		t.Fatal(err)
+	}
+	err := buy(a, "k2", "bob")
+	if err == nil {
+		t.Fatal("a sold in a code-only pool without a code")
+	}
+	if !errors.Is(err, sale.ErrCodeInvalid) && !errors.Is(err, sale.ErrPoolDenied) {
+		t.Errorf("purchase without a code after the change = %v, want a code refusal", err)
+	}
+}

@@ -213,45 +213,14 @@ func TestAttack2CodesFencedDuringAMove(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := f.First().MarkMoving(ctx, s.Program, "main", "run", fleet.MoveLease); err != nil {
-		t.Fatal(err)
-	}
-	m, err := ledger.BeginMove(ctx, f.Primary("main"), f.Primary("p1"), s.Program, "p1", "run")
-	if err != nil {
-		t.Fatal(err)
-	}
 	// The codes are put on the source while the move holds it (a replica
 	// that still routes the program there): they wait for the move's
 	// lock, or, unfenced, commit at once where Finish will delete them.
-	put := make(chan error, 1)
-	go func() {
+	err := duringAMove(t, f, urls[0], s.Program, func() error {
 		_, err := f.Primary("main").PutCodes(ctx, pool, []ledger.Code{{Hash: "h-during-move", MaxUses: 1}})
-		put <- err
-	}()
-	// The put waits for the move's lock before the copy goes on (it
-	// could else come after Finish and find no pool: not the race).
-	db, err := sql.Open("pgx", urls[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	wait.For(t, 20*time.Second, "the put waiting for the move's lock", func() bool {
-		var n int
-		if err := db.QueryRow(`SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n > 0
+		return err
 	})
-	if err := m.Copy(ctx); err != nil {
-		t.Fatal(errors.Join(err, m.Abort(context.WithoutCancel(ctx))))
-	}
-	if err := f.First().EndMoving(ctx, s.Program, "run", "p1"); err != nil {
-		t.Fatal(errors.Join(err, m.Abort(context.WithoutCancel(ctx))))
-	}
-	if err := m.Finish(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-put; !errors.Is(err, ledger.ErrMoving) {
+	if !errors.Is(err, ledger.ErrMoving) {
 		t.Errorf("codes put on the source during the move: %v, want ErrMoving (Finish deleted what it put)", err)
 	}
 }
@@ -388,4 +357,76 @@ func TestReadsFollowAMoveAtOnce(t *testing.T) {
 	if rec, err := r.RequestByKey(ctx, s.Program, o.Buyer, keys.MustID("f-1")); err != nil || rec.Order == nil || rec.Order.ID != o.ID {
 		t.Errorf("the order's request after the move: %+v %v", rec, err)
 	}
+}
+
+// A pool closed on the source while a move copies its program (a sweeper
+// reaches every primary, helper-72 #2): ClosePool had no fence and
+// committed at once, a pool.moved event on a copy Finish deletes (or, a
+// move stopped after the switch, a second one beside the new home's). It
+// waits for the move's lock now, and the source's tombstone refuses it.
+func TestPoolCloseFencedDuringAMove(t *testing.T) {
+	ctx := context.Background()
+	urls := testenv.PostgresURLs(t, 2)
+	f := open(t, urls, time.Millisecond)
+	s := sku("closemove")
+	place(t, f, s, "main", 10)
+	pool := s.InPool(keys.MustID("club"))
+	if _, err := f.PutPool(ctx, ledger.PoolConfig{SKU: pool, Allotment: 2, Shards: 1, Create: true}); err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range []stock.SKU{s, pool} { // a move takes a program whose sale is over
+		if _, err := f.EndSale(ctx, x); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := duringAMove(t, f, urls[0], s.Program, func() error {
+		_, _, err := f.Primary("main").ClosePool(ctx, pool)
+		return err
+	})
+	if !errors.Is(err, ledger.ErrMoving) {
+		t.Errorf("pool closed on the source during the move: %v, want ErrMoving", err)
+	}
+	if st, err := f.SKU(ctx, pool); err != nil || !st.Rule.ClosedAt.IsZero() || st.Remaining() != 2 {
+		t.Errorf("the pool on its new home: %+v, %v; want it open with its 2 units", st, err)
+	}
+}
+
+// duringAMove moves program from main to p1 (source at sourceURL) and runs
+// write on the source once the move holds the program's lock, waiting for
+// it there before the copy goes on (else write could come after Finish,
+// which is not the race). It returns write's error.
+func duringAMove(t *testing.T, f *fleet.Fleet, sourceURL string, program keys.ID, write func() error) error {
+	t.Helper()
+	ctx := context.Background()
+	if err := f.First().MarkMoving(ctx, program, "main", "run", fleet.MoveLease); err != nil {
+		t.Fatal(err)
+	}
+	m, err := ledger.BeginMove(ctx, f.Primary("main"), f.Primary("p1"), program, "p1", "run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- write() }()
+	db, err := sql.Open("pgx", sourceURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	wait.For(t, 20*time.Second, "the write waiting for the move's lock", func() bool {
+		var n int
+		if err := db.QueryRow(`SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	})
+	if err := m.Copy(ctx); err != nil {
+		t.Fatal(errors.Join(err, m.Abort(context.WithoutCancel(ctx))))
+	}
+	if err := f.First().EndMoving(ctx, program, "run", "p1"); err != nil {
+		t.Fatal(errors.Join(err, m.Abort(context.WithoutCancel(ctx))))
+	}
+	if err := m.Finish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return <-done
 }

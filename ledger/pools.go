@@ -179,6 +179,12 @@ func (l *Ledger) ClosePool(ctx context.Context, pool stock.SKU) (moved int64, in
 		return 0, into, notCommitted("close pool: begin", err)
 	}
 	defer tx.Rollback()
+	// The sweeper closes pools on every primary: not on a copy a move is
+	// making or has left (helper-72 #2), whose event would be a second
+	// one of this close, or one Finish deletes.
+	if err := l.fenceMoved(ctx, tx, pool.Program); err != nil {
+		return 0, into, err
+	}
 	st, err := scanSKU(tx.QueryRowContext(ctx, selectSKU, pool.Program, pool.Ticket))
 	if err != nil {
 		return 0, into, err

@@ -24,10 +24,12 @@ type StockReport struct {
 	// buyers, given up by their sellers' orders. Transferred: units moved
 	// from one buyer to another.
 	Listed, Resold, Transferred int64
-	// ListedUnits and ResoldUnits are Listed and Resold as the sellers'
-	// orders keep them (order_listings), written beside the SKU row and
-	// the listings: Balanced holds the three sides to each other.
-	ListedUnits, ResoldUnits int64
+	// ListedUnits is Listed as the sellers' orders keep it
+	// (order_listings), written beside the SKU row: Balanced holds the
+	// two to each other. (Their resold counts are not: builds before
+	// schema step 6, which may serve beside this one, settle without
+	// them.)
+	ListedUnits int64
 	// Of PurchasedUnits: the organizer's comps and box-office sales
 	// (Order.Channel), standing.
 	CompUnits, BoxOfficeUnits int64
@@ -46,13 +48,13 @@ type StockReport struct {
 
 // Balanced says the SKU row agrees with its order, hold and listing rows:
 // the standing orders' units are Sold and the units listed again, the live
-// holds' are Held, and what the SKU row and the listings say is listed and
-// resold is what the sellers' orders say. (Sold + Held + Open = Total holds
+// holds' are Held, and what the SKU row says is listed is what the
+// sellers' orders say. (Sold + Held + Open = Total holds
 // by how Open is counted, and the order units split into purchased,
 // confirmed and cart units by their rows: both are said, not checked.)
 func (r StockReport) Balanced() bool {
 	return r.Sold+r.Listed == r.OrderUnits && r.Held == r.HeldUnits &&
-		r.Listed == r.ListedUnits && r.Resold == r.ResoldUnits
+		r.Listed == r.ListedUnits
 }
 
 // notResoldOut keeps an order whose every unit was resold out of the
@@ -85,8 +87,6 @@ func (l *Ledger) Report(ctx context.Context, program keys.ID) ([]StockReport, er
 		(SELECT COALESCE(SUM(o.quantity), 0) FROM orders o JOIN order_channels c ON c.order_id = o.id
 			WHERE o.program = s.program AND o.ticket = s.ticket AND o.refunded_at = 0 AND c.channel = $7),
 		(SELECT COALESCE(SUM(ol.listed), 0) FROM order_listings ol JOIN orders o ON o.id = ol.order_id
-			WHERE o.program = s.program AND o.ticket = s.ticket),
-		(SELECT COALESCE(SUM(ol.resold), 0) FROM order_listings ol JOIN orders o ON o.id = ol.order_id
 			WHERE o.program = s.program AND o.ticket = s.ticket)
 		FROM skus s WHERE s.program = $1 ORDER BY s.ticket`, program, Held, Expired, Cancelled, EventOrderTransferred,
 		ChannelComp, ChannelBoxOffice)
@@ -100,7 +100,7 @@ func (l *Ledger) Report(ctx context.Context, program keys.ID) ([]StockReport, er
 		var seated, ended int64
 		if err := rows.Scan(&r.SKU.Ticket, &r.Total, &r.Sold, &r.Held, &seated, &ended, &r.Orders, &r.OrderUnits, &r.PurchasedUnits,
 			&r.ConfirmedUnits, &r.CartUnits, &r.Refunds, &r.RefundedUnits, &r.HeldUnits, &r.ExpiredUnits, &r.CancelledUnits,
-			&r.Listed, &r.Resold, &r.Transferred, &r.CompUnits, &r.BoxOfficeUnits, &r.ListedUnits, &r.ResoldUnits); err != nil {
+			&r.Listed, &r.Resold, &r.Transferred, &r.CompUnits, &r.BoxOfficeUnits, &r.ListedUnits); err != nil {
 			return nil, fmt.Errorf("ledger: report: %w", err)
 		}
 		r.Open, r.Seated, r.Ended = r.Total-r.Sold-r.Held, seated != 0, ended > 0

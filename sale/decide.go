@@ -30,7 +30,8 @@ type lineAsk struct {
 	seating        bool // this replica has a seat map store
 	// soldOut is the local cache, asked whether sku is sold out last, only
 	// for a line no rule before refused: past its freshness it lets one
-	// asker through to find out (cache.Cache.SoldOut).
+	// asker through to find out (cache.Cache.SoldOut). nil: the gate
+	// decides (soldOutFlagged).
 	soldOut interface{ SoldOut(stock.SKU) bool }
 	sku     stock.SKU
 }
@@ -86,7 +87,7 @@ var settingsRules = []settingsRule{
 	// the seats' own refusals, not as a sale closed to replays.
 	{kind: ErrSaleEnded, refuses: func(a lineAsk) bool { return !a.st.EndedAt.IsZero() },
 		closed: func(a lineAsk) bool { return !a.st.Seated }},
-	{kind: ErrSoldOut, refuses: func(a lineAsk) bool { return !a.st.Seated && a.soldOut.SoldOut(a.sku) },
+	{kind: ErrSoldOut, refuses: func(a lineAsk) bool { return !a.st.Seated && a.soldOut != nil && a.soldOut.SoldOut(a.sku) },
 		closed: func(lineAsk) bool { return true }},
 	// More than the cap in one request: no count is needed.
 	{kind: ErrLimit, refuses: func(a lineAsk) bool { return a.st.PerBuyer > 0 && a.q > a.st.PerBuyer }},

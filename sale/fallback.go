@@ -9,7 +9,11 @@ import (
 )
 
 var (
-	ansBusy = fail(ErrBusy)
+	// ansBusy: the replica's takes around the gate are at their bound.
+	// This attempt moved nothing, but a copy of the request may hold its
+	// units at the gate on another replica, or be committing around it:
+	// nothing here can see it, so the outcome is unknown (helper-74 #2).
+	ansBusy = fail(refuse(ErrBusyShared, "this replica's sales around the gate are at their bound, and another attempt of this request may still commit it; retry with the same Idempotency-Key"))
 	// ansLedgerBusy: the ledger could not take the request within the wait
 	// budget (see batcher); nothing moved.
 	ansLedgerBusy = fail(refuse(ErrBusy, "the ledger is committing at its capacity; retry with the same Idempotency-Key"))
@@ -19,8 +23,11 @@ var (
 	// which nothing here can see. The outcome is unknown.
 	ansLedgerBusyShared = fail(refuse(ErrBusyShared, "the ledger is committing at its capacity, and another attempt of this request may still commit it; retry with the same Idempotency-Key"))
 	// ansInFlightBusy: the replica has as many takes in flight as it
-	// answers within the wait budget; nothing moved.
-	ansInFlightBusy = fail(refuse(ErrBusy, "this replica has as many requests in flight as it can answer in time; retry with the same Idempotency-Key"))
+	// answers within the wait budget. Shed before the gate, this attempt
+	// moved nothing; the request's outcome is unknown as ansBusy's is: a
+	// client that gave up on a slow attempt elsewhere sends its retry
+	// here, and it said "unchanged" while that attempt committed.
+	ansInFlightBusy = fail(refuse(ErrBusyShared, "this replica has as many requests in flight as it can answer in time, and another attempt of this request may still commit it; retry with the same Idempotency-Key"))
 )
 
 // gateFresh is st, read afresh when this replica sold the SKU around the

@@ -118,6 +118,30 @@ func (s *Service) committedOr(ctx context.Context, w want, refusal answer) answe
 	return s.committedAt(ctx, w, refusal, 0)
 }
 
+// soldOutFlagged answers a single take that the SKU's sold-out flag (this
+// replica's memory of an empty gate) refuses: a retry of a committed
+// request gets its replay, and any other request the refusal once the
+// SKU's committed keys are sealed (the ledger had nothing left: no
+// attempt can still commit). Unsealed, the request may be a retry whose
+// first attempt holds its units at the gate and is still committing (a
+// slow ledger, a client that gave up on it): refusing it would answer
+// sold out for a sale that then stands (helper-74). gate is then true:
+// the take goes on to the gate, whose deduction record finds the other
+// attempt (a replay), or whose count of the stock refuses it.
+func (s *Service) soldOutFlagged(ctx context.Context, w want, refusal answer) (a answer, gate bool) {
+	found, sealed, err := s.replays.lookup(ctx, w.sku, w.req.scope, w.req.key, 0)
+	switch {
+	case err != nil:
+		s.log.WarnContext(ctx, "committed keys", "sku", w.sku.String(), "err", err)
+		return ansUnavailable, false
+	case found:
+		return s.lookupOr(ctx, w.req, refusal), false
+	case sealed:
+		return refusal, false
+	}
+	return answer{}, true
+}
+
 // committedAt is committedOr for a caller that knows the SKU row's version
 // was at most known a moment ago (see replays.committedAt).
 func (s *Service) committedAt(ctx context.Context, w want, refusal answer, known int64) answer {

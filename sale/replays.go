@@ -70,6 +70,15 @@ func (r *replays) committed(ctx context.Context, sku stock.SKU, scope, key keys.
 // that version has every request committed until then, so a miss is
 // answered from memory. 0 knows nothing.
 func (r *replays) committedAt(ctx context.Context, sku stock.SKU, scope, key keys.ID, known int64) (bool, error) {
+	found, _, err := r.lookup(ctx, sku, scope, key, known)
+	return found, err
+}
+
+// lookup is committedAt that also says whether a miss is final: sealed,
+// the ledger had nothing left to take when the set was read, so no
+// attempt of the request can still commit; not sealed, one may be in
+// flight (its units taken at the gate, its batch not yet committed).
+func (r *replays) lookup(ctx context.Context, sku stock.SKU, scope, key keys.ID, known int64) (found, sealed bool, err error) {
 	ks, ok := r.sets.GetIfPresent(sku)
 	if !ok {
 		ks, _ = r.sets.ComputeIfAbsent(sku, func() (*keySet, bool) {
@@ -79,22 +88,23 @@ func (r *replays) committedAt(ctx context.Context, sku stock.SKU, scope, key key
 	id := scopedKey{scope, key}
 	// The storm's path: a sealed set answers under a read lock.
 	ks.mu.RLock()
-	_, found := ks.keys[id]
-	sealed := ks.sealed
+	_, found = ks.keys[id]
+	sealed = ks.sealed
 	ks.mu.RUnlock()
 	if found || sealed {
-		return found, nil
+		return found, sealed, nil
 	}
 	ks.mu.RLock()
 	current := known > 0 && ks.version >= known
 	ks.mu.RUnlock()
 	if current {
-		return false, nil
+		return false, false, nil
 	}
 	ks.mu.Lock()
 	if _, ok := ks.keys[id]; ok || ks.sealed {
+		sealed = ks.sealed
 		ks.mu.Unlock()
-		return ok, nil
+		return ok, sealed, nil
 	}
 	// A read that began after this call arrived, shared with every caller
 	// that arrives before it begins.
@@ -112,7 +122,7 @@ func (r *replays) committedAt(ctx context.Context, sku stock.SKU, scope, key key
 			close(ch)
 			if err != nil {
 				ks.mu.Unlock()
-				return false, err
+				return false, false, err
 			}
 			for _, k := range c.Keys {
 				ks.keys[scopedKey{k.Scope, k.Key}] = struct{}{}
@@ -129,7 +139,7 @@ func (r *replays) committedAt(ctx context.Context, sku stock.SKU, scope, key key
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return false, ctx.Err()
+			return false, false, ctx.Err()
 		}
 		ks.mu.Lock()
 		if ks.sealed {
@@ -139,8 +149,9 @@ func (r *replays) committedAt(ctx context.Context, sku stock.SKU, scope, key key
 		}
 	}
 	_, found = ks.keys[id]
+	sealed = ks.sealed
 	ks.mu.Unlock()
-	return found, nil
+	return found, sealed, nil
 }
 
 // sealedWithout reports, from memory alone, that the SKU's set is sealed

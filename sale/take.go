@@ -291,7 +291,16 @@ func (t *take) checkSettings(ctx context.Context) (a answer, ok, direct bool) {
 			picked: len(ln.pick.seats) > 0 || !ln.pick.section.IsZero(), best: len(ln.pick.seats) == 0,
 			cart: t.cart, seatHold: t.seatHold, seating: s.seats != nil,
 			soldOut: s.cache, sku: w.sku}
-		if r, ok := refuseBySettings(ask); ok {
+		r, ok := refuseBySettings(ask)
+		if ok && r.kind == ErrSoldOut && !t.cart {
+			a, gate := s.soldOutFlagged(ctx, *w, fail(ErrSoldOut))
+			if !gate {
+				return a, false, false
+			}
+			ask.soldOut = nil // the gate decides
+			r, ok = refuseBySettings(ask)
+		}
+		if ok {
 			return t.no(ctx, i, r), false, false
 		}
 		if st, err = s.gateFresh(ctx, w.sku, st); err != nil {

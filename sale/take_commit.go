@@ -371,7 +371,7 @@ func (t *take) direct(ctx context.Context) answer {
 	release, ok := s.fallbackSlot()
 	if !ok {
 		if t.probeIn > 0 {
-			return s.counted(pathLedger, fail(retryIn(ErrBusy, t.probeIn)))
+			return s.counted(pathLedger, fail(retryIn(ansBusy.err, t.probeIn)))
 		}
 		return s.counted(pathLedger, ansBusy)
 	}

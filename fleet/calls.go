@@ -168,6 +168,10 @@ func (f *Fleet) RequestByKey(ctx context.Context, program, scope, key keys.ID) (
 	return byKey(ctx, f, program, func(l *ledger.Ledger) (ledger.Recorded, error) { return l.RequestByKey(ctx, scope, key) })
 }
 
+func (f *Fleet) ConfirmedUnder(ctx context.Context, program, scope, except, orderID keys.ID) (keys.ID, error) {
+	return byKey(ctx, f, program, func(l *ledger.Ledger) (keys.ID, error) { return l.ConfirmedUnder(ctx, scope, except, orderID) })
+}
+
 // byKey runs a read by a request's key on program's primary, or on every
 // primary when program is zero (first). A program read as moving may
 // have arrived on its target since, its source's rows deleted: a row the

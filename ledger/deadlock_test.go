@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"net/url"
 	"testing"
 	"time"
@@ -158,4 +159,57 @@ func withParam(t *testing.T, dsn, name, value string) string {
 	q.Set(name, value)
 	u.RawQuery = q.Encode()
 	return u.String()
+}
+
+// A refund that read the order as its buyer's, then waited for its row
+// while the order moved to another buyer who refunded it, is ErrNotOwner:
+// it answered 200 with the other buyer's refund, recorded under its key
+// for good, and a platform refunding on that answer paid twice
+// (helper-75 #3). PostgreSQL only: the refund must wait between its read
+// and its update, which SQLite's one writer never lets it do.
+func TestRefundOfAnOrderMovedMeanwhile(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.PostgresURL(t)
+	l, err := ledger.Open(ctx, ledger.Options{Driver: ledger.Postgres, DSN: dsn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 10, Shards: 1, MaxPerOrder: 4}); err != nil {
+		t.Fatal(err)
+	}
+	o, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID("p"), SKU: sku, Buyer: keys.MustID("ann"), Quantity: 2,
+		Gate: `[{"shards":1}]`, Req: req("ann", "p", "buy", ledger.OpPurchase)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	// The other buyer's transfer and refund, played by one transaction
+	// that holds the order's row while ann's refund waits for it.
+	other, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Rollback()
+	if _, err := other.ExecContext(ctx, `SELECT id FROM orders WHERE id = $1 FOR UPDATE`, o.ID); err != nil {
+		t.Fatal(err)
+	}
+	done := runAsync(func() error {
+		_, _, err := l.Refund(ctx, o.ID, o.Buyer, req("ann", "rf", "refund", ledger.OpRefund))
+		return err
+	})
+	(&lockWaiter{t: t, db: db, tx: other}).waiting(1, done, "ann's refund")
+	if _, err := other.ExecContext(ctx, `UPDATE orders SET buyer = 'bob', refunded_at = $2 WHERE id = $1`, o.ID, time.Now().UnixMilli()); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, ledger.ErrNotOwner) {
+		t.Errorf("ann's refund of the order bob refunded meanwhile = %v, want ErrNotOwner", err)
+	}
 }

@@ -345,8 +345,16 @@ func (l *Ledger) refund(ctx context.Context, orderID, buyer keys.ID, req Request
 		}
 		tx.Rollback()
 		cur, err := l.OrderByID(ctx, o.ID)
-		if err != nil || req.IsZero() {
+		if err != nil {
 			return cur, false, err
+		}
+		if cur.Buyer != buyer {
+			// Moved to another buyer, who refunded it, since it was read
+			// above: not this buyer's refund to be told (helper-75 #3).
+			return cur, false, ErrNotOwner
+		}
+		if req.IsZero() {
+			return cur, false, nil
 		}
 		return l.answerAgain(ctx, req, o.SKU, cur)
 	}

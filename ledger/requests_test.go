@@ -214,3 +214,44 @@ func TestCommittedSince(t *testing.T) {
 		}
 	})
 }
+
+// A transfer or a listing of an order that is no longer the sender's,
+// under a key of the sender's that names another request, is ErrNotOwner
+// (403), as a confirm of another's hold is, not ErrKeyReused (helper-75
+// #2); the former owner's retry of its own transfer still replays.
+func TestNotOwnerBeforeAReusedKey(t *testing.T) {
+	eachDriver(t, func(t *testing.T, l *ledger.Ledger) {
+		ctx := context.Background()
+		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 10, Shards: 1, MaxPerOrder: 4}); err != nil {
+			t.Fatal(err)
+		}
+		ann, bob, cat := keys.MustID("ann"), keys.MustID("bob"), keys.MustID("cat")
+		o, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: keys.MustID("g1"), SKU: sku, Buyer: ann, Quantity: 2, Req: req("ann", "p1", "buy", ledger.OpPurchase)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		moved, err := l.Transfer(ctx, o.ID, ann, bob, 0, req("ann", "t1", "to-bob", ledger.OpTransfer))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if again, err := l.Transfer(ctx, o.ID, ann, bob, 0, req("ann", "t1", "to-bob", ledger.OpTransfer)); !errors.Is(err, ledger.ErrDuplicate) || again.ID != moved.ID {
+			t.Errorf("the same transfer again = %+v, %v; want its replay", again, err)
+		}
+		if _, err := l.Transfer(ctx, o.ID, ann, cat, 0, req("ann", "t1", "to-cat", ledger.OpTransfer)); !errors.Is(err, ledger.ErrNotOwner) {
+			t.Errorf("ann's transfer of bob's order under her used key = %v, want ErrNotOwner", err)
+		}
+		if _, err := l.List(ctx, o.ID, ann, 1, req("ann", "p1", "list-1", ledger.OpResale)); !errors.Is(err, ledger.ErrNotOwner) {
+			t.Errorf("ann's listing of bob's order under her purchase's key = %v, want ErrNotOwner", err)
+		}
+		// The owner reusing a key is told so.
+		if _, err := l.List(ctx, o.ID, bob, 1, req("bob", "l1", "list-1", ledger.OpResale)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.List(ctx, o.ID, bob, 1, req("bob", "l1", "list-2", ledger.OpResale)); !errors.Is(err, ledger.ErrKeyReused) {
+			t.Errorf("bob's listing under his used key = %v, want ErrKeyReused", err)
+		}
+		if st, err := l.SKU(ctx, sku); err != nil || st.Listed != 1 {
+			t.Errorf("after the refusals: %+v, %v; want bob's one listed", st, err)
+		}
+	})
+}

@@ -142,7 +142,13 @@ func (l *Ledger) list(ctx context.Context, orderID, seller keys.ID, q int64, req
 	}
 	tx, taken, err := l.begin(ctx, req, o.SKU, now, "list")
 	if taken {
-		return l.listingReplay(ctx, req)
+		x, err := l.listingReplay(ctx, req)
+		if errors.Is(err, ErrKeyReused) && o.Buyer != seller {
+			// As a transfer's (Ledger.transfer): another's order is told
+			// as such.
+			return Listing{}, ErrNotOwner
+		}
+		return x, err
 	}
 	if err != nil {
 		return Listing{}, err

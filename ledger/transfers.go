@@ -51,7 +51,14 @@ func (l *Ledger) transfer(ctx context.Context, orderID, from, to keys.ID, q int6
 	}
 	tx, taken, err := l.begin(ctx, req, o.SKU, now, "transfer")
 	if taken {
-		return l.orderReplay(ctx, req)
+		got, err := l.orderReplay(ctx, req)
+		if errors.Is(err, ErrKeyReused) && o.Buyer != from {
+			// Not a retry, and not the sender's order (any more): told as
+			// such, as a confirm of another's hold is before its key. A
+			// former owner's retry of its own transfer still replays.
+			return Order{}, ErrNotOwner
+		}
+		return got, err
 	}
 	if err != nil {
 		return Order{}, err

@@ -77,6 +77,17 @@ func (s *Service) confirmReusedKey(ctx context.Context, id, buyer keys.ID, keep 
 		other.CreatedAt.After(a.order.CreatedAt.Add(keyRace)):
 		return ansKeyReused // made before the hold, or well before its expiry or after its late order
 	}
+	// In the window, but the payment's own key is recorded beside its
+	// order: it was paid under that key, so this one is another request's
+	// (a purchase the buyer made about then), and its 201 told a platform
+	// that reconciles by key that one payment bought two orders
+	// (helper-75 #1). Only a payment whose key was taken has none.
+	switch _, err := s.ledger.ConfirmedUnder(ctx, h.SKU.Program, r.scope, r.key, a.order.ID); {
+	case err == nil:
+		return ansKeyReused
+	case !errors.Is(err, ledger.ErrNotFound):
+		return ansUnavailable
+	}
 	return s.currentOrder(ctx, s.sameQuantity(ctx, a, keep))
 }
 

@@ -93,6 +93,10 @@ type Takes interface {
 	// RequestByKey reads a committed request by its key, on program's
 	// primary (zero: on any).
 	RequestByKey(ctx context.Context, program, scope, key keys.ID) (ledger.Recorded, error)
+	// ConfirmedUnder finds the key, other than except, of a confirm of
+	// scope's that answered an order, on program's primary (ErrNotFound:
+	// none).
+	ConfirmedUnder(ctx context.Context, program, scope, except, orderID keys.ID) (keys.ID, error)
 	// RequestDurable returns once a recorded request is on the synchronous
 	// standby: asked before a replay is answered (see ledger's).
 	RequestDurable(ctx context.Context, program, scope, key keys.ID) error

@@ -45,6 +45,13 @@ func (e *Invalid) Is(target error) bool { return target == stock.ErrInvalid }
 
 func invalid(format string, args ...any) error { return &Invalid{Detail: fmt.Sprintf(format, args...)} }
 
+// Equal reports whether r and o are the same rule (times to the
+// instant, whatever their location).
+func (r Rule) Equal(o Rule) bool {
+	return r.OpensAt.Equal(o.OpensAt) && r.ClosesAt.Equal(o.ClosesAt) && r.ClosedAt.Equal(o.ClosedAt) &&
+		r.Access == o.Access && r.Secret == o.Secret && r.Into == o.Into
+}
+
 // Validate reports a rule no pool may have (*Invalid).
 func (r Rule) Validate() error {
 	switch {

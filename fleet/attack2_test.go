@@ -380,7 +380,7 @@ func TestPoolCloseFencedDuringAMove(t *testing.T) {
 		}
 	}
 	err := duringAMove(t, f, urls[0], s.Program, func() error {
-		_, _, err := f.Primary("main").ClosePool(ctx, pool)
+		_, _, err := f.Primary("main").ClosePool(ctx, pool, true)
 		return err
 	})
 	if !errors.Is(err, ledger.ErrMoving) {

@@ -168,10 +168,6 @@ func (f *Fleet) RequestByKey(ctx context.Context, program, scope, key keys.ID) (
 	return byKey(ctx, f, program, func(l *ledger.Ledger) (ledger.Recorded, error) { return l.RequestByKey(ctx, scope, key) })
 }
 
-func (f *Fleet) ConfirmedUnder(ctx context.Context, program, scope, except, orderID keys.ID) (keys.ID, error) {
-	return byKey(ctx, f, program, func(l *ledger.Ledger) (keys.ID, error) { return l.ConfirmedUnder(ctx, scope, except, orderID) })
-}
-
 // byKey runs a read by a request's key on program's primary, or on every
 // primary when program is zero (first). A program read as moving may
 // have arrived on its target since, its source's rows deleted: a row the
@@ -463,9 +459,9 @@ func (f *Fleet) PutPool(ctx context.Context, c ledger.PoolConfig) (ledger.SKUSta
 	return onSKU(ctx, f, c.SKU, true, false, func(l *ledger.Ledger) (ledger.SKUState, error) { return l.PutPool(ctx, c) })
 }
 
-func (f *Fleet) ClosePool(ctx context.Context, pool stock.SKU) (int64, stock.SKU, error) {
+func (f *Fleet) ClosePool(ctx context.Context, pool stock.SKU, due bool) (int64, stock.SKU, error) {
 	r, err := onSKU(ctx, f, pool, true, false, func(l *ledger.Ledger) (twoOf[int64, stock.SKU], error) {
-		n, into, err := l.ClosePool(ctx, pool)
+		n, into, err := l.ClosePool(ctx, pool, due)
 		return twoOf[int64, stock.SKU]{n, into}, err
 	})
 	return r.a, r.b, err

@@ -171,7 +171,11 @@ func (l *Ledger) PutPool(ctx context.Context, c PoolConfig) (SKUState, error) {
 // transaction; the target is marked for a gate rebuild. It may be called
 // again at any time: stock that came back to the closed pool since
 // (expired holds, refunds) moves on then; nothing left moves nothing.
-func (l *Ledger) ClosePool(ctx context.Context, pool stock.SKU) (moved int64, into stock.SKU, err error) {
+// due is the sweeper's close at the pool's closing time: a pool not
+// closed whose closing time, read under its row's lock, is not yet (an
+// admin moved it on since the sweeper read it due, helper-77 #2) is left
+// open, nothing moved and into zero.
+func (l *Ledger) ClosePool(ctx context.Context, pool stock.SKU, due bool) (moved int64, into stock.SKU, err error) {
 	defer l.observe("close_pool", time.Now(), &err)
 	now := l.now().UnixMilli()
 	tx, err := l.db.BeginTx(ctx, nil)
@@ -192,14 +196,8 @@ func (l *Ledger) ClosePool(ctx context.Context, pool stock.SKU) (moved int64, in
 	if st.Pool().IsZero() {
 		return 0, into, fmt.Errorf("%w: not a pool's sku", stock.ErrInvalid)
 	}
-	into = pool.Base()
-	if p := st.Rule.Into; !p.IsZero() {
-		if t, err := scanSKU(tx.QueryRowContext(ctx, selectSKU, pool.Program, keys.Pooled(into.Ticket, p))); err == nil &&
-			t.Rule.ClosedAt.IsZero() && t.EndedAt.IsZero() {
-			into = into.InPool(p)
-		} else if err != nil && !errors.Is(err, stock.ErrUnknownSKU) {
-			return 0, into, notCommitted("close pool: read target", err)
-		}
+	if into, err = closeTarget(ctx, tx, pool, st.Rule); err != nil {
+		return 0, into, err
 	}
 	// Lock both rows in SKU order, as every stock write takes them, reading
 	// the pool's remaining under its lock: a commit admitted before the
@@ -209,12 +207,15 @@ func (l *Ledger) ClosePool(ctx context.Context, pool stock.SKU) (moved int64, in
 		first, second = into, pool
 	}
 	for _, sku := range []stock.SKU{first, second} {
-		var left int64
+		var left, closesAt, closedAt int64
 		if err := tx.QueryRowContext(ctx, `UPDATE skus SET version = version + 1, updated_at = $3 WHERE program = $1 AND ticket = $2
-			RETURNING total - sold - held`, sku.Program, sku.Ticket, now).Scan(&left); err != nil {
+			RETURNING total - sold - held, pool_closes_at, pool_closed_at`, sku.Program, sku.Ticket, now).Scan(&left, &closesAt, &closedAt); err != nil {
 			return 0, into, notCommitted("close pool: lock "+sku.String(), err)
 		}
 		if sku == pool {
+			if due && closedAt == 0 && (closesAt == 0 || closesAt > now) {
+				return 0, stock.SKU{}, nil // not due (rolled back)
+			}
 			moved = left
 		}
 	}
@@ -301,6 +302,21 @@ func (l *Ledger) PoolsDue(ctx context.Context, limit int) ([]stock.SKU, error) {
 		out = append(out, s)
 	}
 	return out, rows.Err()
+}
+
+// closeTarget is the pool a closing pool's stock moves into: the one
+// its rule names while that one sells, else the public stock.
+func closeTarget(ctx context.Context, tx *sql.Tx, pool stock.SKU, rule PoolRule) (stock.SKU, error) {
+	into := pool.Base()
+	if p := rule.Into; !p.IsZero() {
+		if t, err := scanSKU(tx.QueryRowContext(ctx, selectSKU, pool.Program, keys.Pooled(into.Ticket, p))); err == nil &&
+			t.Rule.ClosedAt.IsZero() && t.EndedAt.IsZero() {
+			into = into.InPool(p)
+		} else if err != nil && !errors.Is(err, stock.ErrUnknownSKU) {
+			return into, notCommitted("close pool: read target", err)
+		}
+	}
+	return into, nil
 }
 
 // pooledTotal is what a ticket's pools are allotted, inside tx.

@@ -92,18 +92,26 @@ func TestPools(t *testing.T) {
 		if due, err := l.PoolsDue(ctx, 10); err != nil || len(due) != 0 {
 			t.Errorf("PoolsDue before the close = %v, %v", due, err)
 		}
+		// The sweeper's close of a pool that is not due (its time moved on
+		// since the sweeper read it due, helper-77 #2) leaves it open.
+		if moved, into, err := l.ClosePool(ctx, fan, true); err != nil || moved != 0 || !into.IsZero() {
+			t.Errorf("a due close before the closing time = %d into %s, %v; want nothing", moved, into, err)
+		}
+		if got := totals(); got != "[ga:90/1/0 ga.fanclub:30/2/3]" {
+			t.Errorf("after a due close before its time: %s", got)
+		}
 		clk.advance(time.Hour)
 		if due, err := l.PoolsDue(ctx, 10); err != nil || len(due) != 1 || due[0] != fan {
 			t.Errorf("PoolsDue at the close = %v, %v; want the fan club", due, err)
 		}
-		moved, into, err := l.ClosePool(ctx, fan)
+		moved, into, err := l.ClosePool(ctx, fan, true)
 		if err != nil || moved != 25 || into != ga {
 			t.Fatalf("ClosePool = %d into %s, %v; want 25 into the public stock", moved, into, err)
 		}
 		if got := totals(); got != "[ga:115/1/0 ga.fanclub:5/2/3]" {
 			t.Errorf("after the close: %s", got)
 		}
-		if moved, _, err := l.ClosePool(ctx, fan); err != nil || moved != 0 {
+		if moved, _, err := l.ClosePool(ctx, fan, false); err != nil || moved != 0 {
 			t.Errorf("ClosePool again = %d, %v; want nothing moved", moved, err)
 		}
 		if due, err := l.PoolsDue(ctx, 10); err != nil || len(due) != 0 {
@@ -122,7 +130,7 @@ func TestPools(t *testing.T) {
 		if due, err := l.PoolsDue(ctx, 10); err != nil || len(due) != 1 {
 			t.Errorf("PoolsDue with stock back in the closed pool = %v, %v", due, err)
 		}
-		if moved, _, err := l.ClosePool(ctx, fan); err != nil || moved != 3 {
+		if moved, _, err := l.ClosePool(ctx, fan, true); err != nil || moved != 3 {
 			t.Errorf("ClosePool after the cancel = %d, %v; want 3", moved, err)
 		}
 		if got := totals(); got != "[ga:118/1/0 ga.fanclub:2/2/0]" {
@@ -195,7 +203,7 @@ func TestPoolPutRacingACloseIntoItKeepsTheTicketWhole(t *testing.T) {
 			}
 			var wg sync.WaitGroup
 			errs := make([]error, 2)
-			wg.Go(func() { _, _, errs[0] = l.ClosePool(ctx, pre) })
+			wg.Go(func() { _, _, errs[0] = l.ClosePool(ctx, pre, false) })
 			wg.Go(func() { errs[1] = put(partner, 30, keys.ID{}) })
 			wg.Wait()
 			for _, err := range errs {
@@ -241,7 +249,7 @@ func TestPoolClosedEmptyLeavesTheTargetGate(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			moved, _, err := l.ClosePool(ctx, pre)
+			moved, _, err := l.ClosePool(ctx, pre, false)
 			if err != nil || moved != left {
 				t.Fatalf("close with %d left = moved %d, %v", left, moved, err)
 			}

@@ -312,25 +312,6 @@ func (l *Ledger) RequestByKey(ctx context.Context, scope, key keys.ID) (Recorded
 	return r, decodeSnapshot(raw, &r)
 }
 
-// ConfirmedUnder returns the key of a confirm of scope's, other than
-// except, that answered order orderID (a late payment's client key, as
-// recorded beside its order), or ErrNotFound. A scan of the buyer's
-// requests: only the rare answer of a late payment's key taken by
-// another request asks it.
-func (l *Ledger) ConfirmedUnder(ctx context.Context, scope, except, orderID keys.ID) (keys.ID, error) {
-	var key keys.ID
-	err := l.db.QueryRowContext(ctx, `SELECT idem_key FROM requests
-		WHERE scope = $1 AND op = $2 AND idem_key <> $3 AND result LIKE $4 LIMIT 1`,
-		scope, OpConfirm, except, `{"o":{"ID":"`+orderID.String()+`"%`).Scan(&key)
-	if errors.Is(err, sql.ErrNoRows) {
-		return key, ErrNotFound
-	}
-	if err != nil {
-		return key, fmt.Errorf("ledger: confirmed under: %w", err)
-	}
-	return key, nil
-}
-
 // RequestDurable returns once the request row (scope, key) is known to
 // be on the synchronous standby, or fails; ErrNotFound when this ledger
 // has no such row. PostgreSQL commits locally before its COMMIT waits

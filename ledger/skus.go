@@ -51,16 +51,17 @@ func (c SKUConfig) Validate() error {
 		return fmt.Errorf("%w: per_buyer %d not in 0..%d", stock.ErrInvalid, c.PerBuyer, stock.MaxTotal)
 	case c.HoldTTL != 0 && (c.HoldTTL < MinHoldTTL || c.HoldTTL > MaxHoldTTL):
 		return fmt.Errorf("%w: hold ttl %v not in %v..%v", stock.ErrInvalid, c.HoldTTL, MinHoldTTL, MaxHoldTTL)
-	case c.HoldTTLMax != 0 && (c.HoldTTLMax < max(c.withDefaults().HoldTTL, MinHoldTTL) || c.HoldTTLMax > MaxHoldTTL):
+	case c.HoldTTLMax != 0 && (c.HoldTTLMax < max(c.WithDefaults().HoldTTL, MinHoldTTL) || c.HoldTTLMax > MaxHoldTTL):
 		// Against the default lifetime too: a maximum below it would let
 		// holds without a lifetime of their own outlive the maximum.
-		return fmt.Errorf("%w: hold ttl max %v not in %v..%v", stock.ErrInvalid, c.HoldTTLMax, max(c.withDefaults().HoldTTL, MinHoldTTL), MaxHoldTTL)
+		return fmt.Errorf("%w: hold ttl max %v not in %v..%v", stock.ErrInvalid, c.HoldTTLMax, max(c.WithDefaults().HoldTTL, MinHoldTTL), MaxHoldTTL)
 	}
 	return nil
 }
 
-// withDefaults fills in the hold lifetimes.
-func (c SKUConfig) withDefaults() SKUConfig {
+// WithDefaults is c with the hold lifetimes it leaves to the defaults
+// filled in, as PutSKU stores it.
+func (c SKUConfig) WithDefaults() SKUConfig {
 	if c.HoldTTL == 0 {
 		c.HoldTTL = 15 * time.Minute
 	}
@@ -109,7 +110,7 @@ func (l *Ledger) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 	if err := c.Validate(); err != nil {
 		return SKUState{}, err
 	}
-	c = c.withDefaults()
+	c = c.WithDefaults()
 	now := l.now().UnixMilli()
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {

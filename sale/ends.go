@@ -48,11 +48,12 @@ func (s *Service) confirm(ctx context.Context, id, buyer keys.ID, r request) ans
 // order, so another request under the same key sent at the same moment
 // can take it in between; the payment is answered its order, and so must
 // its retry be, or the 422 ("nothing moved") had the platform refund an
-// order that stands (helper-50). So a hold paid late answers its order
-// when the key's other request was made after the hold, no earlier than
-// keyRace before its expiry and no later than keyRace after the order;
-// any other reuse, and a late payment refused, is 422 (helper-52,
-// helper-53).
+// order that stands (helper-50). The payment then records which key it
+// was made under, under a key derived from the hold (lateKeyTaken): that
+// key's confirm answers the order; any other reuse, and a late payment
+// refused, is 422 (helper-52, helper-53). A window of time around the
+// order decided this before, and answered the order to the key of any
+// request the buyer made about then (helper-75, helper-76).
 func (s *Service) confirmReusedKey(ctx context.Context, id, buyer keys.ID, keep int64, r request) answer {
 	h, err := s.ledger.HoldByID(ctx, id)
 	if err != nil || h.Buyer != buyer || h.State != ledger.Expired {
@@ -65,38 +66,17 @@ func (s *Service) confirmReusedKey(ctx context.Context, id, buyer keys.ID, keep 
 	case !ok || a.err != nil || a.order.ID.IsZero():
 		return ansKeyReused
 	}
-	other, err := s.ledger.RequestByKey(ctx, h.SKU.Program, r.scope, r.key)
+	rec, err := s.ledger.RequestByKey(ctx, h.SKU.Program, r.scope, lateKeyTaken(h))
 	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		return ansKeyReused // paid under a key of its own, recorded beside the order
 	case err != nil:
 		return ansUnavailable
-	case other.Order != nil && other.Order.ID == a.order.ID:
-		// The key is the late payment's own (recorded beside its order):
-		// this is another body under it, a reuse (TestModelConcurrent).
-		return ansKeyReused
-	case other.CreatedAt.Before(h.CreatedAt) || other.CreatedAt.Before(h.ExpiresAt.Add(-keyRace)) ||
-		other.CreatedAt.After(a.order.CreatedAt.Add(keyRace)):
-		return ansKeyReused // made before the hold, or well before its expiry or after its late order
-	}
-	// In the window, but the payment's own key is recorded beside its
-	// order: it was paid under that key, so this one is another request's
-	// (a purchase the buyer made about then), and its 201 told a platform
-	// that reconciles by key that one payment bought two orders
-	// (helper-75 #1). Only a payment whose key was taken has none.
-	switch _, err := s.ledger.ConfirmedUnder(ctx, h.SKU.Program, r.scope, r.key, a.order.ID); {
-	case err == nil:
-		return ansKeyReused
-	case !errors.Is(err, ledger.ErrNotFound):
-		return ansUnavailable
+	case rec.Fingerprint != r.key.String():
+		return ansKeyReused // another key's payment
 	}
 	return s.currentOrder(ctx, s.sameQuantity(ctx, a, keep))
 }
-
-// keyRace bounds how far apart a late payment's order and another
-// request under its client key can be made and still be the race
-// confirmReusedKey answers: the late payment's own steps between the
-// two (an expiry, a return to Redis, a take) on a loaded machine, and the
-// replicas' clocks.
-const keyRace = 5 * time.Second
 
 // confirmEnded answers a confirm the ledger found the hold ended for: a
 // cancelled hold is ErrHoldCancelled; an expired one (or past its expiry)
@@ -336,16 +316,25 @@ func (s *Service) ownerError(ctx context.Context, err error, notFound answer) an
 func (s *Service) EndSale(ctx context.Context, sku stock.SKU) (SKUState, error) {
 	ctx, cancel := s.detach(ctx)
 	defer cancel()
-	if _, err := s.ledger.SKU(ctx, sku); errors.Is(err, stock.ErrUnknownSKU) {
+	cur, err := s.ledger.SKU(ctx, sku)
+	if errors.Is(err, stock.ErrUnknownSKU) {
 		return SKUState{}, ErrUnknownSKU
 	}
 	var st ledger.SKUState
 	ran := false
-	_, err := s.rebuildWith(ctx, sku, reasonAdmin, true, s.opts.ReseedWait, func(ctx context.Context) (err error) {
-		ran = true
-		st, err = s.ledger.EndSale(ctx, sku)
-		return err
-	})
+	if err == nil && !cur.EndedAt.IsZero() {
+		// Ended already (this request's retry, its reply lost, or an end
+		// on another replica): no gate to close for it, only its pools'
+		// ends to finish. Closing it again, with a master out, said
+		// "unchanged" of a sale that had ended (helper-77 #4).
+		st, ran, err = cur, true, nil
+	} else {
+		_, err = s.rebuildWith(ctx, sku, reasonAdmin, true, s.opts.ReseedWait, func(ctx context.Context) (err error) {
+			ran = true
+			st, err = s.ledger.EndSale(ctx, sku)
+			return err
+		})
+	}
 	s.settings.Invalidate(sku)
 	s.stockChanged(sku)
 	switch {

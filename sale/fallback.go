@@ -62,7 +62,7 @@ func (s *Service) fallbackSlot() (release func(), ok bool) {
 // unknown key read the ledger's committed requests again.
 func (s *Service) markSoldOut(sku stock.SKU, since cache.Since) {
 	s.cache.MarkSoldOut(sku, since)
-	s.replays.unseal(sku)
+	s.replays.unseal(sku, false)
 }
 
 // Purchase paths, for the metric.

@@ -327,9 +327,12 @@ func (s *Service) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 		return putErr
 	}
 	var err error
-	_, lerr := s.ledger.SKU(ctx, sku)
+	cur, lerr := s.ledger.SKU(ctx, sku)
 	switch {
 	case lerr == nil:
+		if whole, ok := s.putChangesNothing(ctx, cur, cfg); ok {
+			return whole, nil
+		}
 		_, err = s.rebuildWith(ctx, sku, reasonAdmin, true, s.opts.ReseedWait, put)
 	case !errors.Is(lerr, stock.ErrUnknownSKU):
 		// Not known to be new: changed without closing its gate, a live
@@ -375,6 +378,27 @@ func (s *Service) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 		return skuStateOf(st), nil // the row as committed
 	}
 	return whole, nil
+}
+
+// putChangesNothing reports whether a PUT of cfg finds the ticket set to
+// it already (the organizer's total, with its pools', and every setting),
+// and answers the ticket as it is: there is nothing to change, so no gate
+// to close. The retry of a PUT whose reply was lost (503, outcome
+// unknown, "PUT the same settings again to know") said "unchanged" while
+// a master was out, for a ticket the first attempt had made
+// (helper-74 #3). A seated ticket's total is its map's: it always goes
+// the whole way.
+func (s *Service) putChangesNothing(ctx context.Context, cur ledger.SKUState, cfg ledger.SKUConfig) (SKUState, bool) {
+	want := cfg.WithDefaults()
+	if cur.Seated || cur.Shards != want.Shards || cur.MaxPerOrder != want.MaxPerOrder || cur.PerBuyer != want.PerBuyer ||
+		cur.HoldTTL != want.HoldTTL || cur.HoldTTLMax != want.HoldTTLMax || (want.Resale != "" && want.Resale != cur.Resale) {
+		return SKUState{}, false
+	}
+	whole, err := s.ticketState(ctx, cur)
+	if err != nil || whole.Total != want.Total {
+		return SKUState{}, false
+	}
+	return whole, true
 }
 
 // SKU reads a SKU's settings and counts from the ledger.

@@ -65,9 +65,19 @@ func (s *Service) lateConfirm(ctx context.Context, h ledger.Hold, keep int64, r 
 		// record (the client sent two under one key at once). The order
 		// stands, so it is the answer: a 422 says nothing moved, and a
 		// platform refunding on it gave the tickets away (helper-49).
-		// The key stays the other request's.
+		// The key stays the other request's; which key paid is recorded
+		// under one derived from the hold, for this key's retries
+		// (confirmReusedKey). The first such key is the hold's.
 		s.log.WarnContext(ctx, "late payment: its client key was taken by another request meanwhile; answered with the order",
 			"hold", h.ID.String(), "order", a.order.ID.String())
+		taken := r.ledger()
+		taken.Key, taken.Fingerprint = lateKeyTaken(h), r.key.String()
+		if _, err := s.ledger.AnswerWith(ctx, taken, a.order); err != nil &&
+			!errors.Is(err, ledger.ErrDuplicate) && !errors.Is(err, ledger.ErrKeyReused) {
+			// This answer is still the order (it stands); only a retry of
+			// it, should this reply be lost too, is told 422.
+			s.log.WarnContext(ctx, "late payment: the key it was paid under not recorded", "hold", h.ID.String(), "err", err)
+		}
 		return a
 	default:
 		s.log.WarnContext(ctx, "late payment: client key not recorded", "hold", h.ID.String(), "err", err)
@@ -240,6 +250,11 @@ func unitsGone(err error) bool {
 // lateKey is the request key of h's late payment, derived from the hold
 // (keys.Derived): its order, or its refusal, is the row under it.
 func lateKey(h ledger.Hold) keys.ID { return keys.Derived("late", h.ID) }
+
+// lateKeyTaken names the record of the client key a late payment of h
+// was made under when another request took that key meanwhile: its
+// fingerprint is the key.
+func lateKeyTaken(h ledger.Hold) keys.ID { return keys.Derived("late-key", h.ID) }
 
 // paidLate answers the late payment h's buyer made, under the key
 // derived from it or a build's before (lateBefore), or its refusal

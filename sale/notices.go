@@ -221,7 +221,7 @@ func (s *Service) forgetClosed(sku stock.SKU) {
 // empty: its stock may be sold again.
 func (s *Service) forgetSoldOut(sku stock.SKU) {
 	s.cache.Forget(sku)
-	s.replays.unseal(sku)
+	s.replays.unseal(sku, true)
 	s.stock.Invalidate(sku)
 	s.wakeRoom(sku.Program)
 }

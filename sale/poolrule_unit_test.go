@@ -3,6 +3,7 @@ package sale_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -46,5 +47,57 @@ func TestPoolRuleChangedOnAnotherReplica(t *testing.T) {
 	}
 	if !errors.Is(err, sale.ErrCodeInvalid) && !errors.Is(err, sale.ErrPoolDenied) {
 		t.Errorf("purchase without a code after the change = %v, want a code refusal", err)
+	}
+}
+
+// A pool made code-only on one replica while another sells the pool
+// around its gate (Redis out of its reach: the gate's fence and the
+// change's notice both need Redis) refuses buyers with no code there
+// too, whether or not it sold around the gate before the change (then
+// the row is read afresh, else its cached settings are used): the take
+// checked the pool's rule as its cached settings had it, and the ledger
+// checks no rule (helper-77 #1).
+func TestPoolRuleChangedWhileAReplicaSellsAroundTheGate(t *testing.T) {
+	for _, soldAround := range []bool{false, true} {
+		t.Run(fmt.Sprintf("sold-around-before-%v", soldAround), func(t *testing.T) {
+			ctx := context.Background()
+			mem := shardmem.New()
+			cut := &quotaFaults{Scripter: mem} // a's view of Redis
+			var led sale.Ledger
+			a, _ := sale.TestService(t, cut, nil, func(o *sale.Options) { led = o.Ledger })
+			b, _ := sale.TestService(t, mem, nil, func(o *sale.Options) { o.Ledger = led })
+			sku := stock.SKU{Program: keys.MustID("aroundrule"), Ticket: keys.MustID("t")}
+			fans := keys.MustID("fans")
+			if _, err := a.PutSKU(ctx, sale.SKUConfig{SKU: sku, Total: 50, Shards: 1, MaxPerOrder: 2}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := a.PutPool(ctx, sale.PoolSpec{SKU: sku, Pool: fans, Allotment: 10, Access: sale.AccessOpen}); err != nil {
+				t.Fatal(err)
+			}
+			buy := func(key, buyer string) error {
+				_, err := a.Purchase(ctx, sale.Take{Ask: sale.Ask{Buyer: keys.MustID(buyer), Key: keys.MustID(key)},
+					SKU: sku, Quantity: 1, Access: sale.Access{Pool: fans}})
+				return err
+			}
+			if err := buy("k1", "ann"); err != nil { // a reads the pool: open
+				t.Fatalf("purchase in the open pool: %v", err)
+			}
+			cut.down.Store(true)
+			if soldAround {
+				if err := buy("k2", "cat"); err != nil {
+					t.Fatalf("purchase in the open pool around the gate: %v", err)
+				}
+			}
+			if _, err := b.PutPool(ctx, sale.PoolSpec{SKU: sku, Pool: fans, Allotment: 10, Access: sale.AccessCode}); err != nil {
+				t.Fatal(err)
+			}
+			err := buy("k3", "bob")
+			if err == nil {
+				t.Fatal("a sold in a code-only pool without a code, around its gate")
+			}
+			if !errors.Is(err, sale.ErrCodeInvalid) && !errors.Is(err, sale.ErrPoolDenied) {
+				t.Errorf("purchase without a code after the change = %v, want a code refusal", err)
+			}
+		})
 	}
 }

@@ -192,6 +192,13 @@ func (s *Service) PutPool(ctx context.Context, p PoolSpec) (PoolState, error) {
 	if cl := c.Rule.ClosesAt; !cl.IsZero() && !cl.After(time.Now()) && (c.Create || was.Rule.ClosedAt.IsZero() && cl.UnixMilli() != was.Rule.ClosesAt.UnixMilli()) {
 		return PoolState{}, refuse(ErrInvalid, "closes_at is in the past; to close a pool now, POST its /close")
 	}
+	if !c.Create && poolIs(was, c) {
+		// Set so already (this PUT's retry, its reply lost, or the same
+		// PUT on another replica): nothing to move, no gate to close.
+		// Closing them again, with a master out, said "unchanged" of a
+		// change the first had made (helper-77 #4).
+		return poolStateOf(was), nil
+	}
 	if c.Create {
 		// A new pool is made by the change's own transaction, so a refused
 		// change makes none. It has no gate to fence yet; its row says the
@@ -213,6 +220,13 @@ func (s *Service) PutPool(ctx context.Context, p PoolSpec) (PoolState, error) {
 		s.forgetClosed(sku)
 		s.notifyRestocked(ctx, sku)
 	}
+	return s.poolPutAnswer(ctx, pool, st, putErr, err)
+}
+
+// poolPutAnswer is PutPool's answer: the ledger's refusal (putErr), the
+// gates not closed (nothing ran), or the pool as committed, its gates
+// rebuilt later if err says they were not.
+func (s *Service) poolPutAnswer(ctx context.Context, pool stock.SKU, st ledger.SKUState, putErr, err error) (PoolState, error) {
 	switch {
 	case errors.Is(putErr, ledger.ErrPoolClosed):
 		return PoolState{}, ErrPoolClosed
@@ -316,7 +330,7 @@ func (s *Service) ClosePool(ctx context.Context, sku stock.SKU, pool keys.ID) (P
 	if _, err := s.ledger.SKU(ctx, p); errors.Is(err, stock.ErrUnknownSKU) {
 		return PoolState{}, ErrUnknownPool
 	}
-	if err := s.closePool(ctx, p); err != nil {
+	if err := s.closePool(ctx, p, false); err != nil {
 		s.log.ErrorContext(ctx, "close pool", "sku", p.String(), "err", err)
 		return PoolState{}, refuse(ErrUnavailable, "could not close the pool; repeat the request")
 	}
@@ -327,15 +341,28 @@ func (s *Service) ClosePool(ctx context.Context, sku stock.SKU, pool keys.ID) (P
 	return poolStateOf(st), nil
 }
 
+// poolIs reports whether pool row st, open and selling, is set as c
+// would set it: its allotment, shards and rule, times to the millisecond
+// the ledger keeps.
+func poolIs(st ledger.SKUState, c ledger.PoolConfig) bool {
+	r, w := st.Rule, c.Rule
+	return st.EndedAt.IsZero() && r.ClosedAt.IsZero() && st.Total == c.Allotment && st.Shards == c.Shards &&
+		r.OpensAt.UnixMilli() == w.OpensAt.UnixMilli() && r.ClosesAt.UnixMilli() == w.ClosesAt.UnixMilli() &&
+		r.OpensAt.IsZero() == w.OpensAt.IsZero() && r.ClosesAt.IsZero() == w.ClosesAt.IsZero() &&
+		r.Access == w.Access && r.Secret == w.Secret && r.Into == w.Into
+}
+
 // closePool moves what a pool has left on, behind its fence (a purchase
 // admitted by its gate before commits before the move, or is refused as
 // stale and then finds the pool closed), then rebuilds the receiving gate
-// and tells every replica it has stock again.
-func (s *Service) closePool(ctx context.Context, pool stock.SKU) error {
+// and tells every replica it has stock again. due: the sweeper's close
+// at the closing time, which the ledger skips for a pool whose time was
+// moved on since it was read due.
+func (s *Service) closePool(ctx context.Context, pool stock.SKU, due bool) error {
 	var moved int64
 	var into stock.SKU
 	_, err := s.rebuildWith(ctx, pool, reasonAdmin, true, s.opts.ReseedWait, func(ctx context.Context) (err error) {
-		moved, into, err = s.ledger.ClosePool(ctx, pool)
+		moved, into, err = s.ledger.ClosePool(ctx, pool, due)
 		return err
 	})
 	s.forgetClosed(pool)
@@ -367,7 +394,7 @@ func (s *Service) closeDuePools(ctx context.Context) {
 		s.log.WarnContext(ctx, "pools due", "err", err)
 	}
 	for _, p := range due {
-		if err := s.closePool(ctx, p); err != nil {
+		if err := s.closePool(ctx, p, true); err != nil {
 			s.log.WarnContext(ctx, "close pool; the next sweep retries", "sku", p.String(), "err", err)
 		}
 	}

@@ -122,21 +122,25 @@ func (s *Service) committedOr(ctx context.Context, w want, refusal answer) answe
 // replica's memory of an empty gate) refuses: a retry of a committed
 // request gets its replay, and any other request the refusal once the
 // SKU's committed keys are sealed (the ledger had nothing left: no
-// attempt can still commit). Unsealed, the request may be a retry whose
-// first attempt holds its units at the gate and is still committing (a
-// slow ledger, a client that gave up on it): refusing it would answer
-// sold out for a sale that then stands (helper-74). gate is then true:
-// the take goes on to the gate, whose deduction record finds the other
-// attempt (a replay), or whose count of the stock refuses it.
+// attempt can still commit). Unsealed, and within an attempt's time to
+// commit of the sell-out (replays.lookup's open), the request may be a
+// retry whose first attempt holds its units at the gate and is still
+// committing (a slow ledger, a client that gave up on it): refusing it
+// would answer sold out for a sale that then stands (helper-74). gate is
+// then true: the take goes on to the gate, whose deduction record finds
+// the other attempt (a replay), or whose count of the stock refuses it.
+// Past that time, units the ledger has and the gate lacks are lost or
+// stranded there (a replica that died mid-take): the storm is refused
+// from memory until the drift check gives them back (helper-76).
 func (s *Service) soldOutFlagged(ctx context.Context, w want, refusal answer) (a answer, gate bool) {
-	found, sealed, err := s.replays.lookup(ctx, w.sku, w.req.scope, w.req.key, 0)
+	found, open, err := s.replays.lookup(ctx, w.sku, w.req.scope, w.req.key, 0)
 	switch {
 	case err != nil:
 		s.log.WarnContext(ctx, "committed keys", "sku", w.sku.String(), "err", err)
 		return ansUnavailable, false
 	case found:
 		return s.lookupOr(ctx, w.req, refusal), false
-	case sealed:
+	case !open:
 		return refusal, false
 	}
 	return answer{}, true

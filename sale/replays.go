@@ -29,9 +29,14 @@ import (
 type replays struct {
 	ledger Ledger
 	sets   *otter.Cache[stock.SKU, *keySet]
+	// inFlight is how long after this replica first missed a key in a
+	// SKU's unsealed set an attempt of that request may still be
+	// committing on another replica (its work timeout, and a COMMIT it
+	// sent then): lookup's open.
+	inFlight time.Duration
 }
 
-func newReplays(l Ledger, idle time.Duration) (*replays, error) {
+func newReplays(l Ledger, idle, inFlight time.Duration) (*replays, error) {
 	sets, err := otter.New(&otter.Options[stock.SKU, *keySet]{
 		MaximumSize: 10_000,
 		// Expiry on writes only: an access-time expiry would make every
@@ -41,7 +46,7 @@ func newReplays(l Ledger, idle time.Duration) (*replays, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &replays{ledger: l, sets: sets}, nil
+	return &replays{ledger: l, sets: sets, inFlight: inFlight}, nil
 }
 
 type keySet struct {
@@ -52,9 +57,13 @@ type keySet struct {
 	byKey   map[keys.ID]struct{}
 	version int64 // the SKU row version read up to
 	sealed  bool
-	started int           // reads started
-	done    int           // the last read finished
-	cur     chan struct{} // closed when the read in flight ends
+	// missedAt is the first miss of the set since it was last sealed or
+	// its SKU restocked: about when this replica found the gate empty
+	// while the ledger still had stock.
+	missedAt time.Time
+	started  int           // reads started
+	done     int           // the last read finished
+	cur      chan struct{} // closed when the read in flight ends
 }
 
 type scopedKey struct{ scope, key keys.ID }
@@ -74,11 +83,14 @@ func (r *replays) committedAt(ctx context.Context, sku stock.SKU, scope, key key
 	return found, err
 }
 
-// lookup is committedAt that also says whether a miss is final: sealed,
-// the ledger had nothing left to take when the set was read, so no
-// attempt of the request can still commit; not sealed, one may be in
-// flight (its units taken at the gate, its batch not yet committed).
-func (r *replays) lookup(ctx context.Context, sku stock.SKU, scope, key keys.ID, known int64) (found, sealed bool, err error) {
+// lookup is committedAt that also says whether a miss may not be final
+// (open): the set is not sealed (the ledger still had stock when it was
+// read) and this replica first missed in it less than inFlight ago, so
+// an attempt of the request may still be committing (its units taken at
+// the gate, its batch not yet committed). Past that, the ledger's stock
+// is units the gate lost or strands (a replica that died mid-take), and
+// a miss is final, as when sealed: no attempt still running can commit.
+func (r *replays) lookup(ctx context.Context, sku stock.SKU, scope, key keys.ID, known int64) (found, open bool, err error) {
 	ks, ok := r.sets.GetIfPresent(sku)
 	if !ok {
 		ks, _ = r.sets.ComputeIfAbsent(sku, func() (*keySet, bool) {
@@ -89,10 +101,10 @@ func (r *replays) lookup(ctx context.Context, sku stock.SKU, scope, key keys.ID,
 	// The storm's path: a sealed set answers under a read lock.
 	ks.mu.RLock()
 	_, found = ks.keys[id]
-	sealed = ks.sealed
+	sealed := ks.sealed
 	ks.mu.RUnlock()
 	if found || sealed {
-		return found, sealed, nil
+		return found, false, nil
 	}
 	ks.mu.RLock()
 	current := known > 0 && ks.version >= known
@@ -102,9 +114,8 @@ func (r *replays) lookup(ctx context.Context, sku stock.SKU, scope, key keys.ID,
 	}
 	ks.mu.Lock()
 	if _, ok := ks.keys[id]; ok || ks.sealed {
-		sealed = ks.sealed
 		ks.mu.Unlock()
-		return ok, sealed, nil
+		return ok, false, nil
 	}
 	// A read that began after this call arrived, shared with every caller
 	// that arrives before it begins.
@@ -149,9 +160,15 @@ func (r *replays) lookup(ctx context.Context, sku stock.SKU, scope, key keys.ID,
 		}
 	}
 	_, found = ks.keys[id]
-	sealed = ks.sealed
+	if !found && !ks.sealed {
+		now := time.Now()
+		if ks.missedAt.IsZero() {
+			ks.missedAt = now
+		}
+		open = now.Sub(ks.missedAt) < r.inFlight
+	}
 	ks.mu.Unlock()
-	return found, sealed, nil
+	return found, open, nil
 }
 
 // sealedWithout reports, from memory alone, that the SKU's set is sealed
@@ -169,10 +186,15 @@ func (r *replays) sealedWithout(sku stock.SKU, key keys.ID) bool {
 }
 
 // unseal makes the next miss read the ledger again: stock may have come
-// back and been sold since the set was sealed.
-func (r *replays) unseal(sku stock.SKU) {
+// back and been sold since the set was sealed. restocked (stock is back
+// in the gate) also starts lookup's inFlight anew, as a set sealed until
+// now does: the next sell-out is a new one.
+func (r *replays) unseal(sku stock.SKU, restocked bool) {
 	if ks, ok := r.sets.GetIfPresent(sku); ok {
 		ks.mu.Lock()
+		if ks.sealed || restocked {
+			ks.missedAt = time.Time{}
+		}
 		ks.sealed = false
 		ks.mu.Unlock()
 	}

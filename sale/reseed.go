@@ -210,7 +210,7 @@ func (s *Service) reopened(ctx context.Context, sku stock.SKU, fresh ledger.SKUS
 	if fresh.Remaining() > 0 {
 		s.cache.ClearSoldOut(sku)
 	}
-	s.replays.unseal(sku)
+	s.replays.unseal(sku, left > 0)
 	if left > 0 {
 		s.notifyRestocked(ctx, sku)
 	}

@@ -93,10 +93,6 @@ type Takes interface {
 	// RequestByKey reads a committed request by its key, on program's
 	// primary (zero: on any).
 	RequestByKey(ctx context.Context, program, scope, key keys.ID) (ledger.Recorded, error)
-	// ConfirmedUnder finds the key, other than except, of a confirm of
-	// scope's that answered an order, on program's primary (ErrNotFound:
-	// none).
-	ConfirmedUnder(ctx context.Context, program, scope, except, orderID keys.ID) (keys.ID, error)
 	// RequestDurable returns once a recorded request is on the synchronous
 	// standby: asked before a replay is answered (see ledger's).
 	RequestDurable(ctx context.Context, program, scope, key keys.ID) error
@@ -149,7 +145,7 @@ type Seating interface {
 // Pools are a ticket's allocations and their access codes.
 type Pools interface {
 	PutPool(ctx context.Context, c ledger.PoolConfig) (ledger.SKUState, error)
-	ClosePool(ctx context.Context, pool stock.SKU) (int64, stock.SKU, error)
+	ClosePool(ctx context.Context, pool stock.SKU, due bool) (int64, stock.SKU, error)
 	Pools(ctx context.Context, ticket stock.SKU) ([]ledger.SKUState, error)
 	PoolsDue(ctx context.Context, limit int) ([]stock.SKU, error)
 	PutCodes(ctx context.Context, pool stock.SKU, codes []ledger.Code) (int, error)
@@ -483,7 +479,7 @@ func New(opts Options) (*Service, error) {
 	if s.programs, err = cache.NewRefreshing(opts.SettingsTTL, settingsStale*opts.SettingsTTL, 100_000, cm.Recorder("programs"), s.ledger.Program); err != nil {
 		return nil, err
 	}
-	if s.replays, err = newReplays(s.ledger, 10*time.Minute); err != nil {
+	if s.replays, err = newReplays(s.ledger, 10*time.Minute, 2*opts.WorkTimeout); err != nil {
 		return nil, err
 	}
 	if s.seatMaps, err = cache.NewRefreshing(opts.SettingsTTL, settingsStale*opts.SettingsTTL, 1_000, cm.Recorder("seatmaps"), s.loadSeatMap); err != nil {

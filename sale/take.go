@@ -271,6 +271,14 @@ func (t *take) checkSettings(ctx context.Context) (a answer, ok, direct bool) {
 			s.log.ErrorContext(ctx, "load sku settings", "sku", w.sku.String(), "err", err)
 			return ansUnavailable, false, false
 		}
+		// Read afresh first when this replica sold the SKU around the
+		// gate since: a pool's rule changed meanwhile (the change's
+		// notice lost while Redis was out) was checked as it had been,
+		// and only the fresh row went on to the take (helper-77 #1).
+		if st, err = s.gateFresh(ctx, w.sku, st); err != nil {
+			s.log.ErrorContext(ctx, "load sku settings", "sku", w.sku.String(), "err", err)
+			return ansUnavailable, false, false
+		}
 		// Refusals decided by the settings: a retry of a request that
 		// committed under earlier settings still gets its answer.
 		if err := s.admit(st, w.access, now); err != nil {
@@ -302,10 +310,6 @@ func (t *take) checkSettings(ctx context.Context) (a answer, ok, direct bool) {
 		}
 		if ok {
 			return t.no(ctx, i, r), false, false
-		}
-		if st, err = s.gateFresh(ctx, w.sku, st); err != nil {
-			s.log.ErrorContext(ctx, "load sku settings", "sku", w.sku.String(), "err", err)
-			return ansUnavailable, false, false
 		}
 		if !st.Seated && st.GateStale() && !direct {
 			// The ledger sold around Redis: rebuild before Redis serves

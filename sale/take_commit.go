@@ -376,9 +376,54 @@ func (t *take) direct(ctx context.Context) answer {
 		return s.counted(pathLedger, ansBusy)
 	}
 	defer release()
+	if a, ok := t.freshPoolRules(ctx); !ok {
+		return s.counted(pathLedger, a)
+	}
 	if a, ok := t.placeBest(ctx); !ok {
 		return s.counted(pathLedger, a)
 	}
 	a, _ := t.commit(ctx, true)
 	return a
+}
+
+// freshPoolRules decides each pool line again by its rule as the ledger
+// has it now. Around the gate, nothing brings a rule another replica
+// changed to this take: through the gate, its fence does (tookStale),
+// and the ledger checks no rule; the notice that drops this replica's
+// copy may not reach it while Redis is out for it. A pool made code-only
+// sold to buyers with no code (helper-77 #1). One ledger read per pool
+// line, only while its take goes around the gate.
+func (t *take) freshPoolRules(ctx context.Context) (answer, bool) {
+	s := t.s
+	for _, ln := range t.lines {
+		w := &ln.w
+		if w.sku.Pool().IsZero() {
+			continue
+		}
+		st, err := s.ledger.SKU(ctx, w.sku)
+		if err != nil {
+			s.log.ErrorContext(ctx, "load pool rule", "sku", w.sku.String(), "err", err)
+			return ansUnavailable, false
+		}
+		if st.Rule.Equal(ln.st.Rule) {
+			continue
+		}
+		s.settings.Invalidate(w.sku)
+		if err := s.admit(st, w.access, time.Now()); err != nil {
+			return s.lookupOr(ctx, t.req, fail(err)), false
+		}
+		if st.Rule.Access == ledger.AccessCode && w.code == nil {
+			c, err := s.codeFor(ctx, *w)
+			switch {
+			case errors.Is(err, ErrCodeInvalid):
+				return s.lookupOr(ctx, t.req, fail(err)), false
+			case err != nil:
+				s.log.ErrorContext(ctx, "load access code", "sku", w.sku.String(), "err", err)
+				return ansUnavailable, false
+			}
+			w.code = c
+		}
+		ln.st.Rule = st.Rule
+	}
+	return answer{}, true
 }

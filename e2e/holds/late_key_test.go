@@ -85,6 +85,26 @@ func TestLatePaymentWhoseKeyAnotherRequestTookAnswersItsOrder(t *testing.T) {
 				t.Errorf("the late payment's retry = %d %s, want 201 with order %s", again.Status, again.Body, o.OrderID)
 			}
 		}
+		// A payment under a key of its own now (a platform paying again)
+		// is told the same order, and recorded under that key; the first
+		// payment's retry still hears the order (helper-76).
+		if r := b.Act(t, "/v1/holds/"+h.HoldID+"/confirm", "pay2", "ann"); r.Status != http.StatusCreated || systest.OrderID(r) != o.OrderID {
+			t.Errorf("a late payment under another key = %d %s, want 201 with order %s", r.Status, r.Body, o.OrderID)
+		}
+		if again := a.Act(t, "/v1/holds/"+h.HoldID+"/confirm", "pay", "ann"); again.Status != http.StatusCreated || systest.OrderID(again) != o.OrderID {
+			t.Errorf("the first payment's retry after another key paid = %d %s, want 201 with order %s", again.Status, again.Body, o.OrderID)
+		}
+		// A purchase ann makes now, seconds after the order, under a key
+		// of its own: that key on the hold is a reuse, not the payment
+		// (it was told the order while it fell within seconds of it,
+		// helper-75).
+		mid := b.MustBuy(t, other, "mid", "ann", 1)
+		if r := a.Act(t, "/v1/holds/"+h.HoldID+"/confirm", "mid", "ann"); r.Status != http.StatusUnprocessableEntity {
+			t.Errorf("a confirm of the paid-late hold under the key of a purchase just made = %d %s, want 422", r.Status, r.Body)
+		}
+		if again := b.Buy(t, other, "mid", "ann", 1); systest.OrderID(again) != systest.OrderID(mid) {
+			t.Errorf("that purchase's retry = %d %s, want its order", again.Status, again.Body)
+		}
 		// A key ann used for another request before is a reuse on the
 		// hold, paid late or not (helper-52, helper-53).
 		if r := a.Act(t, "/v1/holds/"+h.HoldID+"/confirm", "early", "ann"); r.Status != http.StatusUnprocessableEntity {

@@ -187,11 +187,6 @@ func (l *CountingLedger) Program(ctx context.Context, program keys.ID) (ledger.P
 	return l.Ledger.Program(ctx, program)
 }
 
-func (l *CountingLedger) ConfirmedUnder(ctx context.Context, program, scope, except, orderID keys.ID) (keys.ID, error) {
-	l.note("ConfirmedUnder")
-	return l.Ledger.ConfirmedUnder(ctx, program, scope, except, orderID)
-}
-
 func (l *CountingLedger) RequestByKey(ctx context.Context, program, scope, key keys.ID) (ledger.Recorded, error) {
 	l.note("RequestByKey")
 	return l.Ledger.RequestByKey(ctx, program, scope, key)

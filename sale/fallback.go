@@ -65,6 +65,13 @@ func (s *Service) markSoldOut(sku stock.SKU, since cache.Since) {
 	s.replays.unseal(sku, false)
 }
 
+// clearSoldOut drops sku's sold-out flag: stock is back, and its next
+// sell-out is a new one for the committed keys' in-flight window too.
+func (s *Service) clearSoldOut(sku stock.SKU) {
+	s.cache.ClearSoldOut(sku)
+	s.replays.unseal(sku, true)
+}
+
 // Purchase paths, for the metric.
 const (
 	pathGate   = "gate"

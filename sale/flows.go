@@ -327,10 +327,10 @@ func (s *Service) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 		return putErr
 	}
 	var err error
-	cur, lerr := s.ledger.SKU(ctx, sku)
+	_, lerr := s.ledger.SKU(ctx, sku)
 	switch {
 	case lerr == nil:
-		if whole, ok := s.putChangesNothing(ctx, cur, cfg); ok {
+		if whole, ok := s.putChangesNothing(ctx, cfg); ok {
 			return whole, nil
 		}
 		_, err = s.rebuildWith(ctx, sku, reasonAdmin, true, s.opts.ReseedWait, put)
@@ -346,7 +346,7 @@ func (s *Service) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 	}
 	s.settings.Invalidate(sku)
 	s.stockChanged(sku)
-	s.cache.ClearSoldOut(sku)
+	s.clearSoldOut(sku)
 	if err != nil {
 		// The rebuild, which tells the replicas, did not finish: tell
 		// them here, so none answers sold-out from memory past a
@@ -388,14 +388,20 @@ func (s *Service) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 // a master was out, for a ticket the first attempt had made
 // (helper-74 #3). A seated ticket's total is its map's: it always goes
 // the whole way.
-func (s *Service) putChangesNothing(ctx context.Context, cur ledger.SKUState, cfg ledger.SKUConfig) (SKUState, bool) {
-	want := cfg.WithDefaults()
+func (s *Service) putChangesNothing(ctx context.Context, cfg ledger.SKUConfig) (SKUState, bool) {
+	// The public row and its pools' in one read: a pool change between
+	// two reads showed a total the ticket never had.
+	sts, err := s.ledger.Pools(ctx, cfg.SKU)
+	if err != nil || len(sts) == 0 {
+		return SKUState{}, false
+	}
+	cur, want := sts[0], cfg.WithDefaults()
 	if cur.Seated || cur.Shards != want.Shards || cur.MaxPerOrder != want.MaxPerOrder || cur.PerBuyer != want.PerBuyer ||
 		cur.HoldTTL != want.HoldTTL || cur.HoldTTLMax != want.HoldTTLMax || (want.Resale != "" && want.Resale != cur.Resale) {
 		return SKUState{}, false
 	}
-	whole, err := s.ticketState(ctx, cur)
-	if err != nil || whole.Total != want.Total {
+	whole := wholeOf(cur, sts[1:])
+	if whole.Total != want.Total {
 		return SKUState{}, false
 	}
 	return whole, true

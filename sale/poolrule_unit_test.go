@@ -101,3 +101,42 @@ func TestPoolRuleChangedWhileAReplicaSellsAroundTheGate(t *testing.T) {
 		})
 	}
 }
+
+// A pool opened to all on one replica while another sells it around its
+// gate with the code-only rule cached: a buyer's used-up code is not
+// spent again, nor refused, on a pool that no longer asks for one
+// (helper-78).
+func TestPoolOpenedWhileAReplicaSellsAroundTheGate(t *testing.T) {
+	ctx := context.Background()
+	mem := shardmem.New()
+	cut := &quotaFaults{Scripter: mem} // a's view of Redis
+	var led sale.Ledger
+	a, _ := sale.TestService(t, cut, nil, func(o *sale.Options) { led = o.Ledger })
+	b, _ := sale.TestService(t, mem, nil, func(o *sale.Options) { o.Ledger = led })
+	sku := stock.SKU{Program: keys.MustID("opened"), Ticket: keys.MustID("t")}
+	fans := keys.MustID("fans")
+	if _, err := a.PutSKU(ctx, sale.SKUConfig{SKU: sku, Total: 50, Shards: 1, MaxPerOrder: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.PutPool(ctx, sale.PoolSpec{SKU: sku, Pool: fans, Allotment: 10, Access: sale.AccessCode}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := a.PutCodes(ctx, sku, fans, []sale.CodeSpec{{Code: "FANCODE1", MaxUses: 1}}, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	buy := func(key, buyer string) error {
+		_, err := a.Purchase(ctx, sale.Take{Ask: sale.Ask{Buyer: keys.MustID(buyer), Key: keys.MustID(key)},
+			SKU: sku, Quantity: 1, Access: sale.Access{Pool: fans, Code: "FANCODE1"}})
+		return err
+	}
+	if err := buy("k1", "ann"); err != nil { // the code's one use; a caches the code-only rule
+		t.Fatalf("purchase with the code: %v", err)
+	}
+	cut.down.Store(true)
+	if _, err := b.PutPool(ctx, sale.PoolSpec{SKU: sku, Pool: fans, Allotment: 10, Access: sale.AccessOpen}); err != nil {
+		t.Fatal(err)
+	}
+	if err := buy("k2", "bob"); err != nil {
+		t.Errorf("purchase in the pool opened to all, around the gate, carrying a used code = %v, want it sold", err)
+	}
+}

@@ -251,18 +251,23 @@ func (s *Service) poolPutAnswer(ctx context.Context, pool stock.SKU, st ledger.S
 // ticketState is a ticket as a whole: its public row's settings, with the
 // stock of every pool added up (an admin's total is the ticket's).
 func (s *Service) ticketState(ctx context.Context, st ledger.SKUState) (SKUState, error) {
-	out := skuStateOf(st)
 	if !st.Pool().IsZero() {
-		return out, nil
+		return skuStateOf(st), nil
 	}
 	sts, err := s.ledger.Pools(ctx, st.SKU)
 	if err != nil {
-		return out, err
+		return skuStateOf(st), err
 	}
-	for _, p := range sts[1:] {
+	return wholeOf(st, sts[1:]), nil
+}
+
+// wholeOf is a ticket's state: its public row st with its pools' counts.
+func wholeOf(st ledger.SKUState, pools []ledger.SKUState) SKUState {
+	out := skuStateOf(st)
+	for _, p := range pools {
 		out.Total, out.Sold, out.Held, out.Remain = out.Total+p.Total, out.Sold+p.Sold, out.Held+p.Held, out.Remain+p.Remaining()
 	}
-	return out, nil
+	return out
 }
 
 // forgetPools makes every replica read a ticket's pools' settings again

@@ -133,7 +133,7 @@ func (s *Service) committedOr(ctx context.Context, w want, refusal answer) answe
 // stranded there (a replica that died mid-take): the storm is refused
 // from memory until the drift check gives them back (helper-76).
 func (s *Service) soldOutFlagged(ctx context.Context, w want, refusal answer) (a answer, gate bool) {
-	found, open, err := s.replays.lookup(ctx, w.sku, w.req.scope, w.req.key, 0)
+	found, open, err := s.replays.lookup(ctx, w.sku, w.req.scope, w.req.key, 0, true)
 	switch {
 	case err != nil:
 		s.log.WarnContext(ctx, "committed keys", "sku", w.sku.String(), "err", err)

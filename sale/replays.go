@@ -79,7 +79,7 @@ func (r *replays) committed(ctx context.Context, sku stock.SKU, scope, key keys.
 // that version has every request committed until then, so a miss is
 // answered from memory. 0 knows nothing.
 func (r *replays) committedAt(ctx context.Context, sku stock.SKU, scope, key keys.ID, known int64) (bool, error) {
-	found, _, err := r.lookup(ctx, sku, scope, key, known)
+	found, _, err := r.lookup(ctx, sku, scope, key, known, false)
 	return found, err
 }
 
@@ -90,7 +90,9 @@ func (r *replays) committedAt(ctx context.Context, sku stock.SKU, scope, key key
 // the gate, its batch not yet committed). Past that, the ledger's stock
 // is units the gate lost or strands (a replica that died mid-take), and
 // a miss is final, as when sealed: no attempt still running can commit.
-func (r *replays) lookup(ctx context.Context, sku stock.SKU, scope, key keys.ID, known int64) (found, open bool, err error) {
+// Only a miss of a take the sold-out flag refused (flagged) starts that
+// time: a cap's or a door's refusal may miss long before any sell-out.
+func (r *replays) lookup(ctx context.Context, sku stock.SKU, scope, key keys.ID, known int64, flagged bool) (found, open bool, err error) {
 	ks, ok := r.sets.GetIfPresent(sku)
 	if !ok {
 		ks, _ = r.sets.ComputeIfAbsent(sku, func() (*keySet, bool) {
@@ -160,7 +162,7 @@ func (r *replays) lookup(ctx context.Context, sku stock.SKU, scope, key keys.ID,
 		}
 	}
 	_, found = ks.keys[id]
-	if !found && !ks.sealed {
+	if !found && !ks.sealed && flagged {
 		now := time.Now()
 		if ks.missedAt.IsZero() {
 			ks.missedAt = now
@@ -191,6 +193,14 @@ func (r *replays) sealedWithout(sku stock.SKU, key keys.ID) bool {
 // now does: the next sell-out is a new one.
 func (r *replays) unseal(sku stock.SKU, restocked bool) {
 	if ks, ok := r.sets.GetIfPresent(sku); ok {
+		// Every take that finds stock says restocked: the usual case,
+		// nothing to change, costs a read lock.
+		ks.mu.RLock()
+		idle := !ks.sealed && (!restocked || ks.missedAt.IsZero())
+		ks.mu.RUnlock()
+		if idle {
+			return
+		}
 		ks.mu.Lock()
 		if ks.sealed || restocked {
 			ks.missedAt = time.Time{}

@@ -159,7 +159,7 @@ func (s *Service) withdraw(ctx context.Context, id, seller keys.ID, r request) a
 	switch {
 	case err == nil:
 		s.metrics.listings.WithLabelValues("withdrawn").Add(float64(x.Withdrawn))
-		s.cache.ClearSoldOut(x.SKU)
+		s.clearSoldOut(x.SKU)
 		s.stockChanged(x.SKU)
 		return answer{listing: &x}
 	case errors.Is(err, ledger.ErrDuplicate):

@@ -208,7 +208,7 @@ func (s *Service) reopened(ctx context.Context, sku stock.SKU, fresh ledger.SKUS
 	s.settings.Invalidate(sku)
 	s.stockChanged(sku)
 	if fresh.Remaining() > 0 {
-		s.cache.ClearSoldOut(sku)
+		s.clearSoldOut(sku)
 	}
 	s.replays.unseal(sku, left > 0)
 	if left > 0 {

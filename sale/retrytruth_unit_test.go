@@ -267,3 +267,65 @@ func TestSoldOutStormAfterALostUnitCostsNoGateCalls(t *testing.T) {
 		t.Errorf("20 purchases refused as sold out made %d gate calls, want none", calls)
 	}
 }
+
+// The in-flight window starts at the first miss of a take the sold-out
+// flag refused, not at a cap's refusal long before the sell-out: a
+// retry of a take still committing was told sold out again once that
+// old window had passed (helper-78 #3).
+func TestRetryAtASellOutLongAfterACapRefusal(t *testing.T) {
+	ctx := context.Background()
+	held := &heldCommits{key: keys.MustID("d1"), entered: make(chan struct{}), release: make(chan struct{})}
+	a, b := sale.TwoReplicas(t, shardmem.New(), func(o *sale.Options) {
+		o.WorkTimeout = time.Second // its in-flight window: 2 s
+		if held.Ledger == nil {
+			held.Ledger = o.Ledger
+			o.Ledger = held
+		}
+	})
+	sku := stock.SKU{Program: keys.MustID("capped"), Ticket: keys.MustID("t")}
+	if _, err := a.PutSKU(ctx, sale.SKUConfig{SKU: sku, Total: 3, Shards: 1, MaxPerOrder: 1, PerBuyer: 1}); err != nil {
+		t.Fatal(err)
+	}
+	take := func(buyer, key string) sale.Take {
+		return sale.Take{Ask: sale.Ask{Buyer: keys.MustID(buyer), Key: keys.MustID(key)}, SKU: sku, Quantity: 1}
+	}
+	if _, err := b.Purchase(ctx, take("bob", "b1")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Purchase(ctx, take("bob", "b2")); !errors.Is(err, sale.ErrLimit) { // b looks the key up: a miss
+		t.Fatalf("bob's second = %v, want the cap", err)
+	}
+	capped := time.Now()
+	if !wait.Until(10*time.Second, func() bool { return time.Since(capped) > 2500*time.Millisecond }) { // past that window
+		t.Fatal("the clock stood still")
+	}
+	if _, err := a.Purchase(ctx, take("carol", "c1")); err != nil {
+		t.Fatal(err)
+	}
+	type reply struct {
+		res sale.Result
+		err error
+	}
+	onA := make(chan reply, 1)
+	go func() {
+		res, err := a.Purchase(ctx, take("dave", "d1"))
+		onA <- reply{res, err}
+	}()
+	<-held.entered // a holds the last unit and commits
+	if _, err := b.Purchase(ctx, take("eve", "e1")); !errors.Is(err, sale.ErrSoldOut) {
+		t.Fatalf("eve on b = %v, want sold out", err)
+	}
+	onB := make(chan reply, 1)
+	go func() {
+		res, err := b.Purchase(ctx, take("dave", "d1"))
+		onB <- reply{res, err}
+	}()
+	close(held.release)
+	ra, rb := <-onA, <-onB
+	if errors.Is(rb.err, sale.ErrSoldOut) {
+		t.Fatalf("dave's retry on b = sold out, while his first attempt was committing (it answered %+v, %v)", ra.res, ra.err)
+	}
+	if ra.err == nil && (rb.err != nil || rb.res.Order == nil || rb.res.Order.ID != ra.res.Order.ID) {
+		t.Errorf("the retry on b = %+v, %v; want order %v", rb.res, rb.err, ra.res.Order.ID)
+	}
+}

@@ -124,7 +124,7 @@ func (s *Service) returnToRedis(ctx context.Context, r ledger.Restore, waits []t
 				// The ledger has the units back even so: a stock view
 				// read from it (Redis unreachable) must not stand on,
 				// nor a sold-out flag, while the sweeper retries.
-				s.cache.ClearSoldOut(r.SKU)
+				s.clearSoldOut(r.SKU)
 				s.stockChanged(r.SKU)
 			}
 			return
@@ -133,7 +133,7 @@ func (s *Service) returnToRedis(ctx context.Context, r ledger.Restore, waits []t
 			return // the gate of this epoch is still being built; the sweeper comes back
 		}
 		if !r.CountsOnly {
-			s.cache.ClearSoldOut(r.SKU)
+			s.clearSoldOut(r.SKU)
 			s.stockChanged(r.SKU)
 		}
 		if outcome == shard.Refilled {

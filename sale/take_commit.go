@@ -412,7 +412,9 @@ func (t *take) freshPoolRules(ctx context.Context) (answer, bool) {
 		if err := s.admit(st, w.access, time.Now()); err != nil {
 			return s.lookupOr(ctx, t.req, fail(err)), false
 		}
-		if st.Rule.Access == ledger.AccessCode && w.code == nil {
+		if st.Rule.Access != ledger.AccessCode {
+			w.code = nil // open now: no code is used up
+		} else if w.code == nil {
 			c, err := s.codeFor(ctx, *w)
 			switch {
 			case errors.Is(err, ErrCodeInvalid):

@@ -126,7 +126,7 @@ func (t *take) gateUnits(ctx context.Context, i int) (answer, gateOut) {
 	if !d.Replayed {
 		// Stock was there: a stale sold-out flag (the one re-check let
 		// through) must not keep telling others it is gone.
-		s.cache.ClearSoldOut(w.sku)
+		s.clearSoldOut(w.sku)
 	} else if !t.cart {
 		// This request took stock before. If that attempt committed,
 		// replay it; otherwise the stock it took is ours to commit now,

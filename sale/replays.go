@@ -3,6 +3,7 @@ package sale
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/maypok86/otter/v2"
@@ -64,7 +65,18 @@ type keySet struct {
 	started  int           // reads started
 	done     int           // the last read finished
 	cur      chan struct{} // closed when the read in flight ends
+	// unseals counts unseal's changes: a read that began before one does
+	// not seal the set, its snapshot older than the stock that came back
+	// (helper-79).
+	unseals uint64
+	// armed is whether unseal has anything to do (sealed, missedAt set,
+	// or a read in flight), for a lock-free look: every take that finds
+	// stock asks it.
+	armed atomic.Bool
 }
+
+// rearm sets armed from the set; mu is held.
+func (ks *keySet) rearm() { ks.armed.Store(ks.sealed || !ks.missedAt.IsZero() || ks.cur != nil) }
 
 type scopedKey struct{ scope, key keys.ID }
 
@@ -127,13 +139,15 @@ func (r *replays) lookup(ctx context.Context, sku stock.SKU, scope, key keys.ID,
 			ks.started++
 			idx, ch := ks.started, make(chan struct{})
 			ks.cur = ch
-			after := ks.version
+			after, unseals := ks.version, ks.unseals
+			ks.rearm()
 			ks.mu.Unlock()
 			c, err := r.ledger.CommittedSince(ctx, sku, after)
 			ks.mu.Lock()
 			ks.cur, ks.done = nil, idx
 			close(ch)
 			if err != nil {
+				ks.rearm()
 				ks.mu.Unlock()
 				return false, false, err
 			}
@@ -144,7 +158,8 @@ func (r *replays) lookup(ctx context.Context, sku stock.SKU, scope, key keys.ID,
 			if c.Version > ks.version {
 				ks.version = c.Version
 			}
-			ks.sealed = c.Sealed()
+			ks.sealed = c.Sealed() && ks.unseals == unseals
+			ks.rearm()
 			continue
 		}
 		ch := ks.cur
@@ -166,6 +181,7 @@ func (r *replays) lookup(ctx context.Context, sku stock.SKU, scope, key keys.ID,
 		now := time.Now()
 		if ks.missedAt.IsZero() {
 			ks.missedAt = now
+			ks.rearm()
 		}
 		open = now.Sub(ks.missedAt) < r.inFlight
 	}
@@ -194,18 +210,19 @@ func (r *replays) sealedWithout(sku stock.SKU, key keys.ID) bool {
 func (r *replays) unseal(sku stock.SKU, restocked bool) {
 	if ks, ok := r.sets.GetIfPresent(sku); ok {
 		// Every take that finds stock says restocked: the usual case,
-		// nothing to change, costs a read lock.
-		ks.mu.RLock()
-		idle := !ks.sealed && (!restocked || ks.missedAt.IsZero())
-		ks.mu.RUnlock()
-		if idle {
+		// nothing to change, costs an atomic load.
+		if !ks.armed.Load() {
 			return
 		}
 		ks.mu.Lock()
 		if ks.sealed || restocked {
+			// Stock came back: the next sell-out is a new one, and a read
+			// in flight may predate the stock (it must not seal).
 			ks.missedAt = time.Time{}
+			ks.unseals++
 		}
 		ks.sealed = false
+		ks.rearm()
 		ks.mu.Unlock()
 	}
 }

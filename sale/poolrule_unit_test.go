@@ -61,19 +61,7 @@ func TestPoolRuleChangedWhileAReplicaSellsAroundTheGate(t *testing.T) {
 	for _, soldAround := range []bool{false, true} {
 		t.Run(fmt.Sprintf("sold-around-before-%v", soldAround), func(t *testing.T) {
 			ctx := context.Background()
-			mem := shardmem.New()
-			cut := &quotaFaults{Scripter: mem} // a's view of Redis
-			var led sale.Ledger
-			a, _ := sale.TestService(t, cut, nil, func(o *sale.Options) { led = o.Ledger })
-			b, _ := sale.TestService(t, mem, nil, func(o *sale.Options) { o.Ledger = led })
-			sku := stock.SKU{Program: keys.MustID("aroundrule"), Ticket: keys.MustID("t")}
-			fans := keys.MustID("fans")
-			if _, err := a.PutSKU(ctx, sale.SKUConfig{SKU: sku, Total: 50, Shards: 1, MaxPerOrder: 2}); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := a.PutPool(ctx, sale.PoolSpec{SKU: sku, Pool: fans, Allotment: 10, Access: sale.AccessOpen}); err != nil {
-				t.Fatal(err)
-			}
+			a, b, cut, sku, fans := poolBesideACutReplica(t, "aroundrule", sale.AccessOpen)
 			buy := func(key, buyer string) error {
 				_, err := a.Purchase(ctx, sale.Take{Ask: sale.Ask{Buyer: keys.MustID(buyer), Key: keys.MustID(key)},
 					SKU: sku, Quantity: 1, Access: sale.Access{Pool: fans}})
@@ -108,19 +96,7 @@ func TestPoolRuleChangedWhileAReplicaSellsAroundTheGate(t *testing.T) {
 // (helper-78).
 func TestPoolOpenedWhileAReplicaSellsAroundTheGate(t *testing.T) {
 	ctx := context.Background()
-	mem := shardmem.New()
-	cut := &quotaFaults{Scripter: mem} // a's view of Redis
-	var led sale.Ledger
-	a, _ := sale.TestService(t, cut, nil, func(o *sale.Options) { led = o.Ledger })
-	b, _ := sale.TestService(t, mem, nil, func(o *sale.Options) { o.Ledger = led })
-	sku := stock.SKU{Program: keys.MustID("opened"), Ticket: keys.MustID("t")}
-	fans := keys.MustID("fans")
-	if _, err := a.PutSKU(ctx, sale.SKUConfig{SKU: sku, Total: 50, Shards: 1, MaxPerOrder: 2}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := a.PutPool(ctx, sale.PoolSpec{SKU: sku, Pool: fans, Allotment: 10, Access: sale.AccessCode}); err != nil {
-		t.Fatal(err)
-	}
+	a, b, cut, sku, fans := poolBesideACutReplica(t, "opened", sale.AccessCode)
 	if _, _, err := a.PutCodes(ctx, sku, fans, []sale.CodeSpec{{Code: "FANCODE1", MaxUses: 1}}, 0, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -139,4 +115,26 @@ func TestPoolOpenedWhileAReplicaSellsAroundTheGate(t *testing.T) {
 	if err := buy("k2", "bob"); err != nil {
 		t.Errorf("purchase in the pool opened to all, around the gate, carrying a used code = %v, want it sold", err)
 	}
+}
+
+// poolBesideACutReplica is two replicas on one ledger and one in-memory
+// Redis, a seeing Redis through cut (set cut.down: a sells around its
+// gate, b does not), and a ticket of program with a pool "fans" of 10
+// under access.
+func poolBesideACutReplica(t *testing.T, program, access string) (a, b *sale.Service, cut *quotaFaults, sku stock.SKU, fans keys.ID) {
+	t.Helper()
+	ctx := context.Background()
+	mem := shardmem.New()
+	cut = &quotaFaults{Scripter: mem}
+	var led sale.Ledger
+	a, _ = sale.TestService(t, cut, nil, func(o *sale.Options) { led = o.Ledger })
+	b, _ = sale.TestService(t, mem, nil, func(o *sale.Options) { o.Ledger = led })
+	sku, fans = stock.SKU{Program: keys.MustID(program), Ticket: keys.MustID("t")}, keys.MustID("fans")
+	if _, err := a.PutSKU(ctx, sale.SKUConfig{SKU: sku, Total: 50, Shards: 1, MaxPerOrder: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.PutPool(ctx, sale.PoolSpec{SKU: sku, Pool: fans, Allotment: 10, Access: access}); err != nil {
+		t.Fatal(err)
+	}
+	return a, b, cut, sku, fans
 }

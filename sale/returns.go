@@ -136,7 +136,11 @@ func (s *Service) returnToRedis(ctx context.Context, r ledger.Restore, waits []t
 			s.clearSoldOut(r.SKU)
 			s.stockChanged(r.SKU)
 		}
-		if outcome == shard.Refilled {
+		if outcome == shard.Refilled || outcome == shard.Unseeded && !r.CountsOnly {
+			// Unseeded: Redis lost the gate, and another replica's sold-out
+			// flag from before the loss would stand for its max age (no
+			// take reaches the gate to seed it while the flag refuses
+			// them all; a cart never asks past the flag).
 			s.notifyRestocked(ctx, r.SKU)
 		}
 	}

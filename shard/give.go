@@ -81,11 +81,15 @@ const (
 	Refilled = iota // the units are back in the shard
 	Counted         // nothing to do: a later rebuild counts them, or they were added before
 	NotYet          // the shard is not at the return's epoch yet: try again later
+	// Unseeded: the gate is not built (Redis lost it); its seed counts the
+	// units from the ledger. Nothing tells another replica that stock is
+	// back but the caller (its sold-out flag predates the loss).
+	Unseeded
 )
 
 // Refill adds q units the ledger took back to the SKU's gate of the given
 // epoch (laid out over n shards), once per returnID (a service-derived id
-// of the hold or order). It returns Refilled, Counted or NotYet.
+// of the hold or order). It returns Refilled, Counted, NotYet or Unseeded.
 func (s *Store) Refill(ctx context.Context, sku stock.SKU, n int, returnID keys.ID, epoch, q int64) (int, error) {
 	if err := present(sku, returnID); err != nil {
 		return 0, err
@@ -108,8 +112,10 @@ func (s *Store) Refill(ctx context.Context, sku stock.SKU, n int, returnID keys.
 			s.empty.MarkStocked(sku, n, i)
 		}
 		return Refilled, nil
-	case lua.Already, lua.RefillCounted, lua.NotSeeded:
+	case lua.Already, lua.RefillCounted:
 		return Counted, nil
+	case lua.NotSeeded:
+		return Unseeded, nil
 	case lua.RefillNotYet:
 		return NotYet, nil
 	case lua.BadArg:

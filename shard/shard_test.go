@@ -591,6 +591,12 @@ func TestRefillByEpochOnce(t *testing.T) {
 	if allot != 9 {
 		t.Errorf("allotments add up to %d, want 9 (6 seeded + 3 returned)", allot)
 	}
+	// A gate Redis lost (never seeded here): its seed counts the return;
+	// the caller is told, to tell the other replicas stock is back.
+	lost := newSKU(t)
+	if got, err := s.Refill(ctx, lost, 2, keys.MustID("ret-e"), 1, 1); err != nil || got != shard.Unseeded {
+		t.Errorf("refill of a gate never seeded = %d, %v; want unseeded", got, err)
+	}
 	for _, bad := range []struct {
 		id       keys.ID
 		epoch, q int64

@@ -191,7 +191,7 @@ const (
 // Codes of refill.lua beyond the shared ones.
 const (
 	RefillCounted = 3 // the shard is at a later epoch, whose facts count the units
-	RefillNotYet  = 4 // the shard is at an earlier epoch; try again later
+	RefillNotYet  = 4 // the shard is at an earlier epoch, or fenced and not yet written; try again later
 )
 
 // Codes of quota.lua beyond the shared ones.

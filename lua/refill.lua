@@ -18,9 +18,11 @@
 --   3  the shard is at a later epoch, whose facts count the units;
 --      nothing moved, nothing left to do
 --   4  the shard is at an earlier epoch (its rebuild has not written it
---      yet); nothing moved; try again later
---  -1  the shard is not seeded; the rebuild that seeds it will count the
---      units; nothing moved, nothing left to do
+--      yet), or fenced and not yet written (a rebuild under way, whose
+--      facts may predate the return); nothing moved; try again later
+--  -1  the shard is not seeded and no rebuild is under way (Redis lost
+--      it): the rebuild that seeds it reads facts that count the units;
+--      nothing moved, nothing left to do
 --  -2  bad argument; nothing moved
 
 local epoch = int(ARGV[1], 0, 1e15)
@@ -29,7 +31,8 @@ local ttl = int(ARGV[3], 1000, 1e12)
 if not epoch or not q or not ttl then return {-2, 0} end
 
 if redis.call('EXISTS', KEYS[2]) == 1 then return {2, 0} end
-local s = redis.call('HMGET', KEYS[1], 'avail', 'epoch')
+local s = redis.call('HMGET', KEYS[1], 'avail', 'epoch', 'fence')
+if not s[1] and s[3] then return {4, 0} end
 if not s[1] then return {-1, 0} end
 local at = tonumber(s[2] or '0')
 if at > epoch then return {3, tonumber(s[1])} end

@@ -118,8 +118,9 @@ func (s *Service) committedOr(ctx context.Context, w want, refusal answer) answe
 	return s.committedAt(ctx, w, refusal, 0)
 }
 
-// soldOutFlagged answers a single take that the SKU's sold-out flag (this
-// replica's memory of an empty gate) refuses: a retry of a committed
+// soldOutFlagged decides a take (a single one, or a cart's line) that the
+// SKU's sold-out flag (this replica's memory of an empty gate) refuses: a
+// retry of a committed
 // request gets its replay, and any other request the refusal once the
 // SKU's committed keys are sealed (the ledger had nothing left: no
 // attempt can still commit). Unsealed, and within an attempt's time to
@@ -131,19 +132,15 @@ func (s *Service) committedOr(ctx context.Context, w want, refusal answer) answe
 // the other attempt (a replay), or whose count of the stock refuses it.
 // Past that time, units the ledger has and the gate lacks are lost or
 // stranded there (a replica that died mid-take): the storm is refused
-// from memory until the drift check gives them back (helper-76).
-func (s *Service) soldOutFlagged(ctx context.Context, w want, refusal answer) (a answer, gate bool) {
+// from memory until the drift check gives them back (helper-76). found
+// says the committed keys have the request's (the caller answers its
+// replay); neither found nor gate, the caller refuses.
+func (s *Service) soldOutFlagged(ctx context.Context, w want) (found, gate bool, err error) {
 	found, open, err := s.replays.lookup(ctx, w.sku, w.req.scope, w.req.key, 0, true)
-	switch {
-	case err != nil:
+	if err != nil {
 		s.log.WarnContext(ctx, "committed keys", "sku", w.sku.String(), "err", err)
-		return ansUnavailable, false
-	case found:
-		return s.lookupOr(ctx, w.req, refusal), false
-	case !open:
-		return refusal, false
 	}
-	return answer{}, true
+	return found, err == nil && !found && open, err
 }
 
 // committedAt is committedOr for a caller that knows the SKU row's version

@@ -130,6 +130,9 @@ func (s *Service) rebuildWith(ctx context.Context, sku stock.SKU, reason string,
 			}
 			return r, err
 		}
+		if err := s.fenceNewLayout(ctx, sku, st.Shards); err != nil {
+			return r, err
+		}
 	}
 	if err := lease.Context().Err(); err != nil {
 		return r, context.Cause(lease.Context())
@@ -148,6 +151,20 @@ func (s *Service) rebuildWith(ctx context.Context, sku stock.SKU, reason string,
 	s.log.InfoContext(ctx, "re-seeded", "sku", sku.String(), "reason", reason, "redis_before", r.RedisBefore,
 		"ledger_remaining", r.Ledger, "shards", r.Shards, "epoch", fresh.GateEpoch)
 	return r, nil
+}
+
+// fenceNewLayout fences the layout a change moved sku to (a resize)
+// before the epoch moves on: a return committed after AdvanceGate is
+// stamped with the new layout, and its refill must find a rebuild under
+// way there (try again) rather than no gate (nothing to do), or the seed,
+// from facts older than the return, would leave its units out for good
+// (helper-80 #2).
+func (s *Service) fenceNewLayout(ctx context.Context, sku stock.SKU, was int) error {
+	cur, err := s.ledger.SKU(ctx, sku)
+	if err != nil || cur.Shards == was {
+		return err
+	}
+	return s.gate.Fence(ctx, sku, cur.Shards, true)
 }
 
 // gateOpen reports whether sku's gate serves at the ledger's epoch st

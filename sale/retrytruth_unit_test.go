@@ -92,6 +92,76 @@ func TestRetryOfACommittingTakeIsNotToldSoldOut(t *testing.T) {
 	}
 }
 
+// lostReply is a ledger whose first commit of one request key loses its
+// reply: the caller is told the COMMIT failed, and the commit lands when
+// release is closed (a COMMIT waiting on a stalled synchronous standby,
+// its client gone). Later commits of the key go through.
+type lostReply struct {
+	sale.Ledger
+	key     keys.ID
+	release chan struct{}
+	landed  chan struct{} // closed once the lost commit landed
+	once    sync.Once
+}
+
+func (l *lostReply) Commit(ctx context.Context, takes []ledger.Take, direct bool) []ledger.TakeResult {
+	first := false
+	if slices.ContainsFunc(takes, func(tk ledger.Take) bool { return tk.Req.Key == l.key }) {
+		l.once.Do(func() { first = true })
+	}
+	if !first {
+		return l.Ledger.Commit(ctx, takes, direct)
+	}
+	go func() {
+		defer close(l.landed)
+		<-l.release
+		l.Ledger.Commit(context.Background(), takes, direct)
+	}()
+	out := make([]ledger.TakeResult, len(takes))
+	for i, tk := range takes {
+		out[i] = ledger.TakeResult{Take: tk, Err: errors.New("ledger: take: commit: EOF")}
+	}
+	return out
+}
+
+// The same for a cart, whose first attempt lost its COMMIT's reply (it
+// answered "unknown" and let its cart lock go) while the commit was
+// still to land: the retry on a replica whose flag remembers the line's
+// SKU as sold out was refused from the flag without asking the gate, and
+// the first attempt's cart then stood (helper-80 #1).
+func TestRetryOfACommittingCartIsNotToldSoldOut(t *testing.T) {
+	ctx := context.Background()
+	lost := &lostReply{key: keys.MustID("k1"), release: make(chan struct{}), landed: make(chan struct{})}
+	a, b := sale.TwoReplicas(t, shardmem.New(), func(o *sale.Options) {
+		if lost.Ledger == nil {
+			lost.Ledger = o.Ledger
+			o.Ledger = lost
+		}
+	})
+	sku := stock.SKU{Program: keys.MustID("lastcart"), Ticket: keys.MustID("t")}
+	if _, err := a.PutSKU(ctx, sale.SKUConfig{SKU: sku, Total: 1, Shards: 1, MaxPerOrder: 1}); err != nil {
+		t.Fatal(err)
+	}
+	first := sale.CartTake{Ask: sale.Ask{Buyer: keys.MustID("ann"), Key: keys.MustID("k1")}, Program: sku.Program,
+		Lines: []sale.CartLine{{Ticket: sku.Ticket, Quantity: 1}}}
+	if res, err := a.PurchaseCart(ctx, first); !errors.Is(err, sale.ErrUnavailable) {
+		t.Fatalf("a's attempt, its COMMIT's reply lost = %+v, %v; want unavailable (outcome unknown)", res, err)
+	}
+	if _, err := b.Purchase(ctx, sale.Take{Ask: sale.Ask{Buyer: keys.MustID("bob"), Key: keys.MustID("k2")}, SKU: sku, Quantity: 1}); !errors.Is(err, sale.ErrSoldOut) {
+		t.Fatalf("another buyer on b: %v, want sold out", err)
+	}
+	res, err := b.PurchaseCart(ctx, first) // ann's client retries
+	close(lost.release)
+	<-lost.landed
+	if err != nil || res.Cart == nil {
+		t.Fatalf("the retry on b = %+v, %v; want the cart (the first attempt's COMMIT lands)", res, err)
+	}
+	c, err := b.CartByID(ctx, res.Cart.ID)
+	if err != nil || len(c.Orders) != 1 {
+		t.Fatalf("the cart in the ledger = %+v, %v", c, err)
+	}
+}
+
 // A retry refused at the bound of takes in flight moved nothing, but its
 // first attempt may still commit (here on the same replica, waiting on a
 // slow ledger): the refusal is ErrBusyShared, whose outcome is unknown,

@@ -123,9 +123,14 @@ func (s *Service) returnToRedis(ctx context.Context, r ledger.Restore, waits []t
 			if !r.CountsOnly {
 				// The ledger has the units back even so: a stock view
 				// read from it (Redis unreachable) must not stand on,
-				// nor a sold-out flag, while the sweeper retries.
+				// nor a sold-out flag, while the sweeper retries. The
+				// refill may have run (the counts failed after it, or
+				// its reply was lost): its retry will find it done and
+				// tell no one, so the other replicas are told now
+				// (helper-80 #3); a failed publish is owed.
 				s.clearSoldOut(r.SKU)
 				s.stockChanged(r.SKU)
+				s.notifyRestocked(ctx, r.SKU)
 			}
 			return
 		}

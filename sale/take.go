@@ -197,6 +197,28 @@ func releaseKept(ctx context.Context, kept []*quotaTicket, a answer) {
 	}
 }
 
+// flagged answers line i, which its SKU's sold-out flag refuses, unless
+// gate says the gate decides (see soldOutFlagged). A cart's line too: the
+// retry of a cart whose first attempt holds the line's units at the gate
+// and is still committing was told sold out, and the cart then stood
+// (helper-80 #1). A cart is looked up whole (the committed keys are
+// single takes').
+func (t *take) flagged(ctx context.Context, i int, r lineRefusal) (a answer, gate bool) {
+	w := t.lines[i].w
+	found, gate, err := t.s.soldOutFlagged(ctx, w)
+	switch {
+	case err != nil:
+		return ansUnavailable, false
+	case t.cart && !gate:
+		return t.no(ctx, i, r), false
+	case found:
+		return t.s.lookupOr(ctx, w.req, fail(ErrSoldOut)), false
+	case !gate:
+		return fail(ErrSoldOut), false
+	}
+	return answer{}, true
+}
+
 // lockCart names the lock copies of one cart request take turns under.
 var lockCart = keys.MustID("cart")
 
@@ -300,9 +322,8 @@ func (t *take) checkSettings(ctx context.Context) (a answer, ok, direct bool) {
 			cart: t.cart, seatHold: t.seatHold, seating: s.seats != nil,
 			soldOut: s.cache, sku: w.sku}
 		r, ok := refuseBySettings(ask)
-		if ok && r.kind == ErrSoldOut && !t.cart {
-			a, gate := s.soldOutFlagged(ctx, *w, fail(ErrSoldOut))
-			if !gate {
+		if ok && r.kind == ErrSoldOut {
+			if a, gate := t.flagged(ctx, i, r); !gate {
 				return a, false, false
 			}
 			ask.soldOut = nil // the gate decides

@@ -81,9 +81,10 @@ const (
 	Refilled = iota // the units are back in the shard
 	Counted         // nothing to do: a later rebuild counts them, or they were added before
 	NotYet          // the shard is not at the return's epoch yet: try again later
-	// Unseeded: the gate is not built (Redis lost it); its seed counts the
-	// units from the ledger. Nothing tells another replica that stock is
-	// back but the caller (its sold-out flag predates the loss).
+	// Unseeded: the gate is not built and no rebuild is under way (Redis
+	// lost it); the seed that builds it reads facts that count the units.
+	// Nothing tells another replica that stock is back but the caller (its
+	// sold-out flag predates the loss).
 	Unseeded
 )
 

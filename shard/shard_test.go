@@ -597,6 +597,14 @@ func TestRefillByEpochOnce(t *testing.T) {
 	if got, err := s.Refill(ctx, lost, 2, keys.MustID("ret-e"), 1, 1); err != nil || got != shard.Unseeded {
 		t.Errorf("refill of a gate never seeded = %d, %v; want unseeded", got, err)
 	}
+	// A rebuild under way (fenced, not yet written) may seed from facts
+	// older than the return: it waits for the seed (helper-80 #2).
+	if err := s.Fence(ctx, lost, 2, true); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Refill(ctx, lost, 2, keys.MustID("ret-e"), 1, 1); err != nil || got != shard.NotYet {
+		t.Errorf("refill of a gate fenced before its seed = %d, %v; want not yet", got, err)
+	}
 	for _, bad := range []struct {
 		id       keys.ID
 		epoch, q int64

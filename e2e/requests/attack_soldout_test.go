@@ -224,6 +224,59 @@ func TestAttackReturnToALostGateReachesTrustedFlags(t *testing.T) {
 	}
 }
 
+// BREAK 4 (helper-80 #3). A return whose refill ran but whose buyer's
+// counts could not go back (the master of the buyer's quota key cut off
+// the returning replica A) took the error path, which cleared A's flag
+// only: the sweeper's retry finds the refill done and tells no one, so
+// B's trusted flag stood for its max age.
+func TestAttackReturnWithCountsFailingReachesTrustedFlags(t *testing.T) {
+	for _, m := range flagModes {
+		t.Run(m.name, func(t *testing.T) {
+			ctx := context.Background()
+			c := testenv.SharedCluster(t)
+			masterOf := func(slot int) int {
+				n, err := c.MasterOf(ctx, slot)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return n.Port
+			}
+			notices := masterOf(keys.KeySlot("sg:notices:restocked"))
+			sku := systest.NewSKU(t)
+			gate := masterOf(keys.Shard(sku.Program, sku.Ticket, 0, 1).Slot())
+			var buyer string
+			var quota int
+			for i := range 200 {
+				b := fmt.Sprintf("xena%d", i)
+				if q := masterOf(keys.KeySlot(keys.Quota(sku.Program, sku.Ticket, keys.MustID(b)))); q != gate && q != notices {
+					buyer, quota = b, q
+					break
+				}
+			}
+			if buyer == "" {
+				t.Fatal("no buyer whose quota key is off the gate's and the notices' masters in 200")
+			}
+			dsn := systest.LedgerDSN(t, ledger.SQLite)
+			d := &cutDialer{}
+			a := systest.Start(t, systest.Options{Driver: ledger.SQLite, DSN: dsn, Dialer: d.Dial})
+			b := systest.Start(t, systest.Options{Driver: ledger.SQLite, DSN: dsn, Tune: victimTune(m.maxAge, nil)})
+			a.PutSKU(t, sku, 1, 1, 4)
+			r, h := a.Hold(t, sku, "h", buyer, 1, 0)
+			if r.Status != http.StatusCreated {
+				t.Fatalf("hold = %d %s", r.Status, r.Body)
+			}
+			if r := b.Buy(t, sku, "y", "yuri", 1); r.Status != http.StatusConflict {
+				t.Fatalf("purchase of the sold-out SKU on B = %d %s, want 409", r.Status, r.Body)
+			}
+			d.Cut(quota)
+			if c := a.Act(t, "/v1/holds/"+h.HoldID+"/cancel", "c", buyer); c.Status != http.StatusOK {
+				t.Fatalf("cancel = %d %s", c.Status, c.Body)
+			}
+			sellsWithin(t, b, sku, "z", "zoe", 1)
+		})
+	}
+}
+
 // BREAK 2, no fault. A purchase of 2 that assembles its units from two
 // shards and falls short gives back what it took with shard.Store.Restore
 // (shard/shard.go assemble): units back at the gate, and no notice. A

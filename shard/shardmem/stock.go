@@ -142,6 +142,9 @@ func refill(s *Scripter, k []string, a args) []any {
 		return []any{int64(2), int64(0)}
 	}
 	avail, seeded := num(s.hget(k[0], "avail"))
+	if _, fenced := s.hget(k[0], "fence"); !seeded && fenced {
+		return []any{int64(4), int64(0)} // a rebuild under way
+	}
 	if !seeded {
 		return []any{int64(-1), int64(0)}
 	}

@@ -1,0 +1,88 @@
+package sale_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stockgate/stockgate/internal/wait"
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/sale"
+	"github.com/stockgate/stockgate/shard"
+	"github.com/stockgate/stockgate/shard/shardmem"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// afterAdvance is a ledger that runs then once, right after the first
+// AdvanceGate of a rebuild returns: a return committing between the
+// epoch's move and the seed of the new gate.
+type afterAdvance struct {
+	sale.Ledger
+	then func()
+	once sync.Once
+}
+
+func (l *afterAdvance) AdvanceGate(ctx context.Context, sku stock.SKU) (ledger.SKUState, error) {
+	st, err := l.Ledger.AdvanceGate(ctx, sku)
+	if err == nil && l.then != nil {
+		l.once.Do(l.then)
+	}
+	return st, err
+}
+
+// A hold cancelled while a resize rebuilds the gate, after the ledger's
+// epoch moved on, is stamped with the new layout; the seed writes the
+// new layout from facts that do not count it. Its refill found the new
+// layout's shard not there yet (or fenced and empty), took that for a
+// gate Redis lost ("the seed counts it"), and marked the return done:
+// the unit was out of the gate for good, every buyer told sold out
+// while the ledger had it, until a drift check (helper-80 #2). The new
+// layout is now fenced before the epoch moves, and a fenced, unwritten
+// shard says "not yet": the sweeper refills it once the seed is done.
+func TestReturnDuringAResizeReachesTheNewGate(t *testing.T) {
+	ctx := context.Background()
+	mem := shardmem.New()
+	led := &afterAdvance{}
+	a, b := sale.TwoReplicas(t, mem, func(o *sale.Options) {
+		o.SweepEvery, o.RestoreGrace = 20*time.Millisecond, time.Millisecond
+		if led.Ledger == nil {
+			led.Ledger = o.Ledger
+			o.Ledger = led
+		}
+	})
+	sctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); b.RunSweeper(sctx) }()
+	t.Cleanup(func() { stop(); <-done })
+
+	sku := stock.SKU{Program: keys.MustID("resize"), Ticket: keys.MustID("t")}
+	if _, err := a.PutSKU(ctx, sale.SKUConfig{SKU: sku, Total: 1, Shards: 1, MaxPerOrder: 1}); err != nil {
+		t.Fatal(err)
+	}
+	ann := sale.Ask{Buyer: keys.MustID("ann"), Key: keys.MustID("h1")}
+	res, err := a.Hold(ctx, sale.Take{Ask: ann, SKU: sku, Quantity: 1, TTL: time.Hour})
+	if err != nil || res.Hold == nil {
+		t.Fatalf("hold = %+v, %v", res, err)
+	}
+	led.then = func() {
+		if _, err := b.Cancel(ctx, res.Hold.ID, sale.Ask{Buyer: ann.Buyer, Key: keys.MustID("c1")}); err != nil {
+			t.Errorf("cancel during the resize: %v", err)
+		}
+	}
+	if _, err := a.PutSKU(ctx, sale.SKUConfig{SKU: sku, Total: 1, Shards: 4, MaxPerOrder: 1}); err != nil {
+		t.Fatal(err)
+	}
+	gate, err := shard.New(shard.Options{Redis: mem})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left int64
+	if !wait.Until(10*time.Second, func() bool {
+		left, _, err = gate.Remaining(ctx, sku, 4)
+		return err == nil && left == 1
+	}) {
+		t.Fatalf("the gate holds %d (%v) of the cancelled hold's unit 10 s after the resize; the ledger has 1 left", left, err)
+	}
+}

@@ -2,7 +2,9 @@ package sale_test
 
 import (
 	"context"
+	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -84,5 +86,78 @@ func TestReturnDuringAResizeReachesTheNewGate(t *testing.T) {
 		return err == nil && left == 1
 	}) {
 		t.Fatalf("the gate holds %d (%v) of the cancelled hold's unit 10 s after the resize; the ledger has 1 left", left, err)
+	}
+}
+
+// failingAdvance is a ledger whose next fails AdvanceGate calls fail: a
+// rebuild that stops after its change and its fences.
+type failingAdvance struct {
+	sale.Ledger
+	fails atomic.Int32
+}
+
+func (l *failingAdvance) AdvanceGate(ctx context.Context, sku stock.SKU) (ledger.SKUState, error) {
+	if l.fails.Add(-1) >= 0 {
+		return ledger.SKUState{}, errors.New("advance gate: the test's fault")
+	}
+	return l.Ledger.AdvanceGate(ctx, sku)
+}
+
+// A return stamped with a layout that two failed resizes left fenced and
+// never written (the first fenced it, the second moved the SKU on to
+// another) waited for that layout's seed forever: every sweep of every
+// replica refilled it again, "not yet". Once the ledger's epoch is past
+// the return's, a later seed's facts count its units: it is done
+// (helper-81 #3).
+func TestReturnToALayoutLeftBehindIsDone(t *testing.T) {
+	ctx := context.Background()
+	led := &failingAdvance{}
+	a, b := sale.TwoReplicas(t, shardmem.New(), func(o *sale.Options) {
+		o.SweepEvery, o.RestoreGrace = 20*time.Millisecond, time.Millisecond
+		if led.Ledger == nil {
+			led.Ledger = o.Ledger
+			o.Ledger = led
+		}
+	})
+	sctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); b.RunSweeper(sctx) }()
+	t.Cleanup(func() { stop(); <-done })
+
+	sku := stock.SKU{Program: keys.MustID("behind"), Ticket: keys.MustID("t")}
+	if _, err := a.PutSKU(ctx, sale.SKUConfig{SKU: sku, Total: 1, Shards: 1, MaxPerOrder: 1}); err != nil {
+		t.Fatal(err)
+	}
+	ann := sale.Ask{Buyer: keys.MustID("ann"), Key: keys.MustID("h1")}
+	res, err := a.Hold(ctx, sale.Take{Ask: ann, SKU: sku, Quantity: 1, TTL: time.Hour})
+	if err != nil || res.Hold == nil {
+		t.Fatalf("hold = %+v, %v", res, err)
+	}
+	led.fails.Store(1)
+	// The change stands in the ledger; the gate stays fenced (the
+	// answer is the ticket as the ledger has it).
+	_, _ = a.PutSKU(ctx, sale.SKUConfig{SKU: sku, Total: 1, Shards: 2, MaxPerOrder: 1})
+	if led.fails.Load() != 0 {
+		t.Fatal("the resize to 2 never reached AdvanceGate")
+	}
+	if _, err := a.Cancel(ctx, res.Hold.ID, sale.Ask{Buyer: ann.Buyer, Key: keys.MustID("c1")}); err != nil {
+		t.Fatal(err)
+	}
+	led.fails.Store(1)
+	// The change stands in the ledger; the gate stays fenced (the
+	// answer is the ticket as the ledger has it).
+	_, _ = a.PutSKU(ctx, sale.SKUConfig{SKU: sku, Total: 1, Shards: 3, MaxPerOrder: 1})
+	if led.fails.Load() != 0 {
+		t.Fatal("the resize to 3 never reached AdvanceGate")
+	}
+	if _, err := a.Reconcile(ctx, sku); err != nil {
+		t.Fatal(err)
+	}
+	var pending []ledger.Restore
+	if !wait.Until(10*time.Second, func() bool {
+		pending, err = led.PendingRestores(ctx, 0, 10)
+		return err == nil && len(pending) == 0
+	}) {
+		t.Fatalf("10 s after the rebuild the cancel's return is still pending: %+v, %v", pending, err)
 	}
 }

@@ -126,16 +126,28 @@ func (s *Service) returnToRedis(ctx context.Context, r ledger.Restore, waits []t
 				// nor a sold-out flag, while the sweeper retries. The
 				// refill may have run (the counts failed after it, or
 				// its reply was lost): its retry will find it done and
-				// tell no one, so the other replicas are told now
-				// (helper-80 #3); a failed publish is owed.
+				// tell no one, so the other replicas are told
+				// (helper-80 #3), with the next change notices: one
+				// notice per SKU however many restores fail each sweep
+				// (helper-81 #2).
 				s.clearSoldOut(r.SKU)
 				s.stockChanged(r.SKU)
-				s.notifyRestocked(ctx, r.SKU)
+				s.restocksOwed.mark(r.SKU)
 			}
 			return
 		}
 		if outcome == shard.NotYet && !r.CountsOnly {
-			return // the gate of this epoch is still being built; the sweeper comes back
+			if !s.epochPassed(ctx, r) {
+				// The gate of the return's epoch is still being built, or
+				// a rebuild that fenced it failed: the sweeper comes
+				// back. The replicas are told meanwhile, so a flag from
+				// before does not keep buyers from the gate, whose next
+				// rebuild counts the units (helper-81 #1).
+				s.clearSoldOut(r.SKU)
+				s.restocksOwed.mark(r.SKU)
+				return
+			}
+			outcome = shard.Counted
 		}
 		if !r.CountsOnly {
 			s.clearSoldOut(r.SKU)
@@ -152,6 +164,18 @@ func (s *Service) returnToRedis(ctx context.Context, r ledger.Restore, waits []t
 	if err := s.ledger.RestoreDone(ctx, r.Kind, r.ID); err != nil {
 		s.log.WarnContext(ctx, "mark restore done; a sweeper will repeat it", "kind", r.Kind, "id", r.ID, "err", err)
 	}
+}
+
+// epochPassed reports whether the ledger's gate epoch of r's SKU is past
+// the one r was stamped with: the facts any later epoch's seed reads
+// count r's units (the return and the epoch's move both write the SKU
+// row), so a gate of r's own epoch still not built (a layout a failed
+// resize left fenced and empty) owes it nothing, and r does not wait for
+// it forever (helper-81 #3). The cached row may lag the ledger, never
+// lead it.
+func (s *Service) epochPassed(ctx context.Context, r ledger.Restore) bool {
+	st, err := s.settings.Get(ctx, r.SKU)
+	return err == nil && st.GateEpoch > r.Epoch
 }
 
 // RunSweeper expires due holds and finishes restores other replicas left

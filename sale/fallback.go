@@ -2,6 +2,7 @@ package sale
 
 import (
 	"context"
+	"time"
 
 	"github.com/stockgate/stockgate/cache"
 	"github.com/stockgate/stockgate/ledger"
@@ -46,15 +47,32 @@ func (s *Service) gateFresh(ctx context.Context, sku stock.SKU, st ledger.SKUSta
 	return s.settings.Get(ctx, sku)
 }
 
+// fallbackWait is how long a take waits for a place in the ledger
+// fallback when all are taken. A master's death sends every take that
+// waited out its Redis timeout there at once: a burst the places drain
+// in a fraction of a second, which refused outright cost 0.2-1 % of a
+// sale's buyers a 503 (e2e/nodefaults TestFaultKillOneMasterCostsItsSlots).
+// A fallback slower than its demand still answers 503 after the wait.
+const fallbackWait = 250 * time.Millisecond
+
 // fallbackSlot takes one of the FallbackConcurrency places of the ledger
-// fallback; ok is false when all are taken (answer 503 overloaded).
-func (s *Service) fallbackSlot() (release func(), ok bool) {
+// fallback, waiting up to fallbackWait (and no longer than ctx) for one;
+// ok is false when none came free (answer 503 overloaded).
+func (s *Service) fallbackSlot(ctx context.Context) (release func(), ok bool) {
 	select {
 	case s.fallback <- struct{}{}:
 		return func() { <-s.fallback }, true
 	default:
-		return nil, false
 	}
+	t := time.NewTimer(fallbackWait)
+	defer t.Stop()
+	select {
+	case s.fallback <- struct{}{}:
+		return func() { <-s.fallback }, true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return nil, false
 }
 
 // markSoldOut remembers the SKU as sold out on this replica, as a read

@@ -204,7 +204,8 @@ type Options struct {
 	RedisTimeout time.Duration
 	// FallbackConcurrency caps takes going straight to the ledger at once
 	// while their master is out (or their outcome in Redis is unknown);
-	// beyond it they get ErrBusy. They are group-committed and shed by the
+	// beyond it a take waits a moment (fallbackWait) for a place, then
+	// gets ErrBusyShared. They are group-committed and shed by the
 	// wait budget like the others, so the cap is a backstop. Default 256.
 	FallbackConcurrency int
 	// ReseedWait is how long a request waits for the rebuild lock of its

@@ -368,7 +368,7 @@ func without(ids, keep []keys.ID) []keys.ID {
 // conflict with each other. Best seats are picked from the ledger's map.
 func (t *take) direct(ctx context.Context) answer {
 	s := t.s
-	release, ok := s.fallbackSlot()
+	release, ok := s.fallbackSlot(ctx)
 	if !ok {
 		if t.probeIn > 0 {
 			return s.counted(pathLedger, fail(retryIn(ansBusy.err, t.probeIn)))

@@ -177,7 +177,7 @@ func flags(fs *flag.FlagSet, c *config) {
 	b.dur("breaker-window", &o.Sale.Breaker.Window, "Sale.Breaker.Window", "rolling window the failure ratio is counted over")
 	b.dur("breaker-open-for", &o.Sale.Breaker.OpenFor, "Sale.Breaker.OpenFor", "time the breaker stays open before probing Redis")
 	b.u32("breaker-probes", &o.Sale.Breaker.Probes, "Sale.Breaker.Probes", "successful half-open probes that close the breaker")
-	b.int("fallback-concurrency", &o.Sale.FallbackConcurrency, "Sale.FallbackConcurrency", "requests sent straight to the ledger at once while Redis is out; beyond: 503")
+	b.int("fallback-concurrency", &o.Sale.FallbackConcurrency, "Sale.FallbackConcurrency", "requests sent straight to the ledger at once while Redis is out; beyond, after a 250 ms wait for a place: 503")
 	b.dur("lock-ttl", &o.Lock.TTL, "Lock.TTL", "lifetime of a coordination lock after its holder stops renewing it")
 	b.dur("reseed-wait", &o.Sale.ReseedWait, "Sale.ReseedWait", "how long a request waits for another replica's rebuild of its SKU")
 	b.dur("drift-every", &o.Sale.DriftEvery, "Sale.DriftEvery", "period of the Redis-vs-ledger drift check")

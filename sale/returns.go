@@ -137,15 +137,20 @@ func (s *Service) returnToRedis(ctx context.Context, r ledger.Restore, waits []t
 			return
 		}
 		if outcome == shard.NotYet && !r.CountsOnly {
-			if !s.epochPassed(ctx, r) {
+			passed, left := s.notYetRow(ctx, r)
+			if left {
 				// The gate of the return's epoch is still being built, or
-				// a rebuild that fenced it failed: the sweeper comes
-				// back. The replicas are told meanwhile, so a flag from
-				// before does not keep buyers from the gate, whose next
-				// rebuild counts the units (helper-81 #1).
+				// a rebuild that fenced it failed: the replicas are told,
+				// so a flag from before does not keep buyers from the
+				// gate, whose next rebuild counts the units (helper-81
+				// #1); only while the ledger has stock, or every sweep
+				// would let a storm past the flags for nothing
+				// (helper-82 #1).
 				s.clearSoldOut(r.SKU)
 				s.restocksOwed.mark(r.SKU)
-				return
+			}
+			if !passed {
+				return // the sweeper comes back
 			}
 			outcome = shard.Counted
 		}
@@ -166,16 +171,21 @@ func (s *Service) returnToRedis(ctx context.Context, r ledger.Restore, waits []t
 	}
 }
 
-// epochPassed reports whether the ledger's gate epoch of r's SKU is past
-// the one r was stamped with: the facts any later epoch's seed reads
-// count r's units (the return and the epoch's move both write the SKU
-// row), so a gate of r's own epoch still not built (a layout a failed
-// resize left fenced and empty) owes it nothing, and r does not wait for
-// it forever (helper-81 #3). The cached row may lag the ledger, never
-// lead it.
-func (s *Service) epochPassed(ctx context.Context, r ledger.Restore) bool {
-	st, err := s.settings.Get(ctx, r.SKU)
-	return err == nil && st.GateEpoch > r.Epoch
+// notYetRow reads r's SKU row for a return its gate is not ready for:
+// passed, the ledger's gate epoch is past the one r was stamped with (the
+// facts any later epoch's seed reads count r's units: the return and the
+// epoch's move both write the SKU row), so a gate of r's own epoch still
+// not built (a layout a failed resize left fenced and empty) owes it
+// nothing, and r does not wait for it forever (helper-81 #3); left, the
+// ledger has stock to sell. Read afresh: a rare path (a return racing a
+// rebuild, or a rebuild that failed), retried each sweep.
+func (s *Service) notYetRow(ctx context.Context, r ledger.Restore) (passed, left bool) {
+	st, err := s.ledger.SKU(ctx, r.SKU)
+	if err != nil {
+		s.log.WarnContext(ctx, "read a returned SKU; a sweeper will retry", "sku", r.SKU.String(), "err", err)
+		return false, false
+	}
+	return st.GateEpoch > r.Epoch, st.Remaining() > 0
 }
 
 // RunSweeper expires due holds and finishes restores other replicas left

@@ -17,6 +17,35 @@ import (
 	"github.com/stockgate/stockgate/stock"
 )
 
+// heldOnSweptPair is two replicas on one ledger (wrapped by wrap) and
+// mem, b's sweeper running (every 20 ms, no grace: the tests wait for
+// it), and a ticket of program with one unit, held by ann on a.
+func heldOnSweptPair(t *testing.T, mem *shardmem.Scripter, program string, wrap func(sale.Ledger) sale.Ledger) (a, b *sale.Service, sku stock.SKU, res sale.Result) {
+	t.Helper()
+	ctx := context.Background()
+	var wrapped sale.Ledger
+	a, b = sale.TwoReplicas(t, mem, func(o *sale.Options) {
+		o.SweepEvery, o.RestoreGrace = 20*time.Millisecond, time.Millisecond
+		if wrapped == nil {
+			wrapped = wrap(o.Ledger)
+		}
+		o.Ledger = wrapped
+	})
+	sctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); b.RunSweeper(sctx) }()
+	t.Cleanup(func() { stop(); <-done })
+	sku = stock.SKU{Program: keys.MustID(program), Ticket: keys.MustID("t")}
+	if _, err := a.PutSKU(ctx, sale.SKUConfig{SKU: sku, Total: 1, Shards: 1, MaxPerOrder: 1}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := a.Hold(ctx, sale.Take{Ask: sale.Ask{Buyer: keys.MustID("ann"), Key: keys.MustID("h1")}, SKU: sku, Quantity: 1, TTL: time.Hour})
+	if err != nil || res.Hold == nil {
+		t.Fatalf("hold = %+v, %v", res, err)
+	}
+	return a, b, sku, res
+}
+
 // afterAdvance is a ledger that runs then once, right after the first
 // AdvanceGate of a rebuild returns: a return committing between the
 // epoch's move and the seed of the new gate.
@@ -47,27 +76,8 @@ func TestReturnDuringAResizeReachesTheNewGate(t *testing.T) {
 	ctx := context.Background()
 	mem := shardmem.New()
 	led := &afterAdvance{}
-	a, b := sale.TwoReplicas(t, mem, func(o *sale.Options) {
-		o.SweepEvery, o.RestoreGrace = 20*time.Millisecond, time.Millisecond
-		if led.Ledger == nil {
-			led.Ledger = o.Ledger
-			o.Ledger = led
-		}
-	})
-	sctx, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); b.RunSweeper(sctx) }()
-	t.Cleanup(func() { stop(); <-done })
-
-	sku := stock.SKU{Program: keys.MustID("resize"), Ticket: keys.MustID("t")}
-	if _, err := a.PutSKU(ctx, sale.SKUConfig{SKU: sku, Total: 1, Shards: 1, MaxPerOrder: 1}); err != nil {
-		t.Fatal(err)
-	}
-	ann := sale.Ask{Buyer: keys.MustID("ann"), Key: keys.MustID("h1")}
-	res, err := a.Hold(ctx, sale.Take{Ask: ann, SKU: sku, Quantity: 1, TTL: time.Hour})
-	if err != nil || res.Hold == nil {
-		t.Fatalf("hold = %+v, %v", res, err)
-	}
+	a, b, sku, res := heldOnSweptPair(t, mem, "resize", func(l sale.Ledger) sale.Ledger { led.Ledger = l; return led })
+	ann := sale.Ask{Buyer: res.Hold.Buyer}
 	led.then = func() {
 		if _, err := b.Cancel(ctx, res.Hold.ID, sale.Ask{Buyer: ann.Buyer, Key: keys.MustID("c1")}); err != nil {
 			t.Errorf("cancel during the resize: %v", err)
@@ -112,27 +122,8 @@ func (l *failingAdvance) AdvanceGate(ctx context.Context, sku stock.SKU) (ledger
 func TestReturnToALayoutLeftBehindIsDone(t *testing.T) {
 	ctx := context.Background()
 	led := &failingAdvance{}
-	a, b := sale.TwoReplicas(t, shardmem.New(), func(o *sale.Options) {
-		o.SweepEvery, o.RestoreGrace = 20*time.Millisecond, time.Millisecond
-		if led.Ledger == nil {
-			led.Ledger = o.Ledger
-			o.Ledger = led
-		}
-	})
-	sctx, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); b.RunSweeper(sctx) }()
-	t.Cleanup(func() { stop(); <-done })
-
-	sku := stock.SKU{Program: keys.MustID("behind"), Ticket: keys.MustID("t")}
-	if _, err := a.PutSKU(ctx, sale.SKUConfig{SKU: sku, Total: 1, Shards: 1, MaxPerOrder: 1}); err != nil {
-		t.Fatal(err)
-	}
-	ann := sale.Ask{Buyer: keys.MustID("ann"), Key: keys.MustID("h1")}
-	res, err := a.Hold(ctx, sale.Take{Ask: ann, SKU: sku, Quantity: 1, TTL: time.Hour})
-	if err != nil || res.Hold == nil {
-		t.Fatalf("hold = %+v, %v", res, err)
-	}
+	a, _, sku, res := heldOnSweptPair(t, shardmem.New(), "behind", func(l sale.Ledger) sale.Ledger { led.Ledger = l; return led })
+	ann := sale.Ask{Buyer: res.Hold.Buyer}
 	led.fails.Store(1)
 	// The change stands in the ledger; the gate stays fenced (the
 	// answer is the ticket as the ledger has it).
@@ -154,6 +145,7 @@ func TestReturnToALayoutLeftBehindIsDone(t *testing.T) {
 		t.Fatal(err)
 	}
 	var pending []ledger.Restore
+	var err error
 	if !wait.Until(10*time.Second, func() bool {
 		pending, err = led.PendingRestores(ctx, 0, 10)
 		return err == nil && len(pending) == 0

@@ -24,20 +24,6 @@ import (
 	"github.com/stockgate/stockgate/stock"
 )
 
-// slowDirect slows the takes around the Redis gate (the breaker-open
-// fallback) by per each.
-type slowDirect struct {
-	sale.Ledger
-	per time.Duration
-}
-
-func (l slowDirect) Commit(ctx context.Context, takes []ledger.Take, direct bool) []ledger.TakeResult {
-	if direct {
-		time.Sleep(time.Duration(len(takes)) * l.per) // time under test: the slowness injected
-	}
-	return l.Ledger.Commit(ctx, takes, direct)
-}
-
 // Scenario 1: kill -9 the master holding the SKU during a flash sale.
 //
 // One shard on one PostgreSQL; four shards on a ledger split over two
@@ -63,7 +49,7 @@ func TestFaultKillMaster(t *testing.T) {
 			// back once the replica is promoted, not a breaker period later.
 			e, c := systest.FaultEnvOn(t, run.shape, func(o *app.Options) {
 				o.Sale.FallbackConcurrency = 1
-				o.WrapLedger = func(l sale.Ledger) sale.Ledger { return slowDirect{Ledger: l, per: 10 * time.Millisecond} }
+				o.WrapLedger = systest.SlowDirect(10 * time.Millisecond)
 			})
 			sku := systest.NewSKU(t)
 			systest.PlaceOnSecond(t, e, sku.Program)
@@ -208,7 +194,7 @@ func TestFaultAllRedisDown(t *testing.T) {
 		o.Sale.FallbackConcurrency = 1 // keep the sale going until Redis is back
 		// 20 ms a take: 32 clients outlast a take's wait for the one
 		// place around the gate, and the excess is turned away.
-		o.WrapLedger = func(l sale.Ledger) sale.Ledger { return slowDirect{Ledger: l, per: 20 * time.Millisecond} }
+		o.WrapLedger = systest.SlowDirect(20 * time.Millisecond)
 	})
 	sku := systest.NewSKU(t)
 	const total = 3000

@@ -17,7 +17,6 @@ import (
 	"github.com/stockgate/stockgate/internal/testenv"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
-	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/stock"
 )
 
@@ -336,19 +335,6 @@ func TestFaultReshardMidSale(t *testing.T) {
 	})
 }
 
-// slowDirect is a ledger whose commits around the gate take per each.
-type slowDirect struct {
-	sale.Ledger
-	per time.Duration
-}
-
-func (l slowDirect) Commit(ctx context.Context, takes []ledger.Take, direct bool) []ledger.TakeResult {
-	if direct {
-		time.Sleep(time.Duration(len(takes)) * l.per) // time under test: the slowness injected
-	}
-	return l.Ledger.Commit(ctx, takes, direct)
-}
-
 // A 503 while a master's breaker is open says in Retry-After when the
 // breaker probes the master again, not the usual second.
 func TestRetryAfterSaysWhenTheMasterIsProbed(t *testing.T) {
@@ -359,7 +345,7 @@ func TestRetryAfterSaysWhenTheMasterIsProbed(t *testing.T) {
 		o.Sale.FallbackConcurrency = 1 // the way around the gate fills at once
 		// and drains slowly: a take waits a moment for a place there,
 		// and 64 at 50 ms each outlast that wait.
-		o.WrapLedger = func(l sale.Ledger) sale.Ledger { return slowDirect{Ledger: l, per: 50 * time.Millisecond} }
+		o.WrapLedger = systest.SlowDirect(50 * time.Millisecond)
 	}})
 	sku := systest.NewSKU(t)
 	e.PutSKU(t, sku, 100_000, 1, 4)

@@ -198,3 +198,22 @@ func (e *Env) SeatCheck(t *testing.T, sku stock.SKU) sale.SeatCheck {
 	}
 	return check
 }
+
+// SlowDirect is a WrapLedger that slows the takes around the Redis gate
+// (the breaker-open fallback) by per each: a narrow, slow fallback whose
+// excess outlasts a take's wait for a place there.
+func SlowDirect(per time.Duration) func(sale.Ledger) sale.Ledger {
+	return func(l sale.Ledger) sale.Ledger { return slowDirect{Ledger: l, per: per} }
+}
+
+type slowDirect struct {
+	sale.Ledger
+	per time.Duration
+}
+
+func (l slowDirect) Commit(ctx context.Context, takes []ledger.Take, direct bool) []ledger.TakeResult {
+	if direct {
+		time.Sleep(time.Duration(len(takes)) * l.per) // time under test: the slowness injected
+	}
+	return l.Ledger.Commit(ctx, takes, direct)
+}

@@ -170,7 +170,8 @@ type mOrder struct {
 	code     string
 	q        int64
 	refunded bool
-	cart     *mCart // the cart it is a line of, if any
+	cart     *mCart  // the cart it is a line of, if any
+	purchase *mOrder // the order a transfer split it from (its first), which its code's use stays one with
 }
 
 // mCart is a committed cart: bought (an order per line), or held (a hold
@@ -277,7 +278,9 @@ func (m *sim) putPool(e *systest.Env) {
 	}
 }
 
-// codeUses is how many standing orders and live holds use code.
+// codeUses is how many live holds and purchases with an order standing
+// use code: a transfer's split is one use with the order it came from, so
+// refunding either part leaves the use while the other stands.
 func (m *sim) codeUses(code string) int64 {
 	var n int64
 	for _, h := range m.holds {
@@ -285,12 +288,13 @@ func (m *sim) codeUses(code string) int64 {
 			n++
 		}
 	}
+	standing := map[*mOrder]bool{}
 	for _, o := range m.orders {
 		if o.code == code && !o.refunded {
-			n++
+			standing[cmp.Or(o.purchase, o)] = true
 		}
 	}
-	return n
+	return n + int64(len(standing))
 }
 
 // poolTake buys or holds in the pool with one of its codes (or, one time
@@ -1121,7 +1125,7 @@ func (m *sim) transfer() {
 		return
 	}
 	o.q -= q
-	m.orders = append(m.orders, &mOrder{id: got.OrderID, sku: o.sku, buyer: to, q: q})
+	m.orders = append(m.orders, &mOrder{id: got.OrderID, sku: o.sku, buyer: to, code: o.code, q: q, purchase: cmp.Or(o.purchase, o)})
 }
 
 // refund refunds an order alone: any (a cart's line among them), or only

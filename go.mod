@@ -15,7 +15,7 @@ require (
 	github.com/redis/go-redis/extra/redisprometheus/v9 v9.7.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/sony/gobreaker/v2 v2.4.0
-	github.com/stockgate/stockgate/client v0.1.0
+	github.com/stockgate/stockgate/client v0.2.0
 	go.opentelemetry.io/contrib/exporters/autoexport v0.72.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/sdk v1.47.0

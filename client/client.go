@@ -2,16 +2,19 @@
 // every public and admin route, RFC 9457 problems as Go errors matched with
 // errors.Is (ErrSoldOut, ...) and errors.As (*Problem), and retries done the
 // way the API asks: a 503 or 429 is sent again with the same Idempotency-Key
-// after its Retry-After, so a retry can never buy twice.
+// after its Retry-After, so a retry can never buy twice. A key is a Key, never
+// a plain string, so it and the buyer beside it cannot be swapped.
 //
 //	c, err := client.New(client.Options{BaseURL: "https://gate.example"})
-//	order, err := c.Purchase(ctx, client.SKU{Program: "show-1", Ticket: "ga"}, key, "alice", 2)
+//	order, err := c.Purchase(ctx, client.SKU{Program: "show-1", Ticket: "ga"}, client.NewKey(), "alice", 2)
 //	if errors.Is(err, client.ErrSoldOut) { ... }
 package client
 
 import (
 	"bytes"
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -60,6 +63,31 @@ func (o Options) Validate() error {
 type Client struct {
 	opts Options
 	base string
+	// admission and fingerprint go out on every request of this Client
+	// (see Admitted and ForDevice); empty: not sent.
+	admission, fingerprint string
+}
+
+// Ptr returns a pointer to v, for the optional fields of SKUConfig and
+// PoolConfig (nil keeps what is set).
+func Ptr[T any](v T) *T { return &v }
+
+// Key is a request's Idempotency-Key: the same key sends the same request
+// again (a retry, from any replica) and never buys twice. It has a type
+// of its own so that a key and a buyer, both strings, can't be swapped
+// in a call without the compiler saying so. NewKey makes one; a key the
+// platform already has (its checkout's id) converts with Key(id).
+type Key string
+
+// NewKey returns a new random key (128 bits, hex).
+func NewKey() Key {
+	var b [16]byte
+	// Never fails from Go 1.24 on; before, only on a broken OS, where a
+	// key made of zeros would replay another buyer's answer: stop instead.
+	if _, err := crand.Read(b[:]); err != nil {
+		panic("client: no randomness for a key: " + err.Error())
+	}
+	return Key(hex.EncodeToString(b[:]))
 }
 
 // New validates opts and returns a client.
@@ -149,7 +177,9 @@ type Stock struct {
 }
 
 // SKUConfig is what an admin sets on a SKU; nil fields keep their value
-// (or take the default on a new SKU).
+// (or take the default on a new SKU). They are pointers because a PUT
+// merges: 0 is a value to set (no per-buyer cap), distinct from "leave it
+// as it is". Ptr makes one from a value: SKUConfig{Total: client.Ptr[int64](500)}.
 type SKUConfig struct {
 	Total       *int64 `json:"total,omitempty"`
 	Shards      *int   `json:"shards,omitempty"`
@@ -194,7 +224,7 @@ type Seat struct {
 
 // Purchase buys quantity tickets for buyer. key is the request's
 // Idempotency-Key: send the same key to retry the same purchase.
-func (c *Client) Purchase(ctx context.Context, sku SKU, key, buyer string, quantity int64) (Order, error) {
+func (c *Client) Purchase(ctx context.Context, sku SKU, key Key, buyer string, quantity int64) (Order, error) {
 	var o Order
 	replayed, err := c.call(ctx, http.MethodPost, sku.path()+"/purchases", key, false,
 		map[string]any{"buyer": buyer, "quantity": quantity}, &o)
@@ -229,14 +259,14 @@ type Cart struct {
 
 // PurchaseCart buys every line of a cart of one program, or none; a
 // refusal's Problem names the refused line in Lines.
-func (c *Client) PurchaseCart(ctx context.Context, program, key, buyer string, lines []CartLine) (Cart, error) {
+func (c *Client) PurchaseCart(ctx context.Context, program string, key Key, buyer string, lines []CartLine) (Cart, error) {
 	return c.cart(ctx, "/v1/programs/"+url.PathEscape(program)+"/carts", key, map[string]any{"buyer": buyer, "lines": lines})
 }
 
 // HoldCart holds every line of a cart of one program, or none, until one
 // expiry (ttl 0: the shortest default hold of its tickets). The cart is
 // then confirmed, cancelled or expires whole.
-func (c *Client) HoldCart(ctx context.Context, program, key, buyer string, lines []CartLine, ttl time.Duration) (Cart, error) {
+func (c *Client) HoldCart(ctx context.Context, program string, key Key, buyer string, lines []CartLine, ttl time.Duration) (Cart, error) {
 	body := map[string]any{"buyer": buyer, "lines": lines}
 	if ttl > 0 {
 		body["ttl_seconds"] = int64(ttl / time.Second)
@@ -245,22 +275,22 @@ func (c *Client) HoldCart(ctx context.Context, program, key, buyer string, lines
 }
 
 // ConfirmCart makes every hold of a held cart an order, or none.
-func (c *Client) ConfirmCart(ctx context.Context, cartID, key, buyer string) (Cart, error) {
+func (c *Client) ConfirmCart(ctx context.Context, cartID string, key Key, buyer string) (Cart, error) {
 	return c.cart(ctx, "/v1/carts/"+url.PathEscape(cartID)+"/confirm", key, map[string]any{"buyer": buyer})
 }
 
 // CancelCart ends every hold of a held cart; the stock goes back once.
-func (c *Client) CancelCart(ctx context.Context, cartID, key, buyer string) (Cart, error) {
+func (c *Client) CancelCart(ctx context.Context, cartID string, key Key, buyer string) (Cart, error) {
 	return c.cart(ctx, "/v1/carts/"+url.PathEscape(cartID)+"/cancel", key, map[string]any{"buyer": buyer})
 }
 
 // RefundCart refunds every order of a cart not refunded yet (Refund one
 // order for a line alone); the stock goes back once.
-func (c *Client) RefundCart(ctx context.Context, cartID, key, buyer string) (Cart, error) {
+func (c *Client) RefundCart(ctx context.Context, cartID string, key Key, buyer string) (Cart, error) {
 	return c.cart(ctx, "/v1/carts/"+url.PathEscape(cartID)+"/refund", key, map[string]any{"buyer": buyer})
 }
 
-func (c *Client) cart(ctx context.Context, path, key string, body any) (Cart, error) {
+func (c *Client) cart(ctx context.Context, path string, key Key, body any) (Cart, error) {
 	var out Cart
 	replayed, err := c.call(ctx, http.MethodPost, path, key, false, body, &out)
 	out.Replayed = replayed
@@ -275,7 +305,7 @@ func (c *Client) GetCart(ctx context.Context, cartID string) (Cart, error) {
 }
 
 // Hold holds quantity tickets for buyer; ttl 0 takes the SKU's default.
-func (c *Client) Hold(ctx context.Context, sku SKU, key, buyer string, quantity int64, ttl time.Duration) (Hold, error) {
+func (c *Client) Hold(ctx context.Context, sku SKU, key Key, buyer string, quantity int64, ttl time.Duration) (Hold, error) {
 	body := map[string]any{"buyer": buyer, "quantity": quantity}
 	if ttl > 0 {
 		body["ttl_seconds"] = int64(ttl / time.Second)
@@ -286,7 +316,7 @@ func (c *Client) Hold(ctx context.Context, sku SKU, key, buyer string, quantity 
 // HoldSeats holds the given seats of one section, all or nothing; a
 // refusal for seats already taken is ErrSeatsTaken, its Problem naming them
 // in Detail.
-func (c *Client) HoldSeats(ctx context.Context, sku SKU, key, buyer string, seats []string, ttl time.Duration) (Hold, error) {
+func (c *Client) HoldSeats(ctx context.Context, sku SKU, key Key, buyer string, seats []string, ttl time.Duration) (Hold, error) {
 	body := map[string]any{"buyer": buyer, "seats": seats}
 	if ttl > 0 {
 		body["ttl_seconds"] = int64(ttl / time.Second)
@@ -296,7 +326,7 @@ func (c *Client) HoldSeats(ctx context.Context, sku SKU, key, buyer string, seat
 
 // HoldBestSeats holds the best n adjacent free seats (of section, when
 // given).
-func (c *Client) HoldBestSeats(ctx context.Context, sku SKU, key, buyer, section string, n int, ttl time.Duration) (Hold, error) {
+func (c *Client) HoldBestSeats(ctx context.Context, sku SKU, key Key, buyer, section string, n int, ttl time.Duration) (Hold, error) {
 	body := map[string]any{"buyer": buyer, "quantity": n}
 	if section != "" {
 		body["section"] = section
@@ -307,7 +337,7 @@ func (c *Client) HoldBestSeats(ctx context.Context, sku SKU, key, buyer, section
 	return c.hold(ctx, sku.path()+"/seat-holds", key, body)
 }
 
-func (c *Client) hold(ctx context.Context, path, key string, body any) (Hold, error) {
+func (c *Client) hold(ctx context.Context, path string, key Key, body any) (Hold, error) {
 	var h Hold
 	replayed, err := c.call(ctx, http.MethodPost, path, key, false, body, &h)
 	h.Replayed = replayed
@@ -315,7 +345,7 @@ func (c *Client) hold(ctx context.Context, path, key string, body any) (Hold, er
 }
 
 // Confirm makes a held hold an order (pay while held).
-func (c *Client) Confirm(ctx context.Context, holdID, key, buyer string) (Order, error) {
+func (c *Client) Confirm(ctx context.Context, holdID string, key Key, buyer string) (Order, error) {
 	var o Order
 	replayed, err := c.call(ctx, http.MethodPost, "/v1/holds/"+url.PathEscape(holdID)+"/confirm", key, false,
 		map[string]any{"buyer": buyer}, &o)
@@ -326,7 +356,7 @@ func (c *Client) Confirm(ctx context.Context, holdID, key, buyer string) (Order,
 // ConfirmPart makes quantity of a held hold's units an order, once; the
 // rest come back to stock at once. quantity must be at least 1 (Confirm
 // confirms the whole hold); a seat hold is confirmed whole.
-func (c *Client) ConfirmPart(ctx context.Context, holdID, key, buyer string, quantity int64) (Order, error) {
+func (c *Client) ConfirmPart(ctx context.Context, holdID string, key Key, buyer string, quantity int64) (Order, error) {
 	var o Order
 	replayed, err := c.call(ctx, http.MethodPost, "/v1/holds/"+url.PathEscape(holdID)+"/confirm", key, false,
 		map[string]any{"buyer": buyer, "quantity": quantity}, &o)
@@ -335,14 +365,14 @@ func (c *Client) ConfirmPart(ctx context.Context, holdID, key, buyer string, qua
 }
 
 // Cancel gives a held hold's stock back.
-func (c *Client) Cancel(ctx context.Context, holdID, key, buyer string) (Hold, error) {
+func (c *Client) Cancel(ctx context.Context, holdID string, key Key, buyer string) (Hold, error) {
 	return c.hold(ctx, "/v1/holds/"+url.PathEscape(holdID)+"/cancel", key, map[string]any{"buyer": buyer})
 }
 
 // Extend moves a held hold's expiry to ttl from now (0: its SKU's hold
 // TTL), up to the SKU's maximum lifetime; never nearer. An expired hold
 // is ErrHoldExpired; one at its maximum lifetime ErrHoldAtMax.
-func (c *Client) Extend(ctx context.Context, holdID, key, buyer string, ttl time.Duration) (Hold, error) {
+func (c *Client) Extend(ctx context.Context, holdID string, key Key, buyer string, ttl time.Duration) (Hold, error) {
 	body := map[string]any{"buyer": buyer}
 	if ttl != 0 {
 		// Whole seconds, rounded up: a TTL under a second asks for one; a
@@ -356,7 +386,7 @@ func (c *Client) Extend(ctx context.Context, holdID, key, buyer string, ttl time
 }
 
 // Refund refunds an order once; a repeat answers the same and moves nothing.
-func (c *Client) Refund(ctx context.Context, orderID, key, buyer string) (Order, error) {
+func (c *Client) Refund(ctx context.Context, orderID string, key Key, buyer string) (Order, error) {
 	var o Order
 	replayed, err := c.call(ctx, http.MethodPost, "/v1/orders/"+url.PathEscape(orderID)+"/refund", key, false,
 		map[string]any{"buyer": buyer}, &o)
@@ -367,7 +397,7 @@ func (c *Client) Refund(ctx context.Context, orderID, key, buyer string) (Order,
 // Transfer moves quantity of an order's tickets (0: all) from buyer to
 // another buyer, once; it returns the receiver's order (the same order
 // when all moved). The receiver's caps apply (ErrLimit).
-func (c *Client) Transfer(ctx context.Context, orderID, key, buyer, to string, quantity int64) (Order, error) {
+func (c *Client) Transfer(ctx context.Context, orderID string, key Key, buyer, to string, quantity int64) (Order, error) {
 	body := map[string]any{"buyer": buyer, "to": to}
 	if quantity != 0 {
 		body["quantity"] = quantity
@@ -451,7 +481,7 @@ type ProgramSettings struct {
 	// PerBuyer caps what one buyer holds + owns.
 	PerBuyer int64 `json:"per_buyer"`
 	// HoldBudget caps what one buyer holds at once (ErrHoldBudget), and
-	// DeviceHoldBudget what one fingerprint does (WithFingerprint).
+	// DeviceHoldBudget what one fingerprint does (ForDevice).
 	HoldBudget       int64 `json:"hold_budget"`
 	DeviceHoldBudget int64 `json:"device_hold_budget"`
 }
@@ -485,7 +515,7 @@ func (c *Client) CheckSeats(ctx context.Context, sku SKU) (json.RawMessage, erro
 // call sends one request, retrying 503, 429 and transport errors with the
 // same body and key after Retry-After (or a short backoff), and decodes a
 // 2xx answer into out. It reports whether the answer was a replay.
-func (c *Client) call(ctx context.Context, method, path, key string, admin bool, body, out any) (bool, error) {
+func (c *Client) call(ctx context.Context, method, path string, key Key, admin bool, body, out any) (bool, error) {
 	var raw []byte
 	if body != nil {
 		var err error
@@ -519,7 +549,7 @@ func (c *Client) call(ctx context.Context, method, path, key string, admin bool,
 
 // once sends one request. wait is < 0 when the answer is final, else how
 // long to wait before trying again (0: not said).
-func (c *Client) once(ctx context.Context, method, path, key string, admin bool, raw []byte, out any) (replayed bool, wait time.Duration, err error) {
+func (c *Client) once(ctx context.Context, method, path string, key Key, admin bool, raw []byte, out any) (replayed bool, wait time.Duration, err error) {
 	var body io.Reader
 	if raw != nil {
 		body = bytes.NewReader(raw)
@@ -535,13 +565,13 @@ func (c *Client) once(ctx context.Context, method, path, key string, admin bool,
 		req.Header.Set("Content-Type", "application/json")
 	}
 	if key != "" {
-		req.Header.Set("Idempotency-Key", key)
+		req.Header.Set("Idempotency-Key", string(key))
 	}
-	if t, _ := ctx.Value(admissionKey{}).(string); t != "" {
-		req.Header.Set("Admission-Token", t)
+	if c.admission != "" {
+		req.Header.Set("Admission-Token", c.admission)
 	}
-	if f, _ := ctx.Value(fingerprintKey{}).(string); f != "" {
-		req.Header.Set("Buyer-Fingerprint", f)
+	if c.fingerprint != "" {
+		req.Header.Set("Buyer-Fingerprint", c.fingerprint)
 	}
 	if admin && c.opts.AdminToken != "" {
 		req.Header.Set("Authorization", "Bearer "+c.opts.AdminToken)
@@ -604,7 +634,7 @@ type Listing struct {
 // ListForResale lists quantity of an order's tickets for resale, once
 // (ErrOrderRefunded, ErrInCart, ErrNotOwner; listed tickets then refuse
 // refunds and transfers with ErrOrderListed).
-func (c *Client) ListForResale(ctx context.Context, orderID, key, buyer string, quantity int64) (Listing, error) {
+func (c *Client) ListForResale(ctx context.Context, orderID string, key Key, buyer string, quantity int64) (Listing, error) {
 	var x Listing
 	replayed, err := c.call(ctx, http.MethodPost, "/v1/orders/"+url.PathEscape(orderID)+"/resale", key, false,
 		map[string]any{"buyer": buyer, "quantity": quantity}, &x)
@@ -614,7 +644,7 @@ func (c *Client) ListForResale(ctx context.Context, orderID, key, buyer string, 
 
 // WithdrawListing takes a listing's unsold tickets off sale, once
 // (ErrListingEnded; ErrListingSelling while they are being bought).
-func (c *Client) WithdrawListing(ctx context.Context, listingID, key, buyer string) (Listing, error) {
+func (c *Client) WithdrawListing(ctx context.Context, listingID string, key Key, buyer string) (Listing, error) {
 	var x Listing
 	replayed, err := c.call(ctx, http.MethodPost, "/v1/listings/"+url.PathEscape(listingID)+"/withdraw", key, false,
 		map[string]any{"buyer": buyer}, &x)
@@ -632,7 +662,7 @@ func (c *Client) GetListing(ctx context.Context, listingID string) (Listing, err
 // OrganizerOrder gives an order as the organizer (admin): channel "comp"
 // (complimentary tickets) or "box_office" (sold at the venue). Stock and
 // caps apply as to a purchase; the report counts it apart.
-func (c *Client) OrganizerOrder(ctx context.Context, sku SKU, key, buyer string, quantity int64, channel string) (Order, error) {
+func (c *Client) OrganizerOrder(ctx context.Context, sku SKU, key Key, buyer string, quantity int64, channel string) (Order, error) {
 	var o Order
 	replayed, err := c.call(ctx, http.MethodPost, "/v1/admin"+sku.path()[len("/v1"):]+"/orders", key, true,
 		map[string]any{"buyer": buyer, "quantity": quantity, "channel": channel}, &o)

@@ -81,8 +81,9 @@ func ExampleClient_Purchase_soldOut() {
 }
 
 // A program behind a waiting room: join, check (as Retry-After says)
-// until admitted, then buy with the admission token.
-func ExampleWithAdmission() {
+// until admitted, then buy as the admitted buyer: a Client that carries
+// the admission token.
+func ExampleClient_Admitted() {
 	gw := gateway()
 	defer gw.Close()
 	c, _ := client.New(client.Options{BaseURL: gw.URL})
@@ -102,7 +103,7 @@ func ExampleWithAdmission() {
 	sku := client.SKU{Program: "show-2", Ticket: "ga"}
 	_, err = c.Purchase(ctx, sku, "order-3", "bob", 1)
 	fmt.Println(errors.Is(err, client.ErrAdmissionRequired))
-	o, err := c.Purchase(client.WithAdmission(ctx, st.AdmissionToken), sku, "order-3", "bob", 1)
+	o, err := c.Admitted(st.AdmissionToken).Purchase(ctx, sku, "order-3", "bob", 1)
 	if err != nil {
 		panic(err)
 	}

@@ -35,7 +35,7 @@ func (a Access) body(b map[string]any) map[string]any {
 
 // PurchaseIn buys quantity tickets from a pool, presenting its credential
 // or code.
-func (c *Client) PurchaseIn(ctx context.Context, sku SKU, a Access, key, buyer string, quantity int64) (Order, error) {
+func (c *Client) PurchaseIn(ctx context.Context, sku SKU, a Access, key Key, buyer string, quantity int64) (Order, error) {
 	var o Order
 	replayed, err := c.call(ctx, http.MethodPost, sku.path()+"/purchases"+a.query(), key, false,
 		a.body(map[string]any{"buyer": buyer, "quantity": quantity}), &o)
@@ -44,7 +44,7 @@ func (c *Client) PurchaseIn(ctx context.Context, sku SKU, a Access, key, buyer s
 }
 
 // HoldIn holds quantity tickets of a pool; ttl 0 takes the default.
-func (c *Client) HoldIn(ctx context.Context, sku SKU, a Access, key, buyer string, quantity int64, ttl time.Duration) (Hold, error) {
+func (c *Client) HoldIn(ctx context.Context, sku SKU, a Access, key Key, buyer string, quantity int64, ttl time.Duration) (Hold, error) {
 	body := a.body(map[string]any{"buyer": buyer, "quantity": quantity})
 	if ttl > 0 {
 		body["ttl_seconds"] = int64(ttl / time.Second)

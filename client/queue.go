@@ -19,7 +19,7 @@ type QueueStatus struct {
 	// Ticket is the signed queue ticket to check with (CheckQueue).
 	Ticket string `json:"ticket"`
 	// State: waiting, admitted (AdmissionToken lets one order through:
-	// WithAdmission), sold-out, or expired (admitted, and the window
+	// Admitted), sold-out, or expired (admitted, and the window
 	// passed).
 	State             string    `json:"state"`
 	Position          int64     `json:"position,omitempty"`
@@ -163,19 +163,21 @@ func (c *Client) CheckQueue(ctx context.Context, program, ticket string) (QueueS
 	return out, err
 }
 
-type admissionKey struct{}
-
-// WithAdmission returns ctx whose purchases, holds and carts carry token,
-// the waiting room's admission (the Admission-Token header).
-func WithAdmission(ctx context.Context, token string) context.Context {
-	return context.WithValue(ctx, admissionKey{}, token)
+// Admitted returns a Client like c whose requests carry token, the
+// waiting room's admission (the Admission-Token header): the buyer's
+// purchases, holds and carts in a program sold through its waiting room.
+// It is a copy; c is unchanged.
+func (c *Client) Admitted(token string) *Client {
+	d := *c
+	d.admission = token
+	return &d
 }
 
-type fingerprintKey struct{}
-
-// WithFingerprint returns ctx whose holds carry the buyer's device or
-// payment fingerprint (the Buyer-Fingerprint header), counted against its
-// program's device hold budget.
-func WithFingerprint(ctx context.Context, fingerprint string) context.Context {
-	return context.WithValue(ctx, fingerprintKey{}, fingerprint)
+// ForDevice returns a Client like c whose requests carry the buyer's
+// device or payment fingerprint (the Buyer-Fingerprint header), counted
+// against its program's device hold budget. It is a copy; c is unchanged.
+func (c *Client) ForDevice(fingerprint string) *Client {
+	d := *c
+	d.fingerprint = fingerprint
+	return &d
 }

@@ -21,7 +21,7 @@ require (
 	github.com/rs/zerolog v1.28.0
 	github.com/santhosh-tekuri/jsonschema/v6 v6.0.3
 	github.com/stockgate/stockgate v0.0.0
-	github.com/stockgate/stockgate/client v0.1.0
+	github.com/stockgate/stockgate/client v0.2.0
 	github.com/tsenart/vegeta/v12 v12.12.0
 	go.opentelemetry.io/proto/otlp v1.11.1
 	golang.org/x/time v0.16.0

@@ -13,7 +13,7 @@ require (
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/rs/zerolog v1.28.0
 	github.com/stockgate/stockgate v0.0.0
-	github.com/stockgate/stockgate/client v0.1.0
+	github.com/stockgate/stockgate/client v0.2.0
 	github.com/stockgate/stockgate/e2e v0.0.0
 )
 

@@ -137,7 +137,7 @@ func TestReadmeACLRunsEverything(t *testing.T) {
 	}
 	orders := 0
 	for i := range 3 {
-		if _, err := gw.Purchase(ctx, sku, fmt.Sprintf("acl-buy-%d", i), fmt.Sprintf("b%d", i), 1); err != nil {
+		if _, err := gw.Purchase(ctx, sku, client.Key(fmt.Sprintf("acl-buy-%d", i)), fmt.Sprintf("b%d", i), 1); err != nil {
 			t.Fatalf("purchase %d: %v", i, err)
 		}
 		orders++
@@ -174,7 +174,7 @@ func TestReadmeACLRunsEverything(t *testing.T) {
 	if st.State != "admitted" {
 		t.Fatalf("the waiting room answered %q, want admitted", st.State)
 	}
-	if _, err := gw.Purchase(client.WithAdmission(ctx, st.AdmissionToken), queued, "acl-queued-buy", "alice", 1); err != nil {
+	if _, err := gw.Admitted(st.AdmissionToken).Purchase(ctx, queued, "acl-queued-buy", "alice", 1); err != nil {
 		t.Fatalf("admitted purchase: %v", err)
 	}
 	orders++

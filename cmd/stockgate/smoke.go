@@ -44,7 +44,7 @@ func smoke(ctx context.Context, url, adminURL, token string, log *slog.Logger) e
 	run := hex.EncodeToString(b)
 	buyer := "smoke-" + run
 	began := time.Now()
-	o, err := buyers.Purchase(ctx, smokeSKU, "smoke-buy-"+run, buyer, 1)
+	o, err := buyers.Purchase(ctx, smokeSKU, client.Key("smoke-buy-"+run), buyer, 1)
 	if err != nil {
 		return fmt.Errorf("buy a ticket: %w", err)
 	}
@@ -55,7 +55,7 @@ func smoke(ctx context.Context, url, adminURL, token string, log *slog.Logger) e
 	if err != nil || got.State != "standing" {
 		return fmt.Errorf("read the order %s back: %+v, %v", o.OrderID, got, err)
 	}
-	r, err := buyers.Refund(ctx, o.OrderID, "smoke-refund-"+run, buyer)
+	r, err := buyers.Refund(ctx, o.OrderID, client.Key("smoke-refund-"+run), buyer)
 	if err != nil || r.RefundedAt == nil {
 		return fmt.Errorf("refund the order %s: %+v, %v", o.OrderID, r, err)
 	}

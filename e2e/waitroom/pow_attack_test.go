@@ -675,7 +675,7 @@ func TestAttackPowPurchaseDoor(t *testing.T) {
 		st, err = cl.CheckQueue(ctx, sku.Program.String(), st.Ticket)
 		return err == nil && st.State == "admitted"
 	})
-	o, err := cl.Purchase(client.WithAdmission(ctx, st.AdmissionToken), client.SKU{Program: sku.Program.String(), Ticket: sku.Ticket.String()}, "cy-1", "cy", 1)
+	o, err := cl.Admitted(st.AdmissionToken).Purchase(ctx, client.SKU{Program: sku.Program.String(), Ticket: sku.Ticket.String()}, "cy-1", "cy", 1)
 	if err != nil || o.Quantity != 1 {
 		t.Errorf("cy's purchase through the client = %+v, %v", o, err)
 	}

@@ -402,11 +402,11 @@ func TestHoldBudgetCalls(t *testing.T) {
 	if err := c.PutProgramSettings(ctx, client.ProgramSettings{Program: sku.Program, HoldBudget: 3, DeviceHoldBudget: 2}); err != nil {
 		t.Fatalf("PutProgramSettings: %v", err)
 	}
-	phone := client.WithFingerprint(ctx, "phone-1")
-	if _, err := c.Hold(phone, sku, "h1", "ann", 2, time.Minute); err != nil {
+	phone := c.ForDevice("phone-1")
+	if _, err := phone.Hold(ctx, sku, "h1", "ann", 2, time.Minute); err != nil {
 		t.Fatalf("Hold within the budgets: %v", err)
 	}
-	if _, err := c.Hold(phone, sku, "h2", "bob", 1, time.Minute); !errors.Is(err, client.ErrHoldBudget) {
+	if _, err := phone.Hold(ctx, sku, "h2", "bob", 1, time.Minute); !errors.Is(err, client.ErrHoldBudget) {
 		t.Errorf("a hold over the fingerprint's budget = %v, want ErrHoldBudget", err)
 	}
 	if _, err := c.Hold(ctx, sku, "h3", "bob", 1, time.Minute); err != nil {

@@ -11,7 +11,7 @@ import (
 )
 
 // The waiting room through the client: the admin calls, a join, checks
-// until admitted, a purchase with the admission (WithAdmission), and the
+// until admitted, a purchase with the admission (Admitted), and the
 // refusals as errors.
 func TestQueueCalls(t *testing.T) {
 	ctx := context.Background()
@@ -46,11 +46,11 @@ func TestQueueCalls(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	in := client.WithAdmission(ctx, st.AdmissionToken)
-	if o, err := c.Purchase(in, sku, "k1", "ann", 1); err != nil || o.Quantity != 1 {
+	in := c.Admitted(st.AdmissionToken)
+	if o, err := in.Purchase(ctx, sku, "k1", "ann", 1); err != nil || o.Quantity != 1 {
 		t.Fatalf("Purchase with admission = %+v, %v", o, err)
 	}
-	if _, err := c.Purchase(in, sku, "k2", "ann", 1); !errors.Is(err, client.ErrAdmissionUsed) {
+	if _, err := in.Purchase(ctx, sku, "k2", "ann", 1); !errors.Is(err, client.ErrAdmissionUsed) {
 		t.Fatalf("second order on one admission = %v", err)
 	}
 	if err := c.DeleteQueue(ctx, sku.Program); err != nil {

@@ -32,9 +32,11 @@ import (
 	"os"
 	"time"
 
+	"github.com/redis/go-redis/extra/redisotel/v9"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stockgate/stockgate/internal/opt"
+	"github.com/stockgate/stockgate/tracing"
 )
 
 // Options configures New; zero values take the defaults in the package doc.
@@ -148,7 +150,7 @@ func New(opts Options) (*redis.ClusterClient, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
-	return redis.NewClusterClient(&redis.ClusterOptions{
+	c := redis.NewClusterClient(&redis.ClusterOptions{
 		Addrs:                      opts.Addrs,
 		Username:                   opts.Username,
 		Password:                   opts.Password,
@@ -163,5 +165,18 @@ func New(opts Options) (*redis.ClusterClient, error) {
 		PoolTimeout:                opts.ReadTimeout + opts.DialTimeout,
 		ClusterStateReloadInterval: opts.StateReloadEvery,
 		ReadOnly:                   false,
-	}), nil
+	})
+	if tracing.Enabled() {
+		// A span per command and pipeline (redisotel, go-redis's own),
+		// the child of the span of the request, gate call or sweep that
+		// sends it, through the provider otelenv.Setup made global: the
+		// waiting room's, the relay's and the sweepers' Redis work is in
+		// their traces too. Commands' arguments stay out of the spans
+		// (buyers' ids, tokens). Off, no hook is installed at all.
+		if err := redisotel.InstrumentTracing(c, redisotel.WithDBStatement(false)); err != nil {
+			_ = c.Close() // not connected yet: nothing to lose
+			return nil, fmt.Errorf("cluster: tracing: %w", err)
+		}
+	}
+	return c, nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/lua"
+	"github.com/stockgate/stockgate/tracing"
 )
 
 // Redis Streams were chosen over Kafka for platforms that run a broker:
@@ -102,14 +103,20 @@ func (s *Stream) Name() string { return s.name }
 // Key is the stream of a partition.
 func (s *Stream) Key(partition int) string { return keys.EventStream(s.prefix, partition) }
 
-// Deliver adds e to its partition's stream, once.
-func (s *Stream) Deliver(ctx context.Context, e ledger.Event) error {
+// Deliver adds e to its partition's stream, once. With tracing on, each
+// attempt is a span of the trace of the request whose change wrote e (as
+// a webhook delivery is), and the entry carries that span's traceparent
+// as its field traceparent, so a consumer's work joins the purchase's
+// trace.
+func (s *Stream) Deliver(ctx context.Context, e ledger.Event) (err error) {
+	ctx, span := deliverySpan(ctx, "stream.deliver", s.name, e)
+	defer func() { tracing.End(span, err) }()
 	body, err := json.Marshal(e.Wire())
 	if err != nil {
 		return fmt.Errorf("stream: %w", err)
 	}
 	ks := []string{s.Key(e.Partition), keys.EventSeen(s.prefix, e.Partition, e.ID)}
-	args := []any{e.ID.String(), e.Type, string(body), s.maxLen, int64(s.seenFor / time.Second)}
+	args := []any{e.ID.String(), e.Type, string(body), s.maxLen, int64(s.seenFor / time.Second), tracing.Traceparent(ctx)}
 	c, ok := s.redis.(*redis.ClusterClient)
 	if !ok {
 		return s.reply(s.script.Run(ctx, s.redis, ks, args...), nil)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/stockgate/stockgate/client/webhook"
 	"github.com/stockgate/stockgate/internal/opt"
@@ -79,12 +80,8 @@ func (w *Webhook) Name() string { return w.name }
 // event), and its traceparent goes out with the request, so the
 // receiver's trace joins the purchase's.
 func (w *Webhook) Deliver(ctx context.Context, e ledger.Event) (err error) {
-	ctx, span := tracing.StartClient(tracing.WithParent(ctx, e.Trace), "webhook.deliver")
+	ctx, span := deliverySpan(ctx, "webhook.deliver", w.name, e)
 	defer func() { tracing.End(span, err) }()
-	if span.IsRecording() {
-		span.SetAttributes(attribute.String("stockgate.sink", w.name), attribute.String("stockgate.event.id", e.ID.String()),
-			attribute.String("stockgate.event.type", e.Type), attribute.Int64("stockgate.event.seq", e.Seq))
-	}
 	body, err := json.Marshal(e.Wire())
 	if err != nil {
 		return fmt.Errorf("webhook: %w", err)
@@ -108,4 +105,16 @@ func (w *Webhook) Deliver(ctx context.Context, e ledger.Event) (err error) {
 		return fmt.Errorf("webhook: answered %s", resp.Status)
 	}
 	return nil
+}
+
+// deliverySpan starts the span of one delivery attempt of e to a sink: a
+// span of the trace of the request whose change wrote e (a root of its
+// own for a sweeper's event).
+func deliverySpan(ctx context.Context, name, sink string, e ledger.Event) (context.Context, trace.Span) {
+	ctx, span := tracing.StartClient(tracing.WithParent(ctx, e.Trace), name)
+	if span.IsRecording() {
+		span.SetAttributes(attribute.String("stockgate.sink", sink), attribute.String("stockgate.event.id", e.ID.String()),
+			attribute.String("stockgate.event.type", e.Type), attribute.Int64("stockgate.event.seq", e.Seq))
+	}
+	return ctx, span
 }

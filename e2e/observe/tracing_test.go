@@ -85,8 +85,10 @@ func (r *otlpReceiver) named(name string) []*tracepb.Span {
 // commits it and that commit span link to each other, and the webhook delivery of
 // its event is a span of the purchase's trace, a child of its request's
 // span, whose traceparent goes out to the receiver; the batch's SQL
-// statements and COMMIT are spans of the batch. A refund's delivery is
-// likewise a span of the refund's trace.
+// statements and COMMIT are spans of the batch, and the gate call's Redis
+// commands spans of the gate call (redisotel). A refund's delivery is
+// likewise a span of the refund's trace, and a waiting room's join has
+// its Redis commands as its spans.
 func TestTracingFollowsAPurchase(t *testing.T) {
 	recv := &otlpReceiver{}
 	collector := httptest.NewServer(recv)
@@ -174,7 +176,8 @@ func TestTracingFollowsAPurchase(t *testing.T) {
 				}
 			}
 		}
-		return deduct != nil && batch != nil && deliver != nil && len(sqlUnder(recv, batch)) > 0
+		return deduct != nil && batch != nil && deliver != nil && len(dbUnder(recv, batch, "postgresql")) > 0 &&
+			len(dbUnder(recv, deduct, "redis")) > 0
 	})
 	// The delivery is the purchase's: one trace from the caller to the
 	// receiver, though the relay posted it from the outbox later.
@@ -210,6 +213,26 @@ func TestTracingFollowsAPurchase(t *testing.T) {
 		}
 		return false
 	})
+	// A join of a waiting room: its request span, with the room's Redis
+	// work (redisotel) as its children.
+	if r := e.Do(t, http.MethodPut, "/v1/admin/programs/traced/queue", nil,
+		`{"opens_in_seconds":0,"rate_per_second":100,"window_seconds":60,"per_remaining":1}`); r.Status != http.StatusOK {
+		t.Fatalf("PUT queue = %d %s", r.Status, r.Body)
+	}
+	const joinCaller = "6df92f3577b34da6a3ce929d0e0e4738"
+	if r := e.Do(t, http.MethodPost, "/v1/programs/traced/queue", map[string]string{
+		"Traceparent": "00-" + joinCaller + "-" + callerSpan + "-01",
+	}, `{"buyer":"b2"}`); r.Status != http.StatusCreated {
+		t.Fatalf("join = %d %s", r.Status, r.Body)
+	}
+	systest.WaitFor(t, 20*time.Second, "the join's span with its Redis commands", func() bool {
+		for _, s := range recv.named("POST /v1/programs/:program/queue") {
+			if hex.EncodeToString(s.TraceId) == joinCaller && len(dbUnder(recv, s, "redis")) > 0 {
+				return true
+			}
+		}
+		return false
+	})
 	for _, name := range []string{"GET /livez", "GET /readyz", "GET /metrics"} {
 		if got := recv.named(name); len(got) > 0 {
 			t.Errorf("%d spans named %q: probes and scrapes are not traced", len(got), name)
@@ -227,7 +250,7 @@ func TestTracingFollowsAPurchase(t *testing.T) {
 	// (otelpgx).
 	var names []string
 	sawCommit := false
-	for _, s := range sqlUnder(recv, batch) {
+	for _, s := range dbUnder(recv, batch, "postgresql") {
 		names = append(names, s.Name)
 		sawCommit = sawCommit || strings.Contains(strings.ToUpper(s.Name), "COMMIT")
 	}
@@ -250,9 +273,10 @@ func TestTracingFollowsAPurchase(t *testing.T) {
 	}
 }
 
-// sqlUnder is the spans of statements (otelpgx's, a db.system attribute)
-// whose parent is span.
-func sqlUnder(recv *otlpReceiver, span *tracepb.Span) []*tracepb.Span {
+// dbUnder is the spans of statements or commands whose parent is span,
+// sent to the database system named (a db.system attribute: otelpgx's
+// "postgresql" spans, redisotel's "redis" ones).
+func dbUnder(recv *otlpReceiver, span *tracepb.Span, system string) []*tracepb.Span {
 	recv.mu.Lock()
 	defer recv.mu.Unlock()
 	var out []*tracepb.Span
@@ -261,7 +285,7 @@ func sqlUnder(recv *otlpReceiver, span *tracepb.Span) []*tracepb.Span {
 			continue
 		}
 		for _, a := range s.Attributes {
-			if strings.HasPrefix(a.Key, "db.system") {
+			if strings.HasPrefix(a.Key, "db.system") && a.Value.GetStringValue() == system {
 				out = append(out, s)
 				break
 			}

@@ -34,6 +34,7 @@ import (
 
 	"github.com/redis/go-redis/extra/redisotel/v9"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel"
 
 	"github.com/stockgate/stockgate/internal/opt"
 	"github.com/stockgate/stockgate/tracing"
@@ -173,7 +174,8 @@ func New(opts Options) (*redis.ClusterClient, error) {
 		// waiting room's, the relay's and the sweepers' Redis work is in
 		// their traces too. Commands' arguments stay out of the spans
 		// (buyers' ids, tokens). Off, no hook is installed at all.
-		if err := redisotel.InstrumentTracing(c, redisotel.WithDBStatement(false)); err != nil {
+		tp := tracing.ChildrenOnly(otel.GetTracerProvider()) // none for the background loops' commands
+		if err := redisotel.InstrumentTracing(c, redisotel.WithDBStatement(false), redisotel.WithTracerProvider(tp)); err != nil {
 			_ = c.Close() // not connected yet: nothing to lose
 			return nil, fmt.Errorf("cluster: tracing: %w", err)
 		}

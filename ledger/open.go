@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.opentelemetry.io/otel"
 
 	"github.com/stockgate/stockgate/internal/opt"
 	"github.com/stockgate/stockgate/tracing"
@@ -172,7 +173,9 @@ func openPostgres(dsn string) (*sql.DB, error) {
 		// of the request or ledger batch that runs it (otelpgx, through
 		// the provider otelenv.Setup made global). Off, pgx runs no
 		// tracer at all.
-		cfg.Tracer = otelpgx.NewTracer() // span names: the statement's first word
+		// A statement of a background loop (a sweeper's) with no span
+		// around it starts no trace (tracing.ChildrenOnly).
+		cfg.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(tracing.ChildrenOnly(otel.GetTracerProvider()))) // span names: the statement's first word
 	}
 	return stdlib.OpenDB(*cfg), nil
 }

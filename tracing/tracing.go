@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/embedded"
 )
 
 // scope names stockgate's spans' instrumentation scope.
@@ -162,4 +163,34 @@ func End(span trace.Span, err error) {
 		span.SetStatus(codes.Error, err.Error())
 	}
 	span.End()
+}
+
+// ChildrenOnly wraps tp for the libraries' instrumentations (redisotel's
+// span per Redis command, otelpgx's per SQL statement): their tracers
+// start a span only under one already in ctx, so a command is part of
+// the trace of the request, ledger batch or delivery that sends it, and
+// the background loops' commands (the sweepers', the relay's polls and
+// leases, several a second on every replica) start no traces of their
+// own, which would bury the requests' traces in a collector.
+func ChildrenOnly(tp trace.TracerProvider) trace.TracerProvider { return childrenOnly{tp: tp} }
+
+type childrenOnly struct {
+	embedded.TracerProvider
+	tp trace.TracerProvider
+}
+
+func (c childrenOnly) Tracer(name string, opts ...trace.TracerOption) trace.Tracer {
+	return childTracer{t: c.tp.Tracer(name, opts...)}
+}
+
+type childTracer struct {
+	embedded.Tracer
+	t trace.Tracer
+}
+
+func (c childTracer) Start(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return ctx, none
+	}
+	return c.t.Start(ctx, name, opts...)
 }

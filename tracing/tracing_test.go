@@ -138,3 +138,31 @@ func requestPath(b *testing.B) {
 		tracing.Inject(c, h)
 	}
 }
+
+// A library's tracer wrapped by ChildrenOnly records a span under one
+// already in the context, and none without: a background loop's Redis
+// command or SQL statement starts no trace of its own.
+func TestChildrenOnly(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	lib := tracing.ChildrenOnly(tp).Tracer("redisotel")
+	ctx, orphan := lib.Start(context.Background(), "evalsha")
+	if orphan.IsRecording() || trace.SpanContextFromContext(ctx).IsValid() {
+		t.Errorf("a span with no parent was started: recording %v, in ctx %v", orphan.IsRecording(), trace.SpanContextFromContext(ctx))
+	}
+	orphan.End()
+	parent, request := tp.Tracer("stockgate").Start(context.Background(), "POST /x")
+	_, child := lib.Start(parent, "evalsha")
+	child.End()
+	request.End()
+	var names []string
+	for _, s := range rec.Ended() {
+		names = append(names, s.Name())
+		if s.Name() == "evalsha" && s.Parent().SpanID() != request.SpanContext().SpanID() {
+			t.Errorf("the command's span is under %v, want the request's %v", s.Parent().SpanID(), request.SpanContext().SpanID())
+		}
+	}
+	if len(names) != 2 || names[0] != "evalsha" {
+		t.Errorf("spans ended %v, want the command's under the request's and nothing else", names)
+	}
+}

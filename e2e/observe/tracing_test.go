@@ -233,6 +233,19 @@ func TestTracingFollowsAPurchase(t *testing.T) {
 		}
 		return false
 	})
+	// The background loops (sweepers every 200 ms, the relay's polls every
+	// 20 ms, on the ledger and Redis) ran all along: none of their
+	// commands started a trace of its own.
+	recv.mu.Lock()
+	for _, s := range recv.spans {
+		for _, a := range s.Attributes {
+			if strings.HasPrefix(a.Key, "db.system") && len(s.ParentSpanId) == 0 {
+				t.Errorf("%s span %q is a root: a background loop's command started a trace", a.Value.GetStringValue(), s.Name)
+				break
+			}
+		}
+	}
+	recv.mu.Unlock()
 	for _, name := range []string{"GET /livez", "GET /readyz", "GET /metrics"} {
 		if got := recv.named(name); len(got) > 0 {
 			t.Errorf("%d spans named %q: probes and scrapes are not traced", len(got), name)

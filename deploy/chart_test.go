@@ -648,6 +648,24 @@ func TestSmokeHook(t *testing.T) {
 		for _, key := range selecting(objs, p.Labels) {
 			t.Errorf("%s values: %s selects the smoke pod (%v)", name, key, p.Labels)
 		}
+		// Under a NetworkPolicy (production's admits only the ingress
+		// controller, Prometheus and a back office), helm test reaches
+		// the gateway only if the policy admits the smoke pod itself.
+		// (admits: no policy admits all.)
+		ports := map[string]int32{}
+		for _, cp := range d.Spec.Template.Spec.Containers[0].Ports {
+			ports[cp.Name] = cp.ContainerPort
+		}
+		called := []string{"http"}
+		if want != "" {
+			called = append(called, "admin")
+		}
+		smoke := peer{namespace: map[string]string{"kubernetes.io/metadata.name": "stockgate"}, pod: p.Labels}
+		for _, port := range called {
+			if !admits(objs, smoke, ports[port]) {
+				t.Errorf("%s values: the NetworkPolicy does not admit the smoke pod (%v) on port %s (%d)", name, p.Labels, port, ports[port])
+			}
+		}
 	}
 }
 

@@ -225,6 +225,16 @@ func TestTracingFollowsAPurchase(t *testing.T) {
 	}, `{"buyer":"b2"}`); r.Status != http.StatusCreated {
 		t.Fatalf("join = %d %s", r.Status, r.Body)
 	}
+	// Admin work is traced the same way: the PUT's span, with the ledger's
+	// statements under it.
+	systest.WaitFor(t, 20*time.Second, "the admin PUT's span with its SQL", func() bool {
+		for _, s := range recv.named("PUT /v1/admin/programs/:program/queue") {
+			if len(dbUnder(recv, s, "postgresql")) > 0 {
+				return true
+			}
+		}
+		return false
+	})
 	systest.WaitFor(t, 20*time.Second, "the join's span with its Redis commands", func() bool {
 		for _, s := range recv.named("POST /v1/programs/:program/queue") {
 			if hex.EncodeToString(s.TraceId) == joinCaller && len(dbUnder(recv, s, "redis")) > 0 {

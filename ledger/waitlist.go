@@ -329,11 +329,11 @@ func offerBack(ctx context.Context, tx *sql.Tx, sku stock.SKU, units int64, rows
 		}
 		if !checked {
 			checked = true
-			var ended, closed, closes, seated, queued int64
+			var ended, closed, opens, closes, seated, queued int64
 			var access string
-			if err := tx.QueryRowContext(ctx, `SELECT gate_epoch, ended_at, pool_closed_at, pool_closes_at, seated, pool_access,
+			if err := tx.QueryRowContext(ctx, `SELECT gate_epoch, ended_at, pool_closed_at, pool_opens_at, pool_closes_at, seated, pool_access,
 					(SELECT COUNT(*) FROM queues WHERE queues.program = skus.program)
-				FROM skus WHERE program = $1 AND ticket = $2`, sku.Program, sku.Ticket).Scan(&epoch, &ended, &closed, &closes, &seated, &access, &queued); err != nil {
+				FROM skus WHERE program = $1 AND ticket = $2`, sku.Program, sku.Ticket).Scan(&epoch, &ended, &closed, &opens, &closes, &seated, &access, &queued); err != nil {
 				return nil, notCommitted("waitlist: read sku", err)
 			}
 			// A pool past its window's end sells nothing, and the
@@ -342,6 +342,13 @@ func offerBack(ctx context.Context, tx *sql.Tx, sku stock.SKU, units int64, rows
 			// moves to (helper-68).
 			if closedBy(closes, now) {
 				closed = 1
+			}
+			// A pool whose window an admin moved later, after buyers
+			// joined its line, sells nothing until it opens: an offer now
+			// would pass the window by (helper-84). The unit goes back to
+			// its stock, and the line waits for later returns.
+			if opens > now.UnixMilli() {
+				return nil, nil
 			}
 			// A pool whose rule became a code or a channel after buyers
 			// joined its line offers nothing: an offer would pass the

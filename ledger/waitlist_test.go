@@ -218,3 +218,44 @@ func TestWaitlistOfAPoolPastItsWindow(t *testing.T) {
 		}
 	})
 }
+
+// A pool whose window an admin moved later, after buyers joined its line,
+// makes no offer until it opens: every buyer is told pool-not-open, and
+// an offer would sell past the window (helper-84). The unit goes back to
+// the pool's stock, and the entry waits on (it is not closed: the pool
+// will open).
+func TestWaitlistOfAPoolMovedToOpenLater(t *testing.T) {
+	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, clk *clock) {
+		ctx := context.Background()
+		ga := stock.SKU{Program: keys.MustID(fmt.Sprintf("later%d", time.Now().UnixNano())), Ticket: keys.MustID("ga")}
+		fans := ga.InPool(keys.MustID("fans"))
+		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: ga, Total: 10, Shards: 1, MaxPerOrder: 4}); err != nil {
+			t.Fatal(err)
+		}
+		if err := putPool(l, fans, 1, ledger.PoolRule{ClosesAt: clk.now().Add(48 * time.Hour)}); err != nil {
+			t.Fatal(err)
+		}
+		h, err := l.Hold(ctx, ledger.Hold{IdempotencyKey: keys.MustID("fan-h1"), SKU: fans, Buyer: keys.MustID("fan"), Quantity: 1,
+			ExpiresAt: clk.now().Add(2 * time.Hour), Gate: `[{"shards":1}]`}, -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := l.JoinWaitlist(ctx, fans, keys.MustID("w1"), 1, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		later := ledger.PoolRule{OpensAt: clk.now().Add(24 * time.Hour), ClosesAt: clk.now().Add(48 * time.Hour)}
+		if _, err := l.PutPool(ctx, ledger.PoolConfig{SKU: fans, Allotment: 1, Shards: 1, Rule: later}); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := l.Cancel(ctx, h.ID, h.Buyer, ledger.Request{}); err != nil {
+			t.Fatal(err)
+		}
+		e, err := l.WaitEntryOf(ctx, fans, keys.MustID("w1"))
+		if err != nil || e.State != ledger.Waiting || e.Closed {
+			t.Errorf("w1 after a unit came back before the pool opens = %+v, %v; want waiting (not closed), no offer", e, err)
+		}
+		if st, err := l.SKU(ctx, fans); err != nil || st.Held != 0 || st.Remaining() != 1 {
+			t.Errorf("the pool after the cancel = %+v, %v; want its unit back in stock, none held for an offer", st, err)
+		}
+	})
+}

@@ -187,22 +187,7 @@ func TestWaitlistOffers(t *testing.T) {
 func TestWaitlistOfAPoolPastItsWindow(t *testing.T) {
 	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, clk *clock) {
 		ctx := context.Background()
-		ga := stock.SKU{Program: keys.MustID(fmt.Sprintf("window%d", time.Now().UnixNano())), Ticket: keys.MustID("ga")}
-		fans := ga.InPool(keys.MustID("fans"))
-		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: ga, Total: 10, Shards: 1, MaxPerOrder: 4}); err != nil {
-			t.Fatal(err)
-		}
-		if err := putPool(l, fans, 1, ledger.PoolRule{ClosesAt: clk.now().Add(time.Hour)}); err != nil {
-			t.Fatal(err)
-		}
-		h, err := l.Hold(ctx, ledger.Hold{IdempotencyKey: keys.MustID("fan-h1"), SKU: fans, Buyer: keys.MustID("fan"), Quantity: 1,
-			ExpiresAt: clk.now().Add(2 * time.Hour), Gate: `[{"shards":1}]`}, -1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, _, err := l.JoinWaitlist(ctx, fans, keys.MustID("w1"), 1, time.Minute); err != nil {
-			t.Fatal(err)
-		}
+		fans, h := heldPoolWithALine(t, l, "window", ledger.PoolRule{ClosesAt: clk.now().Add(time.Hour)}, clk.now())
 		clk.advance(90 * time.Minute) // past the window, before any close
 		if _, _, err := l.JoinWaitlist(ctx, fans, keys.MustID("w2"), 1, time.Minute); !errors.Is(err, ledger.ErrPoolClosed) {
 			t.Errorf("a join past the pool's window = %v, want ErrPoolClosed", err)
@@ -227,22 +212,7 @@ func TestWaitlistOfAPoolPastItsWindow(t *testing.T) {
 func TestWaitlistOfAPoolMovedToOpenLater(t *testing.T) {
 	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, clk *clock) {
 		ctx := context.Background()
-		ga := stock.SKU{Program: keys.MustID(fmt.Sprintf("later%d", time.Now().UnixNano())), Ticket: keys.MustID("ga")}
-		fans := ga.InPool(keys.MustID("fans"))
-		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: ga, Total: 10, Shards: 1, MaxPerOrder: 4}); err != nil {
-			t.Fatal(err)
-		}
-		if err := putPool(l, fans, 1, ledger.PoolRule{ClosesAt: clk.now().Add(48 * time.Hour)}); err != nil {
-			t.Fatal(err)
-		}
-		h, err := l.Hold(ctx, ledger.Hold{IdempotencyKey: keys.MustID("fan-h1"), SKU: fans, Buyer: keys.MustID("fan"), Quantity: 1,
-			ExpiresAt: clk.now().Add(2 * time.Hour), Gate: `[{"shards":1}]`}, -1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, _, err := l.JoinWaitlist(ctx, fans, keys.MustID("w1"), 1, time.Minute); err != nil {
-			t.Fatal(err)
-		}
+		fans, h := heldPoolWithALine(t, l, "later", ledger.PoolRule{ClosesAt: clk.now().Add(48 * time.Hour)}, clk.now())
 		later := ledger.PoolRule{OpensAt: clk.now().Add(24 * time.Hour), ClosesAt: clk.now().Add(48 * time.Hour)}
 		if _, err := l.PutPool(ctx, ledger.PoolConfig{SKU: fans, Allotment: 1, Shards: 1, Rule: later}); err != nil {
 			t.Fatal(err)
@@ -258,4 +228,28 @@ func TestWaitlistOfAPoolMovedToOpenLater(t *testing.T) {
 			t.Errorf("the pool after the cancel = %+v, %v; want its unit back in stock, none held for an offer", st, err)
 		}
 	})
+}
+
+// heldPoolWithALine makes a pool of one unit under rule, held by "fan"
+// for two hours from now, and "w1" waiting on its line for one.
+func heldPoolWithALine(t *testing.T, l *ledger.Ledger, name string, rule ledger.PoolRule, now time.Time) (stock.SKU, ledger.Hold) {
+	t.Helper()
+	ctx := context.Background()
+	ga := stock.SKU{Program: keys.MustID(fmt.Sprintf("%s%d", name, time.Now().UnixNano())), Ticket: keys.MustID("ga")}
+	fans := ga.InPool(keys.MustID("fans"))
+	if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: ga, Total: 10, Shards: 1, MaxPerOrder: 4}); err != nil {
+		t.Fatal(err)
+	}
+	if err := putPool(l, fans, 1, rule); err != nil {
+		t.Fatal(err)
+	}
+	h, err := l.Hold(ctx, ledger.Hold{IdempotencyKey: keys.MustID("fan-h1"), SKU: fans, Buyer: keys.MustID("fan"), Quantity: 1,
+		ExpiresAt: now.Add(2 * time.Hour), Gate: `[{"shards":1}]`}, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := l.JoinWaitlist(ctx, fans, keys.MustID("w1"), 1, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	return fans, h
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/stockgate/stockgate/cluster"
 	"github.com/stockgate/stockgate/fleet"
 	"github.com/stockgate/stockgate/gateway"
+	"github.com/stockgate/stockgate/internal/logevery"
 	"github.com/stockgate/stockgate/internal/opt"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
@@ -207,6 +208,8 @@ func Open(ctx context.Context, o Options) (_ *App, err error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	// A failing dependency's warnings, a line a second each (logevery).
+	o.Logger = logevery.Wrap(o.Logger)
 	log := gateway.WithRequestIDs(o.Logger)
 	a := &App{Registry: prometheus.NewRegistry(), log: log}
 	defer func() {

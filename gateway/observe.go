@@ -136,6 +136,11 @@ func traced(c *gin.Context) {
 // observe gives every request an id (a valid X-Request-Id from the client
 // or a new one, echoed back), counts it, and logs it only when it failed
 // with a 5xx or was slow: a successful request on the hot path logs nothing.
+// Failures log one line a second per route, status and problem, with the
+// cause and how many the line stands for (left_out): a ledger or Redis
+// that fails every request, or a crowd shed at the door, would otherwise
+// write a line per request when the replica has least CPU to spare. The
+// line's request_id is the first of its second; the metrics count all.
 func (s *Server) observe(c *gin.Context) {
 	start := time.Now()
 	id := c.GetHeader("X-Request-Id")
@@ -160,11 +165,21 @@ func (s *Server) observe(c *gin.Context) {
 	s.http.duration.WithLabelValues(route, method).Observe(took.Seconds())
 	switch {
 	case status >= 500:
-		s.log.ErrorContext(c.Request.Context(), "request failed", "route", route, "method", method,
-			"status", status, "duration", took.String())
+		code := c.GetString(problemKey)
+		ok, left := s.logs.Allow("failed "+route+" "+strconv.Itoa(status)+" "+code, start)
+		if !ok {
+			return
+		}
+		args := []any{"route", route, "method", method, "status", status, "problem", code, "duration", took.String(), "left_out", left}
+		if e := c.Errors.Last(); e != nil {
+			args = append(args, "err", e.Err)
+		}
+		s.log.ErrorContext(c.Request.Context(), "request failed", args...)
 	case took >= s.opts.SlowRequest && !strings.HasSuffix(route, "/events"): // a stream is long by design
-		s.log.WarnContext(c.Request.Context(), "slow request", "route", route, "method", method,
-			"status", status, "duration", took.String())
+		if ok, left := s.logs.Allow("slow "+route, start); ok {
+			s.log.WarnContext(c.Request.Context(), "slow request", "route", route, "method", method,
+				"status", status, "duration", took.String(), "left_out", left)
+		}
 	}
 }
 

@@ -110,6 +110,9 @@ func retryAfter(wait time.Duration) int {
 	return base + rand.IntN(base+1)
 }
 
+// problemKey is the gin context key of a 5xx's problem code.
+const problemKey = "stockgate.problem"
+
 // writeProblem answers with a problem+json body and aborts the handler
 // chain; retryAfter > 0 sets Retry-After in seconds (429 and 503).
 func writeProblem(c *gin.Context, status int, kind, detail string, retryAfter int) {
@@ -121,6 +124,9 @@ func writeProblem(c *gin.Context, status int, kind, detail string, retryAfter in
 func writeProblemLines(c *gin.Context, status int, kind, detail string, retryAfter int, lines []problemLine, seats []string, outcome string) {
 	if retryAfter > 0 {
 		c.Header("Retry-After", strconv.Itoa(retryAfter))
+	}
+	if status >= 500 {
+		c.Set(problemKey, kind) // observe logs 5xx a line a second per route and problem
 	}
 	c.Header("Cache-Control", "no-store")
 	c.Render(status, problemRender{Problem{
@@ -239,7 +245,7 @@ func (s *Server) roomError(c *gin.Context, err error) {
 	retry := 0
 	if status == http.StatusServiceUnavailable {
 		retry = retryAfter(time.Second)
-		s.log.WarnContext(c.Request.Context(), "request failed", "route", c.FullPath(), "status", status, "err", err)
+		_ = c.Error(err) // the cause, for observe's line
 	}
 	var pz *waitroom.PuzzleError
 	if errors.As(err, &pz) {
@@ -288,9 +294,8 @@ func (s *Server) writeError(c *gin.Context, err error) {
 		}
 		retry = retryAfter(wait)
 	}
-	if status >= 500 && kind != sale.ErrBusy && kind != sale.ErrBusyShared {
-		// Shedding load is not a failure to log: the metrics count it.
-		s.log.WarnContext(c.Request.Context(), "request failed", "route", c.FullPath(), "status", status, "err", err)
+	if status >= 500 {
+		_ = c.Error(err) // the cause, for observe's line
 	}
 	var lines []problemLine
 	for _, l := range sale.Lines(err) {

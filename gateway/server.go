@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/stockgate/stockgate/internal/logevery"
 	"github.com/stockgate/stockgate/internal/opt"
 	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/stock"
@@ -178,6 +179,7 @@ type Server struct {
 	limiter *limiter
 	guesses *limiter // wrong access codes, per client
 	log     *slog.Logger
+	logs    logevery.Limiter // request failures' and slow requests' lines, one a second per kind
 	opts    Options
 	ready   atomic.Bool
 	// ledgerDown is why the ledger takes no writes ("" when it does):

@@ -88,7 +88,7 @@ func (s *Service) sendNotices(ctx context.Context) {
 			for _, sku := range skus[:n] {
 				s.changes.mark(sku) // with the next notice
 			}
-			if ok, left := s.logs.allow("change notice", time.Now()); ok {
+			if ok, left := s.logs.Allow("change notice", time.Now()); ok {
 				s.log.WarnContext(ctx, "publish change notice; sent again with the next", "skus", n, "err", err, "left_out", left)
 			}
 		}

@@ -74,7 +74,7 @@ func (s *Service) publishNotice(ctx context.Context, channel string, sku stock.S
 	}
 	if err := s.opts.Notifier.Publish(ctx, channel, sku.String()).Err(); err != nil {
 		s.restocksOwed.mark(sku)
-		if ok, left := s.logs.allow("restock notice", time.Now()); ok {
+		if ok, left := s.logs.Allow("restock notice", time.Now()); ok {
 			s.log.WarnContext(ctx, "publish notice; a restock notice is sent again with the next change notices", "channel", channel, "sku", sku.String(), "err", err, "left_out", left)
 		}
 	}

@@ -26,6 +26,7 @@ import (
 
 	"github.com/stockgate/stockgate/breaker"
 	"github.com/stockgate/stockgate/cache"
+	"github.com/stockgate/stockgate/internal/logevery"
 	"github.com/stockgate/stockgate/internal/opt"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
@@ -393,8 +394,8 @@ type Service struct {
 	confirms *batcher[ledger.HoldRequest, confirmOut]
 	cancels  *batcher[ledger.HoldRequest, cancelOut]
 	refunds  *batcher[ledger.OrderRequest, refundOut]
-	fallback chan struct{} // semaphore of ledger-direct requests
-	logs     logEvery      // failing dependencies' lines, one a second
+	fallback chan struct{}    // semaphore of ledger-direct requests
+	logs     logevery.Limiter // failing dependencies' lines, one a second
 	reseeds  singleflight.Group
 	log      *slog.Logger
 	opts     Options

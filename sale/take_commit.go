@@ -272,7 +272,7 @@ const (
 // logCommit logs a failed ledger commit, one line a second: a ledger
 // that is down fails every request's.
 func (s *Service) logCommit(ctx context.Context, err error) {
-	if ok, left := s.logs.allow("ledger commit", time.Now()); ok {
+	if ok, left := s.logs.Allow("ledger commit", time.Now()); ok {
 		s.log.ErrorContext(ctx, "ledger commit", "err", err, "left_out", left)
 	}
 }

@@ -289,7 +289,7 @@ func execute(name string, c *config, stderr io.Writer) int {
 	_ = lvl.UnmarshalText([]byte(c.LogLevel))
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lvl}))
 	// go-redis's own notices into the JSON log, not plain text beside it.
-	redis.SetLogger(app.RedisLog{Logger: log})
+	redis.SetLogger(&app.RedisLog{Logger: log})
 	if name == "smoke" {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 		defer stop()

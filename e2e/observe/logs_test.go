@@ -81,6 +81,42 @@ func TestLogs(t *testing.T) {
 		t.Errorf("no ERROR line with request_id req-fail-1 and status 503: %v", sink.lines())
 	}
 
+	// A ledger that fails every request logs a line a second for them,
+	// with its cause and how many it stands for, not a line each.
+	failed := func() (lines []map[string]any) {
+		for _, l := range sink.lines() {
+			if l["msg"] == "request failed" {
+				lines = append(lines, l)
+			}
+		}
+		return lines
+	}
+	from, sent := time.Now(), 0
+	for range 200 {
+		if r := e.Do(t, http.MethodGet, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String(), nil, ""); r.Status != http.StatusServiceUnavailable {
+			t.Fatalf("admin get on a closed ledger = %d", r.Status)
+		}
+		sent++
+	}
+	// A line per second begun since the first failure, at most.
+	if n, most := len(failed()), 2+int(time.Since(from)/time.Second); n > most {
+		t.Errorf("%d failures logged %d lines in %v, want at most %d (one a second)", sent+1, n, time.Since(from), most)
+	}
+	var told map[string]any
+	systest.WaitFor(t, 10*time.Second, "a failure line saying how many it stands for", func() bool {
+		e.Do(t, http.MethodGet, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String(), nil, "")
+		for _, l := range failed() {
+			if n, _ := l["left_out"].(float64); n > 0 {
+				told = l
+				return true
+			}
+		}
+		return false
+	})
+	if told["err"] == nil || told["problem"] != "unavailable" {
+		t.Errorf("a failure line without its cause (err) and problem: %v", told)
+	}
+
 	// A slow request (the threshold at 1ns: every request is slow).
 	var slowSink syncBuffer
 	e2 := systest.Start(t, systest.Options{Driver: ledger.SQLite, Tune: func(o *app.Options) {

@@ -278,9 +278,12 @@ release: deps-helm
 	cd tools/release && GOWORK=off $(GO) run . -repo ../.. -out ../../dist -version $(VERSION) \
 	  -revision $$(git rev-parse HEAD) -epoch $$(git log -1 --format=%ct) -helm $(GOBIN_DIR)/helm
 
-# The four Redis faults of a sale (kill -9 of a master, all of Redis down,
-# a live reshard, a zombie master) against a stockgate process, each on a
-# cluster of its own; writes its section of docs/BENCHMARKS.md (about 3
-# minutes), which `make bench` keeps.
-bench-faults: deps-redis deps-postgres
+# The faults of a sale against a stockgate process, each on servers of its
+# own: four of Redis (kill -9 of a master, all of Redis down, a live
+# reshard, a zombie master), two of the ledger's link (500 ms slower, cut
+# for 10 s, through toxiproxy) and three of its primary (a planned failover,
+# a postmaster killed, a node lost, on a pg_auto_failover formation);
+# writes its section of docs/BENCHMARKS.md (about 10 minutes), which `make
+# bench` keeps.
+bench-faults: deps-redis deps-postgres deps-autofailover
 	$(GO) run ./cmd/stockbench faults -out docs/BENCHMARKS.md

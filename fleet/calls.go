@@ -434,6 +434,13 @@ func (f *Fleet) RestoreDone(ctx context.Context, kind string, id keys.ID) error 
 var ErrFeedPerProgram = fmt.Errorf("%w: name a program: the ledger is split over several primaries, each numbering its own events",
 	stock.ErrInvalid)
 
+// KnownEvents are those of ids any primary has: an event lives on its
+// program's primary, and a sink's event does not say which that was when
+// it was written (a program may have moved since).
+func (f *Fleet) KnownEvents(ctx context.Context, ids []keys.ID) ([]keys.ID, error) {
+	return everywhere(ctx, f, func(l *ledger.Ledger) ([]keys.ID, error) { return l.KnownEvents(ctx, ids) })
+}
+
 // Events reads a program's events from its primary. Every program's (no
 // program named) are one primary's only: on several, ErrFeedPerProgram.
 func (f *Fleet) Events(ctx context.Context, program keys.ID, after int64, limit int) ([]ledger.Event, error) {

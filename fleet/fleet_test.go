@@ -108,6 +108,18 @@ func TestProgramsSpreadAndRowsAreFound(t *testing.T) {
 			t.Errorf("order %s of %s from a fresh replica: %+v, %v", o.ID, o.SKU, got, err)
 		}
 	}
+	// Events live on their program's primary; the fleet knows them all.
+	var evIDs []keys.ID
+	for _, s := range skus {
+		evs, err := fresh.Events(ctx, s.Program, 0, 10)
+		if err != nil || len(evs) == 0 {
+			t.Fatalf("events of %s: %d, %v", s, len(evs), err)
+		}
+		evIDs = append(evIDs, evs[0].ID)
+	}
+	if known, err := fresh.KnownEvents(ctx, append(evIDs, ledger.NewID())); err != nil || len(known) != len(evIDs) {
+		t.Errorf("known of %d events over both primaries and a made-up one = %v, %v; want the %d", len(evIDs)+1, known, err, len(evIDs))
+	}
 	if _, err := fresh.OrderByID(ctx, ledger.NewIDOf(skus[0])); !errors.Is(err, ledger.ErrNotFound) {
 		t.Errorf("an order nowhere: %v, want ErrNotFound", err)
 	}

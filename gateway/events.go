@@ -49,3 +49,41 @@ func (s *Server) getEvents(c *gin.Context) {
 	c.Header("Cache-Control", "no-store")
 	c.JSON(http.StatusOK, v)
 }
+
+// missingEventsBody is POST /v1/admin/events/missing's body.
+type missingEventsBody struct {
+	IDs []string `json:"ids"`
+}
+
+// missingEvents handles POST /v1/admin/events/missing: of the event ids a
+// sink received (a webhook receiver's de-duplication store, a stream's
+// entries), those no primary of the ledger has. After a failover to a
+// standby that lacked the old primary's last commits, they are the
+// changes the platform was told of and the ledger lost (OPERATIONS.md).
+func (s *Server) missingEvents(c *gin.Context) {
+	var body missingEventsBody
+	if !s.decodeBodyMax(c, &body, 1<<20) {
+		return
+	}
+	if len(body.IDs) > sale.MaxEventIDs {
+		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field",
+			fmt.Sprintf("ids: at most %d at once", sale.MaxEventIDs), 0)
+		return
+	}
+	ids := make([]keys.ID, len(body.IDs))
+	for i, text := range body.IDs {
+		id, err := keys.ParseID(text)
+		if err != nil {
+			writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", fmt.Sprintf("ids[%d] must match [A-Za-z0-9_-]{1,64}", i), 0)
+			return
+		}
+		ids[i] = id
+	}
+	missing, err := s.sale.MissingEvents(c.Request.Context(), ids)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	c.Header("Cache-Control", "no-store")
+	c.JSON(http.StatusOK, gin.H{"missing": missing, "checked": len(ids)})
+}

@@ -321,6 +321,7 @@ func (s *Server) routes(set routeSet) (*gin.Engine, error) {
 		admin.PUT("/skus/:program/:ticket/seats", noPoolQuery, s.putSeats)
 		admin.POST("/skus/:program/:ticket/seats/check", noPoolQuery, s.checkSeats)
 		admin.GET("/events", s.getEvents)
+		admin.POST("/events/missing", s.missingEvents)
 		admin.GET("/relay", s.getRelay)
 		admin.GET("/relay/dead", s.getDeadLetters)
 		admin.POST("/relay/dead/:sink/:seq/redeliver", s.redeliver)

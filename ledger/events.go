@@ -247,3 +247,42 @@ func (e Event) Wire() client.Event {
 	}
 	return v
 }
+
+// MaxKnownEvents is the most event ids KnownEvents checks at once.
+const MaxKnownEvents = 1000
+
+// KnownEvents are those of ids this ledger has an event of. A sink's
+// delivered events that no primary knows are the changes a failover lost
+// (an asynchronous standby promoted without the old primary's last
+// commits): what the platform was told and must make good (OPERATIONS.md,
+// "A primary that fails over"). Events are never deleted, so an id absent
+// here was never committed on this primary or was lost with it.
+func (l *Ledger) KnownEvents(ctx context.Context, ids []keys.ID) ([]keys.ID, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	if len(ids) > MaxKnownEvents {
+		return nil, fmt.Errorf("%w: %d event ids, at most %d", stock.ErrInvalid, len(ids), MaxKnownEvents)
+	}
+	args := make([]any, len(ids))
+	for i, id := range ids {
+		args[i] = id.String()
+	}
+	rows, err := l.db.QueryContext(ctx, `SELECT event_id FROM events WHERE event_id IN `+placeholders(0, len(ids)), args...)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: known events: %w", err)
+	}
+	defer rows.Close()
+	var out []keys.ID
+	for rows.Next() {
+		var id keys.ID
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("ledger: known events: %w", err)
+		}
+		out = append(out, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("ledger: known events: %w", err)
+	}
+	return out, nil
+}

@@ -2,8 +2,10 @@ package ledger_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -192,5 +194,51 @@ func TestEventsReplayTheLedger(t *testing.T) {
 			t.Errorf("events by kind %v: want every kind of change", kinds)
 		}
 		t.Logf("%d events: %v", len(events), kinds)
+	})
+}
+
+// KnownEvents says which of a list of event ids the ledger has: those of
+// its changes, not ids it never wrote (a failover's lost commits look
+// like those), and refuses more than a page at once.
+func TestKnownEvents(t *testing.T) {
+	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, clk *clock) {
+		ctx := context.Background()
+		s := stock.SKU{Program: keys.MustID("show-known"), Ticket: keys.MustID("t")}
+		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: s, Total: 10, Shards: 1, MaxPerOrder: 4}); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 3 {
+			b := keys.MustID("b")
+			k := keys.MustID(fmt.Sprintf("k%d", i))
+			if _, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: k, SKU: s, Buyer: b, Quantity: 1,
+				Req: ledger.Request{Scope: b, Key: k, Fingerprint: "fp-" + k.String(), Op: ledger.OpPurchase}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		evs, err := l.Events(ctx, s.Program, 0, 100)
+		if err != nil || len(evs) != 3 {
+			t.Fatalf("events = %d, %v; want 3", len(evs), err)
+		}
+		ids := []keys.ID{ledger.NewID(), evs[0].ID, evs[2].ID, ledger.NewID()}
+		got, err := l.KnownEvents(ctx, ids)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != 2 || !slices.Contains(got, evs[0].ID) || !slices.Contains(got, evs[2].ID) {
+			t.Errorf("known of %v = %v, want %v and %v", ids, got, evs[0].ID, evs[2].ID)
+		}
+		if got, err := l.KnownEvents(ctx, nil); err != nil || len(got) != 0 {
+			t.Errorf("known of none = %v, %v", got, err)
+		}
+		many := make([]keys.ID, ledger.MaxKnownEvents+1)
+		for i := range many {
+			many[i] = ledger.NewID()
+		}
+		if _, err := l.KnownEvents(ctx, many); !errors.Is(err, stock.ErrInvalid) {
+			t.Errorf("known of %d ids: %v, want %v", len(many), err, stock.ErrInvalid)
+		}
+		if got, err := l.KnownEvents(ctx, many[:ledger.MaxKnownEvents]); err != nil || len(got) != 0 {
+			t.Errorf("known of %d new ids = %d, %v; want none", ledger.MaxKnownEvents, len(got), err)
+		}
 	})
 }

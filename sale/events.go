@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/stockgate/stockgate/client/webhook"
 	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/stock"
 )
 
@@ -33,4 +35,35 @@ func (s *Service) Events(ctx context.Context, program keys.ID, after int64, limi
 		out[i] = e.Wire()
 	}
 	return out, nil
+}
+
+// MaxEventIDs is the most event ids MissingEvents checks at once.
+const MaxEventIDs = ledger.MaxKnownEvents
+
+// MissingEvents are those of ids no primary of the ledger has: events a
+// sink delivered whose change a failover lost (the ledger's outbox keeps
+// every event it commits). Its platform was told of a change that is not
+// in the ledger, so the operator makes it good (a buyer answered 201
+// whose order is gone; OPERATIONS.md). At most ledger.MaxKnownEvents ids,
+// each a valid id.
+func (s *Service) MissingEvents(ctx context.Context, ids []keys.ID) ([]keys.ID, error) {
+	if len(ids) > MaxEventIDs {
+		return nil, refuse(ErrInvalid, fmt.Sprintf("at most %d event ids at once", MaxEventIDs))
+	}
+	ids = slices.Compact(slices.SortedFunc(slices.Values(ids), keys.ID.Compare))
+	known, err := s.ledger.KnownEvents(ctx, ids)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	has := make(map[keys.ID]bool, len(known))
+	for _, id := range known {
+		has[id] = true
+	}
+	missing := []keys.ID{}
+	for _, id := range ids {
+		if !has[id] {
+			missing = append(missing, id)
+		}
+	}
+	return missing, nil
 }

@@ -131,9 +131,10 @@ type Restores interface {
 	RestoreDone(ctx context.Context, kind string, id keys.ID) error
 }
 
-// Events reads a program's event feed.
+// Events reads a program's event feed, and which events the ledger has.
 type Events interface {
 	Events(ctx context.Context, program keys.ID, after int64, limit int) ([]ledger.Event, error)
+	KnownEvents(ctx context.Context, ids []keys.ID) ([]keys.ID, error)
 }
 
 // Seating is a SKU's seat map.

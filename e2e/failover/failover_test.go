@@ -2,12 +2,21 @@ package failover_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"maps"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/client/webhook"
 
 	"github.com/stockgate/stockgate/e2e/systest"
 	"github.com/stockgate/stockgate/internal/testenv"
@@ -39,6 +48,7 @@ func TestFaultLedgerFailover(t *testing.T) {
 	t.Cleanup(ha.Stop)
 	o := systest.Options{Driver: ledger.Postgres, DSN: ha.DSN(), Sweep: true, Drift: true}
 	a := systest.Start(t, o)
+	durabilityTold(t, ha, a, true)
 	o.DSN = bouncedDSN(t, ha)
 	b := systest.Start(t, o) // through PgBouncer, one on each node
 	probe := systest.NewSKU(t)
@@ -187,8 +197,16 @@ func TestFaultLedgerFailoverAsync(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(ha.Stop)
-	o := systest.Options{Driver: ledger.Postgres, DSN: ha.DSN(), Sweep: true, Drift: true}
+	// The platform's webhook receiver: what the relay told it.
+	told := &toldReceiver{events: map[string]webhook.Event{}}
+	hook := httptest.NewServer(told)
+	t.Cleanup(hook.Close)
+	o := systest.Options{Driver: ledger.Postgres, DSN: ha.DSN(), Sweep: true, Drift: true, Relay: true, Tune: func(o *app.Options) {
+		o.Relay.WebhookURLs, o.Relay.WebhookSecret = []string{"webhook=" + hook.URL}, webhook.NewSecret()
+		o.Relay.Poll = 20 * time.Millisecond
+	}}
 	a, b := systest.Start(t, o), systest.Start(t, o)
+	durabilityTold(t, ha, a, false)
 	sku := systest.NewSKU(t)
 	const total = 1000
 	a.PutSKU(t, sku, total, 4, 4)
@@ -223,6 +241,7 @@ func TestFaultLedgerFailoverAsync(t *testing.T) {
 	if len(lost) == 0 {
 		t.Errorf("no acknowledged sale lost, though the standby heard nothing for 300 sales before the failover")
 	}
+	missingAreTheLost(t, a, s, lost, told.all())
 	st, err := a.Ledger.SKU(ctx, sku)
 	if err != nil {
 		t.Fatal(err)
@@ -238,4 +257,111 @@ func TestFaultLedgerFailoverAsync(t *testing.T) {
 		t.Errorf("%d 201s stand (%d answered, %d lost), the ledger sold %d", got, counts[http.StatusCreated], len(lost), st.Sold)
 	}
 	systest.RedisConsistent(t, a, sku)
+}
+
+// durabilityTold checks what a replica and the ledger's health check say
+// of the formation: the replica's gauges say the primary takes writes and
+// whether it waits for a synchronous standby (a failover then loses
+// nothing), and each standby, asked alone, is refused as read-only, which
+// /readyz reports as not ready.
+func durabilityTold(t *testing.T, ha *testenv.AutoFailover, e *systest.Env, sync bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	primary, err := ha.WaitPrimary(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	main := map[string]string{"primary": "main"}
+	systest.WaitCounter(t, e, "stockgate_ledger_writable", main, 1, 30*time.Second)
+	if got := systest.Counter(t, e.Registry, "stockgate_ledger_synchronous", main); got != b2f(sync) {
+		t.Errorf("stockgate_ledger_synchronous = %v on a formation with synchronous %v", got, sync)
+	}
+	for _, port := range ha.Ports() {
+		l, err := ledger.Open(ctx, ledger.Options{Driver: ledger.Postgres, DSN: ha.URL(port), NoMigrate: true})
+		if err != nil {
+			t.Fatalf("open :%d alone: %v", port, err)
+		}
+		d, err := l.Health(ctx)
+		l.Close()
+		switch {
+		case port == primary && (err != nil || d.Synchronous != sync):
+			t.Errorf("the primary :%d alone: %+v, %v; want writable, synchronous %v", port, d, err, sync)
+		case port != primary && !errors.Is(err, ledger.ErrReadOnly):
+			t.Errorf("the standby :%d alone: %v, want %v", port, err, ledger.ErrReadOnly)
+		}
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// toldReceiver is a platform's webhook receiver: every event the relay
+// delivered, by id.
+type toldReceiver struct {
+	mu     sync.Mutex
+	events map[string]webhook.Event
+}
+
+func (r *toldReceiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	var ev webhook.Event
+	if err := json.NewDecoder(req.Body).Decode(&ev); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	r.mu.Lock()
+	r.events[ev.ID] = ev
+	r.mu.Unlock()
+}
+
+func (r *toldReceiver) all() map[string]webhook.Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maps.Clone(r.events)
+}
+
+// missingAreTheLost asks the ledger which of the events the platform was
+// told of it lacks (POST /v1/admin/events/missing, a page of ids at a
+// time): they are exactly the order.created events of the sales answered
+// 201 that the failover lost, for those the relay had delivered, and some
+// were.
+func missingAreTheLost(t *testing.T, e *systest.Env, s *systest.FlashSale, lostKeys []string, told map[string]webhook.Event) {
+	t.Helper()
+	lost := map[string]bool{}
+	for _, k := range lostKeys {
+		lost[s.OrderAnswered(k)] = true
+	}
+	ids := slices.Sorted(maps.Keys(told))
+	var missing []string
+	for page := range slices.Chunk(ids, 1000) {
+		body, _ := json.Marshal(map[string][]string{"ids": page})
+		r := e.Do(t, http.MethodPost, "/v1/admin/events/missing", nil, string(body))
+		var got struct {
+			Missing []string `json:"missing"`
+			Checked int      `json:"checked"`
+		}
+		if r.Status != http.StatusOK || json.Unmarshal(r.Body, &got) != nil || got.Checked != len(page) {
+			t.Fatalf("POST events/missing = %d %s", r.Status, r.Body)
+		}
+		missing = append(missing, got.Missing...)
+	}
+	toldLost := 0
+	for _, ev := range told {
+		if ev.Type == ledger.EventOrderCreated && lost[ev.Subject] {
+			toldLost++
+		}
+	}
+	for _, id := range missing {
+		if ev := told[id]; ev.Type != ledger.EventOrderCreated || !lost[ev.Subject] {
+			t.Errorf("event %s (%s of %s) called missing; it is not a lost sale's", id, ev.Type, ev.Subject)
+		}
+	}
+	t.Logf("the platform was told of %d events; %d missing from the ledger, the lost sales' %d of %d lost", len(told), len(missing), toldLost, len(lost))
+	if len(missing) != toldLost || toldLost == 0 {
+		t.Errorf("%d events called missing; the platform was told of %d lost sales (of %d), want them all and some", len(missing), toldLost, len(lost))
+	}
 }

@@ -84,3 +84,58 @@ func TestEventsAPI(t *testing.T) {
 		t.Errorf("events of a bad program id = %d %s, want 400", r.Status, r.Body)
 	}
 }
+
+// Which of the events a platform was told of the ledger lacks: the ids it
+// has are not missing, one it never wrote is (once, however often sent),
+// and a page too long or an id that is not one is refused, changing
+// nothing.
+func TestMissingEventsAPI(t *testing.T) {
+	e := systest.New(t, ledger.SQLite)
+	sku := systest.NewSKU(t)
+	e.PutSKU(t, sku, 3, 1, 4)
+	e.MustBuy(t, sku, "k1", "ann", 1)
+	e.MustBuy(t, sku, "k2", "bob", 1)
+	r := e.Do(t, http.MethodGet, fmt.Sprintf("/v1/admin/events?program=%s", sku.Program), nil, "")
+	var evs eventsReply
+	if r.Status != http.StatusOK || json.Unmarshal(r.Body, &evs) != nil || len(evs.Events) != 2 {
+		t.Fatalf("GET events = %d %s", r.Status, r.Body)
+	}
+	gone := strings.Repeat("0", 32)
+	ask := func(body string) (int, []string, int) {
+		r := e.Do(t, http.MethodPost, "/v1/admin/events/missing", nil, body)
+		var got struct {
+			Missing []string `json:"missing"`
+			Checked int      `json:"checked"`
+		}
+		if r.Status == http.StatusOK && (json.Unmarshal(r.Body, &got) != nil || got.Missing == nil) {
+			t.Fatalf("POST events/missing %s = %s, not a list", body, r.Body)
+		}
+		return r.Status, got.Missing, got.Checked
+	}
+	body := fmt.Sprintf(`{"ids":[%q,%q,%q,%q]}`, gone, evs.Events[0].ID, gone, evs.Events[1].ID)
+	if st, missing, checked := ask(body); st != http.StatusOK || strings.Join(missing, ",") != gone || checked != 4 {
+		t.Errorf("missing of %s = %d %v (checked %d), want only %s", body, st, missing, checked, gone)
+	}
+	if st, missing, _ := ask(`{"ids":[]}`); st != http.StatusOK || len(missing) != 0 {
+		t.Errorf("missing of none = %d %v", st, missing)
+	}
+	many := make([]string, 1001)
+	for i := range many {
+		many[i] = fmt.Sprintf("%032x", i)
+	}
+	page, _ := json.Marshal(map[string][]string{"ids": many})
+	if st, _, _ := ask(string(page)); st != http.StatusUnprocessableEntity {
+		t.Errorf("missing of 1,001 ids = %d, want 422", st)
+	}
+	for body, want := range map[string]int{
+		`{"ids":["a b"]}`:          http.StatusUnprocessableEntity,
+		`{"ids":"x"}`:              http.StatusUnprocessableEntity,
+		`{"ids":[1]}`:              http.StatusUnprocessableEntity,
+		`{"ids":[],"program":"p"}`: http.StatusBadRequest,
+		`[`:                        http.StatusBadRequest,
+	} {
+		if st, _, _ := ask(body); st != want {
+			t.Errorf("missing of %s = %d, want %d", body, st, want)
+		}
+	}
+}

@@ -298,6 +298,13 @@ func (s *FlashSale) Counts() map[int]int {
 	return out
 }
 
+// OrderAnswered is the order id the key was answered 201 with, "" if none.
+func (s *FlashSale) OrderAnswered(key string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.orders[key]
+}
+
 // Lost stops the workers and returns the keys answered 201 whose order
 // the ledger does not have (under the key, with the id answered): sales
 // an asynchronous failover dropped. A read error fails the test.

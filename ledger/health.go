@@ -18,8 +18,15 @@ import (
 // ErrReadOnly is Health's answer for a ledger that takes no writes: a
 // PostgreSQL standby (the old primary after a failover, or a DSN naming a
 // replica) or server set read-only, or a SQLite file that may not be
-// written (immutable, on a read-only mount).
+// written (immutable, on a read-only mount, or on a disk about full).
 var ErrReadOnly = errors.New("ledger: the server takes no writes")
+
+// sqliteMinFree is the free space below which a SQLite ledger's disk is
+// called full: a commit then fails with SQLITE_FULL (503, nothing
+// written) when the WAL can grow no more, so the replica says so before
+// a buyer finds out. A sale's commit writes a few pages; a MiB is a few
+// seconds of the fastest sale, and well under what any volume runs with.
+const sqliteMinFree = 1 << 20
 
 // NoPrimary reports a write that failed before anything was written
 // because no server it reached takes writes: what a PostgreSQL failover
@@ -137,8 +144,9 @@ func (h *healthDB) close() error {
 // file and its WAL (when there is one) and the directory that holds them
 // (SQLite creates its journal and shared-memory files there). access(2)
 // refuses writes to an immutable file or on a read-only mount even to
-// root, as SQLite's own writes are refused. An in-memory database is
-// always writable.
+// root, as SQLite's own writes are refused. A disk with under
+// sqliteMinFree free is refused too: access(2) does not see it full. An
+// in-memory database is always writable.
 func sqliteWritable(path string) error {
 	if path == ":memory:" || strings.Contains(path, "mode=memory") {
 		return nil
@@ -151,6 +159,12 @@ func sqliteWritable(path string) error {
 		}
 		if err != nil {
 			return fmt.Errorf("%w: %s: %w", ErrReadOnly, p, err)
+		}
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(filepath.Dir(path), &fs); err == nil {
+		if free := int64(fs.Bavail) * fs.Bsize; free < sqliteMinFree {
+			return fmt.Errorf("%w: the disk holding %s has %d bytes free, under %d", ErrReadOnly, path, free, sqliteMinFree)
 		}
 	}
 	return nil

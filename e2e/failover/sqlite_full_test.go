@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stockgate/stockgate/e2e/systest"
 	"github.com/stockgate/stockgate/ledger"
@@ -18,8 +19,9 @@ import (
 // fills up mid-sale (a tmpfs of 8 MiB, the test's own; a filler file takes
 // all but 128 KiB). Purchases that can't be written are refused 503 with
 // Retry-After, never another 5xx, and nothing is half-written: the ledger's
-// rows add up, Redis equals the ledger. Once space is freed, each refused
-// purchase sent again with its key is sold exactly once.
+// rows add up, Redis equals the ledger. /readyz fails while the disk is
+// full. Once space is freed, it passes, and each refused purchase sent
+// again with its key is sold exactly once.
 func TestFaultSQLiteDiskFull(t *testing.T) {
 	systest.FullTier(t)
 	dir := t.TempDir()
@@ -40,6 +42,9 @@ func TestFaultSQLiteDiskFull(t *testing.T) {
 		t.Fatalf("before the disk filled: %v", got)
 	}
 
+	ready := func() int { return e.Do(t, http.MethodGet, "/readyz", nil, "").Status }
+	systest.WaitFor(t, 15*time.Second, "/readyz to pass before the disk fills", func() bool { return ready() == http.StatusOK })
+
 	var fs syscall.Statfs_t
 	if err := syscall.Statfs(dir, &fs); err != nil {
 		t.Fatal(err)
@@ -58,6 +63,12 @@ func TestFaultSQLiteDiskFull(t *testing.T) {
 	if werr != nil && !errors.Is(werr, syscall.ENOSPC) {
 		t.Fatalf("fill the disk: %v", werr)
 	}
+
+	// The replica says it takes no writes (the load balancer sends
+	// elsewhere) while the disk is full.
+	systest.WaitFor(t, 15*time.Second, "/readyz to fail with the disk full", func() bool {
+		return ready() == http.StatusServiceUnavailable
+	})
 
 	// Bought one at a time until the ledger has refused 20 (bounded: a
 	// disk that never fills fails the test).
@@ -89,6 +100,7 @@ func TestFaultSQLiteDiskFull(t *testing.T) {
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
 	}
+	systest.WaitFor(t, 15*time.Second, "/readyz to pass with space freed", func() bool { return ready() == http.StatusOK })
 	for _, i := range refused {
 		r, _ := e.Retried(t, http.MethodPost, systest.SKUPath(sku)+"/purchases", fmt.Sprintf("k-%d", i), `{"buyer":"b","quantity":1}`)
 		if r.Status != http.StatusCreated {

@@ -1,0 +1,141 @@
+package failover_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"runtime"
+	"runtime/pprof"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stockgate/stockgate/app"
+	"github.com/stockgate/stockgate/breaker"
+	"github.com/stockgate/stockgate/e2e/systest"
+	"github.com/stockgate/stockgate/internal/testenv"
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
+)
+
+// TestFaultRedisMasterLinkBlackHole: the link between a replica and the
+// Redis master of a SKU's shard goes silent for 10 s (toxiproxy: bytes
+// dropped, nothing closed) while the cluster sees nothing wrong: the
+// master answers its bus, so no replica of it is promoted and nothing
+// ends the fault but the link. Every purchase meanwhile is answered
+// within the work timeout (and a margin for a busy machine), 201 around
+// the gate or 503 with Retry-After, never another status; afterwards
+// the master's breaker closes and the gate sells again, each 503 sent
+// again with its key is sold exactly once, the ledger, Redis and the
+// answers agree, and no goroutine the fault started is left running.
+func TestFaultRedisMasterLinkBlackHole(t *testing.T) {
+	systest.FullTier(t)
+	ctx := context.Background()
+	c := testenv.NewCluster(t, testenv.ClusterOptions{})
+	sku := systest.NewSKU(t)
+	victim, err := c.MasterOf(ctx, keys.Shard(sku.Program, sku.Ticket, 0, 1).Slot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	link := systest.NewLink(t, victim.Addr)
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if addr == victim.Addr {
+			addr = link.Addr
+		}
+		return (&net.Dialer{Timeout: time.Second}).DialContext(ctx, network, addr)
+	}
+	const work = 1500 * time.Millisecond
+	e := systest.Start(t, systest.Options{Driver: ledger.SQLite, Cluster: c, Dialer: dial, Drift: true, Tune: func(o *app.Options) {
+		o.Sale.WorkTimeout = work
+	}})
+	const total, before = 100000, 60
+	e.PutSKU(t, sku, total, 1, 4)
+	buy := func(key string) systest.Reply { return e.Buy(t, sku, key, "b", 1) }
+	if got := systest.BuyAll(before, 12, func(i int) systest.Reply { return buy(fmt.Sprintf("before-%d", i)) }); got[http.StatusCreated] != before {
+		t.Fatalf("before the cut: %v", got)
+	}
+	e.Client.CloseIdleConnections()
+	base := runtime.NumGoroutine()
+	gateSold := func() float64 {
+		return systest.Counter(t, e.Registry, "stockgate_purchases_total", map[string]string{"path": "gate", "result": "sold"})
+	}
+
+	// 10 s of the fault, 16 buyers buying on; each answer timed.
+	link.Cut(t)
+	var (
+		mu      sync.Mutex
+		counts  = map[int]int{}
+		refused []string
+		slowest time.Duration
+		bad     []string
+		n       atomic.Int64
+	)
+	end := time.Now().Add(10 * time.Second) // time under test: the fault's length
+	var wg sync.WaitGroup
+	for w := range 16 {
+		wg.Go(func() {
+			for i := 0; time.Now().Before(end); i++ {
+				key := fmt.Sprintf("cut-%d-%d", w, i)
+				began := time.Now()
+				r := buy(key)
+				took := time.Since(began)
+				n.Add(1)
+				mu.Lock()
+				counts[r.Status]++
+				slowest = max(slowest, took)
+				switch {
+				case r.Status == http.StatusCreated:
+				case r.Status == http.StatusServiceUnavailable && r.Header.Get("Retry-After") != "":
+					refused = append(refused, key)
+				default:
+					bad = append(bad, fmt.Sprintf("%s: %d %s", key, r.Status, r.Body))
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	link.Heal(t)
+	t.Logf("10 s of a silent link to the master %s: %d purchases %v, the slowest answered in %v", victim.Addr, n.Load(), counts, slowest.Round(time.Millisecond))
+	if len(bad) > 0 {
+		t.Errorf("%d answers neither 201 nor 503 with Retry-After: %v", len(bad), bad[:min(len(bad), 5)])
+	}
+	// The work timeout bounds every answer; 3 s more for a busy machine
+	// (a silent link held answers 6-10 s past a 5 s timeout before).
+	if slowest > work+3*time.Second {
+		t.Errorf("an answer took %v with the work timeout at %v", slowest, work)
+	}
+	if opened := systest.Counter(t, e.Registry, "stockgate_breaker_transitions_total", map[string]string{"node": victim.Addr, "to": "open"}); opened == 0 {
+		t.Errorf("the breaker of %s never opened: the fault did not land", victim.Addr)
+	}
+
+	// Healed: the breaker closes and the gate sells again.
+	sold := gateSold()
+	systest.WaitFor(t, 30*time.Second, "the gate selling again after the link healed", func() bool {
+		buy(fmt.Sprintf("after-%d", time.Now().UnixNano()))
+		return e.Sale.BreakerState() == breaker.Closed && gateSold() > sold
+	})
+	for _, key := range refused {
+		if r, _ := e.Retried(t, http.MethodPost, systest.SKUPath(sku)+"/purchases", key, `{"buyer":"b","quantity":1}`); r.Status != http.StatusCreated {
+			t.Errorf("%s sent again after the link healed = %d %s", key, r.Status, r.Body)
+		}
+	}
+	systest.WaitSettled(t, e, sku)
+	got := e.State(t, sku)
+	if got.Orders != got.Sold || got.OrderUnits != got.Sold || got.Sold < int64(before+counts[http.StatusCreated]+len(refused)) {
+		t.Errorf("ledger %+v after %d + %d + %d purchases answered 201", got, before, counts[http.StatusCreated], len(refused))
+	}
+	systest.RedisConsistent(t, e, sku)
+
+	e.Client.CloseIdleConnections()
+	systest.WaitUntil(30*time.Second, func() bool { return runtime.NumGoroutine() <= base+2 })
+	t.Logf("goroutines: %d before the cut, %d after it", base, runtime.NumGoroutine())
+	if n := runtime.NumGoroutine(); n > base+2 {
+		var stacks strings.Builder
+		_ = pprof.Lookup("goroutine").WriteTo(&stacks, 1)
+		t.Errorf("%d goroutines 30 s after the cut, %d before it:\n%s", n, base, stacks.String())
+	}
+}

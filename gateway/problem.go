@@ -239,6 +239,7 @@ func (s *Server) roomError(c *gin.Context, err error) {
 	}
 	if !ok {
 		s.log.ErrorContext(c.Request.Context(), "error with no problem", "route", c.FullPath(), "err", err)
+		_ = c.Error(err) // the cause, for observe's line
 		writeProblem(c, http.StatusInternalServerError, "internal", "internal error", 0)
 		return
 	}
@@ -281,6 +282,7 @@ func (s *Server) writeError(c *gin.Context, err error) {
 	}
 	if status == http.StatusInternalServerError {
 		s.log.ErrorContext(c.Request.Context(), "error with no problem", "route", c.FullPath(), "err", err)
+		_ = c.Error(err) // the cause, for observe's line
 		writeProblem(c, status, "internal", "internal error", 0)
 		return
 	}

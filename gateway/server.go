@@ -368,6 +368,7 @@ func (s *Server) recoverer(c *gin.Context) {
 	defer func() {
 		if r := recover(); r != nil {
 			s.log.ErrorContext(c.Request.Context(), "panic in handler", "route", c.FullPath(), "panic", fmt.Sprint(r))
+			_ = c.Error(fmt.Errorf("panic: %v", r)) // the cause, for observe's line
 			writeProblem(c, http.StatusInternalServerError, "internal", "internal error", 0)
 		}
 	}()

@@ -286,6 +286,17 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 	if faultDump != "" {
 		go dumpDuring(f.name, g.pprof) // owned by this run: one fetch, bounded by its timeout
 	}
+	traceCtx, stopTrace := context.WithCancel(ctx)
+	traced := make(chan struct{})
+	if f.formation {
+		go func() { // owned by this run: stopped after the last phase
+			defer close(traced)
+			traceFormation(traceCtx, env.ha, duringFrom)
+		}()
+	} else {
+		close(traced)
+	}
+	defer func() { stopTrace(); <-traced }()
 	during, err := phase("during", window)
 	if err != nil {
 		return row, err
@@ -293,6 +304,7 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 	results = append(results, during)
 	fmt.Fprintf(os.Stderr, "%s: 503s by second of the window: %v; sent late by the tool %d (most %v), errors %v\n",
 		f.name, during.Seconds[http.StatusServiceUnavailable], during.Late, during.MaxLag.Round(time.Millisecond), during.Errors)
+	fmt.Fprintf(os.Stderr, "%s: 201s by second of the window: %v\n", f.name, during.Seconds[http.StatusCreated])
 	fmt.Fprintf(os.Stderr, "%s: 503s so far by cause: %v\n", f.name, why.String())
 	row.p99 = during.Quantile(99)
 	row.p99ok, row.p99shed = during.QuantileOf(http.StatusCreated, 99), during.QuantileOf(http.StatusServiceUnavailable, 99)
@@ -545,4 +557,30 @@ func dumpGoroutines(addr, file string) error {
 		return err
 	}
 	return os.WriteFile(file, b, 0o644)
+}
+
+// traceFormation writes each change of the formation's nodes' states to
+// stderr, with its time from the start of the fault window, until ctx
+// ends: a spell of 503s long after a failover (a standby rejoining as the
+// synchronous one, commits then waiting for it) shows against it.
+func traceFormation(ctx context.Context, ha *testenv.AutoFailover, from time.Time) {
+	said := map[string]string{}
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if st, err := ha.State(ctx); err == nil {
+			for _, n := range st {
+				now := n.Current + "->" + n.Assigned
+				if said[n.Name] != now {
+					fmt.Fprintf(os.Stderr, "formation at %5.1fs: %s :%d %s\n", time.Since(from).Seconds(), n.Name, n.Port, now)
+					said[n.Name] = now
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }

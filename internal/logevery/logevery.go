@@ -9,55 +9,102 @@ package logevery
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 )
 
+// idleFor is how long a kind with nothing left out is kept after its last
+// line: kinds that name an item (a SKU, a node) come and go.
+const idleFor = time.Minute
+
 // Limiter is one set of kinds, each let through once a second. Its zero
-// value is ready; it is safe for concurrent use. Kinds must come from a
-// bounded set (a route and a status, a format string): each is kept.
+// value is ready; it is safe for concurrent use.
 type Limiter struct {
-	mu   sync.Mutex
-	last map[string]time.Time // when a line of the kind last went through
-	left map[string]int       // lines of the kind left out since
+	mu    sync.Mutex
+	kinds map[string]*kind
+	swept time.Time
+}
+
+type kind struct {
+	last time.Time // when a line of the kind last went through
+	left int       // lines of the kind left out since
 }
 
 // Allow reports whether a line of kind goes through at now, and how many
 // of that kind were left out before it.
-func (l *Limiter) Allow(kind string, now time.Time) (bool, int) {
+func (l *Limiter) Allow(k string, now time.Time) (bool, int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.last == nil {
-		l.last, l.left = map[string]time.Time{}, map[string]int{}
+	if l.kinds == nil {
+		l.kinds = map[string]*kind{}
 	}
-	if at, ok := l.last[kind]; ok && now.Sub(at) < time.Second {
-		l.left[kind]++
+	v := l.kinds[k]
+	if v == nil {
+		l.kinds[k] = &kind{last: now}
+		return true, 0
+	}
+	if now.Sub(v.last) < time.Second {
+		v.left++
 		return false, 0
 	}
-	n := l.left[kind]
-	l.last[kind], l.left[kind] = now, 0
+	n := v.left
+	v.last, v.left = now, 0
 	return true, n
 }
 
-// Wrap is l with its warnings and errors limited: one line of a message
-// (and of the attributes the logger was given with With) a second, the
-// next one that goes through carrying left_out. Lines below Warn pass
-// untouched, and so do those that already carry left_out: their caller
-// limits them by a finer kind (the gateway's failures by route and
-// problem). The 87 places the sale logs a failing dependency, the relay's
-// and the waiting room's among them, are then bounded without each
-// counting its own.
+// Unsaid returns, at most once a second, the kinds whose second has
+// passed with lines left out and no line since to say so, and their
+// counts (which it then clears): a burst followed by silence would
+// otherwise never tell how many lines it lost. It forgets the kinds idle
+// for a minute, so kinds that name an item do not pile up.
+func (l *Limiter) Unsaid(now time.Time) map[string]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now.Sub(l.swept) < time.Second {
+		return nil
+	}
+	l.swept = now
+	var out map[string]int
+	for k, v := range l.kinds {
+		switch {
+		case v.left > 0 && now.Sub(v.last) >= time.Second:
+			if out == nil {
+				out = map[string]int{}
+			}
+			out[k] = v.left
+			v.left = 0
+		case v.left == 0 && now.Sub(v.last) >= idleFor:
+			delete(l.kinds, k)
+		}
+	}
+	return out
+}
+
+// Wrap is l with its warnings and errors limited: one line a second of
+// each kind, the next one that goes through carrying left_out. A kind is
+// the level, the message, and the text attributes of the line and of the
+// logger (With): the item it is about (a SKU, a node, a primary, a state),
+// not its error, numbers or times, which differ from line to line of one
+// cause. Lines below Warn pass untouched, and so do those that already
+// carry left_out: their caller limits them by a kind of its own (the
+// gateway's failures by route and problem). Lines left out with no later
+// line of their kind to say so are counted in a "log lines left out" line,
+// written with the next warning or error of any kind a second or more
+// later. The places the sale, the relay and the waiting rooms log a
+// failing dependency are then bounded without each counting its own.
 func Wrap(l *slog.Logger) *slog.Logger {
 	if _, ok := l.Handler().(*handler); ok {
 		return l
 	}
-	return slog.New(&handler{next: l.Handler(), lim: &Limiter{}})
+	return slog.New(&handler{next: l.Handler(), root: l.Handler(), lim: &Limiter{}})
 }
 
 type handler struct {
 	next  slog.Handler
-	lim   *Limiter // shared by the handlers With and WithGroup derive
-	scope string   // the attributes and groups added by With, as a key
+	root  slog.Handler // the wrapped logger's, for the "left out" lines
+	lim   *Limiter     // shared by the handlers With and WithGroup derive
+	scope string       // the text attributes and groups added by With, as a key
 }
 
 func (h *handler) Enabled(ctx context.Context, l slog.Level) bool { return h.next.Enabled(ctx, l) }
@@ -70,7 +117,21 @@ func (h *handler) Handle(ctx context.Context, r slog.Record) error {
 	if at.IsZero() {
 		at = time.Now()
 	}
-	ok, left := h.lim.Allow(r.Level.String()+" "+h.scope+r.Message, at)
+	var k strings.Builder
+	k.WriteString(r.Level.String())
+	k.WriteString(" ")
+	k.WriteString(h.scope)
+	k.WriteString(r.Message)
+	r.Attrs(func(a slog.Attr) bool {
+		writeKey(&k, a)
+		return true
+	})
+	ok, left := h.lim.Allow(k.String(), at)
+	for kind, n := range h.lim.Unsaid(at) { // after Allow: this line's own count rides on it
+		lost := slog.NewRecord(at, slog.LevelWarn, "log lines left out", 0)
+		lost.AddAttrs(slog.String("kind", kind), slog.Int("left_out", n))
+		_ = h.root.Handle(ctx, lost)
+	}
 	if !ok {
 		return nil
 	}
@@ -79,6 +140,29 @@ func (h *handler) Handle(ctx context.Context, r slog.Record) error {
 		r.AddAttrs(slog.Int("left_out", left))
 	}
 	return h.next.Handle(ctx, r)
+}
+
+// perLine are the attributes that differ on every line of one kind: the
+// request and trace a line was logged in (the gateway adds them, outside
+// this handler).
+var perLine = map[string]bool{"request_id": true, "trace_id": true, "span_id": true}
+
+// writeKey adds a to a kind when it names an item: a text or a bool, not
+// an error, a number, a time or the request.
+func writeKey(k *strings.Builder, a slog.Attr) {
+	if perLine[a.Key] {
+		return
+	}
+	switch v := a.Value.Resolve(); v.Kind() {
+	case slog.KindString:
+		k.WriteString(" " + a.Key + "=" + v.String())
+	case slog.KindBool:
+		k.WriteString(" " + a.Key + "=" + v.String())
+	case slog.KindGroup:
+		for _, g := range v.Group() {
+			writeKey(k, g)
+		}
+	}
 }
 
 // counted reports whether r already says how many lines it stands for.
@@ -91,13 +175,15 @@ func counted(r slog.Record) (found bool) {
 }
 
 func (h *handler) WithAttrs(as []slog.Attr) slog.Handler {
-	scope := h.scope
+	var k strings.Builder
+	k.WriteString(h.scope)
 	for _, a := range as {
-		scope += a.String() + " "
+		writeKey(&k, a)
 	}
-	return &handler{next: h.next.WithAttrs(as), lim: h.lim, scope: scope}
+	k.WriteString(" ")
+	return &handler{next: h.next.WithAttrs(as), root: h.root, lim: h.lim, scope: k.String()}
 }
 
 func (h *handler) WithGroup(name string) slog.Handler {
-	return &handler{next: h.next.WithGroup(name), lim: h.lim, scope: h.scope + name + ". "}
+	return &handler{next: h.next.WithGroup(name), root: h.root, lim: h.lim, scope: h.scope + name + ". "}
 }

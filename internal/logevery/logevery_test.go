@@ -3,6 +3,8 @@ package logevery
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -88,4 +90,72 @@ func (w lockedWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.w.Write(p)
+}
+
+// A kind names its item: lines about two SKUs, or a breaker's two
+// transitions a moment apart, both go through; the request a line was
+// logged in, its error and its numbers do not make it a kind of its own.
+func TestWrapKindsNameTheirItem(t *testing.T) {
+	var out bytes.Buffer
+	var mu sync.Mutex
+	l := Wrap(slog.New(slog.NewJSONHandler(lockedWriter{&out, &mu}, nil)))
+	l.Warn("drift repair", "sku", "p/a", "err", errors.New("timeout"))
+	l.Warn("drift repair", "sku", "p/b", "err", errors.New("timeout"))
+	l.Warn("redis breaker", "node", "n1", "from", "open", "to", "half-open")
+	l.Warn("redis breaker", "node", "n1", "from", "half-open", "to", "closed")
+	for i := range 50 {
+		l.Error("lookup request", "request_id", fmt.Sprint(i), "err", fmt.Errorf("refused %d", i), "waited", time.Duration(i))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	text := out.String()
+	for _, want := range []string{`"sku":"p/a"`, `"sku":"p/b"`, `"to":"half-open"`, `"to":"closed"`} {
+		if !strings.Contains(text, want) {
+			t.Errorf("no line with %s:\n%s", want, text)
+		}
+	}
+	if n := strings.Count(text, `"lookup request"`); n > 2 {
+		t.Errorf("50 failures of one kind, each in its own request, wrote %d lines", n)
+	}
+}
+
+// What a burst left out is told even when no line of its kind follows:
+// once its second has passed, with the next warning of any kind. Kinds
+// idle for a minute are forgotten.
+func TestUnsaid(t *testing.T) {
+	var l Limiter
+	t0 := time.Unix(1000, 0)
+	for i := range 10 {
+		l.Allow("burst", t0.Add(time.Duration(i)*time.Millisecond))
+	}
+	l.Allow("quiet", t0)
+	if got := l.Unsaid(t0.Add(500 * time.Millisecond)); len(got) != 0 {
+		t.Errorf("within the burst's second: %v, want nothing yet", got)
+	}
+	if got := l.Unsaid(t0.Add(1200 * time.Millisecond)); len(got) != 0 {
+		t.Errorf("a sweep 700 ms after the last: %v, want none (once a second)", got)
+	}
+	if got := l.Unsaid(t0.Add(1600 * time.Millisecond)); got["burst"] != 9 || len(got) != 1 {
+		t.Errorf("after the burst's second = %v, want burst: 9", got)
+	}
+	if got := l.Unsaid(t0.Add(3 * time.Second)); len(got) != 0 {
+		t.Errorf("told twice: %v", got)
+	}
+	l.Unsaid(t0.Add(2 * idleFor))
+	if len(l.kinds) != 0 {
+		t.Errorf("kinds idle for two minutes kept: %v", l.kinds)
+	}
+
+	var out bytes.Buffer
+	var mu sync.Mutex
+	w := Wrap(slog.New(slog.NewJSONHandler(lockedWriter{&out, &mu}, nil)))
+	for range 20 {
+		w.Warn("publish failed", "channel", "c1")
+	}
+	wait.For(t, 5*time.Second, `a "log lines left out" line for the burst`, func() bool {
+		w.Warn("something else") // any later warning tells it
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Contains(out.String(), `"msg":"log lines left out","kind":"WARN publish failed channel=c1","left_out":19`)
+	})
 }

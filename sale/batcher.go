@@ -436,7 +436,15 @@ func (b *batcher[T, R]) flushAll(l *lane[T, R], batch []*pendingItem[T, R]) {
 	slow := b.budget > 0 && time.Duration(math.Float64frombits(l.flushTime.Load())*float64(time.Second)) > b.budget
 	fresh := batch[:0]
 	end := start.Add(b.timeout)
+	patient := b.patientAt(start)
 	for _, p := range batch {
+		// An item that queued before a failover's first re-send is part
+		// of the gap's backlog too: it arrived while the stall began,
+		// before any take knew no server took writes, and shed by the
+		// budget now it was 503 once the primary was back (814-1,280 of a
+		// planned failover's 1,700 a second in its first second,
+		// stockbench faults).
+		p.patient = p.patient || patient
 		waited := start.Sub(p.at)
 		b.metrics.waited(waited)
 		// Refused unflushed (nothing moved; the caller gives its stock

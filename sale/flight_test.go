@@ -56,8 +56,8 @@ func TestFlightBound(t *testing.T) {
 
 // A take waiting for a primary parks: its place goes to new work, up to
 // parkFactor times the floor parked; back, it takes its place past the
-// bound. After a re-send the bound is the last second's pace times half
-// the patience, for the patience, then the budget's again.
+// bound. After a re-send the bound is the pace times half the patience,
+// for the patience, then the budget's again.
 func TestFlightParksAndWaitsOutAFailover(t *testing.T) {
 	clock := time.Unix(1000, 0)
 	f := newFlight(2, 250*time.Millisecond, 4*time.Second)
@@ -134,5 +134,43 @@ func finish(t *testing.T, f *flight, n int) {
 			t.Fatal("a take refused while none was in flight")
 		}
 		f.leave()
+	}
+}
+
+// A failover's gap finishes next to nothing: while the takes wait it out
+// (a re-send), the bound goes by the pace before the gap, not by the
+// empty second, so the gap's arrivals are let in to wait; once the
+// patience has passed the pace is the last second's again.
+func TestFlightKeepsItsPaceThroughAGap(t *testing.T) {
+	clock := time.Unix(1000, 0)
+	f := newFlight(2, 250*time.Millisecond, 4*time.Second)
+	f.now = func() time.Time { return clock }
+	finish(t, f, 400)
+	clock = clock.Add(time.Second)
+	finish(t, f, 3) // the gap begins: three more finish
+	f.resent()
+	clock = clock.Add(time.Second)
+	if got := f.limit(); got != 800 {
+		t.Fatalf("limit a second into a gap after 400 a second = %d, want 400 × 2 s = 800", got)
+	}
+	clock = clock.Add(time.Second) // nothing finished in the second before
+	if got := f.limit(); got != 800 {
+		t.Fatalf("limit two seconds into the gap = %d, want 800", got)
+	}
+	// The patience passed with no re-send, 40 a second since: the
+	// budget's bound on the last second.
+	clock = clock.Add(3 * time.Second)
+	finish(t, f, 40)
+	clock = clock.Add(time.Second)
+	if got := f.limit(); got != 10 {
+		t.Fatalf("limit after the gap and the patience = %d, want 40 × 0.25 = 10", got)
+	}
+	// A later gap goes by the pace of its own time, not the first's.
+	finish(t, f, 40)
+	clock = clock.Add(time.Second)
+	f.resent()
+	clock = clock.Add(time.Second)
+	if got := f.limit(); got != 80 {
+		t.Fatalf("limit in a second gap after 40 a second = %d, want 80", got)
 	}
 }

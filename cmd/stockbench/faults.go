@@ -476,7 +476,7 @@ func faultsDoc(rows []faultRow) string {
 	fmt.Fprintf(&b, "`go run ./cmd/stockbench faults` (%s UTC): each fault on a 3-master + 3-replica cluster of its own "+
 		"(node timeout 2 s), a stockgate process on a fresh PostgreSQL ledger reached through a TCP fault proxy (toxiproxy, "+
 		"for the two ledger faults; wait budget 250 ms), or, for a fault of the ledger's primary, on a pg_auto_failover "+
-		"formation of its own (a primary and two synchronous standbys, the gateway on a multi-host DSN with "+
+		"formation of its own (a primary and "+standbysText(faultStandbys)+", the gateway on a multi-host DSN with "+
 		"target_session_attrs=read-write), 100 SKUs of one shard each. Purchases are "+
 		"sent open loop at half the rate measured closed loop first: 3 s before the fault, 15 s from its start (the fault "+
 		"window; 40 s for a failover, 60 s for a node lost), 10 s more. The p99 is given for all answers in the window, "+
@@ -583,4 +583,12 @@ func traceFormation(ctx context.Context, ha *testenv.AutoFailover, from time.Tim
 		case <-t.C:
 		}
 	}
+}
+
+// standbysText says how many synchronous standbys the formation ran.
+func standbysText(n int) string {
+	if n == 1 {
+		return "one synchronous standby"
+	}
+	return fmt.Sprintf("%d synchronous standbys (number_sync_standbys 1)", n)
 }

@@ -337,7 +337,7 @@ func (t *take) checkSettings(ctx context.Context) (a answer, ok, direct bool) {
 			// again. While the rebuild cannot be done (a master of the
 			// SKU's shards is out) the SKU sells around its gate, trying
 			// again at most once per breaker period.
-			if !s.rebuildDue(w.sku) || s.reseed(ctx, w.sku, reasonBypass, false) != nil {
+			if !s.rebuildDue(w.sku) || !s.reseedSoon(ctx, w.sku) {
 				s.rebuildFailed(w.sku)
 				t.probeIn = max(t.probeIn, s.rebuildIn(w.sku))
 				direct = true

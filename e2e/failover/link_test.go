@@ -144,12 +144,23 @@ func TestFaultLedgerLinkBlackHole(t *testing.T) {
 
 	// Nothing the cut started is left running: every request that waited
 	// on the silent link, its batch, its retries and its timers ended.
+	goroutinesBackTo(t, e, base)
+}
+
+// goroutinesBackTo waits up to 30 s for the test process to run no more
+// than two goroutines beyond base, the count before a fault, and fails
+// with every stack if it does not: nothing the fault started (a request
+// waiting on a silent link, its batch, its retries, its timers) is left.
+// The tests of this package run one at a time, so the count is the
+// test's own.
+func goroutinesBackTo(t *testing.T, e *systest.Env, base int) {
+	t.Helper()
 	e.Client.CloseIdleConnections()
 	systest.WaitUntil(30*time.Second, func() bool { return runtime.NumGoroutine() <= base+2 })
-	t.Logf("goroutines: %d before the cut, %d after it", base, runtime.NumGoroutine())
+	t.Logf("goroutines: %d before the fault, %d after it", base, runtime.NumGoroutine())
 	if n := runtime.NumGoroutine(); n > base+2 {
 		var stacks strings.Builder
 		_ = pprof.Lookup("goroutine").WriteTo(&stacks, 1)
-		t.Errorf("%d goroutines 30 s after the cut, %d before it:\n%s", n, base, stacks.String())
+		t.Errorf("%d goroutines 30 s after the fault, %d before it:\n%s", n, base, stacks.String())
 	}
 }

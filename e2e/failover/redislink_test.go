@@ -6,8 +6,6 @@ import (
 	"net"
 	"net/http"
 	"runtime"
-	"runtime/pprof"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -130,12 +128,5 @@ func TestFaultRedisMasterLinkBlackHole(t *testing.T) {
 	}
 	systest.RedisConsistent(t, e, sku)
 
-	e.Client.CloseIdleConnections()
-	systest.WaitUntil(30*time.Second, func() bool { return runtime.NumGoroutine() <= base+2 })
-	t.Logf("goroutines: %d before the cut, %d after it", base, runtime.NumGoroutine())
-	if n := runtime.NumGoroutine(); n > base+2 {
-		var stacks strings.Builder
-		_ = pprof.Lookup("goroutine").WriteTo(&stacks, 1)
-		t.Errorf("%d goroutines 30 s after the cut, %d before it:\n%s", n, base, stacks.String())
-	}
+	goroutinesBackTo(t, e, base)
 }

@@ -93,3 +93,24 @@ func (c *Client) Redeliver(ctx context.Context, sink string, seq int64) (DeadLet
 	_, err := c.call(ctx, http.MethodPost, "/v1/admin/relay/dead/"+url.PathEscape(sink)+"/"+strconv.FormatInt(seq, 10)+"/redeliver", "", true, nil, &out)
 	return out, err
 }
+
+// MissingEventsMax is how many event ids MissingEvents checks at once.
+const MissingEventsMax = 1000
+
+// MissingEvents answers which of ids (events a sink received: a webhook
+// receiver's de-duplication store, a stream's entries) no primary of the
+// ledger has, sorted, each once (admin). After a failover to a standby
+// that lacked the old primary's last commits they are the changes the
+// platform was told of and the ledger lost; docs/OPERATIONS.md says what
+// to do with them. At most MissingEventsMax ids at once (ErrInvalid past
+// that); ErrUnavailable while a primary does not answer.
+func (c *Client) MissingEvents(ctx context.Context, ids []string) ([]string, error) {
+	if ids == nil {
+		ids = []string{}
+	}
+	var out struct {
+		Missing []string `json:"missing"`
+	}
+	_, err := c.call(ctx, http.MethodPost, "/v1/admin/events/missing", "", true, map[string][]string{"ids": ids}, &out)
+	return out.Missing, err
+}

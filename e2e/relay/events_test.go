@@ -2,11 +2,13 @@ package relay_test
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
 	"testing"
 
+	"github.com/stockgate/stockgate/client"
 	"github.com/stockgate/stockgate/e2e/systest"
 	"github.com/stockgate/stockgate/ledger"
 )
@@ -118,6 +120,20 @@ func TestMissingEventsAPI(t *testing.T) {
 	}
 	if st, missing, _ := ask(`{"ids":[]}`); st != http.StatusOK || len(missing) != 0 {
 		t.Errorf("missing of none = %d %v", st, missing)
+	}
+	// The Go client's call says the same.
+	cl, err := client.New(client.Options{BaseURL: e.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if missing, err := cl.MissingEvents(t.Context(), []string{evs.Events[1].ID, gone, gone}); err != nil || strings.Join(missing, ",") != gone {
+		t.Errorf("client MissingEvents = %v, %v; want only %s", missing, err, gone)
+	}
+	if missing, err := cl.MissingEvents(t.Context(), nil); err != nil || missing == nil || len(missing) != 0 {
+		t.Errorf("client MissingEvents of none = %#v, %v; want an empty list", missing, err)
+	}
+	if _, err := cl.MissingEvents(t.Context(), []string{"a b"}); !errors.Is(err, client.ErrInvalid) {
+		t.Errorf("client MissingEvents of a bad id = %v, want client.ErrInvalid", err)
 	}
 	many := make([]string, 1001)
 	for i := range many {

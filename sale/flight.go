@@ -46,11 +46,16 @@ type flight struct {
 	sec          int64 // the second cur counts
 	cur          int64 // takes finished in second sec
 	last         int64 // in the second before it
-	// peak is the most takes finished in one second within the last
-	// patience (peakSec is that second): the pace a failover's gap
-	// interrupted, which the patient bound goes by.
-	peak, peakSec int64
+	// done counts the takes finished in each of the last ringSeconds
+	// seconds (by second modulo ringSeconds): the most of them within
+	// the patience is the pace a failover's gap interrupted, which the
+	// patient bound goes by (peak).
+	done [ringSeconds]struct{ sec, n int64 }
 }
+
+// ringSeconds is how many seconds of finished takes flight keeps; a
+// patience of more is cut to it.
+const ringSeconds = 16
 
 func newFlight(floor int64, budget, patience time.Duration) *flight {
 	return &flight{floor: floor, budget: budget, patience: patience, now: time.Now}
@@ -133,10 +138,15 @@ func (f *flight) unpark() {
 func (f *flight) limit() int64 {
 	f.mu.Lock()
 	f.roll()
-	rate, peak := f.last, f.peak
+	rate := f.last
+	patient := f.now().UnixNano() < f.patientUntil.Load()
+	var peak int64
+	if patient {
+		peak = f.peak()
+	}
 	f.mu.Unlock()
 	wait := f.budget
-	if f.now().UnixNano() < f.patientUntil.Load() {
+	if patient {
 		// Waiting out a failover: its gap finished next to nothing, so
 		// the last second's count would shrink the bound to the floor
 		// just as the gap's arrivals need it (at 1,800 a second, a
@@ -155,15 +165,30 @@ func (f *flight) limit() int64 {
 // roll moves the counts on to the current second (mu held).
 func (f *flight) roll() {
 	sec := f.now().Unix()
-	switch {
-	case sec == f.sec:
+	if sec == f.sec {
 		return
-	case sec == f.sec+1:
+	}
+	f.done[f.sec%ringSeconds] = struct{ sec, n int64 }{f.sec, f.cur}
+	if sec == f.sec+1 {
 		f.sec, f.last, f.cur = sec, f.cur, 0
-	default: // a second or more with nothing finished
+	} else { // a second or more with nothing finished
 		f.sec, f.last, f.cur = sec, 0, 0
 	}
-	if f.last >= f.peak || sec-f.peakSec > int64(f.patience/time.Second) {
-		f.peak, f.peakSec = f.last, sec
+}
+
+// peak is the most takes finished in one whole second within the last
+// patience (mu held, rolled): a sliding maximum, so the pace before a
+// gap stands for as long as the patience, however old the record second
+// was when the gap began (a peak kept as one second and replaced once
+// older than the patience fell to the gap's own count mid-gap;
+// helper-87 #2).
+func (f *flight) peak() int64 {
+	window := min(int64(f.patience/time.Second), ringSeconds-1)
+	var most int64
+	for _, d := range f.done {
+		if age := f.sec - d.sec; age >= 1 && age <= window {
+			most = max(most, d.n)
+		}
 	}
+	return most
 }

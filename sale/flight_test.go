@@ -174,3 +174,28 @@ func TestFlightKeepsItsPaceThroughAGap(t *testing.T) {
 		t.Fatalf("limit in a second gap after 40 a second = %d, want 80", got)
 	}
 }
+
+// The pace before a gap stands through it however old the busiest second
+// was when the gap began: kept as one record second and replaced once
+// older than the patience, it fell to the gap's own count (3) a second
+// into a gap that began as the record aged out, and the bound to its
+// floor just as the gap's arrivals needed room (helper-87 #2).
+func TestFlightPaceOutlivesAnAgedRecord(t *testing.T) {
+	clock := time.Unix(1000, 0)
+	f := newFlight(2, 250*time.Millisecond, 4*time.Second)
+	f.now = func() time.Time { return clock }
+	finish(t, f, 800) // the record, at second 0
+	for range 3 {     // seconds 1-3: the steady pace
+		clock = clock.Add(time.Second)
+		finish(t, f, 400)
+	}
+	clock = clock.Add(time.Second)
+	finish(t, f, 3) // second 4: the gap begins
+	f.resent()
+	for sec := 5; sec <= 7; sec++ {
+		clock = clock.Add(time.Second)
+		if got := f.limit(); got != 800 {
+			t.Fatalf("limit at second %d, in a gap after 400 a second = %d, want 400 × 2 s = 800", sec, got)
+		}
+	}
+}

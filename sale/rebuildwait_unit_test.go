@@ -2,6 +2,7 @@ package sale_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -24,31 +25,11 @@ import (
 // would end at its work timeout, refused.
 func TestPurchaseDoesNotWaitForABusyRebuild(t *testing.T) {
 	ctx := context.Background()
-	mem := shardmem.New()
-	cut := &quotaFaults{Scripter: mem}
-	var led sale.Ledger
-	a, _ := sale.TestService(t, cut, nil, func(o *sale.Options) { led = o.Ledger })
-	b, _ := sale.TestService(t, mem, nil, func(o *sale.Options) {
-		o.Ledger = led
+	g := staleGate(t, "busyrebuild", func(o *sale.Options) {
 		o.ReseedWait = time.Hour
 		o.WorkTimeout = 3 * time.Second
 	})
-	sku := stock.SKU{Program: keys.MustID("busyrebuild"), Ticket: keys.MustID("t")}
-	if _, err := a.PutSKU(ctx, sale.SKUConfig{SKU: sku, Total: 50, Shards: 2, MaxPerOrder: 2}); err != nil {
-		t.Fatal(err)
-	}
-	buy := func(s *sale.Service, key string) error {
-		_, err := s.Purchase(ctx, sale.Take{Ask: sale.Ask{Buyer: keys.MustID("buyer" + key), Key: keys.MustID(key)},
-			SKU: sku, Quantity: 1})
-		return err
-	}
-	cut.down.Store(true)
-	if err := buy(a, "around"); err != nil {
-		t.Fatalf("purchase around the gate: %v", err)
-	}
-	if st, err := led.SKU(ctx, sku); err != nil || !st.GateStale() {
-		t.Fatalf("after a sale around the gate: stale %v, err %v; want a stale gate", st.GateStale(), err)
-	}
+	led, sku, b, buy, mem := g.led, g.sku, g.b, g.buy, g.mem
 
 	// Another holder of the SKU's rebuild lock, as a replica rebuilding
 	// it, or a lock whose master is out, would be.
@@ -90,4 +71,93 @@ func TestPurchaseDoesNotWaitForABusyRebuild(t *testing.T) {
 	if err := buy(b, "after"); err != nil {
 		t.Fatalf("purchase through the rebuilt gate: %v", err)
 	}
+}
+
+// A rebuild that holds the SKU's lock is waited out however long it
+// takes: purchases that went around the gate meanwhile committed past
+// its fence, so the gate it reopened was stale again, and the next
+// rebuild, slow too, went the same way, the SKU selling around its gate
+// for as long as rebuilds took over 50 ms (helper-87 #1). Here the
+// rebuild is held right after the ledger's epoch moved on until the
+// purchases started during it have had a second to finish around it.
+func TestPurchasesWaitOutARebuildUnderWay(t *testing.T) {
+	ctx := context.Background()
+	advanced, release := make(chan struct{}), make(chan struct{})
+	slow := &afterAdvance{then: func() { close(advanced); <-release }}
+	g := staleGate(t, "slowrebuild", func(o *sale.Options) {
+		slow.Ledger = o.Ledger
+		o.Ledger = slow
+	})
+	led, sku, b, buy := g.led, g.sku, g.b, g.buy
+
+	const n = 4
+	errs := make(chan error, n+1)
+	go func() { errs <- buy(b, "first") }() // starts the rebuild
+	<-advanced
+	for i := range n {
+		go func() { errs <- buy(b, fmt.Sprintf("during%d", i)) }()
+	}
+	// None may finish while the rebuild holds the lock: one that does
+	// went around the gate. A second is twenty times the patience a
+	// request has for a rebuild without the lock.
+	left := n + 1
+	select {
+	case err := <-errs:
+		left--
+		t.Errorf("a purchase finished (%v) while the SKU's rebuild held its lock: it went around the gate", err)
+	case <-time.After(time.Second):
+	}
+	close(release)
+	for range left {
+		if err := <-errs; err != nil {
+			t.Errorf("purchase during the rebuild: %v", err)
+		}
+	}
+	st, err := led.SKU(ctx, sku)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.GateStale() || st.Remaining() != 50-1-1-n {
+		t.Errorf("after the rebuild: stale %v, remaining %d; want the gate fresh and %d left", st.GateStale(), st.Remaining(), 50-2-n)
+	}
+}
+
+// staleGateSale is a SKU of 50 whose gate is stale: replica a sold one
+// unit around it (Redis out of a's reach), and b, on the same ledger and
+// Redis, has yet to rebuild it.
+type staleGateSale struct {
+	a, b *sale.Service
+	led  sale.Ledger
+	mem  *shardmem.Scripter
+	sku  stock.SKU
+	buy  func(s *sale.Service, key string) error // one unit under key
+}
+
+// staleGate sets a staleGateSale up for program, tune applied to b.
+func staleGate(t *testing.T, program string, tune func(*sale.Options)) staleGateSale {
+	t.Helper()
+	ctx := context.Background()
+	g := staleGateSale{mem: shardmem.New(), sku: stock.SKU{Program: keys.MustID(program), Ticket: keys.MustID("t")}}
+	cut := &quotaFaults{Scripter: g.mem}
+	g.a, _ = sale.TestService(t, cut, nil, func(o *sale.Options) { g.led = o.Ledger })
+	g.b, _ = sale.TestService(t, g.mem, nil, func(o *sale.Options) {
+		o.Ledger = g.led
+		tune(o)
+	})
+	if _, err := g.a.PutSKU(ctx, sale.SKUConfig{SKU: g.sku, Total: 50, Shards: 2, MaxPerOrder: 2}); err != nil {
+		t.Fatal(err)
+	}
+	g.buy = func(s *sale.Service, key string) error {
+		_, err := s.Purchase(ctx, sale.Take{Ask: sale.Ask{Buyer: keys.MustID("buyer" + key), Key: keys.MustID(key)},
+			SKU: g.sku, Quantity: 1})
+		return err
+	}
+	cut.down.Store(true)
+	if err := g.buy(g.a, "around"); err != nil {
+		t.Fatalf("purchase around the gate: %v", err)
+	}
+	if st, err := g.led.SKU(ctx, g.sku); err != nil || !st.GateStale() {
+		t.Fatalf("after a sale around the gate: stale %v, err %v; want a stale gate", st.GateStale(), err)
+	}
+	return g
 }

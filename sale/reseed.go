@@ -4,6 +4,9 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/stockgate/stockgate/breaker"
@@ -57,39 +60,111 @@ func (s *Service) reseed(ctx context.Context, sku stock.SKU, reason string, forc
 }
 
 // rebuildPatience is how long a request waits for its SKU's stale gate
-// to be rebuilt before it goes around the gate (see reseedSoon).
+// rebuild to take the SKU's lock before it goes around the gate (see
+// reseedSoon).
 const rebuildPatience = 50 * time.Millisecond
 
 // reseedSoon starts the rebuild of sku's stale gate, or joins the one
-// under way, and waits for it at most rebuildPatience; false: not rebuilt
-// (yet), so the request goes around the gate, as it may safely. A gate
-// that can be rebuilt is rebuilt in milliseconds; one whose master is out
-// held every request of the SKU for the lock's retries (a second), and
-// with all of Redis down at 2,564 purchases a second that filled the
-// in-flight bound once every breaker period: 1,400 refused every 3 s
-// (stockbench faults, its 503s by second). The rebuild goes on without
-// the request, bounded by a work timeout of its own, and a failure is
-// noted so the SKU's requests try again only a breaker period later.
+// under way, and reports whether it rebuilt the gate; false: not (yet),
+// so the request goes around the gate, as it may safely.
+//
+// A rebuild that holds the SKU's lock is waited out however long it
+// takes (within the request's work): Redis answers, so it ends soon, and
+// takes that went around it meanwhile would commit past its fence and
+// leave the gate it reopens stale again (helper-87 #1). One that has not
+// the lock within rebuildPatience is not: its master may be out, and
+// waiting for the lock's retries (ReseedWait, a second) held every
+// request of the SKU, which with all of Redis down at 2,564 purchases a
+// second filled the in-flight bound once every breaker period (1,400
+// refused every 3 s; stockbench faults, its 503s by second). The rebuild
+// goes on without the request, bounded by a work timeout of its own, and
+// a failure is noted so the SKU's requests try again only a breaker
+// period later.
 func (s *Service) reseedSoon(ctx context.Context, sku stock.SKU) bool {
-	ch := s.reseeds.DoChan(sku.String(), func() (any, error) {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.WorkTimeout)
-		defer cancel()
-		r, err := s.rebuild(rctx, sku, reasonBypass, false, s.opts.ReseedWait)
-		if err != nil {
-			s.rebuildFailed(sku)
-		}
-		return r, err
-	})
+	f := s.startRebuild(ctx, sku)
 	t := time.NewTimer(rebuildPatience)
 	defer t.Stop()
 	select {
-	case r := <-ch:
-		return r.Err == nil
+	case <-f.done:
+		return f.ok
+	case <-f.locked:
+		select {
+		case <-f.done:
+			return f.ok
+		case <-ctx.Done():
+			return false
+		}
 	case <-t.C:
 		return false
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// rebuildFlight is one detached rebuild of a stale gate (reseedSoon).
+type rebuildFlight struct {
+	locked chan struct{} // closed once it holds the SKU's lock
+	done   chan struct{} // closed when it has ended; ok then says how
+	ok     bool
+}
+
+// rebuildFlights are the detached rebuilds under way, one per SKU; Close
+// waits for them.
+type rebuildFlights struct {
+	mu sync.Mutex
+	m  map[stock.SKU]*rebuildFlight
+	wg sync.WaitGroup
+}
+
+// startRebuild returns sku's detached rebuild under way, or starts one.
+func (s *Service) startRebuild(ctx context.Context, sku stock.SKU) *rebuildFlight {
+	s.rebuilds.mu.Lock()
+	defer s.rebuilds.mu.Unlock()
+	if f := s.rebuilds.m[sku]; f != nil {
+		return f
+	}
+	if s.rebuilds.m == nil {
+		s.rebuilds.m = map[stock.SKU]*rebuildFlight{}
+	}
+	f := &rebuildFlight{locked: make(chan struct{}), done: make(chan struct{})}
+	s.rebuilds.m[sku] = f
+	s.rebuilds.wg.Add(1)
+	go func() { // owned by s.rebuilds: Close waits; it ends by its work timeout
+		defer s.rebuilds.wg.Done()
+		// Its own deadline, not the request's: a Redis call it cuts short
+		// is the rebuild giving up, not the node failing.
+		rctx, cancel := context.WithTimeoutCause(context.WithoutCancel(ctx), s.opts.WorkTimeout, breaker.ErrCallerOutOfTime)
+		defer cancel()
+		err := s.rebuildDetached(rctx, sku, f)
+		if err != nil {
+			s.rebuildFailed(sku)
+		} else {
+			s.rebuildsFailed.Delete(sku)
+		}
+		s.rebuilds.mu.Lock()
+		delete(s.rebuilds.m, sku)
+		s.rebuilds.mu.Unlock()
+		f.ok = err == nil
+		close(f.done)
+	}()
+	return f
+}
+
+// rebuildDetached runs f's rebuild, shared with a reseed of the SKU under
+// way (whose lock f then never reports), a panic turned into an error: no
+// request is there to answer 500 for it.
+func (s *Service) rebuildDetached(ctx context.Context, sku stock.SKU, f *rebuildFlight) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("sale: rebuild of %s panicked: %v", sku, r)
+			s.log.ErrorContext(ctx, "rebuild panicked", "sku", sku.String(), "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+		}
+	}()
+	var once sync.Once
+	_, err, _ = s.reseeds.Do(sku.String(), func() (any, error) {
+		return s.rebuildNotify(ctx, sku, reasonBypass, false, s.opts.ReseedWait, nil, func() { once.Do(func() { close(f.locked) }) })
+	})
+	return err
 }
 
 // rebuild is the fenced re-seed, under the SKU's cross-replica lock:
@@ -124,10 +199,20 @@ var lockReseed = keys.MustID("reseed")
 // more than the changed ledger allows, at any moment.
 func (s *Service) rebuildWith(ctx context.Context, sku stock.SKU, reason string, force bool, wait time.Duration,
 	change func(ctx context.Context) error) (Rebuild, error) {
+	return s.rebuildNotify(ctx, sku, reason, force, wait, change, nil)
+}
+
+// rebuildNotify is rebuildWith calling locked (when not nil) once it holds
+// the SKU's lock.
+func (s *Service) rebuildNotify(ctx context.Context, sku stock.SKU, reason string, force bool, wait time.Duration,
+	change func(ctx context.Context) error, locked func()) (Rebuild, error) {
 	r := Rebuild{SKU: sku, RedisBefore: -1}
 	lease, err := s.locker.Acquire(ctx, keys.Lock(sku.Program, sku.Ticket, lockReseed), wait)
 	if err != nil {
 		return r, err
+	}
+	if locked != nil {
+		locked()
 	}
 	defer func() {
 		if err := lease.Release(context.WithoutCancel(ctx)); err != nil {

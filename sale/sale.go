@@ -434,6 +434,9 @@ type Service struct {
 	// rebuildsFailed: SKU → when a rebuild of its stale gate last failed
 	// (see rebuildDue).
 	rebuildsFailed sync.Map
+	// rebuilds are the stale gates' rebuilds requests started and did
+	// not wait for (see reseedSoon).
+	rebuilds rebuildFlights
 	// refillStale: SKU → when a return last waited out refillWaits for
 	// its gate in vain.
 	refillStale sync.Map
@@ -507,6 +510,9 @@ func New(opts Options) (*Service, error) {
 // Close stops the group committers after they have answered what was
 // queued. Call it once no flow is running (after the HTTP server drained).
 func (s *Service) Close() {
+	// A rebuild left half-way would leave its gate fenced until the next
+	// one; each ends within a work timeout.
+	s.rebuilds.wg.Wait()
 	s.committer.close()
 	s.direct.close()
 	s.confirms.close()

@@ -338,7 +338,6 @@ func (t *take) checkSettings(ctx context.Context) (a answer, ok, direct bool) {
 			// SKU's shards is out) the SKU sells around its gate, trying
 			// again at most once per breaker period.
 			if !s.rebuildDue(w.sku) || !s.reseedSoon(ctx, w.sku) {
-				s.rebuildFailed(w.sku)
 				t.probeIn = max(t.probeIn, s.rebuildIn(w.sku))
 				direct = true
 			}

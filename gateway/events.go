@@ -65,6 +65,12 @@ func (s *Server) missingEvents(c *gin.Context) {
 	if !s.decodeBodyMax(c, &body, 1<<20) {
 		return
 	}
+	if body.IDs == nil {
+		// Absent or null: a script that sent nothing must not read
+		// "nothing missing" (an empty list is asked for as [], and answered).
+		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "ids: required (a list, [] for none)", 0)
+		return
+	}
 	if len(body.IDs) > sale.MaxEventIDs {
 		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field",
 			fmt.Sprintf("ids: at most %d at once", sale.MaxEventIDs), 0)

@@ -50,20 +50,29 @@ func (s *Service) MissingEvents(ctx context.Context, ids []keys.ID) ([]keys.ID, 
 	if len(ids) > MaxEventIDs {
 		return nil, refuse(ErrInvalid, fmt.Sprintf("at most %d event ids at once", MaxEventIDs))
 	}
-	ids = slices.Compact(slices.SortedFunc(slices.Values(ids), keys.ID.Compare))
-	known, err := s.ledger.KnownEvents(ctx, ids)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
-	}
-	has := make(map[keys.ID]bool, len(known))
-	for _, id := range known {
-		has[id] = true
-	}
-	missing := []keys.ID{}
-	for _, id := range ids {
-		if !has[id] {
-			missing = append(missing, id)
+	missing := slices.Compact(slices.SortedFunc(slices.Values(ids), keys.ID.Compare))
+	// Twice: the primaries are asked at once, and a program moving
+	// between two of them meanwhile may have had its events read from
+	// neither (the new one asked before the copy committed, the old one
+	// after the move deleted them). An event the first pass missed that
+	// way is on the new primary by the second, so only what neither pass
+	// found is called missing: an operator makes good each one.
+	for range 2 {
+		if len(missing) == 0 {
+			break
 		}
+		known, err := s.ledger.KnownEvents(ctx, missing)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		has := make(map[keys.ID]bool, len(known))
+		for _, id := range known {
+			has[id] = true
+		}
+		missing = slices.DeleteFunc(missing, func(id keys.ID) bool { return has[id] })
+	}
+	if missing == nil {
+		missing = []keys.ID{}
 	}
 	return missing, nil
 }

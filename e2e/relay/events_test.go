@@ -147,6 +147,8 @@ func TestMissingEventsAPI(t *testing.T) {
 		`{"ids":["a b"]}`:          http.StatusUnprocessableEntity,
 		`{"ids":"x"}`:              http.StatusUnprocessableEntity,
 		`{"ids":[1]}`:              http.StatusUnprocessableEntity,
+		`{}`:                       http.StatusUnprocessableEntity, // not "nothing missing"
+		`{"ids":null}`:             http.StatusUnprocessableEntity,
 		`{"ids":[],"program":"p"}`: http.StatusBadRequest,
 		`[`:                        http.StatusBadRequest,
 	} {

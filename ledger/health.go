@@ -161,14 +161,10 @@ func sqliteWritable(path string) error {
 			return fmt.Errorf("%w: %s: %w", ErrReadOnly, p, err)
 		}
 	}
-	// Free blocks count in fragment-size units (Frsize); a file system
-	// that reports no blocks at all (some FUSE mounts) tells nothing. The
-	// error names no byte count: the health loop logs each change of it.
-	var fs unix.Statfs_t
-	if err := unix.Statfs(filepath.Dir(path), &fs); err == nil && fs.Blocks > 0 {
-		if free := int64(fs.Bavail) * fs.Frsize; free < sqliteMinFree {
-			return fmt.Errorf("%w: the disk holding %s has under %d bytes free", ErrReadOnly, path, sqliteMinFree)
-		}
+	// The error names no byte count: the health loop logs each change of
+	// it.
+	if free, ok := diskFree(filepath.Dir(path)); ok && free < sqliteMinFree {
+		return fmt.Errorf("%w: the disk holding %s has under %d bytes free", ErrReadOnly, path, sqliteMinFree)
 	}
 	return nil
 }

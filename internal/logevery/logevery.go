@@ -18,6 +18,15 @@ import (
 // line: kinds that name an item (a SKU, a node) come and go.
 const idleFor = time.Minute
 
+// maxKinds is the most kinds a Limiter keeps: lines that name an item
+// no other line names (a hold, a panic's text) are kinds of one line
+// each, and a flood of them (every hold of a sale) would grow the set by
+// one a line for a minute. Past it, new kinds share one, overflowKind.
+const maxKinds = 10_000
+
+// overflowKind is the kind of every line whose own kind found the set full.
+const overflowKind = "(kinds past the limiter's most)"
+
 // Limiter is one set of kinds, each let through once a second. Its zero
 // value is ready; it is safe for concurrent use.
 type Limiter struct {
@@ -40,6 +49,9 @@ func (l *Limiter) Allow(k string, now time.Time) (bool, int) {
 		l.kinds = map[string]*kind{}
 	}
 	v := l.kinds[k]
+	if v == nil && len(l.kinds) >= maxKinds {
+		k, v = overflowKind, l.kinds[overflowKind]
+	}
 	if v == nil {
 		l.kinds[k] = &kind{last: now}
 		return true, 0

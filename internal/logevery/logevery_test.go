@@ -159,3 +159,27 @@ func TestUnsaid(t *testing.T) {
 		return strings.Contains(out.String(), `"msg":"log lines left out","kind":"WARN publish failed channel=c1","left_out":19`)
 	})
 }
+
+// Kinds of one line each (a line naming a hold) do not grow the set past
+// maxKinds: past it, new kinds share one, let through once a second.
+func TestLimiterKeepsAtMostMaxKinds(t *testing.T) {
+	var l Limiter
+	now := time.Unix(1000, 0)
+	for i := range maxKinds {
+		if ok, _ := l.Allow(fmt.Sprintf("hold=%d", i), now); !ok {
+			t.Fatalf("kind %d, new, left out", i)
+		}
+	}
+	if ok, _ := l.Allow("hold=new", now); !ok {
+		t.Fatal("the first kind past the most left out")
+	}
+	if ok, _ := l.Allow("hold=newer", now); ok {
+		t.Error("a second kind past the most, in the same second, let through")
+	}
+	if n := len(l.kinds); n > maxKinds+1 {
+		t.Errorf("%d kinds kept, want at most %d", n, maxKinds+1)
+	}
+	if ok, left := l.Allow("hold=later", now.Add(time.Second)); !ok || left != 1 {
+		t.Errorf("a kind past the most a second later = %v, %d left out; want through, 1", ok, left)
+	}
+}

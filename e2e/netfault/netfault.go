@@ -82,6 +82,29 @@ func (l *Link) Cut() error {
 	return nil
 }
 
+// Bandwidth limits the link to rate KB a second each way.
+func (l *Link) Bandwidth(rate int) error {
+	for _, dir := range []string{"upstream", "downstream"} {
+		if err := l.add(fmt.Sprintf(`{"name":"bandwidth_%s","type":"bandwidth","stream":%q,"attributes":{"rate":%d}}`,
+			dir, dir, rate)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Reset resets (TCP RST) every connection that carries a byte either way
+// until Heal: those in use when it is called, and those the client opens
+// again meanwhile.
+func (l *Link) Reset() error {
+	for _, dir := range []string{"upstream", "downstream"} {
+		if err := l.add(fmt.Sprintf(`{"name":"reset_%s","type":"reset_peer","stream":%q,"attributes":{"timeout":0}}`, dir, dir)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Heal removes every fault: new bytes flow again.
 func (l *Link) Heal(ctx context.Context) { l.p.Toxics.ResetToxics(ctx) }
 

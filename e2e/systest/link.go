@@ -55,6 +55,23 @@ func (l *Link) Cut(t *testing.T) {
 	}
 }
 
+// Bandwidth limits the link to rate KB a second each way.
+func (l *Link) Bandwidth(t *testing.T, rate int) {
+	t.Helper()
+	if err := l.l.Bandwidth(rate); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Reset resets every connection that carries a byte until Heal
+// (netfault.Link.Reset).
+func (l *Link) Reset(t *testing.T) {
+	t.Helper()
+	if err := l.l.Reset(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // Heal removes every fault: new bytes flow again.
 func (l *Link) Heal(t *testing.T) {
 	t.Helper()

@@ -183,7 +183,8 @@ func (f *flight) roll() {
 // older than the patience fell to the gap's own count mid-gap;
 // helper-87 #2).
 func (f *flight) peak() int64 {
-	window := min(int64(f.patience/time.Second), ringSeconds-1)
+	// Whole seconds, rounded up: a patience of 1.5 s looks back two.
+	window := min(int64((f.patience+time.Second-1)/time.Second), ringSeconds-1)
 	var most int64
 	for _, d := range f.done {
 		if age := f.sec - d.sec; age >= 1 && age <= window {

@@ -73,13 +73,13 @@ func TestPurchaseDoesNotWaitForABusyRebuild(t *testing.T) {
 	}
 }
 
-// A rebuild that holds the SKU's lock is waited out however long it
-// takes: purchases that went around the gate meanwhile committed past
+// A rebuild that holds the SKU's lock is waited out (up to half a
+// second): purchases that went around the gate meanwhile committed past
 // its fence, so the gate it reopened was stale again, and the next
 // rebuild, slow too, went the same way, the SKU selling around its gate
 // for as long as rebuilds took over 50 ms (helper-87 #1). Here the
-// rebuild is held right after the ledger's epoch moved on until the
-// purchases started during it have had a second to finish around it.
+// rebuild is held right after the ledger's epoch moved on for 300 ms,
+// and no purchase started meanwhile finishes before it.
 func TestPurchasesWaitOutARebuildUnderWay(t *testing.T) {
 	ctx := context.Background()
 	advanced, release := make(chan struct{}), make(chan struct{})
@@ -98,14 +98,15 @@ func TestPurchasesWaitOutARebuildUnderWay(t *testing.T) {
 		go func() { errs <- buy(b, fmt.Sprintf("during%d", i)) }()
 	}
 	// None may finish while the rebuild holds the lock: one that does
-	// went around the gate. A second is twenty times the patience a
-	// request has for a rebuild without the lock.
+	// went around the gate. 300 ms is six times the patience a request
+	// has for a rebuild without the lock, and within the 500 ms it has
+	// for one with it (counted from its start, after this wait's).
 	left := n + 1
 	select {
 	case err := <-errs:
 		left--
 		t.Errorf("a purchase finished (%v) while the SKU's rebuild held its lock: it went around the gate", err)
-	case <-time.After(time.Second):
+	case <-time.After(300 * time.Millisecond):
 	}
 	close(release)
 	for range left {
@@ -119,6 +120,45 @@ func TestPurchasesWaitOutARebuildUnderWay(t *testing.T) {
 	}
 	if st.GateStale() || st.Remaining() != 50-1-1-n {
 		t.Errorf("after the rebuild: stale %v, remaining %d; want the gate fresh and %d left", st.GateStale(), st.Remaining(), 50-2-n)
+	}
+}
+
+// A rebuild that stalls while it holds the SKU's lock (a master it
+// writes besides the lock's gone silent, the ledger hung) does not hold
+// the SKU's purchases with it: each waits at most half a second, then
+// goes around the gate, and once one has, the others go around at once
+// (helper-88 #1). They held their places in flight until the rebuild's
+// work timeout before, and with them every other SKU's takes.
+func TestPurchasesGoAroundAStalledRebuild(t *testing.T) {
+	ctx := context.Background()
+	advanced, release := make(chan struct{}), make(chan struct{})
+	stalled := &afterAdvance{then: func() { close(advanced); <-release }}
+	g := staleGate(t, "stalledrebuild", func(o *sale.Options) {
+		stalled.Ledger = o.Ledger
+		o.Ledger = stalled
+		o.WorkTimeout = time.Minute
+	})
+	const n = 6
+	errs := make(chan error, n)
+	go func() { errs <- g.buy(g.b, "first") }() // starts the rebuild
+	<-advanced
+	for i := range n - 1 {
+		go func() { errs <- g.buy(g.b, fmt.Sprintf("during%d", i)) }()
+	}
+	// Every purchase answers while the rebuild is still stalled (it ends
+	// only at release, or at its minute of work).
+	for range n {
+		if err := <-errs; err != nil {
+			t.Errorf("purchase beside a stalled rebuild: %v", err)
+		}
+	}
+	close(release)
+	st, err := g.led.SKU(ctx, g.sku)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Remaining() != 50-1-n {
+		t.Errorf("ledger remaining = %d, want %d", st.Remaining(), 50-1-n)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/stockgate/stockgate/breaker"
@@ -59,42 +60,63 @@ func (s *Service) reseed(ctx context.Context, sku stock.SKU, reason string, forc
 	return err
 }
 
-// rebuildPatience is how long a request waits for its SKU's stale gate
-// rebuild to take the SKU's lock before it goes around the gate (see
-// reseedSoon).
-const rebuildPatience = 50 * time.Millisecond
+// A request's patience for its SKU's stale-gate rebuild (reseedSoon):
+// rebuildPatience for Redis to answer for the SKU's lock, then
+// rebuildPatienceLocked for the rebuild under way to end.
+const (
+	rebuildPatience       = 50 * time.Millisecond
+	rebuildPatienceLocked = 500 * time.Millisecond
+)
 
 // reseedSoon starts the rebuild of sku's stale gate, or joins the one
 // under way, and reports whether it rebuilt the gate; false: not (yet),
 // so the request goes around the gate, as it may safely.
 //
-// A rebuild that holds the SKU's lock is waited out however long it
-// takes (within the request's work): Redis answers, so it ends soon, and
-// takes that went around it meanwhile would commit past its fence and
-// leave the gate it reopens stale again (helper-87 #1). One that has not
-// the lock within rebuildPatience is not: its master may be out, and
-// waiting for the lock's retries (ReseedWait, a second) held every
-// request of the SKU, which with all of Redis down at 2,564 purchases a
-// second filled the in-flight bound once every breaker period (1,400
-// refused every 3 s; stockbench faults, its 503s by second). The rebuild
-// goes on without the request, bounded by a work timeout of its own, and
-// a failure is noted so the SKU's requests try again only a breaker
-// period later.
+// A rebuild whose lock Redis answered for (taken, or held by another
+// replica's rebuild) is waited out for up to rebuildPatienceLocked: a
+// rebuild takes milliseconds, and takes that went around one under way
+// would commit past its fence and leave the gate it reopens stale again
+// (helper-87 #1). Not longer: one stalled on a master it writes besides
+// the lock's (a silent link, a slow node) or on the ledger would hold
+// every request of the SKU, and with them the replica's in-flight bound
+// (helper-88 #1). A rebuild whose lock Redis has not answered for within
+// rebuildPatience is not waited for: its master may be out, and waiting
+// for the lock's retries (ReseedWait, a second) held every request of the
+// SKU, which with all of Redis down at 2,564 purchases a second filled
+// the in-flight bound once every breaker period (1,400 refused every 3 s;
+// stockbench faults, its 503s by second). Once one request's patience
+// has run out, the others go around at once until the rebuild ends
+// (helper-88 #4). The rebuild goes on without them, bounded by a work
+// timeout of its own, and a failure is noted so the SKU's requests try
+// again only a breaker period later.
 func (s *Service) reseedSoon(ctx context.Context, sku stock.SKU) bool {
 	f := s.startRebuild(ctx, sku)
+	if f.slow.Load() {
+		select {
+		case <-f.done:
+			return f.ok
+		default:
+			return false
+		}
+	}
 	t := time.NewTimer(rebuildPatience)
 	defer t.Stop()
 	select {
 	case <-f.done:
 		return f.ok
 	case <-f.locked:
+		t.Reset(rebuildPatienceLocked)
 		select {
 		case <-f.done:
 			return f.ok
+		case <-t.C:
+			f.slow.Store(true)
+			return false
 		case <-ctx.Done():
 			return false
 		}
 	case <-t.C:
+		f.slow.Store(true)
 		return false
 	case <-ctx.Done():
 		return false
@@ -103,30 +125,37 @@ func (s *Service) reseedSoon(ctx context.Context, sku stock.SKU) bool {
 
 // rebuildFlight is one detached rebuild of a stale gate (reseedSoon).
 type rebuildFlight struct {
-	locked chan struct{} // closed once it holds the SKU's lock
+	locked chan struct{} // closed once Redis has answered for the SKU's lock
 	done   chan struct{} // closed when it has ended; ok then says how
 	ok     bool
+	slow   atomic.Bool // a request's patience with it ran out
 }
 
 // rebuildFlights are the detached rebuilds under way, one per SKU; Close
 // waits for them.
 type rebuildFlights struct {
-	mu sync.Mutex
-	m  map[stock.SKU]*rebuildFlight
-	wg sync.WaitGroup
+	mu     sync.Mutex
+	m      map[stock.SKU]*rebuildFlight
+	wg     sync.WaitGroup
+	closed bool // Close began: no rebuild starts
 }
 
-// startRebuild returns sku's detached rebuild under way, or starts one.
+// startRebuild returns sku's detached rebuild under way, or starts one
+// (after Close: one that failed).
 func (s *Service) startRebuild(ctx context.Context, sku stock.SKU) *rebuildFlight {
 	s.rebuilds.mu.Lock()
 	defer s.rebuilds.mu.Unlock()
 	if f := s.rebuilds.m[sku]; f != nil {
 		return f
 	}
+	f := &rebuildFlight{locked: make(chan struct{}), done: make(chan struct{})}
+	if s.rebuilds.closed {
+		close(f.done)
+		return f
+	}
 	if s.rebuilds.m == nil {
 		s.rebuilds.m = map[stock.SKU]*rebuildFlight{}
 	}
-	f := &rebuildFlight{locked: make(chan struct{}), done: make(chan struct{})}
 	s.rebuilds.m[sku] = f
 	s.rebuilds.wg.Add(1)
 	go func() { // owned by s.rebuilds: Close waits; it ends by its work timeout
@@ -148,6 +177,16 @@ func (s *Service) startRebuild(ctx context.Context, sku stock.SKU) *rebuildFligh
 		close(f.done)
 	}()
 	return f
+}
+
+// closeRebuilds stops new rebuilds from starting and waits for those
+// under way: one left half-way would leave its gate fenced until the
+// next; each ends within a work timeout.
+func (s *Service) closeRebuilds() {
+	s.rebuilds.mu.Lock()
+	s.rebuilds.closed = true
+	s.rebuilds.mu.Unlock()
+	s.rebuilds.wg.Wait()
 }
 
 // rebuildDetached runs f's rebuild, shared with a reseed of the SKU under
@@ -207,12 +246,9 @@ func (s *Service) rebuildWith(ctx context.Context, sku stock.SKU, reason string,
 func (s *Service) rebuildNotify(ctx context.Context, sku stock.SKU, reason string, force bool, wait time.Duration,
 	change func(ctx context.Context) error, locked func()) (Rebuild, error) {
 	r := Rebuild{SKU: sku, RedisBefore: -1}
-	lease, err := s.locker.Acquire(ctx, keys.Lock(sku.Program, sku.Ticket, lockReseed), wait)
+	lease, err := s.acquireRebuildLock(ctx, sku, wait, locked)
 	if err != nil {
 		return r, err
-	}
-	if locked != nil {
-		locked()
 	}
 	defer func() {
 		if err := lease.Release(context.WithoutCancel(ctx)); err != nil {
@@ -272,6 +308,28 @@ func (s *Service) rebuildNotify(ctx context.Context, sku stock.SKU, reason strin
 	s.log.InfoContext(ctx, "re-seeded", "sku", sku.String(), "reason", reason, "redis_before", r.RedisBefore,
 		"ledger_remaining", r.Ledger, "shards", r.Shards, "epoch", fresh.GateEpoch)
 	return r, nil
+}
+
+// acquireRebuildLock takes sku's rebuild lock, waiting up to wait.
+// locked (when not nil) is called once Redis has answered for the lock:
+// taken, or held by another replica's rebuild, whose end this one then
+// waits for (and finds the gate rebuilt).
+func (s *Service) acquireRebuildLock(ctx context.Context, sku stock.SKU, wait time.Duration, locked func()) (*lock.Lease, error) {
+	key := keys.Lock(sku.Program, sku.Ticket, lockReseed)
+	if locked == nil {
+		return s.locker.Acquire(ctx, key, wait)
+	}
+	lease, err := s.locker.Acquire(ctx, key, 0)
+	if err == nil || errors.Is(err, lock.ErrBusy) {
+		locked()
+	}
+	if err == nil || wait <= 0 {
+		return lease, err
+	}
+	if lease, err = s.locker.Acquire(ctx, key, wait); err == nil {
+		locked()
+	}
+	return lease, err
 }
 
 // fenceNewLayout fences the layout a change moved sku to (a resize)

@@ -510,9 +510,7 @@ func New(opts Options) (*Service, error) {
 // Close stops the group committers after they have answered what was
 // queued. Call it once no flow is running (after the HTTP server drained).
 func (s *Service) Close() {
-	// A rebuild left half-way would leave its gate fenced until the next
-	// one; each ends within a work timeout.
-	s.rebuilds.wg.Wait()
+	s.closeRebuilds()
 	s.committer.close()
 	s.direct.close()
 	s.confirms.close()

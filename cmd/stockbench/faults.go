@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -14,7 +13,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/stockgate/stockgate/cluster"
@@ -201,29 +199,6 @@ func nodeLost(ctx context.Context, e faultEnv) (time.Time, error) {
 	}
 	_, err := e.ha.WaitPrimary(ctx)
 	return from, err
-}
-
-// fillDisk fills the file system at dir but for 128 KiB with a file of
-// its own, and returns what removes it.
-func fillDisk(dir string) (free func() error, err error) {
-	var fs syscall.Statfs_t
-	if err := syscall.Statfs(dir, &fs); err != nil {
-		return nil, err
-	}
-	filler := filepath.Join(dir, "filler")
-	f, err := os.Create(filler)
-	if err != nil {
-		return nil, err
-	}
-	// ENOSPC is the goal reached early: the ledger grew since the statfs.
-	_, werr := f.Write(make([]byte, max(int64(fs.Bavail)*fs.Frsize-128<<10, 0)))
-	if err := f.Close(); err != nil && !errors.Is(err, syscall.ENOSPC) {
-		return nil, err
-	}
-	if werr != nil && !errors.Is(werr, syscall.ENOSPC) {
-		return nil, werr
-	}
-	return func() error { return os.Remove(filler) }, nil
 }
 
 // faultRow is what one fault run measured.

@@ -19,12 +19,14 @@ import (
 const idleFor = time.Minute
 
 // maxKinds is the most kinds a Limiter keeps: lines that name an item
-// no other line names (a hold, a panic's text) are kinds of one line
-// each, and a flood of them (every hold of a sale) would grow the set by
-// one a line for a minute. Past it, new kinds share one, overflowKind.
+// no other line names (a hold) are kinds of one line each, and a flood of
+// them (every hold of a sale, every SKU of a drift pass) would grow the
+// set by one a line for a minute. Past it, a new kind is counted under
+// the broader one its caller names (AllowOr), or overflowKind.
 const maxKinds = 10_000
 
-// overflowKind is the kind of every line whose own kind found the set full.
+// overflowKind is the kind of a line whose own kind found the set full
+// and whose caller named no broader one.
 const overflowKind = "(kinds past the limiter's most)"
 
 // Limiter is one set of kinds, each let through once a second. Its zero
@@ -43,6 +45,15 @@ type kind struct {
 // Allow reports whether a line of kind goes through at now, and how many
 // of that kind were left out before it.
 func (l *Limiter) Allow(k string, now time.Time) (bool, int) {
+	return l.AllowOr(k, overflowKind, now)
+}
+
+// AllowOr is Allow, counting a line under broader when its own kind k is
+// new and the set holds maxKinds already: a line about one SKU then
+// shares a kind with its message's other lines rather than with every
+// other message (a breaker's change of state kept apart from a drift
+// pass's flood).
+func (l *Limiter) AllowOr(k, broader string, now time.Time) (bool, int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.kinds == nil {
@@ -50,7 +61,8 @@ func (l *Limiter) Allow(k string, now time.Time) (bool, int) {
 	}
 	v := l.kinds[k]
 	if v == nil && len(l.kinds) >= maxKinds {
-		k, v = overflowKind, l.kinds[overflowKind]
+		k = "(past the most) " + broader
+		v = l.kinds[k]
 	}
 	if v == nil {
 		l.kinds[k] = &kind{last: now}
@@ -134,11 +146,12 @@ func (h *handler) Handle(ctx context.Context, r slog.Record) error {
 	k.WriteString(" ")
 	k.WriteString(h.scope)
 	k.WriteString(r.Message)
+	broader := k.String()
 	r.Attrs(func(a slog.Attr) bool {
 		writeKey(&k, a)
 		return true
 	})
-	ok, left := h.lim.Allow(k.String(), at)
+	ok, left := h.lim.AllowOr(k.String(), broader, at)
 	for kind, n := range h.lim.Unsaid(at) { // after Allow: this line's own count rides on it
 		lost := slog.NewRecord(at, slog.LevelWarn, "log lines left out", 0)
 		lost.AddAttrs(slog.String("kind", kind), slog.Int("left_out", n))
@@ -156,8 +169,11 @@ func (h *handler) Handle(ctx context.Context, r slog.Record) error {
 
 // perLine are the attributes that differ on every line of one kind: the
 // request and trace a line was logged in (the gateway adds them, outside
-// this handler).
-var perLine = map[string]bool{"request_id": true, "trace_id": true, "span_id": true}
+// this handler), and a panic's value and stack (kilobytes each).
+var perLine = map[string]bool{"request_id": true, "trace_id": true, "span_id": true, "panic": true, "stack": true}
+
+// maxKeyText is the most of one attribute's text a kind holds.
+const maxKeyText = 128
 
 // writeKey adds a to a kind when it names an item: a text or a bool, not
 // an error, a number, a time or the request.
@@ -167,7 +183,8 @@ func writeKey(k *strings.Builder, a slog.Attr) {
 	}
 	switch v := a.Value.Resolve(); v.Kind() {
 	case slog.KindString:
-		k.WriteString(" " + a.Key + "=" + v.String())
+		text := v.String()
+		k.WriteString(" " + a.Key + "=" + text[:min(len(text), maxKeyText)])
 	case slog.KindBool:
 		k.WriteString(" " + a.Key + "=" + v.String())
 	case slog.KindGroup:

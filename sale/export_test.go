@@ -1,9 +1,13 @@
 package sale
 
 import (
+	"context"
 	"testing"
+	"time"
 
+	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/lock"
+	"github.com/stockgate/stockgate/stock"
 )
 
 // TestService is testService for the package's external tests.
@@ -23,4 +27,28 @@ func TwoReplicas(t testing.TB, rdb lock.Redis, tune ...func(*Options)) (a, b *Se
 	a, _ = testService(t, rdb, nil, append(tune, func(o *Options) { led = o.Ledger })...)
 	b, _ = testService(t, rdb, nil, append(tune, func(o *Options) { o.Ledger = led })...)
 	return a, b
+}
+
+// ReseedUnderWay starts a reseed of sku on s that holds the SKU's rebuild
+// lock until release is called, as the fence's or the drift loop's does
+// while it works (it rebuilds nothing).
+func ReseedUnderWay(t testing.TB, s *Service, sku stock.SKU) (release func()) {
+	t.Helper()
+	locked, rel, done := make(chan error, 1), make(chan struct{}), make(chan struct{})
+	go func() { // owned by the test: release ends it
+		defer close(done)
+		_, _, _ = s.reseeds.Do(sku.String(), func() (any, error) {
+			lease, err := s.locker.Acquire(context.Background(), keys.Lock(sku.Program, sku.Ticket, lockReseed), time.Second)
+			locked <- err
+			if err != nil {
+				return nil, err
+			}
+			<-rel
+			return nil, lease.Release(context.Background())
+		})
+	}()
+	if err := <-locked; err != nil {
+		t.Fatal(err)
+	}
+	return func() { close(rel); <-done }
 }

@@ -162,6 +162,33 @@ func TestPurchasesGoAroundAStalledRebuild(t *testing.T) {
 	}
 }
 
+// A purchase's rebuild does not join a reseed of its SKU already under
+// way on the replica (the fence's, the drift loop's): joined, it never
+// heard Redis answer for the lock, so the purchase went around the gate
+// after 50 ms while that reseed worked, and the gate stayed stale. Run
+// beside it, it finds the lock busy, the purchase waits, and once the
+// lock is free the rebuild is done and the purchase goes through the
+// gate (helper-88 #2).
+func TestPurchaseWaitsForAReseedUnderWay(t *testing.T) {
+	ctx := context.Background()
+	g := staleGate(t, "reseedunderway", func(*sale.Options) {})
+	release := sale.ReseedUnderWay(t, g.b, g.sku)
+	errs := make(chan error, 1)
+	go func() { errs <- g.buy(g.b, "during") }()
+	time.Sleep(200 * time.Millisecond) // the reseed under way works this long: within the 500 ms a purchase waits for one
+	release()
+	if err := <-errs; err != nil {
+		t.Fatalf("purchase beside a reseed under way: %v", err)
+	}
+	st, err := g.led.SKU(ctx, g.sku)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.GateStale() {
+		t.Error("the gate is still stale: the purchase went around it rather than wait for the rebuild")
+	}
+}
+
 // staleGateSale is a SKU of 50 whose gate is stale: replica a sold one
 // unit around it (Redis out of a's reach), and b, on the same ledger and
 // Redis, has yet to rebuild it.

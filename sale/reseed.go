@@ -189,9 +189,13 @@ func (s *Service) closeRebuilds() {
 	s.rebuilds.wg.Wait()
 }
 
-// rebuildDetached runs f's rebuild, shared with a reseed of the SKU under
-// way (whose lock f then never reports), a panic turned into an error: no
-// request is there to answer 500 for it.
+// rebuildDetached runs f's rebuild, a panic turned into an error: no
+// request is there to answer 500 for it. It does not join a reseed of the
+// SKU under way on this replica (the fence's, the drift loop's): joined,
+// it could not tell its requests when Redis answered for the lock, and
+// they went around that rebuild after 50 ms (helper-88 #2). Run beside
+// it, it finds the lock busy (locked: its requests wait), then the gate
+// rebuilt.
 func (s *Service) rebuildDetached(ctx context.Context, sku stock.SKU, f *rebuildFlight) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
@@ -200,9 +204,7 @@ func (s *Service) rebuildDetached(ctx context.Context, sku stock.SKU, f *rebuild
 		}
 	}()
 	var once sync.Once
-	_, err, _ = s.reseeds.Do(sku.String(), func() (any, error) {
-		return s.rebuildNotify(ctx, sku, reasonBypass, false, s.opts.ReseedWait, nil, func() { once.Do(func() { close(f.locked) }) })
-	})
+	_, err = s.rebuildNotify(ctx, sku, reasonBypass, false, s.opts.ReseedWait, nil, func() { once.Do(func() { close(f.locked) }) })
 	return err
 }
 

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -510,19 +511,25 @@ func (c *Cluster) Stop() {
 }
 
 // freeClusterPort finds a port that is free together with its cluster bus
-// port (port + 10000).
+// port (port + 10000), both below the kernel's ephemeral range: a node
+// killed and restarted on its port (the fault tests) found it taken by
+// an outgoing connection's local port, any process's, bind: address
+// already in use (make test, TestAdminPutWhileRedisIsDownAnswersWhatStands,
+// port 42797). Ports the kernel hands out for :0 are in that range.
 func freeClusterPort() (int, error) {
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	low := ephemeralLow()
+	const first = 10000
+	if low-10000 <= first+100 {
+		return 0, fmt.Errorf("no room for a port pair below the ephemeral range (from %d)", low)
+	}
+	for range 200 {
+		port := first + rand.IntN(low-10000-first)
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
 		if err != nil {
-			return 0, err
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		if port+10000 > 65535 {
 			continue
 		}
 		bus, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+10000))
+		l.Close()
 		if err != nil {
 			continue
 		}
@@ -530,6 +537,24 @@ func freeClusterPort() (int, error) {
 		return port, nil
 	}
 	return 0, errors.New("no free port pair on loopback")
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range
+// (net.ipv4.ip_local_port_range), 32768 when it cannot be read.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 32768
+	}
+	low, err := strconv.Atoi(f[0])
+	if err != nil {
+		return 32768
+	}
+	return low
 }
 
 func retry(ctx context.Context, timeout time.Duration, f func() error) error {

@@ -315,7 +315,8 @@ func (s *Service) rebuildNotify(ctx context.Context, sku stock.SKU, reason strin
 // acquireRebuildLock takes sku's rebuild lock, waiting up to wait.
 // locked (when not nil) is called once Redis has answered for the lock:
 // taken, or held by another replica's rebuild, whose end this one then
-// waits for (and finds the gate rebuilt).
+// waits for (and finds the gate rebuilt); with locked, a Redis that does
+// not answer fails the call at once.
 func (s *Service) acquireRebuildLock(ctx context.Context, sku stock.SKU, wait time.Duration, locked func()) (*lock.Lease, error) {
 	key := keys.Lock(sku.Program, sku.Ticket, lockReseed)
 	if locked == nil {
@@ -325,7 +326,11 @@ func (s *Service) acquireRebuildLock(ctx context.Context, sku stock.SKU, wait ti
 	if err == nil || errors.Is(err, lock.ErrBusy) {
 		locked()
 	}
-	if err == nil || wait <= 0 {
+	if err == nil || wait <= 0 || !errors.Is(err, lock.ErrBusy) {
+		// Redis did not answer for the lock (its master out, its breaker
+		// open): the rebuild fails now rather than retry for a second,
+		// so its SKU's requests hear at once when the master is probed
+		// again (rebuildIn: their Retry-After) and stop waiting for it.
 		return lease, err
 	}
 	if lease, err = s.locker.Acquire(ctx, key, wait); err == nil {

@@ -6,6 +6,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -59,10 +60,107 @@ func (s *Service) notifyRestocked(ctx context.Context, sku stock.SKU) {
 }
 
 // notifyBack tells every replica that units of sku taken for a moment are
-// back in its gate (see backChannel). A failed publish is owed as a full
-// restock notice.
+// back in its gate (see backChannel). This replica's room wakes at once;
+// the publish goes from s.backs, one per SKU however many give-backs
+// marked it meanwhile: the takes a ledger refused together at the end of
+// its outage give their units back together, and a publish each (a
+// message every Redis node relays) held their answers past the work
+// timeout waiting for a Redis connection. A failed publish is owed as a
+// full restock notice.
 func (s *Service) notifyBack(ctx context.Context, sku stock.SKU) {
-	s.publishNotice(ctx, backChannel, sku)
+	s.wakeRoom(sku.Program)
+	if s.opts.Notifier == nil {
+		return
+	}
+	s.backs.mu.Lock()
+	closed := s.backs.closed.Load()
+	if !closed {
+		s.backs.due.mark(sku)
+		if !s.backs.running {
+			s.backs.running = true
+			s.backs.wg.Go(func() { s.publishBacks(context.WithoutCancel(ctx)) }) // owned by s.backs: Close waits
+		}
+	}
+	s.backs.mu.Unlock()
+	if closed {
+		// Close sent the rest: a request still running as it stops sends
+		// its own, as before.
+		s.publish(ctx, backChannel, sku)
+	}
+}
+
+// backNotices are the back notices due and their publisher: at most one
+// goroutine, running while notices are due (none at rest).
+type backNotices struct {
+	due     changes
+	mu      sync.Mutex
+	running bool        // a publisher is under way
+	closed  atomic.Bool // Close began: none starts, and the one under way stops
+	wg      sync.WaitGroup
+}
+
+// backsAtOnce bounds the back notices published at once: one node that
+// does not answer holds only its own SKUs' notices for a Redis timeout.
+const backsAtOnce = 8
+
+// publishBacks publishes the back notices due until none is, or Close
+// began (closeBacks sends the rest).
+func (s *Service) publishBacks(ctx context.Context) {
+	for {
+		skus := s.backs.due.drain()
+		if len(skus) == 0 {
+			s.backs.mu.Lock()
+			// Marked after the drain and before this lock: their callers
+			// found running set and left them to this loop.
+			if skus = s.backs.due.drain(); len(skus) == 0 {
+				s.backs.running = false
+				s.backs.mu.Unlock()
+				return
+			}
+			s.backs.mu.Unlock()
+		}
+		// A round at a time: what is marked while it runs goes in the
+		// next, once per SKU.
+		s.publishAll(ctx, skus, func(sku stock.SKU) bool {
+			if s.backs.closed.Load() {
+				s.backs.due.mark(sku) // closeBacks sends it
+				return false
+			}
+			return true
+		})
+		if s.backs.closed.Load() {
+			return
+		}
+	}
+}
+
+// publishAll publishes a back notice of each of skus that send allows,
+// backsAtOnce at a time, each within a Redis timeout of ctx.
+func (s *Service) publishAll(ctx context.Context, skus []stock.SKU, send func(stock.SKU) bool) {
+	sem := make(chan struct{}, backsAtOnce)
+	var wg sync.WaitGroup
+	for _, sku := range skus {
+		if !send(sku) {
+			continue
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			pctx, cancel := context.WithTimeout(ctx, s.opts.RedisTimeout)
+			defer cancel()
+			s.publish(pctx, backChannel, sku)
+		})
+	}
+	wg.Wait()
+}
+
+// closeBacks stops the publisher and sends what is left, within ctx.
+func (s *Service) closeBacks(ctx context.Context) {
+	s.backs.mu.Lock()
+	s.backs.closed.Store(true)
+	s.backs.mu.Unlock()
+	s.backs.wg.Wait()
+	s.publishAll(ctx, s.backs.due.drain(), func(stock.SKU) bool { return true })
 }
 
 // publishNotice wakes this replica's room and publishes sku on channel; a
@@ -72,6 +170,12 @@ func (s *Service) publishNotice(ctx context.Context, channel string, sku stock.S
 	if s.opts.Notifier == nil {
 		return
 	}
+	s.publish(ctx, channel, sku)
+}
+
+// publish publishes sku on channel; a failed publish is owed as a full
+// restock notice.
+func (s *Service) publish(ctx context.Context, channel string, sku stock.SKU) {
 	if err := s.opts.Notifier.Publish(ctx, channel, sku.String()).Err(); err != nil {
 		s.restocksOwed.mark(sku)
 		if ok, left := s.logs.Allow("restock notice", time.Now()); ok {

@@ -442,6 +442,8 @@ type Service struct {
 	refillStale sync.Map
 	// sizer counts takes for RunSizer (AutoShards).
 	sizer sizer
+	// backs publishes the back notices (see notifyBack).
+	backs backNotices
 }
 
 // New validates opts and returns a Service; Close stops it.
@@ -521,6 +523,11 @@ func (s *Service) Close() {
 		// included: a replica leaving (a rollout, a scale-in) would
 		// otherwise leave the others' views standing their max age.
 		ctx, cancel := context.WithTimeout(context.Background(), s.opts.RedisTimeout)
+		s.closeBacks(ctx)
+		cancel()
+		// Its own time: a publisher that waited on a silent node must not
+		// leave it none (helper-89 #1).
+		ctx, cancel = context.WithTimeout(context.Background(), s.opts.RedisTimeout)
 		s.sendNotices(ctx)
 		cancel()
 	}

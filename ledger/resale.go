@@ -295,9 +295,15 @@ func (l *Ledger) Withdraw(ctx context.Context, listingID, seller keys.ID, expect
 func (l *Ledger) withdraw(ctx context.Context, listingID, seller keys.ID, expect, epoch int64, req Request, settled *[]Event) (_ Listing, err error) {
 	defer l.observe("withdraw", time.Now(), &err)
 	now := l.now().UTC().Truncate(time.Millisecond)
+	// Every failure before its COMMIT says ErrNotCommitted, unless it is a
+	// refusal: the caller took the unsold units out of the gate first,
+	// and gives them back only when it knows nothing was withdrawn. A read
+	// or settle that failed before the withdrawal began (a link reset, the
+	// request's time out) kept them out of Redis while the ledger still
+	// had them on sale (helper-90 #1).
 	x, err := l.ListingByID(ctx, listingID)
 	if err != nil {
-		return x, err
+		return x, beforeCommit("withdraw: listing", err)
 	}
 	// The sales so far settle in a transaction of their own, so they stand
 	// whatever the withdrawal answers (it settles again under its own lock
@@ -305,7 +311,7 @@ func (l *Ledger) withdraw(ctx context.Context, listingID, seller keys.ID, expect
 	sold, err := l.settle(ctx, x.SKU)
 	*settled = append(*settled, sold...)
 	if err != nil {
-		return x, err
+		return x, beforeCommit("withdraw: settle", err)
 	}
 	tx, taken, err := l.begin(ctx, req, x.SKU, now, "withdraw")
 	if taken {
@@ -317,10 +323,10 @@ func (l *Ledger) withdraw(ctx context.Context, listingID, seller keys.ID, expect
 	defer tx.Rollback()
 	inTx, err := l.settleIn(ctx, tx, x.SKU, now)
 	if err != nil {
-		return x, err
+		return x, beforeCommit("withdraw: settle", err)
 	}
 	if x, err = scanListing(tx.QueryRowContext(ctx, selectListing+` WHERE id = $1`, listingID)); err != nil {
-		return x, err
+		return x, beforeCommit("withdraw: listing", err)
 	}
 	left := x.Quantity - x.Sold
 	switch {
@@ -359,6 +365,15 @@ func (l *Ledger) withdraw(ctx context.Context, listingID, seller keys.ID, expect
 	}
 	*settled = append(*settled, inTx...)
 	return x, nil
+}
+
+// beforeCommit is err, of step, from before a transaction's COMMIT: a
+// refusal as it is, anything else ErrNotCommitted.
+func beforeCommit(step string, err error) error {
+	if errors.Is(err, ErrNotFound) || errors.Is(err, ErrNotCommitted) {
+		return err
+	}
+	return notCommitted(step, err)
 }
 
 // endedAs is the error for an order that no longer stands, read in tx

@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -104,6 +105,33 @@ func TestSettleFreesAListingAnOlderSettlePassedBy(t *testing.T) {
 		}
 		if st, err := l.SKU(ctx, sku); err != nil || st.Total != 1 || st.Sold != 1 || st.Listed != 0 {
 			t.Errorf("SKU row %+v (%v): want total 1, sold 1 (bob's), nothing listed", st, err)
+		}
+	})
+}
+
+// A withdrawal that fails before its COMMIT says ErrNotCommitted: its
+// caller took the listing's unsold units out of the gate first and gives
+// them back only then. One whose first read failed (here the request's
+// time already out) answered a bare context error, which the caller took
+// for an outcome unknown: the units stayed out of Redis while the ledger
+// had them on sale (helper-90 #1). The listing stands after it.
+func TestWithdrawFailingBeforeItsCommitSaysSo(t *testing.T) {
+	eachDriver(t, func(t *testing.T, l *ledger.Ledger) {
+		s := stock.SKU{Program: keys.MustID(fmt.Sprintf("wd%d", time.Now().UnixNano())), Ticket: keys.MustID("t")}
+		x := listOne(t, l, s, 4)
+		gone, cancel := context.WithCancel(context.Background())
+		cancel()
+		req := ledger.Request{Scope: x.Seller, Key: keys.MustID("withdraw-" + s.Program.String()), Fingerprint: "fp", Op: ledger.OpWithdraw}
+		if _, _, err := l.Withdraw(gone, x.ID, x.Seller, 1, -1, req); !errors.Is(err, ledger.ErrNotCommitted) {
+			t.Fatalf("a withdrawal out of time before it began = %v; want ErrNotCommitted", err)
+		}
+		got, err := l.ListingByID(context.Background(), x.ID)
+		if err != nil || got.State != ledger.Listed || got.Withdrawn != 0 {
+			t.Fatalf("the listing after it: %+v, %v; want it still listed", got, err)
+		}
+		// And the same request, in time, withdraws it.
+		if w, _, err := l.Withdraw(context.Background(), x.ID, x.Seller, 1, -1, req); err != nil || w.State != ledger.Withdrawn {
+			t.Fatalf("the withdrawal again = %+v, %v", w, err)
 		}
 	})
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -216,6 +217,7 @@ type faultRow struct {
 	back           time.Duration // from the fault (or Redis's return) until every SKU's gate agreed with the ledger
 	ok             uint64
 	sold           int64
+	lost           int // 201s whose order the ledger does not have (audited by id)
 }
 
 const faultSKUs = 100
@@ -285,9 +287,14 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 	// its own wait, not the server's (counted Late if it still happens).
 	workers := uint64(max(64, row.rate*6/16+1))
 	why := &causes{n: map[string]int{}}
+	answered := &sales{ids: map[string]struct{}{}}
+	collect := func(code int, body []byte) {
+		why.collect(code, body)
+		answered.collect(code, body)
+	}
 	phase := func(name string, d time.Duration) (loadgen.Result, error) {
 		return loadgen.Attack(loadgen.Run{Name: name, BaseURL: g.base, Rate: row.rate, Duration: d, Workers: workers,
-			Scenario: loadgen.Purchases(paths, name+"-", 0), Collect: why.collect})
+			Scenario: loadgen.Purchases(paths, name+"-", 0), Collect: collect})
 	}
 	var results []loadgen.Result
 	h0 := purchaseBuckets(g.base)
@@ -382,7 +389,74 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 		row.sold += st.Sold
 	}
 	row.sold -= int64(capRun.Count(http.StatusCreated))
+	if row.lost, err = answered.audit(ctx, led); err != nil {
+		return row, err
+	}
+	if row.lost > 0 || answered.bad > 0 {
+		fmt.Fprintf(os.Stderr, "%s: %d of %d 201s name an order the ledger does not have (%d named none, or one twice)\n",
+			f.name, row.lost, len(answered.ids), answered.bad)
+	}
+	row.lost += answered.bad
 	return row, nil
+}
+
+// sales are the orders the run's 201s named, audited one by one against
+// the ledger once it is over: totals alone would let a lost sale and a
+// commit answered 503 cancel out.
+type sales struct {
+	mu  sync.Mutex
+	ids map[string]struct{}
+	bad int // 201s that named no order, or one named before
+}
+
+func (s *sales) collect(code int, body []byte) {
+	if code != http.StatusCreated {
+		return
+	}
+	var o struct {
+		ID string `json:"order_id"`
+	}
+	_ = json.Unmarshal(body, &o) // a body that names no order counts as bad
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, seen := s.ids[o.ID]; seen || o.ID == "" {
+		s.bad++
+		return
+	}
+	s.ids[o.ID] = struct{}{}
+}
+
+// audit counts the orders the 201s named that the ledger does not have,
+// or has refunded (nothing refunds them here).
+func (s *sales) audit(ctx context.Context, led *ledger.Ledger) (lost int, err error) {
+	ids := make(chan string)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			for id := range ids {
+				var o ledger.Order
+				k, rerr := keys.ParseID(id)
+				if rerr == nil {
+					o, rerr = led.OrderByID(ctx, k)
+				}
+				mu.Lock()
+				switch {
+				case errors.Is(rerr, ledger.ErrNotFound) || errors.Is(rerr, keys.ErrInvalidID) || rerr == nil && !o.RefundedAt.IsZero():
+					lost++
+				case rerr != nil && err == nil:
+					err = rerr
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	for id := range s.ids {
+		ids <- id
+	}
+	close(ids)
+	wg.Wait()
+	return lost, err
 }
 
 // shedAfter counts the 503s of r sent in the whole seconds of its run
@@ -558,9 +632,10 @@ func faultsDoc(rows []faultRow) string {
 		"healthy and every SKU's gate serves again (seeded, and rebuilt after every sale around it; for a ledger fault, from the "+
 		"link's repair), polled every "+
 		"100 ms under the load; the ledger's sales are counted against the 201s: more sold than 201s are commits whose answer was lost "+
-		"(503, settled by the request's key when sent again), fewer are acknowledged sales a failover lost.\n\n",
+		"(503, settled by the request's key when sent again), fewer are acknowledged sales a failover lost; and each 201's order is "+
+		"looked up in the ledger by its id (\"not in the ledger\": 201s whose order it does not have).\n\n",
 		time.Now().UTC().Format("2006-01-02 15:04"))
-	b.WriteString("| fault | req/s | requests | 503 | 503 after writes resumed | other answers | p99 in the fault window: all / 201s / 503s | slowest / past 5 s by the gateway's clock | every SKU back on its gate | 201s / ledger sold |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| fault | req/s | requests | 503 | 503 after writes resumed | other answers | p99 in the fault window: all / 201s / 503s | slowest / past 5 s by the gateway's clock | every SKU back on its gate | 201s / ledger sold / not in the ledger |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		share := 0.0
 		if r.requests > 0 {
@@ -578,9 +653,9 @@ func faultsDoc(rows []faultRow) string {
 		if r.shedAfter >= 0 {
 			after = fmt.Sprintf("%d (%.2f %%)", r.shedAfter, 100*float64(r.shedAfter)/float64(max(r.requests, 1)))
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %d (%.2f %%) | %s | %s | %v / %v / %v | %v / %.0f | %s | %d / %d |\n",
+		fmt.Fprintf(&b, "| %s | %d | %d | %d (%.2f %%) | %s | %s | %v / %v / %v | %v / %.0f | %s | %d / %d / %d |\n",
 			r.name, r.rate, r.requests, r.n503, share, after, other, r.p99.Round(time.Millisecond), r.p99ok.Round(time.Millisecond),
-			r.p99shed.Round(time.Millisecond), r.slowest.Round(time.Millisecond), r.past, back, r.ok, r.sold)
+			r.p99shed.Round(time.Millisecond), r.slowest.Round(time.Millisecond), r.past, back, r.ok, r.sold, r.lost)
 	}
 	return b.String()
 }

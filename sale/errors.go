@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/stock"
 )
 
 // Err is a kind of refusal or failure: a stable code (the API's problem
@@ -205,4 +207,17 @@ func RetryIn(err error) (wait time.Duration, ok bool) {
 		return w.wait, true
 	}
 	return 0, false
+}
+
+// changedNothing reports whether a change's error says the ledger did not
+// make it: it failed before its COMMIT, or the ledger refused it. Any
+// other (at COMMIT, the reply lost) may have made it.
+func changedNothing(err error) bool {
+	for _, e := range []error{ledger.ErrNotCommitted, ledger.ErrNotFound, ledger.ErrConflict, ledger.ErrDuplicate,
+		stock.ErrInvalid, stock.ErrUnknownSKU, stock.ErrSaleEnded, stock.ErrSoldOut} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return movedNothing(err) // a refusal of the sale's own (a nested change's)
 }

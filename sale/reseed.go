@@ -283,6 +283,16 @@ func (s *Service) rebuildNotify(ctx context.Context, sku stock.SKU, reason strin
 	}
 	if change != nil {
 		if err := change(ctx); err != nil {
+			if !changedNothing(err) {
+				// The change may have landed (its COMMIT's reply lost): the
+				// old gate stays closed, and the next request rebuilds it
+				// from what the ledger says. Reopened, it served the old
+				// total (and an old shard layout, a zombie beside the new
+				// one) until the settings' notice, TTL or drift check
+				// caught up (helper-91 S1).
+				s.log.WarnContext(ctx, "change's outcome unknown: the gate stays closed for a rebuild", "sku", sku.String(), "err", err)
+				return r, err
+			}
 			// Nothing changed in the ledger: reopen as it was.
 			if ferr := s.gate.Fence(ctx, sku, st.Shards, false); ferr != nil {
 				s.log.WarnContext(ctx, "reopen after refused change", "sku", sku.String(), "err", ferr)

@@ -1,0 +1,85 @@
+package sale_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/sale"
+	"github.com/stockgate/stockgate/shard/shardmem"
+	"github.com/stockgate/stockgate/stock"
+)
+
+// replyLost is a ledger whose next PutSKU commits and then fails, as one
+// whose COMMIT's reply was lost.
+type replyLost struct {
+	sale.Ledger
+	lose atomic.Bool
+}
+
+func (l *replyLost) PutSKU(ctx context.Context, c ledger.SKUConfig) (ledger.SKUState, error) {
+	st, err := l.Ledger.PutSKU(ctx, c)
+	if err == nil && l.lose.Swap(false) {
+		return ledger.SKUState{}, errors.New("ledger: put sku: commit: read tcp: connection reset by peer")
+	}
+	return st, err
+}
+
+// A change of a SKU whose COMMIT's reply is lost may have landed: its
+// gate is not reopened as it was, but rebuilt from the ledger by the next
+// purchase. Reopened, it served the old total (10 where the ledger had 4)
+// until the settings' notice, TTL or drift check caught up (helper-91 S1).
+// Refused, the change leaves the gate open as it was.
+func TestPutWhoseReplyIsLostDoesNotReopenTheOldGate(t *testing.T) {
+	led := &replyLost{}
+	svc, gate := sale.TestService(t, shardmem.New(), nil, func(o *sale.Options) { led.Ledger = o.Ledger; o.Ledger = led })
+	ctx := context.Background()
+	sku := stock.SKU{Program: keys.MustID("putlost"), Ticket: keys.MustID("t")}
+	buy := func(n int, q int64) error {
+		_, err := svc.Purchase(ctx, sale.Take{Ask: sale.Ask{Buyer: keys.MustID("ann"), Key: keys.MustID(fmt.Sprintf("k%d", n))}, SKU: sku, Quantity: q})
+		return err
+	}
+	agree := func(when string) {
+		t.Helper()
+		st, err := svc.SKU(ctx, sku)
+		if err != nil {
+			t.Fatal(err)
+		}
+		left, seeded, err := gate.Remaining(ctx, sku, 1)
+		if err != nil || !seeded || left != st.Remain {
+			t.Fatalf("%s: the gate has %d left (seeded %v, %v), the ledger %d", when, left, seeded, err, st.Remain)
+		}
+	}
+	if _, err := svc.PutSKU(ctx, sale.SKUConfig{SKU: sku, Total: 10, Shards: 1, MaxPerOrder: 4}); err != nil {
+		t.Fatal(err)
+	}
+	if err := buy(1, 1); err != nil {
+		t.Fatal(err)
+	}
+	led.lose.Store(true)
+	if _, err := svc.PutSKU(ctx, sale.SKUConfig{SKU: sku, Total: 4, Shards: 1, MaxPerOrder: 4}); !errors.Is(err, sale.ErrUnavailable) {
+		t.Fatalf("a PUT whose reply was lost = %v, want unavailable (the change may have been made)", err)
+	}
+	// Closed, not serving the old count (9 where the ledger has 3).
+	if sh, err := gate.Read(ctx, sku, 1); err != nil || !sh[0].Fenced {
+		t.Fatalf("after a PUT whose reply was lost the gate is %+v (%v); want it closed for a rebuild, the ledger has 3 left", sh, err)
+	}
+	if err := buy(2, 1); err != nil {
+		t.Fatalf("a purchase after it: %v", err)
+	}
+	agree("after a PUT whose reply was lost")
+	// A PUT the ledger refuses (below what is sold) changes nothing, and
+	// the gate serves on as it was.
+	if _, err := svc.PutSKU(ctx, sale.SKUConfig{SKU: sku, Total: 1, Shards: 1, MaxPerOrder: 4}); !errors.Is(err, sale.ErrBelowCommitted) {
+		t.Fatalf("a PUT below what is sold = %v, want ErrBelowCommitted", err)
+	}
+	agree("after a refused PUT")
+	if err := buy(3, 2); err != nil {
+		t.Fatalf("a purchase of the last two: %v", err)
+	}
+	agree("at the end")
+}

@@ -214,7 +214,7 @@ func RetryIn(err error) (wait time.Duration, ok bool) {
 // other (at COMMIT, the reply lost) may have made it.
 func changedNothing(err error) bool {
 	for _, e := range []error{ledger.ErrNotCommitted, ledger.ErrNotFound, ledger.ErrConflict, ledger.ErrDuplicate,
-		stock.ErrInvalid, stock.ErrUnknownSKU, stock.ErrSaleEnded, stock.ErrSoldOut} {
+		ledger.ErrPoolClosed, ledger.ErrPoolExists, stock.ErrInvalid, stock.ErrUnknownSKU, stock.ErrSaleEnded, stock.ErrSoldOut} {
 		if errors.Is(err, e) {
 			return true
 		}

@@ -83,3 +83,30 @@ func TestPutWhoseReplyIsLostDoesNotReopenTheOldGate(t *testing.T) {
 	}
 	agree("at the end")
 }
+
+// A pool's PUT the ledger refuses (the pool closed) changes nothing, and
+// the ticket's public gate serves on as it was, not closed for a rebuild.
+func TestRefusedPoolPutLeavesTheGateOpen(t *testing.T) {
+	svc, gate := sale.TestService(t, shardmem.New(), nil)
+	ctx := context.Background()
+	sku := stock.SKU{Program: keys.MustID("poolrefused"), Ticket: keys.MustID("t")}
+	fans := keys.MustID("fans")
+	if _, err := svc.PutSKU(ctx, sale.SKUConfig{SKU: sku, Total: 20, Shards: 1, MaxPerOrder: 4}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.PutPool(ctx, sale.PoolSpec{SKU: sku, Pool: fans, Allotment: 5}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.ClosePool(ctx, sku, fans); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Purchase(ctx, sale.Take{Ask: sale.Ask{Buyer: keys.MustID("ann"), Key: keys.MustID("k1")}, SKU: sku, Quantity: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.PutPool(ctx, sale.PoolSpec{SKU: sku, Pool: fans, Allotment: 3}); err == nil {
+		t.Fatal("a closed pool's PUT was not refused")
+	}
+	if sh, err := gate.Read(ctx, sku, 1); err != nil || sh[0].Fenced {
+		t.Fatalf("after a refused pool PUT the public gate is %+v (%v); want it serving", sh, err)
+	}
+}

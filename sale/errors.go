@@ -213,11 +213,17 @@ func RetryIn(err error) (wait time.Duration, ok bool) {
 // make it: it failed before its COMMIT, or the ledger refused it. Any
 // other (at COMMIT, the reply lost) may have made it.
 func changedNothing(err error) bool {
-	for _, e := range []error{ledger.ErrNotCommitted, ledger.ErrNotFound, ledger.ErrConflict, ledger.ErrDuplicate,
-		ledger.ErrPoolClosed, ledger.ErrPoolExists, stock.ErrInvalid, stock.ErrUnknownSKU, stock.ErrSaleEnded, stock.ErrSoldOut} {
+	return isAny(err, ledger.ErrNotCommitted, ledger.ErrNotFound, ledger.ErrConflict, ledger.ErrDuplicate,
+		ledger.ErrPoolClosed, ledger.ErrPoolExists, stock.ErrInvalid, stock.ErrUnknownSKU, stock.ErrSaleEnded, stock.ErrSoldOut) ||
+		movedNothing(err) // a refusal of the sale's own (a nested change's)
+}
+
+// isAny reports whether err is any of errs (errors.Is).
+func isAny(err error, errs ...error) bool {
+	for _, e := range errs {
 		if errors.Is(err, e) {
 			return true
 		}
 	}
-	return movedNothing(err) // a refusal of the sale's own (a nested change's)
+	return false
 }

@@ -239,12 +239,7 @@ func (s *Service) expireBeforeLate(ctx context.Context, h ledger.Hold, keep int6
 // the buyer (sold out, over the buyer's cap, the sale ended): a late
 // payment is then refused, to be refunded.
 func unitsGone(err error) bool {
-	for _, gone := range []error{stock.ErrSoldOut, ErrSoldOut, ErrLimit, ErrSaleEnded, stock.ErrLimit, stock.ErrSaleEnded} {
-		if errors.Is(err, gone) {
-			return true
-		}
-	}
-	return false
+	return isAny(err, stock.ErrSoldOut, ErrSoldOut, ErrLimit, ErrSaleEnded, stock.ErrLimit, stock.ErrSaleEnded)
 }
 
 // lateKey is the request key of h's late payment, derived from the hold

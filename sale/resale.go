@@ -194,13 +194,8 @@ func withdrawGateID(id keys.ID, left int64) keys.ID {
 // was written: the ledger refused it, or it failed before COMMIT. Any
 // other failure (at COMMIT, the reply lost) may have withdrawn.
 func withdrawRefused(err error) bool {
-	for _, e := range []error{ledger.ErrNotCommitted, ledger.ErrListingEnded, ledger.ErrListingSelling,
-		ledger.ErrNotFound, ledger.ErrNotOwner, ledger.ErrInCart, ledger.ErrKeyReused, errLedgerBusy} {
-		if errors.Is(err, e) {
-			return true
-		}
-	}
-	return false
+	return isAny(err, ledger.ErrNotCommitted, ledger.ErrListingEnded, ledger.ErrListingSelling,
+		ledger.ErrNotFound, ledger.ErrNotOwner, ledger.ErrInCart, ledger.ErrKeyReused, errLedgerBusy)
 }
 
 // ListingByID reads a listing.

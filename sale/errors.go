@@ -213,10 +213,17 @@ func RetryIn(err error) (wait time.Duration, ok bool) {
 // make it: it failed before its COMMIT, or the ledger refused it. Any
 // other (at COMMIT, the reply lost) may have made it.
 func changedNothing(err error) bool {
+	if errors.Is(err, errChangeMade) {
+		return false
+	}
 	return isAny(err, ledger.ErrNotCommitted, ledger.ErrNotFound, ledger.ErrConflict, ledger.ErrDuplicate,
 		ledger.ErrPoolClosed, ledger.ErrPoolExists, stock.ErrInvalid, stock.ErrUnknownSKU, stock.ErrSaleEnded, stock.ErrSoldOut) ||
 		movedNothing(err) // a refusal of the sale's own (a nested change's)
 }
+
+// errChangeMade wraps an error of what followed a change the ledger made
+// (a nested rebuild's): it changed something, whatever the cause says.
+var errChangeMade = errors.New("sale: the change was made")
 
 // isAny reports whether err is any of errs (errors.Is).
 func isAny(err error, errs ...error) bool {

@@ -213,6 +213,11 @@ func (s *Service) PutPool(ctx context.Context, p PoolSpec) (PoolState, error) {
 	if !c.Create {
 		_, err = s.rebuildWith(ctx, base, reasonAdmin, true, s.opts.ReseedWait, func(ctx context.Context) error {
 			_, err := s.rebuildWith(ctx, pool, reasonAdmin, true, s.opts.ReseedWait, put)
+			if err != nil && putErr == nil && !st.Program.IsZero() {
+				// The pool's change was made and its rebuild failed after:
+				// the public gate must not reopen as it was (helper-92 #1).
+				return fmt.Errorf("%w: %w", errChangeMade, err)
+			}
 			return err
 		})
 	}

@@ -68,6 +68,13 @@ func TestPutWhoseReplyIsLostDoesNotReopenTheOldGate(t *testing.T) {
 	if sh, err := gate.Read(ctx, sku, 1); err != nil || !sh[0].Fenced {
 		t.Fatalf("after a PUT whose reply was lost the gate is %+v (%v); want it closed for a rebuild, the ledger has 3 left", sh, err)
 	}
+	// A refused PUT in between does not reopen it as it was (helper-92 #2).
+	if _, err := svc.PutSKU(ctx, sale.SKUConfig{SKU: sku, Total: 0, Shards: 1, MaxPerOrder: 4}); err == nil {
+		t.Fatal("a PUT below what is sold was not refused")
+	}
+	if sh, err := gate.Read(ctx, sku, 1); err != nil || !sh[0].Fenced {
+		t.Fatalf("after a refused PUT the gate a lost reply closed is %+v (%v); want it still closed", sh, err)
+	}
 	if err := buy(2, 1); err != nil {
 		t.Fatalf("a purchase after it: %v", err)
 	}

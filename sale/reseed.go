@@ -293,7 +293,11 @@ func (s *Service) rebuildNotify(ctx context.Context, sku stock.SKU, reason strin
 				s.log.WarnContext(ctx, "change's outcome unknown: the gate stays closed for a rebuild", "sku", sku.String(), "err", err)
 				return r, err
 			}
-			// Nothing changed in the ledger: reopen as it was.
+			// Nothing changed: reopen as it was, if open (one an earlier
+			// unknown outcome closed waits for its rebuild, helper-92 #2).
+			if !open {
+				return r, err
+			}
 			if ferr := s.gate.Fence(ctx, sku, st.Shards, false); ferr != nil {
 				s.log.WarnContext(ctx, "reopen after refused change", "sku", sku.String(), "err", ferr)
 			}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/lock"
 	"github.com/stockgate/stockgate/seats"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -340,8 +341,21 @@ func (s *Service) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 		s.log.ErrorContext(ctx, "put sku: read", "sku", sku.String(), "err", lerr)
 		return SKUState{}, ErrGateNotClosed
 	default:
-		if err = put(ctx); err == nil {
-			err = s.reseed(ctx, sku, reasonAdmin, true)
+		// New, as far as this read knows: created under the SKU's rebuild
+		// lock all the same. Two first PUTs at once, one seeding its
+		// layout before the other changed the shard count, left the first
+		// layout open beside the second's, a zombie (helper-91 S2); under
+		// the lock the second finds the SKU made and changes it as any
+		// live SKU is changed.
+		_, err = s.rebuildNotify(ctx, sku, reasonAdmin, true, s.opts.ReseedWait, put, func() {})
+		if err != nil && st.Program.IsZero() && putErr == nil && !errors.Is(err, lock.ErrBusy) {
+			// Redis did not answer for the lock (asked once, with the
+			// locked callback): a new SKU has no gate to close, so it is
+			// made in the ledger alone, its gate built from it when Redis
+			// is back.
+			if err = put(ctx); err == nil {
+				err = s.reseed(ctx, sku, reasonAdmin, true)
+			}
 		}
 	}
 	s.settings.Invalidate(sku)

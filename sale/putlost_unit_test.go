@@ -117,3 +117,49 @@ func TestRefusedPoolPutLeavesTheGateOpen(t *testing.T) {
 		t.Fatalf("after a refused pool PUT the public gate is %+v (%v); want it serving", sh, err)
 	}
 }
+
+// unknownOnce is a ledger whose next SKU read says the SKU is unknown, as
+// a PUT's read does when another PUT creates the SKU just after it.
+type unknownOnce struct {
+	sale.Ledger
+	unknown atomic.Bool
+}
+
+func (l *unknownOnce) SKU(ctx context.Context, sku stock.SKU) (ledger.SKUState, error) {
+	if l.unknown.Swap(false) {
+		return ledger.SKUState{}, stock.ErrUnknownSKU
+	}
+	return l.Ledger.SKU(ctx, sku)
+}
+
+// Two first PUTs of a SKU at once: the first creates it with one shard
+// and seeds that gate; the second, whose read came before, changes it to
+// two. The second is a change of a live SKU, made under its lock: the
+// one-shard layout is retired, not left serving its 10 units at the old
+// epoch beside the new layout, a zombie (helper-91 S2).
+func TestSecondFirstPutRetiresTheFirstLayout(t *testing.T) {
+	led := &unknownOnce{}
+	svc, gate := sale.TestService(t, shardmem.New(), nil, func(o *sale.Options) { led.Ledger = o.Ledger; o.Ledger = led })
+	ctx := context.Background()
+	sku := stock.SKU{Program: keys.MustID("firstputs"), Ticket: keys.MustID("t")}
+	if _, err := svc.PutSKU(ctx, sale.SKUConfig{SKU: sku, Total: 10, Shards: 1, MaxPerOrder: 4}); err != nil {
+		t.Fatal(err)
+	}
+	if sh, err := gate.Read(ctx, sku, 1); err != nil || !sh[0].Seeded || sh[0].Fenced || sh[0].Avail != 10 {
+		t.Fatalf("the first PUT's gate is %+v (%v); want it serving 10", sh, err)
+	}
+	led.unknown.Store(true)
+	if _, err := svc.PutSKU(ctx, sale.SKUConfig{SKU: sku, Total: 10, Shards: 2, MaxPerOrder: 4}); err != nil {
+		t.Fatal(err)
+	}
+	if sh, err := gate.Read(ctx, sku, 1); err != nil || sh[0].Avail != 0 || !sh[0].Fenced {
+		t.Fatalf("after the second first PUT the one-shard layout is %+v (%v); want it retired, empty and closed", sh, err)
+	}
+	left, seeded, err := gate.Remaining(ctx, sku, 2)
+	if err != nil || !seeded || left != 10 {
+		t.Fatalf("the two-shard gate has %d (seeded %v, %v), want 10", left, seeded, err)
+	}
+	if _, err := svc.Purchase(ctx, sale.Take{Ask: sale.Ask{Buyer: keys.MustID("ann"), Key: keys.MustID("k1")}, SKU: sku, Quantity: 2}); err != nil {
+		t.Fatal(err)
+	}
+}

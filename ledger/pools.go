@@ -206,10 +206,11 @@ func (l *Ledger) ClosePool(ctx context.Context, pool stock.SKU, due bool) (moved
 	if into.Compare(pool) < 0 {
 		first, second = into, pool
 	}
+	intoEnded := false
 	for _, sku := range []stock.SKU{first, second} {
-		var left, closesAt, closedAt int64
+		var left, closesAt, closedAt, endedAt int64
 		if err := tx.QueryRowContext(ctx, `UPDATE skus SET version = version + 1, updated_at = $3 WHERE program = $1 AND ticket = $2
-			RETURNING total - sold - held, pool_closes_at, pool_closed_at`, sku.Program, sku.Ticket, now).Scan(&left, &closesAt, &closedAt); err != nil {
+			RETURNING total - sold - held, pool_closes_at, pool_closed_at, ended_at`, sku.Program, sku.Ticket, now).Scan(&left, &closesAt, &closedAt, &endedAt); err != nil {
 			return 0, into, notCommitted("close pool: lock "+sku.String(), err)
 		}
 		if sku == pool {
@@ -217,7 +218,15 @@ func (l *Ledger) ClosePool(ctx context.Context, pool stock.SKU, due bool) (moved
 				return 0, stock.SKU{}, nil // not due (rolled back)
 			}
 			moved = left
+		} else {
+			intoEnded = endedAt != 0
 		}
+	}
+	if intoEnded {
+		// The ticket's sale has ended: its leftover sells nowhere, so it
+		// stays the pool's, unsold. Moved, it was a pool.moved after the
+		// sale.ended and a rebuild of an ended gate (helper-90 #3).
+		moved = 0
 	}
 	if moved == 0 && !st.Rule.ClosedAt.IsZero() {
 		return 0, into, nil

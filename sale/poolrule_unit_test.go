@@ -138,3 +138,45 @@ func poolBesideACutReplica(t *testing.T, program, access string) (a, b *sale.Ser
 	}
 	return a, b, cut, sku, fans
 }
+
+// A pool of a ticket whose sale has ended keeps its leftover at its
+// close: it sells nowhere, and moved it was a pool.moved after the
+// sale.ended and a rebuild of an ended gate (helper-90 #3).
+func TestPoolClosingAfterTheSaleEndedMovesNothing(t *testing.T) {
+	svc, _ := sale.TestService(t, shardmem.New(), nil)
+	ctx := context.Background()
+	sku := stock.SKU{Program: keys.MustID("poolended"), Ticket: keys.MustID("t")}
+	fans := keys.MustID("fans")
+	if _, err := svc.PutSKU(ctx, sale.SKUConfig{SKU: sku, Total: 20, Shards: 1, MaxPerOrder: 4}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.PutPool(ctx, sale.PoolSpec{SKU: sku, Pool: fans, Allotment: 5}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.EndSale(ctx, sku); err != nil {
+		t.Fatal(err)
+	}
+	p, err := svc.ClosePool(ctx, sku, fans)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.ClosedAt.IsZero() || p.Total != 5 || p.Remain != 5 {
+		t.Errorf("the ended ticket's pool after its close = %+v; want it closed, keeping its 5", p)
+	}
+	pools, err := svc.Pools(ctx, sku)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pools[0].Total != 15 {
+		t.Errorf("the ended public stock's total = %d after the pool's close, want 15 (nothing moved)", pools[0].Total)
+	}
+	evs, err := svc.Events(ctx, sku.Program, 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range evs {
+		if e.Type == "pool.moved" {
+			t.Errorf("a pool.moved after the sale ended: %+v", e)
+		}
+	}
+}

@@ -115,7 +115,7 @@ func (s *Service) withdraw(ctx context.Context, id, seller keys.ID, r request) a
 	holder := newHolder()
 	epoch := int64(-1) // no units taken out of a gate
 	gateID := withdrawGateID(r.gateID(), left)
-	if x.State == ledger.Listed && left > 0 {
+	if x.State == ledger.Listed && left > 0 && !s.keyRecorded(ctx, sku, r) {
 		st, err := s.ledger.SKU(ctx, sku)
 		if err != nil {
 			return ansUnavailable
@@ -181,6 +181,18 @@ func (s *Service) withdraw(ctx context.Context, id, seller keys.ID, r request) a
 		return ansUnavailable
 	}
 	return s.ownerError(ctx, err, fail(ErrUnknownListing))
+}
+
+// keyRecorded reports whether r's key is on record in the ledger (a
+// reused key, or this request's copy): the ledger answers it from the
+// record, so a withdrawal takes no units out of the gate for it. Taken,
+// they were out until the ledger's 422, buyers told sold out meanwhile
+// (helper-90 #2). Not known (the read failed) counts as not recorded:
+// the ledger's answer stands either way, the units given back on a
+// refusal.
+func (s *Service) keyRecorded(ctx context.Context, sku stock.SKU, r request) bool {
+	_, err := s.ledger.RequestByKey(ctx, sku.Program, r.scope, r.key)
+	return err == nil
 }
 
 // withdrawGateID names a withdrawal's deduction by its request and the

@@ -27,7 +27,8 @@ import (
 // document (replacing it when present, so a suite run keeps it).
 const faultsHeading = "## Redis and ledger faults during a sale"
 
-// faultsCmd runs the four Redis faults, the three ledger-link faults, a
+// faultsCmd runs the four Redis faults, a Redis master's link cut, the
+// three ledger-link faults, a
 // full disk under the SQLite ledger and the four failovers of the
 // ledger's primary during a sale against a stockgate process (PostgreSQL
 // through a fault proxy or a formation, or SQLite on a tmpfs; a 3+3
@@ -82,6 +83,7 @@ type fault struct {
 	formation bool
 	async     bool // the formation's standbys asynchronous: a failover may lose acknowledged commits
 	sqlite    bool // the SQLite ledger, its file on a tmpfs of its own (the disk's faults)
+	redisLink bool // the gateway reaches the victim master through a fault proxy (rlink)
 	window    time.Duration
 	do        func(ctx context.Context, e faultEnv) (from time.Time, err error)
 }
@@ -93,6 +95,7 @@ type faultEnv struct {
 	c      *testenv.Cluster
 	victim *testenv.Node
 	link   *netfault.Link
+	rlink  *netfault.Link // between the gateway and victim (redisLink)
 	ha     *testenv.AutoFailover
 	disk   string // the SQLite ledger's tmpfs
 }
@@ -128,6 +131,17 @@ var faults = []fault{
 		}
 		time.Sleep(5 * time.Second) // frozen past the node timeout
 		return time.Now(), e.victim.Resume()
+	}},
+	// The master answers its bus, so the cluster promotes no replica:
+	// nothing ends the fault but the link (issue 40: "then one Redis
+	// master").
+	{name: "link to one Redis master black-holed for 10 s", redisLink: true, do: func(ctx context.Context, e faultEnv) (time.Time, error) {
+		if err := e.rlink.Cut(); err != nil {
+			return time.Time{}, err
+		}
+		time.Sleep(10 * time.Second) // the scenario's outage
+		e.rlink.Heal(ctx)
+		return time.Now(), nil
 	}},
 	{name: "PostgreSQL 500 ms slower per round trip for 12 s", do: func(ctx context.Context, e faultEnv) (time.Time, error) {
 		if err := e.link.Latency(250 * time.Millisecond); err != nil {
@@ -239,11 +253,11 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 		return row, err
 	}
 	defer stopLedger()
-	g, err := startGateway(ctx, bin, strings.Join(c.Addrs(), ","), dsn, "STOCKGATE_DRIFT_EVERY=2s")
+	g, stopGateway, err := env.startGateway(ctx, bin, dsn, f)
 	if err != nil {
 		return row, err
 	}
-	defer func() { g.cmd.Process.Kill(); _ = g.cmd.Wait() }()
+	defer stopGateway()
 	paths, skus, err := putFaultSKUs(&g)
 	if err != nil {
 		return row, err
@@ -254,8 +268,7 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 		return row, err
 	}
 	row.rate = max(int(float64(capRun.Count(http.StatusCreated))/capRun.Elapsed.Seconds()/2), 10)
-	env.victim, err = c.MasterOf(ctx, keys.Shard(skus[0].Program, skus[0].Ticket, 0, 1).Slot())
-	if err != nil {
+	if err := env.pickVictim(ctx, skus[0]); err != nil {
 		return row, err
 	}
 	driver := ledger.Postgres
@@ -293,7 +306,7 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 			Scenario: loadgen.Purchases(paths, name+"-", 0), Collect: collect})
 	}
 	var results []loadgen.Result
-	h0 := purchaseBuckets(g.base)
+	h0, landed := purchaseBuckets(g.base), readLanded(g.base)
 	before, err := phase("before", 3*time.Second)
 	if err != nil {
 		return row, err
@@ -364,6 +377,9 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 	}
 	row.back = d.back
 	row.count(results)
+	if err := f.landed(g.base, landed); err != nil {
+		return row, err
+	}
 	// The load tool times an answer from when it was due, on the same
 	// two cores; the gateway's own histogram says whether the server or
 	// the machine was late (its last bound is the 5 s work timeout).

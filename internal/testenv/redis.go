@@ -48,12 +48,15 @@ type Node struct {
 	Addr string
 	Port int
 	ID   string // cluster node id
-	dir  string
-	bin  string
-	args []string
-	tls  *TLSFiles
-	cmd  *exec.Cmd
-	done chan struct{} // closed when the process has exited
+	// announced is the address the cluster names n by when not Addr
+	// (Announce): a proxy in front of it.
+	announced string
+	dir       string
+	bin       string
+	args      []string
+	tls       *TLSFiles
+	cmd       *exec.Cmd
+	done      chan struct{} // closed when the process has exited
 }
 
 // Cluster is a running Redis Cluster on loopback.
@@ -418,7 +421,7 @@ func (c *Cluster) MasterOf(ctx context.Context, slot int) (*Node, error) {
 		for _, s := range slots {
 			if slot >= s.Start && slot <= s.End {
 				for _, m := range c.Nodes {
-					if m.Addr == s.Nodes[0].Addr {
+					if m.reachedAt(s.Nodes[0].Addr) {
 						return m, nil
 					}
 				}

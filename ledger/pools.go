@@ -293,11 +293,17 @@ func (l *Ledger) Pools(ctx context.Context, ticket stock.SKU) ([]SKUState, error
 }
 
 // PoolsDue lists up to limit pools whose closing time has passed and that
-// still have stock to move on: not closed yet, or given stock back since.
+// still have stock to move on: not closed yet, or given stock back since
+// while their ticket's sale is on. A closed pool of an ended ticket keeps
+// what it has (ClosePool moves nothing into an ended sale): listed, it
+// was closed again at every sweep, and a hundred of them filled the list
+// and kept every other pool from closing (helper-93 #1).
 func (l *Ledger) PoolsDue(ctx context.Context, limit int) ([]stock.SKU, error) {
-	rows, err := l.queryRepeated(ctx, `SELECT program, ticket FROM skus
-		WHERE pool_closes_at > 0 AND pool_closes_at <= $1 AND (pool_closed_at = 0 OR total - sold - held > 0)
-		ORDER BY pool_closes_at LIMIT $2`, l.now().UnixMilli(), limit)
+	rows, err := l.queryRepeated(ctx, `SELECT p.program, p.ticket FROM skus p
+		WHERE p.pool_closes_at > 0 AND p.pool_closes_at <= $1 AND (p.pool_closed_at = 0 OR (p.total - p.sold - p.held > 0 AND
+			NOT EXISTS (SELECT 1 FROM skus b WHERE b.program = p.program AND b.ended_at <> 0 AND
+				substr(p.ticket, 1, length(b.ticket) + 1) = b.ticket || '.')))
+		ORDER BY p.pool_closes_at LIMIT $2`, l.now().UnixMilli(), limit)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: pools due: %w", err)
 	}

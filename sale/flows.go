@@ -10,7 +10,6 @@ import (
 
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
-	"github.com/stockgate/stockgate/lock"
 	"github.com/stockgate/stockgate/seats"
 	"github.com/stockgate/stockgate/stock"
 )
@@ -341,22 +340,7 @@ func (s *Service) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 		s.log.ErrorContext(ctx, "put sku: read", "sku", sku.String(), "err", lerr)
 		return SKUState{}, ErrGateNotClosed
 	default:
-		// New, as far as this read knows: created under the SKU's rebuild
-		// lock all the same. Two first PUTs at once, one seeding its
-		// layout before the other changed the shard count, left the first
-		// layout open beside the second's, a zombie (helper-91 S2); under
-		// the lock the second finds the SKU made and changes it as any
-		// live SKU is changed.
-		_, err = s.rebuildNotify(ctx, sku, reasonAdmin, true, s.opts.ReseedWait, put, func() {})
-		if err != nil && st.Program.IsZero() && putErr == nil && !errors.Is(err, lock.ErrBusy) {
-			// Redis did not answer for the lock (asked once, with the
-			// locked callback): a new SKU has no gate to close, so it is
-			// made in the ledger alone, its gate built from it when Redis
-			// is back.
-			if err = put(ctx); err == nil {
-				err = s.reseed(ctx, sku, reasonAdmin, true)
-			}
-		}
+		err = s.createSKU(ctx, sku, put)
 	}
 	s.settings.Invalidate(sku)
 	s.stockChanged(sku)
@@ -392,6 +376,36 @@ func (s *Service) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 		return skuStateOf(st), nil // the row as committed
 	}
 	return whole, nil
+}
+
+// createSKU makes sku, which a read found unknown, with put, under the
+// SKU's rebuild lock all the same, and builds its gate. Two first PUTs at
+// once, one seeding its layout before the other changed the shard count,
+// left the first layout open beside the second's, a zombie (helper-91
+// S2); under the lock the second finds the SKU made and changes it as
+// any live SKU is changed.
+//
+// When Redis does not answer for the lock (asked once, as the locked
+// callback makes it), a SKU still unknown has no gate to close, so it is
+// made in the ledger alone, its gate built from it when Redis is back.
+// Once Redis has answered, a failure is the rebuild's (a shard's master
+// out, the lock busy), and nothing runs unlocked: a SKU made meanwhile by
+// another PUT would be changed past its open gate (helper-93 #2).
+func (s *Service) createSKU(ctx context.Context, sku stock.SKU, put func(context.Context) error) error {
+	ran, answered := false, false
+	run := func(ctx context.Context) error { ran = true; return put(ctx) }
+	_, err := s.rebuildBy(ctx, sku, reasonAdmin, true, s.opts.ReseedWait,
+		rebuildHow{change: run, creates: true, locked: func() { answered = true }})
+	if err == nil || ran || answered {
+		return err
+	}
+	if _, lerr := s.ledger.SKU(ctx, sku); !errors.Is(lerr, stock.ErrUnknownSKU) {
+		return err // made meanwhile, or not known: the gate not closed, nothing changed
+	}
+	if err = put(ctx); err == nil {
+		err = s.reseed(ctx, sku, reasonAdmin, true)
+	}
+	return err
 }
 
 // putChangesNothing reports whether a PUT of cfg finds the ticket set to

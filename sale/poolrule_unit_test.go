@@ -143,7 +143,8 @@ func poolBesideACutReplica(t *testing.T, program, access string) (a, b *sale.Ser
 // close: it sells nowhere, and moved it was a pool.moved after the
 // sale.ended and a rebuild of an ended gate (helper-90 #3).
 func TestPoolClosingAfterTheSaleEndedMovesNothing(t *testing.T) {
-	svc, _ := sale.TestService(t, shardmem.New(), nil)
+	var led sale.Ledger
+	svc, _ := sale.TestService(t, shardmem.New(), nil, func(o *sale.Options) { led = o.Ledger })
 	ctx := context.Background()
 	sku := stock.SKU{Program: keys.MustID("poolended"), Ticket: keys.MustID("t")}
 	fans := keys.MustID("fans")
@@ -177,6 +178,18 @@ func TestPoolClosingAfterTheSaleEndedMovesNothing(t *testing.T) {
 	for _, e := range evs {
 		if e.Type == "pool.moved" {
 			t.Errorf("a pool.moved after the sale ended: %+v", e)
+		}
+	}
+	// Closed, keeping its 5, it is not due again: it was closed again at
+	// every sweep, and a hundred such filled the sweeper's list
+	// (helper-93 #1).
+	due, err := led.PoolsDue(ctx, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range due {
+		if d == sale.PoolSKU(sku, fans) {
+			t.Errorf("the ended ticket's closed pool is due again: %v", due)
 		}
 	}
 }

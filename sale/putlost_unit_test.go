@@ -163,3 +163,28 @@ func TestSecondFirstPutRetiresTheFirstLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The same race with the gate out of reach while its lock answers (a
+// shard's master out, the lock's master up): the second PUT finds the SKU
+// made under the lock and cannot close its gate, so it changes nothing
+// and says so. It went on to change the SKU unlocked, past its open
+// one-shard gate, a zombie again (helper-93 #2).
+func TestSecondFirstPutWithTheGateOutChangesNothing(t *testing.T) {
+	led := &unknownOnce{}
+	mem := &quotaFaults{Scripter: shardmem.New()}
+	svc, _ := sale.TestService(t, mem, nil, func(o *sale.Options) { led.Ledger = o.Ledger; o.Ledger = led })
+	ctx := context.Background()
+	sku := stock.SKU{Program: keys.MustID("firstputsout"), Ticket: keys.MustID("t")}
+	if _, err := svc.PutSKU(ctx, sale.SKUConfig{SKU: sku, Total: 10, Shards: 1, MaxPerOrder: 4}); err != nil {
+		t.Fatal(err)
+	}
+	led.unknown.Store(true)
+	mem.down.Store(true)
+	if _, err := svc.PutSKU(ctx, sale.SKUConfig{SKU: sku, Total: 4, Shards: 2, MaxPerOrder: 4}); !errors.Is(err, sale.ErrGateNotClosed) {
+		t.Fatalf("the second first PUT with the gate out = %v, want ErrGateNotClosed", err)
+	}
+	mem.down.Store(false)
+	if st, err := svc.SKU(ctx, sku); err != nil || st.Total != 10 || st.Shards != 1 {
+		t.Fatalf("after the refused PUT the SKU is %+v (%v); want it as the first PUT made it", st, err)
+	}
+}

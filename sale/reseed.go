@@ -246,8 +246,28 @@ func (s *Service) rebuildWith(ctx context.Context, sku stock.SKU, reason string,
 // the SKU's lock.
 func (s *Service) rebuildNotify(ctx context.Context, sku stock.SKU, reason string, force bool, wait time.Duration,
 	change func(ctx context.Context) error, locked func()) (Rebuild, error) {
+	return s.rebuildBy(ctx, sku, reason, force, wait, rebuildHow{change: change, locked: locked})
+}
+
+// rebuildHow is what a rebuild does besides reseeding the gate.
+type rebuildHow struct {
+	// change, when not nil, changes the ledger under the SKU's lock,
+	// behind its fence, before the gate is rebuilt from it.
+	change func(ctx context.Context) error
+	// creates: change may create the SKU, so one the ledger does not
+	// know has no gate to close yet (PutSKU of a new SKU). Any other
+	// change of an unknown SKU is refused as unknown.
+	creates bool
+	// locked, when not nil, is called once Redis has answered for the
+	// lock (acquireRebuildLock).
+	locked func()
+}
+
+// rebuildBy is the rebuild of sku under its lock, as how says.
+func (s *Service) rebuildBy(ctx context.Context, sku stock.SKU, reason string, force bool, wait time.Duration, how rebuildHow) (Rebuild, error) {
+	change := how.change
 	r := Rebuild{SKU: sku, RedisBefore: -1}
-	lease, err := s.acquireRebuildLock(ctx, sku, wait, locked)
+	lease, err := s.acquireRebuildLock(ctx, sku, wait, how.locked)
 	if err != nil {
 		return r, err
 	}
@@ -262,8 +282,8 @@ func (s *Service) rebuildNotify(ctx context.Context, sku stock.SKU, reason strin
 	defer context.AfterFunc(lease.Context(), cancel)()
 
 	st, err := s.ledger.SKU(ctx, sku)
-	// A change may create sku: it has no gate to close yet.
-	created := change != nil && errors.Is(err, stock.ErrUnknownSKU)
+	// A change that creates sku finds no gate to close yet.
+	created := how.creates && change != nil && errors.Is(err, stock.ErrUnknownSKU)
 	if err != nil && !created {
 		return r, err
 	}

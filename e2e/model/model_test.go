@@ -323,6 +323,7 @@ func (m *sim) poolTake(hold bool) {
 
 // closePool closes the pool: what it has left moves to the public pool at
 // once; what comes back to it later is moved by a sweeper (settlePoolMoves).
+// Nothing moves into an ended sale: the pool of an ended ticket keeps it.
 func (m *sim) closePool() {
 	m.ops["pool-close"]++
 	r := m.post(m.env(), systest.AdminPath(m.pool.base.sku)+"/pools/"+modelPool+"/close", "", "")
@@ -330,14 +331,18 @@ func (m *sim) closePool() {
 		m.fail("close pool = %d %s", r.Status, r.Body)
 	}
 	m.pool.closed = true
+	if m.pool.base.ended {
+		return
+	}
 	m.pool.base.total += m.pool.left()
 	m.pool.total -= m.pool.left()
 }
 
 // settlePoolMoves waits (bounded) for a sweeper to move what came back to
-// the closed pool on to the public pool, and applies the move.
+// the closed pool on to the public pool, and applies the move; none moves
+// once the ticket's sale has ended.
 func (m *sim) settlePoolMoves() {
-	if !m.pool.closed || m.pool.left() == 0 {
+	if !m.pool.closed || m.pool.left() == 0 || m.pool.base.ended {
 		return
 	}
 	ctx := context.Background()

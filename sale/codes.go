@@ -115,7 +115,7 @@ func (s *Service) PutCodes(ctx context.Context, sku stock.SKU, pool keys.ID, cod
 }
 
 // loadCode reads a code for the codes cache; an unknown one is cached as
-// a zero limit, so a guess costs one ledger read per code per period.
+// a zero limit (and read again before it is refused: codeFor).
 func (s *Service) loadCode(ctx context.Context, k codeKey) (ledger.Code, error) {
 	c, err := s.ledger.CodeOf(ctx, k.pool, k.hash)
 	if errors.Is(err, ledger.ErrNotFound) {
@@ -132,9 +132,24 @@ func (s *Service) codeFor(ctx context.Context, w want) (*codeUse, error) {
 		return nil, ErrCodeInvalid
 	}
 	hash := CodeHash(w.sku, w.access.Code)
-	c, err := s.codes.Get(ctx, codeKey{w.sku, hash})
+	k := codeKey{w.sku, hash}
+	c, err := s.codes.Get(ctx, k)
 	if err != nil {
 		return nil, err
+	}
+	if c.MaxUses == 0 {
+		// Unknown as cached: maybe only here. Another replica's PutCodes
+		// drops only its own entries, and a refreshing cache serves a
+		// miss once more past its TTL, so a code added there a moment
+		// after this replica was asked for it was refused here as
+		// invalid, a wrong guess counted against the buyer's network
+		// (helper-94 #2). Asked again, a guess costs two point reads.
+		if c, err = s.loadCode(ctx, k); err != nil {
+			return nil, err
+		}
+		if c.MaxUses > 0 {
+			s.codes.Invalidate(k)
+		}
 	}
 	if !access.CodeLets(c.MaxUses, c.Buyer, w.buyer) {
 		s.metrics.poolRefusals.WithLabelValues("code-invalid").Inc()

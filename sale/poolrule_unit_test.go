@@ -193,3 +193,26 @@ func TestPoolClosingAfterTheSaleEndedMovesNothing(t *testing.T) {
 		}
 	}
 }
+
+// A code added on one replica admits its buyer on another that was asked
+// for it a moment before, when it was unknown: that replica had cached
+// the miss, and refused the new code as invalid (a wrong guess counted
+// against the buyer's network) until its cache refreshed (helper-94 #2).
+func TestCodeAddedOnAnotherReplicaAdmitsAtOnce(t *testing.T) {
+	ctx := context.Background()
+	a, b, _, sku, fans := poolBesideACutReplica(t, "codeadded", sale.AccessCode)
+	buy := func(key string) error {
+		_, err := b.Purchase(ctx, sale.Take{Ask: sale.Ask{Buyer: keys.MustID("ann"), Key: keys.MustID(key)},
+			SKU: sku, Quantity: 1, Access: sale.Access{Pool: fans, Code: "NEWCODE1"}})
+		return err
+	}
+	if err := buy("k1"); !errors.Is(err, sale.ErrCodeInvalid) {
+		t.Fatalf("a purchase with a code not added yet = %v, want ErrCodeInvalid", err)
+	}
+	if _, _, err := a.PutCodes(ctx, sku, fans, []sale.CodeSpec{{Code: "NEWCODE1", MaxUses: 1}}, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := buy("k2"); err != nil {
+		t.Fatalf("a purchase with the code just added on the other replica = %v, want it sold", err)
+	}
+}

@@ -2,6 +2,7 @@ package sale_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -227,4 +228,43 @@ func staleGate(t *testing.T, program string, tune func(*sale.Options)) staleGate
 		t.Fatalf("after a sale around the gate: stale %v, err %v; want a stale gate", st.GateStale(), err)
 	}
 	return g
+}
+
+// A hold of a SKU whose gate is stale and cannot be rebuilt (its lock
+// held elsewhere) goes around the gate, and still counts against the
+// program's hold budget, whose slot answers: skipped there, the buyer
+// held past the budget for as long as the gate stayed stale (helper-94
+// #1).
+func TestHoldAroundAStaleGateCountsAgainstTheBudget(t *testing.T) {
+	ctx := context.Background()
+	g := staleGate(t, "budgetaround", func(o *sale.Options) { o.ReseedWait = time.Hour })
+	if err := g.b.PutProgram(ctx, sale.Program{ID: g.sku.Program, HoldBudget: 2}); err != nil {
+		t.Fatal(err)
+	}
+	// Another holder of the SKU's rebuild lock, as a replica rebuilding
+	// it, or a lock whose master is out, would be.
+	locker, err := lock.New(lock.Options{Redis: g.mem})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := locker.Acquire(ctx, keys.Lock(g.sku.Program, g.sku.Ticket, keys.MustID("reseed")), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lease.Release(ctx) }()
+	hold := func(key string) error {
+		_, err := g.b.Hold(ctx, sale.Take{Ask: sale.Ask{Buyer: keys.MustID("ann"), Key: keys.MustID(key)}, SKU: g.sku, Quantity: 1})
+		return err
+	}
+	for i := range 2 {
+		if err := hold(fmt.Sprintf("h%d", i)); err != nil {
+			t.Fatalf("hold %d within the budget: %v", i, err)
+		}
+	}
+	if st, err := g.led.SKU(ctx, g.sku); err != nil || !st.GateStale() {
+		t.Fatalf("stale %v, err %v; want the holds made around the still stale gate", st.GateStale(), err)
+	}
+	if err := hold("h2"); !errors.Is(err, sale.ErrHoldBudget) {
+		t.Fatalf("a third hold past the budget of 2 = %v, want ErrHoldBudget", err)
+	}
 }

@@ -362,12 +362,16 @@ func (t *take) once(ctx context.Context) (_ answer, stale stock.SKU) {
 	if a, ok := t.placeGiven(ctx); !ok {
 		return a, stale
 	}
-	if !direct {
-		// Held units count against the program's hold budgets first: an
-		// identity at its budget is refused with nothing taken.
-		if a, ok := t.takeBudgets(ctx); !ok {
-			return a, stale
-		}
+	// Held units count against the program's hold budgets first: an
+	// identity at its budget is refused with nothing taken. Around the
+	// gate too: the budgets live in a slot of their own, whose master
+	// may answer while the SKU's gate cannot be used (a stale gate whose
+	// rebuild is busy, its shards' master out). Skipped there, a buyer
+	// held past the budget for as long as the gate stayed stale
+	// (helper-94 #1); with Redis out the count fails at once (the
+	// breaker) and the hold goes on uncounted.
+	if a, ok := t.takeBudgets(ctx); !ok {
+		return a, stale
 	}
 	if direct {
 		return t.direct(ctx), stale

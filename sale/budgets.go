@@ -114,7 +114,13 @@ func (t *take) takeBudgets(ctx context.Context) (answer, bool) {
 				// (found by the concurrent model).
 				return s.lookupOr(ctx, ln.w.req, fail(refuse(ErrHoldBudget, detail))), false
 			case err != nil && notRun(err):
-				return answer{}, true // Redis is out: not counted
+				// This count's master is out: not counted, and the take
+				// goes on. The line's device count goes with its buyer's
+				// (a hold's end finds it through the buyer's), but the
+				// later lines are counted still: their slots may answer
+				// (a device's master out left every later line's buyer
+				// count uncounted, helper-95 N4).
+				break counting
 			case err != nil:
 				// Maybe counted: given back with the others if the take
 				// does not commit.
@@ -167,8 +173,19 @@ func (t *take) settleBudgets(ctx context.Context, a answer) {
 	if a.err == nil {
 		held = t.s.stillHeld(ctx, a)
 	}
+	// A 503 leaves the request's outcome open: another copy of it (the
+	// client's retry on another replica) may commit its hold on this
+	// count, which it found made and so did not list as its own. Ended
+	// now, that hold stood uncounted (helper-95 B1). The sweeper ends it
+	// instead, a second or so on, and only while no hold of the request
+	// stands (makeOwedBudgetCall).
+	open := isAny(a.err, ErrBusy, ErrBusyShared, ErrUnavailable)
 	for _, e := range t.budgets {
 		if held[e.entry] {
+			continue
+		}
+		if open {
+			t.s.budgetOwed.add(budgetCall{b: e.b, entry: e.entry, giveBack: true})
 			continue
 		}
 		// Its device's count is one of t.budgets too (a count this

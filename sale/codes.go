@@ -143,10 +143,20 @@ func (s *Service) codeFor(ctx context.Context, w want) (*codeUse, error) {
 		// miss once more past its TTL, so a code added there a moment
 		// after this replica was asked for it was refused here as
 		// invalid, a wrong guess counted against the buyer's network
-		// (helper-94 #2). Asked again, a guess costs two point reads.
-		if c, err = s.loadCode(ctx, k); err != nil {
+		// (helper-94 #2). Asked again, a guess costs two point reads,
+		// and concurrent requests with one unknown code share one
+		// (helper-95 B2); a client's wrong guesses are limited at the
+		// door, and a random guess missed the cache anyway.
+		v, err, _ := s.codeMisses.Do(k.pool.String()+"\x00"+k.hash, func() (any, error) {
+			// Shared: not cut short by the first asker's end.
+			ctx, cancel := s.detach(ctx)
+			defer cancel()
+			return s.loadCode(ctx, k)
+		})
+		if err != nil {
 			return nil, err
 		}
+		c = v.(ledger.Code)
 		if c.MaxUses > 0 {
 			s.codes.Invalidate(k)
 		}

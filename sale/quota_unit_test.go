@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/stockgate/stockgate/breaker"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/shard/shardmem"
@@ -27,6 +28,7 @@ type quotaFaults struct {
 	stuck         atomic.Value // string: unquota fails on the keys holding it
 	endStuck      atomic.Value // string: budget.lua's end fails unrun on the keys holding it
 	down          atomic.Bool  // every script fails unrun: the masters out of reach
+	outKeys       atomic.Value // string: scripts on the keys holding it fail unrun, their master's breaker open
 }
 
 // run runs a script call (call) on keys through the faults: args tell
@@ -34,9 +36,12 @@ type quotaFaults struct {
 func (f *quotaFaults) run(keys []string, args []any, call func() *redis.Cmd) *redis.Cmd {
 	stuck, _ := f.stuck.Load().(string)
 	endStuck, _ := f.endStuck.Load().(string)
+	outKeys, _ := f.outKeys.Load().(string)
 	switch {
 	case f.down.Load():
 		return redis.NewCmdResult(nil, context.DeadlineExceeded) // not run
+	case outKeys != "" && len(keys) > 0 && strings.Contains(keys[0], outKeys):
+		return redis.NewCmdResult(nil, fmt.Errorf("test: %w", breaker.ErrOpen)) // not run
 	case endStuck != "" && len(args) > 0 && args[0] == "end" && strings.Contains(keys[0], endStuck):
 		return redis.NewCmdResult(nil, context.DeadlineExceeded) // not run
 	case len(args) == 2 && (f.release.Load() || stuck != "" && strings.Contains(keys[0], stuck)):

@@ -402,8 +402,12 @@ type Service struct {
 	opts     Options
 	settings *cache.Loading[stock.SKU, ledger.SKUState]
 	codes    *cache.Loading[codeKey, ledger.Code]
-	programs *cache.Loading[keys.ID, ledger.Program] // a program's caps and hold budgets
-	seatMaps *cache.Loading[stock.SKU, seatMap]
+	// codeMisses coalesces the ledger reads of a code the cache calls
+	// unknown (codeFor): a crowd presenting one code not added yet makes
+	// one read at a time, not one each.
+	codeMisses singleflight.Group
+	programs   *cache.Loading[keys.ID, ledger.Program] // a program's caps and hold budgets
+	seatMaps   *cache.Loading[stock.SKU, seatMap]
 	// sectionViews serves seat status reads from memory for StockTTL.
 	sectionViews *cache.Loading[sectionKey, Section]
 	seatSeen     struct {

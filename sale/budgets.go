@@ -174,18 +174,16 @@ func (t *take) settleBudgets(ctx context.Context, a answer) {
 		held = t.s.stillHeld(ctx, a)
 	}
 	// A 503 leaves the request's outcome open: another copy of it (the
-	// client's retry on another replica) may commit its hold on this
-	// count, which it found made and so did not list as its own. Ended
-	// now, that hold stood uncounted (helper-95 B1). The sweeper ends it
-	// instead, a second or so on, and only while no hold of the request
-	// stands (makeOwedBudgetCall).
-	open := isAny(a.err, ErrBusy, ErrBusyShared, ErrUnavailable)
+	// client's retry on another replica) may commit its hold on a count
+	// this attempt made, which it found made and so did not list as its
+	// own; ended here, that hold stands uncounted (helper-95 B1). Owing
+	// the end to the sweeper instead (checked against the ledger) kept
+	// the counts of every 503 a second or more, and under a 503 storm
+	// past the owed list's bound for the hold's whole lifetime: buyers
+	// holding nothing refused 409 (helper-96). The gate may under-count
+	// a budget, never over: the end is made now.
 	for _, e := range t.budgets {
 		if held[e.entry] {
-			continue
-		}
-		if open {
-			t.s.budgetOwed.add(budgetCall{b: e.b, entry: e.entry, giveBack: true})
 			continue
 		}
 		// Its device's count is one of t.budgets too (a count this

@@ -169,6 +169,10 @@ func (s *Server) take(c *gin.Context, hold bool) {
 	if body.AccessCode != "" {
 		guesses = s.guesses.client(c.Request.Context(), c.ClientIP())
 		if guesses.Tokens() < 1 {
+			if r, ok, err := s.sale.Recorded(c.Request.Context(), t, hold); ok {
+				s.written(c, http.StatusCreated)(r, err)
+				return
+			}
 			s.http.limited.Inc()
 			r := guesses.Reserve()
 			wait := r.Delay()

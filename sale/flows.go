@@ -124,36 +124,68 @@ func (s *Service) Closed(ctx context.Context, sku stock.SKU, key keys.ID) error 
 // Purchase sells the units: through the Redis gate, then the ledger, or
 // straight to the ledger while Redis cannot be used.
 func (s *Service) Purchase(ctx context.Context, t Take) (Result, error) {
-	if err := t.check(false); err != nil {
+	w, err := t.want(false)
+	if err != nil {
 		return Result{}, err
 	}
-	sku := poolOf(t.SKU, t.Access.Pool)
-	fields := t.Access.fields(sku.Program.String(), sku.Ticket.String(), strconv.FormatInt(t.Quantity, 10))
-	if t.Channel != "" {
-		if !ledger.ValidChannel(t.Channel) {
-			return Result{}, refuse(ErrInvalid, "channel must be comp or box_office")
-		}
-		fields = append(fields, "channel", t.Channel)
-	}
-	w := want{sku: sku, buyer: t.Buyer, q: t.Quantity, access: t.Access, channel: t.Channel,
-		req: newRequest(t.Buyer, t.Key, ledger.OpPurchase, fields...).on(sku.Program)}
 	if t.Channel != "" {
 		// The organizer's own order: no waiting room to pass.
 		return s.runTake(ctx, w.req, func(ctx context.Context) answer { return s.takeOne(ctx, w) })
 	}
-	return s.runTake(ctx, w.req, func(ctx context.Context) answer { return s.admitted(ctx, t.Ask, sku.Program, w.req, w) })
+	return s.runTake(ctx, w.req, func(ctx context.Context) answer { return s.admitted(ctx, t.Ask, w.sku.Program, w.req, w) })
 }
 
 // Hold sets the units aside for the buyer until confirmed, cancelled or
 // expired.
 func (s *Service) Hold(ctx context.Context, t Take) (Result, error) {
-	if err := t.check(true); err != nil {
+	w, err := t.want(true)
+	if err != nil {
 		return Result{}, err
 	}
+	return s.runTake(ctx, w.req, func(ctx context.Context) answer { return s.admitted(ctx, t.Ask, w.sku.Program, w.req, w) })
+}
+
+// Recorded answers a purchase (or a hold) already committed under t's
+// key, as its retry would be answered: its replay, or ErrKeyReused when
+// the key was used for another request. ok is false when the key has no
+// committed request (or t is invalid), and nothing is taken either way.
+// The gateway asks it of a take it refuses before it runs (a client out
+// of wrong access-code guesses): the limit is on guessing, and a retry of
+// a committed take guesses nothing (helper-94 #4: it was answered 429
+// until the limit let it through to its replay).
+func (s *Service) Recorded(ctx context.Context, t Take, hold bool) (Result, bool, error) {
+	w, err := t.want(hold)
+	if err != nil {
+		return Result{}, false, nil
+	}
+	a, ok, err := s.recorded(ctx, w.req)
+	if err != nil || !ok {
+		return Result{}, false, err
+	}
+	r, err := a.result()
+	return r, true, err
+}
+
+// want is what t asks for as a purchase or a hold, its request named as
+// the ledger records it (a replay matches it by fingerprint).
+func (t Take) want(hold bool) (want, error) {
+	if err := t.check(hold); err != nil {
+		return want{}, err
+	}
 	sku := poolOf(t.SKU, t.Access.Pool)
-	w := want{sku: sku, buyer: t.Buyer, q: t.Quantity, hold: true, ttl: t.TTL, access: t.Access, device: t.Device,
-		req: newRequest(t.Buyer, t.Key, ledger.OpHold, t.Access.fields(sku.Program.String(), sku.Ticket.String(), strconv.FormatInt(t.Quantity, 10), t.TTL.String())...).on(sku.Program)}
-	return s.runTake(ctx, w.req, func(ctx context.Context) answer { return s.admitted(ctx, t.Ask, sku.Program, w.req, w) })
+	if hold {
+		return want{sku: sku, buyer: t.Buyer, q: t.Quantity, hold: true, ttl: t.TTL, access: t.Access, device: t.Device,
+			req: newRequest(t.Buyer, t.Key, ledger.OpHold, t.Access.fields(sku.Program.String(), sku.Ticket.String(), strconv.FormatInt(t.Quantity, 10), t.TTL.String())...).on(sku.Program)}, nil
+	}
+	fields := t.Access.fields(sku.Program.String(), sku.Ticket.String(), strconv.FormatInt(t.Quantity, 10))
+	if t.Channel != "" {
+		if !ledger.ValidChannel(t.Channel) {
+			return want{}, refuse(ErrInvalid, "channel must be comp or box_office")
+		}
+		fields = append(fields, "channel", t.Channel)
+	}
+	return want{sku: sku, buyer: t.Buyer, q: t.Quantity, access: t.Access, channel: t.Channel,
+		req: newRequest(t.Buyer, t.Key, ledger.OpPurchase, fields...).on(sku.Program)}, nil
 }
 
 // SeatTake asks for seats of a seated SKU: the given Seats (all of one

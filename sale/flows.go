@@ -152,11 +152,22 @@ func (s *Service) Hold(ctx context.Context, t Take) (Result, error) {
 // The gateway asks it of a take it refuses before it runs (a client out
 // of wrong access-code guesses): the limit is on guessing, and a retry of
 // a committed take guesses nothing (helper-94 #4: it was answered 429
-// until the limit let it through to its replay).
+// until the limit let it through to its replay). The key is looked for
+// among the SKU's committed keys first, read at most once per change of
+// the SKU row, as for a buyer over the cap: a limited bot's flood of new
+// keys costs no ledger call each.
 func (s *Service) Recorded(ctx context.Context, t Take, hold bool) (Result, bool, error) {
 	w, err := t.want(hold)
 	if err != nil {
 		return Result{}, false, nil
+	}
+	st, err := s.settings.Get(ctx, w.sku)
+	if err != nil {
+		return Result{}, false, err
+	}
+	committed, err := s.replays.committedAt(ctx, w.sku, w.req.scope, w.req.key, st.Version)
+	if err != nil || !committed {
+		return Result{}, false, err
 	}
 	a, ok, err := s.recorded(ctx, w.req)
 	if err != nil || !ok {

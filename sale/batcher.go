@@ -278,8 +278,9 @@ func (b *batcher[T, R]) enqueue(ctx context.Context, l *lane[T, R], p *pendingIt
 			return false
 		}
 	}
-	// Not past the time its batch would need (tooLate).
-	wait := time.NewTimer(time.Until(p.deadline) - b.budget)
+	// Not past the time its batch would need (tooLate), less the
+	// answer's margin its batch ends by (answerBy).
+	wait := time.NewTimer(time.Until(p.deadline) - b.budget - answerMargin)
 	defer wait.Stop()
 	select {
 	case l.q <- p:
@@ -456,19 +457,25 @@ func (b *batcher[T, R]) flushAll(l *lane[T, R], batch []*pendingItem[T, R]) {
 		if (l.timedOut || p.patient) && !p.deadline.IsZero() {
 			end = earlier(end, answerBy(p.deadline, start))
 		}
-		// Nor does a healthy batch outlast a timeout of its items' own
-		// time: one that hung (the ledger's link black-holed) answered
-		// what had queued behind the flush before it that much past
-		// their work timeout (3 of 23,860 past 5 s, stockbench faults).
-		end = earlier(end, answerBy(p.at.Add(b.timeout), p.at))
+		// Nor does a healthy batch outlast a timeout of a request's item
+		// from when it queued: one that hung (the ledger's link
+		// black-holed) answered what had queued behind the flush before
+		// it that much past their work timeout (3 of 23,860 past 5 s,
+		// stockbench faults). An item with no request's deadline (a
+		// sweeper's) bounds nothing: it may have waited longer than a
+		// timeout, and would cut its batch at once.
+		if due := p.at.Add(b.timeout); !p.deadline.IsZero() && due.After(start) {
+			end = earlier(end, answerBy(due, start))
+		}
 		fresh = append(fresh, p)
 	}
 	batch = fresh
 	if len(batch) == 0 {
 		return
 	}
-	// A healthy batch has the whole timeout, however short its items'
-	// time: a slow one (SQLite on a busy machine) still commits.
+	// A healthy batch has a whole timeout from its oldest request's
+	// queueing, however short its items' time left: a slow one (SQLite
+	// on a busy machine) still commits.
 	ctx, cancel := context.WithDeadline(context.Background(), end)
 	defer cancel()
 	defer func() { l.timedOut = ctx.Err() != nil }()

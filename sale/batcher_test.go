@@ -695,8 +695,9 @@ func TestBatcherWaitsOutAFailoversBacklog(t *testing.T) {
 	}
 }
 
-// A patient item with less time left than the budget or two of its
-// lane's flushes is refused unflushed: its deadline would cut its batch.
+// A patient item whose batch would have less time than the budget or two
+// of its lane's flushes is refused unflushed: its deadline would cut its
+// batch.
 func TestBatcherRefusesAPatientItemTooLateToFlush(t *testing.T) {
 	b := newBatcher(1, 10, time.Minute, 50*time.Millisecond, laneMetrics{}, func(context.Context, []int, func(int, int)) {})
 	defer b.close()
@@ -710,7 +711,10 @@ func TestBatcherRefusesAPatientItemTooLateToFlush(t *testing.T) {
 		want    bool
 	}{
 		{"patient, 150 ms left", true, 150 * time.Millisecond, true},
-		{"patient, 250 ms left", true, 250 * time.Millisecond, false},
+		// Its batch ends answerMargin (100 ms) before the deadline: 150 ms
+		// for two flushes of 100 ms (helper-97 #3).
+		{"patient, 250 ms left", true, 250 * time.Millisecond, true},
+		{"patient, 350 ms left", true, 350 * time.Millisecond, false},
 		{"not patient, 10 ms left", false, 10 * time.Millisecond, false},
 	} {
 		p := &pendingItem[int, int]{patient: tc.patient, deadline: start.Add(tc.left)}
@@ -800,8 +804,8 @@ func hungBatcher(t *testing.T, timeout, budget time.Duration, seen func(items []
 }
 
 // A batch held behind a hung flush ends a work timeout after its oldest
-// item queued, less the answer's margin, not a whole timeout after it
-// began: the items that queued behind a hung flush (the ledger's link
+// request's item queued, less the answer's margin, not a whole timeout
+// after it began: the items that queued behind a hung flush (the ledger's link
 // black-holed) were answered past their work timeout by as long as they
 // had waited (stockbench faults: 3 of 23,860 past 5 s).
 func TestBatcherBatchEndsByItsOldestItemsTimeout(t *testing.T) {
@@ -818,8 +822,12 @@ func TestBatcherBatchEndsByItsOldestItemsTimeout(t *testing.T) {
 			answer(i, v)
 		}
 	}
+	// A request's item (with a deadline, here a late one: only the
+	// timeout from its queueing bounds the batch).
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	done := make(chan error, 1)
-	go func() { _, err := b.do(context.Background(), 1); done <- err }() // owned by the test: answered once unhung
+	go func() { _, err := b.do(ctx, 1); done <- err }() // owned by the test: answered once unhung
 	wait.For(t, time.Minute, "item 1 queued", func() bool { return b.lanes[0].queued.Load() == 1 })
 	queued := time.Now()               // no earlier than the item's own time
 	time.Sleep(300 * time.Millisecond) // it waits behind the hung flush (a third of its timeout)
@@ -838,5 +846,34 @@ func TestBatcherBatchEndsByItsOldestItemsTimeout(t *testing.T) {
 	if latest := queued.Add(timeout - answerMargin); ends[0].After(latest) {
 		t.Errorf("the batch behind a hung flush ends at %v, %v after its item queued; want by %v (a timeout less the margin)",
 			ends[0].Format(time.StampMicro), ends[0].Sub(queued), latest.Format(time.StampMicro))
+	}
+}
+
+// An item with no request's deadline (a sweeper's) that waited longer
+// than a timeout behind a hung flush does not cut its batch at once: the
+// bound of a request's time is not its.
+func TestBatcherItemWithoutADeadlineKeepsItsBatchsTime(t *testing.T) {
+	const timeout = 100 * time.Millisecond
+	flushErr := make(chan error, 1)
+	b, first, unhang := hungBatcher(t, timeout, 0, nil)
+	b.flush = func(ctx context.Context, items []int, answer func(int, int)) {
+		flushErr <- ctx.Err()
+		for i, v := range items {
+			answer(i, v)
+		}
+	}
+	done := make(chan error, 1)
+	go func() { _, err := b.do(context.Background(), 1); done <- err }() // owned by the test: answered once unhung
+	wait.For(t, time.Minute, "item 1 queued", func() bool { return b.lanes[0].queued.Load() == 1 })
+	time.Sleep(2 * timeout) // it waits behind the hung flush past a timeout
+	unhang()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-flushErr; err != nil {
+		t.Errorf("the batch of an item without a deadline began already out of time: %v", err)
 	}
 }

@@ -49,7 +49,8 @@ func (b *batcher[T, R]) tooLate(l *lane[T, R], p *pendingItem[T, R], start time.
 		return false
 	}
 	flush := time.Duration(math.Float64frombits(l.flushTime.Load()) * float64(time.Second))
-	return p.deadline.Sub(start) < max(b.budget, 2*flush)
+	// The batch ends answerMargin before the deadline (answerBy).
+	return answerBy(p.deadline, start).Sub(start) < max(b.budget, 2*flush)
 }
 
 // waitsOut reports whether p waits for a queue that takes wait to commit

@@ -169,9 +169,14 @@ func (s *Server) take(c *gin.Context, hold bool) {
 	if body.AccessCode != "" {
 		guesses = s.guesses.client(c.Request.Context(), c.ClientIP())
 		if guesses.Tokens() < 1 {
-			if r, ok, err := s.sale.Recorded(c.Request.Context(), t, hold); ok {
-				s.written(c, http.StatusCreated)(r, err)
+			rec, ok, err := s.sale.Recorded(c.Request.Context(), t, hold)
+			if ok {
+				s.written(c, http.StatusCreated)(rec, err)
 				return
+			}
+			if err != nil {
+				// Told 429 as before; its Retry-After brings the retry back.
+				s.log.WarnContext(c.Request.Context(), "a limited client's retry not looked up", "err", err)
 			}
 			s.http.limited.Inc()
 			r := guesses.Reserve()

@@ -155,12 +155,19 @@ func (s *Service) Hold(ctx context.Context, t Take) (Result, error) {
 // until the limit let it through to its replay). The key is looked for
 // among the SKU's committed keys first, read at most once per change of
 // the SKU row, as for a buyer over the cap: a limited bot's flood of new
-// keys costs no ledger call each.
+// keys costs no ledger call each. A take committed since this replica's
+// settings were read (a second, SettingsTTL) may not be found yet: its
+// retry is told 429, and its Retry-After brings it back to its replay.
 func (s *Service) Recorded(ctx context.Context, t Take, hold bool) (Result, bool, error) {
 	w, err := t.want(hold)
 	if err != nil {
 		return Result{}, false, nil
 	}
+	// Detached, as a take is: the committed keys' read it may start is
+	// shared with the requests that arrive meanwhile, and must not end
+	// when this client goes away.
+	ctx, cancel := s.detach(ctx)
+	defer cancel()
 	st, err := s.settings.Get(ctx, w.sku)
 	if err != nil {
 		return Result{}, false, err

@@ -144,13 +144,20 @@ func (r *replays) lookup(ctx context.Context, sku stock.SKU, scope, key keys.ID,
 			ks.mu.Unlock()
 			c, err := r.ledger.CommittedSince(ctx, sku, after)
 			ks.mu.Lock()
-			ks.cur, ks.done = nil, idx
+			ks.cur = nil
 			close(ch)
 			if err != nil {
+				// Not done: a caller that waited for this read starts one
+				// of its own. Counted done, it answered "not committed"
+				// from the set as it was, no error (helper-97: a read
+				// started under a client's context that went away failed
+				// the door's look-up of a token-less retry of a committed
+				// purchase, answered with its refusal).
 				ks.rearm()
 				ks.mu.Unlock()
 				return false, false, err
 			}
+			ks.done = idx
 			for _, k := range c.Keys {
 				ks.keys[scopedKey{k.Scope, k.Key}] = struct{}{}
 				ks.byKey[k.Key] = struct{}{}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockgate/stockgate/app"
 	"github.com/stockgate/stockgate/e2e/systest"
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
@@ -166,8 +167,10 @@ func codeHashOf(pool stock.SKU, code string) string { return sale.CodeHash(pool,
 // Wrong codes are refused (403 access-code-invalid), a code bound to a
 // buyer works for that buyer only, a cancelled hold gives its use back,
 // and a client guessing codes is slowed down: past its wrong guesses a
-// minute it gets 429 with Retry-After, even for a right code, and nothing
-// moved for any of them.
+// minute it gets 429 with Retry-After, even for a right code (a retry of
+// a take that committed is the exception:
+// TestLimitedClientsRetryOfACommittedTakeIsAnswered), and nothing moved
+// for any of them.
 func TestCodeRules(t *testing.T) {
 	systest.EachDriver(t, func(t *testing.T, driver string) {
 		e := systest.New(t, driver)
@@ -316,6 +319,58 @@ func TestCodeUseStandsWithATransferredPart(t *testing.T) {
 		}
 		if st := e.State(t, sku.InPool(keys.MustID("club"))); st.Sold != 4 {
 			t.Errorf("the pool after: %+v, want carl's 4 sold", st)
+		}
+	})
+}
+
+// A client out of wrong access-code guesses still gets the answers of the
+// takes it committed when it retries them (helper-94 #4: 429 until the
+// limit let it through): a purchase's and a hold's replays, 422 for its
+// key sent for another take, and 429 for a new take; nothing moves. One
+// wrong guess a minute, so the client stays limited for the whole test.
+func TestLimitedClientsRetryOfACommittedTakeIsAnswered(t *testing.T) {
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		e := systest.Start(t, systest.Options{Driver: driver, Tune: func(o *app.Options) { o.HTTP.CodeGuesses = 1 }})
+		sku := systest.NewSKU(t)
+		e.PutSKU(t, sku, 100, 4, 4)
+		e.PutPool(t, sku, "club", `{"allotment":50,"access":"code"}`)
+		r := e.Do(t, http.MethodPost, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/pools/club/codes", nil,
+			`{"codes":[{"code":"CLUB-CODE-1","max_uses":5}]}`)
+		if r.Status != http.StatusOK {
+			t.Fatalf("POST codes = %d %s", r.Status, r.Body)
+		}
+		bought := buyIn(t, e, sku, "club", "p1", "dana", 1, codeBody("CLUB-CODE-1"))
+		if bought.Status != http.StatusCreated {
+			t.Fatalf("purchase = %d %s", bought.Status, bought.Body)
+		}
+		holdPath := "/v1/skus/" + sku.Program.String() + "/" + sku.Ticket.String() + "/holds?pool=club"
+		held := e.Do(t, http.MethodPost, holdPath, map[string]string{"Idempotency-Key": "h1"}, `{"buyer":"carl","quantity":2,"access_code":"CLUB-CODE-1"}`)
+		if held.Status != http.StatusCreated {
+			t.Fatalf("hold = %d %s", held.Status, held.Body)
+		}
+		if r := buyIn(t, e, sku, "club", "g1", "mallory", 1, codeBody("WRONG-CODE-1")); r.Status != http.StatusForbidden {
+			t.Fatalf("the wrong guess = %d %s, want 403", r.Status, r.Body)
+		}
+		if r := buyIn(t, e, sku, "club", "g2", "mallory", 1, codeBody("WRONG-CODE-2")); r.Status != http.StatusTooManyRequests {
+			t.Fatalf("a guess past the limit = %d %s, want 429", r.Status, r.Body)
+		}
+		before := e.State(t, sku.InPool(keys.MustID("club")))
+		if r := buyIn(t, e, sku, "club", "p1", "dana", 1, codeBody("CLUB-CODE-1")); r.Status != http.StatusCreated ||
+			r.Header.Get("Idempotent-Replayed") != "true" || string(r.Body) != string(bought.Body) {
+			t.Errorf("the committed purchase's retry = %d %s, want its replay %s", r.Status, r.Body, bought.Body)
+		}
+		if r := e.Do(t, http.MethodPost, holdPath, map[string]string{"Idempotency-Key": "h1"}, `{"buyer":"carl","quantity":2,"access_code":"CLUB-CODE-1"}`); r.Status != http.StatusCreated ||
+			r.Header.Get("Idempotent-Replayed") != "true" || string(r.Body) != string(held.Body) {
+			t.Errorf("the committed hold's retry = %d %s, want its replay %s", r.Status, r.Body, held.Body)
+		}
+		if r := buyIn(t, e, sku, "club", "p1", "dana", 2, codeBody("CLUB-CODE-1")); r.Status != http.StatusUnprocessableEntity {
+			t.Errorf("the purchase's key for another quantity = %d %s, want 422", r.Status, r.Body)
+		}
+		if r := buyIn(t, e, sku, "club", "p2", "dana", 1, codeBody("CLUB-CODE-1")); r.Status != http.StatusTooManyRequests {
+			t.Errorf("a new take with a right code = %d %s, want 429", r.Status, r.Body)
+		}
+		if after := e.State(t, sku.InPool(keys.MustID("club"))); after != before {
+			t.Errorf("the limited client's retries moved stock: %+v, was %+v", after, before)
 		}
 	})
 }

@@ -143,11 +143,13 @@ var faults = []fault{
 		e.rlink.Heal(ctx)
 		return time.Now(), nil
 	}},
-	{name: "PostgreSQL 500 ms slower per round trip for 12 s", do: func(ctx context.Context, e faultEnv) (time.Time, error) {
+	// Issue 40's slow ledger: 30 s of it, so a queue that grows without
+	// bound would show in the window's tail.
+	{name: "PostgreSQL 500 ms slower per round trip for 30 s", window: 33 * time.Second, do: func(ctx context.Context, e faultEnv) (time.Time, error) {
 		if err := e.link.Latency(250 * time.Millisecond); err != nil {
 			return time.Time{}, err
 		}
-		time.Sleep(12 * time.Second) // the scenario's slow spell
+		time.Sleep(30 * time.Second) // the scenario's slow spell
 		e.link.Heal(ctx)
 		return time.Now(), nil
 	}},
@@ -544,7 +546,7 @@ func faultsDoc(rows []faultRow) string {
 		"target_session_attrs=read-write), or, for the disk's fault, on a SQLite ledger whose file is on a 512 MiB tmpfs of its own "+
 		"(filled but for 128 KiB, then freed); 100 SKUs of one shard each. Purchases are "+
 		"sent open loop at half the rate measured closed loop first: 3 s before the fault, 15 s from its start (the fault "+
-		"window; 40 s for a failover, 60 s for a node lost), 10 s more. The p99 is given for all answers in the window, "+
+		"window; 33 s for the slow ledger, 40 s for a failover, 60 s for a node lost), 10 s more. The p99 is given for all answers in the window, "+
 		"then for its 201s and its 503s apart, the slowest answer of the window as the load tool timed it (from when it was due), "+
 		"and how many purchases the gateway's own histogram saw take longer than 5 s (its work timeout); for a failover, the 503s "+
 		"sent after the second the formation took writes again in (issue 40's \"beyond the seconds the manager needs to promote\"). \"Back on its gate\" is from the fault (the restart, for all of Redis) until the cluster is "+

@@ -221,7 +221,17 @@ func (b *batcher[T, R]) wait(ctx context.Context, item T) (R, trace.SpanContext,
 	p.deadline, _ = ctx.Deadline()
 	p.strict = ctx.Value(strictKey{}) != nil
 	p.patient = b.patient(p)
-	if wait, over := b.over(l); over && !b.waitsOut(p, wait) {
+	wait, over := b.over(l)
+	if over && p.patient && !p.strict {
+		// A failover's stall is not a slow ledger: once a primary takes
+		// writes again its backlog drains at the lane's pace, so a
+		// patient item is judged by that pace, not by the stalled flush
+		// (slow multiplies a flush stalled a second by the batches
+		// queued behind it: 1,534 arrivals refused in a planned
+		// failover's second second, stockbench faults -goroutines).
+		wait, over = b.overloaded(l, l.queued.Load()+1)
+	}
+	if over && !b.waitsOut(p, wait) {
 		b.metrics.refused()
 		return zero, none, &busyError{wait: wait}
 	}

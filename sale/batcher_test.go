@@ -877,3 +877,53 @@ func TestBatcherItemWithoutADeadlineKeepsItsBatchsTime(t *testing.T) {
 		t.Errorf("the batch of an item without a deadline began already out of time: %v", err)
 	}
 }
+
+// Behind a flush stalled past the budget, a patient item (a failover's
+// re-sends began) is judged by the lane's learned pace, not by the
+// stalled flush: slow multiplied a second's stall by the batches queued
+// behind it, past the half of its time a patient item may wait, and a
+// planned failover's arrivals were refused at the door (1,534 in one
+// second, stockbench faults). Without a re-send (a black-holed or slow
+// link) the door refuses as before.
+func TestBatcherPatientItemJudgedByThePaceBehindAStall(t *testing.T) {
+	b, first, unhang := hungBatcher(t, 5*time.Second, 50*time.Millisecond, nil)
+	l := b.lanes[0]
+	l.rate.Store(math.Float64bits(10_000)) // the lane committed 10,000 a second while healthy
+	b.resent.Store(time.Now().UnixNano())  // a take was sent again: patient
+	queued := make(chan error, 300)
+	for i := range 250 {
+		go func() { _, err := b.do(context.Background(), 1+i); queued <- err }() // owned by the test: answered once unhung
+	}
+	wait.For(t, time.Minute, "250 queued behind the stalled flush", func() bool { return l.queued.Load() == 250 })
+	wait.For(t, time.Minute, "the flush stalled 300 ms", func() bool {
+		since := l.busySince.Load()
+		return since != 0 && time.Since(time.Unix(0, since)) > 300*time.Millisecond
+	})
+	// Three batches ahead at 300 ms each by the stalled flush; 25 ms at
+	// the lane's pace. The item has 1 s: it may wait half of it.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	refused := make(chan error, 1)
+	go func() { _, err := b.do(ctx, 1000); refused <- err }() // owned by the test: answered once unhung
+	if !wait.Until(time.Minute, func() bool { return l.queued.Load() == 251 || len(refused) > 0 }) || len(refused) > 0 {
+		t.Fatalf("a patient item behind a stalled flush was refused at the door: %v", <-refused)
+	}
+	b.resent.Store(0) // no re-send: the stall is a slow ledger's, for all the door knows
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel2()
+	if _, err := b.do(ctx2, 2000); !errors.Is(err, errLedgerBusy) {
+		t.Errorf("an item behind a stalled flush with no re-send = %v, want refused busy", err)
+	}
+	unhang()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	for range 250 {
+		if err := <-queued; err != nil {
+			t.Errorf("an item queued behind the stall: %v", err)
+		}
+	}
+	if err := <-refused; err != nil { // its answer after the door: flushed, or refused too late to flush
+		t.Logf("the patient item, after the door: %v", err)
+	}
+}

@@ -222,7 +222,7 @@ func (b *batcher[T, R]) wait(ctx context.Context, item T) (R, trace.SpanContext,
 	p.strict = ctx.Value(strictKey{}) != nil
 	p.patient = b.patient(p)
 	wait, over := b.over(l)
-	if over && p.patient && !p.strict {
+	if over && p.patient && !p.strict && b.stalled(l) {
 		// A failover's stall is not a slow ledger: once a primary takes
 		// writes again its backlog drains at the lane's pace, so a
 		// patient item is judged by that pace, not by the stalled flush
@@ -380,6 +380,16 @@ func (b *batcher[T, R]) slow(l *lane[T, R], n int64, now time.Time) (time.Durati
 	return wait, per > b.budget
 }
 
+// stalled reports whether only l's running flush is past the budget: its
+// finished flushes kept to it and it has a pace. That is a failover's
+// stall (a COMMIT waiting on a standby that went away, a primary being
+// replaced); a slow ledger's finished flushes are slow too, and a lane
+// with no pace yet (a replica started mid-failover) has none to judge by.
+func (b *batcher[T, R]) stalled(l *lane[T, R]) bool {
+	flush := time.Duration(math.Float64frombits(l.flushTime.Load()) * float64(time.Second))
+	return math.Float64frombits(l.rate.Load()) > 0 && flush <= b.budget
+}
+
 // overloaded reports whether committing n items takes l longer than the
 // budget at its learned pace, and how long.
 func (b *batcher[T, R]) overloaded(l *lane[T, R], n int64) (time.Duration, bool) {
@@ -516,11 +526,12 @@ func (b *batcher[T, R]) flushAll(l *lane[T, R], batch []*pendingItem[T, R]) {
 		watch.Stop()
 	}
 	l.busySince.Store(0)
-	l.flushTime.Store(math.Float64bits(b.learnFlush(math.Float64frombits(l.flushTime.Load()), time.Since(start))))
+	took := time.Since(start)
+	l.flushTime.Store(math.Float64bits(b.learnFlush(math.Float64frombits(l.flushTime.Load()), took, b.patientAt(time.Now()))))
 	if full {
 		// A full batch: the lane commits as fast as it can. Its pace is
 		// the lane's capacity.
-		pace := float64(len(batch)) / max(time.Since(start).Seconds(), 1e-6)
+		pace := float64(len(batch)) / max(took.Seconds(), 1e-6)
 		old := math.Float64frombits(l.rate.Load())
 		if old > 0 {
 			pace = 0.8*old + 0.2*pace
@@ -537,13 +548,18 @@ func (b *batcher[T, R]) flushAll(l *lane[T, R], batch []*pendingItem[T, R]) {
 // requests queued past the budget at the fault's onset (44 of 24
 // clients in a loaded make test, TestFaultLedgerSlowShedsAtOnce). A flush
 // merely long on a loaded machine (well under twice the budget) is
-// averaged in as before, so it sheds nothing by itself.
-func (b *batcher[T, R]) learnFlush(old float64, took time.Duration) float64 {
+// averaged in as before, so it sheds nothing by itself. So is one that
+// ended while a failover's takes were being sent again (patient): it was
+// stalled until a primary took writes, which says nothing of that
+// primary's pace, and taken at its word it left the lane slow (stalled
+// would not hold) while its backlog drained; a new primary that is slow
+// is still learned within a few flushes.
+func (b *batcher[T, R]) learnFlush(old float64, took time.Duration, patient bool) float64 {
 	t := took.Seconds()
 	switch {
 	case old <= 0:
 		return t
-	case b.budget > 0 && took > 2*b.budget:
+	case b.budget > 0 && took > 2*b.budget && !patient:
 		return max(t, 0.8*old+0.2*t)
 	}
 	return 0.8*old + 0.2*t

@@ -621,17 +621,20 @@ func TestBatcherLearnsASlowLedgerFromOneFlush(t *testing.T) {
 	b := newBatcher(1, 10, time.Minute, 250*time.Millisecond, laneMetrics{}, func(context.Context, []int, func(int, int)) {})
 	defer b.close()
 	fast := 0.015
-	if got := b.learnFlush(fast, 1100*time.Millisecond); got < 0.25 {
+	if got := b.learnFlush(fast, 1100*time.Millisecond, false); got < 0.25 {
 		t.Errorf("after a 1.1 s flush beside 15 ms ones: %v s, want past the 250 ms budget (slow at once)", got)
 	}
-	if got := b.learnFlush(fast, 400*time.Millisecond); got > 0.25 {
+	if got := b.learnFlush(fast, 400*time.Millisecond, false); got > 0.25 {
 		t.Errorf("after a 400 ms flush beside 15 ms ones: %v s, want averaged under the budget", got)
 	}
-	if got := b.learnFlush(1.1, 15*time.Millisecond); got < 0.8 || got > 0.9 {
+	if got := b.learnFlush(1.1, 15*time.Millisecond, false); got < 0.8 || got > 0.9 {
 		t.Errorf("a fast flush after slow ones: %v s, want the average (0.883)", got)
 	}
-	if got := b.learnFlush(0, 15*time.Millisecond); got != 0.015 {
+	if got := b.learnFlush(0, 15*time.Millisecond, false); got != 0.015 {
 		t.Errorf("first flush: %v s, want it (0.015)", got)
+	}
+	if got := b.learnFlush(fast, 1100*time.Millisecond, true); got > 0.25 {
+		t.Errorf("after a 1.1 s flush stalled by a failover (patient): %v s, want averaged under the budget", got)
 	}
 }
 
@@ -889,7 +892,7 @@ func TestBatcherPatientItemJudgedByThePaceBehindAStall(t *testing.T) {
 	b, first, unhang := hungBatcher(t, 5*time.Second, 50*time.Millisecond, nil)
 	l := b.lanes[0]
 	l.rate.Store(math.Float64bits(10_000)) // the lane committed 10,000 a second while healthy
-	b.resent.Store(time.Now().UnixNano())  // a take was sent again: patient
+	b.resent.Store(time.Now().UnixNano())  // a take was sent again: patient (shedBehind leaves the queue alone)
 	queued := make(chan error, 300)
 	for i := range 250 {
 		go func() { _, err := b.do(context.Background(), 1+i); queued <- err }() // owned by the test: answered once unhung
@@ -901,12 +904,36 @@ func TestBatcherPatientItemJudgedByThePaceBehindAStall(t *testing.T) {
 	})
 	// Three batches ahead at 300 ms each by the stalled flush; 25 ms at
 	// the lane's pace. The item has 1 s: it may wait half of it.
+	refusedAtTheDoor := func(item int) error { // a patient item with 1 s, which may wait 500 ms
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		b.resent.Store(time.Now().UnixNano()) // a take was sent again: patient
+		_, err := b.do(ctx, item)
+		if n := l.queued.Load(); n != 251 {
+			t.Errorf("item %d was queued (%d queued), then answered %v: want refused at the door", item, n, err)
+		}
+		return err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
+	b.resent.Store(time.Now().UnixNano()) // again: the 250 may have taken seconds to queue on a loaded machine
 	refused := make(chan error, 1)
 	go func() { _, err := b.do(ctx, 1000); refused <- err }() // owned by the test: answered once unhung
 	if !wait.Until(time.Minute, func() bool { return l.queued.Load() == 251 || len(refused) > 0 }) || len(refused) > 0 {
 		t.Fatalf("a patient item behind a stalled flush was refused at the door: %v", <-refused)
+	}
+	// Not a stall: the lane's finished flushes were slow too (a new
+	// primary that is slow), or it has no pace to judge by (a replica
+	// started mid-failover). The door refuses at once as for a slow
+	// ledger, not after the item waited its time out.
+	l.flushTime.Store(math.Float64bits(0.6))
+	if err := refusedAtTheDoor(3000); !errors.Is(err, errLedgerBusy) {
+		t.Errorf("a patient item behind a lane whose flushes take 600 ms = %v, want refused busy", err)
+	}
+	l.flushTime.Store(0)
+	l.rate.Store(0)
+	if err := refusedAtTheDoor(4000); !errors.Is(err, errLedgerBusy) {
+		t.Errorf("a patient item behind a stalled lane with no pace = %v, want refused busy", err)
 	}
 	b.resent.Store(0) // no re-send: the stall is a slow ledger's, for all the door knows
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 5*time.Second)

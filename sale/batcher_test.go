@@ -954,3 +954,46 @@ func TestBatcherPatientItemJudgedByThePaceBehindAStall(t *testing.T) {
 		t.Logf("the patient item, after the door: %v", err)
 	}
 }
+
+// The flush that ends a failover's stall with no primary marks the lanes
+// patient itself (resending) before its time is learned: it ends before
+// any of its takes is sent again, and learned at its word its stall made
+// the lane slow for the door while the backlog behind it drained.
+func TestBatcherStallThatFoundNoPrimaryIsNotLearnedAsThePace(t *testing.T) {
+	for _, noPrimary := range []bool{false, true} {
+		release := make(chan struct{})
+		var b *batcher[int, int]
+		b = newBatcher(1, 10, 5*time.Second, 250*time.Millisecond, laneMetrics{}, func(_ context.Context, items []int, answer func(int, int)) {
+			<-release // stalled: a COMMIT waiting on a standby that went away
+			if noPrimary {
+				b.resending() // as the committer does when a take found no primary
+			}
+			for i, v := range items {
+				answer(i, v)
+			}
+		})
+		l := b.lanes[0]
+		l.flushTime.Store(math.Float64bits(0.01)) // 10 ms flushes while healthy
+		done := make(chan error, 1)
+		go func() { _, err := b.do(context.Background(), 1); done <- err }() // owned by the test: released below
+		var since int64
+		wait.For(t, time.Minute, "the flush stalled past twice the budget", func() bool {
+			since = l.busySince.Load()
+			return since != 0 && time.Since(time.Unix(0, since)) > 500*time.Millisecond
+		})
+		close(release)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		wait.For(t, time.Minute, "the flush's time learned", func() bool { return l.busySince.Load() == 0 && math.Float64frombits(l.flushTime.Load()) != 0.01 })
+		tookAtMost := time.Since(time.Unix(0, since)).Seconds()
+		got := math.Float64frombits(l.flushTime.Load())
+		switch {
+		case noPrimary && got >= tookAtMost/2:
+			t.Errorf("a stall that found no primary: flush time %.3f s of a %.3f s flush, want averaged with the 10 ms before it", got, tookAtMost)
+		case !noPrimary && got < 0.5:
+			t.Errorf("a stall with no failover (a slow ledger): flush time %.3f s, want taken at its word (past 500 ms)", got)
+		}
+		b.close()
+	}
+}

@@ -30,6 +30,14 @@ func (b *batcher[T, R]) patient(p *pendingItem[T, R]) bool {
 	return b.patientAt(p.at)
 }
 
+// resending marks the lanes patient from now: a flush found no primary,
+// and its takes will be sent again (resendWithoutPrimary). Marked by the
+// flush itself, before its time is learned (learnFlush): the first flush
+// to end a failover's stall ends before any of its takes is sent again,
+// and learned at its word its stall made the lane slow for the door
+// (stalled no longer held) while the backlog behind it drained.
+func (b *batcher[T, R]) resending() { b.resent.Store(time.Now().UnixNano()) }
+
 // patientAt reports whether t is within a timeout of the last re-send.
 func (b *batcher[T, R]) patientAt(t time.Time) bool {
 	last := b.resent.Load()

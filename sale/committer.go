@@ -26,7 +26,17 @@ func newCommitter(s *Service, partitions, max int, direct bool) *committer {
 		work = "direct_takes"
 	}
 	c.b = newBatcher(partitions, max, s.opts.WorkTimeout, s.opts.LedgerWaitBudget, s.metrics.batchMetrics(work), func(ctx context.Context, takes []ledger.Take, answer func(int, ledger.TakeResult)) {
-		for i, r := range s.ledger.Commit(ctx, takes, direct) {
+		results := s.ledger.Commit(ctx, takes, direct)
+		for _, r := range results {
+			if ledger.NoPrimary(r.Err) {
+				// Its takes will be sent again: the lanes are patient
+				// from now, before this flush's time is learned (a
+				// failover's stall, not the ledger's pace).
+				c.b.resending()
+				break
+			}
+		}
+		for i, r := range results {
 			answer(i, r)
 		}
 	})

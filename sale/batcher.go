@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
@@ -75,7 +76,7 @@ type batcher[T, R any] struct {
 type laneMetrics struct {
 	name string // the work, as the metrics' label and the batch span's name say it
 	wait interface{ Observe(float64) }
-	shed interface{ Inc() }
+	shed *prometheus.CounterVec // by where the item was refused (the shed* labels)
 }
 
 func (m laneMetrics) waited(d time.Duration) {
@@ -84,9 +85,21 @@ func (m laneMetrics) waited(d time.Duration) {
 	}
 }
 
-func (m laneMetrics) refused() {
+// Where a batcher refused an item, as stockgate_ledger_shed_total's at
+// label says it: which check turned a request away is what tells a slow
+// ledger from a failover's stall from a full queue (the planned
+// failover's 503s could only be inferred from the code before).
+const (
+	shedDoor      = "door"      // on arrival: the queue ahead would take past the budget (over)
+	shedFull      = "full"      // on arrival: the lane's queue had no room
+	shedWithdrawn = "withdrawn" // while queued: its request's deadline came first
+	shedFlush     = "flush"     // at its batch's start: waited past the budget behind a slow lane, or too late
+	shedBehind    = "behind"    // while queued behind a flush running past the budget (shedBehind)
+)
+
+func (m laneMetrics) refused(at string) {
 	if m.shed != nil {
-		m.shed.Inc()
+		m.shed.WithLabelValues(at).Inc()
 	}
 }
 
@@ -232,7 +245,7 @@ func (b *batcher[T, R]) wait(ctx context.Context, item T) (R, trace.SpanContext,
 		wait, over = b.overloaded(l, l.queued.Load()+1)
 	}
 	if over && !b.waitsOut(p, wait) {
-		b.metrics.refused()
+		b.metrics.refused(shedDoor)
 		return zero, none, &busyError{wait: wait}
 	}
 	b.mu.RLock()
@@ -242,7 +255,7 @@ func (b *batcher[T, R]) wait(ctx context.Context, item T) (R, trace.SpanContext,
 	}
 	if !b.enqueue(ctx, l, p) {
 		b.mu.RUnlock()
-		b.metrics.refused()
+		b.metrics.refused(shedFull)
 		return zero, none, &busyError{wait: b.budget}
 	}
 	l.queued.Add(1)
@@ -269,7 +282,7 @@ func (b *batcher[T, R]) wait(ctx context.Context, item T) (R, trace.SpanContext,
 	// already, its batch ends by its deadline (patient) or has the
 	// timeout (flushAll).
 	if p.state.CompareAndSwap(itemQueued, itemWithdrawn) {
-		b.metrics.refused()
+		b.metrics.refused(shedWithdrawn)
 		return zero, none, &busyError{wait: time.Since(p.at)}
 	}
 	o := <-p.out
@@ -465,7 +478,7 @@ func (b *batcher[T, R]) flushAll(l *lane[T, R], batch []*pendingItem[T, R]) {
 		// can't keep up or a slow one (unless patient),
 		// and one whose request ran out of time waiting.
 		if (behind || slow) && waited > b.budget && !p.patient || !p.deadline.IsZero() && !start.Before(p.deadline) || b.tooLate(l, p, start) {
-			b.metrics.refused()
+			b.metrics.refused(shedFlush)
 			p.out <- outcome[R]{err: &busyError{wait: waited}}
 			continue
 		}
@@ -598,7 +611,7 @@ func (b *batcher[T, R]) shedBehind(l *lane[T, R], since int64) {
 				if waited := now.Sub(p.at); waited > b.budget && !p.patient && p.take() {
 					l.queued.Add(-1)
 					b.metrics.waited(waited)
-					b.metrics.refused()
+					b.metrics.refused(shedBehind)
 					p.out <- outcome[R]{err: &busyError{wait: waited}}
 				} else {
 					young = append(young, p)
@@ -626,7 +639,7 @@ func (b *batcher[T, R]) shedBehind(l *lane[T, R], since int64) {
 			default:
 				l.queued.Add(-1)
 				if p.take() {
-					b.metrics.refused()
+					b.metrics.refused(shedFull)
 					p.out <- outcome[R]{err: &busyError{wait: b.budget}}
 				}
 			}

@@ -28,14 +28,14 @@ type metrics struct {
 	poolMoved      prometheus.Counter
 	waitJoins      prometheus.Counter
 	ledgerWait     *prometheus.HistogramVec // by work
-	ledgerShed     *prometheus.CounterVec   // by work
+	ledgerShed     *prometheus.CounterVec   // by work and where (laneMetrics.refused)
 	primaryWaits   prometheus.Counter       // takes that waited for a primary (awaitPrimary)
 	parked         prometheus.Gauge         // takes waiting for a primary out of the in-flight bound (flight.park)
 }
 
 // batchMetrics is what a batcher of one kind of work reports.
 func (m *metrics) batchMetrics(work string) laneMetrics {
-	return laneMetrics{name: work, wait: m.ledgerWait.WithLabelValues(work), shed: m.ledgerShed.WithLabelValues(work)}
+	return laneMetrics{name: work, wait: m.ledgerWait.WithLabelValues(work), shed: m.ledgerShed.MustCurryWith(prometheus.Labels{"work": work})}
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -124,8 +124,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"work"}),
 		ledgerShed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "stockgate_ledger_shed_total",
-			Help: "Requests refused 503 overloaded, by work: takes, confirms, cancels, refunds (the ledger could not take them within the wait budget), in_flight (the replica had as many takes in flight as it answers within the budget).",
-		}, []string{"work"}),
+			Help: "Requests refused 503 overloaded, by work: takes, confirms, cancels, refunds (the ledger could not take them within the wait budget), in_flight (the replica had as many takes in flight as it answers within the budget); and by where: door (on arrival, the queue ahead past the budget), full (no room in the queue), withdrawn (the request's deadline came while queued), flush (at its batch's start, waited past the budget or too late), behind (queued behind a flush running past the budget).",
+		}, []string{"work", "at"}),
 		waitJoins: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "stockgate_waitlist_joins_total",
 			Help: "Buyers this replica put on a waitlist (a buyer joining again while in line is not counted).",

@@ -557,7 +557,7 @@ func (s *Service) detach(ctx context.Context) (context.Context, context.CancelFu
 // flight, or refused at once (ErrBusy) before it moves anything.
 func (s *Service) runTake(ctx context.Context, r request, f func(ctx context.Context) answer) (Result, error) {
 	if !s.flight.enter() {
-		s.metrics.ledgerShed.WithLabelValues("in_flight").Inc()
+		s.metrics.ledgerShed.WithLabelValues("in_flight", shedDoor).Inc()
 		return ansInFlightBusy.result()
 	}
 	defer s.flight.leave()

@@ -308,7 +308,7 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 			Scenario: loadgen.Purchases(paths, name+"-", 0), Collect: collect})
 	}
 	var results []loadgen.Result
-	h0, landed := purchaseBuckets(g.base), readLanded(g.base)
+	h0, landed, shed0 := purchaseBuckets(g.base), readLanded(g.base), shedAt(g.base)
 	before, err := phase("before", 3*time.Second)
 	if err != nil {
 		return row, err
@@ -388,6 +388,7 @@ func runFault(ctx context.Context, bin string, pg *testenv.Postgres, f fault) (f
 	h1 := purchaseBuckets(g.base)
 	row.past = (h1[math.Inf(1)] - h0[math.Inf(1)]) - (h1[5] - h0[5])
 	fmt.Fprintf(os.Stderr, "%s: purchases the gateway answered past 5 s by its own clock: %.0f\n", f.name, row.past)
+	fmt.Fprintf(os.Stderr, "%s: takes the gateway refused 503 overloaded, by where: %v\n", f.name, shedAt(g.base).since(shed0))
 	row.shedAfter = -1
 	if !d.writes.IsZero() {
 		n := shedAfter(during, d.writes.Sub(duringFrom)) + uint64(after.Count(http.StatusServiceUnavailable))
@@ -666,4 +667,28 @@ func standbysText(n int) string {
 		return "one synchronous standby"
 	}
 	return fmt.Sprintf("%d synchronous standbys (number_sync_standbys 1)", n)
+}
+
+// sheds counts the gateway's 503 overloaded refusals of takes by where
+// they were refused (stockgate_ledger_shed_total's at label): which
+// check turned a request away, not inferred from the code.
+type sheds map[string]float64
+
+func shedAt(base string) sheds {
+	out := sheds{}
+	for _, at := range []string{"door", "full", "withdrawn", "flush", "behind"} {
+		out[at] = metricSum(base, "stockgate_ledger_shed_total", `work="takes"`, `at="`+at+`"`)
+	}
+	out["in_flight"] = metricSum(base, "stockgate_ledger_shed_total", `work="in_flight"`)
+	return out
+}
+
+func (s sheds) since(before sheds) sheds {
+	out := sheds{}
+	for k, v := range s {
+		if d := v - before[k]; d != 0 {
+			out[k] = d
+		}
+	}
+	return out
 }

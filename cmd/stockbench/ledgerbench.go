@@ -263,7 +263,7 @@ func (s *suite) overload(name string, g gateway, skus []string, prefix string, c
 	shed := func() float64 {
 		var n float64
 		for _, w := range []string{"takes", "in_flight"} {
-			n += metric(g.base, `stockgate_ledger_shed_total{work="`+w+`"}`)
+			n += metricSum(g.base, "stockgate_ledger_shed_total", `work="`+w+`"`)
 		}
 		return n
 	}

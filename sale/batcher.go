@@ -90,12 +90,20 @@ func (m laneMetrics) waited(d time.Duration) {
 // ledger from a failover's stall from a full queue (the planned
 // failover's 503s could only be inferred from the code before).
 const (
-	shedDoor      = "door"      // on arrival: the queue ahead would take past the budget (over)
-	shedFull      = "full"      // on arrival: the lane's queue had no room
-	shedWithdrawn = "withdrawn" // while queued: its request's deadline came first
-	shedFlush     = "flush"     // at its batch's start: waited past the budget behind a slow lane, or too late
-	shedBehind    = "behind"    // while queued behind a flush running past the budget (shedBehind)
+	shedDoor        = "door"         // on arrival: the queue ahead would take past the budget (over)
+	shedDoorPatient = "door_patient" // as door, within a timeout of a re-send: past half its time (waitsOut)
+	shedFull        = "full"         // on arrival: the lane's queue had no room
+	shedWithdrawn   = "withdrawn"    // while queued: its request's deadline came first
+	shedFlush       = "flush"        // at its batch's start: waited past the budget behind a slow lane, or too late
+	shedBehind      = "behind"       // while queued behind a flush running past the budget (shedBehind)
 )
+
+func shedDoorAt(patient bool) string {
+	if patient {
+		return shedDoorPatient
+	}
+	return shedDoor
+}
 
 func (m laneMetrics) refused(at string) {
 	if m.shed != nil {
@@ -245,7 +253,7 @@ func (b *batcher[T, R]) wait(ctx context.Context, item T) (R, trace.SpanContext,
 		wait, over = b.overloaded(l, l.queued.Load()+1)
 	}
 	if over && !b.waitsOut(p, wait) {
-		b.metrics.refused(shedDoor)
+		b.metrics.refused(shedDoorAt(p.patient))
 		return zero, none, &busyError{wait: wait}
 	}
 	b.mu.RLock()

@@ -124,7 +124,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"work"}),
 		ledgerShed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "stockgate_ledger_shed_total",
-			Help: "Requests refused 503 overloaded, by work: takes, confirms, cancels, refunds (the ledger could not take them within the wait budget), in_flight (the replica had as many takes in flight as it answers within the budget); and by where: door (on arrival, the queue ahead past the budget), full (no room in the queue), withdrawn (the request's deadline came while queued), flush (at its batch's start, waited past the budget or too late), behind (queued behind a flush running past the budget).",
+			Help: "Requests refused 503 overloaded, by work: takes, confirms, cancels, refunds (the ledger could not take them within the wait budget), in_flight (the replica had as many takes in flight as it answers within the budget); and by where: door (on arrival, the queue ahead past the budget), door_patient (the same in a failover's backlog, past half the request's time), full (no room in the queue), withdrawn (the request's deadline came while queued), flush (at its batch's start, waited past the budget or too late), behind (queued behind a flush running past the budget).",
 		}, []string{"work", "at"}),
 		waitJoins: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "stockgate_waitlist_joins_total",

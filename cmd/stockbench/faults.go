@@ -676,7 +676,7 @@ type sheds map[string]float64
 
 func shedAt(base string) sheds {
 	out := sheds{}
-	for _, at := range []string{"door", "full", "withdrawn", "flush", "behind"} {
+	for _, at := range []string{"door", "door_patient", "full", "withdrawn", "flush", "behind"} {
 		out[at] = metricSum(base, "stockgate_ledger_shed_total", `work="takes"`, `at="`+at+`"`)
 	}
 	out["in_flight"] = metricSum(base, "stockgate_ledger_shed_total", `work="in_flight"`)

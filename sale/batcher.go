@@ -547,18 +547,7 @@ func (b *batcher[T, R]) flushAll(l *lane[T, R], batch []*pendingItem[T, R]) {
 		watch.Stop()
 	}
 	l.busySince.Store(0)
-	took := time.Since(start)
-	l.flushTime.Store(math.Float64bits(b.learnFlush(math.Float64frombits(l.flushTime.Load()), took, b.patientAt(time.Now()))))
-	if full {
-		// A full batch: the lane commits as fast as it can. Its pace is
-		// the lane's capacity.
-		pace := float64(len(batch)) / max(took.Seconds(), 1e-6)
-		old := math.Float64frombits(l.rate.Load())
-		if old > 0 {
-			pace = 0.8*old + 0.2*pace
-		}
-		l.rate.Store(math.Float64bits(pace))
-	}
+	b.learn(l, time.Since(start), len(batch), full)
 }
 
 // learnFlush is a lane's flush time after a flush that took took, its
@@ -569,18 +558,14 @@ func (b *batcher[T, R]) flushAll(l *lane[T, R], batch []*pendingItem[T, R]) {
 // requests queued past the budget at the fault's onset (44 of 24
 // clients in a loaded make test, TestFaultLedgerSlowShedsAtOnce). A flush
 // merely long on a loaded machine (well under twice the budget) is
-// averaged in as before, so it sheds nothing by itself. So is one that
-// ended while a failover's takes were being sent again (patient): it was
-// stalled until a primary took writes, which says nothing of that
-// primary's pace, and taken at its word it left the lane slow (stalled
-// would not hold) while its backlog drained; a new primary that is slow
-// is still learned within a few flushes.
-func (b *batcher[T, R]) learnFlush(old float64, took time.Duration, patient bool) float64 {
+// averaged in as before, so it sheds nothing by itself. (A failover's
+// stall is not learned at all: see learn.)
+func (b *batcher[T, R]) learnFlush(old float64, took time.Duration) float64 {
 	t := took.Seconds()
 	switch {
 	case old <= 0:
 		return t
-	case b.budget > 0 && took > 2*b.budget && !patient:
+	case b.budget > 0 && took > 2*b.budget:
 		return max(t, 0.8*old+0.2*t)
 	}
 	return 0.8*old + 0.2*t

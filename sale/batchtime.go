@@ -101,3 +101,31 @@ func earlier(a, b time.Time) time.Time {
 	}
 	return a
 }
+
+// learn records what a flush of n items that took took says of l's
+// ledger: its flush time (learnFlush), and its pace if the batch was full
+// (the lane committed as fast as it could).
+func (b *batcher[T, R]) learn(l *lane[T, R], took time.Duration, n int, full bool) {
+	if b.budget > 0 && took > 2*b.budget && b.patientAt(time.Now()) {
+		// A failover's stall: a flush that ran past twice the budget
+		// while takes were sent again for want of a primary measures the
+		// gap, not the ledger. Learned, even averaged in, it makes the
+		// lane read slow or its pace a few hundred a second, so the door
+		// can refuse patient arrivals behind a backlog that drains at the
+		// lane's real pace (a planned failover's 503s were all such
+		// refusals, door_patient, stockbench faults). A new primary that
+		// is slow is learned once the re-sends have stopped a timeout.
+		return
+	}
+	l.flushTime.Store(math.Float64bits(b.learnFlush(math.Float64frombits(l.flushTime.Load()), took)))
+	if full {
+		// A full batch: the lane commits as fast as it can. Its pace is
+		// the lane's capacity.
+		pace := float64(n) / max(took.Seconds(), 1e-6)
+		old := math.Float64frombits(l.rate.Load())
+		if old > 0 {
+			pace = 0.8*old + 0.2*pace
+		}
+		l.rate.Store(math.Float64bits(pace))
+	}
+}

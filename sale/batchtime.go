@@ -32,7 +32,7 @@ func (b *batcher[T, R]) patient(p *pendingItem[T, R]) bool {
 
 // resending marks the lanes patient from now: a flush found no primary,
 // and its takes will be sent again (resendWithoutPrimary). Marked by the
-// flush itself, before its time is learned (learnFlush): the first flush
+// flush itself, before its time is learned (learn): the first flush
 // to end a failover's stall ends before any of its takes is sent again,
 // and learned at its word its stall made the lane slow for the door
 // (stalled no longer held) while the backlog behind it drained.

@@ -39,11 +39,13 @@ func unitServiceOn(t *testing.T, mem lock.Redis) (*sale.Service, *shard.Store) {
 // confirmed alone, a cart's order transferred, a transferred order
 // refunded by its new buyer, a part-confirmed hold confirmed whole),
 // retries under the same key and reuses of a key for another request
-// among them, and holds
-// every answer to a reference model of the stock: who got what, what is
-// left, and that Redis (here the in-memory gate) counts what the ledger
-// does after every step. Many seeds, in seconds: the sale's decisions
-// exercised where make test-unit runs.
+// among them, under the program's hold budgets (none, a buyer's, a
+// device's shared by two buyers, both, by seed: a hold or held cart over
+// one is refused and moves nothing, a confirm or cancel gives its units
+// back to them), and holds every answer to a reference model of the
+// stock: who got what, what is left, and that Redis (here the in-memory
+// gate) counts what the ledger does after every step. Many seeds, in
+// seconds: the sale's decisions exercised where make test-unit runs.
 func TestServiceAgainstAModel(t *testing.T) {
 	for seed := range uint64(16) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
@@ -53,8 +55,9 @@ func TestServiceAgainstAModel(t *testing.T) {
 				m.step(step)
 			}
 			m.check("at the end")
-			t.Logf("%d orders (%d refunded, %d split off), %d holds (%d confirmed in part), %d carts, %d sold-out answers, %d retries",
-				len(m.orders), m.count["refunded"], m.count["split"], len(m.holds), m.count["part"], len(m.carts), m.count["sold-out"], m.count["retry"])
+			t.Logf("%d orders (%d refunded, %d split off), %d holds (%d confirmed in part), %d carts, %d sold-out answers, %d hold budget refusals (budgets %d, device %d), %d retries",
+				len(m.orders), m.count["refunded"], m.count["split"], len(m.holds), m.count["part"], len(m.carts), m.count["sold-out"],
+				m.count["budget"], m.budget, m.deviceBudget, m.count["retry"])
 		})
 	}
 }
@@ -73,6 +76,9 @@ type model struct {
 	keys   int
 	where  string
 	count  map[string]int // answers by kind, for the log
+	// The program's hold budgets (0: none): units one buyer, and one
+	// device (modelDevices), may hold at once.
+	budget, deviceBudget int64
 }
 
 type modelSKU struct {
@@ -121,9 +127,25 @@ type modelRequest struct {
 
 var modelBuyers = []keys.ID{keys.MustID("ann"), keys.MustID("bob"), keys.MustID("cat"), keys.MustID("dan")}
 
+// modelDevice is the device fingerprint a buyer's holds are sent with:
+// two buyers share each, so a device's budget binds across buyers.
+func modelDevice(b keys.ID) string {
+	return fmt.Sprintf("device-%d", slices.Index(modelBuyers, b)/2)
+}
+
+// modelBudgets are the programs' hold budgets by seed: none, a buyer's,
+// a device's, both.
+var modelBudgets = [][2]int64{{0, 0}, {5, 0}, {0, 7}, {4, 6}}
+
 func newModel(t *testing.T, svc *sale.Service, gate *shard.Store, seed uint64) *model {
 	m := &model{t: t, ctx: context.Background(), svc: svc, gate: gate, rnd: rand.New(rand.NewPCG(seed, 7)), count: map[string]int{}}
 	program := keys.MustID(fmt.Sprintf("m%d", seed))
+	m.budget, m.deviceBudget = modelBudgets[seed%4][0], modelBudgets[seed%4][1]
+	if m.budget > 0 || m.deviceBudget > 0 {
+		if err := svc.PutProgram(m.ctx, sale.Program{ID: program, HoldBudget: m.budget, DeviceHoldBudget: m.deviceBudget}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, s := range []modelSKU{{shards: 1, total: 16}, {shards: 3, total: 24}} {
 		s.sku = stock.SKU{Program: program, Ticket: keys.MustID(fmt.Sprintf("t%d", len(m.skus)))}
 		s.remaining = s.total
@@ -180,11 +202,21 @@ func (m *model) step(n int) {
 func (m *model) take(n int, hold bool) {
 	i := m.rnd.IntN(len(m.skus))
 	s := &m.skus[i]
-	tk := sale.Take{Ask: sale.Ask{Buyer: modelBuyers[m.rnd.IntN(len(modelBuyers))], Key: m.key()}, SKU: s.sku,
+	b := modelBuyers[m.rnd.IntN(len(modelBuyers))]
+	tk := sale.Take{Ask: sale.Ask{Buyer: b, Key: m.key(), Device: modelDevice(b)}, SKU: s.sku,
 		Quantity: int64(m.rnd.IntN(4) + 1)}
-	m.where = fmt.Sprintf("step %d: %s %v of %d (%d left)", n, map[bool]string{false: "purchase", true: "hold"}[hold], tk.Buyer, tk.Quantity, s.remaining)
+	over := hold && m.overBudget(b, tk.Quantity)
+	m.where = fmt.Sprintf("step %d: %s %v of %d (%d left, over a hold budget %v)", n, map[bool]string{false: "purchase", true: "hold"}[hold], tk.Buyer, tk.Quantity, s.remaining, over)
 	res, err := m.send(tk, hold)
 	switch {
+	case over:
+		// Refused at the gate before any stock moves; a sold-out flag
+		// the replica holds answers first.
+		if !errors.Is(err, sale.ErrHoldBudget) && (s.remaining >= tk.Quantity || !errors.Is(err, sale.ErrSoldOut)) {
+			m.fail("got %+v, %v; want hold budget reached", res, err)
+		}
+		m.count["budget"]++
+		return
 	case s.remaining < tk.Quantity:
 		if !errors.Is(err, sale.ErrSoldOut) {
 			m.fail("got %+v, %v; want sold out", res, err)
@@ -267,6 +299,24 @@ func (m *model) retry(n int) {
 	case !r.hold && (res.Order == nil || res.Order.ID != r.id || !res.Replayed):
 		m.fail("answered %+v; want order %v replayed", res, r.id)
 	}
+}
+
+// overBudget reports whether a hold of q more units by b passes a hold
+// budget: what b holds now, or what b's device holds, with q.
+func (m *model) overBudget(b keys.ID, q int64) bool {
+	var buyer, device int64
+	for _, h := range m.holds {
+		if h.state != "held" {
+			continue
+		}
+		if h.buyer == b {
+			buyer += h.q
+		}
+		if modelDevice(h.buyer) == modelDevice(b) {
+			device += h.q
+		}
+	}
+	return m.budget > 0 && buyer+q > m.budget || m.deviceBudget > 0 && device+q > m.deviceBudget
 }
 
 func (m *model) someHold() *modelHold {
@@ -529,7 +579,7 @@ func (m *model) sendCart(ct sale.CartTake, hold bool) (sale.Result, error) {
 // refused sold out when any line's stock is short, and then nothing moves.
 func (m *model) cart(n int, hold bool) {
 	b := modelBuyers[m.rnd.IntN(len(modelBuyers))]
-	ct := sale.CartTake{Ask: sale.Ask{Buyer: b, Key: m.key()}, Program: m.skus[0].sku.Program}
+	ct := sale.CartTake{Ask: sale.Ask{Buyer: b, Key: m.key(), Device: modelDevice(b)}, Program: m.skus[0].sku.Program}
 	var idx []int
 	short := false
 	for i, s := range m.skus {
@@ -541,9 +591,20 @@ func (m *model) cart(n int, hold bool) {
 		idx = append(idx, i)
 		short = short || s.remaining < q
 	}
-	m.where = fmt.Sprintf("step %d: cart of %v by %v (held %v)", n, ct.Lines, b, hold)
+	var units int64
+	for _, ln := range ct.Lines {
+		units += ln.Quantity
+	}
+	over := hold && m.overBudget(b, units)
+	m.where = fmt.Sprintf("step %d: cart of %v by %v (held %v, over a hold budget %v)", n, ct.Lines, b, hold, over)
 	res, err := m.sendCart(ct, hold)
 	switch {
+	case over:
+		if !errors.Is(err, sale.ErrHoldBudget) && (!short || !errors.Is(err, sale.ErrSoldOut)) {
+			m.fail("got %+v, %v; want hold budget reached", res, err)
+		}
+		m.count["budget"]++
+		return
 	case short:
 		if !errors.Is(err, sale.ErrSoldOut) {
 			m.fail("got %+v, %v; want sold out", res, err)

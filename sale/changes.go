@@ -28,9 +28,10 @@ const changesPerNotice = 500
 // keeps its flag once it has one (one per SKU ever changed here): marking
 // a SKU marked already is then a lock-free read on the hot path. The SKUs
 // marked since the last drain are also listed (due), so a drain costs the
-// SKUs changed, not every SKU ever changed: a Range over all of them five
-// times a second was a fifth of an idle replica's CPU with 1,000 SKUs (a
-// 60 s profile). A flag is set under mu after its SKU's append, so a mark
+// SKUs changed, not every SKU ever changed (a Range over all of them, five
+// times a second, took 144 µs a drain at 10,000 SKUs; 7 ns now with
+// nothing marked: BenchmarkChangesDrainNothingMarked). A flag is set, and
+// cleared by a drain, under mu with its SKU's place in due, so a mark
 // that finds it set returns with the SKU already in due: a drain begun
 // after that mark returned reports it.
 type changes struct {

@@ -655,9 +655,14 @@ func recentSales(ctx context.Context, tx *sql.Tx, sku stock.SKU, after int64) (i
 // share listed / free in whole units, the fraction left over (carry, in
 // carryUnit parts of a unit) added to the next settle's share, so that
 // settles of a sale or two each add up as one settle of them all would.
-// Never more than is listed.
+// Never more than is listed. No sale counted keeps the fraction as it
+// was: a settle that counted only the confirm of a hold from before the
+// listings threw it away, and the listing sold later than its share.
 func resold(mode string, units, listed, free, carry int64) (n, left int64) {
-	most := max(0, min(units, listed))
+	if units <= 0 {
+		return 0, carry
+	}
+	most := min(units, listed)
 	if mode != ResaleAlongside || free <= 0 {
 		return most, 0
 	}

@@ -135,3 +135,60 @@ func TestWithdrawFailingBeforeItsCommitSaysSo(t *testing.T) {
 		}
 	})
 }
+
+// A settle that counts no sale keeps an alongside share's fraction: the
+// settles of a SKU add up as one settle of all its sales would. One
+// whose only sale was the confirm of a hold taken before the listings
+// (no resale) threw the fraction away, so the listing sold later than
+// its share said (the unit model, sale/model_resale_unit_test.go).
+func TestSettleOfNoSaleKeepsTheShareCarried(t *testing.T) {
+	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
+		ctx := context.Background()
+		sku := stock.SKU{Program: keys.MustID(fmt.Sprintf("carry%d", time.Now().UnixNano())), Ticket: keys.MustID("t")}
+		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 8, Shards: 1, MaxPerOrder: 4, Resale: ledger.ResaleAlongside}); err != nil {
+			t.Fatal(err)
+		}
+		h := hold("h-before", "bob", 1, c.now().Add(time.Hour))
+		h.SKU = sku
+		before, err := l.Hold(ctx, h, -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := sellOne(t, l, sku, "sam", 0)
+		if _, err := l.List(ctx, o.ID, o.Buyer, 1, req("sam", "list", "fp", ledger.OpResale)); err != nil {
+			t.Fatal(err)
+		}
+		carried := func() int64 {
+			t.Helper()
+			var v int64
+			if err := l.DB().QueryRowContext(ctx, `SELECT resale_carry FROM skus WHERE program = $1 AND ticket = $2`,
+				sku.Program, sku.Ticket).Scan(&v); err != nil {
+				t.Fatal(err)
+			}
+			return v
+		}
+		// Two sales beside 1 listed of 7 for sale: the listing's share is
+		// 2/7 of a unit, carried.
+		sellOne(t, l, sku, "cat", 1)
+		sellOne(t, l, sku, "dan", 1)
+		c.advance(2 * ledger.ResaleHorizon)
+		if sold, err := l.Settle(ctx, sku); err != nil || len(sold) != 0 {
+			t.Fatalf("first settle: %+v, %v; want nothing sold yet", sold, err)
+		}
+		share := carried()
+		if share == 0 {
+			t.Fatal("no fraction carried after the first settle")
+		}
+		// The hold from before the listing is confirmed: no resale.
+		if _, err := l.Confirm(ctx, before.ID, before.Buyer, req("bob", "c-before", "fp", ledger.OpConfirm)); err != nil {
+			t.Fatal(err)
+		}
+		c.advance(2 * ledger.ResaleHorizon)
+		if sold, err := l.Settle(ctx, sku); err != nil || len(sold) != 0 {
+			t.Fatalf("second settle: %+v, %v; want nothing sold", sold, err)
+		}
+		if got := carried(); got != share {
+			t.Errorf("carried %d after a settle that counted no sale; want %d, as before it", got, share)
+		}
+	})
+}

@@ -13,6 +13,12 @@ import (
 // TestService is testService for the package's external tests.
 var TestService = testService
 
+// TestServiceAt is testServiceAt for the package's external tests.
+var TestServiceAt = testServiceAt
+
+// SettleResales settles the sales of listed units as the sweeper does.
+func SettleResales(s *Service) { s.settleResales(context.Background()) }
+
 // OwedBudgetCalls is how many hold budget calls s owes its sweeper.
 func OwedBudgetCalls(s *Service) int {
 	s.budgetOwed.mu.Lock()

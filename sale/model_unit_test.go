@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
 	"github.com/stockgate/stockgate/lock"
 	"github.com/stockgate/stockgate/sale"
 	"github.com/stockgate/stockgate/shard"
@@ -17,15 +19,10 @@ import (
 	"github.com/stockgate/stockgate/stock"
 )
 
-// unitService is a sale.Service that starts no server: its gate and locks
-// in memory (package shard/shardmem, held to Redis by shard's and lock's
-// contract tests) and its ledger a SQLite file. It runs in the unit tier.
-func unitService(t *testing.T) (*sale.Service, *shard.Store) {
-	t.Helper()
-	return unitServiceOn(t, shardmem.New())
-}
-
-// unitServiceOn is unitService with its gate and locks on mem.
+// unitServiceOn is a sale.Service that starts no server: its gate and
+// locks on mem (package shard/shardmem, held to Redis by shard's and
+// lock's contract tests) and its ledger a SQLite file. It runs in the
+// unit tier.
 func unitServiceOn(t *testing.T, mem lock.Redis) (*sale.Service, *shard.Store) {
 	t.Helper()
 	return sale.TestService(t, mem, nil)
@@ -42,21 +39,28 @@ func unitServiceOn(t *testing.T, mem lock.Redis) (*sale.Service, *shard.Store) {
 // among them, under the program's hold budgets (none, a buyer's, a
 // device's shared by two buyers, both, by seed: a hold or held cart over
 // one is refused and moves nothing, a confirm or cancel gives its units
-// back to them), and holds every answer to a reference model of the
-// stock: who got what, what is left, and that Redis (here the in-memory
-// gate) counts what the ledger does after every step. Many seeds, in
+// back to them), with resale (listings of some of an order, withdrawals,
+// settles giving the sales to the listings "first" or "alongside" by
+// seed, retries of a listing, refunds and transfers of listed and resold
+// orders: model_resale_unit_test.go), and holds every answer to a
+// reference model of the stock: who got what, what is left, what is
+// listed and resold, and that Redis (here the in-memory gate) counts what
+// the ledger does after every step. Many seeds, in
 // seconds: the sale's decisions exercised where make test-unit runs.
 func TestServiceAgainstAModel(t *testing.T) {
 	for seed := range uint64(16) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			svc, gate := unitService(t)
+			var ahead atomic.Int64 // the ledger's clock ahead of the machine's, moved by step
+			svc, gate := sale.TestServiceAt(t, shardmem.New(), nil, func() time.Time { return time.Now().Add(time.Duration(ahead.Load())) })
 			m := newModel(t, svc, gate, seed)
+			m.ahead = &ahead
 			for step := range 200 {
 				m.step(step)
 			}
 			m.check("at the end")
-			t.Logf("%d orders (%d refunded, %d split off), %d holds (%d confirmed in part), %d carts, %d sold-out answers, %d hold budget refusals (budgets %d, device %d), %d retries",
-				len(m.orders), m.count["refunded"], m.count["split"], len(m.holds), m.count["part"], len(m.carts), m.count["sold-out"],
+			t.Logf("%d orders (%d refunded, %d split off), %d holds (%d confirmed in part), %d carts, %d listings (%d withdrawn, %d units resold, %d holds from before confirmed), %d sold-out answers, %d hold budget refusals (budgets %d, device %d), %d retries",
+				len(m.orders), m.count["refunded"], m.count["split"], len(m.holds), m.count["part"], len(m.carts),
+				m.count["listed"], m.count["withdrawn"], m.count["resold"], m.count["prior"], m.count["sold-out"],
 				m.count["budget"], m.budget, m.deviceBudget, m.count["retry"])
 		})
 	}
@@ -79,12 +83,25 @@ type model struct {
 	// The program's hold budgets (0: none): units one buyer, and one
 	// device (modelDevices), may hold at once.
 	budget, deviceBudget int64
+	// Resale (model_resale_unit_test.go): the listings oldest first, the
+	// listing requests made, and the ledger's clock ahead of the
+	// machine's (each step moves it past ledger.ResaleHorizon, so a
+	// settle counts every sale before it).
+	resale   string // the SKUs' resale mode, by seed
+	listings []*modelListing
+	lists    []modelListRequest
+	ahead    *atomic.Int64
 }
 
 type modelSKU struct {
 	sku                  stock.SKU
 	shards               int
 	total, remaining, on int64 // on: held
+	// listed: units of open listings not sold yet; sales: units sold
+	// since the settle before (or the first listing), which a settle
+	// gives to the listings.
+	listed, sales int64
+	carry         int64 // an alongside share's fraction, in millionths of a unit
 }
 
 type modelOrder struct {
@@ -94,6 +111,10 @@ type modelOrder struct {
 	q        int64 // standing: less what transfers split off
 	refunded bool
 	cart     *modelCart // the cart it is a line of
+	listed   int64      // its units on open listings, not sold yet
+	resold   bool       // every unit resold: given up as refunded, no refund
+	// resoldUnits: its units resold (q no longer counts them).
+	resoldUnits int64
 }
 
 type modelHold struct {
@@ -105,6 +126,7 @@ type modelHold struct {
 	order keys.ID
 	kept  int64      // the units it was confirmed for
 	cart  *modelCart // the cart it is a line of
+	prior bool       // held when its SKU's listings began: its confirm sells no listed unit
 }
 
 // modelCart is a cart: bought (its orders) or held (its holds, then the
@@ -141,6 +163,7 @@ func newModel(t *testing.T, svc *sale.Service, gate *shard.Store, seed uint64) *
 	m := &model{t: t, ctx: context.Background(), svc: svc, gate: gate, rnd: rand.New(rand.NewPCG(seed, 7)), count: map[string]int{}}
 	program := keys.MustID(fmt.Sprintf("m%d", seed))
 	m.budget, m.deviceBudget = modelBudgets[seed%4][0], modelBudgets[seed%4][1]
+	m.resale = []string{ledger.ResaleFirst, ledger.ResaleAlongside}[seed/4%2]
 	if m.budget > 0 || m.deviceBudget > 0 {
 		if err := svc.PutProgram(m.ctx, sale.Program{ID: program, HoldBudget: m.budget, DeviceHoldBudget: m.deviceBudget}); err != nil {
 			t.Fatal(err)
@@ -149,7 +172,7 @@ func newModel(t *testing.T, svc *sale.Service, gate *shard.Store, seed uint64) *
 	for _, s := range []modelSKU{{shards: 1, total: 16}, {shards: 3, total: 24}} {
 		s.sku = stock.SKU{Program: program, Ticket: keys.MustID(fmt.Sprintf("t%d", len(m.skus)))}
 		s.remaining = s.total
-		if _, err := svc.PutSKU(m.ctx, sale.SKUConfig{SKU: s.sku, Total: s.total, Shards: s.shards, MaxPerOrder: 4}); err != nil {
+		if _, err := svc.PutSKU(m.ctx, sale.SKUConfig{SKU: s.sku, Total: s.total, Shards: s.shards, MaxPerOrder: 4, Resale: m.resale}); err != nil {
 			t.Fatal(err)
 		}
 		// Seeded now, as a replica's first take of it would: the gate's
@@ -173,7 +196,10 @@ func (m *model) key() keys.ID {
 }
 
 func (m *model) step(n int) {
-	switch w := m.rnd.IntN(100); {
+	if m.ahead != nil {
+		m.ahead.Add(int64(ledger.ResaleHorizon + time.Second))
+	}
+	switch w := m.rnd.IntN(122); {
 	case w < 20:
 		m.take(n, false)
 	case w < 32:
@@ -192,8 +218,14 @@ func (m *model) step(n int) {
 		m.transfer(n)
 	case w < 85:
 		m.cart(n, m.rnd.IntN(2) == 0)
-	default:
+	case w < 100:
 		m.cartEnd(n)
+	case w < 110:
+		m.list(n)
+	case w < 116:
+		m.withdraw(n)
+	default:
+		m.settle(n)
 	}
 	m.check("after it")
 }
@@ -239,6 +271,7 @@ func (m *model) take(n int, hold bool) {
 	if res.Order == nil || res.Order.Quantity != tk.Quantity || res.Replayed {
 		m.fail("answered %+v", res)
 	}
+	s.sales += tk.Quantity
 	m.orders = append(m.orders, &modelOrder{id: res.Order.ID, sku: i, buyer: tk.Buyer, q: tk.Quantity})
 	m.done = append(m.done, modelRequest{take: tk, id: res.Order.ID})
 }
@@ -393,6 +426,11 @@ func (m *model) confirmed(h *modelHold, order keys.ID, kept int64) {
 	s := &m.skus[h.sku]
 	s.on -= h.q
 	s.remaining += h.q - kept
+	if !h.prior {
+		s.sales += kept
+	} else if s.listed > 0 {
+		m.count["prior"]++
+	}
 	m.orders = append(m.orders, &modelOrder{id: order, sku: h.sku, buyer: h.buyer, q: kept, cart: h.cart})
 }
 
@@ -481,12 +519,20 @@ func (m *model) refund(n int) {
 	if o == nil {
 		return
 	}
-	m.where = fmt.Sprintf("step %d: refund of an order of %d (refunded %v, owner %v, in a cart %v)", n, o.q, o.refunded, owner, o.cart != nil)
+	m.where = fmt.Sprintf("step %d: refund of an order of %d (refunded %v, resold %v, %d listed, owner %v, in a cart %v)", n, o.q, o.refunded, o.resold, o.listed, owner, o.cart != nil)
 	res, err := m.svc.Refund(m.ctx, o.id, a)
 	switch {
 	case !owner:
 		if !errors.Is(err, sale.ErrNotOwner) {
 			m.fail("got %+v, %v; want not owner", res, err)
+		}
+	case o.resold:
+		if !errors.Is(err, sale.ErrOrderResold) {
+			m.fail("got %+v, %v; want order resold", res, err)
+		}
+	case o.listed > 0:
+		if !errors.Is(err, sale.ErrOrderListed) {
+			m.fail("got %+v, %v; want order listed", res, err)
 		}
 	case o.refunded:
 		if err != nil && !errors.Is(err, sale.ErrOrderRefunded) {
@@ -519,12 +565,27 @@ func (m *model) transfer(n int) {
 	}
 	to := otherBuyer(a.Buyer, m.rnd)
 	q := int64(m.rnd.IntN(5)) // 0: all
-	m.where = fmt.Sprintf("step %d: transfer of %d of an order of %d to %v (refunded %v, owner %v, in a cart %v)", n, q, o.q, to, o.refunded, owner, o.cart != nil)
+	m.where = fmt.Sprintf("step %d: transfer of %d of an order of %d to %v (refunded %v, resold %v, %d listed, owner %v, in a cart %v)", n, q, o.q, to, o.refunded, o.resold, o.listed, owner, o.cart != nil)
 	res, err := m.svc.Transfer(m.ctx, o.id, a, to, q)
+	moved := q
+	if q == 0 {
+		moved = o.q
+	}
 	switch {
 	case !owner:
 		if !errors.Is(err, sale.ErrNotOwner) {
 			m.fail("got %+v, %v; want not owner", res, err)
+		}
+		return
+	case o.resold:
+		if !errors.Is(err, sale.ErrOrderResold) {
+			m.fail("got %+v, %v; want order resold", res, err)
+		}
+		return
+	case !o.refunded && moved <= o.q && moved > o.q-o.listed:
+		// Listed units stand in the order but are not free to move.
+		if !errors.Is(err, sale.ErrOrderListed) {
+			m.fail("got %+v, %v; want order listed", res, err)
 		}
 		return
 	case o.cart != nil && !o.refunded:
@@ -643,6 +704,7 @@ func (m *model) cart(n int, hold bool) {
 		if o.SKU != s.sku || o.Quantity != ln.Quantity {
 			m.fail("line %d answered %+v", l, o)
 		}
+		s.sales += ln.Quantity
 		mo := &modelOrder{id: o.ID, sku: idx[l], buyer: b, q: ln.Quantity, cart: c}
 		c.orders = append(c.orders, mo)
 		m.orders = append(m.orders, mo)
@@ -746,9 +808,11 @@ func (m *model) check(when string) {
 	}
 	for i, s := range m.skus {
 		r := rows[i]
-		sold := s.total - s.remaining - s.on
-		if r.SKU != s.sku || !r.Balanced() || r.Sold != sold || r.Held != s.on || r.Open != s.remaining {
-			m.fail("report %s: %+v; the model: sold %d, held %d, open %d", when, r.StockReport, sold, s.on, s.remaining)
+		// Sold counts the units standing with buyers and not on sale
+		// again: the listed ones are in Open.
+		sold := s.total - s.remaining - s.on - s.listed
+		if r.SKU != s.sku || !r.Balanced() || r.Sold != sold || r.Held != s.on || r.Open != s.remaining || r.Listed != s.listed {
+			m.fail("report %s: %+v; the model: sold %d, held %d, open %d, listed %d", when, r.StockReport, sold, s.on, s.remaining, s.listed)
 		}
 		left, seeded, err := m.gate.Remaining(m.ctx, s.sku, s.shards)
 		if err != nil || !seeded || left != s.remaining {

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -23,6 +24,14 @@ import (
 // tune changes its options before it starts.
 func testService(t testing.TB, rdb lock.Redis, st *seats.Store, tune ...func(*Options)) (*Service, *shard.Store) {
 	t.Helper()
+	return testServiceAt(t, rdb, st, nil, tune...)
+}
+
+// testServiceAt is testService with its ledger's clock now (nil: the
+// machine's): a test moves the ledger's time where it is under test (a
+// resale settle counts only sales older than ledger.ResaleHorizon).
+func testServiceAt(t testing.TB, rdb lock.Redis, st *seats.Store, now func() time.Time, tune ...func(*Options)) (*Service, *shard.Store) {
+	t.Helper()
 	c, err := cache.New(cache.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -36,7 +45,7 @@ func testService(t testing.TB, rdb lock.Redis, st *seats.Store, tune ...func(*Op
 		t.Fatal(err)
 	}
 	led, err := fleet.Open(context.Background(), fleet.Options{Primaries: []fleet.Primary{{Name: "main",
-		Ledger: ledger.Options{Driver: ledger.SQLite, DSN: ledgerenv.SQLitePath(t)}}}})
+		Ledger: ledger.Options{Driver: ledger.SQLite, DSN: ledgerenv.SQLitePath(t), Now: now}}}})
 	if err != nil {
 		t.Fatal(err)
 	}

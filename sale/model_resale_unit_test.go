@@ -1,0 +1,298 @@
+package sale_test
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/stockgate/stockgate/keys"
+	"github.com/stockgate/stockgate/ledger"
+	"github.com/stockgate/stockgate/sale"
+)
+
+// Resale in the unit model (TestServiceAgainstAModel): a buyer lists some
+// of an order's units, which go back on sale at once; a settle gives the
+// units sold since the one before (purchases, a cart's lines, confirms of
+// holds taken while the SKU had listings) to its listings oldest first
+// (a SKU's resale is "first" unless configured), each unit leaving the
+// SKU's total and sold and the seller's order ("alongside", by seed: the
+// listings' share of them); a withdrawal settles
+// first, then takes a listing's unsold units back off sale while the free
+// stock has them. Every step moves the ledger's clock past
+// ledger.ResaleHorizon, so a settle counts every sale made before it.
+
+type modelListing struct {
+	id     keys.ID
+	order  *modelOrder
+	seller keys.ID
+	q      int64
+	sold   int64
+	state  string // listed, sold, withdrawn
+}
+
+// modelListRequest is a listing made, for retries under its key.
+type modelListRequest struct {
+	o   *modelOrder
+	ask sale.Ask
+	q   int64
+	id  keys.ID
+}
+
+// list puts 1–4 units of an order on sale again (or, a time in four,
+// sends a listing made before again under its key: the same listing, or,
+// for another quantity, the key refused as reused). Another buyer's
+// order, a cart's line, a refunded or resold order and more than the
+// order has unlisted are refused, and nothing moves.
+func (m *model) list(n int) {
+	if len(m.lists) > 0 && m.rnd.IntN(4) == 0 {
+		m.listAgain(n)
+		return
+	}
+	o, a, owner := m.orderAsk()
+	if o == nil {
+		return
+	}
+	q := int64(m.rnd.IntN(4) + 1)
+	s := &m.skus[o.sku]
+	m.where = fmt.Sprintf("step %d: listing of %d of an order of %d (%d listed, refunded %v, resold %v, owner %v, in a cart %v)",
+		n, q, o.q, o.listed, o.refunded, o.resold, owner, o.cart != nil)
+	res, err := m.svc.ListForResale(m.ctx, o.id, a, q)
+	switch {
+	case !owner:
+		if !errors.Is(err, sale.ErrNotOwner) {
+			m.fail("got %+v, %v; want not owner", res, err)
+		}
+		return
+	case o.cart != nil:
+		if !errors.Is(err, sale.ErrInCart) {
+			m.fail("got %+v, %v; want in cart", res, err)
+		}
+		return
+	case o.resold:
+		if !errors.Is(err, sale.ErrOrderResold) {
+			m.fail("got %+v, %v; want order resold", res, err)
+		}
+		return
+	case o.refunded:
+		if !errors.Is(err, sale.ErrOrderRefunded) {
+			m.fail("got %+v, %v; want order refunded", res, err)
+		}
+		return
+	case q > o.q && q <= o.q+o.resoldUnits:
+		// Past what stands by what was resold: told as resold.
+		if !errors.Is(err, sale.ErrOrderResold) {
+			m.fail("got %+v, %v; want more than the order has refused as resold", res, err)
+		}
+		return
+	case q > o.q-o.listed:
+		if !errors.Is(err, sale.ErrInvalid) {
+			m.fail("got %+v, %v; want more than the order has unlisted refused", res, err)
+		}
+		return
+	case err != nil:
+		m.fail("refused: %v", err)
+	case res.Listing == nil || res.Replayed || res.Listing.OrderID != o.id || res.Listing.Quantity != q || res.Listing.State != "listed":
+		m.fail("answered %+v", res)
+	}
+	if s.listed == 0 {
+		// The first listing: sales before it are not resales, and the
+		// holds held now took public stock.
+		s.sales, s.carry = 0, 0
+		for _, h := range m.holds {
+			if h.sku == o.sku {
+				h.prior = h.state == "held"
+			}
+		}
+	}
+	s.total += q
+	s.remaining += q
+	s.listed += q
+	o.listed += q
+	m.listings = append(m.listings, &modelListing{id: res.Listing.ID, order: o, seller: a.Buyer, q: q, state: "listed"})
+	m.lists = append(m.lists, modelListRequest{o: o, ask: a, q: q, id: res.Listing.ID})
+	m.count["listed"]++
+}
+
+// listAgain sends a listing request made before again: the same listing,
+// whatever became of it and its order since, with nothing moved; another
+// quantity under the key is refused as reused.
+func (m *model) listAgain(n int) {
+	r := m.lists[m.rnd.IntN(len(m.lists))]
+	q, reuse := r.q, m.rnd.IntN(3) == 0
+	if reuse {
+		q = q%4 + 1
+	}
+	m.where = fmt.Sprintf("step %d: retry of listing %v (reuse %v)", n, r.id, reuse)
+	res, err := m.svc.ListForResale(m.ctx, r.o.id, r.ask, q)
+	m.count["retry"]++
+	switch {
+	case reuse && r.o.buyer != r.ask.Buyer:
+		// The order was transferred since: told as another's.
+		if !errors.Is(err, sale.ErrNotOwner) {
+			m.fail("got %+v, %v; want not owner", res, err)
+		}
+	case reuse:
+		if !errors.Is(err, sale.ErrKeyReused) {
+			m.fail("got %+v, %v; want the key refused as reused", res, err)
+		}
+	case err != nil:
+		m.fail("refused: %v", err)
+	case res.Listing == nil || res.Listing.ID != r.id || !res.Replayed:
+		m.fail("answered %+v; want listing %v replayed", res, r.id)
+	}
+}
+
+// withdraw takes a listing's unsold units back off sale, after settling
+// what sold: refused when another asks, when the listing sold out or was
+// withdrawn, and when the free stock no longer has its units (held or
+// bought), nothing moved then.
+func (m *model) withdraw(n int) {
+	if len(m.listings) == 0 {
+		return
+	}
+	x := m.listings[m.rnd.IntN(len(m.listings))]
+	a := sale.Ask{Buyer: x.seller, Key: m.key()}
+	owner := m.rnd.IntN(6) > 0
+	if !owner {
+		a.Buyer = otherBuyer(x.seller, m.rnd)
+	}
+	s := &m.skus[x.order.sku]
+	m.where = fmt.Sprintf("step %d: withdrawal of a %s listing of %d (sold %d, owner %v, %d left, %d sold since the settle before)",
+		n, x.state, x.q, x.sold, owner, s.remaining, s.sales)
+	res, err := m.svc.WithdrawListing(m.ctx, x.id, a)
+	if !owner {
+		if !errors.Is(err, sale.ErrNotOwner) {
+			m.fail("got %+v, %v; want not owner", res, err)
+		}
+		return
+	}
+	m.settled(x.order.sku)
+	defer m.checkListings(x.order.sku)
+	left := x.q - x.sold
+	switch {
+	case x.state != "listed":
+		if !errors.Is(err, sale.ErrListingEnded) {
+			m.fail("got %+v, %v; want listing ended (%s, sold %d)", res, err, x.state, x.sold)
+		}
+		return
+	case s.remaining < left:
+		if !errors.Is(err, sale.ErrListingSelling) {
+			m.fail("got %+v, %v; want listing selling (%d unsold, %d free)", res, err, left, s.remaining)
+		}
+		return
+	case err != nil:
+		m.fail("refused: %v (%d unsold, %d free)", err, left, s.remaining)
+	case res.Listing == nil || res.Listing.ID != x.id || res.Listing.State != "withdrawn" || res.Listing.Withdrawn != left:
+		m.fail("answered %+v; want %d withdrawn", res, left)
+	}
+	x.state = "withdrawn"
+	s.total -= left
+	s.remaining -= left
+	s.listed -= left
+	x.order.listed -= left
+	m.count["withdrawn"]++
+}
+
+// settle settles every SKU's sales to its listings, as the sweeper does.
+func (m *model) settle(n int) {
+	m.where = fmt.Sprintf("step %d: settle", n)
+	sale.SettleResales(m.svc)
+	for i := range m.skus {
+		m.settled(i)
+		m.checkListings(i)
+	}
+}
+
+// settled is what a settle of SKU i does: the units sold since the one
+// before go to its listings, oldest first, up to what they have unsold
+// (at least what the free and newly held stock no longer has); each
+// leaves the SKU's total and sold, the listing, and the seller's order,
+// whose last unit resold ends it as resold.
+func (m *model) settled(i int) {
+	s := &m.skus[i]
+	if s.listed == 0 {
+		return
+	}
+	var prior int64 // held by holds from before the listings
+	for _, h := range m.holds {
+		if h.sku == i && h.state == "held" && h.prior {
+			prior += h.q
+		}
+	}
+	n := min(s.sales, s.listed)
+	if m.resale == ledger.ResaleAlongside {
+		n = m.share(s, prior)
+	}
+	if s.listed-n > s.remaining {
+		// Units listed that are neither free, nor in a hold taken since
+		// the listings began, nor in a sale not counted yet, were sold.
+		if least := min(s.listed, s.listed-s.remaining-(s.on-prior)); least > n {
+			n, s.carry = least, 0
+		}
+	}
+	s.sales = 0
+	for _, x := range m.listings {
+		if n == 0 {
+			break
+		}
+		if x.order.sku != i || x.state != "listed" {
+			continue
+		}
+		y := min(n, x.q-x.sold)
+		n -= y
+		x.sold += y
+		if x.sold == x.q {
+			x.state = "sold"
+		}
+		x.order.resoldUnits += y
+		if o := x.order; y < o.q {
+			o.q -= y
+		} else {
+			o.resold = true
+		}
+		x.order.listed -= y
+		s.total -= y
+		s.listed -= y
+		m.count["resold"] += int(y)
+	}
+}
+
+// share is an alongside settle's units of s's sales: the listings' share
+// of what was for sale before those sales (the listed and public units,
+// holds taken since the listings included), the fraction carried to the
+// next settle, never more than is listed.
+func (m *model) share(s *modelSKU, prior int64) int64 {
+	if s.sales == 0 {
+		return 0 // the fraction carried stays as it was
+	}
+	most := min(s.sales, s.listed)
+	before := s.remaining + s.on + s.sales - prior
+	if before <= 0 {
+		s.carry = 0
+		return most
+	}
+	const unit = 1_000_000
+	share := float64(s.sales)*float64(s.listed)/float64(before) + float64(s.carry)/unit
+	n := int64(share)
+	s.carry = int64(math.Round((share - float64(n)) * unit))
+	if s.carry >= unit {
+		n, s.carry = n+1, s.carry-unit
+	}
+	if n >= most {
+		n, s.carry = most, 0
+	}
+	return n
+}
+
+// checkListings holds SKU i's listings to the ledger's.
+func (m *model) checkListings(i int) {
+	for _, x := range m.listings {
+		if x.order.sku != i {
+			continue
+		}
+		got, err := m.svc.ListingByID(m.ctx, x.id)
+		if err != nil || got.Sold != x.sold || got.State != x.state {
+			m.fail("listing %v: %+v, %v; the model: %s, sold %d of %d", x.id, got, err, x.state, x.sold, x.q)
+		}
+	}
+}

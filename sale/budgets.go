@@ -66,7 +66,7 @@ func (t *take) takeBudgets(ctx context.Context) (answer, bool) {
 	if t.device != "" && p.DeviceHoldBudget > 0 {
 		tag = deviceTag(t.device)
 	}
-	now := time.Now()
+	now := t.s.now()
 	for i, ln := range t.lines {
 		ttl := t.ttl
 		if ttl == 0 {

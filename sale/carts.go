@@ -47,13 +47,13 @@ type Cart struct {
 	CreatedAt          time.Time
 }
 
-func cartOf(c ledger.Cart) Cart {
+func cartOf(c ledger.Cart, now time.Time) Cart {
 	out := Cart{ID: c.ID, Program: c.Program, Buyer: c.Buyer, CreatedAt: c.CreatedAt}
 	for _, o := range c.Orders {
 		out.Orders = append(out.Orders, orderOf(o))
 	}
 	for _, h := range c.Holds {
-		out.Holds = append(out.Holds, holdOf(h))
+		out.Holds = append(out.Holds, holdOf(h, now))
 	}
 	return out
 }
@@ -248,7 +248,7 @@ func (s *Service) refundCart(ctx context.Context, id, buyer keys.ID, r request) 
 		}
 		return answer{cart: &c, replayed: true}
 	case errors.Is(err, ledger.ErrNotBought):
-		return fail(notBought(c))
+		return fail(notBought(c, s.now()))
 	case err != nil:
 		return s.ownerError(ctx, err, fail(ErrUnknownCart))
 	}
@@ -260,10 +260,10 @@ func (s *Service) refundCart(ctx context.Context, id, buyer keys.ID, r request) 
 
 // notBought refuses the refund of held cart c, never confirmed, naming
 // its state (its holds end together).
-func notBought(c ledger.Cart) error {
+func notBought(c ledger.Cart, now time.Time) error {
 	state := ledger.Held
 	if len(c.Holds) > 0 {
-		state = holdOf(c.Holds[0]).State
+		state = holdOf(c.Holds[0], now).State
 	}
 	detail := "the cart is " + state + ", never confirmed: nothing was bought to refund"
 	if state == ledger.Held {
@@ -281,7 +281,7 @@ func (s *Service) CartByID(ctx context.Context, id keys.ID) (Cart, error) {
 	case err != nil:
 		return Cart{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
-	return cartOf(c), nil
+	return cartOf(c, s.now()), nil
 }
 
 // sellSeats marks a seat order's seats sold in the gate. If this fails

@@ -19,6 +19,9 @@ var TestServiceAt = testServiceAt
 // SettleResales settles the sales of listed units as the sweeper does.
 func SettleResales(s *Service) { s.settleResales(context.Background()) }
 
+// ExpireHolds expires the holds past their expiry as the sweeper does.
+func ExpireHolds(s *Service) { s.expireHolds(context.Background()) }
+
 // OwedBudgetCalls is how many hold budget calls s owes its sweeper.
 func OwedBudgetCalls(s *Service) int {
 	s.budgetOwed.mu.Lock()

@@ -180,7 +180,7 @@ func (s *Service) Recorded(ctx context.Context, t Take, hold bool) (Result, bool
 	if err != nil || !ok {
 		return Result{}, false, err
 	}
-	r, err := a.result()
+	r, err := a.result(s.now)
 	return r, true, err
 }
 
@@ -323,7 +323,7 @@ func (s *Service) ownerAction(ctx context.Context, op string, id keys.ID, a Ask,
 // cart's hold is left to its cart, which ends whole.
 func (s *Service) HoldByID(ctx context.Context, id keys.ID) (Hold, error) {
 	h, err := s.ledger.HoldByID(ctx, id)
-	if err == nil && h.State == ledger.Held && h.CartID.IsZero() && !time.Now().Before(h.ExpiresAt) {
+	if err == nil && h.State == ledger.Held && h.CartID.IsZero() && !s.now().Before(h.ExpiresAt) {
 		// Detached: an expiry begun is finished, its stock given back.
 		wctx, cancel := s.detach(ctx)
 		if cur, err := s.expireDue(wctx, h); err == nil {
@@ -342,7 +342,7 @@ func (s *Service) HoldByID(ctx context.Context, id keys.ID) (Hold, error) {
 	case err != nil:
 		return Hold{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
-	return holdOf(h), nil
+	return holdOf(h, s.now()), nil
 }
 
 // OrderByID reads an order.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"time"
 
 	"github.com/stockgate/stockgate/keys"
 	"github.com/stockgate/stockgate/ledger"
@@ -106,7 +105,7 @@ func (s *Service) currentOrder(ctx context.Context, a answer) answer {
 
 // latePaid is lateConfirm's payment, under the key derived from the hold.
 func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64) answer {
-	if s.opts.LatePayment <= 0 || time.Since(h.ExpiresAt) > s.opts.LatePayment {
+	if s.opts.LatePayment <= 0 || s.now().Sub(h.ExpiresAt) > s.opts.LatePayment {
 		// Paid within the window, and answered 503 (its COMMIT's reply
 		// lost, its client key not recorded): the retry that comes after
 		// the window gets the order, not 410 "nothing was sold" beside

@@ -42,7 +42,9 @@ func unitServiceOn(t *testing.T, mem lock.Redis) (*sale.Service, *shard.Store) {
 // back to them), with resale (listings of some of an order, withdrawals,
 // settles giving the sales to the listings "first" or "alongside" by
 // seed, retries of a listing, refunds and transfers of listed and resold
-// orders: model_resale_unit_test.go), and holds every answer to a
+// orders: model_resale_unit_test.go), with holds that expire as the
+// clock moves and late payments of them, bought or refused for good
+// (model_late_unit_test.go), and holds every answer to a
 // reference model of the stock: who got what, what is left, what is
 // listed and resold, and that Redis (here the in-memory gate) counts what
 // the ledger does after every step. Many seeds, in
@@ -50,16 +52,21 @@ func unitServiceOn(t *testing.T, mem lock.Redis) (*sale.Service, *shard.Store) {
 func TestServiceAgainstAModel(t *testing.T) {
 	for seed := range uint64(16) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			var ahead atomic.Int64 // the ledger's clock ahead of the machine's, moved by step
-			svc, gate := sale.TestServiceAt(t, shardmem.New(), nil, func() time.Time { return time.Now().Add(time.Duration(ahead.Load())) })
+			// The sale's and the ledger's clock, moved by step alone.
+			var ahead atomic.Int64
+			start := time.Now().Truncate(time.Second)
+			now := func() time.Time { return start.Add(time.Duration(ahead.Load())) }
+			svc, gate := sale.TestServiceAt(t, shardmem.New(), nil, now, func(o *sale.Options) {
+				o.Now, o.LatePayment = now, modelLateWindow
+			})
 			m := newModel(t, svc, gate, seed)
-			m.ahead = &ahead
+			m.ahead, m.now = &ahead, now
 			for step := range 200 {
 				m.step(step)
 			}
 			m.check("at the end")
-			t.Logf("%d orders (%d refunded, %d split off), %d holds (%d confirmed in part), %d carts, %d listings (%d withdrawn, %d units resold, %d holds from before confirmed), %d sold-out answers, %d hold budget refusals (budgets %d, device %d), %d retries",
-				len(m.orders), m.count["refunded"], m.count["split"], len(m.holds), m.count["part"], len(m.carts),
+			t.Logf("%d orders (%d refunded, %d split off), %d holds (%d confirmed in part, %d expired, %d paid late, %d late refused), %d carts, %d listings (%d withdrawn, %d units resold, %d holds from before confirmed), %d sold-out answers, %d hold budget refusals (budgets %d, device %d), %d retries",
+				len(m.orders), m.count["refunded"], m.count["split"], len(m.holds), m.count["part"], m.count["expired"], m.count["late"], m.count["late refused"], len(m.carts),
 				m.count["listed"], m.count["withdrawn"], m.count["resold"], m.count["prior"], m.count["sold-out"],
 				m.count["budget"], m.budget, m.deviceBudget, m.count["retry"])
 		})
@@ -91,6 +98,7 @@ type model struct {
 	listings []*modelListing
 	lists    []modelListRequest
 	ahead    *atomic.Int64
+	now      func() time.Time // the sale's and the ledger's clock
 }
 
 type modelSKU struct {
@@ -122,11 +130,17 @@ type modelHold struct {
 	sku   int
 	buyer keys.ID
 	q     int64
-	state string // held, confirmed, cancelled
-	order keys.ID
-	kept  int64      // the units it was confirmed for
-	cart  *modelCart // the cart it is a line of
-	prior bool       // held when its SKU's listings began: its confirm sells no listed unit
+	state string // held, confirmed, cancelled, expired
+	// expires: its expiry; late: an expired hold's late payment, paid
+	// (its order lateOrder, of lateKept) or refused.
+	expires   time.Time
+	late      string
+	lateOrder keys.ID
+	lateKept  int64
+	order     keys.ID
+	kept      int64      // the units it was confirmed for
+	cart      *modelCart // the cart it is a line of
+	prior     bool       // held when its SKU's listings began: its confirm sells no listed unit
 }
 
 // modelCart is a cart: bought (its orders) or held (its holds, then the
@@ -196,9 +210,8 @@ func (m *model) key() keys.ID {
 }
 
 func (m *model) step(n int) {
-	if m.ahead != nil {
-		m.ahead.Add(int64(ledger.ResaleHorizon + time.Second))
-	}
+	m.ahead.Add(int64(modelStep))
+	m.expire()
 	switch w := m.rnd.IntN(122); {
 	case w < 20:
 		m.take(n, false)
@@ -237,6 +250,9 @@ func (m *model) take(n int, hold bool) {
 	b := modelBuyers[m.rnd.IntN(len(modelBuyers))]
 	tk := sale.Take{Ask: sale.Ask{Buyer: b, Key: m.key(), Device: modelDevice(b)}, SKU: s.sku,
 		Quantity: int64(m.rnd.IntN(4) + 1)}
+	if hold {
+		tk.TTL = modelTTLs[m.rnd.IntN(len(modelTTLs))]
+	}
 	over := hold && m.overBudget(b, tk.Quantity)
 	m.where = fmt.Sprintf("step %d: %s %v of %d (%d left, over a hold budget %v)", n, map[bool]string{false: "purchase", true: "hold"}[hold], tk.Buyer, tk.Quantity, s.remaining, over)
 	res, err := m.send(tk, hold)
@@ -260,11 +276,11 @@ func (m *model) take(n int, hold bool) {
 	}
 	s.remaining -= tk.Quantity
 	if hold {
-		if res.Hold == nil || res.Hold.Quantity != tk.Quantity || res.Replayed {
-			m.fail("answered %+v", res)
+		if res.Hold == nil || res.Hold.Quantity != tk.Quantity || res.Replayed || !res.Hold.ExpiresAt.Equal(m.now().Add(tk.TTL)) {
+			m.fail("answered %+v; want a hold until %v", res, m.now().Add(tk.TTL))
 		}
 		s.on += tk.Quantity
-		m.holds = append(m.holds, &modelHold{id: res.Hold.ID, sku: i, buyer: tk.Buyer, q: tk.Quantity, state: "held"})
+		m.holds = append(m.holds, &modelHold{id: res.Hold.ID, sku: i, buyer: tk.Buyer, q: tk.Quantity, state: "held", expires: res.Hold.ExpiresAt})
 		m.done = append(m.done, modelRequest{take: tk, hold: true, id: res.Hold.ID})
 		return
 	}
@@ -278,7 +294,6 @@ func (m *model) take(n int, hold bool) {
 
 func (m *model) send(tk sale.Take, hold bool) (sale.Result, error) {
 	if hold {
-		tk.TTL = time.Hour
 		return m.svc.Hold(m.ctx, tk)
 	}
 	return m.svc.Purchase(m.ctx, tk)
@@ -392,13 +407,15 @@ func (m *model) confirm(n int) {
 	if !owner {
 		a.Buyer = otherBuyer(h.buyer, m.rnd)
 	}
-	m.where = fmt.Sprintf("step %d: confirm of a %s hold of %d (owner %v, in a cart %v)", n, h.state, h.q, owner, h.cart != nil)
+	m.where = fmt.Sprintf("step %d: confirm of a %s hold of %d (owner %v, in a cart %v, late %q)", n, h.state, h.q, owner, h.cart != nil, h.late)
 	res, err := m.svc.Confirm(m.ctx, h.id, a)
 	switch {
 	case !owner:
 		if !errors.Is(err, sale.ErrNotOwner) {
 			m.fail("got %+v, %v; want not owner", res, err)
 		}
+	case h.state == "expired":
+		m.paidLate(h, 0, res, err)
 	case h.cart != nil:
 		if !errors.Is(err, sale.ErrInCart) {
 			m.fail("got %+v, %v; want in cart", res, err)
@@ -443,9 +460,11 @@ func (m *model) confirmPart(n int) {
 		return
 	}
 	k := int64(m.rnd.IntN(int(h.q)+1) + 1) // one past the hold now and then
-	m.where = fmt.Sprintf("step %d: confirm of %d of a %s hold of %d (kept %d, in a cart %v)", n, k, h.state, h.q, h.kept, h.cart != nil)
+	m.where = fmt.Sprintf("step %d: confirm of %d of a %s hold of %d (kept %d, in a cart %v, late %q)", n, k, h.state, h.q, h.kept, h.cart != nil, h.late)
 	res, err := m.svc.ConfirmPart(m.ctx, h.id, sale.Ask{Buyer: h.buyer, Key: m.key()}, k)
 	switch {
+	case h.state == "expired":
+		m.paidLate(h, k, res, err)
 	case h.cart != nil:
 		if !errors.Is(err, sale.ErrInCart) {
 			m.fail("got %+v, %v; want in cart", res, err)
@@ -486,6 +505,11 @@ func (m *model) cancel(n int) {
 	m.where = fmt.Sprintf("step %d: cancel of a %s hold of %d (in a cart %v)", n, h.state, h.q, h.cart != nil)
 	res, err := m.svc.Cancel(m.ctx, h.id, sale.Ask{Buyer: h.buyer, Key: m.key()})
 	switch {
+	case h.state == "expired":
+		// Ended either way, nothing moved: told as it is.
+		if !errors.Is(err, sale.ErrHoldExpired) && (err != nil || res.Hold == nil || res.Hold.State != "expired") {
+			m.fail("got %+v, %v; want the hold told expired", res, err)
+		}
 	case h.cart != nil:
 		if !errors.Is(err, sale.ErrInCart) {
 			m.fail("got %+v, %v; want in cart", res, err)
@@ -695,7 +719,7 @@ func (m *model) cart(n int, hold bool) {
 				m.fail("line %d answered %+v", l, h)
 			}
 			s.on += ln.Quantity
-			mh := &modelHold{id: h.ID, sku: idx[l], buyer: b, q: ln.Quantity, state: "held", cart: c}
+			mh := &modelHold{id: h.ID, sku: idx[l], buyer: b, q: ln.Quantity, state: "held", cart: c, expires: h.ExpiresAt}
 			c.holds = append(c.holds, mh)
 			m.holds = append(m.holds, mh)
 			continue

@@ -234,21 +234,7 @@ func (s *Service) expired(ctx context.Context, h ledger.Hold) {
 }
 
 func (s *Service) sweep(ctx context.Context) {
-	for {
-		done, err := s.ledger.ExpireDue(ctx, 200)
-		if err != nil {
-			s.log.WarnContext(ctx, "expire holds", "err", err)
-		}
-		// Counted at once, as the ledger expired them: the Redis half
-		// below takes a while for 200 holds.
-		s.metrics.expired.Add(float64(len(done)))
-		for _, h := range done {
-			s.expired(ctx, h)
-		}
-		if err != nil || len(done) < 200 {
-			break
-		}
-	}
+	s.expireHolds(ctx)
 	// Work left by a replica that died between the ledger and Redis halves,
 	// or found too early for its epoch's gate.
 	pending, err := s.ledger.PendingRestores(ctx, s.opts.RestoreGrace, 200)
@@ -263,4 +249,24 @@ func (s *Service) sweep(ctx context.Context) {
 	s.retryOwedBudgets(ctx, &slow)
 	s.closeDuePools(ctx)
 	s.settleResales(ctx)
+}
+
+// expireHolds expires the holds past their expiry (by the ledger's
+// clock), 200 at a time, and gives their units back.
+func (s *Service) expireHolds(ctx context.Context) {
+	for {
+		done, err := s.ledger.ExpireDue(ctx, 200)
+		if err != nil {
+			s.log.WarnContext(ctx, "expire holds", "err", err)
+		}
+		// Counted at once, as the ledger expired them: the Redis half
+		// below takes a while for 200 holds.
+		s.metrics.expired.Add(float64(len(done)))
+		for _, h := range done {
+			s.expired(ctx, h)
+		}
+		if err != nil || len(done) < 200 {
+			return
+		}
+	}
 }

@@ -273,6 +273,11 @@ type Options struct {
 	// paid as the hold ran out); 0 turns late payments off (a confirm past
 	// the expiry is ErrHoldExpired). At most MaxLatePayment.
 	LatePayment time.Duration
+	// Now is the clock holds expire by: a hold's expiry is set from it,
+	// and a hold, a late payment's window and a hold budget are read
+	// against it. nil is the machine's; a test moves it with the
+	// ledger's (ledger.Options.Now).
+	Now func() time.Time
 }
 
 // MaxLatePayment bounds Options.LatePayment.
@@ -341,6 +346,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
 	}
 	if o.Registry == nil {
 		o.Registry = prometheus.NewRegistry()
@@ -553,6 +561,9 @@ func (s *Service) Breakers() *breaker.Set { return s.breakers }
 // Open while any master's is open.
 func (s *Service) BreakerState() breaker.State { return s.breakers.State() }
 
+// now is the Service's clock (Options.Now).
+func (s *Service) now() time.Time { return s.opts.Now() }
+
 // detach gives work its own deadline, detached from the caller's: work
 // once begun ends in a commit or a give-back, whether or not the client is
 // still there.
@@ -567,7 +578,7 @@ func (s *Service) detach(ctx context.Context) (context.Context, context.CancelFu
 func (s *Service) runTake(ctx context.Context, r request, f func(ctx context.Context) answer) (Result, error) {
 	if !s.flight.enter() {
 		s.metrics.ledgerShed.WithLabelValues("in_flight", shedDoor).Inc()
-		return ansInFlightBusy.result()
+		return ansInFlightBusy.result(s.now)
 	}
 	defer s.flight.leave()
 	return s.run(holdingPlace(ctx), r, f)
@@ -583,7 +594,7 @@ func (s *Service) run(ctx context.Context, r request, f func(ctx context.Context
 		defer cancel()
 		return s.durable(ctx, r, f(ctx))
 	})
-	return a.result()
+	return a.result(s.now)
 }
 
 // durable passes a on unless it replays a request row that a failover

@@ -278,7 +278,7 @@ func (t *take) refused(ctx context.Context, refusal answer) answer {
 // (the breaker is open, or a gate that must be rebuilt could not be).
 func (t *take) checkSettings(ctx context.Context) (a answer, ok, direct bool) {
 	s := t.s
-	now := time.Now()
+	now := s.now()
 	for i, ln := range t.lines {
 		w := &ln.w
 		st, err := s.settings.Get(ctx, w.sku)
@@ -424,7 +424,7 @@ func (t *take) expiry() time.Time {
 			}
 		}
 	}
-	return time.Now().Add(ttl)
+	return t.s.now().Add(ttl)
 }
 
 // sellSeats marks a bought seat line's seats sold in the gate.

@@ -409,7 +409,7 @@ func (t *take) freshPoolRules(ctx context.Context) (answer, bool) {
 			continue
 		}
 		s.settings.Invalidate(w.sku)
-		if err := s.admit(st, w.access, time.Now()); err != nil {
+		if err := s.admit(st, w.access, s.now()); err != nil {
 			return s.lookupOr(ctx, t.req, fail(err)), false
 		}
 		if st.Rule.Access != ledger.AccessCode {

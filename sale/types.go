@@ -66,9 +66,10 @@ type Hold struct {
 	CreatedAt time.Time
 }
 
-func holdOf(h ledger.Hold) Hold {
+// holdOf is h as told to a client at now (the Service's clock).
+func holdOf(h ledger.Hold, now time.Time) Hold {
 	state := h.State
-	if state == ledger.Held && !time.Now().Before(h.ExpiresAt) {
+	if state == ledger.Held && !now.Before(h.ExpiresAt) {
 		state = ledger.Expired // past its time; the sweeper will catch up
 	}
 	return Hold{ID: h.ID, SKU: h.SKU, Buyer: h.Buyer, Quantity: h.Quantity, State: state,
@@ -88,7 +89,9 @@ type Result struct {
 // Listing is tickets of an order listed for resale.
 type Listing = ledger.Listing
 
-func (a answer) result() (Result, error) {
+// result is a as told to a client, its holds' states read at now (the
+// Service's clock, called only for an answer with a hold or a cart).
+func (a answer) result(now func() time.Time) (Result, error) {
 	if a.err != nil {
 		return Result{}, a.err
 	}
@@ -97,7 +100,7 @@ func (a answer) result() (Result, error) {
 	case a.listing != nil:
 		r.Listing = a.listing
 	case a.cart != nil:
-		c := cartOf(*a.cart)
+		c := cartOf(*a.cart, now())
 		if a.replayed {
 			for i := range c.Holds {
 				c.Holds[i].State = a.cart.Holds[i].State
@@ -105,7 +108,7 @@ func (a answer) result() (Result, error) {
 		}
 		r.Cart = &c
 	case a.hold != nil:
-		h := holdOf(*a.hold)
+		h := holdOf(*a.hold, now())
 		if a.replayed {
 			// As first told: the hold's expiry since is not what this
 			// request answered, and the hold may have been confirmed

@@ -38,7 +38,7 @@ type WaitEntry struct {
 	Offer *Hold
 }
 
-func waitEntryOf(e ledger.WaitEntry) WaitEntry {
+func waitEntryOf(e ledger.WaitEntry, now time.Time) WaitEntry {
 	w := WaitEntry{SKU: e.SKU, Buyer: e.Buyer, Quantity: e.Quantity, State: WaitWaiting, Ahead: e.Ahead,
 		OfferTTL: e.OfferTTL, JoinedAt: e.JoinedAt}
 	switch e.State {
@@ -52,7 +52,7 @@ func waitEntryOf(e ledger.WaitEntry) WaitEntry {
 		if e.Offer == nil {
 			break
 		}
-		h := holdOf(*e.Offer)
+		h := holdOf(*e.Offer, now)
 		w.Offer = &h
 		w.State = map[string]string{ledger.Held: WaitOffered, ledger.Confirmed: WaitBought,
 			ledger.Expired: WaitLapsed, ledger.Cancelled: WaitDeclined}[h.State]
@@ -90,7 +90,7 @@ func (s *Service) JoinWaitlist(ctx context.Context, sku stock.SKU, pool, buyer k
 		if created {
 			s.metrics.waitJoins.Inc()
 		}
-		return waitEntryOf(e), created, nil
+		return waitEntryOf(e, s.now()), created, nil
 	case errors.Is(err, ledger.ErrNotSoldOut):
 		return WaitEntry{}, false, refuse(ErrNotSoldOut, fmt.Sprintf("%s has %d or more left: buy instead", p, q))
 	case errors.Is(err, ledger.ErrSeatedWait):
@@ -122,9 +122,9 @@ func (s *Service) LeaveWaitlist(ctx context.Context, sku stock.SKU, pool, buyer 
 	e, err := s.ledger.LeaveWaitlist(ctx, p, buyer)
 	switch {
 	case err == nil:
-		return waitEntryOf(e), nil
+		return waitEntryOf(e, s.now()), nil
 	case errors.Is(err, ledger.ErrOffered):
-		return waitEntryOf(e), refuse(ErrWaitOffered, "the buyer has a live offer: confirm or cancel its hold "+e.HoldID.String())
+		return waitEntryOf(e, s.now()), refuse(ErrWaitOffered, "the buyer has a live offer: confirm or cancel its hold "+e.HoldID.String())
 	case errors.Is(err, ledger.ErrNotFound):
 		return WaitEntry{}, ErrNotWaiting
 	}
@@ -140,7 +140,7 @@ func (s *Service) WaitEntry(ctx context.Context, sku stock.SKU, pool, buyer keys
 	e, err := s.ledger.WaitEntryOf(ctx, p, buyer)
 	switch {
 	case err == nil:
-		return waitEntryOf(e), nil
+		return waitEntryOf(e, s.now()), nil
 	case errors.Is(err, ledger.ErrNotFound):
 		return WaitEntry{}, ErrNotWaiting
 	}

@@ -337,7 +337,12 @@ func (l *Ledger) withdraw(ctx context.Context, listingID, seller keys.ID, expect
 	case left != expect:
 		return x, fmt.Errorf("%w: %d unsold, not %d", ErrListingSelling, left, expect)
 	}
-	res, err := tx.ExecContext(ctx, `UPDATE skus SET total = total - $3, listed = listed - $3, version = version + 1, updated_at = $4
+	// An alongside share's carried fraction was the listed units' as a
+	// whole: the withdrawn ones take their part of it with them. Left,
+	// it went to the listings that stay, which sold sooner than their
+	// share (helper-101).
+	res, err := tx.ExecContext(ctx, `UPDATE skus SET total = total - $3, listed = listed - $3, version = version + 1, updated_at = $4,
+		resale_carry = CASE WHEN listed > $3 THEN resale_carry * (listed - $3) / listed ELSE 0 END
 		WHERE program = $1 AND ticket = $2 AND total - $3 - sold - held >= 0 AND listed >= $3 AND ($5 < 0 OR gate_epoch = $5)`,
 		x.SKU.Program, x.SKU.Ticket, left, now.UnixMilli(), epoch)
 	if err != nil {

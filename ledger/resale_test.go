@@ -158,15 +158,7 @@ func TestSettleOfNoSaleKeepsTheShareCarried(t *testing.T) {
 		if _, err := l.List(ctx, o.ID, o.Buyer, 1, req("sam", "list", "fp", ledger.OpResale)); err != nil {
 			t.Fatal(err)
 		}
-		carried := func() int64 {
-			t.Helper()
-			var v int64
-			if err := l.DB().QueryRowContext(ctx, `SELECT resale_carry FROM skus WHERE program = $1 AND ticket = $2`,
-				sku.Program, sku.Ticket).Scan(&v); err != nil {
-				t.Fatal(err)
-			}
-			return v
-		}
+		carried := func() int64 { t.Helper(); return carriedOf(t, l, sku) }
 		// Two sales beside 1 listed of 7 for sale: the listing's share is
 		// 2/7 of a unit, carried.
 		sellOne(t, l, sku, "cat", 1)
@@ -191,4 +183,83 @@ func TestSettleOfNoSaleKeepsTheShareCarried(t *testing.T) {
 			t.Errorf("carried %d after a settle that counted no sale; want %d, as before it", got, share)
 		}
 	})
+}
+
+// A withdrawal takes its part of an alongside share's carried fraction:
+// it was the listed units' as a whole. Left to the listings that stayed,
+// sam's one listed ticket sold after three more sales, its own share
+// about 0.40 of a unit, and he was refunded for a ticket the rule never
+// gave him (helper-101).
+func TestWithdrawalTakesItsPartOfTheCarry(t *testing.T) {
+	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
+		ctx := context.Background()
+		sku := stock.SKU{Program: keys.MustID(fmt.Sprintf("wcarry%d", time.Now().UnixNano())), Ticket: keys.MustID("t")}
+		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 20, Shards: 1, MaxPerOrder: 4, Resale: ledger.ResaleAlongside}); err != nil {
+			t.Fatal(err)
+		}
+		buy := func(buyer string, q int64) ledger.Order {
+			t.Helper()
+			k := keys.MustID(fmt.Sprintf("%s-%d", buyer, time.Now().UnixNano()))
+			o, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: k, SKU: sku, Buyer: keys.MustID(buyer), Quantity: q,
+				Req: ledger.Request{Scope: keys.MustID(buyer), Key: k, Fingerprint: "fp", Op: ledger.OpPurchase}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return o
+		}
+		list := func(o ledger.Order, q int64) ledger.Listing {
+			t.Helper()
+			x, err := l.List(ctx, o.ID, o.Buyer, q, req(o.Buyer.String(), "list-"+o.Buyer.String(), "fp", ledger.OpResale))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return x
+		}
+		settled := func() []ledger.Event {
+			t.Helper()
+			c.advance(2 * ledger.ResaleHorizon)
+			sold, err := l.Settle(ctx, sku)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return sold
+		}
+		carried := func() int64 { t.Helper(); return carriedOf(t, l, sku) }
+		samOrder, tomOrder := buy("sam", 1), buy("tom", 4)
+		sam, tom := list(samOrder, 1), list(tomOrder, 4)
+		for range 3 {
+			buy("pub", 1)
+		}
+		// 3 sales of 20 for sale, 5 of them listed: 0.75 of a unit.
+		if sold := settled(); len(sold) != 0 || carried() != 750_000 {
+			t.Fatalf("first settle: %+v, carried %d; want nothing sold, 750000 carried", sold, carried())
+		}
+		if _, _, err := l.Withdraw(ctx, tom.ID, tom.Seller, 4, -1, req("tom", "withdraw", "fp", ledger.OpWithdraw)); err != nil {
+			t.Fatal(err)
+		}
+		if got := carried(); got != 150_000 {
+			t.Errorf("carried %d after 4 of the 5 listed units were withdrawn; want 150000, the 1 left's part", got)
+		}
+		for i := range 3 {
+			buy("pub", 1)
+			if sold := settled(); len(sold) != 0 {
+				t.Fatalf("sale %d after the withdrawal settled %+v to sam's listing; its share is under a unit", i+1, sold)
+			}
+		}
+		if x, err := l.ListingByID(ctx, sam.ID); err != nil || x.Sold != 0 {
+			t.Errorf("sam's listing %+v (%v): want nothing sold", x, err)
+		}
+	})
+}
+
+// carriedOf is sku's alongside share's fraction carried, in millionths
+// of a unit, as its row has it.
+func carriedOf(t *testing.T, l *ledger.Ledger, sku stock.SKU) int64 {
+	t.Helper()
+	var v int64
+	if err := l.DB().QueryRowContext(context.Background(), `SELECT resale_carry FROM skus WHERE program = $1 AND ticket = $2`,
+		sku.Program, sku.Ticket).Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	return v
 }

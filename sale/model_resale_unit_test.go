@@ -186,6 +186,12 @@ func (m *model) withdraw(n int) {
 		m.fail("answered %+v; want %d withdrawn", res, left)
 	}
 	x.state = "withdrawn"
+	// The withdrawn units take their part of the fraction carried.
+	if s.listed > left {
+		s.carry = s.carry * (s.listed - left) / s.listed
+	} else {
+		s.carry = 0
+	}
 	s.total -= left
 	s.remaining -= left
 	s.listed -= left

@@ -407,6 +407,9 @@ func (m *model) confirm(n int) {
 	if !owner {
 		a.Buyer = otherBuyer(h.buyer, m.rnd)
 	}
+	if owner {
+		m.expireDue(h) // the confirm's first step, whoever sweeps
+	}
 	m.where = fmt.Sprintf("step %d: confirm of a %s hold of %d (owner %v, in a cart %v, late %q)", n, h.state, h.q, owner, h.cart != nil, h.late)
 	res, err := m.svc.Confirm(m.ctx, h.id, a)
 	switch {
@@ -460,6 +463,7 @@ func (m *model) confirmPart(n int) {
 		return
 	}
 	k := int64(m.rnd.IntN(int(h.q)+1) + 1) // one past the hold now and then
+	m.expireDue(h)
 	m.where = fmt.Sprintf("step %d: confirm of %d of a %s hold of %d (kept %d, in a cart %v, late %q)", n, k, h.state, h.q, h.kept, h.cart != nil, h.late)
 	res, err := m.svc.ConfirmPart(m.ctx, h.id, sale.Ask{Buyer: h.buyer, Key: m.key()}, k)
 	switch {
@@ -502,7 +506,9 @@ func (m *model) cancel(n int) {
 	if h == nil {
 		return
 	}
-	m.where = fmt.Sprintf("step %d: cancel of a %s hold of %d (in a cart %v)", n, h.state, h.q, h.cart != nil)
+	due := h.state == "held" && !m.now().Before(h.expires)
+	m.expireDue(h)
+	m.where = fmt.Sprintf("step %d: cancel of a %s hold of %d (in a cart %v, due %v)", n, h.state, h.q, h.cart != nil, due)
 	res, err := m.svc.Cancel(m.ctx, h.id, sale.Ask{Buyer: h.buyer, Key: m.key()})
 	switch {
 	case h.state == "expired":
@@ -519,8 +525,8 @@ func (m *model) cancel(n int) {
 			m.fail("got %+v, %v; want hold confirmed", res, err)
 		}
 	case h.state == "cancelled":
-		if err != nil && !errors.Is(err, sale.ErrHoldCancelled) {
-			m.fail("got %v; want the cancel again, or hold cancelled", err)
+		if !errors.Is(err, sale.ErrHoldCancelled) && (err != nil || res.Hold == nil || res.Hold.ID != h.id || res.Hold.State != "cancelled") {
+			m.fail("got %+v, %v; want the cancel again, or hold cancelled", res, err)
 		}
 	default:
 		if err != nil {
@@ -559,8 +565,8 @@ func (m *model) refund(n int) {
 			m.fail("got %+v, %v; want order listed", res, err)
 		}
 	case o.refunded:
-		if err != nil && !errors.Is(err, sale.ErrOrderRefunded) {
-			m.fail("got %v; want the refund again, or order refunded", err)
+		if !errors.Is(err, sale.ErrOrderRefunded) && (err != nil || res.Order == nil || res.Order.ID != o.id || res.Order.RefundedAt.IsZero()) {
+			m.fail("got %+v, %v; want the refund again, or order refunded", res, err)
 		}
 	case err != nil:
 		m.fail("refused: %v", err)
@@ -618,13 +624,19 @@ func (m *model) transfer(n int) {
 		}
 		return
 	case o.refunded:
-		if !errors.Is(err, sale.ErrOrderRefunded) && !errors.Is(err, sale.ErrInCart) {
+		// A cart's line says so first.
+		if !errors.Is(err, sale.ErrOrderRefunded) && (o.cart == nil || !errors.Is(err, sale.ErrInCart)) {
 			m.fail("got %+v, %v; want order refunded", res, err)
 		}
 		return
+	case q > o.q && q <= o.q+o.resoldUnits:
+		if !errors.Is(err, sale.ErrOrderResold) {
+			m.fail("got %+v, %v; want more than stands refused as resold", res, err)
+		}
+		return
 	case q > o.q:
-		if err == nil || errors.Is(err, sale.ErrUnavailable) {
-			m.fail("got %+v, %v; want more than the order refused", res, err)
+		if !errors.Is(err, sale.ErrInvalid) {
+			m.fail("got %+v, %v; want more than the order refused as invalid", res, err)
 		}
 		return
 	case err != nil:
@@ -771,8 +783,8 @@ func (m *model) cartEnd(n int) {
 				m.fail("got %+v, %v; want hold cancelled", res, err)
 			}
 		default:
-			if err == nil {
-				m.fail("got %+v; want a bought cart's confirm refused", res)
+			if !errors.Is(err, sale.ErrHoldConfirmed) {
+				m.fail("got %+v, %v; want a bought cart's confirm refused as confirmed", res, err)
 			}
 		}
 	case w == 1:
@@ -792,12 +804,12 @@ func (m *model) cartEnd(n int) {
 				m.fail("got %+v, %v; want hold confirmed", res, err)
 			}
 		case "cancelled":
-			if err != nil && !errors.Is(err, sale.ErrHoldCancelled) {
-				m.fail("got %v; want the cancel again, or hold cancelled", err)
+			if !errors.Is(err, sale.ErrHoldCancelled) && (err != nil || res.Cart == nil || res.Cart.ID != c.id) {
+				m.fail("got %+v, %v; want the cancel again, or hold cancelled", res, err)
 			}
 		default:
-			if err == nil {
-				m.fail("got %+v; want a bought cart's cancel refused", res)
+			if !errors.Is(err, sale.ErrHoldConfirmed) {
+				m.fail("got %+v, %v; want a bought cart's cancel refused as confirmed", res, err)
 			}
 		}
 	default:

@@ -148,17 +148,14 @@ func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64) answe
 	if keep == 0 {
 		keep = h.Quantity
 	}
-	// Paid (or refused) before, the hold answers that, whatever is named,
-	// as past the window and as a confirm of a confirmed hold do: more
-	// than the hold was 422 here and 409 there (helper-101).
+	if keep > h.Quantity {
+		return fail(refuse(ErrInvalid, "quantity is more than the hold has"))
+	}
 	switch a, ok, err := s.paidLate(ctx, h); {
 	case err != nil:
 		return ansUnavailable
 	case ok:
 		return s.sameQuantity(ctx, a, named)
-	}
-	if keep > h.Quantity {
-		return fail(refuse(ErrInvalid, "quantity is more than the hold has"))
 	}
 	// The key is derived (keys.Derived): no client's Idempotency-Key can
 	// take it, so a buyer's own request can never block the late payment.

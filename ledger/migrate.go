@@ -64,18 +64,19 @@ var thisBuild = schemaSteps{
 		{version: 8, name: "room sold-out share", up: (*Ledger).soldOutShareUp, down: (*Ledger).soldOutShareDown},
 		{version: 9, name: "event trace context", up: (*Ledger).eventTraceUp, down: (*Ledger).eventTraceDown},
 		{version: 10, name: "admission spends of committed requests", up: (*Ledger).spendBeforeUp, down: (*Ledger).spendBeforeDown},
+		{version: 11, name: "listing since", up: (*Ledger).listingSinceUp, down: (*Ledger).listingSinceDown},
 	},
 	// Resale's tables are read by every refund and transfer, the channels'
 	// by the report, an order's units (step 6) by every order read, resale
 	// settle and refund, a room's proof of work (step 7) and sold-out share
 	// (step 8) by every read of a waiting room, an event's trace context
 	// (step 9) by every event written, an admission spend's mark of a
-	// request committed before it (step 10) by every spend: this build
-	// needs step 10.
+	// request committed before it (step 10) by every spend, a listing's
+	// since (step 11) by every list and settle: this build needs step 11.
 	// The chart's
 	// pre-install/pre-upgrade Job (or serve with migrate on) runs them
 	// before this build serves; see docs/RUNBOOK.md.
-	minimum: 10,
+	minimum: 11,
 }
 
 func (s schemaSteps) latest() int64 { return s.steps[len(s.steps)-1].version }
@@ -484,6 +485,28 @@ func (l *Ledger) spendBeforeUp(ctx context.Context, tx *sql.Tx) error {
 
 func (l *Ledger) spendBeforeDown(ctx context.Context, tx *sql.Tx) error {
 	_, err := tx.ExecContext(ctx, `ALTER TABLE queue_spends DROP COLUMN request_before`)
+	return err
+}
+
+// listingSinceUp adds where in the event sequence each listing began
+// (the newest seq when it was made: the sales above it could take its
+// units) and, for a hold live when a listing began, that listing's since
+// (its confirm took none of that listing's units, nor a later one's). A
+// settle gave a listing the sales made before it (helper-102). Listings
+// and holds from before have 0: as builds before settled them, every sale
+// after the SKU's mark is theirs, and a hold recorded then took no listed
+// unit (an expand step: older builds never read them).
+func (l *Ledger) listingSinceUp(ctx context.Context, tx *sql.Tx) error {
+	for _, table := range []string{"listings", "resale_prior_holds"} {
+		if err := l.addColumn(ctx, tx, table, "since_seq", "BIGINT NOT NULL DEFAULT 0"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (l *Ledger) listingSinceDown(ctx context.Context, tx *sql.Tx) error {
+	_, err := tx.ExecContext(ctx, `ALTER TABLE listings DROP COLUMN since_seq; ALTER TABLE resale_prior_holds DROP COLUMN since_seq`)
 	return err
 }
 

@@ -5,8 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"math"
-	"sync"
 	"time"
 
 	"github.com/stockgate/stockgate/keys"
@@ -23,9 +21,10 @@ import (
 // whose units it took: total - sold - held is what is free either way.
 // Which sales took listed units is settled afterwards (Settle): of the
 // units sold since the settle before (the order.created and
-// hold.confirmed events of the SKU), a SKU whose resale is "first" gives
-// every one to its listings, oldest first; "alongside" gives them the
-// share listed / (listed + public stock left). Each unit settled leaves
+// hold.confirmed events of the SKU), each of which can have taken only
+// the units of listings begun before it, a SKU whose resale is "first"
+// gives every one to its listings, oldest first; "alongside" gives them
+// the share listed / (listed + public stock left). Each unit settled leaves
 // total, sold and listed, the listing and the seller's order in one
 // transaction, with a listing.sold event to refund the seller by. So a
 // seller is refunded only for units a buyer's committed sale took, each
@@ -175,23 +174,22 @@ func (l *Ledger) list(ctx context.Context, orderID, seller keys.ID, q int64, req
 		return Listing{}, err
 	}
 	x := Listing{ID: NewIDOf(o.SKU), SKU: o.SKU, OrderID: o.ID, Seller: seller, Quantity: q, State: Listed, CreatedAt: now}
-	if skuListed == 0 {
-		// The holds live now took public stock before any listing: their
-		// confirms later are no resales (settleIn).
-		if _, err := tx.ExecContext(ctx, `DELETE FROM resale_prior_holds WHERE program = $1 AND ticket = $2`, o.SKU.Program, o.SKU.Ticket); err != nil {
-			return Listing{}, notCommitted("list: prior holds", err)
-		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO resale_prior_holds (hold_id, program, ticket)
-			SELECT id, program, ticket FROM holds WHERE program = $1 AND ticket = $2 AND state = $3`, o.SKU.Program, o.SKU.Ticket, Held); err != nil {
-			return Listing{}, notCommitted("list: prior holds", err)
-		}
+	// The listing begins at the newest event (the SKU's sales wait on its
+	// row, locked above): the sales after it may take its units, none
+	// before (settleIn).
+	var since int64
+	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(seq), 0) FROM events`).Scan(&since); err != nil {
+		return Listing{}, notCommitted("list: since", err)
 	}
-	// The settle mark starts at the newest event when the SKU had nothing
-	// listed: sales before the listing are not resales.
+	if err := priorHolds(ctx, tx, o.SKU, since, skuListed == 0); err != nil {
+		return Listing{}, err
+	}
+	// The settle mark starts at the listing when the SKU had nothing
+	// listed: sales before it are not resales.
 	if _, err := tx.ExecContext(ctx, `UPDATE skus SET total = total + $3, listed = listed + $3, version = version + 1, updated_at = $4,
-		resale_seq = CASE WHEN listed = 0 THEN COALESCE((SELECT MAX(seq) FROM events), 0) ELSE resale_seq END,
+		resale_seq = CASE WHEN listed = 0 THEN $5 ELSE resale_seq END,
 		resale_carry = CASE WHEN listed = 0 THEN 0 ELSE resale_carry END
-		WHERE program = $1 AND ticket = $2`, o.SKU.Program, o.SKU.Ticket, q, now.UnixMilli()); err != nil {
+		WHERE program = $1 AND ticket = $2`, o.SKU.Program, o.SKU.Ticket, q, now.UnixMilli(), since); err != nil {
 		return Listing{}, notCommitted("list: sku", err)
 	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO order_listings (order_id, listed) VALUES ($1, $2)
@@ -201,8 +199,8 @@ func (l *Ledger) list(ctx context.Context, orderID, seller keys.ID, q int64, req
 	// Redis is owed the units, at the gate of this epoch (a gate rebuilt
 	// later counts them from the row's total).
 	if _, err := tx.ExecContext(ctx, `INSERT INTO listings (id, program, ticket, order_id, seller, quantity, state, created_at,
-		restore_pending, restore_epoch, restore_shards) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
-		x.ID, o.SKU.Program, o.SKU.Ticket, o.ID, seller, q, Listed, now.UnixMilli(), owedUnits, epoch, shards); err != nil {
+		restore_pending, restore_epoch, restore_shards, since_seq) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
+		x.ID, o.SKU.Program, o.SKU.Ticket, o.ID, seller, q, Listed, now.UnixMilli(), owedUnits, epoch, shards, since); err != nil {
 		return Listing{}, notCommitted("list", err)
 	}
 	if err := emit(ctx, tx, now, Event{Type: EventListingCreated, SKU: o.SKU, Subject: x.ID, Order: o.ID, Buyer: seller, Quantity: q}); err != nil {
@@ -215,6 +213,26 @@ func (l *Ledger) list(ctx context.Context, orderID, seller keys.ID, q int64, req
 		return Listing{}, fmt.Errorf("ledger: list: commit: %w", err)
 	}
 	return x, nil
+}
+
+// priorHolds records, in tx, the holds of sku held now as held when a
+// listing began at since (the first listing begun while each was held
+// stays: ON CONFLICT keeps it). A hold's units were taken before: its
+// confirm later sells none of this listing's, nor a later one's
+// (settleIn). first (the SKU had nothing listed) clears those of the
+// listings before, all ended.
+func priorHolds(ctx context.Context, tx *sql.Tx, sku stock.SKU, since int64, first bool) error {
+	if first {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM resale_prior_holds WHERE program = $1 AND ticket = $2`, sku.Program, sku.Ticket); err != nil {
+			return notCommitted("list: prior holds", err)
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO resale_prior_holds (hold_id, program, ticket, since_seq)
+		SELECT id, program, ticket, $4 FROM holds WHERE program = $1 AND ticket = $2 AND state = $3
+		ON CONFLICT (hold_id) DO NOTHING`, sku.Program, sku.Ticket, Held, since); err != nil {
+		return notCommitted("list: prior holds", err)
+	}
+	return nil
 }
 
 // listRefusal is why order o (locked, listed units already on sale)
@@ -412,280 +430,6 @@ func orderListed(ctx context.Context, tx *sql.Tx, orderID keys.ID) (int64, error
 // moment. A settle counts the sales below the first one inside the
 // horizon, never one above it (the mark would pass it by).
 const ResaleHorizon = 2 * time.Second
-
-// SettleDue settles the sales of up to limit SKUs with units listed (see
-// the top of this file), and returns the listings' sales it settled. The
-// SKUs are taken in turn, each call going on from where the one before
-// stopped: by last change, the SKUs with nothing to settle (a quiet
-// listing leaves its row as it was) stayed first in line, and more of
-// them than a call takes held up every other SKU's settles for good
-// (helper-65).
-func (l *Ledger) SettleDue(ctx context.Context, limit int) ([]Event, error) {
-	skus, err := l.settled.next(ctx, l.db, limit)
-	if err != nil {
-		return nil, err
-	}
-	// A SKU that fails does not hold up the others behind it.
-	var out []Event
-	var errs []error
-	for _, sku := range skus {
-		got, err := retried(func() ([]Event, error) { return l.settle(ctx, sku) })
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", sku, err))
-			continue
-		}
-		out = append(out, got...)
-	}
-	return out, errors.Join(errs...)
-}
-
-// settleCursor is the SKU a round of SettleDue calls last took (zero: the
-// round starts over).
-type settleCursor struct {
-	mu    sync.Mutex
-	after stock.SKU
-}
-
-// next is the next up to limit SKUs with units listed, after c's in the
-// order of their keys and then from the first, and moves c past them.
-func (c *settleCursor) next(ctx context.Context, db *sql.DB, limit int) ([]stock.SKU, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	skus, err := listedSKUs(ctx, db, `AND (program > $2 OR program = $2 AND ticket > $3)`, limit, c.after)
-	if err != nil {
-		return nil, err
-	}
-	if len(skus) < limit && !c.after.Program.IsZero() {
-		// Round the end: the first ones again, up to where this call began.
-		first, err := listedSKUs(ctx, db, `AND (program < $2 OR program = $2 AND ticket <= $3)`, limit-len(skus), c.after)
-		if err != nil {
-			return nil, err
-		}
-		skus = append(skus, first...)
-	}
-	c.after = stock.SKU{}
-	if len(skus) > 0 {
-		c.after = skus[len(skus)-1]
-	}
-	return skus, nil
-}
-
-// listedSKUs is up to limit SKUs with units listed, in key order, that
-// also meet where (of $2, $3: from's program and ticket).
-func listedSKUs(ctx context.Context, db *sql.DB, where string, limit int, from stock.SKU) ([]stock.SKU, error) {
-	rows, err := db.QueryContext(ctx, `SELECT program, ticket FROM skus WHERE listed > 0 `+where+` ORDER BY program, ticket LIMIT $1`,
-		limit, from.Program.String(), from.Ticket.String())
-	if err != nil {
-		return nil, fmt.Errorf("ledger: listed skus: %w", err)
-	}
-	defer rows.Close()
-	var skus []stock.SKU
-	for rows.Next() {
-		var s stock.SKU
-		if err := rows.Scan(&s.Program, &s.Ticket); err != nil {
-			return nil, fmt.Errorf("ledger: listed skus: %w", err)
-		}
-		skus = append(skus, s)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("ledger: listed skus: %w", err)
-	}
-	return skus, nil
-}
-
-// Settle settles sku's sales to its listings now, as SettleDue does for
-// every SKU with units listed, and returns the listings' sales it settled.
-func (l *Ledger) Settle(ctx context.Context, sku stock.SKU) ([]Event, error) {
-	return retried(func() ([]Event, error) { return l.settle(ctx, sku) })
-}
-
-func (l *Ledger) settle(ctx context.Context, sku stock.SKU) (_ []Event, err error) {
-	defer l.observe("settle", time.Now(), &err)
-	now := l.now().UTC().Truncate(time.Millisecond)
-	tx, err := l.db.BeginTx(ctx, nil)
-	if err != nil {
-		return nil, notCommitted("settle: begin", err)
-	}
-	defer tx.Rollback()
-	// Committed even when no listing sold: the mark (and an alongside
-	// share's fraction) moves past the sales counted.
-	events, err := l.settleIn(ctx, tx, sku, now)
-	if err != nil {
-		return nil, err
-	}
-	if err := tx.Commit(); err != nil {
-		return nil, fmt.Errorf("ledger: settle: commit: %w", err)
-	}
-	return events, nil
-}
-
-// settleIn settles sku's sales to its listings inside tx (its SKU row
-// locked first): the units the SKU sold since its mark, older than
-// ResaleHorizon, go to the open listings oldest first, as its resale mode
-// says; each leaves total, sold and listed, and its seller's order.
-func (l *Ledger) settleIn(ctx context.Context, tx *sql.Tx, sku stock.SKU, now time.Time) ([]Event, error) {
-	var total, sold, held, listed, mark, carry int64
-	var mode string
-	err := tx.QueryRowContext(ctx, `SELECT total, sold, held, listed, resale_seq, resale, resale_carry FROM skus WHERE program = $1 AND ticket = $2`+l.forUpdate(),
-		sku.Program, sku.Ticket).Scan(&total, &sold, &held, &listed, &mark, &mode, &carry)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, ErrNotFound
-	}
-	if err != nil {
-		return nil, notCommitted("settle: sku", err)
-	}
-	if listed == 0 {
-		return nil, nil
-	}
-	// A hold's confirm is a sale of the listings only when the hold was
-	// taken while they were listed: one taken before took public stock.
-	// Only the sales below the first one inside the horizon count: seq
-	// and created_at (each replica's clock, taken before the commit) are
-	// not in the same order, and the mark moves past every sale counted.
-	var units, last int64
-	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(SUM(CASE WHEN type = $3 OR NOT EXISTS (SELECT 1 FROM resale_prior_holds p
-		WHERE p.hold_id = events.subject) THEN quantity ELSE 0 END), 0), COALESCE(MAX(seq), $4) FROM events
-		WHERE program = $1 AND ticket = $2 AND seq > $4 AND type IN ($3, $6) AND seq < COALESCE((SELECT MIN(n.seq) FROM events n
-			WHERE n.program = $1 AND n.ticket = $2 AND n.seq > $4 AND n.type IN ($3, $6) AND n.created_at > $5), $7)`,
-		sku.Program, sku.Ticket, EventOrderCreated, mark, now.Add(-ResaleHorizon).UnixMilli(), EventHoldConfirmed, int64(math.MaxInt64)).Scan(&units, &last); err != nil {
-		return nil, notCommitted("settle: sales", err)
-	}
-	// What was for sale before those sales leaves out the units of holds
-	// taken before the listings: their confirms are never counted above,
-	// so counted in the share's whole they shrank it for good (an
-	// "alongside" listing whose units a buyer took was never settled,
-	// helper-65).
-	var prior int64
-	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(SUM(h.quantity), 0) FROM resale_prior_holds p JOIN holds h ON h.id = p.hold_id
-		WHERE p.program = $1 AND p.ticket = $2 AND h.state = $3`, sku.Program, sku.Ticket, Held).Scan(&prior); err != nil {
-		return nil, notCommitted("settle: prior holds", err)
-	}
-	n, carry := resold(mode, units, listed, total-sold+units-prior, carry)
-	// The listed units left unsold must be somewhere: in the free stock,
-	// in a hold taken since the listings, or taken by a sale not counted
-	// yet (inside the horizon). Those that are nowhere were sold: a
-	// share's rounding, or a listing stuck by an older settle, never
-	// leaves them listed (withdraw needs them free, so it refused them
-	// for good).
-	if free := total - sold - held; listed-n > free {
-		recent, err := recentSales(ctx, tx, sku, last)
-		if err != nil {
-			return nil, err
-		}
-		heldSince := held - prior
-		if least := min(listed, listed-free-heldSince-recent); least > n {
-			n, carry = least, 0
-		}
-	}
-	if n == 0 && last == mark {
-		return nil, nil
-	}
-	rows, err := tx.QueryContext(ctx, selectListing+` WHERE program = $1 AND ticket = $2 AND state = $3 ORDER BY created_at, id`,
-		sku.Program, sku.Ticket, Listed)
-	if err != nil {
-		return nil, notCommitted("settle: listings", err)
-	}
-	var open []Listing
-	for rows.Next() {
-		x, err := scanListing(rows)
-		if err != nil {
-			rows.Close()
-			return nil, notCommitted("settle: listings", err)
-		}
-		open = append(open, x)
-	}
-	rows.Close()
-	var events []Event
-	var done int64
-	for _, x := range open {
-		y := min(n-done, x.Quantity-x.Sold)
-		if y <= 0 {
-			break
-		}
-		done += y
-		state, ended := Listed, int64(0)
-		if x.Sold+y == x.Quantity {
-			state, ended = Sold, now.UnixMilli()
-		}
-		if _, err := tx.ExecContext(ctx, `UPDATE listings SET sold = sold + $2, state = $3, ended_at = $4 WHERE id = $1`,
-			x.ID, y, state, ended); err != nil {
-			return nil, notCommitted("settle: listing", err)
-		}
-		// An order keeps at least one ticket (quantity > 0): one whose
-		// every ticket is resold is given up whole, as refunded (its
-		// listing.sold events are the refund; no stock comes back).
-		if _, err := tx.ExecContext(ctx, `UPDATE orders SET quantity = CASE WHEN quantity > $2 THEN quantity - $2 ELSE quantity END,
-			refunded_at = CASE WHEN quantity > $2 THEN refunded_at ELSE $3 END WHERE id = $1`, x.OrderID, y, now.UnixMilli()); err != nil {
-			return nil, notCommitted("settle: order", err)
-		}
-		// The order's units: y leave listed for resold; an order given up
-		// whole is resold out, so its refunded_at is told as no refund.
-		if _, err := tx.ExecContext(ctx, `UPDATE order_listings SET listed = listed - $2, resold = resold + $2,
-			resold_out = CASE WHEN (SELECT refunded_at FROM orders WHERE id = $1) > 0 THEN 1 ELSE resold_out END
-			WHERE order_id = $1`, x.OrderID, y); err != nil {
-			return nil, notCommitted("settle: order", err)
-		}
-		if err := uncountBuyer(ctx, tx, sku, x.Seller, y); err != nil {
-			return nil, err
-		}
-		events = append(events, Event{Type: EventListingSold, SKU: sku, Subject: x.ID, Order: x.OrderID, Buyer: x.Seller, Quantity: y})
-	}
-	if _, err := tx.ExecContext(ctx, `UPDATE skus SET total = total - $3, sold = sold - $3, listed = listed - $3, resale_seq = $4,
-		resale_carry = $6, version = version + 1, updated_at = $5 WHERE program = $1 AND ticket = $2`,
-		sku.Program, sku.Ticket, done, last, now.UnixMilli(), carry); err != nil {
-		return nil, notCommitted("settle: sku", err)
-	}
-	if err := emit(ctx, tx, now, events...); err != nil {
-		return nil, err
-	}
-	return events, nil
-}
-
-// recentSales is the units of sku's sales above seq after (inside the
-// horizon, not counted yet), read in tx (which holds the SKU row); a
-// confirm of a hold taken before the listings is none.
-func recentSales(ctx context.Context, tx *sql.Tx, sku stock.SKU, after int64) (int64, error) {
-	var recent int64
-	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(SUM(quantity), 0) FROM events WHERE program = $1 AND ticket = $2 AND seq > $3
-		AND (type = $4 OR type = $5 AND NOT EXISTS (SELECT 1 FROM resale_prior_holds p WHERE p.hold_id = events.subject))`,
-		sku.Program, sku.Ticket, after, EventOrderCreated, EventHoldConfirmed).Scan(&recent); err != nil {
-		return 0, notCommitted("settle: recent sales", err)
-	}
-	return recent, nil
-}
-
-// resold is how many of units sold go to listings of listed units, free
-// being what was for sale before those sales (the listed units with the
-// public stock, holds included): "first" all of them; "alongside" their
-// share listed / free in whole units, the fraction left over (carry, in
-// carryUnit parts of a unit) added to the next settle's share, so that
-// settles of a sale or two each add up as one settle of them all would.
-// Never more than is listed. No sale counted keeps the fraction as it
-// was: a settle that counted only the confirm of a hold from before the
-// listings threw it away, and the listing sold later than its share.
-func resold(mode string, units, listed, free, carry int64) (n, left int64) {
-	if units <= 0 {
-		return 0, carry
-	}
-	most := min(units, listed)
-	if mode != ResaleAlongside || free <= 0 {
-		return most, 0
-	}
-	share := float64(units)*float64(listed)/float64(free) + float64(carry)/carryUnit
-	n = int64(share)
-	left = int64(math.Round((share - float64(n)) * carryUnit))
-	if left >= carryUnit {
-		n, left = n+1, left-carryUnit
-	}
-	if n >= most {
-		return most, 0
-	}
-	return n, left
-}
-
-// carryUnit is the parts of a unit an alongside share's fraction is kept
-// in between settles.
-const carryUnit = 1_000_000
 
 // ValidResale reports a resale mode a SKU takes ("" keeps the current).
 func ValidResale(mode string) bool {

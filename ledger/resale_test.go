@@ -193,37 +193,9 @@ func TestSettleOfNoSaleKeepsTheShareCarried(t *testing.T) {
 func TestWithdrawalTakesItsPartOfTheCarry(t *testing.T) {
 	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
 		ctx := context.Background()
-		sku := stock.SKU{Program: keys.MustID(fmt.Sprintf("wcarry%d", time.Now().UnixNano())), Ticket: keys.MustID("t")}
-		if _, err := l.PutSKU(ctx, ledger.SKUConfig{SKU: sku, Total: 20, Shards: 1, MaxPerOrder: 4, Resale: ledger.ResaleAlongside}); err != nil {
-			t.Fatal(err)
-		}
-		buy := func(buyer string, q int64) ledger.Order {
-			t.Helper()
-			k := keys.MustID(fmt.Sprintf("%s-%d", buyer, time.Now().UnixNano()))
-			o, err := l.Purchase(ctx, ledger.Order{IdempotencyKey: k, SKU: sku, Buyer: keys.MustID(buyer), Quantity: q,
-				Req: ledger.Request{Scope: keys.MustID(buyer), Key: k, Fingerprint: "fp", Op: ledger.OpPurchase}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return o
-		}
-		list := func(o ledger.Order, q int64) ledger.Listing {
-			t.Helper()
-			x, err := l.List(ctx, o.ID, o.Buyer, q, req(o.Buyer.String(), "list-"+o.Buyer.String(), "fp", ledger.OpResale))
-			if err != nil {
-				t.Fatal(err)
-			}
-			return x
-		}
-		settled := func() []ledger.Event {
-			t.Helper()
-			c.advance(2 * ledger.ResaleHorizon)
-			sold, err := l.Settle(ctx, sku)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return sold
-		}
+		r := newResaleRig(t, l, c, "wcarry", ledger.ResaleAlongside, 20)
+		sku := r.sku
+		buy, list, settled := r.buy, r.list, r.settled
 		carried := func() int64 { t.Helper(); return carriedOf(t, l, sku) }
 		samOrder, tomOrder := buy("sam", 1), buy("tom", 4)
 		sam, tom := list(samOrder, 1), list(tomOrder, 4)
@@ -262,4 +234,141 @@ func carriedOf(t *testing.T, l *ledger.Ledger, sku stock.SKU) int64 {
 		t.Fatal(err)
 	}
 	return v
+}
+
+// resaleRig is a SKU of a resale test and its moves on the ledger's clock.
+type resaleRig struct {
+	t   *testing.T
+	l   *ledger.Ledger
+	c   *clock
+	sku stock.SKU
+}
+
+// newResaleRig makes a SKU of total units (name, made unique, its
+// program) whose resale is mode.
+func newResaleRig(t *testing.T, l *ledger.Ledger, c *clock, name, mode string, total int64) *resaleRig {
+	t.Helper()
+	sku := stock.SKU{Program: keys.MustID(fmt.Sprintf("%s%d", name, time.Now().UnixNano())), Ticket: keys.MustID("t")}
+	if _, err := l.PutSKU(context.Background(), ledger.SKUConfig{SKU: sku, Total: total, Shards: 1, MaxPerOrder: 4, Resale: mode}); err != nil {
+		t.Fatal(err)
+	}
+	return &resaleRig{t: t, l: l, c: c, sku: sku}
+}
+
+// buy commits buyer's purchase of q units.
+func (r *resaleRig) buy(buyer string, q int64) ledger.Order {
+	r.t.Helper()
+	k := keys.MustID(fmt.Sprintf("%s-%d", buyer, time.Now().UnixNano()))
+	o, err := r.l.Purchase(context.Background(), ledger.Order{IdempotencyKey: k, SKU: r.sku, Buyer: keys.MustID(buyer), Quantity: q,
+		Req: ledger.Request{Scope: keys.MustID(buyer), Key: k, Fingerprint: "fp", Op: ledger.OpPurchase}})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return o
+}
+
+// hold holds q units for buyer for an hour, under key.
+func (r *resaleRig) hold(key, buyer string, q int64) ledger.Hold {
+	r.t.Helper()
+	h := hold(key, buyer, q, r.c.now().Add(time.Hour))
+	h.SKU = r.sku
+	got, err := r.l.Hold(context.Background(), h, -1)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return got
+}
+
+// list lists q units of order o.
+func (r *resaleRig) list(o ledger.Order, q int64) ledger.Listing {
+	r.t.Helper()
+	x, err := r.l.List(context.Background(), o.ID, o.Buyer, q, req(o.Buyer.String(), "list-"+o.ID.String(), "fp", ledger.OpResale))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return x
+}
+
+// settled moves the clock past the horizon and settles the SKU.
+func (r *resaleRig) settled() []ledger.Event {
+	r.t.Helper()
+	r.c.advance(2 * ledger.ResaleHorizon)
+	sold, err := r.l.Settle(context.Background(), r.sku)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return sold
+}
+
+// sold is how many of x's units the ledger has settled as sold.
+func (r *resaleRig) sold(x ledger.Listing) int64 {
+	r.t.Helper()
+	got, err := r.l.ListingByID(context.Background(), x.ID)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return got.Sold
+}
+
+// A listing begun beside another takes none of the sales made before it
+// began: they took the public stock, and the older listing's. The next
+// settle gave them to the listings oldest first, the new one included
+// (helper-102: sam 1 listed, 5 public sales, tom 4 listed within the
+// horizon; tom was refunded for 4 tickets nobody bought from him). The
+// same for a hold held when tom's listing began, confirmed after.
+func TestASecondListingTakesNoSaleBeforeIt(t *testing.T) {
+	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
+		ctx := context.Background()
+		r := newResaleRig(t, l, c, "second", ledger.ResaleFirst, 20)
+		sku := r.sku
+		samOrder, tomOrder := r.buy("sam", 1), r.buy("tom", 4)
+		sam := r.list(samOrder, 1)
+		for range 5 {
+			r.buy("pub", 1)
+		}
+		between := r.hold("h-between", "bob", 2)
+		tom := r.list(tomOrder, 4)
+		if _, err := l.Confirm(ctx, between.ID, between.Buyer, req("bob", "c-between", "fp", ledger.OpConfirm)); err != nil {
+			t.Fatal(err)
+		}
+		r.settled()
+		if got, gotTom := r.sold(sam), r.sold(tom); got != 1 || gotTom != 0 {
+			t.Fatalf("sam's listing sold %d, tom's %d; want 1 and 0: every sale so far was made before tom's began", got, gotTom)
+		}
+		// A sale after tom's began is his.
+		r.buy("pub", 2)
+		r.settled()
+		if got := r.sold(tom); got != 2 {
+			t.Errorf("tom's listing sold %d after 2 more sales; want 2", got)
+		}
+		if st, err := l.SKU(ctx, sku); err != nil || st.Listed != 2 || st.Total != 20+5-1-2 {
+			t.Errorf("SKU row %+v (%v): want 2 listed, total %d", st, err, 20+5-1-2)
+		}
+	})
+}
+
+// One settle leaves nothing for the next to find. Dan's unit, listed
+// after bob's hold was taken and then bought by the only sale since (it
+// was the one free unit), is nowhere once sam's listing takes that sale's
+// share: bob's hold was taken before dan's listing began. The settle
+// looked for it beside sam's listing, where bob's hold might have held
+// sam's unit, and left it; the next settle, sam's listing sold out,
+// found it (the unit model).
+func TestOneSettleLeavesNothingForTheNext(t *testing.T) {
+	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
+		r := newResaleRig(t, l, c, "next", ledger.ResaleAlongside, 6)
+		samOrder, danOrder := r.buy("sam", 1), r.buy("dan", 1)
+		sam := r.list(samOrder, 1)
+		r.hold("h-bob", "bob", 2)
+		r.buy("pub", 3)
+		dan := r.list(danOrder, 1)
+		r.buy("cat", 1) // the one unit free: dan's
+		r.settled()
+		if got, gotDan := r.sold(sam), r.sold(dan); got != 1 || gotDan != 1 {
+			t.Fatalf("sam's listing sold %d, dan's %d; want both: dan's unit is neither free nor in a hold that began after it", got, gotDan)
+		}
+		if again := r.settled(); len(again) != 0 {
+			t.Errorf("the next settle, with no sale since, settled %+v", again)
+		}
+	})
 }

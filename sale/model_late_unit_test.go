@@ -113,7 +113,7 @@ func (m *model) paidLate(h *modelHold, keep int64, res sale.Result, err error) {
 	default:
 		h.late, h.lateOrder, h.lateKept = "paid", res.Order.ID, keep
 		s.remaining -= keep
-		s.sales += keep // a purchase's order
+		m.sold(h.sku, keep, nil) // a purchase's order
 		m.orders = append(m.orders, &modelOrder{id: res.Order.ID, sku: h.sku, buyer: h.buyer, q: keep})
 		m.count["late"]++
 	}

@@ -13,8 +13,9 @@ import (
 // Resale in the unit model (TestServiceAgainstAModel): a buyer lists some
 // of an order's units, which go back on sale at once; a settle gives the
 // units sold since the one before (purchases, a cart's lines, confirms of
-// holds taken while the SKU had listings) to its listings oldest first
-// (a SKU's resale is "first" unless configured), each unit leaving the
+// holds taken while the SKU had listings) to its listings oldest first,
+// each sale only to those begun before it (a SKU's resale is "first"
+// unless configured), each unit leaving the
 // SKU's total and sold and the seller's order ("alongside", by seed: the
 // listings' share of them); a withdrawal settles
 // first, then takes a listing's unsold units back off sale while the free
@@ -28,6 +29,24 @@ type modelListing struct {
 	q      int64
 	sold   int64
 	state  string // listed, sold, withdrawn
+	since  int64  // the model's seq when it began: later sales may take its units
+}
+
+// modelSale is units sold at key: it may have taken the units of the
+// listings begun before (since < key).
+type modelSale struct{ key, units int64 }
+
+// sold counts q units sold of SKU i, now; h is the hold confirmed, if
+// any: held when a listing began, it took that listing's units (and any
+// later one's) no more than a sale before it would have.
+func (m *model) sold(i int, q int64, h *modelHold) {
+	m.seq++
+	key := m.seq
+	if h != nil && h.prior {
+		key = min(key, h.priorSince)
+	}
+	s := &m.skus[i]
+	s.sales = append(s.sales, modelSale{key: key, units: q})
 }
 
 // modelListRequest is a listing made, for retries under its key.
@@ -97,18 +116,26 @@ func (m *model) list(n int) {
 	if s.listed == 0 {
 		// The first listing: sales before it are not resales, and the
 		// holds held now took public stock.
-		s.sales, s.carry = 0, 0
+		s.sales, s.carry = nil, 0
 		for _, h := range m.holds {
 			if h.sku == o.sku {
-				h.prior = h.state == "held"
+				h.prior = false
 			}
+		}
+	}
+	// The listing begins after every sale so far and after every other
+	// listing (its event has a seq of its own).
+	m.seq++
+	for _, h := range m.holds {
+		if h.sku == o.sku && h.state == "held" && !h.prior {
+			h.prior, h.priorSince = true, m.seq
 		}
 	}
 	s.total += q
 	s.remaining += q
 	s.listed += q
 	o.listed += q
-	m.listings = append(m.listings, &modelListing{id: res.Listing.ID, order: o, seller: a.Buyer, q: q, state: "listed"})
+	m.listings = append(m.listings, &modelListing{id: res.Listing.ID, order: o, seller: a.Buyer, q: q, state: "listed", since: m.seq})
 	m.lists = append(m.lists, modelListRequest{o: o, ask: a, q: q, id: res.Listing.ID})
 	m.count["listed"]++
 }
@@ -157,7 +184,7 @@ func (m *model) withdraw(n int) {
 		a.Buyer = otherBuyer(x.seller, m.rnd)
 	}
 	s := &m.skus[x.order.sku]
-	m.where = fmt.Sprintf("step %d: withdrawal of a %s listing of %d (sold %d, owner %v, %d left, %d sold since the settle before)",
+	m.where = fmt.Sprintf("step %d: withdrawal of a %s listing of %d (sold %d, owner %v, %d left, sold since the settle before %v)",
 		n, x.state, x.q, x.sold, owner, s.remaining, s.sales)
 	res, err := m.svc.WithdrawListing(m.ctx, x.id, a)
 	if !owner {
@@ -210,42 +237,96 @@ func (m *model) settle(n int) {
 }
 
 // settled is what a settle of SKU i does: the units sold since the one
-// before go to its listings, oldest first, up to what they have unsold
-// (at least what the free and newly held stock no longer has); each
-// leaves the SKU's total and sold, the listing, and the seller's order,
-// whose last unit resold ends it as resold.
+// before go to its listings begun before each sale, oldest first, up to
+// what they have unsold (and at least what the free and newly held stock
+// no longer has); each leaves the SKU's total and sold, the listing, and
+// the seller's order, whose last unit resold ends it as resold.
 func (m *model) settled(i int) {
 	s := &m.skus[i]
-	if s.listed == 0 {
+	var open []*modelListing
+	for _, x := range m.listings {
+		if x.order.sku == i && x.state == "listed" {
+			open = append(open, x)
+		}
+	}
+	if s.listed == 0 || len(open) == 0 {
 		return
 	}
-	var prior int64 // held by holds from before the listings
-	for _, h := range m.holds {
-		if h.sku == i && h.state == "held" && h.prior {
-			prior += h.q
+	prior := m.priorHeld(i, open[0].since)
+	// Each sale goes to the listings begun before it: the sales grouped
+	// by how many of the open listings (oldest first) that is.
+	got := make([]int64, len(open))
+	units := make([]int64, len(open)+1)
+	var later int64 // units sold in this group and after it
+	for _, sl := range s.sales {
+		c := 0
+		for c < len(open) && open[c].since < sl.key {
+			c++
 		}
+		units[c] += sl.units
+		later += sl.units
 	}
-	n := min(s.sales, s.listed)
-	if m.resale == ledger.ResaleAlongside {
-		n = m.share(s, prior)
-	}
-	if s.listed-n > s.remaining {
-		// Units listed that are neither free, nor in a hold taken since
-		// the listings began, nor in a sale not counted yet, were sold.
-		if least := min(s.listed, s.listed-s.remaining-(s.on-prior)); least > n {
-			n, s.carry = least, 0
+	for c, u := range units {
+		var listed, notYet int64
+		for k, x := range open {
+			if k < c {
+				listed += x.q - x.sold - got[k]
+			} else {
+				notYet += x.q - x.sold
+			}
 		}
+		if c > 0 && u > 0 {
+			n := min(u, listed)
+			if m.resale == ledger.ResaleAlongside {
+				// What was for sale before this group: the free and held
+				// units now, less those of holds before every listing,
+				// with the sales of this group and after, less the
+				// listings not begun yet.
+				n = share(u, listed, s.remaining+s.on-prior+later-notYet, &s.carry)
+			}
+			for k := 0; k < c && n > 0; k++ {
+				y := min(n, open[k].q-open[k].sold-got[k])
+				got[k] += y
+				n -= y
+			}
+		}
+		later -= u
 	}
-	s.sales = 0
-	for _, x := range m.listings {
-		if n == 0 {
+	var n int64
+	for _, y := range got {
+		n += y
+	}
+	// Units listed that are neither free, nor in a hold taken since the
+	// oldest listing left unsold began, nor in a sale not counted yet,
+	// were sold: the oldest listings' first, and again from the next
+	// oldest when that sells one out.
+	for oldest := 0; s.listed-n > s.remaining; {
+		for oldest < len(open) && got[oldest] == open[oldest].q-open[oldest].sold {
+			oldest++
+		}
+		if oldest == len(open) {
 			break
 		}
-		if x.order.sku != i || x.state != "listed" {
+		least := min(s.listed, s.listed-s.remaining-(s.on-m.priorHeld(i, open[oldest].since)))
+		if least <= n {
+			break
+		}
+		for k, x := range open {
+			y := min(least-n, x.q-x.sold-got[k])
+			got[k] += y
+			n += y
+		}
+		s.carry = 0
+		if got[oldest] < open[oldest].q-open[oldest].sold {
+			break
+		}
+	}
+	s.sales = nil
+	for k, x := range open {
+		y := got[k]
+		if y == 0 {
 			continue
 		}
-		y := min(n, x.q-x.sold)
-		n -= y
 		x.sold += y
 		if x.sold == x.q {
 			x.state = "sold"
@@ -263,29 +344,37 @@ func (m *model) settled(i int) {
 	}
 }
 
-// share is an alongside settle's units of s's sales: the listings' share
-// of what was for sale before those sales (the listed and public units,
-// holds taken since the listings included), the fraction carried to the
-// next settle, never more than is listed.
-func (m *model) share(s *modelSKU, prior int64) int64 {
-	if s.sales == 0 {
-		return 0 // the fraction carried stays as it was
+// priorHeld is the units of SKU i held by holds taken before the
+// listing begun at since, and so before every later one.
+func (m *model) priorHeld(i int, since int64) int64 {
+	var prior int64
+	for _, h := range m.holds {
+		if h.sku == i && h.state == "held" && h.prior && h.priorSince <= since {
+			prior += h.q
+		}
 	}
-	most := min(s.sales, s.listed)
-	before := s.remaining + s.on + s.sales - prior
+	return prior
+}
+
+// share is an alongside settle's units of a group of sales of units:
+// the share of listed in what was for sale before them, with the fraction
+// carried from the settle before; the fraction left is carried on, none
+// when the share reaches what sold or is listed.
+func share(units, listed, before int64, carry *int64) int64 {
+	most := min(units, listed)
 	if before <= 0 {
-		s.carry = 0
+		*carry = 0
 		return most
 	}
 	const unit = 1_000_000
-	share := float64(s.sales)*float64(s.listed)/float64(before) + float64(s.carry)/unit
+	share := float64(units)*float64(listed)/float64(before) + float64(*carry)/unit
 	n := int64(share)
-	s.carry = int64(math.Round((share - float64(n)) * unit))
-	if s.carry >= unit {
-		n, s.carry = n+1, s.carry-unit
+	*carry = int64(math.Round((share - float64(n)) * unit))
+	if *carry >= unit {
+		n, *carry = n+1, *carry-unit
 	}
 	if n >= most {
-		n, s.carry = most, 0
+		n, *carry = most, 0
 	}
 	return n
 }

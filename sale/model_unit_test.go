@@ -95,6 +95,7 @@ type model struct {
 	// machine's (each step moves it past ledger.ResaleHorizon, so a
 	// settle counts every sale before it).
 	resale   string // the SKUs' resale mode, by seed
+	seq      int64  // the sales and listings so far, in order
 	listings []*modelListing
 	lists    []modelListRequest
 	ahead    *atomic.Int64
@@ -105,11 +106,12 @@ type modelSKU struct {
 	sku                  stock.SKU
 	shards               int
 	total, remaining, on int64 // on: held
-	// listed: units of open listings not sold yet; sales: units sold
+	// listed: units of open listings not sold yet; sales: those sold
 	// since the settle before (or the first listing), which a settle
-	// gives to the listings.
-	listed, sales int64
-	carry         int64 // an alongside share's fraction, in millionths of a unit
+	// gives to the listings begun before each.
+	listed int64
+	sales  []modelSale
+	carry  int64 // an alongside share's fraction, in millionths of a unit
 }
 
 type modelOrder struct {
@@ -140,7 +142,11 @@ type modelHold struct {
 	order     keys.ID
 	kept      int64      // the units it was confirmed for
 	cart      *modelCart // the cart it is a line of
-	prior     bool       // held when its SKU's listings began: its confirm sells no listed unit
+	// prior: held when a listing of its SKU began (the first such
+	// listing's since priorSince): its confirm sells none of that
+	// listing's units, nor a later one's.
+	prior      bool
+	priorSince int64
 }
 
 // modelCart is a cart: bought (its orders) or held (its holds, then the
@@ -287,7 +293,7 @@ func (m *model) take(n int, hold bool) {
 	if res.Order == nil || res.Order.Quantity != tk.Quantity || res.Replayed {
 		m.fail("answered %+v", res)
 	}
-	s.sales += tk.Quantity
+	m.sold(i, tk.Quantity, nil)
 	m.orders = append(m.orders, &modelOrder{id: res.Order.ID, sku: i, buyer: tk.Buyer, q: tk.Quantity})
 	m.done = append(m.done, modelRequest{take: tk, id: res.Order.ID})
 }
@@ -446,9 +452,8 @@ func (m *model) confirmed(h *modelHold, order keys.ID, kept int64) {
 	s := &m.skus[h.sku]
 	s.on -= h.q
 	s.remaining += h.q - kept
-	if !h.prior {
-		s.sales += kept
-	} else if s.listed > 0 {
+	m.sold(h.sku, kept, h)
+	if h.prior && s.listed > 0 {
 		m.count["prior"]++
 	}
 	m.orders = append(m.orders, &modelOrder{id: order, sku: h.sku, buyer: h.buyer, q: kept, cart: h.cart})
@@ -740,7 +745,7 @@ func (m *model) cart(n int, hold bool) {
 		if o.SKU != s.sku || o.Quantity != ln.Quantity {
 			m.fail("line %d answered %+v", l, o)
 		}
-		s.sales += ln.Quantity
+		m.sold(idx[l], ln.Quantity, nil)
 		mo := &modelOrder{id: o.ID, sku: idx[l], buyer: b, q: ln.Quantity, cart: c}
 		c.orders = append(c.orders, mo)
 		m.orders = append(m.orders, mo)

@@ -490,23 +490,32 @@ func (l *Ledger) spendBeforeDown(ctx context.Context, tx *sql.Tx) error {
 
 // listingSinceUp adds where in the event sequence each listing began
 // (the newest seq when it was made: the sales above it could take its
-// units) and, for a hold live when a listing began, that listing's since
-// (its confirm took none of that listing's units, nor a later one's). A
-// settle gave a listing the sales made before it (helper-102). Listings
-// and holds from before have 0: as builds before settled them, every sale
-// after the SKU's mark is theirs, and a hold recorded then took no listed
-// unit (an expand step: older builds never read them).
+// units) and the resale_listing_holds table: a hold held when a listing
+// other than the first of its SKU began, with that listing's since (its
+// confirm took none of that listing's units, nor a later one's). A
+// settle gave a listing the sales made before it (helper-102). A table
+// of its own, not a column of resale_prior_holds: a build before this
+// step takes every row there for a hold from before all the listings,
+// and would have counted none of these holds' confirms (helper-103).
+// Listings from before have 0: as builds before settled them, every sale
+// after the SKU's mark is theirs (an expand step: older builds never
+// read either).
 func (l *Ledger) listingSinceUp(ctx context.Context, tx *sql.Tx) error {
-	for _, table := range []string{"listings", "resale_prior_holds"} {
-		if err := l.addColumn(ctx, tx, table, "since_seq", "BIGINT NOT NULL DEFAULT 0"); err != nil {
-			return err
-		}
+	if err := l.addColumn(ctx, tx, "listings", "since_seq", "BIGINT NOT NULL DEFAULT 0"); err != nil {
+		return err
 	}
-	return nil
+	_, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS resale_listing_holds (
+	hold_id   TEXT   PRIMARY KEY,
+	program   TEXT   NOT NULL,
+	ticket    TEXT   NOT NULL,
+	since_seq BIGINT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS resale_listing_holds_sku ON resale_listing_holds (program, ticket);`)
+	return err
 }
 
 func (l *Ledger) listingSinceDown(ctx context.Context, tx *sql.Tx) error {
-	_, err := tx.ExecContext(ctx, `ALTER TABLE listings DROP COLUMN since_seq; ALTER TABLE resale_prior_holds DROP COLUMN since_seq`)
+	_, err := tx.ExecContext(ctx, `DROP TABLE IF EXISTS resale_listing_holds; ALTER TABLE listings DROP COLUMN since_seq`)
 	return err
 }
 

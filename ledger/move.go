@@ -45,6 +45,7 @@ var programTables = []struct {
 	{"queue_spends", "program = $1", ""},
 	{"listings", "program = $1", ""},
 	{"resale_prior_holds", "program = $1", ""},
+	{"resale_listing_holds", "program = $1", ""},
 	{"order_listings", "order_id IN (SELECT id FROM orders WHERE program = $1)", ""},
 	{"order_channels", "order_id IN (SELECT id FROM orders WHERE program = $1)", ""},
 	{"events", "program = $1", "seq"},

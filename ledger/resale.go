@@ -216,19 +216,30 @@ func (l *Ledger) list(ctx context.Context, orderID, seller keys.ID, q int64, req
 }
 
 // priorHolds records, in tx, the holds of sku held now as held when a
-// listing began at since (the first listing begun while each was held
-// stays: ON CONFLICT keeps it). A hold's units were taken before: its
-// confirm later sells none of this listing's, nor a later one's
-// (settleIn). first (the SKU had nothing listed) clears those of the
-// listings before, all ended.
+// listing began at since: their units were taken before, so a confirm
+// later sells none of this listing's, nor a later one's (settleIn). At
+// the first listing (the SKU had nothing listed) they are held from
+// before every listing (resale_prior_holds, as builds before step 11
+// record them), and those of the listings before, all ended, are
+// cleared; at a later one, the first listing begun while each was held
+// stays (resale_listing_holds, ON CONFLICT keeps it).
 func priorHolds(ctx context.Context, tx *sql.Tx, sku stock.SKU, since int64, first bool) error {
 	if first {
-		if _, err := tx.ExecContext(ctx, `DELETE FROM resale_prior_holds WHERE program = $1 AND ticket = $2`, sku.Program, sku.Ticket); err != nil {
+		for _, q := range []string{`DELETE FROM resale_prior_holds WHERE program = $1 AND ticket = $2`,
+			`DELETE FROM resale_listing_holds WHERE program = $1 AND ticket = $2`} {
+			if _, err := tx.ExecContext(ctx, q, sku.Program, sku.Ticket); err != nil {
+				return notCommitted("list: prior holds", err)
+			}
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO resale_prior_holds (hold_id, program, ticket)
+			SELECT id, program, ticket FROM holds WHERE program = $1 AND ticket = $2 AND state = $3`, sku.Program, sku.Ticket, Held); err != nil {
 			return notCommitted("list: prior holds", err)
 		}
+		return nil
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO resale_prior_holds (hold_id, program, ticket, since_seq)
+	if _, err := tx.ExecContext(ctx, `INSERT INTO resale_listing_holds (hold_id, program, ticket, since_seq)
 		SELECT id, program, ticket, $4 FROM holds WHERE program = $1 AND ticket = $2 AND state = $3
+			AND NOT EXISTS (SELECT 1 FROM resale_prior_holds p WHERE p.hold_id = holds.id)
 		ON CONFLICT (hold_id) DO NOTHING`, sku.Program, sku.Ticket, Held, since); err != nil {
 		return notCommitted("list: prior holds", err)
 	}

@@ -162,16 +162,37 @@ func (l *Ledger) settleIn(ctx context.Context, tx *sql.Tx, sku stock.SKU, now ti
 		shares[i] = openListing{since: x.since, left: x.Quantity - x.Sold}
 	}
 	got, carry := resaleShares(mode, sales, shares, total-sold-prior, carry)
-	nowhere, err := unitsNowhere(ctx, tx, sku, shares, got, listed, total-sold-held, held, last)
-	if err != nil {
-		return nil, err
-	}
-	if nowhere {
-		carry = 0
-	}
 	var n int64
 	for _, y := range got {
 		n += y
+	}
+	// The listed units left unsold must be somewhere: in the free stock,
+	// in a hold taken since the listings began, or taken by a sale not
+	// counted yet (inside the horizon). Those that are nowhere were sold:
+	// a share's rounding, or a listing stuck by an older settle, never
+	// leaves them listed (withdraw needs them free, so it refused them
+	// for good). They go to the oldest listings first. Any hold taken
+	// since the first listing may hold a listed unit, whichever listing's
+	// it is by the shares: a unit one listing sold may be the one a later
+	// listing put on sale (helper-103: counted as not, a seller was
+	// refunded while the hold that had his unit could still give it back).
+	if free := total - sold - held; listed-n > free {
+		before, err := priorHeld(ctx, tx, sku, -1)
+		if err != nil {
+			return nil, err
+		}
+		recent, err := recentSales(ctx, tx, sku, last)
+		if err != nil {
+			return nil, err
+		}
+		if least := min(listed, listed-free-(held-before)-recent); least > n {
+			for i := range got {
+				y := min(least-n, shares[i].left-got[i])
+				got[i] += y
+				n += y
+			}
+			carry = 0
+		}
 	}
 	if n == 0 && last == mark {
 		return nil, nil
@@ -199,64 +220,18 @@ func (l *Ledger) settleIn(ctx context.Context, tx *sql.Tx, sku stock.SKU, now ti
 }
 
 // priorHeld is the units held by sku's holds taken before the listing
-// begun at since and every later one (recorded at or before since), read
-// in tx: none of them can be those listings' units.
+// begun at since, and so before every later one, read in tx: none of
+// them can be those listings' units. since < 0 is those taken before the
+// first listing (resale_prior_holds) alone.
 func priorHeld(ctx context.Context, tx *sql.Tx, sku stock.SKU, since int64) (int64, error) {
 	var prior int64
-	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(SUM(h.quantity), 0) FROM resale_prior_holds p JOIN holds h ON h.id = p.hold_id
-		WHERE p.program = $1 AND p.ticket = $2 AND h.state = $3 AND p.since_seq <= $4`, sku.Program, sku.Ticket, Held, since).Scan(&prior); err != nil {
+	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(SUM(h.quantity), 0) FROM holds h WHERE h.state = $3 AND h.id IN (
+		SELECT hold_id FROM resale_prior_holds WHERE program = $1 AND ticket = $2
+		UNION ALL SELECT hold_id FROM resale_listing_holds WHERE program = $1 AND ticket = $2 AND since_seq <= $4)`,
+		sku.Program, sku.Ticket, Held, since).Scan(&prior); err != nil {
 		return 0, notCommitted("settle: prior holds", err)
 	}
 	return prior, nil
-}
-
-// unitsNowhere settles (into got) the listed units left unsold that are
-// nowhere, and reports whether there were any. Each must be somewhere: in
-// the free stock, in a hold taken since the oldest listing left unsold
-// began, or taken by a sale not counted yet (inside the horizon, above
-// last). Those that are nowhere were sold: a share's rounding, or a
-// listing stuck by an older settle, never leaves them listed (withdraw
-// needs them free, so it refused them for good). They go to the oldest
-// listings first; each one that sells out leaves the holds taken before
-// the next unable to hold its units, so the rule runs again from there
-// (once, a second settle found more nowhere than the first).
-func unitsNowhere(ctx context.Context, tx *sql.Tx, sku stock.SKU, open []openListing, got []int64, listed, free, held, last int64) (bool, error) {
-	var n int64
-	for _, y := range got {
-		n += y
-	}
-	found := false
-	for oldest := 0; listed-n > free; {
-		for oldest < len(open) && got[oldest] == open[oldest].left {
-			oldest++
-		}
-		if oldest == len(open) {
-			break
-		}
-		since := open[oldest].since
-		prior, err := priorHeld(ctx, tx, sku, since)
-		if err != nil {
-			return false, err
-		}
-		recent, err := recentSales(ctx, tx, sku, last, since)
-		if err != nil {
-			return false, err
-		}
-		least := min(listed, listed-free-(held-prior)-recent)
-		if least <= n {
-			break
-		}
-		found = true
-		for i := range got {
-			y := min(least-n, open[i].left-got[i])
-			got[i] += y
-			n += y
-		}
-		if got[oldest] < open[oldest].left {
-			break // the same oldest: nothing new to count
-		}
-	}
-	return found, nil
 }
 
 // sinceListing is an open listing and where it began.
@@ -294,8 +269,9 @@ func openListings(ctx context.Context, tx *sql.Tx, sku stock.SKU) ([]sinceListin
 // order), each keyed by where it sold (resaleSale); and last, the seq the
 // mark moves to (the mark when none).
 func settleSales(ctx context.Context, tx *sql.Tx, sku stock.SKU, mark int64, now time.Time) (_ []resaleSale, last int64, _ error) {
-	rows, err := tx.QueryContext(ctx, `SELECT e.seq, e.quantity, p.since_seq FROM events e
+	rows, err := tx.QueryContext(ctx, `SELECT e.seq, e.quantity, p.hold_id IS NOT NULL, q.since_seq FROM events e
 		LEFT JOIN resale_prior_holds p ON e.type = $6 AND p.hold_id = e.subject
+		LEFT JOIN resale_listing_holds q ON e.type = $6 AND q.hold_id = e.subject
 		WHERE e.program = $1 AND e.ticket = $2 AND e.seq > $4 AND e.type IN ($3, $6) AND e.seq < COALESCE((SELECT MIN(n.seq) FROM events n
 			WHERE n.program = $1 AND n.ticket = $2 AND n.seq > $4 AND n.type IN ($3, $6) AND n.created_at > $5), $7)`,
 		sku.Program, sku.Ticket, EventOrderCreated, mark, now.Add(-ResaleHorizon).UnixMilli(), EventHoldConfirmed, int64(math.MaxInt64))
@@ -307,13 +283,17 @@ func settleSales(ctx context.Context, tx *sql.Tx, sku stock.SKU, mark int64, now
 	last = mark
 	for rows.Next() {
 		var s resaleSale
-		var prior sql.NullInt64
-		if err := rows.Scan(&s.key, &s.units, &prior); err != nil {
+		var first bool // a confirm of a hold from before every listing
+		var listing sql.NullInt64
+		if err := rows.Scan(&s.key, &s.units, &first, &listing); err != nil {
 			return nil, 0, notCommitted("settle: sales", err)
 		}
 		last = max(last, s.key)
-		if prior.Valid {
-			s.key = min(s.key, prior.Int64)
+		switch {
+		case first:
+			s.key = 0 // no listing's: before them all
+		case listing.Valid:
+			s.key = min(s.key, listing.Int64)
 		}
 		sales = append(sales, s)
 	}
@@ -356,13 +336,12 @@ func settleListing(ctx context.Context, tx *sql.Tx, x Listing, y int64, now time
 
 // recentSales is the units of sku's sales above seq after (inside the
 // horizon, not counted yet), read in tx (which holds the SKU row); a
-// confirm of a hold taken before every open listing (recorded at or
-// before first, the oldest one's since) is none.
-func recentSales(ctx context.Context, tx *sql.Tx, sku stock.SKU, after, first int64) (int64, error) {
+// confirm of a hold taken before the listings is none.
+func recentSales(ctx context.Context, tx *sql.Tx, sku stock.SKU, after int64) (int64, error) {
 	var recent int64
 	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(SUM(quantity), 0) FROM events WHERE program = $1 AND ticket = $2 AND seq > $3
-		AND (type = $4 OR type = $5 AND NOT EXISTS (SELECT 1 FROM resale_prior_holds p WHERE p.hold_id = events.subject AND p.since_seq <= $6))`,
-		sku.Program, sku.Ticket, after, EventOrderCreated, EventHoldConfirmed, first).Scan(&recent); err != nil {
+		AND (type = $4 OR type = $5 AND NOT EXISTS (SELECT 1 FROM resale_prior_holds p WHERE p.hold_id = events.subject))`,
+		sku.Program, sku.Ticket, after, EventOrderCreated, EventHoldConfirmed).Scan(&recent); err != nil {
 		return 0, notCommitted("settle: recent sales", err)
 	}
 	return recent, nil
@@ -375,7 +354,8 @@ func recentSales(ctx context.Context, tx *sql.Tx, sku stock.SKU, after, first in
 // the units of the listings begun before it (since < key). A purchase's
 // key is its event's seq; a hold's confirm's the lower of its seq and the
 // since of the first listing begun while the hold was held: it took its
-// units before that listing (or any later) was on sale.
+// units before that listing (or any later) was on sale; 0 (no listing's)
+// for one held when its SKU's first listing began.
 type resaleSale struct{ key, units int64 }
 
 // openListing is an open listing to a settle: where it began (its since)

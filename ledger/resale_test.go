@@ -347,28 +347,50 @@ func TestASecondListingTakesNoSaleBeforeIt(t *testing.T) {
 	})
 }
 
-// One settle leaves nothing for the next to find. Dan's unit, listed
-// after bob's hold was taken and then bought by the only sale since (it
-// was the one free unit), is nowhere once sam's listing takes that sale's
-// share: bob's hold was taken before dan's listing began. The settle
-// looked for it beside sam's listing, where bob's hold might have held
-// sam's unit, and left it; the next settle, sam's listing sold out,
-// found it (the unit model).
-func TestOneSettleLeavesNothingForTheNext(t *testing.T) {
-	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
-		r := newResaleRig(t, l, c, "next", ledger.ResaleAlongside, 6)
-		samOrder, danOrder := r.buy("sam", 1), r.buy("dan", 1)
-		sam := r.list(samOrder, 1)
-		r.hold("h-bob", "bob", 2)
-		r.buy("pub", 3)
-		dan := r.list(danOrder, 1)
-		r.buy("cat", 1) // the one unit free: dan's
-		r.settled()
-		if got, gotDan := r.sold(sam), r.sold(dan); got != 1 || gotDan != 1 {
-			t.Fatalf("sam's listing sold %d, dan's %d; want both: dan's unit is neither free nor in a hold that began after it", got, gotDan)
-		}
-		if again := r.settled(); len(again) != 0 {
-			t.Errorf("the next settle, with no sale since, settled %+v", again)
-		}
-	})
+// A listed unit a hold may hold stays listed until the hold ends. Bob's
+// hold, taken after sam's listing began, may hold sam's unit; dan's unit,
+// listed after it, was the one free unit when cat bought. The shares give
+// cat's sale to sam's listing (the oldest), so the unit left listed, dan's
+// by the shares, may be the one bob holds: it is sold only when bob
+// confirms, and stays on sale when he cancels. A settle that looked for
+// it only in holds taken after dan's listing began refunded dan while
+// bob's hold could still give the unit back to public stock
+// (helper-103).
+func TestAListedUnitAHoldMayHoldStaysListed(t *testing.T) {
+	for _, end := range []string{"confirm", "cancel"} {
+		t.Run(end, func(t *testing.T) {
+			eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
+				ctx := context.Background()
+				r := newResaleRig(t, l, c, "mayhold", ledger.ResaleAlongside, 6)
+				samOrder, danOrder := r.buy("sam", 1), r.buy("dan", 1)
+				sam := r.list(samOrder, 1)
+				bob := r.hold("h-bob", "bob", 2)
+				r.buy("pub", 3)
+				dan := r.list(danOrder, 1)
+				r.buy("cat", 1) // the one unit free: dan's
+				r.settled()
+				if got, gotDan := r.sold(sam), r.sold(dan); got != 1 || gotDan != 0 {
+					t.Fatalf("sam's listing sold %d, dan's %d; want 1 and 0: bob's hold may hold the unit left", got, gotDan)
+				}
+				if again := r.settled(); len(again) != 0 {
+					t.Fatalf("the next settle, with no sale since, settled %+v", again)
+				}
+				want := int64(1)
+				if end == "confirm" {
+					if _, err := l.Confirm(ctx, bob.ID, bob.Buyer, req("bob", "c-bob", "fp", ledger.OpConfirm)); err != nil {
+						t.Fatal(err)
+					}
+				} else {
+					if _, _, err := l.Cancel(ctx, bob.ID, bob.Buyer, req("bob", "x-bob", "fp", ledger.OpCancel)); err != nil {
+						t.Fatal(err)
+					}
+					want = 0
+				}
+				r.settled()
+				if got := r.sold(dan); got != want {
+					t.Errorf("dan's listing sold %d after bob's %s; want %d", got, end, want)
+				}
+			})
+		})
+	}
 }

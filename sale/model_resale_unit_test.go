@@ -47,6 +47,7 @@ func (m *model) sold(i int, q int64, h *modelHold) {
 	}
 	s := &m.skus[i]
 	s.sales = append(s.sales, modelSale{key: key, units: q})
+	s.bought = append(s.bought, modelSale{key: key, units: q})
 }
 
 // modelListRequest is a listing made, for retries under its key.
@@ -113,22 +114,25 @@ func (m *model) list(n int) {
 	case res.Listing == nil || res.Replayed || res.Listing.OrderID != o.id || res.Listing.Quantity != q || res.Listing.State != "listed":
 		m.fail("answered %+v", res)
 	}
+	// The listing begins after every sale so far and after every other
+	// listing (its event has a seq of its own). The holds held now took
+	// their units before: at the first listing, public stock (since 0:
+	// no listing's).
+	m.seq++
+	since := m.seq
 	if s.listed == 0 {
-		// The first listing: sales before it are not resales, and the
-		// holds held now took public stock.
+		// The first listing: sales before it are not resales.
 		s.sales, s.carry = nil, 0
+		since = 0
 		for _, h := range m.holds {
 			if h.sku == o.sku {
 				h.prior = false
 			}
 		}
 	}
-	// The listing begins after every sale so far and after every other
-	// listing (its event has a seq of its own).
-	m.seq++
 	for _, h := range m.holds {
 		if h.sku == o.sku && h.state == "held" && !h.prior {
-			h.prior, h.priorSince = true, m.seq
+			h.prior, h.priorSince = true, since
 		}
 	}
 	s.total += q
@@ -296,29 +300,17 @@ func (m *model) settled(i int) {
 	for _, y := range got {
 		n += y
 	}
-	// Units listed that are neither free, nor in a hold taken since the
-	// oldest listing left unsold began, nor in a sale not counted yet,
-	// were sold: the oldest listings' first, and again from the next
-	// oldest when that sells one out.
-	for oldest := 0; s.listed-n > s.remaining; {
-		for oldest < len(open) && got[oldest] == open[oldest].q-open[oldest].sold {
-			oldest++
-		}
-		if oldest == len(open) {
-			break
-		}
-		least := min(s.listed, s.listed-s.remaining-(s.on-m.priorHeld(i, open[oldest].since)))
-		if least <= n {
-			break
-		}
-		for k, x := range open {
-			y := min(least-n, x.q-x.sold-got[k])
-			got[k] += y
-			n += y
-		}
-		s.carry = 0
-		if got[oldest] < open[oldest].q-open[oldest].sold {
-			break
+	if s.listed-n > s.remaining {
+		// Units listed that are neither free, nor in a hold taken since
+		// the first listing (whichever listing's unit it holds), nor in a
+		// sale not counted yet, were sold: the oldest listings' first.
+		if least := min(s.listed, s.listed-s.remaining-(s.on-m.priorHeld(i, -1))); least > n {
+			for k, x := range open {
+				y := min(least-n, x.q-x.sold-got[k])
+				got[k] += y
+				n += y
+			}
+			s.carry = 0
 		}
 	}
 	s.sales = nil
@@ -345,11 +337,12 @@ func (m *model) settled(i int) {
 }
 
 // priorHeld is the units of SKU i held by holds taken before the
-// listing begun at since, and so before every later one.
+// listing begun at since, and so before every later one; since < 0,
+// those taken before the first listing alone.
 func (m *model) priorHeld(i int, since int64) int64 {
 	var prior int64
 	for _, h := range m.holds {
-		if h.sku == i && h.state == "held" && h.prior && h.priorSince <= since {
+		if h.sku == i && h.state == "held" && h.prior && (h.priorSince == 0 || h.priorSince <= since) {
 			prior += h.q
 		}
 	}
@@ -379,8 +372,30 @@ func share(units, listed, before int64, carry *int64) int64 {
 	return n
 }
 
-// checkListings holds SKU i's listings to the ledger's.
+// checkListings holds SKU i's listings to the ledger's, and both to a
+// rule that needs no formula: the listings begun at or after any one of
+// them never sold more units together than buyers bought after it began
+// (each sale's units went to one listing at most, begun before it).
 func (m *model) checkListings(i int) {
+	for _, x := range m.listings {
+		if x.order.sku != i {
+			continue
+		}
+		var sold, bought int64
+		for _, y := range m.listings {
+			if y.order.sku == i && y.since >= x.since {
+				sold += y.sold
+			}
+		}
+		for _, b := range m.skus[i].bought {
+			if b.key > x.since {
+				bought += b.units
+			}
+		}
+		if sold > bought {
+			m.fail("the listings begun since %v sold %d; buyers bought %d since it began", x.id, sold, bought)
+		}
+	}
 	for _, x := range m.listings {
 		if x.order.sku != i {
 			continue

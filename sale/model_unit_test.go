@@ -111,7 +111,8 @@ type modelSKU struct {
 	// gives to the listings begun before each.
 	listed int64
 	sales  []modelSale
-	carry  int64 // an alongside share's fraction, in millionths of a unit
+	carry  int64       // an alongside share's fraction, in millionths of a unit
+	bought []modelSale // every sale, for checkListings
 }
 
 type modelOrder struct {
@@ -143,8 +144,8 @@ type modelHold struct {
 	kept      int64      // the units it was confirmed for
 	cart      *modelCart // the cart it is a line of
 	// prior: held when a listing of its SKU began (the first such
-	// listing's since priorSince): its confirm sells none of that
-	// listing's units, nor a later one's.
+	// listing's since priorSince; 0 for the first of its SKU's listings):
+	// its confirm sells none of that listing's units, nor a later one's.
 	prior      bool
 	priorSince int64
 }
@@ -453,7 +454,7 @@ func (m *model) confirmed(h *modelHold, order keys.ID, kept int64) {
 	s.on -= h.q
 	s.remaining += h.q - kept
 	m.sold(h.sku, kept, h)
-	if h.prior && s.listed > 0 {
+	if h.prior && h.priorSince == 0 && s.listed > 0 {
 		m.count["prior"]++
 	}
 	m.orders = append(m.orders, &modelOrder{id: order, sku: h.sku, buyer: h.buyer, q: kept, cart: h.cart})

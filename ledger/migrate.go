@@ -65,6 +65,7 @@ var thisBuild = schemaSteps{
 		{version: 9, name: "event trace context", up: (*Ledger).eventTraceUp, down: (*Ledger).eventTraceDown},
 		{version: 10, name: "admission spends of committed requests", up: (*Ledger).spendBeforeUp, down: (*Ledger).spendBeforeDown},
 		{version: 11, name: "listing since", up: (*Ledger).listingSinceUp, down: (*Ledger).listingSinceDown},
+		{version: 12, name: "listing holds", up: (*Ledger).listingHoldsUp, down: (*Ledger).listingHoldsDown},
 	},
 	// Resale's tables are read by every refund and transfer, the channels'
 	// by the report, an order's units (step 6) by every order read, resale
@@ -72,11 +73,12 @@ var thisBuild = schemaSteps{
 	// (step 8) by every read of a waiting room, an event's trace context
 	// (step 9) by every event written, an admission spend's mark of a
 	// request committed before it (step 10) by every spend, a listing's
-	// since (step 11) by every list and settle: this build needs step 11.
+	// since (step 11) and the holds held when it began (step 12) by every
+	// list and settle: this build needs step 12.
 	// The chart's
 	// pre-install/pre-upgrade Job (or serve with migrate on) runs them
 	// before this build serves; see docs/RUNBOOK.md.
-	minimum: 11,
+	minimum: 12,
 }
 
 func (s schemaSteps) latest() int64 { return s.steps[len(s.steps)-1].version }
@@ -490,20 +492,28 @@ func (l *Ledger) spendBeforeDown(ctx context.Context, tx *sql.Tx) error {
 
 // listingSinceUp adds where in the event sequence each listing began
 // (the newest seq when it was made: the sales above it could take its
-// units) and the resale_listing_holds table: a hold held when a listing
-// other than the first of its SKU began, with that listing's since (its
-// confirm took none of that listing's units, nor a later one's). A
-// settle gave a listing the sales made before it (helper-102). A table
-// of its own, not a column of resale_prior_holds: a build before this
-// step takes every row there for a hold from before all the listings,
-// and would have counted none of these holds' confirms (helper-103).
-// Listings from before have 0: as builds before settled them, every sale
-// after the SKU's mark is theirs (an expand step: older builds never
-// read either).
+// units). A settle gave a listing the sales made before it (helper-102).
+// Listings from before have 0; a settle gives each the seq of its
+// listing.created event (openListings). An expand step: older builds
+// never read it. (A build of a day, de60336, also added since_seq to
+// resale_prior_holds here; no build reads that column.)
 func (l *Ledger) listingSinceUp(ctx context.Context, tx *sql.Tx) error {
-	if err := l.addColumn(ctx, tx, "listings", "since_seq", "BIGINT NOT NULL DEFAULT 0"); err != nil {
-		return err
-	}
+	return l.addColumn(ctx, tx, "listings", "since_seq", "BIGINT NOT NULL DEFAULT 0")
+}
+
+func (l *Ledger) listingSinceDown(ctx context.Context, tx *sql.Tx) error {
+	_, err := tx.ExecContext(ctx, `ALTER TABLE listings DROP COLUMN since_seq`)
+	return err
+}
+
+// listingHoldsUp adds resale_listing_holds: a hold held when a listing
+// other than the first of its SKU began, with that listing's since (its
+// confirm took none of that listing's units, nor a later one's). A table
+// of its own, not a column of resale_prior_holds: a build before it takes
+// every row there for a hold from before all the listings, and would
+// count none of these holds' confirms (helper-103). An expand step:
+// older builds never read it.
+func (l *Ledger) listingHoldsUp(ctx context.Context, tx *sql.Tx) error {
 	_, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS resale_listing_holds (
 	hold_id   TEXT   PRIMARY KEY,
 	program   TEXT   NOT NULL,
@@ -514,8 +524,8 @@ CREATE INDEX IF NOT EXISTS resale_listing_holds_sku ON resale_listing_holds (pro
 	return err
 }
 
-func (l *Ledger) listingSinceDown(ctx context.Context, tx *sql.Tx) error {
-	_, err := tx.ExecContext(ctx, `DROP TABLE IF EXISTS resale_listing_holds; ALTER TABLE listings DROP COLUMN since_seq`)
+func (l *Ledger) listingHoldsDown(ctx context.Context, tx *sql.Tx) error {
+	_, err := tx.ExecContext(ctx, `DROP TABLE IF EXISTS resale_listing_holds`)
 	return err
 }
 

@@ -241,25 +241,48 @@ type sinceListing struct {
 }
 
 // openListings is sku's open listings, read in tx, in the order they
-// began (oldest first).
+// began (oldest first). A listing with no since (made by a build before
+// schema step 11, before the upgrade or beside this build during its
+// rollout) is given the seq of its own listing.created event, once:
+// left at 0 it counted every sale since the mark as its own and went
+// first in line, ahead of older listings (helper-104).
 func openListings(ctx context.Context, tx *sql.Tx, sku stock.SKU) ([]sinceListing, error) {
 	rows, err := tx.QueryContext(ctx, `SELECT id, order_id, seller, quantity, sold, since_seq FROM listings
-		WHERE program = $1 AND ticket = $2 AND state = $3 ORDER BY since_seq, created_at, id`, sku.Program, sku.Ticket, Listed)
+		WHERE program = $1 AND ticket = $2 AND state = $3 ORDER BY created_at, id`, sku.Program, sku.Ticket, Listed)
 	if err != nil {
 		return nil, notCommitted("settle: listings", err)
 	}
-	defer rows.Close()
 	var open []sinceListing
 	for rows.Next() {
 		x := sinceListing{Listing: Listing{SKU: sku, State: Listed}}
 		if err := rows.Scan(&x.ID, &x.OrderID, &x.Seller, &x.Quantity, &x.Sold, &x.since); err != nil {
+			rows.Close()
 			return nil, notCommitted("settle: listings", err)
 		}
 		open = append(open, x)
 	}
+	rows.Close()
 	if err := rows.Err(); err != nil {
 		return nil, notCommitted("settle: listings", err)
 	}
+	for i := range open {
+		if open[i].since != 0 {
+			continue
+		}
+		var seq sql.NullInt64
+		if err := tx.QueryRowContext(ctx, `SELECT MIN(seq) FROM events WHERE program = $1 AND ticket = $2 AND type = $3 AND subject = $4`,
+			sku.Program, sku.Ticket, EventListingCreated, open[i].ID).Scan(&seq); err != nil {
+			return nil, notCommitted("settle: listing since", err)
+		}
+		if !seq.Valid {
+			continue // no event to tell: every sale since the mark, as before
+		}
+		open[i].since = seq.Int64
+		if _, err := tx.ExecContext(ctx, `UPDATE listings SET since_seq = $2 WHERE id = $1`, open[i].ID, seq.Int64); err != nil {
+			return nil, notCommitted("settle: listing since", err)
+		}
+	}
+	sort.SliceStable(open, func(a, b int) bool { return open[a].since < open[b].since })
 	return open, nil
 }
 

@@ -394,3 +394,32 @@ func TestAListedUnitAHoldMayHoldStaysListed(t *testing.T) {
 		})
 	}
 }
+
+// A listing an older build made (no since: schema step 11 came after
+// it, or it was made beside this build during a rollout) takes its place
+// from its listing.created event. Left at 0 it went first in line and
+// took every sale since the mark: tom was refunded for pub's purchase,
+// made while sam's listing alone was on sale (helper-104).
+func TestAListingOfAnOlderBuildKeepsItsPlace(t *testing.T) {
+	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
+		ctx := context.Background()
+		r := newResaleRig(t, l, c, "older", ledger.ResaleFirst, 20)
+		samOrder, tomOrder := r.buy("sam", 1), r.buy("tom", 4)
+		sam := r.list(samOrder, 1)
+		r.buy("pub", 1)
+		tom := r.list(tomOrder, 4)
+		// As an older build writes it.
+		if _, err := l.DB().ExecContext(ctx, `UPDATE listings SET since_seq = 0 WHERE id = $1`, tom.ID); err != nil {
+			t.Fatal(err)
+		}
+		r.settled()
+		if got, gotTom := r.sold(sam), r.sold(tom); got != 1 || gotTom != 0 {
+			t.Fatalf("sam's listing sold %d, tom's %d; want 1 and 0: pub bought before tom's listing began", got, gotTom)
+		}
+		r.buy("cat", 2)
+		r.settled()
+		if got := r.sold(tom); got != 2 {
+			t.Errorf("tom's listing sold %d after cat's 2; want 2", got)
+		}
+	})
+}

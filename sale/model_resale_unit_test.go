@@ -47,7 +47,7 @@ func (m *model) sold(i int, q int64, h *modelHold) {
 	}
 	s := &m.skus[i]
 	s.sales = append(s.sales, modelSale{key: key, units: q})
-	s.bought = append(s.bought, modelSale{key: key, units: q})
+	s.takers = append(s.takers, modelSale{key: key, units: q})
 }
 
 // modelListRequest is a listing made, for retries under its key.
@@ -217,6 +217,10 @@ func (m *model) withdraw(n int) {
 		m.fail("answered %+v; want %d withdrawn", res, left)
 	}
 	x.state = "withdrawn"
+	// The withdrawal takes its units out of the free stock, whichever
+	// listing's they were by the shares.
+	m.seq++
+	s.takers = append(s.takers, modelSale{key: m.seq, units: left})
 	// The withdrawn units take their part of the fraction carried.
 	if s.listed > left {
 		s.carry = s.carry * (s.listed - left) / s.listed
@@ -374,8 +378,10 @@ func share(units, listed, before int64, carry *int64) int64 {
 
 // checkListings holds SKU i's listings to the ledger's, and both to a
 // rule that needs no formula: the listings begun at or after any one of
-// them never sold more units together than buyers bought after it began
-// (each sale's units went to one listing at most, begun before it).
+// them never sold more units together than were taken from the stock
+// after it began, by buyers or by withdrawals (each sale's units went
+// to one listing at most, begun before it; a withdrawal may take the
+// free units a later listing put on sale).
 func (m *model) checkListings(i int) {
 	for _, x := range m.listings {
 		if x.order.sku != i {
@@ -387,13 +393,13 @@ func (m *model) checkListings(i int) {
 				sold += y.sold
 			}
 		}
-		for _, b := range m.skus[i].bought {
+		for _, b := range m.skus[i].takers {
 			if b.key > x.since {
 				bought += b.units
 			}
 		}
 		if sold > bought {
-			m.fail("the listings begun since %v sold %d; buyers bought %d since it began", x.id, sold, bought)
+			m.fail("the listings begun since %v sold %d; buyers and withdrawals took %d since it began", x.id, sold, bought)
 		}
 	}
 	for _, x := range m.listings {

@@ -112,7 +112,7 @@ type modelSKU struct {
 	listed int64
 	sales  []modelSale
 	carry  int64       // an alongside share's fraction, in millionths of a unit
-	bought []modelSale // every sale, for checkListings
+	takers []modelSale // every sale and withdrawal, for checkListings
 }
 
 type modelOrder struct {

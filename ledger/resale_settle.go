@@ -157,11 +157,21 @@ func (l *Ledger) settleIn(ctx context.Context, tx *sql.Tx, sku stock.SKU, now ti
 	if err != nil {
 		return nil, err
 	}
+	// Nor had the sales inside the horizon been made (sold counts them,
+	// no settle has yet): left out, a burst of sales just before a settle
+	// shrank the share's whole, and an alongside listing sold at once what
+	// its share of the counted sales never reached (helper-104).
+	var later int64
+	if mode == ResaleAlongside && len(sales) > 0 {
+		if later, err = recentSales(ctx, tx, sku, last, open[0].since); err != nil {
+			return nil, err
+		}
+	}
 	shares := make([]openListing, len(open))
 	for i, x := range open {
 		shares[i] = openListing{since: x.since, left: x.Quantity - x.Sold}
 	}
-	got, carry := resaleShares(mode, sales, shares, total-sold-prior, carry)
+	got, carry := resaleShares(mode, sales, shares, total-sold-prior+later, carry)
 	var n int64
 	for _, y := range got {
 		n += y
@@ -181,7 +191,7 @@ func (l *Ledger) settleIn(ctx context.Context, tx *sql.Tx, sku stock.SKU, now ti
 		if err != nil {
 			return nil, err
 		}
-		recent, err := recentSales(ctx, tx, sku, last)
+		recent, err := recentSales(ctx, tx, sku, last, -1)
 		if err != nil {
 			return nil, err
 		}
@@ -359,12 +369,14 @@ func settleListing(ctx context.Context, tx *sql.Tx, x Listing, y int64, now time
 
 // recentSales is the units of sku's sales above seq after (inside the
 // horizon, not counted yet), read in tx (which holds the SKU row); a
-// confirm of a hold taken before the listings is none.
-func recentSales(ctx context.Context, tx *sql.Tx, sku stock.SKU, after int64) (int64, error) {
+// confirm of a hold taken before the listing begun at since (and every
+// later one; since < 0: before the first listing) is none.
+func recentSales(ctx context.Context, tx *sql.Tx, sku stock.SKU, after, since int64) (int64, error) {
 	var recent int64
 	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(SUM(quantity), 0) FROM events WHERE program = $1 AND ticket = $2 AND seq > $3
-		AND (type = $4 OR type = $5 AND NOT EXISTS (SELECT 1 FROM resale_prior_holds p WHERE p.hold_id = events.subject))`,
-		sku.Program, sku.Ticket, after, EventOrderCreated, EventHoldConfirmed).Scan(&recent); err != nil {
+		AND (type = $4 OR type = $5 AND NOT EXISTS (SELECT 1 FROM resale_prior_holds p WHERE p.hold_id = events.subject)
+			AND NOT EXISTS (SELECT 1 FROM resale_listing_holds q WHERE q.hold_id = events.subject AND q.since_seq <= $6))`,
+		sku.Program, sku.Ticket, after, EventOrderCreated, EventHoldConfirmed, since).Scan(&recent); err != nil {
 		return 0, notCommitted("settle: recent sales", err)
 	}
 	return recent, nil

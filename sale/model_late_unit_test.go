@@ -25,9 +25,12 @@ import (
 // window the hold is expired and nothing moves.
 
 const (
-	// modelStep is how far the clock moves at each step: past
+	// modelStep is how far the clock moves at most steps: past
 	// ledger.ResaleHorizon, so a settle counts every sale before it.
 	modelStep = ledger.ResaleHorizon + time.Second
+	// modelShortStep is one step in two's: a settle after a few of
+	// them leaves their sales to the next.
+	modelShortStep = 500 * time.Millisecond
 	// modelLateWindow is Options.LatePayment in the model: 20 steps.
 	modelLateWindow = 20 * modelStep
 )

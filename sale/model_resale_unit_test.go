@@ -19,8 +19,10 @@ import (
 // SKU's total and sold and the seller's order ("alongside", by seed: the
 // listings' share of them); a withdrawal settles
 // first, then takes a listing's unsold units back off sale while the free
-// stock has them. Every step moves the ledger's clock past
-// ledger.ResaleHorizon, so a settle counts every sale made before it.
+// stock has them. Most steps move the ledger's clock past
+// ledger.ResaleHorizon; after a few short ones a settle counts the sales
+// up to the first inside it, and leaves the rest (and counts them as not
+// made yet in a share's whole, and as where listed units may be).
 
 type modelListing struct {
 	id     keys.ID
@@ -33,21 +35,28 @@ type modelListing struct {
 }
 
 // modelSale is units sold at key: it may have taken the units of the
-// listings begun before (since < key).
-type modelSale struct{ key, units int64 }
+// listings begun before (since < key). at is when (the ledger's clock,
+// in ms): a settle counts the sales up to the first inside the
+// horizon. A hold's confirm carries the hold's prior and priorSince.
+type modelSale struct {
+	key, units, at int64
+	prior          bool
+	priorSince     int64
+}
 
 // sold counts q units sold of SKU i, now; h is the hold confirmed, if
 // any: held when a listing began, it took that listing's units (and any
 // later one's) no more than a sale before it would have.
 func (m *model) sold(i int, q int64, h *modelHold) {
 	m.seq++
-	key := m.seq
+	sl := modelSale{key: m.seq, units: q, at: m.now().UnixMilli()}
 	if h != nil && h.prior {
-		key = min(key, h.priorSince)
+		sl.key = min(sl.key, h.priorSince)
+		sl.prior, sl.priorSince = true, h.priorSince
 	}
 	s := &m.skus[i]
-	s.sales = append(s.sales, modelSale{key: key, units: q})
-	s.takers = append(s.takers, modelSale{key: key, units: q})
+	s.sales = append(s.sales, sl)
+	s.takers = append(s.takers, sl)
 }
 
 // modelListRequest is a listing made, for retries under its key.
@@ -261,12 +270,25 @@ func (m *model) settled(i int) {
 		return
 	}
 	prior := m.priorHeld(i, open[0].since)
+	// The sales up to the first inside the horizon are counted; the rest
+	// wait for the next settle.
+	cut, since := len(s.sales), m.now().Add(-ledger.ResaleHorizon).UnixMilli()
+	for k, sl := range s.sales {
+		if sl.at > since {
+			cut = k
+			break
+		}
+	}
+	counted, rest := s.sales[:cut], s.sales[cut:]
+	if len(rest) > 0 {
+		m.count["horizon"]++
+	}
 	// Each sale goes to the listings begun before it: the sales grouped
 	// by how many of the open listings (oldest first) that is.
 	got := make([]int64, len(open))
 	units := make([]int64, len(open)+1)
 	var later int64 // units sold in this group and after it
-	for _, sl := range s.sales {
+	for _, sl := range counted {
 		c := 0
 		for c < len(open) && open[c].since < sl.key {
 			c++
@@ -290,7 +312,8 @@ func (m *model) settled(i int) {
 				// units now, less those of holds before every listing,
 				// with the sales of this group and after, less the
 				// listings not begun yet.
-				n = share(u, listed, s.remaining+s.on-prior+later-notYet, &s.carry)
+				// The sales not counted yet had not been made either.
+				n = share(u, listed, s.remaining+s.on-prior+recent(rest, open[0].since)+later-notYet, &s.carry)
 			}
 			for k := 0; k < c && n > 0; k++ {
 				y := min(n, open[k].q-open[k].sold-got[k])
@@ -308,7 +331,7 @@ func (m *model) settled(i int) {
 		// Units listed that are neither free, nor in a hold taken since
 		// the first listing (whichever listing's unit it holds), nor in a
 		// sale not counted yet, were sold: the oldest listings' first.
-		if least := min(s.listed, s.listed-s.remaining-(s.on-m.priorHeld(i, -1))); least > n {
+		if least := min(s.listed, s.listed-s.remaining-(s.on-m.priorHeld(i, -1))-recent(rest, -1)); least > n {
 			for k, x := range open {
 				y := min(least-n, x.q-x.sold-got[k])
 				got[k] += y
@@ -317,7 +340,7 @@ func (m *model) settled(i int) {
 			s.carry = 0
 		}
 	}
-	s.sales = nil
+	s.sales = append([]modelSale(nil), rest...)
 	for k, x := range open {
 		y := got[k]
 		if y == 0 {
@@ -338,6 +361,19 @@ func (m *model) settled(i int) {
 		s.listed -= y
 		m.count["resold"] += int(y)
 	}
+}
+
+// recent is the units of sales not counted yet, but for the confirms of
+// holds taken before the listing begun at since (and every later one;
+// since < 0: before the first listing).
+func recent(rest []modelSale, since int64) int64 {
+	var n int64
+	for _, sl := range rest {
+		if !sl.prior || sl.priorSince != 0 && sl.priorSince > since {
+			n += sl.units
+		}
+	}
+	return n
 }
 
 // priorHeld is the units of SKU i held by holds taken before the

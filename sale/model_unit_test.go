@@ -65,9 +65,9 @@ func TestServiceAgainstAModel(t *testing.T) {
 				m.step(step)
 			}
 			m.check("at the end")
-			t.Logf("%d orders (%d refunded, %d split off), %d holds (%d confirmed in part, %d expired, %d paid late, %d late refused), %d carts, %d listings (%d withdrawn, %d units resold, %d holds from before confirmed), %d sold-out answers, %d hold budget refusals (budgets %d, device %d), %d retries",
+			t.Logf("%d orders (%d refunded, %d split off), %d holds (%d confirmed in part, %d expired, %d paid late, %d late refused), %d carts, %d listings (%d withdrawn, %d units resold, %d holds from before confirmed, %d settles that left sales inside the horizon), %d sold-out answers, %d hold budget refusals (budgets %d, device %d), %d retries",
 				len(m.orders), m.count["refunded"], m.count["split"], len(m.holds), m.count["part"], m.count["expired"], m.count["late"], m.count["late refused"], len(m.carts),
-				m.count["listed"], m.count["withdrawn"], m.count["resold"], m.count["prior"], m.count["sold-out"],
+				m.count["listed"], m.count["withdrawn"], m.count["resold"], m.count["prior"], m.count["horizon"], m.count["sold-out"],
 				m.count["budget"], m.budget, m.deviceBudget, m.count["retry"])
 		})
 	}
@@ -92,8 +92,8 @@ type model struct {
 	budget, deviceBudget int64
 	// Resale (model_resale_unit_test.go): the listings oldest first, the
 	// listing requests made, and the ledger's clock ahead of the
-	// machine's (each step moves it past ledger.ResaleHorizon, so a
-	// settle counts every sale before it).
+	// machine's (most steps move it past ledger.ResaleHorizon, so a
+	// settle counts every sale before it; one in two moves it 0.5 s).
 	resale   string // the SKUs' resale mode, by seed
 	seq      int64  // the sales and listings so far, in order
 	listings []*modelListing
@@ -217,7 +217,13 @@ func (m *model) key() keys.ID {
 }
 
 func (m *model) step(n int) {
-	m.ahead.Add(int64(modelStep))
+	// One step in two is short: the sales of the last few steps are then
+	// inside ledger.ResaleHorizon, and a settle leaves them to the next.
+	if m.rnd.IntN(2) == 0 {
+		m.ahead.Add(int64(modelShortStep))
+	} else {
+		m.ahead.Add(int64(modelStep))
+	}
 	m.expire()
 	switch w := m.rnd.IntN(122); {
 	case w < 20:

@@ -158,12 +158,14 @@ func (l *Ledger) settleIn(ctx context.Context, tx *sql.Tx, sku stock.SKU, now ti
 		return nil, err
 	}
 	// Nor had the sales inside the horizon been made (sold counts them,
-	// no settle has yet): left out, a burst of sales just before a settle
-	// shrank the share's whole, and an alongside listing sold at once what
-	// its share of the counted sales never reached (helper-104).
+	// no settle has yet), nor the refunds since given units back: left
+	// out, a burst of sales just before a settle shrank the share's
+	// whole, and an alongside listing sold at once what its share of the
+	// counted sales never reached (helper-104); a sale refunded inside
+	// the horizon counted twice (helper-105).
 	var later int64
 	if mode == ResaleAlongside && len(sales) > 0 {
-		if later, err = recentSales(ctx, tx, sku, last, open[0].since); err != nil {
+		if later, err = notMadeYet(ctx, tx, sku, last, open[0].since); err != nil {
 			return nil, err
 		}
 	}
@@ -380,6 +382,22 @@ func recentSales(ctx context.Context, tx *sql.Tx, sku stock.SKU, after, since in
 		return 0, notCommitted("settle: recent sales", err)
 	}
 	return recent, nil
+}
+
+// notMadeYet is what sku's stock for sale has lost since seq after, read
+// in tx: the sales above it (recentSales, since as there) less the units
+// refunds above it gave back.
+func notMadeYet(ctx context.Context, tx *sql.Tx, sku stock.SKU, after, since int64) (int64, error) {
+	sales, err := recentSales(ctx, tx, sku, after, since)
+	if err != nil {
+		return 0, err
+	}
+	var back int64
+	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(SUM(quantity), 0) FROM events WHERE program = $1 AND ticket = $2 AND seq > $3 AND type = $4`,
+		sku.Program, sku.Ticket, after, EventOrderRefunded).Scan(&back); err != nil {
+		return 0, notCommitted("settle: recent refunds", err)
+	}
+	return sales - back, nil
 }
 
 // Which of a settle's sales each listing takes: pure, so the rule reads

@@ -429,25 +429,37 @@ func TestAListingOfAnOlderBuildKeepsItsPlace(t *testing.T) {
 // sold already has them, and left out they shrank the whole. Sam's one
 // listed ticket beside 9 public ones: one sale, then a burst of 8 just
 // before the settle; the share of the one sale is 1/10 (it was 1/2), and
-// with the burst's 8/9 it stays under a unit (sam's listing sold at once).
+// with the burst's 8/9 it stays under a unit (sam's listing sold at
+// once). A burst refunded before the settle gave its units back: counted
+// as sales too, the whole was 18 (helper-105).
 func TestAShareCountsTheSalesInsideTheHorizonAsNotMadeYet(t *testing.T) {
-	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
-		ctx := context.Background()
-		r := newResaleRig(t, l, c, "burst", ledger.ResaleAlongside, 10)
-		sam := r.list(r.buy("sam", 1), 1)
-		r.buy("pub", 1)
-		c.advance(2 * ledger.ResaleHorizon)
-		for range 2 {
-			r.buy("burst", 4)
-		}
-		if sold, err := l.Settle(ctx, r.sku); err != nil || len(sold) != 0 {
-			t.Fatalf("the settle inside the burst: %+v, %v; want nothing sold", sold, err)
-		}
-		if got := carriedOf(t, l, r.sku); got != 100_000 {
-			t.Errorf("carried %d after one sale of 10 for sale beside 1 listed; want 100000", got)
-		}
-		if sold := r.settled(); len(sold) != 0 || r.sold(sam) != 0 {
-			t.Errorf("the burst's settle sold %+v; 9 sales beside 1 listed of 10 are under a unit", sold)
-		}
-	})
+	for _, refunded := range []bool{false, true} {
+		t.Run(fmt.Sprintf("refunded=%v", refunded), func(t *testing.T) {
+			eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
+				ctx := context.Background()
+				r := newResaleRig(t, l, c, "burst", ledger.ResaleAlongside, 10)
+				sam := r.list(r.buy("sam", 1), 1)
+				r.buy("pub", 1)
+				c.advance(2 * ledger.ResaleHorizon)
+				for i := range 2 {
+					o := r.buy("burst", 4)
+					if !refunded {
+						continue
+					}
+					if _, _, err := l.Refund(ctx, o.ID, o.Buyer, req("burst", fmt.Sprintf("refund-%d", i), "fp", ledger.OpRefund)); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if sold, err := l.Settle(ctx, r.sku); err != nil || len(sold) != 0 {
+					t.Fatalf("the settle inside the burst: %+v, %v; want nothing sold", sold, err)
+				}
+				if got := carriedOf(t, l, r.sku); got != 100_000 {
+					t.Errorf("carried %d after one sale of 10 for sale beside 1 listed; want 100000", got)
+				}
+				if sold := r.settled(); len(sold) != 0 || r.sold(sam) != 0 {
+					t.Errorf("the burst's settle sold %+v; 9 sales beside 1 listed of 10 are under a unit", sold)
+				}
+			})
+		})
+	}
 }

@@ -31,13 +31,15 @@ const (
 	// modelShortStep is one step in two's: a settle after a few of
 	// them leaves their sales to the next.
 	modelShortStep = 500 * time.Millisecond
-	// modelLateWindow is Options.LatePayment in the model: 20 steps.
+	// modelLateWindow is Options.LatePayment in the model: 60 s, about
+	// 34 steps.
 	modelLateWindow = 20 * modelStep
 )
 
 // modelTTLs are the single holds' lives, by chance: most outlive the
-// run (200 steps), some expire in a few steps (not on a step's time, so
-// no expiry falls on the instant a step reads).
+// run (200 steps), some expire in a few steps. With steps of 3 s and
+// 0.5 s an expiry may fall on the instant a step reads: the model and the
+// ledger both take a hold as expired from that instant on.
 var modelTTLs = []time.Duration{time.Hour, 10 * time.Second, 20 * time.Second}
 
 // expire expires the holds past their expiry, as the sweeper does, and

@@ -40,6 +40,7 @@ type modelListing struct {
 // horizon. A hold's confirm carries the hold's prior and priorSince.
 type modelSale struct {
 	key, units, at int64
+	seq            int64 // its own place in the sequence (key may be lower)
 	prior          bool
 	priorSince     int64
 }
@@ -49,7 +50,7 @@ type modelSale struct {
 // later one's) no more than a sale before it would have.
 func (m *model) sold(i int, q int64, h *modelHold) {
 	m.seq++
-	sl := modelSale{key: m.seq, units: q, at: m.now().UnixMilli()}
+	sl := modelSale{key: m.seq, seq: m.seq, units: q, at: m.now().UnixMilli()}
 	if h != nil && h.prior {
 		sl.key = min(sl.key, h.priorSince)
 		sl.prior, sl.priorSince = true, h.priorSince
@@ -283,6 +284,19 @@ func (m *model) settled(i int) {
 	if len(rest) > 0 {
 		m.count["horizon"]++
 	}
+	// What the stock for sale lost after the counted sales: the sales
+	// since (but for confirms of holds before every open listing), less
+	// what refunds since gave back.
+	var last int64
+	for _, sl := range counted {
+		last = max(last, sl.seq)
+	}
+	notMade := recent(rest, open[0].since)
+	for _, r := range s.refunds {
+		if r.seq > last {
+			notMade -= r.units
+		}
+	}
 	// Each sale goes to the listings begun before it: the sales grouped
 	// by how many of the open listings (oldest first) that is.
 	got := make([]int64, len(open))
@@ -313,7 +327,7 @@ func (m *model) settled(i int) {
 				// with the sales of this group and after, less the
 				// listings not begun yet.
 				// The sales not counted yet had not been made either.
-				n = share(u, listed, s.remaining+s.on-prior+recent(rest, open[0].since)+later-notYet, &s.carry)
+				n = share(u, listed, s.remaining+s.on-prior+notMade+later-notYet, &s.carry)
 			}
 			for k := 0; k < c && n > 0; k++ {
 				y := min(n, open[k].q-open[k].sold-got[k])

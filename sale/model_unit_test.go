@@ -109,10 +109,11 @@ type modelSKU struct {
 	// listed: units of open listings not sold yet; sales: those sold
 	// since the settle before (or the first listing), which a settle
 	// gives to the listings begun before each.
-	listed int64
-	sales  []modelSale
-	carry  int64       // an alongside share's fraction, in millionths of a unit
-	takers []modelSale // every sale and withdrawal, for checkListings
+	listed  int64
+	sales   []modelSale
+	carry   int64       // an alongside share's fraction, in millionths of a unit
+	takers  []modelSale // every sale and withdrawal, for checkListings
+	refunds []modelSale // every refund, in the sequence
 }
 
 type modelOrder struct {
@@ -592,7 +593,10 @@ func (m *model) refund(n int) {
 func (m *model) refunded(o *modelOrder) {
 	o.refunded = true
 	m.count["refunded"]++
-	m.skus[o.sku].remaining += o.q
+	s := &m.skus[o.sku]
+	s.remaining += o.q
+	m.seq++
+	s.refunds = append(s.refunds, modelSale{seq: m.seq, units: o.q})
 }
 
 // transfer moves all of an order (q 0, or all it stands for) to another

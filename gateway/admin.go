@@ -18,7 +18,9 @@ type skuBody struct {
 	PerBuyer    *int64 `json:"per_buyer"`
 	HoldTTL     *int64 `json:"hold_ttl_seconds"`
 	HoldTTLMax  *int64 `json:"hold_ttl_max_seconds"`
-	Resale      string `json:"resale"`
+	// Resale absent keeps the SKU's mode; "" is no mode (422), not
+	// absent: an empty template variable is a mistake (helper-106 #3).
+	Resale *string `json:"resale"`
 }
 
 type skuView struct {
@@ -62,7 +64,14 @@ func (s *Server) putSKU(c *gin.Context) {
 		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "total is required", 0)
 		return
 	}
-	cfg := sale.SKUConfig{SKU: sku, Total: *body.Total, Shards: 1, MaxPerOrder: 10, Resale: body.Resale}
+	cfg := sale.SKUConfig{SKU: sku, Total: *body.Total, Shards: 1, MaxPerOrder: 10}
+	if body.Resale != nil {
+		if *body.Resale == "" {
+			writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "resale is first or alongside (absent keeps the SKU's)", 0)
+			return
+		}
+		cfg.Resale = *body.Resale
+	}
 	if body.Shards != nil {
 		cfg.Shards = *body.Shards
 	}

@@ -118,9 +118,18 @@ func TestHostileRequestsAnsweredAtTheDoor(t *testing.T) {
 			"Content-Length: 41\r\n\r\n{\"allotment\":1,\"opens_at\":\"next tuesday\"}", "422", "invalid-field"},
 		{"a time that is a number", "PUT /v1/admin/skus/p1/ga/pools/fan HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
 			"Content-Length: 31\r\n\r\n{\"allotment\":1,\"opens_at\":1700}", "422", "invalid-field"},
+		// An empty value read as absent: a code pool opened to everyone,
+		// a SKU's resale mode kept (helper-106 #3).
+		{"an empty access", "PUT /v1/admin/skus/p1/ga/pools/fan HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
+			"Content-Length: 27\r\n\r\n{\"allotment\":1,\"access\":\"\"}", "422", "invalid-field"},
+		{"an empty resale mode", put + "Content-Length: 23\r\n\r\n{\"total\":1,\"resale\":\"\"}", "422", "invalid-field"},
 		// Two keys name two requests; the first one won.
 		{"two idempotency keys", "POST /v1/skus/p1/ga/purchases HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
 			"Idempotency-Key: k1\r\nIdempotency-Key: k2\r\nContent-Length: 2\r\n\r\n{}", "400", "invalid-idempotency-key"},
+		// gin's reader dropped the pair: read as no pool (helper-106).
+		{"a query with a ;", "GET /v1/skus/p1/ga/stock?pool=fan;x HTTP/1.1\r\nHost: x\r\n\r\n", "400", "invalid-id"},
+		{"a query with a bad escape", "POST /v1/skus/p1/ga/purchases?pool=%zz HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
+			"Idempotency-Key: k1\r\nContent-Length: 2\r\n\r\n{}", "400", "invalid-id"},
 		// 301/307 to the path without the slash, as HTML.
 		{"a trailing slash", "GET /v1/orders/abc/ HTTP/1.1\r\nHost: x\r\n\r\n", "404", "not-found"},
 		{"a trailing slash on a write", "POST /v1/skus/p1/ga/purchases/ HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", "404", "not-found"},

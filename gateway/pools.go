@@ -14,13 +14,16 @@ import (
 
 // poolBody is what an admin sets on a pool.
 type poolBody struct {
-	Allotment    *int64     `json:"allotment"`
-	Shards       *int       `json:"shards"`
-	OpensAt      *time.Time `json:"opens_at"`
-	ClosesAt     *time.Time `json:"closes_at"`
-	Access       string     `json:"access"` // open (default), code, channel
-	ChannelToken string     `json:"channel_token"`
-	Into         string     `json:"into"` // default public
+	Allotment *int64     `json:"allotment"`
+	Shards    *int       `json:"shards"`
+	OpensAt   *time.Time `json:"opens_at"`
+	ClosesAt  *time.Time `json:"closes_at"`
+	// Access is open (absent), code or channel; "" is none of them (422):
+	// read as absent, one empty template variable opened a code presale
+	// to everyone (helper-106 #3).
+	Access       *string `json:"access"`
+	ChannelToken string  `json:"channel_token"`
+	Into         string  `json:"into"` // default public
 }
 
 type poolView struct {
@@ -86,9 +89,9 @@ func (s *Server) putPool(c *gin.Context) {
 		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "allotment is required", 0)
 		return
 	}
-	spec := sale.PoolSpec{SKU: sku, Pool: pool, Allotment: *body.Allotment, Shards: 1, Access: body.Access, Channel: body.ChannelToken}
-	if spec.Access == "" {
-		spec.Access = sale.AccessOpen
+	spec := sale.PoolSpec{SKU: sku, Pool: pool, Allotment: *body.Allotment, Shards: 1, Access: sale.AccessOpen, Channel: body.ChannelToken}
+	if body.Access != nil {
+		spec.Access = *body.Access
 	}
 	if body.Shards != nil {
 		if *body.Shards < 1 {

@@ -276,7 +276,7 @@ func (s *Server) routes(set routeSet) (*gin.Engine, error) {
 	if tracing.Enabled() {
 		e.Use(traced) // off, not even a hop through it
 	}
-	e.Use(s.observe, s.recoverer, s.limit)
+	e.Use(s.observe, s.recoverer, s.limit, strictQuery)
 	e.HandleMethodNotAllowed = true
 	// A path with a trailing slash is no route (404 problem), not a
 	// redirect: a 301/307 to another path is HTML or a Location a client

@@ -34,6 +34,11 @@ type lineAsk struct {
 	// decides (soldOutFlagged).
 	soldOut interface{ SoldOut(stock.SKU) bool }
 	sku     stock.SKU
+	// held is a late payment's hold's quantity (0 for any other take):
+	// the maximum per order must still allow the hold, whatever part of
+	// it the payment names, or the answer hung on which part came first
+	// (the refusal is final: helper-106 #2).
+	held int64
 }
 
 // lineRefusal is a line's refusal by its settings. closed: the sale is
@@ -68,6 +73,11 @@ var settingsRules = []settingsRule{
 		refuses: func(a lineAsk) bool { return a.q > a.st.MaxPerOrder },
 		detail: func(a lineAsk) string {
 			return fmt.Sprintf("quantity %d over this ticket's maximum of %d per order", a.q, a.st.MaxPerOrder)
+		}},
+	{kind: ErrOverMax,
+		refuses: func(a lineAsk) bool { return a.held > a.st.MaxPerOrder },
+		detail: func(a lineAsk) string {
+			return fmt.Sprintf("the hold's %d over this ticket's maximum of %d per order", a.held, a.st.MaxPerOrder)
 		}},
 	{kind: ErrNoSeating, refuses: func(a lineAsk) bool { return a.st.Seated && !a.seating }},
 	{kind: ErrSeated, refuses: func(a lineAsk) bool { return a.st.Seated && !a.cart && !a.seatHold }},

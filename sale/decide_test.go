@@ -43,6 +43,10 @@ func TestSettingsRefuseInOrder(t *testing.T) {
 		{name: "over the maximum", ask: lineAsk{st: base, q: 5, best: true}, kind: ErrOverMax, detail: "quantity 5 over"},
 		{name: "seats over the maximum", ask: lineAsk{st: seated, q: 5, seatHold: true, seating: true}, kind: ErrOverMax, detail: "5 seats over"},
 		{name: "over the maximum of an ended sale", ask: lineAsk{st: ended, q: 5}, kind: ErrOverMax},
+		// A late payment of part of a hold over today's maximum: refused
+		// as the whole hold is, whichever part comes first (helper-106).
+		{name: "a late payment's hold over the maximum", ask: lineAsk{st: base, q: 2, held: 5}, kind: ErrOverMax, detail: "hold's 5 over"},
+		{name: "a late payment's hold at the maximum", ask: lineAsk{st: base, q: 2, held: 4}},
 		{name: "seated, no seat store", ask: lineAsk{st: seated, q: 1, cart: true}, kind: ErrNoSeating},
 		{name: "seated, bought without seats", ask: lineAsk{st: seated, q: 1, seating: true}, kind: ErrSeated},
 		{name: "seated in a cart", ask: lineAsk{st: seated, q: 1, cart: true, seating: true, picked: true}},

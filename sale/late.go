@@ -168,7 +168,7 @@ func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64) answe
 	// other is refused as a reuse of the key (its own deduction given
 	// back) and answered with the order made.
 	key := lateKey(h)
-	w := want{sku: h.SKU, buyer: h.Buyer, q: keep,
+	w := want{sku: h.SKU, buyer: h.Buyer, q: keep, held: h.Quantity,
 		req: newRequest(h.Buyer, key, ledger.OpPurchase, "late", h.ID.String(), strconv.FormatInt(keep, 10)).on(h.SKU.Program)}
 	a := s.takeOne(ctx, w)
 	if a.err == nil && a.replayed {

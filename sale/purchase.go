@@ -65,6 +65,8 @@ type want struct {
 	// pool's stock); code is its access code as the gate counts it.
 	access Access
 	code   *codeUse
+	// held is a late payment's hold's quantity (lineAsk.held).
+	held int64
 }
 
 // codeHash is the ledger's name of the request's access code ("" for none).

@@ -320,7 +320,7 @@ func (t *take) checkSettings(ctx context.Context) (a answer, ok, direct bool) {
 		ask := lineAsk{st: st, q: w.q, hold: w.hold, ttl: t.ttl,
 			picked: len(ln.pick.seats) > 0 || !ln.pick.section.IsZero(), best: len(ln.pick.seats) == 0,
 			cart: t.cart, seatHold: t.seatHold, seating: s.seats != nil,
-			soldOut: s.cache, sku: w.sku}
+			soldOut: s.cache, sku: w.sku, held: w.held}
 		r, ok := refuseBySettings(ask)
 		if ok && r.kind == ErrSoldOut {
 			if a, gate := t.flagged(ctx, i, r); !gate {

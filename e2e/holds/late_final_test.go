@@ -104,6 +104,7 @@ func TestLatePaymentAfterTheSettingsChangedIsRefusedForGood(t *testing.T) {
 		a.PutSKU(t, lowered, 10, 1, 4)
 		_, hs := a.Hold(t, seated, "hs", "ann", 1, 1)
 		_, hl := a.Hold(t, lowered, "hl", "ann", 3, 1)
+		_, hp := a.Hold(t, lowered, "hp", "bob", 3, 1)
 		systest.WaitFor(t, 10*time.Second, "the seated ticket's hold swept", func() bool {
 			st := a.State(t, seated)
 			return st.Held == 0 && st.RedisRemaining == 4
@@ -120,6 +121,16 @@ func TestLatePaymentAfterTheSettingsChangedIsRefusedForGood(t *testing.T) {
 			}
 			if r := b.Act(t, "/v1/holds/"+h.HoldID+"/confirm", "pay", "ann"); !refused(r) {
 				t.Errorf("a late payment after the settings changed = %d %s, want 409 late-payment-refused", r.Status, r.Body)
+			}
+		}
+		// Part of a hold, within the lowered maximum, is refused as the
+		// whole is: it bought 2 when it came first, and was refused
+		// after a whole payment had been (helper-106 #2).
+		systest.WaitFor(t, 10*time.Second, "the hold's expiry to pass", func() bool { return time.Now().After(hp.ExpiresAt) })
+		for _, p := range [][2]string{{"pay-part", `{"buyer":"bob","quantity":2}`}, {"pay-whole", `{"buyer":"bob"}`}} {
+			key, body := p[0], p[1]
+			if r := b.Do(t, http.MethodPost, "/v1/holds/"+hp.HoldID+"/confirm", map[string]string{"Idempotency-Key": key}, body); !refused(r) {
+				t.Errorf("a late payment %s of a hold of 3, maximum lowered to 2 = %d %s, want 409 late-payment-refused", body, r.Status, r.Body)
 			}
 		}
 		for _, h := range []systest.HoldReply{hs, hl} {

@@ -56,6 +56,12 @@ func TestBadInput(t *testing.T) {
 			{"body over limit", base, key, `{"buyer":"b","quantity":1,"pad":"` + strings.Repeat("x", 5000) + `"}`, 413},
 			{"valid object then padding over limit", base, key, `{"buyer":"b","quantity":1}` + strings.Repeat(" ", 5000), 413},
 			{"unknown sku", "/v1/skus/" + sku.Program.String() + "/nope/purchases", key, `{"buyer":"b","quantity":1}`, 404},
+			// A pair the query's reader drops (a ";", a bad escape) was
+			// read as no pool: a public ticket sold to a buyer who named
+			// a presale (helper-106).
+			{"query with ;", base + "?pool=fan;x", key, `{"buyer":"b","quantity":1}`, 400},
+			{"query with a bad escape", base + "?pool=%zz", key, `{"buyer":"b","quantity":1}`, 400},
+			{"query with ; and no pool", base + "?x=1;y=2", key, `{"buyer":"b","quantity":1}`, 400},
 		}
 		for _, tt := range tests {
 			before := e.State(t, sku)

@@ -167,3 +167,9 @@ func (l *Ledger) PutProgram(ctx context.Context, program keys.ID, perBuyer int64
 // DB is the ledger's connection pool, for tests that change a pooled
 // session.
 func (l *Ledger) DB() *sql.DB { return l.db }
+
+// SettleAged settles sku as the sweeper does (SettleDue): the sales
+// inside ResaleHorizon are left to the next settle.
+func (l *Ledger) SettleAged(ctx context.Context, sku stock.SKU) ([]Event, error) {
+	return l.settle(ctx, sku, ResaleHorizon)
+}

@@ -334,14 +334,6 @@ func (l *Ledger) withdraw(ctx context.Context, listingID, seller keys.ID, expect
 	if err != nil {
 		return x, beforeCommit("withdraw: listing", err)
 	}
-	// The sales so far settle in a transaction of their own, so they stand
-	// whatever the withdrawal answers (it settles again under its own lock
-	// for any that came of age meanwhile).
-	sold, err := l.settle(ctx, x.SKU)
-	*settled = append(*settled, sold...)
-	if err != nil {
-		return x, beforeCommit("withdraw: settle", err)
-	}
 	tx, taken, err := l.begin(ctx, req, x.SKU, now, "withdraw")
 	if taken {
 		return l.listingReplay(ctx, req)
@@ -350,21 +342,51 @@ func (l *Ledger) withdraw(ctx context.Context, listingID, seller keys.ID, expect
 		return x, err
 	}
 	defer tx.Rollback()
-	inTx, err := l.settleIn(ctx, tx, x.SKU, now)
+	// Every sale so far settles first, under the withdrawal's lock; they
+	// stand whatever the withdrawal answers (refuse).
+	inTx, err := l.settleIn(ctx, tx, x.SKU, now, 0)
 	if err != nil {
 		return x, beforeCommit("withdraw: settle", err)
 	}
 	if x, err = scanListing(tx.QueryRowContext(ctx, selectListing+` WHERE id = $1`, listingID)); err != nil {
 		return x, beforeCommit("withdraw: listing", err)
 	}
+	// A refusal rolls back the settle above with it; what that settle sold
+	// (the listing sold out, or fewer left than the caller took out of
+	// the gate) is settled again on its own before the answer goes, or
+	// the answer told of sales the ledger did not have yet: listing-ended
+	// while a unit was still listed (the concurrent model, once this
+	// settle counted the sales of the last moment too).
+	// That settle may not come out the same (a hold from before the
+	// listings ended meanwhile grows an alongside share's whole), so the
+	// answer is read from what it committed (helper-108): sold out or
+	// withdrawn, ended; else selling, to try again.
+	refuse := func(why error) (Listing, error) {
+		if len(inTx) == 0 || errors.Is(why, ErrNotOwner) {
+			return x, why
+		}
+		_ = tx.Rollback()
+		again, err := l.settle(ctx, x.SKU, 0)
+		*settled = append(*settled, again...)
+		if err != nil {
+			return x, beforeCommit("withdraw: settle", err)
+		}
+		if x, err = l.ListingByID(ctx, listingID); err != nil {
+			return x, beforeCommit("withdraw: listing", err)
+		}
+		if x.State != Listed {
+			return x, ErrListingEnded
+		}
+		return x, fmt.Errorf("%w: %d unsold, not %d", ErrListingSelling, x.Quantity-x.Sold, expect)
+	}
 	left := x.Quantity - x.Sold
 	switch {
 	case x.Seller != seller:
-		return x, ErrNotOwner
+		return refuse(ErrNotOwner)
 	case x.State != Listed:
-		return x, ErrListingEnded
+		return refuse(ErrListingEnded)
 	case left != expect:
-		return x, fmt.Errorf("%w: %d unsold, not %d", ErrListingSelling, left, expect)
+		return refuse(fmt.Errorf("%w: %d unsold, not %d", ErrListingSelling, left, expect))
 	}
 	// An alongside share's carried fraction was the listed units' as a
 	// whole: the withdrawn ones take their part of it with them. Left,
@@ -378,7 +400,7 @@ func (l *Ledger) withdraw(ctx context.Context, listingID, seller keys.ID, expect
 		return x, notCommitted("withdraw: sku", err)
 	}
 	if n, _ := res.RowsAffected(); n != 1 {
-		return x, ErrListingSelling
+		return refuse(ErrListingSelling)
 	}
 	if _, err := tx.ExecContext(ctx, `UPDATE listings SET state = $2, withdrawn = $3, ended_at = $4 WHERE id = $1`,
 		x.ID, Withdrawn, left, now.UnixMilli()); err != nil {
@@ -435,11 +457,14 @@ func orderListed(ctx context.Context, tx *sql.Tx, orderID keys.ID) (int64, error
 	return n, nil
 }
 
-// ResaleHorizon is how old a sale's event must be before a settle counts
-// it: on PostgreSQL an event's seq is taken before its transaction
-// commits, so one with a lower seq than the newest may still appear for a
-// moment. A settle counts the sales below the first one inside the
-// horizon, never one above it (the mark would pass it by).
+// ResaleHorizon is how old a sale's event must be before the sweeper's
+// settle (SettleDue) counts it: on PostgreSQL an event's seq is taken
+// before its transaction commits, so one with a lower seq than the newest
+// may still appear for a moment. That settle counts the sales below the
+// first one inside the horizon, never one above it (the mark would pass
+// it by). Every writer of a sale's event locks the SKU's row first, as a
+// settle does, so this is a margin: a withdrawal's settle (Settle)
+// counts every sale, the newest too.
 const ResaleHorizon = 2 * time.Second
 
 // ValidResale reports a resale mode a SKU takes ("" keeps the current).

@@ -31,7 +31,7 @@ func (l *Ledger) SettleDue(ctx context.Context, limit int) ([]Event, error) {
 	var out []Event
 	var errs []error
 	for _, sku := range skus {
-		got, err := retried(func() ([]Event, error) { return l.settle(ctx, sku) })
+		got, err := retried(func() ([]Event, error) { return l.settle(ctx, sku, ResaleHorizon) })
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", sku, err))
 			continue
@@ -96,12 +96,20 @@ func listedSKUs(ctx context.Context, db *sql.DB, where string, limit int, from s
 }
 
 // Settle settles sku's sales to its listings now, as SettleDue does for
-// every SKU with units listed, and returns the listings' sales it settled.
+// every SKU with units listed, and returns the listings' sales it
+// settled. It counts every sale committed, the newest ResaleHorizon's
+// too: a withdrawal's settle, it tells the seller what sold before the
+// rest comes off sale. Left to the sweeper, a sale made just before a
+// withdrawal counted as public ("first" says every one made while
+// listed is a resale), and one a buyer then listed again sold that
+// buyer's listing (helper-106 #4).
 func (l *Ledger) Settle(ctx context.Context, sku stock.SKU) ([]Event, error) {
-	return retried(func() ([]Event, error) { return l.settle(ctx, sku) })
+	return retried(func() ([]Event, error) { return l.settle(ctx, sku, 0) })
 }
 
-func (l *Ledger) settle(ctx context.Context, sku stock.SKU) (_ []Event, err error) {
+// settle settles sku's sales older than horizon, in a transaction of its
+// own (settleIn).
+func (l *Ledger) settle(ctx context.Context, sku stock.SKU, horizon time.Duration) (_ []Event, err error) {
 	defer l.observe("settle", time.Now(), &err)
 	now := l.now().UTC().Truncate(time.Millisecond)
 	tx, err := l.db.BeginTx(ctx, nil)
@@ -111,7 +119,7 @@ func (l *Ledger) settle(ctx context.Context, sku stock.SKU) (_ []Event, err erro
 	defer tx.Rollback()
 	// Committed even when no listing sold: the mark (and an alongside
 	// share's fraction) moves past the sales counted.
-	events, err := l.settleIn(ctx, tx, sku, now)
+	events, err := l.settleIn(ctx, tx, sku, now, horizon)
 	if err != nil {
 		return nil, err
 	}
@@ -123,10 +131,12 @@ func (l *Ledger) settle(ctx context.Context, sku stock.SKU) (_ []Event, err erro
 
 // settleIn settles sku's sales to its listings inside tx (its SKU row
 // locked first): the units the SKU sold since its mark, older than
-// ResaleHorizon, go to the open listings begun before them, oldest first,
+// horizon, go to the open listings begun before them, oldest first,
 // as its resale mode says (resaleShares); each leaves total, sold and
-// listed, and its seller's order.
-func (l *Ledger) settleIn(ctx context.Context, tx *sql.Tx, sku stock.SKU, now time.Time) ([]Event, error) {
+// listed, and its seller's order. With the row locked, every sale of
+// the SKU whose event exists has committed (each writer of one locks the
+// row first), so a horizon of 0 skips none.
+func (l *Ledger) settleIn(ctx context.Context, tx *sql.Tx, sku stock.SKU, now time.Time, horizon time.Duration) ([]Event, error) {
 	var total, sold, held, listed, mark, carry int64
 	var mode string
 	err := tx.QueryRowContext(ctx, `SELECT total, sold, held, listed, resale_seq, resale, resale_carry FROM skus WHERE program = $1 AND ticket = $2`+l.forUpdate(),
@@ -144,7 +154,7 @@ func (l *Ledger) settleIn(ctx context.Context, tx *sql.Tx, sku stock.SKU, now ti
 	if err != nil || len(open) == 0 {
 		return nil, err
 	}
-	sales, last, err := settleSales(ctx, tx, sku, mark, now)
+	sales, last, err := settleSales(ctx, tx, sku, mark, now, horizon)
 	if err != nil {
 		return nil, err
 	}
@@ -299,17 +309,23 @@ func openListings(ctx context.Context, tx *sql.Tx, sku stock.SKU) ([]sinceListin
 }
 
 // settleSales is sku's sales a settle counts, read in tx: those above the
-// mark and below the first one inside the horizon (seq and created_at,
-// each replica's clock taken before the commit, are not in the same
-// order), each keyed by where it sold (resaleSale); and last, the seq the
-// mark moves to (the mark when none).
-func settleSales(ctx context.Context, tx *sql.Tx, sku stock.SKU, mark int64, now time.Time) (_ []resaleSale, last int64, _ error) {
+// mark and below the first one made within horizon of now (seq and
+// created_at, each replica's clock taken before the commit, are not in
+// the same order), each keyed by where it sold (resaleSale); and last,
+// the seq the mark moves to (the mark when none).
+func settleSales(ctx context.Context, tx *sql.Tx, sku stock.SKU, mark int64, now time.Time, horizon time.Duration) (_ []resaleSale, last int64, _ error) {
+	// A horizon of 0 cuts at no time at all: an event's created_at is its
+	// replica's clock, which may run ahead of this one's.
+	upTo := int64(math.MaxInt64)
+	if horizon > 0 {
+		upTo = now.Add(-horizon).UnixMilli()
+	}
 	rows, err := tx.QueryContext(ctx, `SELECT e.seq, e.quantity, p.hold_id IS NOT NULL, q.since_seq FROM events e
 		LEFT JOIN resale_prior_holds p ON e.type = $6 AND p.hold_id = e.subject
 		LEFT JOIN resale_listing_holds q ON e.type = $6 AND q.hold_id = e.subject
 		WHERE e.program = $1 AND e.ticket = $2 AND e.seq > $4 AND e.type IN ($3, $6) AND e.seq < COALESCE((SELECT MIN(n.seq) FROM events n
 			WHERE n.program = $1 AND n.ticket = $2 AND n.seq > $4 AND n.type IN ($3, $6) AND n.created_at > $5), $7)`,
-		sku.Program, sku.Ticket, EventOrderCreated, mark, now.Add(-ResaleHorizon).UnixMilli(), EventHoldConfirmed, int64(math.MaxInt64))
+		sku.Program, sku.Ticket, EventOrderCreated, mark, upTo, EventHoldConfirmed, int64(math.MaxInt64))
 	if err != nil {
 		return nil, 0, notCommitted("settle: sales", err)
 	}

@@ -164,7 +164,7 @@ func TestSettleOfNoSaleKeepsTheShareCarried(t *testing.T) {
 		sellOne(t, l, sku, "cat", 1)
 		sellOne(t, l, sku, "dan", 1)
 		c.advance(2 * ledger.ResaleHorizon)
-		if sold, err := l.Settle(ctx, sku); err != nil || len(sold) != 0 {
+		if sold, err := l.SettleAged(ctx, sku); err != nil || len(sold) != 0 {
 			t.Fatalf("first settle: %+v, %v; want nothing sold yet", sold, err)
 		}
 		share := carried()
@@ -176,7 +176,7 @@ func TestSettleOfNoSaleKeepsTheShareCarried(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.advance(2 * ledger.ResaleHorizon)
-		if sold, err := l.Settle(ctx, sku); err != nil || len(sold) != 0 {
+		if sold, err := l.SettleAged(ctx, sku); err != nil || len(sold) != 0 {
 			t.Fatalf("second settle: %+v, %v; want nothing sold", sold, err)
 		}
 		if got := carried(); got != share {
@@ -293,7 +293,7 @@ func (r *resaleRig) list(o ledger.Order, q int64) ledger.Listing {
 func (r *resaleRig) settled() []ledger.Event {
 	r.t.Helper()
 	r.c.advance(2 * ledger.ResaleHorizon)
-	sold, err := r.l.Settle(context.Background(), r.sku)
+	sold, err := r.l.SettleAged(context.Background(), r.sku)
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -450,7 +450,7 @@ func TestAShareCountsTheSalesInsideTheHorizonAsNotMadeYet(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				if sold, err := l.Settle(ctx, r.sku); err != nil || len(sold) != 0 {
+				if sold, err := l.SettleAged(ctx, r.sku); err != nil || len(sold) != 0 {
 					t.Fatalf("the settle inside the burst: %+v, %v; want nothing sold", sold, err)
 				}
 				if got := carriedOf(t, l, r.sku); got != 100_000 {
@@ -462,4 +462,79 @@ func TestAShareCountsTheSalesInsideTheHorizonAsNotMadeYet(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A withdrawal settles the sales made just before it too (Settle counts
+// inside the horizon; the sweeper's SettleDue does not): with "first"
+// every sale made while listed is a resale. Left to the sweeper, a sale a
+// moment before the withdrawal counted as public, and the seller withdrew
+// every unit (helper-106 #4a); and when that buyer listed what he bought,
+// the next settle found the units nowhere and sold his listing, which
+// nobody had bought from, and his withdrawal was refused (#4b).
+func TestAWithdrawalCountsTheSalesJustMade(t *testing.T) {
+	eachDriverClock(t, func(t *testing.T, l *ledger.Ledger, c *clock) {
+		ctx := context.Background()
+		withdraw := func(t *testing.T, r *resaleRig, x ledger.Listing) ledger.Listing {
+			t.Helper()
+			// As the sale layer does: settle, read what is left, withdraw it.
+			if _, err := l.Settle(ctx, r.sku); err != nil {
+				t.Fatal(err)
+			}
+			got, err := l.ListingByID(ctx, x.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w, _, err := l.Withdraw(ctx, x.ID, x.Seller, got.Quantity-got.Sold, -1, req(x.Seller.String(), "w-"+x.ID.String(), "fp", ledger.OpWithdraw))
+			if err != nil {
+				t.Fatalf("withdraw %d left: %v", got.Quantity-got.Sold, err)
+			}
+			return w
+		}
+		t.Run("a sale just made", func(t *testing.T) {
+			r := newResaleRig(t, l, c, "justmade", ledger.ResaleFirst, 10)
+			sel := r.list(r.buy("sel", 4), 4)
+			r.buy("bea", 1)
+			if w := withdraw(t, r, sel); w.Sold != 1 || w.Withdrawn != 3 {
+				t.Errorf("withdrawn at once after a sale: sold %d, withdrew %d; want 1 sold (a resale), 3 withdrawn", w.Sold, w.Withdrawn)
+			}
+		})
+		// The caller's count is stale (sales came after it read the
+		// listing): the withdrawal is refused, and what its settle sold
+		// stands. Rolled back with the refusal, listing-ended was told of
+		// a listing that still had its units listed.
+		for _, bought := range []int64{1, 2} {
+			t.Run(fmt.Sprintf("refused after %d sold", bought), func(t *testing.T) {
+				r := newResaleRig(t, l, c, "stale", ledger.ResaleFirst, 4)
+				x := r.list(r.buy("sel", 2), 2)
+				r.buy("bea", bought)
+				_, settled, err := l.Withdraw(ctx, x.ID, x.Seller, 2, -1, req("sel", "w-"+x.ID.String(), "fp", ledger.OpWithdraw))
+				want := ledger.ErrListingSelling
+				if bought == 2 {
+					want = ledger.ErrListingEnded
+				}
+				if !errors.Is(err, want) {
+					t.Fatalf("withdraw of 2 after %d sold: %v, want %v", bought, err, want)
+				}
+				if got := r.sold(x); got != bought || len(settled) != 1 || settled[0].Quantity != bought {
+					t.Errorf("after the refusal the listing has sold %d, the call told of %+v; want %d sold and told", got, settled, bought)
+				}
+			})
+		}
+		t.Run("listed again by its buyer", func(t *testing.T) {
+			r := newResaleRig(t, l, c, "relisted", ledger.ResaleFirst, 6)
+			selOrder := r.buy("sel", 4)
+			r.buy("oth", 2)
+			sel := r.list(selOrder, 3)
+			bea := r.list(r.buy("bea", 2), 2) // the public stock was gone: sel's
+			if w := withdraw(t, r, sel); w.Sold != 2 || w.Withdrawn != 1 {
+				t.Errorf("sel's withdrawal: sold %d, withdrew %d; want 2 sold to bea, 1 withdrawn", w.Sold, w.Withdrawn)
+			}
+			if sold := r.settled(); len(sold) != 0 || r.sold(bea) != 0 {
+				t.Errorf("the next settle sold %+v of bea's listing, which nobody bought from", sold)
+			}
+			if w := withdraw(t, r, bea); w.Sold != 0 || w.Withdrawn != 2 {
+				t.Errorf("bea's withdrawal: sold %d, withdrew %d; want her 2 back", w.Sold, w.Withdrawn)
+			}
+		})
+	})
 }

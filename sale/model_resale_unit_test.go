@@ -207,7 +207,7 @@ func (m *model) withdraw(n int) {
 		}
 		return
 	}
-	m.settled(x.order.sku)
+	m.settled(x.order.sku, true)
 	defer m.checkListings(x.order.sku)
 	left := x.q - x.sold
 	switch {
@@ -249,7 +249,7 @@ func (m *model) settle(n int) {
 	m.where = fmt.Sprintf("step %d: settle", n)
 	sale.SettleResales(m.svc)
 	for i := range m.skus {
-		m.settled(i)
+		m.settled(i, false)
 		m.checkListings(i)
 	}
 }
@@ -258,8 +258,9 @@ func (m *model) settle(n int) {
 // before go to its listings begun before each sale, oldest first, up to
 // what they have unsold (and at least what the free and newly held stock
 // no longer has); each leaves the SKU's total and sold, the listing, and
-// the seller's order, whose last unit resold ends it as resold.
-func (m *model) settled(i int) {
+// the seller's order, whose last unit resold ends it as resold. all: a
+// withdrawal's settle, which counts the sales inside the horizon too.
+func (m *model) settled(i int, all bool) {
 	s := &m.skus[i]
 	var open []*modelListing
 	for _, x := range m.listings {
@@ -275,7 +276,7 @@ func (m *model) settled(i int) {
 	// wait for the next settle.
 	cut, since := len(s.sales), m.now().Add(-ledger.ResaleHorizon).UnixMilli()
 	for k, sl := range s.sales {
-		if sl.at > since {
+		if sl.at > since && !all {
 			cut = k
 			break
 		}

@@ -152,3 +152,34 @@ func TestHostileRequestsAnsweredAtTheDoor(t *testing.T) {
 		t.Errorf("trailing slash: %d %s", r.StatusCode, b)
 	}
 }
+
+// HEAD is answered wherever GET is, with the GET's status and headers and
+// no body (RFC 9110 9.3.2); it was 405, which a load balancer's HEAD
+// health check reads as down (helper-106).
+func TestHeadIsGetWithoutItsBody(t *testing.T) {
+	ts := hostileServer(t)
+	for _, tc := range []struct {
+		path   string
+		status int
+		ctype  string
+	}{
+		{"/livez", http.StatusOK, "text/plain"},
+		{"/openapi.json", http.StatusOK, "application/json"},
+		{"/v1/orders/a%7Bb", http.StatusBadRequest, "application/problem+json"},
+	} {
+		r, err := http.Head(ts.URL + tc.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(r.Body)
+		r.Body.Close()
+		if r.StatusCode != tc.status || !strings.HasPrefix(r.Header.Get("Content-Type"), tc.ctype) || len(b) != 0 {
+			t.Errorf("HEAD %s = %d %q with %d bytes of body; want %d %s and none", tc.path, r.StatusCode, r.Header.Get("Content-Type"), len(b), tc.status, tc.ctype)
+		}
+	}
+	// A route with no GET is still 405 to a HEAD.
+	head := raw(t, ts, "HEAD /v1/skus/p1/ga/purchases HTTP/1.1\r\nHost: x\r\n\r\n")
+	if !strings.HasPrefix(head, "HTTP/1.1 405 ") {
+		t.Errorf("HEAD of a POST route answered\n%s\nwant 405", head)
+	}
+}

@@ -237,7 +237,7 @@ type routeSet struct {
 
 // Handler is the HTTP handler of the API: all of it, or without /metrics
 // and the admin routes with SeparateAdmin.
-func (s *Server) Handler() http.Handler { return s.engine }
+func (s *Server) Handler() http.Handler { return headAsGet{s.engine} }
 
 // AdminHandler serves /metrics, the admin routes and the health checks
 // with SeparateAdmin; nil without it.
@@ -245,7 +245,25 @@ func (s *Server) AdminHandler() http.Handler {
 	if s.admin == nil {
 		return nil
 	}
-	return s.admin
+	return headAsGet{s.admin}
+}
+
+// headAsGet answers a HEAD as the GET of the same path, without its body
+// (RFC 9110 9.3.2: a server must support HEAD wherever GET is): gin
+// routes no HEAD by itself, and answered 405, which a load balancer's
+// HEAD health check reads as down (helper-106). The GET is served on a
+// copy of the request; net/http's writer, which still has the HEAD,
+// drops what the handler writes as the body.
+type headAsGet struct{ h http.Handler }
+
+func (g headAsGet) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodHead {
+		g.h.ServeHTTP(w, r)
+		return
+	}
+	get := r.Clone(r.Context())
+	get.Method = http.MethodGet
+	g.h.ServeHTTP(w, get)
 }
 
 // SetReady flips /readyz: true once warmed up, false when draining.

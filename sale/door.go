@@ -116,7 +116,26 @@ func movedNothing(err error) bool {
 // admitted takes w once its request is let through the program's waiting
 // room (when the program has one).
 func (s *Service) admitted(ctx context.Context, a Ask, program keys.ID, r request, w want) answer {
-	return s.throughQueue(ctx, program, a, r, []stock.SKU{w.sku}, func(ctx context.Context) answer { return s.takeOne(ctx, w) })
+	take := func(ctx context.Context) answer { return s.takeOne(ctx, w) }
+	if s.aroundTheLine(ctx, w) {
+		return take(ctx)
+	}
+	return s.throughQueue(ctx, program, a, r, []stock.SKU{w.sku}, take)
+}
+
+// aroundTheLine reports whether w is a take of a channel pool that brings
+// a channel credential: a partner's channel sells around the waiting
+// room, whose line leaves its stock out (ledger.ProgramStock). Sent to
+// the door, it was 403 admission-required, and once the public line sold
+// out the line answered sold-out, so the pool never sold (helper-109).
+// The credential is checked by the take as ever (403 pool-access-denied);
+// a pool of any other rule, or settings not known now, goes to the door.
+func (s *Service) aroundTheLine(ctx context.Context, w want) bool {
+	if w.access.Channel == "" || w.sku.Pool().IsZero() {
+		return false
+	}
+	st, err := s.settings.Get(ctx, w.sku)
+	return err == nil && st.Rule.Access == AccessChannel
 }
 
 // committedIn answers a request refused at a waiting room's door: a retry

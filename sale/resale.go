@@ -77,15 +77,36 @@ func (s *Service) WithdrawListing(ctx context.Context, listingID keys.ID, a Ask)
 	return s.ownerAction(ctx, ledger.OpWithdraw, listingID, a, s.withdraw)
 }
 
-func (s *Service) withdraw(ctx context.Context, id, seller keys.ID, r request) answer {
+// withdrawable is listing id as seller's withdrawal first reads it, or
+// the answer that refuses the withdrawal (ok false).
+func (s *Service) withdrawable(ctx context.Context, id, seller keys.ID) (_ ledger.Listing, _ answer, ok bool) {
 	x, err := s.ledger.ListingByID(ctx, id)
 	switch {
 	case errors.Is(err, ledger.ErrNotFound):
-		return fail(ErrUnknownListing)
+		return x, fail(ErrUnknownListing), false
 	case err != nil:
-		return ansUnavailable
+		return x, ansUnavailable, false
 	case x.Seller != seller:
-		return ansNotOwner
+		return x, ansNotOwner, false
+	}
+	// Behind a waiting room, listed tickets are the line's: the room
+	// admitted a buyer for each, and a withdrawal took them back from
+	// under those buyers, who met sold out (helper-109), as a late payment
+	// would (it is refused there too). Withdrawn once the room is gone.
+	switch queued, err := s.queued(ctx, x.SKU.Program); {
+	case err != nil:
+		return x, ansUnavailable, false
+	case queued && x.State == ledger.Listed:
+		return x, fail(refuse(ErrListingSelling,
+			"the program sells through its waiting room, which admitted buyers for the listed tickets: withdraw them once the room is removed")), false
+	}
+	return x, answer{}, true
+}
+
+func (s *Service) withdraw(ctx context.Context, id, seller keys.ID, r request) answer {
+	x, no, ok := s.withdrawable(ctx, id, seller)
+	if !ok {
+		return no
 	}
 	// What sold settles first, so the units left are what a withdrawal
 	// takes back (and the sellers' counts at the gate go with the sales).

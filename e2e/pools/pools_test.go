@@ -406,3 +406,42 @@ func TestPoolCreatedConcurrently(t *testing.T) {
 		}
 	})
 }
+
+// A partner's channel pool sells around the program's waiting room: the
+// line leaves its stock out (it is the organizer's channel), and its
+// buyers bring the channel credential, not an admission. It was 403
+// admission-required, and once the public line sold out the line said
+// sold-out, so the pool never sold (helper-109). Without the credential,
+// with a wrong one, or from the public pool, a purchase still meets the
+// door or the pool's rule.
+func TestAChannelPoolSellsAroundTheWaitingRoom(t *testing.T) {
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		e := systest.New(t, driver)
+		sku := systest.NewSKU(t)
+		e.PutSKU(t, sku, 10, 1, 4)
+		e.PutPool(t, sku, "partner", `{"allotment":4,"access":"channel","channel_token":"partner-secret-0123456789"}`)
+		if r := e.Do(t, http.MethodPut, "/v1/admin/programs/"+sku.Program.String()+"/queue", nil,
+			`{"opens_in_seconds":0,"rate_per_second":100,"window_seconds":60,"per_remaining":1}`); r.Status != http.StatusOK {
+			t.Fatalf("PUT queue = %d %s", r.Status, r.Body)
+		}
+		const token = `,"channel_token":"partner-secret-0123456789"`
+		for _, c := range []struct {
+			pool, key, extra string
+			status           int
+			kind             string
+		}{
+			{"partner", "c1", token, http.StatusCreated, ""},
+			{"partner", "c2", "", http.StatusForbidden, "admission-required"},
+			{"partner", "c3", `,"channel_token":"wrong-secret-0123456789"`, http.StatusForbidden, "pool-access-denied"},
+			{"", "p1", token, http.StatusForbidden, "admission-required"},
+		} {
+			r := buyIn(t, e, sku, c.pool, c.key, "pat", 1, c.extra)
+			if r.Status != c.status || c.kind != "" && systest.ProblemKind(r) != c.kind {
+				t.Errorf("pool %q, key %s, credential %q: %d %s; want %d %s", c.pool, c.key, c.extra, r.Status, r.Body, c.status, c.kind)
+			}
+		}
+		if r := buyIn(t, e, sku, "partner", "c1", "pat", 1, token); r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "true" {
+			t.Errorf("the channel purchase again = %d %s (replayed %q), want its 201 replayed", r.Status, r.Body, r.Header.Get("Idempotent-Replayed"))
+		}
+	})
+}

@@ -344,3 +344,34 @@ func TestResaleAlongsideBesideAnEarlierHold(t *testing.T) {
 		}
 	})
 }
+
+// Behind a waiting room a listing is not withdrawn: the room admitted a
+// buyer for each listed ticket, and a withdrawal took the tickets from
+// under those buyers, who met sold out (helper-109). Refused with nothing
+// moved (409 listing-selling); once the room is removed it withdraws.
+func TestAListingBehindAWaitingRoomStaysListed(t *testing.T) {
+	systest.EachDriver(t, func(t *testing.T, driver string) {
+		a, _ := start(t, driver)
+		sku := systest.NewSKU(t)
+		a.PutSKU(t, sku, 4, 1, 4)
+		ann := systest.OrderID(a.MustBuy(t, sku, "p1", "ann", 4))
+		x := mustList(t, a, ann, "l1", "ann", 2)
+		systest.WaitFor(t, 10*time.Second, "the listed units at the gate", func() bool { return a.State(t, sku).RedisRemaining == 2 })
+		queue := "/v1/admin/programs/" + sku.Program.String() + "/queue"
+		if r := a.Do(t, http.MethodPut, queue, nil, `{"opens_in_seconds":0,"rate_per_second":100,"window_seconds":60,"per_remaining":1}`); r.Status != http.StatusOK {
+			t.Fatalf("PUT queue = %d %s", r.Status, r.Body)
+		}
+		if r := a.Act(t, "/v1/listings/"+x.ListingID+"/withdraw", "w1", "ann"); r.Status != http.StatusConflict || systest.ProblemKind(r) != "listing-selling" {
+			t.Errorf("a withdrawal behind a waiting room = %d %s, want 409 listing-selling", r.Status, r.Body)
+		}
+		if got := getListing(t, a, x.ListingID); got.State != "listed" || a.State(t, sku).RedisRemaining != 2 {
+			t.Errorf("after the refusal: listing %+v, %+v; want it listed, its 2 for sale", got, a.State(t, sku))
+		}
+		if r := a.Do(t, http.MethodDelete, queue, nil, ""); r.Status != http.StatusNoContent {
+			t.Fatalf("DELETE queue = %d %s", r.Status, r.Body)
+		}
+		if r := a.Act(t, "/v1/listings/"+x.ListingID+"/withdraw", "w2", "ann"); r.Status != http.StatusOK || listingOf(t, r).Withdrawn != 2 {
+			t.Errorf("the withdrawal once the room is gone = %d %s, want 200, 2 withdrawn", r.Status, r.Body)
+		}
+	})
+}

@@ -31,6 +31,19 @@ import (
 // This is the two steps of gobreaker's TwoStepCircuitBreaker: ask, then
 // report.
 func (s *Rooms) Admit(ctx context.Context, program, buyer keys.ID, token string, request, key keys.ID) (settle func(ctx context.Context, how Outcome), err error) {
+	settle, err = s.admit(ctx, program, buyer, token, request, key)
+	if errors.Is(err, errRoomChanged) {
+		// This replica's room was turned off and on again: the room as
+		// it is now decides (a token of the old one is not its).
+		settle, err = s.admit(ctx, program, buyer, token, request, key)
+	}
+	if errors.Is(err, errRoomChanged) {
+		return nil, refuse(ErrUnavailable, "the waiting room was just turned off and on again; repeat the request")
+	}
+	return settle, err
+}
+
+func (s *Rooms) admit(ctx context.Context, program, buyer keys.ID, token string, request, key keys.ID) (settle func(ctx context.Context, how Outcome), err error) {
 	c, err := s.config(ctx, program)
 	if errors.Is(err, ErrNoRoom) {
 		return nil, nil
@@ -64,6 +77,8 @@ func (s *Rooms) Admit(ctx context.Context, program, buyer keys.ID, token string,
 		return nil, refuse(ErrAdmissionExpired, "")
 	case errors.Is(err, ErrNotAdmitted):
 		return nil, refuse(ErrAdmissionInvalid, "this place in line is not admitted yet")
+	case errors.Is(err, errRoomChanged):
+		return nil, err
 	case err != nil:
 		s.log.WarnContext(ctx, "spend admission", "program", program.String(), "err", err)
 		return nil, refuse(ErrUnavailable, "Redis unavailable; retry with the same Idempotency-Key")

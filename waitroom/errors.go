@@ -31,6 +31,11 @@ var (
 	ErrAdmissionExpired  = &Kind{"admission-expired", "the admission window has passed"}
 )
 
+// errRoomChanged: the room a replica remembered was turned off (and on
+// again) since; what it was doing is done again with the room as it is
+// now (restoreLine).
+var errRoomChanged = errors.New("waitroom: the room was turned off since it was read")
+
 // Kinds are every kind, for the tests that hold the API's document to them.
 func Kinds() []*Kind {
 	return []*Kind{ErrInvalid, ErrUnavailable, ErrNoRoom, ErrNotOpen, ErrTicket, ErrProofRequired, ErrProofInvalid,

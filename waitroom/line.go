@@ -116,7 +116,22 @@ func lineFacts(ln ledger.QueueLine) Facts {
 
 // restoreLine makes the line of c's room in Redis from the ledger's facts
 // (a new room, or a line Redis lost), then puts the admissions spent back.
+//
+// c may be a room turned off and on again since this replica read it (its
+// cache keeps a room a second, longer when the room's notice was lost):
+// Redis's line is then the new room's, and making the old one's over it
+// would drop the new line's joins and spends (helper-109). The ledger
+// says which room is current; for another, restoreLine makes nothing,
+// forgets the old room and answers errRoomChanged. One ledger read, paid
+// only when Redis has no line of c's room.
 func (s *Rooms) restoreLine(ctx context.Context, c room) error {
+	switch cur, err := s.ledger.Queue(ctx, c.Program); {
+	case err != nil && !errors.Is(err, ledger.ErrNotFound):
+		return err
+	case err != nil || cur.Room() != c.id:
+		s.roomChanged(c.Program)
+		return errRoomChanged
+	}
 	ln, err := s.ledger.RoomLine(ctx, c.Program, c.id)
 	if err != nil {
 		return err

@@ -289,13 +289,12 @@ func (s *Rooms) pace(ctx context.Context, lc ledger.QueueConfig, p *pacing) pace
 	switch {
 	case errors.Is(err, ErrLost):
 		// Redis has no line, or another room's: a room made again since
-		// the rooms were listed must not have its line replaced by this
-		// older room's. The ledger says which room is current.
-		if cur, cerr := s.ledger.Queue(ctx, c.Program); cerr != nil || cur.Room() != c.id {
-			s.roomsChanged.Store(true)
+		// the rooms were listed keeps its line (restoreLine asks the
+		// ledger), and the pacer reads the rooms again.
+		switch err = s.restoreLine(ctx, c); {
+		case errors.Is(err, errRoomChanged):
 			return paced{left: left}
-		}
-		if err = s.restoreLine(ctx, c); err == nil {
+		case err == nil:
 			step, err = advance()
 		}
 	case errors.Is(err, ErrMoved):

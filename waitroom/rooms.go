@@ -281,6 +281,19 @@ type JoinAsk struct {
 // false). A room that asks for proof of work refuses a join without a
 // solved puzzle with a *PuzzleError.
 func (s *Rooms) Join(ctx context.Context, program keys.ID, j JoinAsk) (Status, bool, error) {
+	st, created, err := s.join(ctx, program, j)
+	if errors.Is(err, errRoomChanged) {
+		// This replica's room was turned off and on again: join the room
+		// as it is now (its cache was dropped).
+		st, created, err = s.join(ctx, program, j)
+	}
+	if errors.Is(err, errRoomChanged) {
+		return st, created, refuse(ErrUnavailable, "the waiting room was just turned off and on again; repeat the request")
+	}
+	return st, created, err
+}
+
+func (s *Rooms) join(ctx context.Context, program keys.ID, j JoinAsk) (Status, bool, error) {
 	c, err := s.config(ctx, program)
 	if err != nil {
 		return Status{}, false, err
@@ -322,6 +335,9 @@ func (s *Rooms) Join(ctx context.Context, program keys.ID, j JoinAsk) (Status, b
 			if err == nil {
 				continue
 			}
+		}
+		if errors.Is(err, errRoomChanged) {
+			return Status{}, false, err
 		}
 		s.log.WarnContext(ctx, "join queue", "program", program.String(), "err", err)
 		return Status{}, false, refuse(ErrUnavailable, "Redis unavailable; repeat the request")

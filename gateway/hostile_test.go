@@ -126,6 +126,12 @@ func TestHostileRequestsAnsweredAtTheDoor(t *testing.T) {
 		// Two keys name two requests; the first one won.
 		{"two idempotency keys", "POST /v1/skus/p1/ga/purchases HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
 			"Idempotency-Key: k1\r\nIdempotency-Key: k2\r\nContent-Length: 2\r\n\r\n{}", "400", "invalid-idempotency-key"},
+		// The first one counted against the hold budget, or spent the
+		// admission (helper-106).
+		{"two fingerprints", "POST /v1/skus/p1/ga/holds HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
+			"Idempotency-Key: k1\r\nBuyer-Fingerprint: d1\r\nBuyer-Fingerprint: d2\r\nContent-Length: 2\r\n\r\n{}", "422", "invalid-field"},
+		{"two admission tokens", "POST /v1/skus/p1/ga/purchases HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
+			"Idempotency-Key: k1\r\nAdmission-Token: a\r\nAdmission-Token: b\r\nContent-Length: 2\r\n\r\n{}", "422", "invalid-field"},
 		// gin's reader dropped the pair: read as no pool (helper-106).
 		{"a query with a ;", "GET /v1/skus/p1/ga/stock?pool=fan;x HTTP/1.1\r\nHost: x\r\n\r\n", "400", "invalid-id"},
 		{"a query with a bad escape", "POST /v1/skus/p1/ga/purchases?pool=%zz HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +

@@ -206,6 +206,14 @@ func (s *Server) ask(c *gin.Context) (sale.Ask, bool) {
 	if !ok {
 		return sale.Ask{}, false
 	}
+	for _, h := range []string{"Buyer-Fingerprint", "Admission-Token"} {
+		if len(c.Request.Header.Values(h)) > 1 {
+			// Which one counts against the budget, or spends the
+			// admission? Neither is guessed (helper-106).
+			writeProblem(c, http.StatusUnprocessableEntity, "invalid-field", "one "+h+" header, not several", 0)
+			return sale.Ask{}, false
+		}
+	}
 	device := c.GetHeader("Buyer-Fingerprint")
 	if !sale.ValidDevice(device) {
 		writeProblem(c, http.StatusUnprocessableEntity, "invalid-field",

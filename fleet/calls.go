@@ -415,6 +415,20 @@ func (f *Fleet) RestoreOwed(ctx context.Context, kind string, id keys.ID) (ledge
 	return r.a, r.b, err
 }
 
+func (f *Fleet) RestoreDurable(ctx context.Context, kind string, id keys.ID) error {
+	_, err := byID(ctx, f, id, true, func(l *ledger.Ledger) (struct{}, error) {
+		if len(f.ps) > 1 {
+			// Nothing rewritten may be "not here": only the row's
+			// primary vouches for it.
+			if _, err := l.ProgramOfRow(ctx, id); err != nil {
+				return struct{}{}, err
+			}
+		}
+		return struct{}{}, l.RestoreDurable(ctx, kind, id)
+	})
+	return err
+}
+
 func (f *Fleet) RestoreDone(ctx context.Context, kind string, id keys.ID) error {
 	_, err := byID(ctx, f, id, true, func(l *ledger.Ledger) (struct{}, error) {
 		if len(f.ps) > 1 {

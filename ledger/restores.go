@@ -105,17 +105,42 @@ func (l *Ledger) RestoreOwed(ctx context.Context, kind string, id keys.ID) (Rest
 	return r, true, nil
 }
 
+// RestoreDurable returns once the restore a hold, order or listing owes
+// Redis is known to be on the synchronous standby, or fails; nil when it
+// owes none. A restore found by reading (a replay's, the sweeper's, a
+// late payment's) may stand on a COMMIT that applied on the primary alone
+// (its backend ended while it waited for the standby, its reply lost): a
+// failover takes it back, and units given to Redis for it are units the
+// ledger does not have. Rewriting the row as it is writes WAL, so that
+// COMMIT waits until the standby has the row's own commit too (as
+// RequestDurable). Without a synchronous standby it is a local commit;
+// SQLite has no standby.
+func (l *Ledger) RestoreDurable(ctx context.Context, kind string, id keys.ID) error {
+	if l.driver != Postgres {
+		return nil
+	}
+	if _, err := l.db.ExecContext(ctx, `UPDATE `+restoreTable(kind)+` SET restore_pending = restore_pending WHERE id = $1 AND restore_pending > 0`,
+		id); err != nil {
+		return fmt.Errorf("ledger: restore: not known to be on the standby: %w", err)
+	}
+	return nil
+}
+
+// restoreTable is the table of a restore's kind.
+func restoreTable(kind string) string {
+	switch kind {
+	case "order":
+		return "orders"
+	case "listing":
+		return "listings"
+	}
+	return "holds"
+}
+
 // RestoreDone records that a restore reached Redis, or that Redis does not
 // need it (a later rebuild counted it).
 func (l *Ledger) RestoreDone(ctx context.Context, kind string, id keys.ID) error {
-	table := "holds"
-	switch kind {
-	case "order":
-		table = "orders"
-	case "listing":
-		table = "listings"
-	}
-	if _, err := l.db.ExecContext(ctx, `UPDATE `+table+` SET restore_pending = 0 WHERE id = $1`, id); err != nil {
+	if _, err := l.db.ExecContext(ctx, `UPDATE `+restoreTable(kind)+` SET restore_pending = 0 WHERE id = $1`, id); err != nil {
 		return fmt.Errorf("ledger: restore done: %w", err)
 	}
 	return nil

@@ -219,7 +219,7 @@ func (s *Service) cancelCart(ctx context.Context, id, buyer keys.ID, r request) 
 		// The first answer may never have been given (its COMMIT reply
 		// lost): what it owes Redis goes back now, not at a sweep.
 		for _, h := range c.Holds {
-			s.returnOwed(ctx, "hold", h.ID)
+			s.returnFound(ctx, "hold", h.ID)
 			s.holdEnded(ctx, h.SKU.Program, h.Buyer, h.IdempotencyKey)
 		}
 		return answer{cart: &c, replayed: true}
@@ -244,7 +244,7 @@ func (s *Service) refundCart(ctx context.Context, id, buyer keys.ID, r request) 
 	switch {
 	case errors.Is(err, ledger.ErrDuplicate):
 		for _, o := range c.Orders { // as cancelCart's replay
-			s.returnOwed(ctx, "order", o.ID)
+			s.returnFound(ctx, "order", o.ID)
 		}
 		return answer{cart: &c, replayed: true}
 	case errors.Is(err, ledger.ErrNotBought):

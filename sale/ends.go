@@ -157,7 +157,7 @@ func (s *Service) confirmKeep(ctx context.Context, id, buyer keys.ID, keep int64
 		// The first answer may never have been given (its COMMIT reply
 		// lost): the rest it owes Redis is returned now, not at a sweep,
 		// and its budget count ends (as confirm's replay).
-		s.returnOwed(ctx, "hold", id)
+		s.returnFound(ctx, "hold", id)
 		s.holdEnded(ctx, o.SKU.Program, o.Buyer, o.GateRequest())
 		return answer{order: o, replayed: true}
 	case errors.Is(err, stock.ErrInvalid):
@@ -244,7 +244,7 @@ func (s *Service) cancel(ctx context.Context, id, buyer keys.ID, r request) answ
 	h, changed, err := s.cancelLedger(ctx, id, buyer, r.ledger())
 	switch {
 	case errors.Is(err, ledger.ErrDuplicate):
-		s.returnOwed(ctx, "hold", h.ID) // as confirmKeep's replay
+		s.returnFound(ctx, "hold", h.ID) // as confirmKeep's replay
 		s.holdEnded(ctx, h.SKU.Program, h.Buyer, h.IdempotencyKey)
 		return answer{hold: &h, replayed: true}
 	case errors.Is(err, ledger.ErrHoldConfirmed):
@@ -274,7 +274,7 @@ func (s *Service) refund(ctx context.Context, id, buyer keys.ID, r request) answ
 	}
 	switch {
 	case errors.Is(err, ledger.ErrDuplicate):
-		s.returnOwed(ctx, "order", o.ID) // as confirmKeep's replay
+		s.returnFound(ctx, "order", o.ID) // as confirmKeep's replay
 		return answer{order: o, replayed: true}
 	case errors.Is(err, ledger.ErrListed):
 		return fail(ErrOrderListed)

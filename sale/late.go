@@ -141,9 +141,10 @@ func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64) answe
 	// its grace retries, a restore still under way): the units are the
 	// buyer's and the ledger has them, so they go back first, or the gate
 	// refuses them and the platform refunds a payment for units that
-	// were there. Nothing owed (this call expired it and gave them
-	// back): one read.
-	s.returnOwed(ctx, "hold", h.ID)
+	// were there. Found by reading: once the expiry is on the standby
+	// (returnFound). Nothing owed (this call expired it and gave them
+	// back): a rewrite of no row and one read.
+	s.returnFound(ctx, "hold", h.ID)
 	named := keep
 	if keep == 0 {
 		keep = h.Quantity

@@ -48,7 +48,7 @@ func (s *Service) ListForResale(ctx context.Context, orderID keys.ID, a Ask, q i
 		case errors.Is(err, ledger.ErrDuplicate):
 			// The first answer may never have been given (its COMMIT
 			// reply lost): the units go on sale now, not at a sweep.
-			s.returnOwed(ctx, "listing", x.ID)
+			s.returnFound(ctx, "listing", x.ID)
 			return answer{listing: &x, replayed: true}
 		case errors.Is(err, ledger.ErrRefunded):
 			return fail(ErrOrderRefunded)

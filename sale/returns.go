@@ -24,6 +24,25 @@ func (s *Service) returnOwed(ctx context.Context, kind string, id keys.ID) {
 	}
 }
 
+// returnFound is returnOwed for a return found by reading rather than
+// made by the caller's own COMMIT: a replay's (ledger.ErrDuplicate), the
+// sweeper's, a late payment's. Its row may stand on a COMMIT that
+// applied on the primary alone (its backend ended while it waited for
+// the synchronous standby, its reply lost): a failover takes it back,
+// and units given to Redis for it are units the ledger does not have,
+// sold at the gate and refused by the ledger (helper-111). So the units
+// go back once ledger.RestoreDurable says the row is on the standby;
+// unknown, they stay owed and a sweep gives them back once it is. A
+// take's replay checks its request row the same way before its
+// give-backs (take.commit, recorded).
+func (s *Service) returnFound(ctx context.Context, kind string, id keys.ID) {
+	if err := s.ledger.RestoreDurable(ctx, kind, id); err != nil {
+		s.log.WarnContext(ctx, "restore not known to be on the standby; a sweeper will do it", "kind", kind, "id", id, "err", err)
+		return
+	}
+	s.returnOwed(ctx, kind, id)
+}
+
 // refillWaits are the pauses before asking a gate again that is being
 // built to the return's epoch (a resize or a rebuild: milliseconds behind
 // its fence): waited out here, the units are back at once rather than
@@ -242,6 +261,16 @@ func (s *Service) sweep(ctx context.Context) {
 		s.log.WarnContext(ctx, "pending restores", "err", err)
 	}
 	for _, r := range pending {
+		// Found by reading, as a replay's (returnFound). A standby that
+		// does not answer holds the sweep a request's time, once: the
+		// rest wait for the next sweep (a random sample again).
+		dctx, cancel := context.WithTimeout(ctx, s.opts.WorkTimeout)
+		err := s.ledger.RestoreDurable(dctx, r.Kind, r.ID)
+		cancel()
+		if err != nil {
+			s.log.WarnContext(ctx, "pending restore not known to be on the standby", "kind", r.Kind, "id", r.ID, "err", err)
+			break
+		}
 		s.returnToRedis(ctx, r, nil) // a gate still not built waits for the next sweep, not here
 	}
 	slow := owedSlowPerSweep

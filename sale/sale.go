@@ -129,6 +129,7 @@ type Restores interface {
 	RestoreOwed(ctx context.Context, kind string, id keys.ID) (ledger.Restore, bool, error)
 	PendingRestores(ctx context.Context, olderThan time.Duration, limit int) ([]ledger.Restore, error)
 	RestoreDone(ctx context.Context, kind string, id keys.ID) error
+	RestoreDurable(ctx context.Context, kind string, id keys.ID) error
 }
 
 // Events reads a program's event feed, and which events the ledger has.

@@ -167,6 +167,11 @@ func (l *CountingLedger) PendingRestores(ctx context.Context, older time.Duratio
 	return l.Ledger.PendingRestores(ctx, older, limit)
 }
 
+func (l *CountingLedger) RestoreDurable(ctx context.Context, kind string, id keys.ID) error {
+	l.note("RestoreDurable")
+	return l.Ledger.RestoreDurable(ctx, kind, id)
+}
+
 func (l *CountingLedger) RestoreDone(ctx context.Context, kind string, id keys.ID) error {
 	l.note("RestoreDone")
 	return l.Ledger.RestoreDone(ctx, kind, id)

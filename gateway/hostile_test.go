@@ -126,6 +126,16 @@ func TestHostileRequestsAnsweredAtTheDoor(t *testing.T) {
 		// Two keys name two requests; the first one won.
 		{"two idempotency keys", "POST /v1/skus/p1/ga/purchases HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
 			"Idempotency-Key: k1\r\nIdempotency-Key: k2\r\nContent-Length: 2\r\n\r\n{}", "400", "invalid-idempotency-key"},
+		// A route that takes no body acted whatever body came: a sale
+		// ended, a buyer left the line (helper-110).
+		{"a body of another type on a route with none", "POST /v1/admin/skus/p1/ga/end HTTP/1.1\r\nHost: x\r\nContent-Type: text/xml\r\n" +
+			"Content-Length: 3\r\n\r\n<a>", "415", "unsupported-media-type"},
+		{"a member on a route with no body", "DELETE /v1/skus/p1/ga/waitlist/ann HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
+			"Content-Length: 7\r\n\r\n{\"x\":1}", "400", "malformed-json"},
+		{"garbage on a route with no body", "POST /v1/admin/skus/p1/ga/pools/fan/close HTTP/1.1\r\nHost: x\r\n" +
+			"Content-Length: 7\r\n\r\ngarbage", "400", "malformed-json"},
+		{"a body too large on a route with none", "POST /v1/admin/skus/p1/ga/reconcile HTTP/1.1\r\nHost: x\r\n" +
+			"Content-Length: 100000\r\n\r\n{", "413", "body-too-large"},
 		// The first one counted against the hold budget, or spent the
 		// admission (helper-106).
 		{"two fingerprints", "POST /v1/skus/p1/ga/holds HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +

@@ -324,25 +324,25 @@ func (s *Server) routes(set routeSet) (*gin.Engine, error) {
 		admin := v1.Group("/admin", s.requireAdmin)
 		admin.PUT("/skus/:program/:ticket", noPoolQuery, s.putSKU)
 		admin.GET("/skus/:program/:ticket", s.getSKU)
-		admin.POST("/skus/:program/:ticket/reconcile", s.reconcile)
-		admin.POST("/skus/:program/:ticket/end", noPoolQuery, s.endSale)
+		admin.POST("/skus/:program/:ticket/reconcile", s.noBody, s.reconcile)
+		admin.POST("/skus/:program/:ticket/end", noPoolQuery, s.noBody, s.endSale)
 		admin.POST("/skus/:program/:ticket/orders", noPoolQuery, s.postOrganizerOrder)
 		admin.GET("/skus/:program/:ticket/pools", s.getPools)
 		admin.PUT("/skus/:program/:ticket/pools/:pool", s.putPool)
-		admin.POST("/skus/:program/:ticket/pools/:pool/close", s.closePool)
+		admin.POST("/skus/:program/:ticket/pools/:pool/close", s.noBody, s.closePool)
 		admin.POST("/skus/:program/:ticket/pools/:pool/codes", s.postCodes)
 		admin.PUT("/programs/:program", s.putProgram)
 		admin.PUT("/programs/:program/queue", s.putQueue)
 		admin.GET("/programs/:program/queue", s.getQueue)
 		admin.GET("/programs/:program/report", s.getReport)
-		admin.DELETE("/programs/:program/queue", s.deleteQueue)
+		admin.DELETE("/programs/:program/queue", s.noBody, s.deleteQueue)
 		admin.PUT("/skus/:program/:ticket/seats", noPoolQuery, s.putSeats)
-		admin.POST("/skus/:program/:ticket/seats/check", noPoolQuery, s.checkSeats)
+		admin.POST("/skus/:program/:ticket/seats/check", noPoolQuery, s.noBody, s.checkSeats)
 		admin.GET("/events", s.getEvents)
 		admin.POST("/events/missing", s.missingEvents)
 		admin.GET("/relay", s.getRelay)
 		admin.GET("/relay/dead", s.getDeadLetters)
-		admin.POST("/relay/dead/:sink/:seq/redeliver", s.redeliver)
+		admin.POST("/relay/dead/:sink/:seq/redeliver", s.noBody, s.redeliver)
 	}
 	if !set.public {
 		return e, nil
@@ -376,7 +376,7 @@ func (s *Server) routes(set routeSet) (*gin.Engine, error) {
 	v1.POST("/carts/:id/refund", s.refundCart)
 	v1.PUT("/skus/:program/:ticket/waitlist/:buyer", s.joinWaitlist)
 	v1.GET("/skus/:program/:ticket/waitlist/:buyer", s.getWaitlist)
-	v1.DELETE("/skus/:program/:ticket/waitlist/:buyer", s.leaveWaitlist)
+	v1.DELETE("/skus/:program/:ticket/waitlist/:buyer", s.noBody, s.leaveWaitlist)
 	return e, nil
 }
 

@@ -103,6 +103,18 @@ func (l *Ledger) LoadSeats(ctx context.Context, sku stock.SKU, seats []Seat) (in
 		sku.Program, sku.Ticket).Scan(&n); err != nil {
 		return 0, fmt.Errorf("ledger: load seats: %w", err)
 	}
+	// Two ids at one place (this load's beside a seat loaded before, or
+	// beside another load's that committed while this one waited) are one
+	// seat the venue would sell twice.
+	var section, row string
+	var number int
+	switch err := tx.QueryRowContext(ctx, `SELECT section, row_label, number FROM seats WHERE program = $1 AND ticket = $2
+		GROUP BY section, row_label, number HAVING COUNT(*) > 1 LIMIT 1`, sku.Program, sku.Ticket).Scan(&section, &row, &number); {
+	case err == nil:
+		return 0, fmt.Errorf("%w: two seats at one place (section %s, row %q, number %d)", stock.ErrInvalid, section, row, number)
+	case !errors.Is(err, sql.ErrNoRows):
+		return 0, fmt.Errorf("ledger: load seats: %w", err)
+	}
 	// A ticket that sold or holds counted units cannot become seated:
 	// those units have no seats, and the map's seats would be sold twice.
 	res, err := tx.ExecContext(ctx, `UPDATE skus SET total = $3, seated = 1, version = version + 1, bypass_seq = bypass_seq + 1

@@ -538,7 +538,15 @@ func (s *Service) LoadSeats(ctx context.Context, sku stock.SKU, list []Seat) (in
 	if len(list) == 0 || len(list) > MaxSeatMap {
 		return 0, refuse(ErrInvalid, fmt.Sprintf("seats must list 1..%d seats", MaxSeatMap))
 	}
+	type place struct {
+		section keys.ID
+		row     string
+		number  int
+	}
 	seen := map[keys.ID]bool{}
+	// Two ids at one place are one seat the venue would sell twice
+	// (helper-110); the ledger checks the seats already loaded.
+	at := map[place]keys.ID{}
 	rows := make([]ledger.Seat, 0, len(list))
 	gate := make([]seats.Seat, 0, len(list))
 	for _, st := range list {
@@ -546,7 +554,12 @@ func (s *Service) LoadSeats(ctx context.Context, sku stock.SKU, list []Seat) (in
 		if err := g.Validate(); err != nil || seen[st.ID] {
 			return 0, refuse(ErrInvalid, fmt.Sprintf("seat %q is invalid or repeated", st.ID))
 		}
-		seen[st.ID] = true
+		p := place{st.Section, st.Row, st.Number}
+		if other, ok := at[p]; ok {
+			return 0, refuse(ErrInvalid, fmt.Sprintf("seats %q and %q are at one place (section %s, row %q, number %d)",
+				other, st.ID, st.Section, st.Row, st.Number))
+		}
+		seen[st.ID], at[p] = true, st.ID
 		gate = append(gate, g)
 		rows = append(rows, ledger.Seat{ID: st.ID, Section: st.Section, Row: st.Row, Number: st.Number})
 	}

@@ -57,7 +57,8 @@ type PoolState struct {
 }
 
 func poolStateOf(st ledger.SKUState) PoolState {
-	p := PoolState{Pool: st.Pool(), Total: st.Total, Sold: st.Sold, Held: st.Held, Remain: st.Remaining(), Shards: st.Shards,
+	// The listed units are the public pool's, as SKUState counts them.
+	p := PoolState{Pool: st.Pool(), Total: st.Total - st.Listed, Sold: st.Sold - st.Listed, Held: st.Held, Remain: st.Remaining(), Shards: st.Shards,
 		OpensAt: st.Rule.OpensAt, ClosesAt: st.Rule.ClosesAt, ClosedAt: st.Rule.ClosedAt, Access: st.Rule.Access, Into: st.Rule.Into}
 	if p.Pool.IsZero() {
 		p.Pool = PublicPool

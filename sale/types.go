@@ -143,9 +143,13 @@ type SKUConfig struct {
 // SKUState is a SKU's settings and counts, per the ledger.
 type SKUState struct {
 	SKU stock.SKU
-	// Total is the organizer's stock; Listed the units orders listed for
-	// resale and not sold yet, for sale again (in Remain) and still their
-	// sellers' (in Sold).
+	// Total is the organizer's stock, and Total = Sold + Held + Remain
+	// always, as the report's sold + held + open. Listed are the units
+	// orders listed for resale and not sold yet: for sale again (in
+	// Remain, or in Held while a hold has them), so not in Sold (the
+	// units standing with their buyers), though their sellers' orders
+	// still have them. Counted in Sold, sold + held passed the total
+	// whenever a hold took listed units (helper-110).
 	Total, Sold, Held, Remain, Listed int64
 	Shards                            int
 	MaxPerOrder, PerBuyer             int64
@@ -156,7 +160,7 @@ type SKUState struct {
 }
 
 func skuStateOf(st ledger.SKUState) SKUState {
-	return SKUState{SKU: st.SKU, Total: st.Total - st.Listed, Sold: st.Sold, Held: st.Held, Remain: st.Remaining(),
+	return SKUState{SKU: st.SKU, Total: st.Total - st.Listed, Sold: st.Sold - st.Listed, Held: st.Held, Remain: st.Remaining(),
 		Listed: st.Listed, Shards: st.Shards, MaxPerOrder: st.MaxPerOrder, PerBuyer: st.PerBuyer, Version: st.Version,
 		HoldTTL: st.HoldTTL, HoldTTLMax: st.HoldTTLMax, Ended: !st.EndedAt.IsZero(), Resale: st.Resale}
 }

@@ -134,6 +134,15 @@ func TestSeatHoldLifecycleAndBadInput(t *testing.T) {
 			return e.Do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats", nil,
 				`{"seats":[{"id":"C,1","section":"C","row":"A","number":1}]}`)
 		}, 422, "C,1"},
+		// Two ids at one place: one seat the venue sold twice (helper-110).
+		{"a seat map with two ids at one place", func() systest.Reply {
+			return e.Do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats", nil,
+				`{"seats":[{"id":"C-01","section":"C","row":"A","number":1},{"id":"C-02","section":"C","row":"A","number":1}]}`)
+		}, 422, "C-02"},
+		{"a seat at the place of a loaded one", func() systest.Reply {
+			return e.Do(t, http.MethodPut, "/v1/admin/skus/"+sku.Program.String()+"/"+sku.Ticket.String()+"/seats", nil,
+				`{"seats":[{"id":"A-99","section":"A","row":"A","number":2}]}`)
+		}, 409, "seat-map-refused"},
 	} {
 		r := tc.do()
 		if r.Status != tc.status || !strings.Contains(string(r.Body), tc.names) || r.Header.Get("Content-Type") != "application/problem+json" {

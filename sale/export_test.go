@@ -61,3 +61,7 @@ func ReseedUnderWay(t testing.TB, s *Service, sku stock.SKU) (release func()) {
 	}
 	return func() { close(rel); <-done }
 }
+
+// Changed drains the SKUs s will tell every replica changed at its next
+// change notice.
+func Changed(s *Service) []stock.SKU { return s.changes.drain() }

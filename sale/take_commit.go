@@ -94,19 +94,7 @@ func (t *take) commit(ctx context.Context, direct bool) (answer, stock.SKU) {
 	o := judgeCommit(r.Err, direct, t.cart)
 	switch o.verdict {
 	case verdictSold:
-		for _, ln := range t.lines {
-			s.changes.mark(ln.w.sku) // every replica's stock view, at the next notice
-		}
-		if direct {
-			for _, ln := range t.lines {
-				// Before this replica lets Redis serve the SKU again it
-				// reads the row afresh, which shows the gate stale; the
-				// others do at the next notices (a stock view read from
-				// the stale gate would stand otherwise).
-				s.bypassed.Store(ln.w.sku, struct{}{})
-				s.restocksOwed.mark(ln.w.sku)
-			}
-		}
+		t.sold(direct)
 		a := t.answerOf(r)
 		t.sellSeats(ctx, a)
 		s.count(path, "sold")
@@ -122,6 +110,11 @@ func (t *take) commit(ctx context.Context, direct bool) (answer, stock.SKU) {
 		if derr := s.ledger.RequestDurable(ctx, t.req.program, t.req.scope, t.req.key); derr != nil && !errors.Is(derr, ledger.ErrNotFound) {
 			s.logCommit(ctx, derr)
 			return s.counted(path, ansUnavailable), stock.SKU{}
+		}
+		for _, ln := range t.lines {
+			// Its first attempt may have lost its reply before it told
+			// anyone (helper-111 #3).
+			s.changes.mark(ln.w.sku)
 		}
 		a := t.answerOf(r)
 		a.replayed, a.durable = true, true
@@ -183,6 +176,12 @@ func (t *take) commit(ctx context.Context, direct bool) (answer, stock.SKU) {
 			// with two bodies at once). Kept, they waited for the drift
 			// check, and the counts for their day.
 			t.undo(ctx, countsRelease)
+		} else if a.err == nil {
+			// It sold, though its reply was lost: every replica's stock
+			// view hears of it, and a cart's seats are sold in Redis's
+			// map, as for a sale answered (helper-111 #3).
+			t.sold(direct)
+			t.sellSeats(ctx, a)
 		}
 		return a, stock.SKU{}
 	}
@@ -428,4 +427,20 @@ func (t *take) freshPoolRules(ctx context.Context) (answer, bool) {
 		ln.st.Rule = st.Rule
 	}
 	return answer{}, true
+}
+
+// sold tells of t's committed sale: every replica's stock view changes at
+// the next notice, and a sale around the gate (direct) leaves the gate
+// stale: before this replica lets Redis serve the SKU again it reads the
+// row afresh, and the others do at the next notices (a stock view read
+// from the stale gate would stand otherwise).
+func (t *take) sold(direct bool) {
+	s := t.s
+	for _, ln := range t.lines {
+		s.changes.mark(ln.w.sku)
+		if direct {
+			s.bypassed.Store(ln.w.sku, struct{}{})
+			s.restocksOwed.mark(ln.w.sku)
+		}
+	}
 }

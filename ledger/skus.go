@@ -161,7 +161,7 @@ func (l *Ledger) PutSKU(ctx context.Context, c SKUConfig) (SKUState, error) {
 		return SKUState{}, fmt.Errorf("ledger: put sku: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n != 1 {
-		return SKUState{}, fmt.Errorf("%w: total %d below sold + held (and %d allotted to pools)", stock.ErrInvalid, c.Total, pooled)
+		return SKUState{}, fmt.Errorf("%w: total %d below sold + held + listed for resale (listed tickets are still their sellers'; and %d allotted to pools)", stock.ErrInvalid, c.Total, pooled)
 	}
 	if c.Resale != "" {
 		if _, err := tx.ExecContext(ctx, `UPDATE skus SET resale = $3 WHERE program = $1 AND ticket = $2`, c.Program, c.Ticket, c.Resale); err != nil {

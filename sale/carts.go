@@ -219,7 +219,9 @@ func (s *Service) cancelCart(ctx context.Context, id, buyer keys.ID, r request) 
 		// The first answer may never have been given (its COMMIT reply
 		// lost): what it owes Redis goes back now, not at a sweep.
 		for _, h := range c.Holds {
-			s.returnFound(ctx, "hold", h.ID)
+			if !s.returnFound(ctx, "hold", h.ID) {
+				return ansUnavailable // as cancel's replay
+			}
 			s.holdEnded(ctx, h.SKU.Program, h.Buyer, h.IdempotencyKey)
 		}
 		return answer{cart: &c, replayed: true}
@@ -244,7 +246,9 @@ func (s *Service) refundCart(ctx context.Context, id, buyer keys.ID, r request) 
 	switch {
 	case errors.Is(err, ledger.ErrDuplicate):
 		for _, o := range c.Orders { // as cancelCart's replay
-			s.returnFound(ctx, "order", o.ID)
+			if !s.returnFound(ctx, "order", o.ID) {
+				return ansUnavailable
+			}
 		}
 		return answer{cart: &c, replayed: true}
 	case errors.Is(err, ledger.ErrNotBought):

@@ -157,7 +157,9 @@ func (s *Service) confirmKeep(ctx context.Context, id, buyer keys.ID, keep int64
 		// The first answer may never have been given (its COMMIT reply
 		// lost): the rest it owes Redis is returned now, not at a sweep,
 		// and its budget count ends (as confirm's replay).
-		s.returnFound(ctx, "hold", id)
+		if !s.returnFound(ctx, "hold", id) {
+			return ansUnavailable // its budget count too waits for the standby
+		}
 		s.holdEnded(ctx, o.SKU.Program, o.Buyer, o.GateRequest())
 		return answer{order: o, replayed: true}
 	case errors.Is(err, stock.ErrInvalid):
@@ -244,7 +246,9 @@ func (s *Service) cancel(ctx context.Context, id, buyer keys.ID, r request) answ
 	h, changed, err := s.cancelLedger(ctx, id, buyer, r.ledger())
 	switch {
 	case errors.Is(err, ledger.ErrDuplicate):
-		s.returnFound(ctx, "hold", h.ID) // as confirmKeep's replay
+		if !s.returnFound(ctx, "hold", h.ID) { // as confirmKeep's replay
+			return ansUnavailable
+		}
 		s.holdEnded(ctx, h.SKU.Program, h.Buyer, h.IdempotencyKey)
 		return answer{hold: &h, replayed: true}
 	case errors.Is(err, ledger.ErrHoldConfirmed):
@@ -274,7 +278,9 @@ func (s *Service) refund(ctx context.Context, id, buyer keys.ID, r request) answ
 	}
 	switch {
 	case errors.Is(err, ledger.ErrDuplicate):
-		s.returnFound(ctx, "order", o.ID) // as confirmKeep's replay
+		if !s.returnFound(ctx, "order", o.ID) { // as confirmKeep's replay
+			return ansUnavailable
+		}
 		return answer{order: o, replayed: true}
 	case errors.Is(err, ledger.ErrListed):
 		return fail(ErrOrderListed)

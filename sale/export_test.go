@@ -65,3 +65,6 @@ func ReseedUnderWay(t testing.TB, s *Service, sku stock.SKU) (release func()) {
 // Changed drains the SKUs s will tell every replica changed at its next
 // change notice.
 func Changed(s *Service) []stock.SKU { return s.changes.drain() }
+
+// Sweep runs one pass of s's sweeper.
+func Sweep(s *Service) { s.sweep(context.Background()) }

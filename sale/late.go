@@ -143,8 +143,11 @@ func (s *Service) latePaid(ctx context.Context, h ledger.Hold, keep int64) answe
 	// refuses them and the platform refunds a payment for units that
 	// were there. Found by reading: once the expiry is on the standby
 	// (returnFound). Nothing owed (this call expired it and gave them
-	// back): a rewrite of no row and one read.
-	s.returnFound(ctx, "hold", h.ID)
+	// back): a rewrite of no row and one read. Not known to be on the
+	// standby: 503, so no refusal is recorded for units the ledger has.
+	if !s.returnFound(ctx, "hold", h.ID) {
+		return ansUnavailable
+	}
 	named := keep
 	if keep == 0 {
 		keep = h.Quantity

@@ -48,7 +48,9 @@ func (s *Service) ListForResale(ctx context.Context, orderID keys.ID, a Ask, q i
 		case errors.Is(err, ledger.ErrDuplicate):
 			// The first answer may never have been given (its COMMIT
 			// reply lost): the units go on sale now, not at a sweep.
-			s.returnFound(ctx, "listing", x.ID)
+			if !s.returnFound(ctx, "listing", x.ID) {
+				return ansUnavailable
+			}
 			return answer{listing: &x, replayed: true}
 		case errors.Is(err, ledger.ErrRefunded):
 			return fail(ErrOrderRefunded)

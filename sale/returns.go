@@ -32,15 +32,18 @@ func (s *Service) returnOwed(ctx context.Context, kind string, id keys.ID) {
 // and units given to Redis for it are units the ledger does not have,
 // sold at the gate and refused by the ledger (helper-111). So the units
 // go back once ledger.RestoreDurable says the row is on the standby;
-// unknown, they stay owed and a sweep gives them back once it is. A
+// unknown, they stay owed and a sweep gives them back once it is, and
+// returnFound reports false: what else the end gives back (a hold
+// budget's count) waits too, and the answer is 503 (Service.durable). A
 // take's replay checks its request row the same way before its
 // give-backs (take.commit, recorded).
-func (s *Service) returnFound(ctx context.Context, kind string, id keys.ID) {
+func (s *Service) returnFound(ctx context.Context, kind string, id keys.ID) bool {
 	if err := s.ledger.RestoreDurable(ctx, kind, id); err != nil {
 		s.log.WarnContext(ctx, "restore not known to be on the standby; a sweeper will do it", "kind", kind, "id", id, "err", err)
-		return
+		return false
 	}
 	s.returnOwed(ctx, kind, id)
+	return true
 }
 
 // refillWaits are the pauses before asking a gate again that is being
@@ -260,16 +263,23 @@ func (s *Service) sweep(ctx context.Context) {
 	if err != nil {
 		s.log.WarnContext(ctx, "pending restores", "err", err)
 	}
+	// Found by reading, as a replay's (returnFound). A standby that does
+	// not answer holds the sweep a request's time once per program: the
+	// program's other restores wait for the next sweep, and those of every
+	// other program (on a fleet, other primaries, whose rows came after
+	// the silent one's: helper-112) are given back in this one.
+	silent := map[keys.ID]bool{}
 	for _, r := range pending {
-		// Found by reading, as a replay's (returnFound). A standby that
-		// does not answer holds the sweep a request's time, once: the
-		// rest wait for the next sweep (a random sample again).
+		if silent[r.SKU.Program] {
+			continue
+		}
 		dctx, cancel := context.WithTimeout(ctx, s.opts.WorkTimeout)
 		err := s.ledger.RestoreDurable(dctx, r.Kind, r.ID)
 		cancel()
 		if err != nil {
 			s.log.WarnContext(ctx, "pending restore not known to be on the standby", "kind", r.Kind, "id", r.ID, "err", err)
-			break
+			silent[r.SKU.Program] = true
+			continue
 		}
 		s.returnToRedis(ctx, r, nil) // a gate still not built waits for the next sweep, not here
 	}
